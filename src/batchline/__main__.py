@@ -1,0 +1,5 @@
+import sys
+
+from batchline.cli import main
+
+sys.exit(main())

@@ -1,0 +1,782 @@
+"""``DynamicBatcher``: submit records from many producers, get a future each; batches go out
+under a cost budget and a size cap, as soon as a processing slot is free.
+
+The rules it keeps:
+
+* **Work-conserving.** When a slot is free and a record is queued, a batch goes out now.
+  Records that arrive while every slot is busy wait in the queue and join the batch that is
+  formed when a slot frees. ``min_batch_size``/``batch_timeout_s`` only let the batcher hold
+  records while a slot is free, waiting for company; by default nothing is held.
+* **Hard budget.** A batch never exceeds ``target_batch_cost`` nor ``max_batch_size``; a record
+  costing more than the whole budget goes alone (``oversize="alone"``) or is refused at submit
+  (``oversize="reject"``).
+* **Fault isolation.** When ``process_fn`` raises, the batch is bisected and retried, so only
+  the records that fail on their own get an error, each its own (``on_error="bisect"``).
+* **Nothing lost, nothing resolved twice.** Every submitted record's future ends with its
+  result, its own error, cancelled, ``DeadlineExceededError`` or ``BatcherClosedError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import enum
+import functools
+import inspect
+import itertools
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Generic, Literal, TypeVar, cast
+
+from batchline._clock import Clock, LoopClock
+from batchline._cost import CostResolver
+from batchline._errors import (
+    BatcherClosedError,
+    BatchProcessingError,
+    BatchSizeMismatchError,
+    BatchTimeoutError,
+    DeadlineExceededError,
+    QueueFullError,
+    RecordTooLargeError,
+)
+from batchline._queue import Entry, RecordQueue
+from batchline._stats import BatchStats, StatsRecorder
+
+__all__ = ["DynamicBatcher", "ProcessFn"]
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+ProcessFn = Callable[[list[T]], "Awaitable[Sequence[R]] | Sequence[R]"]
+"""``f(batch) -> results``, async or sync, one result per record in the batch's order."""
+
+logger = logging.getLogger("batchline")
+
+_TIMEOUT_MSG = "batchline: process_timeout_s elapsed"
+
+
+class State(enum.Enum):
+    """A batcher's lifecycle: NEW -> RUNNING -> STOPPING -> STOPPED (-> RUNNING again)."""
+
+    NEW = "new"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+class _RecordFuture(asyncio.Future):  # type: ignore[type-arg]
+    """The future handed to a caller; cancelling it withdraws a record still queued."""
+
+    __slots__ = ("_entry", "_owner")
+    _entry: Entry[Any]
+    _owner: DynamicBatcher[Any, Any] | None
+
+    def cancel(self, msg: Any | None = None) -> bool:
+        if not super().cancel(msg):
+            return False
+        owner = self._owner
+        if owner is not None:
+            owner._on_cancel(self._entry)
+        return True
+
+
+def _check_positive(name: str, value: float, minimum: float = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+
+
+class DynamicBatcher(Generic[T, R]):
+    """Batches records from many concurrent producers through one processing function.
+
+    A drop-in for ``flyte.extras.DynamicBatcher`` (same keywords and methods) that
+    dispatches as soon as a slot is free, keeps a hard budget, isolates failing records,
+    and can run several batches at once.
+
+    >>> async def double(batch: list[int]) -> list[int]:
+    ...     return [x * 2 for x in batch]
+    >>> async def main() -> int:
+    ...     async with DynamicBatcher(double, max_batch_size=64) as batcher:
+    ...         return await batcher.run(21)
+
+    Args:
+        process_fn: ``f(batch) -> results``: async, or sync (then run in a worker thread so
+            the event loop never blocks). One result per record, in order.
+        target_batch_cost: the budget: a batch's cost never exceeds it (see ``padding_aware``).
+        max_batch_size: at most this many records per batch.
+        min_batch_size: while a slot is free, hold records until this many are queued...
+        batch_timeout_s: ...but no longer than this after the oldest arrived. With the default
+            ``min_batch_size=1`` nothing is ever held.
+        max_queue_size: queued records at most; ``submit`` waits for room, ``submit_nowait``
+            raises ``QueueFullError``.
+        prefetch_batches: accepted for compatibility with Flyte; batchline forms batches at
+            dispatch time, so there is nothing to prefetch.
+        default_cost: the cost of a record when nothing else says (see ``batchline._cost``).
+        cost_estimator: ``f(record) -> int``, used when ``submit`` gets no explicit cost.
+        max_concurrent_batches: processing slots, e.g. one per model session.
+        oversize: a record costing more than ``target_batch_cost`` goes in a batch of its own
+            (``"alone"``) or is refused with ``RecordTooLargeError`` (``"reject"``).
+        on_error: when ``process_fn`` raises, ``"bisect"`` splits the batch and retries the
+            halves so only failing records get an error; ``"fail_batch"`` fails them all.
+            Bisecting calls ``process_fn`` again on records already processed once.
+        process_timeout_s: a batch running longer fails its records with ``BatchTimeoutError``
+            and frees its slot (a sync ``process_fn`` cannot be interrupted: its thread runs
+            on and its result is discarded).
+        padding_aware: cost a batch as ``len(batch) * max(record cost)`` (padded tokens) and
+            group records of similar cost (see ``batchline._queue``).
+        bucket_width, padding_slack: tune the grouping of ``padding_aware``.
+        clock: where time comes from; tests pass a ``ManualClock``.
+        name: used in logs and thread names.
+    """
+
+    _use_tokens = False
+
+    def __init__(
+        self,
+        process_fn: ProcessFn[T, R],
+        *,
+        cost_estimator: Callable[[T], int] | None = None,
+        target_batch_cost: int = 32_000,
+        max_batch_size: int = 256,
+        min_batch_size: int = 1,
+        batch_timeout_s: float = 0.05,
+        max_queue_size: int = 5_000,
+        prefetch_batches: int = 2,
+        default_cost: int = 1,
+        max_concurrent_batches: int = 1,
+        oversize: Literal["alone", "reject"] = "alone",
+        on_error: Literal["bisect", "fail_batch"] = "bisect",
+        process_timeout_s: float | None = None,
+        padding_aware: bool = False,
+        bucket_width: int = 8,
+        padding_slack: int = 16,
+        clock: Clock | None = None,
+        name: str = "batcher",
+    ) -> None:
+        if not callable(process_fn):
+            raise TypeError(f"process_fn must be callable, got {type(process_fn).__name__}")
+        _check_positive("target_batch_cost", target_batch_cost)
+        _check_positive("max_batch_size", max_batch_size)
+        _check_positive("min_batch_size", min_batch_size)
+        if min_batch_size > max_batch_size:
+            raise ValueError(
+                f"min_batch_size ({min_batch_size}) must be <= max_batch_size ({max_batch_size})"
+            )
+        _check_positive("batch_timeout_s", batch_timeout_s, 0)
+        _check_positive("max_queue_size", max_queue_size)
+        _check_positive("prefetch_batches", prefetch_batches, 0)
+        _check_positive("max_concurrent_batches", max_concurrent_batches)
+        _check_positive("bucket_width", bucket_width)
+        _check_positive("padding_slack", padding_slack, 0)
+        if process_timeout_s is not None:
+            _check_positive("process_timeout_s", process_timeout_s, 0)
+        if oversize not in ("alone", "reject"):
+            raise ValueError(f"oversize must be 'alone' or 'reject', got {oversize!r}")
+        if on_error not in ("bisect", "fail_batch"):
+            raise ValueError(f"on_error must be 'bisect' or 'fail_batch', got {on_error!r}")
+
+        self._process_fn = process_fn
+        self._is_async = inspect.iscoroutinefunction(process_fn) or (
+            inspect.iscoroutinefunction(getattr(process_fn, "__call__", None))  # noqa: B004
+        )
+        self._cost = CostResolver(
+            default_cost=default_cost, cost_estimator=cost_estimator, use_tokens=self._use_tokens
+        )
+        self._target_batch_cost = target_batch_cost
+        self._max_batch_size = max_batch_size
+        self._min_batch_size = min_batch_size
+        self._batch_timeout_s = float(batch_timeout_s)
+        self._max_queue_size = max_queue_size
+        self._prefetch_batches = prefetch_batches
+        self._slots = max_concurrent_batches
+        self._oversize = oversize
+        self._on_error = on_error
+        self._process_timeout_s = process_timeout_s
+        self._padding_aware = padding_aware
+        self._bucket_width = bucket_width
+        self._padding_slack = padding_slack
+        self._clock: Clock = clock if clock is not None else LoopClock()
+        self.name = name
+
+        self._state = State.NEW
+        self._queue: RecordQueue[T] = RecordQueue(
+            padding_aware=padding_aware, bucket_width=bucket_width, padding_slack=padding_slack
+        )
+        self._seq = itertools.count()
+        self._stats = StatsRecorder()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self._dispatcher: asyncio.Task[None] | None = None
+        self._in_flight: set[asyncio.Task[None]] = set()
+        self._space_waiters: list[asyncio.Future[None]] = []
+        self._stop_task: asyncio.Task[None] | None = None
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._hold_timer: Any = None
+        self._started_at = 0.0
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    @property
+    def is_running(self) -> bool:
+        """True between ``start()`` and the beginning of ``stop()``."""
+        return self._state is State.RUNNING
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+    @property
+    def queue_depth(self) -> int:
+        """Records queued and not yet dispatched."""
+        return self._queue.size
+
+    @property
+    def target_batch_cost(self) -> int:
+        return self._target_batch_cost
+
+    @property
+    def max_batch_size(self) -> int:
+        return self._max_batch_size
+
+    @property
+    def max_queue_size(self) -> int:
+        return self._max_queue_size
+
+    @property
+    def max_concurrent_batches(self) -> int:
+        return self._slots
+
+    async def start(self) -> None:
+        """Start dispatching on the running event loop. Raises ``RuntimeError`` if running."""
+        if self._state in (State.RUNNING, State.STOPPING):
+            raise RuntimeError(f"{self.name} is already {self._state.value}")
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._wake = asyncio.Event()
+        self._queue = RecordQueue(
+            padding_aware=self._padding_aware,
+            bucket_width=self._bucket_width,
+            padding_slack=self._padding_slack,
+        )
+        self._in_flight = set()
+        self._space_waiters = []
+        self._stop_task = None
+        if not self._is_async:
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                # spare workers: a timed-out sync batch keeps its thread until it returns
+                max_workers=self._slots + 2,
+                thread_name_prefix=f"batchline-{self.name}",
+            )
+        self._started_at = self._clock.now()
+        self._state = State.RUNNING
+        self._dispatcher = loop.create_task(self._dispatch_loop(), name=f"{self.name}-dispatch")
+
+    async def stop(self, *, drain: bool = True, timeout_s: float | None = None) -> None:
+        """Stop taking records and finish.
+
+        ``drain=True`` (default) runs everything already queued; with ``timeout_s``, whatever
+        is still queued or running when it elapses fails with ``BatcherClosedError``.
+        ``drain=False`` fails queued records at once and waits only for running batches.
+        ``submit`` raises ``BatcherClosedError`` from the moment ``stop`` is called. Several
+        concurrent calls are safe: they all return when the batcher has stopped.
+        """
+        if self._state in (State.NEW, State.STOPPED):
+            return
+        if self._stop_task is None:
+            assert self._loop is not None
+            self._stop_task = self._loop.create_task(self._do_stop(drain, timeout_s))
+        await asyncio.shield(self._stop_task)
+
+    async def __aenter__(self) -> DynamicBatcher[T, R]:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    async def _do_stop(self, drain: bool, timeout_s: float | None) -> None:
+        self._state = State.STOPPING
+        closed = BatcherClosedError(f"{self.name} is stopping")
+        for waiter in self._space_waiters:
+            if not waiter.done():
+                waiter.set_exception(closed)
+        self._space_waiters.clear()
+        if not drain:
+            self._fail_queued("stopped without draining")
+        self._notify()
+        dispatcher = self._dispatcher
+        assert dispatcher is not None
+        try:
+            async with asyncio.timeout(timeout_s):
+                await asyncio.shield(dispatcher)
+                while self._in_flight:
+                    await asyncio.wait(set(self._in_flight))
+        except TimeoutError:
+            dispatcher.cancel()
+            self._fail_queued(f"stop() did not finish within timeout_s={timeout_s}")
+            for task in list(self._in_flight):
+                task.cancel()
+            await asyncio.gather(dispatcher, *self._in_flight, return_exceptions=True)
+        if self._hold_timer is not None:
+            self._hold_timer.cancel()
+            self._hold_timer = None
+        self._stats.running_s += (self._clock.now() - self._started_at) * self._slots
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+        self._state = State.STOPPED
+
+    def _fail_queued(self, why: str) -> None:
+        for entry in self._queue.drain():
+            self._cancel_deadline(entry)
+            if not entry.future.done():
+                entry.future.set_exception(BatcherClosedError(f"{self.name}: {why}"))
+                self._stats.failed += 1
+
+    # -- submitting -------------------------------------------------------------------------
+
+    async def submit(
+        self,
+        record: T,
+        *,
+        estimated_cost: int | None = None,
+        priority: int = 0,
+        timeout_s: float | None = None,
+    ) -> asyncio.Future[R]:
+        """Queue ``record``; return a future of its result. Waits while the queue is full.
+
+        ``priority``: higher goes first (default 0). ``timeout_s``: if the record is still
+        queued that long after submit, it fails with ``DeadlineExceededError`` and is never
+        processed. Cancelling the future withdraws the record if it is still queued.
+        """
+        if self._state is not State.RUNNING:
+            self._raise_not_running()
+        while self._queue.size >= self._max_queue_size:
+            await self._wait_for_space()
+        return self._enqueue(record, estimated_cost, priority, timeout_s)
+
+    def submit_nowait(
+        self,
+        record: T,
+        *,
+        estimated_cost: int | None = None,
+        priority: int = 0,
+        timeout_s: float | None = None,
+    ) -> asyncio.Future[R]:
+        """Like ``submit`` but never waits: raises ``QueueFullError`` when the queue is full."""
+        if self._state is not State.RUNNING:
+            self._raise_not_running()
+        if self._queue.size >= self._max_queue_size:
+            raise QueueFullError(
+                f"{self.name}: queue is full ({self._max_queue_size} records); "
+                "retry later or raise max_queue_size"
+            )
+        return self._enqueue(record, estimated_cost, priority, timeout_s)
+
+    async def submit_batch(
+        self,
+        records: Sequence[T],
+        *,
+        estimated_cost: Sequence[int] | None = None,
+    ) -> list[asyncio.Future[R]]:
+        """Submit several records; return their futures in the same order."""
+        if estimated_cost is not None and len(estimated_cost) != len(records):
+            raise ValueError(
+                f"estimated_cost has {len(estimated_cost)} entries for {len(records)} records"
+            )
+        futures = []
+        for i, record in enumerate(records):
+            cost = estimated_cost[i] if estimated_cost is not None else None
+            futures.append(await self.submit(record, estimated_cost=cost))
+        return futures
+
+    async def run(
+        self,
+        record: T,
+        *,
+        estimated_cost: int | None = None,
+        priority: int = 0,
+        timeout_s: float | None = None,
+    ) -> R:
+        """Submit ``record`` and wait for its result."""
+        future = await self.submit(
+            record, estimated_cost=estimated_cost, priority=priority, timeout_s=timeout_s
+        )
+        return await future
+
+    def submit_threadsafe(
+        self,
+        record: T,
+        *,
+        estimated_cost: int | None = None,
+        priority: int = 0,
+        timeout_s: float | None = None,
+    ) -> concurrent.futures.Future[R]:
+        """Submit from any thread; returns a ``concurrent.futures.Future``.
+
+        Never blocks the calling thread: when the queue is full the record waits for room on
+        the event loop. Cancelling the returned future withdraws a record still queued.
+        """
+        loop = self._loop
+        if loop is None or self._state is not State.RUNNING:
+            self._raise_not_running()
+        assert loop is not None
+        outer: concurrent.futures.Future[R] = concurrent.futures.Future()
+
+        def enqueue() -> None:
+            if not outer.set_running_or_notify_cancel():
+                return
+            try:
+                if self._state is not State.RUNNING:
+                    self._raise_not_running()
+                if self._queue.size < self._max_queue_size:
+                    chain_future(
+                        self._enqueue(record, estimated_cost, priority, timeout_s), outer, loop
+                    )
+                    return
+            except BaseException as exc:
+                outer.set_exception(exc)
+                return
+            task = loop.create_task(
+                self.submit(
+                    record, estimated_cost=estimated_cost, priority=priority, timeout_s=timeout_s
+                )
+            )
+            task.add_done_callback(functools.partial(_chain_submit, outer=outer, loop=loop))
+
+        loop.call_soon_threadsafe(enqueue)
+        return outer
+
+    def _raise_not_running(self) -> None:
+        if self._state in (State.STOPPING, State.STOPPED):
+            raise BatcherClosedError(f"{self.name} is {self._state.value}; submit refused")
+        raise RuntimeError(f"{self.name} is not running; call start() or use 'async with'")
+
+    async def _wait_for_space(self) -> None:
+        assert self._loop is not None
+        waiter: asyncio.Future[None] = self._loop.create_future()
+        self._space_waiters.append(waiter)
+        try:
+            await waiter
+        finally:
+            if waiter in self._space_waiters:
+                self._space_waiters.remove(waiter)
+        if self._state is not State.RUNNING:
+            self._raise_not_running()
+
+    def _release_space(self, count: int) -> None:
+        waiters = self._space_waiters
+        while count > 0 and waiters:
+            waiter = waiters.pop(0)
+            if not waiter.done():
+                waiter.set_result(None)
+                count -= 1
+
+    def _enqueue(
+        self, record: T, estimated_cost: int | None, priority: int, timeout_s: float | None
+    ) -> asyncio.Future[R]:
+        cost = self._cost(record, estimated_cost)
+        if cost > self._target_batch_cost and self._oversize == "reject":
+            raise RecordTooLargeError(
+                f"{self.name}: record cost {cost} exceeds target_batch_cost="
+                f"{self._target_batch_cost}; split the record, raise the budget, "
+                "or build the batcher with oversize='alone'"
+            )
+        future = _RecordFuture(loop=self._loop)
+        entry: Entry[T] = Entry(record, cost, future, next(self._seq), priority, self._clock.now())
+        future._entry = entry
+        future._owner = self
+        if timeout_s is not None:
+            if timeout_s < 0:
+                raise ValueError(f"timeout_s must be >= 0, got {timeout_s}")
+            entry.deadline_timer = self._clock.call_at(
+                entry.enqueued_at + timeout_s, functools.partial(self._expire, entry, timeout_s)
+            )
+        self._queue.push(entry)
+        self._stats.submitted += 1
+        wake = self._wake
+        if wake is not None and not wake.is_set():
+            wake.set()
+        return cast(asyncio.Future[R], future)
+
+    def _on_cancel(self, entry: Entry[T]) -> None:
+        self._stats.cancelled += 1
+        if self._queue.withdraw(entry):
+            self._cancel_deadline(entry)
+            self._release_space(1)
+
+    def _expire(self, entry: Entry[T], timeout_s: float) -> None:
+        entry.deadline_timer = None
+        if not self._queue.withdraw(entry):
+            return
+        self._stats.expired += 1
+        if not entry.future.done():
+            entry.future.set_exception(
+                DeadlineExceededError(
+                    f"{self.name}: record waited {timeout_s}s in the queue without being "
+                    "dispatched; it was not processed"
+                )
+            )
+        self._release_space(1)
+
+    @staticmethod
+    def _cancel_deadline(entry: Entry[Any]) -> None:
+        if entry.deadline_timer is not None:
+            entry.deadline_timer.cancel()
+            entry.deadline_timer = None
+
+    # -- dispatching ------------------------------------------------------------------------
+
+    def _notify(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _dispatch_loop(self) -> None:
+        wake = self._wake
+        assert wake is not None
+        queue = self._queue
+        while True:
+            stopping = self._state is not State.RUNNING
+            if stopping and queue.size == 0:
+                return
+            if queue.size == 0 or len(self._in_flight) >= self._slots:
+                wake.clear()
+                await wake.wait()
+                continue
+            if not stopping and queue.size < self._max_batch_size:
+                # Let callbacks that are already scheduled run first: when a batch's results
+                # wake its producers, their resubmits land now and go out together instead of
+                # the first one leaving alone (which would split the cohort).
+                await asyncio.sleep(0)
+                if queue.size == 0:
+                    continue
+            reason = "stop" if stopping else None
+            if (
+                not stopping
+                and queue.size < self._min_batch_size
+                and queue.total_cost < self._target_batch_cost
+            ):
+                oldest = queue.oldest()
+                assert oldest is not None
+                release_at = oldest.enqueued_at + self._batch_timeout_s
+                if self._clock.now() < release_at:
+                    # a slot is free, but min_batch_size asks to wait a little for company
+                    self._arm_hold_timer(release_at)
+                    wake.clear()
+                    await wake.wait()
+                    continue
+                reason = "timeout"
+            self._dispatch(reason)
+
+    def _arm_hold_timer(self, when: float) -> None:
+        if self._hold_timer is not None:
+            self._hold_timer.cancel()
+        self._hold_timer = self._clock.call_at(when, self._notify)
+
+    def _dispatch(self, reason: str | None) -> None:
+        if self._hold_timer is not None:
+            self._hold_timer.cancel()
+            self._hold_timer = None
+        entries, cost, by_budget = self._queue.take_batch(
+            self._target_batch_cost, self._max_batch_size
+        )
+        if not entries:
+            return
+        if reason is None:
+            if len(entries) >= self._max_batch_size:
+                reason = "full"
+            elif by_budget:
+                reason = "budget"
+            else:
+                reason = "slot_free"
+        now = self._clock.now()
+        stats = self._stats
+        waits = stats.queue_waits
+        for e in entries:
+            e.dispatched_at = now
+            waits.append(now - e.enqueued_at)
+            if e.deadline_timer is not None:
+                e.deadline_timer.cancel()
+                e.deadline_timer = None
+        stats.batches += 1
+        stats.batched_records += len(entries)
+        stats.batch_cost += cost
+        stats.budget_fill += min(1.0, cost / self._target_batch_cost)
+        stats.reasons[reason] += 1
+        if self._padding_aware:
+            stats.padded_tokens += cost
+            stats.real_tokens += sum(e.cost for e in entries)
+        self._release_space(len(entries))
+        assert self._loop is not None
+        task = self._loop.create_task(self._run_batch(entries))
+        self._in_flight.add(task)
+        task.add_done_callback(self._batch_done)
+
+    def _batch_done(self, task: asyncio.Task[None]) -> None:
+        self._in_flight.discard(task)
+        self._notify()  # a slot is free
+
+    # -- running a batch --------------------------------------------------------------------
+
+    async def _run_batch(self, entries: list[Entry[T]]) -> None:
+        try:
+            await self._process(entries)
+        except asyncio.CancelledError:
+            # stop(timeout_s=...) gave up on this batch
+            self._fail_each(entries, lambda: BatcherClosedError(f"{self.name}: stop() timed out"))
+        except BaseException as exc:  # KeyboardInterrupt, SystemExit: fail the records, go on up
+            what = repr(exc)
+            self._fail_each(entries, lambda: BatchProcessingError(f"{self.name}: {what}"))
+            raise
+
+    async def _process(self, entries: list[Entry[T]]) -> None:
+        live = [e for e in entries if not e.future.done()]
+        if not live:
+            return
+        started = self._clock.now()
+        error: BaseException | None = None
+        try:
+            results = await self._call([e.record for e in live])
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            assert task is not None
+            if exc.args and exc.args[0] == _TIMEOUT_MSG:
+                task.uncancel()
+                self._stats.busy_s += self._clock.now() - started
+                limit = self._process_timeout_s
+                self._fail_each(
+                    live,
+                    lambda: BatchTimeoutError(
+                        f"{self.name}: process_fn did not return within process_timeout_s={limit}"
+                    ),
+                )
+                return
+            if task.cancelling():
+                raise  # stop(timeout_s=...) is cancelling this batch
+            # process_fn itself raised CancelledError: a failure like any other
+            error = BatchProcessingError(f"{self.name}: process_fn raised CancelledError")
+        except Exception as exc:
+            error = exc
+        finished = self._clock.now()
+        self._stats.busy_s += finished - started
+        if error is not None:
+            if self._on_error == "bisect" and len(live) > 1:
+                middle = len(live) // 2
+                await self._process(live[:middle])
+                await self._process(live[middle:])
+            else:
+                self._fail_all(live, error)
+            return
+        if not hasattr(results, "__len__") or len(results) != len(live):
+            got = len(results) if hasattr(results, "__len__") else type(results).__name__
+            n = len(live)
+            self._fail_each(
+                live,
+                lambda: BatchSizeMismatchError(
+                    f"{self.name}: process_fn returned {got} results for a batch of {n} "
+                    "records; it must return exactly one result per record, in order"
+                ),
+            )
+            return
+        stats = self._stats
+        latencies = stats.latencies
+        completed = 0
+        for e, result in zip(live, results, strict=True):
+            future = e.future
+            if not future.done():
+                future.set_result(result)
+                completed += 1
+                latencies.append(finished - e.enqueued_at)
+        stats.completed += completed
+
+    def _fail_each(self, entries: list[Entry[T]], make: Callable[[], BaseException]) -> None:
+        """Fail each record with an exception of its own (no shared traceback)."""
+        for e in entries:
+            self._fail_all([e], make())
+
+    def _fail_all(self, entries: list[Entry[T]], exc: BaseException) -> None:
+        now = self._clock.now()
+        for e in entries:
+            if not e.future.done():
+                e.future.set_exception(exc)
+                self._stats.failed += 1
+                self._stats.latencies.append(now - e.enqueued_at)
+
+    async def _call(self, records: list[T]) -> Sequence[R]:
+        timer = None
+        if self._process_timeout_s is not None:
+            task = asyncio.current_task()
+            assert task is not None
+            timer = self._clock.call_at(
+                self._clock.now() + self._process_timeout_s,
+                functools.partial(task.cancel, _TIMEOUT_MSG),
+            )
+        try:
+            if self._is_async:
+                return await cast(Awaitable[Sequence[R]], self._process_fn(records))
+            assert self._loop is not None
+            assert self._executor is not None
+            result = await self._loop.run_in_executor(self._executor, self._process_fn, records)
+            if inspect.isawaitable(result):  # a callable object whose __call__ is async
+                return await result
+            return result
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    # -- stats ------------------------------------------------------------------------------
+
+    @property
+    def stats(self) -> BatchStats:
+        """A frozen snapshot of the counters (see ``BatchStats`` for how utilization is defined)."""
+        slot_seconds = self._stats.running_s
+        if self._state in (State.RUNNING, State.STOPPING):
+            slot_seconds += (self._clock_now() - self._started_at) * self._slots
+        return self._stats.snapshot(
+            slot_seconds=slot_seconds,
+            queue_depth=self._queue.size,
+            in_flight=len(self._in_flight),
+        )
+
+    def _clock_now(self) -> float:
+        try:
+            return self._clock.now()
+        except RuntimeError:  # LoopClock read from a thread without a running loop
+            assert self._loop is not None
+            return self._loop.time()
+
+
+def chain_future(
+    inner: asyncio.Future[R], outer: concurrent.futures.Future[R], loop: asyncio.AbstractEventLoop
+) -> None:
+    """Mirror ``inner`` (on ``loop``) into ``outer`` (any thread), both ways for cancel."""
+
+    def copy(fut: asyncio.Future[R]) -> None:
+        if outer.done():
+            return
+        if fut.cancelled():
+            outer.cancel()
+        elif (exc := fut.exception()) is not None:
+            outer.set_exception(exc)
+        else:
+            outer.set_result(fut.result())
+
+    def cancel_inner(fut: concurrent.futures.Future[R]) -> None:
+        if fut.cancelled() and not loop.is_closed():
+            loop.call_soon_threadsafe(inner.cancel)
+
+    inner.add_done_callback(copy)
+    outer.add_done_callback(cancel_inner)
+
+
+def _chain_submit(
+    task: asyncio.Task[asyncio.Future[R]],
+    *,
+    outer: concurrent.futures.Future[R],
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    if task.cancelled():
+        outer.cancel()
+    elif (exc := task.exception()) is not None:
+        outer.set_exception(exc)
+    else:
+        chain_future(task.result(), outer, loop)

@@ -1,0 +1,81 @@
+"""Every error batchline raises on purpose.
+
+The tree::
+
+    BatchlineError
+    ├── QueueFullError            submit_nowait() found the queue full
+    ├── BatcherClosedError        the batcher is stopping or stopped
+    ├── RecordTooLargeError       one record costs more than a whole batch may (oversize="reject")
+    ├── DeadlineExceededError     a queued record's deadline passed before dispatch
+    ├── BatchProcessingError      process_fn failed in a way that is not the record's own exception
+    │   ├── BatchSizeMismatchError   process_fn returned the wrong number of results
+    │   └── BatchTimeoutError        process_fn did not finish within process_timeout_s
+    ├── ModelError                a model could not be loaded or run
+    │   └── FixedBatchAxisError      an ONNX model cannot take a batch of another size
+    └── InputError                the user's data or settings cannot be used (CLI exit code 2)
+
+Each error's message says what to do about it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BatchProcessingError",
+    "BatchSizeMismatchError",
+    "BatchTimeoutError",
+    "BatcherClosedError",
+    "BatchlineError",
+    "DeadlineExceededError",
+    "FixedBatchAxisError",
+    "InputError",
+    "ModelError",
+    "QueueFullError",
+    "RecordTooLargeError",
+]
+
+
+class BatchlineError(Exception):
+    """Base of every error batchline raises on purpose."""
+
+
+class QueueFullError(BatchlineError):
+    """Raised by ``submit_nowait`` when the queue already holds ``max_queue_size`` records."""
+
+
+class BatcherClosedError(BatchlineError):
+    """Raised by ``submit`` once ``stop()`` has begun; set on records a stop did not run."""
+
+
+class RecordTooLargeError(BatchlineError):
+    """Raised by ``submit`` when one record's cost exceeds ``target_batch_cost`` and
+    the batcher was built with ``oversize="reject"``."""
+
+
+class DeadlineExceededError(BatchlineError):
+    """Set on a queued record whose deadline passed before dispatch; it is never processed."""
+
+
+class BatchProcessingError(BatchlineError):
+    """Set on a record when ``process_fn`` failed for a reason that is not an exception of the
+    record's own (for example ``process_fn`` raised ``CancelledError``)."""
+
+
+class BatchSizeMismatchError(BatchProcessingError):
+    """Set on every record of a batch for which ``process_fn`` returned the wrong number
+    of results."""
+
+
+class BatchTimeoutError(BatchProcessingError):
+    """Set on every record of a batch that ran longer than ``process_timeout_s``."""
+
+
+class ModelError(BatchlineError):
+    """Raised when a model cannot be loaded or run."""
+
+
+class FixedBatchAxisError(ModelError):
+    """Raised at load when an ONNX model's batch dimension is fixed, so it cannot batch."""
+
+
+class InputError(BatchlineError):
+    """Raised when input data or settings cannot be used; the CLI prints it as one line, exit 2."""

@@ -1,0 +1,139 @@
+"""``TokenBatcher``: the batcher in token units, padding-aware by default.
+
+A model that pads a batch to its longest member computes ``len(batch) * max(tokens)``
+tokens, whatever the real lengths. So by default a ``TokenBatcher`` counts that padded
+cost against ``target_batch_tokens`` and groups records of similar length (see
+``batchline._queue``). Pass ``padding_aware=False`` for Flyte's plain sum of tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+from batchline._batcher import DynamicBatcher, ProcessFn
+from batchline._clock import Clock
+
+__all__ = ["Prompt", "TokenBatcher"]
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A text record with a rough token estimate (about four characters per token)."""
+
+    text: str
+
+    def estimate_tokens(self) -> int:
+        return len(self.text) // 4 + 1
+
+
+class TokenBatcher(DynamicBatcher[T, R]):
+    """A ``DynamicBatcher`` whose budget is in tokens; drop-in for Flyte's ``TokenBatcher``.
+
+    Token count precedence: ``estimated_tokens`` > ``token_estimator(record)`` >
+    ``record.estimate_tokens()`` > ``record.estimate_cost()`` > ``default_token_estimate``.
+
+    >>> async def infer(batch: list[Prompt]) -> list[int]:
+    ...     return [len(p.text) for p in batch]
+    >>> batcher = TokenBatcher(infer, target_batch_tokens=512, max_concurrent_batches=2)
+    """
+
+    _use_tokens = True
+
+    def __init__(
+        self,
+        inference_fn: ProcessFn[T, R] | None = None,
+        *,
+        process_fn: ProcessFn[T, R] | None = None,
+        token_estimator: Callable[[T], int] | None = None,
+        cost_estimator: Callable[[T], int] | None = None,
+        target_batch_tokens: int | None = None,
+        target_batch_cost: int = 32_000,
+        default_token_estimate: int | None = None,
+        default_cost: int = 1,
+        max_batch_size: int = 256,
+        min_batch_size: int = 1,
+        batch_timeout_s: float = 0.05,
+        max_queue_size: int = 5_000,
+        prefetch_batches: int = 2,
+        max_concurrent_batches: int = 1,
+        oversize: Literal["alone", "reject"] = "alone",
+        on_error: Literal["bisect", "fail_batch"] = "bisect",
+        process_timeout_s: float | None = None,
+        padding_aware: bool = True,
+        bucket_width: int = 8,
+        padding_slack: int = 16,
+        clock: Clock | None = None,
+        name: str = "token-batcher",
+    ) -> None:
+        fn = inference_fn if inference_fn is not None else process_fn
+        if fn is None:
+            raise TypeError("TokenBatcher needs inference_fn (or process_fn)")
+        if inference_fn is not None and process_fn is not None:
+            raise TypeError("pass inference_fn or process_fn, not both")
+        super().__init__(
+            fn,
+            cost_estimator=token_estimator if token_estimator is not None else cost_estimator,
+            target_batch_cost=(
+                target_batch_tokens if target_batch_tokens is not None else target_batch_cost
+            ),
+            max_batch_size=max_batch_size,
+            min_batch_size=min_batch_size,
+            batch_timeout_s=batch_timeout_s,
+            max_queue_size=max_queue_size,
+            prefetch_batches=prefetch_batches,
+            default_cost=(
+                default_token_estimate if default_token_estimate is not None else default_cost
+            ),
+            max_concurrent_batches=max_concurrent_batches,
+            oversize=oversize,
+            on_error=on_error,
+            process_timeout_s=process_timeout_s,
+            padding_aware=padding_aware,
+            bucket_width=bucket_width,
+            padding_slack=padding_slack,
+            clock=clock,
+            name=name,
+        )
+
+    @property
+    def target_batch_tokens(self) -> int:
+        return self.target_batch_cost
+
+    async def submit(
+        self,
+        record: T,
+        *,
+        estimated_tokens: int | None = None,
+        estimated_cost: int | None = None,
+        priority: int = 0,
+        timeout_s: float | None = None,
+    ) -> asyncio.Future[R]:
+        """Queue ``record``; return a future of its result (see ``DynamicBatcher.submit``)."""
+        cost = estimated_tokens if estimated_tokens is not None else estimated_cost
+        return await super().submit(
+            record, estimated_cost=cost, priority=priority, timeout_s=timeout_s
+        )
+
+    def submit_nowait(
+        self,
+        record: T,
+        *,
+        estimated_tokens: int | None = None,
+        estimated_cost: int | None = None,
+        priority: int = 0,
+        timeout_s: float | None = None,
+    ) -> asyncio.Future[R]:
+        """Like ``submit`` but raises ``QueueFullError`` instead of waiting."""
+        cost = estimated_tokens if estimated_tokens is not None else estimated_cost
+        return super().submit_nowait(
+            record, estimated_cost=cost, priority=priority, timeout_s=timeout_s
+        )
+
+    def _describe(self) -> dict[str, Any]:
+        return {"target_batch_tokens": self.target_batch_cost}
