@@ -2,11 +2,26 @@
 
 - :class:`OnnxModel`: any ``.onnx`` file behind a thread-safe pool of ONNX Runtime sessions,
   with a load-time check that the batch axis is dynamic.
+- :class:`Embedder`: texts to sentence vectors through a padding-aware ``TokenBatcher``;
+  :meth:`Embedder.default` is all-MiniLM-L6-v2, built to ONNX without torch and cached.
+- :class:`TokenizedText`: one tokenized text, the record the embedder's batcher queues.
 - :func:`pad_sequences`, :func:`stack_equal`, :func:`split_rows`: collate helpers.
+
+Example::
+
+    from batchline.models import Embedder
+
+    vectors = Embedder.default().embed_sync(["hello world"])   # (1, 384) float32
 """
 
 from __future__ import annotations
 
+from batchline.models.embedder import (
+    DEFAULT_TARGET_BATCH_TOKENS,
+    Embedder,
+    TokenizedText,
+    load_tokenizer,
+)
 from batchline.models.onnxruntime import (
     OnnxModel,
     TensorSpec,
@@ -16,8 +31,12 @@ from batchline.models.onnxruntime import (
 )
 
 __all__ = [
+    "DEFAULT_TARGET_BATCH_TOKENS",
+    "Embedder",
     "OnnxModel",
     "TensorSpec",
+    "TokenizedText",
+    "load_tokenizer",
     "pad_sequences",
     "split_rows",
     "stack_equal",

