@@ -212,6 +212,7 @@ class DynamicBatcher(Generic[T, R]):
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._hold_timer: Any = None
         self._started_at = 0.0
+        self._now: Callable[[], float] = self._clock.now
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -266,6 +267,8 @@ class DynamicBatcher(Generic[T, R]):
                 max_workers=self._slots + 2,
                 thread_name_prefix=f"batchline-{self.name}",
             )
+        # reading the loop's clock directly saves a lookup per record
+        self._now = loop.time if isinstance(self._clock, LoopClock) else self._clock.now
         self._started_at = self._clock.now()
         self._state = State.RUNNING
         self._dispatcher = loop.create_task(self._dispatch_loop(), name=f"{self.name}-dispatch")
@@ -474,6 +477,7 @@ class DynamicBatcher(Generic[T, R]):
     def _enqueue(
         self, record: T, estimated_cost: int | None, priority: int, timeout_s: float | None
     ) -> asyncio.Future[R]:
+        # the hot path: one call per record, kept lean on purpose
         cost = self._cost(record, estimated_cost)
         if cost > self._target_batch_cost and self._oversize == "reject":
             raise RecordTooLargeError(
@@ -481,13 +485,13 @@ class DynamicBatcher(Generic[T, R]):
                 f"{self._target_batch_cost}; split the record, raise the budget, "
                 "or build the batcher with oversize='alone'"
             )
+        if timeout_s is not None and timeout_s < 0:
+            raise ValueError(f"timeout_s must be >= 0, got {timeout_s}")
         future = _RecordFuture(loop=self._loop)
-        entry: Entry[T] = Entry(record, cost, future, next(self._seq), priority, self._clock.now())
+        entry: Entry[T] = Entry(record, cost, future, next(self._seq), priority, self._now())
         future._entry = entry
         future._owner = self
         if timeout_s is not None:
-            if timeout_s < 0:
-                raise ValueError(f"timeout_s must be >= 0, got {timeout_s}")
             entry.deadline_timer = self._clock.call_at(
                 entry.enqueued_at + timeout_s, functools.partial(self._expire, entry, timeout_s)
             )
