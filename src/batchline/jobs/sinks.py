@@ -1,0 +1,763 @@
+"""Job outputs: a directory of chunks, each committed exactly once, resumable after a crash.
+
+The layout::
+
+    out/
+      part-000000.parquet   records 0 .. chunk_size-1 that have a result, sorted by index
+      part-000001.parquet   records chunk_size .. 2*chunk_size-1, and so on
+      _skipped.jsonl        {"index", "id", "reason"} for each record that was skipped
+      _manifest.json        the committed chunks and the job's settings: the only source of truth
+
+Results may arrive in any order. A chunk is committed once every record in its index range has a
+result or a skip: the part file is written under a temporary name, fsync'd and renamed, then the
+manifest is replaced the same way. A crash at any point leaves the previous manifest in force;
+``resume=True`` discards whatever it does not list, so no record is written twice or lost.
+
+    >>> with ChunkWriter("out", chunk_size=10_000, meta={"input": "docs.jsonl"}, resume=True) as w:
+    ...     for block in source.iter_blocks(512, skip=w.committed_ranges()):
+    ...         good = [r for r in block if isinstance(r, Record)]
+    ...         w.write_batch(good, embed([r.text for r in good]))
+    ...         for bad in block:
+    ...             if isinstance(bad, BadRecord):
+    ...                 w.skip_bad(bad)
+    ...     w.finish(source.total_records)
+    >>> table = read_output("out")
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal, Self, cast, get_args
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from batchline._errors import InputError
+from batchline.jobs.sources import BadRecord, Record
+
+__all__ = [
+    "MANIFEST_NAME",
+    "SKIPPED_NAME",
+    "ChunkInfo",
+    "ChunkWriter",
+    "Manifest",
+    "OutputFormat",
+    "ResultKind",
+    "iter_output",
+    "read_output",
+    "read_skipped",
+]
+
+OutputFormat = Literal["parquet", "jsonl"]
+ResultKind = Literal["vector", "value"]
+
+MANIFEST_NAME = "_manifest.json"
+SKIPPED_NAME = "_skipped.jsonl"
+_MANIFEST_VERSION = 1
+_TMP = ".tmp"
+_PART = re.compile(r"part-\d{6,}\.(?:parquet|jsonl)(?:\.tmp)?")
+_OWN_NAMES = {MANIFEST_NAME, SKIPPED_NAME, MANIFEST_NAME + _TMP, SKIPPED_NAME + _TMP}
+_RESERVED = {"id", "index"}
+
+
+def _part_name(chunk: int, fmt: OutputFormat) -> str:
+    return f"part-{chunk:06d}.{fmt}"
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkInfo:
+    """A committed chunk: how many result rows its part file holds and how many records it skipped.
+
+    ``file`` is None when every record of the chunk was skipped (no part file is written).
+    """
+
+    chunk: int
+    rows: int
+    skipped: int
+    file: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """The contents of ``_manifest.json``: the committed chunks and the job's settings."""
+
+    settings: Mapping[str, object]
+    chunks: Mapping[int, ChunkInfo]
+    skipped_bytes: int = 0
+    result_dim: int | None = None
+    total_records: int | None = None
+    complete: bool = False
+
+    @property
+    def chunk_size(self) -> int:
+        return cast(int, self.settings["chunk_size"])
+
+    @property
+    def format(self) -> OutputFormat:
+        return cast(OutputFormat, self.settings["format"])
+
+    @property
+    def result_column(self) -> str:
+        return cast(str, self.settings["result_column"])
+
+    @property
+    def result_kind(self) -> ResultKind:
+        return cast(ResultKind, self.settings["result_kind"])
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "batchline_manifest": _MANIFEST_VERSION,
+            "settings": dict(self.settings),
+            "complete": self.complete,
+            "total_records": self.total_records,
+            "result_dim": self.result_dim,
+            "skipped_bytes": self.skipped_bytes,
+            "chunks": [
+                {"chunk": c.chunk, "file": c.file, "rows": c.rows, "skipped": c.skipped}
+                for c in sorted(self.chunks.values(), key=lambda c: c.chunk)
+            ],
+        }
+
+    @classmethod
+    def load(cls, out_dir: str | os.PathLike[str]) -> Manifest:
+        """Read ``out_dir/_manifest.json``; ``InputError`` if it is missing or unreadable."""
+        path = Path(out_dir) / MANIFEST_NAME
+        try:
+            data = json.loads(path.read_bytes())
+        except FileNotFoundError:
+            raise InputError(
+                f"{Path(out_dir)}: no {MANIFEST_NAME}; not a batchline output"
+            ) from None
+        except (OSError, ValueError) as exc:
+            raise InputError(
+                f"{path} is unreadable ({exc}); pass --overwrite to start the job again"
+            ) from None
+        try:
+            if data.get("batchline_manifest") != _MANIFEST_VERSION:
+                raise InputError(
+                    f"{path} has manifest version {data.get('batchline_manifest')!r}; "
+                    f"this batchline reads version {_MANIFEST_VERSION}"
+                )
+            chunks = {
+                int(c["chunk"]): ChunkInfo(
+                    int(c["chunk"]), int(c["rows"]), int(c["skipped"]), c["file"]
+                )
+                for c in data["chunks"]
+            }
+            return cls(
+                settings=dict(data["settings"]),
+                chunks=dict(sorted(chunks.items())),
+                skipped_bytes=int(data["skipped_bytes"]),
+                result_dim=data["result_dim"],
+                total_records=data["total_records"],
+                complete=bool(data["complete"]),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise InputError(
+                f"{path} is not a valid manifest ({exc!r}); pass --overwrite to start the job again"
+            ) from None
+
+
+@dataclass(slots=True)
+class _Pending:
+    """One chunk's records until it is complete."""
+
+    rows: dict[int, tuple[str, object, Mapping[str, object] | None]]
+    skipped: dict[int, tuple[str, str]]
+
+
+class ChunkWriter:
+    """Writes results to ``out_dir`` in chunks of ``chunk_size`` input indices, exactly once.
+
+    Arguments:
+        fmt: ``"parquet"`` or ``"jsonl"``; rows hold ``id``, ``index``, the result column and
+            the copied columns.
+        chunk_size: chunk k holds the records whose index is in [k*chunk_size, (k+1)*chunk_size).
+        overwrite: replace an existing output (only batchline's own files are removed).
+        resume: continue the output a previous run left, if any; refuses if its settings differ.
+        meta: job settings that must match on resume (input path and fingerprint, model, columns),
+            JSON-serialisable; they are stored in the manifest.
+        result_column: name of the result column (``"embedding"``).
+        result_kind: ``"vector"`` stores each result as list<float32> of one fixed length;
+            ``"value"`` stores results as they are (any JSON value; Parquet infers the type).
+
+    ``write``/``write_batch``/``skip`` only buffer, except when they complete a chunk, which they
+    then commit (file I/O and fsync): call them from a worker thread in async code
+    (``await asyncio.to_thread(w.write_batch, records, vectors)``). The writer is thread-safe.
+    Records whose chunk is committed must not be written again: skip them on input with
+    ``committed_ranges()``. ``finish(total_records)`` commits the last, partial chunk.
+    """
+
+    def __init__(
+        self,
+        out_dir: str | os.PathLike[str],
+        *,
+        fmt: OutputFormat = "parquet",
+        chunk_size: int = 10_000,
+        overwrite: bool = False,
+        resume: bool = False,
+        meta: Mapping[str, object] | None = None,
+        result_column: str = "embedding",
+        result_kind: ResultKind = "vector",
+    ) -> None:
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        if fmt not in get_args(OutputFormat):
+            raise InputError(f"unknown output format {fmt!r}; choose parquet or jsonl")
+        if result_kind not in get_args(ResultKind):
+            raise ValueError(f"result_kind must be 'vector' or 'value', got {result_kind!r}")
+        if not result_column or result_column in _RESERVED:
+            raise ValueError(
+                f"result_column must be a name other than id/index, got {result_column!r}"
+            )
+        if overwrite and resume:
+            raise InputError("--resume and --overwrite cannot be used together; choose one")
+        base: dict[str, object] = {
+            "format": fmt,
+            "chunk_size": chunk_size,
+            "result_column": result_column,
+            "result_kind": result_kind,
+        }
+        extra = dict(meta or {})
+        clash = sorted(set(extra) & set(base))
+        if clash:
+            raise ValueError(f"meta must not set {clash[0]!r}: it is a ChunkWriter argument")
+        try:
+            settings = json.loads(json.dumps({**base, **extra}, sort_keys=True))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"meta must be JSON-serialisable: {exc}") from None
+
+        self.out_dir = Path(out_dir)
+        self.fmt: OutputFormat = fmt
+        self.chunk_size = chunk_size
+        self.result_column = result_column
+        self.result_kind: ResultKind = result_kind
+        self._lock = threading.Lock()
+        self._pending: dict[int, _Pending] = {}
+        self._total: int | None = None  # known once finish() is called
+        self._closed = False
+        self._failed: BaseException | None = None
+        self._manifest = self._open(settings, overwrite=overwrite, resume=resume)
+
+    # -- opening ---------------------------------------------------------------------------------
+
+    def _open(self, settings: dict[str, object], *, overwrite: bool, resume: bool) -> Manifest:
+        out = self.out_dir
+        if out.exists() and not out.is_dir():
+            raise InputError(f"{out} exists and is not a directory; choose another output path")
+        entries = sorted(p.name for p in out.iterdir()) if out.exists() else []
+        if resume and MANIFEST_NAME in entries:
+            manifest = Manifest.load(out)
+            _check_settings(out, manifest.settings, settings)
+            self._recover(manifest, entries)
+            return manifest
+        if resume and entries:
+            raise InputError(
+                f"{out} has no {MANIFEST_NAME}, so there is no batchline job to resume; "
+                "choose another output path, or pass --overwrite to write into it"
+            )
+        if entries and not resume:
+            if not overwrite:
+                raise InputError(
+                    f"{out} already exists; "
+                    "pass --resume to continue it or --overwrite to replace it"
+                )
+            for name in entries:
+                if name in _OWN_NAMES or _PART.fullmatch(name):
+                    (out / name).unlink()
+        out.mkdir(parents=True, exist_ok=True)
+        manifest = Manifest(settings=settings, chunks={})
+        _write_manifest(out, manifest)
+        return manifest
+
+    def _recover(self, manifest: Manifest, entries: list[str]) -> None:
+        """Drop what a crashed run wrote after its last manifest."""
+        listed = {c.file for c in manifest.chunks.values() if c.file is not None}
+        for name in entries:
+            own = name in _OWN_NAMES or _PART.fullmatch(name) is not None
+            # Temp files, and part files renamed before their manifest was: both uncommitted.
+            if own and (name.endswith(_TMP) or (name.startswith("part-") and name not in listed)):
+                (self.out_dir / name).unlink()
+        missing = sorted(listed - set(entries))
+        if missing:
+            raise InputError(
+                f"{self.out_dir}: {missing[0]} is listed in {MANIFEST_NAME} but missing; "
+                "pass --overwrite to start the job again"
+            )
+        skipped = self.out_dir / SKIPPED_NAME
+        size = skipped.stat().st_size if skipped.exists() else 0
+        if size < manifest.skipped_bytes:
+            raise InputError(
+                f"{skipped} is shorter than {MANIFEST_NAME} records; "
+                "pass --overwrite to start again"
+            )
+        if size > manifest.skipped_bytes:
+            # Lines appended by a commit whose manifest was never written: that chunk is redone.
+            with open(skipped, "r+b") as f:
+                f.truncate(manifest.skipped_bytes)
+                f.flush()
+                os.fsync(f.fileno())
+
+    # -- state -----------------------------------------------------------------------------------
+
+    @property
+    def manifest(self) -> Manifest:
+        """The manifest as last committed (a snapshot)."""
+        return self._manifest
+
+    @property
+    def committed_chunks(self) -> frozenset[int]:
+        return frozenset(self._manifest.chunks)
+
+    @property
+    def pending_records(self) -> int:
+        """Records buffered in chunks that are not committed yet."""
+        with self._lock:
+            return sum(len(p.rows) + len(p.skipped) for p in self._pending.values())
+
+    @property
+    def is_complete(self) -> bool:
+        """Whether ``finish`` has committed the whole job (now or in the run being resumed)."""
+        return self._manifest.complete
+
+    def is_committed(self, index: int) -> bool:
+        """Whether the record with this input index is in a committed chunk."""
+        return index // self.chunk_size in self._manifest.chunks
+
+    def committed_ranges(self) -> list[tuple[int, int]]:
+        """Committed input indices as sorted half-open ranges, for ``iter_blocks(skip=...)``."""
+        ranges: list[tuple[int, int]] = []
+        size = self.chunk_size
+        for k in self._manifest.chunks:
+            lo, hi = k * size, (k + 1) * size
+            if ranges and ranges[-1][1] == lo:
+                ranges[-1] = (ranges[-1][0], hi)
+            else:
+                ranges.append((lo, hi))
+        return ranges
+
+    # -- writing ---------------------------------------------------------------------------------
+
+    def write(
+        self,
+        index: int,
+        id: str,
+        result: object,
+        extra: Mapping[str, object] | None = None,
+    ) -> None:
+        """Buffer the result of record ``index``; commits its chunk if that completes it."""
+        with self._lock:
+            self._usable()
+            self._add_result(index, id, self._convert(index, result), extra)
+            self._commit_ready()
+
+    def write_batch(self, records: Sequence[Record], results: Sequence[object] | Any) -> None:
+        """Buffer one result per record (``results`` may be an ``(n, dim)`` array).
+
+        Each record's ``extra`` columns are copied into the output.
+        """
+        if len(records) != len(results):
+            raise ValueError(f"got {len(results)} results for {len(records)} records")
+        vectors = self.result_kind == "vector" and len(records) > 0
+        if vectors:
+            matrix = np.array(results, dtype=np.float32)
+            if matrix.ndim != 2:
+                raise ValueError(
+                    f"vector results must form an (n, dim) array, got shape {matrix.shape}"
+                )
+            values: Sequence[object] = list(matrix)
+        else:
+            values = list(results)
+        with self._lock:
+            self._usable()
+            if vectors:
+                self._check_dim(records[0].index, matrix.shape[1])
+            for record, value in zip(records, values, strict=True):
+                self._add_result(record.index, record.id, value, record.extra or None)
+            self._commit_ready()
+
+    def skip(self, index: int, id: str, reason: str) -> None:
+        """Account for record ``index`` without a result; it is listed in ``_skipped.jsonl``."""
+        with self._lock:
+            self._usable()
+            self._slot(index).skipped[index] = (id, reason)
+            self._commit_ready()
+
+    def skip_bad(self, bad: BadRecord) -> None:
+        """``skip`` for a ``BadRecord`` from a source."""
+        self.skip(bad.index, bad.id, bad.reason)
+
+    def finish(self, total_records: int) -> Manifest:
+        """Commit the last chunk and mark the job complete; every index below ``total_records``
+        must have had a result or a skip (here or in the run being resumed)."""
+        with self._lock:
+            self._usable()
+            if total_records < 0:
+                raise ValueError(f"total_records must be >= 0, got {total_records}")
+            done = self._manifest
+            if done.complete:
+                if done.total_records != total_records:
+                    raise InputError(
+                        f"{self.out_dir} is a finished job of {done.total_records} records, not "
+                        f"{total_records}; pass --overwrite to run it again"
+                    )
+                return done
+            last = -(-total_records // self.chunk_size)  # chunks 0 .. last-1 exist
+            beyond = [k for k in (*done.chunks, *self._pending) if k >= last]
+            if beyond:
+                raise ValueError(
+                    f"total_records={total_records}, yet chunk {min(beyond)} has records "
+                    f"from index {min(beyond) * self.chunk_size} on"
+                )
+            over = [i for p in self._pending.values() for i in (*p.rows, *p.skipped)]
+            if over and max(over) >= total_records:
+                raise ValueError(f"record {max(over)} is beyond total_records={total_records}")
+            self._total = total_records
+            self._commit_ready()
+            missing = [k for k in range(last) if k not in self._manifest.chunks]
+            if missing:
+                k = missing[0]
+                lo, hi = k * self.chunk_size, min((k + 1) * self.chunk_size, total_records)
+                got = self._pending.get(k)
+                absent = [
+                    i
+                    for i in range(lo, hi)
+                    if got is None or (i not in got.rows and i not in got.skipped)
+                ]
+                raise ValueError(
+                    f"cannot finish: {len(missing)} chunk(s) incomplete; chunk {k} lacks "
+                    f"{len(absent)} record(s), first {absent[:5]}"
+                )
+            self._sort_skipped()
+            self._manifest = replace(self._manifest, total_records=total_records, complete=True)
+            _write_manifest(self.out_dir, self._manifest)
+            return self._manifest
+
+    def close(self) -> None:
+        """Release the writer. Buffered records of uncommitted chunks are dropped: a resumed run
+        produces them again."""
+        with self._lock:
+            self._closed = True
+            self._pending.clear()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- internals (called with the lock held) ---------------------------------------------------
+
+    def _usable(self) -> None:
+        if self._failed is not None:
+            raise RuntimeError(
+                "the writer failed while committing a chunk; open it again with resume=True"
+            ) from self._failed
+        if self._closed:
+            raise RuntimeError("the writer is closed")
+
+    def _slot(self, index: int) -> _Pending:
+        if index < 0:
+            raise ValueError(f"index must be >= 0, got {index}")
+        k = index // self.chunk_size
+        if k in self._manifest.chunks:
+            raise ValueError(
+                f"record {index} is in chunk {k}, which is already committed; "
+                "skip committed records with committed_ranges()"
+            )
+        if self._total is not None and index >= self._total:
+            raise ValueError(f"record {index} is beyond total_records={self._total}")
+        pending = self._pending.get(k)
+        if pending is None:
+            pending = self._pending[k] = _Pending({}, {})
+        elif index in pending.rows or index in pending.skipped:
+            raise ValueError(f"record {index} was already written or skipped")
+        return pending
+
+    def _add_result(
+        self, index: int, id: str, value: object, extra: Mapping[str, object] | None
+    ) -> None:
+        if extra:
+            clash = _RESERVED.intersection(extra) | ({self.result_column} & extra.keys())
+            if clash:
+                raise InputError(
+                    f"copied column {sorted(clash)[0]!r} collides with an output column; "
+                    "do not copy it"
+                )
+        self._slot(index).rows[index] = (id, value, extra)
+
+    def _convert(self, index: int, result: object) -> object:
+        if self.result_kind == "value":
+            return result
+        vector = np.array(result, dtype=np.float32)
+        if vector.ndim != 1:
+            raise ValueError(
+                f"record {index}: a vector result must be 1-D, got shape {vector.shape}"
+            )
+        self._check_dim(index, vector.shape[0])
+        return vector
+
+    def _check_dim(self, index: int, dim: int) -> None:
+        known = self._manifest.result_dim
+        if known is None:
+            self._manifest = replace(self._manifest, result_dim=dim)  # saved by the next commit
+        elif known != dim:
+            raise ValueError(f"record {index}: vector has {dim} values, the others {known}")
+
+    def _expected(self, k: int) -> int:
+        if self._total is None:
+            return self.chunk_size
+        return min(self.chunk_size, self._total - k * self.chunk_size)
+
+    def _commit_ready(self) -> None:
+        ready = [
+            k for k, p in self._pending.items() if len(p.rows) + len(p.skipped) >= self._expected(k)
+        ]
+        for k in sorted(ready):
+            try:
+                self._commit(k, self._pending.pop(k))
+            except BaseException as exc:
+                self._failed = exc
+                raise
+
+    def _commit(self, k: int, pending: _Pending) -> None:
+        out = self.out_dir
+        skipped_bytes = self._manifest.skipped_bytes
+        if pending.skipped:
+            lines = b"".join(
+                _json_line({"index": i, "id": id_, "reason": reason})
+                for i, (id_, reason) in sorted(pending.skipped.items())
+            )
+            with open(out / SKIPPED_NAME, "ab") as f:
+                f.write(lines)
+                f.flush()
+                os.fsync(f.fileno())
+            skipped_bytes += len(lines)
+        name: str | None = None
+        if pending.rows:
+            name = _part_name(k, self.fmt)
+            rows = sorted(pending.rows.items())
+            tmp = out / (name + _TMP)
+            with open(tmp, "wb") as f:
+                if self.fmt == "parquet":
+                    pq.write_table(self._table(rows), f)
+                else:
+                    f.write(b"".join(self._jsonl_row(i, id_, v, e) for i, (id_, v, e) in rows))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, out / name)
+            _fsync_dir(out)
+        info = ChunkInfo(k, len(pending.rows), len(pending.skipped), name)
+        manifest = replace(
+            self._manifest,
+            chunks=dict(sorted({**self._manifest.chunks, k: info}.items())),
+            skipped_bytes=skipped_bytes,
+        )
+        _write_manifest(out, manifest)
+        self._manifest = manifest
+
+    def _table(
+        self, rows: list[tuple[int, tuple[str, object, Mapping[str, object] | None]]]
+    ) -> Any:
+        return _build_table(
+            [i for i, _ in rows],
+            [r[0] for _, r in rows],
+            [r[1] for _, r in rows],
+            [r[2] for _, r in rows],
+            result_column=self.result_column,
+            result_kind=self.result_kind,
+        )
+
+    def _jsonl_row(
+        self, index: int, id: str, value: object, extra: Mapping[str, object] | None
+    ) -> bytes:
+        if isinstance(value, np.ndarray):
+            value = value.tolist()
+        return _json_line({"id": id, "index": index, self.result_column: value, **(extra or {})})
+
+    def _sort_skipped(self) -> None:
+        """Rewrite ``_skipped.jsonl`` in index order (same bytes, so the manifest stays valid)."""
+        path = self.out_dir / SKIPPED_NAME
+        if not path.exists():
+            return
+        lines = path.read_bytes().splitlines(keepends=True)
+        ordered = sorted(lines, key=lambda line: cast(int, json.loads(line)["index"]))
+        if ordered == lines:
+            return
+        tmp = self.out_dir / (SKIPPED_NAME + _TMP)
+        with open(tmp, "wb") as f:
+            f.write(b"".join(ordered))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(self.out_dir)
+
+
+# -- reading ---------------------------------------------------------------------------------------
+
+
+def iter_output(out_dir: str | os.PathLike[str]) -> Iterator[Any]:
+    """Yield each committed chunk as a ``pyarrow.Table``, in chunk order.
+
+    Columns: ``id`` (string), ``index`` (int64), the result column (list<float32> for vectors)
+    and any copied columns. JSONL chunks are read into the same schema as Parquet ones.
+    """
+    out = Path(out_dir)
+    manifest = Manifest.load(out)
+    for info in manifest.chunks.values():
+        if info.file is None:
+            continue
+        path = out / info.file
+        if manifest.format == "parquet":
+            table = pq.read_table(path)
+            if manifest.result_kind == "vector":
+                # Parquet names the list's item "element"; give back the schema the writer built.
+                i = table.schema.get_field_index(manifest.result_column)
+                column = table.column(i).cast(pa.list_(pa.float32()))
+                table = table.set_column(i, manifest.result_column, column)
+            yield table
+            continue
+        ids: list[str] = []
+        indices: list[int] = []
+        values: list[object] = []
+        extras: list[Mapping[str, object] | None] = []
+        with open(path, "rb") as f:
+            for line in f:
+                row = json.loads(line)
+                ids.append(row.pop("id"))
+                indices.append(row.pop("index"))
+                values.append(row.pop(manifest.result_column))
+                extras.append(row or None)
+        yield _build_table(
+            indices,
+            ids,
+            values,
+            extras,
+            result_column=manifest.result_column,
+            result_kind=manifest.result_kind,
+        )
+
+
+def read_output(out_dir: str | os.PathLike[str]) -> Any:
+    """All committed chunks of an output directory as one ``pyarrow.Table`` in index order.
+
+    >>> table = read_output("out")
+    >>> table.column("embedding").to_numpy(zero_copy_only=False)
+    """
+    manifest = Manifest.load(out_dir)
+    tables = list(iter_output(out_dir))
+    if not tables:
+        return _build_table(
+            [],
+            [],
+            [],
+            [],
+            result_column=manifest.result_column,
+            result_kind=manifest.result_kind,
+        )
+    return pa.concat_tables(tables, promote_options="permissive")
+
+
+def read_skipped(out_dir: str | os.PathLike[str]) -> list[dict[str, object]]:
+    """The committed entries of ``_skipped.jsonl`` (index, id, reason), in index order."""
+    out = Path(out_dir)
+    manifest = Manifest.load(out)
+    path = out / SKIPPED_NAME
+    if manifest.skipped_bytes == 0 or not path.exists():
+        return []
+    with open(path, "rb") as f:
+        data = f.read(manifest.skipped_bytes)
+    entries = [cast(dict[str, object], json.loads(line)) for line in data.splitlines()]
+    return sorted(entries, key=lambda e: cast(int, e["index"]))
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+
+
+def _build_table(
+    indices: Sequence[int],
+    ids: Sequence[str],
+    values: Sequence[object],
+    extras: Sequence[Mapping[str, object] | None],
+    *,
+    result_column: str,
+    result_kind: ResultKind,
+) -> Any:
+    n = len(indices)
+    if result_kind == "vector":
+        if n:
+            matrix = np.asarray(np.stack([np.asarray(v, dtype=np.float32) for v in values]))
+            dim = matrix.shape[1]
+            offsets = pa.array(np.arange(0, n * dim + 1, dim, dtype=np.int32))
+            result = pa.ListArray.from_arrays(offsets, pa.array(matrix.reshape(-1)))
+        else:
+            result = pa.array([], type=pa.list_(pa.float32()))
+    else:
+        result = pa.array(list(values))
+    columns: dict[str, Any] = {
+        "id": pa.array(list(ids), type=pa.string()),
+        "index": pa.array(list(indices), type=pa.int64()),
+        result_column: result,
+    }
+    names: dict[str, None] = {}
+    for extra in extras:
+        if extra:
+            names.update(dict.fromkeys(extra))
+    for name in names:
+        column = [e.get(name) if e else None for e in extras]
+        try:
+            columns[name] = pa.array(column)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise InputError(
+                f"copied column {name!r} mixes value types ({exc}); use --output-format jsonl "
+                "or do not copy it"
+            ) from None
+    return pa.table(columns)
+
+
+def _check_settings(out: Path, stored: Mapping[str, object], wanted: Mapping[str, object]) -> None:
+    diffs = []
+    for key in sorted(set(stored) | set(wanted)):
+        was, now = stored.get(key, "unset"), wanted.get(key, "unset")
+        if was != now:
+            diffs.append(f"{key} was {was!r}, now {now!r}")
+    if diffs:
+        raise InputError(
+            f"cannot resume {out}: it was written with other settings ({'; '.join(diffs)}); "
+            "rerun with the same settings, or pass --overwrite to start again"
+        )
+
+
+def _json_line(obj: Mapping[str, object]) -> bytes:
+    return (json.dumps(obj, ensure_ascii=False, default=str) + "\n").encode("utf-8")
+
+
+def _write_manifest(out: Path, manifest: Manifest) -> None:
+    tmp = out / (MANIFEST_NAME + _TMP)
+    with open(tmp, "wb") as f:
+        f.write(json.dumps(manifest.to_json(), indent=1, sort_keys=True).encode("utf-8"))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, out / MANIFEST_NAME)
+    _fsync_dir(out)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
