@@ -1,0 +1,187 @@
+"""``batchline run``: argument parsing, the progress bar and the summary table.
+
+Only the standard library is imported at the top: ``batchline --help`` must work without
+the ``jobs`` extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_parser"]
+
+
+def add_parser(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "run",
+        help="embed a dataset file (or the built-in demo corpus) into a resumable output",
+        description=(
+            "Offline batch inference: embed every record of INPUT with the model and write "
+            "the vectors to OUTPUT, a directory of Parquet/JSONL chunks plus _manifest.json. "
+            "Without INPUT, runs on the built-in demo corpus (Python standard library "
+            "docstrings). A killed run continues with --resume."
+        ),
+    )
+    p.add_argument("input", nargs="?", type=Path, help=".jsonl, .csv, .parquet or .txt file")
+    p.add_argument("-o", "--output", type=Path, help="output directory (default: INPUT.embeddings)")
+    p.add_argument("--model", default="default", help="'default' (all-MiniLM-L6-v2) or PATH.onnx")
+    p.add_argument("--tokenizer", type=Path, help="tokenizer.json for --model PATH.onnx")
+    p.add_argument("--text-column", default="text", help="column holding the text (default: text)")
+    p.add_argument("--id-column", help="column holding record ids (default: 'id' if present)")
+    p.add_argument("--format", dest="input_format", choices=["jsonl", "csv", "parquet", "text"])
+    p.add_argument("--output-format", choices=["parquet", "jsonl"], default="parquet")
+    p.add_argument(
+        "--copy-column",
+        action="append",
+        default=[],
+        dest="copy_columns",
+        help="copy this input column into the output (repeatable)",
+    )
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--resume", action="store_true", help="continue an interrupted run")
+    mode.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    p.add_argument(
+        "--on-bad-record",
+        choices=["fail", "skip"],
+        default="fail",
+        help="fail (default) names the bad record; skip lists it in OUTPUT/_skipped.jsonl",
+    )
+    p.add_argument("--chunk-size", type=int, default=10_000, help="records per output chunk")
+    p.add_argument("--limit", type=int, help="process only the first N records")
+    p.add_argument(
+        "--no-batching",
+        action="store_true",
+        help="the baseline: one shared session, one record per call, to compare against",
+    )
+    p.add_argument("--config", type=Path, help="batching knobs file (as written by batchline tune)")
+    p.add_argument("--target-batch-tokens", type=int, help="padded tokens per model call")
+    p.add_argument("--sessions", type=int, help="model sessions (batches in flight)")
+    p.add_argument("--intra-op-threads", type=int, help="threads per session")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_main)
+
+
+def _knobs(args: argparse.Namespace) -> Any:
+    from batchline.knobs import Knobs
+
+    knobs = Knobs.load(args.config) if args.config else Knobs()
+    changes: dict[str, Any] = {}
+    if args.target_batch_tokens is not None:
+        changes["target_batch_tokens"] = args.target_batch_tokens
+    if args.sessions is not None:
+        changes["sessions"] = args.sessions
+        changes["max_concurrent_batches"] = args.sessions
+    if args.intra_op_threads is not None:
+        changes["intra_op_threads"] = args.intra_op_threads
+    if args.no_batching:
+        changes["batching"] = False
+    return knobs.replace(**changes) if changes else knobs
+
+
+def _main(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from batchline.jobs.run import RunOptions, run
+
+    if args.chunk_size < 1:
+        from batchline._errors import InputError
+
+        raise InputError(f"--chunk-size must be >= 1, got {args.chunk_size}")
+    options = RunOptions(
+        input=args.input,
+        output=args.output,
+        model=args.model,
+        tokenizer=args.tokenizer,
+        text_column=args.text_column,
+        id_column=args.id_column,
+        input_format=args.input_format,
+        output_format=args.output_format,
+        copy_columns=args.copy_columns,
+        resume=args.resume,
+        overwrite=args.overwrite,
+        on_bad_record=args.on_bad_record,
+        chunk_size=args.chunk_size,
+        limit=args.limit,
+        knobs=_knobs(args),
+    )
+    console = Console(stderr=True)
+    show = not args.quiet and console.is_terminal
+    bar = _Bar(console) if show else None
+    try:
+        summary = run(options, bar)
+    finally:
+        if bar is not None:
+            bar.close()
+    table = Table(title="batchline run", show_header=False)
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    for label, value in summary.rows():
+        table.add_row(label, value)
+    Console().print(table)
+    return 0
+
+
+class _Bar:
+    """A rich progress bar fed by the job's progress hooks."""
+
+    def __init__(self, console: Any) -> None:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TaskProgressColumn,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self._progress = Progress(
+            TextColumn("[bold]embedding"),
+            BarColumn(),
+            TaskProgressColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]} rec/s"),
+            TextColumn("util {task.fields[util]}"),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            console=console,
+            transient=False,
+        )
+        self._task: Any = None
+        self._started = 0.0
+        self._done = 0
+
+    def start(self, total: int | None, already_done: int) -> None:
+        import time
+
+        self._progress.start()
+        self._task = self._progress.add_task(
+            "run", total=total, completed=already_done, rate="-", util="-"
+        )
+        self._started = time.perf_counter()
+
+    def advance(self, records: int, utilization: float) -> None:
+        import time
+
+        self._done += records
+        elapsed = max(time.perf_counter() - self._started, 1e-9)
+        self._progress.update(
+            self._task,
+            advance=records,
+            rate=f"{self._done / elapsed:,.0f}",
+            util=f"{utilization:.0%}",
+        )
+
+    def close(self) -> None:
+        self._progress.stop()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    from batchline.cli import main
+
+    sys.exit(main(["run", *sys.argv[1:]]))
