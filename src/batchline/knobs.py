@@ -101,6 +101,8 @@ class Knobs:
             "min_batch_size": self.min_batch_size,
             "batch_timeout_s": self.batch_timeout_s,
             "max_queue_size": self.max_queue_size,
+            # the baseline's callers all run on its one session at once
+            "shared": not self.batching and self.sessions == 1,
         }
 
 

@@ -202,6 +202,7 @@ class Embedder:
         sessions: int = 2,
         intra_op_threads: int = 1,
         providers: Sequence[ProviderSpec] | None = None,
+        shared: bool = False,
         **options: Any,
     ) -> Embedder:
         """all-MiniLM-L6-v2 (384 dimensions, texts truncated at 256 tokens).
@@ -219,7 +220,11 @@ class Embedder:
 
         path = minilm.default_model_path()
         model = OnnxModel.load(
-            path, sessions=sessions, intra_op_threads=intra_op_threads, providers=providers
+            path,
+            sessions=sessions,
+            intra_op_threads=intra_op_threads,
+            providers=providers,
+            shared=shared,
         )
         tokenizer, pad_id = load_tokenizer(
             minilm.weights_dir() / "tokenizer.json", max_length=minilm.MAX_LENGTH
@@ -237,6 +242,7 @@ class Embedder:
         intra_op_threads: int = 1,
         providers: Sequence[ProviderSpec] | None = None,
         check_batch_axis: bool = True,
+        shared: bool = False,
         **options: Any,
     ) -> Embedder:
         """Your own ONNX encoder and its Hugging Face ``tokenizer.json``.
@@ -256,6 +262,7 @@ class Embedder:
             intra_op_threads=intra_op_threads,
             providers=providers,
             check_batch_axis=check_batch_axis,
+            shared=shared,
         )
         tokenizer, pad_id = load_tokenizer(tokenizer_path, max_length=max_length)
         return cls(model, tokenizer, pad_id=pad_id, **options)

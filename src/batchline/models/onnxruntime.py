@@ -113,9 +113,15 @@ class OnnxModel:
         sessions: Sequence[ort.InferenceSession],
         *,
         providers: Sequence[str],
+        shared: bool = False,
     ) -> None:
         if not sessions:
             raise ValueError("an OnnxModel needs at least one session")
+        if shared and len(sessions) != 1:
+            raise ValueError("a shared OnnxModel has exactly one session")
+        #: One session that every caller uses at once (ONNX Runtime's run() is thread-safe):
+        #: the no-batching baseline. Otherwise each call borrows a session of its own.
+        self.shared = shared
         self.path = path
         self.providers: tuple[str, ...] = tuple(providers)
         first = sessions[0]
@@ -140,6 +146,7 @@ class OnnxModel:
         providers: Sequence[ProviderSpec] | None = None,
         spinning: bool = False,
         check_batch_axis: bool = True,
+        shared: bool = False,
     ) -> OnnxModel:
         """Load an ``.onnx`` file into ``sessions`` ONNX Runtime sessions.
 
@@ -154,6 +161,8 @@ class OnnxModel:
                 as a fallback for operators a GPU provider cannot run.
             spinning: let idle intra-op threads spin. Spinning shaves a little latency off
                 back-to-back calls but burns about half a core between them.
+            shared: open one session and let every caller run on it at once, without waiting
+                for a free one: the single-shared-session baseline (``sessions`` must be 1).
             check_batch_axis: refuse models whose batch dimension is fixed, and probe the
                 model with dummy batches of 1, 2 and 3 rows to catch batch sizes baked
                 inside the graph.
@@ -185,7 +194,7 @@ class OnnxModel:
             _check_providers_active(sess, resolved)
             opened.append(sess)
         active = opened[0].get_providers()
-        model = cls(model_path, opened, providers=active)
+        model = cls(model_path, opened, providers=active, shared=shared)
         if check_batch_axis:
             model.check_batch_axis()
         return model
@@ -206,6 +215,9 @@ class OnnxModel:
     @contextmanager
     def session(self) -> Iterator[ort.InferenceSession]:
         """Borrow one session from the pool for the duration of a ``with`` block."""
+        if self.shared:
+            yield self._all_sessions[0]
+            return
         sess = self._pool.get()
         try:
             yield sess
