@@ -1,0 +1,423 @@
+"""ChunkWriter: out-of-order commits, crash recovery, settings checks, reading outputs back."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from batchline._errors import InputError
+from batchline.jobs import sinks
+from batchline.jobs.sinks import ChunkWriter, Manifest, read_output, read_skipped
+from batchline.jobs.sources import BadRecord, Record
+
+META = {"input": "in.jsonl", "input_fingerprint": "10:abc", "model": "m", "text_column": "text"}
+DIM = 4
+
+
+def vec(i: int) -> np.ndarray:
+    return np.arange(DIM, dtype=np.float32) + i
+
+
+def writer(out: Path, **kwargs: Any) -> ChunkWriter:
+    kwargs.setdefault("chunk_size", 4)
+    kwargs.setdefault("meta", META)
+    return ChunkWriter(out, **kwargs)
+
+
+def feed(w: ChunkWriter, indices: Iterable[int], *, skipped: frozenset[int] = frozenset()) -> None:
+    for i in indices:
+        if i in skipped:
+            w.skip(i, f"r{i}", f"bad {i}")
+        else:
+            w.write(i, f"r{i}", vec(i), {"n": i})
+
+
+def listing(out: Path) -> list[str]:
+    return sorted(os.listdir(out))
+
+
+def test_out_of_order_results_commit_each_chunk_when_complete(tmp_path: Path) -> None:
+    w = writer(tmp_path / "out")
+
+    feed(w, [5, 0, 6, 1, 2, 7])
+    assert w.committed_chunks == frozenset()
+    feed(w, [4])
+    assert w.committed_chunks == frozenset({1})  # 4..7 complete, 0..3 lacks 3
+    assert listing(tmp_path / "out") == ["_manifest.json", "part-000001.parquet"]
+    feed(w, [3])
+    assert w.committed_chunks == frozenset({0, 1})
+    feed(w, [8, 9])
+    assert w.pending_records == 2
+
+    manifest = w.finish(10)
+
+    assert manifest.complete
+    assert manifest.total_records == 10
+    assert [(c.chunk, c.rows, c.file) for c in manifest.chunks.values()] == [
+        (0, 4, "part-000000.parquet"),
+        (1, 4, "part-000001.parquet"),
+        (2, 2, "part-000002.parquet"),
+    ]
+    table = read_output(tmp_path / "out")
+    assert table.column("index").to_pylist() == list(range(10))
+    assert table.column("id").to_pylist() == [f"r{i}" for i in range(10)]
+    assert table.column("n").to_pylist() == list(range(10))
+    assert table.schema.field("embedding").type == pa.list_(pa.float32())
+    assert np.array_equal(
+        np.stack(table.column("embedding").to_numpy(zero_copy_only=False)),
+        np.stack([vec(i) for i in range(10)]),
+    )
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_skips_are_committed_with_their_chunk(tmp_path: Path, fmt: str) -> None:
+    out = tmp_path / "out"
+    w = writer(out, fmt=fmt)
+
+    feed(w, [3, 2, 1, 0, 4, 5, 6, 7, 8], skipped=frozenset({1, 4, 5, 6, 7}))
+    w.skip_bad(BadRecord(9, "r9", "line 10: malformed JSON", "{"))
+    w.finish(10)
+
+    assert read_output(out).column("index").to_pylist() == [0, 2, 3, 8]
+    assert read_skipped(out) == [
+        {"index": 1, "id": "r1", "reason": "bad 1"},
+        {"index": 4, "id": "r4", "reason": "bad 4"},
+        {"index": 5, "id": "r5", "reason": "bad 5"},
+        {"index": 6, "id": "r6", "reason": "bad 6"},
+        {"index": 7, "id": "r7", "reason": "bad 7"},
+        {"index": 9, "id": "r9", "reason": "line 10: malformed JSON"},
+    ]
+    # chunk 1 was skipped whole: no part file, but it is committed
+    assert listing(out) == [
+        "_manifest.json",
+        "_skipped.jsonl",
+        f"part-000000.{fmt}",
+        f"part-000002.{fmt}",
+    ]
+    assert Manifest.load(out).chunks[1].file is None
+    # _skipped.jsonl ends sorted by index, whatever the commit order was
+    lines = (out / "_skipped.jsonl").read_text().splitlines()
+    assert [json.loads(line)["index"] for line in lines] == [1, 4, 5, 6, 7, 9]
+
+
+def test_jsonl_and_parquet_outputs_read_back_equal(tmp_path: Path) -> None:
+    order = list(range(23))
+    random.Random(3).shuffle(order)
+    for fmt in ("parquet", "jsonl"):
+        w = writer(tmp_path / fmt, fmt=fmt, chunk_size=5)
+        feed(w, order, skipped=frozenset({7}))
+        w.finish(23)
+
+    parquet, jsonl = read_output(tmp_path / "parquet"), read_output(tmp_path / "jsonl")
+
+    assert parquet.equals(jsonl)
+    assert parquet.num_rows == 22
+    first = json.loads((tmp_path / "jsonl" / "part-000000.jsonl").read_text().splitlines()[0])
+    assert first == {"id": "r0", "index": 0, "embedding": [0.0, 1.0, 2.0, 3.0], "n": 0}
+
+
+def test_write_batch_takes_an_array_and_copies_extra(tmp_path: Path) -> None:
+    w = writer(tmp_path / "out", fmt="jsonl")
+    recs = [Record(i, f"id{i}", f"text {i}", {"lang": "en"}) for i in range(6)]
+
+    w.write_batch(recs[3:], np.ones((3, DIM), dtype=np.float64))
+    w.write_batch(recs[:3], [vec(0), vec(1), vec(2)])
+    w.finish(6)
+
+    table = read_output(tmp_path / "out")
+    assert table.column("lang").to_pylist() == ["en"] * 6
+    assert table.column("embedding").to_pylist()[5] == [1.0] * DIM
+
+
+def test_value_results_for_non_embedding_jobs(tmp_path: Path) -> None:
+    for fmt in ("parquet", "jsonl"):
+        w = writer(tmp_path / fmt, fmt=fmt, result_column="label", result_kind="value")
+        for i in reversed(range(5)):
+            w.write(i, str(i), {"label": "pos" if i % 2 else "neg", "score": i / 10})
+        w.finish(5)
+
+    for fmt in ("parquet", "jsonl"):
+        table = read_output(tmp_path / fmt)
+        assert table.column_names == ["id", "index", "label"]
+        assert table.column("label").to_pylist()[1] == {"label": "pos", "score": 0.1}
+
+
+def test_finish_refuses_gaps_and_names_them(tmp_path: Path) -> None:
+    w = writer(tmp_path / "out")
+    feed(w, [0, 1, 2, 3, 4, 6])
+
+    with pytest.raises(ValueError, match=r"chunk 1 lacks 2 record\(s\), first \[5, 7\]"):
+        w.finish(8)
+
+
+def test_finish_refuses_records_beyond_the_total(tmp_path: Path) -> None:
+    w = writer(tmp_path / "out")
+    feed(w, [0, 1, 2])
+    with pytest.raises(ValueError, match="beyond total_records=2"):
+        w.finish(2)
+
+
+def test_duplicates_and_committed_records_are_refused(tmp_path: Path) -> None:
+    w = writer(tmp_path / "out")
+    feed(w, [0, 1, 2, 3, 5])
+
+    with pytest.raises(ValueError, match="record 5 was already written"):
+        feed(w, [5])
+    with pytest.raises(ValueError, match="record 2 is in chunk 0, which is already committed"):
+        w.skip(2, "r2", "again")
+    with pytest.raises(ValueError, match="index must be >= 0"):
+        feed(w, [-1])
+
+
+def test_vectors_must_share_one_length(tmp_path: Path) -> None:
+    w = writer(tmp_path / "out")
+    feed(w, [0])
+    with pytest.raises(ValueError, match="vector has 3 values, the others 4"):
+        w.write(1, "r1", [1.0, 2.0, 3.0])
+    with pytest.raises(ValueError, match="must be 1-D"):
+        w.write(1, "r1", np.ones((2, 2)))
+
+
+def test_copied_column_may_not_shadow_an_output_column(tmp_path: Path) -> None:
+    w = writer(tmp_path / "out")
+    with pytest.raises(InputError, match="copied column 'index' collides"):
+        w.write(0, "r0", vec(0), {"index": 3})
+
+
+def test_existing_output_needs_resume_or_overwrite(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    writer(out).finish(0)
+
+    with pytest.raises(
+        InputError,
+        match="already exists; pass --resume to continue it or --overwrite to replace it",
+    ):
+        writer(out)
+    with pytest.raises(InputError, match="cannot be used together"):
+        writer(out, resume=True, overwrite=True)
+
+
+def test_overwrite_removes_only_batchline_files(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    w = writer(out)
+    feed(w, range(6), skipped=frozenset({1}))
+    w.finish(6)
+    (out / "notes.txt").write_text("mine")
+    (out / "part-000009.jsonl.tmp").write_text("stray")
+
+    w = writer(out, overwrite=True)
+
+    assert listing(out) == ["_manifest.json", "notes.txt"]
+    assert w.committed_chunks == frozenset()
+
+
+def test_output_path_that_is_a_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "out").write_text("x")
+    with pytest.raises(InputError, match="is not a directory"):
+        writer(tmp_path / "out")
+
+
+def test_resume_on_a_fresh_path_starts_a_new_job(tmp_path: Path) -> None:
+    w = writer(tmp_path / "new" / "out", resume=True)
+    assert w.committed_chunks == frozenset()
+    assert w.committed_ranges() == []
+
+
+def test_resume_needs_a_manifest_in_a_non_empty_directory(tmp_path: Path) -> None:
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "data.csv").write_text("x")
+    with pytest.raises(
+        InputError, match=r"no _manifest\.json, so there is no batchline job to resume"
+    ):
+        writer(tmp_path / "out", resume=True)
+
+
+def test_resume_with_other_settings_is_refused(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    w = writer(out)
+    feed(w, range(4))
+
+    with pytest.raises(InputError, match=r"chunk_size was 4, now 8; model was 'm', now 'other'"):
+        writer(out, resume=True, chunk_size=8, meta={**META, "model": "other"})
+    with pytest.raises(InputError, match="format was 'parquet', now 'jsonl'"):
+        writer(out, resume=True, fmt="jsonl")
+    with pytest.raises(InputError, match="input_fingerprint was '10:abc', now '11:def'"):
+        writer(out, resume=True, meta={**META, "input_fingerprint": "11:def"})
+    assert writer(out, resume=True, meta=dict(reversed(META.items()))).committed_chunks == {0}
+
+
+def test_unreadable_manifest_is_an_input_error(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    writer(out)
+    (out / "_manifest.json").write_text("{not json")
+
+    with pytest.raises(InputError, match=r"unreadable.*--overwrite"):
+        writer(out, resume=True)
+    with pytest.raises(InputError, match="unreadable"):
+        read_output(out)
+
+
+def uninterrupted(out: Path, n: int, skipped: frozenset[int], **kwargs: Any) -> Any:
+    w = writer(out, **kwargs)
+    feed(w, list(range(n)), skipped=skipped)
+    w.finish(n)
+    return read_output(out)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path: Path, fmt: str) -> None:
+    n, skipped = 30, frozenset({2, 13, 14, 29})
+    expected = uninterrupted(tmp_path / "clean", n, skipped, fmt=fmt)
+    out = tmp_path / "out"
+    order = list(range(n))
+    random.Random(0).shuffle(order)
+
+    crashed = writer(out, fmt=fmt)
+    feed(crashed, order[:20], skipped=skipped)
+    done_before = crashed.committed_chunks
+    del crashed  # dropped without close(): its buffered records are lost
+    # What a crash mid-commit leaves: a temp file, a renamed part file the manifest does not list,
+    # and _skipped.jsonl lines appended for that chunk.
+    (out / f"part-000006.{fmt}.tmp").write_bytes(b"half a file")
+    (out / "_manifest.json.tmp").write_bytes(b"{")
+    uncommitted = next(k for k in range(8) if k not in done_before)
+    (out / f"part-{uncommitted:06d}.{fmt}").write_bytes(b"garbage")
+    with open(out / "_skipped.jsonl", "ab") as f:
+        f.write(b'{"index": 13, "id": "r13", "reason": "bad 13"}\n')
+
+    w = writer(out, fmt=fmt, resume=True)
+
+    assert w.committed_chunks == done_before
+    assert not [name for name in listing(out) if name.endswith(".tmp")]
+    assert f"part-{uncommitted:06d}.{fmt}" not in listing(out)
+    todo = [i for i in order if not w.is_committed(i)]
+    assert sorted(todo) == [
+        i for lo, hi in complement(w.committed_ranges(), n) for i in range(lo, hi)
+    ]
+    feed(w, todo, skipped=skipped)
+    w.finish(n)
+
+    assert read_output(out).equals(expected)
+    assert read_skipped(out) == read_skipped(tmp_path / "clean")
+    assert (out / "_skipped.jsonl").read_bytes() == (
+        tmp_path / "clean" / "_skipped.jsonl"
+    ).read_bytes()
+
+
+def complement(ranges: list[tuple[int, int]], n: int) -> list[tuple[int, int]]:
+    out, at = [], 0
+    for lo, hi in ranges:
+        if at < lo:
+            out.append((at, lo))
+        at = hi
+    if at < n:
+        out.append((at, n))
+    return out
+
+
+def test_a_commit_that_fails_midway_is_redone_on_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "out"
+    expected = uninterrupted(tmp_path / "clean", 12, frozenset({5}))
+    w = writer(out)
+    feed(w, [0, 1, 2, 3])
+    real_replace = os.replace
+
+    def failing_replace(src: Any, dst: Any) -> None:
+        if str(dst).endswith("_manifest.json"):
+            raise OSError("disk full")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(sinks.os, "replace", failing_replace)
+    with pytest.raises(OSError, match="disk full"):
+        feed(w, [4, 5, 6, 7], skipped=frozenset({5}))  # part file renamed, manifest not
+    with pytest.raises(RuntimeError, match="open it again with resume=True"):
+        feed(w, [8])
+    monkeypatch.setattr(sinks.os, "replace", real_replace)
+    assert "part-000001.parquet" in listing(out)
+
+    w = writer(out, resume=True)
+
+    assert w.committed_chunks == frozenset({0})
+    assert "part-000001.parquet" not in listing(out)
+    feed(w, list(range(4, 12)), skipped=frozenset({5}))
+    w.finish(12)
+    assert read_output(out).equals(expected)
+    assert read_skipped(out) == [{"index": 5, "id": "r5", "reason": "bad 5"}]
+
+
+def test_resuming_a_finished_job(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    uninterrupted(out, 9, frozenset())
+
+    w = writer(out, resume=True)
+
+    assert w.is_complete
+    assert w.committed_ranges() == [(0, 12)]
+    assert w.finish(9).complete
+    with pytest.raises(InputError, match="finished job of 9 records, not 10"):
+        w.finish(10)
+
+
+def test_committed_ranges_merge_adjacent_chunks(tmp_path: Path) -> None:
+    w = writer(tmp_path / "out", chunk_size=2)
+    feed(w, [0, 1, 2, 3, 6, 7, 10, 11])
+
+    assert w.committed_ranges() == [(0, 4), (6, 8), (10, 12)]
+    assert [i for i in range(12) if w.is_committed(i)] == [0, 1, 2, 3, 6, 7, 10, 11]
+
+
+def test_empty_job(tmp_path: Path) -> None:
+    w = writer(tmp_path / "out")
+    assert w.finish(0).complete
+    table = read_output(tmp_path / "out")
+    assert table.num_rows == 0
+    assert table.column_names == ["id", "index", "embedding"]
+    assert read_skipped(tmp_path / "out") == []
+
+
+def test_closed_writer_refuses_writes(tmp_path: Path) -> None:
+    with writer(tmp_path / "out") as w:
+        feed(w, [0])
+    with pytest.raises(RuntimeError, match="closed"):
+        feed(w, [1])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"chunk_size": 0}, "chunk_size must be >= 1"),
+        ({"result_column": "id"}, "result_column must be a name other than id/index"),
+        ({"meta": {"chunk_size": 3}}, "meta must not set 'chunk_size'"),
+        ({"meta": {"x": object()}}, "meta must be JSON-serialisable"),
+    ],
+)
+def test_constructor_validation(tmp_path: Path, kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        writer(tmp_path / "out", **kwargs)
+
+
+@pytest.mark.anyio
+async def test_concurrent_writes_from_worker_threads(tmp_path: Path) -> None:
+    w = writer(tmp_path / "out", chunk_size=16)
+    blocks = [list(range(i, min(i + 7, 200))) for i in range(0, 200, 7)]
+    random.Random(1).shuffle(blocks)
+
+    async def write(block: list[int]) -> None:
+        recs = [Record(i, f"r{i}", "t") for i in block]
+        await asyncio.to_thread(w.write_batch, recs, np.stack([vec(i) for i in block]))
+
+    await asyncio.gather(*(write(b) for b in blocks))
+    await asyncio.to_thread(w.finish, 200)
+
+    assert read_output(tmp_path / "out").column("index").to_pylist() == list(range(200))
