@@ -1,0 +1,269 @@
+"""Embedding throughput: the Embedder pipeline against its limit and two baselines, in one run.
+
+Corpus: paragraphs and sentences of the Python standard library's docstrings (no download),
+sampled into two length mixes with lengths spread evenly over the range:
+short (8-24 tokens) and mixed (8-128 tokens). Model: all-MiniLM-L6-v2 (the default).
+
+Modes, all on the same machine in the same run:
+
+(a) limit      ONNX Runtime alone on pre-tokenized texts, sorted by length, cut into batches of
+               at most B padded tokens (B = 256, 512, 1024; best kept), 2 sessions x 1 thread
+               driven by 2 threads. No tokenizing, no queue: the ceiling for (d).
+(b) single     no batching: one text per call, 2 concurrent callers sharing one session with
+               2 intra-op threads (what a naive server does).
+(c) fifo       batches of the same padded-token budget in arrival order, no length awareness,
+               2 sessions x 1 thread.
+(d) embedder   ``Embedder.embed(texts)``: tokenize -> TokenBatcher (padding-aware) -> ONNX,
+               2 sessions x 1 thread. Timed from raw text.
+
+(b), (c) and (d) include tokenization; (a) does not. Goals: (d) >= 0.9 x (a), (d) >= 1.3 x (c).
+
+Usage::
+
+    python benchmarks/bench_embeddings.py            # ~3-5 minutes on 2 cores
+    python benchmarks/bench_embeddings.py --quick    # smoke run, ~30 s
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import importlib
+import inspect
+import os
+import re
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from batchline.models import Embedder, OnnxModel, TokenizedText, minilm
+
+BUDGETS = (256, 512, 1024)
+MIXES = {"short": (8, 24), "mixed": (8, 128)}
+
+_STDLIB = """
+    abc argparse ast asyncio base64 bisect bz2 calendar cmd codecs collections colorsys
+    concurrent.futures configparser contextlib copy csv dataclasses datetime decimal difflib
+    dis doctest email email.message enum fileinput fnmatch fractions ftplib functools gettext
+    getopt glob graphlib gzip hashlib heapq hmac html html.parser http.client http.cookies
+    http.server imaplib inspect io ipaddress itertools json locale logging logging.handlers
+    lzma mailbox mimetypes multiprocessing numbers operator optparse pathlib pdb pickle
+    pkgutil platform poplib pprint profile pstats queue random re reprlib sched secrets
+    selectors shelve shlex shutil smtplib socket socketserver sqlite3 ssl statistics string
+    struct subprocess tarfile tempfile textwrap threading timeit tokenize trace traceback
+    types typing unittest unittest.mock urllib.parse urllib.request uuid warnings wave
+    weakref xml.dom.minidom xml.etree.ElementTree zipfile zoneinfo
+"""
+
+
+# --- corpus ---------------------------------------------------------------------------------
+
+
+def stdlib_texts() -> list[str]:
+    """Paragraphs and sentences of stdlib docstrings, whitespace-collapsed, deduplicated."""
+    docs: list[str] = []
+    for name in _STDLIB.split():
+        try:
+            mod = importlib.import_module(name)
+        except Exception:
+            continue
+        docs.append(inspect.getdoc(mod) or "")
+        for _, obj in inspect.getmembers(mod):
+            if getattr(obj, "__module__", None) != mod.__name__:
+                continue
+            docs.append(inspect.getdoc(obj) or "")
+            if inspect.isclass(obj):
+                for _, meth in inspect.getmembers(obj):
+                    if inspect.isfunction(meth) and meth.__qualname__.startswith(obj.__name__):
+                        docs.append(inspect.getdoc(meth) or "")
+    seen: set[str] = set()
+    out: list[str] = []
+    for doc in docs:
+        for para in re.split(r"\n\s*\n", doc):
+            text = " ".join(para.split())
+            pieces = [text, *re.split(r"(?<=[.!?])\s+(?=[A-Z])", text)]
+            for piece in pieces:
+                if len(piece) >= 10 and piece not in seen:
+                    seen.add(piece)
+                    out.append(piece)
+    return out
+
+
+def sample_mix(
+    texts: Sequence[str], lengths: Sequence[int], lo: int, hi: int, n: int, seed: int
+) -> list[str]:
+    """``n`` texts whose token counts are spread evenly over [lo, hi], in random order."""
+    by_len: dict[int, list[int]] = {}
+    for i, k in enumerate(lengths):
+        if lo <= k <= hi:
+            by_len.setdefault(k, []).append(i)
+    if not by_len:
+        raise SystemExit(f"no text of {lo}-{hi} tokens in the corpus")
+    rng = np.random.default_rng(seed)
+    have = np.array(sorted(by_len))
+    picked: list[str] = []
+    for target in rng.integers(lo, hi + 1, size=n):
+        k = int(have[np.argmin(np.abs(have - target))])
+        picked.append(texts[int(rng.choice(by_len[k]))])
+    return picked
+
+
+# --- modes ----------------------------------------------------------------------------------
+
+
+def budget_groups(
+    lengths: Sequence[int], budget: int, *, sort: bool, max_rows: int = 256
+) -> list[list[int]]:
+    """Cut indices into batches whose padded size (rows x longest) stays within ``budget``."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__) if sort else range(len(lengths))
+    groups: list[list[int]] = []
+    cur: list[int] = []
+    longest = 0
+    for i in order:
+        new_longest = max(longest, lengths[i])
+        if cur and ((len(cur) + 1) * new_longest > budget or len(cur) >= max_rows):
+            groups.append(cur)
+            cur, new_longest = [], lengths[i]
+        cur.append(i)
+        longest = new_longest
+    if cur:
+        groups.append(cur)
+    return groups
+
+
+def run_groups(emb: Embedder, toks: Sequence[TokenizedText], groups: list[list[int]]) -> None:
+    """Run batches on 2 threads, each batch on one free session."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=emb.model.sessions) as pool:
+        list(pool.map(lambda g: emb.embed_tokens([toks[i] for i in g]), groups))
+
+
+def mode_limit(emb: Embedder, toks: Sequence[TokenizedText], budget: int) -> None:
+    run_groups(emb, toks, budget_groups([len(t) for t in toks], budget, sort=True))
+
+
+def mode_fifo(emb: Embedder, texts: Sequence[str], budget: int) -> None:
+    toks = emb.tokenize(texts)
+    run_groups(emb, toks, budget_groups([len(t) for t in toks], budget, sort=False))
+
+
+def mode_single(emb: Embedder, shared: OnnxModel, texts: Sequence[str]) -> None:
+    toks = emb.tokenize(texts)
+    it = iter(toks)
+    lock = threading.Lock()
+    with shared.session() as sess:
+
+        def caller() -> None:
+            while True:
+                with lock:
+                    tok = next(it, None)
+                if tok is None:
+                    return
+                ids = tok.ids[None, :]
+                sess.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})
+
+        threads = [threading.Thread(target=caller) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+
+def mode_embedder(emb: Embedder, texts: Sequence[str]) -> dict[str, Any]:
+    async def go() -> dict[str, Any]:
+        async with emb:
+            await emb.embed(list(texts))
+            s = emb.batcher.stats
+        return {"avg_batch": s.avg_batch_size, "padding_waste": s.padding_waste}
+
+    return asyncio.run(go())
+
+
+def timed(n_texts: int, repeats: int, fn: Callable[..., Any], *args: Any) -> tuple[float, Any]:
+    """Best texts/s over ``repeats`` runs of ``fn(*args)``, and the last run's return value."""
+    best = 0.0
+    ret: Any = None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        ret = fn(*args)
+        best = max(best, n_texts / (time.perf_counter() - t0))
+    return best, ret
+
+
+# --- main -----------------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    ap.add_argument("--quick", action="store_true", help="small smoke run (a few hundred texts)")
+    ap.add_argument("-n", type=int, default=None, help="texts per mix (default 3000; quick 300)")
+    ap.add_argument("--repeats", type=int, default=None, help="runs per mode, best kept")
+    args = ap.parse_args(argv)
+    n = args.n or (300 if args.quick else 3000)
+    repeats = args.repeats or (1 if args.quick else 2)
+
+    t0 = time.perf_counter()
+    path = minilm.default_model_path()
+    emb_by_budget = {b: Embedder.default(target_batch_tokens=b) for b in BUDGETS}
+    emb = emb_by_budget[512]
+    shared = OnnxModel.load(path, sessions=1, intra_op_threads=2)
+    corpus = stdlib_texts()
+    lengths = [len(t) for t in emb.tokenize(corpus)]
+    print(
+        f"setup {time.perf_counter() - t0:.1f}s; corpus {len(corpus)} stdlib docstring texts; "
+        f"{n} texts per mix; best of {repeats}; {os.cpu_count()} CPUs; python "
+        f"{sys.version.split()[0]}"
+    )
+
+    rows: list[tuple[str, str, float, str]] = []
+    summary: list[str] = []
+    for mix, (lo, hi) in MIXES.items():
+        texts = sample_mix(corpus, lengths, lo, hi, n, seed=lo * 1000 + hi)
+        toks = emb.tokenize(texts)
+        lens = [len(t) for t in toks]
+        info = f"{mix}: {lo}-{hi} tokens, median {statistics.median(lens):.0f}"
+        print(f"\n{info}")
+        # Warm-up: first calls pay for allocations.
+        mode_limit(emb, toks[:64], 512)
+
+        limit = {}
+        for b in BUDGETS:
+            limit[b], _ = timed(n, repeats, mode_limit, emb, toks, b)
+            rows.append((mix, f"(a) limit, sorted, B={b}", limit[b], ""))
+        best_b = max(limit, key=limit.__getitem__)
+        single, _ = timed(n, 1, mode_single, emb, shared, texts)
+        rows.append((mix, "(b) one at a time, 1 session x 2 thr", single, ""))
+        fifo, _ = timed(n, repeats, mode_fifo, emb, texts, best_b)
+        rows.append((mix, f"(c) FIFO batches, B={best_b}", fifo, ""))
+        pipe = {}
+        for b in BUDGETS:
+            pipe[b], st = timed(n, repeats, mode_embedder, emb_by_budget[b], texts)
+            note = f"avg batch {st['avg_batch']:.1f}, padding {st['padding_waste']:.0%}"
+            rows.append((mix, f"(d) Embedder, B={b}", pipe[b], note))
+        d = pipe[512]
+        summary.append(
+            f"{mix:6s} (d, B=512)/(a best, B={best_b}) = {d / limit[best_b]:.2f} (goal >= 0.9)   "
+            f"(d)/(c) = {d / fifo:.2f} (goal >= 1.3)   (d)/(b) = {d / single:.2f}   "
+            f"best (d) budget: {max(pipe, key=pipe.__getitem__)}"
+        )
+        for r in rows[-len(BUDGETS) * 2 - 2 :]:
+            print(f"  {r[1]:40s} {r[2]:8.0f} texts/s  {r[3]}")
+
+    print("\n| mix | mode | texts/s | note |\n|---|---|---:|---|")
+    for mix, mode, rate, note in rows:
+        print(f"| {mix} | {mode} | {rate:.0f} | {note} |")
+    print("\nratios:")
+    for line in summary:
+        print("  " + line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
