@@ -1,0 +1,47 @@
+"""``batchline serve``: embeddings behind one shared dynamic batcher (``batchline[server]``).
+
+Every request feeds the same ``TokenBatcher``, so records from concurrent clients share
+batches and the model always has a full queue; the model and the batcher are loaded once per
+replica, in the app's lifespan.
+
+Example::
+
+    from batchline.server import ServerSettings, create_app, serve
+
+    settings = ServerSettings.from_file("serve.toml", port=9000)
+    app = create_app(settings)      # an ASGI app (FastAPI)
+    serve(settings)                 # run it with uvicorn; SIGTERM drains, then exits 0
+
+Routes: ``POST /v1/embeddings`` (OpenAI-compatible), ``POST /generate``, ``GET /v1/models``,
+``GET /health``, ``GET /ready``, ``GET /metrics``.
+"""
+
+from __future__ import annotations
+
+from batchline.server.app import (
+    ApiError,
+    BatchedModel,
+    DirectModel,
+    EmbeddingModel,
+    ServedModel,
+    ServerState,
+    create_app,
+    load_embedder,
+    serve,
+)
+from batchline.server.settings import API_KEY_ENV, ServerSettings, load_config
+
+__all__ = [
+    "API_KEY_ENV",
+    "ApiError",
+    "BatchedModel",
+    "DirectModel",
+    "EmbeddingModel",
+    "ServedModel",
+    "ServerSettings",
+    "ServerState",
+    "create_app",
+    "load_config",
+    "load_embedder",
+    "serve",
+]

@@ -1,0 +1,98 @@
+"""``batchline serve``: run the embedding server.
+
+Only the standard library is imported here, so ``batchline --help`` works without the
+``server`` extra; FastAPI and uvicorn are imported when the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``serve`` to the ``batchline`` command's subparsers."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "serve",
+        help="serve embeddings over HTTP behind one shared batcher",
+        description=(
+            "Serve an embedding model over HTTP (OpenAI-compatible /v1/embeddings, /generate, "
+            "/v1/models, /health, /ready, /metrics). Every request feeds one shared batcher. "
+            "Flags override the --config file; SIGTERM drains in-flight work and exits 0."
+        ),
+    )
+    p.add_argument("--model", help="'default' (all-MiniLM-L6-v2) or PATH.onnx")
+    p.add_argument("--tokenizer", help="tokenizer.json (default: next to the .onnx file)")
+    p.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default 8000)")
+    p.add_argument(
+        "--api-key",
+        help="require 'Authorization: Bearer KEY' on model routes; prefer the "
+        "BATCHLINE_API_KEY environment variable (command lines are visible to other users)",
+    )
+    p.add_argument("--config", type=Path, help="settings file, TOML or JSON (flat keys)")
+    p.add_argument(
+        "--no-batching",
+        action="store_true",
+        help="serve the baseline: one shared ONNX session, no queue",
+    )
+    p.add_argument("--max-queue", type=int, help="queued texts at most; beyond: 429")
+    p.add_argument("--request-timeout-s", type=float, help="per-request timeout; beyond: 504")
+    p.add_argument("--sessions", type=int, help="ONNX Runtime sessions (batches in flight)")
+    p.add_argument("--target-batch-tokens", type=int, help="padded tokens per model call")
+    p.add_argument("--max-batch-size", type=int, help="texts per model call at most")
+    p.add_argument(
+        "--log-level", choices=["critical", "error", "warning", "info", "debug"], default=None
+    )
+    p.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the effective settings (without the API key) as JSON and exit",
+    )
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build the settings from ``--config`` and the flags, check them, then serve."""
+    import json
+
+    from batchline._errors import InputError
+    from batchline.server.settings import ServerSettings
+
+    overrides: dict[str, Any] = {
+        "model": args.model,
+        "tokenizer": args.tokenizer,
+        "host": args.host,
+        "port": args.port,
+        "api_key": args.api_key,
+        "batching": False if args.no_batching else None,
+        "max_queue_size": args.max_queue,
+        "request_timeout_s": args.request_timeout_s,
+        "sessions": args.sessions,
+        "target_batch_tokens": args.target_batch_tokens,
+        "max_batch_size": args.max_batch_size,
+        "log_level": args.log_level,
+    }
+    if args.config is not None:
+        settings = ServerSettings.from_file(args.config, **overrides)
+    else:
+        settings = ServerSettings.build(**overrides)
+    if args.print_config:
+        print(json.dumps(settings.to_dict(), indent=2, sort_keys=True))
+        return 0
+    if settings.model != "default":
+        if not Path(settings.model).is_file():
+            raise InputError(f"model file not found: {settings.model}")
+        from batchline.server.app import tokenizer_file
+
+        tokenizer_file(settings)  # raises InputError when there is none
+    elif settings.tokenizer and not Path(settings.tokenizer).is_file():
+        raise InputError(f"tokenizer file not found: {settings.tokenizer}")
+
+    from batchline.server.app import serve
+
+    return serve(settings)

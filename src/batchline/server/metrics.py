@@ -1,0 +1,214 @@
+"""Prometheus metrics of one server app, in a registry of its own.
+
+Each app gets its own ``CollectorRegistry``, so several apps (tests) never collide. What is
+exported, every series labelled with ``model``:
+
+- read from the batcher at scrape time: ``batchline_queue_depth``,
+  ``batchline_batches_in_flight``, ``batchline_utilization`` (mean fraction of processing
+  slots busy), ``batchline_records_total{outcome=submitted|completed|failed|cancelled|expired}``,
+  ``batchline_batches_total``;
+- observed as work happens: ``batchline_batch_size`` and ``batchline_batch_cost_tokens``
+  (padded tokens) and ``batchline_batch_duration_seconds`` per model call,
+  ``batchline_queue_wait_seconds`` per record, ``batchline_request_duration_seconds`` per
+  request (label ``route``), ``batchline_requests_in_flight``;
+- counters: ``batchline_requests_rejected_total{reason=queue_full|draining}``,
+  ``batchline_requests_failed_total{reason=...}``,
+  ``batchline_requests_cancelled_total{reason=timeout|disconnect}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from batchline._stats import BatchStats
+
+__all__ = ["CONTENT_TYPE", "ModelMetrics", "ServerMetrics"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+_COST_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+_TIME_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+
+
+class ModelMetrics:
+    """The metric children of one model, looked up once (``labels()`` is not free)."""
+
+    def __init__(self, server: ServerMetrics, model: str) -> None:
+        self.model = model
+        self.batch_size = server.batch_size.labels(model=model)
+        self.batch_cost = server.batch_cost.labels(model=model)
+        self.batch_duration = server.batch_duration.labels(model=model)
+        self.queue_wait = server.queue_wait.labels(model=model)
+        self.in_flight = server.in_flight.labels(model=model)
+        self._server = server
+        self._latency: dict[str, Any] = {}
+
+    def request_latency(self, route: str) -> Any:
+        """The latency histogram child of one route."""
+        child = self._latency.get(route)
+        if child is None:
+            child = self._server.request_latency.labels(model=self.model, route=route)
+            self._latency[route] = child
+        return child
+
+    def rejected(self, reason: str) -> None:
+        self._server.rejected.labels(model=self.model, reason=reason).inc()
+
+    def failed(self, reason: str) -> None:
+        self._server.failed.labels(model=self.model, reason=reason).inc()
+
+    def cancelled(self, reason: str) -> None:
+        self._server.cancelled.labels(model=self.model, reason=reason).inc()
+
+
+class ServerMetrics:
+    """All metrics of one app, in ``self.registry``; :meth:`render` gives the text format."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.batch_size = Histogram(
+            "batchline_batch_size",
+            "Records per model call.",
+            ["model"],
+            buckets=_SIZE_BUCKETS,
+            registry=r,
+        )
+        self.batch_cost = Histogram(
+            "batchline_batch_cost_tokens",
+            "Padded tokens per model call (rows x longest text).",
+            ["model"],
+            buckets=_COST_BUCKETS,
+            registry=r,
+        )
+        self.batch_duration = Histogram(
+            "batchline_batch_duration_seconds",
+            "Time of one model call.",
+            ["model"],
+            buckets=_TIME_BUCKETS,
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "batchline_queue_wait_seconds",
+            "Time a record waited in the queue before its batch started.",
+            ["model"],
+            buckets=_TIME_BUCKETS,
+            registry=r,
+        )
+        self.request_latency = Histogram(
+            "batchline_request_duration_seconds",
+            "Time from a request's validation to its response (successful requests).",
+            ["model", "route"],
+            buckets=_TIME_BUCKETS,
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "batchline_requests_in_flight",
+            "Requests being served.",
+            ["model"],
+            registry=r,
+        )
+        self.rejected = Counter(
+            "batchline_requests_rejected",
+            "Requests refused before any work: queue_full (429) or draining (503).",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.failed = Counter(
+            "batchline_requests_failed",
+            "Requests that failed while being served (5xx).",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.cancelled = Counter(
+            "batchline_requests_cancelled",
+            "Requests whose queued records were withdrawn: timeout (504) or disconnect.",
+            ["model", "reason"],
+            registry=r,
+        )
+        self._models: dict[str, ModelMetrics] = {}
+        self._stats_sources: dict[str, Callable[[], BatchStats | None]] = {}
+        r.register(_StatsCollector(self._stats_sources))
+
+    def for_model(self, model: str) -> ModelMetrics:
+        """The metric children labelled ``model=model``."""
+        m = self._models.get(model)
+        if m is None:
+            m = self._models[model] = ModelMetrics(self, model)
+        return m
+
+    def watch(self, model: str, stats: Callable[[], BatchStats | None]) -> None:
+        """Export a batcher's ``stats`` (read at scrape time) under ``model``."""
+        self._stats_sources[model] = stats
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return bytes(generate_latest(self.registry))
+
+
+class _StatsCollector(Collector):
+    """Reads ``BatchStats`` snapshots at scrape time."""
+
+    def __init__(self, sources: dict[str, Callable[[], BatchStats | None]]) -> None:
+        self._sources = sources
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        depth = GaugeMetricFamily(
+            "batchline_queue_depth", "Records queued and not yet dispatched.", labels=["model"]
+        )
+        in_flight = GaugeMetricFamily(
+            "batchline_batches_in_flight", "Batches being processed.", labels=["model"]
+        )
+        utilization = GaugeMetricFamily(
+            "batchline_utilization",
+            "Mean fraction of processing slots busy since the batcher started.",
+            labels=["model"],
+        )
+        records = CounterMetricFamily(
+            "batchline_records",
+            "Records by outcome.",
+            labels=["model", "outcome"],
+        )
+        batches = CounterMetricFamily("batchline_batches", "Batches dispatched.", labels=["model"])
+        for model, source in list(self._sources.items()):
+            stats = source()
+            if stats is None:
+                continue
+            depth.add_metric([model], stats.queue_depth)
+            in_flight.add_metric([model], stats.in_flight_batches)
+            utilization.add_metric([model], stats.utilization)
+            batches.add_metric([model], stats.total_batches)
+            for outcome, value in (
+                ("submitted", stats.total_submitted),
+                ("completed", stats.total_completed),
+                ("failed", stats.total_failed),
+                ("cancelled", stats.total_cancelled),
+                ("expired", stats.total_expired),
+            ):
+                records.add_metric([model, outcome], value)
+        yield from (depth, in_flight, utilization, records, batches)

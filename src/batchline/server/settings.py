@@ -1,0 +1,222 @@
+"""``ServerSettings``: every knob of ``batchline serve`` in one pydantic model.
+
+The same model backs the command-line flags, the ``--config`` file (TOML or JSON, flat keys,
+see :func:`load_config`) and the tuner, which writes its choice with
+:meth:`ServerSettings.write`. Flags given on the command line win over the file; the API key
+comes from ``--api-key``, the file, or the ``BATCHLINE_API_KEY`` environment variable, and is
+never written out or logged.
+
+Example::
+
+    settings = ServerSettings.from_file("serve.toml", port=9000)
+    app = create_app(settings)
+
+The defaults were chosen from ``benchmarks/bench_serve.py`` on a 2-core CPU (see the comments
+next to each one).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+
+from batchline._errors import InputError
+
+__all__ = ["API_KEY_ENV", "ServerSettings", "load_config"]
+
+#: Environment variable read for the API key when none is given otherwise.
+API_KEY_ENV = "BATCHLINE_API_KEY"
+
+
+class ServerSettings(BaseModel):
+    """Everything ``batchline serve`` can be told; shared by flags, config file and tuner.
+
+    Model:
+        model: ``"default"`` (all-MiniLM-L6-v2) or the path of an ``.onnx`` encoder.
+        tokenizer: its Hugging Face ``tokenizer.json`` (default: ``tokenizer.json`` next to it).
+        model_name: the id clients pass as ``model`` (default: ``all-MiniLM-L6-v2`` or the
+            file's stem).
+        max_text_tokens: truncate or reject texts longer than this (default: the tokenizer's
+            own limit, 256 for the default model).
+        truncate: ``True`` (default): over-long texts are cut to ``max_text_tokens``, like
+            most embedding APIs; ``False``: such a request gets 413.
+
+    Batching:
+        batching: ``False`` serves the baseline: one shared session, no queue.
+        sessions, intra_op_threads: ONNX Runtime sessions (one per batch in flight) and the
+            threads each uses.
+        target_batch_tokens, max_batch_size: a batch's padded-token budget and row cap.
+        max_queue_size: records queued at most; beyond it requests get 429 at once.
+
+    Requests:
+        request_timeout_s: a request not answered by then gets 504 and its queued records
+            are withdrawn.
+        max_inputs_per_request: more texts in one request get 413.
+        max_body_bytes: larger bodies get 413 (Content-Length and the bytes actually read).
+        tokenize_inline_max_chars: requests whose texts total at most this many characters are
+            tokenized on the event loop (a thread hop costs more than that), longer ones in a
+            worker thread.
+        retry_after_s: the ``Retry-After`` sent with 429 and 503.
+
+    Serving:
+        host, port, api_key, drain_timeout_s (how long SIGTERM waits for in-flight work),
+        log_level, access_log.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+    # -- model ------------------------------------------------------------------------------
+    model: str = "default"
+    tokenizer: str | None = None
+    model_name: str | None = None
+    max_text_tokens: int | None = Field(default=None, ge=2)
+    truncate: bool = True
+
+    # -- batching ---------------------------------------------------------------------------
+    batching: bool = True
+    # Two sessions of one thread each: two batches in flight on a 2-core CPU (see FACTS.md and
+    # bench_serve.py: it beat one two-thread session under load and costs < 1 ms at c=1).
+    sessions: int = Field(default=2, ge=1, le=64)
+    intra_op_threads: int = Field(default=1, ge=1, le=256)
+    spinning: bool = False
+    # 512 padded tokens per call: MiniLM's throughput peaks around 256-1,024.
+    target_batch_tokens: int = Field(default=512, ge=1)
+    max_batch_size: int = Field(default=64, ge=1)
+    # About two seconds of work at full speed on 2 cores; more only adds latency before 429.
+    max_queue_size: int = Field(default=2048, ge=1)
+    # The baseline (batching=False): one session with this many threads, texts run in chunks.
+    baseline_intra_op_threads: int = Field(default=2, ge=1, le=256)
+    baseline_batch_size: int = Field(default=32, ge=1)
+
+    # -- requests ---------------------------------------------------------------------------
+    request_timeout_s: float = Field(default=30.0, gt=0)
+    max_inputs_per_request: int = Field(default=2048, ge=1)
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    # Inline tokenizing of one short text costs ~25-35 us of loop time; asyncio.to_thread
+    # costs ~60-140 us (measured, see the module docstring of batchline.server.app).
+    tokenize_inline_max_chars: int = Field(default=1024, ge=0)
+    retry_after_s: int = Field(default=1, ge=0)
+
+    # -- serving ----------------------------------------------------------------------------
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    api_key: SecretStr | None = None
+    drain_timeout_s: float = Field(default=30.0, ge=0)
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    access_log: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> ServerSettings:
+        for name in ("request_timeout_s", "drain_timeout_s"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite number of seconds")
+        if self.batching and self.max_inputs_per_request > self.max_queue_size:
+            raise ValueError(
+                f"max_inputs_per_request ({self.max_inputs_per_request}) must be <= "
+                f"max_queue_size ({self.max_queue_size}), or a request that large could "
+                "never be queued"
+            )
+        if self.api_key is not None and not self.api_key.get_secret_value():
+            raise ValueError("api_key must not be empty")
+        return self
+
+    # -- building ---------------------------------------------------------------------------
+
+    @classmethod
+    def build(cls, data: dict[str, Any] | None = None, **overrides: Any) -> ServerSettings:
+        """Validate ``data`` updated with the non-``None`` ``overrides``.
+
+        The API key falls back to ``$BATCHLINE_API_KEY``. Raises ``InputError`` with one
+        line per problem.
+        """
+        merged = dict(data or {})
+        merged.update({k: v for k, v in overrides.items() if v is not None})
+        if merged.get("api_key") is None:
+            env_key = os.environ.get(API_KEY_ENV)
+            if env_key:
+                merged["api_key"] = env_key
+        try:
+            return cls.model_validate(merged)
+        except ValidationError as exc:
+            raise InputError(_describe(exc)) from None
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str], **overrides: Any) -> ServerSettings:
+        """Read a TOML or JSON config file (see :func:`load_config`), then apply overrides."""
+        return cls.build(load_config(path), **overrides)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The settings as plain values, without the API key (it is never written out)."""
+        return self.model_dump(mode="json", exclude={"api_key"}, exclude_none=True)
+
+    def write(self, path: str | os.PathLike[str]) -> Path:
+        """Write the settings (minus the API key) as TOML, or JSON for a ``.json`` path."""
+        p = Path(path)
+        data = self.to_dict()
+        if p.suffix.lower() == ".json":
+            text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+        else:
+            text = "".join(f"{k} = {_toml_value(v)}\n" for k, v in sorted(data.items()))
+        p.write_text(text, encoding="utf-8")
+        return p
+
+    @property
+    def served_name(self) -> str:
+        """The model id clients use (``model`` in requests, ``GET /v1/models``)."""
+        if self.model_name:
+            return self.model_name
+        if self.model == "default":
+            return "all-MiniLM-L6-v2"
+        return Path(self.model).stem
+
+
+def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a flat TOML (``.toml``) or JSON (anything else that parses) config file.
+
+    TOML keys may sit at the top level or in a ``[server]`` table. Raises ``InputError`` if
+    the file is missing or malformed.
+    """
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise InputError(f"cannot read config file {p}: {exc.strerror or exc}") from None
+    try:
+        if p.suffix.lower() == ".json":
+            data = json.loads(raw)
+        else:
+            try:
+                data = tomllib.loads(raw.decode("utf-8"))
+            except tomllib.TOMLDecodeError:
+                if p.suffix.lower() == ".toml":
+                    raise
+                data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InputError(f"config file {p} is neither valid TOML nor JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise InputError(f"config file {p} must hold a table of settings, got {type(data)}")
+    if isinstance(data.get("server"), dict):
+        data = {**{k: v for k, v in data.items() if k != "server"}, **data["server"]}
+    return data
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors(include_input=False, include_url=False):
+        where = ".".join(str(x) for x in err["loc"]) or "settings"
+        parts.append(f"{where}: {err['msg']}")
+    return "invalid server settings: " + "; ".join(parts)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return json.dumps(str(value))
