@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Iterable
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -198,8 +199,20 @@ class RecordQueue(Generic[T]):
             best_waste = 0
             blocked = False
             n = len(batch)
+            # only lengths within padding_slack of the longest can qualify: a shorter record
+            # wastes (longest - cost), a longer one (cost - longest) on each of the n others
+            lo_key = max(0, longest - self.padding_slack) // self.bucket_width
+            hi_key = (longest + self.padding_slack // n) // self.bucket_width
             for priority in self._order:
-                for bucket in self._levels[priority].buckets.values():
+                buckets = self._levels[priority].buckets
+                if hi_key - lo_key + 1 < len(buckets):
+                    keys: Iterable[int] = range(lo_key, hi_key + 1)
+                else:
+                    keys = list(buckets)
+                for key in keys:
+                    bucket = buckets.get(key)
+                    if bucket is None:
+                        continue
                     e = _front(bucket)
                     if e is None:
                         continue
@@ -210,10 +223,8 @@ class RecordQueue(Generic[T]):
                     waste = (new_longest - e.cost) + n * (new_longest - longest)
                     if waste > self.padding_slack:
                         continue
-                    if (
-                        best is None
-                        or waste < best_waste
-                        or (waste == best_waste and e.seq < best.seq)
+                    if best is None or waste < best_waste or (
+                        waste == best_waste and e.seq < best.seq
                     ):
                         best, best_waste = e, waste
                 if best is not None:
