@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import hmac
 import logging
 import math
@@ -623,6 +624,8 @@ def create_app(
         ),
     )
 
+    metrics.http_in_flight.set_function(lambda: state.in_flight)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         name = settings.served_name
@@ -733,8 +736,15 @@ def serve(settings: ServerSettings) -> int:
     import uvicorn
 
     app = create_app(settings)
+    log_config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
+    log_config["loggers"]["batchline"] = {
+        "handlers": ["default"],
+        "level": settings.log_level.upper(),
+        "propagate": False,
+    }
     config = uvicorn.Config(
         app,
+        log_config=log_config,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,

@@ -11,6 +11,8 @@ exported, every series labelled with ``model``:
   (padded tokens) and ``batchline_batch_duration_seconds`` per model call,
   ``batchline_queue_wait_seconds`` per record, ``batchline_request_duration_seconds`` per
   request (label ``route``), ``batchline_requests_in_flight``;
+- server-wide: ``batchline_http_requests_in_flight`` (requests to model routes being received
+  or served: what a drain waits for);
 - counters: ``batchline_requests_rejected_total{reason=queue_full|draining}``,
   ``batchline_requests_failed_total{reason=...}``,
   ``batchline_requests_cancelled_total{reason=timeout|disconnect}``.
@@ -128,6 +130,11 @@ class ServerMetrics:
             "batchline_requests_in_flight",
             "Requests being served.",
             ["model"],
+            registry=r,
+        )
+        self.http_in_flight = Gauge(
+            "batchline_http_requests_in_flight",
+            "Requests to model routes being received or served (what a drain waits for).",
             registry=r,
         )
         self.rejected = Counter(

@@ -1,0 +1,128 @@
+"""ServerSettings, config files and the ``serve`` command line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from batchline._errors import InputError
+from batchline.cli import main
+from batchline.server import ServerSettings, load_config
+
+
+@pytest.fixture(autouse=True)
+def _no_env_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("BATCHLINE_API_KEY", raising=False)
+
+
+def test_defaults_are_safe() -> None:
+    s = ServerSettings()
+    assert s.host == "127.0.0.1"
+    assert s.api_key is None
+    assert s.batching is True
+    assert s.truncate is True
+    assert s.served_name == "all-MiniLM-L6-v2"
+    assert ServerSettings(model="/models/e5-small.onnx").served_name == "e5-small"
+
+
+def test_toml_and_json_files_and_overrides(tmp_path: Path) -> None:
+    toml = tmp_path / "serve.toml"
+    toml.write_text("port = 9001\nmax_queue_size = 4096\n[server]\nsessions = 1\n")
+    s = ServerSettings.from_file(toml, port=9002, host=None)
+    assert (s.port, s.max_queue_size, s.sessions) == (9002, 4096, 1)
+    js = tmp_path / "serve.json"
+    js.write_text(json.dumps({"batching": False, "request_timeout_s": 2.5}))
+    s = ServerSettings.from_file(js)
+    assert s.batching is False
+    assert s.request_timeout_s == 2.5
+    noext = tmp_path / "serve.conf"
+    noext.write_text('{"port": 1234}')
+    assert load_config(noext) == {"port": 1234}
+
+
+def test_write_round_trips_without_the_key(tmp_path: Path) -> None:
+    s = ServerSettings.build(
+        {"target_batch_tokens": 1024, "api_key": "hush"}, max_batch_size=32, truncate=False
+    )
+    for name in ("tuned.toml", "tuned.json"):
+        path = s.write(tmp_path / name)
+        text = path.read_text()
+        assert "hush" not in text
+        assert "api_key" not in text
+        again = ServerSettings.from_file(path)
+        assert again.target_batch_tokens == 1024
+        assert again.max_batch_size == 32
+        assert again.truncate is False
+        assert again.api_key is None
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        ({"max_queue_szie": 10}, "max_queue_szie"),
+        ({"port": 70000}, "port"),
+        ({"sessions": 0}, "sessions"),
+        ({"max_queue_size": 10, "max_inputs_per_request": 20}, "max_inputs_per_request"),
+        ({"request_timeout_s": "soon"}, "request_timeout_s"),
+        ({"api_key": ""}, "api_key"),
+    ],
+)
+def test_bad_settings_are_one_clear_input_error(data: dict[str, object], match: str) -> None:
+    with pytest.raises(InputError, match=match):
+        ServerSettings.build(data)
+
+
+def test_bad_files(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="cannot read"):
+        load_config(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("port = = 3")
+    with pytest.raises(InputError, match="neither valid TOML nor JSON"):
+        load_config(bad)
+    arr = tmp_path / "arr.json"
+    arr.write_text("[1, 2]")
+    with pytest.raises(InputError, match="table of settings"):
+        load_config(arr)
+
+
+def test_cli_print_config_merges_file_and_flags(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("max_queue_size = 3000\nport = 9100\n")
+    code = main(
+        [
+            "serve",
+            "--config",
+            str(cfg),
+            "--port",
+            "9200",
+            "--no-batching",
+            "--request-timeout-s",
+            "7",
+            "--api-key",
+            "topsecret",
+            "--print-config",
+        ]
+    )
+    assert code == 0
+    out = capsys.readouterr().out
+    data = json.loads(out)
+    assert data["port"] == 9200
+    assert data["max_queue_size"] == 3000
+    assert data["batching"] is False
+    assert data["request_timeout_s"] == 7.0
+    assert "topsecret" not in out
+
+
+def test_cli_errors_are_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--model", str(tmp_path / "nope.onnx")]) == 2
+    assert "model file not found" in capsys.readouterr().err
+    model = tmp_path / "m.onnx"
+    model.write_bytes(b"x")
+    assert main(["serve", "--model", str(model)]) == 2
+    assert "--tokenizer" in capsys.readouterr().err
+    assert main(["serve", "--max-queue", "0"]) == 2
+    assert "max_queue_size" in capsys.readouterr().err
