@@ -61,6 +61,14 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--sessions", type=int, help="model sessions (batches in flight)")
     p.add_argument("--intra-op-threads", type=int, help="threads per session")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--engine",
+        choices=["local", "ray"],
+        default="local",
+        help="local (default): this process; ray: model replicas on a Ray cluster",
+    )
+    p.add_argument("--address", help="with --engine ray: 'auto' or HOST:PORT (default: start Ray)")
+    p.add_argument("--replicas", type=int, help="with --engine ray: model replicas (default: 2)")
     p.set_defaults(func=_main)
 
 
@@ -108,11 +116,28 @@ def _main(args: argparse.Namespace) -> int:
         limit=args.limit,
         knobs=_knobs(args),
     )
+    if args.engine != "ray" and (args.address is not None or args.replicas is not None):
+        from batchline._errors import InputError
+
+        raise InputError("--address and --replicas go with --engine ray")
     console = Console(stderr=True)
     show = not args.quiet and console.is_terminal
     bar = _Bar(console) if show else None
     try:
-        summary = run(options, bar)
+        if args.engine == "local":
+            summary = run(options, bar)
+        else:
+            from batchline.integrations.ray import run_on_ray
+
+            # Explicit --sessions/--intra-op-threads/--config set each replica's knobs.
+            own = args.config or args.sessions or args.intra_op_threads
+            summary = run_on_ray(
+                options,
+                address=args.address,
+                replicas=2 if args.replicas is None else args.replicas,
+                replica_knobs=options.knobs if own else None,
+                progress=bar,
+            )
     finally:
         if bar is not None:
             bar.close()

@@ -1,0 +1,687 @@
+"""``batchline run --engine ray``: the offline job, its model replicas spread over a Ray cluster.
+
+The layout::
+
+    driver process (this one)                              Ray actors, one per replica
+    ─────────────────────────                              ───────────────────────────
+    open_source ──(skips committed_ranges())──> units ──texts──> _Replica: loads the model once,
+      │                                          │                Embedder's TokenBatcher -> ONNX
+      │ bad records                  ray.wait <──┘<──vectors────
+      ▼                                  │
+    ChunkWriter + _manifest.json <───────┘   the single writer: every chunk committed exactly once
+
+The driver reads the input with the same ``open_source`` as ``batchline run`` and writes with the
+same ``ChunkWriter``, so the output directory is the same as a local run's (same chunks, same
+manifest settings): a job started locally can be resumed on Ray and the other way round. Only the
+model runs remotely; records, ids and copied columns never leave the driver.
+
+Work units lie inside one output chunk (a whole chunk, several whole chunks, or an equal slice of
+one), never across a chunk boundary: a resumed run skips whole committed chunks and re-sends the
+rest. Each replica has at most ``units_per_replica`` units in flight, which bounds the driver's
+memory. A replica whose process dies is restarted by Ray (``max_restarts``) and its unfinished
+units are retried on it (``max_task_retries``); a unit whose replica is gone for good is sent to
+another replica. Results are written only by the driver, once per unit, so no record is lost or
+written twice whatever fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray
+
+from batchline._errors import BatchlineError, InputError, ModelError
+from batchline._stats import BatchStats, percentile
+from batchline.jobs.run import Progress, RunOptions, RunSummary, default_output, load_embedder
+from batchline.jobs.sinks import ChunkWriter
+from batchline.jobs.sources import BadRecord, Record, Source, open_source
+from batchline.knobs import Knobs
+
+__all__ = ["RaySummary", "UnitDone", "default_replica_knobs", "run_on_ray"]
+
+logger = logging.getLogger(__name__)
+
+#: Records per work unit when ``unit_records`` is not given: about 1-2 s of one replica's work
+#: on a 2-core machine, so a lost unit costs little and the last units leave no replica idle long.
+DEFAULT_UNIT_RECORDS = 256
+_READ_BLOCK = 1024
+# Object store of a Ray instance started here: units are small (256 x 384 float32 = 0.4 MB).
+_LOCAL_OBJECT_STORE_BYTES = 256 * 1024 * 1024
+
+# Failures of the machinery, not of the unit's records: the unit is sent again.
+_LOST = (
+    ray.exceptions.RayActorError,
+    ray.exceptions.ObjectLostError,
+    ray.exceptions.NodeDiedError,
+    ray.exceptions.WorkerCrashedError,
+)
+
+
+# -- public types --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class UnitDone:
+    """One unit's results, just written by the driver (passed to ``run_on_ray(on_unit=...)``)."""
+
+    first_index: int
+    records: int
+    replica: int
+    node_id: str
+    pid: int
+    attempt: int
+    round_trip_s: float
+
+
+@dataclass(frozen=True)
+class RaySummary(RunSummary):
+    """``RunSummary`` plus where the work ran.
+
+    ``records_by_node`` maps each Ray node id to the records its replicas embedded in this run;
+    ``replica_restarts`` counts replica processes that Ray replaced (seen as a new pid);
+    ``resubmitted_units`` counts units sent again after their replica was lost for good.
+    """
+
+    replicas: int = 0
+    records_by_node: Mapping[str, int] = field(default_factory=dict)
+    units: int = 0
+    resubmitted_units: int = 0
+    replica_restarts: int = 0
+    startup_s: float = 0.0
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """Ids of the Ray nodes that embedded records in this run, sorted."""
+        return tuple(sorted(self.records_by_node))
+
+    def rows(self) -> list[tuple[str, str]]:
+        rows = super().rows()
+        by_node = ", ".join(f"{n[:8]}: {c:,}" for n, c in sorted(self.records_by_node.items()))
+        return [
+            *rows[:2],
+            ("engine", f"ray: {self.replicas} replica(s) on {len(self.nodes)} node(s)"),
+            ("records by node", by_node or "-"),
+            ("units (resubmitted)", f"{self.units:,} ({self.resubmitted_units})"),
+            ("replica restarts", str(self.replica_restarts)),
+            ("ray start-up", f"{self.startup_s:.1f} s"),
+            *rows[2:],
+        ]
+
+
+def default_replica_knobs(knobs: Knobs) -> Knobs:
+    """The default knobs of one replica: ``knobs`` with one session of one intra-op thread.
+
+    Two such replicas fill a 2-core node; on bigger nodes, run more replicas (``--replicas``)
+    rather than more threads per replica.
+    """
+    return knobs.replace(sessions=1, intra_op_threads=1, max_concurrent_batches=1)
+
+
+# -- the replica (a Ray actor) -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _UnitResult:
+    vectors: Any  # (records that succeeded, dim) float32, in unit order
+    failed: tuple[tuple[int, str, bool], ...]  # (position in the unit, message, skippable)
+    node_id: str
+    pid: int
+    stats: BatchStats
+
+
+class _Replica:
+    """One model replica: loads the model once, then embeds each unit it is sent through the
+    Embedder's TokenBatcher (units in flight at once share its batches)."""
+
+    def __init__(self, model: str, tokenizer: str | None, knobs: Knobs) -> None:
+        self._embedder = load_embedder(model, Path(tokenizer) if tokenizer else None, knobs)
+        self._node_id: str = ray.get_runtime_context().get_node_id()
+        self._started: asyncio.Future[None] | None = None
+
+    async def ready(self) -> tuple[str, int]:
+        """(node id, pid), once the model is loaded."""
+        return self._node_id, os.getpid()
+
+    async def embed(self, texts: list[str]) -> _UnitResult:
+        if self._started is None:
+            self._started = asyncio.ensure_future(self._embedder.start())
+        await self._started
+        embedder = self._embedder
+        toks = await asyncio.to_thread(embedder.tokenize, texts)
+        futures = await embedder.batcher.submit_batch(toks)
+        outcomes = await asyncio.gather(*futures, return_exceptions=True)
+        good = [o for o in outcomes if not isinstance(o, BaseException)]
+        failed = tuple(
+            (i, str(o), isinstance(o, BatchlineError | ValueError))
+            for i, o in enumerate(outcomes)
+            if isinstance(o, BaseException)
+        )
+        vectors = np.stack(good) if good else np.zeros((0, embedder.dim), dtype=np.float32)
+        return _UnitResult(vectors, failed, self._node_id, os.getpid(), embedder.batcher.stats)
+
+
+# -- the driver ----------------------------------------------------------------------------------
+
+
+def run_on_ray(
+    options: RunOptions,
+    *,
+    address: str | None = None,
+    replicas: int = 2,
+    replica_knobs: Knobs | None = None,
+    cpus_per_replica: float | None = None,
+    unit_records: int | None = None,
+    units_per_replica: int = 2,
+    max_restarts: int = 3,
+    max_task_retries: int = 3,
+    max_unit_attempts: int = 3,
+    start_timeout_s: float = 300.0,
+    progress: Progress | None = None,
+    on_unit: Callable[[UnitDone], None] | None = None,
+) -> RaySummary:
+    """Run ``batchline run``'s job with ``replicas`` model replicas on a Ray cluster.
+
+    The output is the same as :func:`batchline.jobs.run.run` would write for ``options``:
+    exactly once, resumable (``options.resume``), and resumable by either engine.
+
+    Args:
+        address: ``None`` starts a private local Ray instance for this run (and stops it at the
+            end); ``"auto"`` or ``"HOST:PORT"`` connects to a running cluster. If Ray is already
+            initialised in this process, that connection is used and left open.
+        replicas: model replicas (Ray actors), spread over the cluster's nodes.
+        replica_knobs: batching knobs of each replica; default
+            ``default_replica_knobs(options.knobs)``, one session of one intra-op thread.
+        cpus_per_replica: logical CPUs each replica reserves; default its sessions x threads.
+        unit_records: records per work unit (rounded so units never cross an output chunk).
+        units_per_replica: units in flight per replica, so it never waits on the driver.
+        max_restarts, max_task_retries: Ray restarts a dead replica and retries its units.
+        max_unit_attempts: a unit whose replica is lost for good is sent to another replica, at
+            most this many times in all.
+        start_timeout_s: how long the replicas may take to be placed and load the model.
+        progress: the job's progress hooks (the CLI's progress bar).
+        on_unit: called in the driver after each unit's results are handed to the writer.
+
+    Example::
+
+        from batchline.jobs.run import RunOptions
+        from batchline.integrations.ray import run_on_ray
+
+        summary = run_on_ray(RunOptions(input=Path("docs.jsonl"), output=Path("out")),
+                             address="auto", replicas=8)
+        print(summary.records_per_s, summary.nodes)
+    """
+    if replicas < 1:
+        raise InputError(f"--replicas must be >= 1, got {replicas}")
+    if units_per_replica < 1:
+        raise ValueError(f"units_per_replica must be >= 1, got {units_per_replica}")
+    if max_unit_attempts < 1:
+        raise ValueError(f"max_unit_attempts must be >= 1, got {max_unit_attempts}")
+    if unit_records is not None and unit_records < 1:
+        raise ValueError(f"unit_records must be >= 1, got {unit_records}")
+    if not options.knobs.batching:
+        raise InputError(
+            "--no-batching is the local baseline; run it without --engine ray to compare"
+        )
+    if options.limit is not None and options.limit < 0:
+        raise InputError(f"--limit must be >= 0, got {options.limit}")
+    knobs = replica_knobs or default_replica_knobs(options.knobs)
+    cpus = (
+        float(knobs.sessions * knobs.intra_op_threads)
+        if cpus_per_replica is None
+        else (cpus_per_replica)
+    )
+    if cpus <= 0:
+        raise InputError(f"cpus_per_replica must be > 0, got {cpus}")
+    progress = progress or _Silent()
+
+    input_path = options.input
+    if input_path is None:
+        from batchline.jobs.corpus import demo_corpus_path
+
+        input_path = demo_corpus_path()
+    output = options.output or default_output(options.input, options.output_format)
+    source = open_source(
+        input_path,
+        text_column=options.text_column,
+        id_column=options.id_column,
+        extra_columns=tuple(options.copy_columns),
+        fmt=options.input_format,
+        on_bad_record="skip" if options.on_bad_record == "skip" else "raise",
+    )
+    # The same settings as a local run, so that either engine can resume the other's output.
+    meta = {
+        "input": str(input_path.resolve()),
+        "input_fingerprint": source.fingerprint(),
+        "model": options.model,
+        "text_column": options.text_column,
+        "id_column": source.id_column,
+        "copy_columns": list(options.copy_columns),
+        "limit": options.limit,
+    }
+    writer = ChunkWriter(
+        output,
+        fmt=options.output_format,
+        chunk_size=options.chunk_size,
+        overwrite=options.overwrite,
+        resume=options.resume,
+        meta=meta,
+    )
+    with writer:
+        if writer.manifest.complete:
+            total = writer.manifest.total_records or 0
+            progress.start(total, total)
+            return _Tally(writer.out_dir, replicas).summary(total, total, 0.0, 0.0)
+        committed = writer.committed_ranges()
+        expected: int | None = source.total_records
+        if expected is not None and options.limit is not None:
+            expected = min(expected, options.limit)
+        t0 = time.perf_counter()
+        local_cpus = max(os.cpu_count() or 1, math.ceil(replicas * cpus))
+        with _ray_session(address, local_cpus):
+            actors = _start_replicas(
+                options, knobs, replicas, cpus, max_restarts, max_task_retries, start_timeout_s
+            )
+            try:
+                startup = time.perf_counter() - t0
+                progress.start(expected, sum(hi - lo for lo, hi in committed))
+                job = _Job(
+                    source=source,
+                    writer=writer,
+                    options=options,
+                    actors=actors,
+                    plan=_UnitPlan(options.chunk_size, unit_records or DEFAULT_UNIT_RECORDS),
+                    units_per_replica=units_per_replica,
+                    max_unit_attempts=max_unit_attempts,
+                    progress=progress,
+                    on_unit=on_unit,
+                )
+                return job.run(committed, startup)
+            finally:
+                for actor, _, _ in actors:
+                    ray.kill(actor, no_restart=True)
+
+
+class _Silent:
+    def start(self, total: int | None, already_done: int) -> None:
+        pass
+
+    def advance(self, records: int, utilization: float) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _ray_session(address: str | None, local_cpus: int) -> Iterator[None]:
+    """Use the running Ray connection, or open one for the run and close it at the end."""
+    if ray.is_initialized():
+        yield
+        return
+    defaults = {"RAY_USAGE_STATS_ENABLED": "0"}
+    if address is None:
+        # A private instance needs no token; a cluster's own auth mode is left to its owner.
+        defaults["RAY_AUTH_MODE"] = "disabled"
+    added = [k for k in defaults if k not in os.environ]
+    os.environ.update({k: defaults[k] for k in added})
+    try:
+        try:
+            if address is None:
+                # "local": never attach to another user's `ray start` instance on this machine.
+                ray.init(
+                    address="local",
+                    num_cpus=local_cpus,
+                    object_store_memory=_LOCAL_OBJECT_STORE_BYTES,
+                    include_dashboard=False,
+                    logging_level=logging.WARNING,
+                )
+            else:
+                ray.init(address=address, logging_level=logging.WARNING)
+        except ConnectionError as exc:
+            raise InputError(
+                f"cannot connect to a Ray cluster at {address!r}: {exc}; start one with "
+                "'ray start --head', or leave out --address to run on this machine"
+            ) from None
+        try:
+            yield
+        finally:
+            ray.shutdown()
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
+
+
+def _start_replicas(
+    options: RunOptions,
+    knobs: Knobs,
+    replicas: int,
+    cpus: float,
+    max_restarts: int,
+    max_task_retries: int,
+    timeout_s: float,
+) -> list[tuple[Any, str, int]]:
+    """Create the replicas and wait until each has loaded the model: (actor, node id, pid)."""
+    replica_class = ray.remote(_Replica).options(
+        num_cpus=cpus,
+        max_restarts=max_restarts,
+        max_task_retries=max_task_retries,
+        # One replica per node before two on any: a node's cores are what a replica uses.
+        scheduling_strategy="SPREAD",
+    )
+    tokenizer = None if options.tokenizer is None else str(options.tokenizer)
+    actors: list[Any] = [
+        replica_class.remote(options.model, tokenizer, knobs) for _ in range(replicas)
+    ]
+    try:
+        refs = [actor.ready.remote() for actor in actors]
+        _, waiting = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        if waiting:
+            have = ray.cluster_resources().get("CPU", 0)  # type: ignore[no-untyped-call]
+            raise ModelError(
+                f"{len(waiting)} of {replicas} replica(s) did not start within "
+                f"{timeout_s:.0f} s; each needs {cpus:g} CPU(s) and the Ray cluster has {have:g} "
+                "in all: lower --replicas, or add nodes"
+            )
+        where: list[tuple[str, int]] = ray.get(refs)
+    except ray.exceptions.RayActorError as exc:
+        for actor in actors:
+            ray.kill(actor, no_restart=True)
+        raise ModelError(f"a replica could not load the model: {_last_line(exc)}") from None
+    except BaseException:
+        for actor in actors:
+            ray.kill(actor, no_restart=True)
+        raise
+    return [(actor, node, pid) for actor, (node, pid) in zip(actors, where, strict=True)]
+
+
+def _last_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__
+
+
+class _UnitPlan:
+    """Which unit a record index belongs to: units never cross an output chunk's boundary."""
+
+    def __init__(self, chunk_size: int, target: int) -> None:
+        self.chunk_size = chunk_size
+        if target >= chunk_size:
+            self._span = (target // chunk_size) * chunk_size  # whole chunks
+            self._parts = 0
+        else:
+            self._parts = -(-chunk_size // target)  # equal slices of one chunk
+            self._span = -(-chunk_size // self._parts)
+
+    def key(self, index: int) -> int:
+        if not self._parts:
+            return index // self._span
+        chunk, offset = divmod(index, self.chunk_size)
+        return chunk * self._parts + offset // self._span
+
+
+@dataclass
+class _Flight:
+    records: list[Record]
+    replica: int
+    attempt: int
+    sent: float
+
+
+class _Tally:
+    """What the run did, for the summary and the progress bar."""
+
+    def __init__(self, out_dir: Path, replicas: int) -> None:
+        self.out_dir = out_dir
+        self.replicas = replicas
+        self.records = 0
+        self.skipped = 0
+        self.units = 0
+        self.resubmitted = 0
+        self.latencies: list[float] = []
+        self.by_node: Counter[str] = Counter()
+        self.pids: list[set[int]] = [set() for _ in range(replicas)]
+        # Each replica process's latest stats (they are cumulative, per process).
+        self.stats: dict[tuple[int, int], BatchStats] = {}
+
+    def merged(self) -> dict[str, float]:
+        snaps = list(self.stats.values())
+        busy = sum(s.busy_time_s for s in snaps)
+        idle = sum(s.idle_time_s for s in snaps)
+        batches = sum(s.total_batches for s in snaps)
+        cost = sum(s.total_batch_cost for s in snaps)
+        rows = sum(s.avg_batch_size * s.total_batches for s in snaps)
+        waste = sum(s.padding_waste * s.total_batch_cost for s in snaps)
+        return {
+            "utilization": busy / (busy + idle) if busy + idle > 0 else 0.0,
+            "avg_batch_size": rows / batches if batches else 0.0,
+            "avg_batch_cost": cost / batches if batches else 0.0,
+            "padding_waste": waste / cost if cost else 0.0,
+        }
+
+    def summary(self, already: int, total: int, wall: float, startup: float) -> RaySummary:
+        merged = self.merged()
+        return RaySummary(
+            output=self.out_dir,
+            batching=True,
+            records=self.records,
+            skipped=self.skipped,
+            already_done=already,
+            total_records=total,
+            wall_s=wall,
+            utilization=merged["utilization"],
+            avg_batch_size=merged["avg_batch_size"],
+            avg_batch_cost=merged["avg_batch_cost"],
+            padding_waste=merged["padding_waste"],
+            latency_p50_s=percentile(self.latencies, 50),
+            latency_p99_s=percentile(self.latencies, 99),
+            replicas=self.replicas,
+            records_by_node=dict(self.by_node),
+            units=self.units,
+            resubmitted_units=self.resubmitted,
+            replica_restarts=sum(max(len(p) - 1, 0) for p in self.pids),
+            startup_s=startup,
+        )
+
+
+class _Job:
+    """The driver's loop: read units, keep every replica busy, write what comes back."""
+
+    def __init__(
+        self,
+        *,
+        source: Source,
+        writer: ChunkWriter,
+        options: RunOptions,
+        actors: Sequence[tuple[Any, str, int]],
+        plan: _UnitPlan,
+        units_per_replica: int,
+        max_unit_attempts: int,
+        progress: Progress,
+        on_unit: Callable[[UnitDone], None] | None,
+    ) -> None:
+        self.source = source
+        self.writer = writer
+        self.options = options
+        self.actors = [actor for actor, _, _ in actors]
+        self.plan = plan
+        self.units_per_replica = units_per_replica
+        self.max_unit_attempts = max_unit_attempts
+        self.progress = progress
+        self.on_unit = on_unit
+        self.tally = _Tally(writer.out_dir, len(self.actors))
+        for i, (_, _, pid) in enumerate(actors):
+            self.tally.pids[i].add(pid)
+        self.alive = [True] * len(self.actors)
+        self.load = [0] * len(self.actors)
+        self.in_flight: dict[Any, _Flight] = {}
+        self.retry: deque[_Flight] = deque()
+
+    def run(self, committed: list[tuple[int, int]], startup: float) -> RaySummary:
+        started = time.perf_counter()
+        units = self._units(committed)
+        exhausted = False
+        while True:
+            while not exhausted or self.retry:
+                replica = self._free_replica()
+                if replica is None:
+                    break
+                if self.retry:
+                    flight = self.retry.popleft()
+                    self._send(flight.records, replica, flight.attempt + 1)
+                    continue
+                unit = next(units, None)
+                if unit is None:
+                    exhausted = True
+                else:
+                    self._send(unit, replica, 1)
+            if not self.in_flight:
+                if exhausted and not self.retry:
+                    break
+                raise ModelError(
+                    "every replica is gone (see the Ray logs for why); committed chunks are "
+                    "kept: rerun with --resume to continue"
+                )
+            self._collect()
+
+        options = self.options
+        total = self.source.total_records or 0
+        if options.limit is not None:
+            total = (
+                min(total, options.limit)
+                if self.source.total_records is not None
+                else options.limit
+            )
+        self.writer.finish(total)
+        wall = time.perf_counter() - started
+        already = sum(hi - lo for lo, hi in committed)
+        return self.tally.summary(already, total, wall, startup)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def _units(self, committed: list[tuple[int, int]]) -> Iterator[list[Record]]:
+        """The input's records not yet committed, grouped in units; bad ones are skipped here."""
+        limit = self.options.limit
+        unit: list[Record] = []
+        key = -1
+        for block in self.source.iter_blocks(_READ_BLOCK, skip=committed):
+            for item in block:
+                if limit is not None and item.index >= limit:
+                    if unit:
+                        yield unit
+                    return
+                if isinstance(item, BadRecord):
+                    self.writer.skip_bad(item)
+                    self.tally.skipped += 1
+                    self.progress.advance(1, self.tally.merged()["utilization"])
+                    continue
+                k = self.plan.key(item.index)
+                if unit and k != key:
+                    yield unit
+                    unit = []
+                key = k
+                unit.append(item)
+        if unit:
+            yield unit
+
+    # -- dispatch --------------------------------------------------------------------------
+
+    def _free_replica(self) -> int | None:
+        """The live replica with the fewest units in flight, if one can take another."""
+        best: int | None = None
+        for i, alive in enumerate(self.alive):
+            free = alive and self.load[i] < self.units_per_replica
+            if free and (best is None or self.load[i] < self.load[best]):
+                best = i
+        return best
+
+    def _send(self, records: list[Record], replica: int, attempt: int) -> None:
+        ref = self.actors[replica].embed.remote([r.text for r in records])
+        self.in_flight[ref] = _Flight(records, replica, attempt, time.perf_counter())
+        self.load[replica] += 1
+
+    def _collect(self) -> None:
+        refs = list(self.in_flight)
+        first, _ = ray.wait(refs, num_returns=1)
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        for ref in dict.fromkeys([*first, *ready]):
+            flight = self.in_flight.pop(ref)
+            self.load[flight.replica] -= 1
+            try:
+                result: _UnitResult = ray.get(ref)
+            except _LOST as exc:
+                self._lost(flight, exc)
+            except ray.exceptions.RayTaskError as exc:
+                cause = getattr(exc, "cause", None)
+                if isinstance(cause, BatchlineError):
+                    raise cause from None
+                raise
+            else:
+                self._write(flight, result)
+
+    def _lost(self, flight: _Flight, exc: BaseException) -> None:
+        lo, hi = flight.records[0].index, flight.records[-1].index
+        if isinstance(exc, ray.exceptions.RayActorError) and exc.actor_init_failed:
+            raise ModelError(f"a replica could not load the model: {_last_line(exc)}") from None
+        if isinstance(exc, ray.exceptions.ActorDiedError):
+            # Ray has already restarted it and retried up to its limits: it is gone for good.
+            self.alive[flight.replica] = False
+        if flight.attempt >= self.max_unit_attempts:
+            raise ModelError(
+                f"records {lo}..{hi} were lost {flight.attempt} times, last: {_last_line(exc)}; "
+                "committed chunks are kept: rerun with --resume to continue"
+            ) from None
+        logger.warning(
+            "replica %d lost records %d..%d (%s); sending them again",
+            flight.replica,
+            lo,
+            hi,
+            type(exc).__name__,
+        )
+        self.tally.resubmitted += 1
+        self.retry.append(flight)
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def _write(self, flight: _Flight, result: _UnitResult) -> None:
+        records = flight.records
+        tally = self.tally
+        failed = {i for i, _, _ in result.failed}
+        for i, message, skippable in result.failed:
+            record = records[i]
+            if self.options.on_bad_record == "fail" or not skippable:
+                raise InputError(
+                    f"record {record.index} (id {record.id!r}) failed: {message}; pass "
+                    "--on-bad-record skip to list such records in _skipped.jsonl and go on"
+                )
+            self.writer.skip(record.index, record.id, f"model error: {message}")
+        good = [r for i, r in enumerate(records) if i not in failed] if failed else records
+        if good:
+            self.writer.write_batch(good, result.vectors)
+        round_trip = time.perf_counter() - flight.sent
+        tally.records += len(good)
+        tally.skipped += len(failed)
+        tally.units += 1
+        tally.latencies.extend([round_trip] * len(good))
+        tally.by_node[result.node_id] += len(good)
+        tally.pids[flight.replica].add(result.pid)
+        tally.stats[(flight.replica, result.pid)] = result.stats
+        self.progress.advance(len(records), tally.merged()["utilization"])
+        if self.on_unit is not None:
+            self.on_unit(
+                UnitDone(
+                    first_index=records[0].index,
+                    records=len(records),
+                    replica=flight.replica,
+                    node_id=result.node_id,
+                    pid=result.pid,
+                    attempt=flight.attempt,
+                    round_trip_s=round_trip,
+                )
+            )
