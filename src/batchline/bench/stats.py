@@ -1,0 +1,222 @@
+"""The numbers behind ``batchline bench``: percentiles, throughput, Poisson schedules, clocks.
+
+Standard library only, and no real time anywhere a test needs to control it: the load generator
+reads time from a :class:`Clock`, so tests drive it with :class:`ManualClock`.
+
+Open-loop latency is measured from a request's *intended* send time, the instant its arrival was
+scheduled, not from when the generator got round to sending it. A system that stalls for a
+second then delays every request scheduled during that second, and their latencies say so; a
+generator that waits for answers before sending more (coordinated omission) would report only
+the few requests that happened to be in flight.
+
+    >>> schedule = poisson_schedule(rate_per_s=200, duration_s=10, seed=1)
+    >>> len(schedule)              # about 2,000 arrival times in [0, 10)
+    >>> summarize([0.010, 0.012, 0.250]).p99_s
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import math
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from batchline._stats import percentile
+
+__all__ = [
+    "Clock",
+    "LatencySummary",
+    "ManualClock",
+    "MonotonicClock",
+    "Sample",
+    "censored_latencies",
+    "percentile",
+    "poisson_schedule",
+    "summarize",
+    "throughput",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class LatencySummary:
+    """Latency percentiles of one load point, in seconds (``nan`` when there is no sample)."""
+
+    count: int
+    p50_s: float
+    p95_s: float
+    p99_s: float
+    mean_s: float
+    max_s: float
+
+
+def summarize(latencies_s: Iterable[float]) -> LatencySummary:
+    """p50/p95/p99 (linear interpolation, as ``numpy.percentile``), mean and max."""
+    values = sorted(latencies_s)
+    if not values:
+        return LatencySummary(0, math.nan, math.nan, math.nan, math.nan, math.nan)
+    return LatencySummary(
+        count=len(values),
+        p50_s=percentile(values, 50),
+        p95_s=percentile(values, 95),
+        p99_s=percentile(values, 99),
+        mean_s=math.fsum(values) / len(values),
+        max_s=values[-1],
+    )
+
+
+def throughput(records: int, elapsed_s: float) -> float:
+    """Records per second; 0.0 for an empty or zero-length window."""
+    if records < 0:
+        raise ValueError(f"records must be >= 0, got {records}")
+    return records / elapsed_s if elapsed_s > 0 else 0.0
+
+
+def poisson_schedule(
+    rate_per_s: float, duration_s: float, *, seed: int | random.Random, start_s: float = 0.0
+) -> list[float]:
+    """Arrival times of a Poisson process of ``rate_per_s`` in ``[start_s, start_s + duration_s)``.
+
+    Inter-arrival gaps are exponential with mean ``1 / rate_per_s``, drawn from a
+    ``random.Random`` seeded with ``seed`` (or the generator given), so one seed gives the same
+    schedule to every configuration of a run.
+    """
+    if not rate_per_s > 0 or math.isinf(rate_per_s):
+        raise ValueError(f"rate_per_s must be > 0 and finite, got {rate_per_s!r}")
+    if not duration_s >= 0 or math.isinf(duration_s):
+        raise ValueError(f"duration_s must be >= 0 and finite, got {duration_s!r}")
+    rng = seed if isinstance(seed, random.Random) else random.Random(seed)
+    end = start_s + duration_s
+    times: list[float] = []
+    t = start_s + rng.expovariate(rate_per_s)
+    while t < end:
+        times.append(t)
+        t += rng.expovariate(rate_per_s)
+    return times
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One request: when it was meant to go, when it went, when it ended, and how.
+
+    ``done_s`` is ``None`` for a request still unanswered when the run gave up on it.
+    """
+
+    intended_s: float
+    sent_s: float
+    done_s: float | None
+    ok: bool
+
+    @property
+    def latency_s(self) -> float | None:
+        """From the intended send time to the answer (``None`` when unanswered)."""
+        return None if self.done_s is None else self.done_s - self.intended_s
+
+    @property
+    def service_s(self) -> float | None:
+        """From the actual send time to the answer: what a coordinated-omission harness reports."""
+        return None if self.done_s is None else self.done_s - self.sent_s
+
+
+def censored_latencies(samples: Sequence[Sample], cutoff_s: float) -> list[float]:
+    """Latencies of answered requests, plus ``cutoff_s - intended`` for unanswered ones.
+
+    A request the run gave up on has waited at least that long, so it counts with that lower
+    bound: an overloaded point is never flattered by leaving its slowest requests out. Requests
+    that failed quickly (errors) are left out: their latency says nothing about service.
+    """
+    out: list[float] = []
+    for s in samples:
+        if s.done_s is None:
+            out.append(max(0.0, cutoff_s - s.intended_s))
+        elif s.ok:
+            out.append(s.done_s - s.intended_s)
+    return out
+
+
+class Clock(Protocol):
+    """Where the load generator reads time and waits."""
+
+    def now(self) -> float:
+        """Seconds on a monotonic scale."""
+        ...
+
+    async def sleep_until(self, when: float) -> None:
+        """Return once ``now() >= when`` (at once if that time has passed)."""
+        ...
+
+
+class MonotonicClock:
+    """The running event loop's clock: real time."""
+
+    def now(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    async def sleep_until(self, when: float) -> None:
+        delay = when - self.now()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+
+class ManualClock:
+    """A clock for tests: time moves only in :meth:`advance` (or jumps in :meth:`jump`).
+
+    ``advance`` is a small discrete-event simulator: it wakes sleepers in time order, setting
+    ``now()`` to each one's wake time and letting the event loop run before going on, so the
+    code under test sees time pass exactly as it would in real time, without waiting.
+
+    >>> clock = ManualClock()
+    >>> await clock.advance(1.5)      # every sleeper due by t=1.5 has run, in order
+    """
+
+    def __init__(self, start: float = 0.0, *, settle_rounds: int = 20) -> None:
+        self._now = start
+        self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._seq = itertools.count()
+        self._settle_rounds = settle_rounds
+
+    def now(self) -> float:
+        return self._now
+
+    async def sleep_until(self, when: float) -> None:
+        if when <= self._now:
+            await asyncio.sleep(0)  # a real sleep(0) yields too; keep the interleaving honest
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._sleepers, (when, next(self._seq), future))
+        await future
+
+    async def settle(self) -> None:
+        """Let every ready task run, without moving time."""
+        for _ in range(self._settle_rounds):
+            await asyncio.sleep(0)
+
+    async def advance(self, seconds: float) -> None:
+        """Move time forward by ``seconds``, waking each sleeper at its own time, in order."""
+        if seconds < 0:
+            raise ValueError(f"seconds must be >= 0, got {seconds}")
+        target = self._now + seconds
+        await self.settle()
+        while self._sleepers and self._sleepers[0][0] <= target:
+            when, _, future = heapq.heappop(self._sleepers)
+            self._now = max(self._now, when)
+            if not future.done():
+                future.set_result(None)
+            await self.settle()
+        self._now = target
+        await self.settle()
+
+    def jump(self, seconds: float) -> None:
+        """Move time forward at once, waking nobody: the whole process was paused (a GC pause,
+        a descheduled VM). Sleepers that fell due wake late, at the next :meth:`advance`."""
+        if seconds < 0:
+            raise ValueError(f"seconds must be >= 0, got {seconds}")
+        self._now += seconds
+
+    @property
+    def pending(self) -> int:
+        """Sleepers not yet woken."""
+        return sum(1 for _, _, f in self._sleepers if not f.done())
