@@ -754,7 +754,7 @@ def serve(settings: ServerSettings) -> int:
         server_header=False,
     )
     server = _DrainingServer(config, app.state.server)
-    asyncio.run(server.serve())
+    server.run()  # uvicorn's loop factory: uvloop and httptools when installed
     if not server.started:
         raise ModelError("the server did not start; see the log above")
     return 0
