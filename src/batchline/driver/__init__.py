@@ -1,0 +1,67 @@
+"""Client fan-out: ``batchline drive`` sends a dataset to serving replicas, exactly once.
+
+- ``batchline.driver.drive``: ``drive_job(DriveOptions) -> DriveSummary``, the job itself.
+- ``batchline.driver.endpoints``: ``EndpointPool``, routing to the least-loaded replica,
+  setting failing ones aside and re-probing them.
+- ``batchline.driver.client``: ``ReplicaClient``, one HTTP attempt and its verdict.
+- ``batchline.driver.retry``: ``Backoff`` (full jitter) and ``parse_retry_after``.
+
+    >>> from batchline.driver import DriveOptions, drive
+    >>> summary = drive(DriveOptions(input=Path("docs.jsonl"),
+    ...                              endpoints=["http://127.0.0.1:8000"]))
+
+The names below are imported on first use, so ``batchline --help`` (which imports
+``batchline.driver.cli``) needs neither httpx nor pyarrow.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from batchline.driver.client import ReplicaClient, Reply
+    from batchline.driver.drive import (
+        DriveOptions,
+        DriveSummary,
+        drive,
+        drive_job,
+        read_failures,
+    )
+    from batchline.driver.endpoints import EndpointPool, EndpointReport
+    from batchline.driver.retry import Backoff, parse_retry_after
+
+__all__ = [
+    "Backoff",
+    "DriveOptions",
+    "DriveSummary",
+    "EndpointPool",
+    "EndpointReport",
+    "ReplicaClient",
+    "Reply",
+    "drive",
+    "drive_job",
+    "parse_retry_after",
+    "read_failures",
+]
+
+_HOME = {
+    "Backoff": "retry",
+    "parse_retry_after": "retry",
+    "EndpointPool": "endpoints",
+    "EndpointReport": "endpoints",
+    "ReplicaClient": "client",
+    "Reply": "client",
+    "DriveOptions": "drive",
+    "DriveSummary": "drive",
+    "drive": "drive",
+    "drive_job": "drive",
+    "read_failures": "drive",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _HOME.get(name)
+    if module is None:
+        raise AttributeError(f"module 'batchline.driver' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"batchline.driver.{module}"), name)

@@ -1,0 +1,216 @@
+"""``batchline drive``: argument parsing, the progress bar and the summary table.
+
+Only the standard library is imported at the top: ``batchline --help`` must work without
+the ``driver`` extra.
+
+Exit codes: 0 every record has a result (bad input skipped on request does not count);
+1 some records failed and are listed in ``OUTPUT/_failures.jsonl``; 2 bad input or settings,
+or the job could not go on (wrong URL or key, no endpoint ready in time: rerun with
+``--resume``); 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_parser"]
+
+
+def add_parser(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "drive",
+        help="send a dataset file to serving replicas, exactly once, resumably",
+        description=(
+            "Split INPUT into chunks of --chunk-size records and POST them to the replicas "
+            "(--endpoint, repeatable) with at most --concurrency chunks in flight, each to "
+            "the replica with the fewest in flight. Connection errors, timeouts, 429 and 5xx "
+            "are retried with backoff (Retry-After honoured); a replica that keeps failing is "
+            "set aside and re-probed via GET /ready. Results go to OUTPUT exactly as "
+            "`batchline run` writes them; records refused with another 4xx, or whose chunk "
+            "used up --max-attempts, are listed in OUTPUT/_failures.jsonl (exit code 1). "
+            "A killed drive continues with --resume."
+        ),
+    )
+    p.add_argument(
+        "input", nargs="?", type=Path, help=".jsonl, .csv, .parquet or .txt file (default: demo)"
+    )
+    p.add_argument(
+        "--endpoint",
+        dest="endpoints",
+        action="append",
+        required=True,
+        metavar="URL",
+        help="a replica's base URL, e.g. http://127.0.0.1:8000 (repeatable)",
+    )
+    p.add_argument("-o", "--output", type=Path, help="output directory (default: INPUT.embeddings)")
+    p.add_argument("--route", choices=["embeddings", "generate"], default="embeddings")
+    p.add_argument("--model", help="model name sent with each request (default: the server's)")
+    p.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY' ($BATCHLINE_API_KEY)")
+    p.add_argument("--text-column", default="text", help="column holding the text (default: text)")
+    p.add_argument("--id-column", help="column holding record ids (default: 'id' if present)")
+    p.add_argument("--format", dest="input_format", choices=["jsonl", "csv", "parquet", "text"])
+    p.add_argument("--output-format", choices=["parquet", "jsonl"], default="parquet")
+    p.add_argument(
+        "--copy-column",
+        action="append",
+        default=[],
+        dest="copy_columns",
+        help="copy this input column into the output (repeatable)",
+    )
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--resume", action="store_true", help="continue an interrupted drive")
+    mode.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    p.add_argument(
+        "--on-bad-record",
+        choices=["fail", "skip"],
+        default="fail",
+        help="bad input: fail (default) names it; skip lists it in OUTPUT/_skipped.jsonl",
+    )
+    p.add_argument("--limit", type=int, help="send only the first N records")
+    p.add_argument("--chunk-size", type=int, default=50, help="records per request (default: 50)")
+    p.add_argument(
+        "--output-chunk-size",
+        type=int,
+        default=10_000,
+        help="records per output file, the unit of --resume (default: 10000)",
+    )
+    p.add_argument(
+        "--concurrency", type=int, default=10, help="chunks in flight across all replicas"
+    )
+    p.add_argument("--max-attempts", type=int, default=8, help="attempts per chunk before it fails")
+    p.add_argument("--connect-timeout-s", type=float, default=10.0)
+    p.add_argument("--read-timeout-s", type=float, default=120.0)
+    p.add_argument(
+        "--give-up-after-s",
+        type=float,
+        default=600.0,
+        help="stop when no replica has been ready for this long (default: 600)",
+    )
+    p.add_argument(
+        "--encoding",
+        choices=["base64", "float"],
+        default="base64",
+        help="embeddings' encoding_format (default: base64, exact and compact)",
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_main)
+
+
+def _main(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from batchline.driver.drive import DriveOptions, drive
+
+    options = DriveOptions(
+        input=args.input,
+        endpoints=args.endpoints,
+        output=args.output,
+        route=args.route,
+        model=args.model,
+        api_key=args.api_key,
+        text_column=args.text_column,
+        id_column=args.id_column,
+        input_format=args.input_format,
+        output_format=args.output_format,
+        copy_columns=args.copy_columns,
+        resume=args.resume,
+        overwrite=args.overwrite,
+        on_bad_record=args.on_bad_record,
+        limit=args.limit,
+        chunk_size=args.chunk_size,
+        output_chunk_size=args.output_chunk_size,
+        concurrency=args.concurrency,
+        max_attempts=args.max_attempts,
+        connect_timeout_s=args.connect_timeout_s,
+        read_timeout_s=args.read_timeout_s,
+        give_up_after_s=args.give_up_after_s,
+        encoding=args.encoding,
+    )
+    console = Console(stderr=True)
+    bar = _Bar(console) if not args.quiet and console.is_terminal else None
+    try:
+        summary = drive(options, bar)
+    finally:
+        if bar is not None:
+            bar.close()
+    table = Table(title="batchline drive", show_header=False)
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    for label, value in summary.rows():
+        table.add_row(label, value)
+    Console().print(table)
+    if summary.exit_code:
+        print(
+            f"batchline drive: {summary.failed_total:,} record(s) failed; "
+            f"see {summary.output / '_failures.jsonl'}",
+            file=sys.stderr,
+        )
+    return summary.exit_code
+
+
+class _Bar:
+    """A rich progress bar fed by the drive's progress hooks."""
+
+    def __init__(self, console: Any) -> None:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TaskProgressColumn,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self._progress = Progress(
+            TextColumn("[bold]driving"),
+            BarColumn(),
+            TaskProgressColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]} rec/s"),
+            TextColumn("{task.fields[failed]} failed"),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            console=console,
+            transient=False,
+        )
+        self._task: Any = None
+        self._started = 0.0
+        self._done = 0
+        self._failed = 0
+
+    def start(self, total: int | None, already_done: int) -> None:
+        import time
+
+        self._progress.start()
+        self._task = self._progress.add_task(
+            "drive", total=total, completed=already_done, rate="-", failed=0
+        )
+        self._started = time.perf_counter()
+
+    def advance(self, records: int, failed: int) -> None:
+        import time
+
+        self._done += records
+        self._failed += failed
+        elapsed = max(time.perf_counter() - self._started, 1e-9)
+        self._progress.update(
+            self._task,
+            advance=records,
+            rate=f"{self._done / elapsed:,.0f}",
+            failed=f"{self._failed:,}",
+        )
+
+    def close(self) -> None:
+        self._progress.stop()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    from batchline.cli import main
+
+    sys.exit(main(["drive", *sys.argv[1:]]))

@@ -1,0 +1,619 @@
+"""``batchline drive``: fan a dataset out to serving replicas, every record exactly once.
+
+The pipeline::
+
+    open_source ──blocks of --chunk-size──> chunk tasks (at most --concurrency alive)
+                                              │ pool.acquire(): the up endpoint with the
+                                              │ fewest chunks in flight
+                                              ▼
+                                   POST /v1/embeddings | /generate
+                        ok ─────────────> ChunkWriter (the same one `batchline run` uses)
+                        retry ──backoff──> another attempt (Retry-After honoured)
+                        fail / gave up ──> _failures.jsonl + ChunkWriter.skip
+
+Two "chunks", two sizes: ``chunk_size`` records go in one request; ``output_chunk_size``
+records go in one output file (the writer's chunk, the unit of resuming).
+
+What happens to a record, always exactly one of:
+
+- its result is written (a row of ``part-NNNNNN.parquet``);
+- it was bad input and ``on_bad_record="skip"``: it is in ``_skipped.jsonl``;
+- its chunk was refused with a 4xx other than 401/403/404/405, or its chunk used up
+  ``max_attempts`` on retryable errors: it is in ``_failures.jsonl`` (index, id, status, the
+  server's message) and in ``_skipped.jsonl``; the job goes on and ends with exit code 1.
+  (Records are not silently dropped, and one poisonous chunk does not cost the whole job;
+  rerun those records from ``_failures.jsonl`` once the cause is fixed.)
+
+A job stops instead (exit code 2; ``--resume`` continues it) on bad input, on 401/403/404/405
+(a wrong key or URL would fail every chunk), or when no endpoint has been ready for
+``give_up_after_s``. Attempts are spent only on requests actually sent: while every endpoint
+is set aside, chunks wait.
+
+A killed driver resumed with ``resume=True`` skips the committed output chunks and redoes the
+rest; ``_failures.jsonl`` keeps only the entries of committed chunks, so nothing is listed twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import random
+import threading
+import time
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol, cast, get_args
+from urllib.parse import urlsplit
+
+import httpx
+
+from batchline._clock import Clock, LoopClock
+from batchline._errors import BatchlineError, InputError
+from batchline.driver.client import ROUTES, EmbeddingsRoute, ReplicaClient, Reply, Route
+from batchline.driver.endpoints import Endpoint, EndpointPool, EndpointReport
+from batchline.driver.retry import Backoff, sleep
+from batchline.jobs.sinks import ChunkWriter, OutputFormat
+from batchline.jobs.sources import BadRecord, Format, Record, Source, open_source
+
+__all__ = [
+    "FAILURES_NAME",
+    "DriveOptions",
+    "DriveProgress",
+    "DriveSummary",
+    "drive",
+    "drive_job",
+    "read_failures",
+]
+
+FAILURES_NAME = "_failures.jsonl"
+RouteName = Literal["embeddings", "generate"]
+BadRecordMode = Literal["fail", "skip"]
+Encoding = Literal["base64", "float"]
+
+_API_KEY_ENV = "BATCHLINE_API_KEY"
+_ROUTE_SUFFIXES = ("/v1/embeddings", "/generate", "/ready")
+
+
+@dataclass
+class DriveOptions:
+    """What to drive where. Units are in the names; see ``batchline drive --help``.
+
+    ``input=None`` uses the built-in demo corpus, as ``batchline run`` does.
+    """
+
+    input: Path | None
+    endpoints: Sequence[str]
+    output: Path | None = None
+    route: RouteName = "embeddings"
+    model: str | None = None
+    api_key: str | None = None
+    text_column: str = "text"
+    id_column: str | None = None
+    input_format: Format | None = None
+    output_format: OutputFormat = "parquet"
+    copy_columns: Sequence[str] = ()
+    resume: bool = False
+    overwrite: bool = False
+    on_bad_record: BadRecordMode = "fail"
+    limit: int | None = None
+    chunk_size: int = 50
+    output_chunk_size: int = 10_000
+    concurrency: int = 10
+    max_attempts: int = 8
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 120.0
+    give_up_after_s: float = 600.0
+    failures_to_set_aside: int = 3
+    backoff_base_s: float = 0.25
+    backoff_cap_s: float = 30.0
+    max_retry_after_s: float = 120.0
+    encoding: Encoding = "base64"
+
+    def check(self) -> None:
+        """Raise ``InputError`` naming the first unusable setting."""
+        if not self.endpoints:
+            raise InputError("give at least one --endpoint URL")
+        for name in ("chunk_size", "output_chunk_size", "concurrency", "max_attempts"):
+            value = getattr(self, name)
+            if value < 1:
+                raise InputError(f"--{_flag(name)} must be >= 1, got {value}")
+        if self.failures_to_set_aside < 1:
+            raise InputError(
+                f"failures_to_set_aside must be >= 1, got {self.failures_to_set_aside}"
+            )
+        for name in ("connect_timeout_s", "read_timeout_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise InputError(f"--{_flag(name)} must be a number of seconds > 0, got {value}")
+        for name in ("give_up_after_s", "backoff_base_s", "backoff_cap_s", "max_retry_after_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise InputError(f"--{_flag(name)} must be a number of seconds >= 0, got {value}")
+        if self.backoff_cap_s < self.backoff_base_s:
+            raise InputError("--backoff-cap-s must be >= --backoff-base-s")
+        if self.limit is not None and self.limit < 0:
+            raise InputError(f"--limit must be >= 0, got {self.limit}")
+        if self.route not in get_args(RouteName):
+            raise InputError(f"--route must be embeddings or generate, got {self.route!r}")
+        if self.encoding not in get_args(Encoding):
+            raise InputError(f"--encoding must be base64 or float, got {self.encoding!r}")
+        if self.on_bad_record not in get_args(BadRecordMode):
+            raise InputError(f"--on-bad-record must be fail or skip, got {self.on_bad_record!r}")
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def normalize_endpoint(url: str) -> str:
+    """``http://host:port`` from what a user may type (a trailing slash or route path)."""
+    text = url.strip().rstrip("/")
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise InputError(f"--endpoint {url!r} is not an http(s) URL like http://127.0.0.1:8000")
+    if parts.query or parts.fragment:
+        raise InputError(f"--endpoint {url!r}: give the server's base URL, without ?query or #")
+    for suffix in _ROUTE_SUFFIXES:
+        if text.endswith(suffix):
+            text = text[: -len(suffix)]
+            break
+    return text
+
+
+@dataclass(frozen=True)
+class DriveSummary:
+    """What a drive did. ``records``, ``failed`` and ``skipped`` count this run only;
+    ``failed_total`` counts every failure in the output (resumed runs included)."""
+
+    output: Path
+    route: str
+    records: int
+    failed: int
+    skipped: int
+    already_done: int
+    total_records: int
+    failed_total: int
+    wall_s: float
+    requests: int
+    retries: int
+    endpoints: tuple[EndpointReport, ...] = ()
+
+    @property
+    def records_per_s(self) -> float:
+        return self.records / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def exit_code(self) -> int:
+        """0 when every record has a result (or was skipped as bad input), 1 when some failed."""
+        return 1 if self.failed_total else 0
+
+    def rows(self) -> list[tuple[str, str]]:
+        """The summary as (label, value) rows, for a table."""
+        rows = [
+            ("output", str(self.output)),
+            ("route", self.route),
+            ("records (this run)", f"{self.records:,}"),
+            ("failed (this run)", f"{self.failed:,}"),
+            ("skipped bad input", f"{self.skipped:,}"),
+            ("resumed (already done)", f"{self.already_done:,}"),
+            ("wall time", f"{self.wall_s:.1f} s"),
+            ("records/s", f"{self.records_per_s:,.1f}"),
+            ("requests", f"{self.requests:,}"),
+            ("retries", f"{self.retries:,}"),
+        ]
+        for ep in self.endpoints:
+            errors = ", ".join(f"{k} {v}" for k, v in ep.errors.items()) or "no errors"
+            aside = f"; set aside {ep.times_set_aside}x" if ep.times_set_aside else ""
+            rows.append((ep.url, f"{ep.requests:,} requests; {errors}{aside}"))
+        if self.failed_total:
+            rows.append(
+                ("FAILED records (all runs)", f"{self.failed_total:,}: see {FAILURES_NAME}")
+            )
+        return rows
+
+
+class DriveProgress(Protocol):
+    """Hooks the job calls; the CLI draws a progress bar from them."""
+
+    def start(self, total: int | None, already_done: int) -> None:
+        """The job starts; ``total`` records in the input, when known."""
+
+    def advance(self, records: int, failed: int) -> None:
+        """``records`` more records are done, ``failed`` of them failed."""
+
+
+class _Silent:
+    def start(self, total: int | None, already_done: int) -> None:
+        pass
+
+    def advance(self, records: int, failed: int) -> None:
+        pass
+
+
+# -- the failures file ---------------------------------------------------------------------------
+
+
+class _FailureLog:
+    """``_failures.jsonl``: one line per failed record, kept in step with the writer.
+
+    Lines are fsync'd before the writer hears of the skip, so a committed chunk's failures are
+    always on disk. On opening, lines of chunks the manifest does not list are dropped: those
+    chunks are redone, and their records fail (or not) again.
+    """
+
+    def __init__(self, path: Path, committed: Callable[[int], bool]) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self.added = 0
+        kept: list[bytes] = []
+        if path.exists():
+            for line in path.read_bytes().splitlines(keepends=True):
+                try:
+                    index = json.loads(line)["index"]
+                except (ValueError, KeyError, TypeError):
+                    continue  # a line torn by a crash: its chunk was never committed
+                if isinstance(index, int) and committed(index):
+                    kept.append(line if line.endswith(b"\n") else line + b"\n")
+        self.previous = len(kept)
+        if kept or path.exists():
+            tmp = path.with_name(path.name + ".tmp")
+            with open(tmp, "wb") as f:
+                f.write(b"".join(kept))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+
+    @property
+    def total(self) -> int:
+        return self.previous + self.added
+
+    def add(self, entries: Sequence[dict[str, object]]) -> None:
+        data = b"".join(
+            (json.dumps(e, ensure_ascii=False, default=str) + "\n").encode("utf-8") for e in entries
+        )
+        with self._lock, open(self.path, "ab") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+            self.added += len(entries)
+
+
+def read_failures(out_dir: str | os.PathLike[str]) -> list[dict[str, object]]:
+    """The entries of ``OUTPUT/_failures.jsonl`` (index, id, status, message, ...), by index."""
+    path = Path(out_dir) / FAILURES_NAME
+    if not path.exists():
+        return []
+    entries = [
+        cast(dict[str, object], json.loads(line))
+        for line in path.read_bytes().splitlines()
+        if line.strip()
+    ]
+    return sorted(entries, key=lambda e: cast(int, e["index"]))
+
+
+# -- the job -------------------------------------------------------------------------------------
+
+
+def drive(options: DriveOptions, progress: DriveProgress | None = None) -> DriveSummary:
+    """Run the drive to the end (sync). See :func:`drive_job`."""
+    return asyncio.run(drive_job(options, progress))
+
+
+async def drive_job(
+    options: DriveOptions,
+    progress: DriveProgress | None = None,
+    *,
+    clock: Clock | None = None,
+    rng: Callable[[], float] = random.random,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> DriveSummary:
+    """Send every record of ``options.input`` to ``options.endpoints``; write the results.
+
+    ``clock``, ``rng`` and ``transport`` (an ``httpx`` transport such as
+    ``httpx.MockTransport``) are for tests. Raises ``InputError`` for bad input or settings
+    and ``BatchlineError`` when the job cannot go on; the output is then resumable.
+
+        >>> summary = drive(DriveOptions(
+        ...     input=Path("docs.jsonl"), output=Path("docs.embeddings"),
+        ...     endpoints=["http://10.0.0.1:8000", "http://10.0.0.2:8000"]))
+        >>> summary.records_per_s, summary.exit_code
+    """
+    options.check()
+    urls = [normalize_endpoint(u) for u in options.endpoints]
+    if len(set(urls)) != len(urls):
+        raise InputError(f"--endpoint repeats a URL: {urls}")
+    progress = progress or _Silent()
+    route = ROUTES[options.route]
+    if isinstance(route, EmbeddingsRoute) and route.encoding != options.encoding:
+        route = EmbeddingsRoute(encoding=options.encoding)
+    input_path = options.input
+    if input_path is None:
+        from batchline.jobs.corpus import demo_corpus_path
+
+        input_path = await asyncio.to_thread(demo_corpus_path)
+    output = options.output or _default_output(options.input, route)
+    source = open_source(
+        input_path,
+        text_column=options.text_column,
+        id_column=options.id_column,
+        extra_columns=tuple(options.copy_columns),
+        fmt=options.input_format,
+        on_bad_record="skip" if options.on_bad_record == "skip" else "raise",
+    )
+    meta = {
+        "input": str(input_path.resolve()),
+        "input_fingerprint": await asyncio.to_thread(source.fingerprint),
+        "route": route.name,
+        "model": options.model,
+        "text_column": options.text_column,
+        "id_column": source.id_column,
+        "copy_columns": list(options.copy_columns),
+        "limit": options.limit,
+    }
+    writer = ChunkWriter(
+        output,
+        fmt=options.output_format,
+        chunk_size=options.output_chunk_size,
+        overwrite=options.overwrite,
+        resume=options.resume,
+        meta=meta,
+        result_column=route.result_column,
+        result_kind=route.result_kind,
+    )
+    with writer:
+        failures = await asyncio.to_thread(
+            _FailureLog, writer.out_dir / FAILURES_NAME, writer.is_committed
+        )
+        if writer.manifest.complete:
+            total = writer.manifest.total_records or 0
+            progress.start(total, total)
+            return DriveSummary(
+                output=writer.out_dir,
+                route=route.name,
+                records=0,
+                failed=0,
+                skipped=0,
+                already_done=total,
+                total_records=total,
+                failed_total=failures.total,
+                wall_s=0.0,
+                requests=0,
+                retries=0,
+            )
+        client = ReplicaClient(
+            route,
+            api_key=options.api_key or os.environ.get(_API_KEY_ENV) or None,
+            model=options.model,
+            connect_timeout_s=options.connect_timeout_s,
+            read_timeout_s=options.read_timeout_s,
+            max_connections=options.concurrency + 2 * len(urls),
+            dim=writer.manifest.result_dim if route.result_kind == "vector" else None,
+            transport=transport,
+        )
+        try:
+            job = _Job(options, source, writer, failures, client, urls, progress, clock, rng)
+            return await job.run()
+        finally:
+            await client.aclose()
+
+
+def _default_output(input_path: Path | None, route: Route) -> Path:
+    stem = "demo-corpus" if input_path is None else input_path.stem
+    return Path(f"{stem}.{'embeddings' if route.name == 'embeddings' else 'results'}")
+
+
+@dataclass
+class _Counts:
+    records: int = 0
+    failed: int = 0
+    skipped: int = 0
+    retries: int = 0
+
+
+@dataclass
+class _Job:
+    options: DriveOptions
+    source: Source
+    writer: ChunkWriter
+    failures: _FailureLog
+    client: ReplicaClient
+    urls: list[str]
+    progress: DriveProgress
+    clock: Clock | None
+    rng: Callable[[], float]
+    counts: _Counts = field(default_factory=_Counts)
+
+    async def run(self) -> DriveSummary:
+        opts = self.options
+        clock = self.clock or LoopClock()
+        committed = self.writer.committed_ranges()
+        already = sum(hi - lo for lo, hi in committed)
+        expected = self.source.total_records
+        if expected is not None and opts.limit is not None:
+            expected = min(expected, opts.limit)
+        self.progress.start(expected, already)
+        started = time.perf_counter()
+        backoff = Backoff(base_s=opts.backoff_base_s, cap_s=opts.backoff_cap_s)
+        pool = EndpointPool(
+            self.urls,
+            probe=self.client.ready,
+            failures_to_set_aside=opts.failures_to_set_aside,
+            give_up_after_s=opts.give_up_after_s,
+            clock=clock,
+            rng=self.rng,
+        )
+        async with pool:
+            await self._fan_out(pool, clock, backoff, committed)
+            reports = tuple(pool.reports())
+        total = self.source.total_records or 0
+        if opts.limit is not None:
+            total = min(total, opts.limit) if self.source.total_records is not None else opts.limit
+        await asyncio.to_thread(self.writer.finish, total)
+        c = self.counts
+        return DriveSummary(
+            output=self.writer.out_dir,
+            route=self.client.route.name,
+            records=c.records,
+            failed=c.failed,
+            skipped=c.skipped,
+            already_done=already,
+            total_records=total,
+            failed_total=self.failures.total,
+            wall_s=time.perf_counter() - started,
+            requests=sum(r.requests for r in reports),
+            retries=c.retries,
+            endpoints=reports,
+        )
+
+    async def _fan_out(
+        self,
+        pool: EndpointPool,
+        clock: Clock,
+        backoff: Backoff,
+        committed: list[tuple[int, int]],
+    ) -> None:
+        slots = asyncio.Semaphore(self.options.concurrency)
+        tasks: set[asyncio.Task[None]] = set()
+        errors: list[BaseException] = []
+
+        def done(task: asyncio.Task[None]) -> None:
+            tasks.discard(task)
+            slots.release()
+            if not task.cancelled() and task.exception() is not None:
+                errors.append(cast(BaseException, task.exception()))
+
+        blocks = _read_blocks(self.source, committed, self.options.chunk_size, self.options.limit)
+        try:
+            async for block in blocks:
+                if errors:
+                    break
+                bad = [item for item in block if isinstance(item, BadRecord)]
+                if bad:
+                    await asyncio.to_thread(_skip_bad, self.writer, bad)
+                    self.counts.skipped += len(bad)
+                    self.progress.advance(len(bad), 0)
+                records = [item for item in block if isinstance(item, Record)]
+                if not records:
+                    continue
+                await slots.acquire()
+                if errors:
+                    slots.release()
+                    break
+                task = asyncio.create_task(self._send(records, pool, clock, backoff))
+                tasks.add(task)
+                task.add_done_callback(done)
+            while tasks and not errors:
+                await asyncio.wait(set(tasks), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            await blocks.aclose()
+            for task in list(tasks):
+                task.cancel()
+            if tasks:
+                await asyncio.wait(set(tasks))
+        if errors:
+            raise errors[0]
+
+    async def _send(
+        self, records: list[Record], pool: EndpointPool, clock: Clock, backoff: Backoff
+    ) -> None:
+        opts = self.options
+        texts = [r.text for r in records]
+        task_id = f"{records[0].index}-{records[-1].index}"
+        last: Endpoint | None = None
+        attempt = 0
+        while True:
+            ep = await pool.acquire(avoid=last)
+            attempt += 1
+            try:
+                reply = await self.client.post(ep.url, texts, task_id=task_id)
+            except BaseException:
+                pool.released(ep)
+                raise
+            if reply.verdict == "ok":
+                pool.succeeded(ep)
+                await asyncio.to_thread(self.writer.write_batch, records, reply.results)
+                self.counts.records += len(records)
+                self.progress.advance(len(records), 0)
+                return
+            if reply.verdict == "abort":
+                pool.failed(ep, reply.kind, endpoint_fault=False)
+                raise BatchlineError(
+                    f"{ep.url}{self.client.route.path} answered HTTP {reply.status}: "
+                    f"{reply.message}; check --endpoint, --route and --api-key "
+                    "(the output is resumable with --resume)"
+                )
+            if reply.verdict == "fail":
+                pool.failed(ep, reply.kind, endpoint_fault=False)
+                await self._fail(records, reply, ep, attempt)
+                return
+            retry_after = reply.retry_after_s
+            if retry_after is not None:
+                retry_after = min(retry_after, opts.max_retry_after_s)
+            pool.failed(
+                ep, reply.kind, retry_after_s=retry_after, endpoint_fault=reply.endpoint_fault
+            )
+            if attempt >= opts.max_attempts:
+                await self._fail(records, reply, ep, attempt)
+                return
+            self.counts.retries += 1
+            last = ep
+            await sleep(clock, backoff.delay(attempt, self.rng))
+
+    async def _fail(self, records: list[Record], reply: Reply, ep: Endpoint, attempts: int) -> None:
+        if reply.verdict == "fail":
+            reason = f"HTTP {reply.status}: {reply.message}"
+        else:
+            what = f"HTTP {reply.status}" if reply.status is not None else reply.kind
+            reason = f"gave up after {attempts} attempts; last: {what}: {reply.message}"
+        entries: list[dict[str, object]] = [
+            {
+                "index": r.index,
+                "id": r.id,
+                "status": reply.status,
+                "error": reply.kind,
+                "message": reply.message,
+                "attempts": attempts,
+                "endpoint": ep.url,
+            }
+            for r in records
+        ]
+        await asyncio.to_thread(self.failures.add, entries)
+        await asyncio.to_thread(_skip_all, self.writer, records, f"request failed: {reason}")
+        self.counts.failed += len(records)
+        self.progress.advance(len(records), len(records))
+
+
+def _skip_bad(writer: ChunkWriter, bad: list[BadRecord]) -> None:
+    for item in bad:
+        writer.skip_bad(item)
+
+
+def _skip_all(writer: ChunkWriter, records: list[Record], reason: str) -> None:
+    for r in records:
+        writer.skip(r.index, r.id, reason)
+
+
+async def _read_blocks(
+    source: Source, committed: list[tuple[int, int]], block_size: int, limit: int | None
+) -> AsyncGenerator[list[Any], None]:
+    """The source's blocks, read in a worker thread one block ahead of the consumer."""
+    blocks: Iterator[list[Any]] = source.iter_blocks(block_size, skip=committed)
+    next_block = asyncio.ensure_future(asyncio.to_thread(next, blocks, None))
+    try:
+        while True:
+            block = await next_block
+            if block is None:
+                return
+            if limit is not None:
+                block = [item for item in block if item.index < limit]
+                if not block:
+                    return
+            next_block = asyncio.ensure_future(asyncio.to_thread(next, blocks, None))
+            yield block
+    finally:
+        # The reading thread finishes its block in the background; only its result is dropped.
+        next_block.cancel()
+        await asyncio.wait({next_block})
