@@ -1,0 +1,346 @@
+"""``batchline run --engine ray`` end to end, on Ray clusters started by the tests.
+
+Slow (each Ray start takes seconds): deselect with ``-m "not slow"``. To keep the module short,
+one Ray instance serves each class (a local ``ray.init(num_cpus=4)``, then a simulated two-node
+cluster); only the first test lets ``run_on_ray`` start and stop Ray itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("ray")
+
+import ray
+
+from batchline._errors import InputError, ModelError
+from batchline.cli import main
+from batchline.integrations import ray as ray_engine
+from batchline.integrations.ray import UnitDone, _UnitPlan, run_on_ray
+from batchline.jobs.run import RunOptions, run
+from batchline.jobs.sinks import Manifest, read_output, read_skipped
+from batchline.knobs import Knobs
+
+CHUNK = 40
+UNIT = 20  # two units per chunk: a chunk is committed by whichever of its units lands last
+SENTENCE = (
+    "batching keeps the device busy while requests queue up; padding wastes work, "
+    "so similar lengths share a batch and ünïcödé text is fine too"
+)
+WORDS = SENTENCE.split(" ")
+
+
+def _text(i: int) -> str:
+    n = 2 + (i * 7) % 37
+    return " ".join(WORDS[(i + j) % len(WORDS)] for j in range(n))
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """240 records of 2-38 words with a copied column; record 17 is malformed JSON."""
+    path = tmp_path_factory.mktemp("data") / "docs.jsonl"
+    lines = [json.dumps({"id": f"d{i}", "text": _text(i), "url": f"u/{i}"}) for i in range(240)]
+    lines[17] = '{"id": "d17", "text": '
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _options(dataset: Path, out: Path, **changes: Any) -> RunOptions:
+    base: dict[str, Any] = {
+        "input": dataset,
+        "output": out,
+        "chunk_size": CHUNK,
+        "copy_columns": ["url"],
+        "on_bad_record": "skip",
+    }
+    return RunOptions(**{**base, **changes})
+
+
+@pytest.fixture(scope="module")
+def reference(dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The local engine's output for the dataset: what every Ray run must reproduce."""
+    out = tmp_path_factory.mktemp("ref") / "local"
+    run(_options(dataset, out))
+    return out
+
+
+def assert_same_output(out: Path, ref: Path) -> None:
+    """Same rows (ids, indices, copied column), vectors within 1e-5, same skips and settings."""
+    got, want = read_output(out), read_output(ref)
+    ids = got.column("id").to_pylist()
+    assert len(ids) == len(set(ids)), "a record was written twice"
+    assert ids == want.column("id").to_pylist()
+    assert got.column("index").to_pylist() == want.column("index").to_pylist()
+    assert got.column("url").to_pylist() == want.column("url").to_pylist()
+    np.testing.assert_allclose(
+        np.stack(got.column("embedding").to_numpy(zero_copy_only=False)),
+        np.stack(want.column("embedding").to_numpy(zero_copy_only=False)),
+        atol=1e-5,
+    )
+    assert read_skipped(out) == read_skipped(ref)
+    got_manifest, want_manifest = Manifest.load(out), Manifest.load(ref)
+    assert got_manifest.complete
+    assert got_manifest.settings == want_manifest.settings  # either engine resumes the other
+    assert sorted(p.name for p in out.glob("part-*")) == sorted(p.name for p in ref.glob("part-*"))
+
+
+def _descendants() -> dict[int, str]:
+    """This process's descendants (pid -> name), from /proc."""
+    parents: dict[int, int] = {}
+    names: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        close = stat.rindex(")")
+        names[int(entry)] = stat[stat.index("(") + 1 : close]
+        parents[int(entry)] = int(stat[close + 2 :].split()[1])
+    found: dict[int, str] = {}
+    todo = [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        for child, parent in parents.items():
+            if parent == pid and child not in found:
+                found[child] = names[child]
+                todo.append(child)
+    return found
+
+
+# -- no Ray needed -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("chunk_size", [1, 7, 40, 100, 1000])
+@pytest.mark.parametrize("target", [1, 3, 20, 256])
+def test_units_are_slices_of_one_chunk_or_whole_chunks(chunk_size: int, target: int) -> None:
+    plan = _UnitPlan(chunk_size, target)
+    n = 3 * chunk_size + 5
+    keys = [plan.key(i) for i in range(n)]
+    assert keys == sorted(keys)  # each unit is a contiguous run of indices
+    units: dict[int, list[int]] = {}
+    for i, k in enumerate(keys):
+        units.setdefault(k, []).append(i)
+    for indices in units.values():
+        lo, hi = indices[0], indices[-1]
+        assert len(indices) <= target
+        whole_chunks = lo % chunk_size == 0 and ((hi + 1) % chunk_size == 0 or hi == n - 1)
+        assert lo // chunk_size == hi // chunk_size or whole_chunks
+
+
+def test_settings_errors_need_no_cluster(dataset: Path, tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="--no-batching"):
+        run_on_ray(_options(dataset, tmp_path / "a", knobs=Knobs(batching=False)))
+    with pytest.raises(InputError, match="--replicas must be >= 1"):
+        run_on_ray(_options(dataset, tmp_path / "b"), replicas=0)
+    assert not ray.is_initialized()
+
+
+def test_address_without_engine_ray_is_a_one_line_error(
+    dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["run", str(dataset), "-o", str(tmp_path / "o"), "--replicas", "3", "--quiet"])
+    assert code == 2
+    assert "--address and --replicas go with --engine ray" in capsys.readouterr().err
+
+
+# -- run_on_ray starting and stopping its own Ray ------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_cli_engine_ray_starts_ray_and_leaves_no_process_behind(
+    dataset: Path, reference: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert not ray.is_initialized()
+    env_before = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED")}
+    before = _descendants()
+    during: dict[int, str] = {}
+    replica_pids: set[int] = set()
+    real_run_on_ray = ray_engine.run_on_ray
+
+    def spy(options: RunOptions, **kwargs: Any) -> Any:
+        def on_unit(done: UnitDone) -> None:
+            replica_pids.add(done.pid)
+            during.update(_descendants())
+
+        return real_run_on_ray(options, on_unit=on_unit, **kwargs)
+
+    monkeypatch.setattr(ray_engine, "run_on_ray", spy)  # the CLI imports it when it runs
+    out = tmp_path / "out"
+    args = ["run", str(dataset), "-o", str(out), "--engine", "ray", "--replicas", "2"]
+    args += ["--chunk-size", str(CHUNK), "--copy-column", "url", "--on-bad-record", "skip"]
+    assert main([*args, "--quiet"]) == 0
+    assert not ray.is_initialized()
+    assert_same_output(out, reference)
+    assert {k: os.environ.get(k) for k in env_before} == env_before
+    # ray.shutdown() has signalled its processes; give them a moment to exit.
+    deadline = time.monotonic() + 30
+    while (left := set(_descendants()) - set(before)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"left behind: {[_descendants().get(p) for p in left]}"
+    # The check saw Ray's processes while the job ran: the replicas, the raylet, the GCS.
+    assert replica_pids <= set(during)
+    assert {"raylet", "gcs_server"} <= set(during.values())
+
+
+# -- one local Ray instance with 4 logical CPUs --------------------------------------------------
+
+
+@pytest.fixture(scope="class")
+def local_ray() -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RAY_AUTH_MODE", "disabled")
+        mp.setenv("RAY_USAGE_STATS_ENABLED", "0")
+        ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="WARNING")
+        try:
+            yield
+        finally:
+            ray.shutdown()
+
+
+class _Interrupt(Exception):
+    pass
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.usefixtures("local_ray")
+class TestLocalRay:
+    def test_output_equals_the_local_run(
+        self, dataset: Path, reference: Path, tmp_path: Path
+    ) -> None:
+        out = tmp_path / "out"
+        summary = run_on_ray(_options(dataset, out), replicas=2, unit_records=UNIT)
+        assert_same_output(out, reference)
+        assert summary.records == 239
+        assert summary.skipped == 1
+        assert summary.total_records == 240
+        assert summary.units == 12
+        assert summary.resubmitted_units == 0
+        assert sum(summary.records_by_node.values()) == 239
+        assert ray.is_initialized()  # not ours to stop
+
+    def test_an_interrupted_run_resumes_to_the_same_output(
+        self, dataset: Path, reference: Path, tmp_path: Path
+    ) -> None:
+        out = tmp_path / "out"
+        seen: list[UnitDone] = []
+
+        def interrupt_after_five_units(done: UnitDone) -> None:
+            seen.append(done)
+            if len(seen) == 5:
+                raise _Interrupt
+
+        with pytest.raises(_Interrupt):
+            run_on_ray(
+                _options(dataset, out),
+                unit_records=UNIT,
+                units_per_replica=1,
+                on_unit=interrupt_after_five_units,
+            )
+        partial = Manifest.load(out)
+        assert not partial.complete
+        assert 1 <= len(partial.chunks) < 6
+
+        resumed = run_on_ray(_options(dataset, out, resume=True), unit_records=UNIT)
+        assert_same_output(out, reference)
+        assert resumed.already_done == len(partial.chunks) * CHUNK
+        assert resumed.records + resumed.skipped + resumed.already_done == 240
+
+        again = run_on_ray(_options(dataset, out, resume=True))  # finished: nothing to do
+        assert again.records == 0
+        assert again.already_done == 240
+
+    def test_a_model_that_cannot_load_is_one_clear_error(
+        self, dataset: Path, tmp_path: Path
+    ) -> None:
+        options = _options(
+            dataset, tmp_path / "out", model=str(tmp_path / "missing.onnx"), tokenizer=dataset
+        )
+        with pytest.raises(ModelError, match=r"could not load the model: .*no such model file"):
+            run_on_ray(options, start_timeout_s=120)
+
+
+# -- a simulated two-node cluster ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="class")
+def two_nodes() -> Iterator[Any]:
+    from ray.cluster_utils import Cluster
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RAY_AUTH_MODE", "disabled")
+        mp.setenv("RAY_USAGE_STATS_ENABLED", "0")
+        cluster = Cluster(
+            initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False}
+        )
+        try:
+            cluster.add_node(num_cpus=2)
+            ray.init(address=cluster.address, logging_level="WARNING")
+            try:
+                yield cluster
+            finally:
+                ray.shutdown()
+        finally:
+            cluster.shutdown()
+
+
+def _kill_once(pids: list[int]) -> Any:
+    """An ``on_unit`` hook that SIGKILLs the process of the replica that finished first."""
+
+    def hook(done: UnitDone) -> None:
+        if not pids:
+            pids.append(done.pid)
+            os.kill(done.pid, signal.SIGKILL)
+
+    return hook
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.usefixtures("two_nodes")
+class TestTwoNodes:
+    def test_both_nodes_work_and_a_killed_replica_is_restarted(
+        self, dataset: Path, reference: Path, tmp_path: Path
+    ) -> None:
+        out = tmp_path / "out"
+        killed: list[int] = []
+        summary = run_on_ray(
+            _options(dataset, out), replicas=2, unit_records=UNIT, on_unit=_kill_once(killed)
+        )
+        assert_same_output(out, reference)
+        node_ids = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        assert len(node_ids) == 2
+        assert set(summary.nodes) == node_ids  # work landed on both nodes
+        assert summary.replica_restarts >= 1  # Ray restarted the killed process
+        assert killed
+        assert not Path(f"/proc/{killed[0]}").exists()
+
+    def test_a_replica_lost_for_good_has_its_units_sent_elsewhere(
+        self, dataset: Path, reference: Path, tmp_path: Path
+    ) -> None:
+        out = tmp_path / "out"
+        killed: list[int] = []
+        summary = run_on_ray(
+            _options(dataset, out),
+            replicas=2,
+            unit_records=UNIT,
+            max_restarts=0,
+            max_task_retries=0,
+            on_unit=_kill_once(killed),
+        )
+        assert_same_output(out, reference)
+        assert summary.resubmitted_units >= 1
+        assert summary.replica_restarts == 0
