@@ -1,0 +1,43 @@
+"""Measure and tune batching on your own model and hardware (``pip install 'batchline[bench]'``).
+
+- :func:`run_bench` drives configurations (the no-batching baseline, batchline's defaults, your
+  knobs files, a classic timeout batcher, or a server URL) with closed- or open-loop load and
+  returns a :class:`BenchResult`; :func:`write_report` turns it into ``report.md`` + PNG plots.
+- :func:`tune` / :func:`run_tune` search the knobs for the most throughput within a p99 budget;
+  :func:`decide` is the verdict on measured trials.
+- :mod:`batchline.bench.stats`: percentiles, throughput, Poisson schedules, manual clock.
+
+Example::
+
+    from pathlib import Path
+    from batchline.bench import BenchOptions, parse_load, run_bench, write_report
+
+    result = run_bench(BenchOptions(loads=parse_load("closed:1,8,32"), duration_s=5))
+    write_report(result, Path("report"))
+
+Importing this package loads neither the model nor matplotlib; they load when used.
+"""
+
+from __future__ import annotations
+
+from batchline.bench.loadgen import LoadPoint, PointResult, parse_load, run_point
+from batchline.bench.report import write_report
+from batchline.bench.runner import BenchOptions, BenchResult, run_bench
+from batchline.bench.tune import Decision, TuneOptions, TuneResult, decide, run_tune, tune
+
+__all__ = [
+    "BenchOptions",
+    "BenchResult",
+    "Decision",
+    "LoadPoint",
+    "PointResult",
+    "TuneOptions",
+    "TuneResult",
+    "decide",
+    "parse_load",
+    "run_bench",
+    "run_point",
+    "run_tune",
+    "tune",
+    "write_report",
+]
