@@ -1,0 +1,254 @@
+"""``batchline bench`` and ``batchline tune``: argument parsing and terminal output.
+
+Only the standard library is imported at the top: ``batchline --help`` must work without the
+``bench`` extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_parser"]
+
+
+def add_parser(sub: Any) -> None:
+    """Register ``bench`` and ``tune`` on the ``batchline`` subcommand parser."""
+    _add_bench(sub)
+    _add_tune(sub)
+
+
+def _model_and_inputs(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="default", help="'default' (all-MiniLM-L6-v2) or PATH.onnx")
+    p.add_argument("--tokenizer", type=Path, help="tokenizer.json for --model PATH.onnx")
+    p.add_argument(
+        "--inputs",
+        type=Path,
+        metavar="FILE",
+        help="texts to send (.jsonl, .csv, .parquet, .txt); default: a sample of the demo corpus",
+    )
+    p.add_argument("--text-column", default="text", help="column holding the text (default: text)")
+    p.add_argument(
+        "--lengths",
+        choices=["short", "mixed"],
+        help="cut texts to ~8-24 (short) or ~8-128 (mixed) tokens; default: mixed for the demo "
+        "corpus, as they are for --inputs",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the sample and arrival schedule")
+
+
+def _add_bench(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "bench",
+        help="measure throughput and latency of batching configurations under load",
+        description=(
+            "Drive the model with a closed loop (N concurrent clients) or an open loop (Poisson "
+            "arrivals at a rate, latency from the intended send time) and compare, in the same "
+            "run: the no-batching baseline, batchline's defaults, your --config files and a "
+            "classic timeout batcher. Writes OUTPUT/report.md with a table and PNG plots."
+        ),
+    )
+    _model_and_inputs(p)
+    p.add_argument(
+        "--target",
+        default="inprocess",
+        help="'inprocess' (default) or the URL of a server with POST /v1/embeddings",
+    )
+    p.add_argument(
+        "--load",
+        action="append",
+        metavar="SPEC",
+        help="closed:N,N,... (concurrent clients) or open:RATE,... (records/s); repeatable; "
+        "default closed:1,8,32,64",
+    )
+    p.add_argument(
+        "--duration", type=float, default=5.0, metavar="S", help="seconds per load point (5)"
+    )
+    p.add_argument(
+        "--config",
+        action="append",
+        type=Path,
+        default=[],
+        dest="configs",
+        metavar="F",
+        help="a knobs file (as written by batchline tune) to compare; repeatable",
+    )
+    p.add_argument(
+        "--compare",
+        default="baseline,defaults,classic",
+        metavar="LIST",
+        help="reference configurations to include: baseline, defaults, classic, or none "
+        "(default: all three)",
+    )
+    p.add_argument("--warmup", type=float, default=1.0, metavar="S", help="warm-up per config")
+    p.add_argument(
+        "-o", "--output", type=Path, default=Path("report"), help="report folder (report/)"
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.set_defaults(func=_bench_main)
+
+
+def _add_tune(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "tune",
+        help="find the batching knobs with the most throughput within a p99 budget",
+        description=(
+            "Search the batching knobs (padded tokens per batch, sessions x threads, batches in "
+            "flight, holding for company) on the real model and load shape; report the setting "
+            "with the highest throughput whose p99 latency stays within --p99-ms, write it as "
+            "a config file for 'batchline run/serve --config', and say so plainly when batching "
+            "does not pay or when nothing meets the budget (exit code 1, no file written)."
+        ),
+    )
+    p.add_argument("--p99-ms", type=float, required=True, metavar="N", help="p99 latency budget")
+    _model_and_inputs(p)
+    p.add_argument(
+        "--load",
+        action="append",
+        metavar="SPEC",
+        help="load shape to tune at: closed:N,... or open:RATE,...; default closed:8,32,64",
+    )
+    p.add_argument(
+        "--budget-s", type=float, default=120.0, metavar="S", help="total time to spend (120)"
+    )
+    p.add_argument(
+        "--duration",
+        type=float,
+        metavar="S",
+        help="seconds per load point (default: planned from --budget-s)",
+    )
+    p.add_argument(
+        "--noise",
+        type=float,
+        default=0.10,
+        help="throughput difference treated as noise when comparing with the baseline (0.10)",
+    )
+    p.add_argument(
+        "-o", "--output", type=Path, default=Path("tuned.json"), help="config file (tuned.json)"
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.set_defaults(func=_tune_main)
+
+
+def _command(name: str) -> str:
+    return shlex.join(["batchline", name, *sys.argv[2:]]) if len(sys.argv) > 1 else ""
+
+
+def _bench_main(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from batchline.bench.loadgen import parse_loads
+    from batchline.bench.report import print_table, write_report
+    from batchline.bench.runner import DEFAULT_LOAD, BenchOptions, run_bench
+
+    compare = [c.strip() for c in args.compare.split(",") if c.strip()]
+    if compare == ["none"]:
+        compare = []
+    options = BenchOptions(
+        model=args.model,
+        tokenizer=args.tokenizer,
+        target=args.target,
+        loads=parse_loads(args.load or [DEFAULT_LOAD]),
+        duration_s=args.duration,
+        inputs=args.inputs,
+        text_column=args.text_column,
+        lengths=args.lengths,
+        configs=list(args.configs),
+        compare=compare,
+        seed=args.seed,
+        warmup_s=args.warmup,
+        command=_command("bench"),
+    )
+    err = Console(stderr=True)
+    progress = None if args.quiet else _BenchProgress(err)
+    result = run_bench(options, progress)
+    files = write_report(result, args.output)
+    print_table(result.points, Console(), title="batchline bench")
+    err.print(f"report: {files['report']}")
+    return 0
+
+
+class _BenchProgress:
+    def __init__(self, console: Any) -> None:
+        self._console = console
+
+    def message(self, text: str) -> None:
+        self._console.print(text, highlight=False)
+
+    def point_done(self, result: Any, done: int, total: int) -> None:
+        failed = f", {result.errors + result.unanswered} failed/unanswered" if result.failed else ""
+        self._console.print(
+            f"  [{done}/{total}] {result.config} at {result.point.label}: "
+            f"{result.achieved_rps:,.0f} rec/s, p99 {result.p99_ms:,.0f} ms{failed}",
+            highlight=False,
+        )
+
+
+def _tune_main(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from batchline.bench.loadgen import parse_loads
+    from batchline.bench.tune import DEFAULT_TUNE_LOAD, TuneOptions, measured_notes, run_tune
+
+    options = TuneOptions(
+        p99_budget_ms=args.p99_ms,
+        model=args.model,
+        tokenizer=args.tokenizer,
+        loads=parse_loads(args.load or [DEFAULT_TUNE_LOAD]),
+        budget_s=args.budget_s,
+        duration_s=args.duration,
+        inputs=args.inputs,
+        text_column=args.text_column,
+        lengths=args.lengths,
+        noise=args.noise,
+        seed=args.seed,
+    )
+    err = Console(stderr=True)
+
+    def say(text: str) -> None:
+        if not args.quiet:
+            err.print(text, highlight=False)
+
+    result, inputs = asyncio.run(run_tune(options, say))
+    decision = result.decision
+    table = Table(title=f"batchline tune: p99 budget {args.p99_ms:g} ms")
+    table.add_column("setting")
+    table.add_column("best rec/s within budget", justify="right")
+    table.add_column("at load", justify="right")
+    table.add_column("p99 ms there", justify="right")
+    table.add_column("lowest p99 ms", justify="right")
+    for trial in result.trials:
+        good = [p for p in trial.points if not p.failed and p.p99_ms <= args.p99_ms]
+        best = max(good, key=lambda p: p.achieved_rps, default=None)
+        lows = [p.p99_ms for p in trial.points if not p.failed]
+        chosen = decision.recommended is not None and decision.recommended.knobs == trial.knobs
+        table.add_row(
+            trial.label + (" *" if chosen else ""),
+            f"{best.achieved_rps:,.0f}" if best else "-",
+            best.point.label if best else "-",
+            f"{best.p99_ms:,.0f}" if best else "-",
+            f"{min(lows):,.0f}" if lows else "failed",
+            style="bold green" if chosen else None,
+        )
+    out = Console()
+    out.print(table)
+    out.print(decision.message, highlight=False)
+    if decision.recommended is None:
+        out.print("No config file written.")
+        return 1
+    notes = measured_notes(result, points=options.loads, model=args.model, inputs=inputs)
+    decision.recommended.knobs.dump(args.output, measured=notes)
+    point = decision.recommended.point.point
+    out.print(
+        f"Wrote {args.output}. Use it with: batchline run --config {args.output} | "
+        f"batchline serve --config {args.output}\n"
+        f"Check it: batchline bench --config {args.output} --load {point} --compare baseline",
+        highlight=False,
+    )
+    return 0

@@ -1,0 +1,544 @@
+"""``batchline tune``: search the batching knobs for the most throughput within a p99 budget.
+
+The search runs on the real model and the user's load shape, stage by stage, each stage
+keeping the best setting so far (the one with the most records/s at a load point whose p99 is
+within budget and where nothing failed; failing that, the lowest p99):
+
+1. the no-batching baseline (one shared session with every core, one record per call);
+2. how to split the cores: ``sessions x intra_op_threads`` (one batch in flight per session);
+3. ``target_batch_tokens``: 256, 512, 1024, 2048 padded tokens per call;
+4. one more batch in flight than sessions (``max_concurrent_batches``);
+5. holding records for company: ``min_batch_size`` / ``batch_timeout_s``.
+
+The winner and the baseline are then measured once more at their best load point; the
+verdict uses the mean throughput and the worse p99 of the two runs, and the spread between the
+runs widens the noise margin. Then :func:`decide` says one of three things: batching pays
+(write its knobs), batching does not pay within noise (write the baseline's), or nothing meets
+the budget at these loads (write nothing).
+
+    >>> result = await tune(measure, points=parse_load("closed:8,32,64"), p99_budget_ms=100,
+    ...                     budget_s=120, cores=2)
+    >>> result.decision.message
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from batchline._errors import InputError
+from batchline.bench.inputs import Lengths
+from batchline.bench.loadgen import LoadPoint, PointResult, parse_load
+from batchline.knobs import BASELINE, Knobs
+
+__all__ = [
+    "DEFAULT_NOISE",
+    "Candidate",
+    "Decision",
+    "Measure",
+    "Trial",
+    "TuneResult",
+    "best_under_budget",
+    "core_splits",
+    "decide",
+    "plan_duration",
+    "tune",
+    "within_budget",
+]
+
+#: Relative throughput difference treated as noise on a shared machine (FACTS: ±10-20%
+#: between runs; within one run less).
+DEFAULT_NOISE = 0.10
+
+TOKEN_BUDGETS = (256, 512, 1024, 2048)
+# (min_batch_size, batch_timeout_s): hold records briefly while a slot is free
+HOLDS = ((8, 0.002), (32, 0.01))
+
+# Per-trial cost beyond its load points (model load, tokenizing, warm-up), and per-point
+# cost beyond its duration (drain, bookkeeping), as used to plan the time budget.
+_TRIAL_OVERHEAD_S = 1.5
+_POINT_OVERHEAD = 1.25
+_MIN_DURATION_S = 0.5
+_MAX_DURATION_S = 10.0
+
+Verdict = Literal["batching", "baseline", "none"]
+
+
+class Measure(Protocol):
+    """Runs ``knobs`` at each of ``points`` for ``duration_s`` each; one result per point."""
+
+    def __call__(
+        self, label: str, knobs: Knobs, points: Sequence[LoadPoint], duration_s: float
+    ) -> Awaitable[list[PointResult]]: ...
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One setting, measured at every load point."""
+
+    label: str
+    knobs: Knobs
+    points: tuple[PointResult, ...]
+
+    @property
+    def is_baseline(self) -> bool:
+        return not self.knobs.batching
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One setting at one load point."""
+
+    label: str
+    knobs: Knobs
+    point: PointResult
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the tuner concluded, in numbers and in a sentence."""
+
+    verdict: Verdict
+    p99_budget_ms: float
+    noise: float
+    recommended: Candidate | None
+    best_batched: Candidate | None
+    best_baseline: Candidate | None
+    closest: Candidate | None
+    message: str
+
+
+@dataclass
+class TuneResult:
+    decision: Decision
+    trials: list[Trial]
+    duration_s: float
+    elapsed_s: float
+    skipped: list[str] = field(default_factory=list)
+
+
+def within_budget(point: PointResult, p99_budget_ms: float) -> bool:
+    """The point answered every request and its p99 is within the budget."""
+    return not point.failed and not math.isnan(point.p99_ms) and point.p99_ms <= p99_budget_ms
+
+
+def best_under_budget(
+    trials: Sequence[Trial], p99_budget_ms: float, *, baseline: bool | None = None
+) -> Candidate | None:
+    """The (setting, load point) with the most records/s within budget; ties: lower p99.
+
+    ``baseline=True``/``False`` restricts to baseline/batching trials.
+    """
+    best: Candidate | None = None
+    for trial in trials:
+        if baseline is not None and trial.is_baseline != baseline:
+            continue
+        for p in trial.points:
+            if not within_budget(p, p99_budget_ms):
+                continue
+            if (
+                best is None
+                or p.achieved_rps > best.point.achieved_rps
+                or (p.achieved_rps == best.point.achieved_rps and p.p99_ms < best.point.p99_ms)
+            ):
+                best = Candidate(trial.label, trial.knobs, p)
+    return best
+
+
+def _closest(trials: Sequence[Trial]) -> Candidate | None:
+    """The (setting, load point) with the lowest p99 among those that did not fail."""
+    pool = [
+        Candidate(t.label, t.knobs, p)
+        for t in trials
+        for p in t.points
+        if not p.failed and not math.isnan(p.p99_ms)
+    ]
+    return min(pool, key=lambda c: c.point.p99_ms, default=None)
+
+
+def _describe(c: Candidate) -> str:
+    return (
+        f"{c.point.achieved_rps:,.0f} rec/s with p99 {c.point.p99_ms:,.0f} ms "
+        f"at {c.point.point.label}"
+    )
+
+
+def decide(
+    trials: Sequence[Trial], p99_budget_ms: float, *, noise: float = DEFAULT_NOISE
+) -> Decision:
+    """The verdict on measured trials (pure: no timing, no I/O).
+
+    * ``batching``: the best batching setting within budget beats the baseline's best within
+      budget by more than ``noise`` (or the baseline meets the budget nowhere);
+    * ``baseline``: the baseline is as good within noise, or only the baseline meets the budget:
+      batching does not pay here;
+    * ``none``: no setting meets the budget at any load point.
+    """
+    batched = best_under_budget(trials, p99_budget_ms, baseline=False)
+    base = best_under_budget(trials, p99_budget_ms, baseline=True)
+    closest = _closest(trials)
+    budget = f"p99 <= {p99_budget_ms:g} ms"
+
+    def make(verdict: Verdict, recommended: Candidate | None, message: str) -> Decision:
+        return Decision(verdict, p99_budget_ms, noise, recommended, batched, base, closest, message)
+
+    if batched is None and base is None:
+        hint = (
+            f" The lowest p99 measured was {closest.point.p99_ms:,.0f} ms ({closest.label} at "
+            f"{closest.point.point.label})."
+            if closest is not None
+            else " Every load point had failed or unanswered requests."
+        )
+        return make(
+            "none",
+            None,
+            f"No setting meets {budget} at these loads.{hint} Raise --p99-ms, or tune at a "
+            "lower load (fewer clients, a lower rate).",
+        )
+    if batched is None:
+        assert base is not None
+        return make(
+            "baseline",
+            base,
+            f"Batching does not pay here: no batching setting meets {budget}, and the "
+            f"no-batching baseline does ({_describe(base)}). Keep batching off.",
+        )
+    if base is None:
+        return make(
+            "batching",
+            batched,
+            f"Recommended: {batched.label}, {_describe(batched)}. The no-batching baseline "
+            f"meets {budget} at none of these loads.",
+        )
+    ratio = (
+        batched.point.achieved_rps / base.point.achieved_rps
+        if base.point.achieved_rps
+        else math.inf
+    )
+    if ratio <= 1 + noise:
+        return make(
+            "baseline",
+            base,
+            f"Batching does not pay here: the no-batching baseline reaches {_describe(base)}; "
+            f"the best batching setting ({batched.label}) {_describe(batched)}, "
+            f"{ratio:.2f}x, within the {noise:.0%} noise of this machine. Keep batching off.",
+        )
+    return make(
+        "batching",
+        batched,
+        f"Recommended: {batched.label}, {_describe(batched)}: {ratio:.2f}x the no-batching "
+        f"baseline ({_describe(base)}).",
+    )
+
+
+def core_splits(cores: int) -> list[tuple[int, int]]:
+    """``(sessions, intra_op_threads)`` pairs using every core: 2 -> [(1, 2), (2, 1)]."""
+    if cores < 1:
+        raise ValueError(f"cores must be >= 1, got {cores}")
+    return [(s, cores // s) for s in range(1, min(cores, 8) + 1) if cores % s == 0]
+
+
+def baseline_knobs(cores: int) -> Knobs:
+    """The no-batching baseline on ``cores`` cores: one shared session with every core."""
+    return BASELINE.replace(intra_op_threads=cores)
+
+
+def planned_trials(cores: int) -> int:
+    """How many trials a full search runs (the baseline included)."""
+    return 1 + len(core_splits(cores)) + (len(TOKEN_BUDGETS) - 1) + 1 + len(HOLDS)
+
+
+def plan_duration(budget_s: float, trials: int, points: int) -> float:
+    """Seconds per load point so that ``trials`` trials of ``points`` points, plus two
+    confirmation points, fit in ``budget_s``; clamped to [0.5, 10]."""
+    usable = 0.9 * budget_s - trials * _TRIAL_OVERHEAD_S
+    per_point = usable / ((trials * points + 2) * _POINT_OVERHEAD)
+    return min(_MAX_DURATION_S, max(_MIN_DURATION_S, per_point))
+
+
+def _score(trial: Trial, p99_budget_ms: float) -> tuple[float, float]:
+    good = [p.achieved_rps for p in trial.points if within_budget(p, p99_budget_ms)]
+    p99s = [p.p99_ms for p in trial.points if not p.failed and not math.isnan(p.p99_ms)]
+    return (max(good) if good else -1.0, -min(p99s) if p99s else -math.inf)
+
+
+def _merge(first: PointResult, again: PointResult) -> PointResult:
+    """Two runs of one setting at one point: mean throughput, the worse latencies."""
+    return dataclasses.replace(
+        first,
+        duration_s=first.duration_s + again.duration_s,
+        sent=first.sent + again.sent,
+        completed=first.completed + again.completed,
+        errors=first.errors + again.errors,
+        unanswered=first.unanswered + again.unanswered,
+        achieved_rps=(first.achieved_rps + again.achieved_rps) / 2,
+        p50_ms=max(first.p50_ms, again.p50_ms),
+        p95_ms=max(first.p95_ms, again.p95_ms),
+        p99_ms=max(first.p99_ms, again.p99_ms),
+    )
+
+
+def _label(knobs: Knobs) -> str:
+    if not knobs.batching:
+        return "baseline"
+    label = (
+        f"{knobs.sessions}x{knobs.intra_op_threads} tokens={knobs.target_batch_tokens} "
+        f"inflight={knobs.max_concurrent_batches}"
+    )
+    if knobs.min_batch_size > 1:
+        label += f" hold={knobs.min_batch_size}/{knobs.batch_timeout_s * 1e3:g}ms"
+    return label
+
+
+async def tune(
+    measure: Measure,
+    *,
+    points: Sequence[LoadPoint],
+    p99_budget_ms: float,
+    budget_s: float = 120.0,
+    cores: int = 2,
+    noise: float = DEFAULT_NOISE,
+    duration_s: float | None = None,
+    progress: Callable[[str], None] | None = None,
+    now: Callable[[], float] = time.monotonic,
+    base_knobs: Knobs | None = None,
+) -> TuneResult:
+    """Search the knobs (see the module docstring) within about ``budget_s`` seconds.
+
+    ``measure`` runs one setting; tests pass a synthetic one with a fake ``now``. The baseline
+    and one batching setting always run, whatever the budget; later stages are skipped, with a
+    progress message, when the time left would not cover them.
+    """
+    if not p99_budget_ms > 0:
+        raise ValueError(f"p99_budget_ms must be > 0, got {p99_budget_ms}")
+    if not points:
+        raise ValueError("tune needs at least one load point")
+    say = progress or (lambda _text: None)
+    started = now()
+    deadline = started + budget_s
+    duration = duration_s or plan_duration(budget_s, planned_trials(cores), len(points))
+    trials: list[Trial] = []
+    by_knobs: dict[Knobs, Trial] = {}
+    skipped: list[str] = []
+    spent: list[float] = []
+    total = planned_trials(cores)
+
+    def confirm_reserve() -> float:
+        return 2 * duration * _POINT_OVERHEAD + _TRIAL_OVERHEAD_S
+
+    async def run(knobs: Knobs, *, must: bool = False) -> Trial | None:
+        if knobs in by_knobs:
+            return by_knobs[knobs]
+        label = _label(knobs)
+        expected = (sum(spent) / len(spent)) if spent else 0.0
+        if not must and now() + expected > deadline - confirm_reserve():
+            skipped.append(label)
+            say(f"time budget: skipping {label}")
+            return None
+        t0 = now()
+        say(f"[{len(trials) + 1}/{total}] {label} ...")
+        results = await measure(label, knobs, points, duration)
+        spent.append(now() - t0)
+        trial = Trial(label, knobs, tuple(results))
+        trials.append(trial)
+        by_knobs[knobs] = trial
+        rps, neg_p99 = _score(trial, p99_budget_ms)
+        verdict = f"best within budget {rps:,.0f} rec/s" if rps >= 0 else "no point within budget"
+        p99 = f"lowest p99 {-neg_p99:,.0f} ms" if math.isfinite(neg_p99) else "all points failed"
+        say(f"    {verdict}; {p99}; {max(0.0, deadline - now()):.0f} s left")
+        return trial
+
+    def best_of(candidates: Sequence[Trial | None]) -> Trial:
+        pool = [t for t in candidates if t is not None]
+        return max(pool, key=lambda t: _score(t, p99_budget_ms))
+
+    base_knobs = base_knobs or baseline_knobs(cores)
+    await run(base_knobs, must=True)
+    defaults = Knobs()
+    splits = core_splits(cores)
+    # the shipped defaults first: if the budget allows one batching trial, it is this one
+    ordered = sorted(
+        splits, key=lambda st: (st != (defaults.sessions, defaults.intra_op_threads), st)
+    )
+    stage: list[Trial | None] = []
+    for i, (sessions, threads) in enumerate(ordered):
+        knobs = defaults.replace(
+            sessions=sessions, intra_op_threads=threads, max_concurrent_batches=sessions
+        )
+        stage.append(await run(knobs, must=i == 0))
+    best = best_of(stage)
+    stage = [best]
+    stage += [
+        await run(best.knobs.replace(target_batch_tokens=tokens))
+        for tokens in TOKEN_BUDGETS
+        if tokens != best.knobs.target_batch_tokens
+    ]
+    best = best_of(stage)
+    stage = [best, await run(best.knobs.replace(max_concurrent_batches=best.knobs.sessions + 1))]
+    best = best_of(stage)
+    for min_size, timeout_s in HOLDS:
+        await run(best.knobs.replace(min_batch_size=min_size, batch_timeout_s=timeout_s))
+
+    # confirm: measure the winner and the baseline once more at their best points
+    decision = decide(trials, p99_budget_ms, noise=noise)
+    observed = 0.0
+    for candidate in (decision.best_batched, decision.best_baseline):
+        if candidate is None:
+            continue
+        say(f"confirming {candidate.label} at {candidate.point.point.label} ...")
+        (again,) = await measure(
+            candidate.label, candidate.knobs, [candidate.point.point], duration
+        )
+        first = candidate.point
+        if first.achieved_rps > 0 and again.achieved_rps > 0:
+            mean = (first.achieved_rps + again.achieved_rps) / 2
+            observed = max(observed, abs(first.achieved_rps - again.achieved_rps) / mean)
+        say(
+            f"    again: {again.achieved_rps:,.0f} rec/s, p99 {again.p99_ms:,.0f} ms "
+            f"(first: {first.achieved_rps:,.0f} rec/s, p99 {first.p99_ms:,.0f} ms)"
+        )
+        trial = by_knobs[candidate.knobs]
+        merged = tuple(_merge(p, again) if p is first else p for p in trial.points)
+        updated = Trial(trial.label, trial.knobs, merged)
+        trials[trials.index(trial)] = updated
+        by_knobs[candidate.knobs] = updated
+    decision = decide(trials, p99_budget_ms, noise=max(noise, observed))
+    return TuneResult(
+        decision=decision,
+        trials=trials,
+        duration_s=duration,
+        elapsed_s=now() - started,
+        skipped=skipped,
+    )
+
+
+def measured_notes(
+    result: TuneResult, *, points: Sequence[LoadPoint], **extra: Any
+) -> dict[str, Any]:
+    """The ``measured`` block written next to the knobs in the config file."""
+    d = result.decision
+    notes: dict[str, Any] = {
+        "verdict": d.verdict,
+        "p99_budget_ms": d.p99_budget_ms,
+        "loads": [str(p) for p in points],
+        "seconds_per_point": round(result.duration_s, 2),
+        "noise": round(d.noise, 3),
+    }
+    if d.recommended is not None:
+        p = d.recommended.point
+        notes.update(
+            load=str(p.point),
+            records_per_s=round(p.achieved_rps, 1),
+            p50_ms=round(p.p50_ms, 1),
+            p99_ms=round(p.p99_ms, 1),
+        )
+    if d.best_baseline is not None:
+        notes["baseline_records_per_s"] = round(d.best_baseline.point.achieved_rps, 1)
+        notes["baseline_p99_ms"] = round(d.best_baseline.point.p99_ms, 1)
+        notes["baseline_load"] = str(d.best_baseline.point.point)
+    notes.update(extra)
+    return notes
+
+
+# -- on the real model -----------------------------------------------------------------------
+
+
+@dataclass
+class TuneOptions:
+    """What ``batchline tune`` searches on."""
+
+    p99_budget_ms: float
+    model: str = "default"
+    tokenizer: Path | None = None
+    loads: list[LoadPoint] = field(default_factory=lambda: parse_load(DEFAULT_TUNE_LOAD))
+    budget_s: float = 120.0
+    duration_s: float | None = None
+    inputs: Path | None = None
+    text_column: str = "text"
+    lengths: Lengths | None = None
+    noise: float = DEFAULT_NOISE
+    seed: int = 0
+    cores: int | None = None
+
+
+DEFAULT_TUNE_LOAD = "closed:8,32,64"
+
+
+def available_cores() -> int:
+    """Cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+async def run_tune(
+    options: TuneOptions, progress: Callable[[str], None] | None = None
+) -> tuple[TuneResult, str]:
+    """Tune on the real model; returns the result and a description of the inputs."""
+    import asyncio
+
+    from batchline.bench.inputs import load_inputs
+    from batchline.bench.runner import measure as measure_config
+    from batchline.bench.targets import Configuration, ModelLoader
+
+    say = progress or (lambda _text: None)
+    if not options.p99_budget_ms > 0:
+        raise InputError(f"--p99-ms must be > 0, got {options.p99_budget_ms}")
+    if not options.budget_s > 0:
+        raise InputError(f"--budget-s must be > 0, got {options.budget_s}")
+    if options.duration_s is not None and not options.duration_s > 0:
+        raise InputError(f"--duration must be > 0 seconds, got {options.duration_s}")
+    if not options.noise >= 0:
+        raise InputError(f"--noise must be >= 0, got {options.noise}")
+    loader = ModelLoader(options.model, options.tokenizer)
+    tokenizer, _ = await asyncio.to_thread(loader.tokenizer)
+    inputs = await asyncio.to_thread(
+        load_inputs,
+        options.inputs,
+        lengths=options.lengths,
+        tokenizer=tokenizer,
+        text_column=options.text_column,
+        seed=options.seed,
+    )
+    say(f"inputs: {inputs.description}")
+    cores = options.cores or available_cores()
+
+    async def measure(
+        label: str, knobs: Knobs, points: Sequence[LoadPoint], duration_s: float
+    ) -> list[PointResult]:
+        config = Configuration.from_knobs(label, knobs)
+
+        def on_point(p: PointResult) -> None:
+            say(
+                f"    {p.point.label}: {p.achieved_rps:,.0f} rec/s, p99 {p.p99_ms:,.0f} ms"
+                + (f", {p.errors + p.unanswered} failed/unanswered" if p.failed else "")
+            )
+
+        return await measure_config(
+            config,
+            inputs.texts,
+            points,
+            duration_s=duration_s,
+            loader=loader,
+            seed=options.seed,
+            warmup_s=min(1.0, duration_s / 2),
+            on_point=on_point,
+        )
+
+    result = await tune(
+        measure,
+        points=options.loads,
+        p99_budget_ms=options.p99_budget_ms,
+        budget_s=options.budget_s,
+        cores=cores,
+        noise=options.noise,
+        duration_s=options.duration_s,
+        progress=say,
+    )
+    return result, inputs.description
