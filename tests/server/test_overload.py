@@ -252,3 +252,42 @@ async def test_shutdown_drains_queued_work() -> None:
         assert [r.status_code for r in responses] == [200] * 4
         assert not batcher.is_running
         assert batcher.stats.total_completed == 4
+
+
+async def test_trickled_body_times_out_with_408() -> None:
+    app = create_app(settings(request_timeout_s=0.2), load_model=lambda _s: FakeEmbedder())
+    async with app.router.lifespan_context(app):
+        never = asyncio.Event()
+        calls = 0
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                return {"type": "http.request", "body": b'{"input": ', "more_body": True}
+            await never.wait()  # the rest never comes
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": "/v1/embeddings",
+            "raw_path": b"/v1/embeddings",
+            "root_path": "",
+            "query_string": b"",
+            "headers": [(b"content-type", b"application/json")],
+            "client": ("127.0.0.1", 1234),
+            "server": ("t", 80),
+            "state": {},
+        }
+        await app(scope, receive, send)
+        assert sent[0]["type"] == "http.response.start"
+        assert sent[0]["status"] == 408
+        assert app.state.server.in_flight == 0

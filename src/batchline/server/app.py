@@ -84,6 +84,8 @@ Vector = np.ndarray[Any, np.dtype[np.float32]]
 
 # Paths that never need the API key nor count as work (probes and scrapes).
 _OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
+# A request still running after this long starts watching for its client's disconnect.
+_WATCH_AFTER_S = 0.02
 # Concurrent callers the baseline's single session accepts (more than the default executor
 # has threads, so the pool never limits it: the session is shared, not serialised).
 _BASELINE_CALLERS = 64
@@ -436,8 +438,9 @@ class _Gatekeeper:
 
     In order: API key (401), draining or not loaded (503), body size (413, on Content-Length
     and on the bytes actually read). It reads the body itself and hands it to the app in one
-    piece, then watches the connection: a client that disconnects has its request task
-    cancelled, which withdraws the request's queued records.
+    piece, then (once the request has lasted ``_WATCH_AFTER_S``) watches the connection: a
+    client that disconnects has its request task cancelled, which withdraws the request's
+    queued records.
     """
 
     def __init__(self, app: ASGIApp, state: ServerState) -> None:
@@ -512,21 +515,34 @@ class _Gatekeeper:
                 if declared > limit:
                     await _reply(scope, receive, send, too_large)
                     return
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return  # the client left before sending its body
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
+        first = await receive()
+        if first["type"] == "http.disconnect":
+            return  # the client left before sending its body
+        body = first.get("body", b"")
+        if len(body) > limit:
+            await _reply(scope, receive, send, too_large)
+            return
+        if first.get("more_body", False):
+            # a body in pieces: read the rest, bounded in size and in time (a client that
+            # trickles its body must not hold a slot forever)
+            try:
+                async with asyncio.timeout(self.state.settings.request_timeout_s):
+                    rest = await _read_rest(receive, limit - len(body))
+            except TimeoutError:
+                slow = error_response(
+                    408,
+                    "the request body did not arrive within request_timeout_s",
+                    "request_timeout",
+                    headers={"Connection": "close"},
+                )
+                await _reply(scope, receive, send, slow)
+                return
+            if rest is None:
+                return
+            if isinstance(rest, int):
                 await _reply(scope, receive, send, too_large)
                 return
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            body += rest
         scope["batchline.body"] = body
 
         delivered = False
@@ -555,7 +571,17 @@ class _Gatekeeper:
                 assert task is not None
                 task.cancel()
 
-        watcher = asyncio.get_running_loop().create_task(watch())
+        loop = asyncio.get_running_loop()
+        watcher: asyncio.Task[None] | None = None
+
+        def start_watching() -> None:
+            nonlocal watcher
+            if not finished:
+                watcher = loop.create_task(watch())
+
+        # Most requests are answered within milliseconds; watching them from the start would
+        # cost a task each. A timer is cheaper; the watch starts only if the request lasts.
+        timer = loop.call_later(_WATCH_AFTER_S, start_watching)
         try:
             await self.app(scope, replay, tracked_send)
         except asyncio.CancelledError:
@@ -567,7 +593,25 @@ class _Gatekeeper:
             raise
         finally:
             finished = True
-            watcher.cancel()
+            timer.cancel()
+            if watcher is not None:
+                watcher.cancel()
+
+
+async def _read_rest(receive: Receive, room: int) -> bytes | int | None:
+    """The rest of a body: bytes, or ``-1`` past ``room`` bytes, or ``None`` on disconnect."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
+        room -= len(chunk)
+        if room < 0:
+            return -1
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
 
 
 def _authorized(scope: Scope, key: bytes) -> bool:
