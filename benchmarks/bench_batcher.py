@@ -43,9 +43,7 @@ class TimeoutBatcher:
         self._fn = process_fn
         self._n = max_batch_size
         self._t = batch_timeout_s
-        self._queue: asyncio.Queue[tuple[Any, asyncio.Future[Any]]] = asyncio.Queue(
-            max_queue_size
-        )
+        self._queue: asyncio.Queue[tuple[Any, asyncio.Future[Any]]] = asyncio.Queue(max_queue_size)
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> TimeoutBatcher:

@@ -223,8 +223,10 @@ class RecordQueue(Generic[T]):
                     waste = (new_longest - e.cost) + n * (new_longest - longest)
                     if waste > self.padding_slack:
                         continue
-                    if best is None or waste < best_waste or (
-                        waste == best_waste and e.seq < best.seq
+                    if (
+                        best is None
+                        or waste < best_waste
+                        or (waste == best_waste and e.seq < best.seq)
                     ):
                         best, best_waste = e, waste
                 if best is not None:
