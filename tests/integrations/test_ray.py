@@ -277,7 +277,8 @@ class TestLocalRay:
 
 
 @pytest.fixture(scope="class")
-def two_nodes() -> Iterator[Any]:
+def two_nodes() -> Iterator[tuple[str, set[str]]]:
+    """A head (2 CPUs) and a worker node (2 CPUs) on this machine: (address, node ids)."""
     from ray.cluster_utils import Cluster
 
     with pytest.MonkeyPatch.context() as mp:
@@ -287,12 +288,8 @@ def two_nodes() -> Iterator[Any]:
             initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False}
         )
         try:
-            cluster.add_node(num_cpus=2)
-            ray.init(address=cluster.address, logging_level="WARNING")
-            try:
-                yield cluster
-            finally:
-                ray.shutdown()
+            worker = cluster.add_node(num_cpus=2)
+            yield cluster.address, {cluster.head_node.node_id, worker.node_id}
         finally:
             cluster.shutdown()
 
@@ -310,31 +307,38 @@ def _kill_once(pids: list[int]) -> Any:
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-@pytest.mark.usefixtures("two_nodes")
 class TestTwoNodes:
+    """``run_on_ray(address=...)`` connects to the running cluster and disconnects at the end."""
+
     def test_both_nodes_work_and_a_killed_replica_is_restarted(
-        self, dataset: Path, reference: Path, tmp_path: Path
+        self, two_nodes: tuple[str, set[str]], dataset: Path, reference: Path, tmp_path: Path
     ) -> None:
+        address, node_ids = two_nodes
         out = tmp_path / "out"
         killed: list[int] = []
         summary = run_on_ray(
-            _options(dataset, out), replicas=2, unit_records=UNIT, on_unit=_kill_once(killed)
+            _options(dataset, out),
+            address=address,
+            replicas=2,
+            unit_records=UNIT,
+            on_unit=_kill_once(killed),
         )
+        assert not ray.is_initialized()  # disconnected; the cluster itself runs on
         assert_same_output(out, reference)
-        node_ids = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
-        assert len(node_ids) == 2
         assert set(summary.nodes) == node_ids  # work landed on both nodes
         assert summary.replica_restarts >= 1  # Ray restarted the killed process
         assert killed
         assert not Path(f"/proc/{killed[0]}").exists()
 
     def test_a_replica_lost_for_good_has_its_units_sent_elsewhere(
-        self, dataset: Path, reference: Path, tmp_path: Path
+        self, two_nodes: tuple[str, set[str]], dataset: Path, reference: Path, tmp_path: Path
     ) -> None:
+        address, _ = two_nodes
         out = tmp_path / "out"
         killed: list[int] = []
         summary = run_on_ray(
             _options(dataset, out),
+            address=address,
             replicas=2,
             unit_records=UNIT,
             max_restarts=0,

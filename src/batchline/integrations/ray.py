@@ -236,13 +236,11 @@ def run_on_ray(
     if options.limit is not None and options.limit < 0:
         raise InputError(f"--limit must be >= 0, got {options.limit}")
     knobs = replica_knobs or default_replica_knobs(options.knobs)
-    cpus = (
-        float(knobs.sessions * knobs.intra_op_threads)
-        if cpus_per_replica is None
-        else (cpus_per_replica)
-    )
-    if cpus <= 0:
-        raise InputError(f"cpus_per_replica must be > 0, got {cpus}")
+    if cpus_per_replica is None:
+        cpus_per_replica = float(knobs.sessions * knobs.intra_op_threads)
+    if cpus_per_replica <= 0:
+        raise ValueError(f"cpus_per_replica must be > 0, got {cpus_per_replica}")
+    cpus = cpus_per_replica
     progress = progress or _Silent()
 
     input_path = options.input
