@@ -158,6 +158,7 @@ async def test_consecutive_failures_set_an_endpoint_aside_and_a_probe_brings_it_
     assert pool.states()[A] == "up"
     assert a.consecutive_failures == 0
     assert a.probes == 3
+    assert (a.times_set_aside, a.times_rejoined) == (1, 1)
     assert (await pool.acquire()).url == A  # nothing in flight there: it gets the next chunk
 
 

@@ -206,7 +206,11 @@ class DriveSummary:
         ]
         for ep in self.endpoints:
             errors = ", ".join(f"{k} {v}" for k, v in ep.errors.items()) or "no errors"
-            aside = f"; set aside {ep.times_set_aside}x" if ep.times_set_aside else ""
+            aside = (
+                f"; set aside {ep.times_set_aside}x, back {ep.times_rejoined}x"
+                if ep.times_set_aside
+                else ""
+            )
             rows.append((ep.url, f"{ep.requests:,} requests; {errors}{aside}"))
         if self.failed_total:
             rows.append(

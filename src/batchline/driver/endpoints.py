@@ -53,6 +53,7 @@ class Endpoint:
     successes: int = 0
     errors: Counter[str] = field(default_factory=Counter)
     times_set_aside: int = 0
+    times_rejoined: int = 0
     probes: int = 0
 
     def state(self, now: float) -> EndpointState:
@@ -69,6 +70,7 @@ class Endpoint:
             successes=self.successes,
             errors=dict(sorted(self.errors.items())),
             times_set_aside=self.times_set_aside,
+            times_rejoined=self.times_rejoined,
             probes=self.probes,
         )
 
@@ -82,6 +84,7 @@ class EndpointReport:
     successes: int
     errors: dict[str, int]
     times_set_aside: int
+    times_rejoined: int
     probes: int
 
     @property
@@ -272,6 +275,7 @@ class EndpointPool:
     def _rejoin(self, ep: Endpoint) -> None:
         ep.set_aside = False
         ep.consecutive_failures = 0
+        ep.times_rejoined += 1
         self._all_set_aside_since = None
         self._notify()
 
