@@ -133,6 +133,28 @@ async def test_a_throttling_replica_is_left_alone_while_the_other_works(
     np.testing.assert_array_equal(vectors, fake_vectors(items))
 
 
+@pytest.mark.anyio
+async def test_a_hung_request_times_out_and_is_retried(tmp_path: Path, procs: Procs) -> None:
+    server = procs.fake("--script", "hang")
+    server.wait_ready()
+    items = corpus(20)
+    src = write_jsonl(tmp_path / "in.jsonl", items)
+    summary = await drive_job(
+        DriveOptions(
+            input=src,
+            output=tmp_path / "out",
+            endpoints=[server.url],
+            chunk_size=10,
+            concurrency=1,
+            read_timeout_s=0.5,
+            backoff_base_s=0.01,
+        )
+    )
+    assert (summary.records, summary.retries) == (20, 1)
+    assert summary.endpoints[0].errors == {"timeout": 1}
+    np.testing.assert_array_equal(vectors_of(tmp_path / "out")[1], fake_vectors(items))
+
+
 # -- real replicas ---------------------------------------------------------------------------
 
 N_RECORDS = 1500
@@ -336,3 +358,25 @@ def test_the_cli_exit_codes(
     assert "--chunk-size must be >= 1" in capsys.readouterr().err
     assert main([*base[:2], "--endpoint", "localhost:8000", "--quiet"]) == 2
     assert "not an http(s) URL" in capsys.readouterr().err
+
+
+@pytest.mark.anyio
+async def test_the_generate_route_of_a_real_replica(
+    tmp_path: Path, keyed_server: Proc, shared_input: Path, reference: np.ndarray
+) -> None:
+    summary = await drive_job(
+        DriveOptions(
+            input=shared_input,
+            output=tmp_path / "out",
+            endpoints=[keyed_server.url + "/generate"],  # a route path in the URL is dropped
+            api_key=API_KEY,
+            route="generate",
+            limit=40,
+            chunk_size=16,
+        )
+    )
+    assert (summary.records, summary.exit_code) == (40, 0)
+    table = read_output(tmp_path / "out")
+    assert table.column("index").to_pylist() == list(range(40))
+    results = np.array(table.column("result").to_pylist(), dtype=np.float32)
+    np.testing.assert_allclose(results, reference[:40], atol=1e-5)
