@@ -126,3 +126,17 @@ def test_cli_errors_are_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFi
     assert "--tokenizer" in capsys.readouterr().err
     assert main(["serve", "--max-queue", "0"]) == 2
     assert "max_queue_size" in capsys.readouterr().err
+
+
+def test_a_tuned_knobs_file_is_a_server_config(tmp_path: Path) -> None:
+    from batchline.knobs import Knobs
+
+    path = tmp_path / "tuned.json"
+    Knobs(target_batch_tokens=1024, max_concurrent_batches=3, sessions=2).dump(
+        path, comment="from batchline tune", measured={"rps": 1000}
+    )
+    s = ServerSettings.from_file(path)
+    assert s.target_batch_tokens == 1024
+    assert s.max_concurrent_batches == 3
+    assert s.sessions == 2
+    assert s.max_queue_size == 5000

@@ -86,9 +86,6 @@ Vector = np.ndarray[Any, np.dtype[np.float32]]
 _OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
 # A request still running after this long starts watching for its client's disconnect.
 _WATCH_AFTER_S = 0.02
-# Concurrent callers the baseline's single session accepts (more than the default executor
-# has threads, so the pool never limits it: the session is shared, not serialised).
-_BASELINE_CALLERS = 64
 
 
 class EmbeddingModel(Protocol):
@@ -222,13 +219,17 @@ class BatchedModel(ServedModel):
         self, name: str, embedder: EmbeddingModel, settings: ServerSettings, metrics: ModelMetrics
     ) -> None:
         super().__init__(name, embedder, settings, metrics)
-        sessions = getattr(getattr(embedder, "model", None), "sessions", settings.sessions)
+        slots = settings.max_concurrent_batches
+        if slots is None:  # one batch in flight per session
+            slots = getattr(getattr(embedder, "model", None), "sessions", settings.sessions)
         self._batcher: TokenBatcher[_Job, Vector] = TokenBatcher(
             self._process,
             target_batch_tokens=settings.target_batch_tokens,
             max_batch_size=settings.max_batch_size,
             max_queue_size=settings.max_queue_size,
-            max_concurrent_batches=int(sessions),
+            max_concurrent_batches=int(slots),
+            min_batch_size=min(settings.min_batch_size, settings.max_batch_size),
+            batch_timeout_s=settings.batch_timeout_s,
             name=f"serve-{name}",
         )
 
@@ -352,16 +353,14 @@ def load_embedder(settings: ServerSettings) -> EmbeddingModel:
             spinning=settings.spinning,
         )
     else:
-        single = OnnxModel.load(
+        # one session that every request calls at once, none waiting for another
+        model = OnnxModel.load(
             model_path,
             sessions=1,
             intra_op_threads=settings.baseline_intra_op_threads,
             spinning=settings.spinning,
+            shared=True,
         )
-        with single.session() as session:
-            pass
-        # the same session many times over: concurrent calls share it, none waits for it
-        model = OnnxModel(single.path, [session] * _BASELINE_CALLERS, providers=single.providers)
     tokenizer, pad_id = load_tokenizer(tokenizer_path, max_length=max_length)
     return Embedder(model, tokenizer, pad_id=pad_id)
 

@@ -1,10 +1,10 @@
 """``ServerSettings``: every knob of ``batchline serve`` in one pydantic model.
 
 The same model backs the command-line flags, the ``--config`` file (TOML or JSON, flat keys,
-see :func:`load_config`) and the tuner, which writes its choice with
-:meth:`ServerSettings.write`. Flags given on the command line win over the file; the API key
-comes from ``--api-key``, the file, or the ``BATCHLINE_API_KEY`` environment variable, and is
-never written out or logged.
+see :func:`load_config`) and the tuner: a file from ``batchline tune`` (``batchline.knobs``)
+is a valid config, and :meth:`ServerSettings.write` writes one. Flags given on the command
+line win over the file; the API key comes from ``--api-key``, the file, or the
+``BATCHLINE_API_KEY`` environment variable, and is never written out or logged.
 
 Example::
 
@@ -33,6 +33,9 @@ __all__ = ["API_KEY_ENV", "ServerSettings", "load_config"]
 #: Environment variable read for the API key when none is given otherwise.
 API_KEY_ENV = "BATCHLINE_API_KEY"
 
+# Free-form keys a tuned config file may carry next to the settings.
+_NOTE_KEYS = ("comment", "measured")
+
 
 class ServerSettings(BaseModel):
     """Everything ``batchline serve`` can be told; shared by flags, config file and tuner.
@@ -52,6 +55,9 @@ class ServerSettings(BaseModel):
         sessions, intra_op_threads: ONNX Runtime sessions (one per batch in flight) and the
             threads each uses.
         target_batch_tokens, max_batch_size: a batch's padded-token budget and row cap.
+        max_concurrent_batches: batches in flight at once (default: one per session).
+        min_batch_size, batch_timeout_s: hold records while a slot is free until
+            ``min_batch_size`` are queued, at most ``batch_timeout_s`` (default: never hold).
         max_queue_size: records queued at most; beyond it requests get 429 at once.
 
     Requests:
@@ -88,6 +94,12 @@ class ServerSettings(BaseModel):
     # 512 padded tokens per call: MiniLM's throughput peaks around 256-1,024.
     target_batch_tokens: int = Field(default=512, ge=1)
     max_batch_size: int = Field(default=64, ge=1)
+    # Batches in flight at once (default: one per session).
+    max_concurrent_batches: int | None = Field(default=None, ge=1, le=256)
+    # Hold records while a slot is free until this many are queued (1: never hold)...
+    min_batch_size: int = Field(default=1, ge=1)
+    # ...but no longer than this.
+    batch_timeout_s: float = Field(default=0.05, ge=0)
     # About two seconds of work at full speed on 2 cores; more only adds latency before 429.
     max_queue_size: int = Field(default=2048, ge=1)
     # The baseline (batching=False): one session with this many threads, texts run in chunks.
@@ -113,7 +125,7 @@ class ServerSettings(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> ServerSettings:
-        for name in ("request_timeout_s", "drain_timeout_s"):
+        for name in ("request_timeout_s", "drain_timeout_s", "batch_timeout_s"):
             if not math.isfinite(getattr(self, name)):
                 raise ValueError(f"{name} must be a finite number of seconds")
         if self.batching and self.max_inputs_per_request > self.max_queue_size:
@@ -201,6 +213,9 @@ def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise InputError(f"config file {p} is neither valid TOML nor JSON: {exc}") from None
     if not isinstance(data, dict):
         raise InputError(f"config file {p} must hold a table of settings, got {type(data)}")
+    # notes that `batchline tune` writes beside the knobs (batchline.knobs.Knobs.dump)
+    for note in _NOTE_KEYS:
+        data.pop(note, None)
     if isinstance(data.get("server"), dict):
         data = {**{k: v for k, v in data.items() if k != "server"}, **data["server"]}
     return data
