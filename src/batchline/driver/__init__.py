@@ -6,9 +6,12 @@
 - ``batchline.driver.client``: ``ReplicaClient``, one HTTP attempt and its verdict.
 - ``batchline.driver.retry``: ``Backoff`` (full jitter) and ``parse_retry_after``.
 
-    >>> from batchline.driver import DriveOptions, drive
-    >>> summary = drive(DriveOptions(input=Path("docs.jsonl"),
-    ...                              endpoints=["http://127.0.0.1:8000"]))
+    >>> from batchline.driver import DriveOptions, drive_job
+    >>> summary = await drive_job(DriveOptions(input=Path("docs.jsonl"),
+    ...                                        endpoints=["http://127.0.0.1:8000"]))
+
+(The sync ``drive(options)`` lives in ``batchline.driver.drive``: the package's attribute
+``drive`` is that submodule.)
 
 The names below are imported on first use, so ``batchline --help`` (which imports
 ``batchline.driver.cli``) needs neither httpx nor pyarrow.
@@ -21,13 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from batchline.driver.client import ReplicaClient, Reply
-    from batchline.driver.drive import (
-        DriveOptions,
-        DriveSummary,
-        drive,
-        drive_job,
-        read_failures,
-    )
+    from batchline.driver.drive import DriveOptions, DriveSummary, drive_job, read_failures
     from batchline.driver.endpoints import EndpointPool, EndpointReport
     from batchline.driver.retry import Backoff, parse_retry_after
 
@@ -39,7 +36,6 @@ __all__ = [
     "EndpointReport",
     "ReplicaClient",
     "Reply",
-    "drive",
     "drive_job",
     "parse_retry_after",
     "read_failures",
@@ -54,7 +50,6 @@ _HOME = {
     "Reply": "client",
     "DriveOptions": "drive",
     "DriveSummary": "drive",
-    "drive": "drive",
     "drive_job": "drive",
     "read_failures": "drive",
 }

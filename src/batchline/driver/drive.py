@@ -112,10 +112,17 @@ class DriveOptions:
     max_retry_after_s: float = 120.0
     encoding: Encoding = "base64"
 
+    def __post_init__(self) -> None:
+        self.check()
+
     def check(self) -> None:
-        """Raise ``InputError`` naming the first unusable setting."""
+        """Raise ``InputError`` naming the first unusable setting (run again by ``drive_job``,
+        as fields may have been changed since construction)."""
         if not self.endpoints:
             raise InputError("give at least one --endpoint URL")
+        urls = [normalize_endpoint(u) for u in self.endpoints]
+        if len(set(urls)) != len(urls):
+            raise InputError(f"--endpoint repeats a URL: {urls}")
         for name in ("chunk_size", "output_chunk_size", "concurrency", "max_attempts"):
             value = getattr(self, name)
             if value < 1:
@@ -327,8 +334,6 @@ async def drive_job(
     """
     options.check()
     urls = [normalize_endpoint(u) for u in options.endpoints]
-    if len(set(urls)) != len(urls):
-        raise InputError(f"--endpoint repeats a URL: {urls}")
     progress = progress or _Silent()
     route = ROUTES[options.route]
     if isinstance(route, EmbeddingsRoute) and route.encoding != options.encoding:

@@ -1,0 +1,83 @@
+"""``batchline drive``'s parser, its imports, and the summary it prints."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from batchline.cli import build_parser
+from batchline.driver.drive import DriveSummary
+from batchline.driver.endpoints import EndpointReport
+
+
+def test_the_cli_module_imports_only_the_standard_library() -> None:
+    code = (
+        "import sys, batchline.driver, batchline.driver.cli\n"
+        "heavy = {'httpx', 'pyarrow', 'numpy', 'rich'} & set(sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_parser_s_defaults() -> None:
+    args = build_parser().parse_args(["drive", "in.jsonl", "--endpoint", "http://h:1"])
+    assert args.input == Path("in.jsonl")
+    assert args.endpoints == ["http://h:1"]
+    assert (args.chunk_size, args.concurrency, args.max_attempts) == (50, 10, 8)
+    assert (args.connect_timeout_s, args.read_timeout_s) == (10.0, 120.0)
+    assert (args.route, args.on_bad_record, args.encoding) == ("embeddings", "fail", "base64")
+    args = build_parser().parse_args(
+        ["drive", "x.csv", "--endpoint", "http://a", "--endpoint", "http://b", "--resume"]
+    )
+    assert args.endpoints == ["http://a", "http://b"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["drive", "in.jsonl"],  # no endpoint
+        ["drive", "in.jsonl", "--endpoint", "http://h", "--resume", "--overwrite"],
+        ["drive", "in.jsonl", "--endpoint", "http://h", "--route", "chat"],
+    ],
+)
+def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(argv)
+    assert exc.value.code == 2
+    capsys.readouterr()
+
+
+def test_an_unknown_package_attribute_is_an_attribute_error() -> None:
+    import batchline.driver
+
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        _ = batchline.driver.nope
+
+
+def test_the_summary_rows_name_each_endpoint_and_the_failures() -> None:
+    summary = DriveSummary(
+        output=Path("out"),
+        route="embeddings",
+        records=90,
+        failed=10,
+        skipped=0,
+        already_done=0,
+        total_records=100,
+        failed_total=10,
+        wall_s=2.0,
+        requests=12,
+        retries=2,
+        endpoints=(
+            EndpointReport("http://a", 7, 5, {"connect": 2}, 1, 1, 3),
+            EndpointReport("http://b", 5, 5, {}, 0, 0, 0),
+        ),
+    )
+    rows = dict(summary.rows())
+    assert rows["records/s"] == "45.0"
+    assert rows["http://a"] == "7 requests; connect 2; set aside 1x, back 1x"
+    assert rows["http://b"] == "5 requests; no errors"
+    assert rows["FAILED records (all runs)"] == "10: see _failures.jsonl"
+    assert summary.exit_code == 1
