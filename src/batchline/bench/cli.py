@@ -166,7 +166,7 @@ def _bench_main(args: argparse.Namespace) -> int:
     progress = None if args.quiet else _BenchProgress(err)
     result = run_bench(options, progress)
     files = write_report(result, args.output)
-    print_table(result.points, Console(), title="batchline bench")
+    print_table(result.points, title="batchline bench")
     err.print(f"report: {files['report']}")
     return 0
 
@@ -237,6 +237,8 @@ def _tune_main(args: argparse.Namespace) -> int:
             style="bold green" if chosen else None,
         )
     out = Console()
+    if not out.is_terminal:
+        out = Console(width=130)  # a pipe gets 80 columns by default
     out.print(table)
     out.print(decision.message, highlight=False)
     if decision.recommended is None:
@@ -244,11 +246,24 @@ def _tune_main(args: argparse.Namespace) -> int:
         return 1
     notes = measured_notes(result, points=options.loads, model=args.model, inputs=inputs)
     decision.recommended.knobs.dump(args.output, measured=notes)
-    point = decision.recommended.point.point
     out.print(
         f"Wrote {args.output}. Use it with: batchline run --config {args.output} | "
-        f"batchline serve --config {args.output}\n"
-        f"Check it: batchline bench --config {args.output} --load {point} --compare baseline",
+        f"batchline serve --config {args.output}\nCheck it: {_check_command(args, decision)}",
         highlight=False,
     )
     return 0
+
+
+def _check_command(args: argparse.Namespace, decision: Any) -> str:
+    """The ``batchline bench`` command that re-measures the recommendation on the same inputs."""
+    argv = ["batchline", "bench", "--config", str(args.output)]
+    argv += ["--load", str(decision.recommended.point.point), "--compare", "baseline"]
+    if args.model != "default":
+        argv += ["--model", args.model, "--tokenizer", str(args.tokenizer)]
+    if args.inputs is not None:
+        argv += ["--inputs", str(args.inputs), "--text-column", args.text_column]
+    if args.lengths is not None:
+        argv += ["--lengths", args.lengths]
+    if args.seed:
+        argv += ["--seed", str(args.seed)]
+    return shlex.join(argv)

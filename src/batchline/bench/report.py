@@ -137,7 +137,8 @@ def render_markdown(result: BenchResult, plots: Sequence[str] = ()) -> str:
         "# batchline bench",
         "",
         f"Model **{result.model}**, target **{result.target}**; "
-        f"{result.duration_s:g} s per load point (after a warm-up per configuration); "
+        f"{result.duration_s:g} s per load point, configurations interleaved at each point "
+        "(after a warm-up of each); "
         f"the whole run took {result.elapsed_s:.0f} s.",
         "",
     ]

@@ -4,18 +4,20 @@
     >>> result = run_bench(BenchOptions(loads=parse_load("closed:1,8,32"), duration_s=5))
     >>> write_report(result, Path("report"))      # batchline.bench.report
 
-Configurations run one after another; each is warmed up first (untimed), then driven at each
-load point with the same texts and, for open loops, the same arrival schedule.
+All configurations are started (and warmed up, untimed) first; then at each load point they
+run back to back, with the same texts and, for open loops, the same arrival schedule.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import platform
 import sys
 import time
+import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +25,7 @@ from typing import Any, Protocol
 
 from batchline._errors import InputError
 from batchline.bench.inputs import Inputs, Lengths, load_inputs
-from batchline.bench.loadgen import LoadPoint, PointResult, parse_load, run_point
+from batchline.bench.loadgen import LoadPoint, PointResult, Target, parse_load, run_point
 from batchline.bench.targets import (
     Configuration,
     ModelLoader,
@@ -175,6 +177,12 @@ def environment() -> dict[str, str]:
     return env
 
 
+async def warm_up(target: Target, points: Sequence[LoadPoint], seconds: float) -> None:
+    """Untimed load, so the first point does not pay for first calls (allocations, caches)."""
+    clients = max([int(p.value) for p in points if p.kind == "closed"] + [8])
+    await run_point(target, LoadPoint("closed", min(clients, 32)), duration_s=seconds)
+
+
 async def measure(
     config: Configuration,
     texts: Sequence[str],
@@ -190,8 +198,7 @@ async def measure(
     results: list[PointResult] = []
     async with open_target(config, texts, loader) as target:
         if warmup_s > 0:
-            warm_clients = max([int(p.value) for p in points if p.kind == "closed"] + [8])
-            await run_point(target, LoadPoint("closed", min(warm_clients, 32)), duration_s=warmup_s)
+            await warm_up(target, points, warmup_s)
         for point in points:
             result = await run_point(
                 target, point, duration_s=duration_s, config=config.name, seed=seed
@@ -211,7 +218,8 @@ def configurations(options: BenchOptions) -> list[Configuration]:
                 "start it with 'batchline serve --config F' and pass its URL to --target"
             )
         url = embeddings_url(options.target)
-        return [Configuration(url, "http", url=url, description=f"server at {url}")]
+        name = f"server {urllib.parse.urlsplit(url).netloc}"
+        return [Configuration(name, "http", url=url, description=f"POST {url}, one text each")]
     configs = reference_configurations(options.compare)
     seen = {c.name for c in configs}
     for path in options.configs:
@@ -252,20 +260,29 @@ async def run_bench_async(options: BenchOptions, progress: Progress | None = Non
         points.append(result)
         progress.point_done(result, len(points), total)
 
-    for config in configs:
-        progress.message(f"{config.name}: {config.description}")
-        await measure(
-            config,
-            inputs.texts,
-            options.loads,
-            duration_s=options.duration_s,
-            loader=loader,
-            seed=options.seed,
-            warmup_s=options.warmup_s,
-            on_point=on_point,
-        )
-        if loader is not None:
-            loader.release()
+    # Every configuration stays up for the whole run and the load points are interleaved:
+    # at each point all configurations run back to back, so a neighbour's job that slows
+    # the shared machine for a while hits them alike instead of one of them.
+    async with contextlib.AsyncExitStack() as stack:
+        targets: list[Target] = []
+        for config in configs:
+            progress.message(f"{config.name}: {config.description}")
+            targets.append(
+                await stack.enter_async_context(open_target(config, inputs.texts, loader))
+            )
+            if options.warmup_s > 0:
+                await warm_up(targets[-1], options.loads, options.warmup_s)
+        for point in options.loads:
+            for config, target in zip(configs, targets, strict=True):
+                on_point(
+                    await run_point(
+                        target,
+                        point,
+                        duration_s=options.duration_s,
+                        config=config.name,
+                        seed=options.seed,
+                    )
+                )
     return BenchResult(
         configurations=configs,
         points=points,
