@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from batchline.cli import build_parser
+from batchline.cli import build_parser, main
 from batchline.driver.drive import DriveSummary
 from batchline.driver.endpoints import EndpointReport
 
@@ -81,3 +83,22 @@ def test_the_summary_rows_name_each_endpoint_and_the_failures() -> None:
     assert rows["http://b"] == "5 requests; no errors"
     assert rows["FAILED records (all runs)"] == "10: see _failures.jsonl"
     assert summary.exit_code == 1
+
+
+def test_with_nothing_listening_the_drive_says_so_and_stops_resumably(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with socket.socket() as s:  # a port nobody listens on: connections are refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"text": f"t{i}"}) + "\n" for i in range(5)))
+    argv = ["drive", str(src), "--endpoint", f"http://127.0.0.1:{port}", "--quiet"]
+    argv += ["-o", str(tmp_path / "out"), "--give-up-after-s", "0.5"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"http://127.0.0.1:{port}: set aside after 3 failures in a row (last: connect)" in err
+    assert "every endpoint is set aside: waiting up to 0.5 s" in err
+    assert "no endpoint has been ready for 0.5 s" in err
+    assert "--resume" in err
+    assert (tmp_path / "out" / "_manifest.json").exists()

@@ -114,7 +114,7 @@ async def test_a_retry_avoids_the_endpoint_it_failed_on_when_it_can(
 
 
 async def test_consecutive_failures_set_an_endpoint_aside_and_a_probe_brings_it_back(
-    clock: ManualClock, prober: Prober, pool: EndpointPool
+    clock: ManualClock, prober: Prober, pool: EndpointPool, caplog: pytest.LogCaptureFixture
 ) -> None:
     for _ in range(2):
         ep = await pool.acquire(avoid=None)
@@ -159,6 +159,10 @@ async def test_consecutive_failures_set_an_endpoint_aside_and_a_probe_brings_it_
     assert a.consecutive_failures == 0
     assert a.probes == 3
     assert (a.times_set_aside, a.times_rejoined) == (1, 1)
+    assert [r.getMessage() for r in caplog.records if r.name == "batchline.driver"] == [
+        "http://a: set aside after 3 failures in a row (last: connect); probing GET /ready",
+        "http://a: ready again after 3 probe(s); sending to it",
+    ]
     assert (await pool.acquire()).url == A  # nothing in flight there: it gets the next chunk
 
 

@@ -12,6 +12,7 @@ or the job could not go on (wrong URL or key, no endpoint ready in time: rerun w
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -132,9 +133,15 @@ def _main(args: argparse.Namespace) -> int:
     )
     console = Console(stderr=True)
     bar = _Bar(console) if not args.quiet and console.is_terminal else None
+    handler = _StderrHandler()
+    driver_log = logging.getLogger("batchline.driver")
+    driver_log.addHandler(handler)
+    if driver_log.level == logging.NOTSET:
+        driver_log.setLevel(logging.WARNING)
     try:
         summary = drive(options, bar)
     finally:
+        driver_log.removeHandler(handler)
         if bar is not None:
             bar.close()
     table = Table(title="batchline drive", show_header=False)
@@ -150,6 +157,17 @@ def _main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return summary.exit_code
+
+
+class _StderrHandler(logging.Handler):
+    """Endpoint events (set aside, back) as lines on stderr, found at each call: a running
+    progress bar has replaced ``sys.stderr`` with a proxy that prints above the bar."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            print(f"batchline drive: {record.getMessage()}", file=sys.stderr)
+        except Exception:
+            self.handleError(record)
 
 
 class _Bar:

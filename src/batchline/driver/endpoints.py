@@ -23,6 +23,7 @@ Time comes from a ``Clock`` and randomness from ``rng``: tests drive every rule 
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -35,6 +36,8 @@ from batchline._errors import BatchlineError
 from batchline.driver.retry import Backoff, sleep
 
 __all__ = ["Endpoint", "EndpointPool", "EndpointReport", "EndpointState"]
+
+logger = logging.getLogger("batchline.driver")
 
 EndpointState = Literal["up", "cooling", "set aside"]
 Probe = Callable[[str], Awaitable[bool]]
@@ -257,16 +260,26 @@ class EndpointPool:
         if endpoint_fault:
             ep.consecutive_failures += 1
             if ep.consecutive_failures >= self._failures_to_set_aside and not ep.set_aside:
-                self._set_aside(ep)
+                self._set_aside(ep, kind)
         else:
             ep.consecutive_failures = 0  # it answered: alive, whatever it thought of the chunk
         self._notify()
 
-    def _set_aside(self, ep: Endpoint) -> None:
+    def _set_aside(self, ep: Endpoint, kind: str) -> None:
         ep.set_aside = True
         ep.times_set_aside += 1
+        logger.warning(
+            "%s: set aside after %d failures in a row (last: %s); probing GET /ready",
+            ep.url,
+            ep.consecutive_failures,
+            kind,
+        )
         if all(e.set_aside for e in self.endpoints) and self._all_set_aside_since is None:
             self._all_set_aside_since = self._clock.now()
+            logger.warning(
+                "every endpoint is set aside: waiting up to %g s for one to be ready",
+                self._give_up_after_s,
+            )
         if not self._closed:
             self._probers[ep] = asyncio.get_running_loop().create_task(
                 self._probe_until_ready(ep), name=f"probe {ep.url}"
@@ -277,6 +290,7 @@ class EndpointPool:
         ep.consecutive_failures = 0
         ep.times_rejoined += 1
         self._all_set_aside_since = None
+        logger.warning("%s: ready again after %d probe(s); sending to it", ep.url, ep.probes)
         self._notify()
 
     async def _probe_until_ready(self, ep: Endpoint) -> None:
