@@ -147,6 +147,15 @@ def test_settings_errors_need_no_cluster(dataset: Path, tmp_path: Path) -> None:
     assert not ray.is_initialized()
 
 
+def test_an_address_nobody_listens_on_fails_fast_and_writes_nothing(
+    dataset: Path, tmp_path: Path
+) -> None:
+    with pytest.raises(InputError, match=r"cannot connect to a Ray cluster at 127\.0\.0\.1:1"):
+        run_on_ray(_options(dataset, tmp_path / "out"), address="127.0.0.1:1")
+    assert not (tmp_path / "out").exists()
+    assert not ray.is_initialized()
+
+
 def test_address_without_engine_ray_is_a_one_line_error(
     dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -31,6 +31,7 @@ import contextlib
 import logging
 import math
 import os
+import socket
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -241,6 +242,8 @@ def run_on_ray(
     if cpus_per_replica <= 0:
         raise ValueError(f"cpus_per_replica must be > 0, got {cpus_per_replica}")
     cpus = cpus_per_replica
+    if address is not None and not ray.is_initialized():
+        _check_reachable(address)  # before the output directory is created
     progress = progress or _Silent()
 
     input_path = options.input
@@ -683,3 +686,17 @@ class _Job:
                     round_trip_s=round_trip,
                 )
             )
+
+
+def _check_reachable(address: str) -> None:
+    """Fail fast on a HOST:PORT nobody listens on: Ray itself retries for minutes."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "://" in address:
+        return  # "auto", a URL: left to Ray
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=10).close()
+    except OSError as exc:
+        raise InputError(
+            f"cannot connect to a Ray cluster at {address}: {exc.strerror or exc}; start its "
+            "head node with 'ray start --head --port=PORT', or check the address"
+        ) from None
