@@ -7,7 +7,8 @@ and the same table printed in the terminal.
 
 Plots (one per load kind present, closed and/or open): achieved throughput against offered
 load, and p99 latency against offered load (log scale), one line per configuration.
-Matplotlib runs on its Agg backend: no display needed.
+Plots are drawn on bare matplotlib ``Figure`` objects (Agg), never through pyplot: no display
+needed, and the caller's matplotlib backend is left alone.
 """
 
 from __future__ import annotations
@@ -175,9 +176,7 @@ def render_markdown(result: BenchResult, plots: Sequence[str] = ()) -> str:
 
 
 def _plot(result: BenchResult, kind: LoadKind, metric: str, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
+    # a bare Figure renders through Agg without pyplot: no display, no global backend change
     from matplotlib.figure import Figure
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
