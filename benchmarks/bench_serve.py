@@ -19,6 +19,10 @@ Usage::
     python benchmarks/bench_serve.py --config tuned.toml   # batchline knobs from a file
     python benchmarks/bench_serve.py --pin split           # server on CPU 1, loadgen on CPU 0
 
+Before each point the bench waits (up to ``--quiet-patience-s``) until the rest of the machine
+uses under ``--quiet-cores`` cores, and prints what it saw: on a shared machine, points taken
+while others run are not comparable to quiet ones.
+
 ``--pin`` (default ``none``): on a 2-core machine, pinning the server to one core halves the
 model's cores, so by default nothing is pinned and the load generator's CPU is reported
 (``wrk`` uses a few percent of a core at these rates).
@@ -200,6 +204,7 @@ class Point:
     server_cpu: float = 0.0  # cores used by the server process
     loadgen_cpu: float = 0.0  # cores used by the load generator
     avg_batch: float = 0.0
+    background: float = 0.0  # cores busy elsewhere on the machine just before the point
 
     @property
     def rps(self) -> float:
@@ -352,6 +357,33 @@ class Result:
         return pts[len(pts) // 2]
 
 
+def busy_cores(seconds: float = 1.0) -> float:
+    """Cores busy on the whole machine over ``seconds`` (from /proc/stat)."""
+
+    def sample() -> tuple[int, int]:
+        parts = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+        values = [int(x) for x in parts]
+        idle = values[3] + values[4]
+        return sum(values[:8]), idle
+
+    total0, idle0 = sample()
+    time.sleep(seconds)
+    total1, idle1 = sample()
+    total = total1 - total0
+    return (os.cpu_count() or 1) * (1 - (idle1 - idle0) / total) if total else 0.0
+
+
+def wait_for_quiet(limit: float, patience_s: float) -> float:
+    """Wait (at most ``patience_s``) until other processes use under ``limit`` cores; return
+    the background load seen last."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        load = busy_cores()
+        if load <= limit or time.monotonic() >= deadline:
+            return load
+        time.sleep(2.0)
+
+
 def measure(
     server: Server,
     conc: int,
@@ -435,6 +467,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--server-args", default="", help="extra flags for the batchline server")
     p.add_argument("--pin", choices=["none", "split"], default="none")
     p.add_argument("--loadgen", choices=["auto", "wrk", "asyncio"], default="auto")
+    p.add_argument(
+        "--quiet-cores",
+        type=float,
+        default=0.3,
+        help="before each point, wait until other processes use at most this many cores",
+    )
+    p.add_argument(
+        "--quiet-patience-s", type=float, default=60.0, help="...but no longer than this"
+    )
     p.add_argument("--loadgen-worker", nargs=4, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
 
@@ -482,15 +523,17 @@ def main(argv: list[str] | None = None) -> int:
             for rep in range(args.repeats):
                 order = list(servers) if rep % 2 == 0 else list(reversed(servers))
                 for name in order:
+                    bg = wait_for_quiet(args.quiet_cores, args.quiet_patience_s)
                     pt = measure(
                         servers[name], conc, args.duration, args.warmup, file, lua, loadgen_cpus
                     )
+                    pt.background = bg
                     res.points.setdefault(name, []).append(pt)
                     print(
                         f"  {workload:<5} c={conc:<3} {name:<9} {pt.rps:8.0f} req/s  "
                         f"p50 {pt.p50_ms:7.2f}  p99 {pt.p99_ms:7.2f} ms  batch {pt.avg_batch:5.1f}"
                         f"  srv {pt.server_cpu:.2f} cores  loadgen {pt.loadgen_cpu:.2f}  "
-                        f"err {pt.errors}",
+                        f"err {pt.errors}  background {bg:.2f} cores",
                         flush=True,
                     )
             results.append(res)

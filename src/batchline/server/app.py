@@ -42,6 +42,7 @@ import copy
 import hmac
 import logging
 import math
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
@@ -73,6 +74,7 @@ __all__ = [
     "EmbeddingModel",
     "ServedModel",
     "ServerState",
+    "SoloWideEmbedder",
     "create_app",
     "load_embedder",
     "serve",
@@ -327,8 +329,9 @@ def load_embedder(settings: ServerSettings) -> EmbeddingModel:
     """Load the model ``settings`` name, laid out for batching or for the baseline.
 
     Batching: ``sessions`` sessions of ``intra_op_threads`` threads, one per batch in
-    flight. Baseline: one session of ``baseline_intra_op_threads`` threads that every request
-    calls directly and concurrently.
+    flight, plus one of ``solo_intra_op_threads`` threads for a batch that runs alone (see
+    :class:`SoloWideEmbedder`). Baseline: one session of ``baseline_intra_op_threads``
+    threads that every request calls directly and concurrently.
     """
     from batchline.models import Embedder, OnnxModel, load_tokenizer, minilm
 
@@ -362,7 +365,59 @@ def load_embedder(settings: ServerSettings) -> EmbeddingModel:
             shared=True,
         )
     tokenizer, pad_id = load_tokenizer(tokenizer_path, max_length=max_length)
-    return Embedder(model, tokenizer, pad_id=pad_id)
+    embedder = Embedder(model, tokenizer, pad_id=pad_id)
+    solo = settings.solo_intra_op_threads
+    if settings.batching and solo is not None and solo > settings.intra_op_threads:
+        wide = OnnxModel.load(
+            model_path, sessions=1, intra_op_threads=solo, spinning=settings.spinning
+        )
+        return SoloWideEmbedder(embedder, Embedder(wide, tokenizer, pad_id=pad_id))
+    return embedder
+
+
+class SoloWideEmbedder:
+    """Runs a batch on a wide session when no other batch is running, else on a narrow one.
+
+    On a 2-core CPU two one-thread sessions give the most throughput when two batches run at
+    once, but a batch running alone (low traffic: one request at a time) is faster on one
+    two-thread session -- the baseline's layout. So the first batch after an idle spell takes
+    the wide session, and batches that start while another runs take a narrow one. Costs one
+    more session in memory.
+    """
+
+    def __init__(self, narrow: Any, wide: Any) -> None:
+        self.narrow = narrow
+        self.wide = wide
+        self.tokenizer = getattr(narrow, "tokenizer", None)
+        self.model = getattr(narrow, "model", None)  # its ``sessions`` set the batcher's slots
+        self.solo_batches = 0
+        self.shared_batches = 0
+        self._lock = threading.Lock()
+        self._running = 0
+
+    @property
+    def dim(self) -> int:
+        return int(self.narrow.dim)
+
+    def tokenize(self, texts: list[str]) -> list[TokenizedText]:
+        toks: list[TokenizedText] = self.narrow.tokenize(texts)
+        return toks
+
+    def embed_tokens(self, texts: Sequence[TokenizedText]) -> npt.NDArray[np.float32]:
+        with self._lock:
+            alone = self._running == 0
+            self._running += 1
+            if alone:
+                self.solo_batches += 1
+            else:
+                self.shared_batches += 1
+        try:
+            target = self.wide if alone else self.narrow
+            vectors: npt.NDArray[np.float32] = target.embed_tokens(texts)
+            return vectors
+        finally:
+            with self._lock:
+                self._running -= 1
 
 
 def tokenizer_file(settings: ServerSettings) -> Path:
