@@ -317,3 +317,35 @@ async def test_the_written_config_is_what_batchline_run_reads(tmp_path: Path) ->
     assert notes["p99_ms"] <= 400
     assert notes["load"].startswith("closed:")
     assert notes["baseline_records_per_s"] > 0
+
+
+LUCKY = Knobs(target_batch_tokens=1024)  # the synthetic model's best, measured once
+
+
+async def test_a_winner_demoted_by_its_confirmation_hands_over_to_a_confirmed_one() -> None:
+    clock = FakeTime()
+    measure, calls = synthetic(clock)
+    seen: dict[Knobs, int] = {}
+
+    async def fickle(
+        label: str, knobs: Knobs, points: Sequence[LoadPoint], duration_s: float
+    ) -> list[PointResult]:
+        results = await measure(label, knobs, points, duration_s)
+        seen[knobs] = seen.get(knobs, 0) + 1
+        if knobs == LUCKY and seen[knobs] > 1:
+            # the first winner was lucky: measured again, it is far slower
+            return [pt(p.achieved_rps / 3, p.p99_ms, int(p.offered)) for p in results]
+        return results
+
+    result = await tune(
+        fickle, points=POINTS, p99_budget_ms=400, budget_s=10_000, cores=2, now=clock
+    )
+    d = result.decision
+    assert d.recommended is not None
+    assert d.recommended.knobs != LUCKY
+    confirmations = calls[planned_trials(2) :]
+    # the lucky one (at each point where it led), the baseline, then the new winner
+    assert [c[1] for c in confirmations].count(LUCKY) >= 1
+    assert confirmations[-1][1] == d.recommended.knobs
+    assert len(confirmations) <= 6
+    assert result.unconfirmed == []

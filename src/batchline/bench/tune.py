@@ -10,11 +10,12 @@ within budget and where nothing failed; failing that, the lowest p99):
 4. one more batch in flight than sessions (``max_concurrent_batches``);
 5. holding records for company: ``min_batch_size`` / ``batch_timeout_s``.
 
-The winner and the baseline are then measured once more at their best load point; the
-verdict uses the mean throughput and the worse p99 of the two runs, and the spread between the
-runs widens the noise margin. Then :func:`decide` says one of three things: batching pays
-(write its knobs), batching does not pay within noise (write the baseline's), or nothing meets
-the budget at these loads (write nothing).
+The winner and the baseline are then measured once more at their best load point (and so is
+any setting that a confirmation promotes to winner); the verdict uses the mean throughput and
+the worse p99 of the two runs, and the spread between the runs widens the noise margin.
+Then :func:`decide` says one of three things: batching pays (write its knobs), batching does
+not pay within noise (write the baseline's), or nothing meets the budget at these loads (write
+nothing).
 
     >>> result = await tune(measure, points=parse_load("closed:8,32,64"), p99_budget_ms=100,
     ...                     budget_s=120, cores=2)
@@ -65,6 +66,8 @@ HOLDS = ((8, 0.002), (32, 0.01))
 _TRIAL_OVERHEAD_S = 1.5
 _POINT_OVERHEAD = 1.25
 _MIN_DURATION_S = 0.5
+# Confirmation rounds at most (each re-measures the current winners once).
+_CONFIRM_ROUNDS = 3
 _MAX_DURATION_S = 10.0
 
 Verdict = Literal["batching", "baseline", "none"]
@@ -116,11 +119,15 @@ class Decision:
 
 @dataclass
 class TuneResult:
+    """The verdict, every trial as measured (confirmed points merged), the seconds per point,
+    and the settings the time budget made the search skip or leave unconfirmed."""
+
     decision: Decision
     trials: list[Trial]
     duration_s: float
     elapsed_s: float
     skipped: list[str] = field(default_factory=list)
+    unconfirmed: list[str] = field(default_factory=list)
 
 
 def within_budget(point: PointResult, p99_budget_ms: float) -> bool:
@@ -385,36 +392,61 @@ async def tune(
     for min_size, timeout_s in HOLDS:
         await run(best.knobs.replace(min_batch_size=min_size, batch_timeout_s=timeout_s))
 
-    # confirm: measure the winner and the baseline once more at their best points
-    decision = decide(trials, p99_budget_ms, noise=noise)
+    # Confirm: measure the batching winner and the baseline's best once more at their best
+    # points. A confirmation can demote the winner and promote a setting measured only once;
+    # that one is confirmed in turn, so the recommendation always rests on two runs.
     observed = 0.0
-    for candidate in (decision.best_batched, decision.best_baseline):
-        if candidate is None:
-            continue
-        say(f"confirming {candidate.label} at {candidate.point.point.label} ...")
-        (again,) = await measure(
-            candidate.label, candidate.knobs, [candidate.point.point], duration
-        )
-        first = candidate.point
-        if first.achieved_rps > 0 and again.achieved_rps > 0:
-            mean = (first.achieved_rps + again.achieved_rps) / 2
-            observed = max(observed, abs(first.achieved_rps - again.achieved_rps) / mean)
-        say(
-            f"    again: {again.achieved_rps:,.0f} rec/s, p99 {again.p99_ms:,.0f} ms "
-            f"(first: {first.achieved_rps:,.0f} rec/s, p99 {first.p99_ms:,.0f} ms)"
-        )
-        trial = by_knobs[candidate.knobs]
-        merged = tuple(_merge(p, again) if p is first else p for p in trial.points)
-        updated = Trial(trial.label, trial.knobs, merged)
-        trials[trials.index(trial)] = updated
-        by_knobs[candidate.knobs] = updated
+    confirmed: set[tuple[Knobs, LoadPoint]] = set()
+    unconfirmed: list[str] = []
+    for round_ in range(_CONFIRM_ROUNDS):
+        decision = decide(trials, p99_budget_ms, noise=max(noise, observed))
+        todo = [
+            c
+            for c in (decision.best_batched, decision.best_baseline)
+            if c is not None and (c.knobs, c.point.point) not in confirmed
+        ]
+        if not todo:
+            break
+        for candidate in todo:
+            if round_ > 0 and now() + duration * _POINT_OVERHEAD > deadline:
+                unconfirmed.append(candidate.label)
+                say(f"time budget: {candidate.label} stays measured once")
+                continue
+            say(f"confirming {candidate.label} at {candidate.point.point.label} ...")
+            (again,) = await measure(
+                candidate.label, candidate.knobs, [candidate.point.point], duration
+            )
+            first = candidate.point
+            if first.achieved_rps > 0 and again.achieved_rps > 0:
+                mean = (first.achieved_rps + again.achieved_rps) / 2
+                observed = max(observed, abs(first.achieved_rps - again.achieved_rps) / mean)
+            say(
+                f"    again: {again.achieved_rps:,.0f} rec/s, p99 {again.p99_ms:,.0f} ms "
+                f"(first: {first.achieved_rps:,.0f} rec/s, p99 {first.p99_ms:,.0f} ms)"
+            )
+            trial = by_knobs[candidate.knobs]
+            merged = tuple(_merge(p, again) if p is first else p for p in trial.points)
+            updated = Trial(trial.label, trial.knobs, merged)
+            trials[trials.index(trial)] = updated
+            by_knobs[candidate.knobs] = updated
+            confirmed.add((candidate.knobs, candidate.point.point))
+        if unconfirmed:
+            break
     decision = decide(trials, p99_budget_ms, noise=max(noise, observed))
+    last = decision.recommended
+    if (
+        last is not None
+        and (last.knobs, last.point.point) not in confirmed
+        and last.label not in unconfirmed
+    ):
+        unconfirmed.append(last.label)
     return TuneResult(
         decision=decision,
         trials=trials,
         duration_s=duration,
         elapsed_s=now() - started,
         skipped=skipped,
+        unconfirmed=unconfirmed,
     )
 
 
@@ -437,6 +469,7 @@ def measured_notes(
             records_per_s=round(p.achieved_rps, 1),
             p50_ms=round(p.p50_ms, 1),
             p99_ms=round(p.p99_ms, 1),
+            measured_twice=d.recommended.label not in result.unconfirmed,
         )
     if d.best_baseline is not None:
         notes["baseline_records_per_s"] = round(d.best_baseline.point.achieved_rps, 1)
