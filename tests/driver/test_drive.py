@@ -164,6 +164,23 @@ async def test_a_wrong_answer_is_retried_and_never_written(tmp_path: Path, corru
     np.testing.assert_array_equal(vectors, fake_vectors(items))
 
 
+async def test_dim_catches_a_wrong_length_even_in_the_first_answer(tmp_path: Path) -> None:
+    items = texts(3)
+    src = write_jsonl(tmp_path / "in.jsonl", items)
+    replicas = Replicas(a=FakeReplica(script=["dim"]), b=FakeReplica())
+    summary = await drive_job(
+        options(src, tmp_path / "out", endpoints=[A], chunk_size=1, dim=8),
+        transport=replicas.transport,
+    )
+    assert summary.endpoints[0].errors == {"invalid_response": 1}
+    np.testing.assert_array_equal(output_vectors(tmp_path / "out")[2], fake_vectors(items))
+    with pytest.raises(InputError, match=r"--dim 16, but .* holds vectors of 8 values"):
+        await drive_job(
+            options(src, tmp_path / "out", endpoints=[A], resume=True, dim=16),
+            transport=replicas.transport,
+        )
+
+
 async def test_a_4xx_chunk_goes_to_the_failures_file_unretried_with_exit_code_1(
     tmp_path: Path,
 ) -> None:
@@ -380,6 +397,7 @@ async def test_overwrite_starts_a_fresh_failures_file(tmp_path: Path) -> None:
         ({"connect_timeout_s": float("nan")}, "--connect-timeout-s must be"),
         ({"give_up_after_s": -1.0}, "--give-up-after-s must be"),
         ({"limit": -1}, "--limit must be"),
+        ({"dim": 0}, "--dim must be >= 1"),
         ({"route": "chat"}, "--route must be"),
     ],
 )

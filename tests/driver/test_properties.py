@@ -74,6 +74,8 @@ def test_every_record_is_written_or_failed_exactly_once(
                 failures_to_set_aside=1000,
                 backoff_base_s=0.0,
                 backoff_cap_s=0.0,
+                # without it, a short vector in the very first answer would set the length
+                dim=8,
                 resume=resume,
             )
 

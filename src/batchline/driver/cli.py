@@ -91,6 +91,12 @@ def add_parser(sub: Any) -> None:
         help="stop when no replica has been ready for this long (default: 600)",
     )
     p.add_argument(
+        "--dim",
+        type=int,
+        help="expected vector length; answers of another length are server errors "
+        "(default: the first answer's, or the output's when resuming)",
+    )
+    p.add_argument(
         "--encoding",
         choices=["base64", "float"],
         default="base64",
@@ -130,6 +136,7 @@ def _main(args: argparse.Namespace) -> int:
         read_timeout_s=args.read_timeout_s,
         give_up_after_s=args.give_up_after_s,
         encoding=args.encoding,
+        dim=args.dim,
     )
     console = Console(stderr=True)
     bar = _Bar(console) if not args.quiet and console.is_terminal else None

@@ -111,6 +111,7 @@ class DriveOptions:
     backoff_cap_s: float = 30.0
     max_retry_after_s: float = 120.0
     encoding: Encoding = "base64"
+    dim: int | None = None
 
     def __post_init__(self) -> None:
         self.check()
@@ -141,6 +142,8 @@ class DriveOptions:
                 raise InputError(f"--{_flag(name)} must be a number of seconds >= 0, got {value}")
         if self.backoff_cap_s < self.backoff_base_s:
             raise InputError("--backoff-cap-s must be >= --backoff-base-s")
+        if self.dim is not None and self.dim < 1:
+            raise InputError(f"--dim must be >= 1, got {self.dim}")
         if self.limit is not None and self.limit < 0:
             raise InputError(f"--limit must be >= 0, got {self.limit}")
         if self.route not in get_args(RouteName):
@@ -373,6 +376,7 @@ async def drive_job(
         result_kind=route.result_kind,
     )
     with writer:
+        dim = _expected_dim(options, writer, route)
         failures = await asyncio.to_thread(
             _FailureLog, writer.out_dir / FAILURES_NAME, writer.is_committed
         )
@@ -399,7 +403,7 @@ async def drive_job(
             connect_timeout_s=options.connect_timeout_s,
             read_timeout_s=options.read_timeout_s,
             max_connections=options.concurrency + 2 * len(urls),
-            dim=writer.manifest.result_dim if route.result_kind == "vector" else None,
+            dim=dim,
             transport=transport,
         )
         try:
@@ -407,6 +411,19 @@ async def drive_job(
             return await job.run()
         finally:
             await client.aclose()
+
+
+def _expected_dim(options: DriveOptions, writer: ChunkWriter, route: Route) -> int | None:
+    """The vector length every answer must have: ``--dim``, or the output's when resuming;
+    None lets the first valid answer decide."""
+    if route.result_kind != "vector":
+        return None
+    written = writer.manifest.result_dim
+    if options.dim is not None and written is not None and options.dim != written:
+        raise InputError(
+            f"--dim {options.dim}, but {writer.out_dir} holds vectors of {written} values"
+        )
+    return options.dim if options.dim is not None else written
 
 
 def _default_output(input_path: Path | None, route: Route) -> Path:
