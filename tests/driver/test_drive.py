@@ -398,6 +398,7 @@ async def test_overwrite_starts_a_fresh_failures_file(tmp_path: Path) -> None:
         ({"give_up_after_s": -1.0}, "--give-up-after-s must be"),
         ({"limit": -1}, "--limit must be"),
         ({"dim": 0}, "--dim must be >= 1"),
+        ({"probe_cap_s": 0.1}, "probe_cap_s must be >= 0.25"),
         ({"route": "chat"}, "--route must be"),
     ],
 )

@@ -79,9 +79,16 @@ _ROUTE_SUFFIXES = ("/v1/embeddings", "/generate", "/ready")
 
 @dataclass
 class DriveOptions:
-    """What to drive where. Units are in the names; see ``batchline drive --help``.
+    """What to drive where; checked at construction (``InputError``). Units are in the names.
 
-    ``input=None`` uses the built-in demo corpus, as ``batchline run`` does.
+    The fields mirror ``batchline drive --help``; ``input=None`` uses the built-in demo corpus,
+    as ``batchline run`` does. Knobs without a flag:
+
+    - ``failures_to_set_aside``: consecutive endpoint failures that set an endpoint aside.
+    - ``probe_cap_s``: the longest pause between two ``GET /ready`` probes of a set-aside one.
+    - ``backoff_base_s``, ``backoff_cap_s``: a chunk's retry ``n`` waits a uniform random time
+      in ``[0, min(cap, base * 2**(n-1))]``.
+    - ``max_retry_after_s``: a longer ``Retry-After`` is cut to this.
     """
 
     input: Path | None
@@ -107,6 +114,7 @@ class DriveOptions:
     read_timeout_s: float = 120.0
     give_up_after_s: float = 600.0
     failures_to_set_aside: int = 3
+    probe_cap_s: float = 5.0
     backoff_base_s: float = 0.25
     backoff_cap_s: float = 30.0
     max_retry_after_s: float = 120.0
@@ -136,6 +144,8 @@ class DriveOptions:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise InputError(f"--{_flag(name)} must be a number of seconds > 0, got {value}")
+        if not (math.isfinite(self.probe_cap_s) and self.probe_cap_s >= 0.25):
+            raise InputError(f"probe_cap_s must be >= 0.25 s, got {self.probe_cap_s}")
         for name in ("give_up_after_s", "backoff_base_s", "backoff_cap_s", "max_retry_after_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
@@ -467,6 +477,7 @@ class _Job:
             self.urls,
             probe=self.client.ready,
             failures_to_set_aside=opts.failures_to_set_aside,
+            probe_backoff=Backoff(base_s=0.25, cap_s=opts.probe_cap_s, floor_s=0.1),
             give_up_after_s=opts.give_up_after_s,
             clock=clock,
             rng=self.rng,
