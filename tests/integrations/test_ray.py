@@ -239,6 +239,7 @@ class TestLocalRay:
         assert summary.units == 12
         assert summary.resubmitted_units == 0
         assert sum(summary.records_by_node.values()) == 239
+        assert summary.replica_cpu_s > 0
         assert ray.is_initialized()  # not ours to stop
 
     def test_an_interrupted_run_resumes_to_the_same_output(

@@ -91,7 +91,9 @@ class RaySummary(RunSummary):
 
     ``records_by_node`` maps each Ray node id to the records its replicas embedded in this run;
     ``replica_restarts`` counts replica processes that Ray replaced (seen as a new pid);
-    ``resubmitted_units`` counts units sent again after their replica was lost for good.
+    ``resubmitted_units`` counts units sent again after their replica was lost for good;
+    ``replica_cpu_s`` is the CPU time the replica processes spent on this run's units
+    (``replica_cpu_s / wall_s`` is the number of cores they got).
     """
 
     replicas: int = 0
@@ -100,11 +102,17 @@ class RaySummary(RunSummary):
     resubmitted_units: int = 0
     replica_restarts: int = 0
     startup_s: float = 0.0
+    replica_cpu_s: float = 0.0
 
     @property
     def nodes(self) -> tuple[str, ...]:
         """Ids of the Ray nodes that embedded records in this run, sorted."""
         return tuple(sorted(self.records_by_node))
+
+    @property
+    def cores_used(self) -> float:
+        """Cores the replicas kept busy on average: ``replica_cpu_s / wall_s``."""
+        return self.replica_cpu_s / self.wall_s if self.wall_s > 0 else 0.0
 
     def rows(self) -> list[tuple[str, str]]:
         rows = super().rows()
@@ -116,6 +124,7 @@ class RaySummary(RunSummary):
             ("units (resubmitted)", f"{self.units:,} ({self.resubmitted_units})"),
             ("replica restarts", str(self.replica_restarts)),
             ("ray start-up", f"{self.startup_s:.1f} s"),
+            ("replica CPU", f"{self.replica_cpu_s:.1f} s ({self.cores_used:.1f} cores)"),
             *rows[2:],
         ]
 
@@ -138,6 +147,7 @@ class _UnitResult:
     failed: tuple[tuple[int, str, bool], ...]  # (position in the unit, message, skippable)
     node_id: str
     pid: int
+    cpu_s: float  # the replica process's CPU time so far
     stats: BatchStats
 
 
@@ -150,9 +160,9 @@ class _Replica:
         self._node_id: str = ray.get_runtime_context().get_node_id()
         self._started: asyncio.Future[None] | None = None
 
-    async def ready(self) -> tuple[str, int]:
-        """(node id, pid), once the model is loaded."""
-        return self._node_id, os.getpid()
+    async def ready(self) -> tuple[str, int, float]:
+        """(node id, pid, CPU time so far), once the model is loaded."""
+        return self._node_id, os.getpid(), time.process_time()
 
     async def embed(self, texts: list[str]) -> _UnitResult:
         if self._started is None:
@@ -169,7 +179,8 @@ class _Replica:
             if isinstance(o, BaseException)
         )
         vectors = np.stack(good) if good else np.zeros((0, embedder.dim), dtype=np.float32)
-        return _UnitResult(vectors, failed, self._node_id, os.getpid(), embedder.batcher.stats)
+        stats = embedder.batcher.stats
+        return _UnitResult(vectors, failed, self._node_id, os.getpid(), time.process_time(), stats)
 
 
 # -- the driver ----------------------------------------------------------------------------------
@@ -309,7 +320,7 @@ def run_on_ray(
                 )
                 return job.run(committed, startup)
             finally:
-                for actor, _, _ in actors:
+                for actor, _ in actors:
                     ray.kill(actor, no_restart=True)
 
 
@@ -368,8 +379,8 @@ def _start_replicas(
     max_restarts: int,
     max_task_retries: int,
     timeout_s: float,
-) -> list[tuple[Any, str, int]]:
-    """Create the replicas and wait until each has loaded the model: (actor, node id, pid)."""
+) -> list[tuple[Any, tuple[str, int, float]]]:
+    """Create the replicas and wait until each has loaded the model: (actor, ready())."""
     replica_class = ray.remote(_Replica).options(
         num_cpus=cpus,
         max_restarts=max_restarts,
@@ -391,7 +402,7 @@ def _start_replicas(
                 f"{timeout_s:.0f} s; each needs {cpus:g} CPU(s) and the Ray cluster has {have:g} "
                 "in all: lower --replicas, or add nodes"
             )
-        where: list[tuple[str, int]] = ray.get(refs)
+        where: list[tuple[str, int, float]] = ray.get(refs)
     except ray.exceptions.RayActorError as exc:
         for actor in actors:
             ray.kill(actor, no_restart=True)
@@ -400,7 +411,7 @@ def _start_replicas(
         for actor in actors:
             ray.kill(actor, no_restart=True)
         raise
-    return [(actor, node, pid) for actor, (node, pid) in zip(actors, where, strict=True)]
+    return list(zip(actors, where, strict=True))
 
 
 def _last_line(exc: BaseException) -> str:
@@ -448,6 +459,9 @@ class _Tally:
         self.latencies: list[float] = []
         self.by_node: Counter[str] = Counter()
         self.pids: list[set[int]] = [set() for _ in range(replicas)]
+        # CPU time of each replica process: when it was ready (0 for a restarted one), and lately.
+        self.cpu_from: dict[tuple[int, int], float] = {}
+        self.cpu_to: dict[tuple[int, int], float] = {}
         # Each replica process's latest stats (they are cumulative, per process).
         self.stats: dict[tuple[int, int], BatchStats] = {}
 
@@ -488,6 +502,7 @@ class _Tally:
             resubmitted_units=self.resubmitted,
             replica_restarts=sum(max(len(p) - 1, 0) for p in self.pids),
             startup_s=startup,
+            replica_cpu_s=sum(t - self.cpu_from.get(k, 0.0) for k, t in self.cpu_to.items()),
         )
 
 
@@ -500,7 +515,7 @@ class _Job:
         source: Source,
         writer: ChunkWriter,
         options: RunOptions,
-        actors: Sequence[tuple[Any, str, int]],
+        actors: Sequence[tuple[Any, tuple[str, int, float]]],
         plan: _UnitPlan,
         units_per_replica: int,
         max_unit_attempts: int,
@@ -510,15 +525,16 @@ class _Job:
         self.source = source
         self.writer = writer
         self.options = options
-        self.actors = [actor for actor, _, _ in actors]
+        self.actors = [actor for actor, _ in actors]
         self.plan = plan
         self.units_per_replica = units_per_replica
         self.max_unit_attempts = max_unit_attempts
         self.progress = progress
         self.on_unit = on_unit
         self.tally = _Tally(writer.out_dir, len(self.actors))
-        for i, (_, _, pid) in enumerate(actors):
+        for i, (_, (_, pid, cpu_s)) in enumerate(actors):
             self.tally.pids[i].add(pid)
+            self.tally.cpu_from[(i, pid)] = cpu_s
         self.alive = [True] * len(self.actors)
         self.load = [0] * len(self.actors)
         self.in_flight: dict[Any, _Flight] = {}
@@ -672,6 +688,7 @@ class _Job:
         tally.latencies.extend([round_trip] * len(good))
         tally.by_node[result.node_id] += len(good)
         tally.pids[flight.replica].add(result.pid)
+        tally.cpu_to[(flight.replica, result.pid)] = result.cpu_s
         tally.stats[(flight.replica, result.pid)] = result.stats
         self.progress.advance(len(records), tally.merged()["utilization"])
         if self.on_unit is not None:
