@@ -61,6 +61,21 @@ def test_within_budget() -> None:
     assert not within_budget(pt(0, math.nan), 50)
 
 
+def test_noise_is_also_a_latency_margin() -> None:
+    assert within_budget(pt(100, 95), 100)
+    assert not within_budget(pt(100, 95), 100, margin=0.10)
+    trials = [
+        Trial("baseline", BASELINE, (pt(100, 20, 8),)),
+        Trial("edge", BATCHED, (pt(300, 95, 32),)),  # within 100 ms, but not by 10%
+        Trial("safe", BIG, (pt(250, 80, 32),)),
+    ]
+    assert decide(trials, 100, noise=0.0).recommended.label == "edge"  # type: ignore[union-attr]
+    d = decide(trials, 100, noise=0.10)
+    assert d.recommended is not None
+    assert d.recommended.label == "safe"
+    assert "10% noise margin" in d.message
+
+
 def test_picks_the_most_throughput_under_budget() -> None:
     trials = [
         Trial("baseline", BASELINE, (pt(100, 20, 8), pt(110, 60, 32))),

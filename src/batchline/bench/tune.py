@@ -130,24 +130,32 @@ class TuneResult:
     unconfirmed: list[str] = field(default_factory=list)
 
 
-def within_budget(point: PointResult, p99_budget_ms: float) -> bool:
-    """The point answered every request and its p99 is within the budget."""
-    return not point.failed and not math.isnan(point.p99_ms) and point.p99_ms <= p99_budget_ms
+def within_budget(point: PointResult, p99_budget_ms: float, *, margin: float = 0.0) -> bool:
+    """The point answered every request and its p99, plus a relative ``margin``, is within
+    the budget (``p99 * (1 + margin) <= budget``)."""
+    if point.failed or math.isnan(point.p99_ms):
+        return False
+    return point.p99_ms * (1 + margin) <= p99_budget_ms
 
 
 def best_under_budget(
-    trials: Sequence[Trial], p99_budget_ms: float, *, baseline: bool | None = None
+    trials: Sequence[Trial],
+    p99_budget_ms: float,
+    *,
+    baseline: bool | None = None,
+    margin: float = 0.0,
 ) -> Candidate | None:
     """The (setting, load point) with the most records/s within budget; ties: lower p99.
 
-    ``baseline=True``/``False`` restricts to baseline/batching trials.
+    ``baseline=True``/``False`` restricts to baseline/batching trials; ``margin`` is passed to
+    :func:`within_budget`.
     """
     best: Candidate | None = None
     for trial in trials:
         if baseline is not None and trial.is_baseline != baseline:
             continue
         for p in trial.points:
-            if not within_budget(p, p99_budget_ms):
+            if not within_budget(p, p99_budget_ms, margin=margin):
                 continue
             if (
                 best is None
@@ -186,14 +194,32 @@ def decide(
     * ``baseline``: the baseline is as good within noise, or only the baseline meets the budget:
       batching does not pay here;
     * ``none``: no setting meets the budget at any load point.
+
+    ``noise`` is also the latency margin: on a machine where throughput moves by that much
+    between runs, latency at the same load moves about as much, so a point counts as within
+    budget only when ``p99 * (1 + noise)`` is.
     """
-    batched = best_under_budget(trials, p99_budget_ms, baseline=False)
-    base = best_under_budget(trials, p99_budget_ms, baseline=True)
+    batched = best_under_budget(trials, p99_budget_ms, baseline=False, margin=noise)
+    base = best_under_budget(trials, p99_budget_ms, baseline=True, margin=noise)
     closest = _closest(trials)
     budget = f"p99 <= {p99_budget_ms:g} ms"
+    margin_note = (
+        f" (A point counts as within budget when its p99 plus the {noise:.0%} noise margin is.)"
+        if noise > 0
+        else ""
+    )
 
     def make(verdict: Verdict, recommended: Candidate | None, message: str) -> Decision:
-        return Decision(verdict, p99_budget_ms, noise, recommended, batched, base, closest, message)
+        return Decision(
+            verdict,
+            p99_budget_ms,
+            noise,
+            recommended,
+            batched,
+            base,
+            closest,
+            message + margin_note,
+        )
 
     if batched is None and base is None:
         hint = (
@@ -269,8 +295,8 @@ def plan_duration(budget_s: float, trials: int, points: int) -> float:
     return min(_MAX_DURATION_S, max(_MIN_DURATION_S, per_point))
 
 
-def _score(trial: Trial, p99_budget_ms: float) -> tuple[float, float]:
-    good = [p.achieved_rps for p in trial.points if within_budget(p, p99_budget_ms)]
+def _score(trial: Trial, p99_budget_ms: float, margin: float) -> tuple[float, float]:
+    good = [p.achieved_rps for p in trial.points if within_budget(p, p99_budget_ms, margin=margin)]
     p99s = [p.p99_ms for p in trial.points if not p.failed and not math.isnan(p.p99_ms)]
     return (max(good) if good else -1.0, -min(p99s) if p99s else -math.inf)
 
@@ -355,7 +381,7 @@ async def tune(
         trial = Trial(label, knobs, tuple(results))
         trials.append(trial)
         by_knobs[knobs] = trial
-        rps, neg_p99 = _score(trial, p99_budget_ms)
+        rps, neg_p99 = _score(trial, p99_budget_ms, noise)
         verdict = f"best within budget {rps:,.0f} rec/s" if rps >= 0 else "no point within budget"
         p99 = f"lowest p99 {-neg_p99:,.0f} ms" if math.isfinite(neg_p99) else "all points failed"
         say(f"    {verdict}; {p99}; {max(0.0, deadline - now()):.0f} s left")
@@ -363,7 +389,7 @@ async def tune(
 
     def best_of(candidates: Sequence[Trial | None]) -> Trial:
         pool = [t for t in candidates if t is not None]
-        return max(pool, key=lambda t: _score(t, p99_budget_ms))
+        return max(pool, key=lambda t: _score(t, p99_budget_ms, noise))
 
     base_knobs = base_knobs or baseline_knobs(cores)
     await run(base_knobs, must=True)
