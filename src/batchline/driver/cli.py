@@ -34,6 +34,11 @@ def add_parser(sub: Any) -> None:
             "used up --max-attempts, are listed in OUTPUT/_failures.jsonl (exit code 1). "
             "A killed drive continues with --resume."
         ),
+        epilog=(
+            "exit codes: 0 every record has a result; 1 some records failed (see "
+            "OUTPUT/_failures.jsonl); 2 bad input or settings, or the drive stopped (wrong "
+            "URL or key, no replica ready in time): fix it and rerun with --resume"
+        ),
     )
     p.add_argument(
         "input", nargs="?", type=Path, help=".jsonl, .csv, .parquet or .txt file (default: demo)"
@@ -79,11 +84,26 @@ def add_parser(sub: Any) -> None:
         help="records per output file, the unit of --resume (default: 10000)",
     )
     p.add_argument(
-        "--concurrency", type=int, default=10, help="chunks in flight across all replicas"
+        "--concurrency",
+        type=int,
+        default=10,
+        help="chunks in flight across all replicas (default: 10)",
     )
-    p.add_argument("--max-attempts", type=int, default=8, help="attempts per chunk before it fails")
-    p.add_argument("--connect-timeout-s", type=float, default=10.0)
-    p.add_argument("--read-timeout-s", type=float, default=120.0)
+    p.add_argument(
+        "--max-attempts",
+        type=int,
+        default=8,
+        help="attempts per chunk before its records fail (default: 8)",
+    )
+    p.add_argument(
+        "--connect-timeout-s", type=float, default=10.0, help="per attempt (default: 10)"
+    )
+    p.add_argument(
+        "--read-timeout-s",
+        type=float,
+        default=120.0,
+        help="per attempt, for the answer (default: 120: a cold replica may be slow)",
+    )
     p.add_argument(
         "--give-up-after-s",
         type=float,
