@@ -175,6 +175,21 @@ def render_markdown(result: BenchResult, plots: Sequence[str] = ()) -> str:
     return "\n".join(lines)
 
 
+def _nice_steps(value: float) -> list[float]:
+    decade = 10 ** math.floor(math.log10(value))
+    return [m * decade * f for f in (0.1, 1, 10) for m in (1, 2, 5)]
+
+
+def _nice_below(value: float) -> float:
+    """The largest of ..., 1, 2, 5, 10, 20, ... at most ``value`` (> 0)."""
+    return max(v for v in _nice_steps(value) if v <= value * (1 + 1e-9))
+
+
+def _nice_above(value: float) -> float:
+    """The smallest of ..., 1, 2, 5, 10, 20, ... at least ``value`` (> 0)."""
+    return min(v for v in _nice_steps(value) if v >= value * (1 - 1e-9))
+
+
 def _plot(result: BenchResult, kind: LoadKind, metric: str, path: Path) -> None:
     # a bare Figure renders through Agg without pyplot: no display, no global backend change
     from matplotlib.figure import Figure
@@ -243,6 +258,10 @@ def _plot(result: BenchResult, kind: LoadKind, metric: str, path: Path) -> None:
         ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.yaxis.set_minor_formatter(NullFormatter())
+        values = [p.p99_ms for p in points if p.p99_ms > 0 and math.isfinite(p.p99_ms)]
+        if values:
+            # end the axis on labelled ticks, so the lowest and highest lines can be read
+            ax.set_ylim(_nice_below(min(values)), _nice_above(max(values)))
         fig.suptitle(f"p99 latency vs offered load ({kind} loop)", fontsize=13)
     ax.grid(True, which="major", alpha=0.35)
     handles, labels = ax.get_legend_handles_labels()
