@@ -3,9 +3,10 @@
 Each replica is ``batchline serve`` with one ONNX session of one intra-op thread, so two of
 them fit on a 2-core machine; the driver runs in this process. The input is a spread of the
 demo corpus (real docstring paragraphs, median ~66 tokens). Runs of 1 and 2 replicas are
-interleaved, after a warm-up of each replica, and the ratio of the medians is printed.
+interleaved, after a warm-up of each replica; the ratio of the medians and the median of the
+per-repeat ratios (robust to drifts in the load of a shared machine) are printed.
 
-    python benchmarks/bench_drive.py            # 3,000 records, 2 repeats (~2-3 min)
+    python benchmarks/bench_drive.py            # 3,000 records, 3 repeats (~3-4 min)
     python benchmarks/bench_drive.py --quick    # 600 records, 1 repeat (smoke run)
 
 Replicas are started on free ports on 127.0.0.1 and stopped by PID at the end.
@@ -159,17 +160,24 @@ async def main_async(args: argparse.Namespace) -> None:
             for r in replicas:
                 r.stop()
     one, two = statistics.median(rates[1]), statistics.median(rates[2])
+    # each repeat ran both layouts back to back: its own ratio cancels slow drifts in the
+    # machine's load (it is shared), which the ratio of medians does not
+    pairs = [b / a for a, b in zip(rates[1], rates[2], strict=True)]
     print()
     print(f"1 replica : {one:7.1f} records/s (median of {len(rates[1])})")
     print(f"2 replicas: {two:7.1f} records/s (median of {len(rates[2])})")
-    print(f"ratio 2 vs 1: x{two / one:.2f}")
+    print(
+        f"ratio 2 vs 1: x{two / one:.2f} (medians); per repeat: "
+        + ", ".join(f"x{r:.2f}" for r in pairs)
+    )
+    print(f"median of per-repeat ratios: x{statistics.median(pairs):.2f}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="600 records, 1 repeat")
     parser.add_argument("--records", type=int, default=3000)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--chunk-size", type=int, default=50)
     parser.add_argument(
         "--concurrency", type=int, default=8, help="chunks in flight (both layouts)"
