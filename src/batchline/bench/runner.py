@@ -283,6 +283,9 @@ async def run_bench_async(options: BenchOptions, progress: Progress | None = Non
                         seed=options.seed,
                     )
                 )
+    if hasattr(os, "getloadavg"):
+        # the neighbours' load while it ran says how far to trust the figures
+        env["load average (1 min) at end"] = f"{os.getloadavg()[0]:.2f}"
     return BenchResult(
         configurations=configs,
         points=points,
