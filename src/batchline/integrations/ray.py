@@ -44,9 +44,9 @@ import ray
 
 from batchline._errors import BatchlineError, InputError, ModelError
 from batchline._stats import BatchStats, percentile
-from batchline.jobs.run import Progress, RunOptions, RunSummary, default_output, load_embedder
+from batchline.jobs.run import Progress, RunOptions, RunSummary, load_embedder, open_job
 from batchline.jobs.sinks import ChunkWriter
-from batchline.jobs.sources import BadRecord, Record, Source, open_source
+from batchline.jobs.sources import BadRecord, Record, Source
 from batchline.knobs import Knobs
 
 __all__ = ["RaySummary", "UnitDone", "default_replica_knobs", "run_on_ray"]
@@ -257,38 +257,8 @@ def run_on_ray(
         _check_reachable(address)  # before the output directory is created
     progress = progress or _Silent()
 
-    input_path = options.input
-    if input_path is None:
-        from batchline.jobs.corpus import demo_corpus_path
-
-        input_path = demo_corpus_path()
-    output = options.output or default_output(options.input, options.output_format)
-    source = open_source(
-        input_path,
-        text_column=options.text_column,
-        id_column=options.id_column,
-        extra_columns=tuple(options.copy_columns),
-        fmt=options.input_format,
-        on_bad_record="skip" if options.on_bad_record == "skip" else "raise",
-    )
-    # The same settings as a local run, so that either engine can resume the other's output.
-    meta = {
-        "input": str(input_path.resolve()),
-        "input_fingerprint": source.fingerprint(),
-        "model": options.model,
-        "text_column": options.text_column,
-        "id_column": source.id_column,
-        "copy_columns": list(options.copy_columns),
-        "limit": options.limit,
-    }
-    writer = ChunkWriter(
-        output,
-        fmt=options.output_format,
-        chunk_size=options.chunk_size,
-        overwrite=options.overwrite,
-        resume=options.resume,
-        meta=meta,
-    )
+    # opened as a local run opens it, so either engine can resume the other's output
+    source, writer = open_job(options)
     with writer:
         if writer.manifest.complete:
             total = writer.manifest.total_records or 0

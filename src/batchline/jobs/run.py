@@ -32,7 +32,7 @@ from batchline.jobs.sinks import ChunkWriter, OutputFormat
 from batchline.jobs.sources import BadRecord, Format, Record, Source, open_source
 from batchline.knobs import BASELINE, Knobs
 
-__all__ = ["RunOptions", "RunSummary", "load_embedder", "run", "run_job"]
+__all__ = ["RunOptions", "RunSummary", "load_embedder", "open_job", "run", "run_job"]
 
 BadRecordMode = Literal["fail", "skip"]
 
@@ -162,11 +162,36 @@ async def run_job(options: RunOptions, progress: Progress | None = None) -> RunS
     >>> summary.records_per_s
     """
     progress = progress or _Silent()
+    source, writer = await asyncio.to_thread(open_job, options)
+    with writer:
+        if writer.manifest.complete:
+            total = writer.manifest.total_records or 0
+            progress.start(total, total)
+            return _summary(
+                writer.out_dir, options.knobs.batching, 0, 0, total, total, 0.0, None, []
+            )
+        committed = writer.committed_ranges()
+        already = sum(hi - lo for lo, hi in committed)
+        knobs = options.knobs if options.knobs.batching else _baseline(options.knobs)
+        embedder = await asyncio.to_thread(load_embedder, options.model, options.tokenizer, knobs)
+        expected: int | None = source.total_records
+        if expected is not None and options.limit is not None:
+            expected = min(expected, options.limit)
+        progress.start(expected, already)
+        return await _pipeline(source, writer, embedder, options, knobs, committed, progress)
+
+
+def open_job(options: RunOptions) -> tuple[Source, ChunkWriter]:
+    """Open the job's input and output: the source, and the chunk writer with the job's settings.
+
+    Every engine (local, Ray) opens a job this way, so each can resume the other's output and a
+    resume with different settings is refused. Sync: reading the fingerprint reads the input.
+    """
     input_path = options.input
     if input_path is None:
         from batchline.jobs.corpus import demo_corpus_path
 
-        input_path = await asyncio.to_thread(demo_corpus_path)
+        input_path = demo_corpus_path()
     output = options.output or default_output(options.input, options.output_format)
     if options.limit is not None and options.limit < 0:
         raise InputError(f"--limit must be >= 0, got {options.limit}")
@@ -180,7 +205,7 @@ async def run_job(options: RunOptions, progress: Progress | None = None) -> RunS
     )
     meta = {
         "input": str(input_path.resolve()),
-        "input_fingerprint": await asyncio.to_thread(source.fingerprint),
+        "input_fingerprint": source.fingerprint(),
         "model": options.model,
         "text_column": options.text_column,
         "id_column": source.id_column,
@@ -195,20 +220,7 @@ async def run_job(options: RunOptions, progress: Progress | None = None) -> RunS
         resume=options.resume,
         meta=meta,
     )
-    with writer:
-        if writer.manifest.complete:
-            total = writer.manifest.total_records or 0
-            progress.start(total, total)
-            return _summary(output, options.knobs.batching, 0, 0, total, total, 0.0, None, [])
-        committed = writer.committed_ranges()
-        already = sum(hi - lo for lo, hi in committed)
-        knobs = options.knobs if options.knobs.batching else _baseline(options.knobs)
-        embedder = await asyncio.to_thread(load_embedder, options.model, options.tokenizer, knobs)
-        expected: int | None = source.total_records
-        if expected is not None and options.limit is not None:
-            expected = min(expected, options.limit)
-        progress.start(expected, already)
-        return await _pipeline(source, writer, embedder, options, knobs, committed, progress)
+    return source, writer
 
 
 def _baseline(knobs: Knobs) -> Knobs:
