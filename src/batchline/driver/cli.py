@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from batchline.jobs.cli import add_dataset_arguments
+
 __all__ = ["add_parser"]
 
 
@@ -51,31 +53,10 @@ def add_parser(sub: Any) -> None:
         metavar="URL",
         help="a replica's base URL, e.g. http://127.0.0.1:8000 (repeatable)",
     )
-    p.add_argument("-o", "--output", type=Path, help="output directory (default: INPUT.embeddings)")
     p.add_argument("--route", choices=["embeddings", "generate"], default="embeddings")
     p.add_argument("--model", help="model name sent with each request (default: the server's)")
     p.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY' ($BATCHLINE_API_KEY)")
-    p.add_argument("--text-column", default="text", help="column holding the text (default: text)")
-    p.add_argument("--id-column", help="column holding record ids (default: 'id' if present)")
-    p.add_argument("--format", dest="input_format", choices=["jsonl", "csv", "parquet", "text"])
-    p.add_argument("--output-format", choices=["parquet", "jsonl"], default="parquet")
-    p.add_argument(
-        "--copy-column",
-        action="append",
-        default=[],
-        dest="copy_columns",
-        help="copy this input column into the output (repeatable)",
-    )
-    mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--resume", action="store_true", help="continue an interrupted drive")
-    mode.add_argument("--overwrite", action="store_true", help="replace an existing output")
-    p.add_argument(
-        "--on-bad-record",
-        choices=["fail", "skip"],
-        default="fail",
-        help="bad input: fail (default) names it; skip lists it in OUTPUT/_skipped.jsonl",
-    )
-    p.add_argument("--limit", type=int, help="send only the first N records")
+    add_dataset_arguments(p)
     p.add_argument("--chunk-size", type=int, default=50, help="records per request (default: 50)")
     p.add_argument(
         "--output-chunk-size",

@@ -11,7 +11,34 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_parser"]
+__all__ = ["add_dataset_arguments", "add_parser"]
+
+
+def add_dataset_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags every job over a dataset file shares (``run`` and ``drive``): what to read,
+    where to write, resume or overwrite, and what to do with bad records."""
+    p.add_argument("-o", "--output", type=Path, help="output directory (default: INPUT.embeddings)")
+    p.add_argument("--text-column", default="text", help="column holding the text (default: text)")
+    p.add_argument("--id-column", help="column holding record ids (default: 'id' if present)")
+    p.add_argument("--format", dest="input_format", choices=["jsonl", "csv", "parquet", "text"])
+    p.add_argument("--output-format", choices=["parquet", "jsonl"], default="parquet")
+    p.add_argument(
+        "--copy-column",
+        action="append",
+        default=[],
+        dest="copy_columns",
+        help="copy this input column into the output (repeatable)",
+    )
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--resume", action="store_true", help="continue an interrupted job")
+    mode.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    p.add_argument(
+        "--on-bad-record",
+        choices=["fail", "skip"],
+        default="fail",
+        help="bad input: fail (default) names it; skip lists it in OUTPUT/_skipped.jsonl",
+    )
+    p.add_argument("--limit", type=int, help="take only the first N records")
 
 
 def add_parser(sub: Any) -> None:
@@ -26,31 +53,10 @@ def add_parser(sub: Any) -> None:
         ),
     )
     p.add_argument("input", nargs="?", type=Path, help=".jsonl, .csv, .parquet or .txt file")
-    p.add_argument("-o", "--output", type=Path, help="output directory (default: INPUT.embeddings)")
     p.add_argument("--model", default="default", help="'default' (all-MiniLM-L6-v2) or PATH.onnx")
     p.add_argument("--tokenizer", type=Path, help="tokenizer.json for --model PATH.onnx")
-    p.add_argument("--text-column", default="text", help="column holding the text (default: text)")
-    p.add_argument("--id-column", help="column holding record ids (default: 'id' if present)")
-    p.add_argument("--format", dest="input_format", choices=["jsonl", "csv", "parquet", "text"])
-    p.add_argument("--output-format", choices=["parquet", "jsonl"], default="parquet")
-    p.add_argument(
-        "--copy-column",
-        action="append",
-        default=[],
-        dest="copy_columns",
-        help="copy this input column into the output (repeatable)",
-    )
-    mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--resume", action="store_true", help="continue an interrupted run")
-    mode.add_argument("--overwrite", action="store_true", help="replace an existing output")
-    p.add_argument(
-        "--on-bad-record",
-        choices=["fail", "skip"],
-        default="fail",
-        help="fail (default) names the bad record; skip lists it in OUTPUT/_skipped.jsonl",
-    )
+    add_dataset_arguments(p)
     p.add_argument("--chunk-size", type=int, default=10_000, help="records per output chunk")
-    p.add_argument("--limit", type=int, help="process only the first N records")
     p.add_argument(
         "--no-batching",
         action="store_true",
