@@ -232,6 +232,8 @@ class BatchedModel(ServedModel):
             max_concurrent_batches=int(slots),
             min_batch_size=min(settings.min_batch_size, settings.max_batch_size),
             batch_timeout_s=settings.batch_timeout_s,
+            bucket_width=settings.bucket_width,
+            padding_slack=settings.padding_slack,
             name=f"serve-{name}",
         )
 

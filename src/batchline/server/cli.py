@@ -45,6 +45,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--target-batch-tokens", type=int, help="padded tokens per model call")
     p.add_argument("--max-batch-size", type=int, help="texts per model call at most")
     p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any other setting, e.g. --set padding_slack=4 (repeatable; JSON values)",
+    )
+    p.add_argument(
         "--log-level", choices=["critical", "error", "warning", "info", "debug"], default=None
     )
     p.add_argument(
@@ -77,10 +84,18 @@ def run(args: argparse.Namespace) -> int:
         "max_batch_size": args.max_batch_size,
         "log_level": args.log_level,
     }
-    if args.config is not None:
-        settings = ServerSettings.from_file(args.config, **overrides)
-    else:
-        settings = ServerSettings.build(**overrides)
+    from batchline.server.settings import load_config
+
+    data = load_config(args.config) if args.config is not None else {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise InputError(f"--set {item!r}: expected KEY=VALUE")
+        try:
+            data[key.strip()] = json.loads(value)
+        except ValueError:
+            data[key.strip()] = value
+    settings = ServerSettings.build(data, **overrides)
     if args.print_config:
         print(json.dumps(settings.to_dict(), indent=2, sort_keys=True))
         return 0

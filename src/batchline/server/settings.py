@@ -58,6 +58,8 @@ class ServerSettings(BaseModel):
             (``None``: none); low traffic then gets the baseline's batch-1 latency.
         target_batch_tokens, max_batch_size: a batch's padded-token budget and row cap.
         max_concurrent_batches: batches in flight at once (default: one per session).
+        bucket_width, padding_slack: padding-aware grouping: a text joins a batch only if it
+            adds at most ``padding_slack`` padded tokens.
         min_batch_size, batch_timeout_s: hold records while a slot is free until
             ``min_batch_size`` are queued, at most ``batch_timeout_s`` (default: never hold).
         max_queue_size: records queued at most; beyond it requests get 429 at once.
@@ -100,6 +102,10 @@ class ServerSettings(BaseModel):
     # 512 padded tokens per call: MiniLM's throughput peaks around 256-1,024.
     target_batch_tokens: int = Field(default=512, ge=1)
     max_batch_size: int = Field(default=64, ge=1)
+    # Padding-aware grouping (see batchline._queue): lengths are bucketed this wide, and a
+    # record joins a batch only if it adds at most padding_slack padded tokens.
+    bucket_width: int = Field(default=8, ge=1)
+    padding_slack: int = Field(default=16, ge=0)
     # Batches in flight at once (default: one per session).
     max_concurrent_batches: int | None = Field(default=None, ge=1, le=256)
     # Hold records while a slot is free until this many are queued (1: never hold)...
