@@ -33,3 +33,28 @@ def test_lone_batches_go_wide_and_overlapping_ones_narrow() -> None:
     emb.embed_tokens(toks)  # nothing else running: wide again
     assert (emb.solo_batches, emb.shared_batches) == (2, 1)
     assert wide.batches[-1] == [len(t) for t in toks]
+
+
+def test_model_threads_can_step_back_for_the_event_loop() -> None:
+    import os
+    import sys
+
+    from batchline.server.app import _lower_thread_priority
+
+    if not sys.platform.startswith("linux"):
+        return
+    seen: list[tuple[int, int]] = []
+
+    def work() -> None:
+        tid = threading.get_native_id()
+        before = os.getpriority(os.PRIO_PROCESS, tid)
+        _lower_thread_priority(3)
+        seen.append((before, os.getpriority(os.PRIO_PROCESS, tid)))
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join(timeout=30)
+    ((before, after),) = seen
+    assert after == min(19, before + 3)
+    main = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert main == before  # only that thread changed

@@ -42,6 +42,7 @@ import copy
 import hmac
 import logging
 import math
+import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -252,6 +253,8 @@ class BatchedModel(ServedModel):
 
     def _process(self, batch: list[_Job]) -> list[Vector]:
         # runs in the batcher's worker thread; prometheus-client metrics are thread-safe
+        if self.settings.model_thread_nice and not getattr(_thread_state, "niced", False):
+            _lower_thread_priority(self.settings.model_thread_nice)
         m = self.metrics
         started = time.perf_counter()
         observe_wait = m.queue_wait.observe
@@ -290,6 +293,23 @@ class BatchedModel(ServedModel):
             for f in futures:
                 f.cancel()
             raise
+
+
+_thread_state = threading.local()
+
+
+def _lower_thread_priority(delta: int) -> None:
+    """Raise this thread's nice value by ``delta`` (Linux: nice is per thread).
+
+    The model's threads then yield the CPU to the event loop, which parses requests and
+    forms the next batch, instead of starving it while they compute.
+    """
+    _thread_state.niced = True
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + delta)
+    except (AttributeError, OSError):  # not Linux, or not allowed: run at normal priority
+        pass
 
 
 class DirectModel(ServedModel):
