@@ -91,8 +91,8 @@ class ServerSettings(BaseModel):
 
     # -- batching ---------------------------------------------------------------------------
     batching: bool = True
-    # Two sessions of one thread each: two batches in flight on a 2-core CPU (see FACTS.md and
-    # bench_serve.py: it beat one two-thread session under load and costs < 1 ms at c=1).
+    # Two sessions of one thread each: two batches in flight on a 2-core CPU. bench_serve.py,
+    # short texts at c=32: 2x1 gave x1.15-1.19 the baseline's req/s, 1x2 x0.98.
     sessions: int = Field(default=2, ge=1, le=64)
     intra_op_threads: int = Field(default=1, ge=1, le=256)
     # A batch that starts while no other runs uses one extra session with this many threads
@@ -104,8 +104,11 @@ class ServerSettings(BaseModel):
     # forming batches) is not starved by them (Linux; 0: same priority). bench_serve.py, short
     # texts at c=32: x1.19 the baseline's req/s with p99 x1.40 at 0, x1.34 with p99 x0.83 at 5.
     model_thread_nice: int = Field(default=5, ge=0, le=19)
-    # 512 padded tokens per call: MiniLM's throughput peaks around 256-1,024.
-    target_batch_tokens: int = Field(default=512, ge=1)
+    # 256 padded tokens per call. bench_serve.py at c=32 (ratios to the baseline's req/s, p99):
+    # 256: short x1.44 / x0.89, mixed x1.08 / x1.18; 512: x1.34 / x0.92, x1.04 / x1.32;
+    # 1024: x1.25 / x1.34, x1.07 / x1.35. On this CPU a sentence costs about the same at any
+    # batch size past a few, so bigger batches of long texts only add latency.
+    target_batch_tokens: int = Field(default=256, ge=1)
     max_batch_size: int = Field(default=64, ge=1)
     # Padding-aware grouping (see batchline._queue): lengths are bucketed this wide, and a
     # record joins a batch only if it adds at most padding_slack padded tokens.
@@ -117,7 +120,8 @@ class ServerSettings(BaseModel):
     min_batch_size: int = Field(default=1, ge=1)
     # ...but no longer than this.
     batch_timeout_s: float = Field(default=0.05, ge=0)
-    # About two seconds of work at full speed on 2 cores; more only adds latency before 429.
+    # As large as one request may be (max_inputs_per_request): a few seconds of short texts on
+    # 2 cores (~300/s measured on the shared machine); more would only delay the 429.
     max_queue_size: int = Field(default=2048, ge=1)
     # The baseline (batching=False): one session with this many threads, texts run in chunks.
     baseline_intra_op_threads: int = Field(default=2, ge=1, le=256)
