@@ -12,6 +12,25 @@ Workloads: ``short`` texts of 8-24 tokens at concurrency 1, 8, 32, 64, and one `
 8-128 tokens. Goals (short texts): at c=1 p50 <= baseline + 1 ms; at c=32 >= 1.3x the baseline's
 req/s with p99 <= the baseline's; never below the baseline.
 
+Measured (2026-11-22, the shared 2-core machine, server defaults, median of 3 interleaved
+repeats of 6 s, points re-run when other processes used > 0.3 cores)::
+
+    python benchmarks/bench_serve.py --duration 6 --warmup 1.5 --repeats 3 --retries 3 \
+        --quiet-patience-s 30
+
+    workload   c | base req/s   p50    p99 | bl req/s   p50    p99 batch | x req/s p50 +ms p99 x
+    short      1 |        143   6.76  10.95 |      135   7.16  11.37   1.0 |    0.95  +0.40  1.04
+    short      8 |        259  30.07  53.81 |      239  32.41  58.10   2.6 |    0.92  +2.35  1.08
+    short     32 |        238 131.44 203.69 |      307 106.14 167.56   9.2 |    1.29 -25.30  0.82
+    short     64 |        233 272.46 340.53 |      331 193.81 285.49  12.4 |    1.42 -78.66  0.84
+    mixed     32 |         77 401.51 515.53 |       93 346.66 567.40   3.0 |    1.20 -54.85  1.10
+
+Run to run, the same server moved by +-10% at c=1 and c=8 (other runs: c=1 x1.00-1.08,
+c=8 x1.08-1.09); at c=32 batchline was x1.19-1.44 in every run. The model ran 3-4x slower than
+in FACTS.md on this machine (batch-1 latency 5.5-8 ms, not 1.9 ms), and a one-thread session
+cost about the same CPU per sentence at batch 1 and at batch 64: the gains come from two
+one-thread sessions instead of six callers on one two-thread session, not from batching itself.
+
 Usage::
 
     python benchmarks/bench_serve.py                       # defaults: 10 s per point
