@@ -26,7 +26,7 @@ repeats of 6 s, points re-run when other processes used > 0.3 cores)::
     mixed     32 |         77 401.51 515.53 |       93 346.66 567.40   3.0 |    1.20 -54.85  1.10
 
 Run to run, the same server moved by +-10% at c=1 and c=8 (earlier runs, with slightly
-different knobs: c=1 x1.00-1.09, c=8 x1.08-1.13); at c=32 batchline was x1.19-1.44 in every
+different knobs: c=1 x0.85-1.08, c=8 x1.08-1.09); at c=32 batchline was x1.19-1.44 in every
 run. The model ran 3-4x slower than in FACTS.md on this machine (batch-1 latency 5.5-8 ms, not
 1.9 ms), and, measured while others were running, a one-thread session cost about the same
 CPU per sentence at batch 1 as at batch 64: here the gain comes mostly from two one-thread
