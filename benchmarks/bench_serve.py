@@ -588,6 +588,7 @@ def main(argv: list[str] | None = None) -> int:
             results.append(res)
     finally:
         codes = {name: s.stop() for name, s in servers.items()}
+        shutil.rmtree(workdir, ignore_errors=True)
     print(f"# load average after: {os.getloadavg()[0]:.2f}; server exit codes: {codes}")
     print()
     for name in variants:
