@@ -598,7 +598,6 @@ def main(argv: list[str] | None = None) -> int:
         for line in check_goals(results, "baseline", name):
             print("goal", line)
         print()
-    shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
 
