@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -174,6 +175,49 @@ async def closed_loop(factory: Factory, seconds: float, *, sync_fn: bool = False
     return done / elapsed
 
 
+async def bare_minimum_loop(seconds: float) -> float:
+    """The closed loop through the least a batcher can do: a list, an event, one worker thread.
+
+    No budget, no stats, no cancellation: a floor for what asyncio plus a worker thread costs
+    per batch on this machine, so batchline's closed-loop figure can be read against it.
+    """
+    loop = asyncio.get_running_loop()
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    pending: list[asyncio.Future[None]] = []
+    ready = asyncio.Event()
+    done = 0
+    stop_at = time.perf_counter() + seconds
+
+    async def produce() -> None:
+        nonlocal done
+        while time.perf_counter() < stop_at:
+            fut = loop.create_future()
+            pending.append(fut)
+            ready.set()
+            await fut
+            done += 1
+
+    async def dispatch() -> None:
+        while True:
+            await ready.wait()
+            ready.clear()
+            if not pending:
+                continue
+            batch = pending[:]
+            pending.clear()
+            await loop.run_in_executor(pool, device, batch)
+            for fut in batch:
+                fut.set_result(None)
+
+    dispatcher = asyncio.create_task(dispatch())
+    start = time.perf_counter()
+    await asyncio.gather(*(produce() for _ in range(8)))
+    elapsed = time.perf_counter() - start
+    dispatcher.cancel()
+    pool.shutdown()
+    return done / elapsed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small smoke run")
@@ -208,6 +252,7 @@ def main() -> None:
     loop_rates["batchline (sync fn)"] = asyncio.run(
         closed_loop(DynamicBatcher, loop_s, sync_fn=True)
     )
+    loop_rates["bare minimum"] = asyncio.run(bare_minimum_loop(loop_s))
     for name, rate in loop_rates.items():
         print(f"   {name:20s} {rate:10,.0f} records/s  ({rate / bound:.2f} of the bound)")
     for other in ("timeout", "flyte"):
@@ -218,6 +263,8 @@ def main() -> None:
     for _ in range(200):
         device([0] * 8)
     real = (time.perf_counter() - t0) / 200
+    floor = loop_rates["bare minimum"]
+    print(f"   batchline (sync fn) / bare minimum: {loop_rates['batchline (sync fn)'] / floor:.2f}")
     print(
         f"   (time.sleep overshoots here: a nominal {device_time(8) * 1e3:.2f} ms device call "
         f"takes {real * 1e3:.2f} ms, so the reachable bound is {8 / real / bound:.2f})"
