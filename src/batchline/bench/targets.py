@@ -239,30 +239,13 @@ def _stats_counters(batcher: Any) -> Callable[[], Counters]:
 async def _knobs_target(
     loader: ModelLoader, knobs: Knobs, texts: Sequence[str]
 ) -> AsyncIterator[Target]:
-    from batchline._batcher import DynamicBatcher
+    from batchline.jobs.run import embedding_engine
 
     embedder = await asyncio.to_thread(loader.embedder, knobs)
     tokens = await asyncio.to_thread(embedder.tokenize, texts)
-    if knobs.batching:
-        async with embedder:
-            batcher = embedder.batcher
-            yield _SubmitTarget(batcher.submit, _stats_counters(batcher), tokens)
-        return
-
-    def one_at_a_time(batch: list[Any]) -> list[Any]:
-        return list(embedder.embed_tokens(batch))
-
-    # the same baseline as ``batchline run --no-batching``: one record per call, as many
-    # callers at once as the knobs allow, on the (shared) session
-    baseline: DynamicBatcher[Any, Any] = DynamicBatcher(
-        one_at_a_time,
-        max_batch_size=1,
-        max_concurrent_batches=knobs.max_concurrent_batches,
-        max_queue_size=knobs.max_queue_size,
-        name="no-batching",
-    )
-    async with baseline:
-        yield _SubmitTarget(baseline.submit, _stats_counters(baseline), tokens)
+    # batching or the baseline, exactly as ``batchline run`` runs them
+    async with embedding_engine(embedder, knobs) as batcher:
+        yield _SubmitTarget(batcher.submit, _stats_counters(batcher), tokens)
 
 
 @contextlib.asynccontextmanager

@@ -42,10 +42,10 @@ import os
 import random
 import threading
 import time
-from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol, cast, get_args
+from typing import Literal, Protocol, cast, get_args
 from urllib.parse import urlsplit
 
 import httpx
@@ -56,7 +56,7 @@ from batchline.driver.client import ROUTES, EmbeddingsRoute, ReplicaClient, Repl
 from batchline.driver.endpoints import Endpoint, EndpointPool, EndpointReport
 from batchline.driver.retry import Backoff, sleep
 from batchline.jobs.sinks import ChunkWriter, OutputFormat
-from batchline.jobs.sources import BadRecord, Format, Record, Source, open_source
+from batchline.jobs.sources import BadRecord, Format, Record, Source, open_source, read_blocks_ahead
 
 __all__ = [
     "FAILURES_NAME",
@@ -522,7 +522,9 @@ class _Job:
             if not task.cancelled() and task.exception() is not None:
                 errors.append(cast(BaseException, task.exception()))
 
-        blocks = _read_blocks(self.source, committed, self.options.chunk_size, self.options.limit)
+        blocks = read_blocks_ahead(
+            self.source, self.options.chunk_size, skip=committed, limit=self.options.limit
+        )
         try:
             async for block in blocks:
                 if errors:
@@ -631,26 +633,3 @@ def _skip_bad(writer: ChunkWriter, bad: list[BadRecord]) -> None:
 def _skip_all(writer: ChunkWriter, records: list[Record], reason: str) -> None:
     for r in records:
         writer.skip(r.index, r.id, reason)
-
-
-async def _read_blocks(
-    source: Source, committed: list[tuple[int, int]], block_size: int, limit: int | None
-) -> AsyncGenerator[list[Any], None]:
-    """The source's blocks, read in a worker thread one block ahead of the consumer."""
-    blocks: Iterator[list[Any]] = source.iter_blocks(block_size, skip=committed)
-    next_block = asyncio.ensure_future(asyncio.to_thread(next, blocks, None))
-    try:
-        while True:
-            block = await next_block
-            if block is None:
-                return
-            if limit is not None:
-                block = [item for item in block if item.index < limit]
-                if not block:
-                    return
-            next_block = asyncio.ensure_future(asyncio.to_thread(next, blocks, None))
-            yield block
-    finally:
-        # The reading thread finishes its block in the background; only its result is dropped.
-        next_block.cancel()
-        await asyncio.wait({next_block})

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -29,10 +29,25 @@ from batchline._batcher import DynamicBatcher
 from batchline._errors import BatchlineError, InputError
 from batchline._stats import percentile
 from batchline.jobs.sinks import ChunkWriter, OutputFormat
-from batchline.jobs.sources import BadRecord, Format, Record, Source, open_source
+from batchline.jobs.sources import (
+    BadRecord,
+    Format,
+    Record,
+    Source,
+    open_source,
+    read_blocks_ahead,
+)
 from batchline.knobs import BASELINE, Knobs
 
-__all__ = ["RunOptions", "RunSummary", "load_embedder", "open_job", "run", "run_job"]
+__all__ = [
+    "RunOptions",
+    "RunSummary",
+    "embedding_engine",
+    "load_embedder",
+    "open_job",
+    "run",
+    "run_job",
+]
 
 BadRecordMode = Literal["fail", "skip"]
 
@@ -243,7 +258,7 @@ async def _pipeline(
     writes: set[asyncio.Task[None]] = set()
     failure: list[BaseException] = []
 
-    async with _engine(embedder, knobs) as (submit, stats):
+    async with embedding_engine(embedder, knobs) as batcher:
 
         async def finish_block(
             records: list[Record], futures: list[asyncio.Future[Any]], t0: float
@@ -274,32 +289,34 @@ async def _pipeline(
                 if good:
                     await asyncio.to_thread(writer.write_batch, good, np.stack(vectors))
                 counts["records"] += len(good)
-                progress.advance(len(records), stats().utilization)
+                progress.advance(len(records), batcher.stats.utilization)
             except BaseException as exc:
                 failure.append(exc)
             finally:
                 blocks_in_flight.release()
 
+        blocks = read_blocks_ahead(source, _BLOCK, skip=committed, limit=options.limit)
         try:
-            async for block in _read_blocks(source, committed, options.limit):
-                if failure:
-                    break
-                bad = [item for item in block if isinstance(item, BadRecord)]
-                for item in bad:
-                    await asyncio.to_thread(writer.skip_bad, item)
-                counts["skipped"] += len(bad)
-                if bad:
-                    progress.advance(len(bad), stats().utilization)
-                records = [item for item in block if isinstance(item, Record)]
-                if not records:
-                    continue
-                await blocks_in_flight.acquire()
-                t0 = time.perf_counter()
-                toks = await asyncio.to_thread(embedder.tokenize, [r.text for r in records])
-                futures = [await submit(tok) for tok in toks]
-                task = asyncio.create_task(finish_block(records, futures, t0))
-                writes.add(task)
-                task.add_done_callback(writes.discard)
+            async with contextlib.aclosing(blocks):
+                async for block in blocks:
+                    if failure:
+                        break
+                    bad = [item for item in block if isinstance(item, BadRecord)]
+                    for item in bad:
+                        await asyncio.to_thread(writer.skip_bad, item)
+                    counts["skipped"] += len(bad)
+                    if bad:
+                        progress.advance(len(bad), batcher.stats.utilization)
+                    records = [item for item in block if isinstance(item, Record)]
+                    if not records:
+                        continue
+                    await blocks_in_flight.acquire()
+                    t0 = time.perf_counter()
+                    toks = await asyncio.to_thread(embedder.tokenize, [r.text for r in records])
+                    futures = [await batcher.submit(tok) for tok in toks]
+                    task = asyncio.create_task(finish_block(records, futures, t0))
+                    writes.add(task)
+                    task.add_done_callback(writes.discard)
             await asyncio.gather(*writes)
         except BaseException:
             for task in writes:
@@ -308,7 +325,7 @@ async def _pipeline(
             raise
         if failure:
             raise failure[0]
-        final_stats = stats()
+        final_stats = batcher.stats
 
     total = source.total_records or 0
     if options.limit is not None:
@@ -357,36 +374,14 @@ def _summary(
     )
 
 
-async def _read_blocks(
-    source: Source, committed: list[tuple[int, int]], limit: int | None
-) -> AsyncIterator[list[Any]]:
-    """The source's blocks, read in a worker thread one block ahead of the consumer."""
-    blocks: Iterator[list[Any]] = source.iter_blocks(_BLOCK, skip=committed)
-    next_block = asyncio.ensure_future(asyncio.to_thread(next, blocks, None))
-    try:
-        while True:
-            block = await next_block
-            if block is None:
-                return
-            if limit is not None:
-                block = [item for item in block if item.index < limit]
-                if not block:
-                    return
-            next_block = asyncio.ensure_future(asyncio.to_thread(next, blocks, None))
-            yield block
-    finally:
-        next_block.cancel()
-
-
-Submit = Callable[[Any], Awaitable[asyncio.Future[Any]]]
-
-
 @contextlib.asynccontextmanager
-async def _engine(embedder: Any, knobs: Knobs) -> AsyncIterator[tuple[Submit, Callable[[], Any]]]:
-    """The embedder's own batcher, or for the baseline a batcher of one record per call."""
+async def embedding_engine(embedder: Any, knobs: Knobs) -> AsyncIterator[DynamicBatcher[Any, Any]]:
+    """The running batcher to submit tokenized texts to: the embedder's own ``TokenBatcher``, or
+    for the no-batching baseline a batcher of one record per call, with as many callers at once
+    as the knobs allow on the (shared) session. ``run``, the Ray replicas and ``bench`` use it."""
     if knobs.batching:
         async with embedder:
-            yield embedder.batcher.submit, lambda: embedder.batcher.stats
+            yield embedder.batcher
         return
 
     def one_at_a_time(batch: list[Any]) -> list[Any]:
@@ -400,4 +395,4 @@ async def _engine(embedder: Any, knobs: Knobs) -> AsyncIterator[tuple[Submit, Ca
         name="no-batching",
     )
     async with baseline:
-        yield baseline.submit, lambda: baseline.stats
+        yield baseline

@@ -15,10 +15,11 @@ one. In CSV the header is not a record; in Parquet every row is one.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncGenerator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Literal, cast, get_args
@@ -37,6 +38,7 @@ __all__ = [
     "Source",
     "file_fingerprint",
     "open_source",
+    "read_blocks_ahead",
 ]
 
 Format = Literal["jsonl", "csv", "parquet", "text"]
@@ -605,3 +607,32 @@ def _describe(value: object) -> str:
         list: "a list",
         dict: "an object",
     }.get(type(value), type(value).__name__)
+
+
+async def read_blocks_ahead(
+    source: Source,
+    block_size: int,
+    *,
+    skip: Sequence[tuple[int, int]] = (),
+    limit: int | None = None,
+) -> AsyncGenerator[list[Item], None]:
+    """``source.iter_blocks`` for async code: each block is read in a worker thread while the
+    consumer works on the previous one, so the event loop never waits on the file. Records
+    from index ``limit`` on are not yielded."""
+    blocks = source.iter_blocks(block_size, skip=skip)
+    next_block = asyncio.ensure_future(asyncio.to_thread(next, blocks, None))
+    try:
+        while True:
+            block = await next_block
+            if block is None:
+                return
+            if limit is not None:
+                block = [item for item in block if item.index < limit]
+                if not block:
+                    return
+            next_block = asyncio.ensure_future(asyncio.to_thread(next, blocks, None))
+            yield block
+    finally:
+        # the reading thread finishes its block in the background; only its result is dropped
+        next_block.cancel()
+        await asyncio.wait({next_block})
