@@ -55,8 +55,9 @@ from batchline._errors import BatchlineError, InputError
 from batchline.driver.client import ROUTES, EmbeddingsRoute, ReplicaClient, Reply, Route
 from batchline.driver.endpoints import Endpoint, EndpointPool, EndpointReport
 from batchline.driver.retry import Backoff, sleep
+from batchline.jobs.run import open_dataset_job
 from batchline.jobs.sinks import ChunkWriter, OutputFormat
-from batchline.jobs.sources import BadRecord, Format, Record, Source, open_source, read_blocks_ahead
+from batchline.jobs.sources import BadRecord, Format, Record, Source, read_blocks_ahead
 
 __all__ = [
     "FAILURES_NAME",
@@ -351,37 +352,12 @@ async def drive_job(
     route = ROUTES[options.route]
     if isinstance(route, EmbeddingsRoute) and route.encoding != options.encoding:
         route = EmbeddingsRoute(encoding=options.encoding)
-    input_path = options.input
-    if input_path is None:
-        from batchline.jobs.corpus import demo_corpus_path
-
-        input_path = await asyncio.to_thread(demo_corpus_path)
-    output = options.output or _default_output(options.input, route)
-    source = open_source(
-        input_path,
-        text_column=options.text_column,
-        id_column=options.id_column,
-        extra_columns=tuple(options.copy_columns),
-        fmt=options.input_format,
-        on_bad_record="skip" if options.on_bad_record == "skip" else "raise",
-    )
-    meta = {
-        "input": str(input_path.resolve()),
-        "input_fingerprint": await asyncio.to_thread(source.fingerprint),
-        "route": route.name,
-        "model": options.model,
-        "text_column": options.text_column,
-        "id_column": source.id_column,
-        "copy_columns": list(options.copy_columns),
-        "limit": options.limit,
-    }
-    writer = ChunkWriter(
-        output,
-        fmt=options.output_format,
+    source, writer = await asyncio.to_thread(
+        open_dataset_job,
+        options,
+        output=options.output or _default_output(options.input, route),
         chunk_size=options.output_chunk_size,
-        overwrite=options.overwrite,
-        resume=options.resume,
-        meta=meta,
+        extra_settings={"route": route.name},
         result_column=route.result_column,
         result_kind=route.result_kind,
     )

@@ -28,7 +28,7 @@ import numpy as np
 from batchline._batcher import DynamicBatcher
 from batchline._errors import BatchlineError, InputError
 from batchline._stats import percentile
-from batchline.jobs.sinks import ChunkWriter, OutputFormat
+from batchline.jobs.sinks import ChunkWriter, OutputFormat, ResultKind
 from batchline.jobs.sources import (
     BadRecord,
     Format,
@@ -44,6 +44,7 @@ __all__ = [
     "RunSummary",
     "embedding_engine",
     "load_embedder",
+    "open_dataset_job",
     "open_job",
     "run",
     "run_job",
@@ -196,18 +197,53 @@ async def run_job(options: RunOptions, progress: Progress | None = None) -> RunS
         return await _pipeline(source, writer, embedder, options, knobs, committed, progress)
 
 
-def open_job(options: RunOptions) -> tuple[Source, ChunkWriter]:
-    """Open the job's input and output: the source, and the chunk writer with the job's settings.
+class DatasetOptions(Protocol):
+    """What a job over a dataset file says about its input and output (``RunOptions``, the
+    driver's ``DriveOptions``)."""
 
-    Every engine (local, Ray) opens a job this way, so each can resume the other's output and a
-    resume with different settings is refused. Sync: reading the fingerprint reads the input.
+    @property
+    def input(self) -> Path | None: ...
+    @property
+    def model(self) -> str | None: ...
+    @property
+    def text_column(self) -> str: ...
+    @property
+    def id_column(self) -> str | None: ...
+    @property
+    def copy_columns(self) -> Sequence[str]: ...
+    @property
+    def input_format(self) -> Format | None: ...
+    @property
+    def output_format(self) -> OutputFormat: ...
+    @property
+    def on_bad_record(self) -> str: ...
+    @property
+    def limit(self) -> int | None: ...
+    @property
+    def overwrite(self) -> bool: ...
+    @property
+    def resume(self) -> bool: ...
+
+
+def open_dataset_job(
+    options: DatasetOptions,
+    *,
+    output: Path,
+    chunk_size: int,
+    extra_settings: dict[str, object] | None = None,
+    result_column: str = "embedding",
+    result_kind: ResultKind = "vector",
+) -> tuple[Source, ChunkWriter]:
+    """Open a job's input and output: the source, and the chunk writer with the job's settings.
+
+    Every job over a dataset (``run`` on any engine, ``drive``) opens it this way, so the
+    settings a resume must match are the same everywhere. Sync: the fingerprint reads the input.
     """
     input_path = options.input
     if input_path is None:
         from batchline.jobs.corpus import demo_corpus_path
 
         input_path = demo_corpus_path()
-    output = options.output or default_output(options.input, options.output_format)
     if options.limit is not None and options.limit < 0:
         raise InputError(f"--limit must be >= 0, got {options.limit}")
     source = open_source(
@@ -218,7 +254,7 @@ def open_job(options: RunOptions) -> tuple[Source, ChunkWriter]:
         fmt=options.input_format,
         on_bad_record="skip" if options.on_bad_record == "skip" else "raise",
     )
-    meta = {
+    settings: dict[str, object] = {
         "input": str(input_path.resolve()),
         "input_fingerprint": source.fingerprint(),
         "model": options.model,
@@ -226,16 +262,25 @@ def open_job(options: RunOptions) -> tuple[Source, ChunkWriter]:
         "id_column": source.id_column,
         "copy_columns": list(options.copy_columns),
         "limit": options.limit,
+        **(extra_settings or {}),
     }
     writer = ChunkWriter(
         output,
         fmt=options.output_format,
-        chunk_size=options.chunk_size,
+        chunk_size=chunk_size,
         overwrite=options.overwrite,
         resume=options.resume,
-        meta=meta,
+        meta=settings,
+        result_column=result_column,
+        result_kind=result_kind,
     )
     return source, writer
+
+
+def open_job(options: RunOptions) -> tuple[Source, ChunkWriter]:
+    """``open_dataset_job`` for ``batchline run`` (local or Ray: either resumes the other)."""
+    output = options.output or default_output(options.input, options.output_format)
+    return open_dataset_job(options, output=output, chunk_size=options.chunk_size)
 
 
 def _baseline(knobs: Knobs) -> Knobs:
