@@ -109,9 +109,9 @@ def add_parser(sub: Any) -> None:
 
 def _main(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.table import Table
 
     from batchline.driver.drive import DriveOptions, drive
+    from batchline.jobs.display import print_summary
 
     options = DriveOptions(
         input=args.input,
@@ -140,7 +140,7 @@ def _main(args: argparse.Namespace) -> int:
         dim=args.dim,
     )
     console = Console(stderr=True)
-    bar = _Bar(console) if not args.quiet and console.is_terminal else None
+    bar = _bar(console) if not args.quiet and console.is_terminal else None
     handler = _StderrHandler()
     driver_log = logging.getLogger("batchline.driver")
     driver_log.addHandler(handler)
@@ -152,12 +152,7 @@ def _main(args: argparse.Namespace) -> int:
         driver_log.removeHandler(handler)
         if bar is not None:
             bar.close()
-    table = Table(title="batchline drive", show_header=False)
-    table.add_column(style="bold")
-    table.add_column(justify="right")
-    for label, value in summary.rows():
-        table.add_row(label, value)
-    Console().print(table)
+    print_summary("batchline drive", summary.rows())
     if summary.exit_code:
         print(
             f"batchline drive: {summary.failed_total:,} record(s) failed; "
@@ -178,62 +173,17 @@ class _StderrHandler(logging.Handler):
             self.handleError(record)
 
 
-class _Bar:
-    """A rich progress bar fed by the drive's progress hooks."""
+def _bar(console: Any) -> Any:
+    from batchline.jobs.display import RateBar
 
-    def __init__(self, console: Any) -> None:
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TaskProgressColumn,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
+    class Bar(RateBar):
+        failed = 0
 
-        self._progress = Progress(
-            TextColumn("[bold]driving"),
-            BarColumn(),
-            TaskProgressColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[rate]} rec/s"),
-            TextColumn("{task.fields[failed]} failed"),
-            TimeElapsedColumn(),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
-            console=console,
-            transient=False,
-        )
-        self._task: Any = None
-        self._started = 0.0
-        self._done = 0
-        self._failed = 0
+        def advance(self, records: int, failed: int) -> None:
+            self.failed += failed
+            self.step(records, f"{self.failed:,} failed")
 
-    def start(self, total: int | None, already_done: int) -> None:
-        import time
-
-        self._progress.start()
-        self._task = self._progress.add_task(
-            "drive", total=total, completed=already_done, rate="-", failed=0
-        )
-        self._started = time.perf_counter()
-
-    def advance(self, records: int, failed: int) -> None:
-        import time
-
-        self._done += records
-        self._failed += failed
-        elapsed = max(time.perf_counter() - self._started, 1e-9)
-        self._progress.update(
-            self._task,
-            advance=records,
-            rate=f"{self._done / elapsed:,.0f}",
-            failed=f"{self._failed:,}",
-        )
-
-    def close(self) -> None:
-        self._progress.stop()
+    return Bar(console, "driving")
 
 
 if __name__ == "__main__":  # pragma: no cover

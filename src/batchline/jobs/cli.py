@@ -97,8 +97,8 @@ def _knobs(args: argparse.Namespace) -> Any:
 
 def _main(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.table import Table
 
+    from batchline.jobs.display import print_summary
     from batchline.jobs.run import RunOptions, run
 
     if args.chunk_size < 1:
@@ -128,7 +128,7 @@ def _main(args: argparse.Namespace) -> int:
         raise InputError("--address and --replicas go with --engine ray")
     console = Console(stderr=True)
     show = not args.quiet and console.is_terminal
-    bar = _Bar(console) if show else None
+    bar = _bar(console) if show else None
     try:
         if args.engine == "local":
             summary = run(options, bar)
@@ -147,69 +147,18 @@ def _main(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.close()
-    table = Table(title="batchline run", show_header=False)
-    table.add_column(style="bold")
-    table.add_column(justify="right")
-    for label, value in summary.rows():
-        table.add_row(label, value)
-    Console().print(table)
+    print_summary("batchline run", summary.rows())
     return 0
 
 
-class _Bar:
-    """A rich progress bar fed by the job's progress hooks."""
+def _bar(console: Any) -> Any:
+    from batchline.jobs.display import RateBar
 
-    def __init__(self, console: Any) -> None:
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TaskProgressColumn,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
+    class Bar(RateBar):
+        def advance(self, records: int, utilization: float) -> None:
+            self.step(records, f"util {utilization:.0%}")
 
-        self._progress = Progress(
-            TextColumn("[bold]embedding"),
-            BarColumn(),
-            TaskProgressColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[rate]} rec/s"),
-            TextColumn("util {task.fields[util]}"),
-            TimeElapsedColumn(),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
-            console=console,
-            transient=False,
-        )
-        self._task: Any = None
-        self._started = 0.0
-        self._done = 0
-
-    def start(self, total: int | None, already_done: int) -> None:
-        import time
-
-        self._progress.start()
-        self._task = self._progress.add_task(
-            "run", total=total, completed=already_done, rate="-", util="-"
-        )
-        self._started = time.perf_counter()
-
-    def advance(self, records: int, utilization: float) -> None:
-        import time
-
-        self._done += records
-        elapsed = max(time.perf_counter() - self._started, 1e-9)
-        self._progress.update(
-            self._task,
-            advance=records,
-            rate=f"{self._done / elapsed:,.0f}",
-            util=f"{utilization:.0%}",
-        )
-
-    def close(self) -> None:
-        self._progress.stop()
+    return Bar(console, "embedding")
 
 
 if __name__ == "__main__":  # pragma: no cover
