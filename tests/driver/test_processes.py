@@ -15,7 +15,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 
@@ -188,18 +187,6 @@ def keyed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
         yield server
 
 
-async def _ready_at(url: str, since: float) -> float:
-    """When ``url`` answers ``/ready`` with 200 (polled; bounded by the test's timeout)."""
-    async with httpx.AsyncClient(timeout=2.0) as client:
-        while True:
-            try:
-                if (await client.get(url + "/ready")).status_code == 200:
-                    return time.monotonic() - since
-            except httpx.HTTPError:
-                pass
-            await asyncio.sleep(0.1)
-
-
 @pytest.mark.anyio
 async def test_a_replica_killed_and_restarted_mid_run_loses_and_duplicates_nothing(
     tmp_path: Path, procs: Procs, shared_input: Path, reference: np.ndarray
@@ -214,7 +201,6 @@ async def test_a_replica_killed_and_restarted_mid_run_loses_and_duplicates_nothi
                 input=shared_input,
                 output=tmp_path / "out",
                 endpoints=[a.url, b.url],
-                # small and few: the job outlasts the restart, so the rejoin is seen too
                 chunk_size=10,
                 concurrency=2,
                 output_chunk_size=200,
@@ -229,23 +215,15 @@ async def test_a_replica_killed_and_restarted_mid_run_loses_and_duplicates_nothi
         await asyncio.sleep(0.1)
     assert not job.done(), "the job finished before the replica could be killed"
     a.kill()  # kill -9, chunks in flight to it included
-    killed_at = time.monotonic()
-    restarted = procs.serve(port=a.port, name="a-again")
-    ready = asyncio.ensure_future(_ready_at(restarted.url, killed_at))
+    procs.serve(port=a.port, name="a-again")  # restarted on the same port
     summary = await asyncio.wait_for(job, timeout=240)
-    finished_after = time.monotonic() - killed_at
-    ready_after = await asyncio.wait_for(ready, timeout=120)
-
-    print(f"replica back after {ready_after:.1f} s, job done after {finished_after:.1f} s")
     print(*summary.endpoints, sep="\n")
     assert (summary.records, summary.failed, summary.exit_code) == (N_RECORDS, 0, 0)
     ra, rb = summary.endpoints
     assert ra.times_set_aside >= 1
     assert set(ra.errors) <= {"connect", "network", "timeout", "http_503"}
     assert rb.successes > 0
-    # back while there was work left (re-probes are at most 0.5 s apart): it rejoined
-    if ready_after < finished_after - 1.0:
-        assert ra.times_rejoined >= 1
+    # (rejoining after a re-probe is tested on an injected clock in test_endpoints.py)
     indices, vectors = vectors_of(tmp_path / "out")
     assert indices == list(range(N_RECORDS))  # every record, once, in order
     np.testing.assert_allclose(vectors, reference, atol=1e-5)
