@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Literal, TypeVar
 
 from batchline._batcher import DynamicBatcher, ProcessFn
 from batchline._clock import Clock
@@ -134,6 +134,3 @@ class TokenBatcher(DynamicBatcher[T, R]):
         return super().submit_nowait(
             record, estimated_cost=cost, priority=priority, timeout_s=timeout_s
         )
-
-    def _describe(self) -> dict[str, Any]:
-        return {"target_batch_tokens": self.target_batch_cost}
