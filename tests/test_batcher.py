@@ -134,6 +134,56 @@ async def test_two_slots_run_two_batches_at_once() -> None:
     assert sorted(map(tuple, gate.batches)) == [(0, 1), (2, 3), (4, 5)]
 
 
+async def test_a_freed_slot_takes_the_next_batch_before_results_are_handed_out() -> None:
+    """Handing out results wakes their callers (in a server: writes their responses); the
+    device must not wait for that when records are already queued."""
+    events: list[tuple[str, Any]] = []
+    release = asyncio.Event()
+
+    async def device(batch: list[str]) -> list[str]:
+        events.append(("run", list(batch)))
+        if batch == ["a"]:
+            await release.wait()
+        return batch
+
+    async with DynamicBatcher(device, max_batch_size=10) as b:
+        first = await b.submit("a")
+        await settle()
+        first.add_done_callback(lambda f: events.append(("resolved", f.result())))
+        later = [await b.submit(x) for x in "bc"]
+        await settle()
+        release.set()
+        assert await asyncio.gather(first, *later) == ["a", "b", "c"]
+    assert events == [("run", ["a"]), ("run", ["b", "c"]), ("resolved", "a")]
+    assert b.stats.dispatch_reasons["slot_free"] == 2
+
+
+async def test_a_failing_batch_keeps_its_slot_while_it_is_bisected() -> None:
+    running = 0
+    most = 0
+    calls: list[list[int]] = []
+
+    async def device(batch: list[int]) -> list[int]:
+        nonlocal running, most
+        calls.append(list(batch))
+        running += 1
+        most = max(most, running)
+        try:
+            await asyncio.sleep(0)
+        finally:
+            running -= 1
+        if 3 in batch:
+            raise BadRecord("3")
+        return batch
+
+    async with DynamicBatcher(device, max_batch_size=4) as b:
+        futures = [await b.submit(i) for i in range(12)]
+        results = await asyncio.gather(*futures, return_exceptions=True)
+    assert most == 1
+    assert [r for r in results if not isinstance(r, BadRecord)] == [i for i in range(12) if i != 3]
+    assert calls[:4] == [[0, 1, 2, 3], [0, 1], [2, 3], [2]]
+
+
 async def test_producers_woken_by_one_batch_go_out_together() -> None:
     """The closed-loop trap: a batch's results wake its producers; their resubmits must form
     one batch, not a batch of 1 followed by the rest."""

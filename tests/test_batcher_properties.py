@@ -43,9 +43,17 @@ class Device:
     batches: list[list[Rec]] = field(default_factory=list)
     padded: bool = False
 
+    running: int = 0
+    most_running: int = 0
+
     async def __call__(self, batch: list[Rec]) -> list[tuple[str, int]]:
         self.batches.append(list(batch))
-        await asyncio.sleep(0)
+        self.running += 1
+        self.most_running = max(self.most_running, self.running)
+        try:
+            await asyncio.sleep(0)
+        finally:
+            self.running -= 1
         for r in batch:
             if r.bad:
                 raise Bad(r.ident)
@@ -158,6 +166,8 @@ async def scenario(schedule: list[tuple[Any, ...]], token: bool) -> None:
     await batcher.stop()
     await settle()
 
+    # never more calls at once than slots, bisection retries included
+    assert device.most_running <= 2
     # budgets and size caps held for every batch
     for batch in device.batches:
         assert len(batch) <= MAX_SIZE

@@ -5,7 +5,9 @@ The rules it keeps:
 
 * **Work-conserving.** When a slot is free and a record is queued, a batch goes out now.
   Records that arrive while every slot is busy wait in the queue and join the batch that is
-  formed when a slot frees. ``min_batch_size``/``batch_timeout_s`` only let the batcher hold
+  formed when a slot frees. A batch frees its slot the moment ``process_fn`` returns, and the
+  next batch goes out before the results are handed out (waking their callers can take the
+  event loop a while). ``min_batch_size``/``batch_timeout_s`` only let the batcher hold
   records while a slot is free, waiting for company; by default nothing is held.
 * **Hard budget.** A batch never exceeds ``target_batch_cost`` nor ``max_batch_size``; a record
   costing more than the whole budget goes alone (``oversize="alone"``) or is refused at submit
@@ -78,6 +80,15 @@ class _RecordFuture(asyncio.Future):  # type: ignore[type-arg]
         if owner is not None:
             owner._on_cancel(self._entry)
         return True
+
+
+class _Slot:
+    """A processing slot held by one batch until it is freed, exactly once."""
+
+    __slots__ = ("held",)
+
+    def __init__(self) -> None:
+        self.held = True
 
 
 def _check_positive(name: str, value: float, minimum: float = 1) -> None:
@@ -209,6 +220,8 @@ class DynamicBatcher(Generic[T, R]):
         self._wake: asyncio.Event | None = None
         self._dispatcher: asyncio.Task[None] | None = None
         self._in_flight: set[asyncio.Task[None]] = set()
+        # slots taken: a batch frees its slot as soon as process_fn returns its results
+        self._busy = 0
         self._space_waiters: list[asyncio.Future[None]] = []
         self._stop_task: asyncio.Task[None] | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
@@ -261,6 +274,7 @@ class DynamicBatcher(Generic[T, R]):
             padding_slack=self._padding_slack,
         )
         self._in_flight = set()
+        self._busy = 0
         self._space_waiters = []
         self._stop_task = None
         if not self._is_async:
@@ -544,7 +558,7 @@ class DynamicBatcher(Generic[T, R]):
             stopping = self._state is not State.RUNNING
             if stopping and queue.size == 0:
                 return
-            if queue.size == 0 or len(self._in_flight) >= self._slots:
+            if queue.size == 0 or self._busy >= self._slots:
                 wake.clear()
                 await wake.wait()
                 continue
@@ -620,21 +634,37 @@ class DynamicBatcher(Generic[T, R]):
             started = self._loop.run_in_executor(
                 self._executor, self._sync_fn, [e.record for e in entries]
             )
-        task = self._loop.create_task(self._run_batch(entries, started))
+        slot = _Slot()
+        self._busy += 1
+        task = self._loop.create_task(self._run_batch(entries, started, slot))
         self._in_flight.add(task)
-        task.add_done_callback(self._batch_done)
+        task.add_done_callback(self._in_flight.discard)
 
-    def _batch_done(self, task: asyncio.Task[None]) -> None:
-        self._in_flight.discard(task)
-        self._notify()  # a slot is free
+    def _free_slot(self, slot: _Slot) -> None:
+        if not slot.held:
+            return
+        slot.held = False
+        self._busy -= 1
+        queue = self._queue
+        if (
+            self._state is State.RUNNING
+            and queue.size > 0
+            and (queue.size >= self._min_batch_size or queue.total_cost >= self._target_batch_cost)
+        ):
+            # Dispatch now, before this batch's results are handed out: resolving them wakes
+            # their callers (and, in a server, writes their responses), and the device would
+            # sit idle for all of that while records are already waiting.
+            self._dispatch(None)
+        else:
+            self._notify()
 
     # -- running a batch --------------------------------------------------------------------
 
     async def _run_batch(
-        self, entries: list[Entry[T]], started: asyncio.Future[Sequence[R]] | None
+        self, entries: list[Entry[T]], started: asyncio.Future[Sequence[R]] | None, slot: _Slot
     ) -> None:
         try:
-            await self._process(entries, started)
+            await self._process(entries, started, slot)
         except asyncio.CancelledError:
             # stop(timeout_s=...) gave up on this batch
             self._fail_each(entries, lambda: BatcherClosedError(f"{self.name}: stop() timed out"))
@@ -642,11 +672,17 @@ class DynamicBatcher(Generic[T, R]):
             what = repr(exc)
             self._fail_each(entries, lambda: BatchProcessingError(f"{self.name}: {what}"))
             raise
+        finally:
+            self._free_slot(slot)
 
     async def _process(
-        self, entries: list[Entry[T]], running: asyncio.Future[Sequence[R]] | None = None
+        self,
+        entries: list[Entry[T]],
+        running: asyncio.Future[Sequence[R]] | None = None,
+        slot: _Slot | None = None,
     ) -> None:
-        # ``running``: the call already started at dispatch on exactly these entries
+        # ``running``: the call already started at dispatch on exactly these entries.
+        # ``slot``: freed early when the call succeeds; a failed batch keeps it for bisecting.
         live = entries if running is not None else [e for e in entries if not e.future.done()]
         if not live:
             return
@@ -695,6 +731,8 @@ class DynamicBatcher(Generic[T, R]):
                 ),
             )
             return
+        if slot is not None:
+            self._free_slot(slot)
         stats = self._stats
         latencies = stats.latencies
         completed = 0
@@ -756,7 +794,7 @@ class DynamicBatcher(Generic[T, R]):
         return self._stats.snapshot(
             slot_seconds=slot_seconds,
             queue_depth=self._queue.size,
-            in_flight=len(self._in_flight),
+            in_flight=self._busy,
         )
 
     def _clock_now(self) -> float:
