@@ -107,13 +107,19 @@ class ServerSettings(BaseModel):
     # 256 padded tokens per call. bench_serve.py at c=32 (ratios to the baseline's req/s, p99):
     # 256: short x1.44 / x0.89, mixed x1.08 / x1.18; 512: x1.34 / x0.92, x1.04 / x1.32;
     # 1024: x1.25 / x1.34, x1.07 / x1.35. On this CPU a sentence costs about the same at any
-    # batch size past a few, so bigger batches of long texts only add latency.
+    # batch size past a few, so bigger batches of long texts only add latency. Re-checked with
+    # padding_slack 4 (2026-11-23, quiet machine): 128: short x1.29, mixed x0.97; 256: x1.34,
+    # x1.06 / p99 x1.15; 512: x1.31, x1.06 / p99 x1.26.
     target_batch_tokens: int = Field(default=256, ge=1)
     max_batch_size: int = Field(default=64, ge=1)
     # Padding-aware grouping (see batchline._queue): lengths are bucketed this wide, and a
-    # record joins a batch only if it adds at most padding_slack padded tokens.
-    bucket_width: int = Field(default=8, ge=1)
-    padding_slack: int = Field(default=16, ge=0)
+    # record joins a batch only if it adds at most padding_slack padded tokens. Tight groups,
+    # as in batchline.models.Embedder: on this CPU a padded token costs about what a real one
+    # does, and smaller batches cost little. bench_serve.py, short texts, req/s against the
+    # baseline's: slack 4 / width 2: c=32 x1.33-1.37, c=64 x1.53; slack 16 / width 8:
+    # c=32 x1.21-1.27, c=64 x1.40; slack 64: c=32 x1.14.
+    bucket_width: int = Field(default=2, ge=1)
+    padding_slack: int = Field(default=4, ge=0)
     # Batches in flight at once (default: one per session).
     max_concurrent_batches: int | None = Field(default=None, ge=1, le=256)
     # Hold records while a slot is free until this many are queued (1: never hold)...
