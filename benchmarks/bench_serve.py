@@ -12,25 +12,25 @@ Workloads: ``short`` texts of 8-24 tokens at concurrency 1, 8, 32, 64, and one `
 8-128 tokens. Goals (short texts): at c=1 p50 <= baseline + 1 ms; at c=32 >= 1.3x the baseline's
 req/s with p99 <= the baseline's; never below the baseline.
 
-Measured (2026-11-22, the shared 2-core machine, server defaults, median of 3 interleaved
-repeats of 6 s, points re-run when other processes used > 0.3 cores)::
+Measured (2026-11-23, the 2-core machine with nothing else running, server defaults, median
+of 3 interleaved repeats of 6 s; httptools and uvloop installed, as the server extra brings)::
 
-    python benchmarks/bench_serve.py --duration 6 --warmup 1.5 --repeats 3 --retries 3 \
-        --quiet-patience-s 30
+    python benchmarks/bench_serve.py --duration 6 --warmup 1.5 --repeats 3 --retries 2 \
+        --quiet-patience-s 20
 
     workload   c | base req/s   p50    p99 | bl req/s   p50    p99 batch | x req/s p50 +ms p99 x
-    short      1 |        143   6.76  10.95 |      135   7.16  11.37   1.0 |    0.95  +0.40  1.04
-    short      8 |        259  30.07  53.81 |      239  32.41  58.10   2.6 |    0.92  +2.35  1.08
-    short     32 |        238 131.44 203.69 |      307 106.14 167.56   9.2 |    1.29 -25.30  0.82
-    short     64 |        233 272.46 340.53 |      331 193.81 285.49  12.4 |    1.42 -78.66  0.84
-    mixed     32 |         77 401.51 515.53 |       93 346.66 567.40   3.0 |    1.20 -54.85  1.10
+    short      1 |        149   6.55  10.71 |      150   6.50  11.77   1.0 |    1.00  -0.05  1.10
+    short      8 |        307  25.03  49.58 |      318  24.41  43.12   2.1 |    1.03  -0.62  0.87
+    short     32 |        331  94.15 150.77 |      436  71.76 128.21   6.6 |    1.32 -22.39  0.85
+    short     64 |        318 192.25 581.76 |      476 129.19 240.63  11.4 |    1.50 -63.06  0.41
+    mixed     32 |        118 267.19 335.24 |      125 276.76 416.51   2.3 |    1.06  +9.57  1.24
 
-Run to run, the same server moved by +-10% at c=1 and c=8 (earlier runs, with slightly
-different knobs: c=1 x0.85-1.08, c=8 x1.08-1.09); at c=32 batchline was x1.19-1.44 in every
-run. The model ran 3-4x slower than in FACTS.md on this machine (batch-1 latency 5.5-8 ms, not
-1.9 ms), and, measured while others were running, a one-thread session cost about the same
-CPU per sentence at batch 1 as at batch 64: here the gain comes mostly from two one-thread
-sessions instead of six callers on one two-thread session, less from batching itself.
+Per repeat at c=32, batchline gave 430-439 req/s and the baseline 309-335 (x1.30-1.42); at
+c=8 the two overlap (278-313 against 307-329). Where batchline's margin comes from on this
+CPU: a one-thread session runs a 16-token sentence in ~4 ms alone and ~2.6 ms in a batch of
+16, and a padded token costs about what a real one does, so tight length groups
+(``padding_slack`` 4) beat bigger batches. Mixed lengths gain little, and their p99 is above
+the baseline's; that is not explained yet.
 
 Usage::
 
