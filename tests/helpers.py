@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -32,3 +33,20 @@ class Gate:
         self.batches.append(list(batch))
         await self._event.wait()
         return [("done", r) for r in batch]
+
+
+class Overlap:
+    """Counts the process_fn calls running at once; ``most`` is the peak seen."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.most = 0
+
+    @contextmanager
+    def call(self) -> Iterator[None]:
+        self.running += 1
+        self.most = max(self.most, self.running)
+        try:
+            yield
+        finally:
+            self.running -= 1

@@ -21,7 +21,7 @@ from batchline import (
     State,
 )
 
-from .helpers import Gate, settle
+from .helpers import Gate, Overlap, settle
 
 pytestmark = pytest.mark.anyio
 
@@ -159,19 +159,13 @@ async def test_a_freed_slot_takes_the_next_batch_before_results_are_handed_out()
 
 
 async def test_a_failing_batch_keeps_its_slot_while_it_is_bisected() -> None:
-    running = 0
-    most = 0
+    overlap = Overlap()
     calls: list[list[int]] = []
 
     async def device(batch: list[int]) -> list[int]:
-        nonlocal running, most
         calls.append(list(batch))
-        running += 1
-        most = max(most, running)
-        try:
+        with overlap.call():
             await asyncio.sleep(0)
-        finally:
-            running -= 1
         if 3 in batch:
             raise BadRecord("3")
         return batch
@@ -179,7 +173,7 @@ async def test_a_failing_batch_keeps_its_slot_while_it_is_bisected() -> None:
     async with DynamicBatcher(device, max_batch_size=4) as b:
         futures = [await b.submit(i) for i in range(12)]
         results = await asyncio.gather(*futures, return_exceptions=True)
-    assert most == 1
+    assert overlap.most == 1
     assert [r for r in results if not isinstance(r, BadRecord)] == [i for i in range(12) if i != 3]
     assert calls[:4] == [[0, 1, 2, 3], [0, 1], [2, 3], [2]]
 

@@ -20,7 +20,7 @@ from batchline import (
     TokenBatcher,
 )
 
-from .helpers import settle
+from .helpers import Overlap, settle
 
 BUDGET = 20
 MAX_SIZE = 5
@@ -43,17 +43,12 @@ class Device:
     batches: list[list[Rec]] = field(default_factory=list)
     padded: bool = False
 
-    running: int = 0
-    most_running: int = 0
+    overlap: Overlap = field(default_factory=Overlap)
 
     async def __call__(self, batch: list[Rec]) -> list[tuple[str, int]]:
         self.batches.append(list(batch))
-        self.running += 1
-        self.most_running = max(self.most_running, self.running)
-        try:
+        with self.overlap.call():
             await asyncio.sleep(0)
-        finally:
-            self.running -= 1
         for r in batch:
             if r.bad:
                 raise Bad(r.ident)
@@ -167,7 +162,7 @@ async def scenario(schedule: list[tuple[Any, ...]], token: bool) -> None:
     await settle()
 
     # never more calls at once than slots, bisection retries included
-    assert device.most_running <= 2
+    assert device.overlap.most <= 2
     # budgets and size caps held for every batch
     for batch in device.batches:
         assert len(batch) <= MAX_SIZE

@@ -570,11 +570,7 @@ class DynamicBatcher(Generic[T, R]):
                 if queue.size == 0:
                     continue
             reason = "stop" if stopping else None
-            if (
-                not stopping
-                and queue.size < self._min_batch_size
-                and queue.total_cost < self._target_batch_cost
-            ):
+            if not stopping and self._short_of_min_batch():
                 oldest = queue.oldest()
                 assert oldest is not None
                 release_at = oldest.enqueued_at + self._batch_timeout_s
@@ -586,6 +582,11 @@ class DynamicBatcher(Generic[T, R]):
                     continue
                 reason = "timeout"
             self._dispatch(reason)
+
+    def _short_of_min_batch(self) -> bool:
+        """Too little is queued to dispatch without holding (``min_batch_size``)."""
+        queue = self._queue
+        return queue.size < self._min_batch_size and queue.total_cost < self._target_batch_cost
 
     def _arm_hold_timer(self, when: float) -> None:
         if self._hold_timer is not None:
@@ -645,12 +646,7 @@ class DynamicBatcher(Generic[T, R]):
             return
         slot.held = False
         self._busy -= 1
-        queue = self._queue
-        if (
-            self._state is State.RUNNING
-            and queue.size > 0
-            and (queue.size >= self._min_batch_size or queue.total_cost >= self._target_batch_cost)
-        ):
+        if self._state is State.RUNNING and self._queue.size > 0 and not self._short_of_min_batch():
             # Dispatch now, before this batch's results are handed out: resolving them wakes
             # their callers (and, in a server, writes their responses), and the device would
             # sit idle for all of that while records are already waiting.

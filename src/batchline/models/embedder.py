@@ -35,6 +35,8 @@ from batchline._tokens import TokenBatcher
 from batchline.models.onnxruntime import OnnxModel, ProviderSpec, pad_sequences
 
 __all__ = [
+    "DEFAULT_BUCKET_WIDTH",
+    "DEFAULT_PADDING_SLACK",
     "DEFAULT_TARGET_BATCH_TOKENS",
     "Embedder",
     "TokenizedText",

@@ -27,6 +27,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from batchline._errors import InputError
+from batchline.models.embedder import DEFAULT_BUCKET_WIDTH, DEFAULT_PADDING_SLACK
 
 __all__ = ["API_KEY_ENV", "ServerSettings", "load_config"]
 
@@ -113,13 +114,13 @@ class ServerSettings(BaseModel):
     target_batch_tokens: int = Field(default=256, ge=1)
     max_batch_size: int = Field(default=64, ge=1)
     # Padding-aware grouping (see batchline._queue): lengths are bucketed this wide, and a
-    # record joins a batch only if it adds at most padding_slack padded tokens. Tight groups,
-    # as in batchline.models.Embedder: on this CPU a padded token costs about what a real one
-    # does, and smaller batches cost little. bench_serve.py, short texts, req/s against the
-    # baseline's: slack 4 / width 2: c=32 x1.33-1.37, c=64 x1.53; slack 16 / width 8:
-    # c=32 x1.21-1.27, c=64 x1.40; slack 64: c=32 x1.14.
-    bucket_width: int = Field(default=2, ge=1)
-    padding_slack: int = Field(default=4, ge=0)
+    # record joins a batch only if it adds at most padding_slack padded tokens. The Embedder's
+    # tight groups: on this CPU a padded token costs about what a real one does, and smaller
+    # batches cost little. bench_serve.py, short texts, req/s against the baseline's:
+    # slack 4 / width 2: c=32 x1.33-1.37, c=64 x1.53; slack 16 / width 8: c=32 x1.21-1.27,
+    # c=64 x1.40; slack 64: c=32 x1.14.
+    bucket_width: int = Field(default=DEFAULT_BUCKET_WIDTH, ge=1)
+    padding_slack: int = Field(default=DEFAULT_PADDING_SLACK, ge=0)
     # Batches in flight at once (default: one per session).
     max_concurrent_batches: int | None = Field(default=None, ge=1, le=256)
     # Hold records while a slot is free until this many are queued (1: never hold)...
