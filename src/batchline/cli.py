@@ -1,4 +1,4 @@
-"""``batchline run|serve|drive|bench|tune``.
+"""``batchline run|serve|drive|bench|tune|models``.
 
 Each subcommand lives with its layer (``jobs/cli.py``, ``server/cli.py``, ...) and exposes
 ``add_parser(subparsers)``; those modules import only the standard library at the top, so
@@ -17,13 +17,34 @@ from batchline._errors import BatchlineError
 
 __all__ = ["main"]
 
-# subcommand module -> the extra that its imports need
-_COMMANDS: tuple[tuple[str, str], ...] = (
-    ("batchline.jobs.cli", "jobs"),
-    ("batchline.server.cli", "server"),
-    ("batchline.driver.cli", "driver"),
-    ("batchline.bench.cli", "bench"),
+# The modules that define the subcommands (each ``add_parser(subparsers)``, stdlib imports only).
+_COMMAND_MODULES = (
+    "batchline.jobs.cli",
+    "batchline.server.cli",
+    "batchline.driver.cli",
+    "batchline.bench.cli",
+    "batchline.models.cli",
 )
+
+# subcommand -> the extra it needs (models: none, it only runs pip)
+_EXTRA_OF_COMMAND = {
+    "run": "jobs",
+    "serve": "server",
+    "drive": "driver",
+    "bench": "bench",
+    "tune": "bench",
+}
+
+# extra -> the extras it includes (pyproject.toml's optional-dependencies)
+_INCLUDES = {
+    "onnx": {"onnx"},
+    "jobs": {"jobs", "onnx"},
+    "server": {"server", "onnx"},
+    "driver": {"driver", "jobs", "onnx"},
+    "bench": {"bench", "jobs", "onnx"},
+    "ray": {"ray", "jobs", "onnx"},
+    "generate": {"generate"},
+}
 
 _EXTRA_OF_MODULE = {
     "onnxruntime": "onnx",
@@ -41,6 +62,9 @@ _EXTRA_OF_MODULE = {
     "httpx": "driver",
     "matplotlib": "bench",
     "ray": "ray",
+    "torch": "generate",
+    "transformers": "generate",
+    "gguf": "generate",
 }
 
 
@@ -50,14 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Dynamic batching for ML inference.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module_name, _extra in _COMMANDS:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name is not None and exc.name.startswith("batchline"):
-                continue  # that layer is not built yet
-            raise
-        module.add_parser(sub)
+    for module_name in _COMMAND_MODULES:
+        importlib.import_module(module_name).add_parser(sub)
     return parser
 
 
@@ -71,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except ModuleNotFoundError as exc:
         top = (exc.name or "").split(".")[0]
-        extra = _EXTRA_OF_MODULE.get(top)
+        extra = missing_extra(args.command, top)
         if extra is None:
             raise
         print(
@@ -84,6 +102,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"batchline {args.command}: interrupted", file=sys.stderr)
         return 130
     return code
+
+
+def missing_extra(command: str, module: str) -> str | None:
+    """The extra to install when ``command`` fails for want of ``module``: the command's own
+    extra if it brings that module, else the module's extra (e.g. ``ray`` for ``run --engine
+    ray``); ``None`` for a module no extra brings (a real bug, not a missing install)."""
+    extra = _EXTRA_OF_MODULE.get(module)
+    if extra is None:
+        return None
+    own = _EXTRA_OF_COMMAND.get(command)
+    if own is not None and extra in _INCLUDES[own]:
+        return own
+    return extra
 
 
 if __name__ == "__main__":  # pragma: no cover

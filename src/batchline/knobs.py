@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import tomllib
 from dataclasses import dataclass
@@ -24,7 +25,25 @@ from typing import Any
 
 from batchline._errors import InputError
 
-__all__ = ["BASELINE", "Knobs"]
+__all__ = [
+    "BASELINE",
+    "DEFAULT_BUCKET_WIDTH",
+    "DEFAULT_PADDING_SLACK",
+    "DEFAULT_TARGET_BATCH_TOKENS",
+    "Knobs",
+]
+
+# Padded tokens per model call. MiniLM-L6 on ONNX Runtime (2 sessions x 1 thread) peaks at
+# about 256-1,024 padded tokens per call and falls beyond ~2k; benchmarks/bench_embeddings.py
+# measures 256/512/1024 and this is the best of them on a mixed-length corpus.
+DEFAULT_TARGET_BATCH_TOKENS = 512
+
+# Length grouping for the TokenBatcher. A batch may take a text that adds at most this many
+# padded tokens (about what one more model call costs on MiniLM); the core's default (16)
+# let short-text batches carry ~18% padding and cost ~15% throughput in
+# benchmarks/bench_embeddings.py, 4 brought padding under 5%.
+DEFAULT_PADDING_SLACK = 4
+DEFAULT_BUCKET_WIDTH = 2
 
 
 @dataclass(frozen=True)
@@ -58,21 +77,7 @@ class Knobs:
     def load(cls, path: str | os.PathLike[str]) -> Knobs:
         """Read a JSON or TOML config file; unknown keys are an error (a typo must not pass)."""
         p = Path(path)
-        try:
-            raw = p.read_bytes()
-        except OSError as exc:
-            raise InputError(f"{p}: cannot read config file: {exc.strerror}") from None
-        try:
-            if p.suffix.lower() == ".toml":
-                data: Any = tomllib.loads(raw.decode())
-            else:
-                data = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise InputError(f"{p}: not a valid config file: {exc}") from None
-        if not isinstance(data, dict):
-            raise InputError(f"{p}: a config file holds one object of settings")
-        data.pop("comment", None)
-        data.pop("measured", None)
+        data = read_config_file(p)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -81,11 +86,17 @@ class Knobs:
             )
         return cls(**data)
 
-    def dump(self, path: str | os.PathLike[str], **notes: Any) -> None:
-        """Write the knobs as JSON (plus free-form ``notes``, e.g. what was measured)."""
+    def dump(self, path: str | os.PathLike[str], **notes: Any) -> Path:
+        """Write the knobs, plus free-form ``notes`` (e.g. what was measured), as TOML for a
+        ``.toml`` path and JSON otherwise; :meth:`load` and ``serve --config`` read either."""
+        p = Path(path)
         data: dict[str, Any] = dataclasses.asdict(self)
         data.update(notes)
-        Path(path).write_text(json.dumps(data, indent=2) + "\n")
+        if p.suffix.lower() == ".toml":
+            p.write_text(to_toml(data), encoding="utf-8")
+        else:
+            p.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        return p
 
     def replace(self, **changes: Any) -> Knobs:
         return dataclasses.replace(self, **changes)
@@ -108,3 +119,66 @@ class Knobs:
 
 #: The no-batching baseline: one shared session with every core, records one at a time.
 BASELINE = Knobs(batching=False, sessions=1, intra_op_threads=2, max_concurrent_batches=2)
+
+
+# Free-form keys a config file may carry next to the settings (what ``tune`` measured).
+NOTE_KEYS = ("comment", "measured")
+
+
+def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A config file's settings as a dict, notes removed: TOML for ``.toml``, JSON for
+    ``.json``, and for any other name whichever parses. Raises ``InputError`` naming the file."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{p}: cannot read config file: {exc.strerror or exc}") from None
+    suffix = p.suffix.lower()
+    try:
+        text = raw.decode("utf-8")
+        if suffix == ".toml":
+            data: Any = tomllib.loads(text)
+        elif suffix == ".json":
+            data = json.loads(text)
+        else:
+            try:
+                data = json.loads(text)
+            except ValueError:
+                data = tomllib.loads(text)
+    except (ValueError, UnicodeDecodeError) as exc:
+        kind = {".toml": "TOML", ".json": "JSON"}.get(suffix, "TOML or JSON")
+        raise InputError(f"{p}: not a valid {kind} config file: {exc}") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{p}: a config file holds one table of settings")
+    for note in NOTE_KEYS:
+        data.pop(note, None)
+    return data
+
+
+def to_toml(data: dict[str, Any]) -> str:
+    """Flat settings as TOML: scalars and lists at the top, one ``[table]`` per dict value.
+    ``None`` values are left out (TOML has no null)."""
+    top = [
+        f"{k} = {_toml_value(v)}"
+        for k, v in data.items()
+        if v is not None and not isinstance(v, dict)
+    ]
+    lines = top
+    for k, v in data.items():
+        if isinstance(v, dict):
+            lines += ["", f"[{k}]"]
+            lines += [f"{kk} = {_toml_value(vv)}" for kk, vv in v.items() if vv is not None]
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value) if math.isfinite(value) else json.dumps(str(value))
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    # JSON's string escapes are all valid in a TOML basic string
+    return json.dumps(str(value), ensure_ascii=False)

@@ -20,10 +20,15 @@ Importing this package loads neither the model nor matplotlib; they load when us
 
 from __future__ import annotations
 
-from batchline.bench.loadgen import LoadPoint, PointResult, parse_load, run_point
-from batchline.bench.report import write_report
-from batchline.bench.runner import BenchOptions, BenchResult, run_bench
-from batchline.bench.tune import Decision, TuneOptions, TuneResult, decide, run_tune, tune
+from typing import TYPE_CHECKING
+
+from batchline._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from batchline.bench.loadgen import LoadPoint, PointResult, parse_load, run_point
+    from batchline.bench.report import write_report
+    from batchline.bench.runner import BenchOptions, BenchResult, run_bench
+    from batchline.bench.tune import Decision, TuneOptions, TuneResult, decide, run_tune, tune
 
 __all__ = [
     "BenchOptions",
@@ -41,3 +46,24 @@ __all__ = [
     "tune",
     "write_report",
 ]
+
+# Imported on first use: this package needs its extra only when a name is used.
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "BenchOptions": "runner",
+        "BenchResult": "runner",
+        "Decision": "tune",
+        "LoadPoint": "loadgen",
+        "PointResult": "loadgen",
+        "TuneOptions": "tune",
+        "TuneResult": "tune",
+        "decide": "tune",
+        "parse_load": "loadgen",
+        "run_bench": "runner",
+        "run_point": "loadgen",
+        "run_tune": "tune",
+        "tune": "tune",
+        "write_report": "report",
+    },
+)

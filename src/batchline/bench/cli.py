@@ -138,6 +138,7 @@ def _command(name: str) -> str:
 
 
 def _bench_main(args: argparse.Namespace) -> int:
+    import matplotlib  # noqa: F401  (the report needs it: fail before measuring, not after)
     from rich.console import Console
 
     from batchline.bench.loadgen import parse_loads
@@ -257,9 +258,12 @@ def _tune_main(args: argparse.Namespace) -> int:
     notes = measured_notes(result, points=options.loads, model=args.model, inputs=inputs)
     decision.recommended.knobs.dump(args.output, measured=notes)
     out.print(
-        f"Wrote {args.output}. Use it with: batchline run --config {args.output} | "
-        f"batchline serve --config {args.output}\nCheck it: {_check_command(args, decision)}",
+        f"Wrote {args.output}. Use it with:\n"
+        f"  batchline run --config {args.output}\n"
+        f"  batchline serve --config {args.output}\n"
+        f"Check it:\n  {_check_command(args, decision)}",
         highlight=False,
+        soft_wrap=True,  # commands to copy: never folded
     )
     return 0
 

@@ -19,8 +19,9 @@ The names below are imported on first use, so ``batchline --help`` (which import
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from batchline._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from batchline.driver.client import ReplicaClient, Reply
@@ -41,22 +42,18 @@ __all__ = [
     "read_failures",
 ]
 
-_HOME = {
-    "Backoff": "retry",
-    "parse_retry_after": "retry",
-    "EndpointPool": "endpoints",
-    "EndpointReport": "endpoints",
-    "ReplicaClient": "client",
-    "Reply": "client",
-    "DriveOptions": "drive",
-    "DriveSummary": "drive",
-    "drive_job": "drive",
-    "read_failures": "drive",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _HOME.get(name)
-    if module is None:
-        raise AttributeError(f"module 'batchline.driver' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"batchline.driver.{module}"), name)
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "Backoff": "retry",
+        "parse_retry_after": "retry",
+        "EndpointPool": "endpoints",
+        "EndpointReport": "endpoints",
+        "ReplicaClient": "client",
+        "Reply": "client",
+        "DriveOptions": "drive",
+        "DriveSummary": "drive",
+        "drive_job": "drive",
+        "read_failures": "drive",
+    },
+)

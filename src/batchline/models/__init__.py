@@ -16,19 +16,24 @@ Example::
 
 from __future__ import annotations
 
-from batchline.models.embedder import (
-    DEFAULT_TARGET_BATCH_TOKENS,
-    Embedder,
-    TokenizedText,
-    load_tokenizer,
-)
-from batchline.models.onnxruntime import (
-    OnnxModel,
-    TensorSpec,
-    pad_sequences,
-    split_rows,
-    stack_equal,
-)
+from typing import TYPE_CHECKING
+
+from batchline._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from batchline.models.embedder import (
+        DEFAULT_TARGET_BATCH_TOKENS,
+        Embedder,
+        TokenizedText,
+        load_tokenizer,
+    )
+    from batchline.models.onnxruntime import (
+        OnnxModel,
+        TensorSpec,
+        pad_sequences,
+        split_rows,
+        stack_equal,
+    )
 
 __all__ = [
     "DEFAULT_TARGET_BATCH_TOKENS",
@@ -41,3 +46,19 @@ __all__ = [
     "split_rows",
     "stack_equal",
 ]
+
+# Imported on first use: this package needs its extra only when a name is used.
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "DEFAULT_TARGET_BATCH_TOKENS": "embedder",
+        "Embedder": "embedder",
+        "OnnxModel": "onnxruntime",
+        "TensorSpec": "onnxruntime",
+        "TokenizedText": "embedder",
+        "load_tokenizer": "embedder",
+        "pad_sequences": "onnxruntime",
+        "split_rows": "onnxruntime",
+        "stack_equal": "onnxruntime",
+    },
+)

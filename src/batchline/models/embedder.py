@@ -32,6 +32,11 @@ import numpy.typing as npt
 
 from batchline._errors import InputError, ModelError
 from batchline._tokens import TokenBatcher
+from batchline.knobs import (
+    DEFAULT_BUCKET_WIDTH,
+    DEFAULT_PADDING_SLACK,
+    DEFAULT_TARGET_BATCH_TOKENS,
+)
 from batchline.models.onnxruntime import OnnxModel, ProviderSpec, pad_sequences
 
 __all__ = [
@@ -42,18 +47,6 @@ __all__ = [
     "TokenizedText",
     "load_tokenizer",
 ]
-
-# Padded tokens per model call. MiniLM-L6 on ONNX Runtime (2 sessions x 1 thread) peaks at
-# about 256-1,024 padded tokens per call and falls beyond ~2k; benchmarks/bench_embeddings.py
-# measures 256/512/1024 and this is the best of them on a mixed-length corpus.
-DEFAULT_TARGET_BATCH_TOKENS = 512
-
-# Length grouping for the TokenBatcher. A batch may take a text that adds at most this many
-# padded tokens (about what one more model call costs on MiniLM); the core's default (16)
-# let short-text batches carry ~18% padding and cost ~15% throughput in
-# benchmarks/bench_embeddings.py, 4 brought padding under 5%.
-DEFAULT_PADDING_SLACK = 4
-DEFAULT_BUCKET_WIDTH = 2
 
 # Texts are tokenized in chunks so that the first batches run while the rest are tokenized.
 _TOKENIZE_CHUNK = 256

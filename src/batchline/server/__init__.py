@@ -18,19 +18,24 @@ Routes: ``POST /v1/embeddings`` (OpenAI-compatible), ``POST /generate``, ``GET /
 
 from __future__ import annotations
 
-from batchline.server.app import (
-    ApiError,
-    BatchedModel,
-    DirectModel,
-    EmbeddingModel,
-    ServedModel,
-    ServerState,
-    SoloWideEmbedder,
-    create_app,
-    load_embedder,
-    serve,
-)
-from batchline.server.settings import API_KEY_ENV, ServerSettings, load_config
+from typing import TYPE_CHECKING
+
+from batchline._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from batchline.server.app import (
+        ApiError,
+        BatchedModel,
+        DirectModel,
+        EmbeddingModel,
+        ServedModel,
+        ServerState,
+        SoloWideEmbedder,
+        create_app,
+        load_embedder,
+        serve,
+    )
+    from batchline.server.settings import API_KEY_ENV, ServerSettings, load_config
 
 __all__ = [
     "API_KEY_ENV",
@@ -47,3 +52,23 @@ __all__ = [
     "load_embedder",
     "serve",
 ]
+
+# Imported on first use: this package needs its extra only when a name is used.
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "API_KEY_ENV": "settings",
+        "ApiError": "app",
+        "BatchedModel": "app",
+        "DirectModel": "app",
+        "EmbeddingModel": "app",
+        "ServedModel": "app",
+        "ServerSettings": "settings",
+        "ServerState": "app",
+        "SoloWideEmbedder": "app",
+        "create_app": "app",
+        "load_config": "settings",
+        "load_embedder": "app",
+        "serve": "app",
+    },
+)

@@ -20,22 +20,23 @@ from __future__ import annotations
 import json
 import math
 import os
-import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from batchline._errors import InputError
-from batchline.models.embedder import DEFAULT_BUCKET_WIDTH, DEFAULT_PADDING_SLACK
+from batchline.knobs import (
+    DEFAULT_BUCKET_WIDTH,
+    DEFAULT_PADDING_SLACK,
+    read_config_file,
+    to_toml,
+)
 
 __all__ = ["API_KEY_ENV", "ServerSettings", "load_config"]
 
 #: Environment variable read for the API key when none is given otherwise.
 API_KEY_ENV = "BATCHLINE_API_KEY"
-
-# Free-form keys a tuned config file may carry next to the settings.
-_NOTE_KEYS = ("comment", "measured")
 
 
 class ServerSettings(BaseModel):
@@ -202,7 +203,7 @@ class ServerSettings(BaseModel):
         if p.suffix.lower() == ".json":
             text = json.dumps(data, indent=2, sort_keys=True) + "\n"
         else:
-            text = "".join(f"{k} = {_toml_value(v)}\n" for k, v in sorted(data.items()))
+            text = to_toml(dict(sorted(data.items())))
         p.write_text(text, encoding="utf-8")
         return p
 
@@ -217,33 +218,12 @@ class ServerSettings(BaseModel):
 
 
 def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a flat TOML (``.toml``) or JSON (anything else that parses) config file.
+    """Read a flat TOML or JSON config file (:func:`batchline.knobs.read_config_file`).
 
     TOML keys may sit at the top level or in a ``[server]`` table. Raises ``InputError`` if
     the file is missing or malformed.
     """
-    p = Path(path)
-    try:
-        raw = p.read_bytes()
-    except OSError as exc:
-        raise InputError(f"cannot read config file {p}: {exc.strerror or exc}") from None
-    try:
-        if p.suffix.lower() == ".json":
-            data = json.loads(raw)
-        else:
-            try:
-                data = tomllib.loads(raw.decode("utf-8"))
-            except tomllib.TOMLDecodeError:
-                if p.suffix.lower() == ".toml":
-                    raise
-                data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InputError(f"config file {p} is neither valid TOML nor JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise InputError(f"config file {p} must hold a table of settings, got {type(data)}")
-    # notes that `batchline tune` writes beside the knobs (batchline.knobs.Knobs.dump)
-    for note in _NOTE_KEYS:
-        data.pop(note, None)
+    data = read_config_file(path)
     if isinstance(data.get("server"), dict):
         data = {**{k: v for k, v in data.items() if k != "server"}, **data["server"]}
     return data
@@ -255,11 +235,3 @@ def _describe(exc: ValidationError) -> str:
         where = ".".join(str(x) for x in err["loc"]) or "settings"
         parts.append(f"{where}: {err['msg']}")
     return "invalid server settings: " + "; ".join(parts)
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    return json.dumps(str(value))
