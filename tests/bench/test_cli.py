@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shlex
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -245,3 +246,49 @@ def test_tune_end_to_end_on_the_real_model(
     assert knobs.batching == (measured["verdict"] == "batching")
     assert "skipping" in printed.err  # a 4 s budget cannot cover the whole search
     assert f"Wrote {out}" in printed.out.replace("\n", "")
+
+
+@pytest.mark.slow
+def test_a_tuned_toml_file_works_where_tune_says_it_does(
+    inputs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Follow tune's printed instructions for a .toml output: every command it names reads it."""
+    pytest.importorskip("onnxruntime")
+    out = tmp_path / "tuned.toml"
+    code = main(
+        [
+            "tune",
+            "--p99-ms", "60000",
+            "--inputs", str(inputs),
+            "--load", "closed:2",
+            "--budget-s", "3",
+            "--duration", "0.3",
+            "-o", str(out),
+        ]
+    )  # fmt: skip
+    printed = capsys.readouterr().out
+    assert code == 0
+    assert out.read_text().startswith("batching = ")  # TOML, not JSON in a .toml file
+    commands = [
+        shlex.split(line.strip())
+        for line in printed.splitlines()
+        if line.startswith("  batchline ")
+    ]
+    verbs = [argv[1] for argv in commands]
+    assert verbs == ["run", "serve", "bench"], printed
+    for argv in commands:
+        assert str(out) in argv
+    run_argv, serve_argv, bench_argv = (argv[1:] for argv in commands)
+    # run: on a few records of the same inputs
+    run_out = tmp_path / "run-out"
+    assert main([*run_argv, str(inputs), "--limit", "5", "-o", str(run_out), "--quiet"]) == 0
+    assert (run_out / "_manifest.json").is_file()
+    capsys.readouterr()
+    # serve: the settings it would start with
+    assert main([*serve_argv, "--print-config"]) == 0
+    served = json.loads(capsys.readouterr().out)
+    assert served["target_batch_tokens"] == Knobs.load(out).target_batch_tokens
+    # the check command, shortened
+    assert (
+        main([*bench_argv, "--duration", "0.3", "--warmup", "0.1", "-o", str(tmp_path / "r")]) == 0
+    )
