@@ -56,7 +56,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--route", choices=["embeddings", "generate"], default="embeddings")
     p.add_argument("--model", help="model name sent with each request (default: the server's)")
     p.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY' ($BATCHLINE_API_KEY)")
-    add_dataset_arguments(p)
+    add_dataset_arguments(p, suffix="embeddings (or STEM.results with --route generate)")
     p.add_argument("--chunk-size", type=int, default=50, help="records per request (default: 50)")
     p.add_argument(
         "--output-chunk-size",

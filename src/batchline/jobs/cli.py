@@ -14,10 +14,16 @@ from typing import Any
 __all__ = ["add_dataset_arguments", "add_parser"]
 
 
-def add_dataset_arguments(p: argparse.ArgumentParser) -> None:
+def add_dataset_arguments(p: argparse.ArgumentParser, *, suffix: str = "embeddings") -> None:
     """The flags every job over a dataset file shares (``run`` and ``drive``): what to read,
     where to write, resume or overwrite, and what to do with bad records."""
-    p.add_argument("-o", "--output", type=Path, help="output directory (default: INPUT.embeddings)")
+    p.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        help=f"output directory (default: STEM.{suffix} in the current directory, STEM being "
+        "the input file's name without its extension, or demo-corpus)",
+    )
     p.add_argument("--text-column", default="text", help="column holding the text (default: text)")
     p.add_argument("--id-column", help="column holding record ids (default: 'id' if present)")
     p.add_argument("--format", dest="input_format", choices=["jsonl", "csv", "parquet", "text"])

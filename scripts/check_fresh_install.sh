@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The README's commands as a new user runs them, each in a fresh virtual environment:
+#  1. `bash scripts/run.sh` in a fresh clone (it makes its own .venv), called from another
+#     directory, on a few records of the demo corpus and on a relative input path;
+#  2. `pip install '.[jobs]'` + `batchline models pull default` + `batchline run` on a text file.
+# Both reuse pip's download cache; batchline's model/corpus cache starts empty.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+export BATCHLINE_CACHE_DIR="$WORK/cache" HF_HUB_OFFLINE=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+
+fail() { echo "check_fresh_install: FAILED: $*" >&2; exit 1; }
+
+git clone --quiet "$ROOT" "$WORK/clone"
+mkdir "$WORK/caller"
+cd "$WORK/caller"
+
+echo "== 1. bash scripts/run.sh in a fresh clone (its own fresh .venv)"
+bash "$WORK/clone/scripts/run.sh" --limit 300 --quiet | tee run1.txt
+grep -q "records (this run)" run1.txt || fail "run.sh printed no summary"
+[ -f demo-corpus.embeddings/_manifest.json ] || fail "no ./demo-corpus.embeddings in the caller's directory"
+printf 'a first line\na second line\n' > mine.txt
+bash "$WORK/clone/scripts/run.sh" mine.txt --quiet > run2.txt
+[ -f mine.embeddings/_manifest.json ] || fail "relative input did not resolve against the caller's directory"
+[ -z "$(git -C "$WORK/clone" status --porcelain)" ] || fail "run.sh left files in the repository"
+
+echo "== 2. pip install '.[jobs]', batchline models pull default, batchline run"
+python3 -m venv "$WORK/venv"
+"$WORK/venv/bin/python" -m pip install --quiet "$WORK/clone[jobs]"
+"$WORK/venv/bin/batchline" models pull default
+"$WORK/venv/bin/batchline" run mine.txt -o jobs-out --quiet | tee run3.txt
+grep -q "records (this run)" run3.txt || fail "batchline run printed no summary"
+[ -f jobs-out/_manifest.json ] || fail "batchline run wrote no output"
+echo "check_fresh_install: OK"
