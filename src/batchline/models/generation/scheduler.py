@@ -1,0 +1,510 @@
+"""Continuous (iteration-level) batching over a :class:`StepEngine`.
+
+One worker thread drives ``engine.step()``. Between two steps, finished sequences have left
+(the engine frees them in the step that finishes them), aborted ones are removed, and waiting
+requests join, so a short request never waits for a long one to end.
+
+Scheduling policy of :class:`ContinuousGenerator`:
+
+1. **Caps.** At most ``max_running`` sequences are in the engine, and the sum of their
+   *reservations* never exceeds ``kv_token_budget``.
+2. **Worst-case reservation, no preemption.** Admission reserves ``len(prompt) + max_tokens``
+   KV positions per request, released when it finishes or aborts. A sequence is therefore
+   never evicted mid-way (``preempted`` stays 0, no recompute is ever wasted), at the price of
+   admitting fewer sequences than an optimistic scheduler while outputs are shorter than
+   ``max_tokens`` (vLLM reserves per block as tokens arrive and preempts by recompute instead).
+3. **FCFS with bounded overtaking.** Waiting requests are considered in arrival order; one
+   whose reservation does not fit now is skipped and later ones that fit may go ahead of it,
+   but each admission ahead of it counts one *overtake*. Once a request has been overtaken
+   ``max_overtakes`` times, nothing behind it is admitted until it fits: the running
+   sequences end within their ``max_tokens`` steps, so it waits a bounded number of steps.
+4. **Aborts** (``stream.abort()``, a cancelled waiter, a stop string) take effect before the
+   next step: the slot and the reservation are free for that step's admissions.
+5. **Engine errors fail open.** An exception from ``engine.step()`` fails the requests that
+   were running in that step with ``ModelError`` (their sequences are aborted in the engine)
+   and the generator goes on serving waiting and new requests.
+
+The thread sleeps on a condition variable while there is nothing to do (no busy-spin); results
+reach the event loop with one ``loop.call_soon_threadsafe`` per step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import threading
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Self
+
+from batchline._batcher import State
+from batchline._errors import BatcherClosedError, ModelError, QueueFullError
+from batchline.models.generation.engine import (
+    GenerationRequest,
+    SamplingParams,
+    StepEngine,
+    StepOutput,
+)
+from batchline.models.generation.stats import (
+    GenerationStats,
+    MonotonicClock,
+    NowClock,
+    StatsRecorder,
+)
+from batchline.models.generation.stream import (
+    Detokenizer,
+    GenerationStream,
+    IncrementalDetokenizer,
+    StepUpdate,
+    TrackedSequence,
+    check_fits,
+)
+
+__all__ = ["ContinuousGenerator", "EngineGenerator"]
+
+Update = tuple[TrackedSequence, "StepUpdate | BaseException"]
+
+
+def _check_min(name: str, value: int, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+class EngineGenerator:
+    """What the engine-driven generators share: request checks, the registry of live requests,
+    per-step output handling on the engine's thread and delivery to the event loop."""
+
+    def __init__(
+        self,
+        engine: StepEngine,
+        detokenizer: Detokenizer,
+        *,
+        kv_token_budget: int,
+        clock: NowClock | None,
+        name: str,
+    ) -> None:
+        self._engine = engine
+        self._detokenizer = detokenizer
+        self._eos = frozenset(engine.eos_token_ids)
+        self._kv_budget = kv_token_budget
+        self._clock: NowClock = clock if clock is not None else MonotonicClock()
+        self._recorder = StatsRecorder(self._clock, kv_token_budget=kv_token_budget)
+        self.name = name
+        self._state = State.NEW
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._live: dict[str, TrackedSequence] = {}
+        self._idle: asyncio.Event | None = None
+        self._ids = itertools.count()
+        self._stop_task: asyncio.Task[None] | None = None
+
+    @property
+    def max_context_tokens(self) -> int:
+        return self._engine.max_context_tokens
+
+    @property
+    def kv_token_budget(self) -> int:
+        return self._kv_budget
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        if self._state is not State.NEW:
+            raise RuntimeError(f"{self.name} is {self._state.value}; a generator starts once")
+        self._loop = asyncio.get_running_loop()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        await self._start_worker()
+        self._state = State.RUNNING
+        self._recorder.started()
+
+    async def stop(self, *, drain: bool = True, timeout_s: float | None = None) -> None:
+        """Refuse new requests; with ``drain``, let admitted ones finish (for at most
+        ``timeout_s``); then running ones end with ``finish_reason="abort"`` and waiting ones
+        fail with ``BatcherClosedError``. Concurrent calls all return once stopped."""
+        if self._state is State.NEW:
+            self._state = State.STOPPED
+            return
+        if self._state is State.STOPPED:
+            return
+        if self._stop_task is None:
+            assert self._loop is not None
+            self._stop_task = self._loop.create_task(self._do_stop(drain, timeout_s))
+        await asyncio.shield(self._stop_task)
+
+    async def _do_stop(self, drain: bool, timeout_s: float | None) -> None:
+        self._state = State.STOPPING
+        assert self._idle is not None
+        if drain and self._live:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), timeout_s)
+        await self._shutdown_worker()
+        self._state = State.STOPPED
+        self._recorder.stopped()
+
+    # -- hooks for subclasses ---------------------------------------------------------------
+
+    async def _start_worker(self) -> None:
+        raise NotImplementedError
+
+    async def _shutdown_worker(self) -> None:
+        """End what is left (abort running, close waiting) and wait for the worker to exit."""
+        raise NotImplementedError
+
+    def _abort(self, request_id: str) -> None:
+        raise NotImplementedError
+
+    # -- submit side (event loop) -----------------------------------------------------------
+
+    def _new_sequence(
+        self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str | None
+    ) -> TrackedSequence:
+        if self._state is not State.RUNNING:
+            if self._state is State.NEW:
+                raise RuntimeError(f"{self.name} is not running; call start() or use 'async with'")
+            raise BatcherClosedError(f"{self.name} is {self._state.value}; submit refused")
+        rid = request_id if request_id is not None else f"{self.name}-{next(self._ids)}"
+        if rid in self._live:
+            raise ValueError(f"request_id {rid!r} is already in use")
+        prompt = tuple(prompt_ids)
+        if not prompt:
+            raise ValueError("the prompt has no tokens")
+        try:
+            check_fits(
+                len(prompt),
+                params.max_tokens,
+                max_context_tokens=self._engine.max_context_tokens,
+                kv_token_budget=self._kv_budget,
+            )
+        except Exception:
+            self._recorder.on_reject()
+            raise
+        request = GenerationRequest(rid, prompt, params)
+        stream = GenerationStream(rid, len(prompt), on_abort=self._abort)
+        return TrackedSequence(
+            request,
+            stream,
+            self._clock.now(),
+            self._eos,
+            IncrementalDetokenizer(self._detokenizer, prompt),
+        )
+
+    def _register(self, seq: TrackedSequence) -> None:
+        self._live[seq.request_id] = seq
+        self._recorder.on_submit(len(seq.request.prompt_ids))
+        assert self._idle is not None
+        self._idle.clear()
+
+    # -- delivery (event loop) --------------------------------------------------------------
+
+    def _post(self, updates: list[Update]) -> None:
+        """From the worker thread: hand updates to the event loop (one wake-up)."""
+        if not updates:
+            return
+        loop = self._loop
+        assert loop is not None
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody is left to tell
+            loop.call_soon_threadsafe(self._deliver, updates)
+
+    def _deliver(self, updates: list[Update]) -> None:
+        recorder = self._recorder
+        for seq, update in updates:
+            stream = seq.stream
+            if isinstance(update, BaseException):
+                if stream._fail(update):
+                    recorder.on_end("failed")
+                    self._live.pop(seq.request_id, None)
+                continue
+            stream._push(update.delta)
+            completion = update.completion
+            if completion is not None and stream._complete(completion):
+                if completion.finish_reason == "abort":
+                    recorder.on_end("aborted")
+                else:
+                    recorder.on_end("completed", completion.latency_s)
+                self._live.pop(seq.request_id, None)
+        if not self._live and self._idle is not None:
+            self._idle.set()
+
+    # -- the engine's thread ----------------------------------------------------------------
+
+    def _step(self, running: Mapping[str, TrackedSequence]) -> tuple[list[Update], list[str]]:
+        """Run one engine step; return the updates and the ids of sequences that ended.
+
+        Raises what ``engine.step()`` raised.
+        """
+        outputs: Sequence[StepOutput] = self._engine.step()
+        now = self._clock.now()
+        self._recorder.on_step(len(outputs), self._engine.kv_tokens_in_use())
+        updates: list[Update] = []
+        ended: list[str] = []
+        for out in outputs:
+            seq = running.get(out.request_id)
+            if seq is None or seq.finished:
+                continue
+            first, last = seq.first_token_at, seq.last_token_at
+            update = seq.advance(out, now)
+            if out.token_ids:
+                self._recorder.on_tokens(
+                    len(out.token_ids),
+                    first_after_s=now - seq.submitted_at if first is None else None,
+                    gap_s=None if last is None else now - last,
+                )
+            if update.stop_hit and not out.finished:
+                # a stop string ended it: free its slot before the next step
+                self._engine.abort(seq.request_id)
+            updates.append((seq, update))
+            if update.delta.finished:
+                ended.append(seq.request_id)
+        return updates, ended
+
+    def _end(self, seq: TrackedSequence) -> Update:
+        """Abort ``seq`` (already out of the engine) with what it has produced."""
+        return (seq, seq.end("abort", self._clock.now()))
+
+    def _engine_failed(self, exc: Exception, seqs: Sequence[TrackedSequence]) -> list[Update]:
+        """The engine raised in a step: drop its sequences and fail their requests."""
+        for seq in seqs:
+            with contextlib.suppress(Exception):  # best effort: the engine is in trouble
+                self._engine.abort(seq.request_id)
+        n = len(seqs)
+        updates: list[Update] = []
+        for seq in seqs:
+            error = ModelError(
+                f"{self.name}: the engine raised during a step ({exc!r}); the {n} request(s) "
+                "running in that step failed; new requests are still served"
+            )
+            error.__cause__ = exc
+            updates.append((seq, error))
+        return updates
+
+
+@dataclass(eq=False, slots=True)
+class _Waiting:
+    seq: TrackedSequence
+    overtaken: int = 0
+
+
+class ContinuousGenerator(EngineGenerator):
+    """Iteration-level batching: sequences join and leave the running batch between steps.
+
+    >>> from batchline.models.generation.fake import FakeEngine, FakeTokenizer
+    >>> async def main() -> str:
+    ...     tok = FakeTokenizer()
+    ...     async with ContinuousGenerator(FakeEngine(), tok, max_running=4) as gen:
+    ...         stream = gen.submit(tok.encode("2 + 3 ="), SamplingParams(max_tokens=8))
+    ...         return (await stream.result()).text
+
+    Args:
+        engine: the model (not thread-safe: only this generator's worker thread calls it).
+        detokenizer: ``decode(ids) -> str``, e.g. a ``tokenizers.Tokenizer``.
+        max_running: sequences in the engine at once, at most.
+        kv_token_budget: the sum of running sequences' ``len(prompt) + max_tokens``, at most;
+            a request that exceeds it alone is refused with ``RecordTooLargeError``.
+        max_waiting: requests waiting for admission, at most; beyond, ``submit`` raises
+            ``QueueFullError``.
+        max_overtakes: how many later requests may be admitted ahead of one that does not
+            fit before it blocks admission until it fits (see the module's policy).
+        clock: where timings are read (any thread); default ``time.monotonic``.
+    """
+
+    def __init__(
+        self,
+        engine: StepEngine,
+        detokenizer: Detokenizer,
+        *,
+        max_running: int = 16,
+        kv_token_budget: int = 16_384,
+        max_waiting: int = 1_024,
+        max_overtakes: int = 16,
+        clock: NowClock | None = None,
+        name: str = "continuous",
+    ) -> None:
+        _check_min("max_running", max_running)
+        _check_min("kv_token_budget", kv_token_budget, 2)
+        _check_min("max_waiting", max_waiting)
+        _check_min("max_overtakes", max_overtakes, 0)
+        super().__init__(
+            engine, detokenizer, kv_token_budget=kv_token_budget, clock=clock, name=name
+        )
+        self.max_running = max_running
+        self.max_waiting = max_waiting
+        self.max_overtakes = max_overtakes
+        self._cond = threading.Condition()
+        self._waiting: deque[_Waiting] = deque()
+        self._running: dict[str, TrackedSequence] = {}
+        self._reserved = 0
+        self._to_abort: set[str] = set()
+        self._abort_all = False
+        self._exit = False
+        self._thread: threading.Thread | None = None
+
+    # -- public -----------------------------------------------------------------------------
+
+    def submit(
+        self, prompt_ids: Sequence[int], params: SamplingParams, *, request_id: str | None = None
+    ) -> GenerationStream:
+        """Queue a request for admission; never waits (see :class:`TextGenerator`)."""
+        seq = self._new_sequence(prompt_ids, params, request_id)
+        with self._cond:
+            if len(self._waiting) >= self.max_waiting:
+                self._recorder.on_reject()
+                raise QueueFullError(
+                    f"{self.name}: {len(self._waiting)} requests are already waiting "
+                    f"(max_waiting={self.max_waiting}); retry later or raise max_waiting"
+                )
+            self._waiting.append(_Waiting(seq))
+            self._cond.notify()
+        self._register(seq)
+        return seq.stream
+
+    @property
+    def stats(self) -> GenerationStats:
+        with self._cond:
+            running, waiting, reserved = len(self._running), len(self._waiting), self._reserved
+        return self._recorder.snapshot(running=running, waiting=waiting, kv_reserved=reserved)
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def _start_worker(self) -> None:
+        self._thread = threading.Thread(
+            target=self._work, name=f"batchline-{self.name}", daemon=True
+        )
+        self._thread.start()
+
+    async def _shutdown_worker(self) -> None:
+        with self._cond:
+            if self._waiting or self._running:
+                self._abort_all = True
+            self._exit = True
+            self._cond.notify()
+        thread = self._thread
+        if thread is not None:
+            # the worker's last deliveries were posted before it exited: they run first
+            await asyncio.to_thread(thread.join)
+
+    def _abort(self, request_id: str) -> None:
+        found: TrackedSequence | None = None
+        with self._cond:
+            for waiting in self._waiting:
+                if waiting.seq.request_id == request_id:
+                    self._waiting.remove(waiting)
+                    found = waiting.seq
+                    break
+            else:
+                if request_id in self._running:
+                    self._to_abort.add(request_id)
+                    self._cond.notify()
+        if found is not None:
+            # never reached the engine: end it here, nothing to free
+            self._deliver([self._end(found)])
+
+    # -- the worker thread ------------------------------------------------------------------
+
+    def _admit_locked(self) -> list[TrackedSequence]:
+        admitted: list[TrackedSequence] = []
+        skipped: list[_Waiting] = []
+        room = self.max_running - len(self._running)
+        for waiting in list(self._waiting):
+            if room <= 0:
+                break
+            cost = waiting.seq.kv_reservation
+            if self._reserved + cost <= self._kv_budget:
+                self._waiting.remove(waiting)
+                self._reserved += cost
+                room -= 1
+                admitted.append(waiting.seq)
+                for earlier in skipped:
+                    earlier.overtaken += 1
+            elif waiting.overtaken >= self.max_overtakes:
+                break  # aged: it blocks everyone behind it until it fits
+            else:
+                skipped.append(waiting)
+        return admitted
+
+    def _work(self) -> None:
+        try:
+            self._loop_steps()
+        except BaseException as exc:  # a bug here must not leave requests hanging
+            with self._cond:
+                seqs = [w.seq for w in self._waiting] + list(self._running.values())
+                self._waiting.clear()
+                self._running.clear()
+                self._reserved = 0
+                self._exit = True
+            self._post(
+                [
+                    (s, ModelError(f"{self.name}: the scheduler thread failed: {exc!r}"))
+                    for s in seqs
+                ]
+            )
+            raise
+
+    def _loop_steps(self) -> None:
+        engine = self._engine
+        cond = self._cond
+        while True:
+            updates: list[Update] = []
+            with cond:
+                while not (
+                    self._waiting
+                    or self._running
+                    or self._to_abort
+                    or self._abort_all
+                    or self._exit
+                ):
+                    cond.wait()
+                if self._abort_all:
+                    self._abort_all = False
+                    for waiting in self._waiting:
+                        updates.append(
+                            (waiting.seq, BatcherClosedError(f"{self.name} stopped first"))
+                        )
+                    self._waiting.clear()
+                    self._to_abort.update(self._running)
+                for rid in self._to_abort:
+                    seq = self._running.pop(rid, None)
+                    if seq is not None:
+                        engine.abort(rid)
+                        self._reserved -= seq.kv_reservation
+                        updates.append(self._end(seq))
+                self._to_abort.clear()
+                if self._exit and not self._waiting and not self._running:
+                    self._post(updates)
+                    return
+                for seq in self._admit_locked():
+                    try:
+                        engine.add_request(seq.request)
+                    except Exception as exc:
+                        self._reserved -= seq.kv_reservation
+                        updates.append((seq, ModelError(f"{self.name}: add_request: {exc!r}")))
+                        continue
+                    self._running[seq.request_id] = seq
+                batch = dict(self._running)
+            self._post(updates)
+            if not batch:
+                continue
+            try:
+                step_updates, ended = self._step(batch)
+            except Exception as exc:
+                with cond:
+                    failed = [s for rid, s in batch.items() if self._running.pop(rid, None)]
+                    self._reserved -= sum(s.kv_reservation for s in failed)
+                self._post(self._engine_failed(exc, failed))
+                continue
+            with cond:
+                for rid in ended:
+                    seq = self._running.pop(rid, None)
+                    if seq is not None:
+                        self._reserved -= seq.kv_reservation
+            self._post(step_updates)
