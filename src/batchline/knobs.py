@@ -18,6 +18,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,9 @@ __all__ = [
     "DEFAULT_PADDING_SLACK",
     "DEFAULT_TARGET_BATCH_TOKENS",
     "Knobs",
+    "machine_cores",
+    "read_config_file",
+    "to_toml",
 ]
 
 # Padded tokens per model call. MiniLM-L6 on ONNX Runtime (2 sessions x 1 thread) peaks at
@@ -46,19 +50,39 @@ DEFAULT_PADDING_SLACK = 4
 DEFAULT_BUCKET_WIDTH = 2
 
 
+_DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
+
+
+def machine_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
 @dataclass(frozen=True)
 class Knobs:
-    """How one model replica batches. See the module docstring for the file format."""
+    """How one model replica batches. See the module docstring for the file format.
+
+    ``sessions`` (batches in flight) defaults to one per core of this machine, each session
+    using ``intra_op_threads`` threads; ``device`` is ``cpu`` or ``cuda[:N]`` (ONNX Runtime's
+    CUDA execution provider, which needs the ``onnxruntime-gpu`` build). A batch that starts
+    while no other runs may use one extra, wider session of ``solo_intra_op_threads``
+    threads (``None``: none), so low traffic gets the baseline's single-call latency.
+    """
 
     batching: bool = True
-    target_batch_tokens: int = 512
+    target_batch_tokens: int = DEFAULT_TARGET_BATCH_TOKENS
     max_batch_size: int = 256
-    max_concurrent_batches: int = 2
-    sessions: int = 2
+    max_concurrent_batches: int = dataclasses.field(default_factory=machine_cores)
+    sessions: int = dataclasses.field(default_factory=machine_cores)
     intra_op_threads: int = 1
     min_batch_size: int = 1
     batch_timeout_s: float = 0.05
     max_queue_size: int = 5_000
+    device: str = "cpu"
+    solo_intra_op_threads: int | None = None
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -67,11 +91,30 @@ class Knobs:
                 if not isinstance(value, bool):
                     raise InputError(f"batching must be true or false, got {value!r}")
                 continue
+            if f.name == "device":
+                if not isinstance(value, str) or not _DEVICE.match(value):
+                    raise InputError(f"device must be cpu, cuda or cuda:N, got {value!r}")
+                continue
+            if f.name == "solo_intra_op_threads" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise InputError(f"{f.name} must be a number, got {value!r}")
             least = 0 if f.name == "batch_timeout_s" else 1
             if value < least:
                 raise InputError(f"{f.name} must be >= {least}, got {value!r}")
+
+    @property
+    def providers(self) -> list[str | tuple[str, dict[str, str]]]:
+        """ONNX Runtime execution providers for :attr:`device` (never a silent CPU fall-back:
+        ``OnnxModel.load`` refuses a provider that is missing or fails to start)."""
+        if self.device == "cpu":
+            return ["CPUExecutionProvider"]
+        _, _, index = self.device.partition(":")
+        return [("CUDAExecutionProvider", {"device_id": index or "0"})]
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.device != "cpu"
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Knobs:
@@ -90,7 +133,7 @@ class Knobs:
         """Write the knobs, plus free-form ``notes`` (e.g. what was measured), as TOML for a
         ``.toml`` path and JSON otherwise; :meth:`load` and ``serve --config`` read either."""
         p = Path(path)
-        data: dict[str, Any] = dataclasses.asdict(self)
+        data: dict[str, Any] = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
         data.update(notes)
         if p.suffix.lower() == ".toml":
             p.write_text(to_toml(data), encoding="utf-8")
@@ -117,8 +160,14 @@ class Knobs:
         }
 
 
-#: The no-batching baseline: one shared session with every core, records one at a time.
-BASELINE = Knobs(batching=False, sessions=1, intra_op_threads=2, max_concurrent_batches=2)
+#: The no-batching baseline: one shared session with every core, records one at a time, as
+#: many callers at once as there are cores.
+BASELINE = Knobs(
+    batching=False,
+    sessions=1,
+    intra_op_threads=machine_cores(),
+    max_concurrent_batches=machine_cores(),
+)
 
 
 # Free-form keys a config file may carry next to the settings (what ``tune`` measured).

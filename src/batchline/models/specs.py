@@ -1,0 +1,204 @@
+"""Model specs: the one string that names a model everywhere (``run``, ``serve``, ``bench``,
+``tune``, ``drive``'s reference checks, Ray, knobs files), and the one resolver that loads it.
+
+Spec kinds:
+
+- ``default`` — the built-in all-MiniLM-L6-v2 embedder; ``smollm2`` — the built-in generator
+  (``batchline models list`` shows the built-in models);
+- ``PATH.onnx`` — any ONNX model, with a task: ``embed`` (a text encoder; the tokenizer from
+  ``tokenizer=`` or ``tokenizer.json`` beside it), ``classify`` (a sequence classifier; labels
+  from ``config.json``'s ``id2label`` beside it or ``labels=``) or ``predict`` (tensors in,
+  tensors out). Without a task, a model with an ``input_ids`` input embeds, any other predicts;
+- ``module:factory`` — the user's own Python: ``factory()`` returns a :class:`BatchModel`, or
+  simply a batch function ``list[record] -> list[result]`` (sync or async), optionally with a
+  ``cost(record) -> int`` attribute;
+- ``NAME=SPEC`` — any of the above under a name of one's own (several models at once).
+
+Standard library only at import time; loading imports what the model needs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal, get_args
+
+from batchline._errors import InputError
+from batchline.models.builtin import BUILTIN_MODELS
+from batchline.models.protocol import TASKS, Task
+
+__all__ = ["ModelSpec", "Pooling", "SpecKind", "parse_spec", "parse_specs"]
+
+SpecKind = Literal["builtin", "onnx", "python"]
+Pooling = Literal["mean", "cls", "none"]
+
+_NAME = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]*)=(.+)$")
+_FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A parsed model spec and the options that go with it.
+
+    ``name`` is what clients and outputs call it: the ``NAME=`` prefix, else the built-in
+    name, the file's stem, or the factory's name.
+    """
+
+    name: str
+    source: str
+    kind: SpecKind
+    task: Task | None = None
+    tokenizer: Path | None = None
+    labels: tuple[str, ...] | None = None
+    pooling: Pooling | None = None
+    normalize: bool | None = None
+
+    @property
+    def path(self) -> Path:
+        return Path(self.source)
+
+    def with_options(
+        self,
+        *,
+        task: str | None = None,
+        tokenizer: Path | None = None,
+        labels: tuple[str, ...] | None = None,
+        pooling: str | None = None,
+        normalize: bool | None = None,
+    ) -> ModelSpec:
+        """This spec with the given options set (``None`` keeps what it has), validated."""
+        if task is not None and task not in TASKS:
+            raise InputError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
+        if pooling is not None and pooling not in get_args(Pooling):
+            raise InputError(f"pooling must be mean, cls or none, got {pooling!r}")
+        spec = replace(
+            self,
+            task=task if task is not None else self.task,
+            tokenizer=tokenizer if tokenizer is not None else self.tokenizer,
+            labels=labels if labels is not None else self.labels,
+            pooling=pooling if pooling is not None else self.pooling,  # type: ignore[arg-type]
+            normalize=normalize if normalize is not None else self.normalize,
+        )
+        spec._check()
+        return spec
+
+    def _check(self) -> None:
+        if self.kind == "builtin":
+            builtin_task = BUILTIN_MODELS[self.source].task
+            if self.task is not None and self.task != builtin_task:
+                raise InputError(
+                    f"model {self.name!r} ({self.source}) does {builtin_task}, not {self.task}"
+                )
+            if self.tokenizer is not None:
+                raise InputError(f"a tokenizer goes with an .onnx model, not {self.source!r}")
+        if self.labels is not None and self.task not in (None, "classify"):
+            raise InputError(f"labels go with the classify task, not {self.task}")
+        if (self.pooling is not None or self.normalize is not None) and self.task not in (
+            None,
+            "embed",
+        ):
+            raise InputError(f"pooling and normalize go with the embed task, not {self.task}")
+
+    @property
+    def builtin_task(self) -> Task | None:
+        if self.kind != "builtin":
+            return None
+        task: Task = BUILTIN_MODELS[self.source].task  # type: ignore[assignment]
+        return task
+
+
+def parse_spec(text: str) -> ModelSpec:
+    """``default``, ``smollm2``, ``PATH.onnx``, ``module:factory``, or ``NAME=`` any of them."""
+    text = text.strip()
+    if not text:
+        raise InputError("a model spec must not be empty")
+    name: str | None = None
+    match = _NAME.match(text)
+    if match and not Path(text).exists():
+        name, text = match.group(1), match.group(2).strip()
+    if text in BUILTIN_MODELS:
+        served = BUILTIN_MODELS[text].served_name
+        return ModelSpec(name=name or served, source=text, kind="builtin")
+    if text.lower().endswith(".onnx"):
+        path = Path(text)
+        if not path.is_file():
+            raise InputError(f"{path}: no such model file")
+        return ModelSpec(name=name or path.stem, source=str(path), kind="onnx")
+    if _FACTORY.match(text):
+        return ModelSpec(name=name or text.rsplit(":", 1)[1], source=text, kind="python")
+    raise InputError(
+        f"model spec {text!r} is none of: a built-in model ({', '.join(BUILTIN_MODELS)}), "
+        "a path to an .onnx file, or module:factory (your own Python); prefix NAME= to name it"
+    )
+
+
+def parse_specs(
+    models: list[str],
+    *,
+    tasks: list[str] = (),  # type: ignore[assignment]
+    tokenizer: Path | None = None,
+    labels: tuple[str, ...] | None = None,
+    pooling: str | None = None,
+    normalize: bool | None = None,
+) -> list[ModelSpec]:
+    """Several ``--model`` values and their ``--task`` values (``TASK`` alone when there is one
+    model, else ``NAME=TASK``). The other options apply to a single model only."""
+    specs = [parse_spec(m) for m in models or ["default"]]
+    names = [s.name for s in specs]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise InputError(f"two models are named {dupes[0]!r}: name them with NAME=SPEC")
+    by_name = {s.name: s for s in specs}
+    task_of: dict[str, str] = {}
+    for t in tasks:
+        match = _NAME.match(t)
+        if match:
+            target, task = match.group(1), match.group(2)
+            if target not in by_name:
+                raise InputError(
+                    f"--task {t}: no model named {target!r}; models: {', '.join(by_name)}"
+                )
+        elif len(specs) == 1:
+            target, task = specs[0].name, t
+        else:
+            raise InputError(f"--task {t}: with several models, say which: --task NAME={t}")
+        task_of[target] = task
+    single = len(specs) == 1
+    if not single and any(x is not None for x in (tokenizer, labels, pooling, normalize)):
+        raise InputError(
+            "--tokenizer, --labels, --pooling and --normalize go with a single --model"
+        )
+    return [
+        s.with_options(
+            task=task_of.get(s.name),
+            tokenizer=tokenizer if single else None,
+            labels=labels if single else None,
+            pooling=pooling if single else None,
+            normalize=normalize if single else None,
+        )
+        for s in specs
+    ]
+
+
+def import_factory(source: str) -> object:
+    """Import ``module:factory`` (the current directory is importable, as for ``python -m``)
+    and return what ``factory()`` returns."""
+    module_name, _, attr = source.partition(":")
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise InputError(f"model {source!r}: cannot import {module_name!r}: {exc}") from exc
+    factory = getattr(module, attr, None)
+    if factory is None:
+        raise InputError(f"model {source!r}: module {module_name!r} has no {attr!r}")
+    if not callable(factory):
+        raise InputError(f"model {source!r}: {attr!r} is not callable")
+    try:
+        return factory()
+    except Exception as exc:
+        raise InputError(f"model {source!r}: {attr}() raised {type(exc).__name__}: {exc}") from exc
