@@ -174,6 +174,10 @@ class TorchStepEngine:
         # takes at the next step: prompt + generated tokens.
         return sum(len(s.request.prompt_ids) + len(s.generated) for s in self._rows if not s.done)
 
+    def kv_tokens_allocated(self) -> int:
+        """KV-cache positions allocated now, padding included: batch rows x cache length."""
+        return 0 if self._mask is None else int(self._mask.numel())
+
     def step(self) -> Sequence[StepOutput]:
         outputs: list[StepOutput] = []
         with torch.inference_mode():

@@ -1,0 +1,289 @@
+"""TorchStepEngine on a tiny random Llama: batched greedy equals unbatched generate, joins and
+leaves at any step, abort, EOS, max_tokens, KV accounting."""
+
+from __future__ import annotations
+
+import functools
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from batchline.models.generation.engine import (  # noqa: E402
+    GenerationRequest,
+    SamplingParams,
+    StepEngine,
+    StepOutput,
+)
+from batchline.models.generation.torch_engine import TorchStepEngine  # noqa: E402
+
+from .conftest import TINY_EOS, TINY_VOCAB, build_tiny_llama  # noqa: E402
+
+MAX_NEW = 12
+
+
+def _prompt(seed: int, length: int) -> tuple[int, ...]:
+    rng = random.Random(seed)
+    # Ids from 3 up: never the EOS (2), so a prompt is not mistaken for a finished one.
+    return tuple(rng.randrange(3, TINY_VOCAB) for _ in range(length))
+
+
+def _reference(model: Any, prompt: tuple[int, ...], n: int) -> list[int]:
+    """transformers' own greedy decoding of the prompt alone (batch 1), ignoring EOS."""
+    device = next(model.parameters()).device
+    ids = torch.tensor([prompt], device=device)
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=n,
+        min_new_tokens=n,
+        do_sample=False,
+        pad_token_id=0,
+    )
+    return [int(t) for t in out[0, len(prompt) :]]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_llama: Any) -> Any:
+    @functools.cache
+    def ref(prompt: tuple[int, ...]) -> list[int]:
+        return _reference(tiny_llama, prompt, MAX_NEW)
+
+    return ref
+
+
+def _request(
+    rid: str, prompt: tuple[int, ...], max_tokens: int = MAX_NEW, *, ignore_eos: bool = True
+) -> GenerationRequest:
+    return GenerationRequest(
+        rid, prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos)
+    )
+
+
+def _drain(engine: TorchStepEngine, got: dict[str, list[int]]) -> list[StepOutput]:
+    outputs: list[StepOutput] = []
+    while engine.has_unfinished():
+        step = engine.step()
+        outputs += step
+        for out in step:
+            got.setdefault(out.request_id, []).extend(out.token_ids)
+    return outputs
+
+
+def test_is_a_step_engine(tiny_llama: Any) -> None:
+    engine = TorchStepEngine(tiny_llama)
+    assert isinstance(engine, StepEngine)
+    assert engine.eos_token_ids == frozenset({TINY_EOS})
+    assert engine.max_context_tokens == 128
+    assert not engine.has_unfinished()
+    assert engine.step() == []
+
+
+def test_eos_ids_gathered_from_generation_config() -> None:
+    model = build_tiny_llama()
+    model.generation_config.eos_token_id = [2, 7]
+    assert TorchStepEngine(model).eos_token_ids == frozenset({2, 7})
+    assert TorchStepEngine(model, eos_token_ids=[5]).eos_token_ids == frozenset({5})
+
+
+def test_static_batch_equals_unbatched_generate(tiny_llama: Any, reference: Any) -> None:
+    prompts = [_prompt(i, n) for i, n in enumerate([1, 5, 17, 3, 30, 9, 2, 12])]
+    engine = TorchStepEngine(tiny_llama)
+    for i, p in enumerate(prompts):
+        engine.add_request(_request(str(i), p))
+    got: dict[str, list[int]] = {}
+    _drain(engine, got)
+    for i, p in enumerate(prompts):
+        assert got[str(i)] == reference(p), f"prompt {i} (length {len(p)})"
+
+
+# A schedule: for each request, (the step before which it is added, prompt seed, prompt length,
+# max_tokens, the step before which it is aborted or None).
+_schedule = st.lists(
+    st.tuples(
+        st.integers(0, 10),
+        st.integers(0, 10_000),
+        st.integers(1, 24),
+        st.integers(1, MAX_NEW),
+        st.none() | st.integers(0, 14),
+    ),
+    min_size=1,
+    max_size=7,
+)
+
+
+@settings(
+    max_examples=12,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(schedule=_schedule)
+def test_joins_leaves_and_aborts_at_any_step_keep_greedy_exact(
+    tiny_llama: Any, reference: Any, schedule: list[tuple[int, int, int, int, int | None]]
+) -> None:
+    engine = TorchStepEngine(tiny_llama)
+    prompts = {str(i): _prompt(seed, n) for i, (_, seed, n, _, _) in enumerate(schedule)}
+    got: dict[str, list[int]] = {}
+    finished: dict[str, str | None] = {}
+    aborted: set[str] = set()
+    step = 0
+    while step <= 10 or engine.has_unfinished():
+        for i, (join, _, _, max_tokens, abort_at) in enumerate(schedule):
+            rid = str(i)
+            if join == step:
+                engine.add_request(_request(rid, prompts[rid], max_tokens))
+            if abort_at == step and abort_at >= join and rid not in finished:
+                engine.abort(rid)
+                aborted.add(rid)
+        for out in engine.step():
+            assert out.request_id not in aborted, "an aborted request was reported"
+            assert out.request_id not in finished, "a finished request was reported again"
+            got.setdefault(out.request_id, []).extend(out.token_ids)
+            if out.finished:
+                finished[out.request_id] = out.finish_reason
+        running = [r for r in got if r not in finished and r not in aborted]
+        assert engine.kv_tokens_in_use() == sum(len(prompts[r]) + len(got[r]) for r in running)
+        step += 1
+    for i, (_, _, _, max_tokens, _) in enumerate(schedule):
+        rid = str(i)
+        tokens = got.get(rid, [])
+        assert tokens == reference(prompts[rid])[: len(tokens)], f"request {rid}"
+        if rid not in aborted:
+            assert finished[rid] == "length"
+            assert len(tokens) == max_tokens
+    assert engine.kv_tokens_in_use() == 0
+    assert engine.kv_tokens_allocated() == 0
+
+
+def test_abort_queued_running_unknown_and_finished(tiny_llama: Any, reference: Any) -> None:
+    engine = TorchStepEngine(tiny_llama)
+    a, b, c = _prompt(1, 6), _prompt(2, 11), _prompt(3, 4)
+    engine.add_request(_request("a", a))
+    engine.add_request(_request("b", b, max_tokens=2))
+    engine.add_request(_request("queued", c))
+    engine.abort("queued")  # before its prefill: never reported
+    assert engine.num_running() == 2
+    got: dict[str, list[int]] = {}
+    first = engine.step()
+    assert {o.request_id for o in first} == {"a", "b"}
+    for o in first:
+        got.setdefault(o.request_id, []).extend(o.token_ids)
+    engine.abort("a")  # running: gone before the next step
+    assert engine.num_running() == 1
+    assert engine.kv_tokens_in_use() == len(b) + 1
+    engine.abort("nobody")
+    outputs = _drain(engine, got)
+    assert [o.request_id for o in outputs] == ["b"]
+    assert outputs[-1].finished
+    engine.abort("b")  # finished: nothing happens
+    assert got["b"] == reference(b)[:2]
+    assert not engine.has_unfinished()
+    # The same id may be used again once it is gone.
+    engine.add_request(_request("a", a, max_tokens=3))
+    _drain(engine, got := {})
+    assert got["a"] == reference(a)[:3]
+
+
+def test_eos_finishes_with_stop_and_ignore_eos_goes_on(tiny_llama: Any, reference: Any) -> None:
+    prompt = _prompt(7, 9)
+    expected = reference(prompt)
+    stop_at = 3
+    eos = expected[stop_at]
+    assert eos not in expected[:stop_at], "pick a prompt whose reference repeats no early token"
+    engine = TorchStepEngine(tiny_llama, eos_token_ids=[eos])
+    engine.add_request(_request("eos", prompt, ignore_eos=False))
+    engine.add_request(_request("ignore", prompt, ignore_eos=True))
+    got: dict[str, list[int]] = {}
+    outputs = _drain(engine, got)
+    assert got["eos"] == expected[: stop_at + 1]  # the EOS token itself is reported
+    assert got["ignore"] == expected
+    reasons = {o.request_id: o.finish_reason for o in outputs if o.finished}
+    assert reasons == {"eos": "stop", "ignore": "length"}
+    assert sum(o.finished for o in outputs) == 2
+
+
+def test_max_tokens_one_finishes_in_the_prefill_step(tiny_llama: Any, reference: Any) -> None:
+    prompt = _prompt(9, 5)
+    engine = TorchStepEngine(tiny_llama)
+    engine.add_request(_request("one", prompt, max_tokens=1))
+    (out,) = engine.step()
+    assert out == StepOutput("one", (reference(prompt)[0],), True, "length")
+    assert not engine.has_unfinished()
+    assert engine.kv_tokens_allocated() == 0
+
+
+def test_cache_is_trimmed_when_the_longest_sequence_leaves(tiny_llama: Any) -> None:
+    engine = TorchStepEngine(tiny_llama)
+    engine.add_request(_request("long", _prompt(1, 40), max_tokens=2))
+    engine.add_request(_request("short", _prompt(2, 3), max_tokens=6))
+    engine.step()
+    assert engine.kv_tokens_allocated() == 2 * 40
+    engine.step()  # "long" finishes and leaves; its 41 columns would be padding for "short"
+    assert engine.num_running() == 1
+    assert engine.kv_tokens_allocated() == 3 + 1  # short's prompt + its first generated token
+    assert engine.kv_tokens_in_use() == 3 + 2
+
+
+def test_kv_tokens_count_prompt_and_generated(tiny_llama: Any) -> None:
+    engine = TorchStepEngine(tiny_llama)
+    engine.add_request(_request("a", _prompt(1, 5)))
+    assert engine.kv_tokens_in_use() == 0  # not prefilled yet
+    assert engine.num_running() == 1
+    engine.step()
+    engine.add_request(_request("b", _prompt(2, 8)))
+    engine.step()
+    assert engine.kv_tokens_in_use() == (5 + 2) + (8 + 1)
+
+
+@pytest.mark.parametrize(
+    ("request_", "message"),
+    [
+        (GenerationRequest("x", (5,) * 100, SamplingParams(max_tokens=29)), "context of 128"),
+        (GenerationRequest("x", (5, TINY_VOCAB)), r"\[0, 320\)"),
+        (GenerationRequest("x", (-1, 5)), r"\[0, 320\)"),
+    ],
+)
+def test_add_request_rejects_what_cannot_run(
+    tiny_llama: Any, request_: GenerationRequest, message: str
+) -> None:
+    engine = TorchStepEngine(tiny_llama)
+    with pytest.raises(ValueError, match=message):
+        engine.add_request(request_)
+    assert engine.num_running() == 0
+
+
+def test_add_request_rejects_a_running_id(tiny_llama: Any) -> None:
+    engine = TorchStepEngine(tiny_llama)
+    engine.add_request(_request("x", (5, 6)))
+    with pytest.raises(ValueError, match="already running"):
+        engine.add_request(_request("x", (7,)))
+
+
+def _run_on(device: str, prompts: Sequence[tuple[int, ...]]) -> tuple[dict[str, list[int]], Any]:
+    model = build_tiny_llama().to(device)
+    engine = TorchStepEngine(model)
+    assert engine.device.type == device
+    got: dict[str, list[int]] = {}
+    for i, p in enumerate(prompts):
+        if i == len(prompts) // 2:
+            engine.step()  # the second half joins a running batch
+        engine.add_request(_request(str(i), p))
+    _drain(engine, got)
+    return got, model
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_batched_greedy_equals_unbatched_generate(torch_threads: None) -> None:
+    prompts = [_prompt(i, n) for i, n in enumerate([3, 14, 1, 25, 7, 10])]
+    got, model = _run_on("cuda", prompts)
+    for i, p in enumerate(prompts):
+        assert got[str(i)] == _reference(model, p, MAX_NEW), f"prompt {i}"
