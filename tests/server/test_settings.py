@@ -79,7 +79,7 @@ def test_bad_files(tmp_path: Path) -> None:
         load_config(tmp_path / "missing.toml")
     bad = tmp_path / "bad.toml"
     bad.write_text("port = = 3")
-    with pytest.raises(InputError, match="neither valid TOML nor JSON"):
+    with pytest.raises(InputError, match="not a valid TOML config file"):
         load_config(bad)
     arr = tmp_path / "arr.json"
     arr.write_text("[1, 2]")

@@ -39,7 +39,7 @@ def test_model_threads_can_step_back_for_the_event_loop() -> None:
     import os
     import sys
 
-    from batchline.server.app import _lower_thread_priority
+    from batchline.server.state import _lower_thread_priority
 
     if not sys.platform.startswith("linux"):
         return

@@ -23,19 +23,19 @@ from typing import TYPE_CHECKING
 from batchline._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from batchline.server.app import (
-        ApiError,
+    from batchline.server.app import create_app
+    from batchline.server.errors import ApiError
+    from batchline.server.runner import serve
+    from batchline.server.settings import API_KEY_ENV, ServerSettings, load_config
+    from batchline.server.state import (
         BatchedModel,
         DirectModel,
         EmbeddingModel,
         ServedModel,
         ServerState,
         SoloWideEmbedder,
-        create_app,
         load_embedder,
-        serve,
     )
-    from batchline.server.settings import API_KEY_ENV, ServerSettings, load_config
 
 __all__ = [
     "API_KEY_ENV",
@@ -58,17 +58,17 @@ __getattr__ = lazy_exports(
     __name__,
     {
         "API_KEY_ENV": "settings",
-        "ApiError": "app",
-        "BatchedModel": "app",
-        "DirectModel": "app",
-        "EmbeddingModel": "app",
-        "ServedModel": "app",
+        "ApiError": "errors",
+        "BatchedModel": "state",
+        "DirectModel": "state",
+        "EmbeddingModel": "state",
+        "ServedModel": "state",
         "ServerSettings": "settings",
-        "ServerState": "app",
-        "SoloWideEmbedder": "app",
+        "ServerState": "state",
+        "SoloWideEmbedder": "state",
         "create_app": "app",
         "load_config": "settings",
-        "load_embedder": "app",
-        "serve": "app",
+        "load_embedder": "state",
+        "serve": "runner",
     },
 )

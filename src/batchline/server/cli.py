@@ -102,12 +102,12 @@ def run(args: argparse.Namespace) -> int:
     if settings.model != "default":
         if not Path(settings.model).is_file():
             raise InputError(f"model file not found: {settings.model}")
-        from batchline.server.app import tokenizer_file
+        from batchline.server.state import tokenizer_file
 
         tokenizer_file(settings)  # raises InputError when there is none
     elif settings.tokenizer and not Path(settings.tokenizer).is_file():
         raise InputError(f"tokenizer file not found: {settings.tokenizer}")
 
-    from batchline.server.app import serve
+    from batchline.server.runner import serve
 
     return serve(settings)

@@ -102,6 +102,8 @@ class ServerSettings(BaseModel):
     # as the baseline's two-thread session, and concurrent batches still get a core each.
     solo_intra_op_threads: int | None = Field(default=2, ge=1, le=256)
     spinning: bool = False
+    # Where the model runs: cpu, cuda or cuda:N (batchline.knobs.Knobs.device).
+    device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:\d+)?)$")
     # Nice increment of the threads that run the model, so the event loop (HTTP, tokenizing,
     # forming batches) is not starved by them (Linux; 0: same priority). bench_serve.py, short
     # texts at c=32: x1.19 the baseline's req/s with p99 x1.40 at 0, x1.34 with p99 x0.83 at 5.

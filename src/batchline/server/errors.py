@@ -1,0 +1,121 @@
+"""Errors as HTTP responses: :class:`ApiError`, the one error body, and the app's handlers.
+
+Every error answers ``{"detail": ..., "error": {"message", "type", "code"}}`` (FastAPI's
+``detail`` plus OpenAI's ``error`` object). The 422 handler lists ``loc``/``msg``/``type`` of
+each validation error and never the input itself.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+__all__ = ["ApiError", "error_response", "install_error_handlers", "validation_response"]
+
+logger = logging.getLogger("batchline.server")
+
+
+class ApiError(Exception):
+    """An error that becomes an HTTP response: ``{"detail": ..., "error": {...}}``."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        kind: str,
+        *,
+        headers: dict[str, str] | None = None,
+        detail: Any = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind
+        self.headers = headers
+        self.detail = detail
+
+    def response(self) -> JSONResponse:
+        return error_response(
+            self.status, self.message, self.kind, headers=self.headers, detail=self.detail
+        )
+
+
+def error_response(
+    status: int,
+    message: str,
+    kind: str,
+    *,
+    headers: dict[str, str] | None = None,
+    detail: Any = None,
+) -> JSONResponse:
+    """The server's error body: FastAPI's ``detail`` plus OpenAI's ``error`` object."""
+    body = {
+        "detail": message if detail is None else detail,
+        "error": {"message": message, "type": kind, "code": status},
+    }
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Answer every error with the server's error body (and a 422 that never echoes input)."""
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected_error)
+
+
+async def _validation_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestValidationError)
+    return validation_response(exc.errors())
+
+
+def validation_response(errors: Sequence[Any]) -> JSONResponse:
+    """422 with ``loc``/``msg``/``type`` of each error and never the input itself.
+
+    (FastAPI's own handler echoes the input, and a NaN or a lone surrogate in it then
+    breaks the JSON encoder: a 500 for a client's mistake.)
+    """
+    detail: list[dict[str, Any]] = []
+    for err in errors:
+        loc = [_safe(part) for part in err.get("loc", ())]
+        detail.append(
+            {"loc": loc, "msg": _safe(err.get("msg", "")), "type": _safe(err.get("type", ""))}
+        )
+    message = "invalid request"
+    if detail:
+        first = detail[0]
+        where = ".".join(str(p) for p in first["loc"])
+        message = f"{where}: {first['msg']}" if where else str(first["msg"])
+    return error_response(422, message, "invalid_request_error", detail=detail)
+
+
+def _safe(value: object) -> str | int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    text = value if isinstance(value, str) else str(value)
+    return text.encode("utf-8", "replace").decode("utf-8")[:200]
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return exc.response()
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, StarletteHTTPException)
+    detail = exc.detail if isinstance(exc.detail, str) else "HTTP error"
+    kind = "not_found" if exc.status_code == 404 else "invalid_request_error"
+    headers = dict(exc.headers) if exc.headers else None
+    return error_response(exc.status_code, detail, kind, headers=headers)
+
+
+async def _unexpected_error(request: Request, exc: Exception) -> Response:
+    logger.error("unexpected error on %s", request.url.path, exc_info=exc)
+    return error_response(500, "internal server error", "server_error")

@@ -1,0 +1,216 @@
+"""The gate: pure ASGI middleware in front of the routes (auth, drain, body, disconnects).
+
+It runs before FastAPI sees a request, so a refused request costs no parsing: the API key
+(401), draining or still loading (503 + ``Retry-After``), the body size (413, on
+``Content-Length`` and on the bytes actually read), a body that trickles in (408). It reads
+the body itself and hands it to the routes in one piece (``scope["batchline.body"]``), counts
+the requests in flight (what a drain waits for), and watches the connection of a request
+that lasts: a client that disconnects has its request task cancelled, which withdraws the
+request's queued records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from batchline.server.errors import error_response
+from batchline.server.state import ServerState
+
+__all__ = ["OPEN_PATHS", "Gate"]
+
+#: Paths that never need the API key nor count as work (probes and scrapes).
+OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/v2/health/live", "/v2/health/ready"})
+# A request still running after this long starts watching for its client's disconnect.
+_WATCH_AFTER_S = 0.02
+
+
+class Gate:
+    """The gate (see the module docstring); ``app.add_middleware(Gate, state=state)``."""
+
+    def __init__(self, app: ASGIApp, state: ServerState) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        st = self.state
+        if st.api_key is not None and not _authorized(scope, st.api_key):
+            await _reply(
+                scope,
+                receive,
+                send,
+                error_response(
+                    401,
+                    "missing or invalid API key; send 'Authorization: Bearer <key>'",
+                    "authentication_error",
+                    headers={"WWW-Authenticate": "Bearer"},
+                ),
+            )
+            return
+        if st.draining or not st.ready:
+            why = "the server is shutting down" if st.draining else "the model is not loaded yet"
+            if st.draining and st.models:
+                st.default_model.metrics.rejected("draining")
+            await _reply(
+                scope,
+                receive,
+                send,
+                error_response(
+                    503,
+                    f"{why}; retry on another replica or later",
+                    "service_unavailable",
+                    headers={"Retry-After": str(st.settings.retry_after_s), "Connection": "close"},
+                ),
+            )
+            return
+        if scope["method"] not in ("POST", "PUT", "PATCH"):
+            st._enter()
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                st._leave()
+            return
+        st._enter()
+        try:
+            await self._with_body(scope, receive, send)
+        finally:
+            st._leave()
+
+    async def _with_body(self, scope: Scope, receive: Receive, send: Send) -> None:
+        limit = self.state.settings.max_body_bytes
+        too_large = error_response(
+            413,
+            f"request body is larger than max_body_bytes={limit}; send fewer or shorter texts",
+            "request_too_large",
+            headers={"Connection": "close"},
+        )
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = -1
+                if declared < 0:
+                    bad = error_response(400, "invalid Content-Length", "invalid_request_error")
+                    await _reply(scope, receive, send, bad)
+                    return
+                if declared > limit:
+                    await _reply(scope, receive, send, too_large)
+                    return
+        first = await receive()
+        if first["type"] == "http.disconnect":
+            return  # the client left before sending its body
+        body = first.get("body", b"")
+        if len(body) > limit:
+            await _reply(scope, receive, send, too_large)
+            return
+        if first.get("more_body", False):
+            # a body in pieces: read the rest, bounded in size and in time (a client that
+            # trickles its body must not hold a slot forever)
+            try:
+                async with asyncio.timeout(self.state.settings.request_timeout_s):
+                    rest = await _read_rest(receive, limit - len(body))
+            except TimeoutError:
+                slow = error_response(
+                    408,
+                    "the request body did not arrive within request_timeout_s",
+                    "request_timeout",
+                    headers={"Connection": "close"},
+                )
+                await _reply(scope, receive, send, slow)
+                return
+            if rest is None:
+                return
+            if isinstance(rest, int):
+                await _reply(scope, receive, send, too_large)
+                return
+            body += rest
+        scope["batchline.body"] = body
+
+        delivered = False
+        finished = False
+        disconnected = False
+        response_started = False
+        task = asyncio.current_task()
+
+        async def replay() -> Message:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        async def tracked_send(message: Message) -> None:
+            nonlocal response_started
+            response_started = True
+            await send(message)
+
+        async def watch() -> None:
+            nonlocal disconnected
+            message = await receive()
+            if message["type"] == "http.disconnect" and not finished and not response_started:
+                disconnected = True
+                assert task is not None
+                task.cancel()
+
+        loop = asyncio.get_running_loop()
+        watcher: asyncio.Task[None] | None = None
+
+        def start_watching() -> None:
+            nonlocal watcher
+            if not finished:
+                watcher = loop.create_task(watch())
+
+        # Most requests are answered within milliseconds; watching them from the start would
+        # cost a task each. A timer is cheaper; the watch starts only if the request lasts.
+        timer = loop.call_later(_WATCH_AFTER_S, start_watching)
+        try:
+            await self.app(scope, replay, tracked_send)
+        except asyncio.CancelledError:
+            assert task is not None
+            if disconnected and task.uncancel() == 0:
+                if self.state.models:
+                    self.state.default_model.metrics.cancelled("disconnect")
+                return  # nobody is listening: no response
+            raise
+        finally:
+            finished = True
+            timer.cancel()
+            if watcher is not None:
+                watcher.cancel()
+
+
+async def _read_rest(receive: Receive, room: int) -> bytes | int | None:
+    """The rest of a body: bytes, or ``-1`` past ``room`` bytes, or ``None`` on disconnect."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
+        room -= len(chunk)
+        if room < 0:
+            return -1
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _authorized(scope: Scope, key: bytes) -> bool:
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            scheme, _, token = value.partition(b" ")
+            if scheme.lower() != b"bearer":
+                return False
+            return hmac.compare_digest(token.strip(), key)
+    return False
+
+
+async def _reply(scope: Scope, receive: Receive, send: Send, response: Response) -> None:
+    await response(scope, receive, send)

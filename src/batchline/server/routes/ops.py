@@ -1,0 +1,54 @@
+"""Operations: ``GET /v1/models``, ``/health``, ``/ready``, ``/metrics``.
+
+(No ``from __future__ import annotations``: FastAPI reads these annotations at run time.)
+"""
+
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from batchline.server.metrics import CONTENT_TYPE
+from batchline.server.routes._common import server_state
+from batchline.server.schemas import ModelList
+
+__all__ = ["router"]
+
+router = APIRouter()
+
+
+@router.get("/v1/models", response_model=ModelList, summary="The models served here")
+async def list_models(request: Request) -> JSONResponse:
+    """OpenAI-style model list."""
+    state = server_state(request)
+    data = [
+        {"id": m.name, "object": "model", "created": m.created, "owned_by": "batchline"}
+        for m in state.models.values()
+    ]
+    return JSONResponse({"object": "list", "data": data})
+
+
+@router.get("/health", summary="Liveness: the process answers")
+async def health() -> JSONResponse:
+    """Always 200 while the process runs."""
+    return JSONResponse({"status": "ok"})
+
+
+@router.get("/ready", summary="Readiness: models loaded and not draining")
+async def ready(request: Request) -> JSONResponse:
+    """200 when the models are loaded and the server is not draining, else 503."""
+    state = server_state(request)
+    if state.ready and not state.draining:
+        return JSONResponse({"status": "ready", "models": list(state.models)})
+    status = "draining" if state.draining else "loading"
+    return JSONResponse(
+        {"status": status},
+        status_code=503,
+        headers={"Retry-After": str(state.settings.retry_after_s)},
+    )
+
+
+@router.get("/metrics", summary="Prometheus metrics")
+async def metrics(request: Request) -> Response:
+    """The text exposition format, from the app's own registry."""
+    state = server_state(request)
+    return Response(state.metrics.render(), media_type=CONTENT_TYPE)
