@@ -273,8 +273,10 @@ class IncrementalDetokenizer:
 class StopStringScanner:
     """Finds stop strings in text that arrives in pieces, even across pieces.
 
-    ``feed`` returns the text that is safe to emit: a suffix that could be the start of a stop
-    string is held back until the next piece decides it.
+    After each piece the text is cut before the earliest stop string in the text received so
+    far (so of two overlapping stop strings, the one completed first wins). ``feed`` returns
+    the text that is safe to emit: a suffix that could be the start of a stop string is held
+    back until the next piece decides it.
     """
 
     def __init__(self, stops: Sequence[str]) -> None:

@@ -1,0 +1,67 @@
+"""Shared tools for the generation tests: a step-by-step engine and expected fake outputs."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from batchline import ManualClock
+from batchline.models.generation.engine import StepOutput
+from batchline.models.generation.fake import FakeEngine, FakeTokenizer, default_next_token
+
+TOK = FakeTokenizer()
+
+
+class SteppedEngine(FakeEngine):
+    """A FakeEngine whose steps wait for the test's permission; each step moves ``clock`` 1 s."""
+
+    def __init__(self, clock: ManualClock | None = None, **options: object) -> None:
+        super().__init__(**options)  # type: ignore[arg-type]
+        self.clock = clock if clock is not None else ManualClock()
+        self._permits = threading.Semaphore(0)
+        self.waiting_for_permit = threading.Event()
+
+    def allow(self, steps: int = 1) -> None:
+        for _ in range(steps):
+            self._permits.release()
+
+    def step(self) -> Sequence[StepOutput]:
+        self.waiting_for_permit.set()
+        if not self._permits.acquire(timeout=30):
+            raise RuntimeError("test never allowed this step")
+        self.waiting_for_permit.clear()
+        self.clock.advance(1.0)
+        return super().step()
+
+
+async def until(predicate: Callable[[], bool], *, limit_s: float = 20.0) -> None:
+    """Wait (real time, polling) until ``predicate()`` holds; fail after ``limit_s``.
+
+    Only a guard against hanging: no test asserts on how long this takes.
+    """
+    deadline = time.monotonic() + limit_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition never became true")
+        await asyncio.sleep(0.001)
+
+
+def expected_text(prompt: Sequence[int], max_tokens: int) -> str:
+    """What FakeEngine's default next-token function produces, without EOS."""
+    generated: list[int] = []
+    for _ in range(max_tokens):
+        generated.append(default_next_token(prompt, generated))
+    return TOK.decode(generated)
+
+
+def scripted(text_by_prompt: dict[str, bytes]) -> Callable[[Sequence[int], Sequence[int]], int]:
+    """A next-token function that spells out given bytes for given prompts, one byte a token."""
+
+    def next_token(prompt: Sequence[int], generated: Sequence[int]) -> int:
+        data = text_by_prompt[TOK.decode(prompt)]
+        n = len(generated)
+        return 3 + data[n] if n < len(data) else 3 + ord(".")
+
+    return next_token
