@@ -43,9 +43,10 @@ def _reference(model: Any, prompt: tuple[int, ...], n: int) -> list[int]:
         ids,
         attention_mask=torch.ones_like(ids),
         max_new_tokens=n,
-        min_new_tokens=n,
         do_sample=False,
         pad_token_id=0,
+        # No EOS at all (not min_new_tokens, which would mask the EOS logit instead).
+        eos_token_id=None,
     )
     return [int(t) for t in out[0, len(prompt) :]]
 
@@ -241,6 +242,52 @@ def test_kv_tokens_count_prompt_and_generated(tiny_llama: Any) -> None:
     engine.add_request(_request("b", _prompt(2, 8)))
     engine.step()
     assert engine.kv_tokens_in_use() == (5 + 2) + (8 + 1)
+
+
+@pytest.mark.parametrize("fail_in", ["decode", "prefill"])
+def test_a_failed_step_leaves_the_engine_as_it_was(
+    tiny_llama: Any, reference: Any, monkeypatch: pytest.MonkeyPatch, fail_in: str
+) -> None:
+    engine = TorchStepEngine(tiny_llama)
+    prompts = {"a": _prompt(1, 6), "b": _prompt(2, 13), "late": _prompt(3, 4)}
+    sampled = SamplingParams(max_tokens=MAX_NEW, temperature=1.0, seed=7, ignore_eos=True)
+    engine.add_request(_request("a", prompts["a"]))
+    engine.add_request(GenerationRequest("b", prompts["b"], sampled))
+    got: dict[str, list[int]] = {}
+    for _ in range(3):
+        for out in engine.step():
+            got.setdefault(out.request_id, []).extend(out.token_ids)
+    engine.add_request(_request("late", prompts["late"]))
+    kv_before = (engine.kv_tokens_in_use(), engine.kv_tokens_allocated(), engine.num_running())
+    real_forward = engine._forward
+    calls = []
+
+    def forward_then_fail(*args: Any, **kwargs: Any) -> Any:
+        # The real forward runs (the cache layers grow), then the "device" fails.
+        calls.append(args[0].shape[1])
+        logits = real_forward(*args, **kwargs)
+        if (args[0].shape[1] == 1) == (fail_in == "decode"):
+            raise RuntimeError("device lost")
+        return logits
+
+    monkeypatch.setattr(engine, "_forward", forward_then_fail)
+    with pytest.raises(RuntimeError, match="device lost"):
+        engine.step()
+    assert calls
+    assert (
+        engine.kv_tokens_in_use(),
+        engine.kv_tokens_allocated(),
+        engine.num_running(),
+    ) == kv_before
+    monkeypatch.setattr(engine, "_forward", real_forward)
+    _drain(engine, got)
+    assert got["a"] == reference(prompts["a"])
+    assert got["late"] == reference(prompts["late"])
+    # The sampled sequence drew the same numbers again: as if the failed step never happened.
+    alone = TorchStepEngine(tiny_llama)
+    alone.add_request(GenerationRequest("b", prompts["b"], sampled))
+    _drain(alone, expected := {})
+    assert got["b"] == expected["b"]
 
 
 @pytest.mark.parametrize(

@@ -52,6 +52,17 @@ class _Sequence:
     done: bool = False  # finished or aborted: leaves the batch before the next forward pass
 
 
+@dataclass(slots=True)
+class _Snapshot:
+    pending: dict[str, _Sequence]
+    live: dict[str, _Sequence]
+    rows: list[_Sequence]
+    cache: DynamicCache | None
+    mask: torch.Tensor | None
+    layers: list[tuple[torch.Tensor | None, torch.Tensor | None]]
+    seqs: list[tuple[_Sequence, int, bool, torch.Tensor | None]]
+
+
 def _ids_of(value: Any) -> set[int]:
     if value is None:
         return set()
@@ -179,17 +190,57 @@ class TorchStepEngine:
         return 0 if self._mask is None else int(self._mask.numel())
 
     def step(self) -> Sequence[StepOutput]:
+        """Decode one token for every running sequence and prefill the ones added since.
+
+        If it raises (out of memory, a device error), the engine is left as it was before the
+        call: the same sequences, the same KV cache, the same random generator states.
+        """
+        before = self._snapshot()
         outputs: list[StepOutput] = []
-        with torch.inference_mode():
-            self._leave()
-            if self._rows:
-                outputs += self._decode()
-            if self._pending:
-                outputs += self._prefill()
-            self._leave()
+        try:
+            with torch.inference_mode():
+                self._leave()
+                if self._rows:
+                    outputs += self._decode()
+                if self._pending:
+                    outputs += self._prefill()
+                self._leave()
+        except BaseException:
+            self._restore(before)
+            raise
         return outputs
 
     # -- internals -----------------------------------------------------------------------
+
+    def _snapshot(self) -> _Snapshot:
+        # Cheap: the cache layers are replaced (torch.cat, index_select), never written in place,
+        # so holding the old tensors keeps the old cache.
+        layers = [] if self._cache is None else [(x.keys, x.values) for x in _layers(self._cache)]
+        seqs = [
+            (s, len(s.generated), s.done, None if s.generator is None else s.generator.get_state())
+            for s in self._live.values()
+        ]
+        return _Snapshot(
+            dict(self._pending),
+            dict(self._live),
+            list(self._rows),
+            self._cache,
+            self._mask,
+            layers,
+            seqs,
+        )
+
+    def _restore(self, snap: _Snapshot) -> None:
+        self._pending, self._live, self._rows = snap.pending, snap.live, snap.rows
+        self._cache, self._mask = snap.cache, snap.mask
+        if self._cache is not None:
+            for layer, (keys, values) in zip(_layers(self._cache), snap.layers, strict=True):
+                layer.keys, layer.values = keys, values
+        for seq, n_generated, done, rng_state in snap.seqs:
+            del seq.generated[n_generated:]
+            seq.done = done
+            if seq.generator is not None and rng_state is not None:
+                seq.generator.set_state(rng_state)
 
     def _forward(
         self,
