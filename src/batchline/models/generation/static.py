@@ -144,8 +144,11 @@ class StaticGenerator(EngineGenerator):
         if seq is None:
             return
         with self._lock:
-            if request_id in self._running:
-                self._to_abort.add(request_id)
+            if seq.dispatched:
+                # in the batch (or just finished in it, its outcome on the way): the batch's
+                # thread ends it before its next step
+                if request_id in self._running:
+                    self._to_abort.add(request_id)
                 return
             seq.withdrawn = True
         # still queued: withdraw it from the batcher and end it here
@@ -175,6 +178,7 @@ class StaticGenerator(EngineGenerator):
         with self._lock:
             seqs = [s for s in batch if not s.withdrawn]
             for seq in seqs:
+                seq.dispatched = True
                 self._running[seq.request_id] = seq
                 self._reserved += seq.kv_reservation
         for seq in seqs:
