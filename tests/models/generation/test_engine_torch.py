@@ -152,6 +152,13 @@ def test_joins_leaves_and_aborts_at_any_step_keep_greedy_exact(
                 finished[out.request_id] = out.finish_reason
         running = [r for r in got if r not in finished and r not in aborted]
         assert engine.kv_tokens_in_use() == sum(len(prompts[r]) + len(got[r]) for r in running)
+        mask = engine._mask  # the cache's own view agrees, and it carries no all-padding column
+        if running:
+            assert mask is not None
+            assert int(mask.sum()) + len(running) == engine.kv_tokens_in_use()
+            assert bool(mask[:, 0].any())
+        else:
+            assert mask is None
         step += 1
     for i, (_, _, _, max_tokens, _) in enumerate(schedule):
         rid = str(i)

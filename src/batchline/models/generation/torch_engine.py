@@ -337,8 +337,11 @@ class TorchStepEngine:
             return
         index = torch.tensor(keep, device=self._device)
         mask = self._mask.index_select(0, index)
-        # The first column any remaining row uses; everything left of it is padding.
-        start = int(mask.any(dim=0).to(torch.int8).argmax())
+        # Rows are right-aligned and a row holds its prompt and all but its latest token (fed
+        # at the next step), so the longest row fixes the first column still in use; everything
+        # left of it is padding. Counted here, not read from the device: no sync.
+        held = max(len(s.request.prompt_ids) + len(s.generated) - 1 for s in self._rows)
+        start = mask.shape[1] - held
         self._mask = mask[:, start:]
         for layer in _layers(self._cache):
             assert layer.keys is not None
