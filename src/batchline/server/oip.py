@@ -1,0 +1,806 @@
+"""The Open Inference Protocol codec (KServe v2 / Triton HTTP): request bytes in, arrays out,
+and arrays back to response bytes.
+
+Framework-free (numpy and the standard library only): a route reads the body and the
+``Inference-Header-Content-Length`` header, calls this module, and sends what it returns. Every
+problem with a request is an :class:`OipError` carrying the HTTP status and a message that names
+the problem without echoing the input back; the body to send is ``error_body(message)``.
+
+Supported: JSON tensor data (flat or nested), the binary tensor data extension in both
+directions (``binary_data_size`` on inputs, ``binary_data`` on requested outputs,
+``binary_data_output`` on the request), and the datatypes BOOL, UINT8..UINT64, INT8..INT64,
+FP16, FP32, FP64 and BYTES. Not supported (a clear 400): shared memory, the classification
+extension, BF16.
+
+Example, what ``POST /v2/models/{name}/infer`` does::
+
+    from batchline.server import oip
+
+    try:
+        req = oip.parse_infer_request(
+            body,
+            oip.parse_header_length(headers.get("inference-header-content-length")),
+            info.details["inputs"],
+            model_outputs=info.details["outputs"],
+        )
+        rows = oip.split_rows(req)                        # one record per row, for the batcher
+        results = [await batcher.run(row) for row in rows]   # (concurrently, in practice)
+        outputs = oip.stack_rows(results)
+        payload, response_headers = oip.build_infer_response(
+            info.name, None, req.id, outputs, req.requested
+        )
+        return Response(payload, 200, response_headers)
+    except oip.OipError as e:
+        return JSONResponse(oip.error_body(e.message), e.status)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, TypeAlias
+
+import numpy as np
+from numpy.typing import NDArray
+
+from batchline._errors import BatchlineError
+
+__all__ = [
+    "DATATYPES",
+    "HEADER_LENGTH_HEADER",
+    "InferRequest",
+    "OipError",
+    "RequestedOutputs",
+    "TensorSpec",
+    "TensorSpecLike",
+    "build_infer_response",
+    "datatype_of",
+    "dtype_of",
+    "error_body",
+    "model_metadata",
+    "parse_header_length",
+    "parse_infer_request",
+    "server_metadata",
+    "split_rows",
+    "stack_rows",
+]
+
+#: The binary tensor data extension's header: the length in bytes of the JSON part of a body.
+HEADER_LENGTH_HEADER: Final = "Inference-Header-Content-Length"
+
+#: OIP datatype name -> numpy dtype (little-endian, the wire's byte order). BYTES tensors are
+#: object arrays whose elements are ``bytes``.
+DATATYPES: Final[Mapping[str, np.dtype[Any]]] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype("<u1"),
+    "UINT16": np.dtype("<u2"),
+    "UINT32": np.dtype("<u4"),
+    "UINT64": np.dtype("<u8"),
+    "INT8": np.dtype("<i1"),
+    "INT16": np.dtype("<i2"),
+    "INT32": np.dtype("<i4"),
+    "INT64": np.dtype("<i8"),
+    "FP16": np.dtype("<f2"),
+    "FP32": np.dtype("<f4"),
+    "FP64": np.dtype("<f8"),
+    "BYTES": np.dtype(object),
+}
+_NAMES_BY_KIND_SIZE: Final[Mapping[tuple[str, int], str]] = {
+    (dt.kind, dt.itemsize): name for name, dt in DATATYPES.items() if name != "BYTES"
+}
+_EXTENSIONS: Final = ("binary_tensor_data",)
+# Longest name or id worth quoting in a message or echoing in a response.
+_MAX_NAME_CHARS: Final = 256
+_LENGTH_PREFIX: Final = struct.Struct("<I")
+
+Array: TypeAlias = NDArray[Any]
+
+
+class OipError(BatchlineError):
+    """A request the Open Inference Protocol routes cannot serve: ``status`` is the HTTP status
+    (400 for a malformed or mismatched request), ``message`` says what is wrong and never
+    quotes more than a short name of the input. Send ``error_body(message)`` with it."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def error_body(message: str) -> dict[str, str]:
+    """The protocol's error response body: ``{"error": message}``."""
+    return {"error": message}
+
+
+# -- datatypes and tensor specs ---------------------------------------------------------------
+
+
+def dtype_of(datatype: str) -> np.dtype[Any]:
+    """The numpy dtype of an OIP datatype name (``"FP32"`` -> ``float32``); ``ValueError`` for
+    an unknown name."""
+    try:
+        return DATATYPES[datatype]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"unknown datatype {_quote(datatype)}; expected one of {', '.join(DATATYPES)}"
+        ) from None
+
+
+def datatype_of(dtype: np.dtype[Any] | type | str) -> str:
+    """The OIP datatype name of a numpy dtype (``float32`` -> ``"FP32"``; object, bytes and
+    str dtypes -> ``"BYTES"``); ``ValueError`` for one the protocol cannot carry."""
+    dt = np.dtype(dtype)
+    if dt.kind in "OSU":
+        return "BYTES"
+    name = _NAMES_BY_KIND_SIZE.get((dt.kind, dt.itemsize))
+    if name is None:
+        raise ValueError(f"numpy dtype {dt} has no Open Inference Protocol datatype")
+    return name
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One model input or output: its name, OIP datatype and shape (``-1``: any size)."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"tensor name must be a non-empty string, got {self.name!r}")
+        dtype_of(self.datatype)
+        for d in self.shape:
+            if isinstance(d, bool) or not isinstance(d, int) or d < -1:
+                raise ValueError(
+                    f"tensor {self.name!r}: shape must hold ints >= -1, got {list(self.shape)}"
+                )
+
+    @classmethod
+    def of(cls, spec: TensorSpecLike) -> TensorSpec:
+        """A spec from a ``TensorSpec`` or a ``{"name", "datatype", "shape"}`` mapping (what
+        ``ModelInfo.details["inputs"]`` holds)."""
+        if isinstance(spec, TensorSpec):
+            return spec
+        try:
+            return cls(str(spec["name"]), str(spec["datatype"]), tuple(spec["shape"]))
+        except KeyError as e:
+            raise ValueError(f"a tensor spec needs name, datatype and shape; {e} is missing") from e
+
+    def as_dict(self) -> dict[str, object]:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+
+#: What the codec takes for a model's inputs or outputs.
+TensorSpecLike: TypeAlias = "TensorSpec | Mapping[str, Any]"
+
+
+# -- requests ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RequestedOutputs:
+    """Which outputs a request wants, and in which encoding.
+
+    ``names``: the requested outputs in request order, or ``None`` for all of the model's.
+    ``binary``: per-output ``binary_data`` choices; ``binary_default``: the request's
+    ``binary_data_output`` parameter, for outputs without a choice of their own.
+    """
+
+    names: tuple[str, ...] | None = None
+    binary: Mapping[str, bool] = field(default_factory=dict)
+    binary_default: bool = False
+
+    def wants_binary(self, name: str) -> bool:
+        return self.binary.get(name, self.binary_default)
+
+
+@dataclass(frozen=True)
+class InferRequest:
+    """A parsed, validated inference request.
+
+    ``inputs`` maps each model input (in the model's order) to its array, whose first axis is
+    the batch axis (``batch_size`` rows, the same for every input). Arrays decoded from binary
+    data are read-only views of the body; BYTES tensors are object arrays of ``bytes``.
+    ``parameters`` is the request's own ``parameters`` object (``priority``, ``timeout``, ...).
+    """
+
+    id: str | None
+    inputs: Mapping[str, Array]
+    batch_size: int
+    requested: RequestedOutputs = field(default_factory=RequestedOutputs)
+    parameters: Mapping[str, object] = field(default_factory=dict)
+
+
+def parse_header_length(value: str | None) -> int | None:
+    """The ``Inference-Header-Content-Length`` header's value as an int (``None`` when absent);
+    ``OipError`` 400 when it is not a non-negative integer."""
+    if value is None:
+        return None
+    text = value.strip()
+    if not text.isdigit() or len(text) > 18:
+        raise OipError(
+            400, f"{HEADER_LENGTH_HEADER} must be a non-negative integer, got {_quote(value)}"
+        )
+    return int(text)
+
+
+def parse_infer_request(
+    body: bytes,
+    header_length: int | None,
+    model_inputs: Sequence[TensorSpecLike],
+    *,
+    model_outputs: Sequence[TensorSpecLike] | None = None,
+) -> InferRequest:
+    """Decode and validate an inference request body against the model's inputs.
+
+    ``header_length`` is the ``Inference-Header-Content-Length`` header (see
+    :func:`parse_header_length`): the body is that many bytes of JSON followed by the inputs'
+    binary data in request order; ``None``: the whole body is JSON. With ``model_outputs``,
+    requested output names are checked too. Raises :class:`OipError` (400) naming the problem.
+
+    Example::
+
+        body = b'{"inputs": [{"name": "x", "shape": [2, 2], "datatype": "FP32",
+                              "data": [[1, 2], [3, 4]]}]}'
+        req = parse_infer_request(body, None, [{"name": "x", "datatype": "FP32",
+                                                "shape": [-1, 2]}])
+        req.inputs["x"].shape   # (2, 2); req.batch_size == 2
+    """
+    specs = _specs(model_inputs)
+    by_name = {s.name: s for s in specs}
+    header, binary = _split_body(body, header_length)
+    doc = _load_json(header)
+    if not isinstance(doc, dict):
+        raise OipError(400, "the request body must be a JSON object")
+
+    request_id = doc.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise OipError(400, f"'id' must be a string, got {_json_type(request_id)}")
+    if request_id is not None and len(request_id) > _MAX_NAME_CHARS:
+        raise OipError(400, f"'id' is {len(request_id)} characters; at most {_MAX_NAME_CHARS}")
+    parameters = _parameters(doc.get("parameters"), "the request")
+    binary_default = parameters.get("binary_data_output", False)
+    if not isinstance(binary_default, bool):
+        raise OipError(400, "parameter 'binary_data_output' must be true or false")
+
+    raw_inputs = doc.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise OipError(400, "'inputs' must be a non-empty list of input tensors")
+
+    arrays: dict[str, Array] = {}
+    offset = 0
+    for i, raw in enumerate(raw_inputs):
+        if not isinstance(raw, dict):
+            raise OipError(400, f"inputs[{i}] must be an object, got {_json_type(raw)}")
+        name = raw.get("name")
+        if not isinstance(name, str):
+            raise OipError(400, f"inputs[{i}] needs a string 'name'")
+        spec = by_name.get(name)
+        if spec is None:
+            raise OipError(
+                400,
+                f"unknown input {_quote(name)}; this model's inputs are "
+                f"{_name_list(s.name for s in specs)}",
+            )
+        if name in arrays:
+            raise OipError(400, f"input {_quote(name)} is given twice")
+        shape = _shape(raw.get("shape"), name)
+        _check_datatype_and_shape(raw.get("datatype"), shape, spec)
+        params = _parameters(raw.get("parameters"), f"input {_quote(name)}")
+        if "shared_memory_region" in params:
+            raise OipError(400, f"input {_quote(name)}: shared memory is not supported")
+        size = params.get("binary_data_size")
+        if size is not None:
+            if "data" in raw:
+                raise OipError(400, f"input {_quote(name)} has both 'data' and a binary_data_size")
+            if binary is None:
+                raise OipError(
+                    400,
+                    f"input {_quote(name)} has a binary_data_size but the request has no "
+                    f"{HEADER_LENGTH_HEADER} header",
+                )
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                raise OipError(
+                    400, f"input {_quote(name)}: binary_data_size must be a non-negative integer"
+                )
+            if offset + size > len(binary):
+                raise OipError(
+                    400,
+                    f"input {_quote(name)}: binary_data_size {size} runs past the end of the "
+                    f"body ({len(binary) - offset} bytes of binary data left)",
+                )
+            arrays[name] = _from_binary(binary[offset : offset + size], spec, shape)
+            offset += size
+        elif "data" in raw:
+            arrays[name] = _from_json(raw["data"], spec, shape)
+        else:
+            raise OipError(400, f"input {_quote(name)} has neither 'data' nor a binary_data_size")
+
+    if binary is not None and offset != len(binary):
+        raise OipError(
+            400,
+            f"{len(binary) - offset} bytes after the JSON header belong to no input "
+            f"(the binary_data_size values add up to {offset})",
+        )
+    missing = [s.name for s in specs if s.name not in arrays]
+    if missing:
+        raise OipError(400, f"missing input{'s' if len(missing) > 1 else ''} {_name_list(missing)}")
+
+    batch_size = _batch_size(arrays)
+    requested = _requested(doc.get("outputs"), binary_default, model_outputs)
+    ordered = {s.name: arrays[s.name] for s in specs}
+    return InferRequest(request_id, ordered, batch_size, requested, parameters)
+
+
+def split_rows(request: InferRequest) -> list[dict[str, Array]]:
+    """One record per row of the batch axis, for the shared batcher: ``{input name: row}``,
+    each row an array of the input's shape without its first axis (a view, not a copy).
+    ``ValueError`` when an input is a scalar (a model input without a batch axis)."""
+    for name, array in request.inputs.items():
+        if array.ndim == 0:
+            raise ValueError(f"input {name!r} is a scalar: it has no batch axis to split")
+    return [
+        {name: array[i, ...] for name, array in request.inputs.items()}
+        for i in range(request.batch_size)
+    ]
+
+
+def stack_rows(rows: Sequence[Mapping[str, Array]]) -> dict[str, Array]:
+    """The inverse of :func:`split_rows` for results: per-row ``{output name: array}`` mappings
+    stacked along a new first axis, in the first row's name order."""
+    if not rows:
+        raise ValueError("stack_rows needs at least one row")
+    names = list(rows[0])
+    for k, row in enumerate(rows):
+        if list(row) != names:
+            raise ValueError(f"row {k} has outputs {sorted(row)}, row 0 has {sorted(names)}")
+    return {name: np.stack([np.asarray(row[name]) for row in rows]) for name in names}
+
+
+# -- responses --------------------------------------------------------------------------------
+
+
+def build_infer_response(
+    model_name: str,
+    model_version: str | None,
+    request_id: str | None,
+    outputs: Mapping[str, Array],
+    requested: RequestedOutputs,
+) -> tuple[bytes, dict[str, str]]:
+    """The response body and its headers for ``outputs`` (batched arrays, by output name).
+
+    JSON (``Content-Type: application/json``) unless an output is wanted as binary data, then
+    a JSON header followed by the binary outputs in order, with ``Inference-Header-Content-Length``
+    (``Content-Type: application/octet-stream``). Raises :class:`OipError`: 400 for a requested
+    output the model did not produce, or a JSON output that JSON cannot carry (NaN, infinity,
+    non-UTF-8 bytes: ask for it as binary data); 500 for an array of a dtype the protocol lacks.
+    """
+    names = list(outputs) if requested.names is None else list(requested.names)
+    unknown = [n for n in names if n not in outputs]
+    if unknown:
+        raise OipError(
+            400,
+            f"unknown output{'s' if len(unknown) > 1 else ''} {_name_list(unknown)}; this "
+            f"model's outputs are {_name_list(outputs)}",
+        )
+    doc: dict[str, object] = {"model_name": model_name}
+    if model_version is not None:
+        doc["model_version"] = model_version
+    if request_id is not None:
+        doc["id"] = request_id
+    entries: list[dict[str, object]] = []
+    chunks: list[bytes] = []
+    for name in names:
+        array = np.asarray(outputs[name])
+        try:
+            datatype = datatype_of(array.dtype)
+        except ValueError as e:
+            raise OipError(500, f"output {_quote(name)}: {e}") from None
+        entry: dict[str, object] = {
+            "name": name,
+            "datatype": datatype,
+            "shape": [int(d) for d in array.shape],
+        }
+        if requested.wants_binary(name):
+            raw = _to_binary(array, datatype, name)
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            chunks.append(raw)
+        else:
+            entry["data"] = _to_json(array, datatype, name)
+        entries.append(entry)
+    doc["outputs"] = entries
+    header = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
+    if not chunks:
+        return header, {"Content-Type": "application/json"}
+    return b"".join([header, *chunks]), {
+        "Content-Type": "application/octet-stream",
+        HEADER_LENGTH_HEADER: str(len(header)),
+    }
+
+
+def model_metadata(
+    name: str,
+    versions: Sequence[str] | None,
+    platform: str,
+    inputs: Sequence[TensorSpecLike],
+    outputs: Sequence[TensorSpecLike],
+) -> dict[str, object]:
+    """``GET /v2/models/{name}``: ``{"name", "versions"?, "platform", "inputs", "outputs"}``."""
+    doc: dict[str, object] = {"name": name}
+    if versions is not None:
+        doc["versions"] = [str(v) for v in versions]
+    doc["platform"] = platform
+    doc["inputs"] = [s.as_dict() for s in _specs(inputs)]
+    doc["outputs"] = [s.as_dict() for s in _specs(outputs)]
+    return doc
+
+
+def server_metadata() -> dict[str, object]:
+    """``GET /v2``: ``{"name": "batchline", "version", "extensions": ["binary_tensor_data"]}``."""
+    from batchline import __version__
+
+    return {"name": "batchline", "version": __version__, "extensions": list(_EXTENSIONS)}
+
+
+# -- internals: request parts -----------------------------------------------------------------
+
+
+def _specs(specs: Sequence[TensorSpecLike]) -> list[TensorSpec]:
+    out = [TensorSpec.of(s) for s in specs]
+    seen: set[str] = set()
+    for s in out:
+        if s.name in seen:
+            raise ValueError(f"tensor {s.name!r} is declared twice")
+        seen.add(s.name)
+    return out
+
+
+def _split_body(body: bytes, header_length: int | None) -> tuple[bytes, memoryview | None]:
+    if header_length is None:
+        return body, None
+    if header_length < 0:
+        raise OipError(400, f"{HEADER_LENGTH_HEADER} must be >= 0, got {header_length}")
+    if header_length > len(body):
+        raise OipError(
+            400,
+            f"{HEADER_LENGTH_HEADER} is {header_length} but the body has only {len(body)} bytes",
+        )
+    view = memoryview(body)
+    return bytes(view[:header_length]), view[header_length:]
+
+
+def _reject_constant(name: str) -> object:
+    raise OipError(400, f"the request holds {name}, which is not JSON; send finite numbers")
+
+
+def _load_json(header: bytes) -> object:
+    try:
+        text = header.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise OipError(400, f"the JSON header is not valid UTF-8 (byte {e.start})") from None
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as e:
+        raise OipError(
+            400, f"the JSON header is malformed: {e.msg} at line {e.lineno} column {e.colno}"
+        ) from None
+    except RecursionError:
+        raise OipError(400, "the JSON header is nested too deeply") from None
+
+
+def _parameters(value: object, where: str) -> dict[str, object]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise OipError(400, f"'parameters' of {where} must be an object")
+    return value
+
+
+def _shape(value: object, name: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value
+    ):
+        raise OipError(400, f"input {_quote(name)}: 'shape' must be a list of non-negative ints")
+    return tuple(value)
+
+
+def _check_datatype_and_shape(datatype: object, shape: tuple[int, ...], spec: TensorSpec) -> None:
+    name = _quote(spec.name)
+    if not isinstance(datatype, str) or datatype not in DATATYPES:
+        raise OipError(
+            400,
+            f"input {name}: unknown datatype {_quote(datatype)}; expected one of "
+            f"{', '.join(DATATYPES)}",
+        )
+    if datatype != spec.datatype:
+        raise OipError(400, f"input {name} takes {spec.datatype}, got {datatype}")
+    if len(shape) != len(spec.shape) or any(
+        want != -1 and got != want for got, want in zip(shape, spec.shape, strict=True)
+    ):
+        raise OipError(
+            400,
+            f"input {name} has shape {list(shape)}; the model takes {list(spec.shape)} "
+            "(-1: any size)",
+        )
+    if shape and shape[0] == 0:
+        raise OipError(400, f"input {name} has 0 rows on its batch axis; send at least one")
+
+
+def _batch_size(arrays: Mapping[str, Array]) -> int:
+    sizes = {name: (a.shape[0] if a.ndim else 1) for name, a in arrays.items()}
+    if len(set(sizes.values())) > 1:
+        listed = ", ".join(f"{_quote(n)} has {k}" for n, k in list(sizes.items())[:8])
+        raise OipError(400, f"inputs disagree on the batch size (first axis): {listed}")
+    return next(iter(sizes.values()))
+
+
+def _requested(
+    value: object, binary_default: bool, model_outputs: Sequence[TensorSpecLike] | None
+) -> RequestedOutputs:
+    if value is None:
+        return RequestedOutputs(None, {}, binary_default)
+    if not isinstance(value, list):
+        raise OipError(400, "'outputs' must be a list of requested outputs")
+    known = None if model_outputs is None else [s.name for s in _specs(model_outputs)]
+    names: list[str] = []
+    binary: dict[str, bool] = {}
+    for i, raw in enumerate(value):
+        if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+            raise OipError(400, f"outputs[{i}] must be an object with a string 'name'")
+        name: str = raw["name"]
+        if known is not None and name not in known:
+            raise OipError(
+                400, f"unknown output {_quote(name)}; this model's outputs are {_name_list(known)}"
+            )
+        if name in names:
+            raise OipError(400, f"output {_quote(name)} is requested twice")
+        params = _parameters(raw.get("parameters"), f"output {_quote(name)}")
+        if "shared_memory_region" in params:
+            raise OipError(400, f"output {_quote(name)}: shared memory is not supported")
+        if "classification" in params:
+            raise OipError(
+                400, f"output {_quote(name)}: the classification extension is not supported"
+            )
+        choice = params.get("binary_data")
+        if choice is not None:
+            if not isinstance(choice, bool):
+                raise OipError(400, f"output {_quote(name)}: binary_data must be true or false")
+            binary[name] = choice
+        names.append(name)
+    return RequestedOutputs(tuple(names), binary, binary_default)
+
+
+# -- internals: tensor data -------------------------------------------------------------------
+
+
+def _from_binary(raw: memoryview, spec: TensorSpec, shape: tuple[int, ...]) -> Array:
+    name = _quote(spec.name)
+    count = math.prod(shape)
+    if spec.datatype == "BYTES":
+        elements = _unpack_bytes(raw, count, name)
+        out = np.empty(count, dtype=object)
+        out[:] = elements
+        return out.reshape(shape)
+    dtype = DATATYPES[spec.datatype]
+    want = count * dtype.itemsize
+    if len(raw) != want:
+        raise OipError(
+            400,
+            f"input {name}: binary_data_size is {len(raw)} bytes; shape {list(shape)} of "
+            f"{spec.datatype} needs {want}",
+        )
+    if spec.datatype == "BOOL":
+        as_bytes = np.frombuffer(raw, dtype=np.uint8)
+        if as_bytes.size and int(as_bytes.max()) > 1:
+            raise OipError(400, f"input {name}: BOOL bytes must be 0 or 1")
+    array = np.frombuffer(raw, dtype=dtype).reshape(shape)
+    _check_finite(array, spec.datatype, name)
+    return array
+
+
+def _unpack_bytes(raw: memoryview, count: int, name: str) -> list[bytes]:
+    elements: list[bytes] = []
+    pos = 0
+    end = len(raw)
+    while pos < end:
+        if len(elements) == count:
+            raise OipError(
+                400, f"input {name}: BYTES data holds more than the {count} elements of its shape"
+            )
+        if pos + 4 > end:
+            raise OipError(400, f"input {name}: BYTES data ends inside an element's length prefix")
+        (length,) = _LENGTH_PREFIX.unpack_from(raw, pos)
+        pos += 4
+        if pos + length > end:
+            raise OipError(
+                400,
+                f"input {name}: BYTES element {len(elements)} claims {length} bytes, "
+                f"{end - pos} are left",
+            )
+        elements.append(bytes(raw[pos : pos + length]))
+        pos += length
+    if len(elements) != count:
+        raise OipError(
+            400,
+            f"input {name}: BYTES data holds {len(elements)} elements; its shape needs {count}",
+        )
+    return elements
+
+
+def _from_json(data: object, spec: TensorSpec, shape: tuple[int, ...]) -> Array:
+    name = _quote(spec.name)
+    if not isinstance(data, list):
+        raise OipError(400, f"input {name}: 'data' must be a list, got {_json_type(data)}")
+    count = math.prod(shape)
+    if spec.datatype == "BYTES":
+        elements: list[bytes] = []
+        for item in _leaves(data):
+            if not isinstance(item, str):
+                raise OipError(400, f"input {name}: BYTES data must hold strings")
+            try:
+                elements.append(item.encode("utf-8"))
+            except UnicodeEncodeError:
+                raise OipError(
+                    400, f"input {name}: a string holds a lone surrogate; send valid UTF-8"
+                ) from None
+        _check_count(len(elements), count, shape, name)
+        out = np.empty(count, dtype=object)
+        out[:] = elements
+        return out.reshape(shape)
+
+    try:
+        parsed = np.asarray(data)
+    except (ValueError, TypeError):
+        raise OipError(
+            400, f"input {name}: 'data' is ragged; send a flat list or lists matching the shape"
+        ) from None
+    _check_count(parsed.size, count, shape, name)
+    kind = parsed.dtype.kind
+    if parsed.size == 0:
+        return np.zeros(shape, dtype=DATATYPES[spec.datatype])
+    if spec.datatype == "BOOL":
+        if kind != "b":
+            raise OipError(400, f"input {name}: BOOL data must hold true or false")
+    elif spec.datatype.startswith(("INT", "UINT")):
+        return _ints_from_json(data, parsed, spec, shape, name)
+    elif kind not in "iuf":
+        raise OipError(400, f"input {name}: {spec.datatype} data must hold numbers")
+    with np.errstate(over="ignore", invalid="ignore"):
+        array = parsed.astype(DATATYPES[spec.datatype]).reshape(shape)
+    _check_finite(array, spec.datatype, name)
+    return array
+
+
+def _ints_from_json(
+    data: list[object], parsed: Array, spec: TensorSpec, shape: tuple[int, ...], name: str
+) -> Array:
+    dtype = DATATYPES[spec.datatype]
+    if parsed.dtype.kind in "iu":
+        lo, hi = int(parsed.min()), int(parsed.max())
+    else:
+        # numpy turns a mix of small and beyond-int64 integers into float64 (or object):
+        # check the Python values themselves, so that no UINT64 value is rounded
+        values = list(_leaves(data))
+        if not all(type(v) is int for v in values):
+            raise OipError(400, f"input {name}: {spec.datatype} data must hold integers")
+        ints: list[int] = values  # type: ignore[assignment]
+        lo, hi = min(ints), max(ints)
+        parsed = np.array(ints, dtype=object)
+    info = np.iinfo(dtype)
+    if lo < int(info.min) or hi > int(info.max):
+        raise OipError(
+            400,
+            f"input {name}: a value is outside {spec.datatype}'s range "
+            f"[{int(info.min)}, {int(info.max)}]",
+        )
+    return parsed.astype(dtype).reshape(shape)
+
+
+def _leaves(data: list[object]) -> Iterator[object]:
+    """The non-list items of a nested list, depth first, without recursion."""
+    stack: list[Iterator[object]] = [iter(data)]
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, list):
+                stack.append(iter(item))
+                break
+            yield item
+        else:
+            stack.pop()
+
+
+def _check_count(got: int, want: int, shape: tuple[int, ...], name: str) -> None:
+    if got != want:
+        raise OipError(
+            400, f"input {name}: 'data' holds {got} elements; shape {list(shape)} needs {want}"
+        )
+
+
+def _check_finite(array: Array, datatype: str, name: str) -> None:
+    if datatype.startswith("FP") and array.size and not bool(np.isfinite(array).all()):
+        raise OipError(
+            400,
+            f"input {name} holds NaN or infinity (or a value beyond {datatype}'s range); "
+            "send finite numbers",
+        )
+
+
+# -- internals: output encoding ---------------------------------------------------------------
+
+
+def _bytes_elements(array: Array, name: str) -> list[bytes]:
+    out: list[bytes] = []
+    for item in array.reshape(-1).tolist():
+        if isinstance(item, bytes):
+            out.append(item)
+        elif isinstance(item, str):
+            out.append(item.encode("utf-8", "surrogatepass"))
+        else:
+            raise OipError(
+                500, f"output {_quote(name)}: a BYTES element is {type(item).__name__}, not bytes"
+            )
+    return out
+
+
+def _to_binary(array: Array, datatype: str, name: str) -> bytes:
+    if datatype == "BYTES":
+        return b"".join(_LENGTH_PREFIX.pack(len(e)) + e for e in _bytes_elements(array, name))
+    return np.ascontiguousarray(array, dtype=DATATYPES[datatype]).tobytes()
+
+
+def _to_json(array: Array, datatype: str, name: str) -> list[Any]:
+    if datatype == "BYTES":
+        try:
+            return [e.decode("utf-8") for e in _bytes_elements(array, name)]
+        except UnicodeDecodeError:
+            raise OipError(
+                400,
+                f"output {_quote(name)} holds bytes that are not UTF-8, which JSON cannot "
+                "carry; request it with binary_data true",
+            ) from None
+    if datatype.startswith("FP") and array.size and not bool(np.isfinite(array).all()):
+        raise OipError(
+            400,
+            f"output {_quote(name)} holds NaN or infinity, which JSON cannot carry; request "
+            "it with binary_data true",
+        )
+    flat: list[Any] = array.reshape(-1).tolist()
+    return flat
+
+
+# -- internals: messages ----------------------------------------------------------------------
+
+
+def _quote(value: object) -> str:
+    """A short, safe rendering of a client-supplied name for a message."""
+    text = value if isinstance(value, str) else _json_type(value)
+    if len(text) > 64:
+        text = text[:61] + "..."
+    return repr(text) if isinstance(value, str) else text
+
+
+def _name_list(names: Iterator[str] | Sequence[str] | Mapping[str, object]) -> str:
+    items = [_quote(n) for n in names]
+    if len(items) > 16:
+        items = [*items[:16], f"and {len(items) - 16} more"]
+    return ", ".join(items) if items else "(none)"
+
+
+def _json_type(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
