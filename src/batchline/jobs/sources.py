@@ -1,4 +1,4 @@
-"""Job inputs: JSONL, CSV, Parquet and plain text, streamed in blocks of records.
+"""Job inputs: JSONL, CSV, Parquet, plain text and ``.npy`` arrays, streamed in blocks of records.
 
 One reader serves ``batchline run``, ``batchline drive`` and the Ray engine, so every layer numbers
 records the same way and a resumed job skips exactly what it committed before.
@@ -10,7 +10,18 @@ records the same way and a resumed job skips exactly what it committed before.
 
 Record numbering: ``index`` is the 0-based position of the record in the input. In JSONL and plain
 text, blank lines are not records and take no index; every other line does, including a malformed
-one. In CSV the header is not a record; in Parquet every row is one.
+one. In CSV the header is not a record; in Parquet every row is one; in ``.npy`` every row along
+axis 0 is one.
+
+What a record feeds the model (``input_kind``, :attr:`Record.input`):
+
+- ``text`` (the default): the text column, a string (``Record.text``);
+- ``record``: the whole row as a dict (or only ``input_columns``); no text column is needed;
+- ``tensors``: ``{column: numpy array}`` for each of ``input_columns`` (JSONL or Parquet list
+  columns, nested lists becoming n-d arrays), or ``{name: row}`` for each row of a ``.npy`` file.
+
+    >>> source = open_source("images.parquet", input_kind="tensors", input_columns=["input"])
+    >>> next(iter(source)).input        # {"input": array of shape (3, 224, 224)}
 """
 
 from __future__ import annotations
@@ -29,11 +40,13 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
 from batchline._errors import InputError
+from batchline.models.protocol import InputKind
 
 __all__ = [
     "BadRecord",
     "BadRecordPolicy",
     "Format",
+    "InputKind",
     "Record",
     "Source",
     "file_fingerprint",
@@ -41,7 +54,7 @@ __all__ = [
     "read_blocks_ahead",
 ]
 
-Format = Literal["jsonl", "csv", "parquet", "text"]
+Format = Literal["jsonl", "csv", "parquet", "text", "npy"]
 BadRecordPolicy = Literal["raise", "skip"]
 
 _EXTENSIONS: dict[str, Format] = {
@@ -51,19 +64,33 @@ _EXTENSIONS: dict[str, Format] = {
     ".parquet": "parquet",
     ".pq": "parquet",
     ".txt": "text",
+    ".npy": "npy",
 }
+#: The input name of a ``.npy`` file's rows when ``input_columns`` names none.
+DEFAULT_NPY_INPUT = "input"
 _RAW_PREVIEW_CHARS = 200
 _CSV_READ_BLOCK_BYTES = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
 class Record:
-    """One input record: its 0-based input position, its id, its text and any copied columns."""
+    """One input record: its 0-based input position, its id, its text and any copied columns.
+
+    ``value`` is the model input of a ``record`` or ``tensors`` source (a dict), ``None`` for a
+    text source; :attr:`input` is what to hand the model either way. ``text`` is ``""`` when the
+    source is not read as text.
+    """
 
     index: int
     id: str
     text: str
     extra: dict[str, object] = field(default_factory=dict)
+    value: object = None
+
+    @property
+    def input(self) -> object:
+        """The model input: :attr:`value` when set, else :attr:`text`."""
+        return self.text if self.value is None else self.value
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,15 +119,25 @@ def open_source(
     extra_columns: Sequence[str] | None = None,
     fmt: Format | None = None,
     on_bad_record: BadRecordPolicy = "raise",
+    input_kind: InputKind = "text",
+    input_columns: Sequence[str] = (),
 ) -> Source:
     """Open a dataset file for streaming and check its columns.
 
     The format comes from the extension (``.jsonl``/``.ndjson``, ``.csv``, ``.parquet``/``.pq``,
-    ``.txt``) unless ``fmt`` names it; ``fmt="text"`` reads any file as one record per line.
+    ``.txt``, ``.npy``) unless ``fmt`` names it; ``fmt="text"`` reads any file as one record per
+    line.
+
+    ``input_kind`` says what :attr:`Record.input` holds (see the module docstring): ``text``
+    reads ``text_column``; ``record`` the whole row as a dict (only ``input_columns`` when
+    given); ``tensors`` the numeric list columns ``input_columns`` as numpy arrays (JSONL,
+    Parquet), or the rows of a ``.npy`` file under the name ``input_columns[0]`` (default
+    ``"input"``). A ragged or non-numeric tensor value is a bad record naming its line or row.
 
     ``id_column=None`` uses the ``id`` column when the input has one and the record's index
-    otherwise; a named ``id_column`` must exist. ``extra_columns=None`` copies every other column
-    into ``Record.extra``; pass a list to copy only those, or ``()`` for none.
+    otherwise; a named ``id_column`` must exist. ``extra_columns=None`` copies every column that
+    is neither the id nor the model's input into ``Record.extra`` (for ``record`` without
+    ``input_columns``, none); pass a list to copy only those, or ``()`` for none.
 
     Bad records (malformed JSON, null or non-string text, a CSV row with the wrong number of
     fields, a missing id) raise ``InputError`` naming the line or row, or with
@@ -132,6 +169,7 @@ def open_source(
         raise InputError("the text column name must not be empty")
     if id_column is not None and not id_column:
         raise InputError("the id column name must not be empty")
+    inputs = _check_input_kind(fmt, input_kind, tuple(input_columns))
     return Source(
         p,
         fmt=fmt,
@@ -139,7 +177,46 @@ def open_source(
         id_column=id_column,
         extra_columns=None if extra_columns is None else tuple(extra_columns),
         on_bad_record=on_bad_record,
+        input_kind=input_kind,
+        input_columns=inputs,
     )
+
+
+def _check_input_kind(fmt: Format, kind: str, columns: tuple[str, ...]) -> tuple[str, ...]:
+    if kind not in get_args(InputKind):
+        raise InputError(f"input kind must be text, record or tensors, got {kind!r}")
+    if any(not isinstance(c, str) or not c for c in columns):
+        raise InputError(f"input column names must be non-empty strings, got {list(columns)}")
+    if len(set(columns)) != len(columns):
+        raise InputError(f"input columns repeat a name: {list(columns)}")
+    if kind == "text":
+        if columns:
+            raise InputError(
+                "input columns go with the record and tensors input kinds; a text input reads "
+                "the text column (--text-column)"
+            )
+        if fmt == "npy":
+            raise InputError("a .npy file holds tensors: read it with the tensors input kind")
+        return columns
+    if kind == "record" and fmt == "npy":
+        raise InputError("a .npy file holds tensors: read it with the tensors input kind")
+    if kind == "tensors":
+        if fmt in ("csv", "text"):
+            raise InputError(
+                f"{fmt.upper() if fmt == 'csv' else 'plain text'} input has no list columns to "
+                "read tensors from; use JSONL, Parquet or .npy"
+            )
+        if fmt == "npy":
+            if len(columns) > 1:
+                raise InputError(
+                    f"a .npy file holds one array, so one input, got input columns {list(columns)}"
+                )
+            return columns or (DEFAULT_NPY_INPUT,)
+        if not columns:
+            raise InputError(
+                "the tensors input kind needs the input columns to read (--input-column NAME)"
+            )
+    return columns
 
 
 def file_fingerprint(path: str | os.PathLike[str]) -> str:
@@ -200,11 +277,17 @@ class Source:
         id_column: str | None,
         extra_columns: tuple[str, ...] | None,
         on_bad_record: BadRecordPolicy,
+        input_kind: InputKind = "text",
+        input_columns: tuple[str, ...] = (),
     ) -> None:
         self.path = path
         self.format: Format = fmt
         self.text_column = text_column
         self.on_bad_record: BadRecordPolicy = on_bad_record
+        #: What ``Record.input`` holds: ``text``, ``record`` or ``tensors``.
+        self.input_kind: InputKind = input_kind
+        #: The columns a record or tensors input reads (for ``.npy``, the input's name).
+        self.input_columns: tuple[str, ...] = input_columns
         self._id_requested = id_column
         self._extra_requested = extra_columns
         #: The input's column names (CSV, Parquet; for JSONL those of the first record).
@@ -218,13 +301,28 @@ class Source:
         self._inspect()
 
     def __repr__(self) -> str:
-        return (
-            f"Source({str(self.path)!r}, format={self.format!r}, text_column={self.text_column!r})"
-        )
+        if self.input_kind == "text":
+            reads = f"text_column={self.text_column!r}"
+        else:
+            reads = f"input_kind={self.input_kind!r}, input_columns={list(self.input_columns)}"
+        return f"Source({str(self.path)!r}, format={self.format!r}, {reads})"
+
+    @property
+    def _own_columns(self) -> set[str | None] | None:
+        """Columns that are the record's id or the model's input (not copied into ``extra``);
+        ``None`` when the input is the whole row."""
+        if self.input_kind == "text":
+            return {self.text_column, self.id_column}
+        if self.input_kind == "record" and not self.input_columns:
+            return None
+        return {*self.input_columns, self.id_column}
 
     # -- column checks ---------------------------------------------------------------------------
 
     def _inspect(self) -> None:
+        if self.format == "npy":
+            self._inspect_npy()
+            return
         if self.format == "text":
             if self._id_requested is not None:
                 raise InputError(
@@ -254,8 +352,16 @@ class Source:
                 pf.close()
             self.columns = tuple(schema.names)
             text_type = (
-                schema.field(self.text_column).type if self.text_column in self.columns else None
+                schema.field(self.text_column).type
+                if self.input_kind == "text" and self.text_column in self.columns
+                else None
             )
+            for column in self.input_columns if self.input_kind == "tensors" else ():
+                if column in self.columns and not _numeric_or_list(schema.field(column).type):
+                    raise InputError(
+                        f"{self.path}: column {column!r} holds {schema.field(column).type}, not "
+                        "numbers or lists of numbers, so it cannot be a tensor input"
+                    )
             if text_type is not None and not (
                 pa.types.is_string(text_type)
                 or pa.types.is_large_string(text_type)
@@ -266,12 +372,18 @@ class Source:
                     "choose the text column with --text-column"
                 )
         names = ", ".join(repr(c) for c in self.columns) or "none"
-        if self.text_column not in self.columns:
-            where = "the first record has" if self.format == "jsonl" else "its columns are"
+        where = "the first record has" if self.format == "jsonl" else "its columns are"
+        if self.input_kind == "text" and self.text_column not in self.columns:
             raise InputError(
                 f"{self.path}: no text column {self.text_column!r}; {where}: {names} "
                 "(choose one with --text-column)"
             )
+        for column in self.input_columns:
+            if column not in self.columns:
+                raise InputError(
+                    f"{self.path}: no input column {column!r}; {where}: {names} "
+                    "(choose them with --input-column)"
+                )
         if self._id_requested is not None:
             if self._id_requested not in self.columns:
                 where = "the first record has" if self.format == "jsonl" else "its columns are"
@@ -279,13 +391,18 @@ class Source:
                     f"{self.path}: no id column {self._id_requested!r}; {where}: {names}"
                 )
             self.id_column = self._id_requested
-        elif "id" in self.columns and self.text_column != "id":
+        elif "id" in self.columns and self._default_id_ok():
             self.id_column = "id"
-        own = {self.text_column, self.id_column}
+        own = self._own_columns
         if self._extra_requested is None:
-            self.extra_columns = (
-                None if self.format == "jsonl" else tuple(c for c in self.columns if c not in own)
-            )
+            if own is None:
+                self.extra_columns = ()
+            else:
+                self.extra_columns = (
+                    None
+                    if self.format == "jsonl"
+                    else tuple(c for c in self.columns if c not in own)
+                )
         else:
             if self.format != "jsonl":
                 missing = [c for c in self._extra_requested if c not in self.columns]
@@ -293,7 +410,45 @@ class Source:
                     raise InputError(
                         f"{self.path}: no column {missing[0]!r} to copy; its columns are: {names}"
                     )
-            self.extra_columns = tuple(c for c in self._extra_requested if c not in own)
+            self.extra_columns = tuple(
+                c for c in self._extra_requested if own is None or c not in own
+            )
+
+    def _default_id_ok(self) -> bool:
+        """Whether an ``id`` column may serve as the id: not when it is the model's input."""
+        if self.input_kind == "text":
+            return self.text_column != "id"
+        return "id" not in self.input_columns
+
+    def _inspect_npy(self) -> None:
+        if self._id_requested is not None:
+            raise InputError(
+                f"{self.path}: a .npy file has no columns, so no id column "
+                f"{self._id_requested!r}; ids are the row indices"
+            )
+        if self._extra_requested:
+            raise InputError(f"{self.path}: a .npy file has no columns to copy")
+        array = self._npy_array()
+        self.columns = self.input_columns
+        self.extra_columns = ()
+        self.total_records = int(array.shape[0])
+
+    def _npy_array(self) -> Any:
+        import numpy as np
+
+        try:
+            array = np.load(self.path, mmap_mode="r", allow_pickle=False)
+        except (ValueError, OSError, EOFError) as exc:
+            raise InputError(f"{self.path}: not a readable .npy array: {exc}") from None
+        if not isinstance(array, np.ndarray):
+            raise InputError(f"{self.path}: holds several arrays (.npz), not one .npy array")
+        if array.ndim < 1:
+            raise InputError(f"{self.path}: holds a scalar; records are the rows along axis 0")
+        if array.dtype.kind not in "biuf":
+            raise InputError(
+                f"{self.path}: holds {array.dtype} values, not numbers, so not a tensor input"
+            )
+        return array
 
     def _first_json_object(self) -> dict[str, object] | None:
         with open(self.path, "rb") as f:
@@ -369,6 +524,8 @@ class Source:
             items = self._iter_text(skipper)
         elif self.format == "csv":
             items = self._iter_csv(skipper)
+        elif self.format == "npy":
+            items = self._iter_npy(skipper)
         else:
             items = self._iter_parquet(skipper, block_size)
         block: list[Item] = []
@@ -414,14 +571,19 @@ class Source:
                         index, None, f"line {lineno}", f"not UTF-8 ({exc.reason})", line
                     )
                     continue
-                yield Record(index, str(index), text)
+                if self.input_kind == "record":
+                    yield Record(index, str(index), text, value={self.text_column: text})
+                else:
+                    yield Record(index, str(index), text)
         self.total_records = index + 1
 
     def _iter_jsonl(self, skipper: _Skipper) -> Iterator[Item]:
         text_col, id_col, extras = self.text_column, self._id_requested, self.extra_columns
         default_id = id_col is None
         if default_id:
-            id_col = "id" if text_col != "id" else None
+            id_col = "id" if self._default_id_ok() else None
+        input_kind = self.input_kind
+        own = self._own_columns
         index = -1
         with open(self.path, "rb") as f:
             for index, (lineno, line) in enumerate(self._lines(f)):
@@ -454,6 +616,21 @@ class Source:
                     )
                     yield self._bad(index, None, where, reason, _preview(line))
                     continue
+                if extras is None:
+                    extra = {
+                        k: v
+                        for k, v in obj.items()
+                        if own is not None and k not in own and k != id_col
+                    }
+                else:
+                    extra = {k: obj.get(k) for k in extras}
+                if input_kind != "text":
+                    value, why = self._row_input(obj)
+                    if why is not None:
+                        yield self._bad(index, id_, where, why, _preview(line))
+                    else:
+                        yield Record(index, id_, "", extra, value)
+                    continue
                 if text_col not in obj:
                     fields = ", ".join(map(repr, obj)) or "none"
                     reason = f"no text field {text_col!r}; fields: {fields}"
@@ -464,12 +641,26 @@ class Source:
                     reason = f"text {text_col!r} is {_describe(text)}, not a string"
                     yield self._bad(index, id_, where, reason, _preview(line))
                     continue
-                if extras is None:
-                    extra = {k: v for k, v in obj.items() if k != text_col and k != id_col}
-                else:
-                    extra = {k: obj.get(k) for k in extras}
                 yield Record(index, id_, text, extra)
         self.total_records = index + 1
+
+    def _row_input(self, row: dict[str, object]) -> tuple[object, str | None]:
+        """A ``record`` or ``tensors`` row's model input, or the reason it is a bad record."""
+        if self.input_kind == "record" and not self.input_columns:
+            return row, None
+        value: dict[str, object] = {}
+        for column in self.input_columns:
+            if column not in row:
+                fields = ", ".join(map(repr, row)) or "none"
+                return None, f"no input field {column!r}; fields: {fields}"
+            if self.input_kind == "record":
+                value[column] = row[column]
+                continue
+            array, reason = _to_array(row[column])
+            if reason is not None:
+                return None, f"input {column!r} {reason}"
+            value[column] = array
+        return value, None
 
     def _iter_csv(self, skipper: _Skipper) -> Iterator[Item]:
         invalid: dict[int, tuple[str, str]] = {}
@@ -481,7 +672,11 @@ class Source:
             invalid[number - 2] = (reason, cast(str, row.text))
             return "skip"
 
-        columns = [c for c in (self.text_column, self.id_column) if c is not None]
+        if self.input_kind == "text":
+            inputs = [self.text_column]
+        else:
+            inputs = list(self.input_columns or self.columns)
+        columns = [c for c in (*inputs, self.id_column) if c is not None]
         extras = self.extra_columns or ()
         try:
             reader = pa_csv.open_csv(
@@ -527,15 +722,19 @@ class Source:
                 if not invalid and skipper.covers(index, index + batch.num_rows):
                     index += batch.num_rows  # committed already: no need to build its records
                     continue
-                texts = batch.column(self.text_column).to_pylist()
+                input_values = [(c, batch.column(c).to_pylist()) for c in inputs]
                 ids = batch.column(self.id_column).to_pylist() if self.id_column else None
                 extra_values = [(c, batch.column(c).to_pylist()) for c in extras]
-                for i, text in enumerate(texts):
+                for i in range(batch.num_rows):
                     yield from flush_invalid()
                     if not skipper.skipped(index):
                         id_ = ids[i] if ids is not None else str(index)
                         extra = {c: values[i] for c, values in extra_values}
-                        yield Record(index, id_, text, extra)
+                        if self.input_kind == "text":
+                            yield Record(index, id_, input_values[0][1][i], extra)
+                        else:
+                            row = {c: values[i] for c, values in input_values}
+                            yield Record(index, id_, "", extra, row)
                     index += 1
             yield from flush_invalid()
         finally:
@@ -550,10 +749,12 @@ class Source:
     def _iter_parquet(self, skipper: _Skipper, block_size: int) -> Iterator[Item]:
         pf = self._parquet_file()
         extras = self.extra_columns or ()
+        if self.input_kind == "text":
+            inputs = [self.text_column]
+        else:
+            inputs = list(self.input_columns or self.columns)
         columns = list(
-            dict.fromkeys(
-                [c for c in (self.text_column, self.id_column) if c is not None] + list(extras)
-            )
+            dict.fromkeys([c for c in (*inputs, self.id_column) if c is not None] + list(extras))
         )
         offset = 0
         try:
@@ -565,10 +766,10 @@ class Source:
                 for batch in pf.iter_batches(
                     batch_size=block_size, row_groups=[rg], columns=columns, use_threads=False
                 ):
-                    texts = batch.column(self.text_column).to_pylist()
+                    input_values = [(c, batch.column(c).to_pylist()) for c in inputs]
                     ids = batch.column(self.id_column).to_pylist() if self.id_column else None
                     extra_values = [(c, batch.column(c).to_pylist()) for c in extras]
-                    for i, text in enumerate(texts):
+                    for i in range(batch.num_rows):
                         index = offset + i
                         if skipper.skipped(index):
                             continue
@@ -582,15 +783,67 @@ class Source:
                             continue
                         else:
                             id_ = str(ids[i])
+                        extra = {c: v[i] for c, v in extra_values}
+                        if self.input_kind != "text":
+                            row = {c: values[i] for c, values in input_values}
+                            value, reason = self._row_input(row)
+                            if reason is not None:
+                                yield self._bad(index, id_, where, reason, "")
+                            else:
+                                yield Record(index, id_, "", extra, value)
+                            continue
+                        text = input_values[0][1][i]
                         if text is None:
                             reason = f"text {self.text_column!r} is null"
                             yield self._bad(index, id_, where, reason, "")
                             continue
-                        yield Record(index, id_, text, {c: v[i] for c, v in extra_values})
-                    offset += len(texts)
+                        yield Record(index, id_, text, extra)
+                    offset += batch.num_rows
         finally:
             pf.close()
         self.total_records = offset
+
+    def _iter_npy(self, skipper: _Skipper) -> Iterator[Item]:
+        import numpy as np
+
+        array = self._npy_array()
+        name = self.input_columns[0]
+        rows = int(array.shape[0])
+        for index in range(rows):
+            if skipper.skipped(index):
+                continue
+            # a copy: the block in memory, not a view that keeps reading the mapped file
+            yield Record(index, str(index), "", {}, {name: np.array(array[index])})
+        self.total_records = rows
+
+
+def _to_array(value: object) -> tuple[Any, str | None]:
+    """A JSON or Parquet value as a numeric numpy array, or why it cannot be one."""
+    import numpy as np
+
+    if value is None:
+        return None, "is null"
+    if isinstance(value, str | dict | bytes):
+        return None, f"is {_describe(value)}, not a number or a list of numbers"
+    try:
+        array = np.asarray(value)
+    except ValueError:
+        return None, "is ragged (nested lists of different lengths), not a rectangular array"
+    if array.dtype.kind not in "biuf":
+        return None, "holds values that are not numbers (strings, nulls or objects)"
+    return array, None
+
+
+def _numeric_or_list(kind: Any) -> bool:
+    """Whether a Parquet column type can hold tensors: numbers, or lists of them (nested)."""
+    t = pa.types
+    if t.is_integer(kind) or t.is_floating(kind) or t.is_boolean(kind):
+        return True
+    if t.is_list(kind) or t.is_large_list(kind) or t.is_fixed_size_list(kind):
+        return _numeric_or_list(kind.value_type)
+    return bool(getattr(t, "is_list_view", lambda _: False)(kind)) and _numeric_or_list(
+        kind.value_type
+    )
 
 
 def _preview(line: bytes) -> str:

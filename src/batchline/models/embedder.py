@@ -25,7 +25,7 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 import numpy.typing as npt
@@ -37,15 +37,19 @@ from batchline.knobs import (
     DEFAULT_PADDING_SLACK,
     DEFAULT_TARGET_BATCH_TOKENS,
 )
-from batchline.models.onnxruntime import OnnxModel, ProviderSpec, pad_sequences
+from batchline.models.onnxruntime import OnnxModel, ProviderSpec, TensorSpec, pad_sequences
 
 __all__ = [
     "DEFAULT_BUCKET_WIDTH",
     "DEFAULT_PADDING_SLACK",
     "DEFAULT_TARGET_BATCH_TOKENS",
     "Embedder",
+    "Pooling",
     "TokenizedText",
+    "check_text_inputs",
     "load_tokenizer",
+    "text_feeds",
+    "tokenize_texts",
 ]
 
 # Texts are tokenized in chunks so that the first batches run while the rest are tokenized.
@@ -54,6 +58,10 @@ _TOKENIZE_CHUNK = 256
 _KNOWN_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
 
 Vector = np.ndarray[Any, np.dtype[np.float32]]
+
+#: How token outputs become one vector per text: ``mean`` over the attention mask, ``cls``
+#: (the first token's), or ``none`` (the model already returns ``(batch, dim)``).
+Pooling = Literal["mean", "cls", "none"]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -108,6 +116,60 @@ def load_tokenizer(
     return tok, int(pad_id) if pad_id is not None else 0
 
 
+def tokenize_texts(tokenizer: Any, texts: Iterable[str] | str) -> list[TokenizedText]:
+    """Tokenize texts with a tokenizer from :func:`load_tokenizer` (sync, CPU-bound).
+
+    Lone surrogates are replaced; a text that is not a ``str`` raises ``InputError``.
+    """
+    batch = [texts] if isinstance(texts, str) else list(texts)
+    if not batch:
+        return []
+    try:
+        encodings = tokenizer.encode_batch(batch)
+    except TypeError:
+        batch = [_clean_text(i, t) for i, t in enumerate(batch)]
+        encodings = tokenizer.encode_batch(batch)
+    return [TokenizedText(np.asarray(e.ids, dtype=np.int64)) for e in encodings]
+
+
+def check_text_inputs(model: OnnxModel, *, what: str) -> dict[str, TensorSpec]:
+    """The inputs of a text model, by name, once checked: among ``input_ids`` (required),
+    ``attention_mask`` (required: padding would change results without it),
+    ``token_type_ids`` and ``position_ids``. ``what`` names the caller in errors."""
+    inputs = {spec.name: spec for spec in model.inputs}
+    unknown = [n for n in inputs if n not in _KNOWN_INPUTS]
+    if unknown or "input_ids" not in inputs:
+        raise ModelError(
+            f"{what} feeds {', '.join(_KNOWN_INPUTS)}, but {model.path.name} takes "
+            f"{list(inputs)}; export the model with those input names"
+        )
+    if "attention_mask" not in inputs:
+        raise ModelError(
+            f"{model.path.name} has no attention_mask input, so padding would change its "
+            "results; export it with an attention_mask input"
+        )
+    return inputs
+
+
+def text_feeds(
+    inputs: dict[str, TensorSpec], texts: Sequence[TokenizedText], *, pad_id: int
+) -> tuple[dict[str, np.ndarray[Any, Any]], np.ndarray[Any, Any]]:
+    """One right-padded batch of texts as feeds for the ``inputs`` a text model declares
+    (``token_type_ids`` zeros, ``position_ids`` 0..seq-1); returns ``(feeds, mask)``."""
+    ids, mask = pad_sequences(
+        [t.ids for t in texts], pad_value=pad_id, dtype=inputs["input_ids"].dtype
+    )
+    feeds: dict[str, np.ndarray[Any, Any]] = {"input_ids": ids}
+    if "attention_mask" in inputs:
+        feeds["attention_mask"] = mask.astype(inputs["attention_mask"].dtype, copy=False)
+    if "token_type_ids" in inputs:
+        feeds["token_type_ids"] = np.zeros(ids.shape, inputs["token_type_ids"].dtype)
+    if "position_ids" in inputs:
+        pos = np.arange(ids.shape[1], dtype=inputs["position_ids"].dtype)
+        feeds["position_ids"] = np.broadcast_to(pos, ids.shape).copy()
+    return feeds, mask
+
+
 class Embedder:
     """Sentence embeddings from an ONNX model, batched by padded-token budget.
 
@@ -119,11 +181,15 @@ class Embedder:
     Args:
         model: the ONNX model; inputs among ``input_ids``, ``attention_mask``,
             ``token_type_ids``, ``position_ids``; output ``(batch, dim)`` (used as is) or
-            ``(batch, seq, hidden)`` (mean-pooled over the attention mask).
+            ``(batch, seq, hidden)`` (pooled: see ``pooling``).
         tokenizer: a ``tokenizers.Tokenizer`` with padding off (see :func:`load_tokenizer`).
         pad_id: the token id used for padding.
         output_name: which output holds the embeddings (default: ``sentence_embedding`` if
             present, else the first output).
+        pooling: how a ``(batch, seq, hidden)`` output becomes one vector per text: ``mean``
+            over the attention mask (the default) or ``cls`` (the first token's vector).
+            ``none`` says the output is already ``(batch, dim)`` (the default for such an
+            output). A pooling that does not fit the output's rank is a ``ModelError``.
         normalize: L2-normalise the vectors. Default: yes when the embedder pools token
             outputs itself, no when the model already returns one vector per text.
         target_batch_tokens: padded tokens per model call (``batch size x longest text``).
@@ -140,6 +206,7 @@ class Embedder:
         *,
         pad_id: int = 0,
         output_name: str | None = None,
+        pooling: Pooling | None = None,
         normalize: bool | None = None,
         target_batch_tokens: int = DEFAULT_TARGET_BATCH_TOKENS,
         max_batch_size: int = 256,
@@ -151,18 +218,7 @@ class Embedder:
         self.model = model
         self.tokenizer = tokenizer
         self.pad_id = pad_id
-        self._inputs = {spec.name: spec for spec in model.inputs}
-        unknown = [n for n in self._inputs if n not in _KNOWN_INPUTS]
-        if unknown or "input_ids" not in self._inputs:
-            raise ModelError(
-                f"Embedder feeds {', '.join(_KNOWN_INPUTS)}, but {model.path.name} takes "
-                f"{list(self._inputs)}; export the model with those input names"
-            )
-        if "attention_mask" not in self._inputs:
-            raise ModelError(
-                f"{model.path.name} has no attention_mask input, so padding would change its "
-                "results; export it with an attention_mask input"
-            )
+        self._inputs = check_text_inputs(model, what="Embedder")
         names = model.output_names
         if output_name is None:
             output_name = "sentence_embedding" if "sentence_embedding" in names else names[0]
@@ -177,7 +233,25 @@ class Embedder:
                 f"output {output_name!r} of {model.path.name} has shape {list(out_spec.shape)}; "
                 "expected (batch, dim) or (batch, seq, hidden)"
             )
-        self._pools = len(out_spec.shape) == 3
+        if pooling is not None and pooling not in get_args(Pooling):
+            raise ValueError(f"pooling must be mean, cls or none, got {pooling!r}")
+        tokens_out = len(out_spec.shape) == 3
+        if pooling is None:
+            pooling = "mean" if tokens_out else "none"
+        elif tokens_out != (pooling != "none"):
+            expected = "(batch, seq, hidden)" if pooling != "none" else "(batch, dim)"
+            fix = (
+                "pooling='mean' or 'cls' to pool its token vectors"
+                if tokens_out
+                else "pooling='none': it already returns one vector per text"
+            )
+            raise ModelError(
+                f"pooling={pooling!r} needs an output of shape {expected}, but output "
+                f"{output_name!r} of {model.path.name} has shape {list(out_spec.shape)}; "
+                f"use {fix}"
+            )
+        self.pooling: Pooling = pooling
+        self._pools = tokens_out
         self.normalize = self._pools if normalize is None else normalize
         last = out_spec.shape[-1]
         self._dim = last if isinstance(last, int) and last > 0 else None
@@ -254,12 +328,15 @@ class Embedder:
 
         The model is fed whichever of ``input_ids``, ``attention_mask``, ``token_type_ids``
         (zeros) and ``position_ids`` it declares. A ``(batch, seq, hidden)`` output is
-        mean-pooled over the attention mask and L2-normalised; a ``(batch, dim)`` output is
-        used as is. ``max_length`` defaults to the tokenizer's own truncation, else 512.
+        mean-pooled over the attention mask (or ``pooling="cls"``: its first token) and
+        L2-normalised; a ``(batch, dim)`` output is used as is (``pooling="none"``).
+        ``max_length`` defaults to the tokenizer's own truncation, else 512. ``options`` go
+        to :class:`Embedder` (``pooling``, ``normalize``, ``output_name``, ...).
 
         Example::
 
             emb = Embedder.from_onnx("e5-small.onnx", "tokenizer.json", max_length=512)
+            cls = Embedder.from_onnx("bge.onnx", "tokenizer.json", pooling="cls")
         """
         model = OnnxModel.load(
             path,
@@ -291,15 +368,7 @@ class Embedder:
 
     def tokenize(self, texts: Iterable[str] | str) -> list[TokenizedText]:
         """Tokenize texts (sync, CPU-bound: call it off the event loop)."""
-        batch = [texts] if isinstance(texts, str) else list(texts)
-        if not batch:
-            return []
-        try:
-            encodings = self.tokenizer.encode_batch(batch)
-        except TypeError:
-            batch = [_clean_text(i, t) for i, t in enumerate(batch)]
-            encodings = self.tokenizer.encode_batch(batch)
-        return [TokenizedText(np.asarray(e.ids, dtype=np.int64)) for e in encodings]
+        return tokenize_texts(self.tokenizer, texts)
 
     def embed_tokens(self, texts: Sequence[TokenizedText]) -> npt.NDArray[np.float32]:
         """Run one padded batch through one free session; return ``(len(texts), dim)`` float32.
@@ -308,25 +377,18 @@ class Embedder:
         """
         if not texts:
             return np.zeros((0, self._dim or 0), dtype=np.float32)
-        ids_dtype = self._inputs["input_ids"].dtype
-        ids, mask = pad_sequences([t.ids for t in texts], pad_value=self.pad_id, dtype=ids_dtype)
-        feeds: dict[str, np.ndarray[Any, Any]] = {"input_ids": ids}
-        if "attention_mask" in self._inputs:
-            feeds["attention_mask"] = mask.astype(self._inputs["attention_mask"].dtype, copy=False)
-        if "token_type_ids" in self._inputs:
-            feeds["token_type_ids"] = np.zeros(ids.shape, self._inputs["token_type_ids"].dtype)
-        if "position_ids" in self._inputs:
-            pos = np.arange(ids.shape[1], dtype=self._inputs["position_ids"].dtype)
-            feeds["position_ids"] = np.broadcast_to(pos, ids.shape).copy()
+        feeds, mask = text_feeds(self._inputs, texts, pad_id=self.pad_id)
         out = self.model.run(feeds, [self.output_name])[self.output_name]
         if out.shape[0] != len(texts):
             raise ModelError(
                 f"{self.model.path.name} returned {out.shape[0]} rows for {len(texts)} texts"
             )
         vectors = out.astype(np.float32, copy=False)
-        if self._pools:
+        if self.pooling == "mean":
             m = mask.astype(np.float32)[:, :, None]
             vectors = (vectors * m).sum(axis=1) / np.maximum(m.sum(axis=1), 1e-9)
+        elif self.pooling == "cls":
+            vectors = vectors[:, 0, :]
         if self.normalize:
             norms = np.linalg.norm(vectors, axis=1, keepdims=True)
             vectors = vectors / np.maximum(norms, 1e-12)

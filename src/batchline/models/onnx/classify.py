@@ -1,0 +1,254 @@
+"""``classify``: texts to a label and its scores through an ONNX sequence classifier.
+
+:class:`OnnxClassifier` is the :class:`~batchline.models.protocol.BatchModel` for a model that
+takes ``input_ids`` and ``attention_mask`` (and optionally ``token_type_ids``,
+``position_ids``) and returns logits ``(batch, num_labels)``. It tokenizes as the embedder
+does (same tokenizer loading, same right-padding), costs a text's token count (``padded``),
+and turns each row of logits into probabilities with a softmax.
+
+One result::
+
+    {"label": "positive", "score": 0.91, "scores": {"negative": 0.02, "neutral": 0.07,
+                                                    "positive": 0.91}}
+
+Labels come from ``labels=`` (``--labels``), else ``config.json``'s ``id2label`` beside the
+model (as Hugging Face exports write it), else ``LABEL_0 .. LABEL_{N-1}``.
+
+Example::
+
+    model = load_classifier(parse_spec("sentiment.onnx").with_options(task="classify"), knobs)
+    items = model.prepare(["a great film", "a dull film"])
+    results = model.run_batch(items)     # [{"label": ..., "score": ..., "scores": {...}}, ...]
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from batchline._errors import InputError, ModelError
+from batchline.knobs import Knobs
+from batchline.models.embedder import (
+    TokenizedText,
+    check_text_inputs,
+    load_tokenizer,
+    text_feeds,
+    tokenize_texts,
+)
+from batchline.models.onnxruntime import OnnxModel
+from batchline.models.protocol import ModelInfo
+from batchline.models.specs import ModelSpec
+
+__all__ = ["Classification", "OnnxClassifier", "labels_from_config", "load_classifier"]
+
+#: One text's result: ``{"label": str, "score": float, "scores": {label: probability}}``.
+Classification = dict[str, Any]
+
+
+class OnnxClassifier:
+    """An ONNX sequence classifier as a batch model (task ``classify``).
+
+    Args:
+        model: inputs among ``input_ids``, ``attention_mask``, ``token_type_ids``,
+            ``position_ids``; an output of shape ``(batch, num_labels)``.
+        tokenizer: a tokenizer from :func:`~batchline.models.embedder.load_tokenizer`.
+        name: the model's name (outputs, listings).
+        labels: one name per logit, in order; default ``LABEL_0 .. LABEL_{N-1}``.
+        pad_id: the token id used for padding.
+        output_name: the logits output (default: ``logits`` if present, else the first).
+
+    Raises:
+        ModelError: the inputs or the output do not fit, or ``labels`` has another length
+            than the logits.
+    """
+
+    def __init__(
+        self,
+        model: OnnxModel,
+        tokenizer: Any,
+        *,
+        name: str,
+        labels: Sequence[str] | None = None,
+        pad_id: int = 0,
+        output_name: str | None = None,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.pad_id = pad_id
+        self._inputs = check_text_inputs(model, what="a classifier")
+        names = model.output_names
+        if output_name is None:
+            output_name = "logits" if "logits" in names else names[0]
+        if output_name not in names:
+            raise ModelError(
+                f"{model.path.name} has no output {output_name!r}; it has {list(names)}"
+            )
+        self.output_name = output_name
+        spec = next(o for o in model.outputs if o.name == output_name)
+        if len(spec.shape) != 2:
+            raise ModelError(
+                f"output {output_name!r} of {model.path.name} has shape {list(spec.shape)}; a "
+                "classifier returns logits of shape (batch, num_labels)"
+            )
+        width = spec.shape[1]
+        num_logits = width if isinstance(width, int) and width > 0 else self._probe_width()
+        if labels is None:
+            labels = [f"LABEL_{i}" for i in range(num_logits)]
+        labels = [str(label) for label in labels]
+        if len(labels) != num_logits:
+            raise ModelError(
+                f"{model.path.name} returns {num_logits} logits per text but {len(labels)} "
+                f"labels were given ({', '.join(labels)}); pass one label per logit, in order"
+            )
+        dupes = sorted({label for label in labels if labels.count(label) > 1})
+        if dupes:
+            raise ModelError(f"the labels of {model.path.name} repeat {dupes[0]!r}")
+        self.labels: tuple[str, ...] = tuple(labels)
+        trunc = getattr(tokenizer, "truncation", None)
+        max_tokens = int(trunc["max_length"]) if isinstance(trunc, dict) else None
+        self._info = ModelInfo(
+            name=name,
+            task="classify",
+            input_kind="text",
+            cost_kind="padded",
+            result_kind="value",
+            result_column="classification",
+            max_tokens=max_tokens,
+            details={"labels": list(self.labels)},
+        )
+
+    @property
+    def info(self) -> ModelInfo:
+        return self._info
+
+    @property
+    def sessions(self) -> int:
+        """Sessions of the pool: the batches that can run at once."""
+        return self.model.sessions
+
+    def prepare(self, inputs: Sequence[object]) -> list[TokenizedText | BaseException]:
+        """Tokenize; a non-text input is an ``InputError`` for that input alone."""
+        out: list[TokenizedText | BaseException] = [
+            InputError(f"a classifier input must be a string, got {type(x).__name__}")
+            for x in inputs
+        ]
+        texts = [(i, x) for i, x in enumerate(inputs) if isinstance(x, str)]
+        tokens = tokenize_texts(self.tokenizer, [x for _, x in texts])
+        for (i, _), tok in zip(texts, tokens, strict=True):
+            out[i] = tok
+        return out
+
+    def cost(self, item: TokenizedText) -> int:
+        return max(1, len(item))
+
+    def logits(self, batch: Sequence[TokenizedText]) -> np.ndarray[Any, np.dtype[np.float32]]:
+        """One padded batch through a free session: ``(len(batch), num_labels)`` logits."""
+        feeds, _ = text_feeds(self._inputs, batch, pad_id=self.pad_id)
+        out = self.model.run(feeds, [self.output_name])[self.output_name]
+        if out.ndim != 2 or out.shape[0] != len(batch):
+            raise ModelError(
+                f"{self.model.path.name} returned logits of shape {out.shape} for "
+                f"{len(batch)} texts; expected ({len(batch)}, {len(self.labels)})"
+            )
+        return out.astype(np.float32, copy=False)
+
+    def run_batch(self, batch: list[TokenizedText]) -> list[Classification]:
+        if not batch:
+            return []
+        probs = softmax(self.logits(batch))
+        return [self._result(row) for row in probs]
+
+    def _result(self, probs: np.ndarray[Any, Any]) -> Classification:
+        best = int(np.argmax(probs))
+        return {
+            "label": self.labels[best],
+            "score": float(probs[best]),
+            "scores": {label: float(p) for label, p in zip(self.labels, probs, strict=True)},
+        }
+
+    def encode(self, result: Classification) -> Classification:
+        return result
+
+    def close(self) -> None:
+        """Sessions are freed with the object; nothing to close explicitly."""
+
+    def _probe_width(self) -> int:
+        # The width is symbolic in the file: one tiny run tells it.
+        (probe,) = tokenize_texts(self.tokenizer, ["label probe"])
+        feeds, _ = text_feeds(self._inputs, [probe], pad_id=self.pad_id)
+        out = self.model.run(feeds, [self.output_name])[self.output_name]
+        if out.ndim != 2 or out.shape[1] < 1:
+            raise ModelError(
+                f"output {self.output_name!r} of {self.model.path.name} has shape {out.shape} "
+                "for one text; a classifier returns logits of shape (batch, num_labels)"
+            )
+        return int(out.shape[1])
+
+    def __repr__(self) -> str:
+        return f"OnnxClassifier({self.model.path.name!r}, labels={list(self.labels)})"
+
+
+def softmax(logits: np.ndarray[Any, Any]) -> np.ndarray[Any, np.dtype[np.float64]]:
+    """Row-wise softmax, in float64, stable for large logits."""
+    x = np.asarray(logits, dtype=np.float64)
+    x = x - x.max(axis=-1, keepdims=True)
+    e = np.exp(x)
+    result: np.ndarray[Any, np.dtype[np.float64]] = e / e.sum(axis=-1, keepdims=True)
+    return result
+
+
+def labels_from_config(path: Path) -> tuple[str, ...] | None:
+    """The labels in a Hugging Face ``config.json``'s ``id2label``, ordered by id; ``None``
+    when the file or the key is missing. Ids must be 0..N-1."""
+    if not path.is_file():
+        return None
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"{path}: not a readable JSON config: {exc}") from None
+    id2label = config.get("id2label") if isinstance(config, dict) else None
+    if id2label is None:
+        return None
+    if not isinstance(id2label, dict) or not id2label:
+        raise ModelError(f"{path}: id2label must be an object of id -> label")
+    try:
+        by_id = {int(k): str(v) for k, v in id2label.items()}
+    except (TypeError, ValueError):
+        raise ModelError(
+            f"{path}: id2label keys must be integer ids, got {list(id2label)}"
+        ) from None
+    if sorted(by_id) != list(range(len(by_id))):
+        raise ModelError(f"{path}: id2label ids must be 0..{len(by_id) - 1}, got {sorted(by_id)}")
+    return tuple(by_id[i] for i in range(len(by_id)))
+
+
+def load_classifier(spec: ModelSpec, knobs: Knobs) -> OnnxClassifier:
+    """Load an ``.onnx`` sequence classifier laid out as ``knobs`` say.
+
+    Batching: ``knobs.sessions`` sessions of ``knobs.intra_op_threads`` threads; the baseline
+    (``batching=False``): one session every caller shares. The tokenizer is the spec's or the
+    ``tokenizer.json`` beside the model; labels as the module docstring says.
+    """
+    from batchline.models.loader import tokenizer_path
+
+    tok_path = tokenizer_path(spec)
+    labels = spec.labels
+    if labels is None:
+        labels = labels_from_config(spec.path.with_name("config.json"))
+    if knobs.batching:
+        sessions, shared = knobs.sessions, False
+    else:
+        sessions, shared = 1, True
+    model = OnnxModel.load(
+        spec.path,
+        sessions=sessions,
+        intra_op_threads=knobs.intra_op_threads,
+        providers=knobs.providers,
+        shared=shared,
+    )
+    tokenizer, pad_id = load_tokenizer(tok_path)
+    return OnnxClassifier(model, tokenizer, name=spec.name, labels=labels, pad_id=pad_id)
