@@ -395,14 +395,25 @@ def test_model_and_server_metadata_and_error_body() -> None:
 
 
 def test_tensor_spec_validation() -> None:
-    with pytest.raises(ValueError, match="unknown datatype"):
-        oip.TensorSpec.of({"name": "x", "datatype": "FLOAT", "shape": [1]})
+    with pytest.raises(ValueError, match="datatype must be a non-empty string"):
+        oip.TensorSpec.of({"name": "x", "datatype": "", "shape": [1]})
+    with pytest.raises(ValueError, match="name must be a non-empty string"):
+        oip.TensorSpec.of({"name": "", "datatype": "FP32", "shape": [1]})
     with pytest.raises(ValueError, match="ints >= -1"):
         oip.TensorSpec.of({"name": "x", "datatype": "FP32", "shape": [-2]})
     with pytest.raises(ValueError, match="'shape' is missing"):
         oip.TensorSpec.of({"name": "x", "datatype": "FP32"})
     with pytest.raises(ValueError, match="declared twice"):
         oip.model_metadata("m", None, "p", [oip.TensorSpec("x", "FP32", ())] * 2, [])
+
+
+def test_a_bf16_model_has_true_metadata_and_refuses_requests_clearly() -> None:
+    spec = [{"name": "x", "datatype": "BF16", "shape": [-1, 2]}]
+    assert oip.model_metadata("m", None, "p", spec, [])["inputs"] == spec
+    body = _doc({"name": "x", "shape": [1, 2], "datatype": "BF16", "data": [1, 2]})
+    with pytest.raises(oip.OipError, match="takes 'BF16', which this server cannot decode") as e:
+        oip.parse_infer_request(body, None, spec)
+    assert e.value.status == 400
 
 
 def test_oip_error_is_a_batchline_error() -> None:

@@ -143,7 +143,10 @@ def datatype_of(dtype: np.dtype[Any] | type | str) -> str:
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """One model input or output: its name, OIP datatype and shape (``-1``: any size)."""
+    """One model input or output: its name, OIP datatype and shape (``-1``: any size).
+
+    A datatype this codec cannot decode (``BF16``) is allowed here, so that metadata tells the
+    truth; a request for such an input is a 400."""
 
     name: str
     datatype: str
@@ -152,7 +155,8 @@ class TensorSpec:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"tensor name must be a non-empty string, got {self.name!r}")
-        dtype_of(self.datatype)
+        if not isinstance(self.datatype, str) or not self.datatype:
+            raise ValueError(f"tensor {self.name!r}: datatype must be a non-empty string")
         for d in self.shape:
             if isinstance(d, bool) or not isinstance(d, int) or d < -1:
                 raise ValueError(
@@ -510,6 +514,10 @@ def _shape(value: object, name: str) -> tuple[int, ...]:
 
 def _check_datatype_and_shape(datatype: object, shape: tuple[int, ...], spec: TensorSpec) -> None:
     name = _quote(spec.name)
+    if spec.datatype not in DATATYPES:
+        raise OipError(
+            400, f"input {name} takes {_quote(spec.datatype)}, which this server cannot decode"
+        )
     if not isinstance(datatype, str) or datatype not in DATATYPES:
         raise OipError(
             400,
