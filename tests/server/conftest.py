@@ -16,7 +16,10 @@ pytest.importorskip("onnxruntime")
 
 import httpx
 
+from batchline.knobs import Knobs
 from batchline.models import TokenizedText
+from batchline.models.onnx.embed import TextEmbedder
+from batchline.models.specs import ModelSpec
 from batchline.server import ServerSettings, create_app
 
 FAKE_DIM = 8
@@ -87,6 +90,19 @@ def fake_vector(fake: FakeEmbedder, text: str) -> np.ndarray[Any, Any]:
     return vector_of(fake.tokenize([text])[0].ids)
 
 
+def loader(fake: FakeEmbedder, *more: tuple[str, Any]) -> Any:
+    """A ``load_model`` for ``create_app``: the fake embedder (as the server's embed model,
+    ``TextEmbedder``) under whatever name the spec gives, or the model of ``more`` named so."""
+    others = dict(more)
+
+    def load(spec: ModelSpec, knobs: Knobs) -> Any:
+        if spec.name in others:
+            return others[spec.name]
+        return TextEmbedder(fake, name=spec.name)  # type: ignore[arg-type]
+
+    return load
+
+
 def settings(**overrides: Any) -> ServerSettings:
     """Test settings: the fake model's name, one slot, small limits."""
     values: dict[str, Any] = {
@@ -111,7 +127,7 @@ async def serving(
     (httpx's ``ASGITransport`` does not run the lifespan: it is entered here.)
     """
     model = fake if fake is not None else FakeEmbedder()
-    app = create_app(settings(**overrides), load_model=lambda _s: model)
+    app = create_app(settings(**overrides), load_model=loader(model))
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:

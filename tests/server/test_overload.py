@@ -12,7 +12,7 @@ import pytest
 
 from batchline.server import create_app
 
-from .conftest import FakeEmbedder, serving, settings
+from .conftest import FakeEmbedder, loader, serving, settings
 
 pytestmark = pytest.mark.anyio
 
@@ -46,27 +46,32 @@ async def test_concurrent_requests_share_batches() -> None:
 
 async def test_full_queue_is_429_with_retry_after_and_queues_nothing() -> None:
     fake = FakeEmbedder(gated=True)
-    async with serving(fake, max_queue_size=3, max_inputs_per_request=3, retry_after_s=2) as (
-        client,
-        app,
-    ):
+    async with serving(
+        fake, max_queue_size=3, max_batch_size=1, max_inputs_per_request=3, retry_after_s=2
+    ) as (client, app):
         batcher = app.state.batchers["fake"]
+        # the core's admission rule: max_queue_size plus (prefetch_batches + 1) batches
+        capacity = batcher.queue_capacity
+        assert capacity == 3 + 3 * 1
         blocker = asyncio.ensure_future(client.post("/v1/embeddings", json={"input": "a"}))
         await _wait_for(lambda: batcher.stats.in_flight_batches == 1)
-        queued = asyncio.ensure_future(client.post("/v1/embeddings", json={"input": ["b", "c"]}))
-        await _wait_for(lambda: batcher.queue_depth == 2)
+        queued = [
+            asyncio.ensure_future(client.post("/v1/embeddings", json={"input": ["b", "c", "d"]})),
+            asyncio.ensure_future(client.post("/v1/embeddings", json={"input": ["e", "f"]})),
+        ]
+        await _wait_for(lambda: batcher.queue_depth == capacity - 1)
         # two more texts do not fit in the one free place: refused at once, none queued
-        r = await client.post("/v1/embeddings", json={"input": ["d", "e"]})
+        r = await client.post("/v1/embeddings", json={"input": ["g", "h"]})
         assert r.status_code == 429
         assert r.headers["Retry-After"] == "2"
         assert r.json()["error"]["type"] == "rate_limit_exceeded"
-        assert batcher.queue_depth == 2
-        r = await client.post("/generate", json={"prompts": ["f", "g"]})
+        assert batcher.queue_depth == capacity - 1
+        r = await client.post("/generate", json={"prompts": ["i", "j"]})
         assert r.status_code == 429
         fake.gate.set()
         assert (await blocker).status_code == 200
-        assert (await queued).status_code == 200
-        assert batcher.stats.total_submitted == 3
+        assert [(await q).status_code for q in queued] == [200, 200]
+        assert batcher.stats.total_submitted == capacity
         metrics = (await client.get("/metrics")).text
         assert 'batchline_requests_rejected_total{model="fake",reason="queue_full"} 2.0' in metrics
 
@@ -94,7 +99,7 @@ async def test_timeout_is_504_and_withdraws_queued_records() -> None:
 
 async def test_client_disconnect_withdraws_queued_records() -> None:
     fake = FakeEmbedder(gated=True)
-    app = create_app(settings(), load_model=lambda _s: fake)
+    app = create_app(settings(), load_model=loader(fake))
     async with app.router.lifespan_context(app):
         batcher = app.state.batchers["fake"]
         transport = httpx.ASGITransport(app=app)
@@ -189,7 +194,7 @@ async def test_api_key_from_environment(monkeypatch: pytest.MonkeyPatch) -> None
     assert s.api_key is not None
     assert s.api_key.get_secret_value() == "from-env"
     assert "from-env" not in repr(s)
-    app = create_app(s, load_model=lambda _s: FakeEmbedder())
+    app = create_app(s, load_model=loader(FakeEmbedder()))
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
@@ -229,7 +234,7 @@ async def test_metrics_are_per_app_and_labelled_by_model() -> None:
 
 async def test_shutdown_drains_queued_work() -> None:
     fake = FakeEmbedder(gated=True)
-    app = create_app(settings(), load_model=lambda _s: fake)
+    app = create_app(settings(), load_model=loader(fake))
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
         stack = contextlib.AsyncExitStack()
@@ -255,7 +260,7 @@ async def test_shutdown_drains_queued_work() -> None:
 
 
 async def test_trickled_body_times_out_with_408() -> None:
-    app = create_app(settings(request_timeout_s=0.2), load_model=lambda _s: FakeEmbedder())
+    app = create_app(settings(request_timeout_s=0.2), load_model=loader(FakeEmbedder()))
     async with app.router.lifespan_context(app):
         never = asyncio.Event()
         calls = 0

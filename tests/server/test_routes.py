@@ -13,7 +13,7 @@ import pytest
 from batchline.server import create_app
 from batchline.server.schemas import EmbeddingResponse, ModelList
 
-from .conftest import FakeEmbedder, fake_vector, serving, settings
+from .conftest import FakeEmbedder, fake_vector, loader, serving, settings
 
 pytestmark = pytest.mark.anyio
 
@@ -99,7 +99,7 @@ async def test_models_health_ready() -> None:
 
 async def test_not_ready_before_lifespan_then_draining_after() -> None:
     fake = FakeEmbedder()
-    app = create_app(settings(), load_model=lambda _s: fake)
+    app = create_app(settings(), load_model=loader(fake))
     import httpx
 
     transport = httpx.ASGITransport(app=app)

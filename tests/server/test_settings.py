@@ -23,8 +23,49 @@ def test_defaults_are_safe() -> None:
     assert s.api_key is None
     assert s.batching is True
     assert s.truncate is True
-    assert s.served_name == "all-MiniLM-L6-v2"
-    assert ServerSettings(model="/models/e5-small.onnx").served_name == "e5-small"
+    assert [spec.name for spec in s.specs] == ["all-MiniLM-L6-v2"]
+    assert ServerSettings(model_name="mini").specs[0].name == "mini"
+
+
+def test_model_specs_single_and_several(tmp_path: Path) -> None:
+    onnx_file = tmp_path / "e5-small.onnx"
+    onnx_file.write_bytes(b"x")
+    assert [s.name for s in ServerSettings(model=str(onnx_file)).specs] == ["e5-small"]
+    specs = ServerSettings(model=["emb=default", f"clf={onnx_file}"], task=["clf=predict"]).specs
+    assert [(s.name, s.task) for s in specs] == [("emb", None), ("clf", "predict")]
+    with pytest.raises(InputError, match="no such model file"):
+        ServerSettings(model=str(tmp_path / "missing.onnx")).specs  # noqa: B018
+    with pytest.raises(InputError, match="two models are named"):
+        ServerSettings(model=["a=default", "a=default"]).specs  # noqa: B018
+    with pytest.raises(InputError, match="single model"):
+        ServerSettings(model=["a=default", "b=default"], model_name="x").specs  # noqa: B018
+    with pytest.raises(InputError, match="model_weights names c"):
+        ServerSettings(model=["a=default"], model_weights={"c": 2}).specs  # noqa: B018
+
+
+def test_knob_fields_are_knobs_fields_with_knobs_validation() -> None:
+    import dataclasses
+
+    from batchline.knobs import Knobs
+    from batchline.server.settings import KNOB_FIELDS
+
+    assert set(KNOB_FIELDS) == {f.name for f in dataclasses.fields(Knobs)}
+    assert set(KNOB_FIELDS) <= set(ServerSettings.model_fields)
+    s = ServerSettings(sessions=3, target_batch_tokens=128, device="cuda:1")
+    knobs = s.knobs
+    assert isinstance(knobs, Knobs)
+    assert (knobs.sessions, knobs.max_concurrent_batches) == (3, 3)  # one slot per session
+    assert (knobs.target_batch_tokens, knobs.device) == (128, "cuda:1")
+    # serve's measured defaults, where they differ from Knobs'
+    assert (knobs.target_batch_tokens, knobs.max_batch_size) == (128, 64)
+    assert ServerSettings().knobs.solo_intra_op_threads == 2
+    assert ServerSettings().knobs.max_queue_size == 2048
+    # the same checks as Knobs, with Knobs' words
+    for bad, match in (({"device": "tpu"}, "device must be cpu"), ({"min_batch_size": 0}, ">= 1")):
+        with pytest.raises(InputError, match=match):
+            ServerSettings.build(bad)
+    base = ServerSettings(batching=False, baseline_intra_op_threads=4).baseline_knobs
+    assert (base.batching, base.sessions, base.intra_op_threads) == (False, 1, 4)
 
 
 def test_toml_and_json_files_and_overrides(tmp_path: Path) -> None:
@@ -119,11 +160,14 @@ def test_cli_print_config_merges_file_and_flags(
 
 def test_cli_errors_are_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "--model", str(tmp_path / "nope.onnx")]) == 2
-    assert "model file not found" in capsys.readouterr().err
-    model = tmp_path / "m.onnx"
-    model.write_bytes(b"x")
+    assert "no such model file" in capsys.readouterr().err
+    from tests.models.onnx_builders import token_encoder
+
+    model = token_encoder(tmp_path, pooled=True)  # a text model with no tokenizer beside it
     assert main(["serve", "--model", str(model)]) == 2
     assert "--tokenizer" in capsys.readouterr().err
+    assert main(["serve", "--model", "a=default", "--model", "b=default", "--task", "x"]) == 2
+    assert "--task NAME=x" in capsys.readouterr().err
     assert main(["serve", "--max-queue", "0"]) == 2
     assert "max_queue_size" in capsys.readouterr().err
 

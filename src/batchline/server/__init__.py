@@ -1,8 +1,8 @@
-"""``batchline serve``: embeddings behind one shared dynamic batcher (``batchline[server]``).
+"""``batchline serve``: models behind shared dynamic batchers (``batchline[server]``).
 
-Every request feeds the same ``TokenBatcher``, so records from concurrent clients share
-batches and the model always has a full queue; the model and the batcher are loaded once per
-replica, in the app's lifespan.
+Every served model has one shared batcher (``batchline.models.engine.Engine``), so records
+from concurrent clients share batches; several models share the device's slots. Models and
+batchers are loaded once per replica, in the app's lifespan.
 
 Example::
 
@@ -12,8 +12,14 @@ Example::
     app = create_app(settings)      # an ASGI app (FastAPI)
     serve(settings)                 # run it with uvicorn; SIGTERM drains, then exits 0
 
-Routes: ``POST /v1/embeddings`` (OpenAI-compatible), ``POST /generate``, ``GET /v1/models``,
-``GET /health``, ``GET /ready``, ``GET /metrics``.
+Routes: ``POST /v1/embeddings`` (OpenAI-compatible), ``POST /generate``, ``POST /classify``,
+the Open Inference Protocol (``/v2/...``), ``GET /v1/models``, ``GET /health``,
+``GET /ready``, ``GET /metrics``.
+
+Layout: ``app`` (create_app and the lifespan), ``gate`` (pure-ASGI auth, drain, body,
+disconnects), ``errors``, ``state`` (server state, served models), ``routes/`` (one module per
+route family), ``metrics``, ``runner`` (uvicorn, SIGTERM drain), ``settings``, ``schemas``,
+``oip`` (the Open Inference Protocol codec).
 """
 
 from __future__ import annotations
@@ -23,33 +29,21 @@ from typing import TYPE_CHECKING
 from batchline._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from batchline.server.app import create_app
+    from batchline.server.app import ModelLoader, create_app
     from batchline.server.errors import ApiError
     from batchline.server.runner import serve
     from batchline.server.settings import API_KEY_ENV, ServerSettings, load_config
-    from batchline.server.state import (
-        BatchedModel,
-        DirectModel,
-        EmbeddingModel,
-        ServedModel,
-        ServerState,
-        SoloWideEmbedder,
-        load_embedder,
-    )
+    from batchline.server.state import ServedModel, ServerState
 
 __all__ = [
     "API_KEY_ENV",
     "ApiError",
-    "BatchedModel",
-    "DirectModel",
-    "EmbeddingModel",
+    "ModelLoader",
     "ServedModel",
     "ServerSettings",
     "ServerState",
-    "SoloWideEmbedder",
     "create_app",
     "load_config",
-    "load_embedder",
     "serve",
 ]
 
@@ -59,16 +53,12 @@ __getattr__ = lazy_exports(
     {
         "API_KEY_ENV": "settings",
         "ApiError": "errors",
-        "BatchedModel": "state",
-        "DirectModel": "state",
-        "EmbeddingModel": "state",
+        "ModelLoader": "app",
         "ServedModel": "state",
         "ServerSettings": "settings",
         "ServerState": "state",
-        "SoloWideEmbedder": "state",
         "create_app": "app",
         "load_config": "settings",
-        "load_embedder": "state",
         "serve": "runner",
     },
 )

@@ -1,4 +1,4 @@
-"""``batchline serve``: run the embedding server.
+"""``batchline serve``: serve one or more models over HTTP.
 
 Only the standard library is imported here, so ``batchline --help`` works without the
 ``server`` extra; FastAPI and uvicorn are imported when the command runs.
@@ -17,15 +17,49 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``serve`` to the ``batchline`` command's subparsers."""
     p: argparse.ArgumentParser = subparsers.add_parser(
         "serve",
-        help="serve embeddings over HTTP behind one shared batcher",
+        help="serve models over HTTP, each behind one shared batcher",
         description=(
-            "Serve an embedding model over HTTP (OpenAI-compatible /v1/embeddings, /generate, "
-            "/v1/models, /health, /ready, /metrics). Every request feeds one shared batcher. "
-            "Flags override the --config file; SIGTERM drains in-flight work and exits 0."
+            "Serve one or more models over HTTP: embed models on /v1/embeddings "
+            "(OpenAI-compatible) and /generate, classify models on /classify, predict models "
+            "on the Open Inference Protocol (/v2/models/NAME/infer); /v1/models, /health, "
+            "/ready, /metrics. Every request feeds its model's shared batcher; several models "
+            "share the device's slots fairly. Flags override the --config file; SIGTERM drains "
+            "in-flight work and exits 0. Example: batchline serve --model emb=default "
+            "--model clf=clf.onnx --task clf=predict"
         ),
     )
-    p.add_argument("--model", help="'default' (all-MiniLM-L6-v2) or PATH.onnx")
-    p.add_argument("--tokenizer", help="tokenizer.json (default: next to the .onnx file)")
+    p.add_argument(
+        "--model",
+        action="append",
+        metavar="[NAME=]SPEC",
+        help="a model to serve (repeatable): default (all-MiniLM-L6-v2), PATH.onnx or "
+        "module:factory, optionally named NAME= (the name clients send as 'model')",
+    )
+    p.add_argument(
+        "--task",
+        action="append",
+        metavar="[NAME=]TASK",
+        help="what a model does (repeatable): embed, classify or predict; NAME=TASK with "
+        "several models (default: embed if a .onnx takes input_ids, else predict)",
+    )
+    p.add_argument(
+        "--tokenizer", help="a single text model's tokenizer.json (default: beside the .onnx)"
+    )
+    p.add_argument(
+        "--labels",
+        type=lambda text: [x.strip() for x in text.split(",")],
+        help="a single classify model's comma-separated labels (default: config.json's "
+        "id2label beside the model)",
+    )
+    p.add_argument(
+        "--pooling", choices=["mean", "cls", "none"], help="a single embed model's pooling"
+    )
+    p.add_argument(
+        "--normalize",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="a single embed model: L2-normalise the vectors",
+    )
     p.add_argument("--host", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default 8000)")
     p.add_argument(
@@ -72,7 +106,11 @@ def run(args: argparse.Namespace) -> int:
 
     overrides: dict[str, Any] = {
         "model": args.model,
+        "task": args.task,
         "tokenizer": args.tokenizer,
+        "labels": args.labels,
+        "pooling": args.pooling,
+        "normalize": args.normalize,
         "host": args.host,
         "port": args.port,
         "api_key": args.api_key,
@@ -99,15 +137,18 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(json.dumps(settings.to_dict(), indent=2, sort_keys=True))
         return 0
-    if settings.model != "default":
-        if not Path(settings.model).is_file():
-            raise InputError(f"model file not found: {settings.model}")
-        from batchline.server.state import tokenizer_file
-
-        tokenizer_file(settings)  # raises InputError when there is none
-    elif settings.tokenizer and not Path(settings.tokenizer).is_file():
-        raise InputError(f"tokenizer file not found: {settings.tokenizer}")
+    _check_models(settings)
 
     from batchline.server.runner import serve
 
     return serve(settings)
+
+
+def _check_models(settings: Any) -> None:
+    """Fail before serving, with one line (exit 2), when a model cannot be loaded as given: a
+    malformed spec, a missing file, a text model without its tokenizer."""
+    from batchline.models.loader import resolve_task, tokenizer_path
+
+    for spec in settings.specs:
+        if spec.kind == "onnx" and resolve_task(spec) in ("embed", "classify"):
+            tokenizer_path(spec)

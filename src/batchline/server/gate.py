@@ -175,8 +175,9 @@ class Gate:
         except asyncio.CancelledError:
             assert task is not None
             if disconnected and task.uncancel() == 0:
-                if self.state.models:
-                    self.state.default_model.metrics.cancelled("disconnect")
+                served = self.state.models.get(scope.get("batchline.model", ""))
+                if served is not None:  # the model the route picked
+                    served.metrics.cancelled("disconnect")
                 return  # nobody is listening: no response
             raise
         finally:

@@ -75,6 +75,7 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "batchline"
+    task: Literal["embed", "classify", "predict", "generate"]
 
 
 class ModelList(BaseModel):

@@ -1,39 +1,60 @@
 """``ServerSettings``: every knob of ``batchline serve`` in one pydantic model.
 
 The same model backs the command-line flags, the ``--config`` file (TOML or JSON, flat keys,
-see :func:`load_config`) and the tuner: a file from ``batchline tune`` (``batchline.knobs``)
-is a valid config, and :meth:`ServerSettings.write` writes one. Flags given on the command
-line win over the file; the API key comes from ``--api-key``, the file, or the
-``BATCHLINE_API_KEY`` environment variable, and is never written out or logged.
+see :func:`load_config`) and the tuner. Its batching and model-layout fields ARE the fields of
+:class:`batchline.knobs.Knobs` (same names, validated by ``Knobs`` itself), and
+:attr:`ServerSettings.knobs` builds the ``Knobs`` the models are loaded and batched with: a
+file from ``batchline tune`` is a valid config, and :meth:`ServerSettings.write` writes one.
+Flags given on the command line win over the file; the API key comes from ``--api-key``, the
+file, or the ``BATCHLINE_API_KEY`` environment variable, and is never written out or logged.
 
 Example::
 
     settings = ServerSettings.from_file("serve.toml", port=9000)
+    settings.knobs            # the Knobs every served model is batched with
     app = create_app(settings)
 
-The defaults were chosen from ``benchmarks/bench_serve.py`` on a 2-core CPU (see the comments
-next to each one).
+Where serve's defaults differ from ``Knobs``' (``target_batch_tokens`` 256 against 512,
+``max_batch_size`` 64 against 256, a two-thread solo session, a queue of 2,048), they were
+measured with ``benchmarks/bench_serve.py`` on a 2-core CPU (see the comments next to each).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from batchline._errors import InputError
 from batchline.knobs import (
     DEFAULT_BUCKET_WIDTH,
     DEFAULT_PADDING_SLACK,
+    Knobs,
+    machine_cores,
     read_config_file,
     to_toml,
 )
 
-__all__ = ["API_KEY_ENV", "ServerSettings", "load_config"]
+if TYPE_CHECKING:
+    from batchline.models.specs import ModelSpec
+
+__all__ = ["API_KEY_ENV", "KNOB_FIELDS", "ServerSettings", "load_config"]
+
+#: The settings that are :class:`batchline.knobs.Knobs` fields, by the same names.
+KNOB_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Knobs))
 
 #: Environment variable read for the API key when none is given otherwise.
 API_KEY_ENV = "BATCHLINE_API_KEY"
@@ -42,35 +63,43 @@ API_KEY_ENV = "BATCHLINE_API_KEY"
 class ServerSettings(BaseModel):
     """Everything ``batchline serve`` can be told; shared by flags, config file and tuner.
 
-    Model:
-        model: ``"default"`` (all-MiniLM-L6-v2) or the path of an ``.onnx`` encoder.
-        tokenizer: its Hugging Face ``tokenizer.json`` (default: ``tokenizer.json`` next to it).
-        model_name: the id clients pass as ``model`` (default: ``all-MiniLM-L6-v2`` or the
-            file's stem).
-        max_text_tokens: truncate or reject texts longer than this (default: the tokenizer's
-            own limit, 256 for the default model).
-        truncate: ``True`` (default): over-long texts are cut to ``max_text_tokens``, like
-            most embedding APIs; ``False``: such a request gets 413.
+    Models:
+        model: one or more model specs (``batchline.models.specs``): ``default``
+            (all-MiniLM-L6-v2), ``PATH.onnx``, ``module:factory``, each optionally
+            ``NAME=SPEC``. A single string is one model.
+        task: ``NAME=TASK`` for each model whose task is not its spec's own (``TASK`` alone
+            with one model): ``embed``, ``classify`` or ``predict``.
+        tokenizer, labels, pooling, normalize: options of a single model (see ``parse_specs``).
+        model_name: the id clients pass as ``model`` for a single model given without
+            ``NAME=`` (default: ``all-MiniLM-L6-v2``, the file's stem or the factory's name).
+        model_weights: ``{name: weight}``: the models' shares of the device when several
+            models are busy at once (default 1 each).
+        truncate: ``True`` (default): over-long texts are cut to the model's limit, like most
+            embedding APIs; ``False``: such a request gets 413.
 
-    Batching:
+    Batching (the fields of :class:`batchline.knobs.Knobs`, validated by it):
         batching: ``False`` serves the baseline: one shared session, no queue.
         sessions, intra_op_threads: ONNX Runtime sessions (one per batch in flight) and the
-            threads each uses.
+            threads each uses; device: ``cpu``, ``cuda`` or ``cuda:N``.
         solo_intra_op_threads: threads of one extra session used by a batch that runs alone
             (``None``: none); low traffic then gets the baseline's batch-1 latency.
-        model_thread_nice: how much lower the model's threads run than the event loop.
         target_batch_tokens, max_batch_size: a batch's padded-token budget and row cap.
         max_concurrent_batches: batches in flight at once (default: one per session).
-        bucket_width, padding_slack: padding-aware grouping: a text joins a batch only if it
-            adds at most ``padding_slack`` padded tokens.
         min_batch_size, batch_timeout_s: hold records while a slot is free until
             ``min_batch_size`` are queued, at most ``batch_timeout_s`` (default: never hold).
-        max_queue_size: records queued at most; beyond it requests get 429 at once.
+        max_queue_size: records queued at most, per model; beyond it requests get 429 at once.
+
+    Serving the batches:
+        model_thread_nice: how much lower the model's threads run than the event loop.
+        bucket_width, padding_slack: padding-aware grouping: a text joins a batch only if it
+            adds at most ``padding_slack`` padded tokens.
+        baseline_intra_op_threads, baseline_batch_size: the baseline's one session and the
+            chunks each request's texts run in.
 
     Requests:
         request_timeout_s: a request not answered by then gets 504 and its queued records
             are withdrawn.
-        max_inputs_per_request: more texts in one request get 413.
+        max_inputs_per_request: more inputs in one request get 413.
         max_body_bytes: larger bodies get 413 (Content-Length and the bytes actually read).
         tokenize_inline_max_chars: requests whose texts total at most this many characters are
             tokenized on the event loop (a thread hop costs more than that), longer ones in a
@@ -84,38 +113,57 @@ class ServerSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
-    # -- model ------------------------------------------------------------------------------
-    model: str = "default"
+    # -- models -----------------------------------------------------------------------------
+    model: list[str] = Field(default_factory=lambda: ["default"], min_length=1)
+    task: list[str] = Field(default_factory=list)
     tokenizer: str | None = None
+    labels: list[str] | None = None
+    pooling: Literal["mean", "cls", "none"] | None = None
+    normalize: bool | None = None
     model_name: str | None = None
-    max_text_tokens: int | None = Field(default=None, ge=2)
+    model_weights: dict[str, float] = Field(default_factory=dict)
     truncate: bool = True
 
-    # -- batching ---------------------------------------------------------------------------
+    # -- batching: the fields of batchline.knobs.Knobs (KNOB_FIELDS), checked by Knobs --------
     batching: bool = True
-    # Two sessions of one thread each: two batches in flight on a 2-core CPU. bench_serve.py,
+    # Two sessions of one thread each on a 2-core CPU: one per core, as Knobs. bench_serve.py,
     # short texts at c=32: 2x1 gave x1.15-1.19 the baseline's req/s, 1x2 x0.98.
-    sessions: int = Field(default=2, ge=1, le=64)
-    intra_op_threads: int = Field(default=1, ge=1, le=256)
-    # A batch that starts while no other runs uses one extra session with this many threads
-    # (None: no extra session). Batch-1 latency: 2 threads beat 1, so low traffic is as fast
-    # as the baseline's two-thread session, and concurrent batches still get a core each.
-    solo_intra_op_threads: int | None = Field(default=2, ge=1, le=256)
-    spinning: bool = False
-    # Where the model runs: cpu, cuda or cuda:N (batchline.knobs.Knobs.device).
-    device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:\d+)?)$")
-    # Nice increment of the threads that run the model, so the event loop (HTTP, tokenizing,
-    # forming batches) is not starved by them (Linux; 0: same priority). bench_serve.py, short
-    # texts at c=32: x1.19 the baseline's req/s with p99 x1.40 at 0, x1.34 with p99 x0.83 at 5.
-    model_thread_nice: int = Field(default=5, ge=0, le=19)
-    # 256 padded tokens per call. bench_serve.py at c=32 (ratios to the baseline's req/s, p99):
+    sessions: int = Field(default_factory=machine_cores)
+    intra_op_threads: int = 1
+    device: str = "cpu"
+    # Serve's own default (Knobs: none). A batch that starts while no other runs uses one
+    # extra session with this many threads. Batch-1 latency: 2 threads beat 1, so low traffic
+    # is as fast as the baseline's two-thread session, and concurrent batches still get a
+    # core each.
+    solo_intra_op_threads: int | None = 2
+    # Serve's own default (Knobs: 512, measured on datasets, where latency does not count).
+    # bench_serve.py at c=32 (ratios to the baseline's req/s, p99):
     # 256: short x1.44 / x0.89, mixed x1.08 / x1.18; 512: x1.34 / x0.92, x1.04 / x1.32;
     # 1024: x1.25 / x1.34, x1.07 / x1.35. On this CPU a sentence costs about the same at any
     # batch size past a few, so bigger batches of long texts only add latency. Re-checked with
     # padding_slack 4 (2026-11-23, quiet machine): 128: short x1.29, mixed x0.97; 256: x1.34,
     # x1.06 / p99 x1.15; 512: x1.31, x1.06 / p99 x1.26.
-    target_batch_tokens: int = Field(default=256, ge=1)
-    max_batch_size: int = Field(default=64, ge=1)
+    target_batch_tokens: int = 256
+    # Serve's own default (Knobs: 256): with 256 padded tokens per call, 64 rows is already
+    # 4 tokens each; more rows would only be reached by texts the budget does not bound.
+    max_batch_size: int = 64
+    # Batches in flight at once (None: one per session; Knobs needs a number, and
+    # ServerSettings.knobs gives it the session count).
+    max_concurrent_batches: int | None = None
+    # Hold records while a slot is free until this many are queued (1: never hold)...
+    min_batch_size: int = 1
+    # ...but no longer than this.
+    batch_timeout_s: float = 0.05
+    # Serve's own default (Knobs: 5,000). As large as one request may be
+    # (max_inputs_per_request): a few seconds of short texts on 2 cores (~300/s measured on
+    # the shared machine); more would only delay the 429.
+    max_queue_size: int = 2048
+
+    # -- serving the batches ----------------------------------------------------------------
+    # Nice increment of the threads that run the model, so the event loop (HTTP, tokenizing,
+    # forming batches) is not starved by them (Linux; 0: same priority). bench_serve.py, short
+    # texts at c=32: x1.19 the baseline's req/s with p99 x1.40 at 0, x1.34 with p99 x0.83 at 5.
+    model_thread_nice: int = Field(default=5, ge=0, le=19)
     # Padding-aware grouping (see batchline._queue): lengths are bucketed this wide, and a
     # record joins a batch only if it adds at most padding_slack padded tokens. The Embedder's
     # tight groups: on this CPU a padded token costs about what a real one does, and smaller
@@ -124,16 +172,9 @@ class ServerSettings(BaseModel):
     # c=64 x1.40; slack 64: c=32 x1.14.
     bucket_width: int = Field(default=DEFAULT_BUCKET_WIDTH, ge=1)
     padding_slack: int = Field(default=DEFAULT_PADDING_SLACK, ge=0)
-    # Batches in flight at once (default: one per session).
-    max_concurrent_batches: int | None = Field(default=None, ge=1, le=256)
-    # Hold records while a slot is free until this many are queued (1: never hold)...
-    min_batch_size: int = Field(default=1, ge=1)
-    # ...but no longer than this.
-    batch_timeout_s: float = Field(default=0.05, ge=0)
-    # As large as one request may be (max_inputs_per_request): a few seconds of short texts on
-    # 2 cores (~300/s measured on the shared machine); more would only delay the 429.
-    max_queue_size: int = Field(default=2048, ge=1)
-    # The baseline (batching=False): one session with this many threads, texts run in chunks.
+    # The baseline (batching=False): one shared session with this many threads; each
+    # request's texts run on it in chunks of baseline_batch_size, no queue. This is what the
+    # published ratios (bench_serve.py) were measured against.
     baseline_intra_op_threads: int = Field(default=2, ge=1, le=256)
     baseline_batch_size: int = Field(default=32, ge=1)
 
@@ -142,7 +183,7 @@ class ServerSettings(BaseModel):
     max_inputs_per_request: int = Field(default=2048, ge=1)
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     # Inline tokenizing of one short text costs ~25-35 us of loop time; asyncio.to_thread
-    # costs ~60-140 us (measured, see the module docstring of batchline.server.app).
+    # costs ~60-140 us (measured, see batchline.server.state).
     tokenize_inline_max_chars: int = Field(default=1024, ge=0)
     retry_after_s: int = Field(default=1, ge=0)
 
@@ -154,11 +195,23 @@ class ServerSettings(BaseModel):
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     access_log: bool = False
 
+    @field_validator("model", "task", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
     @model_validator(mode="after")
     def _check(self) -> ServerSettings:
         for name in ("request_timeout_s", "drain_timeout_s", "batch_timeout_s"):
             if not math.isfinite(getattr(self, name)):
                 raise ValueError(f"{name} must be a finite number of seconds")
+        try:
+            self.knobs  # noqa: B018 -- Knobs checks its own fields
+        except InputError as exc:
+            raise ValueError(str(exc)) from None
+        for name, weight in self.model_weights.items():
+            if not (math.isfinite(weight) and weight > 0):
+                raise ValueError(f"model_weights[{name!r}] must be > 0, got {weight}")
         if self.batching and self.max_inputs_per_request > self.max_queue_size:
             raise ValueError(
                 f"max_inputs_per_request ({self.max_inputs_per_request}) must be <= "
@@ -210,13 +263,49 @@ class ServerSettings(BaseModel):
         return p
 
     @property
-    def served_name(self) -> str:
-        """The model id clients use (``model`` in requests, ``GET /v1/models``)."""
+    def knobs(self) -> Knobs:
+        """The :class:`Knobs` every served model is loaded and batched with."""
+        values = {name: getattr(self, name) for name in KNOB_FIELDS}
+        if values["max_concurrent_batches"] is None:
+            values["max_concurrent_batches"] = max(1, self.sessions)
+        return Knobs(**values)
+
+    @property
+    def baseline_knobs(self) -> Knobs:
+        """The knobs of the baseline's layout: one session of ``baseline_intra_op_threads``
+        threads that every request uses at once."""
+        return self.knobs.replace(
+            batching=False,
+            sessions=1,
+            intra_op_threads=self.baseline_intra_op_threads,
+            solo_intra_op_threads=None,
+        )
+
+    @property
+    def specs(self) -> list[ModelSpec]:
+        """The served models' specs, named and with their tasks (``InputError`` when a spec
+        is malformed, names a missing file, or two models share a name)."""
+        from batchline.models.specs import parse_specs
+
+        specs = parse_specs(
+            list(self.model),
+            tasks=list(self.task),
+            tokenizer=Path(self.tokenizer) if self.tokenizer else None,
+            labels=tuple(self.labels) if self.labels is not None else None,
+            pooling=self.pooling,
+            normalize=self.normalize,
+        )
         if self.model_name:
-            return self.model_name
-        if self.model == "default":
-            return "all-MiniLM-L6-v2"
-        return Path(self.model).stem
+            if len(specs) > 1:
+                raise InputError("model_name names a single model; with several, use NAME=SPEC")
+            specs = [dataclasses.replace(specs[0], name=self.model_name)]
+        unknown = sorted(set(self.model_weights) - {s.name for s in specs})
+        if unknown:
+            raise InputError(
+                f"model_weights names {', '.join(unknown)}, not served here; models: "
+                + ", ".join(s.name for s in specs)
+            )
+        return specs
 
 
 def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -234,6 +323,7 @@ def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
 def _describe(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors(include_input=False, include_url=False):
-        where = ".".join(str(x) for x in err["loc"]) or "settings"
-        parts.append(f"{where}: {err['msg']}")
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        where = ".".join(str(x) for x in err["loc"])
+        parts.append(f"{where}: {msg}" if where else msg)
     return "invalid server settings: " + "; ".join(parts)

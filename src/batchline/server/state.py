@@ -1,376 +1,294 @@
-"""The server's state (``app.state.server``) and the models it serves.
+"""The server's state (``app.state.server``) and the models it serves (:class:`ServedModel`).
 
-:class:`ServedModel` is one model as the routes see it; :class:`BatchedModel` sends every
-request's texts, one record each, through one shared ``TokenBatcher``, :class:`DirectModel`
-(the baseline) runs each request's texts on one shared session, no queue.
+A served model is any :class:`~batchline.models.protocol.BatchModel` (loaded by
+``batchline.models.loader.load_model``), in one of two layouts:
+
+- batching (the default): an :class:`~batchline.models.engine.Engine`, one shared batcher
+  per model. A request's inputs are prepared (tokenized, checked), then queued one record
+  each with ``submit_many_nowait``: all of them or none (429), so records from concurrent
+  requests share batches and a full queue is seen at once.
+- the baseline (``batching=False``): no queue; each request runs its own inputs on the
+  model's one shared session, in chunks of ``baseline_batch_size``, in a worker thread. It is
+  what the published ratios (``benchmarks/bench_serve.py``) were measured against.
+
+Preparing: a text request whose texts total at most ``tokenize_inline_max_chars`` characters
+is tokenized on the event loop, a longer one in a worker thread. Measured on the 2-core machine
+(MiniLM's tokenizer, one 14-token sentence): inline 35 us wall / 25 us CPU; through
+``asyncio.to_thread`` 140 us wall / 95 us CPU one at a time, 65-77 us wall / 55-60 us CPU
+per call with 32 in flight. The hop costs more than the work for short texts, and 1,024
+characters keep the loop blocked for well under a millisecond. Other inputs (tensors, whole
+records) are checked on the loop: a shape check and a cast cost less than the hop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
-import os
-import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Generic, TypeVar, cast
 
-import numpy as np
-import numpy.typing as npt
-
-from batchline._errors import InputError, QueueFullError
 from batchline._stats import BatchStats
-from batchline._tokens import TokenBatcher
+from batchline.knobs import Knobs
+from batchline.models.engine import Engine
+from batchline.models.protocol import BatchModel, ModelInfo
 from batchline.server.errors import ApiError
 from batchline.server.metrics import ModelMetrics, ServerMetrics
 from batchline.server.settings import ServerSettings
 
-if TYPE_CHECKING:
-    from batchline.models import TokenizedText
-
-__all__ = [
-    "BatchedModel",
-    "DirectModel",
-    "EmbeddingModel",
-    "ServedModel",
-    "ServerState",
-    "SoloWideEmbedder",
-    "Vector",
-    "load_embedder",
-    "tokenizer_file",
-]
+__all__ = ["ServedModel", "ServerState"]
 
 logger = logging.getLogger("batchline.server")
 
-Vector = np.ndarray[Any, np.dtype[np.float32]]
+P = TypeVar("P")
+R = TypeVar("R")
 
 
-class EmbeddingModel(Protocol):
-    """What the server needs from a model; :class:`batchline.models.Embedder` is one."""
+class ServedModel(Generic[P, R]):
+    """One model as the routes see it: ``prepare`` a request's inputs, then ``run`` them.
 
-    @property
-    def dim(self) -> int: ...
-
-    def tokenize(self, texts: list[str]) -> list[TokenizedText]: ...
-
-    def embed_tokens(self, texts: Sequence[TokenizedText]) -> npt.NDArray[np.float32]: ...
-
-
-# -- models ---------------------------------------------------------------------------------
-
-
-class ServedModel:
-    """One model as the routes see it: ``await embed(texts)`` gives vectors and a token count.
-
-    Subclasses decide how the texts reach the model (:class:`BatchedModel`,
-    :class:`DirectModel`).
+    ``engine`` is ``None`` for the baseline. Per-model Prometheus metrics (queue wait, batch
+    size, cost and duration) are observed around every model call.
     """
 
     def __init__(
-        self, name: str, embedder: EmbeddingModel, settings: ServerSettings, metrics: ModelMetrics
+        self,
+        name: str,
+        model: BatchModel[P, R],
+        settings: ServerSettings,
+        knobs: Knobs,
+        metrics: ModelMetrics,
+        *,
+        device: Any = None,
+        weight: float = 1.0,
     ) -> None:
         self.name = name
-        self.embedder = embedder
+        self.model = model
+        self.info: ModelInfo = model.info
+        self.task = self.info.task
         self.settings = settings
         self.metrics = metrics
-        self.dim = embedder.dim
-        self.max_tokens = _token_limit(embedder)
         self.created = int(time.time())
+        self._padded = self.info.cost_kind == "padded"
+        self._async = inspect.iscoroutinefunction(model.run_batch)
+        self._tokenizer = _tokenizer_of(model)
+        self.engine: Engine[_Job[P], R] | None = None
+        if settings.batching:
+            shared: dict[str, Any] = {}
+            if device is not None:
+                shared = {"device": device, "weight": weight}
+            self.engine = Engine(
+                _Metered(model, metrics, padded=self._padded, run_async=self._async),
+                knobs,
+                padding_slack=settings.padding_slack,
+                bucket_width=settings.bucket_width,
+                thread_nice=settings.model_thread_nice,
+                name=f"serve-{name}",
+                **shared,
+            )
 
     @property
-    def batcher(self) -> TokenBatcher[Any, Vector] | None:
-        return None
+    def batcher(self) -> Any:
+        """The engine's batcher (``None`` for the baseline)."""
+        return self.engine.batcher if self.engine is not None else None
 
     def stats(self) -> BatchStats | None:
-        """The batcher's stats snapshot (``None`` without a batcher)."""
-        return None
+        """The batcher's stats snapshot (``None`` for the baseline)."""
+        return self.engine.stats if self.engine is not None else None
 
     async def start(self) -> None:
-        """Start serving (start the batcher)."""
+        if self.engine is not None:
+            await self.engine.start()
 
     async def stop(self, *, timeout_s: float | None = None) -> None:
-        """Finish the work in hand, for at most ``timeout_s``."""
-
-    async def embed(self, texts: list[str]) -> tuple[Sequence[Vector], int]:
-        """Embed ``texts``; return the vectors in order and the number of tokens used."""
-        raise NotImplementedError
-
-    async def tokenize(self, texts: list[str]) -> list[TokenizedText]:
-        """Tokenize on the loop when short (cheaper than a thread hop), else in a thread."""
-        limit = self.settings.tokenize_inline_max_chars
-        total = 0
-        for t in texts:
-            total += len(t)
-            if total > limit:
-                return await asyncio.to_thread(self._tokenize, texts)
-        return self._tokenize(texts)
-
-    def _tokenize(self, texts: list[str]) -> list[TokenizedText]:
-        toks = self.embedder.tokenize(texts)
-        if not self.settings.truncate and self.max_tokens is not None:
-            limit = self.max_tokens
-            for i, tok in enumerate(toks):
-                if len(tok) >= limit and _overflows(self.embedder, texts[i]):
-                    raise ApiError(
-                        413,
-                        f"input {i} is longer than this model's limit of {limit} tokens; "
-                        "shorten it (the server is configured not to truncate)",
-                        "input_too_long",
-                    )
-        return toks
-
-
-@dataclass(slots=True)
-class _Job:
-    """A queued text: its tokens and when it was submitted (for the queue-wait histogram)."""
-
-    tok: TokenizedText
-    submitted: float
-
-
-class BatchedModel(ServedModel):
-    """Every request's texts go, one record each, through one shared ``TokenBatcher``."""
-
-    def __init__(
-        self, name: str, embedder: EmbeddingModel, settings: ServerSettings, metrics: ModelMetrics
-    ) -> None:
-        super().__init__(name, embedder, settings, metrics)
-        slots = settings.max_concurrent_batches
-        if slots is None:  # one batch in flight per session
-            slots = getattr(getattr(embedder, "model", None), "sessions", settings.sessions)
-        self._batcher: TokenBatcher[_Job, Vector] = TokenBatcher(
-            self._process,
-            target_batch_tokens=settings.target_batch_tokens,
-            max_batch_size=settings.max_batch_size,
-            max_queue_size=settings.max_queue_size,
-            max_concurrent_batches=int(slots),
-            min_batch_size=min(settings.min_batch_size, settings.max_batch_size),
-            batch_timeout_s=settings.batch_timeout_s,
-            bucket_width=settings.bucket_width,
-            padding_slack=settings.padding_slack,
-            name=f"serve-{name}",
-        )
-
-    @property
-    def batcher(self) -> TokenBatcher[_Job, Vector]:
-        return self._batcher
-
-    def stats(self) -> BatchStats | None:
-        return self._batcher.stats
-
-    async def start(self) -> None:
-        await self._batcher.start()
-
-    async def stop(self, *, timeout_s: float | None = None) -> None:
-        await self._batcher.stop(drain=True, timeout_s=timeout_s)
-
-    def _process(self, batch: list[_Job]) -> list[Vector]:
-        # runs in the batcher's worker thread; prometheus-client metrics are thread-safe
-        if self.settings.model_thread_nice and not getattr(_thread_state, "niced", False):
-            _lower_thread_priority(self.settings.model_thread_nice)
-        m = self.metrics
-        started = time.perf_counter()
-        observe_wait = m.queue_wait.observe
-        longest = 0
-        toks = []
-        for job in batch:
-            observe_wait(started - job.submitted)
-            toks.append(job.tok)
-            n = len(job.tok)
-            if n > longest:
-                longest = n
-        vectors = self.embedder.embed_tokens(toks)
-        m.batch_duration.observe(time.perf_counter() - started)
-        m.batch_size.observe(len(batch))
-        m.batch_cost.observe(len(batch) * longest)
-        return list(vectors)
-
-    async def embed(self, texts: list[str]) -> tuple[Sequence[Vector], int]:
-        toks = await self.tokenize(texts)
-        batcher = self._batcher
-        if batcher.queue_depth + len(toks) > batcher.max_queue_size:
-            raise QueueFullError(f"{batcher.name}: queue is full")
-        now = time.perf_counter()
-        futures: list[asyncio.Future[Vector]] = []
-        tokens = 0
+        """Finish the queued work (at most ``timeout_s``), then free the model."""
         try:
-            for tok in toks:
-                n = len(tok)
-                tokens += n
-                futures.append(batcher.submit_nowait(_Job(tok, now), estimated_tokens=n))
+            if self.engine is not None:
+                await self.engine.stop(drain=True, timeout_s=timeout_s)
+        finally:
+            self.model.close()
+
+    # -- a request ---------------------------------------------------------------------------
+
+    async def prepare(self, inputs: Sequence[object]) -> list[P]:
+        """Prepare a request's inputs; an unusable input is a 400 (or 413: too long) naming it."""
+        if self.info.input_kind == "text":
+            limit = self.settings.tokenize_inline_max_chars
+            total = 0
+            for x in inputs:
+                total += len(x) if isinstance(x, str) else 0
+                if total > limit:
+                    return await asyncio.to_thread(self._prepare, inputs)
+        return self._prepare(inputs)
+
+    def _prepare(self, inputs: Sequence[object]) -> list[P]:
+        prepared = self.model.prepare(inputs)
+        if len(prepared) != len(inputs):
+            raise RuntimeError(
+                f"{self.name}: prepare returned {len(prepared)} items for {len(inputs)} inputs"
+            )
+        items: list[P] = []
+        for i, item in enumerate(prepared):
+            if isinstance(item, BaseException):
+                raise ApiError(400, f"input {i}: {_message(item)}", "invalid_request_error")
+            items.append(item)
+        if not self.settings.truncate and self.info.max_tokens is not None:
+            self._refuse_truncated(inputs, items, self.info.max_tokens)
+        return items
+
+    def _refuse_truncated(self, inputs: Sequence[object], items: list[P], limit: int) -> None:
+        for i, item in enumerate(items):
+            if self.model.cost(item) < limit:
+                continue
+            # at the limit: truncated, or exactly that long (ask the tokenizer when we can)
+            text = inputs[i]
+            if self._tokenizer is not None and isinstance(text, str):
+                clean = text.encode("utf-8", "replace").decode("utf-8")
+                if not self._tokenizer.encode(clean).overflowing:
+                    continue
+            raise ApiError(
+                413,
+                f"input {i} is longer than this model's limit of {limit} tokens; "
+                "shorten it (the server is configured not to truncate)",
+                "input_too_long",
+            )
+
+    def cost(self, items: Sequence[P]) -> int:
+        """The items' total cost (tokens, for a text model): what ``usage`` reports."""
+        cost = self.model.cost
+        return sum(cost(i) for i in items)
+
+    async def run(self, items: Sequence[P]) -> list[R]:
+        """Results in order. Batching: every item queued at once or none (``QueueFullError``);
+        on any way out before the results (timeout, disconnect, shutdown), the items still
+        queued are withdrawn."""
+        engine = self.engine
+        if engine is None:
+            return await self._run_direct(items)
+        now = time.perf_counter()
+        cost = self.model.cost
+        jobs = [_Job(item, cost(item), now) for item in items]
+        futures = engine.submit_many_nowait(jobs)
+        try:
             if len(futures) == 1:
-                return [await futures[0]], tokens
-            return await asyncio.gather(*futures), tokens
+                return [await futures[0]]
+            return list(await asyncio.gather(*futures))
         except BaseException:
-            # 429, timeout, disconnect, shutdown: withdraw whatever is still queued
             for f in futures:
                 f.cancel()
             raise
 
-
-_thread_state = threading.local()
-
-
-def _lower_thread_priority(delta: int) -> None:
-    """Raise this thread's nice value by ``delta`` (Linux: nice is per thread).
-
-    The model's threads then yield the CPU to the event loop, which parses requests and
-    forms the next batch, instead of starving it while they compute.
-    """
-    _thread_state.niced = True
-    try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + delta)
-    except (AttributeError, OSError):  # not Linux, or not allowed: run at normal priority
-        pass
-
-
-class DirectModel(ServedModel):
-    """The baseline: each request runs its own texts on one shared session, no queue."""
-
-    async def embed(self, texts: list[str]) -> tuple[Sequence[Vector], int]:
-        toks = await self.tokenize(texts)
+    async def _run_direct(self, items: Sequence[P]) -> list[R]:
         size = self.settings.baseline_batch_size
-        out: list[Vector] = []
-        for start in range(0, len(toks), size):
-            out.extend(await asyncio.to_thread(self._run, toks[start : start + size]))
-        return out, sum(len(t) for t in toks)
+        out: list[R] = []
+        for start in range(0, len(items), size):
+            chunk = list(items[start : start + size])
+            if self._async:
+                started = time.perf_counter()
+                results = await cast(Awaitable[Sequence[R]], self.model.run_batch(chunk))
+                self._observe(chunk, started)
+            else:
+                results = await asyncio.to_thread(self._run_chunk, chunk)
+            out.extend(results)
+        return out
 
-    def _run(self, toks: list[TokenizedText]) -> list[Vector]:
-        m = self.metrics
+    def _run_chunk(self, chunk: list[P]) -> Sequence[R]:
         started = time.perf_counter()
-        vectors = self.embedder.embed_tokens(toks)
+        results = cast(Sequence[R], self.model.run_batch(chunk))
+        self._observe(chunk, started)
+        return results
+
+    def _observe(self, chunk: list[P], started: float) -> None:
+        m = self.metrics
         m.batch_duration.observe(time.perf_counter() - started)
-        m.batch_size.observe(len(toks))
-        m.batch_cost.observe(len(toks) * max(len(t) for t in toks))
-        return list(vectors)
+        m.batch_size.observe(len(chunk))
+        costs = [self.model.cost(i) for i in chunk]
+        m.batch_cost.observe(len(costs) * max(costs) if self._padded else sum(costs))
 
 
-def _token_limit(embedder: object) -> int | None:
-    tokenizer = getattr(embedder, "tokenizer", None)
-    trunc = getattr(tokenizer, "truncation", None)
-    if isinstance(trunc, dict) and isinstance(trunc.get("max_length"), int):
-        return int(trunc["max_length"])
-    return None
+@dataclass(slots=True)
+class _Job(Generic[P]):
+    """A queued item, its cost and when it was queued (for the queue-wait histogram)."""
+
+    item: P
+    cost: int
+    submitted: float
 
 
-def _overflows(embedder: object, text: str) -> bool:
-    tokenizer: Any = getattr(embedder, "tokenizer", None)
-    clean = text.encode("utf-8", "replace").decode("utf-8")
-    return bool(tokenizer.encode(clean).overflowing)
+class _Metered(Generic[P, R]):
+    """The model as the engine sees it: jobs in, the model's results out, metrics around
+    each batch (prometheus-client metrics are thread-safe)."""
 
-
-def load_embedder(settings: ServerSettings) -> EmbeddingModel:
-    """Load the model ``settings`` name, laid out for batching or for the baseline.
-
-    Batching: ``sessions`` sessions of ``intra_op_threads`` threads, one per batch in
-    flight, plus one of ``solo_intra_op_threads`` threads for a batch that runs alone (see
-    :class:`SoloWideEmbedder`). Baseline: one session of ``baseline_intra_op_threads``
-    threads that every request calls directly and concurrently.
-    """
-    from batchline.models import Embedder, OnnxModel, load_tokenizer, minilm
-
-    max_length: int | None
-    if settings.model == "default":
-        model_path = minilm.default_model_path()
-        tokenizer_path = (
-            Path(settings.tokenizer)
-            if settings.tokenizer
-            else minilm.weights_dir() / "tokenizer.json"
-        )
-        max_length = settings.max_text_tokens or minilm.MAX_LENGTH
-    else:
-        model_path = Path(settings.model)
-        tokenizer_path = tokenizer_file(settings)
-        max_length = settings.max_text_tokens
-    if settings.batching:
-        model = OnnxModel.load(
-            model_path,
-            sessions=settings.sessions,
-            intra_op_threads=settings.intra_op_threads,
-            spinning=settings.spinning,
-        )
-    else:
-        # one session that every request calls at once, none waiting for another
-        model = OnnxModel.load(
-            model_path,
-            sessions=1,
-            intra_op_threads=settings.baseline_intra_op_threads,
-            spinning=settings.spinning,
-            shared=True,
-        )
-    tokenizer, pad_id = load_tokenizer(tokenizer_path, max_length=max_length)
-    embedder = Embedder(model, tokenizer, pad_id=pad_id)
-    solo = settings.solo_intra_op_threads
-    if settings.batching and solo is not None and solo > settings.intra_op_threads:
-        wide = OnnxModel.load(
-            model_path, sessions=1, intra_op_threads=solo, spinning=settings.spinning
-        )
-        return SoloWideEmbedder(embedder, Embedder(wide, tokenizer, pad_id=pad_id))
-    return embedder
-
-
-class SoloWideEmbedder:
-    """Runs a batch on a wide session when no other batch is running, else on a narrow one.
-
-    On a 2-core CPU two one-thread sessions give the most throughput when two batches run at
-    once, but a batch running alone (low traffic: one request at a time) is faster on one
-    two-thread session -- the baseline's layout. So the first batch after an idle spell takes
-    the wide session, and batches that start while another runs take a narrow one. Costs one
-    more session in memory.
-    """
-
-    def __init__(self, narrow: Any, wide: Any) -> None:
-        self.narrow = narrow
-        self.wide = wide
-        self.tokenizer = getattr(narrow, "tokenizer", None)
-        self.model = getattr(narrow, "model", None)  # its ``sessions`` set the batcher's slots
-        self.solo_batches = 0
-        self.shared_batches = 0
-        self._lock = threading.Lock()
-        self._running = 0
+    def __init__(
+        self, model: BatchModel[P, R], metrics: ModelMetrics, *, padded: bool, run_async: bool
+    ) -> None:
+        self._model = model
+        self._metrics = metrics
+        self._padded = padded
+        if run_async:
+            self.run_batch = self._run_async  # type: ignore[method-assign,assignment]
 
     @property
-    def dim(self) -> int:
-        return int(self.narrow.dim)
+    def info(self) -> ModelInfo:
+        return self._model.info
 
-    def tokenize(self, texts: list[str]) -> list[TokenizedText]:
-        toks: list[TokenizedText] = self.narrow.tokenize(texts)
-        return toks
+    def prepare(self, inputs: Sequence[object]) -> list[_Job[P] | BaseException]:
+        raise NotImplementedError("items are prepared by the served model")
 
-    def embed_tokens(self, texts: Sequence[TokenizedText]) -> npt.NDArray[np.float32]:
-        with self._lock:
-            alone = self._running == 0
-            self._running += 1
-            if alone:
-                self.solo_batches += 1
-            else:
-                self.shared_batches += 1
-        try:
-            target = self.wide if alone else self.narrow
-            vectors: npt.NDArray[np.float32] = target.embed_tokens(texts)
-            return vectors
-        finally:
-            with self._lock:
-                self._running -= 1
+    def cost(self, job: _Job[P]) -> int:
+        return job.cost
+
+    def run_batch(self, batch: list[_Job[P]]) -> Sequence[R]:
+        started = self._started(batch)
+        results = cast(Sequence[R], self._model.run_batch([j.item for j in batch]))
+        self._done(batch, started)
+        return results
+
+    async def _run_async(self, batch: list[_Job[P]]) -> Sequence[R]:
+        started = self._started(batch)
+        results = await cast(Awaitable[Sequence[R]], self._model.run_batch([j.item for j in batch]))
+        self._done(batch, started)
+        return results
+
+    def _started(self, batch: list[_Job[P]]) -> float:
+        started = time.perf_counter()
+        observe = self._metrics.queue_wait.observe
+        for job in batch:
+            observe(started - job.submitted)
+        return started
+
+    def _done(self, batch: list[_Job[P]], started: float) -> None:
+        m = self._metrics
+        m.batch_duration.observe(time.perf_counter() - started)
+        m.batch_size.observe(len(batch))
+        if self._padded:
+            m.batch_cost.observe(len(batch) * max(j.cost for j in batch))
+        else:
+            m.batch_cost.observe(sum(j.cost for j in batch))
+
+    def encode(self, result: R) -> object:
+        return self._model.encode(result)
+
+    def close(self) -> None:
+        """The served model closes the model itself."""
 
 
-def tokenizer_file(settings: ServerSettings) -> Path:
-    """The tokenizer of a ``.onnx`` model: ``--tokenizer`` or ``tokenizer.json`` beside it."""
-    if settings.tokenizer:
-        return Path(settings.tokenizer)
-    guess = Path(settings.model).with_name("tokenizer.json")
-    if not guess.is_file():
-        raise InputError(
-            f"no tokenizer for {settings.model}: pass --tokenizer PATH/tokenizer.json "
-            f"(looked for {guess})"
-        )
-    return guess
+def _tokenizer_of(model: object) -> Any:
+    """The Hugging Face tokenizer of a text model, when it shows one (for the overflow check)."""
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is None:
+        tokenizer = getattr(getattr(model, "embedder", None), "tokenizer", None)
+    return tokenizer if callable(getattr(tokenizer, "encode", None)) else None
 
 
-# -- state ----------------------------------------------------------------------------------
+def _message(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text.encode("utf-8", "replace").decode("utf-8")[:500]
+
+
+# -- state ------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -379,7 +297,7 @@ class ServerState:
 
     settings: ServerSettings
     metrics: ServerMetrics
-    models: dict[str, ServedModel] = field(default_factory=dict)
+    models: dict[str, ServedModel[Any, Any]] = field(default_factory=dict)
     ready: bool = False
     draining: bool = False
     in_flight: int = 0
@@ -387,7 +305,7 @@ class ServerState:
     _idle: asyncio.Event | None = None
 
     @property
-    def default_model(self) -> ServedModel:
+    def default_model(self) -> ServedModel[Any, Any]:
         return next(iter(self.models.values()))
 
     def begin_drain(self) -> None:

@@ -17,18 +17,25 @@ from starlette.requests import Request
 from batchline._errors import BatcherClosedError, InputError, QueueFullError
 from batchline.server.errors import ApiError
 from batchline.server.schemas import ErrorBody
-from batchline.server.state import ServedModel, ServerState, Vector
+from batchline.server.state import ServedModel, ServerState
+
+Vector = np.ndarray[Any, np.dtype[np.float32]]
 
 __all__ = [
     "ERRORS",
+    "ROUTE_OF_TASK",
     "Invalid",
+    "all_finite",
     "b64",
     "body_doc",
+    "check_count",
     "check_texts",
-    "embed_texts",
+    "describe_models",
     "floats",
+    "non_finite",
     "parse_body",
     "pick_model",
+    "run_model",
     "server_state",
 ]
 
@@ -39,9 +46,9 @@ M = TypeVar("M", bound=BaseModel)
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody, "description": text}
     for code, text in (
-        (400, "Empty input or a bad value."),
+        (400, "Empty input, a bad value, or a model of another task."),
         (401, "Missing or wrong API key (when the server has one)."),
-        (404, "Unknown model."),
+        (404, "Unknown model (the message lists the served ones)."),
         (413, "Too many inputs, a body too large, or a text too long (truncate=false)."),
         (422, "Wrong types; the detail lists loc/msg/type, never the input."),
         (429, "The queue is full; retry after Retry-After seconds."),
@@ -78,38 +85,60 @@ async def parse_body(request: Request, model: type[M]) -> M:
         raise Invalid(errors) from None
 
 
-class _NonFinite(Exception):
-    pass
-
-
 class Invalid(Exception):
     def __init__(self, errors: Sequence[Any]) -> None:
         self.errors = errors
 
 
-def pick_model(state: ServerState, name: str | None) -> ServedModel:
+#: The route that serves each task, for the wrong-task message.
+ROUTE_OF_TASK = {
+    "embed": "POST /v1/embeddings",
+    "classify": "POST /classify",
+    "predict": "POST /v2/models/{name}/infer",
+}
+
+
+def pick_model(
+    request: Request, state: ServerState, name: str | None, task: str
+) -> ServedModel[Any, Any]:
+    """The served model ``name`` (the first model of ``task`` when ``None``): 404 listing the
+    models when there is no such model, 400 naming its task when it does another."""
     if name is None:
-        return state.default_model
+        for candidate in state.models.values():
+            if candidate.task == task:
+                request.scope["batchline.model"] = candidate.name
+                return candidate
+        raise ApiError(
+            400,
+            f"no model served here does {task}; models: {describe_models(state)}",
+            "invalid_request_error",
+        )
     model = state.models.get(name)
     if model is None:
         raise ApiError(
             404,
-            f"model {name[:100]!r} is not served here; GET /v1/models lists the models",
+            f"model {name[:100]!r} is not served here; models: {describe_models(state)}",
             "model_not_found",
         )
+    if model.task != task:
+        where = ROUTE_OF_TASK.get(model.task)
+        hint = f"; send it to {where}" if where else ""
+        raise ApiError(
+            400,
+            f"model {name!r} is a {model.task} model, and this route serves {task} models{hint}",
+            "invalid_request_error",
+        )
+    request.scope["batchline.model"] = model.name
     return model
 
 
+def describe_models(state: ServerState) -> str:
+    """``"a (embed), b (predict)"``: the served models and their tasks."""
+    return ", ".join(f"{m.name} ({m.task})" for m in state.models.values()) or "none"
+
+
 def check_texts(texts: list[str], state: ServerState, field: str) -> None:
-    if not texts:
-        raise ApiError(400, f"'{field}' is empty; send at least one text", "invalid_request_error")
-    limit = state.settings.max_inputs_per_request
-    if len(texts) > limit:
-        raise ApiError(
-            413,
-            f"'{field}' has {len(texts)} texts; at most {limit} per request, split it",
-            "request_too_large",
-        )
+    check_count(len(texts), state, field, "texts")
     for i, text in enumerate(texts):
         if not text:
             raise ApiError(
@@ -119,33 +148,43 @@ def check_texts(texts: list[str], state: ServerState, field: str) -> None:
             )
 
 
-async def embed_texts(
-    state: ServerState, model: ServedModel, texts: list[str]
-) -> tuple[Sequence[Vector], int]:
-    """Run the texts; turn the ways it can end into HTTP errors."""
+def check_count(n: int, state: ServerState, field: str, what: str = "inputs") -> None:
+    if n == 0:
+        raise ApiError(
+            400, f"'{field}' is empty; send at least one of its {what}", "invalid_request_error"
+        )
+    limit = state.settings.max_inputs_per_request
+    if n > limit:
+        raise ApiError(
+            413,
+            f"'{field}' has {n} {what}; at most {limit} per request, split it",
+            "request_too_large",
+        )
+
+
+async def run_model(
+    state: ServerState, model: ServedModel[Any, Any], inputs: Sequence[object]
+) -> tuple[list[Any], int]:
+    """Prepare and run a request's inputs; the results in order and their total cost (tokens,
+    for a text model). Turns the ways it can end into HTTP errors."""
     settings = state.settings
+    m = model.metrics
+    m.in_flight.inc()
     try:
         async with asyncio.timeout(settings.request_timeout_s):
-            vectors, tokens = await model.embed(texts)
-        for v in vectors:
-            if not np.isfinite(v).all():
-                raise _NonFinite
-        return vectors, tokens
-    except _NonFinite:
-        model.metrics.failed("non_finite")
-        raise ApiError(
-            500, "the model returned non-finite values for this request", "server_error"
-        ) from None
+            items = await model.prepare(inputs)
+            results = await model.run(items)
+        return results, model.cost(items)
     except TimeoutError:
-        model.metrics.cancelled("timeout")
+        m.cancelled("timeout")
         raise ApiError(
             504,
             f"not done within request_timeout_s={settings.request_timeout_s}; "
-            "its queued texts were dropped",
+            "its queued inputs were dropped",
             "timeout",
         ) from None
     except QueueFullError:
-        model.metrics.rejected("queue_full")
+        m.rejected("queue_full")
         raise ApiError(
             429,
             "the server is busy (queue full); retry after the Retry-After delay",
@@ -153,7 +192,7 @@ async def embed_texts(
             headers={"Retry-After": str(settings.retry_after_s)},
         ) from None
     except BatcherClosedError:
-        model.metrics.rejected("draining")
+        m.rejected("draining")
         raise ApiError(
             503,
             "the server is shutting down; retry on another replica or later",
@@ -165,9 +204,21 @@ async def embed_texts(
     except ApiError:
         raise
     except Exception:
-        model.metrics.failed("model")
-        logger.exception("model %s failed on a request of %d text(s)", model.name, len(texts))
+        m.failed("model")
+        logger.exception("model %s failed on a request of %d input(s)", model.name, len(inputs))
         raise ApiError(500, "the model failed on this request", "server_error") from None
+    finally:
+        m.in_flight.dec()
+
+
+def non_finite(model: ServedModel[Any, Any]) -> ApiError:
+    """The 500 for a result with NaN or infinity (counted)."""
+    model.metrics.failed("non_finite")
+    return ApiError(500, "the model returned non-finite values for this request", "server_error")
+
+
+def all_finite(vectors: Sequence[Vector]) -> bool:
+    return all(np.isfinite(v).all() for v in vectors)
 
 
 def floats(vector: Vector) -> str:

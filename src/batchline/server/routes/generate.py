@@ -1,4 +1,5 @@
-"""``POST /generate``: one result per prompt, in order (today: each prompt's embedding).
+"""``POST /generate``: one result per prompt, in order (today: each prompt's embedding, from
+the first embed model served; the generation work replaces this route).
 
 (No ``from __future__ import annotations``: FastAPI reads these annotations at run time.)
 """
@@ -6,6 +7,7 @@
 import json
 import time
 
+import numpy as np
 from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
@@ -14,11 +16,14 @@ from batchline.server.errors import validation_response
 from batchline.server.routes._common import (
     ERRORS,
     Invalid,
+    all_finite,
     body_doc,
     check_texts,
-    embed_texts,
     floats,
+    non_finite,
     parse_body,
+    pick_model,
+    run_model,
     server_state,
 )
 from batchline.server.schemas import GenerateRequest, GenerateResponse
@@ -44,15 +49,13 @@ async def generate(request: Request) -> Response:
         body = await parse_body(request, GenerateRequest)
     except Invalid as exc:
         return validation_response(exc.errors)
-    model = state.default_model
+    model = pick_model(request, state, None, "embed")
     check_texts(body.prompts, state, "prompts")
-    m = model.metrics
-    m.in_flight.inc()
-    try:
-        vectors, _ = await embed_texts(state, model, body.prompts)
-    finally:
-        m.in_flight.dec()
+    outputs, _ = await run_model(state, model, body.prompts)
+    vectors = [np.asarray(model.model.encode(r), dtype=np.float32) for r in outputs]
+    if not all_finite(vectors):
+        raise non_finite(model)
     results = ",".join(floats(v) for v in vectors)
     task = "" if body.task_id is None else f',"task_id":{json.dumps(body.task_id)}'
-    m.request_latency("generate").observe(time.perf_counter() - started)
+    model.metrics.request_latency("generate").observe(time.perf_counter() - started)
     return Response(f'{{"results":[{results}]{task}}}', media_type="application/json")

@@ -10,6 +10,7 @@ request body schemas still appear in the OpenAPI document.
 import json
 import time
 
+import numpy as np
 from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
@@ -18,13 +19,15 @@ from batchline.server.errors import ApiError, validation_response
 from batchline.server.routes._common import (
     ERRORS,
     Invalid,
+    all_finite,
     b64,
     body_doc,
     check_texts,
-    embed_texts,
     floats,
+    non_finite,
     parse_body,
     pick_model,
+    run_model,
     server_state,
 )
 from batchline.server.schemas import EmbeddingRequest, EmbeddingResponse
@@ -50,21 +53,20 @@ async def create_embeddings(request: Request) -> Response:
         body = await parse_body(request, EmbeddingRequest)
     except Invalid as exc:
         return validation_response(exc.errors)
-    model = pick_model(state, body.model)
+    model = pick_model(request, state, body.model, "embed")
     texts = [body.input] if isinstance(body.input, str) else body.input
     check_texts(texts, state, "input")
-    if body.dimensions is not None and body.dimensions != model.dim:
+    dim = model.info.details.get("dim")
+    if body.dimensions is not None and body.dimensions != dim:
         raise ApiError(
             400,
-            f"{model.name} returns {model.dim} dimensions; omit 'dimensions' or send {model.dim}",
+            f"{model.name} returns {dim} dimensions; omit 'dimensions' or send {dim}",
             "invalid_request_error",
         )
-    m = model.metrics
-    m.in_flight.inc()
-    try:
-        vectors, tokens = await embed_texts(state, model, texts)
-    finally:
-        m.in_flight.dec()
+    results, tokens = await run_model(state, model, texts)
+    vectors = [np.asarray(model.model.encode(r), dtype=np.float32) for r in results]
+    if not all_finite(vectors):
+        raise non_finite(model)
     encode = b64 if body.encoding_format == "base64" else floats
     items = ",".join(
         f'{{"object":"embedding","index":{i},"embedding":{encode(v)}}}'
@@ -74,5 +76,5 @@ async def create_embeddings(request: Request) -> Response:
         f'{{"object":"list","data":[{items}],"model":{json.dumps(model.name)},'
         f'"usage":{{"prompt_tokens":{tokens},"total_tokens":{tokens}}}}}'
     )
-    m.request_latency("embeddings").observe(time.perf_counter() - started)
+    model.metrics.request_latency("embeddings").observe(time.perf_counter() - started)
     return Response(payload, media_type="application/json")

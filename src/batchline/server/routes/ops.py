@@ -18,10 +18,16 @@ router = APIRouter()
 
 @router.get("/v1/models", response_model=ModelList, summary="The models served here")
 async def list_models(request: Request) -> JSONResponse:
-    """OpenAI-style model list."""
+    """OpenAI-style model list; each model also says its ``task``."""
     state = server_state(request)
     data = [
-        {"id": m.name, "object": "model", "created": m.created, "owned_by": "batchline"}
+        {
+            "id": m.name,
+            "object": "model",
+            "created": m.created,
+            "owned_by": "batchline",
+            "task": m.task,
+        }
         for m in state.models.values()
     ]
     return JSONResponse({"object": "list", "data": data})
