@@ -152,3 +152,19 @@ async def test_a_waiting_iterator_wakes_on_a_delta() -> None:
     assert not task.done()
     stream._push(GenerationDelta("x", (1,)))
     assert (await task).text == "x"
+
+
+def test_the_request_level_layer_imports_without_torch_or_vllm() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import batchline.models.generation.scheduler, batchline.models.generation.static\n"
+        "import batchline.models.generation.stream, batchline.models.generation.stats\n"
+        "import batchline.models.generation.fake, batchline.models.generation.demo\n"
+        "import batchline.models.generation.vllm_engine\n"
+        "heavy = [m for m in ('torch', 'transformers', 'vllm', 'numpy') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -37,7 +37,7 @@ import threading
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
 from batchline._batcher import State
 from batchline._errors import BatcherClosedError, ModelError, QueueFullError
@@ -58,6 +58,7 @@ from batchline.models.generation.stream import (
     GenerationStream,
     IncrementalDetokenizer,
     StepUpdate,
+    TextGenerator,
     TrackedSequence,
     check_fits,
 )
@@ -508,3 +509,9 @@ class ContinuousGenerator(EngineGenerator):
                     if seq is not None:
                         self._reserved -= seq.kv_reservation
             self._post(step_updates)
+
+
+if TYPE_CHECKING:  # mypy proves it implements the request-level protocol
+
+    def _is_text_generator(g: ContinuousGenerator) -> TextGenerator:
+        return g

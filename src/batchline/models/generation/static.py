@@ -18,13 +18,19 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from batchline._errors import BatcherClosedError, ModelError, QueueFullError
 from batchline._tokens import TokenBatcher
 from batchline.models.generation.engine import SamplingParams, StepEngine
 from batchline.models.generation.scheduler import EngineGenerator, Update, _check_min
 from batchline.models.generation.stats import GenerationStats, NowClock
-from batchline.models.generation.stream import Detokenizer, GenerationStream, TrackedSequence
+from batchline.models.generation.stream import (
+    Detokenizer,
+    GenerationStream,
+    TextGenerator,
+    TrackedSequence,
+)
 
 __all__ = ["SequentialGenerator", "StaticGenerator"]
 
@@ -133,11 +139,11 @@ class StaticGenerator(EngineGenerator):
         # queued records fail at once; the batch in flight sees _abort_all before its next step
         await self._batcher.stop(drain=False)
         await asyncio.sleep(0)
-        closed = [
+        closed: list[Update] = [
             (seq, BatcherClosedError(f"{self.name} stopped before this request ran"))
             for seq in list(self._live.values())
         ]
-        self._deliver(list[Update](closed))
+        self._deliver(closed)
 
     def _abort(self, request_id: str) -> None:
         seq = self._live.get(request_id)
@@ -240,3 +246,9 @@ class SequentialGenerator(StaticGenerator):
             clock=clock,
             name=name,
         )
+
+
+if TYPE_CHECKING:  # mypy proves both implement the request-level protocol
+
+    def _is_text_generator(g: StaticGenerator) -> TextGenerator:
+        return g

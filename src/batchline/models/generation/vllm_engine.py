@@ -28,7 +28,7 @@ import contextlib
 import importlib
 import itertools
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import Protocol, Self, cast
+from typing import TYPE_CHECKING, Protocol, Self, cast
 
 from batchline._batcher import State
 from batchline._errors import BatcherClosedError, ModelError, QueueFullError
@@ -43,6 +43,7 @@ from batchline.models.generation.stream import (
     Completion,
     GenerationDelta,
     GenerationStream,
+    TextGenerator,
     check_fits,
 )
 
@@ -373,3 +374,9 @@ class VllmGenerator:
                 self._recorder.on_end("aborted")
             else:
                 self._recorder.on_end("completed", completion.latency_s)
+
+
+if TYPE_CHECKING:  # mypy proves it implements the request-level protocol
+
+    def _is_text_generator(g: VllmGenerator) -> TextGenerator:
+        return g
