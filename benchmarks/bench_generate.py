@@ -99,9 +99,12 @@ def load_real(
     engine: StepEngine = torch_engine.TorchStepEngine(model)
 
     def encode(text: str) -> list[int]:
-        chat = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
-        )
+        try:
+            chat = tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+            )
+        except (ValueError, AttributeError):  # no chat template: the bare question
+            chat = text
         return list(tokenizer.encode(chat, add_special_tokens=False))
 
     return engine, tokenizer, encode
