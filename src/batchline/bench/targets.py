@@ -239,13 +239,15 @@ def _stats_counters(batcher: Any) -> Callable[[], Counters]:
 async def _knobs_target(
     loader: ModelLoader, knobs: Knobs, texts: Sequence[str]
 ) -> AsyncIterator[Target]:
-    from batchline.jobs.run import embedding_engine
+    from batchline.models.engine import Engine
+    from batchline.models.onnx.embed import TextEmbedder
 
     embedder = await asyncio.to_thread(loader.embedder, knobs)
+    model = TextEmbedder(embedder, name=loader.model)
     tokens = await asyncio.to_thread(embedder.tokenize, texts)
-    # batching or the baseline, exactly as ``batchline run`` runs them
-    async with embedding_engine(embedder, knobs) as batcher:
-        yield _SubmitTarget(batcher.submit, _stats_counters(batcher), tokens)
+    # batching or the baseline, built by the engine layer exactly as ``batchline run`` builds it
+    async with Engine(model, knobs) as engine:
+        yield _SubmitTarget(engine.submit, _stats_counters(engine), tokens)
 
 
 @contextlib.asynccontextmanager

@@ -39,15 +39,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import ray
 
 from batchline._errors import BatchlineError, InputError, ModelError
 from batchline._stats import BatchStats, percentile
-from batchline.jobs.run import Progress, RunOptions, RunSummary, load_embedder, open_job
+from batchline.jobs.outcomes import Outcome, model_input, process_block, write_outcomes
+from batchline.jobs.run import Progress, RunOptions, RunSummary, load_job_model, open_job
 from batchline.jobs.sinks import ChunkWriter
 from batchline.jobs.sources import BadRecord, Record, Source
 from batchline.knobs import Knobs
+from batchline.models.engine import Engine
+from batchline.models.protocol import ModelInfo
 
 __all__ = ["RaySummary", "UnitDone", "default_replica_knobs", "run_on_ray"]
 
@@ -143,44 +145,41 @@ def default_replica_knobs(knobs: Knobs) -> Knobs:
 
 @dataclass(frozen=True)
 class _UnitResult:
-    vectors: Any  # (records that succeeded, dim) float32, in unit order
-    failed: tuple[tuple[int, str, bool], ...]  # (position in the unit, message, skippable)
+    outcomes: list[Outcome]  # one per record of the unit, in order
     node_id: str
     pid: int
     cpu_s: float  # the replica process's CPU time so far
     stats: BatchStats
 
 
-class _Replica:
-    """One model replica: loads the model once, then embeds each unit it is sent through the
-    Embedder's TokenBatcher (units in flight at once share its batches)."""
+@dataclass(frozen=True)
+class _Ready:
+    node_id: str
+    pid: int
+    cpu_s: float
+    info: ModelInfo
 
-    def __init__(self, model: str, tokenizer: str | None, knobs: Knobs) -> None:
-        self._embedder = load_embedder(model, Path(tokenizer) if tokenizer else None, knobs)
+
+class _Replica:
+    """One model replica: loads the model once, then runs each unit it is sent through the
+    engine's batcher (units in flight at once share its batches)."""
+
+    def __init__(self, options: RunOptions, knobs: Knobs) -> None:
+        self._engine: Engine[Any, Any] = Engine(load_job_model(options, knobs), knobs)
         self._node_id: str = ray.get_runtime_context().get_node_id()
         self._started: asyncio.Future[None] | None = None
 
-    async def ready(self) -> tuple[str, int, float]:
-        """(node id, pid, CPU time so far), once the model is loaded."""
-        return self._node_id, os.getpid(), time.process_time()
+    async def ready(self) -> _Ready:
+        """Where it runs and what model it holds, once the model is loaded."""
+        return _Ready(self._node_id, os.getpid(), time.process_time(), self._engine.model.info)
 
-    async def embed(self, texts: list[str]) -> _UnitResult:
+    async def process(self, inputs: list[object]) -> _UnitResult:
         if self._started is None:
-            self._started = asyncio.ensure_future(self._embedder.start())
+            self._started = asyncio.ensure_future(self._engine.start())
         await self._started
-        embedder = self._embedder
-        toks = await asyncio.to_thread(embedder.tokenize, texts)
-        futures = await embedder.batcher.submit_batch(toks)
-        outcomes = await asyncio.gather(*futures, return_exceptions=True)
-        good = [o for o in outcomes if not isinstance(o, BaseException)]
-        failed = tuple(
-            (i, str(o), isinstance(o, BatchlineError | ValueError))
-            for i, o in enumerate(outcomes)
-            if isinstance(o, BaseException)
-        )
-        vectors = np.stack(good) if good else np.zeros((0, embedder.dim), dtype=np.float32)
-        stats = embedder.batcher.stats
-        return _UnitResult(vectors, failed, self._node_id, os.getpid(), time.process_time(), stats)
+        outcomes = await process_block(self._engine, inputs)
+        stats = self._engine.stats
+        return _UnitResult(outcomes, self._node_id, os.getpid(), time.process_time(), stats)
 
 
 # -- the driver ----------------------------------------------------------------------------------
@@ -256,25 +255,28 @@ def run_on_ray(
     if address is not None and not ray.is_initialized():
         _check_reachable(address)  # before the output directory is created
     progress = progress or _Silent()
+    if options.input is not None and not options.input.exists():
+        raise InputError(f"{options.input}: no such file")  # before Ray starts
 
-    # opened as a local run opens it, so either engine can resume the other's output
-    source, writer = open_job(options)
-    with writer:
-        if writer.manifest.complete:
-            total = writer.manifest.total_records or 0
-            progress.start(total, total)
-            return _Tally(writer.out_dir, replicas).summary(total, total, 0.0, 0.0)
-        committed = writer.committed_ranges()
-        expected: int | None = source.total_records
-        if expected is not None and options.limit is not None:
-            expected = min(expected, options.limit)
-        t0 = time.perf_counter()
-        local_cpus = max(os.cpu_count() or 1, math.ceil(replicas * cpus))
-        with _ray_session(address, local_cpus):
-            actors = _start_replicas(
-                options, knobs, replicas, cpus, max_restarts, max_task_retries, start_timeout_s
-            )
-            try:
+    t0 = time.perf_counter()
+    local_cpus = max(os.cpu_count() or 1, math.ceil(replicas * cpus))
+    with _ray_session(address, local_cpus):
+        actors = _start_replicas(
+            options, knobs, replicas, cpus, max_restarts, max_task_retries, start_timeout_s
+        )
+        try:
+            # opened as a local run opens it (the replicas say what the model writes), so
+            # either engine can resume the other's output
+            source, writer = open_job(options, actors[0][1].info)
+            with writer:
+                if writer.manifest.complete:
+                    total = writer.manifest.total_records or 0
+                    progress.start(total, total)
+                    return _Tally(writer.out_dir, replicas).summary(total, total, 0.0, 0.0)
+                committed = writer.committed_ranges()
+                expected: int | None = source.total_records
+                if expected is not None and options.limit is not None:
+                    expected = min(expected, options.limit)
                 startup = time.perf_counter() - t0
                 progress.start(expected, sum(hi - lo for lo, hi in committed))
                 job = _Job(
@@ -289,9 +291,9 @@ def run_on_ray(
                     on_unit=on_unit,
                 )
                 return job.run(committed, startup)
-            finally:
-                for actor, _ in actors:
-                    ray.kill(actor, no_restart=True)
+        finally:
+            for actor, _ in actors:
+                ray.kill(actor, no_restart=True)
 
 
 class _Silent:
@@ -349,7 +351,7 @@ def _start_replicas(
     max_restarts: int,
     max_task_retries: int,
     timeout_s: float,
-) -> list[tuple[Any, tuple[str, int, float]]]:
+) -> list[tuple[Any, _Ready]]:
     """Create the replicas and wait until each has loaded the model: (actor, ready())."""
     replica_class = ray.remote(_Replica).options(
         num_cpus=cpus,
@@ -358,10 +360,7 @@ def _start_replicas(
         # One replica per node before two on any: a node's cores are what a replica uses.
         scheduling_strategy="SPREAD",
     )
-    tokenizer = None if options.tokenizer is None else str(options.tokenizer)
-    actors: list[Any] = [
-        replica_class.remote(options.model, tokenizer, knobs) for _ in range(replicas)
-    ]
+    actors: list[Any] = [replica_class.remote(options, knobs) for _ in range(replicas)]
     try:
         refs = [actor.ready.remote() for actor in actors]
         _, waiting = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
@@ -372,7 +371,7 @@ def _start_replicas(
                 f"{timeout_s:.0f} s; each needs {cpus:g} CPU(s) and the Ray cluster has {have:g} "
                 "in all: lower --replicas, or add nodes"
             )
-        where: list[tuple[str, int, float]] = ray.get(refs)
+        where: list[_Ready] = ray.get(refs)
     except ray.exceptions.RayActorError as exc:
         for actor in actors:
             ray.kill(actor, no_restart=True)
@@ -485,7 +484,7 @@ class _Job:
         source: Source,
         writer: ChunkWriter,
         options: RunOptions,
-        actors: Sequence[tuple[Any, tuple[str, int, float]]],
+        actors: Sequence[tuple[Any, _Ready]],
         plan: _UnitPlan,
         units_per_replica: int,
         max_unit_attempts: int,
@@ -502,9 +501,9 @@ class _Job:
         self.progress = progress
         self.on_unit = on_unit
         self.tally = _Tally(writer.out_dir, len(self.actors))
-        for i, (_, (_, pid, cpu_s)) in enumerate(actors):
-            self.tally.pids[i].add(pid)
-            self.tally.cpu_from[(i, pid)] = cpu_s
+        for i, (_, ready) in enumerate(actors):
+            self.tally.pids[i].add(ready.pid)
+            self.tally.cpu_from[(i, ready.pid)] = ready.cpu_s
         self.alive = [True] * len(self.actors)
         self.load = [0] * len(self.actors)
         self.in_flight: dict[Any, _Flight] = {}
@@ -589,7 +588,7 @@ class _Job:
         return best
 
     def _send(self, records: list[Record], replica: int, attempt: int) -> None:
-        ref = self.actors[replica].embed.remote([r.text for r in records])
+        ref = self.actors[replica].process.remote([model_input(r) for r in records])
         self.in_flight[ref] = _Flight(records, replica, attempt, time.perf_counter())
         self.load[replica] += 1
 
@@ -639,24 +638,15 @@ class _Job:
     def _write(self, flight: _Flight, result: _UnitResult) -> None:
         records = flight.records
         tally = self.tally
-        failed = {i for i, _, _ in result.failed}
-        for i, message, skippable in result.failed:
-            record = records[i]
-            if self.options.on_bad_record == "fail" or not skippable:
-                raise InputError(
-                    f"record {record.index} (id {record.id!r}) failed: {message}; pass "
-                    "--on-bad-record skip to list such records in _skipped.jsonl and go on"
-                )
-            self.writer.skip(record.index, record.id, f"model error: {message}")
-        good = [r for i, r in enumerate(records) if i not in failed] if failed else records
-        if good:
-            self.writer.write_batch(good, result.vectors)
+        written, skipped = write_outcomes(
+            self.writer, records, result.outcomes, on_bad_record=self.options.on_bad_record
+        )
         round_trip = time.perf_counter() - flight.sent
-        tally.records += len(good)
-        tally.skipped += len(failed)
+        tally.records += written
+        tally.skipped += skipped
         tally.units += 1
-        tally.latencies.extend([round_trip] * len(good))
-        tally.by_node[result.node_id] += len(good)
+        tally.latencies.extend([round_trip] * written)
+        tally.by_node[result.node_id] += written
         tally.pids[flight.replica].add(result.pid)
         tally.cpu_to[(flight.replica, result.pid)] = result.cpu_s
         tally.stats[(flight.replica, result.pid)] = result.stats

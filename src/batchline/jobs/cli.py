@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_dataset_arguments", "add_parser"]
+__all__ = ["add_dataset_arguments", "add_model_arguments", "add_parser"]
 
 
 def add_dataset_arguments(p: argparse.ArgumentParser, *, suffix: str = "embeddings") -> None:
@@ -26,7 +26,9 @@ def add_dataset_arguments(p: argparse.ArgumentParser, *, suffix: str = "embeddin
     )
     p.add_argument("--text-column", default="text", help="column holding the text (default: text)")
     p.add_argument("--id-column", help="column holding record ids (default: 'id' if present)")
-    p.add_argument("--format", dest="input_format", choices=["jsonl", "csv", "parquet", "text"])
+    p.add_argument(
+        "--format", dest="input_format", choices=["jsonl", "csv", "parquet", "text", "npy"]
+    )
     p.add_argument("--output-format", choices=["parquet", "jsonl"], default="parquet")
     p.add_argument(
         "--copy-column",
@@ -47,21 +49,62 @@ def add_dataset_arguments(p: argparse.ArgumentParser, *, suffix: str = "embeddin
     p.add_argument("--limit", type=int, help="take only the first N records")
 
 
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags that name a model (``run``, ``bench``, ``tune``): a spec and its options."""
+    p.add_argument(
+        "--model",
+        default="default",
+        metavar="SPEC",
+        help="default (all-MiniLM-L6-v2 embeddings), PATH.onnx, or module:factory (your own "
+        "Python: a batch function or a model object); see 'batchline models list'",
+    )
+    p.add_argument(
+        "--task",
+        choices=["embed", "classify", "predict"],
+        help="what a PATH.onnx model does (default: embed if it takes input_ids, else predict)",
+    )
+    p.add_argument(
+        "--tokenizer", type=Path, help="tokenizer.json of a text model (default: beside the .onnx)"
+    )
+    p.add_argument(
+        "--labels",
+        type=lambda text: tuple(x.strip() for x in text.split(",")),
+        help="classify: comma-separated labels (default: config.json's id2label beside the model)",
+    )
+    p.add_argument("--pooling", choices=["mean", "cls", "none"], help="embed: token pooling")
+    p.add_argument(
+        "--normalize",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="embed: L2-normalise the vectors (default: yes when the model's output is pooled)",
+    )
+
+
 def add_parser(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "run",
-        help="embed a dataset file (or the built-in demo corpus) into a resumable output",
+        help="batch inference over a dataset file (or the built-in demo corpus), resumable",
         description=(
-            "Offline batch inference: embed every record of INPUT with the model and write "
-            "the vectors to OUTPUT, a directory of Parquet/JSONL chunks plus _manifest.json. "
-            "Without INPUT, runs on the built-in demo corpus (Python standard library "
+            "Offline batch inference: run every record of INPUT through the model and write "
+            "the results to OUTPUT, a directory of Parquet/JSONL chunks plus _manifest.json. "
+            "Without INPUT, embeds the built-in demo corpus (Python standard library "
             "docstrings). A killed run continues with --resume."
         ),
     )
-    p.add_argument("input", nargs="?", type=Path, help=".jsonl, .csv, .parquet or .txt file")
-    p.add_argument("--model", default="default", help="'default' (all-MiniLM-L6-v2) or PATH.onnx")
-    p.add_argument("--tokenizer", type=Path, help="tokenizer.json for --model PATH.onnx")
-    add_dataset_arguments(p)
+    p.add_argument(
+        "input", nargs="?", type=Path, help=".jsonl, .csv, .parquet, .txt or .npy (tensors) file"
+    )
+    add_model_arguments(p)
+    add_dataset_arguments(p, suffix="embeddings (STEM.results for other tasks)")
+    p.add_argument(
+        "--input-column",
+        action="append",
+        default=[],
+        dest="input_columns",
+        metavar="NAME",
+        help="predict: a column of tensors (list values) named as the model input it feeds "
+        "(repeatable); for a .npy input, the model input's name (default: the model's only one)",
+    )
     p.add_argument("--chunk-size", type=int, default=10_000, help="records per output chunk")
     p.add_argument(
         "--no-batching",
@@ -115,7 +158,12 @@ def _main(args: argparse.Namespace) -> int:
         input=args.input,
         output=args.output,
         model=args.model,
+        task=args.task,
         tokenizer=args.tokenizer,
+        labels=args.labels,
+        pooling=args.pooling,
+        normalize=args.normalize,
+        input_columns=args.input_columns,
         text_column=args.text_column,
         id_column=args.id_column,
         input_format=args.input_format,
@@ -164,7 +212,7 @@ def _bar(console: Any) -> Any:
         def advance(self, records: int, utilization: float) -> None:
             self.step(records, f"util {utilization:.0%}")
 
-    return Bar(console, "embedding")
+    return Bar(console, "records")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -18,16 +18,21 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-import numpy as np
-
-from batchline._batcher import DynamicBatcher
-from batchline._errors import BatchlineError, InputError
-from batchline._stats import percentile
+from batchline._errors import InputError
+from batchline._stats import BatchStats, percentile
+from batchline.jobs.outcomes import (
+    Failed,
+    cancel,
+    collect,
+    model_input,
+    submit_block,
+    write_outcomes,
+)
 from batchline.jobs.sinks import ChunkWriter, OutputFormat, ResultKind
 from batchline.jobs.sources import (
     BadRecord,
@@ -38,12 +43,13 @@ from batchline.jobs.sources import (
     read_blocks_ahead,
 )
 from batchline.knobs import BASELINE, Knobs
+from batchline.models.engine import Engine
+from batchline.models.protocol import BatchModel, InputKind, ModelInfo
 
 __all__ = [
     "RunOptions",
     "RunSummary",
-    "embedding_engine",
-    "load_embedder",
+    "load_job_model",
     "open_dataset_job",
     "open_job",
     "run",
@@ -63,9 +69,16 @@ class RunOptions:
 
     input: Path | None = None
     output: Path | None = None
+    #: a model spec: ``default``, ``PATH.onnx``, ``module:factory`` (``batchline.models.specs``)
     model: str = "default"
+    task: str | None = None
     tokenizer: Path | None = None
+    labels: tuple[str, ...] | None = None
+    pooling: str | None = None
+    normalize: bool | None = None
     text_column: str = "text"
+    #: columns (or the ``.npy`` input's name) holding a ``predict`` model's tensors
+    input_columns: Sequence[str] = ()
     id_column: str | None = None
     input_format: Format | None = None
     output_format: OutputFormat = "parquet"
@@ -112,7 +125,7 @@ class RunSummary:
             ("records/s", f"{self.records_per_s:,.1f}"),
             ("utilization", f"{self.utilization:.0%}"),
             ("avg batch size", f"{self.avg_batch_size:.1f}"),
-            ("avg batch cost (padded tokens)", f"{self.avg_batch_cost:.0f}"),
+            ("avg batch cost (tokens, padded)", f"{self.avg_batch_cost:.0f}"),
             ("padding waste", f"{self.padding_waste:.1%}"),
             ("latency p50 / p99", f"{_ms(self.latency_p50_s)} / {_ms(self.latency_p99_s)}"),
         ]
@@ -140,30 +153,33 @@ class _Silent:
         pass
 
 
-def load_embedder(model: str, tokenizer: Path | None, knobs: Knobs) -> Any:
-    """The ``Embedder`` for ``--model default`` or ``--model PATH.onnx`` (needs ``tokenizer``)."""
-    from batchline.models import Embedder
+def load_job_model(options: RunOptions, knobs: Knobs) -> BatchModel[Any, Any]:
+    """The job's model, from its spec and options, laid out as ``knobs`` say."""
+    from batchline.models.loader import load_model
 
-    options = knobs.embedder_options()
-    if model == "default":
-        if tokenizer is not None:
-            raise InputError("--tokenizer goes with --model PATH.onnx, not the default model")
-        return Embedder.default(**options)
-    path = Path(model)
-    if path.suffix.lower() != ".onnx":
-        raise InputError(f"--model must be 'default' or a path to an .onnx file, got {model!r}")
-    if not path.is_file():
-        raise InputError(f"{path}: no such model file")
-    if tokenizer is None:
-        raise InputError(f"--model {path} needs --tokenizer PATH/tokenizer.json")
-    if not tokenizer.is_file():
-        raise InputError(f"{tokenizer}: no such tokenizer file")
-    return Embedder.from_onnx(path, tokenizer, **options)
+    spec = job_spec(options)
+    return load_model(spec, knobs)
 
 
-def default_output(input_path: Path | None, fmt: OutputFormat) -> Path:
+def job_spec(options: RunOptions) -> Any:
+    """The job's one model spec (``ModelSpec``), validated."""
+    from batchline.models.specs import parse_specs
+
+    (spec,) = parse_specs(
+        [options.model],
+        tasks=[options.task] if options.task else [],
+        tokenizer=options.tokenizer,
+        labels=options.labels,
+        pooling=options.pooling,
+        normalize=options.normalize,
+    )
+    return spec
+
+
+def default_output(input_path: Path | None, fmt: OutputFormat, info: ModelInfo) -> Path:
+    """``STEM.embeddings`` (embed) or ``STEM.results`` (other tasks), in the current directory."""
     stem = "demo-corpus" if input_path is None else input_path.stem
-    return Path(f"{stem}.embeddings")
+    return Path(f"{stem}.{'embeddings' if info.task == 'embed' else 'results'}")
 
 
 def run(options: RunOptions, progress: Progress | None = None) -> RunSummary:
@@ -178,23 +194,26 @@ async def run_job(options: RunOptions, progress: Progress | None = None) -> RunS
     >>> summary.records_per_s
     """
     progress = progress or _Silent()
-    source, writer = await asyncio.to_thread(open_job, options)
-    with writer:
-        if writer.manifest.complete:
-            total = writer.manifest.total_records or 0
-            progress.start(total, total)
-            return _summary(
-                writer.out_dir, options.knobs.batching, 0, 0, total, total, 0.0, None, []
-            )
-        committed = writer.committed_ranges()
-        already = sum(hi - lo for lo, hi in committed)
-        knobs = options.knobs if options.knobs.batching else _baseline(options.knobs)
-        embedder = await asyncio.to_thread(load_embedder, options.model, options.tokenizer, knobs)
-        expected: int | None = source.total_records
-        if expected is not None and options.limit is not None:
-            expected = min(expected, options.limit)
-        progress.start(expected, already)
-        return await _pipeline(source, writer, embedder, options, knobs, committed, progress)
+    knobs = options.knobs if options.knobs.batching else _baseline(options.knobs)
+    model = await asyncio.to_thread(load_job_model, options, knobs)
+    try:
+        source, writer = await asyncio.to_thread(open_job, options, model.info)
+        with writer:
+            if writer.manifest.complete:
+                total = writer.manifest.total_records or 0
+                progress.start(total, total)
+                return _summary(
+                    writer.out_dir, options.knobs.batching, 0, 0, total, total, 0.0, None, []
+                )
+            committed = writer.committed_ranges()
+            already = sum(hi - lo for lo, hi in committed)
+            expected: int | None = source.total_records
+            if expected is not None and options.limit is not None:
+                expected = min(expected, options.limit)
+            progress.start(expected, already)
+            return await _pipeline(source, writer, model, options, knobs, committed, progress)
+    finally:
+        model.close()
 
 
 class DatasetOptions(Protocol):
@@ -233,6 +252,8 @@ def open_dataset_job(
     extra_settings: dict[str, object] | None = None,
     result_column: str = "embedding",
     result_kind: ResultKind = "vector",
+    input_kind: InputKind = "text",
+    default_input: str | None = None,
 ) -> tuple[Source, ChunkWriter]:
     """Open a job's input and output: the source, and the chunk writer with the job's settings.
 
@@ -246,6 +267,12 @@ def open_dataset_job(
         input_path = demo_corpus_path()
     if options.limit is not None and options.limit < 0:
         raise InputError(f"--limit must be >= 0, got {options.limit}")
+    inputs: dict[str, Any] = {}
+    if input_kind != "text":  # the text jobs' sources (and their resume settings) are unchanged
+        columns = tuple(getattr(options, "input_columns", ()))
+        if not columns and default_input is not None:
+            columns = (default_input,)
+        inputs = {"input_kind": input_kind, "input_columns": columns}
     source = open_source(
         input_path,
         text_column=options.text_column,
@@ -253,6 +280,7 @@ def open_dataset_job(
         extra_columns=tuple(options.copy_columns),
         fmt=options.input_format,
         on_bad_record="skip" if options.on_bad_record == "skip" else "raise",
+        **inputs,
     )
     settings: dict[str, object] = {
         "input": str(input_path.resolve()),
@@ -262,6 +290,7 @@ def open_dataset_job(
         "id_column": source.id_column,
         "copy_columns": list(options.copy_columns),
         "limit": options.limit,
+        **inputs,
         **(extra_settings or {}),
     }
     writer = ChunkWriter(
@@ -277,10 +306,33 @@ def open_dataset_job(
     return source, writer
 
 
-def open_job(options: RunOptions) -> tuple[Source, ChunkWriter]:
-    """``open_dataset_job`` for ``batchline run`` (local or Ray: either resumes the other)."""
-    output = options.output or default_output(options.input, options.output_format)
-    return open_dataset_job(options, output=output, chunk_size=options.chunk_size)
+def open_job(options: RunOptions, info: ModelInfo) -> tuple[Source, ChunkWriter]:
+    """``open_dataset_job`` for ``batchline run`` (local or Ray: either resumes the other).
+
+    The output's result column and kind are the model's; a task other than ``embed`` is part
+    of the settings a resume must match (embedding outputs keep their settings unchanged).
+    """
+    output = options.output or default_output(options.input, options.output_format, info)
+    extra: dict[str, object] = {} if info.task == "embed" else {"task": info.task}
+    return open_dataset_job(
+        options,
+        output=output,
+        chunk_size=options.chunk_size,
+        extra_settings=extra,
+        result_column=info.result_column,
+        result_kind="vector" if info.result_kind == "vector" else "json",
+        input_kind=info.input_kind,
+        default_input=_only_input(info),
+    )
+
+
+def _only_input(info: ModelInfo) -> str | None:
+    """The name of a tensor model's one input (what a ``.npy`` file's rows feed)."""
+    inputs = info.details.get("inputs")
+    if isinstance(inputs, list) and len(inputs) == 1 and isinstance(inputs[0], dict):
+        name = inputs[0].get("name")
+        return name if isinstance(name, str) else None
+    return None
 
 
 def _baseline(knobs: Knobs) -> Knobs:
@@ -290,7 +342,7 @@ def _baseline(knobs: Knobs) -> Knobs:
 async def _pipeline(
     source: Source,
     writer: ChunkWriter,
-    embedder: Any,
+    model: BatchModel[Any, Any],
     options: RunOptions,
     knobs: Knobs,
     committed: list[tuple[int, int]],
@@ -303,39 +355,23 @@ async def _pipeline(
     writes: set[asyncio.Task[None]] = set()
     failure: list[BaseException] = []
 
-    async with embedding_engine(embedder, knobs) as batcher:
+    async with Engine(model, knobs) as engine:
 
         async def finish_block(
-            records: list[Record], futures: list[asyncio.Future[Any]], t0: float
+            records: list[Record], pending: list[asyncio.Future[Any] | Failed], t0: float
         ) -> None:
             try:
-                outcomes = await asyncio.gather(*futures, return_exceptions=True)
+                outcomes = await collect(engine, pending)
                 now = time.perf_counter()
-                good: list[Record] = []
-                vectors: list[Any] = []
-                for record, outcome in zip(records, outcomes, strict=True):
-                    if isinstance(outcome, BaseException):
-                        if options.on_bad_record == "fail" or not isinstance(
-                            outcome, BatchlineError | ValueError
-                        ):
-                            raise InputError(
-                                f"record {record.index} (id {record.id!r}) failed: {outcome}; "
-                                "pass --on-bad-record skip to list such records in "
-                                "_skipped.jsonl and go on"
-                            ) from outcome
-                        await asyncio.to_thread(
-                            writer.skip, record.index, record.id, f"model error: {outcome}"
-                        )
-                        counts["skipped"] += 1
-                        continue
-                    good.append(record)
-                    vectors.append(outcome)
-                    latencies.append(now - t0)
-                if good:
-                    await asyncio.to_thread(writer.write_batch, good, np.stack(vectors))
-                counts["records"] += len(good)
-                progress.advance(len(records), batcher.stats.utilization)
+                written, skipped = await asyncio.to_thread(
+                    write_outcomes, writer, records, outcomes, on_bad_record=options.on_bad_record
+                )
+                latencies.extend([now - t0] * written)
+                counts["records"] += written
+                counts["skipped"] += skipped
+                progress.advance(len(records), engine.stats.utilization)
             except BaseException as exc:
+                cancel(pending)
                 failure.append(exc)
             finally:
                 blocks_in_flight.release()
@@ -351,15 +387,18 @@ async def _pipeline(
                         await asyncio.to_thread(writer.skip_bad, item)
                     counts["skipped"] += len(bad)
                     if bad:
-                        progress.advance(len(bad), batcher.stats.utilization)
+                        progress.advance(len(bad), engine.stats.utilization)
                     records = [item for item in block if isinstance(item, Record)]
                     if not records:
                         continue
                     await blocks_in_flight.acquire()
                     t0 = time.perf_counter()
-                    toks = await asyncio.to_thread(embedder.tokenize, [r.text for r in records])
-                    futures = [await batcher.submit(tok) for tok in toks]
-                    task = asyncio.create_task(finish_block(records, futures, t0))
+                    try:
+                        pending = await submit_block(engine, [model_input(r) for r in records])
+                    except BaseException:
+                        blocks_in_flight.release()
+                        raise
+                    task = asyncio.create_task(finish_block(records, pending, t0))
                     writes.add(task)
                     task.add_done_callback(writes.discard)
             await asyncio.gather(*writes)
@@ -370,7 +409,7 @@ async def _pipeline(
             raise
         if failure:
             raise failure[0]
-        final_stats = batcher.stats
+        final_stats = engine.stats
 
     total = source.total_records or 0
     if options.limit is not None:
@@ -399,7 +438,7 @@ def _summary(
     already: int,
     total: int,
     wall: float,
-    stats: Any,
+    stats: BatchStats | None,
     latencies: list[float],
 ) -> RunSummary:
     return RunSummary(
@@ -417,27 +456,3 @@ def _summary(
         latency_p50_s=percentile(latencies, 50),
         latency_p99_s=percentile(latencies, 99),
     )
-
-
-@contextlib.asynccontextmanager
-async def embedding_engine(embedder: Any, knobs: Knobs) -> AsyncIterator[DynamicBatcher[Any, Any]]:
-    """The running batcher to submit tokenized texts to: the embedder's own ``TokenBatcher``, or
-    for the no-batching baseline a batcher of one record per call, with as many callers at once
-    as the knobs allow on the (shared) session. ``run``, the Ray replicas and ``bench`` use it."""
-    if knobs.batching:
-        async with embedder:
-            yield embedder.batcher
-        return
-
-    def one_at_a_time(batch: list[Any]) -> list[Any]:
-        return list(embedder.embed_tokens(batch))
-
-    baseline: DynamicBatcher[Any, Any] = DynamicBatcher(
-        one_at_a_time,
-        max_batch_size=1,
-        max_concurrent_batches=knobs.max_concurrent_batches,
-        max_queue_size=knobs.max_queue_size,
-        name="no-batching",
-    )
-    async with baseline:
-        yield baseline

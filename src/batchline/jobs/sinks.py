@@ -57,7 +57,7 @@ __all__ = [
 ]
 
 OutputFormat = Literal["parquet", "jsonl"]
-ResultKind = Literal["vector", "value"]
+ResultKind = Literal["vector", "value", "json"]
 
 MANIFEST_NAME = "_manifest.json"
 SKIPPED_NAME = "_skipped.jsonl"
@@ -187,7 +187,9 @@ class ChunkWriter:
             JSON-serialisable; they are stored in the manifest.
         result_column: name of the result column (``"embedding"``).
         result_kind: ``"vector"`` stores each result as list<float32> of one fixed length;
-            ``"value"`` stores results as they are (any JSON value; Parquet infers the type).
+            ``"value"`` stores results as they are (Parquet infers one type, e.g. strings);
+            ``"json"`` stores any JSON value, as JSON text in Parquet (so results of varying
+            shape share one column) and as itself in JSONL.
 
     ``write``/``write_batch``/``skip`` only buffer, except when they complete a chunk, which they
     then commit (file I/O and fsync): call them from a worker thread in async code
@@ -213,7 +215,9 @@ class ChunkWriter:
         if fmt not in get_args(OutputFormat):
             raise InputError(f"unknown output format {fmt!r}; choose parquet or jsonl")
         if result_kind not in get_args(ResultKind):
-            raise ValueError(f"result_kind must be 'vector' or 'value', got {result_kind!r}")
+            raise ValueError(
+                f"result_kind must be 'vector', 'value' or 'json', got {result_kind!r}"
+            )
         if not result_column or result_column in _RESERVED:
             raise ValueError(
                 f"result_column must be a name other than id/index, got {result_column!r}"
@@ -500,6 +504,9 @@ class ChunkWriter:
         self._slot(index).rows[index] = (id, value, extra)
 
     def _convert(self, index: int, result: object) -> object:
+        if self.result_kind == "json":
+            _json_text(index, result)  # refuse what cannot be written before it is buffered
+            return result
         if self.result_kind == "value":
             return result
         vector = np.array(result, dtype=np.float32)
@@ -705,6 +712,9 @@ def _build_table(
             result = pa.ListArray.from_arrays(offsets, pa.array(matrix.reshape(-1)))
         else:
             result = pa.array([], type=pa.list_(pa.float32()))
+    elif result_kind == "json":
+        result = pa.array([_json_text(i, v) for i, v in zip(indices, values, strict=True)],
+                          type=pa.string())  # fmt: skip
     else:
         result = pa.array(list(values))
     columns: dict[str, Any] = {
@@ -726,6 +736,13 @@ def _build_table(
                 "or do not copy it"
             ) from None
     return pa.table(columns)
+
+
+def _json_text(index: int, value: object) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"record {index}: the result cannot be written as JSON: {exc}") from None
 
 
 def _check_settings(out: Path, stored: Mapping[str, object], wanted: Mapping[str, object]) -> None:
