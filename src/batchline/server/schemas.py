@@ -10,9 +10,12 @@ response models here document them in the OpenAPI schema and are used by the tes
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
 
 __all__ = [
+    "Classification",
+    "ClassifyRequest",
+    "ClassifyResponse",
     "EmbeddingData",
     "EmbeddingRequest",
     "EmbeddingResponse",
@@ -36,6 +39,26 @@ class EmbeddingRequest(BaseModel):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: StrictInt | None = None
     user: StrictStr | None = None
+
+
+class ClassifyRequest(BaseModel):
+    """``POST /classify``: one label per text; ``return_all_scores`` adds every label's score."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    input: StrictStr | list[StrictStr]
+    model: StrictStr | None = None
+    return_all_scores: StrictBool = False
+
+
+class Classification(BaseModel):
+    label: str
+    score: float
+    scores: dict[str, float] | None = None
+
+
+class ClassifyResponse(BaseModel):
+    results: list[Classification]
 
 
 class GenerateRequest(BaseModel):

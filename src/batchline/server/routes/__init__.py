@@ -1,5 +1,7 @@
-"""The HTTP routes, one module per family: ``openai`` (``/v1/embeddings``), ``generate``
-(``/generate``), ``ops`` (``/v1/models``, ``/health``, ``/ready``, ``/metrics``)."""
+"""The HTTP routes, one module per family: ``openai`` (``/v1/embeddings``), ``classify``
+(``/classify``), ``oip`` (the Open Inference Protocol, ``/v2/...``), ``generate``
+(``/generate``), ``ops`` (``/v1/models``, ``/health``, ``/ready``, ``/metrics``); ``_common``
+holds what they share."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ __all__ = ["include_routes"]
 
 def include_routes(app: FastAPI) -> None:
     """Add every route family to ``app``."""
-    from batchline.server.routes import generate, openai, ops
+    from batchline.server.routes import classify, generate, oip, openai, ops
 
-    for module in (openai, generate, ops):
+    for module in (openai, classify, oip, generate, ops):
         app.include_router(module.router)

@@ -125,7 +125,7 @@ def pick_model(
         hint = f"; send it to {where}" if where else ""
         raise ApiError(
             400,
-            f"model {name!r} is a {model.task} model, and this route serves {task} models{hint}",
+            f"model {name!r} does {model.task}, and this route serves {task} models{hint}",
             "invalid_request_error",
         )
     request.scope["batchline.model"] = model.name

@@ -1,0 +1,84 @@
+"""``POST /classify``: a label (and optionally every label's score) per text.
+
+``{"model": "clf", "input": ["a great film", ...], "return_all_scores": false}`` to
+``{"results": [{"label": "positive", "score": 0.91}, ...]}``; with ``return_all_scores`` each
+result also has ``"scores": {label: score}``. Served by ``classify`` models
+(``batchline.models.onnx.classify``), whose result is ``{"label", "score", "scores"}``.
+
+(No ``from __future__ import annotations``: FastAPI reads these annotations at run time.)
+"""
+
+import json
+import math
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import Response
+
+from batchline.server.errors import ApiError, validation_response
+from batchline.server.routes._common import (
+    ERRORS,
+    Invalid,
+    body_doc,
+    check_texts,
+    non_finite,
+    parse_body,
+    pick_model,
+    run_model,
+    server_state,
+)
+from batchline.server.schemas import ClassifyRequest, ClassifyResponse
+from batchline.server.state import ServedModel
+
+__all__ = ["router"]
+
+router = APIRouter()
+
+
+@router.post(
+    "/classify",
+    response_model=ClassifyResponse,
+    responses=ERRORS,
+    openapi_extra=body_doc(ClassifyRequest),
+    summary="Classify texts: a label and its score per text",
+)
+async def classify(request: Request) -> Response:
+    """One result per text, in order: ``label`` and ``score``, plus ``scores`` (every label's)
+    with ``return_all_scores``."""
+    started = time.perf_counter()
+    state = server_state(request)
+    try:
+        body = await parse_body(request, ClassifyRequest)
+    except Invalid as exc:
+        return validation_response(exc.errors)
+    model = pick_model(request, state, body.model, "classify")
+    texts = [body.input] if isinstance(body.input, str) else body.input
+    check_texts(texts, state, "input")
+    results, _ = await run_model(state, model, texts)
+    items = [_result(model, r, body.return_all_scores) for r in results]
+    try:
+        payload = json.dumps({"results": items}, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        raise non_finite(model) from None
+    model.metrics.request_latency("classify").observe(time.perf_counter() - started)
+    return Response(payload, media_type="application/json")
+
+
+def _result(model: ServedModel[Any, Any], result: object, all_scores: bool) -> dict[str, Any]:
+    value = model.model.encode(result)
+    if not isinstance(value, Mapping) or "label" not in value or "score" not in value:
+        model.metrics.failed("model")
+        raise ApiError(500, f"model {model.name!r} returned no label and score", "server_error")
+    score = float(value["score"])
+    if not math.isfinite(score):
+        raise non_finite(model)
+    out: dict[str, Any] = {"label": str(value["label"]), "score": score}
+    if all_scores:
+        scores = value.get("scores")
+        out["scores"] = (
+            {str(k): float(v) for k, v in scores.items()} if isinstance(scores, Mapping) else {}
+        )
+    return out

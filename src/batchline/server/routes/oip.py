@@ -1,0 +1,227 @@
+"""The Open Inference Protocol (KServe v2, Triton's HTTP API), on the codec of
+:mod:`batchline.server.oip`.
+
+``POST /v2/models/{name}/infer``, ``GET /v2/models/{name}``, ``GET /v2/models/{name}/ready``,
+``GET /v2/health/live``, ``GET /v2/health/ready``, ``GET /v2``.
+
+Each row of a request's batch axis becomes one record submitted to the model's shared
+batcher (all rows or none: 429), so concurrent clients share batches exactly as on the other
+routes. Which models it serves, and as what tensors:
+
+- ``predict`` models with named tensors (``batchline.models.onnx.predict``): the model's own
+  inputs and outputs (``ModelInfo.details``);
+- ``embed`` models: input ``text`` (BYTES, UTF-8, ``[-1]``), output ``embedding``
+  (FP32, ``[-1, dim]``);
+- ``classify`` models: input ``text``, outputs ``label`` (BYTES ``[-1]``), ``score`` (FP32
+  ``[-1]``) and ``scores`` (FP32 ``[-1, labels]``, in the labels' order).
+
+Errors have the protocol's body, ``{"error": message}``, with the same statuses as the other
+routes (400, 404, 413, 429 + ``Retry-After``, 503, 504).
+
+(No ``from __future__ import annotations``: FastAPI reads these annotations at run time.)
+"""
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import numpy as np
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from batchline.server import oip as codec
+from batchline.server.errors import ApiError
+from batchline.server.routes._common import (
+    check_count,
+    describe_models,
+    run_model,
+    server_state,
+)
+from batchline.server.state import ServedModel, ServerState
+
+__all__ = ["router"]
+
+router = APIRouter()
+
+Array = np.ndarray[Any, Any]
+_PLATFORM = "batchline"
+
+
+@dataclass(frozen=True)
+class _Tensors:
+    """How one served model looks over the protocol: its tensors, and how rows become the
+    model's inputs and results become output rows."""
+
+    inputs: list[dict[str, object]]
+    outputs: list[dict[str, object]]
+    to_input: Callable[[dict[str, Array]], object]
+    to_row: Callable[[object], Mapping[str, Array]]
+
+
+def _tensors(model: ServedModel[Any, Any]) -> _Tensors:
+    """The model's protocol view; 400 for a model that has none."""
+    info = model.info
+    details = info.details
+    if info.task == "predict":
+        inputs, outputs = details.get("inputs"), details.get("outputs")
+        if info.input_kind != "tensors" or not isinstance(inputs, list) or not outputs:
+            raise ApiError(
+                400,
+                f"model {model.name!r} takes whole records, not named tensors, so the Open "
+                "Inference Protocol cannot describe it",
+                "invalid_request_error",
+            )
+        return _Tensors(list(inputs), list(cast(list[Any], outputs)), dict, _as_row)
+    text: list[dict[str, object]] = [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
+    if info.task == "embed":
+        dim = details.get("dim")
+        width = dim if isinstance(dim, int) else -1
+        return _Tensors(
+            text,
+            [{"name": "embedding", "datatype": "FP32", "shape": [-1, width]}],
+            _text,
+            lambda r: {"embedding": np.asarray(model.model.encode(r), dtype=np.float32)},
+        )
+    if info.task == "classify":
+        raw_labels = details.get("labels")
+        labels = [str(x) for x in raw_labels] if isinstance(raw_labels, list) else []
+
+        def to_row(result: object) -> Mapping[str, Array]:
+            value = model.model.encode(result)
+            if not isinstance(value, Mapping):
+                raise ApiError(500, f"model {model.name!r} returned no label", "server_error")
+            scores = value.get("scores")
+            scores = scores if isinstance(scores, Mapping) else {}
+            return {
+                "label": np.array(str(value["label"]).encode("utf-8"), dtype=object),
+                "score": np.float32(value["score"]),  # type: ignore[dict-item]
+                "scores": np.array([scores.get(x, np.nan) for x in labels], dtype=np.float32),
+            }
+
+        return _Tensors(
+            text,
+            [
+                {"name": "label", "datatype": "BYTES", "shape": [-1]},
+                {"name": "score", "datatype": "FP32", "shape": [-1]},
+                {"name": "scores", "datatype": "FP32", "shape": [-1, len(labels) or -1]},
+            ],
+            _text,
+            to_row,
+        )
+    raise ApiError(
+        400,
+        f"model {model.name!r} does {info.task}: not served over the Open Inference Protocol",
+        "invalid_request_error",
+    )
+
+
+def _as_row(result: object) -> Mapping[str, Array]:
+    return cast(Mapping[str, Array], result)
+
+
+def _text(row: dict[str, Array]) -> str:
+    value = row["text"]
+    raw = value.item() if isinstance(value, np.ndarray) else value
+    if isinstance(raw, str):
+        return raw
+    try:
+        return bytes(raw).decode("utf-8")
+    except (UnicodeDecodeError, TypeError):
+        raise codec.OipError(400, "input 'text' must hold UTF-8 text") from None
+
+
+def _model(state: ServerState, name: str) -> ServedModel[Any, Any]:
+    model = state.models.get(name)
+    if model is None:
+        raise ApiError(
+            404,
+            f"model {name[:100]!r} is not served here; models: {describe_models(state)}",
+            "model_not_found",
+        )
+    return model
+
+
+def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(codec.error_body(message), status_code=status, headers=headers)
+
+
+@router.get("/v2", summary="Open Inference Protocol: server metadata")
+async def server_metadata() -> JSONResponse:
+    return JSONResponse(codec.server_metadata())
+
+
+@router.get("/v2/health/live", summary="Open Inference Protocol: liveness")
+async def live() -> JSONResponse:
+    return JSONResponse({"live": True})
+
+
+@router.get("/v2/health/ready", summary="Open Inference Protocol: readiness")
+async def ready(request: Request) -> JSONResponse:
+    state = server_state(request)
+    if state.ready and not state.draining:
+        return JSONResponse({"ready": True})
+    return JSONResponse(
+        {"ready": False},
+        status_code=503,
+        headers={"Retry-After": str(state.settings.retry_after_s)},
+    )
+
+
+@router.get("/v2/models/{name}", summary="Open Inference Protocol: model metadata")
+async def model_metadata(request: Request, name: str) -> JSONResponse:
+    try:
+        model = _model(server_state(request), name)
+        tensors = _tensors(model)
+    except ApiError as exc:
+        return _error(exc.status, exc.message, exc.headers)
+    return JSONResponse(
+        codec.model_metadata(model.name, None, _PLATFORM, tensors.inputs, tensors.outputs)
+    )
+
+
+@router.get("/v2/models/{name}/ready", summary="Open Inference Protocol: model readiness")
+async def model_ready(request: Request, name: str) -> JSONResponse:
+    state = server_state(request)
+    try:
+        _model(state, name)
+    except ApiError as exc:
+        return _error(exc.status, exc.message, exc.headers)
+    is_ready = state.ready and not state.draining
+    return JSONResponse({"name": name, "ready": is_ready}, status_code=200 if is_ready else 503)
+
+
+@router.post("/v2/models/{name}/infer", summary="Open Inference Protocol: inference")
+async def infer(request: Request, name: str) -> Response:
+    """Rows in (JSON or binary tensor data), one record each through the shared batcher."""
+    started = time.perf_counter()
+    state = server_state(request)
+    try:
+        model = _model(state, name)
+        request.scope["batchline.model"] = model.name
+        tensors = _tensors(model)
+        body = request.scope.get("batchline.body")
+        if body is None:
+            body = await request.body()
+        header_length = codec.parse_header_length(request.headers.get(codec.HEADER_LENGTH_HEADER))
+        parsed = codec.parse_infer_request(
+            body, header_length, tensors.inputs, model_outputs=tensors.outputs
+        )
+        try:
+            rows = codec.split_rows(parsed)
+        except ValueError as exc:
+            raise codec.OipError(400, str(exc)) from None
+        check_count(len(rows), state, "inputs", "rows")
+        inputs: Sequence[object] = [tensors.to_input(row) for row in rows]
+        results, _ = await run_model(state, model, inputs)
+        outputs = codec.stack_rows([tensors.to_row(r) for r in results])
+        payload, headers = codec.build_infer_response(
+            model.name, None, parsed.id, outputs, parsed.requested
+        )
+    except codec.OipError as exc:
+        return _error(exc.status, exc.message)
+    except ApiError as exc:
+        return _error(exc.status, exc.message, exc.headers)
+    model.metrics.request_latency("infer").observe(time.perf_counter() - started)
+    return Response(payload, headers=headers)
