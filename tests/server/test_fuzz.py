@@ -108,3 +108,71 @@ async def test_still_serving_after_junk(client: httpx.AsyncClient) -> None:
         await client.post("/v1/embeddings", content=raw)
     r = await client.post("/v1/embeddings", json={"input": "fine"})
     assert r.status_code == 200
+
+
+@pytest.fixture
+async def several_client() -> AsyncIterator[httpx.AsyncClient]:
+    from .test_models import several
+
+    async with several() as (c, _app):
+        yield c
+
+
+_classify_body = st.fixed_dictionaries(
+    {"input": st.one_of(_texts, _json)},
+    optional={
+        "model": st.one_of(st.sampled_from(["clf", "emb", "nope"]), _json),
+        "return_all_scores": _json,
+    },
+)
+_tensor = st.fixed_dictionaries(
+    {
+        "name": st.one_of(st.sampled_from(["x", "text"]), _json),
+        "datatype": st.one_of(st.sampled_from(["FP32", "BYTES", "INT64", "BF16"]), _json),
+        "shape": st.one_of(st.lists(st.integers(-2, 4), max_size=3), _json),
+        "data": _json,
+    },
+    optional={"parameters": _json},
+)
+_infer_body = st.fixed_dictionaries(
+    {"inputs": st.one_of(st.lists(_tensor, max_size=3), _json)},
+    optional={"id": _json, "outputs": _json, "parameters": _json},
+)
+
+
+@_fuzz
+@given(body=st.one_of(_classify_body, _json))
+async def test_classify_never_5xx(several_client: httpx.AsyncClient, body: Any) -> None:
+    r = await several_client.post(
+        "/classify", content=_encode(body), headers={"content-type": "application/json"}
+    )
+    assert r.status_code in (200, 400, 404, 413, 422), r.text
+    r.json()
+
+
+@_fuzz
+@given(
+    name=st.sampled_from(["pred", "emb", "clf", "rec", "nope"]),
+    body=st.one_of(_infer_body, _json),
+)
+async def test_oip_infer_never_5xx(several_client: httpx.AsyncClient, name: str, body: Any) -> None:
+    r = await several_client.post(
+        f"/v2/models/{name}/infer",
+        content=_encode(body),
+        headers={"content-type": "application/json"},
+    )
+    assert r.status_code in (200, 400, 404, 413), r.text
+    assert set(r.json()) == ({"error"} if r.status_code != 200 else set(r.json()))
+
+
+@_fuzz
+@given(raw=st.binary(max_size=200), header=st.one_of(st.none(), st.text(max_size=6)))
+async def test_oip_raw_bytes_never_5xx(
+    several_client: httpx.AsyncClient, raw: bytes, header: str | None
+) -> None:
+    headers = {"content-type": "application/octet-stream"}
+    if header is not None and header.isascii() and header.isprintable():
+        headers["Inference-Header-Content-Length"] = header
+    r = await several_client.post("/v2/models/pred/infer", content=raw, headers=headers)
+    assert r.status_code in (400, 413), r.text
+    assert set(r.json()) == {"error"}
