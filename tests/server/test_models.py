@@ -398,3 +398,38 @@ async def test_models_are_closed_at_shutdown_and_weights_checked() -> None:
     with pytest.raises(InputError, match="model_weights names zzz"):
         async with bad.router.lifespan_context(bad):
             pass
+
+
+async def test_several_models_share_one_device_with_their_weights(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import batchline
+    from batchline.server import state as state_module
+
+    class FakeDevice:
+        def __init__(self, *, slots: int) -> None:
+            self.slots = slots
+
+    calls: list[tuple[object, object]] = []
+    real_engine = state_module.Engine
+
+    def engine(model: Any, knobs: Any, **kwargs: Any) -> Any:
+        calls.append((kwargs.pop("device", None), kwargs.pop("weight", None)))
+        return real_engine(model, knobs, **kwargs)
+
+    monkeypatch.setattr(batchline, "Device", FakeDevice, raising=False)
+    monkeypatch.setattr(state_module, "Engine", engine)
+    async with several(model=["emb=default", "clf=m:clf"], model_weights={"clf": 2.5}) as (
+        client,
+        _app,
+    ):
+        assert (await client.post("/v1/embeddings", json={"input": "x"})).status_code == 200
+    (device, w_emb), (same, w_clf) = calls
+    assert isinstance(device, FakeDevice)
+    assert same is device
+    assert device.slots == settings().knobs.max_concurrent_batches
+    assert (w_emb, w_clf) == (1.0, 2.5)
+    calls.clear()
+    async with several(model=["emb=default"]):  # one model: its own slots, no device
+        pass
+    assert calls == [(None, None)]

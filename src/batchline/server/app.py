@@ -197,4 +197,4 @@ def _shared_device(knobs: Knobs, models: int) -> Any:
             knobs.max_concurrent_batches,
         )
         return None
-    return device_class(slots=knobs.max_concurrent_batches, name="serve")
+    return device_class(slots=knobs.max_concurrent_batches)
