@@ -64,6 +64,17 @@ def test_knob_fields_are_knobs_fields_with_knobs_validation() -> None:
     for bad, match in (({"device": "tpu"}, "device must be cpu"), ({"min_batch_size": 0}, ">= 1")):
         with pytest.raises(InputError, match=match):
             ServerSettings.build(bad)
+    # every other default is Knobs' own
+    serve_own = {
+        "target_batch_tokens",
+        "max_batch_size",
+        "max_concurrent_batches",
+        "max_queue_size",
+        "solo_intra_op_threads",
+    }
+    defaults, served = Knobs(), ServerSettings().knobs
+    for name in set(KNOB_FIELDS) - serve_own:
+        assert getattr(served, name) == getattr(defaults, name), name
     base = ServerSettings(batching=False, baseline_intra_op_threads=4).baseline_knobs
     assert (base.batching, base.sessions, base.intra_op_threads) == (False, 1, 4)
 
@@ -184,3 +195,29 @@ def test_a_tuned_knobs_file_is_a_server_config(tmp_path: Path) -> None:
     assert s.max_concurrent_batches == 3
     assert s.sessions == 2
     assert s.max_queue_size == 5000
+
+
+def test_cli_several_models_and_their_tasks(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(
+        [
+            "serve",
+            "--model",
+            "emb=default",
+            "--model",
+            "clf=mymod:factory",
+            "--task",
+            "clf=predict",
+            "--set",
+            'model_weights={"clf": 2}',
+            "--print-config",
+        ]
+    )
+    assert code == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["model"] == ["emb=default", "clf=mymod:factory"]
+    assert data["task"] == ["clf=predict"]
+    assert data["model_weights"] == {"clf": 2.0}
+    assert main(["serve", "--model", "a=default", "--task", "b=embed"]) == 2
+    assert "no model named 'b'" in capsys.readouterr().err
+    assert main(["serve", "--model", "a=default", "--model", "b=default", "--pooling", "cls"]) == 2
+    assert "single --model" in capsys.readouterr().err

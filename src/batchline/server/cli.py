@@ -73,7 +73,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="serve the baseline: one shared ONNX session, no queue",
     )
-    p.add_argument("--max-queue", type=int, help="queued texts at most; beyond: 429")
+    p.add_argument(
+        "--max-queue", type=int, help="records queued per model (max_queue_size); beyond: 429"
+    )
     p.add_argument("--request-timeout-s", type=float, help="per-request timeout; beyond: 504")
     p.add_argument("--sessions", type=int, help="ONNX Runtime sessions (batches in flight)")
     p.add_argument("--target-batch-tokens", type=int, help="padded tokens per model call")
@@ -83,7 +85,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="any other setting, e.g. --set padding_slack=4 (repeatable; JSON values)",
+        help="any other setting, e.g. --set padding_slack=4 or --set "
+        "'model_weights={\"clf\": 2}' (the models' shares of the device; repeatable; JSON values)",
     )
     p.add_argument(
         "--log-level", choices=["critical", "error", "warning", "info", "debug"], default=None

@@ -1,4 +1,4 @@
-"""Prometheus metrics of one server app, in a registry of its own.
+"""Prometheus metrics of one server app, in a registry of its own, per served model.
 
 Each app gets its own ``CollectorRegistry``, so several apps (tests) never collide. What is
 exported, every series labelled with ``model``:
@@ -8,12 +8,16 @@ exported, every series labelled with ``model``:
   slots busy), ``batchline_records_total{outcome=submitted|completed|failed|cancelled|expired}``,
   ``batchline_batches_total``;
 - observed as work happens: ``batchline_batch_size`` and ``batchline_batch_cost_tokens``
-  (padded tokens) and ``batchline_batch_duration_seconds`` per model call,
+  (padded tokens; summed costs for an additive model) and
+  ``batchline_batch_duration_seconds`` per model call,
   ``batchline_queue_wait_seconds`` per record, ``batchline_request_duration_seconds`` per
-  request (label ``route``), ``batchline_requests_in_flight``;
+  request (label ``route``: ``embeddings``, ``generate``, ``classify``, ``infer``),
+  ``batchline_requests_in_flight``;
 - server-wide: ``batchline_http_requests_in_flight`` (requests to model routes being received
   or served: what a drain waits for);
-- counters: ``batchline_requests_rejected_total{reason=queue_full|draining}``,
+- counters: ``batchline_requests_rejected_total{reason=queue_full|draining}`` (a request
+  refused at the gate while draining, before its model is known, counts under the first
+  served model),
   ``batchline_requests_failed_total{reason=...}``,
   ``batchline_requests_cancelled_total{reason=timeout|disconnect}``.
 """

@@ -89,6 +89,9 @@ class ServerSettings(BaseModel):
             ``min_batch_size`` are queued, at most ``batch_timeout_s`` (default: never hold).
         max_queue_size: records queued at most, per model; beyond it requests get 429 at once.
 
+    Text generation (Knobs' fields, for a generate model): generation_batching,
+    max_running_sequences, kv_token_budget, generation_backend.
+
     Serving the batches:
         model_thread_nice: how much lower the model's threads run than the event loop.
         bucket_width, padding_slack: padding-aware grouping: a text joins a batch only if it
@@ -158,6 +161,11 @@ class ServerSettings(BaseModel):
     # (max_inputs_per_request): a few seconds of short texts on 2 cores (~300/s measured on
     # the shared machine); more would only delay the 429.
     max_queue_size: int = 2048
+    # Text generation (Knobs' defaults; read by a generate model, see batchline.knobs).
+    generation_batching: str = "continuous"
+    max_running_sequences: int = 16
+    kv_token_budget: int = 16_384
+    generation_backend: str = "torch"
 
     # -- serving the batches ----------------------------------------------------------------
     # Nice increment of the threads that run the model, so the event loop (HTTP, tokenizing,
@@ -265,7 +273,8 @@ class ServerSettings(BaseModel):
     @property
     def knobs(self) -> Knobs:
         """The :class:`Knobs` every served model is loaded and batched with."""
-        values = {name: getattr(self, name) for name in KNOB_FIELDS}
+        # every Knobs field has a setting of the same name (tests/server/test_settings.py)
+        values = {name: getattr(self, name) for name in KNOB_FIELDS if name in _FIELDS}
         if values["max_concurrent_batches"] is None:
             values["max_concurrent_batches"] = max(1, self.sessions)
         return Knobs(**values)
@@ -306,6 +315,9 @@ class ServerSettings(BaseModel):
                 + ", ".join(s.name for s in specs)
             )
         return specs
+
+
+_FIELDS = frozenset(ServerSettings.model_fields)
 
 
 def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
