@@ -433,3 +433,18 @@ async def test_several_models_share_one_device_with_their_weights(
     async with several(model=["emb=default"]):  # one model: its own slots, no device
         pass
     assert calls == [(None, None)]
+
+
+async def test_oip_probes_are_open_and_inference_needs_the_key() -> None:
+    async with several(api_key="k3y") as (client, _app):
+        assert (await client.get("/v2/health/live")).status_code == 200
+        assert (await client.get("/v2/health/ready")).status_code == 200
+        r = await client.post("/v2/models/pred/infer", json=_infer_body([[1, 2]]))
+        assert r.status_code == 401
+        r = await client.post(
+            "/v2/models/pred/infer",
+            json=_infer_body([[1, 2]]),
+            headers={"Authorization": "Bearer k3y"},
+        )
+        assert r.status_code == 200
+        assert (await client.get("/v2/models/pred")).status_code == 401

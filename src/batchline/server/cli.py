@@ -149,9 +149,16 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_models(settings: Any) -> None:
     """Fail before serving, with one line (exit 2), when a model cannot be loaded as given: a
-    malformed spec, a missing file, a text model without its tokenizer."""
+    malformed spec, a missing file, a text model without its tokenizer, a generate model."""
+    from batchline._errors import InputError
     from batchline.models.loader import resolve_task, tokenizer_path
 
     for spec in settings.specs:
-        if spec.kind == "onnx" and resolve_task(spec) in ("embed", "classify"):
+        task = resolve_task(spec)
+        if task == "generate":
+            raise InputError(
+                f"model {spec.name!r} generates text, which batchline serve does not serve yet; "
+                "serve embed, classify or predict models"
+            )
+        if spec.kind == "onnx" and task in ("embed", "classify"):
             tokenizer_path(spec)
