@@ -108,6 +108,8 @@ class RunSummary:
     padding_waste: float
     latency_p50_s: float
     latency_p99_s: float
+    #: whether batches were costed in padded tokens (text models); else in the model's units
+    padded: bool = True
 
     @property
     def records_per_s(self) -> float:
@@ -125,8 +127,14 @@ class RunSummary:
             ("records/s", f"{self.records_per_s:,.1f}"),
             ("utilization", f"{self.utilization:.0%}"),
             ("avg batch size", f"{self.avg_batch_size:.1f}"),
-            ("avg batch cost (tokens, padded)", f"{self.avg_batch_cost:.0f}"),
-            ("padding waste", f"{self.padding_waste:.1%}"),
+            *(
+                [
+                    ("avg batch cost (padded tokens)", f"{self.avg_batch_cost:.0f}"),
+                    ("padding waste", f"{self.padding_waste:.1%}"),
+                ]
+                if self.padded
+                else [("avg batch cost (model's units)", f"{self.avg_batch_cost:.0f}")]
+            ),
             ("latency p50 / p99", f"{_ms(self.latency_p50_s)} / {_ms(self.latency_p99_s)}"),
         ]
 
@@ -427,6 +435,7 @@ async def _pipeline(
         wall,
         final_stats,
         latencies,
+        padded=knobs.batching and model.info.cost_kind == "padded",
     )
 
 
@@ -440,8 +449,11 @@ def _summary(
     wall: float,
     stats: BatchStats | None,
     latencies: list[float],
+    *,
+    padded: bool = True,
 ) -> RunSummary:
     return RunSummary(
+        padded=padded,
         output=output,
         batching=batching,
         records=records,
