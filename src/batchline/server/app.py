@@ -4,16 +4,14 @@ Every model is loaded once, in the app's lifespan, with ``models.loader.load_mod
 knobs)`` and batched by a ``models.engine.Engine`` (see :mod:`batchline.server.state`); the
 routes pick a model by name and by task:
 
-=====================================  ==============================  ======================
-route                                  task                            model named by
-=====================================  ==============================  ======================
-``POST /v1/embeddings`` (OpenAI)       embed                           body ``model``
-``POST /generate`` (kept as it was)    embed                           the first embed model
-``POST /classify``                     classify                        body ``model``
-``POST /v2/models/{name}/infer`` (OIP) predict (tensor models)         path
-``GET /v1/models``, ``/v2/models/{name}``, ``/v2/models/{name}/ready``, ``/v2``, ``/v2/health/*``,
-``/health``, ``/ready``, ``/metrics``
-=====================================  ==============================  ======================
+- ``POST /v1/embeddings`` (OpenAI-compatible): embed models, named by the body's ``model``;
+- ``POST /generate`` (kept as it was): the first embed model;
+- ``POST /classify``: classify models, named by the body's ``model``;
+- ``POST /v2/models/{name}/infer`` (Open Inference Protocol): predict models with named
+  tensors, and embed and classify models as text tensors, named by the path;
+- ``GET /v1/models`` (every model and its task), ``/v2``, ``/v2/models/{name}``,
+  ``/v2/models/{name}/ready``, ``/v2/health/live``, ``/v2/health/ready``, ``/health``,
+  ``/ready``, ``/metrics``.
 
 A body without ``model`` goes to the first served model of the route's task. A model of
 another task gets 400 naming its task; an unknown model 404 listing the served ones.
@@ -24,7 +22,10 @@ batchers share ONE :class:`batchline.Device` whose slots are the machine's sessi
 slot never idles while any model has work queued) and weighted-fair between busy models (the
 weights are ``model_weights``, 1 each by default): a model with a long queue cannot starve
 the others, and a lone busy model gets every slot. Each model still has its own queue
-(``max_queue_size`` records), so one model's 429s never refuse another's requests.
+(``max_queue_size`` records), so one model's 429s never refuse another's requests. Each model
+loads its own sessions (``sessions`` each); the shared slots bound how many batches run at
+once across all of them. Until the core's ``Device`` is importable, each model keeps its
+own ``max_concurrent_batches`` slots (a warning says so at startup).
 
 Where a request can end:
 
