@@ -14,7 +14,6 @@ Everything here takes its time and randomness from arguments, so the rules are t
 
 from __future__ import annotations
 
-import asyncio
 import email.utils
 import math
 import random
@@ -22,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC
 
-from batchline._clock import Clock, LoopClock
+from batchline._clock import sleep
 
 __all__ = ["Backoff", "parse_retry_after", "sleep"]
 
@@ -92,24 +91,3 @@ def parse_retry_after(value: str | None, *, now_wall: float) -> float | None:
     if when.tzinfo is None:  # RFC 9110 dates are GMT; be lenient with ones that omit it
         when = when.replace(tzinfo=UTC)
     return max(0.0, when.timestamp() - now_wall)
-
-
-async def sleep(clock: Clock, seconds: float) -> None:
-    """Sleep ``seconds`` on ``clock`` (a ``ManualClock`` wakes it only when advanced)."""
-    if isinstance(clock, LoopClock):
-        await asyncio.sleep(max(0.0, seconds))
-        return
-    if seconds <= 0:
-        await asyncio.sleep(0)
-        return
-    woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def wake() -> None:
-        if not woken.done():
-            woken.set_result(None)
-
-    handle = clock.call_at(clock.now() + seconds, wake)
-    try:
-        await woken
-    finally:
-        handle.cancel()

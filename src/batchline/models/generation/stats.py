@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
+from batchline._clock import MonotonicClock
 from batchline._stats import percentile
 
 __all__ = ["GenerationStats", "MonotonicClock", "NowClock", "StatsRecorder"]
@@ -32,13 +32,6 @@ class NowClock(Protocol):
     """Where a generator reads time (any thread). ``batchline.ManualClock`` satisfies it."""
 
     def now(self) -> float: ...
-
-
-class MonotonicClock:
-    """``time.monotonic``: readable from any thread (the default)."""
-
-    def now(self) -> float:
-        return time.monotonic()
 
 
 @dataclass(frozen=True, slots=True)
