@@ -30,10 +30,10 @@ Usage::
 If ``batchline serve`` cannot yet serve several models (repeated ``--model NAME=SPEC``,
 ``--task NAME=TASK``) or lacks a route this bench uses, it stops with a message saying which.
 
-Status (2026-11-23, smoke only): ``batchline serve`` starts with both models (``/v1/models``
-lists ``emb`` and ``clf``) and ``emb`` answers, but ``POST /v2/models/clf/infer`` is not wired
-yet (404), so the bench stops at its route check. The classifier measured 2.1-4.2 ms per row
-on this shared 2-core machine. No figures yet.
+Status (2026-11-23): ``batchline serve`` serves both models and every route this bench uses
+(``POST /v2/models/clf/infer`` included, binary tensors in and out: tested by
+``tests/server/test_uvicorn_models.py``). The bench has not been run since the route landed: no
+figures yet. (The classifier measured 2.1-4.2 ms per row on this shared 2-core machine.)
 """
 
 from __future__ import annotations
