@@ -1,0 +1,242 @@
+"""Prometheus metrics of served text generators, per ``model`` label, in a registry passed in.
+
+Two sources, because a :class:`~batchline.models.generation.stats.GenerationStats` is a
+snapshot of counters and recent percentiles, and percentiles cannot be summed across
+replicas:
+
+- read from each generator's ``stats`` at scrape time (:meth:`GenerationMetrics.watch`):
+  ``batchline_generation_requests_total{outcome=submitted|completed|aborted|failed|rejected}``,
+  ``batchline_generation_preempted_total``, ``batchline_generation_prompt_tokens_total``,
+  ``batchline_generation_generated_tokens_total``, ``batchline_generation_steps_total``;
+  gauges ``batchline_generation_running_sequences``, ``batchline_generation_waiting_sequences``,
+  ``batchline_generation_kv_tokens{kind=reserved|in_use|budget}``,
+  ``batchline_generation_kv_budget_used_ratio`` (reserved / budget),
+  ``batchline_generation_tokens_per_second`` (generated tokens over the generator's uptime),
+  ``batchline_generation_running_per_step`` (mean batch size of the steps), and the
+  generator's own recent percentiles as ``batchline_generation_recent_*_seconds{quantile}``
+  (time to first token, inter-token latency, end-to-end latency; absent until observed);
+- observed per finished request by the routes (:meth:`GenerationMetrics.observe`):
+  histograms ``batchline_generation_time_to_first_token_seconds``,
+  ``batchline_generation_time_per_output_token_seconds`` (the request's mean gap between
+  tokens after the first), ``batchline_generation_e2e_request_latency_seconds``,
+  ``batchline_generation_request_prompt_tokens``,
+  ``batchline_generation_request_completion_tokens``, and the counter
+  ``batchline_generation_finished_total{finish_reason=stop|length|abort}``.
+
+Example::
+
+    metrics = GenerationMetrics(registry)
+    metrics.watch("smollm2", lambda: generator.stats)
+    metrics.observe("smollm2", completion)      # what the routes do for each request
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from batchline.models.generation.stats import GenerationStats
+from batchline.models.generation.stream import Completion
+
+__all__ = ["GenerationMetrics"]
+
+_TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+_E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+_TOKEN_BUCKETS = (1, 4, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+class GenerationMetrics:
+    """The generation metrics of one app, registered on ``registry``."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._sources: dict[str, Callable[[], GenerationStats]] = {}
+        self._lock = threading.Lock()
+        self.ttft = Histogram(
+            "batchline_generation_time_to_first_token_seconds",
+            "From a request's admission to its first generated token.",
+            ["model"],
+            buckets=_TTFT_BUCKETS,
+            registry=registry,
+        )
+        self.tpot = Histogram(
+            "batchline_generation_time_per_output_token_seconds",
+            "A request's mean time between generated tokens, after the first.",
+            ["model"],
+            buckets=_TPOT_BUCKETS,
+            registry=registry,
+        )
+        self.e2e = Histogram(
+            "batchline_generation_e2e_request_latency_seconds",
+            "From a request's admission to its end (requests that ended with stop or length).",
+            ["model"],
+            buckets=_E2E_BUCKETS,
+            registry=registry,
+        )
+        self.prompt_tokens = Histogram(
+            "batchline_generation_request_prompt_tokens",
+            "Prompt tokens per request.",
+            ["model"],
+            buckets=_TOKEN_BUCKETS,
+            registry=registry,
+        )
+        self.completion_tokens = Histogram(
+            "batchline_generation_request_completion_tokens",
+            "Generated tokens per request.",
+            ["model"],
+            buckets=_TOKEN_BUCKETS,
+            registry=registry,
+        )
+        self.finished = Counter(
+            "batchline_generation_finished",
+            "Requests served by the routes, by how they ended.",
+            ["model", "finish_reason"],
+            registry=registry,
+        )
+        registry.register(_SnapshotCollector(self._sources, self._lock))
+
+    def watch(self, model: str, stats: Callable[[], GenerationStats]) -> None:
+        """Export ``stats()`` (a generator's snapshot) at every scrape, labelled ``model``."""
+        with self._lock:
+            self._sources[model] = stats
+
+    def observe(self, model: str, completion: Completion) -> None:
+        """Record one finished request."""
+        self.finished.labels(model=model, finish_reason=completion.finish_reason).inc()
+        self.prompt_tokens.labels(model=model).observe(completion.prompt_tokens)
+        self.completion_tokens.labels(model=model).observe(completion.completion_tokens)
+        ttft = completion.ttft_s
+        if ttft is not None:
+            self.ttft.labels(model=model).observe(ttft)
+            if completion.completion_tokens > 1:
+                gap = (completion.latency_s - ttft) / (completion.completion_tokens - 1)
+                self.tpot.labels(model=model).observe(max(0.0, gap))
+        if completion.finish_reason != "abort":
+            self.e2e.labels(model=model).observe(completion.latency_s)
+
+
+class _SnapshotCollector(Collector):
+    """Reads every watched generator's stats when Prometheus scrapes."""
+
+    def __init__(
+        self, sources: dict[str, Callable[[], GenerationStats]], lock: threading.Lock
+    ) -> None:
+        self._sources = sources
+        self._lock = lock
+
+    def describe(self) -> Iterable[Metric]:
+        return self._families({})
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            sources = dict(self._sources)
+        snapshots = {name: stats() for name, stats in sources.items()}
+        yield from self._families(snapshots)
+
+    def _families(self, snapshots: dict[str, GenerationStats]) -> list[Metric]:
+        p = "batchline_generation_"
+        requests = CounterMetricFamily(
+            p + "requests",
+            "Requests seen by the generator, by outcome.",
+            labels=["model", "outcome"],
+        )
+        preempted = CounterMetricFamily(
+            p + "preempted",
+            "Sequences evicted mid-way (0: reservations are worst-case).",
+            labels=["model"],
+        )
+        prompt = CounterMetricFamily(
+            p + "prompt_tokens", "Prompt tokens admitted.", labels=["model"]
+        )
+        generated = CounterMetricFamily(
+            p + "generated_tokens", "Tokens generated.", labels=["model"]
+        )
+        steps = CounterMetricFamily(p + "steps", "Engine steps run.", labels=["model"])
+        running = GaugeMetricFamily(
+            p + "running_sequences", "Sequences in the engine now.", labels=["model"]
+        )
+        waiting = GaugeMetricFamily(
+            p + "waiting_sequences", "Requests waiting for admission now.", labels=["model"]
+        )
+        kv = GaugeMetricFamily(
+            p + "kv_tokens",
+            "KV-cache positions: reserved by admitted sequences, in use now, and the budget.",
+            labels=["model", "kind"],
+        )
+        kv_ratio = GaugeMetricFamily(
+            p + "kv_budget_used_ratio", "Reserved KV positions over the budget.", labels=["model"]
+        )
+        tps = GaugeMetricFamily(
+            p + "tokens_per_second",
+            "Generated tokens over the generator's uptime.",
+            labels=["model"],
+        )
+        per_step = GaugeMetricFamily(
+            p + "running_per_step", "Mean sequences per engine step.", labels=["model"]
+        )
+        recent = {
+            "time_to_first_token": GaugeMetricFamily(
+                p + "recent_time_to_first_token_seconds",
+                "The generator's recent time to first token, by quantile.",
+                labels=["model", "quantile"],
+            ),
+            "inter_token_latency": GaugeMetricFamily(
+                p + "recent_inter_token_latency_seconds",
+                "The generator's recent time between tokens, by quantile.",
+                labels=["model", "quantile"],
+            ),
+            "e2e_latency": GaugeMetricFamily(
+                p + "recent_e2e_latency_seconds",
+                "The generator's recent end-to-end latency of completed requests, by quantile.",
+                labels=["model", "quantile"],
+            ),
+        }
+        for model, s in snapshots.items():
+            for outcome, value in (
+                ("submitted", s.requests_submitted),
+                ("completed", s.requests_completed),
+                ("aborted", s.requests_aborted),
+                ("failed", s.requests_failed),
+                ("rejected", s.requests_rejected),
+            ):
+                requests.add_metric([model, outcome], value)
+            preempted.add_metric([model], s.preempted)
+            prompt.add_metric([model], s.prompt_tokens_total)
+            generated.add_metric([model], s.generated_tokens_total)
+            steps.add_metric([model], s.steps)
+            running.add_metric([model], s.running)
+            waiting.add_metric([model], s.waiting)
+            kv.add_metric([model, "reserved"], s.kv_tokens_reserved)
+            kv.add_metric([model, "in_use"], s.kv_tokens_in_use)
+            kv.add_metric([model, "budget"], s.kv_token_budget)
+            if s.kv_token_budget > 0:
+                kv_ratio.add_metric([model], s.kv_tokens_reserved / s.kv_token_budget)
+            tps.add_metric([model], s.tokens_per_s)
+            per_step.add_metric([model], s.avg_running_per_step)
+            for key, p50, p99 in (
+                ("time_to_first_token", s.ttft_p50_s, s.ttft_p99_s),
+                ("inter_token_latency", s.itl_p50_s, s.itl_p99_s),
+                ("e2e_latency", s.latency_p50_s, s.latency_p99_s),
+            ):
+                for quantile, seconds in (("0.5", p50), ("0.99", p99)):
+                    if not math.isnan(seconds):
+                        recent[key].add_metric([model, quantile], seconds)
+        return [
+            requests,
+            preempted,
+            prompt,
+            generated,
+            steps,
+            running,
+            waiting,
+            kv,
+            kv_ratio,
+            tps,
+            per_step,
+            *recent.values(),
+        ]
