@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from batchline import (
     BatcherClosedError,
@@ -534,10 +536,12 @@ async def test_higher_priority_goes_first() -> None:
 
 async def test_full_queue_submit_nowait_raises_and_submit_waits_for_room() -> None:
     gate = Gate()
-    async with DynamicBatcher(gate, max_queue_size=2, max_batch_size=1) as b:
+    async with DynamicBatcher(gate, max_queue_size=2, max_batch_size=1, prefetch_batches=0) as b:
+        assert b.queue_capacity == 3  # 2 + (0 + 1) x 1
         blocker = await b.submit("blocker")
         await settle()
-        queued = [await b.submit("q1"), await b.submit("q2")]
+        queued = [await b.submit(f"q{i}") for i in range(3)]
+        assert b.queue_depth == 3
         with pytest.raises(QueueFullError, match="queue is full"):
             b.submit_nowait("overflow")
         waiting = asyncio.ensure_future(b.submit("waits"))
@@ -547,6 +551,143 @@ async def test_full_queue_submit_nowait_raises_and_submit_waits_for_room() -> No
         future = await waiting
         assert await future == ("done", "waits")
         await asyncio.gather(blocker, *queued)
+
+
+# -- submit_many_nowait: every record or none -------------------------------------------------
+
+
+async def test_submit_many_nowait_queues_every_record_in_one_go() -> None:
+    gate = Gate()
+    async with DynamicBatcher(gate, max_batch_size=10, clock=ManualClock()) as b:
+        blocker = await b.submit("blocker")
+        await settle()
+        futures = b.submit_many_nowait(["a", "b", "c"], estimated_costs=[2, None, 5], priority=1)
+        assert b.queue_depth == 3
+        gate.open()
+        assert await asyncio.gather(*futures) == [("done", r) for r in "abc"]
+        await blocker
+    assert gate.batches[1] == ["a", "b", "c"]  # queued together, so they went out together
+    assert b.stats.total_batch_cost == 1 + 2 + 1 + 5
+
+
+async def test_submit_many_nowait_queues_nothing_when_the_room_is_short() -> None:
+    gate = Gate()
+    b = DynamicBatcher(gate, max_queue_size=3, max_batch_size=1, prefetch_batches=0)
+    async with b:
+        blocker = await b.submit("blocker")
+        await settle()
+        first = b.submit_many_nowait(["q1", "q2"])
+        with pytest.raises(QueueFullError, match="full for 3 records: room for 2") as info:
+            b.submit_many_nowait(["x", "y", "z"])
+        assert "none were queued" in str(info.value)
+        assert b.queue_depth == 2
+        last = b.submit_many_nowait(["y", "z"])  # exactly the room left
+        assert b.queue_depth == 4 == b.queue_capacity
+        assert b.submit_many_nowait([]) == []
+        gate.open()
+        await asyncio.gather(blocker, *first, *last)
+    assert [r for batch in gate.batches for r in batch] == ["blocker", "q1", "q2", "y", "z"]
+    assert b.stats.total_submitted == 5
+
+
+async def test_submit_many_nowait_refuses_all_when_one_record_is_refused() -> None:
+    gate = Gate()
+    async with DynamicBatcher(gate, target_batch_cost=10, oversize="reject") as b:
+        with pytest.raises(RecordTooLargeError, match="record 1 of 3 cost 11"):
+            b.submit_many_nowait(["a", "b", "c"], estimated_costs=[1, 11, 1])
+        with pytest.raises(ValueError, match="must be >= 0"):
+            b.submit_many_nowait(["a", "b"], estimated_costs=[1, -1])
+        with pytest.raises(ValueError, match="2 entries for 3 records"):
+            b.submit_many_nowait(["a", "b", "c"], estimated_costs=[1, 1])
+        with pytest.raises(ValueError, match="timeout_s"):
+            b.submit_many_nowait(["a"], timeout_s=-1)
+        assert b.queue_depth == 0
+        assert b.stats.total_submitted == 0
+        gate.open()
+    assert gate.batches == []
+
+
+async def test_submit_many_nowait_deadline_applies_to_each_record() -> None:
+    gate = Gate()
+    clock = ManualClock()
+    async with DynamicBatcher(gate, clock=clock) as b:
+        blocker = await b.submit("blocker")
+        await settle()
+        futures = b.submit_many_nowait(["a", "b"], timeout_s=0.5)
+        clock.advance(0.5)
+        for future in futures:
+            assert isinstance(future.exception(), DeadlineExceededError)
+        gate.open()
+        await blocker
+    assert gate.batches == [["blocker"]]
+
+
+async def test_submit_many_nowait_refused_when_not_running() -> None:
+    b = DynamicBatcher(echo)
+    with pytest.raises(RuntimeError, match="not running"):
+        b.submit_many_nowait([1])
+    await b.start()
+    await b.stop()
+    with pytest.raises(BatcherClosedError):
+        b.submit_many_nowait([1])
+
+
+@settings(max_examples=60, deadline=None, database=None)
+@given(
+    calls=st.lists(
+        st.tuples(st.integers(0, 9), st.sampled_from(["none", "settle", "open_one"])),
+        max_size=25,
+    ),
+    max_queue_size=st.integers(1, 8),
+)
+def test_submit_many_nowait_never_queues_part_of_a_call(
+    calls: list[tuple[int, str]], max_queue_size: int
+) -> None:
+    async def scenario() -> None:
+        release: asyncio.Queue[None] = asyncio.Queue()
+        processed: list[int] = []
+
+        async def one_at_a_time(batch: list[int]) -> list[int]:
+            await release.get()
+            processed.extend(batch)
+            return batch
+
+        b = DynamicBatcher(
+            one_at_a_time, max_queue_size=max_queue_size, max_batch_size=2, prefetch_batches=0
+        )
+        accepted: list[tuple[list[int], list[asyncio.Future[int]]]] = []
+        ident = 0
+        await b.start()
+        try:
+            for n, then in calls:
+                records = list(range(ident, ident + n))
+                ident += n
+                before = b.queue_depth
+                room = b.queue_capacity - before
+                if n > room:
+                    told = "queue is full" if n == 1 else f"full for {n} records: room for {room}"
+                    with pytest.raises(QueueFullError, match=told):
+                        b.submit_many_nowait(records)
+                    assert b.queue_depth == before
+                else:
+                    accepted.append((records, b.submit_many_nowait(records)))
+                    assert b.queue_depth == before + n
+                if then == "settle":
+                    await settle()
+                elif then == "open_one":
+                    release.put_nowait(None)
+                    await settle()
+        finally:  # let every batch finish, even after a failed assertion
+            for _ in range(ident):
+                release.put_nowait(None)
+            await b.stop()
+        # exactly the accepted records were processed, each once, each with its own result
+        expected = [r for records, _ in accepted for r in records]
+        assert sorted(processed) == expected
+        for records, futures in accepted:
+            assert [f.result() for f in futures] == records
+
+    asyncio.run(scenario())
 
 
 # -- stop -----------------------------------------------------------------------------------
@@ -598,11 +739,11 @@ async def test_submit_during_and_after_stop_raises_at_once() -> None:
 
 async def test_submitters_waiting_for_room_are_released_by_stop() -> None:
     gate = Gate()
-    b = DynamicBatcher(gate, max_queue_size=1)
+    b = DynamicBatcher(gate, max_queue_size=1, max_batch_size=1, prefetch_batches=0)
     await b.start()
     running = await b.submit("running")
     await settle()
-    queued = await b.submit("queued")
+    queued = [await b.submit("queued"), await b.submit("queued")]
     waiting = asyncio.ensure_future(b.submit("waiting"))
     await settle()
     stopping = asyncio.ensure_future(b.stop())
@@ -612,7 +753,7 @@ async def test_submitters_waiting_for_room_are_released_by_stop() -> None:
     gate.open()
     await stopping
     assert running.done()
-    assert queued.result() == ("done", "queued")
+    assert [f.result() for f in queued] == [("done", "queued")] * 2
 
 
 async def test_stop_timeout_fails_what_is_left() -> None:

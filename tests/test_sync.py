@@ -55,16 +55,19 @@ def test_submit_nowait_raises_when_full_and_cancel_withdraws() -> None:
         release.wait(30)
         return batch
 
-    with SyncBatcher(DynamicBatcher(blocked, max_queue_size=1)) as batcher:
+    inner = DynamicBatcher(blocked, max_queue_size=1, max_batch_size=1, prefetch_batches=0)
+    with SyncBatcher(inner) as batcher:
         running = batcher.submit(1)
         while batcher.stats.in_flight_batches == 0:
             release.wait(0.001)
         queued = batcher.submit(2)
+        also_queued = batcher.submit(3)  # queue_capacity 2 = 1 + (0 + 1) x 1
         with pytest.raises(QueueFullError):
-            batcher.submit_nowait(3)
+            batcher.submit_nowait(4)
         assert queued.cancel()
         release.set()
         assert running.result(timeout=30) == 1
+        assert also_queued.result(timeout=30) == 3
     assert batcher.stats.total_cancelled == 1
 
 
@@ -82,3 +85,23 @@ def test_submit_after_stop_is_refused() -> None:
     sync.stop()
     with pytest.raises(BatcherClosedError):
         inner.submit_threadsafe(1)
+
+
+def test_submit_many_nowait_from_a_thread_is_all_or_nothing() -> None:
+    release = threading.Event()
+
+    def blocked(batch: list[int]) -> list[int]:
+        release.wait(30)
+        return batch
+
+    inner = DynamicBatcher(blocked, max_queue_size=2, max_batch_size=1, prefetch_batches=0)
+    with SyncBatcher(inner) as batcher:
+        running = batcher.submit(0)
+        while batcher.stats.in_flight_batches == 0:
+            release.wait(0.001)
+        with pytest.raises(QueueFullError, match="room for 3"):
+            batcher.submit_many_nowait([1, 2, 3, 4])
+        assert batcher.stats.queue_depth == 0
+        futures = batcher.submit_many_nowait([1, 2, 3])
+        release.set()
+        assert [f.result(timeout=30) for f in [running, *futures]] == [0, 1, 2, 3]

@@ -110,3 +110,18 @@ def test_flyte_token_keywords_are_accepted() -> None:
     assert b.target_batch_tokens == 32_000
     with pytest.raises(TypeError, match="inference_fn"):
         TokenBatcher()
+
+
+async def test_submit_many_nowait_takes_tokens_from_the_records_or_the_caller() -> None:
+    gate = Gate()
+    async with TokenBatcher(gate, target_batch_tokens=1_000, max_batch_size=64) as b:
+        blocker = await b.submit(Text("blocker", 1))
+        await settle()
+        own = b.submit_many_nowait([Text("a", 6), Text("b", 6)])
+        told = b.submit_many_nowait(["c", "d"], estimated_tokens=[4, 4])
+        gate.open()
+        await asyncio.gather(blocker, *own, *told)
+    assert [len(batch) for batch in gate.batches] == [1, 4]
+    # real tokens 1 + 6 + 6 + 4 + 4; padded 1 + 4 x 6
+    assert b.stats.total_batch_cost == 25
+    assert b.stats.padding_waste == pytest.approx(1 - 21 / 25)

@@ -44,7 +44,7 @@ from batchline._errors import (
 from batchline._queue import Entry, RecordQueue
 from batchline._stats import BatchStats, StatsRecorder
 
-__all__ = ["DynamicBatcher", "ProcessFn"]
+__all__ = ["DynamicBatcher", "ProcessFn", "admission_capacity"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -91,6 +91,20 @@ class _Slot:
         self.held = True
 
 
+def admission_capacity(*, max_queue_size: int, prefetch_batches: int, max_batch_size: int) -> int:
+    """How many records may wait in a batcher's queue at once (the one admission rule).
+
+    ``max_queue_size`` plus what Flyte's batcher holds outside its queue: the batch its
+    aggregator is assembling and ``prefetch_batches`` pre-built ones, each up to
+    ``max_batch_size`` records. So code written for Flyte meets backpressure at the same
+    point. Records being processed are not queued and do not count.
+
+    >>> admission_capacity(max_queue_size=1, prefetch_batches=1, max_batch_size=1)
+    3
+    """
+    return max_queue_size + (prefetch_batches + 1) * max_batch_size
+
+
 def _check_positive(name: str, value: float, minimum: float = 1) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
@@ -117,10 +131,13 @@ class DynamicBatcher(Generic[T, R]):
         min_batch_size: while a slot is free, hold records until this many are queued...
         batch_timeout_s: ...but no longer than this after the oldest arrived. With the default
             ``min_batch_size=1`` nothing is ever held.
-        max_queue_size: queued records at most; ``submit`` waits for room, ``submit_nowait``
-            raises ``QueueFullError``.
-        prefetch_batches: accepted for compatibility with Flyte; batchline forms batches at
-            dispatch time, so there is nothing to prefetch.
+        max_queue_size, prefetch_batches: admission capacity, as in Flyte. Flyte holds up to
+            ``max_queue_size`` records in its queue plus, outside it, the batch its aggregator
+            is assembling and ``prefetch_batches`` pre-built batches; batchline forms batches
+            at dispatch time, so it holds all of those in its one queue: at most
+            ``max_queue_size + (prefetch_batches + 1) * max_batch_size`` records wait at once
+            (``queue_capacity``; see ``admission_capacity``). Beyond that ``submit`` waits for
+            room and ``submit_nowait`` raises ``QueueFullError``.
         default_cost: the cost of a record when nothing else says (see ``batchline._cost``).
         cost_estimator: ``f(record) -> int``, used when ``submit`` gets no explicit cost.
         max_concurrent_batches: processing slots, e.g. one per model session.
@@ -200,6 +217,11 @@ class DynamicBatcher(Generic[T, R]):
         self._batch_timeout_s = float(batch_timeout_s)
         self._max_queue_size = max_queue_size
         self._prefetch_batches = prefetch_batches
+        self._capacity = admission_capacity(
+            max_queue_size=max_queue_size,
+            prefetch_batches=prefetch_batches,
+            max_batch_size=max_batch_size,
+        )
         self._slots = max_concurrent_batches
         self._oversize = oversize
         self._on_error = on_error
@@ -242,7 +264,7 @@ class DynamicBatcher(Generic[T, R]):
 
     @property
     def queue_depth(self) -> int:
-        """Records queued and not yet dispatched."""
+        """Records queued and not yet dispatched (at most ``queue_capacity``)."""
         return self._queue.size
 
     @property
@@ -256,6 +278,15 @@ class DynamicBatcher(Generic[T, R]):
     @property
     def max_queue_size(self) -> int:
         return self._max_queue_size
+
+    @property
+    def prefetch_batches(self) -> int:
+        return self._prefetch_batches
+
+    @property
+    def queue_capacity(self) -> int:
+        """Records that may be queued at once (see ``admission_capacity``)."""
+        return self._capacity
 
     @property
     def max_concurrent_batches(self) -> int:
@@ -369,7 +400,7 @@ class DynamicBatcher(Generic[T, R]):
         """
         if self._state is not State.RUNNING:
             self._raise_not_running()
-        while self._queue.size >= self._max_queue_size:
+        while self._queue.size >= self._capacity:
             await self._wait_for_space()
         return self._enqueue(record, estimated_cost, priority, timeout_s)
 
@@ -384,12 +415,49 @@ class DynamicBatcher(Generic[T, R]):
         """Like ``submit`` but never waits: raises ``QueueFullError`` when the queue is full."""
         if self._state is not State.RUNNING:
             self._raise_not_running()
-        if self._queue.size >= self._max_queue_size:
-            raise QueueFullError(
-                f"{self.name}: queue is full ({self._max_queue_size} records); "
-                "retry later or raise max_queue_size"
-            )
+        if self._queue.size >= self._capacity:
+            raise self._queue_full(1)
         return self._enqueue(record, estimated_cost, priority, timeout_s)
+
+    def submit_many_nowait(
+        self,
+        records: Sequence[T],
+        *,
+        estimated_costs: Sequence[int | None] | None = None,
+        priority: int = 0,
+        timeout_s: float | None = None,
+    ) -> list[asyncio.Future[R]]:
+        """Queue every record or none; return their futures in the same order.
+
+        Never waits. When the queue has room for fewer than ``len(records)`` more records,
+        or any record is refused (``RecordTooLargeError``, a bad cost), nothing is queued
+        and the error is raised: ``QueueFullError`` says how many were asked and how much
+        room there was. ``priority`` and ``timeout_s`` apply to every record, as in
+        ``submit_nowait``. For a server: all of a request's inputs, or a 429.
+
+        >>> futures = batcher.submit_many_nowait(["a", "bb"], estimated_costs=[1, 2])
+        """
+        if self._state is not State.RUNNING:
+            self._raise_not_running()
+        n = len(records)
+        if estimated_costs is not None and len(estimated_costs) != n:
+            raise ValueError(f"estimated_costs has {len(estimated_costs)} entries for {n} records")
+        if timeout_s is not None and timeout_s < 0:
+            raise ValueError(f"timeout_s must be >= 0, got {timeout_s}")
+        # every check before the first record is queued: a refusal leaves nothing behind
+        resolve = self._cost
+        if estimated_costs is None:
+            costs = [resolve(r, None) for r in records]
+        else:
+            costs = [resolve(r, c) for r, c in zip(records, estimated_costs, strict=True)]
+        if self._oversize == "reject":
+            for i, cost in enumerate(costs):
+                if cost > self._target_batch_cost:
+                    raise self._too_large(cost, f"record {i} of {n}")
+        if self._queue.size + n > self._capacity:
+            raise self._queue_full(n)
+        enqueue = self._enqueue
+        return [enqueue(r, c, priority, timeout_s) for r, c in zip(records, costs, strict=True)]
 
     async def submit_batch(
         self,
@@ -447,7 +515,7 @@ class DynamicBatcher(Generic[T, R]):
             try:
                 if self._state is not State.RUNNING:
                     self._raise_not_running()
-                if self._queue.size < self._max_queue_size:
+                if self._queue.size < self._capacity:
                     chain_future(
                         self._enqueue(record, estimated_cost, priority, timeout_s), outer, loop
                     )
@@ -464,6 +532,29 @@ class DynamicBatcher(Generic[T, R]):
 
         loop.call_soon_threadsafe(enqueue)
         return outer
+
+    def _queue_full(self, asked: int) -> QueueFullError:
+        room = max(0, self._capacity - self._queue.size)
+        rule = (
+            f"queue_capacity {self._capacity} = max_queue_size {self._max_queue_size} + "
+            f"(prefetch_batches {self._prefetch_batches} + 1) x max_batch_size "
+            f"{self._max_batch_size}"
+        )
+        if asked == 1:
+            return QueueFullError(
+                f"{self.name}: queue is full ({rule}); retry later or raise max_queue_size"
+            )
+        return QueueFullError(
+            f"{self.name}: queue is full for {asked} records: room for {room} ({rule}); "
+            "none were queued; retry later, send fewer, or raise max_queue_size"
+        )
+
+    def _too_large(self, cost: int, what: str = "record") -> RecordTooLargeError:
+        return RecordTooLargeError(
+            f"{self.name}: {what} cost {cost} exceeds target_batch_cost="
+            f"{self._target_batch_cost}; split the record, raise the budget, "
+            "or build the batcher with oversize='alone'"
+        )
 
     def _raise_not_running(self) -> None:
         if self._state in (State.STOPPING, State.STOPPED):
@@ -496,11 +587,7 @@ class DynamicBatcher(Generic[T, R]):
         # the hot path: one call per record, kept lean on purpose
         cost = self._cost(record, estimated_cost)
         if cost > self._target_batch_cost and self._oversize == "reject":
-            raise RecordTooLargeError(
-                f"{self.name}: record cost {cost} exceeds target_batch_cost="
-                f"{self._target_batch_cost}; split the record, raise the budget, "
-                "or build the batcher with oversize='alone'"
-            )
+            raise self._too_large(cost)
         if timeout_s is not None and timeout_s < 0:
             raise ValueError(f"timeout_s must be >= 0, got {timeout_s}")
         future = _RecordFuture(loop=self._loop)

@@ -9,6 +9,7 @@ The tree::
     ├── DeadlineExceededError     a queued record's deadline passed before dispatch
     ├── BatchProcessingError      process_fn failed in a way that is not the record's own exception
     │   ├── BatchSizeMismatchError   process_fn returned the wrong number of results
+    │   │                            (also a ValueError, as Flyte raises there)
     │   └── BatchTimeoutError        process_fn did not finish within process_timeout_s
     ├── ModelError                a model could not be loaded or run
     │   └── FixedBatchAxisError      an ONNX model cannot take a batch of another size
@@ -60,9 +61,10 @@ class BatchProcessingError(BatchlineError):
     record's own (for example ``process_fn`` raised ``CancelledError``)."""
 
 
-class BatchSizeMismatchError(BatchProcessingError):
+class BatchSizeMismatchError(BatchProcessingError, ValueError):
     """Set on every record of a batch for which ``process_fn`` returned the wrong number
-    of results."""
+    of results. Also a ``ValueError``: Flyte's batcher raises one there, and code written
+    for it catches that."""
 
 
 class BatchTimeoutError(BatchProcessingError):

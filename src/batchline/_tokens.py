@@ -9,7 +9,7 @@ cost against ``target_batch_tokens`` and groups records of similar length (see
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
@@ -34,6 +34,9 @@ class Prompt:
 
 class TokenBatcher(DynamicBatcher[T, R]):
     """A ``DynamicBatcher`` whose budget is in tokens; drop-in for Flyte's ``TokenBatcher``.
+
+    The batch function is ``inference_fn``, or ``process_fn`` (Flyte's other name for it;
+    as in Flyte, ``inference_fn`` wins when both are given).
 
     Token count precedence: ``estimated_tokens`` > ``token_estimator(record)`` >
     ``record.estimate_tokens()`` > ``record.estimate_cost()`` > ``default_token_estimate``.
@@ -71,11 +74,13 @@ class TokenBatcher(DynamicBatcher[T, R]):
         clock: Clock | None = None,
         name: str = "token-batcher",
     ) -> None:
+        # as Flyte's TokenBatcher: inference_fn when given, else process_fn
         fn = inference_fn if inference_fn is not None else process_fn
         if fn is None:
-            raise TypeError("TokenBatcher needs inference_fn (or process_fn)")
-        if inference_fn is not None and process_fn is not None:
-            raise TypeError("pass inference_fn or process_fn, not both")
+            raise TypeError(
+                "TokenBatcher requires either inference_fn or process_fn: the function that "
+                "takes a batch of records and returns one result per record"
+            )
         super().__init__(
             fn,
             cost_estimator=token_estimator if token_estimator is not None else cost_estimator,
@@ -133,4 +138,19 @@ class TokenBatcher(DynamicBatcher[T, R]):
         cost = estimated_tokens if estimated_tokens is not None else estimated_cost
         return super().submit_nowait(
             record, estimated_cost=cost, priority=priority, timeout_s=timeout_s
+        )
+
+    def submit_many_nowait(
+        self,
+        records: Sequence[T],
+        *,
+        estimated_tokens: Sequence[int | None] | None = None,
+        estimated_costs: Sequence[int | None] | None = None,
+        priority: int = 0,
+        timeout_s: float | None = None,
+    ) -> list[asyncio.Future[R]]:
+        """Queue every record or none (see ``DynamicBatcher.submit_many_nowait``)."""
+        costs = estimated_tokens if estimated_tokens is not None else estimated_costs
+        return super().submit_many_nowait(
+            records, estimated_costs=costs, priority=priority, timeout_s=timeout_s
         )

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Generic, TypeVar
 
 from batchline._batcher import DynamicBatcher, chain_future
@@ -129,6 +129,27 @@ class SyncBatcher(Generic[T, R]):
 
         inner = asyncio.run_coroutine_threadsafe(enqueue(), loop).result()
         return self._mirror(inner, loop)
+
+    def submit_many_nowait(
+        self,
+        records: Sequence[T],
+        *,
+        estimated_costs: Sequence[int | None] | None = None,
+        priority: int = 0,
+        timeout_s: float | None = None,
+    ) -> list[concurrent.futures.Future[R]]:
+        """Queue every record or none; raises ``QueueFullError`` (nothing queued) when the
+        queue has no room for all of them (see ``DynamicBatcher.submit_many_nowait``)."""
+        loop = self._require_loop()
+        records = list(records)
+
+        async def enqueue() -> list[asyncio.Future[R]]:
+            return self.batcher.submit_many_nowait(
+                records, estimated_costs=estimated_costs, priority=priority, timeout_s=timeout_s
+            )
+
+        inners = asyncio.run_coroutine_threadsafe(enqueue(), loop).result()
+        return [self._mirror(inner, loop) for inner in inners]
 
     def run(self, record: T, *, estimated_cost: int | None = None) -> R:
         """Submit ``record`` and block until its result is ready."""
