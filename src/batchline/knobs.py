@@ -6,6 +6,11 @@
     {"batching": true, "target_batch_tokens": 512, "max_concurrent_batches": 2,
      "sessions": 2, "intra_op_threads": 1}
 
+Text generation (``--task generate``) reads its own fields: ``generation_batching``
+(``continuous`` or ``static``; ``batching=false`` runs one sequence at a time),
+``max_running_sequences``, ``kv_token_budget``, ``generation_backend`` (``torch`` or ``vllm``),
+plus ``device``, ``intra_op_threads`` and ``max_queue_size`` (requests waiting for admission).
+
 Defaults come from measurements on a 2-core CPU with all-MiniLM-L6-v2 (docs/CONTRACTS.md,
 FACTS): two sessions of one intra-op thread each, one batch in flight per session, about
 512 padded tokens per call. ``batching=false`` is the single-shared-session baseline: one
@@ -31,6 +36,8 @@ __all__ = [
     "DEFAULT_BUCKET_WIDTH",
     "DEFAULT_PADDING_SLACK",
     "DEFAULT_TARGET_BATCH_TOKENS",
+    "GENERATION_BACKENDS",
+    "GENERATION_BATCHING",
     "Knobs",
     "machine_cores",
     "read_config_file",
@@ -52,6 +59,11 @@ DEFAULT_BUCKET_WIDTH = 2
 
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
+#: How a text generator batches sequences (``Knobs.generation_batching``).
+GENERATION_BATCHING = ("continuous", "static")
+#: What runs a generative model (``Knobs.generation_backend``); vLLM needs CUDA.
+GENERATION_BACKENDS = ("torch", "vllm")
+
 
 def machine_cores() -> int:
     """The CPU cores this process may run on (its affinity mask where the OS has one)."""
@@ -70,6 +82,14 @@ class Knobs:
     CUDA execution provider, which needs the ``onnxruntime-gpu`` build). A batch that starts
     while no other runs may use one extra, wider session of ``solo_intra_op_threads``
     threads (``None``: none), so low traffic gets the baseline's single-call latency.
+
+    Generation (``--task generate``): ``generation_batching`` is ``continuous`` (sequences
+    join and leave the running batch between decode steps) or ``static`` (a batch runs until
+    its last sequence ends); ``batching=False`` runs one sequence at a time (the baseline).
+    At most ``max_running_sequences`` run at once (a static batch's size), and the sum of
+    their prompt + ``max_tokens`` stays within ``kv_token_budget`` KV-cache positions;
+    ``max_queue_size`` requests may wait for admission. ``generation_backend`` is ``torch``
+    (batchline's own decode loop) or ``vllm`` (CUDA machines with vLLM installed).
     """
 
     batching: bool = True
@@ -83,10 +103,34 @@ class Knobs:
     max_queue_size: int = 5_000
     device: str = "cpu"
     solo_intra_op_threads: int | None = None
+    generation_batching: str = "continuous"
+    max_running_sequences: int = 16
+    kv_token_budget: int = 16_384
+    generation_backend: str = "torch"
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
+            if f.name == "generation_batching":
+                if value not in GENERATION_BATCHING:
+                    raise InputError(
+                        f"generation_batching must be continuous or static, got {value!r}"
+                    )
+                continue
+            if f.name == "generation_backend":
+                if value not in GENERATION_BACKENDS:
+                    raise InputError(f"generation_backend must be torch or vllm, got {value!r}")
+                continue
+            if f.name == "kv_token_budget":
+                if isinstance(value, bool) or not isinstance(value, int) or value < 2:
+                    raise InputError(f"kv_token_budget must be an integer >= 2, got {value!r}")
+                continue
+            if f.name == "max_running_sequences":
+                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                    raise InputError(
+                        f"max_running_sequences must be an integer >= 1, got {value!r}"
+                    )
+                continue
             if f.name == "batching":
                 if not isinstance(value, bool):
                     raise InputError(f"batching must be true or false, got {value!r}")

@@ -55,13 +55,15 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
         "--model",
         default="default",
         metavar="SPEC",
-        help="default (all-MiniLM-L6-v2 embeddings), PATH.onnx, or module:factory (your own "
+        help="default (all-MiniLM-L6-v2 embeddings), smollm2 (text generation), PATH.onnx, "
+        "PATH/ (a Hugging Face causal-LM folder: generation), or module:factory (your own "
         "Python: a batch function or a model object); see 'batchline models list'",
     )
     p.add_argument(
         "--task",
-        choices=["embed", "classify", "predict"],
-        help="what a PATH.onnx model does (default: embed if it takes input_ids, else predict)",
+        choices=["embed", "classify", "predict", "generate"],
+        help="what a PATH.onnx model does (default: embed if it takes input_ids, else predict); "
+        "generate: text generation (implied by smollm2 and PATH/ models; default model smollm2)",
     )
     p.add_argument(
         "--tokenizer", type=Path, help="tokenizer.json of a text model (default: beside the .onnx)"
@@ -109,13 +111,18 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--no-batching",
         action="store_true",
-        help="the baseline: one shared session, one record per call, to compare against",
+        help="the baseline: one shared session, one record per call, to compare against "
+        "(generation: one sequence at a time)",
     )
     p.add_argument("--config", type=Path, help="batching knobs file (as written by batchline tune)")
     p.add_argument("--target-batch-tokens", type=int, help="padded tokens per model call")
     p.add_argument("--sessions", type=int, help="model sessions (batches in flight)")
     p.add_argument("--intra-op-threads", type=int, help="threads per session")
+    p.add_argument(
+        "--device", help="cpu (default) or cuda[:N]: where the model runs (knob: device)"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_generation_arguments(p)
     p.add_argument(
         "--engine",
         choices=["local", "ray"],
@@ -125,6 +132,73 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--address", help="with --engine ray: 'auto' or HOST:PORT (default: start Ray)")
     p.add_argument("--replicas", type=int, help="with --engine ray: model replicas (default: 2)")
     p.set_defaults(func=_main)
+
+
+#: Generation flags: argparse destination -> flag (None when not given).
+_GENERATION_FLAGS = {
+    "max_tokens": "--max-tokens",
+    "temperature": "--temperature",
+    "top_p": "--top-p",
+    "seed": "--seed",
+    "stop": "--stop",
+    "no_chat_template": "--no-chat-template",
+    "prompt_column": "--prompt-column",
+    "generation_batching": "--generation-batching",
+    "max_running_sequences": "--max-running-sequences",
+    "kv_token_budget": "--kv-token-budget",
+    "generation_backend": "--generation-backend",
+}
+
+
+def _add_generation_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "text generation (--task generate; --model smollm2 or PATH/)",
+        "Without INPUT: the built-in math word problems. Prompts come from --prompt-column "
+        "(default: prompt, else messages, else text): text, or a list of {role, content} "
+        "chat messages. The output's text column holds each completion.",
+    )
+    g.add_argument("--max-tokens", type=int, help="tokens to generate per prompt, at most (256)")
+    g.add_argument("--temperature", type=float, help="0 (default): greedy; > 0: sample")
+    g.add_argument("--top-p", type=float, help="nucleus sampling mass, in (0, 1] (default 1)")
+    g.add_argument(
+        "--seed", type=int, help="sampling seed: record i draws from SEED + i (repeatable)"
+    )
+    g.add_argument(
+        "--stop",
+        action="append",
+        metavar="TEXT",
+        help="end a completion where TEXT appears, TEXT left out (repeatable)",
+    )
+    g.add_argument(
+        "--no-chat-template",
+        action="store_true",
+        default=None,
+        help="encode text prompts as they are, not as a chat message through the template",
+    )
+    g.add_argument("--prompt-column", metavar="NAME", help="the column holding the prompts")
+    g.add_argument(
+        "--generation-batching",
+        choices=["continuous", "static"],
+        help="continuous (default): sequences join and leave between steps; static: a batch "
+        "runs until its last sequence ends (--no-batching: one at a time)",
+    )
+    g.add_argument(
+        "--max-running-sequences", type=int, help="sequences generated at once, at most (16)"
+    )
+    g.add_argument(
+        "--kv-token-budget",
+        type=int,
+        help="KV-cache positions (prompt + max_tokens of running sequences), at most (16384)",
+    )
+    g.add_argument(
+        "--generation-backend",
+        choices=["torch", "vllm"],
+        help="torch (default) or vllm (CUDA machines with vLLM installed)",
+    )
+
+
+def _generation_given(args: argparse.Namespace) -> list[str]:
+    return [flag for dest, flag in _GENERATION_FLAGS.items() if getattr(args, dest) is not None]
 
 
 def _knobs(args: argparse.Namespace) -> Any:
@@ -141,6 +215,10 @@ def _knobs(args: argparse.Namespace) -> Any:
         changes["intra_op_threads"] = args.intra_op_threads
     if args.no_batching:
         changes["batching"] = False
+    for name in ("device", "generation_batching", "max_running_sequences", "kv_token_budget",
+                 "generation_backend"):  # fmt: skip
+        if getattr(args, name) is not None:
+            changes[name] = getattr(args, name)
     return knobs.replace(**changes) if changes else knobs
 
 
@@ -180,9 +258,12 @@ def _main(args: argparse.Namespace) -> int:
         from batchline._errors import InputError
 
         raise InputError("--address and --replicas go with --engine ray")
+    generating = _generation_options(args, options)
+    if generating is not None:
+        options = generating
     console = Console(stderr=True)
     show = not args.quiet and console.is_terminal
-    bar = _bar(console) if show else None
+    bar = (_generation_bar(console) if generating is not None else _bar(console)) if show else None
     try:
         if args.engine == "local":
             summary = run(options, bar)
@@ -203,6 +284,56 @@ def _main(args: argparse.Namespace) -> int:
             bar.close()
     print_summary("batchline run", summary.rows())
     return 0
+
+
+def _generation_options(args: argparse.Namespace, options: Any) -> Any:
+    """``GenerateOptions`` when the job generates text, else None (generation flags refused)."""
+    from batchline._errors import InputError
+    from batchline.jobs.generate import GenerateOptions, is_generate_job
+
+    given = _generation_given(args)
+    if not is_generate_job(options):
+        if given:
+            raise InputError(
+                f"{given[0]} goes with text generation (--task generate, --model smollm2 or a "
+                "Hugging Face model folder PATH/)"
+            )
+        return None
+    if args.engine == "ray":
+        raise InputError(
+            "text generation does not run on --engine ray yet; use the local engine "
+            "(--engine local, the default)"
+        )
+    if args.input_columns:
+        raise InputError(
+            "--input-column goes with predict models; generation reads --prompt-column"
+        )
+    fields = {f: getattr(options, f) for f in options.__dataclass_fields__}
+    sampling: dict[str, Any] = {
+        name: getattr(args, name)
+        for name in ("max_tokens", "temperature", "top_p", "seed", "prompt_column")
+        if getattr(args, name) is not None
+    }
+    if args.stop:
+        sampling["stop"] = tuple(args.stop)
+    if args.no_chat_template:
+        sampling["chat_template"] = False
+    return GenerateOptions(**fields, **sampling)
+
+
+def _generation_bar(console: Any) -> Any:
+    from batchline.jobs.display import RateBar
+
+    class GenerationBar(RateBar):
+        rate = "-"
+
+        def tokens(self, generated: int, tokens_per_s: float) -> None:
+            self.rate = f"{generated:,} tok, {tokens_per_s:,.1f} tok/s"
+
+        def advance(self, records: int, utilization: float) -> None:
+            self.step(records, f"{self.rate}, slots {utilization:.0%}")
+
+    return GenerationBar(console, "prompts")
 
 
 def _bar(console: Any) -> Any:

@@ -200,7 +200,14 @@ async def run_job(options: RunOptions, progress: Progress | None = None) -> RunS
 
     >>> summary = run(RunOptions(input=Path("docs.jsonl"), output=Path("docs.embeddings")))
     >>> summary.records_per_s
+
+    A generation job (task ``generate``, or a model that generates) runs
+    :func:`batchline.jobs.generate.run_generate_job` instead.
     """
+    from batchline.jobs.generate import is_generate_job, run_generate_job
+
+    if is_generate_job(options):
+        return await run_generate_job(options, progress)
     progress = progress or _Silent()
     knobs = options.knobs if options.knobs.batching else _baseline(options.knobs)
     model = await asyncio.to_thread(load_job_model, options, knobs)

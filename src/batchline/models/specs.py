@@ -9,6 +9,8 @@ Spec kinds:
   ``tokenizer=`` or ``tokenizer.json`` beside it), ``classify`` (a sequence classifier; labels
   from ``config.json``'s ``id2label`` beside it or ``labels=``) or ``predict`` (tensors in,
   tensors out). Without a task, a model with an ``input_ids`` input embeds, any other predicts;
+- ``PATH/`` — a local Hugging Face causal-LM folder (``config.json``, weights, tokenizer): a
+  text generator (task ``generate``), loaded by ``batchline.models.generation.load``;
 - ``module:factory`` — the user's own Python: ``factory()`` returns a :class:`BatchModel`, or
   simply a batch function ``list[record] -> list[result]`` (sync or async), optionally with a
   ``cost(record) -> int`` attribute;
@@ -32,7 +34,7 @@ from batchline.models.protocol import TASKS, Task
 
 __all__ = ["ModelSpec", "Pooling", "SpecKind", "parse_spec", "parse_specs"]
 
-SpecKind = Literal["builtin", "onnx", "python"]
+SpecKind = Literal["builtin", "onnx", "python", "hf"]
 Pooling = Literal["mean", "cls", "none"]
 
 _NAME = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]*)=(.+)$")
@@ -94,6 +96,19 @@ class ModelSpec:
                 )
             if self.tokenizer is not None:
                 raise InputError(f"a tokenizer goes with an .onnx model, not {self.source!r}")
+        if self.kind in ("onnx", "python") and self.task == "generate":
+            raise InputError(
+                f"model {self.name!r} ({self.source}) cannot generate text: the generate task "
+                "takes smollm2 or a Hugging Face causal-LM folder (PATH/ with config.json)"
+            )
+        if self.kind == "hf":
+            if self.task is not None and self.task != "generate":
+                raise InputError(
+                    f"model {self.name!r} ({self.source}) is a Hugging Face causal-LM folder: "
+                    f"it does generate, not {self.task}"
+                )
+            if self.tokenizer is not None:
+                raise InputError(f"a tokenizer goes with an .onnx model, not {self.source!r}")
         if self.labels is not None and self.task not in (None, "classify"):
             raise InputError(f"labels go with the classify task, not {self.task}")
         if (self.pooling is not None or self.normalize is not None) and self.task not in (
@@ -101,6 +116,11 @@ class ModelSpec:
             "embed",
         ):
             raise InputError(f"pooling and normalize go with the embed task, not {self.task}")
+
+    @property
+    def generates(self) -> bool:
+        """Whether this spec names a text generator (task ``generate``, known without loading)."""
+        return self.task == "generate" or self.builtin_task == "generate"
 
     @property
     def builtin_task(self) -> Task | None:
@@ -111,7 +131,8 @@ class ModelSpec:
 
 
 def parse_spec(text: str) -> ModelSpec:
-    """``default``, ``smollm2``, ``PATH.onnx``, ``module:factory``, or ``NAME=`` any of them."""
+    """``default``, ``smollm2``, ``PATH.onnx``, ``PATH/`` (a Hugging Face causal-LM folder),
+    ``module:factory``, or ``NAME=`` any of them."""
     text = text.strip()
     if not text:
         raise InputError("a model spec must not be empty")
@@ -127,11 +148,26 @@ def parse_spec(text: str) -> ModelSpec:
         if not path.is_file():
             raise InputError(f"{path}: no such model file")
         return ModelSpec(name=name or path.stem, source=str(path), kind="onnx")
-    if _FACTORY.match(text):
+    if _FACTORY.match(text) and not Path(text).is_dir():
         return ModelSpec(name=name or text.rsplit(":", 1)[1], source=text, kind="python")
+    folder = Path(text)
+    if text.endswith(("/", "\\")) or folder.is_dir():
+        if not (folder / "config.json").is_file():
+            raise InputError(
+                f"{folder}: not a Hugging Face model folder (no config.json); a folder spec is "
+                "a local causal LM saved with save_pretrained"
+            )
+        # the folder's own name; resolve() so that "." and "out/" name it too
+        return ModelSpec(
+            name=name or folder.resolve().name,
+            source=str(folder),
+            kind="hf",
+            task="generate",
+        )
     raise InputError(
         f"model spec {text!r} is none of: a built-in model ({', '.join(BUILTIN_MODELS)}), "
-        "a path to an .onnx file, or module:factory (your own Python); prefix NAME= to name it"
+        "a path to an .onnx file, a Hugging Face causal-LM folder (PATH/ with config.json), "
+        "or module:factory (your own Python); prefix NAME= to name it"
     )
 
 

@@ -2,12 +2,29 @@
 
 - :mod:`~batchline.models.generation.engine`: the step-level interface (``StepEngine``) and
   the requests, sampling parameters and step outputs that flow through it (standard library).
+- :func:`load_text_generator` (``load.py``): a generate spec and the knobs to a
+  :class:`GenerationModel` (its :class:`TextGenerator`, prompt encoding, model info), what
+  ``run``, ``serve`` and ``bench`` call.
 - backends (torch / vLLM) and the schedulers over them (static and continuous batching) load
   only when used, so importing this package needs no torch.
+
+Example::
+
+    from batchline.models.generation import SamplingParams, load_text_generator
+    from batchline.models.specs import parse_spec
+    from batchline.knobs import Knobs
+
+    model = load_text_generator(parse_spec("smollm2"), Knobs())
+    async with model.generator as gen:
+        completion = await gen.submit(model.encode("Say hi."), SamplingParams()).result()
+    model.close()
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from batchline._lazy import lazy_exports
 from batchline.models.generation.engine import (
     FinishReason,
     GenerationRequest,
@@ -16,10 +33,55 @@ from batchline.models.generation.engine import (
     StepOutput,
 )
 
+if TYPE_CHECKING:
+    from batchline.models.generation.demo import demo_prompts, write_demo_prompts
+    from batchline.models.generation.load import GenerationModel, Prompt, load_text_generator
+    from batchline.models.generation.scheduler import ContinuousGenerator
+    from batchline.models.generation.static import SequentialGenerator, StaticGenerator
+    from batchline.models.generation.stats import GenerationStats
+    from batchline.models.generation.stream import (
+        Completion,
+        GenerationDelta,
+        GenerationStream,
+        TextGenerator,
+    )
+
 __all__ = [
+    "Completion",
+    "ContinuousGenerator",
     "FinishReason",
+    "GenerationDelta",
+    "GenerationModel",
     "GenerationRequest",
+    "GenerationStats",
+    "GenerationStream",
+    "Prompt",
     "SamplingParams",
+    "SequentialGenerator",
+    "StaticGenerator",
     "StepEngine",
     "StepOutput",
+    "TextGenerator",
+    "demo_prompts",
+    "load_text_generator",
+    "write_demo_prompts",
 ]
+
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "Completion": "stream",
+        "ContinuousGenerator": "scheduler",
+        "GenerationDelta": "stream",
+        "GenerationModel": "load",
+        "GenerationStats": "stats",
+        "GenerationStream": "stream",
+        "Prompt": "load",
+        "SequentialGenerator": "static",
+        "StaticGenerator": "static",
+        "TextGenerator": "stream",
+        "demo_prompts": "demo",
+        "load_text_generator": "load",
+        "write_demo_prompts": "demo",
+    },
+)

@@ -1,0 +1,307 @@
+"""``load_text_generator``: a generate spec and the knobs, to a ready-to-start text generator.
+
+The one place that turns a :class:`~batchline.models.specs.ModelSpec` whose task is
+``generate`` (``smollm2``, or a local Hugging Face causal-LM folder ``PATH/``) into a
+:class:`GenerationModel`; ``run``, ``serve`` and ``bench`` all call it.
+
+From :class:`~batchline.knobs.Knobs`:
+
+- ``device``: ``cpu`` or ``cuda[:N]`` (a torch device); on CPU ``torch.set_num_threads(
+  intra_op_threads)`` (one thread per process on a shared 2-core machine: FACTS.md);
+- ``batching=False``: :class:`~batchline.models.generation.static.SequentialGenerator`, one
+  sequence at a time (the baseline); else ``generation_batching``: ``continuous``
+  (:class:`~batchline.models.generation.scheduler.ContinuousGenerator`, the default) or
+  ``static`` (:class:`~batchline.models.generation.static.StaticGenerator`), both capped at
+  ``max_running_sequences`` running sequences and ``kv_token_budget`` KV positions, with
+  ``max_queue_size`` requests waiting;
+- ``generation_backend="vllm"``: :class:`~batchline.models.generation.vllm_engine.VllmGenerator`
+  (CUDA machines with vLLM installed).
+
+Example::
+
+    model = load_text_generator(parse_spec("smollm2"), Knobs())
+    try:
+        async with model.generator as gen:
+            ids = model.encode([{"role": "user", "content": "What is 2 + 3?"}])
+            completion = await gen.submit(ids, SamplingParams(max_tokens=32)).result()
+            print(completion.text)
+    finally:
+        model.close()
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from batchline._errors import InputError, ModelError
+from batchline.knobs import Knobs
+from batchline.models.protocol import ModelInfo
+from batchline.models.specs import ModelSpec
+
+if TYPE_CHECKING:
+    from batchline.models.generation.stream import TextGenerator
+
+__all__ = [
+    "ChatMessage",
+    "GenerationModel",
+    "HfDetokenizer",
+    "Prompt",
+    "load_text_generator",
+]
+
+#: One chat message: ``{"role": "user", "content": "..."}``.
+ChatMessage = Mapping[str, str]
+#: A prompt: raw text, or chat messages for the tokenizer's chat template.
+Prompt = str | Sequence[ChatMessage]
+
+VLLM_MISSING = (
+    "vLLM is not installed (CUDA only): pip install vllm on a CUDA machine, or set "
+    "generation_backend = 'torch'"
+)
+
+
+class HfDetokenizer:
+    """``decode(ids) -> str`` over a transformers tokenizer, special tokens left out."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return str(self._tokenizer.decode(list(ids), skip_special_tokens=True))
+
+
+@dataclass(eq=False)
+class GenerationModel:
+    """A loaded generative model: its generator (not started), prompt encoding and what it is.
+
+    Start the generator with ``async with model.generator:`` (or ``start()``/``stop()``),
+    submit token ids from :meth:`encode` (or :meth:`encode_prompt` / :meth:`encode_chat`: it
+    is the server's ``ServedGenerator``), and call :meth:`close` once the generator has
+    stopped. ``max_running`` and ``max_waiting`` are the generator's caps: a caller that keeps
+    at most ``max_waiting`` requests in flight never meets ``QueueFullError``.
+    """
+
+    generator: TextGenerator
+    tokenizer: Any
+    info: ModelInfo
+    max_context_tokens: int
+    max_running: int
+    max_waiting: int
+    batching: Literal["continuous", "static", "sequential", "vllm"]
+    device: str = "cpu"
+    detokenizer: HfDetokenizer = field(init=False)
+    _engine: Any = None
+    _closed: bool = False
+
+    def __post_init__(self) -> None:
+        self.detokenizer = HfDetokenizer(self.tokenizer)
+
+    @property
+    def name(self) -> str:
+        """What clients and outputs call the model (``ModelInfo.name``)."""
+        return self.info.name
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """A raw prompt's token ids, no chat template (``/v1/completions``, ``/generate``)."""
+        return self.encode(text, chat_template=False)
+
+    def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
+        """Chat messages through the chat template, generation prompt appended
+        (``/v1/chat/completions``); ``InputError`` when the model cannot take them."""
+        return self.encode(messages)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    def encode(self, prompt: Prompt, *, chat_template: bool = True) -> list[int]:
+        """A prompt's token ids.
+
+        Chat messages go through the tokenizer's chat template with the generation prompt
+        appended. Text goes through the template too, as one user message, when
+        ``chat_template`` is set and the tokenizer has one; else it is encoded as it is
+        (``/v1/completions``, ``--no-chat-template``). Raises ``InputError`` for messages that
+        are not ``{"role", "content"}`` strings, or messages without a template to apply.
+        """
+        if isinstance(prompt, str):
+            if not (chat_template and self.has_chat_template):
+                return list(self.tokenizer.encode(prompt))
+            messages: list[dict[str, str]] = [{"role": "user", "content": prompt}]
+        else:
+            messages = _check_messages(prompt)
+            if not self.has_chat_template:
+                raise InputError(
+                    f"model {self.info.name!r} has no chat template, so it takes text prompts, "
+                    "not chat messages"
+                )
+            if not chat_template:
+                raise InputError("chat messages need the chat template; pass text instead")
+        # Render to text, then encode without adding special tokens: the template already
+        # holds the ones the model expects (a second BOS would change the outputs).
+        text = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False
+        )
+        return list(self.tokenizer.encode(str(text), add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of token ids, special tokens left out."""
+        return self.detokenizer.decode(ids)
+
+    def close(self) -> None:
+        """Free the model's memory (after the generator has stopped). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._engine = None
+        if self.device.startswith("cuda"):
+            import torch
+
+            torch.cuda.empty_cache()
+
+
+def _check_messages(messages: Sequence[object]) -> list[dict[str, str]]:
+    if isinstance(messages, str | bytes) or not isinstance(messages, Sequence) or not messages:
+        raise InputError("chat messages must be a non-empty list of {role, content} objects")
+    out: list[dict[str, str]] = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping):
+            raise InputError(f"message {i} is {type(m).__name__}, not a {{role, content}} object")
+        role, content = m.get("role"), m.get("content")
+        if not isinstance(role, str) or not isinstance(content, str):
+            raise InputError(f"message {i} needs string 'role' and 'content' fields")
+        out.append({"role": role, "content": content})
+    return out
+
+
+def load_text_generator(spec: ModelSpec, knobs: Knobs) -> GenerationModel:
+    """Load ``spec`` (task ``generate``) and build its generator as ``knobs`` say.
+
+    Raises ``InputError`` for a spec that does not generate, ``ModelError`` when the model
+    cannot load (weights missing, no CUDA, vLLM missing). Slow (seconds): call it in a worker
+    thread from async code. See the module docstring for an example.
+    """
+    if not spec.generates:
+        raise InputError(
+            f"model {spec.name!r} does not generate text; the generate task takes smollm2 or "
+            "a Hugging Face causal-LM folder (PATH/ with config.json)"
+        )
+    if spec.kind not in ("builtin", "hf"):
+        raise InputError(f"model {spec.name!r} ({spec.source}) cannot generate text")
+    if knobs.generation_backend == "vllm":
+        return _load_vllm(spec, knobs)
+    import torch
+
+    device = _torch_device(knobs.device)
+    if device.type == "cpu":
+        torch.set_num_threads(knobs.intra_op_threads)
+    from batchline.models.generation.smollm2 import load_causal_lm, load_smollm2
+    from batchline.models.generation.torch_engine import TorchStepEngine
+
+    if spec.kind == "builtin":
+        model, tokenizer = load_smollm2(device=device)
+    else:
+        model, tokenizer = load_causal_lm(spec.source, device=device)
+    engine = TorchStepEngine(model)
+    detok = HfDetokenizer(tokenizer)
+    generator: TextGenerator
+    batching: Literal["continuous", "static", "sequential"]
+    if not knobs.batching:
+        from batchline.models.generation.static import SequentialGenerator
+
+        generator = SequentialGenerator(engine, detok, max_waiting=knobs.max_queue_size)
+        batching, running, budget = "sequential", 1, engine.max_context_tokens
+    elif knobs.generation_batching == "static":
+        from batchline.models.generation.static import StaticGenerator
+
+        generator = StaticGenerator(
+            engine,
+            detok,
+            max_batch_size=knobs.max_running_sequences,
+            kv_token_budget=knobs.kv_token_budget,
+            max_waiting=knobs.max_queue_size,
+        )
+        batching, running, budget = "static", knobs.max_running_sequences, knobs.kv_token_budget
+    else:
+        from batchline.models.generation.scheduler import ContinuousGenerator
+
+        generator = ContinuousGenerator(
+            engine,
+            detok,
+            max_running=knobs.max_running_sequences,
+            kv_token_budget=knobs.kv_token_budget,
+            max_waiting=knobs.max_queue_size,
+        )
+        batching, running = "continuous", knobs.max_running_sequences
+        budget = knobs.kv_token_budget
+    context = engine.max_context_tokens
+    info = _info(spec, context, batching, knobs.device, budget)
+    return GenerationModel(
+        generator=generator,
+        tokenizer=tokenizer,
+        info=info,
+        max_context_tokens=context,
+        max_running=running,
+        max_waiting=knobs.max_queue_size,
+        batching=batching,
+        device=knobs.device,
+        _engine=engine,
+    )
+
+
+def _info(spec: ModelSpec, context: int, batching: str, device: str, budget: int) -> ModelInfo:
+    return ModelInfo(
+        name=spec.name,
+        task="generate",
+        input_kind="text",
+        result_kind="value",
+        result_column="text",
+        max_tokens=context,
+        details={
+            "max_context_tokens": context,
+            "batching": batching,
+            "device": device,
+            "kv_token_budget": budget,
+        },
+    )
+
+
+def _torch_device(name: str) -> Any:
+    import torch
+
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelError(
+            f"device {name!r} asked for, but torch sees no CUDA device (torch {torch.__version__}"
+            "); use device = 'cpu' or a CUDA build of torch"
+        )
+    return torch.device(name)
+
+
+def _load_vllm(spec: ModelSpec, knobs: Knobs) -> GenerationModel:
+    if importlib.util.find_spec("vllm") is None:
+        raise ModelError(VLLM_MISSING)
+    from transformers import AutoTokenizer
+
+    from batchline.models.generation.smollm2 import smollm2_folder
+    from batchline.models.generation.vllm_engine import VllmGenerator
+
+    folder = str(smollm2_folder()) if spec.kind == "builtin" else spec.source
+    index = knobs.device.partition(":")[2]
+    options: dict[str, object] = {"max_num_seqs": knobs.max_running_sequences}
+    if index:
+        options["device"] = f"cuda:{index}"
+    generator = VllmGenerator.from_engine_args(folder, max_waiting=knobs.max_queue_size, **options)
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    context = generator.max_context_tokens
+    return GenerationModel(
+        generator=generator,
+        tokenizer=tokenizer,
+        info=_info(spec, context, "vllm", knobs.device, 0),
+        max_context_tokens=context,
+        max_running=knobs.max_running_sequences,
+        max_waiting=knobs.max_queue_size,
+        batching="vllm",
+        device=knobs.device,
+    )
