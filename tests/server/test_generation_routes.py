@@ -8,6 +8,7 @@ clock is a ``ManualClock`` moved one second per step: nothing asserts on real ti
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import threading
 import time
@@ -70,6 +71,10 @@ class GatedEngine(FakeEngine):
         return super().step()
 
 
+class TemplateError(Exception):
+    """What jinja2 raises when a chat template refuses a conversation."""
+
+
 def chat_text(messages: Sequence[Mapping[str, str]]) -> str:
     """The test's chat template."""
     return "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>"
@@ -93,6 +98,9 @@ class FakeServed:
     def encode_chat(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
         if any(m["role"] == "tool" for m in messages):
             raise ValueError("this model's chat template has no tool role")
+        roles = [m["role"] for m in messages]
+        if any(a == b == "user" for a, b in itertools.pairwise(roles)):
+            raise TemplateError("Conversation roles must alternate user/assistant/user/...")
         return TOK.encode(chat_text(messages))
 
 
@@ -464,6 +472,18 @@ async def test_odd_bytes_are_never_a_5xx(raw: bytes) -> None:
     assert 400 <= r.status_code < 500, r.text
 
 
+async def test_a_conversation_the_chat_template_refuses_is_400() -> None:
+    app, _ = make_app(served())
+    twice = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
+    async with client_for(app) as client:
+        r = await client.post("/v1/chat/completions", json={"messages": twice})
+    assert r.status_code == 400
+    assert (
+        "refused by the model's chat template: Conversation roles must alternate"
+        in (r.json()["error"]["message"])
+    )
+
+
 async def test_too_many_prompts_is_413() -> None:
     app, _ = make_app(served(), limits=GenerationLimits(max_prompts_per_request=2))
     async with client_for(app) as client:
@@ -753,3 +773,48 @@ async def test_metrics_appear_on_the_registry_after_requests() -> None:
             value("batchline_generation_recent_time_to_first_token_seconds", quantile="0.5") == 1.0
         )
         assert value("batchline_generation_tokens_per_second") is not None
+
+
+# -- behind the server's own app and gate ---------------------------------------------------------
+
+
+async def test_behind_create_app_and_its_gate() -> None:
+    """The router mounted on ``create_app``'s app (an embed model served beside): the gate
+    hands the body over, a disconnect seen by the gate aborts the sequence, the embed model
+    is named by task."""
+    from batchline.server import create_app
+
+    from .conftest import FakeEmbedder, loader, settings
+
+    model = served("gen", gated=True, max_running=1)
+    engine = model.engine
+    assert isinstance(engine, GatedEngine)
+    app = create_app(settings(), load_model=loader(FakeEmbedder()))
+    app.include_router(generation.router)
+    async with app.router.lifespan_context(app):
+        app.state.generators = {"gen": model}
+        await model.generator.start()
+        try:
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+                r = await client.post("/v1/completions", json={"model": "fake", "prompt": "x"})
+                assert r.status_code == 400
+                assert "does embed" in r.json()["error"]["message"]
+                call = RawCall(app, "/v1/completions", {"prompt": "gone", "max_tokens": 40})
+                await until(lambda: engine.blocked.is_set() and model.generator.stats.running == 1)
+                call.disconnect()
+                await asyncio.wait_for(call.task, 20)
+                engine.allow(1)
+                await until(lambda: model.generator.stats.requests_aborted == 1)
+                assert model.generator.stats.running == 0
+                engine.open()
+                r = await client.post(
+                    "/v1/chat/completions",
+                    json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+                )
+                assert r.status_code == 200, r.text
+                text = expected(chat_text([{"role": "user", "content": "hi"}]), 3)
+                assert r.json()["choices"][0]["message"]["content"] == text
+        finally:
+            engine.open()
+            await model.generator.stop(drain=False)

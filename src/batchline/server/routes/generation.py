@@ -518,6 +518,14 @@ async def _encode(
         return list(await asyncio.to_thread(encode, value))
     except (ValueError, InputError) as exc:
         raise _bad(f"'{field}' cannot be used with this model: {_safe(str(exc))[:300]}") from None
+    except Exception as exc:
+        if not any(t.__name__ == "TemplateError" for t in type(exc).__mro__):
+            raise
+        # a chat template that refuses the conversation (jinja's raise_exception: "roles
+        # must alternate", "system role not supported"): the client's to fix
+        raise _bad(
+            f"'{field}' refused by the model's chat template: {_safe(str(exc))[:300]}"
+        ) from None
 
 
 def _sampling(
