@@ -21,8 +21,7 @@ def tokenizer() -> Any:
     pytest.importorskip("tokenizers")
     from batchline.bench.targets import ModelLoader
 
-    tok, _ = ModelLoader().tokenizer()
-    return tok
+    return ModelLoader().tokenizer()
 
 
 @pytest.mark.parametrize("lengths", ["short", "mixed"])

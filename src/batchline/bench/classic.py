@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import inspect
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 from batchline.bench.loadgen import Counters
@@ -25,7 +26,9 @@ R = TypeVar("R")
 class TimeoutBatcher(Generic[T, R]):
     """Collect up to ``max_batch_size`` records or wait ``batch_timeout_s``, then run the batch.
 
-    ``process_fn`` is sync and runs in a worker thread, one batch at a time.
+    ``process_fn`` runs one batch at a time: a sync function in a worker thread, a coroutine
+    function (or a function returning an awaitable, as a model's ``run_batch`` may) awaited
+    on the loop.
 
     >>> async with TimeoutBatcher(embed, max_batch_size=32, batch_timeout_s=0.01) as b:
     ...     vector = await (await b.submit(text))
@@ -33,7 +36,7 @@ class TimeoutBatcher(Generic[T, R]):
 
     def __init__(
         self,
-        process_fn: Callable[[list[T]], Sequence[R]],
+        process_fn: Callable[[list[T]], Sequence[R] | Awaitable[Sequence[R]]],
         *,
         max_batch_size: int = 32,
         batch_timeout_s: float = 0.01,
@@ -44,6 +47,7 @@ class TimeoutBatcher(Generic[T, R]):
         if batch_timeout_s < 0:
             raise ValueError(f"batch_timeout_s must be >= 0, got {batch_timeout_s}")
         self._fn = process_fn
+        self._is_async = inspect.iscoroutinefunction(process_fn)
         self.max_batch_size = max_batch_size
         self.batch_timeout_s = batch_timeout_s
         self._queue: asyncio.Queue[tuple[T, asyncio.Future[R]]] = asyncio.Queue(max_queue_size)
@@ -109,9 +113,13 @@ class TimeoutBatcher(Generic[T, R]):
             started = time.perf_counter()
             self._running = len(live)
             try:
-                results: Sequence[Any] = await loop.run_in_executor(
-                    self._executor, self._fn, [record for record, _ in live]
-                )
+                records = [record for record, _ in live]
+                done: Any
+                if self._is_async:
+                    done = self._fn(records)
+                else:
+                    done = await loop.run_in_executor(self._executor, self._fn, records)
+                results: Sequence[Any] = await done if inspect.isawaitable(done) else done
             except Exception as exc:
                 for _, future in live:
                     if not future.done():

@@ -22,13 +22,23 @@ def add_parser(sub: Any) -> None:
 
 
 def _model_and_inputs(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="default", help="'default' (all-MiniLM-L6-v2) or PATH.onnx")
-    p.add_argument("--tokenizer", type=Path, help="tokenizer.json for --model PATH.onnx")
+    from batchline.jobs.cli import add_model_arguments
+
+    add_model_arguments(p)  # the model flags of 'batchline run'
+    p.add_argument(
+        "--device",
+        default="cpu",
+        metavar="DEVICE",
+        help="cpu (default) or cuda[:N]: where the model runs (ONNX Runtime's CUDA provider)",
+    )
     p.add_argument(
         "--inputs",
         type=Path,
         metavar="FILE",
-        help="texts to send (.jsonl, .csv, .parquet, .txt); default: a sample of the demo corpus",
+        help="what to send: texts (.jsonl, .csv, .parquet, .txt) for embed/classify; rows of "
+        "tensors (.npy, or JSONL/Parquet list columns named as the model's inputs) for predict; "
+        "records (JSONL, CSV, Parquet rows) for module:factory. Default: a sample of the demo "
+        "corpus, or random tensors shaped from the model's inputs (seeded)",
     )
     p.add_argument("--text-column", default="text", help="column holding the text (default: text)")
     p.add_argument(
@@ -45,17 +55,26 @@ def _add_bench(sub: Any) -> None:
         "bench",
         help="measure throughput and latency of batching configurations under load",
         description=(
-            "Drive the model with a closed loop (N concurrent clients) or an open loop (Poisson "
+            "Drive any model 'batchline run' takes (--model default, PATH.onnx with --task, "
+            "module:factory) with a closed loop (N concurrent clients) or an open loop (Poisson "
             "arrivals at a rate, latency from the intended send time) and compare, in the same "
             "run: the no-batching baseline, batchline's defaults, your --config files and a "
-            "classic timeout batcher. Writes OUTPUT/report.md with a table and PNG plots."
+            "classic timeout batcher. Or drive a server (--target URL). Writes "
+            "OUTPUT/report.md with a table and PNG plots."
         ),
     )
     _model_and_inputs(p)
     p.add_argument(
         "--target",
         default="inprocess",
-        help="'inprocess' (default) or the URL of a server with POST /v1/embeddings",
+        help="'inprocess' (default) or the URL of a batchline server",
+    )
+    p.add_argument(
+        "--route",
+        choices=["openai", "oip"],
+        default="openai",
+        help="with a URL: openai (POST /v1/embeddings, texts; default) or oip (the Open "
+        "Inference Protocol, POST /v2/models/NAME/infer with --model NAME)",
     )
     p.add_argument(
         "--load",
@@ -97,7 +116,9 @@ def _add_tune(sub: Any) -> None:
         help="find the batching knobs with the most throughput within a p99 budget",
         description=(
             "Search the batching knobs (padded tokens per batch, sessions x threads, batches in "
-            "flight, holding for company) on the real model and load shape; report the setting "
+            "flight, holding for company) on the real model (any --model 'batchline run' takes) "
+            "and load shape, with this machine's cores (or a GPU's sizes with --device cuda); "
+            "report the setting "
             "with the highest throughput whose p99 latency stays within --p99-ms, write it as "
             "a config file for 'batchline run/serve --config', and say so plainly when batching "
             "does not pay or when nothing meets the budget (exit code 1, no file written)."
@@ -137,6 +158,18 @@ def _command(name: str) -> str:
     return shlex.join(["batchline", name, *sys.argv[2:]]) if len(sys.argv) > 1 else ""
 
 
+def _model_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "model": args.model,
+        "task": args.task,
+        "tokenizer": args.tokenizer,
+        "labels": args.labels,
+        "pooling": args.pooling,
+        "normalize": args.normalize,
+        "device": args.device,
+    }
+
+
 def _bench_main(args: argparse.Namespace) -> int:
     import matplotlib  # noqa: F401  (the report needs it: fail before measuring, not after)
     from rich.console import Console
@@ -149,9 +182,9 @@ def _bench_main(args: argparse.Namespace) -> int:
     if compare == ["none"]:
         compare = []
     options = BenchOptions(
-        model=args.model,
-        tokenizer=args.tokenizer,
+        **_model_options(args),
         target=args.target,
+        route=args.route,
         loads=parse_loads(args.load or [DEFAULT_LOAD]),
         duration_s=args.duration,
         inputs=args.inputs,
@@ -205,8 +238,7 @@ def _tune_main(args: argparse.Namespace) -> int:
 
     options = TuneOptions(
         p99_budget_ms=args.p99_ms,
-        model=args.model,
-        tokenizer=args.tokenizer,
+        **_model_options(args),
         loads=parse_loads(args.load or [DEFAULT_TUNE_LOAD]),
         budget_s=args.budget_s,
         duration_s=args.duration,
@@ -255,12 +287,15 @@ def _tune_main(args: argparse.Namespace) -> int:
     if decision.recommended is None:
         out.print("No config file written.")
         return 1
-    notes = measured_notes(result, points=options.loads, model=args.model, inputs=inputs)
+    task = {"task": args.task} if args.task else {}
+    notes = measured_notes(result, points=options.loads, model=args.model, **task, inputs=inputs)
     decision.recommended.knobs.dump(args.output, measured=notes)
+    model = shlex.join(_model_argv(args))
+    model = f" {model}" if model else ""
     out.print(
         f"Wrote {args.output}. Use it with:\n"
-        f"  batchline run --config {args.output}\n"
-        f"  batchline serve --config {args.output}\n"
+        f"  batchline run --config {args.output}{model}\n"
+        f"  batchline serve --config {args.output}{model}\n"
         f"Check it:\n  {_check_command(args, decision)}",
         highlight=False,
         soft_wrap=True,  # commands to copy: never folded
@@ -268,16 +303,35 @@ def _tune_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _model_argv(args: argparse.Namespace) -> list[str]:
+    """The model flags given to tune, for the commands that use what it wrote."""
+    argv: list[str] = []
+    if args.model != "default":
+        argv += ["--model", args.model]
+    if args.task is not None:
+        argv += ["--task", args.task]
+    if args.tokenizer is not None:
+        argv += ["--tokenizer", str(args.tokenizer)]
+    if args.labels is not None:
+        argv += ["--labels", ",".join(args.labels)]
+    if args.pooling is not None:
+        argv += ["--pooling", args.pooling]
+    if args.normalize is not None:
+        argv += ["--normalize" if args.normalize else "--no-normalize"]
+    return argv
+
+
 def _check_command(args: argparse.Namespace, decision: Any) -> str:
     """The ``batchline bench`` command that re-measures the recommendation on the same inputs."""
     argv = ["batchline", "bench", "--config", str(args.output)]
     argv += ["--load", str(decision.recommended.point.point), "--compare", "baseline"]
-    if args.model != "default":
-        argv += ["--model", args.model, "--tokenizer", str(args.tokenizer)]
+    argv += _model_argv(args)
     if args.inputs is not None:
         argv += ["--inputs", str(args.inputs), "--text-column", args.text_column]
     if args.lengths is not None:
         argv += ["--lengths", args.lengths]
     if args.seed:
         argv += ["--seed", str(args.seed)]
+    if args.device != "cpu":
+        argv += ["--device", args.device]
     return shlex.join(argv)

@@ -4,8 +4,11 @@
     >>> result = run_bench(BenchOptions(loads=parse_load("closed:1,8,32"), duration_s=5))
     >>> write_report(result, Path("report"))      # batchline.bench.report
 
-All configurations are started (and warmed up, untimed) first; then at each load point they
-run back to back, with the same texts and, for open loops, the same arrival schedule.
+Any model ``batchline run`` takes (``model``: ``default``, ``PATH.onnx`` with a ``task``,
+``module:factory``) is loaded through ``load_model`` and batched through ``Engine`` in every
+configuration. All configurations are started (and warmed up, untimed) first; then at each
+load point they run back to back, with the same inputs and, for open loops, the same arrival
+schedule.
 """
 
 from __future__ import annotations
@@ -24,17 +27,23 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from batchline._errors import InputError
-from batchline.bench.inputs import Inputs, Lengths, load_inputs
+from batchline.bench.inputs import InputOptions, Inputs, Lengths, load_model_inputs
 from batchline.bench.loadgen import LoadPoint, PointResult, Target, parse_load, run_point
 from batchline.bench.targets import (
     Configuration,
     ModelLoader,
+    Route,
     describe_knobs,
     embeddings_url,
+    model_spec,
+    oip_inputs,
+    oip_url,
     open_target,
     reference_configurations,
+    spec_tokenizer,
 )
-from batchline.knobs import Knobs
+from batchline.knobs import Knobs, machine_cores
+from batchline.models.builtin import BUILTIN_MODELS
 
 __all__ = [
     "DEFAULT_LOAD",
@@ -52,11 +61,24 @@ REFERENCES = ("baseline", "defaults", "classic")
 
 @dataclass
 class BenchOptions:
-    """What ``batchline bench`` measures. ``target`` is ``"inprocess"`` or a server URL."""
+    """What ``batchline bench`` measures.
+
+    ``model`` and its options (``task``, ``tokenizer``, ``labels``, ``pooling``,
+    ``normalize``) are ``batchline run``'s. ``target`` is ``"inprocess"`` or a server URL;
+    with a URL, ``route`` is ``openai`` (``POST /v1/embeddings``) or ``oip`` (``POST
+    /v2/models/{model}/infer``, ``model`` being the served name). ``device`` (``cpu``,
+    ``cuda[:N]``) places the reference configurations; ``--config`` files carry their own.
+    """
 
     model: str = "default"
     tokenizer: Path | None = None
+    task: str | None = None
+    labels: tuple[str, ...] | None = None
+    pooling: str | None = None
+    normalize: bool | None = None
     target: str = "inprocess"
+    route: Route = "openai"
+    device: str = "cpu"
     loads: list[LoadPoint] = field(default_factory=lambda: parse_load(DEFAULT_LOAD))
     duration_s: float = 5.0
     inputs: Path | None = None
@@ -96,6 +118,7 @@ class BenchResult:
                     "description": c.description,
                     "knobs": dataclasses.asdict(c.knobs) if c.kind != "http" else None,
                     "url": c.url or None,
+                    "route": c.route if c.kind == "http" else None,
                 }
                 for c in self.configurations
             ],
@@ -120,6 +143,7 @@ class BenchResult:
                 Knobs(**c["knobs"]) if c.get("knobs") else Knobs(),
                 url=c.get("url") or "",
                 description=c.get("description", ""),
+                route=c.get("route") or "openai",
             )
             for c in data["configurations"]
         ]
@@ -185,7 +209,7 @@ async def warm_up(target: Target, points: Sequence[LoadPoint], seconds: float) -
 
 async def measure(
     config: Configuration,
-    texts: Sequence[str],
+    inputs: Sequence[object],
     points: Sequence[LoadPoint],
     *,
     duration_s: float,
@@ -196,7 +220,7 @@ async def measure(
 ) -> list[PointResult]:
     """Start ``config``, warm it up, and run it at each of ``points``."""
     results: list[PointResult] = []
-    async with open_target(config, texts, loader) as target:
+    async with open_target(config, inputs, loader) as target:
         if warmup_s > 0:
             await warm_up(target, points, warmup_s)
         for point in points:
@@ -217,10 +241,21 @@ def configurations(options: BenchOptions) -> list[Configuration]:
                 "--config applies to in-process runs; to bench a server with other settings, "
                 "start it with 'batchline serve --config F' and pass its URL to --target"
             )
-        url = embeddings_url(options.target)
+        if options.route == "oip":
+            url = oip_url(options.target, served_name(options.model))
+            what = "one row each"
+        else:
+            url, what = embeddings_url(options.target), "one text each"
         name = f"server {urllib.parse.urlsplit(url).netloc}"
-        return [Configuration(name, "http", url=url, description=f"POST {url}, one text each")]
-    configs = reference_configurations(options.compare)
+        return [
+            Configuration(
+                name, "http", url=url, description=f"POST {url}, {what}", route=options.route
+            )
+        ]
+    Knobs(device=options.device)  # validates --device before anything loads
+    configs = reference_configurations(
+        options.compare, cores=machine_cores(), device=options.device
+    )
     seen = {c.name for c in configs}
     for path in options.configs:
         knobs = Knobs.load(path)
@@ -249,9 +284,32 @@ async def run_bench_async(options: BenchOptions, progress: Progress | None = Non
     started = time.perf_counter()
     configs = configurations(options)
     in_process = options.target == "inprocess"
-    loader = ModelLoader(options.model, options.tokenizer) if in_process else None
-    inputs = await asyncio.to_thread(_inputs, options, loader)
-    progress.message(f"inputs: {inputs.description}")
+    loader: ModelLoader | None = None
+    try:
+        if in_process:
+            loader = ModelLoader(_spec(options))
+            progress.message(f"loading {loader.name} ...")
+            inputs = await asyncio.to_thread(model_inputs, loader, configs[0].knobs, options)
+            model_label = f"{options.model} ({loader.info(configs[0].knobs).task})"
+        else:
+            inputs = await asyncio.to_thread(_http_inputs, options)
+            model_label = options.model
+        progress.message(f"inputs: {inputs.description}")
+        return await _run(options, configs, inputs, loader, model_label, started, progress)
+    finally:
+        if loader is not None:
+            await asyncio.to_thread(loader.close)
+
+
+async def _run(
+    options: BenchOptions,
+    configs: list[Configuration],
+    inputs: Inputs,
+    loader: ModelLoader | None,
+    model_label: str,
+    started: float,
+    progress: Progress,
+) -> BenchResult:
     env = environment()
     total = len(configs) * len(options.loads)
     points: list[PointResult] = []
@@ -268,7 +326,9 @@ async def run_bench_async(options: BenchOptions, progress: Progress | None = Non
         for config in configs:
             progress.message(f"{config.name}: {config.description}")
             targets.append(
-                await stack.enter_async_context(open_target(config, inputs.texts, loader))
+                await stack.enter_async_context(
+                    open_target(config, inputs.items, loader, model=_served(options))
+                )
             )
             if options.warmup_s > 0:
                 await warm_up(targets[-1], options.loads, options.warmup_s)
@@ -292,7 +352,7 @@ async def run_bench_async(options: BenchOptions, progress: Progress | None = Non
         loads=list(options.loads),
         duration_s=options.duration_s,
         inputs=inputs.description,
-        model=options.model,
+        model=model_label,
         target=options.target,
         environment=env,
         command=options.command,
@@ -300,13 +360,74 @@ async def run_bench_async(options: BenchOptions, progress: Progress | None = Non
     )
 
 
-def _inputs(options: BenchOptions, loader: ModelLoader | None) -> Inputs:
-    tok_loader = loader or ModelLoader(options.model, options.tokenizer)
-    tokenizer, _ = tok_loader.tokenizer()
-    return load_inputs(
-        options.inputs,
-        lengths=options.lengths,
-        tokenizer=tokenizer,
+def _spec(options: BenchOptions) -> Any:
+    return model_spec(
+        options.model,
+        task=options.task,
+        tokenizer=options.tokenizer,
+        labels=options.labels,
+        pooling=options.pooling,
+        normalize=options.normalize,
+    )
+
+
+def input_options(options: Any) -> InputOptions:
+    """The input settings of bench or tune options (``inputs``, ``text_column``, ...)."""
+    return InputOptions(
+        path=options.inputs,
         text_column=options.text_column,
+        lengths=options.lengths,
         seed=options.seed,
     )
+
+
+def model_inputs(loader: ModelLoader, knobs: Knobs, options: Any) -> Inputs:
+    """What to send the loader's model, by the input it takes (``info.input_kind``); loads
+    the model laid out as ``knobs`` say (the first configuration's: it stays cached). Sync."""
+    info = loader.info(knobs)
+    specs = info.details.get("inputs")
+    return load_model_inputs(
+        info.input_kind,
+        input_options(options),
+        tokenizer=loader.tokenizer() if info.input_kind == "text" else None,
+        tensor_specs=specs if isinstance(specs, list) else (),
+    )
+
+
+def served_name(model: str) -> str:
+    """The name a server knows ``--model`` by: a built-in's served name, or as given."""
+    builtin = BUILTIN_MODELS.get(model)
+    return builtin.served_name if builtin is not None else model
+
+
+def _served(options: BenchOptions) -> str:
+    """The ``model`` an HTTP request names: always for OIP; for OpenAI only a name other than
+    ``default`` and not an ``.onnx`` path (a server with one model needs none)."""
+    model = options.model
+    if options.route == "oip" or not (model == "default" or model.lower().endswith(".onnx")):
+        return served_name(model)
+    return ""
+
+
+def _http_inputs(options: BenchOptions) -> Inputs:
+    """Inputs for a server: texts for ``/v1/embeddings``; for OIP, what the served model's
+    metadata lists (texts for a ``text`` BYTES input, else tensor rows). Texts are cut and
+    counted with the tokenizer of ``--tokenizer``, else of the built-in model when it is the
+    one named."""
+    from batchline.models.embedder import load_tokenizer
+
+    tokenizer: Any = None
+    if options.tokenizer is not None:
+        tokenizer, _ = load_tokenizer(options.tokenizer)
+    elif options.model in BUILTIN_MODELS:
+        tokenizer = spec_tokenizer(model_spec(options.model))
+    if options.route == "oip":
+        specs = oip_inputs(options.target, served_name(options.model))
+        texts = [s.get("name") for s in specs] == ["text"] and specs[0].get("datatype") == "BYTES"
+        return load_model_inputs(
+            "text" if texts else "tensors",
+            input_options(options),
+            tokenizer=tokenizer,
+            tensor_specs=specs,
+        )
+    return load_model_inputs("text", input_options(options), tokenizer=tokenizer)

@@ -1,16 +1,20 @@
-"""What a bench drives: the model in-process under some batching configuration, or a server.
+"""What a bench drives: any model in-process under some batching configuration, or a server.
 
 * :class:`Configuration` names one way to serve the model: batchline with some ``Knobs``
   (``batching=False`` is the no-batching baseline: records one at a time on a shared session),
   the classic timeout batcher, or an HTTP URL.
-* :class:`ModelLoader` loads the model once per session layout and reuses it, so a tuner that
-  tries many batch budgets does not reload the weights each time.
+* :class:`ModelLoader` loads a model spec (``default``, ``PATH.onnx``, ``module:factory``)
+  through :func:`batchline.models.loader.load_model`, once per session layout, so a tuner
+  that tries many batch budgets does not reload the weights each time.
 * :func:`open_target` starts a configuration and yields a :class:`~batchline.bench.loadgen.Target`.
 
-In-process targets are fed pre-tokenized texts (tokenizing is the same work in every
-configuration); an HTTP target sends the raw text, one per ``POST /v1/embeddings`` request,
-through a lean keep-alive HTTP/1.1 client (``httpx`` costs a millisecond or two of CPU per
-request, enough for the load generator to compete with the server for the cores).
+In-process targets run the model through :class:`batchline.models.engine.Engine`, the code
+``batchline run`` and ``batchline serve`` run, and are fed items prepared once before
+measuring (tokenizing, checking tensors: the same work in every configuration). An HTTP
+target sends raw inputs, one per request, to ``POST /v1/embeddings`` (texts) or to the Open
+Inference Protocol's ``POST /v2/models/{name}/infer`` (texts or tensor rows), through a lean
+keep-alive HTTP/1.1 client (``httpx`` costs a millisecond or two of CPU per request, enough
+for the load generator to compete with the server for the cores).
 """
 
 from __future__ import annotations
@@ -19,14 +23,15 @@ import asyncio
 import contextlib
 import json
 import urllib.parse
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 from batchline._errors import InputError
 from batchline.bench.loadgen import Counters, Target
-from batchline.knobs import BASELINE, Knobs
+from batchline.knobs import BASELINE, Knobs, machine_cores
+from batchline.models.protocol import BatchModel, ModelInfo
+from batchline.models.specs import ModelSpec
 
 __all__ = [
     "CLASSIC_BATCH_TIMEOUT_S",
@@ -35,7 +40,13 @@ __all__ = [
     "HttpError",
     "HttpTarget",
     "ModelLoader",
+    "Route",
+    "embeddings_url",
+    "model_spec",
+    "oip_body",
+    "oip_url",
     "open_target",
+    "prepare_items",
     "reference_configurations",
 ]
 
@@ -45,6 +56,10 @@ CLASSIC_MAX_BATCH_SIZE = 32
 CLASSIC_BATCH_TIMEOUT_S = 0.01
 
 ConfigKind = Literal["knobs", "classic", "http"]
+#: What an HTTP target speaks: OpenAI embeddings or the Open Inference Protocol.
+Route = Literal["openai", "oip"]
+
+AnyModel = BatchModel[Any, Any]
 
 
 @dataclass(frozen=True)
@@ -56,6 +71,7 @@ class Configuration:
     knobs: Knobs = field(default_factory=Knobs)
     url: str = ""
     description: str = ""
+    route: Route = "openai"
 
     @classmethod
     def from_knobs(cls, name: str, knobs: Knobs, description: str = "") -> Configuration:
@@ -72,6 +88,8 @@ def describe_knobs(knobs: Knobs) -> str:
         f"{knobs.sessions} session{'s' if knobs.sessions > 1 else ''} x "
         f"{knobs.intra_op_threads} thread{'s' if knobs.intra_op_threads > 1 else ''}"
     )
+    if knobs.is_gpu:
+        layout += f" on {knobs.device}"
     if not knobs.batching:
         shared = ", shared" if knobs.sessions == 1 else ""
         return (
@@ -90,19 +108,36 @@ def describe_knobs(knobs: Knobs) -> str:
     )
 
 
-def reference_configurations(names: Sequence[str]) -> list[Configuration]:
-    """The built-in configurations: ``baseline``, ``defaults`` and ``classic``, in that order."""
+def reference_configurations(
+    names: Sequence[str], *, cores: int | None = None, device: str = "cpu"
+) -> list[Configuration]:
+    """The built-in configurations: ``baseline``, ``defaults`` and ``classic``, in that order.
+
+    ``cores`` (default: :func:`batchline.knobs.machine_cores`) sizes the baseline's and the
+    classic batcher's one session and the defaults' sessions; ``device`` is ``cpu`` or
+    ``cuda[:N]`` for all three.
+    """
+    cores = cores or machine_cores()
+    classic_knobs = Knobs(
+        sessions=1, intra_op_threads=cores, max_concurrent_batches=1, device=device
+    )
     known = {
-        "baseline": Configuration.from_knobs("baseline", BASELINE),
-        "defaults": Configuration.from_knobs("batchline defaults", Knobs()),
+        "baseline": Configuration.from_knobs(
+            "baseline",
+            BASELINE.replace(intra_op_threads=cores, max_concurrent_batches=cores, device=device),
+        ),
+        "defaults": Configuration.from_knobs(
+            "batchline defaults",
+            Knobs(sessions=cores, max_concurrent_batches=cores, device=device),
+        ),
         "classic": Configuration(
             "classic timeout",
             "classic",
-            Knobs(sessions=1, intra_op_threads=2, max_concurrent_batches=1),
+            classic_knobs,
             description=(
                 f"up to {CLASSIC_MAX_BATCH_SIZE} records, waits up to "
                 f"{CLASSIC_BATCH_TIMEOUT_S * 1e3:g} ms for a full batch, one batch at a time, "
-                "no padding awareness; 1 session x 2 threads"
+                f"no padding awareness; 1 session x {cores} thread{'s' if cores > 1 else ''}"
             ),
         ),
     }
@@ -118,83 +153,142 @@ def reference_configurations(names: Sequence[str]) -> list[Configuration]:
 # -- the model, loaded once per session layout ----------------------------------------------
 
 
-class ModelLoader:
-    """Loads ``--model`` (``default`` or ``PATH.onnx`` with ``--tokenizer``) and builds embedders.
+def model_spec(
+    model: str | ModelSpec = "default",
+    *,
+    task: str | None = None,
+    tokenizer: Any = None,
+    labels: tuple[str, ...] | None = None,
+    pooling: str | None = None,
+    normalize: bool | None = None,
+) -> ModelSpec:
+    """``--model`` and its options as one spec, as ``batchline run`` reads them; a text
+    generator is refused (its benchmark is ``benchmarks/bench_generate.py``)."""
+    from batchline.models.specs import parse_specs
 
-    Models are cached by (sessions, intra-op threads, shared), so only the first configuration
-    with a given layout pays for loading the weights.
+    if isinstance(model, ModelSpec):
+        spec = model.with_options(
+            task=task, tokenizer=tokenizer, labels=labels, pooling=pooling, normalize=normalize
+        )
+    else:
+        (spec,) = parse_specs(
+            [model],
+            tasks=[task] if task else [],
+            tokenizer=tokenizer,
+            labels=labels,
+            pooling=pooling,
+            normalize=normalize,
+        )
+    if spec.generates:
+        raise InputError(
+            f"model {spec.name!r} generates text: bench and tune measure batch models "
+            "(embed, classify, predict); benchmarks/bench_generate.py measures generation"
+        )
+    return spec
+
+
+Layout = tuple[object, ...]
+
+
+def layout_of(spec: ModelSpec, knobs: Knobs) -> Layout:
+    """What of ``knobs`` a loaded model depends on: its sessions, threads and device (a
+    ``module:factory`` model is laid out by its own code: one layout)."""
+    if spec.kind == "python":
+        return ()
+    if not knobs.batching:
+        return (False, 1, knobs.intra_op_threads, None, knobs.device)
+    return (
+        True,
+        knobs.sessions,
+        knobs.intra_op_threads,
+        knobs.solo_intra_op_threads,
+        knobs.device,
+    )
+
+
+class ModelLoader:
+    """Loads a model spec through ``load_model`` (what ``run`` and ``serve`` load) and keeps
+    each layout loaded: models are cached by (spec, layout), so only the first configuration
+    with a given layout pays for loading the weights. :meth:`close` closes them all.
+
+    >>> loader = ModelLoader(model_spec("model.onnx", task="predict"))
+    >>> model = loader.load(Knobs(sessions=2))
     """
 
-    def __init__(self, model: str = "default", tokenizer: Path | None = None) -> None:
-        if model == "default":
-            if tokenizer is not None:
-                raise InputError("--tokenizer goes with --model PATH.onnx, not the default model")
-        else:
-            path = Path(model)
-            if path.suffix.lower() != ".onnx":
-                raise InputError(
-                    f"--model must be 'default' or a path to an .onnx file, got {model!r}"
-                )
-            if not path.is_file():
-                raise InputError(f"{path}: no such model file")
-            if tokenizer is None:
-                raise InputError(f"--model {path} needs --tokenizer PATH/tokenizer.json")
-            if not tokenizer.is_file():
-                raise InputError(f"{tokenizer}: no such tokenizer file")
-        self.model = model
-        self.tokenizer_path = tokenizer
-        self._models: dict[tuple[int, int, bool], Any] = {}
-        self._tokenizer: tuple[Any, int] | None = None
+    def __init__(self, spec: ModelSpec | str = "default", tokenizer: Any = None) -> None:
+        self.spec = spec if isinstance(spec, ModelSpec) else model_spec(spec, tokenizer=tokenizer)
+        self._models: dict[tuple[ModelSpec, Layout], AnyModel] = {}
+        self._tokenizer: list[Any] = []
 
-    def tokenizer(self) -> tuple[Any, int]:
-        """``(tokenizer, pad_id)`` of the model, loaded once."""
-        if self._tokenizer is None:
-            from batchline.models import load_tokenizer
+    @property
+    def name(self) -> str:
+        return self.spec.name
 
-            if self.model == "default":
-                from batchline.models import minilm
+    def load(self, knobs: Knobs) -> AnyModel:
+        """The model laid out as ``knobs`` say (cached)."""
+        from batchline.models.loader import load_model
 
-                self._tokenizer = load_tokenizer(
-                    minilm.weights_dir() / "tokenizer.json", max_length=minilm.MAX_LENGTH
-                )
-            else:
-                assert self.tokenizer_path is not None
-                self._tokenizer = load_tokenizer(self.tokenizer_path)
-        return self._tokenizer
-
-    def onnx_model(self, sessions: int, intra_op_threads: int, shared: bool) -> Any:
-        """The ``OnnxModel`` with that layout (cached)."""
-        key = (sessions, intra_op_threads, shared)
+        key = (self.spec, layout_of(self.spec, knobs))
         if key not in self._models:
-            from batchline.models import OnnxModel
-
-            if self.model == "default":
-                from batchline.models import minilm
-
-                path = minilm.default_model_path()
-            else:
-                path = Path(self.model)
-            self._models[key] = OnnxModel.load(
-                path, sessions=sessions, intra_op_threads=intra_op_threads, shared=shared
-            )
+            self._models[key] = load_model(self.spec, knobs)
         return self._models[key]
 
-    def embedder(self, knobs: Knobs) -> Any:
-        """An ``Embedder`` laid out and batching as ``knobs`` say."""
-        from batchline.models import Embedder
+    def info(self, knobs: Knobs) -> ModelInfo:
+        """The model's info (loading it laid out as ``knobs`` say, if not loaded yet)."""
+        return self.load(knobs).info
 
-        options = knobs.embedder_options()
-        model = self.onnx_model(
-            options.pop("sessions"), options.pop("intra_op_threads"), options.pop("shared")
+    def tokenizer(self) -> Any:
+        """The Hugging Face tokenizer of a text model (built-in or ``.onnx`` embed/classify),
+        loaded once, to cut texts to lengths and count tokens; ``None`` for other models."""
+        if not self._tokenizer:
+            self._tokenizer.append(spec_tokenizer(self.spec))
+        return self._tokenizer[0]
+
+    def release(self, keep: Sequence[Knobs] = ()) -> None:
+        """Close and drop loaded models except those laid out as one of ``keep``."""
+        kept = {(self.spec, layout_of(self.spec, k)) for k in keep}
+        for key in [k for k in self._models if k not in kept]:
+            self._models.pop(key).close()
+
+    def close(self) -> None:
+        """Close every loaded model."""
+        self.release()
+
+
+def spec_tokenizer(spec: ModelSpec) -> Any:
+    """The tokenizer of a text model's spec (see :meth:`ModelLoader.tokenizer`), or ``None``."""
+    from batchline.models.embedder import load_tokenizer
+    from batchline.models.loader import resolve_task, tokenizer_path
+
+    if spec.kind == "builtin":
+        if spec.builtin_task not in ("embed", "classify"):
+            return None
+        from batchline.models import minilm
+
+        tok, _ = load_tokenizer(
+            minilm.weights_dir() / "tokenizer.json", max_length=minilm.MAX_LENGTH
         )
-        tokenizer, pad_id = self.tokenizer()
-        return Embedder(model, tokenizer, pad_id=pad_id, **options)
+        return tok
+    if spec.kind == "onnx" and resolve_task(spec) in ("embed", "classify"):
+        tok, _ = load_tokenizer(tokenizer_path(spec))
+        return tok
+    if spec.kind == "onnx" and spec.tokenizer is not None:
+        tok, _ = load_tokenizer(spec.tokenizer)
+        return tok
+    return None
 
-    def release(self, keep: Sequence[tuple[int, int, bool]] = ()) -> None:
-        """Drop cached models except the layouts in ``keep``."""
-        for key in list(self._models):
-            if key not in keep:
-                del self._models[key]
+
+def prepare_items(model: AnyModel, inputs: Sequence[object]) -> list[Any]:
+    """``model.prepare(inputs)``, all of them usable, or an ``InputError`` saying which not."""
+    prepared = model.prepare(inputs)
+    bad = [(i, p) for i, p in enumerate(prepared) if isinstance(p, BaseException)]
+    if bad:
+        index, exc = bad[0]
+        raise InputError(
+            f"the model {model.info.name!r} cannot take {len(bad):,} of the {len(inputs):,} "
+            f"inputs; input {index + 1}: {exc}"
+        )
+    return list(prepared)
 
 
 # -- in-process targets --------------------------------------------------------------------
@@ -235,78 +329,169 @@ def _stats_counters(batcher: Any) -> Callable[[], Counters]:
     return read
 
 
+async def _prepared(
+    loader: ModelLoader, knobs: Knobs, inputs: Sequence[object]
+) -> tuple[AnyModel, list[Any]]:
+    """The model laid out as ``knobs`` say and ``inputs`` prepared for it, before measuring."""
+    model = await asyncio.to_thread(loader.load, knobs)
+    return model, await asyncio.to_thread(prepare_items, model, inputs)
+
+
 @contextlib.asynccontextmanager
 async def _knobs_target(
-    loader: ModelLoader, knobs: Knobs, texts: Sequence[str]
+    loader: ModelLoader, knobs: Knobs, inputs: Sequence[object]
 ) -> AsyncIterator[Target]:
     from batchline.models.engine import Engine
-    from batchline.models.onnx.embed import TextEmbedder
 
-    embedder = await asyncio.to_thread(loader.embedder, knobs)
-    model = TextEmbedder(embedder, name=loader.model)
-    tokens = await asyncio.to_thread(embedder.tokenize, texts)
+    model, items = await _prepared(loader, knobs, inputs)
     # batching or the baseline, built by the engine layer exactly as ``batchline run`` builds it
     async with Engine(model, knobs) as engine:
-        yield _SubmitTarget(engine.submit, _stats_counters(engine), tokens)
+        yield _SubmitTarget(engine.submit, _stats_counters(engine), items)
 
 
 @contextlib.asynccontextmanager
 async def _classic_target(
-    loader: ModelLoader, knobs: Knobs, texts: Sequence[str]
+    loader: ModelLoader, knobs: Knobs, inputs: Sequence[object]
 ) -> AsyncIterator[Target]:
     from batchline.bench.classic import TimeoutBatcher
 
-    embedder = await asyncio.to_thread(loader.embedder, knobs)
-    tokens = await asyncio.to_thread(embedder.tokenize, texts)
-
-    def run_batch(batch: list[Any]) -> list[Any]:
-        return list(embedder.embed_tokens(batch))
-
+    model, items = await _prepared(loader, knobs, inputs)
     batcher: TimeoutBatcher[Any, Any] = TimeoutBatcher(
-        run_batch,
+        model.run_batch,
         max_batch_size=CLASSIC_MAX_BATCH_SIZE,
         batch_timeout_s=CLASSIC_BATCH_TIMEOUT_S,
         max_queue_size=knobs.max_queue_size,
     )
     async with batcher:
-        yield _SubmitTarget(batcher.submit, batcher.counters, tokens)
+        yield _SubmitTarget(batcher.submit, batcher.counters, items)
 
 
 @contextlib.asynccontextmanager
 async def open_target(
-    config: Configuration, texts: Sequence[str], loader: ModelLoader | None = None
+    config: Configuration,
+    inputs: Sequence[object],
+    loader: ModelLoader | None = None,
+    *,
+    model: str = "",
 ) -> AsyncIterator[Target]:
-    """Start ``config`` and yield a target sending ``texts`` (cyclically); stop it on exit."""
+    """Start ``config`` and yield a target sending ``inputs`` (cyclically); stop it on exit.
+
+    In-process configurations load the model through ``loader`` and prepare ``inputs`` before
+    yielding; an HTTP configuration sends them raw (``model``: the served model's name).
+    """
     if config.kind == "http":
-        async with HttpTarget(config.url, texts) as http:
+        async with HttpTarget(config.url, inputs, route=config.route, model=model) as http:
             yield http
         return
     if loader is None:
         raise ValueError(f"configuration {config.name!r} runs in-process and needs a ModelLoader")
     opener = _classic_target if config.kind == "classic" else _knobs_target
-    async with opener(loader, config.knobs, texts) as target:
+    async with opener(loader, config.knobs, inputs) as target:
         yield target
 
 
 # -- HTTP ----------------------------------------------------------------------------------
 
 
-class HttpError(Exception):
-    """A request got a non-200 answer or a broken response."""
+def _check_url(url: str) -> urllib.parse.SplitResult:
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InputError(
+            f"--target {url!r}: expected 'inprocess' or an http(s):// URL of a batchline "
+            "server (POST /v1/embeddings, or with --route oip /v2/models/NAME/infer), e.g. "
+            "http://127.0.0.1:8000"
+        )
+    return parts
 
 
 def embeddings_url(url: str) -> str:
     """``http://host:port`` -> ``http://host:port/v1/embeddings``; a full route is kept."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise InputError(
-            f"--target {url!r}: expected 'inprocess' or an http(s):// URL of a server with "
-            "POST /v1/embeddings, e.g. http://127.0.0.1:8000"
-        )
+    parts = _check_url(url)
     path = parts.path.rstrip("/")
     if not path.endswith("/embeddings"):
         path += "/v1/embeddings"
     return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+
+
+def oip_url(url: str, model: str, *, action: str = "infer") -> str:
+    """``http://host:port`` -> ``http://host:port/v2/models/MODEL/infer`` (the Open Inference
+    Protocol); ``action=""`` gives the model's metadata route. A full ``.../infer`` is kept."""
+    parts = _check_url(url)
+    path = parts.path.rstrip("/")
+    if path.endswith("/infer"):
+        if not action:
+            path = path[: -len("/infer")]
+    else:
+        path += f"/v2/models/{urllib.parse.quote(model, safe='')}"
+        if action:
+            path += f"/{action}"
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+
+
+# numpy dtype (kind, itemsize) -> Open Inference Protocol datatype
+_OIP_TYPES = {
+    ("b", 1): "BOOL",
+    ("u", 1): "UINT8",
+    ("u", 2): "UINT16",
+    ("u", 4): "UINT32",
+    ("u", 8): "UINT64",
+    ("i", 1): "INT8",
+    ("i", 2): "INT16",
+    ("i", 4): "INT32",
+    ("i", 8): "INT64",
+    ("f", 2): "FP16",
+    ("f", 4): "FP32",
+    ("f", 8): "FP64",
+}
+
+
+def oip_body(item: object) -> dict[str, object]:
+    """One record as an Open Inference Protocol request of one row: a text as the ``text``
+    BYTES tensor (embed and classify models), a tensor row ``{name: array}`` as its inputs."""
+    if isinstance(item, str):
+        return {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [item]}]}
+    if not isinstance(item, Mapping):
+        raise InputError(
+            f"an Open Inference Protocol request carries texts or named tensors, not "
+            f"{type(item).__name__}"
+        )
+    import numpy as np
+
+    tensors: list[dict[str, object]] = []
+    for name, value in item.items():
+        arr = np.asarray(value)
+        datatype = _OIP_TYPES.get((arr.dtype.kind, arr.dtype.itemsize))
+        if datatype is None:
+            raise InputError(f"input {name!r}: {arr.dtype} tensors are not sent over JSON")
+        data = arr.ravel().tolist()
+        tensors.append(
+            {"name": str(name), "datatype": datatype, "shape": [1, *arr.shape], "data": data}
+        )
+    return {"inputs": tensors}
+
+
+def oip_inputs(url: str, model: str, *, timeout_s: float = 10.0) -> list[dict[str, object]]:
+    """The model's inputs as the server describes them (``GET /v2/models/MODEL``): what to
+    shape random rows from, or which columns of ``--inputs`` to read. Sync."""
+    import urllib.error
+    import urllib.request
+
+    meta = oip_url(url, model, action="")
+    try:
+        with urllib.request.urlopen(meta, timeout=timeout_s) as response:
+            doc = json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        raise InputError(f"GET {meta}: HTTP {exc.code}; is {model!r} served there?") from None
+    except (OSError, ValueError) as exc:
+        raise InputError(f"GET {meta}: {exc}") from None
+    inputs = doc.get("inputs") if isinstance(doc, dict) else None
+    if not isinstance(inputs, list) or not all(isinstance(i, dict) for i in inputs):
+        raise InputError(f"GET {meta}: the answer lists no model inputs")
+    return inputs
+
+
+class HttpError(Exception):
+    """A request got a non-200 answer or a broken response."""
 
 
 class _Connection:
@@ -319,20 +504,45 @@ class _Connection:
 
 
 class HttpTarget:
-    """``POST /v1/embeddings`` with ``{"input": text}``, one text per request, over keep-alive
-    HTTP/1.1 connections (opened as needed, at most ``max_connections``).
+    """One input per request over keep-alive HTTP/1.1 connections (opened as needed, at most
+    ``max_connections``): ``route="openai"`` posts ``{"input": text}`` (plus ``"model"`` when
+    ``model`` is given) to ``/v1/embeddings``; ``route="oip"`` posts a one-row Open Inference
+    Protocol request (:func:`oip_body`) to ``/v2/models/{model}/infer``.
 
     A plain ``http://`` URL goes through a small built-in client; ``https://`` through httpx.
     """
 
-    def __init__(self, url: str, texts: Sequence[str], *, max_connections: int = 512) -> None:
-        self.url = embeddings_url(url)
+    def __init__(
+        self,
+        url: str,
+        inputs: Sequence[object],
+        *,
+        route: Route = "openai",
+        model: str = "",
+        max_connections: int = 512,
+    ) -> None:
+        if route == "oip":
+            if not model:
+                raise InputError("--route oip needs the served model's name: --model NAME")
+            self.url = oip_url(url, model)
+            bodies = [oip_body(item) for item in inputs]
+        elif route == "openai":
+            self.url = embeddings_url(url)
+            bodies = []
+            for text in inputs:
+                if not isinstance(text, str):
+                    raise InputError("POST /v1/embeddings sends texts; use --route oip for tensors")
+                bodies.append({"input": text, **({"model": model} if model else {})})
+        else:
+            raise InputError(f"--route must be openai or oip, got {route!r}")
+        if not bodies:
+            raise InputError("no inputs to send")
         parts = urllib.parse.urlsplit(self.url)
         self._tls = parts.scheme == "https"
         self._host = parts.hostname or ""
         self._port = parts.port or (443 if self._tls else 80)
         target = parts.path + (f"?{parts.query}" if parts.query else "")
-        self._bodies = [json.dumps({"input": t}).encode() for t in texts]
+        self._bodies = [json.dumps(b).encode() for b in bodies]
         self._head = (
             f"POST {target} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
             "Content-Type: application/json\r\nAccept: application/json\r\n"

@@ -10,6 +10,20 @@ within budget and where nothing failed; failing that, the lowest p99):
 4. one more batch in flight than sessions (``max_concurrent_batches``);
 5. holding records for company: ``min_batch_size`` / ``batch_timeout_s``.
 
+Any model ``batchline run`` takes can be tuned (``default``, ``PATH.onnx`` with a task,
+``module:factory``): every trial loads it through ``load_model`` and batches through
+``Engine``, as ``run`` and ``serve`` will with the knobs file written. For a model whose
+costs add up (``cost_kind="additive"``: tensors, records), ``target_batch_tokens`` is the
+batch's summed cost (records, when each costs 1) and ``max_batch_size`` caps it as well.
+
+Core counts come from the machine (:func:`batchline.knobs.machine_cores`). On a GPU
+(``device="cuda[:N]"``) the search differs, because one device runs the batches and the
+CPU cores only feed it: the splits are 1 or 2 sessions of one thread each (a second session
+lets one batch be assembled and copied while the other computes; more only contend for the
+same device, and each holds its own copy of the weights in GPU memory), and the budgets
+are larger (:data:`GPU_TOKEN_BUDGETS`, 1,024 to 8,192), since a GPU is far from full at the
+256-2,048 padded tokens where a CPU peaks. This branch is untested where there is no GPU.
+
 The winner and the baseline are then measured once more at their best load point (and so is
 any setting that a confirmation promotes to winner); the verdict uses the mean throughput and
 the worse p99 of the two runs, and the spread between the runs widens the noise margin.
@@ -18,7 +32,7 @@ not pay within noise (write the baseline's), or nothing meets the budget at thes
 nothing).
 
     >>> result = await tune(measure, points=parse_load("closed:8,32,64"), p99_budget_ms=100,
-    ...                     budget_s=120, cores=2)
+    ...                     budget_s=120)        # cores: this machine's
     >>> result.decision.message
 """
 
@@ -26,7 +40,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -36,7 +49,7 @@ from typing import Any, Literal, Protocol
 from batchline._errors import InputError
 from batchline.bench.inputs import Lengths
 from batchline.bench.loadgen import LoadPoint, PointResult, parse_load
-from batchline.knobs import BASELINE, Knobs
+from batchline.knobs import BASELINE, Knobs, machine_cores
 
 __all__ = [
     "DEFAULT_NOISE",
@@ -58,6 +71,11 @@ __all__ = [
 DEFAULT_NOISE = 0.10
 
 TOKEN_BUDGETS = (256, 512, 1024, 2048)
+#: Budgets tried on a GPU (see the module docstring), the first batching trial at 2,048.
+GPU_TOKEN_BUDGETS = (1024, 2048, 4096, 8192)
+GPU_FIRST_BUDGET = 2048
+#: ``(sessions, intra_op_threads)`` tried on a GPU, the first batching trial first.
+GPU_SPLITS = ((2, 1), (1, 1))
 # (min_batch_size, batch_timeout_s): hold records briefly while a slot is free
 HOLDS = ((8, 0.002), (32, 0.01))
 
@@ -277,14 +295,40 @@ def core_splits(cores: int) -> list[tuple[int, int]]:
     return [(s, cores // s) for s in range(1, min(cores, 8) + 1) if cores % s == 0]
 
 
-def baseline_knobs(cores: int) -> Knobs:
-    """The no-batching baseline on ``cores`` cores: one shared session with every core."""
-    return BASELINE.replace(intra_op_threads=cores)
+def baseline_knobs(cores: int, device: str = "cpu") -> Knobs:
+    """The no-batching baseline on ``cores`` cores: one shared session with every core, as
+    many callers as cores."""
+    return BASELINE.replace(intra_op_threads=cores, max_concurrent_batches=cores, device=device)
 
 
-def planned_trials(cores: int) -> int:
+def _is_gpu(device: str) -> bool:
+    return device != "cpu"
+
+
+def search_space(cores: int, device: str = "cpu") -> tuple[list[tuple[int, int]], Knobs]:
+    """The ``(sessions, threads)`` splits to try and the first batching setting (tried first:
+    when the time budget allows one batching trial, it is this one)."""
+    if _is_gpu(device):
+        start = Knobs(
+            sessions=GPU_SPLITS[0][0],
+            intra_op_threads=GPU_SPLITS[0][1],
+            max_concurrent_batches=GPU_SPLITS[0][0],
+            target_batch_tokens=GPU_FIRST_BUDGET,
+            device=device,
+        )
+        return list(GPU_SPLITS), start
+    start = Knobs(sessions=cores, intra_op_threads=1, max_concurrent_batches=cores)
+    splits = core_splits(cores)
+    # the shipped defaults (one session per core) first
+    ordered = sorted(splits, key=lambda st: (st != (start.sessions, start.intra_op_threads), st))
+    return ordered, start
+
+
+def planned_trials(cores: int, device: str = "cpu") -> int:
     """How many trials a full search runs (the baseline included)."""
-    return 1 + len(core_splits(cores)) + (len(TOKEN_BUDGETS) - 1) + 1 + len(HOLDS)
+    splits, _ = search_space(cores, device)
+    budgets = GPU_TOKEN_BUDGETS if _is_gpu(device) else TOKEN_BUDGETS
+    return 1 + len(splits) + (len(budgets) - 1) + 1 + len(HOLDS)
 
 
 def plan_duration(budget_s: float, trials: int, points: int) -> float:
@@ -335,19 +379,22 @@ async def tune(
     points: Sequence[LoadPoint],
     p99_budget_ms: float,
     budget_s: float = 120.0,
-    cores: int = 2,
+    cores: int | None = None,
     noise: float = DEFAULT_NOISE,
     duration_s: float | None = None,
     progress: Callable[[str], None] | None = None,
     now: Callable[[], float] = time.monotonic,
     base_knobs: Knobs | None = None,
+    device: str = "cpu",
 ) -> TuneResult:
     """Search the knobs (see the module docstring) within about ``budget_s`` seconds.
 
     ``measure`` runs one setting; tests pass a synthetic one with a fake ``now``. The baseline
     and one batching setting always run, whatever the budget; later stages are skipped, with a
-    progress message, when the time left would not cover them.
+    progress message, when the time left would not cover them. ``cores`` defaults to this
+    machine's (:func:`batchline.knobs.machine_cores`); ``device`` is ``cpu`` or ``cuda[:N]``.
     """
+    cores = cores or machine_cores()
     if not p99_budget_ms > 0:
         raise ValueError(f"p99_budget_ms must be > 0, got {p99_budget_ms}")
     if not points:
@@ -355,12 +402,12 @@ async def tune(
     say = progress or (lambda _text: None)
     started = now()
     deadline = started + budget_s
-    duration = duration_s or plan_duration(budget_s, planned_trials(cores), len(points))
+    duration = duration_s or plan_duration(budget_s, planned_trials(cores, device), len(points))
     trials: list[Trial] = []
     by_knobs: dict[Knobs, Trial] = {}
     skipped: list[str] = []
     spent: list[float] = []
-    total = planned_trials(cores)
+    total = planned_trials(cores, device)
 
     def confirm_reserve() -> float:
         return 2 * duration * _POINT_OVERHEAD + _TRIAL_OVERHEAD_S
@@ -391,17 +438,13 @@ async def tune(
         pool = [t for t in candidates if t is not None]
         return max(pool, key=lambda t: _score(t, p99_budget_ms, noise))
 
-    base_knobs = base_knobs or baseline_knobs(cores)
+    base_knobs = base_knobs or baseline_knobs(cores, device)
     await run(base_knobs, must=True)
-    defaults = Knobs()
-    splits = core_splits(cores)
-    # the shipped defaults first: if the budget allows one batching trial, it is this one
-    ordered = sorted(
-        splits, key=lambda st: (st != (defaults.sessions, defaults.intra_op_threads), st)
-    )
+    ordered, start = search_space(cores, device)
+    budgets = GPU_TOKEN_BUDGETS if _is_gpu(device) else TOKEN_BUDGETS
     stage: list[Trial | None] = []
     for i, (sessions, threads) in enumerate(ordered):
-        knobs = defaults.replace(
+        knobs = start.replace(
             sessions=sessions, intra_op_threads=threads, max_concurrent_batches=sessions
         )
         stage.append(await run(knobs, must=i == 0))
@@ -409,7 +452,7 @@ async def tune(
     stage = [best]
     stage += [
         await run(best.knobs.replace(target_batch_tokens=tokens))
-        for tokens in TOKEN_BUDGETS
+        for tokens in budgets
         if tokens != best.knobs.target_batch_tokens
     ]
     best = best_of(stage)
@@ -515,6 +558,11 @@ class TuneOptions:
     p99_budget_ms: float
     model: str = "default"
     tokenizer: Path | None = None
+    task: str | None = None
+    labels: tuple[str, ...] | None = None
+    pooling: str | None = None
+    normalize: bool | None = None
+    device: str = "cpu"
     loads: list[LoadPoint] = field(default_factory=lambda: parse_load(DEFAULT_TUNE_LOAD))
     budget_s: float = 120.0
     duration_s: float | None = None
@@ -529,22 +577,15 @@ class TuneOptions:
 DEFAULT_TUNE_LOAD = "closed:8,32,64"
 
 
-def available_cores() -> int:
-    """Cores this process may run on."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
 async def run_tune(
     options: TuneOptions, progress: Callable[[str], None] | None = None
 ) -> tuple[TuneResult, str]:
     """Tune on the real model; returns the result and a description of the inputs."""
     import asyncio
 
-    from batchline.bench.inputs import load_inputs
     from batchline.bench.runner import measure as measure_config
-    from batchline.bench.targets import Configuration, ModelLoader
+    from batchline.bench.runner import model_inputs
+    from batchline.bench.targets import Configuration, ModelLoader, model_spec
 
     say = progress or (lambda _text: None)
     if not options.p99_budget_ms > 0:
@@ -555,49 +596,59 @@ async def run_tune(
         raise InputError(f"--duration must be > 0 seconds, got {options.duration_s}")
     if not options.noise >= 0:
         raise InputError(f"--noise must be >= 0, got {options.noise}")
-    loader = ModelLoader(options.model, options.tokenizer)
-    tokenizer, _ = await asyncio.to_thread(loader.tokenizer)
-    inputs = await asyncio.to_thread(
-        load_inputs,
-        options.inputs,
-        lengths=options.lengths,
-        tokenizer=tokenizer,
-        text_column=options.text_column,
-        seed=options.seed,
+    cores = options.cores or machine_cores()
+    base = baseline_knobs(cores, options.device)  # validates --device
+    spec = model_spec(
+        options.model,
+        task=options.task,
+        tokenizer=options.tokenizer,
+        labels=options.labels,
+        pooling=options.pooling,
+        normalize=options.normalize,
     )
-    say(f"inputs: {inputs.description}")
-    cores = options.cores or available_cores()
+    loader = ModelLoader(spec)
+    try:
+        say(f"loading {spec.name} ...")
+        inputs = await asyncio.to_thread(model_inputs, loader, base, options)
+        say(f"inputs: {inputs.description}")
 
-    async def measure(
-        label: str, knobs: Knobs, points: Sequence[LoadPoint], duration_s: float
-    ) -> list[PointResult]:
-        config = Configuration.from_knobs(label, knobs)
+        async def measure(
+            label: str, knobs: Knobs, points: Sequence[LoadPoint], duration_s: float
+        ) -> list[PointResult]:
+            config = Configuration.from_knobs(label, knobs)
 
-        def on_point(p: PointResult) -> None:
-            say(
-                f"    {p.point.label}: {p.achieved_rps:,.0f} rec/s, p99 {p.p99_ms:,.0f} ms"
-                + (f", {p.errors + p.unanswered} failed/unanswered" if p.failed else "")
+            def on_point(p: PointResult) -> None:
+                say(
+                    f"    {p.point.label}: {p.achieved_rps:,.0f} rec/s, p99 {p.p99_ms:,.0f} ms"
+                    + (f", {p.errors + p.unanswered} failed/unanswered" if p.failed else "")
+                )
+
+            # one layout loaded besides the baseline's: a search over many layouts must not
+            # hold them all in memory at once
+            await asyncio.to_thread(loader.release, [base, knobs])
+            return await measure_config(
+                config,
+                inputs.items,
+                points,
+                duration_s=duration_s,
+                loader=loader,
+                seed=options.seed,
+                warmup_s=min(1.0, duration_s / 2),
+                on_point=on_point,
             )
 
-        return await measure_config(
-            config,
-            inputs.texts,
-            points,
-            duration_s=duration_s,
-            loader=loader,
-            seed=options.seed,
-            warmup_s=min(1.0, duration_s / 2),
-            on_point=on_point,
+        result = await tune(
+            measure,
+            points=options.loads,
+            p99_budget_ms=options.p99_budget_ms,
+            budget_s=options.budget_s,
+            cores=cores,
+            noise=options.noise,
+            duration_s=options.duration_s,
+            progress=say,
+            base_knobs=base,
+            device=options.device,
         )
-
-    result = await tune(
-        measure,
-        points=options.loads,
-        p99_budget_ms=options.p99_budget_ms,
-        budget_s=options.budget_s,
-        cores=cores,
-        noise=options.noise,
-        duration_s=options.duration_s,
-        progress=say,
-    )
+    finally:
+        await asyncio.to_thread(loader.close)
     return result, inputs.description
