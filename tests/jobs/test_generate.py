@@ -307,3 +307,17 @@ def test_the_progress_bar_counts_prompts_and_tokens(tiny: Path, tmp_path: Path) 
     shown = console.file.getvalue()  # type: ignore[attr-defined]
     assert "4/" in shown  # prompts done (a JSONL's total is known only once read through)
     assert re.search(r"[1-9]\d* tok, [\d.,]+ tok/s", shown), shown
+
+
+def test_a_model_that_cannot_load_leaves_no_output(tiny: Path, tmp_path: Path) -> None:
+    import torch
+
+    from batchline._errors import ModelError
+
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA")
+    src = write_prompts(tmp_path / "prompts.jsonl", PROMPTS[:1])
+    out = tmp_path / "out"
+    with pytest.raises(ModelError, match="no CUDA device"):
+        run_job(tiny, src, out, knobs=Knobs(device="cuda"))
+    assert not out.exists()

@@ -370,25 +370,27 @@ async def run_generate_job(
     shown: Progress = progress if progress is not None else _Silent()
     spec = job_spec(dataclasses.replace(opts, task=opts.task or "generate"))
     column = await asyncio.to_thread(_prompt_column, opts, opts.input)
-    source, writer = await asyncio.to_thread(_open, opts, column, params)
-    with writer:
-        if writer.manifest.complete:
-            total = writer.manifest.total_records or 0
-            shown.start(total, total)
-            return _summary(writer.out_dir, opts, 0, 0, total, total, 0.0, None, None, [])
-        committed = writer.committed_ranges()
-        already = sum(hi - lo for lo, hi in committed)
-        expected: int | None = source.total_records
-        if expected is not None and opts.limit is not None:
-            expected = min(expected, opts.limit)
-        from batchline.models.generation.load import load_text_generator
+    from batchline.models.generation.load import load_text_generator
 
-        model = await asyncio.to_thread(load_text_generator, spec, opts.knobs)
-        try:
+    # The model loads before the output opens (as in run): a model that fails to load leaves
+    # no half-made output behind that would need --resume or --overwrite.
+    model = await asyncio.to_thread(load_text_generator, spec, opts.knobs)
+    try:
+        source, writer = await asyncio.to_thread(_open, opts, column, params)
+        with writer:
+            if writer.manifest.complete:
+                total = writer.manifest.total_records or 0
+                shown.start(total, total)
+                return _summary(writer.out_dir, opts, 0, 0, total, total, 0.0, None, None, [])
+            committed = writer.committed_ranges()
+            already = sum(hi - lo for lo, hi in committed)
+            expected: int | None = source.total_records
+            if expected is not None and opts.limit is not None:
+                expected = min(expected, opts.limit)
             shown.start(expected, already)
             return await _pipeline(source, writer, model, opts, params, column, committed, shown)
-        finally:
-            model.close()
+    finally:
+        model.close()
 
 
 async def _pipeline(
