@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from batchline._clock import ManualClock, sleep_until
 from batchline._errors import InputError
 from batchline.bench.classic import TimeoutBatcher
 from batchline.bench.loadgen import (
@@ -20,7 +21,7 @@ from batchline.bench.loadgen import (
     run_open,
     run_point,
 )
-from batchline.bench.stats import ManualClock, Sample, summarize
+from batchline.bench.stats import Sample, summarize
 
 pytestmark = pytest.mark.anyio
 
@@ -47,7 +48,7 @@ class StallingServer:
             end = start + self.service_s
             if start < frozen_from < end:
                 end += frozen_to - frozen_from
-            await self.clock.sleep_until(end)
+            await sleep_until(self.clock, end)
 
     def counters(self) -> Counters | None:
         return None
@@ -57,7 +58,7 @@ async def drive(clock: ManualClock, work: Awaitable[Any], step: float = 0.05) ->
     """Run ``work`` while moving the manual clock forward in steps."""
     task = asyncio.ensure_future(work)
     while not task.done():
-        await clock.advance(step)
+        await clock.advance_async(step)
     return task.result()
 
 
@@ -109,10 +110,10 @@ async def test_open_loop_charges_a_generator_pause_to_the_requests_it_delayed() 
     task = asyncio.ensure_future(
         run_open(server, schedule, clock=clock, drain_s=5.0, duration_s=3.0)
     )
-    await clock.advance(1.0)
+    await clock.advance_async(1.0)
     clock.jump(1.0)  # the whole process is paused from t=1 to t=2: nothing is sent
     while not task.done():
-        await clock.advance(0.05)
+        await clock.advance_async(0.05)
     samples: list[Sample] = task.result()[0]
     late = [s for s in samples if 1.0 < s.intended_s < 2.0]
     assert len(late) == 19
@@ -150,7 +151,7 @@ class Scripted:
         if d is None:
             await asyncio.Event().wait()
             return
-        await self.clock.sleep_until(self.clock.now() + d)
+        await sleep_until(self.clock, self.clock.now() + d)
         if self.fail(index):
             raise RuntimeError("boom")
         self.records += 1

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from batchline._clock import ManualClock, sleep_until
 from batchline.bench.stats import (
-    ManualClock,
     Sample,
     censored_latencies,
     percentile,
@@ -136,18 +136,18 @@ async def test_manual_clock_wakes_sleepers_in_order_at_their_own_time() -> None:
     woke: list[tuple[str, float]] = []
 
     async def sleeper(name: str, when: float) -> None:
-        await clock.sleep_until(when)
+        await sleep_until(clock, when)
         woke.append((name, clock.now()))
         if name == "a":  # a sleeper that sleeps again, within the same advance
-            await clock.sleep_until(when + 0.25)
+            await sleep_until(clock, when + 0.25)
             woke.append(("a2", clock.now()))
 
     tasks = [asyncio.ensure_future(sleeper(n, t)) for n, t in [("b", 0.5), ("a", 0.1), ("c", 2)]]
-    await clock.advance(1.0)
+    await clock.advance_async(1.0)
     assert woke == [("a", 0.1), ("a2", 0.35), ("b", 0.5)]
     assert clock.now() == 1.0
     assert clock.pending == 1
-    await clock.advance(1.0)
+    await clock.advance_async(1.0)
     assert woke[-1] == ("c", 2.0)
     await asyncio.gather(*tasks)
 
@@ -158,20 +158,20 @@ async def test_manual_clock_jump_wakes_late() -> None:
     woke: list[float] = []
 
     async def sleeper() -> None:
-        await clock.sleep_until(0.5)
+        await sleep_until(clock, 0.5)
         woke.append(clock.now())
 
     task = asyncio.ensure_future(sleeper())
-    await clock.settle()
+    await clock.advance_async(0)
     clock.jump(2.0)  # the process was paused: nobody ran at 0.5
     assert woke == []
-    await clock.advance(0)
+    await clock.advance_async(0)
     assert woke == [2.0]
     await task
     with pytest.raises(ValueError, match="seconds"):
         clock.jump(-1)
     with pytest.raises(ValueError, match="seconds"):
-        await clock.advance(-1)
+        await clock.advance_async(-1)
 
 
 def test_statistics_mean_sanity() -> None:

@@ -24,10 +24,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, Protocol
 
+from batchline._clock import Clock, MonotonicClock, sleep_until
 from batchline._errors import InputError
 from batchline.bench.stats import (
-    Clock,
-    MonotonicClock,
     Sample,
     censored_latencies,
     poisson_schedule,
@@ -212,7 +211,7 @@ async def _until_done_or(
     everything: asyncio.Future[Any] = asyncio.ensure_future(
         asyncio.gather(*tasks, return_exceptions=True)
     )
-    watchdog: asyncio.Future[Any] = asyncio.ensure_future(clock.sleep_until(give_up_at))
+    watchdog: asyncio.Future[Any] = asyncio.ensure_future(sleep_until(clock, give_up_at))
     try:
         await asyncio.wait([everything, watchdog], return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -256,7 +255,7 @@ async def run_closed(
                 raise
             samples.append(Sample(sent, sent, clock.now(), ok))
             if not ok:
-                await clock.sleep_until(clock.now() + _ERROR_PAUSE_S)
+                await sleep_until(clock, clock.now() + _ERROR_PAUSE_S)
 
     tasks = [asyncio.ensure_future(client()) for _ in range(clients)]
     await _until_done_or(tasks, clock, stop + drain_s)
@@ -295,7 +294,7 @@ async def run_open(
 
     try:
         for index, when in enumerate(intended):
-            await clock.sleep_until(when)
+            await sleep_until(clock, when)
             tasks.append(asyncio.ensure_future(one(index)))
     except BaseException:
         for task in tasks:
@@ -316,7 +315,7 @@ async def run_open(
 async def _wait_idle(target: Target, clock: Clock, give_up_at: float) -> Counters | None:
     counters = target.counters()
     while counters is not None and counters.pending > 0 and clock.now() < give_up_at:
-        await clock.sleep_until(clock.now() + 0.005)
+        await sleep_until(clock, clock.now() + 0.005)
         counters = target.counters()
     return counters
 

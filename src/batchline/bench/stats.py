@@ -1,7 +1,7 @@
 """The numbers behind ``batchline bench``: percentiles, throughput, Poisson schedules, clocks.
 
 Standard library only, and no real time anywhere a test needs to control it: the load generator
-reads time from a :class:`Clock`, so tests drive it with :class:`ManualClock`.
+reads time from a :class:`batchline.Clock`, so tests drive it with :class:`batchline.ManualClock`.
 
 Open-loop latency is measured from a request's *intended* send time, the instant its arrival was
 scheduled, not from when the generator got round to sending it. A system that stalls for a
@@ -16,22 +16,15 @@ the few requests that happened to be in flight.
 
 from __future__ import annotations
 
-import asyncio
-import heapq
-import itertools
 import math
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 from batchline._stats import percentile
 
 __all__ = [
-    "Clock",
     "LatencySummary",
-    "ManualClock",
-    "MonotonicClock",
     "Sample",
     "censored_latencies",
     "percentile",
@@ -135,88 +128,3 @@ def censored_latencies(samples: Sequence[Sample], cutoff_s: float) -> list[float
         elif s.ok:
             out.append(s.done_s - s.intended_s)
     return out
-
-
-class Clock(Protocol):
-    """Where the load generator reads time and waits."""
-
-    def now(self) -> float:
-        """Seconds on a monotonic scale."""
-        ...
-
-    async def sleep_until(self, when: float) -> None:
-        """Return once ``now() >= when`` (at once if that time has passed)."""
-        ...
-
-
-class MonotonicClock:
-    """The running event loop's clock: real time."""
-
-    def now(self) -> float:
-        return asyncio.get_running_loop().time()
-
-    async def sleep_until(self, when: float) -> None:
-        delay = when - self.now()
-        if delay > 0:
-            await asyncio.sleep(delay)
-
-
-class ManualClock:
-    """A clock for tests: time moves only in :meth:`advance` (or jumps in :meth:`jump`).
-
-    ``advance`` is a small discrete-event simulator: it wakes sleepers in time order, setting
-    ``now()`` to each one's wake time and letting the event loop run before going on, so the
-    code under test sees time pass exactly as it would in real time, without waiting.
-
-    >>> clock = ManualClock()
-    >>> await clock.advance(1.5)      # every sleeper due by t=1.5 has run, in order
-    """
-
-    def __init__(self, start: float = 0.0, *, settle_rounds: int = 20) -> None:
-        self._now = start
-        self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
-        self._seq = itertools.count()
-        self._settle_rounds = settle_rounds
-
-    def now(self) -> float:
-        return self._now
-
-    async def sleep_until(self, when: float) -> None:
-        if when <= self._now:
-            await asyncio.sleep(0)  # a real sleep(0) yields too; keep the interleaving honest
-            return
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._sleepers, (when, next(self._seq), future))
-        await future
-
-    async def settle(self) -> None:
-        """Let every ready task run, without moving time."""
-        for _ in range(self._settle_rounds):
-            await asyncio.sleep(0)
-
-    async def advance(self, seconds: float) -> None:
-        """Move time forward by ``seconds``, waking each sleeper at its own time, in order."""
-        if seconds < 0:
-            raise ValueError(f"seconds must be >= 0, got {seconds}")
-        target = self._now + seconds
-        await self.settle()
-        while self._sleepers and self._sleepers[0][0] <= target:
-            when, _, future = heapq.heappop(self._sleepers)
-            self._now = max(self._now, when)
-            if not future.done():
-                future.set_result(None)
-            await self.settle()
-        self._now = target
-        await self.settle()
-
-    def jump(self, seconds: float) -> None:
-        """Move time forward at once, waking nobody: the whole process was paused (a GC pause,
-        a descheduled VM). Sleepers that fell due wake late, at the next :meth:`advance`."""
-        if seconds < 0:
-            raise ValueError(f"seconds must be >= 0, got {seconds}")
-        self._now += seconds
-
-    @property
-    def pending(self) -> int:
-        """Sleepers not yet woken."""
-        return sum(1 for _, _, f in self._sleepers if not f.done())
