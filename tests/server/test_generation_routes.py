@@ -366,8 +366,10 @@ async def test_kv_budget_refusal_is_400_and_admits_nothing() -> None:
     async with client_for(app) as client:
         r = await client.post("/generate", json={"prompts": ["ok", "k" * 18], "max_tokens": 4})
     assert r.status_code == 400, r.text
-    assert "KV-cache budget of 20 tokens" in r.json()["error"]["message"]
-    assert model.generator.stats.requests_completed == 0
+    message = r.json()["error"]["message"]
+    assert message.startswith("prompt 1: prompt of 18 tokens + max_tokens 4 = 22 tokens")
+    assert "KV-cache budget of 20 tokens" in message
+    assert model.generator.stats.requests_submitted == 0
 
 
 async def test_models_are_picked_by_name_and_task() -> None:

@@ -548,13 +548,17 @@ def _sampling(
     # OpenAI's default temperature is 1; /generate is greedy unless told otherwise
     temperature = body.temperature if body.temperature is not None else (0.0 if greedy else 1.0)
     limit = served.max_context_tokens
+    # checked here too (when the generator says its budget), so that a prompt that can
+    # never fit refuses the request before any of its prompts is admitted
+    budget = getattr(served.generator, "kv_token_budget", None)
+    budget = budget if isinstance(budget, int) and budget > 0 else None
     params: list[SamplingParams] = []
     for i, ids in enumerate(prompts):
         max_tokens = body.max_tokens
         if max_tokens is None:
             max_tokens = max(1, min(default_max_tokens, limit - len(ids)))
         try:
-            check_fits(len(ids), max_tokens, max_context_tokens=limit, kv_token_budget=None)
+            check_fits(len(ids), max_tokens, max_context_tokens=limit, kv_token_budget=budget)
             params.append(
                 SamplingParams(
                     max_tokens=max_tokens,
