@@ -885,6 +885,8 @@ class _EventStream(Response):
                     await aclose()
             for stream in self._streams:
                 stream.abort()
+        if self.background is not None:
+            await self.background()
 
 
 # -- small helpers --------------------------------------------------------------------------
