@@ -288,11 +288,12 @@ def _load_vllm(spec: ModelSpec, knobs: Knobs) -> GenerationModel:
     from batchline.models.generation.vllm_engine import VllmGenerator
 
     folder = str(smollm2_folder()) if spec.kind == "builtin" else spec.source
-    index = knobs.device.partition(":")[2]
-    options: dict[str, object] = {"max_num_seqs": knobs.max_running_sequences}
-    if index:
-        options["device"] = f"cuda:{index}"
-    generator = VllmGenerator.from_engine_args(folder, max_waiting=knobs.max_queue_size, **options)
+    if knobs.device == "cpu":
+        raise ModelError("generation_backend 'vllm' runs on CUDA: set device = 'cuda'")
+    # vLLM takes the first GPU that CUDA_VISIBLE_DEVICES shows it, not a device argument
+    generator = VllmGenerator.from_engine_args(
+        folder, max_waiting=knobs.max_queue_size, max_num_seqs=knobs.max_running_sequences
+    )
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     context = generator.max_context_tokens
     return GenerationModel(
