@@ -1,11 +1,13 @@
-"""Helpers for the server tests: a small fake embedder and a client with the lifespan run."""
+"""Helpers for the server tests: a small fake embedder, a fake generate model, and a client
+with the lifespan run."""
 
 from __future__ import annotations
 
 import threading
 import zlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -18,7 +20,13 @@ import httpx
 
 from batchline.knobs import Knobs
 from batchline.models import TokenizedText
+from batchline.models.generation.fake import FakeEngine, default_next_token
+from batchline.models.generation.fake import FakeTokenizer as FakeGenTokenizer
+from batchline.models.generation.scheduler import ContinuousGenerator
+from batchline.models.generation.static import SequentialGenerator
+from batchline.models.generation.stream import TextGenerator
 from batchline.models.onnx.embed import TextEmbedder
+from batchline.models.protocol import ModelInfo
 from batchline.models.specs import ModelSpec
 from batchline.server import ServerSettings, create_app
 
@@ -88,6 +96,100 @@ def vector_of(ids: Any) -> np.ndarray[Any, Any]:
 
 def fake_vector(fake: FakeEmbedder, text: str) -> np.ndarray[Any, Any]:
     return vector_of(fake.tokenize([text])[0].ids)
+
+
+GEN_TOK = FakeGenTokenizer()
+
+
+@dataclass(eq=False)
+class FakeGenerateModel:
+    """A generate model on the fake step engine, shaped like ``load_text_generator``'s
+    ``GenerationModel``: the byte-level fake tokenizer, and ``<role>content`` lines as the
+    chat template."""
+
+    name: str
+    generator: TextGenerator
+    engine: FakeEngine
+    knobs: Knobs
+    closed: bool = False
+    info: ModelInfo = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.info = ModelInfo(
+            name=self.name,
+            task="generate",
+            input_kind="text",
+            result_kind="value",
+            result_column="text",
+            max_tokens=self.max_context_tokens,
+        )
+
+    @property
+    def max_context_tokens(self) -> int:
+        return self.engine.max_context_tokens
+
+    def encode_prompt(self, text: str) -> list[int]:
+        return GEN_TOK.encode(text)
+
+    def encode_chat(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+        text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
+        return GEN_TOK.encode(text + "<assistant>")
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class GatedGenEngine(FakeEngine):
+    """A fake step engine whose steps wait while ``gate`` is clear (in the generator's
+    thread), so tests can hold sequences in flight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+
+    def step(self) -> Any:
+        if not self.gate.wait(timeout=30):
+            raise RuntimeError("test gate never opened")
+        return super().step()
+
+
+def fake_generator_loader(
+    loaded: list[FakeGenerateModel] | None = None, *, gated: bool = False
+) -> Any:
+    """A ``load_generator`` for ``create_app``, as ``load_text_generator`` lays a model out:
+    continuous batching, or one sequence at a time when ``knobs.batching`` is off. Each model
+    it loads is appended to ``loaded``; ``gated``: on a :class:`GatedGenEngine`."""
+
+    def load(spec: ModelSpec, knobs: Knobs) -> FakeGenerateModel:
+        engine = GatedGenEngine() if gated else FakeEngine()
+        generator: TextGenerator
+        if knobs.batching:
+            generator = ContinuousGenerator(
+                engine,
+                GEN_TOK,
+                max_running=knobs.max_running_sequences,
+                kv_token_budget=knobs.kv_token_budget,
+                max_waiting=knobs.max_queue_size,
+                name=spec.name,
+            )
+        else:
+            generator = SequentialGenerator(
+                engine, GEN_TOK, max_waiting=knobs.max_queue_size, name=spec.name
+            )
+        model = FakeGenerateModel(spec.name, generator, engine, knobs)
+        if loaded is not None:
+            loaded.append(model)
+        return model
+
+    return load
+
+
+def generated_text(prompt_ids: Sequence[int], max_tokens: int) -> str:
+    """What the fake engine generates after ``prompt_ids`` (it never emits EOS)."""
+    generated: list[int] = []
+    for _ in range(max_tokens):
+        generated.append(default_next_token(prompt_ids, generated))
+    return GEN_TOK.decode(generated)
 
 
 def loader(fake: FakeEmbedder, *more: tuple[str, Any]) -> Any:

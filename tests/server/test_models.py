@@ -195,7 +195,9 @@ async def test_each_route_serves_its_task() -> None:
         r = await client.post("/v1/embeddings", json={"input": "a b"})
         assert r.status_code == 200
         assert r.json()["model"] == "emb"
-        assert (await client.post("/generate", json={"prompts": ["a"]})).status_code == 200
+        r = await client.post("/generate", json={"prompts": ["a"]})
+        assert r.status_code == 400
+        assert "no model served here does generate" in r.json()["error"]["message"]
 
         r = await client.post("/classify", json={"model": "clf", "input": ["one two", "three"]})
         assert r.status_code == 200
@@ -368,10 +370,15 @@ async def test_a_full_queue_is_429_all_or_nothing_and_per_model() -> None:
         assert r.headers["Retry-After"] == "1"
         assert set(r.json()) == {"error"}
         assert batcher.queue_depth == capacity - 1
-        # another model's queue is its own
-        r = await client.post("/v1/embeddings", json={"input": ["a", "b"], "model": "emb"})
-        assert r.status_code == 200
+        # another model's queue is its own: its request is queued, not refused (it runs when
+        # a device slot frees: pred's blocked batch holds the one slot they share)
+        emb = asyncio.ensure_future(
+            client.post("/v1/embeddings", json={"input": ["a", "b"], "model": "emb"})
+        )
+        emb_batcher = app.state.batchers["emb"]
+        await _wait_for(lambda: emb.done() or emb_batcher.stats.total_submitted == 2)
         doubler.gate.set()
+        assert (await emb).status_code == 200
         assert (await blocker).status_code == 200
         assert [(await q).status_code for q in queued] == [200] * len(queued)
         assert batcher.stats.total_submitted == capacity

@@ -66,7 +66,7 @@ async def test_full_queue_is_429_with_retry_after_and_queues_nothing() -> None:
         assert r.headers["Retry-After"] == "2"
         assert r.json()["error"]["type"] == "rate_limit_exceeded"
         assert batcher.queue_depth == capacity - 1
-        r = await client.post("/generate", json={"prompts": ["i", "j"]})
+        r = await client.post("/v1/embeddings", json={"input": ["i", "j"]})
         assert r.status_code == 429
         fake.gate.set()
         assert (await blocker).status_code == 200
@@ -160,7 +160,7 @@ async def test_api_key_guards_model_routes_only() -> None:
     async with serving(api_key="s3cret-key") as (client, _app):
         for method, path, body in (
             ("POST", "/v1/embeddings", {"input": "x"}),
-            ("POST", "/generate", {"prompts": ["x"]}),
+            ("GET", "/v2/models/fake", None),
             ("GET", "/v1/models", None),
         ):
             r = await client.request(method, path, json=body)

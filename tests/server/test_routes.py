@@ -69,20 +69,18 @@ async def test_embeddings_base64_is_little_endian_float32() -> None:
             assert np.array_equal(vec, fake_vector(fake, text))
 
 
-async def test_generate_one_result_per_prompt_in_order() -> None:
-    fake = FakeEmbedder()
-    async with serving(fake) as (client, _app):
-        prompts = [f"prompt {i}" for i in range(7)]
-        r = await client.post("/generate", json={"prompts": prompts, "task_id": "t-1"})
-        assert r.status_code == 200
-        body = r.json()
-        assert body["task_id"] == "t-1"
-        assert len(body["results"]) == len(prompts)
-        for result, prompt in zip(body["results"], prompts, strict=True):
-            assert np.allclose(result, fake_vector(fake, prompt))
-        r = await client.post("/generate", json={"prompts": ["no task id"]})
-        assert r.status_code == 200
-        assert list(r.json()) == ["results"]
+async def test_generation_routes_without_a_generate_model_are_400() -> None:
+    async with serving() as (client, _app):
+        for path, body in (
+            ("/generate", {"prompts": ["a"]}),
+            ("/v1/completions", {"prompt": "a"}),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}]}),
+        ):
+            r = await client.post(path, json=body)
+            assert r.status_code == 400
+            assert r.json()["error"]["message"] == (
+                "no model served here does generate; models: fake (embed)"
+            )
 
 
 async def test_models_health_ready() -> None:
@@ -140,7 +138,6 @@ async def test_unknown_model_and_wrong_dimensions() -> None:
         ("/v1/embeddings", {"input": []}),
         ("/v1/embeddings", {"input": ""}),
         ("/v1/embeddings", {"input": ["ok", ""]}),
-        ("/generate", {"prompts": []}),
     ],
 )
 async def test_empty_input_is_400(path: str, body: dict[str, Any]) -> None:
@@ -153,8 +150,6 @@ async def test_empty_input_is_400(path: str, body: dict[str, Any]) -> None:
 async def test_too_many_inputs_is_413() -> None:
     async with serving(max_inputs_per_request=4) as (client, _app):
         r = await client.post("/v1/embeddings", json={"input": ["a"] * 5})
-        assert r.status_code == 413
-        r = await client.post("/generate", json={"prompts": ["a"] * 5})
         assert r.status_code == 413
         r = await client.post("/v1/embeddings", json={"input": ["a"] * 4})
         assert r.status_code == 200

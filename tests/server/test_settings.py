@@ -221,5 +221,7 @@ def test_cli_several_models_and_their_tasks(capsys: pytest.CaptureFixture[str]) 
     assert "no model named 'b'" in capsys.readouterr().err
     assert main(["serve", "--model", "a=default", "--model", "b=default", "--pooling", "cls"]) == 2
     assert "single --model" in capsys.readouterr().err
-    assert main(["serve", "--model", "smollm2"]) == 2
-    assert "generates text" in capsys.readouterr().err
+    assert main(["serve", "--model", "gen=smollm2", "--task", "gen=embed"]) == 2
+    assert "generate" in capsys.readouterr().err
+    assert main(["serve", "--model", "gen=smollm2", "--print-config"]) == 0
+    assert json.loads(capsys.readouterr().out)["model"] == ["gen=smollm2"]

@@ -1,22 +1,29 @@
 """``create_app``: the served models, each behind its own shared batcher, in a FastAPI app.
 
-Every model is loaded once, in the app's lifespan, with ``models.loader.load_model(spec,
-knobs)`` and batched by a ``models.engine.Engine`` (see :mod:`batchline.server.state`); the
-routes pick a model by name and by task:
+Every model is loaded once, in the app's lifespan: a batch model with
+``models.loader.load_model(spec, knobs)``, batched by a ``models.engine.Engine`` (see
+:mod:`batchline.server.state`); a generate model with
+``models.generation.load.load_text_generator(spec, knobs)``, whose one shared text generator
+batches the sequences of every request (continuous batching by default). The routes pick a
+model by name and by task:
 
 - ``POST /v1/embeddings`` (OpenAI-compatible): embed models, named by the body's ``model``;
-- ``POST /generate`` (kept as it was): the first embed model;
 - ``POST /classify``: classify models, named by the body's ``model``;
 - ``POST /v2/models/{name}/infer`` (Open Inference Protocol): predict models with named
   tensors, and embed and classify models as text tensors, named by the path;
+- ``POST /generate`` (prompts to generated texts), ``POST /v1/completions`` and
+  ``POST /v1/chat/completions`` (OpenAI-compatible, streaming as server-sent events):
+  generate models (``routes/generation.py``);
 - ``GET /v1/models`` (every model and its task), ``/v2``, ``/v2/models/{name}``,
   ``/v2/models/{name}/ready``, ``/v2/health/live``, ``/v2/health/ready``, ``/health``,
   ``/ready``, ``/metrics``.
 
-A body without ``model`` goes to the first served model of the route's task. A model of
-another task gets 400 naming its task; an unknown model 404 listing the served ones.
+A body without ``model`` goes to the first served model of the route's task (the generation
+routes: the only generate model). A model of another task gets 400 naming its task and its
+route, a route whose task no model does 400 listing the models' tasks; an unknown model 404
+listing the served ones.
 
-Several models, one device: when more than one model is served with batching, their
+Several models, one device: when more than one batch model is served with batching, their
 batchers share ONE :class:`batchline.Device` whose slots are the machine's sessions
 (``max_concurrent_batches``, one per session by default). The device is work-conserving (a
 slot never idles while any model has work queued) and weighted-fair between busy models (the
@@ -24,29 +31,37 @@ weights are ``model_weights``, 1 each by default): a model with a long queue can
 the others, and a lone busy model gets every slot. Each model still has its own queue
 (``max_queue_size`` records), so one model's 429s never refuse another's requests. Each model
 loads its own sessions (``sessions`` each); the shared slots bound how many batches run at
-once across all of them. Until the core's ``Device`` is importable, each model keeps its
-own ``max_concurrent_batches`` slots (a warning says so at startup).
+once across all of them. A generate model takes no slot: its generator steps its running
+sequences on a thread of its own, within ``max_running_sequences`` and ``kv_token_budget``,
+with at most ``max_queue_size`` requests waiting. Until the core's ``Device`` is importable,
+each batch model keeps its own ``max_concurrent_batches`` slots (a warning says so at startup).
 
 Where a request can end:
 
 ==========================  ===========================================================
 429 + ``Retry-After``        the queue cannot take all of the request's inputs: none are queued
 504                          ``request_timeout_s`` elapsed: its queued records are withdrawn
-(no response)                the client disconnected: its queued records are withdrawn
+                             (its sequences aborted)
+(no response)                the client disconnected: the same
 503 + ``Retry-After``        the server is draining (SIGTERM) or the models are not loaded yet
 400 / 404                    empty or unusable input, wrong task / unknown model
 413 / 422 / 401              too large / wrong types / missing or wrong API key
 ==========================  ===========================================================
 
-``batching=False`` serves the baseline instead: one session per model with
+SIGTERM (with :func:`batchline.server.serve`): ``/ready`` turns false, new requests get 503,
+requests in flight finish (streams included), then every batcher and generator drains and
+the models are freed.
+
+``batching=False`` serves the baseline instead: one session per batch model with
 ``baseline_intra_op_threads`` threads shared by every request, each request's inputs run in
-chunks of ``baseline_batch_size`` through ``asyncio.to_thread``, no queue.
+chunks of ``baseline_batch_size`` through ``asyncio.to_thread``, no queue; a generate model
+runs one sequence at a time.
 
 Example::
 
     from batchline.server import ServerSettings, create_app, serve
 
-    settings = ServerSettings(model=["emb=default", "clf=clf.onnx"], task=["clf=predict"])
+    settings = ServerSettings(model=["emb=default", "gen=smollm2"])
     app = create_app(settings)   # an ASGI app: run it with any server
     serve(settings)              # or let batchline run uvicorn (SIGTERM-safe)
 """
@@ -57,7 +72,7 @@ import asyncio
 import contextlib
 import importlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from fastapi import FastAPI
@@ -67,23 +82,27 @@ from batchline.models.protocol import BatchModel
 from batchline.models.specs import ModelSpec
 from batchline.server.errors import install_error_handlers
 from batchline.server.gate import Gate
+from batchline.server.generation_metrics import GenerationMetrics
 from batchline.server.metrics import ServerMetrics
 from batchline.server.routes import include_routes
 from batchline.server.settings import ServerSettings
-from batchline.server.state import ServedModel, ServerState
+from batchline.server.state import GenerateModel, ServedModel, ServedTextGenerator, ServerState
 
-__all__ = ["ModelLoader", "create_app"]
+__all__ = ["GeneratorLoader", "ModelLoader", "create_app"]
 
 logger = logging.getLogger("batchline.server")
 
-#: ``f(spec, knobs) -> model``: how the app loads each served model.
+#: ``f(spec, knobs) -> model``: how the app loads each served batch model.
 ModelLoader = Callable[[ModelSpec, Knobs], BatchModel[Any, Any]]
+#: ``f(spec, knobs) -> generate model``: how the app loads each served generate model.
+GeneratorLoader = Callable[[ModelSpec, Knobs], GenerateModel]
 
 
 def create_app(
     settings: ServerSettings | None = None,
     *,
     load_model: ModelLoader | None = None,
+    load_generator: GeneratorLoader | None = None,
 ) -> FastAPI:
     """Build the ASGI app; its lifespan loads the models and starts their batchers.
 
@@ -91,11 +110,15 @@ def create_app(
         settings: the knobs (default: ``ServerSettings()``, the default model on
             127.0.0.1:8000, API key from ``$BATCHLINE_API_KEY``).
         load_model: ``f(spec, knobs) -> BatchModel`` (default:
-            :func:`batchline.models.loader.load_model`). Called once per model, in a worker
-            thread, at startup.
+            :func:`batchline.models.loader.load_model`), for every spec whose task is not
+            ``generate``.
+        load_generator: ``f(spec, knobs) -> GenerationModel`` (default:
+            :func:`batchline.models.generation.load.load_text_generator`), for every
+            ``generate`` spec. Both are called once per model, in a worker thread, at startup.
 
-    ``app.state.server`` is the :class:`ServerState`; ``app.state.models`` maps each served
-    name to its :class:`ServedModel`, ``app.state.batchers`` to its batcher.
+    ``app.state.server`` is the :class:`ServerState`; ``app.state.models`` maps each batch
+    model's name to its :class:`ServedModel`, ``app.state.batchers`` to its batcher, and
+    ``app.state.generators`` each generate model's name to its :class:`ServedTextGenerator`.
 
     Example::
 
@@ -105,7 +128,9 @@ def create_app(
     if settings is None:
         settings = ServerSettings.build()
     loader = load_model if load_model is not None else _default_loader()
+    gen_loader = load_generator if load_generator is not None else _default_generator_loader()
     metrics = ServerMetrics()
+    generation_metrics = GenerationMetrics(metrics.registry)
     state = ServerState(
         settings=settings,
         metrics=metrics,
@@ -122,10 +147,26 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         specs = settings.specs
         knobs = settings.knobs if settings.batching else settings.baseline_knobs
-        device = _shared_device(knobs, len(specs)) if settings.batching else None
+        batch_specs = [s for s in specs if not s.generates]
+        device = _shared_device(knobs, len(batch_specs)) if settings.batching else None
         models: dict[str, ServedModel[Any, Any]] = {}
+        generators: dict[str, ServedTextGenerator] = {}
         try:
             for spec in specs:
+                if spec.generates:
+                    # settings.knobs, not the baseline's: batching=False is one sequence at a
+                    # time, on the same threads (a second torch thread only slows a 2-core CPU)
+                    gen_model = await asyncio.to_thread(gen_loader, spec, settings.knobs)
+                    generator = ServedTextGenerator(spec.name, gen_model)
+                    generators[spec.name] = generator
+                    generation_metrics.watch(spec.name, generator.stats)
+                    await generator.start()
+                    logger.info(
+                        "model %s ready (generate, %s)",
+                        spec.name,
+                        generator.info.details.get("batching", "batching"),
+                    )
+                    continue
                 model = await asyncio.to_thread(loader, spec, knobs)
                 served: ServedModel[Any, Any] = ServedModel(
                     spec.name,
@@ -146,10 +187,11 @@ def create_app(
                     "batching" if settings.batching else "no batching",
                 )
         except BaseException:
-            for served in models.values():
-                await served.stop(timeout_s=0)
+            await _stop_all([*models.values(), *generators.values()], timeout_s=0)
             raise
         state.models.update(models)
+        state.generators.update(generators)
+        state.order[:] = [s.name for s in specs]
         app.state.batchers.update(
             {name: m.batcher for name, m in models.items() if m.batcher is not None}
         )
@@ -160,8 +202,7 @@ def create_app(
         finally:
             state.begin_drain()
             await state.wait_idle(settings.drain_timeout_s)
-            for served in state.models.values():
-                await served.stop(timeout_s=settings.drain_timeout_s)
+            await _stop_all(state.served(), timeout_s=settings.drain_timeout_s)
 
     app = FastAPI(
         title="batchline",
@@ -172,6 +213,8 @@ def create_app(
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.models = state.models
+    app.state.generators = state.generators
+    app.state.generation_metrics = generation_metrics
     app.state.batchers = {}
     include_routes(app)
     app.add_middleware(Gate, state=state)
@@ -179,10 +222,28 @@ def create_app(
     return app
 
 
+async def _stop_all(
+    served: Sequence[ServedModel[Any, Any] | ServedTextGenerator], *, timeout_s: float
+) -> None:
+    """Drain and free every model at once (each within ``timeout_s``), whatever fails."""
+    results = await asyncio.gather(
+        *(m.stop(timeout_s=timeout_s) for m in served), return_exceptions=True
+    )
+    for m, result in zip(served, results, strict=True):
+        if isinstance(result, BaseException):
+            logger.error("stopping model %s failed", m.name, exc_info=result)
+
+
 def _default_loader() -> ModelLoader:
     from batchline.models.loader import load_model
 
     return load_model
+
+
+def _default_generator_loader() -> GeneratorLoader:
+    from batchline.models.generation.load import load_text_generator
+
+    return load_text_generator
 
 
 def _shared_device(knobs: Knobs, models: int) -> Any:

@@ -20,27 +20,31 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="serve models over HTTP, each behind one shared batcher",
         description=(
             "Serve one or more models over HTTP: embed models on /v1/embeddings "
-            "(OpenAI-compatible) and /generate, classify models on /classify, predict models "
-            "on the Open Inference Protocol (/v2/models/NAME/infer); /v1/models, /health, "
-            "/ready, /metrics. Every request feeds its model's shared batcher; several models "
-            "share the device's slots fairly. Flags override the --config file; SIGTERM drains "
-            "in-flight work and exits 0. Example: batchline serve --model emb=default "
-            "--model clf=clf.onnx --task clf=predict"
+            "(OpenAI-compatible), classify models on /classify, predict models on the Open "
+            "Inference Protocol (/v2/models/NAME/infer), generate models on /generate, "
+            "/v1/completions and /v1/chat/completions (OpenAI-compatible, streaming); "
+            "/v1/models, /health, /ready, /metrics. Every request feeds its model's shared "
+            "batcher (a generate model's: its text generator); several models share the "
+            "device's slots fairly. Flags override the --config file; SIGTERM drains in-flight "
+            "work and exits 0. Example: batchline serve --model emb=default "
+            "--model clf=clf.onnx --task clf=predict --model gen=smollm2"
         ),
     )
     p.add_argument(
         "--model",
         action="append",
         metavar="[NAME=]SPEC",
-        help="a model to serve (repeatable): default (all-MiniLM-L6-v2), PATH.onnx or "
-        "module:factory, optionally named NAME= (the name clients send as 'model')",
+        help="a model to serve (repeatable): default (all-MiniLM-L6-v2), smollm2 (text "
+        "generation), PATH.onnx, PATH/ (a Hugging Face causal-LM folder) or module:factory, "
+        "optionally named NAME= (the name clients send as 'model')",
     )
     p.add_argument(
         "--task",
         action="append",
         metavar="[NAME=]TASK",
-        help="what a model does (repeatable): embed, classify or predict; NAME=TASK with "
-        "several models (default: embed if a .onnx takes input_ids, else predict)",
+        help="what a model does (repeatable): embed, classify, predict or generate; NAME=TASK "
+        "with several models (default: the built-in model's task; embed if a .onnx takes "
+        "input_ids, else predict)",
     )
     p.add_argument(
         "--tokenizer", help="a single text model's tokenizer.json (default: beside the .onnx)"
@@ -71,7 +75,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--no-batching",
         action="store_true",
-        help="serve the baseline: one shared ONNX session, no queue",
+        help="serve the baseline: one shared ONNX session, no queue; a generate model runs "
+        "one sequence at a time",
     )
     p.add_argument(
         "--max-queue", type=int, help="records queued per model (max_queue_size); beyond: 429"
@@ -149,16 +154,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_models(settings: Any) -> None:
     """Fail before serving, with one line (exit 2), when a model cannot be loaded as given: a
-    malformed spec, a missing file, a text model without its tokenizer, a generate model."""
-    from batchline._errors import InputError
+    malformed spec, a missing file, a text model without its tokenizer."""
     from batchline.models.loader import resolve_task, tokenizer_path
 
     for spec in settings.specs:
+        if spec.generates:
+            continue
         task = resolve_task(spec)
-        if task == "generate":
-            raise InputError(
-                f"model {spec.name!r} generates text, which batchline serve does not serve yet; "
-                "serve embed, classify or predict models"
-            )
         if spec.kind == "onnx" and task in ("embed", "classify"):
             tokenizer_path(spec)

@@ -1,9 +1,10 @@
 """Request and response bodies of the server's routes (pydantic v2).
 
 Requests are validated strictly: a number is not a text. Extra fields are ignored, as the
-OpenAI API does, so newer clients keep working. Responses are built by hand in ``routes.py``
+OpenAI API does, so newer clients keep working. Responses are built by hand in ``routes/``
 for speed (a 384-float vector through FastAPI's encoder costs more than the model call); the
-response models here document them in the OpenAPI schema and are used by the tests.
+response models here document them in the OpenAPI schema and are used by the tests. The
+generation routes' bodies live with them, in ``routes/generation.py``.
 
 (No ``from __future__ import annotations``: FastAPI reads these annotations at run time.)
 """
@@ -21,8 +22,6 @@ __all__ = [
     "EmbeddingResponse",
     "ErrorBody",
     "ErrorDetail",
-    "GenerateRequest",
-    "GenerateResponse",
     "ModelCard",
     "ModelList",
     "Usage",
@@ -61,15 +60,6 @@ class ClassifyResponse(BaseModel):
     results: list[Classification]
 
 
-class GenerateRequest(BaseModel):
-    """``POST /generate``: one result per prompt, in order."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    prompts: list[StrictStr]
-    task_id: StrictStr | StrictInt | None = None
-
-
 class EmbeddingData(BaseModel):
     object: Literal["embedding"] = "embedding"
     index: int
@@ -86,11 +76,6 @@ class EmbeddingResponse(BaseModel):
     data: list[EmbeddingData]
     model: str
     usage: Usage
-
-
-class GenerateResponse(BaseModel):
-    results: list[list[float]]
-    task_id: str | int | None = None
 
 
 class ModelCard(BaseModel):

@@ -1,6 +1,7 @@
-"""The server's state (``app.state.server``) and the models it serves (:class:`ServedModel`).
+"""The server's state (``app.state.server``) and the models it serves: :class:`ServedModel`
+(a batch model) and :class:`ServedTextGenerator` (a generate model).
 
-A served model is any :class:`~batchline.models.protocol.BatchModel` (loaded by
+A served batch model is any :class:`~batchline.models.protocol.BatchModel` (loaded by
 ``batchline.models.loader.load_model``), in one of two layouts:
 
 - batching (the default): an :class:`~batchline.models.engine.Engine`, one shared batcher
@@ -18,6 +19,12 @@ is tokenized on the event loop, a longer one in a worker thread. Measured on the
 per call with 32 in flight. The hop costs more than the work for short texts, and 1,024
 characters keep the loop blocked for well under a millisecond. Other inputs (tensors, whole
 records) are checked on the loop: a shape check and a cast cost less than the hop.
+
+A served generate model (``batchline.models.generation.load.load_text_generator``) is its one
+shared :class:`~batchline.models.generation.stream.TextGenerator` (continuous or static
+batching, or one sequence at a time with ``batching=False``): the generation routes
+(``routes/generation.py``) submit every prompt to it; it batches the steps itself, on its own
+thread, and takes no slot of the shared device.
 """
 
 from __future__ import annotations
@@ -26,9 +33,9 @@ import asyncio
 import inspect
 import logging
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 
 from batchline._stats import BatchStats
 from batchline.knobs import Knobs
@@ -38,7 +45,11 @@ from batchline.server.errors import ApiError
 from batchline.server.metrics import ModelMetrics, ServerMetrics
 from batchline.server.settings import ServerSettings
 
-__all__ = ["ServedModel", "ServerState"]
+if TYPE_CHECKING:
+    from batchline.models.generation.stats import GenerationStats
+    from batchline.models.generation.stream import TextGenerator
+
+__all__ = ["GenerateModel", "ServedModel", "ServedTextGenerator", "ServerState"]
 
 logger = logging.getLogger("batchline.server")
 
@@ -288,6 +299,71 @@ def _message(exc: BaseException) -> str:
     return text.encode("utf-8", "replace").decode("utf-8")[:500]
 
 
+# -- generate models --------------------------------------------------------------------------
+
+
+class GenerateModel(Protocol):
+    """What the server needs of a loaded generate model
+    (``batchline.models.generation.load.GenerationModel`` is one): its generator, not started,
+    and its prompt encoders."""
+
+    @property
+    def generator(self) -> TextGenerator: ...
+
+    @property
+    def info(self) -> ModelInfo: ...
+
+    @property
+    def max_context_tokens(self) -> int: ...
+
+    def encode_prompt(self, text: str) -> list[int]: ...
+
+    def encode_chat(self, messages: Sequence[Mapping[str, str]]) -> list[int]: ...
+
+    def close(self) -> None: ...
+
+
+class ServedTextGenerator:
+    """One generate model as the app sees it: the generation routes' ``ServedGenerator``
+    (``name``, ``generator``, ``max_context_tokens``, ``encode_prompt``, ``encode_chat``),
+    plus its ``task`` and lifecycle. The app starts its generator and stops it (draining)."""
+
+    task = "generate"
+
+    def __init__(self, name: str, model: GenerateModel) -> None:
+        self.name = name
+        self.model = model
+        self.info: ModelInfo = model.info
+        self.created = int(time.time())
+
+    @property
+    def generator(self) -> TextGenerator:
+        return self.model.generator
+
+    @property
+    def max_context_tokens(self) -> int:
+        return self.model.max_context_tokens
+
+    def encode_prompt(self, text: str) -> list[int]:
+        return self.model.encode_prompt(text)
+
+    def encode_chat(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+        return self.model.encode_chat(messages)
+
+    def stats(self) -> GenerationStats:
+        return self.model.generator.stats
+
+    async def start(self) -> None:
+        await self.model.generator.start()
+
+    async def stop(self, *, timeout_s: float | None = None) -> None:
+        """Let the admitted sequences finish (at most ``timeout_s``), then free the model."""
+        try:
+            await self.model.generator.stop(drain=True, timeout_s=timeout_s)
+        finally:
+            self.model.close()
+
+
 # -- state ------------------------------------------------------------------------------------
 
 
@@ -298,6 +374,9 @@ class ServerState:
     settings: ServerSettings
     metrics: ServerMetrics
     models: dict[str, ServedModel[Any, Any]] = field(default_factory=dict)
+    generators: dict[str, ServedTextGenerator] = field(default_factory=dict)
+    order: list[str] = field(default_factory=list)
+    """Every served name, batch and generate models alike, in the order they were given."""
     ready: bool = False
     draining: bool = False
     in_flight: int = 0
@@ -307,6 +386,21 @@ class ServerState:
     @property
     def default_model(self) -> ServedModel[Any, Any]:
         return next(iter(self.models.values()))
+
+    def served(self) -> list[ServedModel[Any, Any] | ServedTextGenerator]:
+        """Every served model, in the order they were given."""
+        out: list[ServedModel[Any, Any] | ServedTextGenerator] = []
+        for name in dict.fromkeys([*self.order, *self.models, *self.generators]):
+            model = self.models.get(name)
+            out.append(model if model is not None else self.generators[name])
+        return out
+
+    def task_of(self, name: str) -> str | None:
+        """The task of the served model ``name`` (``None``: not served here)."""
+        model = self.models.get(name)
+        if model is not None:
+            return model.task
+        return "generate" if name in self.generators else None
 
     def begin_drain(self) -> None:
         """Stop taking work: ``/ready`` turns false, new model requests get 503."""

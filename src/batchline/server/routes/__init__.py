@@ -1,7 +1,7 @@
 """The HTTP routes, one module per family: ``openai`` (``/v1/embeddings``), ``classify``
-(``/classify``), ``oip`` (the Open Inference Protocol, ``/v2/...``), ``generate``
-(``/generate``), ``ops`` (``/v1/models``, ``/health``, ``/ready``, ``/metrics``); ``_common``
-holds what they share."""
+(``/classify``), ``oip`` (the Open Inference Protocol, ``/v2/...``), ``generation``
+(``/generate``, ``/v1/completions``, ``/v1/chat/completions``), ``ops`` (``/v1/models``,
+``/health``, ``/ready``, ``/metrics``); ``_common`` holds what they share."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ __all__ = ["include_routes"]
 
 def include_routes(app: FastAPI) -> None:
     """Add every route family to ``app``."""
-    from batchline.server.routes import classify, generate, oip, openai, ops
+    from batchline.server.routes import classify, generation, oip, openai, ops
 
-    for module in (openai, classify, oip, generate, ops):
+    for module in (openai, classify, oip, generation, ops):
         app.include_router(module.router)

@@ -95,6 +95,7 @@ ROUTE_OF_TASK = {
     "embed": "POST /v1/embeddings",
     "classify": "POST /classify",
     "predict": "POST /v2/models/{name}/infer",
+    "generate": "POST /v1/completions, POST /v1/chat/completions or POST /generate",
 }
 
 
@@ -114,18 +115,19 @@ def pick_model(
             "invalid_request_error",
         )
     model = state.models.get(name)
-    if model is None:
+    other = model.task if model is not None else state.task_of(name)
+    if other is None:
         raise ApiError(
             404,
             f"model {name[:100]!r} is not served here; models: {describe_models(state)}",
             "model_not_found",
         )
-    if model.task != task:
-        where = ROUTE_OF_TASK.get(model.task)
+    if model is None or other != task:
+        where = ROUTE_OF_TASK.get(other)
         hint = f"; send it to {where}" if where else ""
         raise ApiError(
             400,
-            f"model {name!r} does {model.task}, and this route serves {task} models{hint}",
+            f"model {name!r} does {other}, and this route serves {task} models{hint}",
             "invalid_request_error",
         )
     request.scope["batchline.model"] = model.name
@@ -134,7 +136,7 @@ def pick_model(
 
 def describe_models(state: ServerState) -> str:
     """``"a (embed), b (predict)"``: the served models and their tasks."""
-    return ", ".join(f"{m.name} ({m.task})" for m in state.models.values()) or "none"
+    return ", ".join(f"{m.name} ({m.task})" for m in state.served()) or "none"
 
 
 def check_texts(texts: list[str], state: ServerState, field: str) -> None:

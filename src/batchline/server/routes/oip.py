@@ -134,6 +134,13 @@ def _text(row: dict[str, Array]) -> str:
 
 def _model(state: ServerState, name: str) -> ServedModel[Any, Any]:
     model = state.models.get(name)
+    if model is None and name in state.generators:
+        raise ApiError(
+            400,
+            f"model {name!r} does generate: not served over the Open Inference Protocol; send "
+            "it to POST /v1/completions, POST /v1/chat/completions or POST /generate",
+            "invalid_request_error",
+        )
     if model is None:
         raise ApiError(
             404,

@@ -28,7 +28,7 @@ async def list_models(request: Request) -> JSONResponse:
             "owned_by": "batchline",
             "task": m.task,
         }
-        for m in state.models.values()
+        for m in state.served()
     ]
     return JSONResponse({"object": "list", "data": data})
 
@@ -44,7 +44,7 @@ async def ready(request: Request) -> JSONResponse:
     """200 when the models are loaded and the server is not draining, else 503."""
     state = server_state(request)
     if state.ready and not state.draining:
-        return JSONResponse({"status": "ready", "models": list(state.models)})
+        return JSONResponse({"status": "ready", "models": [m.name for m in state.served()]})
     status = "draining" if state.draining else "loading"
     return JSONResponse(
         {"status": status},
@@ -55,6 +55,6 @@ async def ready(request: Request) -> JSONResponse:
 
 @router.get("/metrics", summary="Prometheus metrics")
 async def metrics(request: Request) -> Response:
-    """The text exposition format, from the app's own registry."""
+    """The text exposition format, from the app's own registry (batch and generate models)."""
     state = server_state(request)
     return Response(state.metrics.render(), media_type=CONTENT_TYPE)
