@@ -1,8 +1,9 @@
 """``batchline serve``: models behind shared dynamic batchers (``batchline[server]``).
 
-Every served model has one shared batcher (``batchline.models.engine.Engine``), so records
-from concurrent clients share batches; several models share the device's slots. Models and
-batchers are loaded once per replica, in the app's lifespan.
+Every served batch model has one shared batcher (``batchline.models.engine.Engine``), so
+records from concurrent clients share batches; several models share the device's slots.
+Every generate model has one shared text generator (continuous batching). Models, batchers
+and generators are loaded once per replica, in the app's lifespan.
 
 Example::
 
@@ -12,14 +13,15 @@ Example::
     app = create_app(settings)      # an ASGI app (FastAPI)
     serve(settings)                 # run it with uvicorn; SIGTERM drains, then exits 0
 
-Routes: ``POST /v1/embeddings`` (OpenAI-compatible), ``POST /generate``, ``POST /classify``,
-the Open Inference Protocol (``/v2/...``), ``GET /v1/models``, ``GET /health``,
-``GET /ready``, ``GET /metrics``.
+Routes: ``POST /v1/embeddings`` (OpenAI-compatible), ``POST /classify``, the Open Inference
+Protocol (``/v2/...``), ``POST /generate``, ``POST /v1/completions`` and
+``POST /v1/chat/completions`` (OpenAI-compatible, streaming), ``GET /v1/models``,
+``GET /health``, ``GET /ready``, ``GET /metrics``.
 
 Layout: ``app`` (create_app and the lifespan), ``gate`` (pure-ASGI auth, drain, body,
-disconnects), ``errors``, ``state`` (server state, served models), ``routes/`` (one module per
-route family), ``metrics``, ``runner`` (uvicorn, SIGTERM drain), ``settings``, ``schemas``,
-``oip`` (the Open Inference Protocol codec).
+disconnects), ``errors``, ``state`` (server state, served models and generators), ``routes/``
+(one module per route family), ``metrics`` and ``generation_metrics``, ``runner`` (uvicorn,
+SIGTERM drain), ``settings``, ``schemas``, ``oip`` (the Open Inference Protocol codec).
 """
 
 from __future__ import annotations
@@ -29,17 +31,19 @@ from typing import TYPE_CHECKING
 from batchline._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from batchline.server.app import ModelLoader, create_app
+    from batchline.server.app import GeneratorLoader, ModelLoader, create_app
     from batchline.server.errors import ApiError
     from batchline.server.runner import serve
     from batchline.server.settings import API_KEY_ENV, ServerSettings, load_config
-    from batchline.server.state import ServedModel, ServerState
+    from batchline.server.state import ServedModel, ServedTextGenerator, ServerState
 
 __all__ = [
     "API_KEY_ENV",
     "ApiError",
+    "GeneratorLoader",
     "ModelLoader",
     "ServedModel",
+    "ServedTextGenerator",
     "ServerSettings",
     "ServerState",
     "create_app",
@@ -53,8 +57,10 @@ __getattr__ = lazy_exports(
     {
         "API_KEY_ENV": "settings",
         "ApiError": "errors",
+        "GeneratorLoader": "app",
         "ModelLoader": "app",
         "ServedModel": "state",
+        "ServedTextGenerator": "state",
         "ServerSettings": "settings",
         "ServerState": "state",
         "create_app": "app",

@@ -65,10 +65,11 @@ class ServerSettings(BaseModel):
 
     Models:
         model: one or more model specs (``batchline.models.specs``): ``default``
-            (all-MiniLM-L6-v2), ``PATH.onnx``, ``module:factory``, each optionally
+            (all-MiniLM-L6-v2), ``smollm2`` (text generation), ``PATH.onnx``, ``PATH/`` (a
+            Hugging Face causal-LM folder), ``module:factory``, each optionally
             ``NAME=SPEC``. A single string is one model.
         task: ``NAME=TASK`` for each model whose task is not its spec's own (``TASK`` alone
-            with one model): ``embed``, ``classify`` or ``predict``.
+            with one model): ``embed``, ``classify``, ``predict`` or ``generate``.
         tokenizer, labels, pooling, normalize: options of a single model (see ``parse_specs``).
         model_name: the id clients pass as ``model`` for a single model given without
             ``NAME=`` (default: ``all-MiniLM-L6-v2``, the file's stem or the factory's name).
@@ -89,8 +90,11 @@ class ServerSettings(BaseModel):
             ``min_batch_size`` are queued, at most ``batch_timeout_s`` (default: never hold).
         max_queue_size: records queued at most, per model; beyond it requests get 429 at once.
 
-    Text generation (Knobs' fields, for a generate model): generation_batching,
-    max_running_sequences, kv_token_budget, generation_backend.
+    Text generation (Knobs' fields, for a generate model): generation_batching
+        (``continuous`` or ``static``; ``batching=False``: one sequence at a time),
+        max_running_sequences, kv_token_budget, generation_backend (``torch`` or ``vllm``);
+        ``max_queue_size`` requests wait for admission, and ``device`` and
+        ``intra_op_threads`` apply too.
 
     Serving the batches:
         model_thread_nice: how much lower the model's threads run than the event loop.
