@@ -17,6 +17,7 @@ EXPECTED = [
     "Clock",
     "CostEstimator",
     "DeadlineExceededError",
+    "Device",
     "DynamicBatcher",
     "FixedBatchAxisError",
     "InputError",

@@ -21,6 +21,7 @@ from __future__ import annotations
 from batchline._batcher import DynamicBatcher, ProcessFn, State
 from batchline._clock import Clock, LoopClock, ManualClock
 from batchline._cost import CostEstimator, TokenEstimator
+from batchline._device import Device
 from batchline._errors import (
     BatcherClosedError,
     BatchlineError,
@@ -50,6 +51,7 @@ __all__ = [
     "Clock",
     "CostEstimator",
     "DeadlineExceededError",
+    "Device",
     "DynamicBatcher",
     "FixedBatchAxisError",
     "InputError",

@@ -32,6 +32,7 @@ from typing import Any, Generic, Literal, TypeVar, cast
 
 from batchline._clock import Clock, LoopClock
 from batchline._cost import CostResolver
+from batchline._device import Device, _Grant
 from batchline._errors import (
     BatcherClosedError,
     BatchProcessingError,
@@ -83,12 +84,17 @@ class _RecordFuture(asyncio.Future):  # type: ignore[type-arg]
 
 
 class _Slot:
-    """A processing slot held by one batch until it is freed, exactly once."""
+    """A processing slot held by one batch until it is freed, exactly once; on a ``Device``
+    it also holds the device's grant."""
 
-    __slots__ = ("held",)
+    __slots__ = ("grant", "held")
 
-    def __init__(self) -> None:
+    def __init__(self, grant: _Grant | None) -> None:
         self.held = True
+        self.grant = grant
+
+
+_HOLD = "hold"  # _readiness(): records are held for company (min_batch_size)
 
 
 def admission_capacity(*, max_queue_size: int, prefetch_batches: int, max_batch_size: int) -> int:
@@ -152,7 +158,14 @@ class DynamicBatcher(Generic[T, R]):
         padding_aware: cost a batch as ``len(batch) * max(record cost)`` (padded tokens) and
             group records of similar cost (see ``batchline._queue``).
         bucket_width, padding_slack: tune the grouping of ``padding_aware``.
-        clock: where time comes from; tests pass a ``ManualClock``.
+        device: a ``Device`` whose slots this batcher shares with others (several models,
+            one device): each batch then needs a free slot of its own (at most
+            ``max_concurrent_batches``) and one of the device's, granted by the device's
+            weighted fair, work-conserving policy (see ``batchline._device``). Without it the
+            batcher's own slots are all there is.
+        weight: this batcher's share of the device relative to the others' (> 0).
+        clock: where time comes from; tests pass a ``ManualClock``. On a device the
+            batcher uses the device's clock unless given the same one.
         name: used in logs and thread names.
     """
 
@@ -177,6 +190,8 @@ class DynamicBatcher(Generic[T, R]):
         padding_aware: bool = False,
         bucket_width: int = 8,
         padding_slack: int = 16,
+        device: Device | None = None,
+        weight: float = 1.0,
         clock: Clock | None = None,
         name: str = "batcher",
     ) -> None:
@@ -201,6 +216,21 @@ class DynamicBatcher(Generic[T, R]):
             raise ValueError(f"oversize must be 'alone' or 'reject', got {oversize!r}")
         if on_error not in ("bisect", "fail_batch"):
             raise ValueError(f"on_error must be 'bisect' or 'fail_batch', got {on_error!r}")
+        if device is None:
+            if weight != 1.0:
+                raise ValueError(f"weight={weight!r} needs a device: pass device=Device(...)")
+        else:
+            if not isinstance(device, Device):
+                raise TypeError(f"device must be a batchline.Device, got {type(device).__name__}")
+            if clock is None:
+                clock = device.clock
+            elif clock is not device.clock and not (
+                isinstance(clock, LoopClock) and isinstance(device.clock, LoopClock)
+            ):
+                raise ValueError(
+                    "a batcher on a device must use the device's clock: pass "
+                    "Device(clock=...) the same clock, and leave the batcher's out"
+                )
 
         self._process_fn = process_fn
         self._is_async = inspect.iscoroutinefunction(process_fn) or (
@@ -231,6 +261,8 @@ class DynamicBatcher(Generic[T, R]):
         self._padding_slack = padding_slack
         self._clock: Clock = clock if clock is not None else LoopClock()
         self.name = name
+        self._device = device
+        self._member = device._attach(self, weight) if device is not None else None
 
         self._state = State.NEW
         self._queue: RecordQueue[T] = RecordQueue(
@@ -292,11 +324,18 @@ class DynamicBatcher(Generic[T, R]):
     def max_concurrent_batches(self) -> int:
         return self._slots
 
+    @property
+    def device(self) -> Device | None:
+        """The ``Device`` this batcher shares, or ``None``."""
+        return self._device
+
     async def start(self) -> None:
         """Start dispatching on the running event loop. Raises ``RuntimeError`` if running."""
         if self._state in (State.RUNNING, State.STOPPING):
             raise RuntimeError(f"{self.name} is already {self._state.value}")
         loop = asyncio.get_running_loop()
+        if self._device is not None:
+            self._device._bind(loop)
         self._loop = loop
         self._wake = asyncio.Event()
         self._queue = RecordQueue(
@@ -373,6 +412,10 @@ class DynamicBatcher(Generic[T, R]):
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = None
+        if self._device is not None:
+            assert self._member is not None
+            self._device._leave(self._member)
+            self._device._unbind()
         self._state = State.STOPPED
 
     def _fail_queued(self, why: str) -> None:
@@ -381,6 +424,13 @@ class DynamicBatcher(Generic[T, R]):
             if not entry.future.done():
                 entry.future.set_exception(BatcherClosedError(f"{self.name}: {why}"))
                 self._stats.failed += 1
+        self._leave_device_if_idle()
+
+    def _leave_device_if_idle(self) -> None:
+        """Nothing queued any more: stop waiting for a device slot."""
+        if self._member is not None and self._queue.size == 0:
+            assert self._device is not None
+            self._device._leave(self._member)
 
     # -- submitting -------------------------------------------------------------------------
 
@@ -610,6 +660,7 @@ class DynamicBatcher(Generic[T, R]):
         if self._queue.withdraw(entry):
             self._cancel_deadline(entry)
             self._release_space(1)
+            self._leave_device_if_idle()
 
     def _expire(self, entry: Entry[T], timeout_s: float) -> None:
         entry.deadline_timer = None
@@ -624,6 +675,7 @@ class DynamicBatcher(Generic[T, R]):
                 )
             )
         self._release_space(1)
+        self._leave_device_if_idle()
 
     @staticmethod
     def _cancel_deadline(entry: Entry[Any]) -> None:
@@ -641,34 +693,82 @@ class DynamicBatcher(Generic[T, R]):
         wake = self._wake
         assert wake is not None
         queue = self._queue
+        member = self._member
+        device = self._device
         while True:
             stopping = self._state is not State.RUNNING
             if stopping and queue.size == 0:
                 return
-            if queue.size == 0 or self._busy >= self._slots:
+            if (
+                queue.size == 0
+                or self._busy >= self._slots
+                or (member is not None and member.waiting)  # the device grants in its turn
+            ):
                 wake.clear()
                 await wake.wait()
                 continue
             if not stopping and queue.size < self._max_batch_size:
                 # Let callbacks that are already scheduled run first: when a batch's results
-                # wake its producers, their resubmits land now and go out together instead of
+                # wake their producers, their resubmits land now and go out together instead of
                 # the first one leaving alone (which would split the cohort).
                 await asyncio.sleep(0)
                 if queue.size == 0:
                     continue
-            reason = "stop" if stopping else None
-            if not stopping and self._short_of_min_batch():
+            reason = self._readiness(stopping)
+            if reason is _HOLD:
+                # a slot is free, but min_batch_size asks to wait a little for company
                 oldest = queue.oldest()
                 assert oldest is not None
-                release_at = oldest.enqueued_at + self._batch_timeout_s
-                if self._clock.now() < release_at:
-                    # a slot is free, but min_batch_size asks to wait a little for company
-                    self._arm_hold_timer(release_at)
-                    wake.clear()
-                    await wake.wait()
-                    continue
-                reason = "timeout"
-            self._dispatch(reason)
+                self._arm_hold_timer(oldest.enqueued_at + self._batch_timeout_s)
+                wake.clear()
+                await wake.wait()
+                continue
+            if device is None:
+                self._dispatch(reason)
+                continue
+            assert member is not None
+            busy = self._busy
+            # a grant dispatches at once (_use_device_slot); otherwise we wait our turn
+            device._request(member)
+            if not member.waiting and self._busy == busy:
+                wake.clear()  # not expected: never spin
+                await wake.wait()
+
+    def _readiness(self, stopping: bool) -> str | None:
+        """Why a batch would go out now (``None``: decided by the batch), or ``_HOLD``."""
+        if stopping:
+            return "stop"
+        if not self._short_of_min_batch():
+            return None
+        oldest = self._queue.oldest()
+        assert oldest is not None
+        if self._clock.now() < oldest.enqueued_at + self._batch_timeout_s:
+            return _HOLD
+        return "timeout"
+
+    def _use_device_slot(self, grant: _Grant) -> bool:
+        """The device granted a slot: dispatch now, or say no (the grant goes to another)."""
+        if (
+            self._state not in (State.RUNNING, State.STOPPING)
+            or self._queue.size == 0
+            or self._busy >= self._slots
+        ):
+            return False
+        reason = self._readiness(self._state is not State.RUNNING)
+        if reason is _HOLD:
+            return False
+        dispatched = self._dispatch(reason, grant)
+        self._notify()  # more may be ready: the loop asks again
+        return dispatched
+
+    def _device_ready(self) -> bool:
+        """A batch could go out now if the device granted a slot."""
+        return (
+            self._state in (State.RUNNING, State.STOPPING)
+            and self._queue.size > 0
+            and self._busy < self._slots
+            and self._readiness(self._state is not State.RUNNING) is not _HOLD
+        )
 
     def _short_of_min_batch(self) -> bool:
         """Too little is queued to dispatch without holding (``min_batch_size``)."""
@@ -680,7 +780,7 @@ class DynamicBatcher(Generic[T, R]):
             self._hold_timer.cancel()
         self._hold_timer = self._clock.call_at(when, self._notify)
 
-    def _dispatch(self, reason: str | None) -> None:
+    def _dispatch(self, reason: str | None, grant: _Grant | None = None) -> bool:
         if self._hold_timer is not None:
             self._hold_timer.cancel()
             self._hold_timer = None
@@ -688,7 +788,7 @@ class DynamicBatcher(Generic[T, R]):
             self._target_batch_cost, self._max_batch_size
         )
         if not entries:
-            return
+            return False
         if reason is None:
             if len(entries) >= self._max_batch_size:
                 reason = "full"
@@ -722,18 +822,33 @@ class DynamicBatcher(Generic[T, R]):
             started = self._loop.run_in_executor(
                 self._executor, self._sync_fn, [e.record for e in entries]
             )
-        slot = _Slot()
+        slot = _Slot(grant)
         self._busy += 1
         task = self._loop.create_task(self._run_batch(entries, started, slot))
         self._in_flight.add(task)
         task.add_done_callback(self._in_flight.discard)
+        return True
 
     def _free_slot(self, slot: _Slot) -> None:
         if not slot.held:
             return
         slot.held = False
         self._busy -= 1
-        if self._state is State.RUNNING and self._queue.size > 0 and not self._short_of_min_batch():
+        grant = slot.grant
+        if grant is not None:
+            device = self._device
+            member = self._member
+            assert device is not None
+            assert member is not None
+            if self._device_ready():
+                # join the queue for slots first, so that the device's choice of who gets
+                # this one includes us
+                device._request(member)
+            device._release(grant)
+            self._notify()
+        elif (
+            self._state is State.RUNNING and self._queue.size > 0 and not self._short_of_min_batch()
+        ):
             # Dispatch now, before this batch's results are handed out: resolving them wakes
             # their callers (and, in a server, writes their responses), and the device would
             # sit idle for all of that while records are already waiting.
@@ -874,10 +989,16 @@ class DynamicBatcher(Generic[T, R]):
         slot_seconds = self._stats.running_s
         if self._state in (State.RUNNING, State.STOPPING):
             slot_seconds += (self._clock_now() - self._started_at) * self._slots
+        member = self._member
         return self._stats.snapshot(
             slot_seconds=slot_seconds,
             queue_depth=self._queue.size,
             in_flight=self._busy,
+            device_wait_s=(
+                self._device._wait_s(member)
+                if self._device is not None and member is not None
+                else 0.0
+            ),
         )
 
     def _clock_now(self) -> float:

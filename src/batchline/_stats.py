@@ -8,6 +8,9 @@ the mean fraction of slots busy while the batcher ran. With one slot this is Fly
 definition; with ``max_concurrent_batches=2`` a value of 1.0 means both slots were always busy.
 
 Latency percentiles cover the most recent ``window`` records (10,000 by default).
+
+``device_wait_s`` (batchers on a shared ``Device`` only): seconds this batcher had a batch
+ready (and a free slot of its own) but waited for one of the device's slots.
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ class BatchStats:
     avg_budget_fill: float = 0.0
     padding_waste: float = 0.0
     dispatch_reasons: dict[str, int] = field(default_factory=dict)
+    device_wait_s: float = 0.0
 
     @property
     def utilization(self) -> float:
@@ -100,7 +104,14 @@ class StatsRecorder:
         self.queue_waits: deque[float] = deque(maxlen=window)
         self.latencies: deque[float] = deque(maxlen=window)
 
-    def snapshot(self, *, slot_seconds: float, queue_depth: int, in_flight: int) -> BatchStats:
+    def snapshot(
+        self,
+        *,
+        slot_seconds: float,
+        queue_depth: int,
+        in_flight: int,
+        device_wait_s: float = 0.0,
+    ) -> BatchStats:
         batches = self.batches
         # busy time of a batch still running is not yet counted; clamp so idle is never negative
         idle = max(0.0, slot_seconds - self.busy_s)
@@ -127,4 +138,5 @@ class StatsRecorder:
                 1.0 - self.real_tokens / self.padded_tokens if self.padded_tokens else 0.0
             ),
             dispatch_reasons={r: self.reasons.get(r, 0) for r in DISPATCH_REASONS},
+            device_wait_s=device_wait_s,
         )

@@ -15,6 +15,7 @@ from typing import Literal, TypeVar
 
 from batchline._batcher import DynamicBatcher, ProcessFn
 from batchline._clock import Clock
+from batchline._device import Device
 
 __all__ = ["Prompt", "TokenBatcher"]
 
@@ -71,6 +72,8 @@ class TokenBatcher(DynamicBatcher[T, R]):
         padding_aware: bool = True,
         bucket_width: int = 8,
         padding_slack: int = 16,
+        device: Device | None = None,
+        weight: float = 1.0,
         clock: Clock | None = None,
         name: str = "token-batcher",
     ) -> None:
@@ -102,6 +105,8 @@ class TokenBatcher(DynamicBatcher[T, R]):
             padding_aware=padding_aware,
             bucket_width=bucket_width,
             padding_slack=padding_slack,
+            device=device,
+            weight=weight,
             clock=clock,
             name=name,
         )

@@ -1,0 +1,245 @@
+"""``Device``: the processing slots of one device, time-shared by several batchers.
+
+Several models served from one process share one device (a GPU, or the machine's model
+sessions). Each model keeps its own batcher, queue and batching rules; a ``Device`` decides
+which batcher's next batch takes a free slot. The policy:
+
+* **Work-conserving.** A free slot is never left idle while an attached batcher has a batch
+  ready to go (records queued, a free slot of its own under ``max_concurrent_batches``, not
+  holding for ``min_batch_size``): it is granted at once, and a slot that frees is handed on
+  at once, before the finished batch's results are handed out.
+* **Weighted fair share.** Each batcher has a virtual time: the slot-seconds its batches held
+  device slots, divided by its ``weight``. When several batchers wait, the slot goes to the
+  one with the least virtual time; ties go to the one that has waited longest. A batch is
+  charged its batcher's mean slot time when it starts and corrected to the time it really
+  held the slot when it frees it (start-time fair queuing), so grants of several slots at
+  once are fair too. Two batchers that always have work get slot-time in the ratio of their
+  weights (1:1 → half each; 2:1 → two thirds and one third), whatever their batch lengths.
+* **No banked credit.** A batcher with nothing running and nothing waiting that asks again
+  (a newcomer, or one that was idle) has its virtual time lifted to the device's virtual time
+  (the start tag of the latest grant). So a model idle for an hour cannot then hold the device
+  for an hour, and one model's burst cannot starve another: it only gets its share.
+
+A grant is used or handed back in the same step (a batcher whose records were all withdrawn
+hands it straight to the next one), and a slot frees when ``process_fn`` returns, as a
+batcher's own slot does. Everything runs on the event loop of the batchers, which must share
+one loop; a ``Device`` needs no lock.
+
+>>> device = Device(slots=2)
+>>> embed = DynamicBatcher(embed_fn, device=device, weight=2)       # doctest: +SKIP
+>>> classify = DynamicBatcher(classify_fn, device=device)           # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+from batchline._clock import Clock, LoopClock
+
+__all__ = ["Device"]
+
+
+class _Client(Protocol):
+    """What the device needs from a batcher."""
+
+    def _use_device_slot(self, grant: _Grant) -> bool:
+        """Dispatch a batch on ``grant`` now; False (the grant unused) when none is ready."""
+        ...
+
+    def _notify(self) -> None: ...
+
+
+class _Member:
+    """One batcher's account at the device."""
+
+    __slots__ = (
+        "client",
+        "held_s",
+        "holds",
+        "running",
+        "vtime",
+        "wait_s",
+        "wait_seq",
+        "wait_since",
+        "waiting",
+        "weight",
+    )
+
+    def __init__(self, client: _Client, weight: float) -> None:
+        self.client = client
+        self.weight = weight
+        self.vtime = 0.0  # slot-seconds used / weight, lifted when it comes back from idle
+        self.waiting = False
+        self.wait_seq = 0
+        self.wait_since = 0.0
+        self.running = 0  # device slots held by its batches now
+        self.held_s = 0.0  # slot-seconds held in total
+        self.holds = 0
+        self.wait_s = 0.0  # seconds spent waiting for a slot with a batch ready
+
+
+class _Grant:
+    """One device slot held by one batch."""
+
+    __slots__ = ("charged", "granted_at", "member")
+
+    def __init__(self, member: _Member, granted_at: float, charged: float) -> None:
+        self.member = member
+        self.granted_at = granted_at
+        self.charged = charged
+
+
+class Device:
+    """Processing slots shared by several batchers, fairly and without idling.
+
+    Args:
+        slots: batches that may run at once across all attached batchers (e.g. the model
+            sessions, or what the GPU runs well concurrently).
+        clock: where time comes from; the attached batchers use it too. Tests pass a
+            ``ManualClock``.
+        name: used in error messages.
+
+    Attach a batcher with ``DynamicBatcher(..., device=device, weight=w)`` (``weight`` > 0,
+    1 by default). Each batcher's ``max_concurrent_batches`` still caps how many of the
+    device's slots it holds at once. See the module docstring for the policy.
+    """
+
+    def __init__(self, slots: int = 1, *, clock: Clock | None = None, name: str = "device") -> None:
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+            raise ValueError(f"slots must be an int >= 1, got {slots!r}")
+        self._slots = slots
+        self._free = slots
+        self._clock: Clock = clock if clock is not None else LoopClock()
+        self.name = name
+        self._waiters: list[_Member] = []
+        self._seq = 0
+        self._vnow = 0.0  # the device's virtual time: the start tag of the latest grant
+        self._handing_out = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._running_clients = 0
+
+    @property
+    def slots(self) -> int:
+        return self._slots
+
+    @property
+    def busy(self) -> int:
+        """Slots held by running batches now."""
+        return self._slots - self._free
+
+    @property
+    def waiting(self) -> int:
+        """Batchers with a batch ready, waiting for a slot."""
+        return len(self._waiters)
+
+    @property
+    def clock(self) -> Clock:
+        return self._clock
+
+    def __repr__(self) -> str:
+        return f"Device({self.name!r}, slots={self._slots}, busy={self.busy})"
+
+    # -- for the batchers ---------------------------------------------------------------------
+
+    def _attach(self, client: _Client, weight: float) -> _Member:
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
+            raise ValueError(f"weight must be a number > 0, got {weight!r}")
+        return _Member(client, float(weight))
+
+    def _bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """A batcher starts on ``loop``; every batcher of a device must share one loop."""
+        if self._running_clients and self._loop is not loop:
+            raise RuntimeError(
+                f"{self.name}: its batchers must run on one event loop; another loop is "
+                "already using it (build one Device per event loop)"
+            )
+        self._loop = loop
+        self._running_clients += 1
+
+    def _unbind(self) -> None:
+        self._running_clients -= 1
+        if self._running_clients == 0:
+            self._loop = None
+
+    def _request(self, member: _Member) -> None:
+        """``member`` has a batch ready: grant a slot now, or queue it for the next one."""
+        if member.waiting:
+            return
+        if member.running == 0 and member.vtime < self._vnow:
+            member.vtime = self._vnow  # back from idle: no banked credit
+        member.waiting = True
+        self._seq += 1
+        member.wait_seq = self._seq
+        member.wait_since = self._clock.now()
+        self._waiters.append(member)
+        self._hand_out()
+
+    def _leave(self, member: _Member) -> None:
+        """``member`` has nothing ready any more (records withdrawn, or it stopped)."""
+        if member.waiting:
+            member.waiting = False
+            self._waiters.remove(member)
+
+    def _release(self, grant: _Grant) -> None:
+        """A batch freed its slot (exactly once per grant): charge what it held, hand it on."""
+        member = grant.member
+        held = self._clock.now() - grant.granted_at
+        member.vtime += (held - grant.charged) / member.weight
+        member.held_s += held
+        member.holds += 1
+        member.running -= 1
+        self._free += 1
+        self._hand_out()
+
+    def _wait_s(self, member: _Member) -> float:
+        """Seconds ``member`` has waited for slots, the wait in progress included."""
+        if not member.waiting:
+            return member.wait_s
+        try:
+            now = self._clock.now()
+        except RuntimeError:  # LoopClock read from a thread: the wait in progress is left out
+            return member.wait_s
+        return member.wait_s + max(0.0, now - member.wait_since)
+
+    # -- the policy ---------------------------------------------------------------------------
+
+    def _hand_out(self) -> None:
+        if self._handing_out:
+            return  # a grant being used asked again: the loop below carries on
+        self._handing_out = True
+        try:
+            waiters = self._waiters
+            while self._free > 0 and waiters:
+                # the least weighted service first; among equals, the longest waiting
+                chosen = waiters[0]
+                for m in waiters:
+                    if m.vtime < chosen.vtime or (
+                        m.vtime == chosen.vtime and m.wait_seq < chosen.wait_seq
+                    ):
+                        chosen = m
+                waiters.remove(chosen)
+                chosen.waiting = False
+                grant = self._grant(chosen)
+                if not chosen.client._use_device_slot(grant):
+                    self._take_back(grant)
+                    chosen.client._notify()
+        finally:
+            self._handing_out = False
+
+    def _grant(self, member: _Member) -> _Grant:
+        now = self._clock.now()
+        member.wait_s += max(0.0, now - member.wait_since)
+        if member.vtime > self._vnow:
+            self._vnow = member.vtime
+        charged = member.held_s / member.holds if member.holds else 0.0
+        member.vtime += charged / member.weight
+        member.running += 1
+        self._free -= 1
+        return _Grant(member, now, charged)
+
+    def _take_back(self, grant: _Grant) -> None:
+        member = grant.member
+        member.vtime -= grant.charged / member.weight
+        member.running -= 1
+        self._free += 1
