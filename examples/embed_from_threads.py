@@ -1,4 +1,10 @@
-"""Embed texts from ordinary threads with the default model (needs batchline[onnx])."""
+"""Embed texts from ordinary threads with the default model (needs batchline[onnx]).
+
+``SyncBatcher`` runs the embedder's ``TokenBatcher`` on an event loop of its own, in a
+background thread; every worker thread submits its text there and blocks for the vector.
+Texts from different threads meet in the one queue and share model calls: the run prints
+how many texts went into each call on average.
+"""
 
 from __future__ import annotations
 
@@ -6,17 +12,32 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from batchline import BatchStats, SyncBatcher
 from batchline.models import Embedder
 
+TOPICS = ["batch inference", "padding waste", "an idle GPU", "queue backpressure"]
+FORMS = ["How do I measure {}?", "What causes {}?", "Why should I care about {}?"]
+QUESTIONS = [form.format(topic) for topic in TOPICS for form in FORMS] * 2
 
-def main() -> np.ndarray:
+
+def main() -> tuple[np.ndarray, BatchStats]:
     embedder = Embedder.default()
-    questions = ["How do I batch inference?", "What is padding waste?", "Why is the GPU idle?"]
-    with ThreadPoolExecutor(3) as pool:
-        vectors = list(pool.map(lambda q: embedder.embed_sync(q)[0], questions))
-    matrix = np.stack(vectors)
-    print(matrix.shape, np.round(matrix @ matrix.T, 2))
-    return matrix
+    with SyncBatcher(embedder.batcher) as batcher:  # starts the batcher on its loop thread
+
+        def ask(question: str) -> np.ndarray:
+            (tokens,) = embedder.tokenize([question])
+            return batcher.run(tokens)  # waits here while other threads' texts join the batch
+
+        with ThreadPoolExecutor(8) as pool:
+            matrix = np.stack(list(pool.map(ask, QUESTIONS)))
+    stats = batcher.stats
+    print(
+        f"{len(QUESTIONS)} texts from 8 threads in {stats.total_batches} model calls: "
+        f"{stats.avg_batch_size:.1f} texts per call"
+    )
+    print("similarity of the first three:")
+    print(np.round(matrix[:3] @ matrix[:3].T, 2))
+    return matrix, stats
 
 
 if __name__ == "__main__":

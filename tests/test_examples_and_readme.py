@@ -35,9 +35,13 @@ def test_embed_from_threads_example() -> None:
     import numpy as np
 
     module = _load(ROOT / "examples" / "embed_from_threads.py")
-    matrix = module.main()  # type: ignore[attr-defined]
-    assert matrix.shape == (3, 384)
+    matrix, stats = module.main()  # type: ignore[attr-defined]
+    n = len(module.QUESTIONS)  # type: ignore[attr-defined]
+    assert matrix.shape == (n, 384)
     np.testing.assert_allclose(np.linalg.norm(matrix, axis=1), 1.0, atol=1e-5)
+    # the threads' texts really shared model calls
+    assert stats.total_completed == n
+    assert stats.avg_batch_size > 1
 
 
 def python_blocks() -> list[str]:
