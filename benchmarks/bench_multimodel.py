@@ -32,8 +32,9 @@ If ``batchline serve`` cannot yet serve several models (repeated ``--model NAME=
 
 Status (2026-11-23): ``batchline serve`` serves both models and every route this bench uses
 (``POST /v2/models/clf/infer`` included, binary tensors in and out: tested by
-``tests/server/test_uvicorn_models.py``). The bench has not been run since the route landed: no
-figures yet. (The classifier measured 2.1-4.2 ms per row on this shared 2-core machine.)
+``tests/server/test_uvicorn_models.py``), and the two models' batchers share one
+``batchline.Device`` by ``model_weights``. The bench has not been run since: no figures yet.
+(The classifier measured 2.1-4.2 ms per row on this shared 2-core machine.)
 """
 
 from __future__ import annotations

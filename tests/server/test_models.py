@@ -370,15 +370,17 @@ async def test_a_full_queue_is_429_all_or_nothing_and_per_model() -> None:
         assert r.headers["Retry-After"] == "1"
         assert set(r.json()) == {"error"}
         assert batcher.queue_depth == capacity - 1
-        # another model's queue is its own: its request is queued, not refused (it runs when
-        # a device slot frees: pred's blocked batch holds the one slot they share)
+        # another model's queue is its own: its request is queued, not refused; it runs when
+        # the device's one slot (held by pred's blocked batch) frees
         emb = asyncio.ensure_future(
             client.post("/v1/embeddings", json={"input": ["a", "b"], "model": "emb"})
         )
         emb_batcher = app.state.batchers["emb"]
-        await _wait_for(lambda: emb.done() or emb_batcher.stats.total_submitted == 2)
+        await _wait_for(lambda: emb_batcher.queue_depth == 2)
+        assert not emb.done()
         doubler.gate.set()
         assert (await emb).status_code == 200
+        assert emb_batcher.stats.device_wait_s > 0
         assert (await blocker).status_code == 200
         assert [(await q).status_code for q in queued] == [200] * len(queued)
         assert batcher.stats.total_submitted == capacity
@@ -410,36 +412,33 @@ async def test_models_are_closed_at_shutdown_and_weights_checked() -> None:
 async def test_several_models_share_one_device_with_their_weights(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import batchline
+    from batchline import Device
     from batchline.server import state as state_module
-
-    class FakeDevice:
-        def __init__(self, *, slots: int) -> None:
-            self.slots = slots
 
     calls: list[tuple[object, object]] = []
     real_engine = state_module.Engine
 
     def engine(model: Any, knobs: Any, **kwargs: Any) -> Any:
-        calls.append((kwargs.pop("device", None), kwargs.pop("weight", None)))
+        calls.append((kwargs["device"], kwargs["weight"]))
         return real_engine(model, knobs, **kwargs)
 
-    monkeypatch.setattr(batchline, "Device", FakeDevice, raising=False)
     monkeypatch.setattr(state_module, "Engine", engine)
-    async with several(model=["emb=default", "clf=m:clf"], model_weights={"clf": 2.5}) as (
-        client,
-        _app,
-    ):
+    async with several(
+        model=["emb=default", "clf=m:clf"], model_weights={"clf": 2.5}, sessions=2
+    ) as (client, app):
         assert (await client.post("/v1/embeddings", json={"input": "x"})).status_code == 200
-    (device, w_emb), (same, w_clf) = calls
-    assert isinstance(device, FakeDevice)
-    assert same is device
-    assert device.slots == settings().knobs.max_concurrent_batches
-    assert (w_emb, w_clf) == (1.0, 2.5)
+        (device, w_emb), (same, w_clf) = calls
+        assert isinstance(device, Device)
+        assert same is device
+        assert device.slots == 2
+        assert (w_emb, w_clf) == (1.0, 2.5)
+        assert all(b.device is device for b in app.state.batchers.values())
+        text = (await client.get("/metrics")).text
+        assert 'batchline_device_wait_seconds_total{model="clf"} 0.0' in text
     calls.clear()
-    async with several(model=["emb=default"]):  # one model: its own slots, no device
-        pass
-    assert calls == [(None, None)]
+    async with several(model=["emb=default"]) as (_client, app):  # one model: its own slots
+        assert calls == [(None, 1.0)]
+        assert app.state.batchers["emb"].device is None
 
 
 async def test_oip_probes_are_open_and_inference_needs_the_key() -> None:

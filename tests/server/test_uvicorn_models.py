@@ -45,6 +45,9 @@ def server(files: dict[str, Path]) -> Iterator[Server]:
 
 
 def test_every_model_is_listed_with_its_task(server: Server) -> None:
+    # the three batch models share one batchline.Device (the startup log names it)
+    assert "models emb, clf, img share one device of" in server.log.read_text()
+    assert server.metric('batchline_device_wait_seconds_total{model="img"}') >= 0
     status, _, body = server.get("/v1/models")
     assert status == 200
     cards = json.loads(body)["data"]

@@ -33,8 +33,8 @@ the others, and a lone busy model gets every slot. Each model still has its own 
 loads its own sessions (``sessions`` each); the shared slots bound how many batches run at
 once across all of them. A generate model takes no slot: its generator steps its running
 sequences on a thread of its own, within ``max_running_sequences`` and ``kv_token_budget``,
-with at most ``max_queue_size`` requests waiting. Until the core's ``Device`` is importable,
-each batch model keeps its own ``max_concurrent_batches`` slots (a warning says so at startup).
+with at most ``max_queue_size`` requests waiting. The startup log names the models that
+share the device, its slots and their weights.
 
 Where a request can end:
 
@@ -70,13 +70,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from fastapi import FastAPI
 
+from batchline._device import Device
 from batchline.knobs import Knobs
 from batchline.models.protocol import BatchModel
 from batchline.models.specs import ModelSpec
@@ -147,8 +147,8 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         specs = settings.specs
         knobs = settings.knobs if settings.batching else settings.baseline_knobs
-        batch_specs = [s for s in specs if not s.generates]
-        device = _shared_device(knobs, len(batch_specs)) if settings.batching else None
+        batch_names = [s.name for s in specs if not s.generates]
+        device = _shared_device(settings, knobs, batch_names) if settings.batching else None
         models: dict[str, ServedModel[Any, Any]] = {}
         generators: dict[str, ServedTextGenerator] = {}
         try:
@@ -246,17 +246,16 @@ def _default_generator_loader() -> GeneratorLoader:
     return load_text_generator
 
 
-def _shared_device(knobs: Knobs, models: int) -> Any:
-    """One ``batchline.Device`` for several models' batchers, or ``None``: one model needs
-    none (its batcher's own slots are the device's), nor does a core without ``Device``."""
-    if models < 2:
+def _shared_device(settings: ServerSettings, knobs: Knobs, names: list[str]) -> Device | None:
+    """One :class:`batchline.Device` for several batch models' batchers, or ``None``: one
+    model needs none (its batcher's own slots are the device's)."""
+    if len(names) < 2:
         return None
-    device_class = getattr(importlib.import_module("batchline"), "Device", None)
-    if device_class is None:
-        logger.warning(
-            "batchline.Device is not available: each of the %d models gets %d slots of its own",
-            models,
-            knobs.max_concurrent_batches,
-        )
-        return None
-    return device_class(slots=knobs.max_concurrent_batches)
+    device = Device(slots=knobs.max_concurrent_batches, name="serve")
+    logger.info(
+        "models %s share one device of %d slot(s), weights %s",
+        ", ".join(names),
+        device.slots,
+        ", ".join(f"{n}={settings.model_weights.get(n, 1.0):g}" for n in names),
+    )
+    return device

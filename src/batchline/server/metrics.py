@@ -6,12 +6,13 @@ exported, every series labelled with ``model``:
 - read from the batcher at scrape time: ``batchline_queue_depth``,
   ``batchline_batches_in_flight``, ``batchline_utilization`` (mean fraction of processing
   slots busy), ``batchline_records_total{outcome=submitted|completed|failed|cancelled|expired}``,
-  ``batchline_batches_total``;
+  ``batchline_batches_total``, ``batchline_device_wait_seconds_total`` (time the model had a
+  batch ready but waited for a slot of the device it shares with other models);
 - observed as work happens: ``batchline_batch_size`` and ``batchline_batch_cost_tokens``
   (padded tokens; summed costs for an additive model) and
   ``batchline_batch_duration_seconds`` per model call,
   ``batchline_queue_wait_seconds`` per record, ``batchline_request_duration_seconds`` per
-  request (label ``route``: ``embeddings``, ``generate``, ``classify``, ``infer``),
+  request (label ``route``: ``embeddings``, ``classify``, ``infer``),
   ``batchline_requests_in_flight``;
 - server-wide: ``batchline_http_requests_in_flight`` (requests to model routes being received
   or served: what a drain waits for);
@@ -206,6 +207,11 @@ class _StatsCollector(Collector):
             labels=["model", "outcome"],
         )
         batches = CounterMetricFamily("batchline_batches", "Batches dispatched.", labels=["model"])
+        device_wait = CounterMetricFamily(
+            "batchline_device_wait_seconds",
+            "Seconds a batch was ready but waited for a slot of the shared device.",
+            labels=["model"],
+        )
         for model, source in list(self._sources.items()):
             stats = source()
             if stats is None:
@@ -214,6 +220,7 @@ class _StatsCollector(Collector):
             in_flight.add_metric([model], stats.in_flight_batches)
             utilization.add_metric([model], stats.utilization)
             batches.add_metric([model], stats.total_batches)
+            device_wait.add_metric([model], stats.device_wait_s)
             for outcome, value in (
                 ("submitted", stats.total_submitted),
                 ("completed", stats.total_completed),
@@ -222,4 +229,4 @@ class _StatsCollector(Collector):
                 ("expired", stats.total_expired),
             ):
                 records.add_metric([model, outcome], value)
-        yield from (depth, in_flight, utilization, records, batches)
+        yield from (depth, in_flight, utilization, records, batches, device_wait)

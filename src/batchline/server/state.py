@@ -37,6 +37,7 @@ from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 
+from batchline._device import Device
 from batchline._stats import BatchStats
 from batchline.knobs import Knobs
 from batchline.models.engine import Engine
@@ -60,8 +61,10 @@ R = TypeVar("R")
 class ServedModel(Generic[P, R]):
     """One model as the routes see it: ``prepare`` a request's inputs, then ``run`` them.
 
-    ``engine`` is ``None`` for the baseline. Per-model Prometheus metrics (queue wait, batch
-    size, cost and duration) are observed around every model call.
+    ``engine`` is ``None`` for the baseline. ``device`` is the :class:`batchline.Device` the
+    batch models share (``None``: the batcher's own slots) and ``weight`` this model's share of
+    it. Per-model Prometheus metrics (queue wait, batch size, cost and duration) are observed
+    around every model call.
     """
 
     def __init__(
@@ -72,7 +75,7 @@ class ServedModel(Generic[P, R]):
         knobs: Knobs,
         metrics: ModelMetrics,
         *,
-        device: Any = None,
+        device: Device | None = None,
         weight: float = 1.0,
     ) -> None:
         self.name = name
@@ -87,9 +90,6 @@ class ServedModel(Generic[P, R]):
         self._tokenizer = _tokenizer_of(model)
         self.engine: Engine[_Job[P], R] | None = None
         if settings.batching:
-            shared: dict[str, Any] = {}
-            if device is not None:
-                shared = {"device": device, "weight": weight}
             self.engine = Engine(
                 _Metered(model, metrics, padded=self._padded, run_async=self._async),
                 knobs,
@@ -97,7 +97,8 @@ class ServedModel(Generic[P, R]):
                 bucket_width=settings.bucket_width,
                 thread_nice=settings.model_thread_nice,
                 name=f"serve-{name}",
-                **shared,
+                device=device,
+                weight=weight,
             )
 
     @property
