@@ -168,12 +168,13 @@ class Device:
             return
         if member.running == 0 and member.vtime < self._vnow:
             member.vtime = self._vnow  # back from idle: no banked credit
+        now = self._clock.now()
         member.waiting = True
         self._seq += 1
         member.wait_seq = self._seq
-        member.wait_since = self._clock.now()
+        member.wait_since = now
         self._waiters.append(member)
-        self._hand_out()
+        self._hand_out(now)
 
     def _leave(self, member: _Member) -> None:
         """``member`` has nothing ready any more (records withdrawn, or it stopped)."""
@@ -184,13 +185,14 @@ class Device:
     def _release(self, grant: _Grant) -> None:
         """A batch freed its slot (exactly once per grant): charge what it held, hand it on."""
         member = grant.member
-        held = self._clock.now() - grant.granted_at
+        now = self._clock.now()
+        held = now - grant.granted_at
         member.vtime += (held - grant.charged) / member.weight
         member.held_s += held
         member.holds += 1
         member.running -= 1
         self._free += 1
-        self._hand_out()
+        self._hand_out(now)
 
     def _wait_s(self, member: _Member) -> float:
         """Seconds ``member`` has waited for slots, the wait in progress included."""
@@ -204,7 +206,7 @@ class Device:
 
     # -- the policy ---------------------------------------------------------------------------
 
-    def _hand_out(self) -> None:
+    def _hand_out(self, now: float) -> None:
         if self._handing_out:
             return  # a grant being used asked again: the loop below carries on
         self._handing_out = True
@@ -220,15 +222,14 @@ class Device:
                         chosen = m
                 waiters.remove(chosen)
                 chosen.waiting = False
-                grant = self._grant(chosen)
+                grant = self._grant(chosen, now)
                 if not chosen.client._use_device_slot(grant):
                     self._take_back(grant)
                     chosen.client._notify()
         finally:
             self._handing_out = False
 
-    def _grant(self, member: _Member) -> _Grant:
-        now = self._clock.now()
+    def _grant(self, member: _Member, now: float) -> _Grant:
         member.wait_s += max(0.0, now - member.wait_since)
         if member.vtime > self._vnow:
             self._vnow = member.vtime
