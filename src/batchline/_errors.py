@@ -3,7 +3,7 @@
 The tree::
 
     BatchlineError
-    ├── QueueFullError            submit_nowait() found the queue full
+    ├── QueueFullError            submit_nowait()/submit_many_nowait() found no room: nothing queued
     ├── BatcherClosedError        the batcher is stopping or stopped
     ├── RecordTooLargeError       one record costs more than a whole batch may (oversize="reject")
     ├── DeadlineExceededError     a queued record's deadline passed before dispatch
@@ -40,7 +40,9 @@ class BatchlineError(Exception):
 
 
 class QueueFullError(BatchlineError):
-    """Raised by ``submit_nowait`` when the queue already holds ``max_queue_size`` records."""
+    """Raised by ``submit_nowait`` when the queue already holds ``queue_capacity`` records
+    (``max_queue_size`` plus the Flyte-compatible prefetch room), and by
+    ``submit_many_nowait`` when it has no room for all of the records; nothing is queued."""
 
 
 class BatcherClosedError(BatchlineError):
