@@ -107,7 +107,61 @@ def _add_bench(sub: Any) -> None:
         "-o", "--output", type=Path, default=Path("report"), help="report folder (report/)"
     )
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    _add_generate_arguments(p)
     p.set_defaults(func=_bench_main)
+
+
+#: bench's text-generation flags: dest -> flag (refused without --task generate)
+_GENERATE_FLAGS = {
+    "requests": "--requests",
+    "sequential_requests": "--sequential-requests",
+    "repeats": "--repeats",
+    "min_new": "--min-new",
+    "max_new": "--max-new",
+    "generators": "--generators",
+    "threads": "--threads",
+    "kv_token_budget": "--kv-token-budget",
+    "max_running_sequences": "--max-running-sequences",
+}
+
+
+def _add_generate_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "text generation (--task generate; implied by --model smollm2 or PATH/)",
+        "One-at-a-time, static and continuous batching on the same loaded model, in one run: "
+        "the demo math prompts, each generating exactly max_tokens (drawn between --min-new "
+        "and --max-new, seeded; ignore_eos), at each --load point (default closed:16), in "
+        "interleaved repeats. Prints tokens/s, request latency and TTFT p50/p99 per "
+        "configuration and point, and the ratios continuous/static throughput (goal >= 1.3), "
+        "p99 latency (<= 0.8), TTFT p99 (<= 0.5) and continuous/one-at-a-time throughput "
+        "(>= 2.5); writes report.md, results.json and plots into --output.",
+    )
+    g.add_argument("--requests", type=int, metavar="N", help="requests per batched run (32)")
+    g.add_argument(
+        "--sequential-requests", type=int, metavar="N", help="requests per one-at-a-time run (6)"
+    )
+    g.add_argument("--repeats", type=int, metavar="N", help="interleaved repeats (2)")
+    g.add_argument("--min-new", type=int, metavar="N", help="fewest tokens a request asks for (8)")
+    g.add_argument("--max-new", type=int, metavar="N", help="most tokens a request asks for (128)")
+    g.add_argument(
+        "--generators",
+        metavar="LIST",
+        help="configurations to compare: one-at-a-time, static, continuous (default: all three)",
+    )
+    g.add_argument("--threads", type=int, metavar="N", help="torch intra-op threads on CPU (1)")
+    g.add_argument(
+        "--kv-token-budget",
+        type=int,
+        metavar="N",
+        help="KV-cache positions of the batched generators (default: max running sequences x "
+        "(longest prompt + --max-new))",
+    )
+    g.add_argument(
+        "--max-running-sequences",
+        type=int,
+        metavar="N",
+        help="sequences generated at once: a static batch's size, continuous's cap (16)",
+    )
 
 
 def _add_tune(sub: Any) -> None:
@@ -170,7 +224,26 @@ def _model_options(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _generates(args: argparse.Namespace) -> bool:
+    """``--task generate``, or a model that generates (``smollm2``, ``PATH/``)."""
+    if args.task is not None:
+        return bool(args.task == "generate")
+    from batchline.models.specs import parse_spec
+
+    return bool(parse_spec(args.model).generates)
+
+
 def _bench_main(args: argparse.Namespace) -> int:
+    from batchline._errors import InputError
+
+    if _generates(args):
+        return _bench_generate_main(args)
+    given = [flag for dest, flag in _GENERATE_FLAGS.items() if getattr(args, dest) is not None]
+    if given:
+        raise InputError(
+            f"{given[0]} goes with text generation: bench --task generate (or --model smollm2 "
+            "or a Hugging Face folder PATH/)"
+        )
     import matplotlib  # noqa: F401  (the report needs it: fail before measuring, not after)
     from rich.console import Console
 
@@ -203,6 +276,60 @@ def _bench_main(args: argparse.Namespace) -> int:
     print_table(result.points, title="batchline bench")
     err.print(f"report: {files['report']}")
     return 0
+
+
+def _bench_generate_main(args: argparse.Namespace) -> int:
+    import matplotlib  # noqa: F401  (the report needs it: fail before measuring, not after)
+    from rich.console import Console
+
+    from batchline._errors import InputError
+    from batchline.bench.generate import (
+        DEFAULT_GENERATE_LOAD,
+        GenerateBenchOptions,
+        run_generate_bench,
+    )
+    from batchline.bench.loadgen import parse_loads
+    from batchline.bench.report import print_generate_table, write_generate_report
+
+    refused = [
+        ("--target", args.target != "inprocess"),
+        ("--route", args.route != "openai"),
+        ("--config", bool(args.configs)),
+        ("--inputs", args.inputs is not None),
+    ]
+    for flag, given in refused:
+        if given:
+            raise InputError(
+                f"{flag} does not apply to bench --task generate (in process, the demo math "
+                "prompts); to load a server's generation, use batchline drive --route generate"
+            )
+    pick = {k: getattr(args, k) for k in _GENERATE_FLAGS if getattr(args, k) is not None}
+    if "generators" in pick:
+        pick["generators"] = [g.strip() for g in pick["generators"].split(",") if g.strip()]
+    options = GenerateBenchOptions(
+        model="smollm2" if args.model == "default" else args.model,
+        loads=parse_loads(args.load or [DEFAULT_GENERATE_LOAD]),
+        device=args.device,
+        seed=args.seed,
+        warmup=args.warmup > 0,
+        command=_command("bench"),
+        **pick,
+    )
+    err = Console(stderr=True)
+    progress = None if args.quiet else _Say(err)
+    result = run_generate_bench(options, progress)
+    files = write_generate_report(result, args.output)
+    print_generate_table(result)
+    err.print(f"report: {files['report']}")
+    return 0
+
+
+class _Say:
+    def __init__(self, console: Any) -> None:
+        self._console = console
+
+    def message(self, text: str) -> None:
+        self._console.print(text, highlight=False)
 
 
 class _BenchProgress:

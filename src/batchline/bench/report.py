@@ -17,12 +17,26 @@ import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from batchline.bench.loadgen import LoadKind, PointResult
+from batchline.bench.loadgen import LoadKind, LoadPoint, PointResult
 from batchline.bench.runner import BenchResult
 
-__all__ = ["TABLE_HEADER", "format_row", "print_table", "render_markdown", "write_report"]
+if TYPE_CHECKING:
+    from batchline.bench.generate import GenerateBenchResult, GenPoint
+
+__all__ = [
+    "GENERATE_HEADER",
+    "TABLE_HEADER",
+    "format_generate_row",
+    "format_row",
+    "print_generate_table",
+    "print_table",
+    "render_generate_markdown",
+    "render_markdown",
+    "write_generate_report",
+    "write_report",
+]
 
 TABLE_HEADER = (
     "configuration",
@@ -190,6 +204,24 @@ def _nice_above(value: float) -> float:
     return min(v for v in _nice_steps(value) if v >= value * (1 - 1e-9))
 
 
+def _offered_axis(ax: Any, kind: LoadKind, offered: Sequence[float], unit: str = "records") -> None:
+    """The x axis of every plot: offered load, log-scaled when it spans 8x or more."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    if kind == "closed":
+        ax.set_xlabel("offered load: concurrent clients (closed loop)")
+    else:
+        ax.set_xlabel(f"offered load: {unit}/s (open loop, Poisson arrivals)")
+    spread = offered[-1] / offered[0] if offered and offered[0] > 0 else 1.0
+    if spread >= 8:
+        ax.set_xscale("log", base=2 if kind == "closed" else 10)
+        ax.set_xticks(offered)
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    elif offered:
+        ax.set_xticks(offered)
+
+
 def _plot(result: BenchResult, kind: LoadKind, metric: str, path: Path) -> None:
     # a bare Figure renders through Agg without pyplot: no display, no global backend change
     from matplotlib.figure import Figure
@@ -226,18 +258,7 @@ def _plot(result: BenchResult, kind: LoadKind, metric: str, path: Path) -> None:
                 linewidths=1.5,
                 zorder=3,
             )
-    if kind == "closed":
-        ax.set_xlabel("offered load: concurrent clients (closed loop)")
-    else:
-        ax.set_xlabel("offered load: records/s (open loop, Poisson arrivals)")
-    spread = offered[-1] / offered[0] if offered and offered[0] > 0 else 1.0
-    if spread >= 8:
-        ax.set_xscale("log", base=2 if kind == "closed" else 10)
-        ax.set_xticks(offered)
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.xaxis.set_minor_formatter(NullFormatter())
-    elif offered:
-        ax.set_xticks(offered)
+    _offered_axis(ax, kind, offered)
     if metric == "throughput":
         if kind == "open" and offered:
             ax.plot(
@@ -335,3 +356,218 @@ def print_table(points: Sequence[PointResult], console: Any = None, title: str =
         style = "red" if p.failed else None
         table.add_row(*row, style=style)
     console.print(table)
+
+
+# -- batchline bench --task generate ------------------------------------------------------------
+
+GENERATE_HEADER = (
+    "configuration",
+    "load",
+    "requests",
+    "tokens/s",
+    "latency p50 s",
+    "latency p99 s",
+    "TTFT p50 s",
+    "TTFT p99 s",
+    "ITL p50 ms",
+)
+
+# one-at-a-time is the baseline (black), static the classic batcher (orange)
+_GENERATOR_STYLES = {
+    "one-at-a-time": _BASELINE_STYLE,
+    "static": _CLASSIC_STYLE,
+    "continuous": _STYLES[0],
+}
+
+
+def _s(value: float) -> str:
+    return "n/a" if math.isnan(value) else f"{value:.3f}" if value < 1 else f"{value:.2f}"
+
+
+def format_generate_row(p: GenPoint) -> tuple[str, ...]:
+    """One row of the generation table, in the order of :data:`GENERATE_HEADER`."""
+    rejected = f" ({p.rejected} rejected)" if p.rejected else ""
+    return (
+        p.generator,
+        p.point.label,
+        f"{p.requests}{rejected}",
+        f"{p.tokens_per_s:,.1f}",
+        _s(p.latency_p50_s),
+        _s(p.latency_p99_s),
+        _s(p.ttft_p50_s),
+        _s(p.ttft_p99_s),
+        "n/a" if math.isnan(p.itl_p50_s) else f"{p.itl_p50_s * 1e3:.1f}",
+    )
+
+
+def _generate_ordered(points: Sequence[GenPoint]) -> list[GenPoint]:
+    order = {name: i for i, name in enumerate(("one-at-a-time", "static", "continuous"))}
+    return sorted(points, key=lambda p: (p.kind, p.offered, order.get(p.generator, 9)))
+
+
+def render_generate_markdown(result: GenerateBenchResult, plots: Sequence[str] = ()) -> str:
+    """The generation bench's report as Markdown; ``plots`` relative to the report."""
+    from batchline.bench.generate import _DESCRIPTIONS
+
+    lines = [
+        "# batchline bench: text generation",
+        "",
+        f"Model **{result.model}**; one-at-a-time, static and continuous batching on the same "
+        f"loaded weights, each run on a fresh generator; the whole run took "
+        f"{result.elapsed_s:.0f} s.",
+        "",
+    ]
+    if result.command:
+        lines += ["```", result.command, "```", ""]
+    lines += [
+        f"Workload: {result.workload}.",
+        "",
+        "Environment: " + ", ".join(f"{k} {v}" for k, v in result.environment.items()) + ".",
+        "",
+        "## Configurations",
+        "",
+        *[f"- **{g}**: {_DESCRIPTIONS[g]}" for g in result.generators],
+        "",
+        "## Results",
+        "",
+        "Medians over the repeats.",
+        "",
+        "| " + " | ".join(GENERATE_HEADER) + " |",
+        "|" + "|".join(["---"] * 2 + ["---:"] * (len(GENERATE_HEADER) - 2)) + "|",
+    ]
+    for p in _generate_ordered(result.points):
+        lines.append("| " + " | ".join(format_generate_row(p)) + " |")
+    lines += [
+        "",
+        "*closed*: N clients, each submitting its next request when the previous completes; "
+        "tokens/s = generated tokens / wall time until the last completes. *open*: Poisson "
+        "arrivals at the offered rate, latency and TTFT from each request's intended send "
+        "time; throughput there is capped by the arrival rate. *TTFT*: time to the first "
+        "generated token; *ITL*: time between a sequence's tokens.",
+        "",
+    ]
+    ratios = result.ratios()
+    if ratios:
+        lines += ["## Ratios against the goals", "", "| load | ratio | value | goal | |"]
+        lines.append("|---|---|---:|---|---|")
+        for r in ratios:
+            mark = "ok" if r.ok else "**missed**"
+            lines.append(
+                f"| {r.point.label} | {r.name} | {r.value:.2f} | {r.op} {r.goal:g} | {mark} |"
+            )
+        lines.append("")
+    if plots:
+        lines += ["## Plots", "", *[f"![{Path(name).stem}]({name})" for name in plots], ""]
+    return "\n".join(lines)
+
+
+def _generate_plot(
+    result: GenerateBenchResult, kind: LoadKind, metrics: Sequence[str], path: Path
+) -> None:
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    points = [p for p in result.points if p.kind == kind]
+    offered = sorted({p.offered for p in points})
+    fig = Figure(figsize=(8, 5), dpi=110, layout="constrained")
+    ax = fig.add_subplot()
+    labels = {
+        "tokens_per_s": "",
+        "ttft_p50_s": " TTFT p50",
+        "ttft_p99_s": " TTFT p99",
+        "latency_p99_s": " p99",
+    }
+    values: list[float] = []
+    for name in result.generators:
+        color, marker = _GENERATOR_STYLES.get(name, _STYLES[1])
+        series = sorted((p for p in points if p.generator == name), key=lambda p: p.offered)
+        for metric in metrics:
+            ys = [float(getattr(p, metric)) for p in series]
+            values += [y for y in ys if y > 0 and math.isfinite(y)]
+            ax.plot(
+                [p.offered for p in series],
+                ys,
+                marker=marker,
+                color=color,
+                label=name + labels[metric],
+                linewidth=2,
+                markersize=7,
+                linestyle="--" if metric == "ttft_p50_s" else "-",
+                # p50 hollow: with one load point there is no line to tell them apart
+                markerfacecolor="none" if metric == "ttft_p50_s" else color,
+            )
+    _offered_axis(ax, kind, offered, unit="requests")
+    if metrics == ["tokens_per_s"]:
+        ax.set_ylabel("generated tokens/s")
+        ax.set_ylim(bottom=0)
+        fig.suptitle(f"Generation throughput vs offered load ({kind} loop)", fontsize=13)
+    else:
+        what = "TTFT" if metrics[0].startswith("ttft") else "request latency"
+        ax.set_ylabel(f"{what} (s, log scale)")
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        if values:
+            ax.set_ylim(_nice_below(min(values)), _nice_above(max(values)))
+        title = "TTFT p50 (dashed, hollow) and p99" if what == "TTFT" else "p99 request latency"
+        fig.suptitle(f"{title} vs offered load ({kind} loop)", fontsize=13)
+    ax.grid(True, which="major", alpha=0.35)
+    ax.legend(loc="best", fontsize=9, framealpha=0.9)
+    ax.set_title(f"{result.model}; {result.workload}", fontsize=7, color="#555555", wrap=True)
+    fig.savefig(path)
+
+
+def write_generate_report(result: GenerateBenchResult, out_dir: Path) -> dict[str, Path]:
+    """Write ``report.md``, ``results.json`` and, per load kind present, the PNG plots
+    ``throughput-KIND.png``, ``ttft-KIND.png`` (p50 and p99) and ``latency-p99-KIND.png``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files: dict[str, Path] = {}
+    plots: list[str] = []
+    kinds: tuple[LoadKind, ...] = ("closed", "open")
+    charts = (
+        ("throughput", ["tokens_per_s"]),
+        ("ttft", ["ttft_p50_s", "ttft_p99_s"]),
+        ("latency-p99", ["latency_p99_s"]),
+    )
+    for kind in kinds:
+        if not any(p.kind == kind for p in result.points):
+            continue
+        for stem, metrics in charts:
+            name = f"{stem}-{kind}.png"
+            _generate_plot(result, kind, metrics, out_dir / name)
+            plots.append(name)
+            files[f"{stem}-{kind}"] = out_dir / name
+    report = out_dir / "report.md"
+    report.write_text(render_generate_markdown(result, plots))
+    files["report"] = report
+    results = out_dir / "results.json"
+    results.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    files["results"] = results
+    return files
+
+
+def print_generate_table(result: GenerateBenchResult, console: Any = None) -> None:
+    """Print the generation table and the ratios with rich."""
+    from rich.console import Console
+    from rich.table import Table
+
+    if console is None:
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=130)
+    table = Table(title="batchline bench --task generate (medians over repeats)")
+    for i, header in enumerate(GENERATE_HEADER):
+        table.add_column(header, justify="left" if i < 2 else "right", no_wrap=i < 2)
+    previous: LoadPoint | None = None
+    for p in _generate_ordered(result.points):
+        if previous is not None and p.point != previous:
+            table.add_section()
+        previous = p.point
+        table.add_row(*format_generate_row(p))
+    console.print(table)
+    ratios = result.ratios()
+    if ratios:
+        console.print("ratios:", highlight=False)
+        for r in ratios:
+            console.print("  " + r.line(), highlight=False, style=None if r.ok else "red")

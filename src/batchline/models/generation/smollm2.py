@@ -26,7 +26,9 @@ import importlib.util
 import os
 import shutil
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -189,15 +191,47 @@ def load_causal_lm(
     if not (folder / "config.json").is_file():
         raise ModelError(f"{folder} is not a Hugging Face model folder (no config.json)")
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            folder, dtype=dtype if dtype is not None else torch.float32, local_files_only=True
-        )
-        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        with _quiet_transformers():
+            model = AutoModelForCausalLM.from_pretrained(
+                folder, dtype=dtype if dtype is not None else torch.float32, local_files_only=True
+            )
+            tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     except (OSError, ValueError) as exc:
         raise ModelError(f"cannot load the causal LM in {folder}: {exc}") from exc
     model.to(device)  # type: ignore[arg-type]
     model.eval()  # type: ignore[no-untyped-call]
     return model, tokenizer
+
+
+_quiet_lock = threading.Lock()
+_quiet_depth = 0
+_saved: tuple[bool, int] = (True, 0)
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """No progress bars ("Loading weights: 100%") and only errors from transformers while a
+    model loads: run, serve and bench print their own progress. The first of overlapping
+    loads (threads) saves the settings, the last one restores them."""
+    global _quiet_depth, _saved
+    from transformers.utils import logging as hf_logging
+
+    with _quiet_lock:
+        if _quiet_depth == 0:
+            _saved = (hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity())
+            hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+            hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
+        _quiet_depth += 1
+    try:
+        yield
+    finally:
+        with _quiet_lock:
+            _quiet_depth -= 1
+            if _quiet_depth == 0:
+                bars, verbosity = _saved
+                hf_logging.set_verbosity(verbosity)
+                if bars:
+                    hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
 
 
 def load_smollm2(

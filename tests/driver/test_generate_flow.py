@@ -1,0 +1,114 @@
+"""The seed's whole flow: two real ``batchline serve --model gen=PATH/`` replicas, ``batchline
+drive --route generate`` fanning a prompts file out to them, every prompt's text written
+exactly once, in order, and equal to what ``batchline run --model PATH/`` generates offline.
+
+The model is the tiny random Llama saved as a Hugging Face folder. ``drive`` sends no
+``max_tokens``, so each replica generates its default: ``min(256, context - prompt tokens)``
+(``/generate`` encodes the prompt as it is, no chat template, greedy). The prompts all have
+the same token count, so one ``run --no-chat-template --max-tokens N`` asks for the same.
+Assertions are on counts, order and contents, never on time.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from batchline.cli import main
+from batchline.jobs.sinks import read_output
+from tests.driver.procs import Procs, processes
+
+pytest.importorskip("transformers")
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+CONTEXT = 64  # small: the default max_tokens (context - prompt) stays a few dozen tokens
+N_PROMPTS = 14
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import torch
+
+    from tests.models.generation.test_load import save_tiny_generator
+
+    torch.set_num_threads(1)
+    return save_tiny_generator(tmp_path_factory.mktemp("gen") / "tiny", context_tokens=CONTEXT)
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Procs]:
+    with processes(tmp_path) as p:
+        yield p
+
+
+def prompts() -> list[str]:
+    # ASCII, one byte per token (byte-level tokenizer, no merges): equal token counts
+    topics = ["batching", "the sea", "queues", "a lazy dog", "resumes", "tea"]
+    return [f"Prompt {i:02d} is about {topics[i % len(topics)]:<10}." for i in range(N_PROMPTS)]
+
+
+def prompt_tokens(tiny: Path, texts: list[str]) -> int:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny, local_files_only=True)
+    (count,) = {len(tok.encode(t)) for t in texts}  # /generate's encoding of a raw prompt
+    return count
+
+
+def test_drive_over_two_replicas_writes_each_prompts_text_once_in_order_as_run_does(
+    tiny: Path, tmp_path: Path, procs: Procs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BATCHLINE_CACHE_DIR", str(tmp_path / "cache"))
+    texts = prompts()
+    src = tmp_path / "prompts.jsonl"
+    src.write_text(
+        "".join(json.dumps({"id": f"p{i}", "text": t}) + "\n" for i, t in enumerate(texts)),
+        encoding="utf-8",
+    )
+    max_tokens = min(256, CONTEXT - prompt_tokens(tiny, texts))  # the server's default
+    assert max_tokens >= 8
+
+    a = procs.serve("--model", f"gen={tiny}/", name="a")
+    b = procs.serve("--model", f"gen={tiny}/", name="b")
+    a.wait_ready()
+    b.wait_ready()
+    out = tmp_path / "driven"
+    argv = ["drive", str(src), "--route", "generate", "--endpoint", a.url, "--endpoint", b.url]
+    argv += ["-o", str(out), "--chunk-size", "4", "--concurrency", "4", "--quiet"]
+    assert main(argv) == 0, a.output()[-2000:] + b.output()[-2000:]
+
+    offline = tmp_path / "offline"
+    argv = ["run", str(src), "--model", f"{tiny}/", "-o", str(offline), "--quiet"]
+    argv += ["--no-chat-template", "--max-tokens", str(max_tokens)]
+    assert main(argv) == 0
+
+    driven = read_output(out).to_pylist()
+    expected = read_output(offline).to_pylist()
+    # exactly once, in order: one row per prompt, indices 0..n-1
+    assert [r["index"] for r in driven] == list(range(N_PROMPTS))
+    assert [r["id"] for r in driven] == [f"p{i}" for i in range(N_PROMPTS)]
+    assert [r["index"] for r in expected] == list(range(N_PROMPTS))
+    # the same greedy text through two replicas as offline
+    assert [r["result"] for r in driven] == [r["text"] for r in expected]
+    assert any(r["text"] for r in expected)  # the comparison is not of empty strings
+    # both replicas generated, and the prompts were generated once between them
+    served = [finished(server.url) for server in (a, b)]
+    assert all(n > 0 for n in served)
+    assert sum(served) == N_PROMPTS
+
+
+def finished(url: str) -> int:
+    """Requests a replica's generation routes finished (its Prometheus counter)."""
+    import httpx
+
+    text = httpx.get(url + "/metrics", timeout=10.0).text
+    return round(
+        sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("batchline_generation_finished_total{")
+        )
+    )
