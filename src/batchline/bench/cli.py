@@ -60,7 +60,9 @@ def _add_bench(sub: Any) -> None:
             "arrivals at a rate, latency from the intended send time) and compare, in the same "
             "run: the no-batching baseline, batchline's defaults, your --config files and a "
             "classic timeout batcher. Or drive a server (--target URL). Writes "
-            "OUTPUT/report.md with a table and PNG plots."
+            "OUTPUT/report.md with a table and PNG plots. With a text generator (--task "
+            "generate, --model smollm2 or PATH/): one-at-a-time, static and continuous batching "
+            "on the same loaded model (see the text generation options)."
         ),
     )
     _model_and_inputs(p)
@@ -81,7 +83,7 @@ def _add_bench(sub: Any) -> None:
         action="append",
         metavar="SPEC",
         help="closed:N,N,... (concurrent clients) or open:RATE,... (records/s); repeatable; "
-        "default closed:1,8,32,64",
+        "default closed:1,8,32,64 (text generation: closed:16; open rates are requests/s)",
     )
     p.add_argument(
         "--duration", type=float, default=5.0, metavar="S", help="seconds per load point (5)"
