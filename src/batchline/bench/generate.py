@@ -307,7 +307,7 @@ def load_parts(options: GenerateBenchOptions) -> ModelParts:
         max_running_sequences=options.max_running_sequences,
     )
     model = load_text_generator(spec, knobs)
-    engine = model._engine  # the loaded weights, shared by every generator of the bench
+    engine = model.engine  # the loaded weights, shared by every generator of the bench
     if engine is None:
         model.close()
         raise InputError(f"model {spec.name!r}: bench --task generate needs the torch backend")

@@ -163,7 +163,7 @@ def model_spec(
     normalize: bool | None = None,
 ) -> ModelSpec:
     """``--model`` and its options as one spec, as ``batchline run`` reads them; a text
-    generator is refused (its benchmark is ``benchmarks/bench_generate.py``)."""
+    generator is refused here (``batchline bench --task generate`` measures generation)."""
     from batchline.models.specs import parse_specs
 
     if isinstance(model, ModelSpec):
@@ -182,7 +182,7 @@ def model_spec(
     if spec.generates:
         raise InputError(
             f"model {spec.name!r} generates text: bench and tune measure batch models "
-            "(embed, classify, predict); benchmarks/bench_generate.py measures generation"
+            "(embed, classify, predict); batchline bench --task generate measures generation"
         )
     return spec
 

@@ -98,6 +98,11 @@ def add_parser(sub: Any) -> None:
         "(default: the first answer's, or the output's when resuming)",
     )
     p.add_argument(
+        "--max-tokens",
+        type=int,
+        help="with --route generate: tokens to generate per prompt (default: the server's)",
+    )
+    p.add_argument(
         "--encoding",
         choices=["base64", "float"],
         default="base64",
@@ -137,6 +142,7 @@ def _main(args: argparse.Namespace) -> int:
         read_timeout_s=args.read_timeout_s,
         give_up_after_s=args.give_up_after_s,
         encoding=args.encoding,
+        max_tokens=args.max_tokens,
         dim=args.dim,
     )
     console = Console(stderr=True)

@@ -174,8 +174,14 @@ class GenerateRoute:
     result_column = "result"
     result_kind: Literal["vector", "value"] = "value"
 
+    def __init__(self, *, max_tokens: int | None = None) -> None:
+        # None: the server's default (what the prompt leaves of the context, at most 256)
+        self.max_tokens = max_tokens
+
     def body(self, texts: Sequence[str], *, model: str | None, task_id: str) -> dict[str, Any]:
         body: dict[str, Any] = {"prompts": list(texts), "task_id": task_id}
+        if self.max_tokens is not None:
+            body["max_tokens"] = self.max_tokens
         if model is not None:
             body["model"] = model
         return body

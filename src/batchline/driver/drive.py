@@ -52,7 +52,14 @@ import httpx
 
 from batchline._clock import Clock, LoopClock
 from batchline._errors import BatchlineError, InputError
-from batchline.driver.client import ROUTES, EmbeddingsRoute, ReplicaClient, Reply, Route
+from batchline.driver.client import (
+    ROUTES,
+    EmbeddingsRoute,
+    GenerateRoute,
+    ReplicaClient,
+    Reply,
+    Route,
+)
 from batchline.driver.endpoints import Endpoint, EndpointPool, EndpointReport
 from batchline.driver.retry import Backoff, sleep
 from batchline.jobs.run import open_dataset_job
@@ -121,6 +128,7 @@ class DriveOptions:
     max_retry_after_s: float = 120.0
     encoding: Encoding = "base64"
     dim: int | None = None
+    max_tokens: int | None = None
 
     def __post_init__(self) -> None:
         self.check()
@@ -159,6 +167,10 @@ class DriveOptions:
             raise InputError(f"--limit must be >= 0, got {self.limit}")
         if self.route not in get_args(RouteName):
             raise InputError(f"--route must be embeddings or generate, got {self.route!r}")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise InputError(f"--max-tokens must be >= 1, got {self.max_tokens}")
+        if self.max_tokens is not None and self.route != "generate":
+            raise InputError("--max-tokens goes with --route generate")
         if self.encoding not in get_args(Encoding):
             raise InputError(f"--encoding must be base64 or float, got {self.encoding!r}")
         if self.on_bad_record not in get_args(BadRecordMode):
@@ -352,12 +364,16 @@ async def drive_job(
     route = ROUTES[options.route]
     if isinstance(route, EmbeddingsRoute) and route.encoding != options.encoding:
         route = EmbeddingsRoute(encoding=options.encoding)
+    extra: dict[str, object] = {"route": route.name}
+    if options.max_tokens is not None:  # other lengths give other texts: a resume must match
+        route = GenerateRoute(max_tokens=options.max_tokens)
+        extra["max_tokens"] = options.max_tokens
     source, writer = await asyncio.to_thread(
         open_dataset_job,
         options,
         output=options.output or _default_output(options.input, route),
         chunk_size=options.output_chunk_size,
-        extra_settings={"route": route.name},
+        extra_settings=extra,
         result_column=route.result_column,
         result_kind=route.result_kind,
     )

@@ -96,6 +96,12 @@ class GenerationModel:
     _engine: Any = None
     _closed: bool = False
 
+    @property
+    def engine(self) -> Any:
+        """The step engine over the loaded weights (``None`` for vLLM, whose engine is its own):
+        other generators can be built over it, e.g. to compare batching kinds on one model."""
+        return self._engine
+
     def __post_init__(self) -> None:
         self.detokenizer = HfDetokenizer(self.tokenizer)
 
