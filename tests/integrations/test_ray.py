@@ -26,7 +26,7 @@ import ray
 from batchline._errors import InputError, ModelError
 from batchline.cli import main
 from batchline.integrations import ray as ray_engine
-from batchline.integrations.ray import UnitDone, _UnitPlan, run_on_ray
+from batchline.integrations.ray import UnitDone, _UnitPlan, default_replica_knobs, run_on_ray
 from batchline.jobs.run import RunOptions, run
 from batchline.jobs.sinks import Manifest, read_output, read_skipped
 from batchline.knobs import Knobs
@@ -281,6 +281,16 @@ class TestLocalRay:
         )
         with pytest.raises(ModelError, match=r"could not load the model: .*no such model file"):
             run_on_ray(options, start_timeout_s=120)
+
+    def test_a_gpu_replica_reserves_a_gpu(self, dataset: Path, tmp_path: Path) -> None:
+        """This cluster has no GPU: a replica on device cuda cannot be placed, and says why."""
+        options = _options(dataset, tmp_path / "out")
+        knobs = default_replica_knobs(options.knobs).replace(device="cuda")
+        with pytest.raises(
+            ModelError, match=r"needs 1 CPU\(s\) and 1 GPU .* has 4 CPU\(s\) and 0 GPU"
+        ):
+            run_on_ray(options, replicas=1, replica_knobs=knobs, start_timeout_s=3)
+        assert not (tmp_path / "out").exists()  # nothing was written
 
 
 # -- a simulated two-node cluster ----------------------------------------------------------------

@@ -355,6 +355,9 @@ def _start_replicas(
     """Create the replicas and wait until each has loaded the model: (actor, ready())."""
     replica_class = ray.remote(_Replica).options(
         num_cpus=cpus,
+        # a replica on a GPU device (knobs.device cuda[:N]) reserves one, so Ray places it on
+        # a node that has one and never puts two replicas on the same GPU
+        num_gpus=1 if knobs.is_gpu else 0,
         max_restarts=max_restarts,
         max_task_retries=max_task_retries,
         # One replica per node before two on any: a node's cores are what a replica uses.
@@ -365,10 +368,14 @@ def _start_replicas(
         refs = [actor.ready.remote() for actor in actors]
         _, waiting = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
         if waiting:
-            have = ray.cluster_resources().get("CPU", 0)  # type: ignore[no-untyped-call]
+            resources = ray.cluster_resources()  # type: ignore[no-untyped-call]
+            need = f"{cpus:g} CPU(s)" + (" and 1 GPU" if knobs.is_gpu else "")
+            have = f"{resources.get('CPU', 0):g} CPU(s)"
+            if knobs.is_gpu:
+                have += f" and {resources.get('GPU', 0):g} GPU(s)"
             raise ModelError(
                 f"{len(waiting)} of {replicas} replica(s) did not start within "
-                f"{timeout_s:.0f} s; each needs {cpus:g} CPU(s) and the Ray cluster has {have:g} "
+                f"{timeout_s:.0f} s; each needs {need} and the Ray cluster has {have} "
                 "in all: lower --replicas, or add nodes"
             )
         where: list[_Ready] = ray.get(refs)
