@@ -48,7 +48,7 @@ def test_help_lists_both_commands(capsys: pytest.CaptureFixture[str]) -> None:
         (["bench", "--compare", "fastest"], "unknown reference"),
         (["bench", "--model", "nope.bin"], "model spec"),
         (["bench", "--device", "tpu"], "device must be"),
-        (["tune", "--p99-ms", "9", "--model", "smollm2"], "bench_generate.py"),
+        (["tune", "--p99-ms", "9", "--model", "smollm2"], "bench --task generate"),
         (["bench", "--target", "ftp://x"], "--target"),
         (["tune", "--p99-ms", "0"], "--p99-ms"),
     ],

@@ -198,7 +198,7 @@ def test_a_batch_function_is_loaded_once(factory_module: str) -> None:
 
 
 def test_model_spec_refuses_a_generator() -> None:
-    with pytest.raises(InputError, match="bench_generate"):
+    with pytest.raises(InputError, match="bench --task generate"):
         model_spec("smollm2")
 
 

@@ -342,9 +342,12 @@ def test_the_cli_exit_codes(
 
 
 @pytest.mark.anyio
-async def test_the_generate_route_of_a_real_replica(
-    tmp_path: Path, keyed_server: Proc, shared_input: Path, reference: np.ndarray
+async def test_the_generate_route_of_an_embedding_only_replica_is_a_clear_4xx(
+    tmp_path: Path, keyed_server: Proc, shared_input: Path
 ) -> None:
+    """``/generate`` generates text: a replica serving only an embedder answers 400 naming its
+    models' tasks, and the driver lists each record in the failures file instead of retrying.
+    (Generation through real replicas: ``tests/driver/test_generate_flow.py``.)"""
     summary = await drive_job(
         DriveOptions(
             input=shared_input,
@@ -356,8 +359,8 @@ async def test_the_generate_route_of_a_real_replica(
             chunk_size=16,
         )
     )
-    assert (summary.records, summary.exit_code) == (40, 0)
-    table = read_output(tmp_path / "out")
-    assert table.column("index").to_pylist() == list(range(40))
-    results = np.array(table.column("result").to_pylist(), dtype=np.float32)
-    np.testing.assert_allclose(results, reference[:40], atol=1e-5)
+    assert (summary.records, summary.exit_code) == (0, 1)
+    failures = read_failures(tmp_path / "out")
+    assert [f["index"] for f in failures] == list(range(40))
+    assert {f["status"] for f in failures} == {400}
+    assert all("embed" in str(f["message"]) for f in failures)
