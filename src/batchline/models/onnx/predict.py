@@ -250,16 +250,6 @@ def load_predictor(spec: ModelSpec, knobs: Knobs) -> OnnxPredictor:
             f"model {spec.name!r}: a tokenizer goes with the embed and classify tasks, not "
             "predict (tensors in, tensors out)"
         )
-    if knobs.batching:
-        sessions, shared = knobs.sessions, False
-    else:
-        sessions, shared = 1, True
-    model = OnnxModel.load(
-        spec.path,
-        sessions=sessions,
-        intra_op_threads=knobs.intra_op_threads,
-        providers=knobs.providers,
-        shared=shared,
-        check_batch_axis=True,
-    )
-    return OnnxPredictor(model, name=spec.name)
+    from batchline.models.loader import load_sessions
+
+    return OnnxPredictor(load_sessions(spec, knobs, check_batch_axis=True), name=spec.name)
