@@ -323,13 +323,7 @@ def write_report(result: BenchResult, out_dir: Path) -> dict[str, Path]:
             _plot(result, kind, metric, out_dir / name)
             plots.append(name)
             files[f"{metric}-{kind}"] = out_dir / name
-    report = out_dir / "report.md"
-    report.write_text(render_markdown(result, plots))
-    files["report"] = report
-    results = out_dir / "results.json"
-    results.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
-    files["results"] = results
-    return files
+    return _write_texts(out_dir, files, render_markdown(result, plots), result.to_dict())
 
 
 def print_table(points: Sequence[PointResult], console: Any = None, title: str = "") -> None:
@@ -538,13 +532,7 @@ def write_generate_report(result: GenerateBenchResult, out_dir: Path) -> dict[st
             _generate_plot(result, kind, metrics, out_dir / name)
             plots.append(name)
             files[f"{stem}-{kind}"] = out_dir / name
-    report = out_dir / "report.md"
-    report.write_text(render_generate_markdown(result, plots))
-    files["report"] = report
-    results = out_dir / "results.json"
-    results.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
-    files["results"] = results
-    return files
+    return _write_texts(out_dir, files, render_generate_markdown(result, plots), result.to_dict())
 
 
 def print_generate_table(result: GenerateBenchResult, console: Any = None) -> None:
@@ -571,3 +559,14 @@ def print_generate_table(result: GenerateBenchResult, console: Any = None) -> No
         console.print("ratios:", highlight=False)
         for r in ratios:
             console.print("  " + r.line(), highlight=False, style=None if r.ok else "red")
+
+
+def _write_texts(
+    out_dir: Path, files: dict[str, Path], markdown: str, data: object
+) -> dict[str, Path]:
+    """Write ``report.md`` and ``results.json`` beside the plots; every file written, by key."""
+    files["report"] = out_dir / "report.md"
+    files["report"].write_text(markdown)
+    files["results"] = out_dir / "results.json"
+    files["results"].write_text(json.dumps(data, indent=2) + "\n")
+    return files

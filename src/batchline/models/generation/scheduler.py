@@ -60,7 +60,7 @@ from batchline.models.generation.stream import (
     StepUpdate,
     TextGenerator,
     TrackedSequence,
-    check_fits,
+    check_submit,
 )
 
 __all__ = ["ContinuousGenerator", "EngineGenerator"]
@@ -170,26 +170,18 @@ class EngineGenerator:
     def _new_sequence(
         self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str | None
     ) -> TrackedSequence:
-        if self._state is not State.RUNNING:
-            if self._state is State.NEW:
-                raise RuntimeError(f"{self.name} is not running; call start() or use 'async with'")
-            raise BatcherClosedError(f"{self.name} is {self._state.value}; submit refused")
         rid = request_id if request_id is not None else f"{self.name}-{next(self._ids)}"
-        if rid in self._live:
-            raise ValueError(f"request_id {rid!r} is already in use")
-        prompt = tuple(prompt_ids)
-        if not prompt:
-            raise ValueError("the prompt has no tokens")
-        try:
-            check_fits(
-                len(prompt),
-                params.max_tokens,
-                max_context_tokens=self._engine.max_context_tokens,
-                kv_token_budget=self._kv_budget,
-            )
-        except Exception:
-            self._recorder.on_reject()
-            raise
+        prompt = check_submit(
+            name=self.name,
+            state=self._state,
+            request_id=rid,
+            in_use=self._live,
+            prompt_ids=prompt_ids,
+            params=params,
+            max_context_tokens=self._engine.max_context_tokens,
+            kv_token_budget=self._kv_budget,
+            on_reject=self._recorder.on_reject,
+        )
         request = GenerationRequest(rid, prompt, params)
         stream = GenerationStream(rid, len(prompt), on_abort=self._abort)
         return TrackedSequence(

@@ -44,7 +44,7 @@ from batchline.models.generation.stream import (
     GenerationDelta,
     GenerationStream,
     TextGenerator,
-    check_fits,
+    check_submit,
 )
 
 __all__ = ["VllmCompletionOutput", "VllmEngine", "VllmGenerator", "VllmRequestOutput"]
@@ -244,26 +244,20 @@ class VllmGenerator:
         self, prompt_ids: Sequence[int], params: SamplingParams, *, request_id: str | None = None
     ) -> GenerationStream:
         """Start one request in vLLM now or raise (see :class:`TextGenerator`)."""
-        if self._state is not State.RUNNING:
-            if self._state is State.NEW:
-                raise RuntimeError(f"{self.name} is not running; call start() or use 'async with'")
-            raise BatcherClosedError(f"{self.name} is {self._state.value}; submit refused")
         rid = request_id if request_id is not None else f"{self.name}-{next(self._ids)}"
-        if rid in self._tasks:
-            raise ValueError(f"request_id {rid!r} is already in use")
-        prompt = list(prompt_ids)
-        if not prompt:
-            raise ValueError("the prompt has no tokens")
-        try:
-            check_fits(
-                len(prompt),
-                params.max_tokens,
+        prompt = list(
+            check_submit(
+                name=self.name,
+                state=self._state,
+                request_id=rid,
+                in_use=self._tasks,
+                prompt_ids=prompt_ids,
+                params=params,
                 max_context_tokens=self._max_context,
                 kv_token_budget=None,
+                on_reject=self._recorder.on_reject,
             )
-        except Exception:
-            self._recorder.on_reject()
-            raise
+        )
         if len(self._waiting) >= self.max_waiting:
             self._recorder.on_reject()
             raise QueueFullError(
