@@ -43,7 +43,7 @@ import ray
 
 from batchline._errors import BatchlineError, InputError, ModelError
 from batchline._stats import BatchStats, percentile
-from batchline.jobs.outcomes import Outcome, model_input, process_block, write_outcomes
+from batchline.jobs.outcomes import Outcome, process_block, write_outcomes
 from batchline.jobs.run import Progress, RunOptions, RunSummary, load_job_model, open_job
 from batchline.jobs.sinks import ChunkWriter
 from batchline.jobs.sources import BadRecord, Record, Source
@@ -595,7 +595,7 @@ class _Job:
         return best
 
     def _send(self, records: list[Record], replica: int, attempt: int) -> None:
-        ref = self.actors[replica].process.remote([model_input(r) for r in records])
+        ref = self.actors[replica].process.remote([r.input for r in records])
         self.in_flight[ref] = _Flight(records, replica, attempt, time.perf_counter())
         self.load[replica] += 1
 

@@ -24,7 +24,6 @@ __all__ = [
     "Outcome",
     "cancel",
     "collect",
-    "model_input",
     "process_block",
     "submit_block",
     "write_outcomes",
@@ -39,12 +38,6 @@ class Failed:
 
 
 Outcome = object  # an encoded result, or a Failed
-
-
-def model_input(record: Record) -> object:
-    """What the model's ``prepare`` takes for this record (its text, row or tensors)."""
-    value = getattr(record, "input", None)
-    return record.text if value is None else value
 
 
 async def submit_block(

@@ -29,7 +29,6 @@ from batchline.jobs.outcomes import (
     Failed,
     cancel,
     collect,
-    model_input,
     submit_block,
     write_outcomes,
 )
@@ -409,7 +408,7 @@ async def _pipeline(
                     await blocks_in_flight.acquire()
                     t0 = time.perf_counter()
                     try:
-                        pending = await submit_block(engine, [model_input(r) for r in records])
+                        pending = await submit_block(engine, [r.input for r in records])
                     except BaseException:
                         blocks_in_flight.release()
                         raise
