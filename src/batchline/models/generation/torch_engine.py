@@ -2,16 +2,19 @@
 
 The decode loop is batchline's own, so that sequences can join and leave between any two steps:
 
-- the running sequences share one KV cache (a transformers ``DynamicCache``), LEFT-padded: row
-  ``i`` of every layer's keys/values is sequence ``i``, and an attention mask ``(batch, length)``
-  marks its real positions. Position ids come from the mask, so padding never shifts a sequence;
+- the running sequences share one preallocated KV cache (:class:`_SlotStore`): every layer's
+  keys and values live in a buffer ``(slots, kv_heads, capacity, head_dim)``. Row ``i`` is a
+  sequence; all rows end at the same column (LEFT padding), and the window the next step
+  attends over is as wide as the longest row. Position ids and the attention mask come from
+  each row's token count, so padding never shifts a sequence;
 - a step first decodes one token for every running sequence (one forward pass of one token
-  each), then prefills the sequences added since the last step (one forward pass over their
-  left-padded prompts, which yields their first token) and appends them to the batch, padding
-  the shorter cache on the left along the sequence axis;
-- finished and aborted sequences leave by index-selecting the batch axis, and the columns that
-  became padding in every remaining row are cut off, so the cache follows the longest live
-  sequence instead of growing forever.
+  each, whose keys and values are written in place at the window's next column), then
+  prefills the sequences added since the last step (one forward pass over their left-padded
+  prompts, which yields their first token) and copies their keys and values into free slots;
+- finished and aborted sequences leave by moving the last rows into their slots (a copy of a
+  few rows, never of the whole cache), and the window's left edge follows the longest live
+  row. The buffers grow (and the window moves back to the left) by doubling, so a step costs
+  no copy of the cache in the common case.
 
 Greedy tokens equal those of ``model.generate(..., do_sample=False)`` on the sequence alone (up
 to float ties: a padded batch sums in another order). Works on any device the model is on.
@@ -33,15 +36,18 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
-import torch.nn.functional as F
+from transformers import DynamicLayer
 
 from batchline.models.generation.engine import GenerationRequest, StepOutput
 from batchline.models.generation.sampling import make_generator, select_tokens
 
 if TYPE_CHECKING:
-    from transformers import DynamicCache, DynamicLayer, PreTrainedModel
+    from transformers import Cache, PreTrainedModel
 
 __all__ = ["TorchStepEngine"]
+
+# The fewest columns a buffer is allocated with: a short prompt still gets room for some steps.
+_MIN_CAPACITY = 64
 
 
 @dataclass(slots=True, eq=False)
@@ -51,15 +57,160 @@ class _Sequence:
     generated: list[int] = field(default_factory=list)
     done: bool = False  # finished or aborted: leaves the batch before the next forward pass
 
+    @property
+    def held(self) -> int:
+        """Tokens in the KV cache once prefilled: the prompt and all but the latest token (the
+        latest is fed, and cached, at the next step)."""
+        return len(self.request.prompt_ids) + len(self.generated) - 1
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+class _SlotStore:
+    """Preallocated keys and values of the running batch, written in place.
+
+    Per layer, ``keys[l]`` and ``values[l]`` are ``(slots, kv_heads, capacity, head_dim)``.
+    Rows ``[0, rows)`` are live; every row ends at column ``hi`` (left padding) and the next
+    forward pass attends over columns ``[lo, hi)`` plus what it writes at ``hi``. Columns left
+    of a row's own tokens hold zeros or stale values of an earlier row: always finite, and
+    always masked out. Nothing here knows about sequences; the engine moves ``lo``.
+    """
+
+    def __init__(self) -> None:
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.rows = 0
+        self.lo = 0
+        self.hi = 0
+
+    @property
+    def slots(self) -> int:
+        return self.keys[0].shape[0] if self.keys else 0
+
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[2] if self.keys else 0
+
+    @property
+    def width(self) -> int:
+        return self.hi - self.lo
+
+    def state(self) -> tuple[list[torch.Tensor], list[torch.Tensor], int, int, int]:
+        return self.keys, self.values, self.rows, self.lo, self.hi
+
+    def set_state(
+        self, state: tuple[list[torch.Tensor], list[torch.Tensor], int, int, int]
+    ) -> None:
+        self.keys, self.values, self.rows, self.lo, self.hi = state
+
+    def clear(self) -> None:
+        """No rows left: give the buffers back (the next batch allocates what it needs)."""
+        self.keys, self.values = [], []
+        self.rows = self.lo = self.hi = 0
+
+    def write(
+        self, layer: int, keys: torch.Tensor, values: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The forward pass's new keys/values of every live row, written at ``hi``; returns the
+        layer's window, new columns included. ``hi`` moves only when the engine commits."""
+        q = keys.shape[2]
+        span = slice(self.hi, self.hi + q)
+        self.keys[layer][: self.rows, :, span] = keys
+        self.values[layer][: self.rows, :, span] = values
+        window = slice(self.lo, self.hi + q)
+        return self.keys[layer][: self.rows, :, window], self.values[layer][: self.rows, :, window]
+
+    def reserve(self, *, rows: int, left: int, right: int, like: Sequence[torch.Tensor]) -> None:
+        """Make room for ``rows`` live rows, a block of ``left`` columns ending at ``hi`` and
+        ``right`` columns from ``hi`` on. Reallocates (doubling) and moves the window back to the
+        left only when needed; the old buffers are left untouched, so a failure here changes
+        nothing. ``like``: one tensor per layer with the layer's heads, head dim, dtype, device.
+        """
+        if (
+            self.keys
+            and rows <= self.slots
+            and self.hi >= left
+            and self.hi + right <= self.capacity
+        ):
+            return
+        width = self.width
+        hi = max(width, left)
+        slots = max(rows, 2 * self.slots if rows > self.slots else self.slots)
+        capacity = self.capacity
+        if hi + right > capacity:
+            capacity = max(_MIN_CAPACITY, _next_pow2(2 * (hi + right)))
+        keys, values = [], []
+        for layer, ref in enumerate(like):
+            _, heads, _, dim = ref.shape
+            k = ref.new_zeros((slots, heads, capacity, dim))
+            v = ref.new_zeros((slots, heads, capacity, dim))
+            if self.rows and width:
+                k[: self.rows, :, hi - width : hi] = self.keys[layer][
+                    : self.rows, :, self.lo : self.hi
+                ]
+                v[: self.rows, :, hi - width : hi] = self.values[layer][
+                    : self.rows, :, self.lo : self.hi
+                ]
+            keys.append(k)
+            values.append(v)
+        self.keys, self.values = keys, values
+        self.lo, self.hi = hi - width, hi
+
+    def append(self, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor]) -> None:
+        """Copy new rows (``(k, heads, length, dim)`` per layer, right-aligned) into the next
+        free slots, ending at ``hi``, and widen the window to them; call :meth:`reserve` first."""
+        k, length = keys[0].shape[0], keys[0].shape[2]
+        rows = slice(self.rows, self.rows + k)
+        cols = slice(self.hi - length, self.hi)
+        for layer, (new_k, new_v) in enumerate(zip(keys, values, strict=True)):
+            self.keys[layer][rows, :, cols] = new_k
+            self.values[layer][rows, :, cols] = new_v
+        self.rows += k
+        self.lo = min(self.lo, self.hi - length)
+
+    def move(self, sources: Sequence[int], targets: Sequence[int]) -> None:
+        """Copy rows ``sources`` into slots ``targets`` (disjoint), over the window."""
+        if not sources:
+            return
+        device = self.keys[0].device
+        src = torch.tensor(sources, device=device)
+        dst = torch.tensor(targets, device=device)
+        for buffers in (self.keys, self.values):
+            for buf in buffers:
+                window = buf.narrow(2, self.lo, self.width)
+                window.index_copy_(0, dst, window.index_select(0, src))
+
+
+class _SlotLayer(DynamicLayer):  # type: ignore[no-untyped-call]
+    """One layer of a :class:`_SlotStore`, in the shape transformers' ``Cache`` asks for."""
+
+    def __init__(self, store: _SlotStore, index: int) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self._store = store
+        self._index = index
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        pass  # the store's buffers exist before any forward pass reaches this layer
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self.keys, self.values = self._store.write(self._index, key_states, value_states)
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self._store.width
+
 
 @dataclass(slots=True)
 class _Snapshot:
     pending: dict[str, _Sequence]
     live: dict[str, _Sequence]
     rows: list[_Sequence]
-    cache: DynamicCache | None
-    mask: torch.Tensor | None
-    layers: list[tuple[torch.Tensor | None, torch.Tensor | None]]
+    store: tuple[list[torch.Tensor], list[torch.Tensor], int, int, int]
     seqs: list[tuple[_Sequence, int, bool, torch.Tensor | None]]
 
 
@@ -87,7 +238,7 @@ class TorchStepEngine:
         max_context_tokens: int | None = None,
         pad_token_id: int | None = None,
     ) -> None:
-        from transformers import DynamicCache, DynamicLayer
+        from transformers import DynamicCache
 
         self._model = model
         model.eval()  # type: ignore[no-untyped-call]
@@ -121,15 +272,15 @@ class TorchStepEngine:
         if not all(type(layer) is DynamicLayer for layer in probe.layers):
             kinds = sorted({type(layer).__name__ for layer in probe.layers})
             raise ValueError(
-                f"{type(model).__name__} uses KV cache layers {kinds}; TorchStepEngine merges and "
-                "trims full-attention DynamicLayer caches only"
+                f"{type(model).__name__} uses KV cache layers {kinds}; TorchStepEngine keeps "
+                "full-attention (DynamicLayer) caches only"
             )
 
         self._pending: dict[str, _Sequence] = {}  # added, not yet prefilled
         self._live: dict[str, _Sequence] = {}  # pending + running, not finished or aborted
-        self._rows: list[_Sequence] = []  # the batch axis of the cache, in order
-        self._cache: DynamicCache | None = None
-        self._mask: torch.Tensor | None = None  # (batch, cache length), 1 = a real position
+        self._rows: list[_Sequence] = []  # the store's live rows, in slot order
+        self._store = _SlotStore()
+        self._cache: Cache | None = None  # the store's layers, built at the first prefill
 
     # -- the StepEngine protocol ---------------------------------------------------------
 
@@ -183,11 +334,12 @@ class TorchStepEngine:
     def kv_tokens_in_use(self) -> int:
         # Real positions of every prefilled live sequence, counting the slot its latest token
         # takes at the next step: prompt + generated tokens.
-        return sum(len(s.request.prompt_ids) + len(s.generated) for s in self._rows if not s.done)
+        return sum(s.held + 1 for s in self._rows if not s.done)
 
     def kv_tokens_allocated(self) -> int:
-        """KV-cache positions allocated now, padding included: batch rows x cache length."""
-        return 0 if self._mask is None else int(self._mask.numel())
+        """KV-cache positions the next step attends over, padding included: rows x window
+        (the buffers behind them hold up to twice as many, see :class:`_SlotStore`)."""
+        return len(self._rows) * self._store.width
 
     def step(self) -> Sequence[StepOutput]:
         """Decode one token for every running sequence and prefill the ones added since.
@@ -195,47 +347,38 @@ class TorchStepEngine:
         If it raises (out of memory, a device error), the engine is left as it was before the
         call: the same sequences, the same KV cache, the same random generator states.
         """
-        before = self._snapshot()
         outputs: list[StepOutput] = []
-        try:
-            with torch.inference_mode():
-                self._leave()
+        with torch.inference_mode():
+            self._leave()  # aborted since the last step: not worth a forward pass
+            before = self._snapshot()
+            try:
                 if self._rows:
                     outputs += self._decode()
                 if self._pending:
                     outputs += self._prefill()
-                self._leave()
-        except BaseException:
-            self._restore(before)
-            raise
+            except BaseException:
+                self._restore(before)
+                raise
+            self._leave()
+            self._fit_window()
         return outputs
 
     # -- internals -----------------------------------------------------------------------
 
     def _snapshot(self) -> _Snapshot:
-        # Cheap: the cache layers are replaced (torch.cat, index_select), never written in place,
-        # so holding the old tensors keeps the old cache.
-        layers = [] if self._cache is None else [(x.keys, x.values) for x in _layers(self._cache)]
+        # Cheap: a step writes only past the committed window and into free slots, and a
+        # reallocation builds new buffers, so the store's state is a few references.
         seqs = [
             (s, len(s.generated), s.done, None if s.generator is None else s.generator.get_state())
             for s in self._live.values()
         ]
         return _Snapshot(
-            dict(self._pending),
-            dict(self._live),
-            list(self._rows),
-            self._cache,
-            self._mask,
-            layers,
-            seqs,
+            dict(self._pending), dict(self._live), list(self._rows), self._store.state(), seqs
         )
 
     def _restore(self, snap: _Snapshot) -> None:
         self._pending, self._live, self._rows = snap.pending, snap.live, snap.rows
-        self._cache, self._mask = snap.cache, snap.mask
-        if self._cache is not None:
-            for layer, (keys, values) in zip(_layers(self._cache), snap.layers, strict=True):
-                layer.keys, layer.values = keys, values
+        self._store.set_state(snap.store)
         for seq, n_generated, done, rng_state in snap.seqs:
             del seq.generated[n_generated:]
             seq.done = done
@@ -247,7 +390,7 @@ class TorchStepEngine:
         input_ids: torch.Tensor,
         mask: torch.Tensor,
         positions: torch.Tensor,
-        cache: DynamicCache,
+        cache: Cache,
     ) -> torch.Tensor:
         out = self._model(
             input_ids=input_ids,
@@ -262,21 +405,22 @@ class TorchStepEngine:
 
     def _decode(self) -> list[StepOutput]:
         assert self._cache is not None
-        assert self._mask is not None
-        rows = self._rows
+        store, rows = self._store, self._rows
+        store.reserve(rows=len(rows), left=0, right=1, like=store.keys)
         input_ids = torch.tensor([[s.generated[-1]] for s in rows], device=self._device)
-        mask = F.pad(self._mask, (0, 1), value=1)
-        # The new token's position is the number of real tokens before it.
-        positions = self._mask.sum(dim=1, keepdim=True)
+        # The new token's position is the number of real tokens before it; a row's real
+        # tokens are the last `held` columns of the window, then the new one.
+        positions = torch.tensor([[s.held] for s in rows], device=self._device)
+        columns = torch.arange(store.width + 1, device=self._device)
+        mask = (columns >= store.width - positions).long()
         logits = self._forward(input_ids, mask, positions, self._cache)
-        self._mask = mask
+        store.hi += 1
         return self._advance(rows, logits)
 
     def _prefill(self) -> list[StepOutput]:
-        from transformers import DynamicCache
+        from transformers import Cache, DynamicCache
 
         new = list(self._pending.values())
-        self._pending.clear()
         width = max(len(s.request.prompt_ids) for s in new)
         ids = torch.full((len(new), width), self._pad, dtype=torch.long)
         mask = torch.zeros((len(new), width), dtype=torch.long)
@@ -287,9 +431,20 @@ class TorchStepEngine:
         ids, mask = ids.to(self._device), mask.to(self._device)
         # Padding gets position 0 (it is masked out); real tokens count from 0.
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
-        cache = DynamicCache(config=self._model.config)
-        logits = self._forward(ids, mask, positions, cache)
-        self._join(new, cache, mask)
+        fresh = DynamicCache(config=self._model.config)
+        logits = self._forward(ids, mask, positions, fresh)
+        # Padding's keys/values are zeroed: masked out either way, but then surely finite.
+        real = mask.bool()[:, None, :, None]
+        layers = cast("list[DynamicLayer]", fresh.layers)
+        keys = [torch.where(real, layer.keys, 0) for layer in layers]  # type: ignore[arg-type]
+        values = [torch.where(real, layer.values, 0) for layer in layers]  # type: ignore[arg-type]
+        store = self._store
+        store.reserve(rows=store.rows + len(new), left=width, right=0, like=keys)
+        store.append(keys, values)
+        if self._cache is None:
+            self._cache = Cache(layers=[_SlotLayer(store, i) for i in range(len(keys))])
+        self._pending.clear()
+        self._rows += new
         return self._advance(new, logits)
 
     def _advance(self, seqs: list[_Sequence], logits: torch.Tensor) -> list[StepOutput]:
@@ -311,54 +466,28 @@ class TorchStepEngine:
             outputs.append(StepOutput(seq.request.request_id, (token,), reason is not None, reason))
         return outputs
 
-    def _join(self, new: list[_Sequence], cache: DynamicCache, mask: torch.Tensor) -> None:
-        """Append prefilled sequences to the batch, left-padding the shorter cache."""
-        if self._cache is None or self._mask is None:
-            self._rows, self._cache, self._mask = list(new), cache, mask
-            return
-        old_len, new_len = self._mask.shape[1], mask.shape[1]
-        width = max(old_len, new_len)
-        for old_layer, new_layer in zip(_layers(self._cache), _layers(cache), strict=True):
-            old_layer.keys = _cat_left_padded(old_layer.keys, new_layer.keys, width)
-            old_layer.values = _cat_left_padded(old_layer.values, new_layer.values, width)
-        self._mask = torch.cat(
-            [F.pad(self._mask, (width - old_len, 0)), F.pad(mask, (width - new_len, 0))], dim=0
-        )
-        self._rows += new
-
     def _leave(self) -> None:
-        """Drop finished and aborted rows, then the left columns that are padding in every row."""
-        if not any(s.done for s in self._rows):
+        """Drop finished and aborted rows: the last live rows move into their slots, and the
+        window's left edge follows the longest row left."""
+        rows = self._rows
+        if not any(s.done for s in rows):
             return
-        keep = [i for i, s in enumerate(self._rows) if not s.done]
-        self._rows = [self._rows[i] for i in keep]
-        if not keep or self._cache is None or self._mask is None:
-            self._rows, self._cache, self._mask = [], None, None
+        alive = [i for i, s in enumerate(rows) if not s.done]
+        if not alive:
+            self._rows = []
+            self._store.clear()
             return
-        index = torch.tensor(keep, device=self._device)
-        mask = self._mask.index_select(0, index)
-        # Rows are right-aligned and a row holds its prompt and all but its latest token (fed
-        # at the next step), so the longest row fixes the first column still in use; everything
-        # left of it is padding. Counted here, not read from the device: no sync.
-        held = max(len(s.request.prompt_ids) + len(s.generated) - 1 for s in self._rows)
-        start = mask.shape[1] - held
-        self._mask = mask[:, start:]
-        for layer in _layers(self._cache):
-            assert layer.keys is not None
-            assert layer.values is not None
-            layer.keys = layer.keys.index_select(0, index)[:, :, start:, :]
-            layer.values = layer.values.index_select(0, index)[:, :, start:, :]
+        n = len(alive)
+        holes = [i for i in range(n) if rows[i].done]
+        movers = [i for i in alive if i >= n]
+        self._store.move(movers, holes)
+        for hole, mover in zip(holes, movers, strict=True):
+            rows[hole] = rows[mover]
+        del rows[n:]
+        self._store.rows = n
 
-
-def _layers(cache: DynamicCache) -> list[DynamicLayer]:
-    # Checked in __init__: every layer of this model's cache is a plain DynamicLayer.
-    return cast("list[DynamicLayer]", cache.layers)
-
-
-def _cat_left_padded(a: torch.Tensor | None, b: torch.Tensor | None, width: int) -> torch.Tensor:
-    """Concatenate two ``(batch, heads, length, dim)`` caches on batch, left-padding length."""
-    assert a is not None
-    assert b is not None
-    return torch.cat(
-        [F.pad(a, (0, 0, width - a.shape[2], 0)), F.pad(b, (0, 0, width - b.shape[2], 0))], dim=0
-    )
+    def _fit_window(self) -> None:
+        """Start the window at the longest row's first token: columns left of it are padding
+        in every row."""
+        if self._rows:
+            self._store.lo = self._store.hi - max(s.held for s in self._rows)
