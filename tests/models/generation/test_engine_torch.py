@@ -353,3 +353,114 @@ def test_cuda_batched_greedy_equals_unbatched_generate(torch_threads: None) -> N
     got, model = _run_on("cuda", prompts)
     for i, p in enumerate(prompts):
         assert got[str(i)] == _reference(model, p, MAX_NEW), f"prompt {i}"
+
+
+# -- prefix caching ---------------------------------------------------------------------------
+
+
+def _with_prefix(shared: tuple[int, ...], seed: int, length: int) -> tuple[int, ...]:
+    return shared + _prompt(seed, length)
+
+
+def test_prompts_sharing_a_prefix_reuse_it_and_stay_greedy_exact(
+    tiny_llama: Any, reference: Any
+) -> None:
+    shared = _prompt(99, 20)  # a "system prompt": 20 tokens, over the 16 a prefix needs
+    prompts = [_with_prefix(shared, i, n) for i, n in enumerate([3, 9, 1, 14, 6, 2])]
+    engine = TorchStepEngine(tiny_llama)
+    got: dict[str, list[int]] = {}
+    # the first two are prefilled together (nothing to reuse yet), the rest join one by one
+    engine.add_request(_request("0", prompts[0]))
+    engine.add_request(_request("1", prompts[1]))
+    for i, p in enumerate(prompts[2:], start=2):
+        for out in engine.step():
+            got.setdefault(out.request_id, []).extend(out.token_ids)
+        engine.add_request(_request(str(i), p))
+    _drain(engine, got)
+    for i, p in enumerate(prompts):
+        assert got[str(i)] == reference(p), f"prompt {i}"
+    # prompt 1 shared 20 tokens with prompt 0 and the cache kept them; 2..5 reused them
+    assert engine.prefix_cache_hits == 4
+    assert engine.prefix_tokens_reused == 4 * 20
+
+
+def test_a_batch_prefills_once_per_prefix_with_and_without(
+    tiny_llama: Any, reference: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shared = _prompt(7, 18)
+    first = [_with_prefix(shared, 1, 5), _with_prefix(shared, 2, 5)]
+    engine = TorchStepEngine(tiny_llama)
+    got: dict[str, list[int]] = {}
+    for i, p in enumerate(first):
+        engine.add_request(_request(f"a{i}", p))
+    engine.step()  # learns the shared 18 tokens
+    # one step prefills two prompts that start with them and two that do not
+    later = [_with_prefix(shared, 3, 11), _prompt(4, 6), _with_prefix(shared, 5, 1), _prompt(6, 30)]
+    for i, p in enumerate(later):
+        engine.add_request(_request(f"b{i}", p))
+    widths: list[tuple[int, int]] = []
+    real_forward = engine._forward
+
+    def spy(ids: Any, mask: Any, *args: Any) -> Any:
+        widths.append((ids.shape[0], ids.shape[1]))
+        return real_forward(ids, mask, *args)
+
+    monkeypatch.setattr(engine, "_forward", spy)
+    for out in engine.step():
+        got.setdefault(out.request_id, []).extend(out.token_ids)
+    # one decode of the first two, then one prefill per group: the rest after the prefix
+    # (11 and 1 tokens, padded to 11), and whole prompts (6 and 30, padded to 30)
+    assert sorted(widths) == [(2, 1), (2, 11), (2, 30)]
+    monkeypatch.setattr(engine, "_forward", real_forward)
+    _drain(engine, got)
+    for i, p in enumerate(later):
+        assert got[f"b{i}"] == reference(p)[: len(got[f"b{i}"])], f"prompt b{i}"
+        assert len(got[f"b{i}"]) == MAX_NEW
+    assert engine.prefix_cache_hits == 2
+
+
+def test_prefix_caching_off_and_its_bounds(tiny_llama: Any) -> None:
+    shared = _prompt(8, 20)
+    engine = TorchStepEngine(tiny_llama, prefix_cache_tokens=0)
+    for i in range(3):
+        engine.add_request(_request(str(i), _with_prefix(shared, i, 4)))
+        engine.step()
+    assert engine.prefix_cache_hits == 0
+    with pytest.raises(ValueError, match="prefix_cache_tokens must be >= 0"):
+        TorchStepEngine(tiny_llama, prefix_cache_tokens=-1)
+
+
+def test_the_prefix_cache_learns_shared_prefixes_and_forgets_the_oldest() -> None:
+    cache = torch_engine._PrefixCache(40, min_tokens=4, recent=2)
+
+    def keep(tokens: tuple[int, ...]) -> None:
+        n = cache.wants(tokens)
+        if n:
+            empty = [torch.zeros(1, 1, n, 1)]
+            cache.keep(torch_engine._Prefix(tokens[:n], empty, empty))
+
+    keep((1, 2, 3, 4, 5, 6))
+    assert cache.lookup((1, 2, 3, 4, 9)) is None  # nothing shared yet: nothing kept
+    keep((1, 2, 3, 4, 5, 7))  # shares 5 tokens with the first
+    hit = cache.lookup((1, 2, 3, 4, 5, 9, 9))
+    assert hit is not None
+    assert hit.tokens == (1, 2, 3, 4, 5)
+    # a hit leaves at least one token to prefill: the prefix itself is not a hit
+    assert cache.lookup((1, 2, 3, 4, 5)) is None
+    # the same prompt again reuses all of it but its last token, and keeps nothing new
+    keep((1, 2, 3, 4, 5, 7))
+    again = cache.lookup((1, 2, 3, 4, 5, 7))
+    assert again is not None
+    assert again.tokens == (1, 2, 3, 4, 5)
+    assert len(cache._entries) == 1
+    keep((2, 2, 2))  # shorter than min_tokens
+    assert cache.lookup((2, 2, 2, 2)) is None
+    # over 40 positions in all, the least recently used entries go first
+    for base in (10, 20, 30):
+        long = tuple(range(base, base + 16))
+        keep((*long, 0))
+        keep((*long, 1))
+    kept = [len(e.tokens) for e in cache._entries.values()]
+    assert kept == [16, 16]  # 5 + 16 + 16 + 16 is over 40: the two oldest went
+    assert cache.lookup((*range(30, 46), 5)) is not None
+    assert cache.lookup((1, 2, 3, 4, 5, 9, 9)) is None

@@ -31,11 +31,13 @@ Example::
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
+import torch.nn.functional as F
 from transformers import DynamicLayer
 
 from batchline.models.generation.engine import GenerationRequest, StepOutput
@@ -205,6 +207,75 @@ class _SlotLayer(DynamicLayer):  # type: ignore[no-untyped-call]
         return self._store.width
 
 
+@dataclass(slots=True, eq=False)
+class _Prefix:
+    tokens: tuple[int, ...]
+    keys: list[torch.Tensor]  # per layer, (1, kv_heads, len(tokens), head_dim)
+    values: list[torch.Tensor]
+
+
+def _shared_length(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class _PrefixCache:
+    """Keys and values of prompt prefixes that recent prompts shared (a system prompt, a
+    template), so that a prompt starting with one prefills only the rest.
+
+    Learned, never configured: when a prompt's first ``min_tokens`` or more tokens equal those
+    of one of the last ``recent`` prompts, the keys and values of that shared part (computed
+    for the prompt anyway) are kept. Causal attention makes them the same for every prompt
+    that starts so. Entries hold at most ``max_tokens`` positions in all; the least recently
+    used goes first. A hit always leaves a prompt at least one token to prefill: the forward
+    pass over it yields the first generated token.
+    """
+
+    def __init__(self, max_tokens: int, *, min_tokens: int = 16, recent: int = 32) -> None:
+        self.max_tokens = max_tokens
+        self.min_tokens = min_tokens
+        self._entries: dict[tuple[int, ...], _Prefix] = {}  # in least recently used order
+        self._recent: deque[tuple[int, ...]] = deque(maxlen=recent)
+        self.hits = 0
+        self.tokens_reused = 0
+
+    def lookup(self, prompt: tuple[int, ...]) -> _Prefix | None:
+        """The longest entry ``prompt`` starts with and goes beyond, or None."""
+        best: _Prefix | None = None
+        for entry in self._entries.values():
+            n = len(entry.tokens)
+            longer = best is None or n > len(best.tokens)
+            if longer and n < len(prompt) and prompt[:n] == entry.tokens:
+                best = entry
+        if best is not None:
+            self._entries[best.tokens] = self._entries.pop(best.tokens)  # most recently used
+            self.hits += 1
+            self.tokens_reused += len(best.tokens)
+        return best
+
+    def wants(self, prompt: tuple[int, ...]) -> int:
+        """How many leading tokens of ``prompt`` to keep (0: none): the most it shares with a
+        recent prompt, short of its whole self, if that is long enough and not kept yet."""
+        shared = max((_shared_length(prompt, other) for other in self._recent), default=0)
+        shared = min(shared, len(prompt) - 1)
+        self._recent.append(prompt)
+        if shared < self.min_tokens or shared > self.max_tokens:
+            return 0
+        return 0 if prompt[:shared] in self._entries else shared
+
+    def keep(self, prefix: _Prefix) -> None:
+        self._entries[prefix.tokens] = prefix
+        held = sum(len(t) for t in self._entries)
+        while held > self.max_tokens:
+            oldest = next(iter(self._entries))
+            held -= len(oldest)
+            del self._entries[oldest]
+
+
 @dataclass(slots=True)
 class _Snapshot:
     pending: dict[str, _Sequence]
@@ -228,6 +299,8 @@ class TorchStepEngine:
     ``eos_token_ids`` defaults to the model's generation config (and config) EOS ids;
     ``max_context_tokens`` to ``max_position_embeddings``. The model is put in eval mode.
     Output ``token_ids`` include the EOS token that finished a sequence.
+    ``prefix_cache_tokens``: positions kept for prompt prefixes that recent prompts shared
+    (a system prompt: see :class:`_PrefixCache`); 0 turns prefix caching off.
     """
 
     def __init__(
@@ -237,6 +310,7 @@ class TorchStepEngine:
         eos_token_ids: Iterable[int] | None = None,
         max_context_tokens: int | None = None,
         pad_token_id: int | None = None,
+        prefix_cache_tokens: int = 4096,
     ) -> None:
         from transformers import DynamicCache
 
@@ -280,6 +354,9 @@ class TorchStepEngine:
         self._live: dict[str, _Sequence] = {}  # pending + running, not finished or aborted
         self._rows: list[_Sequence] = []  # the store's live rows, in slot order
         self._store = _SlotStore()
+        if prefix_cache_tokens < 0:
+            raise ValueError(f"prefix_cache_tokens must be >= 0, got {prefix_cache_tokens}")
+        self._prefixes = _PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
         self._cache: Cache | None = None  # the store's layers, built at the first prefill
 
     # -- the StepEngine protocol ---------------------------------------------------------
@@ -335,6 +412,16 @@ class TorchStepEngine:
         # Real positions of every prefilled live sequence, counting the slot its latest token
         # takes at the next step: prompt + generated tokens.
         return sum(s.held + 1 for s in self._rows if not s.done)
+
+    @property
+    def prefix_cache_hits(self) -> int:
+        """Prompts that started with a cached prefix, so far."""
+        return 0 if self._prefixes is None else self._prefixes.hits
+
+    @property
+    def prefix_tokens_reused(self) -> int:
+        """Prompt tokens not prefilled, so far, because a cached prefix held them."""
+        return 0 if self._prefixes is None else self._prefixes.tokens_reused
 
     def kv_tokens_allocated(self) -> int:
         """KV-cache positions the next step attends over, padding included: rows x window
@@ -418,34 +505,81 @@ class TorchStepEngine:
         return self._advance(rows, logits)
 
     def _prefill(self) -> list[StepOutput]:
+        """Prefill the pending sequences, one forward pass per cached prefix they start with
+        (usually one: none, or the system prompt they share), and move them into the store."""
+        groups: dict[tuple[int, ...], tuple[_Prefix | None, list[_Sequence]]] = {}
+        for seq in self._pending.values():
+            prefix = self._prefixes.lookup(seq.request.prompt_ids) if self._prefixes else None
+            key = () if prefix is None else prefix.tokens
+            groups.setdefault(key, (prefix, []))[1].append(seq)
+        outputs: list[StepOutput] = []
+        for prefix, seqs in groups.values():
+            logits = self._prefill_group(prefix, seqs)
+            outputs += self._advance(seqs, logits)
+        self._pending.clear()
+        return outputs
+
+    def _prefill_group(self, prefix: _Prefix | None, seqs: list[_Sequence]) -> torch.Tensor:
+        """One forward pass over ``seqs``' prompts after ``prefix`` (cached keys and values,
+        the same for all of them); their rows join the store. Returns the last logits."""
         from transformers import Cache, DynamicCache
 
-        new = list(self._pending.values())
-        width = max(len(s.request.prompt_ids) for s in new)
-        ids = torch.full((len(new), width), self._pad, dtype=torch.long)
-        mask = torch.zeros((len(new), width), dtype=torch.long)
-        for i, s in enumerate(new):
-            prompt = s.request.prompt_ids
-            ids[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-            mask[i, width - len(prompt) :] = 1
-        ids, mask = ids.to(self._device), mask.to(self._device)
-        # Padding gets position 0 (it is masked out); real tokens count from 0.
-        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        skip = 0 if prefix is None else len(prefix.tokens)
+        k = len(seqs)
+        width = max(len(s.request.prompt_ids) for s in seqs) - skip
+        ids = torch.full((k, width), self._pad, dtype=torch.long)
+        tail = torch.zeros((k, width), dtype=torch.long)  # 1 = a real token after the prefix
+        for i, s in enumerate(seqs):
+            rest = s.request.prompt_ids[skip:]
+            ids[i, width - len(rest) :] = torch.tensor(rest, dtype=torch.long)
+            tail[i, width - len(rest) :] = 1
+        ids, tail = ids.to(self._device), tail.to(self._device)
+        # Padding gets a position too (it is masked out); real tokens count on from the prefix.
+        positions = skip + (tail.cumsum(dim=1) - 1).clamp(min=0)
         fresh = DynamicCache(config=self._model.config)
+        if prefix is not None:
+            for layer, (pk, pv) in enumerate(zip(prefix.keys, prefix.values, strict=True)):
+                fresh.update(pk.expand(k, -1, -1, -1), pv.expand(k, -1, -1, -1), layer)
+        mask = F.pad(tail, (skip, 0), value=1)  # the prefix, then the padded rest
         logits = self._forward(ids, mask, positions, fresh)
-        # Padding's keys/values are zeroed: masked out either way, but then surely finite.
-        real = mask.bool()[:, None, :, None]
         layers = cast("list[DynamicLayer]", fresh.layers)
-        keys = [torch.where(real, layer.keys, 0) for layer in layers]  # type: ignore[arg-type]
-        values = [torch.where(real, layer.values, 0) for layer in layers]  # type: ignore[arg-type]
+        # Each row's real tokens, right-aligned: the prefix moves right past the row's padding.
+        # Padding's keys/values are zeroed: masked out either way, but then surely finite.
+        pad = width - tail.sum(dim=1, keepdim=True)
+        columns = torch.arange(skip + width, device=self._device)
+        real = columns >= pad
+        source = torch.where(columns < pad + skip, columns - pad, columns).clamp(min=0)
+        index, keep = source[:, None, :, None], real[:, None, :, None]
+        keys = [torch.where(keep, x.keys.take_along_dim(index, 2), 0) for x in layers]  # type: ignore[union-attr]
+        values = [torch.where(keep, x.values.take_along_dim(index, 2), 0) for x in layers]  # type: ignore[union-attr]
         store = self._store
-        store.reserve(rows=store.rows + len(new), left=width, right=0, like=keys)
+        store.reserve(rows=store.rows + k, left=skip + width, right=0, like=keys)
         store.append(keys, values)
         if self._cache is None:
             self._cache = Cache(layers=[_SlotLayer(store, i) for i in range(len(keys))])
-        self._pending.clear()
-        self._rows += new
-        return self._advance(new, logits)
+        self._rows += seqs
+        if self._prefixes is not None:
+            self._learn(seqs, keys, values)
+        return logits
+
+    def _learn(
+        self, seqs: list[_Sequence], keys: list[torch.Tensor], values: list[torch.Tensor]
+    ) -> None:
+        """Keep the prefixes these prompts share with recent ones (see :class:`_PrefixCache`)."""
+        assert self._prefixes is not None
+        end = keys[0].shape[2]
+        for i, seq in enumerate(seqs):
+            prompt = seq.request.prompt_ids
+            n = self._prefixes.wants(prompt)
+            if n:
+                start = end - len(prompt)
+                self._prefixes.keep(
+                    _Prefix(
+                        prompt[:n],
+                        [x[i : i + 1, :, start : start + n].clone() for x in keys],
+                        [x[i : i + 1, :, start : start + n].clone() for x in values],
+                    )
+                )
 
     def _advance(self, seqs: list[_Sequence], logits: torch.Tensor) -> list[StepOutput]:
         tokens = select_tokens(
