@@ -38,13 +38,13 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
-from transformers import DynamicLayer
+from transformers import Cache, DynamicCache, DynamicLayer
 
 from batchline.models.generation.engine import GenerationRequest, StepOutput
 from batchline.models.generation.sampling import make_generator, select_tokens
 
 if TYPE_CHECKING:
-    from transformers import Cache, PreTrainedModel
+    from transformers import PreTrainedModel
 
 __all__ = ["TorchStepEngine"]
 
@@ -68,6 +68,10 @@ class _Sequence:
 
 def _next_pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
+
+
+# A store's whole state: keys and values per layer, live rows, window start and end.
+_StoreState = tuple[list[torch.Tensor], list[torch.Tensor], int, int, int]
 
 
 class _SlotStore:
@@ -99,12 +103,10 @@ class _SlotStore:
     def width(self) -> int:
         return self.hi - self.lo
 
-    def state(self) -> tuple[list[torch.Tensor], list[torch.Tensor], int, int, int]:
+    def state(self) -> _StoreState:
         return self.keys, self.values, self.rows, self.lo, self.hi
 
-    def set_state(
-        self, state: tuple[list[torch.Tensor], list[torch.Tensor], int, int, int]
-    ) -> None:
+    def set_state(self, state: _StoreState) -> None:
         self.keys, self.values, self.rows, self.lo, self.hi = state
 
     def clear(self) -> None:
@@ -143,21 +145,20 @@ class _SlotStore:
         capacity = self.capacity
         if hi + right > capacity:
             capacity = max(_MIN_CAPACITY, _next_pow2(2 * (hi + right)))
-        keys, values = [], []
-        for layer, ref in enumerate(like):
-            _, heads, _, dim = ref.shape
-            k = ref.new_zeros((slots, heads, capacity, dim))
-            v = ref.new_zeros((slots, heads, capacity, dim))
-            if self.rows and width:
-                k[: self.rows, :, hi - width : hi] = self.keys[layer][
-                    : self.rows, :, self.lo : self.hi
-                ]
-                v[: self.rows, :, hi - width : hi] = self.values[layer][
-                    : self.rows, :, self.lo : self.hi
-                ]
-            keys.append(k)
-            values.append(v)
-        self.keys, self.values = keys, values
+
+        def grown(old: list[torch.Tensor]) -> list[torch.Tensor]:
+            new = []
+            for layer, ref in enumerate(like):
+                _, heads, _, dim = ref.shape
+                buf = ref.new_zeros((slots, heads, capacity, dim))
+                if self.rows and width:
+                    buf[: self.rows, :, hi - width : hi] = old[layer][
+                        : self.rows, :, self.lo : self.hi
+                    ]
+                new.append(buf)
+            return new
+
+        self.keys, self.values = grown(self.keys), grown(self.values)
         self.lo, self.hi = hi - width, hi
 
     def append(self, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor]) -> None:
@@ -281,7 +282,7 @@ class _Snapshot:
     pending: dict[str, _Sequence]
     live: dict[str, _Sequence]
     rows: list[_Sequence]
-    store: tuple[list[torch.Tensor], list[torch.Tensor], int, int, int]
+    store: _StoreState
     seqs: list[tuple[_Sequence, int, bool, torch.Tensor | None]]
 
 
@@ -312,8 +313,6 @@ class TorchStepEngine:
         pad_token_id: int | None = None,
         prefix_cache_tokens: int = 4096,
     ) -> None:
-        from transformers import DynamicCache
-
         self._model = model
         model.eval()  # type: ignore[no-untyped-call]
         self._config = model.config.get_text_config(decoder=True)
@@ -447,7 +446,6 @@ class TorchStepEngine:
                 self._restore(before)
                 raise
             self._leave()
-            self._fit_window()
         return outputs
 
     # -- internals -----------------------------------------------------------------------
@@ -522,8 +520,6 @@ class TorchStepEngine:
     def _prefill_group(self, prefix: _Prefix | None, seqs: list[_Sequence]) -> torch.Tensor:
         """One forward pass over ``seqs``' prompts after ``prefix`` (cached keys and values,
         the same for all of them); their rows join the store. Returns the last logits."""
-        from transformers import Cache, DynamicCache
-
         skip = 0 if prefix is None else len(prefix.tokens)
         k = len(seqs)
         width = max(len(s.request.prompt_ids) for s in seqs) - skip
@@ -602,7 +598,8 @@ class TorchStepEngine:
 
     def _leave(self) -> None:
         """Drop finished and aborted rows: the last live rows move into their slots, and the
-        window's left edge follows the longest row left."""
+        window's left edge follows the longest row left (a decode step and a join keep it
+        exact on their own: every row grows by one, or the window widens to the new rows)."""
         rows = self._rows
         if not any(s.done for s in rows):
             return
@@ -619,9 +616,5 @@ class TorchStepEngine:
             rows[hole] = rows[mover]
         del rows[n:]
         self._store.rows = n
-
-    def _fit_window(self) -> None:
-        """Start the window at the longest row's first token: columns left of it are padding
-        in every row."""
-        if self._rows:
-            self._store.lo = self._store.hi - max(s.held for s in self._rows)
+        # A row holds its prompt and all but its latest token: the longest starts the window.
+        self._store.lo = self._store.hi - max(s.held for s in rows)
