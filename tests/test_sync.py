@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+import contextlib
 import threading
-from concurrent.futures import ThreadPoolExecutor
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 
@@ -48,18 +51,35 @@ def test_errors_reach_the_calling_thread() -> None:
         assert good.result(timeout=30) == 12
 
 
-def test_submit_nowait_raises_when_full_and_cancel_withdraws() -> None:
+@contextlib.contextmanager
+def one_batch_held(
+    first: int, *, max_queue_size: int
+) -> Iterator[tuple[SyncBatcher[int, int], Future[int], threading.Event]]:
+    """A ``SyncBatcher`` of one-record batches, none prefetched, whose batch of ``first`` is
+    running and held until the event is set: ``(batcher, first's future, event)``."""
     release = threading.Event()
 
     def blocked(batch: list[int]) -> list[int]:
         release.wait(30)
         return batch
 
-    inner = DynamicBatcher(blocked, max_queue_size=1, max_batch_size=1, prefetch_batches=0)
+    inner = DynamicBatcher(
+        blocked, max_queue_size=max_queue_size, max_batch_size=1, prefetch_batches=0
+    )
     with SyncBatcher(inner) as batcher:
-        running = batcher.submit(1)
+        running = batcher.submit(first)
+        deadline = time.monotonic() + 30
         while batcher.stats.in_flight_batches == 0:
+            assert time.monotonic() < deadline, "the first batch never started"
             release.wait(0.001)
+        try:
+            yield batcher, running, release
+        finally:
+            release.set()  # a failed assertion must not leave the batch held for 30 s
+
+
+def test_submit_nowait_raises_when_full_and_cancel_withdraws() -> None:
+    with one_batch_held(1, max_queue_size=1) as (batcher, running, release):
         queued = batcher.submit(2)
         also_queued = batcher.submit(3)  # queue_capacity 2 = 1 + (0 + 1) x 1
         with pytest.raises(QueueFullError):
@@ -88,17 +108,7 @@ def test_submit_after_stop_is_refused() -> None:
 
 
 def test_submit_many_nowait_from_a_thread_is_all_or_nothing() -> None:
-    release = threading.Event()
-
-    def blocked(batch: list[int]) -> list[int]:
-        release.wait(30)
-        return batch
-
-    inner = DynamicBatcher(blocked, max_queue_size=2, max_batch_size=1, prefetch_batches=0)
-    with SyncBatcher(inner) as batcher:
-        running = batcher.submit(0)
-        while batcher.stats.in_flight_batches == 0:
-            release.wait(0.001)
+    with one_batch_held(0, max_queue_size=2) as (batcher, running, release):
         with pytest.raises(QueueFullError, match="room for 3"):
             batcher.submit_many_nowait([1, 2, 3, 4])
         assert batcher.stats.queue_depth == 0

@@ -1,8 +1,8 @@
-"""Statistics of the bench: percentiles, throughput, Poisson schedules, the manual clock."""
+"""Statistics of the bench: percentiles, throughput, Poisson schedules. (The manual clock:
+``tests/test_clock.py``.)"""
 
 from __future__ import annotations
 
-import asyncio
 import math
 import random
 import statistics
@@ -12,7 +12,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchline._clock import ManualClock, sleep_until
 from batchline.bench.stats import (
     Sample,
     censored_latencies,
@@ -125,53 +124,6 @@ def test_censored_latencies_count_unanswered_requests_as_a_lower_bound() -> None
     assert samples[1].latency_s == pytest.approx(0.6)
     assert samples[1].service_s == pytest.approx(0.1)
     assert samples[3].latency_s is None
-
-
-# -- the manual clock ----------------------------------------------------------------------
-
-
-@pytest.mark.anyio
-async def test_manual_clock_wakes_sleepers_in_order_at_their_own_time() -> None:
-    clock = ManualClock()
-    woke: list[tuple[str, float]] = []
-
-    async def sleeper(name: str, when: float) -> None:
-        await sleep_until(clock, when)
-        woke.append((name, clock.now()))
-        if name == "a":  # a sleeper that sleeps again, within the same advance
-            await sleep_until(clock, when + 0.25)
-            woke.append(("a2", clock.now()))
-
-    tasks = [asyncio.ensure_future(sleeper(n, t)) for n, t in [("b", 0.5), ("a", 0.1), ("c", 2)]]
-    await clock.advance_async(1.0)
-    assert woke == [("a", 0.1), ("a2", 0.35), ("b", 0.5)]
-    assert clock.now() == 1.0
-    assert clock.pending == 1
-    await clock.advance_async(1.0)
-    assert woke[-1] == ("c", 2.0)
-    await asyncio.gather(*tasks)
-
-
-@pytest.mark.anyio
-async def test_manual_clock_jump_wakes_late() -> None:
-    clock = ManualClock()
-    woke: list[float] = []
-
-    async def sleeper() -> None:
-        await sleep_until(clock, 0.5)
-        woke.append(clock.now())
-
-    task = asyncio.ensure_future(sleeper())
-    await clock.advance_async(0)
-    clock.jump(2.0)  # the process was paused: nobody ran at 0.5
-    assert woke == []
-    await clock.advance_async(0)
-    assert woke == [2.0]
-    await task
-    with pytest.raises(ValueError, match="seconds"):
-        clock.jump(-1)
-    with pytest.raises(ValueError, match="seconds"):
-        await clock.advance_async(-1)
 
 
 def test_statistics_mean_sanity() -> None:

@@ -1,8 +1,8 @@
-"""Backoff bounds, Retry-After parsing and clock sleeps: no real time passes."""
+"""Backoff bounds and Retry-After parsing: no real time passes. (``retry.sleep`` is
+``batchline._clock.sleep``, tested in ``tests/test_clock.py``.)"""
 
 from __future__ import annotations
 
-import asyncio
 import email.utils
 from datetime import UTC, datetime
 
@@ -10,9 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batchline._clock import ManualClock
-from batchline.driver.retry import Backoff, parse_retry_after, sleep
-from tests.helpers import settle
+from batchline.driver.retry import Backoff, parse_retry_after
 
 
 def test_the_ceiling_doubles_from_base_up_to_the_cap() -> None:
@@ -101,29 +99,3 @@ def test_retry_after_as_an_http_date() -> None:
     assert parse_retry_after("Tuesday, 03-Nov-26 12:01:00 GMT", now_wall=now) == pytest.approx(60)
     assert parse_retry_after("Tue Nov  3 12:00:10 2026", now_wall=now) == pytest.approx(10.0)
     assert parse_retry_after("Tue, 32 Nov 2026 12:00:00 GMT", now_wall=now) is None
-
-
-@pytest.mark.anyio
-async def test_sleep_on_a_manual_clock_ends_only_when_time_is_advanced() -> None:
-    clock = ManualClock()
-    task = asyncio.ensure_future(sleep(clock, 2.0))
-    await settle()
-    clock.advance(1.999)
-    await settle()
-    assert not task.done()
-    clock.advance(0.001)
-    await settle()
-    assert task.done()
-    await task
-    assert clock.pending == 0
-
-
-@pytest.mark.anyio
-async def test_a_cancelled_sleep_leaves_no_timer() -> None:
-    clock = ManualClock()
-    task = asyncio.ensure_future(sleep(clock, 5.0))
-    await settle()
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert clock.pending == 0

@@ -74,6 +74,9 @@ def test_cli_pull_checks_every_name_before_installing(capsys: pytest.CaptureFixt
 def test_cli_list_says_what_is_installed(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["models", "list"]) == 0
     out = capsys.readouterr().out
+    # one "NAME TASK STATE" line per model (its description follows, indented)
+    rows = {line.split()[0]: line.split(None, 2) for line in out.splitlines() if line[:1].strip()}
+    assert list(rows) == list(BUILTIN_MODELS)
     for m in BUILTIN_MODELS.values():
-        assert m.name in out
-        assert ("installed" if m.installed else m.pull_command) in out
+        state = "installed" if m.installed else f"not installed ({m.pull_command})"
+        assert rows[m.name][1:] == [m.task, state]

@@ -3,9 +3,10 @@ with the lifespan run."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import zlib
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -205,6 +206,31 @@ def loader(fake: FakeEmbedder, *more: tuple[str, Any]) -> Any:
     return load
 
 
+async def wait_for(predicate: Callable[[], object], rounds: int = 1000) -> None:
+    """Let the app run until ``predicate()`` holds (bounded; not a timing assertion)."""
+    for _ in range(rounds):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not reached")
+
+
+@asynccontextmanager
+async def client_on(
+    app: Any, release: Callable[[], None] = lambda: None
+) -> AsyncIterator[httpx.AsyncClient]:
+    """``app`` with its lifespan running and an httpx client on it (httpx's
+    ``ASGITransport`` does not run the lifespan). ``release`` runs before the lifespan ends:
+    it opens what a test kept gated, so the drain can finish."""
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            try:
+                yield client
+            finally:
+                release()
+
+
 def settings(**overrides: Any) -> ServerSettings:
     """Test settings: the fake model's name, one slot, small limits."""
     values: dict[str, Any] = {
@@ -230,10 +256,5 @@ async def serving(
     """
     model = fake if fake is not None else FakeEmbedder()
     app = create_app(settings(**overrides), load_model=loader(model))
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            try:
-                yield client, app
-            finally:
-                model.gate.set()
+    async with client_on(app, release=model.gate.set) as client:
+        yield client, app

@@ -11,8 +11,7 @@ import asyncio
 import itertools
 import json
 import threading
-import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -36,6 +35,8 @@ from batchline.server.errors import install_error_handlers
 from batchline.server.generation_metrics import GenerationMetrics
 from batchline.server.routes import generation
 from batchline.server.routes.generation import GenerationLimits, ServedGenerator
+
+from .conftest import wait_for
 
 pytestmark = pytest.mark.anyio
 
@@ -193,15 +194,6 @@ def sse(text: str) -> list[Any]:
     return events
 
 
-async def until(predicate: Callable[[], bool], *, limit_s: float = 20.0) -> None:
-    """Poll until ``predicate()`` holds; only a guard against hanging (never a timing check)."""
-    deadline = time.monotonic() + limit_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition never became true")
-        await asyncio.sleep(0.001)
-
-
 class RawCall:
     """One request through the raw ASGI interface, whose client disconnects on demand."""
 
@@ -296,7 +288,7 @@ async def test_prompts_of_concurrent_clients_share_the_engines_steps() -> None:
         second = asyncio.ensure_future(
             client.post("/generate", json={"prompts": ["c", "d"], "max_tokens": 4})
         )
-        await until(lambda: model.generator.stats.requests_submitted == 4)
+        await wait_for(lambda: model.generator.stats.requests_submitted == 4)
         engine.open()
         r1, r2 = await first, await second
     assert r1.status_code == r2.status_code == 200
@@ -317,7 +309,7 @@ async def test_a_request_the_queue_cannot_take_whole_is_refused_whole() -> None:
         holder = asyncio.ensure_future(
             client.post("/generate", json={"prompts": ["hold"], "max_tokens": 2})
         )
-        await until(lambda: engine.blocked.is_set() and model.generator.stats.running == 1)
+        await wait_for(lambda: engine.blocked.is_set() and model.generator.stats.running == 1)
         r = await client.post("/generate", json={"prompts": ["a", "b", "c"], "max_tokens": 2})
         assert r.status_code == 429, r.text
         assert r.headers["retry-after"] == "3"
@@ -330,7 +322,7 @@ async def test_a_request_the_queue_cannot_take_whole_is_refused_whole() -> None:
         fits = asyncio.ensure_future(
             client.post("/generate", json={"prompts": ["d", "e"], "max_tokens": 2})
         )
-        await until(lambda: model.generator.stats.waiting == 2)
+        await wait_for(lambda: model.generator.stats.waiting == 2)
         engine.open()
         assert (await holder).status_code == 200
         r = await fits
@@ -633,24 +625,24 @@ async def test_a_client_that_disconnects_aborts_its_sequence_and_frees_its_slot(
         call = RawCall(
             app, "/v1/completions", {"prompt": "leave", "max_tokens": 50, "stream": stream}
         )
-        await until(lambda: engine.blocked.is_set() and model.generator.stats.running == 1)
+        await wait_for(lambda: engine.blocked.is_set() and model.generator.stats.running == 1)
         # a second request waits for the only slot
         waiter = asyncio.ensure_future(
             client.post("/v1/completions", json={"prompt": "stay", "max_tokens": 3})
         )
-        await until(lambda: model.generator.stats.waiting == 1)
+        await wait_for(lambda: model.generator.stats.waiting == 1)
         engine.allow(1)  # the first sequence gets a token
         if stream:
-            await until(lambda: b'"text"' in call.body)
-        await until(lambda: len(engine.steps) == 1 and engine.blocked.is_set())
+            await wait_for(lambda: b'"text"' in call.body)
+        await wait_for(lambda: len(engine.steps) == 1 and engine.blocked.is_set())
         call.disconnect()
         await asyncio.wait_for(call.task, 20)
         if not stream:
             assert call.sent[0]["status"] == 499
         # the abort takes effect before the next step: the waiting request gets the slot
         engine.allow(1)
-        await until(lambda: model.generator.stats.requests_aborted == 1)
-        await until(lambda: len(engine.added) == 2)
+        await wait_for(lambda: model.generator.stats.requests_aborted == 1)
+        await wait_for(lambda: len(engine.added) == 2)
         assert engine.aborted == [engine.added[0]]
         engine.open()
         r = await waiter
@@ -674,7 +666,7 @@ async def test_a_request_past_its_timeout_is_504_and_its_sequences_are_aborted()
         assert "request_timeout_s=0.2" in r.json()["error"]["message"]
         assert model.generator.stats.waiting == 0
         engine.allow(1)
-        await until(lambda: model.generator.stats.requests_aborted == 2)
+        await wait_for(lambda: model.generator.stats.requests_aborted == 2)
         stats = model.generator.stats
         assert stats.running == 0
         assert stats.kv_tokens_reserved == 0
@@ -695,7 +687,7 @@ async def test_a_stream_past_its_timeout_ends_with_an_error_event() -> None:
         assert events[-1] == "[DONE]"
         assert events[-2]["error"]["code"] == 504
         engine.allow(1)
-        await until(lambda: model.generator.stats.requests_aborted == 1)
+        await wait_for(lambda: model.generator.stats.requests_aborted == 1)
         assert model.generator.stats.running == 0
 
 
@@ -711,9 +703,9 @@ async def test_requests_cut_short_by_a_stop_without_drain_are_503() -> None:
         waiting = asyncio.ensure_future(
             client.post("/v1/completions", json={"prompt": "wait", "max_tokens": 9, "stream": True})
         )
-        await until(lambda: model.generator.stats.waiting == 1 and engine.blocked.is_set())
+        await wait_for(lambda: model.generator.stats.waiting == 1 and engine.blocked.is_set())
         stopping = asyncio.ensure_future(model.generator.stop(drain=False))
-        await until(lambda: model.generator.state is State.STOPPING)
+        await wait_for(lambda: model.generator.state is State.STOPPING)
         engine.open()  # the step in progress ends; then the stop ends everything
         await stopping
         r, s = await running, await waiting
@@ -803,11 +795,13 @@ async def test_behind_create_app_and_its_gate() -> None:
                 assert r.status_code == 400
                 assert "does embed" in r.json()["error"]["message"]
                 call = RawCall(app, "/v1/completions", {"prompt": "gone", "max_tokens": 40})
-                await until(lambda: engine.blocked.is_set() and model.generator.stats.running == 1)
+                await wait_for(
+                    lambda: engine.blocked.is_set() and model.generator.stats.running == 1
+                )
                 call.disconnect()
                 await asyncio.wait_for(call.task, 20)
                 engine.allow(1)
-                await until(lambda: model.generator.stats.requests_aborted == 1)
+                await wait_for(lambda: model.generator.stats.requests_aborted == 1)
                 assert model.generator.stats.running == 0
                 engine.open()
                 r = await client.post(

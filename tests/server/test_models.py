@@ -17,7 +17,7 @@ import pytest
 from batchline.models.protocol import ModelInfo
 from batchline.server import create_app
 
-from .conftest import FakeEmbedder, fake_vector, loader, settings
+from .conftest import FakeEmbedder, client_on, fake_vector, loader, settings, wait_for
 
 pytestmark = pytest.mark.anyio
 
@@ -141,24 +141,14 @@ async def several(
     values: dict[str, Any] = {"model_name": None, "model": MODELS}
     values.update(overrides)
     app = create_app(settings(**values), load_model=load)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            try:
-                yield client, app
-            finally:
-                fake.gate.set()
-                if doubler is not None:
-                    doubler.gate.set()
 
+    def release() -> None:
+        fake.gate.set()
+        if doubler is not None:
+            doubler.gate.set()
 
-async def _wait_for(predicate: Any, rounds: int = 1000) -> None:
-    """Let the app run until ``predicate()`` holds (bounded; not a timing assertion)."""
-    for _ in range(rounds):
-        if predicate():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not reached")
+    async with client_on(app, release) as client:
+        yield client, app
 
 
 def _infer_body(rows: list[list[float]], **extra: Any) -> dict[str, Any]:
@@ -323,14 +313,14 @@ async def test_oip_rows_from_concurrent_clients_share_batches() -> None:
         first = asyncio.ensure_future(
             client.post("/v2/models/pred/infer", json=_infer_body([[0, 1]]))
         )
-        await _wait_for(lambda: batcher.stats.in_flight_batches == 1)
+        await wait_for(lambda: batcher.stats.in_flight_batches == 1)
         others = [
             asyncio.ensure_future(
                 client.post("/v2/models/pred/infer", json=_infer_body([[i, i], [i, -i]]))
             )
             for i in range(3)
         ]
-        await _wait_for(lambda: batcher.queue_depth == 6)
+        await wait_for(lambda: batcher.queue_depth == 6)
         doubler.gate.set()
         responses = await asyncio.gather(first, *others)
         assert [r.status_code for r in responses] == [200] * 4
@@ -349,7 +339,7 @@ async def test_a_full_queue_is_429_all_or_nothing_and_per_model() -> None:
         blocker = asyncio.ensure_future(
             client.post("/v2/models/pred/infer", json=_infer_body([[0, 0]]))
         )
-        await _wait_for(lambda: batcher.stats.in_flight_batches == 1)
+        await wait_for(lambda: batcher.stats.in_flight_batches == 1)
         queued = []
         for i in range((capacity - 1) // 2):
             queued.append(
@@ -363,7 +353,7 @@ async def test_a_full_queue_is_429_all_or_nothing_and_per_model() -> None:
                     client.post("/v2/models/pred/infer", json=_infer_body([[9, 9]]))
                 )
             )
-        await _wait_for(lambda: batcher.queue_depth == capacity - 1)
+        await wait_for(lambda: batcher.queue_depth == capacity - 1)
         # two rows, one free place: refused whole, nothing queued, the protocol's error body
         r = await client.post("/v2/models/pred/infer", json=_infer_body([[5, 5], [6, 6]]))
         assert r.status_code == 429
@@ -376,7 +366,7 @@ async def test_a_full_queue_is_429_all_or_nothing_and_per_model() -> None:
             client.post("/v1/embeddings", json={"input": ["a", "b"], "model": "emb"})
         )
         emb_batcher = app.state.batchers["emb"]
-        await _wait_for(lambda: emb_batcher.queue_depth == 2)
+        await wait_for(lambda: emb_batcher.queue_depth == 2)
         assert not emb.done()
         doubler.gate.set()
         assert (await emb).status_code == 200

@@ -5,7 +5,7 @@ started and drained with the app, and one sequence at a time without batching.""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -21,10 +21,12 @@ from .conftest import (
     FakeEmbedder,
     FakeGenerateModel,
     GatedGenEngine,
+    client_on,
     fake_generator_loader,
     generated_text,
     loader,
     settings,
+    wait_for,
 )
 
 pytestmark = pytest.mark.anyio
@@ -42,23 +44,14 @@ async def app_with(
         load_model=loader(FakeEmbedder()),
         load_generator=fake_generator_loader(loaded, gated=gated),
     )
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            try:
-                yield client, app
-            finally:
-                for model in loaded:
-                    if isinstance(model.engine, GatedGenEngine):
-                        model.engine.gate.set()
 
+    def release() -> None:
+        for model in loaded:
+            if isinstance(model.engine, GatedGenEngine):
+                model.engine.gate.set()
 
-async def until(condition: Callable[[], bool]) -> None:
-    for _ in range(2000):
-        if condition():
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError("condition never became true")
+    async with client_on(app, release) as client:
+        yield client, app
 
 
 async def test_generate_models_are_served_beside_batch_models() -> None:
@@ -148,9 +141,9 @@ async def test_shutdown_drains_generation_then_frees_the_model() -> None:
         pending = asyncio.ensure_future(
             client.post("/generate", json={"prompts": ["x"], "max_tokens": 3})
         )
-        await until(lambda: gen.generator.stats.running == 1)
+        await wait_for(lambda: gen.generator.stats.running == 1)
         closing = asyncio.ensure_future(lifespan.__aexit__(None, None, None))
-        await until(lambda: app.state.server.draining)
+        await wait_for(lambda: app.state.server.draining)
         r = await client.post("/v1/completions", json={"prompt": "late"})
         assert r.status_code == 503
         assert not gen.closed

@@ -12,18 +12,9 @@ import pytest
 
 from batchline.server import create_app
 
-from .conftest import FakeEmbedder, loader, serving, settings
+from .conftest import FakeEmbedder, loader, serving, settings, wait_for
 
 pytestmark = pytest.mark.anyio
-
-
-async def _wait_for(predicate: Any, rounds: int = 1000) -> None:
-    """Let the app run until ``predicate()`` holds (bounded; not a timing assertion)."""
-    for _ in range(rounds):
-        if predicate():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not reached")
 
 
 async def test_concurrent_requests_share_batches() -> None:
@@ -31,12 +22,12 @@ async def test_concurrent_requests_share_batches() -> None:
     async with serving(fake) as (client, app):
         batcher = app.state.batchers["fake"]
         blocker = asyncio.ensure_future(client.post("/v1/embeddings", json={"input": "first"}))
-        await _wait_for(lambda: batcher.stats.in_flight_batches == 1)
+        await wait_for(lambda: batcher.stats.in_flight_batches == 1)
         others = [
             asyncio.ensure_future(client.post("/v1/embeddings", json={"input": [f"r{i} x"]}))
             for i in range(5)
         ]
-        await _wait_for(lambda: batcher.queue_depth == 5)
+        await wait_for(lambda: batcher.queue_depth == 5)
         fake.gate.set()
         responses = await asyncio.gather(blocker, *others)
         assert [r.status_code for r in responses] == [200] * 6
@@ -54,12 +45,12 @@ async def test_full_queue_is_429_with_retry_after_and_queues_nothing() -> None:
         capacity = batcher.queue_capacity
         assert capacity == 3 + 3 * 1
         blocker = asyncio.ensure_future(client.post("/v1/embeddings", json={"input": "a"}))
-        await _wait_for(lambda: batcher.stats.in_flight_batches == 1)
+        await wait_for(lambda: batcher.stats.in_flight_batches == 1)
         queued = [
             asyncio.ensure_future(client.post("/v1/embeddings", json={"input": ["b", "c", "d"]})),
             asyncio.ensure_future(client.post("/v1/embeddings", json={"input": ["e", "f"]})),
         ]
-        await _wait_for(lambda: batcher.queue_depth == capacity - 1)
+        await wait_for(lambda: batcher.queue_depth == capacity - 1)
         # two more texts do not fit in the one free place: refused at once, none queued
         r = await client.post("/v1/embeddings", json={"input": ["g", "h"]})
         assert r.status_code == 429
@@ -81,7 +72,7 @@ async def test_timeout_is_504_and_withdraws_queued_records() -> None:
     async with serving(fake, request_timeout_s=0.3) as (client, app):
         batcher = app.state.batchers["fake"]
         blocker = asyncio.ensure_future(client.post("/v1/embeddings", json={"input": "a"}))
-        await _wait_for(lambda: batcher.stats.in_flight_batches == 1)
+        await wait_for(lambda: batcher.stats.in_flight_batches == 1)
         r = await client.post("/v1/embeddings", json={"input": ["b", "c", "d"]})
         assert r.status_code == 504
         assert r.json()["error"]["type"] == "timeout"
@@ -89,7 +80,7 @@ async def test_timeout_is_504_and_withdraws_queued_records() -> None:
         assert batcher.stats.total_cancelled == 3 + 1  # three queued, and the blocker's own
         assert (await blocker).status_code == 504  # its record was running: result dropped
         fake.gate.set()
-        await _wait_for(lambda: batcher.stats.in_flight_batches == 0)
+        await wait_for(lambda: batcher.stats.in_flight_batches == 0)
         assert [len(b) for b in fake.batches] == [1]  # the withdrawn texts never ran
         r = await client.post("/v1/embeddings", json={"input": "after"})
         assert r.status_code == 200
@@ -105,7 +96,7 @@ async def test_client_disconnect_withdraws_queued_records() -> None:
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
             blocker = asyncio.ensure_future(client.post("/v1/embeddings", json={"input": "a"}))
-            await _wait_for(lambda: batcher.stats.in_flight_batches == 1)
+            await wait_for(lambda: batcher.stats.in_flight_batches == 1)
 
             # a raw ASGI call whose client goes away while its texts are queued
             body = json.dumps({"input": ["b", "c"]}).encode()
@@ -140,7 +131,7 @@ async def test_client_disconnect_withdraws_queued_records() -> None:
                 "state": {},
             }
             call = asyncio.ensure_future(app(scope, receive, send))
-            await _wait_for(lambda: batcher.queue_depth == 2)
+            await wait_for(lambda: batcher.queue_depth == 2)
             gone.set()
             await call  # returns quietly: nobody to answer
             assert sent == []
@@ -241,14 +232,14 @@ async def test_shutdown_drains_queued_work() -> None:
         await stack.enter_async_context(app.router.lifespan_context(app))
         batcher = app.state.batchers["fake"]
         first = asyncio.ensure_future(client.post("/v1/embeddings", json={"input": "t"}))
-        await _wait_for(lambda: batcher.stats.in_flight_batches == 1)
+        await wait_for(lambda: batcher.stats.in_flight_batches == 1)
         pending = [
             asyncio.ensure_future(client.post("/v1/embeddings", json={"input": f"t{i}"}))
             for i in range(3)
         ]
-        await _wait_for(lambda: batcher.queue_depth == 3)
+        await wait_for(lambda: batcher.queue_depth == 3)
         shutdown = asyncio.ensure_future(stack.aclose())
-        await _wait_for(lambda: app.state.server.draining)
+        await wait_for(lambda: app.state.server.draining)
         r = await client.post("/v1/embeddings", json={"input": "late"})
         assert r.status_code == 503
         fake.gate.set()

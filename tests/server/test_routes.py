@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 from typing import Any
@@ -16,15 +15,6 @@ from batchline.server.schemas import EmbeddingResponse, ModelList
 from .conftest import FakeEmbedder, fake_vector, loader, serving, settings
 
 pytestmark = pytest.mark.anyio
-
-
-async def _wait_for(predicate: Any, rounds: int = 500) -> None:
-    """Let the app run until ``predicate()`` holds (bounded; not a timing assertion)."""
-    for _ in range(rounds):
-        if predicate():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not reached")
 
 
 async def test_embeddings_float_matches_the_model_in_order() -> None:

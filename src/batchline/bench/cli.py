@@ -237,10 +237,11 @@ def _generates(args: argparse.Namespace) -> bool:
 
 def _bench_main(args: argparse.Namespace) -> int:
     from batchline._errors import InputError
+    from batchline.jobs.cli import given_flags
 
     if _generates(args):
         return _bench_generate_main(args)
-    given = [flag for dest, flag in _GENERATE_FLAGS.items() if getattr(args, dest) is not None]
+    given = given_flags(args, _GENERATE_FLAGS)
     if given:
         raise InputError(
             f"{given[0]} goes with text generation: bench --task generate (or --model smollm2 "
@@ -327,6 +328,8 @@ def _bench_generate_main(args: argparse.Namespace) -> int:
 
 
 class _Say:
+    """Progress messages on ``console``, one line each."""
+
     def __init__(self, console: Any) -> None:
         self._console = console
 
@@ -334,13 +337,7 @@ class _Say:
         self._console.print(text, highlight=False)
 
 
-class _BenchProgress:
-    def __init__(self, console: Any) -> None:
-        self._console = console
-
-    def message(self, text: str) -> None:
-        self._console.print(text, highlight=False)
-
+class _BenchProgress(_Say):
     def point_done(self, result: Any, done: int, total: int) -> None:
         failed = f", {result.errors + result.unanswered} failed/unanswered" if result.failed else ""
         self._console.print(

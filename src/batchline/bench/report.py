@@ -222,10 +222,25 @@ def _offered_axis(ax: Any, kind: LoadKind, offered: Sequence[float], unit: str =
         ax.set_xticks(offered)
 
 
+def _latency_axis(ax: Any, label: str, values: Sequence[float]) -> None:
+    """A log-scaled latency y axis with 1-2-5 ticks in plain numbers (latencies often span
+    less than one decade), ending on labelled ticks around the positive finite ``values``, so
+    the lowest and highest lines can be read."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ax.set_ylabel(label)
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    shown = [v for v in values if v > 0 and math.isfinite(v)]
+    if shown:
+        ax.set_ylim(_nice_below(min(shown)), _nice_above(max(shown)))
+
+
 def _plot(result: BenchResult, kind: LoadKind, metric: str, path: Path) -> None:
     # a bare Figure renders through Agg without pyplot: no display, no global backend change
     from matplotlib.figure import Figure
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     points = [p for p in result.points if p.kind == kind]
     names = list(dict.fromkeys(p.config for p in points))
@@ -273,16 +288,7 @@ def _plot(result: BenchResult, kind: LoadKind, metric: str, path: Path) -> None:
         ax.set_ylim(bottom=0)
         fig.suptitle(f"Throughput vs offered load ({kind} loop)", fontsize=13)
     else:
-        ax.set_ylabel("p99 latency (ms, log scale)")
-        ax.set_yscale("log")
-        # 1-2-5 ticks in plain numbers: latencies often span less than one decade
-        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.yaxis.set_minor_formatter(NullFormatter())
-        values = [p.p99_ms for p in points if p.p99_ms > 0 and math.isfinite(p.p99_ms)]
-        if values:
-            # end the axis on labelled ticks, so the lowest and highest lines can be read
-            ax.set_ylim(_nice_below(min(values)), _nice_above(max(values)))
+        _latency_axis(ax, "p99 latency (ms, log scale)", [p.p99_ms for p in points])
         fig.suptitle(f"p99 latency vs offered load ({kind} loop)", fontsize=13)
     ax.grid(True, which="major", alpha=0.35)
     handles, labels = ax.get_legend_handles_labels()
@@ -326,16 +332,19 @@ def write_report(result: BenchResult, out_dir: Path) -> dict[str, Path]:
     return _write_texts(out_dir, files, render_markdown(result, plots), result.to_dict())
 
 
+def _wide_console() -> Any:
+    """A stdout console; 130 columns on a pipe, whose default 80 are too narrow for the table."""
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=130)
+
+
 def print_table(points: Sequence[PointResult], console: Any = None, title: str = "") -> None:
     """Print the results table with rich."""
-    from rich.console import Console
     from rich.table import Table
 
-    if console is None:
-        # a pipe gets 80 columns by default: too narrow for ten columns of figures
-        console = Console()
-        if not console.is_terminal:
-            console = Console(width=130)
+    console = console or _wide_console()
     table = Table(title=title or "batchline bench")
     for i, header in enumerate(_CONSOLE_HEADER):
         table.add_column(header, justify="left" if i < 2 else "right", no_wrap=i < 2)
@@ -459,7 +468,6 @@ def _generate_plot(
     result: GenerateBenchResult, kind: LoadKind, metrics: Sequence[str], path: Path
 ) -> None:
     from matplotlib.figure import Figure
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     points = [p for p in result.points if p.kind == kind]
     offered = sorted({p.offered for p in points})
@@ -477,7 +485,7 @@ def _generate_plot(
         series = sorted((p for p in points if p.generator == name), key=lambda p: p.offered)
         for metric in metrics:
             ys = [float(getattr(p, metric)) for p in series]
-            values += [y for y in ys if y > 0 and math.isfinite(y)]
+            values += ys
             ax.plot(
                 [p.offered for p in series],
                 ys,
@@ -497,13 +505,7 @@ def _generate_plot(
         fig.suptitle(f"Generation throughput vs offered load ({kind} loop)", fontsize=13)
     else:
         what = "TTFT" if metrics[0].startswith("ttft") else "request latency"
-        ax.set_ylabel(f"{what} (s, log scale)")
-        ax.set_yscale("log")
-        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.yaxis.set_minor_formatter(NullFormatter())
-        if values:
-            ax.set_ylim(_nice_below(min(values)), _nice_above(max(values)))
+        _latency_axis(ax, f"{what} (s, log scale)", values)
         title = "TTFT p50 (dashed, hollow) and p99" if what == "TTFT" else "p99 request latency"
         fig.suptitle(f"{title} vs offered load ({kind} loop)", fontsize=13)
     ax.grid(True, which="major", alpha=0.35)
@@ -537,13 +539,9 @@ def write_generate_report(result: GenerateBenchResult, out_dir: Path) -> dict[st
 
 def print_generate_table(result: GenerateBenchResult, console: Any = None) -> None:
     """Print the generation table and the ratios with rich."""
-    from rich.console import Console
     from rich.table import Table
 
-    if console is None:
-        console = Console()
-        if not console.is_terminal:
-            console = Console(width=130)
+    console = console or _wide_console()
     table = Table(title="batchline bench --task generate (medians over repeats)")
     for i, header in enumerate(GENERATE_HEADER):
         table.add_column(header, justify="left" if i < 2 else "right", no_wrap=i < 2)

@@ -287,7 +287,7 @@ async def run_bench_async(options: BenchOptions, progress: Progress | None = Non
     loader: ModelLoader | None = None
     try:
         if in_process:
-            loader = ModelLoader(_spec(options))
+            loader = ModelLoader(options_spec(options))
             progress.message(f"loading {loader.name} ...")
             inputs = await asyncio.to_thread(model_inputs, loader, configs[0].knobs, options)
             model_label = f"{options.model} ({loader.info(configs[0].knobs).task})"
@@ -360,7 +360,8 @@ async def _run(
     )
 
 
-def _spec(options: BenchOptions) -> Any:
+def options_spec(options: Any) -> Any:
+    """The model spec of bench or tune options (``model``, ``task``, ``tokenizer``, ...)."""
     return model_spec(
         options.model,
         task=options.task,

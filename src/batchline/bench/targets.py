@@ -29,7 +29,8 @@ from typing import Any, Literal
 
 from batchline._errors import InputError
 from batchline.bench.loadgen import Counters, Target
-from batchline.knobs import BASELINE, Knobs, machine_cores
+from batchline.bench.tune import baseline_knobs
+from batchline.knobs import Knobs, machine_cores
 from batchline.models.protocol import BatchModel, ModelInfo
 from batchline.models.specs import ModelSpec
 
@@ -124,7 +125,7 @@ def reference_configurations(
     known = {
         "baseline": Configuration.from_knobs(
             "baseline",
-            BASELINE.replace(intra_op_threads=cores, max_concurrent_batches=cores, device=device),
+            baseline_knobs(cores, device),
         ),
         "defaults": Configuration.from_knobs(
             "batchline defaults",

@@ -305,6 +305,10 @@ def _is_gpu(device: str) -> bool:
     return device != "cpu"
 
 
+def _token_budgets(device: str) -> tuple[int, ...]:
+    return GPU_TOKEN_BUDGETS if _is_gpu(device) else TOKEN_BUDGETS
+
+
 def search_space(cores: int, device: str = "cpu") -> tuple[list[tuple[int, int]], Knobs]:
     """The ``(sessions, threads)`` splits to try and the first batching setting (tried first:
     when the time budget allows one batching trial, it is this one)."""
@@ -327,8 +331,7 @@ def search_space(cores: int, device: str = "cpu") -> tuple[list[tuple[int, int]]
 def planned_trials(cores: int, device: str = "cpu") -> int:
     """How many trials a full search runs (the baseline included)."""
     splits, _ = search_space(cores, device)
-    budgets = GPU_TOKEN_BUDGETS if _is_gpu(device) else TOKEN_BUDGETS
-    return 1 + len(splits) + (len(budgets) - 1) + 1 + len(HOLDS)
+    return 1 + len(splits) + (len(_token_budgets(device)) - 1) + 1 + len(HOLDS)
 
 
 def plan_duration(budget_s: float, trials: int, points: int) -> float:
@@ -441,7 +444,6 @@ async def tune(
     base_knobs = base_knobs or baseline_knobs(cores, device)
     await run(base_knobs, must=True)
     ordered, start = search_space(cores, device)
-    budgets = GPU_TOKEN_BUDGETS if _is_gpu(device) else TOKEN_BUDGETS
     stage: list[Trial | None] = []
     for i, (sessions, threads) in enumerate(ordered):
         knobs = start.replace(
@@ -452,7 +454,7 @@ async def tune(
     stage = [best]
     stage += [
         await run(best.knobs.replace(target_batch_tokens=tokens))
-        for tokens in budgets
+        for tokens in _token_budgets(device)
         if tokens != best.knobs.target_batch_tokens
     ]
     best = best_of(stage)
@@ -584,8 +586,8 @@ async def run_tune(
     import asyncio
 
     from batchline.bench.runner import measure as measure_config
-    from batchline.bench.runner import model_inputs
-    from batchline.bench.targets import Configuration, ModelLoader, model_spec
+    from batchline.bench.runner import model_inputs, options_spec
+    from batchline.bench.targets import Configuration, ModelLoader
 
     say = progress or (lambda _text: None)
     if not options.p99_budget_ms > 0:
@@ -598,14 +600,7 @@ async def run_tune(
         raise InputError(f"--noise must be >= 0, got {options.noise}")
     cores = options.cores or machine_cores()
     base = baseline_knobs(cores, options.device)  # validates --device
-    spec = model_spec(
-        options.model,
-        task=options.task,
-        tokenizer=options.tokenizer,
-        labels=options.labels,
-        pooling=options.pooling,
-        normalize=options.normalize,
-    )
+    spec = options_spec(options)
     loader = ModelLoader(spec)
     try:
         say(f"loading {spec.name} ...")

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_dataset_arguments", "add_model_arguments", "add_parser"]
+__all__ = ["add_dataset_arguments", "add_model_arguments", "add_parser", "given_flags"]
 
 
 def add_dataset_arguments(p: argparse.ArgumentParser, *, suffix: str = "embeddings") -> None:
@@ -197,8 +197,9 @@ def _add_generation_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _generation_given(args: argparse.Namespace) -> list[str]:
-    return [flag for dest, flag in _GENERATION_FLAGS.items() if getattr(args, dest) is not None]
+def given_flags(args: argparse.Namespace, flags: dict[str, str]) -> list[str]:
+    """Which of ``flags`` (argparse destination -> flag) the command line gave."""
+    return [flag for dest, flag in flags.items() if getattr(args, dest) is not None]
 
 
 def _knobs(args: argparse.Namespace) -> Any:
@@ -291,7 +292,7 @@ def _generation_options(args: argparse.Namespace, options: Any) -> Any:
     from batchline._errors import InputError
     from batchline.jobs.generate import GenerateOptions, is_generate_job
 
-    given = _generation_given(args)
+    given = given_flags(args, _GENERATION_FLAGS)
     if not is_generate_job(options):
         if given:
             raise InputError(

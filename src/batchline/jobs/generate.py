@@ -41,12 +41,15 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from batchline._errors import BatchlineError, InputError
 from batchline._stats import percentile
-from batchline.jobs.outcomes import Failed, Outcome, write_outcomes
+from batchline.jobs.outcomes import Failed, Outcome, cancel, describe, write_outcomes
 from batchline.jobs.run import (
     Progress,
     RunOptions,
     RunSummary,
+    _Silent,
     default_output,
+    expected_records,
+    finish_output,
     job_spec,
     open_dataset_job,
 )
@@ -320,15 +323,10 @@ def _encode(
         try:
             ids = model.encode(prompt, chat_template=chat_template)
         except (BatchlineError, ValueError, TypeError) as exc:
-            out.append(Failed(f"bad input: {_describe(exc)}"))
+            out.append(Failed(f"bad input: {describe(exc)}"))
             continue
         out.append(ids if ids else Failed("bad input: the prompt has no tokens"))
     return out
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 class _Peaks:
@@ -357,8 +355,6 @@ async def run_generate_job(
     ...     input=Path("prompts.jsonl"), model="smollm2", max_tokens=64)))
     >>> summary.tokens_per_s
     """
-    from batchline.jobs.run import _Silent
-
     opts = as_generate_options(options)
     if opts.model == "default":  # the default model embeds: generation's default is smollm2
         opts = dataclasses.replace(opts, model="smollm2")
@@ -384,10 +380,7 @@ async def run_generate_job(
                 return _summary(writer.out_dir, opts, 0, 0, total, total, 0.0, None, None, [])
             committed = writer.committed_ranges()
             already = sum(hi - lo for lo, hi in committed)
-            expected: int | None = source.total_records
-            if expected is not None and opts.limit is not None:
-                expected = min(expected, opts.limit)
-            shown.start(expected, already)
+            shown.start(expected_records(source, opts.limit), already)
             return await _pipeline(source, writer, model, opts, params, column, committed, shown)
     finally:
         model.close()
@@ -460,15 +453,17 @@ async def _pipeline(
             failure.append(exc)
 
     def submit(record: Record, ids: list[int]) -> asyncio.Future[Completion] | Failed:
-        seed = None if params.seed is None else params.seed + record.index
-        own = dataclasses.replace(params, seed=seed) if seed is not None else params
+        own = (
+            params
+            if params.seed is None
+            else dataclasses.replace(params, seed=params.seed + record.index)
+        )
         try:
             stream = gen.submit(ids, own, request_id=f"record-{record.index}")
         except (BatchlineError, ValueError) as exc:
             # RecordTooLargeError (over the context or the KV budget) is this record's fault
-            return Failed(f"bad input: {_describe(exc)}")
-        future = asyncio.ensure_future(stream.result())
-        return future
+            return Failed(f"bad input: {describe(exc)}")
+        return asyncio.ensure_future(stream.result())
 
     await gen.start()
     sampling = asyncio.create_task(sampler())
@@ -506,9 +501,7 @@ async def _pipeline(
                     if failure:
                         break
                 if failure:
-                    for p in pending:
-                        if not isinstance(p, Failed):
-                            p.cancel()
+                    cancel(pending)
                     break
                 task = asyncio.create_task(finish_block(records, list(pending)))
                 blocks_done.add(task)
@@ -528,10 +521,7 @@ async def _pipeline(
         await gen.stop(drain=drain)
     stats = gen.stats
     peaks.see(stats)
-    total = source.total_records or 0
-    if options.limit is not None:
-        total = min(total, options.limit) if source.total_records is not None else options.limit
-    await asyncio.to_thread(writer.finish, total)
+    total = await finish_output(writer, source, options.limit)
     wall = time.perf_counter() - started
     already = sum(hi - lo for lo, hi in committed)
     return _summary(
@@ -566,7 +556,7 @@ def _outcomes(
             if not isinstance(exc, Exception):
                 raise exc
             rows.append(record)
-            outcomes.append(Failed(f"model error: {_describe(exc)}"))
+            outcomes.append(Failed(f"model error: {describe(exc)}"))
             continue
         done = p.result()
         if done.finish_reason == "abort":

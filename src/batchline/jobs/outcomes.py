@@ -24,6 +24,7 @@ __all__ = [
     "Outcome",
     "cancel",
     "collect",
+    "describe",
     "process_block",
     "submit_block",
     "write_outcomes",
@@ -56,7 +57,7 @@ async def submit_block(
     try:
         for item in prepared:
             if isinstance(item, BaseException):
-                pending.append(Failed(f"bad input: {_describe(item)}"))
+                pending.append(Failed(f"bad input: {describe(item)}"))
             else:
                 pending.append(await engine.submit(item))
     except BaseException:
@@ -70,9 +71,9 @@ async def collect(
 ) -> list[Outcome]:
     """Wait for every queued record and encode its result; one record's exception (the batcher
     has bisected its batch down to it) is that record's :class:`Failed`, in order."""
+    futures = [f for f in pending if not isinstance(f, Failed)]
     try:
-        await asyncio.gather(*[f for f in pending if not isinstance(f, Failed)],
-                             return_exceptions=True)  # fmt: skip
+        await asyncio.gather(*futures, return_exceptions=True)
     except BaseException:
         cancel(pending)
         raise
@@ -86,7 +87,7 @@ async def collect(
         if exc is None:
             outcomes.append(encode(f.result()))
         elif isinstance(exc, Exception):
-            outcomes.append(Failed(f"model error: {_describe(exc)}"))
+            outcomes.append(Failed(f"model error: {describe(exc)}"))
         else:  # KeyboardInterrupt and the like are not a record's fault
             raise exc
     return outcomes
@@ -133,6 +134,7 @@ def write_outcomes(
     return len(good), len(failed)
 
 
-def _describe(exc: BaseException) -> str:
+def describe(exc: BaseException) -> str:
+    """An exception as ``Type: message`` (just ``Type`` when it has no message)."""
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -221,13 +221,26 @@ async def run_job(options: RunOptions, progress: Progress | None = None) -> RunS
                 )
             committed = writer.committed_ranges()
             already = sum(hi - lo for lo, hi in committed)
-            expected: int | None = source.total_records
-            if expected is not None and options.limit is not None:
-                expected = min(expected, options.limit)
-            progress.start(expected, already)
+            progress.start(expected_records(source, options.limit), already)
             return await _pipeline(source, writer, model, options, knobs, committed, progress)
     finally:
         model.close()
+
+
+def expected_records(source: Source, limit: int | None) -> int | None:
+    """Records the job covers in all (resumed ones included); ``None`` while the input's size
+    is unknown."""
+    total = source.total_records
+    return total if total is None or limit is None else min(total, limit)
+
+
+async def finish_output(writer: ChunkWriter, source: Source, limit: int | None) -> int:
+    """Mark the output complete and return the records it covers (``limit``, else 0, when the
+    input's size is still unknown)."""
+    expected = expected_records(source, limit)
+    total = expected if expected is not None else (limit or 0)
+    await asyncio.to_thread(writer.finish, total)
+    return total
 
 
 class DatasetOptions(Protocol):
@@ -425,10 +438,7 @@ async def _pipeline(
             raise failure[0]
         final_stats = engine.stats
 
-    total = source.total_records or 0
-    if options.limit is not None:
-        total = min(total, options.limit) if source.total_records is not None else options.limit
-    await asyncio.to_thread(writer.finish, total)
+    total = await finish_output(writer, source, options.limit)
     wall = time.perf_counter() - started
     already = sum(hi - lo for lo, hi in committed)
     return _summary(

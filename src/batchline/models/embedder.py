@@ -25,7 +25,7 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, get_args
 
 import numpy as np
 import numpy.typing as npt
@@ -38,6 +38,7 @@ from batchline.knobs import (
     DEFAULT_TARGET_BATCH_TOKENS,
 )
 from batchline.models.onnxruntime import OnnxModel, ProviderSpec, TensorSpec, pad_sequences
+from batchline.models.specs import Pooling
 
 __all__ = [
     "DEFAULT_BUCKET_WIDTH",
@@ -49,7 +50,9 @@ __all__ = [
     "check_text_inputs",
     "load_tokenizer",
     "text_feeds",
+    "text_output",
     "tokenize_texts",
+    "tokenizer_max_length",
 ]
 
 # Texts are tokenized in chunks so that the first batches run while the rest are tokenized.
@@ -58,10 +61,6 @@ _TOKENIZE_CHUNK = 256
 _KNOWN_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
 
 Vector = np.ndarray[Any, np.dtype[np.float32]]
-
-#: How token outputs become one vector per text: ``mean`` over the attention mask, ``cls``
-#: (the first token's), or ``none`` (the model already returns ``(batch, dim)``).
-Pooling = Literal["mean", "cls", "none"]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -151,17 +150,36 @@ def check_text_inputs(model: OnnxModel, *, what: str) -> dict[str, TensorSpec]:
     return inputs
 
 
+def text_output(model: OnnxModel, output_name: str | None, *, preferred: str) -> TensorSpec:
+    """A text model's output ``output_name`` (default: ``preferred`` if the model has it,
+    else its first output); ``ModelError`` when the model has no such output."""
+    names = model.output_names
+    if output_name is None:
+        output_name = preferred if preferred in names else names[0]
+    if output_name not in names:
+        raise ModelError(f"{model.path.name} has no output {output_name!r}; it has {list(names)}")
+    return next(o for o in model.outputs if o.name == output_name)
+
+
+def tokenizer_max_length(tokenizer: Any) -> int | None:
+    """The tokenizer's truncation length (the longest input in tokens), if it truncates."""
+    trunc = getattr(tokenizer, "truncation", None)
+    return int(trunc["max_length"]) if isinstance(trunc, dict) else None
+
+
 def text_feeds(
     inputs: dict[str, TensorSpec], texts: Sequence[TokenizedText], *, pad_id: int
 ) -> tuple[dict[str, np.ndarray[Any, Any]], np.ndarray[Any, Any]]:
-    """One right-padded batch of texts as feeds for the ``inputs`` a text model declares
-    (``token_type_ids`` zeros, ``position_ids`` 0..seq-1); returns ``(feeds, mask)``."""
+    """One right-padded batch of texts as feeds for the ``inputs`` of
+    :func:`check_text_inputs` (``token_type_ids`` zeros, ``position_ids`` 0..seq-1);
+    returns ``(feeds, mask)``."""
     ids, mask = pad_sequences(
         [t.ids for t in texts], pad_value=pad_id, dtype=inputs["input_ids"].dtype
     )
-    feeds: dict[str, np.ndarray[Any, Any]] = {"input_ids": ids}
-    if "attention_mask" in inputs:
-        feeds["attention_mask"] = mask.astype(inputs["attention_mask"].dtype, copy=False)
+    feeds: dict[str, np.ndarray[Any, Any]] = {
+        "input_ids": ids,
+        "attention_mask": mask.astype(inputs["attention_mask"].dtype, copy=False),
+    }
     if "token_type_ids" in inputs:
         feeds["token_type_ids"] = np.zeros(ids.shape, inputs["token_type_ids"].dtype)
     if "position_ids" in inputs:
@@ -219,15 +237,8 @@ class Embedder:
         self.tokenizer = tokenizer
         self.pad_id = pad_id
         self._inputs = check_text_inputs(model, what="Embedder")
-        names = model.output_names
-        if output_name is None:
-            output_name = "sentence_embedding" if "sentence_embedding" in names else names[0]
-        if output_name not in names:
-            raise ModelError(
-                f"{model.path.name} has no output {output_name!r}; it has {list(names)}"
-            )
-        self.output_name = output_name
-        out_spec = next(o for o in model.outputs if o.name == output_name)
+        out_spec = text_output(model, output_name, preferred="sentence_embedding")
+        self.output_name = output_name = out_spec.name
         if len(out_spec.shape) not in (2, 3):
             raise ModelError(
                 f"output {output_name!r} of {model.path.name} has shape {list(out_spec.shape)}; "
@@ -251,8 +262,7 @@ class Embedder:
                 f"use {fix}"
             )
         self.pooling: Pooling = pooling
-        self._pools = tokens_out
-        self.normalize = self._pools if normalize is None else normalize
+        self.normalize = tokens_out if normalize is None else normalize
         last = out_spec.shape[-1]
         self._dim = last if isinstance(last, int) and last > 0 else None
 

@@ -61,7 +61,6 @@ class Engine(Generic[P, R]):
             raise ValueError(f"thread_nice must be an int >= 0, got {thread_nice!r}")
         self.model = model
         self.knobs = knobs
-        self.batching = knobs.batching
         label = name or model.info.name
         shared: dict[str, Any] = {}
         if device is not None:

@@ -30,10 +30,8 @@ def resolve_task(spec: ModelSpec) -> Task:
     ``module:factory`` → predict."""
     if spec.task is not None:
         return spec.task
-    if spec.kind == "builtin":
-        task = spec.builtin_task
-        assert task is not None
-        return task
+    if spec.builtin_task is not None:
+        return spec.builtin_task
     if spec.kind == "python":
         return "predict"
     import onnx

@@ -24,6 +24,7 @@ from __future__ import annotations
 import importlib
 import re
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, get_args
@@ -35,6 +36,8 @@ from batchline.models.protocol import TASKS, Task
 __all__ = ["ModelSpec", "Pooling", "SpecKind", "parse_spec", "parse_specs"]
 
 SpecKind = Literal["builtin", "onnx", "python", "hf"]
+#: How an embedder's token outputs become one vector per text: ``mean`` over the attention
+#: mask, ``cls`` (the first token's), or ``none`` (the model already returns ``(batch, dim)``).
 Pooling = Literal["mean", "cls", "none"]
 
 _NAME = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]*)=(.+)$")
@@ -94,21 +97,18 @@ class ModelSpec:
                 raise InputError(
                     f"model {self.name!r} ({self.source}) does {builtin_task}, not {self.task}"
                 )
-            if self.tokenizer is not None:
-                raise InputError(f"a tokenizer goes with an .onnx model, not {self.source!r}")
         if self.kind in ("onnx", "python") and self.task == "generate":
             raise InputError(
                 f"model {self.name!r} ({self.source}) cannot generate text: the generate task "
                 "takes smollm2 or a Hugging Face causal-LM folder (PATH/ with config.json)"
             )
-        if self.kind == "hf":
-            if self.task is not None and self.task != "generate":
-                raise InputError(
-                    f"model {self.name!r} ({self.source}) is a Hugging Face causal-LM folder: "
-                    f"it does generate, not {self.task}"
-                )
-            if self.tokenizer is not None:
-                raise InputError(f"a tokenizer goes with an .onnx model, not {self.source!r}")
+        if self.kind == "hf" and self.task not in (None, "generate"):
+            raise InputError(
+                f"model {self.name!r} ({self.source}) is a Hugging Face causal-LM folder: "
+                f"it does generate, not {self.task}"
+            )
+        if self.kind in ("builtin", "hf") and self.tokenizer is not None:
+            raise InputError(f"a tokenizer goes with an .onnx model, not {self.source!r}")
         if self.labels is not None and self.task not in (None, "classify"):
             raise InputError(f"labels go with the classify task, not {self.task}")
         if (self.pooling is not None or self.normalize is not None) and self.task not in (
@@ -124,10 +124,7 @@ class ModelSpec:
 
     @property
     def builtin_task(self) -> Task | None:
-        if self.kind != "builtin":
-            return None
-        task: Task = BUILTIN_MODELS[self.source].task  # type: ignore[assignment]
-        return task
+        return BUILTIN_MODELS[self.source].task if self.kind == "builtin" else None
 
 
 def parse_spec(text: str) -> ModelSpec:
@@ -174,7 +171,7 @@ def parse_spec(text: str) -> ModelSpec:
 def parse_specs(
     models: list[str],
     *,
-    tasks: list[str] = (),  # type: ignore[assignment]
+    tasks: Sequence[str] = (),
     tokenizer: Path | None = None,
     labels: tuple[str, ...] | None = None,
     pooling: str | None = None,

@@ -17,7 +17,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-__all__ = ["ApiError", "error_response", "install_error_handlers", "validation_response"]
+__all__ = [
+    "ApiError",
+    "error_response",
+    "install_error_handlers",
+    "shutting_down",
+    "validation_error",
+    "validation_response",
+]
 
 logger = logging.getLogger("batchline.server")
 
@@ -82,6 +89,11 @@ def validation_response(errors: Sequence[Any]) -> JSONResponse:
     (FastAPI's own handler echoes the input, and a NaN or a lone surrogate in it then
     breaks the JSON encoder: a 500 for a client's mistake.)
     """
+    return validation_error(errors).response()
+
+
+def validation_error(errors: Sequence[Any]) -> ApiError:
+    """The :func:`validation_response` as an error to raise (a route's own body parsing)."""
     detail: list[dict[str, Any]] = []
     for err in errors:
         loc = [_safe(part) for part in err.get("loc", ())]
@@ -93,7 +105,17 @@ def validation_response(errors: Sequence[Any]) -> JSONResponse:
         first = detail[0]
         where = ".".join(str(p) for p in first["loc"])
         message = f"{where}: {first['msg']}" if where else str(first["msg"])
-    return error_response(422, message, "invalid_request_error", detail=detail)
+    return ApiError(422, message, "invalid_request_error", detail=detail)
+
+
+def shutting_down(retry_after_s: int) -> ApiError:
+    """The 503 of a request that met a batcher or generator being stopped (a drain)."""
+    return ApiError(
+        503,
+        "the server is shutting down; retry on another replica or later",
+        "service_unavailable",
+        headers={"Retry-After": str(retry_after_s)},
+    )
 
 
 def _safe(value: object) -> str | int:

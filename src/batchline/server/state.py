@@ -213,11 +213,8 @@ class ServedModel(Generic[P, R]):
         return results
 
     def _observe(self, chunk: list[P], started: float) -> None:
-        m = self.metrics
-        m.batch_duration.observe(time.perf_counter() - started)
-        m.batch_size.observe(len(chunk))
-        costs = [self.model.cost(i) for i in chunk]
-        m.batch_cost.observe(len(costs) * max(costs) if self._padded else sum(costs))
+        cost = self.model.cost
+        _observe_batch(self.metrics, started, [cost(i) for i in chunk], padded=self._padded)
 
 
 @dataclass(slots=True)
@@ -272,19 +269,20 @@ class _Metered(Generic[P, R]):
         return started
 
     def _done(self, batch: list[_Job[P]], started: float) -> None:
-        m = self._metrics
-        m.batch_duration.observe(time.perf_counter() - started)
-        m.batch_size.observe(len(batch))
-        if self._padded:
-            m.batch_cost.observe(len(batch) * max(j.cost for j in batch))
-        else:
-            m.batch_cost.observe(sum(j.cost for j in batch))
+        _observe_batch(self._metrics, started, [j.cost for j in batch], padded=self._padded)
 
     def encode(self, result: R) -> object:
         return self._model.encode(result)
 
     def close(self) -> None:
         """The served model closes the model itself."""
+
+
+def _observe_batch(m: ModelMetrics, started: float, costs: list[int], *, padded: bool) -> None:
+    """One model call's duration, size and cost (padded: rows x the costliest row)."""
+    m.batch_duration.observe(time.perf_counter() - started)
+    m.batch_size.observe(len(costs))
+    m.batch_cost.observe(len(costs) * max(costs) if padded else sum(costs))
 
 
 def _tokenizer_of(model: object) -> Any:

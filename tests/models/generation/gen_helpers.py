@@ -48,6 +48,15 @@ async def until(predicate: Callable[[], bool], *, limit_s: float = 20.0) -> None
         await asyncio.sleep(0.001)
 
 
+async def release_until_done(engine: SteppedEngine, task: asyncio.Task[None]) -> None:
+    """Let the engine take one step at a time until ``task`` is done."""
+    while not task.done():
+        if engine.waiting_for_permit.is_set():
+            engine.allow(1)
+        await asyncio.sleep(0.001)
+    await task
+
+
 def expected_text(prompt: Sequence[int], max_tokens: int) -> str:
     """What FakeEngine's default next-token function produces, without EOS."""
     generated: list[int] = []

@@ -17,18 +17,16 @@ from batchline.models.generation.fake import FakeEngine
 from batchline.models.generation.scheduler import ContinuousGenerator
 from batchline.models.generation.stream import GenerationDelta
 
-from .gen_helpers import TOK, SteppedEngine, expected_text, scripted, until
+from .gen_helpers import (
+    TOK,
+    SteppedEngine,
+    expected_text,
+    release_until_done,
+    scripted,
+    until,
+)
 
 pytestmark = pytest.mark.anyio
-
-
-async def release_until_done(engine: SteppedEngine, task: asyncio.Task[None]) -> None:
-    """Let the engine take one step at a time until ``task`` is done."""
-    while not task.done():
-        if engine.waiting_for_permit.is_set():
-            engine.allow(1)
-        await asyncio.sleep(0.001)
-    await task
 
 
 async def collect(stream: object) -> list[GenerationDelta]:

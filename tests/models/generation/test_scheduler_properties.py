@@ -108,15 +108,27 @@ def engine_invariants(
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
+def make(
+    kind: str, engine: FakeEngine, cap: int, budget: int = 16_384
+) -> ContinuousGenerator | StaticGenerator:
+    """A generator of ``kind`` running at most ``cap`` sequences and ``budget`` KV positions."""
+    if kind == "continuous":
+        return ContinuousGenerator(engine, TOK, max_running=cap, kv_token_budget=budget)
+    if kind == "static":
+        return StaticGenerator(engine, TOK, max_batch_size=cap, kv_token_budget=budget)
+    return SequentialGenerator(engine, TOK)
+
+
+@pytest.mark.parametrize("kind", ["continuous", "static"])
 @SETTINGS
 @given(requests=reqs, cap=st.integers(1, 6), budget=st.integers(40, 120))
-def test_continuous_resolves_every_request_once_within_cap_and_budget(
-    requests: list[Req], cap: int, budget: int
+def test_every_request_resolves_once_within_cap_and_budget(
+    kind: str, requests: list[Req], cap: int, budget: int
 ) -> None:
     engine = FakeEngine(eos_after=eos_rule)
 
-    async def scenario() -> ContinuousGenerator:
-        gen = ContinuousGenerator(engine, TOK, max_running=cap, kv_token_budget=budget)
+    async def scenario() -> ContinuousGenerator | StaticGenerator:
+        gen = make(kind, engine, cap, budget)
         async with gen:
             check(requests, await drive(gen, requests))
         return gen
@@ -130,41 +142,13 @@ def test_continuous_resolves_every_request_once_within_cap_and_budget(
     assert (stats.running, stats.waiting, stats.kv_tokens_reserved) == (0, 0, 0)
 
 
-@SETTINGS
-@given(requests=reqs, size=st.integers(1, 6), budget=st.integers(40, 120))
-def test_static_resolves_every_request_once_within_size_and_budget(
-    requests: list[Req], size: int, budget: int
-) -> None:
-    engine = FakeEngine(eos_after=eos_rule)
-
-    async def scenario() -> StaticGenerator:
-        gen = StaticGenerator(engine, TOK, max_batch_size=size, kv_token_budget=budget)
-        async with gen:
-            check(requests, await drive(gen, requests))
-        return gen
-
-    gen = asyncio.run(scenario())
-    reservation = {f"r{i}": r.prompt_len + r.max_tokens for i, r in enumerate(requests)}
-    engine_invariants(engine, size, budget, reservation)
-    stats = gen.stats
-    assert stats.requests_completed + stats.requests_aborted == len(requests)
-    assert (stats.running, stats.waiting, stats.kv_tokens_reserved) == (0, 0, 0)
-
-
 @settings(max_examples=25, deadline=None)
 @given(lengths=st.lists(st.tuples(st.integers(1, 10), st.integers(1, 30)), min_size=1, max_size=20))
 def test_static_continuous_and_sequential_give_identical_greedy_outputs(
     lengths: list[tuple[int, int]],
 ) -> None:
     async def run(kind: str) -> list[tuple[str, str]]:
-        engine = FakeEngine(eos_after=eos_rule)
-        gen: ContinuousGenerator | StaticGenerator
-        if kind == "continuous":
-            gen = ContinuousGenerator(engine, TOK, max_running=4)
-        elif kind == "static":
-            gen = StaticGenerator(engine, TOK, max_batch_size=4)
-        else:
-            gen = SequentialGenerator(engine, TOK)
+        gen = make(kind, FakeEngine(eos_after=eos_rule), 4)
         async with gen:
             streams = [
                 gen.submit([10 + (i * 7 + k) % 50 for k in range(p)], SamplingParams(max_tokens=m))
@@ -184,12 +168,7 @@ def test_the_invariant_check_catches_a_broken_cap(kind: str) -> None:
     engine = FakeEngine()
 
     async def scenario() -> None:
-        gen: ContinuousGenerator | StaticGenerator = (
-            ContinuousGenerator(engine, TOK, max_running=3)
-            if kind == "continuous"
-            else StaticGenerator(engine, TOK, max_batch_size=3)
-        )
-        async with gen:
+        async with make(kind, engine, 3) as gen:
             await asyncio.gather(
                 *(gen.submit([5], SamplingParams(max_tokens=5)).result() for _ in range(9))
             )

@@ -10,22 +10,37 @@ from batchline.models.generation.fake import FakeEngine
 from batchline.models.generation.scheduler import ContinuousGenerator
 from batchline.models.generation.static import SequentialGenerator, StaticGenerator
 
-from .gen_helpers import TOK, SteppedEngine, expected_text, scripted, until
+from .gen_helpers import (
+    TOK,
+    SteppedEngine,
+    expected_text,
+    release_until_done,
+    scripted,
+    until,
+)
 
 pytestmark = pytest.mark.anyio
 
 
-async def test_a_batch_runs_until_its_longest_member_ends() -> None:
-    engine = SteppedEngine()
-    async with StaticGenerator(engine, TOK, max_batch_size=2) as gen:
+async def long_short_then_late(
+    engine: SteppedEngine, gen: StaticGenerator | ContinuousGenerator
+) -> int:
+    """ "long" (12 tokens) and "short" (2) start together, "late" (2) comes once the first step
+    is under way: return the step in which "late" first ran."""
+    async with gen:
         long = gen.submit(TOK.encode("long"), SamplingParams(max_tokens=12), request_id="long")
         short = gen.submit(TOK.encode("short"), SamplingParams(max_tokens=2), request_id="short")
         await until(engine.waiting_for_permit.is_set)
         late = gen.submit(TOK.encode("late"), SamplingParams(max_tokens=2), request_id="late")
         engine.allow(1_000)
         await asyncio.gather(long.result(), short.result(), late.result())
+    return next(i for i, s in enumerate(engine.steps) if "late" in s.running)
+
+
+async def test_a_batch_runs_until_its_longest_member_ends() -> None:
+    engine = SteppedEngine()
+    first_late = await long_short_then_late(engine, StaticGenerator(engine, TOK, max_batch_size=2))
     assert engine.steps[0].running == ("long", "short")
-    first_late = next(i for i, s in enumerate(engine.steps) if "late" in s.running)
     # head-of-line blocking: "short" ended at step 1 but "late" waited for "long" (12 steps)
     assert first_late == 12
     assert all(s.running == ("long",) for s in engine.steps[2:12])
@@ -33,14 +48,7 @@ async def test_a_batch_runs_until_its_longest_member_ends() -> None:
 
 async def test_continuous_lets_the_late_request_in_when_the_short_one_leaves() -> None:
     engine = SteppedEngine()
-    async with ContinuousGenerator(engine, TOK, max_running=2) as gen:
-        long = gen.submit(TOK.encode("long"), SamplingParams(max_tokens=12), request_id="long")
-        short = gen.submit(TOK.encode("short"), SamplingParams(max_tokens=2), request_id="short")
-        await until(engine.waiting_for_permit.is_set)
-        late = gen.submit(TOK.encode("late"), SamplingParams(max_tokens=2), request_id="late")
-        engine.allow(1_000)
-        await asyncio.gather(long.result(), short.result(), late.result())
-    first_late = next(i for i, s in enumerate(engine.steps) if "late" in s.running)
+    first_late = await long_short_then_late(engine, ContinuousGenerator(engine, TOK, max_running=2))
     assert first_late == 2
 
 
@@ -145,11 +153,7 @@ async def test_static_stop_without_drain() -> None:
     await until(engine.waiting_for_permit.is_set)
     queued = gen.submit(TOK.encode("b"), SamplingParams(max_tokens=5))
     stopping = asyncio.create_task(gen.stop(drain=False))
-    while not stopping.done():
-        if engine.waiting_for_permit.is_set():
-            engine.allow(1)
-        await asyncio.sleep(0.001)
-    await stopping
+    await release_until_done(engine, stopping)
     assert (await running.result()).finish_reason == "abort"
     with pytest.raises(BatcherClosedError):
         await queued.result()

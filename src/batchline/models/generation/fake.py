@@ -15,9 +15,10 @@ prompt tokens``) for the benchmark's ``--fake`` smoke; tests leave it at zero.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from batchline.models.generation.engine import GenerationRequest, StepOutput
@@ -64,9 +65,7 @@ class StepCost:
 
     def seconds(self, running: int, prefill_tokens: int) -> float:
         return (
-            self.fixed_s
-            + self.per_sequence_s * running
-            + self.per_prefill_token_s * (prefill_tokens)
+            self.fixed_s + self.per_sequence_s * running + self.per_prefill_token_s * prefill_tokens
         )
 
 
@@ -132,28 +131,27 @@ class FakeEngine:
     def max_context_tokens(self) -> int:
         return self._max_context
 
-    def _enter(self) -> None:
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[None]:
         # the engine is not thread-safe: two calls at once is a scheduler bug
         if not self._busy.acquire(blocking=False):
             raise RuntimeError("FakeEngine called from two threads at once")
+        try:
+            yield
+        finally:
+            self._busy.release()
 
     def add_request(self, request: GenerationRequest) -> None:
-        self._enter()
-        try:
+        with self._exclusive():
             if request.request_id in self._seqs:
                 raise ValueError(f"request id {request.request_id!r} is already running")
             self._seqs[request.request_id] = _Seq(request)
             self.added.append(request.request_id)
-        finally:
-            self._busy.release()
 
     def abort(self, request_id: str) -> None:
-        self._enter()
-        try:
+        with self._exclusive():
             if self._seqs.pop(request_id, None) is not None:
                 self.aborted.append(request_id)
-        finally:
-            self._busy.release()
 
     def has_unfinished(self) -> bool:
         return bool(self._seqs)
@@ -172,8 +170,7 @@ class FakeEngine:
         return self._eos_after(prompt)
 
     def step(self) -> Sequence[StepOutput]:
-        self._enter()
-        try:
+        with self._exclusive():
             index = len(self.steps)
             if index in self._fail_steps:
                 self.steps.append(FakeStep(index, (), (), 0, 0.0))
@@ -208,5 +205,3 @@ class FakeEngine:
             if cost > 0:
                 time.sleep(cost)
             return outputs
-        finally:
-            self._busy.release()

@@ -214,34 +214,30 @@ def load_text_generator(spec: ModelSpec, knobs: Knobs) -> GenerationModel:
     detok = HfDetokenizer(tokenizer)
     generator: TextGenerator
     batching: Literal["continuous", "static", "sequential"]
+    running, budget, waiting = (
+        knobs.max_running_sequences,
+        knobs.kv_token_budget,
+        knobs.max_queue_size,
+    )
     if not knobs.batching:
         from batchline.models.generation.static import SequentialGenerator
 
-        generator = SequentialGenerator(engine, detok, max_waiting=knobs.max_queue_size)
+        generator = SequentialGenerator(engine, detok, max_waiting=waiting)
         batching, running, budget = "sequential", 1, engine.max_context_tokens
     elif knobs.generation_batching == "static":
         from batchline.models.generation.static import StaticGenerator
 
         generator = StaticGenerator(
-            engine,
-            detok,
-            max_batch_size=knobs.max_running_sequences,
-            kv_token_budget=knobs.kv_token_budget,
-            max_waiting=knobs.max_queue_size,
+            engine, detok, max_batch_size=running, kv_token_budget=budget, max_waiting=waiting
         )
-        batching, running, budget = "static", knobs.max_running_sequences, knobs.kv_token_budget
+        batching = "static"
     else:
         from batchline.models.generation.scheduler import ContinuousGenerator
 
         generator = ContinuousGenerator(
-            engine,
-            detok,
-            max_running=knobs.max_running_sequences,
-            kv_token_budget=knobs.kv_token_budget,
-            max_waiting=knobs.max_queue_size,
+            engine, detok, max_running=running, kv_token_budget=budget, max_waiting=waiting
         )
-        batching, running = "continuous", knobs.max_running_sequences
-        budget = knobs.kv_token_budget
+        batching = "continuous"
     context = engine.max_context_tokens
     info = _info(spec, context, batching, knobs.device, budget)
     return GenerationModel(

@@ -238,27 +238,31 @@ class EngineGenerator:
         """
         outputs: Sequence[StepOutput] = self._engine.step()
         now = self._clock.now()
-        self._recorder.on_step(len(outputs), self._engine.kv_tokens_in_use())
+        kv_in_use = self._engine.kv_tokens_in_use()  # before a stop string's abort frees any
         updates: list[Update] = []
         ended: list[str] = []
+        tokens = 0
+        ttft: list[float] = []
+        itl: list[float] = []
         for out in outputs:
             seq = running.get(out.request_id)
             if seq is None or seq.finished:
                 continue
-            first, last = seq.first_token_at, seq.last_token_at
-            update = seq.advance(out, now)
             if out.token_ids:
-                self._recorder.on_tokens(
-                    len(out.token_ids),
-                    first_after_s=now - seq.submitted_at if first is None else None,
-                    gap_s=None if last is None else now - last,
-                )
+                tokens += len(out.token_ids)
+                last = seq.last_token_at
+                if last is None:
+                    ttft.append(now - seq.submitted_at)
+                else:
+                    itl.append(now - last)
+            update = seq.advance(out, now)
             if update.stop_hit and not out.finished:
                 # a stop string ended it: free its slot before the next step
                 self._engine.abort(seq.request_id)
             updates.append((seq, update))
             if update.delta.finished:
                 ended.append(seq.request_id)
+        self._recorder.on_step(len(outputs), kv_in_use, tokens=tokens, ttft=ttft, itl=itl)
         return updates, ended
 
     def _end(self, seq: TrackedSequence) -> Update:
@@ -408,6 +412,8 @@ class ContinuousGenerator(EngineGenerator):
         admitted: list[TrackedSequence] = []
         skipped: list[_Waiting] = []
         room = self.max_running - len(self._running)
+        if room <= 0:
+            return admitted  # no free slot: spare the per-step copy of the waiting queue
         for waiting in list(self._waiting):
             if room <= 0:
                 break

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import threading
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -115,11 +116,24 @@ class StatsRecorder:
         with self._lock:
             self.rejected += 1
 
-    def on_step(self, running: int, kv_in_use: int) -> None:
+    def on_step(
+        self,
+        running: int,
+        kv_in_use: int,
+        *,
+        tokens: int = 0,
+        ttft: Sequence[float] = (),
+        itl: Sequence[float] = (),
+    ) -> None:
+        """One engine step: ``tokens`` generated in it, with the TTFT and inter-token samples
+        it produced (one lock for the whole step: this is the worker thread's hot path)."""
         with self._lock:
             self.steps += 1
             self._running_sum += running
             self.kv_in_use = kv_in_use
+            self.generated_tokens += tokens
+            self._ttft.extend(ttft)
+            self._itl.extend(itl)
 
     def on_tokens(self, count: int, *, first_after_s: float | None, gap_s: float | None) -> None:
         """``count`` tokens reached one request: ``first_after_s`` is its TTFT when they are its

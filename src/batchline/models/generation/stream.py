@@ -390,9 +390,9 @@ class TrackedSequence:
     last_token_at: float | None = None
     finished: bool = False
     withdrawn: bool = False
+    """Aborted before it reached the engine (static batching: still in the batcher's queue)."""
     dispatched: bool = False
     """Handed to the engine's thread (static batching): only that thread may end it now."""
-    """Aborted before it reached the engine (static batching: still in the batcher's queue)."""
 
     def __post_init__(self) -> None:
         self.scanner = StopStringScanner(self.request.params.stop)

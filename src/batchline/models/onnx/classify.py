@@ -37,7 +37,9 @@ from batchline.models.embedder import (
     check_text_inputs,
     load_tokenizer,
     text_feeds,
+    text_output,
     tokenize_texts,
+    tokenizer_max_length,
 )
 from batchline.models.onnxruntime import OnnxModel
 from batchline.models.protocol import ModelInfo
@@ -80,15 +82,8 @@ class OnnxClassifier:
         self.tokenizer = tokenizer
         self.pad_id = pad_id
         self._inputs = check_text_inputs(model, what="a classifier")
-        names = model.output_names
-        if output_name is None:
-            output_name = "logits" if "logits" in names else names[0]
-        if output_name not in names:
-            raise ModelError(
-                f"{model.path.name} has no output {output_name!r}; it has {list(names)}"
-            )
-        self.output_name = output_name
-        spec = next(o for o in model.outputs if o.name == output_name)
+        spec = text_output(model, output_name, preferred="logits")
+        self.output_name = output_name = spec.name
         if len(spec.shape) != 2:
             raise ModelError(
                 f"output {output_name!r} of {model.path.name} has shape {list(spec.shape)}; a "
@@ -108,8 +103,6 @@ class OnnxClassifier:
         if dupes:
             raise ModelError(f"the labels of {model.path.name} repeat {dupes[0]!r}")
         self.labels: tuple[str, ...] = tuple(labels)
-        trunc = getattr(tokenizer, "truncation", None)
-        max_tokens = int(trunc["max_length"]) if isinstance(trunc, dict) else None
         self._info = ModelInfo(
             name=name,
             task="classify",
@@ -117,7 +110,7 @@ class OnnxClassifier:
             cost_kind="padded",
             result_kind="value",
             result_column="classification",
-            max_tokens=max_tokens,
+            max_tokens=tokenizer_max_length(tokenizer),
             details={"labels": list(self.labels)},
         )
 
@@ -132,23 +125,20 @@ class OnnxClassifier:
 
     def prepare(self, inputs: Sequence[object]) -> list[TokenizedText | BaseException]:
         """Tokenize; a non-text input is an ``InputError`` for that input alone."""
-        out: list[TokenizedText | BaseException] = [
-            InputError(f"a classifier input must be a string, got {type(x).__name__}")
+        tokens = iter(tokenize_texts(self.tokenizer, [x for x in inputs if isinstance(x, str)]))
+        return [
+            next(tokens)
+            if isinstance(x, str)
+            else InputError(f"a classifier input must be a string, got {type(x).__name__}")
             for x in inputs
         ]
-        texts = [(i, x) for i, x in enumerate(inputs) if isinstance(x, str)]
-        tokens = tokenize_texts(self.tokenizer, [x for _, x in texts])
-        for (i, _), tok in zip(texts, tokens, strict=True):
-            out[i] = tok
-        return out
 
     def cost(self, item: TokenizedText) -> int:
         return max(1, len(item))
 
     def logits(self, batch: Sequence[TokenizedText]) -> np.ndarray[Any, np.dtype[np.float32]]:
         """One padded batch through a free session: ``(len(batch), num_labels)`` logits."""
-        feeds, _ = text_feeds(self._inputs, batch, pad_id=self.pad_id)
-        out = self.model.run(feeds, [self.output_name])[self.output_name]
+        out = self._run(batch)
         if out.ndim != 2 or out.shape[0] != len(batch):
             raise ModelError(
                 f"{self.model.path.name} returned logits of shape {out.shape} for "
@@ -176,11 +166,13 @@ class OnnxClassifier:
     def close(self) -> None:
         """Sessions are freed with the object; nothing to close explicitly."""
 
+    def _run(self, batch: Sequence[TokenizedText]) -> np.ndarray[Any, Any]:
+        feeds, _ = text_feeds(self._inputs, batch, pad_id=self.pad_id)
+        return self.model.run(feeds, [self.output_name])[self.output_name]
+
     def _probe_width(self) -> int:
         # The width is symbolic in the file: one tiny run tells it.
-        (probe,) = tokenize_texts(self.tokenizer, ["label probe"])
-        feeds, _ = text_feeds(self._inputs, [probe], pad_id=self.pad_id)
-        out = self.model.run(feeds, [self.output_name])[self.output_name]
+        out = self._run(tokenize_texts(self.tokenizer, ["label probe"]))
         if out.ndim != 2 or out.shape[1] < 1:
             raise ModelError(
                 f"output {self.output_name!r} of {self.model.path.name} has shape {out.shape} "

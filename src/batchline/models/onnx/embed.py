@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from batchline.models.embedder import Embedder, TokenizedText
+from batchline.models.embedder import Embedder, TokenizedText, tokenizer_max_length
 from batchline.models.protocol import ModelInfo
 
 __all__ = ["TextEmbedder"]
@@ -37,8 +37,6 @@ class TextEmbedder:
         self.shared_batches = 0
         self._lock = threading.Lock()
         self._running = 0
-        trunc = getattr(embedder.tokenizer, "truncation", None)
-        max_tokens = int(trunc["max_length"]) if isinstance(trunc, dict) else None
         self._info = ModelInfo(
             name=name,
             task="embed",
@@ -46,7 +44,7 @@ class TextEmbedder:
             cost_kind="padded",
             result_kind="vector",
             result_column="embedding",
-            max_tokens=max_tokens,
+            max_tokens=tokenizer_max_length(embedder.tokenizer),
             details={"dim": embedder.dim},
         )
 

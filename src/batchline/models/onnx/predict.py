@@ -89,8 +89,8 @@ class OnnxPredictor:
     def __init__(self, model: OnnxModel, *, name: str) -> None:
         self.model = model
         self._inputs = {spec.name: spec for spec in model.inputs}
+        # resolved once, here: an element type batchline cannot feed fails at load
         self._dtypes = {spec.name: spec.dtype for spec in model.inputs}
-        self._output_names = model.output_names
         self._info = ModelInfo(
             name=name,
             task="predict",

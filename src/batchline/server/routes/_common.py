@@ -15,7 +15,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
 from batchline._errors import BatcherClosedError, InputError, QueueFullError
-from batchline.server.errors import ApiError
+from batchline.server.errors import ApiError, shutting_down, validation_error
 from batchline.server.schemas import ErrorBody
 from batchline.server.state import ServedModel, ServerState
 
@@ -24,7 +24,6 @@ Vector = np.ndarray[Any, np.dtype[np.float32]]
 __all__ = [
     "ERRORS",
     "ROUTE_OF_TASK",
-    "Invalid",
     "all_finite",
     "b64",
     "body_doc",
@@ -59,10 +58,25 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 
 
 def body_doc(model: type[BaseModel]) -> dict[str, Any]:
+    """The OpenAPI request body of ``model``, nested models inlined (a schema's own
+    ``#/$defs/...`` references would not resolve inside the OpenAPI document)."""
+    schema = model.model_json_schema()
+    defs: dict[str, Any] = schema.pop("$defs", {})
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                return inline(defs[ref.removeprefix("#/$defs/")])
+            return {key: inline(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [inline(item) for item in node]
+        return node
+
     return {
         "requestBody": {
             "required": True,
-            "content": {"application/json": {"schema": model.model_json_schema()}},
+            "content": {"application/json": {"schema": inline(schema)}},
         }
     }
 
@@ -73,6 +87,7 @@ def server_state(request: Request) -> ServerState:
 
 
 async def parse_body(request: Request, model: type[M]) -> M:
+    """The body the gate read, validated as ``model``; a 422 that never echoes the input."""
     body = request.scope.get("batchline.body")
     if body is None:
         body = await request.body()
@@ -82,12 +97,7 @@ async def parse_body(request: Request, model: type[M]) -> M:
         errors = exc.errors(include_input=False, include_url=False, include_context=False)
         for err in errors:
             err["loc"] = ("body", *err["loc"])
-        raise Invalid(errors) from None
-
-
-class Invalid(Exception):
-    def __init__(self, errors: Sequence[Any]) -> None:
-        self.errors = errors
+        raise validation_error(errors) from None
 
 
 #: The route that serves each task, for the wrong-task message.
@@ -115,23 +125,23 @@ def pick_model(
             "invalid_request_error",
         )
     model = state.models.get(name)
-    other = model.task if model is not None else state.task_of(name)
+    if model is not None and model.task == task:
+        request.scope["batchline.model"] = model.name
+        return model
+    other = state.task_of(name)
     if other is None:
         raise ApiError(
             404,
             f"model {name[:100]!r} is not served here; models: {describe_models(state)}",
             "model_not_found",
         )
-    if model is None or other != task:
-        where = ROUTE_OF_TASK.get(other)
-        hint = f"; send it to {where}" if where else ""
-        raise ApiError(
-            400,
-            f"model {name!r} does {other}, and this route serves {task} models{hint}",
-            "invalid_request_error",
-        )
-    request.scope["batchline.model"] = model.name
-    return model
+    where = ROUTE_OF_TASK.get(other)
+    hint = f"; send it to {where}" if where else ""
+    raise ApiError(
+        400,
+        f"model {name!r} does {other}, and this route serves {task} models{hint}",
+        "invalid_request_error",
+    )
 
 
 def describe_models(state: ServerState) -> str:
@@ -139,7 +149,9 @@ def describe_models(state: ServerState) -> str:
     return ", ".join(f"{m.name} ({m.task})" for m in state.served()) or "none"
 
 
-def check_texts(texts: list[str], state: ServerState, field: str) -> None:
+def check_texts(value: str | list[str], state: ServerState, field: str) -> list[str]:
+    """A body's one text or list of texts, as a list: 400 if empty, 413 if too many."""
+    texts = [value] if isinstance(value, str) else value
     check_count(len(texts), state, field, "texts")
     for i, text in enumerate(texts):
         if not text:
@@ -148,6 +160,7 @@ def check_texts(texts: list[str], state: ServerState, field: str) -> None:
                 f"'{field}' text {i} is empty; send non-empty texts",
                 "invalid_request_error",
             )
+    return texts
 
 
 def check_count(n: int, state: ServerState, field: str, what: str = "inputs") -> None:
@@ -195,12 +208,7 @@ async def run_model(
         ) from None
     except BatcherClosedError:
         m.rejected("draining")
-        raise ApiError(
-            503,
-            "the server is shutting down; retry on another replica or later",
-            "service_unavailable",
-            headers={"Retry-After": str(settings.retry_after_s)},
-        ) from None
+        raise shutting_down(settings.retry_after_s) from None
     except InputError as exc:
         raise ApiError(400, str(exc), "invalid_request_error") from None
     except ApiError:

@@ -18,10 +18,9 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from batchline.server.errors import ApiError, validation_response
+from batchline.server.errors import ApiError
 from batchline.server.routes._common import (
     ERRORS,
-    Invalid,
     body_doc,
     check_texts,
     non_finite,
@@ -50,13 +49,9 @@ async def classify(request: Request) -> Response:
     with ``return_all_scores``."""
     started = time.perf_counter()
     state = server_state(request)
-    try:
-        body = await parse_body(request, ClassifyRequest)
-    except Invalid as exc:
-        return validation_response(exc.errors)
+    body = await parse_body(request, ClassifyRequest)
     model = pick_model(request, state, body.model, "classify")
-    texts = [body.input] if isinstance(body.input, str) else body.input
-    check_texts(texts, state, "input")
+    texts = check_texts(body.input, state, "input")
     results, _ = await run_model(state, model, texts)
     items = [_result(model, r, body.return_all_scores) for r in results]
     try:

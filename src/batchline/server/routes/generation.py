@@ -74,9 +74,9 @@ from batchline.models.generation.stream import (
     TextGenerator,
     check_fits,
 )
-from batchline.server.errors import ApiError, validation_response
+from batchline.server.errors import ApiError, shutting_down
 from batchline.server.generation_metrics import GenerationMetrics
-from batchline.server.routes._common import ERRORS, Invalid, parse_body
+from batchline.server.routes._common import ERRORS, ROUTE_OF_TASK, body_doc, parse_body
 
 __all__ = [
     "ChatCompletionRequest",
@@ -271,30 +271,6 @@ class ChatCompletionRequest(_OpenAISampling):
     tools: list[Any] | None = None
 
 
-def body_doc(model: type[BaseModel]) -> dict[str, Any]:
-    """The OpenAPI request body of ``model``, nested models inlined (a schema's own
-    ``#/$defs/...`` references would not resolve inside the OpenAPI document)."""
-    schema = model.model_json_schema()
-    defs: dict[str, Any] = schema.pop("$defs", {})
-
-    def inline(node: Any) -> Any:
-        if isinstance(node, dict):
-            ref = node.get("$ref")
-            if isinstance(ref, str) and ref.startswith("#/$defs/"):
-                return inline(defs[ref.removeprefix("#/$defs/")])
-            return {key: inline(value) for key, value in node.items()}
-        if isinstance(node, list):
-            return [inline(item) for item in node]
-        return node
-
-    return {
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": inline(schema)}},
-        }
-    }
-
-
 # -- routes -----------------------------------------------------------------------------------
 
 
@@ -308,10 +284,7 @@ def body_doc(model: type[BaseModel]) -> dict[str, Any]:
 async def generate(request: Request) -> Response:
     """``{"prompts": [...], "task_id": ...}`` to ``{"results": [...], "task_id", "model"}``:
     each prompt is a raw prompt (no chat template); greedy unless ``temperature`` is given."""
-    try:
-        body = await parse_body(request, GenerateTextRequest)
-    except Invalid as exc:
-        return validation_response(exc.errors)
+    body = await parse_body(request, GenerateTextRequest)
     served = pick_generator(request, body.model)
     limits = generation_limits(request)
     _check_count(len(body.prompts), limits, "prompts")
@@ -339,10 +312,7 @@ async def generate(request: Request) -> Response:
 )
 async def create_completion(request: Request) -> Response:
     """One choice per prompt (``n`` is 1), with ``usage`` over all of them."""
-    try:
-        body = await parse_body(request, CompletionRequest)
-    except Invalid as exc:
-        return validation_response(exc.errors)
+    body = await parse_body(request, CompletionRequest)
     served = pick_generator(request, body.model)
     _check_openai(body)
     if body.echo:
@@ -362,9 +332,7 @@ async def create_completion(request: Request) -> Response:
     streams = _submit_all(served, prompts, params, limits, rid)
     shape = _Shape(rid, "text_completion", int(time.time()), served.name, chat=False)
     if body.stream:
-        include_usage = body.stream_options is not None and body.stream_options.include_usage
-        events = _events(served, streams, shape, limits, include_usage, _metrics(request))
-        return _EventStream(events, streams)
+        return _event_stream(request, served, streams, shape, limits, body)
     completions = await _finish_all(request, served, streams, limits)
     choices = [
         {"index": i, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason}
@@ -381,10 +349,7 @@ async def create_completion(request: Request) -> Response:
 )
 async def create_chat_completion(request: Request) -> Response:
     """The messages through the model's chat template; one choice (``n`` is 1)."""
-    try:
-        body = await parse_body(request, ChatCompletionRequest)
-    except Invalid as exc:
-        return validation_response(exc.errors)
+    body = await parse_body(request, ChatCompletionRequest)
     served = pick_generator(request, body.model)
     _check_openai(body)
     if body.tools:
@@ -404,9 +369,7 @@ async def create_chat_completion(request: Request) -> Response:
     streams = _submit_all(served, [ids], params, limits, rid)
     shape = _Shape(rid, "chat.completion", int(time.time()), served.name, chat=True)
     if body.stream:
-        include_usage = body.stream_options is not None and body.stream_options.include_usage
-        events = _events(served, streams, shape, limits, include_usage, _metrics(request))
-        return _EventStream(events, streams)
+        return _event_stream(request, served, streams, shape, limits, body)
     (completion,) = await _finish_all(request, served, streams, limits)
     choice = {
         "index": 0,
@@ -419,13 +382,6 @@ async def create_chat_completion(request: Request) -> Response:
 
 # -- model lookup and limits ------------------------------------------------------------------
 
-#: Where each task is served, for the wrong-task message.
-_ROUTE_OF_TASK = {
-    "embed": "POST /v1/embeddings",
-    "classify": "POST /classify",
-    "predict": "POST /v2/models/{name}/infer",
-}
-
 
 def pick_generator(request: Request, name: str | None) -> ServedGenerator:
     """The generate model ``name`` (the only one when ``None``): 404 listing the models
@@ -436,10 +392,8 @@ def pick_generator(request: Request, name: str | None) -> ServedGenerator:
         if len(generators) == 1:
             return next(iter(generators.values()))
         if not generators:
-            raise ApiError(
-                400,
-                f"no model served here does generate; models: {_describe(generators, others)}",
-                "invalid_request_error",
+            raise _bad(
+                f"no model served here does generate; models: {_describe(generators, others)}"
             )
         raise _bad(
             f"{len(generators)} generate models are served ({', '.join(generators)}); "
@@ -451,7 +405,7 @@ def pick_generator(request: Request, name: str | None) -> ServedGenerator:
     other = others.get(name)
     if other is not None:
         task = str(getattr(other, "task", "another task"))
-        where = _ROUTE_OF_TASK.get(task)
+        where = ROUTE_OF_TASK.get(task)
         hint = f"; send it to {where}" if where else ""
         raise _bad(f"model {name!r} does {task}, and this route serves generate models{hint}")
     raise ApiError(
@@ -592,23 +546,17 @@ def _submit_all(
     except BaseException as exc:
         for stream in streams:
             stream.abort()
-        retry = {"Retry-After": str(limits.retry_after_s)}
         if isinstance(exc, QueueFullError):
             raise ApiError(
                 429,
                 "the server is busy (generation queue full); retry after the Retry-After delay",
                 "rate_limit_exceeded",
-                headers=retry,
+                headers={"Retry-After": str(limits.retry_after_s)},
             ) from None
         if isinstance(exc, RecordTooLargeError):
             raise ApiError(400, str(exc), "invalid_request_error") from None
         if isinstance(exc, BatcherClosedError):
-            raise ApiError(
-                503,
-                "the server is shutting down; retry on another replica or later",
-                "service_unavailable",
-                headers=retry,
-            ) from None
+            raise shutting_down(limits.retry_after_s) from None
         if isinstance(exc, ValueError):
             raise _bad(str(exc)) from None
         raise
@@ -641,12 +589,7 @@ async def _finish_all(
             "timeout",
         ) from None
     except BatcherClosedError:
-        raise ApiError(
-            503,
-            "the server is shutting down; retry on another replica or later",
-            "service_unavailable",
-            headers={"Retry-After": str(limits.retry_after_s)},
-        ) from None
+        raise shutting_down(limits.retry_after_s) from None
     except ApiError:
         raise
     except Exception:
@@ -656,8 +599,8 @@ async def _finish_all(
         for stream in streams:
             stream.abort()
     metrics = _metrics(request)
-    for c in completions:
-        if metrics is not None:
+    if metrics is not None:
+        for c in completions:
             metrics.observe(served.name, c)
     if any(c.finish_reason == "abort" for c in completions):
         raise ApiError(
@@ -754,6 +697,20 @@ _DONE = b"data: [DONE]\n\n"
 
 def _error_event(status: int, message: str, kind: str) -> bytes:
     return _sse({"error": {"message": message, "type": kind, "code": status}})
+
+
+def _event_stream(
+    request: Request,
+    served: ServedGenerator,
+    streams: Sequence[GenerationStream],
+    shape: _Shape,
+    limits: GenerationLimits,
+    body: _OpenAISampling,
+) -> "_EventStream":
+    """The streaming answer (``"stream": true``) of a request whose sequences are admitted."""
+    include_usage = body.stream_options is not None and body.stream_options.include_usage
+    events = _events(served, streams, shape, limits, include_usage, _metrics(request))
+    return _EventStream(events, streams)
 
 
 async def _events(

@@ -15,10 +15,9 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from batchline.server.errors import ApiError, validation_response
+from batchline.server.errors import ApiError
 from batchline.server.routes._common import (
     ERRORS,
-    Invalid,
     all_finite,
     b64,
     body_doc,
@@ -49,13 +48,9 @@ async def create_embeddings(request: Request) -> Response:
     (little-endian float32)."""
     started = time.perf_counter()
     state = server_state(request)
-    try:
-        body = await parse_body(request, EmbeddingRequest)
-    except Invalid as exc:
-        return validation_response(exc.errors)
+    body = await parse_body(request, EmbeddingRequest)
     model = pick_model(request, state, body.model, "embed")
-    texts = [body.input] if isinstance(body.input, str) else body.input
-    check_texts(texts, state, "input")
+    texts = check_texts(body.input, state, "input")
     dim = model.info.details.get("dim")
     if body.dimensions is not None and body.dimensions != dim:
         raise ApiError(
