@@ -263,9 +263,9 @@ def test_kv_tokens_count_prompt_and_generated(tiny_llama: Any) -> None:
     assert engine.kv_tokens_in_use() == (5 + 2) + (8 + 1)
 
 
-@pytest.mark.parametrize("fail_in", ["decode", "prefill"])
+@pytest.mark.parametrize("joining", [False, True], ids=["decode", "decode+join"])
 def test_a_failed_step_leaves_the_engine_as_it_was(
-    tiny_llama: Any, reference: Any, monkeypatch: pytest.MonkeyPatch, fail_in: str
+    tiny_llama: Any, reference: Any, monkeypatch: pytest.MonkeyPatch, joining: bool
 ) -> None:
     engine = TorchStepEngine(tiny_llama)
     prompts = {"a": _prompt(1, 6), "b": _prompt(2, 13), "late": _prompt(3, 4)}
@@ -276,29 +276,30 @@ def test_a_failed_step_leaves_the_engine_as_it_was(
     for _ in range(3):
         for out in engine.step():
             got.setdefault(out.request_id, []).extend(out.token_ids)
-    engine.add_request(_request("late", prompts["late"]))
+    if joining:
+        engine.add_request(_request("late", prompts["late"]))
     kv_before = (engine.kv_tokens_in_use(), engine.kv_tokens_allocated(), engine.num_running())
     real_forward = engine._forward
     calls = []
 
-    def forward_then_fail(*args: Any, **kwargs: Any) -> Any:
-        # The real forward runs (the cache layers grow), then the "device" fails.
-        calls.append(args[0].shape[1])
-        logits = real_forward(*args, **kwargs)
-        if (args[0].shape[1] == 1) == (fail_in == "decode"):
-            raise RuntimeError("device lost")
-        return logits
+    def forward_then_fail(ids: list[int], *args: Any) -> Any:
+        # The real forward runs (every layer writes into the store), then the "device" fails.
+        calls.append(len(ids))
+        real_forward(ids, *args)
+        raise RuntimeError("device lost")
 
     monkeypatch.setattr(engine, "_forward", forward_then_fail)
     with pytest.raises(RuntimeError, match="device lost"):
         engine.step()
-    assert calls
     assert (
         engine.kv_tokens_in_use(),
         engine.kv_tokens_allocated(),
         engine.num_running(),
     ) == kv_before
     monkeypatch.setattr(engine, "_forward", real_forward)
+    assert calls == [2 + len(prompts["late"]) if joining else 2]
+    if not joining:
+        engine.add_request(_request("late", prompts["late"]))
     _drain(engine, got)
     assert got["a"] == reference(prompts["a"])
     assert got["late"] == reference(prompts["late"])
@@ -398,19 +399,19 @@ def test_a_batch_prefills_once_per_prefix_with_and_without(
     later = [_with_prefix(shared, 3, 11), _prompt(4, 6), _with_prefix(shared, 5, 1), _prompt(6, 30)]
     for i, p in enumerate(later):
         engine.add_request(_request(f"b{i}", p))
-    widths: list[tuple[int, int]] = []
+    widths: list[int] = []
     real_forward = engine._forward
 
-    def spy(ids: Any, mask: Any, *args: Any) -> Any:
-        widths.append((ids.shape[0], ids.shape[1]))
-        return real_forward(ids, mask, *args)
+    def spy(ids: list[int], *args: Any) -> Any:
+        widths.append(len(ids))
+        return real_forward(ids, *args)
 
     monkeypatch.setattr(engine, "_forward", spy)
     for out in engine.step():
         got.setdefault(out.request_id, []).extend(out.token_ids)
-    # one decode of the first two, then one prefill per group: the rest after the prefix
-    # (11 and 1 tokens, padded to 11), and whole prompts (6 and 30, padded to 30)
-    assert sorted(widths) == [(2, 1), (2, 11), (2, 30)]
+    # one forward pass, unpadded: a token for each of the first two, then what each prompt
+    # holds after its cached prefix (11 and 1 tokens) or the whole prompt (6 and 30 tokens)
+    assert widths == [2 + 11 + 6 + 1 + 30]
     monkeypatch.setattr(engine, "_forward", real_forward)
     _drain(engine, got)
     for i, p in enumerate(later):

@@ -7,10 +7,13 @@ The decode loop is batchline's own, so that sequences can join and leave between
   sequence; all rows end at the same column (LEFT padding), and the window the next step
   attends over is as wide as the longest row. Position ids and the attention mask come from
   each row's token count, so padding never shifts a sequence;
-- a step first decodes one token for every running sequence (one forward pass of one token
-  each, whose keys and values are written in place at the window's next column), then
-  prefills the sequences added since the last step (one forward pass over their left-padded
-  prompts, which yields their first token) and copies their keys and values into free slots;
+- a step is ONE forward pass over a packed, unpadded input ``(1, T)``: the latest token of
+  every running sequence, then the prompts of the sequences added since (after any cached
+  prefix they start with). The weights are read once for both, where a separate prefill pass
+  would read them again. batchline's attention function (registered with transformers'
+  ``AttentionInterface`` and used only for these passes) writes each layer's new keys and
+  values into the store, in place, and attends: the running rows over their window, each
+  new sequence over its own slot, causally;
 - finished and aborted sequences leave by moving the last rows into their slots (a copy of a
   few rows, never of the whole cache), and the window's left edge follows the longest live
   row. The buffers grow (and the window moves back to the left) by doubling, so a step costs
@@ -34,11 +37,11 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.nn.functional as F
-from transformers import Cache, DynamicCache, DynamicLayer
+from transformers import AttentionInterface, DynamicCache, DynamicLayer
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from batchline.models.generation.engine import GenerationRequest, StepOutput
 from batchline.models.generation.sampling import make_generator, select_tokens
@@ -74,6 +77,17 @@ def _next_pow2(n: int) -> int:
 _StoreState = tuple[list[torch.Tensor], list[torch.Tensor], int, int, int]
 
 
+@dataclass(frozen=True, slots=True)
+class _Geometry:
+    """What every layer's buffer is made of."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    device: torch.device
+
+
 class _SlotStore:
     """Preallocated keys and values of the running batch, written in place.
 
@@ -81,10 +95,11 @@ class _SlotStore:
     Rows ``[0, rows)`` are live; every row ends at column ``hi`` (left padding) and the next
     forward pass attends over columns ``[lo, hi)`` plus what it writes at ``hi``. Columns left
     of a row's own tokens hold zeros or stale values of an earlier row: always finite, and
-    always masked out. Nothing here knows about sequences; the engine moves ``lo``.
+    always masked out. Nothing here knows about sequences; the engine moves ``lo`` and ``hi``.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, geometry: _Geometry) -> None:
+        self.geometry = geometry
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self.rows = 0
@@ -114,24 +129,11 @@ class _SlotStore:
         self.keys, self.values = [], []
         self.rows = self.lo = self.hi = 0
 
-    def write(
-        self, layer: int, keys: torch.Tensor, values: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The forward pass's new keys/values of every live row, written at ``hi``; returns the
-        layer's window, new columns included. ``hi`` moves only when the engine commits."""
-        q = keys.shape[2]
-        span = slice(self.hi, self.hi + q)
-        self.keys[layer][: self.rows, :, span] = keys
-        self.values[layer][: self.rows, :, span] = values
-        window = slice(self.lo, self.hi + q)
-        return self.keys[layer][: self.rows, :, window], self.values[layer][: self.rows, :, window]
-
-    def reserve(self, *, rows: int, left: int, right: int, like: Sequence[torch.Tensor]) -> None:
-        """Make room for ``rows`` live rows, a block of ``left`` columns ending at ``hi`` and
+    def reserve(self, *, rows: int, left: int, right: int) -> None:
+        """Make room for ``rows`` rows, a block of ``left`` columns ending at ``hi`` and
         ``right`` columns from ``hi`` on. Reallocates (doubling) and moves the window back to the
         left only when needed; the old buffers are left untouched, so a failure here changes
-        nothing. ``like``: one tensor per layer with the layer's heads, head dim, dtype, device.
-        """
+        nothing."""
         if (
             self.keys
             and rows <= self.slots
@@ -145,12 +147,13 @@ class _SlotStore:
         capacity = self.capacity
         if hi + right > capacity:
             capacity = max(_MIN_CAPACITY, _next_pow2(2 * (hi + right)))
+        g = self.geometry
 
         def grown(old: list[torch.Tensor]) -> list[torch.Tensor]:
             new = []
-            for layer, ref in enumerate(like):
-                _, heads, _, dim = ref.shape
-                buf = ref.new_zeros((slots, heads, capacity, dim))
+            for layer in range(g.layers):
+                shape = (slots, g.kv_heads, capacity, g.head_dim)
+                buf = torch.zeros(shape, dtype=g.dtype, device=g.device)
                 if self.rows and width:
                     buf[: self.rows, :, hi - width : hi] = old[layer][
                         : self.rows, :, self.lo : self.hi
@@ -160,18 +163,6 @@ class _SlotStore:
 
         self.keys, self.values = grown(self.keys), grown(self.values)
         self.lo, self.hi = hi - width, hi
-
-    def append(self, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor]) -> None:
-        """Copy new rows (``(k, heads, length, dim)`` per layer, right-aligned) into the next
-        free slots, ending at ``hi``, and widen the window to them; call :meth:`reserve` first."""
-        k, length = keys[0].shape[0], keys[0].shape[2]
-        rows = slice(self.rows, self.rows + k)
-        cols = slice(self.hi - length, self.hi)
-        for layer, (new_k, new_v) in enumerate(zip(keys, values, strict=True)):
-            self.keys[layer][rows, :, cols] = new_k
-            self.values[layer][rows, :, cols] = new_v
-        self.rows += k
-        self.lo = min(self.lo, self.hi - length)
 
     def move(self, sources: Sequence[int], targets: Sequence[int]) -> None:
         """Copy rows ``sources`` into slots ``targets`` (disjoint), over the window."""
@@ -186,26 +177,93 @@ class _SlotStore:
                 window.index_copy_(0, dst, window.index_select(0, src))
 
 
-class _SlotLayer(DynamicLayer):  # type: ignore[no-untyped-call]
-    """One layer of a :class:`_SlotStore`, in the shape transformers' ``Cache`` asks for."""
+@dataclass(slots=True)
+class _Join:
+    """A sequence prefilled in this step: its slot, where its prompt starts in the store,
+    how much of it a cached prefix holds, and where its new tokens sit in the packed input."""
 
-    def __init__(self, store: _SlotStore, index: int) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
-        self._store = store
-        self._index = index
-        self.is_initialized = True
+    slot: int
+    start: int
+    skip: int
+    offset: int
+    length: int
+    mask: torch.Tensor | None  # (1, 1, length, skip + length) when a prefix is attended too
 
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        pass  # the store's buffers exist before any forward pass reaches this layer
 
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        self.keys, self.values = self._store.write(self._index, key_states, value_states)
-        return self.keys, self.values
+@dataclass(slots=True)
+class _StepPlan:
+    """One forward pass over a packed input ``(1, T)``: a token for each of the first
+    ``decoding`` rows, then each joiner's prompt after its cached prefix. Every layer writes
+    the new keys and values into the store (the decoding rows' at column ``hi``, the joiners'
+    at the end of their slots, so all rows end at ``hi + 1``) and attends from there."""
 
-    def get_seq_length(self) -> int:
-        return self._store.width
+    store: _SlotStore
+    decoding: int
+    decode_mask: torch.Tensor | None  # (decoding, 1, 1, hi + 1 - lo)
+    joins: list[_Join]
+    layers_seen: int = 0
+
+
+def _packed_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    *,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    batchline_step: _StepPlan | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention seam for :class:`_StepPlan` passes: decoding rows attend over
+    their slots' window, each joiner over its own slot (prefix and prompt, causally). Without
+    a plan (the model used elsewhere) it is plain SDPA attention."""
+    if batchline_step is None:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
+    plan = batchline_step
+    plan.layers_seen += 1
+    store, r = plan.store, plan.decoding
+    layer: int = module.layer_idx  # type: ignore[assignment]
+    keys, values = store.keys[layer], store.values[layer]
+    out = query.new_empty((1, query.shape[2], query.shape[1], query.shape[3]))
+    if r:
+        # (1, heads, r, dim) -> (r, heads, 1, dim): one query per decoding row.
+        keys[:r, :, store.hi] = key[0, :, :r].transpose(0, 1)
+        values[:r, :, store.hi] = value[0, :, :r].transpose(0, 1)
+        window = slice(store.lo, store.hi + 1)
+        attended, _ = sdpa_attention_forward(
+            module,
+            query[0, :, :r].transpose(0, 1).unsqueeze(2),
+            keys[:r, :, window],
+            values[:r, :, window],
+            plan.decode_mask,
+            scaling=scaling,
+        )
+        out[0, :r] = attended[:, 0]
+    end = store.hi + 1
+    for join in plan.joins:
+        new = slice(join.offset, join.offset + join.length)
+        cols = slice(end - join.length, end)
+        keys[join.slot, :, cols] = key[0, :, new]
+        values[join.slot, :, cols] = value[0, :, new]
+        attended, _ = sdpa_attention_forward(
+            module,
+            query[:, :, new],
+            keys[join.slot : join.slot + 1, :, join.start : end],
+            values[join.slot : join.slot + 1, :, join.start : end],
+            join.mask,
+            scaling=scaling,
+            is_causal=join.mask is None,
+        )
+        out[0, new] = attended[0]
+    return out, None
+
+
+_PACKED = "batchline_packed"
+AttentionInterface.register(_PACKED, _packed_attention)
 
 
 @dataclass(slots=True, eq=False)
@@ -302,6 +360,9 @@ class TorchStepEngine:
     Output ``token_ids`` include the EOS token that finished a sequence.
     ``prefix_cache_tokens``: positions kept for prompt prefixes that recent prompts shared
     (a system prompt: see :class:`_PrefixCache`); 0 turns prefix caching off.
+
+    The engine owns the model while it steps: for the length of each forward pass the model's
+    attention implementation is batchline's (see the module docstring), then set back.
     """
 
     def __init__(
@@ -352,11 +413,20 @@ class TorchStepEngine:
         self._pending: dict[str, _Sequence] = {}  # added, not yet prefilled
         self._live: dict[str, _Sequence] = {}  # pending + running, not finished or aborted
         self._rows: list[_Sequence] = []  # the store's live rows, in slot order
-        self._store = _SlotStore()
+        config = self._config
+        heads = int(config.num_attention_heads)
+        self._store = _SlotStore(
+            _Geometry(
+                layers=len(probe.layers),
+                kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
+                head_dim=int(getattr(config, "head_dim", None) or config.hidden_size // heads),
+                dtype=next(model.parameters()).dtype,
+                device=self._device,
+            )
+        )
         if prefix_cache_tokens < 0:
             raise ValueError(f"prefix_cache_tokens must be >= 0, got {prefix_cache_tokens}")
         self._prefixes = _PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
-        self._cache: Cache | None = None  # the store's layers, built at the first prefill
 
     # -- the StepEngine protocol ---------------------------------------------------------
 
@@ -438,10 +508,8 @@ class TorchStepEngine:
             self._leave()  # aborted since the last step: not worth a forward pass
             before = self._snapshot()
             try:
-                if self._rows:
-                    outputs += self._decode()
-                if self._pending:
-                    outputs += self._prefill()
+                if self._rows or self._pending:
+                    outputs = self._run()
             except BaseException:
                 self._restore(before)
                 raise
@@ -470,110 +538,102 @@ class TorchStepEngine:
             if seq.generator is not None and rng_state is not None:
                 seq.generator.set_state(rng_state)
 
-    def _forward(
-        self,
-        input_ids: torch.Tensor,
-        mask: torch.Tensor,
-        positions: torch.Tensor,
-        cache: Cache,
-    ) -> torch.Tensor:
-        out = self._model(
-            input_ids=input_ids,
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,  # only the last position's logits: the lm_head is vocab-wide
-        )
-        logits: torch.Tensor = out.logits[:, -1, :]
-        return logits
-
-    def _decode(self) -> list[StepOutput]:
-        assert self._cache is not None
+    def _run(self) -> list[StepOutput]:
+        """One forward pass: a token for every running sequence and the prompts of the ones
+        added since (after any cached prefix they start with), packed into one row, so the
+        weights are read once for both. Commits the store only once it has succeeded."""
         store, rows = self._store, self._rows
-        store.reserve(rows=len(rows), left=0, right=1, like=store.keys)
-        input_ids = torch.tensor([[s.generated[-1]] for s in rows], device=self._device)
-        # The new token's position is the number of real tokens before it; a row's real
-        # tokens are the last `held` columns of the window, then the new one.
-        positions = torch.tensor([[s.held] for s in rows], device=self._device)
-        columns = torch.arange(store.width + 1, device=self._device)
-        mask = (columns >= store.width - positions).long()
-        logits = self._forward(input_ids, mask, positions, self._cache)
-        store.hi += 1
-        return self._advance(rows, logits)
-
-    def _prefill(self) -> list[StepOutput]:
-        """Prefill the pending sequences, one forward pass per cached prefix they start with
-        (usually one: none, or the system prompt they share), and move them into the store."""
-        groups: dict[tuple[int, ...], tuple[_Prefix | None, list[_Sequence]]] = {}
-        for seq in self._pending.values():
-            prefix = self._prefixes.lookup(seq.request.prompt_ids) if self._prefixes else None
-            key = () if prefix is None else prefix.tokens
-            groups.setdefault(key, (prefix, []))[1].append(seq)
-        outputs: list[StepOutput] = []
-        for prefix, seqs in groups.values():
-            logits = self._prefill_group(prefix, seqs)
-            outputs += self._advance(seqs, logits)
+        joiners = list(self._pending.values())
+        prefixes = [
+            self._prefixes.lookup(s.request.prompt_ids) if self._prefixes else None for s in joiners
+        ]
+        longest = max((len(s.request.prompt_ids) for s in joiners), default=1)
+        store.reserve(rows=len(rows) + len(joiners), left=longest - 1, right=1)
+        end = store.hi + 1  # every row ends here after this step
+        ids = [s.generated[-1] for s in rows]
+        # A token's position is the number of real tokens before it in its sequence.
+        positions = [s.held for s in rows]
+        keep = list(range(len(rows)))  # the packed positions whose logits are needed
+        joins = []
+        for i, (seq, prefix) in enumerate(zip(joiners, prefixes, strict=True)):
+            prompt = seq.request.prompt_ids
+            skip = 0 if prefix is None else len(prefix.tokens)
+            start, slot = end - len(prompt), len(rows) + i
+            mask = None
+            if prefix is not None:
+                span = slice(start, start + skip)
+                for layer in range(store.geometry.layers):
+                    store.keys[layer][slot, :, span] = prefix.keys[layer][0]
+                    store.values[layer][slot, :, span] = prefix.values[layer][0]
+                n = len(prompt) - skip
+                mask = torch.ones((n, len(prompt)), dtype=torch.bool, device=self._device)
+                mask = mask.tril(diagonal=skip)[None, None]
+            joins.append(_Join(slot, start, skip, len(ids), len(prompt) - skip, mask))
+            ids += prompt[skip:]
+            positions += range(skip, len(prompt))
+            keep.append(len(ids) - 1)
+        decode_mask = None
+        if rows:
+            held = torch.tensor([s.held for s in rows], device=self._device)
+            columns = torch.arange(end - store.lo, device=self._device)
+            decode_mask = (columns >= store.width - held[:, None])[:, None, None, :]
+        plan = _StepPlan(store, len(rows), decode_mask, joins)
+        logits = self._forward(ids, positions, keep, plan)
+        # Committed: every row now ends at `end`; the window reaches back to the longest.
+        store.rows += len(joiners)
+        store.hi = end
+        store.lo = min(store.lo, end - longest)
+        self._rows = rows + joiners
         self._pending.clear()
-        return outputs
-
-    def _prefill_group(self, prefix: _Prefix | None, seqs: list[_Sequence]) -> torch.Tensor:
-        """One forward pass over ``seqs``' prompts after ``prefix`` (cached keys and values,
-        the same for all of them); their rows join the store. Returns the last logits."""
-        skip = 0 if prefix is None else len(prefix.tokens)
-        k = len(seqs)
-        width = max(len(s.request.prompt_ids) for s in seqs) - skip
-        ids = torch.full((k, width), self._pad, dtype=torch.long)
-        tail = torch.zeros((k, width), dtype=torch.long)  # 1 = a real token after the prefix
-        for i, s in enumerate(seqs):
-            rest = s.request.prompt_ids[skip:]
-            ids[i, width - len(rest) :] = torch.tensor(rest, dtype=torch.long)
-            tail[i, width - len(rest) :] = 1
-        ids, tail = ids.to(self._device), tail.to(self._device)
-        # Padding gets a position too (it is masked out); real tokens count on from the prefix.
-        positions = skip + (tail.cumsum(dim=1) - 1).clamp(min=0)
-        fresh = DynamicCache(config=self._model.config)
-        if prefix is not None:
-            for layer, (pk, pv) in enumerate(zip(prefix.keys, prefix.values, strict=True)):
-                fresh.update(pk.expand(k, -1, -1, -1), pv.expand(k, -1, -1, -1), layer)
-        mask = F.pad(tail, (skip, 0), value=1)  # the prefix, then the padded rest
-        logits = self._forward(ids, mask, positions, fresh)
-        layers = cast("list[DynamicLayer]", fresh.layers)
-        # Each row's real tokens, right-aligned: the prefix moves right past the row's padding.
-        # Padding's keys/values are zeroed: masked out either way, but then surely finite.
-        pad = width - tail.sum(dim=1, keepdim=True)
-        columns = torch.arange(skip + width, device=self._device)
-        real = columns >= pad
-        source = torch.where(columns < pad + skip, columns - pad, columns).clamp(min=0)
-        index, keep = source[:, None, :, None], real[:, None, :, None]
-        keys = [torch.where(keep, x.keys.take_along_dim(index, 2), 0) for x in layers]  # type: ignore[union-attr]
-        values = [torch.where(keep, x.values.take_along_dim(index, 2), 0) for x in layers]  # type: ignore[union-attr]
-        store = self._store
-        store.reserve(rows=store.rows + k, left=skip + width, right=0, like=keys)
-        store.append(keys, values)
-        if self._cache is None:
-            self._cache = Cache(layers=[_SlotLayer(store, i) for i in range(len(keys))])
-        self._rows += seqs
         if self._prefixes is not None:
-            self._learn(seqs, keys, values)
+            self._learn(joins, joiners)
+        return self._advance(self._rows, logits)
+
+    def _forward(
+        self, ids: list[int], positions: list[int], keep: list[int], plan: _StepPlan
+    ) -> torch.Tensor:
+        device = self._device
+        config = self._model.config
+        usual = config._attn_implementation
+        config._attn_implementation = _PACKED
+        try:
+            out = self._model(
+                input_ids=torch.tensor([ids], device=device),
+                position_ids=torch.tensor([positions], device=device),
+                use_cache=False,
+                # Only the positions that yield a token: the lm_head is vocab-wide.
+                logits_to_keep=torch.tensor(keep, device=device),
+                batchline_step=plan,
+            )
+        finally:
+            config._attn_implementation = usual
+        if plan.layers_seen != self._store.geometry.layers:
+            raise RuntimeError(
+                f"{type(self._model).__name__}'s attention did not go through transformers' "
+                f"attention interface ({plan.layers_seen} of {self._store.geometry.layers} "
+                "layers did); TorchStepEngine cannot batch it"
+            )
+        logits: torch.Tensor = out.logits[0]
         return logits
 
-    def _learn(
-        self, seqs: list[_Sequence], keys: list[torch.Tensor], values: list[torch.Tensor]
-    ) -> None:
+    def _learn(self, joins: list[_Join], seqs: list[_Sequence]) -> None:
         """Keep the prefixes these prompts share with recent ones (see :class:`_PrefixCache`)."""
         assert self._prefixes is not None
-        end = keys[0].shape[2]
-        for i, seq in enumerate(seqs):
+        store = self._store
+        for join, seq in zip(joins, seqs, strict=True):
             prompt = seq.request.prompt_ids
             n = self._prefixes.wants(prompt)
             if n:
-                start = end - len(prompt)
+                span = (
+                    slice(join.slot, join.slot + 1),
+                    slice(None),
+                    slice(join.start, join.start + n),
+                )
                 self._prefixes.keep(
                     _Prefix(
                         prompt[:n],
-                        [x[i : i + 1, :, start : start + n].clone() for x in keys],
-                        [x[i : i + 1, :, start : start + n].clone() for x in values],
+                        [x[span].clone() for x in store.keys],
+                        [x[span].clone() for x in store.values],
                     )
                 )
 
