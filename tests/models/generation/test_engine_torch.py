@@ -298,6 +298,7 @@ def test_a_failed_step_leaves_the_engine_as_it_was(
     ) == kv_before
     monkeypatch.setattr(engine, "_forward", real_forward)
     assert calls == [2 + len(prompts["late"]) if joining else 2]
+    assert tiny_llama.config._attn_implementation == "sdpa"  # set back, even on failure
     if not joining:
         engine.add_request(_request("late", prompts["late"]))
     _drain(engine, got)
@@ -308,6 +309,23 @@ def test_a_failed_step_leaves_the_engine_as_it_was(
     alone.add_request(GenerationRequest("b", prompts["b"], sampled))
     _drain(alone, expected := {})
     assert got["b"] == expected["b"]
+
+
+def test_a_model_whose_attention_bypasses_the_interface_is_refused(
+    tiny_llama: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    # As a model that does not look its attention up by name: the engine's function never runs.
+    monkeypatch.setitem(
+        AttentionInterface._global_mapping, torch_engine._PACKED, sdpa_attention_forward
+    )
+    engine = TorchStepEngine(tiny_llama)
+    engine.add_request(_request("a", _prompt(1, 5)))
+    with pytest.raises(RuntimeError, match="0 of 2 layers"):
+        engine.step()
+    assert engine.num_running() == 1
 
 
 @pytest.mark.parametrize(
