@@ -179,12 +179,12 @@ class _SlotStore:
 
 @dataclass(slots=True)
 class _Join:
-    """A sequence prefilled in this step: its slot, where its prompt starts in the store,
-    how much of it a cached prefix holds, and where its new tokens sit in the packed input."""
+    """A sequence prefilled in this step: its slot, the column its prompt starts at in the
+    store (its cached prefix, if any, is there already), and where the rest of its prompt sits
+    in the packed input."""
 
     slot: int
     start: int
-    skip: int
     offset: int
     length: int
     mask: torch.Tensor | None  # (1, 1, length, skip + length) when a prefix is attended too
@@ -568,7 +568,7 @@ class TorchStepEngine:
                 n = len(prompt) - skip
                 mask = torch.ones((n, len(prompt)), dtype=torch.bool, device=self._device)
                 mask = mask.tril(diagonal=skip)[None, None]
-            joins.append(_Join(slot, start, skip, len(ids), len(prompt) - skip, mask))
+            joins.append(_Join(slot, start, len(ids), len(prompt) - skip, mask))
             ids += prompt[skip:]
             positions += range(skip, len(prompt))
             keep.append(len(ids) - 1)
