@@ -438,6 +438,29 @@ def test_a_batch_prefills_once_per_prefix_with_and_without(
     assert engine.prefix_cache_hits == 2
 
 
+def test_a_failed_step_counts_no_prefix_hit(
+    tiny_llama: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shared = _prompt(9, 18)
+    engine = TorchStepEngine(tiny_llama)
+    for i in range(2):
+        engine.add_request(_request(f"a{i}", _with_prefix(shared, i, 3)))
+    engine.step()  # learns the shared 18 tokens
+    engine.add_request(_request("b", _with_prefix(shared, 5, 4)))
+    real_forward = engine._forward
+
+    def fail(*args: Any) -> Any:
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(engine, "_forward", fail)
+    with pytest.raises(RuntimeError, match="device lost"):
+        engine.step()
+    assert (engine.prefix_cache_hits, engine.prefix_tokens_reused) == (0, 0)
+    monkeypatch.setattr(engine, "_forward", real_forward)
+    engine.step()
+    assert (engine.prefix_cache_hits, engine.prefix_tokens_reused) == (1, 18)
+
+
 def test_prefix_caching_off_and_its_bounds(tiny_llama: Any) -> None:
     shared = _prompt(8, 20)
     engine = TorchStepEngine(tiny_llama, prefix_cache_tokens=0)

@@ -312,9 +312,12 @@ class _PrefixCache:
                 best = entry
         if best is not None:
             self._entries[best.tokens] = self._entries.pop(best.tokens)  # most recently used
-            self.hits += 1
-            self.tokens_reused += len(best.tokens)
         return best
+
+    def used(self, prefix: _Prefix) -> None:
+        """Count a hit, once the step that used ``prefix`` has succeeded."""
+        self.hits += 1
+        self.tokens_reused += len(prefix.tokens)
 
     def wants(self, prompt: tuple[int, ...]) -> int:
         """How many leading tokens of ``prompt`` to keep (0: none): the most it shares with a
@@ -371,7 +374,6 @@ class TorchStepEngine:
         *,
         eos_token_ids: Iterable[int] | None = None,
         max_context_tokens: int | None = None,
-        pad_token_id: int | None = None,
         prefix_cache_tokens: int = 4096,
     ) -> None:
         self._model = model
@@ -396,10 +398,6 @@ class TorchStepEngine:
         if max_context_tokens < 2:
             raise ValueError(f"max_context_tokens must be >= 2, got {max_context_tokens}")
         self._max_context = int(max_context_tokens)
-        if pad_token_id is None:
-            pad_token_id = getattr(generation_config, "pad_token_id", None)
-        # Padded positions are masked out, so any valid id pads; an EOS id is always valid.
-        self._pad = int(pad_token_id) if pad_token_id is not None else min(self._eos)
         self._vocab_size = int(self._config.vocab_size)
 
         probe = DynamicCache(config=model.config)
@@ -559,16 +557,15 @@ class TorchStepEngine:
             prompt = seq.request.prompt_ids
             skip = 0 if prefix is None else len(prefix.tokens)
             start, slot = end - len(prompt), len(rows) + i
-            mask = None
+            n, mask = len(prompt) - skip, None
             if prefix is not None:
                 span = slice(start, start + skip)
                 for layer in range(store.geometry.layers):
                     store.keys[layer][slot, :, span] = prefix.keys[layer][0]
                     store.values[layer][slot, :, span] = prefix.values[layer][0]
-                n = len(prompt) - skip
                 mask = torch.ones((n, len(prompt)), dtype=torch.bool, device=self._device)
                 mask = mask.tril(diagonal=skip)[None, None]
-            joins.append(_Join(slot, start, len(ids), len(prompt) - skip, mask))
+            joins.append(_Join(slot, start, len(ids), n, mask))
             ids += prompt[skip:]
             positions += range(skip, len(prompt))
             keep.append(len(ids) - 1)
@@ -586,6 +583,8 @@ class TorchStepEngine:
         self._rows = rows + joiners
         self._pending.clear()
         if self._prefixes is not None:
+            for prefix in filter(None, prefixes):
+                self._prefixes.used(prefix)
             self._learn(joins, joiners)
         return self._advance(self._rows, logits)
 
