@@ -571,7 +571,7 @@ class TorchStepEngine:
             keep.append(len(ids) - 1)
         decode_mask = None
         if rows:
-            held = torch.tensor([s.held for s in rows], device=self._device)
+            held = torch.tensor(positions[: len(rows)], device=self._device)  # = each row's held
             columns = torch.arange(end - store.lo, device=self._device)
             decode_mask = (columns >= store.width - held[:, None])[:, None, None, :]
         plan = _StepPlan(store, len(rows), decode_mask, joins)
