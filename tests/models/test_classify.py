@@ -12,7 +12,6 @@ import pytest
 
 from batchline._errors import InputError, ModelError
 from batchline.knobs import Knobs
-from batchline.models.embedder import TokenizedText
 from batchline.models.engine import Engine
 from batchline.models.onnx.classify import (
     OnnxClassifier,
@@ -20,6 +19,7 @@ from batchline.models.onnx.classify import (
     load_classifier,
     softmax,
 )
+from batchline.models.onnx.embedder import TokenizedText
 from batchline.models.protocol import BatchModel
 from batchline.models.specs import ModelSpec, parse_spec
 

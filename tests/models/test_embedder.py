@@ -12,7 +12,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from batchline._errors import InputError, ModelError
-from batchline.models import Embedder, TokenizedText, load_tokenizer, minilm
+from batchline.models import Embedder, TokenizedText, load_tokenizer
+from batchline.models.onnx import minilm
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "minilm_reference.json"
 

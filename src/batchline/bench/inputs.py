@@ -103,7 +103,7 @@ class InputOptions:
 
 def read_texts(path: Path, *, text_column: str = "text", limit: int = _MAX_READ) -> list[str]:
     """Up to ``limit`` non-empty texts of ``path`` (any format ``open_source`` reads)."""
-    from batchline.jobs.sources import Record, open_source
+    from batchline.datasets.sources import Record, open_source
 
     source = open_source(path, text_column=text_column, extra_columns=(), on_bad_record="skip")
     texts: list[str] = []
@@ -165,7 +165,7 @@ def load_inputs(
             "this model has none that batchline can read: pass --inputs with texts as they are"
         )
     if inputs is None:
-        from batchline.jobs.corpus import demo_corpus_path
+        from batchline.datasets.corpus import demo_corpus_path
 
         all_texts = read_texts(demo_corpus_path(), limit=10**9)
         source = "the demo corpus"
@@ -198,10 +198,10 @@ def load_inputs(
 def load_records(path: Path | None, *, count: int = DEFAULT_SAMPLE, seed: int = 0) -> Inputs:
     """Whole rows as dicts (what a ``module:factory`` model takes): a seeded sample of ``path``
     (JSONL, CSV, Parquet) or of the demo corpus."""
-    from batchline.jobs.sources import Record, open_source
+    from batchline.datasets.sources import Record, open_source
 
     if path is None:
-        from batchline.jobs.corpus import demo_corpus_path
+        from batchline.datasets.corpus import demo_corpus_path
 
         source_path, name = demo_corpus_path(), "the demo corpus"
     else:
@@ -224,7 +224,7 @@ def load_tensor_rows(
 ) -> Inputs:
     """The first ``count`` rows of ``path`` as ``{input name: array}``: a ``.npy`` file feeds a
     one-input model; JSONL or Parquet list columns named as the model's inputs feed any."""
-    from batchline.jobs.sources import Record, open_source
+    from batchline.datasets.sources import Record, open_source
 
     names = [str(s["name"]) for s in specs]
     source = open_source(path, input_kind="tensors", input_columns=names, on_bad_record="skip")

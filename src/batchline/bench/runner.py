@@ -415,7 +415,7 @@ def _http_inputs(options: BenchOptions) -> Inputs:
     metadata lists (texts for a ``text`` BYTES input, else tensor rows). Texts are cut and
     counted with the tokenizer of ``--tokenizer``, else of the built-in model when it is the
     one named."""
-    from batchline.models.embedder import load_tokenizer
+    from batchline.models.onnx.embedder import load_tokenizer
 
     tokenizer: Any = None
     if options.tokenizer is not None:

@@ -258,13 +258,13 @@ class ModelLoader:
 
 def spec_tokenizer(spec: ModelSpec) -> Any:
     """The tokenizer of a text model's spec (see :meth:`ModelLoader.tokenizer`), or ``None``."""
-    from batchline.models.embedder import load_tokenizer
     from batchline.models.loader import resolve_task, tokenizer_path
+    from batchline.models.onnx.embedder import load_tokenizer
 
     if spec.kind == "builtin":
         if spec.builtin_task not in ("embed", "classify"):
             return None
-        from batchline.models import minilm
+        from batchline.models.onnx import minilm
 
         tok, _ = load_tokenizer(
             minilm.weights_dir() / "tokenizer.json", max_length=minilm.MAX_LENGTH

@@ -43,10 +43,10 @@ import ray
 
 from batchline._errors import BatchlineError, InputError, ModelError
 from batchline._stats import BatchStats, percentile
-from batchline.jobs.outcomes import Outcome, process_block, write_outcomes
+from batchline.datasets.outcomes import Outcome, process_block, write_outcomes
+from batchline.datasets.sinks import ChunkWriter
+from batchline.datasets.sources import BadRecord, Record, Source
 from batchline.jobs.run import Progress, RunOptions, RunSummary, load_job_model, open_job
-from batchline.jobs.sinks import ChunkWriter
-from batchline.jobs.sources import BadRecord, Record, Source
 from batchline.knobs import Knobs
 from batchline.models.engine import Engine
 from batchline.models.protocol import ModelInfo

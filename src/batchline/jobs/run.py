@@ -25,15 +25,15 @@ from typing import Any, Literal, Protocol
 
 from batchline._errors import InputError
 from batchline._stats import BatchStats, percentile
-from batchline.jobs.outcomes import (
+from batchline.datasets.outcomes import (
     Failed,
     cancel,
     collect,
     submit_block,
     write_outcomes,
 )
-from batchline.jobs.sinks import ChunkWriter, OutputFormat, ResultKind
-from batchline.jobs.sources import (
+from batchline.datasets.sinks import ChunkWriter, OutputFormat, ResultKind
+from batchline.datasets.sources import (
     BadRecord,
     Format,
     Record,
@@ -289,7 +289,7 @@ def open_dataset_job(
     """
     input_path = options.input
     if input_path is None:
-        from batchline.jobs.corpus import demo_corpus_path
+        from batchline.datasets.corpus import demo_corpus_path
 
         input_path = demo_corpus_path()
     if options.limit is not None and options.limit < 0:

@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING
 from batchline._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from batchline.models.embedder import (
+    from batchline.models.onnx.embedder import (
         DEFAULT_TARGET_BATCH_TOKENS,
         Embedder,
         TokenizedText,
         load_tokenizer,
     )
-    from batchline.models.onnxruntime import (
+    from batchline.models.onnx.runtime import (
         OnnxModel,
         TensorSpec,
         pad_sequences,
@@ -51,14 +51,14 @@ __all__ = [
 __getattr__ = lazy_exports(
     __name__,
     {
-        "DEFAULT_TARGET_BATCH_TOKENS": "embedder",
-        "Embedder": "embedder",
-        "OnnxModel": "onnxruntime",
-        "TensorSpec": "onnxruntime",
-        "TokenizedText": "embedder",
-        "load_tokenizer": "embedder",
-        "pad_sequences": "onnxruntime",
-        "split_rows": "onnxruntime",
-        "stack_equal": "onnxruntime",
+        "DEFAULT_TARGET_BATCH_TOKENS": "onnx.embedder",
+        "Embedder": "onnx.embedder",
+        "OnnxModel": "onnx.runtime",
+        "TensorSpec": "onnx.runtime",
+        "TokenizedText": "onnx.embedder",
+        "load_tokenizer": "onnx.embedder",
+        "pad_sequences": "onnx.runtime",
+        "split_rows": "onnx.runtime",
+        "stack_equal": "onnx.runtime",
     },
 )

@@ -80,7 +80,7 @@ def load_sessions(spec: ModelSpec, knobs: Knobs, **options: Any) -> Any:
     """The ``OnnxModel`` of an ``.onnx`` spec in the knobs' layout: ``knobs.sessions`` sessions
     for batching, or one session every caller shares for the baseline; ``knobs.intra_op_threads``
     threads each, on ``knobs.providers``. ``options`` go to ``OnnxModel.load``."""
-    from batchline.models.onnxruntime import OnnxModel
+    from batchline.models.onnx.runtime import OnnxModel
 
     return OnnxModel.load(
         spec.path,
@@ -116,9 +116,9 @@ def load_model(spec: ModelSpec, knobs: Knobs) -> AnyModel:
 
 
 def _load_embedder(spec: ModelSpec, knobs: Knobs) -> AnyModel:
-    from batchline.models import minilm
-    from batchline.models.embedder import Embedder
+    from batchline.models.onnx import minilm
     from batchline.models.onnx.embed import TextEmbedder
+    from batchline.models.onnx.embedder import Embedder
 
     options: dict[str, Any] = {}
     if spec.normalize is not None:

@@ -1,7 +1,7 @@
 """``embed``: texts to vectors through an ONNX text encoder (the built-in model is one).
 
 :class:`TextEmbedder` is the :class:`~batchline.models.protocol.BatchModel` over the
-:class:`~batchline.models.embedder.Embedder`'s two sync stages: ``tokenize`` (prepare) and
+:class:`~batchline.models.onnx.embedder.Embedder`'s two sync stages: ``tokenize`` (prepare) and
 ``embed_tokens`` (a batch). Cost is a text's token count, padded (``len(batch) × longest``).
 
 With a solo session (``Knobs.solo_intra_op_threads``), a batch that starts while no other
@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from batchline.models.embedder import Embedder, TokenizedText, tokenizer_max_length
+from batchline.models.onnx.embedder import Embedder, TokenizedText, tokenizer_max_length
 from batchline.models.protocol import ModelInfo
 
 __all__ = ["TextEmbedder"]

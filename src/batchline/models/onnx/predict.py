@@ -29,7 +29,7 @@ import numpy as np
 
 from batchline._errors import InputError, ModelError
 from batchline.knobs import Knobs
-from batchline.models.onnxruntime import OnnxModel, TensorSpec, stack_equal
+from batchline.models.onnx.runtime import OnnxModel, TensorSpec, stack_equal
 from batchline.models.protocol import ModelInfo
 from batchline.models.specs import ModelSpec
 

@@ -37,7 +37,7 @@ from batchline.knobs import (
     DEFAULT_PADDING_SLACK,
     DEFAULT_TARGET_BATCH_TOKENS,
 )
-from batchline.models.onnxruntime import OnnxModel, ProviderSpec, TensorSpec, pad_sequences
+from batchline.models.onnx.runtime import OnnxModel, ProviderSpec, TensorSpec, pad_sequences
 from batchline.models.specs import Pooling
 
 __all__ = [
@@ -305,7 +305,7 @@ class Embedder:
             emb = Embedder.default()
             vectors = emb.embed_sync(["hello world"])     # shape (1, 384)
         """
-        from batchline.models import minilm
+        from batchline.models.onnx import minilm
 
         path = minilm.default_model_path()
         model = OnnxModel.load(

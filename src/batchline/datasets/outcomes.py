@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from batchline._errors import InputError
-from batchline.jobs.sinks import ChunkWriter
-from batchline.jobs.sources import Record
+from batchline.datasets.sinks import ChunkWriter
+from batchline.datasets.sources import Record
 from batchline.models.engine import Engine
 
 __all__ = [
