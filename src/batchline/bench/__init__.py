@@ -29,8 +29,8 @@ from batchline._lazy import lazy_exports
 if TYPE_CHECKING:
     from batchline.bench.loadgen import LoadPoint, PointResult, parse_load, run_point
     from batchline.bench.report import write_report
-    from batchline.bench.runner import BenchOptions, BenchResult, run_bench
-    from batchline.bench.tune import Decision, TuneOptions, TuneResult, decide, run_tune, tune
+    from batchline.bench.runner import BenchOptions, BenchResult, TuneOptions, run_bench, run_tune
+    from batchline.bench.tune import Decision, TuneResult, decide, tune
 
 __all__ = [
     "BenchOptions",
@@ -58,13 +58,13 @@ __getattr__ = lazy_exports(
         "Decision": "tune",
         "LoadPoint": "loadgen",
         "PointResult": "loadgen",
-        "TuneOptions": "tune",
+        "TuneOptions": "runner",
         "TuneResult": "tune",
         "decide": "tune",
         "parse_load": "loadgen",
         "run_bench": "runner",
         "run_point": "loadgen",
-        "run_tune": "tune",
+        "run_tune": "runner",
         "tune": "tune",
         "write_report": "report",
     },
