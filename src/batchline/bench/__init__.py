@@ -4,7 +4,7 @@
   knobs files, a classic timeout batcher, or a server URL) with closed- or open-loop load and
   returns a :class:`BenchResult`; :func:`write_report` turns it into ``report.md`` + PNG plots.
   Any model ``batchline run`` takes is measured (``default``, ``PATH.onnx`` with a task,
-  ``module:factory``), loaded by ``load_model`` and batched by ``Engine`` as ``run`` does.
+  ``module:factory``), loaded by ``load_model`` and batched by ``ModelBatcher`` as ``run`` does.
 - :func:`tune` / :func:`run_tune` search the knobs for the most throughput within a p99 budget;
   :func:`decide` is the verdict on measured trials.
 - :mod:`batchline.bench.stats`: percentiles, throughput, Poisson schedules, manual clock.

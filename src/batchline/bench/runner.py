@@ -5,7 +5,7 @@
     >>> write_report(result, Path("report"))      # batchline.bench.report
 
 Any model ``batchline run`` takes (``model``: ``default``, ``PATH.onnx`` with a ``task``,
-``module:factory``) is loaded through ``load_model`` and batched through ``Engine`` in every
+``module:factory``) is loaded through ``load_model`` and batched through ``ModelBatcher`` in every
 configuration. All configurations are started (and warmed up, untimed) first; then at each
 load point they run back to back, with the same inputs and, for open loops, the same arrival
 schedule.

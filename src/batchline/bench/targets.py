@@ -8,7 +8,7 @@
   that tries many batch budgets does not reload the weights each time.
 * :func:`open_target` starts a configuration and yields a :class:`~batchline.bench.loadgen.Target`.
 
-In-process targets run the model through :class:`batchline.models.engine.Engine`, the code
+In-process targets run the model through :class:`batchline.models.batching.ModelBatcher`, the code
 ``batchline run`` and ``batchline serve`` run, and are fed items prepared once before
 measuring (tokenizing, checking tensors: the same work in every configuration). An HTTP
 target sends raw inputs, one per request, to ``POST /v1/embeddings`` (texts) or to the Open
@@ -342,12 +342,12 @@ async def _prepared(
 async def _knobs_target(
     loader: ModelLoader, knobs: Knobs, inputs: Sequence[object]
 ) -> AsyncIterator[Target]:
-    from batchline.models.engine import Engine
+    from batchline.models.batching import ModelBatcher
 
     model, items = await _prepared(loader, knobs, inputs)
-    # batching or the baseline, built by the engine layer exactly as ``batchline run`` builds it
-    async with Engine(model, knobs) as engine:
-        yield _SubmitTarget(engine.submit, _stats_counters(engine), items)
+    # batching or the baseline, built exactly as ``batchline run`` builds it
+    async with ModelBatcher(model, knobs) as batcher:
+        yield _SubmitTarget(batcher.submit, _stats_counters(batcher), items)
 
 
 @contextlib.asynccontextmanager

@@ -12,7 +12,7 @@ within budget and where nothing failed; failing that, the lowest p99):
 
 Any model ``batchline run`` takes can be tuned (``default``, ``PATH.onnx`` with a task,
 ``module:factory``): every trial loads it through ``load_model`` and batches through
-``Engine``, as ``run`` and ``serve`` will with the knobs file written. For a model whose
+``ModelBatcher``, as ``run`` and ``serve`` will with the knobs file written. For a model whose
 costs add up (``cost_kind="additive"``: tensors, records), ``target_batch_tokens`` is the
 batch's summed cost (records, when each costs 1) and ``max_batch_size`` caps it as well.
 
