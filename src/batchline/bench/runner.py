@@ -29,18 +29,16 @@ from typing import Any
 from batchline._errors import InputError
 from batchline.bench.inputs import InputOptions, Inputs, Lengths, load_model_inputs
 from batchline.bench.loadgen import LoadPoint, PointResult, Target, parse_load, run_point
+from batchline.bench.model import LoadedModels, model_spec, spec_tokenizer
 from batchline.bench.targets import (
     Configuration,
-    ModelLoader,
     Route,
     describe_knobs,
     embeddings_url,
-    model_spec,
     oip_inputs,
     oip_url,
     open_target,
     reference_configurations,
-    spec_tokenizer,
 )
 from batchline.bench.tune import DEFAULT_NOISE, TuneResult, baseline_knobs, tune
 from batchline.knobs import Knobs, machine_cores
@@ -215,7 +213,7 @@ async def measure(
     points: Sequence[LoadPoint],
     *,
     duration_s: float,
-    loader: ModelLoader | None,
+    loader: LoadedModels | None,
     seed: int = 0,
     warmup_s: float = 1.0,
     on_point: Callable[[PointResult], None] | None = None,
@@ -286,10 +284,10 @@ async def run_bench_async(options: BenchOptions, progress: Say | None = None) ->
     started = time.perf_counter()
     configs = configurations(options)
     in_process = options.target == "inprocess"
-    loader: ModelLoader | None = None
+    loader: LoadedModels | None = None
     try:
         if in_process:
-            loader = ModelLoader(options_spec(options))
+            loader = LoadedModels(options_spec(options))
             say(f"loading {loader.name} ...")
             inputs = await asyncio.to_thread(model_inputs, loader, configs[0].knobs, options)
             model_label = f"{options.model} ({loader.info(configs[0].knobs).task})"
@@ -307,7 +305,7 @@ async def _run(
     options: BenchOptions,
     configs: list[Configuration],
     inputs: Inputs,
-    loader: ModelLoader | None,
+    loader: LoadedModels | None,
     model_label: str,
     started: float,
     say: Say,
@@ -407,7 +405,7 @@ async def run_tune(options: TuneOptions, progress: Say | None = None) -> tuple[T
     cores = options.cores or machine_cores()
     base = baseline_knobs(cores, options.device)  # validates --device
     spec = options_spec(options)
-    loader = ModelLoader(spec)
+    loader = LoadedModels(spec)
     try:
         say(f"loading {spec.name} ...")
         inputs = await asyncio.to_thread(model_inputs, loader, base, options)
@@ -477,7 +475,7 @@ def input_options(options: Any) -> InputOptions:
     )
 
 
-def model_inputs(loader: ModelLoader, knobs: Knobs, options: Any) -> Inputs:
+def model_inputs(loader: LoadedModels, knobs: Knobs, options: Any) -> Inputs:
     """What to send the loader's model, by the input it takes (``info.input_kind``); loads
     the model laid out as ``knobs`` say (the first configuration's: it stays cached). Sync."""
     info = loader.info(knobs)
