@@ -1,13 +1,17 @@
 """Measure and tune batching on your own model and hardware (``pip install 'batchline[bench]'``).
 
+One load generator (:mod:`batchline.bench.loadgen`: closed and open loops over a ``Target``)
+and one set of statistics (:mod:`batchline.bench.stats`) under every bench:
+
 - :func:`run_bench` drives configurations (the no-batching baseline, batchline's defaults, your
   knobs files, a classic timeout batcher, or a server URL) with closed- or open-loop load and
   returns a :class:`BenchResult`; :func:`write_report` turns it into ``report.md`` + PNG plots.
   Any model ``batchline run`` takes is measured (``default``, ``PATH.onnx`` with a task,
   ``module:factory``), loaded by ``load_model`` and batched by ``ModelBatcher`` as ``run`` does.
-- :func:`tune` / :func:`run_tune` search the knobs for the most throughput within a p99 budget;
-  :func:`decide` is the verdict on measured trials.
-- :mod:`batchline.bench.stats`: percentiles, throughput, Poisson schedules, manual clock.
+- :mod:`batchline.bench.generate` (``bench --task generate``): one-at-a-time, static and
+  continuous batching of one text generator, each a target of the same load generator.
+- :func:`tune` is the search (measured points in, knobs out); :func:`run_tune` runs it on the
+  real model; :func:`decide` is the verdict on measured trials.
 
 Example::
 

@@ -5,10 +5,13 @@
     >>> write_report(result, Path("report"))      # batchline.bench.report
 
 Any model ``batchline run`` takes (``model``: ``default``, ``PATH.onnx`` with a ``task``,
-``module:factory``) is loaded through ``load_model`` and batched through ``ModelBatcher`` in every
-configuration. All configurations are started (and warmed up, untimed) first; then at each
-load point they run back to back, with the same inputs and, for open loops, the same arrival
-schedule.
+``module:factory``) is loaded through ``load_model`` and batched through ``ModelBatcher`` in
+every configuration. All configurations are started (and warmed up, untimed) first; then at
+each load point they run back to back, with the same inputs and, for open loops, the same
+arrival schedule.
+
+``run_tune`` is ``batchline tune`` on the real model: the search of
+:func:`batchline.bench.tune.tune`, each trial measured here as a bench measures a configuration.
 """
 
 from __future__ import annotations
