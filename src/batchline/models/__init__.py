@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     )
     from batchline.models.onnx.runtime import (
         OnnxModel,
-        TensorSpec,
+        OnnxTensor,
         pad_sequences,
         split_rows,
         stack_equal,
@@ -39,7 +39,7 @@ __all__ = [
     "DEFAULT_TARGET_BATCH_TOKENS",
     "Embedder",
     "OnnxModel",
-    "TensorSpec",
+    "OnnxTensor",
     "TokenizedText",
     "load_tokenizer",
     "pad_sequences",
@@ -54,7 +54,7 @@ __getattr__ = lazy_exports(
         "DEFAULT_TARGET_BATCH_TOKENS": "onnx.embedder",
         "Embedder": "onnx.embedder",
         "OnnxModel": "onnx.runtime",
-        "TensorSpec": "onnx.runtime",
+        "OnnxTensor": "onnx.runtime",
         "TokenizedText": "onnx.embedder",
         "load_tokenizer": "onnx.embedder",
         "pad_sequences": "onnx.runtime",

@@ -37,7 +37,7 @@ from batchline.knobs import (
     DEFAULT_PADDING_SLACK,
     DEFAULT_TARGET_BATCH_TOKENS,
 )
-from batchline.models.onnx.runtime import OnnxModel, ProviderSpec, TensorSpec, pad_sequences
+from batchline.models.onnx.runtime import OnnxModel, OnnxTensor, ProviderSpec, pad_sequences
 from batchline.models.specs import Pooling
 
 __all__ = [
@@ -131,7 +131,7 @@ def tokenize_texts(tokenizer: Any, texts: Iterable[str] | str) -> list[Tokenized
     return [TokenizedText(np.asarray(e.ids, dtype=np.int64)) for e in encodings]
 
 
-def check_text_inputs(model: OnnxModel, *, what: str) -> dict[str, TensorSpec]:
+def check_text_inputs(model: OnnxModel, *, what: str) -> dict[str, OnnxTensor]:
     """The inputs of a text model, by name, once checked: among ``input_ids`` (required),
     ``attention_mask`` (required: padding would change results without it),
     ``token_type_ids`` and ``position_ids``. ``what`` names the caller in errors."""
@@ -150,7 +150,7 @@ def check_text_inputs(model: OnnxModel, *, what: str) -> dict[str, TensorSpec]:
     return inputs
 
 
-def text_output(model: OnnxModel, output_name: str | None, *, preferred: str) -> TensorSpec:
+def text_output(model: OnnxModel, output_name: str | None, *, preferred: str) -> OnnxTensor:
     """A text model's output ``output_name`` (default: ``preferred`` if the model has it,
     else its first output); ``ModelError`` when the model has no such output."""
     names = model.output_names
@@ -168,7 +168,7 @@ def tokenizer_max_length(tokenizer: Any) -> int | None:
 
 
 def text_feeds(
-    inputs: dict[str, TensorSpec], texts: Sequence[TokenizedText], *, pad_id: int
+    inputs: dict[str, OnnxTensor], texts: Sequence[TokenizedText], *, pad_id: int
 ) -> tuple[dict[str, np.ndarray[Any, Any]], np.ndarray[Any, Any]]:
     """One right-padded batch of texts as feeds for the ``inputs`` of
     :func:`check_text_inputs` (``token_type_ids`` zeros, ``position_ids`` 0..seq-1);
