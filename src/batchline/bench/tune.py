@@ -49,7 +49,7 @@ from typing import Any, Literal, Protocol
 from batchline._errors import InputError
 from batchline.bench.inputs import Lengths
 from batchline.bench.loadgen import LoadPoint, PointResult, parse_load
-from batchline.knobs import BASELINE, Knobs, machine_cores
+from batchline.knobs import Knobs, machine_cores
 
 __all__ = [
     "DEFAULT_NOISE",
@@ -298,7 +298,7 @@ def core_splits(cores: int) -> list[tuple[int, int]]:
 def baseline_knobs(cores: int, device: str = "cpu") -> Knobs:
     """The no-batching baseline on ``cores`` cores: one shared session with every core, as
     many callers as cores."""
-    return BASELINE.replace(intra_op_threads=cores, max_concurrent_batches=cores, device=device)
+    return Knobs(device=device).baseline(cores)
 
 
 def _is_gpu(device: str) -> bool:

@@ -147,9 +147,9 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         specs = settings.specs
-        knobs = settings.knobs if settings.batching else settings.baseline_knobs
+        knobs = settings.knobs if settings.knobs.batching else settings.baseline_knobs
         batch_names = [s.name for s in specs if not s.generates]
-        device = _shared_device(settings, knobs, batch_names) if settings.batching else None
+        device = _shared_device(settings, knobs, batch_names) if settings.knobs.batching else None
         models: dict[str, ServedModel[Any, Any]] = {}
         generators: dict[str, ServedGenerator] = {}
         try:
@@ -184,7 +184,7 @@ def create_app(
                     "model %s ready (%s, %s)",
                     spec.name,
                     served.task,
-                    "batching" if settings.batching else "no batching",
+                    "batching" if settings.knobs.batching else "no batching",
                 )
         except BaseException:
             await _stop_all([*models.values(), *generators.values()], timeout_s=0)

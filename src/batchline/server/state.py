@@ -92,7 +92,7 @@ class ServedModel(Generic[P, R]):
         self._async = inspect.iscoroutinefunction(model.run_batch)
         self._tokenizer = _tokenizer_of(model)
         self.engine: Engine[_Job[P], R] | None = None
-        if settings.batching:
+        if settings.knobs.batching:
             self.engine = Engine(
                 _Metered(model, metrics, padded=self._padded, run_async=self._async),
                 knobs,
