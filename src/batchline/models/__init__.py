@@ -2,9 +2,10 @@
 
 - :class:`OnnxModel`: any ``.onnx`` file behind a thread-safe pool of ONNX Runtime sessions,
   with a load-time check that the batch axis is dynamic.
-- :class:`Embedder`: texts to sentence vectors through a padding-aware ``TokenBatcher``;
+- :class:`Embedder`: texts to sentence vectors in two stages (``tokenize``, ``embed_tokens``);
   :meth:`Embedder.default` is all-MiniLM-L6-v2, built to ONNX without torch and cached.
-- :class:`TokenizedText`: one tokenized text, the record the embedder's batcher queues.
+- :class:`TokenizedText`: one tokenized text, the record a batcher queues (cost: its tokens).
+- :class:`OnnxTensor`: a graph input or output as ONNX Runtime reports it.
 - :func:`pad_sequences`, :func:`stack_equal`, :func:`split_rows`: collate helpers.
 
 Example::
