@@ -157,7 +157,7 @@ def make_app(
     metrics = ServerMetrics()
     state = ServerState(settings=ServerSettings(**(limits or {})), metrics=metrics)
     for m in models:
-        state.generators[m.name] = ServedGenerator(m.name, m, metrics.generation)  # type: ignore[arg-type]
+        state.generators[m.name] = ServedGenerator(m.name, m, metrics.generation)
     state.models.update(others or {})
     state.order[:] = [*state.generators, *state.models]
 
@@ -802,7 +802,7 @@ async def test_behind_create_app_and_its_gate() -> None:
     app.include_router(generation.router)
     async with app.router.lifespan_context(app):
         server = app.state.server
-        server.generators["gen"] = ServedGenerator("gen", model, server.metrics.generation)  # type: ignore[arg-type]
+        server.generators["gen"] = ServedGenerator("gen", model, server.metrics.generation)
         await model.generator.start()
         try:
             transport = httpx.ASGITransport(app=app)
