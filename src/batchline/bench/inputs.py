@@ -57,21 +57,6 @@ DYNAMIC_DIM = 16
 _RANDOM_BYTES = 64 << 20
 _MIN_RANDOM_ROWS = 16
 
-_NUMPY_TYPES = {
-    "BOOL": "bool",
-    "UINT8": "uint8",
-    "UINT16": "uint16",
-    "UINT32": "uint32",
-    "UINT64": "uint64",
-    "INT8": "int8",
-    "INT16": "int16",
-    "INT32": "int32",
-    "INT64": "int64",
-    "FP16": "float16",
-    "FP32": "float32",
-    "FP64": "float64",
-}
-
 
 @dataclass(frozen=True)
 class Inputs:
@@ -246,19 +231,22 @@ def random_tensor_rows(
     ``-1`` for a dynamic dimension; the first is the batch axis, left out of a row)."""
     import numpy as np
 
+    from batchline.oip import DATATYPES
+
     if not specs:
         raise InputError("the model declares no inputs to shape random rows from; pass --inputs")
     shapes: dict[str, tuple[tuple[int, ...], Any]] = {}
     for spec in specs:
         name, datatype = str(spec["name"]), str(spec.get("datatype", ""))
         dims = spec.get("shape")
-        if datatype not in _NUMPY_TYPES or not isinstance(dims, list | tuple) or not dims:
+        numeric = datatype in DATATYPES and datatype != "BYTES"
+        if not numeric or not isinstance(dims, list | tuple) or not dims:
             raise InputError(
                 f"cannot make random rows for input {name!r} ({datatype or 'no type'}, shape "
                 f"{dims}): pass --inputs with real rows (a .npy file, or JSONL list columns)"
             )
         dims_of_row = [int(d) if isinstance(d, int) and d >= 0 else DYNAMIC_DIM for d in dims[1:]]
-        shapes[name] = (tuple(dims_of_row), np.dtype(_NUMPY_TYPES[datatype]))
+        shapes[name] = (tuple(dims_of_row), DATATYPES[datatype])
     row_bytes = sum(max(1, int(np.prod(s))) * dt.itemsize for s, dt in shapes.values())
     count = max(1, min(count, max(_MIN_RANDOM_ROWS, _RANDOM_BYTES // max(1, row_bytes))))
     rng = np.random.default_rng(seed)

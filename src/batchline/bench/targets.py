@@ -282,23 +282,6 @@ def oip_url(url: str, model: str, *, action: str = "infer") -> str:
     return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
 
 
-# numpy dtype (kind, itemsize) -> Open Inference Protocol datatype
-_OIP_TYPES = {
-    ("b", 1): "BOOL",
-    ("u", 1): "UINT8",
-    ("u", 2): "UINT16",
-    ("u", 4): "UINT32",
-    ("u", 8): "UINT64",
-    ("i", 1): "INT8",
-    ("i", 2): "INT16",
-    ("i", 4): "INT32",
-    ("i", 8): "INT64",
-    ("f", 2): "FP16",
-    ("f", 4): "FP32",
-    ("f", 8): "FP64",
-}
-
-
 def oip_body(item: object) -> dict[str, object]:
     """One record as an Open Inference Protocol request of one row: a text as the ``text``
     BYTES tensor (embed and classify models), a tensor row ``{name: array}`` as its inputs."""
@@ -311,11 +294,16 @@ def oip_body(item: object) -> dict[str, object]:
         )
     import numpy as np
 
+    from batchline.oip import datatype_of
+
     tensors: list[dict[str, object]] = []
     for name, value in item.items():
         arr = np.asarray(value)
-        datatype = _OIP_TYPES.get((arr.dtype.kind, arr.dtype.itemsize))
-        if datatype is None:
+        try:
+            datatype = datatype_of(arr.dtype)
+        except ValueError:
+            datatype = "BYTES"
+        if datatype == "BYTES":
             raise InputError(f"input {name!r}: {arr.dtype} tensors are not sent over JSON")
         data = arr.ravel().tolist()
         tensors.append(

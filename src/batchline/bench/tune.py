@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from batchline.bench.loadgen import LoadPoint, PointResult
-from batchline.knobs import BASELINE, Knobs, machine_cores
+from batchline.knobs import Knobs, machine_cores
 
 __all__ = [
     "DEFAULT_NOISE",
@@ -295,7 +295,7 @@ def core_splits(cores: int) -> list[tuple[int, int]]:
 def baseline_knobs(cores: int, device: str = "cpu") -> Knobs:
     """The no-batching baseline on ``cores`` cores: one shared session with every core, as
     many callers as cores."""
-    return BASELINE.replace(intra_op_threads=cores, max_concurrent_batches=cores, device=device)
+    return Knobs(device=device).baseline(cores)
 
 
 def _is_gpu(device: str) -> bool:

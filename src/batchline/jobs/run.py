@@ -41,7 +41,7 @@ from batchline.datasets.sources import (
     open_source,
     read_blocks_ahead,
 )
-from batchline.knobs import BASELINE, Knobs
+from batchline.knobs import Knobs
 from batchline.models.batching import ModelBatcher
 from batchline.models.protocol import BatchModel, InputKind, ModelInfo
 
@@ -363,7 +363,7 @@ def _only_input(info: ModelInfo) -> str | None:
 
 
 def _baseline(knobs: Knobs) -> Knobs:
-    return BASELINE.replace(max_queue_size=knobs.max_queue_size)
+    return knobs.baseline()
 
 
 async def _pipeline(

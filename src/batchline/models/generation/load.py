@@ -78,10 +78,11 @@ class GenerationModel:
     """A loaded generative model: its generator (not started), prompt encoding and what it is.
 
     Start the generator with ``async with model.generator:`` (or ``start()``/``stop()``),
-    submit token ids from :meth:`encode` (or :meth:`encode_prompt` / :meth:`encode_chat`: it
-    is the server's ``ServedGenerator``), and call :meth:`close` once the generator has
-    stopped. ``max_running`` and ``max_waiting`` are the generator's caps: a caller that keeps
-    at most ``max_waiting`` requests in flight never meets ``QueueFullError``.
+    submit token ids from :meth:`encode` (or :meth:`encode_prompt` / :meth:`encode_chat`, what
+    the server's generation routes call through its ``ServedGenerator``), and call
+    :meth:`close` once the generator has stopped. ``max_running`` and ``max_waiting`` are the
+    generator's caps: a caller that keeps at most ``max_waiting`` requests in flight never
+    meets ``QueueFullError``.
     """
 
     generator: TextGenerator
