@@ -30,6 +30,7 @@ import json
 import os
 import re
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -66,6 +67,9 @@ _TMP = ".tmp"
 _PART = re.compile(r"part-\d{6,}\.(?:parquet|jsonl)(?:\.tmp)?")
 _OWN_NAMES = {MANIFEST_NAME, SKIPPED_NAME, MANIFEST_NAME + _TMP, SKIPPED_NAME + _TMP}
 _RESERVED = {"id", "index"}
+#: Test hook, not a setting: with ``N`` here, a writer stops for good (sleeps) right after it has
+#: committed ``N`` chunks, so a test can kill its process mid-job and be sure the job was not done.
+PAUSE_AFTER_CHUNKS_ENV = "BATCHLINE_TEST_PAUSE_AFTER_CHUNKS"
 
 
 def _part_name(chunk: int, fmt: OutputFormat) -> str:
@@ -249,6 +253,9 @@ class ChunkWriter:
         self._total: int | None = None  # known once finish() is called
         self._closed = False
         self._failed: BaseException | None = None
+        self._commits = 0
+        pause = os.environ.get(PAUSE_AFTER_CHUNKS_ENV)
+        self._pause_after = int(pause) if pause else None
         self._manifest = self._open(settings, overwrite=overwrite, resume=resume)
 
     # -- opening ---------------------------------------------------------------------------------
@@ -539,6 +546,9 @@ class ChunkWriter:
             except BaseException as exc:
                 self._failed = exc
                 raise
+            self._commits += 1
+            if self._commits == self._pause_after:
+                time.sleep(3600)  # the test hook above: the test kills this process meanwhile
 
     def _commit(self, k: int, pending: _Pending) -> None:
         out = self.out_dir

@@ -29,10 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import math
-import os
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -222,26 +219,9 @@ def demo_prompts_path() -> Path:
     """The built-in math prompts as JSONL in batchline's cache folder (rewritten if the
     prompts changed, so a resume sees the same file only when the prompts are the same)."""
     from batchline._cache import cache_dir
-    from batchline.models.generation.demo import demo_prompts
+    from batchline.models.generation.demo import write_demo_prompts
 
-    lines = "".join(
-        json.dumps(r, ensure_ascii=False, separators=(", ", ": ")) + "\n"
-        for r in demo_prompts(_DEMO_COUNT)
-    ).encode("utf-8")
-    path = cache_dir() / _DEMO_NAME
-    with contextlib.suppress(OSError):
-        if path.read_bytes() == lines:
-            return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(lines)
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-    return path
+    return write_demo_prompts(cache_dir() / _DEMO_NAME, _DEMO_COUNT)
 
 
 def _prompt_column(options: GenerateOptions, input_path: Path) -> str:
