@@ -103,6 +103,12 @@ def add_parser(sub: Any) -> None:
         help="with --route generate: tokens to generate per prompt (default: the server's)",
     )
     p.add_argument(
+        "--no-chat-template",
+        action="store_true",
+        help="with --route generate: send each prompt as it is, not through the model's chat "
+        "template (as run --no-chat-template)",
+    )
+    p.add_argument(
         "--encoding",
         choices=["base64", "float"],
         default="base64",
@@ -143,6 +149,7 @@ def _main(args: argparse.Namespace) -> int:
         give_up_after_s=args.give_up_after_s,
         encoding=args.encoding,
         max_tokens=args.max_tokens,
+        chat_template=not args.no_chat_template,
         dim=args.dim,
     )
     console = Console(stderr=True)
@@ -185,7 +192,7 @@ def _bar(console: Any) -> Any:
     class Bar(RateBar):
         failed = 0
 
-        def advance(self, records: int, failed: int) -> None:
+        def advance(self, records: int, *, failed: int = 0, utilization: float = 0.0) -> None:
             self.failed += failed
             self.step(records, f"{self.failed:,} failed")
 

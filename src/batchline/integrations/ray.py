@@ -43,10 +43,13 @@ import ray
 
 from batchline._errors import BatchlineError, InputError, ModelError
 from batchline._stats import BatchStats, percentile
-from batchline.datasets.outcomes import Outcome, process_block, write_outcomes
+from batchline.datasets.outcomes import Outcome, write_outcomes
+from batchline.datasets.pipeline import Progress
 from batchline.datasets.sinks import ChunkWriter
 from batchline.datasets.sources import BadRecord, Record, Source
-from batchline.jobs.run import Progress, RunOptions, RunSummary, load_job_model, open_job
+from batchline.jobs.batch import process_block
+from batchline.jobs.options import RunOptions
+from batchline.jobs.run import RunSummary, load_job_model, open_job
 from batchline.knobs import Knobs
 from batchline.models.engine import Engine
 from batchline.models.protocol import ModelInfo
@@ -254,7 +257,6 @@ def run_on_ray(
     cpus = cpus_per_replica
     if address is not None and not ray.is_initialized():
         _check_reachable(address)  # before the output directory is created
-    progress = progress or _Silent()
     if options.input is not None and not options.input.exists():
         raise InputError(f"{options.input}: no such file")  # before Ray starts
 
@@ -271,14 +273,16 @@ def run_on_ray(
             with writer:
                 if writer.manifest.complete:
                     total = writer.manifest.total_records or 0
-                    progress.start(total, total)
+                    if progress is not None:
+                        progress.start(total, total)
                     return _Tally(writer.out_dir, replicas).summary(total, total, 0.0, 0.0)
                 committed = writer.committed_ranges()
                 expected: int | None = source.total_records
                 if expected is not None and options.limit is not None:
                     expected = min(expected, options.limit)
                 startup = time.perf_counter() - t0
-                progress.start(expected, sum(hi - lo for lo, hi in committed))
+                if progress is not None:
+                    progress.start(expected, sum(hi - lo for lo, hi in committed))
                 job = _Job(
                     source=source,
                     writer=writer,
@@ -294,14 +298,6 @@ def run_on_ray(
         finally:
             for actor, _ in actors:
                 ray.kill(actor, no_restart=True)
-
-
-class _Silent:
-    def start(self, total: int | None, already_done: int) -> None:
-        pass
-
-    def advance(self, records: int, utilization: float) -> None:
-        pass
 
 
 @contextlib.contextmanager
@@ -495,7 +491,7 @@ class _Job:
         plan: _UnitPlan,
         units_per_replica: int,
         max_unit_attempts: int,
-        progress: Progress,
+        progress: Progress | None,
         on_unit: Callable[[UnitDone], None] | None,
     ) -> None:
         self.source = source
@@ -572,7 +568,8 @@ class _Job:
                 if isinstance(item, BadRecord):
                     self.writer.skip_bad(item)
                     self.tally.skipped += 1
-                    self.progress.advance(1, self.tally.merged()["utilization"])
+                    if self.progress is not None:
+                        self.progress.advance(1, utilization=self.tally.merged()["utilization"])
                     continue
                 k = self.plan.key(item.index)
                 if unit and k != key:
@@ -645,7 +642,7 @@ class _Job:
     def _write(self, flight: _Flight, result: _UnitResult) -> None:
         records = flight.records
         tally = self.tally
-        written, skipped = write_outcomes(
+        written, skipped, _ = write_outcomes(
             self.writer, records, result.outcomes, on_bad_record=self.options.on_bad_record
         )
         round_trip = time.perf_counter() - flight.sent
@@ -657,7 +654,8 @@ class _Job:
         tally.pids[flight.replica].add(result.pid)
         tally.cpu_to[(flight.replica, result.pid)] = result.cpu_s
         tally.stats[(flight.replica, result.pid)] = result.stats
-        self.progress.advance(len(records), tally.merged()["utilization"])
+        if self.progress is not None:
+            self.progress.advance(len(records), utilization=tally.merged()["utilization"])
         if self.on_unit is not None:
             self.on_unit(
                 UnitDone(

@@ -210,10 +210,21 @@ class GenerateTextRequest(_Sampling):
 
     prompts: list[StrictStr]
     task_id: StrictStr | StrictInt | None = None
+    chat: StrictBool = False
+    """Each prompt as one user message through the model's chat template, as ``batchline run``
+    sends a text prompt (a model without a template takes it as it is); false: a raw prompt."""
+
+
+class GenerateTextDetails(BaseModel):
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
 
 
 class GenerateTextResponse(BaseModel):
     results: list[str]
+    #: one per result: why it ended and its token counts
+    details: list[GenerateTextDetails]
     task_id: str | int | None = None
     model: str
 
@@ -282,14 +293,15 @@ class ChatCompletionRequest(_OpenAISampling):
     summary="One generated text per prompt, in order",
 )
 async def generate(request: Request) -> Response:
-    """``{"prompts": [...], "task_id": ...}`` to ``{"results": [...], "task_id", "model"}``:
-    each prompt is a raw prompt (no chat template); greedy unless ``temperature`` is given."""
+    """``{"prompts": [...], "task_id": ...}`` to ``{"results": [...], "details": [...],
+    "task_id", "model"}``: each prompt is a raw prompt (no chat template) unless ``"chat":
+    true``; greedy unless ``temperature`` is given."""
     body = await parse_body(request, GenerateTextRequest)
     served = pick_generator(request, body.model)
     limits = generation_limits(request)
     _check_count(len(body.prompts), limits, "prompts")
     prompts = [
-        await _encode_text(served, limits, text, "prompts", i)
+        await _encode_text(served, limits, text, "prompts", i, chat=body.chat)
         for i, text in enumerate(body.prompts)
     ]
     params = _sampling(served, body, prompts, default_max_tokens=DEFAULT_MAX_TOKENS, greedy=True)
@@ -298,6 +310,14 @@ async def generate(request: Request) -> Response:
     return JSONResponse(
         {
             "results": [c.text for c in completions],
+            "details": [
+                {
+                    "finish_reason": c.finish_reason,
+                    "prompt_tokens": c.prompt_tokens,
+                    "completion_tokens": c.completion_tokens,
+                }
+                for c in completions
+            ],
             "task_id": body.task_id,
             "model": served.name,
         }
@@ -453,11 +473,26 @@ def _check_openai(body: _OpenAISampling) -> None:
 
 
 async def _encode_text(
-    served: ServedGenerator, limits: GenerationLimits, text: str, field: str, index: int
+    served: ServedGenerator,
+    limits: GenerationLimits,
+    text: str,
+    field: str,
+    index: int,
+    *,
+    chat: bool = False,
 ) -> list[int]:
     if not text:
         raise _bad(f"'{field}' text {index} is empty; send non-empty prompts")
-    ids = await _encode(served.encode_prompt, text, len(text), limits, field)
+
+    def as_user_message(prompt: str) -> list[int]:
+        try:
+            return served.encode_chat([{"role": "user", "content": prompt}])
+        except InputError:
+            # no chat template: the prompt as it is, as `batchline run` takes it
+            return served.encode_prompt(prompt)
+
+    encode = as_user_message if chat else served.encode_prompt
+    ids = await _encode(encode, text, len(text), limits, field)
     if not ids:
         raise _bad(f"'{field}' text {index} has no tokens; send some text")
     return ids
