@@ -23,14 +23,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from batchline._errors import InputError
-from batchline.datasets.outcomes import Outcome, write_outcomes
-from batchline.datasets.sinks import ChunkWriter, OutputFormat, ResultKind
+from batchline.datasets.outcomes import Outcome, Written, write_outcomes
+from batchline.datasets.sinks import ChunkWriter, OutputFormat
 from batchline.datasets.sources import (
     BadRecord,
     Format,
@@ -40,7 +40,7 @@ from batchline.datasets.sources import (
     open_source,
     read_blocks_ahead,
 )
-from batchline.models.protocol import InputKind
+from batchline.models.protocol import InputKind, ResultKind
 
 __all__ = [
     "Adapter",
@@ -112,6 +112,7 @@ async def run_pipeline(
     progress: Progress | None = None,
     max_blocks_in_flight: int = 8,
     unit_of: Callable[[int], int] | None = None,
+    on_written: Callable[[Sequence[Record], Written], None] | None = None,
 ) -> PipelineRun:
     """Send every record of ``source`` not yet committed through ``adapter`` and write the
     outcomes; mark the output complete. A finished output is left as it is.
@@ -119,7 +120,8 @@ async def run_pipeline(
     ``block_records`` records are read and submitted at a time, at most
     ``max_blocks_in_flight`` blocks unwritten. ``unit_of(index)`` (optional) cuts blocks where
     its value changes, so a block never mixes two units (Ray's units never cross an output
-    chunk).
+    chunk). ``on_written(records, written)`` is called once a block's outcomes are handed to
+    the writer; what it raises stops the job like any failure.
     """
     if writer.manifest.complete:
         total = writer.manifest.total_records or 0
@@ -146,6 +148,8 @@ async def run_pipeline(
             run.records += done.written
             run.skipped += done.skipped
             run.failed += done.failed
+            if on_written is not None:
+                on_written(records, done)
             if progress is not None:
                 progress.advance(
                     len(records), failed=done.failed, utilization=adapter.utilization()
@@ -267,6 +271,7 @@ def open_dataset_job(
     extra_settings: dict[str, object] | None = None,
     result_column: str = "embedding",
     result_kind: ResultKind = "vector",
+    result_shapes: Mapping[str, Sequence[int] | None] | None = None,
     input_kind: InputKind = "text",
     input_columns: Sequence[str] = (),
 ) -> tuple[Source, ChunkWriter]:
@@ -314,5 +319,6 @@ def open_dataset_job(
         meta=settings,
         result_column=result_column,
         result_kind=result_kind,
+        result_shapes=result_shapes,
     )
     return source, writer

@@ -111,7 +111,8 @@ def open_job(options: RunOptions, info: ModelInfo) -> tuple[Source, ChunkWriter]
         chunk_size=options.chunk_size,
         extra_settings=extra,
         result_column=info.result_column,
-        result_kind="vector" if info.result_kind == "vector" else "json",
+        result_kind=info.result_kind,
+        result_shapes=_output_shapes(info) if info.result_kind == "tensors" else None,
         input_kind=info.input_kind,
         input_columns=columns,
     )
@@ -124,6 +125,20 @@ def _only_input(info: ModelInfo) -> str | None:
         name = inputs[0].get("name")
         return name if isinstance(name, str) else None
     return None
+
+
+def _output_shapes(info: ModelInfo) -> dict[str, list[int] | None]:
+    """Each declared output's shape per row (without the batch axis), ``None`` where a
+    dimension is dynamic (``-1``): what the writer stores as fixed-size lists."""
+    shapes: dict[str, list[int] | None] = {}
+    outputs = info.details.get("outputs")
+    for output in outputs if isinstance(outputs, list) else []:
+        if isinstance(output, dict) and isinstance(output.get("name"), str):
+            shape = output.get("shape")
+            dims = shape[1:] if isinstance(shape, list) else None
+            fixed = dims is not None and all(isinstance(d, int) and d >= 0 for d in dims)
+            shapes[output["name"]] = list(dims) if fixed and dims is not None else None
+    return shapes
 
 
 def _baseline(knobs: Knobs) -> Knobs:

@@ -96,7 +96,7 @@ class OnnxPredictor:
             task="predict",
             input_kind="tensors",
             cost_kind="additive",
-            result_kind="value",
+            result_kind="tensors",
             result_column="outputs",
             details={
                 "inputs": [tensor_metadata(s) for s in model.inputs],
