@@ -49,8 +49,8 @@ from batchline.models import (
     Embedder,
     OnnxModel,
     TokenizedText,
-    minilm,
 )
+from batchline.models.onnx import minilm
 
 BUDGETS = (256, 512, 1024)
 DEFAULT = DEFAULT_TARGET_BATCH_TOKENS
