@@ -299,7 +299,9 @@ async def run_generate_job(
     ...     input=Path("prompts.jsonl"), model="smollm2", max_tokens=64)))
     >>> summary.tokens_per_s
     """
-    opts = resolve(options if isinstance(options, GenerateOptions) else _as_generate(options))
+    if not isinstance(options, GenerateOptions):  # plain RunOptions: default sampling
+        options = dataclasses.replace(options, task=options.task or "generate", spec=None)
+    opts = resolve(options)
     assert isinstance(opts, GenerateOptions)
     spec = opts.spec
     assert spec is not None
@@ -343,12 +345,6 @@ async def run_generate_job(
             return _summary(writer.out_dir, opts, done, adapter)
     finally:
         model.close()
-
-
-def _as_generate(options: RunOptions) -> GenerateOptions:
-    """``options`` as :class:`GenerateOptions` (default sampling for plain ``RunOptions``)."""
-    values = {f.name: getattr(options, f.name) for f in dataclasses.fields(RunOptions)}
-    return GenerateOptions(**{**values, "spec": None})
 
 
 async def _outcomes(pending: Sequence[asyncio.Future[Completion] | Failed]) -> list[Outcome]:

@@ -35,13 +35,9 @@ class RunSummary:
 
     def rows(self) -> list[tuple[str, str]]:
         """The summary as (label, value) rows, for a table."""
+        mode = "batching" if self.batching else "no batching (one shared session)"
         return [
-            ("output", str(self.output)),
-            ("mode", "batching" if self.batching else "no batching (one shared session)"),
-            ("records (this run)", f"{self.records:,}"),
-            ("skipped", f"{self.skipped:,}"),
-            ("resumed (already done)", f"{self.already_done:,}"),
-            ("wall time", f"{self.wall_s:.1f} s"),
+            *self._head(mode),
             ("records/s", f"{self.records_per_s:,.1f}"),
             ("utilization", f"{self.utilization:.0%}"),
             ("avg batch size", f"{self.avg_batch_size:.1f}"),
@@ -54,6 +50,17 @@ class RunSummary:
                 else [("avg batch cost (model's units)", f"{self.avg_batch_cost:.0f}")]
             ),
             ("latency p50 / p99", f"{_ms(self.latency_p50_s)} / {_ms(self.latency_p99_s)}"),
+        ]
+
+    def _head(self, mode: str) -> list[tuple[str, str]]:
+        """The rows every run's summary starts with."""
+        return [
+            ("output", str(self.output)),
+            ("mode", mode),
+            ("records (this run)", f"{self.records:,}"),
+            ("skipped", f"{self.skipped:,}"),
+            ("resumed (already done)", f"{self.already_done:,}"),
+            ("wall time", f"{self.wall_s:.1f} s"),
         ]
 
 
@@ -96,12 +103,7 @@ class GenerateSummary(RunSummary):
             else "n/a"
         )
         return [
-            ("output", str(self.output)),
-            ("mode", _MODES.get(self.generation_batching, self.generation_batching)),
-            ("records (this run)", f"{self.records:,}"),
-            ("skipped", f"{self.skipped:,}"),
-            ("resumed (already done)", f"{self.already_done:,}"),
-            ("wall time", f"{self.wall_s:.1f} s"),
+            *self._head(_MODES.get(self.generation_batching, self.generation_batching)),
             ("tokens generated", f"{self.generated_tokens:,}"),
             ("tokens/s", f"{self.tokens_per_s:,.1f}"),
             ("records/s", f"{self.records_per_s:,.2f}"),
