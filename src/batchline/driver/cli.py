@@ -189,14 +189,7 @@ class _StderrHandler(logging.Handler):
 def _bar(console: Any) -> Any:
     from batchline.jobs.display import RateBar
 
-    class Bar(RateBar):
-        failed = 0
-
-        def advance(self, records: int, *, failed: int = 0, utilization: float = 0.0) -> None:
-            self.failed += failed
-            self.step(records, f"{self.failed:,} failed")
-
-    return Bar(console, "driving")
+    return RateBar(console, "driving", "failed")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -329,26 +329,13 @@ def _resolve(args: argparse.Namespace, options: Any) -> Any:
 def _generation_bar(console: Any) -> Any:
     from batchline.jobs.display import RateBar
 
-    class GenerationBar(RateBar):
-        rate = "-"
-
-        def tokens(self, generated: int, tokens_per_s: float) -> None:
-            self.rate = f"{generated:,} tok, {tokens_per_s:,.1f} tok/s"
-
-        def advance(self, records: int, *, failed: int = 0, utilization: float = 0.0) -> None:
-            self.step(records, f"{self.rate}, slots {utilization:.0%}")
-
-    return GenerationBar(console, "prompts")
+    return RateBar(console, "prompts", "tokens")
 
 
 def _bar(console: Any) -> Any:
     from batchline.jobs.display import RateBar
 
-    class Bar(RateBar):
-        def advance(self, records: int, *, failed: int = 0, utilization: float = 0.0) -> None:
-            self.step(records, f"util {utilization:.0%}")
-
-    return Bar(console, "records")
+    return RateBar(console, "records", "utilization")
 
 
 if __name__ == "__main__":  # pragma: no cover
