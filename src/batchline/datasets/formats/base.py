@@ -241,6 +241,18 @@ class Source:
                 c for c in self._extra_requested if own is None or c not in own
             )
 
+    def _columns_to_read(self) -> tuple[list[str], list[str], tuple[str, ...]]:
+        """The model's input columns, every column to read, and the copied ones (the columnar
+        formats read only these)."""
+        inputs = (
+            [self.text_column]
+            if self.input_kind == "text"
+            else list(self.input_columns or self.columns)
+        )
+        extras = self.extra_columns or ()
+        own = [c for c in (*inputs, self.id_column) if c is not None]
+        return inputs, list(dict.fromkeys([*own, *extras])), extras
+
     def _default_id_ok(self) -> bool:
         """Whether an ``id`` column may serve as the id: not when it is the model's input."""
         if self.input_kind == "text":

@@ -52,12 +52,7 @@ class CsvSource(Source):
             invalid[number - 2] = (reason, cast(str, row.text))
             return "skip"
 
-        if self.input_kind == "text":
-            inputs = [self.text_column]
-        else:
-            inputs = list(self.input_columns or self.columns)
-        columns = [c for c in (*inputs, self.id_column) if c is not None]
-        extras = self.extra_columns or ()
+        inputs, columns, extras = self._columns_to_read()
         try:
             reader = pa_csv.open_csv(
                 self.path,
@@ -69,7 +64,7 @@ class CsvSource(Source):
                     # Every column is read as text: type inference on the first block alone would
                     # fail on a later block that disagrees, and CSV has no types to preserve.
                     column_types={c: pa.string() for c in self.columns},
-                    include_columns=list(dict.fromkeys([*columns, *extras])),
+                    include_columns=columns,
                     strings_can_be_null=False,
                 ),
             )

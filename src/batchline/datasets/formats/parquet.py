@@ -53,14 +53,7 @@ class ParquetSource(Source):
 
     def _items(self, skipper: Skipper, block_size: int) -> Iterator[Item]:
         pf = self._parquet_file()
-        extras = self.extra_columns or ()
-        if self.input_kind == "text":
-            inputs = [self.text_column]
-        else:
-            inputs = list(self.input_columns or self.columns)
-        columns = list(
-            dict.fromkeys([c for c in (*inputs, self.id_column) if c is not None] + list(extras))
-        )
+        inputs, columns, extras = self._columns_to_read()
         offset = 0
         try:
             for rg in range(pf.num_row_groups):
