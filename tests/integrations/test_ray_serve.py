@@ -1,0 +1,331 @@
+"""``batchline serve --engine ray`` end to end, on one local Ray + Serve instance per module.
+
+The tests on Ray are slow (Ray and Serve start in seconds, each deployment loads its models):
+deselect them with ``-m "not slow"``. Each test deploys the ``batchline`` application again
+on the same Serve (same proxy port): a fake slow embedder to scale on, the default embedder
+for ``drive``, the fake generator for the OpenAI client. The autoscaler's metric push
+intervals are shortened (Ray reads them from the environment of the processes it starts) so
+scaling takes seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("fastapi")
+pytest.importorskip("ray.serve")
+
+import httpx
+import ray
+from prometheus_client.parser import text_string_to_metric_families
+from ray import serve
+
+from batchline._errors import InputError
+from batchline.datasets.sinks import read_output
+from batchline.driver.drive import DriveOptions, drive
+from batchline.integrations.ray_serve import (
+    REPLICA_HEADER,
+    ServeReplicas,
+    deploy,
+    deployment_options,
+    parse_replicas,
+    replica_capacity,
+    replica_counts,
+)
+from batchline.knobs import Knobs
+from batchline.models.onnx.embed import TextEmbedder
+from batchline.models.specs import ModelSpec
+from batchline.server.settings import ServerSettings
+from tests.server.conftest import GEN_TOK, FakeEmbedder, fake_generator_loader, generated_text
+
+ROOT = Path(__file__).resolve().parents[2]
+WORDS = ["batching", "keeps", "the", "device", "busy", "while", "requests", "queue", "ünïcödé"]
+_RAY_ENV = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_AUTH_MODE": "disabled",
+    # the controller hears about ongoing requests every 0.5 s instead of 10 s
+    "RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.5",
+    "RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.5",
+    # the replicas unpickle this module's loaders: they import it from the repository root
+    "PYTHONPATH": os.pathsep.join(
+        p for p in (str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH")) if p
+    ),
+}
+
+
+# -- models the replicas load (module level: pickled by reference, imported there) ------------
+
+
+class _SlowFake(FakeEmbedder):
+    """The fake embedder, 50 ms per batch: requests stay in flight long enough to scale on."""
+
+    def embed_tokens(self, texts: Any) -> Any:
+        time.sleep(0.05)
+        return super().embed_tokens(texts)
+
+
+def load_slow_fake(spec: ModelSpec, knobs: Knobs) -> Any:
+    return TextEmbedder(_SlowFake(), name=spec.name)  # type: ignore[arg-type]
+
+
+# -- the shared instance -------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def port() -> Iterator[int]:
+    """One local Ray (4 logical CPUs) and Serve's proxy on a free port, for the module."""
+    saved = {k: os.environ.get(k) for k in _RAY_ENV}
+    os.environ.update(_RAY_ENV)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="WARNING")
+    try:
+        yield _free_port()
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _settings(port: int, **values: Any) -> ServerSettings:
+    base: dict[str, Any] = {
+        "port": port,
+        "sessions": 1,
+        "intra_op_threads": 1,
+        "solo_intra_op_threads": None,
+        "max_queue_size": 256,
+        "max_inputs_per_request": 64,
+        "request_timeout_s": 60.0,
+        "drain_timeout_s": 10.0,
+    }
+    return ServerSettings.build({**base, **values})
+
+
+def _wait(predicate: Callable[[], object], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached within {timeout_s} s: {replica_counts()}")
+        time.sleep(0.2)
+
+
+def _dataset(path: Path, n: int) -> Path:
+    lines = []
+    for i in range(n):
+        words = [WORDS[(i + j) % len(WORDS)] for j in range(2 + (i * 7) % 23)]
+        lines.append(json.dumps({"id": f"r{i}", "text": " ".join(words)}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _completed_by_replica(url: str, replicas: int) -> dict[str, float]:
+    """Each replica's completed-records counter, from its own ``/metrics`` (a scrape through
+    the proxy reaches one replica; the response header says which)."""
+    seen: dict[str, float] = {}
+    with httpx.Client(base_url=url, timeout=30) as client:
+        for _ in range(200):
+            r = client.get("/metrics")
+            assert r.status_code == 200
+            for family in text_string_to_metric_families(r.text):
+                for sample in family.samples:
+                    if sample.name == "batchline_records_total" and (
+                        sample.labels.get("outcome") == "completed"
+                    ):
+                        seen[r.headers[REPLICA_HEADER]] = sample.value
+            if len(seen) == replicas:
+                break
+    return seen
+
+
+# -- options (no Ray needed) ---------------------------------------------------------------------
+
+
+def test_replicas_and_options_are_checked() -> None:
+    assert parse_replicas("0-2") == (0, 2)
+    assert parse_replicas("3") == (3, 3)
+    with pytest.raises(InputError, match="expected N or MIN-MAX"):
+        parse_replicas("two")
+    with pytest.raises(InputError, match="maximum must be >= 1"):
+        ServeReplicas(min=2, max=1)
+    with pytest.raises(InputError, match="maximum must be >= 1"):
+        ServeReplicas(min=0, max=0)
+    assert ServeReplicas(min=0, max=2, target_ongoing=10).concurrency == 20
+
+    settings = ServerSettings.build(
+        model=["emb=default", "gen=smollm2"], max_queue_size=100, max_inputs_per_request=100
+    )
+    # every model's queue, and a generate model's running sequences besides
+    assert replica_capacity(settings) == 100 + 100 + settings.knobs.max_running_sequences
+    options = deployment_options(settings, ServeReplicas(min=0, max=2, target_ongoing=8))
+    assert options["max_ongoing_requests"] == replica_capacity(settings)  # never Serve's 5
+    assert options["autoscaling_config"]["min_replicas"] == 0
+    assert options["autoscaling_config"]["target_ongoing_requests"] == 8
+    assert options["graceful_shutdown_timeout_s"] == settings.drain_timeout_s
+    assert options["ray_actor_options"]["num_gpus"] == 0
+    gpu = ServerSettings.build(device="cuda")
+    assert deployment_options(gpu, ServeReplicas())["ray_actor_options"]["num_gpus"] == 1
+    with pytest.raises(InputError, match="more than a replica can hold"):
+        deployment_options(
+            ServerSettings.build(max_queue_size=4, max_inputs_per_request=4),
+            ServeReplicas(target_ongoing=5),
+        )
+
+
+# -- on Ray --------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_scale_from_zero_up_under_load_and_back_down_when_idle(port: int) -> None:
+    replicas = ServeReplicas(
+        min=0, max=2, target_ongoing=2, upscale_delay_s=0.5, downscale_delay_s=1.0
+    )
+    url = deploy(_settings(port, model_name="fake"), replicas, load_model=load_slow_fake)
+    assert replica_counts().running == 0
+    with httpx.Client(base_url=url, timeout=90) as client:
+        ready = client.get("/ready")  # min 0: ready with no replica, and wakes none
+        assert ready.status_code == 200, ready.text
+        assert ready.json()["replicas"]["running"] == 0
+        assert replica_counts().target == 0
+
+        started = time.perf_counter()
+        first = client.post("/v1/embeddings", json={"input": ["from zero"]})
+        cold_s = time.perf_counter() - started
+        assert first.status_code == 200, first.text
+        assert first.json()["model"] == "fake"
+        print(f"first request from zero replicas: {cold_s:.2f} s")
+        assert replica_counts().running == 1
+
+        stop = threading.Event()
+        statuses: list[int] = []
+
+        def load() -> None:
+            with httpx.Client(base_url=url, timeout=60) as c:
+                while not stop.is_set():
+                    statuses.append(c.post("/v1/embeddings", json={"input": ["x y z"]}).status_code)
+
+        clients = [threading.Thread(target=load) for _ in range(8)]
+        for t in clients:
+            t.start()
+        try:
+            _wait(lambda: replica_counts().running == 2, 90, "2 running replicas under load")
+        finally:
+            stop.set()
+            for t in clients:
+                t.join()
+        assert statuses
+        assert set(statuses) == {200}
+        _wait(lambda: replica_counts().running == 0, 120, "scaled back to zero when idle")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_two_replicas_serve_one_drive_every_record_exactly_once(port: int, tmp_path: Path) -> None:
+    url = deploy(_settings(port), ServeReplicas(min=2, max=2, target_ongoing=4))
+    assert replica_counts().running == 2
+    assert httpx.get(f"{url}/ready").json()["replicas"]["running"] == 2
+    n = 400
+    summary = drive(
+        DriveOptions(
+            input=_dataset(tmp_path / "in.jsonl", n),
+            endpoints=[url],
+            output=tmp_path / "out",
+            id_column="id",
+            chunk_size=8,
+            concurrency=8,
+        )
+    )
+    assert summary.exit_code == 0
+    ids = read_output(tmp_path / "out").column("id").to_pylist()
+    assert sorted(ids) == sorted(f"r{i}" for i in range(n))  # each once, none lost
+
+    done = _completed_by_replica(url, 2)
+    assert len(done) == 2, done
+    assert all(v > 0 for v in done.values()), done  # both replicas served the drive
+    # each record embedded once in all (only a retried chunk could count twice)
+    if summary.retries == 0:
+        assert sum(done.values()) == n
+    else:
+        assert sum(done.values()) >= n
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_replica_killed_mid_drive_is_replaced_and_nothing_is_lost(
+    port: int, tmp_path: Path
+) -> None:
+    url = deploy(_settings(port), ServeReplicas(min=2, max=2, target_ongoing=4))
+    before = replica_counts()
+    assert before.running == 2
+    n = 1200
+    out = tmp_path / "out"
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        result["summary"] = drive(
+            DriveOptions(
+                input=_dataset(tmp_path / "in.jsonl", n),
+                endpoints=[url],
+                output=out,
+                id_column="id",
+                chunk_size=8,
+                output_chunk_size=64,
+                concurrency=4,
+            )
+        )
+
+    driver = threading.Thread(target=run)
+    driver.start()
+    _wait(lambda: any(out.glob("part-*")), 120, "a first committed chunk")
+    victim, actor_name = next(iter(before.actors.items()))
+    assert driver.is_alive()  # mid-run
+    ray.kill(ray.get_actor(actor_name, namespace="serve"), no_restart=True)
+    driver.join(timeout=180)
+    assert not driver.is_alive()
+    assert result["summary"].exit_code == 0
+    ids = read_output(out).column("id").to_pylist()
+    assert sorted(ids) == sorted(f"r{i}" for i in range(n))
+
+    _wait(
+        lambda: replica_counts().running == 2 and victim not in replica_counts().actors,
+        120,
+        "a replacement replica",
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_generate_model_answers_the_openai_client_with_the_api_key(port: int) -> None:
+    openai = pytest.importorskip("openai")
+    settings = _settings(port, model=["fake=smollm2"], api_key="sesame")
+    url = deploy(settings, ServeReplicas(min=1, max=1), load_generator=fake_generator_loader())
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="sesame", max_retries=0)
+    out = client.completions.create(model="fake", prompt="hello", max_tokens=8)
+    assert out.choices[0].text == generated_text(GEN_TOK.encode("hello"), 8)
+    chunks = client.chat.completions.create(
+        model="fake", messages=[{"role": "user", "content": "hi"}], max_tokens=6, stream=True
+    )
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == generated_text(GEN_TOK.encode("<user>hi\n<assistant>"), 6)
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).models.list()
+    models = client.models.list()
+    assert [m.id for m in models.data] == ["fake"]
