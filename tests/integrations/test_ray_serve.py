@@ -34,6 +34,7 @@ from batchline._errors import InputError
 from batchline.datasets.sinks import read_output
 from batchline.driver.drive import DriveOptions, drive
 from batchline.integrations.ray_serve import (
+    _QUICK_AUTOSCALING_ENV,
     REPLICA_HEADER,
     ServeReplicas,
     deploy,
@@ -53,9 +54,9 @@ WORDS = ["batching", "keeps", "the", "device", "busy", "while", "requests", "que
 _RAY_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",
     "RAY_AUTH_MODE": "disabled",
-    # the controller hears about ongoing requests every 0.5 s instead of 10 s
-    "RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.5",
-    "RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.5",
+    # what `batchline serve --engine ray` sets for its own Ray: ongoing requests are recorded
+    # every look_back_period_s x 0.02 and pushed to Serve's controller every 0.5 s
+    **_QUICK_AUTOSCALING_ENV,
     # the replicas unpickle this module's loaders: they import it from the repository root
     "PYTHONPATH": os.pathsep.join(
         p for p in (str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH")) if p
@@ -196,7 +197,12 @@ def test_replicas_and_options_are_checked() -> None:
 @pytest.mark.timeout(240)
 def test_scale_from_zero_up_under_load_and_back_down_when_idle(port: int) -> None:
     replicas = ServeReplicas(
-        min=0, max=2, target_ongoing=2, upscale_delay_s=0.5, downscale_delay_s=1.0
+        min=0,
+        max=2,
+        target_ongoing=2,
+        upscale_delay_s=0.5,
+        downscale_delay_s=1.0,
+        look_back_period_s=11.0,  # the shortest Ray 2.60 takes without a warning
     )
     url = deploy(_settings(port, model_name="fake"), replicas, load_model=load_slow_fake)
     assert replica_counts().running == 0
