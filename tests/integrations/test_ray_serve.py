@@ -10,9 +10,13 @@ scaling takes seconds.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -31,6 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ray import serve
 
 from batchline._errors import InputError
+from batchline.cli import main
 from batchline.datasets.sinks import read_output
 from batchline.driver.drive import DriveOptions, drive
 from batchline.integrations.ray_serve import (
@@ -48,6 +53,7 @@ from batchline.models.onnx.embed import TextEmbedder
 from batchline.models.specs import ModelSpec
 from batchline.server.settings import ServerSettings
 from tests.server.conftest import GEN_TOK, FakeEmbedder, fake_generator_loader, generated_text
+from tests.test_cli_imports import _blocked
 
 ROOT = Path(__file__).resolve().parents[2]
 WORDS = ["batching", "keeps", "the", "device", "busy", "while", "requests", "queue", "ünïcödé"]
@@ -335,3 +341,93 @@ def test_a_generate_model_answers_the_openai_client_with_the_api_key(port: int) 
         openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).models.list()
     models = client.models.list()
     assert [m.id for m in models.data] == ["fake"]
+
+
+# -- the command ---------------------------------------------------------------------------------
+
+
+def test_ray_flags_without_engine_ray_are_a_one_line_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["serve", "--replicas", "0-2", "--port", "0"]) == 2
+    assert "--replicas, --target-ongoing and --address go with --engine ray" in (
+        capsys.readouterr().err
+    )
+    assert main(["serve", "--engine", "ray", "--replicas", "2-1"]) == 2
+    assert "maximum must be >= 1 and >= the minimum" in capsys.readouterr().err
+
+
+def test_engine_ray_without_ray_names_the_extra() -> None:
+    done = _blocked(["ray"], [["serve", "--engine", "ray", "--port", "0"]])
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [2], done.stderr
+    assert "pip install 'batchline[ray]'" in done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_cli_serves_from_zero_and_sigterm_stops_everything(tmp_path: Path) -> None:
+    """`batchline serve --engine ray` in a process of its own: its private Ray, /ready with no
+    replica, a request that wakes one, SIGTERM -> exit 0 and no Ray process left."""
+    port = _free_port()
+    log = (tmp_path / "serve.log").open("w")
+    env = {**os.environ, "PYTHONPATH": _RAY_ENV["PYTHONPATH"]}
+    for k in (*_QUICK_AUTOSCALING_ENV, "RAY_AUTH_MODE"):
+        env.pop(k, None)  # the command sets them for its own Ray
+    argv = ["serve", "--engine", "ray", "--replicas", "0-1", "--target-ongoing", "4"]
+    argv += ["--port", str(port), "--sessions", "1", "--set", "intra_op_threads=1"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "batchline", *argv], stdout=log, stderr=subprocess.STDOUT, env=env
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        ready = None
+        while ready is None or ready.status_code != 200:
+            assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "never ready"
+            time.sleep(0.5)
+            with contextlib.suppress(httpx.TransportError):
+                ready = httpx.get(f"{url}/ready", timeout=5)
+        assert ready.json()["replicas"]["min"] == 0
+        started = time.perf_counter()
+        r = httpx.post(f"{url}/v1/embeddings", json={"input": ["wake up"]}, timeout=90)
+        print(f"first request through the command's own Ray: {time.perf_counter() - started:.2f} s")
+        assert r.status_code == 200, r.text
+        assert len(r.json()["data"][0]["embedding"]) == 384
+        assert r.headers[REPLICA_HEADER]
+        daemons = _ray_daemons_under(proc.pid)
+        assert set(daemons.values()) >= {"raylet", "gcs_server"}, daemons
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=90) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+    text = (tmp_path / "serve.log").read_text()
+    assert "drive with --concurrency 4" in text
+    deadline = time.monotonic() + 30
+    while (left := [p for p in daemons if Path(f"/proc/{p}").exists()]) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.5)
+    assert not left, f"left behind: {[daemons[p] for p in left]}"
+
+
+def _ray_daemons_under(root: int) -> dict[int, str]:
+    """The raylet and GCS processes descending from ``root`` (pid -> name), from /proc."""
+    parents: dict[int, int] = {}
+    names: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        with contextlib.suppress(OSError, ValueError):
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            close = stat.rindex(")")
+            names[int(entry)] = stat[stat.index("(") + 1 : close]
+            parents[int(entry)] = int(stat[close + 2 :].split()[1])
+    found, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        children = [c for c, parent in parents.items() if parent == pid and c not in found]
+        found.update(children)
+        todo.extend(children)
+    return {p: names[p] for p in found if names[p] in ("raylet", "gcs_server")}

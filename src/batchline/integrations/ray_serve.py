@@ -326,9 +326,7 @@ def deploy(
             "request_timeout_s": settings.request_timeout_s,
         }
     )
-    replica: Any = serve.deployment(_Replica)
-    app = replica.options(**options).bind(settings, load_model, load_generator)
-    serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
+    # /ready first: until it is routed, the app at "/" would answer it, waking a replica
     readiness: Any = serve.deployment(
         _Readiness,
         name=READY_APP_NAME,
@@ -341,6 +339,9 @@ def deploy(
         route_prefix="/ready",
         blocking=False,
     )
+    replica: Any = serve.deployment(_Replica)
+    app = replica.options(**options).bind(settings, load_model, load_generator)
+    serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
     _wait_started(start_timeout_s)
     return f"http://{_url_host(settings.host)}:{settings.port}"
 
@@ -386,7 +387,7 @@ def serve_on_ray(
     *,
     address: str | None = None,
     start_timeout_s: float = 300.0,
-    status_interval_s: float = 10.0,
+    status_interval_s: float = 2.0,
 ) -> int:
     """Serve ``settings`` on Ray Serve until SIGTERM/SIGINT; return 0 after a clean shutdown.
 
@@ -411,7 +412,8 @@ def serve_on_ray(
     local_cpus = max(os.cpu_count() or 1, math.ceil(replicas.max * cpus))
     stop = threading.Event()
     quick = _QUICK_AUTOSCALING_ENV if address is None else {}
-    with _signals_set(stop), _env_defaults(quick), _ray_session(address, local_cpus):
+    # signals after ray.init: Ray's core installs a SIGTERM handler that aborts the process
+    with _env_defaults(quick), _ray_session(address, local_cpus), _signals_set(stop):
         try:
             url = deploy(settings, replicas, start_timeout_s=start_timeout_s)
             logger.info(
