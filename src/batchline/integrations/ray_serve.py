@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
     from batchline.server.app import LoadGenerator, LoadModel
+    from batchline.server.state import ServerState
 
 __all__ = [
     "APP_NAME",
@@ -220,15 +221,71 @@ class _Replica:
         self._load_model = load_model
         self._load_generator = load_generator
         self.replica_id: str = serve.get_replica_context().replica_id.unique_id
+        self._exporter: asyncio.Task[None] | None = None
 
-    def __serve_build_asgi_app__(self) -> FastAPI:
+    async def __serve_build_asgi_app__(self) -> FastAPI:
         from batchline.server.app import create_app
 
         app = create_app(
             self._settings, load_model=self._load_model, load_generator=self._load_generator
         )
         app.add_middleware(_ReplicaHeader, replica=self.replica_id)
+        self._exporter = asyncio.create_task(_export_stats(app.state.server, STATS_INTERVAL_S))
         return app
+
+
+#: How often each replica copies its batchers' stats into Ray's metrics.
+STATS_INTERVAL_S = 2.0
+
+
+async def _export_stats(state: ServerState, interval_s: float) -> None:
+    """Copy each batch model's stats into Ray's metrics, tagged with this replica (Serve adds
+    the ``deployment``, ``replica`` and ``application`` tags): one Prometheus endpoint per Ray
+    node then shows every replica's batching, where ``/metrics`` through the proxy shows the
+    one replica that answered."""
+    from ray.serve.metrics import Gauge
+
+    records = Gauge(
+        "batchline_replica_records",
+        description="Records by outcome since the replica started (submitted, completed, "
+        "failed, cancelled, expired).",
+        tag_keys=("model", "outcome"),  # type: ignore[arg-type]  # Ray types it tuple[str]
+    )
+    batches = Gauge(
+        "batchline_replica_batches", description="Model calls so far.", tag_keys=("model",)
+    )
+    size = Gauge(
+        "batchline_replica_avg_batch_size",
+        description="Mean records per model call.",
+        tag_keys=("model",),
+    )
+    queued = Gauge(
+        "batchline_replica_queue_depth", description="Records queued now.", tag_keys=("model",)
+    )
+    while True:
+        try:
+            _set_stats(state, records, batches, size, queued)
+        except Exception:  # a metric must never take the replica down
+            logger.exception("exporting the batch stats to Ray's metrics failed")
+        await asyncio.sleep(interval_s)
+
+
+def _set_stats(state: ServerState, records: Any, batches: Any, size: Any, queued: Any) -> None:
+    for name, model in list(state.models.items()):
+        stats = model.stats()
+        if stats is None:  # the baseline has no batcher
+            continue
+        for outcome, value in (
+            ("submitted", stats.total_submitted),
+            ("completed", stats.total_completed),
+            ("failed", stats.total_failed),
+            ("cancelled", stats.total_cancelled),
+            ("expired", stats.total_expired),
+        ):
+            records.set(value, tags={"model": name, "outcome": outcome})
+        batches.set(stats.total_batches, tags={"model": name})
+        size.set(stats.avg_batch_size, tags={"model": name})
+        queued.set(stats.queue_depth, tags={"model": name})
 
 
 class _Readiness:
