@@ -40,6 +40,7 @@ from batchline.datasets.sinks import read_output
 from batchline.driver.drive import DriveOptions, drive
 from batchline.integrations.ray_serve import (
     _QUICK_AUTOSCALING_ENV,
+    APP_NAME,
     REPLICA_HEADER,
     ServeReplicas,
     deploy,
@@ -49,10 +50,12 @@ from batchline.integrations.ray_serve import (
     replica_counts,
 )
 from batchline.knobs import Knobs
+from batchline.models.generation.fake import FakeEngine
+from batchline.models.generation.scheduler import ContinuousGenerator
 from batchline.models.onnx.embed import TextEmbedder
 from batchline.models.specs import ModelSpec
 from batchline.server.settings import ServerSettings
-from tests.server.conftest import GEN_TOK, FakeEmbedder, fake_generator_loader, generated_text
+from tests.server.conftest import GEN_TOK, FakeEmbedder, FakeGenerateModel, generated_text
 from tests.test_cli_imports import _blocked
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,6 +86,28 @@ class _SlowFake(FakeEmbedder):
 
 def load_slow_fake(spec: ModelSpec, knobs: Knobs) -> Any:
     return TextEmbedder(_SlowFake(), name=spec.name)  # type: ignore[arg-type]
+
+
+class _SlowGenEngine(FakeEngine):
+    """The fake step engine, 50 ms per step: a stream lasts long enough to remove its replica
+    while it runs."""
+
+    def step(self) -> Any:
+        time.sleep(0.05)
+        return super().step()
+
+
+def load_slow_generator(spec: ModelSpec, knobs: Knobs) -> Any:
+    engine = _SlowGenEngine()
+    generator = ContinuousGenerator(
+        engine,
+        GEN_TOK,
+        max_running=knobs.max_running_sequences,
+        kv_token_budget=knobs.kv_token_budget,
+        max_waiting=knobs.max_queue_size,
+        name=spec.name,
+    )
+    return FakeGenerateModel(spec.name, generator, engine, knobs)
 
 
 # -- the shared instance -------------------------------------------------------------------------
@@ -354,11 +379,13 @@ def test_a_replica_killed_mid_drive_is_replaced_and_nothing_is_lost(
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_a_generate_model_answers_the_openai_client_with_the_api_key(port: int) -> None:
+def test_a_generate_model_answers_the_openai_client_and_a_removed_replica_finishes_its_stream(
+    port: int,
+) -> None:
     openai = pytest.importorskip("openai")
     settings = _settings(port, model=["fake=smollm2"], api_key="sesame")
-    url = deploy(settings, ServeReplicas(min=1, max=1), load_generator=fake_generator_loader())
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key="sesame", max_retries=0)
+    url = deploy(settings, ServeReplicas(min=1, max=1), load_generator=load_slow_generator)
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="sesame", max_retries=0, timeout=60)
     out = client.completions.create(model="fake", prompt="hello", max_tokens=8)
     assert out.choices[0].text == generated_text(GEN_TOK.encode("hello"), 8)
     chunks = client.chat.completions.create(
@@ -368,8 +395,26 @@ def test_a_generate_model_answers_the_openai_client_with_the_api_key(port: int) 
     assert streamed == generated_text(GEN_TOK.encode("<user>hi\n<assistant>"), 6)
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).models.list()
-    models = client.models.list()
-    assert [m.id for m in models.data] == ["fake"]
+    assert [m.id for m in client.models.list().data] == ["fake"]
+
+    # a replica being removed finishes the stream it is sending (Serve's graceful shutdown,
+    # drain_timeout_s; checked to fail, the stream cut, with drain_timeout_s=0.1)
+    pieces: list[str] = []
+    first = threading.Event()
+
+    def stream() -> None:
+        for c in client.completions.create(model="fake", prompt="long", max_tokens=60, stream=True):
+            pieces.append(c.choices[0].text)
+            first.set()
+
+    reader = threading.Thread(target=stream)
+    reader.start()
+    assert first.wait(60)
+    serve.delete(APP_NAME)  # returns once its replica has stopped
+    reader.join(timeout=60)
+    assert not reader.is_alive()
+    assert "".join(pieces) == generated_text(GEN_TOK.encode("long"), 60)
+    assert replica_counts().running == 0
 
 
 # -- the command ---------------------------------------------------------------------------------
