@@ -5,8 +5,9 @@ all-MiniLM-L6-v2):
 
 - ``single``: the single-process server, serve's default knobs;
 - ``ray x1``: Ray Serve, one replica with the same knobs (what the proxy costs);
-- ``ray x2``: Ray Serve, two replicas of one session of one intra-op thread each (a core each
-  on a 2-core machine, as ``run --engine ray``'s replicas);
+- ``ray x1 1c`` and ``ray x2 1c``: one and two replicas of one session of one intra-op thread
+  each (a core each on a 2-core machine, as ``run --engine ray``'s replicas): what a second
+  replica adds, with the same knobs per replica;
 - ``ray 0-1`` (unless ``--no-cold``): min 0, to time the first request, which waits for a
   replica to start and load the model.
 
@@ -63,7 +64,8 @@ RAY = ["--engine", "ray", "--target-ongoing", str(TARGET_ONGOING)]
 CONFIGS = [
     Config("single", [], 1),
     Config("ray x1", [*RAY, "--replicas", "1"], 1),
-    Config("ray x2", [*RAY, "--replicas", "2", *ONE_CORE], 2),
+    Config("ray x1 1c", [*RAY, "--replicas", "1", *ONE_CORE], 1),
+    Config("ray x2 1c", [*RAY, "--replicas", "2", *ONE_CORE], 2),
 ]
 
 
@@ -171,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                     getattr(into, name).extend(getattr(fig, name))
                 into.errors += fig.errors
                 print(
-                    f"  {config.name:7} started in {fig.start_s[0]:5.1f} s | drive "
+                    f"  {config.name:9} started in {fig.start_s[0]:5.1f} s | drive "
                     f"{fig.drive_rps[0]:7.1f} rec/s | c=1 p50 {fig.p50_c1_ms[0]:6.2f} ms | "
                     f"c=32 {fig.rps_c32[0]:7.1f} req/s",
                     flush=True,
@@ -180,18 +182,18 @@ def main(argv: list[str] | None = None) -> int:
 
     base = results["single"]
     print()
-    print("server   | drive rec/s   x single | c=1 p50 ms  added | c=32 req/s  x single | non-2xx")
+    print("server    | drive rec/s   x single | c=1 p50 ms  added | c=32 req/s  x single | non-2xx")
     for config in CONFIGS:
         r = results[config.name]
         drive_rps, p50, rps = r.median("drive_rps"), r.median("p50_c1_ms"), r.median("rps_c32")
         print(
-            f"{config.name:8} | {drive_rps:11.1f} {drive_rps / base.median('drive_rps'):8.2f}x | "
+            f"{config.name:9} | {drive_rps:11.1f} {drive_rps / base.median('drive_rps'):8.2f}x | "
             f"{p50:10.2f} {p50 - base.median('p50_c1_ms'):+6.2f} | "
             f"{rps:10.1f} {rps / base.median('rps_c32'):8.2f}x | {r.errors}"
         )
     ray1 = results["ray x1"]
-    x2 = results["ray x2"].median("drive_rps") / ray1.median("drive_rps")
-    print(f"\ndrive, 2 replicas against 1: x{x2:.2f}")
+    x2 = results["ray x2 1c"].median("drive_rps") / results["ray x1 1c"].median("drive_rps")
+    print(f"\ndrive, 2 replicas against 1 (one core each): x{x2:.2f}")
     added = ray1.median("p50_c1_ms") - base.median("p50_c1_ms")
     ratio = ray1.median("rps_c32") / base.median("rps_c32")
     print(
