@@ -13,9 +13,9 @@ Modes, all on the same machine in the same run:
                2 intra-op threads (what a naive server does).
 (c) fifo       batches of the same padded-token budget in arrival order, no length awareness,
                2 sessions x 1 thread.
-(d) embedder   the embedder behind the engine, as ``run`` and ``serve`` batch it: tokenize (in
-               worker threads, 256 texts at a time) -> ``models.engine.Engine``'s TokenBatcher
-               (padding-aware) -> ONNX, 2 sessions x 1 thread. Timed from raw text.
+(d) embedder   the embedder behind its model batcher, as ``run`` and ``serve`` batch it: tokenize
+               (in worker threads, 256 texts at a time) -> ``models.batching.ModelBatcher``'s
+               TokenBatcher (padding-aware) -> ONNX, 2 sessions x 1 thread. Timed from raw text.
 
 (b), (c) and (d) include tokenization; (a) does not. Goals: (d) >= 0.9 x (a), (d) >= 1.3 x (c).
 
@@ -52,7 +52,7 @@ from batchline.models import (
     OnnxModel,
     TokenizedText,
 )
-from batchline.models.engine import Engine
+from batchline.models.batching import ModelBatcher
 from batchline.models.onnx import minilm
 from batchline.models.onnx.embed import TextEmbedder
 
@@ -197,7 +197,7 @@ def mode_embedder(emb: Embedder, texts: Sequence[str]) -> dict[str, Any]:
     )
 
     async def go() -> dict[str, Any]:
-        async with Engine(model, knobs) as engine:
+        async with ModelBatcher(model, knobs) as engine:
             futures: list[asyncio.Future[Any]] = []
             # tokenized a chunk at a time, so the first batches run while the rest is tokenized
             for start in range(0, len(texts), 256):

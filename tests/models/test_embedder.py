@@ -14,7 +14,7 @@ from batchline import SyncBatcher
 from batchline._errors import InputError, ModelError
 from batchline.knobs import Knobs
 from batchline.models import Embedder, TokenizedText, load_tokenizer
-from batchline.models.engine import Engine
+from batchline.models.batching import ModelBatcher
 from batchline.models.onnx import minilm
 from batchline.models.onnx.embed import TextEmbedder
 
@@ -95,7 +95,7 @@ async def test_embed_through_the_batcher_keeps_order(
     rng = np.random.default_rng(0)
     order = rng.permutation(len(texts) * 8) % len(texts)
     model = TextEmbedder(emb, name="emb")
-    async with Engine(model, Knobs(sessions=2)) as engine:
+    async with ModelBatcher(model, Knobs(sessions=2)) as engine:
         items = model.prepare([texts[i] for i in order])
         futures = [await engine.submit(item) for item in items]
         got = np.stack(await asyncio.gather(*futures))
@@ -109,7 +109,7 @@ async def test_embed_through_the_batcher_keeps_order(
 @pytest.mark.anyio
 async def test_submit_text_or_tokens(emb: Embedder) -> None:
     model = TextEmbedder(emb, name="emb")
-    async with Engine(model, Knobs(sessions=2)) as engine:
+    async with ModelBatcher(model, Knobs(sessions=2)) as engine:
         tok = emb.tokenize(["hello world"])[0]
         a = await (await engine.submit(tok))
         (item,) = model.prepare(["hello world"])
@@ -130,7 +130,7 @@ def test_a_sync_batcher_over_the_engine_embeds_from_plain_threads(
     emb: Embedder, reference: tuple[list[str], np.ndarray[Any, Any]]
 ) -> None:
     texts, want = reference
-    engine = Engine(TextEmbedder(emb, name="emb"), Knobs(sessions=2))
+    engine = ModelBatcher(TextEmbedder(emb, name="emb"), Knobs(sessions=2))
     with SyncBatcher(engine.batcher) as batcher:  # the batcher runs on another thread's loop
         before = batcher.stats.total_completed
         got = np.stack(batcher.map(emb.tokenize(texts)))

@@ -406,13 +406,13 @@ async def test_several_models_share_one_device_with_their_weights(
     from batchline.server import state as state_module
 
     calls: list[tuple[object, object]] = []
-    real_engine = state_module.Engine
+    real_engine = state_module.ModelBatcher
 
     def engine(model: Any, knobs: Any, **kwargs: Any) -> Any:
         calls.append((kwargs["device"], kwargs["weight"]))
         return real_engine(model, knobs, **kwargs)
 
-    monkeypatch.setattr(state_module, "Engine", engine)
+    monkeypatch.setattr(state_module, "ModelBatcher", engine)
     async with several(
         model=["emb=default", "clf=m:clf"], model_weights={"clf": 2.5}, sessions=2
     ) as (client, app):

@@ -42,7 +42,7 @@ from batchline.datasets.sources import (
     read_blocks_ahead,
 )
 from batchline.knobs import Knobs
-from batchline.models.engine import Engine
+from batchline.models.batching import ModelBatcher
 from batchline.models.protocol import BatchModel, InputKind, ModelInfo
 
 __all__ = [
@@ -382,7 +382,7 @@ async def _pipeline(
     writes: set[asyncio.Task[None]] = set()
     failure: list[BaseException] = []
 
-    async with Engine(model, knobs) as engine:
+    async with ModelBatcher(model, knobs) as engine:
 
         async def finish_block(
             records: list[Record], pending: list[asyncio.Future[Any] | Failed], t0: float

@@ -1,6 +1,6 @@
 """``batchline serve``: models behind shared dynamic batchers (``batchline[server]``).
 
-Every served batch model has one shared batcher (``batchline.models.engine.Engine``), so
+Every served batch model has one shared batcher (``batchline.models.batching.ModelBatcher``), so
 records from concurrent clients share batches; several models share the device's slots.
 Every generate model has one shared text generator (continuous batching). Models, batchers
 and generators are loaded once per replica, in the app's lifespan.

@@ -1,7 +1,7 @@
 """``create_app``: the served models, each behind its own shared batcher, in a FastAPI app.
 
 Every model is loaded once, in the app's lifespan: a batch model with
-``models.loader.load_model(spec, knobs)``, batched by a ``models.engine.Engine`` (see
+``models.loader.load_model(spec, knobs)``, batched by a ``models.batching.ModelBatcher`` (see
 :mod:`batchline.server.state`); a generate model with
 ``models.generation.load.load_text_generator(spec, knobs)``, whose one shared text generator
 batches the sequences of every request (continuous batching by default). The routes pick a

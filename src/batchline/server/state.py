@@ -4,7 +4,7 @@
 A served batch model is any :class:`~batchline.models.protocol.BatchModel` (loaded by
 ``batchline.models.loader.load_model``), in one of two layouts:
 
-- batching (the default): an :class:`~batchline.models.engine.Engine`, one shared batcher
+- batching (the default): an :class:`~batchline.models.batching.ModelBatcher`, one shared batcher
   per model. A request's inputs are prepared (tokenized, checked), then queued one record
   each with ``submit_many_nowait``: all of them or none (429), so records from concurrent
   requests share batches and a full queue is seen at once.
@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 from batchline._device import Device
 from batchline._stats import BatchStats
 from batchline.knobs import Knobs
-from batchline.models.engine import Engine
+from batchline.models.batching import ModelBatcher
 from batchline.models.protocol import BatchModel, ModelInfo
 from batchline.server.errors import ApiError
 from batchline.server.metrics import ModelMetrics, ServerMetrics
@@ -91,9 +91,9 @@ class ServedModel(Generic[P, R]):
         self._padded = self.info.cost_kind == "padded"
         self._async = inspect.iscoroutinefunction(model.run_batch)
         self._tokenizer = _tokenizer_of(model)
-        self.engine: Engine[_Job[P], R] | None = None
+        self.engine: ModelBatcher[_Job[P], R] | None = None
         if settings.knobs.batching:
-            self.engine = Engine(
+            self.engine = ModelBatcher(
                 _Metered(model, metrics, padded=self._padded, run_async=self._async),
                 knobs,
                 padding_slack=settings.padding_slack,

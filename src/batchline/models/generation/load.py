@@ -48,14 +48,14 @@ __all__ = [
     "ChatMessage",
     "GenerationModel",
     "HfDetokenizer",
-    "Prompt",
+    "PromptInput",
     "load_text_generator",
 ]
 
 #: One chat message: ``{"role": "user", "content": "..."}``.
 ChatMessage = Mapping[str, str]
-#: A prompt: raw text, or chat messages for the tokenizer's chat template.
-Prompt = str | Sequence[ChatMessage]
+#: A prompt as a user gives it: raw text, or chat messages for the tokenizer's chat template.
+PromptInput = str | Sequence[ChatMessage]
 
 VLLM_MISSING = (
     "vLLM is not installed (CUDA only): pip install vllm on a CUDA machine, or set "
@@ -124,7 +124,7 @@ class GenerationModel:
     def has_chat_template(self) -> bool:
         return bool(getattr(self.tokenizer, "chat_template", None))
 
-    def encode(self, prompt: Prompt, *, chat_template: bool = True) -> list[int]:
+    def encode(self, prompt: PromptInput, *, chat_template: bool = True) -> list[int]:
         """A prompt's token ids.
 
         Chat messages go through the tokenizer's chat template with the generation prompt

@@ -35,9 +35,9 @@ from batchline._errors import BatcherClosedError, ModelError, QueueFullError
 from batchline.models.generation.engine import FinishReason, SamplingParams
 from batchline.models.generation.stats import (
     GenerationStats,
+    GenerationStatsRecorder,
     MonotonicClock,
     NowClock,
-    StatsRecorder,
 )
 from batchline.models.generation.stream import (
     Completion,
@@ -150,7 +150,7 @@ class VllmGenerator:
             else to_vllm_sampling_params
         )
         self._clock: NowClock = clock if clock is not None else MonotonicClock()
-        self._recorder = StatsRecorder(self._clock)
+        self._recorder = GenerationStatsRecorder(self._clock)
         self._shutdown_engine = shutdown_engine
         self.name = name
         self._state = State.NEW

@@ -42,6 +42,7 @@ from batchline.models.onnx.embedder import (
     tokenizer_max_length,
 )
 from batchline.models.onnx.runtime import OnnxModel
+from batchline.models.onnx.sessions import load_sessions, tokenizer_path
 from batchline.models.protocol import ModelInfo
 from batchline.models.specs import ModelSpec
 
@@ -225,8 +226,6 @@ def load_classifier(spec: ModelSpec, knobs: Knobs) -> OnnxClassifier:
     (``batching=False``): one session every caller shares. The tokenizer is the spec's or the
     ``tokenizer.json`` beside the model; labels as the module docstring says.
     """
-    from batchline.models.loader import load_sessions, tokenizer_path
-
     tok_path = tokenizer_path(spec)
     labels = spec.labels
     if labels is None:

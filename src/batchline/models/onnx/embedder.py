@@ -2,10 +2,11 @@
 
 :meth:`Embedder.tokenize` turns texts into :class:`TokenizedText` (cost: the token count) and
 :meth:`Embedder.embed_tokens` runs one padded batch on one free ONNX Runtime session. Batching
-across callers is the engine's (:class:`~batchline.models.onnx.embed.TextEmbedder` is this
-embedder as a batch model, behind ``models.engine.Engine`` in ``run``, ``serve`` and Ray), or
-any batcher given ``embed_tokens``; :meth:`Embedder.embed_sync` embeds a list at once from
-plain code (length-sorted batches of ``target_batch_tokens`` padded tokens on every session).
+across callers is the model batcher's (:class:`~batchline.models.onnx.embed.TextEmbedder` is
+this embedder as a batch model, behind ``models.batching.ModelBatcher`` in ``run``, ``serve``
+and Ray), or any batcher given ``embed_tokens``; :meth:`Embedder.embed_sync` embeds a list at
+once from plain code (length-sorted batches of ``target_batch_tokens`` padded tokens on every
+session).
 
 Example::
 
@@ -379,7 +380,7 @@ class Embedder:
         The texts are length-sorted, cut into batches of ``target_batch_tokens`` padded tokens
         (at most ``max_batch_size`` texts) and run on every session at once. It blocks for the
         whole list: from async code, call it in a worker thread, or batch many callers' texts
-        through an engine (``models.engine.Engine`` over a ``TextEmbedder``).
+        through a model batcher (``models.batching.ModelBatcher`` over a ``TextEmbedder``).
         """
         try:
             asyncio.get_running_loop()

@@ -30,6 +30,7 @@ import numpy as np
 from batchline._errors import InputError, ModelError
 from batchline.knobs import Knobs
 from batchline.models.onnx.runtime import OnnxModel, OnnxTensor, stack_equal
+from batchline.models.onnx.sessions import load_sessions
 from batchline.models.protocol import ModelInfo
 from batchline.models.specs import ModelSpec
 
@@ -221,6 +222,4 @@ def load_predictor(spec: ModelSpec, knobs: Knobs) -> OnnxPredictor:
             f"model {spec.name!r}: a tokenizer goes with the embed and classify tasks, not "
             "predict (tensors in, tensors out)"
         )
-    from batchline.models.loader import load_sessions
-
     return OnnxPredictor(load_sessions(spec, knobs, check_batch_axis=True), name=spec.name)
