@@ -34,7 +34,7 @@ import ray
 from prometheus_client.parser import text_string_to_metric_families
 from ray import serve
 
-from batchline._errors import InputError
+from batchline._errors import InputError, ModelError
 from batchline.cli import main
 from batchline.datasets.sinks import read_output
 from batchline.driver.drive import DriveOptions, drive
@@ -86,6 +86,10 @@ class _SlowFake(FakeEmbedder):
 
 def load_slow_fake(spec: ModelSpec, knobs: Knobs) -> Any:
     return TextEmbedder(_SlowFake(), name=spec.name)  # type: ignore[arg-type]
+
+
+def load_nothing(spec: ModelSpec, knobs: Knobs) -> Any:
+    raise RuntimeError("no weights here")
 
 
 class _SlowGenEngine(FakeEngine):
@@ -284,6 +288,13 @@ def test_scale_from_zero_up_under_load_and_back_down_when_idle(port: int) -> Non
         assert statuses
         assert set(statuses) == {200}
         _wait(lambda: replica_counts().running == 0, 120, "scaled back to zero when idle")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_model_that_does_not_load_fails_the_deployment_in_one_line(port: int) -> None:
+    with pytest.raises(ModelError, match=r"the replicas could not start: .*in the log above"):
+        deploy(_settings(port), ServeReplicas(min=1, max=1), load_model=load_nothing)
 
 
 @pytest.mark.slow

@@ -398,7 +398,12 @@ def deploy(
     )
     replica: Any = serve.deployment(_Replica)
     app = replica.options(**options).bind(settings, load_model, load_generator)
-    serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
+    # serve.run would wait for the replicas with no time limit, and say only "failed to
+    # update the deployments" when a model does not load: wait here instead
+    serve.run_many(
+        [serve.RunTarget(app, name=APP_NAME, route_prefix="/")],
+        wait_for_applications_running=False,
+    )
     _wait_started(start_timeout_s)
     return f"http://{_url_host(settings.host)}:{settings.port}"
 
@@ -408,9 +413,13 @@ def _wait_started(timeout_s: float) -> None:
     while True:
         status = serve.status().applications
         app, probe = status.get(APP_NAME), status.get(READY_APP_NAME)
-        failed = [a for a in (app, probe) if a is not None and a.status == "DEPLOY_FAILED"]
-        if failed:
-            raise ModelError(f"the replicas could not start: {_last_line(failed[0].message)}")
+        if app is not None and app.status == "DEPLOY_FAILED":
+            messages = [d.message for d in app.deployments.values() if d.message]
+            why = _last_line(messages[0] if messages else app.message)
+            raise ModelError(
+                f"the replicas could not start: {why} (a replica's own error, such as a model "
+                "that does not load, is in the log above)"
+            )
         # RUNNING: the new version's min replicas are up (none for min 0)
         if app is not None and probe is not None and probe.status == app.status == "RUNNING":
             return
