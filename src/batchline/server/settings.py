@@ -92,7 +92,9 @@ class ServerSettings(BaseModel):
 
     Text generation (Knobs' fields, for a generate model): generation_batching
         (``continuous`` or ``static``; ``batching=False``: one sequence at a time),
-        max_running_sequences, kv_token_budget, generation_backend (``torch`` or ``vllm``);
+        max_running_sequences, kv_token_budget, generation_backend (``torch`` or ``vllm``),
+        and vLLM's engine settings dtype, max_context_tokens, kv_cache_gib,
+        gpu_memory_fraction, eager;
         ``max_queue_size`` requests wait for admission, and ``device`` and
         ``intra_op_threads`` apply too.
 
@@ -170,6 +172,11 @@ class ServerSettings(BaseModel):
     max_running_sequences: int = 16
     kv_token_budget: int = 16_384
     generation_backend: str = "torch"
+    dtype: str = "auto"
+    max_context_tokens: int | None = None
+    kv_cache_gib: float | None = None
+    gpu_memory_fraction: float | None = None
+    eager: bool | None = None
 
     # -- serving the batches ----------------------------------------------------------------
     # Nice increment of the threads that run the model, so the event loop (HTTP, tokenizing,
