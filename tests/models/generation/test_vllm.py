@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import os
 import sys
 import threading
@@ -490,3 +491,20 @@ def test_vllm_binds_to_loopback_unless_told_otherwise(monkeypatch: pytest.Monkey
     set_vllm_environment()
     assert os.environ["VLLM_HOST_IP"] == "127.0.0.1"
     assert os.environ["VLLM_LOOPBACK_IP"] == "10.0.0.2"
+
+
+def test_serve_takes_the_generation_backend_and_vllms_settings(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from batchline.cli import main
+    from batchline.server.settings import ServerSettings
+
+    argv = ["serve", "--model", "gen=smollm2", "--generation-backend", "vllm", "--device", "cpu"]
+    vllm_settings = ["--set", "dtype=bfloat16", "--set", "kv_cache_gib=0.5", "--set", "eager=true"]
+    assert main([*argv, *vllm_settings, "--print-config"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    knobs = ServerSettings.build(data).knobs
+    assert (knobs.generation_backend, knobs.device) == ("vllm", "cpu")
+    assert (knobs.dtype, knobs.kv_cache_gib, knobs.eager) == ("bfloat16", 0.5, True)
+    assert main([*argv, "--set", "dtype=fp8", "--print-config"]) == 2
+    assert "dtype must be one of auto, float32, bfloat16, float16" in capsys.readouterr().err
