@@ -508,3 +508,18 @@ def test_serve_takes_the_generation_backend_and_vllms_settings(
     assert (knobs.dtype, knobs.kv_cache_gib, knobs.eager) == ("bfloat16", 0.5, True)
     assert main([*argv, "--set", "dtype=fp8", "--print-config"]) == 2
     assert "dtype must be one of auto, float32, bfloat16, float16" in capsys.readouterr().err
+
+
+def test_the_openai_routes_take_vllms_ignore_eos() -> None:
+    pytest.importorskip("fastapi")
+    from batchline.server.routes.generation import ChatCompletionRequest, _sampling
+
+    served: Any = types.SimpleNamespace(max_context_tokens=64, generator=object())
+    messages = [{"role": "user", "content": "hi"}]
+    body = ChatCompletionRequest.model_validate(
+        {"messages": messages, "max_tokens": 8, "ignore_eos": True}
+    )
+    (params,) = _sampling(served, body, [[1, 2]], default_max_tokens=16)
+    assert (params.ignore_eos, params.max_tokens) == (True, 8)
+    plain = ChatCompletionRequest.model_validate({"messages": messages})
+    assert not _sampling(served, plain, [[1, 2]], default_max_tokens=16)[0].ignore_eos

@@ -203,6 +203,8 @@ class _Sampling(BaseModel):
     top_p: TopP | None = None
     seed: Seed | None = None
     stop: Stop | None = None
+    # vLLM's extension (its server takes it too): generate max_tokens even past the EOS token
+    ignore_eos: StrictBool = False
 
 
 class GenerateTextRequest(_Sampling):
@@ -520,6 +522,7 @@ def _sampling(
                     top_p=body.top_p if body.top_p is not None else 1.0,
                     seed=body.seed,
                     stop=stop,
+                    ignore_eos=body.ignore_eos,
                 )
             )
         except RecordTooLargeError as exc:
