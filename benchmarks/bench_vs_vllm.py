@@ -70,18 +70,20 @@ def main() -> None:
     parser.add_argument("--min-new", type=int, default=8)
     parser.add_argument("--max-new", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--online", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--offline", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--offline-prompts", type=int, default=96)
     parser.add_argument("--offline-new", type=int, default=64)
     parser.add_argument("--start-timeout-s", type=float, default=300.0)
     # internal: one offline run in a process of its own
     parser.add_argument("--_offline-one", dest="offline_one", help=argparse.SUPPRESS)
+    parser.add_argument("--_result", dest="result", help=argparse.SUPPRESS)
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
     os.environ.setdefault("VLLM_LOOPBACK_IP", "127.0.0.1")
-    if args.offline_one:
-        print(json.dumps(_offline_one(args.offline_one, args)))
+    if args.offline_one:  # vLLM logs to stdout: the result goes to a file
+        Path(args.result).write_text(json.dumps(_offline_one(args.offline_one, args)))
         return
 
     servers = [s.strip() for s in args.servers.split(",") if s.strip()]
@@ -93,26 +95,39 @@ def main() -> None:
 
     folder = str(smollm2_folder())
     workload = _workload(args)
-    print(
-        f"workload: {len(workload)} requests, {args.concurrency} concurrent chat clients, "
-        f"greedy, streaming, max_tokens {args.min_new}-{args.max_new} (seed {args.seed}, "
-        f"{sum(m for _, m in workload):,} tokens asked for), ignore_eos; "
-        f"{args.repeats} interleaved repeat(s)",
-        flush=True,
-    )
+    if args.online:
+        print(
+            f"workload: {len(workload)} requests, {args.concurrency} concurrent chat clients, "
+            f"greedy, streaming, max_tokens {args.min_new}-{args.max_new} (seed {args.seed}, "
+            f"{sum(m for _, m in workload):,} tokens asked for), ignore_eos; "
+            f"{args.repeats} interleaved repeat(s)",
+            flush=True,
+        )
     for dtype in dtypes:
-        results: dict[str, list[RunResult]] = {s: [] for s in servers}
-        for repeat in range(args.repeats):
-            order = servers[repeat % len(servers) :] + servers[: repeat % len(servers)]
-            if repeat % 2:
-                order.reverse()
-            for server in order:
-                result = _measure_server(server, dtype, folder, workload, args)
-                results[server].append(result)
-                print(f"  [{dtype}, repeat {repeat + 1}] {server}: {result.line()}", flush=True)
-        _print_online(dtype, results)
+        if args.online:
+            _print_online(dtype, _online(servers, dtype, folder, workload, args))
         if args.offline:
             _print_offline(dtype, args)
+
+
+def _online(
+    servers: list[str],
+    dtype: str,
+    folder: str,
+    workload: list[tuple[str, int]],
+    args: argparse.Namespace,
+) -> dict[str, list[RunResult]]:
+    results: dict[str, list[RunResult]] = {s: [] for s in servers}
+    for repeat in range(args.repeats):
+        # interleaved: the order rotates, and reverses every other repeat
+        order = servers[repeat % len(servers) :] + servers[: repeat % len(servers)]
+        if repeat % 2:
+            order.reverse()
+        for server in order:
+            result = _measure_server(server, dtype, folder, workload, args)
+            results[server].append(result)
+            print(f"  [{dtype}, repeat {repeat + 1}] {server}: {result.line()}", flush=True)
+    return results
 
 
 # -- the online workload -----------------------------------------------------------------------
@@ -344,6 +359,7 @@ def _print_online(dtype: str, results: dict[str, list[RunResult]]) -> None:
 def _print_offline(dtype: str, args: argparse.Namespace) -> None:
     got = {}
     for which in ("batchline-run", "vllm-llm"):
+        result = Path(tempfile.gettempdir()) / f"bench-vs-vllm-{which}-{os.getpid()}.json"
         done = subprocess.run(
             [
                 sys.executable,
@@ -356,6 +372,8 @@ def _print_offline(dtype: str, args: argparse.Namespace) -> None:
                 str(args.offline_prompts),
                 "--offline-new",
                 str(args.offline_new),
+                "--_result",
+                str(result),
             ],
             capture_output=True,
             text=True,
@@ -363,7 +381,8 @@ def _print_offline(dtype: str, args: argparse.Namespace) -> None:
         )
         if done.returncode != 0:
             raise SystemExit(f"offline {which} failed:\n{done.stderr[-4000:]}")
-        got[which] = json.loads(done.stdout.strip().splitlines()[-1])
+        got[which] = json.loads(result.read_text())
+        result.unlink()
     ours, theirs = got["batchline-run"], got["vllm-llm"]
     print(
         f"offline, {dtype}: {args.offline_prompts} prompts x {args.offline_new} new tokens: "
