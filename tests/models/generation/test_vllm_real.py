@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from batchline import BatcherClosedError, RecordTooLargeError
+from batchline import BatcherClosedError, QueueFullError, RecordTooLargeError
 from batchline.knobs import Knobs
 from batchline.models.generation.demo import demo_prompts
 from batchline.models.generation.engine import SamplingParams
@@ -163,6 +163,20 @@ async def test_a_request_that_does_not_fit_is_refused_before_vllm(model: Generat
     # a prompt that fills the context but for the tokens asked for runs
     done = await gen.submit([42] * 2040, greedy(8, ignore_eos=True)).result()
     assert (done.prompt_tokens, done.completion_tokens) == (2040, 8)
+
+
+async def test_a_full_waiting_queue_refuses_at_once(model: GenerationModel) -> None:
+    gen = model.generator
+    cap = gen.max_waiting  # type: ignore[attr-defined]
+    gen.max_waiting = 1  # type: ignore[attr-defined]
+    try:
+        first = gen.submit(model.encode("Say yes."), greedy(4, ignore_eos=True))
+        # submitted on the same loop tick: the first has no token yet, so it is waiting
+        with pytest.raises(QueueFullError, match="max_waiting=1"):
+            gen.submit(model.encode("Say no."), greedy(4, ignore_eos=True))
+        assert (await first.result()).completion_tokens == 4
+    finally:
+        gen.max_waiting = cap  # type: ignore[attr-defined]
 
 
 async def test_the_conversions_build_vllms_own_types(model: GenerationModel) -> None:
