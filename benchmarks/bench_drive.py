@@ -30,8 +30,8 @@ from typing import IO
 
 import httpx
 
+from batchline.datasets.corpus import demo_corpus_path
 from batchline.driver.drive import DriveOptions, DriveSummary, drive_job
-from batchline.jobs.corpus import demo_corpus_path
 
 
 def free_port() -> int:

@@ -52,9 +52,8 @@ CONFIGS = ("sequential", "static", "continuous")
 _NAMES = {"sequential": "one-at-a-time", "static": "static", "continuous": "continuous"}
 
 
-class _Print:
-    def message(self, text: str) -> None:
-        print(text, flush=True)
+def _print(text: str) -> None:
+    print(text, flush=True)
 
 
 def options_from(args: argparse.Namespace) -> GenerateBenchOptions:
@@ -87,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     try:
         result = run_generate_bench(
-            options_from(args), _Print(), parts=fake_parts() if args.fake else None
+            options_from(args), _print, parts=fake_parts() if args.fake else None
         )
     except (BatchlineError, ImportError) as exc:
         sys.exit(f"bench_generate: {exc}")

@@ -1,6 +1,6 @@
 """Scale-out on Ray: ``batchline run --engine ray`` with 2 replicas against 1, in one run.
 
-Corpus: the first N records of the demo corpus (``batchline.jobs.corpus.demo_corpus_path()``,
+Corpus: the first N records of the demo corpus (``batchline.datasets.corpus.demo_corpus_path()``,
 paragraphs of the standard library's docstrings; median ~66 tokens). Model: all-MiniLM-L6-v2.
 Each replica is a Ray actor with one ONNX session of one intra-op thread (the engine's default).
 
@@ -37,8 +37,8 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 import ray
 
+from batchline.datasets.corpus import demo_corpus_path
 from batchline.integrations.ray import RaySummary, run_on_ray
-from batchline.jobs.corpus import demo_corpus_path
 from batchline.jobs.run import RunOptions, run
 
 GOAL = 1.6

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from bench_embeddings import mode_limit  # the same limit as the embedding benchmark
 
-from batchline.jobs.corpus import demo_corpus_path
+from batchline.datasets.corpus import demo_corpus_path
 from batchline.jobs.run import RunOptions, run
 from batchline.knobs import Knobs
 from batchline.models import Embedder

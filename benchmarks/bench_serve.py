@@ -84,7 +84,8 @@ WORDS = _WORDS.split()
 def make_texts(n: int, lo: int, hi: int, seed: int) -> list[str]:
     """``n`` texts of ``lo``-``hi`` MiniLM tokens (specials included), checked with the
     model's tokenizer."""
-    from batchline.models import load_tokenizer, minilm
+    from batchline.models import load_tokenizer
+    from batchline.models.onnx import minilm
 
     tok, _ = load_tokenizer(minilm.weights_dir() / "tokenizer.json", max_length=minilm.MAX_LENGTH)
     rng = random.Random(seed)

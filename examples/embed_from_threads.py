@@ -1,9 +1,10 @@
 """Embed texts from ordinary threads with the default model (needs batchline[onnx]).
 
-``SyncBatcher`` runs the embedder's ``TokenBatcher`` on an event loop of its own, in a
-background thread; every worker thread submits its text there and blocks for the vector.
-Texts from different threads meet in the one queue and share model calls: the run prints
-how many texts went into each call on average.
+A ``TokenBatcher`` runs the embedder's batch stage (``embed_tokens``), and ``SyncBatcher``
+runs that batcher on an event loop of its own, in a background thread; every worker thread
+tokenizes its text, submits it there and blocks for the vector. Texts from different threads
+meet in the one queue and share model calls: the run prints how many texts went into each
+call on average.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from batchline import BatchStats, SyncBatcher
+from batchline import BatchStats, SyncBatcher, TokenBatcher
 from batchline.models import Embedder
 
 TOPICS = ["batch inference", "padding waste", "an idle GPU", "queue backpressure"]
@@ -22,7 +23,12 @@ QUESTIONS = [form.format(topic) for topic in TOPICS for form in FORMS] * 2
 
 def main() -> tuple[np.ndarray, BatchStats]:
     embedder = Embedder.default()
-    with SyncBatcher(embedder.batcher) as batcher:  # starts the batcher on its loop thread
+    token_batcher = TokenBatcher(
+        lambda texts: list(embedder.embed_tokens(texts)),  # one padded batch, one session
+        target_batch_tokens=512,  # padded tokens per model call
+        max_concurrent_batches=embedder.model.sessions,
+    )
+    with SyncBatcher(token_batcher) as batcher:  # starts the batcher on its loop thread
 
         def ask(question: str) -> np.ndarray:
             (tokens,) = embedder.tokenize([question])

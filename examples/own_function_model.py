@@ -34,7 +34,7 @@ def factory():  # type: ignore[no-untyped-def]
 
 def main() -> list[dict[str, object]]:
     from batchline.cli import main as batchline
-    from batchline.jobs.sinks import read_output, read_skipped
+    from batchline.datasets.sinks import read_output, read_skipped
 
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data.jsonl"

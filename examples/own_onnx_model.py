@@ -41,7 +41,7 @@ def main() -> np.ndarray:
     import onnxruntime as ort
 
     from batchline.cli import main as batchline
-    from batchline.jobs.sinks import read_output
+    from batchline.datasets.sinks import read_output
 
     with tempfile.TemporaryDirectory() as tmp:
         model = build_model(Path(tmp) / "clf.onnx")

@@ -515,7 +515,13 @@ class DynamicBatcher(Generic[T, R]):
         *,
         estimated_cost: Sequence[int] | None = None,
     ) -> list[asyncio.Future[R]]:
-        """Submit several records; return their futures in the same order."""
+        """Submit several records, one ``submit`` each (waiting for room while the queue is
+        full); return their futures in the same order.
+
+        Flyte's name and keyword (``estimated_cost``, one per record), kept so Flyte code runs
+        unchanged. A server that wants all of a request's records queued or none, without
+        waiting, uses :meth:`submit_many_nowait` (``estimated_costs``) instead.
+        """
         if estimated_cost is not None and len(estimated_cost) != len(records):
             raise ValueError(
                 f"estimated_cost has {len(estimated_cost)} entries for {len(records)} records"
@@ -548,10 +554,14 @@ class DynamicBatcher(Generic[T, R]):
         priority: int = 0,
         timeout_s: float | None = None,
     ) -> concurrent.futures.Future[R]:
-        """Submit from any thread; returns a ``concurrent.futures.Future``.
+        """Submit from any thread to this batcher, running on a loop the caller does not
+        own; returns a ``concurrent.futures.Future``.
 
         Never blocks the calling thread: when the queue is full the record waits for room on
-        the event loop. Cancelling the returned future withdraws a record still queued.
+        the event loop. Cancelling the returned future withdraws a record still queued. For
+        plain threaded code, :class:`batchline.SyncBatcher` is the facade (it runs the batcher
+        on a loop thread of its own and blocks a submitting thread while the queue is full);
+        this is the primitive for a batcher that already runs on someone else's loop.
         """
         loop = self._loop
         if loop is None or self._state is not State.RUNNING:

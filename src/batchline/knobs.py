@@ -41,6 +41,7 @@ __all__ = [
     "GENERATION_BACKENDS",
     "GENERATION_BATCHING",
     "GENERATION_DTYPES",
+    "SERVE_DEFAULTS",
     "Knobs",
     "machine_cores",
     "read_config_file",
@@ -235,30 +236,60 @@ class Knobs:
     def replace(self, **changes: Any) -> Knobs:
         return dataclasses.replace(self, **changes)
 
-    def embedder_options(self) -> dict[str, Any]:
-        """Keyword arguments for ``Embedder.default`` / ``Embedder.from_onnx``."""
-        return {
-            "sessions": self.sessions,
-            "intra_op_threads": self.intra_op_threads,
-            "target_batch_tokens": self.target_batch_tokens,
-            "max_batch_size": self.max_batch_size,
-            "max_concurrent_batches": self.max_concurrent_batches,
-            "min_batch_size": self.min_batch_size,
-            "batch_timeout_s": self.batch_timeout_s,
-            "max_queue_size": self.max_queue_size,
-            # the baseline's callers all run on its one session at once
-            "shared": not self.batching and self.sessions == 1,
-        }
+    @classmethod
+    def serving(cls, **changes: Any) -> Knobs:
+        """``batchline serve``'s preset: :data:`SERVE_DEFAULTS` (measured for request latency,
+        where Knobs' own defaults were measured on datasets) updated with ``changes``. A slot
+        per session unless ``max_concurrent_batches`` is given."""
+        values = {**SERVE_DEFAULTS, **changes}
+        if values.get("max_concurrent_batches") is None:
+            sessions = values.get("sessions", machine_cores())
+            # a bad session count is left for __post_init__ to name
+            values["max_concurrent_batches"] = max(1, sessions) if type(sessions) is int else 1
+        return cls(**values)
+
+    def baseline(self, cores: int | None = None) -> Knobs:
+        """The no-batching baseline of this deployment (what every published ratio is measured
+        against): batching off, ONE session every caller shares, with ``cores`` intra-op
+        threads (default: this machine's cores), and as many callers at once as ``cores``. The
+        device, queue and generation fields are kept."""
+        n = machine_cores() if cores is None else cores
+        return self.replace(
+            batching=False,
+            sessions=1,
+            intra_op_threads=n,
+            max_concurrent_batches=n,
+            solo_intra_op_threads=None,
+        )
 
 
-#: The no-batching baseline: one shared session with every core, records one at a time, as
-#: many callers at once as there are cores.
-BASELINE = Knobs(
-    batching=False,
-    sessions=1,
-    intra_op_threads=machine_cores(),
-    max_concurrent_batches=machine_cores(),
-)
+#: Where ``batchline serve``'s defaults differ from Knobs' (:meth:`Knobs.serving`), measured
+#: with ``benchmarks/bench_serve.py`` on a 2-core CPU (c = concurrent clients; ratios to the
+#: baseline's req/s and p99):
+#:
+#: - ``target_batch_tokens`` 256 (Knobs: 512, measured on datasets, where latency does not
+#:   count). At c=32, 256: short x1.44 / x0.89, mixed x1.08 / x1.18; 512: x1.34 / x0.92,
+#:   x1.04 / x1.32; 1024: x1.25 / x1.34, x1.07 / x1.35: on this CPU a sentence costs about
+#:   the same at any batch size past a few, so bigger batches of long texts only add latency.
+#:   Re-checked with padding_slack 4 (2026-11-23, quiet machine): 128: short x1.29, mixed
+#:   x0.97; 256: x1.34, x1.06 / p99 x1.15; 512: x1.31, x1.06 / p99 x1.26.
+#: - ``max_batch_size`` 64 (Knobs: 256): with 256 padded tokens per call, 64 rows is already
+#:   4 tokens each; more rows would only be reached by texts the budget does not bound.
+#: - ``solo_intra_op_threads`` 2 (Knobs: none): a batch that starts while no other runs uses
+#:   one extra two-thread session, so low traffic is as fast as the baseline's two-thread
+#:   session, and concurrent batches still get a core each.
+#: - ``max_queue_size`` 2,048 (Knobs: 5,000): as large as one request may be
+#:   (``max_inputs_per_request``): a few seconds of short texts on 2 cores (~300/s on the
+#:   shared machine); more would only delay the 429.
+SERVE_DEFAULTS: dict[str, Any] = {
+    "target_batch_tokens": 256,
+    "max_batch_size": 64,
+    "solo_intra_op_threads": 2,
+    "max_queue_size": 2048,
+}
+
+#: The no-batching baseline of the default knobs on this machine (``Knobs().baseline()``).
+BASELINE = Knobs().baseline()
 
 
 # Free-form keys a config file may carry next to the settings (what ``tune`` measured).

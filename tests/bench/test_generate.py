@@ -235,3 +235,51 @@ def test_the_benchmark_script_is_a_wrapper_with_its_own_flags(
     printed = capsys.readouterr().out
     assert "continuous/static throughput" in printed
     assert "one-at-a-time" not in printed
+
+
+# -- the generation target on the shared load generator ------------------------------------------
+
+
+class _Result:
+    def __init__(self, completion: object) -> None:
+        self.completion = completion
+
+    async def result(self) -> object:
+        if isinstance(self.completion, Exception):
+            raise self.completion
+        return self.completion
+
+
+class _Refusing:
+    """Refuses prompt 1 (a full queue), fails prompt 2 (a broken model), answers the rest."""
+
+    def submit(self, prompt_ids: tuple[int, ...], params: object) -> _Result:
+        from batchline._errors import ModelError, QueueFullError
+        from batchline.models.generation.stream import Completion
+
+        if prompt_ids == (1,):
+            raise QueueFullError("waiting queue full")
+        if prompt_ids == (2,):
+            return _Result(ModelError("the step failed"))
+        return _Result(Completion("xyz", (5, 6, 7), 1, 3, "length", ttft_s=0.0, latency_s=0.0))
+
+
+def test_the_target_counts_refusals_as_failed_requests_and_keeps_a_model_error() -> None:
+    import asyncio
+
+    from batchline._errors import ModelError
+    from batchline.bench.generate import GenerationTarget, Work
+    from batchline.bench.loadgen import run_closed
+
+    work = [Work((0,), 3), Work((1,), 3), Work((0,), 3)]
+    target = GenerationTarget(_Refusing(), work)  # type: ignore[arg-type]
+    samples, _ = asyncio.run(run_closed(target, 1, None, requests=3))
+    assert sorted(s.index for s in samples) == [0, 1, 2]
+    assert [s.ok for s in sorted(samples, key=lambda s: s.index)] == [True, False, True]
+    assert target.rejected == 1
+    assert sorted(target.completions) == [0, 2]
+    target.check()  # a refusal is the server saying no, not a broken model
+    broken = GenerationTarget(_Refusing(), [Work((2,), 3)])  # type: ignore[arg-type]
+    asyncio.run(run_closed(broken, 1, None, requests=1))
+    with pytest.raises(ModelError, match="the step failed"):
+        broken.check()

@@ -19,9 +19,9 @@ WORDS = (
 @pytest.fixture(scope="module")
 def tokenizer() -> Any:
     pytest.importorskip("tokenizers")
-    from batchline.bench.targets import ModelLoader
+    from batchline.bench.model import LoadedModels
 
-    return ModelLoader().tokenizer()
+    return LoadedModels().tokenizer()
 
 
 @pytest.mark.parametrize("lengths", ["short", "mixed"])

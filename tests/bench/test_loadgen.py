@@ -103,6 +103,37 @@ async def test_closed_loop_hides_the_same_stall_which_is_why_open_loop_exists() 
     assert summarize(latencies).p99_s < 0.05
 
 
+async def test_a_closed_loop_over_a_fixed_amount_of_work_sends_each_request_once() -> None:
+    clock = ManualClock()
+    server = StallingServer(clock, service_s=0.3)
+    # no duration: the three clients share the 7 requests and the loop ends when all are
+    # answered, however long that takes (2.1 s of service on one server here)
+    samples, start = await drive(clock, run_closed(server, 3, None, requests=7, clock=clock))
+    assert sorted(s.index for s in samples) == list(range(7))
+    assert server.calls == 7
+    assert all(s.ok and s.done_s is not None for s in samples)
+    assert max(s.done_s or 0.0 for s in samples) - start == pytest.approx(2.1)
+    # with a duration as well, whichever ends first ends it
+    clock = ManualClock()
+    short, _ = await drive(
+        clock, run_closed(StallingServer(clock, service_s=0.3), 1, 1.0, requests=7, clock=clock)
+    )
+    assert len(short) == 4  # sent at 0, 0.3, 0.6 and 0.9 s
+    with pytest.raises(ValueError, match="duration_s, a requests count"):
+        await run_closed(server, 1, None)
+
+
+async def test_an_open_loop_without_a_drain_limit_waits_for_every_answer() -> None:
+    clock = ManualClock()
+    server = StallingServer(clock, service_s=1.0)
+    schedule = [0.1, 0.2, 0.3]
+    samples, _ = await drive(clock, run_open(server, schedule, clock=clock, drain_s=None))
+    assert [s.index for s in samples] == [0, 1, 2]
+    assert all(s.ok for s in samples)
+    # one at a time: the last one, meant for 0.3 s, is answered at 3.1 s
+    assert samples[-1].latency_s == pytest.approx(2.8)
+
+
 async def test_open_loop_charges_a_generator_pause_to_the_requests_it_delayed() -> None:
     clock = ManualClock()
     server = StallingServer(clock, service_s=0.01)

@@ -22,7 +22,8 @@ from batchline.bench.inputs import (
     random_tensor_rows,
 )
 from batchline.bench.loadgen import LoadPoint, PointResult
-from batchline.bench.targets import ModelLoader, model_spec, oip_body, oip_url
+from batchline.bench.model import LoadedModels, model_spec
+from batchline.bench.targets import oip_body, oip_url
 from batchline.bench.tune import GPU_TOKEN_BUDGETS, planned_trials, search_space, tune
 from batchline.cli import main
 from batchline.knobs import Knobs
@@ -178,7 +179,7 @@ def test_tune_a_batch_function_writes_what_run_reads(
 
 
 def test_the_loader_keeps_one_model_per_layout(image_model: Path) -> None:
-    loader = ModelLoader(model_spec(str(image_model), task="predict"))
+    loader = LoadedModels(model_spec(str(image_model), task="predict"))
     two = loader.load(Knobs(sessions=2, max_concurrent_batches=2))
     assert loader.load(Knobs(sessions=2, target_batch_tokens=64)) is two
     assert loader.load(Knobs(sessions=1)) is not two
@@ -191,7 +192,7 @@ def test_the_loader_keeps_one_model_per_layout(image_model: Path) -> None:
 
 
 def test_a_batch_function_is_loaded_once(factory_module: str) -> None:
-    loader = ModelLoader(f"{factory_module}:factory")
+    loader = LoadedModels(f"{factory_module}:factory")
     model = loader.load(Knobs())
     assert loader.load(Knobs(batching=False, sessions=1)) is model
     assert model.info.input_kind == "record"

@@ -16,6 +16,7 @@ from batchline.bench.stats import (
     Sample,
     censored_latencies,
     percentile,
+    poisson_arrivals,
     poisson_schedule,
     summarize,
     throughput,
@@ -108,6 +109,21 @@ def test_schedule_counts_in_disjoint_windows_are_independent_of_each_other() -> 
 def test_schedule_rejects_bad_arguments(rate: float, duration: float) -> None:
     with pytest.raises(ValueError, match="must be"):
         poisson_schedule(rate, duration, seed=0)
+
+
+def test_arrivals_are_a_fixed_count_of_the_same_draws() -> None:
+    times = poisson_arrivals(40, 25, seed=3)
+    assert len(times) == 25
+    assert times == sorted(times)
+    assert times[0] > 0
+    # the same process as the windowed schedule: its first arrivals are these
+    window = poisson_schedule(40, times[-1] + 1, seed=3)
+    assert window[:25] == times
+    assert poisson_arrivals(40, 0, seed=3) == []
+    with pytest.raises(ValueError, match="count must be"):
+        poisson_arrivals(40, -1, seed=3)
+    with pytest.raises(ValueError, match="rate_per_s must be"):
+        poisson_arrivals(0, 1, seed=3)
 
 
 # -- samples -------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from batchline._errors import BatchlineError, InputError
+from batchline.datasets.sinks import ChunkWriter, Manifest, read_output, read_skipped
 from batchline.driver.drive import (
     FAILURES_NAME,
     DriveOptions,
@@ -20,7 +21,6 @@ from batchline.driver.drive import (
     normalize_endpoint,
     read_failures,
 )
-from batchline.jobs.sinks import ChunkWriter, Manifest, read_output, read_skipped
 from tests.driver.fake import FakeReplica, fake_vectors
 
 pytestmark = pytest.mark.anyio

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from batchline.cli import main
+from batchline.datasets.sinks import Manifest, read_output, read_skipped
 from batchline.driver.drive import DriveOptions, drive_job, read_failures
-from batchline.jobs.sinks import Manifest, read_output, read_skipped
 from tests.driver.fake import fake_vectors
 from tests.driver.procs import Proc, Procs, fake_log, processes
 

@@ -16,8 +16,8 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from batchline.datasets.sinks import ChunkWriter, read_output, read_skipped
 from batchline.driver.drive import DriveOptions, drive_job, read_failures
-from batchline.jobs.sinks import ChunkWriter, read_output, read_skipped
 from tests.driver.fake import FakeReplica, fake_vectors
 
 ACTIONS = st.one_of(

@@ -25,10 +25,10 @@ import ray
 
 from batchline._errors import InputError, ModelError
 from batchline.cli import main
+from batchline.datasets.sinks import Manifest, read_output, read_skipped
 from batchline.integrations import ray as ray_engine
 from batchline.integrations.ray import UnitDone, _UnitPlan, default_replica_knobs, run_on_ray
 from batchline.jobs.run import RunOptions, run
-from batchline.jobs.sinks import Manifest, read_output, read_skipped
 from batchline.knobs import Knobs
 
 CHUNK = 40

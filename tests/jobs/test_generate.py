@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from batchline._errors import InputError
-from batchline.jobs.sinks import Manifest, read_output, read_skipped
+from batchline.datasets.sinks import Manifest, read_output, read_skipped
 from batchline.knobs import Knobs
 
 pytest.importorskip("transformers")
@@ -219,7 +219,7 @@ def test_cli_refuses_ray_and_generation_flags_elsewhere(
 
 _KILL_AFTER_CHUNK = """
 import os, signal, sys
-from batchline.jobs import sinks
+from batchline.datasets import sinks
 
 commit = sinks.ChunkWriter._commit
 

@@ -19,8 +19,8 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
+from batchline.datasets.sinks import ChunkWriter, read_output, read_skipped
 from batchline.jobs.run import RunOptions, run
-from batchline.jobs.sinks import ChunkWriter, read_output, read_skipped
 from batchline.knobs import Knobs
 
 TEXTS = [

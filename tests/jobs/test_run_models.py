@@ -20,7 +20,7 @@ pytest.importorskip("pyarrow")
 import onnxruntime as ort
 
 from batchline.cli import main
-from batchline.jobs.sinks import read_output, read_skipped
+from batchline.datasets.sinks import read_output, read_skipped
 from tests.models.onnx_builders import IMAGE_SHAPE, image_classifier, text_classifier
 
 FACTORY = textwrap.dedent(

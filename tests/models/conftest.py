@@ -25,6 +25,6 @@ def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 @pytest.fixture(scope="session")
 def minilm_path(model_cache: Path) -> Path:
-    from batchline.models.minilm import default_model_path
+    from batchline.models.onnx.minilm import default_model_path
 
     return default_model_path()

@@ -58,7 +58,7 @@ def test_missing_weights_name_the_pull_command(monkeypatch: pytest.MonkeyPatch) 
     assert not BUILTIN_MODELS["default"].installed
     with pytest.raises(ModelError, match="run: batchline models pull default"):
         BUILTIN_MODELS["default"].package_dir()
-    from batchline.models.minilm import weights_dir
+    from batchline.models.onnx.minilm import weights_dir
 
     with pytest.raises(ModelError, match="batchline models pull default"):
         weights_dir()

@@ -12,14 +12,14 @@ import pytest
 
 from batchline._errors import InputError, ModelError
 from batchline.knobs import Knobs
-from batchline.models.embedder import TokenizedText
-from batchline.models.engine import Engine
+from batchline.models.batching import ModelBatcher
 from batchline.models.onnx.classify import (
     OnnxClassifier,
     labels_from_config,
     load_classifier,
     softmax,
 )
+from batchline.models.onnx.embedder import TokenizedText
 from batchline.models.protocol import BatchModel
 from batchline.models.specs import ModelSpec, parse_spec
 
@@ -195,7 +195,7 @@ def test_softmax_is_stable_for_large_logits() -> None:
 async def test_engine_groups_texts_by_length(classifier: OnnxClassifier) -> None:
     items = ok(classifier.prepare(TEXTS * 4))
     knobs = KNOBS.replace(batch_timeout_s=0.0, target_batch_tokens=64)
-    async with Engine(classifier, knobs) as engine:
+    async with ModelBatcher(classifier, knobs) as engine:
         futures = [await engine.submit(t) for t in items]
         results = [await f for f in futures]
     want = classifier.run_batch(items)

@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +10,13 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from batchline import SyncBatcher
 from batchline._errors import InputError, ModelError
-from batchline.models import Embedder, TokenizedText, load_tokenizer, minilm
+from batchline.knobs import Knobs
+from batchline.models import Embedder, TokenizedText, load_tokenizer
+from batchline.models.batching import ModelBatcher
+from batchline.models.onnx import minilm
+from batchline.models.onnx.embed import TextEmbedder
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "minilm_reference.json"
 
@@ -38,8 +42,8 @@ def _assert_close(got: np.ndarray[Any, Any], want: np.ndarray[Any, Any]) -> None
 
 def test_default_embedder_shape_and_settings(emb: Embedder) -> None:
     assert emb.dim == 384
-    assert emb.batcher.target_batch_tokens == 512
-    assert emb.batcher.max_concurrent_batches == emb.model.sessions == 2
+    assert emb.target_batch_tokens == 512
+    assert emb.model.sessions == 2  # embed_sync runs one batch per session at once
     assert "all-minilm" in repr(emb)
 
 
@@ -90,9 +94,12 @@ async def test_embed_through_the_batcher_keeps_order(
     # Shuffled and repeated so batches mix lengths from different parts of the input.
     rng = np.random.default_rng(0)
     order = rng.permutation(len(texts) * 8) % len(texts)
-    async with emb:
-        got = await emb.embed([texts[i] for i in order])
-        stats = emb.batcher.stats
+    model = TextEmbedder(emb, name="emb")
+    async with ModelBatcher(model, Knobs(sessions=2)) as engine:
+        items = model.prepare([texts[i] for i in order])
+        futures = [await engine.submit(item) for item in items]
+        got = np.stack(await asyncio.gather(*futures))
+        stats = engine.stats
     _assert_close(got, want[order])
     assert stats.total_completed == len(order)
     assert stats.total_failed == 0
@@ -101,11 +108,13 @@ async def test_embed_through_the_batcher_keeps_order(
 
 @pytest.mark.anyio
 async def test_submit_text_or_tokens(emb: Embedder) -> None:
-    async with emb:
+    model = TextEmbedder(emb, name="emb")
+    async with ModelBatcher(model, Knobs(sessions=2)) as engine:
         tok = emb.tokenize(["hello world"])[0]
-        a = await (await emb.submit(tok))
-        b = await (await emb.submit("hello world"))
-        empty = await emb.embed([])
+        a = await (await engine.submit(tok))
+        (item,) = model.prepare(["hello world"])
+        b = await (await engine.submit(item))
+        empty = await asyncio.to_thread(emb.embed_sync, [])
     assert a.shape == (384,)
     np.testing.assert_allclose(a, b, atol=1e-6)
     assert empty.shape == (0, 384)
@@ -113,27 +122,19 @@ async def test_submit_text_or_tokens(emb: Embedder) -> None:
 
 @pytest.mark.anyio
 async def test_embed_sync_refuses_to_block_the_loop(emb: Embedder) -> None:
-    with pytest.raises(RuntimeError, match=r"await emb\.embed"):
+    with pytest.raises(RuntimeError, match=r"asyncio\.to_thread\(emb\.embed_sync"):
         emb.embed_sync(["x"])
 
 
-def test_embed_sync_uses_a_batcher_running_in_another_thread(
+def test_a_sync_batcher_over_the_engine_embeds_from_plain_threads(
     emb: Embedder, reference: tuple[list[str], np.ndarray[Any, Any]]
 ) -> None:
     texts, want = reference
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    try:
-        asyncio.run_coroutine_threadsafe(emb.start(), loop).result()
-        before = emb.batcher.stats.total_completed
-        got = emb.embed_sync(texts)
-        assert emb.batcher.stats.total_completed == before + len(texts)
-        asyncio.run_coroutine_threadsafe(emb.stop(), loop).result()
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join()
-        loop.close()
+    engine = ModelBatcher(TextEmbedder(emb, name="emb"), Knobs(sessions=2))
+    with SyncBatcher(engine.batcher) as batcher:  # the batcher runs on another thread's loop
+        before = batcher.stats.total_completed
+        got = np.stack(batcher.map(emb.tokenize(texts)))
+        assert batcher.stats.total_completed == before + len(texts)
     _assert_close(got, want)
 
 

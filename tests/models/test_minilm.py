@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from batchline._errors import ModelError
-from batchline.models import minilm
-from batchline.models.onnxruntime import OnnxModel, pad_sequences
+from batchline.models.onnx import minilm
+from batchline.models.onnx.runtime import OnnxModel, pad_sequences
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "minilm_reference.json"
 
@@ -108,7 +108,7 @@ def test_no_torch_needed(model: OnnxModel) -> None:
     other tests in this process may have imported it)."""
     code = (
         "import sys\n"
-        "from batchline.models.onnxruntime import OnnxModel\n"
+        "from batchline.models.onnx.runtime import OnnxModel\n"
         f"m = OnnxModel.load({str(model.path)!r}, sessions=1)\n"
         "m.run({'input_ids': [[101, 102]], 'attention_mask': [[1, 1]]})\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"

@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from batchline._errors import FixedBatchAxisError, InputError, ModelError
-from batchline.models.onnxruntime import (
+from batchline.models.onnx.runtime import (
     OnnxModel,
     _fixed_input_from_ort_message,
     pad_sequences,

@@ -10,9 +10,9 @@ import pytest
 
 from batchline._errors import ModelError
 from batchline.knobs import Knobs
-from batchline.models.embedder import Embedder
 from batchline.models.loader import load_model
 from batchline.models.onnx.embed import TextEmbedder
+from batchline.models.onnx.embedder import Embedder
 from batchline.models.specs import parse_spec
 
 from .onnx_builders import token_encoder, token_table, word_tokenizer

@@ -12,7 +12,7 @@ import pytest
 
 from batchline._errors import FixedBatchAxisError, InputError
 from batchline.knobs import Knobs
-from batchline.models.engine import Engine
+from batchline.models.batching import ModelBatcher
 from batchline.models.onnx.predict import OnnxPredictor, TensorRow, load_predictor
 from batchline.models.protocol import BatchModel
 from batchline.models.specs import parse_spec
@@ -263,7 +263,7 @@ def test_a_multi_input_model_needs_a_mapping(scorer: OnnxPredictor) -> None:
 async def test_engine_batches_predictor_rows(predictor: OnnxPredictor, images: Array) -> None:
     rows = ok(predictor.prepare([{"input": im} for im in images]))
     knobs = KNOBS.replace(batch_timeout_s=0.0, max_batch_size=4)
-    async with Engine(predictor, knobs) as engine:
+    async with ModelBatcher(predictor, knobs) as engine:
         futures = [await engine.submit(r) for r in rows]
         results = [await f for f in futures]
         stats = engine.stats

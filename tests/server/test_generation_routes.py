@@ -31,10 +31,12 @@ from batchline._batcher import State
 from batchline.models.generation.engine import StepOutput
 from batchline.models.generation.fake import FakeEngine, FakeTokenizer, default_next_token
 from batchline.models.generation.scheduler import ContinuousGenerator
+from batchline.models.protocol import ModelInfo
 from batchline.server.errors import install_error_handlers
-from batchline.server.generation_metrics import GenerationMetrics
+from batchline.server.metrics import ServerMetrics
 from batchline.server.routes import generation
-from batchline.server.routes.generation import GenerationLimits, ServedGenerator
+from batchline.server.settings import ServerSettings
+from batchline.server.state import ServedGenerator, ServerState
 
 from .conftest import wait_for
 
@@ -83,7 +85,7 @@ def chat_text(messages: Sequence[Mapping[str, str]]) -> str:
 
 @dataclass(frozen=True)
 class FakeServed:
-    """A ``ServedGenerator`` on the fake engine and tokenizer."""
+    """A generate model (shaped like ``GenerationModel``) on the fake engine and tokenizer."""
 
     name: str
     generator: ContinuousGenerator
@@ -92,6 +94,20 @@ class FakeServed:
     @property
     def max_context_tokens(self) -> int:
         return self.generator.max_context_tokens
+
+    @property
+    def info(self) -> ModelInfo:
+        return ModelInfo(
+            name=self.name,
+            task="generate",
+            input_kind="text",
+            result_kind="value",
+            result_column="text",
+            max_tokens=self.max_context_tokens,
+        )
+
+    def close(self) -> None:
+        pass
 
     def encode_prompt(self, text: str) -> list[int]:
         return TOK.encode(text)
@@ -132,19 +148,23 @@ def served(
 
 def make_app(
     *models: FakeServed,
-    limits: GenerationLimits | None = None,
+    limits: Mapping[str, Any] | None = None,
     others: Mapping[str, Any] | None = None,
 ) -> tuple[FastAPI, CollectorRegistry]:
-    """A FastAPI app with only the generation router, the server's error handlers, and a
-    lifespan that starts and stops the generators."""
-    registry = CollectorRegistry()
-    metrics = GenerationMetrics(registry)
+    """A FastAPI app with only the generation router, the server's error handlers, a
+    ``ServerState`` serving ``models`` (and ``others``: batch models, by name) with the
+    settings ``limits``, and a lifespan that starts and stops the generators."""
+    metrics = ServerMetrics()
+    state = ServerState(settings=ServerSettings(**(limits or {})), metrics=metrics)
+    for m in models:
+        state.generators[m.name] = ServedGenerator(m.name, m, metrics.generation)
+    state.models.update(others or {})
+    state.order[:] = [*state.generators, *state.models]
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        for m in models:
-            await m.generator.start()
-            metrics.watch(m.name, lambda g=m.generator: g.stats)
+        for served_model in state.generators.values():
+            await served_model.start()
         try:
             yield
         finally:
@@ -156,13 +176,8 @@ def make_app(
     app = FastAPI(lifespan=lifespan)
     app.include_router(generation.router)
     install_error_handlers(app)
-    generators: dict[str, ServedGenerator] = {m.name: m for m in models}
-    app.state.generators = generators
-    app.state.generation_limits = limits if limits is not None else GenerationLimits()
-    app.state.generation_metrics = metrics
-    if others is not None:
-        app.state.models = dict(others)
-    return app, registry
+    app.state.server = state
+    return app, metrics.registry
 
 
 @asynccontextmanager
@@ -304,7 +319,7 @@ async def test_a_request_the_queue_cannot_take_whole_is_refused_whole() -> None:
     model = served(gated=True, max_running=1, max_waiting=2)
     engine = model.engine
     assert isinstance(engine, GatedEngine)
-    app, _ = make_app(model, limits=GenerationLimits(retry_after_s=3))
+    app, _ = make_app(model, limits={"retry_after_s": 3})
     async with client_for(app) as client:
         holder = asyncio.ensure_future(
             client.post("/generate", json={"prompts": ["hold"], "max_tokens": 2})
@@ -365,7 +380,7 @@ async def test_kv_budget_refusal_is_400_and_admits_nothing() -> None:
 
 
 async def test_models_are_picked_by_name_and_task() -> None:
-    embedder = SimpleNamespace(task="embed")
+    embedder = SimpleNamespace(name="emb", task="embed")
     app, _ = make_app(served("gen-a"), served("gen-b"), others={"emb": embedder})
     async with client_for(app) as client:
         r = await client.post("/v1/completions", json={"model": "nope", "prompt": "hi"})
@@ -388,7 +403,7 @@ async def test_models_are_picked_by_name_and_task() -> None:
 
 
 async def test_no_generate_model_is_400() -> None:
-    app, _ = make_app(others={"emb": SimpleNamespace(task="embed")})
+    app, _ = make_app(others={"emb": SimpleNamespace(name="emb", task="embed")})
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
@@ -479,7 +494,7 @@ async def test_a_conversation_the_chat_template_refuses_is_400() -> None:
 
 
 async def test_too_many_prompts_is_413() -> None:
-    app, _ = make_app(served(), limits=GenerationLimits(max_prompts_per_request=2))
+    app, _ = make_app(served(), limits={"max_inputs_per_request": 2})
     async with client_for(app) as client:
         r = await client.post("/generate", json={"prompts": ["a", "b", "c"]})
     assert r.status_code == 413
@@ -658,7 +673,7 @@ async def test_a_request_past_its_timeout_is_504_and_its_sequences_are_aborted()
     model = served(gated=True, max_running=1)
     engine = model.engine
     assert isinstance(engine, GatedEngine)
-    app, _ = make_app(model, limits=GenerationLimits(request_timeout_s=0.2))
+    app, _ = make_app(model, limits={"request_timeout_s": 0.2})
     async with client_for(app) as client:
         # no step is ever allowed: one sequence holds the slot, the other waits
         r = await client.post("/generate", json={"prompts": ["a", "b"], "max_tokens": 4})
@@ -677,7 +692,7 @@ async def test_a_stream_past_its_timeout_ends_with_an_error_event() -> None:
     model = served(gated=True, max_running=1)
     engine = model.engine
     assert isinstance(engine, GatedEngine)
-    app, _ = make_app(model, limits=GenerationLimits(request_timeout_s=0.2))
+    app, _ = make_app(model, limits={"request_timeout_s": 0.2})
     async with client_for(app) as client:
         r = await client.post(
             "/v1/chat/completions",
@@ -695,7 +710,7 @@ async def test_requests_cut_short_by_a_stop_without_drain_are_503() -> None:
     model = served(gated=True, max_running=1)
     engine = model.engine
     assert isinstance(engine, GatedEngine)
-    app, _ = make_app(model, limits=GenerationLimits(retry_after_s=2))
+    app, _ = make_app(model, limits={"retry_after_s": 2})
     async with client_for(app) as client:
         running = asyncio.ensure_future(
             client.post("/v1/completions", json={"prompt": "run", "max_tokens": 9})
@@ -786,7 +801,8 @@ async def test_behind_create_app_and_its_gate() -> None:
     app = create_app(settings(), load_model=loader(FakeEmbedder()))
     app.include_router(generation.router)
     async with app.router.lifespan_context(app):
-        app.state.generators = {"gen": model}
+        server = app.state.server
+        server.generators["gen"] = ServedGenerator("gen", model, server.metrics.generation)
         await model.generator.start()
         try:
             transport = httpx.ASGITransport(app=app)

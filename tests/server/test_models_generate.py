@@ -65,8 +65,8 @@ async def test_generate_models_are_served_beside_batch_models() -> None:
             ("gen", "generate"),
         ]
         assert (await client.get("/ready")).json()["models"] == ["emb", "gen"]
-        assert set(app.state.generators) == {"gen"}
-        assert set(app.state.models) == {"emb"}
+        assert set(app.state.server.generators) == {"gen"}
+        assert set(app.state.server.models) == {"emb"}
 
         prompts = ["2 + 2 =", "the sky is"]
         r = await client.post("/generate", json={"prompts": prompts, "max_tokens": 5})

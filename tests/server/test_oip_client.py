@@ -1,7 +1,7 @@
 """The real Open Inference Protocol client (``tritonclient.http``) against the codec.
 
 The server here is test-only glue: a minimal Starlette app on uvicorn (127.0.0.1, a socket
-bound by the test, so no port race) whose ``/v2`` routes call ``batchline.server.oip`` around
+bound by the test, so no port race) whose ``/v2`` routes call ``batchline.oip`` around
 two toy models. The client-side checks take only a URL, so the same checks can run against
 ``batchline serve`` once its OIP routes exist.
 """
@@ -30,7 +30,7 @@ from starlette.responses import JSONResponse, Response  # noqa: E402
 from starlette.routing import Route  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-from batchline.server import oip  # noqa: E402
+from batchline import oip  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -126,7 +126,7 @@ async def infer(request: Request) -> Response:
             model.inputs,
             model_outputs=model.outputs,
         )
-        results = [model.fn(row) for row in oip.split_rows(req)]
+        results = [model.fn(row) for row in oip.request_rows(req)]
         body, headers = oip.build_infer_response(
             request.path_params["name"], "1", req.id, oip.stack_rows(results), req.requested
         )

@@ -1,4 +1,4 @@
-"""The Open Inference Protocol codec (``batchline.server.oip``) on its own: bodies built here by
+"""The Open Inference Protocol codec (``batchline.oip``) on its own: bodies built here by
 a small independent encoder, parsed by the codec, and the codec's responses decoded back."""
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from batchline import BatchlineError
-from batchline.server import oip
+from batchline import BatchlineError, oip
 
 # The wire's datatypes, written out independently of the codec's own table.
 WIRE = {
@@ -225,13 +224,13 @@ def test_binary_inputs_are_views_of_the_body_and_json_inputs_are_arrays() -> Non
     assert not req.inputs["x"].flags.writeable
 
 
-def test_split_rows_and_stack_rows() -> None:
+def test_request_rows_and_stack_rows() -> None:
     x = sample("FP32", (3, 2))
     s = sample("BYTES", (3,))
     tensors = [("x", "FP32", x), ("s", "BYTES", s)]
     body, hl = encode_request(tensors, binary=True)
     req = oip.parse_infer_request(body, hl, specs_for(tensors))
-    rows = oip.split_rows(req)
+    rows = oip.request_rows(req)
     assert len(rows) == 3
     for i, row in enumerate(rows):
         assert set(row) == {"x", "s"}
@@ -245,12 +244,12 @@ def test_split_rows_and_stack_rows() -> None:
     assert stacked["t"].tolist() == s.tolist()
 
 
-def test_split_rows_refuses_a_scalar_input() -> None:
+def test_request_rows_refuses_a_scalar_input() -> None:
     body = b'{"inputs": [{"name": "k", "shape": [], "datatype": "INT32", "data": [4]}]}'
     req = oip.parse_infer_request(body, None, [{"name": "k", "datatype": "INT32", "shape": []}])
     assert req.inputs["k"].shape == ()
     with pytest.raises(ValueError, match="no batch axis"):
-        oip.split_rows(req)
+        oip.request_rows(req)
 
 
 def test_stack_rows_needs_rows_with_the_same_outputs() -> None:
@@ -775,7 +774,7 @@ def test_round_trip_property(
     for name, datatype, arr in tensors:
         assert_same(req.inputs[name], arr, datatype)
 
-    rows = oip.split_rows(req)
+    rows = oip.request_rows(req)
     assert len(rows) == batch
     outputs = oip.stack_rows(rows)
     resp, headers = oip.build_infer_response(

@@ -21,7 +21,7 @@ def test_defaults_are_safe() -> None:
     s = ServerSettings()
     assert s.host == "127.0.0.1"
     assert s.api_key is None
-    assert s.batching is True
+    assert s.knobs.batching is True
     assert s.truncate is True
     assert [spec.name for spec in s.specs] == ["all-MiniLM-L6-v2"]
     assert ServerSettings(model_name="mini").specs[0].name == "mini"
@@ -47,10 +47,10 @@ def test_knob_fields_are_knobs_fields_with_knobs_validation() -> None:
     import dataclasses
 
     from batchline.knobs import Knobs
-    from batchline.server.settings import KNOB_FIELDS
+    from batchline.server.settings import KNOB_FIELDS, SETTING_NAMES
 
     assert set(KNOB_FIELDS) == {f.name for f in dataclasses.fields(Knobs)}
-    assert set(KNOB_FIELDS) <= set(ServerSettings.model_fields)
+    assert set(KNOB_FIELDS) <= SETTING_NAMES
     s = ServerSettings(sessions=3, target_batch_tokens=128, device="cuda:1")
     knobs = s.knobs
     assert isinstance(knobs, Knobs)
@@ -83,11 +83,11 @@ def test_toml_and_json_files_and_overrides(tmp_path: Path) -> None:
     toml = tmp_path / "serve.toml"
     toml.write_text("port = 9001\nmax_queue_size = 4096\n[server]\nsessions = 1\n")
     s = ServerSettings.from_file(toml, port=9002, host=None)
-    assert (s.port, s.max_queue_size, s.sessions) == (9002, 4096, 1)
+    assert (s.port, s.knobs.max_queue_size, s.knobs.sessions) == (9002, 4096, 1)
     js = tmp_path / "serve.json"
     js.write_text(json.dumps({"batching": False, "request_timeout_s": 2.5}))
     s = ServerSettings.from_file(js)
-    assert s.batching is False
+    assert s.knobs.batching is False
     assert s.request_timeout_s == 2.5
     noext = tmp_path / "serve.conf"
     noext.write_text('{"port": 1234}')
@@ -104,8 +104,8 @@ def test_write_round_trips_without_the_key(tmp_path: Path) -> None:
         assert "hush" not in text
         assert "api_key" not in text
         again = ServerSettings.from_file(path)
-        assert again.target_batch_tokens == 1024
-        assert again.max_batch_size == 32
+        assert again.knobs.target_batch_tokens == 1024
+        assert again.knobs.max_batch_size == 32
         assert again.truncate is False
         assert again.api_key is None
 
@@ -191,10 +191,10 @@ def test_a_tuned_knobs_file_is_a_server_config(tmp_path: Path) -> None:
         path, comment="from batchline tune", measured={"rps": 1000}
     )
     s = ServerSettings.from_file(path)
-    assert s.target_batch_tokens == 1024
-    assert s.max_concurrent_batches == 3
-    assert s.sessions == 2
-    assert s.max_queue_size == 5000
+    assert s.knobs.target_batch_tokens == 1024
+    assert s.knobs.max_concurrent_batches == 3
+    assert s.knobs.sessions == 2
+    assert s.knobs.max_queue_size == 5000
 
 
 def test_cli_several_models_and_their_tasks(capsys: pytest.CaptureFixture[str]) -> None:

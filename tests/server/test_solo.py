@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from batchline.models.engine import Engine, lower_thread_priority
+from batchline.models.batching import ModelBatcher, lower_thread_priority
 from batchline.models.onnx.embed import TextEmbedder
 
 from .conftest import FakeEmbedder, settings
@@ -83,8 +83,8 @@ async def test_the_engine_runs_a_sync_model_on_niced_threads() -> None:
 
     model = Probe(FakeEmbedder(), name="fake")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="thread_nice"):
-        Engine(model, settings().knobs, thread_nice=-1)
-    async with Engine(model, settings().knobs, thread_nice=4) as engine:
+        ModelBatcher(model, settings().knobs, thread_nice=-1)
+    async with ModelBatcher(model, settings().knobs, thread_nice=4) as engine:
         futures = engine.submit_many_nowait(model.prepare(["a b", "c"]))  # type: ignore[arg-type]
         for f in futures:
             await f

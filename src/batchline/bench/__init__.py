@@ -1,13 +1,17 @@
 """Measure and tune batching on your own model and hardware (``pip install 'batchline[bench]'``).
 
+One load generator (:mod:`batchline.bench.loadgen`: closed and open loops over a ``Target``)
+and one set of statistics (:mod:`batchline.bench.stats`) under every bench:
+
 - :func:`run_bench` drives configurations (the no-batching baseline, batchline's defaults, your
   knobs files, a classic timeout batcher, or a server URL) with closed- or open-loop load and
   returns a :class:`BenchResult`; :func:`write_report` turns it into ``report.md`` + PNG plots.
   Any model ``batchline run`` takes is measured (``default``, ``PATH.onnx`` with a task,
-  ``module:factory``), loaded by ``load_model`` and batched by ``Engine`` as ``run`` does.
-- :func:`tune` / :func:`run_tune` search the knobs for the most throughput within a p99 budget;
-  :func:`decide` is the verdict on measured trials.
-- :mod:`batchline.bench.stats`: percentiles, throughput, Poisson schedules, manual clock.
+  ``module:factory``), loaded by ``load_model`` and batched by ``ModelBatcher`` as ``run`` does.
+- :mod:`batchline.bench.generate` (``bench --task generate``): one-at-a-time, static and
+  continuous batching of one text generator, each a target of the same load generator.
+- :func:`tune` is the search (measured points in, knobs out); :func:`run_tune` runs it on the
+  real model; :func:`decide` is the verdict on measured trials.
 
 Example::
 
@@ -29,8 +33,8 @@ from batchline._lazy import lazy_exports
 if TYPE_CHECKING:
     from batchline.bench.loadgen import LoadPoint, PointResult, parse_load, run_point
     from batchline.bench.report import write_report
-    from batchline.bench.runner import BenchOptions, BenchResult, run_bench
-    from batchline.bench.tune import Decision, TuneOptions, TuneResult, decide, run_tune, tune
+    from batchline.bench.runner import BenchOptions, BenchResult, TuneOptions, run_bench, run_tune
+    from batchline.bench.tune import Decision, TuneResult, decide, tune
 
 __all__ = [
     "BenchOptions",
@@ -58,13 +62,13 @@ __getattr__ = lazy_exports(
         "Decision": "tune",
         "LoadPoint": "loadgen",
         "PointResult": "loadgen",
-        "TuneOptions": "tune",
+        "TuneOptions": "runner",
         "TuneResult": "tune",
         "decide": "tune",
         "parse_load": "loadgen",
         "run_bench": "runner",
         "run_point": "loadgen",
-        "run_tune": "tune",
+        "run_tune": "runner",
         "tune": "tune",
         "write_report": "report",
     },

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -273,8 +274,7 @@ def _bench_main(args: argparse.Namespace) -> int:
         command=_command("bench"),
     )
     err = Console(stderr=True)
-    progress = None if args.quiet else _BenchProgress(err)
-    result = run_bench(options, progress)
+    result = run_bench(options, None if args.quiet else _say(err))
     files = write_report(result, args.output)
     print_table(result.points, title="batchline bench")
     err.print(f"report: {files['report']}")
@@ -319,32 +319,20 @@ def _bench_generate_main(args: argparse.Namespace) -> int:
         **pick,
     )
     err = Console(stderr=True)
-    progress = None if args.quiet else _Say(err)
-    result = run_generate_bench(options, progress)
+    result = run_generate_bench(options, None if args.quiet else _say(err))
     files = write_generate_report(result, args.output)
     print_generate_table(result)
     err.print(f"report: {files['report']}")
     return 0
 
 
-class _Say:
-    """Progress messages on ``console``, one line each."""
+def _say(console: Any) -> Callable[[str], None]:
+    """Progress lines on ``console``, one at a time."""
 
-    def __init__(self, console: Any) -> None:
-        self._console = console
+    def say(text: str) -> None:
+        console.print(text, highlight=False)
 
-    def message(self, text: str) -> None:
-        self._console.print(text, highlight=False)
-
-
-class _BenchProgress(_Say):
-    def point_done(self, result: Any, done: int, total: int) -> None:
-        failed = f", {result.errors + result.unanswered} failed/unanswered" if result.failed else ""
-        self._console.print(
-            f"  [{done}/{total}] {result.config} at {result.point.label}: "
-            f"{result.achieved_rps:,.0f} rec/s, p99 {result.p99_ms:,.0f} ms{failed}",
-            highlight=False,
-        )
+    return say
 
 
 def _tune_main(args: argparse.Namespace) -> int:
@@ -354,13 +342,8 @@ def _tune_main(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from batchline.bench.loadgen import parse_loads
-    from batchline.bench.tune import (
-        DEFAULT_TUNE_LOAD,
-        TuneOptions,
-        measured_notes,
-        run_tune,
-        within_budget,
-    )
+    from batchline.bench.runner import DEFAULT_TUNE_LOAD, TuneOptions, run_tune
+    from batchline.bench.tune import measured_notes, within_budget
 
     options = TuneOptions(
         p99_budget_ms=args.p99_ms,
@@ -375,12 +358,7 @@ def _tune_main(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     err = Console(stderr=True)
-
-    def say(text: str) -> None:
-        if not args.quiet:
-            err.print(text, highlight=False)
-
-    result, inputs = asyncio.run(run_tune(options, say))
+    result, inputs = asyncio.run(run_tune(options, None if args.quiet else _say(err)))
     decision = result.decision
     table = Table(
         title=f"batchline tune: p99 budget {args.p99_ms:g} ms",

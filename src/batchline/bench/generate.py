@@ -8,6 +8,10 @@ the same work at each load point: the built-in math prompts (seeded), each with 
 ``max_tokens`` drawn between ``min_new`` and ``max_new`` and ``ignore_eos``, so every request
 generates exactly what it asked for. Repeats are interleaved, the order rotating each time.
 
+The load comes from :mod:`batchline.bench.loadgen`, as for every other bench: each run is a
+:class:`GenerationTarget` (request ``i`` is the work's prompt ``i``) driven by its loops with a
+fixed amount of work instead of a duration, and the figures are read off its samples.
+
 - closed loop (``closed:N``): N clients, each submitting its next request when the previous
   one completes, until the run's requests are done; tokens/s = tokens / wall time.
 - open loop (``open:R``): the run's requests arrive as a Poisson process at R per second;
@@ -38,12 +42,13 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
-from batchline._clock import Clock, MonotonicClock, sleep_until
+from batchline._clock import Clock, MonotonicClock
 from batchline._errors import InputError, QueueFullError
-from batchline._stats import percentile
-from batchline.bench.loadgen import LoadKind, LoadPoint, parse_load
+from batchline.bench.loadgen import Counters, LoadKind, LoadPoint, parse_load, run_closed, run_open
+from batchline.bench.runner import Say, environment
+from batchline.bench.stats import Sample, poisson_arrivals, summarize
 from batchline.models.generation.engine import SamplingParams, StepEngine
 from batchline.models.generation.stream import Completion, Detokenizer, TextGenerator
 
@@ -54,6 +59,7 @@ __all__ = [
     "GenPoint",
     "GenerateBenchOptions",
     "GenerateBenchResult",
+    "GenerationTarget",
     "ModelParts",
     "Ratio",
     "RunFigures",
@@ -279,15 +285,6 @@ class GenerateBenchResult:
         }
 
 
-class Progress(Protocol):
-    def message(self, text: str) -> None: ...
-
-
-class _Silent:
-    def message(self, text: str) -> None:
-        pass
-
-
 # -- the model ------------------------------------------------------------------------------
 
 
@@ -370,71 +367,46 @@ def build_work(parts: ModelParts, options: GenerateBenchOptions) -> list[Work]:
     return work
 
 
-# -- the two loops ----------------------------------------------------------------------------
-
-# (intended send time, submit time, completion): the generator's latency and TTFT run from
-# submit(); the open loop adds the time between the intended send and the submit
-Done = tuple[float, float, Completion]
+# -- the target the load generator drives -------------------------------------------------------
 
 
-async def closed_loop(
-    gen: TextGenerator, work: Sequence[Work], clients: int, clock: Clock
-) -> tuple[list[Done], int, float, float]:
-    """``clients`` clients share ``work``, each submitting its next request when the previous
-    completes. Returns what completed, the rejected count, start and end."""
-    queue = list(reversed(work))
-    done: list[Done] = []
-    rejected = 0
-    start = clock.now()
+class GenerationTarget:
+    """One generator as a load-generator target: request ``i`` submits ``work[i]`` and waits
+    for its completion, which is kept (by index) for the run's figures.
 
-    async def client() -> None:
-        nonlocal rejected
-        while queue:
-            item = queue.pop()
-            params = SamplingParams(max_tokens=item.max_tokens, ignore_eos=True)
-            sent = clock.now()
-            try:
-                stream = gen.submit(item.prompt_ids, params)
-            except QueueFullError:
-                rejected += 1
-                continue
-            done.append((sent, sent, await stream.result()))
+    A request the generator refuses (``QueueFullError``) fails as a request, as a full server
+    does; any other error is kept and raised by :meth:`check`, so a broken model ends the
+    bench instead of turning into a column of failures.
+    """
 
-    await asyncio.gather(*(client() for _ in range(clients)))
-    return done, rejected, start, clock.now()
+    def __init__(self, gen: TextGenerator, work: Sequence[Work]) -> None:
+        self.gen = gen
+        self.work = work
+        self.completions: dict[int, Completion] = {}
+        self.rejected = 0
+        self._error: BaseException | None = None
 
+    async def call(self, index: int) -> None:
+        item = self.work[index]
+        params = SamplingParams(max_tokens=item.max_tokens, ignore_eos=True)
+        try:
+            stream = self.gen.submit(item.prompt_ids, params)
+        except QueueFullError:
+            self.rejected += 1
+            raise
+        try:
+            self.completions[index] = await stream.result()
+        except Exception as exc:
+            self._error = self._error or exc
+            raise
 
-async def open_loop(
-    gen: TextGenerator, work: Sequence[Work], rate: float, seed: int, clock: Clock
-) -> tuple[list[Done], int, float, float]:
-    """``work`` arriving as a Poisson process at ``rate`` per second (the arrival times drawn
-    from ``seed``), whether or not earlier requests have completed."""
-    rng = random.Random(seed)
-    start = clock.now()
-    done: list[Done] = []
-    rejected = 0
-    tasks: list[asyncio.Task[None]] = []
+    def counters(self) -> Counters | None:
+        return None  # the generator's own stats say how it batched (ITL)
 
-    async def one(intended: float, sent: float, stream: Any) -> None:
-        done.append((intended, sent, await stream.result()))
-
-    intended = start
-    try:
-        for item in work:
-            intended += rng.expovariate(rate)
-            await sleep_until(clock, intended)
-            params = SamplingParams(max_tokens=item.max_tokens, ignore_eos=True)
-            try:
-                stream = gen.submit(item.prompt_ids, params)
-            except QueueFullError:
-                rejected += 1
-                continue
-            tasks.append(asyncio.ensure_future(one(intended, clock.now(), stream)))
-        await asyncio.gather(*tasks)
-    finally:
-        for task in tasks:
-            task.cancel()
-    return done, rejected, start, clock.now()
+    def check(self) -> None:
+        """Raise the first error a request met, other than a refusal."""
+        if self._error is not None:
+            raise self._error
 
 
 async def run_one(
@@ -449,33 +421,59 @@ async def run_one(
     seed: int,
     clock: Clock,
 ) -> RunFigures:
-    """Build ``name``'s generator over ``parts``, drive it at ``load``, stop it."""
+    """Build ``name``'s generator over ``parts``, drive it at ``load`` until ``work`` is done,
+    stop it."""
     gen = make_generator(name, parts, max_running=max_running, kv_budget=kv_budget, clock=clock)
+    target = GenerationTarget(gen, work)
     async with gen:
         if load.kind == "closed":
-            done, rejected, start, end = await closed_loop(gen, work, int(load.value), clock)
+            samples, start = await run_closed(
+                target, int(load.value), None, requests=len(work), clock=clock
+            )
         else:
             # the same arrival times for every generator at this rate and repeat
             arrivals = seed * 1_000_003 + int(load.value * 1000) * 101 + repeat
-            done, rejected, start, end = await open_loop(gen, work, load.value, arrivals, clock)
+            schedule = poisson_arrivals(load.value, len(work), seed=arrivals)
+            samples, start = await run_open(target, schedule, clock=clock, drain_s=None)
+        end = clock.now()
         itl = gen.stats.itl_p50_s
-    lags = [max(0.0, sent - intended) for intended, sent, _ in done]
+    target.check()
+    return figures(name, load, repeat, samples, target, wall_s=end - start, itl_p50_s=itl)
+
+
+def figures(
+    name: str,
+    load: LoadPoint,
+    repeat: int,
+    samples: Sequence[Sample],
+    target: GenerationTarget,
+    *,
+    wall_s: float,
+    itl_p50_s: float,
+) -> RunFigures:
+    """A run's figures from the load generator's samples and the target's completions: latency
+    from each request's intended send time (the samples'), TTFT the generator's plus the time
+    the request waited to be sent (open loop)."""
+    done = sorted(
+        (s for s in samples if s.ok and s.index in target.completions), key=lambda s: s.index
+    )
+    completions = [target.completions[s.index] for s in done]
     return RunFigures(
         generator=name,
         kind=load.kind,
         offered=load.value,
         repeat=repeat,
         requests=len(done),
-        tokens=sum(c.completion_tokens for _, _, c in done),
-        wall_s=end - start,
-        latencies_s=[c.latency_s + lag for (_, _, c), lag in zip(done, lags, strict=True)],
+        tokens=sum(c.completion_tokens for c in completions),
+        wall_s=wall_s,
+        latencies_s=[s.latency_s for s in done if s.latency_s is not None],
         ttfts_s=[
-            c.ttft_s + lag
-            for (_, _, c), lag in zip(done, lags, strict=True)
+            c.ttft_s + (s.sent_s - s.intended_s)
+            for s, c in zip(done, completions, strict=True)
             if c.ttft_s is not None
         ],
-        itl_p50_s=itl,
-        rejected=rejected,
+        itl_p50_s=itl_p50_s,
+        rejected=target.rejected,
     )
 
 
@@ -487,16 +485,14 @@ def _median(values: Sequence[float]) -> float:
     return statistics.median(clean) if clean else math.nan
 
 
-def _pct(values: Sequence[float], q: float) -> float:
-    return percentile(list(values), q) if values else math.nan
-
-
-def summarize(runs: Sequence[RunFigures]) -> list[GenPoint]:
+def medians(runs: Sequence[RunFigures]) -> list[GenPoint]:
     """Medians over repeats, per load point and generator (in run order)."""
     keys = list(dict.fromkeys((r.kind, r.offered, r.generator) for r in runs))
     points: list[GenPoint] = []
     for kind, offered, generator in keys:
         rs = [r for r in runs if (r.kind, r.offered, r.generator) == (kind, offered, generator)]
+        latency = [summarize(r.latencies_s) for r in rs]
+        ttft = [summarize(r.ttfts_s) for r in rs]
         points.append(
             GenPoint(
                 generator=generator,
@@ -505,10 +501,10 @@ def summarize(runs: Sequence[RunFigures]) -> list[GenPoint]:
                 requests=rs[0].requests,
                 repeats=len(rs),
                 tokens_per_s=_median([r.tokens_per_s for r in rs]),
-                latency_p50_s=_median([_pct(r.latencies_s, 50) for r in rs]),
-                latency_p99_s=_median([_pct(r.latencies_s, 99) for r in rs]),
-                ttft_p50_s=_median([_pct(r.ttfts_s, 50) for r in rs]),
-                ttft_p99_s=_median([_pct(r.ttfts_s, 99) for r in rs]),
+                latency_p50_s=_median([x.p50_s for x in latency]),
+                latency_p99_s=_median([x.p99_s for x in latency]),
+                ttft_p50_s=_median([x.p50_s for x in ttft]),
+                ttft_p99_s=_median([x.p99_s for x in ttft]),
                 itl_p50_s=_median([r.itl_p50_s for r in rs]),
                 rejected=sum(r.rejected for r in rs),
             )
@@ -518,7 +514,7 @@ def summarize(runs: Sequence[RunFigures]) -> list[GenPoint]:
 
 def run_generate_bench(
     options: GenerateBenchOptions,
-    progress: Progress | None = None,
+    progress: Say | None = None,
     *,
     parts: ModelParts | None = None,
 ) -> GenerateBenchResult:
@@ -528,26 +524,24 @@ def run_generate_bench(
 
 async def run_generate_bench_async(
     options: GenerateBenchOptions,
-    progress: Progress | None = None,
+    progress: Say | None = None,
     *,
     parts: ModelParts | None = None,
     clock: Clock | None = None,
 ) -> GenerateBenchResult:
     """Async :func:`run_generate_bench`; ``clock`` for tests (a ``ManualClock`` and a fake
-    engine that advances it)."""
-    from batchline.bench.runner import environment
-
+    engine that advances it). ``progress`` is told how it goes, one line at a time."""
     options.check()
-    progress = progress or _Silent()
+    say = progress or (lambda _text: None)
     clock = clock or MonotonicClock()
     started = time.perf_counter()
     env = environment()
     own = parts is None
     if parts is None:
-        progress.message(f"loading {options.model} ...")
+        say(f"loading {options.model} ...")
         t0 = time.perf_counter()
         parts = await asyncio.to_thread(load_parts, options)
-        progress.message(f"loaded in {time.perf_counter() - t0:.1f} s")
+        say(f"loaded in {time.perf_counter() - t0:.1f} s")
     try:
         work = build_work(parts, options)
         longest = max(len(w.prompt_ids) for w in work)
@@ -565,7 +559,7 @@ async def run_generate_bench_async(
             f"max_running_sequences {running}, kv_token_budget {kv_budget}, "
             f"{options.repeats} interleaved repeat{'s' if options.repeats > 1 else ''}"
         )
-        progress.message(f"workload: {workload}")
+        say(f"workload: {workload}")
         if options.warmup:
             # the first calls allocate: warm the model outside every measurement
             warm = [Work(w.prompt_ids, 2) for w in work[:4]]
@@ -600,7 +594,7 @@ async def run_generate_bench_async(
                         clock=clock,
                     )
                     runs.append(figures)
-                    progress.message(
+                    say(
                         f"  #{repeat} {load.label}: {name} {figures.tokens_per_s:,.1f} tok/s "
                         f"in {figures.wall_s:.1f} s"
                     )
@@ -612,7 +606,7 @@ async def run_generate_bench_async(
     return GenerateBenchResult(
         model=parts.name,
         generators=list(names),
-        points=summarize(runs),
+        points=medians(runs),
         runs=runs,
         loads=list(options.loads),
         workload=workload,

@@ -57,21 +57,6 @@ DYNAMIC_DIM = 16
 _RANDOM_BYTES = 64 << 20
 _MIN_RANDOM_ROWS = 16
 
-_NUMPY_TYPES = {
-    "BOOL": "bool",
-    "UINT8": "uint8",
-    "UINT16": "uint16",
-    "UINT32": "uint32",
-    "UINT64": "uint64",
-    "INT8": "int8",
-    "INT16": "int16",
-    "INT32": "int32",
-    "INT64": "int64",
-    "FP16": "float16",
-    "FP32": "float32",
-    "FP64": "float64",
-}
-
 
 @dataclass(frozen=True)
 class Inputs:
@@ -103,7 +88,7 @@ class InputOptions:
 
 def read_texts(path: Path, *, text_column: str = "text", limit: int = _MAX_READ) -> list[str]:
     """Up to ``limit`` non-empty texts of ``path`` (any format ``open_source`` reads)."""
-    from batchline.jobs.sources import Record, open_source
+    from batchline.datasets.sources import Record, open_source
 
     source = open_source(path, text_column=text_column, extra_columns=(), on_bad_record="skip")
     texts: list[str] = []
@@ -165,7 +150,7 @@ def load_inputs(
             "this model has none that batchline can read: pass --inputs with texts as they are"
         )
     if inputs is None:
-        from batchline.jobs.corpus import demo_corpus_path
+        from batchline.datasets.corpus import demo_corpus_path
 
         all_texts = read_texts(demo_corpus_path(), limit=10**9)
         source = "the demo corpus"
@@ -198,10 +183,10 @@ def load_inputs(
 def load_records(path: Path | None, *, count: int = DEFAULT_SAMPLE, seed: int = 0) -> Inputs:
     """Whole rows as dicts (what a ``module:factory`` model takes): a seeded sample of ``path``
     (JSONL, CSV, Parquet) or of the demo corpus."""
-    from batchline.jobs.sources import Record, open_source
+    from batchline.datasets.sources import Record, open_source
 
     if path is None:
-        from batchline.jobs.corpus import demo_corpus_path
+        from batchline.datasets.corpus import demo_corpus_path
 
         source_path, name = demo_corpus_path(), "the demo corpus"
     else:
@@ -224,7 +209,7 @@ def load_tensor_rows(
 ) -> Inputs:
     """The first ``count`` rows of ``path`` as ``{input name: array}``: a ``.npy`` file feeds a
     one-input model; JSONL or Parquet list columns named as the model's inputs feed any."""
-    from batchline.jobs.sources import Record, open_source
+    from batchline.datasets.sources import Record, open_source
 
     names = [str(s["name"]) for s in specs]
     source = open_source(path, input_kind="tensors", input_columns=names, on_bad_record="skip")
@@ -246,19 +231,22 @@ def random_tensor_rows(
     ``-1`` for a dynamic dimension; the first is the batch axis, left out of a row)."""
     import numpy as np
 
+    from batchline.oip import DATATYPES
+
     if not specs:
         raise InputError("the model declares no inputs to shape random rows from; pass --inputs")
     shapes: dict[str, tuple[tuple[int, ...], Any]] = {}
     for spec in specs:
         name, datatype = str(spec["name"]), str(spec.get("datatype", ""))
         dims = spec.get("shape")
-        if datatype not in _NUMPY_TYPES or not isinstance(dims, list | tuple) or not dims:
+        numeric = datatype in DATATYPES and datatype != "BYTES"
+        if not numeric or not isinstance(dims, list | tuple) or not dims:
             raise InputError(
                 f"cannot make random rows for input {name!r} ({datatype or 'no type'}, shape "
                 f"{dims}): pass --inputs with real rows (a .npy file, or JSONL list columns)"
             )
         dims_of_row = [int(d) if isinstance(d, int) and d >= 0 else DYNAMIC_DIM for d in dims[1:]]
-        shapes[name] = (tuple(dims_of_row), np.dtype(_NUMPY_TYPES[datatype]))
+        shapes[name] = (tuple(dims_of_row), DATATYPES[datatype])
     row_bytes = sum(max(1, int(np.prod(s))) * dt.itemsize for s, dt in shapes.values())
     count = max(1, min(count, max(_MIN_RANDOM_ROWS, _RANDOM_BYTES // max(1, row_bytes))))
     rng = np.random.default_rng(seed)

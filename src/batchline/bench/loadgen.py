@@ -203,14 +203,18 @@ async def _call(target: Target, index: int) -> bool:
 
 
 async def _until_done_or(
-    tasks: Sequence[asyncio.Task[None]], clock: Clock, give_up_at: float
+    tasks: Sequence[asyncio.Task[None]], clock: Clock, give_up_at: float | None
 ) -> None:
-    """Wait for ``tasks``; at ``give_up_at`` (on ``clock``) cancel whatever still runs."""
+    """Wait for ``tasks``; at ``give_up_at`` (on ``clock``; ``None``: never) cancel whatever
+    still runs."""
     if not tasks:
         return
     everything: asyncio.Future[Any] = asyncio.ensure_future(
         asyncio.gather(*tasks, return_exceptions=True)
     )
+    if give_up_at is None:
+        await everything
+        return
     watchdog: asyncio.Future[Any] = asyncio.ensure_future(sleep_until(clock, give_up_at))
     try:
         await asyncio.wait([everything, watchdog], return_when=asyncio.FIRST_COMPLETED)
@@ -224,41 +228,49 @@ async def _until_done_or(
 async def run_closed(
     target: Target,
     clients: int,
-    duration_s: float,
+    duration_s: float | None,
     *,
+    requests: int | None = None,
     clock: Clock | None = None,
     drain_s: float = 5.0,
 ) -> tuple[list[Sample], float]:
     """``clients`` concurrent clients, each sending its next request as soon as the previous is
-    answered, for ``duration_s``. Returns the samples and the start time.
+    answered, for ``duration_s``, or until ``requests`` requests (indices ``0 .. requests-1``)
+    have been sent, whichever comes first. Returns the samples and the start time.
 
     In a closed loop the load adapts to the system: a client whose request is slow sends less.
     So latency is measured from the actual send; the open loop is the tool for latency under a
-    given arrival rate.
+    given arrival rate. With a duration, answers are awaited ``drain_s`` past it; with only a
+    request count (a fixed amount of work), until the last one is answered.
     """
     if clients < 1:
         raise ValueError(f"clients must be >= 1, got {clients}")
+    if duration_s is None and requests is None:
+        raise ValueError("run_closed needs a duration_s, a requests count or both")
     clock = clock or MonotonicClock()
     start = clock.now()
-    stop = start + duration_s
+    stop = math.inf if duration_s is None else start + duration_s
+    last = math.inf if requests is None else requests
     numbers = itertools.count()
     samples: list[Sample] = []
 
     async def client() -> None:
         while clock.now() < stop:
             index = next(numbers)
+            if index >= last:
+                return
             sent = clock.now()
             try:
                 ok = await _call(target, index)
             except asyncio.CancelledError:
-                samples.append(Sample(sent, sent, None, False))
+                samples.append(Sample(sent, sent, None, False, index))
                 raise
-            samples.append(Sample(sent, sent, clock.now(), ok))
+            samples.append(Sample(sent, sent, clock.now(), ok, index))
             if not ok:
                 await sleep_until(clock, clock.now() + _ERROR_PAUSE_S)
 
     tasks = [asyncio.ensure_future(client()) for _ in range(clients)]
-    await _until_done_or(tasks, clock, stop + drain_s)
+    await _until_done_or(tasks, clock, None if duration_s is None else stop + drain_s)
     return samples, start
 
 
@@ -267,15 +279,15 @@ async def run_open(
     schedule: Sequence[float],
     *,
     clock: Clock | None = None,
-    drain_s: float = 5.0,
+    drain_s: float | None = 5.0,
     duration_s: float | None = None,
 ) -> tuple[list[Sample], float]:
     """Send request ``i`` at ``start + schedule[i]`` whether or not earlier ones were answered.
 
     Each request's latency runs from its intended send time, so time the generator itself lost
     (a stalled event loop, a paused process) is charged to the requests it delayed. After the
-    last arrival (or ``duration_s``), answers are awaited for up to ``drain_s`` more.
-    Returns the samples and the start time.
+    last arrival (or ``duration_s``), answers are awaited for up to ``drain_s`` more (``None``:
+    until every one is answered). Returns the samples and the start time.
     """
     clock = clock or MonotonicClock()
     start = clock.now()
@@ -301,10 +313,12 @@ async def run_open(
             task.cancel()
         raise
     end = start + (duration_s if duration_s is not None else (schedule[-1] if schedule else 0.0))
-    await _until_done_or(tasks, clock, max(end, clock.now()) + drain_s)
+    await _until_done_or(tasks, clock, None if drain_s is None else max(end, clock.now()) + drain_s)
     samples = [
-        Sample(when, sent_at if sent_at is not None else when, done_at, good)
-        for when, sent_at, done_at, good in zip(intended, sent, done, ok, strict=True)
+        Sample(when, sent_at if sent_at is not None else when, done_at, good, index)
+        for index, (when, sent_at, done_at, good) in enumerate(
+            zip(intended, sent, done, ok, strict=True)
+        )
     ]
     return samples, start
 

@@ -5,10 +5,13 @@
     >>> write_report(result, Path("report"))      # batchline.bench.report
 
 Any model ``batchline run`` takes (``model``: ``default``, ``PATH.onnx`` with a ``task``,
-``module:factory``) is loaded through ``load_model`` and batched through ``Engine`` in every
-configuration. All configurations are started (and warmed up, untimed) first; then at each
-load point they run back to back, with the same inputs and, for open loops, the same arrival
-schedule.
+``module:factory``) is loaded through ``load_model`` and batched through ``ModelBatcher`` in
+every configuration. All configurations are started (and warmed up, untimed) first; then at
+each load point they run back to back, with the same inputs and, for open loops, the same
+arrival schedule.
+
+``run_tune`` is ``batchline tune`` on the real model: the search of
+:func:`batchline.bench.tune.tune`, each trial measured here as a bench measures a configuration.
 """
 
 from __future__ import annotations
@@ -24,35 +27,37 @@ import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from batchline._errors import InputError
 from batchline.bench.inputs import InputOptions, Inputs, Lengths, load_model_inputs
 from batchline.bench.loadgen import LoadPoint, PointResult, Target, parse_load, run_point
+from batchline.bench.model import LoadedModels, model_spec, spec_tokenizer
 from batchline.bench.targets import (
     Configuration,
-    ModelLoader,
     Route,
     describe_knobs,
     embeddings_url,
-    model_spec,
     oip_inputs,
     oip_url,
     open_target,
     reference_configurations,
-    spec_tokenizer,
 )
+from batchline.bench.tune import DEFAULT_NOISE, TuneResult, baseline_knobs, tune
 from batchline.knobs import Knobs, machine_cores
 from batchline.models.builtin import BUILTIN_MODELS
 
 __all__ = [
     "DEFAULT_LOAD",
+    "DEFAULT_TUNE_LOAD",
     "BenchOptions",
     "BenchResult",
-    "Progress",
+    "Say",
+    "TuneOptions",
     "environment",
     "measure",
     "run_bench",
+    "run_tune",
 ]
 
 DEFAULT_LOAD = "closed:1,8,32,64"
@@ -161,20 +166,18 @@ class BenchResult:
         )
 
 
-class Progress(Protocol):
-    """Hooks a bench calls as it goes; the CLI prints them."""
-
-    def message(self, text: str) -> None: ...
-
-    def point_done(self, result: PointResult, done: int, total: int) -> None: ...
+#: How every bench and tune tells how it goes: one line of text at a time (the CLI prints
+#: them; ``None`` where a bench takes one means silent).
+Say = Callable[[str], None]
 
 
-class _Silent:
-    def message(self, text: str) -> None:
-        pass
-
-    def point_done(self, result: PointResult, done: int, total: int) -> None:
-        pass
+def point_line(result: PointResult, done: int, total: int) -> str:
+    """The progress line of one measured point."""
+    failed = f", {result.errors + result.unanswered} failed/unanswered" if result.failed else ""
+    return (
+        f"  [{done}/{total}] {result.config} at {result.point.label}: "
+        f"{result.achieved_rps:,.0f} rec/s, p99 {result.p99_ms:,.0f} ms{failed}"
+    )
 
 
 def environment() -> dict[str, str]:
@@ -213,7 +216,7 @@ async def measure(
     points: Sequence[LoadPoint],
     *,
     duration_s: float,
-    loader: ModelLoader | None,
+    loader: LoadedModels | None,
     seed: int = 0,
     warmup_s: float = 1.0,
     on_point: Callable[[PointResult], None] | None = None,
@@ -269,14 +272,14 @@ def configurations(options: BenchOptions) -> list[Configuration]:
     return configs
 
 
-def run_bench(options: BenchOptions, progress: Progress | None = None) -> BenchResult:
+def run_bench(options: BenchOptions, progress: Say | None = None) -> BenchResult:
     """Run every configuration at every load point (sync). See the module docstring."""
     return asyncio.run(run_bench_async(options, progress))
 
 
-async def run_bench_async(options: BenchOptions, progress: Progress | None = None) -> BenchResult:
-    """Async :func:`run_bench`."""
-    progress = progress or _Silent()
+async def run_bench_async(options: BenchOptions, progress: Say | None = None) -> BenchResult:
+    """Async :func:`run_bench`; ``progress`` is told how it goes, one line at a time."""
+    say = progress or (lambda _text: None)
     if not options.loads:
         raise InputError("no load points given")
     if not options.duration_s > 0:
@@ -284,18 +287,18 @@ async def run_bench_async(options: BenchOptions, progress: Progress | None = Non
     started = time.perf_counter()
     configs = configurations(options)
     in_process = options.target == "inprocess"
-    loader: ModelLoader | None = None
+    loader: LoadedModels | None = None
     try:
         if in_process:
-            loader = ModelLoader(options_spec(options))
-            progress.message(f"loading {loader.name} ...")
+            loader = LoadedModels(options_spec(options))
+            say(f"loading {loader.name} ...")
             inputs = await asyncio.to_thread(model_inputs, loader, configs[0].knobs, options)
             model_label = f"{options.model} ({loader.info(configs[0].knobs).task})"
         else:
             inputs = await asyncio.to_thread(_http_inputs, options)
             model_label = options.model
-        progress.message(f"inputs: {inputs.description}")
-        return await _run(options, configs, inputs, loader, model_label, started, progress)
+        say(f"inputs: {inputs.description}")
+        return await _run(options, configs, inputs, loader, model_label, started, say)
     finally:
         if loader is not None:
             await asyncio.to_thread(loader.close)
@@ -305,10 +308,10 @@ async def _run(
     options: BenchOptions,
     configs: list[Configuration],
     inputs: Inputs,
-    loader: ModelLoader | None,
+    loader: LoadedModels | None,
     model_label: str,
     started: float,
-    progress: Progress,
+    say: Say,
 ) -> BenchResult:
     env = environment()
     total = len(configs) * len(options.loads)
@@ -316,7 +319,7 @@ async def _run(
 
     def on_point(result: PointResult) -> None:
         points.append(result)
-        progress.point_done(result, len(points), total)
+        say(point_line(result, len(points), total))
 
     # Every configuration stays up for the whole run and the load points are interleaved:
     # at each point all configurations run back to back, so a neighbour's job that slows
@@ -324,7 +327,7 @@ async def _run(
     async with contextlib.AsyncExitStack() as stack:
         targets: list[Target] = []
         for config in configs:
-            progress.message(f"{config.name}: {config.description}")
+            say(f"{config.name}: {config.description}")
             targets.append(
                 await stack.enter_async_context(
                     open_target(config, inputs.items, loader, model=_served(options))
@@ -360,6 +363,99 @@ async def _run(
     )
 
 
+# -- tune on the real model (the search is batchline.bench.tune) ----------------------------
+
+
+@dataclass
+class TuneOptions:
+    """What ``batchline tune`` searches on."""
+
+    p99_budget_ms: float
+    model: str = "default"
+    tokenizer: Path | None = None
+    task: str | None = None
+    labels: tuple[str, ...] | None = None
+    pooling: str | None = None
+    normalize: bool | None = None
+    device: str = "cpu"
+    loads: list[LoadPoint] = field(default_factory=lambda: parse_load(DEFAULT_TUNE_LOAD))
+    budget_s: float = 120.0
+    duration_s: float | None = None
+    inputs: Path | None = None
+    text_column: str = "text"
+    lengths: Lengths | None = None
+    noise: float = DEFAULT_NOISE
+    seed: int = 0
+    cores: int | None = None
+
+
+DEFAULT_TUNE_LOAD = "closed:8,32,64"
+
+
+async def run_tune(options: TuneOptions, progress: Say | None = None) -> tuple[TuneResult, str]:
+    """Tune on the real model: :func:`batchline.bench.tune.tune` (the search) with each trial
+    measured here, as a bench measures a configuration. Returns the result and a description
+    of the inputs."""
+    say = progress or (lambda _text: None)
+    if not options.p99_budget_ms > 0:
+        raise InputError(f"--p99-ms must be > 0, got {options.p99_budget_ms}")
+    if not options.budget_s > 0:
+        raise InputError(f"--budget-s must be > 0, got {options.budget_s}")
+    if options.duration_s is not None and not options.duration_s > 0:
+        raise InputError(f"--duration must be > 0 seconds, got {options.duration_s}")
+    if not options.noise >= 0:
+        raise InputError(f"--noise must be >= 0, got {options.noise}")
+    cores = options.cores or machine_cores()
+    base = baseline_knobs(cores, options.device)  # validates --device
+    spec = options_spec(options)
+    loader = LoadedModels(spec)
+    try:
+        say(f"loading {spec.name} ...")
+        inputs = await asyncio.to_thread(model_inputs, loader, base, options)
+        say(f"inputs: {inputs.description}")
+
+        async def trial(
+            label: str, knobs: Knobs, points: Sequence[LoadPoint], duration_s: float
+        ) -> list[PointResult]:
+            config = Configuration.from_knobs(label, knobs)
+
+            def on_point(p: PointResult) -> None:
+                say(
+                    f"    {p.point.label}: {p.achieved_rps:,.0f} rec/s, p99 {p.p99_ms:,.0f} ms"
+                    + (f", {p.errors + p.unanswered} failed/unanswered" if p.failed else "")
+                )
+
+            # one layout loaded besides the baseline's: a search over many layouts must not
+            # hold them all in memory at once
+            await asyncio.to_thread(loader.release, [base, knobs])
+            return await measure(
+                config,
+                inputs.items,
+                points,
+                duration_s=duration_s,
+                loader=loader,
+                seed=options.seed,
+                warmup_s=min(1.0, duration_s / 2),
+                on_point=on_point,
+            )
+
+        result = await tune(
+            trial,
+            points=options.loads,
+            p99_budget_ms=options.p99_budget_ms,
+            budget_s=options.budget_s,
+            cores=cores,
+            noise=options.noise,
+            duration_s=options.duration_s,
+            progress=say,
+            base_knobs=base,
+            device=options.device,
+        )
+    finally:
+        await asyncio.to_thread(loader.close)
+    return result, inputs.description
+
+
 def options_spec(options: Any) -> Any:
     """The model spec of bench or tune options (``model``, ``task``, ``tokenizer``, ...)."""
     return model_spec(
@@ -382,7 +478,7 @@ def input_options(options: Any) -> InputOptions:
     )
 
 
-def model_inputs(loader: ModelLoader, knobs: Knobs, options: Any) -> Inputs:
+def model_inputs(loader: LoadedModels, knobs: Knobs, options: Any) -> Inputs:
     """What to send the loader's model, by the input it takes (``info.input_kind``); loads
     the model laid out as ``knobs`` say (the first configuration's: it stays cached). Sync."""
     info = loader.info(knobs)
@@ -415,7 +511,7 @@ def _http_inputs(options: BenchOptions) -> Inputs:
     metadata lists (texts for a ``text`` BYTES input, else tensor rows). Texts are cut and
     counted with the tokenizer of ``--tokenizer``, else of the built-in model when it is the
     one named."""
-    from batchline.models.embedder import load_tokenizer
+    from batchline.models.onnx.embedder import load_tokenizer
 
     tokenizer: Any = None
     if options.tokenizer is not None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from batchline._stats import percentile
@@ -28,6 +28,7 @@ __all__ = [
     "Sample",
     "censored_latencies",
     "percentile",
+    "poisson_arrivals",
     "poisson_schedule",
     "summarize",
     "throughput",
@@ -84,24 +85,45 @@ def poisson_schedule(
     rng = seed if isinstance(seed, random.Random) else random.Random(seed)
     end = start_s + duration_s
     times: list[float] = []
-    t = start_s + rng.expovariate(rate_per_s)
-    while t < end:
+    for t in _arrivals(rate_per_s, rng, start_s):
+        if t >= end:
+            break
         times.append(t)
-        t += rng.expovariate(rate_per_s)
     return times
+
+
+def poisson_arrivals(rate_per_s: float, count: int, *, seed: int | random.Random) -> list[float]:
+    """The first ``count`` arrival times of a Poisson process of ``rate_per_s`` from 0: a
+    fixed amount of work arriving at a rate (the same draws as :func:`poisson_schedule`)."""
+    if not rate_per_s > 0 or math.isinf(rate_per_s):
+        raise ValueError(f"rate_per_s must be > 0 and finite, got {rate_per_s!r}")
+    if count < 0:
+        raise ValueError(f"count must be >= 0, got {count}")
+    rng = seed if isinstance(seed, random.Random) else random.Random(seed)
+    arrivals = _arrivals(rate_per_s, rng, 0.0)
+    return [next(arrivals) for _ in range(count)]
+
+
+def _arrivals(rate_per_s: float, rng: random.Random, start_s: float) -> Iterator[float]:
+    t = start_s
+    while True:
+        t += rng.expovariate(rate_per_s)
+        yield t
 
 
 @dataclass(frozen=True, slots=True)
 class Sample:
     """One request: when it was meant to go, when it went, when it ended, and how.
 
-    ``done_s`` is ``None`` for a request still unanswered when the run gave up on it.
+    ``done_s`` is ``None`` for a request still unanswered when the run gave up on it;
+    ``index`` is the request's number (what ``Target.call`` was given; -1 when unknown).
     """
 
     intended_s: float
     sent_s: float
     done_s: float | None
     ok: bool
+    index: int = -1
 
     @property
     def latency_s(self) -> float | None:

@@ -3,12 +3,9 @@
 * :class:`Configuration` names one way to serve the model: batchline with some ``Knobs``
   (``batching=False`` is the no-batching baseline: records one at a time on a shared session),
   the classic timeout batcher, or an HTTP URL.
-* :class:`ModelLoader` loads a model spec (``default``, ``PATH.onnx``, ``module:factory``)
-  through :func:`batchline.models.loader.load_model`, once per session layout, so a tuner
-  that tries many batch budgets does not reload the weights each time.
 * :func:`open_target` starts a configuration and yields a :class:`~batchline.bench.loadgen.Target`.
 
-In-process targets run the model through :class:`batchline.models.engine.Engine`, the code
+In-process targets run the model through :class:`batchline.models.batching.ModelBatcher`, the code
 ``batchline run`` and ``batchline serve`` run, and are fed items prepared once before
 measuring (tokenizing, checking tensors: the same work in every configuration). An HTTP
 target sends raw inputs, one per request, to ``POST /v1/embeddings`` (texts) or to the Open
@@ -29,10 +26,10 @@ from typing import Any, Literal
 
 from batchline._errors import InputError
 from batchline.bench.loadgen import Counters, Target
+from batchline.bench.model import LoadedModels, prepare_items
 from batchline.bench.tune import baseline_knobs
 from batchline.knobs import Knobs, machine_cores
-from batchline.models.protocol import BatchModel, ModelInfo
-from batchline.models.specs import ModelSpec
+from batchline.models.protocol import BatchModel
 
 __all__ = [
     "CLASSIC_BATCH_TIMEOUT_S",
@@ -40,14 +37,11 @@ __all__ = [
     "Configuration",
     "HttpError",
     "HttpTarget",
-    "ModelLoader",
     "Route",
     "embeddings_url",
-    "model_spec",
     "oip_body",
     "oip_url",
     "open_target",
-    "prepare_items",
     "reference_configurations",
 ]
 
@@ -151,147 +145,6 @@ def reference_configurations(
     return [known[n] for n in known if n in names]
 
 
-# -- the model, loaded once per session layout ----------------------------------------------
-
-
-def model_spec(
-    model: str | ModelSpec = "default",
-    *,
-    task: str | None = None,
-    tokenizer: Any = None,
-    labels: tuple[str, ...] | None = None,
-    pooling: str | None = None,
-    normalize: bool | None = None,
-) -> ModelSpec:
-    """``--model`` and its options as one spec, as ``batchline run`` reads them; a text
-    generator is refused here (``batchline bench --task generate`` measures generation)."""
-    from batchline.models.specs import parse_specs
-
-    if isinstance(model, ModelSpec):
-        spec = model.with_options(
-            task=task, tokenizer=tokenizer, labels=labels, pooling=pooling, normalize=normalize
-        )
-    else:
-        (spec,) = parse_specs(
-            [model],
-            tasks=[task] if task else [],
-            tokenizer=tokenizer,
-            labels=labels,
-            pooling=pooling,
-            normalize=normalize,
-        )
-    if spec.generates:
-        raise InputError(
-            f"model {spec.name!r} generates text: bench and tune measure batch models "
-            "(embed, classify, predict); batchline bench --task generate measures generation"
-        )
-    return spec
-
-
-Layout = tuple[object, ...]
-
-
-def layout_of(spec: ModelSpec, knobs: Knobs) -> Layout:
-    """What of ``knobs`` a loaded model depends on: its sessions, threads and device (a
-    ``module:factory`` model is laid out by its own code: one layout)."""
-    if spec.kind == "python":
-        return ()
-    if not knobs.batching:
-        return (False, 1, knobs.intra_op_threads, None, knobs.device)
-    return (
-        True,
-        knobs.sessions,
-        knobs.intra_op_threads,
-        knobs.solo_intra_op_threads,
-        knobs.device,
-    )
-
-
-class ModelLoader:
-    """Loads a model spec through ``load_model`` (what ``run`` and ``serve`` load) and keeps
-    each layout loaded: models are cached by (spec, layout), so only the first configuration
-    with a given layout pays for loading the weights. :meth:`close` closes them all.
-
-    >>> loader = ModelLoader(model_spec("model.onnx", task="predict"))
-    >>> model = loader.load(Knobs(sessions=2))
-    """
-
-    def __init__(self, spec: ModelSpec | str = "default", tokenizer: Any = None) -> None:
-        self.spec = spec if isinstance(spec, ModelSpec) else model_spec(spec, tokenizer=tokenizer)
-        self._models: dict[tuple[ModelSpec, Layout], AnyModel] = {}
-        self._tokenizer: list[Any] = []
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    def load(self, knobs: Knobs) -> AnyModel:
-        """The model laid out as ``knobs`` say (cached)."""
-        from batchline.models.loader import load_model
-
-        key = (self.spec, layout_of(self.spec, knobs))
-        if key not in self._models:
-            self._models[key] = load_model(self.spec, knobs)
-        return self._models[key]
-
-    def info(self, knobs: Knobs) -> ModelInfo:
-        """The model's info (loading it laid out as ``knobs`` say, if not loaded yet)."""
-        return self.load(knobs).info
-
-    def tokenizer(self) -> Any:
-        """The Hugging Face tokenizer of a text model (built-in or ``.onnx`` embed/classify),
-        loaded once, to cut texts to lengths and count tokens; ``None`` for other models."""
-        if not self._tokenizer:
-            self._tokenizer.append(spec_tokenizer(self.spec))
-        return self._tokenizer[0]
-
-    def release(self, keep: Sequence[Knobs] = ()) -> None:
-        """Close and drop loaded models except those laid out as one of ``keep``."""
-        kept = {(self.spec, layout_of(self.spec, k)) for k in keep}
-        for key in [k for k in self._models if k not in kept]:
-            self._models.pop(key).close()
-
-    def close(self) -> None:
-        """Close every loaded model."""
-        self.release()
-
-
-def spec_tokenizer(spec: ModelSpec) -> Any:
-    """The tokenizer of a text model's spec (see :meth:`ModelLoader.tokenizer`), or ``None``."""
-    from batchline.models.embedder import load_tokenizer
-    from batchline.models.loader import resolve_task, tokenizer_path
-
-    if spec.kind == "builtin":
-        if spec.builtin_task not in ("embed", "classify"):
-            return None
-        from batchline.models import minilm
-
-        tok, _ = load_tokenizer(
-            minilm.weights_dir() / "tokenizer.json", max_length=minilm.MAX_LENGTH
-        )
-        return tok
-    if spec.kind == "onnx" and resolve_task(spec) in ("embed", "classify"):
-        tok, _ = load_tokenizer(tokenizer_path(spec))
-        return tok
-    if spec.kind == "onnx" and spec.tokenizer is not None:
-        tok, _ = load_tokenizer(spec.tokenizer)
-        return tok
-    return None
-
-
-def prepare_items(model: AnyModel, inputs: Sequence[object]) -> list[Any]:
-    """``model.prepare(inputs)``, all of them usable, or an ``InputError`` saying which not."""
-    prepared = model.prepare(inputs)
-    bad = [(i, p) for i, p in enumerate(prepared) if isinstance(p, BaseException)]
-    if bad:
-        index, exc = bad[0]
-        raise InputError(
-            f"the model {model.info.name!r} cannot take {len(bad):,} of the {len(inputs):,} "
-            f"inputs; input {index + 1}: {exc}"
-        )
-    return list(prepared)
-
-
 # -- in-process targets --------------------------------------------------------------------
 
 
@@ -331,7 +184,7 @@ def _stats_counters(batcher: Any) -> Callable[[], Counters]:
 
 
 async def _prepared(
-    loader: ModelLoader, knobs: Knobs, inputs: Sequence[object]
+    loader: LoadedModels, knobs: Knobs, inputs: Sequence[object]
 ) -> tuple[AnyModel, list[Any]]:
     """The model laid out as ``knobs`` say and ``inputs`` prepared for it, before measuring."""
     model = await asyncio.to_thread(loader.load, knobs)
@@ -340,19 +193,19 @@ async def _prepared(
 
 @contextlib.asynccontextmanager
 async def _knobs_target(
-    loader: ModelLoader, knobs: Knobs, inputs: Sequence[object]
+    loader: LoadedModels, knobs: Knobs, inputs: Sequence[object]
 ) -> AsyncIterator[Target]:
-    from batchline.models.engine import Engine
+    from batchline.models.batching import ModelBatcher
 
     model, items = await _prepared(loader, knobs, inputs)
-    # batching or the baseline, built by the engine layer exactly as ``batchline run`` builds it
-    async with Engine(model, knobs) as engine:
-        yield _SubmitTarget(engine.submit, _stats_counters(engine), items)
+    # batching or the baseline, built exactly as ``batchline run`` builds it
+    async with ModelBatcher(model, knobs) as batcher:
+        yield _SubmitTarget(batcher.submit, _stats_counters(batcher), items)
 
 
 @contextlib.asynccontextmanager
 async def _classic_target(
-    loader: ModelLoader, knobs: Knobs, inputs: Sequence[object]
+    loader: LoadedModels, knobs: Knobs, inputs: Sequence[object]
 ) -> AsyncIterator[Target]:
     from batchline.bench.classic import TimeoutBatcher
 
@@ -371,7 +224,7 @@ async def _classic_target(
 async def open_target(
     config: Configuration,
     inputs: Sequence[object],
-    loader: ModelLoader | None = None,
+    loader: LoadedModels | None = None,
     *,
     model: str = "",
 ) -> AsyncIterator[Target]:
@@ -385,7 +238,7 @@ async def open_target(
             yield http
         return
     if loader is None:
-        raise ValueError(f"configuration {config.name!r} runs in-process and needs a ModelLoader")
+        raise ValueError(f"configuration {config.name!r} runs in-process and needs a LoadedModels")
     opener = _classic_target if config.kind == "classic" else _knobs_target
     async with opener(loader, config.knobs, inputs) as target:
         yield target
@@ -429,23 +282,6 @@ def oip_url(url: str, model: str, *, action: str = "infer") -> str:
     return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
 
 
-# numpy dtype (kind, itemsize) -> Open Inference Protocol datatype
-_OIP_TYPES = {
-    ("b", 1): "BOOL",
-    ("u", 1): "UINT8",
-    ("u", 2): "UINT16",
-    ("u", 4): "UINT32",
-    ("u", 8): "UINT64",
-    ("i", 1): "INT8",
-    ("i", 2): "INT16",
-    ("i", 4): "INT32",
-    ("i", 8): "INT64",
-    ("f", 2): "FP16",
-    ("f", 4): "FP32",
-    ("f", 8): "FP64",
-}
-
-
 def oip_body(item: object) -> dict[str, object]:
     """One record as an Open Inference Protocol request of one row: a text as the ``text``
     BYTES tensor (embed and classify models), a tensor row ``{name: array}`` as its inputs."""
@@ -458,11 +294,16 @@ def oip_body(item: object) -> dict[str, object]:
         )
     import numpy as np
 
+    from batchline.oip import datatype_of
+
     tensors: list[dict[str, object]] = []
     for name, value in item.items():
         arr = np.asarray(value)
-        datatype = _OIP_TYPES.get((arr.dtype.kind, arr.dtype.itemsize))
-        if datatype is None:
+        try:
+            datatype = datatype_of(arr.dtype)
+        except ValueError:
+            datatype = "BYTES"
+        if datatype == "BYTES":
             raise InputError(f"input {name!r}: {arr.dtype} tensors are not sent over JSON")
         data = arr.ravel().tolist()
         tensors.append(

@@ -12,7 +12,7 @@ within budget and where nothing failed; failing that, the lowest p99):
 
 Any model ``batchline run`` takes can be tuned (``default``, ``PATH.onnx`` with a task,
 ``module:factory``): every trial loads it through ``load_model`` and batches through
-``Engine``, as ``run`` and ``serve`` will with the knobs file written. For a model whose
+``ModelBatcher``, as ``run`` and ``serve`` will with the knobs file written. For a model whose
 costs add up (``cost_kind="additive"``: tensors, records), ``target_batch_tokens`` is the
 batch's summed cost (records, when each costs 1) and ``max_batch_size`` caps it as well.
 
@@ -43,13 +43,10 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from batchline._errors import InputError
-from batchline.bench.inputs import Lengths
-from batchline.bench.loadgen import LoadPoint, PointResult, parse_load
-from batchline.knobs import BASELINE, Knobs, machine_cores
+from batchline.bench.loadgen import LoadPoint, PointResult
+from batchline.knobs import Knobs, machine_cores
 
 __all__ = [
     "DEFAULT_NOISE",
@@ -298,7 +295,7 @@ def core_splits(cores: int) -> list[tuple[int, int]]:
 def baseline_knobs(cores: int, device: str = "cpu") -> Knobs:
     """The no-batching baseline on ``cores`` cores: one shared session with every core, as
     many callers as cores."""
-    return BASELINE.replace(intra_op_threads=cores, max_concurrent_batches=cores, device=device)
+    return Knobs(device=device).baseline(cores)
 
 
 def _is_gpu(device: str) -> bool:
@@ -548,102 +545,3 @@ def measured_notes(
         notes["baseline_load"] = str(d.best_baseline.point.point)
     notes.update(extra)
     return notes
-
-
-# -- on the real model -----------------------------------------------------------------------
-
-
-@dataclass
-class TuneOptions:
-    """What ``batchline tune`` searches on."""
-
-    p99_budget_ms: float
-    model: str = "default"
-    tokenizer: Path | None = None
-    task: str | None = None
-    labels: tuple[str, ...] | None = None
-    pooling: str | None = None
-    normalize: bool | None = None
-    device: str = "cpu"
-    loads: list[LoadPoint] = field(default_factory=lambda: parse_load(DEFAULT_TUNE_LOAD))
-    budget_s: float = 120.0
-    duration_s: float | None = None
-    inputs: Path | None = None
-    text_column: str = "text"
-    lengths: Lengths | None = None
-    noise: float = DEFAULT_NOISE
-    seed: int = 0
-    cores: int | None = None
-
-
-DEFAULT_TUNE_LOAD = "closed:8,32,64"
-
-
-async def run_tune(
-    options: TuneOptions, progress: Callable[[str], None] | None = None
-) -> tuple[TuneResult, str]:
-    """Tune on the real model; returns the result and a description of the inputs."""
-    import asyncio
-
-    from batchline.bench.runner import measure as measure_config
-    from batchline.bench.runner import model_inputs, options_spec
-    from batchline.bench.targets import Configuration, ModelLoader
-
-    say = progress or (lambda _text: None)
-    if not options.p99_budget_ms > 0:
-        raise InputError(f"--p99-ms must be > 0, got {options.p99_budget_ms}")
-    if not options.budget_s > 0:
-        raise InputError(f"--budget-s must be > 0, got {options.budget_s}")
-    if options.duration_s is not None and not options.duration_s > 0:
-        raise InputError(f"--duration must be > 0 seconds, got {options.duration_s}")
-    if not options.noise >= 0:
-        raise InputError(f"--noise must be >= 0, got {options.noise}")
-    cores = options.cores or machine_cores()
-    base = baseline_knobs(cores, options.device)  # validates --device
-    spec = options_spec(options)
-    loader = ModelLoader(spec)
-    try:
-        say(f"loading {spec.name} ...")
-        inputs = await asyncio.to_thread(model_inputs, loader, base, options)
-        say(f"inputs: {inputs.description}")
-
-        async def measure(
-            label: str, knobs: Knobs, points: Sequence[LoadPoint], duration_s: float
-        ) -> list[PointResult]:
-            config = Configuration.from_knobs(label, knobs)
-
-            def on_point(p: PointResult) -> None:
-                say(
-                    f"    {p.point.label}: {p.achieved_rps:,.0f} rec/s, p99 {p.p99_ms:,.0f} ms"
-                    + (f", {p.errors + p.unanswered} failed/unanswered" if p.failed else "")
-                )
-
-            # one layout loaded besides the baseline's: a search over many layouts must not
-            # hold them all in memory at once
-            await asyncio.to_thread(loader.release, [base, knobs])
-            return await measure_config(
-                config,
-                inputs.items,
-                points,
-                duration_s=duration_s,
-                loader=loader,
-                seed=options.seed,
-                warmup_s=min(1.0, duration_s / 2),
-                on_point=on_point,
-            )
-
-        result = await tune(
-            measure,
-            points=options.loads,
-            p99_budget_ms=options.p99_budget_ms,
-            budget_s=options.budget_s,
-            cores=cores,
-            noise=options.noise,
-            duration_s=options.duration_s,
-            progress=say,
-            base_knobs=base,
-            device=options.device,
-        )
-    finally:
-        await asyncio.to_thread(loader.close)
-    return result, inputs.description

@@ -52,6 +52,8 @@ import httpx
 
 from batchline._clock import Clock, LoopClock
 from batchline._errors import BatchlineError, InputError
+from batchline.datasets.sinks import ChunkWriter, OutputFormat
+from batchline.datasets.sources import BadRecord, Format, Record, Source, read_blocks_ahead
 from batchline.driver.client import (
     ROUTES,
     EmbeddingsRoute,
@@ -63,8 +65,6 @@ from batchline.driver.client import (
 from batchline.driver.endpoints import Endpoint, EndpointPool, EndpointReport
 from batchline.driver.retry import Backoff, sleep
 from batchline.jobs.run import open_dataset_job
-from batchline.jobs.sinks import ChunkWriter, OutputFormat
-from batchline.jobs.sources import BadRecord, Format, Record, Source, read_blocks_ahead
 
 __all__ = [
     "FAILURES_NAME",

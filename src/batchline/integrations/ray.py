@@ -43,12 +43,12 @@ import ray
 
 from batchline._errors import BatchlineError, InputError, ModelError
 from batchline._stats import BatchStats, percentile
-from batchline.jobs.outcomes import Outcome, process_block, write_outcomes
+from batchline.datasets.outcomes import Outcome, process_block, write_outcomes
+from batchline.datasets.sinks import ChunkWriter
+from batchline.datasets.sources import BadRecord, Record, Source
 from batchline.jobs.run import Progress, RunOptions, RunSummary, load_job_model, open_job
-from batchline.jobs.sinks import ChunkWriter
-from batchline.jobs.sources import BadRecord, Record, Source
 from batchline.knobs import Knobs
-from batchline.models.engine import Engine
+from batchline.models.batching import ModelBatcher
 from batchline.models.protocol import ModelInfo
 
 __all__ = ["RaySummary", "UnitDone", "default_replica_knobs", "run_on_ray"]
@@ -165,7 +165,7 @@ class _Replica:
     engine's batcher (units in flight at once share its batches)."""
 
     def __init__(self, options: RunOptions, knobs: Knobs) -> None:
-        self._engine: Engine[Any, Any] = Engine(load_job_model(options, knobs), knobs)
+        self._engine: ModelBatcher[Any, Any] = ModelBatcher(load_job_model(options, knobs), knobs)
         self._node_id: str = ray.get_runtime_context().get_node_id()
         self._started: asyncio.Future[None] | None = None
 

@@ -41,7 +41,9 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from batchline._errors import BatchlineError, InputError
 from batchline._stats import percentile
-from batchline.jobs.outcomes import Failed, Outcome, cancel, describe, write_outcomes
+from batchline.datasets.outcomes import Failed, Outcome, cancel, describe, write_outcomes
+from batchline.datasets.sinks import ChunkWriter
+from batchline.datasets.sources import BadRecord, Record, Source, open_source, read_blocks_ahead
 from batchline.jobs.run import (
     Progress,
     RunOptions,
@@ -53,8 +55,6 @@ from batchline.jobs.run import (
     job_spec,
     open_dataset_job,
 )
-from batchline.jobs.sinks import ChunkWriter
-from batchline.jobs.sources import BadRecord, Record, Source, open_source, read_blocks_ahead
 from batchline.models.generation.engine import SamplingParams
 from batchline.models.protocol import ModelInfo
 

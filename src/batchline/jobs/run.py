@@ -25,15 +25,15 @@ from typing import Any, Literal, Protocol
 
 from batchline._errors import InputError
 from batchline._stats import BatchStats, percentile
-from batchline.jobs.outcomes import (
+from batchline.datasets.outcomes import (
     Failed,
     cancel,
     collect,
     submit_block,
     write_outcomes,
 )
-from batchline.jobs.sinks import ChunkWriter, OutputFormat, ResultKind
-from batchline.jobs.sources import (
+from batchline.datasets.sinks import ChunkWriter, OutputFormat, ResultKind
+from batchline.datasets.sources import (
     BadRecord,
     Format,
     Record,
@@ -41,8 +41,8 @@ from batchline.jobs.sources import (
     open_source,
     read_blocks_ahead,
 )
-from batchline.knobs import BASELINE, Knobs
-from batchline.models.engine import Engine
+from batchline.knobs import Knobs
+from batchline.models.batching import ModelBatcher
 from batchline.models.protocol import BatchModel, InputKind, ModelInfo
 
 __all__ = [
@@ -289,7 +289,7 @@ def open_dataset_job(
     """
     input_path = options.input
     if input_path is None:
-        from batchline.jobs.corpus import demo_corpus_path
+        from batchline.datasets.corpus import demo_corpus_path
 
         input_path = demo_corpus_path()
     if options.limit is not None and options.limit < 0:
@@ -363,7 +363,7 @@ def _only_input(info: ModelInfo) -> str | None:
 
 
 def _baseline(knobs: Knobs) -> Knobs:
-    return BASELINE.replace(max_queue_size=knobs.max_queue_size)
+    return knobs.baseline()
 
 
 async def _pipeline(
@@ -382,7 +382,7 @@ async def _pipeline(
     writes: set[asyncio.Task[None]] = set()
     failure: list[BaseException] = []
 
-    async with Engine(model, knobs) as engine:
+    async with ModelBatcher(model, knobs) as engine:
 
         async def finish_block(
             records: list[Record], pending: list[asyncio.Future[Any] | Failed], t0: float

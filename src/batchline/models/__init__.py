@@ -2,9 +2,10 @@
 
 - :class:`OnnxModel`: any ``.onnx`` file behind a thread-safe pool of ONNX Runtime sessions,
   with a load-time check that the batch axis is dynamic.
-- :class:`Embedder`: texts to sentence vectors through a padding-aware ``TokenBatcher``;
+- :class:`Embedder`: texts to sentence vectors in two stages (``tokenize``, ``embed_tokens``);
   :meth:`Embedder.default` is all-MiniLM-L6-v2, built to ONNX without torch and cached.
-- :class:`TokenizedText`: one tokenized text, the record the embedder's batcher queues.
+- :class:`TokenizedText`: one tokenized text, the record a batcher queues (cost: its tokens).
+- :class:`OnnxTensor`: a graph input or output as ONNX Runtime reports it.
 - :func:`pad_sequences`, :func:`stack_equal`, :func:`split_rows`: collate helpers.
 
 Example::
@@ -21,15 +22,15 @@ from typing import TYPE_CHECKING
 from batchline._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from batchline.models.embedder import (
+    from batchline.models.onnx.embedder import (
         DEFAULT_TARGET_BATCH_TOKENS,
         Embedder,
         TokenizedText,
         load_tokenizer,
     )
-    from batchline.models.onnxruntime import (
+    from batchline.models.onnx.runtime import (
         OnnxModel,
-        TensorSpec,
+        OnnxTensor,
         pad_sequences,
         split_rows,
         stack_equal,
@@ -39,7 +40,7 @@ __all__ = [
     "DEFAULT_TARGET_BATCH_TOKENS",
     "Embedder",
     "OnnxModel",
-    "TensorSpec",
+    "OnnxTensor",
     "TokenizedText",
     "load_tokenizer",
     "pad_sequences",
@@ -51,14 +52,14 @@ __all__ = [
 __getattr__ = lazy_exports(
     __name__,
     {
-        "DEFAULT_TARGET_BATCH_TOKENS": "embedder",
-        "Embedder": "embedder",
-        "OnnxModel": "onnxruntime",
-        "TensorSpec": "onnxruntime",
-        "TokenizedText": "embedder",
-        "load_tokenizer": "embedder",
-        "pad_sequences": "onnxruntime",
-        "split_rows": "onnxruntime",
-        "stack_equal": "onnxruntime",
+        "DEFAULT_TARGET_BATCH_TOKENS": "onnx.embedder",
+        "Embedder": "onnx.embedder",
+        "OnnxModel": "onnx.runtime",
+        "OnnxTensor": "onnx.runtime",
+        "TokenizedText": "onnx.embedder",
+        "load_tokenizer": "onnx.embedder",
+        "pad_sequences": "onnx.runtime",
+        "split_rows": "onnx.runtime",
+        "stack_equal": "onnx.runtime",
     },
 )

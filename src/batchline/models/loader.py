@@ -1,24 +1,26 @@
 """``load_model``: a :class:`~batchline.models.specs.ModelSpec` and the knobs, to a loaded
 :class:`~batchline.models.protocol.BatchModel` laid out for batching or for the baseline.
 
-Layout from :class:`~batchline.knobs.Knobs`: batching gets ``sessions`` sessions of
-``intra_op_threads`` threads (one per batch in flight) on ``device``, plus a solo session when
-``solo_intra_op_threads`` is set; the baseline (``batching=False``) gets one session that
-every caller uses at once, with ``intra_op_threads`` threads. Every layer that needs a model
-(``run``, ``serve``, ``bench``, ``tune``, Ray) loads it here.
+This module only resolves (the task, :func:`resolve_task`) and dispatches: each model kind
+loads itself in its own module (``models/function.py``, ``models/onnx/{embed,classify,
+predict}.py``), laid out from :class:`~batchline.knobs.Knobs` (batching: ``sessions``
+sessions of ``intra_op_threads`` threads, plus a solo session when ``solo_intra_op_threads``
+is set; the baseline, ``batching=False``: one session every caller shares). Every layer that
+needs a model (``run``, ``serve``, ``bench``, ``tune``, Ray) loads it here.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from batchline._errors import InputError, ModelError
 from batchline.knobs import Knobs
+from batchline.models.onnx.sessions import tokenizer_path
 from batchline.models.protocol import BatchModel, Task
 from batchline.models.specs import ModelSpec, import_factory
 
-__all__ = ["load_model", "load_sessions", "resolve_task", "tokenizer_path"]
+# tokenizer_path lives with the ONNX sessions; named here too, as the spec's other resolver
+__all__ = ["load_model", "resolve_task", "tokenizer_path"]
 
 AnyModel = BatchModel[object, object]
 
@@ -61,37 +63,6 @@ def _has_id2label(config: Path) -> bool:
     return isinstance(data, dict) and bool(data.get("id2label"))
 
 
-def tokenizer_path(spec: ModelSpec) -> Path:
-    """The tokenizer of an ``.onnx`` text model: the spec's, or ``tokenizer.json`` beside it."""
-    if spec.tokenizer is not None:
-        if not spec.tokenizer.is_file():
-            raise InputError(f"{spec.tokenizer}: no such tokenizer file")
-        return spec.tokenizer
-    guess = spec.path.with_name("tokenizer.json")
-    if not guess.is_file():
-        raise InputError(
-            f"no tokenizer for {spec.path}: pass a tokenizer.json (--tokenizer PATH) or put one "
-            f"beside the model (looked for {guess})"
-        )
-    return guess
-
-
-def load_sessions(spec: ModelSpec, knobs: Knobs, **options: Any) -> Any:
-    """The ``OnnxModel`` of an ``.onnx`` spec in the knobs' layout: ``knobs.sessions`` sessions
-    for batching, or one session every caller shares for the baseline; ``knobs.intra_op_threads``
-    threads each, on ``knobs.providers``. ``options`` go to ``OnnxModel.load``."""
-    from batchline.models.onnxruntime import OnnxModel
-
-    return OnnxModel.load(
-        spec.path,
-        sessions=knobs.sessions if knobs.batching else 1,
-        intra_op_threads=knobs.intra_op_threads,
-        providers=knobs.providers,
-        shared=not knobs.batching,
-        **options,
-    )
-
-
 def load_model(spec: ModelSpec, knobs: Knobs) -> AnyModel:
     """Load ``spec`` laid out as ``knobs`` say (see the module docstring)."""
     task = resolve_task(spec)
@@ -105,7 +76,9 @@ def load_model(spec: ModelSpec, knobs: Knobs) -> AnyModel:
 
         return as_model(import_factory(spec.source), name=spec.name)
     if task == "embed":
-        return _load_embedder(spec, knobs)
+        from batchline.models.onnx.embed import load_embedder
+
+        return load_embedder(spec, knobs)  # type: ignore[return-value]
     if task == "classify":
         from batchline.models.onnx.classify import load_classifier
 
@@ -113,40 +86,3 @@ def load_model(spec: ModelSpec, knobs: Knobs) -> AnyModel:
     from batchline.models.onnx.predict import load_predictor
 
     return load_predictor(spec, knobs)  # type: ignore[return-value]
-
-
-def _load_embedder(spec: ModelSpec, knobs: Knobs) -> AnyModel:
-    from batchline.models import minilm
-    from batchline.models.embedder import Embedder
-    from batchline.models.onnx.embed import TextEmbedder
-
-    options: dict[str, Any] = {}
-    if spec.normalize is not None:
-        options["normalize"] = spec.normalize
-    if spec.pooling is not None:
-        options["pooling"] = spec.pooling
-    if spec.kind == "builtin":
-        path = minilm.default_model_path()
-        tok = minilm.weights_dir() / "tokenizer.json"
-        max_length: int | None = minilm.MAX_LENGTH
-    else:
-        path, tok, max_length = spec.path, tokenizer_path(spec), None
-
-    def make(sessions: int, threads: int, *, shared: bool = False) -> Embedder:
-        return Embedder.from_onnx(
-            path,
-            tok,
-            max_length=max_length,
-            sessions=sessions,
-            intra_op_threads=threads,
-            providers=knobs.providers,
-            shared=shared,
-            **options,
-        )
-
-    if not knobs.batching:
-        return TextEmbedder(make(1, knobs.intra_op_threads, shared=True), name=spec.name)  # type: ignore[return-value]
-    main = make(knobs.sessions, knobs.intra_op_threads)
-    solo = knobs.solo_intra_op_threads
-    wide = make(1, solo) if solo is not None and solo > knobs.intra_op_threads else None
-    return TextEmbedder(main, name=spec.name, solo=wide)  # type: ignore[return-value]

@@ -1,6 +1,6 @@
 """``batchline serve``: models behind shared dynamic batchers (``batchline[server]``).
 
-Every served batch model has one shared batcher (``batchline.models.engine.Engine``), so
+Every served batch model has one shared batcher (``batchline.models.batching.ModelBatcher``), so
 records from concurrent clients share batches; several models share the device's slots.
 Every generate model has one shared text generator (continuous batching). Models, batchers
 and generators are loaded once per replica, in the app's lifespan.
@@ -21,7 +21,8 @@ Protocol (``/v2/...``), ``POST /generate``, ``POST /v1/completions`` and
 Layout: ``app`` (create_app and the lifespan), ``gate`` (pure-ASGI auth, drain, body,
 disconnects), ``errors``, ``state`` (server state, served models and generators), ``routes/``
 (one module per route family), ``metrics`` and ``generation_metrics``, ``runner`` (uvicorn,
-SIGTERM drain), ``settings``, ``schemas``, ``oip`` (the Open Inference Protocol codec).
+SIGTERM drain), ``settings``, ``schemas`` (request and response bodies), ``oip`` (the Open
+Inference Protocol over HTTP; the codec itself is framework-free).
 """
 
 from __future__ import annotations
@@ -31,19 +32,19 @@ from typing import TYPE_CHECKING
 from batchline._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from batchline.server.app import GeneratorLoader, ModelLoader, create_app
+    from batchline.server.app import LoadGenerator, LoadModel, create_app
     from batchline.server.errors import ApiError
     from batchline.server.runner import serve
     from batchline.server.settings import API_KEY_ENV, ServerSettings, load_config
-    from batchline.server.state import ServedModel, ServedTextGenerator, ServerState
+    from batchline.server.state import ServedGenerator, ServedModel, ServerState
 
 __all__ = [
     "API_KEY_ENV",
     "ApiError",
-    "GeneratorLoader",
-    "ModelLoader",
+    "LoadGenerator",
+    "LoadModel",
+    "ServedGenerator",
     "ServedModel",
-    "ServedTextGenerator",
     "ServerSettings",
     "ServerState",
     "create_app",
@@ -57,10 +58,10 @@ __getattr__ = lazy_exports(
     {
         "API_KEY_ENV": "settings",
         "ApiError": "errors",
-        "GeneratorLoader": "app",
-        "ModelLoader": "app",
+        "LoadGenerator": "app",
+        "LoadModel": "app",
+        "ServedGenerator": "state",
         "ServedModel": "state",
-        "ServedTextGenerator": "state",
         "ServerSettings": "settings",
         "ServerState": "state",
         "create_app": "app",

@@ -1,7 +1,7 @@
 """``create_app``: the served models, each behind its own shared batcher, in a FastAPI app.
 
 Every model is loaded once, in the app's lifespan: a batch model with
-``models.loader.load_model(spec, knobs)``, batched by a ``models.engine.Engine`` (see
+``models.loader.load_model(spec, knobs)``, batched by a ``models.batching.ModelBatcher`` (see
 :mod:`batchline.server.state`); a generate model with
 ``models.generation.load.load_text_generator(spec, knobs)``, whose one shared text generator
 batches the sequences of every request (continuous batching by default). The routes pick a
@@ -72,7 +72,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 
@@ -82,27 +82,29 @@ from batchline.models.protocol import BatchModel
 from batchline.models.specs import ModelSpec
 from batchline.server.errors import install_error_handlers
 from batchline.server.gate import Gate
-from batchline.server.generation_metrics import GenerationMetrics
 from batchline.server.metrics import ServerMetrics
 from batchline.server.routes import include_routes
 from batchline.server.settings import ServerSettings
-from batchline.server.state import GenerateModel, ServedModel, ServedTextGenerator, ServerState
+from batchline.server.state import ServedGenerator, ServedModel, ServerState
 
-__all__ = ["GeneratorLoader", "ModelLoader", "create_app"]
+if TYPE_CHECKING:
+    from batchline.models.generation.load import GenerationModel
+
+__all__ = ["LoadGenerator", "LoadModel", "create_app"]
 
 logger = logging.getLogger("batchline.server")
 
-#: ``f(spec, knobs) -> model``: how the app loads each served batch model.
-ModelLoader = Callable[[ModelSpec, Knobs], BatchModel[Any, Any]]
-#: ``f(spec, knobs) -> generate model``: how the app loads each served generate model.
-GeneratorLoader = Callable[[ModelSpec, Knobs], GenerateModel]
+#: ``load_model(spec, knobs) -> BatchModel``: how the app loads each served batch model.
+LoadModel = Callable[[ModelSpec, Knobs], BatchModel[Any, Any]]
+#: ``load_generator(spec, knobs) -> GenerationModel``: how it loads each generate model.
+LoadGenerator = Callable[[ModelSpec, Knobs], "GenerationModel"]
 
 
 def create_app(
     settings: ServerSettings | None = None,
     *,
-    load_model: ModelLoader | None = None,
-    load_generator: GeneratorLoader | None = None,
+    load_model: LoadModel | None = None,
+    load_generator: LoadGenerator | None = None,
 ) -> FastAPI:
     """Build the ASGI app; its lifespan loads the models and starts their batchers.
 
@@ -116,9 +118,9 @@ def create_app(
             :func:`batchline.models.generation.load.load_text_generator`), for every
             ``generate`` spec. Both are called once per model, in a worker thread, at startup.
 
-    ``app.state.server`` is the :class:`ServerState`; ``app.state.models`` maps each batch
-    model's name to its :class:`ServedModel`, ``app.state.batchers`` to its batcher, and
-    ``app.state.generators`` each generate model's name to its :class:`ServedTextGenerator`.
+    ``app.state.server`` is the :class:`ServerState` (the one thing the app keeps in
+    ``app.state``): its ``models`` map each batch model's name to its :class:`ServedModel`,
+    its ``generators`` each generate model's name to its :class:`ServedGenerator`.
 
     Example::
 
@@ -130,7 +132,6 @@ def create_app(
     loader = load_model if load_model is not None else _default_loader()
     gen_loader = load_generator if load_generator is not None else _default_generator_loader()
     metrics = ServerMetrics()
-    generation_metrics = GenerationMetrics(metrics.registry)
     state = ServerState(
         settings=settings,
         metrics=metrics,
@@ -146,20 +147,19 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         specs = settings.specs
-        knobs = settings.knobs if settings.batching else settings.baseline_knobs
+        knobs = settings.knobs if settings.knobs.batching else settings.baseline_knobs
         batch_names = [s.name for s in specs if not s.generates]
-        device = _shared_device(settings, knobs, batch_names) if settings.batching else None
+        device = _shared_device(settings, knobs, batch_names) if settings.knobs.batching else None
         models: dict[str, ServedModel[Any, Any]] = {}
-        generators: dict[str, ServedTextGenerator] = {}
+        generators: dict[str, ServedGenerator] = {}
         try:
             for spec in specs:
                 if spec.generates:
                     # settings.knobs, not the baseline's: batching=False is one sequence at a
                     # time, on the same threads (a second torch thread only slows a 2-core CPU)
                     gen_model = await asyncio.to_thread(gen_loader, spec, settings.knobs)
-                    generator = ServedTextGenerator(spec.name, gen_model)
+                    generator = ServedGenerator(spec.name, gen_model, metrics.generation)
                     generators[spec.name] = generator
-                    generation_metrics.watch(spec.name, generator.stats)
                     await generator.start()
                     logger.info(
                         "model %s ready (generate, %s)",
@@ -184,7 +184,7 @@ def create_app(
                     "model %s ready (%s, %s)",
                     spec.name,
                     served.task,
-                    "batching" if settings.batching else "no batching",
+                    "batching" if settings.knobs.batching else "no batching",
                 )
         except BaseException:
             await _stop_all([*models.values(), *generators.values()], timeout_s=0)
@@ -192,9 +192,6 @@ def create_app(
         state.models.update(models)
         state.generators.update(generators)
         state.order[:] = [s.name for s in specs]
-        app.state.batchers.update(
-            {name: m.batcher for name, m in models.items() if m.batcher is not None}
-        )
         state.ready = True
         state.draining = False
         try:
@@ -210,12 +207,6 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.server = state
-    app.state.settings = settings
-    app.state.metrics = metrics
-    app.state.models = state.models
-    app.state.generators = state.generators
-    app.state.generation_metrics = generation_metrics
-    app.state.batchers = {}
     include_routes(app)
     app.add_middleware(Gate, state=state)
     install_error_handlers(app)
@@ -223,7 +214,7 @@ def create_app(
 
 
 async def _stop_all(
-    served: Sequence[ServedModel[Any, Any] | ServedTextGenerator], *, timeout_s: float
+    served: Sequence[ServedModel[Any, Any] | ServedGenerator], *, timeout_s: float
 ) -> None:
     """Drain and free every model at once (each within ``timeout_s``), whatever fails."""
     results = await asyncio.gather(
@@ -234,13 +225,13 @@ async def _stop_all(
             logger.error("stopping model %s failed", m.name, exc_info=result)
 
 
-def _default_loader() -> ModelLoader:
+def _default_loader() -> LoadModel:
     from batchline.models.loader import load_model
 
     return load_model
 
 
-def _default_generator_loader() -> GeneratorLoader:
+def _default_generator_loader() -> LoadGenerator:
     from batchline.models.generation.load import load_text_generator
 
     return load_text_generator

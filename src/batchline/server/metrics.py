@@ -20,7 +20,9 @@ exported, every series labelled with ``model``:
   refused at the gate while draining, before its model is known, counts under the first
   served model),
   ``batchline_requests_failed_total{reason=...}``,
-  ``batchline_requests_cancelled_total{reason=timeout|disconnect}``.
+  ``batchline_requests_cancelled_total{reason=timeout|disconnect}``;
+- the generate models' own (``batchline_generation_*``, :attr:`ServerMetrics.generation`, see
+  :mod:`batchline.server.generation_metrics`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from batchline._stats import BatchStats
+from batchline.server.generation_metrics import GenerationMetrics
 
 __all__ = ["CONTENT_TYPE", "ModelMetrics", "ServerMetrics"]
 
@@ -160,6 +163,8 @@ class ServerMetrics:
             ["model", "reason"],
             registry=r,
         )
+        self.generation = GenerationMetrics(r)
+        """The generate models' metrics (``batchline_generation_*``)."""
         self._models: dict[str, ModelMetrics] = {}
         self._stats_sources: dict[str, Callable[[], BatchStats | None]] = {}
         r.register(_StatsCollector(self._stats_sources))

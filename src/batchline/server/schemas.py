@@ -3,27 +3,35 @@
 Requests are validated strictly: a number is not a text. Extra fields are ignored, as the
 OpenAI API does, so newer clients keep working. Responses are built by hand in ``routes/``
 for speed (a 384-float vector through FastAPI's encoder costs more than the model call); the
-response models here document them in the OpenAPI schema and are used by the tests. The
-generation routes' bodies live with them, in ``routes/generation.py``.
+response models here document them in the OpenAPI schema and are used by the tests.
 
 (No ``from __future__ import annotations``: FastAPI reads these annotations at run time.)
 """
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 __all__ = [
+    "ChatCompletionRequest",
+    "ChatMessageBody",
     "Classification",
     "ClassifyRequest",
     "ClassifyResponse",
+    "CompletionRequest",
     "EmbeddingData",
     "EmbeddingRequest",
     "EmbeddingResponse",
     "ErrorBody",
     "ErrorDetail",
+    "GenerateTextRequest",
+    "GenerateTextResponse",
     "ModelCard",
     "ModelList",
+    "OpenAISamplingBody",
+    "SamplingBody",
+    "StreamOptions",
+    "TextPart",
     "Usage",
 ]
 
@@ -102,3 +110,102 @@ class ErrorBody(BaseModel):
 
     detail: str | list[dict[str, object]]
     error: ErrorDetail
+
+
+# -- text generation ---------------------------------------------------------------------
+
+#: At most this many stop strings per request.
+MAX_STOPS = 16
+
+Temperature = Annotated[float, Field(ge=0, le=2, allow_inf_nan=False, strict=True)]
+TopP = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False, strict=True)]
+MaxTokens = Annotated[int, Field(ge=1, strict=True)]
+# int64, as OpenAI's API takes; torch's generators refuse seeds outside 64 bits
+Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1, strict=True)]
+Stop = StrictStr | Annotated[list[StrictStr], Field(max_length=MAX_STOPS)]
+
+
+class SamplingBody(BaseModel):
+    """What every generation request may say about sampling (and which model)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: StrictStr | None = None
+    max_tokens: MaxTokens | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    seed: Seed | None = None
+    stop: Stop | None = None
+    # vLLM's extension (its server takes it too): generate max_tokens even past the EOS token
+    ignore_eos: StrictBool = False
+
+
+class GenerateTextRequest(SamplingBody):
+    """``POST /generate``: one generated text per prompt, in order (greedy by default)."""
+
+    prompts: list[StrictStr]
+    task_id: StrictStr | StrictInt | None = None
+
+
+class GenerateTextResponse(BaseModel):
+    results: list[str]
+    task_id: str | int | None = None
+    model: str
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    include_usage: StrictBool = False
+
+
+class OpenAISamplingBody(SamplingBody):
+    """The OpenAI routes' common fields (``n``, ``stream``...)."""
+
+    n: StrictInt = 1
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    logprobs: StrictBool | StrictInt | None = None
+    user: StrictStr | None = None
+
+
+class CompletionRequest(OpenAISamplingBody):
+    """``POST /v1/completions``, OpenAI-compatible: one text prompt or a list of them."""
+
+    prompt: StrictStr | list[StrictStr]
+    echo: StrictBool = False
+    best_of: StrictInt | None = None
+    suffix: StrictStr | None = None
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["text"]
+    text: StrictStr
+
+
+class ChatMessageBody(BaseModel):
+    """One message of a chat request (``content`` text or text parts); the model layer's
+    ``ChatMessage`` is the plain ``{"role", "content"}`` mapping it becomes."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: StrictStr | list[TextPart] | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ChatCompletionRequest(OpenAISamplingBody):
+    """``POST /v1/chat/completions``, OpenAI-compatible: messages through the model's chat
+    template. ``max_completion_tokens`` (the newer name) wins over ``max_tokens``."""
+
+    messages: list[ChatMessageBody]
+    max_completion_tokens: MaxTokens | None = None
+    tools: list[Any] | None = None

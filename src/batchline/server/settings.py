@@ -1,10 +1,11 @@
 """``ServerSettings``: every knob of ``batchline serve`` in one pydantic model.
 
 The same model backs the command-line flags, the ``--config`` file (TOML or JSON, flat keys,
-see :func:`load_config`) and the tuner. Its batching and model-layout fields ARE the fields of
-:class:`batchline.knobs.Knobs` (same names, validated by ``Knobs`` itself), and
-:attr:`ServerSettings.knobs` builds the ``Knobs`` the models are loaded and batched with: a
-file from ``batchline tune`` is a valid config, and :meth:`ServerSettings.write` writes one.
+see :func:`load_config`) and the tuner. Its batching and model layout is ONE
+:class:`batchline.knobs.Knobs` (:attr:`ServerSettings.knobs`): the flat keys of a file or of
+the keyword arguments that are ``Knobs`` fields (``sessions``, ``max_queue_size``...) update
+serve's preset (:meth:`Knobs.serving`) and are validated by ``Knobs`` itself, so a file from
+``batchline tune`` is a valid config, and :meth:`ServerSettings.write` writes one (flat).
 Flags given on the command line win over the file; the API key comes from ``--api-key``, the
 file, or the ``BATCHLINE_API_KEY`` environment variable, and is never written out or logged.
 
@@ -16,7 +17,7 @@ Example::
 
 Where serve's defaults differ from ``Knobs``' (``target_batch_tokens`` 256 against 512,
 ``max_batch_size`` 64 against 256, a two-thread solo session, a queue of 2,048), they were
-measured with ``benchmarks/bench_serve.py`` on a 2-core CPU (see the comments next to each).
+measured with ``benchmarks/bench_serve.py`` on a 2-core CPU: :data:`batchline.knobs.SERVE_DEFAULTS`.
 """
 
 from __future__ import annotations
@@ -43,7 +44,6 @@ from batchline.knobs import (
     DEFAULT_BUCKET_WIDTH,
     DEFAULT_PADDING_SLACK,
     Knobs,
-    machine_cores,
     read_config_file,
     to_toml,
 )
@@ -51,9 +51,9 @@ from batchline.knobs import (
 if TYPE_CHECKING:
     from batchline.models.specs import ModelSpec
 
-__all__ = ["API_KEY_ENV", "KNOB_FIELDS", "ServerSettings", "load_config"]
+__all__ = ["API_KEY_ENV", "KNOB_FIELDS", "SETTING_NAMES", "ServerSettings", "load_config"]
 
-#: The settings that are :class:`batchline.knobs.Knobs` fields, by the same names.
+#: The flat keys that are :class:`batchline.knobs.Knobs` fields (they set ``knobs``).
 KNOB_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Knobs))
 
 #: Environment variable read for the API key when none is given otherwise.
@@ -78,7 +78,8 @@ class ServerSettings(BaseModel):
         truncate: ``True`` (default): over-long texts are cut to the model's limit, like most
             embedding APIs; ``False``: such a request gets 413.
 
-    Batching (the fields of :class:`batchline.knobs.Knobs`, validated by it):
+    Batching (``knobs``; each field may be given flat, by its own name, and is validated by
+    :class:`batchline.knobs.Knobs`):
         batching: ``False`` serves the baseline: one shared session, no queue.
         sessions, intra_op_threads: ONNX Runtime sessions (one per batch in flight) and the
             threads each uses; device: ``cpu``, ``cuda`` or ``cuda:N``.
@@ -133,50 +134,10 @@ class ServerSettings(BaseModel):
     model_weights: dict[str, float] = Field(default_factory=dict)
     truncate: bool = True
 
-    # -- batching: the fields of batchline.knobs.Knobs (KNOB_FIELDS), checked by Knobs --------
-    batching: bool = True
-    # Two sessions of one thread each on a 2-core CPU: one per core, as Knobs. bench_serve.py,
-    # short texts at c=32: 2x1 gave x1.15-1.19 the baseline's req/s, 1x2 x0.98.
-    sessions: int = Field(default_factory=machine_cores)
-    intra_op_threads: int = 1
-    device: str = "cpu"
-    # Serve's own default (Knobs: none). A batch that starts while no other runs uses one
-    # extra session with this many threads. Batch-1 latency: 2 threads beat 1, so low traffic
-    # is as fast as the baseline's two-thread session, and concurrent batches still get a
-    # core each.
-    solo_intra_op_threads: int | None = 2
-    # Serve's own default (Knobs: 512, measured on datasets, where latency does not count).
-    # bench_serve.py at c=32 (ratios to the baseline's req/s, p99):
-    # 256: short x1.44 / x0.89, mixed x1.08 / x1.18; 512: x1.34 / x0.92, x1.04 / x1.32;
-    # 1024: x1.25 / x1.34, x1.07 / x1.35. On this CPU a sentence costs about the same at any
-    # batch size past a few, so bigger batches of long texts only add latency. Re-checked with
-    # padding_slack 4 (2026-11-23, quiet machine): 128: short x1.29, mixed x0.97; 256: x1.34,
-    # x1.06 / p99 x1.15; 512: x1.31, x1.06 / p99 x1.26.
-    target_batch_tokens: int = 256
-    # Serve's own default (Knobs: 256): with 256 padded tokens per call, 64 rows is already
-    # 4 tokens each; more rows would only be reached by texts the budget does not bound.
-    max_batch_size: int = 64
-    # Batches in flight at once (None: one per session; Knobs needs a number, and
-    # ServerSettings.knobs gives it the session count).
-    max_concurrent_batches: int | None = None
-    # Hold records while a slot is free until this many are queued (1: never hold)...
-    min_batch_size: int = 1
-    # ...but no longer than this.
-    batch_timeout_s: float = 0.05
-    # Serve's own default (Knobs: 5,000). As large as one request may be
-    # (max_inputs_per_request): a few seconds of short texts on 2 cores (~300/s measured on
-    # the shared machine); more would only delay the 429.
-    max_queue_size: int = 2048
-    # Text generation (Knobs' defaults; read by a generate model, see batchline.knobs).
-    generation_batching: str = "continuous"
-    max_running_sequences: int = 16
-    kv_token_budget: int = 16_384
-    generation_backend: str = "torch"
-    dtype: str = "auto"
-    max_context_tokens: int | None = None
-    kv_cache_gib: float | None = None
-    gpu_memory_fraction: float | None = None
-    eager: bool | None = None
+    # -- batching: one Knobs (every Knobs field is also a flat key: see _fold_knobs) ----------
+    knobs: Knobs = Field(default_factory=Knobs.serving)
+    """How every model is loaded and batched: serve's preset (:meth:`Knobs.serving`) updated
+    with the flat knob keys given."""
 
     # -- serving the batches ----------------------------------------------------------------
     # Nice increment of the threads that run the model, so the event loop (HTTP, tokenizing,
@@ -219,22 +180,50 @@ class ServerSettings(BaseModel):
     def _one_or_many(cls, value: Any) -> Any:
         return [value] if isinstance(value, str) else value
 
-    @model_validator(mode="after")
-    def _check(self) -> ServerSettings:
-        for name in ("request_timeout_s", "drain_timeout_s", "batch_timeout_s"):
-            if not math.isfinite(getattr(self, name)):
-                raise ValueError(f"{name} must be a finite number of seconds")
+    @model_validator(mode="before")
+    @classmethod
+    def _fold_knobs(cls, data: Any) -> Any:
+        """Flat knob keys (a config file's, ``sessions=2``) into the one ``knobs``."""
+        if not isinstance(data, dict):
+            return data
+        flat = {k: data[k] for k in KNOB_FIELDS if k in data}
+        if not flat and isinstance(data.get("knobs"), Knobs | None):
+            return data
+        out = {k: v for k, v in data.items() if k not in KNOB_FIELDS}
+        base = out.pop("knobs", None)
+        if flat.get("max_concurrent_batches", 0) is None:
+            del flat["max_concurrent_batches"]  # None: one per session, as unset
         try:
-            self.knobs  # noqa: B018 -- Knobs checks its own fields
+            if isinstance(base, Knobs):
+                out["knobs"] = base.replace(**flat)
+            elif base is None or isinstance(base, dict):
+                out["knobs"] = Knobs.serving(**{**(base or {}), **flat})
+            else:
+                raise ValueError(f"knobs must be a Knobs or a table, got {type(base).__name__}")
         except InputError as exc:
             raise ValueError(str(exc)) from None
+        except TypeError:
+            unknown = sorted(set(base or {}) - set(KNOB_FIELDS))  # a table with a typo
+            raise ValueError(f"knobs: unknown setting(s) {', '.join(unknown)}") from None
+        return out
+
+    @model_validator(mode="after")
+    def _check(self) -> ServerSettings:
+        for name, value in (
+            ("request_timeout_s", self.request_timeout_s),
+            ("drain_timeout_s", self.drain_timeout_s),
+            ("batch_timeout_s", self.knobs.batch_timeout_s),
+        ):
+            if not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number of seconds")
         for name, weight in self.model_weights.items():
             if not (math.isfinite(weight) and weight > 0):
                 raise ValueError(f"model_weights[{name!r}] must be > 0, got {weight}")
-        if self.batching and self.max_inputs_per_request > self.max_queue_size:
+        knobs = self.knobs
+        if knobs.batching and self.max_inputs_per_request > knobs.max_queue_size:
             raise ValueError(
                 f"max_inputs_per_request ({self.max_inputs_per_request}) must be <= "
-                f"max_queue_size ({self.max_queue_size}), or a request that large could "
+                f"max_queue_size ({knobs.max_queue_size}), or a request that large could "
                 "never be queued"
             )
         if self.api_key is not None and not self.api_key.get_secret_value():
@@ -267,8 +256,11 @@ class ServerSettings(BaseModel):
         return cls.build(load_config(path), **overrides)
 
     def to_dict(self) -> dict[str, Any]:
-        """The settings as plain values, without the API key (it is never written out)."""
-        return self.model_dump(mode="json", exclude={"api_key"}, exclude_none=True)
+        """The settings as plain, flat values (the knobs by their own names, as a config file
+        holds them), without the API key (it is never written out)."""
+        data = self.model_dump(mode="json", exclude={"api_key", "knobs"}, exclude_none=True)
+        data.update({k: v for k, v in dataclasses.asdict(self.knobs).items() if v is not None})
+        return data
 
     def write(self, path: str | os.PathLike[str]) -> Path:
         """Write the settings (minus the API key) as TOML, or JSON for a ``.json`` path."""
@@ -282,24 +274,10 @@ class ServerSettings(BaseModel):
         return p
 
     @property
-    def knobs(self) -> Knobs:
-        """The :class:`Knobs` every served model is loaded and batched with."""
-        # every Knobs field has a setting of the same name (tests/server/test_settings.py)
-        values = {name: getattr(self, name) for name in KNOB_FIELDS if name in _FIELDS}
-        if values["max_concurrent_batches"] is None:
-            values["max_concurrent_batches"] = max(1, self.sessions)
-        return Knobs(**values)
-
-    @property
     def baseline_knobs(self) -> Knobs:
-        """The knobs of the baseline's layout: one session of ``baseline_intra_op_threads``
-        threads that every request uses at once."""
-        return self.knobs.replace(
-            batching=False,
-            sessions=1,
-            intra_op_threads=self.baseline_intra_op_threads,
-            solo_intra_op_threads=None,
-        )
+        """The knobs of the baseline's layout (:meth:`Knobs.baseline`): one session of
+        ``baseline_intra_op_threads`` threads that every request uses at once."""
+        return self.knobs.baseline(self.baseline_intra_op_threads)
 
     @property
     def specs(self) -> list[ModelSpec]:
@@ -328,7 +306,10 @@ class ServerSettings(BaseModel):
         return specs
 
 
-_FIELDS = frozenset(ServerSettings.model_fields)
+#: Every flat key a config file (or ``ServerSettings(...)``) may hold.
+SETTING_NAMES: frozenset[str] = frozenset(ServerSettings.model_fields) - {"knobs"} | frozenset(
+    KNOB_FIELDS
+)
 
 
 def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -1,10 +1,10 @@
 """The server's state (``app.state.server``) and the models it serves: :class:`ServedModel`
-(a batch model) and :class:`ServedTextGenerator` (a generate model).
+(a batch model) and :class:`ServedGenerator` (a generate model).
 
 A served batch model is any :class:`~batchline.models.protocol.BatchModel` (loaded by
 ``batchline.models.loader.load_model``), in one of two layouts:
 
-- batching (the default): an :class:`~batchline.models.engine.Engine`, one shared batcher
+- batching (the default): an :class:`~batchline.models.batching.ModelBatcher`, one shared batcher
   per model. A request's inputs are prepared (tokenized, checked), then queued one record
   each with ``submit_many_nowait``: all of them or none (429), so records from concurrent
   requests share batches and a full queue is seen at once.
@@ -20,9 +20,10 @@ per call with 32 in flight. The hop costs more than the work for short texts, an
 characters keep the loop blocked for well under a millisecond. Other inputs (tensors, whole
 records) are checked on the loop: a shape check and a cast cost less than the hop.
 
-A served generate model (``batchline.models.generation.load.load_text_generator``) is its one
-shared :class:`~batchline.models.generation.stream.TextGenerator` (continuous or static
-batching, or one sequence at a time with ``batching=False``): the generation routes
+A served generate model (:class:`ServedGenerator`, over the
+:class:`~batchline.models.generation.load.GenerationModel` that ``load_text_generator`` returns)
+is its one shared :class:`~batchline.models.generation.stream.TextGenerator` (continuous or
+static batching, or one sequence at a time with ``batching=False``): the generation routes
 (``routes/generation.py``) submit every prompt to it; it batches the steps itself, on its own
 thread, and takes no slot of the shared device.
 """
@@ -33,24 +34,26 @@ import asyncio
 import inspect
 import logging
 import time
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from batchline._device import Device
 from batchline._stats import BatchStats
 from batchline.knobs import Knobs
-from batchline.models.engine import Engine
+from batchline.models.batching import ModelBatcher
 from batchline.models.protocol import BatchModel, ModelInfo
 from batchline.server.errors import ApiError
 from batchline.server.metrics import ModelMetrics, ServerMetrics
 from batchline.server.settings import ServerSettings
 
 if TYPE_CHECKING:
+    from batchline.models.generation.load import GenerationModel
     from batchline.models.generation.stats import GenerationStats
-    from batchline.models.generation.stream import TextGenerator
+    from batchline.models.generation.stream import Completion, TextGenerator
+    from batchline.server.generation_metrics import GenerationMetrics
 
-__all__ = ["GenerateModel", "ServedModel", "ServedTextGenerator", "ServerState"]
+__all__ = ["ServedGenerator", "ServedModel", "ServerState"]
 
 logger = logging.getLogger("batchline.server")
 
@@ -88,9 +91,9 @@ class ServedModel(Generic[P, R]):
         self._padded = self.info.cost_kind == "padded"
         self._async = inspect.iscoroutinefunction(model.run_batch)
         self._tokenizer = _tokenizer_of(model)
-        self.engine: Engine[_Job[P], R] | None = None
-        if settings.batching:
-            self.engine = Engine(
+        self.engine: ModelBatcher[_Job[P], R] | None = None
+        if settings.knobs.batching:
+            self.engine = ModelBatcher(
                 _Metered(model, metrics, padded=self._padded, run_async=self._async),
                 knobs,
                 padding_slack=settings.padding_slack,
@@ -301,58 +304,39 @@ def _message(exc: BaseException) -> str:
 # -- generate models --------------------------------------------------------------------------
 
 
-class GenerateModel(Protocol):
-    """What the server needs of a loaded generate model
-    (``batchline.models.generation.load.GenerationModel`` is one): its generator, not started,
-    and its prompt encoders."""
+class ServedGenerator:
+    """One generate model as the routes see it: the loaded
+    :class:`~batchline.models.generation.load.GenerationModel` (its shared generator, prompt
+    encoders and context), its name, and the metrics each finished request is observed on.
 
-    @property
-    def generator(self) -> TextGenerator: ...
-
-    @property
-    def info(self) -> ModelInfo: ...
-
-    @property
-    def max_context_tokens(self) -> int: ...
-
-    def encode_prompt(self, text: str) -> list[int]: ...
-
-    def encode_chat(self, messages: Sequence[Mapping[str, str]]) -> list[int]: ...
-
-    def close(self) -> None: ...
-
-
-class ServedTextGenerator:
-    """One generate model as the app sees it: the generation routes' ``ServedGenerator``
-    (``name``, ``generator``, ``max_context_tokens``, ``encode_prompt``, ``encode_chat``),
-    plus its ``task`` and lifecycle. The app starts its generator and stops it (draining)."""
+    The counterpart of :class:`ServedModel`: the model layer describes the model, this adds
+    what serving it needs. The app starts its generator and stops it (draining).
+    """
 
     task = "generate"
 
-    def __init__(self, name: str, model: GenerateModel) -> None:
+    def __init__(self, name: str, model: GenerationModel, metrics: GenerationMetrics) -> None:
         self.name = name
         self.model = model
         self.info: ModelInfo = model.info
+        self.metrics = metrics
         self.created = int(time.time())
 
     @property
     def generator(self) -> TextGenerator:
+        """The model's one shared generator: every prompt of every request is submitted to it."""
         return self.model.generator
-
-    @property
-    def max_context_tokens(self) -> int:
-        return self.model.max_context_tokens
-
-    def encode_prompt(self, text: str) -> list[int]:
-        return self.model.encode_prompt(text)
-
-    def encode_chat(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
-        return self.model.encode_chat(messages)
 
     def stats(self) -> GenerationStats:
         return self.model.generator.stats
 
+    def observe(self, completions: Sequence[Completion]) -> None:
+        """Record finished requests' latencies and token counts."""
+        for c in completions:
+            self.metrics.observe(self.name, c)
+
     async def start(self) -> None:
+        self.metrics.watch(self.name, self.stats)
         await self.model.generator.start()
 
     async def stop(self, *, timeout_s: float | None = None) -> None:
@@ -373,7 +357,7 @@ class ServerState:
     settings: ServerSettings
     metrics: ServerMetrics
     models: dict[str, ServedModel[Any, Any]] = field(default_factory=dict)
-    generators: dict[str, ServedTextGenerator] = field(default_factory=dict)
+    generators: dict[str, ServedGenerator] = field(default_factory=dict)
     order: list[str] = field(default_factory=list)
     """Every served name, batch and generate models alike, in the order they were given."""
     ready: bool = False
@@ -386,9 +370,13 @@ class ServerState:
     def default_model(self) -> ServedModel[Any, Any]:
         return next(iter(self.models.values()))
 
-    def served(self) -> list[ServedModel[Any, Any] | ServedTextGenerator]:
+    def batchers(self) -> dict[str, Any]:
+        """Each batching model's batcher, by name (none for the baseline)."""
+        return {n: m.batcher for n, m in self.models.items() if m.batcher is not None}
+
+    def served(self) -> list[ServedModel[Any, Any] | ServedGenerator]:
         """Every served model, in the order they were given."""
-        out: list[ServedModel[Any, Any] | ServedTextGenerator] = []
+        out: list[ServedModel[Any, Any] | ServedGenerator] = []
         for name in dict.fromkeys([*self.order, *self.models, *self.generators]):
             model = self.models.get(name)
             out.append(model if model is not None else self.generators[name])

@@ -523,9 +523,11 @@ def test_serve_takes_the_generation_backend_and_vllms_settings(
 
 def test_the_openai_routes_take_vllms_ignore_eos() -> None:
     pytest.importorskip("fastapi")
-    from batchline.server.routes.generation import ChatCompletionRequest, _sampling
+    from batchline.server.routes.generation import _sampling
+    from batchline.server.schemas import ChatCompletionRequest
 
-    served: Any = types.SimpleNamespace(max_context_tokens=64, generator=object())
+    model = types.SimpleNamespace(max_context_tokens=64)
+    served: Any = types.SimpleNamespace(model=model, generator=object())
     messages = [{"role": "user", "content": "hi"}]
     body = ChatCompletionRequest.model_validate(
         {"messages": messages, "max_tokens": 8, "ignore_eos": True}

@@ -35,7 +35,7 @@ from batchline.models.generation.engine import (
 
 if TYPE_CHECKING:
     from batchline.models.generation.demo import demo_prompts, write_demo_prompts
-    from batchline.models.generation.load import GenerationModel, Prompt, load_text_generator
+    from batchline.models.generation.load import GenerationModel, PromptInput, load_text_generator
     from batchline.models.generation.scheduler import ContinuousGenerator
     from batchline.models.generation.static import SequentialGenerator, StaticGenerator
     from batchline.models.generation.stats import GenerationStats
@@ -55,7 +55,7 @@ __all__ = [
     "GenerationRequest",
     "GenerationStats",
     "GenerationStream",
-    "Prompt",
+    "PromptInput",
     "SamplingParams",
     "SequentialGenerator",
     "StaticGenerator",
@@ -76,7 +76,7 @@ __getattr__ = lazy_exports(
         "GenerationModel": "load",
         "GenerationStats": "stats",
         "GenerationStream": "stream",
-        "Prompt": "load",
+        "PromptInput": "load",
         "SequentialGenerator": "static",
         "StaticGenerator": "static",
         "TextGenerator": "stream",

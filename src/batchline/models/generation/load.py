@@ -52,14 +52,14 @@ __all__ = [
     "ChatMessage",
     "GenerationModel",
     "HfDetokenizer",
-    "Prompt",
+    "PromptInput",
     "load_text_generator",
 ]
 
 #: One chat message: ``{"role": "user", "content": "..."}``.
 ChatMessage = Mapping[str, str]
-#: A prompt: raw text, or chat messages for the tokenizer's chat template.
-Prompt = str | Sequence[ChatMessage]
+#: A prompt as a user gives it: raw text, or chat messages for the tokenizer's chat template.
+PromptInput = str | Sequence[ChatMessage]
 
 VLLM_MISSING = (
     "vLLM is not installed: on CPU run bash scripts/vllm_env.sh (vLLM's CPU build in its own "
@@ -82,10 +82,11 @@ class GenerationModel:
     """A loaded generative model: its generator (not started), prompt encoding and what it is.
 
     Start the generator with ``async with model.generator:`` (or ``start()``/``stop()``),
-    submit token ids from :meth:`encode` (or :meth:`encode_prompt` / :meth:`encode_chat`: it
-    is the server's ``ServedGenerator``), and call :meth:`close` once the generator has
-    stopped. ``max_running`` and ``max_waiting`` are the generator's caps: a caller that keeps
-    at most ``max_waiting`` requests in flight never meets ``QueueFullError``.
+    submit token ids from :meth:`encode` (or :meth:`encode_prompt` / :meth:`encode_chat`, what
+    the server's generation routes call through its ``ServedGenerator``), and call
+    :meth:`close` once the generator has stopped. ``max_running`` and ``max_waiting`` are the
+    generator's caps: a caller that keeps at most ``max_waiting`` requests in flight never
+    meets ``QueueFullError``.
     """
 
     generator: TextGenerator
@@ -127,7 +128,7 @@ class GenerationModel:
     def has_chat_template(self) -> bool:
         return bool(getattr(self.tokenizer, "chat_template", None))
 
-    def encode(self, prompt: Prompt, *, chat_template: bool = True) -> list[int]:
+    def encode(self, prompt: PromptInput, *, chat_template: bool = True) -> list[int]:
         """A prompt's token ids.
 
         Chat messages go through the tokenizer's chat template with the generation prompt

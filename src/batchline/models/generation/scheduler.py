@@ -49,9 +49,9 @@ from batchline.models.generation.engine import (
 )
 from batchline.models.generation.stats import (
     GenerationStats,
+    GenerationStatsRecorder,
     MonotonicClock,
     NowClock,
-    StatsRecorder,
 )
 from batchline.models.generation.stream import (
     Detokenizer,
@@ -91,7 +91,7 @@ class EngineGenerator:
         self._eos = frozenset(engine.eos_token_ids)
         self._kv_budget = kv_token_budget
         self._clock: NowClock = clock if clock is not None else MonotonicClock()
-        self._recorder = StatsRecorder(self._clock, kv_token_budget=kv_token_budget)
+        self._recorder = GenerationStatsRecorder(self._clock, kv_token_budget=kv_token_budget)
         self.name = name
         self._state = State.NEW
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -26,7 +26,7 @@ from typing import Protocol
 from batchline._clock import MonotonicClock
 from batchline._stats import percentile
 
-__all__ = ["GenerationStats", "MonotonicClock", "NowClock", "StatsRecorder"]
+__all__ = ["GenerationStats", "GenerationStatsRecorder", "MonotonicClock", "NowClock"]
 
 
 class NowClock(Protocol):
@@ -72,7 +72,7 @@ class GenerationStats:
     latency_p99_s: float = math.nan
 
 
-class StatsRecorder:
+class GenerationStatsRecorder:
     """Thread-safe counters and sample windows behind :class:`GenerationStats`."""
 
     def __init__(self, clock: NowClock, *, kv_token_budget: int = 0, window: int = 10_000) -> None:

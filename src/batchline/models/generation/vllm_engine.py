@@ -42,9 +42,9 @@ from batchline._errors import BatcherClosedError, ModelError, QueueFullError
 from batchline.models.generation.engine import FinishReason, SamplingParams
 from batchline.models.generation.stats import (
     GenerationStats,
+    GenerationStatsRecorder,
     MonotonicClock,
     NowClock,
-    StatsRecorder,
 )
 from batchline.models.generation.stream import (
     Completion,
@@ -206,7 +206,7 @@ class VllmGenerator:
         )
         self._to_prompt = prompt_factory if prompt_factory is not None else to_vllm_prompt
         self._clock: NowClock = clock if clock is not None else MonotonicClock()
-        self._recorder = StatsRecorder(self._clock)
+        self._recorder = GenerationStatsRecorder(self._clock)
         self._shutdown_engine = shutdown_engine
         self.name = name
         self._state = State.NEW

@@ -32,7 +32,7 @@ import numpy as np
 
 from batchline._errors import InputError, ModelError
 from batchline.knobs import Knobs
-from batchline.models.embedder import (
+from batchline.models.onnx.embedder import (
     TokenizedText,
     check_text_inputs,
     load_tokenizer,
@@ -41,7 +41,8 @@ from batchline.models.embedder import (
     tokenize_texts,
     tokenizer_max_length,
 )
-from batchline.models.onnxruntime import OnnxModel
+from batchline.models.onnx.runtime import OnnxModel
+from batchline.models.onnx.sessions import load_sessions, tokenizer_path
 from batchline.models.protocol import ModelInfo
 from batchline.models.specs import ModelSpec
 
@@ -57,7 +58,7 @@ class OnnxClassifier:
     Args:
         model: inputs among ``input_ids``, ``attention_mask``, ``token_type_ids``,
             ``position_ids``; an output of shape ``(batch, num_labels)``.
-        tokenizer: a tokenizer from :func:`~batchline.models.embedder.load_tokenizer`.
+        tokenizer: a tokenizer from :func:`~batchline.models.onnx.embedder.load_tokenizer`.
         name: the model's name (outputs, listings).
         labels: one name per logit, in order; default ``LABEL_0 .. LABEL_{N-1}``.
         pad_id: the token id used for padding.
@@ -225,8 +226,6 @@ def load_classifier(spec: ModelSpec, knobs: Knobs) -> OnnxClassifier:
     (``batching=False``): one session every caller shares. The tokenizer is the spec's or the
     ``tokenizer.json`` beside the model; labels as the module docstring says.
     """
-    from batchline.models.loader import load_sessions, tokenizer_path
-
     tok_path = tokenizer_path(spec)
     labels = spec.labels
     if labels is None:

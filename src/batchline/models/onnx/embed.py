@@ -1,7 +1,7 @@
 """``embed``: texts to vectors through an ONNX text encoder (the built-in model is one).
 
 :class:`TextEmbedder` is the :class:`~batchline.models.protocol.BatchModel` over the
-:class:`~batchline.models.embedder.Embedder`'s two sync stages: ``tokenize`` (prepare) and
+:class:`~batchline.models.onnx.embedder.Embedder`'s two sync stages: ``tokenize`` (prepare) and
 ``embed_tokens`` (a batch). Cost is a text's token count, padded (``len(batch) × longest``).
 
 With a solo session (``Knobs.solo_intra_op_threads``), a batch that starts while no other
@@ -19,10 +19,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from batchline.models.embedder import Embedder, TokenizedText, tokenizer_max_length
+from batchline.knobs import Knobs
+from batchline.models.onnx.embedder import Embedder, TokenizedText, tokenizer_max_length
+from batchline.models.onnx.sessions import tokenizer_path
 from batchline.models.protocol import ModelInfo
+from batchline.models.specs import ModelSpec
 
-__all__ = ["TextEmbedder"]
+__all__ = ["TextEmbedder", "load_embedder"]
 
 Vector = np.ndarray[Any, np.dtype[np.float32]]
 
@@ -97,3 +100,40 @@ def _text(value: object) -> str:
     if isinstance(value, str):
         return value
     raise TypeError(f"an embedding input must be a string, got {type(value).__name__}")
+
+
+def load_embedder(spec: ModelSpec, knobs: Knobs) -> TextEmbedder:
+    """Load the built-in encoder or an ``.onnx`` one laid out as ``knobs`` say (a wider solo
+    session beside the batching ones when ``knobs.solo_intra_op_threads`` asks for one)."""
+    from batchline.models.onnx import minilm
+
+    options: dict[str, Any] = {}
+    if spec.normalize is not None:
+        options["normalize"] = spec.normalize
+    if spec.pooling is not None:
+        options["pooling"] = spec.pooling
+    if spec.kind == "builtin":
+        path = minilm.default_model_path()
+        tok = minilm.weights_dir() / "tokenizer.json"
+        max_length: int | None = minilm.MAX_LENGTH
+    else:
+        path, tok, max_length = spec.path, tokenizer_path(spec), None
+
+    def make(sessions: int, threads: int, *, shared: bool = False) -> Embedder:
+        return Embedder.from_onnx(
+            path,
+            tok,
+            max_length=max_length,
+            sessions=sessions,
+            intra_op_threads=threads,
+            providers=knobs.providers,
+            shared=shared,
+            **options,
+        )
+
+    if not knobs.batching:
+        return TextEmbedder(make(1, knobs.intra_op_threads, shared=True), name=spec.name)
+    main = make(knobs.sessions, knobs.intra_op_threads)
+    solo = knobs.solo_intra_op_threads
+    wide = make(1, solo) if solo is not None and solo > knobs.intra_op_threads else None
+    return TextEmbedder(main, name=spec.name, solo=wide)

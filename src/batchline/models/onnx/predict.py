@@ -29,31 +29,14 @@ import numpy as np
 
 from batchline._errors import InputError, ModelError
 from batchline.knobs import Knobs
-from batchline.models.onnxruntime import OnnxModel, TensorSpec, stack_equal
+from batchline.models.onnx.runtime import OnnxModel, OnnxTensor, stack_equal
+from batchline.models.onnx.sessions import load_sessions
 from batchline.models.protocol import ModelInfo
 from batchline.models.specs import ModelSpec
 
-__all__ = ["OnnxPredictor", "TensorRow", "load_predictor", "oip_datatype", "tensor_metadata"]
+__all__ = ["OnnxPredictor", "TensorRow", "load_predictor"]
 
 Array = np.ndarray[Any, Any]
-
-# ONNX Runtime element types -> Open Inference Protocol (KServe v2) datatype names.
-_OIP_DATATYPES = {
-    "tensor(bool)": "BOOL",
-    "tensor(uint8)": "UINT8",
-    "tensor(uint16)": "UINT16",
-    "tensor(uint32)": "UINT32",
-    "tensor(uint64)": "UINT64",
-    "tensor(int8)": "INT8",
-    "tensor(int16)": "INT16",
-    "tensor(int32)": "INT32",
-    "tensor(int64)": "INT64",
-    "tensor(float16)": "FP16",
-    "tensor(float)": "FP32",
-    "tensor(double)": "FP64",
-    "tensor(bfloat16)": "BF16",
-    "tensor(string)": "BYTES",
-}
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -66,17 +49,6 @@ class TensorRow:
     def shapes(self) -> tuple[tuple[int, ...], ...]:
         """The row's shapes, input by input: rows stack together only when these are equal."""
         return tuple(a.shape for a in self.arrays.values())
-
-
-def oip_datatype(spec: TensorSpec) -> str:
-    """The Open Inference Protocol datatype of an ONNX tensor (``FP32``, ``INT64``, ...)."""
-    return _OIP_DATATYPES.get(spec.type, spec.type)
-
-
-def tensor_metadata(spec: TensorSpec) -> dict[str, object]:
-    """``{"name", "datatype", "shape"}`` of a tensor, ``-1`` for each dynamic dimension."""
-    shape = [d if isinstance(d, int) and d >= 0 else -1 for d in spec.shape]
-    return {"name": spec.name, "datatype": oip_datatype(spec), "shape": shape}
 
 
 class OnnxPredictor:
@@ -99,8 +71,8 @@ class OnnxPredictor:
             result_kind="value",
             result_column="outputs",
             details={
-                "inputs": [tensor_metadata(s) for s in model.inputs],
-                "outputs": [tensor_metadata(s) for s in model.outputs],
+                "inputs": [s.spec().as_dict() for s in model.inputs],
+                "outputs": [s.spec().as_dict() for s in model.outputs],
             },
         )
 
@@ -150,7 +122,7 @@ class OnnxPredictor:
             )
         return TensorRow({n: self._check(self._inputs[n], given[n]) for n in names})
 
-    def _check(self, spec: TensorSpec, value: object) -> Array:
+    def _check(self, spec: OnnxTensor, value: object) -> Array:
         try:
             arr = np.asarray(value)
         except ValueError as exc:  # a ragged nested list
@@ -250,6 +222,4 @@ def load_predictor(spec: ModelSpec, knobs: Knobs) -> OnnxPredictor:
             f"model {spec.name!r}: a tokenizer goes with the embed and classify tasks, not "
             "predict (tensors in, tensors out)"
         )
-    from batchline.models.loader import load_sessions
-
     return OnnxPredictor(load_sessions(spec, knobs, check_batch_axis=True), name=spec.name)

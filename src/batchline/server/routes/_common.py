@@ -1,5 +1,6 @@
-"""What the routes share: request parsing from the gate's bytes, model lookup, input checks,
-turning the ways a model call can end into HTTP errors, and fast JSON encoders.
+"""What the routes share: request parsing from the gate's bytes, model lookup (batch and
+generate models alike), input checks, the one mapping from the ways a model call can end to
+HTTP errors, client-disconnect handling, and fast JSON encoders.
 
 (No ``from __future__ import annotations``: FastAPI reads route annotations at run time.)
 """
@@ -7,24 +8,28 @@ turning the ways a model call can end into HTTP errors, and fast JSON encoders.
 import asyncio
 import base64
 import logging
-from collections.abc import Sequence
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
+from starlette.types import Receive
 
-from batchline._errors import BatcherClosedError, InputError, QueueFullError
+from batchline._errors import BatcherClosedError, InputError, QueueFullError, RecordTooLargeError
 from batchline.server.errors import ApiError, shutting_down, validation_error
 from batchline.server.schemas import ErrorBody
-from batchline.server.state import ServedModel, ServerState
+from batchline.server.settings import ServerSettings
+from batchline.server.state import ServedGenerator, ServedModel, ServerState
 
 Vector = np.ndarray[Any, np.dtype[np.float32]]
 
 __all__ = [
     "ERRORS",
     "ROUTE_OF_TASK",
+    "ClientGone",
     "all_finite",
+    "api_error",
     "b64",
     "body_doc",
     "check_count",
@@ -33,14 +38,17 @@ __all__ = [
     "floats",
     "non_finite",
     "parse_body",
+    "pick_generator",
     "pick_model",
     "run_model",
     "server_state",
+    "unless_disconnected",
 ]
 
 logger = logging.getLogger("batchline.server")
 
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody, "description": text}
@@ -109,22 +117,57 @@ ROUTE_OF_TASK = {
 }
 
 
+class _Served(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def task(self) -> str: ...
+
+
+S = TypeVar("S", bound=_Served)
+
+
 def pick_model(
     request: Request, state: ServerState, name: str | None, task: str
 ) -> ServedModel[Any, Any]:
-    """The served model ``name`` (the first model of ``task`` when ``None``): 404 listing the
-    models when there is no such model, 400 naming its task when it does another."""
+    """The served batch model ``name`` (the first model of ``task`` when ``None``): 404
+    listing the models when there is no such model, 400 naming its task when it does another."""
+    return _pick(request, state, state.models, name, task, first_of_several=True)
+
+
+def pick_generator(request: Request, state: ServerState, name: str | None) -> ServedGenerator:
+    """The served generate model ``name`` (the only one when ``None``: with several, generated
+    texts differ too much to pick one silently); errors as :func:`pick_model`'s."""
+    return _pick(request, state, state.generators, name, "generate", first_of_several=False)
+
+
+def _pick(
+    request: Request,
+    state: ServerState,
+    served: Mapping[str, S],
+    name: str | None,
+    task: str,
+    *,
+    first_of_several: bool,
+) -> S:
     if name is None:
-        for candidate in state.models.values():
-            if candidate.task == task:
-                request.scope["batchline.model"] = candidate.name
-                return candidate
-        raise ApiError(
-            400,
-            f"no model served here does {task}; models: {describe_models(state)}",
-            "invalid_request_error",
-        )
-    model = state.models.get(name)
+        candidates = [m for m in served.values() if m.task == task]
+        if not candidates:
+            raise ApiError(
+                400,
+                f"no model served here does {task}; models: {describe_models(state)}",
+                "invalid_request_error",
+            )
+        if len(candidates) > 1 and not first_of_several:
+            raise ApiError(
+                400,
+                f"{len(candidates)} {task} models are served "
+                f"({', '.join(m.name for m in candidates)}); name one in 'model'",
+                "invalid_request_error",
+            )
+        request.scope["batchline.model"] = candidates[0].name
+        return candidates[0]
+    model = served.get(name)
     if model is not None and model.task == task:
         request.scope["batchline.model"] = model.name
         return model
@@ -132,7 +175,7 @@ def pick_model(
     if other is None:
         raise ApiError(
             404,
-            f"model {name[:100]!r} is not served here; models: {describe_models(state)}",
+            f"model {_safe(name[:100])!r} is not served here; models: {describe_models(state)}",
             "model_not_found",
         )
     where = ROUTE_OF_TASK.get(other)
@@ -164,6 +207,7 @@ def check_texts(value: str | list[str], state: ServerState, field: str) -> list[
 
 
 def check_count(n: int, state: ServerState, field: str, what: str = "inputs") -> None:
+    """400 when a request has no inputs, 413 when it has more than ``max_inputs_per_request``."""
     if n == 0:
         raise ApiError(
             400, f"'{field}' is empty; send at least one of its {what}", "invalid_request_error"
@@ -190,35 +234,84 @@ async def run_model(
             items = await model.prepare(inputs)
             results = await model.run(items)
         return results, model.cost(items)
-    except TimeoutError:
-        m.cancelled("timeout")
-        raise ApiError(
+    except Exception as exc:
+        error = api_error(exc, settings, model.name, withdrawn="its queued inputs were dropped")
+        _count(m, error.status)
+        raise error from None
+    finally:
+        m.in_flight.dec()
+
+
+def api_error(
+    exc: BaseException, settings: ServerSettings, model: str, *, withdrawn: str
+) -> ApiError:
+    """The HTTP error for one way a model call ended (every route's one mapping): 504 for
+    ``TimeoutError`` (``withdrawn`` says what became of the request's work), 429 + Retry-After
+    for a full queue, 503 + Retry-After for a batcher or generator being stopped, 400 for bad
+    input, 500 (logged) for anything else. An :class:`ApiError` is returned as it is."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, TimeoutError):
+        return ApiError(
             504,
-            f"not done within request_timeout_s={settings.request_timeout_s}; "
-            "its queued inputs were dropped",
+            f"not done within request_timeout_s={settings.request_timeout_s}; {withdrawn}",
             "timeout",
-        ) from None
-    except QueueFullError:
-        m.rejected("queue_full")
-        raise ApiError(
+        )
+    if isinstance(exc, QueueFullError):
+        return ApiError(
             429,
             "the server is busy (queue full); retry after the Retry-After delay",
             "rate_limit_exceeded",
             headers={"Retry-After": str(settings.retry_after_s)},
-        ) from None
-    except BatcherClosedError:
+        )
+    if isinstance(exc, BatcherClosedError):
+        return shutting_down(settings.retry_after_s)
+    if isinstance(exc, InputError | RecordTooLargeError):
+        return ApiError(400, _safe(str(exc)), "invalid_request_error")
+    logger.error("model %s failed on a request", model, exc_info=exc)
+    return ApiError(500, "the model failed on this request", "server_error")
+
+
+def _count(m: Any, status: int) -> None:
+    if status == 504:
+        m.cancelled("timeout")
+    elif status == 429:
+        m.rejected("queue_full")
+    elif status == 503:
         m.rejected("draining")
-        raise shutting_down(settings.retry_after_s) from None
-    except InputError as exc:
-        raise ApiError(400, str(exc), "invalid_request_error") from None
-    except ApiError:
-        raise
-    except Exception:
+    elif status == 500:
         m.failed("model")
-        logger.exception("model %s failed on a request of %d input(s)", model.name, len(inputs))
-        raise ApiError(500, "the model failed on this request", "server_error") from None
+
+
+class ClientGone(ApiError):
+    """The client disconnected: nobody reads the answer (499, nginx's "client closed
+    request", is what an access log shows)."""
+
+    def __init__(self) -> None:
+        super().__init__(499, "the client closed the request", "client_closed_request")
+
+
+async def unless_disconnected(receive: Receive, work: Awaitable[T]) -> T:
+    """``await work``, cancelled as soon as the client disconnects (then ``ClientGone``)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(receive))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            return task.result()
+        raise ClientGone
     finally:
-        m.in_flight.dec()
+        for t in (task, watcher):
+            t.cancel()
+        # the work's cancellation aborts its sequences: let that run before returning
+        await asyncio.gather(task, watcher, return_exceptions=True)
+
+
+async def _disconnected(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
 
 
 def non_finite(model: ServedModel[Any, Any]) -> ApiError:
@@ -247,3 +340,7 @@ _FORMATS: dict[int, str] = {}
 def b64(vector: Vector) -> str:
     data = vector.astype("<f4", copy=False).tobytes()
     return '"' + base64.b64encode(data).decode("ascii") + '"'
+
+
+def _safe(text: str) -> str:
+    return text.encode("utf-8", "replace").decode("utf-8")

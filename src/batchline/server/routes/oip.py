@@ -1,5 +1,5 @@
 """The Open Inference Protocol (KServe v2, Triton's HTTP API), on the codec of
-:mod:`batchline.server.oip`.
+:mod:`batchline.oip`.
 
 ``POST /v2/models/{name}/infer``, ``GET /v2/models/{name}``, ``GET /v2/models/{name}/ready``,
 ``GET /v2/health/live``, ``GET /v2/health/ready``, ``GET /v2``.
@@ -31,7 +31,7 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from batchline.server import oip as codec
+from batchline import oip as codec
 from batchline.server.errors import ApiError
 from batchline.server.routes._common import (
     check_count,
@@ -216,7 +216,7 @@ async def infer(request: Request, name: str) -> Response:
             body, header_length, tensors.inputs, model_outputs=tensors.outputs
         )
         try:
-            rows = codec.split_rows(parsed)
+            rows = codec.request_rows(parsed)
         except ValueError as exc:
             raise codec.OipError(400, str(exc)) from None
         check_count(len(rows), state, "inputs", "rows")

@@ -15,7 +15,7 @@ in sorted path order, then topics by name, then IDLE's files, then test files.
 The text is CPython's, so it is generated on first use rather than shipped, and cached as JSONL
 (``{"id": ..., "text": ...}``) under ``$BATCHLINE_CACHE_DIR`` or the user cache directory.
 
-    >>> from batchline.jobs.corpus import demo_corpus_path
+    >>> from batchline.datasets.corpus import demo_corpus_path
     >>> path = demo_corpus_path()          # about 20 s the first time, then instant
 """
 
@@ -56,7 +56,7 @@ def demo_corpus_path(min_records: int = 20_000) -> Path:
     Raises ``ValueError`` if this Python's standard library yields fewer than ``min_records``
     paragraphs (CPython 3.11.7 yields 20,854).
 
-        >>> from batchline.jobs.sources import open_source
+        >>> from batchline.datasets.sources import open_source
         >>> source = open_source(demo_corpus_path())
     """
     if min_records < 0:

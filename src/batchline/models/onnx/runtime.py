@@ -28,10 +28,12 @@ import numpy.typing as npt
 import onnxruntime as ort
 
 from batchline._errors import FixedBatchAxisError, InputError, ModelError
+from batchline.oip.tensors import DATATYPES, TensorSpec, dtype_of
 
 __all__ = [
+    "ONNX_DATATYPES",
     "OnnxModel",
-    "TensorSpec",
+    "OnnxTensor",
     "pad_sequences",
     "split_rows",
     "stack_equal",
@@ -51,20 +53,24 @@ _PROVIDER_ALIASES = {
     "directml": "DmlExecutionProvider",
 }
 
-_ORT_DTYPES: dict[str, npt.DTypeLike] = {
-    "tensor(float)": np.float32,
-    "tensor(float16)": np.float16,
-    "tensor(double)": np.float64,
-    "tensor(int64)": np.int64,
-    "tensor(int32)": np.int32,
-    "tensor(int16)": np.int16,
-    "tensor(int8)": np.int8,
-    "tensor(uint8)": np.uint8,
-    "tensor(uint16)": np.uint16,
-    "tensor(uint32)": np.uint32,
-    "tensor(uint64)": np.uint64,
-    "tensor(bool)": np.bool_,
-    "tensor(string)": np.object_,
+#: ONNX Runtime element types -> Open Inference Protocol datatypes, whose numpy dtypes
+#: (:data:`batchline.oip.DATATYPES`) are what the sessions are fed. BF16 has no numpy dtype:
+#: such a tensor is described (metadata) but cannot be fed.
+ONNX_DATATYPES: dict[str, str] = {
+    "tensor(bool)": "BOOL",
+    "tensor(uint8)": "UINT8",
+    "tensor(uint16)": "UINT16",
+    "tensor(uint32)": "UINT32",
+    "tensor(uint64)": "UINT64",
+    "tensor(int8)": "INT8",
+    "tensor(int16)": "INT16",
+    "tensor(int32)": "INT32",
+    "tensor(int64)": "INT64",
+    "tensor(float16)": "FP16",
+    "tensor(float)": "FP32",
+    "tensor(double)": "FP64",
+    "tensor(bfloat16)": "BF16",
+    "tensor(string)": "BYTES",
 }
 
 # Batch sizes tried by the load-time probe. Three of them: a graph baked at batch 1 (the usual
@@ -77,11 +83,11 @@ _INDEX0_RE = re.compile(r"index:\s*0\b")
 
 
 @dataclass(frozen=True, slots=True)
-class TensorSpec:
-    """Name, shape and element type of one model input or output.
+class OnnxTensor:
+    """Name, shape and element type of one graph input or output, as ONNX Runtime reports them.
 
     ``shape`` holds an ``int`` for a fixed dimension and a ``str`` (or ``None``) for a
-    symbolic one, as ONNX Runtime reports them.
+    symbolic one. :meth:`spec` is the same tensor as the Open Inference Protocol describes it.
     """
 
     name: str
@@ -89,15 +95,26 @@ class TensorSpec:
     type: str
 
     @property
+    def datatype(self) -> str:
+        """The Open Inference Protocol datatype (``FP32``, ``INT64``...; the ONNX type if none)."""
+        return ONNX_DATATYPES.get(self.type, self.type)
+
+    @property
     def dtype(self) -> np.dtype[Any]:
         """The numpy dtype for this tensor (``object`` for strings)."""
         try:
-            return np.dtype(_ORT_DTYPES[self.type])
-        except KeyError:
+            return dtype_of(self.datatype)
+        except ValueError:
+            feedable = (t for t, d in ONNX_DATATYPES.items() if d in DATATYPES)
             raise ModelError(
                 f"tensor '{self.name}' has element type {self.type}, which batchline cannot "
-                "feed; supported: " + ", ".join(sorted(_ORT_DTYPES))
+                "feed; supported: " + ", ".join(sorted(feedable))
             ) from None
+
+    def spec(self) -> TensorSpec:
+        """``{"name", "datatype", "shape"}`` for metadata: ``-1`` for each dynamic dimension."""
+        shape = tuple(d if isinstance(d, int) and d >= 0 else -1 for d in self.shape)
+        return TensorSpec(self.name, self.datatype, shape)
 
 
 class OnnxModel:
@@ -125,11 +142,11 @@ class OnnxModel:
         self.path = path
         self.providers: tuple[str, ...] = tuple(providers)
         first = sessions[0]
-        self.inputs: tuple[TensorSpec, ...] = tuple(
-            TensorSpec(i.name, tuple(i.shape), i.type) for i in first.get_inputs()
+        self.inputs: tuple[OnnxTensor, ...] = tuple(
+            OnnxTensor(i.name, tuple(i.shape), i.type) for i in first.get_inputs()
         )
-        self.outputs: tuple[TensorSpec, ...] = tuple(
-            TensorSpec(o.name, tuple(o.shape), o.type) for o in first.get_outputs()
+        self.outputs: tuple[OnnxTensor, ...] = tuple(
+            OnnxTensor(o.name, tuple(o.shape), o.type) for o in first.get_outputs()
         )
         self._all_sessions = tuple(sessions)
         self._pool: queue.Queue[ort.InferenceSession] = queue.Queue()
@@ -372,7 +389,7 @@ def _fixed_input_from_ort_message(msg: str, input_names: Sequence[str]) -> str |
     return input_names[0] if input_names else "?"
 
 
-def _dummy_input(spec: TensorSpec, batch: int) -> np.ndarray[Any, Any]:
+def _dummy_input(spec: OnnxTensor, batch: int) -> np.ndarray[Any, Any]:
     dims = [batch] + [d if isinstance(d, int) and d > 0 else _PROBE_DIM for d in spec.shape[1:]]
     dtype = spec.dtype
     if dtype.kind in "iub":

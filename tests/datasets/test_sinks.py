@@ -15,9 +15,9 @@ import pyarrow as pa
 import pytest
 
 from batchline._errors import InputError
-from batchline.jobs import sinks
-from batchline.jobs.sinks import ChunkWriter, Manifest, read_output, read_skipped
-from batchline.jobs.sources import BadRecord, Record
+from batchline.datasets import sinks
+from batchline.datasets.sinks import ChunkWriter, Manifest, read_output, read_skipped
+from batchline.datasets.sources import BadRecord, Record
 
 META = {"input": "in.jsonl", "input_fingerprint": "10:abc", "model": "m", "text_column": "text"}
 DIM = 4

@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from batchline._errors import InputError
-from batchline.jobs import sources
-from batchline.jobs.sources import BadRecord, Record, Source, file_fingerprint, open_source
+from batchline.datasets import sources
+from batchline.datasets.sources import BadRecord, Record, Source, file_fingerprint, open_source
 
 ROWS: list[dict[str, Any]] = [
     {"id": f"r{i}", "text": f"text number {i}", "lang": "en" if i % 2 else "fr"} for i in range(10)

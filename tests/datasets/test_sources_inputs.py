@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from batchline._errors import InputError
-from batchline.jobs.sources import BadRecord, Record, Source, file_fingerprint, open_source
+from batchline.datasets.sources import BadRecord, Record, Source, file_fingerprint, open_source
 
 from .test_sources import ROWS, items, records, write_rows
 

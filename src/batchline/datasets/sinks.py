@@ -41,7 +41,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchline._errors import InputError
-from batchline.jobs.sources import BadRecord, Record
+from batchline.datasets.sources import BadRecord, Record
 
 __all__ = [
     "MANIFEST_NAME",

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from batchline.jobs import corpus
-from batchline.jobs.corpus import demo_corpus_path, iter_corpus_records
-from batchline.jobs.sources import Record, open_source
+from batchline.datasets import corpus
+from batchline.datasets.corpus import demo_corpus_path, iter_corpus_records
+from batchline.datasets.sources import Record, open_source
 
 
 def test_paragraphs_are_split_cleaned_and_filtered() -> None:

@@ -1,5 +1,5 @@
 """The Open Inference Protocol codec (KServe v2 / Triton HTTP): request bytes in, arrays out,
-and arrays back to response bytes.
+and arrays back to response bytes (the datatypes and tensor data: :mod:`batchline.oip.tensors`).
 
 Framework-free (numpy and the standard library only): a route reads the body and the
 ``Inference-Header-Content-Length`` header, calls this module, and sends what it returns. Every
@@ -14,7 +14,7 @@ extension, BF16.
 
 Example, what ``POST /v2/models/{name}/infer`` does::
 
-    from batchline.server import oip
+    from batchline import oip
 
     try:
         req = oip.parse_infer_request(
@@ -23,7 +23,7 @@ Example, what ``POST /v2/models/{name}/infer`` does::
             info.details["inputs"],
             model_outputs=info.details["outputs"],
         )
-        rows = oip.split_rows(req)                        # one record per row, for the batcher
+        rows = oip.request_rows(req)                        # one record per row, for the batcher
         results = [await batcher.run(row) for row in rows]   # (concurrently, in practice)
         outputs = oip.stack_rows(results)
         payload, response_headers = oip.build_infer_response(
@@ -37,149 +37,46 @@ Example, what ``POST /v2/models/{name}/infer`` does::
 from __future__ import annotations
 
 import json
-import math
-import struct
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, TypeAlias
+from typing import Final
 
 import numpy as np
-from numpy.typing import NDArray
 
-from batchline._errors import BatchlineError
+from batchline.oip.tensors import (
+    DATATYPES,
+    Array,
+    OipError,
+    TensorSpec,
+    TensorSpecLike,
+    datatype_of,
+    from_binary,
+    from_json,
+    json_type,
+    name_list,
+    quote,
+    to_binary,
+    to_json,
+)
 
 __all__ = [
-    "DATATYPES",
     "HEADER_LENGTH_HEADER",
     "InferRequest",
-    "OipError",
     "RequestedOutputs",
-    "TensorSpec",
-    "TensorSpecLike",
     "build_infer_response",
-    "datatype_of",
-    "dtype_of",
-    "error_body",
     "model_metadata",
     "parse_header_length",
     "parse_infer_request",
+    "request_rows",
     "server_metadata",
-    "split_rows",
     "stack_rows",
 ]
 
 #: The binary tensor data extension's header: the length in bytes of the JSON part of a body.
 HEADER_LENGTH_HEADER: Final = "Inference-Header-Content-Length"
-
-#: OIP datatype name -> numpy dtype (little-endian, the wire's byte order). BYTES tensors are
-#: object arrays whose elements are ``bytes``.
-DATATYPES: Final[Mapping[str, np.dtype[Any]]] = {
-    "BOOL": np.dtype(np.bool_),
-    "UINT8": np.dtype("<u1"),
-    "UINT16": np.dtype("<u2"),
-    "UINT32": np.dtype("<u4"),
-    "UINT64": np.dtype("<u8"),
-    "INT8": np.dtype("<i1"),
-    "INT16": np.dtype("<i2"),
-    "INT32": np.dtype("<i4"),
-    "INT64": np.dtype("<i8"),
-    "FP16": np.dtype("<f2"),
-    "FP32": np.dtype("<f4"),
-    "FP64": np.dtype("<f8"),
-    "BYTES": np.dtype(object),
-}
-_NAMES_BY_KIND_SIZE: Final[Mapping[tuple[str, int], str]] = {
-    (dt.kind, dt.itemsize): name for name, dt in DATATYPES.items() if name != "BYTES"
-}
 _EXTENSIONS: Final = ("binary_tensor_data",)
 # Longest name or id worth quoting in a message or echoing in a response.
 _MAX_NAME_CHARS: Final = 256
-_LENGTH_PREFIX: Final = struct.Struct("<I")
-
-Array: TypeAlias = NDArray[Any]
-
-
-class OipError(BatchlineError):
-    """A request the Open Inference Protocol routes cannot serve: ``status`` is the HTTP status
-    (400 for a malformed or mismatched request), ``message`` says what is wrong and never
-    quotes more than a short name of the input. Send ``error_body(message)`` with it."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-def error_body(message: str) -> dict[str, str]:
-    """The protocol's error response body: ``{"error": message}``."""
-    return {"error": message}
-
-
-# -- datatypes and tensor specs ---------------------------------------------------------------
-
-
-def dtype_of(datatype: str) -> np.dtype[Any]:
-    """The numpy dtype of an OIP datatype name (``"FP32"`` -> ``float32``); ``ValueError`` for
-    an unknown name."""
-    try:
-        return DATATYPES[datatype]
-    except (KeyError, TypeError):
-        raise ValueError(
-            f"unknown datatype {_quote(datatype)}; expected one of {', '.join(DATATYPES)}"
-        ) from None
-
-
-def datatype_of(dtype: np.dtype[Any] | type | str) -> str:
-    """The OIP datatype name of a numpy dtype (``float32`` -> ``"FP32"``; object, bytes and
-    str dtypes -> ``"BYTES"``); ``ValueError`` for one the protocol cannot carry."""
-    dt = np.dtype(dtype)
-    if dt.kind in "OSU":
-        return "BYTES"
-    name = _NAMES_BY_KIND_SIZE.get((dt.kind, dt.itemsize))
-    if name is None:
-        raise ValueError(f"numpy dtype {dt} has no Open Inference Protocol datatype")
-    return name
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """One model input or output: its name, OIP datatype and shape (``-1``: any size).
-
-    A datatype this codec cannot decode (``BF16``) is allowed here, so that metadata tells the
-    truth; a request for such an input is a 400."""
-
-    name: str
-    datatype: str
-    shape: tuple[int, ...]
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"tensor name must be a non-empty string, got {self.name!r}")
-        if not isinstance(self.datatype, str) or not self.datatype:
-            raise ValueError(f"tensor {self.name!r}: datatype must be a non-empty string")
-        for d in self.shape:
-            if isinstance(d, bool) or not isinstance(d, int) or d < -1:
-                raise ValueError(
-                    f"tensor {self.name!r}: shape must hold ints >= -1, got {list(self.shape)}"
-                )
-
-    @classmethod
-    def of(cls, spec: TensorSpecLike) -> TensorSpec:
-        """A spec from a ``TensorSpec`` or a ``{"name", "datatype", "shape"}`` mapping (what
-        ``ModelInfo.details["inputs"]`` holds)."""
-        if isinstance(spec, TensorSpec):
-            return spec
-        try:
-            return cls(str(spec["name"]), str(spec["datatype"]), tuple(spec["shape"]))
-        except KeyError as e:
-            raise ValueError(f"a tensor spec needs name, datatype and shape; {e} is missing") from e
-
-    def as_dict(self) -> dict[str, object]:
-        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
-
-
-#: What the codec takes for a model's inputs or outputs.
-TensorSpecLike: TypeAlias = "TensorSpec | Mapping[str, Any]"
 
 
 # -- requests ---------------------------------------------------------------------------------
@@ -227,7 +124,7 @@ def parse_header_length(value: str | None) -> int | None:
     text = value.strip()
     if not text.isdigit() or len(text) > 18:
         raise OipError(
-            400, f"{HEADER_LENGTH_HEADER} must be a non-negative integer, got {_quote(value)}"
+            400, f"{HEADER_LENGTH_HEADER} must be a non-negative integer, got {quote(value)}"
         )
     return int(text)
 
@@ -263,7 +160,7 @@ def parse_infer_request(
 
     request_id = doc.get("id")
     if request_id is not None and not isinstance(request_id, str):
-        raise OipError(400, f"'id' must be a string, got {_json_type(request_id)}")
+        raise OipError(400, f"'id' must be a string, got {json_type(request_id)}")
     if request_id is not None and len(request_id) > _MAX_NAME_CHARS:
         raise OipError(400, f"'id' is {len(request_id)} characters; at most {_MAX_NAME_CHARS}")
     parameters = _parameters(doc.get("parameters"), "the request")
@@ -279,7 +176,7 @@ def parse_infer_request(
     offset = 0
     for i, raw in enumerate(raw_inputs):
         if not isinstance(raw, dict):
-            raise OipError(400, f"inputs[{i}] must be an object, got {_json_type(raw)}")
+            raise OipError(400, f"inputs[{i}] must be an object, got {json_type(raw)}")
         name = raw.get("name")
         if not isinstance(name, str):
             raise OipError(400, f"inputs[{i}] needs a string 'name'")
@@ -287,42 +184,42 @@ def parse_infer_request(
         if spec is None:
             raise OipError(
                 400,
-                f"unknown input {_quote(name)}; this model's inputs are "
-                f"{_name_list(s.name for s in specs)}",
+                f"unknown input {quote(name)}; this model's inputs are "
+                f"{name_list(s.name for s in specs)}",
             )
         if name in arrays:
-            raise OipError(400, f"input {_quote(name)} is given twice")
+            raise OipError(400, f"input {quote(name)} is given twice")
         shape = _shape(raw.get("shape"), name)
         _check_datatype_and_shape(raw.get("datatype"), shape, spec)
-        params = _parameters(raw.get("parameters"), f"input {_quote(name)}")
+        params = _parameters(raw.get("parameters"), f"input {quote(name)}")
         if "shared_memory_region" in params:
-            raise OipError(400, f"input {_quote(name)}: shared memory is not supported")
+            raise OipError(400, f"input {quote(name)}: shared memory is not supported")
         size = params.get("binary_data_size")
         if size is not None:
             if "data" in raw:
-                raise OipError(400, f"input {_quote(name)} has both 'data' and a binary_data_size")
+                raise OipError(400, f"input {quote(name)} has both 'data' and a binary_data_size")
             if binary is None:
                 raise OipError(
                     400,
-                    f"input {_quote(name)} has a binary_data_size but the request has no "
+                    f"input {quote(name)} has a binary_data_size but the request has no "
                     f"{HEADER_LENGTH_HEADER} header",
                 )
             if isinstance(size, bool) or not isinstance(size, int) or size < 0:
                 raise OipError(
-                    400, f"input {_quote(name)}: binary_data_size must be a non-negative integer"
+                    400, f"input {quote(name)}: binary_data_size must be a non-negative integer"
                 )
             if offset + size > len(binary):
                 raise OipError(
                     400,
-                    f"input {_quote(name)}: binary_data_size {size} runs past the end of the "
+                    f"input {quote(name)}: binary_data_size {size} runs past the end of the "
                     f"body ({len(binary) - offset} bytes of binary data left)",
                 )
-            arrays[name] = _from_binary(binary[offset : offset + size], spec, shape)
+            arrays[name] = from_binary(binary[offset : offset + size], spec, shape)
             offset += size
         elif "data" in raw:
-            arrays[name] = _from_json(raw["data"], spec, shape)
+            arrays[name] = from_json(raw["data"], spec, shape)
         else:
-            raise OipError(400, f"input {_quote(name)} has neither 'data' nor a binary_data_size")
+            raise OipError(400, f"input {quote(name)} has neither 'data' nor a binary_data_size")
 
     if binary is not None and offset != len(binary):
         raise OipError(
@@ -332,7 +229,7 @@ def parse_infer_request(
         )
     missing = [s.name for s in specs if s.name not in arrays]
     if missing:
-        raise OipError(400, f"missing input{'s' if len(missing) > 1 else ''} {_name_list(missing)}")
+        raise OipError(400, f"missing input{'s' if len(missing) > 1 else ''} {name_list(missing)}")
 
     batch_size = _batch_size(arrays)
     requested = _requested(doc.get("outputs"), binary_default, model_outputs)
@@ -340,7 +237,7 @@ def parse_infer_request(
     return InferRequest(request_id, ordered, batch_size, requested, parameters)
 
 
-def split_rows(request: InferRequest) -> list[dict[str, Array]]:
+def request_rows(request: InferRequest) -> list[dict[str, Array]]:
     """One record per row of the batch axis, for the shared batcher: ``{input name: row}``,
     each row an array of the input's shape without its first axis (a view, not a copy).
     ``ValueError`` when an input is a scalar (a model input without a batch axis)."""
@@ -354,7 +251,7 @@ def split_rows(request: InferRequest) -> list[dict[str, Array]]:
 
 
 def stack_rows(rows: Sequence[Mapping[str, Array]]) -> dict[str, Array]:
-    """The inverse of :func:`split_rows` for results: per-row ``{output name: array}`` mappings
+    """The inverse of :func:`request_rows` for results: per-row ``{output name: array}`` mappings
     stacked along a new first axis, in the first row's name order."""
     if not rows:
         raise ValueError("stack_rows needs at least one row")
@@ -388,8 +285,8 @@ def build_infer_response(
     if unknown:
         raise OipError(
             400,
-            f"unknown output{'s' if len(unknown) > 1 else ''} {_name_list(unknown)}; this "
-            f"model's outputs are {_name_list(outputs)}",
+            f"unknown output{'s' if len(unknown) > 1 else ''} {name_list(unknown)}; this "
+            f"model's outputs are {name_list(outputs)}",
         )
     doc: dict[str, object] = {"model_name": model_name}
     if model_version is not None:
@@ -403,18 +300,18 @@ def build_infer_response(
         try:
             datatype = datatype_of(array.dtype)
         except ValueError as e:
-            raise OipError(500, f"output {_quote(name)}: {e}") from None
+            raise OipError(500, f"output {quote(name)}: {e}") from None
         entry: dict[str, object] = {
             "name": name,
             "datatype": datatype,
             "shape": [int(d) for d in array.shape],
         }
         if requested.wants_binary(name):
-            raw = _to_binary(array, datatype, name)
+            raw = to_binary(array, datatype, name)
             entry["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)
         else:
-            entry["data"] = _to_json(array, datatype, name)
+            entry["data"] = to_json(array, datatype, name)
         entries.append(entry)
     doc["outputs"] = entries
     header = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
@@ -508,20 +405,20 @@ def _shape(value: object, name: str) -> tuple[int, ...]:
     if not isinstance(value, list) or not all(
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value
     ):
-        raise OipError(400, f"input {_quote(name)}: 'shape' must be a list of non-negative ints")
+        raise OipError(400, f"input {quote(name)}: 'shape' must be a list of non-negative ints")
     return tuple(value)
 
 
 def _check_datatype_and_shape(datatype: object, shape: tuple[int, ...], spec: TensorSpec) -> None:
-    name = _quote(spec.name)
+    name = quote(spec.name)
     if spec.datatype not in DATATYPES:
         raise OipError(
-            400, f"input {name} takes {_quote(spec.datatype)}, which this server cannot decode"
+            400, f"input {name} takes {quote(spec.datatype)}, which this server cannot decode"
         )
     if not isinstance(datatype, str) or datatype not in DATATYPES:
         raise OipError(
             400,
-            f"input {name}: unknown datatype {_quote(datatype)}; expected one of "
+            f"input {name}: unknown datatype {quote(datatype)}; expected one of "
             f"{', '.join(DATATYPES)}",
         )
     if datatype != spec.datatype:
@@ -541,7 +438,7 @@ def _check_datatype_and_shape(datatype: object, shape: tuple[int, ...], spec: Te
 def _batch_size(arrays: Mapping[str, Array]) -> int:
     sizes = {name: (a.shape[0] if a.ndim else 1) for name, a in arrays.items()}
     if len(set(sizes.values())) > 1:
-        listed = ", ".join(f"{_quote(n)} has {k}" for n, k in list(sizes.items())[:8])
+        listed = ", ".join(f"{quote(n)} has {k}" for n, k in list(sizes.items())[:8])
         raise OipError(400, f"inputs disagree on the batch size (first axis): {listed}")
     return next(iter(sizes.values()))
 
@@ -562,253 +459,21 @@ def _requested(
         name: str = raw["name"]
         if known is not None and name not in known:
             raise OipError(
-                400, f"unknown output {_quote(name)}; this model's outputs are {_name_list(known)}"
+                400, f"unknown output {quote(name)}; this model's outputs are {name_list(known)}"
             )
         if name in names:
-            raise OipError(400, f"output {_quote(name)} is requested twice")
-        params = _parameters(raw.get("parameters"), f"output {_quote(name)}")
+            raise OipError(400, f"output {quote(name)} is requested twice")
+        params = _parameters(raw.get("parameters"), f"output {quote(name)}")
         if "shared_memory_region" in params:
-            raise OipError(400, f"output {_quote(name)}: shared memory is not supported")
+            raise OipError(400, f"output {quote(name)}: shared memory is not supported")
         if "classification" in params:
             raise OipError(
-                400, f"output {_quote(name)}: the classification extension is not supported"
+                400, f"output {quote(name)}: the classification extension is not supported"
             )
         choice = params.get("binary_data")
         if choice is not None:
             if not isinstance(choice, bool):
-                raise OipError(400, f"output {_quote(name)}: binary_data must be true or false")
+                raise OipError(400, f"output {quote(name)}: binary_data must be true or false")
             binary[name] = choice
         names.append(name)
     return RequestedOutputs(tuple(names), binary, binary_default)
-
-
-# -- internals: tensor data -------------------------------------------------------------------
-
-
-def _from_binary(raw: memoryview, spec: TensorSpec, shape: tuple[int, ...]) -> Array:
-    name = _quote(spec.name)
-    count = math.prod(shape)
-    if spec.datatype == "BYTES":
-        elements = _unpack_bytes(raw, count, name)
-        out = np.empty(count, dtype=object)
-        out[:] = elements
-        return out.reshape(shape)
-    dtype = DATATYPES[spec.datatype]
-    want = count * dtype.itemsize
-    if len(raw) != want:
-        raise OipError(
-            400,
-            f"input {name}: binary_data_size is {len(raw)} bytes; shape {list(shape)} of "
-            f"{spec.datatype} needs {want}",
-        )
-    if spec.datatype == "BOOL":
-        as_bytes = np.frombuffer(raw, dtype=np.uint8)
-        if as_bytes.size and int(as_bytes.max()) > 1:
-            raise OipError(400, f"input {name}: BOOL bytes must be 0 or 1")
-    array = np.frombuffer(raw, dtype=dtype).reshape(shape)
-    _check_finite(array, spec.datatype, name)
-    return array
-
-
-def _unpack_bytes(raw: memoryview, count: int, name: str) -> list[bytes]:
-    elements: list[bytes] = []
-    pos = 0
-    end = len(raw)
-    while pos < end:
-        if len(elements) == count:
-            raise OipError(
-                400, f"input {name}: BYTES data holds more than the {count} elements of its shape"
-            )
-        if pos + 4 > end:
-            raise OipError(400, f"input {name}: BYTES data ends inside an element's length prefix")
-        (length,) = _LENGTH_PREFIX.unpack_from(raw, pos)
-        pos += 4
-        if pos + length > end:
-            raise OipError(
-                400,
-                f"input {name}: BYTES element {len(elements)} claims {length} bytes, "
-                f"{end - pos} are left",
-            )
-        elements.append(bytes(raw[pos : pos + length]))
-        pos += length
-    if len(elements) != count:
-        raise OipError(
-            400,
-            f"input {name}: BYTES data holds {len(elements)} elements; its shape needs {count}",
-        )
-    return elements
-
-
-def _from_json(data: object, spec: TensorSpec, shape: tuple[int, ...]) -> Array:
-    name = _quote(spec.name)
-    if not isinstance(data, list):
-        raise OipError(400, f"input {name}: 'data' must be a list, got {_json_type(data)}")
-    count = math.prod(shape)
-    if spec.datatype == "BYTES":
-        elements: list[bytes] = []
-        for item in _leaves(data):
-            if not isinstance(item, str):
-                raise OipError(400, f"input {name}: BYTES data must hold strings")
-            try:
-                elements.append(item.encode("utf-8"))
-            except UnicodeEncodeError:
-                raise OipError(
-                    400, f"input {name}: a string holds a lone surrogate; send valid UTF-8"
-                ) from None
-        _check_count(len(elements), count, shape, name)
-        out = np.empty(count, dtype=object)
-        out[:] = elements
-        return out.reshape(shape)
-
-    try:
-        parsed = np.asarray(data)
-    except (ValueError, TypeError):
-        raise OipError(
-            400, f"input {name}: 'data' is ragged; send a flat list or lists matching the shape"
-        ) from None
-    _check_count(parsed.size, count, shape, name)
-    kind = parsed.dtype.kind
-    if parsed.size == 0:
-        return np.zeros(shape, dtype=DATATYPES[spec.datatype])
-    if spec.datatype == "BOOL":
-        if kind != "b":
-            raise OipError(400, f"input {name}: BOOL data must hold true or false")
-    elif spec.datatype.startswith(("INT", "UINT")):
-        return _ints_from_json(data, parsed, spec, shape, name)
-    elif kind not in "iuf":
-        raise OipError(400, f"input {name}: {spec.datatype} data must hold numbers")
-    with np.errstate(over="ignore", invalid="ignore"):
-        array = parsed.astype(DATATYPES[spec.datatype]).reshape(shape)
-    _check_finite(array, spec.datatype, name)
-    return array
-
-
-def _ints_from_json(
-    data: list[object], parsed: Array, spec: TensorSpec, shape: tuple[int, ...], name: str
-) -> Array:
-    dtype = DATATYPES[spec.datatype]
-    if parsed.dtype.kind in "iu":
-        lo, hi = int(parsed.min()), int(parsed.max())
-    else:
-        # numpy turns a mix of small and beyond-int64 integers into float64 (or object):
-        # check the Python values themselves, so that no UINT64 value is rounded
-        values = list(_leaves(data))
-        if not all(type(v) is int for v in values):
-            raise OipError(400, f"input {name}: {spec.datatype} data must hold integers")
-        ints: list[int] = values  # type: ignore[assignment]
-        lo, hi = min(ints), max(ints)
-        parsed = np.array(ints, dtype=object)
-    info = np.iinfo(dtype)
-    if lo < int(info.min) or hi > int(info.max):
-        raise OipError(
-            400,
-            f"input {name}: a value is outside {spec.datatype}'s range "
-            f"[{int(info.min)}, {int(info.max)}]",
-        )
-    return parsed.astype(dtype).reshape(shape)
-
-
-def _leaves(data: list[object]) -> Iterator[object]:
-    """The non-list items of a nested list, depth first, without recursion."""
-    stack: list[Iterator[object]] = [iter(data)]
-    while stack:
-        for item in stack[-1]:
-            if isinstance(item, list):
-                stack.append(iter(item))
-                break
-            yield item
-        else:
-            stack.pop()
-
-
-def _check_count(got: int, want: int, shape: tuple[int, ...], name: str) -> None:
-    if got != want:
-        raise OipError(
-            400, f"input {name}: 'data' holds {got} elements; shape {list(shape)} needs {want}"
-        )
-
-
-def _check_finite(array: Array, datatype: str, name: str) -> None:
-    if datatype.startswith("FP") and array.size and not bool(np.isfinite(array).all()):
-        raise OipError(
-            400,
-            f"input {name} holds NaN or infinity (or a value beyond {datatype}'s range); "
-            "send finite numbers",
-        )
-
-
-# -- internals: output encoding ---------------------------------------------------------------
-
-
-def _bytes_elements(array: Array, name: str) -> list[bytes]:
-    out: list[bytes] = []
-    for item in array.reshape(-1).tolist():
-        if isinstance(item, bytes):
-            out.append(item)
-        elif isinstance(item, str):
-            out.append(item.encode("utf-8", "surrogatepass"))
-        else:
-            raise OipError(
-                500, f"output {_quote(name)}: a BYTES element is {type(item).__name__}, not bytes"
-            )
-    return out
-
-
-def _to_binary(array: Array, datatype: str, name: str) -> bytes:
-    if datatype == "BYTES":
-        return b"".join(_LENGTH_PREFIX.pack(len(e)) + e for e in _bytes_elements(array, name))
-    return np.ascontiguousarray(array, dtype=DATATYPES[datatype]).tobytes()
-
-
-def _to_json(array: Array, datatype: str, name: str) -> list[Any]:
-    if datatype == "BYTES":
-        try:
-            return [e.decode("utf-8") for e in _bytes_elements(array, name)]
-        except UnicodeDecodeError:
-            raise OipError(
-                400,
-                f"output {_quote(name)} holds bytes that are not UTF-8, which JSON cannot "
-                "carry; request it with binary_data true",
-            ) from None
-    if datatype.startswith("FP") and array.size and not bool(np.isfinite(array).all()):
-        raise OipError(
-            400,
-            f"output {_quote(name)} holds NaN or infinity, which JSON cannot carry; request "
-            "it with binary_data true",
-        )
-    flat: list[Any] = array.reshape(-1).tolist()
-    return flat
-
-
-# -- internals: messages ----------------------------------------------------------------------
-
-
-def _quote(value: object) -> str:
-    """A short, safe rendering of a client-supplied name for a message."""
-    text = value if isinstance(value, str) else _json_type(value)
-    if len(text) > 64:
-        text = text[:61] + "..."
-    return repr(text) if isinstance(value, str) else text
-
-
-def _name_list(names: Iterator[str] | Sequence[str] | Mapping[str, object]) -> str:
-    items = [_quote(n) for n in names]
-    if len(items) > 16:
-        items = [*items[:16], f"and {len(items) - 16} more"]
-    return ", ".join(items) if items else "(none)"
-
-
-def _json_type(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "an object"
-    return type(value).__name__

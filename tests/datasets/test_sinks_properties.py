@@ -14,8 +14,8 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batchline.jobs import sinks
-from batchline.jobs.sinks import ChunkWriter, read_output, read_skipped
+from batchline.datasets import sinks
+from batchline.datasets.sinks import ChunkWriter, read_output, read_skipped
 
 
 class Crash(Exception):

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from batchline._errors import InputError
-from batchline.jobs.sinks import ChunkWriter
-from batchline.jobs.sources import Record
-from batchline.models.engine import Engine
+from batchline.datasets.sinks import ChunkWriter
+from batchline.datasets.sources import Record
+from batchline.models.batching import ModelBatcher
 
 __all__ = [
     "Failed",
@@ -42,7 +42,7 @@ Outcome = object  # an encoded result, or a Failed
 
 
 async def submit_block(
-    engine: Engine[Any, Any], inputs: Sequence[object]
+    engine: ModelBatcher[Any, Any], inputs: Sequence[object]
 ) -> list[asyncio.Future[Any] | Failed]:
     """Prepare ``inputs`` off the event loop and queue them (waiting for room in the queue);
     a record that ``prepare`` refuses is its :class:`Failed` at once."""
@@ -67,7 +67,7 @@ async def submit_block(
 
 
 async def collect(
-    engine: Engine[Any, Any], pending: Sequence[asyncio.Future[Any] | Failed]
+    engine: ModelBatcher[Any, Any], pending: Sequence[asyncio.Future[Any] | Failed]
 ) -> list[Outcome]:
     """Wait for every queued record and encode its result; one record's exception (the batcher
     has bisected its batch down to it) is that record's :class:`Failed`, in order."""
@@ -93,7 +93,7 @@ async def collect(
     return outcomes
 
 
-async def process_block(engine: Engine[Any, Any], inputs: Sequence[object]) -> list[Outcome]:
+async def process_block(engine: ModelBatcher[Any, Any], inputs: Sequence[object]) -> list[Outcome]:
     """:func:`submit_block` then :func:`collect`: every input's outcome, in order."""
     return await collect(engine, await submit_block(engine, inputs))
 

@@ -1,4 +1,4 @@
-"""The engine layer: any model behind batching, or behind the single-shared-session baseline.
+"""``ModelBatcher``: any model behind batching, or behind the single-shared-session baseline.
 
 ``run``, ``serve``, ``bench``, ``tune`` and the Ray replicas build their batcher here, from one
 :class:`~batchline.knobs.Knobs`, so what ``tune`` measures is what ``serve`` runs.
@@ -16,9 +16,9 @@ keeps its CPU; ``name`` labels the batcher.
 Example::
 
     model = load_model(parse_spec("default"), knobs)
-    async with Engine(model, knobs) as engine:
+    async with ModelBatcher(model, knobs) as batcher:
         items = model.prepare(["hello", "world"])
-        vectors = await asyncio.gather(*[await engine.submit(i) for i in items])
+        vectors = await asyncio.gather(*[await batcher.submit(i) for i in items])
 """
 
 from __future__ import annotations
@@ -36,13 +36,13 @@ from batchline._tokens import TokenBatcher
 from batchline.knobs import DEFAULT_BUCKET_WIDTH, DEFAULT_PADDING_SLACK, Knobs
 from batchline.models.protocol import BatchModel
 
-__all__ = ["Engine", "lower_thread_priority"]
+__all__ = ["ModelBatcher", "lower_thread_priority"]
 
 P = TypeVar("P")
 R = TypeVar("R")
 
 
-class Engine(Generic[P, R]):
+class ModelBatcher(Generic[P, R]):
     """A model and the batcher that feeds it; see the module docstring."""
 
     def __init__(
@@ -125,7 +125,7 @@ class Engine(Generic[P, R]):
     async def stop(self, *, drain: bool = True, timeout_s: float | None = None) -> None:
         await self._batcher.stop(drain=drain, timeout_s=timeout_s)
 
-    async def __aenter__(self) -> Engine[P, R]:
+    async def __aenter__(self) -> ModelBatcher[P, R]:
         await self.start()
         return self
 

@@ -1,0 +1,157 @@
+"""The model a bench or a tune measures: ``--model`` and its options as one spec
+(:func:`model_spec`), loaded through :func:`batchline.models.loader.load_model` once per
+session layout (:class:`LoadedModels`, so a tuner that tries many batch budgets does not reload
+the weights each time), its tokenizer (:func:`spec_tokenizer`) and its inputs prepared once
+(:func:`prepare_items`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from batchline._errors import InputError
+from batchline.knobs import Knobs
+from batchline.models.protocol import BatchModel, ModelInfo
+from batchline.models.specs import ModelSpec
+
+__all__ = ["LoadedModels", "layout_of", "model_spec", "prepare_items", "spec_tokenizer"]
+
+AnyModel = BatchModel[Any, Any]
+
+
+def model_spec(
+    model: str | ModelSpec = "default",
+    *,
+    task: str | None = None,
+    tokenizer: Any = None,
+    labels: tuple[str, ...] | None = None,
+    pooling: str | None = None,
+    normalize: bool | None = None,
+) -> ModelSpec:
+    """``--model`` and its options as one spec, as ``batchline run`` reads them; a text
+    generator is refused here (``batchline bench --task generate`` measures generation)."""
+    from batchline.models.specs import parse_specs
+
+    if isinstance(model, ModelSpec):
+        spec = model.with_options(
+            task=task, tokenizer=tokenizer, labels=labels, pooling=pooling, normalize=normalize
+        )
+    else:
+        (spec,) = parse_specs(
+            [model],
+            tasks=[task] if task else [],
+            tokenizer=tokenizer,
+            labels=labels,
+            pooling=pooling,
+            normalize=normalize,
+        )
+    if spec.generates:
+        raise InputError(
+            f"model {spec.name!r} generates text: bench and tune measure batch models "
+            "(embed, classify, predict); batchline bench --task generate measures generation"
+        )
+    return spec
+
+
+Layout = tuple[object, ...]
+
+
+def layout_of(spec: ModelSpec, knobs: Knobs) -> Layout:
+    """What of ``knobs`` a loaded model depends on: its sessions, threads and device (a
+    ``module:factory`` model is laid out by its own code: one layout)."""
+    if spec.kind == "python":
+        return ()
+    if not knobs.batching:
+        return (False, 1, knobs.intra_op_threads, None, knobs.device)
+    return (
+        True,
+        knobs.sessions,
+        knobs.intra_op_threads,
+        knobs.solo_intra_op_threads,
+        knobs.device,
+    )
+
+
+class LoadedModels:
+    """Loads a model spec through ``load_model`` (what ``run`` and ``serve`` load) and keeps
+    each layout loaded: models are cached by (spec, layout), so only the first configuration
+    with a given layout pays for loading the weights. :meth:`close` closes them all.
+
+    >>> loader = LoadedModels(model_spec("model.onnx", task="predict"))
+    >>> model = loader.load(Knobs(sessions=2))
+    """
+
+    def __init__(self, spec: ModelSpec | str = "default", tokenizer: Any = None) -> None:
+        self.spec = spec if isinstance(spec, ModelSpec) else model_spec(spec, tokenizer=tokenizer)
+        self._models: dict[tuple[ModelSpec, Layout], AnyModel] = {}
+        self._tokenizer: list[Any] = []
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def load(self, knobs: Knobs) -> AnyModel:
+        """The model laid out as ``knobs`` say (cached)."""
+        from batchline.models.loader import load_model
+
+        key = (self.spec, layout_of(self.spec, knobs))
+        if key not in self._models:
+            self._models[key] = load_model(self.spec, knobs)
+        return self._models[key]
+
+    def info(self, knobs: Knobs) -> ModelInfo:
+        """The model's info (loading it laid out as ``knobs`` say, if not loaded yet)."""
+        return self.load(knobs).info
+
+    def tokenizer(self) -> Any:
+        """The Hugging Face tokenizer of a text model (built-in or ``.onnx`` embed/classify),
+        loaded once, to cut texts to lengths and count tokens; ``None`` for other models."""
+        if not self._tokenizer:
+            self._tokenizer.append(spec_tokenizer(self.spec))
+        return self._tokenizer[0]
+
+    def release(self, keep: Sequence[Knobs] = ()) -> None:
+        """Close and drop loaded models except those laid out as one of ``keep``."""
+        kept = {(self.spec, layout_of(self.spec, k)) for k in keep}
+        for key in [k for k in self._models if k not in kept]:
+            self._models.pop(key).close()
+
+    def close(self) -> None:
+        """Close every loaded model."""
+        self.release()
+
+
+def spec_tokenizer(spec: ModelSpec) -> Any:
+    """The tokenizer of a text model's spec (see :meth:`LoadedModels.tokenizer`), or ``None``."""
+    from batchline.models.loader import resolve_task, tokenizer_path
+    from batchline.models.onnx.embedder import load_tokenizer
+
+    if spec.kind == "builtin":
+        if spec.builtin_task not in ("embed", "classify"):
+            return None
+        from batchline.models.onnx import minilm
+
+        tok, _ = load_tokenizer(
+            minilm.weights_dir() / "tokenizer.json", max_length=minilm.MAX_LENGTH
+        )
+        return tok
+    if spec.kind == "onnx" and resolve_task(spec) in ("embed", "classify"):
+        tok, _ = load_tokenizer(tokenizer_path(spec))
+        return tok
+    if spec.kind == "onnx" and spec.tokenizer is not None:
+        tok, _ = load_tokenizer(spec.tokenizer)
+        return tok
+    return None
+
+
+def prepare_items(model: AnyModel, inputs: Sequence[object]) -> list[Any]:
+    """``model.prepare(inputs)``, all of them usable, or an ``InputError`` saying which not."""
+    prepared = model.prepare(inputs)
+    bad = [(i, p) for i, p in enumerate(prepared) if isinstance(p, BaseException)]
+    if bad:
+        index, exc = bad[0]
+        raise InputError(
+            f"the model {model.info.name!r} cannot take {len(bad):,} of the {len(inputs):,} "
+            f"inputs; input {index + 1}: {exc}"
+        )
+    return list(prepared)

@@ -1,0 +1,45 @@
+"""An ``.onnx`` spec's files and sessions: :func:`tokenizer_path` finds its tokenizer,
+:func:`load_sessions` opens its ONNX Runtime sessions laid out as the knobs say. Every task
+module here (``embed``, ``classify``, ``predict``) loads through them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from batchline._errors import InputError
+from batchline.knobs import Knobs
+from batchline.models.specs import ModelSpec
+
+__all__ = ["load_sessions", "tokenizer_path"]
+
+
+def tokenizer_path(spec: ModelSpec) -> Path:
+    """The tokenizer of an ``.onnx`` text model: the spec's, or ``tokenizer.json`` beside it."""
+    if spec.tokenizer is not None:
+        if not spec.tokenizer.is_file():
+            raise InputError(f"{spec.tokenizer}: no such tokenizer file")
+        return spec.tokenizer
+    guess = spec.path.with_name("tokenizer.json")
+    if not guess.is_file():
+        raise InputError(
+            f"no tokenizer for {spec.path}: pass a tokenizer.json (--tokenizer PATH) or put one "
+            f"beside the model (looked for {guess})"
+        )
+    return guess
+
+
+def load_sessions(spec: ModelSpec, knobs: Knobs, **options: Any) -> Any:
+    """The ``OnnxModel`` of an ``.onnx`` spec in the knobs' layout: ``knobs.sessions`` sessions
+    for batching, or one session every caller shares for the baseline; ``knobs.intra_op_threads``
+    threads each, on ``knobs.providers``. ``options`` go to ``OnnxModel.load``."""
+    from batchline.models.onnx.runtime import OnnxModel
+
+    return OnnxModel.load(
+        spec.path,
+        sessions=knobs.sessions if knobs.batching else 1,
+        intra_op_threads=knobs.intra_op_threads,
+        providers=knobs.providers,
+        shared=not knobs.batching,
+        **options,
+    )

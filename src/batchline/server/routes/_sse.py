@@ -1,0 +1,228 @@
+"""Server-sent events of the generation routes (``"stream": true``): OpenAI's chunk shape,
+one event per text delta, ``data: [DONE]`` at the end, and an error after the first byte sent
+as one ``data: {"error": ...}`` event (what OpenAI's clients raise). The stream stops, and
+aborts its sequences, as soon as the client goes away.
+
+(No ``from __future__ import annotations``: FastAPI reads these annotations at run time.)
+"""
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from batchline.models.generation.engine import FinishReason
+from batchline.models.generation.stream import Completion, GenerationDelta, GenerationStream
+from batchline.server.errors import ApiError
+from batchline.server.routes._common import ClientGone, api_error, unless_disconnected
+from batchline.server.settings import ServerSettings
+from batchline.server.state import ServedGenerator
+
+__all__ = ["DONE", "EventStream", "Shape", "aborted", "event_stream", "sse", "usage"]
+
+logger = logging.getLogger("batchline.server")
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """The fields every response or chunk of one request repeats."""
+
+    id: str
+    object: str
+    created: int
+    model: str
+    chat: bool
+
+    def head(self, *, chunk: bool = False) -> dict[str, Any]:
+        kind = self.object + ".chunk" if chunk and self.chat else self.object
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
+    def chunk(
+        self, index: int, text: str | None, finish: FinishReason | None, usage: bool
+    ) -> bytes:
+        choice: dict[str, Any] = {"index": index}
+        if self.chat:
+            choice["delta"] = {} if text is None else {"content": text}
+        else:
+            choice["text"] = text or ""
+        choice["logprobs"] = None
+        choice["finish_reason"] = finish
+        body = {**self.head(chunk=True), "choices": [choice]}
+        if usage:
+            body["usage"] = None
+        return sse(body)
+
+    def role(self, index: int, usage: bool) -> bytes:
+        choice = {
+            "index": index,
+            "delta": {"role": "assistant", "content": ""},
+            "logprobs": None,
+            "finish_reason": None,
+        }
+        body = {**self.head(chunk=True), "choices": [choice]}
+        if usage:
+            body["usage"] = None
+        return sse(body)
+
+
+def sse(body: Mapping[str, Any]) -> bytes:
+    return b"data: " + json.dumps(body, separators=(",", ":")).encode("utf-8") + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def _error_event(error: ApiError) -> bytes:
+    return sse({"error": {"message": error.message, "type": error.kind, "code": error.status}})
+
+
+def event_stream(
+    served: ServedGenerator,
+    streams: Sequence[GenerationStream],
+    shape: Shape,
+    settings: ServerSettings,
+    include_usage: bool,
+) -> "EventStream":
+    """The streaming answer (``"stream": true``) of a request whose sequences are admitted."""
+    return EventStream(_events(served, streams, shape, settings, include_usage), streams)
+
+
+async def _events(
+    served: ServedGenerator,
+    streams: Sequence[GenerationStream],
+    shape: Shape,
+    settings: ServerSettings,
+    include_usage: bool,
+) -> AsyncIterator[bytes]:
+    """The request's server-sent events: text chunks as the steps produce them, each
+    choice's finish, the usage chunk if asked, then ``[DONE]``. An error after the first
+    byte is one error event (the routes' one error mapping), then ``[DONE]``."""
+    if shape.chat:
+        for i in range(len(streams)):
+            yield shape.role(i, include_usage)
+    try:
+        async with contextlib.aclosing(_merge(streams, settings.request_timeout_s)) as merged:
+            async for index, delta in merged:
+                if delta.finish_reason == "abort":
+                    yield _error_event(aborted(settings))
+                    yield DONE
+                    return
+                if delta.text or delta.finished:
+                    text = delta.text if (delta.text or not shape.chat) else None
+                    yield shape.chunk(index, text, delta.finish_reason, include_usage)
+    except Exception as exc:
+        yield _error_event(
+            api_error(exc, settings, served.name, withdrawn="its sequences were aborted")
+        )
+        yield DONE
+        return
+    completions = [await s.result() for s in streams]
+    served.observe(completions)
+    if include_usage:
+        yield sse({**shape.head(chunk=True), "choices": [], "usage": usage(completions)})
+    yield DONE
+
+
+async def _merge(
+    streams: Sequence[GenerationStream], timeout_s: float
+) -> AsyncGenerator[tuple[int, GenerationDelta], None]:
+    """``(index, delta)`` of every stream as they arrive; ``TimeoutError`` after
+    ``timeout_s`` in all. Leaving early cancels the waits (which aborts those streams)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    pending: dict[asyncio.Future[GenerationDelta], int] = {}
+
+    def arm(i: int) -> None:
+        pending[asyncio.ensure_future(streams[i].__anext__())] = i
+
+    for i in range(len(streams)):
+        arm(i)
+    try:
+        while pending:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise TimeoutError
+            done, _ = await asyncio.wait(
+                pending, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+            )
+            if not done:
+                raise TimeoutError
+            for future in sorted(done, key=lambda f: pending[f]):
+                i = pending.pop(future)
+                try:
+                    delta = future.result()
+                except StopAsyncIteration:
+                    continue
+                if not delta.finished:
+                    arm(i)
+                yield i, delta
+    finally:
+        for future in pending:
+            if not future.done():
+                future.cancel()
+            elif not future.cancelled():
+                future.exception()  # retrieved: an error we did not get to is not logged
+
+
+class EventStream(Response):
+    """``text/event-stream`` from an async iterator of ready-made events, that stops (and
+    aborts the request's sequences) as soon as the client disconnects."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, events: AsyncIterator[bytes], streams: Sequence[GenerationStream]) -> None:
+        self.status_code = 200
+        self.background = None
+        self._events = events
+        self._streams = streams
+        self.init_headers({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def pump() -> None:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            async for event in self._events:
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+        try:
+            await unless_disconnected(receive, pump())
+        except (ClientGone, OSError):
+            pass  # nobody is listening: the sequences are aborted below
+        except Exception:
+            # the response has started: no error response can follow, only a log line
+            logger.exception("streaming a generation response failed")
+        finally:
+            aclose = getattr(self._events, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(Exception):
+                    await aclose()
+            for stream in self._streams:
+                stream.abort()
+        if self.background is not None:
+            await self.background()
+
+
+def aborted(settings: ServerSettings) -> ApiError:
+    """The 503 of a request whose sequences the generator aborted (it is shutting down)."""
+    return ApiError(
+        503,
+        "generation was aborted (the server is shutting down); retry later",
+        "service_unavailable",
+        headers={"Retry-After": str(settings.retry_after_s)},
+    )
+
+
+def usage(completions: Sequence[Completion]) -> dict[str, int]:
+    prompt = sum(c.prompt_tokens for c in completions)
+    generated = sum(c.completion_tokens for c in completions)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": generated,
+        "total_tokens": prompt + generated,
+    }

@@ -1,0 +1,185 @@
+"""The layout rules the house keeps: no import circle among batchline's modules, and no module
+over 650 lines (the core batcher may reach 1,100).
+
+The import graph is read from the source with ``ast``, so nothing is imported. Every ``import``
+and ``from ... import`` counts, at module level and inside functions alike: a function-local
+import still ties the two modules together, it only hides the knot until run time. Imports
+under ``if TYPE_CHECKING:`` are left out: they never run, they only name types for mypy.
+An edge goes to the module named (``from batchline.models import loader`` is an edge to
+``batchline.models.loader``; ``from batchline.models import BatchModel`` to the package
+``batchline.models``); a package's ``__init__`` that an import runs on the way is not counted.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+PACKAGE = "batchline"
+MAX_LINES = 650
+ALLOWED = {"batchline._batcher": 1_100}
+
+
+def _modules() -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for path in sorted((SRC / PACKAGE).rglob("*.py")):
+        parts = list(path.relative_to(SRC).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    if isinstance(test, ast.Name):
+        return test.id == "TYPE_CHECKING"
+    return isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+
+
+def _imports(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import in ``tree``, at any depth, except under ``if TYPE_CHECKING:``."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.orelse:
+                yield from _imports(ast.Module(body=[child], type_ignores=[]))
+            continue
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+        yield from _imports(node)
+
+
+def _targets(
+    module: str, is_package: bool, node: ast.Import | ast.ImportFrom, known: set[str]
+) -> Iterator[str]:
+    if isinstance(node, ast.Import):
+        for alias in node.names:
+            if alias.name in known:
+                yield alias.name
+        return
+    base = node.module or ""
+    if node.level:
+        anchor = module.split(".") if is_package else module.split(".")[:-1]
+        anchor = anchor[: len(anchor) - (node.level - 1)]
+        base = ".".join([*anchor, base] if base else anchor)
+    for alias in node.names:
+        submodule = f"{base}.{alias.name}"
+        if submodule in known:
+            yield submodule
+        elif base in known:
+            yield base
+
+
+def import_graph() -> dict[str, set[str]]:
+    """batchline's modules, each with the batchline modules it imports."""
+    modules = _modules()
+    known = set(modules)
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        is_package = path.name == "__init__.py"
+        edges = {t for node in _imports(tree) for t in _targets(name, is_package, node, known)}
+        edges.discard(name)
+        graph[name] = edges
+    return graph
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's algorithm: the components with more than one module (each one a knot of
+    cycles), sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component: list[str] = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+def _one_cycle(graph: dict[str, set[str]], component: list[str]) -> list[str]:
+    """A shortest cycle through the component's first module, for the failure message."""
+    members = set(component)
+    start = component[0]
+    paths = {start: [start]}
+    frontier = [start]
+    while frontier:
+        nxt_frontier: list[str] = []
+        for node in frontier:
+            for nxt in sorted(graph[node] & members):
+                if nxt == start:
+                    return [*paths[node], start]
+                if nxt not in paths:
+                    paths[nxt] = [*paths[node], nxt]
+                    nxt_frontier.append(nxt)
+        frontier = nxt_frontier
+    return component  # pragma: no cover - a component always holds a cycle through start
+
+
+def test_the_graph_is_read_from_the_source() -> None:
+    graph = import_graph()
+    # a module-level and a function-local import both make an edge
+    assert "batchline._errors" in graph["batchline._batcher"]
+    assert "batchline.models.loader" in graph
+    assert any(graph.values())
+
+
+def test_the_cycle_finder_finds_a_knot_and_its_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert strongly_connected(graph) == [["a", "b", "c"]]
+    assert _one_cycle(graph, ["a", "b", "c"]) == ["a", "b", "c", "a"]
+    assert strongly_connected({"a": {"b"}, "b": set()}) == []
+
+
+def test_type_checking_imports_are_left_out() -> None:
+    tree = ast.parse(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    import x\nelse:\n    import y\n"
+        "def f():\n    import z\n"
+    )
+    names = [a.name for node in _imports(tree) if isinstance(node, ast.Import) for a in node.names]
+    assert names == ["y", "z"]
+
+
+def test_no_import_circle() -> None:
+    graph = import_graph()
+    knots = strongly_connected(graph)
+    report = "\n".join(
+        f"- {' -> '.join(_one_cycle(graph, knot))}  (knot of {len(knot)}: {', '.join(knot)})"
+        for knot in knots
+    )
+    assert not knots, f"{len(knots)} import circle(s) among batchline's modules:\n{report}"
+
+
+def test_no_module_over_the_line_limit() -> None:
+    over = {}
+    for name, path in _modules().items():
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        if lines > ALLOWED.get(name, MAX_LINES):
+            over[name] = lines
+    report = "\n".join(f"- {name}: {lines} lines" for name, lines in sorted(over.items()))
+    assert not over, f"modules over {MAX_LINES} lines ({ALLOWED} allowed):\n{report}"
