@@ -35,7 +35,7 @@ COMPLETED = 'batchline_generation_requests_total{model="gen",outcome="completed"
 
 
 def test_run_on_vllm_writes_every_demo_prompt_once(tmp_path: Path) -> None:
-    from batchline.jobs.sinks import Manifest, read_output
+    from batchline.datasets.sinks import Manifest, read_output
 
     out = tmp_path / "demo"
     argv = ["run", "--model", "smollm2", "--generation-backend", "vllm", "--limit", "20"]
