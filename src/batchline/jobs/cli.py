@@ -193,7 +193,7 @@ def _add_generation_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--generation-backend",
         choices=["torch", "vllm"],
-        help="torch (default) or vllm (CUDA machines with vLLM installed)",
+        help="torch (default) or vllm (vLLM's engine, its CPU or CUDA build as --device says)",
     )
 
 

@@ -86,6 +86,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--target-batch-tokens", type=int, help="padded tokens per model call")
     p.add_argument("--max-batch-size", type=int, help="texts per model call at most")
     p.add_argument(
+        "--device", help="cpu (default) or cuda[:N]: where the models run (knob: device)"
+    )
+    p.add_argument(
+        "--generation-backend",
+        choices=["torch", "vllm"],
+        help="what runs a generate model: torch (default) or vllm (vLLM's engine, its CPU or "
+        "CUDA build as --device says)",
+    )
+    p.add_argument(
         "--set",
         action="append",
         default=[],
@@ -148,6 +157,8 @@ def run(args: argparse.Namespace) -> int:
         "sessions": args.sessions,
         "target_batch_tokens": args.target_batch_tokens,
         "max_batch_size": args.max_batch_size,
+        "device": args.device,
+        "generation_backend": args.generation_backend,
         "log_level": args.log_level,
     }
     from batchline.server.settings import load_config

@@ -136,6 +136,8 @@ class SamplingBody(BaseModel):
     top_p: TopP | None = None
     seed: Seed | None = None
     stop: Stop | None = None
+    # vLLM's extension (its server takes it too): generate max_tokens even past the EOS token
+    ignore_eos: StrictBool = False
 
 
 class GenerateTextRequest(SamplingBody):

@@ -169,7 +169,9 @@ def test_cuda_without_cuda_and_vllm_without_vllm_say_so(tiny_folder: Path) -> No
         with pytest.raises(ModelError, match="no CUDA device"):
             load(tiny_folder, device="cuda:0")
     if importlib.util.find_spec("vllm") is None:
-        with pytest.raises(ModelError, match=r"vLLM is not installed \(CUDA only\)"):
+        with pytest.raises(
+            ModelError, match=r"vLLM is not installed: on CPU run bash scripts/vllm_env.sh"
+        ):
             load(tiny_folder, generation_backend="vllm")
 
 

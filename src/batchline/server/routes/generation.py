@@ -298,6 +298,7 @@ def _sampling(
                     top_p=body.top_p if body.top_p is not None else 1.0,
                     seed=body.seed,
                     stop=stop,
+                    ignore_eos=body.ignore_eos,
                 )
             )
         except RecordTooLargeError as exc:
