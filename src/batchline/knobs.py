@@ -9,7 +9,8 @@
 Text generation (``--task generate``) reads its own fields: ``generation_batching``
 (``continuous`` or ``static``; ``batching=false`` runs one sequence at a time),
 ``max_running_sequences``, ``kv_token_budget``, ``generation_backend`` (``torch`` or ``vllm``),
-plus ``device``, ``intra_op_threads`` and ``max_queue_size`` (requests waiting for admission).
+``dtype`` and ``max_step_tokens`` (the torch backend's, see :class:`Knobs`), plus ``device``,
+``intra_op_threads`` and ``max_queue_size`` (requests waiting for admission).
 
 Defaults come from measurements on a 2-core CPU with all-MiniLM-L6-v2 (docs/CONTRACTS.md,
 FACTS): two sessions of one intra-op thread each, one batch in flight per session, about
@@ -38,6 +39,7 @@ __all__ = [
     "DEFAULT_TARGET_BATCH_TOKENS",
     "GENERATION_BACKENDS",
     "GENERATION_BATCHING",
+    "GENERATION_DTYPES",
     "Knobs",
     "machine_cores",
     "read_config_file",
@@ -63,6 +65,8 @@ _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 GENERATION_BATCHING = ("continuous", "static")
 #: What runs a generative model (``Knobs.generation_backend``); vLLM needs CUDA.
 GENERATION_BACKENDS = ("torch", "vllm")
+#: What a torch generative model computes in (``Knobs.dtype``); ``auto``: bf16 where native.
+GENERATION_DTYPES = ("auto", "float32", "bfloat16")
 
 
 def machine_cores() -> int:
@@ -89,7 +93,10 @@ class Knobs:
     At most ``max_running_sequences`` run at once (a static batch's size), and the sum of
     their prompt + ``max_tokens`` stays within ``kv_token_budget`` KV-cache positions;
     ``max_queue_size`` requests may wait for admission. ``generation_backend`` is ``torch``
-    (batchline's own decode loop) or ``vllm`` (CUDA machines with vLLM installed).
+    (batchline's own decode loop) or ``vllm`` (CUDA machines with vLLM installed). The torch
+    backend computes in ``dtype``: ``auto`` (bfloat16 on a CPU with native bf16 or a CUDA
+    device that has it, float32 elsewhere), ``float32`` or ``bfloat16``; each of its steps
+    takes at most ``max_step_tokens`` tokens, decodes first, longer prompts in chunks.
     """
 
     batching: bool = True
@@ -107,6 +114,8 @@ class Knobs:
     max_running_sequences: int = 16
     kv_token_budget: int = 16_384
     generation_backend: str = "torch"
+    dtype: str = "auto"
+    max_step_tokens: int = 512
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -120,6 +129,12 @@ class Knobs:
             if f.name == "generation_backend":
                 if value not in GENERATION_BACKENDS:
                     raise InputError(f"generation_backend must be torch or vllm, got {value!r}")
+                continue
+            if f.name == "dtype":
+                if value not in GENERATION_DTYPES:
+                    raise InputError(
+                        f"dtype must be one of {', '.join(GENERATION_DTYPES)}, got {value!r}"
+                    )
                 continue
             if f.name == "kv_token_budget":
                 if isinstance(value, bool) or not isinstance(value, int) or value < 2:

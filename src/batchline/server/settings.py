@@ -92,7 +92,8 @@ class ServerSettings(BaseModel):
 
     Text generation (Knobs' fields, for a generate model): generation_batching
         (``continuous`` or ``static``; ``batching=False``: one sequence at a time),
-        max_running_sequences, kv_token_budget, generation_backend (``torch`` or ``vllm``);
+        max_running_sequences, kv_token_budget, generation_backend (``torch`` or ``vllm``),
+        dtype (``auto``, ``float32``, ``bfloat16``) and max_step_tokens (the torch backend's);
         ``max_queue_size`` requests wait for admission, and ``device`` and
         ``intra_op_threads`` apply too.
 
@@ -170,6 +171,8 @@ class ServerSettings(BaseModel):
     max_running_sequences: int = 16
     kv_token_budget: int = 16_384
     generation_backend: str = "torch"
+    dtype: str = "auto"
+    max_step_tokens: int = 512
 
     # -- serving the batches ----------------------------------------------------------------
     # Nice increment of the threads that run the model, so the event loop (HTTP, tokenizing,
