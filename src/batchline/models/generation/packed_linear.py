@@ -1,4 +1,4 @@
-"""A bf16 ``nn.Linear`` whose weight is packed once for oneDNN (see
+"""An ``nn.Linear`` whose weight is packed once for oneDNN (see
 :func:`~batchline.models.generation.torch_dtype.pack_linear_weights`)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ _PACK_ROWS = 16
 
 
 class PackedLinear(torch.nn.Module):
-    """``linear``'s outputs, bit for bit, with the weight in oneDNN's blocked layout."""
+    """``linear``'s outputs (bf16: bit for bit) with the weight in oneDNN's blocked layout."""
 
     def __init__(self, linear: torch.nn.Linear) -> None:
         super().__init__()
