@@ -7,7 +7,8 @@ The one place that turns a :class:`~batchline.models.specs.ModelSpec` whose task
 From :class:`~batchline.knobs.Knobs`:
 
 - ``device``: ``cpu`` or ``cuda[:N]`` (a torch device); on CPU ``torch.set_num_threads(
-  intra_op_threads)`` (one thread per process on a shared 2-core machine: FACTS.md);
+  intra_op_threads)`` (one thread per process on a shared 2-core machine: FACTS.md, and the
+  measurement where ``Knobs.intra_op_threads`` is set);
 - ``dtype``: ``auto`` (bf16 where the hardware has it natively, see
   :mod:`~batchline.models.generation.torch_dtype`), ``float32`` or ``bfloat16``; bf16 weights on
   CPU are packed for oneDNN once at load. The choice and its reason are logged and kept in
