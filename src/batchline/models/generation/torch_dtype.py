@@ -4,7 +4,8 @@
 ``auto`` takes bfloat16 where the hardware computes it natively — a CUDA device that supports
 it, or a CPU with AVX512-BF16 or AMX (its ``/proc/cpuinfo`` flags) — and float32 elsewhere,
 where bf16 would be emulated and slower. Measured on SmolLM2-135M, one core with avx512_bf16
-(benchmarks/bench_dtype.py): a 16-row decode step ~180 ms in fp32, ~110 ms in bf16.
+(2026-11-24, the machine still quiet, plain ``nn.Linear``): a 16-row decode step ~180 ms in
+fp32, ~110 ms in bf16; benchmarks/bench_engine_levers.py compares the dtypes on a workload.
 
 float32 keeps greedy tokens equal to transformers' ``generate`` on the sequence alone; bf16
 changes some (benchmarks/bench_dtype.py measures how many, and the demo math accuracy).
