@@ -406,6 +406,7 @@ def _summary(
         latency_p50_s=percentile(adapter.latencies, 50),
         latency_p99_s=percentile(adapter.latencies, 99),
         generation_batching=model.batching,
+        dtype=model.dtype,
         utilization=stats.avg_running_per_step / cap if cap else 0.0,
         avg_batch_size=stats.avg_running_per_step,
         generated_tokens=adapter.tokens,

@@ -74,6 +74,7 @@ class GenerateSummary(RunSummary):
     ``submit`` (time in the waiting queue included)."""
 
     generation_batching: str = "continuous"
+    dtype: str = ""
     generated_tokens: int = 0
     prompt_tokens: int = 0
     ttft_p50_s: float = math.nan
@@ -104,6 +105,7 @@ class GenerateSummary(RunSummary):
         )
         return [
             *self._head(_MODES.get(self.generation_batching, self.generation_batching)),
+            *([("dtype", self.dtype)] if self.dtype else []),
             ("tokens generated", f"{self.generated_tokens:,}"),
             ("tokens/s", f"{self.tokens_per_s:,.1f}"),
             ("records/s", f"{self.records_per_s:,.2f}"),
