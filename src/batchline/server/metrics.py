@@ -11,7 +11,8 @@ exported, every series labelled with ``model``:
 - observed as work happens: ``batchline_batch_size`` and ``batchline_batch_cost_tokens``
   (padded tokens; summed costs for an additive model) and
   ``batchline_batch_duration_seconds`` per model call,
-  ``batchline_queue_wait_seconds`` per record, ``batchline_request_duration_seconds`` per
+  ``batchline_queue_wait_seconds`` per record (label ``priority``: ``interactive``,
+  ``batch`` or the request's integer), ``batchline_request_duration_seconds`` per
   request (label ``route``: ``embeddings``, ``classify``, ``infer``),
   ``batchline_requests_in_flight``;
 - server-wide: ``batchline_http_requests_in_flight`` (requests to model routes being received
@@ -34,6 +35,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from batchline._priority import priority_label
 from batchline._stats import BatchStats
 from batchline.server.generation_metrics import GenerationMetrics
 
@@ -70,10 +72,19 @@ class ModelMetrics:
         self.batch_size = server.batch_size.labels(model=model)
         self.batch_cost = server.batch_cost.labels(model=model)
         self.batch_duration = server.batch_duration.labels(model=model)
-        self.queue_wait = server.queue_wait.labels(model=model)
+        self._queue_wait: dict[int, Any] = {}
         self.in_flight = server.in_flight.labels(model=model)
         self._server = server
         self._latency: dict[str, Any] = {}
+
+    def queue_wait(self, priority: int) -> Any:
+        """The queue-wait histogram child of one batcher priority."""
+        child = self._queue_wait.get(priority)
+        if child is None:
+            label = priority_label(priority)
+            child = self._server.queue_wait.labels(model=self.model, priority=label)
+            self._queue_wait[priority] = child
+        return child
 
     def request_latency(self, route: str) -> Any:
         """The latency histogram child of one route."""
@@ -123,7 +134,7 @@ class ServerMetrics:
         self.queue_wait = Histogram(
             "batchline_queue_wait_seconds",
             "Time a record waited in the queue before its batch started.",
-            ["model"],
+            ["model", "priority"],
             buckets=_TIME_BUCKETS,
             registry=r,
         )

@@ -12,6 +12,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
+#: A request's priority: ``interactive``, ``batch`` or an integer, lower sooner
+#: (``batchline._priority``); the ``X-Batchline-Priority`` header says the same.
+Priority = StrictStr | StrictInt
+
 __all__ = [
     "ChatCompletionRequest",
     "ChatMessageBody",
@@ -46,6 +50,7 @@ class EmbeddingRequest(BaseModel):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: StrictInt | None = None
     user: StrictStr | None = None
+    priority: Priority | None = None
 
 
 class ClassifyRequest(BaseModel):
@@ -56,6 +61,7 @@ class ClassifyRequest(BaseModel):
     input: StrictStr | list[StrictStr]
     model: StrictStr | None = None
     return_all_scores: StrictBool = False
+    priority: Priority | None = None
 
 
 class Classification(BaseModel):
@@ -136,6 +142,9 @@ class SamplingBody(BaseModel):
     top_p: TopP | None = None
     seed: Seed | None = None
     stop: Stop | None = None
+    # validated like the other routes' (a bad value is a 400); the generation scheduler does
+    # not order by it yet
+    priority: Priority | None = None
 
 
 class GenerateTextRequest(SamplingBody):

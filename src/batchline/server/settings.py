@@ -40,6 +40,7 @@ from pydantic import (
 )
 
 from batchline._errors import InputError
+from batchline._priority import batcher_priority
 from batchline.knobs import (
     DEFAULT_BUCKET_WIDTH,
     DEFAULT_PADDING_SLACK,
@@ -75,6 +76,10 @@ class ServerSettings(BaseModel):
             ``NAME=`` (default: ``all-MiniLM-L6-v2``, the file's stem or the factory's name).
         model_weights: ``{name: weight}``: the models' shares of the device when several
             models are busy at once (default 1 each).
+        model_priority: ``{name: priority}``: the priority of a request to that model that
+            names none (``interactive`` by default; ``batch`` or an integer, lower sooner;
+            see ``batchline._priority``). A request's ``priority`` field or
+            ``X-Batchline-Priority`` header wins.
         truncate: ``True`` (default): over-long texts are cut to the model's limit, like most
             embedding APIs; ``False``: such a request gets 413.
 
@@ -130,6 +135,7 @@ class ServerSettings(BaseModel):
     normalize: bool | None = None
     model_name: str | None = None
     model_weights: dict[str, float] = Field(default_factory=dict)
+    model_priority: dict[str, str | int] = Field(default_factory=dict)
     truncate: bool = True
 
     # -- batching: one Knobs (every Knobs field is also a flat key: see _fold_knobs) ----------
@@ -217,6 +223,8 @@ class ServerSettings(BaseModel):
         for name, weight in self.model_weights.items():
             if not (math.isfinite(weight) and weight > 0):
                 raise ValueError(f"model_weights[{name!r}] must be > 0, got {weight}")
+        for priority in self.model_priority.values():
+            batcher_priority(priority)  # a ValueError naming the accepted forms
         knobs = self.knobs
         if knobs.batching and self.max_inputs_per_request > knobs.max_queue_size:
             raise ValueError(
@@ -295,12 +303,16 @@ class ServerSettings(BaseModel):
             if len(specs) > 1:
                 raise InputError("model_name names a single model; with several, use NAME=SPEC")
             specs = [dataclasses.replace(specs[0], name=self.model_name)]
-        unknown = sorted(set(self.model_weights) - {s.name for s in specs})
-        if unknown:
-            raise InputError(
-                f"model_weights names {', '.join(unknown)}, not served here; models: "
-                + ", ".join(s.name for s in specs)
-            )
+        for key, named in (
+            ("model_weights", self.model_weights),
+            ("model_priority", self.model_priority),
+        ):
+            unknown = sorted(set(named) - {s.name for s in specs})
+            if unknown:
+                raise InputError(
+                    f"{key} names {', '.join(unknown)}, not served here; models: "
+                    + ", ".join(s.name for s in specs)
+                )
         return specs
 
 

@@ -175,17 +175,18 @@ class ServedModel(Generic[P, R]):
         cost = self.model.cost
         return sum(cost(i) for i in items)
 
-    async def run(self, items: Sequence[P]) -> list[R]:
-        """Results in order. Batching: every item queued at once or none (``QueueFullError``);
-        on any way out before the results (timeout, disconnect, shutdown), the items still
-        queued are withdrawn."""
+    async def run(self, items: Sequence[P], *, priority: int = 0) -> list[R]:
+        """Results in order. Batching: every item queued at once or none (``QueueFullError``),
+        at the batcher's ``priority`` (higher first, aged: ``batchline._priority``); on any
+        way out before the results (timeout, disconnect, shutdown), the items still queued are
+        withdrawn. The baseline has no queue: ``priority`` changes nothing there."""
         engine = self.engine
         if engine is None:
             return await self._run_direct(items)
         now = time.perf_counter()
         cost = self.model.cost
-        jobs = [_Job(item, cost(item), now) for item in items]
-        futures = engine.submit_many_nowait(jobs)
+        jobs = [_Job(item, cost(item), now, priority) for item in items]
+        futures = engine.submit_many_nowait(jobs, priority=priority)
         try:
             if len(futures) == 1:
                 return [await futures[0]]
@@ -222,11 +223,13 @@ class ServedModel(Generic[P, R]):
 
 @dataclass(slots=True)
 class _Job(Generic[P]):
-    """A queued item, its cost and when it was queued (for the queue-wait histogram)."""
+    """A queued item, its cost, when it was queued and at which priority (for the queue-wait
+    histogram)."""
 
     item: P
     cost: int
     submitted: float
+    priority: int = 0
 
 
 class _Metered(Generic[P, R]):
@@ -266,9 +269,9 @@ class _Metered(Generic[P, R]):
 
     def _started(self, batch: list[_Job[P]]) -> float:
         started = time.perf_counter()
-        observe = self._metrics.queue_wait.observe
+        wait = self._metrics.queue_wait
         for job in batch:
-            observe(started - job.submitted)
+            wait(job.priority).observe(started - job.submitted)
         return started
 
     def _done(self, batch: list[_Job[P]], started: float) -> None:

@@ -36,6 +36,7 @@ from batchline.server.errors import ApiError
 from batchline.server.routes._common import (
     check_count,
     describe_models,
+    request_priority,
     run_model,
     server_state,
 )
@@ -221,7 +222,8 @@ async def infer(request: Request, name: str) -> Response:
             raise codec.OipError(400, str(exc)) from None
         check_count(len(rows), state, "inputs", "rows")
         inputs: Sequence[object] = [tensors.to_input(row) for row in rows]
-        results, _ = await run_model(state, model, inputs)
+        priority = request_priority(request, state, model.name, parsed.parameters.get("priority"))
+        results, _ = await run_model(state, model, inputs, priority=priority)
         outputs = codec.stack_rows([tensors.to_row(r) for r in results])
         payload, headers = codec.build_infer_response(
             model.name, None, parsed.id, outputs, parsed.requested

@@ -26,6 +26,7 @@ from batchline.server.routes._common import (
     non_finite,
     parse_body,
     pick_model,
+    request_priority,
     run_model,
     server_state,
 )
@@ -58,7 +59,8 @@ async def create_embeddings(request: Request) -> Response:
             f"{model.name} returns {dim} dimensions; omit 'dimensions' or send {dim}",
             "invalid_request_error",
         )
-    results, tokens = await run_model(state, model, texts)
+    priority = request_priority(request, state, model.name, body.priority)
+    results, tokens = await run_model(state, model, texts, priority=priority)
     vectors = [np.asarray(model.model.encode(r), dtype=np.float32) for r in results]
     if not all_finite(vectors):
         raise non_finite(model)
