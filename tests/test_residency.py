@@ -145,7 +145,8 @@ async def test_a_busy_model_is_never_evicted_and_a_load_waits_for_one_to_go_idle
     held_a = asyncio.ensure_future(r.acquire("a"))
     held_b = asyncio.ensure_future(r.acquire("b"))
     await run_for(clock, 2.0)
-    assert held_a.done() and held_b.done()
+    assert held_a.done()
+    assert held_b.done()
     c = asyncio.ensure_future(r.acquire("c"))
     await run_for(clock, 30.0)
     assert not c.done()  # both others are busy: c waits, nothing is evicted
@@ -194,7 +195,7 @@ async def test_a_model_that_can_never_fit_is_refused_at_once() -> None:
 
 async def test_keep_alive_unloads_an_idle_model_but_not_a_busy_or_pinned_one() -> None:
     clock = ManualClock()
-    r, fake = make(clock, None, {"a": 4, "b": 4, "pin": 4}, keep_alive_s=60.0, pinned={"pin"})
+    r, _fake = make(clock, None, {"a": 4, "b": 4, "pin": 4}, keep_alive_s=60.0, pinned={"pin"})
     for name in ("a", "pin"):
         await use(r, clock, name)
     held = asyncio.ensure_future(r.acquire("b"))
