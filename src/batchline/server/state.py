@@ -367,6 +367,11 @@ class ServerState:
     draining: bool = False
     in_flight: int = 0
     api_key: bytes | None = None
+    residency: Any = None
+    """The :class:`batchline._residency.Residency` of on-demand batch models (``None``: every
+    model loaded at startup); a managed model is in ``models`` while it is resident."""
+    managed: dict[str, str] = field(default_factory=dict)
+    """Each on-demand model's task, loaded or not."""
     _idle: asyncio.Event | None = None
 
     @property
@@ -382,7 +387,10 @@ class ServerState:
         out: list[ServedModel[Any, Any] | ServedGenerator] = []
         for name in dict.fromkeys([*self.order, *self.models, *self.generators]):
             model = self.models.get(name)
-            out.append(model if model is not None else self.generators[name])
+            if model is not None:
+                out.append(model)
+            elif name in self.generators:
+                out.append(self.generators[name])  # (an on-demand model not loaded: none)
         return out
 
     def task_of(self, name: str) -> str | None:
@@ -390,6 +398,8 @@ class ServerState:
         model = self.models.get(name)
         if model is not None:
             return model.task
+        if name in self.managed:
+            return self.managed[name]
         return "generate" if name in self.generators else None
 
     def begin_drain(self) -> None:

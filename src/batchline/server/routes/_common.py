@@ -45,6 +45,7 @@ __all__ = [
     "run_model",
     "server_state",
     "unless_disconnected",
+    "use_model",
 ]
 
 logger = logging.getLogger("batchline.server")
@@ -137,6 +138,26 @@ def pick_model(
     return _pick(request, state, state.models, name, task, first_of_several=True)
 
 
+async def use_model(
+    request: Request, state: ServerState, name: str | None, task: str
+) -> ServedModel[Any, Any]:
+    """:func:`pick_model`, loading an on-demand model first (``batchline.server.residency``:
+    held until the response is done; 504 when not loaded in time, 503 when its load fails)."""
+    residency = state.residency
+    if residency is not None:
+        if name is None:
+            name = next((n for n in state.order if state.task_of(n) == task), None)
+        if name is not None and state.managed.get(name) == task:
+            from batchline.server.residency import use_served
+
+            request.scope["batchline.model"] = name
+            served: ServedModel[Any, Any] = await use_served(
+                residency, name, request.scope, state.settings.request_timeout_s
+            )
+            return served
+    return pick_model(request, state, name, task)
+
+
 def pick_generator(request: Request, state: ServerState, name: str | None) -> ServedGenerator:
     """The served generate model ``name`` (the only one when ``None``: with several, generated
     texts differ too much to pick one silently); errors as :func:`pick_model`'s."""
@@ -191,7 +212,8 @@ def _pick(
 
 def describe_models(state: ServerState) -> str:
     """``"a (embed), b (predict)"``: the served models and their tasks."""
-    return ", ".join(f"{m.name} ({m.task})" for m in state.served()) or "none"
+    names = dict.fromkeys([*state.order, *state.models, *state.generators])
+    return ", ".join(f"{n} ({state.task_of(n)})" for n in names) or "none"
 
 
 def check_texts(value: str | list[str], state: ServerState, field: str) -> list[str]:

@@ -39,6 +39,7 @@ from batchline.server.routes._common import (
     request_priority,
     run_model,
     server_state,
+    use_model,
 )
 from batchline.server.state import ServedModel, ServerState
 
@@ -206,7 +207,10 @@ async def infer(request: Request, name: str) -> Response:
     started = time.perf_counter()
     state = server_state(request)
     try:
-        model = _model(state, name)
+        if state.managed.get(name) is not None:  # an on-demand model: loaded as needed
+            model = await use_model(request, state, name, state.managed[name])
+        else:
+            model = _model(state, name)
         request.scope["batchline.model"] = model.name
         tensors = _tensors(model)
         body = request.scope.get("batchline.body")
