@@ -86,6 +86,32 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--target-batch-tokens", type=int, help="padded tokens per model call")
     p.add_argument("--max-batch-size", type=int, help="texts per model call at most")
     p.add_argument(
+        "--memory-budget",
+        metavar="SIZE",
+        help="memory the batch models may hold together (6GiB, 512MB, or a fraction of RAM: "
+        "0.5, 50%%); models then load on their first request and idle ones are evicted, least "
+        "recently used first, when a load needs room",
+    )
+    p.add_argument(
+        "--preload",
+        action="append",
+        metavar="NAME",
+        help="with --memory-budget: load this model at startup (repeatable)",
+    )
+    p.add_argument(
+        "--pin",
+        action="append",
+        metavar="NAME",
+        help="with --memory-budget: load this model at startup and never evict it (repeatable)",
+    )
+    p.add_argument(
+        "--keep-alive",
+        type=float,
+        metavar="SECONDS",
+        help="with --memory-budget: unload an idle model this long after its last use "
+        "(default 300; per model: --set 'model_keep_alive_s={\"a\": 60}')",
+    )
+    p.add_argument(
         "--set",
         action="append",
         default=[],
@@ -129,6 +155,10 @@ def run(args: argparse.Namespace) -> int:
         "target_batch_tokens": args.target_batch_tokens,
         "max_batch_size": args.max_batch_size,
         "log_level": args.log_level,
+        "memory_budget": args.memory_budget,
+        "preload": args.preload,
+        "pin": args.pin,
+        "keep_alive_s": args.keep_alive,
     }
     from batchline.server.settings import load_config
 
