@@ -68,7 +68,6 @@ async def test_models_load_on_first_request_and_the_idle_one_makes_room() -> Non
 async def test_a_busy_model_is_not_evicted_the_load_waits_for_it_to_go_idle() -> None:
     fake = FakeEmbedder(gated=True)
     app = create_app(on_demand(), load_model=loader(fake))
-    residency = app.state.server.residency
     async with client_on(app, release=fake.gate.set) as client:
         residency = app.state.server.residency
         busy = asyncio.ensure_future(embed(client, "a"))  # held in its batch by the gate
