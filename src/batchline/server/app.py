@@ -188,6 +188,7 @@ def create_app(
 
             async def unload_managed(served: ServedModel[Any, Any]) -> None:
                 state.models.pop(served.name, None)
+                metrics.watch(served.name, lambda: None)  # holds no reference to it
                 await served.stop(timeout_s=settings.drain_timeout_s)
 
             batch_specs = [s for s in specs if not s.generates]
