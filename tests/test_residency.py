@@ -8,7 +8,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from batchline import ManualClock
@@ -267,6 +267,19 @@ EVENTS = st.lists(
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(events=EVENTS, pin_d=st.booleans())
+@example(  # a load measuring more than its estimate overshoots; the next idle model is shed
+    events=[
+        ("request", "a", 0.0, None),
+        ("request", "d", 0.0, None),
+        ("measure", "a", 1, None),
+        ("idle", 70.0, None, None),
+        ("request", "c", 0.0, None),
+        ("measure", "a", 3, None),
+        ("request", "a", 0.0, None),
+        ("idle", 0.5, None, None),
+    ],
+    pin_d=True,
+)
 def test_no_lost_request_no_deadlock_budget_held_busy_never_evicted(
     events: list[tuple[Any, ...]], pin_d: bool
 ) -> None:
@@ -377,7 +390,11 @@ async def _schedule(events: list[tuple[Any, ...]], pin_d: bool) -> None:
 
 
 def _overshoot_pending(r: Residency[str]) -> bool:
-    """Over the budget only by a load that measured more than its estimate, with every other
-    resident model busy or pinned (nothing could be evicted)."""
-    idle = [s for s in r.stats() if s.state is RESIDENT and s.active == 0 and not s.pinned]
+    """Over the budget only by a load that measured more than its estimate, and being shed:
+    unloads under way cover the excess, or every other resident model is busy or pinned."""
+    stats = r.stats()
+    unloading = sum(s.accounted_bytes for s in stats if s.state is ResidentState.UNLOADING)
+    if r.accounted_bytes - unloading <= BUDGET:
+        return True
+    idle = [s for s in stats if s.state is RESIDENT and s.active == 0 and not s.pinned]
     return not idle

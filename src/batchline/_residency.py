@@ -380,12 +380,20 @@ class Residency(Generic[H]):
         self._emit("load", e.name, {"seconds": seconds, "bytes": e.accounted})
         if e.active == 0:
             self._arm_timer(e)
-        if self.budget_bytes is not None and self.accounted_bytes > self.budget_bytes:
-            over = self.accounted_bytes - self.budget_bytes
-            self._make_room(over)
-            if self.accounted_bytes - self._unloading_bytes() > self.budget_bytes:
-                self._emit("over_budget", e.name, {"bytes": over})
+        if not self._shed():
+            self._emit(
+                "over_budget", e.name, {"bytes": self.accounted_bytes - (self.budget_bytes or 0)}
+            )
         self._notify()
+
+    def _shed(self) -> bool:
+        """Over the budget (a load measured more than its estimate): evict idle models to get
+        back under it. False while it cannot (every other model busy or pinned)."""
+        budget = self.budget_bytes
+        if budget is None or self.accounted_bytes <= budget:
+            return True
+        self._make_room(self.accounted_bytes - budget)
+        return self.accounted_bytes - self._unloading_bytes() <= budget
 
     def _unloading_bytes(self) -> int:
         return sum(
@@ -418,6 +426,7 @@ class Residency(Generic[H]):
         if e.active == 0:
             if e.state is ResidentState.RESIDENT:
                 self._arm_timer(e)
+            self._shed()  # over the budget, waiting for a model to go idle: this one
             self._notify()  # an idle model is evictable now
 
     # -- keep-alive -------------------------------------------------------------------------------
