@@ -6,7 +6,8 @@ weights' size), then what its load measured. A model loads when the first reques
 acquires it; requests that arrive meanwhile wait for that one load. The rules:
 
 * **The budget holds.** The bytes accounted (resident models, loads under way at their
-  estimate, unloads not yet finished) never exceed ``budget_bytes``. A load waits until its
+  estimate or, once measured, the peak a load of that model reached, unloads not yet
+  finished) never exceed ``budget_bytes``. A load waits until its
   estimate fits. A load that measures more than its estimate becomes its new estimate, and
   idle models are evicted to get back under the budget (while none can be, the excess is
   logged by the caller through ``on_event``).
@@ -56,8 +57,10 @@ __all__ = [
 
 H = TypeVar("H")
 
-#: ``load(name) -> (handle, measured_bytes or None)``
-Load = Callable[[str], Awaitable[tuple[H, int | None]]]
+#: ``load(name) -> (handle, measured_bytes or None)``, or ``(handle, measured_bytes,
+#: peak_bytes)`` when the load also measured its transient peak (what the next load of the
+#: model reserves while it runs).
+Load = Callable[[str], Awaitable[tuple[H, int | None] | tuple[H, int | None, int | None]]]
 #: ``unload(name, handle)``: free the model (errors are reported through ``on_event``).
 Unload = Callable[[str, H], Awaitable[None]]
 #: ``on_event(kind, name, details)``: ``load``, ``load_failed``, ``evict``, ``over_budget``.
@@ -112,6 +115,7 @@ class _Entry(Generic[H]):
         "keep_alive_s",
         "last_used",
         "load_failures",
+        "load_peak",
         "load_seconds",
         "loading",
         "loads",
@@ -126,6 +130,7 @@ class _Entry(Generic[H]):
     def __init__(self, name: str, estimate: int, pinned: bool, keep_alive_s: float | None) -> None:
         self.name = name
         self.estimate = estimate
+        self.load_peak = 0  # the most a load of it grew memory by, at its peak (0: unknown)
         self.measured = False
         self.pinned = pinned
         self.keep_alive_s = keep_alive_s
@@ -190,10 +195,12 @@ class Residency(Generic[H]):
         estimate_bytes: int,
         pinned: bool = False,
         keep_alive_s: float | None = -1.0,
+        load_peak_bytes: int = 0,
     ) -> None:
         """Register a model (not loaded yet). ``estimate_bytes``: its expected footprint (its
-        weights' size) until a load measures it. ``keep_alive_s``: this model's (``None``:
-        none; left out: the manager's)."""
+        weights' size) until a load measures it; ``load_peak_bytes``: what its load is
+        expected to need at its peak, until one is measured (0: the estimate).
+        ``keep_alive_s``: this model's (``None``: none; left out: the manager's)."""
         if name in self._entries:
             raise ValueError(f"model {name!r} is already registered")
         if isinstance(estimate_bytes, bool) or estimate_bytes < 0:
@@ -202,6 +209,7 @@ class Residency(Generic[H]):
         if keep is not None and not keep > 0:
             raise ValueError(f"keep_alive_s must be > 0 or None, got {keep_alive_s!r}")
         self._entries[name] = _Entry(name, int(estimate_bytes), pinned, keep)
+        self._entries[name].load_peak = int(load_peak_bytes)
 
     @property
     def names(self) -> list[str]:
@@ -303,7 +311,7 @@ class Residency(Generic[H]):
     def _try_start_load(self, e: _Entry[H]) -> bool:
         """Start loading ``e`` if its estimate fits (evicting idle models as needed); False:
         wait for a change. Raises ``MemoryBudgetError`` when it can never fit."""
-        need = e.estimate
+        need = max(e.estimate, e.load_peak)
         budget = self.budget_bytes
         if budget is not None:
             pinned = sum(o.accounted for o in self._entries.values() if o.pinned and o is not e)
@@ -350,7 +358,7 @@ class Residency(Generic[H]):
     async def _run_load(self, e: _Entry[H], done: asyncio.Future[None]) -> None:
         started = self._clock.now()
         try:
-            handle, measured = await self._load(e.name)
+            loaded = await self._load(e.name)
         except Exception as exc:
             e.state = ResidentState.UNLOADED
             e.accounted = 0
@@ -367,6 +375,10 @@ class Residency(Generic[H]):
             self._notify()
             return
         seconds = self._clock.now() - started
+        handle, measured = loaded[0], loaded[1]
+        peak = loaded[2] if len(loaded) > 2 else None
+        if peak is not None:
+            e.load_peak = int(peak)
         e.handle = handle
         e.state = ResidentState.RESIDENT
         e.loads += 1

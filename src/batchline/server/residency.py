@@ -5,7 +5,9 @@ With ``memory_budget`` set, the server starts without loading its batch models (
 named in ``preload`` or ``pin``); a model loads on its first request, and requests that arrive
 meanwhile wait for that load (at most ``request_timeout_s``: then 504). Loads run one at a
 time, so each one's footprint can be measured: the growth of the process's resident memory
-(``/proc/self/statm``) across the load, or of torch's CUDA allocations for a model on
+(``/proc/self/statm``) across the load, and the peak it reached during the load (``VmHWM``,
+reset before it: what the model's next load reserves; an ONNX load peaks near twice its
+weights, the parsed file beside the session's copy), or of torch's CUDA allocations for a model on
 ``cuda`` when torch is loaded; before the first load, the weights' size on disk is the
 estimate. A failed load answers the requests waiting for it with 503 naming the cause, and the
 next request tries again; a model that can never fit is a 503 saying so.
@@ -87,6 +89,25 @@ def return_memory() -> None:
             ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
+def _reset_peak() -> int | None:
+    """Reset the process's peak RSS (``VmHWM``) to its RSS now and return that (``None``
+    where Linux does not allow it)."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+            f.write("5")
+        return _peak()
+    except (OSError, ValueError):
+        return None
+
+
+def _peak() -> int:
+    with open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise ValueError("no VmHWM")
+
+
 def estimate_bytes(spec: ModelSpec) -> int:
     """The first estimate of a model's footprint: its weights' size on disk (0 when unknown:
     the first load then measures it)."""
@@ -125,19 +146,22 @@ def build_residency(
     by_name = {s.name: s for s in specs}
     one_at_a_time = asyncio.Lock()
 
-    async def load(name: str) -> tuple[Any, int | None]:
+    async def load(name: str) -> tuple[Any, int | None, int | None]:
         async with one_at_a_time:  # so each load's memory growth is its own
             before = memory_in_use(device)
+            peak_from = _reset_peak() if device == "cpu" else None
             started = time.perf_counter()
             served = await load_served(by_name[name])
             grown = memory_in_use(device) - before
+            peak = _peak() - peak_from if peak_from is not None else None
             logger.info(
-                "model %s loaded in %.1fs (%.0f MiB)",
+                "model %s loaded in %.1fs (%.0f MiB, peak %s MiB)",
                 name,
                 time.perf_counter() - started,
                 grown / 2**20,
+                f"{peak / 2**20:.0f}" if peak is not None else "?",
             )
-            return served, grown if grown > 0 else None
+            return served, grown if grown > 0 else None, peak if peak and peak > 0 else None
 
     async def unload(name: str, served: Any) -> None:
         logger.info("unloading model %s", name)
@@ -153,9 +177,13 @@ def build_residency(
         on_event=on_event,
     )
     for spec in specs:
+        weights = estimate_bytes(spec)
         residency.add(
             spec.name,
-            estimate_bytes=estimate_bytes(spec),
+            estimate_bytes=weights,
+            # a first load reserves twice the weights: an ONNX load peaked at 2.0x (192 MiB
+            # MLP: the parsed file beside the session's copy); later loads, their measured peak
+            load_peak_bytes=2 * weights,
             pinned=spec.name in settings.pin,
             keep_alive_s=settings.model_keep_alive_s.get(spec.name, settings.keep_alive_s),
         )
