@@ -17,13 +17,14 @@ from .conftest import FakeEmbedder, client_on, loader, settings, wait_for
 
 pytestmark = pytest.mark.anyio
 
-SIZE = 600  # each fake model's footprint; a budget of 1000 holds one
+SIZE = 400  # each fake model's footprint (a load reserves twice it): 1000 holds one
 
 
 @pytest.fixture(autouse=True)
 def _footprints(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(server_residency, "estimate_bytes", lambda spec: SIZE)
     monkeypatch.setattr(server_residency, "memory_in_use", lambda device="cpu": 0)
+    monkeypatch.setattr(server_residency, "_reset_peak", lambda: None)  # no peak measured
 
 
 def on_demand(**overrides: Any) -> Any:
@@ -60,7 +61,7 @@ async def test_models_load_on_first_request_and_the_idle_one_makes_room() -> Non
     assert 'batchline_model_loads_total{model="a",outcome="ok"} 2.0' in metrics
     assert 'batchline_model_evictions_total{model="a",reason="room"} 1.0' in metrics
     assert 'batchline_model_evictions_total{model="b",reason="room"} 1.0' in metrics
-    assert 'batchline_model_resident_bytes{model="a"} 600.0' in metrics
+    assert 'batchline_model_resident_bytes{model="a"} 400.0' in metrics
     assert 'batchline_model_resident_bytes{model="b"} 0.0' in metrics
     assert 'batchline_model_load_seconds_count{model="a"} 2.0' in metrics
 
@@ -124,7 +125,7 @@ async def test_a_pinned_model_loads_at_startup_and_one_that_cannot_fit_beside_it
         assert states((await client.get("/v1/models")).json()) == {"a": "resident", "b": "unloaded"}
         r = await embed(client, "b")
         assert r.status_code == 503
-        assert "less 600 B held by pinned models" in r.json()["error"]["message"]
+        assert "less 400 B held by pinned models" in r.json()["error"]["message"]
         assert (await embed(client, "a")).status_code == 200
 
 
