@@ -398,3 +398,35 @@ def _overshoot_pending(r: Residency[str]) -> bool:
         return True
     idle = [s for s in stats if s.state is RESIDENT and s.active == 0 and not s.pinned]
     return not idle
+
+
+async def test_a_load_reserves_its_peak_and_then_holds_its_steady_footprint() -> None:
+    clock = ManualClock()
+    fake = FakeLoader(clock)
+    peaks = {"b": 7}
+
+    async def load(name: str) -> tuple[str, int | None, int | None]:
+        handle, measured = await fake.load(name)
+        return handle, measured, peaks.get(name)
+
+    r: Residency[str] = Residency(budget_bytes=10, load=load, unload=fake.unload, clock=clock)
+    r.add("a", estimate_bytes=4)
+    r.add("b", estimate_bytes=3, load_peak_bytes=6)
+    await use(r, clock, "a")
+    task = asyncio.ensure_future(r.acquire("b"))
+    await settle()
+    assert r.accounted_bytes == 10  # b's load reserves its expected peak, 6, beside a's 4
+    await run_for(clock, 2.0)
+    assert task.result() == "handle-b"
+    r.release("b")
+    assert r.accounted_bytes == 7  # then its steady 3
+    assert r.state("a") is RESIDENT
+    # b's measured peak is 7 now: its next load (after keep-alive-free eviction) needs 7
+    fake.measured["b"] = 3
+    r._evict(r._entries["b"], "test")
+    await run_for(clock, 1.0)
+    task = asyncio.ensure_future(r.acquire("b"))
+    await run_for(clock, 3.0)
+    assert task.result() == "handle-b"
+    assert r.state("a") is UNLOADED  # 4 + 7 > 10: a (idle) made room for the peak
+    r.release("b")

@@ -387,7 +387,7 @@ class Residency(Generic[H]):
         if measured is not None:
             e.estimate = int(measured)
             e.measured = True
-            e.accounted = int(measured)
+        e.accounted = e.estimate  # the load's peak reservation ends with it
         done.set_result(None)
         self._emit("load", e.name, {"seconds": seconds, "bytes": e.accounted})
         if e.active == 0:
