@@ -129,6 +129,19 @@ async def test_a_pinned_model_loads_at_startup_and_one_that_cannot_fit_beside_it
         assert (await embed(client, "a")).status_code == 200
 
 
+async def test_oip_readiness_and_metadata_of_an_on_demand_model() -> None:
+    app = create_app(on_demand(), load_model=loader(FakeEmbedder()))
+    async with client_on(app) as client:
+        r = await client.get("/v2/models/b/ready")
+        assert (r.status_code, r.json()["ready"]) == (200, True)  # loadable: ready
+        assert app.state.server.residency.state("b").value == "unloaded"
+        r = await client.get("/v2/models/b")  # its tensors: loaded for the answer
+        assert r.status_code == 200
+        assert r.json()["name"] == "b"
+        assert app.state.server.residency.state("b").value == "resident"
+        assert [s.active for s in app.state.server.residency.stats()] == [0, 0]  # released
+
+
 async def test_unknown_names_in_preload_or_pin_are_refused() -> None:
     from batchline._errors import InputError
 

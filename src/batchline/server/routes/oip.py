@@ -180,8 +180,12 @@ async def ready(request: Request) -> JSONResponse:
 
 @router.get("/v2/models/{name}", summary="Open Inference Protocol: model metadata")
 async def model_metadata(request: Request, name: str) -> JSONResponse:
+    state = server_state(request)
     try:
-        model = _model(server_state(request), name)
+        if state.managed.get(name) is not None:  # an on-demand model: its tensors need it loaded
+            model = await use_model(request, state, name, state.managed[name])
+        else:
+            model = _model(state, name)
         tensors = _tensors(model)
     except ApiError as exc:
         return _error(exc.status, exc.message, exc.headers)
@@ -194,7 +198,8 @@ async def model_metadata(request: Request, name: str) -> JSONResponse:
 async def model_ready(request: Request, name: str) -> JSONResponse:
     state = server_state(request)
     try:
-        _model(state, name)
+        if name not in state.managed:  # an on-demand model is ready: it loads on a request
+            _model(state, name)
     except ApiError as exc:
         return _error(exc.status, exc.message, exc.headers)
     is_ready = state.ready and not state.draining
