@@ -229,6 +229,10 @@ class Residency(Generic[H]):
     def state(self, name: str) -> ResidentState:
         return self._entry(name).state
 
+    def active(self, name: str) -> int:
+        """Requests waiting for ``name`` or using it."""
+        return self._entry(name).active
+
     def handle(self, name: str) -> H | None:
         """The loaded model (``None`` unless resident)."""
         e = self._entry(name)

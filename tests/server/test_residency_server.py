@@ -6,6 +6,7 @@ timeout), a failed load is a 503 naming the cause and stays loadable; ``/v1/mode
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 import pytest
@@ -140,6 +141,31 @@ async def test_oip_readiness_and_metadata_of_an_on_demand_model() -> None:
         assert r.json()["name"] == "b"
         assert app.state.server.residency.state("b").value == "resident"
         assert [s.active for s in app.state.server.residency.stats()] == [0, 0]  # released
+
+
+async def test_requests_waiting_for_a_load_are_bounded_by_the_queue_size() -> None:
+    gate = threading.Event()
+    plain = loader(FakeEmbedder())
+
+    def slow(spec: Any, knobs: Any) -> Any:
+        if not gate.wait(timeout=30):  # the load (in a worker thread) holds until let go
+            raise RuntimeError("test gate never opened")
+        return plain(spec, knobs)
+
+    app = create_app(on_demand(max_queue_size=3, max_inputs_per_request=2), load_model=slow)
+    async with client_on(app, release=gate.set) as client:
+        residency = app.state.server.residency
+        waiting = [asyncio.ensure_future(embed(client, "a")) for _ in range(3)]
+        await wait_for(lambda: residency.active("a") == 3)
+        r = await embed(client, "a")
+        assert r.status_code == 429
+        assert (
+            "model 'a' is loading and 3 requests already wait for it"
+            in r.json()["error"]["message"]
+        )
+        assert r.headers["retry-after"] == "1"
+        gate.set()
+        assert [(await w).status_code for w in waiting] == [200] * 3
 
 
 async def test_unknown_names_in_preload_or_pin_are_refused() -> None:

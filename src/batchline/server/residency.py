@@ -30,7 +30,13 @@ from collections.abc import Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
-from batchline._residency import MemoryBudgetError, ModelLoadError, Residency, parse_bytes
+from batchline._residency import (
+    MemoryBudgetError,
+    ModelLoadError,
+    Residency,
+    ResidentState,
+    parse_bytes,
+)
 from batchline.models.specs import ModelSpec
 from batchline.server.errors import ApiError
 
@@ -191,11 +197,30 @@ def build_residency(
 
 
 async def use_served(
-    residency: Residency[Any], name: str, scope: MutableMapping[str, Any], timeout_s: float
+    residency: Residency[Any],
+    name: str,
+    scope: MutableMapping[str, Any],
+    timeout_s: float,
+    *,
+    max_waiting: int,
+    retry_after_s: int = 1,
 ) -> Any:
     """The served model ``name``, loaded as needed and held until the request ends (its
     release is left in ``scope`` for the gate). 504 when it is not loaded within
-    ``timeout_s``, 503 naming the cause when its load fails or it can never fit."""
+    ``timeout_s``, 503 naming the cause when its load fails or it can never fit, 429 when
+    ``max_waiting`` requests already wait for it to load (its queue's room, counted in
+    requests while it has no queue)."""
+    if (
+        residency.state(name) is not ResidentState.RESIDENT
+        and residency.active(name) >= max_waiting
+    ):
+        raise ApiError(
+            429,
+            f"model {name!r} is loading and {max_waiting} requests already wait for it; retry "
+            "after the Retry-After delay",
+            "rate_limit_exceeded",
+            headers={"Retry-After": str(retry_after_s)},
+        )
     try:
         async with asyncio.timeout(timeout_s):
             served = await residency.acquire(name)

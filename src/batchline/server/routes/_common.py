@@ -151,8 +151,14 @@ async def use_model(
             from batchline.server.residency import use_served
 
             request.scope["batchline.model"] = name
+            settings = state.settings
             served: ServedModel[Any, Any] = await use_served(
-                residency, name, request.scope, state.settings.request_timeout_s
+                residency,
+                name,
+                request.scope,
+                settings.request_timeout_s,
+                max_waiting=settings.knobs.max_queue_size,
+                retry_after_s=settings.retry_after_s,
             )
             return served
     return pick_model(request, state, name, task)
