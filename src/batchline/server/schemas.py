@@ -137,14 +137,14 @@ class SamplingBody(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: StrictStr | None = None
+    # validated like the other routes' (a bad value is a 400); the generation scheduler does
+    # not order by it yet
+    priority: Priority | None = None
     max_tokens: MaxTokens | None = None
     temperature: Temperature | None = None
     top_p: TopP | None = None
     seed: Seed | None = None
     stop: Stop | None = None
-    # validated like the other routes' (a bad value is a 400); the generation scheduler does
-    # not order by it yet
-    priority: Priority | None = None
 
 
 class GenerateTextRequest(SamplingBody):
