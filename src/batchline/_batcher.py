@@ -164,6 +164,11 @@ class DynamicBatcher(Generic[T, R]):
             weighted fair, work-conserving policy (see ``batchline._device``). Without it the
             batcher's own slots are all there is.
         weight: this batcher's share of the device relative to the others' (> 0).
+        priority_aging_s: seconds of waiting worth one point of ``priority`` (``None``: strict
+            priority, which can starve low priorities). A record of priority ``p`` ranks as
+            if it had arrived ``p * priority_aging_s`` earlier, in this queue and, for the
+            record its next batch starts with, at the device (see ``batchline._queue`` and
+            ``batchline._device``).
         clock: where time comes from; tests pass a ``ManualClock``. On a device the
             batcher uses the device's clock unless given the same one.
         name: used in logs and thread names.
@@ -192,6 +197,7 @@ class DynamicBatcher(Generic[T, R]):
         padding_slack: int = 16,
         device: Device | None = None,
         weight: float = 1.0,
+        priority_aging_s: float | None = 10.0,
         clock: Clock | None = None,
         name: str = "batcher",
     ) -> None:
@@ -212,6 +218,8 @@ class DynamicBatcher(Generic[T, R]):
         _check_positive("padding_slack", padding_slack, 0)
         if process_timeout_s is not None:
             _check_positive("process_timeout_s", process_timeout_s, 0)
+        if priority_aging_s is not None and not priority_aging_s > 0:
+            raise ValueError(f"priority_aging_s must be > 0 or None, got {priority_aging_s!r}")
         if oversize not in ("alone", "reject"):
             raise ValueError(f"oversize must be 'alone' or 'reject', got {oversize!r}")
         if on_error not in ("bisect", "fail_batch"):
@@ -265,8 +273,12 @@ class DynamicBatcher(Generic[T, R]):
         self._member = device._attach(self, weight) if device is not None else None
 
         self._state = State.NEW
+        self._priority_aging_s = priority_aging_s
         self._queue: RecordQueue[T] = RecordQueue(
-            padding_aware=padding_aware, bucket_width=bucket_width, padding_slack=padding_slack
+            padding_aware=padding_aware,
+            bucket_width=bucket_width,
+            padding_slack=padding_slack,
+            aging_s=priority_aging_s,
         )
         self._seq = itertools.count()
         self._stats = StatsRecorder()
@@ -342,6 +354,7 @@ class DynamicBatcher(Generic[T, R]):
             padding_aware=self._padding_aware,
             bucket_width=self._bucket_width,
             padding_slack=self._padding_slack,
+            aging_s=self._priority_aging_s,
         )
         self._in_flight = set()
         self._busy = 0
@@ -444,7 +457,8 @@ class DynamicBatcher(Generic[T, R]):
     ) -> asyncio.Future[R]:
         """Queue ``record``; return a future of its result. Waits while the queue is full.
 
-        ``priority``: higher goes first (default 0). ``timeout_s``: if the record is still
+        ``priority``: higher goes first (default 0), aged by ``priority_aging_s`` so that
+        nothing starves. ``timeout_s``: if the record is still
         queued that long after submit, it fails with ``DeadlineExceededError`` and is never
         processed. Cancelling the future withdraws the record if it is still queued.
         """
@@ -770,6 +784,10 @@ class DynamicBatcher(Generic[T, R]):
         dispatched = self._dispatch(reason, grant)
         self._notify()  # more may be ready: the loop asks again
         return dispatched
+
+    def _head_priority(self, now: float) -> tuple[int, float]:
+        """The aged priority of the record this batcher's next batch starts with."""
+        return self._queue.head_priority(now)
 
     def _device_ready(self) -> bool:
         """A batch could go out now if the device granted a slot."""

@@ -15,6 +15,14 @@ which batcher's next batch takes a free slot. The policy:
   held the slot when it frees it (start-time fair queuing), so grants of several slots at
   once are fair too. Two batchers that always have work get slot-time in the ratio of their
   weights (1:1 → half each; 2:1 → two thirds and one third), whatever their batch lengths.
+* **Priority first.** Each waiting batcher offers the aged priority of the record its next
+  batch starts with (``priority + waited / priority_aging_s``, see ``batchline._queue``). The
+  slot goes to a batcher of the highest raw priority among the waiters; a lower one whose
+  aged priority has caught up with that level (floor) competes with it by fair share. With
+  the server's classes (interactive 0, batch -1) and 10 s of aging: a model whose next
+  record is interactive gets the slot before one whose next record is batch, unless that
+  batch record has waited 10 s; then the two share by weight, so batch work never starves.
+  Batchers of one priority share by weight alone, as below.
 * **No banked credit.** A batcher with nothing running and nothing waiting that asks again
   (a newcomer, or one that was idle) has its virtual time lifted to the device's virtual time
   (the start tag of the latest grant). So a model idle for an hour cannot then hold the device
@@ -48,6 +56,10 @@ class _Client(Protocol):
         ...
 
     def _notify(self) -> None: ...
+
+    def _head_priority(self, now: float) -> tuple[int, float]:
+        """The raw and the aged priority of the record its next batch starts with."""
+        ...
 
 
 class _Member:
@@ -213,9 +225,10 @@ class Device:
         try:
             waiters = self._waiters
             while self._free > 0 and waiters:
+                candidates = self._top_class(waiters, now) if len(waiters) > 1 else waiters
                 # the least weighted service first; among equals, the longest waiting
-                chosen = waiters[0]
-                for m in waiters:
+                chosen = candidates[0]
+                for m in candidates:
                     if m.vtime < chosen.vtime or (
                         m.vtime == chosen.vtime and m.wait_seq < chosen.wait_seq
                     ):
@@ -228,6 +241,16 @@ class Device:
                     chosen.client._notify()
         finally:
             self._handing_out = False
+
+    @staticmethod
+    def _top_class(waiters: list[_Member], now: float) -> list[_Member]:
+        """The waiters whose next record is of the highest priority, counting aging up to
+        that level (an aged batcher is promoted to it, never past it)."""
+        heads = [(m, *m.client._head_priority(now)) for m in waiters]
+        top = max(raw for _, raw, _ in heads)
+        if all(raw == top for _, raw, _ in heads):
+            return waiters
+        return [m for m, raw, aged in heads if raw == top or aged >= top]
 
     def _grant(self, member: _Member, now: float) -> _Grant:
         member.wait_s += max(0.0, now - member.wait_since)

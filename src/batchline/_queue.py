@@ -3,8 +3,17 @@
 Batches are formed when a slot is free to run them, never earlier, so a record that
 arrives while every slot is busy still joins the next batch.
 
-Two ways to form a batch, both starting from the oldest record of the highest priority
-(so nothing starves):
+Priority: a record's ``priority`` is an int, higher first. Without aging that order is
+strict. With ``aging_s`` (the batcher's ``priority_aging_s``, 10 s by default) a record of
+priority ``p`` ranks as if it had arrived ``p * aging_s`` seconds before it did: it goes
+after a record one point higher only while that record arrived less than ``aging_s`` after
+it, so a low-priority record that has waited ``aging_s`` longer than a fresh high-priority
+one goes first. With the server's classes (``interactive`` 0, ``batch`` -1) and 10 s: a batch
+record yields to interactive ones that arrive within 10 s after it, and no longer; nothing
+starves. Records of one priority keep their arrival order.
+
+Two ways to form a batch, both starting from the record that ranks first (the oldest of the
+highest priority, after aging):
 
 * ``sum`` cost: take records in arrival order while the sum of their costs stays within the
   budget and the count within ``max_batch_size``.
@@ -95,8 +104,10 @@ class RecordQueue(Generic[T]):
         padding_aware: bool,
         bucket_width: int = 8,
         padding_slack: int = 16,
+        aging_s: float | None = None,
     ) -> None:
         self.padding_aware = padding_aware
+        self.aging_s = aging_s
         self.bucket_width = bucket_width
         self.padding_slack = padding_slack
         self._levels: dict[int, _Level] = {}
@@ -129,13 +140,36 @@ class RecordQueue(Generic[T]):
         self.total_cost -= entry.cost
         return True
 
+    def _ranked(self) -> list[int]:
+        """The priority levels in the order their oldest records go next (after aging)."""
+        aging_s = self.aging_s
+        if aging_s is None or len(self._order) < 2:
+            return self._order
+        heads: list[tuple[float, int, int]] = []
+        for priority in self._order:
+            head = _front(self._levels[priority].fifo)
+            if head is not None:
+                heads.append((head.enqueued_at - priority * aging_s, head.seq, priority))
+        heads.sort()
+        return [priority for _, _, priority in heads]
+
     def oldest(self) -> Entry[T] | None:
         """The entry that the next batch will start with."""
-        for priority in self._order:
+        for priority in self._ranked():
             head = _front(self._levels[priority].fifo)
             if head is not None:
                 return head
         return None
+
+    def head_priority(self, now: float) -> tuple[int, float]:
+        """The raw and the aged priority (``priority + waited / aging_s``) of the record that
+        goes next; ``(0, 0.0)`` when nothing is queued."""
+        head = self.oldest()
+        if head is None:
+            return 0, 0.0
+        if self.aging_s is None:
+            return head.priority, float(head.priority)
+        return head.priority, head.priority + max(0.0, now - head.enqueued_at) / self.aging_s
 
     def drain(self) -> list[Entry[T]]:
         """Withdraw and return every queued entry, oldest first."""
@@ -167,6 +201,8 @@ class RecordQueue(Generic[T]):
         return batch, cost, by_budget
 
     def _take_fifo(self, budget: int, max_size: int) -> tuple[list[Entry[T]], int, bool]:
+        if self.aging_s is not None and len(self._order) > 1:
+            return self._take_aged(budget, max_size, self.aging_s)
         batch: list[Entry[T]] = []
         cost = 0
         for priority in self._order:
@@ -186,7 +222,36 @@ class RecordQueue(Generic[T]):
                 cost += e.cost
         return batch, cost, False
 
+    def _take_aged(
+        self, budget: int, max_size: int, aging_s: float
+    ) -> tuple[list[Entry[T]], int, bool]:
+        """``_take_fifo`` over several levels with aging: merge them by rank."""
+        batch: list[Entry[T]] = []
+        cost = 0
+        fifos = [(p, self._levels[p].fifo) for p in self._order]
+        while len(batch) < max_size:
+            best: Entry[T] | None = None
+            best_fifo: deque[Entry[Any]] | None = None
+            best_key = 0.0
+            for priority, fifo in fifos:
+                e = _front(fifo)
+                if e is None:
+                    continue
+                key = e.enqueued_at - priority * aging_s
+                if best is None or key < best_key or (key == best_key and e.seq < best.seq):
+                    best, best_fifo, best_key = e, fifo, key
+            if best is None or best_fifo is None:
+                return batch, cost, False
+            if batch and cost + best.cost > budget:
+                return batch, cost, True
+            best_fifo.popleft()
+            best.state = DISPATCHED
+            batch.append(best)
+            cost += best.cost
+        return batch, cost, False
+
     def _take_padded(self, budget: int, max_size: int) -> tuple[list[Entry[T]], int, bool]:
+        ranked = self._ranked()
         head = self.oldest()
         if head is None:
             return [], 0, False
@@ -203,7 +268,7 @@ class RecordQueue(Generic[T]):
             # wastes (longest - cost), a longer one (cost - longest) on each of the n others
             lo_key = max(0, longest - self.padding_slack) // self.bucket_width
             hi_key = (longest + self.padding_slack // n) // self.bucket_width
-            for priority in self._order:
+            for priority in ranked:
                 buckets = self._levels[priority].buckets
                 if hi_key - lo_key + 1 < len(buckets):
                     keys: Iterable[int] = range(lo_key, hi_key + 1)

@@ -74,6 +74,7 @@ class TokenBatcher(DynamicBatcher[T, R]):
         padding_slack: int = 16,
         device: Device | None = None,
         weight: float = 1.0,
+        priority_aging_s: float | None = 10.0,
         clock: Clock | None = None,
         name: str = "token-batcher",
     ) -> None:
@@ -107,6 +108,7 @@ class TokenBatcher(DynamicBatcher[T, R]):
             padding_slack=padding_slack,
             device=device,
             weight=weight,
+            priority_aging_s=priority_aging_s,
             clock=clock,
             name=name,
         )

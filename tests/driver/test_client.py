@@ -73,6 +73,7 @@ async def test_the_request_body_and_headers(make_client: Callable[..., ReplicaCl
     assert request.url == URL + "/v1/embeddings"
     assert request.headers["authorization"] == "Bearer s3cret"
     assert request.headers["content-type"] == "application/json"
+    assert request.headers["x-batchline-priority"] == "batch"  # drive is bulk traffic
     body = json.loads(request.content)
     assert body == {
         "input": ["é", "\ud800 lone surrogate"],

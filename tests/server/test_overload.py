@@ -217,7 +217,7 @@ async def test_metrics_are_per_app_and_labelled_by_model() -> None:
     ):
         assert name in text_a, name
     assert 'batchline_records_total{model="fake",outcome="completed"} 2.0' in text_a
-    assert 'batchline_queue_wait_seconds_count{model="fake"} 2.0' in text_a
+    assert 'batchline_queue_wait_seconds_count{model="fake",priority="interactive"} 2.0' in text_a
     assert 'batchline_request_duration_seconds_count{model="fake",route="embeddings"} 1.0' in text_a
     assert 'model="fake"' not in text_b
     assert 'batchline_records_total{model="other",outcome="completed"} 0.0' in text_b

@@ -290,7 +290,9 @@ class ReplicaClient:
         self.model = model
         self._checks = _Checks(dim)
         self._wall = wall
-        headers = {"User-Agent": "batchline-drive"}
+        # bulk traffic: a server that mixes it with interactive requests lets those go first
+        # (batchline._priority; other servers ignore the header)
+        headers = {"User-Agent": "batchline-drive", "X-Batchline-Priority": "batch"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
         self._timeout = httpx.Timeout(

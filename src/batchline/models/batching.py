@@ -138,10 +138,15 @@ class ModelBatcher(Generic[P, R]):
             return await self._batcher.submit(item, estimated_cost=self.model.cost(item))
         return await self._batcher.submit(item)
 
-    def submit_many_nowait(self, items: Sequence[P]) -> list[asyncio.Future[R]]:
-        """Queue every item at once or none (``QueueFullError``): a request is all-or-nothing."""
+    def submit_many_nowait(
+        self, items: Sequence[P], *, priority: int = 0
+    ) -> list[asyncio.Future[R]]:
+        """Queue every item at once or none (``QueueFullError``): a request is all-or-nothing.
+        ``priority``: the batcher's (higher first, aged; see ``batchline._queue``)."""
         costs = [self.model.cost(i) for i in items] if self._padded else None
-        return self._batcher.submit_many_nowait(list(items), estimated_costs=costs)
+        return self._batcher.submit_many_nowait(
+            list(items), estimated_costs=costs, priority=priority
+        )
 
 
 _thread_state = threading.local()

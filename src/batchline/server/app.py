@@ -23,6 +23,11 @@ routes: the only generate model). A model of another task gets 400 naming its ta
 route, a route whose task no model does 400 listing the models' tasks; an unknown model 404
 listing the served ones.
 
+Many models, limited memory: with ``memory_budget``, batch models load on their first
+request instead (``preload`` and ``pin`` ones at startup), and idle ones are evicted, least
+recently used first, when a load needs room or after ``keep_alive_s`` (see
+:mod:`batchline.server.residency` and :mod:`batchline._residency`).
+
 Several models, one device: when more than one batch model is served with batching, their
 batchers share ONE :class:`batchline.Device` whose slots are the machine's sessions
 (``max_concurrent_batches``, one per session by default). The device is work-conserving (a
@@ -152,6 +157,46 @@ def create_app(
         device = _shared_device(settings, knobs, batch_names) if settings.knobs.batching else None
         models: dict[str, ServedModel[Any, Any]] = {}
         generators: dict[str, ServedGenerator] = {}
+
+        async def load_served(spec: ModelSpec) -> ServedModel[Any, Any]:
+            model = await asyncio.to_thread(loader, spec, knobs)
+            served: ServedModel[Any, Any] = ServedModel(
+                spec.name,
+                model,
+                settings,
+                knobs,
+                metrics.for_model(spec.name),
+                device=device,
+                weight=settings.model_weights.get(spec.name, 1.0),
+            )
+            metrics.watch(spec.name, served.stats)
+            try:
+                await served.start()
+            except BaseException:
+                model.close()
+                raise
+            return served
+
+        on_demand = settings.memory_budget is not None
+        if on_demand:
+            from batchline.server.residency import build_residency
+
+            async def load_managed(spec: ModelSpec) -> ServedModel[Any, Any]:
+                served = await load_served(spec)
+                state.models[spec.name] = served
+                return served
+
+            async def unload_managed(served: ServedModel[Any, Any]) -> None:
+                state.models.pop(served.name, None)
+                metrics.watch(served.name, lambda: None)  # holds no reference to it
+                await served.stop(timeout_s=settings.drain_timeout_s)
+
+            batch_specs = [s for s in specs if not s.generates]
+            state.managed = {s.name: _task_of(s) for s in batch_specs}
+            state.residency = build_residency(
+                settings, batch_specs, load_managed, unload_managed, metrics.residency_event
+            )
+            metrics.watch_residency(state.residency.stats)
         try:
             for spec in specs:
                 if spec.generates:
@@ -168,26 +213,22 @@ def create_app(
                         getattr(gen_model, "dtype", "") or "dtype not reported",
                     )
                     continue
-                model = await asyncio.to_thread(loader, spec, knobs)
-                served: ServedModel[Any, Any] = ServedModel(
-                    spec.name,
-                    model,
-                    settings,
-                    knobs,
-                    metrics.for_model(spec.name),
-                    device=device,
-                    weight=settings.model_weights.get(spec.name, 1.0),
-                )
+                if on_demand:
+                    continue  # loaded on its first request, or preloaded below
+                served = await load_served(spec)
                 models[spec.name] = served
-                metrics.watch(spec.name, served.stats)
-                await served.start()
                 logger.info(
                     "model %s ready (%s, %s)",
                     spec.name,
                     served.task,
                     "batching" if settings.knobs.batching else "no batching",
                 )
+            if state.residency is not None:
+                for name in dict.fromkeys([*settings.pin, *settings.preload]):
+                    await state.residency.preload(name)
         except BaseException:
+            if state.residency is not None:
+                await state.residency.close()
             await _stop_all([*models.values(), *generators.values()], timeout_s=0)
             raise
         state.models.update(models)
@@ -200,6 +241,8 @@ def create_app(
         finally:
             state.begin_drain()
             await state.wait_idle(settings.drain_timeout_s)
+            if state.residency is not None:
+                await state.residency.close()  # unloads (drains) the on-demand models
             await _stop_all(state.served(), timeout_s=settings.drain_timeout_s)
 
     app = FastAPI(
@@ -236,6 +279,14 @@ def _default_generator_loader() -> LoadGenerator:
     from batchline.models.generation.load import load_text_generator
 
     return load_text_generator
+
+
+def _task_of(spec: ModelSpec) -> str:
+    """An on-demand model's task, known before it loads (``resolve_task`` reads an ``.onnx``
+    file's inputs, not its weights)."""
+    from batchline.models.loader import resolve_task
+
+    return resolve_task(spec)
 
 
 def _shared_device(settings: ServerSettings, knobs: Knobs, names: list[str]) -> Device | None:

@@ -98,6 +98,32 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "CUDA build as --device says)",
     )
     p.add_argument(
+        "--memory-budget",
+        metavar="SIZE",
+        help="memory the batch models may hold together (6GiB, 512MB, or a fraction of RAM: "
+        "0.5, 50%%); models then load on their first request and idle ones are evicted, least "
+        "recently used first, when a load needs room",
+    )
+    p.add_argument(
+        "--preload",
+        action="append",
+        metavar="NAME",
+        help="with --memory-budget: load this model at startup (repeatable)",
+    )
+    p.add_argument(
+        "--pin",
+        action="append",
+        metavar="NAME",
+        help="with --memory-budget: load this model at startup and never evict it (repeatable)",
+    )
+    p.add_argument(
+        "--keep-alive",
+        type=float,
+        metavar="SECONDS",
+        help="with --memory-budget: unload an idle model this long after its last use "
+        "(default 300; per model: --set 'model_keep_alive_s={\"a\": 60}')",
+    )
+    p.add_argument(
         "--set",
         action="append",
         default=[],
@@ -165,6 +191,10 @@ def run(args: argparse.Namespace) -> int:
         "dtype": args.dtype,
         "max_step_tokens": args.max_step_tokens,
         "log_level": args.log_level,
+        "memory_budget": args.memory_budget,
+        "preload": args.preload,
+        "pin": args.pin,
+        "keep_alive_s": args.keep_alive,
     }
     from batchline.server.settings import load_config
 

@@ -18,6 +18,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from batchline.server.errors import error_response
+from batchline.server.residency import release_all
 from batchline.server.state import ServerState
 
 __all__ = ["OPEN_PATHS", "Gate"]
@@ -74,12 +75,14 @@ class Gate:
             try:
                 await self.app(scope, receive, send)
             finally:
+                release_all(scope)
                 st._leave()
             return
         st._enter()
         try:
             await self._with_body(scope, receive, send)
         finally:
+            release_all(scope)  # the on-demand models this request held are idle again
             st._leave()
 
     async def _with_body(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -11,7 +11,8 @@ exported, every series labelled with ``model``:
 - observed as work happens: ``batchline_batch_size`` and ``batchline_batch_cost_tokens``
   (padded tokens; summed costs for an additive model) and
   ``batchline_batch_duration_seconds`` per model call,
-  ``batchline_queue_wait_seconds`` per record, ``batchline_request_duration_seconds`` per
+  ``batchline_queue_wait_seconds`` per record (label ``priority``: ``interactive``,
+  ``batch`` or the request's integer), ``batchline_request_duration_seconds`` per
   request (label ``route``: ``embeddings``, ``classify``, ``infer``),
   ``batchline_requests_in_flight``;
 - server-wide: ``batchline_http_requests_in_flight`` (requests to model routes being received
@@ -21,6 +22,11 @@ exported, every series labelled with ``model``:
   served model),
   ``batchline_requests_failed_total{reason=...}``,
   ``batchline_requests_cancelled_total{reason=timeout|disconnect}``;
+- on-demand models (``memory_budget``): ``batchline_model_loads_total{outcome=ok|failed}``,
+  ``batchline_model_evictions_total{reason=room|keep_alive|close}``,
+  ``batchline_model_load_seconds`` (histogram) and, read at scrape time,
+  ``batchline_model_resident_bytes`` (what each holds against the budget now) and
+  ``batchline_model_footprint_bytes`` (its estimate, or what its last load measured);
 - the generate models' own (``batchline_generation_*``, :attr:`ServerMetrics.generation`, see
   :mod:`batchline.server.generation_metrics`).
 """
@@ -34,6 +40,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from batchline._priority import priority_label
 from batchline._stats import BatchStats
 from batchline.server.generation_metrics import GenerationMetrics
 
@@ -70,10 +77,19 @@ class ModelMetrics:
         self.batch_size = server.batch_size.labels(model=model)
         self.batch_cost = server.batch_cost.labels(model=model)
         self.batch_duration = server.batch_duration.labels(model=model)
-        self.queue_wait = server.queue_wait.labels(model=model)
+        self._queue_wait: dict[int, Any] = {}
         self.in_flight = server.in_flight.labels(model=model)
         self._server = server
         self._latency: dict[str, Any] = {}
+
+    def queue_wait(self, priority: int) -> Any:
+        """The queue-wait histogram child of one batcher priority."""
+        child = self._queue_wait.get(priority)
+        if child is None:
+            label = priority_label(priority)
+            child = self._server.queue_wait.labels(model=self.model, priority=label)
+            self._queue_wait[priority] = child
+        return child
 
     def request_latency(self, route: str) -> Any:
         """The latency histogram child of one route."""
@@ -123,7 +139,7 @@ class ServerMetrics:
         self.queue_wait = Histogram(
             "batchline_queue_wait_seconds",
             "Time a record waited in the queue before its batch started.",
-            ["model"],
+            ["model", "priority"],
             buckets=_TIME_BUCKETS,
             registry=r,
         )
@@ -163,6 +179,27 @@ class ServerMetrics:
             ["model", "reason"],
             registry=r,
         )
+        self.model_loads = Counter(
+            "batchline_model_loads",
+            "On-demand model loads, by outcome (ok or failed).",
+            ["model", "outcome"],
+            registry=r,
+        )
+        self.model_evictions = Counter(
+            "batchline_model_evictions",
+            "On-demand models unloaded: room (a load needed it), keep_alive, close.",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.model_load_seconds = Histogram(
+            "batchline_model_load_seconds",
+            "Time to load an on-demand model.",
+            ["model"],
+            buckets=(0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0),
+            registry=r,
+        )
+        self._residency: list[Callable[[], Iterable[Any]]] = []
+        r.register(_ResidencyCollector(self._residency))
         self.generation = GenerationMetrics(r)
         """The generate models' metrics (``batchline_generation_*``)."""
         self._models: dict[str, ModelMetrics] = {}
@@ -179,6 +216,20 @@ class ServerMetrics:
     def watch(self, model: str, stats: Callable[[], BatchStats | None]) -> None:
         """Export a batcher's ``stats`` (read at scrape time) under ``model``."""
         self._stats_sources[model] = stats
+
+    def residency_event(self, kind: str, model: str, details: dict[str, Any]) -> None:
+        """Count one event of a :class:`batchline._residency.Residency` (its ``on_event``)."""
+        if kind == "load":
+            self.model_loads.labels(model=model, outcome="ok").inc()
+            self.model_load_seconds.labels(model=model).observe(details["seconds"])
+        elif kind == "load_failed":
+            self.model_loads.labels(model=model, outcome="failed").inc()
+        elif kind == "evict":
+            self.model_evictions.labels(model=model, reason=details["reason"]).inc()
+
+    def watch_residency(self, stats: Callable[[], Iterable[Any]]) -> None:
+        """Export each on-demand model's bytes (``ResidentStats``, read at scrape time)."""
+        self._residency.append(stats)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
@@ -235,3 +286,30 @@ class _StatsCollector(Collector):
             ):
                 records.add_metric([model, outcome], value)
         yield from (depth, in_flight, utilization, records, batches, device_wait)
+
+
+class _ResidencyCollector(Collector):
+    """Reads ``ResidentStats`` snapshots at scrape time."""
+
+    def __init__(self, sources: list[Callable[[], Iterable[Any]]]) -> None:
+        self._sources = sources
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        resident = GaugeMetricFamily(
+            "batchline_model_resident_bytes",
+            "Bytes an on-demand model holds against the memory budget now.",
+            labels=["model"],
+        )
+        footprint = GaugeMetricFamily(
+            "batchline_model_footprint_bytes",
+            "An on-demand model's footprint: its weights' size, or what its last load measured.",
+            labels=["model"],
+        )
+        for source in self._sources:
+            for s in source():
+                resident.add_metric([s.name], s.accounted_bytes)
+                footprint.add_metric([s.name], s.footprint_bytes)
+        yield from (resident, footprint)

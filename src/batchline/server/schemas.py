@@ -12,6 +12,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
+#: A request's priority: ``interactive``, ``batch`` or an integer, lower sooner
+#: (``batchline._priority``); the ``X-Batchline-Priority`` header says the same.
+Priority = StrictStr | StrictInt
+
 __all__ = [
     "ChatCompletionRequest",
     "ChatMessageBody",
@@ -46,6 +50,7 @@ class EmbeddingRequest(BaseModel):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: StrictInt | None = None
     user: StrictStr | None = None
+    priority: Priority | None = None
 
 
 class ClassifyRequest(BaseModel):
@@ -56,6 +61,7 @@ class ClassifyRequest(BaseModel):
     input: StrictStr | list[StrictStr]
     model: StrictStr | None = None
     return_all_scores: StrictBool = False
+    priority: Priority | None = None
 
 
 class Classification(BaseModel):
@@ -131,6 +137,9 @@ class SamplingBody(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: StrictStr | None = None
+    # validated like the other routes' (a bad value is a 400); the generation scheduler does
+    # not order by it yet
+    priority: Priority | None = None
     max_tokens: MaxTokens | None = None
     temperature: Temperature | None = None
     top_p: TopP | None = None

@@ -40,6 +40,7 @@ from pydantic import (
 )
 
 from batchline._errors import InputError
+from batchline._priority import batcher_priority
 from batchline.knobs import (
     DEFAULT_BUCKET_WIDTH,
     DEFAULT_PADDING_SLACK,
@@ -75,8 +76,21 @@ class ServerSettings(BaseModel):
             ``NAME=`` (default: ``all-MiniLM-L6-v2``, the file's stem or the factory's name).
         model_weights: ``{name: weight}``: the models' shares of the device when several
             models are busy at once (default 1 each).
+        model_priority: ``{name: priority}``: the priority of a request to that model that
+            names none (``interactive`` by default; ``batch`` or an integer, lower sooner;
+            see ``batchline._priority``). A request's ``priority`` field or
+            ``X-Batchline-Priority`` header wins.
         truncate: ``True`` (default): over-long texts are cut to the model's limit, like most
             embedding APIs; ``False``: such a request gets 413.
+
+    Memory (on-demand models, :mod:`batchline.server.residency`):
+        memory_budget: ``6GiB``, ``512MB``, bytes, or a fraction of RAM (``0.5``, ``50%``):
+            with it, batch models load on their first request and idle ones are evicted
+            (least recently used) when a load needs room (``None``: every model loads at
+            startup and stays).
+        preload, pin: models loaded at startup anyway; pinned ones are never evicted.
+        keep_alive_s: an idle model is unloaded this long after its last use (``None``:
+            only when its room is needed); model_keep_alive_s: ``{name: seconds}``.
 
     Batching (``knobs``; each field may be given flat, by its own name, and is validated by
     :class:`batchline.knobs.Knobs`):
@@ -132,6 +146,12 @@ class ServerSettings(BaseModel):
     normalize: bool | None = None
     model_name: str | None = None
     model_weights: dict[str, float] = Field(default_factory=dict)
+    model_priority: dict[str, str | int] = Field(default_factory=dict)
+    memory_budget: str | None = None
+    preload: list[str] = Field(default_factory=list)
+    pin: list[str] = Field(default_factory=list)
+    keep_alive_s: float | None = Field(default=300.0, gt=0)
+    model_keep_alive_s: dict[str, float] = Field(default_factory=dict)
     truncate: bool = True
 
     # -- batching: one Knobs (every Knobs field is also a flat key: see _fold_knobs) ----------
@@ -175,7 +195,7 @@ class ServerSettings(BaseModel):
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     access_log: bool = False
 
-    @field_validator("model", "task", mode="before")
+    @field_validator("model", "task", "preload", "pin", mode="before")
     @classmethod
     def _one_or_many(cls, value: Any) -> Any:
         return [value] if isinstance(value, str) else value
@@ -219,6 +239,15 @@ class ServerSettings(BaseModel):
         for name, weight in self.model_weights.items():
             if not (math.isfinite(weight) and weight > 0):
                 raise ValueError(f"model_weights[{name!r}] must be > 0, got {weight}")
+        for priority in self.model_priority.values():
+            batcher_priority(priority)  # a ValueError naming the accepted forms
+        if self.memory_budget is not None:
+            from batchline._residency import parse_bytes
+
+            parse_bytes(self.memory_budget, total=1)  # a ValueError naming the accepted forms
+        for name, seconds in self.model_keep_alive_s.items():
+            if not (math.isfinite(seconds) and seconds > 0):
+                raise ValueError(f"model_keep_alive_s[{name!r}] must be > 0, got {seconds}")
         knobs = self.knobs
         if knobs.batching and self.max_inputs_per_request > knobs.max_queue_size:
             raise ValueError(
@@ -297,12 +326,19 @@ class ServerSettings(BaseModel):
             if len(specs) > 1:
                 raise InputError("model_name names a single model; with several, use NAME=SPEC")
             specs = [dataclasses.replace(specs[0], name=self.model_name)]
-        unknown = sorted(set(self.model_weights) - {s.name for s in specs})
-        if unknown:
-            raise InputError(
-                f"model_weights names {', '.join(unknown)}, not served here; models: "
-                + ", ".join(s.name for s in specs)
-            )
+        for key, named in (
+            ("model_weights", self.model_weights),
+            ("model_priority", self.model_priority),
+            ("model_keep_alive_s", self.model_keep_alive_s),
+            ("preload", dict.fromkeys(self.preload)),
+            ("pin", dict.fromkeys(self.pin)),
+        ):
+            unknown = sorted(set(named) - {s.name for s in specs})
+            if unknown:
+                raise InputError(
+                    f"{key} names {', '.join(unknown)}, not served here; models: "
+                    + ", ".join(s.name for s in specs)
+                )
         return specs
 
 

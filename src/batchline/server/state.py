@@ -175,17 +175,18 @@ class ServedModel(Generic[P, R]):
         cost = self.model.cost
         return sum(cost(i) for i in items)
 
-    async def run(self, items: Sequence[P]) -> list[R]:
-        """Results in order. Batching: every item queued at once or none (``QueueFullError``);
-        on any way out before the results (timeout, disconnect, shutdown), the items still
-        queued are withdrawn."""
+    async def run(self, items: Sequence[P], *, priority: int = 0) -> list[R]:
+        """Results in order. Batching: every item queued at once or none (``QueueFullError``),
+        at the batcher's ``priority`` (higher first, aged: ``batchline._priority``); on any
+        way out before the results (timeout, disconnect, shutdown), the items still queued are
+        withdrawn. The baseline has no queue: ``priority`` changes nothing there."""
         engine = self.engine
         if engine is None:
             return await self._run_direct(items)
         now = time.perf_counter()
         cost = self.model.cost
-        jobs = [_Job(item, cost(item), now) for item in items]
-        futures = engine.submit_many_nowait(jobs)
+        jobs = [_Job(item, cost(item), now, priority) for item in items]
+        futures = engine.submit_many_nowait(jobs, priority=priority)
         try:
             if len(futures) == 1:
                 return [await futures[0]]
@@ -222,11 +223,13 @@ class ServedModel(Generic[P, R]):
 
 @dataclass(slots=True)
 class _Job(Generic[P]):
-    """A queued item, its cost and when it was queued (for the queue-wait histogram)."""
+    """A queued item, its cost, when it was queued and at which priority (for the queue-wait
+    histogram)."""
 
     item: P
     cost: int
     submitted: float
+    priority: int = 0
 
 
 class _Metered(Generic[P, R]):
@@ -266,9 +269,9 @@ class _Metered(Generic[P, R]):
 
     def _started(self, batch: list[_Job[P]]) -> float:
         started = time.perf_counter()
-        observe = self._metrics.queue_wait.observe
+        wait = self._metrics.queue_wait
         for job in batch:
-            observe(started - job.submitted)
+            wait(job.priority).observe(started - job.submitted)
         return started
 
     def _done(self, batch: list[_Job[P]], started: float) -> None:
@@ -364,6 +367,11 @@ class ServerState:
     draining: bool = False
     in_flight: int = 0
     api_key: bytes | None = None
+    residency: Any = None
+    """The :class:`batchline._residency.Residency` of on-demand batch models (``None``: every
+    model loaded at startup); a managed model is in ``models`` while it is resident."""
+    managed: dict[str, str] = field(default_factory=dict)
+    """Each on-demand model's task, loaded or not."""
     _idle: asyncio.Event | None = None
 
     @property
@@ -379,7 +387,10 @@ class ServerState:
         out: list[ServedModel[Any, Any] | ServedGenerator] = []
         for name in dict.fromkeys([*self.order, *self.models, *self.generators]):
             model = self.models.get(name)
-            out.append(model if model is not None else self.generators[name])
+            if model is not None:
+                out.append(model)
+            elif name in self.generators:
+                out.append(self.generators[name])  # (an on-demand model not loaded: none)
         return out
 
     def task_of(self, name: str) -> str | None:
@@ -387,6 +398,8 @@ class ServerState:
         model = self.models.get(name)
         if model is not None:
             return model.task
+        if name in self.managed:
+            return self.managed[name]
         return "generate" if name in self.generators else None
 
     def begin_drain(self) -> None:

@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.types import Receive
 
 from batchline._errors import BatcherClosedError, InputError, QueueFullError, RecordTooLargeError
+from batchline._priority import batcher_priority
 from batchline.server.errors import ApiError, shutting_down, validation_error
 from batchline.server.schemas import ErrorBody
 from batchline.server.settings import ServerSettings
@@ -40,9 +41,11 @@ __all__ = [
     "parse_body",
     "pick_generator",
     "pick_model",
+    "request_priority",
     "run_model",
     "server_state",
     "unless_disconnected",
+    "use_model",
 ]
 
 logger = logging.getLogger("batchline.server")
@@ -135,6 +138,32 @@ def pick_model(
     return _pick(request, state, state.models, name, task, first_of_several=True)
 
 
+async def use_model(
+    request: Request, state: ServerState, name: str | None, task: str
+) -> ServedModel[Any, Any]:
+    """:func:`pick_model`, loading an on-demand model first (``batchline.server.residency``:
+    held until the response is done; 504 when not loaded in time, 503 when its load fails)."""
+    residency = state.residency
+    if residency is not None:
+        if name is None:
+            name = next((n for n in state.order if state.task_of(n) == task), None)
+        if name is not None and state.managed.get(name) == task:
+            from batchline.server.residency import use_served
+
+            request.scope["batchline.model"] = name
+            settings = state.settings
+            served: ServedModel[Any, Any] = await use_served(
+                residency,
+                name,
+                request.scope,
+                settings.request_timeout_s,
+                max_waiting=settings.knobs.max_queue_size,
+                retry_after_s=settings.retry_after_s,
+            )
+            return served
+    return pick_model(request, state, name, task)
+
+
 def pick_generator(request: Request, state: ServerState, name: str | None) -> ServedGenerator:
     """The served generate model ``name`` (the only one when ``None``: with several, generated
     texts differ too much to pick one silently); errors as :func:`pick_model`'s."""
@@ -189,7 +218,8 @@ def _pick(
 
 def describe_models(state: ServerState) -> str:
     """``"a (embed), b (predict)"``: the served models and their tasks."""
-    return ", ".join(f"{m.name} ({m.task})" for m in state.served()) or "none"
+    names = dict.fromkeys([*state.order, *state.models, *state.generators])
+    return ", ".join(f"{n} ({state.task_of(n)})" for n in names) or "none"
 
 
 def check_texts(value: str | list[str], state: ServerState, field: str) -> list[str]:
@@ -221,18 +251,41 @@ def check_count(n: int, state: ServerState, field: str, what: str = "inputs") ->
         )
 
 
+#: The request header that carries a request's priority (the body's ``priority`` wins).
+PRIORITY_HEADER = "x-batchline-priority"
+
+
+def request_priority(request: Request, state: ServerState, model: str, body_value: object) -> int:
+    """The batcher priority of a request (``batchline._priority``): the body's ``priority``,
+    else the ``X-Batchline-Priority`` header, else the model's ``model_priority`` (default
+    ``interactive``). A bad value is a 400 naming the accepted forms."""
+    value = body_value if body_value is not None else request.headers.get(PRIORITY_HEADER)
+    if value is None:
+        value = state.settings.model_priority.get(model, "interactive")
+    try:
+        return batcher_priority(value)
+    except ValueError as exc:
+        where = "'priority'" if body_value is not None else "X-Batchline-Priority"
+        raise ApiError(400, f"{where}: {_safe(str(exc))}", "invalid_request_error") from None
+
+
 async def run_model(
-    state: ServerState, model: ServedModel[Any, Any], inputs: Sequence[object]
+    state: ServerState,
+    model: ServedModel[Any, Any],
+    inputs: Sequence[object],
+    *,
+    priority: int = 0,
 ) -> tuple[list[Any], int]:
-    """Prepare and run a request's inputs; the results in order and their total cost (tokens,
-    for a text model). Turns the ways it can end into HTTP errors."""
+    """Prepare and run a request's inputs (at the batcher's ``priority``, see
+    :func:`request_priority`); the results in order and their total cost (tokens, for a text
+    model). Turns the ways it can end into HTTP errors."""
     settings = state.settings
     m = model.metrics
     m.in_flight.inc()
     try:
         async with asyncio.timeout(settings.request_timeout_s):
             items = await model.prepare(inputs)
-            results = await model.run(items)
+            results = await model.run(items, priority=priority)
         return results, model.cost(items)
     except Exception as exc:
         error = api_error(exc, settings, model.name, withdrawn="its queued inputs were dropped")

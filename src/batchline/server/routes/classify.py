@@ -25,9 +25,10 @@ from batchline.server.routes._common import (
     check_texts,
     non_finite,
     parse_body,
-    pick_model,
+    request_priority,
     run_model,
     server_state,
+    use_model,
 )
 from batchline.server.schemas import ClassifyRequest, ClassifyResponse
 from batchline.server.state import ServedModel
@@ -50,9 +51,10 @@ async def classify(request: Request) -> Response:
     started = time.perf_counter()
     state = server_state(request)
     body = await parse_body(request, ClassifyRequest)
-    model = pick_model(request, state, body.model, "classify")
+    model = await use_model(request, state, body.model, "classify")
     texts = check_texts(body.input, state, "input")
-    results, _ = await run_model(state, model, texts)
+    priority = request_priority(request, state, model.name, body.priority)
+    results, _ = await run_model(state, model, texts, priority=priority)
     items = [_result(model, r, body.return_all_scores) for r in results]
     try:
         payload = json.dumps({"results": items}, separators=(",", ":"), allow_nan=False)

@@ -56,6 +56,7 @@ from batchline.server.routes._common import (
     check_count,
     parse_body,
     pick_generator,
+    request_priority,
     server_state,
     unless_disconnected,
 )
@@ -99,6 +100,9 @@ async def generate(request: Request) -> Response:
     body = await parse_body(request, GenerateTextRequest)
     state = server_state(request)
     served = pick_generator(request, state, body.model)
+    # checked (400 when bad) for every route alike; the generation scheduler does not order
+    # by it yet: each sequence joins at the next step in arrival order
+    request_priority(request, state, served.name, body.priority)
     check_count(len(body.prompts), state, "prompts", "prompts")
     prompts = [
         await _encode_text(served, state, text, "prompts", i, chat=body.chat)
@@ -135,6 +139,9 @@ async def create_completion(request: Request) -> Response:
     body = await parse_body(request, CompletionRequest)
     state = server_state(request)
     served = pick_generator(request, state, body.model)
+    # checked (400 when bad) for every route alike; the generation scheduler does not order
+    # by it yet: each sequence joins at the next step in arrival order
+    request_priority(request, state, served.name, body.priority)
     _check_openai(body)
     if body.echo:
         raise _bad("'echo' is not supported; send echo=false")
@@ -170,6 +177,9 @@ async def create_chat_completion(request: Request) -> Response:
     body = await parse_body(request, ChatCompletionRequest)
     state = server_state(request)
     served = pick_generator(request, state, body.model)
+    # checked (400 when bad) for every route alike; the generation scheduler does not order
+    # by it yet: each sequence joins at the next step in arrival order
+    request_priority(request, state, served.name, body.priority)
     _check_openai(body)
     if body.tools:
         raise _bad("'tools' are not supported by this server; omit them")

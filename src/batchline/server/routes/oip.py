@@ -36,8 +36,10 @@ from batchline.server.errors import ApiError
 from batchline.server.routes._common import (
     check_count,
     describe_models,
+    request_priority,
     run_model,
     server_state,
+    use_model,
 )
 from batchline.server.state import ServedModel, ServerState
 
@@ -178,8 +180,12 @@ async def ready(request: Request) -> JSONResponse:
 
 @router.get("/v2/models/{name}", summary="Open Inference Protocol: model metadata")
 async def model_metadata(request: Request, name: str) -> JSONResponse:
+    state = server_state(request)
     try:
-        model = _model(server_state(request), name)
+        if state.managed.get(name) is not None:  # an on-demand model: its tensors need it loaded
+            model = await use_model(request, state, name, state.managed[name])
+        else:
+            model = _model(state, name)
         tensors = _tensors(model)
     except ApiError as exc:
         return _error(exc.status, exc.message, exc.headers)
@@ -192,7 +198,8 @@ async def model_metadata(request: Request, name: str) -> JSONResponse:
 async def model_ready(request: Request, name: str) -> JSONResponse:
     state = server_state(request)
     try:
-        _model(state, name)
+        if name not in state.managed:  # an on-demand model is ready: it loads on a request
+            _model(state, name)
     except ApiError as exc:
         return _error(exc.status, exc.message, exc.headers)
     is_ready = state.ready and not state.draining
@@ -205,7 +212,10 @@ async def infer(request: Request, name: str) -> Response:
     started = time.perf_counter()
     state = server_state(request)
     try:
-        model = _model(state, name)
+        if state.managed.get(name) is not None:  # an on-demand model: loaded as needed
+            model = await use_model(request, state, name, state.managed[name])
+        else:
+            model = _model(state, name)
         request.scope["batchline.model"] = model.name
         tensors = _tensors(model)
         body = request.scope.get("batchline.body")
@@ -221,7 +231,8 @@ async def infer(request: Request, name: str) -> Response:
             raise codec.OipError(400, str(exc)) from None
         check_count(len(rows), state, "inputs", "rows")
         inputs: Sequence[object] = [tensors.to_input(row) for row in rows]
-        results, _ = await run_model(state, model, inputs)
+        priority = request_priority(request, state, model.name, parsed.parameters.get("priority"))
+        results, _ = await run_model(state, model, inputs, priority=priority)
         outputs = codec.stack_rows([tensors.to_row(r) for r in results])
         payload, headers = codec.build_infer_response(
             model.name, None, parsed.id, outputs, parsed.requested

@@ -25,9 +25,10 @@ from batchline.server.routes._common import (
     floats,
     non_finite,
     parse_body,
-    pick_model,
+    request_priority,
     run_model,
     server_state,
+    use_model,
 )
 from batchline.server.schemas import EmbeddingRequest, EmbeddingResponse
 
@@ -49,7 +50,7 @@ async def create_embeddings(request: Request) -> Response:
     started = time.perf_counter()
     state = server_state(request)
     body = await parse_body(request, EmbeddingRequest)
-    model = pick_model(request, state, body.model, "embed")
+    model = await use_model(request, state, body.model, "embed")
     texts = check_texts(body.input, state, "input")
     dim = model.info.details.get("dim")
     if body.dimensions is not None and body.dimensions != dim:
@@ -58,7 +59,8 @@ async def create_embeddings(request: Request) -> Response:
             f"{model.name} returns {dim} dimensions; omit 'dimensions' or send {dim}",
             "invalid_request_error",
         )
-    results, tokens = await run_model(state, model, texts)
+    priority = request_priority(request, state, model.name, body.priority)
+    results, tokens = await run_model(state, model, texts, priority=priority)
     vectors = [np.asarray(model.model.encode(r), dtype=np.float32) for r in results]
     if not all_finite(vectors):
         raise non_finite(model)

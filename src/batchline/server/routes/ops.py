@@ -18,7 +18,9 @@ router = APIRouter()
 
 @router.get("/v1/models", response_model=ModelList, summary="The models served here")
 async def list_models(request: Request) -> JSONResponse:
-    """OpenAI-style model list; each model also says its ``task``."""
+    """OpenAI-style model list; each model also says its ``task`` and, for an on-demand model
+    (``memory_budget``), its ``state`` (unloaded, loading, resident, unloading),
+    ``footprint_bytes`` (its weights' size, or what its last load measured) and ``pinned``."""
     state = server_state(request)
     data = [
         {
@@ -30,6 +32,26 @@ async def list_models(request: Request) -> JSONResponse:
         }
         for m in state.served()
     ]
+    if state.residency is not None:
+        # on-demand models: listed loaded or not, with their residency and footprint
+        cards = {c["id"]: c for c in data}
+        data = []
+        for s in state.residency.stats():
+            card = cards.pop(s.name, None) or {
+                "id": s.name,
+                "object": "model",
+                "created": 0,
+                "owned_by": "batchline",
+                "task": state.managed[s.name],
+            }
+            card.update(
+                state=s.state.value,
+                footprint_bytes=s.footprint_bytes,
+                footprint_measured=s.measured,
+                pinned=s.pinned,
+            )
+            data.append(card)
+        data.extend(cards.values())
     return JSONResponse({"object": "list", "data": data})
 
 

@@ -1,0 +1,541 @@
+"""``Residency``: which models are loaded, under a memory budget: load on demand, evict what
+is idle, never what is busy.
+
+Many models, one device, limited memory. Each model has a footprint: first an estimate (its
+weights' size), then what its load measured. A model loads when the first request for it
+acquires it; requests that arrive meanwhile wait for that one load. The rules:
+
+* **The budget holds.** The bytes accounted (resident models, loads under way at their
+  estimate or, once measured, the peak a load of that model reached, unloads not yet
+  finished) never exceed ``budget_bytes``. A load waits until its
+  estimate fits. A load that measures more than its estimate becomes its new estimate, and
+  idle models are evicted to get back under the budget (while none can be, the excess is
+  logged by the caller through ``on_event``).
+* **Evict what is idle, least recently used first, and only when needed.** A model is idle
+  when no request holds it (``active`` counts the requests waiting for it or using it) and it
+  is not pinned. A load that does not fit evicts idle models, oldest use first, only as many
+  bytes as it lacks (counting unloads already under way), and none at all when even every
+  idle model would not make room: then it waits for a change (a release, a finished unload,
+  a failed load) and looks again. Nothing is evicted while free memory suffices.
+* **Keep-alive.** An idle model is also unloaded ``keep_alive_s`` after its last use.
+* **Never a deadlock, never a lost request.** A waiting acquire holds no model and no
+  memory; each change wakes every waiter to look again. A model that could never fit (its
+  estimate is more than the budget less the pinned models) is refused at once with
+  ``MemoryBudgetError``. A failed load answers every request waiting for it with
+  ``ModelLoadError`` naming the cause; the model stays loadable (the next acquire loads it
+  again). A cancelled acquire (the request's timeout) gives up its claim and nothing else.
+
+The manager runs on one event loop; its time comes from ``clock`` (tests pass a
+``ManualClock``), its loads and unloads from the injected ``load`` and ``unload``. Standard
+library only.
+
+>>> residency = Residency(budget_bytes=6 << 30, load=load, unload=unload)   # doctest: +SKIP
+>>> residency.add("emb", estimate_bytes=90 << 20)                          # doctest: +SKIP
+>>> handle = await residency.acquire("emb")    # loads it, or waits for room
+>>> ...                                         # use it
+>>> residency.release("emb")                   # idle again: evictable, keep-alive runs
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from batchline._clock import Clock, LoopClock, TimerHandle
+from batchline._errors import ModelError
+
+__all__ = [
+    "MemoryBudgetError",
+    "ModelLoadError",
+    "Residency",
+    "ResidentState",
+    "ResidentStats",
+]
+
+H = TypeVar("H")
+
+#: ``load(name) -> (handle, measured_bytes or None)``, or ``(handle, measured_bytes,
+#: peak_bytes)`` when the load also measured its transient peak (what the next load of the
+#: model reserves while it runs).
+Load = Callable[[str], Awaitable[tuple[H, int | None] | tuple[H, int | None, int | None]]]
+#: ``unload(name, handle)``: free the model (errors are reported through ``on_event``).
+Unload = Callable[[str, H], Awaitable[None]]
+#: ``on_event(kind, name, details)``: ``load``, ``load_failed``, ``evict``, ``over_budget``.
+OnEvent = Callable[[str, str, dict[str, Any]], None]
+
+
+class ModelLoadError(ModelError):
+    """Raised by ``Residency.acquire`` (to every request waiting for that load) when a model's
+    load failed; the message names the cause. The model stays loadable."""
+
+
+class MemoryBudgetError(ModelError):
+    """Raised by ``Residency.acquire`` when a model can never fit: its footprint is more than
+    the memory budget less what pinned models hold."""
+
+
+class ResidentState(enum.Enum):
+    UNLOADED = "unloaded"
+    LOADING = "loading"
+    RESIDENT = "resident"
+    UNLOADING = "unloading"
+
+
+@dataclass(frozen=True, slots=True)
+class ResidentStats:
+    """One model's residency, a snapshot."""
+
+    name: str
+    state: ResidentState
+    footprint_bytes: int
+    """Its estimate, or what its last load measured."""
+    measured: bool
+    accounted_bytes: int
+    """What it holds against the budget now (0 when unloaded)."""
+    pinned: bool
+    active: int
+    """Requests waiting for it or using it."""
+    loads: int
+    load_failures: int
+    evictions: int
+    load_seconds: float
+    """Seconds spent loading it, in total."""
+
+
+class _Entry(Generic[H]):
+    __slots__ = (
+        "accounted",
+        "active",
+        "estimate",
+        "evictions",
+        "handle",
+        "keep_alive_s",
+        "last_used",
+        "load_failures",
+        "load_peak",
+        "load_seconds",
+        "loading",
+        "loads",
+        "measured",
+        "name",
+        "pinned",
+        "state",
+        "timer",
+        "unloading",
+    )
+
+    def __init__(self, name: str, estimate: int, pinned: bool, keep_alive_s: float | None) -> None:
+        self.name = name
+        self.estimate = estimate
+        self.load_peak = 0  # the most a load of it grew memory by, at its peak (0: unknown)
+        self.measured = False
+        self.pinned = pinned
+        self.keep_alive_s = keep_alive_s
+        self.state = ResidentState.UNLOADED
+        self.accounted = 0
+        self.handle: H | None = None
+        self.active = 0
+        self.last_used = 0.0
+        self.loading: asyncio.Future[None] | None = None
+        self.unloading: asyncio.Future[None] | None = None
+        self.timer: TimerHandle | None = None
+        self.loads = 0
+        self.load_failures = 0
+        self.evictions = 0
+        self.load_seconds = 0.0
+
+
+class Residency(Generic[H]):
+    """Models loaded on demand under ``budget_bytes`` (``None``: no budget, only keep-alive);
+    see the module docstring for the rules.
+
+    Args:
+        budget_bytes: the memory the resident models may hold together.
+        load, unload: how a model is loaded (``(handle, measured bytes or None)``) and freed.
+        keep_alive_s: an idle model is unloaded this long after its last use (``None``:
+            only when its room is needed); ``add`` may set it per model.
+        clock: where time comes from (tests pass a ``ManualClock``).
+        on_event: told of every load, failed load, eviction and budget overshoot (metrics,
+            logs).
+    """
+
+    def __init__(
+        self,
+        *,
+        budget_bytes: int | None,
+        load: Load[H],
+        unload: Unload[H],
+        keep_alive_s: float | None = 300.0,
+        clock: Clock | None = None,
+        on_event: OnEvent | None = None,
+    ) -> None:
+        if budget_bytes is not None and (isinstance(budget_bytes, bool) or budget_bytes < 1):
+            raise ValueError(f"budget_bytes must be >= 1 or None, got {budget_bytes!r}")
+        if keep_alive_s is not None and not keep_alive_s > 0:
+            raise ValueError(f"keep_alive_s must be > 0 or None, got {keep_alive_s!r}")
+        self.budget_bytes = budget_bytes
+        self._load = load
+        self._unload = unload
+        self._keep_alive_s = keep_alive_s
+        self._clock: Clock = clock if clock is not None else LoopClock()
+        self._on_event = on_event
+        self._entries: dict[str, _Entry[H]] = {}
+        self._changed: list[asyncio.Future[None]] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # -- models ---------------------------------------------------------------------------------
+
+    def add(
+        self,
+        name: str,
+        *,
+        estimate_bytes: int,
+        pinned: bool = False,
+        keep_alive_s: float | None = -1.0,
+        load_peak_bytes: int = 0,
+    ) -> None:
+        """Register a model (not loaded yet). ``estimate_bytes``: its expected footprint (its
+        weights' size) until a load measures it; ``load_peak_bytes``: what its load is
+        expected to need at its peak, until one is measured (0: the estimate).
+        ``keep_alive_s``: this model's (``None``: none; left out: the manager's)."""
+        if name in self._entries:
+            raise ValueError(f"model {name!r} is already registered")
+        if isinstance(estimate_bytes, bool) or estimate_bytes < 0:
+            raise ValueError(f"estimate_bytes must be >= 0, got {estimate_bytes!r}")
+        keep = self._keep_alive_s if keep_alive_s == -1.0 else keep_alive_s
+        if keep is not None and not keep > 0:
+            raise ValueError(f"keep_alive_s must be > 0 or None, got {keep_alive_s!r}")
+        self._entries[name] = _Entry(name, int(estimate_bytes), pinned, keep)
+        self._entries[name].load_peak = int(load_peak_bytes)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._entries)
+
+    @property
+    def accounted_bytes(self) -> int:
+        """Bytes held against the budget: resident models, loads and unloads under way."""
+        return sum(e.accounted for e in self._entries.values())
+
+    @property
+    def free_bytes(self) -> int | None:
+        if self.budget_bytes is None:
+            return None
+        return self.budget_bytes - self.accounted_bytes
+
+    def state(self, name: str) -> ResidentState:
+        return self._entry(name).state
+
+    def active(self, name: str) -> int:
+        """Requests waiting for ``name`` or using it."""
+        return self._entry(name).active
+
+    def handle(self, name: str) -> H | None:
+        """The loaded model (``None`` unless resident)."""
+        e = self._entry(name)
+        return e.handle if e.state is ResidentState.RESIDENT else None
+
+    def stats(self) -> list[ResidentStats]:
+        return [
+            ResidentStats(
+                name=e.name,
+                state=e.state,
+                footprint_bytes=e.estimate,
+                measured=e.measured,
+                accounted_bytes=e.accounted,
+                pinned=e.pinned,
+                active=e.active,
+                loads=e.loads,
+                load_failures=e.load_failures,
+                evictions=e.evictions,
+                load_seconds=e.load_seconds,
+            )
+            for e in self._entries.values()
+        ]
+
+    # -- using a model ----------------------------------------------------------------------------
+
+    async def acquire(self, name: str) -> H:
+        """The loaded model, held until ``release(name)``: loads it (waiting for room) when it
+        is not resident. Raises ``ModelLoadError`` (its load failed), ``MemoryBudgetError``
+        (it can never fit); cancelling gives up the claim."""
+        e = self._entry(name)
+        e.active += 1
+        self._cancel_timer(e)
+        try:
+            while True:
+                if e.state is ResidentState.RESIDENT:
+                    e.last_used = self._clock.now()
+                    assert e.handle is not None
+                    return e.handle
+                if e.state is ResidentState.LOADING:
+                    assert e.loading is not None
+                    await asyncio.shield(e.loading)  # a failure raises ModelLoadError here
+                    continue
+                if e.state is ResidentState.UNLOADING:
+                    assert e.unloading is not None
+                    await asyncio.shield(e.unloading)
+                    continue
+                if self._try_start_load(e):
+                    continue
+                await self._wait_change()
+        except BaseException:
+            self._drop_claim(e)
+            raise
+
+    def release(self, name: str) -> None:
+        """A request is done with the model: idle when none holds it any more."""
+        e = self._entry(name)
+        if e.active <= 0:
+            raise RuntimeError(f"release({name!r}) without an acquire")
+        e.last_used = self._clock.now()
+        self._drop_claim(e)
+
+    async def preload(self, name: str) -> None:
+        """Load ``name`` now (waiting for room), and leave it idle."""
+        await self.acquire(name)
+        self.release(name)
+
+    async def close(self) -> None:
+        """Unload every model (after the loads under way), whatever is using it."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        for e in self._entries.values():
+            self._cancel_timer(e)
+            if e.state is ResidentState.RESIDENT:
+                self._evict(e, "close")
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    # -- the rules ------------------------------------------------------------------------------
+
+    def _try_start_load(self, e: _Entry[H]) -> bool:
+        """Start loading ``e`` if its estimate fits (evicting idle models as needed); False:
+        wait for a change. Raises ``MemoryBudgetError`` when it can never fit."""
+        need = max(e.estimate, e.load_peak)
+        budget = self.budget_bytes
+        if budget is not None:
+            pinned = sum(o.accounted for o in self._entries.values() if o.pinned and o is not e)
+            if need > budget - pinned:
+                raise MemoryBudgetError(
+                    f"model {e.name!r} needs {_size(need)}, more than the memory budget of "
+                    f"{_size(budget)}"
+                    + (f" less {_size(pinned)} held by pinned models" if pinned else "")
+                    + "; raise --memory-budget, or unpin a model"
+                )
+            free = budget - self.accounted_bytes
+            if free < need:
+                self._make_room(need - free)
+                return False
+        e.state = ResidentState.LOADING
+        e.accounted = need
+        e.loading = asyncio.get_running_loop().create_future()
+        self._spawn(self._run_load(e, e.loading))
+        return True
+
+    def _make_room(self, short: int) -> None:
+        """Evict idle models, least recently used first, to free ``short`` more bytes than the
+        unloads under way will; none if even all idle models would not do."""
+        short -= sum(
+            o.accounted for o in self._entries.values() if o.state is ResidentState.UNLOADING
+        )
+        if short <= 0:
+            return  # unloads under way will make the room
+        idle = sorted(
+            (o for o in self._entries.values() if self._evictable(o)), key=lambda o: o.last_used
+        )
+        if sum(o.accounted for o in idle) < short:
+            return  # evicting would not make room: wait for a model to go idle
+        for o in idle:
+            if short <= 0:
+                break
+            short -= o.accounted
+            self._evict(o, "room")
+
+    @staticmethod
+    def _evictable(e: _Entry[Any]) -> bool:
+        return e.state is ResidentState.RESIDENT and e.active == 0 and not e.pinned
+
+    async def _run_load(self, e: _Entry[H], done: asyncio.Future[None]) -> None:
+        started = self._clock.now()
+        try:
+            loaded = await self._load(e.name)
+        except Exception as exc:
+            e.state = ResidentState.UNLOADED
+            e.accounted = 0
+            e.load_failures += 1
+            e.load_seconds += self._clock.now() - started
+            cause = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            error = ModelLoadError(
+                f"model {e.name!r} failed to load ({cause}); the next request tries again"
+            )
+            error.__cause__ = exc
+            done.set_exception(error)
+            done.exception()  # retrieved: nobody may be waiting
+            self._emit("load_failed", e.name, {"error": cause})
+            self._notify()
+            return
+        seconds = self._clock.now() - started
+        handle, measured = loaded[0], loaded[1]
+        peak = loaded[2] if len(loaded) > 2 else None
+        if peak is not None:
+            e.load_peak = int(peak)
+        e.handle = handle
+        e.state = ResidentState.RESIDENT
+        e.loads += 1
+        e.load_seconds += seconds
+        e.last_used = self._clock.now()
+        if measured is not None:
+            e.estimate = int(measured)
+            e.measured = True
+        e.accounted = e.estimate  # the load's peak reservation ends with it
+        done.set_result(None)
+        self._emit("load", e.name, {"seconds": seconds, "bytes": e.accounted})
+        if e.active == 0:
+            self._arm_timer(e)
+        if not self._shed():
+            self._emit(
+                "over_budget", e.name, {"bytes": self.accounted_bytes - (self.budget_bytes or 0)}
+            )
+        self._notify()
+
+    def _shed(self) -> bool:
+        """Over the budget (a load measured more than its estimate): evict idle models to get
+        back under it. False while it cannot (every other model busy or pinned)."""
+        budget = self.budget_bytes
+        if budget is None or self.accounted_bytes <= budget:
+            return True
+        self._make_room(self.accounted_bytes - budget)
+        return self.accounted_bytes - self._unloading_bytes() <= budget
+
+    def _unloading_bytes(self) -> int:
+        return sum(
+            o.accounted for o in self._entries.values() if o.state is ResidentState.UNLOADING
+        )
+
+    def _evict(self, e: _Entry[H], reason: str) -> None:
+        self._cancel_timer(e)
+        e.state = ResidentState.UNLOADING
+        e.unloading = asyncio.get_running_loop().create_future()
+        self._emit("evict", e.name, {"reason": reason, "bytes": e.accounted})
+        self._spawn(self._run_unload(e, e.unloading))
+
+    async def _run_unload(self, e: _Entry[H], done: asyncio.Future[None]) -> None:
+        handle, e.handle = e.handle, None
+        try:
+            if handle is not None:
+                await self._unload(e.name, handle)
+        except Exception as exc:  # freed as far as we can tell: never stuck in UNLOADING
+            self._emit("unload_failed", e.name, {"error": f"{type(exc).__name__}: {exc}"})
+        finally:
+            e.state = ResidentState.UNLOADED
+            e.accounted = 0
+            e.evictions += 1
+            done.set_result(None)
+            self._notify()
+
+    def _drop_claim(self, e: _Entry[H]) -> None:
+        e.active -= 1
+        if e.active == 0:
+            if e.state is ResidentState.RESIDENT:
+                self._arm_timer(e)
+            self._shed()  # over the budget, waiting for a model to go idle: this one
+            self._notify()  # an idle model is evictable now
+
+    # -- keep-alive -------------------------------------------------------------------------------
+
+    def _arm_timer(self, e: _Entry[H]) -> None:
+        self._cancel_timer(e)
+        if e.pinned or e.keep_alive_s is None:
+            return
+        e.timer = self._clock.call_at(e.last_used + e.keep_alive_s, lambda: self._expire(e))
+
+    def _expire(self, e: _Entry[H]) -> None:
+        e.timer = None
+        if self._evictable(e):
+            self._evict(e, "keep_alive")
+
+    @staticmethod
+    def _cancel_timer(e: _Entry[Any]) -> None:
+        if e.timer is not None:
+            e.timer.cancel()
+            e.timer = None
+
+    # -- plumbing ---------------------------------------------------------------------------------
+
+    def _entry(self, name: str) -> _Entry[H]:
+        e = self._entries.get(name)
+        if e is None:
+            raise KeyError(f"model {name!r} is not registered; models: {', '.join(self._entries)}")
+        return e
+
+    async def _wait_change(self) -> None:
+        waiter = asyncio.get_running_loop().create_future()
+        self._changed.append(waiter)
+        try:
+            await waiter
+        finally:
+            if waiter in self._changed:
+                self._changed.remove(waiter)
+
+    def _notify(self) -> None:
+        waiters, self._changed = self._changed, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _emit(self, kind: str, name: str, details: dict[str, Any]) -> None:
+        if self._on_event is not None:
+            self._on_event(kind, name, details)
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def parse_bytes(text: str, *, total: int | None = None) -> int:
+    """``"6GiB"``, ``"512MB"``, ``"1.5G"``, ``"123456"`` or, with ``total``, a fraction
+    (``"0.5"``, ``"50%"``) of it, as bytes. Raises ``ValueError`` naming the accepted forms."""
+    raw = text.strip()
+    units = {
+        "": 1,
+        "b": 1,
+        "k": 1 << 10,
+        "kb": 1000,
+        "kib": 1 << 10,
+        "m": 1 << 20,
+        "mb": 1000**2,
+        "mib": 1 << 20,
+        "g": 1 << 30,
+        "gb": 1000**3,
+        "gib": 1 << 30,
+        "t": 1 << 40,
+        "tb": 1000**4,
+        "tib": 1 << 40,
+    }
+    number = raw.rstrip("bBkKmMgGtTiI% ")
+    unit = raw[len(number) :].strip().lower()
+    try:
+        value = float(number)
+    except ValueError:
+        value = float("nan")
+    ok = value == value and value > 0
+    if ok and unit == "%" and total is not None:
+        return int(total * value / 100)
+    if ok and unit == "" and value <= 1 and total is not None and "." in number:
+        return int(total * value)
+    if ok and unit in units and unit != "%":
+        return int(value * units[unit])
+    fraction = " or a fraction of the memory (0.5, 50%)" if total is not None else ""
+    raise ValueError(f"memory size must look like 6GiB, 512MB or 1048576{fraction}, got {text!r}")

@@ -1,0 +1,105 @@
+"""On-demand models in one real ``batchline serve`` (uvicorn, 127.0.0.1): the default
+embedder and a 192 MiB ONNX MLP, whose footprints together exceed ``--memory-budget``. The
+server starts with neither loaded; each loads on its first request, evicting the other
+(idle) one; every request is answered; SIGTERM exits 0."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from .test_uvicorn import Server, run_server
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+FEATURES, HIDDEN, OUT = 2048, 24_576, 4  # the first weight: 2048 x 24576 float32 = 192 MiB
+
+
+def big_mlp(folder: Path) -> Path:
+    """``input`` ``[batch, 2048]`` → ``scores`` ``[batch, 4]`` through a 192 MiB layer."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w1 = (rng.standard_normal((FEATURES, HIDDEN), dtype=np.float32) * 0.01).astype(np.float32)
+    w2 = rng.standard_normal((HIDDEN, OUT), dtype=np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["input", "w1"], ["hidden"]),
+            helper.make_node("Relu", ["hidden"], ["act"]),
+            helper.make_node("MatMul", ["act", "w2"], ["scores"]),
+        ],
+        "big_mlp",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", FEATURES])],
+        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batch", OUT])],
+        initializer=[numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = folder / "big_mlp.onnx"
+    onnx.save(model, str(path))
+    return path
+
+
+def cards(server: Server) -> dict[str, dict[str, Any]]:
+    status, _, body = server.get("/v1/models")
+    assert status == 200
+    return {c["id"]: c for c in json.loads(body)["data"]}
+
+
+def embed(server: Server) -> int:
+    status, _, _ = server.post("/v1/embeddings", {"model": "emb", "input": ["hello", "there"]})
+    return status
+
+
+def infer(server: Server) -> int:
+    body = {
+        "inputs": [
+            {"name": "input", "datatype": "FP32", "shape": [1, FEATURES], "data": [0.5] * FEATURES}
+        ]
+    }
+    status, _, _ = server.post("/v2/models/mlp/infer", body)
+    return status
+
+
+def test_two_models_over_budget_take_turns(tmp_path: Path) -> None:
+    # measured here: the embedder (one session) grows the process by 217-290 MiB, the MLP by
+    # ~196 MiB, and a first MLP load reserves twice its 192 MiB of weights: 450 MiB holds
+    # either, never both
+    mlp = big_mlp(tmp_path)
+    with run_server(
+        "--model",
+        "emb=default",
+        "--model",
+        f"mlp={mlp}",
+        "--task",
+        "mlp=predict",
+        "--sessions",
+        "1",
+        "--memory-budget",
+        "450MiB",
+    ) as server:
+        listed = cards(server)
+        assert {n: c["state"] for n, c in listed.items()} == {"emb": "unloaded", "mlp": "unloaded"}
+        assert listed["mlp"]["footprint_bytes"] >= FEATURES * HIDDEN * 4  # the weights' size
+        assert embed(server) == 200
+        emb = cards(server)["emb"]
+        assert (emb["state"], emb["footprint_measured"]) == ("resident", True)
+        assert infer(server) == 200  # no room beside emb: emb (idle) is evicted first
+        listed = cards(server)
+        states = {n: c["state"] for n, c in listed.items()}
+        assert states == {"emb": "unloaded", "mlp": "resident"}, json.dumps(listed)
+        assert embed(server) == 200
+        assert cards(server)["emb"]["state"] == "resident"
+        assert server.metric('batchline_model_evictions_total{model="emb",reason="room"}') == 1
+        assert server.metric('batchline_model_loads_total{model="emb",outcome="ok"}') == 2
+        assert server.metric('batchline_model_loads_total{model="mlp",outcome="ok"}') == 1
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=60) == 0
+        log = server.log.read_text()
+    assert "model mlp loaded in" in log
