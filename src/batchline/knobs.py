@@ -9,7 +9,8 @@
 Text generation (``--task generate``) reads its own fields: ``generation_batching``
 (``continuous`` or ``static``; ``batching=false`` runs one sequence at a time),
 ``max_running_sequences``, ``kv_token_budget``, ``generation_backend`` (``torch`` or ``vllm``),
-plus ``device``, ``intra_op_threads`` and ``max_queue_size`` (requests waiting for admission).
+``dtype`` and ``max_step_tokens`` (the torch backend's, see :class:`Knobs`), plus ``device``,
+``intra_op_threads`` and ``max_queue_size`` (requests waiting for admission).
 
 Defaults come from measurements on a 2-core CPU with all-MiniLM-L6-v2 (docs/CONTRACTS.md,
 FACTS): two sessions of one intra-op thread each, one batch in flight per session, about
@@ -38,6 +39,7 @@ __all__ = [
     "DEFAULT_TARGET_BATCH_TOKENS",
     "GENERATION_BACKENDS",
     "GENERATION_BATCHING",
+    "GENERATION_DTYPES",
     "SERVE_DEFAULTS",
     "Knobs",
     "machine_cores",
@@ -64,6 +66,8 @@ _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 GENERATION_BATCHING = ("continuous", "static")
 #: What runs a generative model (``Knobs.generation_backend``); vLLM needs CUDA.
 GENERATION_BACKENDS = ("torch", "vllm")
+#: What a torch generative model computes in (``Knobs.dtype``); ``auto``: bf16 where native.
+GENERATION_DTYPES = ("auto", "float32", "bfloat16")
 
 
 def machine_cores() -> int:
@@ -90,7 +94,10 @@ class Knobs:
     At most ``max_running_sequences`` run at once (a static batch's size), and the sum of
     their prompt + ``max_tokens`` stays within ``kv_token_budget`` KV-cache positions;
     ``max_queue_size`` requests may wait for admission. ``generation_backend`` is ``torch``
-    (batchline's own decode loop) or ``vllm`` (CUDA machines with vLLM installed).
+    (batchline's own decode loop) or ``vllm`` (CUDA machines with vLLM installed). The torch
+    backend computes in ``dtype``: ``auto`` (bfloat16 on a CPU with native bf16 or a CUDA
+    device that has it, float32 elsewhere), ``float32`` or ``bfloat16``; each of its steps
+    takes at most ``max_step_tokens`` tokens, decodes first, longer prompts in chunks.
     """
 
     batching: bool = True
@@ -98,6 +105,10 @@ class Knobs:
     max_batch_size: int = 256
     max_concurrent_batches: int = dataclasses.field(default_factory=machine_cores)
     sessions: int = dataclasses.field(default_factory=machine_cores)
+    # One thread per session or torch generation engine. The engine's 16-row SmolLM2 bf16 decode
+    # step, in-process A/B alternating 1 and 2 threads (2026-11-24, this shared 2-core machine at
+    # load ~7): 373 ms median with 1, 1,546 ms with 2 while one more process spins (a server's
+    # front end); 519 against 4,017 ms without it. A second thread waits on a busy core.
     intra_op_threads: int = 1
     min_batch_size: int = 1
     batch_timeout_s: float = 0.05
@@ -108,6 +119,8 @@ class Knobs:
     max_running_sequences: int = 16
     kv_token_budget: int = 16_384
     generation_backend: str = "torch"
+    dtype: str = "auto"
+    max_step_tokens: int = 512
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -121,6 +134,12 @@ class Knobs:
             if f.name == "generation_backend":
                 if value not in GENERATION_BACKENDS:
                     raise InputError(f"generation_backend must be torch or vllm, got {value!r}")
+                continue
+            if f.name == "dtype":
+                if value not in GENERATION_DTYPES:
+                    raise InputError(
+                        f"dtype must be one of {', '.join(GENERATION_DTYPES)}, got {value!r}"
+                    )
                 continue
             if f.name == "kv_token_budget":
                 if isinstance(value, bool) or not isinstance(value, int) or value < 2:

@@ -125,6 +125,8 @@ _GENERATE_FLAGS = {
     "threads": "--threads",
     "kv_token_budget": "--kv-token-budget",
     "max_running_sequences": "--max-running-sequences",
+    "dtype": "--dtype",
+    "max_step_tokens": "--max-step-tokens",
 }
 
 
@@ -165,6 +167,9 @@ def _add_generate_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="sequences generated at once: a static batch's size, continuous's cap (16)",
     )
+    from batchline.jobs.cli import add_torch_generation_arguments
+
+    add_torch_generation_arguments(g)
 
 
 def _add_tune(sub: Any) -> None:

@@ -121,6 +121,8 @@ class GenerateBenchOptions:
     threads: int = 1
     max_running_sequences: int = 16
     kv_token_budget: int | None = None
+    dtype: str = "auto"
+    max_step_tokens: int | None = None  # None: Knobs' default
     seed: int = 0
     warmup: bool = True
     command: str = ""
@@ -302,7 +304,10 @@ def load_parts(options: GenerateBenchOptions) -> ModelParts:
         device=options.device,
         intra_op_threads=options.threads,
         max_running_sequences=options.max_running_sequences,
+        dtype=options.dtype,
     )
+    if options.max_step_tokens is not None:
+        knobs = knobs.replace(max_step_tokens=options.max_step_tokens)
     model = load_text_generator(spec, knobs)
     engine = model.engine  # the loaded weights, shared by every generator of the bench
     if engine is None:

@@ -147,6 +147,8 @@ _GENERATION_FLAGS = {
     "max_running_sequences": "--max-running-sequences",
     "kv_token_budget": "--kv-token-budget",
     "generation_backend": "--generation-backend",
+    "dtype": "--dtype",
+    "max_step_tokens": "--max-step-tokens",
 }
 
 
@@ -195,6 +197,25 @@ def _add_generation_arguments(p: argparse.ArgumentParser) -> None:
         choices=["torch", "vllm"],
         help="torch (default) or vllm (CUDA machines with vLLM installed)",
     )
+    add_torch_generation_arguments(g)
+
+
+def add_torch_generation_arguments(g: Any) -> None:
+    """``--dtype`` and ``--max-step-tokens`` (the torch backend's knobs; run, serve, bench)."""
+    g.add_argument(
+        "--dtype",
+        choices=["auto", "float32", "bfloat16"],
+        help="what the torch backend computes in: auto (default: bfloat16 on a CPU with native "
+        "bf16 or a CUDA device with it, else float32), float32 (greedy equals transformers' "
+        "generate) or bfloat16",
+    )
+    g.add_argument(
+        "--max-step-tokens",
+        type=int,
+        metavar="N",
+        help="tokens one decode step takes at most, decodes first, longer prompts prefilled "
+        "in chunks (512)",
+    )
 
 
 def given_flags(args: argparse.Namespace, flags: dict[str, str]) -> list[str]:
@@ -217,7 +238,7 @@ def _knobs(args: argparse.Namespace) -> Any:
     if args.no_batching:
         changes["batching"] = False
     for name in ("device", "generation_batching", "max_running_sequences", "kv_token_budget",
-                 "generation_backend"):  # fmt: skip
+                 "generation_backend", "dtype", "max_step_tokens"):  # fmt: skip
         if getattr(args, name) is not None:
             changes[name] = getattr(args, name)
     return knobs.replace(**changes) if changes else knobs

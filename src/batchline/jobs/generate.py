@@ -131,6 +131,7 @@ class GenerateSummary(RunSummary):
     ``submit`` (time in the waiting queue included)."""
 
     generation_batching: str = "continuous"
+    dtype: str = ""
     generated_tokens: int = 0
     prompt_tokens: int = 0
     ttft_p50_s: float = math.nan
@@ -162,6 +163,7 @@ class GenerateSummary(RunSummary):
         return [
             ("output", str(self.output)),
             ("mode", _MODES.get(self.generation_batching, self.generation_batching)),
+            *([("dtype", self.dtype)] if self.dtype else []),
             ("records (this run)", f"{self.records:,}"),
             ("skipped", f"{self.skipped:,}"),
             ("resumed (already done)", f"{self.already_done:,}"),
@@ -604,6 +606,7 @@ def _summary(
         "latency_p50_s": percentile(latencies, 50),
         "latency_p99_s": percentile(latencies, 99),
         "generation_batching": mode,
+        "dtype": model.dtype if model is not None else "",
     }
     if run is None or model is None:
         return GenerateSummary(utilization=0.0, avg_batch_size=0.0, **common)

@@ -162,9 +162,10 @@ def create_app(
                     generators[spec.name] = generator
                     await generator.start()
                     logger.info(
-                        "model %s ready (generate, %s)",
+                        "model %s ready (generate, %s, %s)",
                         spec.name,
                         generator.info.details.get("batching", "batching"),
+                        getattr(gen_model, "dtype", "") or "dtype not reported",
                     )
                     continue
                 model = await asyncio.to_thread(loader, spec, knobs)

@@ -85,6 +85,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--sessions", type=int, help="ONNX Runtime sessions (batches in flight)")
     p.add_argument("--target-batch-tokens", type=int, help="padded tokens per model call")
     p.add_argument("--max-batch-size", type=int, help="texts per model call at most")
+    from batchline.jobs.cli import add_torch_generation_arguments
+
+    add_torch_generation_arguments(p)
     p.add_argument(
         "--set",
         action="append",
@@ -128,6 +131,8 @@ def run(args: argparse.Namespace) -> int:
         "sessions": args.sessions,
         "target_batch_tokens": args.target_batch_tokens,
         "max_batch_size": args.max_batch_size,
+        "dtype": args.dtype,
+        "max_step_tokens": args.max_step_tokens,
         "log_level": args.log_level,
     }
     from batchline.server.settings import load_config

@@ -93,7 +93,8 @@ class ServerSettings(BaseModel):
 
     Text generation (Knobs' fields, for a generate model): generation_batching
         (``continuous`` or ``static``; ``batching=False``: one sequence at a time),
-        max_running_sequences, kv_token_budget, generation_backend (``torch`` or ``vllm``);
+        max_running_sequences, kv_token_budget, generation_backend (``torch`` or ``vllm``),
+        dtype (``auto``, ``float32``, ``bfloat16``) and max_step_tokens (the torch backend's);
         ``max_queue_size`` requests wait for admission, and ``device`` and
         ``intra_op_threads`` apply too.
 

@@ -17,7 +17,7 @@ pytest.importorskip("transformers")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from batchline.models.generation import torch_engine  # noqa: E402
+from batchline.models.generation import kv_slots, packed_attention, prefix_cache  # noqa: E402
 from batchline.models.generation.engine import (  # noqa: E402
     GenerationRequest,
     SamplingParams,
@@ -129,23 +129,38 @@ _schedule = st.lists(
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(schedule=_schedule)
-@pytest.mark.parametrize("min_columns", [torch_engine._MIN_CAPACITY, 1])
+@pytest.mark.parametrize(
+    ("min_columns", "max_step_tokens"),
+    [(kv_slots.MIN_CAPACITY, None), (1, None), (kv_slots.MIN_CAPACITY, 7), (1, 3)],
+)
 def test_joins_leaves_and_aborts_at_any_step_keep_greedy_exact(
     tiny_llama: Any,
     reference: Any,
     min_columns: int,
+    max_step_tokens: int | None,
     schedule: list[tuple[int, int, int, int, int | None]],
 ) -> None:
     # min_columns=1: the KV buffers start as small as they can, so they grow, and the window
-    # moves back to the left, every few steps
-    with mock.patch.object(torch_engine, "_MIN_CAPACITY", min_columns):
-        _run_schedule(tiny_llama, reference, schedule)
+    # moves back to the left, every few steps. max_step_tokens: prompts come in chunks.
+    with mock.patch.object(kv_slots, "MIN_CAPACITY", min_columns):
+        _run_schedule(tiny_llama, reference, schedule, max_step_tokens)
 
 
 def _run_schedule(
-    tiny_llama: Any, reference: Any, schedule: list[tuple[int, int, int, int, int | None]]
+    tiny_llama: Any,
+    reference: Any,
+    schedule: list[tuple[int, int, int, int, int | None]],
+    max_step_tokens: int | None = None,
 ) -> None:
-    engine = TorchStepEngine(tiny_llama)
+    engine = TorchStepEngine(tiny_llama, max_step_tokens=max_step_tokens)
+    real_forward = engine._forward
+    widths: list[tuple[int, int]] = []
+
+    def spy(ids: list[int], positions: list[int], keep: list[int], plan: Any) -> Any:
+        widths.append((len(ids), plan.decoding))
+        return real_forward(ids, positions, keep, plan)
+
+    engine._forward = spy  # type: ignore[method-assign]
     prompts = {str(i): _prompt(seed, n) for i, (_, seed, n, _, _) in enumerate(schedule)}
     got: dict[str, list[int]] = {}
     finished: dict[str, str | None] = {}
@@ -166,7 +181,20 @@ def _run_schedule(
             if out.finished:
                 finished[out.request_id] = out.finish_reason
         running = [r for r in got if r not in finished and r not in aborted]
-        assert engine.kv_tokens_in_use() == sum(len(prompts[r]) + len(got[r]) for r in running)
+        in_use = sum(len(prompts[r]) + len(got[r]) for r in running)
+        if max_step_tokens is None:
+            assert engine.kv_tokens_in_use() == in_use
+        else:  # plus the chunks of prompts still on their way in
+            waiting = [
+                r
+                for r in prompts
+                if r not in got
+                and r not in aborted
+                and int(r) < len(schedule)
+                and schedule[int(r)][0] <= step
+            ]
+            staged = engine.kv_tokens_in_use() - in_use
+            assert 0 <= staged < sum(len(prompts[r]) for r in waiting) + (not waiting)
         # One row per running sequence, and a window as wide as the longest one holds (its
         # prompt and all but its latest token): no column is padding in every row.
         held = [len(prompts[r]) + len(got[r]) - 1 for r in running]
@@ -181,6 +209,93 @@ def _run_schedule(
             assert len(tokens) == max_tokens
     assert engine.kv_tokens_in_use() == 0
     assert engine.kv_tokens_allocated() == 0
+    if max_step_tokens is not None:
+        # the budget holds every step's input, but decodes always run: a row never waits
+        assert all(n <= max(max_step_tokens, decoding) for n, decoding in widths)
+
+
+def test_a_long_prompt_joins_in_chunks_while_running_rows_decode_every_step(
+    tiny_llama: Any, reference: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = TorchStepEngine(tiny_llama, max_step_tokens=8, prefix_cache_tokens=0)
+    a, b, long = _prompt(1, 3), _prompt(2, 5), _prompt(3, 40)
+    engine.add_request(_request("a", a, max_tokens=20))
+    engine.add_request(_request("b", b, max_tokens=20))
+    got: dict[str, list[int]] = {}
+    widths: list[int] = []
+    real_forward = engine._forward
+
+    def spy(ids: list[int], *args: Any) -> Any:
+        widths.append(len(ids))
+        return real_forward(ids, *args)
+
+    monkeypatch.setattr(engine, "_forward", spy)
+
+    def step() -> set[str]:
+        outs = engine.step()
+        for out in outs:
+            got.setdefault(out.request_id, []).extend(out.token_ids)
+        return {out.request_id for out in outs}
+
+    assert step() == {"a", "b"}  # 3 + 5 prompt tokens: the whole budget
+    engine.add_request(_request("long", long))
+    # 2 decodes + 6 prompt tokens a step: the 40-token prompt takes 7 steps, the running rows
+    # get a token in every one of them, and the long one its first in the 7th
+    for n in range(1, 8):
+        reported = step()
+        assert reported == ({"a", "b", "long"} if n == 7 else {"a", "b"}), f"step {n}"
+        assert engine.kv_tokens_in_use() == len(a) + len(b) + 2 * (n + 1) + (
+            min(6 * n, 40) + 1 if n == 7 else 6 * n
+        )
+    assert widths == [8] + [8] * 6 + [2 + 4]
+    _drain(engine, got)
+    assert (len(got["a"]), len(got["b"]), len(got["long"])) == (20, 20, MAX_NEW)
+    assert got["a"][:MAX_NEW] == reference(a)
+    assert got["b"][:MAX_NEW] == reference(b)
+    assert got["long"] == reference(long)
+    # and the same tokens as the engine without a budget (the whole prompt in one step)
+    whole = TorchStepEngine(tiny_llama, prefix_cache_tokens=0)
+    for rid, prompt in (("a", a), ("b", b), ("long", long)):
+        whole.add_request(_request(rid, prompt, max_tokens=len(got[rid])))
+    _drain(whole, expected := {})
+    assert expected == got
+
+
+def test_a_chunked_prompt_starts_from_a_cached_prefix_and_a_failed_chunk_changes_nothing(
+    tiny_llama: Any, reference: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shared = _prompt(11, 20)
+    engine = TorchStepEngine(tiny_llama, max_step_tokens=6)
+    got: dict[str, list[int]] = {}
+    for i in range(2):  # learns the shared 20 tokens (prompts prefilled in chunks too)
+        engine.add_request(_request(f"a{i}", _with_prefix(shared, i, 2)))
+        _drain(engine, got)
+    assert engine.prefix_cache_hits == 0
+    late = _with_prefix(shared, 5, 15)
+    engine.add_request(_request("late", late))
+    engine.step()  # the cached 20, then a first chunk of 6
+    assert (engine.prefix_cache_hits, engine.prefix_tokens_reused) == (1, 20)
+    assert engine.kv_tokens_in_use() == 26
+    real_forward = engine._forward
+
+    def fail(*args: Any) -> Any:
+        real_forward(*args)  # writes its chunk into the staging buffers, then fails
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(engine, "_forward", fail)
+    with pytest.raises(RuntimeError, match="device lost"):
+        engine.step()
+    assert engine.kv_tokens_in_use() == 26
+    monkeypatch.setattr(engine, "_forward", real_forward)
+    _drain(engine, got)
+    assert got["late"] == reference(late)
+    assert got["a0"] == reference(_with_prefix(shared, 0, 2))
+    assert got["a1"] == reference(_with_prefix(shared, 1, 2))
+
+
+def test_a_step_budget_below_one_is_refused(tiny_llama: Any) -> None:
+    with pytest.raises(ValueError, match="max_step_tokens must be >= 1"):
+        TorchStepEngine(tiny_llama, max_step_tokens=0)
 
 
 def test_abort_queued_running_unknown_and_finished(tiny_llama: Any, reference: Any) -> None:
@@ -319,7 +434,7 @@ def test_a_model_whose_attention_bypasses_the_interface_is_refused(
 
     # As a model that does not look its attention up by name: the engine's function never runs.
     monkeypatch.setitem(
-        AttentionInterface._global_mapping, torch_engine._PACKED, sdpa_attention_forward
+        AttentionInterface._global_mapping, packed_attention.PACKED, sdpa_attention_forward
     )
     engine = TorchStepEngine(tiny_llama)
     engine.add_request(_request("a", _prompt(1, 5)))
@@ -473,13 +588,13 @@ def test_prefix_caching_off_and_its_bounds(tiny_llama: Any) -> None:
 
 
 def test_the_prefix_cache_learns_shared_prefixes_and_forgets_the_oldest() -> None:
-    cache = torch_engine._PrefixCache(40, min_tokens=4, recent=2)
+    cache = prefix_cache.PrefixCache(40, min_tokens=4, recent=2)
 
     def keep(tokens: tuple[int, ...]) -> None:
         n = cache.wants(tokens)
         if n:
             empty = [torch.zeros(1, 1, n, 1)]
-            cache.keep(torch_engine._Prefix(tokens[:n], empty, empty))
+            cache.keep(prefix_cache.Prefix(tokens[:n], empty, empty))
 
     keep((1, 2, 3, 4, 5, 6))
     assert cache.lookup((1, 2, 3, 4, 9)) is None  # nothing shared yet: nothing kept

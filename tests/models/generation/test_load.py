@@ -191,6 +191,26 @@ def test_generation_knobs_are_validated(tmp_path: Path) -> None:
     assert Knobs.load(path) == Knobs(generation_batching="static", kv_token_budget=4096)
 
 
+def test_the_dtype_knob_picks_the_weights_dtype_and_says_so(tiny_folder: Path) -> None:
+    import torch
+
+    exact = load(tiny_folder, dtype="float32", max_step_tokens=9)
+    assert next(exact.engine._model.parameters()).dtype == torch.float32
+    assert exact.engine.dtype == torch.float32
+    assert exact.engine.max_step_tokens == 9
+    assert exact.dtype == "float32 (asked for)"
+    assert exact.info.details["dtype"] == "float32"
+    half = load(tiny_folder, dtype="bfloat16")
+    assert half.engine.dtype == torch.bfloat16
+    assert half.info.details["dtype"] == "bfloat16"
+    assert Knobs().dtype == "auto"
+    auto = load(tiny_folder)
+    assert auto.dtype.startswith(("bfloat16 (auto:", "float32 (auto:"))
+    for bad in ({"dtype": "float16"}, {"max_step_tokens": 0}):
+        with pytest.raises(InputError):
+            Knobs(**bad)
+
+
 def test_not_a_generator_is_refused() -> None:
     from batchline.models.generation.load import load_text_generator
 

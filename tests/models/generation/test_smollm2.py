@@ -208,15 +208,34 @@ def _run(engine: Any, requests: list[Any], join_every: int) -> dict[str, list[in
     return got
 
 
+@pytest.fixture(scope="module")
+def smollm2_packed(generation_cache: Path) -> Any:
+    """SmolLM2 in fp32 with its linear weights packed for oneDNN (what ``load`` runs)."""
+    from batchline.models.generation.smollm2 import load_smollm2
+    from batchline.models.generation.torch_dtype import pack_linear_weights
+
+    model, _ = load_smollm2(cache=generation_cache)
+    if not pack_linear_weights(model):
+        pytest.skip("no oneDNN in this torch build")
+    return model
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("join_every", [0, 2], ids=["static-batch", "continuous-joins"])
+@pytest.mark.parametrize("packed", [False, True], ids=["linear", "packed"])
 def test_smollm2_batched_greedy_equals_generate_batch_1(
-    smollm2: tuple[Any, Any], real_references: Any, join_every: int
+    smollm2: tuple[Any, Any],
+    real_references: Any,
+    join_every: int,
+    packed: bool,
+    request: pytest.FixtureRequest,
 ) -> None:
     from batchline.models.generation.engine import GenerationRequest, SamplingParams
     from batchline.models.generation.torch_engine import TorchStepEngine
 
-    engine = TorchStepEngine(smollm2[0])
+    # packed: the engine on oneDNN-packed weights, the references from transformers' own
+    model = request.getfixturevalue("smollm2_packed") if packed else smollm2[0]
+    engine = TorchStepEngine(model)
     requests = [
         GenerationRequest(rid, ids, SamplingParams(max_tokens=MAX_NEW))
         for rid, (ids, _) in real_references.items()

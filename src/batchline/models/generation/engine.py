@@ -101,10 +101,12 @@ class StepEngine(Protocol):
 
     Contract:
 
-    - :meth:`add_request` only registers the request; it joins the running set at the next
-      :meth:`step`, which prefills it and yields its first token in that same step.
-    - :meth:`step` returns one :class:`StepOutput` per sequence that was running in it, in no
-      particular order; a sequence is reported ``finished`` exactly once, then forgotten.
+    - :meth:`add_request` only registers the request; the next :meth:`step` prefills it and
+      yields its first token in that same step — or, under a per-step token budget (chunked
+      prefill), a long prompt is prefilled over several steps and its first token comes with
+      the last of them.
+    - :meth:`step` returns one :class:`StepOutput` per sequence that produced a token in it,
+      in no particular order; a sequence is reported ``finished`` exactly once, then forgotten.
     - :meth:`abort` removes a request (queued or running) before the next step; it is never
       reported afterwards. Aborting an unknown or finished id does nothing.
     - Greedy outputs do not depend on what else shares the batch (up to float ties).

@@ -7,7 +7,13 @@ The one place that turns a :class:`~batchline.models.specs.ModelSpec` whose task
 From :class:`~batchline.knobs.Knobs`:
 
 - ``device``: ``cpu`` or ``cuda[:N]`` (a torch device); on CPU ``torch.set_num_threads(
-  intra_op_threads)`` (one thread per process on a shared 2-core machine: FACTS.md);
+  intra_op_threads)`` (one thread per process on a shared 2-core machine: FACTS.md, and the
+  measurement where ``Knobs.intra_op_threads`` is set);
+- ``dtype``: ``auto`` (bf16 where the hardware has it natively, see
+  :mod:`~batchline.models.generation.torch_dtype`), ``float32`` or ``bfloat16``; bf16 weights on
+  CPU are packed for oneDNN once at load. The choice and its reason are logged and kept in
+  :attr:`GenerationModel.dtype` and the model info's details;
+- ``max_step_tokens``: the engine's per-step token budget (chunked prefill);
 - ``batching=False``: :class:`~batchline.models.generation.static.SequentialGenerator`, one
   sequence at a time (the baseline); else ``generation_batching``: ``continuous``
   (:class:`~batchline.models.generation.scheduler.ContinuousGenerator`, the default) or
@@ -32,6 +38,8 @@ Example::
 from __future__ import annotations
 
 import importlib.util
+import logging
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -56,6 +64,8 @@ __all__ = [
 ChatMessage = Mapping[str, str]
 #: A prompt as a user gives it: raw text, or chat messages for the tokenizer's chat template.
 PromptInput = str | Sequence[ChatMessage]
+
+logger = logging.getLogger("batchline.generation")
 
 VLLM_MISSING = (
     "vLLM is not installed (CUDA only): pip install vllm on a CUDA machine, or set "
@@ -93,6 +103,8 @@ class GenerationModel:
     max_waiting: int
     batching: Literal["continuous", "static", "sequential", "vllm"]
     device: str = "cpu"
+    #: What the model computes in, and why (``float32 (asked for)``); "" where not known.
+    dtype: str = ""
     detokenizer: HfDetokenizer = field(init=False)
     _engine: Any = None
     _closed: bool = False
@@ -201,17 +213,31 @@ def load_text_generator(spec: ModelSpec, knobs: Knobs) -> GenerationModel:
         return _load_vllm(spec, knobs)
     import torch
 
+    started = time.perf_counter()
     device = _torch_device(knobs.device)
     if device.type == "cpu":
         torch.set_num_threads(knobs.intra_op_threads)
     from batchline.models.generation.smollm2 import load_causal_lm, load_smollm2
+    from batchline.models.generation.torch_dtype import choose_dtype, pack_linear_weights
     from batchline.models.generation.torch_engine import TorchStepEngine
 
+    choice = choose_dtype(knobs.dtype, knobs.device)
     if spec.kind == "builtin":
-        model, tokenizer = load_smollm2(device=device)
+        model, tokenizer = load_smollm2(device=device, dtype=choice.torch_dtype)
     else:
-        model, tokenizer = load_causal_lm(spec.source, device=device)
-    engine = TorchStepEngine(model)
+        model, tokenizer = load_causal_lm(spec.source, device=device, dtype=choice.torch_dtype)
+    packed = pack_linear_weights(model)
+    engine = TorchStepEngine(model, max_step_tokens=knobs.max_step_tokens)
+    logger.info(
+        "%s: torch on %s, %s%s, %s intra-op thread(s), max_step_tokens %d; loaded in %.1f s",
+        spec.name,
+        knobs.device,
+        choice,
+        f", {packed} linear layers packed for oneDNN" if packed else "",
+        torch.get_num_threads() if device.type == "cpu" else "-",
+        knobs.max_step_tokens,
+        time.perf_counter() - started,
+    )
     detok = HfDetokenizer(tokenizer)
     generator: TextGenerator
     batching: Literal["continuous", "static", "sequential"]
@@ -240,7 +266,7 @@ def load_text_generator(spec: ModelSpec, knobs: Knobs) -> GenerationModel:
         )
         batching = "continuous"
     context = engine.max_context_tokens
-    info = _info(spec, context, batching, knobs.device, budget)
+    info = _info(spec, context, batching, knobs.device, budget, dtype=choice.dtype)
     return GenerationModel(
         generator=generator,
         tokenizer=tokenizer,
@@ -250,11 +276,28 @@ def load_text_generator(spec: ModelSpec, knobs: Knobs) -> GenerationModel:
         max_waiting=knobs.max_queue_size,
         batching=batching,
         device=knobs.device,
+        dtype=str(choice),
         _engine=engine,
     )
 
 
-def _info(spec: ModelSpec, context: int, batching: str, device: str, budget: int) -> ModelInfo:
+def _info(
+    spec: ModelSpec,
+    context: int,
+    batching: str,
+    device: str,
+    budget: int,
+    *,
+    dtype: str | None = None,
+) -> ModelInfo:
+    details: dict[str, object] = {
+        "max_context_tokens": context,
+        "batching": batching,
+        "device": device,
+        "kv_token_budget": budget,
+    }
+    if dtype is not None:
+        details["dtype"] = dtype
     return ModelInfo(
         name=spec.name,
         task="generate",
@@ -262,12 +305,7 @@ def _info(spec: ModelSpec, context: int, batching: str, device: str, budget: int
         result_kind="value",
         result_column="text",
         max_tokens=context,
-        details={
-            "max_context_tokens": context,
-            "batching": batching,
-            "device": device,
-            "kv_token_budget": budget,
-        },
+        details=details,
     )
 
 

@@ -76,8 +76,10 @@ def select_tokens(
             f"{logits.shape[0]} logits rows for {len(params)} params "
             f"and {len(generators)} generators"
         )
-    # Greedy rows in one argmax (a single device-to-host copy); sampled rows one by one.
-    tokens: list[int] = torch.argmax(logits, dim=-1).tolist()
+    # Greedy rows in one argmax (a single device-to-host copy); sampled rows one by one. In
+    # fp32 (exact from bf16): torch's CPU argmax over bf16 is ~3.5x slower (16 x 49k SmolLM2
+    # logits: 9.5 ms against 2.7 ms, busy machine).
+    tokens: list[int] = torch.argmax(logits.float(), dim=-1).tolist()
     for row, (p, generator) in enumerate(zip(params, generators, strict=True)):
         if not p.greedy:
             if generator is None:

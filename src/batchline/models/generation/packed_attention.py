@@ -1,0 +1,135 @@
+"""batchline's attention function for one packed step of
+:class:`~batchline.models.generation.torch_engine.TorchStepEngine`.
+
+A step is one forward pass over a packed, unpadded input ``(1, T)``: the latest token of every
+running sequence, then prompt pieces (a whole prompt's rest, or a chunk of a long one). This
+function is registered with transformers' ``AttentionInterface`` under :data:`PACKED` and used
+only for those passes: per layer it writes the new keys and values where they belong, in place,
+and attends — the running rows over their slots' window, each prompt piece over its sequence's
+earlier positions and itself, causally.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from batchline.models.generation.kv_slots import SlotStore
+
+__all__ = ["PACKED", "Join", "StepPlan", "packed_attention"]
+
+
+@dataclass(slots=True)
+class Join:
+    """A piece of one prompt in this step: ``length`` tokens at ``offset`` in the packed input.
+
+    Its keys and values go to columns ``[stop - length, stop)`` of one sequence's buffers —
+    slot ``slot`` of the store (a sequence joining the running rows), or, with ``slot`` None,
+    ``keys``/``values`` (a long prompt's staging buffers, between chunks) — and it attends over
+    columns ``[start, stop)`` there: what the sequence held already (a cached prefix, earlier
+    chunks), then itself, causally.
+    """
+
+    slot: int | None
+    start: int
+    stop: int
+    offset: int
+    length: int
+    mask: torch.Tensor | None  # (1, 1, length, stop - start) when earlier columns are attended
+    keys: list[torch.Tensor] | None = None  # per layer, (1, kv_heads, columns, head_dim)
+    values: list[torch.Tensor] | None = None
+
+
+def causal_mask(length: int, earlier: int, device: torch.device) -> torch.Tensor | None:
+    """``length`` new positions after ``earlier`` held ones: each sees those and itself, causally
+    (None when there are none earlier: plain causal attention)."""
+    if not earlier:
+        return None
+    mask = torch.ones((length, earlier + length), dtype=torch.bool, device=device)
+    return mask.tril(diagonal=earlier)[None, None]
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """One forward pass over a packed input ``(1, T)``: a token for each of the first
+    ``decoding`` rows, then the prompt pieces of ``joins``. Every layer writes the decoding
+    rows' new keys and values at column ``hi`` of the store, and each piece's where its
+    :class:`Join` says, and attends from there."""
+
+    store: SlotStore
+    decoding: int
+    decode_mask: torch.Tensor | None  # (decoding, 1, 1, hi + 1 - lo)
+    joins: list[Join]
+    layers_seen: int = 0
+
+
+def packed_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    *,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    batchline_step: StepPlan | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention seam for :class:`StepPlan` passes. Without a plan (the model
+    used elsewhere) it is plain SDPA attention."""
+    if batchline_step is None:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
+    plan = batchline_step
+    plan.layers_seen += 1
+    store, r = plan.store, plan.decoding
+    layer: int = module.layer_idx  # type: ignore[assignment]
+    out = query.new_empty((1, query.shape[2], query.shape[1], query.shape[3]))
+    if r:
+        keys, values = store.keys[layer], store.values[layer]
+        # (1, heads, r, dim) -> (r, heads, 1, dim): one query per decoding row.
+        keys[:r, :, store.hi] = key[0, :, :r].transpose(0, 1)
+        values[:r, :, store.hi] = value[0, :, :r].transpose(0, 1)
+        window = slice(store.lo, store.hi + 1)
+        attended, _ = sdpa_attention_forward(
+            module,
+            query[0, :, :r].transpose(0, 1).unsqueeze(2),
+            keys[:r, :, window],
+            values[:r, :, window],
+            plan.decode_mask,
+            scaling=scaling,
+        )
+        out[0, :r] = attended[:, 0]
+    for join in plan.joins:
+        if join.slot is None:
+            assert join.keys is not None
+            assert join.values is not None
+            keys, values = join.keys[layer], join.values[layer]
+        else:
+            keys = store.keys[layer][join.slot : join.slot + 1]
+            values = store.values[layer][join.slot : join.slot + 1]
+        new = slice(join.offset, join.offset + join.length)
+        cols = slice(join.stop - join.length, join.stop)
+        keys[0, :, cols] = key[0, :, new]
+        values[0, :, cols] = value[0, :, new]
+        attended, _ = sdpa_attention_forward(
+            module,
+            query[:, :, new],
+            keys[:, :, join.start : join.stop],
+            values[:, :, join.start : join.stop],
+            join.mask,
+            scaling=scaling,
+            is_causal=join.mask is None,
+        )
+        out[0, new] = attended[0]
+    return out, None
+
+
+#: The name batchline's attention is registered under with transformers.
+PACKED = "batchline_packed"
+AttentionInterface.register(PACKED, packed_attention)

@@ -1,0 +1,86 @@
+"""Keys and values of prompt prefixes that recent prompts shared, kept for the prompts to come.
+
+Used by :class:`~batchline.models.generation.torch_engine.TorchStepEngine`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["Prefix", "PrefixCache"]
+
+
+@dataclass(slots=True, eq=False)
+class Prefix:
+    tokens: tuple[int, ...]
+    keys: list[torch.Tensor]  # per layer, (1, kv_heads, len(tokens), head_dim)
+    values: list[torch.Tensor]
+
+
+def _shared_length(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class PrefixCache:
+    """Keys and values of prompt prefixes that recent prompts shared (a system prompt, a
+    template), so that a prompt starting with one prefills only the rest.
+
+    Learned, never configured: when a prompt's first ``min_tokens`` or more tokens equal those
+    of one of the last ``recent`` prompts, the keys and values of that shared part (computed
+    for the prompt anyway) are kept. Causal attention makes them the same for every prompt
+    that starts so. Entries hold at most ``max_tokens`` positions in all; the least recently
+    used goes first. A hit always leaves a prompt at least one token to prefill: the forward
+    pass over it yields the first generated token.
+    """
+
+    def __init__(self, max_tokens: int, *, min_tokens: int = 16, recent: int = 32) -> None:
+        self.max_tokens = max_tokens
+        self.min_tokens = min_tokens
+        self._entries: dict[tuple[int, ...], Prefix] = {}  # in least recently used order
+        self._recent: deque[tuple[int, ...]] = deque(maxlen=recent)
+        self.hits = 0
+        self.tokens_reused = 0
+
+    def lookup(self, prompt: tuple[int, ...]) -> Prefix | None:
+        """The longest entry ``prompt`` starts with and goes beyond, or None."""
+        best: Prefix | None = None
+        for entry in self._entries.values():
+            n = len(entry.tokens)
+            longer = best is None or n > len(best.tokens)
+            if longer and n < len(prompt) and prompt[:n] == entry.tokens:
+                best = entry
+        if best is not None:
+            self._entries[best.tokens] = self._entries.pop(best.tokens)  # most recently used
+        return best
+
+    def used(self, prefix: Prefix) -> None:
+        """Count a hit, once the step that used ``prefix`` has succeeded."""
+        self.hits += 1
+        self.tokens_reused += len(prefix.tokens)
+
+    def wants(self, prompt: tuple[int, ...]) -> int:
+        """How many leading tokens of ``prompt`` to keep (0: none): the most it shares with a
+        recent prompt, short of its whole self, if that is long enough and not kept yet."""
+        shared = max((_shared_length(prompt, other) for other in self._recent), default=0)
+        shared = min(shared, len(prompt) - 1)
+        self._recent.append(prompt)
+        if shared < self.min_tokens or shared > self.max_tokens:
+            return 0
+        return 0 if prompt[:shared] in self._entries else shared
+
+    def keep(self, prefix: Prefix) -> None:
+        self._entries[prefix.tokens] = prefix
+        held = sum(len(t) for t in self._entries)
+        while held > self.max_tokens:
+            oldest = next(iter(self._entries))
+            held -= len(oldest)
+            del self._entries[oldest]
