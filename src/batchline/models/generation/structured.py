@@ -1,0 +1,193 @@
+"""Structured outputs: a per-request grammar (JSON schema, any JSON object, regex, choice) that
+masks each next token of its own sequence inside batched decoding.
+
+A :class:`Constraint` is the request side: frozen and hashable (it rides in
+:class:`~batchline.models.generation.engine.SamplingParams`), checked when it is made, so a bad
+schema or regex is refused before the request is queued. :class:`TokenGrammars` is the engine
+side: built once per engine from the model's Hugging Face tokenizer, it starts one matcher per
+constrained sequence and, at each step, fills a bitmask for the constrained rows only and sets
+every token outside it to ``-inf`` in that row's logits. An unconstrained row's logits are not
+touched, so what it generates does not depend on its neighbours' constraints. EOS is allowed
+only where the grammar accepts what was generated so far.
+
+The grammar engine is llguidance (``batchline[generate]``): a Rust wheel with no Python
+dependencies (3 MB download, 7.6 MB installed). On SmolLM2's 49k-token vocabulary its tokenizer
+index takes ~1.0 s to build (once per engine), a matcher ~0.5 ms to start (per request) and a
+mask 0.05-1.8 ms per token per row (busy 2-core machine, 2026-11). xgrammar 0.2.8 depends on
+torch, transformers and triton; outlines-core 0.2.14 compiles a whole regex index per schema.
+
+Example::
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    params = SamplingParams(max_tokens=32, constraint=Constraint.json_schema(schema))
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from batchline._errors import ModelError
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["Constraint", "ConstraintKind", "GrammarState", "TokenGrammars"]
+
+logger = logging.getLogger(__name__)
+
+ConstraintKind = Literal["json_schema", "json_object", "regex", "choice"]
+_KINDS = ("json_schema", "json_object", "regex", "choice")
+
+
+def _llguidance() -> Any:
+    try:
+        import llguidance
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ModelError(
+            "structured outputs need llguidance: pip install 'batchline[generate]'"
+        ) from exc
+    return llguidance
+
+
+@dataclass(frozen=True, slots=True)
+class Constraint:
+    """What a constrained sequence may generate. Make one with the class methods; each checks
+    the grammar and raises ``ValueError`` with the grammar engine's reason when it is bad.
+
+    ``spec`` is the canonical text: the schema as sorted JSON, the regex, or the choices as a
+    JSON list; empty for ``json_object``.
+    """
+
+    kind: ConstraintKind
+    spec: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in _KINDS:
+            kinds = ", ".join(_KINDS)
+            raise ValueError(f"constraint kind must be one of {kinds}, got {self.kind!r}")
+        error = _llguidance().LLMatcher.validate_grammar(self.grammar())
+        if error:
+            raise ValueError(f"invalid {self.kind.replace('_', ' ')} constraint: {error.strip()}")
+
+    @classmethod
+    def json_schema(cls, schema: Mapping[str, Any] | str) -> Constraint:
+        """Output is JSON that validates against ``schema`` (a dict, or its JSON text)."""
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"the JSON schema is not valid JSON: {exc}") from None
+        if not isinstance(schema, Mapping):
+            raise ValueError(f"a JSON schema must be a JSON object, got {type(schema).__name__}")
+        return cls("json_schema", json.dumps(schema, sort_keys=True, separators=(",", ":")))
+
+    @classmethod
+    def json_object(cls) -> Constraint:
+        """Output is one JSON object (OpenAI's ``response_format: {"type": "json_object"}``)."""
+        return cls("json_object")
+
+    @classmethod
+    def regex(cls, pattern: str) -> Constraint:
+        """Output matches ``pattern`` (Rust ``regex`` syntax), whole."""
+        if not isinstance(pattern, str) or not pattern:
+            raise ValueError("a regex constraint needs a non-empty pattern string")
+        return cls("regex", pattern)
+
+    @classmethod
+    def choice(cls, options: Iterable[str]) -> Constraint:
+        """Output is exactly one of ``options``."""
+        items = list(options)
+        if not items or not all(isinstance(o, str) and o for o in items):
+            raise ValueError("a choice constraint needs a non-empty list of non-empty strings")
+        return cls("choice", json.dumps(items))
+
+    def grammar(self) -> str:
+        """The llguidance grammar text for this constraint."""
+        matcher = _llguidance().LLMatcher
+        if self.kind == "json_schema":
+            return str(matcher.grammar_from_json_schema(self.spec))
+        if self.kind == "json_object":
+            return str(matcher.grammar_from_json_schema('{"type": "object"}'))
+        if self.kind == "regex":
+            return str(matcher.grammar_from_regex(self.spec))
+        # JSON string literals are valid Lark string literals.
+        alternatives = " | ".join(json.dumps(o) for o in json.loads(self.spec))
+        return str(matcher.grammar_from_lark(f"start: {alternatives}"))
+
+
+class GrammarState:
+    """One constrained sequence's place in its grammar."""
+
+    __slots__ = ("_matcher",)
+
+    def __init__(self, matcher: Any) -> None:
+        self._matcher = matcher
+
+    def advance(self, token: int) -> None:
+        """Move past ``token``, the sequence's chosen next token."""
+        if not self._matcher.consume_token(token):
+            logger.warning("grammar refused token %d: %s", token, self._matcher.get_error())
+
+    def accepting(self) -> bool:
+        """Whether what was generated so far is a complete output."""
+        return bool(self._matcher.is_accepting())
+
+
+class TokenGrammars:
+    """Grammar matchers over one model's vocabulary (``tokenizer``: a fast Hugging Face
+    tokenizer; ``vocab_size``: the logits' width; ``eos_token_ids``: what ends a sequence).
+
+    The token index is built on the first constrained request (~1 s for a 49k vocabulary).
+    """
+
+    def __init__(self, tokenizer: Any, *, vocab_size: int, eos_token_ids: Iterable[int]) -> None:
+        self._tokenizer = tokenizer
+        self._vocab_size = vocab_size
+        self._eos = sorted(eos_token_ids)
+        self._index: Any = None
+        self._bits: torch.Tensor | None = None
+
+    def start(self, constraint: Constraint) -> GrammarState:
+        """A fresh matcher for one sequence."""
+        llg = _llguidance()
+        if self._index is None:
+            import llguidance.hf
+
+            self._index = llguidance.hf.from_tokenizer(
+                self._tokenizer, n_vocab=self._vocab_size, eos_token=self._eos
+            )
+        matcher = llg.LLMatcher(self._index, constraint.grammar(), log_level=0)
+        if matcher.is_error():
+            raise ValueError(f"invalid {constraint.kind} constraint: {matcher.get_error()}")
+        return GrammarState(matcher)
+
+    def mask(self, logits: torch.Tensor, states: Sequence[GrammarState | None]) -> None:
+        """Set to ``-inf``, in place, every token a row's grammar does not allow next; rows whose
+        state is None are left as they are."""
+        rows = [i for i, s in enumerate(states) if s is not None]
+        if not rows:
+            return
+        import llguidance.torch as llt
+        import torch
+
+        bitmask = llt.allocate_token_bitmask(len(rows), self._vocab_size)
+        for k, i in enumerate(rows):
+            state = states[i]
+            assert state is not None
+            llt.fill_next_token_bitmask(state._matcher, bitmask, k)
+        if self._bits is None:
+            self._bits = torch.arange(32, dtype=torch.int32)
+        # (rows, words) int32 -> (rows, words * 32) bool, one bit per token, low bit first.
+        allowed = ((bitmask.unsqueeze(-1) >> self._bits) & 1).bool().flatten(1)
+        allowed = allowed[:, : logits.shape[1]]
+        # A matcher in an error state allows nothing: end that sequence rather than sample NaN.
+        stuck = ~allowed.any(dim=1)
+        if bool(stuck.any()):
+            allowed[stuck.nonzero().flatten()[:, None], torch.tensor(self._eos)] = True
+        allowed = allowed.to(logits.device)
+        index = torch.tensor(rows, device=logits.device)
+        logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
