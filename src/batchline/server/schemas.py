@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
+from batchline.models.generation.structured import GUIDED_FIELDS, Constraint, constraint_from_openai
+
 __all__ = [
     "ChatCompletionRequest",
     "ChatMessageBody",
@@ -136,6 +138,17 @@ class SamplingBody(BaseModel):
     top_p: TopP | None = None
     seed: Seed | None = None
     stop: Stop | None = None
+    # structured outputs, read by batchline.models.generation.structured.constraint_from_openai
+    response_format: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | StrictStr | None = None
+    guided_regex: StrictStr | None = None
+    guided_choice: list[StrictStr] | None = None
+
+    def constraint(self) -> Constraint | None:
+        """The structured-output constraint asked for (``ValueError`` when it is bad)."""
+        return constraint_from_openai(
+            self.model_dump(include={"response_format", *GUIDED_FIELDS}, exclude_none=True)
+        )
 
 
 class GenerateTextRequest(SamplingBody):

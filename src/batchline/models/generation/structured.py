@@ -35,7 +35,14 @@ from batchline._errors import ModelError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Constraint", "ConstraintKind", "GrammarState", "TokenGrammars"]
+__all__ = [
+    "GUIDED_FIELDS",
+    "Constraint",
+    "ConstraintKind",
+    "GrammarState",
+    "TokenGrammars",
+    "constraint_from_openai",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +125,68 @@ class Constraint:
         alternatives = " | ".join(json.dumps(o) for o in json.loads(self.spec))
         return str(matcher.grammar_from_lark(f"start: {alternatives}"))
 
+    def vllm_options(self) -> dict[str, Any]:
+        """Keyword arguments for ``vllm.sampling_params.StructuredOutputsParams``."""
+        if self.kind == "json_schema":
+            return {"json": self.spec}
+        if self.kind == "json_object":
+            return {"json_object": True}
+        if self.kind == "regex":
+            return {"regex": self.spec}
+        return {"choice": json.loads(self.spec)}
+
+
+#: The request-body extras vLLM's OpenAI server takes for structured outputs.
+GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice")
+
+
+def constraint_from_openai(body: Mapping[str, Any]) -> Constraint | None:
+    """The constraint an OpenAI-style request body asks for, or None.
+
+    Reads ``response_format`` (``{"type": "json_schema", "json_schema": {"schema": {...}}}``,
+    ``{"type": "json_object"}`` or ``{"type": "text"}``) and vLLM's extras ``guided_json``,
+    ``guided_regex``, ``guided_choice``; at most one of them. Raises ``ValueError`` saying what
+    is wrong (the server answers it with a 400, a batch job with the line's error).
+    """
+    asked: list[Constraint] = []
+    fmt = body.get("response_format")
+    if fmt is not None:
+        if not isinstance(fmt, Mapping) or not isinstance(fmt.get("type"), str):
+            raise ValueError(
+                'response_format must be an object with a "type": "text", "json_object" '
+                'or "json_schema"'
+            )
+        kind = fmt["type"]
+        if kind == "json_object":
+            asked.append(Constraint.json_object())
+        elif kind == "json_schema":
+            spec = fmt.get("json_schema")
+            if not isinstance(spec, Mapping) or not isinstance(spec.get("schema"), Mapping):
+                raise ValueError(
+                    'response_format of type "json_schema" needs "json_schema": '
+                    '{"name": ..., "schema": {...}}'
+                )
+            asked.append(Constraint.json_schema(spec["schema"]))
+        elif kind != "text":
+            raise ValueError(
+                f'response_format type must be "text", "json_object" or "json_schema", got {kind!r}'
+            )
+    if body.get("guided_json") is not None:
+        asked.append(Constraint.json_schema(body["guided_json"]))
+    if body.get("guided_regex") is not None:
+        asked.append(Constraint.regex(body["guided_regex"]))
+    if body.get("guided_choice") is not None:
+        choices = body["guided_choice"]
+        if not isinstance(choices, list):
+            raise ValueError("guided_choice must be a list of strings")
+        asked.append(Constraint.choice(choices))
+    if len(asked) > 1:
+        raise ValueError(
+            "give one of response_format (json_object or json_schema), guided_json, "
+            "guided_regex or guided_choice, not several"
+        )
+    return asked[0] if asked else None
+
 
 class GrammarState:
     """One constrained sequence's place in its grammar."""
@@ -171,14 +240,16 @@ class TokenGrammars:
         rows = [i for i, s in enumerate(states) if s is not None]
         if not rows:
             return
-        import llguidance.torch as llt
         import torch
 
-        bitmask = llt.allocate_token_bitmask(len(rows), self._vocab_size)
+        # One bit per token, 32 to an int32 word, filled by the matcher in place (llguidance's
+        # own torch helpers are not used: importing them compiles a kernel with torch.compile).
+        words = (self._vocab_size + 31) // 32
+        bitmask = torch.zeros((len(rows), words), dtype=torch.int32)
         for k, i in enumerate(rows):
             state = states[i]
             assert state is not None
-            llt.fill_next_token_bitmask(state._matcher, bitmask, k)
+            state._matcher.unsafe_compute_mask_ptr(bitmask[k].data_ptr(), words * 4)
         if self._bits is None:
             self._bits = torch.arange(32, dtype=torch.int32)
         # (rows, words) int32 -> (rows, words * 32) bool, one bit per token, low bit first.

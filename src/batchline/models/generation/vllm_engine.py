@@ -28,7 +28,7 @@ import contextlib
 import importlib
 import itertools
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol, Self, cast
+from typing import TYPE_CHECKING, Any, Protocol, Self, cast
 
 from batchline._batcher import State
 from batchline._errors import BatcherClosedError, ModelError, QueueFullError
@@ -86,6 +86,10 @@ class VllmEngine(Protocol):
 def to_vllm_sampling_params(params: SamplingParams) -> object:
     """batchline's :class:`SamplingParams` as ``vllm.SamplingParams`` (imports vLLM)."""
     vllm = importlib.import_module("vllm")
+    structured: dict[str, Any] = {}
+    if params.constraint is not None:
+        options = importlib.import_module("vllm.sampling_params").StructuredOutputsParams
+        structured["structured_outputs"] = options(**params.constraint.vllm_options())
     return cast(
         object,
         vllm.SamplingParams(
@@ -96,6 +100,7 @@ def to_vllm_sampling_params(params: SamplingParams) -> object:
             seed=params.seed,
             stop=list(params.stop),
             ignore_eos=params.ignore_eos,
+            **structured,
         ),
     )
 

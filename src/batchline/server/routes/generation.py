@@ -258,6 +258,10 @@ def _sampling(
     # never fit refuses the request before any of its prompts is admitted
     budget = getattr(served.generator, "kv_token_budget", None)
     budget = budget if isinstance(budget, int) and budget > 0 else None
+    try:
+        constraint = body.constraint()
+    except ValueError as exc:
+        raise _bad(str(exc)) from None
     params: list[SamplingParams] = []
     for i, ids in enumerate(prompts):
         max_tokens = body.max_tokens
@@ -272,6 +276,7 @@ def _sampling(
                     top_p=body.top_p if body.top_p is not None else 1.0,
                     seed=body.seed,
                     stop=stop,
+                    constraint=constraint,
                 )
             )
         except RecordTooLargeError as exc:
