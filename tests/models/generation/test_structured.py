@@ -25,7 +25,8 @@ ANSWER_SCHEMA = {
 def test_constraints_are_canonical_and_hashable() -> None:
     a = Constraint.json_schema(ANSWER_SCHEMA)
     b = Constraint.json_schema(json.dumps(ANSWER_SCHEMA, indent=2))
-    assert a == b and hash(a) == hash(b)
+    assert a == b
+    assert hash(a) == hash(b)
     assert SamplingParams(constraint=a) == SamplingParams(constraint=b)
     assert Constraint.choice(["yes", "no"]).vllm_options() == {"choice": ["yes", "no"]}
     assert Constraint.regex(r"\d+").vllm_options() == {"regex": r"\d+"}
