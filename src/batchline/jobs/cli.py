@@ -143,6 +143,7 @@ _GENERATION_FLAGS = {
     "stop": "--stop",
     "no_chat_template": "--no-chat-template",
     "prompt_column": "--prompt-column",
+    "response_format": "--response-format",
     "generation_batching": "--generation-batching",
     "max_running_sequences": "--max-running-sequences",
     "kv_token_budget": "--kv-token-budget",
@@ -164,6 +165,14 @@ def _add_generation_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--top-p", type=float, help="nucleus sampling mass, in (0, 1] (default 1)")
     g.add_argument(
         "--seed", type=int, help="sampling seed: record i draws from SEED + i (repeatable)"
+    )
+    g.add_argument(
+        "--response-format",
+        metavar="JSON",
+        help="constrain every completion (structured outputs): an OpenAI response_format "
+        '(\'{"type": "json_object"}\', \'{"type": "json_schema", "json_schema": {"schema": '
+        "...}}') or a bare JSON schema, as JSON text or @FILE; a record's own response_format, "
+        "guided_json, guided_regex or guided_choice field wins",
     )
     g.add_argument(
         "--stop",
@@ -338,6 +347,8 @@ def _generation_options(args: argparse.Namespace, options: Any) -> Any:
     }
     if args.stop:
         sampling["stop"] = tuple(args.stop)
+    if args.response_format is not None:
+        sampling["response_format"] = _json_argument(args.response_format, "--response-format")
     if args.no_chat_template:
         sampling["chat_template"] = False
     return GenerateOptions(**fields, **sampling)
@@ -372,3 +383,15 @@ if __name__ == "__main__":  # pragma: no cover
     from batchline.cli import main
 
     sys.exit(main(["run", *sys.argv[1:]]))
+
+
+def _json_argument(value: str, flag: str) -> str:
+    """``value``, or the text of the file it names as ``@FILE``."""
+    from batchline._errors import InputError
+
+    if not value.startswith("@"):
+        return value
+    try:
+        return Path(value[1:]).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"{flag} {value}: cannot read the file: {exc.strerror}") from None

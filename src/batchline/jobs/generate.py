@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -37,7 +38,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from batchline._errors import BatchlineError, InputError
 from batchline._stats import percentile
@@ -56,6 +57,11 @@ from batchline.jobs.run import (
     open_dataset_job,
 )
 from batchline.models.generation.engine import SamplingParams
+from batchline.models.generation.structured import (
+    GUIDED_FIELDS,
+    Constraint,
+    constraint_from_openai,
+)
 from batchline.models.protocol import ModelInfo
 
 if TYPE_CHECKING:
@@ -81,6 +87,8 @@ _SAMPLE_S = 0.25
 _SAMPLE_ON_DONE_S = 0.02
 #: Prompt columns looked for, in order, when none is named.
 PROMPT_COLUMNS = ("prompt", "messages", "text")
+#: Record fields that constrain that record's completion (see GenerateOptions).
+_CONSTRAINT_FIELDS = ("response_format", *GUIDED_FIELDS)
 _DEMO_NAME = "demo-prompts.jsonl"
 _DEMO_COUNT = 300
 
@@ -92,6 +100,12 @@ class GenerateOptions(RunOptions):
     ``seed`` with ``temperature > 0`` makes sampling repeatable: record ``i`` draws from
     ``seed + i``, whatever shares its batch (so a resumed job samples what the killed one
     would have).
+
+    ``response_format`` constrains every completion (structured outputs): JSON text of an
+    OpenAI ``response_format`` (``{"type": "json_schema", "json_schema": {"schema": ...}}``,
+    ``{"type": "json_object"}``) or of a bare JSON schema. A record with a
+    ``response_format``, ``guided_json``, ``guided_regex`` or ``guided_choice`` field uses
+    its own instead; a bad one fails that record only.
     """
 
     max_tokens: int = 256
@@ -102,6 +116,7 @@ class GenerateOptions(RunOptions):
     chat_template: bool = True
     #: the column holding prompts (text or chat messages); None: prompt, messages, else text
     prompt_column: str | None = None
+    response_format: str | None = None
 
     def sampling(self) -> SamplingParams:
         """The job's sampling parameters (``seed`` is per record: see the class docstring)."""
@@ -112,9 +127,42 @@ class GenerateOptions(RunOptions):
                 top_p=self.top_p,
                 seed=self.seed,
                 stop=tuple(self.stop),
+                constraint=job_constraint(self.response_format),
             )
         except ValueError as exc:
             raise InputError(f"sampling settings: {exc}") from None
+
+
+def job_constraint(response_format: str | None) -> Constraint | None:
+    """A job's ``--response-format`` (see :class:`GenerateOptions`) as a constraint."""
+    if response_format is None:
+        return None
+    try:
+        value = json.loads(response_format)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--response-format is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ValueError("--response-format must be a JSON object")
+    if value.get("type") in ("text", "json_object", "json_schema"):
+        return constraint_from_openai({"response_format": value})
+    return Constraint.json_schema(value)
+
+
+@functools.lru_cache(maxsize=256)
+def _record_constraint(fields: str) -> Constraint | None:
+    # keyed on the fields' JSON text: a job of one schema checks its grammar once
+    return constraint_from_openai(json.loads(fields))
+
+
+def record_constraint(record: Record) -> Constraint | Literal[False] | None:
+    """The constraint a record asks for in its own fields; False when it names none."""
+    value = record.value
+    if not isinstance(value, dict):
+        return False
+    fields = {k: value[k] for k in _CONSTRAINT_FIELDS if value.get(k) is not None}
+    if not fields:
+        return False
+    return _record_constraint(json.dumps(fields, sort_keys=True))
 
 
 @runtime_checkable
@@ -273,9 +321,24 @@ def _prompt_column(options: GenerateOptions, input_path: Path) -> str:
     return named
 
 
+def _whole_rows(options: GenerateOptions, input_path: Path) -> bool:
+    """Whether each record is read whole (all but plain text), so that any record may carry
+    its own constraint fields (a JSONL file's first line does not say whether others do)."""
+    probe = open_source(
+        input_path,
+        fmt=options.input_format,
+        input_kind="record",
+        extra_columns=(),
+        on_bad_record="skip",
+    )
+    return probe.format != "text"
+
+
 def _open(
     options: GenerateOptions, column: str, params: SamplingParams
 ) -> tuple[Source, ChunkWriter]:
+    assert options.input is not None
+    whole_rows = _whole_rows(options, options.input)
     info = ModelInfo(name="", task="generate")
     output = options.output or default_output(options.input, options.output_format, info)
     settings: dict[str, object] = {
@@ -286,6 +349,9 @@ def _open(
             "top_p": params.top_p,
             "seed": params.seed,
             "stop": list(params.stop),
+            "constraint": None
+            if params.constraint is None
+            else {"kind": params.constraint.kind, "spec": params.constraint.spec},
         },
         "chat_template": options.chat_template,
     }
@@ -297,7 +363,8 @@ def _open(
         result_column="text",
         result_kind="value",
         input_kind="record",
-        default_input=column,
+        # a record's constraint fields are read with its prompt (whole rows)
+        default_input=None if whole_rows else column,
     )
 
 
@@ -461,6 +528,9 @@ async def _pipeline(
             else dataclasses.replace(params, seed=params.seed + record.index)
         )
         try:
+            constraint = record_constraint(record)
+            if constraint is not False:
+                own = dataclasses.replace(own, constraint=constraint)
             stream = gen.submit(ids, own, request_id=f"record-{record.index}")
         except (BatchlineError, ValueError) as exc:
             # RecordTooLargeError (over the context or the KV budget) is this record's fault
