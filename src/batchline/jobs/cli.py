@@ -27,7 +27,12 @@ def add_dataset_arguments(p: argparse.ArgumentParser, *, suffix: str = "embeddin
     p.add_argument("--text-column", default="text", help="column holding the text (default: text)")
     p.add_argument("--id-column", help="column holding record ids (default: 'id' if present)")
     p.add_argument(
-        "--format", dest="input_format", choices=["jsonl", "csv", "parquet", "text", "npy"]
+        "--format",
+        dest="input_format",
+        choices=["jsonl", "csv", "parquet", "text", "npy", "openai-batch"],
+        help="the input's format (default: from its name); openai-batch: OpenAI batch requests "
+        "(detected from a .jsonl file's first line too), answered in an output file of the same "
+        "format",
     )
     p.add_argument("--output-format", choices=["parquet", "jsonl"], default="parquet")
     p.add_argument(
@@ -275,7 +280,8 @@ def _main(args: argparse.Namespace) -> int:
         input_columns=args.input_columns,
         text_column=args.text_column,
         id_column=args.id_column,
-        input_format=args.input_format,
+        # an OpenAI batch file is JSONL underneath (a generate job: _generation_options)
+        input_format="jsonl" if args.input_format == "openai-batch" else args.input_format,
         output_format=args.output_format,
         copy_columns=args.copy_columns,
         resume=args.resume,
@@ -323,7 +329,8 @@ def _generation_options(args: argparse.Namespace, options: Any) -> Any:
     from batchline.jobs.generate import GenerateOptions, is_generate_job
 
     given = given_flags(args, _GENERATION_FLAGS)
-    if not is_generate_job(options):
+    batch = args.input_format == "openai-batch"
+    if not batch and not is_generate_job(options):
         if given:
             raise InputError(
                 f"{given[0]} goes with text generation (--task generate, --model smollm2 or a "
@@ -347,6 +354,8 @@ def _generation_options(args: argparse.Namespace, options: Any) -> Any:
     }
     if args.stop:
         sampling["stop"] = tuple(args.stop)
+    if batch:
+        sampling["openai_batch"] = True
     if args.response_format is not None:
         sampling["response_format"] = _json_argument(args.response_format, "--response-format")
     if args.no_chat_template:

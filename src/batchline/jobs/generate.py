@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import functools
 import json
 import math
 import os
@@ -38,13 +37,15 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from batchline._errors import BatchlineError, InputError
 from batchline._stats import percentile
 from batchline.datasets.outcomes import Failed, Outcome, cancel, describe, write_outcomes
 from batchline.datasets.sinks import ChunkWriter
 from batchline.datasets.sources import BadRecord, Record, Source, open_source, read_blocks_ahead
+from batchline.jobs.openai_batch import detect_batch
+from batchline.jobs.requests import RecordRequests, job_constraint, reads_whole_rows
 from batchline.jobs.run import (
     Progress,
     RunOptions,
@@ -57,11 +58,6 @@ from batchline.jobs.run import (
     open_dataset_job,
 )
 from batchline.models.generation.engine import SamplingParams
-from batchline.models.generation.structured import (
-    GUIDED_FIELDS,
-    Constraint,
-    constraint_from_openai,
-)
 from batchline.models.protocol import ModelInfo
 
 if TYPE_CHECKING:
@@ -87,8 +83,6 @@ _SAMPLE_S = 0.25
 _SAMPLE_ON_DONE_S = 0.02
 #: Prompt columns looked for, in order, when none is named.
 PROMPT_COLUMNS = ("prompt", "messages", "text")
-#: Record fields that constrain that record's completion (see GenerateOptions).
-_CONSTRAINT_FIELDS = ("response_format", *GUIDED_FIELDS)
 _DEMO_NAME = "demo-prompts.jsonl"
 _DEMO_COUNT = 300
 
@@ -101,11 +95,8 @@ class GenerateOptions(RunOptions):
     ``seed + i``, whatever shares its batch (so a resumed job samples what the killed one
     would have).
 
-    ``response_format`` constrains every completion (structured outputs): JSON text of an
-    OpenAI ``response_format`` (``{"type": "json_schema", "json_schema": {"schema": ...}}``,
-    ``{"type": "json_object"}``) or of a bare JSON schema. A record with a
-    ``response_format``, ``guided_json``, ``guided_regex`` or ``guided_choice`` field uses
-    its own instead; a bad one fails that record only.
+    ``response_format`` constrains every completion (structured outputs; a record's own
+    fields win): see :mod:`batchline.jobs.requests`.
     """
 
     max_tokens: int = 256
@@ -117,6 +108,8 @@ class GenerateOptions(RunOptions):
     #: the column holding prompts (text or chat messages); None: prompt, messages, else text
     prompt_column: str | None = None
     response_format: str | None = None
+    #: the input is an OpenAI batch file (``--format openai-batch``; else detected from it)
+    openai_batch: bool = False
 
     def sampling(self) -> SamplingParams:
         """The job's sampling parameters (``seed`` is per record: see the class docstring)."""
@@ -131,38 +124,6 @@ class GenerateOptions(RunOptions):
             )
         except ValueError as exc:
             raise InputError(f"sampling settings: {exc}") from None
-
-
-def job_constraint(response_format: str | None) -> Constraint | None:
-    """A job's ``--response-format`` (see :class:`GenerateOptions`) as a constraint."""
-    if response_format is None:
-        return None
-    try:
-        value = json.loads(response_format)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"--response-format is not valid JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise ValueError("--response-format must be a JSON object")
-    if value.get("type") in ("text", "json_object", "json_schema"):
-        return constraint_from_openai({"response_format": value})
-    return Constraint.json_schema(value)
-
-
-@functools.lru_cache(maxsize=256)
-def _record_constraint(fields: str) -> Constraint | None:
-    # keyed on the fields' JSON text: a job of one schema checks its grammar once
-    return constraint_from_openai(json.loads(fields))
-
-
-def record_constraint(record: Record) -> Constraint | Literal[False] | None:
-    """The constraint a record asks for in its own fields; False when it names none."""
-    value = record.value
-    if not isinstance(value, dict):
-        return False
-    fields = {k: value[k] for k in _CONSTRAINT_FIELDS if value.get(k) is not None}
-    if not fields:
-        return False
-    return _record_constraint(json.dumps(fields, sort_keys=True))
 
 
 @runtime_checkable
@@ -250,6 +211,8 @@ def is_generate_job(options: RunOptions) -> bool:
     generates (``smollm2``, a Hugging Face causal-LM folder)."""
     if isinstance(options, GenerateOptions) or options.task == "generate":
         return True
+    if options.input is not None and detect_batch(as_generate_options(options)) is not None:
+        return True
     return bool(job_spec(options).generates)
 
 
@@ -321,24 +284,11 @@ def _prompt_column(options: GenerateOptions, input_path: Path) -> str:
     return named
 
 
-def _whole_rows(options: GenerateOptions, input_path: Path) -> bool:
-    """Whether each record is read whole (all but plain text), so that any record may carry
-    its own constraint fields (a JSONL file's first line does not say whether others do)."""
-    probe = open_source(
-        input_path,
-        fmt=options.input_format,
-        input_kind="record",
-        extra_columns=(),
-        on_bad_record="skip",
-    )
-    return probe.format != "text"
-
-
 def _open(
     options: GenerateOptions, column: str, params: SamplingParams
 ) -> tuple[Source, ChunkWriter]:
     assert options.input is not None
-    whole_rows = _whole_rows(options, options.input)
+    whole_rows = reads_whole_rows(options.input, options.input_format)
     info = ModelInfo(name="", task="generate")
     output = options.output or default_output(options.input, options.output_format, info)
     settings: dict[str, object] = {
@@ -368,28 +318,13 @@ def _open(
     )
 
 
-def _prompt_of(record: Record, column: str) -> object:
-    value = record.value
-    if isinstance(value, dict):
-        return value.get(column)
-    return record.text
-
-
 def _encode(
-    model: GenerationModel, records: Sequence[Record], column: str, chat_template: bool
+    model: GenerationModel, records: Sequence[Record], requests: RecordRequests
 ) -> list[list[int] | Failed]:
     out: list[list[int] | Failed] = []
     for record in records:
-        prompt = _prompt_of(record, column)
-        if not isinstance(prompt, str | list):
-            out.append(
-                Failed(
-                    f"bad input: prompt {column!r} is {type(prompt).__name__}, not text or a "
-                    "list of chat messages"
-                )
-            )
-            continue
         try:
+            prompt, chat_template = requests.prompt(record)
             ids = model.encode(prompt, chat_template=chat_template)
         except (BatchlineError, ValueError, TypeError) as exc:
             out.append(Failed(f"bad input: {describe(exc)}"))
@@ -434,7 +369,14 @@ async def run_generate_job(
     assert opts.input is not None
     shown: Progress = progress if progress is not None else _Silent()
     spec = job_spec(dataclasses.replace(opts, task=opts.task or "generate"))
-    column = await asyncio.to_thread(_prompt_column, opts, opts.input)
+    batch = await asyncio.to_thread(detect_batch, opts)
+    if batch is not None:
+        opts = batch.job_options(opts)
+    input_path: Path = opts.input if opts.input is not None else Path()
+    column = "body" if batch else await asyncio.to_thread(_prompt_column, opts, input_path)
+    requests = RecordRequests(
+        column, opts.chat_template, params, openai_batch=batch is not None, model_name=spec.name
+    )
     from batchline.models.generation.load import load_text_generator
 
     # The model loads before the output opens (as in run): a model that fails to load leaves
@@ -446,13 +388,18 @@ async def run_generate_job(
             if writer.manifest.complete:
                 total = writer.manifest.total_records or 0
                 shown.start(total, total)
-                return _summary(writer.out_dir, opts, 0, 0, total, total, 0.0, None, None, [])
-            committed = writer.committed_ranges()
-            already = sum(hi - lo for lo, hi in committed)
-            shown.start(expected_records(source, opts.limit), already)
-            return await _pipeline(source, writer, model, opts, params, column, committed, shown)
+                summary = _summary(writer.out_dir, opts, 0, 0, total, total, 0.0, None, None, [])
+            else:
+                committed = writer.committed_ranges()
+                already = sum(hi - lo for lo, hi in committed)
+                shown.start(expected_records(source, opts.limit), already)
+                summary = await _pipeline(source, writer, model, opts, requests, committed, shown)
     finally:
         model.close()
+    if batch is not None:
+        output = await asyncio.to_thread(batch.write_output)
+        summary = dataclasses.replace(summary, output=output)
+    return summary
 
 
 async def _pipeline(
@@ -460,8 +407,7 @@ async def _pipeline(
     writer: ChunkWriter,
     model: GenerationModel,
     options: GenerateOptions,
-    params: SamplingParams,
-    column: str,
+    requests: RecordRequests,
     committed: list[tuple[int, int]],
     progress: Progress,
 ) -> GenerateSummary:
@@ -509,7 +455,7 @@ async def _pipeline(
         try:
             futures = [p for p in pending if not isinstance(p, Failed)]
             await asyncio.gather(*futures, return_exceptions=True)
-            rows, outcomes = _outcomes(records, pending)
+            rows, outcomes = _outcomes(records, pending, stamp=requests.openai_batch)
             written, skipped = await asyncio.to_thread(
                 write_outcomes, writer, rows, outcomes, on_bad_record=options.on_bad_record
             )
@@ -522,15 +468,8 @@ async def _pipeline(
             failure.append(exc)
 
     def submit(record: Record, ids: list[int]) -> asyncio.Future[Completion] | Failed:
-        own = (
-            params
-            if params.seed is None
-            else dataclasses.replace(params, seed=params.seed + record.index)
-        )
         try:
-            constraint = record_constraint(record)
-            if constraint is not False:
-                own = dataclasses.replace(own, constraint=constraint)
+            own = requests.params(record)
             stream = gen.submit(ids, own, request_id=f"record-{record.index}")
         except (BatchlineError, ValueError) as exc:
             # RecordTooLargeError (over the context or the KV budget) is this record's fault
@@ -555,9 +494,7 @@ async def _pipeline(
                 records = [item for item in block if isinstance(item, Record)]
                 if not records:
                     continue
-                encoded = await asyncio.to_thread(
-                    _encode, model, records, column, options.chat_template
-                )
+                encoded = await asyncio.to_thread(_encode, model, records, requests)
                 pending: list[asyncio.Future[Completion] | Failed] = []
                 for record, ids in zip(records, encoded, strict=True):
                     if isinstance(ids, Failed):
@@ -611,9 +548,13 @@ async def _pipeline(
 
 
 def _outcomes(
-    records: Sequence[Record], pending: Sequence[asyncio.Future[Completion] | Failed]
+    records: Sequence[Record],
+    pending: Sequence[asyncio.Future[Completion] | Failed],
+    *,
+    stamp: bool = False,
 ) -> tuple[list[Record], list[Outcome]]:
-    """Each record (its completion's figures added as columns) and its outcome, in order."""
+    """Each record (its completion's figures added as columns, and with ``stamp`` the Unix
+    time it was written, ``created``) and its outcome, in order."""
     rows: list[Record] = []
     outcomes: list[Outcome] = []
     for record, p in zip(records, pending, strict=True):
@@ -640,6 +581,8 @@ def _outcomes(
             "prompt_tokens": done.prompt_tokens,
             "completion_tokens": done.completion_tokens,
         }
+        if stamp:
+            figures["created"] = int(time.time())
         rows.append(dataclasses.replace(record, extra={**record.extra, **figures}))
         outcomes.append(done.text)
     return rows, outcomes
