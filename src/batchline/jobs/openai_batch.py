@@ -63,8 +63,8 @@ def detect_batch(options: GenerateOptions) -> BatchFiles | None:
     """The batch files of a job whose input is an OpenAI batch file (``--format openai-batch``,
     or a JSONL input whose first line is a batch request); None for any other job."""
     path = options.input
-    if path is None:
-        return None
+    if path is None or not path.is_file():
+        return None  # a missing input is the reader's error to name
     fmt = options.input_format
     if not options.openai_batch and (
         fmt not in (None, "jsonl")
