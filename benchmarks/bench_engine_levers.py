@@ -2,12 +2,14 @@
 vLLM comparison: ``--clients`` concurrent clients (closed loop), greedy, ``max_tokens`` seeded
 in ``--min-new``..``--max-new``, ``--requests`` requests of the demo math prompts through the
 chat template, SmolLM2. The engine is driven directly (no server, no scheduler thread), so what
-differs between configurations is the engine alone.
+differs between configurations is the engine alone. The configurations run in lockstep, one
+step each in turn (the first alternating), each timed on its own steps' clock: a neighbour's
+burst on a shared machine hits them all alike.
 
 A configuration is ``DTYPE[:packed][/STEP_TOKENS][@THREADS]``: ``float32``, ``bfloat16``
 (plain ``nn.Linear``), ``bfloat16:packed`` (weights packed for oneDNN, what ``load`` does),
 ``/512`` a ``max_step_tokens`` (chunked prefill; none: every prompt whole), ``@2`` intra-op
-threads. Repeats alternate the order. Printed per configuration: tokens/s, TTFT p50/p99 and
+threads. Printed per configuration: tokens/s, TTFT p50/p99 and
 the longest step (medians over repeats), and each one's ratio to the first.
 
     python benchmarks/bench_engine_levers.py float32 bfloat16 bfloat16:packed
@@ -106,37 +108,49 @@ def main() -> None:
         for d in demo_prompts(args.requests)
     ]
 
-    def run(c: Config) -> tuple[float, float, float, float]:
-        torch.set_num_threads(c.threads)
-        engine = TorchStepEngine(models[c.dtype, c.packed], max_step_tokens=c.step_tokens)
-        queue = list(enumerate(work))
-        submitted: dict[str, float] = {}
-        ttft: list[float] = []
-        tokens = 0
-        longest = 0.0
+    class Run:
+        """One configuration's closed loop, stepped one step at a time; its clock counts only
+        its own steps, so runs stepped in lockstep share the machine's ups and downs alike."""
 
-        def add() -> None:
-            i, (prompt, n) = queue.pop(0)
+        def __init__(self, c: Config) -> None:
+            self.config = c
+            self.engine = TorchStepEngine(models[c.dtype, c.packed], max_step_tokens=c.step_tokens)
+            self.queue = list(enumerate(work))
+            self.clock = 0.0
+            self.submitted: dict[str, float] = {}
+            self.ttft: list[float] = []
+            self.tokens = 0
+            self.longest = 0.0
+            for _ in range(min(args.clients, len(self.queue))):
+                self.add()
+
+        def add(self) -> None:
+            i, (prompt, n) = self.queue.pop(0)
             params = SamplingParams(max_tokens=n, ignore_eos=True)
-            engine.add_request(GenerationRequest(str(i), prompt, params))
-            submitted[str(i)] = time.perf_counter()
+            self.engine.add_request(GenerationRequest(str(i), prompt, params))
+            self.submitted[str(i)] = self.clock
 
-        start = time.perf_counter()
-        for _ in range(min(args.clients, len(queue))):
-            add()
-        while engine.has_unfinished():
+        def step(self) -> bool:
+            """One step; False once every request has finished."""
+            if not self.engine.has_unfinished():
+                return False
+            torch.set_num_threads(self.config.threads)
             t0 = time.perf_counter()
-            outs = engine.step()
-            now = time.perf_counter()
-            longest = max(longest, now - t0)
+            outs = self.engine.step()
+            took = time.perf_counter() - t0
+            self.clock += took
+            self.longest = max(self.longest, took)
             for out in outs:
-                tokens += len(out.token_ids)
-                if out.request_id in submitted:
-                    ttft.append(now - submitted.pop(out.request_id))
-                if out.finished and queue:
-                    add()
-        wall = time.perf_counter() - start
-        return tokens / wall, percentile(ttft, 50), percentile(ttft, 99), longest
+                self.tokens += len(out.token_ids)
+                if out.request_id in self.submitted:
+                    self.ttft.append(self.clock - self.submitted.pop(out.request_id))
+                if out.finished and self.queue:
+                    self.add()
+            return True
+
+        def figures(self) -> tuple[float, float, float, float]:
+            p50, p99 = percentile(self.ttft, 50), percentile(self.ttft, 99)
+            return self.tokens / self.clock, p50, p99, self.longest
 
     spinner = None
     if args.busy:
@@ -145,13 +159,21 @@ def main() -> None:
     figures: dict[str, list[tuple[float, float, float, float]]] = {c.name: [] for c in configs}
     try:
         for repeat in range(args.repeats):
-            order = configs if repeat % 2 == 0 else list(reversed(configs))
-            for c in order:
-                got = run(c)
-                figures[c.name].append(got)
+            runs = [Run(c) for c in configs]
+            turn = 0
+            while True:
+                # alternate which goes first, step by step
+                order = runs if turn % 2 == 0 else list(reversed(runs))
+                stepped = [r.step() for r in order]
+                turn += 1
+                if not any(stepped):
+                    break
+            for r in runs:
+                got = r.figures()
+                figures[r.config.name].append(got)
                 print(
-                    f"#{repeat} {c.name}: {got[0]:.1f} tok/s, TTFT p50 {got[1]:.2f} s p99 "
-                    f"{got[2]:.2f} s, longest step {got[3]:.2f} s",
+                    f"#{repeat} {r.config.name}: {got[0]:.1f} tok/s, TTFT p50 {got[1]:.2f} s "
+                    f"p99 {got[2]:.2f} s, longest step {got[3]:.2f} s",
                     flush=True,
                 )
     finally:

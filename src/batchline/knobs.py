@@ -120,6 +120,12 @@ class Knobs:
     kv_token_budget: int = 16_384
     generation_backend: str = "torch"
     dtype: str = "auto"
+    # Chunked prefill's per-step budget. benchmarks/bench_engine_levers.py, the chat workload
+    # (96 requests, 16 clients, max_tokens 8-128), SmolLM2 bf16, lockstep A/B on this busy 2-core
+    # machine (2026-11-24): tokens/s the same with any budget (x1.03 of unchunked); TTFT p99
+    # 21.1 s unchunked (16 prompts prefilled in one step), 8.7 s at 256, 7.5 s at 512, 5.0 s at
+    # 1024; the longest step 21.1 s against 3.5-4.1 s. 512, not 1024: a step of 512 prompt tokens
+    # already stalls the running rows ~1 s here (~2 ms a prompt token), and 1024 doubles that.
     max_step_tokens: int = 512
 
     def __post_init__(self) -> None:

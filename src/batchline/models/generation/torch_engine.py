@@ -388,7 +388,7 @@ class TorchStepEngine:
             n = piece.end - piece.begin
             mask = causal_mask(n, piece.begin, self._device)
             if piece.last:
-                slot = len(rows) + len(joins)
+                slot = len(rows) + sum(j.slot is not None for j in joins)
                 start = end - len(prompt)
                 self._copy_source(piece, slot, start)
                 joins.append(Join(slot, start, end, len(ids), n, mask))
