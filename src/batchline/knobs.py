@@ -106,9 +106,10 @@ class Knobs:
     max_concurrent_batches: int = dataclasses.field(default_factory=machine_cores)
     sessions: int = dataclasses.field(default_factory=machine_cores)
     # One thread per session or torch generation engine. The engine's 16-row SmolLM2 bf16 decode
-    # step, in-process A/B alternating 1 and 2 threads (2026-11-24, this shared 2-core machine at
-    # load ~7): 373 ms median with 1, 1,546 ms with 2 while one more process spins (a server's
-    # front end); 519 against 4,017 ms without it. A second thread waits on a busy core.
+    # step, in-process A/B alternating 1 and 2 threads (2026-11-24, this shared 2-core machine):
+    # at load ~2, 122 ms median with 1, 1,227 ms with 2 while one more process spins (a server's
+    # front end), 112 against 693 ms without it; at load ~7, 373 against 1,546 ms. A second
+    # thread waits on a busy core.
     intra_op_threads: int = 1
     min_batch_size: int = 1
     batch_timeout_s: float = 0.05
