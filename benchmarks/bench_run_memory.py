@@ -29,18 +29,18 @@ from pathlib import Path
 from batchline.jobs import run as job
 
 if sys.argv[3] == "stand-in":
-    real_load = job.load_embedder
+    real_load = job.load_job_model
 
-    def fast_embedder(model, tokenizer, knobs):
-        emb = real_load(model, tokenizer, knobs)
+    def fast_model(options, knobs):
+        model = real_load(options, knobs)
         rng = np.random.default_rng(0)
-        def fake(batch):
-            return list(rng.standard_normal((len(batch), 384), dtype=np.float32))
-        emb.batcher._process_fn = fake
-        emb.batcher._sync_fn = fake
-        return emb
+        # the model call alone is replaced: tokenizer, batcher, queue and writer are real
+        model.run_batch = lambda batch: list(
+            rng.standard_normal((len(batch), 384), dtype=np.float32)
+        )
+        return model
 
-    job.load_embedder = fast_embedder
+    job.load_job_model = fast_model
 
 summary = job.run(job.RunOptions(input=Path(sys.argv[1]), output=Path(sys.argv[2])))
 peak_kb = next(

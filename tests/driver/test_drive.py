@@ -352,7 +352,7 @@ async def test_the_generate_route_and_a_limit(tmp_path: Path) -> None:
     table = read_output(tmp_path / "out")
     assert table.column("index").to_pylist() == list(range(33))
     np.testing.assert_allclose(
-        np.array(table.column("result").to_pylist()), fake_vectors(items[:33]), rtol=1e-6
+        np.array(table.column("text").to_pylist()), fake_vectors(items[:33]), rtol=1e-6
     )
     assert Manifest.load(tmp_path / "out").settings["route"] == "generate"
 

@@ -2,10 +2,11 @@
 drive --route generate`` fanning a prompts file out to them, every prompt's text written
 exactly once, in order, and equal to what ``batchline run --model PATH/`` generates offline.
 
-The model is the tiny random Llama saved as a Hugging Face folder. ``drive --max-tokens N``
-sends ``max_tokens`` with each chunk (``/generate`` encodes the prompt as it is, no chat
-template, greedy), so ``run --no-chat-template --max-tokens N`` asks for the same.
-Assertions are on counts, order and contents, never on time.
+The model is the tiny random Llama saved as a Hugging Face folder (it has a chat template).
+``drive --max-tokens N`` sends ``max_tokens`` with each chunk (greedy); by default both
+``drive`` and ``run`` send each prompt through the chat template (``"chat": true`` in the
+``/generate`` body), and with ``--no-chat-template`` both send it raw. Either way the two write
+the same columns and texts. Assertions are on counts, order and contents, never on time.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def test_drive_over_two_replicas_writes_each_prompts_text_once_in_order_as_run_d
     out = tmp_path / "driven"
     argv = ["drive", str(src), "--route", "generate", "--endpoint", a.url, "--endpoint", b.url]
     argv += ["-o", str(out), "--chunk-size", "4", "--concurrency", "4", "--quiet"]
-    argv += ["--max-tokens", str(max_tokens)]
+    argv += ["--max-tokens", str(max_tokens), "--no-chat-template"]
     assert main(argv) == 0, a.output()[-2000:] + b.output()[-2000:]
 
     offline = tmp_path / "offline"
@@ -83,12 +84,32 @@ def test_drive_over_two_replicas_writes_each_prompts_text_once_in_order_as_run_d
     assert [r["id"] for r in driven] == [f"p{i}" for i in range(N_PROMPTS)]
     assert [r["index"] for r in expected] == list(range(N_PROMPTS))
     # the same greedy text through two replicas as offline
-    assert [r["result"] for r in driven] == [r["text"] for r in expected]
+    assert [r["text"] for r in driven] == [r["text"] for r in expected]
     assert any(r["text"] for r in expected)  # the comparison is not of empty strings
     # both replicas generated, and the prompts were generated once between them
     served = [finished(server.url) for server in (a, b)]
     assert all(n > 0 for n in served)
     assert sum(served) == N_PROMPTS
+
+    # the defaults: both through the chat template, the same columns and the same texts
+    chat_driven = tmp_path / "chat-driven"
+    argv = ["drive", str(src), "--route", "generate", "--endpoint", a.url, "--endpoint", b.url]
+    argv += ["-o", str(chat_driven), "--chunk-size", "4", "--quiet"]
+    argv += ["--max-tokens", str(max_tokens)]
+    assert main(argv) == 0, a.output()[-2000:] + b.output()[-2000:]
+    chat_offline = tmp_path / "chat-offline"
+    argv = ["run", str(src), "--model", f"{tiny}/", "-o", str(chat_offline), "--quiet"]
+    argv += ["--max-tokens", str(max_tokens)]
+    assert main(argv) == 0
+    got, want = read_output(chat_driven), read_output(chat_offline)
+    assert got.column_names == want.column_names
+    assert {"text", "finish_reason", "prompt_tokens", "completion_tokens"} <= set(got.column_names)
+    assert got.to_pylist() == want.to_pylist()  # ids, texts, finish reasons, token counts
+    # the template was applied: the prompts are longer than the raw ones
+    raw_tokens = [r["prompt_tokens"] for r in expected]
+    assert all(
+        c > r for c, r in zip(got.column("prompt_tokens").to_pylist(), raw_tokens, strict=True)
+    )
 
 
 def finished(url: str) -> int:

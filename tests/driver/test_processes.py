@@ -63,7 +63,7 @@ class Counter:
     def start(self, total: int | None, already_done: int) -> None:
         pass
 
-    def advance(self, records: int, failed: int) -> None:
+    def advance(self, records: int, *, failed: int = 0, utilization: float = 0.0) -> None:
         self.done += records
 
 

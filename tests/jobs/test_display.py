@@ -15,7 +15,7 @@ def draw(module: object, note_arg: float) -> str:
     console = Console(file=io.StringIO(), force_terminal=True, width=160)
     bar = module._bar(console)  # type: ignore[attr-defined]
     bar.start(10, 2)
-    bar.advance(3, note_arg)
+    bar.advance(3, utilization=note_arg)
     bar.close()
     return console.file.getvalue()  # type: ignore[attr-defined]
 
@@ -30,8 +30,8 @@ def test_drive_bar_counts_failures_across_calls() -> None:
     console = Console(file=io.StringIO(), force_terminal=True, width=160)
     bar = drive_cli._bar(console)
     bar.start(None, 0)
-    bar.advance(4, 1)
-    bar.advance(4, 2)
+    bar.advance(4, failed=1)
+    bar.advance(4, failed=2)
     bar.close()
     assert "3 failed" in console.file.getvalue()  # type: ignore[attr-defined]
 

@@ -143,7 +143,7 @@ def test_every_line_answered_once_in_the_openai_format(tiny: Path, tmp_path: Pat
         tmp_path / "plain.jsonl",
         [{"messages": [{"role": "user", "content": "question 0"}]}],
     )
-    from batchline.datasets.sinks import read_output
+    from batchline.datasets.readers import read_output
     from batchline.jobs.generate import GenerateOptions
     from batchline.jobs.run import run
 

@@ -19,7 +19,12 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
-from batchline.datasets.sinks import ChunkWriter, read_output, read_skipped
+from batchline.datasets.sinks import (
+    PAUSE_AFTER_CHUNKS_ENV,
+    ChunkWriter,
+    read_output,
+    read_skipped,
+)
 from batchline.jobs.run import RunOptions, run
 from batchline.knobs import Knobs
 
@@ -216,7 +221,8 @@ def test_kill_9_then_resume_gives_every_record_exactly_once(tmp_path: Path) -> N
     texts = [f"record number {i}: " + "word " * (i % 40) for i in range(1500)]
     src = write_input(tmp_path / "in.jsonl", "jsonl", texts)
     out = tmp_path / "out"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    # the writer pauses after 3 committed chunks (a test hook), so the kill lands mid-job
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", PAUSE_AFTER_CHUNKS_ENV: "3"}
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -240,7 +246,7 @@ def test_kill_9_then_resume_gives_every_record_exactly_once(tmp_path: Path) -> N
         for _ in range(6000):  # bounded wait (at most ~5 min) for the first committed chunks
             if proc.poll() is not None:
                 break
-            if manifest.exists() and len(json.loads(manifest.read_text())["chunks"]) >= 2:
+            if manifest.exists() and len(json.loads(manifest.read_text())["chunks"]) >= 3:
                 break
             time.sleep(0.05)
         assert proc.poll() is None, "the job ended before it could be killed"
@@ -251,6 +257,7 @@ def test_kill_9_then_resume_gives_every_record_exactly_once(tmp_path: Path) -> N
             proc.stderr.close()
     committed = len(json.loads(manifest.read_text())["chunks"])
     assert 2 <= committed < 30
+    assert committed == 3
 
     result = cli(str(src), "-o", str(out), "--resume", "--chunk-size", "50", cwd=tmp_path)
     assert result.returncode == 0, result.stderr

@@ -12,6 +12,8 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 pytest.importorskip("onnxruntime")
@@ -20,7 +22,7 @@ pytest.importorskip("pyarrow")
 import onnxruntime as ort
 
 from batchline.cli import main
-from batchline.datasets.sinks import read_output, read_skipped
+from batchline.datasets.sinks import read_arrays, read_output, read_skipped
 from tests.models.onnx_builders import IMAGE_SHAPE, image_classifier, text_classifier
 
 FACTORY = textwrap.dedent(
@@ -126,9 +128,21 @@ def test_npy_rows_through_an_onnx_tensor_model_equal_onnxruntime(tmp_path: Path)
     assert main([*argv, "-o", str(out), "--quiet"]) == 0
     rows = read_output(out).to_pylist()
     assert [r["index"] for r in rows] == list(range(70))
-    got = np.array([json.loads(r["outputs"])["logits"] for r in rows], dtype=np.float32)
+    got = np.array([r["outputs"]["logits"] for r in rows], dtype=np.float32)
     (want,) = ort.InferenceSession(str(model)).run(None, {"input": images})
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    # numbers, not JSON text: what pyarrow, pandas and numpy users read
+    part = pq.read_table(next(out.glob("part-*.parquet")))
+    outputs = part.schema.field("outputs").type
+    assert pa.types.is_struct(outputs)
+    logits = outputs.field("logits").type
+    assert pa.types.is_fixed_size_list(logits)  # the model declares 5 logits per row
+    assert logits.list_size == 5
+    assert pa.types.is_floating(logits.value_type)
+    assert isinstance(part.column("outputs").to_pylist()[0]["logits"][0], float)
+    arrays = read_arrays(out)
+    assert arrays["logits"].shape == (70, 5)
+    np.testing.assert_allclose(arrays["logits"], want, rtol=1e-5, atol=1e-5)
 
 
 def test_list_columns_feed_a_tensor_model(tmp_path: Path) -> None:
@@ -142,7 +156,7 @@ def test_list_columns_feed_a_tensor_model(tmp_path: Path) -> None:
     argv[argv.index("pixels")] = "input"
     data.write_text("".join(json.dumps({"input": im.tolist()}) + "\n" for im in images))
     assert main([*argv, "--quiet", "--overwrite"]) == 0
-    got = [json.loads(r["outputs"])["logits"] for r in read_output(out).to_pylist()]
+    got = [r["outputs"]["logits"] for r in read_output(out).to_pylist()]
     (want,) = ort.InferenceSession(str(model)).run(None, {"input": images})
     np.testing.assert_allclose(np.array(got, dtype=np.float32), want, rtol=1e-5, atol=1e-5)
 
@@ -155,7 +169,12 @@ def test_an_onnx_classifier_labels_each_text(tmp_path: Path) -> None:
     out = tmp_path / "out"
     assert main(["run", str(data), "--model", str(clf.model), "-o", str(out), "--quiet"]) == 0
     rows = read_output(out).to_pylist()
-    results = [json.loads(r["classification"]) for r in rows]
+    results = [r["classification"] for r in rows]
+    # a struct column: the label a string, the scores numbers
+    kind = pq.read_table(next(out.glob("part-*.parquet"))).schema.field("classification").type
+    assert pa.types.is_struct(kind)
+    assert pa.types.is_string(kind.field("label").type)
+    assert pa.types.is_floating(kind.field("score").type)
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(clf.tokenizer))

@@ -61,7 +61,7 @@ def test_info_and_details(predictor: OnnxPredictor) -> None:
     assert (info.name, info.task, info.input_kind) == ("image_classifier", "predict", "tensors")
     assert (info.cost_kind, info.result_kind, info.result_column) == (
         "additive",
-        "value",
+        "tensors",
         "outputs",
     )
     assert info.details == {

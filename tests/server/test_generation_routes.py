@@ -266,9 +266,33 @@ async def test_generate_answers_every_prompt_in_order() -> None:
     body = r.json()
     assert body == {
         "results": [expected(p, 6) for p in prompts],
+        "details": [
+            {"finish_reason": "length", "prompt_tokens": len(TOK.encode(p)), "completion_tokens": 6}
+            for p in prompts
+        ],
         "task_id": "t-1",
         "model": "fake",
     }
+
+
+async def test_generate_with_chat_sends_each_prompt_through_the_chat_template() -> None:
+    """``"chat": true`` (what ``drive`` sends): a prompt is one user message, as ``run`` takes a
+    text prompt; without it (the seed's body) the prompt is raw."""
+    app, _ = make_app(served())
+    prompts = ["2 + 2 =", "x"]
+    async with client_for(app) as client:
+        chat = await client.post(
+            "/generate", json={"prompts": prompts, "max_tokens": 5, "chat": True}
+        )
+        raw = await client.post("/generate", json={"prompts": prompts, "max_tokens": 5})
+    assert chat.status_code == raw.status_code == 200, chat.text
+    templated = [chat_text([{"role": "user", "content": p}]) for p in prompts]
+    assert chat.json()["results"] == [expected(t, 5) for t in templated]
+    assert [d["prompt_tokens"] for d in chat.json()["details"]] == [
+        len(TOK.encode(t)) for t in templated
+    ]
+    assert raw.json()["results"] == [expected(p, 5) for p in prompts]
+    assert chat.json()["results"] != raw.json()["results"]
 
 
 async def test_generate_without_max_tokens_uses_what_the_context_leaves() -> None:

@@ -1,108 +1,61 @@
 """Per-record outcomes of a job over a dataset, handled once for every engine.
 
-A block of records is prepared and batched by :func:`process_block` (where the model runs: this
-process, or a Ray replica), which turns each record's fate into an :data:`Outcome`: its encoded
-result, or a :class:`Failed`. :func:`write_outcomes` (where the output is written) hands the
-results to the chunk writer and the failures to ``_skipped.jsonl`` or stops the job, by the
-job's ``on_bad_record`` rule. Outcomes are plain picklable values, so they cross a Ray boundary.
+Whatever runs the records (a batch model here, a generator, a Ray replica, an HTTP replica)
+turns each record's fate into an :data:`Outcome`: its result (with extra output columns, a
+:class:`Result`), or a :class:`Failed`. :func:`write_outcomes` (where the output is written)
+hands the results to the chunk writer and the failures to ``_skipped.jsonl`` or stops the job,
+by the job's ``on_bad_record`` rule. Outcomes are plain picklable values, so they cross a Ray
+boundary.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, NamedTuple
 
 from batchline._errors import InputError
-from batchline.datasets.sinks import ChunkWriter
-from batchline.datasets.sources import Record
-from batchline.models.batching import ModelBatcher
 
-__all__ = [
-    "Failed",
-    "Outcome",
-    "cancel",
-    "collect",
-    "describe",
-    "process_block",
-    "submit_block",
-    "write_outcomes",
-]
+if TYPE_CHECKING:
+    from batchline.datasets.sinks import ChunkWriter
+    from batchline.datasets.sources import Record
+
+__all__ = ["Failed", "Outcome", "Result", "Written", "describe", "write_outcomes"]
 
 
 @dataclass(frozen=True, slots=True)
 class Failed:
-    """A record the model could not take (bad input) or failed on (its own exception)."""
+    """A record the model could not take (bad input) or failed on (its own exception).
+
+    ``record_fault=False`` marks a failure on the way (an HTTP request that failed for good):
+    the record is always listed in ``_skipped.jsonl`` and counted as failed, and the job goes
+    on whatever ``on_bad_record`` says.
+    """
 
     message: str
+    record_fault: bool = True
 
 
-Outcome = object  # an encoded result, or a Failed
+@dataclass(frozen=True, slots=True)
+class Result:
+    """A result with more output columns than the result column (a completion's
+    ``finish_reason`` and token counts)."""
+
+    value: object
+    columns: Mapping[str, object]
 
 
-async def submit_block(
-    engine: ModelBatcher[Any, Any], inputs: Sequence[object]
-) -> list[asyncio.Future[Any] | Failed]:
-    """Prepare ``inputs`` off the event loop and queue them (waiting for room in the queue);
-    a record that ``prepare`` refuses is its :class:`Failed` at once."""
-    model = engine.model
-    prepared = await asyncio.to_thread(model.prepare, list(inputs))
-    if len(prepared) != len(inputs):
-        raise InputError(
-            f"model {model.info.name!r}: prepare() returned {len(prepared)} items for "
-            f"{len(inputs)} inputs"
-        )
-    pending: list[asyncio.Future[Any] | Failed] = []
-    try:
-        for item in prepared:
-            if isinstance(item, BaseException):
-                pending.append(Failed(f"bad input: {describe(item)}"))
-            else:
-                pending.append(await engine.submit(item))
-    except BaseException:
-        cancel(pending)
-        raise
-    return pending
+Outcome = object  # an encoded result, a Result, or a Failed
 
 
-async def collect(
-    engine: ModelBatcher[Any, Any], pending: Sequence[asyncio.Future[Any] | Failed]
-) -> list[Outcome]:
-    """Wait for every queued record and encode its result; one record's exception (the batcher
-    has bisected its batch down to it) is that record's :class:`Failed`, in order."""
-    futures = [f for f in pending if not isinstance(f, Failed)]
-    try:
-        await asyncio.gather(*futures, return_exceptions=True)
-    except BaseException:
-        cancel(pending)
-        raise
-    encode = engine.model.encode
-    outcomes: list[Outcome] = []
-    for f in pending:
-        if isinstance(f, Failed):
-            outcomes.append(f)
-            continue
-        exc = f.exception()
-        if exc is None:
-            outcomes.append(encode(f.result()))
-        elif isinstance(exc, Exception):
-            outcomes.append(Failed(f"model error: {describe(exc)}"))
-        else:  # KeyboardInterrupt and the like are not a record's fault
-            raise exc
-    return outcomes
+class Written(NamedTuple):
+    """What :func:`write_outcomes` did with a block: rows written, records skipped, and of
+    those the ones that failed on the way (``Failed.record_fault`` false)."""
 
-
-async def process_block(engine: ModelBatcher[Any, Any], inputs: Sequence[object]) -> list[Outcome]:
-    """:func:`submit_block` then :func:`collect`: every input's outcome, in order."""
-    return await collect(engine, await submit_block(engine, inputs))
-
-
-def cancel(pending: Sequence[asyncio.Future[Any] | Failed]) -> None:
-    """Withdraw whatever is still queued (a stopping job)."""
-    for f in pending:
-        if not isinstance(f, Failed):
-            f.cancel()
+    written: int
+    skipped: int
+    failed: int
 
 
 def write_outcomes(
@@ -111,27 +64,39 @@ def write_outcomes(
     outcomes: Sequence[Outcome],
     *,
     on_bad_record: str,
-) -> tuple[int, int]:
-    """Write the results and list the failures; ``(written, skipped)``.
+) -> Written:
+    """Write the results and list the failures.
 
-    With ``on_bad_record="fail"`` the first failure stops the job (``InputError`` naming the
-    record) before anything of this block is written. Sync: call it in a worker thread.
+    With ``on_bad_record="fail"`` the first failure that is the record's fault stops the job
+    (``InputError`` naming the record) before anything of this block is written. Sync: call it
+    in a worker thread.
     """
     if len(records) != len(outcomes):
         raise ValueError(f"got {len(outcomes)} outcomes for {len(records)} records")
-    failed = [(r, o) for r, o in zip(records, outcomes, strict=True) if isinstance(o, Failed)]
-    if failed and on_bad_record == "fail":
-        record, outcome = failed[0]
-        raise InputError(
-            f"record {record.index} (id {record.id!r}) failed: {outcome.message}; pass "
-            "--on-bad-record skip to list such records in _skipped.jsonl and go on"
-        )
+    pairs = list(zip(records, outcomes, strict=True))
+    failed = [(r, o) for r, o in pairs if isinstance(o, Failed)]
+    if on_bad_record == "fail":
+        for record, outcome in failed:
+            if outcome.record_fault:
+                raise InputError(
+                    f"record {record.index} (id {record.id!r}) failed: {outcome.message}; pass "
+                    "--on-bad-record skip to list such records in _skipped.jsonl and go on"
+                )
     for record, outcome in failed:
         writer.skip(record.index, record.id, outcome.message)
-    good = [(r, o) for r, o in zip(records, outcomes, strict=True) if not isinstance(o, Failed)]
-    if good:
-        writer.write_batch([r for r, _ in good], [o for _, o in good])
-    return len(good), len(failed)
+    rows: list[Record] = []
+    values: list[object] = []
+    for record, got in pairs:
+        if isinstance(got, Result):
+            rows.append(dataclasses.replace(record, extra={**record.extra, **got.columns}))
+            values.append(got.value)
+        elif not isinstance(got, Failed):
+            rows.append(record)
+            values.append(got)
+    if rows:
+        writer.write_batch(rows, values)
+    on_the_way = sum(not o.record_fault for _, o in failed)
+    return Written(len(rows), len(failed), on_the_way)
 
 
 def describe(exc: BaseException) -> str:

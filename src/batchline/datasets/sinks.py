@@ -30,21 +30,39 @@ import json
 import os
 import re
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, Self, cast, get_args
+from typing import Any, Self, cast, get_args
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchline._errors import InputError
+from batchline.datasets.columns import build_table, check_tensors, json_text
+from batchline.datasets.manifest import (
+    MANIFEST_NAME,
+    SKIPPED_NAME,
+    TMP,
+    ChunkInfo,
+    Manifest,
+    OutputFormat,
+    check_settings,
+    fsync_dir,
+    json_line,
+    write_manifest,
+)
+from batchline.datasets.readers import iter_output, read_arrays, read_output, read_skipped
 from batchline.datasets.sources import BadRecord, Record
+from batchline.models.protocol import ResultKind
 
+# The manifest, readers and result kinds live in their own modules; re-exported here, where
+# every caller of the chunk writer has found them.
 __all__ = [
     "MANIFEST_NAME",
+    "PAUSE_AFTER_CHUNKS_ENV",
     "SKIPPED_NAME",
     "ChunkInfo",
     "ChunkWriter",
@@ -52,118 +70,21 @@ __all__ = [
     "OutputFormat",
     "ResultKind",
     "iter_output",
+    "read_arrays",
     "read_output",
     "read_skipped",
 ]
 
-OutputFormat = Literal["parquet", "jsonl"]
-ResultKind = Literal["vector", "value", "json"]
-
-MANIFEST_NAME = "_manifest.json"
-SKIPPED_NAME = "_skipped.jsonl"
-_MANIFEST_VERSION = 1
-_TMP = ".tmp"
 _PART = re.compile(r"part-\d{6,}\.(?:parquet|jsonl)(?:\.tmp)?")
-_OWN_NAMES = {MANIFEST_NAME, SKIPPED_NAME, MANIFEST_NAME + _TMP, SKIPPED_NAME + _TMP}
+_OWN_NAMES = {MANIFEST_NAME, SKIPPED_NAME, MANIFEST_NAME + TMP, SKIPPED_NAME + TMP}
 _RESERVED = {"id", "index"}
+#: Test hook, not a setting: with ``N`` here, a writer stops for good (sleeps) right after it has
+#: committed ``N`` chunks, so a test can kill its process mid-job and be sure the job was not done.
+PAUSE_AFTER_CHUNKS_ENV = "BATCHLINE_TEST_PAUSE_AFTER_CHUNKS"
 
 
 def _part_name(chunk: int, fmt: OutputFormat) -> str:
     return f"part-{chunk:06d}.{fmt}"
-
-
-@dataclass(frozen=True, slots=True)
-class ChunkInfo:
-    """A committed chunk: how many result rows its part file holds and how many records it skipped.
-
-    ``file`` is None when every record of the chunk was skipped (no part file is written).
-    """
-
-    chunk: int
-    rows: int
-    skipped: int
-    file: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class Manifest:
-    """The contents of ``_manifest.json``: the committed chunks and the job's settings."""
-
-    settings: Mapping[str, object]
-    chunks: Mapping[int, ChunkInfo]
-    skipped_bytes: int = 0
-    result_dim: int | None = None
-    total_records: int | None = None
-    complete: bool = False
-
-    @property
-    def chunk_size(self) -> int:
-        return cast(int, self.settings["chunk_size"])
-
-    @property
-    def format(self) -> OutputFormat:
-        return cast(OutputFormat, self.settings["format"])
-
-    @property
-    def result_column(self) -> str:
-        return cast(str, self.settings["result_column"])
-
-    @property
-    def result_kind(self) -> ResultKind:
-        return cast(ResultKind, self.settings["result_kind"])
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "batchline_manifest": _MANIFEST_VERSION,
-            "settings": dict(self.settings),
-            "complete": self.complete,
-            "total_records": self.total_records,
-            "result_dim": self.result_dim,
-            "skipped_bytes": self.skipped_bytes,
-            "chunks": [
-                {"chunk": c.chunk, "file": c.file, "rows": c.rows, "skipped": c.skipped}
-                for c in sorted(self.chunks.values(), key=lambda c: c.chunk)
-            ],
-        }
-
-    @classmethod
-    def load(cls, out_dir: str | os.PathLike[str]) -> Manifest:
-        """Read ``out_dir/_manifest.json``; ``InputError`` if it is missing or unreadable."""
-        path = Path(out_dir) / MANIFEST_NAME
-        try:
-            data = json.loads(path.read_bytes())
-        except FileNotFoundError:
-            raise InputError(
-                f"{Path(out_dir)}: no {MANIFEST_NAME}; not a batchline output"
-            ) from None
-        except (OSError, ValueError) as exc:
-            raise InputError(
-                f"{path} is unreadable ({exc}); pass --overwrite to start the job again"
-            ) from None
-        try:
-            if data.get("batchline_manifest") != _MANIFEST_VERSION:
-                raise InputError(
-                    f"{path} has manifest version {data.get('batchline_manifest')!r}; "
-                    f"this batchline reads version {_MANIFEST_VERSION}"
-                )
-            chunks = {
-                int(c["chunk"]): ChunkInfo(
-                    int(c["chunk"]), int(c["rows"]), int(c["skipped"]), c["file"]
-                )
-                for c in data["chunks"]
-            }
-            return cls(
-                settings=dict(data["settings"]),
-                chunks=dict(sorted(chunks.items())),
-                skipped_bytes=int(data["skipped_bytes"]),
-                result_dim=data["result_dim"],
-                total_records=data["total_records"],
-                complete=bool(data["complete"]),
-            )
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise InputError(
-                f"{path} is not a valid manifest ({exc!r}); pass --overwrite to start the job again"
-            ) from None
 
 
 @dataclass(slots=True)
@@ -186,10 +107,12 @@ class ChunkWriter:
         meta: job settings that must match on resume (input path and fingerprint, model, columns),
             JSON-serialisable; they are stored in the manifest.
         result_column: name of the result column (``"embedding"``).
-        result_kind: ``"vector"`` stores each result as list<float32> of one fixed length;
-            ``"value"`` stores results as they are (Parquet infers one type, e.g. strings);
-            ``"json"`` stores any JSON value, as JSON text in Parquet (so results of varying
-            shape share one column) and as itself in JSONL.
+        result_kind: the model's ``ResultKind``; how each kind becomes a column is in
+            ``batchline.datasets.columns`` (vectors and tensors as native lists of numbers,
+            a classification as a struct, JSON text only for ``json``). JSONL stores each
+            result as JSON.
+        result_shapes: with ``tensors``, each named tensor's shape per row, ``None`` where it
+            varies: a declared shape is stored as fixed-size lists, and checked on write.
 
     ``write``/``write_batch``/``skip`` only buffer, except when they complete a chunk, which they
     then commit (file I/O and fsync): call them from a worker thread in async code
@@ -209,15 +132,15 @@ class ChunkWriter:
         meta: Mapping[str, object] | None = None,
         result_column: str = "embedding",
         result_kind: ResultKind = "vector",
+        result_shapes: Mapping[str, Sequence[int] | None] | None = None,
     ) -> None:
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
         if fmt not in get_args(OutputFormat):
             raise InputError(f"unknown output format {fmt!r}; choose parquet or jsonl")
         if result_kind not in get_args(ResultKind):
-            raise ValueError(
-                f"result_kind must be 'vector', 'value' or 'json', got {result_kind!r}"
-            )
+            kinds = ", ".join(get_args(ResultKind))
+            raise ValueError(f"result_kind must be one of {kinds}, got {result_kind!r}")
         if not result_column or result_column in _RESERVED:
             raise ValueError(
                 f"result_column must be a name other than id/index, got {result_column!r}"
@@ -230,6 +153,11 @@ class ChunkWriter:
             "result_column": result_column,
             "result_kind": result_kind,
         }
+        if result_shapes is not None:
+            base["result_shapes"] = {
+                name: None if shape is None else list(shape)
+                for name, shape in result_shapes.items()
+            }
         extra = dict(meta or {})
         clash = sorted(set(extra) & set(base))
         if clash:
@@ -244,11 +172,16 @@ class ChunkWriter:
         self.chunk_size = chunk_size
         self.result_column = result_column
         self.result_kind: ResultKind = result_kind
+        shapes = cast(dict[str, "list[int] | None"], settings.get("result_shapes") or {})
+        self.result_shapes: dict[str, list[int] | None] = shapes
         self._lock = threading.Lock()
         self._pending: dict[int, _Pending] = {}
         self._total: int | None = None  # known once finish() is called
         self._closed = False
         self._failed: BaseException | None = None
+        self._commits = 0
+        pause = os.environ.get(PAUSE_AFTER_CHUNKS_ENV)
+        self._pause_after = int(pause) if pause else None
         self._manifest = self._open(settings, overwrite=overwrite, resume=resume)
 
     # -- opening ---------------------------------------------------------------------------------
@@ -260,7 +193,7 @@ class ChunkWriter:
         entries = sorted(p.name for p in out.iterdir()) if out.exists() else []
         if resume and MANIFEST_NAME in entries:
             manifest = Manifest.load(out)
-            _check_settings(out, manifest.settings, settings)
+            check_settings(out, manifest.settings, settings)
             self._recover(manifest, entries)
             return manifest
         if resume and entries:
@@ -279,7 +212,7 @@ class ChunkWriter:
                     (out / name).unlink()
         out.mkdir(parents=True, exist_ok=True)
         manifest = Manifest(settings=settings, chunks={})
-        _write_manifest(out, manifest)
+        write_manifest(out, manifest)
         return manifest
 
     def _recover(self, manifest: Manifest, entries: list[str]) -> None:
@@ -288,7 +221,7 @@ class ChunkWriter:
         for name in entries:
             own = name in _OWN_NAMES or _PART.fullmatch(name) is not None
             # Temp files, and part files renamed before their manifest was: both uncommitted.
-            if own and (name.endswith(_TMP) or (name.startswith("part-") and name not in listed)):
+            if own and (name.endswith(TMP) or (name.startswith("part-") and name not in listed)):
                 (self.out_dir / name).unlink()
         missing = sorted(listed - set(entries))
         if missing:
@@ -378,6 +311,8 @@ class ChunkWriter:
                     f"vector results must form an (n, dim) array, got shape {matrix.shape}"
                 )
             values: Sequence[object] = list(matrix)
+        elif self.result_kind in ("json", "tensors"):
+            values = [self._convert(r.index, v) for r, v in zip(records, results, strict=True)]
         else:
             values = list(results)
         with self._lock:
@@ -442,7 +377,7 @@ class ChunkWriter:
                 )
             self._sort_skipped()
             self._manifest = replace(self._manifest, total_records=total_records, complete=True)
-            _write_manifest(self.out_dir, self._manifest)
+            write_manifest(self.out_dir, self._manifest)
             return self._manifest
 
     def close(self) -> None:
@@ -505,8 +440,11 @@ class ChunkWriter:
 
     def _convert(self, index: int, result: object) -> object:
         if self.result_kind == "json":
-            _json_text(index, result)  # refuse what cannot be written before it is buffered
+            json_text(index, result)  # refuse what cannot be written before it is buffered
             return result
+        if self.result_kind == "tensors":
+            # refused here, before it is buffered, when a declared shape does not match
+            return check_tensors(index, result, self.result_shapes)
         if self.result_kind == "value":
             return result
         vector = np.array(result, dtype=np.float32)
@@ -539,13 +477,16 @@ class ChunkWriter:
             except BaseException as exc:
                 self._failed = exc
                 raise
+            self._commits += 1
+            if self._commits == self._pause_after:
+                time.sleep(3600)  # the test hook above: the test kills this process meanwhile
 
     def _commit(self, k: int, pending: _Pending) -> None:
         out = self.out_dir
         skipped_bytes = self._manifest.skipped_bytes
         if pending.skipped:
             lines = b"".join(
-                _json_line({"index": i, "id": id_, "reason": reason})
+                json_line({"index": i, "id": id_, "reason": reason})
                 for i, (id_, reason) in sorted(pending.skipped.items())
             )
             with open(out / SKIPPED_NAME, "ab") as f:
@@ -557,7 +498,7 @@ class ChunkWriter:
         if pending.rows:
             name = _part_name(k, self.fmt)
             rows = sorted(pending.rows.items())
-            tmp = out / (name + _TMP)
+            tmp = out / (name + TMP)
             with open(tmp, "wb") as f:
                 if self.fmt == "parquet":
                     pq.write_table(self._table(rows), f)
@@ -566,26 +507,27 @@ class ChunkWriter:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, out / name)
-            _fsync_dir(out)
+            fsync_dir(out)
         info = ChunkInfo(k, len(pending.rows), len(pending.skipped), name)
         manifest = replace(
             self._manifest,
             chunks=dict(sorted({**self._manifest.chunks, k: info}.items())),
             skipped_bytes=skipped_bytes,
         )
-        _write_manifest(out, manifest)
+        write_manifest(out, manifest)
         self._manifest = manifest
 
     def _table(
         self, rows: list[tuple[int, tuple[str, object, Mapping[str, object] | None]]]
     ) -> Any:
-        return _build_table(
+        return build_table(
             [i for i, _ in rows],
             [r[0] for _, r in rows],
             [r[1] for _, r in rows],
             [r[2] for _, r in rows],
             result_column=self.result_column,
             result_kind=self.result_kind,
+            shapes=self.result_shapes,
         )
 
     def _jsonl_row(
@@ -593,7 +535,9 @@ class ChunkWriter:
     ) -> bytes:
         if isinstance(value, np.ndarray):
             value = value.tolist()
-        return _json_line({"id": id, "index": index, self.result_column: value, **(extra or {})})
+        elif self.result_kind == "tensors" and isinstance(value, Mapping):
+            value = {name: np.asarray(v).tolist() for name, v in value.items()}
+        return json_line({"id": id, "index": index, self.result_column: value, **(extra or {})})
 
     def _sort_skipped(self) -> None:
         """Rewrite ``_skipped.jsonl`` in index order (same bytes, so the manifest stays valid)."""
@@ -604,177 +548,10 @@ class ChunkWriter:
         ordered = sorted(lines, key=lambda line: cast(int, json.loads(line)["index"]))
         if ordered == lines:
             return
-        tmp = self.out_dir / (SKIPPED_NAME + _TMP)
+        tmp = self.out_dir / (SKIPPED_NAME + TMP)
         with open(tmp, "wb") as f:
             f.write(b"".join(ordered))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        _fsync_dir(self.out_dir)
-
-
-# -- reading ---------------------------------------------------------------------------------------
-
-
-def iter_output(out_dir: str | os.PathLike[str]) -> Iterator[Any]:
-    """Yield each committed chunk as a ``pyarrow.Table``, in chunk order.
-
-    Columns: ``id`` (string), ``index`` (int64), the result column (list<float32> for vectors)
-    and any copied columns. JSONL chunks are read into the same schema as Parquet ones.
-    """
-    out = Path(out_dir)
-    manifest = Manifest.load(out)
-    for info in manifest.chunks.values():
-        if info.file is None:
-            continue
-        path = out / info.file
-        if manifest.format == "parquet":
-            table = pq.read_table(path)
-            if manifest.result_kind == "vector":
-                # Parquet names the list's item "element"; give back the schema the writer built.
-                i = table.schema.get_field_index(manifest.result_column)
-                column = table.column(i).cast(pa.list_(pa.float32()))
-                table = table.set_column(i, manifest.result_column, column)
-            yield table
-            continue
-        ids: list[str] = []
-        indices: list[int] = []
-        values: list[object] = []
-        extras: list[Mapping[str, object] | None] = []
-        with open(path, "rb") as f:
-            for line in f:
-                row = json.loads(line)
-                ids.append(row.pop("id"))
-                indices.append(row.pop("index"))
-                values.append(row.pop(manifest.result_column))
-                extras.append(row or None)
-        yield _build_table(
-            indices,
-            ids,
-            values,
-            extras,
-            result_column=manifest.result_column,
-            result_kind=manifest.result_kind,
-        )
-
-
-def read_output(out_dir: str | os.PathLike[str]) -> Any:
-    """All committed chunks of an output directory as one ``pyarrow.Table`` in index order.
-
-    >>> table = read_output("out")
-    >>> table.column("embedding").to_numpy(zero_copy_only=False)
-    """
-    manifest = Manifest.load(out_dir)
-    tables = list(iter_output(out_dir))
-    if not tables:
-        return _build_table(
-            [],
-            [],
-            [],
-            [],
-            result_column=manifest.result_column,
-            result_kind=manifest.result_kind,
-        )
-    return pa.concat_tables(tables, promote_options="permissive")
-
-
-def read_skipped(out_dir: str | os.PathLike[str]) -> list[dict[str, object]]:
-    """The committed entries of ``_skipped.jsonl`` (index, id, reason), in index order."""
-    out = Path(out_dir)
-    manifest = Manifest.load(out)
-    path = out / SKIPPED_NAME
-    if manifest.skipped_bytes == 0 or not path.exists():
-        return []
-    with open(path, "rb") as f:
-        data = f.read(manifest.skipped_bytes)
-    entries = [cast(dict[str, object], json.loads(line)) for line in data.splitlines()]
-    return sorted(entries, key=lambda e: cast(int, e["index"]))
-
-
-# -- helpers ---------------------------------------------------------------------------------------
-
-
-def _build_table(
-    indices: Sequence[int],
-    ids: Sequence[str],
-    values: Sequence[object],
-    extras: Sequence[Mapping[str, object] | None],
-    *,
-    result_column: str,
-    result_kind: ResultKind,
-) -> Any:
-    n = len(indices)
-    if result_kind == "vector":
-        if n:
-            matrix = np.asarray(np.stack([np.asarray(v, dtype=np.float32) for v in values]))
-            dim = matrix.shape[1]
-            offsets = pa.array(np.arange(0, n * dim + 1, dim, dtype=np.int32))
-            result = pa.ListArray.from_arrays(offsets, pa.array(matrix.reshape(-1)))
-        else:
-            result = pa.array([], type=pa.list_(pa.float32()))
-    elif result_kind == "json":
-        result = pa.array([_json_text(i, v) for i, v in zip(indices, values, strict=True)],
-                          type=pa.string())  # fmt: skip
-    else:
-        result = pa.array(list(values))
-    columns: dict[str, Any] = {
-        "id": pa.array(list(ids), type=pa.string()),
-        "index": pa.array(list(indices), type=pa.int64()),
-        result_column: result,
-    }
-    names: dict[str, None] = {}
-    for extra in extras:
-        if extra:
-            names.update(dict.fromkeys(extra))
-    for name in names:
-        column = [e.get(name) if e else None for e in extras]
-        try:
-            columns[name] = pa.array(column)
-        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-            raise InputError(
-                f"copied column {name!r} mixes value types ({exc}); use --output-format jsonl "
-                "or do not copy it"
-            ) from None
-    return pa.table(columns)
-
-
-def _json_text(index: int, value: object) -> str:
-    try:
-        return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
-        raise InputError(f"record {index}: the result cannot be written as JSON: {exc}") from None
-
-
-def _check_settings(out: Path, stored: Mapping[str, object], wanted: Mapping[str, object]) -> None:
-    diffs = []
-    for key in sorted(set(stored) | set(wanted)):
-        was, now = stored.get(key, "unset"), wanted.get(key, "unset")
-        if was != now:
-            diffs.append(f"{key} was {was!r}, now {now!r}")
-    if diffs:
-        raise InputError(
-            f"cannot resume {out}: it was written with other settings ({'; '.join(diffs)}); "
-            "rerun with the same settings, or pass --overwrite to start again"
-        )
-
-
-def _json_line(obj: Mapping[str, object]) -> bytes:
-    return (json.dumps(obj, ensure_ascii=False, default=str) + "\n").encode("utf-8")
-
-
-def _write_manifest(out: Path, manifest: Manifest) -> None:
-    tmp = out / (MANIFEST_NAME + _TMP)
-    with open(tmp, "wb") as f:
-        f.write(json.dumps(manifest.to_json(), indent=1, sort_keys=True).encode("utf-8"))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, out / MANIFEST_NAME)
-    _fsync_dir(out)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fsync_dir(self.out_dir)

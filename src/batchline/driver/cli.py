@@ -103,6 +103,12 @@ def add_parser(sub: Any) -> None:
         help="with --route generate: tokens to generate per prompt (default: the server's)",
     )
     p.add_argument(
+        "--no-chat-template",
+        action="store_true",
+        help="with --route generate: send each prompt as it is, not through the model's chat "
+        "template (as run --no-chat-template)",
+    )
+    p.add_argument(
         "--encoding",
         choices=["base64", "float"],
         default="base64",
@@ -143,6 +149,7 @@ def _main(args: argparse.Namespace) -> int:
         give_up_after_s=args.give_up_after_s,
         encoding=args.encoding,
         max_tokens=args.max_tokens,
+        chat_template=not args.no_chat_template,
         dim=args.dim,
     )
     console = Console(stderr=True)
@@ -182,14 +189,7 @@ class _StderrHandler(logging.Handler):
 def _bar(console: Any) -> Any:
     from batchline.jobs.display import RateBar
 
-    class Bar(RateBar):
-        failed = 0
-
-        def advance(self, records: int, failed: int) -> None:
-            self.failed += failed
-            self.step(records, f"{self.failed:,} failed")
-
-    return Bar(console, "driving")
+    return RateBar(console, "driving", "failed")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -16,8 +16,9 @@ other 4xx (400, 413, 422, ...)         fail         no: the records go to the fa
 =====================================  ===========  =============================================
 
 Two routes: ``/v1/embeddings`` (OpenAI's body; vectors are checked and returned as one
-``float32`` array) and ``/generate`` (``{"prompts", "task_id"}`` -> ``{"results"}``; one JSON
-value per prompt).
+``float32`` array) and ``/generate`` (``{"prompts", "task_id", "chat"}`` -> ``{"results",
+"details"}``; one JSON value per prompt, with its ``finish_reason`` and token counts as
+output columns when the server sends them).
 
     >>> client = ReplicaClient(EMBEDDINGS, connect_timeout_s=10, read_timeout_s=120)
     >>> reply = await client.post("http://127.0.0.1:8000", ["a text", "another"], task_id="0-1")
@@ -39,6 +40,7 @@ from typing import Any, Literal, Protocol
 import httpx
 import numpy as np
 
+from batchline.datasets.outcomes import Result
 from batchline.driver.retry import parse_retry_after
 
 __all__ = [
@@ -60,6 +62,8 @@ RouteName = Literal["embeddings", "generate"]
 _ABORT_STATUSES = frozenset({401, 403, 404, 405, 407})
 _RETRY_4XX = frozenset({408, 425, 429})
 _MESSAGE_CHARS = 500
+#: what ``/generate`` says of each result: output columns beside the text
+_DETAILS = ("finish_reason", "prompt_tokens", "completion_tokens")
 
 
 class InvalidResponse(Exception):  # an internal signal, never escapes this module
@@ -167,19 +171,28 @@ class EmbeddingsRoute:
 
 
 class GenerateRoute:
-    """``POST /generate``: ``{"prompts": [...], "task_id": ...}`` -> ``{"results": [...]}``."""
+    """``POST /generate``: ``{"prompts": [...], "task_id": ..., "chat": true}`` ->
+    ``{"results": [...], "details": [...]}``.
+
+    ``chat_template`` (the default, as ``batchline run`` does) asks the server to send each
+    prompt through the model's chat template as one user message; the output has the same
+    columns as ``run``'s: ``text``, ``finish_reason``, ``prompt_tokens``, ``completion_tokens``.
+    """
 
     name: RouteName = "generate"
     path = "/generate"
-    result_column = "result"
+    result_column = "text"
     result_kind: Literal["vector", "value"] = "value"
 
-    def __init__(self, *, max_tokens: int | None = None) -> None:
+    def __init__(self, *, max_tokens: int | None = None, chat_template: bool = True) -> None:
         # None: the server's default (what the prompt leaves of the context, at most 256)
         self.max_tokens = max_tokens
+        self.chat_template = chat_template
 
     def body(self, texts: Sequence[str], *, model: str | None, task_id: str) -> dict[str, Any]:
         body: dict[str, Any] = {"prompts": list(texts), "task_id": task_id}
+        if self.chat_template:
+            body["chat"] = True
         if self.max_tokens is not None:
             body["max_tokens"] = self.max_tokens
         if model is not None:
@@ -197,7 +210,17 @@ class GenerateRoute:
         if any(r is None for r in results):
             raise InvalidResponse("a result is null")
         _check_model(body.get("model"), state)
-        return results
+        details = body.get("details")
+        if details is None:  # a server that sends only the results
+            return results
+        if not isinstance(details, list) or len(details) != n:
+            raise InvalidResponse(f"sent {n} prompts, got no list of {n} 'details'")
+        out: list[Any] = []
+        for result, detail in zip(results, details, strict=True):
+            if not isinstance(detail, dict) or set(detail) != set(_DETAILS):
+                raise InvalidResponse(f"a detail is not an object of {', '.join(_DETAILS)}")
+            out.append(Result(result, {k: detail[k] for k in _DETAILS}))
+        return out
 
 
 EMBEDDINGS = EmbeddingsRoute()

@@ -41,36 +41,29 @@ import math
 import os
 import random
 import threading
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol, cast, get_args
+from typing import Literal, cast, get_args
 from urllib.parse import urlsplit
 
 import httpx
 
 from batchline._clock import Clock, LoopClock
 from batchline._errors import BatchlineError, InputError
+from batchline.datasets.outcomes import Failed, Outcome
+from batchline.datasets.pipeline import Progress, open_dataset_job, run_pipeline
 from batchline.datasets.sinks import ChunkWriter, OutputFormat
-from batchline.datasets.sources import BadRecord, Format, Record, Source, read_blocks_ahead
-from batchline.driver.client import (
-    ROUTES,
-    EmbeddingsRoute,
-    GenerateRoute,
-    ReplicaClient,
-    Reply,
-    Route,
-)
+from batchline.datasets.sources import Format, Record
+from batchline.driver.client import EmbeddingsRoute, GenerateRoute, ReplicaClient, Reply, Route
 from batchline.driver.endpoints import Endpoint, EndpointPool, EndpointReport
 from batchline.driver.retry import Backoff, sleep
-from batchline.jobs.run import open_dataset_job
 
 __all__ = [
     "FAILURES_NAME",
     "DriveOptions",
-    "DriveProgress",
     "DriveSummary",
+    "HttpAdapter",
     "drive",
     "drive_job",
     "read_failures",
@@ -129,6 +122,8 @@ class DriveOptions:
     encoding: Encoding = "base64"
     dim: int | None = None
     max_tokens: int | None = None
+    #: ``--route generate``: each prompt through the model's chat template, as ``run`` does
+    chat_template: bool = True
 
     def __post_init__(self) -> None:
         self.check()
@@ -171,6 +166,8 @@ class DriveOptions:
             raise InputError(f"--max-tokens must be >= 1, got {self.max_tokens}")
         if self.max_tokens is not None and self.route != "generate":
             raise InputError("--max-tokens goes with --route generate")
+        if not self.chat_template and self.route != "generate":
+            raise InputError("--no-chat-template goes with --route generate")
         if self.encoding not in get_args(Encoding):
             raise InputError(f"--encoding must be base64 or float, got {self.encoding!r}")
         if self.on_bad_record not in get_args(BadRecordMode):
@@ -252,24 +249,6 @@ class DriveSummary:
         return rows
 
 
-class DriveProgress(Protocol):
-    """Hooks the job calls; the CLI draws a progress bar from them."""
-
-    def start(self, total: int | None, already_done: int) -> None:
-        """The job starts; ``total`` records in the input, when known."""
-
-    def advance(self, records: int, failed: int) -> None:
-        """``records`` more records are done, ``failed`` of them failed."""
-
-
-class _Silent:
-    def start(self, total: int | None, already_done: int) -> None:
-        pass
-
-    def advance(self, records: int, failed: int) -> None:
-        pass
-
-
 # -- the failures file ---------------------------------------------------------------------------
 
 
@@ -334,14 +313,14 @@ def read_failures(out_dir: str | os.PathLike[str]) -> list[dict[str, object]]:
 # -- the job -------------------------------------------------------------------------------------
 
 
-def drive(options: DriveOptions, progress: DriveProgress | None = None) -> DriveSummary:
+def drive(options: DriveOptions, progress: Progress | None = None) -> DriveSummary:
     """Run the drive to the end (sync). See :func:`drive_job`."""
     return asyncio.run(drive_job(options, progress))
 
 
 async def drive_job(
     options: DriveOptions,
-    progress: DriveProgress | None = None,
+    progress: Progress | None = None,
     *,
     clock: Clock | None = None,
     rng: Callable[[], float] = random.random,
@@ -360,14 +339,15 @@ async def drive_job(
     """
     options.check()
     urls = [normalize_endpoint(u) for u in options.endpoints]
-    progress = progress or _Silent()
-    route = ROUTES[options.route]
-    if isinstance(route, EmbeddingsRoute) and route.encoding != options.encoding:
+    route: Route
+    extra: dict[str, object] = {"route": options.route}
+    if options.route == "embeddings":
         route = EmbeddingsRoute(encoding=options.encoding)
-    extra: dict[str, object] = {"route": route.name}
-    if options.max_tokens is not None:  # other lengths give other texts: a resume must match
-        route = GenerateRoute(max_tokens=options.max_tokens)
-        extra["max_tokens"] = options.max_tokens
+    else:
+        route = GenerateRoute(max_tokens=options.max_tokens, chat_template=options.chat_template)
+        extra["chat_template"] = options.chat_template
+        if options.max_tokens is not None:  # other lengths give other texts: a resume must match
+            extra["max_tokens"] = options.max_tokens
     source, writer = await asyncio.to_thread(
         open_dataset_job,
         options,
@@ -382,22 +362,6 @@ async def drive_job(
         failures = await asyncio.to_thread(
             _FailureLog, writer.out_dir / FAILURES_NAME, writer.is_committed
         )
-        if writer.manifest.complete:
-            total = writer.manifest.total_records or 0
-            progress.start(total, total)
-            return DriveSummary(
-                output=writer.out_dir,
-                route=route.name,
-                records=0,
-                failed=0,
-                skipped=0,
-                already_done=total,
-                total_records=total,
-                failed_total=failures.total,
-                wall_s=0.0,
-                requests=0,
-                retries=0,
-            )
         client = ReplicaClient(
             route,
             api_key=options.api_key or os.environ.get(_API_KEY_ENV) or None,
@@ -408,11 +372,46 @@ async def drive_job(
             dim=dim,
             transport=transport,
         )
+        clock = clock or LoopClock()
+        pool = EndpointPool(
+            urls,
+            probe=client.ready,
+            failures_to_set_aside=options.failures_to_set_aside,
+            probe_backoff=Backoff(base_s=0.25, cap_s=options.probe_cap_s, floor_s=0.1),
+            give_up_after_s=options.give_up_after_s,
+            clock=clock,
+            rng=rng,
+        )
+        adapter = HttpAdapter(options, client, pool, failures, clock, rng)
         try:
-            job = _Job(options, source, writer, failures, client, urls, progress, clock, rng)
-            return await job.run()
+            async with pool:
+                done = await run_pipeline(
+                    adapter,
+                    source,
+                    writer,
+                    block_records=options.chunk_size,
+                    max_blocks_in_flight=options.concurrency,
+                    limit=options.limit,
+                    on_bad_record=options.on_bad_record,
+                    progress=progress,
+                )
+                reports = tuple(pool.reports())
         finally:
             await client.aclose()
+        return DriveSummary(
+            output=writer.out_dir,
+            route=route.name,
+            records=done.records,
+            failed=done.failed,
+            skipped=done.skipped - done.failed,
+            already_done=done.already_done,
+            total_records=done.total_records,
+            failed_total=failures.total,
+            wall_s=done.wall_s,
+            requests=sum(r.requests for r in reports),
+            retries=adapter.retries,
+            endpoints=reports,
+        )
 
 
 def _expected_dim(options: DriveOptions, writer: ChunkWriter, route: Route) -> int | None:
@@ -433,124 +432,47 @@ def _default_output(input_path: Path | None, route: Route) -> Path:
     return Path(f"{stem}.{'embeddings' if route.name == 'embeddings' else 'results'}")
 
 
-@dataclass
-class _Counts:
-    records: int = 0
-    failed: int = 0
-    skipped: int = 0
-    retries: int = 0
+class HttpAdapter:
+    """:class:`~batchline.datasets.pipeline.Adapter` for serving replicas: each block of
+    records is one request (``--chunk-size``), sent to the ready endpoint with the fewest in
+    flight and retried elsewhere with backoff; a block that fails for good is listed in
+    ``_failures.jsonl`` (before the writer hears of it) and its records are skipped."""
 
-
-@dataclass
-class _Job:
-    options: DriveOptions
-    source: Source
-    writer: ChunkWriter
-    failures: _FailureLog
-    client: ReplicaClient
-    urls: list[str]
-    progress: DriveProgress
-    clock: Clock | None
-    rng: Callable[[], float]
-    counts: _Counts = field(default_factory=_Counts)
-
-    async def run(self) -> DriveSummary:
-        opts = self.options
-        clock = self.clock or LoopClock()
-        committed = self.writer.committed_ranges()
-        already = sum(hi - lo for lo, hi in committed)
-        expected = self.source.total_records
-        if expected is not None and opts.limit is not None:
-            expected = min(expected, opts.limit)
-        self.progress.start(expected, already)
-        started = time.perf_counter()
-        backoff = Backoff(base_s=opts.backoff_base_s, cap_s=opts.backoff_cap_s)
-        pool = EndpointPool(
-            self.urls,
-            probe=self.client.ready,
-            failures_to_set_aside=opts.failures_to_set_aside,
-            probe_backoff=Backoff(base_s=0.25, cap_s=opts.probe_cap_s, floor_s=0.1),
-            give_up_after_s=opts.give_up_after_s,
-            clock=clock,
-            rng=self.rng,
-        )
-        async with pool:
-            await self._fan_out(pool, clock, backoff, committed)
-            reports = tuple(pool.reports())
-        total = self.source.total_records or 0
-        if opts.limit is not None:
-            total = min(total, opts.limit) if self.source.total_records is not None else opts.limit
-        await asyncio.to_thread(self.writer.finish, total)
-        c = self.counts
-        return DriveSummary(
-            output=self.writer.out_dir,
-            route=self.client.route.name,
-            records=c.records,
-            failed=c.failed,
-            skipped=c.skipped,
-            already_done=already,
-            total_records=total,
-            failed_total=self.failures.total,
-            wall_s=time.perf_counter() - started,
-            requests=sum(r.requests for r in reports),
-            retries=c.retries,
-            endpoints=reports,
-        )
-
-    async def _fan_out(
+    def __init__(
         self,
+        options: DriveOptions,
+        client: ReplicaClient,
         pool: EndpointPool,
+        failures: _FailureLog,
         clock: Clock,
-        backoff: Backoff,
-        committed: list[tuple[int, int]],
+        rng: Callable[[], float],
     ) -> None:
-        slots = asyncio.Semaphore(self.options.concurrency)
-        tasks: set[asyncio.Task[None]] = set()
-        errors: list[BaseException] = []
+        self.options = options
+        self.client = client
+        self.pool = pool
+        self.failures = failures
+        self.clock = clock
+        self.rng = rng
+        self.backoff = Backoff(base_s=options.backoff_base_s, cap_s=options.backoff_cap_s)
+        self.retries = 0
+        self._in_flight = 0
 
-        def done(task: asyncio.Task[None]) -> None:
-            tasks.discard(task)
-            slots.release()
-            if not task.cancelled() and task.exception() is not None:
-                errors.append(cast(BaseException, task.exception()))
+    async def submit(self, records: Sequence[Record]) -> asyncio.Task[list[Outcome]]:
+        return asyncio.create_task(self._send(records))
 
-        blocks = read_blocks_ahead(
-            self.source, self.options.chunk_size, skip=committed, limit=self.options.limit
-        )
+    def utilization(self) -> float:
+        """Requests in flight over ``--concurrency``."""
+        return self._in_flight / self.options.concurrency
+
+    async def _send(self, records: Sequence[Record]) -> list[Outcome]:
+        self._in_flight += 1
         try:
-            async for block in blocks:
-                if errors:
-                    break
-                bad = [item for item in block if isinstance(item, BadRecord)]
-                if bad:
-                    await asyncio.to_thread(_skip_bad, self.writer, bad)
-                    self.counts.skipped += len(bad)
-                    self.progress.advance(len(bad), 0)
-                records = [item for item in block if isinstance(item, Record)]
-                if not records:
-                    continue
-                await slots.acquire()
-                if errors:
-                    slots.release()
-                    break
-                task = asyncio.create_task(self._send(records, pool, clock, backoff))
-                tasks.add(task)
-                task.add_done_callback(done)
-            while tasks and not errors:
-                await asyncio.wait(set(tasks), return_when=asyncio.FIRST_COMPLETED)
+            return await self._attempts(records)
         finally:
-            await blocks.aclose()
-            for task in list(tasks):
-                task.cancel()
-            if tasks:
-                await asyncio.wait(set(tasks))
-        if errors:
-            raise errors[0]
+            self._in_flight -= 1
 
-    async def _send(
-        self, records: list[Record], pool: EndpointPool, clock: Clock, backoff: Backoff
-    ) -> None:
-        opts = self.options
+    async def _attempts(self, records: Sequence[Record]) -> list[Outcome]:
+        opts, pool = self.options, self.pool
         texts = [r.text for r in records]
         task_id = f"{records[0].index}-{records[-1].index}"
         last: Endpoint | None = None
@@ -565,10 +487,7 @@ class _Job:
                 raise
             if reply.verdict == "ok":
                 pool.succeeded(ep)
-                await asyncio.to_thread(self.writer.write_batch, records, reply.results)
-                self.counts.records += len(records)
-                self.progress.advance(len(records), 0)
-                return
+                return list(reply.results)
             if reply.verdict == "abort":
                 pool.failed(ep, reply.kind, endpoint_fault=False)
                 raise BatchlineError(
@@ -578,8 +497,7 @@ class _Job:
                 )
             if reply.verdict == "fail":
                 pool.failed(ep, reply.kind, endpoint_fault=False)
-                await self._fail(records, reply, ep, attempt)
-                return
+                return await self._fail(records, reply, ep, attempt)
             retry_after = reply.retry_after_s
             if retry_after is not None:
                 retry_after = min(retry_after, opts.max_retry_after_s)
@@ -587,13 +505,14 @@ class _Job:
                 ep, reply.kind, retry_after_s=retry_after, endpoint_fault=reply.endpoint_fault
             )
             if attempt >= opts.max_attempts:
-                await self._fail(records, reply, ep, attempt)
-                return
-            self.counts.retries += 1
+                return await self._fail(records, reply, ep, attempt)
+            self.retries += 1
             last = ep
-            await sleep(clock, backoff.delay(attempt, self.rng))
+            await sleep(self.clock, self.backoff.delay(attempt, self.rng))
 
-    async def _fail(self, records: list[Record], reply: Reply, ep: Endpoint, attempts: int) -> None:
+    async def _fail(
+        self, records: Sequence[Record], reply: Reply, ep: Endpoint, attempts: int
+    ) -> list[Outcome]:
         if reply.verdict == "fail":
             reason = f"HTTP {reply.status}: {reply.message}"
         else:
@@ -612,16 +531,5 @@ class _Job:
             for r in records
         ]
         await asyncio.to_thread(self.failures.add, entries)
-        await asyncio.to_thread(_skip_all, self.writer, records, f"request failed: {reason}")
-        self.counts.failed += len(records)
-        self.progress.advance(len(records), len(records))
-
-
-def _skip_bad(writer: ChunkWriter, bad: list[BadRecord]) -> None:
-    for item in bad:
-        writer.skip_bad(item)
-
-
-def _skip_all(writer: ChunkWriter, records: list[Record], reason: str) -> None:
-    for r in records:
-        writer.skip(r.index, r.id, reason)
+        failed = Failed(f"request failed: {reason}", record_fault=False)
+        return [failed] * len(records)

@@ -90,10 +90,6 @@ class EndpointReport:
     times_rejoined: int
     probes: int
 
-    @property
-    def error_count(self) -> int:
-        return sum(self.errors.values())
-
 
 class EndpointPool:
     """Routes chunks to endpoints and keeps track of which ones can take them.

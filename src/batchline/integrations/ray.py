@@ -10,10 +10,11 @@ The layout::
       ▼                                  │
     ChunkWriter + _manifest.json <───────┘   the single writer: every chunk committed exactly once
 
-The driver reads the input with the same ``open_source`` as ``batchline run`` and writes with the
-same ``ChunkWriter``, so the output directory is the same as a local run's (same chunks, same
-manifest settings): a job started locally can be resumed on Ray and the other way round. Only the
-model runs remotely; records, ids and copied columns never leave the driver.
+The driver runs the same dataset pipeline as ``batchline run`` (``batchline.datasets.pipeline``),
+with :class:`RayAdapter` sending units to the replicas, so the output directory is the same as a
+local run's (same chunks, same manifest settings): a job started locally can be resumed on Ray
+and the other way round. Only the model runs remotely; records, ids and copied columns never
+leave the driver.
 
 Work units lie inside one output chunk (a whole chunk, several whole chunks, or an equal slice of
 one), never across a chunk boundary: a resumed run skips whole committed chunks and re-sends the
@@ -33,7 +34,7 @@ import math
 import os
 import socket
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,15 +44,17 @@ import ray
 
 from batchline._errors import BatchlineError, InputError, ModelError
 from batchline._stats import BatchStats, percentile
-from batchline.datasets.outcomes import Outcome, process_block, write_outcomes
-from batchline.datasets.sinks import ChunkWriter
-from batchline.datasets.sources import BadRecord, Record, Source
-from batchline.jobs.run import Progress, RunOptions, RunSummary, load_job_model, open_job
+from batchline.datasets.outcomes import Outcome, Written
+from batchline.datasets.pipeline import PipelineRun, Progress, run_pipeline
+from batchline.datasets.sources import Record
+from batchline.jobs.batch import process_block
+from batchline.jobs.options import RunOptions
+from batchline.jobs.run import RunSummary, load_job_model, open_job
 from batchline.knobs import Knobs
 from batchline.models.batching import ModelBatcher
 from batchline.models.protocol import ModelInfo
 
-__all__ = ["RaySummary", "UnitDone", "default_replica_knobs", "run_on_ray"]
+__all__ = ["RayAdapter", "RaySummary", "UnitDone", "default_replica_knobs", "run_on_ray"]
 
 logger = logging.getLogger(__name__)
 
@@ -254,7 +257,6 @@ def run_on_ray(
     cpus = cpus_per_replica
     if address is not None and not ray.is_initialized():
         _check_reachable(address)  # before the output directory is created
-    progress = progress or _Silent()
     if options.input is not None and not options.input.exists():
         raise InputError(f"{options.input}: no such file")  # before Ray starts
 
@@ -269,39 +271,32 @@ def run_on_ray(
             # either engine can resume the other's output
             source, writer = open_job(options, actors[0][1].info)
             with writer:
-                if writer.manifest.complete:
-                    total = writer.manifest.total_records or 0
-                    progress.start(total, total)
-                    return _Tally(writer.out_dir, replicas).summary(total, total, 0.0, 0.0)
-                committed = writer.committed_ranges()
-                expected: int | None = source.total_records
-                if expected is not None and options.limit is not None:
-                    expected = min(expected, options.limit)
-                startup = time.perf_counter() - t0
-                progress.start(expected, sum(hi - lo for lo, hi in committed))
-                job = _Job(
-                    source=source,
-                    writer=writer,
-                    options=options,
-                    actors=actors,
-                    plan=_UnitPlan(options.chunk_size, unit_records or DEFAULT_UNIT_RECORDS),
+                adapter = RayAdapter(
+                    actors,
                     units_per_replica=units_per_replica,
                     max_unit_attempts=max_unit_attempts,
-                    progress=progress,
                     on_unit=on_unit,
                 )
-                return job.run(committed, startup)
+                plan = _UnitPlan(options.chunk_size, unit_records or DEFAULT_UNIT_RECORDS)
+                done = asyncio.run(
+                    run_pipeline(
+                        adapter,
+                        source,
+                        writer,
+                        block_records=_READ_BLOCK,
+                        max_blocks_in_flight=replicas * units_per_replica,
+                        limit=options.limit,
+                        on_bad_record=options.on_bad_record,
+                        progress=progress,
+                        unit_of=plan.key,
+                        on_written=adapter.written,
+                    )
+                )
+                startup = time.perf_counter() - t0 - done.wall_s
+                return adapter.tally.summary(writer.out_dir, done, startup)
         finally:
             for actor, _ in actors:
                 ray.kill(actor, no_restart=True)
-
-
-class _Silent:
-    def start(self, total: int | None, already_done: int) -> None:
-        pass
-
-    def advance(self, records: int, utilization: float) -> None:
-        pass
 
 
 @contextlib.contextmanager
@@ -414,22 +409,11 @@ class _UnitPlan:
         return chunk * self._parts + offset // self._span
 
 
-@dataclass
-class _Flight:
-    records: list[Record]
-    replica: int
-    attempt: int
-    sent: float
-
-
 class _Tally:
-    """What the run did, for the summary and the progress bar."""
+    """Where the work ran, for the summary."""
 
-    def __init__(self, out_dir: Path, replicas: int) -> None:
-        self.out_dir = out_dir
+    def __init__(self, replicas: int) -> None:
         self.replicas = replicas
-        self.records = 0
-        self.skipped = 0
         self.units = 0
         self.resubmitted = 0
         self.latencies: list[float] = []
@@ -456,16 +440,16 @@ class _Tally:
             "padding_waste": waste / cost if cost else 0.0,
         }
 
-    def summary(self, already: int, total: int, wall: float, startup: float) -> RaySummary:
+    def summary(self, out_dir: Path, done: PipelineRun, startup: float) -> RaySummary:
         merged = self.merged()
         return RaySummary(
-            output=self.out_dir,
+            output=out_dir,
             batching=True,
-            records=self.records,
-            skipped=self.skipped,
-            already_done=already,
-            total_records=total,
-            wall_s=wall,
+            records=done.records,
+            skipped=done.skipped,
+            already_done=done.already_done,
+            total_records=done.total_records,
+            wall_s=done.wall_s,
             utilization=merged["utilization"],
             avg_batch_size=merged["avg_batch_size"],
             avg_batch_cost=merged["avg_batch_cost"],
@@ -482,194 +466,147 @@ class _Tally:
         )
 
 
-class _Job:
-    """The driver's loop: read units, keep every replica busy, write what comes back."""
+@dataclass(frozen=True)
+class _Landed:
+    """A unit's answer, until the pipeline has written it."""
+
+    replica: int
+    attempt: int
+    round_trip_s: float
+    result: _UnitResult
+
+
+class RayAdapter:
+    """:class:`~batchline.datasets.pipeline.Adapter` for model replicas on Ray: each block is
+    one unit, sent to the live replica with the fewest units in flight (at most
+    ``units_per_replica`` each). A unit whose replica is lost (Ray has already restarted and
+    retried it up to its limits) is sent to another replica, at most ``max_unit_attempts``
+    times in all."""
 
     def __init__(
         self,
-        *,
-        source: Source,
-        writer: ChunkWriter,
-        options: RunOptions,
         actors: Sequence[tuple[Any, _Ready]],
-        plan: _UnitPlan,
+        *,
         units_per_replica: int,
         max_unit_attempts: int,
-        progress: Progress,
-        on_unit: Callable[[UnitDone], None] | None,
+        on_unit: Callable[[UnitDone], None] | None = None,
     ) -> None:
-        self.source = source
-        self.writer = writer
-        self.options = options
         self.actors = [actor for actor, _ in actors]
-        self.plan = plan
         self.units_per_replica = units_per_replica
         self.max_unit_attempts = max_unit_attempts
-        self.progress = progress
         self.on_unit = on_unit
-        self.tally = _Tally(writer.out_dir, len(self.actors))
+        self.tally = _Tally(len(self.actors))
         for i, (_, ready) in enumerate(actors):
             self.tally.pids[i].add(ready.pid)
             self.tally.cpu_from[(i, ready.pid)] = ready.cpu_s
         self.alive = [True] * len(self.actors)
         self.load = [0] * len(self.actors)
-        self.in_flight: dict[Any, _Flight] = {}
-        self.retry: deque[_Flight] = deque()
+        self._freed = asyncio.Condition()
+        self._landed: dict[int, _Landed] = {}  # by the unit's first record index
 
-    def run(self, committed: list[tuple[int, int]], startup: float) -> RaySummary:
-        started = time.perf_counter()
-        units = self._units(committed)
-        exhausted = False
-        while True:
-            while not exhausted or self.retry:
-                replica = self._free_replica()
-                if replica is None:
-                    break
-                if self.retry:
-                    flight = self.retry.popleft()
-                    self._send(flight.records, replica, flight.attempt + 1)
-                    continue
-                unit = next(units, None)
-                if unit is None:
-                    exhausted = True
-                else:
-                    self._send(unit, replica, 1)
-            if not self.in_flight:
-                if exhausted and not self.retry:
-                    break
-                raise ModelError(
-                    "every replica is gone (see the Ray logs for why); committed chunks are "
-                    "kept: rerun with --resume to continue"
-                )
-            self._collect()
+    async def submit(self, records: Sequence[Record]) -> asyncio.Future[list[Outcome]]:
+        replica = await self._acquire()
+        return asyncio.ensure_future(self._unit(records, replica))
 
-        options = self.options
-        total = self.source.total_records or 0
-        if options.limit is not None:
-            total = (
-                min(total, options.limit)
-                if self.source.total_records is not None
-                else options.limit
-            )
-        self.writer.finish(total)
-        wall = time.perf_counter() - started
-        already = sum(hi - lo for lo, hi in committed)
-        return self.tally.summary(already, total, wall, startup)
+    def utilization(self) -> float:
+        return self.tally.merged()["utilization"]
 
-    # -- reading ---------------------------------------------------------------------------
-
-    def _units(self, committed: list[tuple[int, int]]) -> Iterator[list[Record]]:
-        """The input's records not yet committed, grouped in units; bad ones are skipped here."""
-        limit = self.options.limit
-        unit: list[Record] = []
-        key = -1
-        for block in self.source.iter_blocks(_READ_BLOCK, skip=committed):
-            for item in block:
-                if limit is not None and item.index >= limit:
-                    if unit:
-                        yield unit
-                    return
-                if isinstance(item, BadRecord):
-                    self.writer.skip_bad(item)
-                    self.tally.skipped += 1
-                    self.progress.advance(1, self.tally.merged()["utilization"])
-                    continue
-                k = self.plan.key(item.index)
-                if unit and k != key:
-                    yield unit
-                    unit = []
-                key = k
-                unit.append(item)
-        if unit:
-            yield unit
-
-    # -- dispatch --------------------------------------------------------------------------
-
-    def _free_replica(self) -> int | None:
-        """The live replica with the fewest units in flight, if one can take another."""
-        best: int | None = None
-        for i, alive in enumerate(self.alive):
-            free = alive and self.load[i] < self.units_per_replica
-            if free and (best is None or self.load[i] < self.load[best]):
-                best = i
-        return best
-
-    def _send(self, records: list[Record], replica: int, attempt: int) -> None:
-        ref = self.actors[replica].process.remote([r.input for r in records])
-        self.in_flight[ref] = _Flight(records, replica, attempt, time.perf_counter())
-        self.load[replica] += 1
-
-    def _collect(self) -> None:
-        refs = list(self.in_flight)
-        first, _ = ray.wait(refs, num_returns=1)
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-        for ref in dict.fromkeys([*first, *ready]):
-            flight = self.in_flight.pop(ref)
-            self.load[flight.replica] -= 1
-            try:
-                result: _UnitResult = ray.get(ref)
-            except _LOST as exc:
-                self._lost(flight, exc)
-            except ray.exceptions.RayTaskError as exc:
-                cause = getattr(exc, "cause", None)
-                if isinstance(cause, BatchlineError):
-                    raise cause from None
-                raise
-            else:
-                self._write(flight, result)
-
-    def _lost(self, flight: _Flight, exc: BaseException) -> None:
-        lo, hi = flight.records[0].index, flight.records[-1].index
-        if isinstance(exc, ray.exceptions.RayActorError) and exc.actor_init_failed:
-            raise ModelError(f"a replica could not load the model: {_last_line(exc)}") from None
-        if isinstance(exc, ray.exceptions.ActorDiedError):
-            # Ray has already restarted it and retried up to its limits: it is gone for good.
-            self.alive[flight.replica] = False
-        if flight.attempt >= self.max_unit_attempts:
-            raise ModelError(
-                f"records {lo}..{hi} were lost {flight.attempt} times, last: {_last_line(exc)}; "
-                "committed chunks are kept: rerun with --resume to continue"
-            ) from None
-        logger.warning(
-            "replica %d lost records %d..%d (%s); sending them again",
-            flight.replica,
-            lo,
-            hi,
-            type(exc).__name__,
-        )
-        self.tally.resubmitted += 1
-        self.retry.append(flight)
-
-    # -- writing ---------------------------------------------------------------------------
-
-    def _write(self, flight: _Flight, result: _UnitResult) -> None:
-        records = flight.records
-        tally = self.tally
-        written, skipped = write_outcomes(
-            self.writer, records, result.outcomes, on_bad_record=self.options.on_bad_record
-        )
-        round_trip = time.perf_counter() - flight.sent
-        tally.records += written
-        tally.skipped += skipped
+    def written(self, records: Sequence[Record], done: Written) -> None:
+        """After the pipeline wrote a unit: count it where it ran, and call ``on_unit``."""
+        landed = self._landed.pop(records[0].index)
+        result, tally = landed.result, self.tally
         tally.units += 1
-        tally.latencies.extend([round_trip] * written)
-        tally.by_node[result.node_id] += written
-        tally.pids[flight.replica].add(result.pid)
-        tally.cpu_to[(flight.replica, result.pid)] = result.cpu_s
-        tally.stats[(flight.replica, result.pid)] = result.stats
-        self.progress.advance(len(records), tally.merged()["utilization"])
+        tally.latencies.extend([landed.round_trip_s] * done.written)
+        tally.by_node[result.node_id] += done.written
         if self.on_unit is not None:
             self.on_unit(
                 UnitDone(
                     first_index=records[0].index,
                     records=len(records),
-                    replica=flight.replica,
+                    replica=landed.replica,
                     node_id=result.node_id,
                     pid=result.pid,
-                    attempt=flight.attempt,
-                    round_trip_s=round_trip,
+                    attempt=landed.attempt,
+                    round_trip_s=landed.round_trip_s,
                 )
             )
+
+    async def _acquire(self) -> int:
+        """The live replica with the fewest units in flight, once one can take another."""
+        async with self._freed:
+            while True:
+                if not any(self.alive):
+                    raise ModelError(
+                        "every replica is gone (see the Ray logs for why); committed chunks "
+                        "are kept: rerun with --resume to continue"
+                    )
+                free = [
+                    i
+                    for i, alive in enumerate(self.alive)
+                    if alive and self.load[i] < self.units_per_replica
+                ]
+                if free:
+                    best = min(free, key=lambda i: self.load[i])
+                    self.load[best] += 1
+                    return best
+                await self._freed.wait()
+
+    async def _release(self, replica: int) -> None:
+        async with self._freed:
+            self.load[replica] -= 1
+            self._freed.notify_all()
+
+    async def _unit(self, records: Sequence[Record], replica: int) -> list[Outcome]:
+        inputs = [r.input for r in records]
+        attempt = 1
+        while True:
+            sent = time.perf_counter()
+            try:
+                result: _UnitResult = await self.actors[replica].process.remote(inputs)
+            except _LOST as exc:
+                self._lost(records, replica, attempt, exc)
+                await self._release(replica)
+                replica = await self._acquire()
+                attempt += 1
+                continue
+            except ray.exceptions.RayTaskError as exc:
+                await self._release(replica)
+                cause = getattr(exc, "cause", None)
+                if isinstance(cause, BatchlineError):
+                    raise cause from None
+                raise
+            except BaseException:
+                await self._release(replica)
+                raise
+            await self._release(replica)
+            tally = self.tally
+            tally.pids[replica].add(result.pid)
+            tally.cpu_to[(replica, result.pid)] = result.cpu_s
+            tally.stats[(replica, result.pid)] = result.stats
+            round_trip = time.perf_counter() - sent
+            self._landed[records[0].index] = _Landed(replica, attempt, round_trip, result)
+            return result.outcomes
+
+    def _lost(self, records: Sequence[Record], replica: int, attempt: int, exc: Exception) -> None:
+        lo, hi = records[0].index, records[-1].index
+        if isinstance(exc, ray.exceptions.RayActorError) and exc.actor_init_failed:
+            raise ModelError(f"a replica could not load the model: {_last_line(exc)}") from None
+        if isinstance(exc, ray.exceptions.ActorDiedError):
+            # Ray has already restarted it and retried up to its limits: it is gone for good.
+            self.alive[replica] = False
+        if attempt >= self.max_unit_attempts:
+            raise ModelError(
+                f"records {lo}..{hi} were lost {attempt} times, last: {_last_line(exc)}; "
+                "committed chunks are kept: rerun with --resume to continue"
+            ) from None
+        logger.warning(
+            "replica %d lost records %d..%d (%s); sending them again",
+            replica,
+            lo,
+            hi,
+            type(exc).__name__,
+        )
+        self.tally.resubmitted += 1
 
 
 def _check_reachable(address: str) -> None:

@@ -209,7 +209,7 @@ def _add_generation_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--generation-backend",
         choices=["torch", "vllm"],
-        help="torch (default) or vllm (CUDA machines with vLLM installed)",
+        help="torch (default) or vllm (vLLM's engine, its CPU or CUDA build as --device says)",
     )
     add_torch_generation_arguments(g)
 
@@ -262,6 +262,7 @@ def _main(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from batchline.jobs.display import print_summary
+    from batchline.jobs.options import GenerateOptions
     from batchline.jobs.run import RunOptions, run
 
     if args.chunk_size < 1:
@@ -295,12 +296,11 @@ def _main(args: argparse.Namespace) -> int:
         from batchline._errors import InputError
 
         raise InputError("--address and --replicas go with --engine ray")
-    generating = _generation_options(args, options)
-    if generating is not None:
-        options = generating
+    options = _resolve(args, options)
+    generating = isinstance(options, GenerateOptions)
     console = Console(stderr=True)
     show = not args.quiet and console.is_terminal
-    bar = (_generation_bar(console) if generating is not None else _bar(console)) if show else None
+    bar = (_generation_bar(console) if generating else _bar(console)) if show else None
     try:
         if args.engine == "local":
             summary = run(options, bar)
@@ -323,20 +323,27 @@ def _main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _generation_options(args: argparse.Namespace, options: Any) -> Any:
-    """``GenerateOptions`` when the job generates text, else None (generation flags refused)."""
+def _resolve(args: argparse.Namespace, options: Any) -> Any:
+    """``options`` resolved (``resolve``, the one batch-or-generate decision): as
+    ``GenerateOptions`` with the sampling flags when the job generates text, else as they are
+    (generation flags refused)."""
+    import dataclasses
+
     from batchline._errors import InputError
-    from batchline.jobs.generate import GenerateOptions, is_generate_job
+    from batchline.jobs.options import GenerateOptions, resolve
 
     given = given_flags(args, _GENERATION_FLAGS)
     batch = args.input_format == "openai-batch"
-    if not batch and not is_generate_job(options):
+    if batch and options.task is None:  # an OpenAI batch file is a generation job
+        options = dataclasses.replace(options, task="generate")
+    options = resolve(options)
+    if not isinstance(options, GenerateOptions):
         if given:
             raise InputError(
                 f"{given[0]} goes with text generation (--task generate, --model smollm2 or a "
                 "Hugging Face model folder PATH/)"
             )
-        return None
+        return options
     if args.engine == "ray":
         raise InputError(
             "text generation does not run on --engine ray yet; use the local engine "
@@ -346,7 +353,6 @@ def _generation_options(args: argparse.Namespace, options: Any) -> Any:
         raise InputError(
             "--input-column goes with predict models; generation reads --prompt-column"
         )
-    fields = {f: getattr(options, f) for f in options.__dataclass_fields__}
     sampling: dict[str, Any] = {
         name: getattr(args, name)
         for name in ("max_tokens", "temperature", "top_p", "seed", "prompt_column")
@@ -360,32 +366,19 @@ def _generation_options(args: argparse.Namespace, options: Any) -> Any:
         sampling["response_format"] = _json_argument(args.response_format, "--response-format")
     if args.no_chat_template:
         sampling["chat_template"] = False
-    return GenerateOptions(**fields, **sampling)
+    return dataclasses.replace(options, **sampling)
 
 
 def _generation_bar(console: Any) -> Any:
     from batchline.jobs.display import RateBar
 
-    class GenerationBar(RateBar):
-        rate = "-"
-
-        def tokens(self, generated: int, tokens_per_s: float) -> None:
-            self.rate = f"{generated:,} tok, {tokens_per_s:,.1f} tok/s"
-
-        def advance(self, records: int, utilization: float) -> None:
-            self.step(records, f"{self.rate}, slots {utilization:.0%}")
-
-    return GenerationBar(console, "prompts")
+    return RateBar(console, "prompts", "tokens")
 
 
 def _bar(console: Any) -> Any:
     from batchline.jobs.display import RateBar
 
-    class Bar(RateBar):
-        def advance(self, records: int, utilization: float) -> None:
-            self.step(records, f"util {utilization:.0%}")
-
-    return Bar(console, "records")
+    return RateBar(console, "records", "utilization")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -26,11 +26,11 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from batchline.datasets.sinks import read_output, read_skipped
+from batchline.datasets.readers import read_output, read_skipped
 from batchline.jobs.requests import is_openai_batch_line
 
 if TYPE_CHECKING:
-    from batchline.jobs.generate import GenerateOptions
+    from batchline.jobs.options import GenerateOptions, RunOptions
 
 __all__ = ["BatchFiles", "detect_batch"]
 
@@ -59,14 +59,14 @@ def _first_line(path: Path) -> object:
     return None
 
 
-def detect_batch(options: GenerateOptions) -> BatchFiles | None:
+def detect_batch(options: RunOptions) -> BatchFiles | None:
     """The batch files of a job whose input is an OpenAI batch file (``--format openai-batch``,
     or a JSONL input whose first line is a batch request); None for any other job."""
     path = options.input
     if path is None or not path.is_file():
         return None  # a missing input is the reader's error to name
     fmt = options.input_format
-    if not options.openai_batch and (
+    if not getattr(options, "openai_batch", False) and (
         fmt not in (None, "jsonl")
         or path.suffix.lower() not in (".jsonl", ".json", ".ndjson")
         or not is_openai_batch_line(_first_line(path))

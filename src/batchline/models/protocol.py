@@ -63,9 +63,12 @@ CostKind = Literal["padded", "additive"]
 #: name to one row's array), ``record`` (the whole input row as a dict).
 InputKind = Literal["text", "tensors", "record"]
 
-#: How a dataset output stores one result: ``vector`` (a fixed-length float32 list) or
-#: ``value`` (anything JSON can say: a label and scores, named tensors as nested lists, text).
-ResultKind = Literal["vector", "value"]
+#: How a dataset output stores one result (``batchline.datasets.columns``): ``vector`` (a
+#: fixed-length float32 list), ``tensors`` (named arrays: native nested lists of numbers),
+#: ``value`` (a string or a mapping of scalars, such as a label and scores: the Arrow type it
+#: has, a struct for a mapping) or ``json`` (anything JSON can say: JSON text, for a user's
+#: function that returns arbitrary objects).
+ResultKind = Literal["vector", "tensors", "value", "json"]
 
 P = TypeVar("P")  # a prepared item
 R = TypeVar("R")  # one record's result
@@ -83,7 +86,7 @@ class ModelInfo:
     task: Task
     input_kind: InputKind = "text"
     cost_kind: CostKind = "additive"
-    result_kind: ResultKind = "value"
+    result_kind: ResultKind = "json"
     #: the dataset output's column for the result
     result_column: str = "result"
     #: the longest input in tokens, when the model has such a limit
@@ -98,7 +101,8 @@ class ModelInfo:
         if self.cost_kind not in get_args(CostKind):
             raise ValueError(f"cost_kind must be padded or additive, got {self.cost_kind!r}")
         if self.result_kind not in get_args(ResultKind):
-            raise ValueError(f"result_kind must be vector or value, got {self.result_kind!r}")
+            kinds = ", ".join(get_args(ResultKind))
+            raise ValueError(f"result_kind must be one of {kinds}, got {self.result_kind!r}")
 
 
 @runtime_checkable
@@ -114,8 +118,8 @@ class BatchModel(Protocol[P, R]):
     - ``run_batch(batch)`` returns one result per item, in order; it is thread-safe for as
       many concurrent calls as the layout it was loaded with has sessions. It raising fails
       the batch, which the batcher bisects until only the failing items fail.
-    - ``encode(result)`` is a numpy float32 vector for ``result_kind == "vector"``, else a
-      JSON-able value.
+    - ``encode(result)`` is a numpy float32 vector for ``result_kind == "vector"``, a
+      mapping of name to array (or nested lists) for ``tensors``, else a JSON-able value.
     - ``close()`` frees what the model holds; it is called once, after the last batch.
     """
 

@@ -89,6 +89,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
     add_torch_generation_arguments(p)
     p.add_argument(
+        "--device", help="cpu (default) or cuda[:N]: where the models run (knob: device)"
+    )
+    p.add_argument(
+        "--generation-backend",
+        choices=["torch", "vllm"],
+        help="what runs a generate model: torch (default) or vllm (vLLM's engine, its CPU or "
+        "CUDA build as --device says)",
+    )
+    p.add_argument(
         "--set",
         action="append",
         default=[],
@@ -99,6 +108,26 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--log-level", choices=["critical", "error", "warning", "info", "debug"], default=None
     )
+    p.add_argument(
+        "--engine",
+        choices=["local", "ray"],
+        default="local",
+        help="local (default): this process; ray: replicas of the same app on Ray Serve, "
+        "autoscaled, behind Serve's proxy on --host:--port",
+    )
+    p.add_argument(
+        "--replicas",
+        metavar="MIN-MAX",
+        help="with --engine ray: replicas, N or MIN-MAX (MIN may be 0: scale to zero; default 1)",
+    )
+    p.add_argument(
+        "--target-ongoing",
+        type=int,
+        metavar="N",
+        help="with --engine ray: requests in flight per replica that Serve scales on "
+        "(default 10); drive with --concurrency MAX x N",
+    )
+    p.add_argument("--address", help="with --engine ray: 'auto' or HOST:PORT (default: start Ray)")
     p.add_argument(
         "--print-config",
         action="store_true",
@@ -133,6 +162,8 @@ def run(args: argparse.Namespace) -> int:
         "max_batch_size": args.max_batch_size,
         "dtype": args.dtype,
         "max_step_tokens": args.max_step_tokens,
+        "device": args.device,
+        "generation_backend": args.generation_backend,
         "log_level": args.log_level,
     }
     from batchline.server.settings import load_config
@@ -151,10 +182,26 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(settings.to_dict(), indent=2, sort_keys=True))
         return 0
     _check_models(settings)
+    if args.engine == "ray":
+        return _serve_on_ray(args, settings)
+    if args.replicas is not None or args.target_ongoing is not None or args.address is not None:
+        raise InputError("--replicas, --target-ongoing and --address go with --engine ray")
 
     from batchline.server.runner import serve
 
     return serve(settings)
+
+
+def _serve_on_ray(args: argparse.Namespace, settings: Any) -> int:
+    import logging
+
+    from batchline.integrations.ray_serve import ServeReplicas, parse_replicas, serve_on_ray
+
+    low, high = parse_replicas(args.replicas or "1")
+    target = 10 if args.target_ongoing is None else args.target_ongoing
+    replicas = ServeReplicas(min=low, max=high, target_ongoing=target)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s: %(message)s")
+    return serve_on_ray(settings, replicas, address=args.address)
 
 
 def _check_models(settings: Any) -> None:

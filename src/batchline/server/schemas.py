@@ -138,6 +138,8 @@ class SamplingBody(BaseModel):
     top_p: TopP | None = None
     seed: Seed | None = None
     stop: Stop | None = None
+    # vLLM's extension (its server takes it too): generate max_tokens even past the EOS token
+    ignore_eos: StrictBool = False
     # structured outputs, read by batchline.models.generation.structured.constraint_from_openai
     response_format: dict[str, Any] | None = None
     guided_json: dict[str, Any] | StrictStr | None = None
@@ -156,10 +158,21 @@ class GenerateTextRequest(SamplingBody):
 
     prompts: list[StrictStr]
     task_id: StrictStr | StrictInt | None = None
+    chat: StrictBool = False
+    """Each prompt as one user message through the model's chat template, as ``batchline run``
+    sends a text prompt (a model without a template takes it as it is); false: a raw prompt."""
+
+
+class GenerateTextDetails(BaseModel):
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
 
 
 class GenerateTextResponse(BaseModel):
     results: list[str]
+    #: one per result: why it ended and its token counts
+    details: list[GenerateTextDetails]
     task_id: str | int | None = None
     model: str
 

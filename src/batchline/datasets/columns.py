@@ -1,0 +1,164 @@
+"""How results become Arrow columns, by the model's ``ResultKind`` (``models/protocol.py``).
+
+=========  ==============================================  =====================================
+kind       a result is                                     its column
+=========  ==============================================  =====================================
+vector     a 1-D float vector, one length for all          ``list<float32>``
+tensors    a mapping of name to an array (nested lists)    ``struct``, a field per name: a
+                                                           fixed-size list per dimension where
+                                                           the model declares the row's shape
+                                                           (``fixed_size_list<fixed_size_list<
+                                                           double, 3>, 2>`` for a 2×3 row), else
+                                                           nested ``list``; numbers as the
+                                                           model's ``encode`` gives them (Python
+                                                           floats and ints: ``double``/``int64``)
+value      a string, a number, a mapping of them           the type Arrow infers: ``string``;
+           (a classification: label, score, scores)        ``struct<label, score, scores>``
+json       anything JSON can say (a user's function)       JSON text (``string``)
+=========  ==============================================  =====================================
+
+So a result read with pyarrow, pandas or numpy is numbers, not text, except where a user's own
+function returns arbitrary objects. :func:`tensors_to_numpy` gives a tensors column back as
+arrays of shape ``(rows, *shape)``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from batchline._errors import InputError
+from batchline.models.protocol import ResultKind
+
+__all__ = ["build_table", "check_tensors", "json_text", "tensors_to_numpy"]
+
+Shapes = Mapping[str, "list[int] | None"]
+
+
+def build_table(
+    indices: Sequence[int],
+    ids: Sequence[str],
+    values: Sequence[object],
+    extras: Sequence[Mapping[str, object] | None],
+    *,
+    result_column: str,
+    result_kind: ResultKind,
+    shapes: Shapes | None = None,
+) -> Any:
+    """One chunk's rows as a ``pyarrow.Table``: ``id``, ``index``, the result, copied columns."""
+    columns: dict[str, Any] = {
+        "id": pa.array(list(ids), type=pa.string()),
+        "index": pa.array(list(indices), type=pa.int64()),
+        result_column: _result_column(indices, values, result_kind, shapes or {}),
+    }
+    names: dict[str, None] = {}
+    for extra in extras:
+        if extra:
+            names.update(dict.fromkeys(extra))
+    for name in names:
+        column = [e.get(name) if e else None for e in extras]
+        try:
+            columns[name] = pa.array(column)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise InputError(
+                f"copied column {name!r} mixes value types ({exc}); use --output-format jsonl "
+                "or do not copy it"
+            ) from None
+    return pa.table(columns)
+
+
+def _result_column(
+    indices: Sequence[int], values: Sequence[object], kind: ResultKind, shapes: Shapes
+) -> Any:
+    n = len(values)
+    if kind == "vector":
+        if not n:
+            return pa.array([], type=pa.list_(pa.float32()))
+        matrix = np.asarray(np.stack([np.asarray(v, dtype=np.float32) for v in values]))
+        dim = matrix.shape[1]
+        offsets = pa.array(np.arange(0, n * dim + 1, dim, dtype=np.int32))
+        return pa.ListArray.from_arrays(offsets, pa.array(matrix.reshape(-1)))
+    if kind == "json":
+        return pa.array(
+            [json_text(i, v) for i, v in zip(indices, values, strict=True)], type=pa.string()
+        )
+    if kind == "tensors":
+        return _tensors(values, shapes)
+    try:
+        return pa.array(list(values))
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise InputError(
+            f"results of mixed types cannot share one column ({exc}); use --output-format jsonl"
+        ) from None
+
+
+def _tensors(values: Sequence[object], shapes: Shapes) -> Any:
+    rows = [check_tensors(-1, v, shapes) for v in values]
+    names = list(shapes) or list(dict.fromkeys(name for row in rows for name in row))
+    if not rows:
+        return pa.array([], type=pa.struct([]))
+    fields = []
+    for name in names:
+        shape = shapes.get(name)
+        if shape is not None:
+            stacked = np.stack([row[name] for row in rows])
+            column = pa.array(stacked.reshape(-1))
+            for dim in reversed(shape):
+                column = pa.FixedSizeListArray.from_arrays(column, dim)
+        else:
+            column = pa.array([row[name].tolist() for row in rows])
+        fields.append(column)
+    return pa.StructArray.from_arrays(fields, names=names)
+
+
+def check_tensors(index: int, value: object, shapes: Shapes) -> dict[str, np.ndarray[Any, Any]]:
+    """A ``tensors`` result as arrays; ``ValueError`` when a declared shape does not match."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f"record {index}: a tensors result is a mapping of name to array")
+    arrays = {str(name): np.asarray(v) for name, v in value.items()}
+    for name, shape in shapes.items():
+        if name not in arrays:
+            raise ValueError(f"record {index}: the result has no tensor {name!r}")
+        if shape is not None and list(arrays[name].shape) != list(shape):
+            raise ValueError(
+                f"record {index}: tensor {name!r} has shape {list(arrays[name].shape)}, the "
+                f"model declares {list(shape)}"
+            )
+    return arrays
+
+
+def tensors_to_numpy(column: Any) -> dict[str, Any]:
+    """A ``tensors`` column as ``{name: array}``: ``(rows, *shape)`` arrays for fixed-size
+    fields, else an object array of each row's own array."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    out: dict[str, Any] = {}
+    for i, field in enumerate(column.type):
+        values = column.field(i)
+        shape: list[int] = []
+        typ = field.type
+        while pa.types.is_fixed_size_list(typ):
+            shape.append(typ.list_size)
+            typ = typ.value_type
+        if shape or not pa.types.is_list(field.type):
+            flat = values
+            for _ in shape:
+                flat = flat.flatten()
+            out[field.name] = flat.to_numpy(zero_copy_only=False).reshape(len(values), *shape)
+        else:
+            rows = values.to_pylist()
+            array = np.empty(len(rows), dtype=object)
+            array[:] = [np.asarray(r) for r in rows]
+            out[field.name] = array
+    return out
+
+
+def json_text(index: int, value: object) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"record {index}: the result cannot be written as JSON: {exc}") from None

@@ -1,0 +1,98 @@
+"""A batch model as the dataset pipeline's adapter (``batchline run`` of an embed, classify or
+predict model; each Ray replica runs the same functions).
+
+A block of records is prepared off the event loop and queued in the model's engine
+(:func:`submit_block`; the engine's bounded queue is the backpressure), then each record's
+result is encoded, or its failure named (:func:`collect`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from batchline._errors import InputError
+from batchline.datasets.outcomes import Failed, Outcome, describe
+from batchline.datasets.sources import Record
+from batchline.models.batching import ModelBatcher
+
+__all__ = ["BatchAdapter", "collect", "process_block", "submit_block"]
+
+
+class BatchAdapter:
+    """:class:`~batchline.datasets.pipeline.Adapter` for a started :class:`ModelBatcher`."""
+
+    def __init__(self, engine: ModelBatcher[Any, Any]) -> None:
+        self.engine = engine
+
+    async def submit(self, records: Sequence[Record]) -> asyncio.Future[list[Outcome]]:
+        pending = await submit_block(self.engine, [r.input for r in records])
+        return asyncio.ensure_future(collect(self.engine, pending))
+
+    def utilization(self) -> float:
+        return self.engine.stats.utilization
+
+
+async def submit_block(
+    engine: ModelBatcher[Any, Any], inputs: Sequence[object]
+) -> list[asyncio.Future[Any] | Failed]:
+    """Prepare ``inputs`` off the event loop and queue them (waiting for room in the queue);
+    a record that ``prepare`` refuses is its :class:`Failed` at once."""
+    model = engine.model
+    prepared = await asyncio.to_thread(model.prepare, list(inputs))
+    if len(prepared) != len(inputs):
+        raise InputError(
+            f"model {model.info.name!r}: prepare() returned {len(prepared)} items for "
+            f"{len(inputs)} inputs"
+        )
+    pending: list[asyncio.Future[Any] | Failed] = []
+    try:
+        for item in prepared:
+            if isinstance(item, BaseException):
+                pending.append(Failed(f"bad input: {describe(item)}"))
+            else:
+                pending.append(await engine.submit(item))
+    except BaseException:
+        _cancel(pending)
+        raise
+    return pending
+
+
+async def collect(
+    engine: ModelBatcher[Any, Any], pending: Sequence[asyncio.Future[Any] | Failed]
+) -> list[Outcome]:
+    """Wait for every queued record and encode its result; one record's exception (the batcher
+    has bisected its batch down to it) is that record's :class:`Failed`, in order."""
+    futures = [f for f in pending if not isinstance(f, Failed)]
+    try:
+        await asyncio.gather(*futures, return_exceptions=True)
+    except BaseException:
+        _cancel(pending)
+        raise
+    encode = engine.model.encode
+    outcomes: list[Outcome] = []
+    for f in pending:
+        if isinstance(f, Failed):
+            outcomes.append(f)
+            continue
+        exc = f.exception()
+        if exc is None:
+            outcomes.append(encode(f.result()))
+        elif isinstance(exc, Exception):
+            outcomes.append(Failed(f"model error: {describe(exc)}"))
+        else:  # KeyboardInterrupt and the like are not a record's fault
+            raise exc
+    return outcomes
+
+
+async def process_block(engine: ModelBatcher[Any, Any], inputs: Sequence[object]) -> list[Outcome]:
+    """:func:`submit_block` then :func:`collect`: every input's outcome, in order."""
+    return await collect(engine, await submit_block(engine, inputs))
+
+
+def _cancel(pending: Sequence[asyncio.Future[Any] | Failed]) -> None:
+    """Withdraw whatever is still queued (a stopping job)."""
+    for f in pending:
+        if not isinstance(f, Failed):
+            f.cancel()

@@ -1,0 +1,144 @@
+"""What a ``batchline run`` job is: its options, its one model spec, and whether it generates.
+
+:func:`resolve` is the one place that decides batch against generation: it parses the model
+spec once, keeps it on the options, and turns the options of a generation job into
+:class:`GenerateOptions`. The CLI and :func:`batchline.jobs.run.run_job` both go through it;
+resolving resolved options does nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from batchline._errors import InputError
+from batchline.datasets.sinks import OutputFormat
+from batchline.datasets.sources import Format
+from batchline.jobs.requests import job_constraint
+from batchline.knobs import Knobs
+from batchline.models.generation.engine import SamplingParams
+from batchline.models.protocol import ModelInfo
+
+if TYPE_CHECKING:
+    from batchline.models.specs import ModelSpec
+
+__all__ = ["GenerateOptions", "RunOptions", "default_output", "resolve"]
+
+BadRecordMode = Literal["fail", "skip"]
+
+
+@dataclass
+class RunOptions:
+    """What to run. ``input=None`` runs on the built-in demo corpus."""
+
+    input: Path | None = None
+    output: Path | None = None
+    #: a model spec: ``default``, ``PATH.onnx``, ``module:factory`` (``batchline.models.specs``)
+    model: str = "default"
+    task: str | None = None
+    tokenizer: Path | None = None
+    labels: tuple[str, ...] | None = None
+    pooling: str | None = None
+    normalize: bool | None = None
+    text_column: str = "text"
+    #: columns (or the ``.npy`` input's name) holding a ``predict`` model's tensors
+    input_columns: Sequence[str] = ()
+    id_column: str | None = None
+    input_format: Format | None = None
+    output_format: OutputFormat = "parquet"
+    copy_columns: Sequence[str] = ()
+    resume: bool = False
+    overwrite: bool = False
+    on_bad_record: BadRecordMode = "fail"
+    chunk_size: int = 10_000
+    limit: int | None = None
+    knobs: Knobs = field(default_factory=Knobs)
+    #: the parsed model spec, set by :func:`resolve` (parsed once per job)
+    spec: ModelSpec | None = field(default=None, repr=False, compare=False)
+
+
+@dataclass
+class GenerateOptions(RunOptions):
+    """:class:`RunOptions` plus how to sample (see ``SamplingParams``) and read prompts.
+
+    ``seed`` with ``temperature > 0`` makes sampling repeatable: record ``i`` draws from
+    ``seed + i``, whatever shares its batch (so a resumed job samples what the killed one
+    would have).
+
+    ``response_format`` constrains every completion (structured outputs; a record's own
+    fields win): see :mod:`batchline.jobs.requests`. ``openai_batch``: the input is an OpenAI
+    batch file (``--format openai-batch``; else detected from it, see
+    :mod:`batchline.jobs.openai_batch`).
+    """
+
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    chat_template: bool = True
+    #: the column holding prompts (text or chat messages); None: prompt, messages, else text
+    prompt_column: str | None = None
+    response_format: str | None = None
+    openai_batch: bool = False
+
+    def sampling(self) -> SamplingParams:
+        """The job's sampling parameters (``seed`` is per record: see the class docstring)."""
+        try:
+            return SamplingParams(
+                max_tokens=self.max_tokens,
+                temperature=self.temperature,
+                top_p=self.top_p,
+                seed=self.seed,
+                stop=tuple(self.stop),
+                constraint=job_constraint(self.response_format),
+            )
+        except ValueError as exc:
+            raise InputError(f"sampling settings: {exc}") from None
+
+
+def resolve(options: RunOptions) -> RunOptions:
+    """``options`` with their model spec parsed (once), as :class:`GenerateOptions` when the
+    job generates text: task ``generate``, or a model that generates (``smollm2``, a Hugging
+    Face causal-LM folder). The default model embeds; a generation job's default is smollm2."""
+    if options.spec is not None:
+        return options
+    from batchline.jobs.openai_batch import detect_batch
+
+    generating = (
+        isinstance(options, GenerateOptions)
+        or options.task == "generate"
+        or detect_batch(options) is not None
+    )
+    if generating and options.model == "default":
+        options = dataclasses.replace(options, model="smollm2")
+    spec = _parse(options, "generate" if generating and options.task is None else options.task)
+    if not (generating or spec.generates):
+        return dataclasses.replace(options, spec=spec)
+    if isinstance(options, GenerateOptions):
+        return dataclasses.replace(options, spec=spec)
+    values = {f.name: getattr(options, f.name) for f in dataclasses.fields(RunOptions)}
+    return GenerateOptions(**{**values, "spec": spec})
+
+
+def _parse(options: RunOptions, task: str | None) -> ModelSpec:
+    from batchline.models.specs import parse_specs
+
+    (spec,) = parse_specs(
+        [options.model],
+        tasks=[task] if task else [],
+        tokenizer=options.tokenizer,
+        labels=options.labels,
+        pooling=options.pooling,
+        normalize=options.normalize,
+    )
+    return spec
+
+
+def default_output(input_path: Path | None, info: ModelInfo) -> Path:
+    """``STEM.embeddings`` (embed) or ``STEM.results`` (other tasks), in the current directory."""
+    stem = "demo-corpus" if input_path is None else input_path.stem
+    return Path(f"{stem}.{'embeddings' if info.task == 'embed' else 'results'}")

@@ -1,0 +1,133 @@
+"""What a ``batchline run`` job did: the summary its CLI prints as a table."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["GenerateSummary", "RunSummary"]
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What a run did; ``records`` counts only this run's records, not resumed ones."""
+
+    output: Path
+    batching: bool
+    records: int
+    skipped: int
+    already_done: int
+    total_records: int
+    wall_s: float
+    utilization: float
+    avg_batch_size: float
+    avg_batch_cost: float
+    padding_waste: float
+    latency_p50_s: float
+    latency_p99_s: float
+    #: whether batches were costed in padded tokens (text models); else in the model's units
+    padded: bool = True
+
+    @property
+    def records_per_s(self) -> float:
+        return self.records / self.wall_s if self.wall_s > 0 else 0.0
+
+    def rows(self) -> list[tuple[str, str]]:
+        """The summary as (label, value) rows, for a table."""
+        mode = "batching" if self.batching else "no batching (one shared session)"
+        return [
+            *self._head(mode),
+            ("records/s", f"{self.records_per_s:,.1f}"),
+            ("utilization", f"{self.utilization:.0%}"),
+            ("avg batch size", f"{self.avg_batch_size:.1f}"),
+            *(
+                [
+                    ("avg batch cost (padded tokens)", f"{self.avg_batch_cost:.0f}"),
+                    ("padding waste", f"{self.padding_waste:.1%}"),
+                ]
+                if self.padded
+                else [("avg batch cost (model's units)", f"{self.avg_batch_cost:.0f}")]
+            ),
+            ("latency p50 / p99", f"{_ms(self.latency_p50_s)} / {_ms(self.latency_p99_s)}"),
+        ]
+
+    def _head(self, mode: str) -> list[tuple[str, str]]:
+        """The rows every run's summary starts with."""
+        return [
+            ("output", str(self.output)),
+            ("mode", mode),
+            ("records (this run)", f"{self.records:,}"),
+            ("skipped", f"{self.skipped:,}"),
+            ("resumed (already done)", f"{self.already_done:,}"),
+            ("wall time", f"{self.wall_s:.1f} s"),
+        ]
+
+
+def _ms(seconds: float) -> str:
+    return "n/a" if math.isnan(seconds) else f"{seconds * 1e3:,.1f} ms"
+
+
+@dataclass(frozen=True)
+class GenerateSummary(RunSummary):
+    """What a generation job did (this run's records only); latencies are per request, from
+    ``submit`` (time in the waiting queue included)."""
+
+    generation_batching: str = "continuous"
+    dtype: str = ""
+    generated_tokens: int = 0
+    prompt_tokens: int = 0
+    ttft_p50_s: float = math.nan
+    ttft_p99_s: float = math.nan
+    itl_p50_s: float = math.nan
+    itl_p99_s: float = math.nan
+    max_running: int = 0
+    running_peak: int = 0
+    waiting_peak: int = 0
+    in_flight_limit: int = 0
+    avg_running_per_step: float = 0.0
+    kv_token_budget: int = 0
+    kv_reserved_peak: int = 0
+    aborted: int = 0
+    preempted: int = 0
+    failed: int = 0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.generated_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    def rows(self) -> list[tuple[str, str]]:
+        budget = (
+            f"{self.kv_reserved_peak:,} / {self.kv_token_budget:,} "
+            f"({self.kv_reserved_peak / self.kv_token_budget:.0%})"
+            if self.kv_token_budget
+            else "n/a"
+        )
+        head = self._head(_MODES.get(self.generation_batching, self.generation_batching))
+        return [
+            *head[:2],
+            *([("dtype", self.dtype)] if self.dtype else []),
+            *head[2:],
+            ("tokens generated", f"{self.generated_tokens:,}"),
+            ("tokens/s", f"{self.tokens_per_s:,.1f}"),
+            ("records/s", f"{self.records_per_s:,.2f}"),
+            ("TTFT p50 / p99", f"{_ms(self.ttft_p50_s)} / {_ms(self.ttft_p99_s)}"),
+            ("inter-token p50 / p99", f"{_ms(self.itl_p50_s)} / {_ms(self.itl_p99_s)}"),
+            ("end-to-end p50 / p99", f"{_ms(self.latency_p50_s)} / {_ms(self.latency_p99_s)}"),
+            ("running peak (sampled) / cap", f"{self.running_peak} / {self.max_running}"),
+            ("avg running per step", f"{self.avg_running_per_step:.1f}"),
+            ("waiting peak (in-flight cap)", f"{self.waiting_peak} ({self.in_flight_limit})"),
+            ("KV reserved peak / budget", budget),
+            (
+                "aborted / preempted / failed",
+                f"{self.aborted} / {self.preempted} / {self.failed}",
+            ),
+        ]
+
+
+_MODES = {
+    "continuous": "continuous batching",
+    "static": "static batching",
+    "sequential": "no batching (one sequence at a time)",
+    "vllm": "vLLM",
+}

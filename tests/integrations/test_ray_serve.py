@@ -1,0 +1,518 @@
+"""``batchline serve --engine ray`` end to end, on one local Ray + Serve instance per module.
+
+The tests on Ray are slow (Ray and Serve start in seconds, each deployment loads its models):
+deselect them with ``-m "not slow"``. Each test deploys the ``batchline`` application again
+on the same Serve (same proxy port): a fake slow embedder to scale on, the default embedder
+for ``drive``, the fake generator for the OpenAI client. The autoscaler's metric push
+intervals are shortened (Ray reads them from the environment of the processes it starts) so
+scaling takes seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("fastapi")
+pytest.importorskip("ray.serve")
+
+import httpx
+import ray
+from prometheus_client.parser import text_string_to_metric_families
+from ray import serve
+
+from batchline._errors import InputError, ModelError
+from batchline.cli import main
+from batchline.datasets.sinks import read_output
+from batchline.driver.drive import DriveOptions, drive
+from batchline.integrations.ray_serve import (
+    _QUICK_AUTOSCALING_ENV,
+    APP_NAME,
+    REPLICA_HEADER,
+    ServeReplicas,
+    deploy,
+    deployment_options,
+    parse_replicas,
+    replica_capacity,
+    replica_counts,
+)
+from batchline.knobs import Knobs
+from batchline.models.generation.fake import FakeEngine
+from batchline.models.generation.scheduler import ContinuousGenerator
+from batchline.models.onnx.embed import TextEmbedder
+from batchline.models.specs import ModelSpec
+from batchline.server.settings import ServerSettings
+from tests.server.conftest import GEN_TOK, FakeEmbedder, FakeGenerateModel, generated_text
+from tests.test_cli_imports import _blocked
+
+ROOT = Path(__file__).resolve().parents[2]
+WORDS = ["batching", "keeps", "the", "device", "busy", "while", "requests", "queue", "ünïcödé"]
+_RAY_ENV = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_AUTH_MODE": "disabled",
+    # what `batchline serve --engine ray` sets for its own Ray: ongoing requests are recorded
+    # every look_back_period_s x 0.02 and pushed to Serve's controller every 0.5 s
+    **_QUICK_AUTOSCALING_ENV,
+    # the replicas unpickle this module's loaders: they import it from the repository root
+    "PYTHONPATH": os.pathsep.join(
+        p for p in (str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH")) if p
+    ),
+}
+
+
+# -- models the replicas load (module level: pickled by reference, imported there) ------------
+
+
+class _SlowFake(FakeEmbedder):
+    """The fake embedder, 50 ms per batch: requests stay in flight long enough to scale on."""
+
+    def embed_tokens(self, texts: Any) -> Any:
+        time.sleep(0.05)
+        return super().embed_tokens(texts)
+
+
+def load_slow_fake(spec: ModelSpec, knobs: Knobs) -> Any:
+    return TextEmbedder(_SlowFake(), name=spec.name)  # type: ignore[arg-type]
+
+
+def load_nothing(spec: ModelSpec, knobs: Knobs) -> Any:
+    raise RuntimeError("no weights here")
+
+
+class _SlowGenEngine(FakeEngine):
+    """The fake step engine, 50 ms per step: a stream lasts long enough to remove its replica
+    while it runs."""
+
+    def step(self) -> Any:
+        time.sleep(0.05)
+        return super().step()
+
+
+def load_slow_generator(spec: ModelSpec, knobs: Knobs) -> Any:
+    engine = _SlowGenEngine()
+    generator = ContinuousGenerator(
+        engine,
+        GEN_TOK,
+        max_running=knobs.max_running_sequences,
+        kv_token_budget=knobs.kv_token_budget,
+        max_waiting=knobs.max_queue_size,
+        name=spec.name,
+    )
+    return FakeGenerateModel(spec.name, generator, engine, knobs)
+
+
+# -- the shared instance -------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def ray_node() -> Iterator[str]:
+    """One local Ray (4 logical CPUs) for the module; yields its node's Prometheus URL (Ray
+    reports metrics every 0.5 s here, every 10 s by default)."""
+    saved = {k: os.environ.get(k) for k in _RAY_ENV}
+    os.environ.update(_RAY_ENV)
+    context = ray.init(
+        address="local",
+        num_cpus=4,
+        include_dashboard=False,
+        logging_level="WARNING",
+        _system_config={"metrics_report_interval_ms": 500},
+    )
+    try:
+        yield f"http://127.0.0.1:{context.address_info['metrics_export_port']}/metrics"
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def port(ray_node: str) -> int:
+    """The port of Serve's proxy, the same for every deployment of the module."""
+    return _free_port()
+
+
+def _settings(port: int, **values: Any) -> ServerSettings:
+    base: dict[str, Any] = {
+        "port": port,
+        "sessions": 1,
+        "intra_op_threads": 1,
+        "solo_intra_op_threads": None,
+        "max_queue_size": 256,
+        "max_inputs_per_request": 64,
+        "request_timeout_s": 60.0,
+        "drain_timeout_s": 10.0,
+    }
+    return ServerSettings.build({**base, **values})
+
+
+def _wait(predicate: Callable[[], object], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached within {timeout_s} s: {replica_counts()}")
+        time.sleep(0.2)
+
+
+def _dataset(path: Path, n: int) -> Path:
+    lines = []
+    for i in range(n):
+        words = [WORDS[(i + j) % len(WORDS)] for j in range(2 + (i * 7) % 23)]
+        lines.append(json.dumps({"id": f"r{i}", "text": " ".join(words)}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _completed_by_replica(url: str, replicas: int) -> dict[str, float]:
+    """Each replica's completed-records counter, from its own ``/metrics`` (a scrape through
+    the proxy reaches one replica; the response header says which)."""
+    seen: dict[str, float] = {}
+    with httpx.Client(base_url=url, timeout=30) as client:
+        for _ in range(200):
+            r = client.get("/metrics")
+            assert r.status_code == 200
+            for family in text_string_to_metric_families(r.text):
+                for sample in family.samples:
+                    if sample.name == "batchline_records_total" and (
+                        sample.labels.get("outcome") == "completed"
+                    ):
+                        seen[r.headers[REPLICA_HEADER]] = sample.value
+            if len(seen) == replicas:
+                break
+    return seen
+
+
+# -- options (no Ray needed) ---------------------------------------------------------------------
+
+
+def test_replicas_and_options_are_checked() -> None:
+    assert parse_replicas("0-2") == (0, 2)
+    assert parse_replicas("3") == (3, 3)
+    with pytest.raises(InputError, match="expected N or MIN-MAX"):
+        parse_replicas("two")
+    with pytest.raises(InputError, match="maximum must be >= 1"):
+        ServeReplicas(min=2, max=1)
+    with pytest.raises(InputError, match="maximum must be >= 1"):
+        ServeReplicas(min=0, max=0)
+    assert ServeReplicas(min=0, max=2, target_ongoing=10).concurrency == 20
+
+    settings = ServerSettings.build(
+        model=["emb=default", "gen=smollm2"], max_queue_size=100, max_inputs_per_request=100
+    )
+    # every model's queue, and a generate model's running sequences besides
+    assert replica_capacity(settings) == 100 + 100 + settings.knobs.max_running_sequences
+    options = deployment_options(settings, ServeReplicas(min=0, max=2, target_ongoing=8))
+    assert options["max_ongoing_requests"] == replica_capacity(settings)  # never Serve's 5
+    assert options["autoscaling_config"]["min_replicas"] == 0
+    assert options["autoscaling_config"]["target_ongoing_requests"] == 8
+    assert options["graceful_shutdown_timeout_s"] == settings.drain_timeout_s
+    assert options["ray_actor_options"]["num_gpus"] == 0
+    gpu = ServerSettings.build(device="cuda")
+    assert deployment_options(gpu, ServeReplicas())["ray_actor_options"]["num_gpus"] == 1
+    with pytest.raises(InputError, match="more than a replica can hold"):
+        deployment_options(
+            ServerSettings.build(max_queue_size=4, max_inputs_per_request=4),
+            ServeReplicas(target_ongoing=5),
+        )
+
+
+# -- on Ray --------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_scale_from_zero_up_under_load_and_back_down_when_idle(port: int) -> None:
+    replicas = ServeReplicas(
+        min=0,
+        max=2,
+        target_ongoing=2,
+        upscale_delay_s=0.5,
+        downscale_delay_s=1.0,
+        look_back_period_s=11.0,  # the shortest Ray 2.60 takes without a warning
+    )
+    url = deploy(_settings(port, model_name="fake"), replicas, load_model=load_slow_fake)
+    assert replica_counts().running == 0
+    with httpx.Client(base_url=url, timeout=90) as client:
+        ready = client.get("/ready")  # min 0: ready with no replica, and wakes none
+        assert ready.status_code == 200, ready.text
+        assert ready.json()["replicas"]["running"] == 0
+        assert replica_counts().target == 0
+
+        started = time.perf_counter()
+        first = client.post("/v1/embeddings", json={"input": ["from zero"]})
+        cold_s = time.perf_counter() - started
+        assert first.status_code == 200, first.text
+        assert first.json()["model"] == "fake"
+        print(f"first request from zero replicas: {cold_s:.2f} s")
+        assert replica_counts().running == 1
+
+        stop = threading.Event()
+        statuses: list[int] = []
+
+        def load() -> None:
+            with httpx.Client(base_url=url, timeout=60) as c:
+                while not stop.is_set():
+                    statuses.append(c.post("/v1/embeddings", json={"input": ["x y z"]}).status_code)
+
+        clients = [threading.Thread(target=load) for _ in range(8)]
+        for t in clients:
+            t.start()
+        try:
+            _wait(lambda: replica_counts().running == 2, 90, "2 running replicas under load")
+        finally:
+            stop.set()
+            for t in clients:
+                t.join()
+        assert statuses
+        assert set(statuses) == {200}
+        _wait(lambda: replica_counts().running == 0, 120, "scaled back to zero when idle")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_model_that_does_not_load_fails_the_deployment_in_one_line(port: int) -> None:
+    with pytest.raises(ModelError, match=r"the replicas could not start: .*in the log above"):
+        deploy(_settings(port), ServeReplicas(min=1, max=1), load_model=load_nothing)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_two_replicas_serve_one_drive_every_record_exactly_once(
+    port: int, ray_node: str, tmp_path: Path
+) -> None:
+    url = deploy(_settings(port), ServeReplicas(min=2, max=2, target_ongoing=4))
+    assert replica_counts().running == 2
+    assert httpx.get(f"{url}/ready").json()["replicas"]["running"] == 2
+    n = 400
+    summary = drive(
+        DriveOptions(
+            input=_dataset(tmp_path / "in.jsonl", n),
+            endpoints=[url],
+            output=tmp_path / "out",
+            id_column="id",
+            chunk_size=8,
+            concurrency=8,
+        )
+    )
+    assert summary.exit_code == 0
+    ids = read_output(tmp_path / "out").column("id").to_pylist()
+    assert sorted(ids) == sorted(f"r{i}" for i in range(n))  # each once, none lost
+
+    done = _completed_by_replica(url, 2)
+    assert len(done) == 2, done
+    assert all(v > 0 for v in done.values()), done  # both replicas served the drive
+    # each record embedded once in all (only a retried chunk could count twice)
+    if summary.retries == 0:
+        assert sum(done.values()) == n
+    else:
+        assert sum(done.values()) >= n
+
+    # the same counts in Ray's metrics, one series per replica (the replicas export them)
+    def exported() -> dict[str, float]:
+        text = httpx.get(ray_node, timeout=10).text
+        return {
+            s.labels["replica"]: s.value
+            for f in text_string_to_metric_families(text)
+            for s in f.samples
+            if s.name == "ray_batchline_replica_records"
+            and s.labels.get("outcome") == "completed"
+            and s.labels.get("replica") in done
+        }
+
+    _wait(lambda: exported() == done, 30, "the replicas' counts in Ray's metrics")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_replica_killed_mid_drive_is_replaced_and_nothing_is_lost(
+    port: int, tmp_path: Path
+) -> None:
+    url = deploy(_settings(port), ServeReplicas(min=2, max=2, target_ongoing=4))
+    before = replica_counts()
+    assert before.running == 2
+    n = 1200
+    out = tmp_path / "out"
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        result["summary"] = drive(
+            DriveOptions(
+                input=_dataset(tmp_path / "in.jsonl", n),
+                endpoints=[url],
+                output=out,
+                id_column="id",
+                chunk_size=8,
+                output_chunk_size=64,
+                concurrency=4,
+            )
+        )
+
+    driver = threading.Thread(target=run)
+    driver.start()
+    _wait(lambda: any(out.glob("part-*")), 120, "a first committed chunk")
+    victim, actor_name = next(iter(before.actors.items()))
+    assert driver.is_alive()  # mid-run
+    ray.kill(ray.get_actor(actor_name, namespace="serve"), no_restart=True)
+    driver.join(timeout=180)
+    assert not driver.is_alive()
+    assert result["summary"].exit_code == 0
+    ids = read_output(out).column("id").to_pylist()
+    assert sorted(ids) == sorted(f"r{i}" for i in range(n))
+
+    _wait(
+        lambda: replica_counts().running == 2 and victim not in replica_counts().actors,
+        120,
+        "a replacement replica",
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_generate_model_answers_the_openai_client_and_a_removed_replica_finishes_its_stream(
+    port: int,
+) -> None:
+    openai = pytest.importorskip("openai")
+    settings = _settings(port, model=["fake=smollm2"], api_key="sesame")
+    url = deploy(settings, ServeReplicas(min=1, max=1), load_generator=load_slow_generator)
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="sesame", max_retries=0, timeout=60)
+    out = client.completions.create(model="fake", prompt="hello", max_tokens=8)
+    assert out.choices[0].text == generated_text(GEN_TOK.encode("hello"), 8)
+    chunks = client.chat.completions.create(
+        model="fake", messages=[{"role": "user", "content": "hi"}], max_tokens=6, stream=True
+    )
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == generated_text(GEN_TOK.encode("<user>hi\n<assistant>"), 6)
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).models.list()
+    assert [m.id for m in client.models.list().data] == ["fake"]
+
+    # a replica being removed finishes the stream it is sending (Serve's graceful shutdown,
+    # drain_timeout_s; checked to fail, the stream cut, with drain_timeout_s=0.1)
+    pieces: list[str] = []
+    first = threading.Event()
+
+    def stream() -> None:
+        for c in client.completions.create(model="fake", prompt="long", max_tokens=60, stream=True):
+            pieces.append(c.choices[0].text)
+            first.set()
+
+    reader = threading.Thread(target=stream)
+    reader.start()
+    assert first.wait(60)
+    serve.delete(APP_NAME)  # returns once its replica has stopped
+    reader.join(timeout=60)
+    assert not reader.is_alive()
+    assert "".join(pieces) == generated_text(GEN_TOK.encode("long"), 60)
+    assert replica_counts().running == 0
+
+
+# -- the command ---------------------------------------------------------------------------------
+
+
+def test_ray_flags_without_engine_ray_are_a_one_line_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["serve", "--replicas", "0-2", "--port", "0"]) == 2
+    assert "--replicas, --target-ongoing and --address go with --engine ray" in (
+        capsys.readouterr().err
+    )
+    assert main(["serve", "--engine", "ray", "--replicas", "2-1"]) == 2
+    assert "maximum must be >= 1 and >= the minimum" in capsys.readouterr().err
+
+
+def test_engine_ray_without_ray_names_the_extra() -> None:
+    done = _blocked(["ray"], [["serve", "--engine", "ray", "--port", "0"]])
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [2], done.stderr
+    assert "pip install 'batchline[ray]'" in done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_cli_serves_from_zero_and_sigterm_stops_everything(tmp_path: Path) -> None:
+    """`batchline serve --engine ray` in a process of its own: its private Ray, /ready with no
+    replica, a request that wakes one, SIGTERM -> exit 0 and no Ray process left."""
+    port = _free_port()
+    log = (tmp_path / "serve.log").open("w")
+    env = {**os.environ, "PYTHONPATH": _RAY_ENV["PYTHONPATH"]}
+    for k in (*_QUICK_AUTOSCALING_ENV, "RAY_AUTH_MODE"):
+        env.pop(k, None)  # the command sets them for its own Ray
+    argv = ["serve", "--engine", "ray", "--replicas", "0-1", "--target-ongoing", "4"]
+    argv += ["--port", str(port), "--sessions", "1", "--set", "intra_op_threads=1"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "batchline", *argv], stdout=log, stderr=subprocess.STDOUT, env=env
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        ready = None
+        while ready is None or ready.status_code != 200:
+            assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "never ready"
+            time.sleep(0.5)
+            with contextlib.suppress(httpx.TransportError):
+                ready = httpx.get(f"{url}/ready", timeout=5)
+        assert ready.json()["replicas"]["min"] == 0
+        started = time.perf_counter()
+        r = httpx.post(f"{url}/v1/embeddings", json={"input": ["wake up"]}, timeout=90)
+        print(f"first request through the command's own Ray: {time.perf_counter() - started:.2f} s")
+        assert r.status_code == 200, r.text
+        assert len(r.json()["data"][0]["embedding"]) == 384
+        assert r.headers[REPLICA_HEADER]
+        daemons = _ray_daemons_under(proc.pid)
+        assert set(daemons.values()) >= {"raylet", "gcs_server"}, daemons
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=90) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+    text = (tmp_path / "serve.log").read_text()
+    assert "drive with --concurrency 4" in text
+    deadline = time.monotonic() + 30
+    while (left := [p for p in daemons if Path(f"/proc/{p}").exists()]) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.5)
+    assert not left, f"left behind: {[daemons[p] for p in left]}"
+
+
+def _ray_daemons_under(root: int) -> dict[int, str]:
+    """The raylet and GCS processes descending from ``root`` (pid -> name), from /proc."""
+    parents: dict[int, int] = {}
+    names: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        with contextlib.suppress(OSError, ValueError):
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            close = stat.rindex(")")
+            names[int(entry)] = stat[stat.index("(") + 1 : close]
+            parents[int(entry)] = int(stat[close + 2 :].split()[1])
+    found, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        children = [c for c, parent in parents.items() if parent == pid and c not in found]
+        found.update(children)
+        todo.extend(children)
+    return {p: names[p] for p in found if names[p] in ("raylet", "gcs_server")}
