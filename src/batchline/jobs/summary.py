@@ -103,11 +103,9 @@ class GenerateSummary(RunSummary):
             if self.kv_token_budget
             else "n/a"
         )
-        head = self._head(_MODES.get(self.generation_batching, self.generation_batching))
         return [
-            *head[:2],
+            *self._head(_MODES.get(self.generation_batching, self.generation_batching)),
             *([("dtype", self.dtype)] if self.dtype else []),
-            *head[2:],
             ("tokens generated", f"{self.generated_tokens:,}"),
             ("tokens/s", f"{self.tokens_per_s:,.1f}"),
             ("records/s", f"{self.records_per_s:,.2f}"),

@@ -160,10 +160,10 @@ def run(args: argparse.Namespace) -> int:
         "sessions": args.sessions,
         "target_batch_tokens": args.target_batch_tokens,
         "max_batch_size": args.max_batch_size,
-        "dtype": args.dtype,
-        "max_step_tokens": args.max_step_tokens,
         "device": args.device,
         "generation_backend": args.generation_backend,
+        "dtype": args.dtype,
+        "max_step_tokens": args.max_step_tokens,
         "log_level": args.log_level,
     }
     from batchline.server.settings import load_config

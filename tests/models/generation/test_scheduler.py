@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
 
 import pytest
 
@@ -377,12 +378,31 @@ async def test_stop_with_a_timeout_ends_what_is_left() -> None:
 
 
 async def test_the_worker_sleeps_while_idle() -> None:
+    """Idle, the worker blocks on its condition, and a wake-up with no work sends it straight
+    back: one wait per wake-up and no step. Counted, not timed (no real-clock sleep)."""
     engine = FakeEngine()
     async with ContinuousGenerator(engine, TOK) as gen:
+        cond = gen._cond
+        real_wait = cond.wait
+        waits = 0
+        asleep = threading.Event()
+
+        def counting_wait(timeout: float | None = None) -> bool:
+            nonlocal waits
+            waits += 1  # under the condition's lock
+            asleep.set()
+            return real_wait(timeout)
+
+        cond.wait = counting_wait  # type: ignore[method-assign]
         await gen.submit([5], SamplingParams(max_tokens=3)).result()
-        steps = len(engine.steps)
-        await asyncio.sleep(0.05)
-        assert len(engine.steps) == steps == 3
+        await asyncio.to_thread(asleep.wait)  # done, and back to sleep
+        assert (waits, len(engine.steps)) == (1, 3)
+        for wakes in range(1, 6):
+            asleep.clear()
+            with cond:
+                cond.notify()
+            await asyncio.to_thread(asleep.wait)
+            assert (waits, len(engine.steps)) == (1 + wakes, 3)
 
 
 # -- stats on a manual clock -----------------------------------------------------------------

