@@ -327,3 +327,41 @@ def test_a_model_that_cannot_load_leaves_no_output(tiny: Path, tmp_path: Path) -
     with pytest.raises(ModelError, match="no CUDA device"):
         run_job(tiny, src, out, knobs=Knobs(device="cuda"))
     assert not out.exists()
+
+
+def test_response_format_for_the_job_and_per_record(tiny: Path, tmp_path: Path) -> None:
+    pytest.importorskip("llguidance")
+    src = tmp_path / "constrained.jsonl"
+    lines: list[dict[str, Any]] = [
+        {"prompt": "a"},
+        {"prompt": "b", "guided_choice": ["yes", "no"]},
+        {"prompt": "c", "guided_regex": "[0-9]{1,3}"},
+        {"prompt": "d", "guided_regex": "(("},
+        {"prompt": "e", "response_format": {"type": "text"}},
+    ]
+    src.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "out"
+    schema = json.dumps({"enum": ["ab", "cd"]})
+    run_job(tiny, src, out, max_tokens=8, response_format=schema, on_bad_record="skip")
+    got = {r["index"]: r for r in rows(out)}
+    assert sorted(got) == [0, 1, 2, 4]
+    assert json.loads(got[0]["text"]) in ("ab", "cd")
+    assert got[1]["text"] in ("yes", "no")
+    assert re.fullmatch("[0-9]{1,3}", got[2]["text"])
+    assert all(got[i]["finish_reason"] == "stop" for i in (0, 1, 2))
+    (skipped,) = read_skipped(out)
+    assert skipped["index"] == 3
+    assert "invalid regex constraint" in str(skipped["reason"])
+    # the record that asked for plain text got what an unconstrained job gives it
+    plain = write_prompts(tmp_path / "plain.jsonl", ["e"])
+    run_job(tiny, plain, tmp_path / "plain", max_tokens=8)
+    assert rows(tmp_path / "plain")[0]["text"] == got[4]["text"]
+
+
+def test_a_bad_response_format_stops_the_job_before_it_starts(tiny: Path, tmp_path: Path) -> None:
+    pytest.importorskip("llguidance")
+    src = write_prompts(tmp_path / "p.jsonl", ["a"])
+    with pytest.raises(InputError, match="sampling settings: invalid json schema constraint"):
+        run_job(tiny, src, tmp_path / "out", response_format='{"type": "integer", "minimum": "x"}')
+    with pytest.raises(InputError, match="not valid JSON"):
+        run_job(tiny, src, tmp_path / "out2", response_format="{oops")

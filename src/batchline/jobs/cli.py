@@ -27,7 +27,12 @@ def add_dataset_arguments(p: argparse.ArgumentParser, *, suffix: str = "embeddin
     p.add_argument("--text-column", default="text", help="column holding the text (default: text)")
     p.add_argument("--id-column", help="column holding record ids (default: 'id' if present)")
     p.add_argument(
-        "--format", dest="input_format", choices=["jsonl", "csv", "parquet", "text", "npy"]
+        "--format",
+        dest="input_format",
+        choices=["jsonl", "csv", "parquet", "text", "npy", "openai-batch"],
+        help="the input's format (default: from its name); openai-batch: OpenAI batch requests "
+        "(detected from a .jsonl file's first line too), answered in an output file of the same "
+        "format",
     )
     p.add_argument("--output-format", choices=["parquet", "jsonl"], default="parquet")
     p.add_argument(
@@ -143,6 +148,7 @@ _GENERATION_FLAGS = {
     "stop": "--stop",
     "no_chat_template": "--no-chat-template",
     "prompt_column": "--prompt-column",
+    "response_format": "--response-format",
     "generation_batching": "--generation-batching",
     "max_running_sequences": "--max-running-sequences",
     "kv_token_budget": "--kv-token-budget",
@@ -164,6 +170,14 @@ def _add_generation_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--top-p", type=float, help="nucleus sampling mass, in (0, 1] (default 1)")
     g.add_argument(
         "--seed", type=int, help="sampling seed: record i draws from SEED + i (repeatable)"
+    )
+    g.add_argument(
+        "--response-format",
+        metavar="JSON",
+        help="constrain every completion (structured outputs): an OpenAI response_format "
+        '(\'{"type": "json_object"}\', \'{"type": "json_schema", "json_schema": {"schema": '
+        "...}}') or a bare JSON schema, as JSON text or @FILE; a record's own response_format, "
+        "guided_json, guided_regex or guided_choice field wins",
     )
     g.add_argument(
         "--stop",
@@ -267,7 +281,8 @@ def _main(args: argparse.Namespace) -> int:
         input_columns=args.input_columns,
         text_column=args.text_column,
         id_column=args.id_column,
-        input_format=args.input_format,
+        # an OpenAI batch file is JSONL underneath (a generate job: _generation_options)
+        input_format="jsonl" if args.input_format == "openai-batch" else args.input_format,
         output_format=args.output_format,
         copy_columns=args.copy_columns,
         resume=args.resume,
@@ -318,6 +333,9 @@ def _resolve(args: argparse.Namespace, options: Any) -> Any:
     from batchline.jobs.options import GenerateOptions, resolve
 
     given = given_flags(args, _GENERATION_FLAGS)
+    batch = args.input_format == "openai-batch"
+    if batch and options.task is None:  # an OpenAI batch file is a generation job
+        options = dataclasses.replace(options, task="generate")
     options = resolve(options)
     if not isinstance(options, GenerateOptions):
         if given:
@@ -342,6 +360,10 @@ def _resolve(args: argparse.Namespace, options: Any) -> Any:
     }
     if args.stop:
         sampling["stop"] = tuple(args.stop)
+    if batch:
+        sampling["openai_batch"] = True
+    if args.response_format is not None:
+        sampling["response_format"] = _json_argument(args.response_format, "--response-format")
     if args.no_chat_template:
         sampling["chat_template"] = False
     return dataclasses.replace(options, **sampling)
@@ -363,3 +385,15 @@ if __name__ == "__main__":  # pragma: no cover
     from batchline.cli import main
 
     sys.exit(main(["run", *sys.argv[1:]]))
+
+
+def _json_argument(value: str, flag: str) -> str:
+    """``value``, or the text of the file it names as ``@FILE``."""
+    from batchline._errors import InputError
+
+    if not value.startswith("@"):
+        return value
+    try:
+        return Path(value[1:]).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"{flag} {value}: cannot read the file: {exc.strerror}") from None

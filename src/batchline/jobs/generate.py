@@ -40,7 +40,9 @@ from batchline.datasets.outcomes import Failed, Outcome, Result, describe
 from batchline.datasets.pipeline import PipelineRun, Progress, open_dataset_job, run_pipeline
 from batchline.datasets.sinks import ChunkWriter
 from batchline.datasets.sources import Record, Source, open_source
+from batchline.jobs.openai_batch import detect_batch
 from batchline.jobs.options import GenerateOptions, RunOptions, default_output, resolve
+from batchline.jobs.requests import RecordRequests, reads_whole_rows
 from batchline.jobs.summary import GenerateSummary
 from batchline.models.generation.engine import SamplingParams
 from batchline.models.protocol import ModelInfo
@@ -128,6 +130,9 @@ def _open(
 ) -> tuple[Source, ChunkWriter]:
     info = ModelInfo(name="", task="generate")
     output = options.output or default_output(options.input, info)
+    assert options.input is not None
+    # a record's constraint fields are read with its prompt: whole rows (all but plain text)
+    whole_rows = reads_whole_rows(options.input, options.input_format)
     settings: dict[str, object] = {
         "task": "generate",
         "sampling": {
@@ -136,6 +141,9 @@ def _open(
             "top_p": params.top_p,
             "seed": params.seed,
             "stop": list(params.stop),
+            "constraint": None
+            if params.constraint is None
+            else {"kind": params.constraint.kind, "spec": params.constraint.spec},
         },
         "chat_template": options.chat_template,
     }
@@ -147,32 +155,17 @@ def _open(
         result_column="text",
         result_kind="value",
         input_kind="record",
-        input_columns=(column,),
+        input_columns=() if whole_rows else (column,),
     )
 
 
-def _prompt_of(record: Record, column: str) -> object:
-    value = record.value
-    if isinstance(value, dict):
-        return value.get(column)
-    return record.text
-
-
 def _encode(
-    model: GenerationModel, records: Sequence[Record], column: str, chat_template: bool
+    model: GenerationModel, records: Sequence[Record], requests: RecordRequests
 ) -> list[list[int] | Failed]:
     out: list[list[int] | Failed] = []
     for record in records:
-        prompt = _prompt_of(record, column)
-        if not isinstance(prompt, str | list):
-            out.append(
-                Failed(
-                    f"bad input: prompt {column!r} is {type(prompt).__name__}, not text or a "
-                    "list of chat messages"
-                )
-            )
-            continue
         try:
+            prompt, chat_template = requests.prompt(record)
             ids = model.encode(prompt, chat_template=chat_template)
         except (BatchlineError, ValueError, TypeError) as exc:
             out.append(Failed(f"bad input: {describe(exc)}"))
@@ -207,16 +200,12 @@ class GeneratorAdapter:
     def __init__(
         self,
         model: GenerationModel,
-        options: GenerateOptions,
-        params: SamplingParams,
-        column: str,
+        requests: RecordRequests,
         progress: Progress | None,
     ) -> None:
         self.model = model
         self.gen: TextGenerator = model.generator
-        self.params = params
-        self.column = column
-        self.chat_template = options.chat_template
+        self.requests = requests
         self.limit = in_flight_limit(model)
         self._slots = asyncio.Semaphore(self.limit)
         self.tokens = 0
@@ -248,9 +237,7 @@ class GeneratorAdapter:
             await asyncio.sleep(_SAMPLE_S)
 
     async def submit(self, records: Sequence[Record]) -> asyncio.Future[list[Outcome]]:
-        encoded = await asyncio.to_thread(
-            _encode, self.model, records, self.column, self.chat_template
-        )
+        encoded = await asyncio.to_thread(_encode, self.model, records, self.requests)
         pending: list[asyncio.Future[Completion] | Failed] = []
         try:
             for record, ids in zip(records, encoded, strict=True):
@@ -267,13 +254,11 @@ class GeneratorAdapter:
         except BaseException:
             _cancel(pending)
             raise
-        return asyncio.ensure_future(_outcomes(pending))
+        return asyncio.ensure_future(_outcomes(pending, stamp=self.requests.openai_batch))
 
     def _submit_one(self, record: Record, ids: list[int]) -> asyncio.Future[Completion] | Failed:
-        params = self.params
-        if params.seed is not None:
-            params = dataclasses.replace(params, seed=params.seed + record.index)
         try:
+            params = self.requests.params(record)
             stream = self.gen.submit(ids, params, request_id=f"record-{record.index}")
         except (BatchlineError, ValueError) as exc:
             # RecordTooLargeError (over the context or the KV budget) is this record's fault
@@ -310,7 +295,14 @@ async def run_generate_job(
         demo = await asyncio.to_thread(demo_prompts_path)
         opts = dataclasses.replace(opts, input=demo, copy_columns=opts.copy_columns or ("answer",))
     assert opts.input is not None
-    column = await asyncio.to_thread(_prompt_column, opts, opts.input)
+    batch = await asyncio.to_thread(detect_batch, opts)
+    if batch is not None:
+        opts = batch.job_options(opts)
+    input_path: Path = opts.input if opts.input is not None else Path()
+    column = "body" if batch else await asyncio.to_thread(_prompt_column, opts, input_path)
+    requests = RecordRequests(
+        column, opts.chat_template, params, openai_batch=batch is not None, model_name=spec.name
+    )
     from batchline.models.generation.load import load_text_generator
 
     # The model loads before the output opens (as in run): a model that fails to load leaves
@@ -319,7 +311,7 @@ async def run_generate_job(
     try:
         source, writer = await asyncio.to_thread(_open, opts, column, params)
         with writer:
-            adapter = GeneratorAdapter(model, opts, params, column, progress)
+            adapter = GeneratorAdapter(model, requests, progress)
             gen = adapter.gen
             await gen.start()
             sampling = asyncio.create_task(adapter.sampler())
@@ -342,13 +334,20 @@ async def run_generate_job(
                 await asyncio.gather(sampling, return_exceptions=True)
                 await gen.stop(drain=drain)
             adapter.peaks.see(gen.stats)
-            return _summary(writer.out_dir, opts, done, adapter)
+            summary = _summary(writer.out_dir, opts, done, adapter)
     finally:
         model.close()
+    if batch is not None:
+        output = await asyncio.to_thread(batch.write_output)
+        summary = dataclasses.replace(summary, output=output)
+    return summary
 
 
-async def _outcomes(pending: Sequence[asyncio.Future[Completion] | Failed]) -> list[Outcome]:
-    """Each record's outcome, in order: its completion's text and figures, or its failure."""
+async def _outcomes(
+    pending: Sequence[asyncio.Future[Completion] | Failed], *, stamp: bool = False
+) -> list[Outcome]:
+    """Each record's outcome, in order: its completion's text and figures (and with ``stamp``
+    the Unix time it was written, ``created``), or its failure."""
     futures = [p for p in pending if not isinstance(p, Failed)]
     try:
         await asyncio.gather(*futures, return_exceptions=True)
@@ -377,6 +376,8 @@ async def _outcomes(pending: Sequence[asyncio.Future[Completion] | Failed]) -> l
             "prompt_tokens": done.prompt_tokens,
             "completion_tokens": done.completion_tokens,
         }
+        if stamp:
+            figures["created"] = int(time.time())
         outcomes.append(Result(done.text, figures))
     return outcomes
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Literal
 from batchline._errors import InputError
 from batchline.datasets.sinks import OutputFormat
 from batchline.datasets.sources import Format
+from batchline.jobs.requests import job_constraint
 from batchline.knobs import Knobs
 from batchline.models.generation.engine import SamplingParams
 from batchline.models.protocol import ModelInfo
@@ -66,6 +67,11 @@ class GenerateOptions(RunOptions):
     ``seed`` with ``temperature > 0`` makes sampling repeatable: record ``i`` draws from
     ``seed + i``, whatever shares its batch (so a resumed job samples what the killed one
     would have).
+
+    ``response_format`` constrains every completion (structured outputs; a record's own
+    fields win): see :mod:`batchline.jobs.requests`. ``openai_batch``: the input is an OpenAI
+    batch file (``--format openai-batch``; else detected from it, see
+    :mod:`batchline.jobs.openai_batch`).
     """
 
     max_tokens: int = 256
@@ -76,6 +82,8 @@ class GenerateOptions(RunOptions):
     chat_template: bool = True
     #: the column holding prompts (text or chat messages); None: prompt, messages, else text
     prompt_column: str | None = None
+    response_format: str | None = None
+    openai_batch: bool = False
 
     def sampling(self) -> SamplingParams:
         """The job's sampling parameters (``seed`` is per record: see the class docstring)."""
@@ -86,6 +94,7 @@ class GenerateOptions(RunOptions):
                 top_p=self.top_p,
                 seed=self.seed,
                 stop=tuple(self.stop),
+                constraint=job_constraint(self.response_format),
             )
         except ValueError as exc:
             raise InputError(f"sampling settings: {exc}") from None
@@ -97,7 +106,13 @@ def resolve(options: RunOptions) -> RunOptions:
     Face causal-LM folder). The default model embeds; a generation job's default is smollm2."""
     if options.spec is not None:
         return options
-    generating = isinstance(options, GenerateOptions) or options.task == "generate"
+    from batchline.jobs.openai_batch import detect_batch
+
+    generating = (
+        isinstance(options, GenerateOptions)
+        or options.task == "generate"
+        or detect_batch(options) is not None
+    )
     if generating and options.model == "default":
         options = dataclasses.replace(options, model="smollm2")
     spec = _parse(options, "generate" if generating and options.task is None else options.task)

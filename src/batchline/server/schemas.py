@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
+from batchline.models.generation.structured import GUIDED_FIELDS, Constraint, constraint_from_openai
+
 #: A request's priority: ``interactive``, ``batch`` or an integer, lower sooner
 #: (``batchline._priority``); the ``X-Batchline-Priority`` header says the same.
 Priority = StrictStr | StrictInt
@@ -147,6 +149,17 @@ class SamplingBody(BaseModel):
     stop: Stop | None = None
     # vLLM's extension (its server takes it too): generate max_tokens even past the EOS token
     ignore_eos: StrictBool = False
+    # structured outputs, read by batchline.models.generation.structured.constraint_from_openai
+    response_format: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | StrictStr | None = None
+    guided_regex: StrictStr | None = None
+    guided_choice: list[StrictStr] | None = None
+
+    def constraint(self) -> Constraint | None:
+        """The structured-output constraint asked for (``ValueError`` when it is bad)."""
+        return constraint_from_openai(
+            self.model_dump(include={"response_format", *GUIDED_FIELDS}, exclude_none=True)
+        )
 
 
 class GenerateTextRequest(SamplingBody):

@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
+from batchline.models.generation.structured import Constraint
+
 __all__ = [
     "FinishReason",
     "GenerationRequest",
@@ -38,6 +40,8 @@ class SamplingParams:
 
     ``temperature == 0`` is greedy (argmax; ``top_p`` and ``seed`` are then ignored).
     ``seed`` makes a sampled sequence repeatable whatever else shares its batch.
+    ``constraint`` limits the output to a grammar (see :mod:`.structured`); EOS then only
+    where the grammar accepts.
     """
 
     max_tokens: int = 64
@@ -46,8 +50,11 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    constraint: Constraint | None = None
 
     def __post_init__(self) -> None:
+        if self.constraint is not None and self.ignore_eos:
+            raise ValueError("a constrained request ends where its grammar does: drop ignore_eos")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):

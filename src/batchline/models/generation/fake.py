@@ -145,6 +145,8 @@ class FakeEngine:
         with self._exclusive():
             if request.request_id in self._seqs:
                 raise ValueError(f"request id {request.request_id!r} is already running")
+            if request.params.constraint is not None:
+                raise ValueError("the fake engine does not apply constraints (structured outputs)")
             self._seqs[request.request_id] = _Seq(request)
             self.added.append(request.request_id)
 

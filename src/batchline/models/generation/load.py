@@ -231,7 +231,7 @@ def load_text_generator(spec: ModelSpec, knobs: Knobs) -> GenerationModel:
     else:
         model, tokenizer = load_causal_lm(spec.source, device=device, dtype=choice.torch_dtype)
     packed = pack_linear_weights(model)
-    engine = TorchStepEngine(model, max_step_tokens=knobs.max_step_tokens)
+    engine = TorchStepEngine(model, max_step_tokens=knobs.max_step_tokens, tokenizer=tokenizer)
     logger.info(
         "%s: torch on %s, %s%s, %s intra-op thread(s), max_step_tokens %d; loaded in %.1f s",
         spec.name,

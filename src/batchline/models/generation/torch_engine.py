@@ -53,6 +53,7 @@ from batchline.models.generation.kv_slots import Geometry, SlotStore, StoreState
 from batchline.models.generation.packed_attention import PACKED, Join, StepPlan, causal_mask
 from batchline.models.generation.prefix_cache import Prefix, PrefixCache
 from batchline.models.generation.sampling import make_generator, select_tokens
+from batchline.models.generation.structured import GrammarState, TokenGrammars
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -76,6 +77,7 @@ class _Sequence:
     generated: list[int] = field(default_factory=list)
     done: bool = False  # finished or aborted: leaves the batch before the next forward pass
     staged: _Staged | None = None  # a long prompt between its chunks
+    grammar: GrammarState | None = None  # a constrained request's place in its grammar
 
     @property
     def held(self) -> int:
@@ -127,6 +129,8 @@ class TorchStepEngine:
     (a system prompt: see :class:`~.prefix_cache.PrefixCache`); 0 turns prefix caching off.
     ``max_step_tokens``: tokens one forward pass takes at most, decodes first, the rest prompt
     chunks (chunked prefill, see the module docstring); None: every waiting prompt whole.
+    ``tokenizer``: the model's fast Hugging Face tokenizer, needed by requests with a
+    ``SamplingParams.constraint`` (structured outputs, see :mod:`.structured`).
 
     The engine owns the model while it steps: for the length of each forward pass the model's
     attention implementation is batchline's (see the module docstring), then set back.
@@ -140,6 +144,7 @@ class TorchStepEngine:
         max_context_tokens: int | None = None,
         prefix_cache_tokens: int = 4096,
         max_step_tokens: int | None = None,
+        tokenizer: Any = None,
     ) -> None:
         self._model = model
         model.eval()  # type: ignore[no-untyped-call]
@@ -167,6 +172,11 @@ class TorchStepEngine:
         if max_step_tokens is not None and max_step_tokens < 1:
             raise ValueError(f"max_step_tokens must be >= 1 or None, got {max_step_tokens}")
         self._max_step_tokens = max_step_tokens
+        self._grammars = (
+            None
+            if tokenizer is None
+            else TokenGrammars(tokenizer, vocab_size=self._vocab_size, eos_token_ids=self._eos)
+        )
 
         probe = DynamicCache(config=model.config)
         if not all(type(layer) is DynamicLayer for layer in probe.layers):
@@ -237,6 +247,13 @@ class TorchStepEngine:
                 f"[0, {self._vocab_size}), got {min(request.prompt_ids)}..{max(request.prompt_ids)}"
             )
         seq = _Sequence(request, make_generator(request.params))
+        if request.params.constraint is not None:
+            if self._grammars is None:
+                raise ValueError(
+                    f"request {request.request_id!r} has a constraint, but this engine was "
+                    "built without a tokenizer (TorchStepEngine(..., tokenizer=))"
+                )
+            seq.grammar = self._grammars.start(request.params.constraint)
         self._pending[request.request_id] = seq
         self._live[request.request_id] = seq
 
@@ -481,12 +498,16 @@ class TorchStepEngine:
                 )
 
     def _advance(self, seqs: list[_Sequence], logits: torch.Tensor) -> list[StepOutput]:
+        if self._grammars is not None:
+            self._grammars.mask(logits, [s.grammar for s in seqs])
         tokens = select_tokens(
             logits, [s.request.params for s in seqs], [s.generator for s in seqs]
         )
         outputs = []
         for seq, token in zip(seqs, tokens, strict=True):
             seq.generated.append(token)
+            if seq.grammar is not None:
+                seq.grammar.advance(token)
             params = seq.request.params
             reason: Any = None
             if token in self._eos and not params.ignore_eos:

@@ -35,7 +35,7 @@ import functools
 import importlib
 import itertools
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol, Self, cast
+from typing import TYPE_CHECKING, Any, Protocol, Self, cast
 
 from batchline._batcher import State
 from batchline._errors import BatcherClosedError, ModelError, QueueFullError
@@ -104,6 +104,10 @@ def to_vllm_sampling_params(params: SamplingParams, *, delta: bool = True) -> ob
     server streams with), else everything so far."""
     vllm = importlib.import_module("vllm")
     kinds = importlib.import_module("vllm.sampling_params").RequestOutputKind
+    structured: dict[str, Any] = {}
+    if params.constraint is not None:
+        options = importlib.import_module("vllm.sampling_params").StructuredOutputsParams
+        structured["structured_outputs"] = options(**params.constraint.vllm_options())
     return cast(
         object,
         vllm.SamplingParams(
@@ -115,6 +119,7 @@ def to_vllm_sampling_params(params: SamplingParams, *, delta: bool = True) -> ob
             seed=params.seed,
             stop=list(params.stop),
             ignore_eos=params.ignore_eos,
+            **structured,
         ),
     )
 

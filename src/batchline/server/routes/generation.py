@@ -294,6 +294,10 @@ def _sampling(
     # never fit refuses the request before any of its prompts is admitted
     budget = getattr(served.generator, "kv_token_budget", None)
     budget = budget if isinstance(budget, int) and budget > 0 else None
+    try:
+        constraint = body.constraint()
+    except ValueError as exc:
+        raise _bad(str(exc)) from None
     params: list[SamplingParams] = []
     for i, ids in enumerate(prompts):
         max_tokens = body.max_tokens
@@ -309,6 +313,7 @@ def _sampling(
                     seed=body.seed,
                     stop=stop,
                     ignore_eos=body.ignore_eos,
+                    constraint=constraint,
                 )
             )
         except RecordTooLargeError as exc:
