@@ -173,7 +173,7 @@ def build_residency(
         logger.info("unloading model %s", name)
         await unload_served(served)
         del served  # the last reference: the residency has dropped its handle
-        return_memory()
+        await asyncio.to_thread(return_memory)  # malloc_trim off the event loop
 
     residency: Residency[Any] = Residency(
         budget_bytes=budget,
