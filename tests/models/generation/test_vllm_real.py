@@ -81,7 +81,9 @@ async def test_greedy_fp32_tokens_equal_the_torch_backend(model: GenerationModel
     streams = [model.generator.submit(ids, greedy(COMPARED_TOKENS)) for ids in prompts]
     on_vllm = [await s.result() for s in streams]
 
-    torch_model = await asyncio.to_thread(load_text_generator, parse_spec("smollm2"), Knobs())
+    torch_model = await asyncio.to_thread(
+        load_text_generator, parse_spec("smollm2"), Knobs(dtype="float32")
+    )
     try:
         async with torch_model.generator as gen:
             assert torch_model.encode(demo_prompts(1)[0]["prompt"]) == prompts[0]
