@@ -4,7 +4,8 @@ over 650 lines (the core batcher may reach 1,100).
 The import graph is read from the source with ``ast``, so nothing is imported. Every ``import``
 and ``from ... import`` counts, at module level and inside functions alike: a function-local
 import still ties the two modules together, it only hides the knot until run time. Imports
-under ``if TYPE_CHECKING:`` are left out: they never run, they only name types for mypy.
+under ``if TYPE_CHECKING:`` count too: they never run, but a module that names another's types
+depends on its design, and a cycle there is the same knot for the reader.
 An edge goes to the module named (``from batchline.models import loader`` is an edge to
 ``batchline.models.loader``; ``from batchline.models import BatchModel`` to the package
 ``batchline.models``); a package's ``__init__`` that an import runs on the way is not counted.
@@ -32,22 +33,11 @@ def _modules() -> dict[str, Path]:
     return out
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    if isinstance(test, ast.Name):
-        return test.id == "TYPE_CHECKING"
-    return isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-
-
 def _imports(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
-    """Every import in ``tree``, at any depth, except under ``if TYPE_CHECKING:``."""
-    for node in ast.iter_child_nodes(tree):
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
-            for child in node.orelse:
-                yield from _imports(ast.Module(body=[child], type_ignores=[]))
-            continue
+    """Every import in ``tree``, at any depth (``if TYPE_CHECKING:`` blocks included)."""
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import | ast.ImportFrom):
             yield node
-        yield from _imports(node)
 
 
 def _targets(
@@ -155,14 +145,14 @@ def test_the_cycle_finder_finds_a_knot_and_its_cycle() -> None:
     assert strongly_connected({"a": {"b"}, "b": set()}) == []
 
 
-def test_type_checking_imports_are_left_out() -> None:
+def test_type_checking_and_function_local_imports_count() -> None:
     tree = ast.parse(
         "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n    import x\nelse:\n    import y\n"
         "def f():\n    import z\n"
     )
     names = [a.name for node in _imports(tree) if isinstance(node, ast.Import) for a in node.names]
-    assert names == ["y", "z"]
+    assert names == ["x", "y", "z"]
 
 
 def test_no_import_circle() -> None:

@@ -15,7 +15,6 @@ from batchline.bench.tune import (
     TOKEN_BUDGETS,
     Trial,
     TuneResult,
-    baseline_knobs,
     best_under_budget,
     core_splits,
     decide,
@@ -183,8 +182,8 @@ def test_core_splits_and_planning() -> None:
     assert core_splits(6) == [(1, 6), (2, 3), (3, 2), (6, 1)]
     with pytest.raises(ValueError, match="cores"):
         core_splits(0)
-    assert baseline_knobs(2) == BASELINE
-    assert baseline_knobs(4).intra_op_threads == 4
+    assert Knobs().baseline(2) == BASELINE
+    assert Knobs().baseline(4).intra_op_threads == 4
     assert planned_trials(2) == 1 + 2 + (len(TOKEN_BUDGETS) - 1) + 1 + len(HOLDS)
     assert plan_duration(120, 9, 3) == pytest.approx((0.9 * 120 - 9 * 1.5) / (29 * 1.25))
     assert plan_duration(5, 9, 3) == 0.5

@@ -43,7 +43,7 @@ from batchline.bench.targets import (
     open_target,
     reference_configurations,
 )
-from batchline.bench.tune import DEFAULT_NOISE, TuneResult, baseline_knobs, tune
+from batchline.bench.tune import DEFAULT_NOISE, TuneResult, tune
 from batchline.knobs import Knobs, machine_cores
 from batchline.models.builtin import BUILTIN_MODELS
 
@@ -406,7 +406,7 @@ async def run_tune(options: TuneOptions, progress: Say | None = None) -> tuple[T
     if not options.noise >= 0:
         raise InputError(f"--noise must be >= 0, got {options.noise}")
     cores = options.cores or machine_cores()
-    base = baseline_knobs(cores, options.device)  # validates --device
+    base = Knobs(device=options.device).baseline(cores)  # validates --device
     spec = options_spec(options)
     loader = LoadedModels(spec)
     try:

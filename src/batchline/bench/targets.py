@@ -27,7 +27,6 @@ from typing import Any, Literal
 from batchline._errors import InputError
 from batchline.bench.loadgen import Counters, Target
 from batchline.bench.model import LoadedModels, prepare_items
-from batchline.bench.tune import baseline_knobs
 from batchline.knobs import Knobs, machine_cores
 from batchline.models.protocol import BatchModel
 
@@ -119,7 +118,7 @@ def reference_configurations(
     known = {
         "baseline": Configuration.from_knobs(
             "baseline",
-            baseline_knobs(cores, device),
+            Knobs(device=device).baseline(cores),
         ),
         "defaults": Configuration.from_knobs(
             "batchline defaults",

@@ -292,12 +292,6 @@ def core_splits(cores: int) -> list[tuple[int, int]]:
     return [(s, cores // s) for s in range(1, min(cores, 8) + 1) if cores % s == 0]
 
 
-def baseline_knobs(cores: int, device: str = "cpu") -> Knobs:
-    """The no-batching baseline on ``cores`` cores: one shared session with every core, as
-    many callers as cores."""
-    return Knobs(device=device).baseline(cores)
-
-
 def _is_gpu(device: str) -> bool:
     return device != "cpu"
 
@@ -438,7 +432,7 @@ async def tune(
         pool = [t for t in candidates if t is not None]
         return max(pool, key=lambda t: _score(t, p99_budget_ms, noise))
 
-    base_knobs = base_knobs or baseline_knobs(cores, device)
+    base_knobs = base_knobs or Knobs(device=device).baseline(cores)
     await run(base_knobs, must=True)
     ordered, start = search_space(cores, device)
     stage: list[Trial | None] = []

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from batchline.datasets.readers import read_output, read_skipped
-from batchline.jobs.requests import is_openai_batch_line
+from batchline.jobs.requests import is_openai_batch_file
 
 if TYPE_CHECKING:
     from batchline.jobs.options import GenerateOptions, RunOptions
@@ -48,28 +48,12 @@ def _lines(path: Path) -> list[bytes]:
     return out
 
 
-def _first_line(path: Path) -> object:
-    with path.open("rb") as f:
-        for raw in f:
-            if raw.strip():
-                try:
-                    return json.loads(raw.removeprefix(b"\xef\xbb\xbf"))
-                except ValueError:
-                    return None
-    return None
-
-
 def detect_batch(options: RunOptions) -> BatchFiles | None:
     """The batch files of a job whose input is an OpenAI batch file (``--format openai-batch``,
     or a JSONL input whose first line is a batch request); None for any other job."""
     path = options.input
-    if path is None or not path.is_file():
-        return None  # a missing input is the reader's error to name
-    fmt = options.input_format
-    if not getattr(options, "openai_batch", False) and (
-        fmt not in (None, "jsonl")
-        or path.suffix.lower() not in (".jsonl", ".json", ".ndjson")
-        or not is_openai_batch_line(_first_line(path))
+    if path is None or not is_openai_batch_file(
+        path, options.input_format, forced=getattr(options, "openai_batch", False)
     ):
         return None
     output = options.output or Path(f"{path.stem}.output.jsonl")

@@ -106,12 +106,17 @@ def resolve(options: RunOptions) -> RunOptions:
     Face causal-LM folder). The default model embeds; a generation job's default is smollm2."""
     if options.spec is not None:
         return options
-    from batchline.jobs.openai_batch import detect_batch
+    from batchline.jobs.requests import is_openai_batch_file
 
     generating = (
         isinstance(options, GenerateOptions)
         or options.task == "generate"
-        or detect_batch(options) is not None
+        or (
+            options.input is not None
+            and is_openai_batch_file(
+                options.input, options.input_format, forced=getattr(options, "openai_batch", False)
+            )
+        )
     )
     if generating and options.model == "default":
         options = dataclasses.replace(options, model="smollm2")

@@ -31,6 +31,7 @@ from batchline.models.generation.structured import (
 __all__ = [
     "BATCH_URLS",
     "RecordRequests",
+    "is_openai_batch_file",
     "job_constraint",
     "reads_whole_rows",
     "record_constraint",
@@ -181,3 +182,31 @@ class RecordRequests:
             stop=() if stop is None else (stop,) if isinstance(stop, str) else tuple(stop),
             constraint=None if constraint is False else constraint,
         )
+
+
+def is_openai_batch_file(path: Path, input_format: str | None, *, forced: bool = False) -> bool:
+    """Whether ``path`` is read as an OpenAI batch file: ``forced`` (``--format
+    openai-batch``), or a JSONL input whose first non-blank line is a batch request. False for a
+    missing file (the reader names that error)."""
+    if not path.is_file():
+        return False
+    if forced:
+        return True
+    if input_format not in (None, "jsonl") or path.suffix.lower() not in (
+        ".jsonl",
+        ".json",
+        ".ndjson",
+    ):
+        return False
+    return is_openai_batch_line(_first_line(path))
+
+
+def _first_line(path: Path) -> object:
+    with path.open("rb") as f:
+        for raw in f:
+            if raw.strip():
+                try:
+                    return json.loads(raw.removeprefix(b"\xef\xbb\xbf"))
+                except ValueError:
+                    return None
+    return None
