@@ -45,6 +45,7 @@ from batchline.integrations.ray_serve import (
     ServeReplicas,
     deploy,
     deployment_options,
+    ingress_env,
     parse_replicas,
     replica_capacity,
     replica_counts,
@@ -60,12 +61,16 @@ from tests.test_cli_imports import _blocked
 
 ROOT = Path(__file__).resolve().parents[2]
 WORDS = ["batching", "keeps", "the", "device", "busy", "while", "requests", "queue", "ünïcödé"]
+#: The ingress of the module's Serve (``--ray-ingress``); the whole module runs on either
+#: (BATCHLINE_TEST_RAY_INGRESS=haproxy); the command's test below uses HAProxy in any case.
+INGRESS = os.environ.get("BATCHLINE_TEST_RAY_INGRESS", "proxy")
 _RAY_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",
     "RAY_AUTH_MODE": "disabled",
     # what `batchline serve --engine ray` sets for its own Ray: ongoing requests are recorded
     # every look_back_period_s x 0.02 and pushed to Serve's controller every 0.5 s
     **_QUICK_AUTOSCALING_ENV,
+    **ingress_env(INGRESS),
     # the replicas unpickle this module's loaders: they import it from the repository root
     "PYTHONPATH": os.pathsep.join(
         p for p in (str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH")) if p
@@ -168,6 +173,10 @@ def _settings(port: int, **values: Any) -> ServerSettings:
     return ServerSettings.build({**base, **values})
 
 
+def _deploy(settings: ServerSettings, replicas: ServeReplicas, **kwargs: Any) -> str:
+    return deploy(settings, replicas, ingress=INGRESS, **kwargs)
+
+
 def _wait(predicate: Callable[[], object], timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
@@ -252,7 +261,7 @@ def test_scale_from_zero_up_under_load_and_back_down_when_idle(port: int) -> Non
         downscale_delay_s=1.0,
         look_back_period_s=11.0,  # the shortest Ray 2.60 takes without a warning
     )
-    url = deploy(_settings(port, model_name="fake"), replicas, load_model=load_slow_fake)
+    url = _deploy(_settings(port, model_name="fake"), replicas, load_model=load_slow_fake)
     assert replica_counts().running == 0
     with httpx.Client(base_url=url, timeout=90) as client:
         ready = client.get("/ready")  # min 0: ready with no replica, and wakes none
@@ -294,7 +303,7 @@ def test_scale_from_zero_up_under_load_and_back_down_when_idle(port: int) -> Non
 @pytest.mark.timeout(240)
 def test_a_model_that_does_not_load_fails_the_deployment_in_one_line(port: int) -> None:
     with pytest.raises(ModelError, match=r"the replicas could not start: .*in the log above"):
-        deploy(_settings(port), ServeReplicas(min=1, max=1), load_model=load_nothing)
+        _deploy(_settings(port), ServeReplicas(min=1, max=1), load_model=load_nothing)
 
 
 @pytest.mark.slow
@@ -302,7 +311,7 @@ def test_a_model_that_does_not_load_fails_the_deployment_in_one_line(port: int) 
 def test_two_replicas_serve_one_drive_every_record_exactly_once(
     port: int, ray_node: str, tmp_path: Path
 ) -> None:
-    url = deploy(_settings(port), ServeReplicas(min=2, max=2, target_ongoing=4))
+    url = _deploy(_settings(port), ServeReplicas(min=2, max=2, target_ongoing=4))
     assert replica_counts().running == 2
     assert httpx.get(f"{url}/ready").json()["replicas"]["running"] == 2
     n = 400
@@ -349,7 +358,7 @@ def test_two_replicas_serve_one_drive_every_record_exactly_once(
 def test_a_replica_killed_mid_drive_is_replaced_and_nothing_is_lost(
     port: int, tmp_path: Path
 ) -> None:
-    url = deploy(_settings(port), ServeReplicas(min=2, max=2, target_ongoing=4))
+    url = _deploy(_settings(port), ServeReplicas(min=2, max=2, target_ongoing=4))
     before = replica_counts()
     assert before.running == 2
     n = 1200
@@ -395,7 +404,7 @@ def test_a_generate_model_answers_the_openai_client_and_a_removed_replica_finish
 ) -> None:
     openai = pytest.importorskip("openai")
     settings = _settings(port, model=["fake=smollm2"], api_key="sesame")
-    url = deploy(settings, ServeReplicas(min=1, max=1), load_generator=load_slow_generator)
+    url = _deploy(settings, ServeReplicas(min=1, max=1), load_generator=load_slow_generator)
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="sesame", max_retries=0, timeout=60)
     out = client.completions.create(model="fake", prompt="hello", max_tokens=8)
     assert out.choices[0].text == generated_text(GEN_TOK.encode("hello"), 8)
@@ -434,10 +443,15 @@ def test_a_generate_model_answers_the_openai_client_and_a_removed_replica_finish
 def test_ray_flags_without_engine_ray_are_a_one_line_error(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
+    flags = "--replicas, --target-ongoing, --address and --ray-ingress go with --engine ray"
     assert main(["serve", "--replicas", "0-2", "--port", "0"]) == 2
-    assert "--replicas, --target-ongoing and --address go with --engine ray" in (
-        capsys.readouterr().err
-    )
+    assert flags in capsys.readouterr().err
+    assert main(["serve", "--ray-ingress", "haproxy", "--port", "0"]) == 2
+    assert flags in capsys.readouterr().err
+    argv = ["serve", "--engine", "ray", "--ray-ingress", "haproxy", "--address", "auto"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "RAY_SERVE_ENABLE_HA_PROXY=1 on every node before `ray start`" in err
     assert main(["serve", "--engine", "ray", "--replicas", "2-1"]) == 2
     assert "maximum must be >= 1 and >= the minimum" in capsys.readouterr().err
 
@@ -497,6 +511,66 @@ def test_cli_serves_from_zero_and_sigterm_stops_everything(tmp_path: Path) -> No
     ):
         time.sleep(0.5)
     assert not left, f"left behind: {[daemons[p] for p in left]}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_cli_haproxy_ingress_answers_embeddings_and_metrics(tmp_path: Path) -> None:
+    """`--ray-ingress haproxy`: HAProxy on the port, replicas that serve HTTP themselves; the
+    command says ready only once HAProxy routes to the replica, so a client that keeps its
+    connection alive from then on is never cut off by a reload."""
+    port = _free_port()
+    log_path = tmp_path / "serve.log"
+    env = {**os.environ, "PYTHONPATH": _RAY_ENV["PYTHONPATH"]}
+    for k in (*_QUICK_AUTOSCALING_ENV, *ingress_env("haproxy"), "RAY_AUTH_MODE"):
+        env.pop(k, None)  # the command sets them for its own Ray
+    argv = ["serve", "--engine", "ray", "--ray-ingress", "haproxy", "--replicas", "1"]
+    argv += ["--port", str(port), "--sessions", "1", "--set", "intra_op_threads=1"]
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "batchline", *argv],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    try:
+        deadline = time.monotonic() + 150
+        while "serving on" not in log_path.read_text():
+            assert proc.poll() is None, log_path.read_text()[-3000:]
+            assert time.monotonic() < deadline, "never ready"
+            time.sleep(0.5)
+        assert "(haproxy)" in log_path.read_text()
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            ready = client.get("/ready")
+            assert ready.status_code == 200, ready.text
+            assert ready.json()["replicas"]["running"] == 1
+            replicas = set()
+            for i in range(20):  # one kept-alive connection
+                r = client.post("/v1/embeddings", json={"input": [f"text {i}", WORDS[i % 9]]})
+                assert r.status_code == 200, r.text
+                assert [len(d["embedding"]) for d in r.json()["data"]] == [384, 384]
+                replicas.add(r.headers[REPLICA_HEADER])
+            assert len(replicas) == 1
+            metrics = client.get("/metrics")
+            assert metrics.status_code == 200
+            completed = [
+                sample.value
+                for family in text_string_to_metric_families(metrics.text)
+                for sample in family.samples
+                if sample.name == "batchline_records_total"
+                and sample.labels.get("outcome") == "completed"
+            ]
+            assert completed == [40.0]
+            assert metrics.headers[REPLICA_HEADER] in replicas
+            bad = client.post("/v1/embeddings", json={"input": []})  # the app's own errors
+            assert bad.status_code == 400
+            assert "empty" in bad.json()["error"]["message"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=90) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def _ray_daemons_under(root: int) -> dict[int, str]:

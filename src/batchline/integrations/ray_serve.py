@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import csv
 import logging
 import math
 import os
@@ -58,11 +59,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "APP_NAME",
+    "INGRESSES",
     "REPLICA_HEADER",
     "ReplicaCounts",
     "ServeReplicas",
     "deploy",
     "deployment_options",
+    "ingress_env",
     "parse_replicas",
     "replica_capacity",
     "replica_counts",
@@ -77,6 +80,10 @@ APP_NAME = "batchline"
 READY_APP_NAME = "batchline-ready"
 #: Response header naming the replica that answered (Serve's replica id).
 REPLICA_HEADER = "x-batchline-replica"
+#: How requests reach the replicas (``serve --engine ray --ray-ingress``): ``proxy``, Serve's
+#: Python proxy, which forwards each request to a replica over Ray; ``haproxy``, HAProxy on
+#: HOST:PORT, which sends each request over HTTP to the port the replica listens on itself.
+INGRESSES = ("proxy", "haproxy")
 
 
 @dataclass(frozen=True)
@@ -148,6 +155,12 @@ def replica_capacity(settings: ServerSettings) -> int:
     return total
 
 
+def _logging(settings: ServerSettings) -> dict[str, Any]:
+    # Serve logs every request in the proxy and in the replica by default, and Ray copies the
+    # replica's lines to the driver's console: follow the server's access_log (off) instead
+    return {"enable_access_log": settings.access_log}
+
+
 def deployment_options(settings: ServerSettings, replicas: ServeReplicas) -> dict[str, Any]:
     """The Serve deployment options of the replicas (``Deployment.options(**...)``)."""
     capacity = replica_capacity(settings)
@@ -174,6 +187,7 @@ def deployment_options(settings: ServerSettings, replicas: ServeReplicas) -> dic
         # a replica being removed finishes what it has (streams too), as on SIGTERM
         "graceful_shutdown_timeout_s": settings.drain_timeout_s,
         "graceful_shutdown_wait_loop_s": 0.5,
+        "logging_config": _logging(settings),
         "ray_actor_options": {
             "num_cpus": cpus,
             # a replica on a GPU reserves one: Ray places it on a node that has one and never
@@ -365,15 +379,19 @@ def deploy(
     *,
     load_model: LoadModel | None = None,
     load_generator: LoadGenerator | None = None,
+    ingress: str = "proxy",
     start_timeout_s: float = 300.0,
 ) -> str:
-    """Start Serve's proxy on ``settings.host:port`` and deploy the replicas on the Ray this
+    """Start Serve's ingress on ``settings.host:port`` and deploy the replicas on the Ray this
     process is connected to; return the URL once ``/ready`` would be true.
 
     ``load_model`` / ``load_generator`` are :func:`batchline.server.create_app`'s (they are
-    pickled to the replicas). Raises ``ModelError`` when the replicas cannot start (a model
+    pickled to the replicas). ``ingress`` is the one that Ray was started with
+    (:data:`INGRESSES`; :func:`ingress_env`): with ``haproxy``, the URL is returned once
+    HAProxy routes to a replica. Raises ``ModelError`` when the replicas cannot start (a model
     that does not load, resources the cluster lacks) within ``start_timeout_s``.
     """
+    _check_ingress(ingress)
     options = deployment_options(settings, replicas)
     serve.start(
         http_options={
@@ -381,7 +399,8 @@ def deploy(
             "port": settings.port,
             # bounds a request's wait for a replica (scale from zero) and its whole life
             "request_timeout_s": settings.request_timeout_s,
-        }
+        },
+        logging_config=_logging(settings),
     )
     # /ready first: until it is routed, the app at "/" would answer it, waking a replica
     readiness: Any = serve.deployment(
@@ -389,6 +408,7 @@ def deploy(
         name=READY_APP_NAME,
         num_replicas=1,
         ray_actor_options={"num_cpus": 0},
+        logging_config=_logging(settings),
     )
     serve.run(
         readiness.bind(replicas.min, settings.retry_after_s),
@@ -404,7 +424,10 @@ def deploy(
         [serve.RunTarget(app, name=APP_NAME, route_prefix="/")],
         wait_for_applications_running=False,
     )
+    deadline = time.monotonic() + start_timeout_s
     _wait_started(start_timeout_s)
+    if ingress == "haproxy" and replicas.min >= 1:
+        _wait_routed(max(deadline - time.monotonic(), 5.0))
     return f"http://{_url_host(settings.host)}:{settings.port}"
 
 
@@ -433,6 +456,43 @@ def _wait_started(timeout_s: float) -> None:
         time.sleep(0.25)
 
 
+def _wait_routed(timeout_s: float) -> None:
+    """Wait until HAProxy sends the app's requests to a replica. Serve calls the replica
+    running before HAProxy has reloaded with its port, and a reload closes the connections
+    that clients keep alive: a client that connects at once would lose its connection."""
+    from ray.serve._private.constants import RAY_SERVE_HAPROXY_SOCKET_PATH
+
+    # Serve's HAProxy keeps its admin socket in a folder per node (this one: the private Ray)
+    folder, name = os.path.split(RAY_SERVE_HAPROXY_SOCKET_PATH)
+    path = os.path.join(folder, ray.get_runtime_context().get_node_id(), name)
+    deadline = time.monotonic() + timeout_s
+    while not _haproxy_routes(path, f"http-{APP_NAME}"):
+        if time.monotonic() > deadline:
+            raise ModelError(
+                f"HAProxy did not route to a replica within {timeout_s:.0f} s (its admin "
+                f"socket: {path}); check the proxy's log under Ray's session folder"
+            )
+        time.sleep(0.2)
+
+
+def _haproxy_routes(socket_path: str, backend: str) -> bool:
+    """Whether HAProxy's stats (``show stat``, CSV) list a replica of ``backend`` UP."""
+    try:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(2.0)
+            s.connect(socket_path)
+            s.sendall(b"show stat\n")
+            data = b"".join(iter(lambda: s.recv(65536), b""))
+    except OSError:  # not started yet, or between two of its processes
+        return False
+    for row in csv.reader(data.decode(errors="replace").splitlines()):
+        # pxname, svname, ..., status (the 18th field)
+        replica = len(row) > 17 and row[0] == backend and row[1].startswith("SERVE_REPLICA")
+        if replica and row[17].startswith("UP"):
+            return True
+    return False
+
+
 def _last_line(text: str) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return lines[-1] if lines else "unknown error"
@@ -452,6 +512,7 @@ def serve_on_ray(
     replicas: ServeReplicas,
     *,
     address: str | None = None,
+    ingress: str = "proxy",
     start_timeout_s: float = 300.0,
     status_interval_s: float = 2.0,
 ) -> int:
@@ -460,7 +521,8 @@ def serve_on_ray(
     ``address=None`` starts a private local Ray instance (``num_cpus``: this machine's cores,
     or what ``max`` replicas reserve if more) and stops it at the end; ``"auto"`` or
     ``"HOST:PORT"`` deploys onto a running cluster and deletes the deployment at the end.
-    The replicas (target, running) are logged when they change.
+    The replicas (target, running) are logged when they change. ``ingress`` (:data:`INGRESSES`)
+    applies to the private instance; a cluster's is chosen by its owner (:func:`ingress_env`).
 
     Example::
 
@@ -469,6 +531,13 @@ def serve_on_ray(
     """
     from batchline.integrations.ray import _check_reachable, _ray_session
 
+    _check_ingress(ingress)
+    if address is not None and ingress != "proxy":
+        raise InputError(
+            f"--ray-ingress {ingress} sets up the Ray that serve starts; on a cluster, set "
+            f"{' '.join(f'{k}={v}' for k, v in ingress_env(ingress).items())} on every node "
+            "before `ray start`, and drop --ray-ingress"
+        )
     options = deployment_options(settings, replicas)  # bad knobs fail before Ray starts
     cpus = float(options["ray_actor_options"]["num_cpus"])
     if address is not None and not ray.is_initialized():
@@ -477,15 +546,16 @@ def serve_on_ray(
         settings = settings.model_copy(update={"port": _free_port(settings.host)})
     local_cpus = max(os.cpu_count() or 1, math.ceil(replicas.max * cpus))
     stop = threading.Event()
-    quick = _QUICK_AUTOSCALING_ENV if address is None else {}
+    env = {**_QUICK_AUTOSCALING_ENV, **ingress_env(ingress)} if address is None else {}
     # signals after ray.init: Ray's core installs a SIGTERM handler that aborts the process
-    with _env_defaults(quick), _ray_session(address, local_cpus), _signals_set(stop):
+    with _env_defaults(env), _ray_session(address, local_cpus), _signals_set(stop):
         try:
-            url = deploy(settings, replicas, start_timeout_s=start_timeout_s)
+            url = deploy(settings, replicas, ingress=ingress, start_timeout_s=start_timeout_s)
             logger.info(
-                "serving on %s: %d-%d replica(s), target %d ongoing requests each "
+                "serving on %s (%s): %d-%d replica(s), target %d ongoing requests each "
                 "(drive with --concurrency %d)",
                 url,
+                ingress,
                 replicas.min,
                 replicas.max,
                 replicas.target_ongoing,
@@ -520,6 +590,30 @@ _QUICK_AUTOSCALING_ENV = {
     "RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.5",
     "RAY_SERVE_AUTOSCALING_METRIC_RECORD_INTERVAL_FACTOR": "0.02",
 }
+
+
+def _check_ingress(ingress: str) -> None:
+    if ingress not in INGRESSES:
+        raise InputError(f"--ray-ingress {ingress!r}: expected one of {', '.join(INGRESSES)}")
+
+
+def ingress_env(ingress: str) -> dict[str, str]:
+    """Ray's environment variables that choose ``ingress`` (:data:`INGRESSES`). Serve reads
+    them when its processes start: set them before ``ray.init`` (or ``ray start`` on every
+    node of a cluster). ``haproxy`` also picks free ports for what Serve would put on fixed
+    ones (its fallback proxy, which holds requests while no replica runs, and HAProxy's
+    Prometheus endpoint), and shortens the 30 s that a removed replica keeps its port open for
+    an outside load balancer to notice (HAProxy is told at once)."""
+    _check_ingress(ingress)
+    if ingress == "proxy":
+        return {}
+    return {
+        "RAY_SERVE_ENABLE_HA_PROXY": "1",
+        "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2",
+        "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(_free_port("127.0.0.1")),
+        "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT": str(_free_port("127.0.0.1")),
+        "RAY_SERVE_HAPROXY_METRICS_PORT": str(_free_port("0.0.0.0")),
+    }
 
 
 @contextlib.contextmanager

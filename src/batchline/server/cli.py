@@ -155,6 +155,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--address", help="with --engine ray: 'auto' or HOST:PORT (default: start Ray)")
     p.add_argument(
+        "--ray-ingress",
+        choices=["proxy", "haproxy"],
+        default=None,
+        help="with --engine ray: proxy (default): Serve's Python proxy forwards each request to "
+        "a replica over Ray; haproxy: HAProxy on --host:--port sends requests straight to the "
+        "replicas' own HTTP ports (less overhead per request; see docs/ray.md)",
+    )
+    p.add_argument(
         "--print-config",
         action="store_true",
         help="print the effective settings (without the API key) as JSON and exit",
@@ -214,8 +222,11 @@ def run(args: argparse.Namespace) -> int:
     _check_models(settings)
     if args.engine == "ray":
         return _serve_on_ray(args, settings)
-    if args.replicas is not None or args.target_ongoing is not None or args.address is not None:
-        raise InputError("--replicas, --target-ongoing and --address go with --engine ray")
+    ray_flags = (args.replicas, args.target_ongoing, args.address, args.ray_ingress)
+    if any(flag is not None for flag in ray_flags):
+        raise InputError(
+            "--replicas, --target-ongoing, --address and --ray-ingress go with --engine ray"
+        )
 
     from batchline.server.runner import serve
 
@@ -231,7 +242,9 @@ def _serve_on_ray(args: argparse.Namespace, settings: Any) -> int:
     target = 10 if args.target_ongoing is None else args.target_ongoing
     replicas = ServeReplicas(min=low, max=high, target_ongoing=target)
     logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s: %(message)s")
-    return serve_on_ray(settings, replicas, address=args.address)
+    return serve_on_ray(
+        settings, replicas, address=args.address, ingress=args.ray_ingress or "proxy"
+    )
 
 
 def _check_models(settings: Any) -> None:
