@@ -535,8 +535,8 @@ def serve_on_ray(
     if address is not None and ingress != "proxy":
         raise InputError(
             f"--ray-ingress {ingress} sets up the Ray that serve starts; on a cluster, set "
-            f"{' '.join(f'{k}={v}' for k, v in ingress_env(ingress).items())} on every node "
-            "before `ray start`, and drop --ray-ingress"
+            "RAY_SERVE_ENABLE_HA_PROXY=1 on every node before `ray start` (docs/ray.md), "
+            "and drop --ray-ingress"
         )
     options = deployment_options(settings, replicas)  # bad knobs fail before Ray starts
     cpus = float(options["ray_actor_options"]["num_cpus"])
