@@ -4,12 +4,16 @@ Servers (each ``batchline serve`` in a process of its own, one at a time, on 127
 all-MiniLM-L6-v2):
 
 - ``single``: the single-process server, serve's default knobs;
-- ``ray x1``: Ray Serve, one replica with the same knobs (what the proxy costs);
+- ``ray x1``: Ray Serve, one replica with the same knobs (what the ingress costs);
 - ``ray x1 1c`` and ``ray x2 1c``: one and two replicas of one session of one intra-op thread
   each (a core each on a 2-core machine, as ``run --engine ray``'s replicas): what a second
   replica adds, with the same knobs per replica;
 - ``ray 0-1`` (unless ``--no-cold``): min 0, to time the first request, which waits for a
   replica to start and load the model.
+
+The Ray servers run once per ``--ingress`` (``serve --ray-ingress``: ``proxy``, Serve's Python
+proxy; ``haproxy``, HAProxy in front of replicas that serve HTTP themselves), named with it
+(``ray x1 haproxy``); the default compares both in one run.
 
 For each server: ``batchline drive`` of the first N demo-corpus records (chunks of 32, at
 ``--concurrency`` = replicas x the autoscaling target of 10, as the README advises; 10 for
@@ -24,6 +28,7 @@ Usage::
 
     python benchmarks/bench_ray_serve.py                 # 3,000 records, 8 s per point
     python benchmarks/bench_ray_serve.py --quick         # smoke: 256 records, 2 s per point
+    python benchmarks/bench_ray_serve.py --ingress haproxy --no-cold   # one ingress only
 """
 
 from __future__ import annotations
@@ -61,12 +66,20 @@ class Config:
 
 
 RAY = ["--engine", "ray", "--target-ongoing", str(TARGET_ONGOING)]
-CONFIGS = [
-    Config("single", [], 1),
-    Config("ray x1", [*RAY, "--replicas", "1"], 1),
-    Config("ray x1 1c", [*RAY, "--replicas", "1", *ONE_CORE], 1),
-    Config("ray x2 1c", [*RAY, "--replicas", "2", *ONE_CORE], 2),
-]
+INGRESSES = ("proxy", "haproxy")
+
+
+def configs(ingresses: list[str]) -> list[Config]:
+    """``single``, then the Ray servers once per ingress."""
+    out = [Config("single", [], 1)]
+    for ingress in ingresses:
+        ray = [*RAY, "--ray-ingress", ingress]
+        out += [
+            Config(f"ray x1 {ingress}", [*ray, "--replicas", "1"], 1),
+            Config(f"ray x1 1c {ingress}", [*ray, "--replicas", "1", *ONE_CORE], 1),
+            Config(f"ray x2 1c {ingress}", [*ray, "--replicas", "2", *ONE_CORE], 2),
+        ]
+    return out
 
 
 @dataclass
@@ -121,11 +134,12 @@ def measure(
     return fig
 
 
-def cold_start(tmp: Path) -> tuple[float, float]:
+def cold_start(tmp: Path, ingress: str) -> tuple[float, float]:
     """(seconds until /ready, seconds of the first request) with --replicas 0-1."""
     import httpx
 
-    server = Server("ray-0-1", ["--engine", "ray", "--replicas", "0-1"], None)
+    argv = ["--engine", "ray", "--replicas", "0-1", "--ray-ingress", ingress]
+    server = Server(f"ray-0-1-{ingress}", argv, None)
     t0 = time.perf_counter()
     server.start(tmp)
     ready_s = time.perf_counter() - t0
@@ -151,7 +165,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=None, help="seconds per load point (8)")
     ap.add_argument("--repeats", type=int, default=1, help="cycles through the servers")
     ap.add_argument("--no-cold", action="store_true", help="skip the first-request-from-zero")
+    ap.add_argument(
+        "--ingress",
+        default=",".join(INGRESSES),
+        help="serve --ray-ingress of the Ray servers, comma-separated (default: proxy,haproxy)",
+    )
     args = ap.parse_args(argv)
+    ingresses = [i.strip() for i in args.ingress.split(",") if i.strip()]
+    if not ingresses or not set(ingresses) <= set(INGRESSES):
+        ap.error(f"--ingress {args.ingress!r}: expected some of {', '.join(INGRESSES)}")
+    servers = configs(ingresses)
     n = args.n or (256 if args.quick else 3000)
     seconds = args.duration or (2.0 if args.quick else 8.0)
     corpus = demo_corpus_path()
@@ -159,52 +182,58 @@ def main(argv: list[str] | None = None) -> int:
         f"bench_ray_serve: drive {n:,} records of {corpus.name}; load points of {seconds:g} s; "
         f"{args.repeats} repeat(s); {os.cpu_count()} cores; load avg {os.getloadavg()[0]:.1f}"
     )
-    results = {c.name: Figures() for c in CONFIGS}
+    results = {c.name: Figures() for c in servers}
     with tempfile.TemporaryDirectory(prefix="bench-ray-serve-") as tmp_name:
         tmp = Path(tmp_name)
         bodies_file = tmp / "short.jsonl"
         texts = make_texts(500, 8, 24, seed=1)
         bodies_file.write_bytes(b"\n".join(bodies(texts, "all-MiniLM-L6-v2")) + b"\n")
         for _ in range(args.repeats):
-            for config in CONFIGS:
+            for config in servers:
                 fig = measure(config, corpus, n, seconds, bodies_file, tmp)
                 into = results[config.name]
                 for name in ("drive_rps", "p50_c1_ms", "rps_c32", "start_s"):
                     getattr(into, name).extend(getattr(fig, name))
                 into.errors += fig.errors
                 print(
-                    f"  {config.name:9} started in {fig.start_s[0]:5.1f} s | drive "
+                    f"  {config.name:17} started in {fig.start_s[0]:5.1f} s | drive "
                     f"{fig.drive_rps[0]:7.1f} rec/s | c=1 p50 {fig.p50_c1_ms[0]:6.2f} ms | "
                     f"c=32 {fig.rps_c32[0]:7.1f} req/s",
                     flush=True,
                 )
-        cold = None if args.no_cold else cold_start(tmp)
+        cold = {} if args.no_cold else {i: cold_start(tmp, i) for i in ingresses}
 
     base = results["single"]
     print()
-    print("server    | drive rec/s   x single | c=1 p50 ms  added | c=32 req/s  x single | non-2xx")
-    for config in CONFIGS:
+    print(
+        "server            | drive rec/s   x single | c=1 p50 ms  added | c=32 req/s  x single "
+        "| non-2xx"
+    )
+    for config in servers:
         r = results[config.name]
         drive_rps, p50, rps = r.median("drive_rps"), r.median("p50_c1_ms"), r.median("rps_c32")
         print(
-            f"{config.name:9} | {drive_rps:11.1f} {drive_rps / base.median('drive_rps'):8.2f}x | "
+            f"{config.name:17} | {drive_rps:11.1f} {drive_rps / base.median('drive_rps'):8.2f}x | "
             f"{p50:10.2f} {p50 - base.median('p50_c1_ms'):+6.2f} | "
             f"{rps:10.1f} {rps / base.median('rps_c32'):8.2f}x | {r.errors}"
         )
-    ray1 = results["ray x1"]
-    x2 = results["ray x2 1c"].median("drive_rps") / results["ray x1 1c"].median("drive_rps")
-    print(f"\ndrive, 2 replicas against 1 (one core each): x{x2:.2f}")
-    added = ray1.median("p50_c1_ms") - base.median("p50_c1_ms")
-    ratio = ray1.median("rps_c32") / base.median("rps_c32")
-    print(
-        f"proxy overhead at one replica: c=1 p50 {added:+.2f} ms (goal <= +{GOAL_P50_ADDED_MS:g}), "
-        f"c=32 x{ratio:.2f} req/s (goal >= {GOAL_RPS_RATIO:g}): "
-        + ("met" if added <= GOAL_P50_ADDED_MS and ratio >= GOAL_RPS_RATIO else "NOT met")
-    )
-    if cold is not None:
+    print()
+    for ingress in ingresses:
+        one, two = results[f"ray x1 1c {ingress}"], results[f"ray x2 1c {ingress}"]
+        x2 = two.median("drive_rps") / one.median("drive_rps")
+        ray1 = results[f"ray x1 {ingress}"]
+        added = ray1.median("p50_c1_ms") - base.median("p50_c1_ms")
+        ratio = ray1.median("rps_c32") / base.median("rps_c32")
+        met = added <= GOAL_P50_ADDED_MS and ratio >= GOAL_RPS_RATIO
         print(
-            f"--replicas 0-1: ready in {cold[0]:.1f} s (no replica), first request "
-            f"{cold[1]:.2f} s (a replica started and loaded the model meanwhile)"
+            f"{ingress}: drive, 2 replicas against 1 (one core each) x{x2:.2f}; overhead at one "
+            f"replica: c=1 p50 {added:+.2f} ms (goal <= +{GOAL_P50_ADDED_MS:g}), c=32 "
+            f"x{ratio:.2f} req/s (goal >= {GOAL_RPS_RATIO:g}): " + ("met" if met else "NOT met")
+        )
+    for ingress, (ready_s, first_s) in cold.items():
+        print(
+            f"{ingress}, --replicas 0-1: ready in {ready_s:.1f} s (no replica), first request "
+            f"{first_s:.2f} s (a replica started and loaded the model meanwhile)"
         )
     return 0
 

@@ -30,12 +30,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import csv
 import logging
 import math
 import os
 import signal
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -46,6 +44,13 @@ import ray
 from ray import serve
 
 from batchline._errors import InputError, ModelError
+from batchline.integrations.ray_ingress import (
+    INGRESSES,
+    check_ingress,
+    free_port,
+    ingress_env,
+    wait_routed,
+)
 from batchline.server.settings import ServerSettings
 
 if TYPE_CHECKING:
@@ -80,10 +85,6 @@ APP_NAME = "batchline"
 READY_APP_NAME = "batchline-ready"
 #: Response header naming the replica that answered (Serve's replica id).
 REPLICA_HEADER = "x-batchline-replica"
-#: How requests reach the replicas (``serve --engine ray --ray-ingress``): ``proxy``, Serve's
-#: Python proxy, which forwards each request to a replica over Ray; ``haproxy``, HAProxy on
-#: HOST:PORT, which sends each request over HTTP to the port the replica listens on itself.
-INGRESSES = ("proxy", "haproxy")
 
 
 @dataclass(frozen=True)
@@ -391,7 +392,7 @@ def deploy(
     HAProxy routes to a replica. Raises ``ModelError`` when the replicas cannot start (a model
     that does not load, resources the cluster lacks) within ``start_timeout_s``.
     """
-    _check_ingress(ingress)
+    check_ingress(ingress)
     options = deployment_options(settings, replicas)
     serve.start(
         http_options={
@@ -427,7 +428,7 @@ def deploy(
     deadline = time.monotonic() + start_timeout_s
     _wait_started(start_timeout_s)
     if ingress == "haproxy" and replicas.min >= 1:
-        _wait_routed(max(deadline - time.monotonic(), 5.0))
+        wait_routed(APP_NAME, max(deadline - time.monotonic(), 5.0))
     return f"http://{_url_host(settings.host)}:{settings.port}"
 
 
@@ -454,43 +455,6 @@ def _wait_started(timeout_s: float) -> None:
                 "lower --replicas, or check the replicas' logs"
             )
         time.sleep(0.25)
-
-
-def _wait_routed(timeout_s: float) -> None:
-    """Wait until HAProxy sends the app's requests to a replica. Serve calls the replica
-    running before HAProxy has reloaded with its port, and a reload closes the connections
-    that clients keep alive: a client that connects at once would lose its connection."""
-    from ray.serve._private.constants import RAY_SERVE_HAPROXY_SOCKET_PATH
-
-    # Serve's HAProxy keeps its admin socket in a folder per node (this one: the private Ray)
-    folder, name = os.path.split(RAY_SERVE_HAPROXY_SOCKET_PATH)
-    path = os.path.join(folder, ray.get_runtime_context().get_node_id(), name)
-    deadline = time.monotonic() + timeout_s
-    while not _haproxy_routes(path, f"http-{APP_NAME}"):
-        if time.monotonic() > deadline:
-            raise ModelError(
-                f"HAProxy did not route to a replica within {timeout_s:.0f} s (its admin "
-                f"socket: {path}); check the proxy's log under Ray's session folder"
-            )
-        time.sleep(0.2)
-
-
-def _haproxy_routes(socket_path: str, backend: str) -> bool:
-    """Whether HAProxy's stats (``show stat``, CSV) list a replica of ``backend`` UP."""
-    try:
-        with socket.socket(socket.AF_UNIX) as s:
-            s.settimeout(2.0)
-            s.connect(socket_path)
-            s.sendall(b"show stat\n")
-            data = b"".join(iter(lambda: s.recv(65536), b""))
-    except OSError:  # not started yet, or between two of its processes
-        return False
-    for row in csv.reader(data.decode(errors="replace").splitlines()):
-        # pxname, svname, ..., status (the 18th field)
-        replica = len(row) > 17 and row[0] == backend and row[1].startswith("SERVE_REPLICA")
-        if replica and row[17].startswith("UP"):
-            return True
-    return False
 
 
 def _last_line(text: str) -> str:
@@ -531,7 +495,7 @@ def serve_on_ray(
     """
     from batchline.integrations.ray import _check_reachable, _ray_session
 
-    _check_ingress(ingress)
+    check_ingress(ingress)
     if address is not None and ingress != "proxy":
         raise InputError(
             f"--ray-ingress {ingress} sets up the Ray that serve starts; on a cluster, set "
@@ -543,7 +507,7 @@ def serve_on_ray(
     if address is not None and not ray.is_initialized():
         _check_reachable(address)
     if settings.port == 0:
-        settings = settings.model_copy(update={"port": _free_port(settings.host)})
+        settings = settings.model_copy(update={"port": free_port(settings.host)})
     local_cpus = max(os.cpu_count() or 1, math.ceil(replicas.max * cpus))
     stop = threading.Event()
     env = {**_QUICK_AUTOSCALING_ENV, **ingress_env(ingress)} if address is None else {}
@@ -592,30 +556,6 @@ _QUICK_AUTOSCALING_ENV = {
 }
 
 
-def _check_ingress(ingress: str) -> None:
-    if ingress not in INGRESSES:
-        raise InputError(f"--ray-ingress {ingress!r}: expected one of {', '.join(INGRESSES)}")
-
-
-def ingress_env(ingress: str) -> dict[str, str]:
-    """Ray's environment variables that choose ``ingress`` (:data:`INGRESSES`). Serve reads
-    them when its processes start: set them before ``ray.init`` (or ``ray start`` on every
-    node of a cluster). ``haproxy`` also picks free ports for what Serve would put on fixed
-    ones (its fallback proxy, which holds requests while no replica runs, and HAProxy's
-    Prometheus endpoint), and shortens the 30 s that a removed replica keeps its port open for
-    an outside load balancer to notice (HAProxy is told at once)."""
-    _check_ingress(ingress)
-    if ingress == "proxy":
-        return {}
-    return {
-        "RAY_SERVE_ENABLE_HA_PROXY": "1",
-        "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2",
-        "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(_free_port("127.0.0.1")),
-        "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT": str(_free_port("127.0.0.1")),
-        "RAY_SERVE_HAPROXY_METRICS_PORT": str(_free_port("0.0.0.0")),
-    }
-
-
 @contextlib.contextmanager
 def _env_defaults(values: dict[str, str]) -> Iterator[None]:
     """Set the variables not already set, and remove them again afterwards."""
@@ -642,9 +582,3 @@ def _signals_set(stop: threading.Event) -> Iterator[None]:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
