@@ -23,7 +23,14 @@ import ray
 
 from batchline._errors import InputError, ModelError
 
-__all__ = ["INGRESSES", "check_ingress", "free_port", "ingress_env", "wait_routed"]
+__all__ = [
+    "INGRESSES",
+    "check_ingress",
+    "free_port",
+    "ingress_env",
+    "routed",
+    "wait_routed",
+]
 
 #: How requests reach the replicas (``serve --engine ray --ray-ingress``): ``proxy``, Serve's
 #: Python proxy, which forwards each request to a replica over Ray; ``haproxy``, HAProxy on
@@ -55,26 +62,30 @@ def ingress_env(ingress: str) -> dict[str, str]:
     }
 
 
-def wait_routed(app: str, timeout_s: float) -> None:
-    """Wait until HAProxy sends the requests of application ``app`` to a replica. Serve calls
-    the replica running before HAProxy has reloaded with its port, and the HAProxy process
-    that a reload replaces closes the connections it holds: a client that connected to it
-    would be cut off. So: until HAProxy's stats list a replica UP, and the replaced process
-    has exited (on the node of this process: the private Ray's)."""
+def routed(app: str) -> bool:
+    """Whether HAProxy sends the requests of application ``app`` to a replica. Serve calls a
+    replica running before HAProxy has reloaded with its port, and the HAProxy process that a
+    reload replaces closes the connections it holds: a client that connected to it would be
+    cut off. So: once HAProxy's stats list a replica UP and the replaced process has exited
+    (HAProxy of the node this runs on: on the private Ray, the only one)."""
     from ray.serve._private.constants import RAY_SERVE_HAPROXY_SOCKET_PATH
 
-    # Serve's HAProxy keeps its files in a folder per node (this one: the private Ray)
+    # Serve's HAProxy keeps its files in a folder per node
     folder, name = os.path.split(RAY_SERVE_HAPROXY_SOCKET_PATH)
     folder = os.path.join(folder, ray.get_runtime_context().get_node_id())
+    return _haproxy_routes(os.path.join(folder, name), f"http-{app}") and (
+        _haproxy_processes(folder) == 1
+    )
+
+
+def wait_routed(app: str, timeout_s: float) -> None:
+    """Wait until :func:`routed`; ``ModelError`` after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
-    while not (
-        _haproxy_routes(os.path.join(folder, name), f"http-{app}")
-        and _haproxy_processes(folder) == 1
-    ):
+    while not routed(app):
         if time.monotonic() > deadline:
             raise ModelError(
-                f"HAProxy did not route to a replica within {timeout_s:.0f} s (its files: "
-                f"{folder}); check the proxy's log under Ray's session folder"
+                f"HAProxy did not route to a replica within {timeout_s:.0f} s; check the "
+                "proxy's log (serve/proxy_*.log under Ray's session folder)"
             )
         time.sleep(0.2)
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -49,6 +50,7 @@ from batchline.integrations.ray_ingress import (
     check_ingress,
     free_port,
     ingress_env,
+    routed,
     wait_routed,
 )
 from batchline.server.settings import ServerSettings
@@ -306,16 +308,22 @@ def _set_stats(state: ServerState, records: Any, batches: Any, size: Any, queued
 class _Readiness:
     """``GET /ready`` of the whole deployment, answered without reaching (or waking) a replica:
     200 once at least one replica is running, or at once when the minimum is 0 (a request then
-    waits for a replica); 503 otherwise. The body tells the replicas' target and running."""
+    waits for a replica); 503 otherwise. The body tells the replicas' target and running. With
+    HAProxy, a running replica counts once HAProxy routes to it (:func:`routed`)."""
 
-    def __init__(self, minimum: int, retry_after_s: int) -> None:
+    def __init__(self, minimum: int, retry_after_s: int, ingress: str = "proxy") -> None:
         self._minimum = minimum
         self._retry_after_s = retry_after_s
+        self._routed = ingress == "proxy" or minimum == 0
 
     async def __call__(self, request: Request) -> JSONResponse:
         from starlette.responses import JSONResponse
 
         counts = await asyncio.to_thread(replica_counts)
+        if counts.running >= 1 and not self._routed:
+            self._routed = await asyncio.to_thread(routed, APP_NAME)
+            if not self._routed:
+                counts = dataclasses.replace(counts, running=0)
         body: dict[str, Any] = {
             "replicas": {
                 "min": self._minimum,
@@ -412,7 +420,7 @@ def deploy(
         logging_config=_logging(settings),
     )
     serve.run(
-        readiness.bind(replicas.min, settings.retry_after_s),
+        readiness.bind(replicas.min, settings.retry_after_s, ingress),
         name=READY_APP_NAME,
         route_prefix="/ready",
         blocking=False,
