@@ -47,8 +47,8 @@ def ingress_env(ingress: str) -> dict[str, str]:
     """Ray's environment variables that choose ``ingress`` (:data:`INGRESSES`). Serve reads
     them when its processes start: set them before ``ray.init`` (or ``ray start`` on every
     node of a cluster). ``haproxy`` also picks free ports for what Serve would put on fixed
-    ones (its fallback proxy, which holds requests while no replica runs, and HAProxy's
-    Prometheus endpoint), and shortens the 30 s that a removed replica keeps its port open for
+    ones (its fallback proxy, which holds requests while no replica runs, HAProxy's
+    Prometheus endpoint and stats page), so that two can run on one machine, and shortens the 30 s that a removed replica keeps its port open for
     an outside load balancer to notice (HAProxy is told at once)."""
     check_ingress(ingress)
     if ingress == "proxy":
@@ -58,7 +58,9 @@ def ingress_env(ingress: str) -> dict[str, str]:
         "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2",
         "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(free_port("127.0.0.1")),
         "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT": str(free_port("127.0.0.1")),
+        # HAProxy binds these two on every interface, whatever --host says
         "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port("0.0.0.0")),
+        "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port("0.0.0.0")),
     }
 
 
