@@ -470,7 +470,7 @@ def test_cli_serves_from_zero_and_sigterm_stops_everything(tmp_path: Path) -> No
     port = _free_port()
     log = (tmp_path / "serve.log").open("w")
     env = {**os.environ, "PYTHONPATH": _RAY_ENV["PYTHONPATH"]}
-    for k in (*_QUICK_AUTOSCALING_ENV, "RAY_AUTH_MODE"):
+    for k in (*_QUICK_AUTOSCALING_ENV, *ingress_env("haproxy"), "RAY_AUTH_MODE"):
         env.pop(k, None)  # the command sets them for its own Ray
     argv = ["serve", "--engine", "ray", "--replicas", "0-1", "--target-ongoing", "4"]
     argv += ["--port", str(port), "--sessions", "1", "--set", "intra_op_threads=1"]
