@@ -48,8 +48,9 @@ def ingress_env(ingress: str) -> dict[str, str]:
     them when its processes start: set them before ``ray.init`` (or ``ray start`` on every
     node of a cluster). ``haproxy`` also picks free ports for what Serve would put on fixed
     ones (its fallback proxy, which holds requests while no replica runs, HAProxy's
-    Prometheus endpoint and stats page), so that two can run on one machine, and shortens the 30 s that a removed replica keeps its port open for
-    an outside load balancer to notice (HAProxy is told at once)."""
+    Prometheus endpoint and stats page), so that two can run on one machine, and shortens the
+    30 s that a removed replica keeps its port open for an outside load balancer to notice
+    (HAProxy is told at once)."""
     check_ingress(ingress)
     if ingress == "proxy":
         return {}

@@ -1,6 +1,7 @@
 """``batchline serve --engine ray``: the same app on Ray Serve replicas, autoscaled.
 
-The layout::
+The layout (with the default ingress; ``--ray-ingress haproxy`` puts HAProxy on HOST:PORT,
+and it sends requests to the replicas' own HTTP ports: :mod:`batchline.integrations.ray_ingress`)::
 
     clients ──HTTP──> Serve's proxy (HOST:PORT)          Ray actors, MIN..MAX replicas
                       ├─ /ready ──> _Readiness ── serve details (running replicas >= 1, or MIN 0)
