@@ -65,36 +65,39 @@ def ingress_env(ingress: str) -> dict[str, str]:
     }
 
 
-def routed(app: str) -> bool:
-    """Whether HAProxy sends the requests of application ``app`` to a replica. Serve calls a
+def routed(app: str, *, replica: bool = True) -> bool:
+    """Whether HAProxy sends the requests of application ``app`` to a replica (``replica``) or
+    at least to Serve's proxy, which holds them while no replica runs (MIN 0). Serve calls a
     replica running before HAProxy has reloaded with its port, and the HAProxy process that a
     reload replaces closes the connections it holds: a client that connected to it would be
-    cut off. So: once HAProxy's stats list a replica UP and the replaced process has exited
-    (HAProxy of the node this runs on: on the private Ray, the only one)."""
+    cut off. So: once HAProxy's stats list such a server UP and the replaced process has
+    exited (HAProxy of the node this runs on: on the private Ray, the only one)."""
     from ray.serve._private.constants import RAY_SERVE_HAPROXY_SOCKET_PATH
 
     # Serve's HAProxy keeps its files in a folder per node
     folder, name = os.path.split(RAY_SERVE_HAPROXY_SOCKET_PATH)
     folder = os.path.join(folder, ray.get_runtime_context().get_node_id())
-    return _haproxy_routes(os.path.join(folder, name), f"http-{app}") and (
-        _haproxy_processes(folder) == 1
-    )
+    servers = _haproxy_servers_up(os.path.join(folder, name), f"http-{app}")
+    if replica:
+        servers = [s for s in servers if s.startswith("SERVE_REPLICA")]
+    return bool(servers) and _haproxy_processes(folder) == 1
 
 
-def wait_routed(app: str, timeout_s: float) -> None:
+def wait_routed(app: str, timeout_s: float, *, replica: bool = True) -> None:
     """Wait until :func:`routed`; ``ModelError`` after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
-    while not routed(app):
+    while not routed(app, replica=replica):
         if time.monotonic() > deadline:
             raise ModelError(
-                f"HAProxy did not route to a replica within {timeout_s:.0f} s; check the "
-                "proxy's log (serve/proxy_*.log under Ray's session folder)"
+                f"HAProxy did not route to {'a replica' if replica else 'Serve'} within "
+                f"{timeout_s:.0f} s; check the proxy's log (serve/proxy_*.log under Ray's "
+                "session folder)"
             )
         time.sleep(0.2)
 
 
-def _haproxy_routes(socket_path: str, backend: str) -> bool:
-    """Whether HAProxy's stats (``show stat``, CSV) list a replica of ``backend`` UP."""
+def _haproxy_servers_up(socket_path: str, backend: str) -> list[str]:
+    """The servers of ``backend`` that HAProxy's stats (``show stat``, CSV) list UP."""
     try:
         with socket.socket(socket.AF_UNIX) as s:
             s.settimeout(2.0)
@@ -102,13 +105,16 @@ def _haproxy_routes(socket_path: str, backend: str) -> bool:
             s.sendall(b"show stat\n")
             data = b"".join(iter(lambda: s.recv(65536), b""))
     except OSError:  # not started yet, or between two of its processes
-        return False
-    for row in csv.reader(data.decode(errors="replace").splitlines()):
+        return []
+    return [
         # pxname, svname, ..., status (the 18th field)
-        replica = len(row) > 17 and row[0] == backend and row[1].startswith("SERVE_REPLICA")
-        if replica and row[17].startswith("UP"):
-            return True
-    return False
+        row[1]
+        for row in csv.reader(data.decode(errors="replace").splitlines())
+        if len(row) > 17
+        and row[0] == backend
+        and row[1] not in ("FRONTEND", "BACKEND")
+        and row[17].startswith("UP")
+    ]
 
 
 def _haproxy_processes(folder: str) -> int:

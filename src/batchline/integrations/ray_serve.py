@@ -310,21 +310,24 @@ class _Readiness:
     """``GET /ready`` of the whole deployment, answered without reaching (or waking) a replica:
     200 once at least one replica is running, or at once when the minimum is 0 (a request then
     waits for a replica); 503 otherwise. The body tells the replicas' target and running. With
-    HAProxy, a running replica counts once HAProxy routes to it (:func:`routed`)."""
+    HAProxy, only once HAProxy routes to a replica, or with MIN 0 to Serve's proxy
+    (:func:`routed`)."""
 
     def __init__(self, minimum: int, retry_after_s: int, ingress: str = "proxy") -> None:
         self._minimum = minimum
         self._retry_after_s = retry_after_s
-        self._routed = ingress == "proxy" or minimum == 0
+        self._routed = ingress == "proxy"
 
     async def __call__(self, request: Request) -> JSONResponse:
         from starlette.responses import JSONResponse
 
         counts = await asyncio.to_thread(replica_counts)
-        if counts.running >= 1 and not self._routed:
-            self._routed = await asyncio.to_thread(routed, APP_NAME)
+        if not self._routed and (counts.running >= 1 or self._minimum == 0):
+            # with MIN 0, routed once HAProxy sends requests on to Serve's proxy, which holds
+            # them until a replica runs
+            self._routed = await asyncio.to_thread(routed, APP_NAME, replica=self._minimum >= 1)
             if not self._routed:
-                counts = dataclasses.replace(counts, running=0)
+                counts = dataclasses.replace(counts, running=0, deployed=False)
         body: dict[str, Any] = {
             "replicas": {
                 "min": self._minimum,
@@ -398,7 +401,7 @@ def deploy(
     ``load_model`` / ``load_generator`` are :func:`batchline.server.create_app`'s (they are
     pickled to the replicas). ``ingress`` is the one that Ray was started with
     (:data:`INGRESSES`; :func:`ingress_env`): with ``haproxy``, the URL is returned once
-    HAProxy routes to a replica. Raises ``ModelError`` when the replicas cannot start (a model
+    HAProxy routes to a replica (to Serve's proxy with MIN 0). Raises ``ModelError`` when the replicas cannot start (a model
     that does not load, resources the cluster lacks) within ``start_timeout_s``.
     """
     check_ingress(ingress)
@@ -436,8 +439,9 @@ def deploy(
     )
     deadline = time.monotonic() + start_timeout_s
     _wait_started(start_timeout_s)
-    if ingress == "haproxy" and replicas.min >= 1:
-        wait_routed(APP_NAME, max(deadline - time.monotonic(), 5.0))
+    if ingress == "haproxy":
+        timeout_s = max(deadline - time.monotonic(), 5.0)
+        wait_routed(APP_NAME, timeout_s, replica=replicas.min >= 1)
     return f"http://{_url_host(settings.host)}:{settings.port}"
 
 
