@@ -6,7 +6,8 @@ of input name to that row's array, the batch axis left out (a model with one inp
 a bare array). ``prepare`` checks each row against the model (names, element type, shape),
 so a bad row fails alone; a batch stacks its rows, and rows whose dynamic dimensions differ
 run as separate model calls, never padded together. Each result is ``{output name: the row's
-array}``, written out as nested lists.
+array}`` in the model's element type: a float32 output stays float32 in a Parquet output
+(``batchline.datasets.columns``) and becomes JSON numbers only where JSON is written.
 
 Element types: a row is cast to the input's type when no value changes (ints and bools to
 floats; floats with whole values, and ints in range, to ints; float64 to float32 unless a
@@ -169,8 +170,10 @@ class OnnxPredictor:
                     results[i][name] = out[j]
         return results
 
-    def encode(self, result: Mapping[str, Array]) -> dict[str, object]:
-        return {name: np.asarray(value).tolist() for name, value in result.items()}
+    def encode(self, result: Mapping[str, Array]) -> dict[str, Array]:
+        # the arrays as they are: the sink stacks them into Arrow columns of their own dtype,
+        # and only a JSON writer turns them into numbers
+        return dict(result)
 
     def close(self) -> None:
         """Sessions are freed with the object; nothing to close explicitly."""
