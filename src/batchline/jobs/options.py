@@ -12,49 +12,30 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from batchline._errors import InputError
-from batchline.datasets.sinks import OutputFormat
-from batchline.datasets.sources import Format
+from batchline.datasets.selection import DatasetSelection
 from batchline.jobs.requests import job_constraint
 from batchline.knobs import Knobs
 from batchline.models.generation.engine import SamplingParams
 from batchline.models.protocol import ModelInfo
+from batchline.models.selection import ModelSelection
 
 if TYPE_CHECKING:
     from batchline.models.specs import ModelSpec
 
 __all__ = ["GenerateOptions", "RunOptions", "default_output", "resolve"]
 
-BadRecordMode = Literal["fail", "skip"]
-
 
 @dataclass
-class RunOptions:
-    """What to run. ``input=None`` runs on the built-in demo corpus."""
+class RunOptions(DatasetSelection, ModelSelection):
+    """What to run: a model (:class:`ModelSelection`) over a dataset (:class:`DatasetSelection`).
+    ``input=None`` runs on the built-in demo corpus."""
 
-    input: Path | None = None
-    output: Path | None = None
-    #: a model spec: ``default``, ``PATH.onnx``, ``module:factory`` (``batchline.models.specs``)
-    model: str = "default"
-    task: str | None = None
-    tokenizer: Path | None = None
-    labels: tuple[str, ...] | None = None
-    pooling: str | None = None
-    normalize: bool | None = None
-    text_column: str = "text"
     #: columns (or the ``.npy`` input's name) holding a ``predict`` model's tensors
     input_columns: Sequence[str] = ()
-    id_column: str | None = None
-    input_format: Format | None = None
-    output_format: OutputFormat = "parquet"
-    copy_columns: Sequence[str] = ()
-    resume: bool = False
-    overwrite: bool = False
-    on_bad_record: BadRecordMode = "fail"
     chunk_size: int = 10_000
-    limit: int | None = None
     knobs: Knobs = field(default_factory=Knobs)
     #: the parsed model spec, set by :func:`resolve` (parsed once per job)
     spec: ModelSpec | None = field(default=None, repr=False, compare=False)
@@ -120,27 +101,13 @@ def resolve(options: RunOptions) -> RunOptions:
     )
     if generating and options.model == "default":
         options = dataclasses.replace(options, model="smollm2")
-    spec = _parse(options, "generate" if generating and options.task is None else options.task)
+    spec = options.parse_spec("generate" if generating and options.task is None else options.task)
     if not (generating or spec.generates):
         return dataclasses.replace(options, spec=spec)
     if isinstance(options, GenerateOptions):
         return dataclasses.replace(options, spec=spec)
     values = {f.name: getattr(options, f.name) for f in dataclasses.fields(RunOptions)}
     return GenerateOptions(**{**values, "spec": spec})
-
-
-def _parse(options: RunOptions, task: str | None) -> ModelSpec:
-    from batchline.models.specs import parse_specs
-
-    (spec,) = parse_specs(
-        [options.model],
-        tasks=[task] if task else [],
-        tokenizer=options.tokenizer,
-        labels=options.labels,
-        pooling=options.pooling,
-        normalize=options.normalize,
-    )
-    return spec
 
 
 def default_output(input_path: Path | None, info: ModelInfo) -> Path:
