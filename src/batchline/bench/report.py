@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -146,25 +146,29 @@ def _comparisons(result: BenchResult) -> list[str]:
     return lines
 
 
+def _head(
+    title: str, summary: str, command: str, inputs: str, environment: Mapping[str, str]
+) -> list[str]:
+    """A report's first lines: title, what ran, the command (when known), inputs, machine."""
+    lines = [title, "", summary, ""]
+    if command:
+        lines += ["```", command, "```", ""]
+    env = ", ".join(f"{k} {v}" for k, v in environment.items())
+    return [*lines, inputs, "", f"Environment: {env}.", ""]
+
+
 def render_markdown(result: BenchResult, plots: Sequence[str] = ()) -> str:
     """The report as Markdown; ``plots`` are image file names relative to the report."""
-    lines = [
+    lines = _head(
         "# batchline bench",
-        "",
         f"Model **{result.model}**, target **{result.target}**; "
         f"{result.duration_s:g} s per load point, configurations interleaved at each point "
         "(after a warm-up of each); "
         f"the whole run took {result.elapsed_s:.0f} s.",
-        "",
-    ]
-    if result.command:
-        lines += ["```", result.command, "```", ""]
-    lines += [
+        result.command,
         f"Inputs: {result.inputs}.",
-        "",
-        "Environment: " + ", ".join(f"{k} {v}" for k, v in result.environment.items()) + ".",
-        "",
-    ]
+        result.environment,
+    )
     lines += ["## Configurations", ""]
     lines += [f"- **{c.name}**: {c.description}" for c in result.configurations]
     lines += ["", "## Results", ""]
@@ -412,21 +416,16 @@ def render_generate_markdown(result: GenerateBenchResult, plots: Sequence[str] =
     """The generation bench's report as Markdown; ``plots`` relative to the report."""
     from batchline.bench.generate import _DESCRIPTIONS
 
-    lines = [
+    lines = _head(
         "# batchline bench: text generation",
-        "",
         f"Model **{result.model}**; one-at-a-time, static and continuous batching on the same "
         f"loaded weights, each run on a fresh generator; the whole run took "
         f"{result.elapsed_s:.0f} s.",
-        "",
-    ]
-    if result.command:
-        lines += ["```", result.command, "```", ""]
-    lines += [
+        result.command,
         f"Workload: {result.workload}.",
-        "",
-        "Environment: " + ", ".join(f"{k} {v}" for k, v in result.environment.items()) + ".",
-        "",
+        result.environment,
+    )
+    lines += [
         "## Configurations",
         "",
         *[f"- **{g}**: {_DESCRIPTIONS[g]}" for g in result.generators],

@@ -341,6 +341,7 @@ async def drive_job(
     source, writer = await asyncio.to_thread(
         open_dataset_job,
         options,
+        model=options.model,
         output=options.output or _default_output(options.input, route),
         chunk_size=options.output_chunk_size,
         extra_settings=extra,

@@ -17,7 +17,7 @@ from batchline.datasets.outcomes import Failed, Outcome, describe
 from batchline.datasets.sources import Record
 from batchline.models.batching import ModelBatcher
 
-__all__ = ["BatchAdapter", "collect", "process_block", "submit_block"]
+__all__ = ["BatchAdapter", "cancel", "collect", "process_block", "settle", "submit_block"]
 
 
 class BatchAdapter:
@@ -54,7 +54,7 @@ async def submit_block(
             else:
                 pending.append(await engine.submit(item))
     except BaseException:
-        _cancel(pending)
+        cancel(pending)
         raise
     return pending
 
@@ -64,12 +64,7 @@ async def collect(
 ) -> list[Outcome]:
     """Wait for every queued record and encode its result; one record's exception (the batcher
     has bisected its batch down to it) is that record's :class:`Failed`, in order."""
-    futures = [f for f in pending if not isinstance(f, Failed)]
-    try:
-        await asyncio.gather(*futures, return_exceptions=True)
-    except BaseException:
-        _cancel(pending)
-        raise
+    await settle(pending)
     encode = engine.model.encode
     outcomes: list[Outcome] = []
     for f in pending:
@@ -91,7 +86,19 @@ async def process_block(engine: ModelBatcher[Any, Any], inputs: Sequence[object]
     return await collect(engine, await submit_block(engine, inputs))
 
 
-def _cancel(pending: Sequence[asyncio.Future[Any] | Failed]) -> None:
+async def settle(pending: Sequence[asyncio.Future[Any] | Failed]) -> None:
+    """Wait until every record of ``pending`` has its result or its exception (read them from
+    the futures); cancelled meanwhile, withdraw them all."""
+    try:
+        await asyncio.gather(
+            *(f for f in pending if not isinstance(f, Failed)), return_exceptions=True
+        )
+    except BaseException:
+        cancel(pending)
+        raise
+
+
+def cancel(pending: Sequence[asyncio.Future[Any] | Failed]) -> None:
     """Withdraw whatever is still queued (a stopping job)."""
     for f in pending:
         if not isinstance(f, Failed):

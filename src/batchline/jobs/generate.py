@@ -40,6 +40,7 @@ from batchline.datasets.outcomes import Failed, Outcome, Result, describe
 from batchline.datasets.pipeline import PipelineRun, Progress, open_dataset_job, run_pipeline
 from batchline.datasets.sinks import ChunkWriter
 from batchline.datasets.sources import Record, Source, open_source
+from batchline.jobs.batch import cancel, settle
 from batchline.jobs.openai_batch import detect_batch
 from batchline.jobs.options import GenerateOptions, RunOptions, default_output, resolve
 from batchline.jobs.requests import RecordRequests, reads_whole_rows
@@ -149,6 +150,7 @@ def _open(
     }
     return open_dataset_job(
         dataclasses.replace(options, text_column=column, input_columns=()),
+        model=options.model,
         output=output,
         chunk_size=options.chunk_size,
         extra_settings=settings,
@@ -252,7 +254,7 @@ class GeneratorAdapter:
                     outcome.add_done_callback(self._on_done)
                 pending.append(outcome)
         except BaseException:
-            _cancel(pending)
+            cancel(pending)
             raise
         return asyncio.ensure_future(_outcomes(pending, stamp=self.requests.openai_batch))
 
@@ -348,12 +350,7 @@ async def _outcomes(
 ) -> list[Outcome]:
     """Each record's outcome, in order: its completion's text and figures (and with ``stamp``
     the Unix time it was written, ``created``), or its failure."""
-    futures = [p for p in pending if not isinstance(p, Failed)]
-    try:
-        await asyncio.gather(*futures, return_exceptions=True)
-    except BaseException:
-        _cancel(pending)
-        raise
+    await settle(pending)
     outcomes: list[Outcome] = []
     for p in pending:
         if isinstance(p, Failed):
@@ -382,12 +379,6 @@ async def _outcomes(
     return outcomes
 
 
-def _cancel(pending: Sequence[asyncio.Future[Completion] | Failed]) -> None:
-    for p in pending:
-        if not isinstance(p, Failed):
-            p.cancel()
-
-
 def _summary(
     output: Path, options: GenerateOptions, done: PipelineRun, adapter: GeneratorAdapter
 ) -> GenerateSummary:
@@ -397,11 +388,7 @@ def _summary(
     return GenerateSummary(
         output=output,
         batching=options.knobs.batching,
-        records=done.records,
-        skipped=done.skipped,
-        already_done=done.already_done,
-        total_records=done.total_records,
-        wall_s=done.wall_s,
+        **done.counts(),
         padding_waste=0.0,
         avg_batch_cost=0.0,
         latency_p50_s=percentile(adapter.latencies, 50),

@@ -107,6 +107,7 @@ def open_job(options: RunOptions, info: ModelInfo) -> tuple[Source, ChunkWriter]
         columns = (only,)
     return open_dataset_job(
         options,
+        model=options.model,
         output=output,
         chunk_size=options.chunk_size,
         extra_settings=extra,
@@ -158,11 +159,7 @@ def summarize(
         padded=padded,
         output=output,
         batching=batching,
-        records=done.records,
-        skipped=done.skipped,
-        already_done=done.already_done,
-        total_records=done.total_records,
-        wall_s=done.wall_s,
+        **done.counts(),
         utilization=stats.utilization if stats is not None else 0.0,
         avg_batch_size=stats.avg_batch_size if stats is not None else 0.0,
         avg_batch_cost=stats.avg_batch_cost if stats is not None else 0.0,

@@ -31,7 +31,7 @@ import numpy as np
 from batchline._errors import InputError, ModelError
 from batchline.knobs import Knobs
 from batchline.models.onnx.runtime import OnnxModel, OnnxTensor, stack_equal
-from batchline.models.onnx.sessions import load_sessions
+from batchline.models.onnx.sessions import SessionModel, load_sessions
 from batchline.models.protocol import ModelInfo
 from batchline.models.specs import ModelSpec
 
@@ -52,7 +52,7 @@ class TensorRow:
         return tuple(a.shape for a in self.arrays.values())
 
 
-class OnnxPredictor:
+class OnnxPredictor(SessionModel):
     """An ONNX model as a batch model (task ``predict``): rows of named tensors in and out.
 
     The model's batch axis must be dynamic (:meth:`OnnxModel.load` checks it at load and
@@ -76,15 +76,6 @@ class OnnxPredictor:
                 "outputs": [s.spec().as_dict() for s in model.outputs],
             },
         )
-
-    @property
-    def info(self) -> ModelInfo:
-        return self._info
-
-    @property
-    def sessions(self) -> int:
-        """Sessions of the pool: the batches that can run at once."""
-        return self.model.sessions
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -169,14 +160,6 @@ class OnnxPredictor:
                 for j, i in enumerate(members):
                     results[i][name] = out[j]
         return results
-
-    def encode(self, result: Mapping[str, Array]) -> dict[str, Array]:
-        # the arrays as they are: the sink stacks them into Arrow columns of their own dtype,
-        # and only a JSON writer turns them into numbers
-        return dict(result)
-
-    def close(self) -> None:
-        """Sessions are freed with the object; nothing to close explicitly."""
 
     def __repr__(self) -> str:
         return f"OnnxPredictor({self.model.path.name!r}, inputs={list(self._inputs)})"

@@ -8,8 +8,10 @@ HTTP errors, client-disconnect handling, and fast JSON encoders.
 import asyncio
 import base64
 import logging
-from collections.abc import Awaitable, Mapping, Sequence
-from typing import Any, Protocol, TypeVar
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 import numpy as np
 from pydantic import BaseModel, ValidationError
@@ -29,6 +31,7 @@ __all__ = [
     "ERRORS",
     "ROUTE_OF_TASK",
     "ClientGone",
+    "TextRun",
     "all_finite",
     "api_error",
     "b64",
@@ -43,6 +46,7 @@ __all__ = [
     "pick_model",
     "request_priority",
     "run_model",
+    "run_texts",
     "server_state",
     "unless_disconnected",
     "use_model",
@@ -293,6 +297,52 @@ async def run_model(
         raise error from None
     finally:
         m.in_flight.dec()
+
+
+class _TextBody(Protocol):
+    @property
+    def input(self) -> str | list[str]: ...
+    @property
+    def model(self) -> str | None: ...
+    @property
+    def priority(self) -> object: ...
+
+
+@dataclass(frozen=True)
+class TextRun(Generic[M]):
+    """A text route's request, run: its body, its model, the results in order, their tokens."""
+
+    body: M
+    model: ServedModel[Any, Any]
+    results: list[Any]
+    tokens: int
+    started: float
+
+    def observe_latency(self, route: str) -> None:
+        """Count the request, answered, in ``batchline_request_duration_seconds``."""
+        self.model.metrics.request_latency(route).observe(time.perf_counter() - self.started)
+
+
+async def run_texts(
+    request: Request,
+    schema: type[M],
+    task: str,
+    check: Callable[[M, ServedModel[Any, Any]], None] | None = None,
+) -> TextRun[M]:
+    """The path of the text routes (``/v1/embeddings``, ``/classify``): the body as ``schema``
+    (``input``, ``model``, ``priority``), the served model of ``task``, the texts checked (then
+    ``check``, a route's own), all run through the model's batcher at the request's priority."""
+    started = time.perf_counter()
+    state = server_state(request)
+    body = await parse_body(request, schema)
+    fields = cast(_TextBody, body)
+    model = await use_model(request, state, fields.model, task)
+    texts = check_texts(fields.input, state, "input")
+    if check is not None:
+        check(body, model)
+    priority = request_priority(request, state, model.name, fields.priority)
+    results, tokens = await run_model(state, model, texts, priority=priority)
+    return TextRun(body, model, results, tokens, started)
 
 
 def api_error(

@@ -39,9 +39,10 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Protocol, TypeVar, cast
 
 from fastapi import APIRouter
+from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -86,6 +87,30 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 DEFAULT_MAX_TOKENS = 256
 
 
+class _Routed(Protocol):
+    @property
+    def model(self) -> str | None: ...
+    @property
+    def priority(self) -> object: ...
+
+
+B = TypeVar("B", bound=BaseModel)
+
+
+async def _generation_request(
+    request: Request, schema: type[B]
+) -> tuple[B, ServerState, ServedGenerator]:
+    """The body as ``schema`` (with ``model`` and ``priority``), and the generator it names.
+    Its priority is checked (400 when bad) as on every route, though the generation scheduler
+    does not order by it yet: each sequence joins at the next step in arrival order."""
+    body = await parse_body(request, schema)
+    routed = cast(_Routed, body)
+    state = server_state(request)
+    served = pick_generator(request, state, routed.model)
+    request_priority(request, state, served.name, routed.priority)
+    return body, state, served
+
+
 @router.post(
     "/generate",
     response_model=GenerateTextResponse,
@@ -97,12 +122,7 @@ async def generate(request: Request) -> Response:
     """``{"prompts": [...], "task_id": ...}`` to ``{"results": [...], "details": [...],
     "task_id", "model"}``: each prompt is a raw prompt (no chat template) unless ``"chat":
     true``; greedy unless ``temperature`` is given."""
-    body = await parse_body(request, GenerateTextRequest)
-    state = server_state(request)
-    served = pick_generator(request, state, body.model)
-    # checked (400 when bad) for every route alike; the generation scheduler does not order
-    # by it yet: each sequence joins at the next step in arrival order
-    request_priority(request, state, served.name, body.priority)
+    body, state, served = await _generation_request(request, GenerateTextRequest)
     check_count(len(body.prompts), state, "prompts", "prompts")
     prompts = [
         await _encode_text(served, state, text, "prompts", i, chat=body.chat)
@@ -136,12 +156,7 @@ async def generate(request: Request) -> Response:
 )
 async def create_completion(request: Request) -> Response:
     """One choice per prompt (``n`` is 1), with ``usage`` over all of them."""
-    body = await parse_body(request, CompletionRequest)
-    state = server_state(request)
-    served = pick_generator(request, state, body.model)
-    # checked (400 when bad) for every route alike; the generation scheduler does not order
-    # by it yet: each sequence joins at the next step in arrival order
-    request_priority(request, state, served.name, body.priority)
+    body, state, served = await _generation_request(request, CompletionRequest)
     _check_openai(body)
     if body.echo:
         raise _bad("'echo' is not supported; send echo=false")
@@ -174,12 +189,7 @@ async def create_completion(request: Request) -> Response:
 )
 async def create_chat_completion(request: Request) -> Response:
     """The messages through the model's chat template; one choice (``n`` is 1)."""
-    body = await parse_body(request, ChatCompletionRequest)
-    state = server_state(request)
-    served = pick_generator(request, state, body.model)
-    # checked (400 when bad) for every route alike; the generation scheduler does not order
-    # by it yet: each sequence joins at the next step in arrival order
-    request_priority(request, state, served.name, body.priority)
+    body, state, served = await _generation_request(request, ChatCompletionRequest)
     _check_openai(body)
     if body.tools:
         raise _bad("'tools' are not supported by this server; omit them")
