@@ -131,7 +131,7 @@ def test_every_line_answered_once_in_the_openai_format(tiny: Path, tmp_path: Pat
     messages = {i: got[i]["error"]["message"] for i in range(len(got)) if i not in ok}
     assert "malformed JSON" in messages[2]
     assert "'/v1/images' is not one of" in messages[3]
-    assert "/v1/embeddings lines are not run by a generate job" in messages[4]
+    assert "generates text; a /v1/embeddings line needs an embedding model" in messages[4]
     assert "--model gpt-other=SPEC" in messages[5]
     assert "temperature must be a number" in messages[6]
     assert "invalid json schema constraint" in messages[8]
