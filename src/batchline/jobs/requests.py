@@ -206,7 +206,8 @@ class BatchModels:
         naming the ``--model`` flag to add when the job has no such model."""
         embeds = url == EMBEDDINGS_URL
         model, other = (self.embed, self.generate) if embeds else (self.generate, self.embed)
-        what, example = ("an embedding model", "default") if embeds else ("a generator", "smollm2")
+        what, example = ("embedding model", "default") if embeds else ("generator", "smollm2")
+        a_what = "an embedding model" if embeds else "a generator"
         asked = body.get("model")
         if asked is None:
             if model is None:
@@ -221,10 +222,10 @@ class BatchModels:
             return model
         if asked == other:
             does = "generates text" if embeds else "embeds"
-            raise ValueError(f"model {asked!r} {does}; a {url} line needs {what}")
+            raise ValueError(f"model {asked!r} {does}; a {url} line needs {a_what}")
         raise ValueError(
             f"model {asked!r} is not one of this job's models; add --model {asked}=SPEC "
-            f"({what}, such as {asked}={example}) to serve it under that name"
+            f"({a_what}, such as {asked}={example}) to serve it under that name"
         )
 
 
