@@ -366,6 +366,12 @@ def test_several_models_go_with_a_batch_file_only(
     plain = write_lines(tmp_path / "plain.jsonl", [{"text": "hello"}])
     assert main(["run", str(plain), "--model", "a=default", "--model", "b=default"]) == 2
     assert "--model repeats only for an OpenAI batch file" in capsys.readouterr().err
+    from batchline._errors import InputError
+    from batchline.jobs.generate import GenerateOptions
+    from batchline.jobs.run import run
+
+    with pytest.raises(InputError, match="several models go with an OpenAI batch file only"):
+        run(GenerateOptions(input=plain, models=("a=default", "b=smollm2")))
     src = write_lines(tmp_path / "requests.jsonl", [embed(0, "one")])
     args = ["run", str(src), "-o", str(tmp_path / "r.jsonl"), "--quiet"]
     assert main([*args, "--model", "a=default", "--model", "b=default"]) == 2

@@ -125,7 +125,6 @@ class BatchFiles:
             output=self.parts,
             on_bad_record="skip",
             copy_columns=(),
-            prompt_column="body",
         )
 
     def write_output(self) -> Path:
@@ -236,8 +235,14 @@ class LinesAdapter:
 
     async def submit(self, records: Sequence[Record]) -> asyncio.Future[list[Outcome]]:
         routes = [self._route(r) for r in records]
-        chats = [r for r, x in zip(records, routes, strict=True) if _goes(x, embeds=False)]
-        lines = [x[1] for x in routes if not isinstance(x, Failed) and x[1] is not None]
+        chats: list[Record] = []
+        lines: list[EmbeddingLine] = []
+        for record, route in zip(records, routes, strict=True):
+            if not isinstance(route, Failed):
+                if route[1] is None:
+                    chats.append(record)
+                else:
+                    lines.append(route[1])
         parts: list[asyncio.Future[Any]] = []
         try:
             if chats:
@@ -275,10 +280,6 @@ class LinesAdapter:
                 got = Result(got.value, {**got.columns, "model": name})
             outcomes.append(got)
         return outcomes
-
-
-def _goes(route: _Route, *, embeds: bool) -> bool:
-    return not isinstance(route, Failed) and (route[1] is not None) == embeds
 
 
 @dataclasses.dataclass

@@ -119,6 +119,11 @@ def resolve(options: RunOptions) -> RunOptions:
     generating = isinstance(options, GenerateOptions) or options.task == "generate" or batch
     if generating and options.model == "default" and not getattr(options, "models", ()):
         options = dataclasses.replace(options, model="smollm2")
+    if getattr(options, "models", ()) and not batch:
+        raise InputError(
+            "several models go with an OpenAI batch file only (each line's body.model picks "
+            f"one); {options.input or 'the demo input'} is not one: run one model at a time"
+        )
     if batch:
         specs = batch_specs(options)
         spec = next((s for s in specs if s.generates), specs[0])

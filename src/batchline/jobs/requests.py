@@ -257,6 +257,10 @@ def embedding_line(body: Mapping[str, Any], dim: int | None) -> EmbeddingLine:
         raise ValueError(f'encoding_format must be "float" or "base64", got {fmt!r}')
     dims = body.get("dimensions")
     if dims is not None and (isinstance(dims, bool) or dims != dim):
+        if dim is None:
+            raise ValueError(
+                'the model does not say how many dimensions it returns; omit "dimensions"'
+            )
         raise ValueError(
             f'the model returns {dim} dimensions; omit "dimensions" or send {dim}, got {dims!r}'
         )
