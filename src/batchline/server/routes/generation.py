@@ -58,10 +58,10 @@ from batchline.server.routes._common import (
     body_doc,
     check_count,
     parse_body,
-    pick_generator,
     request_priority,
     server_state,
     unless_disconnected,
+    use_generator,
 )
 from batchline.server.routes._sse import Shape, aborted, event_stream, usage
 from batchline.server.schemas import (
@@ -102,7 +102,7 @@ async def generate(request: Request) -> Response:
     true``; greedy unless ``temperature`` is given."""
     body = await parse_body(request, GenerateTextRequest)
     state = server_state(request)
-    served = pick_generator(request, state, body.model)
+    served = await use_generator(request, state, body.model)
     priority = request_priority(request, state, served.name, body.priority)
     check_count(len(body.prompts), state, "prompts", "prompts")
     prompts = [
@@ -141,7 +141,7 @@ async def create_completion(request: Request) -> Response:
     """One choice per prompt (``n`` is 1), with ``usage`` over all of them."""
     body = await parse_body(request, CompletionRequest)
     state = server_state(request)
-    served = pick_generator(request, state, body.model)
+    served = await use_generator(request, state, body.model)
     priority = request_priority(request, state, served.name, body.priority)
     _check_openai(body)
     if body.echo:
@@ -179,7 +179,7 @@ async def create_chat_completion(request: Request) -> Response:
     """The messages through the model's chat template; one choice (``n`` is 1)."""
     body = await parse_body(request, ChatCompletionRequest)
     state = server_state(request)
-    served = pick_generator(request, state, body.model)
+    served = await use_generator(request, state, body.model)
     priority = request_priority(request, state, served.name, body.priority)
     _check_openai(body)
     if body.tools:
