@@ -23,13 +23,15 @@ Scheduling policy of :class:`ContinuousGenerator`:
    skipped and later-ranked ones that fit may go ahead of it, but each admission ahead of it
    counts one *overtake*. Once a request has been overtaken ``max_overtakes`` times, nothing
    ranked behind it is admitted until it fits: the running sequences end within their
-   ``max_tokens`` steps, so it waits a bounded number of steps. A blocked request holds back
-   only what ranks behind it: a higher-priority request that ranks ahead of it still joins
-   (and does not count as an overtake); one that ranks behind it arrived ``priority_aging_s``
-   or more after it, and waits a bounded number of steps. Ranks never change while requests
-   wait and new arrivals rank no earlier than ``now - priority_aging_s x`` the priority gap,
-   so each request is eventually first: nothing starves. Running sequences are never
-   preempted for a higher-priority arrival: priority decides who joins, not who stays.
+   ``max_tokens`` steps, so it waits a bounded number of steps. A blocked ``batch`` request
+   holds back only what ranks behind it: an ``interactive`` one that ranks ahead of it (it
+   arrived less than ``priority_aging_s`` after it) still joins, and is no overtake; one that
+   ranks behind it (it arrived later than that) waits those bounded steps. A request's rank
+   never changes while it waits, and a new arrival ranks at its arrival time minus at most
+   ``priority_aging_s`` times the priority gap, so every request is eventually first: nothing
+   starves. Running sequences are never preempted for a higher-priority arrival: priority
+   decides who joins, not who stays (a prompt already admitted also finishes its chunked
+   prefill before a later-admitted one, in the engine).
 4. **Aborts** (``stream.abort()``, a cancelled waiter, a stop string) take effect before the
    next step: the slot and the reservation are free for that step's admissions.
 5. **Engine errors fail open.** An exception from ``engine.step()`` fails the requests that
