@@ -207,8 +207,9 @@ def build_residency(
     async def unload(name: str, served: Any) -> None:
         logger.info("unloading model %s", name)
         await unload_served(served)
-        del served  # the last reference: the residency has dropped its handle
-        await asyncio.to_thread(return_memory)  # malloc_trim off the event loop
+
+    async def reclaim() -> None:
+        await asyncio.to_thread(return_memory)  # gc and malloc_trim off the event loop
 
     residency: Residency[Any] = Residency(
         budget_bytes=budget,
@@ -216,6 +217,7 @@ def build_residency(
         unload=unload,
         keep_alive_s=settings.keep_alive_s,
         on_event=on_event,
+        reclaim=reclaim,
     )
     for spec in specs:
         weights = estimate_bytes(spec)
