@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from batchline._errors import BatchlineError, InputError
+from batchline._priority import batcher_priority
 from batchline._stats import percentile
 from batchline.datasets.outcomes import Failed, Outcome, Result, describe
 from batchline.datasets.pipeline import PipelineRun, Progress, open_dataset_job, run_pipeline
@@ -77,6 +78,8 @@ _SAMPLE_ON_DONE_S = 0.02
 PROMPT_COLUMNS = ("prompt", "messages", "text")
 _DEMO_NAME = "demo-prompts.jsonl"
 _DEMO_COUNT = 300
+#: Every request a job submits is ``batch`` work (as ``drive`` sends it to a server).
+_JOB_PRIORITY = batcher_priority("batch")
 
 
 @runtime_checkable
@@ -263,7 +266,8 @@ class GeneratorAdapter:
 
     def _submit_one(self, record: Record, ids: list[int]) -> asyncio.Future[Completion] | Failed:
         try:
-            params = self.requests.params(record)
+            # a job's requests are batch work: a generator it shares ranks them so (_priority)
+            params = dataclasses.replace(self.requests.params(record), priority=_JOB_PRIORITY)
             stream = self.gen.submit(ids, params, request_id=f"record-{record.index}")
         except (BatchlineError, ValueError) as exc:
             # RecordTooLargeError (over the context or the KV budget) is this record's fault

@@ -109,7 +109,8 @@ class ServerSettings(BaseModel):
         (``continuous`` or ``static``; ``batching=False``: one sequence at a time),
         max_running_sequences, kv_token_budget, generation_backend (``torch`` or ``vllm``),
         dtype (``auto``, ``float32``, ``bfloat16``), max_step_tokens (the torch backend's), and
-        vLLM's engine settings max_context_tokens, kv_cache_gib, gpu_memory_fraction, eager;
+        vLLM's engine settings max_context_tokens, kv_cache_gib, gpu_memory_fraction, eager,
+        vllm_scheduling_policy (``priority``: vLLM orders joins by the requests' priority);
         ``max_queue_size`` requests wait for admission, and ``device`` and
         ``intra_op_threads`` apply too.
 
