@@ -31,7 +31,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "input", nargs="?", type=Path, help=".jsonl, .csv, .parquet, .txt or .npy (tensors) file"
     )
-    add_model_arguments(p)
+    add_model_arguments(p, several=True)
     add_dataset_arguments(p, suffix="embeddings (STEM.results for other tasks)")
     p.add_argument(
         "--input-column",
@@ -199,8 +199,10 @@ def _main(args: argparse.Namespace) -> int:
         from batchline._errors import InputError
 
         raise InputError(f"--chunk-size must be >= 1, got {args.chunk_size}")
+    models = args.model or ["default"]
     options = RunOptions(
-        **model_options(args),
+        # --model repeats for an OpenAI batch file only (_resolve); the first is the job's
+        **{**model_options(args), "model": models[0]},
         **{
             **dataset_options(args),
             # an OpenAI batch file is JSONL underneath (a generate job: _generation_options)
@@ -249,11 +251,23 @@ def _resolve(args: argparse.Namespace, options: Any) -> Any:
 
     from batchline._errors import InputError
     from batchline.jobs.options import GenerateOptions, resolve
+    from batchline.jobs.requests import is_openai_batch_file
 
     given = given_flags(args, _GENERATION_FLAGS)
-    batch = args.input_format == "openai-batch"
-    if batch and options.task is None:  # an OpenAI batch file is a generation job
-        options = dataclasses.replace(options, task="generate")
+    forced = args.input_format == "openai-batch"
+    batch = options.input is not None and is_openai_batch_file(
+        options.input, options.input_format, forced=forced
+    )
+    models = tuple(args.model or ())
+    if batch:  # an OpenAI batch file is a generation job, whatever its models
+        values = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}
+        several = models if len(models) > 1 else ()
+        options = GenerateOptions(**values, openai_batch=forced, models=several)
+    elif len(models) > 1:
+        raise InputError(
+            "--model repeats only for an OpenAI batch file (each line's body.model picks one); "
+            "run one model at a time on other inputs"
+        )
     options = resolve(options)
     if not isinstance(options, GenerateOptions):
         if given:
@@ -263,8 +277,9 @@ def _resolve(args: argparse.Namespace, options: Any) -> Any:
             )
         return options
     if args.engine == "ray":
+        what = "an OpenAI batch file" if batch else "text generation"
         raise InputError(
-            "text generation does not run on --engine ray yet; use the local engine "
+            f"{what} does not run on --engine ray yet; use the local engine "
             "(--engine local, the default)"
         )
     if args.input_columns:
@@ -278,8 +293,6 @@ def _resolve(args: argparse.Namespace, options: Any) -> Any:
     }
     if args.stop:
         sampling["stop"] = tuple(args.stop)
-    if batch:
-        sampling["openai_batch"] = True
     if args.response_format is not None:
         sampling["response_format"] = _json_argument(args.response_format, "--response-format")
     if args.no_chat_template:

@@ -80,15 +80,23 @@ def model_options(args: argparse.Namespace) -> dict[str, Any]:
     return {f.name: getattr(args, f.name) for f in dataclasses.fields(ModelSelection)}
 
 
-def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags that name a model (``run``, ``bench``, ``tune``): a spec and its options."""
+def add_model_arguments(p: argparse.ArgumentParser, *, several: bool = False) -> None:
+    """The flags that name a model (``run``, ``bench``, ``tune``): a spec and its options;
+    ``several``: ``--model`` repeats (``run``'s OpenAI batch files), parsed as a list or None."""
     p.add_argument(
         "--model",
-        default="default",
-        metavar="SPEC",
+        action="append" if several else "store",
+        default=None if several else "default",
+        metavar="[NAME=]SPEC" if several else "SPEC",
         help="default (all-MiniLM-L6-v2 embeddings), smollm2 (text generation), PATH.onnx, "
         "PATH/ (a Hugging Face causal-LM folder: generation), or module:factory (your own "
-        "Python: a batch function or a model object); see 'batchline models list'",
+        "Python: a batch function or a model object); see 'batchline models list'"
+        + (
+            "; repeatable for an OpenAI batch file, each line's body.model picking one by NAME "
+            "(one generator and one embedding model at most)"
+            if several
+            else ""
+        ),
     )
     p.add_argument(
         "--task",
