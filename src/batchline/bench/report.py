@@ -369,7 +369,7 @@ GENERATE_HEADER = (
     "load",
     "requests",
     "tokens/s",
-    "x one-at-a-time",
+    "x baseline",
     "latency p50 s",
     "latency p99 s",
     "TTFT p50 s",
@@ -465,7 +465,7 @@ def render_generate_markdown(result: GenerateBenchResult, plots: Sequence[str] =
     lines += [
         "",
         "*closed*: N clients, each submitting its next request when the previous completes; "
-        "tokens/s = generated tokens / wall time until the last completes; *x one-at-a-time*: "
+        "tokens/s = generated tokens / wall time until the last completes; *x baseline*: "
         "tokens/s over one-at-a-time's at the same point. *open*: Poisson "
         "arrivals at the offered rate, latency and TTFT from each request's intended send "
         "time; throughput there is capped by the arrival rate. *TTFT*: time to the first "
@@ -565,7 +565,12 @@ def print_generate_table(result: GenerateBenchResult, console: Any = None) -> No
     from rich.table import Table
 
     console = console or _wide_console()
-    table = Table(title="batchline bench --task generate (medians over repeats)")
+    table = Table(
+        title="batchline bench --task generate (medians over repeats)",
+        caption="x baseline: tokens/s over one-at-a-time's at the same closed-loop point"
+        if "one-at-a-time" in result.generators
+        else "x baseline: n/a, the baseline did not run",
+    )
     for i, header in enumerate(GENERATE_HEADER):
         table.add_column(header, justify="left" if i < 2 else "right", no_wrap=i < 2)
     previous: LoadPoint | None = None
