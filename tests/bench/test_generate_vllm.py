@@ -21,6 +21,7 @@ from batchline.bench.generate import (
     GenerateBenchOptions,
     GenerateBenchResult,
     ModelParts,
+    bench_knobs,
     build_work,
     fake_parts,
     run_generate_bench,
@@ -29,6 +30,7 @@ from batchline.bench.generate_vllm import EngineTurn
 from batchline.bench.loadgen import parse_loads
 from batchline.bench.report import generate_dtypes_line, write_generate_report
 from batchline.cli import main
+from batchline.knobs import Knobs
 from batchline.models.generation.stream import TextGenerator
 from batchline.models.generation.vllm_engine import VllmGenerator
 from tests.models.generation.test_vllm import StandInAsyncLLM
@@ -43,10 +45,10 @@ class StandInVllm:
         self.context_tokens = context_tokens
         self.events: list[str] = []
         self.generators: list[VllmGenerator] = []
-        self.options: list[GenerateBenchOptions] = []
+        self.calls: list[tuple[str, Knobs]] = []
 
-    async def __call__(self, options: GenerateBenchOptions) -> EngineTurn:
-        self.options.append(options)
+    async def __call__(self, model: str, knobs: Knobs) -> EngineTurn:
+        self.calls.append((model, knobs))
         self.events.append("start")
         engine = StandInAsyncLLM(delta=True)  # as vLLM streams to the adapter
 
@@ -97,7 +99,10 @@ def test_vllm_runs_beside_the_others_on_the_same_work_one_engine_per_turn(
     assert result.generators == list(ALL_GENERATORS)
     # one engine per turn (a turn: every load point of one repeat), warmed, always closed
     assert vllm.events == ["start", "close"] * options.repeats
-    assert all(o is options for o in vllm.options)
+    # the same model and knobs as the torch configurations (the backend is set when loading)
+    assert all(call == (options.model, bench_knobs(options)) for call in vllm.calls)
+    assert vllm.calls[0][1].dtype == options.dtype
+    assert vllm.calls[0][1].max_running_sequences == options.max_running_sequences
     # a fresh generator per run (its own stats): the warm-up's and one per load point
     assert len(vllm.generators) == options.repeats * (1 + len(options.loads))
     runs = [r for r in result.runs if r.generator == "vllm"]

@@ -436,7 +436,7 @@ async def run_generate_bench_async(
             assert start_vllm is not None
             say("starting vLLM's engine ...")
             t0 = time.perf_counter()
-            turn = await start_vllm(options)
+            turn = await start_vllm(options.model, bench_knobs(options))
             say(f"vLLM started in {time.perf_counter() - t0:.1f} s")
             dtypes[name] = turn.dtype
             try:

@@ -27,7 +27,7 @@ from batchline._errors import InputError
 
 if TYPE_CHECKING:
     from batchline._clock import Clock
-    from batchline.bench.generate import GenerateBenchOptions
+    from batchline.knobs import Knobs
     from batchline.models.generation.stream import TextGenerator
 
 __all__ = ["EngineTurn", "StartTurn", "check_vllm_installed", "start_vllm_turn"]
@@ -51,8 +51,9 @@ class EngineTurn:
     close: Callable[[], Awaitable[None]]
 
 
-#: Starts a turn's engine for the bench's options (tests pass a stand-in).
-StartTurn = Callable[["GenerateBenchOptions"], Awaitable[EngineTurn]]
+#: Starts a turn's engine for a model (``--model``) and the knobs every configuration of the
+#: bench loads with (tests pass a stand-in).
+StartTurn = Callable[[str, "Knobs"], Awaitable[EngineTurn]]
 
 
 def vllm_installed() -> bool:
@@ -65,17 +66,17 @@ def check_vllm_installed() -> None:
         raise InputError(VLLM_NOT_INSTALLED)
 
 
-async def start_vllm_turn(options: GenerateBenchOptions) -> EngineTurn:
-    """Start vLLM's engine on ``options.model`` (slow: tens of seconds on CPU)."""
-    from batchline.bench.generate import bench_knobs
+async def start_vllm_turn(model_name: str, knobs: Knobs) -> EngineTurn:
+    """Start vLLM's engine on ``model_name`` with ``knobs`` (those of the torch configurations;
+    the backend set to vLLM here). Slow: tens of seconds on CPU."""
     from batchline.models.generation.load import load_text_generator
     from batchline.models.generation.torch_dtype import choose_dtype
     from batchline.models.generation.vllm_engine import VllmGenerator
     from batchline.models.specs import parse_specs
 
     check_vllm_installed()
-    (spec,) = parse_specs([options.model], tasks=["generate"])
-    knobs = bench_knobs(options).replace(generation_backend="vllm")
+    (spec,) = parse_specs([model_name], tasks=["generate"])
+    knobs = knobs.replace(generation_backend="vllm")
     model = await asyncio.to_thread(load_text_generator, spec, knobs)
     owner = model.generator  # built the engine: stopping it shuts the engine down
     if not isinstance(owner, VllmGenerator):  # pragma: no cover - load_text_generator's contract
