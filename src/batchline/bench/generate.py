@@ -38,6 +38,7 @@ throughput enters a ratio.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import random
 import time
@@ -458,25 +459,33 @@ async def run_generate_bench_async(
             gen = on_torch("continuous").new_generator(clock)
             await run_one("continuous", gen, warm, LoadPoint("closed", 4), -1, seed=0, clock=clock)
         runs: list[RunFigures] = []
+
+        async def take_turn(name: str, repeat: int) -> None:
+            n = options.sequential_requests if name == BASELINE else options.requests
+            turn = await start_turn(name)
+            try:
+                for load in options.loads:
+                    gen = turn.new_generator(clock)
+                    figures = await run_one(
+                        name, gen, work[:n], load, repeat, seed=options.seed, clock=clock
+                    )
+                    runs.append(figures)
+                    say(
+                        f"  #{repeat} {load.label}: {name} {figures.tokens_per_s:,.1f} "
+                        f"tok/s in {figures.wall_s:.1f} s"
+                    )
+            finally:
+                await turn.close()
+
         for repeat in range(options.repeats):
             # rotate the order: a neighbour's burst on the shared machine hits each alike
             order = names[repeat % len(names) :] + names[: repeat % len(names)]
             for name in order:
-                n = options.sequential_requests if name == BASELINE else options.requests
-                turn = await start_turn(name)
-                try:
-                    for load in options.loads:
-                        gen = turn.new_generator(clock)
-                        figures = await run_one(
-                            name, gen, work[:n], load, repeat, seed=options.seed, clock=clock
-                        )
-                        runs.append(figures)
-                        say(
-                            f"  #{repeat} {load.label}: {name} {figures.tokens_per_s:,.1f} "
-                            f"tok/s in {figures.wall_s:.1f} s"
-                        )
-                finally:
-                    await turn.close()
+                await take_turn(name, repeat)
+                if name == "vllm":
+                    # vLLM's engine objects sit in reference cycles: collect them now, while
+                    # the interpreter is whole, not at exit (where their __del__ fails)
+                    gc.collect()
     finally:
         if own:
             await asyncio.to_thread(parts.close)

@@ -18,6 +18,8 @@ a run's stats (ITL) are its own.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import importlib
 import importlib.util
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -56,6 +58,17 @@ class EngineTurn:
 StartTurn = Callable[[str, "Knobs"], Awaitable[EngineTurn]]
 
 
+def _import_vllm() -> None:
+    """Import vLLM's engine modules here, in a frame that holds nothing. vLLM 0.32's first
+    import keeps a caught exception, and its traceback every frame above it: imported inside
+    the call that builds the engine, that frame would keep the engine past its shutdown, to be
+    torn down again at the interpreter's exit, noisily ("Exception ignored in AsyncLLM.__del__")."""
+    vllm = importlib.import_module("vllm")
+    getattr(vllm, "AsyncEngineArgs", None)
+    with contextlib.suppress(ImportError):  # a vLLM before its V1 engine
+        importlib.import_module("vllm.v1.engine.async_llm")
+
+
 def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
@@ -77,6 +90,7 @@ async def start_vllm_turn(model_name: str, knobs: Knobs) -> EngineTurn:
     check_vllm_installed()
     (spec,) = parse_specs([model_name], tasks=["generate"])
     knobs = knobs.replace(generation_backend="vllm")
+    await asyncio.to_thread(_import_vllm)
     model = await asyncio.to_thread(load_text_generator, spec, knobs)
     owner = model.generator  # built the engine: stopping it shuts the engine down
     if not isinstance(owner, VllmGenerator):  # pragma: no cover - load_text_generator's contract

@@ -427,7 +427,7 @@ def render_generate_markdown(result: GenerateBenchResult, plots: Sequence[str] =
     """The generation bench's report as Markdown; ``plots`` relative to the report."""
     from batchline.bench.generate_results import DESCRIPTIONS
 
-    vllm = "; vLLM's engine on the same model, started for each of its turns" * (
+    vllm = "; and vLLM's engine on the same model" * (
         "vllm" in result.generators
     )
     lines = [
