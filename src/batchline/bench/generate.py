@@ -5,7 +5,8 @@ The weights load once (:func:`load_parts`: ``load_text_generator`` on ``--model 
 a Hugging Face folder ``PATH/``); each run builds a fresh generator of one kind over the
 loaded engine, drives it, and stops it before the next one starts. ``vllm`` loads the same
 model on vLLM's engine with the same dtype and knobs, for each of its turns
-(:mod:`batchline.bench.generate_vllm`). Every configuration gets the same work at each load
+(:mod:`batchline.bench.generate_vllm`); the torch weights load even for ``vllm`` alone, whose
+tokenizer encodes the work once for every configuration. Every configuration gets the same work at each load
 point: the built-in math prompts (seeded, encoded once), each with its own ``max_tokens``
 drawn between ``min_new`` and ``max_new`` and ``ignore_eos``, so every request generates
 exactly what it asked for. Repeats are interleaved: in each, every configuration takes its
