@@ -17,7 +17,14 @@ from batchline.datasets.outcomes import Failed, Outcome, describe
 from batchline.datasets.sources import Record
 from batchline.models.batching import ModelBatcher
 
-__all__ = ["BatchAdapter", "collect", "process_block", "submit_block"]
+__all__ = [
+    "BatchAdapter",
+    "collect",
+    "prepare_block",
+    "process_block",
+    "queue_block",
+    "submit_block",
+]
 
 
 class BatchAdapter:
@@ -39,13 +46,28 @@ async def submit_block(
 ) -> list[asyncio.Future[Any] | Failed]:
     """Prepare ``inputs`` off the event loop and queue them (waiting for room in the queue);
     a record that ``prepare`` refuses is its :class:`Failed` at once."""
+    prepared = await asyncio.to_thread(prepare_block, engine, inputs)
+    return await queue_block(engine, prepared)
+
+
+def prepare_block(engine: ModelBatcher[Any, Any], inputs: Sequence[object]) -> list[object]:
+    """The engine model's ``prepare`` of ``inputs``: one item or exception per input (sync:
+    call it in a worker thread)."""
     model = engine.model
-    prepared = await asyncio.to_thread(model.prepare, list(inputs))
+    prepared = model.prepare(list(inputs))
     if len(prepared) != len(inputs):
         raise InputError(
             f"model {model.info.name!r}: prepare() returned {len(prepared)} items for "
             f"{len(inputs)} inputs"
         )
+    return list(prepared)
+
+
+async def queue_block(
+    engine: ModelBatcher[Any, Any], prepared: Sequence[object]
+) -> list[asyncio.Future[Any] | Failed]:
+    """Queue prepared items (waiting for room in the queue); an exception ``prepare`` gave for
+    an input is its :class:`Failed`."""
     pending: list[asyncio.Future[Any] | Failed] = []
     try:
         for item in prepared:

@@ -54,15 +54,23 @@ def add_dataset_arguments(p: argparse.ArgumentParser, *, suffix: str = "embeddin
     p.add_argument("--limit", type=int, help="take only the first N records")
 
 
-def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags that name a model (``run``, ``bench``, ``tune``): a spec and its options."""
+def add_model_arguments(p: argparse.ArgumentParser, *, several: bool = False) -> None:
+    """The flags that name a model (``run``, ``bench``, ``tune``): a spec and its options;
+    ``several``: ``--model`` repeats (``run``'s OpenAI batch files)."""
     p.add_argument(
         "--model",
-        default="default",
-        metavar="SPEC",
+        action="append" if several else "store",
+        default=None if several else "default",
+        metavar="[NAME=]SPEC" if several else "SPEC",
         help="default (all-MiniLM-L6-v2 embeddings), smollm2 (text generation), PATH.onnx, "
         "PATH/ (a Hugging Face causal-LM folder: generation), or module:factory (your own "
-        "Python: a batch function or a model object); see 'batchline models list'",
+        "Python: a batch function or a model object); see 'batchline models list'"
+        + (
+            "; repeatable for an OpenAI batch file, each line's body.model picking one by NAME "
+            "(one generator and one embedding model at most)"
+            if several
+            else ""
+        ),
     )
     p.add_argument(
         "--task",
@@ -101,7 +109,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "input", nargs="?", type=Path, help=".jsonl, .csv, .parquet, .txt or .npy (tensors) file"
     )
-    add_model_arguments(p)
+    add_model_arguments(p, several=True)
     add_dataset_arguments(p, suffix="embeddings (STEM.results for other tasks)")
     p.add_argument(
         "--input-column",
@@ -269,10 +277,11 @@ def _main(args: argparse.Namespace) -> int:
         from batchline._errors import InputError
 
         raise InputError(f"--chunk-size must be >= 1, got {args.chunk_size}")
+    models = args.model or ["default"]
     options = RunOptions(
         input=args.input,
         output=args.output,
-        model=args.model,
+        model=models[0],
         task=args.task,
         tokenizer=args.tokenizer,
         labels=args.labels,
@@ -331,11 +340,23 @@ def _resolve(args: argparse.Namespace, options: Any) -> Any:
 
     from batchline._errors import InputError
     from batchline.jobs.options import GenerateOptions, resolve
+    from batchline.jobs.requests import is_openai_batch_file
 
     given = given_flags(args, _GENERATION_FLAGS)
-    batch = args.input_format == "openai-batch"
-    if batch and options.task is None:  # an OpenAI batch file is a generation job
-        options = dataclasses.replace(options, task="generate")
+    forced = args.input_format == "openai-batch"
+    batch = options.input is not None and is_openai_batch_file(
+        options.input, options.input_format, forced=forced
+    )
+    models = tuple(args.model or ())
+    if batch:  # an OpenAI batch file is a generation job, whatever its models
+        values = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}
+        several = models if len(models) > 1 else ()
+        options = GenerateOptions(**values, openai_batch=forced, models=several)
+    elif len(models) > 1:
+        raise InputError(
+            "--model repeats only for an OpenAI batch file (each line's body.model picks one); "
+            "run one model at a time on other inputs"
+        )
     options = resolve(options)
     if not isinstance(options, GenerateOptions):
         if given:
@@ -345,8 +366,9 @@ def _resolve(args: argparse.Namespace, options: Any) -> Any:
             )
         return options
     if args.engine == "ray":
+        what = "an OpenAI batch file" if batch else "text generation"
         raise InputError(
-            "text generation does not run on --engine ray yet; use the local engine "
+            f"{what} does not run on --engine ray yet; use the local engine "
             "(--engine local, the default)"
         )
     if args.input_columns:
@@ -360,8 +382,6 @@ def _resolve(args: argparse.Namespace, options: Any) -> Any:
     }
     if args.stop:
         sampling["stop"] = tuple(args.stop)
-    if batch:
-        sampling["openai_batch"] = True
     if args.response_format is not None:
         sampling["response_format"] = _json_argument(args.response_format, "--response-format")
     if args.no_chat_template:

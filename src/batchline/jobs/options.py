@@ -25,7 +25,7 @@ from batchline.models.protocol import ModelInfo
 if TYPE_CHECKING:
     from batchline.models.specs import ModelSpec
 
-__all__ = ["GenerateOptions", "RunOptions", "default_output", "resolve"]
+__all__ = ["GenerateOptions", "RunOptions", "batch_specs", "default_output", "resolve"]
 
 BadRecordMode = Literal["fail", "skip"]
 
@@ -71,7 +71,9 @@ class GenerateOptions(RunOptions):
     ``response_format`` constrains every completion (structured outputs; a record's own
     fields win): see :mod:`batchline.jobs.requests`. ``openai_batch``: the input is an OpenAI
     batch file (``--format openai-batch``; else detected from it, see
-    :mod:`batchline.jobs.openai_batch`).
+    :mod:`batchline.jobs.openai_batch`); ``models``: such a job's several model specs
+    (``NAME=SPEC``, ``--model`` repeated; ``model`` is then the first), each line's
+    ``body.model`` picking one.
     """
 
     max_tokens: int = 256
@@ -84,6 +86,7 @@ class GenerateOptions(RunOptions):
     prompt_column: str | None = None
     response_format: str | None = None
     openai_batch: bool = False
+    models: tuple[str, ...] = ()
 
     def sampling(self) -> SamplingParams:
         """The job's sampling parameters (``seed`` is per record: see the class docstring)."""
@@ -102,31 +105,51 @@ class GenerateOptions(RunOptions):
 
 def resolve(options: RunOptions) -> RunOptions:
     """``options`` with their model spec parsed (once), as :class:`GenerateOptions` when the
-    job generates text: task ``generate``, or a model that generates (``smollm2``, a Hugging
-    Face causal-LM folder). The default model embeds; a generation job's default is smollm2."""
+    job generates text: task ``generate``, a model that generates (``smollm2``, a Hugging
+    Face causal-LM folder), or an OpenAI batch file. The default model embeds; a generation
+    job's default is smollm2. An OpenAI batch job's spec is its generator's (else its first
+    model's): :func:`batch_specs` parses them all."""
     if options.spec is not None:
         return options
     from batchline.jobs.requests import is_openai_batch_file
 
-    generating = (
-        isinstance(options, GenerateOptions)
-        or options.task == "generate"
-        or (
-            options.input is not None
-            and is_openai_batch_file(
-                options.input, options.input_format, forced=getattr(options, "openai_batch", False)
-            )
-        )
+    batch = options.input is not None and is_openai_batch_file(
+        options.input, options.input_format, forced=getattr(options, "openai_batch", False)
     )
-    if generating and options.model == "default":
+    generating = isinstance(options, GenerateOptions) or options.task == "generate" or batch
+    if generating and options.model == "default" and not getattr(options, "models", ()):
         options = dataclasses.replace(options, model="smollm2")
-    spec = _parse(options, "generate" if generating and options.task is None else options.task)
+    if getattr(options, "models", ()) and not batch:
+        raise InputError(
+            "several models go with an OpenAI batch file only (each line's body.model picks "
+            f"one); {options.input or 'the demo input'} is not one: run one model at a time"
+        )
+    if batch:
+        specs = batch_specs(options)
+        spec = next((s for s in specs if s.generates), specs[0])
+    else:
+        spec = _parse(options, "generate" if generating and options.task is None else options.task)
     if not (generating or spec.generates):
         return dataclasses.replace(options, spec=spec)
     if isinstance(options, GenerateOptions):
         return dataclasses.replace(options, spec=spec)
     values = {f.name: getattr(options, f.name) for f in dataclasses.fields(RunOptions)}
     return GenerateOptions(**{**values, "spec": spec})
+
+
+def batch_specs(options: RunOptions) -> list[ModelSpec]:
+    """An OpenAI batch job's model specs (``models``, else ``model``), each with its own task
+    (``--task NAME=TASK`` with several)."""
+    from batchline.models.specs import parse_specs
+
+    return parse_specs(
+        list(getattr(options, "models", ()) or (options.model,)),
+        tasks=[options.task] if options.task else [],
+        tokenizer=options.tokenizer,
+        labels=options.labels,
+        pooling=options.pooling,
+        normalize=options.normalize,
+    )
 
 
 def _parse(options: RunOptions, task: str | None) -> ModelSpec:

@@ -105,6 +105,11 @@ class GenerationMetrics:
         with self._lock:
             self._sources[model] = stats
 
+    def forget(self, model: str) -> None:
+        """Stop exporting ``model``'s snapshot (it was unloaded); its counters stay."""
+        with self._lock:
+            self._sources.pop(model, None)
+
     def observe(self, model: str, completion: Completion) -> None:
         """Record one finished request."""
         self.finished.labels(model=model, finish_reason=completion.finish_reason).inc()

@@ -45,6 +45,7 @@ __all__ = [
     "run_model",
     "server_state",
     "unless_disconnected",
+    "use_generator",
     "use_model",
 ]
 
@@ -143,31 +144,46 @@ async def use_model(
 ) -> ServedModel[Any, Any]:
     """:func:`pick_model`, loading an on-demand model first (``batchline.server.residency``:
     held until the response is done; 504 when not loaded in time, 503 when its load fails)."""
-    residency = state.residency
-    if residency is not None:
-        if name is None:
-            name = next((n for n in state.order if state.task_of(n) == task), None)
-        if name is not None and state.managed.get(name) == task:
-            from batchline.server.residency import use_served
-
-            request.scope["batchline.model"] = name
-            settings = state.settings
-            served: ServedModel[Any, Any] = await use_served(
-                residency,
-                name,
-                request.scope,
-                settings.request_timeout_s,
-                max_waiting=settings.knobs.max_queue_size,
-                retry_after_s=settings.retry_after_s,
-            )
-            return served
-    return pick_model(request, state, name, task)
+    if name is None and state.residency is not None:
+        name = next((n for n in state.order if state.task_of(n) == task), None)
+    served: ServedModel[Any, Any] | None = await _use_managed(request, state, name, task)
+    return served if served is not None else pick_model(request, state, name, task)
 
 
 def pick_generator(request: Request, state: ServerState, name: str | None) -> ServedGenerator:
     """The served generate model ``name`` (the only one when ``None``: with several, generated
     texts differ too much to pick one silently); errors as :func:`pick_model`'s."""
     return _pick(request, state, state.generators, name, "generate", first_of_several=False)
+
+
+async def use_generator(request: Request, state: ServerState, name: str | None) -> ServedGenerator:
+    """:func:`pick_generator`, loading an on-demand generate model first (as
+    :func:`use_model`)."""
+    if name is None and state.residency is not None:
+        names = [n for n in state.order if state.task_of(n) == "generate"]
+        name = names[0] if len(names) == 1 else None  # several: pick_generator says to name one
+    served: ServedGenerator | None = await _use_managed(request, state, name, "generate")
+    return served if served is not None else pick_generator(request, state, name)
+
+
+async def _use_managed(request: Request, state: ServerState, name: str | None, task: str) -> Any:
+    """The on-demand model ``name`` of ``task``, acquired for the request (``None``: not an
+    on-demand model of that task; the caller picks it as usual)."""
+    residency = state.residency
+    if residency is None or name is None or state.managed.get(name) != task:
+        return None
+    from batchline.server.residency import use_served
+
+    request.scope["batchline.model"] = name
+    settings = state.settings
+    return await use_served(
+        residency,
+        name,
+        request.scope,
+        settings.request_timeout_s,
+        max_waiting=settings.knobs.max_queue_size,
+        retry_after_s=settings.retry_after_s,
+    )
 
 
 def _pick(
