@@ -6,10 +6,10 @@ a Hugging Face folder ``PATH/``); each run builds a fresh generator of one kind 
 loaded engine, drives it, and stops it before the next one starts. ``vllm`` loads the same
 model on vLLM's engine with the same dtype and knobs, for each of its turns
 (:mod:`batchline.bench.generate_vllm`); the torch weights load even for ``vllm`` alone, whose
-tokenizer encodes the work once for every configuration. Every configuration gets the same work at each load
-point: the built-in math prompts (seeded, encoded once), each with its own ``max_tokens``
-drawn between ``min_new`` and ``max_new`` and ``ignore_eos``, so every request generates
-exactly what it asked for. Repeats are interleaved: in each, every configuration takes its
+tokenizer encodes the work once for every configuration. Every configuration gets the same
+work at each load point: the built-in math prompts (seeded, encoded once), each with its own
+``max_tokens`` drawn between ``min_new`` and ``max_new`` and ``ignore_eos``, so every request
+generates exactly what it asked for. Repeats are interleaved: in each, every configuration takes its
 turn at every load point, the order of the turns rotating from one repeat to the next.
 
 The load comes from :mod:`batchline.bench.loadgen`, as for every other bench: each run is a

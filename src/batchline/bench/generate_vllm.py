@@ -103,6 +103,8 @@ async def start_vllm_turn(model_name: str, knobs: Knobs) -> EngineTurn:
             max_context_tokens=owner.max_context_tokens,
             max_waiting=owner.max_waiting,
             clock=clock,
+            scheduling_policy=owner.scheduling_policy,
+            priority_aging_s=owner.priority_aging_s,
         )
 
     async def close() -> None:
