@@ -427,9 +427,7 @@ def render_generate_markdown(result: GenerateBenchResult, plots: Sequence[str] =
     """The generation bench's report as Markdown; ``plots`` relative to the report."""
     from batchline.bench.generate_results import DESCRIPTIONS
 
-    vllm = "; and vLLM's engine on the same model" * (
-        "vllm" in result.generators
-    )
+    vllm = "; and vLLM's engine on the same model" * ("vllm" in result.generators)
     lines = [
         "# batchline bench: text generation",
         "",
