@@ -135,11 +135,13 @@ _GENERATE_FLAGS = {
 def _add_generate_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
         "text generation (--task generate; implied by --model smollm2 or PATH/)",
-        "One-at-a-time, static and continuous batching on the same loaded model, in one run: "
+        "One-at-a-time, static and continuous batching on the same loaded model, in one run, "
+        "and vLLM's engine on the same model beside them (--generators ...,vllm): "
         "the demo math prompts, each generating exactly max_tokens (drawn between --min-new "
         "and --max-new, seeded; ignore_eos), at each --load point (default closed:16), in "
-        "interleaved repeats. Prints tokens/s, request latency and TTFT p50/p99 per "
-        "configuration and point, and the ratios continuous/static throughput (goal >= 1.3), "
+        "interleaved repeats. Prints tokens/s (and its ratio to one-at-a-time's), request "
+        "latency and TTFT p50/p99 per configuration and point, the dtype each computed in, and "
+        "the ratios continuous/static throughput (goal >= 1.3), "
         "p99 latency (<= 0.8), TTFT p99 (<= 0.5) and continuous/one-at-a-time throughput "
         "(>= 2.5); writes report.md, results.json and plots into --output.",
     )
@@ -153,7 +155,9 @@ def _add_generate_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--generators",
         metavar="LIST",
-        help="configurations to compare: one-at-a-time, static, continuous (default: all three)",
+        help="configurations to compare: one-at-a-time, static, continuous (default: these "
+        "three), and vllm: the same model, dtype and --max-running-sequences on vLLM's engine, "
+        "started for each of its turns (needs vLLM: bash scripts/vllm_env.sh)",
     )
     g.add_argument("--threads", type=int, metavar="N", help="torch intra-op threads on CPU (1)")
     g.add_argument(

@@ -292,6 +292,12 @@ class VllmGenerator:
         return self._max_context
 
     @property
+    def engine(self) -> VllmEngine:
+        """The vLLM engine this generator submits to: another ``VllmGenerator`` built over it
+        (``shutdown_engine`` left off) shares it with fresh stats, as the generate bench does."""
+        return self._engine
+
+    @property
     def stats(self) -> GenerationStats:
         return self._recorder.snapshot(
             running=len(self._running), waiting=len(self._waiting), kv_reserved=0
