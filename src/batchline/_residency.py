@@ -160,6 +160,9 @@ class Residency(Generic[H]):
         clock: where time comes from (tests pass a ``ManualClock``).
         on_event: told of every load, failed load, eviction and budget overshoot (metrics,
             logs).
+        reclaim: awaited after each unload, once the residency holds no reference to the
+            model, before its memory counts as free (e.g. collect and hand memory back to
+            the OS: while ``unload`` runs, its caller still holds the model).
     """
 
     def __init__(
@@ -171,6 +174,7 @@ class Residency(Generic[H]):
         keep_alive_s: float | None = 300.0,
         clock: Clock | None = None,
         on_event: OnEvent | None = None,
+        reclaim: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         if budget_bytes is not None and (isinstance(budget_bytes, bool) or budget_bytes < 1):
             raise ValueError(f"budget_bytes must be >= 1 or None, got {budget_bytes!r}")
@@ -182,6 +186,7 @@ class Residency(Generic[H]):
         self._keep_alive_s = keep_alive_s
         self._clock: Clock = clock if clock is not None else LoopClock()
         self._on_event = on_event
+        self._reclaim = reclaim
         self._entries: dict[str, _Entry[H]] = {}
         self._changed: list[asyncio.Future[None]] = []
         self._tasks: set[asyncio.Task[None]] = set()
@@ -428,6 +433,9 @@ class Residency(Generic[H]):
         try:
             if handle is not None:
                 await self._unload(e.name, handle)
+                del handle  # the residency's last reference: what reclaim frees includes it
+                if self._reclaim is not None:
+                    await self._reclaim()
         except Exception as exc:  # freed as far as we can tell: never stuck in UNLOADING
             self._emit("unload_failed", e.name, {"error": f"{type(exc).__name__}: {exc}"})
         finally:

@@ -11,8 +11,8 @@ Text generation (``--task generate``) reads its own fields: ``generation_batchin
 ``max_running_sequences``, ``kv_token_budget``, ``generation_backend`` (``torch`` or ``vllm``),
 plus ``device``, ``intra_op_threads`` and ``max_queue_size`` (requests waiting for admission).
 Both backends read ``dtype``; the torch backend also ``max_step_tokens``, the vLLM backend
-``max_context_tokens``, ``kv_cache_gib``, ``gpu_memory_fraction`` and ``eager`` (see
-:class:`Knobs`).
+``max_context_tokens``, ``kv_cache_gib``, ``gpu_memory_fraction``, ``eager`` and
+``vllm_scheduling_policy`` (see :class:`Knobs`).
 
 Defaults come from measurements on a 2-core CPU with all-MiniLM-L6-v2 (docs/CONTRACTS.md,
 FACTS): two sessions of one intra-op thread each, one batch in flight per session, about
@@ -72,6 +72,8 @@ GENERATION_BACKENDS = ("torch", "vllm")
 #: What a generative model computes in (``Knobs.dtype``), on either backend; ``auto``: bf16
 #: where the device computes it natively, float32 elsewhere (``generation/torch_dtype.py``).
 GENERATION_DTYPES = ("auto", "float32", "bfloat16")
+#: How vLLM's engine orders waiting requests (``Knobs.vllm_scheduling_policy``).
+VLLM_SCHEDULING_POLICIES = ("fcfs", "priority")
 
 
 def machine_cores() -> int:
@@ -108,7 +110,9 @@ class Knobs:
     (the share of the device's memory vLLM may take; ``None``: 0.3 on CPU, where vLLM counts it
     against RAM, vLLM's own on CUDA) and ``eager`` (run the model eagerly, no graph capture or
     compilation; ``None``: eager on CPU, where compiling adds ~60 s to every start, compiled on
-    CUDA).
+    CUDA). ``vllm_scheduling_policy`` is ``fcfs`` (vLLM's default: requests join in arrival
+    order, their priority unused) or ``priority`` (vLLM orders joins by each request's aged
+    priority, as the torch backend's scheduler always does; see ``generation/vllm_engine.py``).
     """
 
     batching: bool = True
@@ -136,6 +140,7 @@ class Knobs:
     kv_cache_gib: float | None = None
     gpu_memory_fraction: float | None = None
     eager: bool | None = None
+    vllm_scheduling_policy: str = "fcfs"
     # Chunked prefill's per-step budget. benchmarks/bench_engine_levers.py, the chat workload
     # (96 requests, 16 clients, max_tokens 8-128), SmolLM2 bf16, lockstep A/B on this busy 2-core
     # machine (2026-11-24): tokens/s the same with any budget (x1.03 of unchunked); TTFT p99
@@ -161,6 +166,12 @@ class Knobs:
                 if value not in GENERATION_DTYPES:
                     raise InputError(
                         f"dtype must be one of {', '.join(GENERATION_DTYPES)}, got {value!r}"
+                    )
+                continue
+            if f.name == "vllm_scheduling_policy":
+                if value not in VLLM_SCHEDULING_POLICIES:
+                    raise InputError(
+                        f"vllm_scheduling_policy must be fcfs or priority, got {value!r}"
                     )
                 continue
             if f.name == "eager":

@@ -455,6 +455,31 @@ def test_tensors_are_native_lists_fixed_size_where_declared(tmp_path: Path, fmt:
     assert [a.tolist() for a in arrays["tokens"]] == [list(range(i + 1)) for i in range(5)]
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_tensors_of_varying_shape_keep_their_dtype(tmp_path: Path, fmt: str) -> None:
+    """Rows whose shape varies (nested lists) keep the arrays' dtypes too, and come back
+    exactly, each row in its own shape."""
+    w = writer(tmp_path / fmt, fmt=fmt, result_column="outputs", result_kind="tensors",
+               result_shapes={"grid": None, "ids": None})  # fmt: skip
+    rng = np.random.default_rng(0)
+    grids = [rng.normal(size=(i + 1, 3 - i % 2)).astype(np.float32) for i in range(4)]
+    ids = [np.arange(i, dtype=np.int64) for i in range(4)]
+    with w:
+        for i in range(4):
+            w.write(i, f"r{i}", {"grid": grids[i], "ids": ids[i]})
+        w.finish(4)
+    arrays = sinks.read_arrays(tmp_path / fmt)
+    if fmt == "parquet":
+        kind = read_output(tmp_path / fmt).schema.field("outputs").type
+        assert kind.field("grid").type == pa.list_(pa.list_(pa.float32()))
+        assert kind.field("ids").type == pa.list_(pa.int64())
+        assert [a.dtype for a in arrays["grid"]] == [np.dtype(np.float32)] * 4
+    for got, want in zip(arrays["grid"], grids, strict=True):
+        np.testing.assert_array_equal(got.astype(np.float32), want)
+        assert got.shape == want.shape
+    assert [a.tolist() for a in arrays["ids"]] == [a.tolist() for a in ids]
+
+
 def test_a_tensor_of_another_shape_than_declared_is_refused_on_write(tmp_path: Path) -> None:
     w = writer(tmp_path / "o", result_column="outputs", result_kind="tensors",
                result_shapes={"grid": [2, 3]})  # fmt: skip

@@ -22,6 +22,7 @@ pytest.importorskip("onnxruntime")
 from batchline.datasets.sinks import (
     PAUSE_AFTER_CHUNKS_ENV,
     ChunkWriter,
+    read_arrays,
     read_output,
     read_skipped,
 )
@@ -88,6 +89,9 @@ def test_each_input_format_gives_the_model_s_vectors(
     )
     assert ids == want_ids
     np.testing.assert_allclose(vectors, expected_vectors(embedder, TEXTS), atol=1e-5)
+    # float32 as the model gives them, in the file and through read_arrays
+    assert read_output(out).schema.field("embedding").type == pa.list_(pa.float32())
+    assert read_arrays(out).dtype == np.float32
 
 
 def test_jsonl_output_and_copied_columns(tmp_path: Path) -> None:

@@ -145,6 +145,48 @@ def test_npy_rows_through_an_onnx_tensor_model_equal_onnxruntime(tmp_path: Path)
     np.testing.assert_allclose(arrays["logits"], want, rtol=1e-5, atol=1e-5)
 
 
+def test_predict_outputs_keep_the_models_dtype_end_to_end(tmp_path: Path) -> None:
+    """float32 logits stay float32 and int64 labels int64 in Parquet, and come back exactly
+    from read_output and read_arrays; a JSONL output holds the same values as numbers."""
+    model = image_classifier(tmp_path, label=True)
+    images = np.random.default_rng(5).normal(size=(40, *IMAGE_SHAPE)).astype(np.float32)
+    np.save(tmp_path / "images.npy", images)
+    want = dict(
+        zip(
+            ["logits", "label"],
+            ort.InferenceSession(str(model)).run(None, {"input": images}),
+            strict=True,
+        )
+    )
+    assert (want["logits"].dtype, want["label"].dtype) == (np.float32, np.int64)
+    argv = ["run", str(tmp_path / "images.npy"), "--model", str(model), "--task", "predict"]
+    assert main([*argv, "-o", str(tmp_path / "out"), "--quiet"]) == 0
+    outputs = read_output(tmp_path / "out").schema.field("outputs").type
+    assert outputs.field("logits").type == pa.list_(pa.float32(), 5)
+    assert outputs.field("label").type == pa.int64()
+    part = pq.read_table(next((tmp_path / "out").glob("part-*.parquet")))
+    assert part.schema.field("outputs").type == outputs  # as written, not cast on reading
+    arrays = read_arrays(tmp_path / "out")
+    assert arrays["logits"].dtype == np.float32
+    assert arrays["label"].dtype == np.int64
+    np.testing.assert_array_equal(arrays["logits"], want["logits"])
+    np.testing.assert_array_equal(arrays["label"], want["label"])
+
+    jsonl = tmp_path / "out.jsonl.d"
+    assert main([*argv, "-o", str(jsonl), "--output-format", "jsonl", "--quiet"]) == 0
+    rows = [
+        json.loads(line)
+        for f in sorted(jsonl.glob("part-*"))
+        for line in f.read_text().splitlines()
+    ]
+    rows.sort(key=lambda r: r["index"])
+    assert all(isinstance(v, float) for r in rows for v in r["outputs"]["logits"])
+    assert all(isinstance(r["outputs"]["label"], int) for r in rows)
+    got = np.array([r["outputs"]["logits"] for r in rows], dtype=np.float32)
+    np.testing.assert_array_equal(got, want["logits"])
+    assert [r["outputs"]["label"] for r in rows] == want["label"].tolist()
+
+
 def test_list_columns_feed_a_tensor_model(tmp_path: Path) -> None:
     model = image_classifier(tmp_path)
     images = np.random.default_rng(4).normal(size=(5, *IMAGE_SHAPE)).astype(np.float32)

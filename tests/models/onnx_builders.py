@@ -6,7 +6,8 @@ fixed by a seed, so a test can recompute what the model does. Import them from a
     from tests.models.onnx_builders import image_classifier, text_classifier
 
 - :func:`image_classifier`: ``input`` float32 ``[batch, 3, 8, 8]`` → ``logits`` ``[batch, 5]``
-  (flatten, MatMul, Add); ``batch=2`` writes the same with a FIXED batch dimension.
+  (flatten, MatMul, Add); ``batch=2`` writes the same with a FIXED batch dimension; ``label``
+  adds an int64 ``label`` output (ArgMax).
 - :func:`sequence_scorer`: two inputs with a dynamic non-batch dimension, two outputs.
 - :func:`text_classifier`: ``input_ids``/``attention_mask`` → embedding Gather → masked mean →
   MatMul → ``logits`` ``[batch, num_labels]``, with ``config.json`` (``id2label``) and a
@@ -89,31 +90,40 @@ def save_model(graph: onnx.GraphProto, path: Path) -> Path:
     return path
 
 
-def image_classifier(folder: Path, *, batch: int | str = "batch", seed: int = 0) -> Path:
+def image_classifier(
+    folder: Path, *, batch: int | str = "batch", seed: int = 0, label: bool = False
+) -> Path:
     """``input`` float32 ``[batch, 3, 8, 8]`` → ``logits`` float32 ``[batch, 5]``.
 
     ``logits = flatten(input) @ W + b`` with fixed random ``W`` (192 x 5) and ``b``. An int
-    ``batch`` declares a fixed batch dimension (a model batchline must refuse).
+    ``batch`` declares a fixed batch dimension (a model batchline must refuse). ``label`` adds
+    a second output, ``label`` int64 ``[batch]`` = ``argmax(logits)``.
     """
     rng = np.random.default_rng(seed)
     features = int(np.prod(IMAGE_SHAPE))
     weight = rng.normal(size=(features, IMAGE_CLASSES)).astype(np.float32)
     bias = rng.normal(size=(IMAGE_CLASSES,)).astype(np.float32)
+    nodes = [
+        helper.make_node("Flatten", ["input"], ["flat"], axis=1),
+        helper.make_node("MatMul", ["flat", "weight"], ["scores"]),
+        helper.make_node("Add", ["scores", "bias"], ["logits"]),
+    ]
+    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, IMAGE_CLASSES])]
+    if label:
+        nodes.append(helper.make_node("ArgMax", ["logits"], ["label"], axis=1, keepdims=0))
+        outputs.append(helper.make_tensor_value_info("label", TensorProto.INT64, [batch]))
     graph = helper.make_graph(
-        [
-            helper.make_node("Flatten", ["input"], ["flat"], axis=1),
-            helper.make_node("MatMul", ["flat", "weight"], ["scores"]),
-            helper.make_node("Add", ["scores", "bias"], ["logits"]),
-        ],
+        nodes,
         "image_classifier",
         [helper.make_tensor_value_info("input", TensorProto.FLOAT, [batch, *IMAGE_SHAPE])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, IMAGE_CLASSES])],
+        outputs,
         initializer=[
             numpy_helper.from_array(weight, "weight"),
             numpy_helper.from_array(bias, "bias"),
         ],
     )
     name = "image_classifier.onnx" if isinstance(batch, str) else f"image_fixed_{batch}.onnx"
+    name = "image_labeller.onnx" if label else name
     return save_model(graph, folder / name)
 
 

@@ -95,13 +95,17 @@ def test_a_single_input_model_takes_a_bare_array(predictor: OnnxPredictor, image
     np.testing.assert_array_equal(a["logits"], b["logits"])
 
 
-def test_encode_gives_nested_lists(predictor: OnnxPredictor, images: Array) -> None:
+def test_encode_keeps_the_models_arrays_and_dtype(predictor: OnnxPredictor, images: Array) -> None:
+    """No Python lists on the way out: the sink writes the arrays in their own dtype (JSON
+    numbers only where JSON is written: tests/jobs/test_run_models.py)."""
     (result,) = predictor.run_batch(ok(predictor.prepare([images[0]])))
     encoded = predictor.encode(result)
-    assert isinstance(encoded["logits"], list)
-    assert len(encoded["logits"]) == 5
-    assert all(isinstance(v, float) for v in encoded["logits"])
-    json.dumps(encoded)
+    logits = encoded["logits"]
+    assert isinstance(logits, np.ndarray)
+    assert logits.dtype == np.float32
+    assert logits.shape == (5,)
+    want = direct(predictor.model.path, {"input": images[:1]})["logits"][0]
+    np.testing.assert_array_equal(logits, want)
 
 
 def test_json_lists_and_ints_are_cast_to_float32(predictor: OnnxPredictor, images: Array) -> None:

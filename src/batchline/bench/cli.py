@@ -13,6 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from batchline.datasets.selection import add_text_column_argument
+from batchline.models.selection import ModelSelection, add_model_arguments, model_options
+
 __all__ = ["add_parser"]
 
 
@@ -23,8 +26,7 @@ def add_parser(sub: Any) -> None:
 
 
 def _model_and_inputs(p: argparse.ArgumentParser) -> None:
-    from batchline.jobs.cli import add_model_arguments
-
+    """The flags of a ``MeasuredModel`` (``bench/runner.py``): bench's and tune's."""
     add_model_arguments(p)  # the model flags of 'batchline run'
     p.add_argument(
         "--device",
@@ -41,7 +43,7 @@ def _model_and_inputs(p: argparse.ArgumentParser) -> None:
         "records (JSONL, CSV, Parquet rows) for module:factory. Default: a sample of the demo "
         "corpus, or random tensors shaped from the model's inputs (seeded)",
     )
-    p.add_argument("--text-column", default="text", help="column holding the text (default: text)")
+    add_text_column_argument(p)
     p.add_argument(
         "--lengths",
         choices=["short", "mixed"],
@@ -133,11 +135,13 @@ _GENERATE_FLAGS = {
 def _add_generate_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
         "text generation (--task generate; implied by --model smollm2 or PATH/)",
-        "One-at-a-time, static and continuous batching on the same loaded model, in one run: "
+        "One-at-a-time, static and continuous batching on the same loaded model, in one run, "
+        "and vLLM's engine on the same model beside them (--generators ...,vllm): "
         "the demo math prompts, each generating exactly max_tokens (drawn between --min-new "
         "and --max-new, seeded; ignore_eos), at each --load point (default closed:16), in "
-        "interleaved repeats. Prints tokens/s, request latency and TTFT p50/p99 per "
-        "configuration and point, and the ratios continuous/static throughput (goal >= 1.3), "
+        "interleaved repeats. Prints tokens/s (and its ratio to one-at-a-time's), request "
+        "latency and TTFT p50/p99 per configuration and point, the dtype each computed in, and "
+        "the ratios continuous/static throughput (goal >= 1.3), "
         "p99 latency (<= 0.8), TTFT p99 (<= 0.5) and continuous/one-at-a-time throughput "
         "(>= 2.5); writes report.md, results.json and plots into --output.",
     )
@@ -151,7 +155,9 @@ def _add_generate_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--generators",
         metavar="LIST",
-        help="configurations to compare: one-at-a-time, static, continuous (default: all three)",
+        help="configurations to compare: one-at-a-time, static, continuous (default: these "
+        "three), and vllm: the same model, dtype and --max-running-sequences on vLLM's engine, "
+        "started for each of its turns (needs vLLM: bash scripts/vllm_env.sh)",
     )
     g.add_argument("--threads", type=int, metavar="N", help="torch intra-op threads on CPU (1)")
     g.add_argument(
@@ -220,15 +226,15 @@ def _command(name: str) -> str:
     return shlex.join(["batchline", name, *sys.argv[2:]]) if len(sys.argv) > 1 else ""
 
 
-def _model_options(args: argparse.Namespace) -> dict[str, Any]:
+def _measured(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``MeasuredModel`` fields as :func:`_model_and_inputs` parsed them."""
     return {
-        "model": args.model,
-        "task": args.task,
-        "tokenizer": args.tokenizer,
-        "labels": args.labels,
-        "pooling": args.pooling,
-        "normalize": args.normalize,
+        **model_options(args),
         "device": args.device,
+        "inputs": args.inputs,
+        "text_column": args.text_column,
+        "lengths": args.lengths,
+        "seed": args.seed,
     }
 
 
@@ -264,17 +270,13 @@ def _bench_main(args: argparse.Namespace) -> int:
     if compare == ["none"]:
         compare = []
     options = BenchOptions(
-        **_model_options(args),
+        **_measured(args),
         target=args.target,
         route=args.route,
         loads=parse_loads(args.load or [DEFAULT_LOAD]),
         duration_s=args.duration,
-        inputs=args.inputs,
-        text_column=args.text_column,
-        lengths=args.lengths,
         configs=list(args.configs),
         compare=compare,
-        seed=args.seed,
         warmup_s=args.warmup,
         command=_command("bench"),
     )
@@ -352,15 +354,11 @@ def _tune_main(args: argparse.Namespace) -> int:
 
     options = TuneOptions(
         p99_budget_ms=args.p99_ms,
-        **_model_options(args),
+        **_measured(args),
         loads=parse_loads(args.load or [DEFAULT_TUNE_LOAD]),
         budget_s=args.budget_s,
         duration_s=args.duration,
-        inputs=args.inputs,
-        text_column=args.text_column,
-        lengths=args.lengths,
         noise=args.noise,
-        seed=args.seed,
     )
     err = Console(stderr=True)
     result, inputs = asyncio.run(run_tune(options, None if args.quiet else _say(err)))
@@ -414,20 +412,7 @@ def _tune_main(args: argparse.Namespace) -> int:
 
 def _model_argv(args: argparse.Namespace) -> list[str]:
     """The model flags given to tune, for the commands that use what it wrote."""
-    argv: list[str] = []
-    if args.model != "default":
-        argv += ["--model", args.model]
-    if args.task is not None:
-        argv += ["--task", args.task]
-    if args.tokenizer is not None:
-        argv += ["--tokenizer", str(args.tokenizer)]
-    if args.labels is not None:
-        argv += ["--labels", ",".join(args.labels)]
-    if args.pooling is not None:
-        argv += ["--pooling", args.pooling]
-    if args.normalize is not None:
-        argv += ["--normalize" if args.normalize else "--no-normalize"]
-    return argv
+    return ModelSelection(**model_options(args)).model_argv()
 
 
 def _check_command(args: argparse.Namespace, decision: Any) -> str:

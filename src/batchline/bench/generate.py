@@ -1,12 +1,16 @@
 """``batchline bench --task generate``: one-at-a-time, static and continuous batching of one
-text generator, on the same loaded model, in one run.
+text generator, on the same loaded model, in one run; and vLLM's engine beside them (``vllm``).
 
 The weights load once (:func:`load_parts`: ``load_text_generator`` on ``--model smollm2`` or
 a Hugging Face folder ``PATH/``); each run builds a fresh generator of one kind over the
-loaded engine, drives it, and stops it before the next one starts. Every configuration gets
-the same work at each load point: the built-in math prompts (seeded), each with its own
+loaded engine, drives it, and stops it before the next one starts. ``vllm`` loads the same
+model on vLLM's engine with the same dtype and knobs, for each of its turns
+(:mod:`batchline.bench.generate_vllm`); the torch weights load even for ``vllm`` alone, whose
+tokenizer encodes the work once for every configuration. Every configuration gets the same
+work at each load point: the built-in math prompts (seeded, encoded once), each with its own
 ``max_tokens`` drawn between ``min_new`` and ``max_new`` and ``ignore_eos``, so every request
-generates exactly what it asked for. Repeats are interleaved, the order rotating each time.
+generates exactly what it asked for. Repeats are interleaved: in each, every configuration takes its
+turn at every load point, the order of the turns rotating from one repeat to the next.
 
 The load comes from :mod:`batchline.bench.loadgen`, as for every other bench: each run is a
 :class:`GenerationTarget` (request ``i`` is the work's prompt ``i``) driven by its loops with a
@@ -35,24 +39,39 @@ throughput enters a ratio.
 from __future__ import annotations
 
 import asyncio
-import math
+import gc
 import os
 import random
-import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from batchline._clock import Clock, MonotonicClock
 from batchline._errors import InputError, QueueFullError
-from batchline.bench.loadgen import Counters, LoadKind, LoadPoint, parse_load, run_closed, run_open
+from batchline.bench.generate_results import (
+    ALL_GENERATORS,
+    BASELINE,
+    GENERATORS,
+    GOALS,
+    GenerateBenchResult,
+    GenPoint,
+    Ratio,
+    RunFigures,
+    medians,
+)
+from batchline.bench.loadgen import Counters, LoadPoint, parse_load, run_closed, run_open
 from batchline.bench.runner import Say, environment
-from batchline.bench.stats import Sample, poisson_arrivals, summarize
+from batchline.bench.stats import Sample, poisson_arrivals
 from batchline.models.generation.engine import SamplingParams, StepEngine
 from batchline.models.generation.stream import Completion, Detokenizer, TextGenerator
 
+if TYPE_CHECKING:
+    from batchline.bench.generate_vllm import StartTurn
+    from batchline.knobs import Knobs
+
 __all__ = [
+    "ALL_GENERATORS",
     "DEFAULT_GENERATE_LOAD",
     "GENERATORS",
     "GOALS",
@@ -63,6 +82,7 @@ __all__ = [
     "ModelParts",
     "Ratio",
     "RunFigures",
+    "bench_knobs",
     "fake_parts",
     "load_parts",
     "run_generate_bench",
@@ -70,35 +90,20 @@ __all__ = [
 ]
 
 DEFAULT_GENERATE_LOAD = "closed:16"
-GeneratorName = Literal["one-at-a-time", "static", "continuous"]
-GENERATORS: tuple[GeneratorName, ...] = ("one-at-a-time", "static", "continuous")
-
-#: The goals the ratios are held to: (name, numerator, denominator, metric, op, goal).
-GOALS: tuple[tuple[str, str, str, str, str, float], ...] = (
-    ("continuous/static throughput", "continuous", "static", "tokens_per_s", ">=", 1.3),
-    ("continuous/static p99 latency", "continuous", "static", "latency_p99_s", "<=", 0.8),
-    ("continuous/one-at-a-time throughput", "continuous", "one-at-a-time", "tokens_per_s", ">=",
-     2.5),
-    ("continuous/static TTFT p99", "continuous", "static", "ttft_p99_s", "<=", 0.5),
-)  # fmt: skip
-
-_DESCRIPTIONS: dict[str, str] = {
-    "one-at-a-time": "one sequence at a time (the baseline)",
-    "static": "static batching: a batch runs until its last sequence ends",
-    "continuous": "continuous batching: sequences join and leave between steps",
-}
 
 
 @dataclass(frozen=True)
 class ModelParts:
     """What every generator of a run is built on: one engine (the loaded weights), its
-    detokenizer and prompt encoding, and ``close`` to free the model afterwards."""
+    detokenizer and prompt encoding, ``close`` to free the model afterwards, and the dtype it
+    computes in (and why)."""
 
     name: str
     engine: StepEngine
     detokenizer: Detokenizer
     encode: Callable[[str], list[int]]
     close: Callable[[], None] = lambda: None
+    dtype: str = "n/a"
 
 
 @dataclass
@@ -131,10 +136,10 @@ class GenerateBenchOptions:
         """``InputError`` for values that cannot run."""
         if not self.loads:
             raise InputError("no load points given")
-        unknown = [g for g in self.generators if g not in GENERATORS]
+        unknown = [g for g in self.generators if g not in ALL_GENERATORS]
         if unknown or not self.generators:
             raise InputError(
-                f"--generators takes {', '.join(GENERATORS)}; got {', '.join(self.generators)}"
+                f"--generators takes {', '.join(ALL_GENERATORS)}; got {', '.join(self.generators)}"
             )
         for name in ("requests", "sequential_requests", "repeats", "min_new"):
             if getattr(self, name) < 1:
@@ -151,155 +156,13 @@ class Work:
     max_tokens: int
 
 
-@dataclass(frozen=True)
-class RunFigures:
-    """One generator, one load point, one repeat: the raw figures."""
-
-    generator: str
-    kind: LoadKind
-    offered: float
-    repeat: int
-    requests: int
-    tokens: int
-    wall_s: float
-    latencies_s: list[float]
-    ttfts_s: list[float]
-    itl_p50_s: float
-    rejected: int = 0
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.wall_s if self.wall_s > 0 else 0.0
-
-
-@dataclass(frozen=True)
-class GenPoint:
-    """One generator at one load point: medians over the repeats (seconds; ``nan`` = none)."""
-
-    generator: str
-    kind: LoadKind
-    offered: float
-    requests: int
-    repeats: int
-    tokens_per_s: float
-    latency_p50_s: float
-    latency_p99_s: float
-    ttft_p50_s: float
-    ttft_p99_s: float
-    itl_p50_s: float
-    rejected: int = 0
-
-    @property
-    def point(self) -> LoadPoint:
-        return LoadPoint(self.kind, self.offered)
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in data.items()}
-
-
-@dataclass(frozen=True)
-class Ratio:
-    """One goal's ratio at one load point."""
-
-    name: str
-    point: LoadPoint
-    value: float
-    op: str
-    goal: float
-
-    @property
-    def ok(self) -> bool:
-        if math.isnan(self.value):
-            return False
-        return self.value >= self.goal if self.op == ">=" else self.value <= self.goal
-
-    def line(self) -> str:
-        mark = "ok" if self.ok else "MISSED"
-        return (
-            f"{self.point.label:<18} {self.name:<38} {self.value:6.2f}   "
-            f"goal {self.op} {self.goal:g}   {mark}"
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "load": str(self.point),
-            "value": None if math.isnan(self.value) else self.value,
-            "goal": f"{self.op} {self.goal:g}",
-            "ok": self.ok,
-        }
-
-
-@dataclass
-class GenerateBenchResult:
-    """Everything the report needs."""
-
-    model: str
-    generators: list[str]
-    points: list[GenPoint]
-    runs: list[RunFigures]
-    loads: list[LoadPoint]
-    workload: str
-    environment: dict[str, str]
-    command: str = ""
-    elapsed_s: float = 0.0
-
-    def ratios(self) -> list[Ratio]:
-        """Every goal's ratio at every load point where both its configurations ran
-        (throughput ratios at closed-loop points only: open-loop throughput is the rate)."""
-        out: list[Ratio] = []
-        for load in self.loads:
-            here = {p.generator: p for p in self.points if p.point == load}
-            for name, num, den, metric, op, goal in GOALS:
-                if metric == "tokens_per_s" and load.kind == "open":
-                    continue  # capped by the arrival rate: not what the goal measures
-                if num in here and den in here:
-                    a, b = getattr(here[num], metric), getattr(here[den], metric)
-                    value = a / b if b > 0 else math.nan
-                    out.append(Ratio(name, load, value, op, goal))
-        return out
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "generators": {g: _DESCRIPTIONS[g] for g in self.generators},
-            "loads": [str(p) for p in self.loads],
-            "workload": self.workload,
-            "points": [p.to_dict() for p in self.points],
-            "ratios": [r.to_dict() for r in self.ratios()],
-            "runs": [
-                {
-                    "generator": r.generator,
-                    "load": str(LoadPoint(r.kind, r.offered)),
-                    "repeat": r.repeat,
-                    "requests": r.requests,
-                    "tokens": r.tokens,
-                    "wall_s": r.wall_s,
-                    "tokens_per_s": r.tokens_per_s,
-                    "rejected": r.rejected,
-                }
-                for r in self.runs
-            ],
-            "environment": self.environment,
-            "command": self.command,
-            "elapsed_s": self.elapsed_s,
-        }
-
-
 # -- the model ------------------------------------------------------------------------------
 
 
-def load_parts(options: GenerateBenchOptions) -> ModelParts:
-    """Load ``options.model`` once through ``load_text_generator`` (slow: call it in a thread).
-
-    The generator it builds is never started: each run builds its own over the same engine.
-    """
+def bench_knobs(options: GenerateBenchOptions) -> Knobs:
+    """The knobs every configuration of the bench loads with (the torch backend's)."""
     from batchline.knobs import Knobs
-    from batchline.models.generation.load import load_text_generator
-    from batchline.models.specs import parse_specs
 
-    (spec,) = parse_specs([options.model], tasks=["generate"])
     knobs = Knobs(
         device=options.device,
         intra_op_threads=options.threads,
@@ -308,12 +171,26 @@ def load_parts(options: GenerateBenchOptions) -> ModelParts:
     )
     if options.max_step_tokens is not None:
         knobs = knobs.replace(max_step_tokens=options.max_step_tokens)
-    model = load_text_generator(spec, knobs)
+    return knobs
+
+
+def load_parts(options: GenerateBenchOptions) -> ModelParts:
+    """Load ``options.model`` once through ``load_text_generator`` (slow: call it in a thread).
+
+    The generator it builds is never started: each run builds its own over the same engine.
+    """
+    from batchline.models.generation.load import load_text_generator
+    from batchline.models.specs import parse_specs
+
+    (spec,) = parse_specs([options.model], tasks=["generate"])
+    model = load_text_generator(spec, bench_knobs(options))
     engine = model.engine  # the loaded weights, shared by every generator of the bench
     if engine is None:
         model.close()
         raise InputError(f"model {spec.name!r}: bench --task generate needs the torch backend")
-    return ModelParts(spec.name, engine, model.detokenizer, model.encode, model.close)
+    return ModelParts(
+        spec.name, engine, model.detokenizer, model.encode, model.close, model.dtype or "n/a"
+    )
 
 
 def fake_parts(*, fixed_s: float = 0.004, per_sequence_s: float = 0.0004) -> ModelParts:
@@ -323,7 +200,8 @@ def fake_parts(*, fixed_s: float = 0.004, per_sequence_s: float = 0.0004) -> Mod
 
     cost = StepCost(fixed_s=fixed_s, per_sequence_s=per_sequence_s, per_prefill_token_s=1e-5)
     tok = FakeTokenizer()
-    return ModelParts("fake", FakeEngine(step_cost=cost, max_context_tokens=4096), tok, tok.encode)
+    engine = FakeEngine(step_cost=cost, max_context_tokens=4096)
+    return ModelParts("fake", engine, tok, tok.encode, dtype="fake (no arithmetic)")
 
 
 def make_generator(
@@ -416,19 +294,16 @@ class GenerationTarget:
 
 async def run_one(
     name: str,
-    parts: ModelParts,
+    gen: TextGenerator,
     work: Sequence[Work],
     load: LoadPoint,
     repeat: int,
     *,
-    max_running: int,
-    kv_budget: int,
     seed: int,
     clock: Clock,
 ) -> RunFigures:
-    """Build ``name``'s generator over ``parts``, drive it at ``load`` until ``work`` is done,
-    stop it."""
-    gen = make_generator(name, parts, max_running=max_running, kv_budget=kv_budget, clock=clock)
+    """Start ``gen`` (a fresh generator of configuration ``name``), drive it at ``load`` until
+    ``work`` is done, stop it."""
     target = GenerationTarget(gen, work)
     async with gen:
         if load.kind == "closed":
@@ -485,46 +360,19 @@ def figures(
 # -- the whole bench ----------------------------------------------------------------------------
 
 
-def _median(values: Sequence[float]) -> float:
-    clean = [v for v in values if not math.isnan(v)]
-    return statistics.median(clean) if clean else math.nan
-
-
-def medians(runs: Sequence[RunFigures]) -> list[GenPoint]:
-    """Medians over repeats, per load point and generator (in run order)."""
-    keys = list(dict.fromkeys((r.kind, r.offered, r.generator) for r in runs))
-    points: list[GenPoint] = []
-    for kind, offered, generator in keys:
-        rs = [r for r in runs if (r.kind, r.offered, r.generator) == (kind, offered, generator)]
-        latency = [summarize(r.latencies_s) for r in rs]
-        ttft = [summarize(r.ttfts_s) for r in rs]
-        points.append(
-            GenPoint(
-                generator=generator,
-                kind=kind,
-                offered=offered,
-                requests=rs[0].requests,
-                repeats=len(rs),
-                tokens_per_s=_median([r.tokens_per_s for r in rs]),
-                latency_p50_s=_median([x.p50_s for x in latency]),
-                latency_p99_s=_median([x.p99_s for x in latency]),
-                ttft_p50_s=_median([x.p50_s for x in ttft]),
-                ttft_p99_s=_median([x.p99_s for x in ttft]),
-                itl_p50_s=_median([r.itl_p50_s for r in rs]),
-                rejected=sum(r.rejected for r in rs),
-            )
-        )
-    return points
-
-
 def run_generate_bench(
     options: GenerateBenchOptions,
     progress: Say | None = None,
     *,
     parts: ModelParts | None = None,
+    start_vllm: StartTurn | None = None,
 ) -> GenerateBenchResult:
-    """Run the bench (sync). ``parts``: an already loaded model (else :func:`load_parts`)."""
-    return asyncio.run(run_generate_bench_async(options, progress, parts=parts))
+    """Run the bench (sync). ``parts``: an already loaded model (else :func:`load_parts`);
+    ``start_vllm``: what starts the ``vllm`` configuration's engine for each of its turns (else
+    :func:`~batchline.bench.generate_vllm.start_vllm_turn`, which needs vLLM installed)."""
+    return asyncio.run(
+        run_generate_bench_async(options, progress, parts=parts, start_vllm=start_vllm)
+    )
 
 
 async def run_generate_bench_async(
@@ -532,11 +380,17 @@ async def run_generate_bench_async(
     progress: Say | None = None,
     *,
     parts: ModelParts | None = None,
+    start_vllm: StartTurn | None = None,
     clock: Clock | None = None,
 ) -> GenerateBenchResult:
     """Async :func:`run_generate_bench`; ``clock`` for tests (a ``ManualClock`` and a fake
     engine that advances it). ``progress`` is told how it goes, one line at a time."""
+    from batchline.bench.generate_vllm import EngineTurn, check_vllm_installed, start_vllm_turn
+
     options.check()
+    if "vllm" in options.generators and start_vllm is None:
+        check_vllm_installed()  # before anything loads
+        start_vllm = start_vllm_turn
     say = progress or (lambda _text: None)
     clock = clock or MonotonicClock()
     started = time.perf_counter()
@@ -547,6 +401,8 @@ async def run_generate_bench_async(
         t0 = time.perf_counter()
         parts = await asyncio.to_thread(load_parts, options)
         say(f"loaded in {time.perf_counter() - t0:.1f} s")
+    names: list[str] = [g for g in ALL_GENERATORS if g in options.generators]
+    dtypes = {name: parts.dtype for name in names if name != "vllm"}
     try:
         work = build_work(parts, options)
         longest = max(len(w.prompt_ids) for w in work)
@@ -565,44 +421,72 @@ async def run_generate_bench_async(
             f"{options.repeats} interleaved repeat{'s' if options.repeats > 1 else ''}"
         )
         say(f"workload: {workload}")
-        if options.warmup:
-            # the first calls allocate: warm the model outside every measurement
-            warm = [Work(w.prompt_ids, 2) for w in work[:4]]
-            await run_one(
-                "continuous",
-                parts,
-                warm,
-                LoadPoint("closed", 4),
-                -1,
-                max_running=running,
-                kv_budget=kv_budget,
-                seed=options.seed,
-                clock=clock,
-            )
-        names = [g for g in GENERATORS if g in options.generators]
+        # the first calls allocate: warm each engine outside every measurement
+        warm = [Work(w.prompt_ids, 2) for w in work[:4]]
+
+        def on_torch(name: str) -> EngineTurn:
+            def new_generator(clock: Clock) -> TextGenerator:
+                return make_generator(
+                    name, parts, max_running=running, kv_budget=kv_budget, clock=clock
+                )
+
+            return EngineTurn(new_generator, parts.engine.max_context_tokens, parts.dtype, _idle)
+
+        async def start_turn(name: str) -> EngineTurn:
+            if name != "vllm":
+                return on_torch(name)
+            assert start_vllm is not None
+            say("starting vLLM's engine ...")
+            t0 = time.perf_counter()
+            turn = await start_vllm(options.model, bench_knobs(options))
+            say(f"vLLM started in {time.perf_counter() - t0:.1f} s")
+            dtypes[name] = turn.dtype
+            try:
+                if need > turn.max_context_tokens:
+                    raise InputError(
+                        f"the longest prompt ({longest} tokens) + --max-new {options.max_new} "
+                        f"is over vLLM's context of {turn.max_context_tokens} tokens; lower "
+                        "--max-new"
+                    )
+                if options.warmup:
+                    gen = turn.new_generator(clock)
+                    await run_one(name, gen, warm, LoadPoint("closed", 4), -1, seed=0, clock=clock)
+            except BaseException:
+                await turn.close()
+                raise
+            return turn
+
+        if options.warmup and any(name != "vllm" for name in names):
+            gen = on_torch("continuous").new_generator(clock)
+            await run_one("continuous", gen, warm, LoadPoint("closed", 4), -1, seed=0, clock=clock)
         runs: list[RunFigures] = []
-        for repeat in range(options.repeats):
-            # rotate the order: a neighbour's burst on the shared machine hits each alike
-            order = names[repeat % len(names) :] + names[: repeat % len(names)]
-            for load in options.loads:
-                for name in order:
-                    n = options.sequential_requests if name == "one-at-a-time" else options.requests
+
+        async def take_turn(name: str, repeat: int) -> None:
+            n = options.sequential_requests if name == BASELINE else options.requests
+            turn = await start_turn(name)
+            try:
+                for load in options.loads:
+                    gen = turn.new_generator(clock)
                     figures = await run_one(
-                        name,
-                        parts,
-                        work[:n],
-                        load,
-                        repeat,
-                        max_running=running,
-                        kv_budget=kv_budget,
-                        seed=options.seed,
-                        clock=clock,
+                        name, gen, work[:n], load, repeat, seed=options.seed, clock=clock
                     )
                     runs.append(figures)
                     say(
-                        f"  #{repeat} {load.label}: {name} {figures.tokens_per_s:,.1f} tok/s "
-                        f"in {figures.wall_s:.1f} s"
+                        f"  #{repeat} {load.label}: {name} {figures.tokens_per_s:,.1f} "
+                        f"tok/s in {figures.wall_s:.1f} s"
                     )
+            finally:
+                await turn.close()
+
+        for repeat in range(options.repeats):
+            # rotate the order: a neighbour's burst on the shared machine hits each alike
+            order = names[repeat % len(names) :] + names[: repeat % len(names)]
+            for name in order:
+                await take_turn(name, repeat)
+                if name == "vllm":
+                    # vLLM's engine objects sit in reference cycles: collect them now, while
+                    # the interpreter is whole, not at exit (where their __del__ fails)
+                    gc.collect()
     finally:
         if own:
             await asyncio.to_thread(parts.close)
@@ -610,7 +494,7 @@ async def run_generate_bench_async(
         env["load average (1 min) at end"] = f"{os.getloadavg()[0]:.2f}"
     return GenerateBenchResult(
         model=parts.name,
-        generators=list(names),
+        generators=names,
         points=medians(runs),
         runs=runs,
         loads=list(options.loads),
@@ -618,4 +502,9 @@ async def run_generate_bench_async(
         environment=env,
         command=options.command,
         elapsed_s=time.perf_counter() - started,
+        dtypes=dtypes,
     )
+
+
+async def _idle() -> None:
+    """A torch configuration's turn ends with nothing to close: the weights stay loaded."""

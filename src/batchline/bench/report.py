@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,13 +23,14 @@ from batchline.bench.loadgen import LoadKind, LoadPoint, PointResult
 from batchline.bench.runner import BenchResult
 
 if TYPE_CHECKING:
-    from batchline.bench.generate import GenerateBenchResult, GenPoint
+    from batchline.bench.generate_results import GenerateBenchResult, GenPoint
 
 __all__ = [
     "GENERATE_HEADER",
     "TABLE_HEADER",
     "format_generate_row",
     "format_row",
+    "generate_dtypes_line",
     "print_generate_table",
     "print_table",
     "render_generate_markdown",
@@ -146,25 +147,29 @@ def _comparisons(result: BenchResult) -> list[str]:
     return lines
 
 
+def _head(
+    title: str, summary: str, command: str, inputs: str, environment: Mapping[str, str]
+) -> list[str]:
+    """A report's first lines: title, what ran, the command (when known), inputs, machine."""
+    lines = [title, "", summary, ""]
+    if command:
+        lines += ["```", command, "```", ""]
+    env = ", ".join(f"{k} {v}" for k, v in environment.items())
+    return [*lines, inputs, "", f"Environment: {env}.", ""]
+
+
 def render_markdown(result: BenchResult, plots: Sequence[str] = ()) -> str:
     """The report as Markdown; ``plots`` are image file names relative to the report."""
-    lines = [
+    lines = _head(
         "# batchline bench",
-        "",
         f"Model **{result.model}**, target **{result.target}**; "
         f"{result.duration_s:g} s per load point, configurations interleaved at each point "
         "(after a warm-up of each); "
         f"the whole run took {result.elapsed_s:.0f} s.",
-        "",
-    ]
-    if result.command:
-        lines += ["```", result.command, "```", ""]
-    lines += [
+        result.command,
         f"Inputs: {result.inputs}.",
-        "",
-        "Environment: " + ", ".join(f"{k} {v}" for k, v in result.environment.items()) + ".",
-        "",
-    ]
+        result.environment,
+    )
     lines += ["## Configurations", ""]
     lines += [f"- **{c.name}**: {c.description}" for c in result.configurations]
     lines += ["", "## Results", ""]
@@ -368,6 +373,7 @@ GENERATE_HEADER = (
     "load",
     "requests",
     "tokens/s",
+    "x baseline",
     "latency p50 s",
     "latency p99 s",
     "TTFT p50 s",
@@ -380,6 +386,7 @@ _GENERATOR_STYLES = {
     "one-at-a-time": _BASELINE_STYLE,
     "static": _CLASSIC_STYLE,
     "continuous": _STYLES[0],
+    "vllm": _STYLES[6],
 }
 
 
@@ -387,14 +394,16 @@ def _s(value: float) -> str:
     return "n/a" if math.isnan(value) else f"{value:.3f}" if value < 1 else f"{value:.2f}"
 
 
-def format_generate_row(p: GenPoint) -> tuple[str, ...]:
-    """One row of the generation table, in the order of :data:`GENERATE_HEADER`."""
+def format_generate_row(p: GenPoint, x_baseline: float = math.nan) -> tuple[str, ...]:
+    """One row of the generation table, in the order of :data:`GENERATE_HEADER`; ``x_baseline``:
+    its tokens/s over one-at-a-time's at the same point (``nan``: none)."""
     rejected = f" ({p.rejected} rejected)" if p.rejected else ""
     return (
         p.generator,
         p.point.label,
         f"{p.requests}{rejected}",
         f"{p.tokens_per_s:,.1f}",
+        "n/a" if math.isnan(x_baseline) else f"x{x_baseline:.2f}",
         _s(p.latency_p50_s),
         _s(p.latency_p99_s),
         _s(p.ttft_p50_s),
@@ -404,32 +413,41 @@ def format_generate_row(p: GenPoint) -> tuple[str, ...]:
 
 
 def _generate_ordered(points: Sequence[GenPoint]) -> list[GenPoint]:
-    order = {name: i for i, name in enumerate(("one-at-a-time", "static", "continuous"))}
+    from batchline.bench.generate_results import ALL_GENERATORS
+
+    order: dict[str, int] = {name: i for i, name in enumerate(ALL_GENERATORS)}
     return sorted(points, key=lambda p: (p.kind, p.offered, order.get(p.generator, 9)))
+
+
+def generate_dtypes_line(result: GenerateBenchResult) -> str:
+    """Which dtype each configuration computed in, those computing alike named together."""
+    by_dtype: dict[str, list[str]] = {}
+    for name in result.generators:
+        by_dtype.setdefault(result.dtypes.get(name, "n/a"), []).append(name)
+    return "; ".join(f"{', '.join(names)}: {dtype}" for dtype, names in by_dtype.items())
 
 
 def render_generate_markdown(result: GenerateBenchResult, plots: Sequence[str] = ()) -> str:
     """The generation bench's report as Markdown; ``plots`` relative to the report."""
-    from batchline.bench.generate import _DESCRIPTIONS
+    from batchline.bench.generate_results import DESCRIPTIONS
 
-    lines = [
+    vllm = "; and vLLM's engine on the same model" * ("vllm" in result.generators)
+    lines = _head(
         "# batchline bench: text generation",
-        "",
         f"Model **{result.model}**; one-at-a-time, static and continuous batching on the same "
-        f"loaded weights, each run on a fresh generator; the whole run took "
+        f"loaded weights, each run on a fresh generator{vllm}; the whole run took "
         f"{result.elapsed_s:.0f} s.",
-        "",
-    ]
-    if result.command:
-        lines += ["```", result.command, "```", ""]
-    lines += [
+        result.command,
         f"Workload: {result.workload}.",
-        "",
-        "Environment: " + ", ".join(f"{k} {v}" for k, v in result.environment.items()) + ".",
-        "",
+        result.environment,
+    )
+    lines += [
         "## Configurations",
         "",
-        *[f"- **{g}**: {_DESCRIPTIONS[g]}" for g in result.generators],
+        *[
+            f"- **{g}**: {DESCRIPTIONS[g]}; computes in {result.dtypes.get(g, 'n/a')}"
+            for g in result.generators
+        ],
         "",
         "## Results",
         "",
@@ -439,11 +457,13 @@ def render_generate_markdown(result: GenerateBenchResult, plots: Sequence[str] =
         "|" + "|".join(["---"] * 2 + ["---:"] * (len(GENERATE_HEADER) - 2)) + "|",
     ]
     for p in _generate_ordered(result.points):
-        lines.append("| " + " | ".join(format_generate_row(p)) + " |")
+        row = format_generate_row(p, result.baseline_ratio(p))
+        lines.append("| " + " | ".join(row) + " |")
     lines += [
         "",
         "*closed*: N clients, each submitting its next request when the previous completes; "
-        "tokens/s = generated tokens / wall time until the last completes. *open*: Poisson "
+        "tokens/s = generated tokens / wall time until the last completes; *x baseline*: "
+        "tokens/s over one-at-a-time's at the same point. *open*: Poisson "
         "arrivals at the offered rate, latency and TTFT from each request's intended send "
         "time; throughput there is capped by the arrival rate. *TTFT*: time to the first "
         "generated token; *ITL*: time between a sequence's tokens.",
@@ -542,7 +562,12 @@ def print_generate_table(result: GenerateBenchResult, console: Any = None) -> No
     from rich.table import Table
 
     console = console or _wide_console()
-    table = Table(title="batchline bench --task generate (medians over repeats)")
+    table = Table(
+        title="batchline bench --task generate (medians over repeats)",
+        caption="x baseline: tokens/s over one-at-a-time's at the same closed-loop point"
+        if "one-at-a-time" in result.generators
+        else "x baseline: n/a, the baseline did not run",
+    )
     for i, header in enumerate(GENERATE_HEADER):
         table.add_column(header, justify="left" if i < 2 else "right", no_wrap=i < 2)
     previous: LoadPoint | None = None
@@ -550,8 +575,9 @@ def print_generate_table(result: GenerateBenchResult, console: Any = None) -> No
         if previous is not None and p.point != previous:
             table.add_section()
         previous = p.point
-        table.add_row(*format_generate_row(p))
+        table.add_row(*format_generate_row(p, result.baseline_ratio(p)))
     console.print(table)
+    console.print(f"dtype: {generate_dtypes_line(result)}", highlight=False)
     ratios = result.ratios()
     if ratios:
         console.print("ratios:", highlight=False)

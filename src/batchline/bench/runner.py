@@ -46,12 +46,14 @@ from batchline.bench.targets import (
 from batchline.bench.tune import DEFAULT_NOISE, TuneResult, tune
 from batchline.knobs import Knobs, machine_cores
 from batchline.models.builtin import BUILTIN_MODELS
+from batchline.models.selection import ModelSelection
 
 __all__ = [
     "DEFAULT_LOAD",
     "DEFAULT_TUNE_LOAD",
     "BenchOptions",
     "BenchResult",
+    "MeasuredModel",
     "Say",
     "TuneOptions",
     "environment",
@@ -64,34 +66,45 @@ DEFAULT_LOAD = "closed:1,8,32,64"
 REFERENCES = ("baseline", "defaults", "classic")
 
 
-@dataclass
-class BenchOptions:
-    """What ``batchline bench`` measures.
+@dataclass(kw_only=True)
+class MeasuredModel(ModelSelection):
+    """What bench and tune share: the model (``batchline run``'s :class:`ModelSelection`),
+    where it runs (``device``: ``cpu``, ``cuda[:N]``) and what it is sent (``inputs``,
+    ``text_column``, ``lengths``, ``seed``: see ``batchline.bench.inputs``)."""
 
-    ``model`` and its options (``task``, ``tokenizer``, ``labels``, ``pooling``,
-    ``normalize``) are ``batchline run``'s. ``target`` is ``"inprocess"`` or a server URL;
-    with a URL, ``route`` is ``openai`` (``POST /v1/embeddings``) or ``oip`` (``POST
-    /v2/models/{model}/infer``, ``model`` being the served name). ``device`` (``cpu``,
-    ``cuda[:N]``) places the reference configurations; ``--config`` files carry their own.
-    """
-
-    model: str = "default"
-    tokenizer: Path | None = None
-    task: str | None = None
-    labels: tuple[str, ...] | None = None
-    pooling: str | None = None
-    normalize: bool | None = None
-    target: str = "inprocess"
-    route: Route = "openai"
     device: str = "cpu"
-    loads: list[LoadPoint] = field(default_factory=lambda: parse_load(DEFAULT_LOAD))
-    duration_s: float = 5.0
     inputs: Path | None = None
     text_column: str = "text"
     lengths: Lengths | None = None
+    seed: int = 0
+
+    def measured_spec(self) -> Any:
+        """The model spec (``batchline.bench.model.model_spec``: a generator is refused)."""
+        return model_spec(self.model, task=self.task, **self.spec_options())
+
+    def input_options(self) -> InputOptions:
+        """Where the inputs come from, as ``batchline.bench.inputs`` takes it."""
+        return InputOptions(
+            path=self.inputs, text_column=self.text_column, lengths=self.lengths, seed=self.seed
+        )
+
+
+@dataclass
+class BenchOptions(MeasuredModel):
+    """What ``batchline bench`` measures: a :class:`MeasuredModel` at each load point.
+
+    ``target`` is ``"inprocess"`` or a server URL; with a URL, ``route`` is ``openai``
+    (``POST /v1/embeddings``) or ``oip`` (``POST /v2/models/{model}/infer``, ``model`` being
+    the served name). ``device`` places the reference configurations; ``--config`` files carry
+    their own.
+    """
+
+    target: str = "inprocess"
+    route: Route = "openai"
+    loads: list[LoadPoint] = field(default_factory=lambda: parse_load(DEFAULT_LOAD))
+    duration_s: float = 5.0
     configs: list[Path] = field(default_factory=list)
     compare: Sequence[str] = REFERENCES
-    seed: int = 0
     warmup_s: float = 1.0
     command: str = ""
 
@@ -290,7 +303,7 @@ async def run_bench_async(options: BenchOptions, progress: Say | None = None) ->
     loader: LoadedModels | None = None
     try:
         if in_process:
-            loader = LoadedModels(options_spec(options))
+            loader = LoadedModels(options.measured_spec())
             say(f"loading {loader.name} ...")
             inputs = await asyncio.to_thread(model_inputs, loader, configs[0].knobs, options)
             model_label = f"{options.model} ({loader.info(configs[0].knobs).task})"
@@ -367,25 +380,14 @@ async def _run(
 
 
 @dataclass
-class TuneOptions:
-    """What ``batchline tune`` searches on."""
+class TuneOptions(MeasuredModel):
+    """What ``batchline tune`` searches on: a :class:`MeasuredModel` within a p99 budget."""
 
     p99_budget_ms: float
-    model: str = "default"
-    tokenizer: Path | None = None
-    task: str | None = None
-    labels: tuple[str, ...] | None = None
-    pooling: str | None = None
-    normalize: bool | None = None
-    device: str = "cpu"
     loads: list[LoadPoint] = field(default_factory=lambda: parse_load(DEFAULT_TUNE_LOAD))
     budget_s: float = 120.0
     duration_s: float | None = None
-    inputs: Path | None = None
-    text_column: str = "text"
-    lengths: Lengths | None = None
     noise: float = DEFAULT_NOISE
-    seed: int = 0
     cores: int | None = None
 
 
@@ -407,7 +409,7 @@ async def run_tune(options: TuneOptions, progress: Say | None = None) -> tuple[T
         raise InputError(f"--noise must be >= 0, got {options.noise}")
     cores = options.cores or machine_cores()
     base = Knobs(device=options.device).baseline(cores)  # validates --device
-    spec = options_spec(options)
+    spec = options.measured_spec()
     loader = LoadedModels(spec)
     try:
         say(f"loading {spec.name} ...")
@@ -456,36 +458,14 @@ async def run_tune(options: TuneOptions, progress: Say | None = None) -> tuple[T
     return result, inputs.description
 
 
-def options_spec(options: Any) -> Any:
-    """The model spec of bench or tune options (``model``, ``task``, ``tokenizer``, ...)."""
-    return model_spec(
-        options.model,
-        task=options.task,
-        tokenizer=options.tokenizer,
-        labels=options.labels,
-        pooling=options.pooling,
-        normalize=options.normalize,
-    )
-
-
-def input_options(options: Any) -> InputOptions:
-    """The input settings of bench or tune options (``inputs``, ``text_column``, ...)."""
-    return InputOptions(
-        path=options.inputs,
-        text_column=options.text_column,
-        lengths=options.lengths,
-        seed=options.seed,
-    )
-
-
-def model_inputs(loader: LoadedModels, knobs: Knobs, options: Any) -> Inputs:
+def model_inputs(loader: LoadedModels, knobs: Knobs, options: MeasuredModel) -> Inputs:
     """What to send the loader's model, by the input it takes (``info.input_kind``); loads
     the model laid out as ``knobs`` say (the first configuration's: it stays cached). Sync."""
     info = loader.info(knobs)
     specs = info.details.get("inputs")
     return load_model_inputs(
         info.input_kind,
-        input_options(options),
+        options.input_options(),
         tokenizer=loader.tokenizer() if info.input_kind == "text" else None,
         tensor_specs=specs if isinstance(specs, list) else (),
     )
@@ -523,8 +503,8 @@ def _http_inputs(options: BenchOptions) -> Inputs:
         texts = [s.get("name") for s in specs] == ["text"] and specs[0].get("datatype") == "BYTES"
         return load_model_inputs(
             "text" if texts else "tensors",
-            input_options(options),
+            options.input_options(),
             tokenizer=tokenizer,
             tensor_specs=specs,
         )
-    return load_model_inputs("text", input_options(options), tokenizer=tokenizer)
+    return load_model_inputs("text", options.input_options(), tokenizer=tokenizer)

@@ -8,10 +8,11 @@ tensors    a mapping of name to an array (nested lists)    ``struct``, a field p
                                                            fixed-size list per dimension where
                                                            the model declares the row's shape
                                                            (``fixed_size_list<fixed_size_list<
-                                                           double, 3>, 2>`` for a 2×3 row), else
-                                                           nested ``list``; numbers as the
-                                                           model's ``encode`` gives them (Python
-                                                           floats and ints: ``double``/``int64``)
+                                                           float, 3>, 2>`` for a 2×3 float32
+                                                           row), else nested ``list``; values
+                                                           in the array's own dtype (float32
+                                                           stays float32; Python floats and
+                                                           ints become ``double``/``int64``)
 value      a string, a number, a mapping of them           the type Arrow infers: ``string``;
            (a classification: label, score, scores)        ``struct<label, score, scores>``
 json       anything JSON can say (a user's function)       JSON text (``string``)
@@ -110,9 +111,28 @@ def _tensors(values: Sequence[object], shapes: Shapes) -> Any:
             for dim in reversed(shape):
                 column = pa.FixedSizeListArray.from_arrays(column, dim)
         else:
-            column = pa.array([row[name].tolist() for row in rows])
+            column = _nested(name, [row[name] for row in rows])
         fields.append(column)
     return pa.StructArray.from_arrays(fields, names=names)
+
+
+def _nested(name: str, arrays: Sequence[np.ndarray[Any, Any]]) -> Any:
+    """Rows of one rank but varying shapes as nested ``list`` arrays, built from the values
+    and offsets (no Python lists), so the values keep their dtype."""
+    ndim = arrays[0].ndim
+    if any(a.ndim != ndim for a in arrays):
+        ranks = sorted({a.ndim for a in arrays})
+        raise InputError(
+            f"tensor {name!r} has rows of {ranks} dimensions; one column needs rows of one rank"
+        )
+    column = pa.array(np.concatenate([a.reshape(-1) for a in arrays]))
+    for level in reversed(range(ndim)):
+        # each row holds prod(shape[:level]) lists of shape[level] items at this level
+        lengths = [np.full(int(np.prod(a.shape[:level])), a.shape[level]) for a in arrays]
+        offsets = np.zeros(sum(len(x) for x in lengths) + 1, dtype=np.int32)
+        np.cumsum(np.concatenate(lengths), out=offsets[1:])
+        column = pa.ListArray.from_arrays(pa.array(offsets), column)
+    return column
 
 
 def check_tensors(index: int, value: object, shapes: Shapes) -> dict[str, np.ndarray[Any, Any]]:
@@ -150,9 +170,13 @@ def tensors_to_numpy(column: Any) -> dict[str, Any]:
                 flat = flat.flatten()
             out[field.name] = flat.to_numpy(zero_copy_only=False).reshape(len(values), *shape)
         else:
+            while pa.types.is_list(typ):
+                typ = typ.value_type
+            numeric = pa.types.is_integer(typ) or pa.types.is_floating(typ)
+            dtype = typ.to_pandas_dtype() if numeric or pa.types.is_boolean(typ) else None
             rows = values.to_pylist()
             array = np.empty(len(rows), dtype=object)
-            array[:] = [np.asarray(r) for r in rows]
+            array[:] = [np.asarray(r, dtype=dtype) for r in rows]
             out[field.name] = array
     return out
 

@@ -26,14 +26,14 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 from batchline._errors import InputError
 from batchline.datasets.outcomes import Outcome, Written, write_outcomes
-from batchline.datasets.sinks import ChunkWriter, OutputFormat
+from batchline.datasets.selection import DatasetSelection
+from batchline.datasets.sinks import ChunkWriter
 from batchline.datasets.sources import (
     BadRecord,
-    Format,
     Item,
     Record,
     Source,
@@ -44,9 +44,9 @@ from batchline.models.protocol import InputKind, ResultKind
 
 __all__ = [
     "Adapter",
-    "DatasetOptions",
     "PipelineRun",
     "Progress",
+    "RunCounts",
     "expected_records",
     "open_dataset_job",
     "run_pipeline",
@@ -79,6 +79,16 @@ class Adapter(Protocol):
         ...
 
 
+class RunCounts(TypedDict):
+    """The figures of a :class:`PipelineRun` every job's summary reports as they are."""
+
+    records: int
+    skipped: int
+    already_done: int
+    total_records: int
+    wall_s: float
+
+
 @dataclass
 class PipelineRun:
     """What one run of the loop did (this run's records only; ``already_done`` were committed
@@ -92,6 +102,16 @@ class PipelineRun:
     failed: int = 0
     wall_s: float = 0.0
     latencies_s: list[float] = field(default_factory=list)
+
+    def counts(self) -> RunCounts:
+        """What every job's summary (``RunSummary`` and its kin) takes from the run as it is."""
+        return {
+            "records": self.records,
+            "skipped": self.skipped,
+            "already_done": self.already_done,
+            "total_records": self.total_records,
+            "wall_s": self.wall_s,
+        }
 
 
 def expected_records(source: Source, limit: int | None) -> int | None:
@@ -235,37 +255,10 @@ def _skip_bad(writer: ChunkWriter, bad: Sequence[BadRecord]) -> None:
         writer.skip_bad(item)
 
 
-class DatasetOptions(Protocol):
-    """What a job over a dataset file says about its input and output (``RunOptions``, the
-    driver's ``DriveOptions``)."""
-
-    @property
-    def input(self) -> Path | None: ...
-    @property
-    def model(self) -> str | None: ...
-    @property
-    def text_column(self) -> str: ...
-    @property
-    def id_column(self) -> str | None: ...
-    @property
-    def copy_columns(self) -> Sequence[str]: ...
-    @property
-    def input_format(self) -> Format | None: ...
-    @property
-    def output_format(self) -> OutputFormat: ...
-    @property
-    def on_bad_record(self) -> str: ...
-    @property
-    def limit(self) -> int | None: ...
-    @property
-    def overwrite(self) -> bool: ...
-    @property
-    def resume(self) -> bool: ...
-
-
 def open_dataset_job(
-    options: DatasetOptions,
+    options: DatasetSelection,
     *,
+    model: str | None,
     output: Path,
     chunk_size: int,
     extra_settings: dict[str, object] | None = None,
@@ -275,7 +268,8 @@ def open_dataset_job(
     input_kind: InputKind = "text",
     input_columns: Sequence[str] = (),
 ) -> tuple[Source, ChunkWriter]:
-    """Open a job's input and output: the source, and the chunk writer with the job's settings.
+    """Open a job's input and output (``options``; ``model``: what the job's results come
+    from, as the settings record it): the source, and the chunk writer with the job's settings.
 
     Every job over a dataset (``run`` on any engine, ``drive``) opens it this way, so the
     settings a resume must match are the same everywhere. Sync: the fingerprint reads the input.
@@ -302,7 +296,7 @@ def open_dataset_job(
     settings: dict[str, object] = {
         "input": str(input_path.resolve()),
         "input_fingerprint": source.fingerprint(),
-        "model": options.model,
+        "model": model,
         "text_column": options.text_column,
         "id_column": source.id_column,
         "copy_columns": list(options.copy_columns),

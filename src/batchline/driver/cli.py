@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from batchline.jobs.cli import add_dataset_arguments
+from batchline.datasets.selection import add_dataset_arguments, dataset_options
 
 __all__ = ["add_parser"]
 
@@ -125,21 +125,11 @@ def _main(args: argparse.Namespace) -> int:
     from batchline.jobs.display import print_summary
 
     options = DriveOptions(
-        input=args.input,
+        **dataset_options(args),
         endpoints=args.endpoints,
-        output=args.output,
         route=args.route,
         model=args.model,
         api_key=args.api_key,
-        text_column=args.text_column,
-        id_column=args.id_column,
-        input_format=args.input_format,
-        output_format=args.output_format,
-        copy_columns=args.copy_columns,
-        resume=args.resume,
-        overwrite=args.overwrite,
-        on_bad_record=args.on_bad_record,
-        limit=args.limit,
         chunk_size=args.chunk_size,
         output_chunk_size=args.output_chunk_size,
         concurrency=args.concurrency,

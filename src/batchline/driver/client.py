@@ -136,13 +136,7 @@ class EmbeddingsRoute:
         return body
 
     def parse(self, body: object, n: int, state: _Checks) -> Any:
-        if not isinstance(body, dict):
-            raise InvalidResponse(f"the body is {type(body).__name__}, not a JSON object")
-        data = body.get("data")
-        if not isinstance(data, list):
-            raise InvalidResponse("the body has no 'data' list")
-        if len(data) != n:
-            raise InvalidResponse(f"sent {n} texts, got {len(data)} embeddings")
+        body, data = _answers(body, "data", n, "texts", "embeddings")
         _check_model(body.get("model"), state)
         rows: list[Any] = [None] * n
         for item in data:
@@ -200,13 +194,7 @@ class GenerateRoute:
         return body
 
     def parse(self, body: object, n: int, state: _Checks) -> Any:
-        if not isinstance(body, dict):
-            raise InvalidResponse(f"the body is {type(body).__name__}, not a JSON object")
-        results = body.get("results")
-        if not isinstance(results, list):
-            raise InvalidResponse("the body has no 'results' list")
-        if len(results) != n:
-            raise InvalidResponse(f"sent {n} prompts, got {len(results)} results")
+        body, results = _answers(body, "results", n, "prompts", "results")
         if any(r is None for r in results):
             raise InvalidResponse("a result is null")
         _check_model(body.get("model"), state)
@@ -226,6 +214,20 @@ class GenerateRoute:
 EMBEDDINGS = EmbeddingsRoute()
 GENERATE = GenerateRoute()
 ROUTES: dict[str, Route] = {"embeddings": EMBEDDINGS, "generate": GENERATE}
+
+
+def _answers(
+    body: object, key: str, n: int, sent: str, got: str
+) -> tuple[dict[str, Any], list[Any]]:
+    """The answer body and its ``key`` list, which must hold one item per input sent."""
+    if not isinstance(body, dict):
+        raise InvalidResponse(f"the body is {type(body).__name__}, not a JSON object")
+    items = body.get(key)
+    if not isinstance(items, list):
+        raise InvalidResponse(f"the body has no '{key}' list")
+    if len(items) != n:
+        raise InvalidResponse(f"sent {n} {sent}, got {len(items)} {got}")
+    return body, items
 
 
 def _check_model(model: object, state: _Checks) -> None:

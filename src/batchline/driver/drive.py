@@ -53,8 +53,9 @@ from batchline._clock import Clock, LoopClock
 from batchline._errors import BatchlineError, InputError
 from batchline.datasets.outcomes import Failed, Outcome
 from batchline.datasets.pipeline import Progress, open_dataset_job, run_pipeline
-from batchline.datasets.sinks import ChunkWriter, OutputFormat
-from batchline.datasets.sources import Format, Record
+from batchline.datasets.selection import BadRecordMode, DatasetSelection
+from batchline.datasets.sinks import ChunkWriter
+from batchline.datasets.sources import Record
 from batchline.driver.client import EmbeddingsRoute, GenerateRoute, ReplicaClient, Reply, Route
 from batchline.driver.endpoints import Endpoint, EndpointPool, EndpointReport
 from batchline.driver.retry import Backoff, sleep
@@ -71,7 +72,6 @@ __all__ = [
 
 FAILURES_NAME = "_failures.jsonl"
 RouteName = Literal["embeddings", "generate"]
-BadRecordMode = Literal["fail", "skip"]
 Encoding = Literal["base64", "float"]
 
 _API_KEY_ENV = "BATCHLINE_API_KEY"
@@ -79,11 +79,12 @@ _ROUTE_SUFFIXES = ("/v1/embeddings", "/generate", "/ready")
 
 
 @dataclass
-class DriveOptions:
+class DriveOptions(DatasetSelection):
     """What to drive where; checked at construction (``InputError``). Units are in the names.
 
-    The fields mirror ``batchline drive --help``; ``input=None`` uses the built-in demo corpus,
-    as ``batchline run`` does. Knobs without a flag:
+    The fields mirror ``batchline drive --help``; what to read and write is ``batchline run``'s
+    (:class:`DatasetSelection`: ``input=None`` uses the built-in demo corpus). Knobs without a
+    flag:
 
     - ``failures_to_set_aside``: consecutive endpoint failures that set an endpoint aside.
     - ``probe_cap_s``: the longest pause between two ``GET /ready`` probes of a set-aside one.
@@ -92,21 +93,10 @@ class DriveOptions:
     - ``max_retry_after_s``: a longer ``Retry-After`` is cut to this.
     """
 
-    input: Path | None
     endpoints: Sequence[str]
-    output: Path | None = None
     route: RouteName = "embeddings"
     model: str | None = None
     api_key: str | None = None
-    text_column: str = "text"
-    id_column: str | None = None
-    input_format: Format | None = None
-    output_format: OutputFormat = "parquet"
-    copy_columns: Sequence[str] = ()
-    resume: bool = False
-    overwrite: bool = False
-    on_bad_record: BadRecordMode = "fail"
-    limit: int | None = None
     chunk_size: int = 50
     output_chunk_size: int = 10_000
     concurrency: int = 10
@@ -351,6 +341,7 @@ async def drive_job(
     source, writer = await asyncio.to_thread(
         open_dataset_job,
         options,
+        model=options.model,
         output=options.output or _default_output(options.input, route),
         chunk_size=options.output_chunk_size,
         extra_settings=extra,

@@ -445,11 +445,7 @@ class _Tally:
         return RaySummary(
             output=out_dir,
             batching=True,
-            records=done.records,
-            skipped=done.skipped,
-            already_done=done.already_done,
-            total_records=done.total_records,
-            wall_s=done.wall_s,
+            **done.counts(),
             utilization=merged["utilization"],
             avg_batch_size=merged["avg_batch_size"],
             avg_batch_cost=merged["avg_batch_cost"],

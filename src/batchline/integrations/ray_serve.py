@@ -289,17 +289,13 @@ async def _export_stats(state: ServerState, interval_s: float) -> None:
 
 
 def _set_stats(state: ServerState, records: Any, batches: Any, size: Any, queued: Any) -> None:
+    from batchline.server.metrics import record_outcomes
+
     for name, model in list(state.models.items()):
         stats = model.stats()
         if stats is None:  # the baseline has no batcher
             continue
-        for outcome, value in (
-            ("submitted", stats.total_submitted),
-            ("completed", stats.total_completed),
-            ("failed", stats.total_failed),
-            ("cancelled", stats.total_cancelled),
-            ("expired", stats.total_expired),
-        ):
+        for outcome, value in record_outcomes(stats):
             records.set(value, tags={"model": name, "outcome": outcome})
         batches.set(stats.total_batches, tags={"model": name})
         size.set(stats.avg_batch_size, tags={"model": name})

@@ -17,7 +17,16 @@ from batchline.datasets.outcomes import Failed, Outcome, describe
 from batchline.datasets.sources import Record
 from batchline.models.batching import ModelBatcher
 
-__all__ = ["BatchAdapter", "collect", "process_block", "submit_block"]
+__all__ = [
+    "BatchAdapter",
+    "cancel",
+    "collect",
+    "prepare_block",
+    "process_block",
+    "queue_block",
+    "settle",
+    "submit_block",
+]
 
 
 class BatchAdapter:
@@ -39,13 +48,28 @@ async def submit_block(
 ) -> list[asyncio.Future[Any] | Failed]:
     """Prepare ``inputs`` off the event loop and queue them (waiting for room in the queue);
     a record that ``prepare`` refuses is its :class:`Failed` at once."""
+    prepared = await asyncio.to_thread(prepare_block, engine, inputs)
+    return await queue_block(engine, prepared)
+
+
+def prepare_block(engine: ModelBatcher[Any, Any], inputs: Sequence[object]) -> list[object]:
+    """The engine model's ``prepare`` of ``inputs``: one item or exception per input (sync:
+    call it in a worker thread)."""
     model = engine.model
-    prepared = await asyncio.to_thread(model.prepare, list(inputs))
+    prepared = model.prepare(list(inputs))
     if len(prepared) != len(inputs):
         raise InputError(
             f"model {model.info.name!r}: prepare() returned {len(prepared)} items for "
             f"{len(inputs)} inputs"
         )
+    return list(prepared)
+
+
+async def queue_block(
+    engine: ModelBatcher[Any, Any], prepared: Sequence[object]
+) -> list[asyncio.Future[Any] | Failed]:
+    """Queue prepared items (waiting for room in the queue); an exception ``prepare`` gave for
+    an input is its :class:`Failed`."""
     pending: list[asyncio.Future[Any] | Failed] = []
     try:
         for item in prepared:
@@ -54,7 +78,7 @@ async def submit_block(
             else:
                 pending.append(await engine.submit(item))
     except BaseException:
-        _cancel(pending)
+        cancel(pending)
         raise
     return pending
 
@@ -64,12 +88,7 @@ async def collect(
 ) -> list[Outcome]:
     """Wait for every queued record and encode its result; one record's exception (the batcher
     has bisected its batch down to it) is that record's :class:`Failed`, in order."""
-    futures = [f for f in pending if not isinstance(f, Failed)]
-    try:
-        await asyncio.gather(*futures, return_exceptions=True)
-    except BaseException:
-        _cancel(pending)
-        raise
+    await settle(pending)
     encode = engine.model.encode
     outcomes: list[Outcome] = []
     for f in pending:
@@ -91,7 +110,19 @@ async def process_block(engine: ModelBatcher[Any, Any], inputs: Sequence[object]
     return await collect(engine, await submit_block(engine, inputs))
 
 
-def _cancel(pending: Sequence[asyncio.Future[Any] | Failed]) -> None:
+async def settle(pending: Sequence[asyncio.Future[Any] | Failed]) -> None:
+    """Wait until every record of ``pending`` has its result or its exception (read them from
+    the futures); cancelled meanwhile, withdraw them all."""
+    try:
+        await asyncio.gather(
+            *(f for f in pending if not isinstance(f, Failed)), return_exceptions=True
+        )
+    except BaseException:
+        cancel(pending)
+        raise
+
+
+def cancel(pending: Sequence[asyncio.Future[Any] | Failed]) -> None:
     """Withdraw whatever is still queued (a stopping job)."""
     for f in pending:
         if not isinstance(f, Failed):

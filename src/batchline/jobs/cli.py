@@ -11,80 +11,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_dataset_arguments", "add_model_arguments", "add_parser", "given_flags"]
+from batchline.datasets.selection import add_dataset_arguments, dataset_options
+from batchline.models.selection import add_model_arguments, model_options
 
-
-def add_dataset_arguments(p: argparse.ArgumentParser, *, suffix: str = "embeddings") -> None:
-    """The flags every job over a dataset file shares (``run`` and ``drive``): what to read,
-    where to write, resume or overwrite, and what to do with bad records."""
-    p.add_argument(
-        "-o",
-        "--output",
-        type=Path,
-        help=f"output directory (default: STEM.{suffix} in the current directory, STEM being "
-        "the input file's name without its extension, or demo-corpus)",
-    )
-    p.add_argument("--text-column", default="text", help="column holding the text (default: text)")
-    p.add_argument("--id-column", help="column holding record ids (default: 'id' if present)")
-    p.add_argument(
-        "--format",
-        dest="input_format",
-        choices=["jsonl", "csv", "parquet", "text", "npy", "openai-batch"],
-        help="the input's format (default: from its name); openai-batch: OpenAI batch requests "
-        "(detected from a .jsonl file's first line too), answered in an output file of the same "
-        "format",
-    )
-    p.add_argument("--output-format", choices=["parquet", "jsonl"], default="parquet")
-    p.add_argument(
-        "--copy-column",
-        action="append",
-        default=[],
-        dest="copy_columns",
-        help="copy this input column into the output (repeatable)",
-    )
-    mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--resume", action="store_true", help="continue an interrupted job")
-    mode.add_argument("--overwrite", action="store_true", help="replace an existing output")
-    p.add_argument(
-        "--on-bad-record",
-        choices=["fail", "skip"],
-        default="fail",
-        help="bad input: fail (default) names it; skip lists it in OUTPUT/_skipped.jsonl",
-    )
-    p.add_argument("--limit", type=int, help="take only the first N records")
-
-
-def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags that name a model (``run``, ``bench``, ``tune``): a spec and its options."""
-    p.add_argument(
-        "--model",
-        default="default",
-        metavar="SPEC",
-        help="default (all-MiniLM-L6-v2 embeddings), smollm2 (text generation), PATH.onnx, "
-        "PATH/ (a Hugging Face causal-LM folder: generation), or module:factory (your own "
-        "Python: a batch function or a model object); see 'batchline models list'",
-    )
-    p.add_argument(
-        "--task",
-        choices=["embed", "classify", "predict", "generate"],
-        help="what a PATH.onnx model does (default: embed if it takes input_ids, else predict); "
-        "generate: text generation (implied by smollm2 and PATH/ models; default model smollm2)",
-    )
-    p.add_argument(
-        "--tokenizer", type=Path, help="tokenizer.json of a text model (default: beside the .onnx)"
-    )
-    p.add_argument(
-        "--labels",
-        type=lambda text: tuple(x.strip() for x in text.split(",")),
-        help="classify: comma-separated labels (default: config.json's id2label beside the model)",
-    )
-    p.add_argument("--pooling", choices=["mean", "cls", "none"], help="embed: token pooling")
-    p.add_argument(
-        "--normalize",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="embed: L2-normalise the vectors (default: yes when the model's output is pooled)",
-    )
+__all__ = ["add_parser", "given_flags"]
 
 
 def add_parser(sub: Any) -> None:
@@ -101,7 +31,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "input", nargs="?", type=Path, help=".jsonl, .csv, .parquet, .txt or .npy (tensors) file"
     )
-    add_model_arguments(p)
+    add_model_arguments(p, several=True)
     add_dataset_arguments(p, suffix="embeddings (STEM.results for other tasks)")
     p.add_argument(
         "--input-column",
@@ -269,27 +199,17 @@ def _main(args: argparse.Namespace) -> int:
         from batchline._errors import InputError
 
         raise InputError(f"--chunk-size must be >= 1, got {args.chunk_size}")
+    models = args.model or ["default"]
     options = RunOptions(
-        input=args.input,
-        output=args.output,
-        model=args.model,
-        task=args.task,
-        tokenizer=args.tokenizer,
-        labels=args.labels,
-        pooling=args.pooling,
-        normalize=args.normalize,
+        # --model repeats for an OpenAI batch file only (_resolve); the first is the job's
+        **{**model_options(args), "model": models[0]},
+        **{
+            **dataset_options(args),
+            # an OpenAI batch file is JSONL underneath (a generate job: _generation_options)
+            "input_format": "jsonl" if args.input_format == "openai-batch" else args.input_format,
+        },
         input_columns=args.input_columns,
-        text_column=args.text_column,
-        id_column=args.id_column,
-        # an OpenAI batch file is JSONL underneath (a generate job: _generation_options)
-        input_format="jsonl" if args.input_format == "openai-batch" else args.input_format,
-        output_format=args.output_format,
-        copy_columns=args.copy_columns,
-        resume=args.resume,
-        overwrite=args.overwrite,
-        on_bad_record=args.on_bad_record,
         chunk_size=args.chunk_size,
-        limit=args.limit,
         knobs=_knobs(args),
     )
     if args.engine != "ray" and (args.address is not None or args.replicas is not None):
@@ -331,11 +251,23 @@ def _resolve(args: argparse.Namespace, options: Any) -> Any:
 
     from batchline._errors import InputError
     from batchline.jobs.options import GenerateOptions, resolve
+    from batchline.jobs.requests import is_openai_batch_file
 
     given = given_flags(args, _GENERATION_FLAGS)
-    batch = args.input_format == "openai-batch"
-    if batch and options.task is None:  # an OpenAI batch file is a generation job
-        options = dataclasses.replace(options, task="generate")
+    forced = args.input_format == "openai-batch"
+    batch = options.input is not None and is_openai_batch_file(
+        options.input, options.input_format, forced=forced
+    )
+    models = tuple(args.model or ())
+    if batch:  # an OpenAI batch file is a generation job, whatever its models
+        values = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}
+        several = models if len(models) > 1 else ()
+        options = GenerateOptions(**values, openai_batch=forced, models=several)
+    elif len(models) > 1:
+        raise InputError(
+            "--model repeats only for an OpenAI batch file (each line's body.model picks one); "
+            "run one model at a time on other inputs"
+        )
     options = resolve(options)
     if not isinstance(options, GenerateOptions):
         if given:
@@ -345,8 +277,9 @@ def _resolve(args: argparse.Namespace, options: Any) -> Any:
             )
         return options
     if args.engine == "ray":
+        what = "an OpenAI batch file" if batch else "text generation"
         raise InputError(
-            "text generation does not run on --engine ray yet; use the local engine "
+            f"{what} does not run on --engine ray yet; use the local engine "
             "(--engine local, the default)"
         )
     if args.input_columns:
@@ -360,8 +293,6 @@ def _resolve(args: argparse.Namespace, options: Any) -> Any:
     }
     if args.stop:
         sampling["stop"] = tuple(args.stop)
-    if batch:
-        sampling["openai_batch"] = True
     if args.response_format is not None:
         sampling["response_format"] = _json_argument(args.response_format, "--response-format")
     if args.no_chat_template:

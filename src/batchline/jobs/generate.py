@@ -22,27 +22,31 @@ its adapter in place of a batch model::
   never exceeds the generator's waiting queue, so ``QueueFullError`` cannot happen.
 - Resuming (``--resume``) needs the same input, prompt column and sampling settings; the
   batching mode may change (greedy outputs do not depend on it).
+- An OpenAI batch file is a job of its own (:mod:`batchline.jobs.openai_batch`, which runs
+  its generate lines through :func:`running_generator` too); ``run_job`` picks it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from batchline._errors import BatchlineError, InputError
+from batchline._priority import batcher_priority
 from batchline._stats import percentile
 from batchline.datasets.outcomes import Failed, Outcome, Result, describe
 from batchline.datasets.pipeline import PipelineRun, Progress, open_dataset_job, run_pipeline
 from batchline.datasets.sinks import ChunkWriter
 from batchline.datasets.sources import Record, Source, open_source
-from batchline.jobs.openai_batch import detect_batch
+from batchline.jobs.batch import cancel, settle
 from batchline.jobs.options import GenerateOptions, RunOptions, default_output, resolve
-from batchline.jobs.requests import RecordRequests, reads_whole_rows
+from batchline.jobs.requests import RecordRequests, is_openai_batch_file, reads_whole_rows
 from batchline.jobs.summary import GenerateSummary
 from batchline.models.generation.engine import SamplingParams
 from batchline.models.protocol import ModelInfo
@@ -58,8 +62,11 @@ __all__ = [
     "GeneratorAdapter",
     "TokenRate",
     "demo_prompts_path",
+    "generate_summary",
     "in_flight_limit",
+    "pipeline_limits",
     "run_generate_job",
+    "running_generator",
 ]
 
 #: Records read and encoded at a time (the progress bar moves by a block).
@@ -72,6 +79,8 @@ _SAMPLE_ON_DONE_S = 0.02
 PROMPT_COLUMNS = ("prompt", "messages", "text")
 _DEMO_NAME = "demo-prompts.jsonl"
 _DEMO_COUNT = 300
+#: Every request a job submits is ``batch`` work (as ``drive`` sends it to a server).
+_JOB_PRIORITY = batcher_priority("batch")
 
 
 @runtime_checkable
@@ -149,6 +158,7 @@ def _open(
     }
     return open_dataset_job(
         dataclasses.replace(options, text_column=column, input_columns=()),
+        model=options.model,
         output=output,
         chunk_size=options.chunk_size,
         extra_settings=settings,
@@ -252,13 +262,14 @@ class GeneratorAdapter:
                     outcome.add_done_callback(self._on_done)
                 pending.append(outcome)
         except BaseException:
-            _cancel(pending)
+            cancel(pending)
             raise
         return asyncio.ensure_future(_outcomes(pending, stamp=self.requests.openai_batch))
 
     def _submit_one(self, record: Record, ids: list[int]) -> asyncio.Future[Completion] | Failed:
         try:
-            params = self.requests.params(record)
+            # a job's requests are batch work: a generator it shares ranks them so (_priority)
+            params = dataclasses.replace(self.requests.params(record), priority=_JOB_PRIORITY)
             stream = self.gen.submit(ids, params, request_id=f"record-{record.index}")
         except (BatchlineError, ValueError) as exc:
             # RecordTooLargeError (over the context or the KV budget) is this record's fault
@@ -275,6 +286,33 @@ class GeneratorAdapter:
         self.sample(every_s=_SAMPLE_ON_DONE_S)  # completions are moments of high occupancy
 
 
+def pipeline_limits(adapter: GeneratorAdapter) -> tuple[int, int]:
+    """``run_pipeline``'s block size and blocks in flight for a generator: enough blocks to
+    keep its in-flight cap full."""
+    return _BLOCK, -(-adapter.limit // _BLOCK) + 1
+
+
+@contextlib.asynccontextmanager
+async def running_generator(
+    model: GenerationModel, requests: RecordRequests, progress: Progress | None
+) -> AsyncIterator[GeneratorAdapter]:
+    """The model's generator started, and its adapter; on the way out the generator stops,
+    drained when the block ended normally, else at once."""
+    adapter = GeneratorAdapter(model, requests, progress)
+    gen = adapter.gen
+    await gen.start()
+    sampling = asyncio.create_task(adapter.sampler())
+    drain = False
+    try:
+        yield adapter
+        drain = True
+    finally:
+        sampling.cancel()
+        await asyncio.gather(sampling, return_exceptions=True)
+        await gen.stop(drain=drain)
+    adapter.peaks.see(gen.stats)
+
+
 async def run_generate_job(
     options: RunOptions, progress: Progress | None = None
 ) -> GenerateSummary:
@@ -283,6 +321,8 @@ async def run_generate_job(
     >>> summary = asyncio.run(run_generate_job(GenerateOptions(
     ...     input=Path("prompts.jsonl"), model="smollm2", max_tokens=64)))
     >>> summary.tokens_per_s
+
+    An OpenAI batch file runs through :func:`batchline.jobs.run.run_job` (its own job).
     """
     if not isinstance(options, GenerateOptions):  # plain RunOptions: default sampling
         options = dataclasses.replace(options, task=options.task or "generate", spec=None)
@@ -295,14 +335,16 @@ async def run_generate_job(
         demo = await asyncio.to_thread(demo_prompts_path)
         opts = dataclasses.replace(opts, input=demo, copy_columns=opts.copy_columns or ("answer",))
     assert opts.input is not None
-    batch = await asyncio.to_thread(detect_batch, opts)
-    if batch is not None:
-        opts = batch.job_options(opts)
-    input_path: Path = opts.input if opts.input is not None else Path()
-    column = "body" if batch else await asyncio.to_thread(_prompt_column, opts, input_path)
-    requests = RecordRequests(
-        column, opts.chat_template, params, openai_batch=batch is not None, model_name=spec.name
-    )
+    input_path: Path = opts.input
+    if await asyncio.to_thread(
+        is_openai_batch_file, input_path, opts.input_format, forced=opts.openai_batch
+    ):
+        raise InputError(
+            f"{input_path} is an OpenAI batch file: run it with batchline.jobs.run.run_job "
+            "(batchline run), which answers it line by line"
+        )
+    column = await asyncio.to_thread(_prompt_column, opts, input_path)
+    requests = RecordRequests(column, opts.chat_template, params)
     from batchline.models.generation.load import load_text_generator
 
     # The model loads before the output opens (as in run): a model that fails to load leaves
@@ -311,36 +353,21 @@ async def run_generate_job(
     try:
         source, writer = await asyncio.to_thread(_open, opts, column, params)
         with writer:
-            adapter = GeneratorAdapter(model, requests, progress)
-            gen = adapter.gen
-            await gen.start()
-            sampling = asyncio.create_task(adapter.sampler())
-            drain = False
-            try:
+            async with running_generator(model, requests, progress) as adapter:
+                block, blocks = pipeline_limits(adapter)
                 done = await run_pipeline(
                     adapter,
                     source,
                     writer,
-                    block_records=_BLOCK,
-                    # blocks enough to keep the in-flight cap full
-                    max_blocks_in_flight=-(-adapter.limit // _BLOCK) + 1,
+                    block_records=block,
+                    max_blocks_in_flight=blocks,
                     limit=opts.limit,
                     on_bad_record=opts.on_bad_record,
                     progress=progress,
                 )
-                drain = True
-            finally:
-                sampling.cancel()
-                await asyncio.gather(sampling, return_exceptions=True)
-                await gen.stop(drain=drain)
-            adapter.peaks.see(gen.stats)
-            summary = _summary(writer.out_dir, opts, done, adapter)
+            return generate_summary(writer.out_dir, opts, done, adapter)
     finally:
         model.close()
-    if batch is not None:
-        output = await asyncio.to_thread(batch.write_output)
-        summary = dataclasses.replace(summary, output=output)
-    return summary
 
 
 async def _outcomes(
@@ -348,12 +375,7 @@ async def _outcomes(
 ) -> list[Outcome]:
     """Each record's outcome, in order: its completion's text and figures (and with ``stamp``
     the Unix time it was written, ``created``), or its failure."""
-    futures = [p for p in pending if not isinstance(p, Failed)]
-    try:
-        await asyncio.gather(*futures, return_exceptions=True)
-    except BaseException:
-        _cancel(pending)
-        raise
+    await settle(pending)
     outcomes: list[Outcome] = []
     for p in pending:
         if isinstance(p, Failed):
@@ -382,26 +404,17 @@ async def _outcomes(
     return outcomes
 
 
-def _cancel(pending: Sequence[asyncio.Future[Completion] | Failed]) -> None:
-    for p in pending:
-        if not isinstance(p, Failed):
-            p.cancel()
-
-
-def _summary(
-    output: Path, options: GenerateOptions, done: PipelineRun, adapter: GeneratorAdapter
+def generate_summary(
+    output: Path, options: RunOptions, done: PipelineRun, adapter: GeneratorAdapter
 ) -> GenerateSummary:
+    """What a job of ``adapter``'s generator did, for the CLI's table."""
     model = adapter.model
     stats = adapter.gen.stats
     cap = model.max_running
     return GenerateSummary(
         output=output,
         batching=options.knobs.batching,
-        records=done.records,
-        skipped=done.skipped,
-        already_done=done.already_done,
-        total_records=done.total_records,
-        wall_s=done.wall_s,
+        **done.counts(),
         padding_waste=0.0,
         avg_batch_cost=0.0,
         latency_p50_s=percentile(adapter.latencies, 50),

@@ -12,49 +12,30 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from batchline._errors import InputError
-from batchline.datasets.sinks import OutputFormat
-from batchline.datasets.sources import Format
+from batchline.datasets.selection import DatasetSelection
 from batchline.jobs.requests import job_constraint
 from batchline.knobs import Knobs
 from batchline.models.generation.engine import SamplingParams
 from batchline.models.protocol import ModelInfo
+from batchline.models.selection import ModelSelection
 
 if TYPE_CHECKING:
     from batchline.models.specs import ModelSpec
 
-__all__ = ["GenerateOptions", "RunOptions", "default_output", "resolve"]
-
-BadRecordMode = Literal["fail", "skip"]
+__all__ = ["GenerateOptions", "RunOptions", "batch_specs", "default_output", "resolve"]
 
 
 @dataclass
-class RunOptions:
-    """What to run. ``input=None`` runs on the built-in demo corpus."""
+class RunOptions(DatasetSelection, ModelSelection):
+    """What to run: a model (:class:`ModelSelection`) over a dataset (:class:`DatasetSelection`).
+    ``input=None`` runs on the built-in demo corpus."""
 
-    input: Path | None = None
-    output: Path | None = None
-    #: a model spec: ``default``, ``PATH.onnx``, ``module:factory`` (``batchline.models.specs``)
-    model: str = "default"
-    task: str | None = None
-    tokenizer: Path | None = None
-    labels: tuple[str, ...] | None = None
-    pooling: str | None = None
-    normalize: bool | None = None
-    text_column: str = "text"
     #: columns (or the ``.npy`` input's name) holding a ``predict`` model's tensors
     input_columns: Sequence[str] = ()
-    id_column: str | None = None
-    input_format: Format | None = None
-    output_format: OutputFormat = "parquet"
-    copy_columns: Sequence[str] = ()
-    resume: bool = False
-    overwrite: bool = False
-    on_bad_record: BadRecordMode = "fail"
     chunk_size: int = 10_000
-    limit: int | None = None
     knobs: Knobs = field(default_factory=Knobs)
     #: the parsed model spec, set by :func:`resolve` (parsed once per job)
     spec: ModelSpec | None = field(default=None, repr=False, compare=False)
@@ -71,7 +52,9 @@ class GenerateOptions(RunOptions):
     ``response_format`` constrains every completion (structured outputs; a record's own
     fields win): see :mod:`batchline.jobs.requests`. ``openai_batch``: the input is an OpenAI
     batch file (``--format openai-batch``; else detected from it, see
-    :mod:`batchline.jobs.openai_batch`).
+    :mod:`batchline.jobs.openai_batch`); ``models``: such a job's several model specs
+    (``NAME=SPEC``, ``--model`` repeated; ``model`` is then the first), each line's
+    ``body.model`` picking one.
     """
 
     max_tokens: int = 256
@@ -84,6 +67,7 @@ class GenerateOptions(RunOptions):
     prompt_column: str | None = None
     response_format: str | None = None
     openai_batch: bool = False
+    models: tuple[str, ...] = ()
 
     def sampling(self) -> SamplingParams:
         """The job's sampling parameters (``seed`` is per record: see the class docstring)."""
@@ -102,25 +86,32 @@ class GenerateOptions(RunOptions):
 
 def resolve(options: RunOptions) -> RunOptions:
     """``options`` with their model spec parsed (once), as :class:`GenerateOptions` when the
-    job generates text: task ``generate``, or a model that generates (``smollm2``, a Hugging
-    Face causal-LM folder). The default model embeds; a generation job's default is smollm2."""
+    job generates text: task ``generate``, a model that generates (``smollm2``, a Hugging
+    Face causal-LM folder), or an OpenAI batch file. The default model embeds; a generation
+    job's default is smollm2. An OpenAI batch job's spec is its generator's (else its first
+    model's): :func:`batch_specs` parses them all."""
     if options.spec is not None:
         return options
     from batchline.jobs.requests import is_openai_batch_file
 
-    generating = (
-        isinstance(options, GenerateOptions)
-        or options.task == "generate"
-        or (
-            options.input is not None
-            and is_openai_batch_file(
-                options.input, options.input_format, forced=getattr(options, "openai_batch", False)
-            )
-        )
+    batch = options.input is not None and is_openai_batch_file(
+        options.input, options.input_format, forced=getattr(options, "openai_batch", False)
     )
-    if generating and options.model == "default":
+    generating = isinstance(options, GenerateOptions) or options.task == "generate" or batch
+    if generating and options.model == "default" and not getattr(options, "models", ()):
         options = dataclasses.replace(options, model="smollm2")
-    spec = _parse(options, "generate" if generating and options.task is None else options.task)
+    if getattr(options, "models", ()) and not batch:
+        raise InputError(
+            "several models go with an OpenAI batch file only (each line's body.model picks "
+            f"one); {options.input or 'the demo input'} is not one: run one model at a time"
+        )
+    if batch:
+        specs = batch_specs(options)
+        spec = next((s for s in specs if s.generates), specs[0])
+    else:
+        spec = options.parse_spec(
+            "generate" if generating and options.task is None else options.task
+        )
     if not (generating or spec.generates):
         return dataclasses.replace(options, spec=spec)
     if isinstance(options, GenerateOptions):
@@ -129,18 +120,16 @@ def resolve(options: RunOptions) -> RunOptions:
     return GenerateOptions(**{**values, "spec": spec})
 
 
-def _parse(options: RunOptions, task: str | None) -> ModelSpec:
+def batch_specs(options: RunOptions) -> list[ModelSpec]:
+    """An OpenAI batch job's model specs (``models``, else ``model``), each with its own task
+    (``--task NAME=TASK`` with several)."""
     from batchline.models.specs import parse_specs
 
-    (spec,) = parse_specs(
-        [options.model],
-        tasks=[task] if task else [],
-        tokenizer=options.tokenizer,
-        labels=options.labels,
-        pooling=options.pooling,
-        normalize=options.normalize,
+    return parse_specs(
+        list(getattr(options, "models", ()) or (options.model,)),
+        tasks=[options.task] if options.task else [],
+        **options.spec_options(),
     )
-    return spec
 
 
 def default_output(input_path: Path | None, info: ModelInfo) -> Path:

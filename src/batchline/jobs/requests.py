@@ -7,8 +7,10 @@ job's sampling settings. The job's ``--response-format`` (JSON text of an OpenAI
 with a ``response_format``, ``guided_json``, ``guided_regex`` or ``guided_choice`` field of its
 own takes that instead. A line of an
 OpenAI batch file (``{"custom_id", "method", "url", "body"}``) gives everything in its
-``body``, as the OpenAI route named by its ``url`` reads it. Either way a bad record raises
-``ValueError`` naming the fault, and fails alone.
+``body``, as the OpenAI route named by its ``url`` reads it (:func:`batch_line`), and its
+``body.model`` picks one of the job's models (:class:`BatchModels`); an embeddings line's body
+is read by :func:`embedding_line`. Either way a bad record raises ``ValueError`` naming the
+fault, and fails alone.
 """
 
 from __future__ import annotations
@@ -30,7 +32,12 @@ from batchline.models.generation.structured import (
 
 __all__ = [
     "BATCH_URLS",
+    "EMBEDDINGS_URL",
+    "BatchModels",
+    "EmbeddingLine",
     "RecordRequests",
+    "batch_line",
+    "embedding_line",
     "is_openai_batch_file",
     "job_constraint",
     "reads_whole_rows",
@@ -39,8 +46,9 @@ __all__ = [
 
 #: Record fields that constrain that record's completion.
 CONSTRAINT_FIELDS = ("response_format", *GUIDED_FIELDS)
-#: What an OpenAI batch line's ``url`` may name (embeddings need an embedding job).
+#: What an OpenAI batch line's ``url`` may name.
 BATCH_URLS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+EMBEDDINGS_URL = "/v1/embeddings"
 
 
 def job_constraint(response_format: str | None) -> Constraint | None:
@@ -89,14 +97,13 @@ def is_openai_batch_line(value: object) -> bool:
 @dataclasses.dataclass(frozen=True)
 class RecordRequests:
     """Reads a generate job's records: ``column`` and ``chat_template`` for plain records,
-    ``base`` their sampling; ``openai_batch``: every record is a batch line, whose ``body``
-    must name ``model_name``."""
+    ``base`` their sampling; ``openai_batch``: every record is a chat or completions line of
+    an OpenAI batch file (its model already picked: :class:`BatchModels`)."""
 
     column: str
     chat_template: bool
     base: SamplingParams
     openai_batch: bool = False
-    model_name: str = ""
 
     def prompt(self, record: Record) -> tuple[str | list[Any], bool]:
         """The record's prompt, and whether it goes through the chat template."""
@@ -134,24 +141,9 @@ class RecordRequests:
         return params
 
     def _line(self, record: Record) -> tuple[str, Mapping[str, Any]]:
-        value = record.value
-        if not is_openai_batch_line(value):
-            raise ValueError('not an OpenAI batch line: it needs "custom_id", "url" and "body"')
-        assert isinstance(value, dict)
-        url, body = value["url"], value["body"]
-        if url not in BATCH_URLS:
-            raise ValueError(f"url {url!r} is not one of {', '.join(BATCH_URLS)}")
-        if url == "/v1/embeddings":
-            raise ValueError("/v1/embeddings lines are not run by a generate job yet")
-        if value.get("method", "POST") != "POST":
-            raise ValueError(f"method must be POST, got {value.get('method')!r}")
-        if not isinstance(body, dict):
-            raise ValueError('"body" must be a JSON object')
-        if body.get("model") != self.model_name:
-            raise ValueError(
-                f"model {body.get('model')!r} is not this job's model {self.model_name!r}; "
-                f"run with --model {body.get('model')}=SPEC to serve it under that name"
-            )
+        url, body = batch_line(record.value)
+        if url == EMBEDDINGS_URL:
+            raise ValueError("an embeddings line goes to an embedding model, not a generator")
         return url, body
 
     def _body_params(self, body: Mapping[str, Any]) -> SamplingParams:
@@ -182,6 +174,97 @@ class RecordRequests:
             stop=() if stop is None else (stop,) if isinstance(stop, str) else tuple(stop),
             constraint=None if constraint is False else constraint,
         )
+
+
+def batch_line(value: object) -> tuple[str, Mapping[str, Any]]:
+    """An OpenAI batch line's ``url`` and ``body``; ``ValueError`` saying what is wrong with
+    its shape (the body's own fields are read where they are used)."""
+    if not is_openai_batch_line(value):
+        raise ValueError('not an OpenAI batch line: it needs "custom_id", "url" and "body"')
+    assert isinstance(value, dict)
+    url, body = value["url"], value["body"]
+    if url not in BATCH_URLS:
+        raise ValueError(f"url {url!r} is not one of {', '.join(BATCH_URLS)}")
+    if value.get("method", "POST") != "POST":
+        raise ValueError(f"method must be POST, got {value.get('method')!r}")
+    if not isinstance(body, dict):
+        raise ValueError('"body" must be a JSON object')
+    return url, body
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchModels:
+    """The names an OpenAI batch job serves its models under: one generator and one embedding
+    model at most. :meth:`pick` is the model a line's ``body.model`` names (a line that names
+    none takes the job's model of its kind)."""
+
+    generate: str | None = None
+    embed: str | None = None
+
+    def pick(self, url: str, body: Mapping[str, Any]) -> str:
+        """The name of the model that answers a line at ``url`` with ``body``; ``ValueError``
+        naming the ``--model`` flag to add when the job has no such model."""
+        embeds = url == EMBEDDINGS_URL
+        model, other = (self.embed, self.generate) if embeds else (self.generate, self.embed)
+        what, example = ("embedding model", "default") if embeds else ("generator", "smollm2")
+        a_what = "an embedding model" if embeds else "a generator"
+        asked = body.get("model")
+        if asked is None:
+            if model is None:
+                raise ValueError(
+                    f"this job has no {what} for {url} lines: add --model NAME={example} "
+                    'and name it in the body\'s "model"'
+                )
+            return model
+        if not isinstance(asked, str):
+            raise ValueError(f'"model" must be a string, got {asked!r}')
+        if asked == model:
+            return model
+        if asked == other:
+            does = "generates text" if embeds else "embeds"
+            raise ValueError(f"model {asked!r} {does}; a {url} line needs {a_what}")
+        raise ValueError(
+            f"model {asked!r} is not one of this job's models; add --model {asked}=SPEC "
+            f"({a_what}, such as {asked}={example}) to serve it under that name"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class EmbeddingLine:
+    """What an embeddings line asks for: its texts, and their vectors as base64 (little-endian
+    float32) rather than floats."""
+
+    texts: tuple[str, ...]
+    base64: bool
+
+
+def embedding_line(body: Mapping[str, Any], dim: int | None) -> EmbeddingLine:
+    """An embeddings line's body (``input``: a string or a list of strings;
+    ``encoding_format``: float or base64; ``dimensions``: the model's ``dim`` only), as
+    OpenAI's ``/v1/embeddings`` reads it; ``ValueError`` naming what is wrong."""
+    value = body.get("input")
+    texts = [value] if isinstance(value, str) else value
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+        raise ValueError(
+            'an embeddings line\'s body needs "input": a string or a non-empty list of strings '
+            "(token arrays are not taken: send the text)"
+        )
+    for i, text in enumerate(texts):
+        if not text:
+            raise ValueError(f'"input" text {i} is empty; send non-empty texts')
+    fmt = body.get("encoding_format")
+    if fmt not in (None, "float", "base64"):
+        raise ValueError(f'encoding_format must be "float" or "base64", got {fmt!r}')
+    dims = body.get("dimensions")
+    if dims is not None and (isinstance(dims, bool) or dims != dim):
+        if dim is None:
+            raise ValueError(
+                'the model does not say how many dimensions it returns; omit "dimensions"'
+            )
+        raise ValueError(
+            f'the model returns {dim} dimensions; omit "dimensions" or send {dim}, got {dims!r}'
+        )
+    return EmbeddingLine(tuple(texts), fmt == "base64")
 
 
 def is_openai_batch_file(path: Path, input_format: str | None, *, forced: bool = False) -> bool:

@@ -9,22 +9,21 @@ waits on I/O::
                                     ChunkWriter thread <───────────┘ results, in chunks
 
 A job that generates text runs :mod:`batchline.jobs.generate` instead (decided once, by
-:func:`batchline.jobs.options.resolve`).
+:func:`batchline.jobs.options.resolve`), and an OpenAI batch file
+:mod:`batchline.jobs.openai_batch`.
 """
 
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any
 
-from batchline._stats import BatchStats, percentile
-from batchline.datasets.pipeline import PipelineRun, Progress, open_dataset_job, run_pipeline
+from batchline.datasets.pipeline import Progress, open_dataset_job, run_pipeline
 from batchline.datasets.sinks import ChunkWriter
 from batchline.datasets.sources import Source
 from batchline.jobs.batch import BatchAdapter
 from batchline.jobs.options import GenerateOptions, RunOptions, default_output, resolve
-from batchline.jobs.summary import RunSummary
+from batchline.jobs.summary import RunSummary, summarize
 from batchline.knobs import Knobs
 from batchline.models.batching import ModelBatcher
 from batchline.models.protocol import BatchModel, ModelInfo
@@ -64,10 +63,16 @@ async def run_job(options: RunOptions, progress: Progress | None = None) -> RunS
     >>> summary.records_per_s
 
     A generation job (task ``generate``, or a model that generates) runs
-    :func:`batchline.jobs.generate.run_generate_job`.
+    :func:`batchline.jobs.generate.run_generate_job`; an OpenAI batch file
+    :func:`batchline.jobs.openai_batch.run_batch_job`.
     """
     options = await asyncio.to_thread(resolve, options)
     if isinstance(options, GenerateOptions):
+        from batchline.jobs.openai_batch import detect_batch, run_batch_job
+
+        batch = await asyncio.to_thread(detect_batch, options)
+        if batch is not None:
+            return await run_batch_job(options, batch, progress)
         from batchline.jobs.generate import run_generate_job
 
         return await run_generate_job(options, progress)
@@ -107,6 +112,7 @@ def open_job(options: RunOptions, info: ModelInfo) -> tuple[Source, ChunkWriter]
         columns = (only,)
     return open_dataset_job(
         options,
+        model=options.model,
         output=output,
         chunk_size=options.chunk_size,
         extra_settings=extra,
@@ -143,30 +149,3 @@ def _output_shapes(info: ModelInfo) -> dict[str, list[int] | None]:
 
 def _baseline(knobs: Knobs) -> Knobs:
     return knobs.baseline()
-
-
-def summarize(
-    output: Path,
-    batching: bool,
-    done: PipelineRun,
-    stats: BatchStats | None,
-    *,
-    padded: bool = True,
-) -> RunSummary:
-    """A :class:`RunSummary` of one run of the pipeline and the batcher's stats."""
-    return RunSummary(
-        padded=padded,
-        output=output,
-        batching=batching,
-        records=done.records,
-        skipped=done.skipped,
-        already_done=done.already_done,
-        total_records=done.total_records,
-        wall_s=done.wall_s,
-        utilization=stats.utilization if stats is not None else 0.0,
-        avg_batch_size=stats.avg_batch_size if stats is not None else 0.0,
-        avg_batch_cost=stats.avg_batch_cost if stats is not None else 0.0,
-        padding_waste=stats.padding_waste if stats is not None else 0.0,
-        latency_p50_s=percentile(done.latencies_s, 50),
-        latency_p99_s=percentile(done.latencies_s, 99),
-    )

@@ -5,8 +5,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-__all__ = ["GenerateSummary", "RunSummary"]
+from batchline._stats import BatchStats, percentile
+
+if TYPE_CHECKING:
+    from batchline.datasets.pipeline import PipelineRun
+
+__all__ = ["GenerateSummary", "RunSummary", "summarize"]
 
 
 @dataclass(frozen=True)
@@ -129,3 +135,26 @@ _MODES = {
     "sequential": "no batching (one sequence at a time)",
     "vllm": "vLLM",
 }
+
+
+def summarize(
+    output: Path,
+    batching: bool,
+    done: PipelineRun,
+    stats: BatchStats | None,
+    *,
+    padded: bool = True,
+) -> RunSummary:
+    """A :class:`RunSummary` of one run of the pipeline and the batcher's stats."""
+    return RunSummary(
+        padded=padded,
+        output=output,
+        batching=batching,
+        **done.counts(),
+        utilization=stats.utilization if stats is not None else 0.0,
+        avg_batch_size=stats.avg_batch_size if stats is not None else 0.0,
+        avg_batch_cost=stats.avg_batch_cost if stats is not None else 0.0,
+        padding_waste=stats.padding_waste if stats is not None else 0.0,
+        latency_p50_s=percentile(done.latencies_s, 50),
+        latency_p99_s=percentile(done.latencies_s, 99),
+    )

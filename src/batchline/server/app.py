@@ -177,44 +177,58 @@ def create_app(
                 raise
             return served
 
+        async def load_generator(spec: ModelSpec) -> ServedGenerator:
+            # settings.knobs, not the baseline's: batching=False is one sequence at a time,
+            # on the same threads (a second torch thread only slows a 2-core CPU)
+            gen_model = await asyncio.to_thread(gen_loader, spec, settings.knobs)
+            generator = ServedGenerator(spec.name, gen_model, metrics.generation)
+            try:
+                await generator.start()
+            except BaseException:
+                gen_model.close()
+                raise
+            logger.info(
+                "model %s ready (generate, %s, %s)",
+                spec.name,
+                generator.info.details.get("batching", "batching"),
+                getattr(gen_model, "dtype", "") or "dtype not reported",
+            )
+            return generator
+
         on_demand = settings.memory_budget is not None
         if on_demand:
             from batchline.server.residency import build_residency
 
-            async def load_managed(spec: ModelSpec) -> ServedModel[Any, Any]:
+            async def load_managed(spec: ModelSpec) -> ServedModel[Any, Any] | ServedGenerator:
+                if spec.generates:
+                    generator = await load_generator(spec)
+                    state.generators[spec.name] = generator
+                    return generator
                 served = await load_served(spec)
                 state.models[spec.name] = served
                 return served
 
-            async def unload_managed(served: ServedModel[Any, Any]) -> None:
-                state.models.pop(served.name, None)
-                metrics.watch(served.name, lambda: None)  # holds no reference to it
+            async def unload_managed(served: ServedModel[Any, Any] | ServedGenerator) -> None:
+                if isinstance(served, ServedGenerator):
+                    state.generators.pop(served.name, None)
+                    metrics.generation.forget(served.name)  # holds no reference to it
+                else:
+                    state.models.pop(served.name, None)
+                    metrics.watch(served.name, lambda: None)  # holds no reference to it
                 await served.stop(timeout_s=settings.drain_timeout_s)
 
-            batch_specs = [s for s in specs if not s.generates]
-            state.managed = {s.name: _task_of(s) for s in batch_specs}
+            state.managed = {s.name: _task_of(s) for s in specs}
             state.residency = build_residency(
-                settings, batch_specs, load_managed, unload_managed, metrics.residency_event
+                settings, list(specs), load_managed, unload_managed, metrics.residency_event
             )
             metrics.watch_residency(state.residency.stats)
         try:
             for spec in specs:
-                if spec.generates:
-                    # settings.knobs, not the baseline's: batching=False is one sequence at a
-                    # time, on the same threads (a second torch thread only slows a 2-core CPU)
-                    gen_model = await asyncio.to_thread(gen_loader, spec, settings.knobs)
-                    generator = ServedGenerator(spec.name, gen_model, metrics.generation)
-                    generators[spec.name] = generator
-                    await generator.start()
-                    logger.info(
-                        "model %s ready (generate, %s, %s)",
-                        spec.name,
-                        generator.info.details.get("batching", "batching"),
-                        getattr(gen_model, "dtype", "") or "dtype not reported",
-                    )
-                    continue
                 if on_demand:
                     continue  # loaded on its first request, or preloaded below
+                if spec.generates:
+                    generators[spec.name] = await load_generator(spec)
+                    continue
                 served = await load_served(spec)
                 models[spec.name] = served
                 logger.info(

@@ -100,7 +100,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--memory-budget",
         metavar="SIZE",
-        help="memory the batch models may hold together (6GiB, 512MB, or a fraction of RAM: "
+        help="memory the models may hold together (6GiB, 512MB, or a fraction of RAM: "
         "0.5, 50%%); models then load on their first request and idle ones are evicted, least "
         "recently used first, when a load needs room",
     )

@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -57,40 +58,31 @@ class GenerationMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self._sources: dict[str, Callable[[], GenerationStats]] = {}
         self._lock = threading.Lock()
-        self.ttft = Histogram(
+        histogram = partial(Histogram, labelnames=["model"], registry=registry)
+        self.ttft = histogram(
             "batchline_generation_time_to_first_token_seconds",
             "From a request's admission to its first generated token.",
-            ["model"],
             buckets=_TTFT_BUCKETS,
-            registry=registry,
         )
-        self.tpot = Histogram(
+        self.tpot = histogram(
             "batchline_generation_time_per_output_token_seconds",
             "A request's mean time between generated tokens, after the first.",
-            ["model"],
             buckets=_TPOT_BUCKETS,
-            registry=registry,
         )
-        self.e2e = Histogram(
+        self.e2e = histogram(
             "batchline_generation_e2e_request_latency_seconds",
             "From a request's admission to its end (requests that ended with stop or length).",
-            ["model"],
             buckets=_E2E_BUCKETS,
-            registry=registry,
         )
-        self.prompt_tokens = Histogram(
+        self.prompt_tokens = histogram(
             "batchline_generation_request_prompt_tokens",
             "Prompt tokens per request.",
-            ["model"],
             buckets=_TOKEN_BUCKETS,
-            registry=registry,
         )
-        self.completion_tokens = Histogram(
+        self.completion_tokens = histogram(
             "batchline_generation_request_completion_tokens",
             "Generated tokens per request.",
-            ["model"],
             buckets=_TOKEN_BUCKETS,
-            registry=registry,
         )
         self.finished = Counter(
             "batchline_generation_finished",
@@ -104,6 +96,11 @@ class GenerationMetrics:
         """Export ``stats()`` (a generator's snapshot) at every scrape, labelled ``model``."""
         with self._lock:
             self._sources[model] = stats
+
+    def forget(self, model: str) -> None:
+        """Stop exporting ``model``'s snapshot (it was unloaded); its counters stay."""
+        with self._lock:
+            self._sources.pop(model, None)
 
     def observe(self, model: str, completion: Completion) -> None:
         """Record one finished request."""

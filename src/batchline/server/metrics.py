@@ -34,6 +34,7 @@ exported, every series labelled with ``model``:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -44,7 +45,7 @@ from batchline._priority import priority_label
 from batchline._stats import BatchStats
 from batchline.server.generation_metrics import GenerationMetrics
 
-__all__ = ["CONTENT_TYPE", "ModelMetrics", "ServerMetrics"]
+__all__ = ["CONTENT_TYPE", "ModelMetrics", "ServerMetrics", "record_outcomes"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -113,90 +114,74 @@ class ServerMetrics:
     """All metrics of one app, in ``self.registry``; :meth:`render` gives the text format."""
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self.batch_size = Histogram(
-            "batchline_batch_size",
-            "Records per model call.",
-            ["model"],
-            buckets=_SIZE_BUCKETS,
-            registry=r,
+        self.registry = r = CollectorRegistry(auto_describe=True)
+        histogram = partial(Histogram, registry=r)
+        counter = partial(Counter, registry=r)
+        self.batch_size = histogram(
+            "batchline_batch_size", "Records per model call.", ["model"], buckets=_SIZE_BUCKETS
         )
-        self.batch_cost = Histogram(
+        self.batch_cost = histogram(
             "batchline_batch_cost_tokens",
             "Padded tokens per model call (rows x longest text).",
             ["model"],
             buckets=_COST_BUCKETS,
-            registry=r,
         )
-        self.batch_duration = Histogram(
+        self.batch_duration = histogram(
             "batchline_batch_duration_seconds",
             "Time of one model call.",
             ["model"],
             buckets=_TIME_BUCKETS,
-            registry=r,
         )
-        self.queue_wait = Histogram(
+        self.queue_wait = histogram(
             "batchline_queue_wait_seconds",
             "Time a record waited in the queue before its batch started.",
             ["model", "priority"],
             buckets=_TIME_BUCKETS,
-            registry=r,
         )
-        self.request_latency = Histogram(
+        self.request_latency = histogram(
             "batchline_request_duration_seconds",
             "Time from a request's validation to its response (successful requests).",
             ["model", "route"],
             buckets=_TIME_BUCKETS,
-            registry=r,
         )
         self.in_flight = Gauge(
-            "batchline_requests_in_flight",
-            "Requests being served.",
-            ["model"],
-            registry=r,
+            "batchline_requests_in_flight", "Requests being served.", ["model"], registry=r
         )
         self.http_in_flight = Gauge(
             "batchline_http_requests_in_flight",
             "Requests to model routes being received or served (what a drain waits for).",
             registry=r,
         )
-        self.rejected = Counter(
+        self.rejected = counter(
             "batchline_requests_rejected",
             "Requests refused before any work: queue_full (429) or draining (503).",
             ["model", "reason"],
-            registry=r,
         )
-        self.failed = Counter(
+        self.failed = counter(
             "batchline_requests_failed",
             "Requests that failed while being served (5xx).",
             ["model", "reason"],
-            registry=r,
         )
-        self.cancelled = Counter(
+        self.cancelled = counter(
             "batchline_requests_cancelled",
             "Requests whose queued records were withdrawn: timeout (504) or disconnect.",
             ["model", "reason"],
-            registry=r,
         )
-        self.model_loads = Counter(
+        self.model_loads = counter(
             "batchline_model_loads",
             "On-demand model loads, by outcome (ok or failed).",
             ["model", "outcome"],
-            registry=r,
         )
-        self.model_evictions = Counter(
+        self.model_evictions = counter(
             "batchline_model_evictions",
             "On-demand models unloaded: room (a load needed it), keep_alive, close.",
             ["model", "reason"],
-            registry=r,
         )
-        self.model_load_seconds = Histogram(
+        self.model_load_seconds = histogram(
             "batchline_model_load_seconds",
             "Time to load an on-demand model.",
             ["model"],
             buckets=(0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0),
-            registry=r,
         )
         self._residency: list[Callable[[], Iterable[Any]]] = []
         r.register(_ResidencyCollector(self._residency))
@@ -234,6 +219,17 @@ class ServerMetrics:
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
         return bytes(generate_latest(self.registry))
+
+
+def record_outcomes(stats: BatchStats) -> tuple[tuple[str, int], ...]:
+    """A batcher's records by outcome, as ``batchline_records_total`` labels them."""
+    return (
+        ("submitted", stats.total_submitted),
+        ("completed", stats.total_completed),
+        ("failed", stats.total_failed),
+        ("cancelled", stats.total_cancelled),
+        ("expired", stats.total_expired),
+    )
 
 
 class _StatsCollector(Collector):
@@ -277,13 +273,7 @@ class _StatsCollector(Collector):
             utilization.add_metric([model], stats.utilization)
             batches.add_metric([model], stats.total_batches)
             device_wait.add_metric([model], stats.device_wait_s)
-            for outcome, value in (
-                ("submitted", stats.total_submitted),
-                ("completed", stats.total_completed),
-                ("failed", stats.total_failed),
-                ("cancelled", stats.total_cancelled),
-                ("expired", stats.total_expired),
-            ):
+            for outcome, value in record_outcomes(stats):
                 records.add_metric([model, outcome], value)
         yield from (depth, in_flight, utilization, records, batches, device_wait)
 

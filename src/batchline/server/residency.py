@@ -12,7 +12,8 @@ weights, the parsed file beside the session's copy), or of torch's CUDA allocati
 estimate. A failed load answers the requests waiting for it with 503 naming the cause, and the
 next request tries again; a model that can never fit is a 503 saying so.
 
-Generate models are not managed: they load at startup as before.
+Generate models are managed alike (their generator starts at the load and drains at the
+unload); a vLLM engine's memory is counted too, as it runs in a child process of the server.
 
 What a request does (``routes``): ``await use_model(...)`` acquires the model (loading it as
 needed) and leaves a release in the request's scope, which the gate calls when the response
@@ -63,20 +64,51 @@ def total_memory() -> int:
 
 
 def memory_in_use(device: str = "cpu") -> int:
-    """The process's resident memory (CPU), or torch's CUDA allocations (``cuda``, when torch
-    is loaded): what a load's footprint is measured by."""
+    """The resident memory of this process and its child processes (CPU: a vLLM engine runs
+    in a child), or torch's CUDA allocations (``cuda``, when torch is loaded): what a load's
+    footprint is measured by."""
     if device.startswith("cuda") and "torch" in sys.modules:
         torch: Any = sys.modules["torch"]
         if torch.cuda.is_available():
             return int(torch.cuda.memory_allocated())
-    try:
-        with open("/proc/self/statm", encoding="ascii") as f:
-            pages = int(f.read().split()[1])
-        return pages * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
+    own = _resident(os.getpid())
+    if own is None:
         import resource
 
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # peak, Linux KiB
+    return own + sum(_resident(pid) or 0 for pid in _descendants(os.getpid()))
+
+
+def _resident(pid: int) -> int | None:
+    """A process's resident bytes (``/proc/PID/statm``), ``None`` where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/statm", encoding="ascii") as f:
+            pages = int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (``/proc/PID/task/TID/children``; none where the kernel
+    does not list children)."""
+    found: list[int] = []
+    pending = [pid]
+    while pending:
+        parent = pending.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children", encoding="ascii") as f:
+                    children = [int(c) for c in f.read().split()]
+            except (OSError, ValueError):
+                continue
+            found.extend(children)
+            pending.extend(children)
+    return found
 
 
 def return_memory() -> None:
@@ -119,12 +151,15 @@ def estimate_bytes(spec: ModelSpec) -> int:
     the first load then measures it)."""
     path: Path | None = None
     if spec.kind == "builtin":
-        if spec.source != "default":
-            return 0
         try:
-            from batchline.models.onnx.minilm import weights_dir
+            if spec.source == "default":
+                from batchline.models.onnx.minilm import weights_dir
 
-            path = weights_dir() / "model.safetensors"
+                path = weights_dir() / "model.safetensors"
+            elif spec.source == "smollm2":  # its fp32 folder, once converted (the GGUF is Q4)
+                from batchline.models.generation.smollm2 import converted_folder
+
+                path = converted_folder()
         except Exception:  # the weights package is missing: the load will say so
             return 0
     elif spec.kind in ("onnx", "hf"):
@@ -145,7 +180,7 @@ def build_residency(
     unload_served: Callable[[Any], Any],
     on_event: Callable[[str, str, dict[str, Any]], None],
 ) -> Residency[Any]:
-    """A residency of the batch ``specs`` under ``settings.memory_budget``: ``load_served``
+    """A residency of ``specs`` under ``settings.memory_budget``: ``load_served``
     (async, spec → started served model) and ``unload_served`` (async) do the work."""
     budget = parse_bytes(settings.memory_budget, total=total_memory())
     device = str(getattr(settings.knobs, "device", "cpu") or "cpu")
@@ -172,8 +207,9 @@ def build_residency(
     async def unload(name: str, served: Any) -> None:
         logger.info("unloading model %s", name)
         await unload_served(served)
-        del served  # the last reference: the residency has dropped its handle
-        await asyncio.to_thread(return_memory)  # malloc_trim off the event loop
+
+    async def reclaim() -> None:
+        await asyncio.to_thread(return_memory)  # gc and malloc_trim off the event loop
 
     residency: Residency[Any] = Residency(
         budget_bytes=budget,
@@ -181,6 +217,7 @@ def build_residency(
         unload=unload,
         keep_alive_s=settings.keep_alive_s,
         on_event=on_event,
+        reclaim=reclaim,
     )
     for spec in specs:
         weights = estimate_bytes(spec)

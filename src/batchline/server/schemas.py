@@ -139,8 +139,8 @@ class SamplingBody(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: StrictStr | None = None
-    # validated like the other routes' (a bad value is a 400); the generation scheduler does
-    # not order by it yet
+    # validated like the other routes' (a bad value is a 400); it orders who joins the next
+    # decode step (SamplingParams.priority, models/generation/scheduler.py)
     priority: Priority | None = None
     max_tokens: MaxTokens | None = None
     temperature: Temperature | None = None

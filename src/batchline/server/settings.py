@@ -85,9 +85,9 @@ class ServerSettings(BaseModel):
 
     Memory (on-demand models, :mod:`batchline.server.residency`):
         memory_budget: ``6GiB``, ``512MB``, bytes, or a fraction of RAM (``0.5``, ``50%``):
-            with it, batch models load on their first request and idle ones are evicted
-            (least recently used) when a load needs room (``None``: every model loads at
-            startup and stays).
+            with it, models (generate ones too) load on their first request and idle ones
+            are evicted (least recently used) when a load needs room (``None``: every model
+            loads at startup and stays).
         preload, pin: models loaded at startup anyway; pinned ones are never evicted.
         keep_alive_s: an idle model is unloaded this long after its last use (``None``:
             only when its room is needed); model_keep_alive_s: ``{name: seconds}``.
@@ -109,7 +109,8 @@ class ServerSettings(BaseModel):
         (``continuous`` or ``static``; ``batching=False``: one sequence at a time),
         max_running_sequences, kv_token_budget, generation_backend (``torch`` or ``vllm``),
         dtype (``auto``, ``float32``, ``bfloat16``), max_step_tokens (the torch backend's), and
-        vLLM's engine settings max_context_tokens, kv_cache_gib, gpu_memory_fraction, eager;
+        vLLM's engine settings max_context_tokens, kv_cache_gib, gpu_memory_fraction, eager,
+        vllm_scheduling_policy (``priority``: vLLM orders joins by the requests' priority);
         ``max_queue_size`` requests wait for admission, and ``device`` and
         ``intra_op_threads`` apply too.
 

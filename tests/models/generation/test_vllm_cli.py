@@ -140,3 +140,35 @@ def _metric_or_zero(server: Server, name: str) -> float:
         return server.metric(name)
     except KeyError:
         return 0.0
+
+
+def test_bench_compares_the_own_engine_with_vllm_in_one_run(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib", reason="the report's plots: bash scripts/vllm_env.sh")
+    out = tmp_path / "report"
+    argv = ["bench", "--task", "generate", "--model", "smollm2", "--generators", "continuous,vllm"]
+    argv += ["--load", "closed:4", "--requests", "4", "--repeats", "1", "--min-new", "4"]
+    argv += ["--max-new", "8", "--max-running-sequences", "4", "--quiet", "-o", str(out)]
+    done = subprocess.run(
+        [sys.executable, "-m", "batchline", *argv],
+        capture_output=True,
+        text=True,
+        timeout=540,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    # vLLM's engine was shut down and freed in its turn, not torn down at the interpreter's exit
+    assert "Exception ignored" not in done.stderr, done.stderr[-4000:]
+    data = json.loads((out / "results.json").read_text())
+    points = {p["generator"]: p for p in data["points"]}
+    assert set(points) == {"continuous", "vllm"}
+    assert all(p["tokens_per_s"] > 0 and p["requests"] == 4 for p in points.values())
+    # the same work on both engines, each request generating exactly what it asked for
+    (own,) = [r["tokens"] for r in data["runs"] if r["generator"] == "continuous"]
+    (theirs,) = [r["tokens"] for r in data["runs"] if r["generator"] == "vllm"]
+    assert own == theirs >= 16
+    # auto chooses one dtype for both backends, and the summary says which
+    assert data["dtypes"]["continuous"] == data["dtypes"]["vllm"]
+    assert data["dtypes"]["vllm"].split()[0] in ("bfloat16", "float32")
+    assert "vllm" in done.stdout
+    assert f"dtype: continuous, vllm: {data['dtypes']['vllm']}" in " ".join(done.stdout.split())
+    assert "| vllm | closed 4 clients |" in (out / "report.md").read_text()

@@ -42,6 +42,11 @@ class SamplingParams:
     ``seed`` makes a sampled sequence repeatable whatever else shares its batch.
     ``constraint`` limits the output to a grammar (see :mod:`.structured`); EOS then only
     where the grammar accepts.
+    ``priority`` orders the request's admission among waiting ones, higher first, as the
+    batcher's ``submit(priority=...)`` (a request priority, ``interactive``/``batch``/an
+    integer, lower first, maps onto it with ``batchline._priority.batcher_priority``): the
+    continuous scheduler ranks it with aging, the vLLM adapter passes it on when vLLM's engine
+    schedules by priority. It never changes the tokens.
     """
 
     max_tokens: int = 64
@@ -51,8 +56,11 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     constraint: Constraint | None = None
+    priority: int = 0
 
     def __post_init__(self) -> None:
+        if isinstance(self.priority, bool) or not isinstance(self.priority, int):
+            raise ValueError(f"priority must be an integer (higher first), got {self.priority!r}")
         if self.constraint is not None and self.ignore_eos:
             raise ValueError("a constrained request ends where its grammar does: drop ignore_eos")
         if self.max_tokens < 1:

@@ -417,6 +417,8 @@ def vllm_engine_args(knobs: Knobs) -> dict[str, Any]:
         kv_gib = CPU_KV_CACHE_GIB
     if kv_gib is not None:
         args["kv_cache_memory_bytes"] = int(kv_gib * 2**30)
+    if knobs.vllm_scheduling_policy != "fcfs":  # vLLM's default: left to it
+        args["scheduling_policy"] = knobs.vllm_scheduling_policy
     return args
 
 

@@ -13,11 +13,25 @@ Scheduling policy of :class:`ContinuousGenerator`:
    never evicted mid-way (``preempted`` stays 0, no recompute is ever wasted), at the price of
    admitting fewer sequences than an optimistic scheduler while outputs are shorter than
    ``max_tokens`` (vLLM reserves per block as tokens arrive and preempts by recompute instead).
-3. **FCFS with bounded overtaking.** Waiting requests are considered in arrival order; one
-   whose reservation does not fit now is skipped and later ones that fit may go ahead of it,
-   but each admission ahead of it counts one *overtake*. Once a request has been overtaken
-   ``max_overtakes`` times, nothing behind it is admitted until it fits: the running
-   sequences end within their ``max_tokens`` steps, so it waits a bounded number of steps.
+3. **Aged priority, then FCFS, with bounded overtaking.** Waiting requests are considered in
+   the core queue's order (``batchline._priority.aged_rank``, the same function): a request of
+   priority ``p`` (``SamplingParams.priority``, higher first) ranks as if it had arrived
+   ``p * priority_aging_s`` seconds earlier, so with the server's classes and the default 10 s
+   an ``interactive`` request joins before ``batch`` ones queued less than 10 s before it, and
+   after older ones; equal ranks keep their arrival order (``priority_aging_s=None``: strict
+   priority, which can starve the lower class). One whose reservation does not fit now is
+   skipped and later-ranked ones that fit may go ahead of it, but each admission ahead of it
+   counts one *overtake*. Once a request has been overtaken ``max_overtakes`` times, nothing
+   ranked behind it is admitted until it fits: the running sequences end within their
+   ``max_tokens`` steps, so it waits a bounded number of steps. A blocked ``batch`` request
+   holds back only what ranks behind it: an ``interactive`` one that ranks ahead of it (it
+   arrived less than ``priority_aging_s`` after it) still joins, and is no overtake; one that
+   ranks behind it (it arrived later than that) waits those bounded steps. A request's rank
+   never changes while it waits, and a new arrival ranks at its arrival time minus at most
+   ``priority_aging_s`` times the priority gap, so every request is eventually first: nothing
+   starves. Running sequences are never preempted for a higher-priority arrival: priority
+   decides who joins, not who stays (a prompt already admitted also finishes its chunked
+   prefill before a later-admitted one, in the engine).
 4. **Aborts** (``stream.abort()``, a cancelled waiter, a stop string) take effect before the
    next step: the slot and the reservation are free for that step's admissions.
 5. **Engine errors fail open.** An exception from ``engine.step()`` fails the requests that
@@ -31,16 +45,17 @@ reach the event loop with one ``loop.call_soon_threadsafe`` per step.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import itertools
 import threading
-from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Self
 
 from batchline._batcher import State
 from batchline._errors import BatcherClosedError, ModelError, QueueFullError
+from batchline._priority import aged_rank
 from batchline.models.generation.engine import (
     GenerationRequest,
     SamplingParams,
@@ -289,7 +304,13 @@ class EngineGenerator:
 @dataclass(eq=False, slots=True)
 class _Waiting:
     seq: TrackedSequence
+    #: the admission order: (aged rank, arrival number), lowest first
+    key: tuple[float, int]
     overtaken: int = 0
+
+
+def _key(w: _Waiting) -> tuple[float, int]:
+    return w.key
 
 
 class ContinuousGenerator(EngineGenerator):
@@ -310,8 +331,11 @@ class ContinuousGenerator(EngineGenerator):
             a request that exceeds it alone is refused with ``RecordTooLargeError``.
         max_waiting: requests waiting for admission, at most; beyond, ``submit`` raises
             ``QueueFullError``.
-        max_overtakes: how many later requests may be admitted ahead of one that does not
-            fit before it blocks admission until it fits (see the module's policy).
+        max_overtakes: how many later-ranked requests may be admitted ahead of one that does
+            not fit before it blocks admission until it fits (see the module's policy).
+        priority_aging_s: seconds of waiting worth one point of ``SamplingParams.priority``,
+            as the batcher's knob of that name (``None``: strict priority, which can starve
+            low priorities).
         clock: where timings are read (any thread); default ``time.monotonic``.
     """
 
@@ -324,6 +348,7 @@ class ContinuousGenerator(EngineGenerator):
         kv_token_budget: int = 16_384,
         max_waiting: int = 1_024,
         max_overtakes: int = 16,
+        priority_aging_s: float | None = 10.0,
         clock: NowClock | None = None,
         name: str = "continuous",
     ) -> None:
@@ -331,14 +356,18 @@ class ContinuousGenerator(EngineGenerator):
         _check_min("kv_token_budget", kv_token_budget, 2)
         _check_min("max_waiting", max_waiting)
         _check_min("max_overtakes", max_overtakes, 0)
+        if priority_aging_s is not None and not priority_aging_s > 0:
+            raise ValueError(f"priority_aging_s must be > 0 or None, got {priority_aging_s!r}")
         super().__init__(
             engine, detokenizer, kv_token_budget=kv_token_budget, clock=clock, name=name
         )
         self.max_running = max_running
         self.max_waiting = max_waiting
         self.max_overtakes = max_overtakes
+        self.priority_aging_s = priority_aging_s
         self._cond = threading.Condition()
-        self._waiting: deque[_Waiting] = deque()
+        self._waiting: list[_Waiting] = []  # in admission order (see _Waiting.key)
+        self._arrivals = itertools.count()
         self._running: dict[str, TrackedSequence] = {}
         self._reserved = 0
         self._to_abort: set[str] = set()
@@ -360,10 +389,19 @@ class ContinuousGenerator(EngineGenerator):
                     f"{self.name}: {len(self._waiting)} requests are already waiting "
                     f"(max_waiting={self.max_waiting}); retry later or raise max_waiting"
                 )
-            self._waiting.append(_Waiting(seq))
+            bisect.insort(self._waiting, _Waiting(seq, self._rank(seq)), key=_key)
             self._cond.notify()
         self._register(seq)
         return seq.stream
+
+    def _rank(self, seq: TrackedSequence) -> tuple[float, int]:
+        """Where ``seq`` goes in the waiting order (under the lock: arrivals are numbered)."""
+        priority = seq.request.params.priority
+        aging_s = self.priority_aging_s
+        arrival = next(self._arrivals)
+        if aging_s is None:
+            return float(-priority), arrival
+        return aged_rank(priority, seq.submitted_at, aging_s), arrival
 
     @property
     def stats(self) -> GenerationStats:
@@ -426,7 +464,7 @@ class ContinuousGenerator(EngineGenerator):
                 for earlier in skipped:
                     earlier.overtaken += 1
             elif waiting.overtaken >= self.max_overtakes:
-                break  # aged: it blocks everyone behind it until it fits
+                break  # overtaken enough: it blocks everyone ranked behind it until it fits
             else:
                 skipped.append(waiting)
         return admitted

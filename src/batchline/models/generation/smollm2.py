@@ -44,6 +44,7 @@ __all__ = [
     "GGUF_NAME",
     "INSTALL_COMMAND",
     "convert_gguf",
+    "converted_folder",
     "gguf_path",
     "load_causal_lm",
     "load_smollm2",
@@ -79,6 +80,18 @@ def gguf_path() -> Path:
 def _file_digest(path: Path) -> str:
     with path.open("rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def converted_folder(*, cache: Path | None = None) -> Path | None:
+    """The cached safetensors folder of ``smollm2`` if the GGUF was converted already, else
+    ``None`` (nothing is converted)."""
+    try:
+        src = gguf_path()
+    except ModelError:
+        return None
+    root = cache if cache is not None else cache_dir()
+    target = root / f"{_NAME}-{_file_digest(src)[:16]}-v{CONVERTER_VERSION}"
+    return target if (target / "config.json").is_file() else None
 
 
 def smollm2_folder(*, cache: Path | None = None, source: Path | None = None) -> Path:

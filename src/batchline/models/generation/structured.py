@@ -149,8 +149,10 @@ def constraint_from_openai(body: Mapping[str, Any]) -> Constraint | None:
 
     Reads ``response_format`` (``{"type": "json_schema", "json_schema": {"schema": {...}}}``,
     ``{"type": "json_object"}`` or ``{"type": "text"}``) and vLLM's extras ``guided_json``,
-    ``guided_regex``, ``guided_choice``; at most one of them. Raises ``ValueError`` saying what
-    is wrong (the server answers it with a 400, a batch job with the line's error).
+    ``guided_regex``, ``guided_choice``; at most one of them. A schema is always enforced, so
+    ``json_schema.strict`` (true or false) changes nothing: ``strict: false`` still constrains.
+    Raises ``ValueError`` saying what is wrong (the server answers it with a 400, a batch job
+    with the line's error).
     """
     asked: list[Constraint] = []
     fmt = body.get("response_format")
@@ -169,6 +171,11 @@ def constraint_from_openai(body: Mapping[str, Any]) -> Constraint | None:
                 raise ValueError(
                     'response_format of type "json_schema" needs "json_schema": '
                     '{"name": ..., "schema": {...}}'
+                )
+            strict = spec.get("strict")
+            if strict is not None and not isinstance(strict, bool):
+                raise ValueError(
+                    f'response_format json_schema "strict" must be true or false, got {strict!r}'
                 )
             asked.append(Constraint.json_schema(spec["schema"]))
         elif kind != "text":

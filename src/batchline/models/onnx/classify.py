@@ -42,7 +42,7 @@ from batchline.models.onnx.embedder import (
     tokenizer_max_length,
 )
 from batchline.models.onnx.runtime import OnnxModel
-from batchline.models.onnx.sessions import load_sessions, tokenizer_path
+from batchline.models.onnx.sessions import SessionModel, load_sessions, tokenizer_path
 from batchline.models.protocol import ModelInfo
 from batchline.models.specs import ModelSpec
 
@@ -52,7 +52,7 @@ __all__ = ["Classification", "OnnxClassifier", "labels_from_config", "load_class
 Classification = dict[str, Any]
 
 
-class OnnxClassifier:
+class OnnxClassifier(SessionModel):
     """An ONNX sequence classifier as a batch model (task ``classify``).
 
     Args:
@@ -115,15 +115,6 @@ class OnnxClassifier:
             details={"labels": list(self.labels)},
         )
 
-    @property
-    def info(self) -> ModelInfo:
-        return self._info
-
-    @property
-    def sessions(self) -> int:
-        """Sessions of the pool: the batches that can run at once."""
-        return self.model.sessions
-
     def prepare(self, inputs: Sequence[object]) -> list[TokenizedText | BaseException]:
         """Tokenize; a non-text input is an ``InputError`` for that input alone."""
         tokens = iter(tokenize_texts(self.tokenizer, [x for x in inputs if isinstance(x, str)]))
@@ -160,12 +151,6 @@ class OnnxClassifier:
             "score": float(probs[best]),
             "scores": {label: float(p) for label, p in zip(self.labels, probs, strict=True)},
         }
-
-    def encode(self, result: Classification) -> Classification:
-        return result
-
-    def close(self) -> None:
-        """Sessions are freed with the object; nothing to close explicitly."""
 
     def _run(self, batch: Sequence[TokenizedText]) -> np.ndarray[Any, Any]:
         feeds, _ = text_feeds(self._inputs, batch, pad_id=self.pad_id)

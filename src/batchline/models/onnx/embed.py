@@ -21,7 +21,7 @@ import numpy.typing as npt
 
 from batchline.knobs import Knobs
 from batchline.models.onnx.embedder import Embedder, TokenizedText, tokenizer_max_length
-from batchline.models.onnx.sessions import tokenizer_path
+from batchline.models.onnx.sessions import SessionModel, tokenizer_path
 from batchline.models.protocol import ModelInfo
 from batchline.models.specs import ModelSpec
 
@@ -30,7 +30,7 @@ __all__ = ["TextEmbedder", "load_embedder"]
 Vector = np.ndarray[Any, np.dtype[np.float32]]
 
 
-class TextEmbedder:
+class TextEmbedder(SessionModel):
     """An :class:`Embedder`'s stages as a batch model (task ``embed``)."""
 
     def __init__(self, embedder: Embedder, *, name: str, solo: Embedder | None = None) -> None:
@@ -50,10 +50,6 @@ class TextEmbedder:
             max_tokens=tokenizer_max_length(embedder.tokenizer),
             details={"dim": embedder.dim},
         )
-
-    @property
-    def info(self) -> ModelInfo:
-        return self._info
 
     @property
     def dim(self) -> int:
@@ -88,12 +84,6 @@ class TextEmbedder:
         finally:
             with self._lock:
                 self._running -= 1
-
-    def encode(self, result: Vector) -> Vector:
-        return result
-
-    def close(self) -> None:
-        """Sessions are freed with the object; nothing to close explicitly."""
 
 
 def _text(value: object) -> str:

@@ -6,7 +6,8 @@ of input name to that row's array, the batch axis left out (a model with one inp
 a bare array). ``prepare`` checks each row against the model (names, element type, shape),
 so a bad row fails alone; a batch stacks its rows, and rows whose dynamic dimensions differ
 run as separate model calls, never padded together. Each result is ``{output name: the row's
-array}``, written out as nested lists.
+array}`` in the model's element type: a float32 output stays float32 in a Parquet output
+(``batchline.datasets.columns``) and becomes JSON numbers only where JSON is written.
 
 Element types: a row is cast to the input's type when no value changes (ints and bools to
 floats; floats with whole values, and ints in range, to ints; float64 to float32 unless a
@@ -30,7 +31,7 @@ import numpy as np
 from batchline._errors import InputError, ModelError
 from batchline.knobs import Knobs
 from batchline.models.onnx.runtime import OnnxModel, OnnxTensor, stack_equal
-from batchline.models.onnx.sessions import load_sessions
+from batchline.models.onnx.sessions import SessionModel, load_sessions
 from batchline.models.protocol import ModelInfo
 from batchline.models.specs import ModelSpec
 
@@ -51,7 +52,7 @@ class TensorRow:
         return tuple(a.shape for a in self.arrays.values())
 
 
-class OnnxPredictor:
+class OnnxPredictor(SessionModel):
     """An ONNX model as a batch model (task ``predict``): rows of named tensors in and out.
 
     The model's batch axis must be dynamic (:meth:`OnnxModel.load` checks it at load and
@@ -75,15 +76,6 @@ class OnnxPredictor:
                 "outputs": [s.spec().as_dict() for s in model.outputs],
             },
         )
-
-    @property
-    def info(self) -> ModelInfo:
-        return self._info
-
-    @property
-    def sessions(self) -> int:
-        """Sessions of the pool: the batches that can run at once."""
-        return self.model.sessions
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -168,12 +160,6 @@ class OnnxPredictor:
                 for j, i in enumerate(members):
                     results[i][name] = out[j]
         return results
-
-    def encode(self, result: Mapping[str, Array]) -> dict[str, object]:
-        return {name: np.asarray(value).tolist() for name, value in result.items()}
-
-    def close(self) -> None:
-        """Sessions are freed with the object; nothing to close explicitly."""
 
     def __repr__(self) -> str:
         return f"OnnxPredictor({self.model.path.name!r}, inputs={list(self._inputs)})"

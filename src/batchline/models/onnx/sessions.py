@@ -1,17 +1,50 @@
 """An ``.onnx`` spec's files and sessions: :func:`tokenizer_path` finds its tokenizer,
 :func:`load_sessions` opens its ONNX Runtime sessions laid out as the knobs say. Every task
-module here (``embed``, ``classify``, ``predict``) loads through them."""
+module here (``embed``, ``classify``, ``predict``) loads through them, and its model is a
+:class:`SessionModel`."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from batchline._errors import InputError
 from batchline.knobs import Knobs
+from batchline.models.protocol import ModelInfo
 from batchline.models.specs import ModelSpec
 
-__all__ = ["load_sessions", "tokenizer_path"]
+if TYPE_CHECKING:
+    from batchline.models.onnx.runtime import OnnxModel
+
+__all__ = ["SessionModel", "load_sessions", "tokenizer_path"]
+
+T = TypeVar("T")
+
+
+class SessionModel:
+    """What the ONNX task models share: their ``info`` (set once, as ``_info``), the size of
+    their session pool (``model``), results that are already what outputs store, and nothing
+    to close (sessions are freed with the object)."""
+
+    model: OnnxModel
+    _info: ModelInfo
+
+    @property
+    def info(self) -> ModelInfo:
+        return self._info
+
+    @property
+    def sessions(self) -> int:
+        """Sessions of the pool: the batches that can run at once."""
+        return self.model.sessions
+
+    def encode(self, result: T) -> T:
+        # vectors as float32 arrays, tensors as arrays in the model's dtypes, classifications
+        # as mappings: each output (batchline.datasets.columns) and route takes them as they are
+        return result
+
+    def close(self) -> None:
+        """Sessions are freed with the object; nothing to close explicitly."""
 
 
 def tokenizer_path(spec: ModelSpec) -> Path:

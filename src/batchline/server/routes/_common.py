@@ -8,8 +8,10 @@ HTTP errors, client-disconnect handling, and fast JSON encoders.
 import asyncio
 import base64
 import logging
-from collections.abc import Awaitable, Mapping, Sequence
-from typing import Any, Protocol, TypeVar
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 import numpy as np
 from pydantic import BaseModel, ValidationError
@@ -29,6 +31,7 @@ __all__ = [
     "ERRORS",
     "ROUTE_OF_TASK",
     "ClientGone",
+    "TextRun",
     "all_finite",
     "api_error",
     "b64",
@@ -43,8 +46,10 @@ __all__ = [
     "pick_model",
     "request_priority",
     "run_model",
+    "run_texts",
     "server_state",
     "unless_disconnected",
+    "use_generator",
     "use_model",
 ]
 
@@ -143,31 +148,46 @@ async def use_model(
 ) -> ServedModel[Any, Any]:
     """:func:`pick_model`, loading an on-demand model first (``batchline.server.residency``:
     held until the response is done; 504 when not loaded in time, 503 when its load fails)."""
-    residency = state.residency
-    if residency is not None:
-        if name is None:
-            name = next((n for n in state.order if state.task_of(n) == task), None)
-        if name is not None and state.managed.get(name) == task:
-            from batchline.server.residency import use_served
-
-            request.scope["batchline.model"] = name
-            settings = state.settings
-            served: ServedModel[Any, Any] = await use_served(
-                residency,
-                name,
-                request.scope,
-                settings.request_timeout_s,
-                max_waiting=settings.knobs.max_queue_size,
-                retry_after_s=settings.retry_after_s,
-            )
-            return served
-    return pick_model(request, state, name, task)
+    if name is None and state.residency is not None:
+        name = next((n for n in state.order if state.task_of(n) == task), None)
+    served: ServedModel[Any, Any] | None = await _use_managed(request, state, name, task)
+    return served if served is not None else pick_model(request, state, name, task)
 
 
 def pick_generator(request: Request, state: ServerState, name: str | None) -> ServedGenerator:
     """The served generate model ``name`` (the only one when ``None``: with several, generated
     texts differ too much to pick one silently); errors as :func:`pick_model`'s."""
     return _pick(request, state, state.generators, name, "generate", first_of_several=False)
+
+
+async def use_generator(request: Request, state: ServerState, name: str | None) -> ServedGenerator:
+    """:func:`pick_generator`, loading an on-demand generate model first (as
+    :func:`use_model`)."""
+    if name is None and state.residency is not None:
+        names = [n for n in state.order if state.task_of(n) == "generate"]
+        name = names[0] if len(names) == 1 else None  # several: pick_generator says to name one
+    served: ServedGenerator | None = await _use_managed(request, state, name, "generate")
+    return served if served is not None else pick_generator(request, state, name)
+
+
+async def _use_managed(request: Request, state: ServerState, name: str | None, task: str) -> Any:
+    """The on-demand model ``name`` of ``task``, acquired for the request (``None``: not an
+    on-demand model of that task; the caller picks it as usual)."""
+    residency = state.residency
+    if residency is None or name is None or state.managed.get(name) != task:
+        return None
+    from batchline.server.residency import use_served
+
+    request.scope["batchline.model"] = name
+    settings = state.settings
+    return await use_served(
+        residency,
+        name,
+        request.scope,
+        settings.request_timeout_s,
+        max_waiting=settings.knobs.max_queue_size,
+        retry_after_s=settings.retry_after_s,
+    )
 
 
 def _pick(
@@ -293,6 +313,52 @@ async def run_model(
         raise error from None
     finally:
         m.in_flight.dec()
+
+
+class _TextBody(Protocol):
+    @property
+    def input(self) -> str | list[str]: ...
+    @property
+    def model(self) -> str | None: ...
+    @property
+    def priority(self) -> object: ...
+
+
+@dataclass(frozen=True)
+class TextRun(Generic[M]):
+    """A text route's request, run: its body, its model, the results in order, their tokens."""
+
+    body: M
+    model: ServedModel[Any, Any]
+    results: list[Any]
+    tokens: int
+    started: float
+
+    def observe_latency(self, route: str) -> None:
+        """Count the request, answered, in ``batchline_request_duration_seconds``."""
+        self.model.metrics.request_latency(route).observe(time.perf_counter() - self.started)
+
+
+async def run_texts(
+    request: Request,
+    schema: type[M],
+    task: str,
+    check: Callable[[M, ServedModel[Any, Any]], None] | None = None,
+) -> TextRun[M]:
+    """The path of the text routes (``/v1/embeddings``, ``/classify``): the body as ``schema``
+    (``input``, ``model``, ``priority``), the served model of ``task``, the texts checked (then
+    ``check``, a route's own), all run through the model's batcher at the request's priority."""
+    started = time.perf_counter()
+    state = server_state(request)
+    body = await parse_body(request, schema)
+    fields = cast(_TextBody, body)
+    model = await use_model(request, state, fields.model, task)
+    texts = check_texts(fields.input, state, "input")
+    if check is not None:
+        check(body, model)
+    priority = request_priority(request, state, model.name, fields.priority)
+    results, tokens = await run_model(state, model, texts, priority=priority)
+    return TextRun(body, model, results, tokens, started)
 
 
 def api_error(

@@ -10,7 +10,6 @@ result also has ``"scores": {label: score}``. Served by ``classify`` models
 
 import json
 import math
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,17 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from batchline.server.errors import ApiError
-from batchline.server.routes._common import (
-    ERRORS,
-    body_doc,
-    check_texts,
-    non_finite,
-    parse_body,
-    request_priority,
-    run_model,
-    server_state,
-    use_model,
-)
+from batchline.server.routes._common import ERRORS, body_doc, non_finite, run_texts
 from batchline.server.schemas import ClassifyRequest, ClassifyResponse
 from batchline.server.state import ServedModel
 
@@ -48,19 +37,13 @@ router = APIRouter()
 async def classify(request: Request) -> Response:
     """One result per text, in order: ``label`` and ``score``, plus ``scores`` (every label's)
     with ``return_all_scores``."""
-    started = time.perf_counter()
-    state = server_state(request)
-    body = await parse_body(request, ClassifyRequest)
-    model = await use_model(request, state, body.model, "classify")
-    texts = check_texts(body.input, state, "input")
-    priority = request_priority(request, state, model.name, body.priority)
-    results, _ = await run_model(state, model, texts, priority=priority)
-    items = [_result(model, r, body.return_all_scores) for r in results]
+    done = await run_texts(request, ClassifyRequest, "classify")
+    items = [_result(done.model, r, done.body.return_all_scores) for r in done.results]
     try:
         payload = json.dumps({"results": items}, separators=(",", ":"), allow_nan=False)
     except ValueError:
-        raise non_finite(model) from None
-    model.metrics.request_latency("classify").observe(time.perf_counter() - started)
+        raise non_finite(done.model) from None
+    done.observe_latency("classify")
     return Response(payload, media_type="application/json")
 
 

@@ -30,7 +30,10 @@ Where a request can end:
 ==========================  ===========================================================
 
 An aborted sequence leaves the engine before its next step, so its slot and KV reservation
-go to waiting requests at once.
+go to waiting requests at once. A request's priority (its body's ``priority``, the
+``X-Batchline-Priority`` header, the model's ``model_priority``; ``interactive`` by default)
+goes with each of its prompts in ``SamplingParams.priority``: the generator orders who joins
+the next step by it (aged, as the batchers' queues; ``scheduler.py``).
 
 (No ``from __future__ import annotations``: FastAPI reads these annotations at run time.)
 """
@@ -39,9 +42,10 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Protocol, TypeVar, cast
 
 from fastapi import APIRouter
+from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -55,10 +59,10 @@ from batchline.server.routes._common import (
     body_doc,
     check_count,
     parse_body,
-    pick_generator,
     request_priority,
     server_state,
     unless_disconnected,
+    use_generator,
 )
 from batchline.server.routes._sse import Shape, aborted, event_stream, usage
 from batchline.server.schemas import (
@@ -86,6 +90,29 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 DEFAULT_MAX_TOKENS = 256
 
 
+class _Routed(Protocol):
+    @property
+    def model(self) -> str | None: ...
+    @property
+    def priority(self) -> object: ...
+
+
+B = TypeVar("B", bound=BaseModel)
+
+
+async def _generation_request(
+    request: Request, schema: type[B]
+) -> tuple[B, ServerState, ServedGenerator, int]:
+    """The body as ``schema`` (with ``model`` and ``priority``), the generator it names
+    (loaded on demand, held for the request) and the request's priority."""
+    body = await parse_body(request, schema)
+    routed = cast(_Routed, body)
+    state = server_state(request)
+    served = await use_generator(request, state, routed.model)
+    priority = request_priority(request, state, served.name, routed.priority)
+    return body, state, served, priority
+
+
 @router.post(
     "/generate",
     response_model=GenerateTextResponse,
@@ -97,18 +124,15 @@ async def generate(request: Request) -> Response:
     """``{"prompts": [...], "task_id": ...}`` to ``{"results": [...], "details": [...],
     "task_id", "model"}``: each prompt is a raw prompt (no chat template) unless ``"chat":
     true``; greedy unless ``temperature`` is given."""
-    body = await parse_body(request, GenerateTextRequest)
-    state = server_state(request)
-    served = pick_generator(request, state, body.model)
-    # checked (400 when bad) for every route alike; the generation scheduler does not order
-    # by it yet: each sequence joins at the next step in arrival order
-    request_priority(request, state, served.name, body.priority)
+    body, state, served, priority = await _generation_request(request, GenerateTextRequest)
     check_count(len(body.prompts), state, "prompts", "prompts")
     prompts = [
         await _encode_text(served, state, text, "prompts", i, chat=body.chat)
         for i, text in enumerate(body.prompts)
     ]
-    params = _sampling(served, body, prompts, default_max_tokens=DEFAULT_MAX_TOKENS, greedy=True)
+    params = _sampling(
+        served, body, prompts, priority, default_max_tokens=DEFAULT_MAX_TOKENS, greedy=True
+    )
     streams = _submit_all(served, state, prompts, params, f"gen-{uuid.uuid4().hex}")
     completions = await _finish_all(request, state, served, streams)
     return JSONResponse(
@@ -136,12 +160,7 @@ async def generate(request: Request) -> Response:
 )
 async def create_completion(request: Request) -> Response:
     """One choice per prompt (``n`` is 1), with ``usage`` over all of them."""
-    body = await parse_body(request, CompletionRequest)
-    state = server_state(request)
-    served = pick_generator(request, state, body.model)
-    # checked (400 when bad) for every route alike; the generation scheduler does not order
-    # by it yet: each sequence joins at the next step in arrival order
-    request_priority(request, state, served.name, body.priority)
+    body, state, served, priority = await _generation_request(request, CompletionRequest)
     _check_openai(body)
     if body.echo:
         raise _bad("'echo' is not supported; send echo=false")
@@ -152,7 +171,9 @@ async def create_completion(request: Request) -> Response:
     texts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
     check_count(len(texts), state, "prompt", "prompts")
     prompts = [await _encode_text(served, state, text, "prompt", i) for i, text in enumerate(texts)]
-    params = _sampling(served, body, prompts, default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS)
+    params = _sampling(
+        served, body, prompts, priority, default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS
+    )
     rid = f"cmpl-{uuid.uuid4().hex}"
     streams = _submit_all(served, state, prompts, params, rid)
     shape = Shape(rid, "text_completion", int(time.time()), served.name, chat=False)
@@ -174,12 +195,7 @@ async def create_completion(request: Request) -> Response:
 )
 async def create_chat_completion(request: Request) -> Response:
     """The messages through the model's chat template; one choice (``n`` is 1)."""
-    body = await parse_body(request, ChatCompletionRequest)
-    state = server_state(request)
-    served = pick_generator(request, state, body.model)
-    # checked (400 when bad) for every route alike; the generation scheduler does not order
-    # by it yet: each sequence joins at the next step in arrival order
-    request_priority(request, state, served.name, body.priority)
+    body, state, served, priority = await _generation_request(request, ChatCompletionRequest)
     _check_openai(body)
     if body.tools:
         raise _bad("'tools' are not supported by this server; omit them")
@@ -192,7 +208,7 @@ async def create_chat_completion(request: Request) -> Response:
     ids = await _encode(served.model.encode_chat, messages, size, state, "messages")
     if not ids:
         raise _bad("'messages' produced no tokens; send some text")
-    params = _sampling(served, body, [ids], default_max_tokens=DEFAULT_MAX_TOKENS)
+    params = _sampling(served, body, [ids], priority, default_max_tokens=DEFAULT_MAX_TOKENS)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     streams = _submit_all(served, state, [ids], params, rid)
     shape = Shape(rid, "chat.completion", int(time.time()), served.name, chat=True)
@@ -274,12 +290,14 @@ def _sampling(
     served: ServedGenerator,
     body: SamplingBody,
     prompts: Sequence[Sequence[int]],
+    priority: int = 0,
     *,
     default_max_tokens: int,
     greedy: bool = False,
 ) -> list[SamplingParams]:
-    """One ``SamplingParams`` per prompt: a missing ``max_tokens`` is capped by what the
-    context leaves after that prompt. 400 when a prompt can never fit."""
+    """One ``SamplingParams`` per prompt, at the request's ``priority`` (the batcher's, from
+    :func:`request_priority`: the generator orders joins by it): a missing ``max_tokens`` is
+    capped by what the context leaves after that prompt. 400 when a prompt can never fit."""
     stop: tuple[str, ...] = (
         ()
         if body.stop is None
@@ -314,6 +332,7 @@ def _sampling(
                     stop=stop,
                     ignore_eos=body.ignore_eos,
                     constraint=constraint,
+                    priority=priority,
                 )
             )
         except RecordTooLargeError as exc:

@@ -136,7 +136,7 @@ def _text(row: dict[str, Array]) -> str:
 
 def _model(state: ServerState, name: str) -> ServedModel[Any, Any]:
     model = state.models.get(name)
-    if model is None and name in state.generators:
+    if model is None and state.task_of(name) == "generate":
         raise ApiError(
             400,
             f"model {name!r} does generate: not served over the Open Inference Protocol; send "
@@ -178,11 +178,17 @@ async def ready(request: Request) -> JSONResponse:
     )
 
 
+def _on_demand(state: ServerState, name: str) -> bool:
+    """Whether ``name`` is an on-demand batch model (a generate model has no tensors here,
+    loaded or not: :func:`_model` says so)."""
+    return state.managed.get(name) not in (None, "generate")
+
+
 @router.get("/v2/models/{name}", summary="Open Inference Protocol: model metadata")
 async def model_metadata(request: Request, name: str) -> JSONResponse:
     state = server_state(request)
     try:
-        if state.managed.get(name) is not None:  # an on-demand model: its tensors need it loaded
+        if _on_demand(state, name):  # an on-demand model: its tensors need it loaded
             model = await use_model(request, state, name, state.managed[name])
         else:
             model = _model(state, name)
@@ -198,7 +204,7 @@ async def model_metadata(request: Request, name: str) -> JSONResponse:
 async def model_ready(request: Request, name: str) -> JSONResponse:
     state = server_state(request)
     try:
-        if name not in state.managed:  # an on-demand model is ready: it loads on a request
+        if not _on_demand(state, name):  # an on-demand model is ready: it loads on a request
             _model(state, name)
     except ApiError as exc:
         return _error(exc.status, exc.message, exc.headers)
@@ -212,7 +218,7 @@ async def infer(request: Request, name: str) -> Response:
     started = time.perf_counter()
     state = server_state(request)
     try:
-        if state.managed.get(name) is not None:  # an on-demand model: loaded as needed
+        if _on_demand(state, name):  # an on-demand model: loaded as needed
             model = await use_model(request, state, name, state.managed[name])
         else:
             model = _model(state, name)

@@ -8,7 +8,7 @@ request body schemas still appear in the OpenAPI document.
 """
 
 import json
-import time
+from typing import Any
 
 import numpy as np
 from fastapi import APIRouter
@@ -21,16 +21,12 @@ from batchline.server.routes._common import (
     all_finite,
     b64,
     body_doc,
-    check_texts,
     floats,
     non_finite,
-    parse_body,
-    request_priority,
-    run_model,
-    server_state,
-    use_model,
+    run_texts,
 )
 from batchline.server.schemas import EmbeddingRequest, EmbeddingResponse
+from batchline.server.state import ServedModel
 
 __all__ = ["router"]
 
@@ -47,24 +43,12 @@ router = APIRouter()
 async def create_embeddings(request: Request) -> Response:
     """Embed one text or a list of texts; ``encoding_format`` ``float`` or ``base64``
     (little-endian float32)."""
-    started = time.perf_counter()
-    state = server_state(request)
-    body = await parse_body(request, EmbeddingRequest)
-    model = await use_model(request, state, body.model, "embed")
-    texts = check_texts(body.input, state, "input")
-    dim = model.info.details.get("dim")
-    if body.dimensions is not None and body.dimensions != dim:
-        raise ApiError(
-            400,
-            f"{model.name} returns {dim} dimensions; omit 'dimensions' or send {dim}",
-            "invalid_request_error",
-        )
-    priority = request_priority(request, state, model.name, body.priority)
-    results, tokens = await run_model(state, model, texts, priority=priority)
-    vectors = [np.asarray(model.model.encode(r), dtype=np.float32) for r in results]
+    done = await run_texts(request, EmbeddingRequest, "embed", _check_dimensions)
+    model, tokens = done.model, done.tokens
+    vectors = [np.asarray(model.model.encode(r), dtype=np.float32) for r in done.results]
     if not all_finite(vectors):
         raise non_finite(model)
-    encode = b64 if body.encoding_format == "base64" else floats
+    encode = b64 if done.body.encoding_format == "base64" else floats
     items = ",".join(
         f'{{"object":"embedding","index":{i},"embedding":{encode(v)}}}'
         for i, v in enumerate(vectors)
@@ -73,5 +57,15 @@ async def create_embeddings(request: Request) -> Response:
         f'{{"object":"list","data":[{items}],"model":{json.dumps(model.name)},'
         f'"usage":{{"prompt_tokens":{tokens},"total_tokens":{tokens}}}}}'
     )
-    model.metrics.request_latency("embeddings").observe(time.perf_counter() - started)
+    done.observe_latency("embeddings")
     return Response(payload, media_type="application/json")
+
+
+def _check_dimensions(body: EmbeddingRequest, model: ServedModel[Any, Any]) -> None:
+    dim = model.info.details.get("dim")
+    if body.dimensions is not None and body.dimensions != dim:
+        raise ApiError(
+            400,
+            f"{model.name} returns {dim} dimensions; omit 'dimensions' or send {dim}",
+            "invalid_request_error",
+        )

@@ -1,0 +1,121 @@
+"""The model a command runs, as one set of options: :class:`ModelSelection`.
+
+``run``, ``bench`` and ``tune`` name a model the same way: a spec (``--model``) and the
+options that say what it does (``--task``, ``--tokenizer``, ``--labels``, ``--pooling``,
+``--normalize``). Their option classes take these fields from :class:`ModelSelection`, their
+parsers the flags from :func:`add_model_arguments`, and :func:`model_options` carries the
+parsed flags over. Standard library only: every ``--help`` imports it.
+
+Example::
+
+    p = argparse.ArgumentParser()
+    add_model_arguments(p)
+    options = BenchOptions(**model_options(p.parse_args(["--model", "clf.onnx"])))
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from batchline.models.specs import ModelSpec
+
+__all__ = ["ModelSelection", "add_model_arguments", "model_options"]
+
+
+@dataclass(kw_only=True)
+class ModelSelection:
+    """A model spec and its options, as ``batchline run`` reads them (``models/specs.py``)."""
+
+    #: a model spec: ``default``, ``PATH.onnx``, ``module:factory`` (``batchline.models.specs``)
+    model: str = "default"
+    task: str | None = None
+    tokenizer: Path | None = None
+    labels: tuple[str, ...] | None = None
+    pooling: str | None = None
+    normalize: bool | None = None
+
+    def spec_options(self) -> dict[str, Any]:
+        """The options of the spec (all but ``model`` and ``task``), as ``parse_specs`` and
+        ``ModelSpec.with_options`` take them."""
+        return {
+            "tokenizer": self.tokenizer,
+            "labels": self.labels,
+            "pooling": self.pooling,
+            "normalize": self.normalize,
+        }
+
+    def parse_spec(self, task: str | None) -> ModelSpec:
+        """The one spec these options name, with ``task`` (None: the spec's own default)."""
+        from batchline.models.specs import parse_specs
+
+        (spec,) = parse_specs([self.model], tasks=[task] if task else [], **self.spec_options())
+        return spec
+
+    def model_argv(self) -> list[str]:
+        """The flags that name this model again, defaults left out (for a command to copy)."""
+        argv: list[str] = []
+        if self.model != "default":
+            argv += ["--model", self.model]
+        if self.task is not None:
+            argv += ["--task", self.task]
+        if self.tokenizer is not None:
+            argv += ["--tokenizer", str(self.tokenizer)]
+        if self.labels is not None:
+            argv += ["--labels", ",".join(self.labels)]
+        if self.pooling is not None:
+            argv += ["--pooling", self.pooling]
+        if self.normalize is not None:
+            argv += ["--normalize" if self.normalize else "--no-normalize"]
+        return argv
+
+
+def model_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The :class:`ModelSelection` fields as parsed by :func:`add_model_arguments`: keyword
+    arguments for any option class built on it."""
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(ModelSelection)}
+
+
+def add_model_arguments(p: argparse.ArgumentParser, *, several: bool = False) -> None:
+    """The flags that name a model (``run``, ``bench``, ``tune``): a spec and its options;
+    ``several``: ``--model`` repeats (``run``'s OpenAI batch files), parsed as a list or None."""
+    p.add_argument(
+        "--model",
+        action="append" if several else "store",
+        default=None if several else "default",
+        metavar="[NAME=]SPEC" if several else "SPEC",
+        help="default (all-MiniLM-L6-v2 embeddings), smollm2 (text generation), PATH.onnx, "
+        "PATH/ (a Hugging Face causal-LM folder: generation), or module:factory (your own "
+        "Python: a batch function or a model object); see 'batchline models list'"
+        + (
+            "; repeatable for an OpenAI batch file, each line's body.model picking one by NAME "
+            "(one generator and one embedding model at most)"
+            if several
+            else ""
+        ),
+    )
+    p.add_argument(
+        "--task",
+        choices=["embed", "classify", "predict", "generate"],
+        help="what a PATH.onnx model does (default: embed if it takes input_ids, else predict); "
+        "generate: text generation (implied by smollm2 and PATH/ models; default model smollm2)",
+    )
+    p.add_argument(
+        "--tokenizer", type=Path, help="tokenizer.json of a text model (default: beside the .onnx)"
+    )
+    p.add_argument(
+        "--labels",
+        type=lambda text: tuple(x.strip() for x in text.split(",")),
+        help="classify: comma-separated labels (default: config.json's id2label beside the model)",
+    )
+    p.add_argument("--pooling", choices=["mean", "cls", "none"], help="embed: token pooling")
+    p.add_argument(
+        "--normalize",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="embed: L2-normalise the vectors (default: yes when the model's output is pooled)",
+    )
