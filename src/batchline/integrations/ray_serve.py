@@ -397,8 +397,9 @@ def deploy(
     ``load_model`` / ``load_generator`` are :func:`batchline.server.create_app`'s (they are
     pickled to the replicas). ``ingress`` is the one that Ray was started with
     (:data:`INGRESSES`; :func:`ingress_env`): with ``haproxy``, the URL is returned once
-    HAProxy routes to a replica (to Serve's proxy with MIN 0). Raises ``ModelError`` when the replicas cannot start (a model
-    that does not load, resources the cluster lacks) within ``start_timeout_s``.
+    HAProxy routes to a replica (to Serve's proxy with MIN 0). Raises ``ModelError`` when the
+    replicas cannot start (a model that does not load, resources the cluster lacks) within
+    ``start_timeout_s``.
     """
     check_ingress(ingress)
     options = deployment_options(settings, replicas)
