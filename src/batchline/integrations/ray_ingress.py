@@ -65,9 +65,11 @@ def ingress_env(ingress: str) -> dict[str, str]:
     }
 
 
-def routed(app: str, *, replica: bool = True) -> bool:
-    """Whether HAProxy sends the requests of application ``app`` to a replica (``replica``) or
-    at least to Serve's proxy, which holds them while no replica runs (MIN 0). Serve calls a
+def routed(app: str, *, replicas: int = 1) -> bool:
+    """Whether HAProxy sends the requests of application ``app`` to ``replicas`` replicas or
+    more, or (0) at least to Serve's proxy, which holds them while no replica runs (MIN 0).
+    Waiting for every starting replica keeps a reload (each added replica is one) from cutting
+    off the clients that came once the first was routed. Serve calls a
     replica running before HAProxy has reloaded with its port, and the HAProxy process that a
     reload replaces closes the connections it holds: a client that connected to it would be
     cut off. So: once HAProxy's stats list such a server UP and the replaced process has
@@ -78,18 +80,19 @@ def routed(app: str, *, replica: bool = True) -> bool:
     folder, name = os.path.split(RAY_SERVE_HAPROXY_SOCKET_PATH)
     folder = os.path.join(folder, ray.get_runtime_context().get_node_id())
     servers = _haproxy_servers_up(os.path.join(folder, name), f"http-{app}")
-    if replica:
+    if replicas:
         servers = [s for s in servers if s.startswith("SERVE_REPLICA")]
-    return bool(servers) and _haproxy_processes(folder) == 1
+    return len(servers) >= max(replicas, 1) and _haproxy_processes(folder) == 1
 
 
-def wait_routed(app: str, timeout_s: float, *, replica: bool = True) -> None:
+def wait_routed(app: str, timeout_s: float, *, replicas: int = 1) -> None:
     """Wait until :func:`routed`; ``ModelError`` after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
-    while not routed(app, replica=replica):
+    while not routed(app, replicas=replicas):
         if time.monotonic() > deadline:
+            what = f"{replicas} replica(s)" if replicas else "Serve"
             raise ModelError(
-                f"HAProxy did not route to {'a replica' if replica else 'Serve'} within "
+                f"HAProxy did not route to {what} within "
                 f"{timeout_s:.0f} s; check the proxy's log (serve/proxy_*.log under Ray's "
                 "session folder)"
             )

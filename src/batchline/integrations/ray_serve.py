@@ -306,8 +306,8 @@ class _Readiness:
     """``GET /ready`` of the whole deployment, answered without reaching (or waking) a replica:
     200 once at least one replica is running, or at once when the minimum is 0 (a request then
     waits for a replica); 503 otherwise. The body tells the replicas' target and running. With
-    HAProxy, only once HAProxy routes to a replica, or with MIN 0 to Serve's proxy
-    (:func:`routed`)."""
+    HAProxy, only once HAProxy routes to MIN replicas (a replica added later reloads HAProxy,
+    which cuts off the clients it holds), or with MIN 0 to Serve's proxy (:func:`routed`)."""
 
     def __init__(self, minimum: int, retry_after_s: int, ingress: str = "proxy") -> None:
         self._minimum = minimum
@@ -321,7 +321,7 @@ class _Readiness:
         if not self._routed and (counts.running >= 1 or self._minimum == 0):
             # with MIN 0, routed once HAProxy sends requests on to Serve's proxy, which holds
             # them until a replica runs
-            self._routed = await asyncio.to_thread(routed, APP_NAME, replica=self._minimum >= 1)
+            self._routed = await asyncio.to_thread(routed, APP_NAME, replicas=self._minimum)
             if not self._routed:
                 counts = dataclasses.replace(counts, running=0, deployed=False)
         body: dict[str, Any] = {
@@ -438,7 +438,7 @@ def deploy(
     _wait_started(start_timeout_s)
     if ingress == "haproxy":
         timeout_s = max(deadline - time.monotonic(), 5.0)
-        wait_routed(APP_NAME, timeout_s, replica=replicas.min >= 1)
+        wait_routed(APP_NAME, timeout_s, replicas=replicas.min)
     return f"http://{_url_host(settings.host)}:{settings.port}"
 
 
