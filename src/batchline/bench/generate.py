@@ -51,7 +51,7 @@ from batchline._clock import Clock, MonotonicClock
 from batchline._errors import InputError, QueueFullError
 from batchline.bench.generate_results import (
     ALL_GENERATORS,
-    BASELINE,
+    BASELINE_GENERATOR,
     GENERATORS,
     GOALS,
     GenerateBenchResult,
@@ -462,7 +462,7 @@ async def run_generate_bench_async(
         runs: list[RunFigures] = []
 
         async def take_turn(name: str, repeat: int) -> None:
-            n = options.sequential_requests if name == BASELINE else options.requests
+            n = options.sequential_requests if name == BASELINE_GENERATOR else options.requests
             turn = await start_turn(name)
             try:
                 for load in options.loads:

@@ -18,7 +18,7 @@ from batchline.bench.stats import summarize
 
 __all__ = [
     "ALL_GENERATORS",
-    "BASELINE",
+    "BASELINE_GENERATOR",
     "DESCRIPTIONS",
     "GENERATORS",
     "GOALS",
@@ -35,7 +35,7 @@ GENERATORS: tuple[GeneratorName, ...] = ("one-at-a-time", "static", "continuous"
 #: Every configuration ``--generators`` takes, in report order: ``vllm`` needs vLLM installed.
 ALL_GENERATORS: tuple[GeneratorName, ...] = (*GENERATORS, "vllm")
 #: What every throughput is divided by in the report (at the same closed-loop point).
-BASELINE: GeneratorName = "one-at-a-time"
+BASELINE_GENERATOR: GeneratorName = "one-at-a-time"
 
 #: The goals the ratios are held to: (name, numerator, denominator, metric, op, goal).
 GOALS: tuple[tuple[str, str, str, str, str, float], ...] = (
@@ -156,12 +156,14 @@ class GenerateBenchResult:
     dtypes: dict[str, str] = field(default_factory=dict)
 
     def baseline_ratio(self, point: GenPoint) -> float:
-        """``point``'s tokens/s over the baseline's (:data:`BASELINE`) at the same closed-loop
-        load point; ``nan`` where the baseline did not run or the loop is open (throughput is
-        the arrival rate there)."""
+        """``point``'s tokens/s over the baseline's (:data:`BASELINE_GENERATOR`) at the same
+        closed-loop load point; ``nan`` where the baseline did not run or the loop is open
+        (throughput is the arrival rate there)."""
         if point.kind == "open":
             return math.nan
-        base = [p for p in self.points if p.generator == BASELINE and p.point == point.point]
+        base = [
+            p for p in self.points if p.generator == BASELINE_GENERATOR and p.point == point.point
+        ]
         if not base or base[0].tokens_per_s <= 0:
             return math.nan
         return point.tokens_per_s / base[0].tokens_per_s
