@@ -258,3 +258,18 @@ async def serving(
     app = create_app(settings(**overrides), load_model=loader(model))
     async with client_on(app, release=model.gate.set) as client:
         yield client, app
+
+
+#: Each fake on-demand model's footprint in the residency tests (a first load reserves twice
+#: it): a budget of 1000 holds one.
+FOOTPRINT = 400
+
+
+@pytest.fixture
+def fixed_footprints(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On-demand models of :data:`FOOTPRINT` bytes each, whatever their loads measure."""
+    from batchline.server import residency
+
+    monkeypatch.setattr(residency, "estimate_bytes", lambda spec: FOOTPRINT)
+    monkeypatch.setattr(residency, "memory_in_use", lambda device="cpu": 0)
+    monkeypatch.setattr(residency, "_reset_peak", lambda: None)  # no peak measured

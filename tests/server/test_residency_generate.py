@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 from batchline.server import create_app
-from batchline.server import residency as server_residency
 
 from .conftest import (
     GEN_TOK,
@@ -25,16 +24,7 @@ from .conftest import (
     wait_for,
 )
 
-pytestmark = pytest.mark.anyio
-
-SIZE = 400  # each fake model's footprint (a load reserves twice it): 1000 holds one
-
-
-@pytest.fixture(autouse=True)
-def _footprints(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(server_residency, "estimate_bytes", lambda spec: SIZE)
-    monkeypatch.setattr(server_residency, "memory_in_use", lambda device="cpu": 0)
-    monkeypatch.setattr(server_residency, "_reset_peak", lambda: None)
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("fixed_footprints")]
 
 
 def app_with(loaded: list[FakeGenerateModel], *, gated: bool = False, **overrides: Any) -> Any:

@@ -12,20 +12,10 @@ from typing import Any
 import pytest
 
 from batchline.server import create_app
-from batchline.server import residency as server_residency
 
-from .conftest import FakeEmbedder, client_on, loader, settings, wait_for
+from .conftest import FOOTPRINT, FakeEmbedder, client_on, loader, settings, wait_for
 
-pytestmark = pytest.mark.anyio
-
-SIZE = 400  # each fake model's footprint (a load reserves twice it): 1000 holds one
-
-
-@pytest.fixture(autouse=True)
-def _footprints(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(server_residency, "estimate_bytes", lambda spec: SIZE)
-    monkeypatch.setattr(server_residency, "memory_in_use", lambda device="cpu": 0)
-    monkeypatch.setattr(server_residency, "_reset_peak", lambda: None)  # no peak measured
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("fixed_footprints")]
 
 
 def on_demand(**overrides: Any) -> Any:
@@ -52,7 +42,7 @@ async def test_models_load_on_first_request_and_the_idle_one_makes_room() -> Non
     async with client_on(app) as client:
         listed = (await client.get("/v1/models")).json()
         assert states(listed) == {"a": "unloaded", "b": "unloaded"}
-        assert {m["footprint_bytes"] for m in listed["data"]} == {SIZE}
+        assert {m["footprint_bytes"] for m in listed["data"]} == {FOOTPRINT}
         assert (await embed(client, "a")).status_code == 200
         assert states((await client.get("/v1/models")).json()) == {"a": "resident", "b": "unloaded"}
         assert (await embed(client, "b")).status_code == 200  # a is idle: evicted for b

