@@ -225,12 +225,6 @@ class Residency(Generic[H]):
         """Bytes held against the budget: resident models, loads and unloads under way."""
         return sum(e.accounted for e in self._entries.values())
 
-    @property
-    def free_bytes(self) -> int | None:
-        if self.budget_bytes is None:
-            return None
-        return self.budget_bytes - self.accounted_bytes
-
     def state(self, name: str) -> ResidentState:
         return self._entry(name).state
 

@@ -46,7 +46,6 @@ from batchline.driver.retry import parse_retry_after
 __all__ = [
     "EMBEDDINGS",
     "GENERATE",
-    "ROUTES",
     "EmbeddingsRoute",
     "GenerateRoute",
     "InvalidResponse",
@@ -213,7 +212,6 @@ class GenerateRoute:
 
 EMBEDDINGS = EmbeddingsRoute()
 GENERATE = GenerateRoute()
-ROUTES: dict[str, Route] = {"embeddings": EMBEDDINGS, "generate": GENERATE}
 
 
 def _answers(

@@ -47,9 +47,6 @@ __all__ = [
     "tokenizer_max_length",
 ]
 
-# Texts are tokenized in chunks so that the first batches run while the rest are tokenized.
-_TOKENIZE_CHUNK = 256
-
 _KNOWN_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
 
 
