@@ -28,6 +28,7 @@ import math
 import os
 import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,35 @@ GENERATION_BACKENDS = ("torch", "vllm")
 GENERATION_DTYPES = ("auto", "float32", "bfloat16")
 #: How vLLM's engine orders waiting requests (``Knobs.vllm_scheduling_policy``).
 VLLM_SCHEDULING_POLICIES = ("fcfs", "priority")
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _integer(least: int) -> Callable[[Any], bool]:
+    return lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+#: Knobs fields that take one of a few names.
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "generation_batching": GENERATION_BATCHING,
+    "generation_backend": GENERATION_BACKENDS,
+    "dtype": GENERATION_DTYPES,
+    "vllm_scheduling_policy": VLLM_SCHEDULING_POLICIES,
+}
+#: Knobs fields that are not plain numbers: the check and what it wants; the rest are numbers
+#: >= 1 (``batch_timeout_s`` >= 0).
+_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "batching": (lambda v: isinstance(v, bool), "true or false"),
+    "device": (lambda v: isinstance(v, str) and bool(_DEVICE.match(v)), "cpu, cuda or cuda:N"),
+    "eager": (lambda v: v is None or isinstance(v, bool), "true, false or unset"),
+    "gpu_memory_fraction": (lambda v: v is None or (_number(v) and 0 < v <= 1), "in (0, 1]"),
+    "kv_cache_gib": (lambda v: v is None or (_number(v) and v > 0), "a number > 0"),
+    "max_context_tokens": (lambda v: v is None or _integer(2)(v), "an integer >= 2"),
+    "kv_token_budget": (_integer(2), "an integer >= 2"),
+    "max_running_sequences": (_integer(1), "an integer >= 1"),
+}
 
 
 def machine_cores() -> int:
@@ -152,75 +182,25 @@ class Knobs:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name == "generation_batching":
-                if value not in GENERATION_BATCHING:
-                    raise InputError(
-                        f"generation_batching must be continuous or static, got {value!r}"
+            if f.name in _CHOICES:
+                choices = _CHOICES[f.name]
+                if value not in choices:
+                    want = (
+                        " or ".join(choices)
+                        if len(choices) == 2
+                        else "one of " + ", ".join(choices)
                     )
-                continue
-            if f.name == "generation_backend":
-                if value not in GENERATION_BACKENDS:
-                    raise InputError(f"generation_backend must be torch or vllm, got {value!r}")
-                continue
-            if f.name == "dtype":
-                if value not in GENERATION_DTYPES:
-                    raise InputError(
-                        f"dtype must be one of {', '.join(GENERATION_DTYPES)}, got {value!r}"
-                    )
-                continue
-            if f.name == "vllm_scheduling_policy":
-                if value not in VLLM_SCHEDULING_POLICIES:
-                    raise InputError(
-                        f"vllm_scheduling_policy must be fcfs or priority, got {value!r}"
-                    )
-                continue
-            if f.name == "eager":
-                if value is not None and not isinstance(value, bool):
-                    raise InputError(f"eager must be true, false or unset, got {value!r}")
-                continue
-            if f.name == "gpu_memory_fraction":
-                if value is not None and not (
-                    isinstance(value, int | float)
-                    and not isinstance(value, bool)
-                    and 0 < value <= 1
-                ):
-                    raise InputError(f"gpu_memory_fraction must be in (0, 1], got {value!r}")
-                continue
-            if f.name == "kv_cache_gib":
-                if value is not None and not (
-                    isinstance(value, int | float) and not isinstance(value, bool) and value > 0
-                ):
-                    raise InputError(f"kv_cache_gib must be a number > 0, got {value!r}")
-                continue
-            if f.name == "max_context_tokens" and value is not None:
-                if isinstance(value, bool) or not isinstance(value, int) or value < 2:
-                    raise InputError(f"max_context_tokens must be an integer >= 2, got {value!r}")
-                continue
-            if f.name == "kv_token_budget":
-                if isinstance(value, bool) or not isinstance(value, int) or value < 2:
-                    raise InputError(f"kv_token_budget must be an integer >= 2, got {value!r}")
-                continue
-            if f.name == "max_running_sequences":
-                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                    raise InputError(
-                        f"max_running_sequences must be an integer >= 1, got {value!r}"
-                    )
-                continue
-            if f.name == "batching":
-                if not isinstance(value, bool):
-                    raise InputError(f"batching must be true or false, got {value!r}")
-                continue
-            if f.name == "device":
-                if not isinstance(value, str) or not _DEVICE.match(value):
-                    raise InputError(f"device must be cpu, cuda or cuda:N, got {value!r}")
-                continue
-            if f.name in ("solo_intra_op_threads", "max_context_tokens") and value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise InputError(f"{f.name} must be a number, got {value!r}")
-            least = 0 if f.name == "batch_timeout_s" else 1
-            if value < least:
-                raise InputError(f"{f.name} must be >= {least}, got {value!r}")
+                    raise InputError(f"{f.name} must be {want}, got {value!r}")
+            elif f.name in _RULES:
+                ok, want = _RULES[f.name]
+                if not ok(value):
+                    raise InputError(f"{f.name} must be {want}, got {value!r}")
+            elif not (f.name == "solo_intra_op_threads" and value is None):
+                if isinstance(value, bool) or not isinstance(value, int | float):
+                    raise InputError(f"{f.name} must be a number, got {value!r}")
+                least = 0 if f.name == "batch_timeout_s" else 1
+                if value < least:
+                    raise InputError(f"{f.name} must be >= {least}, got {value!r}")
 
     @property
     def providers(self) -> list[str | tuple[str, dict[str, str]]]:
