@@ -150,11 +150,8 @@ class Knobs:
     max_batch_size: int = 256
     max_concurrent_batches: int = dataclasses.field(default_factory=machine_cores)
     sessions: int = dataclasses.field(default_factory=machine_cores)
-    # One thread per session or torch generation engine. The engine's 16-row SmolLM2 bf16 decode
-    # step, in-process A/B alternating 1 and 2 threads (2026-11-24, this shared 2-core machine):
-    # at load ~2, 122 ms median with 1, 1,227 ms with 2 while one more process spins (a server's
-    # front end), 112 against 693 ms without it; at load ~7, 373 against 1,546 ms. A second
-    # thread waits on a busy core.
+    # One thread per session or torch generation engine: on a busy core a second thread only
+    # waits (benchmarks/engine_levers.md, step-level A/B).
     intra_op_threads: int = 1
     min_batch_size: int = 1
     batch_timeout_s: float = 0.05
@@ -171,12 +168,9 @@ class Knobs:
     gpu_memory_fraction: float | None = None
     eager: bool | None = None
     vllm_scheduling_policy: str = "fcfs"
-    # Chunked prefill's per-step budget. benchmarks/bench_engine_levers.py, the chat workload
-    # (96 requests, 16 clients, max_tokens 8-128), SmolLM2 bf16, lockstep A/B on this busy 2-core
-    # machine (2026-11-24): tokens/s the same with any budget (x1.03 of unchunked); TTFT p99
-    # 21.1 s unchunked (16 prompts prefilled in one step), 8.7 s at 256, 7.5 s at 512, 5.0 s at
-    # 1024; the longest step 21.1 s against 3.5-4.1 s. 512, not 1024: a step of 512 prompt tokens
-    # already stalls the running rows ~1 s here (~2 ms a prompt token), and 1024 doubles that.
+    # Chunked prefill's per-step budget: chunking keeps tokens/s and cuts TTFT p99 (~21 s
+    # unchunked, 5-9 s chunked); 512, not 1024: a step of 512 prompt tokens already stalls the
+    # running rows ~1 s on a 2-core CPU (benchmarks/engine_levers.md, workload A/B).
     max_step_tokens: int = 512
 
     def __post_init__(self) -> None:
@@ -278,8 +272,6 @@ class Knobs:
 #:   count). At c=32, 256: short x1.44 / x0.89, mixed x1.08 / x1.18; 512: x1.34 / x0.92,
 #:   x1.04 / x1.32; 1024: x1.25 / x1.34, x1.07 / x1.35: on this CPU a sentence costs about
 #:   the same at any batch size past a few, so bigger batches of long texts only add latency.
-#:   Re-checked with padding_slack 4 (2026-11-23, quiet machine): 128: short x1.29, mixed
-#:   x0.97; 256: x1.34, x1.06 / p99 x1.15; 512: x1.31, x1.06 / p99 x1.26.
 #: - ``max_batch_size`` 64 (Knobs: 256): with 256 padded tokens per call, 64 rows is already
 #:   4 tokens each; more rows would only be reached by texts the budget does not bound.
 #: - ``solo_intra_op_threads`` 2 (Knobs: none): a batch that starts while no other runs uses

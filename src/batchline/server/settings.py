@@ -15,9 +15,7 @@ Example::
     settings.knobs            # the Knobs every served model is batched with
     app = create_app(settings)
 
-Where serve's defaults differ from ``Knobs``' (``target_batch_tokens`` 256 against 512,
-``max_batch_size`` 64 against 256, a two-thread solo session, a queue of 2,048), they were
-measured with ``benchmarks/bench_serve.py`` on a 2-core CPU: :data:`batchline.knobs.SERVE_DEFAULTS`.
+Where serve's defaults differ from ``Knobs``', and why: :data:`batchline.knobs.SERVE_DEFAULTS`.
 """
 
 from __future__ import annotations
@@ -92,27 +90,9 @@ class ServerSettings(BaseModel):
         keep_alive_s: an idle model is unloaded this long after its last use (``None``:
             only when its room is needed); model_keep_alive_s: ``{name: seconds}``.
 
-    Batching (``knobs``; each field may be given flat, by its own name, and is validated by
-    :class:`batchline.knobs.Knobs`):
-        batching: ``False`` serves the baseline: one shared session, no queue.
-        sessions, intra_op_threads: ONNX Runtime sessions (one per batch in flight) and the
-            threads each uses; device: ``cpu``, ``cuda`` or ``cuda:N``.
-        solo_intra_op_threads: threads of one extra session used by a batch that runs alone
-            (``None``: none); low traffic then gets the baseline's batch-1 latency.
-        target_batch_tokens, max_batch_size: a batch's padded-token budget and row cap.
-        max_concurrent_batches: batches in flight at once (default: one per session).
-        min_batch_size, batch_timeout_s: hold records while a slot is free until
-            ``min_batch_size`` are queued, at most ``batch_timeout_s`` (default: never hold).
-        max_queue_size: records queued at most, per model; beyond it requests get 429 at once.
-
-    Text generation (Knobs' fields, for a generate model): generation_batching
-        (``continuous`` or ``static``; ``batching=False``: one sequence at a time),
-        max_running_sequences, kv_token_budget, generation_backend (``torch`` or ``vllm``),
-        dtype (``auto``, ``float32``, ``bfloat16``), max_step_tokens (the torch backend's), and
-        vLLM's engine settings max_context_tokens, kv_cache_gib, gpu_memory_fraction, eager,
-        vllm_scheduling_policy (``priority``: vLLM orders joins by the requests' priority);
-        ``max_queue_size`` requests wait for admission, and ``device`` and
-        ``intra_op_threads`` apply too.
+    Batching and text generation (``knobs``): every :class:`batchline.knobs.Knobs` field
+        (documented there) may be given flat, by its own name, and is validated by ``Knobs``;
+        unset ones take serve's preset, :data:`batchline.knobs.SERVE_DEFAULTS`.
 
     Serving the batches:
         model_thread_nice: how much lower the model's threads run than the event loop.
@@ -161,16 +141,12 @@ class ServerSettings(BaseModel):
     with the flat knob keys given."""
 
     # -- serving the batches ----------------------------------------------------------------
-    # Nice increment of the threads that run the model, so the event loop (HTTP, tokenizing,
-    # forming batches) is not starved by them (Linux; 0: same priority). bench_serve.py, short
-    # texts at c=32: x1.19 the baseline's req/s with p99 x1.40 at 0, x1.34 with p99 x0.83 at 5.
+    # Nice increment of the threads that run the model (Linux; 0: same priority), so the event
+    # loop is not starved by them: see batchline.models.batching.lower_thread_priority.
     model_thread_nice: int = Field(default=5, ge=0, le=19)
     # Padding-aware grouping (see batchline._queue): lengths are bucketed this wide, and a
-    # record joins a batch only if it adds at most padding_slack padded tokens. The Embedder's
-    # tight groups: on this CPU a padded token costs about what a real one does, and smaller
-    # batches cost little. bench_serve.py, short texts, req/s against the baseline's:
-    # slack 4 / width 2: c=32 x1.33-1.37, c=64 x1.53; slack 16 / width 8: c=32 x1.21-1.27,
-    # c=64 x1.40; slack 64: c=32 x1.14.
+    # record joins a batch only if it adds at most padding_slack padded tokens (why these
+    # values: knobs.DEFAULT_PADDING_SLACK).
     bucket_width: int = Field(default=DEFAULT_BUCKET_WIDTH, ge=1)
     padding_slack: int = Field(default=DEFAULT_PADDING_SLACK, ge=0)
     # The baseline (batching=False): one shared session with this many threads; each
