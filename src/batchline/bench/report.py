@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from batchline.bench.loadgen import LoadKind, LoadPoint, PointResult
+from batchline.bench.loadgen import LoadKind, PointResult
 from batchline.bench.runner import BenchResult
 
 if TYPE_CHECKING:
@@ -113,14 +113,14 @@ def _ordered(points: Sequence[PointResult]) -> list[PointResult]:
     return sorted(points, key=lambda p: (p.kind, p.offered, order[p.config]))
 
 
-def _md_table(points: Sequence[PointResult]) -> list[str]:
+def _md_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    """A Markdown table: the first two columns left-aligned, the figures right-aligned."""
     lines = [
-        "| " + " | ".join(TABLE_HEADER) + " |",
-        "|" + "|".join(["---"] * 2 + ["---:"] * (len(TABLE_HEADER) - 2)) + "|",
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join(["---"] * 2 + ["---:"] * (len(header) - 2)) + "|",
     ]
-    for p in _ordered(points):
-        cells = [c.replace("|", "\\|") for c in format_row(p)]
-        lines.append("| " + " | ".join(cells) + " |")
+    for row in rows:
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
     return lines
 
 
@@ -173,7 +173,7 @@ def render_markdown(result: BenchResult, plots: Sequence[str] = ()) -> str:
     lines += ["## Configurations", ""]
     lines += [f"- **{c.name}**: {c.description}" for c in result.configurations]
     lines += ["", "## Results", ""]
-    lines += _md_table(result.points)
+    lines += _md_table(TABLE_HEADER, map(format_row, _ordered(result.points)))
     lines += [
         "",
         "*load*: closed = N concurrent clients, each sending its next request when answered; "
@@ -322,19 +322,14 @@ def write_report(result: BenchResult, out_dir: Path) -> dict[str, Path]:
 
     Returns the written files by role (``report``, ``results``, ``throughput-closed``, ...).
     """
-    out_dir.mkdir(parents=True, exist_ok=True)
-    files: dict[str, Path] = {}
-    plots: list[str] = []
-    kinds: tuple[LoadKind, ...] = ("closed", "open")
-    for kind in kinds:
-        if not any(p.kind == kind for p in result.points):
-            continue
-        for metric in ("throughput", "p99"):
-            name = f"{metric}-{kind}.png"
-            _plot(result, kind, metric, out_dir / name)
-            plots.append(name)
-            files[f"{metric}-{kind}"] = out_dir / name
-    return _write_texts(out_dir, files, render_markdown(result, plots), result.to_dict())
+    return _write_files(
+        out_dir,
+        {p.kind for p in result.points},
+        ("throughput", "p99"),
+        lambda kind, metric, path: _plot(result, kind, metric, path),
+        lambda plots: render_markdown(result, plots),
+        result.to_dict(),
+    )
 
 
 def _wide_console() -> Any:
@@ -345,25 +340,41 @@ def _wide_console() -> Any:
     return console if console.is_terminal else Console(width=130)
 
 
-def print_table(points: Sequence[PointResult], console: Any = None, title: str = "") -> None:
-    """Print the results table with rich."""
+def _rich_table(
+    title: str,
+    header: Sequence[str],
+    rows: Iterable[tuple[object, Sequence[str], str | None]],
+    **kw: Any,
+) -> Any:
+    """A rich table: the first two columns left-aligned, the figures right-aligned, a section
+    per load point; ``rows`` are ``(load point, cells, style)``."""
     from rich.table import Table
 
-    console = console or _wide_console()
-    table = Table(title=title or "batchline bench")
-    for i, header in enumerate(_CONSOLE_HEADER):
-        table.add_column(header, justify="left" if i < 2 else "right", no_wrap=i < 2)
-    previous: tuple[str, float] | None = None
-    for p in _ordered(points):
-        key = (p.kind, p.offered)
-        if previous is not None and key != previous:
+    table = Table(title=title, **kw)
+    for i, name in enumerate(header):
+        table.add_column(name, justify="left" if i < 2 else "right", no_wrap=i < 2)
+    previous: object = None
+    for point, cells, style in rows:
+        if previous is not None and point != previous:
             table.add_section()
-        previous = key
-        row = format_row(p)
-        row = (row[0], f"{p.kind} {p.point.offered}", *row[3:])
-        style = "red" if p.failed else None
-        table.add_row(*row, style=style)
-    console.print(table)
+        previous = point
+        table.add_row(*cells, style=style)
+    return table
+
+
+def print_table(points: Sequence[PointResult], console: Any = None, title: str = "") -> None:
+    """Print the results table with rich."""
+    rows = (
+        (
+            (p.kind, p.offered),
+            (p.config, f"{p.kind} {p.point.offered}", *format_row(p)[3:]),
+            "red" if p.failed else None,
+        )
+        for p in _ordered(points)
+    )
+    (console or _wide_console()).print(
+        _rich_table(title or "batchline bench", _CONSOLE_HEADER, rows)
+    )
 
 
 # -- batchline bench --task generate ------------------------------------------------------------
@@ -419,6 +430,12 @@ def _generate_ordered(points: Sequence[GenPoint]) -> list[GenPoint]:
     return sorted(points, key=lambda p: (p.kind, p.offered, order.get(p.generator, 9)))
 
 
+def _generate_rows(result: GenerateBenchResult) -> list[tuple[str, ...]]:
+    return [
+        format_generate_row(p, result.baseline_ratio(p)) for p in _generate_ordered(result.points)
+    ]
+
+
 def generate_dtypes_line(result: GenerateBenchResult) -> str:
     """Which dtype each configuration computed in, those computing alike named together."""
     by_dtype: dict[str, list[str]] = {}
@@ -453,13 +470,8 @@ def render_generate_markdown(result: GenerateBenchResult, plots: Sequence[str] =
         "",
         "Medians over the repeats.",
         "",
-        "| " + " | ".join(GENERATE_HEADER) + " |",
-        "|" + "|".join(["---"] * 2 + ["---:"] * (len(GENERATE_HEADER) - 2)) + "|",
-    ]
-    for p in _generate_ordered(result.points):
-        row = format_generate_row(p, result.baseline_ratio(p))
-        lines.append("| " + " | ".join(row) + " |")
-    lines += [
+        *_md_table(GENERATE_HEADER, _generate_rows(result)),
+        "",
         "",
         "*closed*: N clients, each submitting its next request when the previous completes; "
         "tokens/s = generated tokens / wall time until the last completes; *x baseline*: "
@@ -537,45 +549,36 @@ def _generate_plot(
 def write_generate_report(result: GenerateBenchResult, out_dir: Path) -> dict[str, Path]:
     """Write ``report.md``, ``results.json`` and, per load kind present, the PNG plots
     ``throughput-KIND.png``, ``ttft-KIND.png`` (p50 and p99) and ``latency-p99-KIND.png``."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    files: dict[str, Path] = {}
-    plots: list[str] = []
-    kinds: tuple[LoadKind, ...] = ("closed", "open")
-    charts = (
-        ("throughput", ["tokens_per_s"]),
-        ("ttft", ["ttft_p50_s", "ttft_p99_s"]),
-        ("latency-p99", ["latency_p99_s"]),
+    charts = {
+        "throughput": ["tokens_per_s"],
+        "ttft": ["ttft_p50_s", "ttft_p99_s"],
+        "latency-p99": ["latency_p99_s"],
+    }
+    return _write_files(
+        out_dir,
+        {p.kind for p in result.points},
+        tuple(charts),
+        lambda kind, stem, path: _generate_plot(result, kind, charts[stem], path),
+        lambda plots: render_generate_markdown(result, plots),
+        result.to_dict(),
     )
-    for kind in kinds:
-        if not any(p.kind == kind for p in result.points):
-            continue
-        for stem, metrics in charts:
-            name = f"{stem}-{kind}.png"
-            _generate_plot(result, kind, metrics, out_dir / name)
-            plots.append(name)
-            files[f"{stem}-{kind}"] = out_dir / name
-    return _write_texts(out_dir, files, render_generate_markdown(result, plots), result.to_dict())
 
 
 def print_generate_table(result: GenerateBenchResult, console: Any = None) -> None:
     """Print the generation table and the ratios with rich."""
-    from rich.table import Table
-
     console = console or _wide_console()
-    table = Table(
-        title="batchline bench --task generate (medians over repeats)",
+    rows = (
+        (p.point, row, None)
+        for p, row in zip(_generate_ordered(result.points), _generate_rows(result), strict=True)
+    )
+    table = _rich_table(
+        "batchline bench --task generate (medians over repeats)",
+        GENERATE_HEADER,
+        rows,
         caption="x baseline: tokens/s over one-at-a-time's at the same closed-loop point"
         if "one-at-a-time" in result.generators
         else "x baseline: n/a, the baseline did not run",
     )
-    for i, header in enumerate(GENERATE_HEADER):
-        table.add_column(header, justify="left" if i < 2 else "right", no_wrap=i < 2)
-    previous: LoadPoint | None = None
-    for p in _generate_ordered(result.points):
-        if previous is not None and p.point != previous:
-            table.add_section()
-        previous = p.point
-        table.add_row(*format_generate_row(p, result.baseline_ratio(p)))
     console.print(table)
     console.print(f"dtype: {generate_dtypes_line(result)}", highlight=False)
     ratios = result.ratios()
@@ -585,10 +588,24 @@ def print_generate_table(result: GenerateBenchResult, console: Any = None) -> No
             console.print("  " + r.line(), highlight=False, style=None if r.ok else "red")
 
 
-def _write_texts(
-    out_dir: Path, files: dict[str, Path], markdown: str, data: object
+def _write_files(
+    out_dir: Path,
+    kinds: set[LoadKind],
+    stems: Sequence[str],
+    draw: Callable[[LoadKind, str, Path], None],
+    render: Callable[[list[str]], str],
+    data: object,
 ) -> dict[str, Path]:
-    """Write ``report.md`` and ``results.json`` beside the plots; every file written, by key."""
+    """Draw ``STEM-KIND.png`` for each stem and each load kind present (closed first), then
+    write ``report.md`` (``render(plot file names)``) and ``results.json``; every file written,
+    by key (``STEM-KIND``, ``report``, ``results``)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files: dict[str, Path] = {}
+    for kind in ("closed", "open"):
+        for stem in stems if kind in kinds else ():
+            files[f"{stem}-{kind}"] = out_dir / f"{stem}-{kind}.png"
+            draw(kind, stem, files[f"{stem}-{kind}"])
+    markdown = render([f.name for f in files.values()])
     files["report"] = out_dir / "report.md"
     files["report"].write_text(markdown)
     files["results"] = out_dir / "results.json"
