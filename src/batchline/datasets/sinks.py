@@ -49,9 +49,10 @@ from batchline.datasets.manifest import (
     ChunkInfo,
     Manifest,
     OutputFormat,
+    append_synced,
     check_settings,
-    fsync_dir,
     json_line,
+    replacing,
     write_manifest,
 )
 from batchline.datasets.readers import iter_output, read_arrays, read_output, read_skipped
@@ -240,7 +241,6 @@ class ChunkWriter:
             # Lines appended by a commit whose manifest was never written: that chunk is redone.
             with open(skipped, "r+b") as f:
                 f.truncate(manifest.skipped_bytes)
-                f.flush()
                 os.fsync(f.fileno())
 
     # -- state -----------------------------------------------------------------------------------
@@ -489,25 +489,17 @@ class ChunkWriter:
                 json_line({"index": i, "id": id_, "reason": reason})
                 for i, (id_, reason) in sorted(pending.skipped.items())
             )
-            with open(out / SKIPPED_NAME, "ab") as f:
-                f.write(lines)
-                f.flush()
-                os.fsync(f.fileno())
+            append_synced(out / SKIPPED_NAME, lines)
             skipped_bytes += len(lines)
         name: str | None = None
         if pending.rows:
             name = _part_name(k, self.fmt)
             rows = sorted(pending.rows.items())
-            tmp = out / (name + TMP)
-            with open(tmp, "wb") as f:
+            with replacing(out / name) as f:
                 if self.fmt == "parquet":
                     pq.write_table(self._table(rows), f)
                 else:
                     f.write(b"".join(self._jsonl_row(i, id_, v, e) for i, (id_, v, e) in rows))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, out / name)
-            fsync_dir(out)
         info = ChunkInfo(k, len(pending.rows), len(pending.skipped), name)
         manifest = replace(
             self._manifest,
@@ -546,12 +538,6 @@ class ChunkWriter:
             return
         lines = path.read_bytes().splitlines(keepends=True)
         ordered = sorted(lines, key=lambda line: cast(int, json.loads(line)["index"]))
-        if ordered == lines:
-            return
-        tmp = self.out_dir / (SKIPPED_NAME + TMP)
-        with open(tmp, "wb") as f:
-            f.write(b"".join(ordered))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fsync_dir(self.out_dir)
+        if ordered != lines:
+            with replacing(path) as f:
+                f.write(b"".join(ordered))

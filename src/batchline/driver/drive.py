@@ -51,6 +51,7 @@ import httpx
 
 from batchline._clock import Clock, LoopClock
 from batchline._errors import BatchlineError, InputError
+from batchline.datasets.manifest import append_synced, json_line, replacing
 from batchline.datasets.outcomes import Failed, Outcome
 from batchline.datasets.pipeline import Progress, open_dataset_job, run_pipeline
 from batchline.datasets.selection import BadRecordMode, DatasetSelection
@@ -265,25 +266,16 @@ class _FailureLog:
                     kept.append(line if line.endswith(b"\n") else line + b"\n")
         self.previous = len(kept)
         if kept or path.exists():
-            tmp = path.with_name(path.name + ".tmp")
-            with open(tmp, "wb") as f:
+            with replacing(path) as f:
                 f.write(b"".join(kept))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
 
     @property
     def total(self) -> int:
         return self.previous + self.added
 
     def add(self, entries: Sequence[dict[str, object]]) -> None:
-        data = b"".join(
-            (json.dumps(e, ensure_ascii=False, default=str) + "\n").encode("utf-8") for e in entries
-        )
-        with self._lock, open(self.path, "ab") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        with self._lock:
+            append_synced(self.path, b"".join(map(json_line, entries)))
             self.added += len(entries)
 
 
