@@ -374,13 +374,11 @@ def _start_replicas(
                 "in all: lower --replicas, or add nodes"
             )
         where: list[_Ready] = ray.get(refs)
-    except ray.exceptions.RayActorError as exc:
+    except BaseException as exc:
         for actor in actors:
             ray.kill(actor, no_restart=True)
-        raise ModelError(f"a replica could not load the model: {_last_line(exc)}") from None
-    except BaseException:
-        for actor in actors:
-            ray.kill(actor, no_restart=True)
+        if isinstance(exc, ray.exceptions.RayActorError):
+            raise ModelError(f"a replica could not load the model: {_last_line(exc)}") from None
         raise
     return list(zip(actors, where, strict=True))
 
@@ -554,27 +552,24 @@ class RayAdapter:
 
     async def _unit(self, records: Sequence[Record], replica: int) -> list[Outcome]:
         inputs = [r.input for r in records]
-        attempt = 1
+        attempt = 0
         while True:
+            attempt += 1
+            if attempt > 1:
+                replica = await self._acquire()  # the last one lost the unit
             sent = time.perf_counter()
             try:
                 result: _UnitResult = await self.actors[replica].process.remote(inputs)
             except _LOST as exc:
-                self._lost(records, replica, attempt, exc)
-                await self._release(replica)
-                replica = await self._acquire()
-                attempt += 1
+                self._lost(records, replica, attempt, exc)  # raises once the unit is given up
                 continue
             except ray.exceptions.RayTaskError as exc:
-                await self._release(replica)
                 cause = getattr(exc, "cause", None)
                 if isinstance(cause, BatchlineError):
                     raise cause from None
                 raise
-            except BaseException:
+            finally:
                 await self._release(replica)
-                raise
-            await self._release(replica)
             tally = self.tally
             tally.pids[replica].add(result.pid)
             tally.cpu_to[(replica, result.pid)] = result.cpu_s
