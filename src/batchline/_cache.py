@@ -1,13 +1,14 @@
 """Where batchline keeps what it builds once: the default model's ONNX graph, the smollm2
-safetensors folder, the demo corpus and prompts. Standard library only (platformdirs is
-imported when no ``BATCHLINE_CACHE_DIR`` is set)."""
+safetensors folder, the demo corpus and prompts; and how such a file is written whole.
+Standard library only (platformdirs is imported when no ``BATCHLINE_CACHE_DIR`` is set)."""
 
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
-__all__ = ["cache_dir"]
+__all__ = ["cache_dir", "write_whole"]
 
 
 def cache_dir() -> Path:
@@ -18,3 +19,20 @@ def cache_dir() -> Path:
     import platformdirs
 
     return Path(platformdirs.user_cache_dir("batchline"))
+
+
+def write_whole(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file beside it, fsync'd and renamed over
+    it: a reader never sees half a file, and two processes writing at once both end with a
+    whole one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -28,12 +28,11 @@ import os
 import re
 import sys
 import sysconfig
-import tempfile
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from batchline._cache import cache_dir
+from batchline._cache import cache_dir, write_whole
 
 __all__ = ["CORPUS_VERSION", "cache_dir", "demo_corpus_path", "iter_corpus_records"]
 
@@ -64,9 +63,8 @@ def demo_corpus_path(min_records: int = 20_000) -> Path:
     version = ".".join(map(str, sys.version_info[:3]))
     path = cache_dir() / f"stdlib-docstrings-py{version}-v{CORPUS_VERSION}.jsonl"
     if not path.exists():
-        _write_atomically(
-            path, (json.dumps(r, ensure_ascii=False) + "\n" for r in iter_corpus_records())
-        )
+        lines = (json.dumps(r, ensure_ascii=False) + "\n" for r in iter_corpus_records())
+        write_whole(path, "".join(lines).encode("utf-8"))
     with open(path, "rb") as f:
         count = sum(1 for _ in f)
     if count < min_records:
@@ -181,17 +179,3 @@ def _topics(
         return
     for name in sorted(topics):
         yield from keep(f"pydoc_data.topics:{name}", _paragraphs(topics[name]))
-
-
-def _write_atomically(path: Path, lines: Iterable[str]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.writelines(lines)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise

@@ -33,14 +33,13 @@ import contextlib
 import dataclasses
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from batchline._cache import write_whole
 from batchline._errors import InputError
 from batchline.datasets.outcomes import Failed, Outcome, Result, describe
 from batchline.datasets.pipeline import Progress, open_dataset_job, run_pipeline
@@ -143,7 +142,7 @@ class BatchFiles:
                 request = {}
             out = _output_line(index, request, rows.get(index), skipped.get(index))
             lines.append(json.dumps(out, ensure_ascii=False, separators=(",", ":")))
-        _write_atomically(self.output, "".join(line + "\n" for line in lines))
+        write_whole(self.output, "".join(line + "\n" for line in lines).encode("utf-8"))
         return self.output
 
 
@@ -481,15 +480,3 @@ def _embeddings_body(row: dict[str, Any], *, as_base64: bool) -> dict[str, Any]:
 
 def _base64(vector: np.ndarray[Any, Any]) -> str:
     return base64.b64encode(vector.astype("<f4", copy=False).tobytes()).decode("ascii")
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +22,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from batchline._cache import cache_dir
+from batchline._cache import cache_dir, write_whole
 from batchline._errors import ModelError
 
 __all__ = [
@@ -82,18 +80,7 @@ def default_model_path(*, cache: Path | None = None, source: Path | None = None)
             "set BATCHLINE_CACHE_DIR to a writable folder"
         ) from exc
     model = build_onnx(src)
-    # Write to a temp file in the same folder, then rename: a reader never sees half a file,
-    # and two processes building at once both end with a whole one.
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(model.SerializeToString())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_whole(target, model.SerializeToString())
     return target
 
 
