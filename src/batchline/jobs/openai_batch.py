@@ -41,6 +41,7 @@ import numpy as np
 
 from batchline._cache import write_whole
 from batchline._errors import InputError
+from batchline.datasets.formats.base import lines as nonblank_lines
 from batchline.datasets.outcomes import Failed, Outcome, Result, describe
 from batchline.datasets.pipeline import Progress, open_dataset_job, run_pipeline
 from batchline.datasets.readers import read_output, read_skipped
@@ -83,15 +84,8 @@ _MAX_BLOCKS_IN_FLIGHT = 8
 
 def _lines(path: Path) -> list[bytes]:
     """The input's non-blank lines, as the JSONL reader numbers records."""
-    out = []
     with path.open("rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            line = raw.rstrip(b"\r\n")
-            if lineno == 1:
-                line = line.removeprefix(b"\xef\xbb\xbf")
-            if line.strip():
-                out.append(line)
-    return out
+        return [line for _, line in nonblank_lines(f)]
 
 
 def detect_batch(options: RunOptions) -> BatchFiles | None:
