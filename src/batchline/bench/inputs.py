@@ -17,7 +17,7 @@ Seeded: one seed, one sample.
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -88,17 +88,26 @@ class InputOptions:
 
 def read_texts(path: Path, *, text_column: str = "text", limit: int = _MAX_READ) -> list[str]:
     """Up to ``limit`` non-empty texts of ``path`` (any format ``open_source`` reads)."""
+    records = _read(
+        path, limit, lambda r: bool(r.text.strip()), text_column=text_column, extra_columns=()
+    )
+    return [r.text for r in records[:limit]]
+
+
+def _read(
+    path: Path, limit: int, keep: Callable[[Any], bool] = bool, block: int = 1024, **options: Any
+) -> list[Any]:
+    """The records of ``path`` that ``keep`` accepts (all by default), read block by block until
+    at least ``limit`` are in (bad records skipped); ``options`` go to ``open_source``."""
     from batchline.datasets.sources import Record, open_source
 
-    source = open_source(path, text_column=text_column, extra_columns=(), on_bad_record="skip")
-    texts: list[str] = []
-    for block in source.iter_blocks(1024):
-        for item in block:
-            if isinstance(item, Record) and item.text.strip():
-                texts.append(item.text)
-                if len(texts) >= limit:
-                    return texts
-    return texts
+    source = open_source(path, on_bad_record="skip", **options)
+    records: list[Any] = []
+    for items in source.iter_blocks(block):
+        records += [r for r in items if isinstance(r, Record) and keep(r)]
+        if len(records) >= limit:
+            break
+    return records
 
 
 def shape_lengths(
@@ -183,20 +192,13 @@ def load_inputs(
 def load_records(path: Path | None, *, count: int = DEFAULT_SAMPLE, seed: int = 0) -> Inputs:
     """Whole rows as dicts (what a ``module:factory`` model takes): a seeded sample of ``path``
     (JSONL, CSV, Parquet) or of the demo corpus."""
-    from batchline.datasets.sources import Record, open_source
-
     if path is None:
         from batchline.datasets.corpus import demo_corpus_path
 
         source_path, name = demo_corpus_path(), "the demo corpus"
     else:
         source_path, name = path, str(path)
-    source = open_source(source_path, input_kind="record", on_bad_record="skip")
-    rows: list[object] = []
-    for block in source.iter_blocks(1024):
-        rows += [item.input for item in block if isinstance(item, Record)]
-        if len(rows) >= _MAX_READ:
-            break
+    rows = [r.input for r in _read(source_path, _MAX_READ, input_kind="record")]
     if not rows:
         raise InputError(f"{name}: no readable records")
     rng = random.Random(seed)
@@ -209,16 +211,9 @@ def load_tensor_rows(
 ) -> Inputs:
     """The first ``count`` rows of ``path`` as ``{input name: array}``: a ``.npy`` file feeds a
     one-input model; JSONL or Parquet list columns named as the model's inputs feed any."""
-    from batchline.datasets.sources import Record, open_source
-
     names = [str(s["name"]) for s in specs]
-    source = open_source(path, input_kind="tensors", input_columns=names, on_bad_record="skip")
-    rows: list[object] = []
-    for block in source.iter_blocks(256):
-        rows += [item.input for item in block if isinstance(item, Record)]
-        if len(rows) >= count:
-            break
-    rows = rows[:count]
+    records = _read(path, count, block=256, input_kind="tensors", input_columns=names)
+    rows = [r.input for r in records[:count]]
     if not rows:
         raise InputError(f"{path}: no readable rows for the model's inputs {names}")
     return Inputs(rows, f"{len(rows):,} rows from {path}; {_describe_row(rows[0])}")
