@@ -85,9 +85,12 @@ def default_model_path(*, cache: Path | None = None, source: Path | None = None)
 
 
 class _Graph:
-    """A small helper that names nodes and collects nodes and initializers."""
+    """A small helper that names nodes and collects nodes and initializers; ``w`` holds the
+    checkpoint's tensors by key, ``eps`` is the LayerNorm epsilon."""
 
-    def __init__(self) -> None:
+    def __init__(self, w: dict[str, np.ndarray[Any, Any]], eps: float) -> None:
+        self.w = w
+        self.eps = eps
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
         self._n = 0
@@ -102,25 +105,17 @@ class _Graph:
         self.nodes.append(helper.make_node(op_type, inputs, [out], name=f"n{self._n}", **attrs))
         return out
 
-    def linear(
-        self, x: str, weight: np.ndarray[Any, Any], bias: np.ndarray[Any, Any], name: str
-    ) -> str:
+    def linear(self, x: str, key: str, name: str) -> str:
+        """``x @ W.T + b`` with the checkpoint's ``KEY.weight`` and ``KEY.bias``."""
         # torch Linear stores (out, in); MatMul wants (in, out).
-        w = self.const(f"{name}.weight_t", np.ascontiguousarray(weight.T))
-        b = self.const(f"{name}.bias", bias)
+        w = self.const(f"{name}.weight_t", np.ascontiguousarray(self.w[key + ".weight"].T))
+        b = self.const(f"{name}.bias", self.w[key + ".bias"])
         return self.op("Add", [self.op("MatMul", [x, w]), b])
 
-    def layer_norm(
-        self,
-        x: str,
-        weight: np.ndarray[Any, Any],
-        bias: np.ndarray[Any, Any],
-        name: str,
-        eps: float,
-    ) -> str:
-        w = self.const(f"{name}.weight", weight)
-        b = self.const(f"{name}.bias", bias)
-        return self.op("LayerNormalization", [x, w, b], axis=-1, epsilon=eps)
+    def layer_norm(self, x: str, key: str) -> str:
+        w = self.const(f"{key}.weight", self.w[key + ".weight"])
+        b = self.const(f"{key}.bias", self.w[key + ".bias"])
+        return self.op("LayerNormalization", [x, w, b], axis=-1, epsilon=self.eps)
 
 
 def build_onnx(source: Path | None = None) -> onnx.ModelProto:
@@ -151,7 +146,7 @@ def build_onnx(source: Path | None = None) -> onnx.ModelProto:
         raise ModelError(f"unsupported activation {config['hidden_act']!r}; expected 'gelu'")
     head_dim = hidden // heads
 
-    g = _Graph()
+    g = _Graph(w, eps)
     f32 = np.float32
     one_f = g.const("one_f", np.array(1.0, dtype=f32))
     half_f = g.const("half_f", np.array(0.5, dtype=f32))
@@ -177,13 +172,7 @@ def build_onnx(source: Path | None = None) -> onnx.ModelProto:
         "Add",
         [g.op("Gather", [word_t, "input_ids"]), g.op("Gather", [pos_t, positions])],
     )
-    x = g.layer_norm(
-        x,
-        w["embeddings.LayerNorm.weight"],
-        w["embeddings.LayerNorm.bias"],
-        "embeddings.LayerNorm",
-        eps,
-    )
+    x = g.layer_norm(x, "embeddings.LayerNorm")
 
     # Additive attention mask, (batch, 1, 1, seq): 0 on tokens, a large negative on padding.
     mask_f = g.op("Cast", ["attention_mask"], to=TensorProto.FLOAT)
@@ -198,14 +187,8 @@ def build_onnx(source: Path | None = None) -> onnx.ModelProto:
 
     for i in range(layers):
         p = f"encoder.layer.{i}."
-        q = g.linear(
-            x, w[p + "attention.self.query.weight"], w[p + "attention.self.query.bias"], p + "q"
-        )
-        k = g.linear(
-            x, w[p + "attention.self.key.weight"], w[p + "attention.self.key.bias"], p + "k"
-        )
-        v = g.linear(
-            x, w[p + "attention.self.value.weight"], w[p + "attention.self.value.bias"], p + "v"
+        q, k, v = (
+            g.linear(x, f"{p}attention.self.{n}", p + n[0]) for n in ("query", "key", "value")
         )
         q = g.op("Transpose", [g.op("Reshape", [q, split_shape])], perm=[0, 2, 1, 3])
         k = g.op("Transpose", [g.op("Reshape", [k, split_shape])], perm=[0, 2, 3, 1])
@@ -214,36 +197,15 @@ def build_onnx(source: Path | None = None) -> onnx.ModelProto:
         probs = g.op("Softmax", [scores], axis=-1)
         ctx = g.op("Transpose", [g.op("MatMul", [probs, v])], perm=[0, 2, 1, 3])
         ctx = g.op("Reshape", [ctx, merge_shape])
-        attn = g.linear(
-            ctx,
-            w[p + "attention.output.dense.weight"],
-            w[p + "attention.output.dense.bias"],
-            p + "attn_out",
-        )
-        x = g.layer_norm(
-            g.op("Add", [attn, x]),
-            w[p + "attention.output.LayerNorm.weight"],
-            w[p + "attention.output.LayerNorm.bias"],
-            p + "attention.output.LayerNorm",
-            eps,
-        )
-        h = g.linear(
-            x, w[p + "intermediate.dense.weight"], w[p + "intermediate.dense.bias"], p + "ffn_in"
-        )
+        attn = g.linear(ctx, p + "attention.output.dense", p + "attn_out")
+        x = g.layer_norm(g.op("Add", [attn, x]), p + "attention.output.LayerNorm")
+        h = g.linear(x, p + "intermediate.dense", p + "ffn_in")
         # GELU, erf form: (h * (1 + erf(h / sqrt(2)))) * 0.5, written in the node order that
         # ONNX Runtime's Gelu fusion recognises.
         erf = g.op("Erf", [g.op("Div", [h, sqrt2])])
         gelu = g.op("Mul", [g.op("Mul", [h, g.op("Add", [erf, one_f])]), half_f])
-        out = g.linear(
-            gelu, w[p + "output.dense.weight"], w[p + "output.dense.bias"], p + "ffn_out"
-        )
-        x = g.layer_norm(
-            g.op("Add", [out, x]),
-            w[p + "output.LayerNorm.weight"],
-            w[p + "output.LayerNorm.bias"],
-            p + "output.LayerNorm",
-            eps,
-        )
+        out = g.linear(gelu, p + "output.dense", p + "ffn_out")
+        x = g.layer_norm(g.op("Add", [out, x]), p + "output.LayerNorm")
 
     # Mean pooling over real tokens, then L2 normalisation (sentence-transformers' clamps).
     m = g.op("Unsqueeze", [mask_f, g.const("axes_m1", np.array([-1], dtype=np.int64))])
