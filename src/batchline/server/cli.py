@@ -79,7 +79,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "one sequence at a time",
     )
     p.add_argument(
-        "--max-queue", type=int, help="records queued per model (max_queue_size); beyond: 429"
+        "--max-queue",
+        type=int,
+        dest="max_queue_size",
+        help="records queued per model (max_queue_size); beyond: 429",
     )
     p.add_argument("--request-timeout-s", type=float, help="per-request timeout; beyond: 504")
     p.add_argument("--sessions", type=int, help="ONNX Runtime sessions (batches in flight)")
@@ -119,6 +122,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--keep-alive",
         type=float,
+        dest="keep_alive_s",
         metavar="SECONDS",
         help="with --memory-budget: unload an idle model this long after its last use "
         "(default 300; per model: --set 'model_keep_alive_s={\"a\": 60}')",
@@ -176,34 +180,11 @@ def run(args: argparse.Namespace) -> int:
     import json
 
     from batchline._errors import InputError
-    from batchline.server.settings import ServerSettings
+    from batchline.server.settings import SETTING_NAMES, ServerSettings
 
-    overrides: dict[str, Any] = {
-        "model": args.model,
-        "task": args.task,
-        "tokenizer": args.tokenizer,
-        "labels": args.labels,
-        "pooling": args.pooling,
-        "normalize": args.normalize,
-        "host": args.host,
-        "port": args.port,
-        "api_key": args.api_key,
-        "batching": False if args.no_batching else None,
-        "max_queue_size": args.max_queue,
-        "request_timeout_s": args.request_timeout_s,
-        "sessions": args.sessions,
-        "target_batch_tokens": args.target_batch_tokens,
-        "max_batch_size": args.max_batch_size,
-        "device": args.device,
-        "generation_backend": args.generation_backend,
-        "dtype": args.dtype,
-        "max_step_tokens": args.max_step_tokens,
-        "log_level": args.log_level,
-        "memory_budget": args.memory_budget,
-        "preload": args.preload,
-        "pin": args.pin,
-        "keep_alive_s": args.keep_alive,
-    }
+    # every flag named after a setting (its argparse destination) overrides the file
+    overrides = {k: v for k, v in vars(args).items() if k in SETTING_NAMES}
+    overrides["batching"] = False if args.no_batching else None
     from batchline.server.settings import load_config
 
     data = load_config(args.config) if args.config is not None else {}
