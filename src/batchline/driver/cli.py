@@ -12,12 +12,13 @@ or the job could not go on (wrong URL or key, no endpoint ready in time: rerun w
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 from pathlib import Path
 from typing import Any
 
-from batchline.datasets.selection import add_dataset_arguments, dataset_options
+from batchline.datasets.selection import add_dataset_arguments
 
 __all__ = ["add_parser"]
 
@@ -124,24 +125,9 @@ def _main(args: argparse.Namespace) -> int:
     from batchline.driver.drive import DriveOptions, drive
     from batchline.jobs.display import print_summary
 
-    options = DriveOptions(
-        **dataset_options(args),
-        endpoints=args.endpoints,
-        route=args.route,
-        model=args.model,
-        api_key=args.api_key,
-        chunk_size=args.chunk_size,
-        output_chunk_size=args.output_chunk_size,
-        concurrency=args.concurrency,
-        max_attempts=args.max_attempts,
-        connect_timeout_s=args.connect_timeout_s,
-        read_timeout_s=args.read_timeout_s,
-        give_up_after_s=args.give_up_after_s,
-        encoding=args.encoding,
-        max_tokens=args.max_tokens,
-        chat_template=not args.no_chat_template,
-        dim=args.dim,
-    )
+    fields = {f.name for f in dataclasses.fields(DriveOptions)}  # each flag named after one
+    given = {k: v for k, v in vars(args).items() if k in fields}
+    options = DriveOptions(**given, chat_template=not args.no_chat_template)
     console = Console(stderr=True)
     bar = _bar(console) if not args.quiet and console.is_terminal else None
     handler = _StderrHandler()

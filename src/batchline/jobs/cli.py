@@ -168,24 +168,19 @@ def given_flags(args: argparse.Namespace, flags: dict[str, str]) -> list[str]:
 
 
 def _knobs(args: argparse.Namespace) -> Any:
+    """The knobs of ``--config`` (or the defaults), updated with every flag named after a knob."""
+    import dataclasses
+
     from batchline.knobs import Knobs
 
     knobs = Knobs.load(args.config) if args.config else Knobs()
-    changes: dict[str, Any] = {}
-    if args.target_batch_tokens is not None:
-        changes["target_batch_tokens"] = args.target_batch_tokens
+    names = {f.name for f in dataclasses.fields(Knobs)}
+    changes = {k: v for k, v in vars(args).items() if k in names and v is not None}
     if args.sessions is not None:
-        changes["sessions"] = args.sessions
         changes["max_concurrent_batches"] = args.sessions
-    if args.intra_op_threads is not None:
-        changes["intra_op_threads"] = args.intra_op_threads
     if args.no_batching:
         changes["batching"] = False
-    for name in ("device", "generation_batching", "max_running_sequences", "kv_token_budget",
-                 "generation_backend", "dtype", "max_step_tokens"):  # fmt: skip
-        if getattr(args, name) is not None:
-            changes[name] = getattr(args, name)
-    return knobs.replace(**changes) if changes else knobs
+    return knobs.replace(**changes)
 
 
 def _main(args: argparse.Namespace) -> int:
