@@ -7,6 +7,7 @@ Only the standard library is imported at the top: ``batchline --help`` must work
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shlex
 import sys
 from collections.abc import Callable
@@ -228,14 +229,9 @@ def _command(name: str) -> str:
 
 def _measured(args: argparse.Namespace) -> dict[str, Any]:
     """The ``MeasuredModel`` fields as :func:`_model_and_inputs` parsed them."""
-    return {
-        **model_options(args),
-        "device": args.device,
-        "inputs": args.inputs,
-        "text_column": args.text_column,
-        "lengths": args.lengths,
-        "seed": args.seed,
-    }
+    from batchline.bench.runner import MeasuredModel
+
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(MeasuredModel)}
 
 
 def _generates(args: argparse.Namespace) -> bool:
@@ -349,6 +345,7 @@ def _tune_main(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from batchline.bench.loadgen import parse_loads
+    from batchline.bench.report import _wide_console
     from batchline.bench.runner import DEFAULT_TUNE_LOAD, TuneOptions, run_tune
     from batchline.bench.tune import measured_notes, within_budget
 
@@ -369,10 +366,8 @@ def _tune_main(args: argparse.Namespace) -> int:
         " (the noise margin)",
     )
     table.add_column("setting")
-    table.add_column("best rec/s within budget", justify="right")
-    table.add_column("at load", justify="right")
-    table.add_column("p99 ms there", justify="right")
-    table.add_column("lowest p99 ms", justify="right")
+    for header in ("best rec/s within budget", "at load", "p99 ms there", "lowest p99 ms"):
+        table.add_column(header, justify="right")
     for trial in result.trials:
         good = [p for p in trial.points if within_budget(p, args.p99_ms, margin=decision.noise)]
         best = max(good, key=lambda p: p.achieved_rps, default=None)
@@ -386,9 +381,7 @@ def _tune_main(args: argparse.Namespace) -> int:
             f"{min(lows):,.0f}" if lows else "failed",
             style="bold green" if chosen else None,
         )
-    out = Console()
-    if not out.is_terminal:
-        out = Console(width=130)  # a pipe gets 80 columns by default
+    out = _wide_console()
     out.print(table)
     out.print(decision.message, highlight=False)
     if decision.recommended is None:
