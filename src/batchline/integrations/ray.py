@@ -4,9 +4,9 @@ The layout::
 
     driver process (this one)                              Ray actors, one per replica
     ─────────────────────────                              ───────────────────────────
-    open_source ──(skips committed_ranges())──> units ──texts──> _Replica: loads the model once,
-      │                                          │                Embedder's TokenBatcher -> ONNX
-      │ bad records                  ray.wait <──┘<──vectors────
+    open_source ──(skips committed_ranges())──> units ──inputs─> _Replica: loads the model once,
+      │                                          │                its ModelBatcher -> the model
+      │ bad records                  ray.wait <──┘<──results────
       ▼                                  │
     ChunkWriter + _manifest.json <───────┘   the single writer: every chunk committed exactly once
 

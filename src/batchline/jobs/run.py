@@ -76,7 +76,7 @@ async def run_job(options: RunOptions, progress: Progress | None = None) -> RunS
         from batchline.jobs.generate import run_generate_job
 
         return await run_generate_job(options, progress)
-    knobs = options.knobs if options.knobs.batching else _baseline(options.knobs)
+    knobs = options.knobs if options.knobs.batching else options.knobs.baseline()
     model = await asyncio.to_thread(load_job_model, options, knobs)
     try:
         source, writer = await asyncio.to_thread(open_job, options, model.info)
@@ -145,7 +145,3 @@ def _output_shapes(info: ModelInfo) -> dict[str, list[int] | None]:
             fixed = dims is not None and all(isinstance(d, int) and d >= 0 for d in dims)
             shapes[output["name"]] = list(dims) if fixed and dims is not None else None
     return shapes
-
-
-def _baseline(knobs: Knobs) -> Knobs:
-    return knobs.baseline()

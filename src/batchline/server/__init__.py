@@ -13,16 +13,12 @@ Example::
     app = create_app(settings)      # an ASGI app (FastAPI)
     serve(settings)                 # run it with uvicorn; SIGTERM drains, then exits 0
 
-Routes: ``POST /v1/embeddings`` (OpenAI-compatible), ``POST /classify``, the Open Inference
-Protocol (``/v2/...``), ``POST /generate``, ``POST /v1/completions`` and
-``POST /v1/chat/completions`` (OpenAI-compatible, streaming), ``GET /v1/models``,
-``GET /health``, ``GET /ready``, ``GET /metrics``.
-
-Layout: ``app`` (create_app and the lifespan), ``gate`` (pure-ASGI auth, drain, body,
-disconnects), ``errors``, ``state`` (server state, served models and generators), ``routes/``
-(one module per route family), ``metrics`` and ``generation_metrics``, ``runner`` (uvicorn,
-SIGTERM drain), ``settings``, ``schemas`` (request and response bodies), ``oip`` (the Open
-Inference Protocol over HTTP; the codec itself is framework-free).
+The routes and where a request can end: :mod:`batchline.server.app`. Layout: ``app``
+(create_app and the lifespan), ``gate`` (pure-ASGI auth, drain, body, disconnects), ``errors``,
+``state`` (server state, served models and generators), ``routes/`` (one module per route
+family, the Open Inference Protocol's among them; its codec is :mod:`batchline.oip`),
+``metrics`` and ``generation_metrics``, ``residency`` (on-demand models), ``runner``
+(uvicorn, SIGTERM drain), ``settings``, ``schemas`` (request and response bodies).
 """
 
 from __future__ import annotations

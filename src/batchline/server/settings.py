@@ -159,8 +159,7 @@ class ServerSettings(BaseModel):
     request_timeout_s: float = Field(default=30.0, gt=0)
     max_inputs_per_request: int = Field(default=2048, ge=1)
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
-    # Inline tokenizing of one short text costs ~25-35 us of loop time; asyncio.to_thread
-    # costs ~60-140 us (measured, see batchline.server.state).
+    # why inline below this: the measurements in batchline.server.state's docstring
     tokenize_inline_max_chars: int = Field(default=1024, ge=0)
     retry_after_s: int = Field(default=1, ge=0)
 
