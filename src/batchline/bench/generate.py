@@ -381,10 +381,9 @@ async def run_generate_bench_async(
     *,
     parts: ModelParts | None = None,
     start_vllm: StartTurn | None = None,
-    clock: Clock | None = None,
 ) -> GenerateBenchResult:
-    """Async :func:`run_generate_bench`; ``clock`` for tests (a ``ManualClock`` and a fake
-    engine that advances it). ``progress`` is told how it goes, one line at a time."""
+    """Async :func:`run_generate_bench`; ``progress`` is told how it goes, one line at a
+    time."""
     from batchline.bench.generate_vllm import EngineTurn, check_vllm_installed, start_vllm_turn
 
     options.check()
@@ -392,7 +391,7 @@ async def run_generate_bench_async(
         check_vllm_installed()  # before anything loads
         start_vllm = start_vllm_turn
     say = progress or (lambda _text: None)
-    clock = clock or MonotonicClock()
+    clock = MonotonicClock()
     started = time.perf_counter()
     env = environment()
     own = parts is None

@@ -304,15 +304,13 @@ async def drive_job(
     options: DriveOptions,
     progress: Progress | None = None,
     *,
-    clock: Clock | None = None,
-    rng: Callable[[], float] = random.random,
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> DriveSummary:
     """Send every record of ``options.input`` to ``options.endpoints``; write the results.
 
-    ``clock``, ``rng`` and ``transport`` (an ``httpx`` transport such as
-    ``httpx.MockTransport``) are for tests. Raises ``InputError`` for bad input or settings
-    and ``BatchlineError`` when the job cannot go on; the output is then resumable.
+    ``transport`` (an ``httpx`` transport such as ``httpx.MockTransport``) is for tests.
+    Raises ``InputError`` for bad input or settings and ``BatchlineError`` when the job cannot
+    go on; the output is then resumable.
 
         >>> summary = drive(DriveOptions(
         ...     input=Path("docs.jsonl"), output=Path("docs.embeddings"),
@@ -355,7 +353,7 @@ async def drive_job(
             dim=dim,
             transport=transport,
         )
-        clock = clock or LoopClock()
+        clock, rng = LoopClock(), random.random
         pool = EndpointPool(
             urls,
             probe=client.ready,
