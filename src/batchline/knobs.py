@@ -6,13 +6,8 @@
     {"batching": true, "target_batch_tokens": 512, "max_concurrent_batches": 2,
      "sessions": 2, "intra_op_threads": 1}
 
-Text generation (``--task generate``) reads its own fields: ``generation_batching``
-(``continuous`` or ``static``; ``batching=false`` runs one sequence at a time),
-``max_running_sequences``, ``kv_token_budget``, ``generation_backend`` (``torch`` or ``vllm``),
-plus ``device``, ``intra_op_threads`` and ``max_queue_size`` (requests waiting for admission).
-Both backends read ``dtype``; the torch backend also ``max_step_tokens``, the vLLM backend
-``max_context_tokens``, ``kv_cache_gib``, ``gpu_memory_fraction``, ``eager`` and
-``vllm_scheduling_policy`` (see :class:`Knobs`).
+Text generation (``--task generate``) reads its own fields besides ``device``,
+``intra_op_threads`` and ``max_queue_size``: see :class:`Knobs`.
 
 Defaults come from measurements on a 2-core CPU with all-MiniLM-L6-v2 (docs/CONTRACTS.md,
 FACTS): two sessions of one intra-op thread each, one batch in flight per session, about
