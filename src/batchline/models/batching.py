@@ -62,9 +62,12 @@ class ModelBatcher(Generic[P, R]):
         self.model = model
         self.knobs = knobs
         label = name or model.info.name
-        shared: dict[str, Any] = {}
+        shared: dict[str, Any] = {
+            "max_concurrent_batches": knobs.max_concurrent_batches,
+            "max_queue_size": knobs.max_queue_size,
+        }
         if device is not None:
-            shared = {"device": device, "weight": weight}
+            shared.update(device=device, weight=weight)
         self._padded = knobs.batching and model.info.cost_kind == "padded"
         run: Any = model.run_batch
         if thread_nice and not inspect.iscoroutinefunction(run):
@@ -72,39 +75,30 @@ class ModelBatcher(Generic[P, R]):
         self._batcher: DynamicBatcher[P, R]
         if not knobs.batching:
             self._batcher = DynamicBatcher(
-                run,
-                max_batch_size=1,
-                max_concurrent_batches=knobs.max_concurrent_batches,
-                max_queue_size=knobs.max_queue_size,
-                name=f"{label}-no-batching",
-                **shared,
+                run, max_batch_size=1, name=f"{label}-no-batching", **shared
             )
-        elif self._padded:
+            return
+        batching = {
+            "max_batch_size": knobs.max_batch_size,
+            "min_batch_size": min(knobs.min_batch_size, knobs.max_batch_size),
+            "batch_timeout_s": knobs.batch_timeout_s,
+            "name": label,
+            **shared,
+        }
+        if self._padded:
             self._batcher = TokenBatcher(
                 run,
                 target_batch_tokens=knobs.target_batch_tokens,
-                max_batch_size=knobs.max_batch_size,
-                min_batch_size=min(knobs.min_batch_size, knobs.max_batch_size),
-                batch_timeout_s=knobs.batch_timeout_s,
-                max_queue_size=knobs.max_queue_size,
-                max_concurrent_batches=knobs.max_concurrent_batches,
                 padding_slack=padding_slack,
                 bucket_width=bucket_width,
-                name=label,
-                **shared,
+                **batching,
             )
         else:
             self._batcher = DynamicBatcher(
                 run,
                 cost_estimator=model.cost,
                 target_batch_cost=knobs.target_batch_tokens,
-                max_batch_size=knobs.max_batch_size,
-                min_batch_size=min(knobs.min_batch_size, knobs.max_batch_size),
-                batch_timeout_s=knobs.batch_timeout_s,
-                max_queue_size=knobs.max_queue_size,
-                max_concurrent_batches=knobs.max_concurrent_batches,
-                name=label,
-                **shared,
+                **batching,
             )
 
     @property
