@@ -64,9 +64,7 @@ class LoadPoint:
 
     @property
     def label(self) -> str:
-        if self.kind == "closed":
-            return f"closed {self.value:g} client{'s' if self.value != 1 else ''}"
-        return f"open {self.value:g}/s"
+        return f"closed {self.offered}" if self.kind == "closed" else f"open {self.value:g}/s"
 
     @property
     def offered(self) -> str:

@@ -213,7 +213,6 @@ class Source:
                 )
         if self._id_requested is not None:
             if self._id_requested not in self.columns:
-                where = "the first record has" if self.format == "jsonl" else "its columns are"
                 raise InputError(
                     f"{self.path}: no id column {self._id_requested!r}; {where}: {names}"
                 )
