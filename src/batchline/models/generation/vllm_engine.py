@@ -31,6 +31,12 @@ Unlike batchline's scheduler, vLLM may preempt a running sequence when its KV ca
 recompute; under ``priority`` the one ranked last, under ``fcfs`` the one scheduled last). With
 ``fcfs`` (vLLM's default, and this knob's) nothing is passed and requests join in arrival order.
 
+Queue wait (``Completion.queue_wait_s``): vLLM schedules inside its own engine, out of this
+adapter's sight, so a request's wait ends at vLLM's first output for it, the closest thing the
+adapter sees to its admission. That output comes after vLLM has scheduled the request and run
+its prefill, so this wait includes the prefill (for batchline's own schedulers it ends at the
+admission, before the prefill).
+
 The prompt goes in as vLLM 0.32's rendered token input (``vllm.inputs.tokens_input``): a bare
 ``{"prompt_token_ids": ...}`` (``TokensPrompt``) is a "raw prompt", which 0.32 still accepts
 but deprecates. vLLM is imported lazily, only by :meth:`VllmGenerator.from_engine_args` and
@@ -421,6 +427,9 @@ class VllmGenerator:
         submitted_at: float,
     ) -> None:
         recorder = self._recorder
+        # vLLM's first output for the request: the closest this adapter sees to its admission
+        # (vLLM has scheduled it and run its prefill), where its queue wait ends
+        admitted_at: float | None = None
         first_at: float | None = None
         last_at: float | None = None
         ids: list[int] = []
@@ -439,6 +448,8 @@ class VllmGenerator:
                 outputs = self._engine.generate(vllm_prompt, vllm_params, rid)
             async for out in outputs:
                 now = self._clock.now()
+                if admitted_at is None:
+                    admitted_at = now
                 completion_out = out.outputs[0]
                 if self._delta:
                     new_ids = tuple(completion_out.token_ids)
@@ -464,13 +475,17 @@ class VllmGenerator:
                 if out.finished:
                     reason = _finish_reason(completion_out.finish_reason)
                     stream._push(GenerationDelta(new_text, new_ids, True, reason))
-                    self._finish(stream, reason, texts, ids, submitted_at, first_at, now)
+                    self._finish(
+                        stream, reason, texts, ids, submitted_at, first_at, now, admitted_at, params
+                    )
                     return
                 stream._push(GenerationDelta(new_text, new_ids))
             # the iterator ended without a finished output: vLLM aborted it
             now = self._clock.now()
             stream._push(GenerationDelta("", (), True, "abort"))
-            self._finish(stream, "abort", texts, ids, submitted_at, first_at, now)
+            self._finish(
+                stream, "abort", texts, ids, submitted_at, first_at, now, admitted_at, params
+            )
         except asyncio.CancelledError:
             # abort(), a cancelled client or stop(): tell vLLM (idempotent), end the stream
             with contextlib.suppress(Exception):
@@ -481,7 +496,9 @@ class VllmGenerator:
                     recorder.on_end("failed")
             else:
                 stream._push(GenerationDelta("", (), True, "abort"))
-                self._finish(stream, "abort", texts, ids, submitted_at, first_at, now)
+                self._finish(
+                    stream, "abort", texts, ids, submitted_at, first_at, now, admitted_at, params
+                )
         except Exception as exc:
             error: Exception
             if _is_queue_rejection(exc):
@@ -508,6 +525,8 @@ class VllmGenerator:
         submitted_at: float,
         first_at: float | None,
         now: float,
+        admitted_at: float | None,
+        params: SamplingParams,
     ) -> None:
         completion = Completion(
             text="".join(texts),
@@ -517,6 +536,8 @@ class VllmGenerator:
             finish_reason=reason,
             ttft_s=None if first_at is None else first_at - submitted_at,
             latency_s=now - submitted_at,
+            queue_wait_s=None if admitted_at is None else admitted_at - submitted_at,
+            priority=params.priority,
         )
         if stream._complete(completion):
             if reason == "abort":
