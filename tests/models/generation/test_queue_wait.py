@@ -49,16 +49,18 @@ async def test_static_the_wait_ends_when_its_batch_starts() -> None:
     await q.start(blocker_tokens=3)  # the blocker's batch started at t=0, in its first step
     q.submit("b0", BATCH, max_tokens=4)
     q.submit("b1", BATCH)
+    q.submit("b2", BATCH)
     q.clock.advance(1.0)
     q.submit("i", INTERACTIVE)
     done = await q.finish()
     assert done["blocker"].queue_wait_s == 0.0
-    # the blocker's steps end at 2, 3, 4: "i" and "b0" start at 4; "b0" (4 tokens) holds that
-    # batch to 8, when "b1" starts
+    # the blocker's steps end at 2, 3, 4: "i" starts at 4, alone (no batch request rides with
+    # it); "b0" and "b1" at 6; "b0" (4 tokens) holds that batch to 10, when "b2" starts
     assert done["i"].queue_wait_s == 3.0
-    assert done["b0"].queue_wait_s == 4.0
-    assert done["b1"].queue_wait_s == 8.0
-    assert done["b1"].priority == BATCH
+    assert done["b0"].queue_wait_s == 6.0
+    assert done["b1"].queue_wait_s == 6.0
+    assert done["b2"].queue_wait_s == 10.0
+    assert done["b2"].priority == BATCH
 
 
 async def test_sequential_the_wait_ends_when_its_turn_starts() -> None:

@@ -13,7 +13,10 @@ Priority: each request goes to the batcher at its ``SamplingParams.priority`` (a
 batcher's, higher first), so the next batch is taken in the core queue's aged order
 (``batchline._priority.aged_rank``, ``priority_aging_s`` seconds of waiting per point): an
 ``interactive`` request queued behind ``batch`` ones goes in the next batch before them, unless
-they have waited ``priority_aging_s`` longer. A batch already running is never interrupted.
+they have waited ``priority_aging_s`` longer. As in the core queue, a batch takes nothing of a
+lower priority than its first (an interactive request does not wait for bulk sequences beside
+it) and takes half the KV budget while higher priorities are arriving (``batchline._queue``). A
+batch already running is never interrupted.
 
 :class:`SequentialGenerator` runs one sequence at a time: the baseline every generation
 benchmark compares against.
