@@ -23,8 +23,8 @@ replicas:
   ``batchline_generation_request_completion_tokens``,
   ``batchline_generation_queue_wait_seconds{priority}`` (from ``submit()`` to the request's
   admission: it joined the running batch (continuous), its batch started (static, one at a
-  time), or vLLM's first output for it arrived (vLLM, prefill included); label ``priority``:
-  ``interactive``, ``batch`` or the request's integer, as the batchers'
+  time), or vLLM scheduled it (seen from its first output, see ``vllm_engine``); label
+  ``priority``: ``interactive``, ``batch`` or the request's integer, as the batchers'
   ``batchline_queue_wait_seconds``; a request that ended before admission has no sample), and
   the counter ``batchline_generation_finished_total{finish_reason=stop|length|abort}``.
 
@@ -94,7 +94,7 @@ class GenerationMetrics:
         self.queue_wait = Histogram(
             "batchline_generation_queue_wait_seconds",
             "From a request's submit to its admission (joined the running batch, its batch "
-            "started, or vLLM's first output), by priority.",
+            "started, or vLLM scheduled it), by priority.",
             ["model", "priority"],
             buckets=_WAIT_BUCKETS,
             registry=registry,

@@ -3,10 +3,14 @@ generator (each fake step moves the clock 1 s; the test moves it more between st
 
 - continuous: the wait ends when the request joins the running batch (before its prefill);
 - static and one at a time: when its batch starts;
-- vLLM (the stand-in engine): at vLLM's first output for it.
+- vLLM (the stand-in engine): when vLLM scheduled it, its first output's arrival less the
+  prefill time vLLM's request stats give, or that arrival when there are none.
 """
 
 from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 
 import pytest
 
@@ -18,7 +22,7 @@ from batchline.models.generation.static import SequentialGenerator, StaticGenera
 from .gen_helpers import TOK, until
 from .test_scheduler_priority import Stepper
 from .test_static_priority import Queued
-from .test_vllm import StandInAsyncLLM, make
+from .test_vllm import CompletionOutput, StandInAsyncLLM, make
 
 pytestmark = pytest.mark.anyio
 
@@ -90,18 +94,52 @@ async def test_a_request_aborted_while_waiting_has_no_queue_wait(kind: str) -> N
     assert (await runner.streams["x"].result()).queue_wait_s is not None
 
 
-async def test_vllm_the_wait_ends_at_vllms_first_output() -> None:
+@dataclass(frozen=True)
+class RequestStats:
+    """The two fields of vLLM's ``RequestStateStats`` the adapter reads (its engine's clock)."""
+
+    scheduled_ts: float
+    first_token_ts: float
+
+
+@dataclass(frozen=True)
+class OutputWithStats:
+    outputs: list[CompletionOutput]
+    finished: bool
+    metrics: RequestStats
+
+
+class StatsAsyncLLM(StandInAsyncLLM):
+    """The stand-in whose outputs carry vLLM's request stats, as vLLM's do unless
+    ``disable_log_stats``: scheduled at 50.0 on its own clock, first token 0.75 s later."""
+
+    async def generate(  # type: ignore[override]
+        self, prompt: Mapping[str, object], sampling_params: object, request_id: str
+    ) -> AsyncIterator[OutputWithStats]:
+        async for out in super().generate(prompt, sampling_params, request_id):
+            yield OutputWithStats(out.outputs, out.finished, RequestStats(50.0, 50.75))
+
+
+@pytest.mark.parametrize(
+    ("engine", "wait"),
+    [(StandInAsyncLLM, 2.0), (StatsAsyncLLM, 1.25)],
+    ids=["no-stats", "stats"],
+)
+async def test_vllm_the_wait_ends_when_vllm_scheduled_it(
+    engine: type[StandInAsyncLLM], wait: float
+) -> None:
     clock = ManualClock(start=100.0)
-    engine = StandInAsyncLLM(free=False)
-    async with make(engine, clock=clock) as gen:
+    vllm = engine(free=False)
+    async with make(vllm, clock=clock) as gen:
         stream = gen.submit(
             TOK.encode("a"), SamplingParams(max_tokens=2, priority=BATCH), request_id="a"
         )
-        await until(lambda: "a" in engine.prompts)  # vLLM has it, no output yet
+        await until(lambda: "a" in vllm.prompts)  # vLLM has it, no output yet
         clock.advance(2.0)
-        engine.free = True
-        engine.step()
+        vllm.free = True
+        vllm.step()
         completion = await stream.result()
-    assert completion.queue_wait_s == 2.0
-    assert completion.ttft_s == 2.0  # the first output carried the first token
+    # the first output came at 102: less vLLM's prefill (0.75 s) when its stats say so
+    assert completion.queue_wait_s == wait
+    assert completion.ttft_s == 2.0
     assert completion.priority == BATCH

@@ -90,4 +90,9 @@ async def test_an_interactive_request_queued_after_batch_ones_runs_first(
     assert inter.queue_wait_s is not None
     assert batch0.queue_wait_s is not None
     assert inter.queue_wait_s < batch0.queue_wait_s
+    # and ends when vLLM scheduled it (its request stats give the prefill): before the first token
+    for queued in done[1:]:
+        assert queued.ttft_s is not None
+        assert queued.queue_wait_s is not None
+        assert queued.queue_wait_s < queued.ttft_s
     assert (inter.priority, batch0.priority) == (0, -1)

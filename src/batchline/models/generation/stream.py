@@ -83,10 +83,11 @@ class Completion:
     completed a stop string included). ``ttft_s`` is ``None`` when no token was generated
     (aborted while waiting). ``queue_wait_s`` is the time from ``submit()`` to the request's
     admission: it joined the running batch (continuous), its batch started (static, one at a
-    time), or vLLM's first output for it arrived (the first thing vLLM's adapter sees: it
-    includes the prompt's prefill); ``None`` when it never got there (aborted or closed while
-    waiting). ``priority`` is its ``SamplingParams.priority`` (the batcher's, higher first),
-    what the server labels the queue wait with. Times are on the generator's clock.
+    time), or vLLM scheduled it (its first output's arrival less vLLM's own prefill time, or
+    the arrival alone when vLLM keeps no request stats; see ``vllm_engine``); ``None`` when it
+    never got there (aborted or closed while waiting). ``priority`` is its
+    ``SamplingParams.priority`` (the batcher's, higher first), what the server labels the queue
+    wait with. Times are on the generator's clock.
     """
 
     text: str

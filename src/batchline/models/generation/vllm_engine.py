@@ -32,10 +32,12 @@ recompute; under ``priority`` the one ranked last, under ``fcfs`` the one schedu
 ``fcfs`` (vLLM's default, and this knob's) nothing is passed and requests join in arrival order.
 
 Queue wait (``Completion.queue_wait_s``): vLLM schedules inside its own engine, out of this
-adapter's sight, so a request's wait ends at vLLM's first output for it, the closest thing the
-adapter sees to its admission. That output comes after vLLM has scheduled the request and run
-its prefill, so this wait includes the prefill (for batchline's own schedulers it ends at the
-admission, before the prefill).
+adapter's sight; what the adapter sees first is vLLM's first output for the request, after vLLM
+scheduled it and ran its prefill. When that output carries vLLM's request stats
+(``RequestOutput.metrics``, kept unless vLLM's ``disable_log_stats``), the wait ends at the
+output's arrival less vLLM's own prefill time (``first_token_ts - scheduled_ts``, a difference
+of two of its engine's clock readings), i.e. when vLLM scheduled it, as batchline's own
+schedulers count it; without them, at the output's arrival, prefill included.
 
 The prompt goes in as vLLM 0.32's rendered token input (``vllm.inputs.tokens_input``): a bare
 ``{"prompt_token_ids": ...}`` (``TokensPrompt``) is a "raw prompt", which 0.32 still accepts
@@ -178,6 +180,18 @@ def _finish_reason(raw: str | None) -> FinishReason:
     # "repetition" (vLLM's repetition detection, off unless asked for) or a reason newer than
     # this adapter: the engine ended the sequence on a rule of its own, as a stop string would
     return "stop"
+
+
+def _prefill_s(out: VllmRequestOutput) -> float:
+    """vLLM's own time from scheduling a request to its first token, from the request stats
+    on its output (``metrics.scheduled_ts``, ``metrics.first_token_ts``); 0.0 when it keeps
+    none (``disable_log_stats``) or they are not both set yet."""
+    stats = getattr(out, "metrics", None)
+    scheduled = getattr(stats, "scheduled_ts", None)
+    first = getattr(stats, "first_token_ts", None)
+    if isinstance(scheduled, float) and isinstance(first, float) and 0 < scheduled <= first:
+        return first - scheduled
+    return 0.0
 
 
 def _is_queue_rejection(exc: BaseException) -> bool:
@@ -427,8 +441,7 @@ class VllmGenerator:
         submitted_at: float,
     ) -> None:
         recorder = self._recorder
-        # vLLM's first output for the request: the closest this adapter sees to its admission
-        # (vLLM has scheduled it and run its prefill), where its queue wait ends
+        # when vLLM scheduled it (its queue wait ends), from its first output (module docstring)
         admitted_at: float | None = None
         first_at: float | None = None
         last_at: float | None = None
@@ -449,7 +462,7 @@ class VllmGenerator:
             async for out in outputs:
                 now = self._clock.now()
                 if admitted_at is None:
-                    admitted_at = now
+                    admitted_at = max(submitted_at, now - _prefill_s(out))
                 completion_out = out.outputs[0]
                 if self._delta:
                     new_ids = tuple(completion_out.token_ids)
