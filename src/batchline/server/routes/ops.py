@@ -22,28 +22,13 @@ async def list_models(request: Request) -> JSONResponse:
     (``memory_budget``), its ``state`` (unloaded, loading, resident, unloading),
     ``footprint_bytes`` (its weights' size, or what its last load measured) and ``pinned``."""
     state = server_state(request)
-    data = [
-        {
-            "id": m.name,
-            "object": "model",
-            "created": m.created,
-            "owned_by": "batchline",
-            "task": m.task,
-        }
-        for m in state.served()
-    ]
+    data = [_card(m.name, m.created, m.task) for m in state.served()]
     if state.residency is not None:
         # on-demand models: listed loaded or not, with their residency and footprint
         cards = {c["id"]: c for c in data}
         data = []
         for s in state.residency.stats():
-            card = cards.pop(s.name, None) or {
-                "id": s.name,
-                "object": "model",
-                "created": 0,
-                "owned_by": "batchline",
-                "task": state.managed[s.name],
-            }
+            card = cards.pop(s.name, None) or _card(s.name, 0, state.managed[s.name])
             card.update(
                 state=s.state.value,
                 footprint_bytes=s.footprint_bytes,
@@ -53,6 +38,16 @@ async def list_models(request: Request) -> JSONResponse:
             data.append(card)
         data.extend(cards.values())
     return JSONResponse({"object": "list", "data": data})
+
+
+def _card(name: str, created: int, task: str) -> dict[str, object]:
+    return {
+        "id": name,
+        "object": "model",
+        "created": created,
+        "owned_by": "batchline",
+        "task": task,
+    }
 
 
 @router.get("/health", summary="Liveness: the process answers")
