@@ -433,10 +433,11 @@ def test_a_model_whose_attention_bypasses_the_interface_is_refused(
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     # As a model that does not look its attention up by name: the engine's function never runs.
+    # (transformers' forward: the lean one calls batchline's attention itself.)
     monkeypatch.setitem(
         AttentionInterface._global_mapping, packed_attention.PACKED, sdpa_attention_forward
     )
-    engine = TorchStepEngine(tiny_llama)
+    engine = TorchStepEngine(tiny_llama, lean=False)
     engine.add_request(_request("a", _prompt(1, 5)))
     with pytest.raises(RuntimeError, match="0 of 2 layers"):
         engine.step()

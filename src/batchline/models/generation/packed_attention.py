@@ -11,6 +11,7 @@ earlier positions and itself, causally.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +66,12 @@ class StepPlan:
     decode_mask: torch.Tensor | None  # (decoding, 1, 1, hi + 1 - lo)
     joins: list[Join]
     layers_seen: int = 0
+    #: How the decoding rows attend: a key of :data:`DECODE_ATTENTION`.
+    decode_attention: str = "sdpa"
+    #: Each decoding row's attended columns (its window, ending at hi): for "rows" and "groups".
+    decode_lengths: list[int] | None = None
+    #: The float mask (0 / -inf) of "matmul", made once a step.
+    decode_bias: torch.Tensor | None = None
 
 
 def packed_attention(
@@ -95,16 +102,8 @@ def packed_attention(
         # (1, heads, r, dim) -> (r, heads, 1, dim): one query per decoding row.
         keys[:r, :, store.hi] = key[0, :, :r].transpose(0, 1)
         values[:r, :, store.hi] = value[0, :, :r].transpose(0, 1)
-        window = slice(store.lo, store.hi + 1)
-        attended, _ = sdpa_attention_forward(
-            module,
-            query[0, :, :r].transpose(0, 1).unsqueeze(2),
-            keys[:r, :, window],
-            values[:r, :, window],
-            plan.decode_mask,
-            scaling=scaling,
-        )
-        out[0, :r] = attended[:, 0]
+        attend = DECODE_ATTENTION[plan.decode_attention]
+        out[0, :r] = attend(module, query[0, :, :r].transpose(0, 1), plan, keys, values, scaling)
     for join in plan.joins:
         if join.slot is None:
             assert join.keys is not None
@@ -128,6 +127,135 @@ def packed_attention(
         )
         out[0, new] = attended[0]
     return out, None
+
+
+# -- how the decoding rows attend over their windows ------------------------------------------
+# Each takes the rows' queries (r, heads, head_dim) and one layer's store buffers (keys at hi
+# written), and returns (r, heads, head_dim). The window is left-padded to the longest row.
+
+DecodeAttention = Callable[
+    [torch.nn.Module, torch.Tensor, StepPlan, torch.Tensor, torch.Tensor, float | None],
+    torch.Tensor,
+]
+
+
+def _decode_sdpa(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    plan: StepPlan,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    scaling: float | None,
+) -> torch.Tensor:
+    """transformers' SDPA over the whole padded window, padding masked."""
+    r, store = plan.decoding, plan.store
+    window = slice(store.lo, store.hi + 1)
+    attended, _ = sdpa_attention_forward(
+        module,
+        query.unsqueeze(2),
+        keys[:r, :, window],
+        values[:r, :, window],
+        plan.decode_mask,
+        scaling=scaling,
+    )
+    return attended[:, 0]
+
+
+def _decode_matmul(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    plan: StepPlan,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    scaling: float | None,
+) -> torch.Tensor:
+    """Two batched matmuls over the padded window, the query heads of one KV head together
+    (no repeated keys); the padding gets -inf before the softmax."""
+    r, store = plan.decoding, plan.store
+    kv_heads, dim = keys.shape[1], keys.shape[3]
+    window = slice(store.lo, store.hi + 1)
+    q = query.reshape(r, kv_heads, -1, dim)  # query head h uses KV head h // groups
+    scores = torch.matmul(q, keys[:r, :, window].transpose(2, 3))
+    scale = scaling if scaling is not None else dim**-0.5
+    assert plan.decode_bias is not None
+    # In fp32, as transformers' eager attention does: a bf16 softmax rounds the weights twice.
+    weights = torch.softmax(scores * scale + plan.decode_bias, dim=-1, dtype=torch.float32)
+    attended = torch.matmul(weights.to(values.dtype), values[:r, :, window])
+    return attended.reshape(r, -1, dim)
+
+
+def _decode_rows(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    plan: StepPlan,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    scaling: float | None,
+) -> torch.Tensor:
+    """One SDPA per row over its own columns: no padding, no mask, one call per row."""
+    stop = plan.store.hi + 1
+    assert plan.decode_lengths is not None
+    out = query.new_empty(query.shape)
+    for i, n in enumerate(plan.decode_lengths):
+        attended, _ = sdpa_attention_forward(
+            module,
+            query[i : i + 1, :, None],
+            keys[i : i + 1, :, stop - n : stop],
+            values[i : i + 1, :, stop - n : stop],
+            None,
+            scaling=scaling,
+        )
+        out[i] = attended[0, 0]
+    return out
+
+
+# Rows of a "groups" step: sorted by window, cut into this many groups of about equal count.
+_GROUPS = 4
+
+
+def _decode_groups(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    plan: StepPlan,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    scaling: float | None,
+) -> torch.Tensor:
+    """Rows sorted by window and cut into groups; each group attends over its own longest
+    window (its rows' keys and values gathered: rows of a group need not be neighbours)."""
+    stop = plan.store.hi + 1
+    assert plan.decode_lengths is not None
+    assert plan.decode_mask is not None
+    lengths = plan.decode_lengths
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    size = -(-len(order) // _GROUPS)
+    out = query.new_empty(query.shape)
+    for g in range(0, len(order), size):
+        rows = order[g : g + size]
+        n = lengths[rows[-1]]
+        if rows == list(range(rows[0], rows[0] + len(rows))):
+            pick: slice | torch.Tensor = slice(rows[0], rows[0] + len(rows))
+        else:
+            pick = torch.tensor(rows, device=query.device)
+        attended, _ = sdpa_attention_forward(
+            module,
+            query[pick].unsqueeze(2),
+            keys[:, :, stop - n : stop][pick],
+            values[:, :, stop - n : stop][pick],
+            plan.decode_mask[pick][..., -n:],
+            scaling=scaling,
+        )
+        out[pick] = attended[:, 0]
+    return out
+
+
+#: The decode attentions by name (benchmarks/engine_levers.md measures them).
+DECODE_ATTENTION: dict[str, DecodeAttention] = {
+    "sdpa": _decode_sdpa,
+    "matmul": _decode_matmul,
+    "rows": _decode_rows,
+    "groups": _decode_groups,
+}
 
 
 #: The name batchline's attention is registered under with transformers.

@@ -41,6 +41,7 @@ Example::
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -50,6 +51,7 @@ from transformers import DynamicCache, DynamicLayer
 
 from batchline.models.generation.engine import GenerationRequest, StepOutput
 from batchline.models.generation.kv_slots import Geometry, SlotStore, StoreState
+from batchline.models.generation.lean_llama import LeanForward, lean_forward
 from batchline.models.generation.packed_attention import PACKED, Join, StepPlan, causal_mask
 from batchline.models.generation.prefix_cache import Prefix, PrefixCache
 from batchline.models.generation.sampling import make_generator, select_tokens
@@ -59,6 +61,9 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 __all__ = ["TorchStepEngine"]
+
+logger = logging.getLogger("batchline.generation")
+_told_fallback: set[str] = set()  # model classes whose fallback was logged already (once each)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +137,11 @@ class TorchStepEngine:
     ``tokenizer``: the model's fast Hugging Face tokenizer, needed by requests with a
     ``SamplingParams.constraint`` (structured outputs, see :mod:`.structured`).
 
+    ``lean``: run a step through :mod:`.lean_llama`'s plain loop over the layers (the same
+    kernels, without transformers' module tree); None (the default) where the model is one it
+    recognises (transformers' Llama), else transformers' forward, said once in the log; True
+    refuses a model it does not recognise; False always takes transformers' forward.
+
     The engine owns the model while it steps: for the length of each forward pass the model's
     attention implementation is batchline's (see the module docstring), then set back.
     """
@@ -145,6 +155,7 @@ class TorchStepEngine:
         prefix_cache_tokens: int = 4096,
         max_step_tokens: int | None = None,
         tokenizer: Any = None,
+        lean: bool | None = None,
     ) -> None:
         self._model = model
         model.eval()  # type: ignore[no-untyped-call]
@@ -203,6 +214,17 @@ class TorchStepEngine:
         if prefix_cache_tokens < 0:
             raise ValueError(f"prefix_cache_tokens must be >= 0, got {prefix_cache_tokens}")
         self._prefixes = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
+        #: How decoding rows attend (a key of packed_attention.DECODE_ATTENTION).
+        self.decode_attention = "sdpa"
+        self._lean: LeanForward | None = None
+        if lean is not False:
+            self._lean, why = lean_forward(model)
+            if self._lean is None:
+                if lean:
+                    raise ValueError(f"no lean forward for this model: {why}; pass lean=None")
+                if type(model).__name__ not in _told_fallback:
+                    _told_fallback.add(type(model).__name__)
+                    logger.info("transformers' forward for each step (no lean forward: %s)", why)
 
     # -- the StepEngine protocol ---------------------------------------------------------
 
@@ -407,12 +429,16 @@ class TorchStepEngine:
             positions += range(piece.begin, piece.end)
             if piece.last:
                 keep.append(len(ids) - 1)
-        decode_mask = None
+        plan = StepPlan(store, len(rows), None, joins, decode_attention=self.decode_attention)
         if rows:
             held = torch.tensor(positions[: len(rows)], device=self._device)  # = each row's held
             columns = torch.arange(end - store.lo, device=self._device)
-            decode_mask = (columns >= store.width - held[:, None])[:, None, None, :]
-        plan = StepPlan(store, len(rows), decode_mask, joins)
+            plan.decode_mask = (columns >= store.width - held[:, None])[:, None, None, :]
+            plan.decode_lengths = [n + 1 for n in positions[: len(rows)]]
+            if plan.decode_attention == "matmul":
+                plan.decode_bias = torch.zeros(
+                    plan.decode_mask.shape, dtype=self.dtype, device=self._device
+                ).masked_fill_(~plan.decode_mask, float("-inf"))
         # A step of one chunk and nothing else yields no token; the lm_head takes one row anyway.
         logits = self._forward(ids, positions, keep or [len(ids) - 1], plan)
         # Committed: every row now ends at `end`; the window reaches back to the longest.
@@ -451,6 +477,13 @@ class TorchStepEngine:
         self, ids: list[int], positions: list[int], keep: list[int], plan: StepPlan
     ) -> torch.Tensor:
         device = self._device
+        if self._lean is not None:
+            return self._lean(
+                torch.tensor(ids, device=device),
+                torch.tensor(positions, device=device),
+                torch.tensor(keep, device=device),
+                plan,
+            )
         config = self._model.config
         usual = config._attn_implementation
         config._attn_implementation = PACKED
