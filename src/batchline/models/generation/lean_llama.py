@@ -103,17 +103,21 @@ class LeanForward:
         return weight * h.to(dtype)
 
     def _rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        """cos and sin of every position, ``(T, 1, head_dim)``; sin's first half negated (see
+        :meth:`_rotate`)."""
         freqs = positions[:, None].float() * self._inv_freq.to(positions.device)
         emb = torch.cat((freqs, freqs), dim=-1)
-        cos = (emb.cos() * self._rope_scaling).to(dtype)[:, None]  # (T, 1, head_dim)
-        sin = (emb.sin() * self._rope_scaling).to(dtype)[:, None]
-        return cos, sin
+        cos = (emb.cos() * self._rope_scaling).to(dtype)[:, None]
+        sin = (emb.sin() * self._rope_scaling).to(dtype)
+        half = sin.shape[-1] // 2
+        return cos, torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)[:, None]
 
     @staticmethod
-    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+        # transformers' x * cos + cat(-x2, x1) * sin, with the sign moved onto sin once a
+        # step instead of onto x in every layer (a negation is exact: the same values).
         half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return (x * cos) + (rotated * sin)
+        return (x * cos) + (torch.cat((x[..., half:], x[..., :half]), dim=-1) * signed_sin)
 
     def __call__(
         self, ids: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor, plan: StepPlan

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -192,25 +193,53 @@ def _decode_rows(
     values: torch.Tensor,
     scaling: float | None,
 ) -> torch.Tensor:
-    """One SDPA per row over its own columns: no padding, no mask, one call per row."""
+    """One SDPA per row over its own columns: no padding, no mask, one call per row (the
+    query heads of one KV head together, as transformers' decode does)."""
     stop = plan.store.hi + 1
     assert plan.decode_lengths is not None
-    out = query.new_empty(query.shape)
+    kv_heads, dim = keys.shape[1], keys.shape[3]
+    q = query.reshape(query.shape[0], kv_heads, -1, dim)
+    out = torch.empty_like(q)
     for i, n in enumerate(plan.decode_lengths):
+        out[i] = F.scaled_dot_product_attention(
+            q[i], keys[i, :, stop - n : stop], values[i, :, stop - n : stop], scale=scaling
+        )
+    return out.view(query.shape)
+
+
+# Rows of a "chunks" or "groups" step are cut into this many groups of about equal count.
+_GROUPS = 4
+
+
+def _decode_chunks(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    plan: StepPlan,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    scaling: float | None,
+) -> torch.Tensor:
+    """Neighbouring rows in groups (slot order, nothing moved or gathered); each group attends
+    over its own longest window."""
+    stop = plan.store.hi + 1
+    assert plan.decode_lengths is not None
+    assert plan.decode_mask is not None
+    lengths = plan.decode_lengths
+    size = -(-len(lengths) // _GROUPS)
+    out = query.new_empty(query.shape)
+    for g in range(0, len(lengths), size):
+        rows = slice(g, min(g + size, len(lengths)))
+        n = max(lengths[rows])
         attended, _ = sdpa_attention_forward(
             module,
-            query[i : i + 1, :, None],
-            keys[i : i + 1, :, stop - n : stop],
-            values[i : i + 1, :, stop - n : stop],
-            None,
+            query[rows].unsqueeze(2),
+            keys[rows, :, stop - n : stop],
+            values[rows, :, stop - n : stop],
+            plan.decode_mask[rows][..., -n:],
             scaling=scaling,
         )
-        out[i] = attended[0, 0]
+        out[rows] = attended[:, 0]
     return out
-
-
-# Rows of a "groups" step: sorted by window, cut into this many groups of about equal count.
-_GROUPS = 4
 
 
 def _decode_groups(
@@ -255,6 +284,7 @@ DECODE_ATTENTION: dict[str, DecodeAttention] = {
     "matmul": _decode_matmul,
     "rows": _decode_rows,
     "groups": _decode_groups,
+    "chunks": _decode_chunks,
 }
 
 
