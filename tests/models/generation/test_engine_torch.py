@@ -653,19 +653,22 @@ def test_each_forward_and_decode_attention_keeps_greedy_exact(
     )
 
 
-def test_the_lean_forward_computes_what_the_module_tree_does(tiny_llama: Any) -> None:
-    engine = TorchStepEngine(tiny_llama, lean=True)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_lean_step_computes_what_the_module_tree_did(dtype: str) -> None:
+    model = build_tiny_llama().to(getattr(torch, dtype))
+    engine = TorchStepEngine(model, lean=True)
     lean = engine._lean
     assert lean is not None
     real_forward = engine._forward
     compared: list[tuple[int, int]] = []
 
     def both(ids: list[int], positions: list[int], keep: list[int], plan: Any) -> Any:
-        # The lean pass, then transformers' over the same inputs (each writes the same keys
-        # and values, then attends): the same ops in the same order, so bit for bit equal.
-        engine._lean = lean
+        # The lean pass with its SDPA call, then transformers' forward with transformers' SDPA
+        # function (what a step ran before) over the same inputs; each writes the same keys
+        # and values, then attends. The same ops in the same order: bit for bit equal.
+        engine._lean, plan.decode_attention = lean, "sdpa"
         got = real_forward(ids, positions, keep, plan)
-        engine._lean = None
+        engine._lean, plan.decode_attention = None, "transformers"
         plan.layers_seen = 0  # transformers' pass counts the layers its attention saw
         expected = real_forward(ids, positions, keep, plan)
         assert got.shape == expected.shape == (len(keep), TINY_VOCAB)

@@ -71,7 +71,7 @@ class StepPlan:
     decode_attention: str = "sdpa"
     #: Each decoding row's attended columns (its window, ending at hi): for "rows" and "groups".
     decode_lengths: list[int] | None = None
-    #: The float mask (0 / -inf) of "matmul", made once a step.
+    #: decode_mask as an additive mask (0 / -inf) in the model's dtype.
     decode_bias: torch.Tensor | None = None
 
 
@@ -148,7 +148,34 @@ def _decode_sdpa(
     values: torch.Tensor,
     scaling: float | None,
 ) -> torch.Tensor:
-    """transformers' SDPA over the whole padded window, padding masked."""
+    """SDPA over the whole padded window, padding masked: the call transformers' SDPA
+    attention makes for one query per row on CPU and CUDA (the query heads of one KV head
+    together), without its per-layer Python (it reads an environment variable per call). The
+    additive mask is made once a step (SDPA would turn the boolean one into it per layer)."""
+    r, store = plan.decoding, plan.store
+    window = slice(store.lo, store.hi + 1)
+    kv_heads, dim = keys.shape[1], keys.shape[3]
+    assert plan.decode_bias is not None
+    attended = F.scaled_dot_product_attention(
+        query.reshape(r, kv_heads, -1, dim),
+        keys[:r, :, window],
+        values[:r, :, window],
+        attn_mask=plan.decode_bias,
+        scale=scaling,
+    )
+    return attended.reshape(query.shape)
+
+
+def _decode_transformers(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    plan: StepPlan,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    scaling: float | None,
+) -> torch.Tensor:
+    """ "sdpa" through transformers' SDPA attention function, with the boolean mask (what a
+    step ran before the lean forward: the A/B's baseline)."""
     r, store = plan.decoding, plan.store
     window = slice(store.lo, store.hi + 1)
     attended, _ = sdpa_attention_forward(
@@ -281,6 +308,7 @@ def _decode_groups(
 #: The decode attentions by name (benchmarks/engine_levers.md measures them).
 DECODE_ATTENTION: dict[str, DecodeAttention] = {
     "sdpa": _decode_sdpa,
+    "transformers": _decode_transformers,
     "matmul": _decode_matmul,
     "rows": _decode_rows,
     "groups": _decode_groups,

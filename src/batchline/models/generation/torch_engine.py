@@ -13,7 +13,10 @@ Its parts, one module each (vLLM's v1 engine is the picture):
   prefix they start with). The weights are read once for both, where a separate prefill pass
   would read them again. batchline's attention function (:mod:`~.packed_attention`,
   registered with transformers' ``AttentionInterface`` and used only for these passes) writes
-  each layer's new keys and values in place, and attends;
+  each layer's new keys and values in place, and attends. For transformers' Llama the pass
+  runs through :mod:`~.lean_llama`, the same kernels from one plain loop over the layers
+  (without transformers' module tree: x0.89-0.95 of the step time, see
+  benchmarks/engine_levers.md); for other models through the model's own forward;
 - **chunked prefill**: with ``max_step_tokens``, a step's input holds at most that many tokens,
   decodes first; a prompt that does not fit in what is left is prefilled in chunks over several
   steps (into a buffer of its own, attending over its earlier chunks) while the running rows
@@ -435,10 +438,9 @@ class TorchStepEngine:
             columns = torch.arange(end - store.lo, device=self._device)
             plan.decode_mask = (columns >= store.width - held[:, None])[:, None, None, :]
             plan.decode_lengths = [n + 1 for n in positions[: len(rows)]]
-            if plan.decode_attention == "matmul":
-                plan.decode_bias = torch.zeros(
-                    plan.decode_mask.shape, dtype=self.dtype, device=self._device
-                ).masked_fill_(~plan.decode_mask, float("-inf"))
+            plan.decode_bias = torch.zeros(
+                plan.decode_mask.shape, dtype=self.dtype, device=self._device
+            ).masked_fill_(~plan.decode_mask, float("-inf"))
         # A step of one chunk and nothing else yields no token; the lm_head takes one row anyway.
         logits = self._forward(ids, positions, keep or [len(ids) - 1], plan)
         # Committed: every row now ends at `end`; the window reaches back to the longest.
