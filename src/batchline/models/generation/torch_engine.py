@@ -15,7 +15,7 @@ Its parts, one module each (vLLM's v1 engine is the picture):
   registered with transformers' ``AttentionInterface`` and used only for these passes) writes
   each layer's new keys and values in place, and attends. For transformers' Llama the pass
   runs through :mod:`~.lean_llama`, the same kernels from one plain loop over the layers
-  (without transformers' module tree: x0.89-0.95 of the step time, see
+  (without transformers' module tree: x0.88-0.94 of the step time, see
   benchmarks/engine_levers.md); for other models through the model's own forward;
 - **chunked prefill**: with ``max_step_tokens``, a step's input holds at most that many tokens,
   decodes first; a prompt that does not fit in what is left is prefilled in chunks over several
