@@ -657,6 +657,8 @@ def test_each_forward_and_decode_attention_keeps_greedy_exact(
 def test_the_lean_step_computes_what_the_module_tree_did(dtype: str) -> None:
     model = build_tiny_llama().to(getattr(torch, dtype))
     engine = TorchStepEngine(model, lean=True)
+    assert engine.forward == "lean"
+    assert TorchStepEngine(model, lean=False).forward == "transformers"
     lean = engine._lean
     assert lean is not None
     real_forward = engine._forward
@@ -709,7 +711,7 @@ def test_a_model_it_does_not_recognise_takes_transformers_forward(
     with caplog.at_level("INFO", logger="batchline.generation"):
         first = TorchStepEngine(model)
         TorchStepEngine(model)
-    assert first._lean is None
+    assert first.forward == "transformers"
     said = [r.getMessage() for r in caplog.records if "no lean forward" in r.getMessage()]
     assert said == [
         "transformers' forward for each step (no lean forward: MyLlama is not "

@@ -248,6 +248,11 @@ class TorchStepEngine:
         return self._device
 
     @property
+    def forward(self) -> str:
+        """How a step runs the model: ``lean`` (:mod:`.lean_llama`) or ``transformers``."""
+        return "transformers" if self._lean is None else "lean"
+
+    @property
     def dtype(self) -> torch.dtype:
         """The dtype the model computes (and the KV cache is kept) in."""
         return self._store.geometry.dtype
