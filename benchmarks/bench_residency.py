@@ -320,6 +320,7 @@ def priority(args: argparse.Namespace, workdir: Path) -> None:
     try:
         _request(server.port, emb_requests("emb")[0])
         p99: dict[str, list[float]] = {"without": [], "with": []}
+        p50: dict[str, list[float]] = {"without": [], "with": []}
         rps: dict[str, list[float]] = {"without": [], "with": []}
         for _ in range(args.repeats):
             for mode in ("without", "with"):
@@ -333,6 +334,7 @@ def priority(args: argparse.Namespace, workdir: Path) -> None:
                     )
                 )
                 lat.sort()
+                p50[mode].append(lat[len(lat) // 2] if lat else float("nan"))
                 p99[mode].append(
                     lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else float("nan")
                 )
@@ -341,6 +343,10 @@ def priority(args: argparse.Namespace, workdir: Path) -> None:
         server.stop()
     p_with, p_without = statistics.median(p99["with"]), statistics.median(p99["without"])
     r_with, r_without = statistics.median(rps["with"]), statistics.median(rps["without"])
+    print(
+        f"interactive p50: {statistics.median(p50['with']) * 1e3:.0f} ms with priority, "
+        f"{statistics.median(p50['without']) * 1e3:.0f} ms without"
+    )
     print(
         f"interactive p99: {p_with * 1e3:.0f} ms with priority, {p_without * 1e3:.0f} ms without "
         f"= {p_with / p_without:.2f} (goal <= 0.3)"

@@ -515,9 +515,16 @@ async def test_a_record_dispatched_before_its_deadline_is_not_expired() -> None:
     assert clock.pending == 0
 
 
-async def test_higher_priority_goes_first() -> None:
+@pytest.mark.parametrize(
+    ("mix", "expected"),
+    [
+        (False, [["high"], ["mid"], ["low1", "low2"]]),
+        (True, [["high", "mid"], ["low1", "low2"]]),
+    ],
+)
+async def test_higher_priority_goes_first(mix: bool, expected: list[list[str]]) -> None:
     gate = Gate()
-    async with DynamicBatcher(gate, max_batch_size=2) as b:
+    async with DynamicBatcher(gate, max_batch_size=2, mix_priorities=mix) as b:
         blocker = await b.submit("blocker")
         await settle()
         futures = [
@@ -528,7 +535,7 @@ async def test_higher_priority_goes_first() -> None:
         ]
         gate.open()
         await asyncio.gather(blocker, *futures)
-    assert gate.batches[1:] == [["high", "mid"], ["low1", "low2"]]
+    assert gate.batches[1:] == expected
 
 
 # -- backpressure ---------------------------------------------------------------------------

@@ -32,6 +32,7 @@ class Rec:
     cost: int
     bad: bool = False  # process_fn raises when it sees this record
     short: bool = False  # process_fn returns one result too few when it sees this record
+    priority: int = 0
 
 
 class Bad(Exception):
@@ -104,7 +105,9 @@ async def scenario(schedule: list[tuple[Any, ...]], token: bool) -> None:
         kind = op[0]
         if kind == "submit":
             _, cost, priority, timeout_s, flavour = op
-            rec = Rec(ident, cost, bad=flavour == "bad", short=flavour == "short")
+            rec = Rec(
+                ident, cost, bad=flavour == "bad", short=flavour == "short", priority=priority
+            )
             ident += 1
             try:
                 fut = await batcher.submit(
@@ -170,6 +173,13 @@ async def scenario(schedule: list[tuple[Any, ...]], token: bool) -> None:
             costs = [r.cost for r in batch]
             cost = len(batch) * max(costs) if token else sum(costs)
             assert cost <= BUDGET, batch
+    # a batch takes no record of a lower priority than its first (bisection's halves, whose
+    # first record was seen before, are parts of a batch, not batches)
+    dispatched: set[int] = set()
+    for batch in device.batches:
+        if batch[0].ident not in dispatched:
+            assert batch[0].priority == min(r.priority for r in batch), batch
+        dispatched.update(r.ident for r in batch)
     # a record withdrawn while queued is never processed
     assert not (withdrawn & seen())
     # every record resolved exactly once, with an outcome that belongs to it

@@ -64,12 +64,63 @@ async def test_without_aging_priority_is_strict() -> None:
     assert order == [["inter@5"], ["inter@12"], ["batch@0"]]
 
 
-async def test_one_batch_takes_records_in_aged_rank_order() -> None:
+PLAN_13 = [*PLAN, (13.0, "batch@13", BATCH)]  # ranks: inter@5, batch@0, inter@12, batch@13
+
+
+@pytest.mark.parametrize("padded", [False, True])
+async def test_a_batch_takes_no_lower_priority_nor_what_ranks_after_it(padded: bool) -> None:
     clock = ManualClock()
     gate = Gate()
-    async with DynamicBatcher(gate, max_batch_size=2, clock=clock) as b:
-        order = await _order_after(clock, b, gate, [*PLAN, (13.0, "batch@13", BATCH)])
+    cls = TokenBatcher if padded else DynamicBatcher
+    async with cls(gate, max_batch_size=4, clock=clock, padding_aware=padded) as b:
+        order = await _order_after(clock, b, gate, PLAN_13)
+    # inter@5's batch stops at batch@0; batch@0's may take inter@12, which ranks after it
+    assert [sorted(batch) for batch in order] == [["inter@5"], ["batch@0", "batch@13", "inter@12"]]
+
+
+async def test_mix_priorities_fills_a_batch_in_aged_rank_order() -> None:
+    clock = ManualClock()
+    gate = Gate()
+    async with DynamicBatcher(gate, max_batch_size=2, clock=clock, mix_priorities=True) as b:
+        order = await _order_after(clock, b, gate, PLAN_13)
     assert order == [["inter@5", "batch@0"], ["inter@12", "batch@13"]]
+
+
+async def _sizes_after(
+    clock: ManualClock, yield_: float, plan: list[tuple[float, int]]
+) -> list[int]:
+    """With the one slot held, submit ``(at_s, priority)`` records of cost 1 (budget 8), then
+    free the slot: the sizes of the batches after the blocker's."""
+    gate = Gate()
+    async with DynamicBatcher(gate, target_batch_cost=8, clock=clock, priority_yield=yield_) as b:
+        blocker = await b.submit("blocker", priority=BATCH)
+        await settle()
+        futures = []
+        for at_s, priority in plan:
+            clock.advance(at_s - clock.now())
+            futures.append(await b.submit(priority, priority=priority, estimated_cost=1))
+        gate.open()
+        await asyncio.gather(blocker, *futures)
+    return [len(batch) for batch in gate.batches[1:]]
+
+
+async def test_a_lower_batch_takes_part_of_the_budget_while_higher_records_arrive() -> None:
+    bulk = [(1.0, BATCH)] * 12
+    # no interactive record: full batches
+    assert await _sizes_after(ManualClock(), 0.5, bulk) == [8, 4]
+    # one arrived at 0 s: interactive alone, then bulk in half batches (its slot frees sooner)
+    assert await _sizes_after(ManualClock(), 0.5, [(0.0, INTERACTIVE), *bulk]) == [1, 4, 4, 4]
+    # ... for priority_aging_s (10 s): at 11 s the bulk gets its whole budget again
+    late = [(11.0, BATCH)] * 12
+    assert await _sizes_after(ManualClock(), 0.5, [(0.0, INTERACTIVE), *late]) == [1, 8, 4]
+    # priority_yield=1.0: never
+    assert await _sizes_after(ManualClock(), 1.0, [(0.0, INTERACTIVE), *bulk]) == [1, 8, 4]
+
+
+def test_priority_yield_must_be_a_fraction() -> None:
+    for bad in (0, 1.5, -0.1):
+        with pytest.raises(ValueError, match=r"priority_yield must be in \(0, 1\]"):
+            DynamicBatcher(Gate(), priority_yield=bad)
 
 
 def test_bad_aging_is_refused() -> None:

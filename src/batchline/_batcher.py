@@ -169,6 +169,14 @@ class DynamicBatcher(Generic[T, R]):
             if it had arrived ``p * priority_aging_s`` earlier, in this queue and, for the
             record its next batch starts with, at the device (see ``batchline._queue`` and
             ``batchline._device``).
+        mix_priorities: let a batch take records of lower priority than the one it starts
+            with. Off by default: on a CPU a batch's time grows with its size, so an
+            interactive record would wait for the bulk records beside it; on for a device
+            where a fuller batch costs little more (see ``batchline._queue``).
+        priority_yield: while records of a higher priority than a batch's first have
+            arrived within the last ``priority_aging_s`` (10 s if ``None``), the batch takes at
+            most this fraction of ``target_batch_cost``, so its slot frees sooner for them
+            (in (0, 1]; 1.0: off).
         clock: where time comes from; tests pass a ``ManualClock``. On a device the
             batcher uses the device's clock unless given the same one.
         name: used in logs and thread names.
@@ -198,6 +206,8 @@ class DynamicBatcher(Generic[T, R]):
         device: Device | None = None,
         weight: float = 1.0,
         priority_aging_s: float | None = 10.0,
+        mix_priorities: bool = False,
+        priority_yield: float = 0.5,
         clock: Clock | None = None,
         name: str = "batcher",
     ) -> None:
@@ -220,6 +230,8 @@ class DynamicBatcher(Generic[T, R]):
             _check_positive("process_timeout_s", process_timeout_s, 0)
         if priority_aging_s is not None and not priority_aging_s > 0:
             raise ValueError(f"priority_aging_s must be > 0 or None, got {priority_aging_s!r}")
+        if not 0 < priority_yield <= 1:
+            raise ValueError(f"priority_yield must be in (0, 1], got {priority_yield!r}")
         if oversize not in ("alone", "reject"):
             raise ValueError(f"oversize must be 'alone' or 'reject', got {oversize!r}")
         if on_error not in ("bisect", "fail_batch"):
@@ -274,12 +286,9 @@ class DynamicBatcher(Generic[T, R]):
 
         self._state = State.NEW
         self._priority_aging_s = priority_aging_s
-        self._queue: RecordQueue[T] = RecordQueue(
-            padding_aware=padding_aware,
-            bucket_width=bucket_width,
-            padding_slack=padding_slack,
-            aging_s=priority_aging_s,
-        )
+        self._mix_priorities = mix_priorities
+        self._priority_yield = priority_yield
+        self._queue = self._new_queue()
         self._seq = itertools.count()
         self._stats = StatsRecorder()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -341,6 +350,17 @@ class DynamicBatcher(Generic[T, R]):
         """The ``Device`` this batcher shares, or ``None``."""
         return self._device
 
+    def _new_queue(self) -> RecordQueue[T]:
+        return RecordQueue(
+            padding_aware=self._padding_aware,
+            bucket_width=self._bucket_width,
+            padding_slack=self._padding_slack,
+            aging_s=self._priority_aging_s,
+            mix_priorities=self._mix_priorities,
+            priority_yield=self._priority_yield,
+            yield_window_s=self._priority_aging_s or 10.0,
+        )
+
     async def start(self) -> None:
         """Start dispatching on the running event loop. Raises ``RuntimeError`` if running."""
         if self._state in (State.RUNNING, State.STOPPING):
@@ -350,12 +370,7 @@ class DynamicBatcher(Generic[T, R]):
             self._device._bind(loop)
         self._loop = loop
         self._wake = asyncio.Event()
-        self._queue = RecordQueue(
-            padding_aware=self._padding_aware,
-            bucket_width=self._bucket_width,
-            padding_slack=self._padding_slack,
-            aging_s=self._priority_aging_s,
-        )
+        self._queue = self._new_queue()
         self._in_flight = set()
         self._busy = 0
         self._space_waiters = []
@@ -813,7 +828,7 @@ class DynamicBatcher(Generic[T, R]):
             self._hold_timer.cancel()
             self._hold_timer = None
         entries, cost, by_budget = self._queue.take_batch(
-            self._target_batch_cost, self._max_batch_size
+            self._target_batch_cost, self._max_batch_size, self._now()
         )
         if not entries:
             return False

@@ -12,6 +12,19 @@ one goes first. With the server's classes (``interactive`` 0, ``batch`` -1) and 
 record yields to interactive ones that arrive within 10 s after it, and no longer; nothing
 starves. Records of one priority keep their arrival order.
 
+A batch takes no record of a lower priority than the one it starts with, nor one that ranks
+after such a record (a batch record aged past an interactive one goes first, so it is not
+overtaken; a batch that starts with it may take higher ones). On a CPU a batch's time grows
+with what it holds: filling an interactive record's batch with bulk records would make it wait
+for all of them. ``mix_priorities=True`` fills a batch from every level in rank order, for a
+device where a fuller batch costs little more (a GPU).
+
+A higher-priority record also waits for a slot: for the batches in flight to end. So while
+records of a higher priority than a batch's first have arrived within the last
+``yield_window_s``, that batch takes at most ``priority_yield`` of the budget (0.5 by
+default: on a 2-core CPU serving MiniLM, half the batch roughly halves an interactive record's
+wait for a slot and costs bulk a few percent of throughput; 1.0 turns it off).
+
 Two ways to form a batch, both starting from the record that ranks first (the oldest of the
 highest priority, after aging):
 
@@ -107,9 +120,16 @@ class RecordQueue(Generic[T]):
         bucket_width: int = 8,
         padding_slack: int = 16,
         aging_s: float | None = None,
+        mix_priorities: bool = False,
+        priority_yield: float = 1.0,
+        yield_window_s: float = 10.0,
     ) -> None:
         self.padding_aware = padding_aware
         self.aging_s = aging_s
+        self.mix_priorities = mix_priorities
+        self.priority_yield = priority_yield
+        self.yield_window_s = yield_window_s
+        self._arrived: dict[int, float] = {}  # priority -> when its last record arrived
         self.bucket_width = bucket_width
         self.padding_slack = padding_slack
         self._levels: dict[int, _Level] = {}
@@ -124,6 +144,7 @@ class RecordQueue(Generic[T]):
             self._order.append(entry.priority)
             self._order.sort(reverse=True)
         level.fifo.append(entry)
+        self._arrived[entry.priority] = entry.enqueued_at
         if self.padding_aware:
             key = entry.cost // self.bucket_width
             bucket = level.buckets.get(key)
@@ -154,6 +175,10 @@ class RecordQueue(Generic[T]):
                 heads.append((aged_rank(priority, head.enqueued_at, aging_s), head.seq, priority))
         heads.sort()
         return [priority for _, _, priority in heads]
+
+    def _below(self, batch: list[Entry[T]], e: Entry[T]) -> bool:
+        """Whether ``e`` may not join ``batch``: its priority is lower than the batch's first."""
+        return not self.mix_priorities and bool(batch) and e.priority < batch[0].priority
 
     def oldest(self) -> Entry[T] | None:
         """The entry that the next batch will start with."""
@@ -186,12 +211,26 @@ class RecordQueue(Generic[T]):
         self._order.clear()
         return out
 
-    def take_batch(self, budget: int, max_size: int) -> tuple[list[Entry[T]], int, bool]:
+    def yielding(self, now: float) -> bool:
+        """Whether the next batch yields to a higher priority (see the module docstring)."""
+        head = self.oldest()
+        if self.priority_yield >= 1.0 or head is None:
+            return False
+        return any(
+            p > head.priority and now - at <= self.yield_window_s for p, at in self._arrived.items()
+        )
+
+    def take_batch(
+        self, budget: int, max_size: int, now: float = 0.0
+    ) -> tuple[list[Entry[T]], int, bool]:
         """Form the next batch: ``(entries, batch_cost, stopped_by_budget)``.
 
         The first entry is always taken, even when its cost alone exceeds the budget
-        (the batcher rejects such records at submit unless ``oversize="alone"``).
+        (the batcher rejects such records at submit unless ``oversize="alone"``). ``now``
+        (the batcher's clock) decides whether the batch yields to a higher priority.
         """
+        if self.yielding(now):
+            budget = max(1, int(budget * self.priority_yield))
         if self.padding_aware:
             batch, cost, by_budget = self._take_padded(budget, max_size)
         else:
@@ -214,7 +253,7 @@ class RecordQueue(Generic[T]):
                 if e.state != QUEUED:
                     fifo.popleft()
                     continue
-                if len(batch) >= max_size:
+                if len(batch) >= max_size or self._below(batch, e):
                     return batch, cost, False
                 if batch and cost + e.cost > budget:
                     return batch, cost, True
@@ -242,7 +281,7 @@ class RecordQueue(Generic[T]):
                 key = aged_rank(priority, e.enqueued_at, aging_s)
                 if best is None or key < best_key or (key == best_key and e.seq < best.seq):
                     best, best_fifo, best_key = e, fifo, key
-            if best is None or best_fifo is None:
+            if best is None or best_fifo is None or self._below(batch, best):
                 return batch, cost, False
             if batch and cost + best.cost > budget:
                 return batch, cost, True
@@ -257,6 +296,15 @@ class RecordQueue(Generic[T]):
         head = self.oldest()
         if head is None:
             return [], 0, False
+        # unless mix_priorities: no level below the head's, nor a record ranked after the
+        # first record of such a level (the levels are ranked by their first records)
+        cutoff: tuple[float, int] | None = None
+        if not self.mix_priorities:
+            lower = [p for p in ranked if p < head.priority]
+            ranked = [p for p in ranked if p >= head.priority]
+            first = _front(self._levels[lower[0]].fifo) if lower else None
+            if first is not None and self.aging_s is not None:
+                cutoff = (aged_rank(first.priority, first.enqueued_at, self.aging_s), first.seq)
         head.state = DISPATCHED
         batch: list[Entry[T]] = [head]
         longest = head.cost
@@ -281,7 +329,11 @@ class RecordQueue(Generic[T]):
                     if bucket is None:
                         continue
                     e = _front(bucket)
-                    if e is None:
+                    if e is None or (
+                        cutoff is not None
+                        and (aged_rank(e.priority, e.enqueued_at, self.aging_s or 0.0), e.seq)
+                        > cutoff
+                    ):
                         continue
                     new_longest = longest if e.cost <= longest else e.cost
                     if (n + 1) * new_longest > budget:

@@ -75,6 +75,8 @@ class TokenBatcher(DynamicBatcher[T, R]):
         device: Device | None = None,
         weight: float = 1.0,
         priority_aging_s: float | None = 10.0,
+        mix_priorities: bool = False,
+        priority_yield: float = 0.5,
         clock: Clock | None = None,
         name: str = "token-batcher",
     ) -> None:
@@ -109,6 +111,8 @@ class TokenBatcher(DynamicBatcher[T, R]):
             device=device,
             weight=weight,
             priority_aging_s=priority_aging_s,
+            mix_priorities=mix_priorities,
+            priority_yield=priority_yield,
             clock=clock,
             name=name,
         )

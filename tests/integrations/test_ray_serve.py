@@ -236,6 +236,10 @@ def test_replicas_and_options_are_checked() -> None:
     assert options["max_ongoing_requests"] == replica_capacity(settings)  # never Serve's 5
     assert options["autoscaling_config"]["min_replicas"] == 0
     assert options["autoscaling_config"]["target_ongoing_requests"] == 8
+    # a fixed count runs no autoscaler: no load metrics pushed for it
+    fixed = deployment_options(settings, ServeReplicas(min=2, max=2))
+    assert fixed["num_replicas"] == 2
+    assert "autoscaling_config" not in fixed
     assert options["graceful_shutdown_timeout_s"] == settings.drain_timeout_s
     assert options["ray_actor_options"]["num_gpus"] == 0
     gpu = ServerSettings.build(device="cuda")

@@ -124,6 +124,27 @@ async def test_generation_metrics_are_on_metrics() -> None:
         assert 'batchline_queue_depth{model="emb"}' in text
 
 
+async def test_the_generation_queue_wait_is_on_metrics_by_priority() -> None:
+    async with app_with([]) as (client, _app):
+        r = await client.post("/v1/completions", json={"prompt": "i", "max_tokens": 2})
+        assert r.status_code == 200  # interactive: the default
+        r = await client.post(
+            "/generate",
+            json={"prompts": ["a", "b"], "max_tokens": 2},
+            headers={"X-Batchline-Priority": "batch"},
+        )
+        assert r.status_code == 200
+        chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        r = await client.post("/v1/chat/completions", json={**chat, "stream": True, "priority": 3})
+        assert r.status_code == 200
+        assert r.text.rstrip().endswith("data: [DONE]")  # observed by the streaming path
+        text = (await client.get("/metrics")).text
+    wait = "batchline_generation_queue_wait_seconds_count"
+    assert f'{wait}{{model="gen",priority="interactive"}} 1.0' in text
+    assert f'{wait}{{model="gen",priority="batch"}} 2.0' in text
+    assert f'{wait}{{model="gen",priority="3"}} 1.0' in text
+
+
 async def test_shutdown_drains_generation_then_frees_the_model() -> None:
     loaded: list[FakeGenerateModel] = []
     app = create_app(

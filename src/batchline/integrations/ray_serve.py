@@ -111,6 +111,11 @@ class ServeReplicas:
     look_back_period_s: float = 30.0
     cpus_per_replica: float | None = None
 
+    @property
+    def fixed(self) -> bool:
+        """One count, no autoscaling."""
+        return self.min == self.max
+
     def __post_init__(self) -> None:
         if self.min < 0:
             raise InputError(f"--replicas: the minimum must be >= 0, got {self.min}")
@@ -165,6 +170,24 @@ def _logging(settings: ServerSettings) -> dict[str, Any]:
     return {"enable_access_log": settings.access_log}
 
 
+def _scaling(replicas: ServeReplicas) -> dict[str, Any]:
+    """A fixed count (``--replicas N``) is ``num_replicas``: Serve's replicas then record and
+    push no load metrics (they do only with an autoscaling config) and the controller has none
+    to fold in; a range is an ``autoscaling_config``."""
+    if replicas.fixed:
+        return {"num_replicas": replicas.min}
+    return {
+        "autoscaling_config": {
+            "min_replicas": replicas.min,
+            "max_replicas": replicas.max,
+            "target_ongoing_requests": replicas.target_ongoing,
+            "upscale_delay_s": replicas.upscale_delay_s,
+            "downscale_delay_s": replicas.downscale_delay_s,
+            "look_back_period_s": replicas.look_back_period_s,
+        }
+    }
+
+
 def deployment_options(settings: ServerSettings, replicas: ServeReplicas) -> dict[str, Any]:
     """The Serve deployment options of the replicas (``Deployment.options(**...)``)."""
     capacity = replica_capacity(settings)
@@ -180,14 +203,7 @@ def deployment_options(settings: ServerSettings, replicas: ServeReplicas) -> dic
     return {
         "name": APP_NAME,
         "max_ongoing_requests": capacity,
-        "autoscaling_config": {
-            "min_replicas": replicas.min,
-            "max_replicas": replicas.max,
-            "target_ongoing_requests": replicas.target_ongoing,
-            "upscale_delay_s": replicas.upscale_delay_s,
-            "downscale_delay_s": replicas.downscale_delay_s,
-            "look_back_period_s": replicas.look_back_period_s,
-        },
+        **_scaling(replicas),
         # a replica being removed finishes what it has (streams too), as on SIGTERM
         "graceful_shutdown_timeout_s": settings.drain_timeout_s,
         "graceful_shutdown_wait_loop_s": 0.5,
@@ -520,7 +536,8 @@ def serve_on_ray(
         settings = settings.model_copy(update={"port": free_port(settings.host)})
     local_cpus = max(os.cpu_count() or 1, math.ceil(replicas.max * cpus))
     stop = threading.Event()
-    env = {**_QUICK_AUTOSCALING_ENV, **ingress_env(ingress)} if address is None else {}
+    quick = {} if replicas.fixed else _QUICK_AUTOSCALING_ENV
+    env = {**quick, **ingress_env(ingress)} if address is None else {}
     # signals after ray.init: Ray's core installs a SIGTERM handler that aborts the process
     with _env_defaults(env), _ray_session(address, local_cpus), _signals_set(stop):
         try:

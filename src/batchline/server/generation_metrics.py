@@ -20,8 +20,13 @@ replicas:
   ``batchline_generation_time_per_output_token_seconds`` (the request's mean gap between
   tokens after the first), ``batchline_generation_e2e_request_latency_seconds``,
   ``batchline_generation_request_prompt_tokens``,
-  ``batchline_generation_request_completion_tokens``, and the counter
-  ``batchline_generation_finished_total{finish_reason=stop|length|abort}``.
+  ``batchline_generation_request_completion_tokens``,
+  ``batchline_generation_queue_wait_seconds{priority}`` (from ``submit()`` to the request's
+  admission: it joined the running batch (continuous), its batch started (static, one at a
+  time), or vLLM scheduled it (seen from its first output, see ``vllm_engine``); label
+  ``priority``: ``interactive``, ``batch`` or the request's integer, as the batchers'
+  ``batchline_queue_wait_seconds``; a request that ended before admission has no sample), and
+  the counter ``batchline_generation_finished_total{finish_reason=stop|length|abort}``.
 
 Example::
 
@@ -41,6 +46,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from batchline._priority import priority_label
 from batchline.models.generation.stats import GenerationStats
 from batchline.models.generation.stream import Completion
 
@@ -49,6 +55,7 @@ __all__ = ["GenerationMetrics"]
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 _E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+_WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _TOKEN_BUCKETS = (1, 4, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
@@ -84,6 +91,14 @@ class GenerationMetrics:
             "Generated tokens per request.",
             buckets=_TOKEN_BUCKETS,
         )
+        self.queue_wait = Histogram(
+            "batchline_generation_queue_wait_seconds",
+            "From a request's submit to its admission (joined the running batch, its batch "
+            "started, or vLLM scheduled it), by priority.",
+            ["model", "priority"],
+            buckets=_WAIT_BUCKETS,
+            registry=registry,
+        )
         self.finished = Counter(
             "batchline_generation_finished",
             "Requests served by the routes, by how they ended.",
@@ -115,6 +130,10 @@ class GenerationMetrics:
                 self.tpot.labels(model=model).observe(max(0.0, gap))
         if completion.finish_reason != "abort":
             self.e2e.labels(model=model).observe(completion.latency_s)
+        wait = completion.queue_wait_s
+        if wait is not None:
+            label = priority_label(completion.priority)
+            self.queue_wait.labels(model=model, priority=label).observe(wait)
 
 
 class _SnapshotCollector(Collector):

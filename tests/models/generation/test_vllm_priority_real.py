@@ -15,7 +15,7 @@ from batchline._priority import batcher_priority
 from batchline.knobs import Knobs
 from batchline.models.generation.engine import SamplingParams
 from batchline.models.generation.load import GenerationModel, load_text_generator
-from batchline.models.generation.stream import GenerationStream
+from batchline.models.generation.stream import Completion, GenerationStream
 from batchline.models.specs import parse_spec
 
 from .gen_helpers import skip_module_without_real_vllm
@@ -60,12 +60,12 @@ async def test_an_interactive_request_queued_after_batch_ones_runs_first(
     assert getattr(gen, "scheduling_policy", None) == "priority"
     started: list[str] = []
 
-    async def first_token(name: str, stream: GenerationStream) -> None:
+    async def first_token(name: str, stream: GenerationStream) -> Completion:
         async for delta in stream:
             if delta.token_ids:
                 started.append(name)
                 break
-        await stream.result()
+        return await stream.result()
 
     def params(priority: str, max_tokens: int) -> SamplingParams:
         return SamplingParams(
@@ -82,5 +82,17 @@ async def test_an_interactive_request_queued_after_batch_ones_runs_first(
     tasks.append(
         asyncio.create_task(first_token("inter", gen.submit(ids, params("interactive", 4))))
     )
-    await asyncio.gather(*tasks)
+    done = await asyncio.gather(*tasks)
     assert started == ["blocker", "inter", "batch0", "batch1", "batch2"]
+    # the queue wait ends at vLLM's first output: "inter", queued after "batch0" and out
+    # before it, waited less
+    inter, batch0 = done[4], done[1]
+    assert inter.queue_wait_s is not None
+    assert batch0.queue_wait_s is not None
+    assert inter.queue_wait_s < batch0.queue_wait_s
+    # and ends when vLLM scheduled it (its request stats give the prefill): before the first token
+    for queued in done[1:]:
+        assert queued.ttft_s is not None
+        assert queued.queue_wait_s is not None
+        assert queued.queue_wait_s < queued.ttft_s
+    assert (inter.priority, batch0.priority) == (0, -1)

@@ -519,13 +519,16 @@ class ContinuousGenerator(EngineGenerator):
                 if self._exit and not self._waiting and not self._running:
                     self._post(updates)
                     return
-                for seq in self._admit_locked():
+                admitted = self._admit_locked()
+                joined_at = self._clock.now() if admitted else 0.0
+                for seq in admitted:
                     try:
                         engine.add_request(seq.request)
                     except Exception as exc:
                         self._reserved -= seq.kv_reservation
                         updates.append((seq, ModelError(f"{self.name}: add_request: {exc!r}")))
                         continue
+                    seq.admitted_at = joined_at  # its queue wait ends: it joins the next step
                     self._running[seq.request_id] = seq
                 batch = dict(self._running)
             self._post(updates)

@@ -9,6 +9,15 @@ request that arrives meanwhile waits behind the batch's longest member (head-of-
 this is what continuous batching removes). Streams still get tokens step by step, stop strings
 and aborts still end a sequence at the next step, but its place in the batch stays empty.
 
+Priority: each request goes to the batcher at its ``SamplingParams.priority`` (already the
+batcher's, higher first), so the next batch is taken in the core queue's aged order
+(``batchline._priority.aged_rank``, ``priority_aging_s`` seconds of waiting per point): an
+``interactive`` request queued behind ``batch`` ones goes in the next batch before them, unless
+they have waited ``priority_aging_s`` longer. As in the core queue, a batch takes nothing of a
+lower priority than its first (an interactive request does not wait for bulk sequences beside
+it) and takes half the KV budget while higher priorities are arriving (``batchline._queue``). A
+batch already running is never interrupted.
+
 :class:`SequentialGenerator` runs one sequence at a time: the baseline every generation
 benchmark compares against.
 """
@@ -20,11 +29,12 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from batchline._clock import Clock
 from batchline._errors import BatcherClosedError, ModelError, QueueFullError
 from batchline._tokens import TokenBatcher
 from batchline.models.generation.engine import SamplingParams, StepEngine
 from batchline.models.generation.scheduler import EngineGenerator, Update, _check_min
-from batchline.models.generation.stats import GenerationStats, NowClock
+from batchline.models.generation.stats import GenerationStats
 from batchline.models.generation.stream import (
     Detokenizer,
     GenerationStream,
@@ -56,6 +66,11 @@ class StaticGenerator(EngineGenerator):
         kv_token_budget: a batch's sum of ``len(prompt) + max_tokens``, at most (the batcher's
             ``target_batch_tokens``); a request over it alone is refused.
         max_waiting: requests queued for a batch, at most (``QueueFullError`` beyond).
+        priority_aging_s: seconds of waiting worth one point of ``SamplingParams.priority``
+            (the batcher's knob; ``None``: strict priority, which can starve low priorities).
+        clock: where timings are read, the batcher's included (it ranks by arrival time on
+            it); default ``time.monotonic`` for the timings and the event loop's clock for
+            the batcher.
     """
 
     def __init__(
@@ -66,7 +81,8 @@ class StaticGenerator(EngineGenerator):
         max_batch_size: int = 16,
         kv_token_budget: int = 16_384,
         max_waiting: int = 1_024,
-        clock: NowClock | None = None,
+        priority_aging_s: float | None = 10.0,
+        clock: Clock | None = None,
         name: str = "static",
     ) -> None:
         _check_min("max_batch_size", max_batch_size)
@@ -87,6 +103,8 @@ class StaticGenerator(EngineGenerator):
             oversize="reject",
             on_error="fail_batch",
             max_concurrent_batches=1,
+            priority_aging_s=priority_aging_s,
+            clock=clock,
             name=name,
         )
         self._lock = threading.Lock()
@@ -113,7 +131,11 @@ class StaticGenerator(EngineGenerator):
                 f"{self.name}: {depth} requests are already waiting "
                 f"(max_waiting={self.max_waiting}); retry later or raise max_waiting"
             )
-        future = self._batcher.submit_nowait(seq, estimated_tokens=seq.kv_reservation)
+        # SamplingParams.priority is already the batcher's (higher first): the batcher's queue
+        # orders the next batch by it, aged as the continuous scheduler's joins
+        future = self._batcher.submit_nowait(
+            seq, estimated_tokens=seq.kv_reservation, priority=seq.request.params.priority
+        )
         future.add_done_callback(_retrieve)
         self._futures[seq.request_id] = future
         future.add_done_callback(lambda _: self._futures.pop(seq.request_id, None))
@@ -181,10 +203,12 @@ class StaticGenerator(EngineGenerator):
     def _run_to_end(self, batch: list[TrackedSequence]) -> None:
         engine = self._engine
         updates: list[Update] = []
+        started = self._clock.now()
         with self._lock:
             seqs = [s for s in batch if not s.withdrawn]
             for seq in seqs:
                 seq.dispatched = True
+                seq.admitted_at = started  # its queue wait ends: its batch starts
                 self._running[seq.request_id] = seq
                 self._reserved += seq.kv_reservation
         for seq in seqs:
@@ -226,7 +250,8 @@ class StaticGenerator(EngineGenerator):
 
 
 class SequentialGenerator(StaticGenerator):
-    """One sequence at a time, in arrival order: the baseline for generation benchmarks."""
+    """One sequence at a time, in the aged priority order (arrival order within a priority):
+    the baseline for generation benchmarks."""
 
     def __init__(
         self,
@@ -234,7 +259,8 @@ class SequentialGenerator(StaticGenerator):
         detokenizer: Detokenizer,
         *,
         max_waiting: int = 1_024,
-        clock: NowClock | None = None,
+        priority_aging_s: float | None = 10.0,
+        clock: Clock | None = None,
         name: str = "sequential",
     ) -> None:
         super().__init__(
@@ -243,6 +269,7 @@ class SequentialGenerator(StaticGenerator):
             max_batch_size=1,
             kv_token_budget=engine.max_context_tokens,
             max_waiting=max_waiting,
+            priority_aging_s=priority_aging_s,
             clock=clock,
             name=name,
         )

@@ -81,7 +81,13 @@ class Completion:
 
     ``completion_tokens`` counts every token generated (an EOS token and a token that
     completed a stop string included). ``ttft_s`` is ``None`` when no token was generated
-    (aborted while waiting). Times are on the generator's clock.
+    (aborted while waiting). ``queue_wait_s`` is the time from ``submit()`` to the request's
+    admission: it joined the running batch (continuous), its batch started (static, one at a
+    time), or vLLM scheduled it (its first output's arrival less vLLM's own prefill time, or
+    the arrival alone when vLLM keeps no request stats; see ``vllm_engine``); ``None`` when it
+    never got there (aborted or closed while waiting). ``priority`` is its
+    ``SamplingParams.priority`` (the batcher's, higher first), what the server labels the queue
+    wait with. Times are on the generator's clock.
     """
 
     text: str
@@ -91,6 +97,8 @@ class Completion:
     finish_reason: FinishReason
     ttft_s: float | None
     latency_s: float
+    queue_wait_s: float | None = None
+    priority: int = 0
 
 
 class GenerationStream:
@@ -393,6 +401,8 @@ class TrackedSequence:
     """Aborted before it reached the engine (static batching: still in the batcher's queue)."""
     dispatched: bool = False
     """Handed to the engine's thread (static batching): only that thread may end it now."""
+    admitted_at: float | None = None
+    """When it joined the engine's running batch (its queue wait ends there)."""
 
     def __post_init__(self) -> None:
         self.scanner = StopStringScanner(self.request.params.stop)
@@ -458,4 +468,6 @@ class TrackedSequence:
             finish_reason=reason,
             ttft_s=None if self.first_token_at is None else self.first_token_at - self.submitted_at,
             latency_s=now - self.submitted_at,
+            queue_wait_s=None if self.admitted_at is None else self.admitted_at - self.submitted_at,
+            priority=self.request.params.priority,
         )

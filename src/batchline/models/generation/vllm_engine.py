@@ -31,6 +31,14 @@ Unlike batchline's scheduler, vLLM may preempt a running sequence when its KV ca
 recompute; under ``priority`` the one ranked last, under ``fcfs`` the one scheduled last). With
 ``fcfs`` (vLLM's default, and this knob's) nothing is passed and requests join in arrival order.
 
+Queue wait (``Completion.queue_wait_s``): vLLM schedules inside its own engine, out of this
+adapter's sight; what the adapter sees first is vLLM's first output for the request, after vLLM
+scheduled it and ran its prefill. When that output carries vLLM's request stats
+(``RequestOutput.metrics``, kept unless vLLM's ``disable_log_stats``), the wait ends at the
+output's arrival less vLLM's own prefill time (``first_token_ts - scheduled_ts``, a difference
+of two of its engine's clock readings), i.e. when vLLM scheduled it, as batchline's own
+schedulers count it; without them, at the output's arrival, prefill included.
+
 The prompt goes in as vLLM 0.32's rendered token input (``vllm.inputs.tokens_input``): a bare
 ``{"prompt_token_ids": ...}`` (``TokensPrompt``) is a "raw prompt", which 0.32 still accepts
 but deprecates. vLLM is imported lazily, only by :meth:`VllmGenerator.from_engine_args` and
@@ -172,6 +180,18 @@ def _finish_reason(raw: str | None) -> FinishReason:
     # "repetition" (vLLM's repetition detection, off unless asked for) or a reason newer than
     # this adapter: the engine ended the sequence on a rule of its own, as a stop string would
     return "stop"
+
+
+def _prefill_s(out: VllmRequestOutput) -> float:
+    """vLLM's own time from scheduling a request to its first token, from the request stats
+    on its output (``metrics.scheduled_ts``, ``metrics.first_token_ts``); 0.0 when it keeps
+    none (``disable_log_stats``) or they are not both set yet."""
+    stats = getattr(out, "metrics", None)
+    scheduled = getattr(stats, "scheduled_ts", None)
+    first = getattr(stats, "first_token_ts", None)
+    if isinstance(scheduled, float) and isinstance(first, float) and 0 < scheduled <= first:
+        return first - scheduled
+    return 0.0
 
 
 def _is_queue_rejection(exc: BaseException) -> bool:
@@ -421,6 +441,8 @@ class VllmGenerator:
         submitted_at: float,
     ) -> None:
         recorder = self._recorder
+        # when vLLM scheduled it (its queue wait ends), from its first output (module docstring)
+        admitted_at: float | None = None
         first_at: float | None = None
         last_at: float | None = None
         ids: list[int] = []
@@ -439,6 +461,8 @@ class VllmGenerator:
                 outputs = self._engine.generate(vllm_prompt, vllm_params, rid)
             async for out in outputs:
                 now = self._clock.now()
+                if admitted_at is None:
+                    admitted_at = max(submitted_at, now - _prefill_s(out))
                 completion_out = out.outputs[0]
                 if self._delta:
                     new_ids = tuple(completion_out.token_ids)
@@ -464,13 +488,17 @@ class VllmGenerator:
                 if out.finished:
                     reason = _finish_reason(completion_out.finish_reason)
                     stream._push(GenerationDelta(new_text, new_ids, True, reason))
-                    self._finish(stream, reason, texts, ids, submitted_at, first_at, now)
+                    self._finish(
+                        stream, reason, texts, ids, submitted_at, first_at, now, admitted_at, params
+                    )
                     return
                 stream._push(GenerationDelta(new_text, new_ids))
             # the iterator ended without a finished output: vLLM aborted it
             now = self._clock.now()
             stream._push(GenerationDelta("", (), True, "abort"))
-            self._finish(stream, "abort", texts, ids, submitted_at, first_at, now)
+            self._finish(
+                stream, "abort", texts, ids, submitted_at, first_at, now, admitted_at, params
+            )
         except asyncio.CancelledError:
             # abort(), a cancelled client or stop(): tell vLLM (idempotent), end the stream
             with contextlib.suppress(Exception):
@@ -481,7 +509,9 @@ class VllmGenerator:
                     recorder.on_end("failed")
             else:
                 stream._push(GenerationDelta("", (), True, "abort"))
-                self._finish(stream, "abort", texts, ids, submitted_at, first_at, now)
+                self._finish(
+                    stream, "abort", texts, ids, submitted_at, first_at, now, admitted_at, params
+                )
         except Exception as exc:
             error: Exception
             if _is_queue_rejection(exc):
@@ -508,6 +538,8 @@ class VllmGenerator:
         submitted_at: float,
         first_at: float | None,
         now: float,
+        admitted_at: float | None,
+        params: SamplingParams,
     ) -> None:
         completion = Completion(
             text="".join(texts),
@@ -517,6 +549,8 @@ class VllmGenerator:
             finish_reason=reason,
             ttft_s=None if first_at is None else first_at - submitted_at,
             latency_s=now - submitted_at,
+            queue_wait_s=None if admitted_at is None else admitted_at - submitted_at,
+            priority=params.priority,
         )
         if stream._complete(completion):
             if reason == "abort":

@@ -1,0 +1,57 @@
+"""``GenerationMetrics.observe``: what one finished request adds, exactly."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("prometheus_client")
+
+from prometheus_client import CollectorRegistry
+
+from batchline._priority import batcher_priority
+from batchline.models.generation.engine import FinishReason
+from batchline.models.generation.stream import Completion
+from batchline.server.generation_metrics import GenerationMetrics
+
+WAIT = "batchline_generation_queue_wait_seconds"
+
+
+def completion(
+    queue_wait_s: float | None, priority: int, reason: FinishReason = "length"
+) -> Completion:
+    return Completion(
+        "ab",
+        (5, 6),
+        3,
+        2,
+        reason,
+        ttft_s=None if queue_wait_s is None else queue_wait_s + 1.0,
+        latency_s=9.0,
+        queue_wait_s=queue_wait_s,
+        priority=priority,
+    )
+
+
+def test_the_queue_wait_is_observed_under_the_requests_priority_label() -> None:
+    registry = CollectorRegistry()
+    metrics = GenerationMetrics(registry)
+    metrics.observe("gen", completion(0.5, batcher_priority("interactive")))
+    metrics.observe("gen", completion(2.0, batcher_priority("batch")))
+    metrics.observe("gen", completion(3.0, batcher_priority("batch"), "abort"))
+    metrics.observe("gen", completion(7.0, batcher_priority(5)))
+    metrics.observe("gen", completion(None, batcher_priority("batch"), "abort"))  # never admitted
+
+    def sample(suffix: str, priority: str, **more: str) -> float | None:
+        labels = {"model": "gen", "priority": priority, **more}
+        return registry.get_sample_value(WAIT + suffix, labels)
+
+    assert (sample("_count", "interactive"), sample("_sum", "interactive")) == (1.0, 0.5)
+    # an aborted request that had been admitted waited too; one never admitted has no sample
+    assert (sample("_count", "batch"), sample("_sum", "batch")) == (2.0, 5.0)
+    assert (sample("_count", "5"), sample("_sum", "5")) == (1.0, 7.0)
+    assert sample("_bucket", "interactive", le="0.5") == 1.0
+    assert sample("_bucket", "interactive", le="0.25") == 0.0
+    finished = registry.get_sample_value(
+        "batchline_generation_finished_total", {"model": "gen", "finish_reason": "abort"}
+    )
+    assert finished == 2.0
