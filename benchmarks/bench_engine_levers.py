@@ -127,10 +127,12 @@ def main() -> None:
         def __init__(self, c: Config) -> None:
             self.config = c
             self.engine = TorchStepEngine(
-                models[c.dtype, c.packed], max_step_tokens=c.step_tokens, lean=c.lean
+                models[c.dtype, c.packed],
+                max_step_tokens=c.step_tokens,
+                lean=c.lean,
+                # :module is the step as it ran before the lean forward
+                decode_attention="sdpa" if c.lean else "transformers",
             )
-            if not c.lean:  # the step as it ran before the lean forward
-                self.engine.decode_attention = "transformers"
             self.queue = list(enumerate(work))
             self.clock = 0.0
             self.submitted: dict[str, float] = {}

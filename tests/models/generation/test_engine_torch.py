@@ -155,8 +155,9 @@ def _run_schedule(
     lean: bool | None = None,
     decode_attention: str = "sdpa",
 ) -> None:
-    engine = TorchStepEngine(tiny_llama, max_step_tokens=max_step_tokens, lean=lean)
-    engine.decode_attention = decode_attention
+    engine = TorchStepEngine(
+        tiny_llama, max_step_tokens=max_step_tokens, lean=lean, decode_attention=decode_attention
+    )
     real_forward = engine._forward
     widths: list[tuple[int, int]] = []
 
@@ -723,6 +724,11 @@ def test_a_model_it_does_not_recognise_takes_transformers_forward(
     assert got["a"] == _reference(model, _prompt(1, 5), 3)
     with pytest.raises(ValueError, match="no lean forward for this model: MyLlama"):
         TorchStepEngine(model, lean=True)
+
+
+def test_an_unknown_decode_attention_is_refused(tiny_llama: Any) -> None:
+    with pytest.raises(ValueError, match="decode_attention must be one of sdpa, transformers"):
+        TorchStepEngine(tiny_llama, decode_attention="flash")
 
 
 def test_a_llama_with_another_activation_is_not_recognised() -> None:

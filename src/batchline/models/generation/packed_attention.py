@@ -174,8 +174,8 @@ def _decode_transformers(
     values: torch.Tensor,
     scaling: float | None,
 ) -> torch.Tensor:
-    """ "sdpa" through transformers' SDPA attention function, with the boolean mask (what a
-    step ran before the lean forward: the A/B's baseline)."""
+    """The call of "sdpa" made through transformers' SDPA attention function, with the boolean
+    mask: what a step ran before the lean forward (the A/B's baseline)."""
     r, store = plan.decoding, plan.store
     window = slice(store.lo, store.hi + 1)
     attended, _ = sdpa_attention_forward(

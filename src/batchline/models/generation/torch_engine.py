@@ -55,7 +55,13 @@ from transformers import DynamicCache, DynamicLayer
 from batchline.models.generation.engine import GenerationRequest, StepOutput
 from batchline.models.generation.kv_slots import Geometry, SlotStore, StoreState
 from batchline.models.generation.lean_llama import LeanForward, lean_forward
-from batchline.models.generation.packed_attention import PACKED, Join, StepPlan, causal_mask
+from batchline.models.generation.packed_attention import (
+    DECODE_ATTENTION,
+    PACKED,
+    Join,
+    StepPlan,
+    causal_mask,
+)
 from batchline.models.generation.prefix_cache import Prefix, PrefixCache
 from batchline.models.generation.sampling import make_generator, select_tokens
 from batchline.models.generation.structured import GrammarState, TokenGrammars
@@ -144,6 +150,9 @@ class TorchStepEngine:
     kernels, without transformers' module tree); None (the default) where the model is one it
     recognises (transformers' Llama), else transformers' forward, said once in the log; True
     refuses a model it does not recognise; False always takes transformers' forward.
+    ``decode_attention``: how the decoding rows attend, a key of
+    :data:`~.packed_attention.DECODE_ATTENTION`; the default ``sdpa`` (one SDPA call over the
+    padded window) was the fastest measured, the others are there for the A/B.
 
     The engine owns the model while it steps: for the length of each forward pass the model's
     attention implementation is batchline's (see the module docstring), then set back.
@@ -159,6 +168,7 @@ class TorchStepEngine:
         max_step_tokens: int | None = None,
         tokenizer: Any = None,
         lean: bool | None = None,
+        decode_attention: str = "sdpa",
     ) -> None:
         self._model = model
         model.eval()  # type: ignore[no-untyped-call]
@@ -217,8 +227,12 @@ class TorchStepEngine:
         if prefix_cache_tokens < 0:
             raise ValueError(f"prefix_cache_tokens must be >= 0, got {prefix_cache_tokens}")
         self._prefixes = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
-        #: How decoding rows attend (a key of packed_attention.DECODE_ATTENTION).
-        self.decode_attention = "sdpa"
+        if decode_attention not in DECODE_ATTENTION:
+            raise ValueError(
+                f"decode_attention must be one of {', '.join(DECODE_ATTENTION)}, "
+                f"got {decode_attention!r}"
+            )
+        self._decode_attention = decode_attention
         self._lean: LeanForward | None = None
         if lean is not False:
             self._lean, why = lean_forward(model)
@@ -437,7 +451,7 @@ class TorchStepEngine:
             positions += range(piece.begin, piece.end)
             if piece.last:
                 keep.append(len(ids) - 1)
-        plan = StepPlan(store, len(rows), None, joins, decode_attention=self.decode_attention)
+        plan = StepPlan(store, len(rows), None, joins, decode_attention=self._decode_attention)
         if rows:
             held = torch.tensor(positions[: len(rows)], device=self._device)  # = each row's held
             columns = torch.arange(end - store.lo, device=self._device)
