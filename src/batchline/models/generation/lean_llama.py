@@ -59,9 +59,9 @@ class _Layer:
 
 
 class LeanForward:
-    """``forward(ids, positions, keep, plan)``: the logits of the ``keep`` positions of one
-    packed step, as ``model(..., logits_to_keep=keep, batchline_step=plan).logits[0]`` computes
-    them (the same ops in the same order: fp32 and bf16 results equal)."""
+    """Called as ``lean(ids, positions, keep, plan)``: the logits of the ``keep`` positions of
+    one packed step, as ``model(..., logits_to_keep=keep, batchline_step=plan).logits[0]``
+    computes them (the same ops in the same order: fp32 and bf16 results equal bit for bit)."""
 
     def __init__(self, model: Any) -> None:
         inner = model.model
@@ -70,15 +70,14 @@ class LeanForward:
         self._eps = float(config.rms_norm_eps)
         self._final_norm = inner.norm.weight
         self._lm_head = _linear(model.lm_head)
-        self._head_dim = int(getattr(config, "head_dim", None) or 0) or (
-            config.hidden_size // config.num_attention_heads
-        )
+        attention = inner.layers[0].self_attn  # what every layer's attention was built with
+        self._head_dim = int(attention.head_dim)
         self._heads = int(config.num_attention_heads)
-        self._kv_heads = int(config.num_key_value_heads or self._heads)
+        self._kv_heads = self._heads // int(attention.num_key_value_groups)
+        self._scaling = float(attention.scaling)
         rotary = inner.rotary_emb
         self._inv_freq = rotary.inv_freq.float()
         self._rope_scaling = float(rotary.attention_scaling)
-        self._scaling = float(inner.layers[0].self_attn.scaling)
         self._layers = [
             _Layer(
                 layer.self_attn,
