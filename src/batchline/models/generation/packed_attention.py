@@ -250,23 +250,23 @@ def _decode_chunks(
     over its own longest window."""
     stop = plan.store.hi + 1
     assert plan.decode_lengths is not None
-    assert plan.decode_mask is not None
+    assert plan.decode_bias is not None
     lengths = plan.decode_lengths
+    kv_heads, dim = keys.shape[1], keys.shape[3]
+    q = query.reshape(len(lengths), kv_heads, -1, dim)
     size = -(-len(lengths) // _GROUPS)
-    out = query.new_empty(query.shape)
+    out = torch.empty_like(q)
     for g in range(0, len(lengths), size):
         rows = slice(g, min(g + size, len(lengths)))
         n = max(lengths[rows])
-        attended, _ = sdpa_attention_forward(
-            module,
-            query[rows].unsqueeze(2),
+        out[rows] = F.scaled_dot_product_attention(
+            q[rows],
             keys[rows, :, stop - n : stop],
             values[rows, :, stop - n : stop],
-            plan.decode_mask[rows][..., -n:],
-            scaling=scaling,
+            attn_mask=plan.decode_bias[rows][..., -n:],
+            scale=scaling,
         )
-        out[rows] = attended[:, 0]
-    return out
+    return out.view(query.shape)
 
 
 def _decode_groups(
@@ -281,11 +281,13 @@ def _decode_groups(
     window (its rows' keys and values gathered: rows of a group need not be neighbours)."""
     stop = plan.store.hi + 1
     assert plan.decode_lengths is not None
-    assert plan.decode_mask is not None
+    assert plan.decode_bias is not None
     lengths = plan.decode_lengths
+    kv_heads, dim = keys.shape[1], keys.shape[3]
+    q = query.reshape(len(lengths), kv_heads, -1, dim)
     order = sorted(range(len(lengths)), key=lengths.__getitem__)
     size = -(-len(order) // _GROUPS)
-    out = query.new_empty(query.shape)
+    out = torch.empty_like(q)
     for g in range(0, len(order), size):
         rows = order[g : g + size]
         n = lengths[rows[-1]]
@@ -293,16 +295,14 @@ def _decode_groups(
             pick: slice | torch.Tensor = slice(rows[0], rows[0] + len(rows))
         else:
             pick = torch.tensor(rows, device=query.device)
-        attended, _ = sdpa_attention_forward(
-            module,
-            query[pick].unsqueeze(2),
+        out[pick] = F.scaled_dot_product_attention(
+            q[pick],
             keys[:, :, stop - n : stop][pick],
             values[:, :, stop - n : stop][pick],
-            plan.decode_mask[pick][..., -n:],
-            scaling=scaling,
+            attn_mask=plan.decode_bias[pick][..., -n:],
+            scale=scaling,
         )
-        out[pick] = attended[:, 0]
-    return out
+    return out.view(query.shape)
 
 
 #: The decode attentions by name (benchmarks/engine_levers.md measures them).
