@@ -69,8 +69,6 @@ class StepPlan:
     layers_seen: int = 0
     #: How the decoding rows attend: a key of :data:`DECODE_ATTENTION`.
     decode_attention: str = "sdpa"
-    #: Each decoding row's attended columns (its window, ending at hi): for "rows" and "groups".
-    decode_lengths: list[int] | None = None
     #: decode_mask as an additive mask (0 / -inf) in the model's dtype.
     decode_bias: torch.Tensor | None = None
 
@@ -189,130 +187,13 @@ def _decode_transformers(
     return attended[:, 0]
 
 
-def _decode_matmul(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    plan: StepPlan,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    scaling: float | None,
-) -> torch.Tensor:
-    """Two batched matmuls over the padded window, the query heads of one KV head together
-    (no repeated keys); the padding gets -inf before the softmax."""
-    r, store = plan.decoding, plan.store
-    kv_heads, dim = keys.shape[1], keys.shape[3]
-    window = slice(store.lo, store.hi + 1)
-    q = query.reshape(r, kv_heads, -1, dim)  # query head h uses KV head h // groups
-    scores = torch.matmul(q, keys[:r, :, window].transpose(2, 3))
-    scale = scaling if scaling is not None else dim**-0.5
-    assert plan.decode_bias is not None
-    # In fp32, as transformers' eager attention does: a bf16 softmax rounds the weights twice.
-    weights = torch.softmax(scores * scale + plan.decode_bias, dim=-1, dtype=torch.float32)
-    attended = torch.matmul(weights.to(values.dtype), values[:r, :, window])
-    return attended.reshape(r, -1, dim)
-
-
-def _decode_rows(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    plan: StepPlan,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    scaling: float | None,
-) -> torch.Tensor:
-    """One SDPA per row over its own columns: no padding, no mask, one call per row (the
-    query heads of one KV head together, as transformers' decode does)."""
-    stop = plan.store.hi + 1
-    assert plan.decode_lengths is not None
-    kv_heads, dim = keys.shape[1], keys.shape[3]
-    q = query.reshape(query.shape[0], kv_heads, -1, dim)
-    out = torch.empty_like(q)
-    for i, n in enumerate(plan.decode_lengths):
-        out[i] = F.scaled_dot_product_attention(
-            q[i], keys[i, :, stop - n : stop], values[i, :, stop - n : stop], scale=scaling
-        )
-    return out.view(query.shape)
-
-
-# Rows of a "chunks" or "groups" step are cut into this many groups of about equal count.
-_GROUPS = 4
-
-
-def _decode_chunks(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    plan: StepPlan,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    scaling: float | None,
-) -> torch.Tensor:
-    """Neighbouring rows in groups (slot order, nothing moved or gathered); each group attends
-    over its own longest window."""
-    stop = plan.store.hi + 1
-    assert plan.decode_lengths is not None
-    assert plan.decode_bias is not None
-    lengths = plan.decode_lengths
-    kv_heads, dim = keys.shape[1], keys.shape[3]
-    q = query.reshape(len(lengths), kv_heads, -1, dim)
-    size = -(-len(lengths) // _GROUPS)
-    out = torch.empty_like(q)
-    for g in range(0, len(lengths), size):
-        rows = slice(g, min(g + size, len(lengths)))
-        n = max(lengths[rows])
-        out[rows] = F.scaled_dot_product_attention(
-            q[rows],
-            keys[rows, :, stop - n : stop],
-            values[rows, :, stop - n : stop],
-            attn_mask=plan.decode_bias[rows][..., -n:],
-            scale=scaling,
-        )
-    return out.view(query.shape)
-
-
-def _decode_groups(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    plan: StepPlan,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    scaling: float | None,
-) -> torch.Tensor:
-    """Rows sorted by window and cut into groups; each group attends over its own longest
-    window (its rows' keys and values gathered: rows of a group need not be neighbours)."""
-    stop = plan.store.hi + 1
-    assert plan.decode_lengths is not None
-    assert plan.decode_bias is not None
-    lengths = plan.decode_lengths
-    kv_heads, dim = keys.shape[1], keys.shape[3]
-    q = query.reshape(len(lengths), kv_heads, -1, dim)
-    order = sorted(range(len(lengths)), key=lengths.__getitem__)
-    size = -(-len(order) // _GROUPS)
-    out = torch.empty_like(q)
-    for g in range(0, len(order), size):
-        rows = order[g : g + size]
-        n = lengths[rows[-1]]
-        if rows == list(range(rows[0], rows[0] + len(rows))):
-            pick: slice | torch.Tensor = slice(rows[0], rows[0] + len(rows))
-        else:
-            pick = torch.tensor(rows, device=query.device)
-        out[pick] = F.scaled_dot_product_attention(
-            q[pick],
-            keys[:, :, stop - n : stop][pick],
-            values[:, :, stop - n : stop][pick],
-            attn_mask=plan.decode_bias[pick][..., -n:],
-            scale=scaling,
-        )
-    return out.view(query.shape)
-
-
-#: The decode attentions by name (benchmarks/engine_levers.md measures them).
+#: The decode attentions by name. Four ways without the padding (two batched matmuls, one SDPA
+#: per row, rows grouped by window, neighbouring rows in groups) lost to ``sdpa`` by 0-17 %
+#: (benchmarks/engine_levers.md) and were removed: their extra calls and copies cost more than
+#: the 19-30 % padding they save.
 DECODE_ATTENTION: dict[str, DecodeAttention] = {
     "sdpa": _decode_sdpa,
     "transformers": _decode_transformers,
-    "matmul": _decode_matmul,
-    "rows": _decode_rows,
-    "groups": _decode_groups,
-    "chunks": _decode_chunks,
 }
 
 

@@ -456,7 +456,6 @@ class TorchStepEngine:
             held = torch.tensor(positions[: len(rows)], device=self._device)  # = each row's held
             columns = torch.arange(end - store.lo, device=self._device)
             plan.decode_mask = (columns >= store.width - held[:, None])[:, None, None, :]
-            plan.decode_lengths = [n + 1 for n in positions[: len(rows)]]
             plan.decode_bias = torch.zeros(
                 plan.decode_mask.shape, dtype=self.dtype, device=self._device
             ).masked_fill_(~plan.decode_mask, float("-inf"))
