@@ -6,8 +6,9 @@ differs between configurations is the engine alone. The configurations run in lo
 step each in turn (the first alternating), each timed on its own steps' clock: a neighbour's
 burst on a shared machine hits them all alike.
 
-A configuration is ``DTYPE[:packed][/STEP_TOKENS][@THREADS]``: ``float32``, ``bfloat16``
-(plain ``nn.Linear``), ``bfloat16:packed`` (weights packed for oneDNN, what ``load`` does),
+A configuration is ``DTYPE[:packed][:module][/STEP_TOKENS][@THREADS]``: ``float32``,
+``bfloat16`` (plain ``nn.Linear``), ``bfloat16:packed`` (weights packed for oneDNN, what
+``load`` does), ``:module`` (transformers' forward, not the lean one of ``lean_llama``),
 ``/512`` a ``max_step_tokens`` (chunked prefill; none: every prompt whole), ``@2`` intra-op
 threads. Printed per configuration: tokens/s, TTFT p50/p99 and
 the longest step (medians over repeats), and each one's ratio to the first.
@@ -16,6 +17,7 @@ the longest step (medians over repeats), and each one's ratio to the first.
     python benchmarks/bench_engine_levers.py bfloat16:packed bfloat16:packed/256 \\
         bfloat16:packed/512 bfloat16:packed/1024
     python benchmarks/bench_engine_levers.py bfloat16:packed@1 bfloat16:packed@2 --busy
+    python benchmarks/bench_engine_levers.py bfloat16:packed:module/512 bfloat16:packed/512
     python benchmarks/bench_engine_levers.py float32 --requests 8 --repeats 1   # smoke run
 
 ``--busy`` keeps one other process spinning in pure Python meanwhile (what a server's front
@@ -42,15 +44,25 @@ class Config:
     packed: bool
     step_tokens: int | None
     threads: int
+    lean: bool = True
 
     @classmethod
     def parse(cls, text: str) -> Config:
         rest, _, threads = text.partition("@")
         rest, _, step = rest.partition("/")
-        dtype, _, packed = rest.partition(":")
-        if dtype not in ("float32", "bfloat16") or packed not in ("", "packed"):
-            raise SystemExit(f"bad configuration {text!r}: DTYPE[:packed][/STEP_TOKENS][@THREADS]")
-        return cls(text, dtype, packed == "packed", int(step) if step else None, int(threads or 1))
+        dtype, *flags = rest.split(":")
+        if dtype not in ("float32", "bfloat16") or not set(flags) <= {"packed", "module"}:
+            raise SystemExit(
+                f"bad configuration {text!r}: DTYPE[:packed][:module][/STEP_TOKENS][@THREADS]"
+            )
+        return cls(
+            text,
+            dtype,
+            "packed" in flags,
+            int(step) if step else None,
+            int(threads or 1),
+            lean="module" not in flags,
+        )
 
 
 def _spin() -> None:
@@ -114,7 +126,13 @@ def main() -> None:
 
         def __init__(self, c: Config) -> None:
             self.config = c
-            self.engine = TorchStepEngine(models[c.dtype, c.packed], max_step_tokens=c.step_tokens)
+            self.engine = TorchStepEngine(
+                models[c.dtype, c.packed],
+                max_step_tokens=c.step_tokens,
+                lean=c.lean,
+                # :module is the step as it ran before the lean forward
+                decode_attention="sdpa" if c.lean else "transformers",
+            )
             self.queue = list(enumerate(work))
             self.clock = 0.0
             self.submitted: dict[str, float] = {}

@@ -151,8 +151,13 @@ def _run_schedule(
     reference: Any,
     schedule: list[tuple[int, int, int, int, int | None]],
     max_step_tokens: int | None = None,
+    *,
+    lean: bool | None = None,
+    decode_attention: str = "sdpa",
 ) -> None:
-    engine = TorchStepEngine(tiny_llama, max_step_tokens=max_step_tokens)
+    engine = TorchStepEngine(
+        tiny_llama, max_step_tokens=max_step_tokens, lean=lean, decode_attention=decode_attention
+    )
     real_forward = engine._forward
     widths: list[tuple[int, int]] = []
 
@@ -433,10 +438,11 @@ def test_a_model_whose_attention_bypasses_the_interface_is_refused(
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     # As a model that does not look its attention up by name: the engine's function never runs.
+    # (transformers' forward: the lean one calls batchline's attention itself.)
     monkeypatch.setitem(
         AttentionInterface._global_mapping, packed_attention.PACKED, sdpa_attention_forward
     )
-    engine = TorchStepEngine(tiny_llama)
+    engine = TorchStepEngine(tiny_llama, lean=False)
     engine.add_request(_request("a", _prompt(1, 5)))
     with pytest.raises(RuntimeError, match="0 of 2 layers"):
         engine.step()
@@ -621,3 +627,116 @@ def test_the_prefix_cache_learns_shared_prefixes_and_forgets_the_oldest() -> Non
     assert kept == [16, 16]  # 5 + 16 + 16 + 16 is over 40: the two oldest went
     assert cache.lookup((*range(30, 46), 5)) is not None
     assert cache.lookup((1, 2, 3, 4, 5, 9, 9)) is None
+
+
+# -- the lean forward and the decode attentions -----------------------------------------------
+
+# Joins at different steps (windows of different widths), an abort, a short max_tokens.
+_FIXED_SCHEDULE = [
+    (0, 1, 5, MAX_NEW, None),
+    (0, 2, 20, 4, None),
+    (2, 3, 1, MAX_NEW, None),
+    (3, 4, 13, 9, 6),
+    (7, 5, 24, MAX_NEW, None),
+]
+
+
+@pytest.mark.parametrize("decode_attention", sorted(packed_attention.DECODE_ATTENTION))
+@pytest.mark.parametrize("lean", [True, False], ids=["lean", "module"])
+def test_each_forward_and_decode_attention_keeps_greedy_exact(
+    tiny_llama: Any, reference: Any, lean: bool, decode_attention: str
+) -> None:
+    _run_schedule(
+        tiny_llama, reference, _FIXED_SCHEDULE, lean=lean, decode_attention=decode_attention
+    )
+    _run_schedule(
+        tiny_llama, reference, _FIXED_SCHEDULE, 7, lean=lean, decode_attention=decode_attention
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_lean_step_computes_what_the_module_tree_did(dtype: str) -> None:
+    model = build_tiny_llama().to(getattr(torch, dtype))
+    engine = TorchStepEngine(model, lean=True)
+    assert engine.forward == "lean"
+    assert TorchStepEngine(model, lean=False).forward == "transformers"
+    lean = engine._lean
+    assert lean is not None
+    real_forward = engine._forward
+    compared: list[tuple[int, int]] = []
+
+    def both(ids: list[int], positions: list[int], keep: list[int], plan: Any) -> Any:
+        # The lean pass with its SDPA call, then transformers' forward with transformers' SDPA
+        # function (what a step ran before) over the same inputs; each writes the same keys
+        # and values, then attends. The same ops in the same order: bit for bit equal.
+        engine._lean, plan.decode_attention = lean, "sdpa"
+        got = real_forward(ids, positions, keep, plan)
+        engine._lean, plan.decode_attention = None, "transformers"
+        plan.layers_seen = 0  # transformers' pass counts the layers its attention saw
+        expected = real_forward(ids, positions, keep, plan)
+        assert got.shape == expected.shape == (len(keep), TINY_VOCAB)
+        assert torch.equal(got, expected)
+        compared.append((plan.decoding, len(plan.joins)))
+        return expected
+
+    engine._forward = both  # type: ignore[method-assign]
+    engine.add_request(_request("a", _prompt(1, 9)))
+    engine.step()
+    engine.add_request(_request("b", _prompt(2, 4)))
+    engine.step()
+    engine.add_request(_request("c", _prompt(3, 6)))
+    engine.step()  # two decoding rows of different windows and a joining prompt
+    engine.step()
+    assert compared == [(0, 1), (1, 1), (2, 1), (3, 0)]
+
+
+def _subclassed_llama() -> Any:
+    from transformers import LlamaForCausalLM
+
+    class MyLlama(LlamaForCausalLM):  # a subclass may change any forward
+        pass
+
+    model = build_tiny_llama()
+    mine = MyLlama(model.config)
+    mine.load_state_dict(model.state_dict())
+    return mine.eval()
+
+
+def test_a_model_it_does_not_recognise_takes_transformers_forward(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from batchline.models.generation import torch_engine
+
+    model = _subclassed_llama()
+    torch_engine._told_fallback.discard("MyLlama")
+    with caplog.at_level("INFO", logger="batchline.generation"):
+        first = TorchStepEngine(model)
+        TorchStepEngine(model)
+    assert first.forward == "transformers"
+    said = [r.getMessage() for r in caplog.records if "no lean forward" in r.getMessage()]
+    assert said == [
+        "transformers' forward for each step (no lean forward: MyLlama is not "
+        "transformers' LlamaForCausalLM)"
+    ]  # once per model class
+    first.add_request(_request("a", _prompt(1, 5), 3))
+    got: dict[str, list[int]] = {}
+    _drain(first, got)
+    assert got["a"] == _reference(model, _prompt(1, 5), 3)
+    with pytest.raises(ValueError, match="no lean forward for this model: MyLlama"):
+        TorchStepEngine(model, lean=True)
+
+
+def test_an_unknown_decode_attention_is_refused(tiny_llama: Any) -> None:
+    with pytest.raises(ValueError, match="decode_attention must be one of sdpa, transformers"):
+        TorchStepEngine(tiny_llama, decode_attention="flash")
+
+
+def test_a_llama_with_another_activation_is_not_recognised() -> None:
+    from batchline.models.generation.lean_llama import lean_forward
+
+    model = build_tiny_llama()
+    assert lean_forward(model)[0] is not None
+    model.config.hidden_act = "gelu"
+    lean, why = lean_forward(model)
+    assert lean is None
+    assert why == "LlamaForCausalLM uses the activation 'gelu', not silu"

@@ -11,10 +11,12 @@ earlier positions and itself, causally.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -65,6 +67,10 @@ class StepPlan:
     decode_mask: torch.Tensor | None  # (decoding, 1, 1, hi + 1 - lo)
     joins: list[Join]
     layers_seen: int = 0
+    #: How the decoding rows attend: a key of :data:`DECODE_ATTENTION`.
+    decode_attention: str = "sdpa"
+    #: decode_mask as an additive mask (0 / -inf) in the model's dtype.
+    decode_bias: torch.Tensor | None = None
 
 
 def packed_attention(
@@ -95,16 +101,8 @@ def packed_attention(
         # (1, heads, r, dim) -> (r, heads, 1, dim): one query per decoding row.
         keys[:r, :, store.hi] = key[0, :, :r].transpose(0, 1)
         values[:r, :, store.hi] = value[0, :, :r].transpose(0, 1)
-        window = slice(store.lo, store.hi + 1)
-        attended, _ = sdpa_attention_forward(
-            module,
-            query[0, :, :r].transpose(0, 1).unsqueeze(2),
-            keys[:r, :, window],
-            values[:r, :, window],
-            plan.decode_mask,
-            scaling=scaling,
-        )
-        out[0, :r] = attended[:, 0]
+        attend = DECODE_ATTENTION[plan.decode_attention]
+        out[0, :r] = attend(module, query[0, :, :r].transpose(0, 1), plan, keys, values, scaling)
     for join in plan.joins:
         if join.slot is None:
             assert join.keys is not None
@@ -128,6 +126,75 @@ def packed_attention(
         )
         out[0, new] = attended[0]
     return out, None
+
+
+# -- how the decoding rows attend over their windows ------------------------------------------
+# Each takes the rows' queries (r, heads, head_dim) and one layer's store buffers (keys at hi
+# written), and returns (r, heads, head_dim). The window is left-padded to the longest row.
+
+DecodeAttention = Callable[
+    [torch.nn.Module, torch.Tensor, StepPlan, torch.Tensor, torch.Tensor, float | None],
+    torch.Tensor,
+]
+
+
+def _decode_sdpa(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    plan: StepPlan,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    scaling: float | None,
+) -> torch.Tensor:
+    """SDPA over the whole padded window, padding masked: the call transformers' SDPA
+    attention makes for one query per row on CPU and CUDA (the query heads of one KV head
+    together), without its per-layer Python (it reads an environment variable per call). The
+    additive mask is made once a step (SDPA would turn the boolean one into it per layer)."""
+    r, store = plan.decoding, plan.store
+    window = slice(store.lo, store.hi + 1)
+    kv_heads, dim = keys.shape[1], keys.shape[3]
+    assert plan.decode_bias is not None
+    attended = F.scaled_dot_product_attention(
+        query.reshape(r, kv_heads, -1, dim),
+        keys[:r, :, window],
+        values[:r, :, window],
+        attn_mask=plan.decode_bias,
+        scale=scaling,
+    )
+    return attended.reshape(query.shape)
+
+
+def _decode_transformers(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    plan: StepPlan,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    scaling: float | None,
+) -> torch.Tensor:
+    """The call of "sdpa" made through transformers' SDPA attention function, with the boolean
+    mask: what a step ran before the lean forward (the A/B's baseline)."""
+    r, store = plan.decoding, plan.store
+    window = slice(store.lo, store.hi + 1)
+    attended, _ = sdpa_attention_forward(
+        module,
+        query.unsqueeze(2),
+        keys[:r, :, window],
+        values[:r, :, window],
+        plan.decode_mask,
+        scaling=scaling,
+    )
+    return attended[:, 0]
+
+
+#: The decode attentions by name. Four ways without the padding (two batched matmuls, one SDPA
+#: per row, rows grouped by window, neighbouring rows in groups) lost to ``sdpa`` by 0-17 %
+#: (benchmarks/engine_levers.md) and were removed: their extra calls and copies cost more than
+#: the 19-30 % padding they save.
+DECODE_ATTENTION: dict[str, DecodeAttention] = {
+    "sdpa": _decode_sdpa,
+    "transformers": _decode_transformers,
+}
 
 
 #: The name batchline's attention is registered under with transformers.

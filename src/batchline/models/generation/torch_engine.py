@@ -13,7 +13,10 @@ Its parts, one module each (vLLM's v1 engine is the picture):
   prefix they start with). The weights are read once for both, where a separate prefill pass
   would read them again. batchline's attention function (:mod:`~.packed_attention`,
   registered with transformers' ``AttentionInterface`` and used only for these passes) writes
-  each layer's new keys and values in place, and attends;
+  each layer's new keys and values in place, and attends. For transformers' Llama the pass
+  runs through :mod:`~.lean_llama`, the same kernels from one plain loop over the layers
+  (without transformers' module tree: x0.88-0.94 of the step time, see
+  benchmarks/engine_levers.md); for other models through the model's own forward;
 - **chunked prefill**: with ``max_step_tokens``, a step's input holds at most that many tokens,
   decodes first; a prompt that does not fit in what is left is prefilled in chunks over several
   steps (into a buffer of its own, attending over its earlier chunks) while the running rows
@@ -41,6 +44,7 @@ Example::
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -50,7 +54,14 @@ from transformers import DynamicCache, DynamicLayer
 
 from batchline.models.generation.engine import GenerationRequest, StepOutput
 from batchline.models.generation.kv_slots import Geometry, SlotStore, StoreState
-from batchline.models.generation.packed_attention import PACKED, Join, StepPlan, causal_mask
+from batchline.models.generation.lean_llama import LeanForward, lean_forward
+from batchline.models.generation.packed_attention import (
+    DECODE_ATTENTION,
+    PACKED,
+    Join,
+    StepPlan,
+    causal_mask,
+)
 from batchline.models.generation.prefix_cache import Prefix, PrefixCache
 from batchline.models.generation.sampling import make_generator, select_tokens
 from batchline.models.generation.structured import GrammarState, TokenGrammars
@@ -59,6 +70,9 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 __all__ = ["TorchStepEngine"]
+
+logger = logging.getLogger("batchline.generation")
+_told_fallback: set[str] = set()  # model classes whose fallback was logged already (once each)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +146,14 @@ class TorchStepEngine:
     ``tokenizer``: the model's fast Hugging Face tokenizer, needed by requests with a
     ``SamplingParams.constraint`` (structured outputs, see :mod:`.structured`).
 
+    ``lean``: run a step through :mod:`.lean_llama`'s plain loop over the layers (the same
+    kernels, without transformers' module tree); None (the default) where the model is one it
+    recognises (transformers' Llama), else transformers' forward, said once in the log; True
+    refuses a model it does not recognise; False always takes transformers' forward.
+    ``decode_attention``: how the decoding rows attend, a key of
+    :data:`~.packed_attention.DECODE_ATTENTION`; the default ``sdpa`` (one SDPA call over the
+    padded window) was the fastest measured, the others are there for the A/B.
+
     The engine owns the model while it steps: for the length of each forward pass the model's
     attention implementation is batchline's (see the module docstring), then set back.
     """
@@ -145,6 +167,8 @@ class TorchStepEngine:
         prefix_cache_tokens: int = 4096,
         max_step_tokens: int | None = None,
         tokenizer: Any = None,
+        lean: bool | None = None,
+        decode_attention: str = "sdpa",
     ) -> None:
         self._model = model
         model.eval()  # type: ignore[no-untyped-call]
@@ -203,6 +227,21 @@ class TorchStepEngine:
         if prefix_cache_tokens < 0:
             raise ValueError(f"prefix_cache_tokens must be >= 0, got {prefix_cache_tokens}")
         self._prefixes = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
+        if decode_attention not in DECODE_ATTENTION:
+            raise ValueError(
+                f"decode_attention must be one of {', '.join(DECODE_ATTENTION)}, "
+                f"got {decode_attention!r}"
+            )
+        self._decode_attention = decode_attention
+        self._lean: LeanForward | None = None
+        if lean is not False:
+            self._lean, why = lean_forward(model)
+            if self._lean is None:
+                if lean:
+                    raise ValueError(f"no lean forward for this model: {why}; pass lean=None")
+                if type(model).__name__ not in _told_fallback:
+                    _told_fallback.add(type(model).__name__)
+                    logger.info("transformers' forward for each step (no lean forward: %s)", why)
 
     # -- the StepEngine protocol ---------------------------------------------------------
 
@@ -221,6 +260,11 @@ class TorchStepEngine:
     @property
     def device(self) -> torch.device:
         return self._device
+
+    @property
+    def forward(self) -> str:
+        """How a step runs the model: ``lean`` (:mod:`.lean_llama`) or ``transformers``."""
+        return "transformers" if self._lean is None else "lean"
 
     @property
     def dtype(self) -> torch.dtype:
@@ -407,12 +451,14 @@ class TorchStepEngine:
             positions += range(piece.begin, piece.end)
             if piece.last:
                 keep.append(len(ids) - 1)
-        decode_mask = None
+        plan = StepPlan(store, len(rows), None, joins, decode_attention=self._decode_attention)
         if rows:
             held = torch.tensor(positions[: len(rows)], device=self._device)  # = each row's held
             columns = torch.arange(end - store.lo, device=self._device)
-            decode_mask = (columns >= store.width - held[:, None])[:, None, None, :]
-        plan = StepPlan(store, len(rows), decode_mask, joins)
+            plan.decode_mask = (columns >= store.width - held[:, None])[:, None, None, :]
+            plan.decode_bias = torch.zeros(
+                plan.decode_mask.shape, dtype=self.dtype, device=self._device
+            ).masked_fill_(~plan.decode_mask, float("-inf"))
         # A step of one chunk and nothing else yields no token; the lm_head takes one row anyway.
         logits = self._forward(ids, positions, keep or [len(ids) - 1], plan)
         # Committed: every row now ends at `end`; the window reaches back to the longest.
@@ -451,6 +497,13 @@ class TorchStepEngine:
         self, ids: list[int], positions: list[int], keep: list[int], plan: StepPlan
     ) -> torch.Tensor:
         device = self._device
+        if self._lean is not None:
+            return self._lean(
+                torch.tensor(ids, device=device),
+                torch.tensor(positions, device=device),
+                torch.tensor(keep, device=device),
+                plan,
+            )
         config = self._model.config
         usual = config._attn_implementation
         config._attn_implementation = PACKED

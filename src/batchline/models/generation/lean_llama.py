@@ -1,0 +1,193 @@
+"""A lean forward pass of a Llama-family causal LM for one packed step of
+:class:`~batchline.models.generation.torch_engine.TorchStepEngine`.
+
+The same kernels as transformers' module tree (the model's own linears, packed or not, SDPA
+through :func:`~.packed_attention.packed_attention`), called from one plain loop over the
+layers: embed, then per layer RMSNorm, q/k/v, rotary, KV write and attention, o, residual,
+RMSNorm, gate/up SiLU, down, residual; then the final norm and the lm_head over the positions
+that yield a token. A 16-row SmolLM2 decode step makes ~1,900 Python calls this way, ~5,700
+through transformers' tree (module ``__call__``s, config lookups, output dataclasses; cProfile),
+and takes x0.88-0.94 of the time (benchmarks/engine_levers.md has the A/B).
+
+:func:`lean_forward` recognises a model by its classes (transformers' own Llama classes, no
+subclass that could change a ``forward``) and its config (SiLU, a RoPE whose frequencies do not
+depend on the sequence length); for any other model it returns None with the reason, and the
+engine keeps transformers' forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from batchline.models.generation.packed_attention import StepPlan, packed_attention
+from batchline.models.generation.packed_linear import PackedLinear
+
+__all__ = ["LeanForward", "lean_forward"]
+
+Linear = Callable[[torch.Tensor], torch.Tensor]
+
+# RoPE types whose inverse frequencies are fixed at load (the dynamic ones rescale per length).
+_STATIC_ROPE = ("default", "linear", "llama3")
+
+
+def _linear(module: torch.nn.Module) -> Linear:
+    """The module's own computation without ``nn.Module.__call__`` (hooks, attribute lookups)."""
+    if isinstance(module, PackedLinear):
+        return module.forward
+    weight: Any = module.weight
+    bias: Any = module.bias
+    return lambda x: F.linear(x, weight, bias)
+
+
+@dataclass(frozen=True, slots=True)
+class _Layer:
+    attention: torch.nn.Module  # transformers' module: its layer_idx and GQA groups
+    input_norm: torch.Tensor
+    q: Linear
+    k: Linear
+    v: Linear
+    o: Linear
+    post_norm: torch.Tensor
+    gate: Linear
+    up: Linear
+    down: Linear
+
+
+class LeanForward:
+    """Called as ``lean(ids, positions, keep, plan)``: the logits of the ``keep`` positions of
+    one packed step, as ``model(..., logits_to_keep=keep, batchline_step=plan).logits[0]``
+    computes them (the same ops in the same order: fp32 and bf16 results equal bit for bit)."""
+
+    def __init__(self, model: Any) -> None:
+        inner = model.model
+        config = model.config
+        self._embed = inner.embed_tokens.weight
+        self._eps = float(config.rms_norm_eps)
+        self._final_norm = inner.norm.weight
+        self._lm_head = _linear(model.lm_head)
+        attention = inner.layers[0].self_attn  # what every layer's attention was built with
+        self._head_dim = int(attention.head_dim)
+        self._heads = int(config.num_attention_heads)
+        self._kv_heads = self._heads // int(attention.num_key_value_groups)
+        self._scaling = float(attention.scaling)
+        rotary = inner.rotary_emb
+        self._inv_freq = rotary.inv_freq.float()
+        self._rope_scaling = float(rotary.attention_scaling)
+        self._layers = [
+            _Layer(
+                layer.self_attn,
+                layer.input_layernorm.weight,
+                _linear(layer.self_attn.q_proj),
+                _linear(layer.self_attn.k_proj),
+                _linear(layer.self_attn.v_proj),
+                _linear(layer.self_attn.o_proj),
+                layer.post_attention_layernorm.weight,
+                _linear(layer.mlp.gate_proj),
+                _linear(layer.mlp.up_proj),
+                _linear(layer.mlp.down_proj),
+            )
+            for layer in inner.layers[: config.num_hidden_layers]
+        ]
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        # LlamaRMSNorm's ops: in fp32, back to the input's dtype, then the weight.
+        dtype = x.dtype
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self._eps)
+        return weight * h.to(dtype)
+
+    def _rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        """cos and sin of every position, ``(T, 1, head_dim)``; sin's first half negated (see
+        :meth:`_rotate`)."""
+        freqs = positions[:, None].float() * self._inv_freq.to(positions.device)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = (emb.cos() * self._rope_scaling).to(dtype)[:, None]
+        sin = (emb.sin() * self._rope_scaling).to(dtype)
+        half = sin.shape[-1] // 2
+        return cos, torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)[:, None]
+
+    @staticmethod
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+        # transformers' x * cos + cat(-x2, x1) * sin, with the sign moved onto sin once a
+        # step instead of onto x in every layer (a negation is exact: the same values).
+        half = x.shape[-1] // 2
+        return (x * cos) + (torch.cat((x[..., half:], x[..., :half]), dim=-1) * signed_sin)
+
+    def __call__(
+        self, ids: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor, plan: StepPlan
+    ) -> torch.Tensor:
+        """``ids`` and ``positions``: ``(T,)``; ``keep``: the positions whose logits are wanted."""
+        n, dim = ids.shape[0], self._head_dim
+        h = F.embedding(ids, self._embed)
+        cos, sin = self._rotary(positions, h.dtype)
+        for layer in self._layers:
+            x = self._norm(h, layer.input_norm)
+            q = self._rotate(layer.q(x).view(n, self._heads, dim), cos, sin)
+            k = self._rotate(layer.k(x).view(n, self._kv_heads, dim), cos, sin)
+            v = layer.v(x).view(n, self._kv_heads, dim)
+            # packed_attention's layout: (1, heads, T, head_dim) in, (1, T, heads, head_dim) out.
+            attended, _ = packed_attention(
+                layer.attention,
+                q.transpose(0, 1)[None],
+                k.transpose(0, 1)[None],
+                v.transpose(0, 1)[None],
+                None,
+                scaling=self._scaling,
+                batchline_step=plan,
+            )
+            h = h + layer.o(attended.view(n, self._heads * dim))
+            x = self._norm(h, layer.post_norm)
+            h = h + layer.down(F.silu(layer.gate(x)) * layer.up(x))
+        # The final norm is per position: only the kept ones need it.
+        logits: torch.Tensor = self._lm_head(self._norm(h[keep], self._final_norm))
+        return logits
+
+
+def lean_forward(model: Any) -> tuple[LeanForward | None, str]:
+    """A :class:`LeanForward` of ``model``, or None and why it does not apply."""
+    from transformers.models.llama import modeling_llama as llama
+
+    kind = type(model).__name__
+    if type(model) is not llama.LlamaForCausalLM:
+        return None, f"{kind} is not transformers' LlamaForCausalLM"
+    config = model.config
+    inner: Any = model.model
+    if type(inner) is not llama.LlamaModel:
+        return None, f"{kind}'s base model is a {type(inner).__name__}"
+    if config.hidden_act != "silu":
+        return None, f"{kind} uses the activation {config.hidden_act!r}, not silu"
+    rope = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
+    if rope not in _STATIC_ROPE or type(inner.rotary_emb) is not llama.LlamaRotaryEmbedding:
+        return None, f"{kind} uses the RoPE type {rope!r}"
+    layers: list[Any] = list(inner.layers)
+    for layer in layers:
+        parts = (
+            (layer, llama.LlamaDecoderLayer),
+            (layer.self_attn, llama.LlamaAttention),
+            (layer.mlp, llama.LlamaMLP),
+            (layer.input_layernorm, llama.LlamaRMSNorm),
+            (layer.post_attention_layernorm, llama.LlamaRMSNorm),
+        )
+        for module, expected in parts:
+            if type(module) is not expected:
+                return None, f"{kind} has a {type(module).__name__} for {expected.__name__}"
+        projections = (
+            layer.self_attn.q_proj,
+            layer.self_attn.k_proj,
+            layer.self_attn.v_proj,
+            layer.self_attn.o_proj,
+            layer.mlp.gate_proj,
+            layer.mlp.up_proj,
+            layer.mlp.down_proj,
+        )
+        for proj in projections:
+            if type(proj) not in (torch.nn.Linear, PackedLinear):
+                return None, f"{kind} has a {type(proj).__name__} projection"
+    if type(model.lm_head) not in (torch.nn.Linear, PackedLinear):
+        return None, f"{kind} has a {type(model.lm_head).__name__} lm_head"
+    return LeanForward(model), "transformers' Llama layers"
