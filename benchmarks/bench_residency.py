@@ -30,9 +30,11 @@ benchmarks/bench_residency.py``): 180/180 requests answered; peak RSS above the 
 process 507 MiB = 1.06x the budget (480 MiB); switch cost ~ the load (emb 420 vs 385 ms, mlp
 676 vs 593 ms, mlp2 376 vs 365 ms). The peak had been 1.4x: the unload's gc and
 ``malloc_trim`` ran while the residency still held the model; they run after it lets go now
-(``Residency(reclaim=...)``). Priority: interactive p99 122 ms with, 281 ms without = 0.44
-(goal <= 0.3: missed; the interactive text rides a whole batch behind the one in flight),
-bulk throughput 0.98x (goal >= 0.9).
+(``Residency(reclaim=...)``). Priority (2026-11-25, quiet, ``--part priority``): interactive
+p99 49 ms with, 298 ms without = 0.16 (goal <= 0.3), p50 21 against 197 ms; bulk throughput
+0.94x (goal >= 0.9). Before the core's batch rule (a batch takes no lower priority than its
+first; a lower-priority batch takes half the budget while higher ones arrive) the ratio was
+0.34-0.44: the interactive text rode a whole bulk batch, behind a whole one in flight.
 """
 
 from __future__ import annotations
