@@ -260,3 +260,21 @@ async def _property(ops: list[tuple[str, Any, int]], max_batch_size: int, padded
             for other, (oprio, oat) in arrived.items():
                 if prio == BATCH and oprio == INTERACTIVE and at + 10.0 <= oat:
                     assert batch_of[rid] <= batch_of[other], (rid, other)
+
+
+def test_the_priority_knobs_reach_a_models_batcher_and_are_checked() -> None:
+    from batchline._errors import InputError
+    from batchline.knobs import Knobs
+    from batchline.models.batching import ModelBatcher
+    from batchline.models.onnx.embed import TextEmbedder
+    from tests.server.conftest import FakeEmbedder
+
+    model = TextEmbedder(FakeEmbedder(), name="fake")  # type: ignore[arg-type]
+    default = ModelBatcher(model, Knobs()).batcher
+    assert (default._mix_priorities, default._priority_yield) == (False, 0.5)
+    gpu = ModelBatcher(model, Knobs(mix_priorities=True, priority_yield=1.0)).batcher
+    assert (gpu._mix_priorities, gpu._priority_yield) == (True, 1.0)
+    with pytest.raises(InputError, match=r"priority_yield must be in \(0, 1\], got 0"):
+        Knobs(priority_yield=0)
+    with pytest.raises(InputError, match="mix_priorities must be true or false, got 'yes'"):
+        Knobs(mix_priorities="yes")  # type: ignore[arg-type]

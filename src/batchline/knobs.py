@@ -91,6 +91,8 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 #: >= 1 (``batch_timeout_s`` >= 0).
 _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "batching": (lambda v: isinstance(v, bool), "true or false"),
+    "mix_priorities": (lambda v: isinstance(v, bool), "true or false"),
+    "priority_yield": (lambda v: _number(v) and 0 < v <= 1, "in (0, 1]"),
     "device": (lambda v: isinstance(v, str) and bool(_DEVICE.match(v)), "cpu, cuda or cuda:N"),
     "eager": (lambda v: v is None or isinstance(v, bool), "true, false or unset"),
     "gpu_memory_fraction": (lambda v: v is None or (_number(v) and 0 < v <= 1), "in (0, 1]"),
@@ -118,6 +120,10 @@ class Knobs:
     CUDA execution provider, which needs the ``onnxruntime-gpu`` build). A batch that starts
     while no other runs may use one extra, wider session of ``solo_intra_op_threads``
     threads (``None``: none), so low traffic gets the baseline's single-call latency.
+    ``mix_priorities`` and ``priority_yield`` are the batcher's (see ``batchline._queue``): by
+    default a batch takes no lower priority than its first, and takes half the budget while
+    higher priorities are arriving; on a GPU, where a fuller batch costs little more,
+    ``mix_priorities=True`` and ``priority_yield=1.0`` keep batches full.
 
     Generation (``--task generate``): ``generation_batching`` is ``continuous`` (sequences
     join and leave the running batch between decode steps) or ``static`` (a batch runs until
@@ -153,6 +159,8 @@ class Knobs:
     max_queue_size: int = 5_000
     device: str = "cpu"
     solo_intra_op_threads: int | None = None
+    mix_priorities: bool = False
+    priority_yield: float = 0.5
     generation_batching: str = "continuous"
     max_running_sequences: int = 16
     kv_token_budget: int = 16_384

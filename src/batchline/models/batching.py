@@ -82,6 +82,8 @@ class ModelBatcher(Generic[P, R]):
             "max_batch_size": knobs.max_batch_size,
             "min_batch_size": min(knobs.min_batch_size, knobs.max_batch_size),
             "batch_timeout_s": knobs.batch_timeout_s,
+            "mix_priorities": knobs.mix_priorities,
+            "priority_yield": knobs.priority_yield,
             "name": label,
             **shared,
         }
