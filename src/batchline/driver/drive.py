@@ -57,7 +57,14 @@ from batchline.datasets.pipeline import Progress, open_dataset_job, run_pipeline
 from batchline.datasets.selection import BadRecordMode, DatasetSelection
 from batchline.datasets.sinks import ChunkWriter
 from batchline.datasets.sources import Record
-from batchline.driver.client import EmbeddingsRoute, GenerateRoute, ReplicaClient, Reply, Route
+from batchline.driver.client import (
+    EmbeddingsRoute,
+    GenerateRoute,
+    ReplicaClient,
+    Reply,
+    Route,
+    RouteName,
+)
 from batchline.driver.endpoints import Endpoint, EndpointPool, EndpointReport
 from batchline.driver.retry import Backoff, sleep
 
@@ -72,7 +79,6 @@ __all__ = [
 ]
 
 FAILURES_NAME = "_failures.jsonl"
-RouteName = Literal["embeddings", "generate"]
 Encoding = Literal["base64", "float"]
 
 _API_KEY_ENV = "BATCHLINE_API_KEY"

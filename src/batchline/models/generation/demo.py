@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypedDict
+
+from batchline._cache import write_whole
 
 __all__ = ["DemoPrompt", "demo_prompts", "write_demo_prompts"]
 
@@ -207,13 +207,5 @@ def write_demo_prompts(path: str | Path, n: int = 300, *, seed: int = 0) -> Path
     with contextlib.suppress(OSError):
         if target.read_bytes() == data:
             return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, target)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+    write_whole(target, data)
     return target
