@@ -182,7 +182,11 @@ class RecordQueue(Generic[T]):
 
     def oldest(self) -> Entry[T] | None:
         """The entry that the next batch will start with."""
-        for priority in self._ranked():
+        return self._first(self._ranked())
+
+    def _first(self, ranked: list[int]) -> Entry[T] | None:
+        """The oldest live entry of the first of ``ranked`` levels that has one."""
+        for priority in ranked:
             head = _front(self._levels[priority].fifo)
             if head is not None:
                 return head
@@ -213,15 +217,15 @@ class RecordQueue(Generic[T]):
 
     def yielding(self, now: float) -> bool:
         """Whether the next batch yields to a higher priority (see the module docstring)."""
+        if self.priority_yield >= 1.0 or len(self._arrived) < 2:
+            return False  # off, or one priority ever seen: nothing to yield to
         head = self.oldest()
-        if self.priority_yield >= 1.0 or head is None:
-            return False
-        return any(
+        return head is not None and any(
             p > head.priority and now - at <= self.yield_window_s for p, at in self._arrived.items()
         )
 
     def take_batch(
-        self, budget: int, max_size: int, now: float = 0.0
+        self, budget: int, max_size: int, now: float
     ) -> tuple[list[Entry[T]], int, bool]:
         """Form the next batch: ``(entries, batch_cost, stopped_by_budget)``.
 
@@ -293,12 +297,13 @@ class RecordQueue(Generic[T]):
 
     def _take_padded(self, budget: int, max_size: int) -> tuple[list[Entry[T]], int, bool]:
         ranked = self._ranked()
-        head = self.oldest()
+        head = self._first(ranked)
         if head is None:
             return [], 0, False
         # unless mix_priorities: no level below the head's, nor a record ranked after the
         # first record of such a level (the levels are ranked by their first records)
         cutoff: tuple[float, int] | None = None
+        aging_s = self.aging_s or 0.0  # read only where cutoff is set, which needs aging
         if not self.mix_priorities:
             lower = [p for p in ranked if p < head.priority]
             ranked = [p for p in ranked if p >= head.priority]
@@ -331,8 +336,7 @@ class RecordQueue(Generic[T]):
                     e = _front(bucket)
                     if e is None or (
                         cutoff is not None
-                        and (aged_rank(e.priority, e.enqueued_at, self.aging_s or 0.0), e.seq)
-                        > cutoff
+                        and (aged_rank(e.priority, e.enqueued_at, aging_s), e.seq) > cutoff
                     ):
                         continue
                     new_longest = longest if e.cost <= longest else e.cost
