@@ -727,7 +727,8 @@ def test_a_model_it_does_not_recognise_takes_transformers_forward(
 
 
 def test_an_unknown_decode_attention_is_refused(tiny_llama: Any) -> None:
-    with pytest.raises(ValueError, match="decode_attention must be one of sdpa, transformers"):
+    expected = "decode_attention must be auto or one of kernel, sdpa, transformers"
+    with pytest.raises(ValueError, match=expected):
         TorchStepEngine(tiny_llama, decode_attention="flash")
 
 

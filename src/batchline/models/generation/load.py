@@ -233,13 +233,14 @@ def load_text_generator(spec: ModelSpec, knobs: Knobs) -> GenerationModel:
     packed = pack_linear_weights(model)
     engine = TorchStepEngine(model, max_step_tokens=knobs.max_step_tokens, tokenizer=tokenizer)
     logger.info(
-        "%s: torch on %s, %s%s, %s forward, %s intra-op thread(s), max_step_tokens %d; "
-        "loaded in %.1f s",
+        "%s: torch on %s, %s%s, %s forward, decode attention %s, %s intra-op thread(s), "
+        "max_step_tokens %d; loaded in %.1f s",
         spec.name,
         knobs.device,
         choice,
         f", {packed} linear layers packed for oneDNN" if packed else "",
         engine.forward,
+        engine.decode_attention,
         torch.get_num_threads() if device.type == "cpu" else "-",
         knobs.max_step_tokens,
         time.perf_counter() - started,

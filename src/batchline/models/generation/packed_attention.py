@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from batchline.models.generation.decode_kernel import DecodeKernel
 from batchline.models.generation.kv_slots import SlotStore
 
 __all__ = ["PACKED", "Join", "StepPlan", "packed_attention"]
@@ -71,6 +72,11 @@ class StepPlan:
     decode_attention: str = "sdpa"
     #: decode_mask as an additive mask (0 / -inf) in the model's dtype.
     decode_bias: torch.Tensor | None = None
+    #: Each decoding row's first real column in the store, ``(decoding,)`` int64 (the kernel's
+    #: way of saying decode_mask).
+    decode_first: torch.Tensor | None = None
+    #: batchline's compiled decode attention (:mod:`~.decode_kernel`), for ``"kernel"``.
+    decode_kernel: DecodeKernel | None = None
 
 
 def packed_attention(
@@ -164,6 +170,24 @@ def _decode_sdpa(
     return attended.reshape(query.shape)
 
 
+def _decode_kernel(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    plan: StepPlan,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    scaling: float | None,
+) -> torch.Tensor:
+    """batchline's compiled kernel: each row over its own columns ``[first, hi]``, read in the
+    store where they lie (no padding, no copy of the window)."""
+    assert plan.decode_kernel is not None
+    assert plan.decode_first is not None
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    return plan.decode_kernel(
+        query.contiguous(), keys, values, plan.decode_first, plan.store.hi, scale
+    )
+
+
 def _decode_transformers(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -187,11 +211,12 @@ def _decode_transformers(
     return attended[:, 0]
 
 
-#: The decode attentions by name. Four ways without the padding (two batched matmuls, one SDPA
-#: per row, rows grouped by window, neighbouring rows in groups) lost to ``sdpa`` by 0-17 %
-#: (benchmarks/engine_levers.md) and were removed: their extra calls and copies cost more than
-#: the 19-30 % padding they save.
+#: The decode attentions by name. Four ways without the padding built from torch's own ops (two
+#: batched matmuls, one SDPA per row, rows grouped by window, neighbouring rows in groups) lost
+#: to ``sdpa`` by 0-17 % and were removed; the compiled ``kernel`` wins (benchmarks/
+#: engine_levers.md).
 DECODE_ATTENTION: dict[str, DecodeAttention] = {
+    "kernel": _decode_kernel,
     "sdpa": _decode_sdpa,
     "transformers": _decode_transformers,
 }

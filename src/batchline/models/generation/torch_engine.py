@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import DynamicCache, DynamicLayer
 
+from batchline.models.generation.decode_kernel import DecodeKernel, decode_kernel
 from batchline.models.generation.engine import GenerationRequest, StepOutput
 from batchline.models.generation.kv_slots import Geometry, SlotStore, StoreState
 from batchline.models.generation.lean_llama import LeanForward, lean_forward
@@ -151,8 +152,10 @@ class TorchStepEngine:
     recognises (transformers' Llama), else transformers' forward, said once in the log; True
     refuses a model it does not recognise; False always takes transformers' forward.
     ``decode_attention``: how the decoding rows attend, a key of
-    :data:`~.packed_attention.DECODE_ATTENTION`; the default ``sdpa`` (one SDPA call over the
-    padded window) was the fastest measured, the others are there for the A/B.
+    :data:`~.packed_attention.DECODE_ATTENTION`, or ``auto`` (the default): batchline's compiled
+    kernel (:mod:`~.decode_kernel`) for a model on the CPU where it builds, else ``sdpa`` (one
+    SDPA call over the padded window); ``kernel`` refuses to start without it. The others are
+    there for the A/B.
 
     The engine owns the model while it steps: for the length of each forward pass the model's
     attention implementation is batchline's (see the module docstring), then set back.
@@ -168,7 +171,7 @@ class TorchStepEngine:
         max_step_tokens: int | None = None,
         tokenizer: Any = None,
         lean: bool | None = None,
-        decode_attention: str = "sdpa",
+        decode_attention: str = "auto",
     ) -> None:
         self._model = model
         model.eval()  # type: ignore[no-untyped-call]
@@ -227,11 +230,19 @@ class TorchStepEngine:
         if prefix_cache_tokens < 0:
             raise ValueError(f"prefix_cache_tokens must be >= 0, got {prefix_cache_tokens}")
         self._prefixes = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
-        if decode_attention not in DECODE_ATTENTION:
+        if decode_attention != "auto" and decode_attention not in DECODE_ATTENTION:
             raise ValueError(
-                f"decode_attention must be one of {', '.join(DECODE_ATTENTION)}, "
+                f"decode_attention must be auto or one of {', '.join(DECODE_ATTENTION)}, "
                 f"got {decode_attention!r}"
             )
+        self._kernel: DecodeKernel | None = None
+        if decode_attention in ("auto", "kernel"):
+            why = f"the model is on {self._device.type}, the kernel runs on the CPU"
+            if self._device.type == "cpu":
+                self._kernel, why = decode_kernel()
+            if self._kernel is None and decode_attention == "kernel":
+                raise ValueError(f"decode_attention='kernel' cannot be had: {why}")
+            decode_attention = "sdpa" if self._kernel is None else "kernel"
         self._decode_attention = decode_attention
         self._lean: LeanForward | None = None
         if lean is not False:
@@ -260,6 +271,11 @@ class TorchStepEngine:
     @property
     def device(self) -> torch.device:
         return self._device
+
+    @property
+    def decode_attention(self) -> str:
+        """How the decoding rows attend: a key of :data:`~.packed_attention.DECODE_ATTENTION`."""
+        return self._decode_attention
 
     @property
     def forward(self) -> str:
@@ -451,8 +467,18 @@ class TorchStepEngine:
             positions += range(piece.begin, piece.end)
             if piece.last:
                 keep.append(len(ids) - 1)
-        plan = StepPlan(store, len(rows), None, joins, decode_attention=self._decode_attention)
+        plan = StepPlan(
+            store,
+            len(rows),
+            None,
+            joins,
+            decode_attention=self._decode_attention,
+            decode_kernel=self._kernel,
+        )
         if rows:
+            # Row i holds its real columns [hi - held, hi] (the new key at hi): the kernel
+            # reads those, the others mask the rest of the window.
+            plan.decode_first = torch.tensor([store.hi - p for p in positions[: len(rows)]])
             held = torch.tensor(positions[: len(rows)], device=self._device)  # = each row's held
             columns = torch.arange(end - store.lo, device=self._device)
             plan.decode_mask = (columns >= store.width - held[:, None])[:, None, None, :]

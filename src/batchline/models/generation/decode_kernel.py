@@ -1,0 +1,136 @@
+"""batchline's decode attention kernel for CPU (``csrc/decode_attention.cpp``): each running row
+attends over its own columns of the slot store where they lie, instead of one SDPA call over the
+window padded to the longest row.
+
+Why a kernel of our own: a decode step's attention is many tiny products (a few query heads
+against one row's keys, per row and KV head). PyTorch's CPU SDPA runs each through a small
+BLAS call, and in bfloat16 that call converts and calls again; this kernel reads each row's keys
+and values once, sums bfloat16 products with the CPU's AVX512-BF16 instructions where it has
+them, and skips the padding. benchmarks/engine_levers.md has the measurements.
+
+It is compiled once per machine with the system's C++ compiler (``$CXX``, else ``c++``) against
+the installed torch, into ``<cache dir>/kernels/`` under a name that hashes the source, the
+compiler, torch's version and the CPU's flags (it is built with ``-march=native``), and then
+loaded with ``torch.ops.load_library``. Where that cannot be done (no compiler, a build error, a
+non-x86 machine), :func:`decode_kernel` returns None and why, and the engine attends through
+SDPA as before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from batchline._cache import cache_dir
+
+__all__ = ["DecodeKernel", "decode_kernel"]
+
+logger = logging.getLogger(__name__)
+
+#: ``kernel(q, keys, values, first, hi, scale) -> out``; see ``csrc/decode_attention.cpp``.
+DecodeKernel = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, float], torch.Tensor
+]
+
+_SOURCE = Path(__file__).parent / "csrc" / "decode_attention.cpp"
+_FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-std=c++17", "-shared", "-fPIC", "-w")
+_BUILD_TIMEOUT_S = 300.0
+
+_lock = threading.Lock()
+_loaded: tuple[DecodeKernel | None, str] | None = None
+
+
+def decode_kernel() -> tuple[DecodeKernel | None, str]:
+    """The compiled kernel, built on first use (tens of seconds, once per machine), or None and
+    why not. One answer per process."""
+    global _loaded
+    with _lock:
+        if _loaded is None:
+            _loaded = _load()
+            kernel, why = _loaded
+            if kernel is None:
+                logger.info("decode attention through SDPA (no batchline kernel: %s)", why)
+        return _loaded
+
+
+def _load() -> tuple[DecodeKernel | None, str]:
+    if os.environ.get("BATCHLINE_DECODE_KERNEL", "1") == "0":
+        return None, "BATCHLINE_DECODE_KERNEL=0"
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return None, f"built for x86-64 only, this machine is {platform.machine()}"
+    compiler = shutil.which(os.environ.get("CXX", "c++"))
+    if compiler is None:
+        return None, f"no C++ compiler ({os.environ.get('CXX', 'c++')} not found)"
+    try:
+        path = _built(compiler)
+        torch.ops.load_library(str(path))  # type: ignore[no-untyped-call]
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+    op = torch.ops.batchline.decode_attention
+    return op, str(path)
+
+
+def _built(compiler: str) -> Path:
+    """The shared library for this source, compiler, torch and CPU, built if not cached."""
+    from torch.utils import cpp_extension
+
+    source = _SOURCE.read_bytes()
+    version = subprocess.run(
+        [compiler, "--version"], capture_output=True, text=True, timeout=30, check=True
+    ).stdout
+    key = hashlib.sha256()
+    for part in (source, version.encode(), torch.__version__.encode(), _cpu_flags().encode()):
+        key.update(part)
+        key.update(b"\0")
+    key.update(" ".join(_FLAGS).encode())
+    path = cache_dir() / "kernels" / f"decode_attention-{key.hexdigest()[:16]}.so"
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    libs = cpp_extension.library_paths()
+    command = [
+        compiler,
+        *_FLAGS,
+        *(f"-I{p}" for p in cpp_extension.include_paths()),
+        f"-D_GLIBCXX_USE_CXX11_ABI={int(torch.compiled_with_cxx11_abi())}",
+        str(_SOURCE),
+        "-o",
+        tmp,
+        *(f"-L{p}" for p in libs),
+        *(f"-Wl,-rpath,{p}" for p in libs),
+        "-ltorch_cpu",
+        "-lc10",
+    ]
+    logger.info("building batchline's decode attention kernel (once per machine)")
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=_BUILD_TIMEOUT_S)
+        if done.returncode != 0:
+            tail = "\n".join(done.stderr.strip().splitlines()[-5:])
+            raise RuntimeError(f"{Path(compiler).name} exited {done.returncode}: {tail}")
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return path
+
+
+def _cpu_flags() -> str:
+    """The CPU's feature flags (Linux), or what the platform says of the processor."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return platform.processor()

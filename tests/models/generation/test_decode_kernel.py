@@ -1,0 +1,146 @@
+"""batchline's compiled decode attention: each row attends over its own columns of the slot
+store and nothing else, as softmax attention computes it; without a compiler (or with the
+kernel turned off) the engine attends through SDPA and says why."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from batchline.models.generation import decode_kernel as dk  # noqa: E402
+from batchline.models.generation import torch_engine  # noqa: E402
+from batchline.models.generation.torch_engine import TorchStepEngine  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def kernel() -> Any:
+    op, why = dk.decode_kernel()
+    if op is None:
+        pytest.skip(f"the decode kernel cannot be built here: {why}")
+    return op
+
+
+def _reference(q: Any, keys: Any, values: Any, first: list[int], hi: int, scale: float) -> Any:
+    """Softmax attention of each row over columns [first, hi] of its slot, in float64."""
+    rows, heads, _ = q.shape
+    group = heads // keys.shape[1]
+    out = torch.empty(q.shape, dtype=torch.float64)
+    for b in range(rows):
+        for head in range(heads):
+            k = keys[b, head // group, first[b] : hi + 1].double()
+            v = values[b, head // group, first[b] : hi + 1].double()
+            weights = torch.softmax(k @ q[b, head].double() * scale, dim=0)
+            out[b, head] = weights @ v
+    return out
+
+
+# (dtype, head_dim, heads, kv_heads): dim 64 bfloat16 takes the AVX512-BF16 path where the
+# CPU has it, dim 16 and float32 the portable loops; a group of 1 and of 3 query heads.
+CASES = [
+    ("bfloat16", 64, 9, 3),
+    ("bfloat16", 16, 4, 4),
+    ("float32", 64, 9, 3),
+    ("float32", 24, 6, 2),
+]
+
+
+@pytest.mark.parametrize(("dtype", "dim", "heads", "kv_heads"), CASES)
+def test_each_row_attends_over_its_own_columns(
+    kernel: Any, dtype: str, dim: int, heads: int, kv_heads: int
+) -> None:
+    gen = torch.Generator().manual_seed(dim * heads)
+    slots, capacity, hi, rows = 6, 40, 33, 5
+    kind = getattr(torch, dtype)
+    keys = torch.randn(slots, kv_heads, capacity, dim, generator=gen).to(kind)
+    values = torch.randn(slots, kv_heads, capacity, dim, generator=gen).to(kind)
+    q = torch.randn(rows, heads, dim, generator=gen).to(kind)
+    first = [hi, 30, 12, 0, 21]  # one column only, a few, most, all of them
+    # What lies outside a row's columns (padding, a longer row's past) must not count.
+    for b, f in enumerate(first):
+        keys[b, :, :f] = float("nan")
+        values[b, :, :f] = float("nan")
+        keys[b, :, hi + 1 :] = float("inf")
+    scale = dim**-0.5
+    got = kernel(q, keys, values, torch.tensor(first), hi, scale)
+    assert got.dtype == kind
+    assert got.shape == q.shape
+    expected = _reference(q, keys, values, first, hi, scale)
+    tolerance = 1e-5 if dtype == "float32" else 2e-2
+    torch.testing.assert_close(got.double(), expected, atol=tolerance, rtol=tolerance)
+    # A row of one column gives that column's value back.
+    torch.testing.assert_close(
+        got[0].double(), values[0, :, hi].double().repeat_interleave(heads // kv_heads, 0)
+    )
+
+
+def test_bad_arguments_are_refused_with_what_is_wrong(kernel: Any) -> None:
+    keys = torch.zeros(2, 1, 8, 16)
+    q = torch.zeros(2, 2, 16)
+    with pytest.raises(RuntimeError, match=r"first\[b\] must be in \[0, hi\]"):
+        kernel(q, keys, keys, torch.tensor([0, 6]), 5, 0.25)
+    with pytest.raises(RuntimeError, match="hi outside the buffers"):
+        kernel(q, keys, keys, torch.tensor([0, 0]), 8, 0.25)
+    with pytest.raises(RuntimeError, match="one dtype"):
+        kernel(q.bfloat16(), keys, keys, torch.tensor([0, 0]), 5, 0.25)
+    with pytest.raises(RuntimeError, match="more rows than slots"):
+        kernel(torch.zeros(3, 2, 16), keys, keys, torch.tensor([0, 0, 0]), 5, 0.25)
+
+
+def test_the_engine_takes_the_kernel_on_the_cpu_by_default(kernel: Any, tiny_llama: Any) -> None:
+    assert TorchStepEngine(tiny_llama).decode_attention == "kernel"
+    assert TorchStepEngine(tiny_llama, decode_attention="sdpa").decode_attention == "sdpa"
+
+
+def test_without_the_kernel_auto_attends_through_sdpa_and_kernel_refuses(
+    tiny_llama: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch_engine, "decode_kernel", lambda: (None, "no C++ compiler"))
+    assert TorchStepEngine(tiny_llama).decode_attention == "sdpa"
+    with pytest.raises(ValueError, match="decode_attention='kernel' cannot be had: no C"):
+        TorchStepEngine(tiny_llama, decode_attention="kernel")
+
+
+def test_no_compiler_or_turned_off_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CXX", "no-such-compiler-here")
+    assert dk._load() == (None, "no C++ compiler (no-such-compiler-here not found)")
+    monkeypatch.setenv("BATCHLINE_DECODE_KERNEL", "0")
+    assert dk._load() == (None, "BATCHLINE_DECODE_KERNEL=0")
+
+
+def test_a_build_error_is_reported_and_nothing_is_cached(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bad = tmp_path / "bad.cpp"
+    bad.write_text("this is not C++\n")
+    monkeypatch.setattr(dk, "_SOURCE", bad)
+    monkeypatch.setenv("BATCHLINE_CACHE_DIR", str(tmp_path / "cache"))
+    op, why = dk._load()
+    assert op is None
+    assert why.startswith("RuntimeError: ")
+    assert "exited 1" in why
+    assert list((tmp_path / "cache" / "kernels").iterdir()) == []  # no half-built library
+
+
+def test_a_built_kernel_is_reused(kernel: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    compiles: list[list[str]] = []
+    real_run = subprocess.run
+
+    def counting(command: list[str], **kwargs: Any) -> Any:
+        if "-shared" in command:
+            compiles.append(command)
+        return real_run(command, **kwargs)
+
+    monkeypatch.setattr(dk.subprocess, "run", counting)
+    compiler = shutil.which(os.environ.get("CXX", "c++"))
+    assert compiler is not None  # the kernel fixture built it
+    path = dk._built(compiler)
+    assert path.exists()
+    assert compiles == []
