@@ -7,7 +7,9 @@ Its parts, one module each (vLLM's v1 engine is the picture):
   layer's keys and values live in a buffer ``(slots, kv_heads, capacity, head_dim)``. Row ``i``
   is a sequence; all rows end at the same column (LEFT padding), and the window the next step
   attends over is as wide as the longest row. Position ids and the attention mask come from
-  each row's token count, so padding never shifts a sequence;
+  each row's token count, so padding never shifts a sequence. On the CPU the decoding rows
+  attend through batchline's kernel (:mod:`~.decode_kernel`), which reads each row's own
+  columns and no padding; elsewhere through one SDPA call over the window, padding masked;
 - a step is ONE forward pass over a packed, unpadded input ``(1, T)``: the latest token of
   every running sequence, then the prompts of the sequences added since (after any cached
   prefix they start with). The weights are read once for both, where a separate prefill pass
