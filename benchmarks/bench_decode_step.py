@@ -16,6 +16,7 @@ largest difference).
 
     python benchmarks/bench_decode_step.py --dtype bfloat16 --rows 16 \\
         module:transformers lean:transformers lean:sdpa
+    python benchmarks/bench_decode_step.py --dtype bfloat16 --rows 16 lean:sdpa lean:kernel
     python benchmarks/bench_decode_step.py --dtype float32 --rows 8 module:transformers lean:sdpa
     python benchmarks/bench_decode_step.py --rows 4 --stagger 2 --repeats 3 lean:sdpa
 

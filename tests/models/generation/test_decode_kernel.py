@@ -99,6 +99,15 @@ def test_the_engine_takes_the_kernel_on_the_cpu_by_default(kernel: Any, tiny_lla
     assert TorchStepEngine(tiny_llama, decode_attention="sdpa").decode_attention == "sdpa"
 
 
+def test_a_model_in_float16_attends_through_sdpa(kernel: Any) -> None:
+    from .conftest import build_tiny_llama
+
+    model = build_tiny_llama().half()
+    assert TorchStepEngine(model).decode_attention == "sdpa"
+    with pytest.raises(ValueError, match=r"computes in torch\.float16, the kernel in float32"):
+        TorchStepEngine(model, decode_attention="kernel")
+
+
 def test_without_the_kernel_auto_attends_through_sdpa_and_kernel_refuses(
     tiny_llama: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -239,8 +239,11 @@ class TorchStepEngine:
             )
         self._kernel: DecodeKernel | None = None
         if decode_attention in ("auto", "kernel"):
+            dtype = self._store.geometry.dtype
             why = f"the model is on {self._device.type}, the kernel runs on the CPU"
-            if self._device.type == "cpu":
+            if self._device.type == "cpu" and dtype not in (torch.float32, torch.bfloat16):
+                why = f"the model computes in {dtype}, the kernel in float32 or bfloat16"
+            elif self._device.type == "cpu":
                 self._kernel, why = decode_kernel()
             if self._kernel is None and decode_attention == "kernel":
                 raise ValueError(f"decode_attention='kernel' cannot be had: {why}")
