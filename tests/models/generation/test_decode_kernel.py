@@ -148,8 +148,10 @@ def test_a_built_kernel_is_reused(kernel: Any, monkeypatch: pytest.MonkeyPatch) 
         return real_run(command, **kwargs)
 
     monkeypatch.setattr(dk.subprocess, "run", counting)
+    # The kernel this process loaded, wherever the cache was when it was first asked for.
+    loaded = Path(dk.decode_kernel()[1])
+    monkeypatch.setenv("BATCHLINE_CACHE_DIR", str(loaded.parent.parent))
     compiler = shutil.which(os.environ.get("CXX", "c++"))
     assert compiler is not None  # the kernel fixture built it
-    path = dk._built(compiler)
-    assert path.exists()
+    assert dk._built(compiler) == loaded
     assert compiles == []
