@@ -42,10 +42,11 @@ def _reference(q: Any, keys: Any, values: Any, first: list[int], hi: int, scale:
     return out
 
 
-# (dtype, head_dim, heads, kv_heads): dim 64 bfloat16 takes the AVX512-BF16 path where the
-# CPU has it, dim 16 and float32 the portable loops; a group of 1 and of 3 query heads.
+# (dtype, head_dim, heads, kv_heads): dims 64 and 128 in bfloat16 take the AVX512-BF16 path
+# where the CPU has it, dim 16 and float32 the portable loops; groups of 1, 3 and 4 query heads.
 CASES = [
     ("bfloat16", 64, 9, 3),
+    ("bfloat16", 128, 8, 2),
     ("bfloat16", 16, 4, 4),
     ("float32", 64, 9, 3),
     ("float32", 24, 6, 2),
