@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from batchline._cache import cache_dir
+from batchline._cache import cache_dir, write_whole
 
 __all__ = ["DecodeKernel", "decode_kernel"]
 
@@ -51,8 +51,9 @@ _loaded: tuple[DecodeKernel | None, str] | None = None
 
 
 def decode_kernel() -> tuple[DecodeKernel | None, str]:
-    """The compiled kernel, built on first use (tens of seconds, once per machine), or None and
-    why not. One answer per process."""
+    """``(kernel, where it was loaded from)``, built on first use (~10 s, once per machine), or
+    ``(None, why not)``. One answer per process: torch registers the ``batchline`` op namespace
+    once."""
     global _loaded
     with _lock:
         if _loaded is None:
@@ -97,31 +98,28 @@ def _built(compiler: str) -> Path:
     if path.exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
     libs = cpp_extension.library_paths()
-    command = [
-        compiler,
-        *_FLAGS,
-        *(f"-I{p}" for p in cpp_extension.include_paths()),
-        f"-D_GLIBCXX_USE_CXX11_ABI={int(torch.compiled_with_cxx11_abi())}",
-        str(_SOURCE),
-        "-o",
-        tmp,
-        *(f"-L{p}" for p in libs),
-        *(f"-Wl,-rpath,{p}" for p in libs),
-        "-ltorch_cpu",
-        "-lc10",
-    ]
     logger.info("building batchline's decode attention kernel (once per machine)")
-    try:
+    with tempfile.TemporaryDirectory(prefix=".build-", dir=path.parent) as scratch:
+        built = Path(scratch) / path.name
+        command = [
+            compiler,
+            *_FLAGS,
+            *(f"-I{p}" for p in cpp_extension.include_paths()),
+            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch.compiled_with_cxx11_abi())}",
+            str(_SOURCE),
+            "-o",
+            str(built),
+            *(f"-L{p}" for p in libs),
+            *(f"-Wl,-rpath,{p}" for p in libs),
+            "-ltorch_cpu",
+            "-lc10",
+        ]
         done = subprocess.run(command, capture_output=True, text=True, timeout=_BUILD_TIMEOUT_S)
         if done.returncode != 0:
             tail = "\n".join(done.stderr.strip().splitlines()[-5:])
             raise RuntimeError(f"{Path(compiler).name} exited {done.returncode}: {tail}")
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+        write_whole(path, built.read_bytes())  # whole or not at all, for every process
     return path
 
 

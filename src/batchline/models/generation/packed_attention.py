@@ -12,7 +12,7 @@ earlier positions and itself, causally.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -65,18 +65,37 @@ class StepPlan:
 
     store: SlotStore
     decoding: int
-    decode_mask: torch.Tensor | None  # (decoding, 1, 1, hi + 1 - lo)
+    #: Each decoding row's first real column in the store, ``(decoding,)`` int64: row ``i``
+    #: holds columns ``[decode_first[i], hi]`` (the new key at ``hi``), the rest of the window
+    #: ``[lo, hi]`` is padding. None when no row decodes.
+    decode_first: torch.Tensor | None
     joins: list[Join]
     layers_seen: int = 0
     #: How the decoding rows attend: a key of :data:`DECODE_ATTENTION`.
     decode_attention: str = "sdpa"
-    #: decode_mask as an additive mask (0 / -inf) in the model's dtype.
-    decode_bias: torch.Tensor | None = None
-    #: Each decoding row's first real column in the store, ``(decoding,)`` int64 (the kernel's
-    #: way of saying decode_mask).
-    decode_first: torch.Tensor | None = None
     #: batchline's compiled decode attention (:mod:`~.decode_kernel`), for ``"kernel"``.
     decode_kernel: DecodeKernel | None = None
+    _mask: torch.Tensor | None = field(default=None, init=False, repr=False)
+    _bias: torch.Tensor | None = field(default=None, init=False, repr=False)
+
+    def decode_mask(self) -> torch.Tensor:
+        """``decode_first`` as a boolean mask over the window, ``(decoding, 1, 1, hi + 1 - lo)``
+        (True: a real column); made on first use, once for all layers."""
+        if self._mask is None:
+            assert self.decode_first is not None
+            store = self.store
+            columns = torch.arange(store.lo, store.hi + 1, device=self.decode_first.device)
+            self._mask = (columns >= self.decode_first[:, None])[:, None, None, :]
+        return self._mask
+
+    def decode_bias(self, dtype: torch.dtype) -> torch.Tensor:
+        """:meth:`decode_mask` as an additive mask (0 / -inf) in ``dtype``."""
+        if self._bias is None or self._bias.dtype != dtype:
+            mask = self.decode_mask()
+            self._bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
+                ~mask, float("-inf")
+            )
+        return self._bias
 
 
 def packed_attention(
@@ -159,12 +178,11 @@ def _decode_sdpa(
     r, store = plan.decoding, plan.store
     window = slice(store.lo, store.hi + 1)
     kv_heads, dim = keys.shape[1], keys.shape[3]
-    assert plan.decode_bias is not None
     attended = F.scaled_dot_product_attention(
         query.reshape(r, kv_heads, -1, dim),
         keys[:r, :, window],
         values[:r, :, window],
-        attn_mask=plan.decode_bias,
+        attn_mask=plan.decode_bias(query.dtype),
         scale=scaling,
     )
     return attended.reshape(query.shape)
@@ -205,7 +223,7 @@ def _decode_transformers(
         query.unsqueeze(2),
         keys[:r, :, window],
         values[:r, :, window],
-        plan.decode_mask,
+        plan.decode_mask(),
         scaling=scaling,
     )
     return attended[:, 0]

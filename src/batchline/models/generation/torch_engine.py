@@ -472,24 +472,17 @@ class TorchStepEngine:
             positions += range(piece.begin, piece.end)
             if piece.last:
                 keep.append(len(ids) - 1)
+        # A running row's position is the number of tokens it holds: its real columns are
+        # [hi - held, hi], the new key at hi.
+        first = [store.hi - p for p in positions[: len(rows)]]
         plan = StepPlan(
             store,
             len(rows),
-            None,
+            torch.tensor(first, device=self._device) if rows else None,
             joins,
             decode_attention=self._decode_attention,
             decode_kernel=self._kernel,
         )
-        if rows:
-            # Row i holds its real columns [hi - held, hi] (the new key at hi): the kernel
-            # reads those, the others mask the rest of the window.
-            plan.decode_first = torch.tensor([store.hi - p for p in positions[: len(rows)]])
-            held = torch.tensor(positions[: len(rows)], device=self._device)  # = each row's held
-            columns = torch.arange(end - store.lo, device=self._device)
-            plan.decode_mask = (columns >= store.width - held[:, None])[:, None, None, :]
-            plan.decode_bias = torch.zeros(
-                plan.decode_mask.shape, dtype=self.dtype, device=self._device
-            ).masked_fill_(~plan.decode_mask, float("-inf"))
         # A step of one chunk and nothing else yields no token; the lm_head takes one row anyway.
         logits = self._forward(ids, positions, keep or [len(ids) - 1], plan)
         # Committed: every row now ends at `end`; the window reaches back to the longest.
