@@ -357,6 +357,31 @@ async def test_the_generate_route_and_a_limit(tmp_path: Path) -> None:
     assert Manifest.load(tmp_path / "out").settings["route"] == "generate"
 
 
+async def test_the_generate_route_reads_the_prompt_column_as_run_does(tmp_path: Path) -> None:
+    items = texts(6)
+    src = tmp_path / "prompts.jsonl"
+    src.write_text(
+        "".join(json.dumps({"id": f"r{i}", "prompt": t}) + "\n" for i, t in enumerate(items))
+    )
+    replicas = Replicas(a=FakeReplica(), b=FakeReplica())
+    summary = await drive_job(
+        options(src, tmp_path / "out", route="generate"), transport=replicas.transport
+    )
+    assert summary.records == 6
+    table = read_output(tmp_path / "out")
+    np.testing.assert_allclose(
+        np.array(table.column("text").to_pylist()), fake_vectors(items), rtol=1e-6
+    )
+    assert Manifest.load(tmp_path / "out").settings["text_column"] == "prompt"
+    # neither a prompt nor a text column: the error names the columns and the flag
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps({"question": "q"}) + "\n")
+    with pytest.raises(InputError, match=r"no prompt column 'text'.*'question'.*--text-column"):
+        await drive_job(
+            options(other, tmp_path / "out2", route="generate"), transport=replicas.transport
+        )
+
+
 async def test_resuming_with_another_route_is_refused(tmp_path: Path) -> None:
     src = write_jsonl(tmp_path / "in.jsonl", texts(5))
     replicas = Replicas(a=FakeReplica(), b=FakeReplica())

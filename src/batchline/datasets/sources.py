@@ -51,6 +51,7 @@ from batchline.datasets.formats.text import TextSource
 from batchline.models.protocol import InputKind
 
 __all__ = [
+    "PROMPT_COLUMNS",
     "BadRecord",
     "BadRecordPolicy",
     "Format",
@@ -60,6 +61,7 @@ __all__ = [
     "Source",
     "file_fingerprint",
     "open_source",
+    "prompt_column",
     "read_blocks_ahead",
 ]
 
@@ -153,6 +155,36 @@ def open_source(
         input_kind=input_kind,
         input_columns=inputs,
     )
+
+
+#: Prompt columns looked for, in order, when none is named: ``run`` and ``drive`` read the same.
+PROMPT_COLUMNS = ("prompt", "messages", "text")
+
+
+def prompt_column(
+    path: Path,
+    *,
+    fmt: Format | None,
+    named: str | None,
+    looked_for: Sequence[str] = PROMPT_COLUMNS,
+    flag: str = "--prompt-column",
+) -> str:
+    """The column a generation job reads its prompts from: ``named``, else the first of
+    ``looked_for`` the input has (``text`` when none); ``InputError`` naming the input's
+    columns when it is absent. A text file's lines are its prompts."""
+    probe = open_source(path, fmt=fmt, input_kind="record", extra_columns=(), on_bad_record="skip")
+    if probe.format == "text":
+        return named or "text"
+    columns = probe.columns
+    if named is None:
+        named = next((c for c in looked_for if c in columns), "text")
+    if columns and named not in columns:
+        where = "the first record has" if probe.format == "jsonl" else "its columns are"
+        names = ", ".join(repr(c) for c in columns)
+        raise InputError(
+            f"{path}: no prompt column {named!r}; {where}: {names} (choose one with {flag})"
+        )
+    return named
 
 
 def _check_input_kind(fmt: Format, kind: str, columns: tuple[str, ...]) -> tuple[str, ...]:

@@ -36,6 +36,7 @@ rest; ``_failures.jsonl`` keeps only the entries of committed chunks, so nothing
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import os
@@ -56,7 +57,7 @@ from batchline.datasets.outcomes import Failed, Outcome
 from batchline.datasets.pipeline import Progress, open_dataset_job, run_pipeline
 from batchline.datasets.selection import BadRecordMode, DatasetSelection
 from batchline.datasets.sinks import ChunkWriter
-from batchline.datasets.sources import Record
+from batchline.datasets.sources import Record, prompt_column
 from batchline.driver.client import (
     EmbeddingsRoute,
     GenerateRoute,
@@ -331,6 +332,17 @@ async def drive_job(
         route = EmbeddingsRoute(encoding=options.encoding)
     else:
         route = GenerateRoute(max_tokens=options.max_tokens, chat_template=options.chat_template)
+        if options.input is not None and options.text_column == "text":
+            # the prompt column run would read (drive sends text prompts: not 'messages')
+            column = await asyncio.to_thread(
+                prompt_column,
+                options.input,
+                fmt=options.input_format,
+                named=None,
+                looked_for=("prompt", "text"),
+                flag="--text-column",
+            )
+            options = dataclasses.replace(options, text_column=column)
         extra["chat_template"] = options.chat_template
         if options.max_tokens is not None:  # other lengths give other texts: a resume must match
             extra["max_tokens"] = options.max_tokens

@@ -43,7 +43,7 @@ from batchline._stats import percentile
 from batchline.datasets.outcomes import Failed, Outcome, Result, describe
 from batchline.datasets.pipeline import PipelineRun, Progress, open_dataset_job, run_pipeline
 from batchline.datasets.sinks import ChunkWriter
-from batchline.datasets.sources import Record, Source, open_source
+from batchline.datasets.sources import Record, Source, prompt_column
 from batchline.jobs.batch import cancel, settle
 from batchline.jobs.options import GenerateOptions, RunOptions, default_output, resolve
 from batchline.jobs.requests import RecordRequests, is_openai_batch_file, reads_whole_rows
@@ -75,8 +75,6 @@ _BLOCK = 16
 _SAMPLE_S = 0.25
 #: ... and at most this often on a request's completion.
 _SAMPLE_ON_DONE_S = 0.02
-#: Prompt columns looked for, in order, when none is named.
-PROMPT_COLUMNS = ("prompt", "messages", "text")
 _DEMO_NAME = "demo-prompts.jsonl"
 _DEMO_COUNT = 300
 #: Every request a job submits is ``batch`` work (as ``drive`` sends it to a server).
@@ -108,30 +106,11 @@ def demo_prompts_path() -> Path:
 
 
 def _prompt_column(options: GenerateOptions, input_path: Path) -> str:
-    """The column to read prompts from; ``InputError`` naming the columns when it is absent."""
-    probe = open_source(
-        input_path,
-        fmt=options.input_format,
-        input_kind="record",
-        extra_columns=(),
-        on_bad_record="skip",
-    )
-    if probe.format == "text":
-        return options.prompt_column or options.text_column
-    columns = probe.columns
+    """The column to read prompts from (:func:`~batchline.datasets.sources.prompt_column`)."""
     named = options.prompt_column or (
         options.text_column if options.text_column != "text" else None
     )
-    if named is None:
-        named = next((c for c in PROMPT_COLUMNS if c in columns), "text")
-    if columns and named not in columns:
-        where = "the first record has" if probe.format == "jsonl" else "its columns are"
-        names = ", ".join(repr(c) for c in columns)
-        raise InputError(
-            f"{input_path}: no prompt column {named!r}; {where}: {names} "
-            "(choose one with --prompt-column)"
-        )
-    return named
+    return prompt_column(input_path, fmt=options.input_format, named=named)
 
 
 def _open(
