@@ -7,7 +7,8 @@ Standard library only, so that every layer can import it for typing without an e
 A model says:
 
 - its **task** (:data:`Task`): ``embed`` (text → vector), ``classify`` (text → label and
-  scores), ``predict`` (tensors or whole records in, tensors or values out) or ``generate``
+  scores), ``score`` (a ``{"query", "document"}`` pair → one relevance score: a reranker),
+  ``predict`` (tensors or whole records in, tensors or values out) or ``generate``
   (prompt → text, served by a :class:`~batchline.models.generation.stream.TextGenerator`
   rather than a batch function: see ``models/generation``);
 - how one input is **prepared** outside the batcher (tokenize, decode, check shapes), in a
@@ -53,7 +54,7 @@ __all__ = [
     "Task",
 ]
 
-Task = Literal["embed", "classify", "predict", "generate"]
+Task = Literal["embed", "classify", "score", "predict", "generate"]
 TASKS: tuple[Task, ...] = get_args(Task)
 
 #: ``padded``: a batch costs ``len(batch) × max(cost)``; ``additive``: the sum of its costs.

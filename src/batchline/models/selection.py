@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from batchline.models.protocol import TASKS
+
 if TYPE_CHECKING:
     from batchline.models.specs import ModelSpec
 
@@ -100,7 +102,7 @@ def add_model_arguments(p: argparse.ArgumentParser, *, several: bool = False) ->
     )
     p.add_argument(
         "--task",
-        choices=["embed", "classify", "predict", "generate"],
+        choices=list(TASKS),
         help="what a PATH.onnx model does (default: embed if it takes input_ids, else predict); "
         "generate: text generation (implied by smollm2 and PATH/ models; default model smollm2)",
     )

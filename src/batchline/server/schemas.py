@@ -99,7 +99,7 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "batchline"
-    task: Literal["embed", "classify", "predict", "generate"]
+    task: Literal["embed", "classify", "score", "predict", "generate"]
 
 
 class ModelList(BaseModel):
