@@ -65,6 +65,7 @@ from batchline.jobs.requests import (
 )
 from batchline.jobs.summary import GenerateSummary, RunSummary, summarize
 from batchline.models.batching import ModelBatcher
+from batchline.models.vectors import shorten
 
 if TYPE_CHECKING:
     from batchline.datasets.sinks import ChunkWriter
@@ -183,6 +184,8 @@ class _Embeddings:
                     Failed("model error: an embedding is not a vector of finite values")
                 )
                 continue
+            if line.dimensions is not None:
+                vectors = [shorten(v, line.dimensions) for v in vectors]
             # float32 values held exactly as doubles; formatted when the file is written
             columns = {"embeddings": [v.tolist() for v in vectors], "prompt_tokens": used}
             outcomes.append(Result(None, columns))

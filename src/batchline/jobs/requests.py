@@ -231,16 +231,17 @@ class BatchModels:
 
 @dataclasses.dataclass(frozen=True)
 class EmbeddingLine:
-    """What an embeddings line asks for: its texts, and their vectors as base64 (little-endian
-    float32) rather than floats."""
+    """What an embeddings line asks for: its texts, their vectors as base64 (little-endian
+    float32) rather than floats, and cut to ``dimensions`` (renormalized) when it says so."""
 
     texts: tuple[str, ...]
     base64: bool
+    dimensions: int | None = None
 
 
 def embedding_line(body: Mapping[str, Any], dim: int | None) -> EmbeddingLine:
     """An embeddings line's body (``input``: a string or a list of strings;
-    ``encoding_format``: float or base64; ``dimensions``: the model's ``dim`` only), as
+    ``encoding_format``: float or base64; ``dimensions``: 1 to the model's ``dim``), as
     OpenAI's ``/v1/embeddings`` reads it; ``ValueError`` naming what is wrong."""
     value = body.get("input")
     texts = [value] if isinstance(value, str) else value
@@ -256,15 +257,17 @@ def embedding_line(body: Mapping[str, Any], dim: int | None) -> EmbeddingLine:
     if fmt not in (None, "float", "base64"):
         raise ValueError(f'encoding_format must be "float" or "base64", got {fmt!r}')
     dims = body.get("dimensions")
-    if dims is not None and (isinstance(dims, bool) or dims != dim):
+    if dims is not None and dims != dim:
         if dim is None:
             raise ValueError(
                 'the model does not say how many dimensions it returns; omit "dimensions"'
             )
-        raise ValueError(
-            f'the model returns {dim} dimensions; omit "dimensions" or send {dim}, got {dims!r}'
-        )
-    return EmbeddingLine(tuple(texts), fmt == "base64")
+        if isinstance(dims, bool) or not isinstance(dims, int) or not 1 <= dims <= dim:
+            raise ValueError(
+                f'"dimensions" must be between 1 and {dim} (the model returns {dim}), got {dims!r}'
+            )
+    cut = dims if isinstance(dims, int) and dims != dim else None
+    return EmbeddingLine(tuple(texts), fmt == "base64", cut)
 
 
 def is_openai_batch_file(path: Path, input_format: str | None, *, forced: bool = False) -> bool:

@@ -35,6 +35,7 @@ class TextEmbedder(SessionModel):
 
     def __init__(self, embedder: Embedder, *, name: str, solo: Embedder | None = None) -> None:
         self.embedder = embedder
+        self.tokenizer = embedder.tokenizer
         self.solo = solo
         self.solo_batches = 0
         self.shared_batches = 0

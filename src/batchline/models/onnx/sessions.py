@@ -5,6 +5,7 @@ module here (``embed``, ``classify``, ``predict``) loads through them, and its m
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -28,6 +29,8 @@ class SessionModel:
 
     model: OnnxModel
     _info: ModelInfo
+    #: the model's ``tokenizers.Tokenizer`` (text models; ``None`` for tensor models)
+    tokenizer: Any = None
 
     @property
     def info(self) -> ModelInfo:
@@ -45,6 +48,20 @@ class SessionModel:
 
     def close(self) -> None:
         """Sessions are freed with the object; nothing to close explicitly."""
+
+    def token_ids(self, text: str, *, special_tokens: bool = True) -> list[int]:
+        """The ids the model is fed for ``text`` (truncated as it is): see
+        :class:`~batchline.models.protocol.Tokenizing`."""
+        if self.tokenizer is None:
+            raise InputError(f"model {self.info.name!r} takes tensors, not text: no tokenizer")
+        return list(self.tokenizer.encode(text, add_special_tokens=special_tokens).ids)
+
+    def token_text(self, ids: Sequence[int]) -> str:
+        """The text of ``ids``, special tokens dropped."""
+        if self.tokenizer is None:
+            raise InputError(f"model {self.info.name!r} takes tensors, not text: no tokenizer")
+        text: str = self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        return text
 
 
 def tokenizer_path(spec: ModelSpec) -> Path:
