@@ -97,3 +97,40 @@ def test_a_score_job_takes_two_columns_only(
     err = capsys.readouterr().err
     assert "a score job reads two columns, a query and a document" in err
     assert "Traceback" not in err
+
+
+def test_an_openai_batch_file_answers_rerank_and_score_lines(workdir: Path) -> None:
+    def line(i: int, url: str, **body: object) -> dict[str, object]:
+        return {"custom_id": f"c{i}", "method": "POST", "url": url, "body": body}
+
+    docs = ["the cat sat", "a dog", "cat food"]
+    lines = [
+        line(0, "/v1/rerank", model="rr", query="the cat", documents=docs, top_n=2),
+        line(1, "/v1/score", text_1="the cat", text_2=docs),
+        line(2, "/v1/rerank", query="the cat", documents=[]),
+        line(3, "/v1/chat/completions", messages=[{"role": "user", "content": "hi"}]),
+        line(4, "/v1/rerank", model="other", query="a", documents=["a"]),
+        line(5, "/v1/rerank", query="cat", documents=[{"text": "cat"}], return_documents=False),
+    ]
+    _pairs(workdir / "requests.jsonl", lines)  # type: ignore[arg-type]
+    argv = ["run", "requests.jsonl", "--model", "rr=reranker:factory", "-o", "out.jsonl"]
+    assert main([*argv, "--quiet"]) == 0
+    got = [json.loads(x) for x in (workdir / "out.jsonl").read_text().splitlines()]
+    assert [g["custom_id"] for g in got] == [f"c{i}" for i in range(6)]
+    assert [g["error"] is None for g in got] == [True, True, False, False, False, True]
+    rerank = got[0]["response"]["body"]
+    assert rerank["model"] == "rr"
+    assert [
+        (r["index"], r["relevance_score"], r["document"]["text"]) for r in rerank["results"]
+    ] == [
+        (0, 1.0, "the cat sat"),
+        (2, 0.5, "cat food"),
+    ]
+    assert rerank["usage"]["total_tokens"] == sum(2 + len(d.split()) for d in docs)
+    score = got[1]["response"]["body"]
+    assert score["object"] == "list"
+    assert [(d["index"], d["score"]) for d in score["data"]] == [(0, 1.0), (1, 0.0), (2, 0.5)]
+    assert '"documents" must be a non-empty list' in got[2]["error"]["message"]
+    assert "this job has no generator for /v1/chat/completions lines" in got[3]["error"]["message"]
+    assert "add --model other=SPEC (a reranker" in got[4]["error"]["message"]
+    assert got[5]["response"]["body"]["results"] == [{"index": 0, "relevance_score": 1.0}]

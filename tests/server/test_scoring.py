@@ -121,9 +121,9 @@ async def test_rerank_top_n_objects_and_no_documents() -> None:
 @pytest.mark.parametrize(
     ("body", "status", "words"),
     [
-        ({"query": "", "documents": ["a"]}, 400, "'query' is empty"),
-        ({"query": "a", "documents": []}, 400, "'documents' is empty"),
-        ({"query": "a", "documents": ["x", ""]}, 400, "'documents[1]' is empty"),
+        ({"query": "", "documents": ["a"]}, 400, '\\"query\\" is empty'),
+        ({"query": "a", "documents": []}, 400, '\\"documents\\" must be a non-empty list'),
+        ({"query": "a", "documents": ["x", ""]}, 400, '\\"documents[1]\\" is empty'),
         ({"query": "a", "documents": ["x"], "top_n": 0}, 422, "top_n"),
         ({"query": "a", "documents": [1]}, 422, "documents"),
         ({"query": "a", "documents": ["x"] * 33}, 413, "at most 32"),

@@ -19,6 +19,7 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
+from batchline.models.scoring import answer, read_rerank, read_score
 from batchline.server.errors import ApiError
 from batchline.server.routes._common import (
     ERRORS,
@@ -55,34 +56,7 @@ router = APIRouter()
 async def rerank(request: Request) -> Response:
     """Every document scored against ``query``, best first; ``top_n`` keeps the best n,
     ``return_documents`` (default true) echoes each document's text."""
-    started = time.perf_counter()
-    state = server_state(request)
-    body = await parse_body(request, RerankRequest)
-    model = await use_model(request, state, body.model, "score")
-    _check_text(body.query, "query")
-    documents = [d if isinstance(d, str) else d.text for d in body.documents]
-    check_count(len(documents), state, "documents", "documents")
-    for i, document in enumerate(documents):
-        _check_text(document, f"documents[{i}]")
-    pairs = [{"query": body.query, "document": d} for d in documents]
-    priority = request_priority(request, state, model.name, body.priority)
-    results, tokens = await run_model(state, model, pairs, priority=priority)
-    scores = _scores(model, results)
-    ranked = sorted(range(len(scores)), key=lambda i: -scores[i])[: body.top_n]
-    items: list[dict[str, Any]] = []
-    for i in ranked:
-        item: dict[str, Any] = {"index": i, "relevance_score": scores[i]}
-        if body.return_documents:
-            item["document"] = {"text": documents[i]}
-        items.append(item)
-    payload = {
-        "id": f"rerank-{uuid.uuid4().hex}",
-        "model": model.name,
-        "results": items,
-        "usage": {"total_tokens": tokens},
-    }
-    model.metrics.request_latency("rerank").observe(time.perf_counter() - started)
-    return _json(payload)
+    return await _answer(request, RerankRequest, "documents")
 
 
 @router.post(
@@ -96,44 +70,29 @@ async def rerank(request: Request) -> Response:
 async def score(request: Request) -> Response:
     """One score per pair, in order: one ``text_1`` against each ``text_2``, or the two lists
     paired up when both have the same length."""
+    return await _answer(request, ScoreRequest, "text_2")
+
+
+async def _answer(
+    request: Request, schema: type[RerankRequest] | type[ScoreRequest], field: str
+) -> Response:
     started = time.perf_counter()
     state = server_state(request)
-    body = await parse_body(request, ScoreRequest)
+    body = await parse_body(request, schema)  # types and the OpenAPI document: 422
     model = await use_model(request, state, body.model, "score")
-    firsts = [body.text_1] if isinstance(body.text_1, str) else body.text_1
-    seconds = [body.text_2] if isinstance(body.text_2, str) else body.text_2
-    if len(firsts) == 1:
-        firsts = firsts * len(seconds)
-    elif len(firsts) != len(seconds):
-        raise ApiError(
-            400,
-            f"'text_1' has {len(firsts)} texts and 'text_2' {len(seconds)}: send one text_1, "
-            "or two lists of one length",
-            "invalid_request_error",
-        )
-    check_count(len(seconds), state, "text_2", "texts")
-    for field, texts in (("text_1", firsts), ("text_2", seconds)):
-        for i, text in enumerate(texts):
-            _check_text(text, f"{field}[{i}]")
-    pairs = [{"query": q, "document": d} for q, d in zip(firsts, seconds, strict=True)]
+    read = read_rerank if schema is RerankRequest else read_score
+    try:
+        ask = read(body.model_dump())
+    except ValueError as exc:
+        raise ApiError(400, str(exc), "invalid_request_error") from None
+    check_count(len(ask.pairs), state, field, "texts")
     priority = request_priority(request, state, model.name, body.priority)
-    results, tokens = await run_model(state, model, pairs, priority=priority)
-    scores = _scores(model, results)
-    payload = {
-        "id": f"score-{uuid.uuid4().hex}",
-        "object": "list",
-        "created": int(time.time()),
-        "model": model.name,
-        "data": [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)],
-        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-    }
-    model.metrics.request_latency("score").observe(time.perf_counter() - started)
-    return _json(payload)
-
-
-def _check_text(text: str, field: str) -> None:
-    if not text:
-        raise ApiError(400, f"'{field}' is empty; send a non-empty text", "invalid_request_error")
+    results, tokens = await run_model(state, model, ask.pairs, priority=priority)
+    payload = answer(
+        ask, _scores(model, results), model=model.name, tokens=tokens, request_id=uuid.uuid4().hex
+    )
+    model.metrics.request_latency(ask.api).observe(time.perf_counter() - started)
+    return Response(json.dumps(payload, separators=(",", ":")), media_type="application/json")
 
 
 def _scores(model: ServedModel[Any, Any], results: list[Any]) -> list[float]:
@@ -147,7 +106,3 @@ def _scores(model: ServedModel[Any, Any], results: list[Any]) -> list[float]:
             raise non_finite(model)
         scores.append(float(value))
     return scores
-
-
-def _json(payload: dict[str, Any]) -> Response:
-    return Response(json.dumps(payload, separators=(",", ":")), media_type="application/json")
