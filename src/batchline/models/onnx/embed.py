@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,7 +26,7 @@ from batchline.models.onnx.sessions import SessionModel, tokenizer_path
 from batchline.models.protocol import ModelInfo
 from batchline.models.specs import ModelSpec
 
-__all__ = ["TextEmbedder", "load_embedder"]
+__all__ = ["TextEmbedder", "load_embedder", "load_onnx_embedder"]
 
 Vector = np.ndarray[Any, np.dtype[np.float32]]
 
@@ -108,11 +109,30 @@ def load_embedder(spec: ModelSpec, knobs: Knobs) -> TextEmbedder:
         max_length: int | None = minilm.MAX_LENGTH
     else:
         path, tok, max_length = spec.path, tokenizer_path(spec), None
+        if spec.folder is not None and spec.folder.max_seq_length is not None:
+            max_length = spec.folder.max_seq_length
+    return load_onnx_embedder(
+        path, tok, name=spec.name, knobs=knobs, max_length=max_length, **options
+    )
+
+
+def load_onnx_embedder(
+    path: Path,
+    tokenizer: Path,
+    *,
+    name: str,
+    knobs: Knobs,
+    max_length: int | None = None,
+    **options: Any,
+) -> TextEmbedder:
+    """An ONNX text encoder file and its ``tokenizer.json`` as a :class:`TextEmbedder` laid
+    out as ``knobs`` say; ``options`` go to :class:`Embedder` (``pooling``, ``normalize``,
+    ``dense``)."""
 
     def make(sessions: int, threads: int, *, shared: bool = False) -> Embedder:
         return Embedder.from_onnx(
             path,
-            tok,
+            tokenizer,
             max_length=max_length,
             sessions=sessions,
             intra_op_threads=threads,
@@ -122,8 +142,8 @@ def load_embedder(spec: ModelSpec, knobs: Knobs) -> TextEmbedder:
         )
 
     if not knobs.batching:
-        return TextEmbedder(make(1, knobs.intra_op_threads, shared=True), name=spec.name)
+        return TextEmbedder(make(1, knobs.intra_op_threads, shared=True), name=name)
     main = make(knobs.sessions, knobs.intra_op_threads)
     solo = knobs.solo_intra_op_threads
     wide = make(1, solo) if solo is not None and solo > knobs.intra_op_threads else None
-    return TextEmbedder(main, name=spec.name, solo=wide)
+    return TextEmbedder(main, name=name, solo=wide)
