@@ -65,14 +65,17 @@ def pair_of(value: object) -> tuple[str, str]:
             )
         return query, document
     if isinstance(value, list | tuple):
-        if len(value) == 2 and all(isinstance(v, str) for v in value):
-            return value[0], value[1]
-        raise InputError(
-            f"a score input as a list must be [query, document] (two strings), got {len(value)} "
-            "items"
-            if len(value) != 2
-            else "a score input as a list must be [query, document] (two strings)"
-        )
+        if len(value) != 2:
+            raise InputError(
+                f"a score input as a list must be [query, document], got {len(value)} items"
+            )
+        bad = next((v for v in value if not isinstance(v, str)), None)
+        if bad is not None:
+            raise InputError(
+                "a score input as a list must be [query, document] (two strings), "
+                f"got {type(bad).__name__}"
+            )
+        return value[0], value[1]
     raise InputError(
         f"a score input is {{'query': ..., 'document': ...}} or [query, document], "
         f"got {type(value).__name__}"
