@@ -266,7 +266,7 @@ class Embedder:
                 "expected (batch, dim) or (batch, seq, hidden)"
             )
         if pooling is not None and pooling not in get_args(Pooling):
-            raise ValueError(f"pooling must be mean, cls or none, got {pooling!r}")
+            raise ValueError(f"pooling must be mean, cls, lasttoken or none, got {pooling!r}")
         tokens_out = len(out_spec.shape) == 3
         if pooling is None:
             pooling = "mean" if tokens_out else "none"
