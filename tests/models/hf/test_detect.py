@@ -294,6 +294,22 @@ def test_cross_encoders_that_cannot_be_used(tmp_path: Path) -> None:
     refused(softmax, "activation 'x.Softmax' is not supported")
 
 
+def test_broken_weights_are_one_line_at_load(tmp_path: Path) -> None:
+    """Detection reads JSON only; a weights file that is not safetensors fails the
+    conversion with one line (no traceback), and nothing half-written stays in the cache."""
+    from batchline._errors import ModelError
+    from batchline.knobs import Knobs
+    from batchline.models.loader import load_model
+
+    path = folder(tmp_path, {**BERT, "hidden_size": 32, "num_attention_heads": 4})
+    (path / "model.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(ModelError, match=r"cannot convert it to ONNX \(") as info:
+        load_model(parse_spec(f"{path}/"), Knobs())
+    assert "\n" not in str(info.value)
+    cache = Path(os.environ["BATCHLINE_CACHE_DIR"]) / "hf"
+    assert not [p for p in cache.iterdir() if p.suffix == ".onnx" and p.name.startswith("m-")]
+
+
 def test_the_cli_says_it_in_one_line(tmp_path: Path) -> None:
     """A refused folder from `batchline run`: one line on stderr, exit 2, no traceback."""
     path = tmp_path / "empty"

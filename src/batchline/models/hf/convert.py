@@ -87,10 +87,17 @@ def convert(
             f"cannot create the model cache folder {target.parent}: {exc}; "
             "set BATCHLINE_CACHE_DIR to a writable folder"
         ) from exc
-    if builder:
-        write_whole(target, _build(found, top, pooling, normalize, pairs))
-        return Converted(target, "built", route)
-    _export(found, top, target)
+    try:
+        if builder:
+            write_whole(target, _build(found, top, pooling, normalize, pairs))
+            return Converted(target, "built", route)
+        _export(found, top, target)
+    except ModelError:
+        raise
+    except Exception as exc:  # a broken weights file or config: one line, not a traceback
+        raise ModelError(
+            f"{found.folder}: cannot convert it to ONNX ({type(exc).__name__}: {exc})"
+        ) from exc
     return Converted(target, "exported", route)
 
 

@@ -139,7 +139,10 @@ def _dense_layer(module: DenseModule) -> Any:
         )
     from safetensors.numpy import load_file
 
-    w = load_file(str(path))
+    try:
+        w = load_file(str(path))
+    except Exception as exc:  # a truncated or foreign file
+        raise ModelError(f"{path}: not readable safetensors ({exc})") from exc
     weight = w.get("linear.weight")
     if weight is None or weight.shape != (module.out_features, module.in_features):
         raise ModelError(
