@@ -157,8 +157,14 @@ def parse_spec(text: str) -> ModelSpec:
         # the folder's own name; resolve() so that "." and "out/" name it too
         name = name or folder.resolve().name
         if found.onnx_file is not None:
+            # the folder's tokenizer, also where the graph sits in a subfolder (onnx/)
             return ModelSpec(
-                name=name, source=str(found.onnx_file), kind="onnx", task=found.task, folder=found
+                name=name,
+                source=str(found.onnx_file),
+                kind="onnx",
+                task=found.task,
+                tokenizer=found.tokenizer if found.onnx_file.parent != folder else None,
+                folder=found,
             )
         return ModelSpec(name=name, source=str(folder), kind="hf", task=found.task, folder=found)
     raise InputError(

@@ -267,3 +267,29 @@ def test_the_minilm_folder_gives_the_default_vectors() -> None:
     for graph in graphs:
         graph.graph.name = "minilm"
     assert graphs[0].SerializeToString() == graphs[1].SerializeToString()
+
+
+def test_a_folder_with_its_own_onnx_graph_keeps_its_layout(bert: Path, tmp_path: Path) -> None:
+    """A hub-style folder: the weights' folder with ``onnx/model.onnx`` (token vectors)
+    beside a sentence-transformers layout; its pooling, Dense and Normalize apply, and its
+    tokenizer and labels come from the folder's root."""
+    from batchline.models.onnx.bert import build_bert
+
+    folder = st_folder(bert, tmp_path, pooling="cls", dense=[DENSE], normalize=True)
+    (folder / "onnx").mkdir()
+    graph = build_bert(folder, pooling="none", normalize=False)
+    (folder / "onnx" / "model.onnx").write_bytes(graph.SerializeToString())
+    spec = parse_spec(f"{folder}/")
+    assert (spec.kind, spec.tokenizer, spec.task) == ("onnx", folder / "tokenizer.json", "embed")
+    assert spec.folder is not None
+    assert spec.folder.describe() == (
+        "ONNX folder (onnx/model.onnx, embed model, cls pooling, normalized)"
+    )
+    assert np.abs(embed(f"{folder}/") - reference(folder)).max() <= 1e-4
+
+    clf = save_bert(tmp_path / "clf", labels=3, seed=5)
+    (clf / "onnx").mkdir()
+    logits = build_bert(clf, head="classifier")
+    (clf / "onnx" / "model.onnx").write_bytes(logits.SerializeToString())
+    model = load_model(parse_spec(f"{clf}/"), Knobs(sessions=1))
+    assert model.info.details["labels"] == ["L0", "L1", "L2"]

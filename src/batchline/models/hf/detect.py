@@ -104,7 +104,11 @@ class FolderModel:
         arch = self.architecture or self.model_type or "no architecture"
         if self.layout == "onnx":
             what = f"{self.task} model" if self.task else "model"
-            return f"ONNX folder (model.onnx, {what})"
+            if self.pooling is not None:
+                norm = "normalized" if self.normalize else "not normalized"
+                what = f"{what}, {self.pooling} pooling, {norm}"
+            where = self.onnx_file.relative_to(self.folder) if self.onnx_file else "model.onnx"
+            return f"ONNX folder ({where}, {what})"
         if self.task == "generate":
             return f"causal-LM folder ({arch})"
         if self.task == "embed":
@@ -291,18 +295,14 @@ def detect_folder(folder: Path) -> FolderModel:
         raise InputError(f"{folder}: no such model folder")
     tokenizer = folder / "tokenizer.json"
     tok = tokenizer if tokenizer.is_file() else None
-    onnx_file = folder / "model.onnx"
+    # a model.onnx of its own, or one exported beside the weights (the hub's onnx/ folder)
+    onnx_file = next(
+        (p for p in (folder / "model.onnx", folder / "onnx" / "model.onnx") if p.is_file()), None
+    )
     config_path = folder / "config.json"
     config = _read_json(config_path, folder) if config_path.is_file() else None
-    if onnx_file.is_file():
-        task: Task | None = None
-        labels: tuple[str, ...] = ()
-        if config is not None:
-            arch = _architecture(config)
-            if arch.endswith("ForSequenceClassification"):
-                labels = _labels(config, folder)
-                task = "score" if len(labels) == 1 else "classify"
-        return FolderModel(folder, task, "onnx", onnx_file=onnx_file, tokenizer=tok, labels=labels)
+    if onnx_file is not None:
+        return _onnx_folder(folder, onnx_file, config, tok)
 
     model_folder = folder
     st_length: int | None = None
@@ -380,6 +380,26 @@ def detect_folder(folder: Path) -> FolderModel:
     if arch.endswith("Model") or (not arch and model_type):
         return replace(base, task="embed", pooling="mean", normalize=True, assumed=True)
     raise InputError(f"{folder}: architecture {arch!r} is not supported; supported: {_SUPPORTED}")
+
+
+def _onnx_folder(
+    folder: Path, onnx_file: Path, config: dict[str, Any] | None, tok: Path | None
+) -> FolderModel:
+    """A folder with its own ONNX graph: the task from ``config.json`` when it names a
+    sequence classifier (else the graph decides at load time); a sentence-transformers
+    layout beside it gives its pooling and normalization."""
+    found = FolderModel(folder, None, "onnx", onnx_file=onnx_file, tokenizer=tok)
+    if config is not None and _architecture(config).endswith("ForSequenceClassification"):
+        labels = _labels(config, folder)
+        return replace(found, task="score" if len(labels) == 1 else "classify", labels=labels)
+    if (folder / "modules.json").is_file():
+        st = _sentence_transformers(found, _st_modules(folder))
+        length = folder / "sentence_bert_config.json"
+        max_length = (
+            _int(_read_json(length, folder).get("max_seq_length")) if length.is_file() else None
+        )
+        return replace(st, layout="onnx", max_seq_length=max_length)
+    return found
 
 
 def _architecture(config: dict[str, Any]) -> str:

@@ -15,8 +15,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import numpy as np
-
 from batchline._errors import InputError, ModelError
 from batchline.knobs import Knobs
 from batchline.models.hf.convert import TORCH_ADVICE, convert
@@ -131,29 +129,12 @@ def _tokenizer(found: FolderModel) -> Any:
 def _dense_layer(module: DenseModule) -> Any:
     from batchline.models.onnx.embedder import DenseLayer
 
-    path = module.path / "model.safetensors"
-    if not path.is_file():
-        raise ModelError(
-            f"{module.path}: the Dense module's weights are not a model.safetensors file; "
-            "re-save the model with a current sentence-transformers"
-        )
-    from safetensors.numpy import load_file
-
-    try:
-        w = load_file(str(path))
-    except Exception as exc:  # a truncated or foreign file
-        raise ModelError(f"{path}: not readable safetensors ({exc})") from exc
-    weight = w.get("linear.weight")
-    if weight is None or weight.shape != (module.out_features, module.in_features):
-        raise ModelError(
-            f"{path}: expected linear.weight of shape ({module.out_features}, "
-            f"{module.in_features}), got {None if weight is None else weight.shape}"
-        )
-    bias = w.get("linear.bias") if module.bias else None
-    return DenseLayer(
-        np.asarray(weight, np.float32),
-        None if bias is None else np.asarray(bias, np.float32),
-        module.activation,
+    return DenseLayer.load(
+        module.path,
+        module.out_features,
+        module.in_features,
+        bias=module.bias,
+        activation=module.activation,
     )
 
 

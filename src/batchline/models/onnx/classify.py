@@ -218,6 +218,8 @@ def load_classifier(spec: ModelSpec, knobs: Knobs) -> OnnxClassifier:
     ``tokenizer.json`` beside the model; labels as the module docstring says.
     """
     labels = spec.labels
+    if labels is None and spec.folder is not None and spec.folder.labels:
+        labels = spec.folder.labels  # a model folder's config.json, read at parse time
     if labels is None:
         labels = labels_from_config(spec.path.with_name("config.json"))
     return load_onnx_classifier(

@@ -21,7 +21,12 @@ import numpy as np
 import numpy.typing as npt
 
 from batchline.knobs import Knobs
-from batchline.models.onnx.embedder import Embedder, TokenizedText, tokenizer_max_length
+from batchline.models.onnx.embedder import (
+    DenseLayer,
+    Embedder,
+    TokenizedText,
+    tokenizer_max_length,
+)
 from batchline.models.onnx.sessions import SessionModel, tokenizer_path
 from batchline.models.protocol import ModelInfo
 from batchline.models.specs import ModelSpec
@@ -99,6 +104,7 @@ def load_embedder(spec: ModelSpec, knobs: Knobs) -> TextEmbedder:
     from batchline.models.onnx import minilm
 
     options: dict[str, Any] = {}
+    options.update(_folder_options(spec))
     if spec.normalize is not None:
         options["normalize"] = spec.normalize
     if spec.pooling is not None:
@@ -114,6 +120,28 @@ def load_embedder(spec: ModelSpec, knobs: Knobs) -> TextEmbedder:
     return load_onnx_embedder(
         path, tok, name=spec.name, knobs=knobs, max_length=max_length, **options
     )
+
+
+def _folder_options(spec: ModelSpec) -> dict[str, Any]:
+    """What a sentence-transformers layout beside a folder's ``model.onnx`` says: its Dense
+    layers and normalization, and its pooling when the graph returns token vectors (a graph
+    that already pools is used as it is)."""
+    import onnx
+
+    found = spec.folder
+    if found is None or found.pooling is None:
+        return {}
+    dense = [
+        DenseLayer.load(d.path, d.out_features, d.in_features, bias=d.bias, activation=d.activation)
+        for d in found.dense
+    ]
+    options: dict[str, Any] = {"normalize": found.normalize, "dense": dense}
+    outputs = list(onnx.load(str(spec.path), load_external_data=False).graph.output)
+    named = [o for o in outputs if o.name == "sentence_embedding"]
+    out = (named or outputs)[0] if outputs else None
+    if out is not None and len(out.type.tensor_type.shape.dim) == 3:
+        options["pooling"] = found.pooling
+    return options
 
 
 def load_onnx_embedder(

@@ -83,6 +83,37 @@ class DenseLayer:
                 f"activation must be one of {', '.join(_ACTIVATIONS)}, got {self.activation!r}"
             )
 
+    @classmethod
+    def load(
+        cls, folder: Path, out_features: int, in_features: int, *, bias: bool, activation: str
+    ) -> DenseLayer:
+        """A sentence-transformers ``Dense`` module's layer from its folder's
+        ``model.safetensors`` (``linear.weight``, ``linear.bias``)."""
+        path = folder / "model.safetensors"
+        if not path.is_file():
+            raise ModelError(
+                f"{folder}: the Dense module's weights are not a model.safetensors file; "
+                "re-save the model with a current sentence-transformers"
+            )
+        from safetensors.numpy import load_file
+
+        try:
+            w = load_file(str(path))
+        except Exception as exc:  # a truncated or foreign file
+            raise ModelError(f"{path}: not readable safetensors ({exc})") from exc
+        weight = w.get("linear.weight")
+        if weight is None or weight.shape != (out_features, in_features):
+            raise ModelError(
+                f"{path}: expected linear.weight of shape ({out_features}, {in_features}), "
+                f"got {None if weight is None else weight.shape}"
+            )
+        b = w.get("linear.bias") if bias else None
+        return cls(
+            np.asarray(weight, np.float32),
+            None if b is None else np.asarray(b, np.float32),
+            activation,
+        )
+
     def __call__(self, x: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
         y = x @ self.weight.T
         if self.bias is not None:
