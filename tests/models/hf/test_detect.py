@@ -329,3 +329,18 @@ def test_the_cli_says_it_in_one_line(tmp_path: Path) -> None:
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
     assert "no config.json" in lines[0]
+
+
+def test_detection_and_the_face_import_nothing_heavy() -> None:
+    """A PATH/ spec is read with the standard library: `--help` and parse_spec need no extra."""
+    code = (
+        "import sys, batchline.models.hf as hf, batchline.models.specs\n"
+        "assert hf.detect_folder.__module__ == 'batchline.models.hf.detect'\n"
+        "heavy = {'numpy', 'onnx', 'onnxruntime', 'torch', 'transformers', 'tokenizers'}\n"
+        "print(sorted(heavy & set(sys.modules)))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "[]"), done.stderr
