@@ -187,6 +187,17 @@ def test_a_folder_with_model_onnx_is_the_onnx_path(tmp_path: Path) -> None:
     ).task == ("classify")
 
 
+def test_a_causal_lm_with_an_onnx_graph(tmp_path: Path) -> None:
+    """onnxruntime-genai's folder (model.onnx beside a *ForCausalLM config) is refused; with
+    the safetensors weights there too, the folder generates as any causal LM."""
+    llama = {"architectures": ["LlamaForCausalLM"]}
+    genai = folder(tmp_path, llama, weights="model.onnx", name="genai")
+    refused(genai, r"a causal LM as ONNX \(model\.onnx, LlamaForCausalLM\) is not supported")
+    (genai / "model.safetensors").write_bytes(b"")
+    assert parse_spec(f"{genai}/").kind == "hf"
+    assert parse_spec(f"{genai}/").generates
+
+
 def test_task_overrides_that_make_sense_and_those_that_do_not(tmp_path: Path) -> None:
     ce = folder(tmp_path, {**classifier(1), "sentence_transformers": {}}, name="ce")
     refused(ce, "one label, so it scores pairs", task="classify")

@@ -301,6 +301,17 @@ def detect_folder(folder: Path) -> FolderModel:
     )
     config_path = folder / "config.json"
     config = _read_json(config_path, folder) if config_path.is_file() else None
+    if (
+        onnx_file is not None
+        and config is not None
+        and _architecture(config).endswith(_GENERATE_SUFFIXES)
+    ):
+        if _weights(folder) is None:
+            raise InputError(
+                f"{folder}: a causal LM as ONNX ({onnx_file.name}, {_architecture(config)}) is "
+                "not supported; the generate task takes the model's safetensors folder"
+            )
+        onnx_file = None  # the weights beside it generate, as any causal-LM folder
     if onnx_file is not None:
         return _onnx_folder(folder, onnx_file, config, tok)
 
