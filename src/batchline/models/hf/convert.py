@@ -29,7 +29,7 @@ from batchline._cache import cache_dir, write_whole
 from batchline._errors import ModelError
 from batchline.models.hf.detect import FolderModel
 
-__all__ = ["TORCH_ADVICE", "Converted", "Top", "builder_covers", "convert"]
+__all__ = ["TORCH_INSTALL", "Converted", "Top", "builder_covers", "convert"]
 
 #: What the graph returns: pooled (and, for ``embedding``, normalized) vectors baked in,
 #: the token vectors (``hidden``: pooling runs in numpy) or classifier ``logits``.
@@ -37,7 +37,7 @@ Top = Literal["embedding", "hidden", "logits"]
 
 #: The install that converts an architecture our builder does not cover (the README's
 #: generation pin: the CPU wheel of torch, then the extra).
-TORCH_ADVICE = "pip install torch==2.13.0 'batchline[generate]'"
+TORCH_INSTALL = "pip install torch==2.13.0 'batchline[generate]'"
 
 
 @dataclass(frozen=True)
@@ -156,7 +156,7 @@ def _export(found: FolderModel, top: Top, target: Path) -> None:
         except ImportError:
             raise ModelError(
                 f"{found.folder}: converting a {arch} folder to ONNX needs torch and "
-                f"transformers, and {module} is not installed; {TORCH_ADVICE}"
+                f"transformers, and {module} is not installed; {TORCH_INSTALL}"
             ) from None
     try:
         from batchline.models.hf.export import export_encoder  # type: ignore[import-not-found,unused-ignore]

@@ -17,7 +17,7 @@ from typing import Any
 
 from batchline._errors import InputError, ModelError
 from batchline.knobs import Knobs
-from batchline.models.hf.convert import TORCH_ADVICE, convert
+from batchline.models.hf.convert import TORCH_INSTALL, convert
 from batchline.models.hf.detect import DenseModule, FolderModel
 from batchline.models.protocol import BatchModel
 from batchline.models.specs import ModelSpec
@@ -79,7 +79,7 @@ def _embedder(spec: ModelSpec, found: FolderModel, knobs: Knobs) -> BatchModel[A
         except ImportError as exc:
             raise ModelError(
                 f"{found.folder}: a decoder embedder ({found.architecture or found.model_type}) "
-                f"runs on torch, and this batchline cannot load it ({exc}); {TORCH_ADVICE}"
+                f"runs on torch, and this batchline cannot load it ({exc}); {TORCH_INSTALL}"
             ) from None
         _log(spec, found, "torch")
         model: BatchModel[Any, Any] = load_torch_embedder(
