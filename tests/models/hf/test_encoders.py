@@ -293,3 +293,50 @@ def test_a_folder_with_its_own_onnx_graph_keeps_its_layout(bert: Path, tmp_path:
     (clf / "onnx" / "model.onnx").write_bytes(logits.SerializeToString())
     model = load_model(parse_spec(f"{clf}/"), Knobs(sessions=1))
     assert model.info.details["labels"] == ["L0", "L1", "L2"]
+
+
+@pytest.fixture(scope="module")
+def exporter(torch_ready: None) -> None:
+    """hf-export's exporter (``batchline.models.hf.export``): these tests run where it is."""
+    pytest.importorskip("batchline.models.hf.export")
+
+
+def _tiny(kind: str, folder: Path, **extra: Any) -> Path:
+    import torch
+    import transformers
+
+    from tests.models.hf.conftest import WORDS, save_tokenizer
+
+    torch.manual_seed(11)
+    size = {"num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64}
+    config_class, model_class = {
+        "roberta": ("RobertaConfig", "RobertaModel"),
+        "xlmr-score": ("XLMRobertaConfig", "XLMRobertaForSequenceClassification"),
+    }[kind]
+    config = getattr(transformers, config_class)(
+        vocab_size=5 + 26 + len(WORDS),
+        hidden_size=32,
+        max_position_embeddings=70,
+        pad_token_id=0,
+        **size,
+        **extra,
+    )
+    getattr(transformers, model_class)(config).eval().save_pretrained(folder)
+    save_tokenizer(folder)
+    return folder
+
+
+def test_an_exported_roberta_embedder_gives_its_vectors(exporter: None, tmp_path: Path) -> None:
+    folder = st_modules(_tiny("roberta", tmp_path / "roberta"), pooling="mean", normalize=True)
+    assert np.abs(embed(f"{folder}/") - reference(folder)).max() <= 1e-4
+
+
+def test_an_exported_xlmr_cross_encoder_scores(exporter: None, tmp_path: Path) -> None:
+    from sentence_transformers import CrossEncoder
+
+    folder = _tiny("xlmr-score", tmp_path / "xlmr", num_labels=1)
+    pairs = [("hello world", "the cat sat on the mat"), ("paris", "query document cat")]
+    model = load_model(parse_spec(f"{folder}/"), Knobs(sessions=1))
+    ours = np.array(model.run_batch(model.prepare([list(p) for p in pairs])))
+    expected = CrossEncoder(str(folder), device="cpu").predict(pairs)
+    assert np.abs(ours - expected).max() <= 1e-4
