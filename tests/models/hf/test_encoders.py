@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from batchline._errors import ModelError
+from batchline._errors import InputError, ModelError
 from batchline.knobs import Knobs
 from batchline.models.loader import load_model
 from batchline.models.specs import parse_spec, parse_specs
@@ -239,6 +239,9 @@ def test_a_decoder_embedder_runs_on_the_torch_embedder(
     ]
     monkeypatch.setitem(sys.modules, "batchline.models.hf.torch_embed", None)
     with pytest.raises(ModelError, match=r"runs on torch.*pip install torch==2\.13\.0"):
+        load_model(parse_spec(f"{folder}/"), knobs)
+    st_modules(folder, pooling="lasttoken", dense=[DENSE], normalize=True)
+    with pytest.raises(InputError, match="Dense modules after a decoder embedder"):
         load_model(parse_spec(f"{folder}/"), knobs)
 
 

@@ -13,6 +13,7 @@ it.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 from batchline._errors import InputError, ModelError
@@ -72,6 +73,11 @@ def _embedder(spec: ModelSpec, found: FolderModel, knobs: Knobs) -> BatchModel[A
                 f"model {spec.name!r}: a decoder embedder pools its token vectors; "
                 "use pooling lasttoken, mean or cls"
             )
+        if found.dense:
+            raise InputError(
+                f"{found.folder}: Dense modules after a decoder embedder are not supported "
+                "(it runs on torch, which pools and normalizes only)"
+            )
         try:
             from batchline.models.hf.torch_embed import (  # type: ignore[import-not-found,unused-ignore]
                 load_torch_embedder,
@@ -120,7 +126,7 @@ def _embedder(spec: ModelSpec, found: FolderModel, knobs: Knobs) -> BatchModel[A
     )
 
 
-def _tokenizer(found: FolderModel) -> Any:
+def _tokenizer(found: FolderModel) -> Path:
     if found.tokenizer is None:  # detection refuses such folders; kept for a changed folder
         raise ModelError(f"{found.folder}: no tokenizer.json")
     return found.tokenizer
