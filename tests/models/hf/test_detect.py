@@ -91,8 +91,7 @@ def test_cls_pooling_dense_and_normalize_are_read(tmp_path: Path) -> None:
 
 def test_a_transformer_module_in_its_own_subfolder(tmp_path: Path) -> None:
     root = tmp_path / "old"
-    inner = folder(root, name="0_Transformer")
-    write_json(root / "tokenizer.json", {})
+    inner = folder(root, name="0_Transformer")  # its tokenizer.json beside the weights
     write_json(root / "1_Pooling" / "config.json", {"pooling_mode": "mean"})
     write_json(
         root / "modules.json",
@@ -102,10 +101,11 @@ def test_a_transformer_module_in_its_own_subfolder(tmp_path: Path) -> None:
         ],
     )
     found = detect_folder(root)
-    assert (found.task, found.encoder_folder, found.weights) == (
+    assert (found.task, found.encoder_folder, found.weights, found.tokenizer) == (
         "embed",
         inner,
         inner / "model.safetensors",
+        inner / "tokenizer.json",
     )
 
 

@@ -328,6 +328,8 @@ def detect_folder(folder: Path) -> FolderModel:
                 f"(modules: {kinds}); supported: Transformer, Pooling, Dense, Normalize"
             )
         model_folder = transformer
+        if tok is None and (model_folder / "tokenizer.json").is_file():
+            tok = model_folder / "tokenizer.json"  # the older layout keeps it with the weights
         bert_config = model_folder / "sentence_bert_config.json"
         if bert_config.is_file():
             st_length = _int(_read_json(bert_config, folder).get("max_seq_length"))
