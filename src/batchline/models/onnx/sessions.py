@@ -17,7 +17,7 @@ from batchline.models.specs import ModelSpec
 if TYPE_CHECKING:
     from batchline.models.onnx.runtime import OnnxModel
 
-__all__ = ["SessionModel", "load_sessions", "tokenizer_path"]
+__all__ = ["SessionModel", "load_sessions", "load_sessions_at", "tokenizer_path"]
 
 T = TypeVar("T")
 
@@ -80,13 +80,19 @@ def tokenizer_path(spec: ModelSpec) -> Path:
 
 
 def load_sessions(spec: ModelSpec, knobs: Knobs, **options: Any) -> Any:
-    """The ``OnnxModel`` of an ``.onnx`` spec in the knobs' layout: ``knobs.sessions`` sessions
-    for batching, or one session every caller shares for the baseline; ``knobs.intra_op_threads``
-    threads each, on ``knobs.providers``. ``options`` go to ``OnnxModel.load``."""
+    """The ``OnnxModel`` of an ``.onnx`` spec in the knobs' layout (:func:`load_sessions_at`)."""
+    return load_sessions_at(spec.path, knobs, **options)
+
+
+def load_sessions_at(path: Path, knobs: Knobs, **options: Any) -> Any:
+    """The ``OnnxModel`` of the ONNX file ``path`` in the knobs' layout: ``knobs.sessions``
+    sessions for batching, or one session every caller shares for the baseline;
+    ``knobs.intra_op_threads`` threads each, on ``knobs.providers``. ``options`` go to
+    ``OnnxModel.load``."""
     from batchline.models.onnx.runtime import OnnxModel
 
     return OnnxModel.load(
-        spec.path,
+        path,
         sessions=knobs.sessions if knobs.batching else 1,
         intra_op_threads=knobs.intra_op_threads,
         providers=knobs.providers,
