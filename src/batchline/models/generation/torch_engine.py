@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import DynamicCache, DynamicLayer
+from transformers.cache_utils import DynamicSlidingWindowLayer
 
 from batchline.models.generation.decode_kernel import DecodeKernel, decode_kernel
 from batchline.models.generation.engine import GenerationRequest, StepOutput
@@ -128,6 +129,30 @@ class _Piece:
         return self.end == len(self.seq.request.prompt_ids)
 
 
+def _sliding_window(model: PreTrainedModel, probe: DynamicCache) -> int | None:
+    """The smallest sliding window among the model's attention layers (None: all full), after
+    refusing what batchline's attention cannot run exactly. The running rows attend over all
+    their columns, which equals a sliding window as long as no sequence outgrows it (Mistral,
+    Gemma 2/3 layers): the engine's context is capped there."""
+    layers = probe.layers
+    if not all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in layers):
+        kinds = sorted({type(layer).__name__ for layer in layers})
+        raise ValueError(
+            f"{type(model).__name__} uses KV cache layers {kinds}; TorchStepEngine keeps "
+            "full-attention or sliding-window (DynamicLayer, DynamicSlidingWindowLayer) caches"
+        )
+    config = model.config.get_text_config(decoder=True)
+    softcap = getattr(config, "attn_logit_softcapping", None)
+    if softcap is not None:
+        raise ValueError(
+            f"{type(model).__name__} soft-caps its attention scores (attn_logit_softcapping="
+            f"{softcap}), which batchline's attention does not; generate with "
+            "generation_backend = 'vllm'"
+        )
+    windows = [int(x.sliding_window) for x in layers if isinstance(x, DynamicSlidingWindowLayer)]
+    return min(windows) if windows else None
+
+
 def _ids_of(value: Any) -> set[int]:
     if value is None:
         return set()
@@ -188,12 +213,27 @@ class TorchStepEngine:
         if not eos:
             raise ValueError("the model declares no EOS token; pass eos_token_ids=")
         self._eos = frozenset(eos)
+        probe = DynamicCache(config=model.config)
+        window = _sliding_window(model, probe)
         if max_context_tokens is None:
             max_context_tokens = getattr(self._config, "max_position_embeddings", None)
             if max_context_tokens is None:
                 raise ValueError(
                     "the model config has no max_position_embeddings; pass max_context_tokens="
                 )
+            if window is not None and window < max_context_tokens:
+                logger.info(
+                    "%s: context capped at its sliding window of %d tokens (batchline's "
+                    "attention is full attention, exact up to the window)",
+                    type(model).__name__,
+                    window,
+                )
+                max_context_tokens = window
+        elif window is not None and max_context_tokens > window:
+            raise ValueError(
+                f"max_context_tokens {max_context_tokens} exceeds the model's sliding window of "
+                f"{window} tokens, beyond which batchline's full attention would differ from it"
+            )
         if max_context_tokens < 2:
             raise ValueError(f"max_context_tokens must be >= 2, got {max_context_tokens}")
         self._max_context = int(max_context_tokens)
@@ -206,14 +246,6 @@ class TorchStepEngine:
             if tokenizer is None
             else TokenGrammars(tokenizer, vocab_size=self._vocab_size, eos_token_ids=self._eos)
         )
-
-        probe = DynamicCache(config=model.config)
-        if not all(type(layer) is DynamicLayer for layer in probe.layers):
-            kinds = sorted({type(layer).__name__ for layer in probe.layers})
-            raise ValueError(
-                f"{type(model).__name__} uses KV cache layers {kinds}; TorchStepEngine keeps "
-                "full-attention (DynamicLayer) caches only"
-            )
 
         self._pending: dict[str, _Sequence] = {}  # added, not yet (fully) prefilled
         self._live: dict[str, _Sequence] = {}  # pending + running, not finished or aborted
