@@ -52,8 +52,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import DynamicCache, DynamicLayer
-from transformers.cache_utils import DynamicSlidingWindowLayer
+from transformers import DynamicCache
 
 from batchline.models.generation.decode_kernel import DecodeKernel, decode_kernel
 from batchline.models.generation.engine import GenerationRequest, StepOutput
@@ -65,6 +64,7 @@ from batchline.models.generation.packed_attention import (
     Join,
     StepPlan,
     causal_mask,
+    sliding_window,
 )
 from batchline.models.generation.prefix_cache import Prefix, PrefixCache
 from batchline.models.generation.sampling import make_generator, select_tokens
@@ -129,30 +129,6 @@ class _Piece:
         return self.end == len(self.seq.request.prompt_ids)
 
 
-def _sliding_window(model: PreTrainedModel, probe: DynamicCache) -> int | None:
-    """The smallest sliding window among the model's attention layers (None: all full), after
-    refusing what batchline's attention cannot run exactly. The running rows attend over all
-    their columns, which equals a sliding window as long as no sequence outgrows it (Mistral,
-    Gemma 2/3 layers): the engine's context is capped there."""
-    layers = probe.layers
-    if not all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in layers):
-        kinds = sorted({type(layer).__name__ for layer in layers})
-        raise ValueError(
-            f"{type(model).__name__} uses KV cache layers {kinds}; TorchStepEngine keeps "
-            "full-attention or sliding-window (DynamicLayer, DynamicSlidingWindowLayer) caches"
-        )
-    config = model.config.get_text_config(decoder=True)
-    softcap = getattr(config, "attn_logit_softcapping", None)
-    if softcap is not None:
-        raise ValueError(
-            f"{type(model).__name__} soft-caps its attention scores (attn_logit_softcapping="
-            f"{softcap}), which batchline's attention does not; generate with "
-            "generation_backend = 'vllm'"
-        )
-    windows = [int(x.sliding_window) for x in layers if isinstance(x, DynamicSlidingWindowLayer)]
-    return min(windows) if windows else None
-
-
 def _ids_of(value: Any) -> set[int]:
     if value is None:
         return set()
@@ -214,7 +190,7 @@ class TorchStepEngine:
             raise ValueError("the model declares no EOS token; pass eos_token_ids=")
         self._eos = frozenset(eos)
         probe = DynamicCache(config=model.config)
-        window = _sliding_window(model, probe)
+        window = sliding_window(model, probe)  # refuses what batchline's attention cannot run
         if max_context_tokens is None:
             max_context_tokens = getattr(self._config, "max_position_embeddings", None)
             if max_context_tokens is None:

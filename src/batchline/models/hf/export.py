@@ -128,8 +128,10 @@ def _load(folder: Path, head: Head, arch: str, torch: Any, transformers: Any) ->
         if head == "hidden"
         else transformers.AutoModelForSequenceClassification
     )
+    from batchline.models.generation.smollm2 import quiet_transformers
+
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), quiet_transformers():
             warnings.simplefilter("ignore")
             model, info = auto.from_pretrained(
                 folder,
