@@ -44,6 +44,10 @@ def _save_sentence_transformers_folder(folder: Path) -> Path:
     )
     torch.manual_seed(0)
     save_tiny_generator(folder, model=transformers.Qwen3Model(config), chat_template=False)
+    # Qwen3-Embedding's tokenizer pads on the left: sentence-transformers then batches so
+    settings = json.loads((folder / "tokenizer_config.json").read_text())
+    settings["padding_side"] = "left"
+    (folder / "tokenizer_config.json").write_text(json.dumps(settings))
     modules = [
         ("0", "", "Transformer"),
         ("1", "1_Pooling", "Pooling"),
@@ -117,6 +121,7 @@ def test_it_is_an_embed_model(folder: Path) -> None:
 def test_vectors_equal_sentence_transformers(folder: Path) -> None:
     st = pytest.importorskip("sentence_transformers")
     reference = st.SentenceTransformer(str(folder), device="cpu", local_files_only=True)
+    assert reference.tokenizer.padding_side == "left"
     want = reference.encode(TEXTS, batch_size=len(TEXTS), convert_to_numpy=True)
     got = _embed(_load(folder), TEXTS)
     assert got.shape == (len(TEXTS), HIDDEN)

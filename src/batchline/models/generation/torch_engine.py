@@ -141,7 +141,9 @@ class TorchStepEngine:
     """Batched token-by-token generation with a transformers causal LM (any device, one thread).
 
     ``eos_token_ids`` defaults to the model's generation config (and config) EOS ids;
-    ``max_context_tokens`` to ``max_position_embeddings``. The model is put in eval mode.
+    ``max_context_tokens`` to ``max_position_embeddings``, capped at the model's smallest
+    sliding window (Mistral, Gemma 3: up to it, full attention is exact). The model is put in
+    eval mode.
     Output ``token_ids`` include the EOS token that finished a sequence.
     ``prefix_cache_tokens``: positions kept for prompt prefixes that recent prompts shared
     (a system prompt: see :class:`~.prefix_cache.PrefixCache`); 0 turns prefix caching off.
