@@ -123,6 +123,8 @@ def test_the_export_equals_transformers_on_a_padded_batch(
     assert names == expected
     assert all(i.type == "tensor(int64)" for i in session.get_inputs())
     (output,) = session.get_outputs()
+    meta = session.get_modelmeta().custom_metadata_map
+    assert (meta["batchline.architecture"], meta["batchline.head"]) == (arch, head)
     assert output.type == "tensor(float)"
     auto = (
         transformers.AutoModel

@@ -140,7 +140,7 @@ def _load(folder: Path, head: Head, arch: str, torch: Any, transformers: Any) ->
                 attn_implementation="eager",
                 output_loading_info=True,
             )
-    except (OSError, ValueError, KeyError) as exc:
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:  # RuntimeError: shapes
         kind = "an encoder" if head == "hidden" else "a sequence classifier"
         raise ModelError(f"cannot load {folder} ({arch}) as {kind}: {exc}") from exc
     # An unused pooler is harmless (last_hidden_state does not go through it); any other weight
