@@ -24,10 +24,11 @@ CHAT_TEMPLATE = (
 
 
 def save_tiny_generator(
-    folder: Path, *, chat_template: bool = True, context_tokens: int = 128
+    folder: Path, *, chat_template: bool = True, context_tokens: int = 128, model: Any = None
 ) -> Path:
-    """Save the tiny random Llama and a byte-level tokenizer (every model id decodes) as a
-    Hugging Face folder: what ``--model PATH/`` loads. ``context_tokens`` is its
+    """Save the tiny random Llama (or ``model``, another family's, with a vocabulary of at
+    most ``TINY_VOCAB``) and a byte-level tokenizer (every model id decodes) as a Hugging Face
+    folder: what ``--model PATH/`` loads. ``context_tokens`` is its
     ``max_position_embeddings`` (rotary positions: any length runs)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -45,8 +46,9 @@ def save_tiny_generator(
     )
     if chat_template:
         fast.chat_template = CHAT_TEMPLATE
-    model = build_tiny_llama()
-    model.config.max_position_embeddings = context_tokens
+    if model is None:
+        model = build_tiny_llama()
+        model.config.max_position_embeddings = context_tokens
     model.save_pretrained(folder)
     fast.save_pretrained(folder)
     return folder

@@ -238,8 +238,12 @@ def load_text_generator(spec: ModelSpec, knobs: Knobs) -> GenerationModel:
         model, tokenizer = load_smollm2(device=device, dtype=choice.torch_dtype)
     else:
         model, tokenizer = load_causal_lm(spec.source, device=device, dtype=choice.torch_dtype)
+    _eos_from_tokenizer(model, tokenizer)
     packed = pack_linear_weights(model)
-    engine = TorchStepEngine(model, max_step_tokens=knobs.max_step_tokens, tokenizer=tokenizer)
+    try:
+        engine = TorchStepEngine(model, max_step_tokens=knobs.max_step_tokens, tokenizer=tokenizer)
+    except ValueError as exc:  # what the model asks of the engine that it cannot do
+        raise ModelError(f"cannot generate with {spec.name!r}: {exc}") from exc
     logger.info(
         "%s: torch on %s, %s%s, %s forward, decode attention %s, %s intra-op thread(s), "
         "max_step_tokens %d; loaded in %.1f s",
@@ -294,6 +298,19 @@ def load_text_generator(spec: ModelSpec, knobs: Knobs) -> GenerationModel:
         dtype=str(choice),
         _engine=engine,
     )
+
+
+def _eos_from_tokenizer(model: Any, tokenizer: Any) -> None:
+    """Where neither the config nor ``generation_config.json`` names an EOS token, take the
+    tokenizer's (some folders declare it only there), for the engine and ``generate`` alike."""
+    config = model.config.get_text_config(decoder=True)
+    declared = (
+        getattr(model.generation_config, "eos_token_id", None),
+        getattr(config, "eos_token_id", None),
+    )
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if all(d is None for d in declared) and isinstance(eos, int):
+        model.generation_config.eos_token_id = eos
 
 
 def _info(

@@ -13,17 +13,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
-from transformers import AttentionInterface
+from transformers import AttentionInterface, DynamicCache, DynamicLayer
+from transformers.cache_utils import DynamicSlidingWindowLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from batchline.models.generation.decode_kernel import DecodeKernel
 from batchline.models.generation.kv_slots import SlotStore
 
-__all__ = ["PACKED", "Join", "StepPlan", "packed_attention"]
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+__all__ = ["PACKED", "Join", "StepPlan", "packed_attention", "sliding_window"]
 
 
 @dataclass(slots=True)
@@ -151,6 +155,30 @@ def packed_attention(
         )
         out[0, new] = attended[0]
     return out, None
+
+
+def sliding_window(model: PreTrainedModel, probe: DynamicCache) -> int | None:
+    """The smallest sliding window among the model's attention layers (None: all full), after
+    refusing what batchline's attention cannot run exactly. The running rows attend over all
+    their columns, which equals a sliding window as long as no sequence outgrows it (Mistral,
+    Gemma 2/3 layers): the engine's context is capped there."""
+    layers = probe.layers
+    if not all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in layers):
+        kinds = sorted({type(layer).__name__ for layer in layers})
+        raise ValueError(
+            f"{type(model).__name__} uses KV cache layers {kinds}; TorchStepEngine keeps "
+            "full-attention or sliding-window (DynamicLayer, DynamicSlidingWindowLayer) caches"
+        )
+    config = model.config.get_text_config(decoder=True)
+    softcap = getattr(config, "attn_logit_softcapping", None)
+    if softcap is not None:
+        raise ValueError(
+            f"{type(model).__name__} soft-caps its attention scores (attn_logit_softcapping="
+            f"{softcap}), which batchline's attention does not; generate with "
+            "generation_backend = 'vllm'"
+        )
+    windows = [int(x.sliding_window) for x in layers if isinstance(x, DynamicSlidingWindowLayer)]
+    return min(windows) if windows else None
 
 
 # -- how the decoding rows attend over their windows ------------------------------------------

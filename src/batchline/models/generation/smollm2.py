@@ -48,6 +48,7 @@ __all__ = [
     "gguf_path",
     "load_causal_lm",
     "load_smollm2",
+    "quiet_transformers",
     "smollm2_folder",
 ]
 
@@ -194,7 +195,7 @@ def load_causal_lm(
     if not (folder / "config.json").is_file():
         raise ModelError(f"{folder} is not a Hugging Face model folder (no config.json)")
     try:
-        with _quiet_transformers():
+        with quiet_transformers():
             model = AutoModelForCausalLM.from_pretrained(
                 folder, dtype=dtype if dtype is not None else torch.float32, local_files_only=True
             )
@@ -212,7 +213,7 @@ _saved: tuple[bool, int] = (True, 0)
 
 
 @contextlib.contextmanager
-def _quiet_transformers() -> Iterator[None]:
+def quiet_transformers() -> Iterator[None]:
     """No progress bars ("Loading weights: 100%") and only errors from transformers while a
     model loads: run, serve and bench print their own progress. The first of overlapping
     loads (threads) saves the settings, the last one restores them."""

@@ -1,0 +1,226 @@
+"""Decoder-based embedders on torch: a sentence-transformers folder whose transformer is a
+causal decoder (Qwen3, Qwen2, Llama, ...: the Qwen3-Embedding layout), pooled at its last token
+(or mean, cls) and normalized, as a :class:`~batchline.models.protocol.BatchModel` of task
+``embed``. Encoders go to ONNX instead (:mod:`.export`); a decoder's causal mask and rotary
+positions are left to transformers here.
+
+A batch is padded on the RIGHT: each sequence keeps the positions it has alone, the causal mask
+keeps padding out of every real token, and last-token pooling takes each row's own last real
+token (not the batch's last column, which is padding in every row but the longest). So a text's
+vector does not depend on what it is batched with.
+
+Example::
+
+    model = load_torch_embedder(Path("Qwen3-Embedding-0.6B/"), name="qwen3-emb",
+                                pooling="lasttoken", normalize=True, max_length=None,
+                                knobs=Knobs())
+    vectors = model.run_batch(model.prepare(["a text", "another"]))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from batchline._errors import InputError, ModelError
+from batchline.knobs import Knobs
+from batchline.models.hf.export import require_torch
+from batchline.models.onnx.embedder import TokenizedText
+from batchline.models.protocol import BatchModel, ModelInfo
+
+__all__ = ["POOLINGS", "TorchEmbedder", "load_torch_embedder"]
+
+#: The token poolings a torch embedder does (sentence-transformers' names).
+POOLINGS = ("lasttoken", "mean", "cls")
+
+Vector = np.ndarray[Any, np.dtype[np.float32]]
+
+
+class TorchEmbedder:
+    """A transformers model's token vectors, pooled (and normalized), as an ``embed`` model.
+
+    ``prepare`` tokenizes (special tokens as the folder's tokenizer adds them, truncated at
+    ``max_length``); ``run_batch`` pads on the right and runs one forward pass under
+    ``torch.inference_mode()``. Cost: a text's token count, padded.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        name: str,
+        pooling: str,
+        normalize: bool,
+        max_length: int | None,
+        pad_id: int,
+        dim: int,
+    ) -> None:
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
+        import torch
+
+        self._torch = torch
+        self.model = model
+        self.tokenizer = tokenizer
+        self.pooling = pooling
+        self.normalize = normalize
+        self.max_length = max_length
+        self.pad_id = pad_id
+        self._device = next(model.parameters()).device
+        self._dim = dim
+        self._info = ModelInfo(
+            name=name,
+            task="embed",
+            input_kind="text",
+            cost_kind="padded",
+            result_kind="vector",
+            result_column="embedding",
+            max_tokens=max_length,
+            details={"dim": dim},
+        )
+
+    @property
+    def info(self) -> ModelInfo:
+        return self._info
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    def prepare(self, inputs: Sequence[object]) -> list[TokenizedText | BaseException]:
+        out: dict[int, TokenizedText | BaseException] = {}
+        texts: list[str] = []
+        where: list[int] = []
+        for i, value in enumerate(inputs):
+            if isinstance(value, str):
+                # lone surrogates (from JSON) would stop the tokenizer: replaced, as the ONNX
+                # embedder does
+                texts.append(value.encode("utf-8", "replace").decode("utf-8"))
+                where.append(i)
+            else:
+                kind = type(value).__name__
+                out[i] = TypeError(f"an embedding input must be a string, got {kind}")
+        if texts:
+            truncate = self.max_length is not None
+            encoded = self.tokenizer(
+                texts, truncation=truncate, max_length=self.max_length, padding=False
+            )["input_ids"]
+            for i, ids in zip(where, encoded, strict=True):
+                out[i] = (
+                    TokenizedText(np.asarray(ids, dtype=np.int64))
+                    if ids
+                    else InputError("the text has no tokens to embed")
+                )
+        return [out[i] for i in range(len(inputs))]
+
+    def cost(self, item: TokenizedText) -> int:
+        return max(1, len(item))
+
+    def run_batch(self, batch: list[TokenizedText]) -> list[Vector]:
+        if not batch:
+            return []
+        torch = self._torch
+        lengths = [len(t) for t in batch]
+        width = max(lengths)
+        ids = np.full((len(batch), width), self.pad_id, dtype=np.int64)
+        mask = np.zeros((len(batch), width), dtype=np.int64)
+        for row, (t, n) in enumerate(zip(batch, lengths, strict=True)):
+            ids[row, : len(t)] = t.ids
+            mask[row, :n] = 1
+        with torch.inference_mode():
+            input_ids = torch.from_numpy(ids).to(self._device)
+            attention = torch.from_numpy(mask).to(self._device)
+            hidden = self.model(input_ids=input_ids, attention_mask=attention).last_hidden_state
+            if self.pooling == "lasttoken":
+                last = torch.tensor([n - 1 for n in lengths], device=self._device)
+                pooled = hidden[torch.arange(len(batch), device=self._device), last]
+            elif self.pooling == "cls":
+                pooled = hidden[:, 0]
+            else:
+                weights = attention.unsqueeze(-1).to(hidden.dtype)
+                pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
+            if self.normalize:
+                pooled = torch.nn.functional.normalize(pooled, p=2, dim=-1)
+            vectors = pooled.float().cpu().numpy()
+        return list(vectors)
+
+    def encode(self, result: Vector) -> Vector:
+        return result
+
+    def close(self) -> None:
+        """The weights are freed with the object."""
+
+
+def load_torch_embedder(
+    folder: Path,
+    *,
+    name: str,
+    pooling: str,
+    normalize: bool,
+    max_length: int | None,
+    knobs: Knobs,
+) -> BatchModel[Any, Any]:
+    """Load the transformer in ``folder`` (its ``config.json``, weights and tokenizer) in fp32
+    on ``knobs.device`` as an ``embed`` model that pools with ``pooling`` (``lasttoken``,
+    ``mean`` or ``cls``) and L2-normalizes when ``normalize``. ``max_length`` truncates inputs
+    (default: the tokenizer's limit, within the model's positions). On the CPU torch runs
+    ``knobs.intra_op_threads`` threads.
+
+    Raises ``ModelError`` when torch or transformers is missing (with the install) or the
+    folder does not load; ``ValueError`` for an unknown pooling.
+    """
+    if pooling not in POOLINGS:
+        raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
+    folder = Path(folder)
+    torch, transformers = require_torch(f"the decoder embedder in {folder}")
+    device = torch.device(knobs.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ModelError(
+            f"device {knobs.device!r} asked for, but torch sees no CUDA device; "
+            "use device = 'cpu' or a CUDA build of torch"
+        )
+    if device.type == "cpu":
+        torch.set_num_threads(knobs.intra_op_threads)
+    from batchline.models.generation.smollm2 import quiet_transformers
+
+    try:
+        with quiet_transformers():
+            tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
+            model = transformers.AutoModel.from_pretrained(
+                folder, dtype=torch.float32, local_files_only=True
+            )
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelError(f"cannot load the embedder in {folder}: {exc}") from exc
+    model.to(device).eval()
+    config = model.config.get_text_config(decoder=True)
+    limit = _max_length(max_length, tokenizer, config)
+    pad_id = tokenizer.pad_token_id
+    if pad_id is None:  # right padding never reaches a real token: any id in the vocabulary
+        pad_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
+    return TorchEmbedder(
+        model,
+        tokenizer,
+        name=name,
+        pooling=pooling,
+        normalize=normalize,
+        max_length=limit,
+        pad_id=int(pad_id),
+        dim=int(config.hidden_size),
+    )
+
+
+def _max_length(asked: int | None, tokenizer: Any, config: Any) -> int | None:
+    """``asked``, else the tokenizer's ``model_max_length`` where it is real (transformers sets
+    a huge sentinel when the folder names none), capped by the model's positions."""
+    positions = getattr(config, "max_position_embeddings", None)
+    if asked is not None:
+        if asked < 1:
+            raise ValueError(f"max_length must be >= 1, got {asked}")
+        return asked
+    own = getattr(tokenizer, "model_max_length", None)
+    candidates = [int(x) for x in (own, positions) if isinstance(x, int) and 0 < x < 10**7]
+    return min(candidates) if candidates else None

@@ -1,0 +1,162 @@
+"""Causal LMs of other families than Llama (Qwen2, Qwen3, Mistral, Gemma 3, Phi-3), saved as
+Hugging Face folders with ``save_pretrained`` and loaded as ``--model PATH/`` is: batchline's
+engine (transformers' module tree, no lean forward) gives the greedy tokens of transformers'
+own ``generate``, for several prompts at once."""
+
+from __future__ import annotations
+
+import functools
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from batchline._errors import ModelError  # noqa: E402
+from batchline.knobs import Knobs  # noqa: E402
+from batchline.models.generation.engine import GenerationRequest, SamplingParams  # noqa: E402
+from batchline.models.specs import parse_spec  # noqa: E402
+
+from .conftest import TINY_EOS, TINY_VOCAB  # noqa: E402
+from .test_load import save_tiny_generator  # noqa: E402
+
+MAX_NEW = 10
+WINDOW = 32  # the sliding window of Mistral's and Gemma 3's tiny models
+
+# What every tiny model shares: 2 layers, hidden 64, 4 heads / 2 KV heads. initializer_range is
+# raised so that the logits are peaked (greedy must not hinge on float ties: see conftest).
+_BASE: dict[str, Any] = {
+    "vocab_size": TINY_VOCAB,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 128,
+    "initializer_range": 0.2,
+    "bos_token_id": 1,
+    "eos_token_id": TINY_EOS,
+    "pad_token_id": 0,
+    "tie_word_embeddings": False,
+}
+
+# family -> (config class, model class, what its config adds or overrides)
+FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 16}),  # q/k norms
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": WINDOW}),
+    # sliding and full layers, scaled embeddings, query_pre_attn_scalar, tied embeddings
+    "gemma3": (
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        {"head_dim": 16, "sliding_window": WINDOW, "tie_word_embeddings": True},
+    ),
+    # fused qkv and gate/up projections, partial rotary
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {"partial_rotary_factor": 0.5}),
+}
+
+
+def build(family: str, **overrides: Any) -> Any:
+    config_class, model_class, extra = FAMILIES[family]
+    config = getattr(transformers, config_class)(**{**_BASE, **extra, **overrides})
+    torch.manual_seed(0)
+    return getattr(transformers, model_class)(config).eval()
+
+
+def load(folder: Path) -> Any:
+    from batchline.models.generation.load import load_text_generator
+
+    return load_text_generator(parse_spec(f"{folder}/"), Knobs(intra_op_threads=1))
+
+
+def _prompt(seed: int, length: int) -> tuple[int, ...]:
+    rng = random.Random(seed)
+    return tuple(rng.randrange(3, TINY_VOCAB) for _ in range(length))  # never EOS (2)
+
+
+@functools.cache
+def _folder(root: Path, family: str) -> Path:
+    return save_tiny_generator(root / family, model=build(family))
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory, torch_threads: None) -> Path:
+    return tmp_path_factory.mktemp("families")
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_greedy_tokens_equal_transformers_generate(family: str, root: Path) -> None:
+    folder = _folder(root, family)
+    loaded = load(folder)
+    engine = loaded.engine
+    assert engine.forward == "transformers"  # the module tree: no lean forward for this family
+    # the longest prompt fills the window exactly with its new tokens
+    prompts = [_prompt(i, n) for i, n in enumerate([3, 9, 17, WINDOW - MAX_NEW])]
+    for i, p in enumerate(prompts):
+        engine.add_request(
+            GenerationRequest(str(i), p, SamplingParams(max_tokens=MAX_NEW, ignore_eos=True))
+        )
+    got: dict[str, list[int]] = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            got.setdefault(out.request_id, []).extend(out.token_ids)
+
+    reference = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    for i, p in enumerate(prompts):
+        ids = torch.tensor([p])
+        out = reference.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=MAX_NEW,
+            do_sample=False,
+            pad_token_id=0,
+            eos_token_id=None,
+        )
+        assert got[str(i)] == out[0, len(p) :].tolist(), f"{family}: prompt {i} (length {len(p)})"
+    loaded.close()
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma3"])
+def test_a_sliding_window_caps_the_context_where_full_attention_stays_exact(
+    family: str, root: Path
+) -> None:
+    from batchline.models.generation.torch_engine import TorchStepEngine
+
+    loaded = load(_folder(root, family))
+    assert loaded.max_context_tokens == WINDOW
+    assert loaded.info.max_tokens == WINDOW
+    too_long = GenerationRequest("x", _prompt(0, WINDOW), SamplingParams(max_tokens=1))
+    with pytest.raises(ValueError, match=f"context of {WINDOW} tokens"):
+        loaded.engine.add_request(too_long)
+    with pytest.raises(ValueError, match=f"sliding window of {WINDOW} tokens"):
+        TorchStepEngine(build(family), max_context_tokens=WINDOW + 1)
+    assert TorchStepEngine(build(family), max_context_tokens=16).max_context_tokens == 16
+
+
+def test_eos_declared_only_by_the_tokenizer_is_taken(root: Path) -> None:
+    model = build("qwen2", eos_token_id=None)
+    model.generation_config.eos_token_id = None
+    folder = save_tiny_generator(root / "no-eos", model=model)
+    assert "eos_token_id" not in (folder / "generation_config.json").read_text()
+    loaded = load(folder)
+    assert loaded.engine.eos_token_ids == frozenset({TINY_EOS})  # "</s>" in the tokenizer
+    loaded.close()
+
+
+def test_attention_soft_capping_is_refused_in_one_line(root: Path) -> None:
+    model = build_gemma2()
+    folder = save_tiny_generator(root / "gemma2", model=model)
+    with pytest.raises(ModelError, match=r"soft-caps its attention scores") as caught:
+        load(folder)
+    assert "\n" not in str(caught.value)
+    assert "'gemma2'" in str(caught.value)
+
+
+def build_gemma2() -> Any:
+    extra = {"head_dim": 16, "sliding_window": WINDOW, "attn_logit_softcapping": 50.0}
+    config = transformers.Gemma2Config(**{**_BASE, **extra})
+    torch.manual_seed(0)
+    return transformers.Gemma2ForCausalLM(config).eval()
