@@ -17,7 +17,6 @@ Example::
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import re
 import tempfile
@@ -29,7 +28,7 @@ from batchline._cache import cache_dir, write_whole
 from batchline._errors import ModelError
 from batchline.models.hf.detect import FolderModel
 
-__all__ = ["TORCH_INSTALL", "Converted", "Top", "builder_covers", "convert"]
+__all__ = ["Converted", "Top", "builder_covers", "convert"]
 
 #: What the graph returns: pooled (and, for ``embedding``, normalized) vectors baked in,
 #: the token vectors (``hidden``: pooling runs in numpy) or classifier ``logits``.
@@ -37,7 +36,6 @@ Top = Literal["embedding", "hidden", "logits"]
 
 #: The install that converts an architecture our builder does not cover (the README's
 #: generation pin: the CPU wheel of torch, then the extra).
-TORCH_INSTALL = "pip install torch==2.13.0 'batchline[generate]'"
 
 
 @dataclass(frozen=True)
@@ -149,29 +147,17 @@ def _build(found: FolderModel, top: Top, pooling: str, normalize: bool, pairs: b
 
 
 def _export(found: FolderModel, top: Top, target: Path) -> None:
+    from batchline.models.hf.export import Head, export_encoder, require_torch
+
     arch = found.architecture or found.model_type
-    for module in ("torch", "transformers"):
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            raise ModelError(
-                f"{found.folder}: converting a {arch} folder to ONNX needs torch and "
-                f"transformers, and {module} is not installed; {TORCH_INSTALL}"
-            ) from None
-    try:
-        from batchline.models.hf.export import export_encoder  # type: ignore[import-not-found,unused-ignore]
-    except ImportError as exc:
-        raise ModelError(
-            f"{found.folder}: this batchline has no exporter for {arch} "
-            f"(batchline.models.hf.export: {exc}); only BERT folders convert here"
-        ) from None
+    require_torch(f"{found.folder}: converting a {arch} folder to ONNX")
     import onnx
 
     # the exporter writes into a scratch folder (it may write weights beside the graph);
     # the cache gets one self-contained file, written whole
     with tempfile.TemporaryDirectory(prefix=".export-", dir=target.parent) as scratch:
         out = Path(scratch) / "model.onnx"
-        head = "logits" if top == "logits" else "hidden"
+        head: Head = "logits" if top == "logits" else "hidden"
         export_encoder(found.encoder_folder, head=head, target=out)
         if not out.is_file():
             raise ModelError(f"{found.folder}: the exporter wrote no ONNX file")

@@ -18,8 +18,9 @@ from typing import Any
 
 from batchline._errors import InputError, ModelError
 from batchline.knobs import Knobs
-from batchline.models.hf.convert import TORCH_INSTALL, convert
+from batchline.models.hf.convert import convert
 from batchline.models.hf.detect import DenseModule, FolderModel
+from batchline.models.hf.export import TORCH_INSTALL
 from batchline.models.protocol import BatchModel
 from batchline.models.specs import ModelSpec
 
