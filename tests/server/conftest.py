@@ -224,7 +224,7 @@ async def client_on(
     it opens what a test kept gated, so the drain can finish."""
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
             try:
                 yield client
             finally:

@@ -58,9 +58,12 @@ async def health() -> JSONResponse:
 
 @router.get("/ready", summary="Readiness: models loaded and not draining")
 async def ready(request: Request) -> JSONResponse:
-    """200 when the models are loaded and the server is not draining, else 503."""
+    """200 when the models are loaded and the server is not draining, else 503. With an API
+    key the models are not listed (this route needs none; ``/v1/models`` lists them)."""
     state = server_state(request)
     if state.ready and not state.draining:
+        if state.api_key is not None:
+            return JSONResponse({"status": "ready"})
         return JSONResponse({"status": "ready", "models": [m.name for m in state.served()]})
     status = "draining" if state.draining else "loading"
     return JSONResponse(
