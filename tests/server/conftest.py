@@ -268,8 +268,10 @@ FOOTPRINT = 400
 @pytest.fixture
 def fixed_footprints(monkeypatch: pytest.MonkeyPatch) -> None:
     """On-demand models of :data:`FOOTPRINT` bytes each, whatever their loads measure."""
+    from batchline.models.footprint import Footprint
     from batchline.server import residency
 
-    monkeypatch.setattr(residency, "estimate_bytes", lambda spec: FOOTPRINT)
+    footprint = Footprint(FOOTPRINT, 2 * FOOTPRINT)
+    monkeypatch.setattr(residency, "estimate_footprint", lambda spec, knobs, task=None: footprint)
     monkeypatch.setattr(residency, "memory_in_use", lambda device="cpu": 0)
-    monkeypatch.setattr(residency, "_reset_peak", lambda: None)  # no peak measured
+    monkeypatch.setattr(residency, "_high_water", lambda: None)  # no peak measured

@@ -219,7 +219,12 @@ def create_app(
 
             state.managed = {s.name: _task_of(s) for s in specs}
             state.residency = build_residency(
-                settings, list(specs), load_managed, unload_managed, metrics.residency_event
+                settings,
+                list(specs),
+                load_managed,
+                unload_managed,
+                metrics.residency_event,
+                tasks=state.managed,
             )
             metrics.watch_residency(state.residency.stats)
         try:
