@@ -116,9 +116,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--memory-budget",
         metavar="SIZE",
-        help="memory the models may hold together (6GiB, 512MB, or a fraction of RAM: "
-        "0.5, 50%%); models then load on their first request and idle ones are evicted, least "
-        "recently used first, when a load needs room",
+        help="memory the server process may hold, its models included (6GiB, 512MB, or a "
+        "fraction of RAM: 0.5, 50%%); models then load on their first request and idle ones "
+        "are evicted, least recently used first, when a load needs room",
     )
     p.add_argument(
         "--preload",

@@ -83,9 +83,10 @@ class ServerSettings(BaseModel):
 
     Memory (on-demand models, :mod:`batchline.server.residency`):
         memory_budget: ``6GiB``, ``512MB``, bytes, or a fraction of RAM (``0.5``, ``50%``):
-            with it, models (generate ones too) load on their first request and idle ones
-            are evicted (least recently used) when a load needs room (``None``: every model
-            loads at startup and stays).
+            the memory the server process may hold, its models included; with it, models
+            (generate ones too) load on their first request and idle ones are evicted (least
+            recently used) when a load needs room (``None``: every model loads at startup
+            and stays).
         preload, pin: models loaded at startup anyway; pinned ones are never evicted.
         keep_alive_s: an idle model is unloaded this long after its last use (``None``:
             only when its room is needed); model_keep_alive_s: ``{name: seconds}``.
