@@ -3,6 +3,7 @@ backend (the rules and their measurements are in ``models/footprint.py``)."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -54,14 +55,22 @@ def test_external_weights_count_and_missing_files_estimate_nothing(tmp_path: Pat
     assert estimate_footprint(parse_spec("os.path:join"), knobs) == Footprint(0, 0)
 
 
-def test_a_generator_folder_is_its_weights_twice_at_the_peak(tmp_path: Path) -> None:
-    (tmp_path / "config.json").write_text("{}")
+def test_a_generator_holds_its_weights_twice_and_its_kv_cache(tmp_path: Path) -> None:
+    config = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3}
+    (tmp_path / "config.json").write_text(json.dumps({**config, "hidden_size": 576}))
     (tmp_path / "model.safetensors").write_bytes(b"\0" * (3 * MIB))
     spec = parse_spec(f"{tmp_path}/")
-    got = estimate_footprint(spec, Knobs.serving())
+    weights = sum(p.stat().st_size for p in tmp_path.iterdir())
+    got = estimate_footprint(spec, Knobs.serving(kv_token_budget=16_384))
     assert got.runtime == "torch"
-    assert got.peak_bytes == 2 * got.steady_bytes
-    assert got.steady_bytes >= 3 * MIB
+    kv = 2 * 30 * 3 * 64 * 4 * 16_384  # SmolLM2's shape: 720 MiB in float32
+    assert got.steady_bytes == 2 * weights + kv
+    assert got.peak_bytes > got.steady_bytes
+    half = estimate_footprint(spec, Knobs.serving(kv_token_budget=16_384, dtype="bfloat16"))
+    assert got.steady_bytes - half.steady_bytes == kv // 2
+    (tmp_path / "config.json").write_text("{}")  # a config that does not say: weights only
+    weights = sum(p.stat().st_size for p in tmp_path.iterdir())
+    assert estimate_footprint(spec, Knobs.serving()).steady_bytes == 2 * weights
 
 
 def test_the_default_model_is_estimated_from_its_weights_package() -> None:

@@ -15,10 +15,13 @@ that. So a model holds one copy of its graph per session (the weights, prepacked
 test_uvicorn_residency.py``): 8 MiB beside its graph. Importing ``onnxruntime`` and
 ``tokenizers`` adds 64 MiB to a process, once.
 
-Torch text generators (a Hugging Face folder, ``smollm2`` once converted): the weights'
-size on disk, twice at the load's peak (the file's tensors beside the model's); the KV cache
-grows with the traffic and is not counted. Importing torch, transformers and the engine adds
-363 MiB (216 + 20 + 127, measured the same day), once.
+Torch text generators (a Hugging Face folder, ``smollm2`` once converted), measured the same
+day on a random Llama of SmolLM2-135M's shape (513 MiB of float32 safetensors, float32 on this
+CPU): a load grew the process by 1,029-1,063 MiB and peaked there, so twice the weights (the
+engine's packed copies beside the model's), an eighth more at the peak for safety; plus the
+KV cache at ``kv_token_budget`` positions, read off ``config.json`` (allocated as the traffic
+needs it, but all of it is the model's at full load): 720 MiB for SmolLM2 at 16,384 positions
+in float32. Importing torch, transformers and the engine adds 345-363 MiB, once.
 """
 
 from __future__ import annotations
@@ -60,8 +63,12 @@ def estimate_footprint(spec: ModelSpec, knobs: Knobs, task: str | None = None) -
     own), from its files (see the module docstring); zeros when its files are not there yet
     (the load will say what is missing)."""
     if spec.generates:
-        weights = _size(_generator_folder(spec))
-        return Footprint(weights, 2 * weights, "torch" if weights else "")
+        folder = _generator_folder(spec)
+        weights = _size(folder)
+        if not weights or folder is None:
+            return Footprint(0, 0)
+        steady = 2 * weights + _kv_bytes(folder / "config.json", knobs)
+        return Footprint(steady, steady + weights // 4, "torch")
     if spec.kind == "python":
         return Footprint(0, 0)
     graph = _size(_onnx_file(spec))
@@ -102,6 +109,27 @@ def _generator_folder(spec: ModelSpec) -> Path | None:
 
         return converted_folder()  # float32 safetensors, once converted (the GGUF is Q4)
     return spec.path if spec.kind == "hf" else None
+
+
+def _kv_bytes(config: Path, knobs: Knobs) -> int:
+    """A generator's KV cache: vLLM's ``kv_cache_gib`` (1 GiB on CPU by default), else
+    ``kv_token_budget`` positions of the shape its ``config.json`` gives (0 where it does
+    not say)."""
+    import json
+
+    if knobs.generation_backend == "vllm":
+        return int((knobs.kv_cache_gib or 1) * (1 << 30))
+
+    try:
+        c = json.loads(config.read_text(encoding="utf-8"))
+        layers = int(c["num_hidden_layers"])
+        heads = int(c["num_attention_heads"])
+        kv_heads = int(c.get("num_key_value_heads") or heads)
+        head_dim = int(c.get("head_dim") or int(c["hidden_size"]) // heads)
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+        return 0
+    width = 2 if knobs.dtype in ("bfloat16", "float16") else 4  # auto: float32 where no bf16
+    return 2 * layers * kv_heads * head_dim * width * knobs.kv_token_budget
 
 
 def _size(path: Path | None) -> int:
