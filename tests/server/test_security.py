@@ -61,6 +61,21 @@ async def test_json_media_types_are_served(content_type: str) -> None:
         assert len(r.json()["data"]) == 1
 
 
+async def test_an_oip_request_without_a_content_type_is_json_as_the_protocol_says() -> None:
+    body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["hi"]}]}
+    async with serving() as (client, _):
+        raw = json.dumps(body).encode()
+        r = await client.post("/v2/models/fake/infer", content=raw)  # as tritonclient sends
+        assert r.status_code == 200, r.text
+        r = await client.post("/v2/models/fake/infer", content=raw, headers=FORM)
+        assert r.status_code == 415
+        r = await client.post("/v1/embeddings", content=BODY)  # elsewhere none is a 415
+        assert r.status_code == 415
+
+
+FORM = {"content-type": "application/x-www-form-urlencoded"}
+
+
 async def test_a_binary_oip_request_keeps_its_own_content_type() -> None:
     async with serving() as (client, _):
         r = await client.post(

@@ -263,11 +263,14 @@ def _host_allowed(host: bytes, names: frozenset[str]) -> bool:
 def _json_media_type(scope: Scope) -> str | None:
     """``None`` when a body may be read: JSON (``application/json`` or ``application/*+json``,
     any parameters) or a binary Open Inference Protocol request; else the media type sent
-    (``""``: none)."""
+    (``""``: none). An Open Inference Protocol request with no type at all is JSON by that
+    protocol: tritonclient sends its JSON requests so."""
     if _header(scope, _BINARY_OIP_HEADER) is not None:
         return None
-    raw = _header(scope, b"content-type") or b""
-    media = raw.decode("latin-1").partition(";")[0].strip().lower()
+    raw = _header(scope, b"content-type")
+    if raw is None and scope["path"].startswith("/v2/"):
+        return None
+    media = (raw or b"").decode("latin-1").partition(";")[0].strip().lower()
     main, _, sub = media.partition("/")
     if main == "application" and (sub == "json" or sub.endswith("+json")):
         return None
