@@ -44,13 +44,14 @@ class Gate:
     def __init__(self, app: ASGIApp, state: ServerState) -> None:
         self.app = app
         self.state = state
+        self._host_names = state.settings.host_names  # the settings are frozen
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         st = self.state
-        names = st.settings.host_names
+        names = self._host_names
         if names is not None and scope["path"] not in _ANY_HOST_PATHS:
             host = _header(scope, b"host")
             if host is not None and not _host_allowed(host, names):
