@@ -1,8 +1,8 @@
 """``Residency``: which models are loaded, under a memory budget: load on demand, evict what
 is idle, never what is busy.
 
-Many models, one device, limited memory. Each model has a footprint: first an estimate (its
-weights' size), then what its load measured. A model loads when the first request for it
+Many models, one device, limited memory. Each model has a footprint: first an estimate (read
+off its files), then what its load measured. A model loads when the first request for it
 acquires it; requests that arrive meanwhile wait for that one load. The rules:
 
 * **The budget holds.** The bytes accounted (resident models, loads under way at their
@@ -223,8 +223,8 @@ class Residency(Generic[H]):
         load_peak_bytes: int = 0,
         group: str | None = None,
     ) -> None:
-        """Register a model (not loaded yet). ``estimate_bytes``: its expected footprint (its
-        weights' size) until a load measures it; ``load_peak_bytes``: what its load is
+        """Register a model (not loaded yet). ``estimate_bytes``: its expected footprint (read
+        off its files) until a load measures it; ``load_peak_bytes``: what its load is
         expected to need at its peak, until one is measured (0: the estimate).
         ``keep_alive_s``: this model's (``None``: none; left out: the manager's). ``group``:
         models loaded the same way (one source, one layout): what one's load measures

@@ -20,7 +20,8 @@ router = APIRouter()
 async def list_models(request: Request) -> JSONResponse:
     """OpenAI-style model list; each model also says its ``task`` and, for an on-demand model
     (``memory_budget``), its ``state`` (unloaded, loading, resident, unloading),
-    ``footprint_bytes`` (its weights' size, or what its last load measured) and ``pinned``."""
+    ``footprint_bytes`` (estimated from its files, or what its last load measured) and
+    ``pinned``."""
     state = server_state(request)
     data = [_card(m.name, m.created, m.task) for m in state.served()]
     if state.residency is not None:
