@@ -288,7 +288,13 @@ def test_no_lost_request_no_deadlock_budget_held_busy_never_evicted(
     asyncio.run(_schedule(events, pin_d))
 
 
-async def _schedule(events: list[tuple[Any, ...]], pin_d: bool) -> None:
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(events=EVENTS, pin_d=st.booleans())
+def test_one_load_at_a_time_keeps_every_rule(events: list[tuple[Any, ...]], pin_d: bool) -> None:
+    asyncio.run(_schedule(events, pin_d, serial=True))
+
+
+async def _schedule(events: list[tuple[Any, ...]], pin_d: bool, serial: bool = False) -> None:
     clock = ManualClock()
     fake = FakeLoader(clock, load_s=2.0, unload_s=0.5)
     wanting: dict[str, int] = dict.fromkeys(NAMES, 0)  # requests not yet answered, per model
@@ -330,6 +336,7 @@ async def _schedule(events: list[tuple[Any, ...]], pin_d: bool) -> None:
         clock=clock,
         keep_alive_s=60.0,
         on_event=on_event,
+        one_load_at_a_time=serial,
     )
     for name in NAMES:
         r.add(name, estimate_bytes=SIZES[name], pinned=pin_d and name == "d")
@@ -370,6 +377,8 @@ async def _schedule(events: list[tuple[Any, ...]], pin_d: bool) -> None:
         await settle()
         assert r.accounted_bytes <= BUDGET or _overshoot_pending(r), r.stats()
         assert not violations, violations
+        loading = [s.name for s in r.stats() if s.state is ResidentState.LOADING]
+        assert not serial or len(loading) <= 1, loading
     # no deadlock: with time passing, every request ends
     for _ in range(400):
         if all(t.done() for t in tasks):
