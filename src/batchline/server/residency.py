@@ -19,10 +19,11 @@ machine loses to it), so a peak RSS within the budget is what it promises:
   other is under way; each load's growth of the resident memory (``/proc/self/statm``, or
   torch's CUDA allocations for a model on ``cuda``) and the peak it reached (``VmHWM``, when
   the load set a new high: it is never reset, so it stays the process's lifetime peak) are
-  its footprint and its next load's peak. Inference on the resident models
-  goes on meanwhile, so a measure is kept within [the estimate, twice the estimate]: never
-  below what the files say the model holds (memory another model's work freed meanwhile),
-  never absurdly above it. Models with the same spec and layout share what one measured.
+  its footprint and its next load's peak (the log line of each load gives both, grown and
+  counted). Inference on the resident models goes on meanwhile, so a measure is kept within
+  [the estimate, twice the estimate]: never below what the files say the model holds (memory
+  another model's work freed meanwhile), never absurdly above it. Models with the same spec
+  and layout share what one measured.
 * **Checked**: a load must also fit beside the memory measured now, less the reserve (an
   unload that did not give its memory back still counts).
 
@@ -58,7 +59,6 @@ from batchline.server.errors import ApiError
 __all__ = [
     "RELEASES",
     "build_residency",
-    "estimate_footprint",
     "memory_in_use",
     "release_all",
     "return_memory",
