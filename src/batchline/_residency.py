@@ -1,16 +1,22 @@
 """``Residency``: which models are loaded, under a memory budget: load on demand, evict what
 is idle, never what is busy.
 
-Many models, one device, limited memory. Each model has a footprint: first an estimate (its
-weights' size), then what its load measured. A model loads when the first request for it
+Many models, one device, limited memory. Each model has a footprint: first an estimate (read
+off its files), then what its load measured. A model loads when the first request for it
 acquires it; requests that arrive meanwhile wait for that one load. The rules:
 
 * **The budget holds.** The bytes accounted (resident models, loads under way at their
   estimate or, once measured, the peak a load of that model reached, unloads not yet
-  finished) never exceed ``budget_bytes``. A load waits until its
-  estimate fits. A load that measures more than its estimate becomes its new estimate, and
-  idle models are evicted to get back under the budget (while none can be, the excess is
-  logged by the caller through ``on_event``).
+  finished) never exceed ``budget_bytes`` less ``reserved_bytes`` (what the process holds
+  without any model). A load waits until its estimate fits. A load that measures more than
+  its estimate becomes its new estimate, and the estimate of every model of its ``group``
+  not measured yet (models loaded the same way), and idle models are evicted to get back
+  under the budget (while none can be, the excess is logged by the caller through
+  ``on_event``). With ``one_load_at_a_time``, a load is admitted only when no other is under
+  way, so each admission counts what the loads before it measured, not what they were
+  expected to need. With ``in_use`` (what the models hold now, measured), a load must fit
+  beside the larger of that and the bytes accounted: memory an unload did not give back
+  counts, as long as any model is accounted at all (else it is not the models').
 * **Evict what is idle, least recently used first, and only when needed.** A model is idle
   when no request holds it (``active`` counts the requests waiting for it or using it) and it
   is not pinned. A load that does not fit evicts idle models, oldest use first, only as many
@@ -111,6 +117,7 @@ class _Entry(Generic[H]):
         "active",
         "estimate",
         "evictions",
+        "group",
         "handle",
         "keep_alive_s",
         "last_used",
@@ -131,6 +138,7 @@ class _Entry(Generic[H]):
         self.name = name
         self.estimate = estimate
         self.load_peak = 0  # the most a load of it grew memory by, at its peak (0: unknown)
+        self.group: str | None = None
         self.measured = False
         self.pinned = pinned
         self.keep_alive_s = keep_alive_s
@@ -163,6 +171,10 @@ class Residency(Generic[H]):
         reclaim: awaited after each unload, once the residency holds no reference to the
             model, before its memory counts as free (e.g. collect and hand memory back to
             the OS: while ``unload`` runs, its caller still holds the model).
+        reserved_bytes: the part of the budget no model may use (the process's own memory).
+        one_load_at_a_time: admit a load only when no other is under way.
+        in_use: the bytes the models hold now, measured (e.g. the process's memory less
+            ``reserved_bytes``); a load must fit beside it too.
     """
 
     def __init__(
@@ -175,9 +187,14 @@ class Residency(Generic[H]):
         clock: Clock | None = None,
         on_event: OnEvent | None = None,
         reclaim: Callable[[], Awaitable[None]] | None = None,
+        reserved_bytes: int = 0,
+        one_load_at_a_time: bool = False,
+        in_use: Callable[[], int] | None = None,
     ) -> None:
         if budget_bytes is not None and (isinstance(budget_bytes, bool) or budget_bytes < 1):
             raise ValueError(f"budget_bytes must be >= 1 or None, got {budget_bytes!r}")
+        if isinstance(reserved_bytes, bool) or reserved_bytes < 0:
+            raise ValueError(f"reserved_bytes must be >= 0, got {reserved_bytes!r}")
         if keep_alive_s is not None and not keep_alive_s > 0:
             raise ValueError(f"keep_alive_s must be > 0 or None, got {keep_alive_s!r}")
         self.budget_bytes = budget_bytes
@@ -187,6 +204,9 @@ class Residency(Generic[H]):
         self._clock: Clock = clock if clock is not None else LoopClock()
         self._on_event = on_event
         self._reclaim = reclaim
+        self.reserved_bytes = int(reserved_bytes)
+        self._one_load_at_a_time = one_load_at_a_time
+        self._in_use = in_use
         self._entries: dict[str, _Entry[H]] = {}
         self._changed: list[asyncio.Future[None]] = []
         self._tasks: set[asyncio.Task[None]] = set()
@@ -201,11 +221,14 @@ class Residency(Generic[H]):
         pinned: bool = False,
         keep_alive_s: float | None = -1.0,
         load_peak_bytes: int = 0,
+        group: str | None = None,
     ) -> None:
-        """Register a model (not loaded yet). ``estimate_bytes``: its expected footprint (its
-        weights' size) until a load measures it; ``load_peak_bytes``: what its load is
+        """Register a model (not loaded yet). ``estimate_bytes``: its expected footprint (read
+        off its files) until a load measures it; ``load_peak_bytes``: what its load is
         expected to need at its peak, until one is measured (0: the estimate).
-        ``keep_alive_s``: this model's (``None``: none; left out: the manager's)."""
+        ``keep_alive_s``: this model's (``None``: none; left out: the manager's). ``group``:
+        models loaded the same way (one source, one layout): what one's load measures
+        becomes the estimate of those not measured yet."""
         if name in self._entries:
             raise ValueError(f"model {name!r} is already registered")
         if isinstance(estimate_bytes, bool) or estimate_bytes < 0:
@@ -215,6 +238,7 @@ class Residency(Generic[H]):
             raise ValueError(f"keep_alive_s must be > 0 or None, got {keep_alive_s!r}")
         self._entries[name] = _Entry(name, int(estimate_bytes), pinned, keep)
         self._entries[name].load_peak = int(load_peak_bytes)
+        self._entries[name].group = group
 
     @property
     def names(self) -> list[str]:
@@ -317,15 +341,25 @@ class Residency(Generic[H]):
         need = max(e.estimate, e.load_peak)
         budget = self.budget_bytes
         if budget is not None:
+            room = budget - self.reserved_bytes
             pinned = sum(o.accounted for o in self._entries.values() if o.pinned and o is not e)
-            if need > budget - pinned:
+            if need > room - pinned:
                 raise MemoryBudgetError(
                     f"model {e.name!r} needs {_size(need)}, more than the memory budget of "
                     f"{_size(budget)}"
+                    + (
+                        f" less {_size(self.reserved_bytes)} the server holds itself"
+                        if self.reserved_bytes
+                        else ""
+                    )
                     + (f" less {_size(pinned)} held by pinned models" if pinned else "")
                     + "; raise --memory-budget, or unpin a model"
                 )
-            free = budget - self.accounted_bytes
+            if self._one_load_at_a_time and any(
+                o.state is ResidentState.LOADING for o in self._entries.values()
+            ):
+                return False  # the load under way is woken on when it ends, measured
+            free = room - self._held()
             if free < need:
                 self._make_room(need - free)
                 return False
@@ -335,9 +369,17 @@ class Residency(Generic[H]):
         self._spawn(self._run_load(e, e.loading))
         return True
 
+    def _held(self) -> int:
+        """The bytes the models hold: accounted, or measured when that is more (memory an
+        unload kept); with none accounted, what is measured is not the models'."""
+        held = self.accounted_bytes
+        if self._in_use is not None and held > 0:
+            held = max(held, self._in_use())
+        return held
+
     def _make_room(self, short: int) -> None:
         """Evict idle models, least recently used first, to free ``short`` more bytes than the
-        unloads under way will; none if even all idle models would not do."""
+        unloads under way will; none if even all idle models would not do while others stay."""
         short -= sum(
             o.accounted for o in self._entries.values() if o.state is ResidentState.UNLOADING
         )
@@ -346,8 +388,11 @@ class Residency(Generic[H]):
         idle = sorted(
             (o for o in self._entries.values() if self._evictable(o)), key=lambda o: o.last_used
         )
-        if sum(o.accounted for o in idle) < short:
+        idle_bytes = sum(o.accounted for o in idle)
+        if idle_bytes < short and self.accounted_bytes - self._unloading_bytes() > idle_bytes:
             return  # evicting would not make room: wait for a model to go idle
+        # (when the idle models are all that is accounted, evicting them all makes room: what
+        # is measured beyond them then no longer counts, see _held)
         for o in idle:
             if short <= 0:
                 break
@@ -382,6 +427,8 @@ class Residency(Generic[H]):
         peak = loaded[2] if len(loaded) > 2 else None
         if peak is not None:
             e.load_peak = int(peak)
+            for o in self._same_group(e):
+                o.load_peak = max(o.load_peak, e.load_peak)
         e.handle = handle
         e.state = ResidentState.RESIDENT
         e.loads += 1
@@ -390,6 +437,8 @@ class Residency(Generic[H]):
         if measured is not None:
             e.estimate = int(measured)
             e.measured = True
+            for o in self._same_group(e):
+                o.estimate = max(o.estimate, e.estimate)
         e.accounted = e.estimate  # the load's peak reservation ends with it
         done.set_result(None)
         self._emit("load", e.name, {"seconds": seconds, "bytes": e.accounted})
@@ -397,18 +446,32 @@ class Residency(Generic[H]):
             self._arm_timer(e)
         if not self._shed():
             self._emit(
-                "over_budget", e.name, {"bytes": self.accounted_bytes - (self.budget_bytes or 0)}
+                "over_budget",
+                e.name,
+                {"bytes": self.accounted_bytes + self.reserved_bytes - (self.budget_bytes or 0)},
             )
         self._notify()
+
+    def _same_group(self, e: _Entry[H]) -> list[_Entry[H]]:
+        """The models loaded as ``e`` is, not measured yet."""
+        if e.group is None:
+            return []
+        return [
+            o
+            for o in self._entries.values()
+            if o.group == e.group and o is not e and not o.measured
+        ]
 
     def _shed(self) -> bool:
         """Over the budget (a load measured more than its estimate): evict idle models to get
         back under it. False while it cannot (every other model busy or pinned)."""
-        budget = self.budget_bytes
-        if budget is None or self.accounted_bytes <= budget:
+        if self.budget_bytes is None:
             return True
-        self._make_room(self.accounted_bytes - budget)
-        return self.accounted_bytes - self._unloading_bytes() <= budget
+        room = self.budget_bytes - self.reserved_bytes
+        if self.accounted_bytes <= room:
+            return True
+        self._make_room(self.accounted_bytes - room)
+        return self.accounted_bytes - self._unloading_bytes() <= room
 
     def _unloading_bytes(self) -> int:
         return sum(

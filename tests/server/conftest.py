@@ -241,7 +241,7 @@ async def client_on(
     it opens what a test kept gated, so the drain can finish."""
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
             try:
                 yield client
             finally:
@@ -285,8 +285,10 @@ FOOTPRINT = 400
 @pytest.fixture
 def fixed_footprints(monkeypatch: pytest.MonkeyPatch) -> None:
     """On-demand models of :data:`FOOTPRINT` bytes each, whatever their loads measure."""
+    from batchline.models.footprint import Footprint
     from batchline.server import residency
 
-    monkeypatch.setattr(residency, "estimate_bytes", lambda spec: FOOTPRINT)
+    footprint = Footprint(FOOTPRINT, 2 * FOOTPRINT)
+    monkeypatch.setattr(residency, "estimate_footprint", lambda spec, knobs, task=None: footprint)
     monkeypatch.setattr(residency, "memory_in_use", lambda device="cpu": 0)
-    monkeypatch.setattr(residency, "_reset_peak", lambda: None)  # no peak measured
+    monkeypatch.setattr(residency, "_high_water", lambda: None)  # no peak measured

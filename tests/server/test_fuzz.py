@@ -105,7 +105,9 @@ async def test_raw_bytes_never_5xx(client: httpx.AsyncClient, raw: bytes) -> Non
 
 async def test_still_serving_after_junk(client: httpx.AsyncClient) -> None:
     for raw in (b'{"input": NaN}', b'{"input": "\\ud800"}', b"\x00" * 10, b"[[[[[[[[[["):
-        await client.post("/v1/embeddings", content=raw)
+        await client.post(
+            "/v1/embeddings", content=raw, headers={"content-type": "application/json"}
+        )
     r = await client.post("/v1/embeddings", json={"input": "fine"})
     assert r.status_code == 200
 
@@ -174,5 +176,9 @@ async def test_oip_raw_bytes_never_5xx(
     if header is not None and header.isascii() and header.isprintable():
         headers["Inference-Header-Content-Length"] = header
     r = await several_client.post("/v2/models/pred/infer", content=raw, headers=headers)
+    if "Inference-Header-Content-Length" not in headers:
+        # without the binary header the body is JSON by the protocol: octet-stream is a 415
+        assert r.status_code == 415, r.text
+        return
     assert r.status_code in (400, 413), r.text
     assert set(r.json()) == {"error"}

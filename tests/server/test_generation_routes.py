@@ -184,7 +184,7 @@ def make_app(
 async def client_for(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
             yield client
 
 
@@ -227,7 +227,7 @@ class RawCall:
             "raw_path": path.encode("ascii"),
             "query_string": b"",
             "root_path": "",
-            "headers": [(b"content-type", b"application/json"), (b"host", b"test")],
+            "headers": [(b"content-type", b"application/json"), (b"host", b"127.0.0.1")],
             "client": ("127.0.0.1", 40000),
             "server": ("test", 80),
             "state": {},
@@ -430,7 +430,7 @@ async def test_no_generate_model_is_400() -> None:
     app, _ = make_app(others={"emb": SimpleNamespace(name="emb", task="embed")})
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
             r = await client.post("/generate", json={"prompts": ["hi"]})
     assert r.status_code == 400
     assert "no model served here does generate" in r.json()["error"]["message"]
@@ -830,7 +830,9 @@ async def test_behind_create_app_and_its_gate() -> None:
         await model.generator.start()
         try:
             transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            async with httpx.AsyncClient(
+                transport=transport, base_url="http://127.0.0.1"
+            ) as client:
                 r = await client.post("/v1/completions", json={"model": "fake", "prompt": "x"})
                 assert r.status_code == 400
                 assert "does embed" in r.json()["error"]["message"]

@@ -158,7 +158,7 @@ async def test_shutdown_drains_generation_then_frees_the_model() -> None:
     engine = gen.engine
     assert isinstance(engine, GatedGenEngine)
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
         pending = asyncio.ensure_future(
             client.post("/generate", json={"prompts": ["x"], "max_tokens": 3})
         )

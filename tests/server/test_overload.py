@@ -94,7 +94,7 @@ async def test_client_disconnect_withdraws_queued_records() -> None:
     async with app.router.lifespan_context(app):
         batcher = app.state.server.batchers()["fake"]
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
             blocker = asyncio.ensure_future(client.post("/v1/embeddings", json={"input": "a"}))
             await wait_for(lambda: batcher.stats.in_flight_batches == 1)
 
@@ -188,7 +188,7 @@ async def test_api_key_from_environment(monkeypatch: pytest.MonkeyPatch) -> None
     app = create_app(s, load_model=loader(FakeEmbedder()))
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
             r = await client.post("/v1/embeddings", json={"input": "x"})
             assert r.status_code == 401
             r = await client.post(
@@ -227,7 +227,7 @@ async def test_shutdown_drains_queued_work() -> None:
     fake = FakeEmbedder(gated=True)
     app = create_app(settings(), load_model=loader(fake))
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
         stack = contextlib.AsyncExitStack()
         await stack.enter_async_context(app.router.lifespan_context(app))
         batcher = app.state.server.batchers()["fake"]

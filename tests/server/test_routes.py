@@ -91,7 +91,7 @@ async def test_not_ready_before_lifespan_then_draining_after() -> None:
     import httpx
 
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
         assert (await client.get("/health")).status_code == 200
         r = await client.get("/ready")
         assert r.status_code == 503

@@ -161,7 +161,9 @@ def test_errors_over_real_http(server: Server) -> None:
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
     try:
         raw = b'{"input": [NaN, "\\ud800"]}'
-        conn.request("POST", "/v1/embeddings", body=raw, headers={"Content-Type": "x"})
+        conn.request(
+            "POST", "/v1/embeddings", body=raw, headers={"Content-Type": "application/json"}
+        )
         resp = conn.getresponse()
         assert resp.status == 422
         resp.read()

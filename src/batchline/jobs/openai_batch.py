@@ -14,9 +14,12 @@ is resumable like every job. The output file is then written, whole and atomical
 committed chunks: one line per input line, in input order, ``{"id", "custom_id", "response":
 {"status_code": 200, "request_id", "body"}, "error": null}``, or ``"response": null`` and
 ``"error": {"code", "message"}`` for a line that failed (malformed JSON, an unknown url, a bad
-body, a model the job lacks). A body is what the OpenAI route returns: a ``chat.completion``,
-a ``text_completion``, an embeddings ``list`` (``encoding_format`` float or base64), or what
-``/v1/rerank`` and ``/v1/score`` answer (``batchline.models.scoring``). Its
+body, a model the job lacks). Blank lines are skipped (no output line; the summary counts
+them). A file whose ``custom_id`` values repeat is refused whole before anything runs, as
+OpenAI's validation refuses it (:func:`check_batch_file`): its output lines could not be told
+apart. A body is what the OpenAI route returns: a ``chat.completion``, a ``text_completion``,
+an embeddings ``list`` (``encoding_format`` float or base64), or what ``/v1/rerank`` and
+``/v1/score`` answer (``batchline.models.scoring``). Its
 ids derive from the line, and ``created`` is when the completion was made (kept in the chunk),
 so a job killed and resumed writes the same file as one that never stopped but for the
 ``created`` of the completions the killed run had not committed.
@@ -89,7 +92,7 @@ if TYPE_CHECKING:
     from batchline.models.protocol import BatchModel
     from batchline.models.specs import ModelSpec
 
-__all__ = ["BatchFiles", "LinesAdapter", "detect_batch", "run_batch_job"]
+__all__ = ["BatchFiles", "LinesAdapter", "check_batch_file", "detect_batch", "run_batch_job"]
 
 #: Lines read at a time when the job has no generator (the generator sets its own).
 _BLOCK = 64
@@ -100,6 +103,34 @@ def _lines(path: Path) -> list[bytes]:
     """The input's non-blank lines, as the JSONL reader numbers records."""
     with path.open("rb") as f:
         return [line for _, line in nonblank_lines(f)]
+
+
+def check_batch_file(path: Path) -> int:
+    """The number of blank lines of the batch file ``path`` (skipped); ``InputError`` naming
+    the first ``custom_id`` that repeats and the two lines that carry it. One pass, holding
+    the ids seen (malformed lines are left to the job: each becomes its own error line)."""
+    seen: dict[str, int] = {}
+    blank = 0
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            line = raw.removeprefix(b"\xef\xbb\xbf") if lineno == 1 else raw
+            if not line.strip():
+                blank += 1
+                continue
+            try:
+                value = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(value, dict) or "custom_id" not in value:
+                continue
+            key = json.dumps(value["custom_id"], ensure_ascii=False, sort_keys=True)
+            first = seen.setdefault(key, lineno)
+            if first != lineno:
+                raise InputError(
+                    f"{path}: custom_id {key} is on lines {first} and {lineno}; give each line "
+                    "of an OpenAI batch file its own custom_id (OpenAI refuses such a file too)"
+                )
+    return blank
 
 
 def detect_batch(options: RunOptions) -> BatchFiles | None:
@@ -412,6 +443,7 @@ async def run_batch_job(
 
     The summary is the generator's when the job has one, else the embedding model's.
     """
+    blank_lines = await asyncio.to_thread(check_batch_file, batch.input)  # before any work
     opts = batch.job_options(options)
     specs = await asyncio.to_thread(batch_specs, opts)
     # The models load before the output opens (as in run): a model that fails to load leaves
@@ -463,7 +495,7 @@ async def run_batch_job(
     finally:
         models.close()
     output = await asyncio.to_thread(batch.write_output)
-    return dataclasses.replace(summary, output=output)
+    return dataclasses.replace(summary, output=output, blank_lines=blank_lines)
 
 
 def _output_line(

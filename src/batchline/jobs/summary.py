@@ -34,6 +34,8 @@ class RunSummary:
     latency_p99_s: float
     #: whether batches were costed in padded tokens (text models); else in the model's units
     padded: bool = True
+    #: blank lines of the input, skipped (an OpenAI batch file's; 0 for other inputs)
+    blank_lines: int = 0
 
     @property
     def records_per_s(self) -> float:
@@ -66,6 +68,7 @@ class RunSummary:
             ("records (this run)", f"{self.records:,}"),
             ("skipped", f"{self.skipped:,}"),
             ("resumed (already done)", f"{self.already_done:,}"),
+            *([("blank lines (skipped)", f"{self.blank_lines:,}")] if self.blank_lines else []),
             ("wall time", f"{self.wall_s:.1f} s"),
         ]
 

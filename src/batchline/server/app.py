@@ -219,7 +219,12 @@ def create_app(
 
             state.managed = {s.name: _task_of(s) for s in specs}
             state.residency = build_residency(
-                settings, list(specs), load_managed, unload_managed, metrics.residency_event
+                settings,
+                list(specs),
+                load_managed,
+                unload_managed,
+                metrics.residency_event,
+                tasks=state.managed,
             )
             metrics.watch_residency(state.residency.stats)
         try:
@@ -248,6 +253,11 @@ def create_app(
         state.models.update(models)
         state.generators.update(generators)
         state.order[:] = [s.name for s in specs]
+        if settings.host_names is None and not settings.allowed_hosts:
+            logger.info(
+                "bound to every interface: any Host is accepted; --allowed-hosts NAMES limits "
+                "it, and --api-key (or BATCHLINE_API_KEY) keeps strangers out"
+            )
         state.ready = True
         state.draining = False
         try:
@@ -267,6 +277,23 @@ def create_app(
     app.state.server = state
     include_routes(app)
     app.add_middleware(Gate, state=state)
+    if settings.cors_origins:
+        # outside the gate: a preflight needs no API key, and the gate's errors carry the
+        # CORS headers so the page can read them
+        from starlette.middleware.cors import CORSMiddleware
+
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(settings.cors_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=[
+                "Authorization",
+                "Content-Type",
+                "X-Batchline-Priority",
+                "Inference-Header-Content-Length",
+            ],
+            expose_headers=["Retry-After", "Inference-Header-Content-Length"],
+        )
     install_error_handlers(app)
     return app
 

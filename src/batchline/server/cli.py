@@ -71,6 +71,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="require 'Authorization: Bearer KEY' on model routes; prefer the "
         "BATCHLINE_API_KEY environment variable (command lines are visible to other users)",
     )
+    p.add_argument(
+        "--allowed-hosts",
+        metavar="NAMES",
+        help="comma-separated names clients may send in the Host header besides the bind "
+        "address's own (localhost, 127.0.0.1, [::1]); *.example.com for subdomains, * for "
+        "any (default with --host 0.0.0.0); others get 421",
+    )
+    p.add_argument(
+        "--cors-origins",
+        metavar="ORIGINS",
+        help="comma-separated browser origins sent CORS headers (https://app.example, or *); "
+        "default none: web pages of other origins cannot read answers",
+    )
     p.add_argument("--config", type=Path, help="settings file, TOML or JSON (flat keys)")
     p.add_argument(
         "--no-batching",
@@ -103,9 +116,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--memory-budget",
         metavar="SIZE",
-        help="memory the models may hold together (6GiB, 512MB, or a fraction of RAM: "
-        "0.5, 50%%); models then load on their first request and idle ones are evicted, least "
-        "recently used first, when a load needs room",
+        help="memory the server process may hold, its models included (6GiB, 512MB, or a "
+        "fraction of RAM: 0.5, 50%%); models then load on their first request and idle ones "
+        "are evicted, least recently used first, when a load needs room",
     )
     p.add_argument(
         "--preload",

@@ -1,7 +1,11 @@
-"""The gate: pure ASGI middleware in front of the routes (auth, drain, body, disconnects).
+"""The gate: pure ASGI middleware in front of the routes (host, auth, drain, content type,
+body, disconnects).
 
-It runs before FastAPI sees a request, so a refused request costs no parsing: the API key
-(401), draining or still loading (503 + ``Retry-After``), the body size (413, on
+It runs before FastAPI sees a request, so a refused request costs no parsing: a ``Host``
+the server does not answer to (421: a page whose name was rebound to this address, see
+``ServerSettings.host_names``), the API key (401), draining or still loading (503 +
+``Retry-After``), a body that is not JSON (415: a cross-site form or ``text/plain`` post,
+which a browser sends without asking), the body size (413, on
 ``Content-Length`` and on the bytes actually read), a body that trickles in (408). It reads
 the body itself and hands it to the routes in one piece (``scope["batchline.body"]``), counts
 the requests in flight (what a drain waits for), and watches the connection of a request
@@ -25,6 +29,11 @@ __all__ = ["OPEN_PATHS", "Gate"]
 
 #: Paths that never need the API key nor count as work (probes and scrapes).
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/v2/health/live", "/v2/health/ready"})
+#: Liveness probes: answered whatever the ``Host`` (they say nothing but "up").
+_ANY_HOST_PATHS = frozenset({"/health", "/v2/health/live"})
+#: The Open Inference Protocol's binary tensor requests carry this header and their own
+#: content type; a browser cannot send it cross-site without a CORS preflight.
+_BINARY_OIP_HEADER = b"inference-header-content-length"
 # A request still running after this long starts watching for its client's disconnect.
 _WATCH_AFTER_S = 0.02
 
@@ -35,12 +44,26 @@ class Gate:
     def __init__(self, app: ASGIApp, state: ServerState) -> None:
         self.app = app
         self.state = state
+        self._host_names = state.settings.host_names  # the settings are frozen
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         st = self.state
+        names = self._host_names
+        if names is not None and scope["path"] not in _ANY_HOST_PATHS:
+            host = _header(scope, b"host")
+            if host is not None and not _host_allowed(host, names):
+                message = (
+                    f"this server does not answer to Host {host.decode('latin-1')!r}; "
+                    "add the name to --allowed-hosts (allowed_hosts) to serve it"
+                )
+                await _reply(scope, receive, send, error_response(421, message, "misdirected"))
+                return
+        if scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
         if st.api_key is not None and not _authorized(scope, st.api_key):
             await _reply(
                 scope,
@@ -77,6 +100,14 @@ class Gate:
             finally:
                 release_all(scope)
                 st._leave()
+            return
+        media = _json_media_type(scope)
+        if media is not None:
+            message = (
+                f"a request body must be JSON, sent with 'Content-Type: application/json' "
+                f"(got {media or 'no Content-Type'})"
+            )
+            await _reply(scope, receive, send, error_response(415, message, "unsupported_media"))
             return
         st._enter()
         try:
@@ -204,6 +235,47 @@ async def _read_rest(receive: Receive, room: int) -> bytes | int | None:
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return bytes(value)
+    return None
+
+
+def _host_allowed(host: bytes, names: frozenset[str]) -> bool:
+    """Whether a ``Host`` value (``name``, ``name:port``, ``[v6]:port``) names this server."""
+    text = host.decode("latin-1").strip().lower()
+    if text.startswith("["):
+        name = text[1:].partition("]")[0]
+    else:
+        name, _, port = text.rpartition(":") if ":" in text else (text, "", "")
+        if port and not port.isdigit():
+            return False
+    name = name.removesuffix(".")
+    if not name:
+        return False
+    return name in names or any(
+        n.startswith("*.") and name.endswith(n[1:]) and len(name) > len(n) - 1 for n in names
+    )
+
+
+def _json_media_type(scope: Scope) -> str | None:
+    """``None`` when a body may be read: JSON (``application/json`` or ``application/*+json``,
+    any parameters) or a binary Open Inference Protocol request; else the media type sent
+    (``""``: none). An Open Inference Protocol request with no type at all is JSON by that
+    protocol: tritonclient sends its JSON requests so."""
+    if _header(scope, _BINARY_OIP_HEADER) is not None:
+        return None
+    raw = _header(scope, b"content-type")
+    if raw is None and scope["path"].startswith("/v2/"):
+        return None
+    media = (raw or b"").decode("latin-1").partition(";")[0].strip().lower()
+    main, _, sub = media.partition("/")
+    if main == "application" and (sub == "json" or sub.endswith("+json")):
+        return None
+    return media
 
 
 def _authorized(scope: Scope, key: bytes) -> bool:

@@ -295,7 +295,8 @@ class _ResidencyCollector(Collector):
         )
         footprint = GaugeMetricFamily(
             "batchline_model_footprint_bytes",
-            "An on-demand model's footprint: its weights' size, or what its last load measured.",
+            "An on-demand model's footprint: estimated from its files, or what its last load "
+            "measured.",
             labels=["model"],
         )
         for source in self._sources:

@@ -3,14 +3,29 @@ models under ``memory_budget``.
 
 With ``memory_budget`` set, the server starts without loading its batch models (except those
 named in ``preload`` or ``pin``); a model loads on its first request, and requests that arrive
-meanwhile wait for that load (at most ``request_timeout_s``: then 504). Loads run one at a
-time, so each one's footprint can be measured: the growth of the process's resident memory
-(``/proc/self/statm``) across the load, and the peak it reached during the load (``VmHWM``,
-reset before it: what the model's next load reserves; an ONNX load peaks near twice its
-weights, the parsed file beside the session's copy), or of torch's CUDA allocations for a model on
-``cuda`` when torch is loaded; before the first load, the weights' size on disk is the
-estimate. A failed load answers the requests waiting for it with 503 naming the cause, and the
-next request tries again; a model that can never fit is a 503 saying so.
+meanwhile wait for that load (at most ``request_timeout_s``: then 504). A failed load answers
+the requests waiting for it with 503 naming the cause, and the next request tries again; a
+model that can never fit is a 503 saying so.
+
+The budget bounds the whole process (its resident memory with its children's: what the
+machine loses to it), so a peak RSS within the budget is what it promises:
+
+* **Reserved**: what the process holds before any model (measured when the residency is
+  built) plus what the runtimes of its models will add once (``models.footprint``) is taken
+  off the budget first; the models share the rest.
+* **Estimated**: before its first load, a model's footprint and its load's peak are read off
+  its files by its backend (:func:`batchline.models.footprint.estimate_footprint`).
+* **Measured**: loads and unloads run one at a time, and a load is admitted only when no
+  other is under way; each load's growth of the resident memory (``/proc/self/statm``, or
+  torch's CUDA allocations for a model on ``cuda``) and the peak it reached (``VmHWM``, when
+  the load set a new high: it is never reset, so it stays the process's lifetime peak) are
+  its footprint and its next load's peak (the log line of each load gives both, grown and
+  counted). Inference on the resident models goes on meanwhile, so a measure is kept within
+  [the estimate, twice the estimate]: never below what the files say the model holds (memory
+  another model's work freed meanwhile), never absurdly above it. Models with the same spec
+  and layout share what one measured.
+* **Checked**: a load must also fit beside the memory measured now, less the reserve (an
+  unload that did not give its memory back still counts).
 
 Generate models are managed alike (their generator starts at the load and drains at the
 unload); a vLLM engine's memory is counted too, as it runs in a child process of the server.
@@ -28,7 +43,6 @@ import os
 import sys
 import time
 from collections.abc import Callable, MutableMapping
-from pathlib import Path
 from typing import Any
 
 from batchline._residency import (
@@ -38,13 +52,13 @@ from batchline._residency import (
     ResidentState,
     parse_bytes,
 )
+from batchline.models.footprint import Footprint, estimate_footprint, runtime_bytes
 from batchline.models.specs import ModelSpec
 from batchline.server.errors import ApiError
 
 __all__ = [
     "RELEASES",
     "build_residency",
-    "estimate_bytes",
     "memory_in_use",
     "release_all",
     "return_memory",
@@ -127,50 +141,17 @@ def return_memory() -> None:
             ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-def _reset_peak() -> int | None:
-    """Reset the process's peak RSS (``VmHWM``) to its RSS now and return that (``None``
-    where Linux does not allow it)."""
+def _high_water() -> int | None:
+    """The process's peak resident memory so far (``VmHWM``; ``None`` where it cannot be
+    read). Never reset: it stays the lifetime peak an operator compares with the budget."""
     try:
-        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
-            f.write("5")
-        return _peak()
-    except (OSError, ValueError):
-        return None
-
-
-def _peak() -> int:
-    with open("/proc/self/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise ValueError("no VmHWM")
-
-
-def estimate_bytes(spec: ModelSpec) -> int:
-    """The first estimate of a model's footprint: its weights' size on disk (0 when unknown:
-    the first load then measures it)."""
-    path: Path | None = None
-    if spec.kind == "builtin":
-        try:
-            if spec.source == "default":
-                from batchline.models.onnx.minilm import weights_dir
-
-                path = weights_dir() / "model.safetensors"
-            elif spec.source == "smollm2":  # its fp32 folder, once converted (the GGUF is Q4)
-                from batchline.models.generation.smollm2 import converted_folder
-
-                path = converted_folder()
-        except Exception:  # the weights package is missing: the load will say so
-            return 0
-    elif spec.kind in ("onnx", "hf"):
-        path = spec.path
-    if path is None or not path.exists():
-        return 0
-    if path.is_file():
-        size = path.stat().st_size
-        data = path.with_name(path.name + ".data")  # torch.onnx's external weights
-        return size + (data.stat().st_size if data.is_file() else 0)
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def build_residency(
@@ -179,37 +160,70 @@ def build_residency(
     load_served: Callable[[ModelSpec], Any],
     unload_served: Callable[[Any], Any],
     on_event: Callable[[str, str, dict[str, Any]], None],
+    tasks: dict[str, str] | None = None,
 ) -> Residency[Any]:
     """A residency of ``specs`` under ``settings.memory_budget``: ``load_served``
     (async, spec → started served model) and ``unload_served`` (async) do the work."""
     budget = parse_bytes(settings.memory_budget, total=total_memory())
     device = str(getattr(settings.knobs, "device", "cpu") or "cpu")
+    knobs = settings.knobs if settings.knobs.batching else settings.baseline_knobs
     by_name = {s.name: s for s in specs}
-    one_at_a_time = asyncio.Lock()
+    estimates: dict[str, Footprint] = {
+        s.name: estimate_footprint(s, knobs, (tasks or {}).get(s.name)) for s in specs
+    }
+    on_cpu = device == "cpu"
+    # the process without models, and the runtimes its models will import (never unloaded)
+    own = memory_in_use(device) if on_cpu else 0
+    reserved = own + (runtime_bytes(f.runtime for f in estimates.values()) if on_cpu else 0)
+    if reserved >= budget:
+        logger.warning(
+            "the memory budget of %.0f MiB is all taken by the server itself (%.0f MiB with its "
+            "models' runtimes): no model will load; raise --memory-budget",
+            budget / 2**20,
+            reserved / 2**20,
+        )
+    one_at_a_time = asyncio.Lock()  # loads and unloads: each load's growth is its own
 
     async def load(name: str) -> tuple[Any, int | None, int | None]:
-        async with one_at_a_time:  # so each load's memory growth is its own
-            before = memory_in_use(device)
-            peak_from = _reset_peak() if device == "cpu" else None
+        expected = estimates[name]
+        async with one_at_a_time:
+            runtime = runtime_bytes([expected.runtime]) if on_cpu else 0  # imported by this load
+            before = memory_in_use(device) + runtime  # the runtime is in the reserve
+            high_before = _high_water() if on_cpu else None
             started = time.perf_counter()
             served = await load_served(by_name[name])
             grown = memory_in_use(device) - before
-            peak = _peak() - peak_from if peak_from is not None else None
-            logger.info(
-                "model %s loaded in %.1fs (%.0f MiB, peak %s MiB)",
-                name,
-                time.perf_counter() - started,
-                grown / 2**20,
-                f"{peak / 2**20:.0f}" if peak is not None else "?",
+            high = _high_water() if high_before is not None else None
+            # the load's peak shows only where it set a new high for the process
+            peak = (
+                high - before
+                if high is not None and high_before is not None and high > high_before
+                else None
             )
-            return served, grown if grown > 0 else None, peak if peak and peak > 0 else None
+        steady = _attribute(grown, expected.steady_bytes)
+        reserve = _attribute(peak, expected.peak_bytes) if peak is not None else None
+        logger.info(
+            "model %s loaded in %.1fs (grew %.0f MiB, peak %s MiB; counted %s MiB, peak %s MiB)",
+            name,
+            time.perf_counter() - started,
+            grown / 2**20,
+            f"{peak / 2**20:.0f}" if peak is not None else "?",
+            f"{steady / 2**20:.0f}" if steady is not None else "?",
+            f"{reserve / 2**20:.0f}" if reserve is not None else "?",
+        )
+        return served, steady, reserve
 
     async def unload(name: str, served: Any) -> None:
         logger.info("unloading model %s", name)
-        await unload_served(served)
+        async with one_at_a_time:
+            await unload_served(served)
 
     async def reclaim() -> None:
-        await asyncio.to_thread(return_memory)  # gc and malloc_trim off the event loop
+        async with one_at_a_time:
+            await asyncio.to_thread(return_memory)  # gc and malloc_trim off the event loop
+
+    def in_use() -> int:
+        return max(0, memory_in_use(device) - reserved)
 
     residency: Residency[Any] = Residency(
         budget_bytes=budget,
@@ -218,19 +232,33 @@ def build_residency(
         keep_alive_s=settings.keep_alive_s,
         on_event=on_event,
         reclaim=reclaim,
+        reserved_bytes=min(reserved, budget - 1),
+        one_load_at_a_time=True,
+        in_use=in_use if on_cpu else None,
     )
     for spec in specs:
-        weights = estimate_bytes(spec)
+        expected = estimates[spec.name]
         residency.add(
             spec.name,
-            estimate_bytes=weights,
-            # a first load reserves twice the weights: an ONNX load peaked at 2.0x (192 MiB
-            # MLP: the parsed file beside the session's copy); later loads, their measured peak
-            load_peak_bytes=2 * weights,
+            estimate_bytes=expected.steady_bytes,
+            load_peak_bytes=expected.peak_bytes,
             pinned=spec.name in settings.pin,
             keep_alive_s=settings.model_keep_alive_s.get(spec.name, settings.keep_alive_s),
+            group=f"{spec.kind}:{spec.source}:{spec.task}" if expected.steady_bytes else None,
         )
     return residency
+
+
+def _attribute(grown: int, expected: int) -> int | None:
+    """What a load's measured growth says the model holds: at least the files' estimate (a
+    smaller growth overlapped memory freed by other work) and at most twice it (a larger one
+    counted other work's allocations); with no estimate, the growth. ``None`` (nothing
+    learned) when memory did not grow."""
+    if grown <= 0:
+        return None
+    if expected <= 0:
+        return grown
+    return min(max(grown, expected), 2 * expected)
 
 
 async def use_served(

@@ -83,9 +83,10 @@ class ServerSettings(BaseModel):
 
     Memory (on-demand models, :mod:`batchline.server.residency`):
         memory_budget: ``6GiB``, ``512MB``, bytes, or a fraction of RAM (``0.5``, ``50%``):
-            with it, models (generate ones too) load on their first request and idle ones
-            are evicted (least recently used) when a load needs room (``None``: every model
-            loads at startup and stays).
+            the memory the server process may hold, its models included; with it, models
+            (generate ones too) load on their first request and idle ones are evicted (least
+            recently used) when a load needs room (``None``: every model loads at startup
+            and stays).
         preload, pin: models loaded at startup anyway; pinned ones are never evicted.
         keep_alive_s: an idle model is unloaded this long after its last use (``None``:
             only when its room is needed); model_keep_alive_s: ``{name: seconds}``.
@@ -114,6 +115,16 @@ class ServerSettings(BaseModel):
     Serving:
         host, port, api_key, drain_timeout_s (how long SIGTERM waits for in-flight work),
         log_level, access_log.
+
+    Who may drive the server (``docs/security.md``):
+        allowed_hosts: the names a request's ``Host`` header may carry (any port), besides
+            the bind address's own (``localhost``, ``127.0.0.1`` and ``[::1]`` on loopback);
+            ``*.example.com`` matches its subdomains, ``*`` any name. Bound to every
+            interface (``0.0.0.0``, ``::``) with none given, any name is accepted (the
+            server is meant to be reached by names it cannot know). A list, or one
+            comma-separated string.
+        cors_origins: the browser origins sent CORS headers (``https://app.example``, ``*``);
+            none by default, so a web page of another origin cannot read an answer.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
@@ -170,11 +181,22 @@ class ServerSettings(BaseModel):
     drain_timeout_s: float = Field(default=30.0, ge=0)
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     access_log: bool = False
+    allowed_hosts: list[str] = Field(default_factory=list)
+    cors_origins: list[str] = Field(default_factory=list)
 
     @field_validator("model", "task", "preload", "pin", mode="before")
     @classmethod
     def _one_or_many(cls, value: Any) -> Any:
         return [value] if isinstance(value, str) else value
+
+    @field_validator("allowed_hosts", "cors_origins", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = value.split(",")
+        if isinstance(value, list):
+            return [v.strip() for v in value if not isinstance(v, str) or v.strip()]
+        return value
 
     @model_validator(mode="before")
     @classmethod
@@ -233,6 +255,18 @@ class ServerSettings(BaseModel):
             )
         if self.api_key is not None and not self.api_key.get_secret_value():
             raise ValueError("api_key must not be empty")
+        for name in self.allowed_hosts:
+            if not name or any(c in name for c in "/ @?#"):
+                raise ValueError(
+                    f"allowed_hosts: {name!r} is not a host name; give names as clients send "
+                    "them in Host, without scheme or path: api.example.com, *.example.com, *"
+                )
+        for origin in self.cors_origins:
+            if origin != "*" and not origin.startswith(("http://", "https://")):
+                raise ValueError(
+                    f"cors_origins: {origin!r} is not an origin; give scheme://host[:port], "
+                    "e.g. https://app.example.com, or *"
+                )
         return self
 
     # -- building ---------------------------------------------------------------------------
@@ -279,6 +313,18 @@ class ServerSettings(BaseModel):
         return p
 
     @property
+    def host_names(self) -> frozenset[str] | None:
+        """The names (lower case, IPv6 without brackets) a request's ``Host`` may carry, with
+        any port; ``*.example.com`` entries match subdomains; ``None``: any name (``*``, or
+        bound to every interface with no ``allowed_hosts``)."""
+        given = {h.lower().removeprefix("[").removesuffix("]") for h in self.allowed_hosts}
+        bind = self.host.lower().removeprefix("[").removesuffix("]")
+        wildcard = bind in _ALL_INTERFACES
+        if "*" in given or (wildcard and not given):
+            return None
+        return frozenset(given | _LOOPBACK_NAMES | (set() if wildcard else {bind}))
+
+    @property
     def baseline_knobs(self) -> Knobs:
         """The knobs of the baseline's layout (:meth:`Knobs.baseline`): one session of
         ``baseline_intra_op_threads`` threads that every request uses at once."""
@@ -317,6 +363,11 @@ class ServerSettings(BaseModel):
                 )
         return specs
 
+
+#: The names a loopback server answers to: what a local client sends as ``Host``.
+_LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+#: Bind addresses that mean every interface.
+_ALL_INTERFACES = frozenset({"0.0.0.0", "::", ""})
 
 #: Every flat key a config file (or ``ServerSettings(...)``) may hold.
 SETTING_NAMES: frozenset[str] = frozenset(ServerSettings.model_fields) - {"knobs"} | frozenset(

@@ -20,7 +20,8 @@ router = APIRouter()
 async def list_models(request: Request) -> JSONResponse:
     """OpenAI-style model list; each model also says its ``task`` and, for an on-demand model
     (``memory_budget``), its ``state`` (unloaded, loading, resident, unloading),
-    ``footprint_bytes`` (its weights' size, or what its last load measured) and ``pinned``."""
+    ``footprint_bytes`` (estimated from its files, or what its last load measured) and
+    ``pinned``."""
     state = server_state(request)
     data = [_card(m.name, m.created, m.task) for m in state.served()]
     if state.residency is not None:
@@ -58,9 +59,12 @@ async def health() -> JSONResponse:
 
 @router.get("/ready", summary="Readiness: models loaded and not draining")
 async def ready(request: Request) -> JSONResponse:
-    """200 when the models are loaded and the server is not draining, else 503."""
+    """200 when the models are loaded and the server is not draining, else 503. With an API
+    key the models are not listed (this route needs none; ``/v1/models`` lists them)."""
     state = server_state(request)
     if state.ready and not state.draining:
+        if state.api_key is not None:
+            return JSONResponse({"status": "ready"})
         return JSONResponse({"status": "ready", "models": [m.name for m in state.served()]})
     status = "draining" if state.draining else "loading"
     return JSONResponse(
