@@ -1,4 +1,5 @@
-"""Every example runs, and every Python block of the README runs."""
+"""Every example runs, and every Python block of the README (and of the docs pages the README
+sends readers to for the rules it leaves out: ``docs/batcher.md``) runs."""
 
 from __future__ import annotations
 
@@ -44,8 +45,12 @@ def test_embed_from_threads_example() -> None:
     assert stats.avg_batch_size > 1
 
 
+#: The pages whose Python blocks are run as they are.
+RUN_PAGES = ("README.md", "docs/batcher.md")
+
+
 def python_blocks() -> list[str]:
-    text = (ROOT / "README.md").read_text()
+    text = "\n".join((ROOT / page).read_text() for page in RUN_PAGES)
     return re.findall(r"```python\n(.*?)```", text, flags=re.S)
 
 
@@ -56,6 +61,16 @@ def test_readme_python_block_runs(index: int, tmp_path: Path) -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=300
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_readme_is_a_newcomers_path() -> None:
+    """Short enough to read top to bottom, with a from-a-clone install, and every docs page it
+    links to exists."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 260
+    assert "pip install '.[jobs]'" in text
+    for link in re.findall(r"\]\((docs/[^)#]+)", text):
+        assert (ROOT / link).is_file(), link
 
 
 def test_readme_gives_the_two_setup_commands() -> None:

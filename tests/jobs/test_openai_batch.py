@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from batchline.knobs import Knobs
@@ -263,7 +264,7 @@ def test_a_mixed_file_answers_embeddings_and_chat_lines(tiny: Path, tmp_path: Pa
         embed(2, texts[1:], encoding_format="base64", dimensions=384),
         unnamed(embed(3, texts[3])),  # no model: the job's embedding model
         unnamed(chat(4)),  # the job's generator
-        embed(5, "x", dimensions=100),
+        embed(5, "x", dimensions=1000),
         embed(6, "x", encoding_format="int8"),
         embed(7, []),
         embed(8, [101, 2023]),
@@ -289,7 +290,7 @@ def test_a_mixed_file_answers_embeddings_and_chat_lines(tiny: Path, tmp_path: Pa
             assert g["response"] is None
             assert openai.types.BatchError.model_validate(g["error"]).message
     errors = {i: got[i]["error"]["message"] for i in range(len(got)) if i not in ok}
-    assert "returns 384 dimensions" in errors[5]
+    assert '"dimensions" must be between 1 and 384' in errors[5]
     assert 'encoding_format must be "float" or "base64"' in errors[6]
     assert '"input": a string or a non-empty list of strings' in errors[7]
     assert "token arrays are not taken" in errors[8]
@@ -339,18 +340,22 @@ def test_a_mixed_file_answers_embeddings_and_chat_lines(tiny: Path, tmp_path: Pa
 def test_an_embeddings_only_file_needs_no_generator(tiny: Path, tmp_path: Path) -> None:
     from batchline.cli import main
 
-    src = write_lines(
-        tmp_path / "requests.jsonl", [embed(0, "one"), unnamed(chat(1)), unnamed(embed(2, "two"))]
-    )
+    lines = [embed(0, "one"), unnamed(chat(1)), unnamed(embed(2, "two")), embed(3, "one")]
+    lines[3]["body"]["dimensions"] = 16
+    src = write_lines(tmp_path / "requests.jsonl", lines)
     out = tmp_path / "results.jsonl"
     assert main(["run", str(src), "--model", f"{EMB}=default", "-o", str(out), "--quiet"]) == 0
     got = read_lines(out)
-    assert [g["error"] is None for g in got] == [True, False, True]
+    assert [g["error"] is None for g in got] == [True, False, True, True]
     assert "this job has no generator for /v1/chat/completions lines" in got[1]["error"]["message"]
     assert "--model NAME=smollm2" in got[1]["error"]["message"]
     for g in (got[0], got[2]):
         body = openai.types.CreateEmbeddingResponse.model_validate(g["response"]["body"])
         assert len(body.data[0].embedding) == 384
+    # dimensions: the first 16 of the same text's vector, renormalized
+    full = np.asarray(got[0]["response"]["body"]["data"][0]["embedding"], dtype=np.float32)
+    cut = np.asarray(got[3]["response"]["body"]["data"][0]["embedding"], dtype=np.float32)
+    np.testing.assert_allclose(cut, full[:16] / np.linalg.norm(full[:16]), rtol=1e-5, atol=1e-7)
     # and one with no embedding model: its embeddings lines say which flag to add
     assert main(["run", str(src), "--model", f"{MODEL}={tiny}/", "-o", str(out), "--quiet",
                  "--overwrite", "--limit", "1"]) == 0  # fmt: skip

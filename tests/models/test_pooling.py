@@ -106,7 +106,7 @@ def test_a_pooling_that_does_not_fit_the_output_is_refused(
 
 
 def test_an_unknown_pooling_is_refused(folder: Path) -> None:
-    with pytest.raises(ValueError, match="pooling must be mean, cls or none, got 'max'"):
+    with pytest.raises(ValueError, match="pooling must be mean, cls, lasttoken or none, got 'max'"):
         embedder(folder, pooling="max")
 
 

@@ -45,14 +45,25 @@ class FakeTokenizer:
 
     def __init__(self, max_length: int = 16) -> None:
         self.truncation = {"max_length": max_length}
+        self.words: dict[int, str] = {}
 
-    def encode(self, text: str) -> _Encoding:
-        words = [zlib.crc32(w.encode("utf-8", "replace")) % 30_000 + 1_000 for w in text.split()]
+    def encode(self, text: str, add_special_tokens: bool = True) -> _Encoding:
+        words = []
+        for w in text.split():
+            word_id = zlib.crc32(w.encode("utf-8", "replace")) % 30_000 + 1_000
+            self.words[word_id] = w
+            words.append(word_id)
+        if not add_special_tokens:
+            return _Encoding(words, [])
         ids = [101, *words, 102]
         limit = self.truncation["max_length"]
         if len(ids) <= limit:
             return _Encoding(ids, [])
         return _Encoding([*ids[: limit - 1], 102], [_Encoding(ids[limit - 1 :], [])])
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        """The words of ids this tokenizer made (special ids dropped); KeyError for others."""
+        return " ".join(self.words[i] for i in ids if i not in (101, 102))
 
 
 class FakeEmbedder:
@@ -135,6 +146,12 @@ class FakeGenerateModel:
     def encode_chat(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
         text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
         return GEN_TOK.encode(text + "<assistant>")
+
+    def token_ids(self, text: str, *, special_tokens: bool = True) -> list[int]:
+        return list(GEN_TOK.encode(text))
+
+    def token_text(self, ids: Sequence[int]) -> str:
+        return str(GEN_TOK.decode(list(ids)))
 
     def close(self) -> None:
         self.closed = True

@@ -116,7 +116,7 @@ async def test_unknown_model_and_wrong_dimensions() -> None:
         r = await client.post("/v1/embeddings", json={"input": "x", "model": "gpt-9"})
         assert r.status_code == 404
         assert r.json()["error"]["type"] == "model_not_found"
-        r = await client.post("/v1/embeddings", json={"input": "x", "dimensions": 3})
+        r = await client.post("/v1/embeddings", json={"input": "x", "dimensions": 9})
         assert r.status_code == 400
         r = await client.post("/v1/embeddings", json={"input": "x", "dimensions": 8})
         assert r.status_code == 200

@@ -9,7 +9,7 @@ result is encoded, or its failure named (:func:`collect`).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from batchline._errors import InputError
@@ -30,13 +30,19 @@ __all__ = [
 
 
 class BatchAdapter:
-    """:class:`~batchline.datasets.pipeline.Adapter` for a started :class:`ModelBatcher`."""
+    """:class:`~batchline.datasets.pipeline.Adapter` for a started :class:`ModelBatcher`;
+    ``take`` is what the model is given of a record (default: its input, as read)."""
 
-    def __init__(self, engine: ModelBatcher[Any, Any]) -> None:
+    def __init__(
+        self, engine: ModelBatcher[Any, Any], take: Callable[[Record], object] | None = None
+    ) -> None:
         self.engine = engine
+        self.take = take
 
     async def submit(self, records: Sequence[Record]) -> asyncio.Future[list[Outcome]]:
-        pending = await submit_block(self.engine, [r.input for r in records])
+        take = self.take
+        inputs = [r.input for r in records] if take is None else [take(r) for r in records]
+        pending = await submit_block(self.engine, inputs)
         return asyncio.ensure_future(collect(self.engine, pending))
 
     def utilization(self) -> float:

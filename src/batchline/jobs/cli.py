@@ -40,7 +40,8 @@ def add_parser(sub: Any) -> None:
         dest="input_columns",
         metavar="NAME",
         help="predict: a column of tensors (list values) named as the model input it feeds "
-        "(repeatable); for a .npy input, the model input's name (default: the model's only one)",
+        "(repeatable); for a .npy input, the model input's name (default: the model's only one); "
+        "score: the query column, then the document column (default: query and document)",
     )
     p.add_argument("--chunk-size", type=int, default=10_000, help="records per output chunk")
     p.add_argument(

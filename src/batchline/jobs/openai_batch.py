@@ -1,20 +1,22 @@
 """OpenAI batch files in and out: ``batchline run requests.jsonl`` where each line is
 ``{"custom_id", "method": "POST", "url", "body"}``, ``url`` one of ``/v1/chat/completions``,
-``/v1/completions`` and ``/v1/embeddings``, mixed as they come.
+``/v1/completions``, ``/v1/embeddings``, ``/v1/rerank`` and ``/v1/score``, mixed as they come.
 
-The job has one generator and one embedding model at most (``--model NAME=SPEC`` repeated);
-each line's ``body.model`` picks one by ``NAME`` (a line naming none takes the job's model of
-its kind; a name the job lacks is that line's error, naming the ``--model`` flag to add). One
-pipeline reads the file: :class:`LinesAdapter` sends each block's chat and completions lines to
-the generator (as any generate job) and its embeddings lines to the embedding model's batcher
-(every text of a line's ``input`` its own record there, so texts of many lines share
+The job has one generator, one embedding model and one reranker at most (``--model NAME=SPEC``
+repeated); each line's ``body.model`` picks one by ``NAME`` (a line naming none takes the job's
+model of its kind; a name the job lacks is that line's error, naming the ``--model`` flag to
+add). One pipeline reads the file: :class:`LinesAdapter` sends each block's chat and
+completions lines to the generator (as any generate job), its embeddings lines to the embedding
+model's batcher and its rerank and score lines to the reranker's (every text of a line's
+``input``, every pair of a rerank line, its own record there, so items of many lines share
 batches), into one chunked output folder beside the output file (``OUTPUT.parts``), so the job
 is resumable like every job. The output file is then written, whole and atomically, from the
 committed chunks: one line per input line, in input order, ``{"id", "custom_id", "response":
 {"status_code": 200, "request_id", "body"}, "error": null}``, or ``"response": null`` and
 ``"error": {"code", "message"}`` for a line that failed (malformed JSON, an unknown url, a bad
 body, a model the job lacks). A body is what the OpenAI route returns: a ``chat.completion``,
-a ``text_completion``, or an embeddings ``list`` (``encoding_format`` float or base64). Its
+a ``text_completion``, an embeddings ``list`` (``encoding_format`` float or base64), or what
+``/v1/rerank`` and ``/v1/score`` answer (``batchline.models.scoring``). Its
 ids derive from the line, and ``created`` is when the completion was made (kept in the chunk),
 so a job killed and resumed writes the same file as one that never stopped but for the
 ``created`` of the completions the killed run had not committed.
@@ -33,7 +35,9 @@ import contextlib
 import dataclasses
 import hashlib
 import json
-from collections.abc import Sequence
+import math
+import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +60,7 @@ from batchline.jobs.generate import (
 from batchline.jobs.options import GenerateOptions, batch_specs
 from batchline.jobs.requests import (
     EMBEDDINGS_URL,
+    KIND_OF_URL,
     BatchModels,
     EmbeddingLine,
     RecordRequests,
@@ -65,6 +70,15 @@ from batchline.jobs.requests import (
 )
 from batchline.jobs.summary import GenerateSummary, RunSummary, summarize
 from batchline.models.batching import ModelBatcher
+from batchline.models.scoring import (
+    RERANK_URL,
+    SCORE_URL,
+    ScoreAsk,
+    answer,
+    read_rerank,
+    read_score,
+)
+from batchline.models.vectors import shorten
 
 if TYPE_CHECKING:
     from batchline.datasets.sinks import ChunkWriter
@@ -140,19 +154,25 @@ class BatchFiles:
         return self.output
 
 
-class _Embeddings:
-    """An embedding model's started batcher, for embeddings lines: every text of a line's
-    ``input`` is queued as its own record, and the line's outcome is all of their vectors
-    (or the first failure among them)."""
+#: A line a batch model answers: an embeddings line (its texts) or a rerank or score line
+#: (its pairs).
+_Line = EmbeddingLine | ScoreAsk
+
+
+class _BatchLines:
+    """A batch model's started batcher, for the lines it answers: every item of a line (an
+    embeddings line's texts, a rerank line's pairs) is queued as its own record, so items of
+    many lines share batches, and the line's outcome is made of all their results (or is the
+    first failure among them)."""
 
     def __init__(self, engine: ModelBatcher[Any, Any]) -> None:
         self.engine = engine
         dim = engine.model.info.details.get("dim")
         self.dim = dim if isinstance(dim, int) else None
 
-    async def submit(self, lines: Sequence[EmbeddingLine]) -> asyncio.Future[list[Outcome]]:
-        texts = [text for line in lines for text in line.texts]
-        prepared = await asyncio.to_thread(prepare_block, self.engine, texts)
+    async def submit(self, lines: Sequence[_Line]) -> asyncio.Future[list[Outcome]]:
+        items = [item for line in lines for item in _items(line)]
+        prepared = await asyncio.to_thread(prepare_block, self.engine, items)
         cost = self.engine.model.cost
         tokens = [0 if isinstance(p, BaseException) else cost(p) for p in prepared]
         pending = await queue_block(self.engine, prepared)
@@ -160,7 +180,7 @@ class _Embeddings:
 
     async def _outcomes(
         self,
-        lines: Sequence[EmbeddingLine],
+        lines: Sequence[_Line],
         tokens: Sequence[int],
         pending: Sequence[asyncio.Future[Any] | Failed],
     ) -> list[Outcome]:
@@ -168,107 +188,125 @@ class _Embeddings:
         outcomes: list[Outcome] = []
         at = 0
         for line in lines:
-            n = len(line.texts)
+            n = len(_items(line))
             mine, used = got[at : at + n], sum(tokens[at : at + n])
             at += n
             failed = next(((i, g) for i, g in enumerate(mine) if isinstance(g, Failed)), None)
             if failed is not None:
                 i, first = failed
-                where = f"input text {i}: " if n > 1 else ""
+                where = f"input {i}: " if n > 1 else ""
                 outcomes.append(Failed(f"{where}{first.message}"))
-                continue
-            vectors = [np.asarray(v, dtype=np.float32) for v in mine]
-            if not all(v.ndim == 1 and np.isfinite(v).all() for v in vectors):
-                outcomes.append(
-                    Failed("model error: an embedding is not a vector of finite values")
-                )
-                continue
-            # float32 values held exactly as doubles; formatted when the file is written
-            columns = {"embeddings": [v.tolist() for v in vectors], "prompt_tokens": used}
-            outcomes.append(Result(None, columns))
+            elif isinstance(line, EmbeddingLine):
+                outcomes.append(_embedded(line, mine, used))
+            else:
+                outcomes.append(_scored(mine, used))
         return outcomes
 
 
-_Route = tuple[str, EmbeddingLine | None] | Failed
+def _items(line: _Line) -> Sequence[object]:
+    return line.texts if isinstance(line, EmbeddingLine) else line.pairs
+
+
+def _embedded(line: EmbeddingLine, results: Sequence[object], tokens: int) -> Outcome:
+    vectors = [np.asarray(v, dtype=np.float32) for v in results]
+    if not all(v.ndim == 1 and np.isfinite(v).all() for v in vectors):
+        return Failed("model error: an embedding is not a vector of finite values")
+    if line.dimensions is not None:
+        vectors = [shorten(v, line.dimensions) for v in vectors]
+    # float32 values held exactly as doubles; formatted when the file is written
+    return Result(None, {"embeddings": [v.tolist() for v in vectors], "prompt_tokens": tokens})
+
+
+def _scored(results: Sequence[object], tokens: int) -> Outcome:
+    scores = [r for r in results if isinstance(r, int | float) and not isinstance(r, bool)]
+    if len(scores) != len(results) or not all(math.isfinite(x) for x in scores):
+        return Failed("model error: a score is not a finite number")
+    columns = {"scores": [float(x) for x in scores], "prompt_tokens": tokens}
+    return Result(None, {**columns, "created": int(time.time())})
+
+
+#: Where a line goes: the model's name, its kind (``KIND_OF_URL``), and what a batch model's
+#: line asks (None for a generator's line); or the line's failure.
+_Route = tuple[str, str, _Line | None] | Failed
 
 
 class LinesAdapter:
     """:class:`~batchline.datasets.pipeline.Adapter` for the lines of an OpenAI batch file:
     each line goes to the model its ``body.model`` picks (``names``), chat and completions
-    lines to ``generator``, embeddings lines to ``embeddings``; a line that cannot go anywhere
-    is its :class:`Failed`. Every written row carries the name of the model that answered it
-    (a ``model`` column)."""
+    lines to ``generator``, embeddings lines and rerank or score lines to the batch model of
+    that task (``engines``); a line that cannot go anywhere is its :class:`Failed`. Every
+    written row carries the name of the model that answered it (a ``model`` column)."""
 
     def __init__(
         self,
         names: BatchModels,
         generator: GeneratorAdapter | None,
-        embeddings: ModelBatcher[Any, Any] | None,
+        engines: Mapping[str, ModelBatcher[Any, Any]],
     ) -> None:
         self.names = names
         self.generator = generator
-        self.embeddings = _Embeddings(embeddings) if embeddings is not None else None
+        self.batch = {task: _BatchLines(engine) for task, engine in engines.items()}
 
     def utilization(self) -> float:
         if self.generator is not None:
             return self.generator.utilization()
-        return self.embeddings.engine.stats.utilization if self.embeddings is not None else 0.0
+        return max((b.engine.stats.utilization for b in self.batch.values()), default=0.0)
 
     def _route(self, record: Record) -> _Route:
-        """The model that answers ``record`` and, for an embeddings line, what it asks."""
+        """The model that answers ``record`` and, for a batch model's line, what it asks."""
         try:
             url, body = batch_line(record.value)
             name = self.names.pick(url, body)
-            if url != EMBEDDINGS_URL:
-                return name, None
-            assert self.embeddings is not None  # pick() named the job's embedding model
-            return name, embedding_line(body, self.embeddings.dim)
+            kind = KIND_OF_URL[url]
+            if kind == "generate":
+                return name, kind, None
+            if kind == "embed":
+                return name, kind, embedding_line(body, self.batch[kind].dim)
+            return name, kind, read_rerank(body) if url == RERANK_URL else read_score(body)
         except ValueError as exc:
             return Failed(f"bad input: {describe(exc)}")
 
     async def submit(self, records: Sequence[Record]) -> asyncio.Future[list[Outcome]]:
         routes = [self._route(r) for r in records]
         chats: list[Record] = []
-        lines: list[EmbeddingLine] = []
+        lines: dict[str, list[_Line]] = {}
         for record, route in zip(records, routes, strict=True):
             if not isinstance(route, Failed):
-                if route[1] is None:
+                _, kind, line = route
+                if line is None:
                     chats.append(record)
                 else:
-                    lines.append(route[1])
-        parts: list[asyncio.Future[Any]] = []
+                    lines.setdefault(kind, []).append(line)
+        parts: dict[str, asyncio.Future[Any]] = {}
         try:
             if chats:
                 assert self.generator is not None  # pick() named the job's generator
-                parts.append(asyncio.ensure_future(await self.generator.submit(chats)))
-            if lines:
-                assert self.embeddings is not None
-                parts.append(await self.embeddings.submit(lines))
+                parts["generate"] = asyncio.ensure_future(await self.generator.submit(chats))
+            for kind, mine in lines.items():
+                parts[kind] = await self.batch[kind].submit(mine)
         except BaseException:
-            for part in parts:
+            for part in parts.values():
                 part.cancel()
             raise
-        return asyncio.ensure_future(self._merge(routes, parts, bool(chats)))
+        return asyncio.ensure_future(self._merge(routes, parts))
 
     async def _merge(
-        self, routes: Sequence[_Route], parts: Sequence[asyncio.Future[Any]], chats: bool
+        self, routes: Sequence[_Route], parts: Mapping[str, asyncio.Future[Any]]
     ) -> list[Outcome]:
         try:
-            await asyncio.gather(*parts)
+            await asyncio.gather(*parts.values())
         except BaseException:
-            for part in parts:
+            for part in parts.values():
                 part.cancel()
             raise
-        done = [iter(part.result()) for part in parts]
-        generated = done.pop(0) if chats else iter(())
-        embedded = done.pop(0) if done else iter(())
+        done = {kind: iter(part.result()) for kind, part in parts.items()}
         outcomes: list[Outcome] = []
         for route in routes:
             if isinstance(route, Failed):
                 outcomes.append(route)
                 continue
-            name, line = route
-            got = next(embedded) if line is not None else next(generated)
+            name, kind, _ = route
+            got = next(done[kind])
             if isinstance(got, Result):
                 got = Result(got.value, {**got.columns, "model": name})
             outcomes.append(got)
@@ -277,46 +315,58 @@ class LinesAdapter:
 
 @dataclasses.dataclass
 class _Models:
-    """An OpenAI batch job's loaded models: a generator and an embedding model, at most one
-    of each."""
+    """An OpenAI batch job's loaded models: a generator, and batch models by task (an embedding
+    model, a reranker), at most one of each."""
 
     names: BatchModels
     generator: GenerationModel | None = None
-    embedder: BatchModel[Any, Any] | None = None
+    batch: dict[str, BatchModel[Any, Any]] = dataclasses.field(default_factory=dict)
 
     def close(self) -> None:
-        for model in (self.generator, self.embedder):
+        for model in (self.generator, *self.batch.values()):
             if model is not None:
                 model.close()
 
 
+#: What each batch model's task answers in a batch file, for the messages.
+_LINES_OF_TASK = {"embed": "embeddings lines", "score": "rerank and score lines"}
+_WHAT_OF_TASK = {"embed": "embedding model", "score": "reranker"}
+
+
 def _load(specs: Sequence[ModelSpec], knobs: Knobs) -> _Models:
     """Load the job's models (sync: slow). ``InputError`` for two of a kind, or a model that
-    neither generates nor embeds."""
+    neither generates, embeds nor scores."""
     generators = [s for s in specs if s.generates]
     others = [s for s in specs if not s.generates]
-    for kind, found in (("generator", generators), ("embedding model", others)):
-        if len(found) > 1:
-            names = " and ".join(repr(s.name) for s in found)
-            raise InputError(
-                f"an OpenAI batch job takes one {kind} at most, got {names}; give one "
-                "--model for chat and completions lines and one for embeddings lines"
-            )
+    if len(generators) > 1:
+        names = " and ".join(repr(s.name) for s in generators)
+        raise InputError(
+            f"an OpenAI batch job takes one generator at most, got {names}; give one --model "
+            "for chat and completions lines, one for embeddings lines and one for rerank lines"
+        )
     from batchline.models.loader import load_model
 
     models = _Models(BatchModels())
     try:
-        if others:
-            (spec,) = others
-            embed_knobs = knobs if knobs.batching else knobs.baseline()
-            models.embedder = load_model(spec, embed_knobs)
-            task = models.embedder.info.task
-            if task != "embed":
+        for spec in others:
+            model = load_model(spec, knobs if knobs.batching else knobs.baseline())
+            task = model.info.task
+            if task not in _LINES_OF_TASK or task in models.batch:
+                model.close()
+            if task not in _LINES_OF_TASK:
                 raise InputError(
                     f"model {spec.name!r} does {task}: an OpenAI batch file's models embed "
-                    "(/v1/embeddings lines) or generate (chat and completions lines)"
+                    "(/v1/embeddings lines), score (/v1/rerank and /v1/score lines) or generate "
+                    "(chat and completions lines)"
                 )
-            models.names = dataclasses.replace(models.names, embed=spec.name)
+            if task in models.batch:
+                first = getattr(models.names, task)
+                raise InputError(
+                    f"an OpenAI batch job takes one {_WHAT_OF_TASK[task]} at most, got "
+                    f"{first!r} and {spec.name!r}; give one --model for its {_LINES_OF_TASK[task]}"
+                )
+            models.batch[task] = model
+            models.names = dataclasses.replace(models.names, **{task: spec.name})
         if generators:
             from batchline.models.generation.load import load_text_generator
 
@@ -377,17 +427,18 @@ async def run_batch_job(
                     generator = await stack.enter_async_context(
                         running_generator(models.generator, requests, progress)
                     )
-                engine: ModelBatcher[Any, Any] | None = None
-                if models.embedder is not None:
-                    knobs = opts.knobs if opts.knobs.batching else opts.knobs.baseline()
-                    engine = await stack.enter_async_context(ModelBatcher(models.embedder, knobs))
+                knobs = opts.knobs if opts.knobs.batching else opts.knobs.baseline()
+                engines = {
+                    task: await stack.enter_async_context(ModelBatcher(model, knobs))
+                    for task, model in models.batch.items()
+                }
                 block, blocks = (
                     pipeline_limits(generator)
                     if generator is not None
                     else (_BLOCK, _MAX_BLOCKS_IN_FLIGHT)
                 )
                 done = await run_pipeline(
-                    LinesAdapter(models.names, generator, engine),
+                    LinesAdapter(models.names, generator, engines),
                     source,
                     writer,
                     block_records=block,
@@ -396,6 +447,8 @@ async def run_batch_job(
                     on_bad_record="skip",
                     progress=progress,
                 )
+                # the summary's batches: the embedding model's, else the reranker's
+                engine = engines.get("embed", engines.get("score"))
                 stats = engine.stats if engine is not None else None
         summary: GenerateSummary | RunSummary
         if generator is not None:
@@ -403,8 +456,8 @@ async def run_batch_job(
         else:
             padded = (
                 opts.knobs.batching
-                and models.embedder is not None
-                and (models.embedder.info.cost_kind == "padded")
+                and engine is not None
+                and engine.model.info.cost_kind == "padded"
             )
             summary = summarize(writer.out_dir, opts.knobs.batching, done, stats, padded=padded)
     finally:
@@ -431,6 +484,12 @@ def _output_line(
     url = request.get("url")
     if url == EMBEDDINGS_URL:
         response = _embeddings_body(row, as_base64=body.get("encoding_format") == "base64")
+    elif url in (RERANK_URL, SCORE_URL):
+        ask = read_rerank(body) if url == RERANK_URL else read_score(body)
+        response = answer(
+            ask, row["scores"], model=row["model"], tokens=row["prompt_tokens"],
+            request_id=digest, created=row["created"],
+        )  # fmt: skip
     else:
         response = _completion_body(row, digest, chat=url == "/v1/chat/completions")
     line["response"] = {"status_code": 200, "request_id": f"req_{digest}", "body": response}

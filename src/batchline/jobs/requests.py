@@ -29,10 +29,12 @@ from batchline.models.generation.structured import (
     Constraint,
     constraint_from_openai,
 )
+from batchline.models.scoring import RERANK_URL, SCORE_URL
 
 __all__ = [
     "BATCH_URLS",
     "EMBEDDINGS_URL",
+    "KIND_OF_URL",
     "BatchModels",
     "EmbeddingLine",
     "RecordRequests",
@@ -47,7 +49,7 @@ __all__ = [
 #: Record fields that constrain that record's completion.
 CONSTRAINT_FIELDS = ("response_format", *GUIDED_FIELDS)
 #: What an OpenAI batch line's ``url`` may name.
-BATCH_URLS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+BATCH_URLS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", RERANK_URL, SCORE_URL)
 EMBEDDINGS_URL = "/v1/embeddings"
 
 
@@ -142,8 +144,9 @@ class RecordRequests:
 
     def _line(self, record: Record) -> tuple[str, Mapping[str, Any]]:
         url, body = batch_line(record.value)
-        if url == EMBEDDINGS_URL:
-            raise ValueError("an embeddings line goes to an embedding model, not a generator")
+        kind = KIND_OF_URL[url]
+        if kind != "generate":
+            raise ValueError(f"a {url} line goes to the job's {_KINDS[kind][0]}, not a generator")
         return url, body
 
     def _body_params(self, body: Mapping[str, Any]) -> SamplingParams:
@@ -192,22 +195,39 @@ def batch_line(value: object) -> tuple[str, Mapping[str, Any]]:
     return url, body
 
 
+#: The kind of model that answers each url's lines, and how messages name it: what it is,
+#: a spec to suggest, what it does.
+KIND_OF_URL: dict[str, Literal["generate", "embed", "score"]] = {
+    "/v1/chat/completions": "generate",
+    "/v1/completions": "generate",
+    EMBEDDINGS_URL: "embed",
+    RERANK_URL: "score",
+    SCORE_URL: "score",
+}
+_KINDS = {
+    "generate": ("generator", "smollm2", "generates text"),
+    "embed": ("embedding model", "default", "embeds"),
+    "score": ("reranker", "RERANKER_FOLDER/", "scores pairs"),
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class BatchModels:
-    """The names an OpenAI batch job serves its models under: one generator and one embedding
-    model at most. :meth:`pick` is the model a line's ``body.model`` names (a line that names
-    none takes the job's model of its kind)."""
+    """The names an OpenAI batch job serves its models under: one generator, one embedding
+    model and one reranker at most. :meth:`pick` is the model a line's ``body.model`` names (a
+    line that names none takes the job's model of its kind)."""
 
     generate: str | None = None
     embed: str | None = None
+    score: str | None = None
 
     def pick(self, url: str, body: Mapping[str, Any]) -> str:
         """The name of the model that answers a line at ``url`` with ``body``; ``ValueError``
         naming the ``--model`` flag to add when the job has no such model."""
-        embeds = url == EMBEDDINGS_URL
-        model, other = (self.embed, self.generate) if embeds else (self.generate, self.embed)
-        what, example = ("embedding model", "default") if embeds else ("generator", "smollm2")
-        a_what = "an embedding model" if embeds else "a generator"
+        kind = KIND_OF_URL[url]
+        model = getattr(self, kind)
+        what, example, _ = _KINDS[kind]
+        a_what = f"{'an' if what[0] in 'aeiou' else 'a'} {what}"
         asked = body.get("model")
         if asked is None:
             if model is None:
@@ -215,14 +235,14 @@ class BatchModels:
                     f"this job has no {what} for {url} lines: add --model NAME={example} "
                     'and name it in the body\'s "model"'
                 )
-            return model
+            return str(model)
         if not isinstance(asked, str):
             raise ValueError(f'"model" must be a string, got {asked!r}')
         if asked == model:
-            return model
-        if asked == other:
-            does = "generates text" if embeds else "embeds"
-            raise ValueError(f"model {asked!r} {does}; a {url} line needs {a_what}")
+            return asked
+        for other in _KINDS:
+            if other != kind and asked == getattr(self, other):
+                raise ValueError(f"model {asked!r} {_KINDS[other][2]}; a {url} line needs {a_what}")
         raise ValueError(
             f"model {asked!r} is not one of this job's models; add --model {asked}=SPEC "
             f"({a_what}, such as {asked}={example}) to serve it under that name"
@@ -231,16 +251,17 @@ class BatchModels:
 
 @dataclasses.dataclass(frozen=True)
 class EmbeddingLine:
-    """What an embeddings line asks for: its texts, and their vectors as base64 (little-endian
-    float32) rather than floats."""
+    """What an embeddings line asks for: its texts, their vectors as base64 (little-endian
+    float32) rather than floats, and cut to ``dimensions`` (renormalized) when it says so."""
 
     texts: tuple[str, ...]
     base64: bool
+    dimensions: int | None = None
 
 
 def embedding_line(body: Mapping[str, Any], dim: int | None) -> EmbeddingLine:
     """An embeddings line's body (``input``: a string or a list of strings;
-    ``encoding_format``: float or base64; ``dimensions``: the model's ``dim`` only), as
+    ``encoding_format``: float or base64; ``dimensions``: 1 to the model's ``dim``), as
     OpenAI's ``/v1/embeddings`` reads it; ``ValueError`` naming what is wrong."""
     value = body.get("input")
     texts = [value] if isinstance(value, str) else value
@@ -256,15 +277,17 @@ def embedding_line(body: Mapping[str, Any], dim: int | None) -> EmbeddingLine:
     if fmt not in (None, "float", "base64"):
         raise ValueError(f'encoding_format must be "float" or "base64", got {fmt!r}')
     dims = body.get("dimensions")
-    if dims is not None and (isinstance(dims, bool) or dims != dim):
+    if dims is not None and dims != dim:
         if dim is None:
             raise ValueError(
                 'the model does not say how many dimensions it returns; omit "dimensions"'
             )
-        raise ValueError(
-            f'the model returns {dim} dimensions; omit "dimensions" or send {dim}, got {dims!r}'
-        )
-    return EmbeddingLine(tuple(texts), fmt == "base64")
+        if isinstance(dims, bool) or not isinstance(dims, int) or not 1 <= dims <= dim:
+            raise ValueError(
+                f'"dimensions" must be between 1 and {dim} (the model returns {dim}), got {dims!r}'
+            )
+    cut = dims if isinstance(dims, int) and dims != dim else None
+    return EmbeddingLine(tuple(texts), fmt == "base64", cut)
 
 
 def is_openai_batch_file(path: Path, input_format: str | None, *, forced: bool = False) -> bool:

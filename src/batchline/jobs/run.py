@@ -16,11 +16,13 @@ A job that generates text runs :mod:`batchline.jobs.generate` instead (decided o
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
+from batchline._errors import InputError
 from batchline.datasets.pipeline import Progress, open_dataset_job, run_pipeline
 from batchline.datasets.sinks import ChunkWriter
-from batchline.datasets.sources import Source
+from batchline.datasets.sources import Record, Source
 from batchline.jobs.batch import BatchAdapter
 from batchline.jobs.options import GenerateOptions, RunOptions, default_output, resolve
 from batchline.jobs.summary import RunSummary, summarize
@@ -83,7 +85,7 @@ async def run_job(options: RunOptions, progress: Progress | None = None) -> RunS
         with writer:
             async with ModelBatcher(model, knobs) as engine:
                 done = await run_pipeline(
-                    BatchAdapter(engine),
+                    BatchAdapter(engine, _pairs(options) if model.info.task == "score" else None),
                     source,
                     writer,
                     block_records=_BLOCK,
@@ -108,7 +110,9 @@ def open_job(options: RunOptions, info: ModelInfo) -> tuple[Source, ChunkWriter]
     output = options.output or default_output(options.input, info)
     extra: dict[str, object] = {} if info.task == "embed" else {"task": info.task}
     columns = tuple(options.input_columns)
-    if not columns and (only := _only_input(info)) is not None:
+    if info.task == "score":
+        columns = pair_columns(options)
+    elif not columns and (only := _only_input(info)) is not None:
         columns = (only,)
     return open_dataset_job(
         options,
@@ -122,6 +126,36 @@ def open_job(options: RunOptions, info: ModelInfo) -> tuple[Source, ChunkWriter]
         input_kind=info.input_kind,
         input_columns=columns,
     )
+
+
+#: The columns a ``score`` job reads by default: a query and a document per record.
+PAIR_COLUMNS = ("query", "document")
+
+
+def pair_columns(options: RunOptions) -> tuple[str, str]:
+    """A ``score`` job's query and document columns: ``--input-column Q --input-column D``,
+    else ``query`` and ``document``."""
+    columns = tuple(options.input_columns)
+    if not columns:
+        return PAIR_COLUMNS
+    if len(columns) != 2:
+        raise InputError(
+            f"a score job reads two columns, a query and a document; got --input-column "
+            f"{' --input-column '.join(columns)} (default: {' and '.join(PAIR_COLUMNS)})"
+        )
+    return columns[0], columns[1]
+
+
+def _pairs(options: RunOptions) -> Callable[[Record], object]:
+    """What a ``score`` model is given of a record: ``{"query", "document"}``."""
+    query, document = pair_columns(options)
+
+    def take(record: Record) -> object:
+        row = record.input
+        assert isinstance(row, dict)  # a record read whole (input_kind "record")
+        return {"query": row.get(query), "document": row.get(document)}
+
+    return take
 
 
 def _only_input(info: ModelInfo) -> str | None:

@@ -2,8 +2,9 @@
 :class:`~batchline.models.protocol.BatchModel` laid out for batching or for the baseline.
 
 This module only resolves (the task, :func:`resolve_task`) and dispatches: each model kind
-loads itself in its own module (``models/function.py``, ``models/onnx/{embed,classify,
-predict}.py``), laid out from :class:`~batchline.knobs.Knobs` (batching: ``sessions``
+loads itself in its own module (``models/function.py``, ``models/onnx/{embed,classify,score,
+predict}.py``, a Hugging Face encoder folder ``models/hf/load.py``), laid out from
+:class:`~batchline.knobs.Knobs` (batching: ``sessions``
 sessions of ``intra_op_threads`` threads, plus a solo session when ``solo_intra_op_threads``
 is set; the baseline, ``batching=False``: one session every caller shares). Every layer that
 needs a model (``run``, ``serve``, ``bench``, ``tune``, Ray) loads it here.
@@ -11,6 +12,7 @@ needs a model (``run``, ``serve``, ``bench``, ``tune``, Ray) loads it here.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from batchline._errors import InputError, ModelError
@@ -24,9 +26,12 @@ __all__ = ["load_model", "resolve_task", "tokenizer_path"]
 
 AnyModel = BatchModel[object, object]
 
+logger = logging.getLogger("batchline.models")
+
 
 def resolve_task(spec: ModelSpec) -> Task:
-    """The spec's task: given, the built-in model's, or read off an ``.onnx`` file: no
+    """The spec's task: given (for a ``PATH/`` folder: detected at parse time, or its
+    ``--task``), the built-in model's, or read off an ``.onnx`` file: no
     ``input_ids`` input → predict; else classify when an output is named ``logits``, labels
     are given or a ``config.json`` with ``id2label`` sits beside it; else embed.
     ``module:factory`` → predict."""
@@ -75,6 +80,12 @@ def load_model(spec: ModelSpec, knobs: Knobs) -> AnyModel:
         from batchline.models.function import as_model
 
         return as_model(import_factory(spec.source), name=spec.name)
+    if spec.kind == "hf":
+        from batchline.models.hf.load import load_folder_model
+
+        return load_folder_model(spec.with_options(task=task), knobs)
+    if spec.folder is not None:  # a folder holding model.onnx
+        logger.info("%s: %s -> ONNX (the folder's own file)", spec.name, spec.folder.describe())
     if task == "embed":
         from batchline.models.onnx.embed import load_embedder
 
@@ -83,6 +94,10 @@ def load_model(spec: ModelSpec, knobs: Knobs) -> AnyModel:
         from batchline.models.onnx.classify import load_classifier
 
         return load_classifier(spec, knobs)  # type: ignore[return-value]
+    if task == "score":
+        from batchline.models.onnx.score import load_scorer
+
+        return load_scorer(spec, knobs)  # type: ignore[return-value]
     from batchline.models.onnx.predict import load_predictor
 
     return load_predictor(spec, knobs)  # type: ignore[return-value]

@@ -52,6 +52,7 @@ __all__ = [
     "ModelInfo",
     "ResultKind",
     "Task",
+    "Tokenizing",
 ]
 
 Task = Literal["embed", "classify", "score", "predict", "generate"]
@@ -136,3 +137,18 @@ class BatchModel(Protocol[P, R]):
     def encode(self, result: R) -> object: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class Tokenizing(Protocol):
+    """A model whose tokenizer clients may use directly (``POST /tokenize`` and
+    ``/detokenize``): the ids it feeds the model for a text, and the text of some ids.
+
+    ``token_ids(text, special_tokens=True)`` adds the special tokens the model is fed with
+    (``[CLS] ... [SEP]``, a BOS); ``special_tokens=False`` gives the text's own tokens.
+    ``token_text(ids)`` drops special tokens.
+    """
+
+    def token_ids(self, text: str, *, special_tokens: bool = True) -> list[int]: ...
+
+    def token_text(self, ids: Sequence[int]) -> str: ...

@@ -91,7 +91,8 @@ def add_model_arguments(p: argparse.ArgumentParser, *, several: bool = False) ->
         default=None if several else "default",
         metavar="[NAME=]SPEC" if several else "SPEC",
         help="default (all-MiniLM-L6-v2 embeddings), smollm2 (text generation), PATH.onnx, "
-        "PATH/ (a Hugging Face causal-LM folder: generation), or module:factory (your own "
+        "PATH/ (a Hugging Face folder: embedder, classifier, reranker or causal LM, read for "
+        "what it is), or module:factory (your own "
         "Python: a batch function or a model object); see 'batchline models list'"
         + (
             "; repeatable for an OpenAI batch file, each line's body.model picking one by NAME "
@@ -114,7 +115,9 @@ def add_model_arguments(p: argparse.ArgumentParser, *, several: bool = False) ->
         type=lambda text: tuple(x.strip() for x in text.split(",")),
         help="classify: comma-separated labels (default: config.json's id2label beside the model)",
     )
-    p.add_argument("--pooling", choices=["mean", "cls", "none"], help="embed: token pooling")
+    p.add_argument(
+        "--pooling", choices=["mean", "cls", "lasttoken", "none"], help="embed: token pooling"
+    )
     p.add_argument(
         "--normalize",
         action=argparse.BooleanOptionalAction,

@@ -9,8 +9,11 @@ Spec kinds:
   ``tokenizer=`` or ``tokenizer.json`` beside it), ``classify`` (a sequence classifier; labels
   from ``config.json``'s ``id2label`` beside it or ``labels=``) or ``predict`` (tensors in,
   tensors out). Without a task, a model with an ``input_ids`` input embeds, any other predicts;
-- ``PATH/`` — a local Hugging Face causal-LM folder (``config.json``, weights, tokenizer): a
-  text generator (task ``generate``), loaded by ``batchline.models.generation.load``;
+- ``PATH/`` — a local Hugging Face model folder, read for what it is
+  (``batchline.models.hf.detect``): a sentence-transformers embedder, a sequence classifier, a
+  cross-encoder (task ``score``), a plain encoder (``embed``), a folder with ``model.onnx``
+  (the ``PATH.onnx`` path with the folder's tokenizer and config), or a causal LM (task
+  ``generate``, loaded by ``batchline.models.generation.load``);
 - ``module:factory`` — the user's own Python: ``factory()`` returns a :class:`BatchModel`, or
   simply a batch function ``list[record] -> list[result]`` (sync or async), optionally with a
   ``cost(record) -> int`` attribute;
@@ -25,20 +28,22 @@ import importlib
 import re
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal, get_args
 
 from batchline._errors import InputError
 from batchline.models.builtin import BUILTIN_MODELS
+from batchline.models.hf.detect import FolderModel, detect_folder
 from batchline.models.protocol import TASKS, Task
 
 __all__ = ["ModelSpec", "Pooling", "SpecKind", "parse_spec", "parse_specs"]
 
 SpecKind = Literal["builtin", "onnx", "python", "hf"]
 #: How an embedder's token outputs become one vector per text: ``mean`` over the attention
-#: mask, ``cls`` (the first token's), or ``none`` (the model already returns ``(batch, dim)``).
-Pooling = Literal["mean", "cls", "none"]
+#: mask, ``cls`` (the first token's), ``lasttoken`` (the last real token's: decoder
+#: embedders), or ``none`` (the model already returns ``(batch, dim)``).
+Pooling = Literal["mean", "cls", "lasttoken", "none"]
 
 _NAME = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]*)=(.+)$")
 _FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -60,6 +65,8 @@ class ModelSpec:
     labels: tuple[str, ...] | None = None
     pooling: Pooling | None = None
     normalize: bool | None = None
+    #: what a ``PATH/`` spec's folder holds (read once, at parse time)
+    folder: FolderModel | None = field(default=None, compare=False, repr=False)
 
     @property
     def path(self) -> Path:
@@ -78,7 +85,7 @@ class ModelSpec:
         if task is not None and task not in TASKS:
             raise InputError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
         if pooling is not None and pooling not in get_args(Pooling):
-            raise InputError(f"pooling must be mean, cls or none, got {pooling!r}")
+            raise InputError(f"pooling must be mean, cls, lasttoken or none, got {pooling!r}")
         spec = replace(
             self,
             task=task if task is not None else self.task,
@@ -102,11 +109,8 @@ class ModelSpec:
                 f"model {self.name!r} ({self.source}) cannot generate text: the generate task "
                 "takes smollm2 or a Hugging Face causal-LM folder (PATH/ with config.json)"
             )
-        if self.kind == "hf" and self.task not in (None, "generate"):
-            raise InputError(
-                f"model {self.name!r} ({self.source}) is a Hugging Face causal-LM folder: "
-                f"it does generate, not {self.task}"
-            )
+        if self.folder is not None:
+            self.folder.for_task(self.task)  # raises when the folder cannot do the task
         if self.kind in ("builtin", "hf") and self.tokenizer is not None:
             raise InputError(f"a tokenizer goes with an .onnx model, not {self.source!r}")
         if self.labels is not None and self.task not in (None, "classify"):
@@ -128,7 +132,7 @@ class ModelSpec:
 
 
 def parse_spec(text: str) -> ModelSpec:
-    """``default``, ``smollm2``, ``PATH.onnx``, ``PATH/`` (a Hugging Face causal-LM folder),
+    """``default``, ``smollm2``, ``PATH.onnx``, ``PATH/`` (a Hugging Face model folder),
     ``module:factory``, or ``NAME=`` any of them."""
     text = text.strip()
     if not text:
@@ -149,21 +153,23 @@ def parse_spec(text: str) -> ModelSpec:
         return ModelSpec(name=name or text.rsplit(":", 1)[1], source=text, kind="python")
     folder = Path(text)
     if text.endswith(("/", "\\")) or folder.is_dir():
-        if not (folder / "config.json").is_file():
-            raise InputError(
-                f"{folder}: not a Hugging Face model folder (no config.json); a folder spec is "
-                "a local causal LM saved with save_pretrained"
-            )
+        found = detect_folder(folder)
         # the folder's own name; resolve() so that "." and "out/" name it too
-        return ModelSpec(
-            name=name or folder.resolve().name,
-            source=str(folder),
-            kind="hf",
-            task="generate",
-        )
+        name = name or folder.resolve().name
+        if found.onnx_file is not None:
+            # the folder's tokenizer, also where the graph sits in a subfolder (onnx/)
+            return ModelSpec(
+                name=name,
+                source=str(found.onnx_file),
+                kind="onnx",
+                task=found.task,
+                tokenizer=found.tokenizer if found.onnx_file.parent != folder else None,
+                folder=found,
+            )
+        return ModelSpec(name=name, source=str(folder), kind="hf", task=found.task, folder=found)
     raise InputError(
         f"model spec {text!r} is none of: a built-in model ({', '.join(BUILTIN_MODELS)}), "
-        "a path to an .onnx file, a Hugging Face causal-LM folder (PATH/ with config.json), "
+        "a path to an .onnx file, a Hugging Face model folder (PATH/ with config.json), "
         "or module:factory (your own Python); prefix NAME= to name it"
     )
 

@@ -25,6 +25,8 @@ __all__ = [
     "ClassifyRequest",
     "ClassifyResponse",
     "CompletionRequest",
+    "DetokenizeRequest",
+    "DetokenizeResponse",
     "EmbeddingData",
     "EmbeddingRequest",
     "EmbeddingResponse",
@@ -35,9 +37,19 @@ __all__ = [
     "ModelCard",
     "ModelList",
     "OpenAISamplingBody",
+    "RerankDocument",
+    "RerankRequest",
+    "RerankResponse",
+    "RerankResult",
+    "RerankUsage",
     "SamplingBody",
+    "ScoreData",
+    "ScoreRequest",
+    "ScoreResponse",
     "StreamOptions",
     "TextPart",
+    "TokenizeRequest",
+    "TokenizeResponse",
     "Usage",
 ]
 
@@ -76,15 +88,114 @@ class ClassifyResponse(BaseModel):
     results: list[Classification]
 
 
+class Usage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class RerankDocument(BaseModel):
+    """A document as Cohere's and Jina's clients may send it: ``{"text": ...}``."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    text: StrictStr
+
+
+class RerankRequest(BaseModel):
+    """``POST /v1/rerank`` (also ``/rerank``), as Cohere's and Jina's clients send it: one
+    query, the documents to rank against it; ``top_n`` keeps the best n."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    query: StrictStr
+    documents: list[StrictStr | RerankDocument]
+    model: StrictStr | None = None
+    top_n: Annotated[StrictInt, Field(ge=1)] | None = None
+    return_documents: StrictBool = True
+    priority: Priority | None = None
+
+
+class RerankResult(BaseModel):
+    index: int
+    relevance_score: float
+    document: RerankDocument | None = None
+
+
+class RerankUsage(BaseModel):
+    total_tokens: int
+
+
+class RerankResponse(BaseModel):
+    """Ranked best first; ``index`` is the document's place in the request."""
+
+    id: str
+    model: str
+    results: list[RerankResult]
+    usage: RerankUsage
+
+
+class ScoreRequest(BaseModel):
+    """``POST /v1/score`` (also ``/score``), in vLLM's shape: ``text_1`` against ``text_2``.
+    One ``text_1`` is scored against every ``text_2``; two lists of one length pair up."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    text_1: StrictStr | list[StrictStr]
+    text_2: StrictStr | list[StrictStr]
+    model: StrictStr | None = None
+    priority: Priority | None = None
+
+
+class ScoreData(BaseModel):
+    index: int
+    object: Literal["score"] = "score"
+    score: float
+
+
+class ScoreResponse(BaseModel):
+    id: str
+    object: Literal["list"] = "list"
+    created: int
+    model: str
+    data: list[ScoreData]
+    usage: Usage
+
+
+class TokenizeRequest(BaseModel):
+    """``POST /tokenize``: a text's token ids as the model ``model`` reads it (a generate
+    model also takes chat ``messages``, through its chat template)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: StrictStr | None = None
+    prompt: StrictStr | None = None
+    messages: list[dict[str, StrictStr]] | None = None
+    add_special_tokens: StrictBool = True
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int | None
+    tokens: list[int]
+
+
+class DetokenizeRequest(BaseModel):
+    """``POST /detokenize``: the text of token ids (special tokens dropped)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: StrictStr | None = None
+    tokens: list[Annotated[StrictInt, Field(ge=0)]]
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
 class EmbeddingData(BaseModel):
     object: Literal["embedding"] = "embedding"
     index: int
     embedding: list[float] | str  # str: base64 of little-endian float32
-
-
-class Usage(BaseModel):
-    prompt_tokens: int
-    total_tokens: int
 
 
 class EmbeddingResponse(BaseModel):

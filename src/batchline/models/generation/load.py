@@ -173,6 +173,14 @@ class GenerationModel:
         """Text of token ids, special tokens left out."""
         return self.detokenizer.decode(ids)
 
+    def token_ids(self, text: str, *, special_tokens: bool = True) -> list[int]:
+        """A raw text's ids (``POST /tokenize``: the protocol's ``Tokenizing``)."""
+        return list(self.tokenizer.encode(text, add_special_tokens=special_tokens))
+
+    def token_text(self, ids: Sequence[int]) -> str:
+        """``POST /detokenize``: :meth:`decode`."""
+        return self.decode(ids)
+
     def close(self) -> None:
         """Free the model's memory (after the generator has stopped). Idempotent."""
         if self._closed:

@@ -42,11 +42,17 @@ from batchline.models.onnx.embedder import (
     tokenizer_max_length,
 )
 from batchline.models.onnx.runtime import OnnxModel
-from batchline.models.onnx.sessions import SessionModel, load_sessions, tokenizer_path
+from batchline.models.onnx.sessions import SessionModel, load_sessions_at, tokenizer_path
 from batchline.models.protocol import ModelInfo
 from batchline.models.specs import ModelSpec
 
-__all__ = ["Classification", "OnnxClassifier", "labels_from_config", "load_classifier"]
+__all__ = [
+    "Classification",
+    "OnnxClassifier",
+    "labels_from_config",
+    "load_classifier",
+    "load_onnx_classifier",
+]
 
 #: One text's result: ``{"label": str, "score": float, "scores": {label: probability}}``.
 Classification = dict[str, Any]
@@ -211,10 +217,27 @@ def load_classifier(spec: ModelSpec, knobs: Knobs) -> OnnxClassifier:
     (``batching=False``): one session every caller shares. The tokenizer is the spec's or the
     ``tokenizer.json`` beside the model; labels as the module docstring says.
     """
-    tok_path = tokenizer_path(spec)
     labels = spec.labels
+    if labels is None and spec.folder is not None and spec.folder.labels:
+        labels = spec.folder.labels  # a model folder's config.json, read at parse time
     if labels is None:
         labels = labels_from_config(spec.path.with_name("config.json"))
-    model = load_sessions(spec, knobs)
-    tokenizer, pad_id = load_tokenizer(tok_path)
-    return OnnxClassifier(model, tokenizer, name=spec.name, labels=labels, pad_id=pad_id)
+    return load_onnx_classifier(
+        spec.path, tokenizer_path(spec), name=spec.name, knobs=knobs, labels=labels
+    )
+
+
+def load_onnx_classifier(
+    path: Path,
+    tokenizer: Path,
+    *,
+    name: str,
+    knobs: Knobs,
+    labels: Sequence[str] | None = None,
+    max_length: int | None = None,
+) -> OnnxClassifier:
+    """An ONNX classifier file and its ``tokenizer.json`` as an :class:`OnnxClassifier` laid
+    out as ``knobs`` say."""
+    model = load_sessions_at(path, knobs)
+    tok, pad_id = load_tokenizer(tokenizer, max_length=max_length)
+    return OnnxClassifier(model, tok, name=name, labels=labels, pad_id=pad_id)

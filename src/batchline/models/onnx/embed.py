@@ -14,18 +14,24 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from batchline.knobs import Knobs
-from batchline.models.onnx.embedder import Embedder, TokenizedText, tokenizer_max_length
+from batchline.models.onnx.embedder import (
+    DenseLayer,
+    Embedder,
+    TokenizedText,
+    tokenizer_max_length,
+)
 from batchline.models.onnx.sessions import SessionModel, tokenizer_path
 from batchline.models.protocol import ModelInfo
 from batchline.models.specs import ModelSpec
 
-__all__ = ["TextEmbedder", "load_embedder"]
+__all__ = ["TextEmbedder", "load_embedder", "load_onnx_embedder"]
 
 Vector = np.ndarray[Any, np.dtype[np.float32]]
 
@@ -35,6 +41,7 @@ class TextEmbedder(SessionModel):
 
     def __init__(self, embedder: Embedder, *, name: str, solo: Embedder | None = None) -> None:
         self.embedder = embedder
+        self.tokenizer = embedder.tokenizer
         self.solo = solo
         self.solo_batches = 0
         self.shared_batches = 0
@@ -98,6 +105,7 @@ def load_embedder(spec: ModelSpec, knobs: Knobs) -> TextEmbedder:
     from batchline.models.onnx import minilm
 
     options: dict[str, Any] = {}
+    options.update(_folder_options(spec))
     if spec.normalize is not None:
         options["normalize"] = spec.normalize
     if spec.pooling is not None:
@@ -108,11 +116,52 @@ def load_embedder(spec: ModelSpec, knobs: Knobs) -> TextEmbedder:
         max_length: int | None = minilm.MAX_LENGTH
     else:
         path, tok, max_length = spec.path, tokenizer_path(spec), None
+        if spec.folder is not None and spec.folder.max_seq_length is not None:
+            max_length = spec.folder.max_seq_length
+    return load_onnx_embedder(
+        path, tok, name=spec.name, knobs=knobs, max_length=max_length, **options
+    )
+
+
+def _folder_options(spec: ModelSpec) -> dict[str, Any]:
+    """What a sentence-transformers layout beside a folder's ``model.onnx`` says: its Dense
+    layers and normalization, and its pooling when the graph returns token vectors (a graph
+    that already pools is used as it is)."""
+    import onnx
+
+    found = spec.folder
+    if found is None or found.pooling is None:
+        return {}
+    dense = [
+        DenseLayer.load(d.path, d.out_features, d.in_features, bias=d.bias, activation=d.activation)
+        for d in found.dense
+    ]
+    options: dict[str, Any] = {"normalize": found.normalize, "dense": dense}
+    outputs = list(onnx.load(str(spec.path), load_external_data=False).graph.output)
+    named = [o for o in outputs if o.name == "sentence_embedding"]
+    out = (named or outputs)[0] if outputs else None
+    if out is not None and len(out.type.tensor_type.shape.dim) == 3:
+        options["pooling"] = found.pooling
+    return options
+
+
+def load_onnx_embedder(
+    path: Path,
+    tokenizer: Path,
+    *,
+    name: str,
+    knobs: Knobs,
+    max_length: int | None = None,
+    **options: Any,
+) -> TextEmbedder:
+    """An ONNX text encoder file and its ``tokenizer.json`` as a :class:`TextEmbedder` laid
+    out as ``knobs`` say; ``options`` go to :class:`Embedder` (``pooling``, ``normalize``,
+    ``dense``)."""
 
     def make(sessions: int, threads: int, *, shared: bool = False) -> Embedder:
         return Embedder.from_onnx(
             path,
-            tok,
+            tokenizer,
             max_length=max_length,
             sessions=sessions,
             intra_op_threads=threads,
@@ -122,8 +171,8 @@ def load_embedder(spec: ModelSpec, knobs: Knobs) -> TextEmbedder:
         )
 
     if not knobs.batching:
-        return TextEmbedder(make(1, knobs.intra_op_threads, shared=True), name=spec.name)
+        return TextEmbedder(make(1, knobs.intra_op_threads, shared=True), name=name)
     main = make(knobs.sessions, knobs.intra_op_threads)
     solo = knobs.solo_intra_op_threads
     wide = make(1, solo) if solo is not None and solo > knobs.intra_op_threads else None
-    return TextEmbedder(main, name=spec.name, solo=wide)
+    return TextEmbedder(main, name=name, solo=wide)

@@ -36,6 +36,7 @@ from batchline.models.specs import Pooling
 
 __all__ = [
     "DEFAULT_TARGET_BATCH_TOKENS",
+    "DenseLayer",
     "Embedder",
     "Pooling",
     "TokenizedText",
@@ -65,6 +66,67 @@ class TokenizedText:
 
     def __len__(self) -> int:
         return int(self.ids.shape[0])
+
+
+@dataclass(frozen=True, eq=False)
+class DenseLayer:
+    """A dense layer applied to pooled vectors (a sentence-transformers ``Dense`` module):
+    ``activation(x @ weight.T + bias)``; ``weight`` is ``(out, in)`` as torch stores it."""
+
+    weight: np.ndarray[Any, np.dtype[np.float32]]
+    bias: np.ndarray[Any, np.dtype[np.float32]] | None = None
+    activation: str = "identity"
+
+    def __post_init__(self) -> None:
+        if self.activation not in _ACTIVATIONS:
+            raise ValueError(
+                f"activation must be one of {', '.join(_ACTIVATIONS)}, got {self.activation!r}"
+            )
+
+    @classmethod
+    def load(
+        cls, folder: Path, out_features: int, in_features: int, *, bias: bool, activation: str
+    ) -> DenseLayer:
+        """A sentence-transformers ``Dense`` module's layer from its folder's
+        ``model.safetensors`` (``linear.weight``, ``linear.bias``)."""
+        path = folder / "model.safetensors"
+        if not path.is_file():
+            raise ModelError(
+                f"{folder}: the Dense module's weights are not a model.safetensors file; "
+                "re-save the model with a current sentence-transformers"
+            )
+        from safetensors.numpy import load_file
+
+        try:
+            w = load_file(str(path))
+        except Exception as exc:  # a truncated or foreign file
+            raise ModelError(f"{path}: not readable safetensors ({exc})") from exc
+        weight = w.get("linear.weight")
+        if weight is None or weight.shape != (out_features, in_features):
+            raise ModelError(
+                f"{path}: expected linear.weight of shape ({out_features}, {in_features}), "
+                f"got {None if weight is None else weight.shape}"
+            )
+        b = w.get("linear.bias") if bias else None
+        return cls(
+            np.asarray(weight, np.float32),
+            None if b is None else np.asarray(b, np.float32),
+            activation,
+        )
+
+    def __call__(self, x: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        y = x @ self.weight.T
+        if self.bias is not None:
+            y = y + self.bias
+        return np.asarray(_ACTIVATIONS[self.activation](y), dtype=np.float32)
+
+
+_ACTIVATIONS: dict[str, Any] = {
+    "identity": lambda y: y,
+    "tanh": np.tanh,
+    "relu": lambda y: np.maximum(y, 0),
+    "sigmoid": lambda y: 1.0 / (1.0 + np.exp(-y)),
+}
 
 
 def load_tokenizer(
@@ -191,11 +253,14 @@ class Embedder:
         output_name: which output holds the embeddings (default: ``sentence_embedding`` if
             present, else the first output).
         pooling: how a ``(batch, seq, hidden)`` output becomes one vector per text: ``mean``
-            over the attention mask (the default) or ``cls`` (the first token's vector).
+            over the attention mask (the default), ``cls`` (the first token's vector) or
+            ``lasttoken`` (the last real token's: decoder embedders).
             ``none`` says the output is already ``(batch, dim)`` (the default for such an
             output). A pooling that does not fit the output's rank is a ``ModelError``.
         normalize: L2-normalise the vectors. Default: yes when the embedder pools token
             outputs itself, no when the model already returns one vector per text.
+        dense: layers applied after pooling and before normalizing (sentence-transformers'
+            ``Dense`` modules); the vectors then have the last layer's width.
         target_batch_tokens, max_batch_size: how :meth:`embed_sync` cuts its batches:
             padded tokens (``batch size x longest text``) and texts per model call at most.
     """
@@ -209,6 +274,7 @@ class Embedder:
         output_name: str | None = None,
         pooling: Pooling | None = None,
         normalize: bool | None = None,
+        dense: Sequence[DenseLayer] = (),
         target_batch_tokens: int = DEFAULT_TARGET_BATCH_TOKENS,
         max_batch_size: int = 256,
     ) -> None:
@@ -231,14 +297,14 @@ class Embedder:
                 "expected (batch, dim) or (batch, seq, hidden)"
             )
         if pooling is not None and pooling not in get_args(Pooling):
-            raise ValueError(f"pooling must be mean, cls or none, got {pooling!r}")
+            raise ValueError(f"pooling must be mean, cls, lasttoken or none, got {pooling!r}")
         tokens_out = len(out_spec.shape) == 3
         if pooling is None:
             pooling = "mean" if tokens_out else "none"
         elif tokens_out != (pooling != "none"):
             expected = "(batch, seq, hidden)" if pooling != "none" else "(batch, dim)"
             fix = (
-                "pooling='mean' or 'cls' to pool its token vectors"
+                "pooling='mean' or 'cls' (or 'lasttoken') to pool its token vectors"
                 if tokens_out
                 else "pooling='none': it already returns one vector per text"
             )
@@ -249,7 +315,8 @@ class Embedder:
             )
         self.pooling: Pooling = pooling
         self.normalize = tokens_out if normalize is None else normalize
-        last = out_spec.shape[-1]
+        self.dense = tuple(dense)
+        last = self.dense[-1].weight.shape[0] if self.dense else out_spec.shape[-1]
         self._dim = last if isinstance(last, int) and last > 0 else None
 
     # -- construction ----------------------------------------------------------------------
@@ -364,6 +431,11 @@ class Embedder:
             vectors = (vectors * m).sum(axis=1) / np.maximum(m.sum(axis=1), 1e-9)
         elif self.pooling == "cls":
             vectors = vectors[:, 0, :]
+        elif self.pooling == "lasttoken":  # right-padded: the last real token of each row
+            last = np.maximum(mask.sum(axis=1).astype(np.int64) - 1, 0)
+            vectors = vectors[np.arange(len(texts)), last, :]
+        for layer in self.dense:
+            vectors = layer(vectors)
         if self.normalize:
             norms = np.linalg.norm(vectors, axis=1, keepdims=True)
             vectors = vectors / np.maximum(norms, 1e-12)

@@ -5,6 +5,7 @@ module here (``embed``, ``classify``, ``predict``) loads through them, and its m
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -16,7 +17,7 @@ from batchline.models.specs import ModelSpec
 if TYPE_CHECKING:
     from batchline.models.onnx.runtime import OnnxModel
 
-__all__ = ["SessionModel", "load_sessions", "tokenizer_path"]
+__all__ = ["SessionModel", "load_sessions", "load_sessions_at", "tokenizer_path"]
 
 T = TypeVar("T")
 
@@ -28,6 +29,8 @@ class SessionModel:
 
     model: OnnxModel
     _info: ModelInfo
+    #: the model's ``tokenizers.Tokenizer`` (text models; ``None`` for tensor models)
+    tokenizer: Any = None
 
     @property
     def info(self) -> ModelInfo:
@@ -46,6 +49,20 @@ class SessionModel:
     def close(self) -> None:
         """Sessions are freed with the object; nothing to close explicitly."""
 
+    def token_ids(self, text: str, *, special_tokens: bool = True) -> list[int]:
+        """The ids the model is fed for ``text`` (truncated as it is): see
+        :class:`~batchline.models.protocol.Tokenizing`."""
+        if self.tokenizer is None:
+            raise InputError(f"model {self.info.name!r} takes tensors, not text: no tokenizer")
+        return list(self.tokenizer.encode(text, add_special_tokens=special_tokens).ids)
+
+    def token_text(self, ids: Sequence[int]) -> str:
+        """The text of ``ids``, special tokens dropped."""
+        if self.tokenizer is None:
+            raise InputError(f"model {self.info.name!r} takes tensors, not text: no tokenizer")
+        text: str = self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        return text
+
 
 def tokenizer_path(spec: ModelSpec) -> Path:
     """The tokenizer of an ``.onnx`` text model: the spec's, or ``tokenizer.json`` beside it."""
@@ -63,13 +80,19 @@ def tokenizer_path(spec: ModelSpec) -> Path:
 
 
 def load_sessions(spec: ModelSpec, knobs: Knobs, **options: Any) -> Any:
-    """The ``OnnxModel`` of an ``.onnx`` spec in the knobs' layout: ``knobs.sessions`` sessions
-    for batching, or one session every caller shares for the baseline; ``knobs.intra_op_threads``
-    threads each, on ``knobs.providers``. ``options`` go to ``OnnxModel.load``."""
+    """The ``OnnxModel`` of an ``.onnx`` spec in the knobs' layout (:func:`load_sessions_at`)."""
+    return load_sessions_at(spec.path, knobs, **options)
+
+
+def load_sessions_at(path: Path, knobs: Knobs, **options: Any) -> Any:
+    """The ``OnnxModel`` of the ONNX file ``path`` in the knobs' layout: ``knobs.sessions``
+    sessions for batching, or one session every caller shares for the baseline;
+    ``knobs.intra_op_threads`` threads each, on ``knobs.providers``. ``options`` go to
+    ``OnnxModel.load``."""
     from batchline.models.onnx.runtime import OnnxModel
 
     return OnnxModel.load(
-        spec.path,
+        path,
         sessions=knobs.sessions if knobs.batching else 1,
         intra_op_threads=knobs.intra_op_threads,
         providers=knobs.providers,

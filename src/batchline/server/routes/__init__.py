@@ -1,7 +1,8 @@
 """The HTTP routes, one module per family: ``openai`` (``/v1/embeddings``), ``classify``
 (``/classify``), ``oip`` (the Open Inference Protocol, ``/v2/...``), ``generation``
 (``/generate``, ``/v1/completions``, ``/v1/chat/completions``), ``ops`` (``/v1/models``,
-``/health``, ``/ready``, ``/metrics``); ``_common`` holds what they share."""
+``/health``, ``/ready``, ``/metrics``), ``scoring`` (``/v1/rerank``, ``/v1/score``), ``tokens``
+(``/tokenize``, ``/detokenize``); ``_common`` holds what they share."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ __all__ = ["include_routes"]
 
 def include_routes(app: FastAPI) -> None:
     """Add every route family to ``app``."""
-    from batchline.server.routes import classify, generation, oip, openai, ops
+    from batchline.server.routes import classify, generation, oip, openai, ops, scoring, tokens
 
-    for module in (openai, classify, oip, generation, ops):
+    for module in (openai, classify, scoring, oip, generation, tokens, ops):
         app.include_router(module.router)

@@ -120,6 +120,7 @@ async def parse_body(request: Request, model: type[M]) -> M:
 ROUTE_OF_TASK = {
     "embed": "POST /v1/embeddings",
     "classify": "POST /classify",
+    "score": "POST /v1/rerank or POST /v1/score",
     "predict": "POST /v2/models/{name}/infer",
     "generate": "POST /v1/completions, POST /v1/chat/completions or POST /generate",
 }

@@ -15,6 +15,7 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
+from batchline.models.vectors import shorten
 from batchline.server.errors import ApiError
 from batchline.server.routes._common import (
     ERRORS,
@@ -42,12 +43,15 @@ router = APIRouter()
 )
 async def create_embeddings(request: Request) -> Response:
     """Embed one text or a list of texts; ``encoding_format`` ``float`` or ``base64``
-    (little-endian float32)."""
+    (little-endian float32); ``dimensions`` keeps the first n of each vector, renormalized
+    (Matryoshka truncation: meaningful for models trained for it)."""
     done = await run_texts(request, EmbeddingRequest, "embed", _check_dimensions)
     model, tokens = done.model, done.tokens
     vectors = [np.asarray(model.model.encode(r), dtype=np.float32) for r in done.results]
     if not all_finite(vectors):
         raise non_finite(model)
+    if done.body.dimensions is not None:
+        vectors = [shorten(v, done.body.dimensions) for v in vectors]
     encode = b64 if done.body.encoding_format == "base64" else floats
     items = ",".join(
         f'{{"object":"embedding","index":{i},"embedding":{encode(v)}}}'
@@ -63,9 +67,18 @@ async def create_embeddings(request: Request) -> Response:
 
 def _check_dimensions(body: EmbeddingRequest, model: ServedModel[Any, Any]) -> None:
     dim = model.info.details.get("dim")
-    if body.dimensions is not None and body.dimensions != dim:
+    asked = body.dimensions
+    if asked is None or asked == dim:
+        return
+    if not isinstance(dim, int):
         raise ApiError(
             400,
-            f"{model.name} returns {dim} dimensions; omit 'dimensions' or send {dim}",
+            f"{model.name} does not say how many dimensions it returns; omit 'dimensions'",
+            "invalid_request_error",
+        )
+    if not 1 <= asked <= dim:
+        raise ApiError(
+            400,
+            f"'dimensions' must be between 1 and {dim} ({model.name} returns {dim}), got {asked}",
             "invalid_request_error",
         )

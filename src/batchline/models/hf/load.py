@@ -1,0 +1,148 @@
+"""A Hugging Face encoder folder (a ``PATH/`` spec of kind ``hf`` that does not generate) to
+a loaded :class:`~batchline.models.protocol.BatchModel`.
+
+The folder was read at parse time (``spec.folder``, :mod:`batchline.models.hf.detect`); here
+it is converted once to ONNX (:mod:`batchline.models.hf.convert`) and loaded by the ONNX task
+model that fits: ``embed`` (pooling and normalization baked into a built graph, else run in
+numpy after the session with any Dense modules), ``classify`` and ``score``. A decoder
+embedder (last-token pooling over a causal-LM family) runs on torch
+(``batchline.models.hf.torch_embed``). The load log (INFO) says what was found and what runs
+it.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from batchline._errors import InputError, ModelError
+from batchline.knobs import Knobs
+from batchline.models.hf.convert import TORCH_INSTALL, convert
+from batchline.models.hf.detect import DenseModule, FolderModel
+from batchline.models.protocol import BatchModel
+from batchline.models.specs import ModelSpec
+
+__all__ = ["load_folder_model"]
+
+logger = logging.getLogger("batchline.models")
+
+
+def load_folder_model(spec: ModelSpec, knobs: Knobs) -> BatchModel[Any, Any]:
+    """Load the encoder folder of ``spec`` (kind ``hf``) laid out as ``knobs`` say."""
+    if spec.folder is None:
+        raise InputError(f"model {spec.name!r} ({spec.source}) is not a model folder")
+    found = spec.folder.for_task(spec.task)
+    if found.task == "embed":
+        return _embedder(spec, found, knobs)
+    if found.task == "classify":
+        from batchline.models.onnx.classify import load_onnx_classifier
+
+        converted = convert(found, top="logits")
+        _log(spec, found, converted.describe())
+        return load_onnx_classifier(
+            converted.path,
+            _tokenizer(found),
+            name=spec.name,
+            knobs=knobs,
+            labels=spec.labels or found.labels,
+            max_length=found.max_seq_length,
+        )
+    if found.task == "score":
+        from batchline.models.onnx.score import load_onnx_scorer
+
+        converted = convert(found, top="logits")
+        _log(spec, found, converted.describe())
+        return load_onnx_scorer(
+            converted.path,
+            _tokenizer(found),
+            name=spec.name,
+            knobs=knobs,
+            activation=found.activation,
+            max_length=found.max_seq_length,
+        )
+    raise InputError(f"model {spec.name!r}: a {found.describe()} does not do {found.task}")
+
+
+def _embedder(spec: ModelSpec, found: FolderModel, knobs: Knobs) -> BatchModel[Any, Any]:
+    pooling = spec.pooling if spec.pooling is not None else found.pooling or "mean"
+    normalize = spec.normalize if spec.normalize is not None else found.normalize
+    if found.decoder:
+        if pooling == "none":
+            raise InputError(
+                f"model {spec.name!r}: a decoder embedder pools its token vectors; "
+                "use pooling lasttoken, mean or cls"
+            )
+        if found.dense:
+            raise InputError(
+                f"{found.folder}: Dense modules after a decoder embedder are not supported "
+                "(it runs on torch, which pools and normalizes only)"
+            )
+        try:
+            from batchline.models.hf.torch_embed import (  # type: ignore[import-not-found,unused-ignore]
+                load_torch_embedder,
+            )
+        except ImportError as exc:
+            raise ModelError(
+                f"{found.folder}: a decoder embedder ({found.architecture or found.model_type}) "
+                f"runs on torch, and this batchline cannot load it ({exc}); {TORCH_INSTALL}"
+            ) from None
+        _log(spec, found, "torch")
+        model: BatchModel[Any, Any] = load_torch_embedder(
+            found.encoder_folder,
+            name=spec.name,
+            pooling=pooling,
+            normalize=normalize,
+            max_length=found.max_seq_length,
+            knobs=knobs,
+        )
+        return model
+    from batchline.models.hf.convert import builder_covers
+    from batchline.models.onnx.embed import load_onnx_embedder
+
+    dense = [_dense_layer(d) for d in found.dense]
+    if builder_covers(found) and pooling in ("mean", "cls"):
+        # pooling baked into the graph; normalize too unless Dense layers come between
+        baked = normalize and not dense
+        converted = convert(found, top="embedding", pooling=pooling, normalize=baked)
+        options: dict[str, Any] = {"pooling": "none", "normalize": normalize and bool(dense)}
+    elif pooling == "none":
+        raise InputError(
+            f"model {spec.name!r}: a folder's encoder returns token vectors; "
+            "pool them with mean, cls or lasttoken"
+        )
+    else:
+        converted = convert(found, top="hidden")
+        options = {"pooling": pooling, "normalize": normalize}
+    _log(spec, found, converted.describe())
+    return load_onnx_embedder(
+        converted.path,
+        _tokenizer(found),
+        name=spec.name,
+        knobs=knobs,
+        max_length=found.max_seq_length,
+        dense=dense,
+        **options,
+    )
+
+
+def _tokenizer(found: FolderModel) -> Path:
+    if found.tokenizer is None:  # detection refuses such folders; kept for a changed folder
+        raise ModelError(f"{found.folder}: no tokenizer.json")
+    return found.tokenizer
+
+
+def _dense_layer(module: DenseModule) -> Any:
+    from batchline.models.onnx.embedder import DenseLayer
+
+    return DenseLayer.load(
+        module.path,
+        module.out_features,
+        module.in_features,
+        bias=module.bias,
+        activation=module.activation,
+    )
+
+
+def _log(spec: ModelSpec, found: FolderModel, runs: str) -> None:
+    logger.info("%s: %s -> %s", spec.name, found.describe(), runs)

@@ -1,0 +1,125 @@
+"""``POST /tokenize`` and ``POST /detokenize``: a served model's own tokenizer, in vLLM's
+shapes, for clients that count or cut tokens before they send text.
+
+Any text model answers (``embed``, ``classify``, ``score``, ``generate``); a tensor model has
+no tokenizer (400). ``model`` may be left out when one model is served.
+
+(No ``from __future__ import annotations``: FastAPI reads these annotations at run time.)
+"""
+
+import asyncio
+import json
+from typing import Any
+
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import Response
+
+from batchline._errors import InputError
+from batchline.models.protocol import Tokenizing
+from batchline.server.errors import ApiError
+from batchline.server.routes._common import (
+    ERRORS,
+    body_doc,
+    describe_models,
+    parse_body,
+    server_state,
+    use_generator,
+    use_model,
+)
+from batchline.server.schemas import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+)
+from batchline.server.state import ServerState
+
+__all__ = ["router"]
+
+router = APIRouter()
+
+
+@router.post(
+    "/tokenize",
+    response_model=TokenizeResponse,
+    responses=ERRORS,
+    openapi_extra=body_doc(TokenizeRequest),
+    summary="A text's token ids, as the model reads it",
+)
+async def tokenize(request: Request) -> Response:
+    """``prompt`` (special tokens added unless ``add_special_tokens`` is false), or, for a
+    generate model, chat ``messages`` through its chat template."""
+    state = server_state(request)
+    body = await parse_body(request, TokenizeRequest)
+    if (body.prompt is None) == (body.messages is None):
+        raise ApiError(400, "send one of 'prompt' or 'messages'", "invalid_request_error")
+    model, limit = await _tokenizing(request, state, body.model)
+    try:
+        if body.messages is not None:
+            encode_chat = getattr(model, "encode_chat", None)
+            if encode_chat is None:
+                raise InputError("'messages' go to a generate model; send 'prompt'")
+            ids = await asyncio.to_thread(encode_chat, body.messages)
+        else:
+            ids = await asyncio.to_thread(
+                model.token_ids, body.prompt or "", special_tokens=body.add_special_tokens
+            )
+    except InputError as exc:
+        raise ApiError(400, str(exc), "invalid_request_error") from None
+    payload = {"count": len(ids), "max_model_len": limit, "tokens": [int(i) for i in ids]}
+    return Response(json.dumps(payload, separators=(",", ":")), media_type="application/json")
+
+
+@router.post(
+    "/detokenize",
+    response_model=DetokenizeResponse,
+    responses=ERRORS,
+    openapi_extra=body_doc(DetokenizeRequest),
+    summary="The text of token ids",
+)
+async def detokenize(request: Request) -> Response:
+    """The text of ``tokens``, special tokens dropped; an id outside the vocabulary is a 400."""
+    state = server_state(request)
+    body = await parse_body(request, DetokenizeRequest)
+    model, _ = await _tokenizing(request, state, body.model)
+    try:
+        text = await asyncio.to_thread(model.token_text, body.tokens)
+    except InputError as exc:
+        raise ApiError(400, str(exc), "invalid_request_error") from None
+    except (OverflowError, LookupError, ValueError, TypeError) as exc:
+        raise ApiError(
+            400, f"these ids cannot be decoded: {type(exc).__name__}", "invalid_request_error"
+        ) from None
+    return Response(json.dumps({"prompt": text}), media_type="application/json")
+
+
+async def _tokenizing(
+    request: Request, state: ServerState, name: str | None
+) -> tuple[Tokenizing, int | None]:
+    """The model ``name`` (the only one served when ``None``) and its token limit."""
+    if name is None:
+        names = list(dict.fromkeys([*state.order, *state.models, *state.generators]))
+        if len(names) != 1:
+            raise ApiError(
+                400,
+                f"{len(names)} models are served ({describe_models(state)}); name one in 'model'",
+                "invalid_request_error",
+            )
+        name = names[0]
+    task = state.task_of(name)
+    model: Any
+    if task == "generate":
+        model = (await use_generator(request, state, name)).model
+        limit = model.max_context_tokens
+    else:
+        # an unknown name: use_model answers the 404 that lists the served models
+        served = await use_model(request, state, name, task or "embed")
+        model, limit = served.model, served.info.max_tokens
+    if not isinstance(model, Tokenizing):
+        raise ApiError(
+            400,
+            f"model {name!r} takes tensors, not text: it has no tokenizer",
+            "invalid_request_error",
+        )
+    return model, limit
