@@ -1,7 +1,8 @@
 """Causal LMs of other families than Llama (Qwen2, Qwen3, Mistral, Gemma 3, Phi-3), saved as
 Hugging Face folders with ``save_pretrained`` and loaded as ``--model PATH/`` is: batchline's
 engine (transformers' module tree, no lean forward) gives the greedy tokens of transformers'
-own ``generate``, for several prompts at once."""
+own ``generate``, for several prompts at once; sliding-window layers attend within their window
+however long the sequence grows, prefilled whole or in chunks."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from .conftest import TINY_EOS, TINY_VOCAB  # noqa: E402
 from .test_load import save_tiny_generator  # noqa: E402
 
 MAX_NEW = 10
-WINDOW = 32  # the sliding window of Mistral's and Gemma 3's tiny models
+WINDOW = 8  # the sliding window of Mistral's and Gemma 3's tiny models: sequences outgrow it
 
 # What every tiny model shares: 2 layers, hidden 64, 4 heads / 2 KV heads. initializer_range is
 # raised so that the logits are peaked (greedy must not hinge on float ties: see conftest).
@@ -48,12 +49,9 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 16}),  # q/k norms
     "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": WINDOW}),
-    # sliding and full layers, scaled embeddings, query_pre_attn_scalar, tied embeddings
-    "gemma3": (
-        "Gemma3TextConfig",
-        "Gemma3ForCausalLM",
-        {"head_dim": 16, "sliding_window": WINDOW, "tie_word_embeddings": True},
-    ),
+    # sliding-window layers, scaled embeddings, query_pre_attn_scalar, q/k norms (untied
+    # embeddings: tied, the tiny model's greedy tokens hardly depend on attention at all)
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {"head_dim": 16, "sliding_window": WINDOW}),
     # fused qkv and gate/up projections, partial rotary
     "phi3": ("Phi3Config", "Phi3ForCausalLM", {"partial_rotary_factor": 0.5}),
 }
@@ -93,8 +91,7 @@ def test_greedy_tokens_equal_transformers_generate(family: str, root: Path) -> N
     loaded = load(folder)
     engine = loaded.engine
     assert engine.forward == "transformers"  # the module tree: no lean forward for this family
-    # the longest prompt fills the window exactly with its new tokens
-    prompts = [_prompt(i, n) for i, n in enumerate([3, 9, 17, WINDOW - MAX_NEW])]
+    prompts = [_prompt(i, n) for i, n in enumerate([3, 9, 17, 30])]
     for i, p in enumerate(prompts):
         engine.add_request(
             GenerationRequest(str(i), p, SamplingParams(max_tokens=MAX_NEW, ignore_eos=True))
@@ -119,21 +116,55 @@ def test_greedy_tokens_equal_transformers_generate(family: str, root: Path) -> N
     loaded.close()
 
 
+def _reference(model: Any, prompt: tuple[int, ...]) -> list[int]:
+    ids = torch.tensor([prompt])
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=MAX_NEW,
+        do_sample=False,
+        pad_token_id=0,
+        eos_token_id=None,
+    )
+    return [int(t) for t in out[0, len(prompt) :]]
+
+
 @pytest.mark.parametrize("family", ["mistral", "gemma3"])
-def test_a_sliding_window_caps_the_context_where_full_attention_stays_exact(
-    family: str, root: Path
+@pytest.mark.parametrize("decode_attention", ["kernel", "sdpa"])
+def test_a_sliding_window_holds_in_chunks_after_a_cached_prefix_and_joining_late(
+    family: str, decode_attention: str, torch_threads: None
 ) -> None:
     from batchline.models.generation.torch_engine import TorchStepEngine
 
-    loaded = load(_folder(root, family))
-    assert loaded.max_context_tokens == WINDOW
-    assert loaded.info.max_tokens == WINDOW
-    too_long = GenerationRequest("x", _prompt(0, WINDOW), SamplingParams(max_tokens=1))
-    with pytest.raises(ValueError, match=f"context of {WINDOW} tokens"):
-        loaded.engine.add_request(too_long)
-    with pytest.raises(ValueError, match=f"sliding window of {WINDOW} tokens"):
-        TorchStepEngine(build(family), max_context_tokens=WINDOW + 1)
-    assert TorchStepEngine(build(family), max_context_tokens=16).max_context_tokens == 16
+    model = build(family)
+    if decode_attention == "kernel":
+        from batchline.models.generation.decode_kernel import decode_kernel
+
+        kernel, why = decode_kernel()
+        if kernel is None:
+            pytest.skip(why)
+    engine = TorchStepEngine(model, max_step_tokens=5, decode_attention=decode_attention)
+    assert engine.max_context_tokens == 128  # not capped at the window
+    shared = _prompt(99, 11)  # longer than the window, cached after the first prompt
+    prompts = {
+        "a": shared + _prompt(1, 4),
+        "b": shared + _prompt(2, 9),
+        "c": _prompt(3, 2),
+        "d": _prompt(4, 19),
+    }
+    got: dict[str, list[int]] = {}
+    for step, (rid, prompt) in enumerate(prompts.items()):
+        engine.add_request(
+            GenerationRequest(rid, prompt, SamplingParams(max_tokens=MAX_NEW, ignore_eos=True))
+        )
+        for _ in range(step * 2):  # later ones join while the earlier decode
+            for out in engine.step():
+                got.setdefault(out.request_id, []).extend(out.token_ids)
+    while engine.has_unfinished():
+        for out in engine.step():
+            got.setdefault(out.request_id, []).extend(out.token_ids)
+    for rid, prompt in prompts.items():
+        assert got[rid] == _reference(model, prompt), f"{family}: request {rid}"
 
 
 def test_eos_declared_only_by_the_tokenizer_is_taken(root: Path) -> None:

@@ -6,7 +6,9 @@ running sequence, then prompt pieces (a whole prompt's rest, or a chunk of a lon
 function is registered with transformers' ``AttentionInterface`` under :data:`PACKED` and used
 only for those passes: per layer it writes the new keys and values where they belong, in place,
 and attends — the running rows over their slots' window, each prompt piece over its sequence's
-earlier positions and itself, causally.
+earlier positions and itself, causally. A layer with a sliding window (Mistral, Gemma 3: the
+``sliding_window`` transformers passes it) attends over its last ``window`` positions only; the
+store keeps every position for the full-attention layers beside it.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from batchline.models.generation.kv_slots import SlotStore
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-__all__ = ["PACKED", "Join", "StepPlan", "packed_attention", "sliding_window"]
+__all__ = ["PACKED", "Join", "StepPlan", "check_attention", "packed_attention"]
 
 
 @dataclass(slots=True)
@@ -81,6 +83,38 @@ class StepPlan:
     decode_kernel: DecodeKernel | None = None
     _mask: torch.Tensor | None = field(default=None, init=False, repr=False)
     _bias: torch.Tensor | None = field(default=None, init=False, repr=False)
+    #: made on first use, once a step: the plan per sliding window, each join's banded mask
+    _windows: dict[object, Any] = field(default_factory=dict, init=False, repr=False)
+
+    def windowed(self, window: int) -> StepPlan:
+        """The decoding rows as a layer with a sliding window of ``window`` positions sees them:
+        each row's first column no earlier than ``hi + 1 - window`` (Mistral, Gemma 3)."""
+        plan = self._windows.get(window)
+        if plan is None:
+            assert self.decode_first is not None
+            first = self.decode_first.clamp(min=self.store.hi + 1 - window)
+            plan = StepPlan(
+                self.store,
+                self.decoding,
+                first,
+                self.joins,
+                decode_attention=self.decode_attention,
+                decode_kernel=self.decode_kernel,
+            )
+            self._windows[window] = plan
+        return plan
+
+    def join_mask(self, join: Join, window: int) -> torch.Tensor:
+        """``join``'s mask within a sliding window: each new position sees the earlier columns
+        and itself, causally, at most ``window - 1`` columns back."""
+        mask = self._windows.get((id(join), window))
+        if mask is None:
+            device = self.store.geometry.device
+            rows = torch.arange(join.stop - join.length, join.stop, device=device)[:, None]
+            columns = torch.arange(join.start, join.stop, device=device)[None, :]
+            mask = ((columns <= rows) & (rows - columns < window))[None, None]
+            self._windows[id(join), window] = mask
+        return mask
 
     def decode_mask(self) -> torch.Tensor:
         """``decode_first`` as a boolean mask over the window, ``(decoding, 1, 1, hi + 1 - lo)``
@@ -122,6 +156,7 @@ def packed_attention(
         )
     plan = batchline_step
     plan.layers_seen += 1
+    window: int | None = kwargs.get("sliding_window")  # this layer's, where it has one
     store, r = plan.store, plan.decoding
     layer: int = module.layer_idx  # type: ignore[assignment]
     out = query.new_empty((1, query.shape[2], query.shape[1], query.shape[3]))
@@ -131,7 +166,8 @@ def packed_attention(
         keys[:r, :, store.hi] = key[0, :, :r].transpose(0, 1)
         values[:r, :, store.hi] = value[0, :, :r].transpose(0, 1)
         attend = DECODE_ATTENTION[plan.decode_attention]
-        out[0, :r] = attend(module, query[0, :, :r].transpose(0, 1), plan, keys, values, scaling)
+        rows = plan if window is None else plan.windowed(window)
+        out[0, :r] = attend(module, query[0, :, :r].transpose(0, 1), rows, keys, values, scaling)
     for join in plan.joins:
         if join.slot is None:
             assert join.keys is not None
@@ -144,24 +180,25 @@ def packed_attention(
         cols = slice(join.stop - join.length, join.stop)
         keys[0, :, cols] = key[0, :, new]
         values[0, :, cols] = value[0, :, new]
+        mask = join.mask
+        if window is not None and join.stop - join.start > window:
+            mask = plan.join_mask(join, window)
         attended, _ = sdpa_attention_forward(
             module,
             query[:, :, new],
             keys[:, :, join.start : join.stop],
             values[:, :, join.start : join.stop],
-            join.mask,
+            mask,
             scaling=scaling,
-            is_causal=join.mask is None,
+            is_causal=mask is None,
         )
         out[0, new] = attended[0]
     return out, None
 
 
-def sliding_window(model: PreTrainedModel, probe: DynamicCache) -> int | None:
-    """The smallest sliding window among the model's attention layers (None: all full), after
-    refusing what batchline's attention cannot run exactly. The running rows attend over all
-    their columns, which equals a sliding window as long as no sequence outgrows it (Mistral,
-    Gemma 2/3 layers): the engine's context is capped there."""
+def check_attention(model: PreTrainedModel, probe: DynamicCache) -> None:
+    """Refuse a model whose attention :func:`packed_attention` cannot run exactly: KV cache
+    layers other than full and sliding-window ones, or soft-capped attention scores (Gemma 2)."""
     layers = probe.layers
     if not all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in layers):
         kinds = sorted({type(layer).__name__ for layer in layers})
@@ -177,8 +214,6 @@ def sliding_window(model: PreTrainedModel, probe: DynamicCache) -> int | None:
             f"{softcap}), which batchline's attention does not; generate with "
             "generation_backend = 'vllm'"
         )
-    windows = [int(x.sliding_window) for x in layers if isinstance(x, DynamicSlidingWindowLayer)]
-    return min(windows) if windows else None
 
 
 # -- how the decoding rows attend over their windows ------------------------------------------

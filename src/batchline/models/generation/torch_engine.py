@@ -64,7 +64,7 @@ from batchline.models.generation.packed_attention import (
     Join,
     StepPlan,
     causal_mask,
-    sliding_window,
+    check_attention,
 )
 from batchline.models.generation.prefix_cache import Prefix, PrefixCache
 from batchline.models.generation.sampling import make_generator, select_tokens
@@ -141,9 +141,7 @@ class TorchStepEngine:
     """Batched token-by-token generation with a transformers causal LM (any device, one thread).
 
     ``eos_token_ids`` defaults to the model's generation config (and config) EOS ids;
-    ``max_context_tokens`` to ``max_position_embeddings``, capped at the model's smallest
-    sliding window (Mistral, Gemma 3: up to it, full attention is exact). The model is put in
-    eval mode.
+    ``max_context_tokens`` to ``max_position_embeddings``. The model is put in eval mode.
     Output ``token_ids`` include the EOS token that finished a sequence.
     ``prefix_cache_tokens``: positions kept for prompt prefixes that recent prompts shared
     (a system prompt: see :class:`~.prefix_cache.PrefixCache`); 0 turns prefix caching off.
@@ -191,27 +189,12 @@ class TorchStepEngine:
         if not eos:
             raise ValueError("the model declares no EOS token; pass eos_token_ids=")
         self._eos = frozenset(eos)
-        probe = DynamicCache(config=model.config)
-        window = sliding_window(model, probe)  # refuses what batchline's attention cannot run
         if max_context_tokens is None:
             max_context_tokens = getattr(self._config, "max_position_embeddings", None)
             if max_context_tokens is None:
                 raise ValueError(
                     "the model config has no max_position_embeddings; pass max_context_tokens="
                 )
-            if window is not None and window < max_context_tokens:
-                logger.info(
-                    "%s: context capped at its sliding window of %d tokens (batchline's "
-                    "attention is full attention, exact up to the window)",
-                    type(model).__name__,
-                    window,
-                )
-                max_context_tokens = window
-        elif window is not None and max_context_tokens > window:
-            raise ValueError(
-                f"max_context_tokens {max_context_tokens} exceeds the model's sliding window of "
-                f"{window} tokens, beyond which batchline's full attention would differ from it"
-            )
         if max_context_tokens < 2:
             raise ValueError(f"max_context_tokens must be >= 2, got {max_context_tokens}")
         self._max_context = int(max_context_tokens)
@@ -224,6 +207,9 @@ class TorchStepEngine:
             if tokenizer is None
             else TokenGrammars(tokenizer, vocab_size=self._vocab_size, eos_token_ids=self._eos)
         )
+
+        probe = DynamicCache(config=model.config)
+        check_attention(model, probe)
 
         self._pending: dict[str, _Sequence] = {}  # added, not yet (fully) prefilled
         self._live: dict[str, _Sequence] = {}  # pending + running, not finished or aborted

@@ -39,7 +39,15 @@ import numpy as np
 from batchline._cache import write_whole
 from batchline._errors import ModelError
 
-__all__ = ["OPSET", "TESTED_ARCHITECTURES", "TORCH_INSTALL", "export_encoder", "require_torch"]
+__all__ = [
+    "MAX_INLINE_BYTES",
+    "OPSET",
+    "TESTED_ARCHITECTURES",
+    "TORCH_INSTALL",
+    "Head",
+    "export_encoder",
+    "require_torch",
+]
 
 #: What installs the conversion's (and the torch embedder's) dependencies on a CPU machine.
 TORCH_INSTALL = "pip install torch==2.13.0 'batchline[generate]'"
