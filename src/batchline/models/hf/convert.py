@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -151,14 +150,9 @@ def _export(found: FolderModel, top: Top, target: Path) -> None:
 
     arch = found.architecture or found.model_type
     require_torch(f"{found.folder}: converting a {arch} folder to ONNX")
-    import onnx
-
-    # the exporter writes into a scratch folder (it may write weights beside the graph);
-    # the cache gets one self-contained file, written whole
-    with tempfile.TemporaryDirectory(prefix=".export-", dir=target.parent) as scratch:
-        out = Path(scratch) / "model.onnx"
-        head: Head = "logits" if top == "logits" else "hidden"
-        export_encoder(found.encoder_folder, head=head, target=out)
-        if not out.is_file():
-            raise ModelError(f"{found.folder}: the exporter wrote no ONNX file")
-        write_whole(target, onnx.load(str(out)).SerializeToString())
+    # the exporter writes the cache file itself, whole (and, past 2 GB, its weights beside it
+    # as TARGET.data, moved into place first), so no copy is made of a large graph here
+    head: Head = "logits" if top == "logits" else "hidden"
+    export_encoder(found.encoder_folder, head=head, target=target)
+    if not target.is_file():
+        raise ModelError(f"{found.folder}: the exporter wrote no ONNX file")
