@@ -155,6 +155,10 @@ class SamplingBody(BaseModel):
     guided_regex: StrictStr | None = None
     guided_choice: list[StrictStr] | None = None
 
+    def constrains(self) -> bool:
+        """Whether the body names a structured-output constraint (cheap: nothing compiled)."""
+        return any(getattr(self, name) is not None for name in ("response_format", *GUIDED_FIELDS))
+
     def constraint(self) -> Constraint | None:
         """The structured-output constraint asked for (``ValueError`` when it is bad)."""
         return constraint_from_openai(

@@ -45,9 +45,11 @@ if TYPE_CHECKING:
         GenerationStream,
         TextGenerator,
     )
+    from batchline.models.generation.structured import Constraint
 
 __all__ = [
     "Completion",
+    "Constraint",
     "ContinuousGenerator",
     "FinishReason",
     "GenerationDelta",
@@ -71,6 +73,7 @@ __getattr__ = lazy_exports(
     __name__,
     {
         "Completion": "stream",
+        "Constraint": "structured",
         "ContinuousGenerator": "scheduler",
         "GenerationDelta": "stream",
         "GenerationModel": "load",

@@ -101,13 +101,17 @@ class StepOutput:
 
     ``token_ids`` are the tokens produced by this step (one per step today; a tuple so that a
     backend with speculative decoding can return several). A finished sequence has left the
-    engine: its KV cache is freed before ``step`` returns.
+    engine: its KV cache is freed before ``step`` returns. ``error`` (with ``finished`` and
+    no ``finish_reason``) says why the engine could not go on with this sequence although it
+    could with the others: the grammar engine gave up on its constraint; the request fails
+    with :class:`~batchline._errors.ConstraintError` and that message.
     """
 
     request_id: str
     token_ids: tuple[int, ...]
     finished: bool = False
     finish_reason: FinishReason | None = None
+    error: str | None = None
 
 
 @runtime_checkable

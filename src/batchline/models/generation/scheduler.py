@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Self
 
 from batchline._batcher import State
-from batchline._errors import BatcherClosedError, ModelError, QueueFullError
+from batchline._errors import BatcherClosedError, ConstraintError, ModelError, QueueFullError
 from batchline._priority import aged_rank
 from batchline.models.generation.engine import (
     GenerationRequest,
@@ -262,6 +262,13 @@ class EngineGenerator:
         for out in outputs:
             seq = running.get(out.request_id)
             if seq is None or seq.finished:
+                continue
+            if out.error is not None:
+                # the engine gave up on it alone (its grammar): a failure, never a "stop"
+                seq.finished = True
+                error = ConstraintError(f"{self.name}: request {seq.request_id!r}: {out.error}")
+                updates.append((seq, error))
+                ended.append(seq.request_id)
                 continue
             if out.token_ids:
                 tokens += len(out.token_ids)

@@ -318,7 +318,7 @@ class TorchStepEngine:
                     f"request {request.request_id!r} has a constraint, but this engine was "
                     "built without a tokenizer (TorchStepEngine(..., tokenizer=))"
                 )
-            seq.grammar = self._grammars.start(request.params.constraint)
+            seq.grammar = self._grammars.start(request.params.constraint, request.request_id)
         self._pending[request.request_id] = seq
         self._live[request.request_id] = seq
 
@@ -582,9 +582,20 @@ class TorchStepEngine:
         )
         outputs = []
         for seq, token in zip(seqs, tokens, strict=True):
+            rid = seq.request.request_id
+            grammar = seq.grammar
+            # a grammar the engine gave up on (while masking, or at this token) ends the
+            # sequence with an error: its token was never constrained
+            failure = None if grammar is None else grammar.failure()
+            if grammar is not None and failure is None:
+                grammar.advance(token)
+                failure = grammar.failure()
+            if failure is not None:
+                seq.done = True
+                del self._live[rid]
+                outputs.append(StepOutput(rid, (), True, None, error=failure))
+                continue
             seq.generated.append(token)
-            if seq.grammar is not None:
-                seq.grammar.advance(token)
             params = seq.request.params
             reason: Any = None
             if token in self._eos and not params.ignore_eos:
@@ -593,8 +604,8 @@ class TorchStepEngine:
                 reason = "length"
             if reason is not None:
                 seq.done = True
-                del self._live[seq.request.request_id]
-            outputs.append(StepOutput(seq.request.request_id, (token,), reason is not None, reason))
+                del self._live[rid]
+            outputs.append(StepOutput(rid, (token,), reason is not None, reason))
         return outputs
 
     def _leave(self) -> None:

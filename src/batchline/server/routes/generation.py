@@ -50,6 +50,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from batchline._errors import InputError, RecordTooLargeError
+from batchline.models.generation import Constraint
 from batchline.models.generation.engine import SamplingParams
 from batchline.models.generation.stream import Completion, GenerationStream, check_fits
 from batchline.server.errors import ApiError
@@ -131,7 +132,13 @@ async def generate(request: Request) -> Response:
         for i, text in enumerate(body.prompts)
     ]
     params = _sampling(
-        served, body, prompts, priority, default_max_tokens=DEFAULT_MAX_TOKENS, greedy=True
+        served,
+        body,
+        prompts,
+        await _constraint(body),
+        priority,
+        default_max_tokens=DEFAULT_MAX_TOKENS,
+        greedy=True,
     )
     streams = _submit_all(served, state, prompts, params, f"gen-{uuid.uuid4().hex}")
     completions = await _finish_all(request, state, served, streams)
@@ -172,7 +179,12 @@ async def create_completion(request: Request) -> Response:
     check_count(len(texts), state, "prompt", "prompts")
     prompts = [await _encode_text(served, state, text, "prompt", i) for i, text in enumerate(texts)]
     params = _sampling(
-        served, body, prompts, priority, default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS
+        served,
+        body,
+        prompts,
+        await _constraint(body),
+        priority,
+        default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS,
     )
     rid = f"cmpl-{uuid.uuid4().hex}"
     streams = _submit_all(served, state, prompts, params, rid)
@@ -208,7 +220,10 @@ async def create_chat_completion(request: Request) -> Response:
     ids = await _encode(served.model.encode_chat, messages, size, state, "messages")
     if not ids:
         raise _bad("'messages' produced no tokens; send some text")
-    params = _sampling(served, body, [ids], priority, default_max_tokens=DEFAULT_MAX_TOKENS)
+    constraint = await _constraint(body)
+    params = _sampling(
+        served, body, [ids], constraint, priority, default_max_tokens=DEFAULT_MAX_TOKENS
+    )
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     streams = _submit_all(served, state, [ids], params, rid)
     shape = Shape(rid, "chat.completion", int(time.time()), served.name, chat=True)
@@ -286,10 +301,23 @@ async def _encode(
         ) from None
 
 
+async def _constraint(body: SamplingBody) -> Constraint | None:
+    """The body's constraint, checked against the grammar engine's limits in a worker thread
+    (compiling a large grammar takes up to a few hundred ms); 400 with the reason when it is
+    bad or cannot be enforced."""
+    try:
+        if not body.constrains():
+            return None
+        return await asyncio.to_thread(body.constraint)
+    except ValueError as exc:
+        raise _bad(str(exc)) from None
+
+
 def _sampling(
     served: ServedGenerator,
     body: SamplingBody,
     prompts: Sequence[Sequence[int]],
+    constraint: Constraint | None,
     priority: int = 0,
     *,
     default_max_tokens: int,
@@ -312,10 +340,6 @@ def _sampling(
     # never fit refuses the request before any of its prompts is admitted
     budget = getattr(served.generator, "kv_token_budget", None)
     budget = budget if isinstance(budget, int) and budget > 0 else None
-    try:
-        constraint = body.constraint()
-    except ValueError as exc:
-        raise _bad(str(exc)) from None
     params: list[SamplingParams] = []
     for i, ids in enumerate(prompts):
         max_tokens = body.max_tokens
