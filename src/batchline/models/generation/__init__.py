@@ -31,6 +31,7 @@ from batchline.models.generation.engine import (
     SamplingParams,
     StepEngine,
     StepOutput,
+    unapplied_field,
 )
 
 if TYPE_CHECKING:
@@ -66,6 +67,7 @@ __all__ = [
     "TextGenerator",
     "demo_prompts",
     "load_text_generator",
+    "unapplied_field",
     "write_demo_prompts",
 ]
 

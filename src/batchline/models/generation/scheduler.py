@@ -54,7 +54,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Self
 
 from batchline._batcher import State
-from batchline._errors import BatcherClosedError, ConstraintError, ModelError, QueueFullError
+from batchline._errors import (
+    BatcherClosedError,
+    ConstraintError,
+    InputError,
+    ModelError,
+    QueueFullError,
+)
 from batchline._priority import aged_rank
 from batchline.models.generation.engine import (
     GenerationRequest,
@@ -290,6 +296,18 @@ class EngineGenerator:
     def _end(self, seq: TrackedSequence) -> Update:
         """Abort ``seq`` (already out of the engine) with what it has produced."""
         return (seq, seq.end("abort", self._clock.now()))
+
+    def _refused(self, exc: Exception) -> Exception:
+        """The error of a request the engine's ``add_request`` refused: a ``ValueError`` is
+        the request's own fault (a token id outside the vocabulary), anything else the
+        model's."""
+        error: Exception
+        if isinstance(exc, ValueError):
+            error = InputError(f"{self.name}: {exc}")
+        else:
+            error = ModelError(f"{self.name}: add_request: {exc!r}")
+        error.__cause__ = exc
+        return error
 
     def _engine_failed(self, exc: Exception, seqs: Sequence[TrackedSequence]) -> list[Update]:
         """The engine raised in a step: drop its sequences and fail their requests."""
@@ -533,7 +551,7 @@ class ContinuousGenerator(EngineGenerator):
                         engine.add_request(seq.request)
                     except Exception as exc:
                         self._reserved -= seq.kv_reservation
-                        updates.append((seq, ModelError(f"{self.name}: add_request: {exc!r}")))
+                        updates.append((seq, self._refused(exc)))
                         continue
                     seq.admitted_at = joined_at  # its queue wait ends: it joins the next step
                     self._running[seq.request_id] = seq

@@ -296,7 +296,8 @@ class TorchStepEngine:
         """Register ``request``; it is prefilled from the next :meth:`step` on.
 
         Raises ``ValueError`` for an id already running, a prompt + ``max_tokens`` beyond
-        :attr:`max_context_tokens`, or a token id outside the vocabulary.
+        :attr:`max_context_tokens`, or a token id (prompt, ``logit_bias``) outside the
+        vocabulary.
         """
         if request.request_id in self._live:
             raise ValueError(f"request {request.request_id!r} is already running")
@@ -310,6 +311,12 @@ class TorchStepEngine:
             raise ValueError(
                 f"request {request.request_id!r}: prompt token ids must be in "
                 f"[0, {self._vocab_size}), got {min(request.prompt_ids)}..{max(request.prompt_ids)}"
+            )
+        biased = request.params.logit_bias
+        if biased and biased[-1][0] >= self._vocab_size:
+            raise ValueError(
+                f"request {request.request_id!r}: logit_bias names token {biased[-1][0]}, "
+                f"outside the model's vocabulary of {self._vocab_size}"
             )
         seq = _Sequence(request, make_generator(request.params))
         if request.params.constraint is not None:
@@ -578,7 +585,10 @@ class TorchStepEngine:
         if self._grammars is not None:
             self._grammars.mask(logits, [s.grammar for s in seqs])
         tokens = select_tokens(
-            logits, [s.request.params for s in seqs], [s.generator for s in seqs]
+            logits,
+            [s.request.params for s in seqs],
+            [s.generator for s in seqs],
+            [s.generated for s in seqs],
         )
         outputs = []
         for seq, token in zip(seqs, tokens, strict=True):

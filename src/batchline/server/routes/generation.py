@@ -17,9 +17,15 @@ Where a request can end:
                              ``length``: ``max_tokens``)
 400                          prompt tokens + ``max_tokens`` over the model's context (the
                              message gives the counts and the limit), unsupported
-                             parameters (``n`` > 1, ``echo``, ``logprobs``...), empty
-                             prompts, a model of another task, no model named while
-                             several generate models are served
+                             parameters (``n`` > 1, ``echo``, ``logprobs``, ``top_k``...:
+                             anything accepted is applied), penalties or ``logit_bias``
+                             out of OpenAI's ranges, empty prompts, a model of another
+                             task, no model named while several generate models are
+                             served; a constraint the grammar engine cannot enforce (the
+                             reason: too many choices, a regex too big, a cyclic or
+                             unsatisfiable schema), or, once generating, one it gave up
+                             on (``ConstraintError``; streaming: an SSE error event):
+                             never a ``stop`` that ignored the constraint
 404                          unknown model (the message lists the served ones)
 413                          more prompts than ``max_inputs_per_request``
 422                          wrong types or out-of-range values (never echoes the input)
@@ -326,6 +332,13 @@ def _sampling(
     """One ``SamplingParams`` per prompt, at the request's ``priority`` (the batcher's, from
     :func:`request_priority`: the generator orders joins by it): a missing ``max_tokens`` is
     capped by what the context leaves after that prompt. 400 when a prompt can never fit."""
+    unapplied = body.unapplied()
+    if unapplied is not None:
+        raise _bad(f"'{unapplied}' is not applied by this server's engines; omit it")
+    try:
+        logit_bias = SamplingParams.bias_of(body.logit_bias)
+    except ValueError as exc:
+        raise _bad(str(exc)) from None
     stop: tuple[str, ...] = (
         ()
         if body.stop is None
@@ -357,6 +370,9 @@ def _sampling(
                     ignore_eos=body.ignore_eos,
                     constraint=constraint,
                     priority=priority,
+                    presence_penalty=body.presence_penalty or 0.0,
+                    frequency_penalty=body.frequency_penalty or 0.0,
+                    logit_bias=logit_bias,
                 )
             )
         except RecordTooLargeError as exc:
