@@ -293,6 +293,12 @@ class EngineGenerator:
         self._recorder.on_step(len(outputs), kv_in_use, tokens=tokens, ttft=ttft, itl=itl)
         return updates, ended
 
+    def _kv_now(self) -> None:
+        """Sequences left the engine between steps (aborted, timed out, failed), and no step
+        may follow soon: record what it holds now, so the gauge returns to zero with them."""
+        with contextlib.suppress(Exception):  # best effort: the engine may be in trouble
+            self._recorder.on_kv_in_use(self._engine.kv_tokens_in_use())
+
     def _end(self, seq: TrackedSequence) -> Update:
         """Abort ``seq`` (already out of the engine) with what it has produced."""
         return (seq, seq.end("abort", self._clock.now()))
@@ -534,13 +540,17 @@ class ContinuousGenerator(EngineGenerator):
                         )
                     self._waiting.clear()
                     self._to_abort.update(self._running)
+                aborted = False
                 for rid in self._to_abort:
                     seq = self._running.pop(rid, None)
                     if seq is not None:
                         engine.abort(rid)
                         self._reserved -= seq.kv_reservation
                         updates.append(self._end(seq))
+                        aborted = True
                 self._to_abort.clear()
+                if aborted:
+                    self._kv_now()
                 if self._exit and not self._waiting and not self._running:
                     self._post(updates)
                     return
@@ -565,7 +575,9 @@ class ContinuousGenerator(EngineGenerator):
                 with cond:
                     failed = [s for rid, s in batch.items() if self._running.pop(rid, None)]
                     self._reserved -= sum(s.kv_reservation for s in failed)
-                self._post(self._engine_failed(exc, failed))
+                    updates = self._engine_failed(exc, failed)
+                    self._kv_now()
+                self._post(updates)
                 continue
             with cond:
                 for rid in ended:
