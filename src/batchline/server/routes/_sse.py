@@ -110,6 +110,12 @@ async def _events(
         async with contextlib.aclosing(_merge(streams, settings.request_timeout_s)) as merged:
             async for index, delta in merged:
                 if delta.finish_reason == "abort":
+                    # the generator stopped under it (a drain that timed out, a shutdown)
+                    logger.warning(
+                        "%s: stream cut before it finished: the generator stopped (server "
+                        "shutting down); sent an error event",
+                        shape.id,
+                    )
                     yield _error_event(aborted(settings))
                     yield DONE
                     return
