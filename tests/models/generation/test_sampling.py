@@ -246,10 +246,11 @@ def test_the_torch_engine_applies_them_as_the_reference_does(tiny_llama: Any) ->
     prompt = (1, 17, 40, 99, 23)
     settings = {
         "plain": SamplingParams(max_tokens=10, ignore_eos=True),
-        "frequency": SamplingParams(max_tokens=10, ignore_eos=True, frequency_penalty=2.0),
+        "frequency": SamplingParams(max_tokens=10, ignore_eos=True, frequency_penalty=2),
         "presence": SamplingParams(max_tokens=10, ignore_eos=True, presence_penalty=2.0),
         "repeat": SamplingParams(max_tokens=10, ignore_eos=True, frequency_penalty=-2.0),
-        "forced": SamplingParams(max_tokens=10, ignore_eos=True, logit_bias=((42, 100.0),)),
+        # integers, as JSON gives them
+        "forced": SamplingParams(max_tokens=10, ignore_eos=True, logit_bias=((42, 100),)),
     }
     requests = [GenerationRequest(name, prompt, p) for name, p in settings.items()]
     got = _engine_tokens(tiny_llama, requests)  # all five share every step

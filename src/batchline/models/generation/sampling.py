@@ -100,12 +100,14 @@ def adjust_logits(
         counts = torch.zeros((len(rows), vocab), dtype=torch.float32)
         at = (torch.tensor(count_at[0]), torch.tensor(count_at[1]))
         counts.index_put_(at, torch.ones(len(count_at[0])), accumulate=True)
-        frequency = torch.tensor([[params[i].frequency_penalty] for i in rows])
-        presence = torch.tensor([[params[i].presence_penalty] for i in rows])
+        f32 = torch.float32  # a JSON integer (a penalty of 1) must not make a long tensor
+        frequency = torch.tensor([[params[i].frequency_penalty] for i in rows], dtype=f32)
+        presence = torch.tensor([[params[i].presence_penalty] for i in rows], dtype=f32)
         delta -= counts * frequency + (counts > 0) * presence
     if biases:
         at = (torch.tensor(bias_at[0]), torch.tensor(bias_at[1]))
-        delta.index_put_(at, torch.tensor(biases), accumulate=True)  # on top of the penalty
+        values = torch.tensor(biases, dtype=torch.float32)
+        delta.index_put_(at, values, accumulate=True)  # on top of the penalty
     index = torch.tensor(rows, device=logits.device)
     # in fp32, as the greedy pick reads them; a masked token stays -inf (-inf + x)
     logits[index] = (logits[index].float() + delta.to(logits.device)).to(logits.dtype)
