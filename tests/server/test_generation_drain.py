@@ -1,7 +1,7 @@
 """A drain that times out cuts what is still generating at ``drain_timeout_s`` (once, not
 twice): each stream ends with an SSE error event and ``[DONE]``, one log line per cut stream,
-no traceback; a stream still waiting for admission the same. The timeout itself is simulated (``wait_idle`` reports it at once): nothing here
-waits for, or asserts on, real time."""
+no traceback; a stream still waiting for admission the same. The timeout itself is simulated
+(``wait_idle`` reports it at once): nothing here waits for, or asserts on, real time."""
 
 from __future__ import annotations
 
