@@ -43,7 +43,8 @@ class GenerationStats:
     Counters (``requests_*``, ``*_tokens_total``, ``steps``) only grow. ``requests_completed``
     counts requests that ended with ``stop`` or ``length``; ``requests_aborted`` those that
     ended with ``abort`` (client abort, disconnect, or stop() without drain);
-    ``requests_failed`` those whose ``result()`` raised (engine error, closed);
+    ``requests_failed`` those whose ``result()`` raised (engine error, closed, a constraint
+    the grammar engine gave up on);
     ``requests_rejected`` submits refused with ``QueueFullError`` or ``RecordTooLargeError``.
     ``preempted`` is always 0 for batchline's schedulers (they reserve the worst case instead).
     """
