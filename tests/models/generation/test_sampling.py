@@ -269,3 +269,25 @@ def test_the_torch_engine_refuses_a_bias_outside_its_vocabulary(tiny_llama: Any)
     params = SamplingParams(logit_bias=((TINY_VOCAB, 1.0),))
     with pytest.raises(ValueError, match=f"outside the model's vocabulary of {TINY_VOCAB}"):
         TorchStepEngine(tiny_llama).add_request(GenerationRequest("a", (1, 2), params))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_penalties_and_bias_on_cuda_logits_equal_the_cpus() -> None:
+    from batchline.models.generation.sampling import adjust_logits
+
+    torch.manual_seed(1)
+    logits = torch.randn(3, 64)
+    params = [
+        SamplingParams(frequency_penalty=1.5, presence_penalty=-0.5),
+        SamplingParams(),
+        SamplingParams(logit_bias=((2, 100), (63, -7.5)), presence_penalty=1),
+    ]
+    generated = [[5, 5, 9], [1], [2, 63, 63]]
+    on_cpu = logits.to(torch.bfloat16)
+    on_cuda = on_cpu.to("cuda")
+    adjust_logits(on_cpu, params, generated)
+    adjust_logits(on_cuda, params, generated)
+    # the same fp32 additions, rounded to bf16 the same way
+    assert on_cuda.float().cpu().tolist() == on_cpu.float().tolist()
+    assert float(on_cpu[2, 2]) > 90
