@@ -19,9 +19,9 @@ from collections.abc import Sequence
 
 import torch
 
-from batchline.models.generation.engine import SamplingParams
+from batchline.models.generation.engine import GenerationRequest, SamplingParams
 
-__all__ = ["adjust_logits", "make_generator", "sample_top_p", "select_tokens"]
+__all__ = ["adjust_logits", "check_logit_bias", "make_generator", "sample_top_p", "select_tokens"]
 
 
 def make_generator(params: SamplingParams) -> torch.Generator | None:
@@ -64,6 +64,17 @@ def sample_top_p(
     # u < 1, but rounding may put the threshold at the very top: clamp to the last kept token.
     last_kept = int(torch.count_nonzero(sorted_probs)) - 1
     return int(order[min(index, last_kept)])
+
+
+def check_logit_bias(request: GenerationRequest, vocab_size: int) -> None:
+    """``ValueError`` when the request biases a token outside the model's vocabulary (an
+    engine checks it when the request is added, so that no step fails on it)."""
+    biased = request.params.logit_bias
+    if biased and biased[-1][0] >= vocab_size:  # ascending ids: the last is the largest
+        raise ValueError(
+            f"request {request.request_id!r}: logit_bias names token {biased[-1][0]}, "
+            f"outside the model's vocabulary of {vocab_size}"
+        )
 
 
 def adjust_logits(

@@ -315,6 +315,13 @@ class GrammarState:
         :meth:`failure`)."""
         self._matcher.consume_token(token)
 
+    def take(self, token: int) -> str | None:
+        """Move past ``token`` unless the engine has given up already (while masking); return
+        :meth:`failure` after it: None while the grammar is enforced."""
+        if self.failure() is None:
+            self.advance(token)
+        return self.failure()
+
     def accepting(self) -> bool:
         """Whether what was generated so far is a complete output."""
         return bool(self._matcher.is_accepting())

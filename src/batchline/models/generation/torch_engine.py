@@ -66,7 +66,7 @@ from batchline.models.generation.packed_attention import (
     causal_mask,
 )
 from batchline.models.generation.prefix_cache import Prefix, PrefixCache
-from batchline.models.generation.sampling import make_generator, select_tokens
+from batchline.models.generation.sampling import check_logit_bias, make_generator, select_tokens
 from batchline.models.generation.structured import GrammarState, TokenGrammars
 
 if TYPE_CHECKING:
@@ -312,12 +312,7 @@ class TorchStepEngine:
                 f"request {request.request_id!r}: prompt token ids must be in "
                 f"[0, {self._vocab_size}), got {min(request.prompt_ids)}..{max(request.prompt_ids)}"
             )
-        biased = request.params.logit_bias
-        if biased and biased[-1][0] >= self._vocab_size:
-            raise ValueError(
-                f"request {request.request_id!r}: logit_bias names token {biased[-1][0]}, "
-                f"outside the model's vocabulary of {self._vocab_size}"
-            )
+        check_logit_bias(request, self._vocab_size)
         seq = _Sequence(request, make_generator(request.params))
         if request.params.constraint is not None:
             if self._grammars is None:
@@ -593,13 +588,8 @@ class TorchStepEngine:
         outputs = []
         for seq, token in zip(seqs, tokens, strict=True):
             rid = seq.request.request_id
-            grammar = seq.grammar
-            # a grammar the engine gave up on (while masking, or at this token) ends the
-            # sequence with an error: its token was never constrained
-            failure = None if grammar is None else grammar.failure()
-            if grammar is not None and failure is None:
-                grammar.advance(token)
-                failure = grammar.failure()
+            # a grammar given up on ends the sequence with an error, never an unconstrained token
+            failure = None if seq.grammar is None else seq.grammar.take(token)
             if failure is not None:
                 seq.done = True
                 del self._live[rid]
