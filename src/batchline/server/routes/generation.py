@@ -331,7 +331,9 @@ def _sampling(
 ) -> list[SamplingParams]:
     """One ``SamplingParams`` per prompt, at the request's ``priority`` (the batcher's, from
     :func:`request_priority`: the generator orders joins by it): a missing ``max_tokens`` is
-    capped by what the context leaves after that prompt. 400 when a prompt can never fit."""
+    capped by what the context leaves after that prompt; ``constraint`` is the body's, checked
+    already (:func:`_constraint`). 400 when a prompt can never fit, for a field no engine
+    applies, or a ``logit_bias`` key that is no token id."""
     unapplied = body.unapplied()
     if unapplied is not None:
         raise _bad(f"'{unapplied}' is not applied by this server's engines; omit it")
