@@ -14,6 +14,8 @@ The tree::
     ├── ModelError                a model could not be loaded or run
     │   └── FixedBatchAxisError      an ONNX model cannot take a batch of another size
     └── InputError                the user's data or settings cannot be used (CLI exit code 2)
+        └── ConstraintError          the grammar engine gave up on a request's constraint
+                                     mid-generation: the sequence ends with this, never "stop"
 
 Each error's message says what to do about it.
 """
@@ -26,6 +28,7 @@ __all__ = [
     "BatchTimeoutError",
     "BatcherClosedError",
     "BatchlineError",
+    "ConstraintError",
     "DeadlineExceededError",
     "FixedBatchAxisError",
     "InputError",
@@ -83,3 +86,11 @@ class FixedBatchAxisError(ModelError):
 
 class InputError(BatchlineError):
     """Raised when input data or settings cannot be used; the CLI prints it as one line, exit 2."""
+
+
+class ConstraintError(InputError):
+    """Set on a generation request whose structured-output constraint the grammar engine gave
+    up on mid-generation (a parser or lexer limit reached at some token): the sequence ends
+    with this error, never as ``finish_reason="stop"``. The server answers it with a 400 (an
+    SSE error event once streaming), a ``run`` job fails that record. Simplify the constraint
+    (fewer choices, smaller repetition counts, no cyclic ``$ref``)."""

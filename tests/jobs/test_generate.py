@@ -365,3 +365,45 @@ def test_a_bad_response_format_stops_the_job_before_it_starts(tiny: Path, tmp_pa
         run_job(tiny, src, tmp_path / "out", response_format='{"type": "integer", "minimum": "x"}')
     with pytest.raises(InputError, match="not valid JSON"):
         run_job(tiny, src, tmp_path / "out2", response_format="{oops")
+
+
+def test_a_constraint_that_cannot_be_enforced_fails_its_record_and_the_job_goes_on(
+    tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("llguidance")
+    from tests.models.generation.gen_helpers import grammars_give_up
+
+    cyclic = {
+        "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+        "$ref": "#/$defs/a",
+    }
+    src = tmp_path / "constrained.jsonl"
+    lines: list[dict[str, Any]] = [
+        {"prompt": "a"},
+        {"prompt": "b", "guided_choice": [f"choice{i}" for i in range(10_000)]},
+        {"prompt": "c", "guided_regex": "a{1000000}"},
+        {"prompt": "d", "guided_json": cyclic},
+        {
+            "prompt": "e",
+            "response_format": {"type": "json_schema", "json_schema": {"schema": cyclic}},
+        },
+        {"prompt": "f", "guided_regex": "[0-9]{1,3}"},
+    ]
+    src.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "out"
+    summary = run_job(tiny, src, out, max_tokens=8, on_bad_record="skip")
+    assert [r["index"] for r in rows(out)] == [0, 5]
+    reasons = {s["index"]: str(s["reason"]) for s in read_skipped(out)}
+    assert "at most 1,000 options" in reasons[1]
+    assert "cannot enforce this regex constraint" in reasons[2]
+    assert "can produce no output at all" in reasons[3]
+    assert "no output at all" in reasons[4]
+    assert (summary.records, summary.skipped) == (2, 4)
+    # a grammar the engine gives up on mid-generation: that record fails, never "stop"
+    grammars_give_up(monkeypatch, after=1)
+    again = tmp_path / "again"
+    run_job(tiny, src, again, max_tokens=8, on_bad_record="skip")
+    assert [r["index"] for r in rows(again)] == [0]
+    reasons = {s["index"]: str(s["reason"]) for s in read_skipped(again)}
+    assert reasons[5].startswith("bad input: ConstraintError")
+    assert "gave up on this request's regex" in reasons[5]

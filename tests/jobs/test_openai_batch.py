@@ -431,3 +431,29 @@ def test_kill_9_then_resume_a_mixed_file_gives_the_same_file(tiny: Path, tmp_pat
             x, y = json.loads(a), json.loads(b)
             del x["response"]["body"]["created"], y["response"]["body"]["created"]
             assert x == y
+
+
+def test_a_lines_penalties_and_bias_are_applied_and_unapplied_fields_fail_it() -> None:
+    from batchline.datasets.sources import Record
+    from batchline.jobs.requests import RecordRequests
+    from batchline.models.generation.engine import SamplingParams
+
+    requests = RecordRequests("prompt", True, SamplingParams(), openai_batch=True)
+
+    def line(**body: object) -> Record:
+        value = {"custom_id": "a", "method": "POST", "url": "/v1/completions"}
+        return Record(0, "a", "", value={**value, "body": {"prompt": "hi", **body}})
+
+    params = requests.params(
+        line(presence_penalty=1, frequency_penalty=-0.5, logit_bias={"12": 5, "3": -1})
+    )
+    assert (params.presence_penalty, params.frequency_penalty) == (1, -0.5)
+    assert params.logit_bias == ((3, -1), (12, 5))
+    for body, message in (
+        ({"frequency_penalty": 2.5}, r"frequency_penalty must be a number in \[-2, 2\]"),
+        ({"presence_penalty": "high"}, "presence_penalty must be a number"),
+        ({"logit_bias": {"x": 1}}, "logit_bias keys must be token ids"),
+        ({"top_k": 40}, "'top_k' is not applied by this engine"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            requests.params(line(**body))

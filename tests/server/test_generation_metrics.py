@@ -55,3 +55,31 @@ def test_the_queue_wait_is_observed_under_the_requests_priority_label() -> None:
         "batchline_generation_finished_total", {"model": "gen", "finish_reason": "abort"}
     )
     assert finished == 2.0
+
+
+def _in_use(registry: CollectorRegistry) -> float | None:
+    value = registry.get_sample_value(
+        "batchline_generation_kv_tokens", {"model": "fake", "kind": "in_use"}
+    )
+    return None if value is None else float(value)
+
+
+@pytest.mark.anyio
+async def test_kv_in_use_returns_to_zero_when_timed_out_sequences_leave() -> None:
+    from .conftest import wait_for
+    from .test_generation_routes import GatedEngine, client_for, make_app, served
+
+    model = served(gated=True, max_running=2)
+    engine = model.engine
+    assert isinstance(engine, GatedEngine)
+    app, registry = make_app(model, limits={"request_timeout_s": 0.2})
+    async with client_for(app) as client:
+        engine.allow(2)  # two steps run, the third waits past the request's timeout
+        r = await client.post("/generate", json={"prompts": ["abc", "de"], "max_tokens": 9})
+        assert r.status_code == 504, r.text
+        assert (_in_use(registry) or 0) > 0  # what the last step left in use
+        engine.allow(1)  # the step in progress ends, then the aborts are taken
+        await wait_for(lambda: model.generator.stats.requests_aborted == 2)
+        await wait_for(lambda: _in_use(registry) == 0)
+        assert _in_use(registry) == 0
+        assert model.generator.stats.kv_tokens_reserved == 0

@@ -4,18 +4,22 @@ with the request, and a bad one is a 400 that says what is wrong."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import pytest
 
 pytest.importorskip("fastapi")
 pytest.importorskip("llguidance")
+pytest.importorskip("prometheus_client")
 
-from batchline.models.generation.engine import GenerationRequest
+from prometheus_client import CollectorRegistry
+
+from batchline.models.generation.engine import GenerationRequest, StepOutput
 from batchline.models.generation.fake import FakeEngine
 from batchline.models.generation.scheduler import ContinuousGenerator
 from batchline.models.generation.structured import Constraint
 
-from .test_generation_routes import TOK, FakeServed, client_for, make_app, served
+from .test_generation_routes import TOK, FakeServed, client_for, make_app, served, sse
 
 pytestmark = pytest.mark.anyio
 
@@ -88,3 +92,99 @@ async def test_a_bad_constraint_is_400_with_the_reason(
     assert r.status_code == 400, r.text
     assert message in r.json()["error"]["message"]
     assert model.engine.added == []
+
+
+# -- what the grammar engine cannot enforce: refused at submit, or an error, never "stop" ----
+
+CYCLIC = {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"guided_choice": [f"choice{i}" for i in range(10_000)]}, "at most 1,000 options"),
+        ({"guided_regex": "a{1000000}"}, "cannot enforce this regex constraint"),
+        ({"guided_json": CYCLIC}, "can produce no output at all"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"schema": CYCLIC}}},
+            "can produce no output at all",
+        ),
+    ],
+)
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/completions", "/generate"])
+async def test_a_constraint_the_engine_cannot_enforce_is_400_at_submit(
+    route: str, extra: dict[str, object], message: str
+) -> None:
+    model = served()
+    app, _ = make_app(model)
+    prompt: dict[str, object] = {
+        "/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}]},
+        "/v1/completions": {"prompt": "hi"},
+        "/generate": {"prompts": ["hi"]},
+    }[route]
+    async with client_for(app) as client:
+        r = await client.post(route, json={**prompt, "max_tokens": 4, **extra})
+    assert r.status_code == 400, r.text
+    assert message in r.json()["error"]["message"]
+    assert model.engine.added == []
+
+
+GAVE_UP = "the grammar engine gave up on this request's regex constraint: Parser Error: ..."
+
+
+class GivingUpEngine(RecordingEngine):
+    """Runs a constrained request unconstrained for one token, then ends it as the torch engine
+    does when its grammar engine gives up (a StepOutput with ``error``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.giving_up: dict[str, int] = {}
+
+    def add_request(self, request: GenerationRequest) -> None:
+        if request.params.constraint is not None:
+            self.giving_up[request.request_id] = 0
+        super().add_request(request)
+
+    def step(self) -> Sequence[StepOutput]:
+        outputs = list(super().step())
+        for i, out in enumerate(outputs):
+            if out.request_id in self.giving_up and not out.finished:
+                self.giving_up[out.request_id] += 1
+                if self.giving_up[out.request_id] == 2:
+                    self._seqs.pop(out.request_id)
+                    outputs[i] = StepOutput(out.request_id, (), True, None, error=GAVE_UP)
+        return outputs
+
+
+async def test_a_grammar_given_up_mid_generation_is_an_error_and_counted_failed() -> None:
+    engine = GivingUpEngine()
+    model = FakeServed("fake", ContinuousGenerator(engine, TOK, name="fake"), engine)
+    app, registry = make_app(model)
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+    async with client_for(app) as client:
+        r = await client.post("/v1/chat/completions", json={**chat, "guided_regex": "[a-z]+"})
+        assert r.status_code == 400, r.text
+        assert GAVE_UP in r.json()["error"]["message"]
+        r = await client.post(
+            "/v1/completions",
+            json={"prompt": "hi", "max_tokens": 8, "guided_regex": "[a-z]+", "stream": True},
+        )
+        assert r.status_code == 200
+        events = sse(r.text)
+        free = await client.post("/v1/chat/completions", json=chat)
+        assert free.status_code == 200
+        assert free.json()["choices"][0]["finish_reason"] == "length"
+    assert events[-1] == "[DONE]"
+    *chunks, error = [e for e in events[:-1]]
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks)
+    assert chunks
+    assert GAVE_UP in error["error"]["message"]
+    assert error["error"]["code"] == 400
+    assert sample(registry, "batchline_generation_requests_total", outcome="failed") == 2
+    assert sample(registry, "batchline_generation_requests_total", outcome="completed") == 1
+    assert sample(registry, "batchline_generation_finished_total", finish_reason="stop") is None
+
+
+def sample(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
+    value = registry.get_sample_value(name, {"model": "fake", **labels})
+    return None if value is None else float(value)

@@ -366,7 +366,9 @@ async def _outcomes(
         if exc is not None:
             if not isinstance(exc, Exception):
                 raise exc
-            outcomes.append(Failed(f"model error: {describe(exc)}"))
+            # InputError: the record's own (a constraint the grammar engine gave up on)
+            kind = "bad input" if isinstance(exc, InputError) else "model error"
+            outcomes.append(Failed(f"{kind}: {describe(exc)}"))
             continue
         done = p.result()
         if done.finish_reason == "abort":

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from batchline.datasets.sources import Format, Record, open_source
-from batchline.models.generation.engine import SamplingParams
+from batchline.models.generation.engine import SamplingParams, unapplied_field
 from batchline.models.generation.structured import (
     GUIDED_FIELDS,
     Constraint,
@@ -167,8 +167,21 @@ class RecordRequests:
             or (isinstance(stop, list) and all(isinstance(s, str) for s in stop))
         ):
             raise ValueError("stop must be a string or a list of strings")
+        unapplied = unapplied_field(body)
+        if unapplied is not None:
+            raise ValueError(f"{unapplied!r} is not applied by this engine; omit it")
+        penalties = {"presence_penalty": 0.0, "frequency_penalty": 0.0}
+        for name in penalties:
+            value = body.get(name)
+            if value is not None:
+                if isinstance(value, bool) or not isinstance(value, int | float):
+                    raise ValueError(f"{name} must be a number, got {value!r}")
+                penalties[name] = value
         constraint = record_constraint(body)
         return SamplingParams(
+            presence_penalty=penalties["presence_penalty"],
+            frequency_penalty=penalties["frequency_penalty"],
+            logit_bias=SamplingParams.bias_of(body.get("logit_bias")),
             max_tokens=self.base.max_tokens if max_tokens is None else max_tokens,
             # OpenAI's default temperature is 1
             temperature=1.0 if body.get("temperature") is None else float(body["temperature"]),

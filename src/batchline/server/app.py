@@ -55,7 +55,10 @@ Where a request can end:
 
 SIGTERM (with :func:`batchline.server.serve`): ``/ready`` turns false, new requests get 503,
 requests in flight finish (streams included), then every batcher and generator drains and
-the models are freed.
+the models are freed. The wait is ``drain_timeout_s`` in all (:func:`drain`): what is still
+generating then is cut at once, a stream with an SSE error event (503) and ``[DONE]``, a
+non-streaming request with a 503, each cut stream logged on one line, so nothing is left for
+uvicorn to cancel (no ``CancelledError`` traceback, no second wait).
 
 ``batching=False`` serves the baseline instead: one session per batch model with
 ``baseline_intra_op_threads`` threads shared by every request, each request's inputs run in
@@ -95,7 +98,7 @@ from batchline.server.state import ServedGenerator, ServedModel, ServerState
 if TYPE_CHECKING:
     from batchline.models.generation.load import GenerationModel
 
-__all__ = ["LoadGenerator", "LoadModel", "create_app"]
+__all__ = ["LoadGenerator", "LoadModel", "create_app", "drain"]
 
 logger = logging.getLogger("batchline.server")
 
@@ -263,8 +266,7 @@ def create_app(
         try:
             yield
         finally:
-            state.begin_drain()
-            await state.wait_idle(settings.drain_timeout_s)
+            await drain(state)
             if state.residency is not None:
                 await state.residency.close()  # unloads (drains) the on-demand models
             await _stop_all(state.served(), timeout_s=settings.drain_timeout_s)
@@ -296,6 +298,26 @@ def create_app(
         )
     install_error_handlers(app)
     return app
+
+
+#: Once a drain has timed out and the generations are cut, how long their last events (the
+#: error event, ``[DONE]``) may take to go out.
+_CUT_GRACE_S = 1.0
+
+
+async def drain(state: ServerState) -> None:
+    """Stop taking work and wait for the requests in flight, ``drain_timeout_s`` at most; then
+    cut every generation still running (its generator stops without draining: a stream ends
+    with an SSE error event and ``[DONE]``, a waiting request gets a 503), and give their
+    answers a moment to go out. Idempotent: a second call finds nothing in flight."""
+    state.begin_drain()
+    if await state.wait_idle(state.settings.drain_timeout_s):
+        return
+    generators = list(state.generators.values())
+    await asyncio.gather(
+        *(g.generator.stop(drain=False) for g in generators), return_exceptions=True
+    )
+    await state.wait_idle(_CUT_GRACE_S)
 
 
 async def _stop_all(

@@ -28,6 +28,10 @@ replicas:
   ``batchline_queue_wait_seconds``; a request that ended before admission has no sample), and
   the counter ``batchline_generation_finished_total{finish_reason=stop|length|abort}``.
 
+A request that fails (an engine error, a constraint the grammar engine gave up on
+mid-generation) counts in ``batchline_generation_requests_total{outcome="failed"}`` and never
+in ``finished_total``: a constraint that was not enforced is never reported as a ``stop``.
+
 Example::
 
     metrics = GenerationMetrics(registry)

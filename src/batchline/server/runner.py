@@ -14,7 +14,7 @@ import math
 from typing import Any
 
 from batchline._errors import ModelError
-from batchline.server.app import create_app
+from batchline.server.app import create_app, drain
 from batchline.server.settings import ServerSettings
 from batchline.server.state import ServerState
 
@@ -27,9 +27,10 @@ def serve(settings: ServerSettings) -> int:
     """Run the app with uvicorn until SIGTERM/SIGINT; return 0 after a clean drain.
 
     The first signal starts a drain: ``/ready`` turns false, new model requests get 503,
-    requests in flight finish (up to ``drain_timeout_s``), then uvicorn shuts down and the
-    batcher drains. A second signal stops waiting. uvicorn re-raises the signal after its own
-    graceful shutdown, so the process would exit -15; this runner does not.
+    requests in flight finish (up to ``drain_timeout_s``; generations still running then end
+    with an error event, see :func:`~batchline.server.app.drain`), then uvicorn shuts down
+    and the batchers drain. A second signal stops waiting. uvicorn re-raises the signal after
+    its own graceful shutdown, so the process would exit -15; this runner does not.
     """
     import uvicorn
 
@@ -96,6 +97,5 @@ class _DrainingServer(_ServerBase):  # type: ignore[misc]
         self._drain_task = self._loop.create_task(self._drain())
 
     async def _drain(self) -> None:
-        self._state.begin_drain()
-        await self._state.wait_idle(self._state.settings.drain_timeout_s)
+        await drain(self._state)  # within drain_timeout_s: then what still streams is cut
         self.should_exit = True

@@ -10,8 +10,9 @@ response models here document them in the OpenAPI schema and are used by the tes
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
+from batchline.models.generation import unapplied_field
 from batchline.models.generation.structured import GUIDED_FIELDS, Constraint, constraint_from_openai
 
 #: A request's priority: ``interactive``, ``batch`` or an integer, lower sooner
@@ -245,9 +246,13 @@ Stop = StrictStr | Annotated[list[StrictStr], Field(max_length=MAX_STOPS)]
 
 
 class SamplingBody(BaseModel):
-    """What every generation request may say about sampling (and which model)."""
+    """What every generation request may say about sampling (and which model).
 
-    model_config = ConfigDict(extra="ignore")
+    Unknown fields are kept (``model_extra``) only so that :meth:`unapplied` can refuse the
+    sampling fields no engine here applies; other unknown fields are ignored, as OpenAI does.
+    """
+
+    model_config = ConfigDict(extra="allow")
 
     model: StrictStr | None = None
     # validated like the other routes' (a bad value is a 400); it orders who joins the next
@@ -265,6 +270,19 @@ class SamplingBody(BaseModel):
     guided_json: dict[str, Any] | StrictStr | None = None
     guided_regex: StrictStr | None = None
     guided_choice: list[StrictStr] | None = None
+    # OpenAI's; their ranges are checked by SamplingParams (a 400 that names the range)
+    presence_penalty: StrictFloat | StrictInt | None = None
+    frequency_penalty: StrictFloat | StrictInt | None = None
+    logit_bias: dict[StrictStr, StrictFloat | StrictInt] | None = None
+
+    def unapplied(self) -> str | None:
+        """The first field the body sets that no engine applies (``UNAPPLIED_FIELDS``), or
+        None."""
+        return unapplied_field(self.model_extra or {})
+
+    def constrains(self) -> bool:
+        """Whether the body names a structured-output constraint (cheap: nothing compiled)."""
+        return any(getattr(self, name) is not None for name in ("response_format", *GUIDED_FIELDS))
 
     def constraint(self) -> Constraint | None:
         """The structured-output constraint asked for (``ValueError`` when it is bad)."""

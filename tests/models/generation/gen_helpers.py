@@ -91,3 +91,50 @@ def scripted(text_by_prompt: dict[str, bytes]) -> Callable[[Sequence[int], Seque
         return 3 + data[n] if n < len(data) else 3 + ord(".")
 
     return next_token
+
+
+#: A grammar engine's error as llguidance words it at a row limit, with a long tail of parser
+#: state behind it (what its verbose errors add: ~180 KB for a large grammar).
+GIVE_UP_ERROR = (
+    "Parser Error: Current row has 10001 items; max is 2000\n" + "<state> " * 25_000 + "\n"
+)
+
+
+class GivesUpMatcher:
+    """Wraps an llguidance matcher: it enforces the grammar for ``after`` tokens, then gives up
+    as llguidance does when a limit is reached mid-generation (error state, for good)."""
+
+    def __init__(self, inner: object, after: int) -> None:
+        self._inner = inner
+        self._left = after
+        self.failed = False
+
+    def consume_token(self, token: int) -> bool:
+        self._left -= 1
+        if self._left < 0:
+            self.failed = True
+            return False
+        return bool(self._inner.consume_token(token))  # type: ignore[attr-defined]
+
+    def is_error(self) -> bool:
+        return self.failed or bool(self._inner.is_error())  # type: ignore[attr-defined]
+
+    def get_error(self) -> str:
+        return GIVE_UP_ERROR if self.failed else str(self._inner.get_error())  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+
+def grammars_give_up(monkeypatch: pytest.MonkeyPatch, after: int) -> None:
+    """Every grammar the torch engine starts gives up after ``after`` tokens."""
+    from batchline.models.generation import structured
+
+    start = structured.TokenGrammars.start
+
+    def giving_up(self: object, *args: object, **kwargs: object) -> structured.GrammarState:
+        state = start(self, *args, **kwargs)  # type: ignore[arg-type]
+        state._matcher = GivesUpMatcher(state._matcher, after)
+        return state
+
+    monkeypatch.setattr(structured.TokenGrammars, "start", giving_up)

@@ -145,3 +145,149 @@ def test_seeded_sequence_is_the_same_alone_and_among_batch_mates(tiny_llama: Any
     # The seed matters: another one gives another sequence.
     params = SamplingParams(max_tokens=10, temperature=1.0, top_p=0.9, seed=99, ignore_eos=True)
     assert run(0, 0) != alone
+
+
+# -- OpenAI's presence and frequency penalties and logit bias ------------------------------
+
+
+def _reference(logits: Any, params: list[SamplingParams], generated: list[list[int]]) -> Any:
+    """OpenAI's formula, entry by entry in numpy: logit + bias - frequency * count -
+    presence * (count > 0), counting each row's generated tokens."""
+    np = pytest.importorskip("numpy")
+    out = logits.numpy().astype(np.float64).copy()
+    for row, (p, tokens) in enumerate(zip(params, generated, strict=True)):
+        bias = dict(p.logit_bias)
+        for token in range(out.shape[1]):
+            count = tokens.count(token)
+            out[row, token] += bias.get(token, 0.0)
+            out[row, token] -= p.frequency_penalty * count + p.presence_penalty * (count > 0)
+    return out
+
+
+def test_penalties_and_bias_follow_openais_formula_per_row() -> None:
+    from batchline.models.generation.sampling import adjust_logits
+
+    torch.manual_seed(0)
+    logits = torch.randn(4, 12)
+    params = [
+        SamplingParams(),
+        SamplingParams(frequency_penalty=0.7, presence_penalty=0.3),
+        SamplingParams(logit_bias=((3, 5.5), (7, -100.0))),
+        SamplingParams(frequency_penalty=-1.5, presence_penalty=2.0, logit_bias=((0, 1.0),)),
+    ]
+    generated = [[1, 1, 2], [4, 4, 4, 9, 0], [3, 3], [0, 5, 5, 11]]
+    expected = _reference(logits, params, generated)
+    adjusted = logits.clone()
+    adjust_logits(adjusted, params, generated)
+    assert adjusted[0].tolist() == logits[0].tolist()  # a row that asks for nothing is untouched
+    assert adjusted.numpy() == pytest.approx(expected, abs=1e-5)
+    assert adjusted[1, 4] == pytest.approx(float(logits[1, 4]) - 0.7 * 3 - 0.3)
+
+
+def test_a_masked_token_stays_masked_whatever_its_bias() -> None:
+    from batchline.models.generation.sampling import adjust_logits
+
+    logits = torch.tensor([[0.0, float("-inf"), 1.0]])
+    adjust_logits(logits, [SamplingParams(logit_bias=((1, 100.0),))], [[]])
+    assert logits[0, 1] == float("-inf")
+    assert select_tokens(logits, [SamplingParams()], [None]) == [2]
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"presence_penalty": 2.5}, r"presence_penalty must be a number in \[-2, 2\]"),
+        ({"frequency_penalty": -2.01}, r"frequency_penalty must be a number in \[-2, 2\]"),
+        ({"frequency_penalty": float("nan")}, "frequency_penalty"),
+        ({"logit_bias": ((5, 101.0),)}, r"numbers in \[-100, 100\], got 101.0 for token 5"),
+        ({"logit_bias": ((-1, 1.0),)}, "token ids"),
+        ({"logit_bias": ((5, 1.0), (2, 1.0))}, "ascending"),
+    ],
+)
+def test_out_of_range_values_are_refused(fields: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**fields)
+
+
+def test_openais_logit_bias_object_becomes_sorted_pairs() -> None:
+    assert SamplingParams.bias_of({"50": 2, "7": -1.5}) == ((7, -1.5), (50, 2))
+    assert SamplingParams.bias_of(None) == ()
+    for bad in ({"x": 1}, {"-3": 1}, {"1.5": 1}):
+        with pytest.raises(ValueError, match="token ids"):
+            SamplingParams.bias_of(bad)
+
+
+def _greedy_reference(model: Any, prompt: tuple[int, ...], params: SamplingParams) -> list[int]:
+    """What greedy decoding with ``params`` gives, one full forward pass per token: the
+    model's own logits, adjusted by the numpy formula, then argmax."""
+    generated: list[int] = []
+    with torch.inference_mode():
+        for _ in range(params.max_tokens):
+            ids = torch.tensor([list(prompt) + generated])
+            logits = model(ids).logits[:, -1, :].float()
+            generated.append(int(_reference(logits, [params], [generated])[0].argmax()))
+    return generated
+
+
+def _engine_tokens(model: Any, requests: list[GenerationRequest]) -> dict[str, list[int]]:
+    from batchline.models.generation.torch_engine import TorchStepEngine
+
+    engine = TorchStepEngine(model)
+    for r in requests:
+        engine.add_request(r)
+    got: dict[str, list[int]] = {r.request_id: [] for r in requests}
+    while engine.has_unfinished():
+        for out in engine.step():
+            got[out.request_id] += out.token_ids
+    return got
+
+
+def test_the_torch_engine_applies_them_as_the_reference_does(tiny_llama: Any) -> None:
+    prompt = (1, 17, 40, 99, 23)
+    settings = {
+        "plain": SamplingParams(max_tokens=10, ignore_eos=True),
+        "frequency": SamplingParams(max_tokens=10, ignore_eos=True, frequency_penalty=2),
+        "presence": SamplingParams(max_tokens=10, ignore_eos=True, presence_penalty=2.0),
+        "repeat": SamplingParams(max_tokens=10, ignore_eos=True, frequency_penalty=-2.0),
+        # integers, as JSON gives them
+        "forced": SamplingParams(max_tokens=10, ignore_eos=True, logit_bias=((42, 100),)),
+    }
+    requests = [GenerationRequest(name, prompt, p) for name, p in settings.items()]
+    got = _engine_tokens(tiny_llama, requests)  # all five share every step
+    for name, p in settings.items():
+        assert got[name] == _greedy_reference(tiny_llama, prompt, p), name
+    assert got["forced"] == [42] * 10
+    # the penalties change what is generated (else this test would prove nothing)
+    assert got["frequency"] != got["plain"]
+    assert got["repeat"] != got["plain"]
+    assert _engine_tokens(tiny_llama, [requests[0]])["plain"] == got["plain"]
+
+
+def test_the_torch_engine_refuses_a_bias_outside_its_vocabulary(tiny_llama: Any) -> None:
+    from batchline.models.generation.torch_engine import TorchStepEngine
+
+    params = SamplingParams(logit_bias=((TINY_VOCAB, 1.0),))
+    with pytest.raises(ValueError, match=f"outside the model's vocabulary of {TINY_VOCAB}"):
+        TorchStepEngine(tiny_llama).add_request(GenerationRequest("a", (1, 2), params))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_penalties_and_bias_on_cuda_logits_equal_the_cpus() -> None:
+    from batchline.models.generation.sampling import adjust_logits
+
+    torch.manual_seed(1)
+    logits = torch.randn(3, 64)
+    params = [
+        SamplingParams(frequency_penalty=1.5, presence_penalty=-0.5),
+        SamplingParams(),
+        SamplingParams(logit_bias=((2, 100), (63, -7.5)), presence_penalty=1),
+    ]
+    generated = [[5, 5, 9], [1], [2, 63, 63]]
+    on_cpu = logits.to(torch.bfloat16)
+    on_cuda = on_cpu.to("cuda")
+    adjust_logits(on_cpu, params, generated)
+    adjust_logits(on_cuda, params, generated)
+    # the same fp32 additions, rounded to bf16 the same way
+    assert on_cuda.float().cpu().tolist() == on_cpu.float().tolist()
+    assert float(on_cpu[2, 2]) > 90

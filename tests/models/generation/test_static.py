@@ -175,3 +175,23 @@ async def test_static_stop_drains_by_default() -> None:
 def test_static_options_are_validated() -> None:
     with pytest.raises(ValueError, match="max_batch_size"):
         StaticGenerator(FakeEngine(), TOK, max_batch_size=0)
+
+
+@pytest.mark.parametrize("kind", [StaticGenerator, ContinuousGenerator])
+async def test_kv_in_use_returns_to_zero_when_every_sequence_is_aborted(kind: type) -> None:
+    engine = SteppedEngine()
+    async with kind(engine, TOK) as gen:
+        streams = [gen.submit(TOK.encode(t), SamplingParams(max_tokens=50)) for t in "ab"]
+        engine.allow(2)
+        await until(lambda: gen.stats.steps == 2)
+        assert gen.stats.kv_tokens_in_use > 0
+        await until(engine.waiting_for_permit.is_set)  # the third step waits: no step follows
+        for s in streams:
+            s.abort()  # as a request timeout does
+        engine.allow(1)  # the step under way ends; the aborts are taken after it
+        for s in streams:
+            assert (await s.result()).finish_reason == "abort"
+        await until(lambda: gen.stats.kv_tokens_in_use == 0)
+        # a static batch releases its reservation once its loop has ended
+        await until(lambda: gen.stats.kv_tokens_reserved == 0)
+        assert gen.stats.running == 0

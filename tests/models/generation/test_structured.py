@@ -211,3 +211,110 @@ def test_the_vllm_backend_gets_vllms_own_structured_outputs(constraint: Constrai
     assert type(options).__name__ == "StructuredOutputsParams"
     ((name, value),) = constraint.vllm_options().items()
     assert getattr(options, name) == value
+
+
+# -- what the grammar engine cannot enforce is refused, or fails, never dropped --------------
+
+CYCLIC = {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (
+            lambda: Constraint.choice([f"choice{i}" for i in range(10_000)]),
+            "at most 1,000 options, got 10,000",
+        ),
+        (lambda: Constraint.regex("a{1000000}"), "cannot enforce this regex constraint: lexer"),
+        (lambda: Constraint.json_schema(CYCLIC), "can produce no output at all"),
+        (
+            lambda: constraint_from_openai({"guided_json": CYCLIC}),
+            "cannot enforce this json schema constraint",
+        ),
+        (lambda: Constraint.regex("a" * 300_000), "the most batchline enforces is 262,144"),
+    ],
+)
+def test_what_the_grammar_engine_cannot_enforce_is_refused_when_made(
+    make: Any, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message) as info:
+        make()
+    assert "\n" not in str(info.value)
+    assert len(str(info.value)) < 500
+
+
+def test_what_it_can_enforce_still_passes() -> None:
+    Constraint.choice([f"choice{i}" for i in range(1_000)])
+    Constraint.regex("a{10000}")
+    Constraint.json_schema({"type": "object", "properties": {"s": {"maxLength": 200}}})
+    Constraint.json_schema({"$defs": {"n": {"type": "integer"}}, "$ref": "#/$defs/n"})
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tmp_path_factory: pytest.TempPathFactory, tiny_llama: Any) -> Any:
+    from transformers import AutoTokenizer
+
+    from batchline.models.generation.torch_engine import TorchStepEngine
+
+    from .test_load import save_tiny_generator
+
+    folder = save_tiny_generator(tmp_path_factory.mktemp("tiny") / "tiny-llama")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    return lambda: TorchStepEngine(tiny_llama, tokenizer=tokenizer)
+
+
+def test_a_grammar_given_up_mid_generation_ends_its_sequence_with_an_error(
+    tiny_engine: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from .gen_helpers import grammars_give_up
+
+    grammars_give_up(monkeypatch, after=2)
+    engine = tiny_engine()
+    free = GenerationRequest("free", (1, 5, 7), SamplingParams(max_tokens=6, ignore_eos=True))
+    alone = _run(tiny_engine(), [free])["free"]
+    constrained = GenerationRequest(
+        "digits", (1, 9, 9), SamplingParams(max_tokens=6, constraint=Constraint.regex("[0-9]+"))
+    )
+    engine.add_request(constrained)
+    engine.add_request(free)
+    outputs: dict[str, list[Any]] = {"free": [], "digits": []}
+    with caplog.at_level("DEBUG", logger="batchline"):
+        while engine.has_unfinished():
+            for out in engine.step():
+                outputs[out.request_id].append(out)
+    *tokens, last = outputs["digits"]
+    assert len(tokens) == 2
+    assert all(len(o.token_ids) == 1 and not o.finished for o in tokens)
+    assert (last.finished, last.finish_reason, last.token_ids) == (True, None, ())
+    assert last.error is not None
+    assert "gave up on this request's regex constraint" in last.error
+    assert "10001 items" in last.error
+    assert len(last.error) < 500
+    # its neighbour decoded as it does alone
+    assert [t for o in outputs["free"] for t in o.token_ids] == alone[0]
+    (record,) = [r for r in caplog.records if "grammar" in r.getMessage()]
+    line = record.getMessage()
+    assert record.levelname == "WARNING"
+    assert "\n" not in line
+    assert len(line) < 600
+    assert "request digits" in line
+    assert "Current row has 10001 items" in line
+
+
+@pytest.mark.anyio
+async def test_the_generator_fails_that_request_and_counts_it_failed(
+    tiny_engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from batchline._errors import ConstraintError
+    from batchline.models.generation.scheduler import ContinuousGenerator
+
+    from .gen_helpers import TOK, grammars_give_up
+
+    grammars_give_up(monkeypatch, after=1)
+    params = SamplingParams(max_tokens=6, constraint=Constraint.choice(["yes", "no"]))
+    async with ContinuousGenerator(tiny_engine(), TOK) as gen:
+        stream = gen.submit([1, 5, 7], params)
+        with pytest.raises(ConstraintError, match="gave up on this request's choice constraint"):
+            await stream.result()
+        stats = gen.stats
+    assert (stats.requests_failed, stats.requests_completed) == (1, 0)

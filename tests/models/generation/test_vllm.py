@@ -535,7 +535,7 @@ def test_the_openai_routes_take_vllms_ignore_eos() -> None:
     body = ChatCompletionRequest.model_validate(
         {"messages": messages, "max_tokens": 8, "ignore_eos": True}
     )
-    (params,) = _sampling(served, body, [[1, 2]], default_max_tokens=16)
+    (params,) = _sampling(served, body, [[1, 2]], None, default_max_tokens=16)
     assert (params.ignore_eos, params.max_tokens) == (True, 8)
     plain = ChatCompletionRequest.model_validate({"messages": messages})
-    assert not _sampling(served, plain, [[1, 2]], default_max_tokens=16)[0].ignore_eos
+    assert not _sampling(served, plain, [[1, 2]], None, default_max_tokens=16)[0].ignore_eos

@@ -31,6 +31,7 @@ from batchline.models.generation.engine import (
     SamplingParams,
     StepEngine,
     StepOutput,
+    unapplied_field,
 )
 
 if TYPE_CHECKING:
@@ -45,9 +46,11 @@ if TYPE_CHECKING:
         GenerationStream,
         TextGenerator,
     )
+    from batchline.models.generation.structured import Constraint
 
 __all__ = [
     "Completion",
+    "Constraint",
     "ContinuousGenerator",
     "FinishReason",
     "GenerationDelta",
@@ -64,6 +67,7 @@ __all__ = [
     "TextGenerator",
     "demo_prompts",
     "load_text_generator",
+    "unapplied_field",
     "write_demo_prompts",
 ]
 
@@ -71,6 +75,7 @@ __getattr__ = lazy_exports(
     __name__,
     {
         "Completion": "stream",
+        "Constraint": "structured",
         "ContinuousGenerator": "scheduler",
         "GenerationDelta": "stream",
         "GenerationModel": "load",

@@ -17,21 +17,54 @@ detokenizes and calls :meth:`StepEngine.abort` when one appears.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from batchline.models.generation.structured import Constraint
 
 __all__ = [
+    "UNAPPLIED_FIELDS",
     "FinishReason",
     "GenerationRequest",
     "SamplingParams",
     "StepEngine",
     "StepOutput",
+    "unapplied_field",
 ]
 
 FinishReason = Literal["stop", "length", "abort"]
+
+
+#: Sampling fields OpenAI's or vLLM's clients send that no engine here applies, with the
+#: values that change nothing (what a client sends by default). Any other value is a 400:
+#: accepting it would silently answer something other than what was asked for.
+UNAPPLIED_FIELDS: dict[str, tuple[object, ...]] = {
+    "top_k": (-1, 0),
+    "min_p": (0,),
+    "repetition_penalty": (1,),
+    "length_penalty": (1,),
+    "min_tokens": (0,),
+    "top_logprobs": (0,),
+    "prompt_logprobs": (0,),
+    "use_beam_search": (False,),
+    "include_stop_str_in_output": (False,),
+    "stop_token_ids": ([],),
+    "bad_words": ([],),
+    "allowed_token_ids": (),
+    "logits_processors": (),
+    "guided_grammar": (),
+    "guided_decoding_backend": (),
+    "structured_outputs": (),
+    "functions": ([],),
+    "function_call": ("none",),
+    "tool_choice": ("none",),
+    "prediction": (),
+    "audio": (),
+    "modalities": (["text"],),
+    "reasoning_effort": (),
+    "truncate_prompt_tokens": (),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +80,12 @@ class SamplingParams:
     integer, lower first, maps onto it with ``batchline._priority.batcher_priority``): the
     continuous scheduler ranks it with aging, the vLLM adapter passes it on when vLLM's engine
     schedules by priority. It never changes the tokens.
+    ``presence_penalty``, ``frequency_penalty`` and ``logit_bias`` are OpenAI's, with its
+    ranges and meanings: before a token is picked, each vocabulary entry's logit gets its
+    bias (``logit_bias``: token id to a number in [-100, 100]) and loses
+    ``frequency_penalty * count + presence_penalty * (count > 0)``, where ``count`` is how
+    often the sequence has generated that token so far (penalties in [-2, 2]; a negative one
+    encourages repetition). They act before the temperature; a grammar's mask still wins.
     """
 
     max_tokens: int = 64
@@ -57,6 +96,10 @@ class SamplingParams:
     ignore_eos: bool = False
     constraint: Constraint | None = None
     priority: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    #: (token id, bias) pairs, ids ascending and distinct (a tuple: the params are hashable)
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.priority, bool) or not isinstance(self.priority, int):
@@ -71,10 +114,69 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must not be empty")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _number(value) or not -2 <= value <= 2:
+                raise ValueError(f"{name} must be a number in [-2, 2], got {value!r}")
+        previous = -1
+        for pair in self.logit_bias:
+            token, bias = pair
+            if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+                raise ValueError(
+                    f"logit_bias keys must be token ids (integers >= 0), got {token!r}"
+                )
+            if not _number(bias) or not -100 <= bias <= 100:
+                raise ValueError(
+                    f"logit_bias values must be numbers in [-100, 100], got {bias!r} "
+                    f"for token {token}"
+                )
+            if token <= previous:
+                raise ValueError("logit_bias must list each token id once, in ascending order")
+            previous = token
+
+    @classmethod
+    def bias_of(cls, logit_bias: Mapping[Any, Any] | None) -> tuple[tuple[int, float], ...]:
+        """OpenAI's ``logit_bias`` (a JSON object: token id as text or integer to a bias) as
+        the ``logit_bias`` field takes it; ``ValueError`` naming a key that is no token id."""
+        if not logit_bias:
+            return ()
+        if not isinstance(logit_bias, Mapping):
+            raise ValueError("logit_bias must be an object of token id to bias")
+        pairs: dict[int, Any] = {}
+        for key, bias in logit_bias.items():
+            text = str(key).strip()
+            if isinstance(key, bool) or not text.isdigit():
+                raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {key!r}")
+            if int(text) in pairs:
+                raise ValueError(f"logit_bias names token {int(text)} twice")
+            pairs[int(text)] = bias
+        return tuple(sorted(pairs.items()))
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether penalties or biases change this sequence's logits."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def unapplied_field(body: Mapping[str, Any]) -> str | None:
+    """The first field of an OpenAI-style request ``body`` that no engine here applies, set to
+    a value that would change the answer (see :data:`UNAPPLIED_FIELDS`); None when there is
+    none. The server answers it with a 400, ``run`` fails that record."""
+    for name, neutral in UNAPPLIED_FIELDS.items():
+        value = body.get(name)
+        if value is not None and not any(
+            value == n and isinstance(value, bool) == isinstance(n, bool) for n in neutral
+        ):
+            return name
+    return None
+
+
+def _number(value: object) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,13 +203,17 @@ class StepOutput:
 
     ``token_ids`` are the tokens produced by this step (one per step today; a tuple so that a
     backend with speculative decoding can return several). A finished sequence has left the
-    engine: its KV cache is freed before ``step`` returns.
+    engine: its KV cache is freed before ``step`` returns. ``error`` (with ``finished`` and
+    no ``finish_reason``) says why the engine could not go on with this sequence although it
+    could with the others: the grammar engine gave up on its constraint; the request fails
+    with :class:`~batchline._errors.ConstraintError` and that message.
     """
 
     request_id: str
     token_ids: tuple[int, ...]
     finished: bool = False
     finish_reason: FinishReason | None = None
+    error: str | None = None
 
 
 @runtime_checkable

@@ -54,7 +54,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Self
 
 from batchline._batcher import State
-from batchline._errors import BatcherClosedError, ModelError, QueueFullError
+from batchline._errors import (
+    BatcherClosedError,
+    ConstraintError,
+    InputError,
+    ModelError,
+    QueueFullError,
+)
 from batchline._priority import aged_rank
 from batchline.models.generation.engine import (
     GenerationRequest,
@@ -263,6 +269,13 @@ class EngineGenerator:
             seq = running.get(out.request_id)
             if seq is None or seq.finished:
                 continue
+            if out.error is not None:
+                # the engine gave up on it alone (its grammar): a failure, never a "stop"
+                seq.finished = True
+                error = ConstraintError(f"{self.name}: request {seq.request_id!r}: {out.error}")
+                updates.append((seq, error))
+                ended.append(seq.request_id)
+                continue
             if out.token_ids:
                 tokens += len(out.token_ids)
                 last = seq.last_token_at
@@ -280,9 +293,27 @@ class EngineGenerator:
         self._recorder.on_step(len(outputs), kv_in_use, tokens=tokens, ttft=ttft, itl=itl)
         return updates, ended
 
+    def _kv_now(self) -> None:
+        """Sequences left the engine between steps (aborted, timed out, failed), and no step
+        may follow soon: record what it holds now, so the gauge returns to zero with them."""
+        with contextlib.suppress(Exception):  # best effort: the engine may be in trouble
+            self._recorder.on_kv_in_use(self._engine.kv_tokens_in_use())
+
     def _end(self, seq: TrackedSequence) -> Update:
         """Abort ``seq`` (already out of the engine) with what it has produced."""
         return (seq, seq.end("abort", self._clock.now()))
+
+    def _refused(self, exc: Exception) -> Exception:
+        """The error of a request the engine's ``add_request`` refused: a ``ValueError`` is
+        the request's own fault (a token id outside the vocabulary), anything else the
+        model's."""
+        error: Exception
+        if isinstance(exc, ValueError):
+            error = InputError(f"{self.name}: {exc}")
+        else:
+            error = ModelError(f"{self.name}: add_request: {exc!r}")
+        error.__cause__ = exc
+        return error
 
     def _engine_failed(self, exc: Exception, seqs: Sequence[TrackedSequence]) -> list[Update]:
         """The engine raised in a step: drop its sequences and fail their requests."""
@@ -509,13 +540,17 @@ class ContinuousGenerator(EngineGenerator):
                         )
                     self._waiting.clear()
                     self._to_abort.update(self._running)
+                aborted = False
                 for rid in self._to_abort:
                     seq = self._running.pop(rid, None)
                     if seq is not None:
                         engine.abort(rid)
                         self._reserved -= seq.kv_reservation
                         updates.append(self._end(seq))
+                        aborted = True
                 self._to_abort.clear()
+                if aborted:
+                    self._kv_now()
                 if self._exit and not self._waiting and not self._running:
                     self._post(updates)
                     return
@@ -526,7 +561,7 @@ class ContinuousGenerator(EngineGenerator):
                         engine.add_request(seq.request)
                     except Exception as exc:
                         self._reserved -= seq.kv_reservation
-                        updates.append((seq, ModelError(f"{self.name}: add_request: {exc!r}")))
+                        updates.append((seq, self._refused(exc)))
                         continue
                     seq.admitted_at = joined_at  # its queue wait ends: it joins the next step
                     self._running[seq.request_id] = seq
@@ -540,7 +575,9 @@ class ContinuousGenerator(EngineGenerator):
                 with cond:
                     failed = [s for rid, s in batch.items() if self._running.pop(rid, None)]
                     self._reserved -= sum(s.kv_reservation for s in failed)
-                self._post(self._engine_failed(exc, failed))
+                    updates = self._engine_failed(exc, failed)
+                    self._kv_now()
+                self._post(updates)
                 continue
             with cond:
                 for rid in ended:

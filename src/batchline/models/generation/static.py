@@ -227,6 +227,8 @@ class StaticGenerator(EngineGenerator):
                     if seq_ is not None:
                         engine.abort(rid)
                         updates.append(self._end(seq_))
+                if self._to_abort:
+                    self._kv_now()
                 self._to_abort.clear()
                 live = dict(self._running)
             self._post(updates)

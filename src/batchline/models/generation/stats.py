@@ -11,7 +11,8 @@ can export them to Prometheus under stable names. Definitions:
 - ``tokens_per_s``: generated tokens divided by the seconds since ``start()`` (wall throughput).
 - Percentiles cover the most recent ``window`` samples (10,000 by default); ``nan`` when empty.
 - ``kv_tokens_reserved``: the worst case (prompt + ``max_tokens``) of every admitted sequence;
-  ``kv_tokens_in_use``: what the engine reported holding after its last step.
+  ``kv_tokens_in_use``: what the engine reported holding after its last step, or after the
+  last sequences left it between steps (abort, timeout, failure): 0 once nothing runs.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ class GenerationStats:
     Counters (``requests_*``, ``*_tokens_total``, ``steps``) only grow. ``requests_completed``
     counts requests that ended with ``stop`` or ``length``; ``requests_aborted`` those that
     ended with ``abort`` (client abort, disconnect, or stop() without drain);
-    ``requests_failed`` those whose ``result()`` raised (engine error, closed);
+    ``requests_failed`` those whose ``result()`` raised (engine error, closed, a constraint
+    the grammar engine gave up on);
     ``requests_rejected`` submits refused with ``QueueFullError`` or ``RecordTooLargeError``.
     ``preempted`` is always 0 for batchline's schedulers (they reserve the worst case instead).
     """
@@ -134,6 +136,12 @@ class GenerationStatsRecorder:
             self.generated_tokens += tokens
             self._ttft.extend(ttft)
             self._itl.extend(itl)
+
+    def on_kv_in_use(self, kv_in_use: int) -> None:
+        """Sequences left the engine outside a step (aborted, timed out, failed): what it
+        holds now, so the gauge does not keep the last step's value until the next step."""
+        with self._lock:
+            self.kv_in_use = kv_in_use
 
     def on_tokens(self, count: int, *, first_after_s: float | None, gap_s: float | None) -> None:
         """``count`` tokens reached one request: ``first_after_s`` is its TTFT when they are its

@@ -20,6 +20,17 @@ outlines-core 0.2.14 has no dependencies but builds a regex index per schema ahe
 7 ms for ``{"answer": integer}``, 1.16 s once the schema has a ``maxLength: 200`` string
 (llguidance: 0.8 ms for either).
 
+A constraint is enforced or refused, never dropped. When one is made it is checked against
+the grammar engine's limits (:func:`grammar_limits`, the same the engine decodes under) on a
+byte-level vocabulary of its own, so the check does not depend on the model: the grammar is
+compiled, and a short probe walks its first steps (a cyclic ``$ref`` that can produce nothing,
+a regex whose repetition blows up the lexer, more than :data:`MAX_CHOICES` choices are all
+refused there, with the engine's reason, before the request is queued; the server answers a
+400, ``run`` fails that record). Should the engine still give up on a grammar mid-generation
+(a limit reached at a later token), the sequence ends with
+:class:`~batchline._errors.ConstraintError`, never as ``stop``, and one log line says which
+request and why.
+
 Example::
 
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
@@ -28,6 +39,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
@@ -41,11 +53,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "GUIDED_FIELDS",
+    "MAX_CHOICES",
+    "MAX_CONSTRAINT_CHARS",
     "Constraint",
     "ConstraintKind",
     "GrammarState",
     "TokenGrammars",
     "constraint_from_openai",
+    "grammar_limits",
 ]
 
 logger = logging.getLogger(__name__)
@@ -64,6 +79,81 @@ def _llguidance() -> Any:
     return llguidance
 
 
+#: At most this many options in a choice constraint. They all sit in one row of the grammar
+#: engine's parser, whose limit is 2,000 items (llguidance's ``max_items_in_row``): past it
+#: the engine gives up at the first token where the options part.
+MAX_CHOICES = 1_000
+#: At most this many characters of constraint text (a schema's JSON, a regex, the choices).
+MAX_CONSTRAINT_CHARS = 256 * 1024
+# llguidance's lexer fuel for building a grammar's regular expressions (its default is
+# 1,000,000). A tenth of it still takes a 1,000-option choice, a 10,000-fold repetition or a
+# 200-character string field, and gives up on `a{1000000}` within ~0.1 s instead of ~0.9 s of
+# one decoding step's CPU (busy 2-core machine, 2026-11).
+_LEXER_FUEL = 100_000
+# Tokens the submit-time probe walks into a grammar: the lexer builds its states lazily, so a
+# regex that is too big only fails once its first bytes are consumed.
+_PROBE_STEPS = 16
+_PROBE_EOS = 256
+_REASON_CHARS = 300
+
+
+def grammar_limits() -> Any:
+    """The grammar engine's limits (``llguidance.LLParserLimits``), the same for the
+    submit-time check and for decoding. Errors stay short: no grammar or parser state in
+    them (llguidance's verbose errors run to ~180 KB for a large grammar)."""
+    return _llguidance().LLParserLimits(initial_lexer_fuel=_LEXER_FUEL, verbose_errors=False)
+
+
+def grammar_reason(error: str) -> str:
+    """The grammar engine's error as one short line."""
+    text = " ".join(error.replace("<non-verbose/>", " ").split())
+    if text.startswith("NoExtensionBias"):
+        return (
+            "the grammar can produce no output at all (a schema whose $ref cycle never "
+            "reaches a value, or that nothing satisfies)"
+        )
+    return text[:_REASON_CHARS]
+
+
+class _ByteVocabulary:
+    """One token per byte and an EOS: what llguidance's ``TokenizerWrapper`` reads."""
+
+    def __init__(self) -> None:
+        self.eos_token_id = _PROBE_EOS
+        self.bos_token_id = None
+        self.tokens = [bytes([b]) for b in range(256)] + [b"<eos>"]
+        self.special_token_ids = [_PROBE_EOS]
+
+    def __call__(self, text: str | bytes) -> list[int]:
+        return list(text.encode("utf-8") if isinstance(text, str) else text)
+
+
+@functools.cache
+def _byte_tokenizer() -> Any:
+    llg = _llguidance()
+    return llg.LLTokenizer(llg.TokenizerWrapper(_ByteVocabulary()))
+
+
+def _probe(grammar: str, what: str) -> None:
+    """Raise ``ValueError`` saying why the engine cannot enforce ``grammar``: compiled under
+    :func:`grammar_limits` on a byte vocabulary (a bad grammar fails here), then walked a few
+    steps along the lowest allowed byte (a grammar the engine would give up on early)."""
+    matcher = _llguidance().LLMatcher(
+        _byte_tokenizer(), grammar, log_level=0, limits=grammar_limits()
+    )
+    if matcher.is_error():
+        raise ValueError(f"invalid {what}: {grammar_reason(matcher.get_error())}")
+    for _ in range(_PROBE_STEPS):
+        bits = int.from_bytes(matcher.compute_bitmask(), "little") & ((1 << _PROBE_EOS) - 1)
+        if matcher.is_error() or not bits:
+            break  # an error, or only EOS is left: a complete output
+        if not matcher.consume_token((bits & -bits).bit_length() - 1):
+            break
+    if matcher.is_error():
+        reason = grammar_reason(matcher.get_error())
+        raise ValueError(f"the grammar engine cannot enforce this {what}: {reason}")
+
+
 @dataclass(frozen=True, slots=True)
 class Constraint:
     """What a constrained sequence may generate. Make one with the class methods; each checks
@@ -80,9 +170,13 @@ class Constraint:
         if self.kind not in _KINDS:
             kinds = ", ".join(_KINDS)
             raise ValueError(f"constraint kind must be one of {kinds}, got {self.kind!r}")
-        error = _llguidance().LLMatcher.validate_grammar(self.grammar())
-        if error:
-            raise ValueError(f"invalid {self.kind.replace('_', ' ')} constraint: {error.strip()}")
+        what = f"{self.kind.replace('_', ' ')} constraint"
+        if len(self.spec) > MAX_CONSTRAINT_CHARS:
+            raise ValueError(
+                f"the {what} is {len(self.spec):,} characters; the most batchline enforces "
+                f"is {MAX_CONSTRAINT_CHARS:,}"
+            )
+        _probe(self.grammar(), what)
 
     @classmethod
     def json_schema(cls, schema: Mapping[str, Any] | str) -> Constraint:
@@ -114,6 +208,12 @@ class Constraint:
         items = list(options)
         if not items or not all(isinstance(o, str) and o for o in items):
             raise ValueError("a choice constraint needs a non-empty list of non-empty strings")
+        if len(items) > MAX_CHOICES:
+            raise ValueError(
+                f"a choice constraint takes at most {MAX_CHOICES:,} options, got {len(items):,} "
+                "(the grammar engine cannot enforce more); use a regex or a JSON schema enum "
+                "over fewer values"
+            )
         return cls("choice", json.dumps(items))
 
     def grammar(self) -> str:
@@ -202,19 +302,46 @@ def constraint_from_openai(body: Mapping[str, Any]) -> Constraint | None:
 class GrammarState:
     """One constrained sequence's place in its grammar."""
 
-    __slots__ = ("_matcher",)
+    __slots__ = ("_matcher", "_reported", "kind", "request_id")
 
-    def __init__(self, matcher: Any) -> None:
+    def __init__(self, matcher: Any, *, request_id: str = "", kind: str = "") -> None:
         self._matcher = matcher
+        self.request_id = request_id
+        self.kind = kind
+        self._reported = False
 
     def advance(self, token: int) -> None:
-        """Move past ``token``, the sequence's chosen next token."""
-        if not self._matcher.consume_token(token):
-            logger.warning("grammar refused token %d: %s", token, self._matcher.get_error())
+        """Move past ``token``, the sequence's chosen next token (a refusal shows in
+        :meth:`failure`)."""
+        self._matcher.consume_token(token)
+
+    def take(self, token: int) -> str | None:
+        """Move past ``token`` unless the engine has given up already (while masking); return
+        :meth:`failure` after it: None while the grammar is enforced."""
+        if self.failure() is None:
+            self.advance(token)
+        return self.failure()
 
     def accepting(self) -> bool:
         """Whether what was generated so far is a complete output."""
         return bool(self._matcher.is_accepting())
+
+    def failure(self) -> str | None:
+        """Why the grammar engine gave up on this sequence, or None while it enforces it. The
+        first time it has, one line is logged with the request id and the reason."""
+        if not self._matcher.is_error():
+            return None
+        reason = grammar_reason(self._matcher.get_error())
+        if not self._reported:
+            self._reported = True
+            logger.warning(
+                "request %s: the grammar engine gave up on its %s constraint: %s; the "
+                "sequence ends with an error",
+                self.request_id,
+                self.kind,
+                reason,
+            )
+        return f"the grammar engine gave up on this request's {self.kind} constraint: {reason}"
 
 
 class TokenGrammars:
@@ -231,8 +358,8 @@ class TokenGrammars:
         self._index: Any = None
         self._bits: torch.Tensor | None = None
 
-    def start(self, constraint: Constraint) -> GrammarState:
-        """A fresh matcher for one sequence."""
+    def start(self, constraint: Constraint, request_id: str = "") -> GrammarState:
+        """A fresh matcher for one sequence (under :func:`grammar_limits`)."""
         llg = _llguidance()
         if self._index is None:
             import llguidance.hf
@@ -240,10 +367,13 @@ class TokenGrammars:
             self._index = llguidance.hf.from_tokenizer(
                 self._tokenizer, n_vocab=self._vocab_size, eos_token=self._eos
             )
-        matcher = llg.LLMatcher(self._index, constraint.grammar(), log_level=0)
+        matcher = llg.LLMatcher(
+            self._index, constraint.grammar(), log_level=0, limits=grammar_limits()
+        )
         if matcher.is_error():
-            raise ValueError(f"invalid {constraint.kind} constraint: {matcher.get_error()}")
-        return GrammarState(matcher)
+            reason = grammar_reason(matcher.get_error())
+            raise ValueError(f"invalid {constraint.kind} constraint: {reason}")
+        return GrammarState(matcher, request_id=request_id, kind=constraint.kind)
 
     def mask(self, logits: torch.Tensor, states: Sequence[GrammarState | None]) -> None:
         """Set to ``-inf``, in place, every token a row's grammar does not allow next; rows whose
@@ -266,7 +396,8 @@ class TokenGrammars:
         # (rows, words) int32 -> (rows, words * 32) bool, one bit per token, low bit first.
         allowed = ((bitmask.unsqueeze(-1) >> self._bits) & 1).bool().flatten(1)
         allowed = allowed[:, : logits.shape[1]]
-        # A matcher in an error state allows nothing: end that sequence rather than sample NaN.
+        # A matcher in an error state allows nothing: let that row pick EOS rather than sample
+        # NaN; the engine ends it with the matcher's failure() (an error, never "stop").
         stuck = ~allowed.any(dim=1)
         if bool(stuck.any()):
             allowed[stuck.nonzero().flatten()[:, None], torch.tensor(self._eos)] = True

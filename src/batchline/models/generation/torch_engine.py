@@ -67,7 +67,7 @@ from batchline.models.generation.packed_attention import (
     check_attention,
 )
 from batchline.models.generation.prefix_cache import Prefix, PrefixCache
-from batchline.models.generation.sampling import make_generator, select_tokens
+from batchline.models.generation.sampling import check_logit_bias, make_generator, select_tokens
 from batchline.models.generation.structured import GrammarState, TokenGrammars
 
 if TYPE_CHECKING:
@@ -292,7 +292,8 @@ class TorchStepEngine:
         """Register ``request``; it is prefilled from the next :meth:`step` on.
 
         Raises ``ValueError`` for an id already running, a prompt + ``max_tokens`` beyond
-        :attr:`max_context_tokens`, or a token id outside the vocabulary.
+        :attr:`max_context_tokens`, or a token id (prompt, ``logit_bias``) outside the
+        vocabulary.
         """
         if request.request_id in self._live:
             raise ValueError(f"request {request.request_id!r} is already running")
@@ -307,6 +308,7 @@ class TorchStepEngine:
                 f"request {request.request_id!r}: prompt token ids must be in "
                 f"[0, {self._vocab_size}), got {min(request.prompt_ids)}..{max(request.prompt_ids)}"
             )
+        check_logit_bias(request, self._vocab_size)
         seq = _Sequence(request, make_generator(request.params))
         if request.params.constraint is not None:
             if self._grammars is None:
@@ -314,7 +316,7 @@ class TorchStepEngine:
                     f"request {request.request_id!r} has a constraint, but this engine was "
                     "built without a tokenizer (TorchStepEngine(..., tokenizer=))"
                 )
-            seq.grammar = self._grammars.start(request.params.constraint)
+            seq.grammar = self._grammars.start(request.params.constraint, request.request_id)
         self._pending[request.request_id] = seq
         self._live[request.request_id] = seq
 
@@ -574,13 +576,22 @@ class TorchStepEngine:
         if self._grammars is not None:
             self._grammars.mask(logits, [s.grammar for s in seqs])
         tokens = select_tokens(
-            logits, [s.request.params for s in seqs], [s.generator for s in seqs]
+            logits,
+            [s.request.params for s in seqs],
+            [s.generator for s in seqs],
+            [s.generated for s in seqs],
         )
         outputs = []
         for seq, token in zip(seqs, tokens, strict=True):
+            rid = seq.request.request_id
+            # a grammar given up on ends the sequence with an error, never an unconstrained token
+            failure = None if seq.grammar is None else seq.grammar.take(token)
+            if failure is not None:
+                seq.done = True
+                del self._live[rid]
+                outputs.append(StepOutput(rid, (), True, None, error=failure))
+                continue
             seq.generated.append(token)
-            if seq.grammar is not None:
-                seq.grammar.advance(token)
             params = seq.request.params
             reason: Any = None
             if token in self._eos and not params.ignore_eos:
@@ -589,8 +600,8 @@ class TorchStepEngine:
                 reason = "length"
             if reason is not None:
                 seq.done = True
-                del self._live[seq.request.request_id]
-            outputs.append(StepOutput(seq.request.request_id, (token,), reason is not None, reason))
+                del self._live[rid]
+            outputs.append(StepOutput(rid, (token,), reason is not None, reason))
         return outputs
 
     def _leave(self) -> None:

@@ -150,6 +150,9 @@ def to_vllm_sampling_params(params: SamplingParams, *, delta: bool = True) -> ob
             seed=params.seed,
             stop=list(params.stop),
             ignore_eos=params.ignore_eos,
+            presence_penalty=params.presence_penalty,
+            frequency_penalty=params.frequency_penalty,
+            logit_bias=dict(params.logit_bias) if params.logit_bias else None,
             **structured,
         ),
     )

@@ -82,6 +82,12 @@ def _error_event(error: ApiError) -> bytes:
     return sse({"error": {"message": error.message, "type": error.kind, "code": error.status}})
 
 
+def _cut(shape: Shape, error: ApiError) -> bytes:
+    """The error event of a stream the server cut (it is shutting down), logged on one line."""
+    logger.warning("%s: stream cut before it finished: %s", shape.id, error.message)
+    return _error_event(error)
+
+
 def event_stream(
     served: ServedGenerator,
     streams: Sequence[GenerationStream],
@@ -110,16 +116,17 @@ async def _events(
         async with contextlib.aclosing(_merge(streams, settings.request_timeout_s)) as merged:
             async for index, delta in merged:
                 if delta.finish_reason == "abort":
-                    yield _error_event(aborted(settings))
+                    # the generator stopped under it (a drain that timed out, a shutdown)
+                    yield _cut(shape, aborted(settings))
                     yield DONE
                     return
                 if delta.text or delta.finished:
                     text = delta.text if (delta.text or not shape.chat) else None
                     yield shape.chunk(index, text, delta.finish_reason, include_usage)
     except Exception as exc:
-        yield _error_event(
-            api_error(exc, settings, served.name, withdrawn="its sequences were aborted")
-        )
+        error = api_error(exc, settings, served.name, withdrawn="its sequences were aborted")
+        # 503: the generator closed while it waited (a drain that timed out, a shutdown)
+        yield _cut(shape, error) if error.status == 503 else _error_event(error)
         yield DONE
         return
     completions = [await s.result() for s in streams]

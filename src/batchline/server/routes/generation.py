@@ -17,9 +17,15 @@ Where a request can end:
                              ``length``: ``max_tokens``)
 400                          prompt tokens + ``max_tokens`` over the model's context (the
                              message gives the counts and the limit), unsupported
-                             parameters (``n`` > 1, ``echo``, ``logprobs``...), empty
-                             prompts, a model of another task, no model named while
-                             several generate models are served
+                             parameters (``n`` > 1, ``echo``, ``logprobs``, ``top_k``...:
+                             anything accepted is applied), penalties or ``logit_bias``
+                             out of OpenAI's ranges, empty prompts, a model of another
+                             task, no model named while several generate models are
+                             served; a constraint the grammar engine cannot enforce (the
+                             reason: too many choices, a regex too big, a cyclic or
+                             unsatisfiable schema), or, once generating, one it gave up
+                             on (``ConstraintError``; streaming: an SSE error event):
+                             never a ``stop`` that ignored the constraint
 404                          unknown model (the message lists the served ones)
 413                          more prompts than ``max_inputs_per_request``
 422                          wrong types or out-of-range values (never echoes the input)
@@ -50,6 +56,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from batchline._errors import InputError, RecordTooLargeError
+from batchline.models.generation import Constraint
 from batchline.models.generation.engine import SamplingParams
 from batchline.models.generation.stream import Completion, GenerationStream, check_fits
 from batchline.server.errors import ApiError
@@ -131,7 +138,13 @@ async def generate(request: Request) -> Response:
         for i, text in enumerate(body.prompts)
     ]
     params = _sampling(
-        served, body, prompts, priority, default_max_tokens=DEFAULT_MAX_TOKENS, greedy=True
+        served,
+        body,
+        prompts,
+        await _constraint(body),
+        priority,
+        default_max_tokens=DEFAULT_MAX_TOKENS,
+        greedy=True,
     )
     streams = _submit_all(served, state, prompts, params, f"gen-{uuid.uuid4().hex}")
     completions = await _finish_all(request, state, served, streams)
@@ -172,7 +185,12 @@ async def create_completion(request: Request) -> Response:
     check_count(len(texts), state, "prompt", "prompts")
     prompts = [await _encode_text(served, state, text, "prompt", i) for i, text in enumerate(texts)]
     params = _sampling(
-        served, body, prompts, priority, default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS
+        served,
+        body,
+        prompts,
+        await _constraint(body),
+        priority,
+        default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS,
     )
     rid = f"cmpl-{uuid.uuid4().hex}"
     streams = _submit_all(served, state, prompts, params, rid)
@@ -208,7 +226,10 @@ async def create_chat_completion(request: Request) -> Response:
     ids = await _encode(served.model.encode_chat, messages, size, state, "messages")
     if not ids:
         raise _bad("'messages' produced no tokens; send some text")
-    params = _sampling(served, body, [ids], priority, default_max_tokens=DEFAULT_MAX_TOKENS)
+    constraint = await _constraint(body)
+    params = _sampling(
+        served, body, [ids], constraint, priority, default_max_tokens=DEFAULT_MAX_TOKENS
+    )
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     streams = _submit_all(served, state, [ids], params, rid)
     shape = Shape(rid, "chat.completion", int(time.time()), served.name, chat=True)
@@ -286,10 +307,23 @@ async def _encode(
         ) from None
 
 
+async def _constraint(body: SamplingBody) -> Constraint | None:
+    """The body's constraint, checked against the grammar engine's limits in a worker thread
+    (compiling a large grammar takes up to a few hundred ms); 400 with the reason when it is
+    bad or cannot be enforced."""
+    try:
+        if not body.constrains():
+            return None
+        return await asyncio.to_thread(body.constraint)
+    except ValueError as exc:
+        raise _bad(str(exc)) from None
+
+
 def _sampling(
     served: ServedGenerator,
     body: SamplingBody,
     prompts: Sequence[Sequence[int]],
+    constraint: Constraint | None,
     priority: int = 0,
     *,
     default_max_tokens: int,
@@ -297,7 +331,16 @@ def _sampling(
 ) -> list[SamplingParams]:
     """One ``SamplingParams`` per prompt, at the request's ``priority`` (the batcher's, from
     :func:`request_priority`: the generator orders joins by it): a missing ``max_tokens`` is
-    capped by what the context leaves after that prompt. 400 when a prompt can never fit."""
+    capped by what the context leaves after that prompt; ``constraint`` is the body's, checked
+    already (:func:`_constraint`). 400 when a prompt can never fit, for a field no engine
+    applies, or a ``logit_bias`` key that is no token id."""
+    unapplied = body.unapplied()
+    if unapplied is not None:
+        raise _bad(f"'{unapplied}' is not applied by this server's engines; omit it")
+    try:
+        logit_bias = SamplingParams.bias_of(body.logit_bias)
+    except ValueError as exc:
+        raise _bad(str(exc)) from None
     stop: tuple[str, ...] = (
         ()
         if body.stop is None
@@ -312,10 +355,6 @@ def _sampling(
     # never fit refuses the request before any of its prompts is admitted
     budget = getattr(served.generator, "kv_token_budget", None)
     budget = budget if isinstance(budget, int) and budget > 0 else None
-    try:
-        constraint = body.constraint()
-    except ValueError as exc:
-        raise _bad(str(exc)) from None
     params: list[SamplingParams] = []
     for i, ids in enumerate(prompts):
         max_tokens = body.max_tokens
@@ -333,6 +372,9 @@ def _sampling(
                     ignore_eos=body.ignore_eos,
                     constraint=constraint,
                     priority=priority,
+                    presence_penalty=body.presence_penalty or 0.0,
+                    frequency_penalty=body.frequency_penalty or 0.0,
+                    logit_bias=logit_bias,
                 )
             )
         except RecordTooLargeError as exc:
