@@ -61,6 +61,9 @@ class FakeTokenizer:
             return _Encoding(ids, [])
         return _Encoding([*ids[: limit - 1], 102], [_Encoding(ids[limit - 1 :], [])])
 
+    def get_vocab_size(self, with_added_tokens: bool = True) -> int:
+        return 31_000
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         """The words of ids this tokenizer made (special ids dropped); KeyError for others."""
         return " ".join(self.words[i] for i in ids if i not in (101, 102))

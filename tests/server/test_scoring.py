@@ -218,6 +218,7 @@ async def test_tokenize_and_detokenize_round_trip_on_a_text_model() -> None:
             "generate model",
         ),
         ("/detokenize", {"model": "emb", "tokens": [7]}, 400, "cannot be decoded"),
+        ("/detokenize", {"model": "emb", "tokens": [101, 31000]}, 400, "outside the vocabulary"),
         ("/detokenize", {"model": "emb", "tokens": [-1]}, 422, "tokens"),
     ],
 )

@@ -178,7 +178,12 @@ class GenerationModel:
         return list(self.tokenizer.encode(text, add_special_tokens=special_tokens))
 
     def token_text(self, ids: Sequence[int]) -> str:
-        """``POST /detokenize``: :meth:`decode`."""
+        """``POST /detokenize``: :meth:`decode`; ``InputError`` for an id outside the
+        vocabulary."""
+        size = len(self.tokenizer)
+        bad = next((i for i in ids if not 0 <= i < size), None)
+        if bad is not None:
+            raise InputError(f"token id {bad} is outside the vocabulary (ids 0 to {size - 1})")
         return self.decode(ids)
 
     def close(self) -> None:
