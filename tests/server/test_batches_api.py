@@ -20,6 +20,7 @@ import httpx
 
 from batchline.server import create_app
 
+from .conftest import GEN_TOK as TOK
 from .conftest import (
     FakeEmbedder,
     FakeGenerateModel,
@@ -31,7 +32,6 @@ from .conftest import (
     settings,
     wait_for,
 )
-from .conftest import GEN_TOK as TOK
 
 pytestmark = pytest.mark.anyio
 
@@ -102,9 +102,7 @@ def chat_line(i: int, content: str) -> dict[str, Any]:
 
 
 def jsonl(lines: Sequence[object]) -> bytes:
-    return b"".join(
-        (x if isinstance(x, bytes) else json.dumps(x).encode()) + b"\n" for x in lines
-    )
+    return b"".join((x if isinstance(x, bytes) else json.dumps(x).encode()) + b"\n" for x in lines)
 
 
 async def upload(
@@ -155,8 +153,11 @@ async def test_files_are_stored_listed_read_and_deleted(tmp_path: Path) -> None:
         made = await upload(client, data, name="../../etc/passwd")
         assert made.status_code == 200, made.text
         f = made.json()
-        assert f["object"] == "file" and f["purpose"] == "batch" and f["bytes"] == len(data)
-        assert f["id"].startswith("file-") and f["filename"] == "../../etc/passwd"
+        assert f["object"] == "file"
+        assert f["purpose"] == "batch"
+        assert f["bytes"] == len(data)
+        assert f["id"].startswith("file-")
+        assert f["filename"] == "../../etc/passwd"
         # the name is metadata only: the bytes live under the id
         assert (tmp_path / "data" / "files" / f"{f['id']}.jsonl").read_bytes() == data
         assert (await client.get(f"/v1/files/{f['id']}")).json() == f
@@ -172,7 +173,8 @@ async def test_files_are_stored_listed_read_and_deleted(tmp_path: Path) -> None:
         wrong = await client.post(
             "/v1/files", files={"file": ("a", b"{}\n")}, data={"purpose": "fine-tune"}
         )
-        assert wrong.status_code == 400 and "purpose" in wrong.json()["error"]["message"]
+        assert wrong.status_code == 400
+        assert "purpose" in wrong.json()["error"]["message"]
 
 
 async def test_an_embeddings_batch_answers_every_line_once(tmp_path: Path) -> None:
@@ -182,7 +184,8 @@ async def test_an_embeddings_batch_answers_every_line_once(tmp_path: Path) -> No
     lines.append(embed_line(99, "x", model="nope"))
     async with app_on(tmp_path / "data", fake, batch_chunk_size=2) as client:
         batch = await start_batch(client, jsonl(lines), metadata={"job": "nightly"})
-        assert batch["status"] == "validating" and batch["metadata"] == {"job": "nightly"}
+        assert batch["status"] == "validating"
+        assert batch["metadata"] == {"job": "nightly"}
         done = await until(client, batch["id"], FINAL)
         assert done["status"] == "completed", done
         assert done["request_counts"] == {"total": 9, "completed": 7, "failed": 2}
@@ -190,7 +193,8 @@ async def test_an_embeddings_batch_answers_every_line_once(tmp_path: Path) -> No
         out = await content(client, done["output_file_id"])
         assert [o["custom_id"] for o in out] == [f"emb-{i}" for i in range(7)]
         for i, o in enumerate(out):
-            assert o["error"] is None and o["response"]["status_code"] == 200
+            assert o["error"] is None
+            assert o["response"]["status_code"] == 200
             vector = o["response"]["body"]["data"][0]["embedding"]
             assert np.allclose(vector, fake_vector(fake, f"text number {i}"), atol=1e-6)
         errors = await content(client, done["error_file_id"])
@@ -213,7 +217,8 @@ async def test_a_chat_batch_runs_on_the_served_generator(tmp_path: Path) -> None
         out = await content(client, done["output_file_id"])
         for i, o in enumerate(out):
             body = o["response"]["body"]
-            assert body["object"] == "chat.completion" and body["model"] == "gen"
+            assert body["object"] == "chat.completion"
+            assert body["model"] == "gen"
             ids = TOK.encode(f"<user>hello {i}\n<assistant>")
             assert body["choices"][0]["message"]["content"] == generated_text(ids, 3)
         assert done["error_file_id"] is None
@@ -223,10 +228,12 @@ async def test_a_file_that_is_not_jsonl_fails_the_batch(tmp_path: Path) -> None:
     async with app_on(tmp_path / "data") as client:
         batch = await start_batch(client, b"name,text\n1,hello\n")
         done = await until(client, batch["id"], FINAL)
-        assert done["status"] == "failed" and done["failed_at"] is not None
+        assert done["status"] == "failed"
+        assert done["failed_at"] is not None
         codes = [(e["code"], e["line"]) for e in done["errors"]["data"]]
         assert codes == [("invalid_file", None), ("invalid_json_line", 1), ("invalid_json_line", 2)]
-        assert done["output_file_id"] is None and done["error_file_id"] is None
+        assert done["output_file_id"] is None
+        assert done["error_file_id"] is None
 
 
 async def test_duplicate_custom_ids_fail_the_batch_naming_the_lines(tmp_path: Path) -> None:
@@ -236,8 +243,10 @@ async def test_duplicate_custom_ids_fail_the_batch_naming_the_lines(tmp_path: Pa
         done = await until(client, batch["id"], FINAL)
         assert done["status"] == "failed"
         (error,) = done["errors"]["data"]
-        assert error["code"] == "duplicate_custom_id" and error["line"] == 4
-        assert "'emb-0'" in error["message"] and "lines 1 and 4" in error["message"]
+        assert error["code"] == "duplicate_custom_id"
+        assert error["line"] == 4
+        assert "'emb-0'" in error["message"]
+        assert "lines 1 and 4" in error["message"]
 
 
 async def test_keys_own_their_files_and_batches(tmp_path: Path) -> None:
@@ -266,11 +275,12 @@ async def test_uploads_past_the_limits_get_413(tmp_path: Path) -> None:
         tmp_path / "data", max_batch_file_bytes=2000, max_batch_file_lines=3
     ) as client:
         big = await upload(client, b"x" * 200_000)  # Content-Length past the cap
-        assert big.status_code == 413 and "max_batch_file_bytes" in big.text
+        assert big.status_code == 413
+        assert "max_batch_file_bytes" in big.text
 
         async def trickle() -> AsyncIterator[bytes]:  # no Content-Length: the bytes count
-            yield b"--b\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n"
-            yield b"--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a\"\r\n\r\n"
+            yield b'--b\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+            yield b'--b\r\nContent-Disposition: form-data; name="file"; filename="a"\r\n\r\n'
             for _ in range(100):
                 yield b"y" * 1000
             yield b"\r\n--b--\r\n"
@@ -282,9 +292,11 @@ async def test_uploads_past_the_limits_get_413(tmp_path: Path) -> None:
         )
         assert streamed.status_code == 413, streamed.text
         over = await upload(client, b"x" * 2100)  # within the framing slack, past the cap
-        assert over.status_code == 413 and "max_batch_file_bytes" in over.text
+        assert over.status_code == 413
+        assert "max_batch_file_bytes" in over.text
         lines = await upload(client, b"{}\n" * 4)
-        assert lines.status_code == 413 and "max_batch_file_lines" in lines.text
+        assert lines.status_code == 413
+        assert "max_batch_file_lines" in lines.text
         assert list((tmp_path / "data" / "files").iterdir()) == []  # nothing kept
         ok = await upload(client, b"{}\n" * 3)
         assert ok.status_code == 200, ok.text
@@ -298,10 +310,12 @@ async def test_cancel_mid_batch_keeps_what_was_answered(tmp_path: Path) -> None:
         await until(client, batch["id"], ("in_progress",))
         await wait_for(lambda: fake.gate.is_set() is False and len(fake.batches) == 0)
         r = await client.post(f"/v1/batches/{batch['id']}/cancel")
-        assert r.status_code == 200 and r.json()["status"] in ("cancelling", "cancelled")
+        assert r.status_code == 200
+        assert r.json()["status"] in ("cancelling", "cancelled")
         fake.gate.set()  # the batch in the model's hands may finish; the rest is withdrawn
         done = await until(client, batch["id"], FINAL)
-        assert done["status"] == "cancelled" and done["cancelled_at"] is not None
+        assert done["status"] == "cancelled"
+        assert done["cancelled_at"] is not None
         answered = await content(client, done["output_file_id"]) if done["output_file_id"] else []
         errors = await content(client, done["error_file_id"])
         assert {e["error"]["code"] for e in errors} == {"batch_cancelled"}
@@ -320,7 +334,8 @@ async def test_an_expired_window_keeps_the_partial_results(tmp_path: Path) -> No
         batch = await start_batch(client, jsonl(lines), completion_window="1s")
         assert batch["expires_at"] == batch["created_at"] + 1
         done = await until(client, batch["id"], FINAL)
-        assert done["status"] == "expired" and done["expired_at"] is not None
+        assert done["status"] == "expired"
+        assert done["expired_at"] is not None
         errors = await content(client, done["error_file_id"])
         assert [e["error"]["code"] for e in errors] == ["batch_expired"] * 4
         bad = await client.post(
@@ -328,7 +343,8 @@ async def test_an_expired_window_keeps_the_partial_results(tmp_path: Path) -> No
             json={"input_file_id": batch["input_file_id"], "endpoint": "/v1/embeddings",
                   "completion_window": "forever"},
         )  # fmt: skip
-        assert bad.status_code == 400 and "completion_window" in bad.text
+        assert bad.status_code == 400
+        assert "completion_window" in bad.text
 
 
 async def test_a_stopped_server_resumes_its_batch_to_the_same_output(tmp_path: Path) -> None:
@@ -342,7 +358,8 @@ async def test_a_stopped_server_resumes_its_batch_to_the_same_output(tmp_path: P
     assert parts.is_dir()
     async with app_on(tmp_path / "a", batch_chunk_size=2) as client:
         done = await until(client, batch["id"], FINAL)
-        assert done["status"] == "completed" and done["request_counts"]["completed"] == 9
+        assert done["status"] == "completed"
+        assert done["request_counts"]["completed"] == 9
         resumed = (await client.get(f"/v1/files/{done['output_file_id']}/content")).content
     async with app_on(tmp_path / "b", batch_chunk_size=2) as client:
         whole = await until(client, (await start_batch(client, lines))["id"], FINAL)
@@ -355,14 +372,17 @@ async def test_batches_list_in_pages(tmp_path: Path) -> None:
         made = [await start_batch(client, jsonl([embed_line(0, "a")])) for _ in range(3)]
         first = (await client.get("/v1/batches", params={"limit": 2})).json()
         assert [b["id"] for b in first["data"]] == [made[2]["id"], made[1]["id"]]
-        assert first["has_more"] is True and first["last_id"] == made[1]["id"]
+        assert first["has_more"] is True
+        assert first["last_id"] == made[1]["id"]
         rest = (await client.get("/v1/batches", params={"after": first["last_id"]})).json()
-        assert [b["id"] for b in rest["data"]] == [made[0]["id"]] and rest["has_more"] is False
+        assert [b["id"] for b in rest["data"]] == [made[0]["id"]]
+        assert rest["has_more"] is False
         assert (await client.get("/v1/batches", params={"limit": 0})).status_code == 400
         wrong = await client.post(
             "/v1/batches",
             json={"input_file_id": made[0]["input_file_id"], "endpoint": "/v1/moderations"},
         )
-        assert wrong.status_code == 400 and "endpoint" in wrong.text
+        assert wrong.status_code == 400
+        assert "endpoint" in wrong.text
         for b in made:
             await until(client, b["id"], FINAL)
