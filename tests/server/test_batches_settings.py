@@ -26,7 +26,7 @@ def test_keys_come_comma_separated_and_from_a_file(
 
 
 def test_a_bad_keys_setting_is_one_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(InputError, match="api_key_file .*missing"):
+    with pytest.raises(InputError, match=r"api_key_file .*missing"):
         ServerSettings.build(api_key_file=tmp_path / "missing")
     empty = tmp_path / "empty"
     empty.write_text("# nothing\n", encoding="utf-8")
