@@ -386,3 +386,21 @@ async def test_batches_list_in_pages(tmp_path: Path) -> None:
         assert "endpoint" in wrong.text
         for b in made:
             await until(client, b["id"], FINAL)
+
+
+async def test_a_batch_stopped_before_its_first_chunk_writes_every_line_as_not_run(
+    tmp_path: Path,
+) -> None:
+    from batchline.jobs.openai_batch import BatchFiles
+
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(jsonl([embed_line(0, "a"), embed_line(1, "b")]))
+    files = BatchFiles(src, tmp_path / "all.jsonl", tmp_path / "all.jsonl.parts")
+    files.parts.mkdir()  # the writer's folder, made before any manifest
+    assert not files.started
+    files.write_output(not_run=("batch_cancelled", "cancelled"))
+    out = [json.loads(x) for x in files.output.read_text().splitlines()]
+    assert [(o["custom_id"], o["error"]["code"]) for o in out] == [
+        ("emb-0", "batch_cancelled"),
+        ("emb-1", "batch_cancelled"),
+    ]

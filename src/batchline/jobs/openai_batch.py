@@ -46,6 +46,7 @@ import numpy as np
 from batchline._cache import write_whole
 from batchline._errors import InputError
 from batchline.datasets.formats.base import lines as nonblank_lines
+from batchline.datasets.manifest import MANIFEST_NAME
 from batchline.datasets.outcomes import Failed, Outcome, Result, describe
 from batchline.datasets.pipeline import PipelineRun, Progress, open_dataset_job, run_pipeline
 from batchline.datasets.readers import read_output, read_skipped
@@ -143,11 +144,16 @@ class BatchFiles:
             copy_columns=(),
         )
 
+    @property
+    def started(self) -> bool:
+        """Whether the chunk folder holds a job (its manifest): what a resume continues."""
+        return (self.parts / MANIFEST_NAME).is_file()
+
     def write_output(self, *, not_run: tuple[str, str] | None = None) -> Path:
         """Write the output file from the committed chunks (replacing it whole). A line that
         was not run (``--limit``; a batch cancelled or expired) has no output line, or with
         ``not_run=(code, message)`` an error line saying so."""
-        have = self.parts.is_dir()
+        have = self.started
         rows = {int(r["index"]): r for r in read_output(self.parts).to_pylist()} if have else {}
         skipped = (
             {int(s["index"]): s for s in read_skipped(self.parts)}  # type: ignore[call-overload]

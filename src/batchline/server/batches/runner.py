@@ -142,12 +142,21 @@ class BatchService:
         except asyncio.CancelledError:
             if self._stopping:
                 raise
-            await self._finalize(owner, batch_id, "cancelled")  # a user's cancel
+            await self._end(owner, batch_id, "cancelled")  # a user's cancel
         except _Expired:
-            await self._finalize(owner, batch_id, "expired")
+            await self._end(owner, batch_id, "expired")
         except Exception as exc:
-            logger.exception("batch %s failed", batch_id)
-            self._fail(owner, batch_id, [_error("batch_failed", f"the batch failed: {exc}")])
+            self._crashed(owner, batch_id, exc)
+
+    async def _end(self, owner: str, batch_id: str, final: str) -> None:
+        try:
+            await self._finalize(owner, batch_id, final)
+        except Exception as exc:
+            self._crashed(owner, batch_id, exc)
+
+    def _crashed(self, owner: str, batch_id: str, exc: Exception) -> None:
+        logger.error("batch %s failed", batch_id, exc_info=exc)
+        self._fail(owner, batch_id, [_error("batch_failed", f"the batch failed: {exc}")])
 
     def _get(self, owner: str, batch_id: str) -> dict[str, Any]:
         batch = self.store.batch(owner, batch_id)
@@ -189,7 +198,9 @@ class BatchService:
                 output=files.output,
                 model="serve",
                 chunk_size=self.settings.batch_chunk_size,
-                resume=files.parts.exists(),
+                # a folder without a manifest committed nothing: start it again
+                resume=files.started,
+                overwrite=not files.started,
             )
         )
         counts = batch["request_counts"]
