@@ -45,9 +45,22 @@ import httpx
 
 from batchline.bench.stats import summarize
 
-WORDS = (
-    "the batch api runs beside live traffic at batch priority and every line once".split()
-)
+WORDS = [
+    "the",
+    "batch",
+    "api",
+    "runs",
+    "beside",
+    "live",
+    "traffic",
+    "at",
+    "batch",
+    "priority",
+    "and",
+    "every",
+    "line",
+    "once",
+]
 
 
 def texts(n: int, seed: int, lo: int = 8, hi: int = 48) -> list[str]:
