@@ -347,24 +347,47 @@ async def test_an_expired_window_keeps_the_partial_results(tmp_path: Path) -> No
         assert "completion_window" in bad.text
 
 
+class _StopsAfter(FakeEmbedder):
+    """The fake embedder, whose gate closes after ``calls`` model calls: a batch stops there."""
+
+    def __init__(self, calls: int) -> None:
+        super().__init__()
+        self.calls = calls
+
+    def embed_tokens(self, texts: Any) -> Any:
+        out = super().embed_tokens(texts)
+        if len(self.batches) >= self.calls:
+            self.gate.clear()
+        return out
+
+
+def committed_chunks(parts: Path) -> int:
+    manifest = parts / "_manifest.json"
+    return len(json.loads(manifest.read_text())["chunks"]) if manifest.is_file() else 0
+
+
 async def test_a_stopped_server_resumes_its_batch_to_the_same_output(tmp_path: Path) -> None:
-    lines = jsonl([embed_line(i, f"words {i} " * (i % 3 + 1)) for i in range(9)])
-    fake = FakeEmbedder(gated=True)
-    async with app_on(tmp_path / "a", fake, batch_chunk_size=2) as client:
+    # 150 lines: more than a block of the pipeline (64 lines), which is written whole
+    lines = jsonl([embed_line(i, f"words {i} " * (i % 3 + 1)) for i in range(150)])
+    fake = _StopsAfter(calls=70)
+    one_a_call = {"batch_chunk_size": 2, "max_batch_size": 1}
+    async with app_on(tmp_path / "a", fake, **one_a_call) as client:
         batch = await start_batch(client, lines)
-        await until(client, batch["id"], ("in_progress",))
-    # the lifespan ended mid-batch (the gate opened only as it ended): the batch is unfinished
-    parts = tmp_path / "a" / "batches" / batch["id"] / "all.jsonl.parts"
-    assert parts.is_dir()
-    async with app_on(tmp_path / "a", batch_chunk_size=2) as client:
+        parts = tmp_path / "a" / "batches" / batch["id"] / "all.jsonl.parts"
+        await wait_for(lambda: committed_chunks(parts) >= 2)
+    # the server stopped mid-batch: two chunks committed, the batch unfinished
+    again = FakeEmbedder()
+    async with app_on(tmp_path / "a", again, **one_a_call) as client:
         done = await until(client, batch["id"], FINAL)
         assert done["status"] == "completed"
-        assert done["request_counts"]["completed"] == 9
+        assert done["request_counts"]["completed"] == 150
         resumed = (await client.get(f"/v1/files/{done['output_file_id']}/content")).content
-    async with app_on(tmp_path / "b", batch_chunk_size=2) as client:
+    async with app_on(tmp_path / "b", **one_a_call) as client:
         whole = await until(client, (await start_batch(client, lines))["id"], FINAL)
         uninterrupted = (await client.get(f"/v1/files/{whole['output_file_id']}/content")).content
     assert resumed == uninterrupted
+    # the restarted server answered only what was not committed (one line per call)
+    assert len(again.batches) <= 150 - 64
 
 
 async def test_batches_list_in_pages(tmp_path: Path) -> None:
@@ -404,3 +427,24 @@ async def test_a_batch_stopped_before_its_first_chunk_writes_every_line_as_not_r
         ("emb-0", "batch_cancelled"),
         ("emb-1", "batch_cancelled"),
     ]
+
+
+@pytest.mark.usefixtures("fixed_footprints")
+async def test_a_batch_loads_its_on_demand_model_and_holds_it_while_it_runs(
+    tmp_path: Path,
+) -> None:
+    fake = FakeEmbedder(gated=True)
+    lines = jsonl([embed_line(i, f"t {i}") for i in range(5)])
+    overrides = {"model": ["emb=default", "other=default"], "memory_budget": "1000"}
+    async with app_on(tmp_path / "data", fake, **overrides) as client:
+        models = {m["id"]: m["state"] for m in (await client.get("/v1/models")).json()["data"]}
+        assert models == {"emb": "unloaded", "other": "unloaded"}
+        batch = await start_batch(client, lines)
+        await until(client, batch["id"], ("in_progress",))
+        await wait_for(lambda: len(fake.batches) == 0)
+        models = {m["id"]: m["state"] for m in (await client.get("/v1/models")).json()["data"]}
+        assert models["emb"] in ("loading", "resident")
+        fake.gate.set()
+        done = await until(client, batch["id"], FINAL)
+        assert done["status"] == "completed", done
+        assert done["request_counts"]["completed"] == 5

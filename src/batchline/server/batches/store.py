@@ -221,10 +221,13 @@ class Store:
 
     def status_counts(self) -> dict[str, int]:
         """Batches in each status (every owner's): the metrics' gauge."""
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT status, COUNT(*) FROM batches GROUP BY status"
-            ).fetchall()
+        try:
+            with self._lock:
+                rows = self._db.execute(
+                    "SELECT status, COUNT(*) FROM batches GROUP BY status"
+                ).fetchall()
+        except sqlite3.ProgrammingError:  # closed: the server is stopping
+            return {}
         return {status: int(n) for status, n in rows}
 
 
