@@ -7,6 +7,11 @@ the body itself and hands it to the routes in one piece (``scope["batchline.body
 the requests in flight (what a drain waits for), and watches the connection of a request
 that lasts: a client that disconnects has its request task cancelled, which withdraws the
 request's queued records.
+
+Several API keys may be accepted (``ServerSettings.api_keys``); the gate leaves the caller's
+identity in the scope (:data:`OWNER`: a digest of its key), which the Batch API's files and
+batches belong to. One route's body is not read here: an upload to ``/v1/files`` (multipart,
+not JSON) goes to its route as a stream, cut off with 413 past ``max_batch_file_bytes``.
 """
 
 from __future__ import annotations
