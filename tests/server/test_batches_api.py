@@ -448,3 +448,18 @@ async def test_a_batch_loads_its_on_demand_model_and_holds_it_while_it_runs(
         done = await until(client, batch["id"], FINAL)
         assert done["status"] == "completed", done
         assert done["request_counts"]["completed"] == 5
+
+
+async def test_batches_past_the_running_cap_wait_their_turn(tmp_path: Path) -> None:
+    fake = FakeEmbedder(gated=True)
+    lines = jsonl([embed_line(i, f"t {i}") for i in range(3)])
+    async with app_on(tmp_path / "data", fake, max_running_batches=1) as client:
+        first = await start_batch(client, lines)
+        second = await start_batch(client, lines)
+        await until(client, first["id"], ("in_progress",))
+        waiting = (await client.get(f"/v1/batches/{second['id']}")).json()
+        assert waiting["status"] == "validating"  # the one slot is the first batch's
+        fake.gate.set()
+        done = [await until(client, b["id"], FINAL) for b in (first, second)]
+        assert [d["status"] for d in done] == ["completed", "completed"]
+        assert done[1]["in_progress_at"] >= done[0]["completed_at"]
