@@ -191,11 +191,14 @@ class GeneratorAdapter:
         model: GenerationModel,
         requests: RecordRequests,
         progress: Progress | None,
+        *,
+        limit: int | None = None,
     ) -> None:
         self.model = model
         self.gen: TextGenerator = model.generator
         self.requests = requests
-        self.limit = in_flight_limit(model)
+        # a shared generator (serve's) keeps room in its waiting queue for live requests
+        self.limit = in_flight_limit(model) if limit is None else max(1, limit)
         self._slots = asyncio.Semaphore(self.limit)
         self.tokens = 0
         self.prompt_tokens = 0

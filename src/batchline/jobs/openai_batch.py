@@ -40,17 +40,18 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 
 from batchline._cache import write_whole
 from batchline._errors import InputError
 from batchline.datasets.formats.base import lines as nonblank_lines
+from batchline.datasets.manifest import MANIFEST_NAME
 from batchline.datasets.outcomes import Failed, Outcome, Result, describe
-from batchline.datasets.pipeline import Progress, open_dataset_job, run_pipeline
+from batchline.datasets.pipeline import PipelineRun, Progress, open_dataset_job, run_pipeline
 from batchline.datasets.readers import read_output, read_skipped
 from batchline.datasets.sources import Record
 from batchline.jobs.batch import collect, prepare_block, queue_block
@@ -69,6 +70,7 @@ from batchline.jobs.requests import (
     RecordRequests,
     batch_line,
     embedding_line,
+    first_duplicate_custom_id,
     is_openai_batch_file,
 )
 from batchline.jobs.summary import GenerateSummary, RunSummary, summarize
@@ -84,6 +86,8 @@ from batchline.models.scoring import (
 from batchline.models.vectors import shorten
 
 if TYPE_CHECKING:
+    from batchline._stats import BatchStats
+    from batchline.datasets.outcomes import Written
     from batchline.datasets.sinks import ChunkWriter
     from batchline.datasets.sources import Source
     from batchline.jobs.options import RunOptions
@@ -92,7 +96,15 @@ if TYPE_CHECKING:
     from batchline.models.protocol import BatchModel
     from batchline.models.specs import ModelSpec
 
-__all__ = ["BatchFiles", "LinesAdapter", "check_batch_file", "detect_batch", "run_batch_job"]
+__all__ = [
+    "BatchFiles",
+    "LineEngine",
+    "LinesAdapter",
+    "answer_lines",
+    "check_batch_file",
+    "detect_batch",
+    "run_batch_job",
+]
 
 #: Lines read at a time when the job has no generator (the generator sets its own).
 _BLOCK = 64
@@ -107,29 +119,33 @@ def _lines(path: Path) -> list[bytes]:
 
 def check_batch_file(path: Path) -> int:
     """The number of blank lines of the batch file ``path`` (skipped); ``InputError`` naming
-    the first ``custom_id`` that repeats and the two lines that carry it. One pass, holding
-    the ids seen (malformed lines are left to the job: each becomes its own error line)."""
-    seen: dict[str, int] = {}
+    the first ``custom_id`` that repeats and the two lines that carry it
+    (:func:`~batchline.jobs.requests.first_duplicate_custom_id`, which ``serve``'s Batch API
+    validates with too). One pass; malformed lines are left to the job: each becomes its own
+    error line."""
     blank = 0
-    with path.open("rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            line = raw.removeprefix(b"\xef\xbb\xbf") if lineno == 1 else raw
-            if not line.strip():
-                blank += 1
-                continue
-            try:
-                value = json.loads(line)
-            except ValueError:
-                continue
-            if not isinstance(value, dict) or "custom_id" not in value:
-                continue
-            key = json.dumps(value["custom_id"], ensure_ascii=False, sort_keys=True)
-            first = seen.setdefault(key, lineno)
-            if first != lineno:
-                raise InputError(
-                    f"{path}: custom_id {key} is on lines {first} and {lineno}; give each line "
-                    "of an OpenAI batch file its own custom_id (OpenAI refuses such a file too)"
-                )
+
+    def parsed() -> Iterator[tuple[int, object]]:
+        nonlocal blank
+        with path.open("rb") as f:
+            for lineno, raw in enumerate(f, 1):
+                line = raw.removeprefix(b"\xef\xbb\xbf") if lineno == 1 else raw
+                if not line.strip():
+                    blank += 1
+                    continue
+                try:
+                    yield lineno, json.loads(line)
+                except ValueError:
+                    continue
+
+    duplicate = first_duplicate_custom_id(parsed())
+    if duplicate is not None:
+        custom_id, first, second = duplicate
+        raise InputError(
+            f"{path}: custom_id {json.dumps(custom_id, ensure_ascii=False)} is on lines {first} "
+            f"and {second}; give each line of an OpenAI batch file its own custom_id (OpenAI "
+            "refuses such a file too)"
+        )
     return blank
 
 
@@ -165,13 +181,25 @@ class BatchFiles:
             copy_columns=(),
         )
 
-    def write_output(self) -> Path:
-        """Write the output file from the committed chunks (replacing it whole)."""
-        rows = {int(r["index"]): r for r in read_output(self.parts).to_pylist()}
-        skipped = {int(s["index"]): s for s in read_skipped(self.parts)}  # type: ignore[call-overload]
+    @property
+    def started(self) -> bool:
+        """Whether the chunk folder holds a job (its manifest): what a resume continues."""
+        return (self.parts / MANIFEST_NAME).is_file()
+
+    def write_output(self, *, not_run: tuple[str, str] | None = None) -> Path:
+        """Write the output file from the committed chunks (replacing it whole). A line that
+        was not run (``--limit``; a batch cancelled or expired) has no output line, or with
+        ``not_run=(code, message)`` an error line saying so."""
+        have = self.started
+        rows = {int(r["index"]): r for r in read_output(self.parts).to_pylist()} if have else {}
+        skipped = (
+            {int(s["index"]): s for s in read_skipped(self.parts)}  # type: ignore[call-overload]
+            if have
+            else {}
+        )
         lines = []
         for index, raw in enumerate(_lines(self.input)):
-            if index not in rows and index not in skipped:
+            if index not in rows and index not in skipped and not_run is None:
                 continue  # not run (--limit)
             try:
                 request: Any = json.loads(raw)
@@ -179,10 +207,25 @@ class BatchFiles:
                 request = None
             if not isinstance(request, dict):
                 request = {}
-            out = _output_line(index, request, rows.get(index), skipped.get(index))
+            out = _output_line(index, request, rows.get(index), skipped.get(index), not_run)
             lines.append(json.dumps(out, ensure_ascii=False, separators=(",", ":")))
         write_whole(self.output, "".join(line + "\n" for line in lines).encode("utf-8"))
         return self.output
+
+
+class LineEngine(Protocol):
+    """What answers a batch model's lines: a started :class:`ModelBatcher` (``run``), or the
+    server's queue of a served model at ``batch`` priority (``batchline.server.batches``).
+    ``model`` prepares, costs and encodes; ``submit`` queues one prepared item, waiting for
+    room, and gives its result's future."""
+
+    @property
+    def model(self) -> BatchModel[Any, Any]: ...
+
+    @property
+    def stats(self) -> BatchStats: ...
+
+    async def submit(self, item: Any) -> asyncio.Future[Any]: ...
 
 
 #: A line a batch model answers: an embeddings line (its texts) or a rerank or score line
@@ -196,17 +239,19 @@ class _BatchLines:
     many lines share batches, and the line's outcome is made of all their results (or is the
     first failure among them)."""
 
-    def __init__(self, engine: ModelBatcher[Any, Any]) -> None:
+    def __init__(self, engine: LineEngine) -> None:
         self.engine = engine
+        # the block helpers use only the engine's model and submit: any LineEngine does
+        self._helpers = cast("ModelBatcher[Any, Any]", engine)
         dim = engine.model.info.details.get("dim")
         self.dim = dim if isinstance(dim, int) else None
 
     async def submit(self, lines: Sequence[_Line]) -> asyncio.Future[list[Outcome]]:
         items = [item for line in lines for item in _items(line)]
-        prepared = await asyncio.to_thread(prepare_block, self.engine, items)
+        prepared = await asyncio.to_thread(prepare_block, self._helpers, items)
         cost = self.engine.model.cost
         tokens = [0 if isinstance(p, BaseException) else cost(p) for p in prepared]
-        pending = await queue_block(self.engine, prepared)
+        pending = await queue_block(self._helpers, prepared)
         return asyncio.ensure_future(self._outcomes(lines, tokens, pending))
 
     async def _outcomes(
@@ -215,7 +260,7 @@ class _BatchLines:
         tokens: Sequence[int],
         pending: Sequence[asyncio.Future[Any] | Failed],
     ) -> list[Outcome]:
-        got = await collect(self.engine, pending)
+        got = await collect(self._helpers, pending)
         outcomes: list[Outcome] = []
         at = 0
         for line in lines:
@@ -272,7 +317,7 @@ class LinesAdapter:
         self,
         names: BatchModels,
         generator: GeneratorAdapter | None,
-        engines: Mapping[str, ModelBatcher[Any, Any]],
+        engines: Mapping[str, LineEngine],
     ) -> None:
         self.names = names
         self.generator = generator
@@ -410,13 +455,14 @@ def _load(specs: Sequence[ModelSpec], knobs: Knobs) -> _Models:
     return models
 
 
-def _open(options: GenerateOptions, specs: Sequence[ModelSpec]) -> tuple[Source, ChunkWriter]:
+def _open(options: GenerateOptions, models: Sequence[str]) -> tuple[Source, ChunkWriter]:
     """The batch file's source and the chunk writer of ``OUTPUT.parts``: one row per answered
-    line (a completion's ``text``, or an embeddings line's ``embeddings``)."""
+    line (a completion's ``text``, or an embeddings line's ``embeddings``); ``models`` name the
+    job's models in its resume settings."""
     assert options.output is not None
     settings: dict[str, object] = {
         "task": "openai-batch",
-        "models": [f"{s.name}={s.source}" for s in specs],
+        "models": list(models),
         "max_tokens": options.max_tokens,  # a line's max_tokens when its body gives none
     }
     return open_dataset_job(
@@ -450,52 +496,76 @@ async def run_batch_job(
     # no half-made output behind that would need --resume or --overwrite.
     models = await asyncio.to_thread(_load, specs, opts.knobs)
     try:
-        source, writer = await asyncio.to_thread(_open, opts, specs)
-        with writer:
-            generator: GeneratorAdapter | None = None
-            async with contextlib.AsyncExitStack() as stack:
-                if models.generator is not None:
-                    requests = RecordRequests("body", True, opts.sampling(), openai_batch=True)
-                    generator = await stack.enter_async_context(
-                        running_generator(models.generator, requests, progress)
-                    )
-                knobs = opts.knobs if opts.knobs.batching else opts.knobs.baseline()
-                engines = {
-                    task: await stack.enter_async_context(ModelBatcher(model, knobs))
-                    for task, model in models.batch.items()
-                }
-                block, blocks = (
-                    pipeline_limits(generator)
-                    if generator is not None
-                    else (_BLOCK, _MAX_BLOCKS_IN_FLIGHT)
+        generator: GeneratorAdapter | None = None
+        async with contextlib.AsyncExitStack() as stack:
+            if models.generator is not None:
+                requests = RecordRequests("body", True, opts.sampling(), openai_batch=True)
+                generator = await stack.enter_async_context(
+                    running_generator(models.generator, requests, progress)
                 )
-                done = await run_pipeline(
-                    LinesAdapter(models.names, generator, engines),
-                    source,
-                    writer,
-                    block_records=block,
-                    max_blocks_in_flight=blocks,
-                    limit=opts.limit,
-                    on_bad_record="skip",
-                    progress=progress,
-                )
-                # the summary's batches: the embedding model's, else the reranker's
-                engine = engines.get("embed", engines.get("score"))
-                stats = engine.stats if engine is not None else None
+            knobs = opts.knobs if opts.knobs.batching else opts.knobs.baseline()
+            engines = {
+                task: await stack.enter_async_context(ModelBatcher(model, knobs))
+                for task, model in models.batch.items()
+            }
+            labels = [f"{s.name}={s.source}" for s in specs]
+            done, out_dir = await answer_lines(
+                opts, labels, models.names, generator, engines, progress=progress
+            )
+            # the summary's batches: the embedding model's, else the reranker's
+            engine = engines.get("embed", engines.get("score"))
+            stats = engine.stats if engine is not None else None
         summary: GenerateSummary | RunSummary
         if generator is not None:
-            summary = generate_summary(writer.out_dir, opts, done, generator)
+            summary = generate_summary(out_dir, opts, done, generator)
         else:
             padded = (
                 opts.knobs.batching
                 and engine is not None
                 and engine.model.info.cost_kind == "padded"
             )
-            summary = summarize(writer.out_dir, opts.knobs.batching, done, stats, padded=padded)
+            summary = summarize(out_dir, opts.knobs.batching, done, stats, padded=padded)
     finally:
         models.close()
     output = await asyncio.to_thread(batch.write_output)
     return dataclasses.replace(summary, output=output, blank_lines=blank_lines)
+
+
+async def answer_lines(
+    options: GenerateOptions,
+    models: Sequence[str],
+    names: BatchModels,
+    generator: GeneratorAdapter | None,
+    engines: Mapping[str, LineEngine],
+    *,
+    progress: Progress | None = None,
+    on_written: Callable[[Sequence[Record], Written], None] | None = None,
+) -> tuple[PipelineRun, Path]:
+    """Answer the lines of a batch file (``options``: a :meth:`BatchFiles.job_options`) into
+    its chunk folder with started models: ``generator`` for chat and completions lines,
+    ``engines`` by task for the others, ``names`` the names lines pick them by, ``models`` how
+    the resume settings record them. Resumable: committed chunks are skipped. The pipeline's
+    run and the chunk folder; :meth:`BatchFiles.write_output` then writes the output file.
+
+    ``run`` calls it with the models it loaded, ``serve`` (``batchline.server.batches``) with
+    the ones it serves, at ``batch`` priority beside live traffic."""
+    source, writer = await asyncio.to_thread(_open, options, models)
+    with writer:
+        block, blocks = (
+            pipeline_limits(generator) if generator is not None else (_BLOCK, _MAX_BLOCKS_IN_FLIGHT)
+        )
+        done = await run_pipeline(
+            LinesAdapter(names, generator, engines),
+            source,
+            writer,
+            block_records=block,
+            max_blocks_in_flight=blocks,
+            limit=options.limit,
+            on_bad_record="skip",
+            progress=progress,
+            on_written=on_written,
+        )
+    return done, writer.out_dir
 
 
 def _output_line(
@@ -503,14 +573,19 @@ def _output_line(
     request: dict[str, Any],
     row: dict[str, Any] | None,
     skipped: dict[str, object] | None,
+    not_run: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
     custom_id = request.get("custom_id")
     digest = hashlib.sha256(f"{index}\0{custom_id}".encode()).hexdigest()[:24]
     line: dict[str, Any] = {"id": f"batch_req_{digest}", "custom_id": custom_id}
     if row is None:
-        reason = str(skipped["reason"]) if skipped is not None else "not run"
+        code, reason = "invalid_request", "not run"
+        if skipped is not None:
+            reason = str(skipped["reason"])
+        elif not_run is not None:
+            code, reason = not_run
         line["response"] = None
-        line["error"] = {"code": "invalid_request", "message": reason}
+        line["error"] = {"code": code, "message": reason}
         return line
     body = request.get("body") or {}
     url = request.get("url")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -40,6 +40,7 @@ __all__ = [
     "RecordRequests",
     "batch_line",
     "embedding_line",
+    "first_duplicate_custom_id",
     "is_openai_batch_file",
     "job_constraint",
     "reads_whole_rows",
@@ -328,4 +329,22 @@ def _first_line(path: Path) -> object:
                     return json.loads(raw.removeprefix(b"\xef\xbb\xbf"))
                 except ValueError:
                     return None
+    return None
+
+
+def first_duplicate_custom_id(
+    lines: Iterable[tuple[int, object]],
+) -> tuple[str, int, int] | None:
+    """The first ``custom_id`` that two lines of a batch file share, as ``(custom_id, first
+    line number, second line number)``; ``None`` when every id is unique. ``lines`` are
+    ``(line number, parsed line)``; a line that is not a batch request, or whose id is not a
+    string, is skipped (its own error says why). OpenAI refuses such a file whole."""
+    seen: dict[str, int] = {}
+    for number, value in lines:
+        custom_id = value.get("custom_id") if isinstance(value, dict) else None
+        if not isinstance(custom_id, str):
+            continue
+        first = seen.setdefault(custom_id, number)
+        if first != number:
+            return custom_id, first, number
     return None

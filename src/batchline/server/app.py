@@ -143,11 +143,8 @@ def create_app(
     state = ServerState(
         settings=settings,
         metrics=metrics,
-        api_key=(
-            settings.api_key.get_secret_value().encode("utf-8")
-            if settings.api_key is not None
-            else None
-        ),
+        # any of the keys is accepted (the gate checks them all); this one says "keys on"
+        api_key=settings.api_keys[0].encode("utf-8") if settings.api_keys else None,
     )
 
     metrics.http_in_flight.set_function(lambda: state.in_flight)
@@ -261,11 +258,14 @@ def create_app(
                 "bound to every interface: any Host is accepted; --allowed-hosts NAMES limits "
                 "it, and --api-key (or BATCHLINE_API_KEY) keeps strangers out"
             )
+        batches = await _start_batches(state)
         state.ready = True
         state.draining = False
         try:
             yield
         finally:
+            state.begin_drain()
+            await batches.stop()  # unfinished batches resume on the next start
             await drain(state)
             if state.residency is not None:
                 await state.residency.close()  # unloads (drains) the on-demand models
@@ -330,6 +330,21 @@ async def _stop_all(
     for m, result in zip(served, results, strict=True):
         if isinstance(result, BaseException):
             logger.error("stopping model %s failed", m.name, exc_info=result)
+
+
+async def _start_batches(state: ServerState) -> Any:
+    """The Batch API's service on the data directory, resuming what a last run left."""
+    from batchline.server.batches.runner import BatchService
+    from batchline.server.batches.store import Store
+
+    root = state.settings.batch_data_dir
+    store = await asyncio.to_thread(Store, root)
+    service = BatchService(state, store)
+    state.metrics.watch_batches(store.status_counts)
+    state.batches = service
+    await service.start()
+    logger.info("batch API: data in %s", root)
+    return service
 
 
 def _default_loader() -> LoadModel:

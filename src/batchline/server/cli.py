@@ -84,6 +84,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="comma-separated browser origins sent CORS headers (https://app.example, or *); "
         "default none: web pages of other origins cannot read answers",
     )
+    p.add_argument(
+        "--api-key-file",
+        type=Path,
+        help="a file of API keys, one per line (BATCHLINE_API_KEY may also hold several, "
+        "comma-separated); the Batch API's files and batches belong to the key that made them",
+    )
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        help="the Batch API's files and metadata (/v1/files, /v1/batches; default: batch-api "
+        "in batchline's cache folder); a restart on it resumes unfinished batches",
+    )
     p.add_argument("--config", type=Path, help="settings file, TOML or JSON (flat keys)")
     p.add_argument(
         "--no-batching",

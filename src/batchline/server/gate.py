@@ -11,11 +11,19 @@ the body itself and hands it to the routes in one piece (``scope["batchline.body
 the requests in flight (what a drain waits for), and watches the connection of a request
 that lasts: a client that disconnects has its request task cancelled, which withdraws the
 request's queued records.
+
+Several API keys may be accepted (``ServerSettings.api_keys``); the gate leaves the caller's
+identity in the scope (:data:`OWNER`: a digest of its key), which the Batch API's files and
+batches belong to. One route's body is not read here: an upload to ``/v1/files`` (multipart,
+not JSON: the one body exempt from the JSON check, and one that creates nothing a request can
+run without a JSON call to ``/v1/batches``) goes to its route as a stream, cut off with 413 past
+``max_batch_file_bytes``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 
 from starlette.responses import Response
@@ -25,7 +33,7 @@ from batchline.server.errors import error_response
 from batchline.server.residency import release_all
 from batchline.server.state import ServerState
 
-__all__ = ["OPEN_PATHS", "Gate"]
+__all__ = ["OPEN_PATHS", "OWNER", "UPLOAD_PATH", "Gate", "owner_of"]
 
 #: Paths that never need the API key nor count as work (probes and scrapes).
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/v2/health/live", "/v2/health/ready"})
@@ -34,6 +42,14 @@ _ANY_HOST_PATHS = frozenset({"/health", "/v2/health/live"})
 #: The Open Inference Protocol's binary tensor requests carry this header and their own
 #: content type; a browser cannot send it cross-site without a CORS preflight.
 _BINARY_OIP_HEADER = b"inference-header-content-length"
+#: The request-scope key of the caller's identity: a digest of the API key it sent ("" when
+#: the server has none). The Batch API's files and batches belong to it.
+OWNER = "batchline.owner"
+#: The one route whose body is not read here: a multipart upload, streamed to disk by its
+#: route and capped in size on the way (``max_batch_file_bytes``), never held whole.
+UPLOAD_PATH = "/v1/files"
+#: Room for the multipart framing and form fields around an upload's file.
+_UPLOAD_FRAMING_BYTES = 64 * 1024
 # A request still running after this long starts watching for its client's disconnect.
 _WATCH_AFTER_S = 0.02
 
@@ -45,6 +61,8 @@ class Gate:
         self.app = app
         self.state = state
         self._host_names = state.settings.host_names  # the settings are frozen
+        # every accepted key (several: comma-separated or a keys file)
+        self._keys = tuple(k.encode("utf-8") for k in state.settings.api_keys)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -64,7 +82,8 @@ class Gate:
         if scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
-        if st.api_key is not None and not _authorized(scope, st.api_key):
+        owner = _owner(scope, self._keys or (st.api_key,)) if st.api_key is not None else ""
+        if owner is None:
             await _reply(
                 scope,
                 receive,
@@ -92,6 +111,14 @@ class Gate:
                     headers={"Retry-After": str(st.settings.retry_after_s), "Connection": "close"},
                 ),
             )
+            return
+        scope[OWNER] = owner
+        if scope["method"] == "POST" and scope["path"] == UPLOAD_PATH:
+            st._enter()
+            try:
+                await self._upload(scope, receive, send)
+            finally:
+                st._leave()
             return
         if scope["method"] not in ("POST", "PUT", "PATCH"):
             st._enter()
@@ -220,6 +247,54 @@ class Gate:
             if watcher is not None:
                 watcher.cancel()
 
+    async def _upload(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """An upload goes to its route as a stream, cut off past the size cap: 413, whether
+        ``Content-Length`` says so or the bytes do (the route spools the parts to disk)."""
+        cap = self.state.settings.max_batch_file_bytes
+        limit = cap + _UPLOAD_FRAMING_BYTES
+        too_large = error_response(
+            413,
+            f"the upload is larger than max_batch_file_bytes={cap}; split the file",
+            "request_too_large",
+            headers={"Connection": "close"},
+        )
+        raw = _header(scope, b"content-length")
+        declared = raw.decode("latin-1").strip() if raw is not None else None
+        if declared is not None and (not declared.isdigit() or int(declared) > limit):
+            await _reply(scope, receive, send, too_large)
+            return
+        seen = 0
+        over = False
+        started = False
+
+        async def capped() -> Message:
+            nonlocal seen, over
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    over = True  # the route sees the client leave, and stops reading
+                    return {"type": "http.disconnect"}
+            return message
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        try:
+            await self.app(scope, capped, tracked)
+        except Exception:
+            if not over or started:
+                raise
+        if over and not started:
+            await _reply(scope, receive, send, too_large)
+
+
+def owner_of(scope: Scope) -> str:
+    """Who sent a request, as the gate found it (:data:`OWNER`)."""
+    return str(scope.get(OWNER, ""))
+
 
 async def _read_rest(receive: Receive, room: int) -> bytes | int | None:
     """The rest of a body: bytes, or ``-1`` past ``room`` bytes, or ``None`` on disconnect."""
@@ -278,14 +353,20 @@ def _json_media_type(scope: Scope) -> str | None:
     return media
 
 
-def _authorized(scope: Scope, key: bytes) -> bool:
+def _owner(scope: Scope, keys: tuple[bytes, ...]) -> str | None:
+    """The owner id of the request's bearer key (a digest, never the key), ``None`` when it
+    sent none of ``keys``. Every key is compared, in constant time each."""
     for name, value in scope["headers"]:
         if name == b"authorization":
             scheme, _, token = value.partition(b" ")
             if scheme.lower() != b"bearer":
-                return False
-            return hmac.compare_digest(token.strip(), key)
-    return False
+                return None
+            token = token.strip()
+            matched = [hmac.compare_digest(token, key) for key in keys]
+            if not any(matched):
+                return None
+            return hashlib.sha256(token).hexdigest()[:32]
+    return None
 
 
 async def _reply(scope: Scope, receive: Receive, send: Send, response: Response) -> None:

@@ -27,6 +27,9 @@ exported, every series labelled with ``model``:
   ``batchline_model_load_seconds`` (histogram) and, read at scrape time,
   ``batchline_model_resident_bytes`` (what each holds against the budget now) and
   ``batchline_model_footprint_bytes`` (its estimate, or what its last load measured);
+- the Batch API (``/v1/batches``): ``batchline_batches{status=...}`` (batches in each status,
+  read at scrape time) and ``batchline_batch_lines_total{outcome=completed|failed}`` (lines
+  of batches answered: their rate is lines done per second);
 - the generate models' own (``batchline_generation_*``, :attr:`ServerMetrics.generation`, see
   :mod:`batchline.server.generation_metrics`).
 """
@@ -183,6 +186,13 @@ class ServerMetrics:
             ["model"],
             buckets=(0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0),
         )
+        self.batch_lines = counter(
+            "batchline_batch_lines",
+            "Lines of Batch API batches answered, by outcome (completed or failed).",
+            ["outcome"],
+        )
+        self._batches: list[Callable[[], dict[str, int]]] = []
+        r.register(_BatchesCollector(self._batches))
         self._residency: list[Callable[[], Iterable[Any]]] = []
         r.register(_ResidencyCollector(self._residency))
         self.generation = GenerationMetrics(r)
@@ -215,6 +225,10 @@ class ServerMetrics:
     def watch_residency(self, stats: Callable[[], Iterable[Any]]) -> None:
         """Export each on-demand model's bytes (``ResidentStats``, read at scrape time)."""
         self._residency.append(stats)
+
+    def watch_batches(self, counts: Callable[[], dict[str, int]]) -> None:
+        """Export the Batch API's batches by status (``counts()``, read at scrape time)."""
+        self._batches.append(counts)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
@@ -304,3 +318,22 @@ class _ResidencyCollector(Collector):
                 resident.add_metric([s.name], s.accounted_bytes)
                 footprint.add_metric([s.name], s.footprint_bytes)
         yield from (resident, footprint)
+
+
+class _BatchesCollector(Collector):
+    """Reads the Batch API's batches by status at scrape time."""
+
+    def __init__(self, sources: list[Callable[[], dict[str, int]]]) -> None:
+        self._sources = sources
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "batchline_batches", "Batch API batches in each status.", labels=["status"]
+        )
+        for source in self._sources:
+            for status, n in sorted(source().items()):
+                family.add_metric([status], n)
+        yield family

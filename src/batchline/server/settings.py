@@ -125,6 +125,18 @@ class ServerSettings(BaseModel):
             comma-separated string.
         cors_origins: the browser origins sent CORS headers (``https://app.example``, ``*``);
             none by default, so a web page of another origin cannot read an answer.
+        api_key may hold several keys, comma-separated; api_key_file names a file of keys, one
+        per line (blank lines and ``#`` comments skipped); any of them is accepted, and the
+        Batch API's files and batches belong to the key that made them (:attr:`api_keys`).
+
+    The Batch API (``/v1/files``, ``/v1/batches``: :mod:`batchline.server.batches`):
+        data_dir: its SQLite metadata and files (default: ``batch-api`` in batchline's cache
+            folder, ``batchline._cache.cache_dir()``); a restart on the same folder resumes
+            the batches that were running.
+        max_batch_file_bytes, max_batch_file_lines: an upload beyond either gets 413 (OpenAI's
+            limits: 200 MB, 50,000 requests).
+        max_running_batches: batches run at once (one worker each); more wait in creation
+            order. batch_chunk_size: lines per committed chunk (what a resume skips).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
@@ -178,11 +190,19 @@ class ServerSettings(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     api_key: SecretStr | None = None
+    api_key_file: Path | None = None
     drain_timeout_s: float = Field(default=30.0, ge=0)
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     access_log: bool = False
     allowed_hosts: list[str] = Field(default_factory=list)
     cors_origins: list[str] = Field(default_factory=list)
+
+    # -- the Batch API ------------------------------------------------------------------------
+    data_dir: Path | None = None
+    max_batch_file_bytes: int = Field(default=200 * 1024 * 1024, ge=1)
+    max_batch_file_lines: int = Field(default=50_000, ge=1)
+    max_running_batches: int = Field(default=2, ge=1)
+    batch_chunk_size: int = Field(default=256, ge=1)
 
     @field_validator("model", "task", "preload", "pin", mode="before")
     @classmethod
@@ -267,7 +287,40 @@ class ServerSettings(BaseModel):
                     f"cors_origins: {origin!r} is not an origin; give scheme://host[:port], "
                     "e.g. https://app.example.com, or *"
                 )
+        if self.api_key is not None and not _split_keys(self.api_key.get_secret_value()):
+            raise ValueError("api_key holds no key (only commas and spaces)")
+        if self.api_key_file is not None:
+            self.api_keys  # noqa: B018 (reads the file: an OSError or an empty file is refused here)
         return self
+
+    @property
+    def api_keys(self) -> tuple[str, ...]:
+        """Every accepted API key: ``api_key``'s (comma-separated), then ``api_key_file``'s
+        (one per line); empty when the server takes requests without one."""
+        keys = list(_split_keys(self.api_key.get_secret_value())) if self.api_key else []
+        if self.api_key_file is not None:
+            try:
+                text = self.api_key_file.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ValueError(f"api_key_file {str(self.api_key_file)!r}: {exc}") from None
+            found = [
+                line.strip()
+                for line in text.splitlines()
+                if line.strip() and not line.lstrip().startswith("#")
+            ]
+            if not found:
+                raise ValueError(f"api_key_file {str(self.api_key_file)!r} holds no key")
+            keys.extend(found)
+        return tuple(dict.fromkeys(keys))
+
+    @property
+    def batch_data_dir(self) -> Path:
+        """Where the Batch API keeps its data: ``data_dir``, else ``batch-api`` in the cache."""
+        if self.data_dir is not None:
+            return self.data_dir
+        from batchline._cache import cache_dir
+
+        return cache_dir() / "batch-api"
 
     # -- building ---------------------------------------------------------------------------
 
@@ -385,6 +438,10 @@ def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     if isinstance(data.get("server"), dict):
         data = {**{k: v for k, v in data.items() if k != "server"}, **data["server"]}
     return data
+
+
+def _split_keys(text: str) -> tuple[str, ...]:
+    return tuple(k.strip() for k in text.split(",") if k.strip())
 
 
 def _describe(exc: ValidationError) -> str:

@@ -372,6 +372,9 @@ class ServerState:
     model loaded at startup); a managed model is in ``models`` while it is resident."""
     managed: dict[str, str] = field(default_factory=dict)
     """Each on-demand model's task, loaded or not."""
+    batches: Any = None
+    """The Batch API's :class:`batchline.server.batches.runner.BatchService` (``None``
+    until the app has started it)."""
     _idle: asyncio.Event | None = None
 
     @property

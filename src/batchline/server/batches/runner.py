@@ -1,0 +1,434 @@
+"""Running the Batch API's batches on the server's own models, beside live traffic.
+
+Each batch is one worker task; at most ``max_running_batches`` run at once, and the others
+wait for a slot in creation order (``asyncio.Semaphore`` wakes its waiters first come, first
+served), so a long batch delays later ones but never starves them.
+
+A batch runs through the same pipeline and chunk writer as ``batchline run`` on a batch file
+(:func:`batchline.jobs.openai_batch.answer_lines`, whose :class:`LinesAdapter` reads and
+answers the lines): into ``batches/<id>/all.jsonl.parts``, resumable. What differs is what
+answers the lines: the server's models, not loaded ones:
+
+- chat and completions lines go to the served generator's shared ``TextGenerator``, at
+  ``batch`` priority (every job request is, see ``jobs/generate.py``), with fewer requests in
+  flight than its waiting queue holds, so live requests still find room;
+- embeddings, rerank and score lines go to the served model's own queue (:class:`_ServedLane`)
+  at ``batch`` priority, at most a share of the queue at a time; a queue that live traffic
+  filled makes the batch wait, never a line fail;
+- with ``memory_budget`` the on-demand models a batch needs are acquired for its whole run
+  (loaded as needed, never evicted meanwhile).
+
+Status runs validating → in_progress → finalizing → completed, or failed (a file that is not
+JSONL, duplicate ``custom_id``s), expired (``completion_window`` passed: the lines not run are
+``batch_expired`` errors) or cancelling → cancelled (``batch_cancelled``). Finalizing writes the
+output file (the lines answered) and the error file (the lines that failed), each whole.
+
+Crash safety: a batch's status and counts are in SQLite, its results in committed chunks. A
+server killed mid-batch and started again on the same ``data_dir`` resumes every unfinished
+batch where its chunks end (:meth:`BatchService.start`); the output is byte-identical to an
+uninterrupted run's but for ``created``. Shutting down (SIGTERM) stops the workers without
+finalizing: their batches resume on the next start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from batchline._cache import write_whole
+from batchline._errors import QueueFullError
+from batchline._priority import BATCH, batcher_priority
+from batchline._stats import BatchStats
+from batchline.datasets.formats.base import lines as nonblank_lines
+from batchline.jobs.generate import GeneratorAdapter, in_flight_limit
+from batchline.jobs.openai_batch import BatchFiles, LineEngine, answer_lines
+from batchline.jobs.options import GenerateOptions
+from batchline.jobs.requests import (
+    KIND_OF_URL,
+    BatchModels,
+    RecordRequests,
+    first_duplicate_custom_id,
+)
+from batchline.server.batches.store import FileRecord, Store, derived_file_id, now
+
+if TYPE_CHECKING:
+    from batchline.datasets.outcomes import Written
+    from batchline.datasets.sources import Record
+    from batchline.models.protocol import BatchModel
+    from batchline.server.state import ServedGenerator, ServedModel, ServerState
+
+__all__ = ["BatchService"]
+
+logger = logging.getLogger("batchline.server")
+
+_PRIORITY = batcher_priority(BATCH)
+#: How long a batch item waits before trying again a queue that live traffic filled.
+_FULL_RETRY_S = 0.05
+#: The most validation errors a failed batch lists.
+_MAX_ERRORS = 10
+
+
+class _Expired(Exception):
+    """The batch's completion window passed."""
+
+
+class BatchService:
+    """The batches of one server: started and stopped with the app (its lifespan)."""
+
+    def __init__(self, state: ServerState, store: Store) -> None:
+        self.state = state
+        self.store = store
+        self.settings = state.settings
+        self._slots = asyncio.Semaphore(self.settings.max_running_batches)
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._stopping = False
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Resume every batch a previous run of the server left unfinished."""
+        for owner, batch in self.store.unfinished():
+            logger.info("batch %s resumes (%s)", batch["id"], batch["status"])
+            self.launch(owner, batch["id"])
+
+    async def stop(self) -> None:
+        """Stop the workers; their batches keep their status and resume on the next start."""
+        self._stopping = True
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.store.close()
+
+    def launch(self, owner: str, batch_id: str) -> None:
+        task = asyncio.create_task(self._run(owner, batch_id), name=f"batch-{batch_id}")
+        self._tasks[batch_id] = task
+        task.add_done_callback(lambda _: self._tasks.pop(batch_id, None))
+
+    def cancel(self, owner: str, batch_id: str) -> dict[str, Any] | None:
+        """Cancel ``owner``'s batch (``None``: no such batch): a batch at work turns
+        ``cancelling``, then ``cancelled`` once its worker has stopped and written what it
+        answered; a finished one is returned as it is."""
+        batch = self.store.batch(owner, batch_id)
+        if batch is None or batch["status"] not in ("validating", "in_progress"):
+            return batch
+        batch.update(status="cancelling", cancelling_at=now())
+        self.store.put_batch(owner, batch)
+        task = self._tasks.get(batch_id)
+        if task is not None:
+            task.cancel()
+        return batch
+
+    # -- one batch --------------------------------------------------------------------------
+
+    async def _run(self, owner: str, batch_id: str) -> None:
+        try:
+            async with self._slots:
+                batch = self._get(owner, batch_id)
+                if batch["status"] == "validating":
+                    batch = await self._validate(owner, batch)
+                if batch["status"] == "in_progress":
+                    await self._execute(owner, batch)
+                    await self._finalize(owner, batch_id, "completed")
+                elif batch["status"] in ("finalizing", "cancelling"):
+                    final = "completed" if batch["status"] == "finalizing" else "cancelled"
+                    await self._finalize(owner, batch_id, final)
+        except asyncio.CancelledError:
+            if self._stopping:
+                raise
+            await self._end(owner, batch_id, "cancelled")  # a user's cancel
+        except _Expired:
+            await self._end(owner, batch_id, "expired")
+        except Exception as exc:
+            self._crashed(owner, batch_id, exc)
+
+    async def _end(self, owner: str, batch_id: str, final: str) -> None:
+        try:
+            await self._finalize(owner, batch_id, final)
+        except Exception as exc:
+            self._crashed(owner, batch_id, exc)
+
+    def _crashed(self, owner: str, batch_id: str, exc: Exception) -> None:
+        logger.error("batch %s failed", batch_id, exc_info=exc)
+        self._fail(owner, batch_id, [_error("batch_failed", f"the batch failed: {exc}")])
+
+    def _get(self, owner: str, batch_id: str) -> dict[str, Any]:
+        batch = self.store.batch(owner, batch_id)
+        assert batch is not None, batch_id
+        return batch
+
+    def _files(self, batch: dict[str, Any]) -> BatchFiles:
+        work = self.store.batch_dir(batch["id"])
+        output = work / "all.jsonl"
+        return BatchFiles(
+            self.store.file_path(batch["input_file_id"]), output, Path(f"{output}.parts")
+        )
+
+    async def _validate(self, owner: str, batch: dict[str, Any]) -> dict[str, Any]:
+        path = self.store.file_path(batch["input_file_id"])
+        total, errors = await asyncio.to_thread(_check_file, path, self.settings)
+        if errors:
+            self._fail(owner, batch["id"], errors)
+            return self._get(owner, batch["id"])
+        batch = self._get(owner, batch["id"])
+        if batch["status"] == "validating":  # not cancelled meanwhile
+            batch["request_counts"]["total"] = total
+            batch.update(status="in_progress", in_progress_at=now())
+            self.store.put_batch(owner, batch)
+        return batch
+
+    def _fail(self, owner: str, batch_id: str, errors: list[dict[str, Any]]) -> None:
+        batch = self._get(owner, batch_id)
+        batch.update(status="failed", failed_at=now(), errors={"object": "list", "data": errors})
+        self.store.put_batch(owner, batch)
+
+    async def _execute(self, owner: str, batch: dict[str, Any]) -> None:
+        files = self._files(batch)
+        kinds = await asyncio.to_thread(_kinds_asked, files.input)
+        names = _served_names(self.state)
+        options = files.job_options(
+            GenerateOptions(
+                input=files.input,
+                output=files.output,
+                model="serve",
+                chunk_size=self.settings.batch_chunk_size,
+                # a folder without a manifest committed nothing: start it again
+                resume=files.started,
+                overwrite=not files.started,
+            )
+        )
+        counts = batch["request_counts"]
+        lines = self.state.metrics.batch_lines
+
+        def written(records: Sequence[Record], done: Written) -> None:
+            counts["completed"] = min(counts["total"], counts["completed"] + done.written)
+            counts["failed"] = min(counts["total"], counts["failed"] + done.skipped)
+            lines.labels(outcome="completed").inc(done.written)
+            lines.labels(outcome="failed").inc(done.skipped)
+            current = self._get(owner, batch["id"])
+            if current["status"] == "in_progress":
+                current["request_counts"] = counts
+                self.store.put_batch(owner, current)
+
+        left_s = batch["expires_at"] - time.time()
+        try:
+            async with asyncio.timeout(max(0.0, left_s)), self._hold(names, kinds) as held:
+                generator, engines = held
+                adapter = None
+                if generator is not None:
+                    requests = RecordRequests("body", True, options.sampling(), openai_batch=True)
+                    adapter = GeneratorAdapter(
+                        generator.model, requests, None, limit=self._generator_room(generator)
+                    )
+                await answer_lines(
+                    options,
+                    [f"{n}" for n in (names.generate, names.embed, names.score) if n],
+                    names,
+                    adapter,
+                    engines,
+                    on_written=written,
+                )
+        except TimeoutError:
+            raise _Expired from None
+
+    def _generator_room(self, generator: ServedGenerator) -> int:
+        """Requests a batch keeps in the generator's waiting queue: a share of it, so that
+        the running batches together take half of it at most."""
+        model = generator.model
+        share = model.max_waiting // (2 * self.settings.max_running_batches)
+        return max(1, min(in_flight_limit(model), share))
+
+    @contextlib.asynccontextmanager
+    async def _hold(
+        self, names: BatchModels, kinds: set[str]
+    ) -> AsyncIterator[tuple[ServedGenerator | None, dict[str, LineEngine]]]:
+        """The served models the batch's lines need, acquired (on-demand ones) while it runs."""
+        state = self.state
+        residency = state.residency
+        acquired: list[str] = []
+        generator: ServedGenerator | None = None
+        engines: dict[str, LineEngine] = {}
+        knobs = self.settings.knobs
+        room = max(1, knobs.max_queue_size // (2 * self.settings.max_running_batches))
+        try:
+            for kind in sorted(kinds):
+                name = getattr(names, kind)
+                if name is None:
+                    continue  # every such line is an error naming what to serve
+                served: Any
+                if residency is not None and name in state.managed:
+                    served = await residency.acquire(name)
+                    acquired.append(name)
+                else:
+                    served = state.generators.get(name) or state.models.get(name)
+                if served is None:
+                    continue
+                if kind == "generate":
+                    generator = served
+                else:
+                    engines[kind] = _ServedLane(served, room)
+            yield generator, engines
+        finally:
+            for name in acquired:
+                residency.release(name)
+
+    async def _finalize(self, owner: str, batch_id: str, final: str) -> None:
+        """Write the output and error files (whole), then mark the batch ``final``."""
+        batch = self._get(owner, batch_id)
+        if final == "completed":
+            batch.update(status="finalizing", finalizing_at=batch.get("finalizing_at") or now())
+            self.store.put_batch(owner, batch)
+        not_run = {
+            "expired": ("batch_expired", "the batch expired before this request ran"),
+            "cancelled": ("batch_cancelled", "the batch was cancelled before this request ran"),
+        }.get(final)
+        ok, failed = await asyncio.to_thread(self._write_files, owner, batch, not_run)
+        batch = self._get(owner, batch_id)
+        counts = batch["request_counts"]
+        counts.update(completed=ok, failed=failed, total=max(counts["total"], ok + failed))
+        stamp = {"completed": "completed_at", "expired": "expired_at", "cancelled": "cancelled_at"}
+        batch.update(status=final, **{stamp[final]: now()})
+        for kind, n in (("output", ok), ("error", failed)):
+            file_id = derived_file_id(batch_id, kind)
+            batch[f"{kind}_file_id"] = file_id if n else None
+        self.store.put_batch(owner, batch)
+        logger.info("batch %s %s: %d completed, %d failed", batch_id, final, ok, failed)
+
+    def _write_files(
+        self, owner: str, batch: dict[str, Any], not_run: tuple[str, str] | None
+    ) -> tuple[int, int]:
+        """The output file (answered lines) and the error file (failed ones) of ``batch``,
+        from its chunks, each written whole and recorded; the count of each (sync)."""
+        files = self._files(batch)
+        if not files.input.is_file():
+            return 0, 0
+        files.write_output(not_run=not_run)
+        ok: list[bytes] = []
+        failed: list[bytes] = []
+        with files.output.open("rb") as f:
+            for line in f:
+                (ok if json.loads(line).get("error") is None else failed).append(line)
+        for kind, lines in (("output", ok), ("error", failed)):
+            if not lines:
+                continue
+            file_id = derived_file_id(batch["id"], kind)
+            data = b"".join(lines)
+            write_whole(self.store.file_path(file_id), data)
+            self.store.add_file(
+                FileRecord(
+                    file_id,
+                    owner,
+                    f"{batch['id']}_{kind}.jsonl",
+                    "batch_output",
+                    len(data),
+                    len(lines),
+                    now(),
+                )
+            )
+        return len(ok), len(failed)
+
+
+class _ServedLane:
+    """A served batch model as a :class:`~batchline.jobs.openai_batch.LineEngine`: each item
+    queued at ``batch`` priority (aged: it still goes within ``priority_aging_s``), at most
+    ``room`` at a time; when live traffic has filled the queue, the item waits and tries
+    again rather than fail."""
+
+    def __init__(self, served: ServedModel[Any, Any], room: int) -> None:
+        self.served = served
+        self.model: BatchModel[Any, Any] = served.model
+        self._room = asyncio.Semaphore(room)
+
+    @property
+    def stats(self) -> BatchStats:
+        return self.served.stats() or BatchStats()
+
+    async def submit(self, item: Any) -> asyncio.Future[Any]:
+        await self._room.acquire()
+        task = asyncio.ensure_future(self._run(item))
+        task.add_done_callback(lambda _: self._room.release())
+        return task
+
+    async def _run(self, item: Any) -> Any:
+        while True:
+            try:
+                (result,) = await self.served.run([item], priority=_PRIORITY)
+                return result
+            except QueueFullError:
+                await asyncio.sleep(_FULL_RETRY_S)
+
+
+def _served_names(state: ServerState) -> BatchModels:
+    """The models a batch's lines go to: the first served model of each kind (a line's
+    ``body.model`` must name it, or name none)."""
+    first: dict[str, str] = {}
+    for name in state.order:
+        task = state.task_of(name)
+        if task in ("generate", "embed", "score"):
+            first.setdefault(task, name)
+    return BatchModels(**first)
+
+
+def _kinds_asked(path: Path) -> set[str]:
+    """The kinds of model the lines of a batch file ask for (sync: reads the file)."""
+    kinds: set[str] = set()
+    with path.open("rb") as f:
+        for _, raw in nonblank_lines(f):
+            try:
+                value = json.loads(raw)
+            except ValueError:
+                continue
+            url = value.get("url") if isinstance(value, dict) else None
+            if isinstance(url, str) and url in KIND_OF_URL:
+                kinds.add(KIND_OF_URL[url])
+    return kinds
+
+
+def _check_file(path: Path, settings: Any) -> tuple[int, list[dict[str, Any]]]:
+    """Validate a batch's input file (sync): its count of requests, and the errors that fail
+    the batch: a missing file, no line that is a JSON object (not JSONL), too many lines, two
+    lines with one ``custom_id``. A bad line among good ones is not one: its error goes to
+    the error file when the batch runs."""
+    if not path.is_file():
+        return 0, [_error("invalid_file", "the input file was deleted before the batch ran")]
+    parsed: list[tuple[int, object]] = []
+    bad: list[dict[str, Any]] = []
+    with path.open("rb") as f:
+        for number, raw in nonblank_lines(f):
+            try:
+                value = json.loads(raw)
+            except ValueError as exc:
+                bad.append(_error("invalid_json_line", f"line {number} is not JSON: {exc}", number))
+                value = None
+            parsed.append((number, value))
+    if not parsed:
+        return 0, [_error("empty_file", "the input file has no requests")]
+    if len(parsed) > settings.max_batch_file_lines:
+        message = (
+            f"the input file has {len(parsed)} requests; the limit is "
+            f"max_batch_file_lines={settings.max_batch_file_lines}: split it"
+        )
+        return 0, [_error("too_many_requests", message)]
+    if not any(isinstance(v, dict) for _, v in parsed):
+        note = _error("invalid_file", "the input file is not JSONL: no line is a JSON object")
+        return 0, [note, *bad[: _MAX_ERRORS - 1]]
+    duplicate = first_duplicate_custom_id(parsed)
+    if duplicate is not None:
+        custom_id, first, second = duplicate
+        message = (
+            f"custom_id {custom_id!r} is on lines {first} and {second}; every request of a "
+            "batch needs its own custom_id"
+        )
+        return 0, [_error("duplicate_custom_id", message, second)]
+    return len(parsed), []
+
+
+def _error(code: str, message: str, line: int | None = None) -> dict[str, Any]:
+    """One of a failed batch's ``errors``, as OpenAI shows it."""
+    return {"code": code, "message": message, "param": None, "line": line}
