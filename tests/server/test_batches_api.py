@@ -33,6 +33,10 @@ from .conftest import (
     wait_for,
 )
 
+#: What the openai client sends with every POST, a bodyless cancel included (the server takes
+#: no POST without a JSON content type: docs/security.md).
+JSON = {"Content-Type": "application/json"}
+
 pytestmark = pytest.mark.anyio
 
 MODELS = {"model": ["emb=default", "gen=smollm2"], "model_name": None}
@@ -266,7 +270,8 @@ async def test_keys_own_their_files_and_batches(tmp_path: Path) -> None:
             assert (await client.get(path, headers=b)).status_code == 404
         assert (await client.get("/v1/files", headers=b)).json()["data"] == []
         assert (await client.get("/v1/batches", headers=b)).json()["data"] == []
-        assert (await client.post(f"/v1/batches/{batch_id}/cancel", headers=b)).status_code == 404
+        cancel = await client.post(f"/v1/batches/{batch_id}/cancel", headers={**b, **JSON})
+        assert cancel.status_code == 404
         assert (await client.delete(f"/v1/files/{f['id']}", headers=b)).status_code == 404
 
 
@@ -309,7 +314,7 @@ async def test_cancel_mid_batch_keeps_what_was_answered(tmp_path: Path) -> None:
         batch = await start_batch(client, jsonl(lines))
         await until(client, batch["id"], ("in_progress",))
         await wait_for(lambda: fake.gate.is_set() is False and len(fake.batches) == 0)
-        r = await client.post(f"/v1/batches/{batch['id']}/cancel")
+        r = await client.post(f"/v1/batches/{batch['id']}/cancel", headers=JSON)
         assert r.status_code == 200
         assert r.json()["status"] in ("cancelling", "cancelled")
         fake.gate.set()  # the batch in the model's hands may finish; the rest is withdrawn
@@ -323,7 +328,7 @@ async def test_cancel_mid_batch_keeps_what_was_answered(tmp_path: Path) -> None:
         assert ids == sorted(f"emb-{i}" for i in range(6))  # every line once
         counts = done["request_counts"]
         assert counts == {"total": 6, "completed": len(answered), "failed": len(errors)}
-        again = await client.post(f"/v1/batches/{batch['id']}/cancel")
+        again = await client.post(f"/v1/batches/{batch['id']}/cancel", headers=JSON)
         assert again.json()["status"] == "cancelled"
 
 
