@@ -1,5 +1,6 @@
-"""The Batch API section (``docs/batch-api.md``, merged into the README): its Python block runs
-against a real ``batchline serve`` with the default embedder, as the text says to start it."""
+"""The README's Batch API flow: its ``py`` block (not run by the README test, as it needs a
+server) runs against a real ``batchline serve`` with the default embedder, started as the text
+says."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 pytest.importorskip("openai")
 pytest.importorskip("multipart")
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "batch-api.md"
+DOC = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def test_the_documented_client_flow_runs(tmp_path: Path) -> None:
