@@ -36,32 +36,23 @@ def load_folder_model(spec: ModelSpec, knobs: Knobs) -> BatchModel[Any, Any]:
     found = spec.folder.for_task(spec.task)
     if found.task == "embed":
         return _embedder(spec, found, knobs)
-    if found.task == "classify":
-        from batchline.models.onnx.classify import load_onnx_classifier
-
+    if found.task in ("classify", "score"):
         converted = convert(found, top="logits")
         _log(spec, found, converted.describe())
-        return load_onnx_classifier(
-            converted.path,
-            _tokenizer(found),
-            name=spec.name,
-            knobs=knobs,
-            labels=spec.labels or found.labels,
-            max_length=found.max_seq_length,
-        )
-    if found.task == "score":
+        common: dict[str, Any] = {
+            "name": spec.name,
+            "knobs": knobs,
+            "max_length": found.max_seq_length,
+        }
+        if found.task == "classify":
+            from batchline.models.onnx.classify import load_onnx_classifier
+
+            labels = spec.labels or found.labels
+            return load_onnx_classifier(converted.path, _tokenizer(found), labels=labels, **common)
         from batchline.models.onnx.score import load_onnx_scorer
 
-        converted = convert(found, top="logits")
-        _log(spec, found, converted.describe())
-        return load_onnx_scorer(
-            converted.path,
-            _tokenizer(found),
-            name=spec.name,
-            knobs=knobs,
-            activation=found.activation,
-            max_length=found.max_seq_length,
-        )
+        activation = found.activation
+        return load_onnx_scorer(converted.path, _tokenizer(found), activation=activation, **common)
     raise InputError(f"model {spec.name!r}: a {found.describe()} does not do {found.task}")
 
 
