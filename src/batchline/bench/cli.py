@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from batchline.datasets.selection import add_text_column_argument
+from batchline.knobs import SHARED_HELP, add_device_argument
 from batchline.models.selection import ModelSelection, add_model_arguments, model_options
 
 __all__ = ["add_parser"]
@@ -29,12 +30,7 @@ def add_parser(sub: Any) -> None:
 def _model_and_inputs(p: argparse.ArgumentParser) -> None:
     """The flags of a ``MeasuredModel`` (``bench/runner.py``): bench's and tune's."""
     add_model_arguments(p)  # the model flags of 'batchline run'
-    p.add_argument(
-        "--device",
-        default="cpu",
-        metavar="DEVICE",
-        help="cpu (default) or cuda[:N]: where the model runs (ONNX Runtime's CUDA provider)",
-    )
+    add_device_argument(p, default="cpu")
     p.add_argument(
         "--inputs",
         type=Path,
@@ -98,8 +94,8 @@ def _add_bench(sub: Any) -> None:
         type=Path,
         default=[],
         dest="configs",
-        metavar="F",
-        help="a knobs file (as written by batchline tune) to compare; repeatable",
+        metavar="FILE",
+        help=SHARED_HELP["--config"] + "; repeatable: each file is one configuration compared",
     )
     p.add_argument(
         "--compare",

@@ -47,6 +47,8 @@ class DatasetSelection:
     overwrite: bool = False
     on_bad_record: BadRecordMode = "fail"
     limit: int | None = None
+    #: an input with no records writes an empty output instead of failing
+    allow_empty: bool = False
 
 
 def dataset_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -95,6 +97,12 @@ def add_dataset_arguments(p: argparse.ArgumentParser, *, suffix: str = "embeddin
         "--on-bad-record",
         choices=["fail", "skip"],
         default="fail",
-        help="bad input: fail (default) names it; skip lists it in OUTPUT/_skipped.jsonl",
+        help="bad input: fail (default) names it; skip lists it in OUTPUT/_skipped.jsonl "
+        "(empty texts too: fail runs them and counts them in the summary)",
     )
     p.add_argument("--limit", type=int, help="take only the first N records")
+    p.add_argument(
+        "--allow-empty",
+        action="store_true",
+        help="an input with no records writes an empty output (default: an error)",
+    )

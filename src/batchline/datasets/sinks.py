@@ -26,6 +26,7 @@ manifest is replaced the same way. A crash at any point leaves the previous mani
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -134,6 +135,7 @@ class ChunkWriter:
         result_column: str = "embedding",
         result_kind: ResultKind = "vector",
         result_shapes: Mapping[str, Sequence[int] | None] | None = None,
+        allow_empty: bool = True,
     ) -> None:
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
@@ -183,6 +185,9 @@ class ChunkWriter:
         self._commits = 0
         pause = os.environ.get(PAUSE_AFTER_CHUNKS_ENV)
         self._pause_after = int(pause) if pause else None
+        self._allow_empty = allow_empty
+        self._started_here = False  # this writer began the output (see _discard_if_bare)
+        self._made_dir = not self.out_dir.exists()
         self._manifest = self._open(settings, overwrite=overwrite, resume=resume)
 
     # -- opening ---------------------------------------------------------------------------------
@@ -214,6 +219,7 @@ class ChunkWriter:
         out.mkdir(parents=True, exist_ok=True)
         manifest = Manifest(settings=settings, chunks={})
         write_manifest(out, manifest)
+        self._started_here = True
         return manifest
 
     def _recover(self, manifest: Manifest, entries: list[str]) -> None:
@@ -349,6 +355,11 @@ class ChunkWriter:
                         f"{total_records}; pass --overwrite to run it again"
                     )
                 return done
+            if total_records == 0 and not self._allow_empty:
+                raise InputError(
+                    f"{done.settings.get('input') or 'the input'}: no records to run (an empty "
+                    "input, or --limit 0); pass --allow-empty to write an empty output"
+                )
             last = -(-total_records // self.chunk_size)  # chunks 0 .. last-1 exist
             beyond = [k for k in (*done.chunks, *self._pending) if k >= last]
             if beyond:
@@ -397,6 +408,23 @@ class ChunkWriter:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+        if exc_type is not None:
+            self._discard_if_bare()
+
+    def _discard_if_bare(self) -> None:
+        """After a failure: remove an output this writer began and committed nothing to (a
+        manifest alone), so that rerunning the same command, or the fix its error suggests,
+        is not refused with "already exists"."""
+        done = self._manifest
+        if not self._started_here or done.chunks or done.complete or done.skipped_bytes:
+            return
+        out = self.out_dir
+        for path in out.iterdir() if out.is_dir() else ():
+            if path.name in _OWN_NAMES or _PART.fullmatch(path.name):
+                path.unlink(missing_ok=True)
+        if self._made_dir:
+            with contextlib.suppress(OSError):  # not empty: something else lives there
+                out.rmdir()
 
     # -- internals (called with the lock held) ---------------------------------------------------
 

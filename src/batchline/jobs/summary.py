@@ -34,6 +34,8 @@ class RunSummary:
     latency_p99_s: float
     #: whether batches were costed in padded tokens (text models); else in the model's units
     padded: bool = True
+    #: records of empty or blank text (run as they are, or skipped with --on-bad-record skip)
+    empty_texts: int = 0
 
     @property
     def records_per_s(self) -> float:
@@ -65,6 +67,7 @@ class RunSummary:
             ("mode", mode),
             ("records (this run)", f"{self.records:,}"),
             ("skipped", f"{self.skipped:,}"),
+            *([("empty texts", f"{self.empty_texts:,}")] if self.empty_texts else []),
             ("resumed (already done)", f"{self.already_done:,}"),
             ("wall time", f"{self.wall_s:.1f} s"),
         ]
