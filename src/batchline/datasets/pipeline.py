@@ -336,5 +336,6 @@ def open_dataset_job(
         result_kind=result_kind,
         result_shapes=result_shapes,
         allow_empty=options.allow_empty,
+        id_name=source.id_column or "id",
     )
     return source, writer

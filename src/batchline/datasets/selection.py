@@ -73,7 +73,12 @@ def add_dataset_arguments(p: argparse.ArgumentParser, *, suffix: str = "embeddin
         "the input file's name without its extension, or demo-corpus)",
     )
     add_text_column_argument(p)
-    p.add_argument("--id-column", help="column holding record ids (default: 'id' if present)")
+    p.add_argument(
+        "--id-column",
+        metavar="NAME",
+        help="column holding record ids, kept under its name in the output (default: 'id' if "
+        "present, else each record's index, as 'id')",
+    )
     p.add_argument(
         "--format",
         dest="input_format",

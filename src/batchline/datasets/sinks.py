@@ -136,6 +136,7 @@ class ChunkWriter:
         result_kind: ResultKind = "vector",
         result_shapes: Mapping[str, Sequence[int] | None] | None = None,
         allow_empty: bool = True,
+        id_name: str = "id",
     ) -> None:
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
@@ -148,6 +149,11 @@ class ChunkWriter:
             raise ValueError(
                 f"result_column must be a name other than id/index, got {result_column!r}"
             )
+        if not id_name or id_name in (result_column, "index"):
+            raise InputError(
+                f"the id column {id_name!r} would clash with the output's {id_name!r} column; "
+                "rename it in the input"
+            )
         if overwrite and resume:
             raise InputError("--resume and --overwrite cannot be used together; choose one")
         base: dict[str, object] = {
@@ -156,6 +162,8 @@ class ChunkWriter:
             "result_column": result_column,
             "result_kind": result_kind,
         }
+        if id_name != "id":  # so a resume cannot mix two names (outputs named "id" unchanged)
+            base["id_name"] = id_name
         if result_shapes is not None:
             base["result_shapes"] = {
                 name: None if shape is None else list(shape)
@@ -174,6 +182,7 @@ class ChunkWriter:
         self.fmt: OutputFormat = fmt
         self.chunk_size = chunk_size
         self.result_column = result_column
+        self.id_name = id_name
         self.result_kind: ResultKind = result_kind
         shapes = cast(dict[str, "list[int] | None"], settings.get("result_shapes") or {})
         self.result_shapes: dict[str, list[int] | None] = shapes
@@ -458,7 +467,7 @@ class ChunkWriter:
         self, index: int, id: str, value: object, extra: Mapping[str, object] | None
     ) -> None:
         if extra:
-            clash = _RESERVED.intersection(extra) | ({self.result_column} & extra.keys())
+            clash = {self.id_name, "index", self.result_column} & extra.keys()
             if clash:
                 raise InputError(
                     f"copied column {sorted(clash)[0]!r} collides with an output column; "
@@ -548,6 +557,7 @@ class ChunkWriter:
             result_column=self.result_column,
             result_kind=self.result_kind,
             shapes=self.result_shapes,
+            id_name=self.id_name,
         )
 
     def _jsonl_row(
@@ -557,7 +567,8 @@ class ChunkWriter:
             value = value.tolist()
         elif self.result_kind == "tensors" and isinstance(value, Mapping):
             value = {name: np.asarray(v).tolist() for name, v in value.items()}
-        return json_line({"id": id, "index": index, self.result_column: value, **(extra or {})})
+        row = {self.id_name: id, "index": index, self.result_column: value}
+        return json_line({**row, **(extra or {})})
 
     def _sort_skipped(self) -> None:
         """Rewrite ``_skipped.jsonl`` in index order (same bytes, so the manifest stays valid)."""

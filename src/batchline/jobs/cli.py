@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from batchline.datasets.selection import add_dataset_arguments, dataset_options
-from batchline.knobs import add_knob_arguments
+from batchline.knobs import SHARED_HELP, add_knob_arguments
 from batchline.models.selection import add_model_arguments, model_options
 
 __all__ = ["add_parser", "given_flags"]
@@ -128,7 +128,7 @@ def _add_generation_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--generation-backend",
         choices=["torch", "vllm"],
-        help="torch (default) or vllm (vLLM's engine, its CPU or CUDA build as --device says)",
+        help=SHARED_HELP["--generation-backend"],
     )
     add_torch_generation_arguments(g)
 

@@ -33,6 +33,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -137,6 +138,9 @@ class BatchFiles:
             out = _output_line(index, request, rows.get(index), skipped.get(index))
             lines.append(json.dumps(out, ensure_ascii=False, separators=(",", ":")))
         write_whole(self.output, "".join(line + "\n" for line in lines).encode("utf-8"))
+        umask = os.umask(0o022)  # read, then put back: the mode open() gives every other output
+        os.umask(umask)
+        self.output.chmod(0o666 & ~umask)  # not the temporary file's 0600
         return self.output
 
 

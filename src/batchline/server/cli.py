@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from batchline.knobs import add_knob_arguments
+from batchline.knobs import SHARED_HELP, add_knob_arguments
 from batchline.models.selection import add_model_spec_argument
 
 __all__ = ["add_parser", "run"]
@@ -84,8 +84,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--generation-backend",
         choices=["torch", "vllm"],
-        help="what runs a generate model: torch (default) or vllm (vLLM's engine, its CPU or "
-        "CUDA build as --device says)",
+        help=SHARED_HELP["--generation-backend"],
     )
     p.add_argument(
         "--memory-budget",
