@@ -115,8 +115,10 @@ def test_drive_s_old_spellings_still_work_with_a_one_line_warning(
     assert (args.chunk_size, args.model) == (7, "m")
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 2
-    assert "--chunk-size is deprecated" in err[0] and "--records-per-request" in err[0]
-    assert "--model is deprecated" in err[1] and "--request-model" in err[1]
+    assert "--chunk-size is deprecated" in err[0]
+    assert "use --records-per-request" in err[0]
+    assert "--model is deprecated" in err[1]
+    assert "use --request-model" in err[1]
     args = parser.parse_args(["--endpoint", "http://x", "--records-per-request", "7"])
     assert args.chunk_size == 7
     assert capsys.readouterr().err == ""

@@ -22,9 +22,10 @@ __all__ = ["iter_output", "read_arrays", "read_output", "read_skipped"]
 def iter_output(out_dir: str | os.PathLike[str]) -> Iterator[Any]:
     """Yield each committed chunk as a ``pyarrow.Table``, in chunk order.
 
-    Columns: the ids (string; ``id``, or the input's id column by its name), ``index`` (int64), the result column (its type by the result
-    kind: ``batchline.datasets.columns``) and any copied columns. JSONL chunks are read into
-    the same schema as Parquet ones.
+    Columns: the ids (string: ``id``, or the input's id column under its own name),
+    ``index`` (int64), the result column (its type by the result kind:
+    ``batchline.datasets.columns``) and any copied columns. JSONL chunks are read into the
+    same schema as Parquet ones.
     """
     out = Path(out_dir)
     manifest = Manifest.load(out)
