@@ -26,10 +26,10 @@ manifest is replaced the same way. A crash at any point leaves the previous mani
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
+import shutil
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -428,12 +428,13 @@ class ChunkWriter:
         if not self._started_here or done.chunks or done.complete or done.skipped_bytes:
             return
         out = self.out_dir
-        for path in out.iterdir() if out.is_dir() else ():
-            if path.name in _OWN_NAMES or _PART.fullmatch(path.name):
+        if self._made_dir:  # made for this job: all it holds is this job's (a failure log...)
+            shutil.rmtree(out, ignore_errors=True)
+            return
+        entries = list(out.iterdir()) if out.is_dir() else []
+        if all(p.name in _OWN_NAMES or _PART.fullmatch(p.name) for p in entries):
+            for path in entries:  # else the job's other files need the manifest to resume
                 path.unlink(missing_ok=True)
-        if self._made_dir:
-            with contextlib.suppress(OSError):  # not empty: something else lives there
-                out.rmdir()
 
     # -- internals (called with the lock held) ---------------------------------------------------
 
