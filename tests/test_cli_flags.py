@@ -52,7 +52,6 @@ NOT_SHARED = {
     "--no-normalize": "serve's applies to a single model",
     # known to differ, left for a later rename
     "--output": "each command's result: a folder (run, drive, bench) or tune's config file",
-    "--quiet": "run and drive print nothing on success; bench and tune drop progress lines",
     "--route": "drive's is the server route, bench's the protocol: to be renamed",
     "--seed": "run's seeds sampling, bench's and tune's the sample and arrivals",
 }

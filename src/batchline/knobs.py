@@ -348,6 +348,7 @@ SHARED_HELP: dict[str, str] = {
     "--target-batch-tokens": "padded tokens per model call (knob: target_batch_tokens)",
     "--max-batch-size": "records per model call, at most (knob: max_batch_size)",
     "--device": "cpu (default) or cuda[:N]: where the model runs (knob: device)",
+    "--quiet": "print nothing on success: no progress, no summary (errors still print)",
     "--generation-backend": "what runs a text generator: torch (default) or vllm (vLLM's "
     "engine, its CPU or CUDA build as --device says) (knob: generation_backend)",
 }

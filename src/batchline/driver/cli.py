@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from batchline.datasets.selection import add_dataset_arguments
+from batchline.knobs import SHARED_HELP
 
 __all__ = ["add_parser"]
 
@@ -129,7 +130,7 @@ def add_parser(sub: Any) -> None:
         default="base64",
         help="embeddings' encoding_format (default: base64, exact and compact)",
     )
-    p.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    p.add_argument("--quiet", action="store_true", help=SHARED_HELP["--quiet"])
     p.set_defaults(func=_main)
 
 

@@ -45,7 +45,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--chunk-size", type=int, default=10_000, help="records per output chunk")
     add_knob_arguments(p)
-    p.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    p.add_argument("--quiet", action="store_true", help=SHARED_HELP["--quiet"])
     _add_generation_arguments(p)
     p.add_argument(
         "--engine",
