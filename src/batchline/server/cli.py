@@ -27,7 +27,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
             "/v1/completions and /v1/chat/completions (OpenAI-compatible, streaming); "
             "/v1/models, /health, /ready, /metrics. Every request feeds its model's shared "
             "batcher (a generate model's: its text generator); several models share the "
-            "device's slots fairly. Flags override the --config file; SIGTERM drains in-flight "
+            "device's slots fairly. Flags override --set, which overrides the --config file "
+            "(--print-config shows every setting, serve's own such as model_weights too); "
+            "SIGTERM drains in-flight "
             "work and exits 0. Example: batchline serve --model emb=default "
             "--model clf=clf.onnx --task clf=predict --model gen=smollm2"
         ),
