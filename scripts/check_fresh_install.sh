@@ -17,19 +17,20 @@ mkdir "$WORK/caller"
 cd "$WORK/caller"
 
 echo "== 1. bash scripts/run.sh in a fresh clone (its own fresh .venv)"
-bash "$WORK/clone/scripts/run.sh" --limit 300 --quiet | tee run1.txt
+bash "$WORK/clone/scripts/run.sh" --limit 300 | tee run1.txt
 grep -q "records (this run)" run1.txt || fail "run.sh printed no summary"
 [ -f demo-corpus.embeddings/_manifest.json ] || fail "no ./demo-corpus.embeddings in the caller's directory"
 printf 'a first line\na second line\n' > mine.txt
 bash "$WORK/clone/scripts/run.sh" mine.txt --quiet > run2.txt
+[ ! -s run2.txt ] || fail "--quiet printed something on success"
 [ -f mine.embeddings/_manifest.json ] || fail "relative input did not resolve against the caller's directory"
 [ -z "$(git -C "$WORK/clone" status --porcelain)" ] || fail "run.sh left files in the repository"
 
-echo "== 2. pip install '.[jobs]', batchline models pull default, batchline run"
+echo "== 2. the README's own environment: pip install '.[jobs]' in the clone, models pull, run"
 python3 -m venv "$WORK/venv"
-"$WORK/venv/bin/python" -m pip install --quiet "$WORK/clone[jobs]"
+(cd "$WORK/clone" && "$WORK/venv/bin/python" -m pip install --quiet '.[jobs]')
 "$WORK/venv/bin/batchline" models pull default
-"$WORK/venv/bin/batchline" run mine.txt -o jobs-out --quiet | tee run3.txt
+"$WORK/venv/bin/batchline" run mine.txt -o jobs-out | tee run3.txt
 grep -q "records (this run)" run3.txt || fail "batchline run printed no summary"
 [ -f jobs-out/_manifest.json ] || fail "batchline run wrote no output"
 echo "check_fresh_install: OK"

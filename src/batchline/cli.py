@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from batchline._errors import BatchlineError
+from batchline._extras import EXTRA_OF_MODULE, INCLUDES
 
 __all__ = ["main"]
 
@@ -35,38 +36,6 @@ _EXTRA_OF_COMMAND = {
     "tune": "bench",
 }
 
-# extra -> the extras it includes (pyproject.toml's optional-dependencies)
-_INCLUDES = {
-    "onnx": {"onnx"},
-    "jobs": {"jobs", "onnx"},
-    "server": {"server", "onnx"},
-    "driver": {"driver", "jobs", "onnx"},
-    "bench": {"bench", "jobs", "onnx"},
-    "ray": {"ray", "jobs", "onnx"},
-    "generate": {"generate"},
-}
-
-_EXTRA_OF_MODULE = {
-    "onnxruntime": "onnx",
-    "onnx": "onnx",
-    "tokenizers": "onnx",
-    "safetensors": "onnx",
-    "numpy": "onnx",
-    "platformdirs": "onnx",
-    "pyarrow": "jobs",
-    "rich": "jobs",
-    "fastapi": "server",
-    "uvicorn": "server",
-    "pydantic": "server",
-    "prometheus_client": "server",
-    "httpx": "driver",
-    "matplotlib": "bench",
-    "ray": "ray",
-    "torch": "generate",
-    "transformers": "generate",
-    "gguf": "generate",
-}
-
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -82,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]  # for a command to repeat
     try:
         code: int = args.func(args)
     except BatchlineError as exc:
@@ -108,11 +78,11 @@ def missing_extra(command: str, module: str) -> str | None:
     """The extra to install when ``command`` fails for want of ``module``: the command's own
     extra if it brings that module, else the module's extra (e.g. ``ray`` for ``run --engine
     ray``); ``None`` for a module no extra brings (a real bug, not a missing install)."""
-    extra = _EXTRA_OF_MODULE.get(module)
+    extra = EXTRA_OF_MODULE.get(module)
     if extra is None:
         return None
     own = _EXTRA_OF_COMMAND.get(command)
-    if own is not None and extra in _INCLUDES[own]:
+    if own is not None and extra in INCLUDES[own]:
         return own
     return extra
 

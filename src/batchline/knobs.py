@@ -17,7 +17,9 @@ session using every core, each record run on its own, two callers at once.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import difflib
 import json
 import math
 import os
@@ -39,8 +41,13 @@ __all__ = [
     "GENERATION_BATCHING",
     "GENERATION_DTYPES",
     "SERVE_DEFAULTS",
+    "SHARED_HELP",
     "Knobs",
+    "add_device_argument",
+    "add_knob_arguments",
+    "check_setting_names",
     "machine_cores",
+    "parse_set_options",
     "read_config_file",
     "to_toml",
 ]
@@ -217,12 +224,13 @@ class Knobs:
         """Read a JSON or TOML config file; unknown keys are an error (a typo must not pass)."""
         p = Path(path)
         data = read_config_file(p)
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise InputError(
-                f"{p}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
-            )
+        check_setting_names(data, (f.name for f in dataclasses.fields(cls)), where=str(p))
+        return cls(**data)
+
+    @classmethod
+    def from_settings(cls, data: dict[str, Any], *, where: str) -> Knobs:
+        """Knobs from flat settings (a config file's, ``--set``'s), names checked first."""
+        check_setting_names(data, (f.name for f in dataclasses.fields(cls)), where=where)
         return cls(**data)
 
     def dump(self, path: str | os.PathLike[str], **notes: Any) -> Path:
@@ -292,6 +300,77 @@ SERVE_DEFAULTS: dict[str, Any] = {
 
 #: The no-batching baseline of the default knobs on this machine (``Knobs().baseline()``).
 BASELINE = Knobs().baseline()
+
+
+def check_setting_names(names: Any, known: Any, *, where: str) -> None:
+    """Refuse a setting name that is not one of ``known``, in one line: the closest valid
+    name (a typo is the usual cause) and every valid one. ``where`` says where the names came
+    from (a file's path, ``--set``)."""
+    valid = sorted(set(known))
+    unknown = sorted(set(names) - set(valid))
+    if not unknown:
+        return
+    name = unknown[0]
+    close = difflib.get_close_matches(name, valid, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    more = f" (and {', '.join(unknown[1:])})" if len(unknown) > 1 else ""
+    raise InputError(
+        f"{where}: unknown setting {name!r}{more}{hint}; valid settings: {', '.join(valid)}"
+    )
+
+
+def parse_set_options(items: Any) -> dict[str, Any]:
+    """``--set KEY=VALUE`` items (``run`` and ``serve``) as settings: each value is read as
+    JSON (``8``, ``true``, ``{"a": 1}``), else taken as the text it is."""
+    settings: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = str(item).partition("=")
+        if not sep or not key.strip():
+            raise InputError(f"--set {item!r}: expected KEY=VALUE, e.g. --set max_batch_size=8")
+        try:
+            settings[key.strip()] = json.loads(value)
+        except ValueError:
+            settings[key.strip()] = value
+    return settings
+
+
+#: The one help text of each option that several commands take (``run``, ``serve``, ``bench``,
+#: ``tune``): a command may add a sentence after it, never change it (``tests/test_cli_flags.py``).
+SHARED_HELP: dict[str, str] = {
+    "--config": "a settings file, TOML or JSON with flat keys, e.g. the knobs 'batchline tune' "
+    "writes; a name it does not know is refused with the closest valid one",
+    "--set": "one setting, as a --config file names it (repeatable; values are JSON, e.g. "
+    "--set max_batch_size=8 --set mix_priorities=true); wins over --config, flags win over it",
+    "--no-batching": "the baseline to compare against: one shared session, one record per "
+    "call (a text generator: one sequence at a time)",
+    "--sessions": "model sessions, each running one batch at a time (knob: sessions)",
+    "--intra-op-threads": "threads per session (knob: intra_op_threads)",
+    "--target-batch-tokens": "padded tokens per model call (knob: target_batch_tokens)",
+    "--max-batch-size": "records per model call, at most (knob: max_batch_size)",
+    "--device": "cpu (default) or cuda[:N]: where the model runs (knob: device)",
+    "--quiet": "print nothing on success: no progress, no summary (errors still print)",
+    "--generation-backend": "what runs a text generator: torch (default) or vllm (vLLM's "
+    "engine, its CPU or CUDA build as --device says) (knob: generation_backend)",
+}
+
+
+def add_device_argument(p: Any, *, default: str | None = None) -> None:
+    """``--device`` (``run``, ``serve``, ``bench``, ``tune``)."""
+    p.add_argument("--device", default=default, metavar="DEVICE", help=SHARED_HELP["--device"])
+
+
+def add_knob_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags that set :class:`Knobs` (``run`` and ``serve``): a settings file, ``--set``,
+    the baseline switch and the knobs asked for most, each the field of its name (``sessions``
+    also sets one batch in flight per session, as ``Knobs.serving`` does)."""
+    p.add_argument("--config", type=Path, metavar="FILE", help=SHARED_HELP["--config"])
+    p.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help=SHARED_HELP["--set"]
+    )
+    p.add_argument("--no-batching", action="store_true", help=SHARED_HELP["--no-batching"])
+    for flag in ("--sessions", "--intra-op-threads", "--target-batch-tokens", "--max-batch-size"):
+        p.add_argument(flag, type=int, metavar="N", help=SHARED_HELP[flag])
+    add_device_argument(p)
 
 
 # Free-form keys a config file may carry next to the settings (what ``tune`` measured).

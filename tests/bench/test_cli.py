@@ -294,3 +294,16 @@ def test_a_tuned_toml_file_works_where_tune_says_it_does(
     assert (
         main([*bench_argv, "--duration", "0.3", "--warmup", "0.1", "-o", str(tmp_path / "r")]) == 0
     )
+
+
+@pytest.mark.slow
+def test_bench_quiet_prints_nothing_on_success(
+    inputs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("onnxruntime")
+    out = tmp_path / "report"
+    argv = ["bench", "--inputs", str(inputs), "--load", "closed:1", "--compare", "baseline"]
+    argv += ["--duration", "0.3", "--warmup", "0.1", "-o", str(out), "--quiet"]
+    assert main(argv) == 0
+    assert capsys.readouterr() == ("", "")
+    assert "| baseline | closed | 1 client |" in (out / "report.md").read_text()  # written

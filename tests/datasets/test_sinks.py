@@ -485,3 +485,67 @@ def test_a_tensor_of_another_shape_than_declared_is_refused_on_write(tmp_path: P
                result_shapes={"grid": [2, 3]})  # fmt: skip
     with w, pytest.raises(ValueError, match=r"tensor 'grid' has shape \[3\], the model declares"):
         w.write(0, "r0", {"grid": [1.0, 2.0, 3.0]})
+
+
+# -- a job that fails before committing anything leaves nothing behind ---------------------------
+
+
+def fail_after(out: Path, records: int, **kwargs: Any) -> None:
+    """Feed ``records`` records to a writer of ``out``, then fail as a job would."""
+    with writer(out, **kwargs) as w:
+        feed(w, range(records))
+        raise InputError("bad line")
+
+
+def finish_empty(out: Path, **kwargs: Any) -> None:
+    with writer(out, **kwargs) as w:
+        w.finish(0)
+
+
+def test_a_failed_job_with_nothing_committed_leaves_no_output(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    with pytest.raises(InputError, match="bad line"):
+        fail_after(out, 3)  # one chunk is 4 records: nothing committed yet
+    assert not out.exists()
+    with writer(out) as w:  # the same job again is not refused as "already exists"
+        feed(w, range(6))
+        w.finish(6)
+    assert read_output(out).column("index").to_pylist() == list(range(6))
+
+
+def test_a_failed_job_keeps_what_it_committed_and_a_folder_it_did_not_make(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "out"
+    with pytest.raises(InputError):
+        fail_after(out, 5)  # chunk 0 committed
+    assert Manifest.load(out).chunks.keys() == {0}
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    with pytest.raises(InputError):
+        fail_after(mine, 0)
+    assert mine.is_dir()
+    assert listing(mine) == []
+
+
+def test_an_empty_job_is_refused_unless_allowed(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match=r"no records to run.*--allow-empty"):
+        finish_empty(tmp_path / "refused", allow_empty=False)
+    assert not (tmp_path / "refused").exists()
+    finish_empty(tmp_path / "allowed")
+    assert Manifest.load(tmp_path / "allowed").complete
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_the_id_column_is_written_under_its_own_name(tmp_path: Path, fmt: str) -> None:
+    out = tmp_path / "out"
+    with writer(out, id_name="sku", fmt=fmt) as w:
+        feed(w, range(5))
+        w.finish(5)
+    table = read_output(out)
+    assert table.column_names[:2] == ["sku", "index"]
+    assert table.column("sku").to_pylist() == [f"r{i}" for i in range(5)]
+    with pytest.raises(InputError, match="settings"):  # a resume cannot switch names
+        writer(out, id_name="id", fmt=fmt, resume=True)
+    with pytest.raises(InputError, match="clash"):
+        writer(tmp_path / "x", id_name="index")

@@ -254,7 +254,7 @@ async def test_with_every_replica_down_the_job_waits_then_gives_up_resumably(
     opts = options(src, tmp_path / "out", give_up_after_s=0.3, failures_to_set_aside=1)
     with pytest.raises(BatchlineError, match=r"no endpoint has been ready for 0\.3 s"):
         await drive_job(opts, transport=replicas.transport)
-    assert not Manifest.load(tmp_path / "out").complete
+    assert not (tmp_path / "out").exists()  # nothing committed: nothing left behind
     replicas.down.clear()
     opts.resume = True
     summary = await drive_job(opts, transport=replicas.transport)
@@ -415,7 +415,7 @@ async def test_overwrite_starts_a_fresh_failures_file(tmp_path: Path) -> None:
         ({"endpoints": ["ftp://x"]}, "not an http"),
         ({"endpoints": ["http://x?a=1"]}, "without"),
         ({"endpoints": [A, A + "/"]}, "repeats"),
-        ({"chunk_size": 0}, "--chunk-size must be >= 1"),
+        ({"chunk_size": 0}, "--records-per-request must be >= 1"),
         ({"concurrency": 0}, "--concurrency must be >= 1"),
         ({"max_attempts": 0}, "--max-attempts must be >= 1"),
         ({"read_timeout_s": 0.0}, "--read-timeout-s must be"),
@@ -460,3 +460,30 @@ async def test_cancelling_the_job_leaves_a_resumable_output(tmp_path: Path) -> N
     _, indices, vectors = output_vectors(out)
     assert indices == list(range(400))
     np.testing.assert_array_equal(vectors, fake_vectors(items))
+
+
+async def test_empty_texts_are_counted_and_with_skip_listed_not_sent(tmp_path: Path) -> None:
+    items = texts(30)
+    items[3] = ""
+    items[17] = "  "
+    src = write_jsonl(tmp_path / "in.jsonl", items)
+    replicas = Replicas(a=FakeReplica(), b=FakeReplica())
+    opts = options(src, tmp_path / "out", on_bad_record="skip")
+    summary = await drive_job(opts, transport=replicas.transport)
+    assert (summary.records, summary.skipped, summary.empty_texts) == (28, 2, 2)
+    assert ("empty texts", "2") in summary.rows()
+    assert [s["index"] for s in read_skipped(tmp_path / "out")] == [3, 17]
+    assert "empty text" in str(read_skipped(tmp_path / "out")[0]["reason"])
+
+
+async def test_an_empty_input_is_an_error_unless_allowed(tmp_path: Path) -> None:
+    src = tmp_path / "in.jsonl"
+    src.write_text("")
+    replicas = Replicas(a=FakeReplica(), b=FakeReplica())
+    with pytest.raises(InputError, match="--allow-empty"):
+        await drive_job(options(src, tmp_path / "out"), transport=replicas.transport)
+    assert not (tmp_path / "out").exists()
+    opts = options(src, tmp_path / "out", allow_empty=True)
+    summary = await drive_job(opts, transport=replicas.transport)
+    assert summary.total_records == 0
+    assert Manifest.load(tmp_path / "out").complete

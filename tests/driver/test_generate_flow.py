@@ -68,7 +68,7 @@ def test_drive_over_two_replicas_writes_each_prompts_text_once_in_order_as_run_d
     b.wait_ready()
     out = tmp_path / "driven"
     argv = ["drive", str(src), "--route", "generate", "--endpoint", a.url, "--endpoint", b.url]
-    argv += ["-o", str(out), "--chunk-size", "4", "--concurrency", "4", "--quiet"]
+    argv += ["-o", str(out), "--records-per-request", "4", "--concurrency", "4", "--quiet"]
     argv += ["--max-tokens", str(max_tokens), "--no-chat-template"]
     assert main(argv) == 0, a.output()[-2000:] + b.output()[-2000:]
 
@@ -94,7 +94,7 @@ def test_drive_over_two_replicas_writes_each_prompts_text_once_in_order_as_run_d
     # the defaults: both through the chat template, the same columns and the same texts
     chat_driven = tmp_path / "chat-driven"
     argv = ["drive", str(src), "--route", "generate", "--endpoint", a.url, "--endpoint", b.url]
-    argv += ["-o", str(chat_driven), "--chunk-size", "4", "--quiet"]
+    argv += ["-o", str(chat_driven), "--records-per-request", "4", "--quiet"]
     argv += ["--max-tokens", str(max_tokens)]
     assert main(argv) == 0, a.output()[-2000:] + b.output()[-2000:]
     chat_offline = tmp_path / "chat-offline"

@@ -243,7 +243,7 @@ def test_a_killed_driver_resumes_without_duplicates_or_gaps(
         str(out),
         "--api-key",
         API_KEY,
-        "--chunk-size",
+        "--records-per-request",
         "20",
         "--concurrency",
         "4",
@@ -315,12 +315,12 @@ def test_the_cli_exit_codes(
         str(src),
         "--endpoint",
         keyed_server.url,
-        "--chunk-size",
+        "--records-per-request",
         "10",
         "--quiet",
     ]
     assert main([*base, "-o", str(tmp_path / "ok"), "--api-key", API_KEY]) == 0
-    assert "records (this run)" in capsys.readouterr().out
+    assert capsys.readouterr().out == ""  # --quiet: nothing on success
 
     items[5] = ""
     bad = write_jsonl(tmp_path / "bad.jsonl", items)
@@ -335,8 +335,8 @@ def test_the_cli_exit_codes(
     assert "HTTP 401" in err
     assert "--api-key" in err
 
-    assert main([*base, "-o", str(tmp_path / "x"), "--chunk-size", "0"]) == 2
-    assert "--chunk-size must be >= 1" in capsys.readouterr().err
+    assert main([*base, "-o", str(tmp_path / "x"), "--records-per-request", "0"]) == 2
+    assert "--records-per-request must be >= 1" in capsys.readouterr().err
     assert main([*base[:2], "--endpoint", "localhost:8000", "--quiet"]) == 2
     assert "not an http(s) URL" in capsys.readouterr().err
 

@@ -345,6 +345,9 @@ def test_an_embeddings_only_file_needs_no_generator(tiny: Path, tmp_path: Path) 
     src = write_lines(tmp_path / "requests.jsonl", lines)
     out = tmp_path / "results.jsonl"
     assert main(["run", str(src), "--model", f"{EMB}=default", "-o", str(out), "--quiet"]) == 0
+    # the output file has the mode of every other output (a part file's), not 0600
+    (part,) = (tmp_path / "results.jsonl.parts").glob("part-*")
+    assert out.stat().st_mode & 0o777 == part.stat().st_mode & 0o777 != 0o600
     got = read_lines(out)
     assert [g["error"] is None for g in got] == [True, False, True, True]
     assert "this job has no generator for /v1/chat/completions lines" in got[1]["error"]["message"]

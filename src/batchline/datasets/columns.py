@@ -49,10 +49,12 @@ def build_table(
     result_column: str,
     result_kind: ResultKind,
     shapes: Shapes | None = None,
+    id_name: str = "id",
 ) -> Any:
-    """One chunk's rows as a ``pyarrow.Table``: ``id``, ``index``, the result, copied columns."""
+    """One chunk's rows as a ``pyarrow.Table``: the ids (named ``id_name``: the input's id
+    column keeps its name), ``index``, the result, copied columns."""
     columns: dict[str, Any] = {
-        "id": pa.array(list(ids), type=pa.string()),
+        id_name: pa.array(list(ids), type=pa.string()),
         "index": pa.array(list(indices), type=pa.int64()),
         result_column: _result_column(indices, values, result_kind, shapes or {}),
     }

@@ -76,6 +76,11 @@ class Manifest:
         return cast(str, self.settings["result_column"])
 
     @property
+    def id_name(self) -> str:
+        """The output's id column: the input's id column by its own name, else ``id``."""
+        return cast(str, self.settings.get("id_name") or "id")
+
+    @property
     def result_kind(self) -> ResultKind:
         return cast(ResultKind, self.settings["result_kind"])
 

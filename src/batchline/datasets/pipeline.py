@@ -87,13 +87,16 @@ class RunCounts(TypedDict):
     already_done: int
     total_records: int
     wall_s: float
+    empty_texts: int
 
 
 @dataclass
 class PipelineRun:
     """What one run of the loop did (this run's records only; ``already_done`` were committed
     by the run being resumed). ``latencies_s`` holds, per written record, the time from its
-    block's submit to its outcomes."""
+    block's submit to its outcomes. ``empty_texts`` counts the records whose text was empty
+    or blank: run like any other (``on_bad_record="fail"``) or skipped and listed (``"skip"``,
+    counted in ``skipped`` too)."""
 
     already_done: int
     total_records: int
@@ -101,6 +104,7 @@ class PipelineRun:
     skipped: int = 0
     failed: int = 0
     wall_s: float = 0.0
+    empty_texts: int = 0
     latencies_s: list[float] = field(default_factory=list)
 
     def counts(self) -> RunCounts:
@@ -111,6 +115,7 @@ class PipelineRun:
             "already_done": self.already_done,
             "total_records": self.total_records,
             "wall_s": self.wall_s,
+            "empty_texts": self.empty_texts,
         }
 
 
@@ -182,7 +187,9 @@ async def run_pipeline(
     blocks = read_blocks_ahead(source, block_records, skip=committed, limit=limit)
     try:
         async with contextlib.aclosing(blocks):
-            async for records in _records(blocks, writer, run, progress, adapter, unit_of):
+            skip_empty = on_bad_record == "skip"
+            texts = _records(blocks, writer, run, progress, adapter, unit_of, skip_empty)
+            async for records in texts:
                 if failure:
                     break
                 await slots.acquire()
@@ -223,18 +230,28 @@ async def _records(
     progress: Progress | None,
     adapter: Adapter,
     unit_of: Callable[[int], int] | None,
+    skip_empty: bool,
 ) -> AsyncIterator[list[Record]]:
-    """The good records of each block (cut by ``unit_of``); bad ones are skipped here."""
+    """The good records of each block (cut by ``unit_of``); bad ones are skipped here, and
+    records of empty text counted (and skipped with ``skip_empty``)."""
     held: list[Record] = []
     for_unit = -1
     async for block in blocks:
         bad = [item for item in block if isinstance(item, BadRecord)]
+        records = []
+        for item in block:
+            if isinstance(item, Record):
+                if item.value is None and not item.text.strip():
+                    run.empty_texts += 1
+                    if skip_empty:
+                        bad.append(BadRecord(item.index, item.id, _EMPTY_TEXT, ""))
+                        continue
+                records.append(item)
         if bad:
             await asyncio.to_thread(_skip_bad, writer, bad)
             run.skipped += len(bad)
             if progress is not None:
                 progress.advance(len(bad), utilization=adapter.utilization())
-        records = [item for item in block if isinstance(item, Record)]
         if unit_of is None:
             if records:
                 yield records
@@ -248,6 +265,10 @@ async def _records(
             held.append(record)
     if held:
         yield held
+
+
+#: Why a record of empty or blank text is skipped (``on_bad_record="skip"``).
+_EMPTY_TEXT = "empty text (nothing to run the model on)"
 
 
 def _skip_bad(writer: ChunkWriter, bad: Sequence[BadRecord]) -> None:
@@ -314,5 +335,7 @@ def open_dataset_job(
         result_column=result_column,
         result_kind=result_kind,
         result_shapes=result_shapes,
+        allow_empty=options.allow_empty,
+        id_name=source.id_column or "id",
     )
     return source, writer

@@ -22,9 +22,10 @@ __all__ = ["iter_output", "read_arrays", "read_output", "read_skipped"]
 def iter_output(out_dir: str | os.PathLike[str]) -> Iterator[Any]:
     """Yield each committed chunk as a ``pyarrow.Table``, in chunk order.
 
-    Columns: ``id`` (string), ``index`` (int64), the result column (its type by the result
-    kind: ``batchline.datasets.columns``) and any copied columns. JSONL chunks are read into
-    the same schema as Parquet ones.
+    Columns: the ids (string: ``id``, or the input's id column under its own name),
+    ``index`` (int64), the result column (its type by the result kind:
+    ``batchline.datasets.columns``) and any copied columns. JSONL chunks are read into the
+    same schema as Parquet ones.
     """
     out = Path(out_dir)
     manifest = Manifest.load(out)
@@ -48,7 +49,7 @@ def iter_output(out_dir: str | os.PathLike[str]) -> Iterator[Any]:
         with open(path, "rb") as f:
             for line in f:
                 row = json.loads(line)
-                ids.append(row.pop("id"))
+                ids.append(row.pop(manifest.id_name))
                 indices.append(row.pop("index"))
                 values.append(row.pop(manifest.result_column))
                 extras.append(row or None)
@@ -60,6 +61,7 @@ def iter_output(out_dir: str | os.PathLike[str]) -> Iterator[Any]:
             result_column=manifest.result_column,
             result_kind=manifest.result_kind,
             shapes=manifest.result_shapes,
+            id_name=manifest.id_name,
         )
 
 
@@ -82,6 +84,7 @@ def read_output(out_dir: str | os.PathLike[str]) -> Any:
             result_column=manifest.result_column,
             result_kind=manifest.result_kind,
             shapes=manifest.result_shapes,
+            id_name=manifest.id_name,
         )
     return pa.concat_tables(tables, promote_options="permissive")
 

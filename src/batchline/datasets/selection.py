@@ -47,6 +47,8 @@ class DatasetSelection:
     overwrite: bool = False
     on_bad_record: BadRecordMode = "fail"
     limit: int | None = None
+    #: an input with no records writes an empty output instead of failing
+    allow_empty: bool = False
 
 
 def dataset_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -71,7 +73,12 @@ def add_dataset_arguments(p: argparse.ArgumentParser, *, suffix: str = "embeddin
         "the input file's name without its extension, or demo-corpus)",
     )
     add_text_column_argument(p)
-    p.add_argument("--id-column", help="column holding record ids (default: 'id' if present)")
+    p.add_argument(
+        "--id-column",
+        metavar="NAME",
+        help="column holding record ids, kept under its name in the output (default: 'id' if "
+        "present, else each record's index, as 'id')",
+    )
     p.add_argument(
         "--format",
         dest="input_format",
@@ -95,6 +102,12 @@ def add_dataset_arguments(p: argparse.ArgumentParser, *, suffix: str = "embeddin
         "--on-bad-record",
         choices=["fail", "skip"],
         default="fail",
-        help="bad input: fail (default) names it; skip lists it in OUTPUT/_skipped.jsonl",
+        help="bad input: fail (default) names it; skip lists it in OUTPUT/_skipped.jsonl "
+        "(empty texts too: fail runs them and counts them in the summary)",
     )
     p.add_argument("--limit", type=int, help="take only the first N records")
+    p.add_argument(
+        "--allow-empty",
+        action="store_true",
+        help="an input with no records writes an empty output (default: an error)",
+    )

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -134,6 +135,8 @@ class ChunkWriter:
         result_column: str = "embedding",
         result_kind: ResultKind = "vector",
         result_shapes: Mapping[str, Sequence[int] | None] | None = None,
+        allow_empty: bool = True,
+        id_name: str = "id",
     ) -> None:
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
@@ -146,6 +149,11 @@ class ChunkWriter:
             raise ValueError(
                 f"result_column must be a name other than id/index, got {result_column!r}"
             )
+        if not id_name or id_name in (result_column, "index"):
+            raise InputError(
+                f"the id column {id_name!r} would clash with the output's {id_name!r} column; "
+                "rename it in the input"
+            )
         if overwrite and resume:
             raise InputError("--resume and --overwrite cannot be used together; choose one")
         base: dict[str, object] = {
@@ -154,6 +162,8 @@ class ChunkWriter:
             "result_column": result_column,
             "result_kind": result_kind,
         }
+        if id_name != "id":  # so a resume cannot mix two names (outputs named "id" unchanged)
+            base["id_name"] = id_name
         if result_shapes is not None:
             base["result_shapes"] = {
                 name: None if shape is None else list(shape)
@@ -172,6 +182,7 @@ class ChunkWriter:
         self.fmt: OutputFormat = fmt
         self.chunk_size = chunk_size
         self.result_column = result_column
+        self.id_name = id_name
         self.result_kind: ResultKind = result_kind
         shapes = cast(dict[str, "list[int] | None"], settings.get("result_shapes") or {})
         self.result_shapes: dict[str, list[int] | None] = shapes
@@ -183,6 +194,9 @@ class ChunkWriter:
         self._commits = 0
         pause = os.environ.get(PAUSE_AFTER_CHUNKS_ENV)
         self._pause_after = int(pause) if pause else None
+        self._allow_empty = allow_empty
+        self._started_here = False  # this writer began the output (see _discard_if_bare)
+        self._made_dir = not self.out_dir.exists()
         self._manifest = self._open(settings, overwrite=overwrite, resume=resume)
 
     # -- opening ---------------------------------------------------------------------------------
@@ -214,6 +228,7 @@ class ChunkWriter:
         out.mkdir(parents=True, exist_ok=True)
         manifest = Manifest(settings=settings, chunks={})
         write_manifest(out, manifest)
+        self._started_here = True
         return manifest
 
     def _recover(self, manifest: Manifest, entries: list[str]) -> None:
@@ -349,6 +364,11 @@ class ChunkWriter:
                         f"{total_records}; pass --overwrite to run it again"
                     )
                 return done
+            if total_records == 0 and not self._allow_empty:
+                raise InputError(
+                    f"{done.settings.get('input') or 'the input'}: no records to run (an empty "
+                    "input, or --limit 0); pass --allow-empty to write an empty output"
+                )
             last = -(-total_records // self.chunk_size)  # chunks 0 .. last-1 exist
             beyond = [k for k in (*done.chunks, *self._pending) if k >= last]
             if beyond:
@@ -397,6 +417,24 @@ class ChunkWriter:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+        if exc_type is not None:
+            self._discard_if_bare()
+
+    def _discard_if_bare(self) -> None:
+        """After a failure: remove an output this writer began and committed nothing to (a
+        manifest alone), so that rerunning the same command, or the fix its error suggests,
+        is not refused with "already exists"."""
+        done = self._manifest
+        if not self._started_here or done.chunks or done.complete or done.skipped_bytes:
+            return
+        out = self.out_dir
+        if self._made_dir:  # made for this job: all it holds is this job's (a failure log...)
+            shutil.rmtree(out, ignore_errors=True)
+            return
+        entries = list(out.iterdir()) if out.is_dir() else []
+        if all(p.name in _OWN_NAMES or _PART.fullmatch(p.name) for p in entries):
+            for path in entries:  # else the job's other files need the manifest to resume
+                path.unlink(missing_ok=True)
 
     # -- internals (called with the lock held) ---------------------------------------------------
 
@@ -430,7 +468,7 @@ class ChunkWriter:
         self, index: int, id: str, value: object, extra: Mapping[str, object] | None
     ) -> None:
         if extra:
-            clash = _RESERVED.intersection(extra) | ({self.result_column} & extra.keys())
+            clash = {self.id_name, "index", self.result_column} & extra.keys()
             if clash:
                 raise InputError(
                     f"copied column {sorted(clash)[0]!r} collides with an output column; "
@@ -520,6 +558,7 @@ class ChunkWriter:
             result_column=self.result_column,
             result_kind=self.result_kind,
             shapes=self.result_shapes,
+            id_name=self.id_name,
         )
 
     def _jsonl_row(
@@ -529,7 +568,8 @@ class ChunkWriter:
             value = value.tolist()
         elif self.result_kind == "tensors" and isinstance(value, Mapping):
             value = {name: np.asarray(v).tolist() for name, v in value.items()}
-        return json_line({"id": id, "index": index, self.result_column: value, **(extra or {})})
+        row = {self.id_name: id, "index": index, self.result_column: value}
+        return json_line({**row, **(extra or {})})
 
     def _sort_skipped(self) -> None:
         """Rewrite ``_skipped.jsonl`` in index order (same bytes, so the manifest stays valid)."""

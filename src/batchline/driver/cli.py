@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from batchline.datasets.selection import add_dataset_arguments
+from batchline.knobs import SHARED_HELP
 
 __all__ = ["add_parser"]
 
@@ -28,14 +29,14 @@ def add_parser(sub: Any) -> None:
         "drive",
         help="send a dataset file to serving replicas, exactly once, resumably",
         description=(
-            "Split INPUT into chunks of --chunk-size records and POST them to the replicas "
-            "(--endpoint, repeatable) with at most --concurrency chunks in flight, each to "
-            "the replica with the fewest in flight. Connection errors, timeouts, 429 and 5xx "
-            "are retried with backoff (Retry-After honoured); a replica that keeps failing is "
-            "set aside and re-probed via GET /ready. Results go to OUTPUT exactly as "
-            "`batchline run` writes them; records refused with another 4xx, or whose chunk "
-            "used up --max-attempts, are listed in OUTPUT/_failures.jsonl (exit code 1). "
-            "A killed drive continues with --resume."
+            "Split INPUT into requests of --records-per-request records and POST them to the "
+            "replicas (--endpoint, repeatable) with at most --concurrency requests in "
+            "flight, each to the replica with the fewest in flight. Connection errors, "
+            "timeouts, 429 and 5xx are retried with backoff (Retry-After honoured); a replica "
+            "that keeps failing is set aside and re-probed via GET /ready. Results go to "
+            "OUTPUT exactly as `batchline run` writes them; records refused with another 4xx, "
+            "or whose request used up --max-attempts, are listed in OUTPUT/_failures.jsonl "
+            "(exit code 1). A killed drive continues with --resume."
         ),
         epilog=(
             "exit codes: 0 every record has a result; 1 some records failed (see "
@@ -55,10 +56,24 @@ def add_parser(sub: Any) -> None:
         help="a replica's base URL, e.g. http://127.0.0.1:8000 (repeatable)",
     )
     p.add_argument("--route", choices=["embeddings", "generate"], default="embeddings")
-    p.add_argument("--model", help="model name sent with each request (default: the server's)")
+    p.add_argument(
+        "--request-model",
+        dest="model",
+        metavar="NAME",
+        help="the served model's name, sent as 'model' with each request (default: the server's)",
+    )
+    _deprecated(p, "--model", "--request-model", dest="model")
     p.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY' ($BATCHLINE_API_KEY)")
     add_dataset_arguments(p, suffix="embeddings (or STEM.results with --route generate)")
-    p.add_argument("--chunk-size", type=int, default=50, help="records per request (default: 50)")
+    p.add_argument(
+        "--records-per-request",
+        dest="chunk_size",
+        type=int,
+        default=50,
+        metavar="N",
+        help="records per request (default: 50)",
+    )
+    _deprecated(p, "--chunk-size", "--records-per-request", dest="chunk_size", type=int)
     p.add_argument(
         "--output-chunk-size",
         type=int,
@@ -115,8 +130,36 @@ def add_parser(sub: Any) -> None:
         default="base64",
         help="embeddings' encoding_format (default: base64, exact and compact)",
     )
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", action="store_true", help=SHARED_HELP["--quiet"])
     p.set_defaults(func=_main)
+
+
+class _DeprecatedFlag(argparse.Action):
+    """An old spelling kept for one release: stores as the new flag does, and says so on
+    stderr in one line."""
+
+    def __init__(self, option_strings: list[str], dest: str, *, new: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.new = new
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        print(
+            f"batchline drive: warning: {option_string} is deprecated and will be removed in the "
+            f"next release; use {self.new}",
+            file=sys.stderr,
+        )
+        setattr(namespace, self.dest, values)
+
+
+def _deprecated(p: argparse.ArgumentParser, old: str, new: str, **kwargs: Any) -> None:
+    """``old`` as a deprecated spelling of ``new`` (same destination), hidden from --help."""
+    p.add_argument(old, action=_DeprecatedFlag, new=new, help=argparse.SUPPRESS, **kwargs)
 
 
 def _main(args: argparse.Namespace) -> int:
@@ -141,7 +184,8 @@ def _main(args: argparse.Namespace) -> int:
         driver_log.removeHandler(handler)
         if bar is not None:
             bar.close()
-    print_summary("batchline drive", summary.rows())
+    if not args.quiet or summary.exit_code:
+        print_summary("batchline drive", summary.rows())
     if summary.exit_code:
         print(
             f"batchline drive: {summary.failed_total:,} record(s) failed; "

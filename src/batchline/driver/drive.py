@@ -2,7 +2,7 @@
 
 The pipeline::
 
-    open_source ──blocks of --chunk-size──> chunk tasks (at most --concurrency alive)
+    open_source ──blocks of --records-per-request──> chunk tasks (at most --concurrency alive)
                                               │ pool.acquire(): the up endpoint with the
                                               │ fewest chunks in flight
                                               ▼
@@ -173,7 +173,8 @@ class DriveOptions(DatasetSelection):
 
 
 def _flag(name: str) -> str:
-    return name.replace("_", "-")
+    # drive's request size is --records-per-request (--chunk-size is run's output chunk)
+    return "records-per-request" if name == "chunk_size" else name.replace("_", "-")
 
 
 def normalize_endpoint(url: str) -> str:
@@ -208,6 +209,8 @@ class DriveSummary:
     requests: int
     retries: int
     endpoints: tuple[EndpointReport, ...] = ()
+    #: records of empty or blank text (sent, or skipped with on_bad_record="skip")
+    empty_texts: int = 0
 
     @property
     def records_per_s(self) -> float:
@@ -226,6 +229,7 @@ class DriveSummary:
             ("records (this run)", f"{self.records:,}"),
             ("failed (this run)", f"{self.failed:,}"),
             ("skipped bad input", f"{self.skipped:,}"),
+            *([("empty texts", f"{self.empty_texts:,}")] if self.empty_texts else []),
             ("resumed (already done)", f"{self.already_done:,}"),
             ("wall time", f"{self.wall_s:.1f} s"),
             ("records/s", f"{self.records_per_s:,.1f}"),
@@ -410,6 +414,7 @@ async def drive_job(
             requests=sum(r.requests for r in reports),
             retries=adapter.retries,
             endpoints=reports,
+            empty_texts=done.empty_texts,
         )
 
 

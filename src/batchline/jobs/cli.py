@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from batchline.datasets.selection import add_dataset_arguments, dataset_options
+from batchline.knobs import SHARED_HELP, add_knob_arguments
 from batchline.models.selection import add_model_arguments, model_options
 
 __all__ = ["add_parser", "given_flags"]
@@ -44,20 +45,8 @@ def add_parser(sub: Any) -> None:
         "score: the query column, then the document column (default: query and document)",
     )
     p.add_argument("--chunk-size", type=int, default=10_000, help="records per output chunk")
-    p.add_argument(
-        "--no-batching",
-        action="store_true",
-        help="the baseline: one shared session, one record per call, to compare against "
-        "(generation: one sequence at a time)",
-    )
-    p.add_argument("--config", type=Path, help="batching knobs file (as written by batchline tune)")
-    p.add_argument("--target-batch-tokens", type=int, help="padded tokens per model call")
-    p.add_argument("--sessions", type=int, help="model sessions (batches in flight)")
-    p.add_argument("--intra-op-threads", type=int, help="threads per session")
-    p.add_argument(
-        "--device", help="cpu (default) or cuda[:N]: where the model runs (knob: device)"
-    )
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_knob_arguments(p)
+    p.add_argument("--quiet", action="store_true", help=SHARED_HELP["--quiet"])
     _add_generation_arguments(p)
     p.add_argument(
         "--engine",
@@ -140,7 +129,7 @@ def _add_generation_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--generation-backend",
         choices=["torch", "vllm"],
-        help="torch (default) or vllm (vLLM's engine, its CPU or CUDA build as --device says)",
+        help=SHARED_HELP["--generation-backend"],
     )
     add_torch_generation_arguments(g)
 
@@ -169,14 +158,19 @@ def given_flags(args: argparse.Namespace, flags: dict[str, str]) -> list[str]:
 
 
 def _knobs(args: argparse.Namespace) -> Any:
-    """The knobs of ``--config`` (or the defaults), updated with every flag named after a knob."""
+    """The knobs of ``--config`` (or the defaults), updated with ``--set`` and then with every
+    flag named after a knob."""
     import dataclasses
 
-    from batchline.knobs import Knobs
+    from batchline.knobs import Knobs, check_setting_names, parse_set_options
 
     knobs = Knobs.load(args.config) if args.config else Knobs()
     names = {f.name for f in dataclasses.fields(Knobs)}
-    changes = {k: v for k, v in vars(args).items() if k in names and v is not None}
+    changes = parse_set_options(args.set)
+    check_setting_names(changes, names, where="--set")
+    if "sessions" in changes and "max_concurrent_batches" not in changes:
+        changes["max_concurrent_batches"] = changes["sessions"]
+    changes.update({k: v for k, v in vars(args).items() if k in names and v is not None})
     if args.sessions is not None:
         changes["max_concurrent_batches"] = args.sessions
     if args.no_batching:
@@ -217,6 +211,8 @@ def _main(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     show = not args.quiet and console.is_terminal
     bar = (_generation_bar(console) if generating else _bar(console)) if show else None
+    stopped_by: list[str] = []
+    restore = _sigterm_as_interrupt(stopped_by)
     try:
         if args.engine == "local":
             summary = run(options, bar)
@@ -224,7 +220,7 @@ def _main(args: argparse.Namespace) -> int:
             from batchline.integrations.ray import run_on_ray
 
             # Explicit --sessions/--intra-op-threads/--config set each replica's knobs.
-            own = args.config or args.sessions or args.intra_op_threads
+            own = args.config or args.set or args.sessions or args.intra_op_threads
             summary = run_on_ray(
                 options,
                 address=args.address,
@@ -232,11 +228,85 @@ def _main(args: argparse.Namespace) -> int:
                 replica_knobs=options.knobs if own else None,
                 progress=bar,
             )
-    finally:
+    except KeyboardInterrupt:
         if bar is not None:
             bar.close()
-    print_summary("batchline run", summary.rows())
+            bar = None
+        signame = stopped_by[0] if stopped_by else "SIGINT"
+        print(f"batchline run: {_interrupted(args, options, signame)}", file=sys.stderr)
+        return 143 if signame == "SIGTERM" else 130
+    finally:
+        restore()
+        if bar is not None:
+            bar.close()
+    if summary.empty_texts and options.on_bad_record == "fail" and not args.quiet:
+        print(
+            f"batchline run: warning: {summary.empty_texts:,} record(s) had empty text and ran "
+            "as such; --on-bad-record skip lists them in _skipped.jsonl instead",
+            file=sys.stderr,
+        )
+    if not args.quiet:
+        print_summary("batchline run", summary.rows())
     return 0
+
+
+def _sigterm_as_interrupt(stopped_by: list[str]) -> Any:
+    """Make SIGTERM stop the run as Ctrl-C does (committed chunks kept, the rest withdrawn),
+    noting it in ``stopped_by``; returns what puts the old handler back."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        stopped_by.append("SIGTERM")
+        signal.raise_signal(signal.SIGINT)  # asyncio.run's own Ctrl-C path: a clean cancel
+
+    old = signal.signal(signal.SIGTERM, on_sigterm)
+    return lambda: signal.signal(signal.SIGTERM, old)
+
+
+def _interrupted(args: argparse.Namespace, options: Any, signame: str) -> str:
+    """What a stopped run tells its user: the records committed, and the command that goes
+    on from there (or, with nothing committed, the same command again)."""
+    import shlex
+
+    out = _output_dir(options)
+    committed = 0
+    if out is not None and (out / "_manifest.json").exists():
+        from batchline.datasets.manifest import Manifest
+
+        chunks = Manifest.load(out).chunks.values()
+        committed = sum(c.rows + c.skipped for c in chunks)
+    argv = [a for a in getattr(args, "argv", None) or sys.argv[1:] if a != "--overwrite"]
+    if committed:
+        if "--resume" not in argv:
+            argv.append("--resume")
+        where = f"{committed:,} record(s) committed in {out}"
+    else:  # the writer removed the output it began: the same command starts afresh
+        where = "no record was committed, so nothing was left behind"
+    command = shlex.join(["batchline", *argv])
+    return f"interrupted ({signame}): {where}; to go on, run: {command}"
+
+
+def _output_dir(options: Any) -> Path | None:
+    """The folder a job commits its chunks to (None where it cannot be told)."""
+    from batchline.jobs.openai_batch import detect_batch
+    from batchline.jobs.options import GenerateOptions, default_output
+    from batchline.models.loader import resolve_task
+
+    try:
+        if isinstance(options, GenerateOptions):
+            batch = detect_batch(options)
+            if batch is not None:
+                return Path(batch.parts)
+        if options.output is not None:
+            return Path(options.output)
+        task = "generate" if isinstance(options, GenerateOptions) else resolve_task(options.spec)
+        return default_output(options.input, task)
+    except Exception:  # the message goes out anyway, without the count
+        return None
 
 
 def _resolve(args: argparse.Namespace, options: Any) -> Any:

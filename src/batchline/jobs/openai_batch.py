@@ -39,6 +39,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -210,6 +211,9 @@ class BatchFiles:
             out = _output_line(index, request, rows.get(index), skipped.get(index), not_run)
             lines.append(json.dumps(out, ensure_ascii=False, separators=(",", ":")))
         write_whole(self.output, "".join(line + "\n" for line in lines).encode("utf-8"))
+        umask = os.umask(0o022)  # read, then put back: the mode open() gives every other output
+        os.umask(umask)
+        self.output.chmod(0o666 & ~umask)  # not the temporary file's 0600
         return self.output
 
 

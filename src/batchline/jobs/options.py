@@ -132,7 +132,9 @@ def batch_specs(options: RunOptions) -> list[ModelSpec]:
     )
 
 
-def default_output(input_path: Path | None, info: ModelInfo) -> Path:
-    """``STEM.embeddings`` (embed) or ``STEM.results`` (other tasks), in the current directory."""
+def default_output(input_path: Path | None, info: ModelInfo | str) -> Path:
+    """``STEM.embeddings`` (embed) or ``STEM.results`` (other tasks), in the current directory;
+    ``info``: the model's, or its task."""
     stem = "demo-corpus" if input_path is None else input_path.stem
-    return Path(f"{stem}.{'embeddings' if info.task == 'embed' else 'results'}")
+    task = info if isinstance(info, str) else info.task
+    return Path(f"{stem}.{'embeddings' if task == 'embed' else 'results'}")

@@ -36,6 +36,8 @@ class RunSummary:
     padded: bool = True
     #: blank lines of the input, skipped (an OpenAI batch file's; 0 for other inputs)
     blank_lines: int = 0
+    #: records of empty or blank text (run as they are, or skipped with --on-bad-record skip)
+    empty_texts: int = 0
 
     @property
     def records_per_s(self) -> float:
@@ -67,6 +69,7 @@ class RunSummary:
             ("mode", mode),
             ("records (this run)", f"{self.records:,}"),
             ("skipped", f"{self.skipped:,}"),
+            *([("empty texts", f"{self.empty_texts:,}")] if self.empty_texts else []),
             ("resumed (already done)", f"{self.already_done:,}"),
             *([("blank lines (skipped)", f"{self.blank_lines:,}")] if self.blank_lines else []),
             ("wall time", f"{self.wall_s:.1f} s"),

