@@ -4,6 +4,7 @@ with the request, and a bad one is a 400 that says what is wrong."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Sequence
 
 import pytest
@@ -113,7 +114,7 @@ CYCLIC = {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$r
 )
 @pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/completions", "/generate"])
 async def test_a_constraint_the_engine_cannot_enforce_is_400_at_submit(
-    route: str, extra: dict[str, object], message: str
+    route: str, extra: dict[str, object], message: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     model = served()
     app, _ = make_app(model)
@@ -122,11 +123,19 @@ async def test_a_constraint_the_engine_cannot_enforce_is_400_at_submit(
         "/v1/completions": {"prompt": "hi"},
         "/generate": {"prompts": ["hi"]},
     }[route]
+    caplog.set_level(logging.WARNING, logger="batchline.server")
     async with client_for(app) as client:
-        r = await client.post(route, json={**prompt, "max_tokens": 4, **extra})
+        r = await client.post(
+            route, json={**prompt, "max_tokens": 4, **extra}, headers={"X-Request-Id": "req-7"}
+        )
     assert r.status_code == 400, r.text
     assert message in r.json()["error"]["message"]
     assert model.engine.added == []
+    # one line: the request and the reason, not the grammar
+    (line,) = [r.getMessage() for r in caplog.records if "constraint refused" in r.getMessage()]
+    assert line.startswith(f"POST {route} (request req-7): constraint refused: ")
+    assert message in line
+    assert len(line) < 500
 
 
 GAVE_UP = "the grammar engine gave up on this request's regex constraint: Parser Error: ..."

@@ -45,6 +45,7 @@ the next step by it (aged, as the batchers' queues; ``scheduler.py``).
 """
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -83,6 +84,8 @@ from batchline.server.schemas import (
 from batchline.server.state import ServedGenerator, ServerState
 
 __all__ = ["router"]
+
+logger = logging.getLogger("batchline.server")
 
 router = APIRouter()
 
@@ -141,7 +144,7 @@ async def generate(request: Request) -> Response:
         served,
         body,
         prompts,
-        await _constraint(body),
+        await _constraint(body, request),
         priority,
         default_max_tokens=DEFAULT_MAX_TOKENS,
         greedy=True,
@@ -188,7 +191,7 @@ async def create_completion(request: Request) -> Response:
         served,
         body,
         prompts,
-        await _constraint(body),
+        await _constraint(body, request),
         priority,
         default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS,
     )
@@ -226,7 +229,7 @@ async def create_chat_completion(request: Request) -> Response:
     ids = await _encode(served.model.encode_chat, messages, size, state, "messages")
     if not ids:
         raise _bad("'messages' produced no tokens; send some text")
-    constraint = await _constraint(body)
+    constraint = await _constraint(body, request)
     params = _sampling(
         served, body, [ids], constraint, priority, default_max_tokens=DEFAULT_MAX_TOKENS
     )
@@ -307,15 +310,22 @@ async def _encode(
         ) from None
 
 
-async def _constraint(body: SamplingBody) -> Constraint | None:
+async def _constraint(body: SamplingBody, request: Request) -> Constraint | None:
     """The body's constraint, checked against the grammar engine's limits in a worker thread
     (compiling a large grammar takes up to a few hundred ms); 400 with the reason when it is
-    bad or cannot be enforced."""
+    bad or cannot be enforced, and one log line saying which request and why (the client's
+    ``X-Request-Id`` when it sends one)."""
     try:
         if not body.constrains():
             return None
         return await asyncio.to_thread(body.constraint)
     except ValueError as exc:
+        reason = _safe(str(exc))[:300]
+        sent = request.headers.get("x-request-id")
+        who = f" (request {_safe(sent)[:100]})" if sent else ""
+        logger.warning(
+            "%s %s%s: constraint refused: %s", request.method, request.url.path, who, reason
+        )
         raise _bad(str(exc)) from None
 
 
