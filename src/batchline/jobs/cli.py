@@ -7,6 +7,7 @@ the ``jobs`` extra.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -213,6 +214,7 @@ def _main(args: argparse.Namespace) -> int:
     bar = (_generation_bar(console) if generating else _bar(console)) if show else None
     stopped_by: list[str] = []
     restore = _sigterm_as_interrupt(stopped_by)
+    said = None if args.quiet else _say_model_loads()
     try:
         if args.engine == "local":
             summary = run(options, bar)
@@ -237,6 +239,8 @@ def _main(args: argparse.Namespace) -> int:
         return 143 if signame == "SIGTERM" else 130
     finally:
         restore()
+        if said is not None:
+            logging.getLogger("batchline.models").removeHandler(said)
         if bar is not None:
             bar.close()
     if summary.empty_texts and options.on_bad_record == "fail" and not args.quiet:
@@ -248,6 +252,19 @@ def _main(args: argparse.Namespace) -> int:
     if not args.quiet:
         print_summary("batchline run", summary.rows())
     return 0
+
+
+def _say_model_loads() -> logging.Handler:
+    """Print what a model folder was found to be, and what runs it, as ``serve`` logs it
+    (``emb: sentence-transformers folder (BertModel, mean pooling, ...) -> ONNX (...)``)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("batchline run: %(message)s"))
+    handler.setLevel(logging.INFO)
+    models = logging.getLogger("batchline.models")
+    models.addHandler(handler)
+    if models.getEffectiveLevel() > logging.INFO:
+        models.setLevel(logging.INFO)
+    return handler
 
 
 def _sigterm_as_interrupt(stopped_by: list[str]) -> Any:

@@ -343,3 +343,22 @@ def test_an_exported_xlmr_cross_encoder_scores(exporter: None, tmp_path: Path) -
     ours = np.array(model.run_batch(model.prepare([list(p) for p in pairs])))
     expected = CrossEncoder(str(folder), device="cpu").predict(pairs)
     assert np.abs(ours - expected).max() <= 1e-4
+
+
+def test_run_says_what_a_folder_is_and_what_runs_it(
+    bert: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from batchline.cli import main
+
+    folder = st_folder(bert, tmp_path, pooling="mean", normalize=True)
+    texts = tmp_path / "texts.txt"
+    texts.write_text("one text\nanother text\n")
+    out = tmp_path / "out"
+    assert main(["run", str(texts), "--model", f"{folder}/", "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    (line,) = [x for x in err.splitlines() if "sentence-transformers folder" in x]
+    assert line.startswith(f"batchline run: {folder.name}: sentence-transformers folder (BertModel")
+    assert "-> ONNX (" in line
+    assert main(["run", str(texts), "--model", f"{folder}/", "-o", str(out), "--quiet",
+                 "--overwrite"]) == 0  # fmt: skip
+    assert capsys.readouterr().err == ""
