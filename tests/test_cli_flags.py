@@ -52,7 +52,6 @@ NOT_SHARED = {
     "--no-normalize": "serve's applies to a single model",
     # known to differ, left for a later rename
     "--output": "each command's result: a folder (run, drive, bench) or tune's config file",
-    "--route": "drive's is the server route, bench's the protocol: to be renamed",
     "--seed": "run's seeds sampling, bench's and tune's the sample and arrivals",
 }
 
@@ -120,6 +119,23 @@ def test_drive_s_old_spellings_still_work_with_a_one_line_warning(
     assert "use --request-model" in err[1]
     args = parser.parse_args(["--endpoint", "http://x", "--records-per-request", "7"])
     assert args.chunk_size == 7
+    assert capsys.readouterr().err == ""
+
+
+def test_bench_s_route_is_now_protocol_and_the_old_spelling_warns(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--route`` is drive's server route; bench's protocol flag is ``--protocol``."""
+    parser = _parsers()["bench"]
+    assert "--protocol" in _visible(parser)
+    assert "--route" not in _visible(parser)
+    args = parser.parse_args(["--target", "http://x", "--route", "oip"])
+    assert args.route == "oip"
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "--route is deprecated" in line
+    assert "use --protocol" in line
+    args = parser.parse_args(["--target", "http://x", "--protocol", "oip"])
+    assert args.route == "oip"
     assert capsys.readouterr().err == ""
 
 

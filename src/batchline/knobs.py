@@ -24,6 +24,7 @@ import json
 import math
 import os
 import re
+import sys
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -434,3 +435,32 @@ def _toml_value(value: Any) -> str:
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     # JSON's string escapes are all valid in a TOML basic string
     return json.dumps(str(value), ensure_ascii=False)
+
+
+class _DeprecatedFlag(argparse.Action):
+    """An old spelling kept for one release: stores as the new flag does, and says so on
+    stderr in one line."""
+
+    def __init__(self, option_strings: list[str], dest: str, *, new: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.new = new
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        print(
+            f"{parser.prog}: warning: {option_string} is deprecated and will be removed in the "
+            f"next release; use {self.new}",
+            file=sys.stderr,
+        )
+        setattr(namespace, self.dest, values)
+
+
+def add_deprecated_flag(p: argparse.ArgumentParser, old: str, new: str, **kwargs: Any) -> None:
+    """``old`` as a deprecated spelling of ``new`` (same destination), hidden from --help: it
+    works for one more release and says, in one line, which flag replaces it."""
+    p.add_argument(old, action=_DeprecatedFlag, new=new, help=argparse.SUPPRESS, **kwargs)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from batchline.datasets.selection import add_text_column_argument
-from batchline.knobs import SHARED_HELP, add_device_argument
+from batchline.knobs import SHARED_HELP, add_deprecated_flag, add_device_argument
 from batchline.models.selection import ModelSelection, add_model_arguments, model_options
 
 __all__ = ["add_parser"]
@@ -72,12 +72,14 @@ def _add_bench(sub: Any) -> None:
         help="'inprocess' (default) or the URL of a batchline server",
     )
     p.add_argument(
-        "--route",
+        "--protocol",
+        dest="route",
         choices=["openai", "oip"],
         default="openai",
         help="with a URL: openai (POST /v1/embeddings, texts; default) or oip (the Open "
         "Inference Protocol, POST /v2/models/NAME/infer with --model NAME)",
     )
+    add_deprecated_flag(p, "--route", "--protocol", dest="route", choices=["openai", "oip"])
     p.add_argument(
         "--load",
         action="append",
@@ -296,7 +298,7 @@ def _bench_generate_main(args: argparse.Namespace) -> int:
 
     refused = [
         ("--target", args.target != "inprocess"),
-        ("--route", args.route != "openai"),
+        ("--protocol", args.route != "openai"),
         ("--config", bool(args.configs)),
         ("--inputs", args.inputs is not None),
     ]

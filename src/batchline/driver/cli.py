@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from batchline.datasets.selection import add_dataset_arguments
-from batchline.knobs import SHARED_HELP
+from batchline.knobs import SHARED_HELP, add_deprecated_flag
 
 __all__ = ["add_parser"]
 
@@ -62,7 +62,7 @@ def add_parser(sub: Any) -> None:
         metavar="NAME",
         help="the served model's name, sent as 'model' with each request (default: the server's)",
     )
-    _deprecated(p, "--model", "--request-model", dest="model")
+    add_deprecated_flag(p, "--model", "--request-model", dest="model")
     p.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY' ($BATCHLINE_API_KEY)")
     add_dataset_arguments(p, suffix="embeddings (or STEM.results with --route generate)")
     p.add_argument(
@@ -73,7 +73,7 @@ def add_parser(sub: Any) -> None:
         metavar="N",
         help="records per request (default: 50)",
     )
-    _deprecated(p, "--chunk-size", "--records-per-request", dest="chunk_size", type=int)
+    add_deprecated_flag(p, "--chunk-size", "--records-per-request", dest="chunk_size", type=int)
     p.add_argument(
         "--output-chunk-size",
         type=int,
@@ -132,34 +132,6 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--quiet", action="store_true", help=SHARED_HELP["--quiet"])
     p.set_defaults(func=_main)
-
-
-class _DeprecatedFlag(argparse.Action):
-    """An old spelling kept for one release: stores as the new flag does, and says so on
-    stderr in one line."""
-
-    def __init__(self, option_strings: list[str], dest: str, *, new: str, **kwargs: Any) -> None:
-        super().__init__(option_strings, dest, **kwargs)
-        self.new = new
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: Any,
-        option_string: str | None = None,
-    ) -> None:
-        print(
-            f"batchline drive: warning: {option_string} is deprecated and will be removed in the "
-            f"next release; use {self.new}",
-            file=sys.stderr,
-        )
-        setattr(namespace, self.dest, values)
-
-
-def _deprecated(p: argparse.ArgumentParser, old: str, new: str, **kwargs: Any) -> None:
-    """``old`` as a deprecated spelling of ``new`` (same destination), hidden from --help."""
-    p.add_argument(old, action=_DeprecatedFlag, new=new, help=argparse.SUPPRESS, **kwargs)
 
 
 def _main(args: argparse.Namespace) -> int:
