@@ -67,7 +67,7 @@ def test_readme_is_a_newcomers_path() -> None:
     """Short enough to read top to bottom, with a from-a-clone install, and every docs page it
     links to exists."""
     text = (ROOT / "README.md").read_text()
-    assert len(text.splitlines()) <= 265
+    assert len(text.splitlines()) <= 270
     assert "pip install '.[jobs]'" in text
     for link in re.findall(r"\]\((docs/[^)#]+)", text):
         assert (ROOT / link).is_file(), link

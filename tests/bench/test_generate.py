@@ -190,7 +190,7 @@ def test_cli_on_a_folder_model_compares_the_three_on_one_load(
     argv = ["bench", "--model", f"{tiny}/", "--load", "closed:2", "--load", "open:200"]
     argv += ["--requests", "3", "--sequential-requests", "2", "--repeats", "1"]
     argv += ["--min-new", "2", "--max-new", "4", "--max-running-sequences", "2"]
-    argv += ["--threads", "1", "--quiet", "-o", str(out)]
+    argv += ["--threads", "1", "-o", str(out)]  # the table: not --quiet
     assert main(argv) == 0
     captured = capsys.readouterr()
     printed = captured.out

@@ -254,7 +254,7 @@ def test_the_cli_parses_the_vllm_generator_and_prints_its_row(
     argv = ["bench", "--task", "generate", "--generators", " continuous , vllm,one-at-a-time"]
     argv += ["--load", "closed:3", "--requests", "4", "--sequential-requests", "2"]
     argv += ["--repeats", "1", "--min-new", "2", "--max-new", "4", "--dtype", "bfloat16"]
-    argv += ["--max-running-sequences", "3", "--quiet", "-o", str(out)]
+    argv += ["--max-running-sequences", "3", "-o", str(out)]  # the table: not --quiet
     assert main(argv) == 0
     (options,) = seen
     assert list(options.generators) == ["continuous", "vllm", "one-at-a-time"]

@@ -57,7 +57,8 @@ def test_external_weights_count_and_missing_files_estimate_nothing(tmp_path: Pat
 
 def test_a_generator_holds_its_weights_twice_and_its_kv_cache(tmp_path: Path) -> None:
     config = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3}
-    (tmp_path / "config.json").write_text(json.dumps({**config, "hidden_size": 576}))
+    causal = {"architectures": ["LlamaForCausalLM"], "model_type": "llama"}
+    (tmp_path / "config.json").write_text(json.dumps({**causal, **config, "hidden_size": 576}))
     (tmp_path / "model.safetensors").write_bytes(b"\0" * (3 * MIB))
     spec = parse_spec(f"{tmp_path}/")
     weights = sum(p.stat().st_size for p in tmp_path.iterdir())
@@ -68,7 +69,8 @@ def test_a_generator_holds_its_weights_twice_and_its_kv_cache(tmp_path: Path) ->
     assert got.peak_bytes > got.steady_bytes
     half = estimate_footprint(spec, Knobs.serving(kv_token_budget=16_384, dtype="bfloat16"))
     assert got.steady_bytes - half.steady_bytes == kv // 2
-    (tmp_path / "config.json").write_text("{}")  # a config that does not say: weights only
+    # a config that does not say the shape: weights only
+    (tmp_path / "config.json").write_text(json.dumps(causal))
     weights = sum(p.stat().st_size for p in tmp_path.iterdir())
     assert estimate_footprint(spec, Knobs.serving()).steady_bytes == 2 * weights
 
