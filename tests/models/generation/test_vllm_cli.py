@@ -142,7 +142,7 @@ def test_bench_compares_the_own_engine_with_vllm_in_one_run(tmp_path: Path) -> N
     out = tmp_path / "report"
     argv = ["bench", "--task", "generate", "--model", "smollm2", "--generators", "continuous,vllm"]
     argv += ["--load", "closed:4", "--requests", "4", "--repeats", "1", "--min-new", "4"]
-    argv += ["--max-new", "8", "--max-running-sequences", "4", "--quiet", "-o", str(out)]
+    argv += ["--max-new", "8", "--max-running-sequences", "4", "-o", str(out)]  # the table
     done = subprocess.run(
         [sys.executable, "-m", "batchline", *argv],
         capture_output=True,
