@@ -48,13 +48,16 @@ from batchline.jobs.batch import cancel, settle
 from batchline.jobs.options import GenerateOptions, RunOptions, default_output, resolve
 from batchline.jobs.requests import RecordRequests, is_openai_batch_file, reads_whole_rows
 from batchline.jobs.summary import GenerateSummary
-from batchline.models.generation.engine import SamplingParams
+from batchline.models.generation import SamplingParams
 from batchline.models.protocol import ModelInfo
 
 if TYPE_CHECKING:
-    from batchline.models.generation.load import GenerationModel
-    from batchline.models.generation.stats import GenerationStats
-    from batchline.models.generation.stream import Completion, TextGenerator
+    from batchline.models.generation import (
+        Completion,
+        GenerationModel,
+        GenerationStats,
+        TextGenerator,
+    )
 
 __all__ = [
     "GenerateOptions",
@@ -100,7 +103,7 @@ def demo_prompts_path() -> Path:
     """The built-in math prompts as JSONL in batchline's cache folder (rewritten if the
     prompts changed, so a resume sees the same file only when the prompts are the same)."""
     from batchline._cache import cache_dir
-    from batchline.models.generation.demo import write_demo_prompts
+    from batchline.models.generation import write_demo_prompts
 
     return write_demo_prompts(cache_dir() / _DEMO_NAME, _DEMO_COUNT)
 
@@ -327,7 +330,7 @@ async def run_generate_job(
         )
     column = await asyncio.to_thread(_prompt_column, opts, input_path)
     requests = RecordRequests(column, opts.chat_template, params)
-    from batchline.models.generation.load import load_text_generator
+    from batchline.models.generation import load_text_generator
 
     # The model loads before the output opens (as in run): a model that fails to load leaves
     # no half-made output behind that would need --resume or --overwrite.

@@ -93,7 +93,7 @@ if TYPE_CHECKING:
     from batchline.datasets.sources import Source
     from batchline.jobs.options import RunOptions
     from batchline.knobs import Knobs
-    from batchline.models.generation.load import GenerationModel
+    from batchline.models.generation import GenerationModel
     from batchline.models.protocol import BatchModel
     from batchline.models.specs import ModelSpec
 
@@ -448,7 +448,7 @@ def _load(specs: Sequence[ModelSpec], knobs: Knobs) -> _Models:
             models.batch[task] = model
             models.names = dataclasses.replace(models.names, **{task: spec.name})
         if generators:
-            from batchline.models.generation.load import load_text_generator
+            from batchline.models.generation import load_text_generator
 
             (spec,) = generators
             models.generator = load_text_generator(spec, knobs)

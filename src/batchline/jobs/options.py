@@ -18,7 +18,7 @@ from batchline._errors import InputError
 from batchline.datasets.selection import DatasetSelection
 from batchline.jobs.requests import job_constraint
 from batchline.knobs import Knobs
-from batchline.models.generation.engine import SamplingParams
+from batchline.models.generation import SamplingParams
 from batchline.models.protocol import ModelInfo
 from batchline.models.selection import ModelSelection
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from batchline.datasets.sources import Format, Record, open_source
-from batchline.models.generation.engine import SamplingParams, unapplied_field
+from batchline.models.generation import SamplingParams, unapplied_field
 from batchline.models.generation.structured import (
     GUIDED_FIELDS,
     Constraint,

@@ -53,6 +53,7 @@ __all__ = [
     "ResultKind",
     "Task",
     "Tokenizing",
+    "check_token_ids",
 ]
 
 Task = Literal["embed", "classify", "score", "predict", "generate"]
@@ -152,3 +153,11 @@ class Tokenizing(Protocol):
     def token_ids(self, text: str, *, special_tokens: bool = True) -> list[int]: ...
 
     def token_text(self, ids: Sequence[int]) -> str: ...
+
+
+def check_token_ids(ids: Sequence[int], vocab_size: int) -> None:
+    """``ValueError`` for an id outside ``[0, vocab_size)``: a tokenizer's decode would skip it
+    silently (what ``Tokenizing.token_text`` raises, as an ``InputError``)."""
+    bad = next((i for i in ids if not 0 <= i < vocab_size), None)
+    if bad is not None:
+        raise ValueError(f"token id {bad} is outside the vocabulary (ids 0 to {vocab_size - 1})")

@@ -96,7 +96,7 @@ from batchline.server.settings import ServerSettings
 from batchline.server.state import ServedGenerator, ServedModel, ServerState
 
 if TYPE_CHECKING:
-    from batchline.models.generation.load import GenerationModel
+    from batchline.models.generation import GenerationModel
 
 __all__ = ["LoadGenerator", "LoadModel", "create_app", "drain"]
 
@@ -354,7 +354,7 @@ def _default_loader() -> LoadModel:
 
 
 def _default_generator_loader() -> LoadGenerator:
-    from batchline.models.generation.load import load_text_generator
+    from batchline.models.generation import load_text_generator
 
     return load_text_generator
 

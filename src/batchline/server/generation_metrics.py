@@ -51,8 +51,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from batchline._priority import priority_label
-from batchline.models.generation.stats import GenerationStats
-from batchline.models.generation.stream import Completion
+from batchline.models.generation import Completion, GenerationStats
 
 __all__ = ["GenerationMetrics"]
 

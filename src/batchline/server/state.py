@@ -48,9 +48,12 @@ from batchline.server.metrics import ModelMetrics, ServerMetrics
 from batchline.server.settings import ServerSettings
 
 if TYPE_CHECKING:
-    from batchline.models.generation.load import GenerationModel
-    from batchline.models.generation.stats import GenerationStats
-    from batchline.models.generation.stream import Completion, TextGenerator
+    from batchline.models.generation import (
+        Completion,
+        GenerationModel,
+        GenerationStats,
+        TextGenerator,
+    )
     from batchline.server.generation_metrics import GenerationMetrics
 
 __all__ = ["ServedGenerator", "ServedModel", "ServerState"]

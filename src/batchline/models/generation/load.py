@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from batchline._errors import InputError, ModelError
 from batchline.knobs import Knobs
-from batchline.models.protocol import ModelInfo
+from batchline.models.protocol import ModelInfo, check_token_ids
 from batchline.models.specs import ModelSpec
 
 if TYPE_CHECKING:
@@ -180,10 +180,10 @@ class GenerationModel:
     def token_text(self, ids: Sequence[int]) -> str:
         """``POST /detokenize``: :meth:`decode`; ``InputError`` for an id outside the
         vocabulary."""
-        size = len(self.tokenizer)
-        bad = next((i for i in ids if not 0 <= i < size), None)
-        if bad is not None:
-            raise InputError(f"token id {bad} is outside the vocabulary (ids 0 to {size - 1})")
+        try:
+            check_token_ids(ids, len(self.tokenizer))
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
         return self.decode(ids)
 
     def close(self) -> None:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from batchline._errors import InputError
 from batchline.knobs import Knobs
-from batchline.models.protocol import ModelInfo
+from batchline.models.protocol import ModelInfo, check_token_ids
 from batchline.models.specs import ModelSpec
 
 if TYPE_CHECKING:
@@ -60,16 +60,12 @@ class SessionModel:
         """The text of ``ids``, special tokens dropped."""
         if self.tokenizer is None:
             raise InputError(f"model {self.info.name!r} takes tensors, not text: no tokenizer")
-        check_ids(ids, self.tokenizer.get_vocab_size(with_added_tokens=True))
+        try:
+            check_token_ids(ids, self.tokenizer.get_vocab_size(with_added_tokens=True))
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
         text: str = self.tokenizer.decode(list(ids), skip_special_tokens=True)
         return text
-
-
-def check_ids(ids: Sequence[int], vocab_size: int) -> None:
-    """``InputError`` for an id outside ``[0, vocab_size)`` (a tokenizer would skip it)."""
-    bad = next((i for i in ids if not 0 <= i < vocab_size), None)
-    if bad is not None:
-        raise InputError(f"token id {bad} is outside the vocabulary (ids 0 to {vocab_size - 1})")
 
 
 def tokenizer_path(spec: ModelSpec) -> Path:

@@ -17,8 +17,7 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from batchline.models.generation.engine import FinishReason
-from batchline.models.generation.stream import Completion, GenerationDelta, GenerationStream
+from batchline.models.generation import Completion, FinishReason, GenerationDelta, GenerationStream
 from batchline.server.errors import ApiError
 from batchline.server.routes._common import ClientGone, api_error, unless_disconnected
 from batchline.server.settings import ServerSettings
