@@ -99,6 +99,9 @@ class ResidentStats:
     footprint_bytes: int
     """Its estimate, or what its last load measured."""
     measured: bool
+    load_peak_bytes: int
+    """The most one of its loads grew memory by, at its peak (0: not measured yet): a load
+    needs room for this or the footprint, whichever is more."""
     accounted_bytes: int
     """What it holds against the budget now (0 when unloaded)."""
     pinned: bool
@@ -268,6 +271,7 @@ class Residency(Generic[H]):
                 state=e.state,
                 footprint_bytes=e.estimate,
                 measured=e.measured,
+                load_peak_bytes=e.load_peak,
                 accounted_bytes=e.accounted,
                 pinned=e.pinned,
                 active=e.active,

@@ -226,7 +226,7 @@ def create_app(
                 metrics.residency_event,
                 tasks=state.managed,
             )
-            metrics.watch_residency(state.residency.stats)
+            metrics.watch_residency(state.residency)
         try:
             for spec in specs:
                 if on_demand:

@@ -26,7 +26,9 @@ exported, every series labelled with ``model``:
   ``batchline_model_evictions_total{reason=room|keep_alive|close}``,
   ``batchline_model_load_seconds`` (histogram) and, read at scrape time,
   ``batchline_model_resident_bytes`` (what each holds against the budget now) and
-  ``batchline_model_footprint_bytes`` (its estimate, or what its last load measured);
+  ``batchline_model_footprint_bytes`` (its estimate, or what its last load measured), with
+  ``batchline_memory_budget_bytes`` and ``batchline_memory_reserved_bytes`` (the part of the
+  budget the server holds itself, which no model may use);
 - the Batch API (``/v1/batches``): ``batchline_batches{status=...}`` (batches in each status,
   read at scrape time) and ``batchline_batch_lines_total{outcome=completed|failed}`` (lines
   of batches answered: their rate is lines done per second);
@@ -45,6 +47,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from batchline._priority import priority_label
+from batchline._residency import Residency
 from batchline._stats import BatchStats
 from batchline.server.generation_metrics import GenerationMetrics
 
@@ -193,7 +196,7 @@ class ServerMetrics:
         )
         self._batches: list[Callable[[], dict[str, int]]] = []
         r.register(_BatchesCollector(self._batches))
-        self._residency: list[Callable[[], Iterable[Any]]] = []
+        self._residency: list[Residency[Any]] = []
         r.register(_ResidencyCollector(self._residency))
         self.generation = GenerationMetrics(r)
         """The generate models' metrics (``batchline_generation_*``)."""
@@ -222,9 +225,9 @@ class ServerMetrics:
         elif kind == "evict":
             self.model_evictions.labels(model=model, reason=details["reason"]).inc()
 
-    def watch_residency(self, stats: Callable[[], Iterable[Any]]) -> None:
-        """Export each on-demand model's bytes (``ResidentStats``, read at scrape time)."""
-        self._residency.append(stats)
+    def watch_residency(self, residency: Residency[Any]) -> None:
+        """Export the budget and each on-demand model's bytes (read at scrape time)."""
+        self._residency.append(residency)
 
     def watch_batches(self, counts: Callable[[], dict[str, int]]) -> None:
         """Export the Batch API's batches by status (``counts()``, read at scrape time)."""
@@ -293,9 +296,9 @@ class _StatsCollector(Collector):
 
 
 class _ResidencyCollector(Collector):
-    """Reads ``ResidentStats`` snapshots at scrape time."""
+    """Reads the residencies' budgets and ``ResidentStats`` snapshots at scrape time."""
 
-    def __init__(self, sources: list[Callable[[], Iterable[Any]]]) -> None:
+    def __init__(self, sources: list[Residency[Any]]) -> None:
         self._sources = sources
 
     def describe(self) -> Iterable[Metric]:
@@ -313,11 +316,22 @@ class _ResidencyCollector(Collector):
             "measured.",
             labels=["model"],
         )
+        budget = GaugeMetricFamily(
+            "batchline_memory_budget_bytes", "The memory budget of the on-demand models."
+        )
+        reserved = GaugeMetricFamily(
+            "batchline_memory_reserved_bytes",
+            "The part of the memory budget the server holds itself (its own memory and its "
+            "models' runtimes), which no model may use.",
+        )
         for source in self._sources:
-            for s in source():
+            if source.budget_bytes is not None:
+                budget.add_metric([], source.budget_bytes)
+                reserved.add_metric([], source.reserved_bytes)
+            for s in source.stats():
                 resident.add_metric([s.name], s.accounted_bytes)
                 footprint.add_metric([s.name], s.footprint_bytes)
-        yield from (resident, footprint)
+        yield from (resident, footprint, budget, reserved)
 
 
 class _BatchesCollector(Collector):

@@ -20,8 +20,9 @@ router = APIRouter()
 async def list_models(request: Request) -> JSONResponse:
     """OpenAI-style model list; each model also says its ``task`` and, for an on-demand model
     (``memory_budget``), its ``state`` (unloaded, loading, resident, unloading),
-    ``footprint_bytes`` (estimated from its files, or what its last load measured) and
-    ``pinned``."""
+    ``footprint_bytes`` (estimated from its files, or what its last load measured),
+    ``load_peak_bytes`` (the most a load of it grew memory by at its peak; 0 until measured)
+    and ``pinned``."""
     state = server_state(request)
     data = [_card(m.name, m.created, m.task) for m in state.served()]
     if state.residency is not None:
@@ -34,6 +35,7 @@ async def list_models(request: Request) -> JSONResponse:
                 state=s.state.value,
                 footprint_bytes=s.footprint_bytes,
                 footprint_measured=s.measured,
+                load_peak_bytes=s.load_peak_bytes,
                 pinned=s.pinned,
             )
             data.append(card)
