@@ -43,6 +43,7 @@ from batchline._errors import (
     RecordTooLargeError,
 )
 from batchline._queue import Entry, RecordQueue
+from batchline._slots import Slot, Slots
 from batchline._stats import BatchStats, StatsRecorder
 
 __all__ = ["DynamicBatcher", "ProcessFn", "admission_capacity"]
@@ -81,17 +82,6 @@ class _RecordFuture(asyncio.Future):  # type: ignore[type-arg]
         if owner is not None:
             owner._on_cancel(self._entry)
         return True
-
-
-class _Slot:
-    """A processing slot held by one batch until it is freed, exactly once; on a ``Device``
-    it also holds the device's grant."""
-
-    __slots__ = ("grant", "held")
-
-    def __init__(self, grant: _Grant | None) -> None:
-        self.held = True
-        self.grant = grant
 
 
 _HOLD = "hold"  # _readiness(): records are held for company (min_batch_size)
@@ -177,6 +167,11 @@ class DynamicBatcher(Generic[T, R]):
             arrived within the last ``priority_aging_s`` (10 s if ``None``), the batch takes at
             most this fraction of ``target_batch_cost``, so its slot frees sooner for them
             (in (0, 1]; 1.0: off).
+        bulk_slots, bulk_thread_nice, bulk_batch_cost: bulk batches (their first record's
+            priority below 0) get ``bulk_slots`` slots of their own beside the others'
+            (``None``: they share them), worker threads of nice +``bulk_thread_nice`` (0: the
+            same threads) and a budget of their own (``None``: ``target_batch_cost``); see
+            ``batchline._slots``.
         clock: where time comes from; tests pass a ``ManualClock``. On a device the
             batcher uses the device's clock unless given the same one.
         name: used in logs and thread names.
@@ -208,6 +203,9 @@ class DynamicBatcher(Generic[T, R]):
         priority_aging_s: float | None = 10.0,
         mix_priorities: bool = False,
         priority_yield: float = 0.5,
+        bulk_slots: int | None = None,
+        bulk_thread_nice: int = 0,
+        bulk_batch_cost: int | None = None,
         clock: Clock | None = None,
         name: str = "batcher",
     ) -> None:
@@ -232,6 +230,14 @@ class DynamicBatcher(Generic[T, R]):
             raise ValueError(f"priority_aging_s must be > 0 or None, got {priority_aging_s!r}")
         if not 0 < priority_yield <= 1:
             raise ValueError(f"priority_yield must be in (0, 1], got {priority_yield!r}")
+        if bulk_slots is not None:
+            _check_positive("bulk_slots", bulk_slots)
+        if bulk_batch_cost is not None:
+            _check_positive("bulk_batch_cost", bulk_batch_cost)
+        if isinstance(bulk_thread_nice, bool) or bulk_thread_nice not in range(20):
+            raise ValueError(
+                f"bulk_thread_nice must be an int in [0, 19], got {bulk_thread_nice!r}"
+            )
         if oversize not in ("alone", "reject"):
             raise ValueError(f"oversize must be 'alone' or 'reject', got {oversize!r}")
         if on_error not in ("bisect", "fail_batch"):
@@ -288,6 +294,7 @@ class DynamicBatcher(Generic[T, R]):
         self._priority_aging_s = priority_aging_s
         self._mix_priorities = mix_priorities
         self._priority_yield = priority_yield
+        self._bulk_batch_cost = bulk_batch_cost or target_batch_cost
         self._queue = self._new_queue()
         self._seq = itertools.count()
         self._stats = StatsRecorder()
@@ -295,11 +302,10 @@ class DynamicBatcher(Generic[T, R]):
         self._wake: asyncio.Event | None = None
         self._dispatcher: asyncio.Task[None] | None = None
         self._in_flight: set[asyncio.Task[None]] = set()
-        # slots taken: a batch frees its slot as soon as process_fn returns its results
-        self._busy = 0
         self._space_waiters: list[asyncio.Future[None]] = []
         self._stop_task: asyncio.Task[None] | None = None
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        # a batch frees its slot as soon as process_fn returns its results
+        self._lanes = Slots(max_concurrent_batches, bulk_slots, bulk_thread_nice)
         self._hold_timer: Any = None
         self._started_at = 0.0
         self._now: Callable[[], float] = self._clock.now
@@ -372,15 +378,9 @@ class DynamicBatcher(Generic[T, R]):
         self._wake = asyncio.Event()
         self._queue = self._new_queue()
         self._in_flight = set()
-        self._busy = 0
         self._space_waiters = []
         self._stop_task = None
-        if not self._is_async:
-            self._executor = concurrent.futures.ThreadPoolExecutor(
-                # spare workers: a timed-out sync batch keeps its thread until it returns
-                max_workers=self._slots + 2,
-                thread_name_prefix=f"batchline-{self.name}",
-            )
+        self._lanes.start(self.name, threads=not self._is_async)
         # reading the loop's clock directly saves a lookup per record
         self._now = loop.time if isinstance(self._clock, LoopClock) else self._clock.now
         self._started_at = self._clock.now()
@@ -436,10 +436,8 @@ class DynamicBatcher(Generic[T, R]):
         if self._hold_timer is not None:
             self._hold_timer.cancel()
             self._hold_timer = None
-        self._stats.running_s += (self._clock.now() - self._started_at) * self._slots
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            self._executor = None
+        self._stats.running_s += (self._clock.now() - self._started_at) * self._lanes.total
+        self._lanes.stop()
         if self._device is not None:
             assert self._member is not None
             self._device._leave(self._member)
@@ -740,7 +738,7 @@ class DynamicBatcher(Generic[T, R]):
                 return
             if (
                 queue.size == 0
-                or self._busy >= self._slots
+                or self._lanes.free_lane(self._queue) is None
                 or (member is not None and member.waiting)  # the device grants in its turn
             ):
                 wake.clear()
@@ -766,10 +764,10 @@ class DynamicBatcher(Generic[T, R]):
                 self._dispatch(reason)
                 continue
             assert member is not None
-            busy = self._busy
+            busy = self._lanes.busy
             # a grant dispatches at once (_use_device_slot); otherwise we wait our turn
             device._request(member)
-            if not member.waiting and self._busy == busy:
+            if not member.waiting and self._lanes.busy == busy:
                 wake.clear()  # not expected: never spin
                 await wake.wait()
 
@@ -790,7 +788,7 @@ class DynamicBatcher(Generic[T, R]):
         if (
             self._state not in (State.RUNNING, State.STOPPING)
             or self._queue.size == 0
-            or self._busy >= self._slots
+            or self._lanes.free_lane(self._queue) is None
         ):
             return False
         reason = self._readiness(self._state is not State.RUNNING)
@@ -809,7 +807,7 @@ class DynamicBatcher(Generic[T, R]):
         return (
             self._state in (State.RUNNING, State.STOPPING)
             and self._queue.size > 0
-            and self._busy < self._slots
+            and self._lanes.free_lane(self._queue) is not None
             and self._readiness(self._state is not State.RUNNING) is not _HOLD
         )
 
@@ -827,8 +825,19 @@ class DynamicBatcher(Generic[T, R]):
         if self._hold_timer is not None:
             self._hold_timer.cancel()
             self._hold_timer = None
+        lane = self._lanes.free_lane(self._queue)
+        if lane is None:
+            return False
+        if lane == "all":
+            head = self._queue.oldest()
+            bulk = head is not None and head.priority < 0
+        else:
+            bulk = lane == "bulk"
         entries, cost, by_budget = self._queue.take_batch(
-            self._target_batch_cost, self._max_batch_size, self._now()
+            self._bulk_batch_cost if bulk else self._target_batch_cost,
+            self._max_batch_size,
+            self._now(),
+            lane,
         )
         if not entries:
             return False
@@ -859,24 +868,22 @@ class DynamicBatcher(Generic[T, R]):
         self._release_space(len(entries))
         assert self._loop is not None
         started: asyncio.Future[Sequence[R]] | None = None
-        if self._executor is not None:
+        executor = self._lanes.pool(bulk)
+        if executor is not None:
             # hand a sync batch to its worker thread now rather than on the task's first step:
             # the device starts one event-loop turn sooner
             started = self._loop.run_in_executor(
-                self._executor, self._sync_fn, [e.record for e in entries]
+                executor, self._sync_fn, [e.record for e in entries]
             )
-        slot = _Slot(grant)
-        self._busy += 1
+        slot = self._lanes.hold(grant, bulk)
         task = self._loop.create_task(self._run_batch(entries, started, slot))
         self._in_flight.add(task)
         task.add_done_callback(self._in_flight.discard)
         return True
 
-    def _free_slot(self, slot: _Slot) -> None:
-        if not slot.held:
+    def _free_slot(self, slot: Slot) -> None:
+        if not self._lanes.free(slot):
             return
-        slot.held = False
-        self._busy -= 1
         grant = slot.grant
         if grant is not None:
             device = self._device
@@ -890,7 +897,10 @@ class DynamicBatcher(Generic[T, R]):
             device._release(grant)
             self._notify()
         elif (
-            self._state is State.RUNNING and self._queue.size > 0 and not self._short_of_min_batch()
+            self._state is State.RUNNING
+            and self._queue.size > 0
+            and self._lanes.free_lane(self._queue) is not None
+            and not self._short_of_min_batch()
         ):
             # Dispatch now, before this batch's results are handed out: resolving them wakes
             # their callers (and, in a server, writes their responses), and the device would
@@ -902,7 +912,7 @@ class DynamicBatcher(Generic[T, R]):
     # -- running a batch --------------------------------------------------------------------
 
     async def _run_batch(
-        self, entries: list[Entry[T]], started: asyncio.Future[Sequence[R]] | None, slot: _Slot
+        self, entries: list[Entry[T]], started: asyncio.Future[Sequence[R]] | None, slot: Slot
     ) -> None:
         try:
             await self._process(entries, started, slot)
@@ -920,7 +930,7 @@ class DynamicBatcher(Generic[T, R]):
         self,
         entries: list[Entry[T]],
         running: asyncio.Future[Sequence[R]] | None = None,
-        slot: _Slot | None = None,
+        slot: Slot | None = None,
     ) -> None:
         # ``running``: the call already started at dispatch on exactly these entries.
         # ``slot``: freed early when the call succeeds; a failed batch keeps it for bisecting.
@@ -930,7 +940,7 @@ class DynamicBatcher(Generic[T, R]):
         started = self._clock.now()
         error: BaseException | None = None
         try:
-            results = await self._call([e.record for e in live], running)
+            results = await self._call([e.record for e in live], running, live[0].priority < 0)
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             assert task is not None
@@ -999,7 +1009,7 @@ class DynamicBatcher(Generic[T, R]):
                 self._stats.latencies.append(now - e.enqueued_at)
 
     async def _call(
-        self, records: list[T], running: asyncio.Future[Sequence[R]] | None
+        self, records: list[T], running: asyncio.Future[Sequence[R]] | None, bulk: bool
     ) -> Sequence[R]:
         timer = None
         if self._process_timeout_s is not None:
@@ -1014,8 +1024,9 @@ class DynamicBatcher(Generic[T, R]):
                 return await cast(Awaitable[Sequence[R]], self._process_fn(records))
             if running is None:
                 assert self._loop is not None
-                assert self._executor is not None
-                running = self._loop.run_in_executor(self._executor, self._sync_fn, records)
+                executor = self._lanes.pool(bulk)
+                assert executor is not None
+                running = self._loop.run_in_executor(executor, self._sync_fn, records)
             result: Any = await running
             if inspect.isawaitable(result):  # e.g. a lambda that returns a coroutine
                 result = await result
@@ -1031,12 +1042,12 @@ class DynamicBatcher(Generic[T, R]):
         """A frozen snapshot of the counters (see ``BatchStats`` for how utilization is defined)."""
         slot_seconds = self._stats.running_s
         if self._state in (State.RUNNING, State.STOPPING):
-            slot_seconds += (self._clock_now() - self._started_at) * self._slots
+            slot_seconds += (self._clock_now() - self._started_at) * self._lanes.total
         member = self._member
         return self._stats.snapshot(
             slot_seconds=slot_seconds,
             queue_depth=self._queue.size,
-            in_flight=self._busy,
+            in_flight=self._lanes.busy,
             device_wait_s=(
                 self._device._wait_s(member)
                 if self._device is not None and member is not None

@@ -44,11 +44,15 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Iterable
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from batchline._priority import aged_rank
 
 T = TypeVar("T")
+
+#: Which records a batch may come from: every one, those of priority >= 0, or the bulk ones
+#: (priority < 0), when bulk batches have slots of their own (the batcher's ``bulk_slots``).
+Lane = Literal["all", "other", "bulk"]
 
 QUEUED = 0
 DISPATCHED = 1
@@ -163,13 +167,22 @@ class RecordQueue(Generic[T]):
         self.total_cost -= entry.cost
         return True
 
-    def _ranked(self) -> list[int]:
+    def _lane(self, lane: Lane) -> list[int]:
+        """The priority levels of ``lane``, highest first."""
+        if lane == "all":
+            return self._order
+        if lane == "bulk":
+            return [p for p in self._order if p < 0]
+        return [p for p in self._order if p >= 0]
+
+    def _ranked(self, lane: Lane = "all") -> list[int]:
         """The priority levels in the order their oldest records go next (after aging)."""
         aging_s = self.aging_s
-        if aging_s is None or len(self._order) < 2:
-            return self._order
+        order = self._lane(lane)
+        if aging_s is None or len(order) < 2:
+            return order
         heads: list[tuple[float, int, int]] = []
-        for priority in self._order:
+        for priority in order:
             head = _front(self._levels[priority].fifo)
             if head is not None:
                 heads.append((aged_rank(priority, head.enqueued_at, aging_s), head.seq, priority))
@@ -180,9 +193,9 @@ class RecordQueue(Generic[T]):
         """Whether ``e`` may not join ``batch``: its priority is lower than the batch's first."""
         return not self.mix_priorities and bool(batch) and e.priority < batch[0].priority
 
-    def oldest(self) -> Entry[T] | None:
-        """The entry that the next batch will start with."""
-        return self._first(self._ranked())
+    def oldest(self, lane: Lane = "all") -> Entry[T] | None:
+        """The entry that the next batch (of ``lane``) will start with."""
+        return self._first(self._ranked(lane))
 
     def _first(self, ranked: list[int]) -> Entry[T] | None:
         """The oldest live entry of the first of ``ranked`` levels that has one."""
@@ -225,32 +238,37 @@ class RecordQueue(Generic[T]):
         )
 
     def take_batch(
-        self, budget: int, max_size: int, now: float
+        self, budget: int, max_size: int, now: float, lane: Lane = "all"
     ) -> tuple[list[Entry[T]], int, bool]:
-        """Form the next batch: ``(entries, batch_cost, stopped_by_budget)``.
+        """Form the next batch (of ``lane``'s records): ``(entries, batch_cost,
+        stopped_by_budget)``.
 
         The first entry is always taken, even when its cost alone exceeds the budget
         (the batcher rejects such records at submit unless ``oversize="alone"``). ``now``
-        (the batcher's clock) decides whether the batch yields to a higher priority.
+        (the batcher's clock) decides whether the batch yields to a higher priority (in a
+        lane of its own, with slots of its own, it does not).
         """
-        if self.yielding(now):
+        if lane == "all" and self.yielding(now):
             budget = max(1, int(budget * self.priority_yield))
+        order = self._lane(lane)
         if self.padding_aware:
-            batch, cost, by_budget = self._take_padded(budget, max_size)
+            batch, cost, by_budget = self._take_padded(budget, max_size, lane)
         else:
-            batch, cost, by_budget = self._take_fifo(budget, max_size)
+            batch, cost, by_budget = self._take_fifo(budget, max_size, order)
         for e in batch:
             e.state = DISPATCHED
         self.size -= len(batch)
         self.total_cost -= sum(e.cost for e in batch)
         return batch, cost, by_budget
 
-    def _take_fifo(self, budget: int, max_size: int) -> tuple[list[Entry[T]], int, bool]:
-        if self.aging_s is not None and len(self._order) > 1:
-            return self._take_aged(budget, max_size, self.aging_s)
+    def _take_fifo(
+        self, budget: int, max_size: int, order: list[int]
+    ) -> tuple[list[Entry[T]], int, bool]:
+        if self.aging_s is not None and len(order) > 1:
+            return self._take_aged(budget, max_size, self.aging_s, order)
         batch: list[Entry[T]] = []
         cost = 0
-        for priority in self._order:
+        for priority in order:
             fifo = self._levels[priority].fifo
             while fifo:
                 e = fifo[0]
@@ -268,12 +286,12 @@ class RecordQueue(Generic[T]):
         return batch, cost, False
 
     def _take_aged(
-        self, budget: int, max_size: int, aging_s: float
+        self, budget: int, max_size: int, aging_s: float, order: list[int]
     ) -> tuple[list[Entry[T]], int, bool]:
         """``_take_fifo`` over several levels with aging: merge them by rank."""
         batch: list[Entry[T]] = []
         cost = 0
-        fifos = [(p, self._levels[p].fifo) for p in self._order]
+        fifos = [(p, self._levels[p].fifo) for p in order]
         while len(batch) < max_size:
             best: Entry[T] | None = None
             best_fifo: deque[Entry[Any]] | None = None
@@ -295,8 +313,10 @@ class RecordQueue(Generic[T]):
             cost += best.cost
         return batch, cost, False
 
-    def _take_padded(self, budget: int, max_size: int) -> tuple[list[Entry[T]], int, bool]:
-        ranked = self._ranked()
+    def _take_padded(
+        self, budget: int, max_size: int, lane: Lane
+    ) -> tuple[list[Entry[T]], int, bool]:
+        ranked = self._ranked(lane)
         head = self._first(ranked)
         if head is None:
             return [], 0, False

@@ -77,6 +77,9 @@ class TokenBatcher(DynamicBatcher[T, R]):
         priority_aging_s: float | None = 10.0,
         mix_priorities: bool = False,
         priority_yield: float = 0.5,
+        bulk_slots: int | None = None,
+        bulk_thread_nice: int = 0,
+        bulk_batch_cost: int | None = None,
         clock: Clock | None = None,
         name: str = "token-batcher",
     ) -> None:
@@ -113,6 +116,9 @@ class TokenBatcher(DynamicBatcher[T, R]):
             priority_aging_s=priority_aging_s,
             mix_priorities=mix_priorities,
             priority_yield=priority_yield,
+            bulk_slots=bulk_slots,
+            bulk_thread_nice=bulk_thread_nice,
+            bulk_batch_cost=bulk_batch_cost,
             clock=clock,
             name=name,
         )

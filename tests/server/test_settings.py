@@ -71,8 +71,16 @@ def test_knob_fields_are_knobs_fields_with_knobs_validation() -> None:
         "max_concurrent_batches",
         "max_queue_size",
         "solo_intra_op_threads",
+        "bulk_slots",
+        "bulk_thread_nice",
+        "bulk_batch_tokens",
     }
     defaults, served = Knobs(), ServerSettings().knobs
+    # bulk (the Batch API's lines) in a lane of its own: a slot per session, lowered threads
+    assert (served.bulk_slots, served.bulk_thread_nice) == (served.sessions, 19)
+    assert served.bulk_batch_tokens == 512
+    assert ServerSettings.build({"sessions": 3}).knobs.bulk_slots == 3
+    assert ServerSettings.build({"bulk_slots": None}).knobs.bulk_slots is None
     for name in set(KNOB_FIELDS) - serve_own:
         assert getattr(served, name) == getattr(defaults, name), name
     base = ServerSettings(batching=False, baseline_intra_op_threads=4).baseline_knobs

@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import os
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 from batchline._batcher import DynamicBatcher
 from batchline._stats import BatchStats
+from batchline._threads import lower_thread_priority
 from batchline._tokens import TokenBatcher
 from batchline.knobs import DEFAULT_BUCKET_WIDTH, DEFAULT_PADDING_SLACK, Knobs
 from batchline.models.protocol import BatchModel
@@ -84,6 +83,9 @@ class ModelBatcher(Generic[P, R]):
             "batch_timeout_s": knobs.batch_timeout_s,
             "mix_priorities": knobs.mix_priorities,
             "priority_yield": knobs.priority_yield,
+            "bulk_slots": knobs.bulk_slots,
+            "bulk_thread_nice": knobs.bulk_thread_nice,
+            "bulk_batch_cost": knobs.bulk_batch_tokens,
             "name": label,
             **shared,
         }
@@ -145,31 +147,16 @@ class ModelBatcher(Generic[P, R]):
         )
 
 
-_thread_state = threading.local()
-
-
 def _niced(run: Callable[[list[Any]], Any], delta: int) -> Callable[[list[Any]], Any]:
-    """``run``, lowering the priority of each worker thread that calls it, once per thread."""
-
-    def niced_run(batch: list[Any]) -> Any:
-        if not getattr(_thread_state, "niced", False):
-            lower_thread_priority(delta)
-        return run(batch)
-
-    return niced_run
-
-
-def lower_thread_priority(delta: int) -> None:
-    """Raise the calling thread's nice value by ``delta`` (Linux: nice is per thread).
+    """``run``, lowering the priority of each worker thread that calls it, once per thread (a
+    batcher's bulk worker thread, lowered further when it started, keeps its own).
 
     The model's threads then yield the CPU to the event loop, which parses requests and forms
     the next batch, instead of starving it while they compute (``batchline serve``: x1.34 the
-    baseline's req/s with p99 x0.83 at +5, against x1.19 with p99 x1.40 at 0). Elsewhere, or
-    where it is not allowed, the thread keeps its priority.
-    """
-    _thread_state.niced = True
-    try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + delta)
-    except (AttributeError, OSError):
-        pass
+    baseline's req/s with p99 x0.83 at +5, against x1.19 with p99 x1.40 at 0)."""
+
+    def niced_run(batch: list[Any]) -> Any:
+        lower_thread_priority(delta)
+        return run(batch)
+
+    return niced_run

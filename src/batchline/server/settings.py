@@ -166,7 +166,7 @@ class ServerSettings(BaseModel):
 
     # -- serving the batches ----------------------------------------------------------------
     # Nice increment of the threads that run the model (Linux; 0: same priority), so the event
-    # loop is not starved by them: see batchline.models.batching.lower_thread_priority.
+    # loop is not starved by them: see batchline.models.batching._niced.
     model_thread_nice: int = Field(default=5, ge=0, le=19)
     # Padding-aware grouping (see batchline._queue): lengths are bucketed this wide, and a
     # record joins a batch only if it adds at most padding_slack padded tokens (why these

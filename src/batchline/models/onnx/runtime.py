@@ -150,6 +150,7 @@ class OnnxModel:
         )
         self._all_sessions = tuple(sessions)
         self._pool: queue.Queue[ort.InferenceSession] = queue.Queue()
+        self._overflow = 0
         for s in sessions:
             self._pool.put(s)
 
@@ -235,7 +236,14 @@ class OnnxModel:
         if self.shared:
             yield self._all_sessions[0]
             return
-        sess = self._pool.get()
+        try:
+            sess = self._pool.get_nowait()
+        except queue.Empty:
+            # more batches at once than sessions (``max_concurrent_batches`` above
+            # ``sessions``): run beside another on one (ONNX Runtime's run() is thread-safe)
+            self._overflow = (self._overflow + 1) % len(self._all_sessions)
+            yield self._all_sessions[self._overflow]
+            return
         try:
             yield sess
         finally:
