@@ -38,7 +38,8 @@ async def _queued_order(
 
 async def test_interactive_requests_overtake_queued_batch_ones() -> None:
     fake = FakeEmbedder(gated=True)
-    async with serving(fake, max_batch_size=1) as (client, app):
+    # one queue, one slot (bulk_slots unset: batch requests share it; test_bulk.py has the lane)
+    async with serving(fake, max_batch_size=1, bulk_slots=None) as (client, app):
         order = await _queued_order(
             fake,
             client,
@@ -59,7 +60,9 @@ async def test_interactive_requests_overtake_queued_batch_ones() -> None:
 
 async def test_a_models_default_priority_applies_when_a_request_names_none() -> None:
     fake = FakeEmbedder(gated=True)
-    async with serving(fake, max_batch_size=1, model_priority={"fake": "batch"}) as (client, app):
+    async with serving(
+        fake, max_batch_size=1, bulk_slots=None, model_priority={"fake": "batch"}
+    ) as (client, app):
         order = await _queued_order(
             fake,
             client,
@@ -99,3 +102,19 @@ def test_a_bad_model_priority_setting_is_refused() -> None:
         ServerSettings.build(model_priority={"a": "urgent"})
     with pytest.raises(InputError, match="model_priority names zzz"):
         ServerSettings.build(model=["a=default"], model_priority={"zzz": 1}).specs  # noqa: B018
+
+
+async def test_a_batch_request_runs_in_a_slot_of_its_own_beside_interactive_ones() -> None:
+    # serve's preset: a bulk slot per session, so one session runs two batches at once
+    fake = FakeEmbedder(gated=True)
+    async with serving(fake, max_batch_size=1, sessions=1) as (client, app):
+        batcher = app.state.server.batchers()["fake"]
+        bulk = asyncio.ensure_future(
+            client.post("/v1/embeddings", json={"input": "b b b", "priority": "batch"})
+        )
+        await wait_for(lambda: batcher.stats.in_flight_batches == 1)
+        live = asyncio.ensure_future(client.post("/v1/embeddings", json={"input": "i"}))
+        # the bulk batch holds its slot (gated), yet the interactive one starts
+        await wait_for(lambda: batcher.stats.in_flight_batches == 2)
+        fake.gate.set()
+        assert [r.status_code for r in await asyncio.gather(bulk, live)] == [200, 200]

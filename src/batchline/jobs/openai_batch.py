@@ -33,7 +33,6 @@ Example::
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import dataclasses
 import hashlib
@@ -85,6 +84,7 @@ from batchline.models.scoring import (
     read_score,
 )
 from batchline.models.vectors import shorten
+from batchline.openai.embeddings import embeddings_json
 
 if TYPE_CHECKING:
     from batchline._stats import BatchStats
@@ -208,8 +208,7 @@ class BatchFiles:
                 request = None
             if not isinstance(request, dict):
                 request = {}
-            out = _output_line(index, request, rows.get(index), skipped.get(index), not_run)
-            lines.append(json.dumps(out, ensure_ascii=False, separators=(",", ":")))
+            lines.append(_output_line(index, request, rows.get(index), skipped.get(index), not_run))
         write_whole(self.output, "".join(line + "\n" for line in lines).encode("utf-8"))
         umask = os.umask(0o022)  # read, then put back: the mode open() gives every other output
         os.umask(umask)
@@ -578,7 +577,8 @@ def _output_line(
     row: dict[str, Any] | None,
     skipped: dict[str, object] | None,
     not_run: tuple[str, str] | None = None,
-) -> dict[str, Any]:
+) -> str:
+    """One line of the output file (JSON text; its ``error`` comes last)."""
     custom_id = request.get("custom_id")
     digest = hashlib.sha256(f"{index}\0{custom_id}".encode()).hexdigest()[:24]
     line: dict[str, Any] = {"id": f"batch_req_{digest}", "custom_id": custom_id}
@@ -590,9 +590,10 @@ def _output_line(
             code, reason = not_run
         line["response"] = None
         line["error"] = {"code": code, "message": reason}
-        return line
+        return _dumps(line)
     body = request.get("body") or {}
     url = request.get("url")
+    response: dict[str, Any] | str
     if url == EMBEDDINGS_URL:
         response = _embeddings_body(row, as_base64=body.get("encoding_format") == "base64")
     elif url in (RERANK_URL, SCORE_URL):
@@ -603,9 +604,16 @@ def _output_line(
         )  # fmt: skip
     else:
         response = _completion_body(row, digest, chat=url == "/v1/chat/completions")
+    if isinstance(response, str):  # JSON text already
+        head = _dumps({**line, "response": {"status_code": 200, "request_id": f"req_{digest}"}})
+        return head[:-2] + f',"body":{response}}},"error":null}}'
     line["response"] = {"status_code": 200, "request_id": f"req_{digest}", "body": response}
     line["error"] = None
-    return line
+    return _dumps(line)
+
+
+def _dumps(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def _completion_body(row: dict[str, Any], digest: str, *, chat: bool) -> dict[str, Any]:
@@ -627,20 +635,9 @@ def _completion_body(row: dict[str, Any], digest: str, *, chat: bool) -> dict[st
     return response
 
 
-def _embeddings_body(row: dict[str, Any], *, as_base64: bool) -> dict[str, Any]:
-    """OpenAI's CreateEmbeddingResponse of an embedded row: float32 values as the shortest
-    decimals that read back to them, or base64 of their little-endian bytes."""
-    data = []
-    for i, values in enumerate(row["embeddings"]):
-        vector = np.asarray(values, dtype=np.float32)
-        encoded: object = (
-            _base64(vector) if as_base64 else [float(f"{x:.9g}") for x in vector.tolist()]
-        )
-        data.append({"object": "embedding", "index": i, "embedding": encoded})
-    tokens = row["prompt_tokens"]
-    usage = {"prompt_tokens": tokens, "total_tokens": tokens}
-    return {"object": "list", "data": data, "model": row["model"], "usage": usage}
-
-
-def _base64(vector: np.ndarray[Any, Any]) -> str:
-    return base64.b64encode(vector.astype("<f4", copy=False).tobytes()).decode("ascii")
+def _embeddings_body(row: dict[str, Any], *, as_base64: bool) -> str:
+    """OpenAI's CreateEmbeddingResponse of an embedded row, as JSON text."""
+    vectors = [np.asarray(v, dtype=np.float32) for v in row["embeddings"]]
+    return embeddings_json(
+        vectors, model=row["model"], tokens=row["prompt_tokens"], as_base64=as_base64
+    )

@@ -71,6 +71,8 @@ logger = logging.getLogger("batchline.server")
 _PRIORITY = batcher_priority(BATCH)
 #: How long a batch item waits before trying again a queue that live traffic filled.
 _FULL_RETRY_S = 0.05
+#: How an answered line of an output file ends.
+_ANSWERED = b',"error":null}'
 #: The most validation errors a failed batch lists.
 _MAX_ERRORS = 10
 
@@ -314,7 +316,9 @@ class BatchService:
         failed: list[bytes] = []
         with files.output.open("rb") as f:
             for line in f:
-                (ok if json.loads(line).get("error") is None else failed).append(line)
+                # each line's "error" comes last (jobs.openai_batch writes them): no need to
+                # parse a line (its vectors) whole to tell
+                (ok if line.rstrip(b"\n").endswith(_ANSWERED) else failed).append(line)
         for kind, lines in (("output", ok), ("error", failed)):
             if not lines:
                 continue

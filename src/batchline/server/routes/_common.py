@@ -6,7 +6,6 @@ HTTP errors, client-disconnect handling, and fast JSON encoders.
 """
 
 import asyncio
-import base64
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -34,12 +33,10 @@ __all__ = [
     "TextRun",
     "all_finite",
     "api_error",
-    "b64",
     "body_doc",
     "check_count",
     "check_texts",
     "describe_models",
-    "floats",
     "non_finite",
     "parse_body",
     "pick_generator",
@@ -442,24 +439,6 @@ def non_finite(model: ServedModel[Any, Any]) -> ApiError:
 
 def all_finite(vectors: Sequence[Vector]) -> bool:
     return all(np.isfinite(v).all() for v in vectors)
-
-
-def floats(vector: Vector) -> str:
-    # "%.9g" round-trips float32 exactly, in 60% fewer bytes and ~2.7x less CPU than
-    # json.dumps(vector.tolist()) (~100 us vs ~270 us for 384 floats, measured)
-    n = vector.shape[0]
-    fmt = _FORMATS.get(n)
-    if fmt is None:
-        fmt = _FORMATS[n] = "[" + ",".join(["%.9g"] * n) + "]"
-    return fmt % tuple(vector.tolist())
-
-
-_FORMATS: dict[int, str] = {}
-
-
-def b64(vector: Vector) -> str:
-    data = vector.astype("<f4", copy=False).tobytes()
-    return '"' + base64.b64encode(data).decode("ascii") + '"'
 
 
 def _safe(text: str) -> str:

@@ -7,7 +7,6 @@ request body schemas still appear in the OpenAPI document.
 (No ``from __future__ import annotations``: FastAPI reads these annotations at run time.)
 """
 
-import json
 from typing import Any
 
 import numpy as np
@@ -16,13 +15,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from batchline.models.vectors import shorten
+from batchline.openai.embeddings import embeddings_json
 from batchline.server.errors import ApiError
 from batchline.server.routes._common import (
     ERRORS,
     all_finite,
-    b64,
     body_doc,
-    floats,
     non_finite,
     run_texts,
 )
@@ -52,14 +50,11 @@ async def create_embeddings(request: Request) -> Response:
         raise non_finite(model)
     if done.body.dimensions is not None:
         vectors = [shorten(v, done.body.dimensions) for v in vectors]
-    encode = b64 if done.body.encoding_format == "base64" else floats
-    items = ",".join(
-        f'{{"object":"embedding","index":{i},"embedding":{encode(v)}}}'
-        for i, v in enumerate(vectors)
-    )
-    payload = (
-        f'{{"object":"list","data":[{items}],"model":{json.dumps(model.name)},'
-        f'"usage":{{"prompt_tokens":{tokens},"total_tokens":{tokens}}}}}'
+    payload = embeddings_json(
+        vectors,
+        model=model.name,
+        tokens=tokens,
+        as_base64=done.body.encoding_format == "base64",
     )
     done.observe_latency("embeddings")
     return Response(payload, media_type="application/json")
