@@ -84,6 +84,7 @@ from batchline.models.scoring import (
     read_score,
 )
 from batchline.models.vectors import shorten
+from batchline.openai.completions import completion_response
 from batchline.openai.embeddings import embeddings_json
 
 if TYPE_CHECKING:
@@ -618,21 +619,15 @@ def _dumps(value: object) -> str:
 
 def _completion_body(row: dict[str, Any], digest: str, *, chat: bool) -> dict[str, Any]:
     """OpenAI's ChatCompletion (``chat``) or Completion of a generated row."""
-    usage = {
-        "prompt_tokens": row["prompt_tokens"],
-        "completion_tokens": row["completion_tokens"],
-        "total_tokens": row["prompt_tokens"] + row["completion_tokens"],
-    }
-    common = {"created": row["created"], "model": row["model"], "usage": usage}
-    choice: dict[str, Any] = {"index": 0, "finish_reason": row["finish_reason"], "logprobs": None}
-    if chat:
-        choice["message"] = {"role": "assistant", "content": row["text"]}
-        response = {"id": f"chatcmpl-{digest}", "object": "chat.completion", **common}
-    else:
-        choice["text"] = row["text"]
-        response = {"id": f"cmpl-{digest}", "object": "text_completion", **common}
-    response["choices"] = [choice]
-    return response
+    return completion_response(
+        id=f"{'chatcmpl' if chat else 'cmpl'}-{digest}",
+        created=row["created"],
+        model=row["model"],
+        chat=chat,
+        choices=[(row["text"], row["finish_reason"])],
+        prompt_tokens=row["prompt_tokens"],
+        completion_tokens=row["completion_tokens"],
+    )
 
 
 def _embeddings_body(row: dict[str, Any], *, as_base64: bool) -> str:

@@ -18,6 +18,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from batchline.models.generation import Completion, FinishReason, GenerationDelta, GenerationStream
+from batchline.openai.completions import usage as openai_usage
 from batchline.server.errors import ApiError
 from batchline.server.routes._common import ClientGone, api_error, unless_disconnected
 from batchline.server.settings import ServerSettings
@@ -225,10 +226,6 @@ def aborted(settings: ServerSettings) -> ApiError:
 
 
 def usage(completions: Sequence[Completion]) -> dict[str, int]:
-    prompt = sum(c.prompt_tokens for c in completions)
-    generated = sum(c.completion_tokens for c in completions)
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": generated,
-        "total_tokens": prompt + generated,
-    }
+    return openai_usage(
+        sum(c.prompt_tokens for c in completions), sum(c.completion_tokens for c in completions)
+    )

@@ -49,7 +49,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Protocol, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 from fastapi import APIRouter
 from pydantic import BaseModel
@@ -59,6 +59,7 @@ from starlette.responses import JSONResponse, Response
 from batchline._errors import InputError, RecordTooLargeError
 from batchline.models.generation import Constraint, SamplingParams
 from batchline.models.generation.stream import Completion, GenerationStream, check_fits
+from batchline.openai.completions import completion_response
 from batchline.server.errors import ApiError
 from batchline.server.routes._common import (
     ERRORS,
@@ -71,7 +72,7 @@ from batchline.server.routes._common import (
     unless_disconnected,
     use_generator,
 )
-from batchline.server.routes._sse import Shape, aborted, event_stream, usage
+from batchline.server.routes._sse import Shape, aborted, event_stream
 from batchline.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -200,11 +201,7 @@ async def create_completion(request: Request) -> Response:
     if body.stream:
         return event_stream(served, streams, shape, state.settings, _include_usage(body))
     completions = await _finish_all(request, state, served, streams)
-    choices = [
-        {"index": i, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason}
-        for i, c in enumerate(completions)
-    ]
-    return JSONResponse({**shape.head(), "choices": choices, "usage": usage(completions)})
+    return JSONResponse(_response(shape, completions))
 
 
 @router.post(
@@ -237,14 +234,20 @@ async def create_chat_completion(request: Request) -> Response:
     shape = Shape(rid, "chat.completion", int(time.time()), served.name, chat=True)
     if body.stream:
         return event_stream(served, streams, shape, state.settings, _include_usage(body))
-    (completion,) = await _finish_all(request, state, served, streams)
-    choice = {
-        "index": 0,
-        "message": {"role": "assistant", "content": completion.text},
-        "logprobs": None,
-        "finish_reason": completion.finish_reason,
-    }
-    return JSONResponse({**shape.head(), "choices": [choice], "usage": usage([completion])})
+    completions = await _finish_all(request, state, served, streams)
+    return JSONResponse(_response(shape, completions))
+
+
+def _response(shape: Shape, completions: Sequence[Completion]) -> dict[str, Any]:
+    return completion_response(
+        id=shape.id,
+        created=shape.created,
+        model=shape.model,
+        chat=shape.chat,
+        choices=[(c.text, c.finish_reason) for c in completions],
+        prompt_tokens=sum(c.prompt_tokens for c in completions),
+        completion_tokens=sum(c.completion_tokens for c in completions),
+    )
 
 
 # -- checks, prompts and sampling ----------------------------------------------------------
