@@ -307,8 +307,9 @@ class Knobs:
 #:   never waits for a slot that bulk holds; ``bulk_thread_nice`` 19, so that bulk takes only
 #:   the CPU live requests leave; ``bulk_batch_tokens`` 512, Knobs' dataset budget. With a
 #:   2,000-line embeddings batch beside 2 live clients (``benchmarks/bench_batch_api.py``):
-#:   live p99 x2.09 its idle p99 before, x1.6-1.7 after; the batch alone x0.72 of ``run``'s
-#:   lines/s before, x0.82-0.87 after.
+#:   live p99 x2.09 its idle p99 in the shared slots, x1.6-1.7 in the lane (x1.31-1.46 with
+#:   the batch output written as the route writes vectors); the batch alone x0.72 of ``run``'s
+#:   lines/s before, x0.92-0.93 after.
 SERVE_DEFAULTS: dict[str, Any] = {
     "target_batch_tokens": 256,
     "max_batch_size": 64,

@@ -372,9 +372,10 @@ class _ServedLane:
 def _lane_room(knobs: Knobs, running_batches: int) -> int:
     """Items a batch keeps queued at a served batch model: enough to fill its bulk slots
     twice over (``max_batch_size`` each), shared by the batches running, and never more than
-    a share of its queue. More would wait long enough to age past live requests (10 s of
-    ``priority_aging_s``) and go before them; with 1,024 queued (half the queue) live p99 was
-    x2.1 its idle p99, with 128 x1.6-1.7 (``benchmarks/bench_batch_api.py``)."""
+    a share of its queue. More takes room in the queue that live requests may need and, where
+    bulk shares the slots (``bulk_slots`` unset), waits long enough to age past live requests
+    (10 s of ``priority_aging_s``) and go before them: there, with 1,024 queued, live p99 was
+    x2.1 its idle p99 (``benchmarks/bench_batch_api.py``)."""
     slots = knobs.bulk_slots or knobs.max_concurrent_batches
     fill = 2 * slots * knobs.max_batch_size // running_batches
     return max(1, min(fill, knobs.max_queue_size // (2 * running_batches)))
