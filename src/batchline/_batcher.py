@@ -304,8 +304,9 @@ class DynamicBatcher(Generic[T, R]):
         self._in_flight: set[asyncio.Task[None]] = set()
         self._space_waiters: list[asyncio.Future[None]] = []
         self._stop_task: asyncio.Task[None] | None = None
-        # a batch frees its slot as soon as process_fn returns its results
-        self._lanes = Slots(max_concurrent_batches, bulk_slots, bulk_thread_nice)
+        self._lanes = Slots(  # a batch frees its slot as soon as process_fn returns
+            max_concurrent_batches, bulk_slots, bulk_thread_nice, bulk_batch_cost is not None
+        )
         self._hold_timer: Any = None
         self._started_at = 0.0
         self._now: Callable[[], float] = self._clock.now
@@ -828,11 +829,10 @@ class DynamicBatcher(Generic[T, R]):
         lane = self._lanes.free_lane(self._queue)
         if lane is None:
             return False
-        if lane == "all":
+        bulk = lane == "bulk"
+        if lane == "all" and self._lanes.bulk_aware:  # in shared slots, the head tells
             head = self._queue.oldest()
             bulk = head is not None and head.priority < 0
-        else:
-            bulk = lane == "bulk"
         entries, cost, by_budget = self._queue.take_batch(
             self._bulk_batch_cost if bulk else self._target_batch_cost,
             self._max_batch_size,

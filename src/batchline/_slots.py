@@ -45,14 +45,22 @@ class Slots:
     """The slots of one batcher (``regular``: ``max_concurrent_batches``; ``bulk``:
     ``bulk_slots``) and its worker threads."""
 
-    def __init__(self, regular: int, bulk: int | None, bulk_thread_nice: int) -> None:
+    def __init__(
+        self, regular: int, bulk: int | None, bulk_thread_nice: int, bulk_budget: bool = False
+    ) -> None:
         self.regular = regular
         self.bulk = bulk
         self.bulk_thread_nice = bulk_thread_nice
+        self.bulk_budget = bulk_budget  # bulk batches have a budget of their own
         self.busy = 0  # slots held, bulk ones included
         self.bulk_busy = 0  # slots held by bulk batches
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._bulk_pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+    @property
+    def bulk_aware(self) -> bool:
+        """Whether a bulk batch differs from another here (threads, budget or slots)."""
+        return self.bulk is not None or self.bulk_thread_nice > 0 or self.bulk_budget
 
     @property
     def total(self) -> int:

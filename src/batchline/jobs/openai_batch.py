@@ -613,6 +613,16 @@ def _output_line(
     return _dumps(line)
 
 
+#: How an answered line of an output file ends: its ``error`` comes last (:func:`_output_line`).
+_ANSWERED = b',"error":null}'
+
+
+def answered(line: bytes) -> bool:
+    """Whether a line of an output file this module wrote is an answer, not an error, told
+    without parsing the line (its vectors) whole."""
+    return line.rstrip(b"\n").endswith(_ANSWERED)
+
+
 def _dumps(value: object) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 

@@ -23,11 +23,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from batchline.datasets.sources import Format, Record, open_source
-from batchline.models.generation import SamplingParams, unapplied_field
-from batchline.models.generation.structured import (
+from batchline.models.generation import (
     GUIDED_FIELDS,
     Constraint,
+    SamplingParams,
     constraint_from_openai,
+    unapplied_field,
 )
 from batchline.models.scoring import RERANK_URL, SCORE_URL
 

@@ -12,8 +12,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
-from batchline.models.generation import unapplied_field
-from batchline.models.generation.structured import GUIDED_FIELDS, Constraint, constraint_from_openai
+from batchline.models.generation import (
+    GUIDED_FIELDS,
+    Constraint,
+    constraint_from_openai,
+    unapplied_field,
+)
 
 #: A request's priority: ``interactive``, ``batch`` or an integer, lower sooner
 #: (``batchline._priority``); the ``X-Batchline-Priority`` header says the same.

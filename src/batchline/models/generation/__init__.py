@@ -45,10 +45,16 @@ if TYPE_CHECKING:
         GenerationDelta,
         GenerationStream,
         TextGenerator,
+        check_fits,
     )
-    from batchline.models.generation.structured import Constraint
+    from batchline.models.generation.structured import (
+        GUIDED_FIELDS,
+        Constraint,
+        constraint_from_openai,
+    )
 
 __all__ = [
+    "GUIDED_FIELDS",
     "Completion",
     "Constraint",
     "ContinuousGenerator",
@@ -65,6 +71,8 @@ __all__ = [
     "StepEngine",
     "StepOutput",
     "TextGenerator",
+    "check_fits",
+    "constraint_from_openai",
     "demo_prompts",
     "load_text_generator",
     "unapplied_field",
@@ -74,6 +82,7 @@ __all__ = [
 __getattr__ = lazy_exports(
     __name__,
     {
+        "GUIDED_FIELDS": "structured",
         "Completion": "stream",
         "Constraint": "structured",
         "ContinuousGenerator": "scheduler",
@@ -85,6 +94,8 @@ __getattr__ = lazy_exports(
         "SequentialGenerator": "static",
         "StaticGenerator": "static",
         "TextGenerator": "stream",
+        "check_fits": "stream",
+        "constraint_from_openai": "structured",
         "demo_prompts": "demo",
         "load_text_generator": "load",
         "write_demo_prompts": "demo",

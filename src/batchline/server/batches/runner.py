@@ -47,7 +47,7 @@ from batchline._priority import BATCH, batcher_priority
 from batchline._stats import BatchStats
 from batchline.datasets.formats.base import lines as nonblank_lines
 from batchline.jobs.generate import GeneratorAdapter, in_flight_limit
-from batchline.jobs.openai_batch import BatchFiles, LineEngine, answer_lines
+from batchline.jobs.openai_batch import BatchFiles, LineEngine, answer_lines, answered
 from batchline.jobs.options import GenerateOptions
 from batchline.jobs.requests import (
     KIND_OF_URL,
@@ -71,8 +71,6 @@ logger = logging.getLogger("batchline.server")
 _PRIORITY = batcher_priority(BATCH)
 #: How long a batch item waits before trying again a queue that live traffic filled.
 _FULL_RETRY_S = 0.05
-#: How an answered line of an output file ends.
-_ANSWERED = b',"error":null}'
 #: The most validation errors a failed batch lists.
 _MAX_ERRORS = 10
 
@@ -316,9 +314,7 @@ class BatchService:
         failed: list[bytes] = []
         with files.output.open("rb") as f:
             for line in f:
-                # each line's "error" comes last (jobs.openai_batch writes them): no need to
-                # parse a line (its vectors) whole to tell
-                (ok if line.rstrip(b"\n").endswith(_ANSWERED) else failed).append(line)
+                (ok if answered(line) else failed).append(line)
         for kind, lines in (("output", ok), ("error", failed)):
             if not lines:
                 continue

@@ -57,8 +57,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from batchline._errors import InputError, RecordTooLargeError
-from batchline.models.generation import Constraint, SamplingParams
-from batchline.models.generation.stream import Completion, GenerationStream, check_fits
+from batchline.models.generation import (
+    Completion,
+    Constraint,
+    GenerationStream,
+    SamplingParams,
+    check_fits,
+)
 from batchline.openai.completions import completion_response
 from batchline.server.errors import ApiError
 from batchline.server.routes._common import (
