@@ -17,8 +17,8 @@ import pytest
 # extra -> the third-party modules it brings (pyproject.toml's optional-dependencies)
 EXTRA_MODULES = {
     "onnx": ["numpy", "onnxruntime", "onnx", "tokenizers", "safetensors", "platformdirs"],
-    "jobs": ["pyarrow", "rich"],
-    "server": ["fastapi", "starlette", "uvicorn", "pydantic", "prometheus_client", "httptools"],
+    "jobs": ["pyarrow", "rich", "pydantic"],
+    "server": ["fastapi", "starlette", "uvicorn", "prometheus_client", "httptools"],
     "driver": ["httpx"],
     "bench": ["matplotlib"],
     "ray": ["ray"],

@@ -14,7 +14,7 @@ __all__ = ["EXTRA_OF_MODULE", "INCLUDES", "extra_installed"]
 INCLUDES = {
     "onnx": {"onnx"},
     "jobs": {"jobs", "onnx"},
-    "server": {"server", "onnx"},
+    "server": {"server", "jobs", "onnx"},
     "driver": {"driver", "jobs", "onnx"},
     "bench": {"bench", "jobs", "onnx"},
     "ray": {"ray", "jobs", "onnx"},
@@ -33,7 +33,7 @@ EXTRA_OF_MODULE = {
     "rich": "jobs",
     "fastapi": "server",
     "uvicorn": "server",
-    "pydantic": "server",
+    "pydantic": "jobs",
     "prometheus_client": "server",
     "httpx": "driver",
     "matplotlib": "bench",

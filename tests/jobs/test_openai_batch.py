@@ -134,7 +134,7 @@ def test_every_line_answered_once_in_the_openai_format(tiny: Path, tmp_path: Pat
     assert "'/v1/images' is not one of" in messages[3]
     assert "generates text; a /v1/embeddings line needs an embedding model" in messages[4]
     assert "--model gpt-other=SPEC" in messages[5]
-    assert "temperature must be a number" in messages[6]
+    assert "body.temperature: Input should be a valid number" in messages[6]
     assert "invalid json schema constraint" in messages[8]
     choice = openai.types.chat.ChatCompletion.model_validate(got[7]["response"]["body"])
     assert choice.choices[0].message.content in ("yes", "no")
@@ -290,15 +290,15 @@ def test_a_mixed_file_answers_embeddings_and_chat_lines(tiny: Path, tmp_path: Pa
             assert g["response"] is None
             assert openai.types.BatchError.model_validate(g["error"]).message
     errors = {i: got[i]["error"]["message"] for i in range(len(got)) if i not in ok}
-    assert '"dimensions" must be between 1 and 384' in errors[5]
-    assert 'encoding_format must be "float" or "base64"' in errors[6]
-    assert '"input": a string or a non-empty list of strings' in errors[7]
+    assert "'dimensions' must be between 1 and 384" in errors[5]
+    assert "body.encoding_format: Input should be 'float' or 'base64'" in errors[6]
+    assert "'input' is empty; send at least one of its texts" in errors[7]
     assert "token arrays are not taken" in errors[8]
     assert "add --model text-embedding-other=SPEC" in errors[9]
     assert f"model {EMB!r} embeds; a /v1/chat/completions line needs a generator" in errors[10]
     assert f"model {MODEL!r} generates text" in errors[11]
     assert '"strict" must be true or false' in errors[12]
-    assert '"input" text 1 is empty' in errors[14]
+    assert "'input' text 1 is empty" in errors[14]
 
     def embeddings(i: int) -> Any:
         raw = got[i]["response"]["body"]
@@ -454,9 +454,9 @@ def test_a_lines_penalties_and_bias_are_applied_and_unapplied_fields_fail_it() -
     assert params.logit_bias == ((3, -1), (12, 5))
     for body, message in (
         ({"frequency_penalty": 2.5}, r"frequency_penalty must be a number in \[-2, 2\]"),
-        ({"presence_penalty": "high"}, "presence_penalty must be a number"),
+        ({"presence_penalty": "high"}, "body.presence_penalty: Input should be a valid number"),
         ({"logit_bias": {"x": 1}}, "logit_bias keys must be token ids"),
-        ({"top_k": 40}, "'top_k' is not applied by this engine"),
+        ({"top_k": 40}, "'top_k' is not applied by batchline's engines"),
     ):
         with pytest.raises(ValueError, match=message):
             requests.params(line(**body))

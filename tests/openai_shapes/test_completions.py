@@ -1,9 +1,9 @@
-"""OpenAI's Completion and ChatCompletion (``batchline.openai.completions``): what the routes
+"""OpenAI's Completion and ChatCompletion (``batchline.models.openai.completions``): what the routes
 and the batch files both write."""
 
 from __future__ import annotations
 
-from batchline.openai.completions import completion_response
+from batchline.models.openai.completions import completion_response
 
 
 def test_a_chat_completion_has_openais_shape() -> None:

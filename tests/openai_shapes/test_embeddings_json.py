@@ -1,5 +1,5 @@
-"""OpenAI's embeddings response as JSON text (``batchline.openai.embeddings``): what the route
-and the batch files both write."""
+"""OpenAI's embeddings response as JSON text (``batchline.models.openai.embeddings``): what
+the route and the batch files both write."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from batchline.openai.embeddings import embeddings_json, vector_json
+from batchline.models.openai.embeddings import embeddings_json, vector_json
 
 finite32 = st.floats(width=32, allow_nan=False, allow_infinity=False)
 

@@ -69,7 +69,7 @@ async def test_penalties_and_bias_reach_the_engine_on_every_route() -> None:
         ({"frequency_penalty": -3}, "frequency_penalty must be a number in [-2, 2], got -3"),
         ({"logit_bias": {"5": 150}}, "logit_bias values must be numbers in [-100, 100]"),
         ({"logit_bias": {"word": 1}}, "logit_bias keys must be token ids"),
-        ({"top_k": 5}, "'top_k' is not applied by this server's engines; omit it"),
+        ({"top_k": 5}, "'top_k' is not applied by batchline's engines; omit it"),
         ({"repetition_penalty": 1.2}, "'repetition_penalty' is not applied"),
         ({"min_p": 0.1}, "'min_p' is not applied"),
         ({"top_logprobs": 3}, "'top_logprobs' is not applied"),

@@ -9,8 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from batchline.models.openai.embeddings import EmbeddingResponse
 from batchline.server import create_app
-from batchline.server.schemas import EmbeddingResponse, ModelList
+from batchline.server.schemas import ModelList
 
 from .conftest import FakeEmbedder, fake_vector, loader, serving, settings
 

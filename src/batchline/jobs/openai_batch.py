@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -61,9 +60,9 @@ from batchline.jobs.generate import (
     pipeline_limits,
     running_generator,
 )
+from batchline.jobs.openai_output import output_line
 from batchline.jobs.options import GenerateOptions, batch_specs
 from batchline.jobs.requests import (
-    EMBEDDINGS_URL,
     KIND_OF_URL,
     BatchModels,
     EmbeddingLine,
@@ -75,17 +74,18 @@ from batchline.jobs.requests import (
 )
 from batchline.jobs.summary import GenerateSummary, RunSummary, summarize
 from batchline.models.batching import ModelBatcher
+from batchline.models.openai.requests import (
+    BODY_OF_URL,
+    EmbeddingRequest,
+    read_body,
+)
 from batchline.models.scoring import (
     RERANK_URL,
-    SCORE_URL,
     ScoreAsk,
-    answer,
     read_rerank,
     read_score,
 )
 from batchline.models.vectors import shorten
-from batchline.openai.completions import completion_response
-from batchline.openai.embeddings import embeddings_json
 
 if TYPE_CHECKING:
     from batchline._stats import BatchStats
@@ -209,7 +209,7 @@ class BatchFiles:
                 request = None
             if not isinstance(request, dict):
                 request = {}
-            lines.append(_output_line(index, request, rows.get(index), skipped.get(index), not_run))
+            lines.append(output_line(index, request, rows.get(index), skipped.get(index), not_run))
         write_whole(self.output, "".join(line + "\n" for line in lines).encode("utf-8"))
         umask = os.umask(0o022)  # read, then put back: the mode open() gives every other output
         os.umask(umask)
@@ -335,14 +335,15 @@ class LinesAdapter:
     def _route(self, record: Record) -> _Route:
         """The model that answers ``record`` and, for a batch model's line, what it asks."""
         try:
-            url, body = batch_line(record.value)
-            name = self.names.pick(url, body)
+            url, fields = batch_line(record.value)
+            name = self.names.pick(url, fields.get("model"))
+            body = read_body(BODY_OF_URL[url], fields)
             kind = KIND_OF_URL[url]
             if kind == "generate":
                 return name, kind, None
-            if kind == "embed":
-                return name, kind, embedding_line(body, self.batch[kind].dim)
-            return name, kind, read_rerank(body) if url == RERANK_URL else read_score(body)
+            if isinstance(body, EmbeddingRequest):
+                return name, kind, embedding_line(body, self.batch[kind].dim, name)
+            return name, kind, read_rerank(fields) if url == RERANK_URL else read_score(fields)
         except ValueError as exc:
             return Failed(f"bad input: {describe(exc)}")
 
@@ -570,79 +571,3 @@ async def answer_lines(
             on_written=on_written,
         )
     return done, writer.out_dir
-
-
-def _output_line(
-    index: int,
-    request: dict[str, Any],
-    row: dict[str, Any] | None,
-    skipped: dict[str, object] | None,
-    not_run: tuple[str, str] | None = None,
-) -> str:
-    """One line of the output file (JSON text; its ``error`` comes last)."""
-    custom_id = request.get("custom_id")
-    digest = hashlib.sha256(f"{index}\0{custom_id}".encode()).hexdigest()[:24]
-    line: dict[str, Any] = {"id": f"batch_req_{digest}", "custom_id": custom_id}
-    if row is None:
-        code, reason = "invalid_request", "not run"
-        if skipped is not None:
-            reason = str(skipped["reason"])
-        elif not_run is not None:
-            code, reason = not_run
-        line["response"] = None
-        line["error"] = {"code": code, "message": reason}
-        return _dumps(line)
-    body = request.get("body") or {}
-    url = request.get("url")
-    response: dict[str, Any] | str
-    if url == EMBEDDINGS_URL:
-        response = _embeddings_body(row, as_base64=body.get("encoding_format") == "base64")
-    elif url in (RERANK_URL, SCORE_URL):
-        ask = read_rerank(body) if url == RERANK_URL else read_score(body)
-        response = answer(
-            ask, row["scores"], model=row["model"], tokens=row["prompt_tokens"],
-            request_id=digest, created=row["created"],
-        )  # fmt: skip
-    else:
-        response = _completion_body(row, digest, chat=url == "/v1/chat/completions")
-    if isinstance(response, str):  # JSON text already
-        head = _dumps({**line, "response": {"status_code": 200, "request_id": f"req_{digest}"}})
-        return head[:-2] + f',"body":{response}}},"error":null}}'
-    line["response"] = {"status_code": 200, "request_id": f"req_{digest}", "body": response}
-    line["error"] = None
-    return _dumps(line)
-
-
-#: How an answered line of an output file ends: its ``error`` comes last (:func:`_output_line`).
-_ANSWERED = b',"error":null}'
-
-
-def answered(line: bytes) -> bool:
-    """Whether a line of an output file this module wrote is an answer, not an error, told
-    without parsing the line (its vectors) whole."""
-    return line.rstrip(b"\n").endswith(_ANSWERED)
-
-
-def _dumps(value: object) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
-def _completion_body(row: dict[str, Any], digest: str, *, chat: bool) -> dict[str, Any]:
-    """OpenAI's ChatCompletion (``chat``) or Completion of a generated row."""
-    return completion_response(
-        id=f"{'chatcmpl' if chat else 'cmpl'}-{digest}",
-        created=row["created"],
-        model=row["model"],
-        chat=chat,
-        choices=[(row["text"], row["finish_reason"])],
-        prompt_tokens=row["prompt_tokens"],
-        completion_tokens=row["completion_tokens"],
-    )
-
-
-def _embeddings_body(row: dict[str, Any], *, as_base64: bool) -> str:
-    """OpenAI's CreateEmbeddingResponse of an embedded row, as JSON text."""
-    vectors = [np.asarray(v, dtype=np.float32) for v in row["embeddings"]]
-    return embeddings_json(
-        vectors, model=row["model"], tokens=row["prompt_tokens"], as_base64=as_base64
-    )

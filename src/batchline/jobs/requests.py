@@ -7,10 +7,10 @@ job's sampling settings. The job's ``--response-format`` (JSON text of an OpenAI
 with a ``response_format``, ``guided_json``, ``guided_regex`` or ``guided_choice`` field of its
 own takes that instead. A line of an
 OpenAI batch file (``{"custom_id", "method", "url", "body"}``) gives everything in its
-``body``, as the OpenAI route named by its ``url`` reads it (:func:`batch_line`), and its
-``body.model`` picks one of the job's models (:class:`BatchModels`); an embeddings line's body
-is read by :func:`embedding_line`. Either way a bad record raises ``ValueError`` naming the
-fault, and fails alone.
+``body``, validated and read by the same :mod:`batchline.models.openai.requests` body as the route
+named by its ``url`` (:func:`batch_request`), and its ``body.model`` picks one of the job's
+models (:class:`BatchModels`). Either way a bad record raises ``ValueError`` naming the fault,
+and fails alone.
 """
 
 from __future__ import annotations
@@ -22,24 +22,33 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import BaseModel
+
 from batchline.datasets.sources import Format, Record, open_source
-from batchline.models.generation import (
-    GUIDED_FIELDS,
-    Constraint,
-    SamplingParams,
-    constraint_from_openai,
-    unapplied_field,
+from batchline.models.generation import Constraint, SamplingParams, constraint_from_openai
+from batchline.models.openai.requests import (
+    BODY_OF_URL,
+    CHAT_URL,
+    COMPLETIONS_URL,
+    CONSTRAINT_FIELDS,
+    EMBEDDINGS_URL,
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    OpenAISamplingBody,
+    read_body,
+    texts_of,
 )
 from batchline.models.scoring import RERANK_URL, SCORE_URL
 
 __all__ = [
     "BATCH_URLS",
-    "EMBEDDINGS_URL",
     "KIND_OF_URL",
     "BatchModels",
     "EmbeddingLine",
     "RecordRequests",
     "batch_line",
+    "batch_request",
     "embedding_line",
     "first_duplicate_custom_id",
     "is_openai_batch_file",
@@ -48,11 +57,8 @@ __all__ = [
     "record_constraint",
 ]
 
-#: Record fields that constrain that record's completion.
-CONSTRAINT_FIELDS = ("response_format", *GUIDED_FIELDS)
 #: What an OpenAI batch line's ``url`` may name.
-BATCH_URLS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", RERANK_URL, SCORE_URL)
-EMBEDDINGS_URL = "/v1/embeddings"
+BATCH_URLS = tuple(BODY_OF_URL)
 
 
 def job_constraint(response_format: str | None) -> Constraint | None:
@@ -112,16 +118,17 @@ class RecordRequests:
     def prompt(self, record: Record) -> tuple[str | list[Any], bool]:
         """The record's prompt, and whether it goes through the chat template."""
         if self.openai_batch:
-            url, body = self._line(record)
-            if url == "/v1/chat/completions":
-                messages = body.get("messages")
-                if not isinstance(messages, list) or not messages:
-                    raise ValueError('a chat line\'s body needs "messages": [{role, content}, ...]')
-                return messages, True
-            prompt = body.get("prompt")
-            if not isinstance(prompt, str):
-                raise ValueError('a completions line\'s body needs "prompt": one string')
-            return prompt, False
+            body = self._line(record)
+            if isinstance(body, ChatCompletionRequest):
+                return body.chat(), True
+            assert isinstance(body, CompletionRequest)
+            prompts = body.prompts()
+            if len(prompts) != 1:
+                raise ValueError(
+                    f'a completions line\'s "prompt" is one string, got {len(prompts)}: send '
+                    "one line per prompt"
+                )
+            return prompts[0], False
         value = record.value
         prompt = value.get(self.column) if isinstance(value, dict) else record.text
         if not isinstance(prompt, str | list):
@@ -134,7 +141,12 @@ class RecordRequests:
     def params(self, record: Record) -> SamplingParams:
         """The record's sampling parameters (a job seed becomes ``seed + index``)."""
         if self.openai_batch:
-            return self._body_params(self._line(record)[1])
+            body = self._line(record)
+            constraint = record_constraint(body.constraint_fields())
+            return body.sampling(
+                max_tokens=self.base.max_tokens,
+                constraint=None if constraint is False else constraint,
+            )
         params = self.base
         if params.seed is not None:
             params = dataclasses.replace(params, seed=params.seed + record.index)
@@ -144,54 +156,14 @@ class RecordRequests:
                 params = dataclasses.replace(params, constraint=constraint)
         return params
 
-    def _line(self, record: Record) -> tuple[str, Mapping[str, Any]]:
-        url, body = batch_line(record.value)
+    def _line(self, record: Record) -> OpenAISamplingBody:
+        url, body = batch_request(record.value)
         kind = KIND_OF_URL[url]
         if kind != "generate":
             raise ValueError(f"a {url} line goes to the job's {_KINDS[kind][0]}, not a generator")
-        return url, body
-
-    def _body_params(self, body: Mapping[str, Any]) -> SamplingParams:
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-        stop = body.get("stop")
-        if body.get("n", 1) != 1:
-            raise ValueError(f"n must be 1, got {body.get('n')!r}")
-        for name, value in (("temperature", body.get("temperature")), ("top_p", body.get("top_p"))):
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int | float)
-            ):
-                raise ValueError(f"{name} must be a number, got {value!r}")
-        for name, value in (("max_tokens", max_tokens), ("seed", body.get("seed"))):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                raise ValueError(f"{name} must be an integer, got {value!r}")
-        if stop is not None and not (
-            isinstance(stop, str)
-            or (isinstance(stop, list) and all(isinstance(s, str) for s in stop))
-        ):
-            raise ValueError("stop must be a string or a list of strings")
-        unapplied = unapplied_field(body)
-        if unapplied is not None:
-            raise ValueError(f"{unapplied!r} is not applied by this engine; omit it")
-        penalties = {"presence_penalty": 0.0, "frequency_penalty": 0.0}
-        for name in penalties:
-            value = body.get(name)
-            if value is not None:
-                if isinstance(value, bool) or not isinstance(value, int | float):
-                    raise ValueError(f"{name} must be a number, got {value!r}")
-                penalties[name] = value
-        constraint = record_constraint(body)
-        return SamplingParams(
-            presence_penalty=penalties["presence_penalty"],
-            frequency_penalty=penalties["frequency_penalty"],
-            logit_bias=SamplingParams.bias_of(body.get("logit_bias")),
-            max_tokens=self.base.max_tokens if max_tokens is None else max_tokens,
-            # OpenAI's default temperature is 1
-            temperature=1.0 if body.get("temperature") is None else float(body["temperature"]),
-            top_p=1.0 if body.get("top_p") is None else float(body["top_p"]),
-            seed=body.get("seed"),
-            stop=() if stop is None else (stop,) if isinstance(stop, str) else tuple(stop),
-            constraint=None if constraint is False else constraint,
-        )
+        assert isinstance(body, OpenAISamplingBody)
+        body.check()
+        return body
 
 
 def batch_line(value: object) -> tuple[str, Mapping[str, Any]]:
@@ -210,11 +182,18 @@ def batch_line(value: object) -> tuple[str, Mapping[str, Any]]:
     return url, body
 
 
+def batch_request(value: object) -> tuple[str, BaseModel]:
+    """An OpenAI batch line's ``url`` and its ``body`` read as that route reads it
+    (:data:`~batchline.models.openai.requests.BODY_OF_URL`); ``ValueError`` naming the fault."""
+    url, body = batch_line(value)
+    return url, read_body(BODY_OF_URL[url], body)
+
+
 #: The kind of model that answers each url's lines, and how messages name it: what it is,
 #: a spec to suggest, what it does.
 KIND_OF_URL: dict[str, Literal["generate", "embed", "score"]] = {
-    "/v1/chat/completions": "generate",
-    "/v1/completions": "generate",
+    CHAT_URL: "generate",
+    COMPLETIONS_URL: "generate",
     EMBEDDINGS_URL: "embed",
     RERANK_URL: "score",
     SCORE_URL: "score",
@@ -236,14 +215,14 @@ class BatchModels:
     embed: str | None = None
     score: str | None = None
 
-    def pick(self, url: str, body: Mapping[str, Any]) -> str:
-        """The name of the model that answers a line at ``url`` with ``body``; ``ValueError``
-        naming the ``--model`` flag to add when the job has no such model."""
+    def pick(self, url: str, asked: object) -> str:
+        """The name of the model that answers a line at ``url`` whose body names ``asked``
+        (its ``model``); ``ValueError`` naming the ``--model`` flag to add when the job has no
+        such model."""
         kind = KIND_OF_URL[url]
         model = getattr(self, kind)
         what, example, _ = _KINDS[kind]
         a_what = f"{'an' if what[0] in 'aeiou' else 'a'} {what}"
-        asked = body.get("model")
         if asked is None:
             if model is None:
                 raise ValueError(
@@ -274,35 +253,11 @@ class EmbeddingLine:
     dimensions: int | None = None
 
 
-def embedding_line(body: Mapping[str, Any], dim: int | None) -> EmbeddingLine:
-    """An embeddings line's body (``input``: a string or a list of strings;
-    ``encoding_format``: float or base64; ``dimensions``: 1 to the model's ``dim``), as
-    OpenAI's ``/v1/embeddings`` reads it; ``ValueError`` naming what is wrong."""
-    value = body.get("input")
-    texts = [value] if isinstance(value, str) else value
-    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
-        raise ValueError(
-            'an embeddings line\'s body needs "input": a string or a non-empty list of strings '
-            "(token arrays are not taken: send the text)"
-        )
-    for i, text in enumerate(texts):
-        if not text:
-            raise ValueError(f'"input" text {i} is empty; send non-empty texts')
-    fmt = body.get("encoding_format")
-    if fmt not in (None, "float", "base64"):
-        raise ValueError(f'encoding_format must be "float" or "base64", got {fmt!r}')
-    dims = body.get("dimensions")
-    if dims is not None and dims != dim:
-        if dim is None:
-            raise ValueError(
-                'the model does not say how many dimensions it returns; omit "dimensions"'
-            )
-        if isinstance(dims, bool) or not isinstance(dims, int) or not 1 <= dims <= dim:
-            raise ValueError(
-                f'"dimensions" must be between 1 and {dim} (the model returns {dim}), got {dims!r}'
-            )
-    cut = dims if isinstance(dims, int) and dims != dim else None
-    return EmbeddingLine(tuple(texts), fmt == "base64", cut)
+def embedding_line(body: EmbeddingRequest, dim: int | None, model: str) -> EmbeddingLine:
+    """An embeddings line's body as ``POST /v1/embeddings`` reads it, for ``model`` (its
+    vectors ``dim`` long); ``ValueError`` naming what is wrong."""
+    texts = texts_of(body.input, "input")
+    return EmbeddingLine(tuple(texts), body.encoding_format == "base64", body.cut(dim, model))
 
 
 def is_openai_batch_file(path: Path, input_format: str | None, *, forced: bool = False) -> bool:

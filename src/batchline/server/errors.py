@@ -17,6 +17,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from batchline.models.openai.requests import error_text
+
 __all__ = [
     "ApiError",
     "error_response",
@@ -100,12 +102,7 @@ def validation_error(errors: Sequence[Any]) -> ApiError:
         detail.append(
             {"loc": loc, "msg": _safe(err.get("msg", "")), "type": _safe(err.get("type", ""))}
         )
-    message = "invalid request"
-    if detail:
-        first = detail[0]
-        where = ".".join(str(p) for p in first["loc"])
-        message = f"{where}: {first['msg']}" if where else str(first["msg"])
-    return ApiError(422, message, "invalid_request_error", detail=detail)
+    return ApiError(422, error_text(detail), "invalid_request_error", detail=detail)
 
 
 def shutting_down(retry_after_s: int) -> ApiError:

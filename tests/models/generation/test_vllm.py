@@ -526,8 +526,8 @@ def test_serve_takes_the_generation_backend_and_vllms_settings(
 
 def test_the_openai_routes_take_vllms_ignore_eos() -> None:
     pytest.importorskip("fastapi")
+    from batchline.models.openai.requests import ChatCompletionRequest
     from batchline.server.routes.generation import _sampling
-    from batchline.server.schemas import ChatCompletionRequest
 
     model = types.SimpleNamespace(max_context_tokens=64)
     served: Any = types.SimpleNamespace(model=model, generator=object())

@@ -47,7 +47,8 @@ from batchline._priority import BATCH, batcher_priority
 from batchline._stats import BatchStats
 from batchline.datasets.formats.base import lines as nonblank_lines
 from batchline.jobs.generate import GeneratorAdapter, in_flight_limit
-from batchline.jobs.openai_batch import BatchFiles, LineEngine, answer_lines, answered
+from batchline.jobs.openai_batch import BatchFiles, LineEngine, answer_lines
+from batchline.jobs.openai_output import answered
 from batchline.jobs.options import GenerateOptions
 from batchline.jobs.requests import (
     KIND_OF_URL,

@@ -19,6 +19,7 @@ from starlette.types import Receive
 
 from batchline._errors import BatcherClosedError, InputError, QueueFullError, RecordTooLargeError
 from batchline._priority import batcher_priority
+from batchline.models.openai.requests import texts_of
 from batchline.server.errors import ApiError, shutting_down, validation_error
 from batchline.server.schemas import ErrorBody
 from batchline.server.settings import ServerSettings
@@ -241,17 +242,13 @@ def describe_models(state: ServerState) -> str:
 
 
 def check_texts(value: str | list[str], state: ServerState, field: str) -> list[str]:
-    """A body's one text or list of texts, as a list: 400 if empty, 413 if too many."""
-    texts = [value] if isinstance(value, str) else value
-    check_count(len(texts), state, field, "texts")
-    for i, text in enumerate(texts):
-        if not text:
-            raise ApiError(
-                400,
-                f"'{field}' text {i} is empty; send non-empty texts",
-                "invalid_request_error",
-            )
-    return texts
+    """A body's one text or list of texts, as a list: 413 if too many, 400 if none or one
+    is empty."""
+    check_count(1 if isinstance(value, str) else len(value), state, field, "texts")
+    try:
+        return texts_of(value, field)
+    except ValueError as exc:
+        raise ApiError(400, str(exc), "invalid_request_error") from None
 
 
 def check_count(n: int, state: ServerState, field: str, what: str = "inputs") -> None:

@@ -18,7 +18,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from batchline.models.generation import Completion, FinishReason, GenerationDelta, GenerationStream
-from batchline.openai.completions import usage as openai_usage
+from batchline.models.openai.completions import usage as openai_usage
 from batchline.server.errors import ApiError
 from batchline.server.routes._common import ClientGone, api_error, unless_disconnected
 from batchline.server.settings import ServerSettings

@@ -64,7 +64,13 @@ from batchline.models.generation import (
     SamplingParams,
     check_fits,
 )
-from batchline.openai.completions import completion_response
+from batchline.models.openai.completions import completion_response
+from batchline.models.openai.requests import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    OpenAISamplingBody,
+    SamplingBody,
+)
 from batchline.server.errors import ApiError
 from batchline.server.routes._common import (
     ERRORS,
@@ -78,14 +84,7 @@ from batchline.server.routes._common import (
     use_generator,
 )
 from batchline.server.routes._sse import Shape, aborted, event_stream
-from batchline.server.schemas import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    GenerateTextRequest,
-    GenerateTextResponse,
-    OpenAISamplingBody,
-    SamplingBody,
-)
+from batchline.server.schemas import GenerateTextRequest, GenerateTextResponse
 from batchline.server.state import ServedGenerator, ServerState
 
 __all__ = ["router"]
@@ -182,13 +181,7 @@ async def generate(request: Request) -> Response:
 async def create_completion(request: Request) -> Response:
     """One choice per prompt (``n`` is 1), with ``usage`` over all of them."""
     body, state, served, priority = await _generation_request(request, CompletionRequest)
-    _check_openai(body)
-    if body.echo:
-        raise _bad("'echo' is not supported; send echo=false")
-    if body.best_of not in (None, 1):
-        raise _bad("'best_of' is not supported; send best_of=1 or omit it")
-    if body.suffix:
-        raise _bad("'suffix' is not supported; omit it")
+    _check(body)
     texts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
     check_count(len(texts), state, "prompt", "prompts")
     prompts = [await _encode_text(served, state, text, "prompt", i) for i, text in enumerate(texts)]
@@ -204,7 +197,7 @@ async def create_completion(request: Request) -> Response:
     streams = _submit_all(served, state, prompts, params, rid)
     shape = Shape(rid, "text_completion", int(time.time()), served.name, chat=False)
     if body.stream:
-        return event_stream(served, streams, shape, state.settings, _include_usage(body))
+        return event_stream(served, streams, shape, state.settings, body.include_usage())
     completions = await _finish_all(request, state, served, streams)
     return JSONResponse(_response(shape, completions))
 
@@ -218,14 +211,8 @@ async def create_completion(request: Request) -> Response:
 async def create_chat_completion(request: Request) -> Response:
     """The messages through the model's chat template; one choice (``n`` is 1)."""
     body, state, served, priority = await _generation_request(request, ChatCompletionRequest)
-    _check_openai(body)
-    if body.tools:
-        raise _bad("'tools' are not supported by this server; omit them")
-    if not body.messages:
-        raise _bad("'messages' is empty; send at least one message")
-    if body.max_completion_tokens is not None:
-        body.max_tokens = body.max_completion_tokens
-    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+    _check(body)
+    messages = body.chat()
     size = sum(len(m["content"]) for m in messages)
     ids = await _encode(served.model.encode_chat, messages, size, state, "messages")
     if not ids:
@@ -238,7 +225,7 @@ async def create_chat_completion(request: Request) -> Response:
     streams = _submit_all(served, state, [ids], params, rid)
     shape = Shape(rid, "chat.completion", int(time.time()), served.name, chat=True)
     if body.stream:
-        return event_stream(served, streams, shape, state.settings, _include_usage(body))
+        return event_stream(served, streams, shape, state.settings, body.include_usage())
     completions = await _finish_all(request, state, served, streams)
     return JSONResponse(_response(shape, completions))
 
@@ -258,15 +245,11 @@ def _response(shape: Shape, completions: Sequence[Completion]) -> dict[str, Any]
 # -- checks, prompts and sampling ----------------------------------------------------------
 
 
-def _check_openai(body: OpenAISamplingBody) -> None:
-    if body.n != 1:
-        raise _bad(f"n={body.n} is not supported; send n=1 (several prompts for several texts)")
-    if body.logprobs not in (None, False, 0):
-        raise _bad("'logprobs' is not supported; omit it")
-
-
-def _include_usage(body: OpenAISamplingBody) -> bool:
-    return body.stream_options is not None and body.stream_options.include_usage
+def _check(body: OpenAISamplingBody) -> None:
+    try:
+        body.check()
+    except ValueError as exc:
+        raise _bad(str(exc)) from None
 
 
 async def _encode_text(
@@ -346,27 +329,11 @@ def _sampling(
     default_max_tokens: int,
     greedy: bool = False,
 ) -> list[SamplingParams]:
-    """One ``SamplingParams`` per prompt, at the request's ``priority`` (the batcher's, from
-    :func:`request_priority`: the generator orders joins by it): a missing ``max_tokens`` is
-    capped by what the context leaves after that prompt; ``constraint`` is the body's, checked
-    already (:func:`_constraint`). 400 when a prompt can never fit, for a field no engine
-    applies, or a ``logit_bias`` key that is no token id."""
-    unapplied = body.unapplied()
-    if unapplied is not None:
-        raise _bad(f"'{unapplied}' is not applied by this server's engines; omit it")
-    try:
-        logit_bias = SamplingParams.bias_of(body.logit_bias)
-    except ValueError as exc:
-        raise _bad(str(exc)) from None
-    stop: tuple[str, ...] = (
-        ()
-        if body.stop is None
-        else (body.stop,)
-        if isinstance(body.stop, str)
-        else tuple(body.stop)
-    )
-    # OpenAI's default temperature is 1; /generate is greedy unless told otherwise
-    temperature = body.temperature if body.temperature is not None else (0.0 if greedy else 1.0)
+    """One ``SamplingParams`` per prompt (:meth:`SamplingBody.sampling`), at the request's
+    ``priority`` (the batcher's, from :func:`request_priority`: the generator orders joins by
+    it): a missing ``max_tokens`` is capped by what the context leaves after that prompt;
+    ``constraint`` is the body's, checked already (:func:`_constraint`). 400 when a prompt
+    can never fit, or the body cannot be sampled as asked."""
     limit = served.model.max_context_tokens
     # checked here too (when the generator says its budget), so that a prompt that can
     # never fit refuses the request before any of its prompts is admitted
@@ -374,31 +341,20 @@ def _sampling(
     budget = budget if isinstance(budget, int) and budget > 0 else None
     params: list[SamplingParams] = []
     for i, ids in enumerate(prompts):
-        max_tokens = body.max_tokens
-        if max_tokens is None:
-            max_tokens = max(1, min(default_max_tokens, limit - len(ids)))
         try:
-            check_fits(len(ids), max_tokens, max_context_tokens=limit, kv_token_budget=budget)
-            params.append(
-                SamplingParams(
-                    max_tokens=max_tokens,
-                    temperature=temperature,
-                    top_p=body.top_p if body.top_p is not None else 1.0,
-                    seed=body.seed,
-                    stop=stop,
-                    ignore_eos=body.ignore_eos,
-                    constraint=constraint,
-                    priority=priority,
-                    presence_penalty=body.presence_penalty or 0.0,
-                    frequency_penalty=body.frequency_penalty or 0.0,
-                    logit_bias=logit_bias,
-                )
+            p = body.sampling(
+                max_tokens=max(1, min(default_max_tokens, limit - len(ids))),
+                constraint=constraint,
+                priority=priority,
+                greedy=greedy,
             )
+            check_fits(len(ids), p.max_tokens, max_context_tokens=limit, kv_token_budget=budget)
         except RecordTooLargeError as exc:
             where = f"prompt {i}: " if len(prompts) > 1 else ""
             raise ApiError(400, f"{where}{exc}", "invalid_request_error") from None
         except ValueError as exc:
             raise _bad(str(exc)) from None
+        params.append(p)
     return params
 
 

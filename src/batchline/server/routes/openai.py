@@ -14,8 +14,9 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
+from batchline.models.openai.embeddings import EmbeddingResponse, embeddings_json
+from batchline.models.openai.requests import EmbeddingRequest
 from batchline.models.vectors import shorten
-from batchline.openai.embeddings import embeddings_json
 from batchline.server.errors import ApiError
 from batchline.server.routes._common import (
     ERRORS,
@@ -24,7 +25,6 @@ from batchline.server.routes._common import (
     non_finite,
     run_texts,
 )
-from batchline.server.schemas import EmbeddingRequest, EmbeddingResponse
 from batchline.server.state import ServedModel
 
 __all__ = ["router"]
@@ -48,8 +48,9 @@ async def create_embeddings(request: Request) -> Response:
     vectors = [np.asarray(model.model.encode(r), dtype=np.float32) for r in done.results]
     if not all_finite(vectors):
         raise non_finite(model)
-    if done.body.dimensions is not None:
-        vectors = [shorten(v, done.body.dimensions) for v in vectors]
+    cut = done.body.cut(model.info.details.get("dim"), model.name)
+    if cut is not None:
+        vectors = [shorten(v, cut) for v in vectors]
     payload = embeddings_json(
         vectors,
         model=model.name,
@@ -61,19 +62,7 @@ async def create_embeddings(request: Request) -> Response:
 
 
 def _check_dimensions(body: EmbeddingRequest, model: ServedModel[Any, Any]) -> None:
-    dim = model.info.details.get("dim")
-    asked = body.dimensions
-    if asked is None or asked == dim:
-        return
-    if not isinstance(dim, int):
-        raise ApiError(
-            400,
-            f"{model.name} does not say how many dimensions it returns; omit 'dimensions'",
-            "invalid_request_error",
-        )
-    if not 1 <= asked <= dim:
-        raise ApiError(
-            400,
-            f"'dimensions' must be between 1 and {dim} ({model.name} returns {dim}), got {asked}",
-            "invalid_request_error",
-        )
+    try:
+        body.cut(model.info.details.get("dim"), model.name)
+    except ValueError as exc:
+        raise ApiError(400, str(exc), "invalid_request_error") from None

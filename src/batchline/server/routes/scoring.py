@@ -19,6 +19,7 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
+from batchline.models.openai.requests import RerankRequest, ScoreRequest
 from batchline.models.scoring import answer, read_rerank, read_score
 from batchline.server.errors import ApiError
 from batchline.server.routes._common import (
@@ -32,12 +33,7 @@ from batchline.server.routes._common import (
     server_state,
     use_model,
 )
-from batchline.server.schemas import (
-    RerankRequest,
-    RerankResponse,
-    ScoreRequest,
-    ScoreResponse,
-)
+from batchline.server.schemas import RerankResponse, ScoreResponse
 from batchline.server.state import ServedModel
 
 __all__ = ["router"]

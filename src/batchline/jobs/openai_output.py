@@ -1,0 +1,94 @@
+"""The lines of an OpenAI batch job's output file: each input line's answer, in the body the
+OpenAI route would return, or its error (``batchline.jobs.openai_batch`` writes the file from
+the job's committed chunks; the Batch API splits it into output and error files)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import numpy as np
+
+from batchline.models.openai.completions import completion_response
+from batchline.models.openai.embeddings import embeddings_json
+from batchline.models.openai.requests import EMBEDDINGS_URL
+from batchline.models.scoring import RERANK_URL, SCORE_URL, answer, read_rerank, read_score
+
+__all__ = ["answered", "output_line"]
+
+
+def output_line(
+    index: int,
+    request: dict[str, Any],
+    row: dict[str, Any] | None,
+    skipped: dict[str, object] | None,
+    not_run: tuple[str, str] | None = None,
+) -> str:
+    """One line of the output file (JSON text; its ``error`` comes last)."""
+    custom_id = request.get("custom_id")
+    digest = hashlib.sha256(f"{index}\0{custom_id}".encode()).hexdigest()[:24]
+    line: dict[str, Any] = {"id": f"batch_req_{digest}", "custom_id": custom_id}
+    if row is None:
+        code, reason = "invalid_request", "not run"
+        if skipped is not None:
+            reason = str(skipped["reason"])
+        elif not_run is not None:
+            code, reason = not_run
+        line["response"] = None
+        line["error"] = {"code": code, "message": reason}
+        return _dumps(line)
+    body = request.get("body") or {}
+    url = request.get("url")
+    response: dict[str, Any] | str
+    if url == EMBEDDINGS_URL:
+        response = _embeddings_body(row, as_base64=body.get("encoding_format") == "base64")
+    elif url in (RERANK_URL, SCORE_URL):
+        ask = read_rerank(body) if url == RERANK_URL else read_score(body)
+        response = answer(
+            ask, row["scores"], model=row["model"], tokens=row["prompt_tokens"],
+            request_id=digest, created=row["created"],
+        )  # fmt: skip
+    else:
+        response = _completion_body(row, digest, chat=url == "/v1/chat/completions")
+    if isinstance(response, str):  # JSON text already
+        head = _dumps({**line, "response": {"status_code": 200, "request_id": f"req_{digest}"}})
+        return head[:-2] + f',"body":{response}}},"error":null}}'
+    line["response"] = {"status_code": 200, "request_id": f"req_{digest}", "body": response}
+    line["error"] = None
+    return _dumps(line)
+
+
+#: How an answered line of an output file ends: its ``error`` comes last (:func:`output_line`).
+_ANSWERED = b',"error":null}'
+
+
+def answered(line: bytes) -> bool:
+    """Whether a line of an output file this module wrote is an answer, not an error, told
+    without parsing the line (its vectors) whole."""
+    return line.rstrip(b"\n").endswith(_ANSWERED)
+
+
+def _dumps(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _completion_body(row: dict[str, Any], digest: str, *, chat: bool) -> dict[str, Any]:
+    """OpenAI's ChatCompletion (``chat``) or Completion of a generated row."""
+    return completion_response(
+        id=f"{'chatcmpl' if chat else 'cmpl'}-{digest}",
+        created=row["created"],
+        model=row["model"],
+        chat=chat,
+        choices=[(row["text"], row["finish_reason"])],
+        prompt_tokens=row["prompt_tokens"],
+        completion_tokens=row["completion_tokens"],
+    )
+
+
+def _embeddings_body(row: dict[str, Any], *, as_base64: bool) -> str:
+    """OpenAI's CreateEmbeddingResponse of an embedded row, as JSON text."""
+    vectors = [np.asarray(v, dtype=np.float32) for v in row["embeddings"]]
+    return embeddings_json(
+        vectors, model=row["model"], tokens=row["prompt_tokens"], as_base64=as_base64
+    )
