@@ -1,4 +1,4 @@
-"""Generation benchmark: one-at-a-time vs static vs continuous batching, same model, one run.
+"""Generation benchmark: sequential vs static vs continuous batching, same model, one run.
 
 A thin wrapper over ``batchline bench --task generate`` (``batchline.bench.generate``) that
 keeps this script's flags. The three generators are built in turn over the same loaded
@@ -18,7 +18,7 @@ ITL p50 (medians over repeats), then the ratios the goals use:
 
     continuous / static throughput      goal >= 1.3
     continuous / static p99 latency     goal <= 0.8
-    continuous / one-at-a-time tok/s    goal >= 2.5
+    continuous / sequential tok/s    goal >= 2.5
     continuous / static TTFT p99        goal <= 0.5
 
     python benchmarks/bench_generate.py             # real model, CPU, ~3-4 min on a quiet machine
@@ -29,7 +29,7 @@ The same through the CLI (several load points, one report):
 
     batchline bench --model smollm2 --load closed:16 --load open:1 -o report
 
-One-at-a-time runs fewer requests than the batched ones (``--sequential-requests``): it is
+Sequential runs fewer requests than the batched ones (``--sequential-requests``): it is
 slow, and only its throughput enters a ratio. Run it on a quiet machine; the load average is
 printed at the start and the end.
 """
@@ -49,7 +49,7 @@ from batchline.bench.report import print_generate_table, write_generate_report
 
 CONFIGS = ("sequential", "static", "continuous")
 # this script's names for the bench's configurations
-_NAMES = {"sequential": "one-at-a-time", "static": "static", "continuous": "continuous"}
+_NAMES = {"sequential": "sequential", "static": "static", "continuous": "continuous"}
 
 
 def _print(text: str) -> None:

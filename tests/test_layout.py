@@ -1,5 +1,6 @@
-"""The layout rules the house keeps: no import circle among batchline's modules, and no module
-over 650 lines (the core batcher may reach 1,100).
+"""The layout rules the house keeps: no import circle among batchline's modules, no module
+over 650 lines (the core batcher may reach 1,100), layers that point down (:data:`LAYERS`),
+and code outside ``models/`` that reaches a backend only through its package's face.
 
 The import graph is read from the source with ``ast``, so nothing is imported. Every ``import``
 and ``from ... import`` counts, at module level and inside functions alike: a function-local
@@ -173,3 +174,77 @@ def test_no_module_over_the_line_limit() -> None:
             over[name] = lines
     report = "\n".join(f"- {name}: {lines} lines" for name, lines in sorted(over.items()))
     assert not over, f"modules over {MAX_LINES} lines ({ALLOWED} allowed):\n{report}"
+
+
+#: The layers, lowest first: a module imports its own layer's package or lower ones, never a
+#: higher one, and no command package (driver, server, bench) imports a sibling. The core is
+#: the private top-level modules (``batchline._*``), ``knobs`` and ``sync``.
+LAYERS = {
+    "oip": 1,
+    "models": 2,
+    "datasets": 3,
+    "jobs": 4,
+    "driver": 5,
+    "server": 5,
+    "bench": 5,
+    "integrations": 6,
+    "cli": 7,
+    "__main__": 8,  # ``python -m batchline``: the entry point runs the CLI
+}
+#: Backend packages whose inner modules stay behind the package's face (its ``__init__``).
+BACKENDS = ("batchline.models.generation", "batchline.models.onnx")
+
+
+def layer_of(module: str) -> tuple[str, int]:
+    """A module's layer: its first package under batchline, or the core (0)."""
+    top = module.split(".")[1] if "." in module else ""
+    return (top, LAYERS[top]) if top in LAYERS else ("core", 0)
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    found = []
+    for module, targets in sorted(graph.items()):
+        if module == PACKAGE:
+            continue  # the package's face re-exports the core
+        (own, low) = layer_of(module)
+        for target in sorted(targets):
+            (other, high) = layer_of(target)
+            if own != other and (high > low or (high == low and low > 0)):
+                found.append(f"{module} -> {target}")
+    return found
+
+
+def past_the_seam(graph: dict[str, set[str]]) -> list[str]:
+    return [
+        f"{module} -> {target}"
+        for module, targets in sorted(graph.items())
+        if not module.startswith("batchline.models")
+        for target in sorted(targets)
+        if any(target.startswith(f"{backend}.") for backend in BACKENDS)
+    ]
+
+
+def test_the_layer_rule_and_the_seam_rule_catch_what_they_name() -> None:
+    graph = {
+        "batchline.jobs.run": {"batchline.server.app", "batchline.models.loader"},
+        "batchline.server.app": {"batchline.bench.loadgen", "batchline.models.onnx.embedder"},
+        "batchline.models.loader": {"batchline.models.onnx.embedder", "batchline._errors"},
+        "batchline.__main__": {"batchline.cli"},
+    }
+    assert upward_imports(graph) == [
+        "batchline.jobs.run -> batchline.server.app",
+        "batchline.server.app -> batchline.bench.loadgen",
+    ]
+    assert past_the_seam(graph) == ["batchline.server.app -> batchline.models.onnx.embedder"]
+
+
+def test_layers_point_down() -> None:
+    found = upward_imports(import_graph())
+    report = "\n".join(f"- {edge}" for edge in found)
+    assert not found, f"imports of a higher layer or a sibling command package:\n{report}"
+
+
+def test_code_outside_models_uses_the_backends_faces() -> None:
+    found = past_the_seam(import_graph())
+    report = "\n".join(f"- {edge}" for edge in found)
+    assert not found, f"imports past a backend's face (use its package):\n{report}"

@@ -11,7 +11,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from batchline._errors import BatchlineError
 from batchline._extras import EXTRA_OF_MODULE, INCLUDES
@@ -52,6 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = list(argv) if argv is not None else sys.argv[1:]  # for a command to repeat
+    args.on_ray = _ON_RAY.get(args.command)
     try:
         code: int = args.func(args)
     except BatchlineError as exc:
@@ -72,6 +74,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"batchline {args.command}: interrupted", file=sys.stderr)
         return 130
     return code
+
+
+def _run_on_ray(options: Any, args: argparse.Namespace, progress: Any) -> Any:
+    from batchline.integrations.ray import run_from_args
+
+    return run_from_args(options, args, progress)
+
+
+def _serve_on_ray(args: argparse.Namespace, settings: Any) -> int:
+    from batchline.integrations.ray_serve import serve_from_args
+
+    return serve_from_args(args, settings)
+
+
+#: ``--engine ray`` of each command that has it, dispatched from here (``args.on_ray``), so
+#: that the command packages never import ``integrations/``, the layer above them.
+_ON_RAY: dict[str, Callable[..., Any]] = {"run": _run_on_ray, "serve": _serve_on_ray}
 
 
 def missing_extra(command: str, module: str) -> str | None:

@@ -271,6 +271,10 @@ class Knobs:
             values["bulk_slots"] = per_session
         return cls(**values)
 
+    def for_loading(self) -> Knobs:
+        """The knobs a model is loaded with: these, or :meth:`baseline` when batching is off."""
+        return self if self.batching else self.baseline()
+
     def baseline(self, cores: int | None = None) -> Knobs:
         """The no-batching baseline of this deployment (what every published ratio is measured
         against): batching off, ONE session every caller shares, with ``cores`` intra-op

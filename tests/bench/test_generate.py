@@ -1,4 +1,4 @@
-"""``batchline bench --task generate``: one-at-a-time, static and continuous on one loaded model,
+"""``batchline bench --task generate``: sequential, static and continuous on one loaded model,
 closed and open loops, the report files and the goal ratios (no timing assertions: the figures
 are whatever this machine gave; only their presence and their bookkeeping are checked)."""
 
@@ -58,14 +58,14 @@ def test_every_configuration_at_every_point_generates_exactly_what_was_asked(
     # exactly its max_tokens (ignore_eos), the same work for every configuration
     assert len(result.runs) == options.repeats * len(options.loads) * len(GENERATORS)
     for run in result.runs:
-        n = options.sequential_requests if run.generator == "one-at-a-time" else options.requests
+        n = options.sequential_requests if run.generator == "sequential" else options.requests
         assert (run.requests, run.rejected) == (n, 0)
         assert run.tokens == sum(w.max_tokens for w in work[:n])
         assert len(run.latencies_s) == len(run.ttfts_s) == n
         assert all(t <= lat for t, lat in zip(run.ttfts_s, run.latencies_s, strict=True))
     # repeats interleave: the order rotates, so the first generator differs per repeat
     firsts = [r.generator for r in result.runs if r.offered == 3][:: len(GENERATORS)]
-    assert firsts == ["one-at-a-time", "static"]
+    assert firsts == ["sequential", "static"]
     assert {(p.generator, str(p.point)) for p in result.points} == {
         (g, load) for g in GENERATORS for load in ("closed:3", "open:500")
     }
@@ -90,9 +90,9 @@ def test_the_ratios_are_the_goals_at_each_point(parts: ModelParts) -> None:
     )
     assert tput.ok == (tput.value >= 1.3)
     assert "goal >= 1.3" in tput.line()
-    # without one-at-a-time, its ratio is left out
+    # without sequential, its ratio is left out
     two = run_generate_bench(small(generators=["static", "continuous"], repeats=1), parts=parts)
-    assert "continuous/one-at-a-time throughput" not in [r.name for r in two.ratios()]
+    assert "continuous/sequential throughput" not in [r.name for r in two.ratios()]
 
 
 def test_report_files_hold_all_three_configurations_and_the_ratios(
@@ -207,7 +207,7 @@ def test_cli_on_a_folder_model_compares_the_three_on_one_load(
         p.name for p in out.iterdir()
     }
     # every batched run generated exactly what its requests asked for
-    runs = [r for r in data["runs"] if r["generator"] != "one-at-a-time"]
+    runs = [r for r in data["runs"] if r["generator"] != "sequential"]
     assert all(r["requests"] == 3 and 6 <= r["tokens"] <= 12 for r in runs)
 
 
@@ -234,7 +234,7 @@ def test_the_benchmark_script_is_a_wrapper_with_its_own_flags(
     script.main([*argv, "--configs", "static,continuous"])
     printed = capsys.readouterr().out
     assert "continuous/static throughput" in printed
-    assert "one-at-a-time" not in printed
+    assert "sequential" not in printed
 
 
 # -- the generation target on the shared load generator ------------------------------------------

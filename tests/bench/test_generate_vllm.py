@@ -126,13 +126,13 @@ def test_vllm_runs_beside_the_others_on_the_same_work_one_engine_per_turn(
 def test_every_row_has_its_throughput_over_the_same_baseline(parts: ModelParts) -> None:
     result = run_generate_bench(small(repeats=1), parts=parts, start_vllm=StandInVllm())
     by = {(p.generator, str(p.point)): p for p in result.points}
-    base = by["one-at-a-time", "closed:3"].tokens_per_s
+    base = by["sequential", "closed:3"].tokens_per_s
     for name in ALL_GENERATORS:
         point = by[name, "closed:3"]
         assert result.baseline_ratio(point) == pytest.approx(point.tokens_per_s / base)
         # open loop: throughput is the arrival rate, no ratio
         assert math.isnan(result.baseline_ratio(by[name, "open:500"]))
-    assert result.baseline_ratio(by["one-at-a-time", "closed:3"]) == pytest.approx(1.0)
+    assert result.baseline_ratio(by["sequential", "closed:3"]) == pytest.approx(1.0)
     # without the baseline in the run, no ratio at all
     alone = run_generate_bench(
         small(repeats=1, generators=["continuous", "vllm"]), parts=parts, start_vllm=StandInVllm()
@@ -150,7 +150,7 @@ def test_the_report_shows_the_vllm_row_its_ratio_and_every_dtype(
     vllm_point = next(p for p in result.points if p.generator == "vllm" and p.kind == "closed")
     assert f"x{result.baseline_ratio(vllm_point):.2f}" in row
     assert "| x baseline |" in text
-    assert "*x baseline*: tokens/s over one-at-a-time's at the same point" in text
+    assert "*x baseline*: tokens/s over sequential's at the same point" in text
     assert "- **vllm**: vLLM's engine on the same model" in text
     assert f"computes in {STAND_IN_DTYPE}" in text
     assert f"computes in {parts.dtype}" in text
@@ -163,11 +163,11 @@ def test_the_report_shows_the_vllm_row_its_ratio_and_every_dtype(
         for p in data["points"]
         if p["kind"] == "closed"
     }
-    assert ratios["one-at-a-time"] == pytest.approx(1.0)
+    assert ratios["sequential"] == pytest.approx(1.0)
     assert ratios["vllm"] == pytest.approx(result.baseline_ratio(vllm_point))
     assert all(p["tokens_per_s_x_baseline"] is None for p in data["points"] if p["kind"] == "open")
     assert generate_dtypes_line(result) == (
-        f"one-at-a-time, static, continuous: {parts.dtype}; vllm: {STAND_IN_DTYPE}"
+        f"sequential, static, continuous: {parts.dtype}; vllm: {STAND_IN_DTYPE}"
     )
 
 
@@ -234,7 +234,7 @@ def test_an_unknown_generator_names_vllm_among_the_choices(
     loaded = _no_loading(monkeypatch)
     assert main(["bench", "--task", "generate", "--generators", "continuous,vlm"]) == 2
     err = capsys.readouterr().err
-    assert "--generators takes one-at-a-time, static, continuous, vllm; got continuous, vlm" in err
+    assert "--generators takes sequential, static, continuous, vllm; got continuous, vlm" in err
     assert loaded == []
 
 
@@ -251,13 +251,13 @@ def test_the_cli_parses_the_vllm_generator_and_prints_its_row(
 
     monkeypatch.setattr(generate_module, "run_generate_bench", on_stand_ins)
     out = tmp_path / "report"
-    argv = ["bench", "--task", "generate", "--generators", " continuous , vllm,one-at-a-time"]
+    argv = ["bench", "--task", "generate", "--generators", " continuous , vllm,sequential"]
     argv += ["--load", "closed:3", "--requests", "4", "--sequential-requests", "2"]
     argv += ["--repeats", "1", "--min-new", "2", "--max-new", "4", "--dtype", "bfloat16"]
     argv += ["--max-running-sequences", "3", "-o", str(out)]  # the table: not --quiet
     assert main(argv) == 0
     (options,) = seen
-    assert list(options.generators) == ["continuous", "vllm", "one-at-a-time"]
+    assert list(options.generators) == ["continuous", "vllm", "sequential"]
     assert (options.dtype, options.max_running_sequences, options.model) == (
         "bfloat16",
         3,
@@ -267,12 +267,12 @@ def test_the_cli_parses_the_vllm_generator_and_prints_its_row(
     (row,) = [line for line in out_text.splitlines() if line.startswith("│ vllm ")]
     cells = [cell.strip() for cell in row.strip("│").split("│")]
     assert cells[:3] == ["vllm", "closed 3 clients", "4"]
-    assert float(cells[4].removeprefix("x")) > 0  # its tokens/s over one-at-a-time's
+    assert float(cells[4].removeprefix("x")) > 0  # its tokens/s over sequential's
     printed = " ".join(out_text.split())
-    assert "x baseline: tokens/s over one-at-a-time's" in printed
+    assert "x baseline: tokens/s over sequential's" in printed
     assert f"vllm: {STAND_IN_DTYPE}" in printed
     data = json.loads((out / "results.json").read_text())
-    assert [g for g in data["generators"]] == ["one-at-a-time", "continuous", "vllm"]
+    assert [g for g in data["generators"]] == ["sequential", "continuous", "vllm"]
 
 
 def test_bench_help_names_the_vllm_generator_without_importing_vllm(

@@ -8,7 +8,7 @@ and one set of statistics (:mod:`batchline.bench.stats`) under every bench:
   returns a :class:`BenchResult`; :func:`write_report` turns it into ``report.md`` + PNG plots.
   Any model ``batchline run`` takes is measured (``default``, ``PATH.onnx`` with a task,
   ``module:factory``), loaded by ``load_model`` and batched by ``ModelBatcher`` as ``run`` does.
-- :mod:`batchline.bench.generate` (``bench --task generate``): one-at-a-time, static and
+- :mod:`batchline.bench.generate` (``bench --task generate``): sequential, static and
   continuous batching of one text generator, each a target of the same load generator.
 - :func:`tune` is the search (measured points in, knobs out); :func:`run_tune` runs it on the
   real model; :func:`decide` is the verdict on measured trials.

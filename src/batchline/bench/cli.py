@@ -61,7 +61,7 @@ def _add_bench(sub: Any) -> None:
             "run: the no-batching baseline, batchline's defaults, your --config files and a "
             "classic timeout batcher. Or drive a server (--target URL). Writes "
             "OUTPUT/report.md with a table and PNG plots. With a text generator (--task "
-            "generate, --model smollm2 or PATH/): one-at-a-time, static and continuous batching "
+            "generate, --model smollm2 or PATH/): sequential, static and continuous batching "
             "on the same loaded model (see the text generation options)."
         ),
     )
@@ -134,19 +134,19 @@ _GENERATE_FLAGS = {
 def _add_generate_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
         "text generation (--task generate; implied by --model smollm2 or PATH/)",
-        "One-at-a-time, static and continuous batching on the same loaded model, in one run, "
+        "Sequential, static and continuous batching on the same loaded model, in one run, "
         "and vLLM's engine on the same model beside them (--generators ...,vllm): "
         "the demo math prompts, each generating exactly max_tokens (drawn between --min-new "
         "and --max-new, seeded; ignore_eos), at each --load point (default closed:16), in "
-        "interleaved repeats. Prints tokens/s (and its ratio to one-at-a-time's), request "
+        "interleaved repeats. Prints tokens/s (and its ratio to sequential's), request "
         "latency and TTFT p50/p99 per configuration and point, the dtype each computed in, and "
         "the ratios continuous/static throughput (goal >= 1.3), "
-        "p99 latency (<= 0.8), TTFT p99 (<= 0.5) and continuous/one-at-a-time throughput "
+        "p99 latency (<= 0.8), TTFT p99 (<= 0.5) and continuous/sequential throughput "
         "(>= 2.5); writes report.md, results.json and plots into --output.",
     )
     g.add_argument("--requests", type=int, metavar="N", help="requests per batched run (32)")
     g.add_argument(
-        "--sequential-requests", type=int, metavar="N", help="requests per one-at-a-time run (6)"
+        "--sequential-requests", type=int, metavar="N", help="requests per sequential run (6)"
     )
     g.add_argument("--repeats", type=int, metavar="N", help="interleaved repeats (2)")
     g.add_argument("--min-new", type=int, metavar="N", help="fewest tokens a request asks for (8)")
@@ -154,7 +154,7 @@ def _add_generate_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--generators",
         metavar="LIST",
-        help="configurations to compare: one-at-a-time, static, continuous (default: these "
+        help="configurations to compare: sequential, static, continuous (default: these "
         "three), and vllm: the same model, dtype and --max-running-sequences on vLLM's engine, "
         "started for each of its turns (needs vLLM: bash scripts/vllm_env.sh)",
     )

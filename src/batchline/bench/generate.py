@@ -1,4 +1,4 @@
-"""``batchline bench --task generate``: one-at-a-time, static and continuous batching of one
+"""``batchline bench --task generate``: sequential, static and continuous batching of one
 text generator, on the same loaded model, in one run; and vLLM's engine beside them (``vllm``).
 
 The weights load once (:func:`load_parts`: ``load_text_generator`` on ``--model smollm2`` or
@@ -32,7 +32,7 @@ Example::
     for ratio in result.ratios():
         print(ratio.line())
 
-One-at-a-time runs fewer requests (``sequential_requests``): it is slow, and only its
+Sequential runs fewer requests (``sequential_requests``): it is slow, and only its
 throughput enters a ratio.
 """
 
@@ -45,7 +45,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from batchline._clock import Clock, MonotonicClock
 from batchline._errors import InputError, QueueFullError
@@ -63,12 +63,18 @@ from batchline.bench.generate_results import (
 from batchline.bench.loadgen import Counters, LoadPoint, parse_load, run_closed, run_open
 from batchline.bench.runner import Say, environment
 from batchline.bench.stats import Sample, poisson_arrivals
-from batchline.models.generation.engine import SamplingParams, StepEngine
-from batchline.models.generation.stream import Completion, Detokenizer, TextGenerator
+from batchline.models.generation import (
+    Completion,
+    Detokenizer,
+    SamplingParams,
+    StepEngine,
+    TextGenerator,
+)
 
 if TYPE_CHECKING:
     from batchline.bench.generate_vllm import StartTurn
     from batchline.knobs import Knobs
+    from batchline.models.generation import GeneratorKind
 
 __all__ = [
     "ALL_GENERATORS",
@@ -179,7 +185,7 @@ def load_parts(options: GenerateBenchOptions) -> ModelParts:
 
     The generator it builds is never started: each run builds its own over the same engine.
     """
-    from batchline.models.generation.load import load_text_generator
+    from batchline.models.generation import load_text_generator
     from batchline.models.specs import parse_specs
 
     (spec,) = parse_specs([options.model], tasks=["generate"])
@@ -196,7 +202,7 @@ def load_parts(options: GenerateBenchOptions) -> ModelParts:
 def fake_parts(*, fixed_s: float = 0.004, per_sequence_s: float = 0.0004) -> ModelParts:
     """The fake engine: a step costs a fixed part plus a little per sequence, so batching pays
     as on a real model (a smoke run; ``fixed_s=0`` for tests)."""
-    from batchline.models.generation.fake import FakeEngine, FakeTokenizer, StepCost
+    from batchline.models.generation import FakeEngine, FakeTokenizer, StepCost
 
     cost = StepCost(fixed_s=fixed_s, per_sequence_s=per_sequence_s, per_prefill_token_s=1e-5)
     tok = FakeTokenizer()
@@ -207,20 +213,11 @@ def fake_parts(*, fixed_s: float = 0.004, per_sequence_s: float = 0.0004) -> Mod
 def make_generator(
     name: str, parts: ModelParts, *, max_running: int, kv_budget: int, clock: Clock | None
 ) -> TextGenerator:
-    from batchline.models.generation.scheduler import ContinuousGenerator
-    from batchline.models.generation.static import SequentialGenerator, StaticGenerator
+    from batchline.models.generation import build_generator
 
-    if name == "one-at-a-time":
-        return SequentialGenerator(parts.engine, parts.detokenizer, clock=clock)
-    if name == "static":
-        return StaticGenerator(
-            parts.engine,
-            parts.detokenizer,
-            max_batch_size=max_running,
-            kv_token_budget=kv_budget,
-            clock=clock,
-        )
-    return ContinuousGenerator(
+    kind = cast("GeneratorKind", name)  # a name of GENERATORS, checked with the options
+    return build_generator(
+        kind,
         parts.engine,
         parts.detokenizer,
         max_running=max_running,
@@ -231,7 +228,7 @@ def make_generator(
 
 def build_work(parts: ModelParts, options: GenerateBenchOptions) -> list[Work]:
     """The demo math prompts, encoded, each with its own seeded ``max_tokens``."""
-    from batchline.models.generation.demo import demo_prompts
+    from batchline.models.generation import demo_prompts
 
     n = max(options.requests, options.sequential_requests)
     rng = random.Random(options.seed)

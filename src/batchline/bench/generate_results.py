@@ -1,6 +1,6 @@
 """What ``batchline bench --task generate`` measures and reports: the configurations it compares,
 each run's raw figures, the medians over repeats, and the ratios (against the goals, and every
-throughput against the one-at-a-time baseline at the same load point).
+throughput against the sequential baseline at the same load point).
 
 Only the standard library: the report reads these without the models.
 """
@@ -29,25 +29,25 @@ __all__ = [
     "medians",
 ]
 
-GeneratorName = Literal["one-at-a-time", "static", "continuous", "vllm"]
+GeneratorName = Literal["sequential", "static", "continuous", "vllm"]
 #: The default configurations: batchline's own, on the loaded torch engine.
-GENERATORS: tuple[GeneratorName, ...] = ("one-at-a-time", "static", "continuous")
+GENERATORS: tuple[GeneratorName, ...] = ("sequential", "static", "continuous")
 #: Every configuration ``--generators`` takes, in report order: ``vllm`` needs vLLM installed.
 ALL_GENERATORS: tuple[GeneratorName, ...] = (*GENERATORS, "vllm")
 #: What every throughput is divided by in the report (at the same closed-loop point).
-BASELINE_GENERATOR: GeneratorName = "one-at-a-time"
+BASELINE_GENERATOR: GeneratorName = "sequential"
 
 #: The goals the ratios are held to: (name, numerator, denominator, metric, op, goal).
 GOALS: tuple[tuple[str, str, str, str, str, float], ...] = (
     ("continuous/static throughput", "continuous", "static", "tokens_per_s", ">=", 1.3),
     ("continuous/static p99 latency", "continuous", "static", "latency_p99_s", "<=", 0.8),
-    ("continuous/one-at-a-time throughput", "continuous", "one-at-a-time", "tokens_per_s", ">=",
+    ("continuous/sequential throughput", "continuous", "sequential", "tokens_per_s", ">=",
      2.5),
     ("continuous/static TTFT p99", "continuous", "static", "ttft_p99_s", "<=", 0.5),
 )  # fmt: skip
 
 DESCRIPTIONS: dict[str, str] = {
-    "one-at-a-time": "one sequence at a time (the baseline)",
+    "sequential": "one sequence at a time (the baseline)",
     "static": "static batching: a batch runs until its last sequence ends",
     "continuous": "continuous batching: sequences join and leave between steps",
     "vllm": "vLLM's engine on the same model (its own continuous batching and paged KV cache), "

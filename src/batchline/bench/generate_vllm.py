@@ -30,7 +30,7 @@ from batchline._errors import InputError
 if TYPE_CHECKING:
     from batchline._clock import Clock
     from batchline.knobs import Knobs
-    from batchline.models.generation.stream import TextGenerator
+    from batchline.models.generation import TextGenerator
 
 __all__ = ["EngineTurn", "StartTurn", "check_vllm_installed", "start_vllm_turn"]
 
@@ -82,9 +82,7 @@ def check_vllm_installed() -> None:
 async def start_vllm_turn(model_name: str, knobs: Knobs) -> EngineTurn:
     """Start vLLM's engine on ``model_name`` with ``knobs`` (those of the torch configurations;
     the backend set to vLLM here). Slow: tens of seconds on CPU."""
-    from batchline.models.generation.load import load_text_generator
-    from batchline.models.generation.torch_dtype import choose_dtype
-    from batchline.models.generation.vllm_engine import VllmGenerator
+    from batchline.models.generation import VllmGenerator, choose_dtype, load_text_generator
     from batchline.models.specs import parse_specs
 
     check_vllm_installed()

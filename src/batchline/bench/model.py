@@ -1,8 +1,8 @@
 """The model a bench or a tune measures: ``--model`` and its options as one spec
 (:func:`model_spec`), loaded through :func:`batchline.models.loader.load_model` once per
 session layout (:class:`LoadedModels`, so a tuner that tries many batch budgets does not reload
-the weights each time), its tokenizer (:func:`spec_tokenizer`) and its inputs prepared once
-(:func:`prepare_items`)."""
+the weights each time), its tokenizer (:func:`~batchline.models.loader.text_tokenizer`) and
+its inputs prepared once (:func:`prepare_items`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from batchline.knobs import Knobs
 from batchline.models.protocol import BatchModel, ModelInfo
 from batchline.models.specs import ModelSpec
 
-__all__ = ["LoadedModels", "layout_of", "model_spec", "prepare_items", "spec_tokenizer"]
+__all__ = ["LoadedModels", "layout_of", "model_spec", "prepare_items"]
 
 AnyModel = BatchModel[Any, Any]
 
@@ -107,7 +107,9 @@ class LoadedModels:
         """The Hugging Face tokenizer of a text model (built-in or ``.onnx`` embed/classify),
         loaded once, to cut texts to lengths and count tokens; ``None`` for other models."""
         if not self._tokenizer:
-            self._tokenizer.append(spec_tokenizer(self.spec))
+            from batchline.models.loader import text_tokenizer
+
+            self._tokenizer.append(text_tokenizer(self.spec))
         return self._tokenizer[0]
 
     def release(self, keep: Sequence[Knobs] = ()) -> None:
@@ -119,29 +121,6 @@ class LoadedModels:
     def close(self) -> None:
         """Close every loaded model."""
         self.release()
-
-
-def spec_tokenizer(spec: ModelSpec) -> Any:
-    """The tokenizer of a text model's spec (see :meth:`LoadedModels.tokenizer`), or ``None``."""
-    from batchline.models.loader import resolve_task, tokenizer_path
-    from batchline.models.onnx.embedder import load_tokenizer
-
-    if spec.kind == "builtin":
-        if spec.builtin_task not in ("embed", "classify"):
-            return None
-        from batchline.models.onnx import minilm
-
-        tok, _ = load_tokenizer(
-            minilm.weights_dir() / "tokenizer.json", max_length=minilm.MAX_LENGTH
-        )
-        return tok
-    if spec.kind == "onnx" and resolve_task(spec) in ("embed", "classify"):
-        tok, _ = load_tokenizer(tokenizer_path(spec))
-        return tok
-    if spec.kind == "onnx" and spec.tokenizer is not None:
-        tok, _ = load_tokenizer(spec.tokenizer)
-        return tok
-    return None
 
 
 def prepare_items(model: AnyModel, inputs: Sequence[object]) -> list[Any]:

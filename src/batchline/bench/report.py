@@ -392,9 +392,9 @@ GENERATE_HEADER = (
     "ITL p50 ms",
 )
 
-# one-at-a-time is the baseline (black), static the classic batcher (orange)
+# sequential is the baseline (black), static the classic batcher (orange)
 _GENERATOR_STYLES = {
-    "one-at-a-time": _BASELINE_STYLE,
+    "sequential": _BASELINE_STYLE,
     "static": _CLASSIC_STYLE,
     "continuous": _STYLES[0],
     "vllm": _STYLES[6],
@@ -407,7 +407,7 @@ def _s(value: float) -> str:
 
 def format_generate_row(p: GenPoint, x_baseline: float = math.nan) -> tuple[str, ...]:
     """One row of the generation table, in the order of :data:`GENERATE_HEADER`; ``x_baseline``:
-    its tokens/s over one-at-a-time's at the same point (``nan``: none)."""
+    its tokens/s over sequential's at the same point (``nan``: none)."""
     rejected = f" ({p.rejected} rejected)" if p.rejected else ""
     return (
         p.generator,
@@ -451,7 +451,7 @@ def render_generate_markdown(result: GenerateBenchResult, plots: Sequence[str] =
     vllm = "; and vLLM's engine on the same model" * ("vllm" in result.generators)
     lines = _head(
         "# batchline bench: text generation",
-        f"Model **{result.model}**; one-at-a-time, static and continuous batching on the same "
+        f"Model **{result.model}**; sequential, static and continuous batching on the same "
         f"loaded weights, each run on a fresh generator{vllm}; the whole run took "
         f"{result.elapsed_s:.0f} s.",
         result.command,
@@ -475,7 +475,7 @@ def render_generate_markdown(result: GenerateBenchResult, plots: Sequence[str] =
         "",
         "*closed*: N clients, each submitting its next request when the previous completes; "
         "tokens/s = generated tokens / wall time until the last completes; *x baseline*: "
-        "tokens/s over one-at-a-time's at the same point. *open*: Poisson "
+        "tokens/s over sequential's at the same point. *open*: Poisson "
         "arrivals at the offered rate, latency and TTFT from each request's intended send "
         "time; throughput there is capped by the arrival rate. *TTFT*: time to the first "
         "generated token; *ITL*: time between a sequence's tokens.",
@@ -575,8 +575,8 @@ def print_generate_table(result: GenerateBenchResult, console: Any = None) -> No
         "batchline bench --task generate (medians over repeats)",
         GENERATE_HEADER,
         rows,
-        caption="x baseline: tokens/s over one-at-a-time's at the same closed-loop point"
-        if "one-at-a-time" in result.generators
+        caption="x baseline: tokens/s over sequential's at the same closed-loop point"
+        if "sequential" in result.generators
         else "x baseline: n/a, the baseline did not run",
     )
     console.print(table)

@@ -32,7 +32,7 @@ from typing import Any
 from batchline._errors import InputError
 from batchline.bench.inputs import InputOptions, Inputs, Lengths, load_model_inputs
 from batchline.bench.loadgen import LoadPoint, PointResult, Target, parse_load, run_point
-from batchline.bench.model import LoadedModels, model_spec, spec_tokenizer
+from batchline.bench.model import LoadedModels, model_spec
 from batchline.bench.targets import (
     Configuration,
     Route,
@@ -491,13 +491,15 @@ def _http_inputs(options: BenchOptions) -> Inputs:
     metadata lists (texts for a ``text`` BYTES input, else tensor rows). Texts are cut and
     counted with the tokenizer of ``--tokenizer``, else of the built-in model when it is the
     one named."""
-    from batchline.models.onnx.embedder import load_tokenizer
+    from batchline.models.onnx import load_tokenizer
 
     tokenizer: Any = None
     if options.tokenizer is not None:
         tokenizer, _ = load_tokenizer(options.tokenizer)
     elif options.model in BUILTIN_MODELS:
-        tokenizer = spec_tokenizer(model_spec(options.model))
+        from batchline.models.loader import text_tokenizer
+
+        tokenizer = text_tokenizer(model_spec(options.model))
     if options.route == "oip":
         specs = oip_inputs(options.target, served_name(options.model))
         texts = [s.get("name") for s in specs] == ["text"] and specs[0].get("datatype") == "BYTES"

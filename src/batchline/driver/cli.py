@@ -182,9 +182,3 @@ def _bar(console: Any) -> Any:
     from batchline.jobs.display import RateBar
 
     return RateBar(console, "driving", "failed")
-
-
-if __name__ == "__main__":  # pragma: no cover
-    from batchline.cli import main
-
-    sys.exit(main(["drive", *sys.argv[1:]]))

@@ -27,15 +27,14 @@ written twice whatever fails.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
-import contextlib
 import logging
 import math
 import os
-import socket
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +46,7 @@ from batchline._stats import BatchStats, percentile
 from batchline.datasets.outcomes import Outcome, Written
 from batchline.datasets.pipeline import PipelineRun, Progress, run_pipeline
 from batchline.datasets.sources import Record
+from batchline.integrations.session import check_reachable, last_line, ray_session
 from batchline.jobs.batch import process_block
 from batchline.jobs.options import RunOptions
 from batchline.jobs.run import RunSummary, load_job_model, open_job
@@ -63,7 +63,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_UNIT_RECORDS = 256
 _READ_BLOCK = 1024
 # Object store of a Ray instance started here: units are small (256 x 384 float32 = 0.4 MB).
-_LOCAL_OBJECT_STORE_BYTES = 256 * 1024 * 1024
 
 # Failures of the machinery, not of the unit's records: the unit is sent again.
 _LOST = (
@@ -188,6 +187,22 @@ class _Replica:
 # -- the driver ----------------------------------------------------------------------------------
 
 
+def run_from_args(
+    options: RunOptions, args: argparse.Namespace, progress: Progress | None
+) -> RunSummary:
+    """``batchline run --engine ray``: :func:`run_on_ray` with the command's flags (explicit
+    ``--sessions``/``--intra-op-threads``/``--config``/``--set`` set each replica's knobs,
+    else :func:`default_replica_knobs`)."""
+    own = args.config or args.set or args.sessions or args.intra_op_threads
+    return run_on_ray(
+        options,
+        address=args.address,
+        replicas=2 if args.replicas is None else args.replicas,
+        replica_knobs=options.knobs if own else None,
+        progress=progress,
+    )
+
+
 def run_on_ray(
     options: RunOptions,
     *,
@@ -256,13 +271,13 @@ def run_on_ray(
         raise ValueError(f"cpus_per_replica must be > 0, got {cpus_per_replica}")
     cpus = cpus_per_replica
     if address is not None and not ray.is_initialized():
-        _check_reachable(address)  # before the output directory is created
+        check_reachable(address)  # before the output directory is created
     if options.input is not None and not options.input.exists():
         raise InputError(f"{options.input}: no such file")  # before Ray starts
 
     t0 = time.perf_counter()
     local_cpus = max(os.cpu_count() or 1, math.ceil(replicas * cpus))
-    with _ray_session(address, local_cpus):
+    with ray_session(address, local_cpus):
         actors = _start_replicas(
             options, knobs, replicas, cpus, max_restarts, max_task_retries, start_timeout_s
         )
@@ -297,45 +312,6 @@ def run_on_ray(
         finally:
             for actor, _ in actors:
                 ray.kill(actor, no_restart=True)
-
-
-@contextlib.contextmanager
-def _ray_session(address: str | None, local_cpus: int) -> Iterator[None]:
-    """Use the running Ray connection, or open one for the run and close it at the end."""
-    if ray.is_initialized():
-        yield
-        return
-    defaults = {"RAY_USAGE_STATS_ENABLED": "0"}
-    if address is None:
-        # A private instance needs no token; a cluster's own auth mode is left to its owner.
-        defaults["RAY_AUTH_MODE"] = "disabled"
-    added = [k for k in defaults if k not in os.environ]
-    os.environ.update({k: defaults[k] for k in added})
-    try:
-        try:
-            if address is None:
-                # "local": never attach to another user's `ray start` instance on this machine.
-                ray.init(
-                    address="local",
-                    num_cpus=local_cpus,
-                    object_store_memory=_LOCAL_OBJECT_STORE_BYTES,
-                    include_dashboard=False,
-                    logging_level=logging.WARNING,
-                )
-            else:
-                ray.init(address=address, logging_level=logging.WARNING)
-        except ConnectionError as exc:
-            raise InputError(
-                f"cannot connect to a Ray cluster at {address!r}: {exc}; start one with "
-                "'ray start --head', or leave out --address to run on this machine"
-            ) from None
-        try:
-            yield
-        finally:
-            ray.shutdown()
-    finally:
-        for key in added:
-            os.environ.pop(key, None)
 
 
 def _start_replicas(
@@ -378,14 +354,9 @@ def _start_replicas(
         for actor in actors:
             ray.kill(actor, no_restart=True)
         if isinstance(exc, ray.exceptions.RayActorError):
-            raise ModelError(f"a replica could not load the model: {_last_line(exc)}") from None
+            raise ModelError(f"a replica could not load the model: {last_line(exc)}") from None
         raise
     return list(zip(actors, where, strict=True))
-
-
-def _last_line(exc: BaseException) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[-1] if lines else type(exc).__name__
 
 
 class _UnitPlan:
@@ -581,13 +552,13 @@ class RayAdapter:
     def _lost(self, records: Sequence[Record], replica: int, attempt: int, exc: Exception) -> None:
         lo, hi = records[0].index, records[-1].index
         if isinstance(exc, ray.exceptions.RayActorError) and exc.actor_init_failed:
-            raise ModelError(f"a replica could not load the model: {_last_line(exc)}") from None
+            raise ModelError(f"a replica could not load the model: {last_line(exc)}") from None
         if isinstance(exc, ray.exceptions.ActorDiedError):
             # Ray has already restarted it and retried up to its limits: it is gone for good.
             self.alive[replica] = False
         if attempt >= self.max_unit_attempts:
             raise ModelError(
-                f"records {lo}..{hi} were lost {attempt} times, last: {_last_line(exc)}; "
+                f"records {lo}..{hi} were lost {attempt} times, last: {last_line(exc)}; "
                 "committed chunks are kept: rerun with --resume to continue"
             ) from None
         logger.warning(
@@ -598,17 +569,3 @@ class RayAdapter:
             type(exc).__name__,
         )
         self.tally.resubmitted += 1
-
-
-def _check_reachable(address: str) -> None:
-    """Fail fast on a HOST:PORT nobody listens on: Ray itself retries for minutes."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or "://" in address:
-        return  # "auto", a URL: left to Ray
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=10).close()
-    except OSError as exc:
-        raise InputError(
-            f"cannot connect to a Ray cluster at {address}: {exc.strerror or exc}; start its "
-            "head node with 'ray start --head --port=PORT', or check the address"
-        ) from None

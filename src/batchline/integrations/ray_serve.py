@@ -29,6 +29,7 @@ the app's lifespan shutdown, which drains the batchers and frees the models.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import dataclasses
@@ -54,6 +55,7 @@ from batchline.integrations.ray_ingress import (
     routed,
     wait_routed,
 )
+from batchline.integrations.session import check_reachable, env_defaults, last_line, ray_session
 from batchline.server.settings import ServerSettings
 
 if TYPE_CHECKING:
@@ -465,7 +467,7 @@ def _wait_started(timeout_s: float) -> None:
         app, probe = status.get(APP_NAME), status.get(READY_APP_NAME)
         if app is not None and app.status == "DEPLOY_FAILED":
             messages = [d.message for d in app.deployments.values() if d.message]
-            why = _last_line(messages[0] if messages else app.message)
+            why = last_line(messages[0] if messages else app.message)
             raise ModelError(
                 f"the replicas could not start: {why} (a replica's own error, such as a model "
                 "that does not load, is in the log above)"
@@ -483,11 +485,6 @@ def _wait_started(timeout_s: float) -> None:
         time.sleep(0.25)
 
 
-def _last_line(text: str) -> str:
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[-1] if lines else "unknown error"
-
-
 def _url_host(host: str) -> str:
     if host in ("0.0.0.0", ""):
         return "127.0.0.1"
@@ -495,6 +492,17 @@ def _url_host(host: str) -> str:
 
 
 # -- the command ---------------------------------------------------------------------------------
+
+
+def serve_from_args(args: argparse.Namespace, settings: ServerSettings) -> int:
+    """``batchline serve --engine ray``: :func:`serve_on_ray` with the command's flags."""
+    low, high = parse_replicas(args.replicas or "1")
+    target = 10 if args.target_ongoing is None else args.target_ongoing
+    replicas = ServeReplicas(min=low, max=high, target_ongoing=target)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s: %(message)s")
+    return serve_on_ray(
+        settings, replicas, address=args.address, ingress=args.ray_ingress or "proxy"
+    )
 
 
 def serve_on_ray(
@@ -519,8 +527,6 @@ def serve_on_ray(
         settings = ServerSettings(model="default", port=8000)
         serve_on_ray(settings, ServeReplicas(min=0, max=2, target_ongoing=10))
     """
-    from batchline.integrations.ray import _check_reachable, _ray_session
-
     check_ingress(ingress)
     if address is not None and ingress != "proxy":
         raise InputError(
@@ -531,7 +537,7 @@ def serve_on_ray(
     options = deployment_options(settings, replicas)  # bad knobs fail before Ray starts
     cpus = float(options["ray_actor_options"]["num_cpus"])
     if address is not None and not ray.is_initialized():
-        _check_reachable(address)
+        check_reachable(address)
     if settings.port == 0:
         settings = settings.model_copy(update={"port": free_port(settings.host)})
     local_cpus = max(os.cpu_count() or 1, math.ceil(replicas.max * cpus))
@@ -539,7 +545,7 @@ def serve_on_ray(
     quick = {} if replicas.fixed else _QUICK_AUTOSCALING_ENV
     env = {**quick, **ingress_env(ingress)} if address is None else {}
     # signals after ray.init: Ray's core installs a SIGTERM handler that aborts the process
-    with _env_defaults(env), _ray_session(address, local_cpus), _signals_set(stop):
+    with env_defaults(env), ray_session(address, local_cpus), _signals_set(stop):
         try:
             url = deploy(settings, replicas, ingress=ingress, start_timeout_s=start_timeout_s)
             logger.info(
@@ -581,18 +587,6 @@ _QUICK_AUTOSCALING_ENV = {
     "RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.5",
     "RAY_SERVE_AUTOSCALING_METRIC_RECORD_INTERVAL_FACTOR": "0.02",
 }
-
-
-@contextlib.contextmanager
-def _env_defaults(values: dict[str, str]) -> Iterator[None]:
-    """Set the variables not already set, and remove them again afterwards."""
-    added = [k for k in values if k not in os.environ]
-    os.environ.update({k: values[k] for k in added})
-    try:
-        yield
-    finally:
-        for k in added:
-            os.environ.pop(k, None)
 
 
 @contextlib.contextmanager

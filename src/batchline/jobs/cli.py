@@ -216,20 +216,9 @@ def _main(args: argparse.Namespace) -> int:
     restore = _sigterm_as_interrupt(stopped_by)
     said = None if args.quiet else _say_model_loads()
     try:
-        if args.engine == "local":
-            summary = run(options, bar)
-        else:
-            from batchline.integrations.ray import run_on_ray
-
-            # Explicit --sessions/--intra-op-threads/--config set each replica's knobs.
-            own = args.config or args.set or args.sessions or args.intra_op_threads
-            summary = run_on_ray(
-                options,
-                address=args.address,
-                replicas=2 if args.replicas is None else args.replicas,
-                replica_knobs=options.knobs if own else None,
-                progress=bar,
-            )
+        # --engine ray is dispatched from the top (batchline.cli): no command imports
+        # integrations/
+        summary = run(options, bar) if args.engine == "local" else args.on_ray(options, args, bar)
     except KeyboardInterrupt:
         if bar is not None:
             bar.close()
@@ -393,12 +382,6 @@ def _bar(console: Any) -> Any:
     from batchline.jobs.display import RateBar
 
     return RateBar(console, "records", "utilization")
-
-
-if __name__ == "__main__":  # pragma: no cover
-    from batchline.cli import main
-
-    sys.exit(main(["run", *sys.argv[1:]]))
 
 
 def _json_argument(value: str, flag: str) -> str:

@@ -430,7 +430,7 @@ def _load(specs: Sequence[ModelSpec], knobs: Knobs) -> _Models:
     models = _Models(BatchModels())
     try:
         for spec in others:
-            model = load_model(spec, knobs if knobs.batching else knobs.baseline())
+            model = load_model(spec, knobs.for_loading())
             task = model.info.task
             if task not in _LINES_OF_TASK or task in models.batch:
                 model.close()
@@ -508,7 +508,7 @@ async def run_batch_job(
                 generator = await stack.enter_async_context(
                     running_generator(models.generator, requests, progress)
                 )
-            knobs = opts.knobs if opts.knobs.batching else opts.knobs.baseline()
+            knobs = opts.knobs.for_loading()
             engines = {
                 task: await stack.enter_async_context(ModelBatcher(model, knobs))
                 for task, model in models.batch.items()

@@ -78,7 +78,7 @@ async def run_job(options: RunOptions, progress: Progress | None = None) -> RunS
         from batchline.jobs.generate import run_generate_job
 
         return await run_generate_job(options, progress)
-    knobs = options.knobs if options.knobs.batching else options.knobs.baseline()
+    knobs = options.knobs.for_loading()
     model = await asyncio.to_thread(load_job_model, options, knobs)
     try:
         source, writer = await asyncio.to_thread(open_job, options, model.info)

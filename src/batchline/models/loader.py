@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 from batchline._errors import InputError, ModelError
 from batchline.knobs import Knobs
@@ -22,7 +23,7 @@ from batchline.models.protocol import BatchModel, Task
 from batchline.models.specs import ModelSpec, import_factory
 
 # tokenizer_path lives with the ONNX sessions; named here too, as the spec's other resolver
-__all__ = ["load_model", "resolve_task", "tokenizer_path"]
+__all__ = ["load_model", "resolve_task", "text_tokenizer", "tokenizer_path"]
 
 AnyModel = BatchModel[object, object]
 
@@ -66,6 +67,27 @@ def _has_id2label(config: Path) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(data, dict) and bool(data.get("id2label"))
+
+
+def text_tokenizer(spec: ModelSpec) -> Any:
+    """The ``tokenizers`` tokenizer a text model's spec reads its texts with (the built-in
+    text models', an ONNX text model's or the one its spec names), or ``None`` for a model
+    that takes no text: what a benchmark cuts and counts its texts with."""
+    from batchline.models.onnx import minilm
+    from batchline.models.onnx.embedder import load_tokenizer
+
+    path: Path | None = None
+    max_length: int | None = None
+    if spec.kind == "builtin" and spec.builtin_task in ("embed", "classify"):
+        path, max_length = minilm.weights_dir() / "tokenizer.json", minilm.MAX_LENGTH
+    elif spec.kind == "onnx" and resolve_task(spec) in ("embed", "classify"):
+        path = tokenizer_path(spec)
+    elif spec.kind == "onnx" and spec.tokenizer is not None:
+        path = Path(spec.tokenizer)
+    if path is None:
+        return None
+    tokenizer, _ = load_tokenizer(path, max_length=max_length)
+    return tokenizer
 
 
 def load_model(spec: ModelSpec, knobs: Knobs) -> AnyModel:

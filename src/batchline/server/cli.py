@@ -201,7 +201,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     _check_models(settings)
     if args.engine == "ray":
-        return _serve_on_ray(args, settings)
+        # dispatched from the top (batchline.cli): no command imports integrations/
+        code: int = args.on_ray(args, settings)
+        return code
     ray_flags = (args.replicas, args.target_ongoing, args.address, args.ray_ingress)
     if any(flag is not None for flag in ray_flags):
         raise InputError(
@@ -211,20 +213,6 @@ def run(args: argparse.Namespace) -> int:
     from batchline.server.runner import serve
 
     return serve(settings)
-
-
-def _serve_on_ray(args: argparse.Namespace, settings: Any) -> int:
-    import logging
-
-    from batchline.integrations.ray_serve import ServeReplicas, parse_replicas, serve_on_ray
-
-    low, high = parse_replicas(args.replicas or "1")
-    target = 10 if args.target_ongoing is None else args.target_ongoing
-    replicas = ServeReplicas(min=low, max=high, target_ongoing=target)
-    logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s: %(message)s")
-    return serve_on_ray(
-        settings, replicas, address=args.address, ingress=args.ray_ingress or "proxy"
-    )
 
 
 def _check_models(settings: Any) -> None:

@@ -23,6 +23,7 @@ __all__ = [
     "ApiError",
     "error_response",
     "install_error_handlers",
+    "safe_text",
     "shutting_down",
     "validation_error",
     "validation_response",
@@ -115,11 +116,16 @@ def shutting_down(retry_after_s: int) -> ApiError:
     )
 
 
+def safe_text(text: str) -> str:
+    """``text`` with what UTF-8 cannot encode (a lone surrogate from a client's JSON escapes)
+    replaced, so that an error body that quotes it always encodes."""
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
 def _safe(value: object) -> str | int:
     if isinstance(value, int) and not isinstance(value, bool):
         return value
-    text = value if isinstance(value, str) else str(value)
-    return text.encode("utf-8", "replace").decode("utf-8")[:200]
+    return safe_text(value if isinstance(value, str) else str(value))[:200]
 
 
 async def _api_error(request: Request, exc: Exception) -> Response:

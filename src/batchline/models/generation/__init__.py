@@ -6,7 +6,8 @@
   :class:`GenerationModel` (its :class:`TextGenerator`, prompt encoding, model info), what
   ``run``, ``serve`` and ``bench`` call.
 - backends (torch / vLLM) and the schedulers over them (static and continuous batching) load
-  only when used, so importing this package needs no torch.
+  only when used, so importing this package needs no torch; ``FakeEngine`` is a model-free
+  engine of set step costs, for benchmarks and tests.
 
 Example::
 
@@ -36,12 +37,19 @@ from batchline.models.generation.engine import (
 
 if TYPE_CHECKING:
     from batchline.models.generation.demo import demo_prompts, write_demo_prompts
+    from batchline.models.generation.fake import FakeEngine, FakeTokenizer, StepCost
+    from batchline.models.generation.generators import (
+        GENERATOR_KINDS,
+        GeneratorKind,
+        build_generator,
+    )
     from batchline.models.generation.load import GenerationModel, PromptInput, load_text_generator
     from batchline.models.generation.scheduler import ContinuousGenerator
     from batchline.models.generation.static import SequentialGenerator, StaticGenerator
     from batchline.models.generation.stats import GenerationStats
     from batchline.models.generation.stream import (
         Completion,
+        Detokenizer,
         GenerationDelta,
         GenerationStream,
         TextGenerator,
@@ -52,26 +60,37 @@ if TYPE_CHECKING:
         Constraint,
         constraint_from_openai,
     )
+    from batchline.models.generation.torch_dtype import choose_dtype
+    from batchline.models.generation.vllm_engine import VllmGenerator
 
 __all__ = [
+    "GENERATOR_KINDS",
     "GUIDED_FIELDS",
     "Completion",
     "Constraint",
     "ContinuousGenerator",
+    "Detokenizer",
+    "FakeEngine",
+    "FakeTokenizer",
     "FinishReason",
     "GenerationDelta",
     "GenerationModel",
     "GenerationRequest",
     "GenerationStats",
     "GenerationStream",
+    "GeneratorKind",
     "PromptInput",
     "SamplingParams",
     "SequentialGenerator",
     "StaticGenerator",
+    "StepCost",
     "StepEngine",
     "StepOutput",
     "TextGenerator",
+    "VllmGenerator",
+    "build_generator",
     "check_fits",
+    "choose_dtype",
     "constraint_from_openai",
     "demo_prompts",
     "load_text_generator",
@@ -82,19 +101,28 @@ __all__ = [
 __getattr__ = lazy_exports(
     __name__,
     {
+        "GENERATOR_KINDS": "generators",
         "GUIDED_FIELDS": "structured",
         "Completion": "stream",
         "Constraint": "structured",
         "ContinuousGenerator": "scheduler",
+        "Detokenizer": "stream",
+        "FakeEngine": "fake",
+        "FakeTokenizer": "fake",
         "GenerationDelta": "stream",
         "GenerationModel": "load",
         "GenerationStats": "stats",
         "GenerationStream": "stream",
+        "GeneratorKind": "generators",
         "PromptInput": "load",
         "SequentialGenerator": "static",
         "StaticGenerator": "static",
+        "StepCost": "fake",
         "TextGenerator": "stream",
+        "VllmGenerator": "vllm_engine",
+        "build_generator": "generators",
         "check_fits": "stream",
+        "choose_dtype": "torch_dtype",
         "constraint_from_openai": "structured",
         "demo_prompts": "demo",
         "load_text_generator": "load",

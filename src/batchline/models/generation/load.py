@@ -54,6 +54,7 @@ from batchline.models.protocol import ModelInfo, check_token_ids
 from batchline.models.specs import ModelSpec
 
 if TYPE_CHECKING:
+    from batchline.models.generation.generators import GeneratorKind
     from batchline.models.generation.stream import TextGenerator
 
 __all__ = [
@@ -234,6 +235,7 @@ def load_text_generator(spec: ModelSpec, knobs: Knobs) -> GenerationModel:
     device = _torch_device(knobs.device)
     if device.type == "cpu":
         torch.set_num_threads(knobs.intra_op_threads)
+    from batchline.models.generation.generators import build_generator
     from batchline.models.generation.smollm2 import load_causal_lm, load_smollm2
     from batchline.models.generation.torch_dtype import choose_dtype, pack_linear_weights
     from batchline.models.generation.torch_engine import TorchStepEngine
@@ -263,32 +265,21 @@ def load_text_generator(spec: ModelSpec, knobs: Knobs) -> GenerationModel:
         time.perf_counter() - started,
     )
     detok = HfDetokenizer(tokenizer)
-    generator: TextGenerator
-    batching: Literal["continuous", "static", "sequential"]
-    running, budget, waiting = (
-        knobs.max_running_sequences,
-        knobs.kv_token_budget,
-        knobs.max_queue_size,
+    # generation_batching is one of GENERATION_BATCHING ("continuous", "static"), checked
+    batching: GeneratorKind = (
+        "sequential" if not knobs.batching else "static"
+        if knobs.generation_batching == "static" else "continuous"
+    )  # fmt: skip
+    running = 1 if batching == "sequential" else knobs.max_running_sequences
+    budget = engine.max_context_tokens if batching == "sequential" else knobs.kv_token_budget
+    generator = build_generator(
+        batching,
+        engine,
+        detok,
+        max_running=running,
+        kv_token_budget=budget,
+        max_waiting=knobs.max_queue_size,
     )
-    if not knobs.batching:
-        from batchline.models.generation.static import SequentialGenerator
-
-        generator = SequentialGenerator(engine, detok, max_waiting=waiting)
-        batching, running, budget = "sequential", 1, engine.max_context_tokens
-    elif knobs.generation_batching == "static":
-        from batchline.models.generation.static import StaticGenerator
-
-        generator = StaticGenerator(
-            engine, detok, max_batch_size=running, kv_token_budget=budget, max_waiting=waiting
-        )
-        batching = "static"
-    else:
-        from batchline.models.generation.scheduler import ContinuousGenerator
-
-        generator = ContinuousGenerator(
-            engine, detok, max_running=running, kv_token_budget=budget, max_waiting=waiting
-        )
-        batching = "continuous"
     context = engine.max_context_tokens
     info = _info(spec, context, batching, knobs.device, budget, dtype=choice.dtype)
     return GenerationModel(

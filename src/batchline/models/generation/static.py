@@ -1,4 +1,4 @@
-"""Static batching (a batch runs until every sequence in it ends) and the one-at-a-time baseline.
+"""Static batching (a batch runs until every sequence in it ends) and the sequential baseline.
 
 :class:`StaticGenerator` is a thin use of batchline's :class:`~batchline.TokenBatcher`: the
 batcher forms a batch of waiting requests under a token budget (each costs ``len(prompt) +

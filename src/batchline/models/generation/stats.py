@@ -1,6 +1,6 @@
 """``GenerationStats``: a frozen snapshot of what a text generator has done, on an injected clock.
 
-Every generator (continuous, static, one-at-a-time, vLLM) fills the same fields, so the server
+Every generator (continuous, static, sequential, vLLM) fills the same fields, so the server
 can export them to Prometheus under stable names. Definitions:
 
 - ``ttft`` (time to first token): from ``submit()`` to the end of the step that produced the

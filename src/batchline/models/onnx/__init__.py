@@ -3,4 +3,18 @@
 function; ``sessions`` lays out their ONNX Runtime sessions from the knobs, ``runtime`` runs
 them, ``embedder`` and ``minilm`` are the text encoder and the built-in model's weights.
 Nothing here imports the loader: :func:`batchline.models.loader.load_model` dispatches to
-these modules, never the other way round."""
+these modules, never the other way round. ``load_tokenizer`` (a ``tokenizer.json`` as the
+text models read it) is the one name used from outside."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from batchline._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from batchline.models.onnx.embedder import load_tokenizer
+
+__all__ = ["load_tokenizer"]
+
+__getattr__ = lazy_exports(__name__, {"load_tokenizer": "embedder"})

@@ -20,7 +20,7 @@ from starlette.types import Receive
 from batchline._errors import BatcherClosedError, InputError, QueueFullError, RecordTooLargeError
 from batchline._priority import batcher_priority
 from batchline.models.openai.requests import texts_of
-from batchline.server.errors import ApiError, shutting_down, validation_error
+from batchline.server.errors import ApiError, safe_text, shutting_down, validation_error
 from batchline.server.schemas import ErrorBody
 from batchline.server.settings import ServerSettings
 from batchline.server.state import ServedGenerator, ServedModel, ServerState
@@ -223,7 +223,7 @@ def _pick(
     if other is None:
         raise ApiError(
             404,
-            f"model {_safe(name[:100])!r} is not served here; models: {describe_models(state)}",
+            f"model {safe_text(name[:100])!r} is not served here; models: {describe_models(state)}",
             "model_not_found",
         )
     where = ROUTE_OF_TASK.get(other)
@@ -281,7 +281,7 @@ def request_priority(request: Request, state: ServerState, model: str, body_valu
         return batcher_priority(value)
     except ValueError as exc:
         where = "'priority'" if body_value is not None else "X-Batchline-Priority"
-        raise ApiError(400, f"{where}: {_safe(str(exc))}", "invalid_request_error") from None
+        raise ApiError(400, f"{where}: {safe_text(str(exc))}", "invalid_request_error") from None
 
 
 async def run_model(
@@ -381,7 +381,7 @@ def api_error(
     if isinstance(exc, BatcherClosedError):
         return shutting_down(settings.retry_after_s)
     if isinstance(exc, InputError | RecordTooLargeError):
-        return ApiError(400, _safe(str(exc)), "invalid_request_error")
+        return ApiError(400, safe_text(str(exc)), "invalid_request_error")
     logger.error("model %s failed on a request", model, exc_info=exc)
     return ApiError(500, "the model failed on this request", "server_error")
 
@@ -436,7 +436,3 @@ def non_finite(model: ServedModel[Any, Any]) -> ApiError:
 
 def all_finite(vectors: Sequence[Vector]) -> bool:
     return all(np.isfinite(v).all() for v in vectors)
-
-
-def _safe(text: str) -> str:
-    return text.encode("utf-8", "replace").decode("utf-8")

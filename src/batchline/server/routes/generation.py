@@ -71,7 +71,7 @@ from batchline.models.openai.requests import (
     OpenAISamplingBody,
     SamplingBody,
 )
-from batchline.server.errors import ApiError
+from batchline.server.errors import ApiError, safe_text
 from batchline.server.routes._common import (
     ERRORS,
     api_error,
@@ -289,14 +289,16 @@ async def _encode(
             return list(encode(value))
         return list(await asyncio.to_thread(encode, value))
     except (ValueError, InputError) as exc:
-        raise _bad(f"'{field}' cannot be used with this model: {_safe(str(exc))[:300]}") from None
+        raise _bad(
+            f"'{field}' cannot be used with this model: {safe_text(str(exc))[:300]}"
+        ) from None
     except Exception as exc:
         if not any(t.__name__ == "TemplateError" for t in type(exc).__mro__):
             raise
         # a chat template that refuses the conversation (jinja's raise_exception: "roles
         # must alternate", "system role not supported"): the client's to fix
         raise _bad(
-            f"'{field}' refused by the model's chat template: {_safe(str(exc))[:300]}"
+            f"'{field}' refused by the model's chat template: {safe_text(str(exc))[:300]}"
         ) from None
 
 
@@ -310,9 +312,9 @@ async def _constraint(body: SamplingBody, request: Request) -> Constraint | None
             return None
         return await asyncio.to_thread(body.constraint)
     except ValueError as exc:
-        reason = _safe(str(exc))[:300]
+        reason = safe_text(str(exc))[:300]
         sent = request.headers.get("x-request-id")
-        who = f" (request {_safe(sent)[:100]})" if sent else ""
+        who = f" (request {safe_text(sent)[:100]})" if sent else ""
         logger.warning(
             "%s %s%s: constraint refused: %s", request.method, request.url.path, who, reason
         )
@@ -417,7 +419,3 @@ async def _finish_all(
 
 def _bad(message: str) -> ApiError:
     return ApiError(400, message, "invalid_request_error")
-
-
-def _safe(text: str) -> str:
-    return text.encode("utf-8", "replace").decode("utf-8")
