@@ -4,12 +4,18 @@ predict model; each Ray replica runs the same functions).
 A block of records is prepared off the event loop and queued in the model's engine
 (:func:`submit_block`; the engine's bounded queue is the backpressure), then each record's
 result is encoded, or its failure named (:func:`collect`).
+
+A record whose input is the same as one of the last ``dedupe_window`` distinct inputs (a text,
+or a score pair of texts) is not computed again: it takes that input's result, the same
+object, when it is ready (:class:`Seen`). The models this runs are functions of their input
+(a user's Python model may not be: ``run`` turns this off for it).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from batchline._errors import InputError
@@ -19,6 +25,7 @@ from batchline.models.batching import ModelBatcher
 
 __all__ = [
     "BatchAdapter",
+    "Seen",
     "cancel",
     "collect",
     "prepare_block",
@@ -29,21 +36,98 @@ __all__ = [
 ]
 
 
+#: What a queued record waits on: its future, or its failure already known.
+Pending = asyncio.Future[Any] | Failed
+
+
+def input_key(value: object) -> Hashable | None:
+    """What identifies an input for :class:`Seen`: a text, or a mapping of texts (a score
+    pair); None for anything else (tensors are not compared)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and all(isinstance(v, str) for v in value.values()):
+        return tuple(sorted(value.items()))
+    return None
+
+
+class Seen:
+    """The last ``window`` distinct inputs of a job and what each waits on (its result, once
+    done), least recently used first out; ``duplicates`` counts the records answered from
+    here."""
+
+    def __init__(self, window: int) -> None:
+        if window < 1:
+            raise ValueError(f"the dedupe window must be >= 1, got {window}")
+        self.window = window
+        self.duplicates = 0
+        self._pending: OrderedDict[Hashable, Pending] = OrderedDict()
+
+    def get(self, key: Hashable) -> Pending | None:
+        found = self._pending.get(key)
+        if found is not None:
+            self._pending.move_to_end(key)
+            self.duplicates += 1
+        return found
+
+    def put(self, key: Hashable, pending: Pending) -> None:
+        self._pending[key] = pending
+        if len(self._pending) > self.window:
+            self._pending.popitem(last=False)
+
+
 class BatchAdapter:
     """:class:`~batchline.datasets.pipeline.Adapter` for a started :class:`ModelBatcher`;
-    ``take`` is what the model is given of a record (default: its input, as read)."""
+    ``take`` is what the model is given of a record (default: its input, as read);
+    ``dedupe_window``: inputs kept to answer duplicates from (:class:`Seen`; 0: none)."""
 
     def __init__(
-        self, engine: ModelBatcher[Any, Any], take: Callable[[Record], object] | None = None
+        self,
+        engine: ModelBatcher[Any, Any],
+        take: Callable[[Record], object] | None = None,
+        *,
+        dedupe_window: int = 0,
     ) -> None:
         self.engine = engine
         self.take = take
+        self.seen = Seen(dedupe_window) if dedupe_window > 0 else None
+
+    @property
+    def duplicates(self) -> int:
+        """Records answered from an earlier identical input's computation."""
+        return 0 if self.seen is None else self.seen.duplicates
 
     async def submit(self, records: Sequence[Record]) -> asyncio.Future[list[Outcome]]:
         take = self.take
         inputs = [r.input for r in records] if take is None else [take(r) for r in records]
-        pending = await submit_block(self.engine, inputs)
+        if self.seen is None:
+            pending = await submit_block(self.engine, inputs)
+        else:
+            pending = await self._submit_new(inputs, self.seen)
         return asyncio.ensure_future(collect(self.engine, pending))
+
+    async def _submit_new(self, inputs: Sequence[object], seen: Seen) -> list[Pending]:
+        """Queue the inputs not seen before (once each); the others wait on the first."""
+        slots: list[int | Pending] = []  # an int: the place of the input among ``new``
+        new: list[object] = []
+        first: dict[Hashable, int] = {}  # this block's new inputs
+        for value in inputs:
+            key = input_key(value)
+            if key is not None and key in first:
+                seen.duplicates += 1
+                slots.append(first[key])
+                continue
+            found = None if key is None else seen.get(key)
+            if found is not None:
+                slots.append(found)
+                continue
+            if key is not None:
+                first[key] = len(new)
+            slots.append(len(new))
+            new.append(value)
+        queued = await submit_block(self.engine, new) if new else []
+        for key, place in first.items():
+            seen.put(key, queued[place])
+        return [queued[s] if isinstance(s, int) else s for s in slots]
 
     def utilization(self) -> float:
         return self.engine.stats.utilization

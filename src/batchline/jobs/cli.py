@@ -46,6 +46,14 @@ def add_parser(sub: Any) -> None:
         "score: the query column, then the document column (default: query and document)",
     )
     p.add_argument("--chunk-size", type=int, default=10_000, help="records per output chunk")
+    p.add_argument(
+        "--no-dedupe",
+        dest="dedupe",
+        action="store_false",
+        help="compute every record, even one whose input (text, or score pair) repeats one of "
+        "the last 16,384 distinct inputs (default: such a record takes that input's result, "
+        "and the summary counts it; never for a module:factory model)",
+    )
     add_knob_arguments(p)
     p.add_argument("--quiet", action="store_true", help=SHARED_HELP["--quiet"])
     _add_generation_arguments(p)
@@ -201,6 +209,7 @@ def _main(args: argparse.Namespace) -> int:
         },
         input_columns=args.input_columns,
         chunk_size=args.chunk_size,
+        dedupe=args.dedupe,
         knobs=_knobs(args),
     )
     if args.engine != "ray" and (args.address is not None or args.replicas is not None):

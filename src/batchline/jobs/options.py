@@ -37,6 +37,9 @@ class RunOptions(DatasetSelection, ModelSelection):
     input_columns: Sequence[str] = ()
     chunk_size: int = 10_000
     knobs: Knobs = field(default_factory=Knobs)
+    #: compute a record whose input repeats a recent one's only once (not for a user's Python
+    #: model, which may not be a function of its input): ``batchline.jobs.batch.Seen``
+    dedupe: bool = True
     #: the parsed model spec, set by :func:`resolve` (parsed once per job)
     spec: ModelSpec | None = field(default=None, repr=False, compare=False)
 

@@ -16,6 +16,7 @@ A job that generates text runs :mod:`batchline.jobs.generate` instead (decided o
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -84,8 +85,13 @@ async def run_job(options: RunOptions, progress: Progress | None = None) -> RunS
         source, writer = await asyncio.to_thread(open_job, options, model.info)
         with writer:
             async with ModelBatcher(model, knobs) as engine:
+                adapter = BatchAdapter(
+                    engine,
+                    _pairs(options) if model.info.task == "score" else None,
+                    dedupe_window=_dedupe_window(options),
+                )
                 done = await run_pipeline(
-                    BatchAdapter(engine, _pairs(options) if model.info.task == "score" else None),
+                    adapter,
                     source,
                     writer,
                     block_records=_BLOCK,
@@ -96,9 +102,22 @@ async def run_job(options: RunOptions, progress: Progress | None = None) -> RunS
                 )
                 stats = engine.stats
         padded = knobs.batching and model.info.cost_kind == "padded"
-        return summarize(writer.out_dir, options.knobs.batching, done, stats, padded=padded)
+        summary = summarize(writer.out_dir, options.knobs.batching, done, stats, padded=padded)
+        return dataclasses.replace(summary, duplicates=adapter.duplicates)
     finally:
         model.close()
+
+
+#: Distinct inputs a job keeps to answer their duplicates from (texts and their results: ~2
+#: KiB each for a 384-float embedding, ~35 MiB in all).
+DEDUPE_WINDOW = 16_384
+
+
+def _dedupe_window(options: RunOptions) -> int:
+    spec = options.spec
+    if not options.dedupe or (spec is not None and spec.kind == "python"):
+        return 0
+    return DEDUPE_WINDOW
 
 
 def open_job(options: RunOptions, info: ModelInfo) -> tuple[Source, ChunkWriter]:

@@ -38,6 +38,8 @@ class RunSummary:
     blank_lines: int = 0
     #: records of empty or blank text (run as they are, or skipped with --on-bad-record skip)
     empty_texts: int = 0
+    #: records answered from an identical input's computation, not computed again
+    duplicates: int = 0
 
     @property
     def records_per_s(self) -> float:
@@ -71,6 +73,7 @@ class RunSummary:
             ("skipped", f"{self.skipped:,}"),
             *([("empty texts", f"{self.empty_texts:,}")] if self.empty_texts else []),
             ("resumed (already done)", f"{self.already_done:,}"),
+            *([("duplicates (computed once)", f"{self.duplicates:,}")] if self.duplicates else []),
             *([("blank lines (skipped)", f"{self.blank_lines:,}")] if self.blank_lines else []),
             ("wall time", f"{self.wall_s:.1f} s"),
         ]
