@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from batchline._errors import InputError
 from batchline.datasets.outcomes import Failed, Outcome, describe
 from batchline.datasets.sources import Record
 from batchline.models.batching import ModelBatcher
+
+if TYPE_CHECKING:
+    from batchline.jobs.result_cache import ResultCache
 
 __all__ = [
     "BatchAdapter",
@@ -36,8 +39,18 @@ __all__ = [
 ]
 
 
-#: What a queued record waits on: its future, or its failure already known.
-Pending = asyncio.Future[Any] | Failed
+class Cached:
+    """A record's encoded result, taken from an earlier run (``--cache``)."""
+
+    __slots__ = ("outcome",)
+
+    def __init__(self, outcome: Outcome) -> None:
+        self.outcome = outcome
+
+
+#: What a queued record waits on: its future, or its outcome already known (its failure, or
+#: its cached result).
+Pending = asyncio.Future[Any] | Failed | Cached
 
 
 def input_key(value: object) -> Hashable | None:
@@ -86,10 +99,12 @@ class BatchAdapter:
         take: Callable[[Record], object] | None = None,
         *,
         dedupe_window: int = 0,
+        cache: ResultCache | None = None,
     ) -> None:
         self.engine = engine
         self.take = take
         self.seen = Seen(dedupe_window) if dedupe_window > 0 else None
+        self.cache = cache
 
     @property
     def duplicates(self) -> int:
@@ -99,35 +114,67 @@ class BatchAdapter:
     async def submit(self, records: Sequence[Record]) -> asyncio.Future[list[Outcome]]:
         take = self.take
         inputs = [r.input for r in records] if take is None else [take(r) for r in records]
-        if self.seen is None:
-            pending = await submit_block(self.engine, inputs)
-        else:
-            pending = await self._submit_new(inputs, self.seen)
-        return asyncio.ensure_future(collect(self.engine, pending))
+        if self.seen is None and self.cache is None:
+            queued = await submit_block(self.engine, inputs)
+            return asyncio.ensure_future(collect(self.engine, queued))
+        pending, store = await self._submit_new(inputs)
+        return asyncio.ensure_future(self._collect(pending, store))
 
-    async def _submit_new(self, inputs: Sequence[object], seen: Seen) -> list[Pending]:
-        """Queue the inputs not seen before (once each); the others wait on the first."""
+    async def _submit_new(self, inputs: Sequence[object]) -> tuple[list[Pending], dict[int, bytes]]:
+        """Queue the inputs neither seen before in this job (:class:`Seen`) nor cached by an
+        earlier run, once each; the others wait on the first, or take the cached result.
+        Also: where each newly computed result will be (a record's place), under its cache
+        key, to keep it once done."""
+        seen, cache = self.seen, self.cache
         slots: list[int | Pending] = []  # an int: the place of the input among ``new``
         new: list[object] = []
+        keys: list[Hashable | None] = []
         first: dict[Hashable, int] = {}  # this block's new inputs
         for value in inputs:
             key = input_key(value)
-            if key is not None and key in first:
-                seen.duplicates += 1
-                slots.append(first[key])
-                continue
-            found = None if key is None else seen.get(key)
-            if found is not None:
-                slots.append(found)
-                continue
-            if key is not None:
+            if seen is not None and key is not None:
+                if key in first:
+                    seen.duplicates += 1
+                    slots.append(first[key])
+                    continue
+                found = seen.get(key)
+                if found is not None:
+                    slots.append(found)
+                    continue
                 first[key] = len(new)
             slots.append(len(new))
             new.append(value)
-        queued = await submit_block(self.engine, new) if new else []
-        for key, place in first.items():
-            seen.put(key, queued[place])
-        return [queued[s] if isinstance(s, int) else s for s in slots]
+            keys.append(key)
+        at: dict[int, Pending] = {}
+        cache_keys: dict[int, bytes] = {}
+        if cache is not None:
+            cache_keys = {i: cache.key(k) for i, k in enumerate(keys) if k is not None}
+            hits = await asyncio.to_thread(cache.get_many, cache_keys.values())
+            at = {i: Cached(hits[c]) for i, c in cache_keys.items() if c in hits}
+        compute = [i for i in range(len(new)) if i not in at]
+        queued = await submit_block(self.engine, [new[i] for i in compute]) if compute else []
+        at.update(zip(compute, queued, strict=True))
+        if seen is not None:
+            for key, place in first.items():
+                seen.put(key, at[place])
+        store: dict[int, bytes] = {}  # a record's place -> its computed result's cache key
+        for record, slot in enumerate(slots):
+            if isinstance(slot, int) and not isinstance(at[slot], Cached):
+                key_of_slot = cache_keys.pop(slot, None)  # the first record of that input
+                if key_of_slot is not None:
+                    store[record] = key_of_slot
+        return [at[s] if isinstance(s, int) else s for s in slots], store
+
+    async def _collect(self, pending: list[Pending], store: Mapping[int, bytes]) -> list[Outcome]:
+        outcomes = await collect(self.engine, pending)
+        if self.cache is not None and store:
+            results = {
+                key: outcomes[place]
+                for place, key in store.items()
+                if not isinstance(outcomes[place], Failed)
+            }
+            await asyncio.to_thread(self.cache.put_many, results)
+        return outcomes
 
     def utilization(self) -> float:
         return self.engine.stats.utilization
@@ -173,9 +220,7 @@ async def queue_block(
     return pending
 
 
-async def collect(
-    engine: ModelBatcher[Any, Any], pending: Sequence[asyncio.Future[Any] | Failed]
-) -> list[Outcome]:
+async def collect(engine: ModelBatcher[Any, Any], pending: Sequence[Pending]) -> list[Outcome]:
     """Wait for every queued record and encode its result; one record's exception (the batcher
     has bisected its batch down to it) is that record's :class:`Failed`, in order."""
     await settle(pending)
@@ -184,6 +229,9 @@ async def collect(
     for f in pending:
         if isinstance(f, Failed):
             outcomes.append(f)
+            continue
+        if isinstance(f, Cached):
+            outcomes.append(f.outcome)
             continue
         exc = f.exception()
         if exc is None:
@@ -200,20 +248,20 @@ async def process_block(engine: ModelBatcher[Any, Any], inputs: Sequence[object]
     return await collect(engine, await submit_block(engine, inputs))
 
 
-async def settle(pending: Sequence[asyncio.Future[Any] | Failed]) -> None:
+async def settle(pending: Sequence[Pending]) -> None:
     """Wait until every record of ``pending`` has its result or its exception (read them from
     the futures); cancelled meanwhile, withdraw them all."""
     try:
         await asyncio.gather(
-            *(f for f in pending if not isinstance(f, Failed)), return_exceptions=True
+            *(f for f in pending if isinstance(f, asyncio.Future)), return_exceptions=True
         )
     except BaseException:
         cancel(pending)
         raise
 
 
-def cancel(pending: Sequence[asyncio.Future[Any] | Failed]) -> None:
+def cancel(pending: Sequence[Pending]) -> None:
     """Withdraw whatever is still queued (a stopping job)."""
     for f in pending:
-        if not isinstance(f, Failed):
+        if isinstance(f, asyncio.Future):
             f.cancel()

@@ -47,6 +47,21 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--chunk-size", type=int, default=10_000, help="records per output chunk")
     p.add_argument(
+        "--cache",
+        type=Path,
+        metavar="DIR",
+        help="keep results in DIR across runs, and take those an earlier run computed for the "
+        "same model files, options and input (a re-run after editing a few records computes "
+        "only those); embed, classify and score jobs",
+    )
+    p.add_argument(
+        "--cache-size",
+        metavar="SIZE",
+        default="1GiB",
+        help="with --cache: at most this much (default 1GiB); past it, the least recently used "
+        "results go first",
+    )
+    p.add_argument(
         "--no-dedupe",
         dest="dedupe",
         action="store_false",
@@ -210,6 +225,8 @@ def _main(args: argparse.Namespace) -> int:
         input_columns=args.input_columns,
         chunk_size=args.chunk_size,
         dedupe=args.dedupe,
+        cache=args.cache,
+        cache_bytes=_cache_bytes(args.cache_size),
         knobs=_knobs(args),
     )
     if args.engine != "ray" and (args.address is not None or args.replicas is not None):
@@ -250,6 +267,19 @@ def _main(args: argparse.Namespace) -> int:
     if not args.quiet:
         print_summary("batchline run", summary.rows())
     return 0
+
+
+def _cache_bytes(text: str) -> int:
+    from batchline._errors import InputError
+    from batchline._residency import parse_bytes
+
+    try:
+        size = parse_bytes(text)
+    except ValueError as exc:
+        raise InputError(f"--cache-size: {exc}") from None
+    if size < 1:
+        raise InputError(f"--cache-size must be positive, got {text!r}")
+    return size
 
 
 def _say_model_loads() -> logging.Handler:

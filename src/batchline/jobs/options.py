@@ -40,6 +40,10 @@ class RunOptions(DatasetSelection, ModelSelection):
     #: compute a record whose input repeats a recent one's only once (not for a user's Python
     #: model, which may not be a function of its input): ``batchline.jobs.batch.Seen``
     dedupe: bool = True
+    #: keep results across runs in this folder (``batchline.jobs.result_cache``), and take
+    #: those an earlier run computed; at most ``cache_bytes`` of them
+    cache: Path | None = None
+    cache_bytes: int = 1 << 30
     #: the parsed model spec, set by :func:`resolve` (parsed once per job)
     spec: ModelSpec | None = field(default=None, repr=False, compare=False)
 

@@ -26,9 +26,11 @@ from batchline.datasets.sinks import ChunkWriter
 from batchline.datasets.sources import Record, Source
 from batchline.jobs.batch import BatchAdapter
 from batchline.jobs.options import GenerateOptions, RunOptions, default_output, resolve
+from batchline.jobs.result_cache import ResultCache
 from batchline.jobs.summary import RunSummary, summarize
 from batchline.knobs import Knobs
 from batchline.models.batching import ModelBatcher
+from batchline.models.identity import model_identity
 from batchline.models.protocol import BatchModel, ModelInfo
 
 __all__ = [
@@ -71,6 +73,11 @@ async def run_job(options: RunOptions, progress: Progress | None = None) -> RunS
     """
     options = await asyncio.to_thread(resolve, options)
     if isinstance(options, GenerateOptions):
+        if options.cache is not None:
+            raise InputError(
+                "--cache keeps the results of embed, classify and score jobs over a dataset; "
+                "a generation job or an OpenAI batch file runs without it"
+            )
         from batchline.jobs.openai_batch import detect_batch, run_batch_job
 
         batch = await asyncio.to_thread(detect_batch, options)
@@ -80,6 +87,7 @@ async def run_job(options: RunOptions, progress: Progress | None = None) -> RunS
 
         return await run_generate_job(options, progress)
     knobs = options.knobs.for_loading()
+    cache = await asyncio.to_thread(open_cache, options)
     model = await asyncio.to_thread(load_job_model, options, knobs)
     try:
         source, writer = await asyncio.to_thread(open_job, options, model.info)
@@ -89,6 +97,7 @@ async def run_job(options: RunOptions, progress: Progress | None = None) -> RunS
                     engine,
                     _pairs(options) if model.info.task == "score" else None,
                     dedupe_window=_dedupe_window(options),
+                    cache=cache,
                 )
                 done = await run_pipeline(
                     adapter,
@@ -103,9 +112,27 @@ async def run_job(options: RunOptions, progress: Progress | None = None) -> RunS
                 stats = engine.stats
         padded = knobs.batching and model.info.cost_kind == "padded"
         summary = summarize(writer.out_dir, options.knobs.batching, done, stats, padded=padded)
-        return dataclasses.replace(summary, duplicates=adapter.duplicates)
+        cached = 0 if cache is None else cache.hits
+        return dataclasses.replace(summary, duplicates=adapter.duplicates, cached=cached)
     finally:
         model.close()
+        if cache is not None:
+            cache.close()
+
+
+def open_cache(options: RunOptions) -> ResultCache | None:
+    """The job's result cache (``--cache``): ``InputError`` for a model whose results are not
+    a function of its input as far as we can tell (a ``module:factory`` model)."""
+    if options.cache is None:
+        return None
+    assert options.spec is not None  # resolved
+    identity = model_identity(options.spec)
+    if identity is None:
+        raise InputError(
+            "--cache cannot keep a module:factory model's results: its code is not a file "
+            "whose changes we can see; run without --cache"
+        )
+    return ResultCache(options.cache, identity, max_bytes=options.cache_bytes)
 
 
 #: Distinct inputs a job keeps to answer their duplicates from (texts and their results: ~2

@@ -40,6 +40,8 @@ class RunSummary:
     empty_texts: int = 0
     #: records answered from an identical input's computation, not computed again
     duplicates: int = 0
+    #: records whose result an earlier run computed (``--cache``)
+    cached: int = 0
 
     @property
     def records_per_s(self) -> float:
@@ -74,6 +76,7 @@ class RunSummary:
             *([("empty texts", f"{self.empty_texts:,}")] if self.empty_texts else []),
             ("resumed (already done)", f"{self.already_done:,}"),
             *([("duplicates (computed once)", f"{self.duplicates:,}")] if self.duplicates else []),
+            *([("from the cache (earlier runs)", f"{self.cached:,}")] if self.cached else []),
             *([("blank lines (skipped)", f"{self.blank_lines:,}")] if self.blank_lines else []),
             ("wall time", f"{self.wall_s:.1f} s"),
         ]

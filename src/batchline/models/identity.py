@@ -1,0 +1,89 @@
+"""What identifies a model's results, for a result cache: the files its weights and tokenizer
+are read from, the spec's options that change what it computes, and the versions of what runs
+it. Two loads with the same identity give the same result for the same input (up to the last
+bits a batch's padding may move).
+
+A file of at most :data:`HASHED_BYTES` is identified by its content; a larger one (weights)
+by its size and modification time, so that a job does not read gigabytes to start: a weights
+file rewritten in place changes its modification time. A user's Python model
+(``module:factory``) has no identity (its code is not a file we can read as its model), so
+its results are never cached.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+from pathlib import Path
+
+from batchline.models.specs import ModelSpec
+
+__all__ = ["HASHED_BYTES", "model_identity"]
+
+#: Files up to this size are identified by their content, larger ones by size and mtime.
+HASHED_BYTES = 64 << 20
+
+
+def model_identity(spec: ModelSpec) -> str | None:
+    """A hex digest that changes when the model's files, its spec's options or the versions
+    of batchline and ONNX Runtime change; None for a Python model."""
+    if spec.kind == "python":
+        return None
+    digest = hashlib.sha256()
+    options = {
+        "kind": spec.kind,
+        "task": spec.task,
+        "labels": spec.labels,
+        "pooling": spec.pooling,
+        "normalize": spec.normalize,
+        "versions": [_version("batchline"), _version("onnxruntime")],
+    }
+    digest.update(json.dumps(options, sort_keys=True).encode())
+    for path in _files(spec):
+        _add_file(digest, path)
+    return digest.hexdigest()
+
+
+def _files(spec: ModelSpec) -> list[Path]:
+    if spec.kind == "builtin":
+        from batchline.models.builtin import BUILTIN_MODELS
+
+        return _tree(BUILTIN_MODELS[spec.source].package_dir())
+    if spec.kind == "onnx":
+        files = [spec.path]
+        # the tokenizer beside it, or the one the spec names
+        tokenizer = spec.tokenizer or spec.path.with_name("tokenizer.json")
+        return [*files, tokenizer] if tokenizer.is_file() else files
+    return _tree(spec.path)  # a Hugging Face folder
+
+
+def _tree(folder: Path) -> list[Path]:
+    """The folder's files, but hidden ones and Python's bytecode (written when imported)."""
+    return sorted(
+        p
+        for p in folder.rglob("*")
+        if p.is_file()
+        and p.suffix != ".pyc"
+        and not any(
+            part.startswith(".") or part == "__pycache__" for part in p.relative_to(folder).parts
+        )
+    )
+
+
+def _add_file(digest: hashlib._Hash, path: Path) -> None:
+    stat = path.stat()
+    digest.update(f"\0{path.name}\0{stat.st_size}\0".encode())
+    if stat.st_size > HASHED_BYTES:
+        digest.update(str(stat.st_mtime_ns).encode())
+        return
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return ""
