@@ -91,6 +91,7 @@ _GENERATION_FLAGS = {
     "seed": "--seed",
     "stop": "--stop",
     "no_chat_template": "--no-chat-template",
+    "no_prefix_ordering": "--no-prefix-ordering",
     "prompt_column": "--prompt-column",
     "response_format": "--response-format",
     "generation_batching": "--generation-batching",
@@ -136,6 +137,13 @@ def _add_generation_arguments(p: argparse.ArgumentParser) -> None:
         help="encode text prompts as they are, not as a chat message through the template",
     )
     g.add_argument("--prompt-column", metavar="NAME", help="the column holding the prompts")
+    g.add_argument(
+        "--no-prefix-ordering",
+        action="store_true",
+        default=None,
+        help="submit prompts in input order (default: each window of 2,048 prompts grouped by "
+        "shared prefix, so that the prefix cache serves them; outputs stay in input order)",
+    )
     g.add_argument(
         "--generation-batching",
         choices=["continuous", "static"],
@@ -408,6 +416,8 @@ def _resolve(args: argparse.Namespace, options: Any) -> Any:
         sampling["response_format"] = _json_argument(args.response_format, "--response-format")
     if args.no_chat_template:
         sampling["chat_template"] = False
+    if args.no_prefix_ordering:
+        sampling["prefix_ordering"] = False
     return dataclasses.replace(options, **sampling)
 
 

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
         Completion,
         GenerationModel,
         GenerationStats,
+        GenerationStream,
         TextGenerator,
     )
 
@@ -74,6 +75,9 @@ __all__ = [
 
 #: Records read and encoded at a time (the progress bar moves by a block).
 _BLOCK = 16
+#: Prompts read at a time and submitted grouped by shared prefix (``--no-prefix-ordering``:
+#: in input order, ``_BLOCK`` at a time).
+PREFIX_ORDER_WINDOW = 2_048
 #: Seconds between two reads of the generator's stats (peaks and the progress bar's rate).
 _SAMPLE_S = 0.25
 #: ... and at most this often on a request's completion.
@@ -166,6 +170,77 @@ def _encode(
     return out
 
 
+#: Prompts whose first this many tokens are the same share a prefix worth waiting for (the
+#: prefix cache's own threshold).
+_SHARED_PREFIX_TOKENS = 16
+
+
+def _shares_prefix(a: Sequence[int], b: Sequence[int], common: int) -> bool:
+    """Whether ``a`` and ``b`` share a prefix beyond the ``common`` tokens every prompt of the
+    block starts with (a chat template's header)."""
+    n = common + _SHARED_PREFIX_TOKENS
+    return len(a) > n and len(b) > n and a[:n] == b[:n]
+
+
+def _common_length(order: Sequence[int], encoded: Sequence[list[int] | Failed]) -> int:
+    """How many first tokens all the block's prompts share (sorted: its first and last)."""
+    ids = [x for x in (encoded[i] for i in order) if not isinstance(x, Failed)]
+    if not ids:
+        return 0
+    first, last = ids[0], ids[-1]
+    n = 0
+    for x, y in zip(first, last, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+async def _prefilled(stream: GenerationStream) -> None:
+    """Wait until ``stream``'s prompt is prefilled (its first token, or its end)."""
+    with contextlib.suppress(StopAsyncIteration, Exception):
+        await anext(stream)
+
+
+def submission_order(
+    encoded: Sequence[list[int] | Failed], *, grouped: bool
+) -> list[tuple[int, int]]:
+    """The order to submit a block's records in, each with its place in its group of shared
+    prefix (0: it starts one): as read (every place 0), or (``grouped``) group by group, the
+    records sorted by token ids, so that prompts that share a prefix run one after the other
+    while the engine's prefix cache holds it (``PrefixCache`` learns a prefix from the last
+    few prompts and keeps a few thousand positions: over many prefixes in a shuffled file it
+    would keep few of them, and only by chance).
+
+    In a group, the first and the last of its sorted prompts go first: they share exactly the
+    group's prefix, which is what the cache keeps once the second is prefilled (two
+    neighbours would share more, and the cache would keep a prefix the others do not start
+    with). Records that failed to encode come first, each alone."""
+    if not grouped:
+        return [(i, 0) for i in range(len(encoded))]
+
+    def tokens(i: int) -> tuple[int, ...]:
+        ids = encoded[i]
+        return () if isinstance(ids, Failed) else tuple(ids)
+
+    order = sorted(range(len(encoded)), key=tokens)
+    common = _common_length(order, encoded)
+    groups: list[list[int]] = []
+    previous: Sequence[int] = ()
+    for i in order:
+        ids = encoded[i]
+        if isinstance(ids, Failed) or not groups or not _shares_prefix(previous, ids, common):
+            groups.append([i])
+        else:
+            groups[-1].append(i)
+        previous = () if isinstance(ids, Failed) else ids
+    out: list[tuple[int, int]] = []
+    for group in groups:
+        firsts = [group[0], group[-1]] if len(group) > 1 else group
+        out.extend((i, place) for place, i in enumerate([*firsts, *group[1:-1]]))
+    return out
+
+
 class _Peaks:
     """The highest running/waiting/KV figures seen in the generator's stats."""
 
@@ -196,10 +271,13 @@ class GeneratorAdapter:
         progress: Progress | None,
         *,
         limit: int | None = None,
+        order_window: int = 0,
     ) -> None:
         self.model = model
         self.gen: TextGenerator = model.generator
         self.requests = requests
+        #: records read at a time and submitted grouped by shared prefix (0: in input order)
+        self.order_window = order_window
         # a shared generator (serve's) keeps room in its waiting queue for live requests
         self.limit = in_flight_limit(model) if limit is None else max(1, limit)
         self._slots = asyncio.Semaphore(self.limit)
@@ -233,33 +311,45 @@ class GeneratorAdapter:
 
     async def submit(self, records: Sequence[Record]) -> asyncio.Future[list[Outcome]]:
         encoded = await asyncio.to_thread(_encode, self.model, records, self.requests)
-        pending: list[asyncio.Future[Completion] | Failed] = []
+        placed: dict[int, asyncio.Future[Completion] | Failed] = {}
+        grouped = self.order_window > 1
+        leading: GenerationStream | None = None
         try:
-            for record, ids in zip(records, encoded, strict=True):
+            for i, member in submission_order(encoded, grouped=grouped):
+                ids = encoded[i]
                 if isinstance(ids, Failed):
-                    pending.append(ids)
+                    placed[i] = ids
                     continue
+                if leading is not None and member in (1, 2):
+                    await _prefilled(leading)
                 await self._slots.acquire()
-                outcome = self._submit_one(record, ids)
-                if isinstance(outcome, Failed):
+                stream = self._submit_one(records[i], ids)
+                if isinstance(stream, Failed):
                     self._slots.release()
-                else:
-                    outcome.add_done_callback(self._on_done)
-                pending.append(outcome)
+                    placed[i] = stream
+                    leading = None
+                    continue
+                # the first two prompts of a group go one at a time: the engine's prefix cache
+                # keeps a prefix once a second prompt has shared it, and prompts prefilled in
+                # one step share nothing; from the third on, they find it kept
+                leading = stream if grouped and member < 2 else None
+                outcome = asyncio.ensure_future(stream.result())
+                outcome.add_done_callback(self._on_done)
+                placed[i] = outcome
         except BaseException:
-            cancel(pending)
+            cancel(list(placed.values()))
             raise
+        pending = [placed[i] for i in range(len(records))]  # the outcomes in input order
         return asyncio.ensure_future(_outcomes(pending, stamp=self.requests.openai_batch))
 
-    def _submit_one(self, record: Record, ids: list[int]) -> asyncio.Future[Completion] | Failed:
+    def _submit_one(self, record: Record, ids: list[int]) -> GenerationStream | Failed:
         try:
             # a job's requests are batch work: a generator it shares ranks them so (_priority)
             params = dataclasses.replace(self.requests.params(record), priority=_JOB_PRIORITY)
-            stream = self.gen.submit(ids, params, request_id=f"record-{record.index}")
+            return self.gen.submit(ids, params, request_id=f"record-{record.index}")
         except (BatchlineError, ValueError) as exc:
             # RecordTooLargeError (over the context or the KV budget) is this record's fault
             return Failed(f"bad input: {describe(exc)}")
-        return asyncio.ensure_future(stream.result())
 
     def _on_done(self, future: asyncio.Future[Completion]) -> None:
         self._slots.release()
@@ -274,16 +364,23 @@ class GeneratorAdapter:
 def pipeline_limits(adapter: GeneratorAdapter) -> tuple[int, int]:
     """``run_pipeline``'s block size and blocks in flight for a generator: enough blocks to
     keep its in-flight cap full."""
+    if adapter.order_window > 1:
+        # one window read at a time, the next read while it runs
+        return adapter.order_window, 2
     return _BLOCK, -(-adapter.limit // _BLOCK) + 1
 
 
 @contextlib.asynccontextmanager
 async def running_generator(
-    model: GenerationModel, requests: RecordRequests, progress: Progress | None
+    model: GenerationModel,
+    requests: RecordRequests,
+    progress: Progress | None,
+    *,
+    order_window: int = 0,
 ) -> AsyncIterator[GeneratorAdapter]:
     """The model's generator started, and its adapter; on the way out the generator stops,
     drained when the block ended normally, else at once."""
-    adapter = GeneratorAdapter(model, requests, progress)
+    adapter = GeneratorAdapter(model, requests, progress, order_window=order_window)
     gen = adapter.gen
     await gen.start()
     sampling = asyncio.create_task(adapter.sampler())
@@ -338,7 +435,8 @@ async def run_generate_job(
     try:
         source, writer = await asyncio.to_thread(_open, opts, column, params)
         with writer:
-            async with running_generator(model, requests, progress) as adapter:
+            window = PREFIX_ORDER_WINDOW if opts.prefix_ordering else 0
+            async with running_generator(model, requests, progress, order_window=window) as adapter:
                 block, blocks = pipeline_limits(adapter)
                 done = await run_pipeline(
                     adapter,
@@ -426,4 +524,8 @@ def generate_summary(
         aborted=stats.requests_aborted,
         preempted=stats.preempted,
         failed=stats.requests_failed,
+        prefix_ordering=adapter.order_window > 1,
+        prefix_cache_tokens=stats.prefix_cache_tokens,
+        prefix_cache_hits=stats.prefix_cache_hits,
+        prefix_tokens_reused=stats.prefix_tokens_reused,
     )

@@ -75,6 +75,9 @@ class GenerateOptions(RunOptions):
     response_format: str | None = None
     openai_batch: bool = False
     models: tuple[str, ...] = ()
+    #: submit the prompts of each window of ``jobs.generate.PREFIX_ORDER_WINDOW`` records
+    #: grouped by shared prefix (outputs stay in input order)
+    prefix_ordering: bool = True
 
     def sampling(self) -> SamplingParams:
         """The job's sampling parameters (``seed`` is per record: see the class docstring)."""

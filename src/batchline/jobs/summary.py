@@ -109,6 +109,13 @@ class GenerateSummary(RunSummary):
     aborted: int = 0
     preempted: int = 0
     failed: int = 0
+    #: whether prompts were submitted grouped by shared prefix (``--no-prefix-ordering``: not)
+    prefix_ordering: bool = False
+    #: the engine's prompt-prefix cache: capacity in positions (0: none), prompts that hit it,
+    #: prompt tokens it saved from prefill
+    prefix_cache_tokens: int = 0
+    prefix_cache_hits: int = 0
+    prefix_tokens_reused: int = 0
 
     @property
     def tokens_per_s(self) -> float:
@@ -137,6 +144,21 @@ class GenerateSummary(RunSummary):
             (
                 "aborted / preempted / failed",
                 f"{self.aborted} / {self.preempted} / {self.failed}",
+            ),
+            *self._prefix_rows(),
+        ]
+
+    def _prefix_rows(self) -> list[tuple[str, str]]:
+        if not self.prefix_cache_tokens:
+            return []
+        share = self.prefix_tokens_reused / self.prompt_tokens if self.prompt_tokens else 0.0
+        ordered = "grouped by shared prefix" if self.prefix_ordering else "in input order"
+        return [
+            ("prompts submitted", ordered),
+            (
+                "prefix cache: hits / reused tokens",
+                f"{self.prefix_cache_hits:,} prompts / {self.prefix_tokens_reused:,} "
+                f"({share:.0%} of prompt tokens; holds {self.prefix_cache_tokens:,} positions)",
             ),
         ]
 

@@ -198,6 +198,21 @@ class _SnapshotCollector(Collector):
         per_step = GaugeMetricFamily(
             p + "running_per_step", "Mean sequences per engine step.", labels=["model"]
         )
+        prefix_capacity = GaugeMetricFamily(
+            p + "prefix_cache_capacity_tokens",
+            "Positions the engine's prompt-prefix cache holds at most (0: off).",
+            labels=["model"],
+        )
+        prefix_hits = CounterMetricFamily(
+            p + "prefix_cache_hits",
+            "Prompts that started with a cached prefix: their prefix was not prefilled again.",
+            labels=["model"],
+        )
+        prefix_reused = CounterMetricFamily(
+            p + "prefix_cache_reused_tokens",
+            "Prompt tokens a cached prefix held, not prefilled again.",
+            labels=["model"],
+        )
         recent = {
             "time_to_first_token": GaugeMetricFamily(
                 p + "recent_time_to_first_token_seconds",
@@ -237,6 +252,9 @@ class _SnapshotCollector(Collector):
                 kv_ratio.add_metric([model], s.kv_tokens_reserved / s.kv_token_budget)
             tps.add_metric([model], s.tokens_per_s)
             per_step.add_metric([model], s.avg_running_per_step)
+            prefix_capacity.add_metric([model], s.prefix_cache_tokens)
+            prefix_hits.add_metric([model], s.prefix_cache_hits)
+            prefix_reused.add_metric([model], s.prefix_tokens_reused)
             for key, p50, p99 in (
                 ("time_to_first_token", s.ttft_p50_s, s.ttft_p99_s),
                 ("inter_token_latency", s.itl_p50_s, s.itl_p99_s),
@@ -257,5 +275,8 @@ class _SnapshotCollector(Collector):
             kv_ratio,
             tps,
             per_step,
+            prefix_capacity,
+            prefix_hits,
+            prefix_reused,
             *recent.values(),
         ]

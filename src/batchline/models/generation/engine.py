@@ -27,6 +27,7 @@ __all__ = [
     "UNAPPLIED_FIELDS",
     "FinishReason",
     "GenerationRequest",
+    "PrefixCaching",
     "SamplingParams",
     "StepEngine",
     "StepOutput",
@@ -214,6 +215,27 @@ class StepOutput:
     finished: bool = False
     finish_reason: FinishReason | None = None
     error: str | None = None
+
+
+@runtime_checkable
+class PrefixCaching(Protocol):
+    """A step engine that keeps the keys and values of prompt prefixes for later prompts
+    (the torch engine's ``PrefixCache``): what it holds and how often it served."""
+
+    @property
+    def prefix_cache_tokens(self) -> int:
+        """Positions the cache holds at most (0: off)."""
+        ...
+
+    @property
+    def prefix_cache_hits(self) -> int:
+        """Prompts that started with a cached prefix, so far."""
+        ...
+
+    @property
+    def prefix_tokens_reused(self) -> int:
+        """Prompt tokens not prefilled, so far, because a cached prefix held them."""
+        ...
 
 
 @runtime_checkable

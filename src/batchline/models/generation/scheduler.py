@@ -47,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import dataclasses
 import itertools
 import threading
 from collections.abc import Mapping, Sequence
@@ -64,6 +65,7 @@ from batchline._errors import (
 from batchline._priority import aged_rank
 from batchline.models.generation.engine import (
     GenerationRequest,
+    PrefixCaching,
     SamplingParams,
     StepEngine,
     StepOutput,
@@ -438,7 +440,16 @@ class ContinuousGenerator(EngineGenerator):
     def stats(self) -> GenerationStats:
         with self._cond:
             running, waiting, reserved = len(self._running), len(self._waiting), self._reserved
-        return self._recorder.snapshot(running=running, waiting=waiting, kv_reserved=reserved)
+        stats = self._recorder.snapshot(running=running, waiting=waiting, kv_reserved=reserved)
+        engine = self._engine
+        if isinstance(engine, PrefixCaching):
+            stats = dataclasses.replace(
+                stats,
+                prefix_cache_tokens=engine.prefix_cache_tokens,
+                prefix_cache_hits=engine.prefix_cache_hits,
+                prefix_tokens_reused=engine.prefix_tokens_reused,
+            )
+        return stats
 
     # -- lifecycle --------------------------------------------------------------------------
 

@@ -47,6 +47,9 @@ class GenerationStats:
     the grammar engine gave up on);
     ``requests_rejected`` submits refused with ``QueueFullError`` or ``RecordTooLargeError``.
     ``preempted`` is always 0 for batchline's schedulers (they reserve the worst case instead).
+    ``prefix_cache_*``: the engine's prompt-prefix cache, where it has one (the torch engine):
+    its capacity in positions, the prompts that started with a cached prefix and the prompt
+    tokens they did not prefill.
     """
 
     requests_submitted: int = 0
@@ -72,6 +75,9 @@ class GenerationStats:
     itl_p99_s: float = math.nan
     latency_p50_s: float = math.nan
     latency_p99_s: float = math.nan
+    prefix_cache_tokens: int = 0
+    prefix_cache_hits: int = 0
+    prefix_tokens_reused: int = 0
 
 
 class GenerationStatsRecorder:

@@ -340,6 +340,11 @@ class TorchStepEngine:
         return running + sum(s.staged.n for s in self._pending.values() if s.staged is not None)
 
     @property
+    def prefix_cache_tokens(self) -> int:
+        """Positions the prefix cache holds at most (0: off)."""
+        return 0 if self._prefixes is None else self._prefixes.max_tokens
+
+    @property
     def prefix_cache_hits(self) -> int:
         """Prompts that started with a cached prefix, so far."""
         return 0 if self._prefixes is None else self._prefixes.hits
