@@ -83,3 +83,17 @@ async def test_kv_in_use_returns_to_zero_when_timed_out_sequences_leave() -> Non
         await wait_for(lambda: _in_use(registry) == 0)
         assert _in_use(registry) == 0
         assert model.generator.stats.kv_tokens_reserved == 0
+
+
+def test_the_prefix_cache_is_exported_from_the_generators_stats() -> None:
+    from batchline.models.generation.stats import GenerationStats
+
+    registry = CollectorRegistry()
+    metrics = GenerationMetrics(registry)
+    stats = GenerationStats(prefix_cache_tokens=4096, prefix_cache_hits=7, prefix_tokens_reused=300)
+    metrics.watch("gen", lambda: stats)
+    labels = {"model": "gen"}
+    get = registry.get_sample_value
+    assert get("batchline_generation_prefix_cache_capacity_tokens", labels) == 4096
+    assert get("batchline_generation_prefix_cache_hits_total", labels) == 7
+    assert get("batchline_generation_prefix_cache_reused_tokens_total", labels) == 300
