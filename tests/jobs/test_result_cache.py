@@ -139,3 +139,15 @@ def test_a_python_model_or_a_generation_job_refuses_the_cache(tmp_path: Path) ->
     src = write(tmp_path / "in.jsonl", TEXTS[:2])
     with pytest.raises(InputError, match="cannot keep a module:factory model's results"):
         run(RunOptions(input=src, output=tmp_path / "o", model="json:dumps", cache=tmp_path))
+
+
+def test_the_ray_engine_refuses_the_cache_in_words(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    from batchline.cli import main
+
+    src = write(tmp_path / "in.jsonl", TEXTS[:2])
+    code = main(["run", str(src), "-o", str(tmp_path / "o"), "--engine", "ray", "--cache", "c"])
+    assert code == 2
+    assert "--cache goes with the local engine" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

@@ -241,6 +241,10 @@ def _main(args: argparse.Namespace) -> int:
         from batchline._errors import InputError
 
         raise InputError("--address and --replicas go with --engine ray")
+    if args.engine == "ray" and args.cache is not None:
+        from batchline._errors import InputError
+
+        raise InputError("--cache goes with the local engine; --engine ray runs without it")
     options = _resolve(args, options)
     generating = isinstance(options, GenerateOptions)
     console = Console(stderr=True)
