@@ -21,8 +21,14 @@ from batchline.models.protocol import ModelInfo
 
 
 def test_the_key_of_an_input() -> None:
-    assert input_key("a text") == "a text"
+    key = input_key("a text")
+    assert isinstance(key, bytes)
+    assert len(key) == 16  # a digest: the window's memory does not grow with the texts
+    assert input_key("a text") == key
+    assert input_key("a text.") != key
     assert input_key({"query": "q", "document": "d"}) == input_key({"document": "d", "query": "q"})
+    assert input_key({"query": "q", "document": "d"}) != input_key({"query": "d", "document": "q"})
+    assert input_key({"text": "a text"}) != key  # a pair never meets a text
     assert input_key({"query": "q", "document": None}) is None
     assert input_key([1.0, 2.0]) is None
 
@@ -30,13 +36,13 @@ def test_the_key_of_an_input() -> None:
 def test_the_window_keeps_the_most_recently_used() -> None:
     seen = Seen(2)
     a, b, c = Failed("a"), Failed("b"), Failed("c")
-    seen.put("a", a)
-    seen.put("b", b)
-    assert seen.get("a") is a  # now the most recent
-    seen.put("c", c)  # evicts b
-    assert seen.get("b") is None
-    assert seen.get("a") is a
-    assert seen.get("c") is c
+    seen.put(b"a", a)
+    seen.put(b"b", b)
+    assert seen.get(b"a") is a  # now the most recent
+    seen.put(b"c", c)  # evicts b
+    assert seen.get(b"b") is None
+    assert seen.get(b"a") is a
+    assert seen.get(b"c") is c
     assert seen.duplicates == 3
     with pytest.raises(ValueError, match="window must be >= 1"):
         Seen(0)

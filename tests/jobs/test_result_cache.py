@@ -13,6 +13,7 @@ import pytest
 
 from batchline._errors import InputError
 from batchline.datasets.readers import read_output
+from batchline.jobs.batch import input_key
 from batchline.jobs.result_cache import ResultCache
 from batchline.jobs.run import RunOptions, run
 from batchline.models.identity import model_identity
@@ -23,7 +24,7 @@ def test_arrays_and_json_results_come_back_as_they_went_in(tmp_path: Path) -> No
     cache = ResultCache(tmp_path, "model-a")
     vector = np.asarray([0.1, -2.5e-8, 3.0], dtype=np.float32)
     label = {"label": "pos", "score": 0.8125, "scores": {"pos": 0.8125, "neg": 0.1875}}
-    keys = [cache.key(k) for k in ("a", "b", "c", "d")]
+    keys = [cache.key(k.encode()) for k in ("a", "b", "c", "d")]
     kept = cache.put_many(
         {keys[0]: vector, keys[1]: label, keys[2]: 0.25, keys[3]: {"t": np.zeros(2)}}
     )
@@ -42,18 +43,26 @@ def test_arrays_and_json_results_come_back_as_they_went_in(tmp_path: Path) -> No
 
 def test_a_key_is_the_models_identity_and_the_input(tmp_path: Path) -> None:
     a, b = ResultCache(tmp_path, "model-a"), ResultCache(tmp_path, "model-b")
-    assert a.key("text") == a.key("text")
-    assert a.key("text") != a.key("text ")
-    assert a.key("text") != b.key("text")
-    assert a.key((("document", "d"), ("query", "q"))) != a.key((("document", "q"), ("query", "d")))
-    a.put_many({a.key("text"): 1.0})
-    assert b.get_many([b.key("text")]) == {}
+
+    def key(value: object) -> bytes:
+        found = input_key(value)
+        assert found is not None
+        return found
+
+    text, spaced = key("text"), key("text ")
+    pair, swapped = key({"query": "q", "document": "d"}), key({"query": "d", "document": "q"})
+    assert a.key(text) == a.key(key("text"))
+    assert a.key(text) != a.key(spaced)
+    assert a.key(text) != b.key(text)
+    assert a.key(pair) != a.key(swapped)
+    a.put_many({a.key(text): 1.0})
+    assert b.get_many([b.key(text)]) == {}
 
 
 def test_past_its_size_the_least_recently_used_go_first(tmp_path: Path) -> None:
     row = np.ones(64, dtype=np.float32)
     cache = ResultCache(tmp_path, "m")
-    keys = [cache.key(str(i)) for i in range(6)]
+    keys = [cache.key(str(i).encode()) for i in range(6)]
     cache.put_many({keys[0]: row})
     (size,) = cache._db.execute("SELECT size FROM results").fetchone()
     cache.max_bytes = int(size * 5.5)  # five rows fit
@@ -135,10 +144,22 @@ def test_a_rerun_computes_only_the_edited_records(tmp_path: Path, monkeypatch: p
     assert third.cached == 0
 
 
-def test_a_python_model_or_a_generation_job_refuses_the_cache(tmp_path: Path) -> None:
+def test_a_python_model_refuses_the_cache(tmp_path: Path) -> None:
     src = write(tmp_path / "in.jsonl", TEXTS[:2])
     with pytest.raises(InputError, match="cannot keep a module:factory model's results"):
         run(RunOptions(input=src, output=tmp_path / "o", model="json:dumps", cache=tmp_path))
+
+
+def test_a_cache_folder_that_cannot_be_one_is_one_line(tmp_path: Path) -> None:
+    pytest.importorskip("onnxruntime")
+    src = write(tmp_path / "in.jsonl", TEXTS[:2])
+    (tmp_path / "a-file").write_text("not a folder")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "results.sqlite").write_bytes(b"not a database, " * 64)
+    for cache in (tmp_path / "a-file", tmp_path / "bad"):
+        with pytest.raises(InputError, match="cannot keep results there"):
+            run(RunOptions(input=src, output=tmp_path / "o", cache=cache))
+        assert not (tmp_path / "o").exists()
 
 
 def test_the_ray_engine_refuses_the_cache_in_words(

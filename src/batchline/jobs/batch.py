@@ -14,8 +14,10 @@ object, when it is ready (:class:`Seen`). The models this runs are functions of 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from batchline._errors import InputError
@@ -53,14 +55,20 @@ class Cached:
 Pending = asyncio.Future[Any] | Failed | Cached
 
 
-def input_key(value: object) -> Hashable | None:
-    """What identifies an input for :class:`Seen`: a text, or a mapping of texts (a score
-    pair); None for anything else (tensors are not compared)."""
+def input_key(value: object) -> bytes | None:
+    """What identifies an input for :class:`Seen` and the result cache: a 16-byte digest of a
+    text, or of a mapping of texts (a score pair, in key order); None for anything else
+    (tensors are not compared). A digest, not the text: the window holds 16,384 of them
+    whatever the texts' length."""
     if isinstance(value, str):
-        return value
-    if isinstance(value, dict) and all(isinstance(v, str) for v in value.values()):
-        return tuple(sorted(value.items()))
-    return None
+        data = b"t" + value.encode("utf-8", "surrogatepass")
+    elif isinstance(value, dict) and all(isinstance(v, str) for v in value.values()):
+        data = b"p" + json.dumps(value, sort_keys=True, ensure_ascii=False).encode(
+            "utf-8", "surrogatepass"
+        )
+    else:
+        return None
+    return hashlib.blake2b(data, digest_size=16).digest()
 
 
 class Seen:
@@ -73,16 +81,16 @@ class Seen:
             raise ValueError(f"the dedupe window must be >= 1, got {window}")
         self.window = window
         self.duplicates = 0
-        self._pending: OrderedDict[Hashable, Pending] = OrderedDict()
+        self._pending: OrderedDict[bytes, Pending] = OrderedDict()
 
-    def get(self, key: Hashable) -> Pending | None:
+    def get(self, key: bytes) -> Pending | None:
         found = self._pending.get(key)
         if found is not None:
             self._pending.move_to_end(key)
             self.duplicates += 1
         return found
 
-    def put(self, key: Hashable, pending: Pending) -> None:
+    def put(self, key: bytes, pending: Pending) -> None:
         self._pending[key] = pending
         if len(self._pending) > self.window:
             self._pending.popitem(last=False)
@@ -128,8 +136,8 @@ class BatchAdapter:
         seen, cache = self.seen, self.cache
         slots: list[int | Pending] = []  # an int: the place of the input among ``new``
         new: list[object] = []
-        keys: list[Hashable | None] = []
-        first: dict[Hashable, int] = {}  # this block's new inputs
+        keys: list[bytes | None] = []
+        first: dict[bytes, int] = {}  # this block's new inputs
         for value in inputs:
             key = input_key(value)
             if seen is not None and key is not None:

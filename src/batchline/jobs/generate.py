@@ -188,17 +188,13 @@ def _common_length(order: Sequence[int], encoded: Sequence[list[int] | Failed]) 
     if not ids:
         return 0
     first, last = ids[0], ids[-1]
-    n = 0
-    for x, y in zip(first, last, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
+    differ = (n for n, (x, y) in enumerate(zip(first, last, strict=False)) if x != y)
+    return next(differ, min(len(first), len(last)))
 
 
 async def _prefilled(stream: GenerationStream) -> None:
     """Wait until ``stream``'s prompt is prefilled (its first token, or its end)."""
-    with contextlib.suppress(StopAsyncIteration, Exception):
+    with contextlib.suppress(Exception):  # its end, or its error: result() gives that
         await anext(stream)
 
 

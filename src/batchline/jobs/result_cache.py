@@ -17,7 +17,7 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -60,11 +60,12 @@ class ResultCache:
         # last results kept, which a later run computes again; nothing wrong is ever read
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+        # the values' size, kept as writes add to it: summed again only past max_bytes
+        (self._total,) = self._db.execute("SELECT COALESCE(SUM(size), 0) FROM results").fetchone()
 
-    def key(self, value: Hashable) -> bytes:
-        """The cache key of a model input (an ``input_key``: a text, or sorted text pairs)."""
-        text = json.dumps(value, ensure_ascii=False)
-        return hashlib.sha256(f"{self.identity}\0{text}".encode()).digest()
+    def key(self, input_key: bytes) -> bytes:
+        """The cache key of a model input (its ``batchline.jobs.batch.input_key``)."""
+        return hashlib.sha256(f"{self.identity}\0".encode() + input_key).digest()
 
     def get_many(self, keys: Iterable[bytes]) -> dict[bytes, object]:
         """The cached results of ``keys`` (those it holds), marked as used now."""
@@ -99,22 +100,31 @@ class ResultCache:
             self._db.execute("BEGIN")
             self._mark_used(now)
             self._db.executemany("INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?)", rows)
+            self._total += sum(row[2] for row in rows)
             self._evict()
             self._db.execute("COMMIT")
         self.stored += len(rows)
         return len(rows)
 
     def _evict(self) -> None:
-        (total,) = self._db.execute("SELECT COALESCE(SUM(size), 0) FROM results").fetchone()
-        if total <= self.max_bytes:
+        if self._total <= self.max_bytes:
             return
-        excess = total - int(self.max_bytes * 0.9)  # down to 90%: not one eviction per write
-        dropped = 0
-        for key, size in self._db.execute("SELECT key, size FROM results ORDER BY used").fetchall():
-            if dropped >= excess:
+        # exact again (a replaced key counted twice), then down to 90%: not one eviction a write
+        (self._total,) = self._db.execute("SELECT COALESCE(SUM(size), 0) FROM results").fetchone()
+        excess = self._total - int(self.max_bytes * 0.9)
+        if excess <= 0:
+            return
+        dropped: list[tuple[bytes]] = []
+        freed = 0
+        oldest = self._db.execute("SELECT key, size FROM results ORDER BY used")
+        for key, size in oldest:
+            if freed >= excess:
                 break
-            self._db.execute("DELETE FROM results WHERE key = ?", (key,))
-            dropped += size
+            dropped.append((key,))
+            freed += size
+        oldest.close()
+        self._db.executemany("DELETE FROM results WHERE key = ?", dropped)
+        self._total -= freed
 
     def _mark_used(self, now: float) -> None:
         if self._touched:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import sqlite3
 from collections.abc import Callable
 from typing import Any
 
@@ -132,7 +133,13 @@ def open_cache(options: RunOptions) -> ResultCache | None:
             "--cache cannot keep a module:factory model's results: its code is not a file "
             "whose changes we can see; run without --cache"
         )
-    return ResultCache(options.cache, identity, max_bytes=options.cache_bytes)
+    try:
+        return ResultCache(options.cache, identity, max_bytes=options.cache_bytes)
+    except (OSError, sqlite3.Error) as exc:
+        raise InputError(
+            f"--cache {options.cache}: cannot keep results there ({exc}); name a folder of "
+            "your own, or a new one"
+        ) from None
 
 
 #: Distinct inputs a job keeps to answer their duplicates from (texts and their results: ~2
