@@ -27,7 +27,8 @@ from batchline._errors import InputError, ModelError
 from batchline.cli import main
 from batchline.datasets.sinks import Manifest, read_output, read_skipped
 from batchline.integrations import ray as ray_engine
-from batchline.integrations.ray import UnitDone, _UnitPlan, default_replica_knobs, run_on_ray
+from batchline.integrations.ray import UnitDone, default_replica_knobs, run_on_ray
+from batchline.integrations.ray_units import UnitPlan
 from batchline.jobs.run import RunOptions, run
 from batchline.knobs import Knobs
 
@@ -125,7 +126,7 @@ def _descendants() -> dict[int, str]:
 @pytest.mark.parametrize("chunk_size", [1, 7, 40, 100, 1000])
 @pytest.mark.parametrize("target", [1, 3, 20, 256])
 def test_units_are_slices_of_one_chunk_or_whole_chunks(chunk_size: int, target: int) -> None:
-    plan = _UnitPlan(chunk_size, target)
+    plan = UnitPlan(chunk_size, target)
     n = 3 * chunk_size + 5
     keys = [plan.key(i) for i in range(n)]
     assert keys == sorted(keys)  # each unit is a contiguous run of indices
@@ -161,7 +162,8 @@ def test_address_without_engine_ray_is_a_one_line_error(
 ) -> None:
     code = main(["run", str(dataset), "-o", str(tmp_path / "o"), "--replicas", "3", "--quiet"])
     assert code == 2
-    assert "--address and --replicas go with --engine ray" in capsys.readouterr().err
+    flags = "--address, --replicas and --cpus-per-replica"
+    assert f"{flags} go with --engine ray" in capsys.readouterr().err
 
 
 # -- run_on_ray starting and stopping its own Ray ------------------------------------------------
@@ -276,11 +278,17 @@ class TestLocalRay:
     def test_a_model_that_cannot_load_is_one_clear_error(
         self, dataset: Path, tmp_path: Path
     ) -> None:
-        options = _options(
+        missing = _options(
             dataset, tmp_path / "out", model=str(tmp_path / "missing.onnx"), tokenizer=dataset
         )
-        with pytest.raises(ModelError, match=r"could not load the model: .*no such model file"):
-            run_on_ray(options, start_timeout_s=120)
+        with pytest.raises(InputError, match=r"missing.onnx: no such model file"):
+            run_on_ray(missing, start_timeout_s=120)  # seen by the driver, before any replica
+        broken = tmp_path / "broken.onnx"
+        broken.write_bytes(b"not an ONNX graph")
+        options = _options(dataset, tmp_path / "out", model=str(broken), tokenizer=dataset)
+        with pytest.raises(ModelError, match=r"could not load the model: "):
+            run_on_ray(options, start_timeout_s=120)  # seen by the replicas as they start
+        assert not (tmp_path / "out").exists()
 
     def test_a_gpu_replica_reserves_a_gpu(self, dataset: Path, tmp_path: Path) -> None:
         """This cluster has no GPU: a replica on device cuda cannot be placed, and says why."""

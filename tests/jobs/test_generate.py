@@ -214,8 +214,8 @@ def test_cli_refuses_ray_and_generation_flags_elsewhere(
     from batchline.cli import main
 
     src = write_prompts(tmp_path / "prompts.jsonl", PROMPTS[:1])
-    assert main(["run", str(src), "--model", f"{tiny}/", "--engine", "ray"]) == 2
-    assert "does not run on --engine ray" in capsys.readouterr().err
+    assert main(["run", str(src), "--model", f"{tiny}/", "--replicas", "2"]) == 2
+    assert "--replicas and --cpus-per-replica go with --engine ray" in capsys.readouterr().err
     assert main(["run", str(src), "--max-tokens", "4", "--text-column", "prompt"]) == 2
     assert "--max-tokens goes with text generation" in capsys.readouterr().err
     assert main(["run", str(src), "--model", f"{tiny}/", "--prompt-column", "nope"]) == 2

@@ -4,36 +4,40 @@ The layout::
 
     driver process (this one)                              Ray actors, one per replica
     ─────────────────────────                              ───────────────────────────
-    open_source ──(skips committed_ranges())──> units ──inputs─> _Replica: loads the model once,
-      │                                          │                its ModelBatcher -> the model
-      │ bad records                  ray.wait <──┘<──results────
+    open_source ──(skips committed_ranges())──> units ──records─> Replica: loads the job's
+      │                                          │                 models once, runs each unit
+      │ bad records                  ray.wait <──┘<──outcomes───   through the local adapter
       ▼                                  │
     ChunkWriter + _manifest.json <───────┘   the single writer: every chunk committed exactly once
 
-The driver runs the same dataset pipeline as ``batchline run`` (``batchline.datasets.pipeline``),
-with :class:`RayAdapter` sending units to the replicas, so the output directory is the same as a
-local run's (same chunks, same manifest settings): a job started locally can be resumed on Ray
-and the other way round. Only the model runs remotely; records, ids and copied columns never
-leave the driver.
+Every job kind runs so: embed, classify, predict and score (a batch model per replica), text
+generation (a generator per replica, its own continuous batching, on the torch engine or
+vLLM) and OpenAI batch files (each replica holds the file's models). The driver runs the same
+dataset pipeline as ``batchline run`` (``batchline.datasets.pipeline``) with
+:class:`~batchline.integrations.ray_units.RayAdapter` sending units to the replicas, and
+opens the output as a local run opens it (same chunks, same manifest settings): a job started
+locally can be resumed on Ray and the other way round. Copied columns never leave the driver.
 
-Work units lie inside one output chunk (a whole chunk, several whole chunks, or an equal slice of
-one), never across a chunk boundary: a resumed run skips whole committed chunks and re-sends the
-rest. Each replica has at most ``units_per_replica`` units in flight, which bounds the driver's
-memory. A replica whose process dies is restarted by Ray (``max_restarts``) and its unfinished
-units are retried on it (``max_task_retries``); a unit whose replica is gone for good is sent to
-another replica. Results are written only by the driver, once per unit, so no record is lost or
-written twice whatever fails.
+Work units lie inside one output chunk (a whole chunk, several whole chunks, or an equal slice
+of one), never across a chunk boundary: a resumed run skips whole committed chunks and re-sends
+the rest. A batch model's replica has ``units_per_replica`` units in flight; a generator's has
+as many as keep its running batch and the queue behind it full (its in-flight cap, sized to
+its KV budget). Faults (a replica that dies, a record that kills replicas) are handled as
+:mod:`batchline.integrations.ray_units` says; results are written only by the driver, once
+per record, so no record is lost or written twice whatever fails.
+
+On CPU, each replica runs one session of as many threads as CPUs it reserves
+(``--cpus-per-replica``, default 1): on a node of C cores, replicas x CPUs per replica = C.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
+import dataclasses
 import math
 import os
 import time
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,61 +45,47 @@ from typing import Any
 
 import ray
 
-from batchline._errors import BatchlineError, InputError, ModelError
-from batchline._stats import BatchStats, percentile
-from batchline.datasets.outcomes import Outcome, Written
+from batchline._errors import InputError, ModelError
+from batchline._stats import percentile
 from batchline.datasets.pipeline import PipelineRun, Progress, run_pipeline
-from batchline.datasets.sources import Record
+from batchline.datasets.sinks import ChunkWriter
+from batchline.datasets.sources import Source
+from batchline.integrations.ray_replica import RemoteJob, Replica, ReplicaReady, knobs_for_cpus
+from batchline.integrations.ray_units import RayAdapter, Tally, UnitDone, UnitPlan
 from batchline.integrations.session import check_reachable, last_line, ray_session
-from batchline.jobs.batch import process_block
-from batchline.jobs.options import RunOptions
-from batchline.jobs.run import RunSummary, load_job_model, open_job
+from batchline.jobs.options import GenerateOptions, RunOptions, resolve
+from batchline.jobs.summary import GenerateSummary, RunSummary
 from batchline.knobs import Knobs
-from batchline.models.batching import ModelBatcher
-from batchline.models.protocol import ModelInfo
 
-__all__ = ["RayAdapter", "RaySummary", "UnitDone", "default_replica_knobs", "run_on_ray"]
+__all__ = [
+    "RayGenerateSummary",
+    "RaySummary",
+    "UnitDone",
+    "default_replica_knobs",
+    "run_on_ray",
+]
 
-logger = logging.getLogger(__name__)
-
-#: Records per work unit when ``unit_records`` is not given: about 1-2 s of one replica's work
-#: on a 2-core machine, so a lost unit costs little and the last units leave no replica idle long.
+#: Records per work unit of a batch model when ``unit_records`` is not given: about 1-2 s of
+#: one replica's work on a 2-core machine, so a lost unit costs little and the last units leave
+#: no replica idle long.
 DEFAULT_UNIT_RECORDS = 256
+#: ... and of a generator: a unit is answered when its last completion is, so small units keep
+#: the driver writing while long completions run.
+GENERATE_UNIT_RECORDS = 8
 _READ_BLOCK = 1024
-# Object store of a Ray instance started here: units are small (256 x 384 float32 = 0.4 MB).
-
-# Failures of the machinery, not of the unit's records: the unit is sent again.
-_LOST = (
-    ray.exceptions.RayActorError,
-    ray.exceptions.ObjectLostError,
-    ray.exceptions.NodeDiedError,
-    ray.exceptions.WorkerCrashedError,
-)
 
 
 # -- public types --------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class UnitDone:
-    """One unit's results, just written by the driver (passed to ``run_on_ray(on_unit=...)``)."""
+@dataclass(frozen=True, kw_only=True)
+class RayPlacement:
+    """Where a Ray job's work ran (the summary fields every Ray job adds).
 
-    first_index: int
-    records: int
-    replica: int
-    node_id: str
-    pid: int
-    attempt: int
-    round_trip_s: float
-
-
-@dataclass(frozen=True)
-class RaySummary(RunSummary):
-    """``RunSummary`` plus where the work ran.
-
-    ``records_by_node`` maps each Ray node id to the records its replicas embedded in this run;
-    ``replica_restarts`` counts replica processes that Ray replaced (seen as a new pid);
-    ``resubmitted_units`` counts units sent again after their replica was lost for good;
+    ``records_by_node`` maps each Ray node id to the records its replicas answered in this
+    run; ``replica_restarts`` counts replica processes that died and that Ray restarted (or was
+    restarting when the job ended);
+    ``resubmitted_units`` counts units sent again after their replica was lost;
     ``replica_cpu_s`` is the CPU time the replica processes spent on this run's units
     (``replica_cpu_s / wall_s`` is the number of cores they got).
     """
@@ -107,11 +97,34 @@ class RaySummary(RunSummary):
     replica_restarts: int = 0
     startup_s: float = 0.0
     replica_cpu_s: float = 0.0
+    #: completion tokens each replica generated in this run (generation jobs)
+    tokens_by_replica: tuple[int, ...] = ()
 
     @property
     def nodes(self) -> tuple[str, ...]:
-        """Ids of the Ray nodes that embedded records in this run, sorted."""
+        """Ids of the Ray nodes that answered records in this run, sorted."""
         return tuple(sorted(self.records_by_node))
+
+    def _ray_rows(self, wall_s: float) -> list[tuple[str, str]]:
+        by_node = ", ".join(f"{n[:8]}: {c:,}" for n, c in sorted(self.records_by_node.items()))
+        cores = self.replica_cpu_s / wall_s if wall_s > 0 else 0.0
+        rows = [
+            ("engine", f"ray: {self.replicas} replica(s) on {len(self.nodes)} node(s)"),
+            ("records by node", by_node or "-"),
+            ("units (resubmitted)", f"{self.units:,} ({self.resubmitted_units})"),
+            ("replica restarts", str(self.replica_restarts)),
+            ("ray start-up", f"{self.startup_s:.1f} s"),
+            ("replica CPU", f"{self.replica_cpu_s:.1f} s ({cores:.1f} cores)"),
+        ]
+        if self.tokens_by_replica and wall_s > 0:
+            rates = ", ".join(f"{t / wall_s:,.1f}" for t in self.tokens_by_replica)
+            rows.append(("tokens/s by replica", rates))
+        return rows
+
+
+@dataclass(frozen=True, kw_only=True)
+class RaySummary(RunSummary, RayPlacement):
+    """``RunSummary`` plus where the work ran (:class:`RayPlacement`)."""
 
     @property
     def cores_used(self) -> float:
@@ -120,68 +133,28 @@ class RaySummary(RunSummary):
 
     def rows(self) -> list[tuple[str, str]]:
         rows = super().rows()
-        by_node = ", ".join(f"{n[:8]}: {c:,}" for n, c in sorted(self.records_by_node.items()))
-        return [
-            *rows[:2],
-            ("engine", f"ray: {self.replicas} replica(s) on {len(self.nodes)} node(s)"),
-            ("records by node", by_node or "-"),
-            ("units (resubmitted)", f"{self.units:,} ({self.resubmitted_units})"),
-            ("replica restarts", str(self.replica_restarts)),
-            ("ray start-up", f"{self.startup_s:.1f} s"),
-            ("replica CPU", f"{self.replica_cpu_s:.1f} s ({self.cores_used:.1f} cores)"),
-            *rows[2:],
-        ]
+        return [*rows[:2], *self._ray_rows(self.wall_s), *rows[2:]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RayGenerateSummary(GenerateSummary, RayPlacement):
+    """``GenerateSummary`` of a generation job (or an OpenAI batch file with a generator) on
+    Ray, plus where it ran. The generators' figures are over all replicas: running and waiting
+    peaks, KV budget and the running cap are sums; TTFT and inter-token latency p50 the median
+    of the replicas' p50s and p99 the worst replica's p99."""
+
+    def rows(self) -> list[tuple[str, str]]:
+        rows = super().rows()
+        return [*rows[:2], *self._ray_rows(self.wall_s), *rows[2:]]
 
 
 def default_replica_knobs(knobs: Knobs) -> Knobs:
     """The default knobs of one replica: ``knobs`` with one session of one intra-op thread.
 
     Two such replicas fill a 2-core node; on bigger nodes, run more replicas (``--replicas``)
-    rather than more threads per replica.
+    or give each more CPUs (``--cpus-per-replica``: its threads follow them).
     """
-    return knobs.replace(sessions=1, intra_op_threads=1, max_concurrent_batches=1)
-
-
-# -- the replica (a Ray actor) -------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _UnitResult:
-    outcomes: list[Outcome]  # one per record of the unit, in order
-    node_id: str
-    pid: int
-    cpu_s: float  # the replica process's CPU time so far
-    stats: BatchStats
-
-
-@dataclass(frozen=True)
-class _Ready:
-    node_id: str
-    pid: int
-    cpu_s: float
-    info: ModelInfo
-
-
-class _Replica:
-    """One model replica: loads the model once, then runs each unit it is sent through the
-    engine's batcher (units in flight at once share its batches)."""
-
-    def __init__(self, options: RunOptions, knobs: Knobs) -> None:
-        self._engine: ModelBatcher[Any, Any] = ModelBatcher(load_job_model(options, knobs), knobs)
-        self._node_id: str = ray.get_runtime_context().get_node_id()
-        self._started: asyncio.Future[None] | None = None
-
-    async def ready(self) -> _Ready:
-        """Where it runs and what model it holds, once the model is loaded."""
-        return _Ready(self._node_id, os.getpid(), time.process_time(), self._engine.model.info)
-
-    async def process(self, inputs: list[object]) -> _UnitResult:
-        if self._started is None:
-            self._started = asyncio.ensure_future(self._engine.start())
-        await self._started
-        outcomes = await process_block(self._engine, inputs)
-        stats = self._engine.stats
-        return _UnitResult(outcomes, self._node_id, os.getpid(), time.process_time(), stats)
+    return knobs_for_cpus(knobs, 1)
 
 
 # -- the driver ----------------------------------------------------------------------------------
@@ -192,14 +165,74 @@ def run_from_args(
 ) -> RunSummary:
     """``batchline run --engine ray``: :func:`run_on_ray` with the command's flags (explicit
     ``--sessions``/``--intra-op-threads``/``--config``/``--set`` set each replica's knobs,
-    else :func:`default_replica_knobs`)."""
+    else one session of ``--cpus-per-replica`` threads)."""
     own = args.config or args.set or args.sessions or args.intra_op_threads
     return run_on_ray(
         options,
         address=args.address,
         replicas=2 if args.replicas is None else args.replicas,
         replica_knobs=options.knobs if own else None,
+        cpus_per_replica=args.cpus_per_replica,
         progress=progress,
+    )
+
+
+@dataclass
+class _Plan:
+    """What the driver runs: the job the replicas are sent, how the output opens, the unit
+    size, and what happens at the end (an OpenAI batch file's output file)."""
+
+    job: RemoteJob
+    open: Callable[[ReplicaReady], tuple[Source, ChunkWriter]]
+    unit_records: int
+    on_bad_record: str
+    finish: Callable[[RunSummary], RunSummary] = lambda summary: summary
+
+
+def _plan(options: RunOptions) -> _Plan:
+    """How ``options``' job runs on Ray (sync: reads the input's first rows)."""
+    options = resolve(options)
+    if not isinstance(options, GenerateOptions):
+        from batchline.jobs.run import open_job
+
+        return _Plan(
+            RemoteJob("batch", options),
+            lambda ready: open_job(options, ready.info),
+            DEFAULT_UNIT_RECORDS,
+            options.on_bad_record,
+        )
+    from batchline.jobs.openai_batch import detect_batch
+
+    batch = detect_batch(options)
+    if batch is None:
+        from batchline.jobs.generate import open_generate_job, plan_generate
+
+        opts, requests = plan_generate(options)
+        return _Plan(
+            RemoteJob("generate", opts, requests),
+            lambda _: open_generate_job(opts, requests),
+            GENERATE_UNIT_RECORDS,
+            opts.on_bad_record,
+        )
+    from batchline.jobs.openai_batch import check_batch_file, open_batch_parts
+    from batchline.jobs.options import batch_specs
+
+    blank_lines = check_batch_file(batch.input)  # before any work
+    opts = batch.job_options(options)
+    specs = tuple(batch_specs(opts))
+    labels = [f"{s.name}={s.source}" for s in specs]
+    generates = any(s.generates for s in specs)
+
+    def finish(summary: RunSummary) -> RunSummary:
+        output = batch.write_output()
+        return dataclasses.replace(summary, output=output, blank_lines=blank_lines)
+
+    return _Plan(
+        RemoteJob("openai-batch", opts, specs=specs),
+        lambda _: open_batch_parts(opts, labels),
+        GENERATE_UNIT_RECORDS if generates else DEFAULT_UNIT_RECORDS,
+        "skip",
+        finish,
     )
 
 
@@ -213,30 +246,37 @@ def run_on_ray(
     unit_records: int | None = None,
     units_per_replica: int = 2,
     max_restarts: int = 3,
-    max_task_retries: int = 3,
+    max_task_retries: int = 0,
     max_unit_attempts: int = 3,
     start_timeout_s: float = 300.0,
     progress: Progress | None = None,
     on_unit: Callable[[UnitDone], None] | None = None,
-) -> RaySummary:
+) -> RunSummary:
     """Run ``batchline run``'s job with ``replicas`` model replicas on a Ray cluster.
 
-    The output is the same as :func:`batchline.jobs.run.run` would write for ``options``:
-    exactly once, resumable (``options.resume``), and resumable by either engine.
+    The output is the same as :func:`batchline.jobs.run.run_job` would write for ``options``:
+    exactly once, resumable (``options.resume``), and resumable by either engine. Every job
+    kind runs: a batch model's (embed, classify, predict, score), text generation, an OpenAI
+    batch file.
 
     Args:
         address: ``None`` starts a private local Ray instance for this run (and stops it at the
             end); ``"auto"`` or ``"HOST:PORT"`` connects to a running cluster. If Ray is already
             initialised in this process, that connection is used and left open.
         replicas: model replicas (Ray actors), spread over the cluster's nodes.
-        replica_knobs: batching knobs of each replica; default
-            ``default_replica_knobs(options.knobs)``, one session of one intra-op thread.
-        cpus_per_replica: logical CPUs each replica reserves; default its sessions x threads.
-        unit_records: records per work unit (rounded so units never cross an output chunk).
-        units_per_replica: units in flight per replica, so it never waits on the driver.
-        max_restarts, max_task_retries: Ray restarts a dead replica and retries its units.
-        max_unit_attempts: a unit whose replica is lost for good is sent to another replica, at
-            most this many times in all.
+        replica_knobs: batching knobs of each replica; default ``options.knobs`` with one
+            session of ``cpus_per_replica`` intra-op threads.
+        cpus_per_replica: logical CPUs each replica reserves; default its sessions x threads
+            (one, with the default knobs).
+        unit_records: records per work unit (rounded so units never cross an output chunk);
+            default 256 for a batch model, 8 for a generator.
+        units_per_replica: a batch model's units in flight per replica, so it never waits on
+            the driver (a generator's: as many as its in-flight cap holds).
+        max_restarts: Ray restarts a dead replica this many times.
+        max_task_retries: Ray retries a dead replica's units on it itself (default 0: the
+            driver does, and so sees every loss).
+        max_unit_attempts: a record lost this many times (the last times alone on a replica)
+            is reported as failed.
         start_timeout_s: how long the replicas may take to be placed and load the model.
         progress: the job's progress hooks (the CLI's progress bar).
         on_unit: called in the driver after each unit's results are handed to the writer.
@@ -264,67 +304,193 @@ def run_on_ray(
         )
     if options.limit is not None and options.limit < 0:
         raise InputError(f"--limit must be >= 0, got {options.limit}")
-    knobs = replica_knobs or default_replica_knobs(options.knobs)
-    if cpus_per_replica is None:
-        cpus_per_replica = float(knobs.sessions * knobs.intra_op_threads)
-    if cpus_per_replica <= 0:
-        raise ValueError(f"cpus_per_replica must be > 0, got {cpus_per_replica}")
-    cpus = cpus_per_replica
+    if cpus_per_replica is not None and cpus_per_replica <= 0:
+        raise InputError(f"--cpus-per-replica must be > 0, got {cpus_per_replica:g}")
+    if replica_knobs is not None:
+        knobs = replica_knobs
+    else:
+        knobs = default_replica_knobs(options.knobs)
+        if cpus_per_replica is not None:
+            knobs = knobs_for_cpus(knobs, cpus_per_replica)
+    cpus = cpus_per_replica or float(knobs.sessions * knobs.intra_op_threads)
     if address is not None and not ray.is_initialized():
         check_reachable(address)  # before the output directory is created
     if options.input is not None and not options.input.exists():
         raise InputError(f"{options.input}: no such file")  # before Ray starts
+    plan = _plan(options)
 
     t0 = time.perf_counter()
     local_cpus = max(os.cpu_count() or 1, math.ceil(replicas * cpus))
     with ray_session(address, local_cpus):
         actors = _start_replicas(
-            options, knobs, replicas, cpus, max_restarts, max_task_retries, start_timeout_s
+            plan.job, knobs, replicas, cpus, max_restarts, max_task_retries, start_timeout_s
         )
         try:
-            # opened as a local run opens it (the replicas say what the model writes), so
-            # either engine can resume the other's output
-            source, writer = open_job(options, actors[0][1].info)
-            with writer:
-                adapter = RayAdapter(
-                    actors,
-                    units_per_replica=units_per_replica,
-                    max_unit_attempts=max_unit_attempts,
-                    on_unit=on_unit,
-                )
-                plan = _UnitPlan(options.chunk_size, unit_records or DEFAULT_UNIT_RECORDS)
-                done = asyncio.run(
-                    run_pipeline(
-                        adapter,
-                        source,
-                        writer,
-                        block_records=_READ_BLOCK,
-                        max_blocks_in_flight=replicas * units_per_replica,
-                        limit=options.limit,
-                        on_bad_record=options.on_bad_record,
-                        progress=progress,
-                        unit_of=plan.key,
-                        on_written=adapter.written,
-                    )
-                )
-                startup = time.perf_counter() - t0 - done.wall_s
-                return adapter.tally.summary(writer.out_dir, done, startup)
+            summary = _drive(
+                plan,
+                actors,
+                options,
+                progress,
+                on_unit,
+                unit_records=unit_records,
+                units_per_replica=units_per_replica,
+                max_unit_attempts=max_unit_attempts,
+                started=t0,
+            )
         finally:
-            for actor, _ in actors:
-                ray.kill(actor, no_restart=True)
+            _stop(actors)
+    return plan.finish(summary)
+
+
+def _drive(
+    plan: _Plan,
+    actors: list[tuple[Any, ReplicaReady]],
+    options: RunOptions,
+    progress: Progress | None,
+    on_unit: Callable[[UnitDone], None] | None,
+    *,
+    unit_records: int | None,
+    units_per_replica: int,
+    max_unit_attempts: int,
+    started: float,
+) -> RunSummary:
+    """Run the pipeline over the started replicas; the job's summary."""
+    # opened as a local run opens it, so either engine can resume the other's output
+    source, writer = plan.open(actors[0][1])
+    unit = unit_records or plan.unit_records
+    # a generator's replica takes as many units as its in-flight cap holds
+    capacity = [
+        max(1, ready.in_flight // unit) if ready.in_flight else units_per_replica
+        for _, ready in actors
+    ]
+    rate = _TokenRate(progress)
+    with writer:
+        adapter = RayAdapter(
+            actors,
+            capacity=capacity,
+            max_unit_attempts=max_unit_attempts,
+            on_unit=on_unit,
+            on_tokens=rate.tokens,
+        )
+        units = UnitPlan(options.chunk_size, unit)
+        done = asyncio.run(
+            run_pipeline(
+                adapter,
+                source,
+                writer,
+                block_records=max(_READ_BLOCK, unit),
+                max_blocks_in_flight=sum(capacity),
+                limit=options.limit,
+                on_bad_record=plan.on_bad_record,
+                progress=progress,
+                unit_of=units.key,
+                on_written=adapter.written,
+            )
+        )
+    startup = time.perf_counter() - started - done.wall_s
+    return _summary(writer.out_dir, options, done, adapter.tally, startup)
+
+
+class _TokenRate:
+    """The progress bar's tokens/s, when the bar shows one (a generation job's)."""
+
+    def __init__(self, progress: Progress | None) -> None:
+        from batchline.jobs.generate import TokenRate
+
+        shown: object = progress
+        self._rate = shown if isinstance(shown, TokenRate) else None
+        self._t0 = time.perf_counter()
+
+    def tokens(self, total: int) -> None:
+        if self._rate is not None:
+            elapsed = time.perf_counter() - self._t0
+            self._rate.tokens(total, total / elapsed if elapsed > 0 else 0.0)
+
+
+def _summary(
+    out_dir: Path, options: RunOptions, done: PipelineRun, tally: Tally, startup: float
+) -> RunSummary:
+    placement: dict[str, Any] = {
+        "replicas": tally.replicas,
+        "records_by_node": dict(tally.by_node),
+        "units": tally.units,
+        "resubmitted_units": tally.resubmitted,
+        "replica_restarts": tally.restarts,
+        "startup_s": startup,
+        "replica_cpu_s": tally.cpu_s,
+    }
+    merged = tally.merged()
+    common: dict[str, Any] = {
+        "output": out_dir,
+        "batching": True,
+        **done.counts(),
+        "latency_p50_s": percentile(tally.latencies, 50),
+        "latency_p99_s": percentile(tally.latencies, 99),
+        "duplicates": tally.duplicates,
+        **placement,
+    }
+    generation = [r for r in tally.latest.values() if r.generation is not None]
+    if not generation:
+        return RaySummary(
+            **common,
+            utilization=merged["utilization"],
+            avg_batch_size=merged["avg_batch_size"],
+            avg_batch_cost=merged["avg_batch_cost"],
+            padding_waste=merged["padding_waste"],
+        )
+    stats = [r.generation for r in generation if r.generation is not None]
+    cap = sum(r.max_running for r in generation)
+    steps = sum(s.steps for s in stats)
+    running = sum(s.avg_running_per_step * s.steps for s in stats)
+    per_step = running / steps if steps else 0.0  # per replica's step
+    first = generation[0]
+    return RayGenerateSummary(
+        **common,
+        utilization=per_step / first.max_running if first.max_running else 0.0,
+        avg_batch_size=per_step,
+        avg_batch_cost=0.0,
+        padding_waste=0.0,
+        generation_batching=first.batching,
+        dtype=first.dtype,
+        generated_tokens=tally.tokens,
+        prompt_tokens=sum(s.prompt_tokens_total for s in stats),
+        ttft_p50_s=_median([s.ttft_p50_s for s in stats]),
+        ttft_p99_s=max(s.ttft_p99_s for s in stats),
+        itl_p50_s=_median([s.itl_p50_s for s in stats]),
+        itl_p99_s=max(s.itl_p99_s for s in stats),
+        max_running=cap,
+        running_peak=sum(r.running_peak for r in generation),
+        waiting_peak=sum(r.waiting_peak for r in generation),
+        in_flight_limit=sum(r.in_flight for r in generation),
+        avg_running_per_step=per_step,
+        kv_token_budget=sum(s.kv_token_budget for s in stats),
+        kv_reserved_peak=sum(r.kv_reserved_peak for r in generation),
+        aborted=sum(s.requests_aborted for s in stats),
+        preempted=sum(s.preempted for s in stats),
+        failed=sum(s.requests_failed for s in stats),
+        prefix_cache_tokens=sum(s.prefix_cache_tokens for s in stats),
+        prefix_cache_hits=sum(s.prefix_cache_hits for s in stats),
+        prefix_tokens_reused=sum(s.prefix_tokens_reused for s in stats),
+        tokens_by_replica=tuple(tally.tokens_by_replica),
+    )
+
+
+def _median(values: Sequence[float]) -> float:
+    real = sorted(v for v in values if not math.isnan(v))
+    return real[len(real) // 2] if real else math.nan
 
 
 def _start_replicas(
-    options: RunOptions,
+    job: RemoteJob,
     knobs: Knobs,
     replicas: int,
     cpus: float,
     max_restarts: int,
     max_task_retries: int,
     timeout_s: float,
-) -> list[tuple[Any, _Ready]]:
-    """Create the replicas and wait until each has loaded the model: (actor, ready())."""
-    replica_class = ray.remote(_Replica).options(
+) -> list[tuple[Any, ReplicaReady]]:
+    """Create the replicas and wait until each has loaded its models: (actor, ready())."""
+    replica_class = ray.remote(Replica).options(
         num_cpus=cpus,
         # a replica on a GPU device (knobs.device cuda[:N]) reserves one, so Ray places it on
         # a node that has one and never puts two replicas on the same GPU
@@ -334,7 +500,7 @@ def _start_replicas(
         # One replica per node before two on any: a node's cores are what a replica uses.
         scheduling_strategy="SPREAD",
     )
-    actors: list[Any] = [replica_class.remote(options, knobs) for _ in range(replicas)]
+    actors: list[Any] = [replica_class.remote(job, knobs) for _ in range(replicas)]
     try:
         refs = [actor.ready.remote() for actor in actors]
         _, waiting = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
@@ -349,223 +515,23 @@ def _start_replicas(
                 f"{timeout_s:.0f} s; each needs {need} and the Ray cluster has {have} "
                 "in all: lower --replicas, or add nodes"
             )
-        where: list[_Ready] = ray.get(refs)
+        where: list[ReplicaReady] = ray.get(refs)
     except BaseException as exc:
         for actor in actors:
             ray.kill(actor, no_restart=True)
         if isinstance(exc, ray.exceptions.RayActorError):
             raise ModelError(f"a replica could not load the model: {last_line(exc)}") from None
+        if isinstance(exc, ray.exceptions.RayTaskError):
+            cause = getattr(exc, "cause", None)
+            if isinstance(cause, Exception):
+                raise cause from None
         raise
     return list(zip(actors, where, strict=True))
 
 
-class _UnitPlan:
-    """Which unit a record index belongs to: units never cross an output chunk's boundary."""
-
-    def __init__(self, chunk_size: int, target: int) -> None:
-        self.chunk_size = chunk_size
-        if target >= chunk_size:
-            self._span = (target // chunk_size) * chunk_size  # whole chunks
-            self._parts = 0
-        else:
-            self._parts = -(-chunk_size // target)  # equal slices of one chunk
-            self._span = -(-chunk_size // self._parts)
-
-    def key(self, index: int) -> int:
-        if not self._parts:
-            return index // self._span
-        chunk, offset = divmod(index, self.chunk_size)
-        return chunk * self._parts + offset // self._span
-
-
-class _Tally:
-    """Where the work ran, for the summary."""
-
-    def __init__(self, replicas: int) -> None:
-        self.replicas = replicas
-        self.units = 0
-        self.resubmitted = 0
-        self.latencies: list[float] = []
-        self.by_node: Counter[str] = Counter()
-        self.pids: list[set[int]] = [set() for _ in range(replicas)]
-        # CPU time of each replica process: when it was ready (0 for a restarted one), and lately.
-        self.cpu_from: dict[tuple[int, int], float] = {}
-        self.cpu_to: dict[tuple[int, int], float] = {}
-        # Each replica process's latest stats (they are cumulative, per process).
-        self.stats: dict[tuple[int, int], BatchStats] = {}
-
-    def merged(self) -> dict[str, float]:
-        snaps = list(self.stats.values())
-        busy = sum(s.busy_time_s for s in snaps)
-        idle = sum(s.idle_time_s for s in snaps)
-        batches = sum(s.total_batches for s in snaps)
-        cost = sum(s.total_batch_cost for s in snaps)
-        rows = sum(s.avg_batch_size * s.total_batches for s in snaps)
-        waste = sum(s.padding_waste * s.total_batch_cost for s in snaps)
-        return {
-            "utilization": busy / (busy + idle) if busy + idle > 0 else 0.0,
-            "avg_batch_size": rows / batches if batches else 0.0,
-            "avg_batch_cost": cost / batches if batches else 0.0,
-            "padding_waste": waste / cost if cost else 0.0,
-        }
-
-    def summary(self, out_dir: Path, done: PipelineRun, startup: float) -> RaySummary:
-        merged = self.merged()
-        return RaySummary(
-            output=out_dir,
-            batching=True,
-            **done.counts(),
-            utilization=merged["utilization"],
-            avg_batch_size=merged["avg_batch_size"],
-            avg_batch_cost=merged["avg_batch_cost"],
-            padding_waste=merged["padding_waste"],
-            latency_p50_s=percentile(self.latencies, 50),
-            latency_p99_s=percentile(self.latencies, 99),
-            replicas=self.replicas,
-            records_by_node=dict(self.by_node),
-            units=self.units,
-            resubmitted_units=self.resubmitted,
-            replica_restarts=sum(max(len(p) - 1, 0) for p in self.pids),
-            startup_s=startup,
-            replica_cpu_s=sum(t - self.cpu_from.get(k, 0.0) for k, t in self.cpu_to.items()),
-        )
-
-
-@dataclass(frozen=True)
-class _Landed:
-    """A unit's answer, until the pipeline has written it."""
-
-    replica: int
-    attempt: int
-    round_trip_s: float
-    result: _UnitResult
-
-
-class RayAdapter:
-    """:class:`~batchline.datasets.pipeline.Adapter` for model replicas on Ray: each block is
-    one unit, sent to the live replica with the fewest units in flight (at most
-    ``units_per_replica`` each). A unit whose replica is lost (Ray has already restarted and
-    retried it up to its limits) is sent to another replica, at most ``max_unit_attempts``
-    times in all."""
-
-    def __init__(
-        self,
-        actors: Sequence[tuple[Any, _Ready]],
-        *,
-        units_per_replica: int,
-        max_unit_attempts: int,
-        on_unit: Callable[[UnitDone], None] | None = None,
-    ) -> None:
-        self.actors = [actor for actor, _ in actors]
-        self.units_per_replica = units_per_replica
-        self.max_unit_attempts = max_unit_attempts
-        self.on_unit = on_unit
-        self.tally = _Tally(len(self.actors))
-        for i, (_, ready) in enumerate(actors):
-            self.tally.pids[i].add(ready.pid)
-            self.tally.cpu_from[(i, ready.pid)] = ready.cpu_s
-        self.alive = [True] * len(self.actors)
-        self.load = [0] * len(self.actors)
-        self._freed = asyncio.Condition()
-        self._landed: dict[int, _Landed] = {}  # by the unit's first record index
-
-    async def submit(self, records: Sequence[Record]) -> asyncio.Future[list[Outcome]]:
-        replica = await self._acquire()
-        return asyncio.ensure_future(self._unit(records, replica))
-
-    def utilization(self) -> float:
-        return self.tally.merged()["utilization"]
-
-    def written(self, records: Sequence[Record], done: Written) -> None:
-        """After the pipeline wrote a unit: count it where it ran, and call ``on_unit``."""
-        landed = self._landed.pop(records[0].index)
-        result, tally = landed.result, self.tally
-        tally.units += 1
-        tally.latencies.extend([landed.round_trip_s] * done.written)
-        tally.by_node[result.node_id] += done.written
-        if self.on_unit is not None:
-            self.on_unit(
-                UnitDone(
-                    first_index=records[0].index,
-                    records=len(records),
-                    replica=landed.replica,
-                    node_id=result.node_id,
-                    pid=result.pid,
-                    attempt=landed.attempt,
-                    round_trip_s=landed.round_trip_s,
-                )
-            )
-
-    async def _acquire(self) -> int:
-        """The live replica with the fewest units in flight, once one can take another."""
-        async with self._freed:
-            while True:
-                if not any(self.alive):
-                    raise ModelError(
-                        "every replica is gone (see the Ray logs for why); committed chunks "
-                        "are kept: rerun with --resume to continue"
-                    )
-                free = [
-                    i
-                    for i, alive in enumerate(self.alive)
-                    if alive and self.load[i] < self.units_per_replica
-                ]
-                if free:
-                    best = min(free, key=lambda i: self.load[i])
-                    self.load[best] += 1
-                    return best
-                await self._freed.wait()
-
-    async def _release(self, replica: int) -> None:
-        async with self._freed:
-            self.load[replica] -= 1
-            self._freed.notify_all()
-
-    async def _unit(self, records: Sequence[Record], replica: int) -> list[Outcome]:
-        inputs = [r.input for r in records]
-        attempt = 0
-        while True:
-            attempt += 1
-            if attempt > 1:
-                replica = await self._acquire()  # the last one lost the unit
-            sent = time.perf_counter()
-            try:
-                result: _UnitResult = await self.actors[replica].process.remote(inputs)
-            except _LOST as exc:
-                self._lost(records, replica, attempt, exc)  # raises once the unit is given up
-                continue
-            except ray.exceptions.RayTaskError as exc:
-                cause = getattr(exc, "cause", None)
-                if isinstance(cause, BatchlineError):
-                    raise cause from None
-                raise
-            finally:
-                await self._release(replica)
-            tally = self.tally
-            tally.pids[replica].add(result.pid)
-            tally.cpu_to[(replica, result.pid)] = result.cpu_s
-            tally.stats[(replica, result.pid)] = result.stats
-            round_trip = time.perf_counter() - sent
-            self._landed[records[0].index] = _Landed(replica, attempt, round_trip, result)
-            return result.outcomes
-
-    def _lost(self, records: Sequence[Record], replica: int, attempt: int, exc: Exception) -> None:
-        lo, hi = records[0].index, records[-1].index
-        if isinstance(exc, ray.exceptions.RayActorError) and exc.actor_init_failed:
-            raise ModelError(f"a replica could not load the model: {last_line(exc)}") from None
-        if isinstance(exc, ray.exceptions.ActorDiedError):
-            # Ray has already restarted it and retried up to its limits: it is gone for good.
-            self.alive[replica] = False
-        if attempt >= self.max_unit_attempts:
-            raise ModelError(
-                f"records {lo}..{hi} were lost {attempt} times, last: {last_line(exc)}; "
-                "committed chunks are kept: rerun with --resume to continue"
-            ) from None
-        logger.warning(
-            "replica %d lost records %d..%d (%s); sending them again",
-            replica,
-            lo,
-            hi,
-            type(exc).__name__,
-        )
-        self.tally.resubmitted += 1
+def _stop(actors: Sequence[tuple[Any, ReplicaReady]]) -> None:
+    """Stop the replicas: their generators and batchers first (briefly), then the actors."""
+    refs = [actor.stop.remote() for actor, _ in actors]
+    ray.wait(refs, num_returns=len(refs), timeout=10)
+    for actor, _ in actors:
+        ray.kill(actor, no_restart=True)

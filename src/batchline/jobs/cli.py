@@ -80,6 +80,12 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--address", help="with --engine ray: 'auto' or HOST:PORT (default: start Ray)")
     p.add_argument("--replicas", type=int, help="with --engine ray: model replicas (default: 2)")
+    p.add_argument(
+        "--cpus-per-replica",
+        type=float,
+        help="with --engine ray: CPUs each replica reserves, and on CPU its threads (default 1; "
+        "on a node of C cores, replicas x CPUs per replica = C)",
+    )
     p.set_defaults(func=_main)
 
 
@@ -237,10 +243,11 @@ def _main(args: argparse.Namespace) -> int:
         cache_bytes=_cache_bytes(args.cache_size),
         knobs=_knobs(args),
     )
-    if args.engine != "ray" and (args.address is not None or args.replicas is not None):
+    ray_flags = (args.address, args.replicas, args.cpus_per_replica)
+    if args.engine != "ray" and any(flag is not None for flag in ray_flags):
         from batchline._errors import InputError
 
-        raise InputError("--address and --replicas go with --engine ray")
+        raise InputError("--address, --replicas and --cpus-per-replica go with --engine ray")
     if args.engine == "ray" and args.cache is not None:
         from batchline._errors import InputError
 
@@ -399,12 +406,6 @@ def _resolve(args: argparse.Namespace, options: Any) -> Any:
                 "Hugging Face model folder PATH/)"
             )
         return options
-    if args.engine == "ray":
-        what = "an OpenAI batch file" if batch else "text generation"
-        raise InputError(
-            f"{what} does not run on --engine ray yet; use the local engine "
-            "(--engine local, the default)"
-        )
     if args.input_columns:
         raise InputError(
             "--input-column goes with predict models; generation reads --prompt-column"

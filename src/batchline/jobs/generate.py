@@ -68,7 +68,9 @@ __all__ = [
     "demo_prompts_path",
     "generate_summary",
     "in_flight_limit",
+    "open_generate_job",
     "pipeline_limits",
+    "plan_generate",
     "run_generate_job",
     "running_generator",
 ]
@@ -391,6 +393,37 @@ async def running_generator(
     adapter.peaks.see(gen.stats)
 
 
+def plan_generate(options: RunOptions) -> tuple[GenerateOptions, RecordRequests]:
+    """A generate job's resolved options (the built-in prompts as its input when it has none)
+    and how its records are read (sync: it reads the input's first rows). A local run and each
+    ``--engine ray`` replica read records the same way."""
+    if not isinstance(options, GenerateOptions):  # plain RunOptions: default sampling
+        options = dataclasses.replace(options, task=options.task or "generate", spec=None)
+    opts = resolve(options)
+    assert isinstance(opts, GenerateOptions)
+    assert opts.spec is not None
+    params = opts.sampling()
+    if opts.input is None:
+        opts = dataclasses.replace(
+            opts, input=demo_prompts_path(), copy_columns=opts.copy_columns or ("answer",)
+        )
+    assert opts.input is not None
+    if is_openai_batch_file(opts.input, opts.input_format, forced=opts.openai_batch):
+        raise InputError(
+            f"{opts.input} is an OpenAI batch file: run it with batchline.jobs.run.run_job "
+            "(batchline run), which answers it line by line"
+        )
+    column = _prompt_column(opts, opts.input)
+    return opts, RecordRequests(column, opts.chat_template, params)
+
+
+def open_generate_job(
+    options: GenerateOptions, requests: RecordRequests
+) -> tuple[Source, ChunkWriter]:
+    """The job's source and chunk writer (:func:`plan_generate`'s options and requests)."""
+    return _open(options, requests.column, requests.base)
+
+
 async def run_generate_job(
     options: RunOptions, progress: Progress | None = None
 ) -> GenerateSummary:
@@ -402,34 +435,15 @@ async def run_generate_job(
 
     An OpenAI batch file runs through :func:`batchline.jobs.run.run_job` (its own job).
     """
-    if not isinstance(options, GenerateOptions):  # plain RunOptions: default sampling
-        options = dataclasses.replace(options, task=options.task or "generate", spec=None)
-    opts = resolve(options)
-    assert isinstance(opts, GenerateOptions)
-    spec = opts.spec
-    assert spec is not None
-    params = opts.sampling()
-    if opts.input is None:
-        demo = await asyncio.to_thread(demo_prompts_path)
-        opts = dataclasses.replace(opts, input=demo, copy_columns=opts.copy_columns or ("answer",))
-    assert opts.input is not None
-    input_path: Path = opts.input
-    if await asyncio.to_thread(
-        is_openai_batch_file, input_path, opts.input_format, forced=opts.openai_batch
-    ):
-        raise InputError(
-            f"{input_path} is an OpenAI batch file: run it with batchline.jobs.run.run_job "
-            "(batchline run), which answers it line by line"
-        )
-    column = await asyncio.to_thread(_prompt_column, opts, input_path)
-    requests = RecordRequests(column, opts.chat_template, params)
+    opts, requests = await asyncio.to_thread(plan_generate, options)
+    assert opts.spec is not None
     from batchline.models.generation import load_text_generator
 
     # The model loads before the output opens (as in run): a model that fails to load leaves
     # no half-made output behind that would need --resume or --overwrite.
-    model = await asyncio.to_thread(load_text_generator, spec, opts.knobs)
+    model = await asyncio.to_thread(load_text_generator, opts.spec, opts.knobs)
     try:
-        source, writer = await asyncio.to_thread(_open, opts, column, params)
+        source, writer = await asyncio.to_thread(open_generate_job, opts, requests)
         with writer:
             window = PREFIX_ORDER_WINDOW if opts.prefix_ordering else 0
             async with running_generator(model, requests, progress, order_window=window) as adapter:

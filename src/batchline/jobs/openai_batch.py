@@ -39,7 +39,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -395,7 +395,7 @@ class LinesAdapter:
 
 
 @dataclasses.dataclass
-class _Models:
+class BatchJobModels:
     """An OpenAI batch job's loaded models: a generator, and batch models by task (an embedding
     model, a reranker), at most one of each."""
 
@@ -414,7 +414,7 @@ _LINES_OF_TASK = {"embed": "embeddings lines", "score": "rerank and score lines"
 _WHAT_OF_TASK = {"embed": "embedding model", "score": "reranker"}
 
 
-def _load(specs: Sequence[ModelSpec], knobs: Knobs) -> _Models:
+def load_batch_models(specs: Sequence[ModelSpec], knobs: Knobs) -> BatchJobModels:
     """Load the job's models (sync: slow). ``InputError`` for two of a kind, or a model that
     neither generates, embeds nor scores."""
     generators = [s for s in specs if s.generates]
@@ -427,7 +427,7 @@ def _load(specs: Sequence[ModelSpec], knobs: Knobs) -> _Models:
         )
     from batchline.models.loader import load_model
 
-    models = _Models(BatchModels())
+    models = BatchJobModels(BatchModels())
     try:
         for spec in others:
             model = load_model(spec, knobs.for_loading())
@@ -460,7 +460,7 @@ def _load(specs: Sequence[ModelSpec], knobs: Knobs) -> _Models:
     return models
 
 
-def _open(options: GenerateOptions, models: Sequence[str]) -> tuple[Source, ChunkWriter]:
+def open_batch_parts(options: GenerateOptions, models: Sequence[str]) -> tuple[Source, ChunkWriter]:
     """The batch file's source and the chunk writer of ``OUTPUT.parts``: one row per answered
     line (a completion's ``text``, or an embeddings line's ``embeddings``); ``models`` name the
     job's models in its resume settings."""
@@ -483,6 +483,27 @@ def _open(options: GenerateOptions, models: Sequence[str]) -> tuple[Source, Chun
     )
 
 
+@contextlib.asynccontextmanager
+async def started_batch_models(
+    models: BatchJobModels, options: GenerateOptions, progress: Progress | None
+) -> AsyncIterator[tuple[GeneratorAdapter | None, dict[str, ModelBatcher[Any, Any]]]]:
+    """The job's generator started (its adapter) and a started batcher per batch model, as
+    :func:`answer_lines` takes them; stopped on the way out."""
+    async with contextlib.AsyncExitStack() as stack:
+        generator: GeneratorAdapter | None = None
+        if models.generator is not None:
+            requests = RecordRequests("body", True, options.sampling(), openai_batch=True)
+            generator = await stack.enter_async_context(
+                running_generator(models.generator, requests, progress)
+            )
+        knobs = options.knobs.for_loading()
+        engines = {
+            task: await stack.enter_async_context(ModelBatcher(model, knobs))
+            for task, model in models.batch.items()
+        }
+        yield generator, engines
+
+
 async def run_batch_job(
     options: GenerateOptions, batch: BatchFiles, progress: Progress | None = None
 ) -> GenerateSummary | RunSummary:
@@ -499,20 +520,9 @@ async def run_batch_job(
     specs = await asyncio.to_thread(batch_specs, opts)
     # The models load before the output opens (as in run): a model that fails to load leaves
     # no half-made output behind that would need --resume or --overwrite.
-    models = await asyncio.to_thread(_load, specs, opts.knobs)
+    models = await asyncio.to_thread(load_batch_models, specs, opts.knobs)
     try:
-        generator: GeneratorAdapter | None = None
-        async with contextlib.AsyncExitStack() as stack:
-            if models.generator is not None:
-                requests = RecordRequests("body", True, opts.sampling(), openai_batch=True)
-                generator = await stack.enter_async_context(
-                    running_generator(models.generator, requests, progress)
-                )
-            knobs = opts.knobs.for_loading()
-            engines = {
-                task: await stack.enter_async_context(ModelBatcher(model, knobs))
-                for task, model in models.batch.items()
-            }
+        async with started_batch_models(models, opts, progress) as (generator, engines):
             labels = [f"{s.name}={s.source}" for s in specs]
             done, out_dir = await answer_lines(
                 opts, labels, models.names, generator, engines, progress=progress
@@ -554,7 +564,7 @@ async def answer_lines(
 
     ``run`` calls it with the models it loaded, ``serve`` (``batchline.server.batches``) with
     the ones it serves, at ``batch`` priority beside live traffic."""
-    source, writer = await asyncio.to_thread(_open, options, models)
+    source, writer = await asyncio.to_thread(open_batch_parts, options, models)
     with writer:
         block, blocks = (
             pipeline_limits(generator) if generator is not None else (_BLOCK, _MAX_BLOCKS_IN_FLIGHT)

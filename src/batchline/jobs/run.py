@@ -37,8 +37,10 @@ from batchline.models.protocol import BatchModel, ModelInfo
 __all__ = [
     "RunOptions",
     "RunSummary",
+    "dedupe_window",
     "load_job_model",
     "open_job",
+    "record_input",
     "run",
     "run_job",
 ]
@@ -96,8 +98,8 @@ async def run_job(options: RunOptions, progress: Progress | None = None) -> RunS
             async with ModelBatcher(model, knobs) as engine:
                 adapter = BatchAdapter(
                     engine,
-                    _pairs(options) if model.info.task == "score" else None,
-                    dedupe_window=_dedupe_window(options),
+                    record_input(options, model.info),
+                    dedupe_window=dedupe_window(options),
                     cache=cache,
                 )
                 done = await run_pipeline(
@@ -147,7 +149,9 @@ def open_cache(options: RunOptions) -> ResultCache | None:
 DEDUPE_WINDOW = 16_384
 
 
-def _dedupe_window(options: RunOptions) -> int:
+def dedupe_window(options: RunOptions) -> int:
+    """Distinct inputs the job keeps to answer duplicates from (0: ``--no-dedupe``, or a
+    ``module:factory`` model, whose results may not be a function of its input)."""
     spec = options.spec
     if not options.dedupe or (spec is not None and spec.kind == "python"):
         return 0
@@ -197,6 +201,12 @@ def pair_columns(options: RunOptions) -> tuple[str, str]:
             f"{' --input-column '.join(columns)} (default: {' and '.join(PAIR_COLUMNS)})"
         )
     return columns[0], columns[1]
+
+
+def record_input(options: RunOptions, info: ModelInfo) -> Callable[[Record], object] | None:
+    """What the job's model is given of a record: a ``score`` model its pair, others the
+    record's input as read (``None``)."""
+    return _pairs(options) if info.task == "score" else None
 
 
 def _pairs(options: RunOptions) -> Callable[[Record], object]:

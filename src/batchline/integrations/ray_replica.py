@@ -1,0 +1,236 @@
+"""The model replicas of ``batchline run --engine ray``: Ray actors that run a job's records.
+
+A replica holds the job's models and runs each unit of records it is sent through the same
+adapter a local run uses (``batchline.jobs``), so a record's outcome does not depend on the
+engine:
+
+- ``batch`` (embed, classify, predict, score): a :class:`~batchline.jobs.batch.BatchAdapter`
+  over the model's batcher (duplicates inside the replica's window are computed once);
+- ``generate``: the model's text generator, continuous batching (or vLLM), each record its own
+  request (:class:`~batchline.jobs.generate.GeneratorAdapter`);
+- ``openai-batch``: the lines of an OpenAI batch file, each to the model its ``body.model``
+  picks (:class:`~batchline.jobs.openai_batch.LinesAdapter`).
+
+Units in flight on one replica share its batches (its running batch, for a generator). What
+it answers besides the outcomes (where it runs, its CPU time, its batcher's or generator's
+stats) is for the driver's summary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import ray
+
+from batchline._stats import BatchStats
+from batchline.datasets.outcomes import Outcome
+from batchline.datasets.pipeline import Adapter
+from batchline.datasets.sources import Record
+from batchline.jobs.options import GenerateOptions, RunOptions
+from batchline.knobs import Knobs
+from batchline.models.protocol import ModelInfo
+
+if TYPE_CHECKING:
+    from batchline.jobs.generate import GeneratorAdapter
+    from batchline.jobs.requests import RecordRequests
+    from batchline.models.generation import GenerationModel, GenerationStats
+    from batchline.models.specs import ModelSpec
+
+__all__ = ["JobKind", "RemoteJob", "Replica", "ReplicaReady", "UnitResult", "knobs_for_cpus"]
+
+JobKind = Literal["batch", "generate", "openai-batch"]
+
+
+@dataclass(frozen=True)
+class RemoteJob:
+    """What every replica of a job runs (sent to each actor once, when it starts).
+
+    ``options`` are the job's resolved options: ``RunOptions`` for ``batch``, a
+    ``GenerateOptions`` for the others (an OpenAI batch file's job options); ``requests`` how a
+    ``generate`` job reads its records; ``specs`` an OpenAI batch job's models."""
+
+    kind: JobKind
+    options: RunOptions
+    requests: RecordRequests | None = None
+    specs: tuple[ModelSpec, ...] = ()
+
+
+@dataclass(frozen=True)
+class ReplicaReady:
+    """A replica that has loaded its models: where it runs, and what it can take."""
+
+    node_id: str
+    pid: int
+    cpu_s: float
+    #: the batch model's info (``batch`` jobs); a generator's has task ``generate``
+    info: ModelInfo
+    #: records the replica can have in flight and keep its batches full: a generator's
+    #: in-flight cap (its running batch and the queue behind it), else 0 (the driver's unit size)
+    in_flight: int = 0
+
+
+@dataclass(frozen=True)
+class UnitResult:
+    """One unit's outcomes (one per record, in order) and the replica's state after it."""
+
+    outcomes: list[Outcome]
+    node_id: str
+    pid: int
+    cpu_s: float  # the replica process's CPU time so far
+    stats: BatchStats | None = None  # its batch model's batcher (cumulative, per process)
+    generation: GenerationStats | None = None  # its generator's (cumulative, per process)
+    # its generator's settings and the peaks seen in its stats
+    max_running: int = 0
+    in_flight: int = 0
+    batching: str = ""
+    dtype: str = ""
+    running_peak: int = 0
+    waiting_peak: int = 0
+    kv_reserved_peak: int = 0
+    duplicates: int = 0
+
+
+def knobs_for_cpus(knobs: Knobs, cpus: float) -> Knobs:
+    """A replica's knobs: on CPU, its threads follow the CPUs Ray reserved for it (one session
+    of ``cpus`` intra-op threads) unless ``knobs`` already split them."""
+    if knobs.is_gpu:
+        return knobs.replace(max_concurrent_batches=1)
+    threads = max(1, int(cpus))
+    if knobs.sessions * knobs.intra_op_threads == threads:
+        return knobs
+    return knobs.replace(sessions=1, intra_op_threads=threads, max_concurrent_batches=1)
+
+
+class Replica:
+    """One replica (the class a Ray actor runs): loads the job's models when created, starts
+    their batchers or generator on its first unit, and runs each unit it is sent."""
+
+    def __init__(self, job: RemoteJob, knobs: Knobs) -> None:
+        self._job = job
+        self._knobs = knobs
+        self._node_id: str = ray.get_runtime_context().get_node_id()
+        self._stack = contextlib.AsyncExitStack()
+        self._adapter: Adapter | None = None
+        self._started: asyncio.Future[Adapter] | None = None
+        self._generator: GeneratorAdapter | None = None
+        self._batch: Any = None  # the BatchAdapter of a batch job
+        self._closers: list[Any] = []
+        self._info, self._in_flight = self._load()
+
+    def _load(self) -> tuple[ModelInfo, int]:
+        job, knobs = self._job, self._knobs
+        if job.kind == "batch":
+            from batchline.jobs.run import load_job_model
+
+            self._model = load_job_model(job.options, knobs.for_loading())
+            self._closers.append(self._model)
+            return self._model.info, 0
+        options = job.options
+        assert isinstance(options, GenerateOptions)
+        if job.kind == "generate":
+            from batchline.jobs.generate import in_flight_limit
+            from batchline.models.generation import load_text_generator
+
+            assert options.spec is not None
+            self._generation: GenerationModel = load_text_generator(options.spec, knobs)
+            self._closers.append(self._generation)
+            return ModelInfo(name=options.model, task="generate"), in_flight_limit(self._generation)
+        from batchline.jobs.generate import in_flight_limit
+        from batchline.jobs.openai_batch import load_batch_models
+
+        self._models = load_batch_models(job.specs, knobs)
+        self._closers.append(self._models)
+        generator = self._models.generator
+        limit = in_flight_limit(generator) if generator is not None else 0
+        return ModelInfo(name=options.model, task="generate"), limit
+
+    async def ready(self) -> ReplicaReady:
+        """Where it runs and what it holds, once its models are loaded."""
+        return ReplicaReady(
+            self._node_id, os.getpid(), time.process_time(), self._info, self._in_flight
+        )
+
+    async def process(self, records: list[Record]) -> UnitResult:
+        if self._started is None:
+            self._started = asyncio.ensure_future(self._start())
+        adapter = await self._started
+        outcomes = await (await adapter.submit(records))
+        return self._result(list(outcomes))
+
+    async def _start(self) -> Adapter:
+        job, stack = self._job, self._stack
+        if job.kind == "batch":
+            from batchline.jobs.batch import BatchAdapter
+            from batchline.jobs.run import dedupe_window, record_input
+            from batchline.models.batching import ModelBatcher
+
+            engine = await stack.enter_async_context(
+                ModelBatcher(self._model, self._knobs.for_loading())
+            )
+            self._batch = BatchAdapter(
+                engine,
+                record_input(job.options, self._model.info),
+                dedupe_window=dedupe_window(job.options),
+            )
+            return self._batch  # type: ignore[no-any-return]
+        from batchline.jobs.generate import running_generator
+
+        options = job.options
+        assert isinstance(options, GenerateOptions)
+        if job.kind == "generate":
+            assert job.requests is not None
+            self._generator = await stack.enter_async_context(
+                running_generator(self._generation, job.requests, None)
+            )
+            return self._generator
+        from batchline.jobs.openai_batch import LinesAdapter, started_batch_models
+
+        self._generator, engines = await stack.enter_async_context(
+            started_batch_models(self._models, options, None)
+        )
+        self._engines = engines
+        return LinesAdapter(self._models.names, self._generator, engines)
+
+    def _result(self, outcomes: list[Outcome]) -> UnitResult:
+        stats: BatchStats | None = None
+        if self._batch is not None:
+            stats = self._batch.engine.stats
+        elif self._job.kind == "openai-batch":
+            engine = self._engines.get("embed", self._engines.get("score"))
+            stats = engine.stats if engine is not None else None
+        gen = self._generator
+        extra: dict[str, Any] = {}
+        if gen is not None:
+            gen.sample()
+            peaks = gen.peaks
+            extra = {
+                "generation": gen.gen.stats,
+                "max_running": gen.model.max_running,
+                "in_flight": gen.limit,
+                "batching": gen.model.batching,
+                "dtype": gen.model.dtype,
+                "running_peak": peaks.running,
+                "waiting_peak": peaks.waiting,
+                "kv_reserved_peak": peaks.kv_reserved,
+            }
+        duplicates = self._batch.duplicates if self._batch is not None else 0
+        return UnitResult(
+            outcomes,
+            self._node_id,
+            os.getpid(),
+            time.process_time(),
+            stats=stats,
+            duplicates=duplicates,
+            **extra,
+        )
+
+    async def stop(self) -> None:
+        """Stop the batchers and generator (draining), then free the models."""
+        await self._stack.aclose()
+        for model in self._closers:
+            model.close()
