@@ -10,4 +10,4 @@ export BATCHLINE_CACHE_DIR="${BATCHLINE_CACHE_DIR:-$ROOT/.cache/batchline}"
 export BATCHLINE_TEST_CACHE_DIR="${BATCHLINE_TEST_CACHE_DIR:-$BATCHLINE_CACHE_DIR}"
 "$VENV/bin/pytest" -m vllm -p no:cacheprovider tests/models/generation/test_vllm_real.py \
   tests/models/generation/test_vllm_priority_real.py \
-  tests/models/generation/test_vllm_cli.py "$@"
+  tests/models/generation/test_vllm_cli.py tests/models/generation/test_vllm_ray.py "$@"

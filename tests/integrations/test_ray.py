@@ -28,9 +28,11 @@ from batchline.cli import main
 from batchline.datasets.sinks import Manifest, read_output, read_skipped
 from batchline.integrations import ray as ray_engine
 from batchline.integrations.ray import UnitDone, default_replica_knobs, run_on_ray
+from batchline.integrations.ray_replica import ReplicaReady
 from batchline.integrations.ray_units import UnitPlan
 from batchline.jobs.run import RunOptions, run
 from batchline.knobs import Knobs
+from batchline.models.protocol import ModelInfo
 
 CHUNK = 40
 UNIT = 20  # two units per chunk: a chunk is committed by whichever of its units lands last
@@ -138,6 +140,28 @@ def test_units_are_slices_of_one_chunk_or_whole_chunks(chunk_size: int, target: 
         assert len(indices) <= target
         whole_chunks = lo % chunk_size == 0 and ((hi + 1) % chunk_size == 0 or hi == n - 1)
         assert lo // chunk_size == hi // chunk_size or whole_chunks
+
+
+def _ready(max_running: int = 0, in_flight: int = 0) -> ReplicaReady:
+    return ReplicaReady("node", 1, 0.0, ModelInfo(name="m", task="embed"), max_running, in_flight)
+
+
+@pytest.mark.parametrize(
+    ("max_running", "in_flight", "unit", "want"),
+    [
+        (0, 0, 256, 2),  # a batch model: units_per_replica
+        (16, 64, 8, 4),  # its running batch (2 units) and two more
+        (17, 68, 8, 5),  # a partial unit counts whole
+        (256, 1024, 8, 34),  # vLLM's max_num_seqs: still bounded by the batch, not the queue
+        (4, 4, 8, 1),  # a queue smaller than a unit: one at a time
+    ],
+)
+def test_a_generator_replica_takes_units_to_fill_its_batch_and_two_more(
+    max_running: int, in_flight: int, unit: int, want: int
+) -> None:
+    from batchline.integrations.ray import _capacity
+
+    assert _capacity(_ready(max_running, in_flight), unit, units_per_replica=2) == want
 
 
 def test_settings_errors_need_no_cluster(dataset: Path, tmp_path: Path) -> None:

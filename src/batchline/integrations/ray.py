@@ -358,11 +358,8 @@ def _drive(
     # opened as a local run opens it, so either engine can resume the other's output
     source, writer = plan.open(actors[0][1])
     unit = unit_records or plan.unit_records
-    # a generator's replica takes as many units as its in-flight cap holds
-    capacity = [
-        max(1, ready.in_flight // unit) if ready.in_flight else units_per_replica
-        for _, ready in actors
-    ]
+    # a generator's replica takes as many units as keep its running batch full
+    capacity = [_capacity(ready, unit, units_per_replica) for _, ready in actors]
     rate = _TokenRate(progress)
     with writer:
         adapter = RayAdapter(
@@ -388,7 +385,18 @@ def _drive(
             )
         )
     startup = time.perf_counter() - started - done.wall_s
-    return _summary(writer.out_dir, options, done, adapter.tally, startup)
+    return _summary(writer.out_dir, done, adapter.tally, startup, in_flight=sum(capacity) * unit)
+
+
+def _capacity(ready: ReplicaReady, unit: int, units_per_replica: int) -> int:
+    """Units a replica has in flight: a batch model's ``units_per_replica``; a generator's
+    enough to fill its running batch and two more (its queue, refilling the batch as the
+    sequences of a unit end), within what it takes in flight. More would sit in one replica's
+    queue at the end of the job while another has nothing left."""
+    if not ready.max_running:
+        return units_per_replica
+    wanted = -(-ready.max_running // unit) + 2
+    return max(1, min(wanted, ready.in_flight // unit))
 
 
 class _TokenRate:
@@ -408,8 +416,10 @@ class _TokenRate:
 
 
 def _summary(
-    out_dir: Path, options: RunOptions, done: PipelineRun, tally: Tally, startup: float
+    out_dir: Path, done: PipelineRun, tally: Tally, startup: float, *, in_flight: int
 ) -> RunSummary:
+    """The job's summary: ``RaySummary``, or ``RayGenerateSummary`` when its replicas
+    generate (``in_flight``: the records the driver keeps in flight over all replicas)."""
     placement: dict[str, Any] = {
         "replicas": tally.replicas,
         "records_by_node": dict(tally.by_node),
@@ -461,7 +471,7 @@ def _summary(
         max_running=cap,
         running_peak=sum(r.running_peak for r in generation),
         waiting_peak=sum(r.waiting_peak for r in generation),
-        in_flight_limit=sum(r.in_flight for r in generation),
+        in_flight_limit=in_flight,
         avg_running_per_step=per_step,
         kv_token_budget=sum(s.kv_token_budget for s in stats),
         kv_reserved_peak=sum(r.kv_reserved_peak for r in generation),

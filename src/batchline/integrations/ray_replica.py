@@ -69,8 +69,9 @@ class ReplicaReady:
     cpu_s: float
     #: the batch model's info (``batch`` jobs); a generator's has task ``generate``
     info: ModelInfo
-    #: records the replica can have in flight and keep its batches full: a generator's
-    #: in-flight cap (its running batch and the queue behind it), else 0 (the driver's unit size)
+    #: a generator's running cap (sequences decoded at once, within its KV budget) and the
+    #: records it takes in flight (its waiting queue included); 0 for a batch model
+    max_running: int = 0
     in_flight: int = 0
 
 
@@ -120,16 +121,16 @@ class Replica:
         self._generator: GeneratorAdapter | None = None
         self._batch: Any = None  # the BatchAdapter of a batch job
         self._closers: list[Any] = []
-        self._info, self._in_flight = self._load()
+        self._info, self._max_running, self._in_flight = self._load()
 
-    def _load(self) -> tuple[ModelInfo, int]:
+    def _load(self) -> tuple[ModelInfo, int, int]:
         job, knobs = self._job, self._knobs
         if job.kind == "batch":
             from batchline.jobs.run import load_job_model
 
             self._model = load_job_model(job.options, knobs.for_loading())
             self._closers.append(self._model)
-            return self._model.info, 0
+            return self._model.info, 0, 0
         options = job.options
         assert isinstance(options, GenerateOptions)
         if job.kind == "generate":
@@ -139,20 +140,29 @@ class Replica:
             assert options.spec is not None
             self._generation: GenerationModel = load_text_generator(options.spec, knobs)
             self._closers.append(self._generation)
-            return ModelInfo(name=options.model, task="generate"), in_flight_limit(self._generation)
+            generation = self._generation
+            info = ModelInfo(name=options.model, task="generate")
+            return info, generation.max_running, in_flight_limit(generation)
         from batchline.jobs.generate import in_flight_limit
         from batchline.jobs.openai_batch import load_batch_models
 
         self._models = load_batch_models(job.specs, knobs)
         self._closers.append(self._models)
         generator = self._models.generator
-        limit = in_flight_limit(generator) if generator is not None else 0
-        return ModelInfo(name=options.model, task="generate"), limit
+        info = ModelInfo(name=options.model, task="generate")
+        if generator is None:
+            return info, 0, 0
+        return info, generator.max_running, in_flight_limit(generator)
 
     async def ready(self) -> ReplicaReady:
         """Where it runs and what it holds, once its models are loaded."""
         return ReplicaReady(
-            self._node_id, os.getpid(), time.process_time(), self._info, self._in_flight
+            self._node_id,
+            os.getpid(),
+            time.process_time(),
+            self._info,
+            self._max_running,
+            self._in_flight,
         )
 
     async def process(self, records: list[Record]) -> UnitResult:

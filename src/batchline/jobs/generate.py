@@ -395,8 +395,8 @@ async def running_generator(
 
 def plan_generate(options: RunOptions) -> tuple[GenerateOptions, RecordRequests]:
     """A generate job's resolved options (the built-in prompts as its input when it has none)
-    and how its records are read (sync: it reads the input's first rows). A local run and each
-    ``--engine ray`` replica read records the same way."""
+    and how its records are read (sync: it reads the input's first rows). ``--engine ray``
+    plans here too, and its replicas read records with the same requests."""
     if not isinstance(options, GenerateOptions):  # plain RunOptions: default sampling
         options = dataclasses.replace(options, task=options.task or "generate", spec=None)
     opts = resolve(options)

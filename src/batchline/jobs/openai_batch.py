@@ -100,12 +100,16 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BatchFiles",
+    "BatchJobModels",
     "LineEngine",
     "LinesAdapter",
     "answer_lines",
     "check_batch_file",
     "detect_batch",
+    "load_batch_models",
+    "open_batch_parts",
     "run_batch_job",
+    "started_batch_models",
 ]
 
 #: Lines read at a time when the job has no generator (the generator sets its own).
