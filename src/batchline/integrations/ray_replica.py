@@ -94,6 +94,7 @@ class UnitResult:
     waiting_peak: int = 0
     kv_reserved_peak: int = 0
     duplicates: int = 0
+    tokens: int = 0  # completion tokens its generator computed (cumulative, per process)
 
 
 def knobs_for_cpus(knobs: Knobs, cpus: float) -> Knobs:
@@ -188,6 +189,7 @@ class Replica:
                 dedupe_window=dedupe_window(job.options),
             )
             return self._batch  # type: ignore[no-any-return]
+        from batchline.jobs.batch import DEDUPE_WINDOW
         from batchline.jobs.generate import running_generator
 
         options = job.options
@@ -195,7 +197,12 @@ class Replica:
         if job.kind == "generate":
             assert job.requests is not None
             self._generator = await stack.enter_async_context(
-                running_generator(self._generation, job.requests, None)
+                running_generator(
+                    self._generation,
+                    job.requests,
+                    None,
+                    dedupe_window=DEDUPE_WINDOW if options.dedupe else 0,
+                )
             )
             return self._generator
         from batchline.jobs.openai_batch import LinesAdapter, started_batch_models
@@ -229,6 +236,9 @@ class Replica:
                 "kv_reserved_peak": peaks.kv_reserved,
             }
         duplicates = self._batch.duplicates if self._batch is not None else 0
+        if gen is not None:
+            duplicates += gen.duplicates
+            extra["tokens"] = gen.tokens
         return UnitResult(
             outcomes,
             self._node_id,

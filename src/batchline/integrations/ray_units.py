@@ -33,7 +33,7 @@ import ray
 
 from batchline._errors import BatchlineError, ModelError
 from batchline._stats import BatchStats
-from batchline.datasets.outcomes import Failed, Outcome, Result, Written
+from batchline.datasets.outcomes import Failed, Outcome, Written
 from batchline.datasets.sources import Record
 from batchline.integrations.ray_replica import ReplicaReady, UnitResult
 from batchline.integrations.session import last_line
@@ -102,7 +102,6 @@ class Tally:
         self.resubmitted = 0
         self.latencies: list[float] = []
         self.by_node: Counter[str] = Counter()
-        self.tokens_by_replica = [0] * replicas
         #: replica processes that died and that Ray restarts (or was restarting at the end)
         self.restarts = 0
         # CPU time of each replica process: when it was ready (0 for a restarted one), and lately.
@@ -112,8 +111,17 @@ class Tally:
         self.latest: dict[tuple[int, int], UnitResult] = {}
 
     @property
+    def tokens_by_replica(self) -> list[int]:
+        """Completion tokens each replica's generator computed in this run (duplicates
+        answered from an earlier completion are not computed again)."""
+        tokens = [0] * self.replicas
+        for (replica, _), result in self.latest.items():
+            tokens[replica] += result.tokens
+        return tokens
+
+    @property
     def tokens(self) -> int:
-        return sum(self.tokens_by_replica)
+        return sum(r.tokens for r in self.latest.values())
 
     def see(self, replica: int, result: UnitResult) -> None:
         self.cpu_to[(replica, result.pid)] = result.cpu_s
@@ -145,16 +153,6 @@ class Tally:
     @property
     def cpu_s(self) -> float:
         return sum(t - self.cpu_from.get(k, 0.0) for k, t in self.cpu_to.items())
-
-
-def _tokens(outcomes: Sequence[Outcome]) -> int:
-    """Completion tokens of a unit's answered records (0 for a batch model's)."""
-    total = 0
-    for outcome in outcomes:
-        if isinstance(outcome, Result):
-            n = outcome.columns.get("completion_tokens")
-            total += n if isinstance(n, int) else 0
-    return total
 
 
 def _sent(record: Record) -> Record:
@@ -211,16 +209,12 @@ class RayAdapter:
         parts = self._landed.pop(records[0].index)
         tally = self.tally
         tally.units += 1
-        new_tokens = 0
         for part in parts:
             result = part.result
             answered = sum(not isinstance(o, Failed) for o in result.outcomes)
             tally.by_node[result.node_id] += answered
             tally.latencies.extend([part.round_trip_s] * answered)
-            tokens = _tokens(result.outcomes)
-            tally.tokens_by_replica[part.replica] += tokens
-            new_tokens += tokens
-        if new_tokens and self.on_tokens is not None:
+        if self.on_tokens is not None and tally.latest:
             self.on_tokens(tally.tokens)
         last = parts[-1]
         if self.on_unit is not None:

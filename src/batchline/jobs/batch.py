@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from batchline.jobs.result_cache import ResultCache
 
 __all__ = [
+    "DEDUPE_WINDOW",
     "BatchAdapter",
     "Seen",
     "cancel",
@@ -69,6 +70,11 @@ def input_key(value: object) -> bytes | None:
     else:
         return None
     return hashlib.blake2b(data, digest_size=16).digest()
+
+
+#: Distinct inputs a job keeps to answer their duplicates from (texts and their results: ~2
+#: KiB each for a 384-float embedding, ~35 MiB in all).
+DEDUPE_WINDOW = 16_384
 
 
 class Seen:

@@ -31,8 +31,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
 import math
 import time
+from array import array
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -44,7 +46,7 @@ from batchline.datasets.outcomes import Failed, Outcome, Result, describe
 from batchline.datasets.pipeline import PipelineRun, Progress, open_dataset_job, run_pipeline
 from batchline.datasets.sinks import ChunkWriter
 from batchline.datasets.sources import Record, Source, prompt_column
-from batchline.jobs.batch import cancel, settle
+from batchline.jobs.batch import DEDUPE_WINDOW, Seen, cancel, settle
 from batchline.jobs.options import GenerateOptions, RunOptions, default_output, resolve
 from batchline.jobs.requests import RecordRequests, is_openai_batch_file, reads_whole_rows
 from batchline.jobs.summary import GenerateSummary
@@ -239,6 +241,20 @@ def submission_order(
     return out
 
 
+def request_key(ids: Sequence[int], params: SamplingParams) -> bytes | None:
+    """What identifies a request whose completion does not depend on chance: a 16-byte digest
+    of its prompt's token ids and its settings; None for sampling without a seed (each
+    request a draw of its own). Greedy decoding (temperature 0) ignores the seed, so greedy
+    requests that differ only in their seed (a job's ``--seed`` gives each record its own)
+    share a key."""
+    if params.temperature > 0 and params.seed is None:
+        return None
+    if params.temperature == 0:
+        params = dataclasses.replace(params, seed=None, top_p=1.0)
+    data = array("q", ids).tobytes() + repr(params).encode()
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
 class _Peaks:
     """The highest running/waiting/KV figures seen in the generator's stats."""
 
@@ -270,12 +286,16 @@ class GeneratorAdapter:
         *,
         limit: int | None = None,
         order_window: int = 0,
+        dedupe_window: int = 0,
     ) -> None:
         self.model = model
         self.gen: TextGenerator = model.generator
         self.requests = requests
         #: records read at a time and submitted grouped by shared prefix (0: in input order)
         self.order_window = order_window
+        #: the last requests whose answer does not depend on chance (:func:`request_key`),
+        #: to answer their duplicates from
+        self.seen = Seen(dedupe_window) if dedupe_window > 0 else None
         # a shared generator (serve's) keeps room in its waiting queue for live requests
         self.limit = in_flight_limit(model) if limit is None else max(1, limit)
         self._slots = asyncio.Semaphore(self.limit)
@@ -286,6 +306,11 @@ class GeneratorAdapter:
         shown: object = progress  # a Progress may also be a TokenRate (the CLI's bar)
         self._rate = shown if isinstance(shown, TokenRate) else None
         self._started = time.perf_counter()
+
+    @property
+    def duplicates(self) -> int:
+        """Records answered from an identical earlier request's completion."""
+        return 0 if self.seen is None else self.seen.duplicates
 
     def utilization(self) -> float:
         """Running sequences over the running cap, at the last sample (the bar's field)."""
@@ -318,10 +343,20 @@ class GeneratorAdapter:
                 if isinstance(ids, Failed):
                     placed[i] = ids
                     continue
+                params = self._params(records[i])
+                if isinstance(params, Failed):
+                    placed[i] = params
+                    continue
+                key = request_key(ids, params) if self.seen is not None else None
+                if key is not None and self.seen is not None:
+                    first = self.seen.get(key)
+                    if isinstance(first, asyncio.Future):  # same prompt and settings: same text
+                        placed[i] = first
+                        continue
                 if leading is not None and member in (1, 2):
                     await _prefilled(leading)
                 await self._slots.acquire()
-                stream = self._submit_one(records[i], ids)
+                stream = self._submit_one(records[i], ids, params)
                 if isinstance(stream, Failed):
                     self._slots.release()
                     placed[i] = stream
@@ -334,16 +369,25 @@ class GeneratorAdapter:
                 outcome = asyncio.ensure_future(stream.result())
                 outcome.add_done_callback(self._on_done)
                 placed[i] = outcome
+                if key is not None and self.seen is not None:
+                    self.seen.put(key, outcome)
         except BaseException:
             cancel(list(placed.values()))
             raise
         pending = [placed[i] for i in range(len(records))]  # the outcomes in input order
         return asyncio.ensure_future(_outcomes(pending, stamp=self.requests.openai_batch))
 
-    def _submit_one(self, record: Record, ids: list[int]) -> GenerationStream | Failed:
+    def _params(self, record: Record) -> SamplingParams | Failed:
         try:
             # a job's requests are batch work: a generator it shares ranks them so (_priority)
-            params = dataclasses.replace(self.requests.params(record), priority=_JOB_PRIORITY)
+            return dataclasses.replace(self.requests.params(record), priority=_JOB_PRIORITY)
+        except (BatchlineError, ValueError) as exc:
+            return Failed(f"bad input: {describe(exc)}")
+
+    def _submit_one(
+        self, record: Record, ids: list[int], params: SamplingParams
+    ) -> GenerationStream | Failed:
+        try:
             return self.gen.submit(ids, params, request_id=f"record-{record.index}")
         except (BatchlineError, ValueError) as exc:
             # RecordTooLargeError (over the context or the KV budget) is this record's fault
@@ -375,10 +419,13 @@ async def running_generator(
     progress: Progress | None,
     *,
     order_window: int = 0,
+    dedupe_window: int = 0,
 ) -> AsyncIterator[GeneratorAdapter]:
     """The model's generator started, and its adapter; on the way out the generator stops,
     drained when the block ended normally, else at once."""
-    adapter = GeneratorAdapter(model, requests, progress, order_window=order_window)
+    adapter = GeneratorAdapter(
+        model, requests, progress, order_window=order_window, dedupe_window=dedupe_window
+    )
     gen = adapter.gen
     await gen.start()
     sampling = asyncio.create_task(adapter.sampler())
@@ -446,7 +493,13 @@ async def run_generate_job(
         source, writer = await asyncio.to_thread(open_generate_job, opts, requests)
         with writer:
             window = PREFIX_ORDER_WINDOW if opts.prefix_ordering else 0
-            async with running_generator(model, requests, progress, order_window=window) as adapter:
+            async with running_generator(
+                model,
+                requests,
+                progress,
+                order_window=window,
+                dedupe_window=DEDUPE_WINDOW if opts.dedupe else 0,
+            ) as adapter:
                 block, blocks = pipeline_limits(adapter)
                 done = await run_pipeline(
                     adapter,
@@ -538,4 +591,5 @@ def generate_summary(
         prefix_cache_tokens=stats.prefix_cache_tokens,
         prefix_cache_hits=stats.prefix_cache_hits,
         prefix_tokens_reused=stats.prefix_tokens_reused,
+        duplicates=adapter.duplicates,
     )

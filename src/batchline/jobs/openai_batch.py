@@ -53,7 +53,7 @@ from batchline.datasets.outcomes import Failed, Outcome, Result, describe
 from batchline.datasets.pipeline import PipelineRun, Progress, open_dataset_job, run_pipeline
 from batchline.datasets.readers import read_output, read_skipped
 from batchline.datasets.sources import Record
-from batchline.jobs.batch import collect, prepare_block, queue_block
+from batchline.jobs.batch import DEDUPE_WINDOW, collect, prepare_block, queue_block
 from batchline.jobs.generate import (
     GeneratorAdapter,
     generate_summary,
@@ -498,7 +498,12 @@ async def started_batch_models(
         if models.generator is not None:
             requests = RecordRequests("body", True, options.sampling(), openai_batch=True)
             generator = await stack.enter_async_context(
-                running_generator(models.generator, requests, progress)
+                running_generator(
+                    models.generator,
+                    requests,
+                    progress,
+                    dedupe_window=DEDUPE_WINDOW if options.dedupe else 0,
+                )
             )
         knobs = options.knobs.for_loading()
         engines = {

@@ -25,7 +25,7 @@ from batchline._errors import InputError
 from batchline.datasets.pipeline import Progress, open_dataset_job, run_pipeline
 from batchline.datasets.sinks import ChunkWriter
 from batchline.datasets.sources import Record, Source
-from batchline.jobs.batch import BatchAdapter
+from batchline.jobs.batch import DEDUPE_WINDOW, BatchAdapter
 from batchline.jobs.options import GenerateOptions, RunOptions, default_output, resolve
 from batchline.jobs.result_cache import ResultCache
 from batchline.jobs.summary import RunSummary, summarize
@@ -142,11 +142,6 @@ def open_cache(options: RunOptions) -> ResultCache | None:
             f"--cache {options.cache}: cannot keep results there ({exc}); name a folder of "
             "your own, or a new one"
         ) from None
-
-
-#: Distinct inputs a job keeps to answer their duplicates from (texts and their results: ~2
-#: KiB each for a 384-float embedding, ~35 MiB in all).
-DEDUPE_WINDOW = 16_384
 
 
 def dedupe_window(options: RunOptions) -> int:
