@@ -374,6 +374,9 @@ SHARED_HELP: dict[str, str] = {
     "--max-batch-size": "records per model call, at most (knob: max_batch_size)",
     "--device": "cpu (default) or cuda[:N]: where the model runs (knob: device)",
     "--quiet": "print nothing on success: no progress, no summary (errors still print)",
+    "--no-dedupe": "compute every record, even one whose input repeats one of the last 16,384 "
+    "distinct inputs (default: such a record takes that input's result, and the summary "
+    "counts it)",
     "--generation-backend": "what runs a text generator: torch (default) or vllm (vLLM's "
     "engine, its CPU or CUDA build as --device says) (knob: generation_backend)",
 }

@@ -130,6 +130,13 @@ def add_parser(sub: Any) -> None:
         default="base64",
         help="embeddings' encoding_format (default: base64, exact and compact)",
     )
+    p.add_argument(
+        "--no-dedupe",
+        dest="dedupe",
+        action="store_false",
+        help=SHARED_HELP["--no-dedupe"] + ". An input is a record's text; a repeated one is not "
+        "sent",
+    )
     p.add_argument("--quiet", action="store_true", help=SHARED_HELP["--quiet"])
     p.set_defaults(func=_main)
 

@@ -45,7 +45,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, cast, get_args
+from typing import Any, Literal, cast, get_args
 from urllib.parse import urlsplit
 
 import httpx
@@ -68,6 +68,7 @@ from batchline.driver.client import (
 )
 from batchline.driver.endpoints import Endpoint, EndpointPool, EndpointReport
 from batchline.driver.retry import Backoff, sleep
+from batchline.jobs.batch import DEDUPE_WINDOW, Seen, input_key
 
 __all__ = [
     "FAILURES_NAME",
@@ -122,6 +123,9 @@ class DriveOptions(DatasetSelection):
     max_tokens: int | None = None
     #: ``--route generate``: each prompt through the model's chat template, as ``run`` does
     chat_template: bool = True
+    #: a record whose text repeats one of the last 16,384 distinct texts takes that text's
+    #: answer instead of being sent (``--no-dedupe``: every record is sent)
+    dedupe: bool = True
 
     def __post_init__(self) -> None:
         self.check()
@@ -211,6 +215,8 @@ class DriveSummary:
     endpoints: tuple[EndpointReport, ...] = ()
     #: records of empty or blank text (sent, or skipped with on_bad_record="skip")
     empty_texts: int = 0
+    #: records answered from an identical text's answer, not sent
+    duplicates: int = 0
 
     @property
     def records_per_s(self) -> float:
@@ -230,6 +236,7 @@ class DriveSummary:
             ("failed (this run)", f"{self.failed:,}"),
             ("skipped bad input", f"{self.skipped:,}"),
             *([("empty texts", f"{self.empty_texts:,}")] if self.empty_texts else []),
+            *([("duplicates (sent once)", f"{self.duplicates:,}")] if self.duplicates else []),
             ("resumed (already done)", f"{self.already_done:,}"),
             ("wall time", f"{self.wall_s:.1f} s"),
             ("records/s", f"{self.records_per_s:,.1f}"),
@@ -415,6 +422,7 @@ async def drive_job(
             retries=adapter.retries,
             endpoints=reports,
             empty_texts=done.empty_texts,
+            duplicates=adapter.duplicates,
         )
 
 
@@ -434,6 +442,16 @@ def _expected_dim(options: DriveOptions, writer: ChunkWriter, route: Route) -> i
 def _default_output(input_path: Path | None, route: Route) -> Path:
     stem = "demo-corpus" if input_path is None else input_path.stem
     return Path(f"{stem}.{'embeddings' if route.name == 'embeddings' else 'results'}")
+
+
+@dataclass
+class _Deduped:
+    """A block's records: the ones to send (``fresh``; ``answers`` their futures, for later
+    duplicates) and the ones that wait on an earlier record's answer (``waits``)."""
+
+    fresh: list[int] = dataclasses.field(default_factory=list)
+    answers: dict[int, asyncio.Future[Outcome]] = dataclasses.field(default_factory=dict)
+    waits: dict[int, asyncio.Future[Any]] = dataclasses.field(default_factory=dict)
 
 
 class HttpAdapter:
@@ -460,9 +478,72 @@ class HttpAdapter:
         self.backoff = Backoff(base_s=options.backoff_base_s, cap_s=options.backoff_cap_s)
         self.retries = 0
         self._in_flight = 0
+        # The server's answer is a function of the text (embeddings; greedy generation, the
+        # route's default, with the job's settings): a repeated text need not be sent again.
+        self.seen = Seen(DEDUPE_WINDOW) if options.dedupe else None
+
+    @property
+    def duplicates(self) -> int:
+        """Records answered from an earlier identical text's answer, not sent."""
+        return 0 if self.seen is None else self.seen.duplicates
 
     async def submit(self, records: Sequence[Record]) -> asyncio.Task[list[Outcome]]:
-        return asyncio.create_task(self._send(records))
+        if self.seen is None:
+            return asyncio.create_task(self._send(records))
+        # what the block asks first is registered now, in submit order: a later block waits on
+        # an earlier one, never the other way round
+        plan = self._dedupe(records)
+        return asyncio.create_task(self._send_deduped(records, plan))
+
+    def _dedupe(self, records: Sequence[Record]) -> _Deduped:
+        assert self.seen is not None
+        loop = asyncio.get_running_loop()
+        plan = _Deduped()
+        for i, record in enumerate(records):
+            key = input_key(record.text)
+            if key is None:
+                plan.fresh.append(i)
+                continue
+            first = self.seen.get(key)
+            if isinstance(first, asyncio.Future):
+                plan.waits[i] = first
+                continue
+            answer: asyncio.Future[Outcome] = loop.create_future()
+            self.seen.put(key, answer)
+            plan.fresh.append(i)
+            plan.answers[i] = answer
+        return plan
+
+    async def _send_deduped(self, records: Sequence[Record], plan: _Deduped) -> list[Outcome]:
+        """Send the block's new texts, answer the others from their first's answer; a record
+        whose first failed (or was withdrawn) is sent itself."""
+        outcomes: list[Outcome] = [None] * len(records)
+        try:
+            sent = [records[i] for i in plan.fresh]
+            results = await self._send(sent) if sent else []
+            for i, outcome in zip(plan.fresh, results, strict=True):
+                outcomes[i] = outcome
+                answer = plan.answers.get(i)
+                if answer is not None and not answer.done():
+                    answer.set_result(outcome)
+            again: list[int] = []
+            for i, first in plan.waits.items():
+                await asyncio.wait([first])  # its own cancellation still raises here
+                got = None if first.cancelled() else first.result()
+                if got is None or isinstance(got, Failed):
+                    again.append(i)
+                else:
+                    outcomes[i] = got
+            if again:
+                assert self.seen is not None
+                self.seen.duplicates -= len(again)  # sent after all
+                resent = await self._send([records[i] for i in again])
+                for i, outcome in zip(again, resent, strict=True):
+                    outcomes[i] = outcome
+        finally:
+            for answer in plan.answers.values():
+                answer.cancel()  # unanswered (this block failed or was withdrawn): theirs to send
+        return outcomes
 
     def utilization(self) -> float:
         """Requests in flight over ``--concurrency``."""

@@ -65,10 +65,8 @@ def add_parser(sub: Any) -> None:
         "--no-dedupe",
         dest="dedupe",
         action="store_false",
-        help="compute every record, even one whose input (text, score pair, or a prompt with "
-        "greedy or seeded settings) repeats one of the last 16,384 distinct inputs (default: "
-        "such a record takes that input's result, and the summary counts it; never for a "
-        "module:factory model)",
+        help=SHARED_HELP["--no-dedupe"] + ". An input is a text, a score pair, or a prompt with "
+        "greedy or seeded settings; a module:factory model's records are always computed",
     )
     add_knob_arguments(p)
     p.add_argument("--quiet", action="store_true", help=SHARED_HELP["--quiet"])
