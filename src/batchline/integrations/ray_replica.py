@@ -23,7 +23,7 @@ import contextlib
 import os
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import ray
 
@@ -36,14 +36,22 @@ from batchline.knobs import Knobs
 from batchline.models.protocol import ModelInfo
 
 if TYPE_CHECKING:
+    from batchline.jobs.batch import BatchAdapter
     from batchline.jobs.generate import GeneratorAdapter
+    from batchline.jobs.openai_batch import BatchJobModels
     from batchline.jobs.requests import RecordRequests
+    from batchline.models.batching import ModelBatcher
     from batchline.models.generation import GenerationModel, GenerationStats
+    from batchline.models.protocol import BatchModel
     from batchline.models.specs import ModelSpec
 
 __all__ = ["JobKind", "RemoteJob", "Replica", "ReplicaReady", "UnitResult", "knobs_for_cpus"]
 
 JobKind = Literal["batch", "generate", "openai-batch"]
+
+
+class _Closable(Protocol):
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -117,11 +125,13 @@ class Replica:
         self._knobs = knobs
         self._node_id: str = ray.get_runtime_context().get_node_id()
         self._stack = contextlib.AsyncExitStack()
-        self._adapter: Adapter | None = None
         self._started: asyncio.Future[Adapter] | None = None
+        # what runs the units, once started: a batch job's adapter, a generator's, the
+        # batchers of an OpenAI batch job's batch models
+        self._batch: BatchAdapter | None = None
         self._generator: GeneratorAdapter | None = None
-        self._batch: Any = None  # the BatchAdapter of a batch job
-        self._closers: list[Any] = []
+        self._engines: dict[str, ModelBatcher[object, object]] = {}
+        self._closers: list[_Closable] = []
         self._info, self._max_running, self._in_flight = self._load()
 
     def _load(self) -> tuple[ModelInfo, int, int]:
@@ -129,7 +139,9 @@ class Replica:
         if job.kind == "batch":
             from batchline.jobs.run import load_job_model
 
-            self._model = load_job_model(job.options, knobs.for_loading())
+            self._model: BatchModel[object, object] = load_job_model(
+                job.options, knobs.for_loading()
+            )
             self._closers.append(self._model)
             return self._model.info, 0, 0
         options = job.options
@@ -147,7 +159,7 @@ class Replica:
         from batchline.jobs.generate import in_flight_limit
         from batchline.jobs.openai_batch import load_batch_models
 
-        self._models = load_batch_models(job.specs, knobs)
+        self._models: BatchJobModels = load_batch_models(job.specs, knobs)
         self._closers.append(self._models)
         generator = self._models.generator
         info = ModelInfo(name=options.model, task="generate")
@@ -188,7 +200,7 @@ class Replica:
                 record_input(job.options, self._model.info),
                 dedupe_window=dedupe_window(job.options),
             )
-            return self._batch  # type: ignore[no-any-return]
+            return self._batch
         from batchline.jobs.batch import DEDUPE_WINDOW
         from batchline.jobs.generate import running_generator
 
@@ -210,43 +222,35 @@ class Replica:
         self._generator, engines = await stack.enter_async_context(
             started_batch_models(self._models, options, None)
         )
-        self._engines = engines
+        self._engines = dict(engines)
         return LinesAdapter(self._models.names, self._generator, engines)
 
     def _result(self, outcomes: list[Outcome]) -> UnitResult:
-        stats: BatchStats | None = None
-        if self._batch is not None:
-            stats = self._batch.engine.stats
-        elif self._job.kind == "openai-batch":
-            engine = self._engines.get("embed", self._engines.get("score"))
-            stats = engine.stats if engine is not None else None
-        gen = self._generator
-        extra: dict[str, Any] = {}
-        if gen is not None:
-            gen.sample()
-            peaks = gen.peaks
-            extra = {
-                "generation": gen.gen.stats,
-                "max_running": gen.model.max_running,
-                "in_flight": gen.limit,
-                "batching": gen.model.batching,
-                "dtype": gen.model.dtype,
-                "running_peak": peaks.running,
-                "waiting_peak": peaks.waiting,
-                "kv_reserved_peak": peaks.kv_reserved,
-            }
+        where = (outcomes, self._node_id, os.getpid(), time.process_time())
+        engine = (
+            self._batch.engine
+            if self._batch is not None
+            else self._engines.get("embed", self._engines.get("score"))
+        )
+        stats = engine.stats if engine is not None else None
         duplicates = self._batch.duplicates if self._batch is not None else 0
-        if gen is not None:
-            duplicates += gen.duplicates
-            extra["tokens"] = gen.tokens
+        gen = self._generator
+        if gen is None:
+            return UnitResult(*where, stats=stats, duplicates=duplicates)
+        gen.sample()
         return UnitResult(
-            outcomes,
-            self._node_id,
-            os.getpid(),
-            time.process_time(),
+            *where,
             stats=stats,
-            duplicates=duplicates,
-            **extra,
+            generation=gen.gen.stats,
+            max_running=gen.model.max_running,
+            in_flight=gen.limit,
+            batching=gen.model.batching,
+            dtype=gen.model.dtype,
+            running_peak=gen.peaks.running,
+            waiting_peak=gen.peaks.waiting,
+            kv_reserved_peak=gen.peaks.kv_reserved,
+            duplicates=duplicates + gen.duplicates,
+            tokens=gen.tokens,
         )
 
     async def stop(self) -> None:
