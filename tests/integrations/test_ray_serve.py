@@ -327,6 +327,7 @@ def test_two_replicas_serve_one_drive_every_record_exactly_once(
             id_column="id",
             chunk_size=8,
             concurrency=8,
+            dedupe=False,  # the dataset's texts repeat: every record sent, to count them below
         )
     )
     assert summary.exit_code == 0
