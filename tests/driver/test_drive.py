@@ -91,7 +91,9 @@ def output_vectors(out: Path) -> tuple[list[str], list[int], np.ndarray]:
 async def test_every_record_once_in_order_from_two_replicas(tmp_path: Path) -> None:
     items = texts(237)
     src = write_jsonl(tmp_path / "in.jsonl", items)
-    replicas = Replicas(a=FakeReplica(delay_s=0.002), b=FakeReplica(delay_s=0.002))
+    # 20 ms per request: long enough that the 4th request starts before the 1st ends even on
+    # a loaded machine (at 2 ms the cap was sometimes never reached: a race, not the driver)
+    replicas = Replicas(a=FakeReplica(delay_s=0.02), b=FakeReplica(delay_s=0.02))
     summary = await drive_job(options(src, tmp_path / "out"), transport=replicas.transport)
     assert summary.records == 237
     assert summary.total_records == 237
