@@ -169,6 +169,9 @@ def test_settings_errors_need_no_cluster(dataset: Path, tmp_path: Path) -> None:
         run_on_ray(_options(dataset, tmp_path / "a", knobs=Knobs(batching=False)))
     with pytest.raises(InputError, match="--replicas must be >= 1"):
         run_on_ray(_options(dataset, tmp_path / "b"), replicas=0)
+    for cpus in (0.0, float("inf"), float("nan")):  # inf once overflowed into a traceback
+        with pytest.raises(InputError, match="--cpus-per-replica must be a number > 0"):
+            run_on_ray(_options(dataset, tmp_path / "c"), cpus_per_replica=cpus)
     assert not ray.is_initialized()
 
 

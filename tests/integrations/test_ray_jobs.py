@@ -33,6 +33,7 @@ from batchline.integrations.ray import RayGenerateSummary, UnitDone, run_on_ray
 from batchline.jobs.generate import GenerateOptions
 from batchline.jobs.run import RunOptions, run
 from batchline.knobs import Knobs
+from tests.integrations.test_ray import two_nodes  # noqa: F401  (the two-node fixture)
 from tests.jobs.test_generate import _KILL_AFTER_CHUNK
 from tests.jobs.test_run_score import SCORER
 
@@ -289,31 +290,28 @@ def test_a_mixed_openai_batch_file_on_ray_equals_the_local_file(tiny: Path, tmp_
     assert summary.records == 17
 
 
-def test_generation_on_a_simulated_two_node_cluster_uses_both_nodes(
-    tiny: Path, prompts: Path, local_output: Path, tmp_path: Path
-) -> None:
-    """Last in the module: it stops the module's Ray instance to start a cluster of two nodes
-    (a head and a worker of 2 CPUs each, ``ray.cluster_utils``), reached by address."""
-    from ray.cluster_utils import Cluster
-
+@pytest.fixture
+def without_the_module_cluster() -> None:
+    """Disconnect from the module's Ray instance: ``run_on_ray`` would use an open connection
+    rather than the address it is given."""
     ray.shutdown()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("RAY_AUTH_MODE", "disabled")
-        mp.setenv("RAY_USAGE_STATS_ENABLED", "0")
-        cluster = Cluster(
-            initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False}
-        )
-        try:
-            worker = cluster.add_node(num_cpus=2)
-            out = tmp_path / "out"
-            summary = run_on_ray(
-                generate_options(tiny, prompts, out),
-                address=cluster.address,
-                replicas=2,
-                unit_records=2,
-            )
-            assert not ray.is_initialized()  # disconnected; the cluster runs on
-            assert_same_rows(out, local_output)
-            assert set(summary.nodes) == {cluster.head_node.node_id, worker.node_id}
-        finally:
-            cluster.shutdown()
+
+
+@pytest.mark.usefixtures("without_the_module_cluster")
+def test_generation_on_a_simulated_two_node_cluster_uses_both_nodes(
+    two_nodes: tuple[str, set[str]],  # noqa: F811  (test_ray.py's fixture)
+    tiny: Path,
+    prompts: Path,
+    local_output: Path,
+    tmp_path: Path,
+) -> None:
+    """Last in the module: it leaves the module's Ray instance for the two-node cluster of
+    ``test_ray.py`` (a head and a worker of 2 CPUs each, ``ray.cluster_utils``)."""
+    address, node_ids = two_nodes
+    out = tmp_path / "out"
+    summary = run_on_ray(
+        generate_options(tiny, prompts, out), address=address, replicas=2, unit_records=2
+    )
+    assert not ray.is_initialized()  # disconnected; the cluster runs on
+    assert_same_rows(out, local_output)
+    assert set(summary.nodes) == node_ids

@@ -304,8 +304,10 @@ def run_on_ray(
         )
     if options.limit is not None and options.limit < 0:
         raise InputError(f"--limit must be >= 0, got {options.limit}")
-    if cpus_per_replica is not None and cpus_per_replica <= 0:
-        raise InputError(f"--cpus-per-replica must be > 0, got {cpus_per_replica:g}")
+    if cpus_per_replica is not None and not (
+        math.isfinite(cpus_per_replica) and cpus_per_replica > 0
+    ):
+        raise InputError(f"--cpus-per-replica must be a number > 0, got {cpus_per_replica:g}")
     if replica_knobs is not None:
         knobs = replica_knobs
     else:
