@@ -37,11 +37,25 @@ pytestmark = pytest.mark.anyio
 
 
 @dataclass(frozen=True)
+class Logprob:
+    logprob: float
+    rank: int | None
+
+
+@dataclass(frozen=True)
 class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
     finish_reason: str | None
+    logprobs: list[dict[int, Logprob]] | None = None
+
+
+def stand_in_logprobs(token: int, top: int) -> dict[int, Logprob]:
+    """vLLM's shape: the sampled token's entry and the ``top`` most likely by rank (here the
+    token itself ranks 2nd, after token 7)."""
+    entries = {7: Logprob(-0.25, 1), token: Logprob(-0.5, 2), 8: Logprob(-3.0, 3)}
+    return {t: e for t, e in entries.items() if t == token or (e.rank or 0) <= top}
 
 
 @dataclass(frozen=True)
@@ -118,14 +132,22 @@ class StandInAsyncLLM:
                 reason = ("stop" if stop else "length") if done else None
                 if done and not stop and self.final_reason is not None:
                     reason = self.final_reason
+                top = sampling_params.logprobs
+                logprobs = None if top is None else [stand_in_logprobs(t, top) for t in generated]
                 if self.delta:
                     # as vLLM, hold back text that may be the start of a stop string
                     hold = max((len(s) for s in sampling_params.stop), default=1) - 1
                     shown = len(text) if done else max(sent_chars, len(text) - hold)
-                    out = CompletionOutput(0, text[sent_chars:shown], generated[sent:], reason)
+                    out = CompletionOutput(
+                        0,
+                        text[sent_chars:shown],
+                        generated[sent:],
+                        reason,
+                        None if logprobs is None else logprobs[sent:],
+                    )
                     sent, sent_chars = len(generated), shown
                 else:
-                    out = CompletionOutput(0, text, list(generated), reason)
+                    out = CompletionOutput(0, text, list(generated), reason, logprobs)
                 yield RequestOutput(request_id, ids, [out], done)
                 if done:
                     self.finished.append(request_id)
@@ -539,3 +561,21 @@ def test_the_openai_routes_take_vllms_ignore_eos() -> None:
     assert (params.ignore_eos, params.max_tokens) == (True, 8)
     plain = ChatCompletionRequest.model_validate({"messages": messages})
     assert not _sampling(served, plain, [[1, 2]], None, default_max_tokens=16)[0].ignore_eos
+
+
+@pytest.mark.parametrize("delta", [False, True], ids=["cumulative", "delta"])
+async def test_logprobs_come_from_vllms_ranked_entries(delta: bool) -> None:
+    engine = StandInAsyncLLM(delta=delta)
+    async with make(engine) as gen:
+        stream = gen.submit([5, 6], SamplingParams(max_tokens=4, logprobs=2))
+        deltas = [d async for d in stream]
+        completion = await stream.result()
+        plain = await gen.submit([5, 6], SamplingParams(max_tokens=2)).result()
+    assert plain.logprobs is None
+    assert completion.logprobs is not None
+    assert [lp.token_id for lp in completion.logprobs] == list(completion.token_ids)
+    for lp in completion.logprobs:
+        assert lp.logprob == -0.5
+        assert lp.top == ((7, -0.25), (lp.token_id, -0.5))  # by rank, the top 2
+    streamed = [lp for d in deltas for lp in d.logprobs or ()]
+    assert streamed == list(completion.logprobs)

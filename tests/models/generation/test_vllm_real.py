@@ -151,6 +151,31 @@ async def test_a_seed_repeats_a_sampled_completion(model: GenerationModel) -> No
     assert a.token_ids != c.token_ids  # 24 tokens at temperature 1: equal only by a fluke
 
 
+async def test_logprobs_and_n_samples_agree_with_the_torch_backend(model: GenerationModel) -> None:
+    """fp32 log-probabilities within 1e-3 of the torch engine's (both the model's raw
+    log-softmax); the n samples of one prompt, greedy, are one text n times."""
+    ids = model.encode("Name three colours.")
+    asked = greedy(12, ignore_eos=True, logprobs=3)
+    on_vllm = await asyncio.gather(*(model.generator.submit(ids, asked).result() for _ in range(4)))
+    assert len({c.token_ids for c in on_vllm}) == 1
+    torch_model = await asyncio.to_thread(
+        load_text_generator, parse_spec("smollm2"), Knobs(dtype="float32")
+    )
+    try:
+        async with torch_model.generator as gen:
+            on_torch = await gen.submit(ids, asked).result()
+    finally:
+        torch_model.close()
+    got, want = on_vllm[0].logprobs, on_torch.logprobs
+    assert got is not None
+    assert want is not None
+    assert [lp.token_id for lp in got] == list(on_vllm[0].token_ids) == list(on_torch.token_ids)
+    for a, b in zip(got, want, strict=True):
+        assert a.logprob == pytest.approx(b.logprob, abs=1e-3)
+        assert [t for t, _ in a.top] == [t for t, _ in b.top]
+        assert [v for _, v in a.top] == pytest.approx([v for _, v in b.top], abs=1e-3)
+
+
 async def test_a_request_that_does_not_fit_is_refused_before_vllm(model: GenerationModel) -> None:
     gen = model.generator
     submitted = gen.stats.requests_submitted

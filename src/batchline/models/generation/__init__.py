@@ -27,11 +27,13 @@ from typing import TYPE_CHECKING
 
 from batchline._lazy import lazy_exports
 from batchline.models.generation.engine import (
+    MAX_LOGPROBS,
     FinishReason,
     GenerationRequest,
     SamplingParams,
     StepEngine,
     StepOutput,
+    TokenLogprob,
     unapplied_field,
 )
 
@@ -66,6 +68,7 @@ if TYPE_CHECKING:
 __all__ = [
     "GENERATOR_KINDS",
     "GUIDED_FIELDS",
+    "MAX_LOGPROBS",
     "Completion",
     "Constraint",
     "ContinuousGenerator",
@@ -87,6 +90,7 @@ __all__ = [
     "StepEngine",
     "StepOutput",
     "TextGenerator",
+    "TokenLogprob",
     "VllmGenerator",
     "build_generator",
     "check_fits",

@@ -16,6 +16,7 @@ detokenizes and calls :meth:`StepEngine.abort` when one appears.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from batchline.models.generation.structured import Constraint
 
 __all__ = [
+    "MAX_LOGPROBS",
     "UNAPPLIED_FIELDS",
     "FinishReason",
     "GenerationRequest",
@@ -31,6 +33,7 @@ __all__ = [
     "SamplingParams",
     "StepEngine",
     "StepOutput",
+    "TokenLogprob",
     "unapplied_field",
 ]
 
@@ -46,7 +49,7 @@ UNAPPLIED_FIELDS: dict[str, tuple[object, ...]] = {
     "repetition_penalty": (1,),
     "length_penalty": (1,),
     "min_tokens": (0,),
-    "top_logprobs": (0,),
+    "top_logprobs": (0,),  # a chat field (ChatCompletionRequest); elsewhere not applied
     "prompt_logprobs": (0,),
     "use_beam_search": (False,),
     "include_stop_str_in_output": (False,),
@@ -66,6 +69,21 @@ UNAPPLIED_FIELDS: dict[str, tuple[object, ...]] = {
     "reasoning_effort": (),
     "truncate_prompt_tokens": (),
 }
+
+
+#: The most alternatives a token's log-probabilities list (OpenAI's ``top_logprobs`` limit).
+MAX_LOGPROBS = 20
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """A generated token's log-probability under the model, and the ``top`` most likely tokens
+    at its place (``(token id, log-probability)``, most likely first; as many as
+    ``SamplingParams.logprobs`` asked)."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +119,10 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     #: (token id, bias) pairs, ids ascending and distinct (a tuple: the params are hashable)
     logit_bias: tuple[tuple[int, float], ...] = ()
+    #: None: no log-probabilities; k (0 to :data:`MAX_LOGPROBS`): each generated token's, and
+    #: the k most likely tokens' at its place, from the model's own distribution (its logits'
+    #: log-softmax, before penalties, biases, temperature and grammar; OpenAI's and vLLM's)
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.priority, bool) or not isinstance(self.priority, int):
@@ -119,6 +141,14 @@ class SamplingParams:
             value = getattr(self, name)
             if not _number(value) or not -2 <= value <= 2:
                 raise ValueError(f"{name} must be a number in [-2, 2], got {value!r}")
+        if self.logprobs is not None and (
+            isinstance(self.logprobs, bool)
+            or not isinstance(self.logprobs, int)
+            or not 0 <= self.logprobs <= MAX_LOGPROBS
+        ):
+            raise ValueError(
+                f"logprobs must be an integer in [0, {MAX_LOGPROBS}] or None, got {self.logprobs!r}"
+            )
         previous = -1
         for pair in self.logit_bias:
             token, bias = pair
@@ -152,6 +182,14 @@ class SamplingParams:
                 raise ValueError(f"logit_bias names token {int(text)} twice")
             pairs[int(text)] = bias
         return tuple(sorted(pairs.items()))
+
+    def samples(self, n: int) -> list[SamplingParams]:
+        """The params of ``n`` completions of one prompt: the same, but for the seed of a
+        seeded sampled one, which is ``seed + i`` for completion ``i`` (so that they differ,
+        and the same seed gives the same ``n`` again; vLLM's rule)."""
+        if self.seed is None or self.greedy:
+            return [self] * n
+        return [dataclasses.replace(self, seed=self.seed + i) for i in range(n)]
 
     @property
     def adjusts_logits(self) -> bool:
@@ -215,6 +253,8 @@ class StepOutput:
     finished: bool = False
     finish_reason: FinishReason | None = None
     error: str | None = None
+    #: one per token of ``token_ids`` when the request asked (``SamplingParams.logprobs``)
+    logprobs: tuple[TokenLogprob, ...] | None = None
 
 
 @runtime_checkable

@@ -16,14 +16,15 @@ prompt tokens``) for the benchmark's ``--fake`` smoke; tests leave it at zero.
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from batchline.models.generation.engine import GenerationRequest, StepOutput
+from batchline.models.generation.engine import GenerationRequest, StepOutput, TokenLogprob
 
-__all__ = ["FakeEngine", "FakeStep", "FakeTokenizer", "StepCost"]
+__all__ = ["FakeEngine", "FakeStep", "FakeTokenizer", "StepCost", "fake_logprob"]
 
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 _BYTE_BASE = 3  # token id 3 + b is byte b
@@ -52,6 +53,16 @@ def default_next_token(prompt: Sequence[int], generated: Sequence[int]) -> int:
     n = len(generated)
     mixed = (sum(prompt) * 31 + len(prompt) * 7 + n * 13 + (generated[-1] if generated else 0)) % 95
     return _BYTE_BASE + 32 + mixed
+
+
+def fake_logprob(token: int, top: int) -> TokenLogprob:
+    """The fake engine's log-probabilities: the token it picks holds half the mass, the
+    printable bytes after it a quarter, an eighth..."""
+    half = -math.log(2)
+    alternatives = [(token, half)]
+    for k in range(1, top):
+        alternatives.append((_BYTE_BASE + 32 + (token - _BYTE_BASE - 32 + k) % 95, half * (k + 1)))
+    return TokenLogprob(token, half, tuple(alternatives[:top]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,12 +204,13 @@ class FakeEngine:
                 else:
                     token = self._next(prompt, seq.generated)
                 seq.generated.append(token)
+                said = None if params.logprobs is None else (fake_logprob(token, params.logprobs),)
                 if token == self._eos and not params.ignore_eos:
-                    outputs.append(StepOutput(rid, (token,), True, "stop"))
+                    outputs.append(StepOutput(rid, (token,), True, "stop", logprobs=said))
                 elif len(seq.generated) >= params.max_tokens:
-                    outputs.append(StepOutput(rid, (token,), True, "length"))
+                    outputs.append(StepOutput(rid, (token,), True, "length", logprobs=said))
                 else:
-                    outputs.append(StepOutput(rid, (token,)))
+                    outputs.append(StepOutput(rid, (token,), logprobs=said))
             kv = self.kv_tokens_in_use()
             for out in outputs:
                 if out.finished:

@@ -19,9 +19,17 @@ from collections.abc import Sequence
 
 import torch
 
-from batchline.models.generation.engine import GenerationRequest, SamplingParams
+from batchline.models.generation.engine import GenerationRequest, SamplingParams, TokenLogprob
 
-__all__ = ["adjust_logits", "check_logit_bias", "make_generator", "sample_top_p", "select_tokens"]
+__all__ = [
+    "adjust_logits",
+    "check_logit_bias",
+    "make_generator",
+    "model_logprobs",
+    "sample_top_p",
+    "select_tokens",
+    "token_logprobs",
+]
 
 
 def make_generator(params: SamplingParams) -> torch.Generator | None:
@@ -152,3 +160,36 @@ def select_tokens(
                 logits[row], temperature=p.temperature, top_p=p.top_p, generator=generator
             )
     return tokens
+
+
+def model_logprobs(logits: torch.Tensor, rows: Sequence[int]) -> torch.Tensor | None:
+    """The log-softmax, in fp32, of the ``rows`` of ``logits`` ``(batch, vocab)`` that ask for
+    log-probabilities (None when none does). Take it before :func:`select_tokens` and a
+    grammar's mask change the logits in place: it is the model's own distribution."""
+    if not rows:
+        return None
+    index = torch.tensor(rows, device=logits.device)
+    return torch.log_softmax(logits.index_select(0, index).float(), dim=-1)
+
+
+def token_logprobs(
+    log_probs: torch.Tensor, tokens: Sequence[int], top: Sequence[int]
+) -> list[TokenLogprob]:
+    """Row ``i`` of ``log_probs`` (from :func:`model_logprobs`) read at ``tokens[i]``, with its
+    ``top[i]`` most likely tokens; one device-to-host copy for all rows."""
+    picked = torch.tensor(list(tokens), device=log_probs.device).unsqueeze(1)
+    chosen: list[float] = log_probs.gather(1, picked).squeeze(1).tolist()
+    most = max(top, default=0)
+    best: list[list[float]] = []
+    best_ids: list[list[int]] = []
+    if most:
+        values, ids = torch.topk(log_probs, most, dim=-1)
+        best, best_ids = values.tolist(), ids.tolist()
+    return [
+        TokenLogprob(
+            token,
+            lp,
+            tuple(zip(best_ids[i][:k], best[i][:k], strict=True)) if k else (),
+        )
+        for i, (token, lp, k) in enumerate(zip(tokens, chosen, top, strict=True))
+    ]

@@ -36,6 +36,7 @@ from batchline.models.generation.engine import (
     GenerationRequest,
     SamplingParams,
     StepOutput,
+    TokenLogprob,
 )
 from batchline.models.generation.stats import GenerationStats
 
@@ -73,6 +74,8 @@ class GenerationDelta:
     token_ids: tuple[int, ...]
     finished: bool = False
     finish_reason: FinishReason | None = None
+    #: one per token of ``token_ids`` when the request asked (``SamplingParams.logprobs``)
+    logprobs: tuple[TokenLogprob, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +102,8 @@ class Completion:
     latency_s: float
     queue_wait_s: float | None = None
     priority: int = 0
+    #: one per token of ``token_ids`` when the request asked (``SamplingParams.logprobs``)
+    logprobs: tuple[TokenLogprob, ...] | None = None
 
 
 class GenerationStream:
@@ -403,9 +408,12 @@ class TrackedSequence:
     """Handed to the engine's thread (static batching): only that thread may end it now."""
     admitted_at: float | None = None
     """When it joined the engine's running batch (its queue wait ends there)."""
+    logprobs: list[TokenLogprob] | None = None
 
     def __post_init__(self) -> None:
         self.scanner = StopStringScanner(self.request.params.stop)
+        if self.request.params.logprobs is not None:
+            self.logprobs = []
 
     @property
     def request_id(self) -> str:
@@ -438,6 +446,8 @@ class TrackedSequence:
                 self.first_token_at = now
             self.last_token_at = now
             self.token_ids.extend(new_ids)
+            if self.logprobs is not None and out.logprobs is not None:
+                self.logprobs.extend(out.logprobs)
         self.text_parts.append(emit)
         finished = out.finished or stop_hit
         reason: FinishReason | None = None
@@ -445,7 +455,7 @@ class TrackedSequence:
             reason = "stop"
         elif out.finished:
             reason = out.finish_reason if out.finish_reason is not None else "stop"
-        delta = GenerationDelta(emit, new_ids, finished, reason)
+        delta = GenerationDelta(emit, new_ids, finished, reason, out.logprobs)
         completion = self._completion(reason, now) if reason is not None else None
         self.finished = finished
         return StepUpdate(delta, completion, stop_hit)
@@ -470,4 +480,5 @@ class TrackedSequence:
             latency_s=now - self.submitted_at,
             queue_wait_s=None if self.admitted_at is None else self.admitted_at - self.submitted_at,
             priority=self.request.params.priority,
+            logprobs=None if self.logprobs is None else tuple(self.logprobs),
         )

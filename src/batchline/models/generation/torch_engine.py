@@ -48,14 +48,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import DynamicCache
 
 from batchline.models.generation.decode_kernel import DecodeKernel, decode_kernel
-from batchline.models.generation.engine import GenerationRequest, StepOutput
+from batchline.models.generation.engine import GenerationRequest, StepOutput, TokenLogprob
 from batchline.models.generation.kv_slots import Geometry, SlotStore, StoreState
 from batchline.models.generation.lean_llama import LeanForward, lean_forward
 from batchline.models.generation.packed_attention import (
@@ -66,9 +66,16 @@ from batchline.models.generation.packed_attention import (
     causal_mask,
     check_attention,
 )
+from batchline.models.generation.prefill import Piece, Running, Staged, plan_prefill
 from batchline.models.generation.prefix_cache import Prefix, PrefixCache
-from batchline.models.generation.sampling import check_logit_bias, make_generator, select_tokens
-from batchline.models.generation.structured import GrammarState, TokenGrammars
+from batchline.models.generation.sampling import (
+    check_logit_bias,
+    make_generator,
+    model_logprobs,
+    select_tokens,
+    token_logprobs,
+)
+from batchline.models.generation.structured import TokenGrammars
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -79,54 +86,13 @@ logger = logging.getLogger("batchline.generation")
 _told_fallback: set[str] = set()  # model classes whose fallback was logged already (once each)
 
 
-@dataclass(frozen=True, slots=True)
-class _Staged:
-    """The first ``n`` prompt positions of a sequence prefilled in chunks, so far."""
-
-    keys: list[torch.Tensor]  # per layer, (1, kv_heads, len(prompt), head_dim)
-    values: list[torch.Tensor]
-    n: int
-
-
-@dataclass(slots=True, eq=False)
-class _Sequence:
-    request: GenerationRequest
-    generator: torch.Generator | None
-    generated: list[int] = field(default_factory=list)
-    done: bool = False  # finished or aborted: leaves the batch before the next forward pass
-    staged: _Staged | None = None  # a long prompt between its chunks
-    grammar: GrammarState | None = None  # a constrained request's place in its grammar
-
-    @property
-    def held(self) -> int:
-        """Tokens in the KV cache once prefilled: the prompt and all but the latest token (the
-        latest is fed, and cached, at the next step)."""
-        return len(self.request.prompt_ids) + len(self.generated) - 1
-
-
 @dataclass(slots=True)
 class _Snapshot:
-    pending: dict[str, _Sequence]
-    live: dict[str, _Sequence]
-    rows: list[_Sequence]
+    pending: dict[str, Running]
+    live: dict[str, Running]
+    rows: list[Running]
     store: StoreState
-    seqs: list[tuple[_Sequence, int, bool, torch.Tensor | None, _Staged | None]]
-
-
-@dataclass(slots=True)
-class _Piece:
-    """What a step prefills of one waiting sequence: prompt tokens ``[begin, end)``, after
-    ``source`` (a cached prefix or its earlier chunks) holding ``[0, begin)``."""
-
-    seq: _Sequence
-    begin: int
-    end: int
-    source: Prefix | _Staged | None
-    prefix: Prefix | None  # the cache hit to count once the step succeeds
-
-    @property
-    def last(self) -> bool:
-        return self.end == len(self.seq.request.prompt_ids)
+    seqs: list[tuple[Running, int, bool, torch.Tensor | None, Staged | None]]
 
 
 def _ids_of(value: Any) -> set[int]:
@@ -211,9 +177,9 @@ class TorchStepEngine:
         probe = DynamicCache(config=model.config)
         check_attention(model, probe)
 
-        self._pending: dict[str, _Sequence] = {}  # added, not yet (fully) prefilled
-        self._live: dict[str, _Sequence] = {}  # pending + running, not finished or aborted
-        self._rows: list[_Sequence] = []  # the store's live rows, in slot order
+        self._pending: dict[str, Running] = {}  # added, not yet (fully) prefilled
+        self._live: dict[str, Running] = {}  # pending + running, not finished or aborted
+        self._rows: list[Running] = []  # the store's live rows, in slot order
         config = self._config
         heads = int(config.num_attention_heads)
         self._store = SlotStore(
@@ -228,6 +194,8 @@ class TorchStepEngine:
         if prefix_cache_tokens < 0:
             raise ValueError(f"prefix_cache_tokens must be >= 0, got {prefix_cache_tokens}")
         self._prefixes = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
+        self._prompt_tokens_computed = 0
+        self._prompts_shared = 0
         if decode_attention != "auto" and decode_attention not in DECODE_ATTENTION:
             raise ValueError(
                 f"decode_attention must be auto or one of {', '.join(DECODE_ATTENTION)}, "
@@ -309,7 +277,7 @@ class TorchStepEngine:
                 f"[0, {self._vocab_size}), got {min(request.prompt_ids)}..{max(request.prompt_ids)}"
             )
         check_logit_bias(request, self._vocab_size)
-        seq = _Sequence(request, make_generator(request.params))
+        seq = Running(request, make_generator(request.params))
         if request.params.constraint is not None:
             if self._grammars is None:
                 raise ValueError(
@@ -353,6 +321,18 @@ class TorchStepEngine:
     def prefix_tokens_reused(self) -> int:
         """Prompt tokens not prefilled, so far, because a cached prefix held them."""
         return 0 if self._prefixes is None else self._prefixes.tokens_reused
+
+    @property
+    def prompt_tokens_computed(self) -> int:
+        """Prompt tokens prefilled so far (not those a cached prefix or a twin held)."""
+        return self._prompt_tokens_computed
+
+    @property
+    def prompts_shared(self) -> int:
+        """Prompts not prefilled, so far, because an identical prompt joining in the same
+        step was (the ``n`` samples of one prompt, duplicates): its keys and values were
+        copied."""
+        return self._prompts_shared
 
     def kv_tokens_allocated(self) -> int:
         """KV-cache positions the next step attends over, padding included: rows x window
@@ -410,29 +390,10 @@ class TorchStepEngine:
             if seq.generator is not None and rng_state is not None:
                 seq.generator.set_state(rng_state)
 
-    def _schedule(self) -> list[_Piece]:
-        """What this step prefills: waiting prompts in arrival order, each whole (after what
-        it holds already) while the step's token budget lasts, then at most one chunk."""
+    def _schedule(self) -> list[Piece]:
+        """What this step prefills (see :func:`~.prefill.plan_prefill`)."""
         room = None if self._max_step_tokens is None else self._max_step_tokens - len(self._rows)
-        pieces: list[_Piece] = []
-        for seq in self._pending.values():
-            if room is not None and room <= 0:
-                break
-            prompt = seq.request.prompt_ids
-            prefix = None
-            source: Prefix | _Staged | None = seq.staged
-            if source is None and self._prefixes is not None:
-                source = prefix = self._prefixes.lookup(prompt)
-            begin = 0
-            if isinstance(source, _Staged):
-                begin = source.n
-            elif source is not None:
-                begin = len(source.tokens)
-            end = len(prompt) if room is None else min(len(prompt), begin + room)
-            pieces.append(_Piece(seq, begin, end, source, prefix))
-            if room is not None:
-                room -= end - begin
-        return pieces
+        return plan_prefill(self._pending.values(), self._prefixes, room)
 
     def _run(self) -> list[StepOutput]:
         """One forward pass: a token for every running sequence and the prompt pieces of
@@ -450,30 +411,41 @@ class TorchStepEngine:
         positions = [s.held for s in rows]
         keep = list(range(len(rows)))  # the packed positions whose logits are needed
         joins: list[Join] = []
-        staged: list[tuple[_Sequence, _Staged]] = []
+        staged: list[tuple[Running, Staged]] = []
+        slots: dict[int, int] = {}  # id(piece) -> its slot, for a joining piece
+        kept: dict[int, int] = {}  # id(piece) -> its logits' packed position
+        twins: list[tuple[int, int, int]] = []  # (slot, twin's slot, start): copied once run
+        computed = 0  # prompt tokens this step prefills
         for piece in pieces:
             prompt = piece.seq.request.prompt_ids
+            if piece.twin is not None:
+                slot = slots[id(piece)] = len(rows) + len(slots)
+                twins.append((slot, slots[id(piece.twin)], end - len(prompt)))
+                keep.append(kept[id(piece.twin)])
+                continue
             n = piece.end - piece.begin
             mask = causal_mask(n, piece.begin, self._device)
             if piece.last:
-                slot = len(rows) + sum(j.slot is not None for j in joins)
+                slot = slots[id(piece)] = len(rows) + len(slots)
                 start = end - len(prompt)
                 self._copy_source(piece, slot, start)
                 joins.append(Join(slot, start, end, len(ids), n, mask))
             else:
-                stage = piece.source if isinstance(piece.source, _Staged) else None
+                stage = piece.source if isinstance(piece.source, Staged) else None
                 if stage is None:  # its first chunk: a buffer for the whole prompt
                     keys, values = store.geometry.empty(len(prompt))
-                    stage = _Staged(keys, values, 0)
+                    stage = Staged(keys, values, 0)
                     if piece.source is not None:
                         for layer in range(store.geometry.layers):
                             keys[layer][:, :, : piece.begin] = piece.source.keys[layer]
                             values[layer][:, :, : piece.begin] = piece.source.values[layer]
                 joins.append(Join(None, 0, piece.end, len(ids), n, mask, stage.keys, stage.values))
-                staged.append((piece.seq, _Staged(stage.keys, stage.values, piece.end)))
+                staged.append((piece.seq, Staged(stage.keys, stage.values, piece.end)))
             ids += prompt[piece.begin : piece.end]
             positions += range(piece.begin, piece.end)
+            computed += piece.end - piece.begin
             if piece.last:
+                kept[id(piece)] = len(ids) - 1
                 keep.append(len(ids) - 1)
         # A running row's position is the number of tokens it holds: its real columns are
         # [hi - held, hi], the new key at hi.
@@ -488,6 +460,11 @@ class TorchStepEngine:
         )
         # A step of one chunk and nothing else yields no token; the lm_head takes one row anyway.
         logits = self._forward(ids, positions, keep or [len(ids) - 1], plan)
+        for slot, source, start in twins:  # the same prompt: the same keys and values
+            span = slice(start, end)
+            for layer in range(store.geometry.layers):
+                store.keys[layer][slot, :, span] = store.keys[layer][source, :, span]
+                store.values[layer][slot, :, span] = store.values[layer][source, :, span]
         # Committed: every row now ends at `end`; the window reaches back to the longest.
         joiners = [p.seq for p in joining]
         if joiners:
@@ -506,10 +483,13 @@ class TorchStepEngine:
             for piece in pieces:
                 if piece.prefix is not None:
                     self._prefixes.used(piece.prefix)
-            self._learn([j for j in joins if j.slot is not None], joiners)
+            learners = [p.seq for p in joining if p.twin is None]
+            self._learn([j for j in joins if j.slot is not None], learners)
+        self._prompt_tokens_computed += computed
+        self._prompts_shared += len(twins)
         return self._advance(self._rows, logits) if self._rows else []
 
-    def _copy_source(self, piece: _Piece, slot: int, start: int) -> None:
+    def _copy_source(self, piece: Piece, slot: int, start: int) -> None:
         """Put what a joining sequence holds already (a cached prefix, its earlier chunks) in
         its slot, in front of the rest of its prompt."""
         source = piece.source
@@ -554,7 +534,7 @@ class TorchStepEngine:
         logits: torch.Tensor = out.logits[0]
         return logits
 
-    def _learn(self, joins: list[Join], seqs: list[_Sequence]) -> None:
+    def _learn(self, joins: list[Join], seqs: list[Running]) -> None:
         """Keep the prefixes these prompts share with recent ones (see
         :class:`~.prefix_cache.PrefixCache`)."""
         assert self._prefixes is not None
@@ -577,7 +557,9 @@ class TorchStepEngine:
                     )
                 )
 
-    def _advance(self, seqs: list[_Sequence], logits: torch.Tensor) -> list[StepOutput]:
+    def _advance(self, seqs: list[Running], logits: torch.Tensor) -> list[StepOutput]:
+        asking = [i for i, s in enumerate(seqs) if s.request.params.logprobs is not None]
+        log_probs = model_logprobs(logits, asking)  # before anything changes the logits
         if self._grammars is not None:
             self._grammars.mask(logits, [s.grammar for s in seqs])
         tokens = select_tokens(
@@ -586,8 +568,16 @@ class TorchStepEngine:
             [s.generator for s in seqs],
             [s.generated for s in seqs],
         )
+        logprobs: dict[int, TokenLogprob] = {}
+        if log_probs is not None:
+            found = token_logprobs(
+                log_probs,
+                [tokens[i] for i in asking],
+                [seqs[i].request.params.logprobs or 0 for i in asking],
+            )
+            logprobs = dict(zip(asking, found, strict=True))
         outputs = []
-        for seq, token in zip(seqs, tokens, strict=True):
+        for i, (seq, token) in enumerate(zip(seqs, tokens, strict=True)):
             rid = seq.request.request_id
             # a grammar given up on ends the sequence with an error, never an unconstrained token
             failure = None if seq.grammar is None else seq.grammar.take(token)
@@ -606,7 +596,16 @@ class TorchStepEngine:
             if reason is not None:
                 seq.done = True
                 del self._live[rid]
-            outputs.append(StepOutput(rid, (token,), reason is not None, reason))
+            lp = logprobs.get(i)
+            outputs.append(
+                StepOutput(
+                    rid,
+                    (token,),
+                    reason is not None,
+                    reason,
+                    logprobs=None if lp is None else (lp,),
+                )
+            )
         return outputs
 
     def _leave(self) -> None:

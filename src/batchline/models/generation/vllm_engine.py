@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, Self, cast
 from batchline._batcher import State
 from batchline._errors import BatcherClosedError, ModelError, QueueFullError
 from batchline._priority import aged_rank
-from batchline.models.generation.engine import FinishReason, SamplingParams
+from batchline.models.generation.engine import FinishReason, SamplingParams, TokenLogprob
 from batchline.models.generation.stats import (
     GenerationStats,
     GenerationStatsRecorder,
@@ -79,6 +79,7 @@ __all__ = [
     "VllmEngine",
     "VllmGenerator",
     "VllmRequestOutput",
+    "from_vllm_logprobs",
     "to_vllm_prompt",
     "to_vllm_sampling_params",
 ]
@@ -95,6 +96,12 @@ class VllmCompletionOutput(Protocol):
 
     @property
     def finish_reason(self) -> str | None: ...
+
+    @property
+    def logprobs(self) -> Sequence[Mapping[int, Any]] | None:
+        """Per token: token id to vLLM's ``Logprob`` (``logprob``, ``rank``), the token's own
+        and the ``logprobs`` most likely; None when not asked."""
+        ...
 
 
 class VllmRequestOutput(Protocol):
@@ -153,9 +160,28 @@ def to_vllm_sampling_params(params: SamplingParams, *, delta: bool = True) -> ob
             presence_penalty=params.presence_penalty,
             frequency_penalty=params.frequency_penalty,
             logit_bias=dict(params.logit_bias) if params.logit_bias else None,
+            logprobs=params.logprobs,
             **structured,
         ),
     )
+
+
+def from_vllm_logprobs(
+    token_ids: Sequence[int], logprobs: Sequence[Mapping[int, Any]] | None, top: int
+) -> tuple[TokenLogprob, ...] | None:
+    """vLLM's per-token log-probabilities (token id to ``Logprob``) as batchline's, the ``top``
+    most likely by vLLM's rank (None when vLLM gave none)."""
+    if logprobs is None:
+        return None
+    found = []
+    for token, at in zip(token_ids, logprobs, strict=False):
+        ranked = sorted(
+            ((entry.rank, t, float(entry.logprob)) for t, entry in at.items() if entry.rank),
+            key=lambda r: r[0],
+        )
+        best = tuple((t, lp) for _, t, lp in ranked[:top])
+        found.append(TokenLogprob(int(token), float(at[token].logprob), best))
+    return tuple(found)
 
 
 def to_vllm_prompt(prompt_ids: list[int]) -> Mapping[str, object]:
@@ -451,6 +477,7 @@ class VllmGenerator:
         ids: list[int] = []
         texts: list[str] = []
         text_len = 0
+        logprobs: list[TokenLogprob] | None = None if params.logprobs is None else []
         try:
             vllm_prompt, vllm_params = self._to_prompt(prompt), self._to_params(params)
             if self.scheduling_policy == "priority":
@@ -467,6 +494,7 @@ class VllmGenerator:
                 if admitted_at is None:
                     admitted_at = max(submitted_at, now - _prefill_s(out))
                 completion_out = out.outputs[0]
+                raw_logprobs = getattr(completion_out, "logprobs", None)
                 if self._delta:
                     new_ids = tuple(completion_out.token_ids)
                     new_text = completion_out.text
@@ -476,6 +504,12 @@ class VllmGenerator:
                     new_text = completion_out.text[text_len:]
                     texts[:] = [completion_out.text]
                     text_len = len(completion_out.text)
+                    if raw_logprobs is not None:
+                        raw_logprobs = raw_logprobs[len(ids) :]
+                new_logprobs = None
+                if logprobs is not None:
+                    new_logprobs = from_vllm_logprobs(new_ids, raw_logprobs, params.logprobs or 0)
+                    logprobs.extend(new_logprobs or ())
                 ids.extend(new_ids)
                 if new_ids:
                     recorder.on_tokens(
@@ -490,12 +524,21 @@ class VllmGenerator:
                     last_at = now
                 if out.finished:
                     reason = _finish_reason(completion_out.finish_reason)
-                    stream._push(GenerationDelta(new_text, new_ids, True, reason))
+                    stream._push(GenerationDelta(new_text, new_ids, True, reason, new_logprobs))
                     self._finish(
-                        stream, reason, texts, ids, submitted_at, first_at, now, admitted_at, params
+                        stream,
+                        reason,
+                        texts,
+                        ids,
+                        submitted_at,
+                        first_at,
+                        now,
+                        admitted_at,
+                        params,
+                        logprobs,
                     )
                     return
-                stream._push(GenerationDelta(new_text, new_ids))
+                stream._push(GenerationDelta(new_text, new_ids, logprobs=new_logprobs))
             # the iterator ended without a finished output: vLLM aborted it
             now = self._clock.now()
             stream._push(GenerationDelta("", (), True, "abort"))
@@ -543,6 +586,7 @@ class VllmGenerator:
         now: float,
         admitted_at: float | None,
         params: SamplingParams,
+        logprobs: list[TokenLogprob] | None = None,
     ) -> None:
         completion = Completion(
             text="".join(texts),
@@ -554,6 +598,7 @@ class VllmGenerator:
             latency_s=now - submitted_at,
             queue_wait_s=None if admitted_at is None else admitted_at - submitted_at,
             priority=params.priority,
+            logprobs=None if logprobs is None else tuple(logprobs),
         )
         if stream._complete(completion):
             if reason == "abort":

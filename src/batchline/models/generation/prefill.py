@@ -1,0 +1,110 @@
+"""What one step of :class:`~.torch_engine.TorchStepEngine` prefills: the running sequences'
+bookkeeping, and the plan of the prompt pieces a step takes.
+
+A waiting prompt is prefilled whole, after what it holds already (a cached prefix, its
+earlier chunks), while the step's token budget lasts, then at most one chunk of the next. A
+prompt identical to one this step prefills to its end is not computed again: it is that
+piece's *twin*, and takes its keys, values and first logits (the ``n`` samples of one
+prompt; duplicate records). A twin of a prompt this step only prefills a chunk of waits for
+the last chunk rather than compute the prompt a second time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+
+from batchline.models.generation.engine import GenerationRequest
+from batchline.models.generation.prefix_cache import Prefix, PrefixCache
+from batchline.models.generation.structured import GrammarState
+
+__all__ = ["Piece", "Running", "Staged", "plan_prefill"]
+
+
+@dataclass(frozen=True, slots=True)
+class Staged:
+    """The first ``n`` prompt positions of a sequence prefilled in chunks, so far."""
+
+    keys: list[torch.Tensor]  # per layer, (1, kv_heads, len(prompt), head_dim)
+    values: list[torch.Tensor]
+    n: int
+
+
+@dataclass(slots=True, eq=False)
+class Running:
+    """One sequence the engine holds, from its request's arrival to its end."""
+
+    request: GenerationRequest
+    generator: torch.Generator | None
+    generated: list[int] = field(default_factory=list)
+    done: bool = False  # finished or aborted: leaves the batch before the next forward pass
+    staged: Staged | None = None  # a long prompt between its chunks
+    grammar: GrammarState | None = None  # a constrained request's place in its grammar
+
+    @property
+    def held(self) -> int:
+        """Tokens in the KV cache once prefilled: the prompt and all but the latest token (the
+        latest is fed, and cached, at the next step)."""
+        return len(self.request.prompt_ids) + len(self.generated) - 1
+
+
+@dataclass(slots=True)
+class Piece:
+    """What a step prefills of one waiting sequence: prompt tokens ``[begin, end)``, after
+    ``source`` (a cached prefix or its earlier chunks) holding ``[0, begin)``."""
+
+    seq: Running
+    begin: int
+    end: int
+    source: Prefix | Staged | None
+    prefix: Prefix | None  # the cache hit to count once the step succeeds
+    #: a piece of this step with the same whole prompt: its keys, values and logits are
+    #: this one's too, so this prompt is not prefilled again
+    twin: Piece | None = None
+
+    @property
+    def last(self) -> bool:
+        return self.end == len(self.seq.request.prompt_ids)
+
+
+def plan_prefill(
+    pending: Iterable[Running], prefixes: PrefixCache | None, room: int | None
+) -> list[Piece]:
+    """The pieces of the ``pending`` sequences (in arrival order) one step prefills, within
+    ``room`` prompt tokens (None: no limit), see the module docstring. Looks ``prefixes`` up
+    for a prompt that starts there."""
+    pieces: list[Piece] = []
+    whole: dict[tuple[int, ...], Piece] = {}  # prompts this step prefills to their end
+    chunked: set[tuple[int, ...]] = set()  # prompts this step prefills a chunk of
+    for seq in pending:
+        prompt = seq.request.prompt_ids
+        if seq.staged is None:
+            twin = whole.get(prompt)
+            if twin is not None:  # costs no room: nothing of it is computed
+                pieces.append(Piece(seq, twin.begin, twin.end, twin.source, None, twin))
+                continue
+            if prompt in chunked:
+                continue  # waits for its twin's last chunk rather than compute it again
+        if room is not None and room <= 0:
+            break
+        prefix = None
+        source: Prefix | Staged | None = seq.staged
+        if source is None and prefixes is not None:
+            source = prefix = prefixes.lookup(prompt)
+        begin = 0
+        if isinstance(source, Staged):
+            begin = source.n
+        elif source is not None:
+            begin = len(source.tokens)
+        end = len(prompt) if room is None else min(len(prompt), begin + room)
+        piece = Piece(seq, begin, end, source, prefix)
+        pieces.append(piece)
+        if piece.last:
+            whole.setdefault(prompt, piece)
+        elif seq.staged is None:
+            chunked.add(prompt)
+        if room is not None:
+            room -= end - begin
+    return pieces
