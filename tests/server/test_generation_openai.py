@@ -148,9 +148,9 @@ def test_errors_are_the_clients_error_types(client: openai.OpenAI) -> None:
         client.completions.create(model="nope", prompt="hi")
     with pytest.raises(openai.BadRequestError, match="exceeds the model's context of 2048"):
         client.completions.create(model="fake", prompt="x" * 2000, max_tokens=100)
-    with pytest.raises(openai.BadRequestError, match="n=2 is not supported"):
+    with pytest.raises(openai.BadRequestError, match="'top_logprobs' needs 'logprobs': true"):
         client.chat.completions.create(
-            model="fake", messages=[{"role": "user", "content": "hi"}], n=2
+            model="fake", messages=[{"role": "user", "content": "hi"}], top_logprobs=2
         )
     with pytest.raises(openai.UnprocessableEntityError):
         client.completions.create(model="fake", prompt="hi", temperature=5)

@@ -106,6 +106,10 @@ class FakeServed:
             max_tokens=self.max_context_tokens,
         )
 
+    @property
+    def detokenizer(self) -> FakeTokenizer:
+        return TOK
+
     def close(self) -> None:
         pass
 
@@ -447,9 +451,11 @@ SECRET = "sEcReT-\u00e9-input"
         ("/v1/completions", {"prompt": "hi", "top_p": 0}, 422),
         ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, 422),
         ("/v1/completions", {"prompt": "hi", "max_tokens": SECRET}, 422),
-        ("/v1/completions", {"prompt": "hi", "n": 2}, 400),
-        ("/v1/completions", {"prompt": "hi", "echo": True}, 400),
-        ("/v1/completions", {"prompt": "hi", "logprobs": 3}, 400),
+        ("/v1/completions", {"prompt": "hi", "n": 0}, 422),
+        ("/v1/completions", {"prompt": "hi", "n": SECRET}, 422),
+        ("/v1/completions", {"prompt": "hi", "echo": True, "logprobs": 3}, 400),
+        ("/v1/completions", {"prompt": "hi", "logprobs": 21}, 422),
+        ("/v1/completions", {"prompt": ["a"] * 40, "n": 100}, 413),
         ("/v1/completions", {"prompt": "hi", "stop": [""]}, 400),
         ("/v1/completions", {"prompt": [1, 2, 3]}, 422),
         ("/v1/completions", {"prompt": []}, 400),
@@ -458,7 +464,11 @@ SECRET = "sEcReT-\u00e9-input"
         ("/v1/chat/completions", {"messages": []}, 400),
         ("/v1/chat/completions", {"messages": [{"role": SECRET, "content": "x"}]}, 422),
         ("/v1/chat/completions", {"messages": [{"role": "tool", "content": SECRET}]}, 400),
-        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 3}, 400),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3},
+            400,
+        ),
         (
             "/v1/chat/completions",
             {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},

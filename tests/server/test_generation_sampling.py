@@ -72,7 +72,7 @@ async def test_penalties_and_bias_reach_the_engine_on_every_route() -> None:
         ({"top_k": 5}, "'top_k' is not applied by batchline's engines; omit it"),
         ({"repetition_penalty": 1.2}, "'repetition_penalty' is not applied"),
         ({"min_p": 0.1}, "'min_p' is not applied"),
-        ({"top_logprobs": 3}, "'top_logprobs' is not applied"),
+        ({"prompt_logprobs": 3}, "'prompt_logprobs' is not applied"),
         ({"use_beam_search": True}, "'use_beam_search' is not applied"),
     ],
 )

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from batchline.models.openai.completions import completion_response
+from batchline.models.openai.completions import Choice, completion_response
 from batchline.models.openai.embeddings import embeddings_json
 from batchline.models.openai.requests import EMBEDDINGS_URL
 from batchline.models.scoring import RERANK_URL, SCORE_URL, answer, read_rerank, read_score
@@ -80,7 +80,7 @@ def _completion_body(row: dict[str, Any], digest: str, *, chat: bool) -> dict[st
         created=row["created"],
         model=row["model"],
         chat=chat,
-        choices=[(row["text"], row["finish_reason"])],
+        choices=[Choice(row["text"], row["finish_reason"])],
         prompt_tokens=row["prompt_tokens"],
         completion_tokens=row["completion_tokens"],
     )

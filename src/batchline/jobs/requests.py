@@ -163,7 +163,22 @@ class RecordRequests:
             raise ValueError(f"a {url} line goes to the job's {_KINDS[kind][0]}, not a generator")
         assert isinstance(body, OpenAISamplingBody)
         body.check()
+        _check_one_plain_choice(body)
         return body
+
+
+def _check_one_plain_choice(body: OpenAISamplingBody) -> None:
+    """``ValueError`` for what the routes answer but a batch file's line does not yet: ``n`` >
+    1, log-probabilities, ``echo``."""
+    if body.n != 1:
+        raise ValueError(
+            f"n={body.n} is not supported in batch files yet (the routes take it); send n=1, "
+            "one line per completion"
+        )
+    if body.logprob_count() is not None:
+        raise ValueError("'logprobs' is not supported in batch files yet (the routes take it)")
+    if getattr(body, "echo", False):
+        raise ValueError("'echo' is not supported in batch files yet (the routes take it)")
 
 
 def batch_line(value: object) -> tuple[str, Mapping[str, Any]]:

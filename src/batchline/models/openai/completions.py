@@ -1,12 +1,24 @@
 """OpenAI's ``Completion`` and ``ChatCompletion`` (not streamed), for ``/v1/completions`` and
-``/v1/chat/completions`` and the batch files' completions and chat lines alike."""
+``/v1/chat/completions`` and the batch files' completions and chat lines alike, with their
+``logprobs`` objects (:func:`chat_logprobs`, :func:`completion_logprobs`; streamed chunks
+carry the same objects over their own tokens).
+
+A token's text is what decoding that token alone gives; one that ends inside a character
+reads U+FFFD, and its ``bytes`` are that text's UTF-8.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["completion_response", "usage"]
+from batchline.models.generation import TokenLogprob
+
+__all__ = ["Choice", "chat_logprobs", "completion_logprobs", "completion_response", "usage"]
+
+#: A token id's text (the model's detokenizer on that token alone).
+TokenText = Callable[[int], str]
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -17,27 +29,37 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """One choice of a response: its text, why it ended, and its ``logprobs`` object (None
+    when not asked)."""
+
+    text: str
+    finish_reason: str | None
+    logprobs: dict[str, Any] | None = None
+
+
 def completion_response(
     *,
     id: str,
     created: int,
     model: str,
     chat: bool,
-    choices: Sequence[tuple[str, str | None]],
+    choices: Sequence[Choice],
     prompt_tokens: int,
     completion_tokens: int,
 ) -> dict[str, Any]:
     """A ``chat.completion`` (``chat``: each choice an assistant message) or a
-    ``text_completion``; ``choices`` are ``(text, finish_reason)`` in order."""
+    ``text_completion``; ``choices`` in order (their ``index``)."""
     listed = []
-    for index, (text, finish_reason) in enumerate(choices):
+    for index, c in enumerate(choices):
         choice: dict[str, Any] = {"index": index}
         if chat:
-            choice["message"] = {"role": "assistant", "content": text}
+            choice["message"] = {"role": "assistant", "content": c.text}
         else:
-            choice["text"] = text
-        choice["logprobs"] = None
-        choice["finish_reason"] = finish_reason
+            choice["text"] = c.text
+        choice["logprobs"] = c.logprobs
+        choice["finish_reason"] = c.finish_reason
         listed.append(choice)
     return {
         "id": id,
@@ -46,4 +68,49 @@ def completion_response(
         "model": model,
         "choices": listed,
         "usage": usage(prompt_tokens, completion_tokens),
+    }
+
+
+def _entry(token_id: int, logprob: float, text_of: TokenText) -> dict[str, Any]:
+    text = text_of(token_id)
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+
+def chat_logprobs(logprobs: Sequence[TokenLogprob], text_of: TokenText) -> dict[str, Any]:
+    """A chat choice's ``logprobs``: ``{"content": [{"token", "logprob", "bytes",
+    "top_logprobs": [...]}], "refusal": null}``."""
+    content = [
+        {
+            **_entry(lp.token_id, lp.logprob, text_of),
+            "top_logprobs": [_entry(t, v, text_of) for t, v in lp.top],
+        }
+        for lp in logprobs
+    ]
+    return {"content": content, "refusal": None}
+
+
+def completion_logprobs(
+    logprobs: Sequence[TokenLogprob], text_of: TokenText, *, offset: int = 0
+) -> dict[str, Any]:
+    """A text completion's ``logprobs``: parallel ``tokens``, ``token_logprobs``,
+    ``top_logprobs`` (each place's most likely tokens and the chosen one, text to
+    log-probability) and ``text_offset`` (where each token starts in the choice's text,
+    counting from ``offset``)."""
+    tokens: list[str] = []
+    offsets: list[int] = []
+    top: list[dict[str, float]] = []
+    at = offset
+    for lp in logprobs:
+        text = text_of(lp.token_id)
+        tokens.append(text)
+        offsets.append(at)
+        at += len(text)
+        best = {text_of(t): v for t, v in lp.top}
+        best.setdefault(text, lp.logprob)
+        top.append(best)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [lp.logprob for lp in logprobs],
+        "top_logprobs": top,
+        "text_offset": offsets,
     }

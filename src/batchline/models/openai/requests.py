@@ -32,6 +32,7 @@ from pydantic_core import PydanticCustomError
 
 from batchline.models.generation import (
     GUIDED_FIELDS,
+    MAX_LOGPROBS,
     Constraint,
     SamplingParams,
     constraint_from_openai,
@@ -197,6 +198,8 @@ class ScoreRequest(BaseModel):
 
 #: At most this many stop strings per request.
 MAX_STOPS = 16
+#: At most this many completions per prompt (``n``).
+MAX_N = 128
 #: The fields that constrain a completion (structured outputs).
 CONSTRAINT_FIELDS = ("response_format", *GUIDED_FIELDS)
 
@@ -244,6 +247,11 @@ class SamplingBody(BaseModel):
         """The completion's token cap the body asks for (None: the route's or job's default)."""
         return self.max_tokens
 
+    def logprob_count(self) -> int | None:
+        """Alternatives per token to return with each token's log-probability (None: no
+        log-probabilities; ``SamplingParams.logprobs``)."""
+        return None
+
     def constraint_fields(self) -> dict[str, Any]:
         """The structured-output fields the body sets (empty: it asks for no constraint)."""
         return self.model_dump(include=set(CONSTRAINT_FIELDS), exclude_none=True)
@@ -287,6 +295,7 @@ class SamplingBody(BaseModel):
             presence_penalty=self.presence_penalty or 0.0,
             frequency_penalty=self.frequency_penalty or 0.0,
             logit_bias=SamplingParams.bias_of(self.logit_bias),
+            logprobs=self.logprob_count(),
         )
 
 
@@ -297,22 +306,20 @@ class StreamOptions(BaseModel):
 
 
 class OpenAISamplingBody(SamplingBody):
-    """The OpenAI generation routes' common fields (``n``, ``stream``...)."""
+    """The OpenAI generation routes' common fields (``n``, ``stream``...).
 
-    n: StrictInt = 1
+    ``n`` completions of each prompt share its prefill (the engine computes an identical
+    prompt once); sampled with a ``seed``, completion ``i`` draws from ``seed + i``, so the
+    ``n`` differ and the same request gives the same ``n`` again.
+    """
+
+    n: Annotated[StrictInt, Field(ge=1, le=MAX_N)] = 1
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    logprobs: StrictBool | StrictInt | None = None
     user: StrictStr | None = None
 
     def check(self) -> None:
         """``ValueError`` for what is valid OpenAI but not done here."""
-        if self.n != 1:
-            raise ValueError(
-                f"n={self.n} is not supported; send n=1 (several prompts for several texts)"
-            )
-        if self.logprobs not in (None, False, 0):
-            raise ValueError("'logprobs' is not supported; omit it")
 
     def include_usage(self) -> bool:
         """Whether a stream ends with a usage chunk (``stream_options.include_usage``)."""
@@ -326,15 +333,23 @@ class CompletionRequest(OpenAISamplingBody):
     echo: StrictBool = False
     best_of: StrictInt | None = None
     suffix: StrictStr | None = None
+    # legacy completions: the k most likely tokens at each place, with the token's own
+    logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None
 
     def check(self) -> None:
         super().check()
-        if self.echo:
-            raise ValueError("'echo' is not supported; send echo=false")
-        if self.best_of not in (None, 1):
-            raise ValueError("'best_of' is not supported; send best_of=1 or omit it")
+        if self.echo and self.logprobs is not None:
+            raise ValueError(
+                "'echo' with 'logprobs' (the prompt's log-probabilities) is not supported; "
+                "send one of them"
+            )
+        if self.best_of not in (None, 1, self.n):
+            raise ValueError("'best_of' is not supported; omit it (or send it equal to n)")
         if self.suffix:
             raise ValueError("'suffix' is not supported; omit it")
+
+    def logprob_count(self) -> int | None:
+        return self.logprobs
 
     def prompts(self) -> list[str]:
         """The prompts, in order (``ValueError`` when there is none or one is empty)."""
@@ -372,6 +387,8 @@ class ChatCompletionRequest(OpenAISamplingBody):
     messages: list[ChatMessageBody]
     max_completion_tokens: MaxTokens | None = None
     tools: list[Any] | None = None
+    logprobs: StrictBool | None = None
+    top_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None
 
     def check(self) -> None:
         super().check()
@@ -379,6 +396,11 @@ class ChatCompletionRequest(OpenAISamplingBody):
             raise ValueError("'tools' are not supported by this server; omit them")
         if not self.messages:
             raise ValueError("'messages' is empty; send at least one message")
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("'top_logprobs' needs 'logprobs': true")
+
+    def logprob_count(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def asked_max_tokens(self) -> int | None:
         if self.max_completion_tokens is not None:

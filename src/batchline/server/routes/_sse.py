@@ -10,14 +10,25 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from batchline.models.generation import Completion, FinishReason, GenerationDelta, GenerationStream
+from batchline.models.generation import (
+    Completion,
+    FinishReason,
+    GenerationDelta,
+    GenerationStream,
+    TokenLogprob,
+)
+from batchline.models.openai.completions import (
+    Choice,
+    chat_logprobs,
+    completion_logprobs,
+)
 from batchline.models.openai.completions import usage as openai_usage
 from batchline.server.errors import ApiError
 from batchline.server.routes._common import ClientGone, api_error, unless_disconnected
@@ -31,27 +42,61 @@ logger = logging.getLogger("batchline.server")
 
 @dataclass(frozen=True, slots=True)
 class Shape:
-    """The fields every response or chunk of one request repeats."""
+    """The fields every response or chunk of one request repeats, and how its choices read:
+    ``n`` choices per prompt (choice ``i`` is prompt ``i // n``'s), log-probabilities when
+    ``token_text`` (a token id's text) is given, each choice's text after its prompt's
+    when ``echo`` holds the prompts."""
 
     id: str
     object: str
     created: int
     model: str
     chat: bool
+    n: int = 1
+    token_text: Callable[[int], str] | None = None
+    echo: tuple[str, ...] | None = None
 
     def head(self, *, chunk: bool = False) -> dict[str, Any]:
         kind = self.object + ".chunk" if chunk and self.chat else self.object
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
+    def echoed(self, index: int) -> str:
+        """The prompt text choice ``index`` starts with ("" without ``echo``)."""
+        return "" if self.echo is None else self.echo[index // self.n]
+
+    def logprobs(
+        self, tokens: Sequence[TokenLogprob] | None, *, offset: int = 0
+    ) -> dict[str, Any] | None:
+        """The ``logprobs`` object of these tokens (None when the request asked for none)."""
+        if self.token_text is None or tokens is None:
+            return None
+        if self.chat:
+            return chat_logprobs(tokens, self.token_text)
+        return completion_logprobs(tokens, self.token_text, offset=offset)
+
+    def choice(self, index: int, completion: Completion) -> Choice:
+        """Choice ``index`` of the whole (not streamed) response."""
+        echoed = self.echoed(index)
+        return Choice(
+            echoed + completion.text,
+            completion.finish_reason,
+            self.logprobs(completion.logprobs, offset=len(echoed)),
+        )
+
     def chunk(
-        self, index: int, text: str | None, finish: FinishReason | None, usage: bool
+        self,
+        index: int,
+        text: str | None,
+        finish: FinishReason | None,
+        usage: bool,
+        logprobs: dict[str, Any] | None = None,
     ) -> bytes:
         choice: dict[str, Any] = {"index": index}
         if self.chat:
             choice["delta"] = {} if text is None else {"content": text}
         else:
             choice["text"] = text or ""
-        choice["logprobs"] = None
+        choice["logprobs"] = logprobs
         choice["finish_reason"] = finish
         body = {**self.head(chunk=True), "choices": [choice]}
         if usage:
@@ -112,6 +157,11 @@ async def _events(
     if shape.chat:
         for i in range(len(streams)):
             yield shape.role(i, include_usage)
+    # where each choice's next token starts in its text (completions' ``text_offset``)
+    offsets = [len(shape.echoed(i)) for i in range(len(streams))]
+    if shape.echo is not None:
+        for i in range(len(streams)):
+            yield shape.chunk(i, shape.echoed(i), None, include_usage)
     try:
         async with contextlib.aclosing(_merge(streams, settings.request_timeout_s)) as merged:
             async for index, delta in merged:
@@ -120,9 +170,12 @@ async def _events(
                     yield _cut(shape, aborted(settings))
                     yield DONE
                     return
-                if delta.text or delta.finished:
+                logprobs = shape.logprobs(delta.logprobs, offset=offsets[index])
+                if logprobs is not None and shape.token_text is not None:
+                    offsets[index] += sum(len(shape.token_text(t)) for t in delta.token_ids)
+                if delta.text or delta.finished or logprobs is not None:
                     text = delta.text if (delta.text or not shape.chat) else None
-                    yield shape.chunk(index, text, delta.finish_reason, include_usage)
+                    yield shape.chunk(index, text, delta.finish_reason, include_usage, logprobs)
     except Exception as exc:
         error = api_error(exc, settings, served.name, withdrawn="its sequences were aborted")
         # 503: the generator closed while it waited (a drain that timed out, a shutdown)
@@ -132,7 +185,8 @@ async def _events(
     completions = [await s.result() for s in streams]
     served.observe(completions)
     if include_usage:
-        yield sse({**shape.head(chunk=True), "choices": [], "usage": usage(completions)})
+        counted = usage(completions, n=shape.n)
+        yield sse({**shape.head(chunk=True), "choices": [], "usage": counted})
     yield DONE
 
 
@@ -225,7 +279,10 @@ def aborted(settings: ServerSettings) -> ApiError:
     )
 
 
-def usage(completions: Sequence[Completion]) -> dict[str, int]:
+def usage(completions: Sequence[Completion], *, n: int = 1) -> dict[str, int]:
+    """OpenAI's ``usage`` of a request's completions, ``n`` per prompt (its prompt counted
+    once)."""
     return openai_usage(
-        sum(c.prompt_tokens for c in completions), sum(c.completion_tokens for c in completions)
+        sum(c.prompt_tokens for c in completions[::n]),
+        sum(c.completion_tokens for c in completions),
     )

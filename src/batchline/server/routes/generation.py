@@ -194,8 +194,8 @@ async def create_completion(request: Request) -> Response:
         default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS,
     )
     rid = f"cmpl-{uuid.uuid4().hex}"
-    streams = _submit_all(served, state, prompts, params, rid)
-    shape = Shape(rid, "text_completion", int(time.time()), served.name, chat=False)
+    streams = _submit_all(served, state, *_samples(body, state, prompts, params), rid)
+    shape = _shape(served, body, rid, chat=False, echo=texts if body.echo else None)
     if body.stream:
         return event_stream(served, streams, shape, state.settings, body.include_usage())
     completions = await _finish_all(request, state, served, streams)
@@ -222,12 +222,61 @@ async def create_chat_completion(request: Request) -> Response:
         served, body, [ids], constraint, priority, default_max_tokens=DEFAULT_MAX_TOKENS
     )
     rid = f"chatcmpl-{uuid.uuid4().hex}"
-    streams = _submit_all(served, state, [ids], params, rid)
-    shape = Shape(rid, "chat.completion", int(time.time()), served.name, chat=True)
+    streams = _submit_all(served, state, *_samples(body, state, [ids], params), rid)
+    shape = _shape(served, body, rid, chat=True)
     if body.stream:
         return event_stream(served, streams, shape, state.settings, body.include_usage())
     completions = await _finish_all(request, state, served, streams)
     return JSONResponse(_response(shape, completions))
+
+
+def _shape(
+    served: ServedGenerator,
+    body: OpenAISamplingBody,
+    rid: str,
+    *,
+    chat: bool,
+    echo: Sequence[str] | None = None,
+) -> Shape:
+    """What each response or chunk of the request repeats, and how its choices are told."""
+    return Shape(
+        rid,
+        "chat.completion" if chat else "text_completion",
+        int(time.time()),
+        served.name,
+        chat=chat,
+        n=body.n,
+        token_text=None if body.logprob_count() is None else _token_text(served),
+        echo=None if echo is None else tuple(echo),
+    )
+
+
+def _token_text(served: ServedGenerator) -> Callable[[int], str]:
+    decode = served.model.detokenizer.decode
+    return lambda token_id: decode([token_id])
+
+
+def _samples(
+    body: OpenAISamplingBody,
+    state: ServerState,
+    prompts: Sequence[Sequence[int]],
+    params: Sequence[SamplingParams],
+) -> tuple[list[Sequence[int]], list[SamplingParams]]:
+    """Each prompt ``n`` times, with each completion's params (``SamplingParams.samples``):
+    choice ``i * n + j`` is prompt ``i``'s ``j``-th. 413 past ``max_inputs_per_request``."""
+    n = body.n
+    limit = state.settings.max_inputs_per_request
+    if len(prompts) * n > limit:
+        raise ApiError(
+            413,
+            f"{len(prompts)} prompt(s) x n={n} is {len(prompts) * n} completions; at most "
+            f"{limit} per request, lower n or split the prompts",
+            "request_too_large",
+        )
+    return (
+        [ids for ids in prompts for _ in range(n)],
+        [sample for p in params for sample in p.samples(n)],
+    )
 
 
 def _response(shape: Shape, completions: Sequence[Completion]) -> dict[str, Any]:
@@ -236,8 +285,8 @@ def _response(shape: Shape, completions: Sequence[Completion]) -> dict[str, Any]
         created=shape.created,
         model=shape.model,
         chat=shape.chat,
-        choices=[(c.text, c.finish_reason) for c in completions],
-        prompt_tokens=sum(c.prompt_tokens for c in completions),
+        choices=[shape.choice(i, c) for i, c in enumerate(completions)],
+        prompt_tokens=sum(c.prompt_tokens for c in completions[:: shape.n]),
         completion_tokens=sum(c.completion_tokens for c in completions),
     )
 
