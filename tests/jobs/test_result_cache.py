@@ -139,7 +139,9 @@ def test_a_rerun_computes_only_the_edited_records(tmp_path: Path, monkeypatch: p
     got, was = vectors(tmp_path / "second"), vectors(tmp_path / "first")
     assert [g == w for g, w in zip(got, was, strict=True)] == [i != 7 for i in range(len(TEXTS))]
     # another model (here: its identity as its files would give it) takes nothing from it
-    monkeypatch.setattr("batchline.jobs.run.model_identity", lambda spec: "another model")
+    monkeypatch.setattr(
+        "batchline.jobs.result_cache.model_identity", lambda spec, knobs: "another model"
+    )
     third = run(RunOptions(input=src, output=tmp_path / "third", cache=cache))
     assert third.cached == 0
 

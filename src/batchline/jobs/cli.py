@@ -52,7 +52,8 @@ def add_parser(sub: Any) -> None:
         metavar="DIR",
         help="keep results in DIR across runs, and take those an earlier run computed for the "
         "same model files, options and input (a re-run after editing a few records computes "
-        "only those); embed, classify and score jobs",
+        "only those); embed, classify, score and generate jobs (greedy or seeded prompts: "
+        "sampling without a seed is computed every time)",
     )
     p.add_argument(
         "--cache-size",

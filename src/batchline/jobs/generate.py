@@ -22,6 +22,8 @@ its adapter in place of a batch model::
   never exceeds the generator's waiting queue, so ``QueueFullError`` cannot happen.
 - Resuming (``--resume``) needs the same input, prompt column and sampling settings; the
   batching mode may change (greedy outputs do not depend on it).
+- ``--cache DIR`` keeps each greedy or seeded completion across runs and answers a request an
+  earlier run computed from there (:mod:`batchline.jobs.generate_cache`).
 - An OpenAI batch file is a job of its own (:mod:`batchline.jobs.openai_batch`, which runs
   its generate lines through :func:`running_generator` too); ``run_job`` picks it.
 """
@@ -31,13 +33,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import hashlib
 import math
 import time
-from array import array
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, TypeAlias, runtime_checkable
 
 from batchline._errors import BatchlineError, InputError
 from batchline._priority import batcher_priority
@@ -46,9 +46,11 @@ from batchline.datasets.outcomes import Failed, Outcome, Result, describe
 from batchline.datasets.pipeline import PipelineRun, Progress, open_dataset_job, run_pipeline
 from batchline.datasets.sinks import ChunkWriter
 from batchline.datasets.sources import Record, Source, prompt_column
-from batchline.jobs.batch import DEDUPE_WINDOW, Seen, cancel, settle
+from batchline.jobs.batch import DEDUPE_WINDOW, Cached, cancel, settle
+from batchline.jobs.generate_cache import Answers, CompletionCache, request_key
 from batchline.jobs.options import GenerateOptions, RunOptions, default_output, resolve
 from batchline.jobs.requests import RecordRequests, is_openai_batch_file, reads_whole_rows
+from batchline.jobs.result_cache import open_cache
 from batchline.jobs.summary import GenerateSummary
 from batchline.models.generation import SamplingParams
 from batchline.models.protocol import ModelInfo
@@ -241,20 +243,6 @@ def submission_order(
     return out
 
 
-def request_key(ids: Sequence[int], params: SamplingParams) -> bytes | None:
-    """What identifies a request whose completion does not depend on chance: a 16-byte digest
-    of its prompt's token ids and its settings; None for sampling without a seed (each
-    request a draw of its own). Greedy decoding (temperature 0) ignores the seed, so greedy
-    requests that differ only in their seed (a job's ``--seed`` gives each record its own)
-    share a key."""
-    if params.temperature > 0 and params.seed is None:
-        return None
-    if params.temperature == 0:
-        params = dataclasses.replace(params, seed=None, top_p=1.0)
-    data = array("q", ids).tobytes() + repr(params).encode()
-    return hashlib.blake2b(data, digest_size=16).digest()
-
-
 class _Peaks:
     """The highest running/waiting/KV figures seen in the generator's stats."""
 
@@ -272,11 +260,19 @@ class _Peaks:
         self.kv_reserved = max(self.kv_reserved, stats.kv_tokens_reserved)
 
 
+#: A record's prompt ids, settings and request key, or why it fails (``GeneratorAdapter``).
+_Planned = tuple[list[int], SamplingParams, bytes | None] | Failed
+#: What a record's outcome waits on: its completion, or its failure or kept completion.
+_Pending: TypeAlias = "asyncio.Future[Completion] | Failed | Cached"
+
+
 class GeneratorAdapter:
     """:class:`~batchline.datasets.pipeline.Adapter` for a started text generator: each
     record's prompt is encoded (off the loop) and submitted as its own request, at most
     :func:`in_flight_limit` unfinished; a completion is written as its ``text`` with
-    ``finish_reason``, ``prompt_tokens`` and ``completion_tokens`` columns."""
+    ``finish_reason``, ``prompt_tokens`` and ``completion_tokens`` columns. A request that
+    repeats one of this job's (``dedupe_window``) or that an earlier run computed (``cache``)
+    takes that completion instead (:func:`request_key`)."""
 
     def __init__(
         self,
@@ -287,15 +283,16 @@ class GeneratorAdapter:
         limit: int | None = None,
         order_window: int = 0,
         dedupe_window: int = 0,
+        cache: CompletionCache | None = None,
     ) -> None:
         self.model = model
         self.gen: TextGenerator = model.generator
         self.requests = requests
         #: records read at a time and submitted grouped by shared prefix (0: in input order)
         self.order_window = order_window
-        #: the last requests whose answer does not depend on chance (:func:`request_key`),
-        #: to answer their duplicates from
-        self.seen = Seen(dedupe_window) if dedupe_window > 0 else None
+        #: where a request whose answer does not depend on chance (:func:`request_key`) is
+        #: answered from: a duplicate's first request, or a completion an earlier run kept
+        self.answers = Answers(dedupe_window, cache)
         # a shared generator (serve's) keeps room in its waiting queue for live requests
         self.limit = in_flight_limit(model) if limit is None else max(1, limit)
         self._slots = asyncio.Semaphore(self.limit)
@@ -310,7 +307,12 @@ class GeneratorAdapter:
     @property
     def duplicates(self) -> int:
         """Records answered from an identical earlier request's completion."""
-        return 0 if self.seen is None else self.seen.duplicates
+        return self.answers.duplicates
+
+    @property
+    def cached(self) -> int:
+        """Records answered from a completion an earlier run kept (``--cache``)."""
+        return self.answers.cached
 
     def utilization(self) -> float:
         """Running sequences over the running cap, at the last sample (the bar's field)."""
@@ -334,25 +336,23 @@ class GeneratorAdapter:
 
     async def submit(self, records: Sequence[Record]) -> asyncio.Future[list[Outcome]]:
         encoded = await asyncio.to_thread(_encode, self.model, records, self.requests)
-        placed: dict[int, asyncio.Future[Completion] | Failed] = {}
+        planned = self._plan(records, encoded)
+        kept = await self.answers.kept(p[2] for p in planned if not isinstance(p, Failed))
+        placed: dict[int, _Pending] = {}
+        store: dict[int, bytes] = {}  # a computed record's place -> its request key
         grouped = self.order_window > 1
         leading: GenerationStream | None = None
         try:
             for i, member in submission_order(encoded, grouped=grouped):
-                ids = encoded[i]
-                if isinstance(ids, Failed):
-                    placed[i] = ids
+                plan = planned[i]
+                if isinstance(plan, Failed):
+                    placed[i] = plan
                     continue
-                params = self._params(records[i])
-                if isinstance(params, Failed):
-                    placed[i] = params
+                ids, params, key = plan
+                answer = None if key is None else self.answers.answer(key, kept)
+                if answer is not None:  # same prompt and settings: same completion
+                    placed[i] = answer
                     continue
-                key = request_key(ids, params) if self.seen is not None else None
-                if key is not None and self.seen is not None:
-                    first = self.seen.get(key)
-                    if isinstance(first, asyncio.Future):  # same prompt and settings: same text
-                        placed[i] = first
-                        continue
                 if leading is not None and member in (1, 2):
                     await _prefilled(leading)
                 await self._slots.acquire()
@@ -369,13 +369,35 @@ class GeneratorAdapter:
                 outcome = asyncio.ensure_future(stream.result())
                 outcome.add_done_callback(self._on_done)
                 placed[i] = outcome
-                if key is not None and self.seen is not None:
-                    self.seen.put(key, outcome)
+                if key is not None:
+                    self.answers.generating(key, outcome)
+                    store[i] = key
         except BaseException:
             cancel(list(placed.values()))
             raise
         pending = [placed[i] for i in range(len(records))]  # the outcomes in input order
-        return asyncio.ensure_future(_outcomes(pending, stamp=self.requests.openai_batch))
+        return asyncio.ensure_future(self._finish(pending, store))
+
+    def _plan(
+        self, records: Sequence[Record], encoded: Sequence[list[int] | Failed]
+    ) -> list[_Planned]:
+        """Each record's prompt ids, settings and :func:`request_key` (None: always generated),
+        or why it fails."""
+        planned: list[_Planned] = []
+        for record, ids in zip(records, encoded, strict=True):
+            params = ids if isinstance(ids, Failed) else self._params(record)
+            if isinstance(params, Failed):
+                planned.append(params)
+            else:
+                assert not isinstance(ids, Failed)
+                key = request_key(ids, params) if self.answers.keyed else None
+                planned.append((ids, params, key))
+        return planned
+
+    async def _finish(self, pending: Sequence[_Pending], store: dict[int, bytes]) -> list[Outcome]:
+        outcomes = await _outcomes(pending, stamp=self.requests.openai_batch)
+        await self.answers.keep(outcomes, store)
+        return outcomes
 
     def _params(self, record: Record) -> SamplingParams | Failed:
         try:
@@ -420,11 +442,17 @@ async def running_generator(
     *,
     order_window: int = 0,
     dedupe_window: int = 0,
+    cache: CompletionCache | None = None,
 ) -> AsyncIterator[GeneratorAdapter]:
     """The model's generator started, and its adapter; on the way out the generator stops,
     drained when the block ended normally, else at once."""
     adapter = GeneratorAdapter(
-        model, requests, progress, order_window=order_window, dedupe_window=dedupe_window
+        model,
+        requests,
+        progress,
+        order_window=order_window,
+        dedupe_window=dedupe_window,
+        cache=cache,
     )
     gen = adapter.gen
     await gen.start()
@@ -486,9 +514,16 @@ async def run_generate_job(
     assert opts.spec is not None
     from batchline.models.generation import load_text_generator
 
-    # The model loads before the output opens (as in run): a model that fails to load leaves
-    # no half-made output behind that would need --resume or --overwrite.
-    model = await asyncio.to_thread(load_text_generator, opts.spec, opts.knobs)
+    # The cache opens and the model loads before the output opens (as in run): either failing
+    # leaves no half-made output behind that would need --resume or --overwrite.
+    store = await asyncio.to_thread(open_cache, opts)
+    cache = None if store is None else CompletionCache(store)
+    try:
+        model = await asyncio.to_thread(load_text_generator, opts.spec, opts.knobs)
+    except BaseException:
+        if cache is not None:
+            cache.close()
+        raise
     try:
         source, writer = await asyncio.to_thread(open_generate_job, opts, requests)
         with writer:
@@ -499,6 +534,7 @@ async def run_generate_job(
                 progress,
                 order_window=window,
                 dedupe_window=DEDUPE_WINDOW if opts.dedupe else 0,
+                cache=cache,
             ) as adapter:
                 block, blocks = pipeline_limits(adapter)
                 done = await run_pipeline(
@@ -514,18 +550,18 @@ async def run_generate_job(
             return generate_summary(writer.out_dir, opts, done, adapter)
     finally:
         model.close()
+        if cache is not None:
+            cache.close()
 
 
-async def _outcomes(
-    pending: Sequence[asyncio.Future[Completion] | Failed], *, stamp: bool = False
-) -> list[Outcome]:
+async def _outcomes(pending: Sequence[_Pending], *, stamp: bool = False) -> list[Outcome]:
     """Each record's outcome, in order: its completion's text and figures (and with ``stamp``
-    the Unix time it was written, ``created``), or its failure."""
+    the Unix time it was written, ``created``), or its failure, or its kept completion."""
     await settle(pending)
     outcomes: list[Outcome] = []
     for p in pending:
-        if isinstance(p, Failed):
-            outcomes.append(p)
+        if isinstance(p, Failed | Cached):
+            outcomes.append(p if isinstance(p, Failed) else p.outcome)
             continue
         if p.cancelled():
             raise asyncio.CancelledError
@@ -592,4 +628,5 @@ def generate_summary(
         prefix_cache_hits=stats.prefix_cache_hits,
         prefix_tokens_reused=stats.prefix_tokens_reused,
         duplicates=adapter.duplicates,
+        cached=adapter.cached,
     )

@@ -7,7 +7,8 @@ change what it computes, the versions that run it) and the record's input as the
 given it (a text, or a score pair); its value is the record's encoded result: a numpy array
 (its dtype, shape and bytes: no pickle) or JSON. A result of another shape (a tensor model's
 dict of arrays) is not cached. The file holds at most ``max_bytes`` of values: past that, the
-least recently used go first.
+least recently used go first. A generation job keeps its completions here too
+(:mod:`batchline.jobs.generate_cache`), under its generator's identity.
 """
 
 from __future__ import annotations
@@ -19,11 +20,17 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-__all__ = ["DEFAULT_CACHE_BYTES", "ResultCache"]
+from batchline._errors import InputError
+from batchline.models.identity import model_identity
+
+if TYPE_CHECKING:
+    from batchline.jobs.options import RunOptions
+
+__all__ = ["DEFAULT_CACHE_BYTES", "ResultCache", "open_cache"]
 
 #: What ``--cache`` keeps at most unless ``--cache-size`` says otherwise.
 DEFAULT_CACHE_BYTES = 1 << 30
@@ -140,6 +147,29 @@ class ResultCache:
                 self._mark_used(time.time())
                 self._db.execute("COMMIT")
             self._db.close()
+
+
+def open_cache(options: RunOptions) -> ResultCache | None:
+    """The job's result cache (``--cache``), under its resolved model's identity (a text
+    generator's with its knobs); ``InputError`` for a model whose results are not a function
+    of its input as far as we can tell (a ``module:factory`` model), or a folder that cannot
+    hold the cache."""
+    if options.cache is None:
+        return None
+    assert options.spec is not None  # resolved
+    identity = model_identity(options.spec, options.knobs)
+    if identity is None:
+        raise InputError(
+            "--cache cannot keep a module:factory model's results: its code is not a file "
+            "whose changes we can see; run without --cache"
+        )
+    try:
+        return ResultCache(options.cache, identity, max_bytes=options.cache_bytes)
+    except (OSError, sqlite3.Error) as exc:
+        raise InputError(
+            f"--cache {options.cache}: cannot keep results there ({exc}); name a folder of "
+            "your own, or a new one"
+        ) from None
 
 
 def _encode(result: object) -> bytes | None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import sqlite3
 from collections.abc import Callable
 from typing import Any
 
@@ -27,11 +26,10 @@ from batchline.datasets.sinks import ChunkWriter
 from batchline.datasets.sources import Record, Source
 from batchline.jobs.batch import DEDUPE_WINDOW, BatchAdapter
 from batchline.jobs.options import GenerateOptions, RunOptions, default_output, resolve
-from batchline.jobs.result_cache import ResultCache
+from batchline.jobs.result_cache import open_cache
 from batchline.jobs.summary import RunSummary, summarize
 from batchline.knobs import Knobs
 from batchline.models.batching import ModelBatcher
-from batchline.models.identity import model_identity
 from batchline.models.protocol import BatchModel, ModelInfo
 
 __all__ = [
@@ -76,15 +74,15 @@ async def run_job(options: RunOptions, progress: Progress | None = None) -> RunS
     """
     options = await asyncio.to_thread(resolve, options)
     if isinstance(options, GenerateOptions):
-        if options.cache is not None:
-            raise InputError(
-                "--cache keeps the results of embed, classify and score jobs over a dataset; "
-                "a generation job or an OpenAI batch file runs without it"
-            )
         from batchline.jobs.openai_batch import detect_batch, run_batch_job
 
         batch = await asyncio.to_thread(detect_batch, options)
         if batch is not None:
+            if options.cache is not None:
+                raise InputError(
+                    "--cache keeps the results of dataset jobs (embed, classify, score, "
+                    "generate); an OpenAI batch file runs without it"
+                )
             return await run_batch_job(options, batch, progress)
         from batchline.jobs.generate import run_generate_job
 
@@ -121,27 +119,6 @@ async def run_job(options: RunOptions, progress: Progress | None = None) -> RunS
         model.close()
         if cache is not None:
             cache.close()
-
-
-def open_cache(options: RunOptions) -> ResultCache | None:
-    """The job's result cache (``--cache``): ``InputError`` for a model whose results are not
-    a function of its input as far as we can tell (a ``module:factory`` model)."""
-    if options.cache is None:
-        return None
-    assert options.spec is not None  # resolved
-    identity = model_identity(options.spec)
-    if identity is None:
-        raise InputError(
-            "--cache cannot keep a module:factory model's results: its code is not a file "
-            "whose changes we can see; run without --cache"
-        )
-    try:
-        return ResultCache(options.cache, identity, max_bytes=options.cache_bytes)
-    except (OSError, sqlite3.Error) as exc:
-        raise InputError(
-            f"--cache {options.cache}: cannot keep results there ({exc}); name a folder of "
-            "your own, or a new one"
-        ) from None
 
 
 def dedupe_window(options: RunOptions) -> int:

@@ -1,7 +1,9 @@
 """What identifies a model's results, for a result cache: the files its weights and tokenizer
 are read from, the spec's options that change what it computes, and the versions of what runs
 it. Two loads with the same identity give the same result for the same input (up to the last
-bits a batch's padding may move).
+bits a batch's padding may move). A text generator's identity also holds what its knobs change
+in the tokens: the backend (torch or vLLM), the dtype it computes in (``auto`` as chosen on
+this machine) and the kind of device.
 
 A file of at most :data:`HASHED_BYTES` is identified by its content; a larger one (weights)
 by its size and modification time, so that a job does not read gigabytes to start: a weights
@@ -17,6 +19,7 @@ import importlib.metadata
 import json
 from pathlib import Path
 
+from batchline.knobs import Knobs
 from batchline.models.specs import ModelSpec
 
 __all__ = ["HASHED_BYTES", "model_identity"]
@@ -25,13 +28,15 @@ __all__ = ["HASHED_BYTES", "model_identity"]
 HASHED_BYTES = 64 << 20
 
 
-def model_identity(spec: ModelSpec) -> str | None:
+def model_identity(spec: ModelSpec, knobs: Knobs | None = None) -> str | None:
     """A hex digest that changes when the model's files, its spec's options or the versions
-    of batchline and ONNX Runtime change; None for a Python model."""
+    of batchline and ONNX Runtime change; None for a Python model. A text generator's
+    (``spec.generates``) changes with what ``knobs`` change in its tokens too
+    (:func:`_generation_options`); a batch model's ignores ``knobs``."""
     if spec.kind == "python":
         return None
     digest = hashlib.sha256()
-    options = {
+    options: dict[str, object] = {
         "kind": spec.kind,
         "task": spec.task,
         "labels": spec.labels,
@@ -39,10 +44,35 @@ def model_identity(spec: ModelSpec) -> str | None:
         "normalize": spec.normalize,
         "versions": [_version("batchline"), _version("onnxruntime")],
     }
+    if spec.generates:
+        options.update(_generation_options(spec, knobs or Knobs()))
     digest.update(json.dumps(options, sort_keys=True).encode())
     for path in _files(spec):
         _add_file(digest, path)
     return digest.hexdigest()
+
+
+def _generation_options(spec: ModelSpec, knobs: Knobs) -> dict[str, object]:
+    """What changes a generator's tokens beyond its files: the backend and its version, the
+    dtype (float32 and bf16 round differently), the kind of device (CPU and CUDA kernels
+    differ in the last bits), and for ``smollm2`` the version of the GGUF's conversion. Not
+    the batching kind nor the caps: greedy and seeded tokens do not depend on them."""
+    from batchline.models.generation import choose_dtype
+
+    backend = knobs.generation_backend
+    runs_it = ["vllm"] if backend == "vllm" else ["torch", "transformers"]
+    options: dict[str, object] = {
+        "task": "generate",
+        "backend": backend,
+        "dtype": choose_dtype(knobs.dtype, knobs.device).dtype,
+        "device": "cuda" if knobs.device.startswith("cuda") else knobs.device,
+        "generation_versions": [_version(p) for p in runs_it],
+    }
+    if spec.kind == "builtin":
+        from batchline.models.generation.smollm2 import CONVERTER_VERSION
+
+        options["converter"] = CONVERTER_VERSION
+    return options
 
 
 def _files(spec: ModelSpec) -> list[Path]:
