@@ -9,7 +9,7 @@ import random
 from pathlib import Path
 
 from batchline.datasets.outcomes import Failed
-from batchline.jobs.generate import submission_order
+from batchline.jobs.prefix_order import submission_order
 
 from .test_generate import _cache, rows, run_job, tiny, write_prompts  # noqa: F401  (fixtures)
 

@@ -48,8 +48,15 @@ from batchline.datasets.sinks import ChunkWriter
 from batchline.datasets.sources import Record, Source, prompt_column
 from batchline.jobs.batch import DEDUPE_WINDOW, Cached, cancel, settle
 from batchline.jobs.generate_cache import Answers, CompletionCache, request_key
+from batchline.jobs.generate_choices import CHOICES_COLUMN, Samples, gather_samples, samples_outcome
 from batchline.jobs.options import GenerateOptions, RunOptions, default_output, resolve
-from batchline.jobs.requests import RecordRequests, is_openai_batch_file, reads_whole_rows
+from batchline.jobs.prefix_order import submission_order
+from batchline.jobs.requests import (
+    Choices,
+    RecordRequests,
+    is_openai_batch_file,
+    reads_whole_rows,
+)
 from batchline.jobs.result_cache import open_cache
 from batchline.jobs.summary import GenerateSummary
 from batchline.models.generation import SamplingParams
@@ -58,6 +65,7 @@ from batchline.models.protocol import ModelInfo
 if TYPE_CHECKING:
     from batchline.models.generation import (
         Completion,
+        Detokenizer,
         GenerationModel,
         GenerationStats,
         GenerationStream,
@@ -176,71 +184,10 @@ def _encode(
     return out
 
 
-#: Prompts whose first this many tokens are the same share a prefix worth waiting for (the
-#: prefix cache's own threshold).
-_SHARED_PREFIX_TOKENS = 16
-
-
-def _shares_prefix(a: Sequence[int], b: Sequence[int], common: int) -> bool:
-    """Whether ``a`` and ``b`` share a prefix beyond the ``common`` tokens every prompt of the
-    block starts with (a chat template's header)."""
-    n = common + _SHARED_PREFIX_TOKENS
-    return len(a) > n and len(b) > n and a[:n] == b[:n]
-
-
-def _common_length(order: Sequence[int], encoded: Sequence[list[int] | Failed]) -> int:
-    """How many first tokens all the block's prompts share (sorted: its first and last)."""
-    ids = [x for x in (encoded[i] for i in order) if not isinstance(x, Failed)]
-    if not ids:
-        return 0
-    first, last = ids[0], ids[-1]
-    differ = (n for n, (x, y) in enumerate(zip(first, last, strict=False)) if x != y)
-    return next(differ, min(len(first), len(last)))
-
-
 async def _prefilled(stream: GenerationStream) -> None:
     """Wait until ``stream``'s prompt is prefilled (its first token, or its end)."""
     with contextlib.suppress(Exception):  # its end, or its error: result() gives that
         await anext(stream)
-
-
-def submission_order(
-    encoded: Sequence[list[int] | Failed], *, grouped: bool
-) -> list[tuple[int, int]]:
-    """The order to submit a block's records in, each with its place in its group of shared
-    prefix (0: it starts one): as read (every place 0), or (``grouped``) group by group, the
-    records sorted by token ids, so that prompts that share a prefix run one after the other
-    while the engine's prefix cache holds it (``PrefixCache`` learns a prefix from the last
-    few prompts and keeps a few thousand positions: over many prefixes in a shuffled file it
-    would keep few of them, and only by chance).
-
-    In a group, the first and the last of its sorted prompts go first: they share exactly the
-    group's prefix, which is what the cache keeps once the second is prefilled (two
-    neighbours would share more, and the cache would keep a prefix the others do not start
-    with). Records that failed to encode come first, each alone."""
-    if not grouped:
-        return [(i, 0) for i in range(len(encoded))]
-
-    def tokens(i: int) -> tuple[int, ...]:
-        ids = encoded[i]
-        return () if isinstance(ids, Failed) else tuple(ids)
-
-    order = sorted(range(len(encoded)), key=tokens)
-    common = _common_length(order, encoded)
-    groups: list[list[int]] = []
-    previous: Sequence[int] = ()
-    for i in order:
-        ids = encoded[i]
-        if isinstance(ids, Failed) or not groups or not _shares_prefix(previous, ids, common):
-            groups.append([i])
-        else:
-            groups[-1].append(i)
-        previous = () if isinstance(ids, Failed) else ids
-    out: list[tuple[int, int]] = []
-    for group in groups:
-        firsts = [group[0], group[-1]] if len(group) > 1 else group
-        out.extend((i, place) for place, i in enumerate([*firsts, *group[1:-1]]))
-    return out
 
 
 class _Peaks:
@@ -263,7 +210,7 @@ class _Peaks:
 #: A record's prompt ids, settings and request key, or why it fails (``GeneratorAdapter``).
 _Planned = tuple[list[int], SamplingParams, bytes | None] | Failed
 #: What a record's outcome waits on: its completion, or its failure or kept completion.
-_Pending: TypeAlias = "asyncio.Future[Completion] | Failed | Cached"
+_Pending: TypeAlias = "asyncio.Future[Completion] | asyncio.Future[Samples] | Failed | Cached"
 
 
 class GeneratorAdapter:
@@ -353,6 +300,11 @@ class GeneratorAdapter:
                 if answer is not None:  # same prompt and settings: same completion
                     placed[i] = answer
                     continue
+                asked = self.requests.choices(records[i])
+                if asked is not None:  # n completions, log-probabilities, echo
+                    placed[i] = await self._submit_choices(records[i], ids, params, asked)
+                    leading = None
+                    continue
                 if leading is not None and member in (1, 2):
                     await _prefilled(leading)
                 await self._slots.acquire()
@@ -395,7 +347,9 @@ class GeneratorAdapter:
         return planned
 
     async def _finish(self, pending: Sequence[_Pending], store: dict[int, bytes]) -> list[Outcome]:
-        outcomes = await _outcomes(pending, stamp=self.requests.openai_batch)
+        outcomes = await _outcomes(
+            pending, stamp=self.requests.openai_batch, detokenizer=self.model.detokenizer
+        )
         await self.answers.keep(outcomes, store)
         return outcomes
 
@@ -406,11 +360,33 @@ class GeneratorAdapter:
         except (BatchlineError, ValueError) as exc:
             return Failed(f"bad input: {describe(exc)}")
 
+    async def _submit_choices(
+        self, record: Record, ids: list[int], params: SamplingParams, asked: Choices
+    ) -> asyncio.Future[Samples] | Failed:
+        """The record's ``n`` requests, submitted together (one prefill in the engine)."""
+        if asked.n > self.limit:
+            return Failed(
+                f"bad input: n={asked.n} is more than this job keeps in flight ({self.limit}); "
+                "lower n or split the line"
+            )
+        results: list[asyncio.Future[Completion]] = []
+        for j, sample in enumerate(params.samples(asked.n)):
+            await self._slots.acquire()
+            stream = self._submit_one(record, ids, sample, f"record-{record.index}-{j}")
+            if isinstance(stream, Failed):
+                self._slots.release()
+                cancel(list(results))
+                return stream
+            result = asyncio.ensure_future(stream.result())
+            result.add_done_callback(self._on_done)
+            results.append(result)
+        return asyncio.ensure_future(gather_samples(results, asked))
+
     def _submit_one(
-        self, record: Record, ids: list[int], params: SamplingParams
+        self, record: Record, ids: list[int], params: SamplingParams, rid: str | None = None
     ) -> GenerationStream | Failed:
         try:
-            return self.gen.submit(ids, params, request_id=f"record-{record.index}")
+            return self.gen.submit(ids, params, request_id=rid or f"record-{record.index}")
         except (BatchlineError, ValueError) as exc:
             # RecordTooLargeError (over the context or the KV budget) is this record's fault
             return Failed(f"bad input: {describe(exc)}")
@@ -554,9 +530,12 @@ async def run_generate_job(
             cache.close()
 
 
-async def _outcomes(pending: Sequence[_Pending], *, stamp: bool = False) -> list[Outcome]:
-    """Each record's outcome, in order: its completion's text and figures (and with ``stamp``
-    the Unix time it was written, ``created``), or its failure, or its kept completion."""
+async def _outcomes(
+    pending: Sequence[_Pending], *, stamp: bool = False, detokenizer: Detokenizer | None = None
+) -> list[Outcome]:
+    """Each record's outcome, in order: its completion's text and figures (and with ``stamp``,
+    an OpenAI batch file's row: the Unix time it was written, ``created``, and its
+    ``choices``), or its failure, or its kept completion."""
     await settle(pending)
     outcomes: list[Outcome] = []
     for p in pending:
@@ -574,6 +553,11 @@ async def _outcomes(pending: Sequence[_Pending], *, stamp: bool = False) -> list
             outcomes.append(Failed(f"{kind}: {describe(exc)}"))
             continue
         done = p.result()
+        stamped: dict[str, object] = {"created": int(time.time())} if stamp else {}
+        if isinstance(done, Samples):
+            assert detokenizer is not None
+            outcomes.append(samples_outcome(done, detokenizer, stamped))
+            continue
         if done.finish_reason == "abort":
             outcomes.append(Failed("aborted before it finished"))
             continue
@@ -581,9 +565,10 @@ async def _outcomes(pending: Sequence[_Pending], *, stamp: bool = False) -> list
             "finish_reason": done.finish_reason,
             "prompt_tokens": done.prompt_tokens,
             "completion_tokens": done.completion_tokens,
+            **stamped,
         }
         if stamp:
-            figures["created"] = int(time.time())
+            figures[CHOICES_COLUMN] = ""  # one plain completion (every row has the column)
         outcomes.append(Result(done.text, figures))
     return outcomes
 

@@ -74,13 +74,21 @@ def _dumps(value: object) -> str:
 
 
 def _completion_body(row: dict[str, Any], digest: str, *, chat: bool) -> dict[str, Any]:
-    """OpenAI's ChatCompletion (``chat``) or Completion of a generated row."""
+    """OpenAI's ChatCompletion (``chat``) or Completion of a generated row: its one choice,
+    or those its ``choices`` column holds (``n``, log-probabilities, ``echo``:
+    :mod:`~batchline.jobs.generate_choices`)."""
+    held = row.get("choices")
+    choices = (
+        [Choice(c["text"], c["finish_reason"], c["logprobs"]) for c in json.loads(held)]
+        if held
+        else [Choice(row["text"], row["finish_reason"])]
+    )
     return completion_response(
         id=f"{'chatcmpl' if chat else 'cmpl'}-{digest}",
         created=row["created"],
         model=row["model"],
         chat=chat,
-        choices=[Choice(row["text"], row["finish_reason"])],
+        choices=choices,
         prompt_tokens=row["prompt_tokens"],
         completion_tokens=row["completion_tokens"],
     )

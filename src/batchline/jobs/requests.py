@@ -45,6 +45,7 @@ __all__ = [
     "BATCH_URLS",
     "KIND_OF_URL",
     "BatchModels",
+    "Choices",
     "EmbeddingLine",
     "RecordRequests",
     "batch_line",
@@ -163,22 +164,33 @@ class RecordRequests:
             raise ValueError(f"a {url} line goes to the job's {_KINDS[kind][0]}, not a generator")
         assert isinstance(body, OpenAISamplingBody)
         body.check()
-        _check_one_plain_choice(body)
         return body
 
+    def choices(self, record: Record) -> Choices | None:
+        """What a batch file's line asks beyond one plain completion (``n`` > 1,
+        log-probabilities, ``echo``); None for one plain completion (any other record)."""
+        if not self.openai_batch:
+            return None
+        body = self._line(record)
+        echo = ""
+        if isinstance(body, CompletionRequest) and body.echo:
+            echo = body.prompts()[0]
+        logprobs = body.logprob_count() is not None
+        if body.n == 1 and not logprobs and not echo:
+            return None
+        return Choices(body.n, isinstance(body, ChatCompletionRequest), logprobs, echo)
 
-def _check_one_plain_choice(body: OpenAISamplingBody) -> None:
-    """``ValueError`` for what the routes answer but a batch file's line does not yet: ``n`` >
-    1, log-probabilities, ``echo``."""
-    if body.n != 1:
-        raise ValueError(
-            f"n={body.n} is not supported in batch files yet (the routes take it); send n=1, "
-            "one line per completion"
-        )
-    if body.logprob_count() is not None:
-        raise ValueError("'logprobs' is not supported in batch files yet (the routes take it)")
-    if getattr(body, "echo", False):
-        raise ValueError("'echo' is not supported in batch files yet (the routes take it)")
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Choices:
+    """A batch line's completions: ``n`` of its prompt (sampled with ``seed + i`` when
+    seeded: ``SamplingParams.samples``), with their log-probabilities in the ``chat`` or the
+    completions shape, each text after ``echo`` (the prompt, or "")."""
+
+    n: int
+    chat: bool
+    logprobs: bool
+    echo: str
 
 
 def batch_line(value: object) -> tuple[str, Mapping[str, Any]]:

@@ -140,3 +140,30 @@ def test_logprobs_are_the_models_log_softmax(tiny_llama: Any) -> None:
 def test_logprobs_out_of_range_is_refused(bad: object) -> None:
     with pytest.raises(ValueError, match="logprobs must be an integer in"):
         SamplingParams(logprobs=bad)  # type: ignore[arg-type]
+
+
+def test_smollm2_logprobs_match_transformers_within_1e3(smollm2: tuple[Any, Any]) -> None:
+    """The real model in fp32: two sampled samples of one chat prompt (one prefill), each
+    token's log-probability and top 5 against transformers' log-softmax."""
+    model, tokenizer = smollm2
+    prompt = tuple(
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": "Name three colours."}],
+            add_generation_prompt=True,
+            return_dict=False,
+        )
+    )
+    engine = TorchStepEngine(model, prefix_cache_tokens=0)
+    sampled = SamplingParams(max_tokens=10, temperature=0.9, seed=3, ignore_eos=True, logprobs=5)
+    got = _run(
+        engine, [GenerationRequest(f"s{i}", prompt, p) for i, p in enumerate(sampled.samples(2))]
+    )
+    assert engine.prompt_tokens_computed == len(prompt)
+    for rid in ("s0", "s1"):
+        tokens, logprobs = got["tokens"][rid], got["logprobs"][rid]
+        reference = _reference_logprobs(model, prompt, tokens)
+        for i, lp in enumerate(logprobs):
+            assert lp.logprob == pytest.approx(float(reference[i, tokens[i]]), abs=1e-3)
+            values, ids = torch.topk(reference[i], 5)
+            assert [t for t, _ in lp.top] == ids.tolist()
+            assert [v for _, v in lp.top] == pytest.approx(values.tolist(), abs=1e-3)
