@@ -90,10 +90,18 @@ def test_the_prefix_cache_is_exported_from_the_generators_stats() -> None:
 
     registry = CollectorRegistry()
     metrics = GenerationMetrics(registry)
-    stats = GenerationStats(prefix_cache_tokens=4096, prefix_cache_hits=7, prefix_tokens_reused=300)
+    stats = GenerationStats(
+        prefix_cache_tokens=4096,
+        prefix_cache_hits=7,
+        prefix_tokens_reused=300,
+        prompt_tokens_computed=1200,
+        prompts_shared=5,
+    )
     metrics.watch("gen", lambda: stats)
     labels = {"model": "gen"}
     get = registry.get_sample_value
     assert get("batchline_generation_prefix_cache_capacity_tokens", labels) == 4096
     assert get("batchline_generation_prefix_cache_hits_total", labels) == 7
     assert get("batchline_generation_prefix_cache_reused_tokens_total", labels) == 300
+    assert get("batchline_generation_prompt_tokens_computed_total", labels) == 1200
+    assert get("batchline_generation_prompts_shared_prefill_total", labels) == 5

@@ -483,6 +483,8 @@ def _summary(
         prefix_cache_tokens=sum(s.prefix_cache_tokens for s in stats),
         prefix_cache_hits=sum(s.prefix_cache_hits for s in stats),
         prefix_tokens_reused=sum(s.prefix_tokens_reused for s in stats),
+        prompt_tokens_computed=sum(s.prompt_tokens_computed for s in stats),
+        prompts_shared=sum(s.prompts_shared for s in stats),
         tokens_by_replica=tuple(tally.tokens_by_replica),
     )
 

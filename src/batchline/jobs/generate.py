@@ -612,6 +612,8 @@ def generate_summary(
         prefix_cache_tokens=stats.prefix_cache_tokens,
         prefix_cache_hits=stats.prefix_cache_hits,
         prefix_tokens_reused=stats.prefix_tokens_reused,
+        prompt_tokens_computed=stats.prompt_tokens_computed,
+        prompts_shared=stats.prompts_shared,
         duplicates=adapter.duplicates,
         cached=adapter.cached,
     )

@@ -116,6 +116,10 @@ class GenerateSummary(RunSummary):
     prefix_cache_tokens: int = 0
     prefix_cache_hits: int = 0
     prefix_tokens_reused: int = 0
+    #: prompt tokens the engine prefilled, and prompts it did not because an identical one
+    #: joined the same step (a line's n samples)
+    prompt_tokens_computed: int = 0
+    prompts_shared: int = 0
 
     @property
     def tokens_per_s(self) -> float:
@@ -159,6 +163,15 @@ class GenerateSummary(RunSummary):
                 "prefix cache: hits / reused tokens",
                 f"{self.prefix_cache_hits:,} prompts / {self.prefix_tokens_reused:,} "
                 f"({share:.0%} of prompt tokens; holds {self.prefix_cache_tokens:,} positions)",
+            ),
+            (
+                "prompt tokens computed",
+                f"{self.prompt_tokens_computed:,} of {self.prompt_tokens:,}"
+                + (
+                    f" ({self.prompts_shared:,} identical prompts shared a prefill)"
+                    if self.prompts_shared
+                    else ""
+                ),
             ),
         ]
 

@@ -213,6 +213,17 @@ class _SnapshotCollector(Collector):
             "Prompt tokens a cached prefix held, not prefilled again.",
             labels=["model"],
         )
+        computed = CounterMetricFamily(
+            p + "prompt_tokens_computed",
+            "Prompt tokens the engine prefilled (not those a cached prefix or an identical "
+            "prompt of the same step held).",
+            labels=["model"],
+        )
+        shared = CounterMetricFamily(
+            p + "prompts_shared_prefill",
+            "Prompts not prefilled because an identical one joined the same step (n samples).",
+            labels=["model"],
+        )
         recent = {
             "time_to_first_token": GaugeMetricFamily(
                 p + "recent_time_to_first_token_seconds",
@@ -255,6 +266,8 @@ class _SnapshotCollector(Collector):
             prefix_capacity.add_metric([model], s.prefix_cache_tokens)
             prefix_hits.add_metric([model], s.prefix_cache_hits)
             prefix_reused.add_metric([model], s.prefix_tokens_reused)
+            computed.add_metric([model], s.prompt_tokens_computed)
+            shared.add_metric([model], s.prompts_shared)
             for key, p50, p99 in (
                 ("time_to_first_token", s.ttft_p50_s, s.ttft_p99_s),
                 ("inter_token_latency", s.itl_p50_s, s.itl_p99_s),
@@ -278,5 +291,7 @@ class _SnapshotCollector(Collector):
             prefix_capacity,
             prefix_hits,
             prefix_reused,
+            computed,
+            shared,
             *recent.values(),
         ]

@@ -1,5 +1,6 @@
 """A generator over an engine with a prompt-prefix cache (``PrefixCaching``) reports the
-cache's capacity, hits and reused tokens in its stats; over one without, zeros."""
+cache's capacity, hits and reused tokens, and the prompt tokens it computed, in its stats;
+over one without, zeros."""
 
 from __future__ import annotations
 
@@ -20,6 +21,14 @@ class CachingEngine(FakeEngine):
     def prefix_tokens_reused(self) -> int:
         return 300
 
+    @property
+    def prompt_tokens_computed(self) -> int:
+        return 1200
+
+    @property
+    def prompts_shared(self) -> int:
+        return 5
+
 
 def test_the_stats_carry_the_engines_prefix_cache() -> None:
     tok = FakeTokenizer()
@@ -33,6 +42,7 @@ def test_the_stats_carry_the_engines_prefix_cache() -> None:
         7,
         300,
     )
+    assert (stats.prompt_tokens_computed, stats.prompts_shared) == (1200, 5)
     stats = plain.stats
     assert (stats.prefix_cache_tokens, stats.prefix_cache_hits, stats.prefix_tokens_reused) == (
         0,

@@ -260,7 +260,8 @@ class StepOutput:
 @runtime_checkable
 class PrefixCaching(Protocol):
     """A step engine that keeps the keys and values of prompt prefixes for later prompts
-    (the torch engine's ``PrefixCache``): what it holds and how often it served."""
+    (the torch engine's ``PrefixCache``) and prefills an identical prompt once: what it holds,
+    how often it served, and the prompt tokens it computed."""
 
     @property
     def prefix_cache_tokens(self) -> int:
@@ -275,6 +276,17 @@ class PrefixCaching(Protocol):
     @property
     def prefix_tokens_reused(self) -> int:
         """Prompt tokens not prefilled, so far, because a cached prefix held them."""
+        ...
+
+    @property
+    def prompt_tokens_computed(self) -> int:
+        """Prompt tokens prefilled so far (not those a cached prefix or a twin held)."""
+        ...
+
+    @property
+    def prompts_shared(self) -> int:
+        """Prompts not prefilled, so far, because an identical one joining in the same step
+        was (the ``n`` samples of one prompt)."""
         ...
 
 

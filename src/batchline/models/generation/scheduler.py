@@ -448,6 +448,8 @@ class ContinuousGenerator(EngineGenerator):
                 prefix_cache_tokens=engine.prefix_cache_tokens,
                 prefix_cache_hits=engine.prefix_cache_hits,
                 prefix_tokens_reused=engine.prefix_tokens_reused,
+                prompt_tokens_computed=engine.prompt_tokens_computed,
+                prompts_shared=engine.prompts_shared,
             )
         return stats
 

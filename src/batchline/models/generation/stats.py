@@ -49,7 +49,9 @@ class GenerationStats:
     ``preempted`` is always 0 for batchline's schedulers (they reserve the worst case instead).
     ``prefix_cache_*``: the engine's prompt-prefix cache, where it has one (the torch engine):
     its capacity in positions, the prompts that started with a cached prefix and the prompt
-    tokens they did not prefill.
+    tokens they did not prefill. ``prompt_tokens_computed``: the prompt tokens the engine
+    prefilled (where it says); ``prompts_shared``: prompts it did not prefill because an
+    identical one joined the same step (``n`` samples).
     """
 
     requests_submitted: int = 0
@@ -78,6 +80,8 @@ class GenerationStats:
     prefix_cache_tokens: int = 0
     prefix_cache_hits: int = 0
     prefix_tokens_reused: int = 0
+    prompt_tokens_computed: int = 0
+    prompts_shared: int = 0
 
 
 class GenerationStatsRecorder:
