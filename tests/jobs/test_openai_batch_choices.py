@@ -28,6 +28,9 @@ def completion(custom_id: str, **body: Any) -> dict[str, Any]:
 
 def test_n_logprobs_and_echo_lines(tiny: Path, tmp_path: Path) -> None:
     lines = [
+        # req-0's prompt and settings with n=1, first: req-0's three are not answered from
+        # its one (though greedy duplicates are otherwise computed once)
+        chat(6, messages=[{"role": "user", "content": "question 0"}]),
         chat(0, n=3),  # greedy: three times one text
         chat(1, n=2, temperature=0.9, seed=5, logprobs=True, top_logprobs=2),
         completion("echo", echo=True, n=2, temperature=0),
@@ -54,6 +57,8 @@ def test_n_logprobs_and_echo_lines(tiny: Path, tmp_path: Path) -> None:
     texts = [c.message.content for c in greedy.choices]
     assert [c.index for c in greedy.choices] == [0, 1, 2]
     assert len(set(texts)) == 1
+    single = openai.types.chat.ChatCompletion.model_validate(bodies["req-6"])
+    assert [c.message.content for c in single.choices] == texts[:1]
     plain = openai.types.chat.ChatCompletion.model_validate(bodies["req-4"])
     assert len(plain.choices) == 1
     assert plain.choices[0].logprobs is None

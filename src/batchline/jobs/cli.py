@@ -95,6 +95,7 @@ _GENERATION_FLAGS = {
     "temperature": "--temperature",
     "top_p": "--top-p",
     "seed": "--seed",
+    "n": "--n",
     "stop": "--stop",
     "no_chat_template": "--no-chat-template",
     "no_prefix_ordering": "--no-prefix-ordering",
@@ -121,6 +122,14 @@ def _add_generation_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--top-p", type=float, help="nucleus sampling mass, in (0, 1] (default 1)")
     g.add_argument(
         "--seed", type=int, help="sampling seed: record i draws from SEED + i (repeatable)"
+    )
+    g.add_argument(
+        "--n",
+        type=int,
+        metavar="N",
+        help="completions per prompt (default 1): a row lists them in texts and "
+        "finish_reasons, text is the first; one prefill serves the N (with --seed, sample j "
+        "of record i draws from SEED + i*N + j)",
     )
     g.add_argument(
         "--response-format",
@@ -412,7 +421,7 @@ def _resolve(args: argparse.Namespace, options: Any) -> Any:
         )
     sampling: dict[str, Any] = {
         name: getattr(args, name)
-        for name in ("max_tokens", "temperature", "top_p", "seed", "prompt_column")
+        for name in ("max_tokens", "temperature", "top_p", "seed", "n", "prompt_column")
         if getattr(args, name) is not None
     }
     if args.stop:

@@ -208,7 +208,9 @@ class _Peaks:
 
 
 #: A record's prompt ids, settings and request key, or why it fails (``GeneratorAdapter``).
-_Planned = tuple[list[int], SamplingParams, bytes | None] | Failed
+#: a record's prompt ids, settings, request key (None: always generated) and what it asks
+#: beyond one plain completion; or why it fails
+_Planned = tuple[list[int], SamplingParams, bytes | None, Choices | None] | Failed
 #: What a record's outcome waits on: its completion, or its failure or kept completion.
 _Pending: TypeAlias = "asyncio.Future[Completion] | asyncio.Future[Samples] | Failed | Cached"
 
@@ -295,12 +297,11 @@ class GeneratorAdapter:
                 if isinstance(plan, Failed):
                     placed[i] = plan
                     continue
-                ids, params, key = plan
+                ids, params, key, asked = plan
                 answer = None if key is None else self.answers.answer(key, kept)
                 if answer is not None:  # same prompt and settings: same completion
                     placed[i] = answer
                     continue
-                asked = self.requests.choices(records[i])
                 if asked is not None:  # n completions, log-probabilities, echo
                     placed[i] = await self._submit_choices(records[i], ids, params, asked)
                     leading = None
@@ -333,17 +334,19 @@ class GeneratorAdapter:
     def _plan(
         self, records: Sequence[Record], encoded: Sequence[list[int] | Failed]
     ) -> list[_Planned]:
-        """Each record's prompt ids, settings and :func:`request_key` (None: always generated),
-        or why it fails."""
+        """Each record's :data:`_Planned`. A record that asks for more than one plain
+        completion (``n``, log-probabilities, ``echo``) has no request key: it is always
+        generated, never kept (its row is not a plain completion's)."""
         planned: list[_Planned] = []
         for record, ids in zip(records, encoded, strict=True):
             params = ids if isinstance(ids, Failed) else self._params(record)
             if isinstance(params, Failed):
                 planned.append(params)
-            else:
-                assert not isinstance(ids, Failed)
-                key = request_key(ids, params) if self.answers.keyed else None
-                planned.append((ids, params, key))
+                continue
+            assert not isinstance(ids, Failed)
+            asked = self.requests.choices(record)
+            keyed = self.answers.keyed and asked is None
+            planned.append((ids, params, request_key(ids, params) if keyed else None, asked))
         return planned
 
     async def _finish(self, pending: Sequence[_Pending], store: dict[int, bytes]) -> list[Outcome]:
@@ -465,7 +468,7 @@ def plan_generate(options: RunOptions) -> tuple[GenerateOptions, RecordRequests]
             "(batchline run), which answers it line by line"
         )
     column = _prompt_column(opts, opts.input)
-    return opts, RecordRequests(column, opts.chat_template, params)
+    return opts, RecordRequests(column, opts.chat_template, params, n=opts.n)
 
 
 def open_generate_job(

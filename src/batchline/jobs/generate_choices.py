@@ -1,13 +1,14 @@
 """A generation job's record that asks for more than one plain completion: an OpenAI batch
-file's line with ``n`` > 1, log-probabilities or ``echo`` (its
-:class:`~batchline.jobs.requests.Choices`).
+file's line with ``n`` > 1, log-probabilities or ``echo``, or a record of a job run with
+``--n`` (its :class:`~batchline.jobs.requests.Choices`).
 
 Its ``n`` requests go to the generator together (the engine prefills their one prompt once),
 and their completions come back as one :class:`Samples`, written as one row: the first
 choice's text in the text column, the token counts of the line (its prompt once, every
 choice's completion tokens), and every choice, in the shape OpenAI's response holds it, as
 JSON text in the row's ``choices`` column (what :mod:`~batchline.jobs.openai_output` reads).
-A row of one plain completion has ``""`` there.
+A row of one plain completion has ``""`` there. A ``--n`` job's row lists its texts and
+their finish reasons in ``texts`` and ``finish_reasons`` instead.
 """
 
 from __future__ import annotations
@@ -70,6 +71,18 @@ def samples_outcome(
             {"text": asked.echo + c.text, "finish_reason": c.finish_reason, "logprobs": logprobs}
         )
     first = completions[0]
+    if asked.listed:  # a dataset job's row: its texts listed
+        return Result(
+            first.text,
+            {
+                **figures,
+                "finish_reason": first.finish_reason,
+                "prompt_tokens": first.prompt_tokens,
+                "completion_tokens": sum(c.completion_tokens for c in completions),
+                "texts": [c.text for c in completions],
+                "finish_reasons": [c.finish_reason for c in completions],
+            },
+        )
     row = {
         **figures,
         "finish_reason": first.finish_reason,

@@ -19,6 +19,7 @@ from batchline.datasets.selection import DatasetSelection
 from batchline.jobs.requests import job_constraint
 from batchline.knobs import Knobs
 from batchline.models.generation import SamplingParams
+from batchline.models.openai.requests import MAX_N
 from batchline.models.protocol import ModelInfo
 from batchline.models.selection import ModelSelection
 
@@ -78,9 +79,15 @@ class GenerateOptions(RunOptions):
     #: submit the prompts of each window of ``jobs.generate.PREFIX_ORDER_WINDOW`` records
     #: grouped by shared prefix (outputs stay in input order)
     prefix_ordering: bool = True
+    #: completions per prompt: with more than one, a row lists them all in ``texts`` (and
+    #: ``finish_reasons``), its ``text`` the first; sample ``j`` of record ``i`` draws from
+    #: ``seed + i * n + j``
+    n: int = 1
 
     def sampling(self) -> SamplingParams:
         """The job's sampling parameters (``seed`` is per record: see the class docstring)."""
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or not 1 <= self.n <= MAX_N:
+            raise InputError(f"--n must be an integer in [1, {MAX_N}], got {self.n!r}")
         try:
             return SamplingParams(
                 max_tokens=self.max_tokens,

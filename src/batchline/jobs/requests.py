@@ -108,13 +108,16 @@ def is_openai_batch_line(value: object) -> bool:
 @dataclasses.dataclass(frozen=True)
 class RecordRequests:
     """Reads a generate job's records: ``column`` and ``chat_template`` for plain records,
-    ``base`` their sampling; ``openai_batch``: every record is a chat or completions line of
-    an OpenAI batch file (its model already picked: :class:`BatchModels`)."""
+    ``base`` their sampling, ``n`` their completions each; ``openai_batch``: every record is
+    a chat or completions line of an OpenAI batch file (its model already picked:
+    :class:`BatchModels`)."""
 
     column: str
     chat_template: bool
     base: SamplingParams
     openai_batch: bool = False
+    #: completions per plain record (an OpenAI batch line says its own ``n``)
+    n: int = 1
 
     def prompt(self, record: Record) -> tuple[str | list[Any], bool]:
         """The record's prompt, and whether it goes through the chat template."""
@@ -149,8 +152,8 @@ class RecordRequests:
                 constraint=None if constraint is False else constraint,
             )
         params = self.base
-        if params.seed is not None:
-            params = dataclasses.replace(params, seed=params.seed + record.index)
+        if params.seed is not None:  # its n samples draw from the n seeds after it
+            params = dataclasses.replace(params, seed=params.seed + record.index * self.n)
         if isinstance(record.value, dict):
             constraint = record_constraint(record.value)
             if constraint is not False:
@@ -170,7 +173,7 @@ class RecordRequests:
         """What a batch file's line asks beyond one plain completion (``n`` > 1,
         log-probabilities, ``echo``); None for one plain completion (any other record)."""
         if not self.openai_batch:
-            return None
+            return None if self.n == 1 else Choices(self.n, False, False, "", listed=True)
         body = self._line(record)
         echo = ""
         if isinstance(body, CompletionRequest) and body.echo:
@@ -183,14 +186,16 @@ class RecordRequests:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Choices:
-    """A batch line's completions: ``n`` of its prompt (sampled with ``seed + i`` when
-    seeded: ``SamplingParams.samples``), with their log-probabilities in the ``chat`` or the
-    completions shape, each text after ``echo`` (the prompt, or "")."""
+    """A record's completions: ``n`` of its prompt (sampled with ``seed + i`` when seeded:
+    ``SamplingParams.samples``), with their log-probabilities in the ``chat`` or the
+    completions shape, each text after ``echo`` (the prompt, or ""). ``listed``: a dataset
+    job's record (``--n``), whose row lists the texts; else an OpenAI batch line's."""
 
     n: int
     chat: bool
     logprobs: bool
     echo: str
+    listed: bool = False
 
 
 def batch_line(value: object) -> tuple[str, Mapping[str, Any]]:
