@@ -35,6 +35,7 @@ def test_n_logprobs_and_echo_lines(tiny: Path, tmp_path: Path) -> None:
         chat(1, n=2, temperature=0.9, seed=5, logprobs=True, top_logprobs=2),
         completion("echo", echo=True, n=2, temperature=0),
         completion("lp", logprobs=1, temperature=0),
+        completion("scored", echo=True, logprobs=0, temperature=0),
         chat(4),  # one plain choice, beside the others
         chat(
             5,
@@ -94,6 +95,17 @@ def test_n_logprobs_and_echo_lines(tiny: Path, tmp_path: Path) -> None:
     assert [max(t, key=t.__getitem__) for t in top] == tokens
     # greedy, the same prompt: the echoed choices continue as the plain one
     assert echo.choices[0].text == "2 + 2 =" + choice.text
+    # echo with logprobs: the prompt's tokens scored first, its first with nulls (as OpenAI
+    # and vLLM answer; the openai package's strict validation wants numbers there, its
+    # client reads responses leniently)
+    (scored,) = bodies["scored"]["choices"]
+    assert scored["text"] == echo.choices[0].text
+    values = scored["logprobs"]["token_logprobs"]
+    assert values[0] is None
+    assert scored["logprobs"]["top_logprobs"][0] is None
+    assert values[-len(tokens) :] == pytest.approx(choice.logprobs.token_logprobs)
+    assert all(v <= 0 for v in values[1:])
+    assert len(values) == len(scored["logprobs"]["tokens"]) > len(tokens)  # the prompt's too
 
 
 def test_a_line_asking_more_than_the_job_keeps_in_flight_fails_alone(

@@ -453,7 +453,7 @@ SECRET = "sEcReT-\u00e9-input"
         ("/v1/completions", {"prompt": "hi", "max_tokens": SECRET}, 422),
         ("/v1/completions", {"prompt": "hi", "n": 0}, 422),
         ("/v1/completions", {"prompt": "hi", "n": SECRET}, 422),
-        ("/v1/completions", {"prompt": "hi", "echo": True, "logprobs": 3}, 400),
+        ("/v1/completions", {"prompt": "hi", "echo": True, "logprobs": SECRET}, 422),
         ("/v1/completions", {"prompt": "hi", "logprobs": 21}, 422),
         ("/v1/completions", {"prompt": ["a"] * 40, "n": 100}, 413),
         ("/v1/completions", {"prompt": "hi", "stop": [""]}, 400),

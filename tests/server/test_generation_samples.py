@@ -122,3 +122,36 @@ async def test_a_stream_of_n_choices_with_logprobs_and_echo() -> None:
     assert len(tokens) == 4
     want = fake_logprob(TOK.encode(text[0])[0], 0)
     assert tokens[0]["logprob"] == pytest.approx(want.logprob)
+
+
+async def test_echo_with_logprobs_scores_the_prompt_then_the_completion() -> None:
+    body = await post(
+        "/v1/completions",
+        {"prompt": "abc", "max_tokens": 2, "echo": True, "logprobs": 1, "n": 2},
+    )
+    for choice in body["choices"]:
+        logprobs = choice["logprobs"]
+        assert "".join(logprobs["tokens"]) == choice["text"] == "abc" + expected("abc", 2)
+        assert logprobs["text_offset"] == [0, 1, 2, 3, 4]
+        # the prompt's first token has no log-probability; the others the model's
+        assert logprobs["token_logprobs"][0] is None
+        assert logprobs["top_logprobs"][0] is None
+        assert logprobs["token_logprobs"][1:] == pytest.approx([HALF] * 4)
+        assert list(logprobs["top_logprobs"][1]) == ["b"]
+
+
+async def test_a_stream_echoes_the_prompt_with_its_logprobs() -> None:
+    events = await post(
+        "/v1/completions",
+        {"prompt": "abc", "max_tokens": 2, "echo": True, "logprobs": 0, "stream": True},
+    )
+    chunks = [c for e in events[:-1] for c in e["choices"]]
+    assert "".join(c["text"] for c in chunks) == "abc" + expected("abc", 2)
+    echoed = chunks[0]
+    assert echoed["text"] == "abc"
+    assert echoed["logprobs"]["tokens"] == ["a", "b", "c"]
+    assert echoed["logprobs"]["token_logprobs"][0] is None
+    tokens = [t for c in chunks[1:] if c["logprobs"] for t in c["logprobs"]["tokens"]]
+    offsets = [o for c in chunks[1:] if c["logprobs"] for o in c["logprobs"]["text_offset"]]
+    assert "".join(tokens) == expected("abc", 2)
+    assert offsets == [3, 4]

@@ -38,7 +38,7 @@ BAD: list[tuple[str, dict[str, Any]]] = [
     ("/v1/chat/completions", {**CHAT, "logit_bias": {"x": 1}}),
     ("/v1/chat/completions", {**CHAT, "stop": ["s"] * 17}),
     ("/v1/chat/completions", {**CHAT, "max_completion_tokens": 0}),
-    ("/v1/completions", {**COMPLETION, "echo": True, "logprobs": 1}),
+    ("/v1/completions", {**COMPLETION, "echo": True, "logprobs": -1}),
     ("/v1/completions", {**COMPLETION, "logprobs": 21}),
     ("/v1/completions", {**COMPLETION, "best_of": 3}),
     ("/v1/completions", {**COMPLETION, "suffix": "!"}),

@@ -383,7 +383,7 @@ class GeneratorAdapter:
             result = asyncio.ensure_future(stream.result())
             result.add_done_callback(self._on_done)
             results.append(result)
-        return asyncio.ensure_future(gather_samples(results, asked))
+        return asyncio.ensure_future(gather_samples(results, asked, ids[0]))
 
     def _submit_one(
         self, record: Record, ids: list[int], params: SamplingParams, rid: str | None = None

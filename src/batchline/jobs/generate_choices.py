@@ -35,13 +35,16 @@ class Samples:
 
     completions: tuple[Completion, ...]
     asked: Choices
+    first_token: int  # the prompt's (an echoed prompt's first token has no log-probability)
 
 
-async def gather_samples(results: Sequence[asyncio.Future[Completion]], asked: Choices) -> Samples:
+async def gather_samples(
+    results: Sequence[asyncio.Future[Completion]], asked: Choices, first_token: int
+) -> Samples:
     """Every request's completion; the first failure fails the record (the others are then
     cancelled, which aborts them)."""
     try:
-        return Samples(tuple(await asyncio.gather(*results)), asked)
+        return Samples(tuple(await asyncio.gather(*results)), asked, first_token)
     finally:
         for result in results:
             result.cancel()
@@ -65,6 +68,9 @@ def samples_outcome(
         if asked.logprobs and c.logprobs is not None:
             if asked.chat:
                 logprobs = chat_logprobs(c.logprobs, text_of)
+            elif asked.echo and c.prompt_logprobs is not None:
+                scored = (samples.first_token, c.prompt_logprobs)
+                logprobs = completion_logprobs(c.logprobs, text_of, prompt=scored)
             else:
                 logprobs = completion_logprobs(c.logprobs, text_of, offset=len(asked.echo))
         choices.append(

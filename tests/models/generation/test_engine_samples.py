@@ -29,12 +29,16 @@ def _run(engine: TorchStepEngine, requests: list[GenerationRequest]) -> dict[str
         engine.add_request(request)
     tokens: dict[str, list[int]] = {}
     logprobs: dict[str, list[Any]] = {}
+    prompts: dict[str, Any] = {}
     while engine.has_unfinished():
         for out in engine.step():
             tokens.setdefault(out.request_id, []).extend(out.token_ids)
             if out.logprobs is not None:
                 logprobs.setdefault(out.request_id, []).extend(out.logprobs)
-    return {"tokens": tokens, "logprobs": logprobs}
+            if out.prompt_logprobs is not None:
+                assert out.request_id not in prompts  # once, with the first token
+                prompts[out.request_id] = out.prompt_logprobs
+    return {"tokens": tokens, "logprobs": logprobs, "prompt": prompts}
 
 
 def _greedy(max_tokens: int = MAX_NEW, **extra: Any) -> SamplingParams:
@@ -167,3 +171,35 @@ def test_smollm2_logprobs_match_transformers_within_1e3(smollm2: tuple[Any, Any]
             values, ids = torch.topk(reference[i], 5)
             assert [t for t, _ in lp.top] == ids.tolist()
             assert [v for _, v in lp.top] == pytest.approx(values.tolist(), abs=1e-3)
+
+
+@pytest.mark.parametrize("max_step_tokens", [None, 5])
+def test_prompt_logprobs_are_the_models_log_softmax_over_the_prompt(
+    tiny_llama: Any, max_step_tokens: int | None
+) -> None:
+    """Each prompt token after the first, scored in the prefill (in chunks too); such a
+    prompt neither reuses a cached prefix nor shares an identical prompt's prefill."""
+    prompt = _prompt(7, 18)
+    engine = TorchStepEngine(tiny_llama, prefix_cache_tokens=64, max_step_tokens=max_step_tokens)
+    _run(engine, [GenerationRequest(f"warm{i}", prompt, _greedy(max_tokens=2)) for i in range(2)])
+    before = engine.prompt_tokens_computed
+    got = _run(
+        engine,
+        [
+            GenerationRequest("scored", prompt, _greedy(max_tokens=3, prompt_logprobs=2)),
+            GenerationRequest("plain", prompt, _greedy(max_tokens=3)),
+        ],
+    )
+    assert engine.prompt_tokens_computed - before >= len(prompt)  # all of it, for "scored"
+    assert "plain" not in got["prompt"]
+    assert got["tokens"]["scored"] == got["tokens"]["plain"]
+    scored = got["prompt"]["scored"]
+    assert [lp.token_id for lp in scored] == list(prompt[1:])
+    with torch.inference_mode():
+        logits = tiny_llama(input_ids=torch.tensor([list(prompt)])).logits[0, :-1].float()
+    reference = torch.log_softmax(logits, dim=-1)
+    for i, lp in enumerate(scored):
+        assert lp.logprob == pytest.approx(float(reference[i, prompt[i + 1]]), abs=1e-3)
+        values, ids = torch.topk(reference[i], 2)
+        assert [t for t, _ in lp.top] == ids.tolist()
+        assert [v for _, v in lp.top] == pytest.approx(values.tolist(), abs=1e-3)

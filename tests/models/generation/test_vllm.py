@@ -64,6 +64,7 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     finished: bool
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
 
 
 class StandInAsyncLLM:
@@ -148,7 +149,11 @@ class StandInAsyncLLM:
                     sent, sent_chars = len(generated), shown
                 else:
                     out = CompletionOutput(0, text, list(generated), reason, logprobs)
-                yield RequestOutput(request_id, ids, [out], done)
+                scored = None
+                asked = sampling_params.prompt_logprobs
+                if asked is not None and (len(generated) == 1 or not self.delta):
+                    scored = [None, *(stand_in_logprobs(t, asked) for t in ids[1:])]
+                yield RequestOutput(request_id, ids, [out], done, scored)
                 if done:
                     self.finished.append(request_id)
                     return
@@ -579,3 +584,16 @@ async def test_logprobs_come_from_vllms_ranked_entries(delta: bool) -> None:
         assert lp.top == ((7, -0.25), (lp.token_id, -0.5))  # by rank, the top 2
     streamed = [lp for d in deltas for lp in d.logprobs or ()]
     assert streamed == list(completion.logprobs)
+
+
+@pytest.mark.parametrize("delta", [False, True], ids=["cumulative", "delta"])
+async def test_prompt_logprobs_come_with_the_first_output(delta: bool) -> None:
+    engine = StandInAsyncLLM(delta=delta)
+    async with make(engine) as gen:
+        stream = gen.submit([5, 6, 9], SamplingParams(max_tokens=3, prompt_logprobs=1))
+        deltas = [d async for d in stream]
+        completion = await stream.result()
+    assert completion.prompt_logprobs is not None
+    assert [lp.token_id for lp in completion.prompt_logprobs] == [6, 9]  # after the first
+    assert all(lp.top == ((7, -0.25),) for lp in completion.prompt_logprobs)
+    assert [d.prompt_logprobs is not None for d in deltas] == [True] + [False] * (len(deltas) - 1)

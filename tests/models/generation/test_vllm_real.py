@@ -156,6 +156,7 @@ async def test_logprobs_and_n_samples_agree_with_the_torch_backend(model: Genera
     log-softmax); the n samples of one prompt, greedy, are one text n times."""
     ids = model.encode("Name three colours.")
     asked = greedy(12, ignore_eos=True, logprobs=3)
+    scored = greedy(2, prompt_logprobs=2)
     on_vllm = await asyncio.gather(*(model.generator.submit(ids, asked).result() for _ in range(4)))
     assert len({c.token_ids for c in on_vllm}) == 1
     torch_model = await asyncio.to_thread(
@@ -164,8 +165,17 @@ async def test_logprobs_and_n_samples_agree_with_the_torch_backend(model: Genera
     try:
         async with torch_model.generator as gen:
             on_torch = await gen.submit(ids, asked).result()
+            prompt_on_torch = await gen.submit(ids, scored).result()
     finally:
         torch_model.close()
+    prompt_on_vllm = await model.generator.submit(ids, scored).result()
+    a_prompt, b_prompt = prompt_on_vllm.prompt_logprobs, prompt_on_torch.prompt_logprobs
+    assert a_prompt is not None
+    assert b_prompt is not None
+    assert [lp.token_id for lp in a_prompt] == [lp.token_id for lp in b_prompt] == ids[1:]
+    for a, b in zip(a_prompt, b_prompt, strict=True):
+        assert a.logprob == pytest.approx(b.logprob, abs=1e-3)
+        assert [v for _, v in a.top] == pytest.approx([v for _, v in b.top], abs=1e-3)
     got, want = on_vllm[0].logprobs, on_torch.logprobs
     assert got is not None
     assert want is not None

@@ -123,6 +123,10 @@ class SamplingParams:
     #: the k most likely tokens' at its place, from the model's own distribution (its logits'
     #: log-softmax, before penalties, biases, temperature and grammar; OpenAI's and vLLM's)
     logprobs: int | None = None
+    #: None, or k: the log-probability of each prompt token after the first (and the k most
+    #: likely tokens at its place), computed in the prefill (such a prompt never reuses a
+    #: cached prefix or an identical prompt's prefill); given with the first token
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.priority, bool) or not isinstance(self.priority, int):
@@ -141,14 +145,16 @@ class SamplingParams:
             value = getattr(self, name)
             if not _number(value) or not -2 <= value <= 2:
                 raise ValueError(f"{name} must be a number in [-2, 2], got {value!r}")
-        if self.logprobs is not None and (
-            isinstance(self.logprobs, bool)
-            or not isinstance(self.logprobs, int)
-            or not 0 <= self.logprobs <= MAX_LOGPROBS
-        ):
-            raise ValueError(
-                f"logprobs must be an integer in [0, {MAX_LOGPROBS}] or None, got {self.logprobs!r}"
-            )
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool)
+                or not isinstance(value, int)
+                or not 0 <= value <= MAX_LOGPROBS
+            ):
+                raise ValueError(
+                    f"{name} must be an integer in [0, {MAX_LOGPROBS}] or None, got {value!r}"
+                )
         previous = -1
         for pair in self.logit_bias:
             token, bias = pair
@@ -255,6 +261,9 @@ class StepOutput:
     error: str | None = None
     #: one per token of ``token_ids`` when the request asked (``SamplingParams.logprobs``)
     logprobs: tuple[TokenLogprob, ...] | None = None
+    #: with a sequence's first token, when asked (``SamplingParams.prompt_logprobs``): one
+    #: per prompt token after the first
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None
 
 
 @runtime_checkable

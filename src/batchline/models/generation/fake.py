@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from batchline.models.generation.engine import GenerationRequest, StepOutput, TokenLogprob
 
@@ -204,13 +205,18 @@ class FakeEngine:
                 else:
                     token = self._next(prompt, seq.generated)
                 seq.generated.append(token)
-                said = None if params.logprobs is None else (fake_logprob(token, params.logprobs),)
+                said: dict[str, Any] = {}
+                if params.logprobs is not None:
+                    said["logprobs"] = (fake_logprob(token, params.logprobs),)
+                if params.prompt_logprobs is not None and len(seq.generated) == 1:
+                    k = params.prompt_logprobs
+                    said["prompt_logprobs"] = tuple(fake_logprob(t, k) for t in prompt[1:])
                 if token == self._eos and not params.ignore_eos:
-                    outputs.append(StepOutput(rid, (token,), True, "stop", logprobs=said))
+                    outputs.append(StepOutput(rid, (token,), True, "stop", **said))
                 elif len(seq.generated) >= params.max_tokens:
-                    outputs.append(StepOutput(rid, (token,), True, "length", logprobs=said))
+                    outputs.append(StepOutput(rid, (token,), True, "length", **said))
                 else:
-                    outputs.append(StepOutput(rid, (token,), logprobs=said))
+                    outputs.append(StepOutput(rid, (token,), **said))
             kv = self.kv_tokens_in_use()
             for out in outputs:
                 if out.finished:

@@ -6,7 +6,8 @@ earlier chunks), while the step's token budget lasts, then at most one chunk of 
 prompt identical to one this step prefills to its end is not computed again: it is that
 piece's *twin*, and takes its keys, values and first logits (the ``n`` samples of one
 prompt; duplicate records). A twin of a prompt this step only prefills a chunk of waits for
-the last chunk rather than compute the prompt a second time.
+the last chunk rather than compute the prompt a second time. A prompt whose tokens'
+log-probabilities are asked for (``prompt_logprobs``) is computed whole, every time.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from batchline.models.generation.engine import GenerationRequest
+from batchline.models.generation.engine import GenerationRequest, TokenLogprob
 from batchline.models.generation.prefix_cache import Prefix, PrefixCache
 from batchline.models.generation.structured import GrammarState
 
@@ -42,6 +43,18 @@ class Running:
     done: bool = False  # finished or aborted: leaves the batch before the next forward pass
     staged: Staged | None = None  # a long prompt between its chunks
     grammar: GrammarState | None = None  # a constrained request's place in its grammar
+    #: the prompt tokens' log-probabilities so far, when asked (``prompt_logprobs``)
+    prompt_logprobs: list[TokenLogprob] | None = None
+
+    def __post_init__(self) -> None:
+        if self.request.params.prompt_logprobs is not None:
+            self.prompt_logprobs = []
+
+    @property
+    def scores_prompt(self) -> bool:
+        """Whether its prefill computes every prompt position's logits (it then neither
+        reuses a cached prefix nor shares an identical prompt's prefill)."""
+        return self.prompt_logprobs is not None
 
     @property
     def held(self) -> int:
@@ -80,7 +93,7 @@ def plan_prefill(
     chunked: set[tuple[int, ...]] = set()  # prompts this step prefills a chunk of
     for seq in pending:
         prompt = seq.request.prompt_ids
-        if seq.staged is None:
+        if seq.staged is None and not seq.scores_prompt:
             twin = whole.get(prompt)
             if twin is not None:  # costs no room: nothing of it is computed
                 pieces.append(Piece(seq, twin.begin, twin.end, twin.source, None, twin))
@@ -91,7 +104,7 @@ def plan_prefill(
             break
         prefix = None
         source: Prefix | Staged | None = seq.staged
-        if source is None and prefixes is not None:
+        if source is None and prefixes is not None and not seq.scores_prompt:
             source = prefix = prefixes.lookup(prompt)
         begin = 0
         if isinstance(source, Staged):

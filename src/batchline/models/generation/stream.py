@@ -76,6 +76,9 @@ class GenerationDelta:
     finish_reason: FinishReason | None = None
     #: one per token of ``token_ids`` when the request asked (``SamplingParams.logprobs``)
     logprobs: tuple[TokenLogprob, ...] | None = None
+    #: with the first token, when asked (``SamplingParams.prompt_logprobs``): one per prompt
+    #: token after the first
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +107,8 @@ class Completion:
     priority: int = 0
     #: one per token of ``token_ids`` when the request asked (``SamplingParams.logprobs``)
     logprobs: tuple[TokenLogprob, ...] | None = None
+    #: one per prompt token after the first, when asked (``SamplingParams.prompt_logprobs``)
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None
 
 
 class GenerationStream:
@@ -409,6 +414,7 @@ class TrackedSequence:
     admitted_at: float | None = None
     """When it joined the engine's running batch (its queue wait ends there)."""
     logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None
 
     def __post_init__(self) -> None:
         self.scanner = StopStringScanner(self.request.params.stop)
@@ -448,6 +454,8 @@ class TrackedSequence:
             self.token_ids.extend(new_ids)
             if self.logprobs is not None and out.logprobs is not None:
                 self.logprobs.extend(out.logprobs)
+            if out.prompt_logprobs is not None:
+                self.prompt_logprobs = out.prompt_logprobs
         self.text_parts.append(emit)
         finished = out.finished or stop_hit
         reason: FinishReason | None = None
@@ -455,7 +463,7 @@ class TrackedSequence:
             reason = "stop"
         elif out.finished:
             reason = out.finish_reason if out.finish_reason is not None else "stop"
-        delta = GenerationDelta(emit, new_ids, finished, reason, out.logprobs)
+        delta = GenerationDelta(emit, new_ids, finished, reason, out.logprobs, out.prompt_logprobs)
         completion = self._completion(reason, now) if reason is not None else None
         self.finished = finished
         return StepUpdate(delta, completion, stop_hit)
@@ -481,4 +489,5 @@ class TrackedSequence:
             queue_wait_s=None if self.admitted_at is None else self.admitted_at - self.submitted_at,
             priority=self.request.params.priority,
             logprobs=None if self.logprobs is None else tuple(self.logprobs),
+            prompt_logprobs=self.prompt_logprobs,
         )

@@ -92,7 +92,7 @@ class _Snapshot:
     live: dict[str, Running]
     rows: list[Running]
     store: StoreState
-    seqs: list[tuple[Running, int, bool, torch.Tensor | None, Staged | None]]
+    seqs: list[tuple[Running, int, bool, torch.Tensor | None, Staged | None, int]]
 
 
 def _ids_of(value: Any) -> set[int]:
@@ -373,6 +373,7 @@ class TorchStepEngine:
                 s.done,
                 None if s.generator is None else s.generator.get_state(),
                 s.staged,
+                0 if s.prompt_logprobs is None else len(s.prompt_logprobs),
             )
             for s in self._live.values()
         ]
@@ -383,8 +384,10 @@ class TorchStepEngine:
     def _restore(self, snap: _Snapshot) -> None:
         self._pending, self._live, self._rows = snap.pending, snap.live, snap.rows
         self._store.set_state(snap.store)
-        for seq, n_generated, done, rng_state, staged in snap.seqs:
+        for seq, n_generated, done, rng_state, staged, n_scored in snap.seqs:
             del seq.generated[n_generated:]
+            if seq.prompt_logprobs is not None:
+                del seq.prompt_logprobs[n_scored:]
             seq.done = done
             seq.staged = staged
             if seq.generator is not None and rng_state is not None:
@@ -416,6 +419,9 @@ class TorchStepEngine:
         kept: dict[int, int] = {}  # id(piece) -> its logits' packed position
         twins: list[tuple[int, int, int]] = []  # (slot, twin's slot, start): copied once run
         computed = 0  # prompt tokens this step prefills
+        # prompts whose tokens' log-probabilities are asked: (sequence, first position
+        # scored, positions scored, its packed offset); position p's logits score token p + 1
+        scored: list[tuple[Running, int, int, int]] = []
         for piece in pieces:
             prompt = piece.seq.request.prompt_ids
             if piece.twin is not None:
@@ -441,6 +447,10 @@ class TorchStepEngine:
                             values[layer][:, :, : piece.begin] = piece.source.values[layer]
                 joins.append(Join(None, 0, piece.end, len(ids), n, mask, stage.keys, stage.values))
                 staged.append((piece.seq, Staged(stage.keys, stage.values, piece.end)))
+            if piece.seq.scores_prompt:
+                upto = min(piece.end, len(prompt) - 1)
+                if upto > piece.begin:
+                    scored.append((piece.seq, piece.begin, upto - piece.begin, len(ids)))
             ids += prompt[piece.begin : piece.end]
             positions += range(piece.begin, piece.end)
             computed += piece.end - piece.begin
@@ -459,7 +469,10 @@ class TorchStepEngine:
             decode_kernel=self._kernel,
         )
         # A step of one chunk and nothing else yields no token; the lm_head takes one row anyway.
-        logits = self._forward(ids, positions, keep or [len(ids) - 1], plan)
+        keep = keep or [len(ids) - 1]
+        extra = [offset + k for _, _, count, offset in scored for k in range(count)]
+        logits = self._forward(ids, positions, keep + extra, plan)
+        logits, prompt_logits = logits[: len(keep)], logits[len(keep) :]
         for slot, source, start in twins:  # the same prompt: the same keys and values
             span = slice(start, end)
             for layer in range(store.geometry.layers):
@@ -487,7 +500,23 @@ class TorchStepEngine:
             self._learn([j for j in joins if j.slot is not None], learners)
         self._prompt_tokens_computed += computed
         self._prompts_shared += len(twins)
+        self._score_prompts(scored, prompt_logits)
         return self._advance(self._rows, logits) if self._rows else []
+
+    def _score_prompts(
+        self, scored: list[tuple[Running, int, int, int]], logits: torch.Tensor
+    ) -> None:
+        """Each scored prompt piece's tokens' log-probabilities, from the logits of the
+        positions before them (``logits``: theirs, in ``scored``'s order)."""
+        at = 0
+        for seq, begin, count, _ in scored:
+            assert seq.prompt_logprobs is not None
+            rows = logits[at : at + count]
+            at += count
+            tokens = seq.request.prompt_ids[begin + 1 : begin + 1 + count]
+            top = seq.request.params.prompt_logprobs or 0
+            log_probs = torch.log_softmax(rows.float(), dim=-1)
+            seq.prompt_logprobs.extend(token_logprobs(log_probs, tokens, [top] * count))
 
     def _copy_source(self, piece: Piece, slot: int, start: int) -> None:
         """Put what a joining sequence holds already (a cached prefix, its earlier chunks) in
@@ -597,6 +626,9 @@ class TorchStepEngine:
                 seq.done = True
                 del self._live[rid]
             lp = logprobs.get(i)
+            scored = None
+            if seq.prompt_logprobs is not None and len(seq.generated) == 1:
+                scored = tuple(seq.prompt_logprobs)  # with its first token
             outputs.append(
                 StepOutput(
                     rid,
@@ -604,6 +636,7 @@ class TorchStepEngine:
                     reason is not None,
                     reason,
                     logprobs=None if lp is None else (lp,),
+                    prompt_logprobs=scored,
                 )
             )
         return outputs

@@ -161,13 +161,14 @@ def to_vllm_sampling_params(params: SamplingParams, *, delta: bool = True) -> ob
             frequency_penalty=params.frequency_penalty,
             logit_bias=dict(params.logit_bias) if params.logit_bias else None,
             logprobs=params.logprobs,
+            prompt_logprobs=params.prompt_logprobs,
             **structured,
         ),
     )
 
 
 def from_vllm_logprobs(
-    token_ids: Sequence[int], logprobs: Sequence[Mapping[int, Any]] | None, top: int
+    token_ids: Sequence[int], logprobs: Sequence[Mapping[int, Any] | None] | None, top: int
 ) -> tuple[TokenLogprob, ...] | None:
     """vLLM's per-token log-probabilities (token id to ``Logprob``) as batchline's, the ``top``
     most likely by vLLM's rank (None when vLLM gave none)."""
@@ -175,6 +176,8 @@ def from_vllm_logprobs(
         return None
     found = []
     for token, at in zip(token_ids, logprobs, strict=False):
+        if at is None:
+            return None
         ranked = sorted(
             ((entry.rank, t, float(entry.logprob)) for t, entry in at.items() if entry.rank),
             key=lambda r: r[0],
@@ -478,6 +481,7 @@ class VllmGenerator:
         texts: list[str] = []
         text_len = 0
         logprobs: list[TokenLogprob] | None = None if params.logprobs is None else []
+        scored: tuple[TokenLogprob, ...] | None = None  # the prompt's, when asked
         try:
             vllm_prompt, vllm_params = self._to_prompt(prompt), self._to_params(params)
             if self.scheduling_policy == "priority":
@@ -506,6 +510,12 @@ class VllmGenerator:
                     text_len = len(completion_out.text)
                     if raw_logprobs is not None:
                         raw_logprobs = raw_logprobs[len(ids) :]
+                new_scored = None
+                if params.prompt_logprobs is not None and scored is None:
+                    raw_prompt = getattr(out, "prompt_logprobs", None)  # its first is None
+                    top = params.prompt_logprobs
+                    scored = from_vllm_logprobs(prompt[1:], (raw_prompt or [None])[1:], top)
+                    new_scored = scored
                 new_logprobs = None
                 if logprobs is not None:
                     new_logprobs = from_vllm_logprobs(new_ids, raw_logprobs, params.logprobs or 0)
@@ -524,7 +534,9 @@ class VllmGenerator:
                     last_at = now
                 if out.finished:
                     reason = _finish_reason(completion_out.finish_reason)
-                    stream._push(GenerationDelta(new_text, new_ids, True, reason, new_logprobs))
+                    stream._push(
+                        GenerationDelta(new_text, new_ids, True, reason, new_logprobs, new_scored)
+                    )
                     self._finish(
                         stream,
                         reason,
@@ -535,10 +547,14 @@ class VllmGenerator:
                         now,
                         admitted_at,
                         params,
-                        logprobs,
+                        (logprobs, scored),
                     )
                     return
-                stream._push(GenerationDelta(new_text, new_ids, logprobs=new_logprobs))
+                stream._push(
+                    GenerationDelta(
+                        new_text, new_ids, logprobs=new_logprobs, prompt_logprobs=new_scored
+                    )
+                )
             # the iterator ended without a finished output: vLLM aborted it
             now = self._clock.now()
             stream._push(GenerationDelta("", (), True, "abort"))
@@ -586,7 +602,7 @@ class VllmGenerator:
         now: float,
         admitted_at: float | None,
         params: SamplingParams,
-        logprobs: list[TokenLogprob] | None = None,
+        logprobs: tuple[list[TokenLogprob] | None, tuple[TokenLogprob, ...] | None] = (None, None),
     ) -> None:
         completion = Completion(
             text="".join(texts),
@@ -598,7 +614,8 @@ class VllmGenerator:
             latency_s=now - submitted_at,
             queue_wait_s=None if admitted_at is None else admitted_at - submitted_at,
             priority=params.priority,
-            logprobs=None if logprobs is None else tuple(logprobs),
+            logprobs=None if logprobs[0] is None else tuple(logprobs[0]),
+            prompt_logprobs=logprobs[1],
         )
         if stream._complete(completion):
             if reason == "abort":

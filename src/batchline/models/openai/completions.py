@@ -90,27 +90,44 @@ def chat_logprobs(logprobs: Sequence[TokenLogprob], text_of: TokenText) -> dict[
 
 
 def completion_logprobs(
-    logprobs: Sequence[TokenLogprob], text_of: TokenText, *, offset: int = 0
+    logprobs: Sequence[TokenLogprob],
+    text_of: TokenText,
+    *,
+    offset: int = 0,
+    prompt: tuple[int, Sequence[TokenLogprob]] | None = None,
 ) -> dict[str, Any]:
     """A text completion's ``logprobs``: parallel ``tokens``, ``token_logprobs``,
     ``top_logprobs`` (each place's most likely tokens and the chosen one, text to
     log-probability) and ``text_offset`` (where each token starts in the choice's text,
-    counting from ``offset``)."""
+    counting from ``offset``). With ``prompt`` (``echo``: its first token's id, and the log-
+    probabilities of the others), the prompt's tokens come first, its first with nulls."""
     tokens: list[str] = []
     offsets: list[int] = []
-    top: list[dict[str, float]] = []
+    values: list[float | None] = []
+    top: list[dict[str, float] | None] = []
     at = offset
-    for lp in logprobs:
+    scored: list[TokenLogprob] = list(logprobs)
+    if prompt is not None:
+        first, rest = prompt
+        text = text_of(first)
+        tokens.append(text)
+        offsets.append(at)
+        values.append(None)
+        top.append(None)
+        at += len(text)
+        scored = [*rest, *logprobs]
+    for lp in scored:
         text = text_of(lp.token_id)
         tokens.append(text)
         offsets.append(at)
         at += len(text)
+        values.append(lp.logprob)
         best = {text_of(t): v for t, v in lp.top}
         best.setdefault(text, lp.logprob)
         top.append(best)
     return {
         "tokens": tokens,
-        "token_logprobs": [lp.logprob for lp in logprobs],
+        "token_logprobs": values,
         "top_logprobs": top,
         "text_offset": offsets,
     }

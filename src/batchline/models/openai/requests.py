@@ -252,6 +252,11 @@ class SamplingBody(BaseModel):
         log-probabilities; ``SamplingParams.logprobs``)."""
         return None
 
+    def prompt_logprob_count(self) -> int | None:
+        """The same for the prompt's tokens (``SamplingParams.prompt_logprobs``): asked by
+        ``echo`` with ``logprobs``."""
+        return None
+
     def constraint_fields(self) -> dict[str, Any]:
         """The structured-output fields the body sets (empty: it asks for no constraint)."""
         return self.model_dump(include=set(CONSTRAINT_FIELDS), exclude_none=True)
@@ -296,6 +301,7 @@ class SamplingBody(BaseModel):
             frequency_penalty=self.frequency_penalty or 0.0,
             logit_bias=SamplingParams.bias_of(self.logit_bias),
             logprobs=self.logprob_count(),
+            prompt_logprobs=self.prompt_logprob_count(),
         )
 
 
@@ -338,11 +344,6 @@ class CompletionRequest(OpenAISamplingBody):
 
     def check(self) -> None:
         super().check()
-        if self.echo and self.logprobs is not None:
-            raise ValueError(
-                "'echo' with 'logprobs' (the prompt's log-probabilities) is not supported; "
-                "send one of them"
-            )
         if self.best_of not in (None, 1, self.n):
             raise ValueError("'best_of' is not supported; omit it (or send it equal to n)")
         if self.suffix:
@@ -350,6 +351,9 @@ class CompletionRequest(OpenAISamplingBody):
 
     def logprob_count(self) -> int | None:
         return self.logprobs
+
+    def prompt_logprob_count(self) -> int | None:
+        return self.logprobs if self.echo else None
 
     def prompts(self) -> list[str]:
         """The prompts, in order (``ValueError`` when there is none or one is empty)."""

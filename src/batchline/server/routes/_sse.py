@@ -55,6 +55,8 @@ class Shape:
     n: int = 1
     token_text: Callable[[int], str] | None = None
     echo: tuple[str, ...] | None = None
+    #: with ``echo``: each prompt's first token id (its log-probability is null)
+    echo_first: tuple[int, ...] | None = None
 
     def head(self, *, chunk: bool = False) -> dict[str, Any]:
         kind = self.object + ".chunk" if chunk and self.chat else self.object
@@ -65,22 +67,38 @@ class Shape:
         return "" if self.echo is None else self.echo[index // self.n]
 
     def logprobs(
-        self, tokens: Sequence[TokenLogprob] | None, *, offset: int = 0
+        self,
+        tokens: Sequence[TokenLogprob] | None,
+        *,
+        offset: int = 0,
+        prompt: tuple[int, Sequence[TokenLogprob]] | None = None,
     ) -> dict[str, Any] | None:
-        """The ``logprobs`` object of these tokens (None when the request asked for none)."""
+        """The ``logprobs`` object of these tokens, after the echoed ``prompt``'s (None when
+        the request asked for none)."""
         if self.token_text is None or tokens is None:
             return None
         if self.chat:
             return chat_logprobs(tokens, self.token_text)
-        return completion_logprobs(tokens, self.token_text, offset=offset)
+        return completion_logprobs(tokens, self.token_text, offset=offset, prompt=prompt)
+
+    def scored_prompt(
+        self, index: int, scored: Sequence[TokenLogprob] | None
+    ) -> tuple[int, Sequence[TokenLogprob]] | None:
+        """Choice ``index``'s echoed prompt as :func:`completion_logprobs` takes it (None
+        without ``echo`` and log-probabilities)."""
+        if self.echo_first is None or scored is None:
+            return None
+        return self.echo_first[index // self.n], scored
 
     def choice(self, index: int, completion: Completion) -> Choice:
         """Choice ``index`` of the whole (not streamed) response."""
         echoed = self.echoed(index)
+        prompt = self.scored_prompt(index, completion.prompt_logprobs)
+        offset = 0 if prompt is not None else len(echoed)
         return Choice(
             echoed + completion.text,
             completion.finish_reason,
-            self.logprobs(completion.logprobs, offset=len(echoed)),
+            self.logprobs(completion.logprobs, offset=offset, prompt=prompt),
         )
 
     def chunk(
@@ -159,7 +177,9 @@ async def _events(
             yield shape.role(i, include_usage)
     # where each choice's next token starts in its text (completions' ``text_offset``)
     offsets = [len(shape.echoed(i)) for i in range(len(streams))]
-    if shape.echo is not None:
+    # the echoed prompts: at once, or with log-probabilities when their prefill gives them
+    scoring = shape.echo is not None and shape.token_text is not None
+    if shape.echo is not None and not scoring:
         for i in range(len(streams)):
             yield shape.chunk(i, shape.echoed(i), None, include_usage)
     try:
@@ -170,6 +190,10 @@ async def _events(
                     yield _cut(shape, aborted(settings))
                     yield DONE
                     return
+                prompt = shape.scored_prompt(index, delta.prompt_logprobs) if scoring else None
+                if prompt is not None:
+                    scored = shape.logprobs((), prompt=prompt)
+                    yield shape.chunk(index, shape.echoed(index), None, include_usage, scored)
                 logprobs = shape.logprobs(delta.logprobs, offset=offsets[index])
                 if logprobs is not None and shape.token_text is not None:
                     offsets[index] += sum(len(shape.token_text(t)) for t in delta.token_ids)

@@ -195,7 +195,8 @@ async def create_completion(request: Request) -> Response:
     )
     rid = f"cmpl-{uuid.uuid4().hex}"
     streams = _submit_all(served, state, *_samples(body, state, prompts, params), rid)
-    shape = _shape(served, body, rid, chat=False, echo=texts if body.echo else None)
+    echo = (texts, [ids[0] for ids in prompts]) if body.echo else None
+    shape = _shape(served, body, rid, chat=False, echo=echo)
     if body.stream:
         return event_stream(served, streams, shape, state.settings, body.include_usage())
     completions = await _finish_all(request, state, served, streams)
@@ -236,9 +237,10 @@ def _shape(
     rid: str,
     *,
     chat: bool,
-    echo: Sequence[str] | None = None,
+    echo: tuple[Sequence[str], Sequence[int]] | None = None,
 ) -> Shape:
-    """What each response or chunk of the request repeats, and how its choices are told."""
+    """What each response or chunk of the request repeats, and how its choices are told
+    (``echo``: the prompts' texts and first token ids)."""
     return Shape(
         rid,
         "chat.completion" if chat else "text_completion",
@@ -247,7 +249,8 @@ def _shape(
         chat=chat,
         n=body.n,
         token_text=None if body.logprob_count() is None else _token_text(served),
-        echo=None if echo is None else tuple(echo),
+        echo=None if echo is None else tuple(echo[0]),
+        echo_first=None if echo is None else tuple(echo[1]),
     )
 
 
