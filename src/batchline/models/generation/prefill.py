@@ -12,16 +12,17 @@ log-probabilities are asked for (``prompt_logprobs``) is computed whole, every t
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from batchline.models.generation.engine import GenerationRequest, TokenLogprob
 from batchline.models.generation.prefix_cache import Prefix, PrefixCache
+from batchline.models.generation.sampling import token_logprobs
 from batchline.models.generation.structured import GrammarState
 
-__all__ = ["Piece", "Running", "Staged", "plan_prefill"]
+__all__ = ["Piece", "Running", "Scored", "Staged", "plan_prefill", "score_prompts"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,3 +122,30 @@ def plan_prefill(
         if room is not None:
             room -= end - begin
     return pieces
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    """A piece of a prompt whose tokens' log-probabilities are asked (``prompt_logprobs``):
+    positions ``[begin, begin + count)``, at ``offset`` in the step's packed input. Position
+    ``p``'s logits score prompt token ``p + 1``."""
+
+    seq: Running
+    begin: int
+    count: int
+    offset: int
+
+
+def score_prompts(scored: Sequence[Scored], logits: torch.Tensor) -> None:
+    """Add each scored piece's tokens' log-probabilities to its sequence, from ``logits``
+    (those of the pieces' positions, in ``scored``'s order)."""
+    at = 0
+    for piece in scored:
+        seq = piece.seq
+        assert seq.prompt_logprobs is not None
+        rows = logits[at : at + piece.count]
+        at += piece.count
+        tokens = seq.request.prompt_ids[piece.begin + 1 : piece.begin + 1 + piece.count]
+        top = seq.request.params.prompt_logprobs or 0
+        log_probs = torch.log_softmax(rows.float(), dim=-1)
+        seq.prompt_logprobs.extend(token_logprobs(log_probs, tokens, [top] * piece.count))

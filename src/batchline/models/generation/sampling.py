@@ -26,6 +26,7 @@ __all__ = [
     "check_logit_bias",
     "make_generator",
     "model_logprobs",
+    "picked_logprobs",
     "sample_top_p",
     "select_tokens",
     "token_logprobs",
@@ -193,3 +194,20 @@ def token_logprobs(
         )
         for i, (token, lp, k) in enumerate(zip(tokens, chosen, top, strict=True))
     ]
+
+
+def picked_logprobs(
+    log_probs: torch.Tensor | None,
+    rows: Sequence[int],
+    tokens: Sequence[int],
+    params: Sequence[SamplingParams],
+) -> dict[int, tuple[TokenLogprob]]:
+    """The picked token's log-probabilities of each of ``rows`` (those :func:`model_logprobs`
+    took, in order), with as many alternatives as its params ask: row -> a one-token tuple,
+    as a ``StepOutput`` holds them."""
+    if log_probs is None:
+        return {}
+    found = token_logprobs(
+        log_probs, [tokens[i] for i in rows], [params[i].logprobs or 0 for i in rows]
+    )
+    return {i: (lp,) for i, lp in zip(rows, found, strict=True)}

@@ -48,14 +48,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import DynamicCache
 
 from batchline.models.generation.decode_kernel import DecodeKernel, decode_kernel
-from batchline.models.generation.engine import GenerationRequest, StepOutput, TokenLogprob
+from batchline.models.generation.engine import GenerationRequest, StepOutput
 from batchline.models.generation.kv_slots import Geometry, SlotStore, StoreState
 from batchline.models.generation.lean_llama import LeanForward, lean_forward
 from batchline.models.generation.packed_attention import (
@@ -66,14 +66,21 @@ from batchline.models.generation.packed_attention import (
     causal_mask,
     check_attention,
 )
-from batchline.models.generation.prefill import Piece, Running, Staged, plan_prefill
+from batchline.models.generation.prefill import (
+    Piece,
+    Running,
+    Scored,
+    Staged,
+    plan_prefill,
+    score_prompts,
+)
 from batchline.models.generation.prefix_cache import Prefix, PrefixCache
 from batchline.models.generation.sampling import (
     check_logit_bias,
     make_generator,
     model_logprobs,
+    picked_logprobs,
     select_tokens,
-    token_logprobs,
 )
 from batchline.models.generation.structured import TokenGrammars
 
@@ -419,9 +426,7 @@ class TorchStepEngine:
         kept: dict[int, int] = {}  # id(piece) -> its logits' packed position
         twins: list[tuple[int, int, int]] = []  # (slot, twin's slot, start): copied once run
         computed = 0  # prompt tokens this step prefills
-        # prompts whose tokens' log-probabilities are asked: (sequence, first position
-        # scored, positions scored, its packed offset); position p's logits score token p + 1
-        scored: list[tuple[Running, int, int, int]] = []
+        scored: list[Scored] = []  # prompts whose tokens' log-probabilities are asked
         for piece in pieces:
             prompt = piece.seq.request.prompt_ids
             if piece.twin is not None:
@@ -447,10 +452,9 @@ class TorchStepEngine:
                             values[layer][:, :, : piece.begin] = piece.source.values[layer]
                 joins.append(Join(None, 0, piece.end, len(ids), n, mask, stage.keys, stage.values))
                 staged.append((piece.seq, Staged(stage.keys, stage.values, piece.end)))
-            if piece.seq.scores_prompt:
+            if piece.seq.scores_prompt and min(piece.end, len(prompt) - 1) > piece.begin:
                 upto = min(piece.end, len(prompt) - 1)
-                if upto > piece.begin:
-                    scored.append((piece.seq, piece.begin, upto - piece.begin, len(ids)))
+                scored.append(Scored(piece.seq, piece.begin, upto - piece.begin, len(ids)))
             ids += prompt[piece.begin : piece.end]
             positions += range(piece.begin, piece.end)
             computed += piece.end - piece.begin
@@ -470,7 +474,7 @@ class TorchStepEngine:
         )
         # A step of one chunk and nothing else yields no token; the lm_head takes one row anyway.
         keep = keep or [len(ids) - 1]
-        extra = [offset + k for _, _, count, offset in scored for k in range(count)]
+        extra = [s.offset + k for s in scored for k in range(s.count)]
         logits = self._forward(ids, positions, keep + extra, plan)
         logits, prompt_logits = logits[: len(keep)], logits[len(keep) :]
         for slot, source, start in twins:  # the same prompt: the same keys and values
@@ -500,23 +504,8 @@ class TorchStepEngine:
             self._learn([j for j in joins if j.slot is not None], learners)
         self._prompt_tokens_computed += computed
         self._prompts_shared += len(twins)
-        self._score_prompts(scored, prompt_logits)
+        score_prompts(scored, prompt_logits)
         return self._advance(self._rows, logits) if self._rows else []
-
-    def _score_prompts(
-        self, scored: list[tuple[Running, int, int, int]], logits: torch.Tensor
-    ) -> None:
-        """Each scored prompt piece's tokens' log-probabilities, from the logits of the
-        positions before them (``logits``: theirs, in ``scored``'s order)."""
-        at = 0
-        for seq, begin, count, _ in scored:
-            assert seq.prompt_logprobs is not None
-            rows = logits[at : at + count]
-            at += count
-            tokens = seq.request.prompt_ids[begin + 1 : begin + 1 + count]
-            top = seq.request.params.prompt_logprobs or 0
-            log_probs = torch.log_softmax(rows.float(), dim=-1)
-            seq.prompt_logprobs.extend(token_logprobs(log_probs, tokens, [top] * count))
 
     def _copy_source(self, piece: Piece, slot: int, start: int) -> None:
         """Put what a joining sequence holds already (a cached prefix, its earlier chunks) in
@@ -597,14 +586,7 @@ class TorchStepEngine:
             [s.generator for s in seqs],
             [s.generated for s in seqs],
         )
-        logprobs: dict[int, TokenLogprob] = {}
-        if log_probs is not None:
-            found = token_logprobs(
-                log_probs,
-                [tokens[i] for i in asking],
-                [seqs[i].request.params.logprobs or 0 for i in asking],
-            )
-            logprobs = dict(zip(asking, found, strict=True))
+        logprobs = picked_logprobs(log_probs, asking, tokens, [s.request.params for s in seqs])
         outputs = []
         for i, (seq, token) in enumerate(zip(seqs, tokens, strict=True)):
             rid = seq.request.request_id
@@ -626,19 +608,9 @@ class TorchStepEngine:
                 seq.done = True
                 del self._live[rid]
             lp = logprobs.get(i)
-            scored = None
-            if seq.prompt_logprobs is not None and len(seq.generated) == 1:
-                scored = tuple(seq.prompt_logprobs)  # with its first token
-            outputs.append(
-                StepOutput(
-                    rid,
-                    (token,),
-                    reason is not None,
-                    reason,
-                    logprobs=None if lp is None else (lp,),
-                    prompt_logprobs=scored,
-                )
-            )
+            scored = seq.prompt_logprobs if len(seq.generated) == 1 else None  # the first token's
+            said = StepOutput(rid, (token,), reason is not None, reason, logprobs=lp)
+            outputs.append(said if scored is None else replace(said, prompt_logprobs=(*scored,)))
         return outputs
 
     def _leave(self) -> None:
