@@ -42,9 +42,9 @@ def free_port() -> int:
 
 
 class Replica:
-    """One ``batchline serve`` subprocess."""
+    """One ``batchline serve`` subprocess (``extra``: more of its flags, e.g. ``--model``)."""
 
-    def __init__(self, folder: Path, config: Path) -> None:
+    def __init__(self, folder: Path, config: Path, *extra: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._log: IO[bytes] = open(folder / f"serve-{self.port}.log", "wb")  # noqa: SIM115
@@ -60,6 +60,7 @@ class Replica:
                 str(config),
                 "--log-level",
                 "warning",
+                *extra,
             ],
             stdout=self._log,
             stderr=subprocess.STDOUT,

@@ -82,6 +82,18 @@ def few_shot_prefix(k: int, rng: random.Random) -> str:
     return "\n".join(lines) + "\n"
 
 
+def tickets(n: int, n_prefixes: int) -> list[str]:
+    """The job: ``n`` prompts drawn over ``n_prefixes`` few-shot prefixes, shuffled (seed 0)."""
+    rng = random.Random(0)
+    prefixes = [few_shot_prefix(k, rng) for k in range(n_prefixes)]
+    prompts = []
+    for i in range(n):
+        ticket = " ".join(rng.choice(WORDS) for _ in range(14))
+        prompts.append(f"{rng.choice(prefixes)}Ticket: {ticket} (#{i})\nLabel:")
+    rng.shuffle(prompts)
+    return prompts
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompts", type=int, default=2_000)
@@ -94,13 +106,7 @@ def main() -> None:
     from batchline.jobs.run import run
     from batchline.knobs import Knobs
 
-    rng = random.Random(0)
-    prefixes = [few_shot_prefix(k, rng) for k in range(args.prefixes)]
-    prompts = []
-    for i in range(args.prompts):
-        ticket = " ".join(rng.choice(WORDS) for _ in range(14))
-        prompts.append(f"{rng.choice(prefixes)}Ticket: {ticket} (#{i})\nLabel:")
-    rng.shuffle(prompts)
+    prompts = tickets(args.prompts, args.prefixes)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "tickets.jsonl"

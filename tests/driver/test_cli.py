@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from batchline.cli import build_parser, main
+from batchline.driver.cli import options_from
 from batchline.driver.drive import DriveSummary
 from batchline.driver.endpoints import EndpointReport
 
@@ -28,13 +29,19 @@ def test_the_parser_s_defaults() -> None:
     args = build_parser().parse_args(["drive", "in.jsonl", "--endpoint", "http://h:1"])
     assert args.input == Path("in.jsonl")
     assert args.endpoints == ["http://h:1"]
-    assert (args.chunk_size, args.concurrency, args.max_attempts) == (50, 10, 8)
+    options = options_from(args)
+    assert (options.chunk_size, options.concurrency, options.max_attempts) == (50, 10, 8)
     assert (args.connect_timeout_s, args.read_timeout_s) == (10.0, 120.0)
     assert (args.route, args.on_bad_record, args.encoding) == ("embeddings", "fail", "base64")
     args = build_parser().parse_args(
         ["drive", "x.csv", "--endpoint", "http://a", "--endpoint", "http://b", "--resume"]
     )
     assert args.endpoints == ["http://a", "http://b"]
+    # a generation request of 50 prompts would outlast a CPU server's request timeout
+    generate = ["drive", "p.jsonl", "--endpoint", "http://a", "--route", "generate"]
+    assert options_from(build_parser().parse_args(generate)).chunk_size == 8
+    given = build_parser().parse_args([*generate, "--records-per-request", "3"])
+    assert options_from(given).chunk_size == 3
 
 
 @pytest.mark.parametrize(

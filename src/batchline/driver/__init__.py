@@ -1,8 +1,10 @@
 """Client fan-out: ``batchline drive`` sends a dataset to serving replicas, exactly once.
 
 - ``batchline.driver.drive``: ``drive_job(DriveOptions) -> DriveSummary``, the job itself.
-- ``batchline.driver.endpoints``: ``EndpointPool``, routing to the least-loaded replica,
-  setting failing ones aside and re-probing them.
+- ``batchline.driver.options``: ``DriveOptions``, what to drive where, checked once.
+- ``batchline.driver.endpoints``: ``EndpointPool``, routing to the least-loaded replica (or a
+  prefix's own), setting failing ones aside and re-probing them.
+- ``batchline.driver.affinity``: prefix keys and the requests of a window, for prefix affinity.
 - ``batchline.driver.client``: ``ReplicaClient``, one HTTP attempt and its verdict.
 - ``batchline.driver.retry``: ``Backoff`` (full jitter) and ``parse_retry_after``.
 
@@ -25,8 +27,9 @@ from batchline._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from batchline.driver.client import ReplicaClient, Reply
-    from batchline.driver.drive import DriveOptions, DriveSummary, drive_job, read_failures
+    from batchline.driver.drive import DriveSummary, drive_job, read_failures
     from batchline.driver.endpoints import EndpointPool, EndpointReport
+    from batchline.driver.options import DriveOptions
     from batchline.driver.retry import Backoff, parse_retry_after
 
 __all__ = [
@@ -51,7 +54,7 @@ __getattr__ = lazy_exports(
         "EndpointReport": "endpoints",
         "ReplicaClient": "client",
         "Reply": "client",
-        "DriveOptions": "drive",
+        "DriveOptions": "options",
         "DriveSummary": "drive",
         "drive_job": "drive",
         "read_failures": "drive",

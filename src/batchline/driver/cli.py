@@ -16,10 +16,17 @@ import dataclasses
 import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from batchline.datasets.selection import add_dataset_arguments
 from batchline.knobs import SHARED_HELP, add_deprecated_flag
+
+if TYPE_CHECKING:
+    from batchline.driver.options import DriveOptions
+
+#: ``--records-per-request`` by route: a generation request of 50 prompts would take minutes
+#: on a CPU server, past its request timeout (serve's default: 30 s)
+RECORDS_PER_REQUEST = {"embeddings": 50, "generate": 8}
 
 __all__ = ["add_parser"]
 
@@ -31,7 +38,9 @@ def add_parser(sub: Any) -> None:
         description=(
             "Split INPUT into requests of --records-per-request records and POST them to the "
             "replicas (--endpoint, repeatable) with at most --concurrency requests in "
-            "flight, each to the replica with the fewest in flight. Connection errors, "
+            "flight, each to the replica with the fewest in flight (--route generate: prompts "
+            "that share a long prefix go together to one replica while it is not overloaded, "
+            "so its prefix cache serves them). Connection errors, "
             "timeouts, 429 and 5xx are retried with backoff (Retry-After honoured); a replica "
             "that keeps failing is set aside and re-probed via GET /ready. Results go to "
             "OUTPUT exactly as `batchline run` writes them; records refused with another 4xx, "
@@ -69,9 +78,10 @@ def add_parser(sub: Any) -> None:
         "--records-per-request",
         dest="chunk_size",
         type=int,
-        default=50,
         metavar="N",
-        help="records per request (default: 50)",
+        help=f"records per request (default: {RECORDS_PER_REQUEST['embeddings']}; "
+        f"{RECORDS_PER_REQUEST['generate']} with --route generate, whose requests take "
+        "seconds per prompt on a CPU)",
     )
     add_deprecated_flag(p, "--chunk-size", "--records-per-request", dest="chunk_size", type=int)
     p.add_argument(
@@ -131,6 +141,15 @@ def add_parser(sub: Any) -> None:
         help="embeddings' encoding_format (default: base64, exact and compact)",
     )
     p.add_argument(
+        "--no-prefix-affinity",
+        dest="prefix_affinity",
+        action="store_false",
+        help="with --route generate: send prompts in input order, each request to the least "
+        "busy replica (default: each window of 2,048 prompts sent grouped by shared prefix, a "
+        "prefix's requests to one replica while it holds at most one more in flight than the "
+        "least busy and none is idle; outputs stay in input order)",
+    )
+    p.add_argument(
         "--no-dedupe",
         dest="dedupe",
         action="store_false",
@@ -141,15 +160,24 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=_main)
 
 
-def _main(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    from batchline.driver.drive import DriveOptions, drive
-    from batchline.jobs.display import print_summary
+def options_from(args: argparse.Namespace) -> DriveOptions:
+    """The drive's options from its parsed flags (``InputError`` for an unusable one)."""
+    from batchline.driver.drive import DriveOptions
 
     fields = {f.name for f in dataclasses.fields(DriveOptions)}  # each flag named after one
     given = {k: v for k, v in vars(args).items() if k in fields}
-    options = DriveOptions(**given, chat_template=not args.no_chat_template)
+    if given.get("chunk_size") is None:
+        given["chunk_size"] = RECORDS_PER_REQUEST[args.route]
+    return DriveOptions(**given, chat_template=not args.no_chat_template)
+
+
+def _main(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from batchline.driver.drive import drive
+    from batchline.jobs.display import print_summary
+
+    options = options_from(args)
     console = Console(stderr=True)
     bar = _bar(console) if not args.quiet and console.is_terminal else None
     handler = _StderrHandler()

@@ -14,6 +14,13 @@ The pipeline::
 Two "chunks", two sizes: ``chunk_size`` records go in one request; ``output_chunk_size``
 records go in one output file (the writer's chunk, the unit of resuming).
 
+``--route generate`` keeps prefix affinity (``driver/affinity.py``; ``prefix_affinity=False``:
+the plain loop above): records are read in windows of 2,048 (or ``chunk_size`` x
+``concurrency``, if more), two windows at a time; a window's requests hold the prompts of one
+shared prefix each (small groups packed together) and go to their prefix's replica while it is
+not overloaded, at most ``concurrency`` in flight, a window's before the next one's. Outputs
+are written in input order, exactly once, as ever.
+
 What happens to a record, always exactly one of:
 
 - its result is written (a row of ``part-NNNNNN.parquet``);
@@ -38,15 +45,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import math
 import os
 import random
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, cast, get_args
-from urllib.parse import urlsplit
+from typing import Any, TypeAlias, cast
 
 import httpx
 
@@ -55,20 +60,20 @@ from batchline._errors import BatchlineError, InputError
 from batchline.datasets.manifest import append_synced, json_line, replacing
 from batchline.datasets.outcomes import Failed, Outcome
 from batchline.datasets.pipeline import Progress, open_dataset_job, run_pipeline
-from batchline.datasets.selection import BadRecordMode, DatasetSelection
 from batchline.datasets.sinks import ChunkWriter
 from batchline.datasets.sources import Record, prompt_column
+from batchline.driver.affinity import plan_requests, prefix_keys
 from batchline.driver.client import (
     EmbeddingsRoute,
     GenerateRoute,
     ReplicaClient,
     Reply,
     Route,
-    RouteName,
 )
 from batchline.driver.endpoints import Endpoint, EndpointPool, EndpointReport
+from batchline.driver.options import DriveOptions, normalize_endpoint
 from batchline.driver.retry import Backoff, sleep
-from batchline.jobs.batch import DEDUPE_WINDOW, Seen, input_key
+from batchline.jobs.batch import DEDUPE_WINDOW, Seen, cancel, input_key
 
 __all__ = [
     "FAILURES_NAME",
@@ -77,123 +82,13 @@ __all__ = [
     "HttpAdapter",
     "drive",
     "drive_job",
+    "normalize_endpoint",
     "read_failures",
 ]
 
 FAILURES_NAME = "_failures.jsonl"
-Encoding = Literal["base64", "float"]
 
 _API_KEY_ENV = "BATCHLINE_API_KEY"
-_ROUTE_SUFFIXES = ("/v1/embeddings", "/generate", "/ready")
-
-
-@dataclass
-class DriveOptions(DatasetSelection):
-    """What to drive where; checked at construction (``InputError``). Units are in the names.
-
-    The fields mirror ``batchline drive --help``; what to read and write is ``batchline run``'s
-    (:class:`DatasetSelection`: ``input=None`` uses the built-in demo corpus). Knobs without a
-    flag:
-
-    - ``failures_to_set_aside``: consecutive endpoint failures that set an endpoint aside.
-    - ``probe_cap_s``: the longest pause between two ``GET /ready`` probes of a set-aside one.
-    - ``backoff_base_s``, ``backoff_cap_s``: a chunk's retry ``n`` waits a uniform random time
-      in ``[0, min(cap, base * 2**(n-1))]``.
-    - ``max_retry_after_s``: a longer ``Retry-After`` is cut to this.
-    """
-
-    endpoints: Sequence[str]
-    route: RouteName = "embeddings"
-    model: str | None = None
-    api_key: str | None = None
-    chunk_size: int = 50
-    output_chunk_size: int = 10_000
-    concurrency: int = 10
-    max_attempts: int = 8
-    connect_timeout_s: float = 10.0
-    read_timeout_s: float = 120.0
-    give_up_after_s: float = 600.0
-    failures_to_set_aside: int = 3
-    probe_cap_s: float = 5.0
-    backoff_base_s: float = 0.25
-    backoff_cap_s: float = 30.0
-    max_retry_after_s: float = 120.0
-    encoding: Encoding = "base64"
-    dim: int | None = None
-    max_tokens: int | None = None
-    #: ``--route generate``: each prompt through the model's chat template, as ``run`` does
-    chat_template: bool = True
-    #: a record whose text repeats one of the last 16,384 distinct texts takes that text's
-    #: answer instead of being sent (``--no-dedupe``: every record is sent)
-    dedupe: bool = True
-
-    def __post_init__(self) -> None:
-        self.check()
-
-    def check(self) -> None:
-        """Raise ``InputError`` naming the first unusable setting (run again by ``drive_job``,
-        as fields may have been changed since construction)."""
-        if not self.endpoints:
-            raise InputError("give at least one --endpoint URL")
-        urls = [normalize_endpoint(u) for u in self.endpoints]
-        if len(set(urls)) != len(urls):
-            raise InputError(f"--endpoint repeats a URL: {urls}")
-        for name in ("chunk_size", "output_chunk_size", "concurrency", "max_attempts"):
-            value = getattr(self, name)
-            if value < 1:
-                raise InputError(f"--{_flag(name)} must be >= 1, got {value}")
-        if self.failures_to_set_aside < 1:
-            raise InputError(
-                f"failures_to_set_aside must be >= 1, got {self.failures_to_set_aside}"
-            )
-        for name in ("connect_timeout_s", "read_timeout_s"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
-                raise InputError(f"--{_flag(name)} must be a number of seconds > 0, got {value}")
-        if not (math.isfinite(self.probe_cap_s) and self.probe_cap_s >= 0.25):
-            raise InputError(f"probe_cap_s must be >= 0.25 s, got {self.probe_cap_s}")
-        for name in ("give_up_after_s", "backoff_base_s", "backoff_cap_s", "max_retry_after_s"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0):
-                raise InputError(f"--{_flag(name)} must be a number of seconds >= 0, got {value}")
-        if self.backoff_cap_s < self.backoff_base_s:
-            raise InputError("--backoff-cap-s must be >= --backoff-base-s")
-        if self.dim is not None and self.dim < 1:
-            raise InputError(f"--dim must be >= 1, got {self.dim}")
-        if self.limit is not None and self.limit < 0:
-            raise InputError(f"--limit must be >= 0, got {self.limit}")
-        if self.route not in get_args(RouteName):
-            raise InputError(f"--route must be embeddings or generate, got {self.route!r}")
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise InputError(f"--max-tokens must be >= 1, got {self.max_tokens}")
-        if self.max_tokens is not None and self.route != "generate":
-            raise InputError("--max-tokens goes with --route generate")
-        if not self.chat_template and self.route != "generate":
-            raise InputError("--no-chat-template goes with --route generate")
-        if self.encoding not in get_args(Encoding):
-            raise InputError(f"--encoding must be base64 or float, got {self.encoding!r}")
-        if self.on_bad_record not in get_args(BadRecordMode):
-            raise InputError(f"--on-bad-record must be fail or skip, got {self.on_bad_record!r}")
-
-
-def _flag(name: str) -> str:
-    # drive's request size is --records-per-request (--chunk-size is run's output chunk)
-    return "records-per-request" if name == "chunk_size" else name.replace("_", "-")
-
-
-def normalize_endpoint(url: str) -> str:
-    """``http://host:port`` from what a user may type (a trailing slash or route path)."""
-    text = url.strip().rstrip("/")
-    parts = urlsplit(text)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise InputError(f"--endpoint {url!r} is not an http(s) URL like http://127.0.0.1:8000")
-    if parts.query or parts.fragment:
-        raise InputError(f"--endpoint {url!r}: give the server's base URL, without ?query or #")
-    for suffix in _ROUTE_SUFFIXES:
-        if text.endswith(suffix):
-            text = text[: -len(suffix)]
-            break
-    return text
 
 
 @dataclass(frozen=True)
@@ -217,6 +112,12 @@ class DriveSummary:
     empty_texts: int = 0
     #: records answered from an identical text's answer, not sent
     duplicates: int = 0
+    #: prefix affinity was on (``--route generate``): requests (attempts) sent to their
+    #: prefix's replica, and those that fell back to the least-loaded one (it was over the
+    #: imbalance bound)
+    prefix_affinity: bool = False
+    affine_requests: int = 0
+    fallback_requests: int = 0
 
     @property
     def records_per_s(self) -> float:
@@ -243,6 +144,14 @@ class DriveSummary:
             ("requests", f"{self.requests:,}"),
             ("retries", f"{self.retries:,}"),
         ]
+        if self.prefix_affinity:
+            rows.append(
+                (
+                    "prefix affinity",
+                    f"{self.affine_requests:,} requests to their prefix's replica, "
+                    f"{self.fallback_requests:,} fell back to the least busy",
+                )
+            )
         for ep in self.endpoints:
             errors = ", ".join(f"{k} {v}" for k, v in ep.errors.items()) or "no errors"
             aside = (
@@ -389,18 +298,24 @@ async def drive_job(
             failures_to_set_aside=options.failures_to_set_aside,
             probe_backoff=Backoff(base_s=0.25, cap_s=options.probe_cap_s, floor_s=0.1),
             give_up_after_s=options.give_up_after_s,
+            affinity_slack=options.affinity_slack,
             clock=clock,
             rng=rng,
         )
-        adapter = HttpAdapter(options, client, pool, failures, clock, rng)
+        grouped = options.prefix_affinity and route.name == "generate"
+        adapter = HttpAdapter(options, client, pool, failures, clock, rng, grouped=grouped)
+        if grouped:  # a window read at a time, the next one read while it runs
+            block, blocks = _window(options), 2
+        else:
+            block, blocks = options.chunk_size, options.concurrency
         try:
             async with pool:
                 done = await run_pipeline(
                     adapter,
                     source,
                     writer,
-                    block_records=options.chunk_size,
-                    max_blocks_in_flight=options.concurrency,
+                    block_records=block,
+                    max_blocks_in_flight=blocks,
                     limit=options.limit,
                     on_bad_record=options.on_bad_record,
                     progress=progress,
@@ -423,7 +338,18 @@ async def drive_job(
             endpoints=reports,
             empty_texts=done.empty_texts,
             duplicates=adapter.duplicates,
+            prefix_affinity=grouped,
+            affine_requests=pool.affine,
+            fallback_requests=pool.fallbacks,
         )
+
+
+def _window(options: DriveOptions) -> int:
+    """Records read at a time and sent grouped by prefix: the local job's window, or enough
+    to fill every request slot."""
+    from batchline.jobs.generate import PREFIX_ORDER_WINDOW
+
+    return max(PREFIX_ORDER_WINDOW, options.chunk_size * options.concurrency)
 
 
 def _expected_dim(options: DriveOptions, writer: ChunkWriter, route: Route) -> int | None:
@@ -454,11 +380,34 @@ class _Deduped:
     waits: dict[int, asyncio.Future[Any]] = dataclasses.field(default_factory=dict)
 
 
+#: one request of a block: the indices of its records among those sent, and its task
+_Request: TypeAlias = tuple[list[int], "asyncio.Task[list[Outcome]]"]
+
+
+async def _gathered(n: int, sends: Sequence[_Request]) -> list[Outcome]:
+    """The ``n`` outcomes of ``sends``' records, in order; one request's error withdraws the
+    others."""
+    tasks = [task for _, task in sends]
+    try:
+        results = await asyncio.gather(*tasks)
+    except BaseException:
+        cancel(tasks)
+        raise
+    outcomes: list[Outcome] = [None] * n
+    for (indices, _), got in zip(sends, results, strict=True):
+        for i, outcome in zip(indices, got, strict=True):
+            outcomes[i] = outcome
+    return outcomes
+
+
 class HttpAdapter:
     """:class:`~batchline.datasets.pipeline.Adapter` for serving replicas: each block of
     records is one request (``--chunk-size``), sent to the ready endpoint with the fewest in
     flight and retried elsewhere with backoff; a block that fails for good is listed in
-    ``_failures.jsonl`` (before the writer hears of it) and its records are skipped."""
+    ``_failures.jsonl`` (before the writer hears of it) and its records are skipped.
+
+    ``grouped`` (prefix affinity): a block is a window, sent as requests of one shared prefix
+    each (:func:`~batchline.driver.affinity.plan_requests`), each routed by its prefix key."""
 
     def __init__(
         self,
@@ -468,6 +417,8 @@ class HttpAdapter:
         failures: _FailureLog,
         clock: Clock,
         rng: Callable[[], float],
+        *,
+        grouped: bool = False,
     ) -> None:
         self.options = options
         self.client = client
@@ -475,9 +426,13 @@ class HttpAdapter:
         self.failures = failures
         self.clock = clock
         self.rng = rng
+        self.grouped = grouped
         self.backoff = Backoff(base_s=options.backoff_base_s, cap_s=options.backoff_cap_s)
         self.retries = 0
         self._in_flight = 0
+        # every request holds one of --concurrency slots, whatever a block holds; waiters get
+        # them in turn, so a window's requests go out before the next window's
+        self._slots = asyncio.Semaphore(options.concurrency)
         # The server's answer is a function of the text (embeddings; greedy generation, the
         # route's default, with the job's settings): a repeated text need not be sent again.
         self.seen = Seen(DEDUPE_WINDOW) if options.dedupe else None
@@ -488,12 +443,22 @@ class HttpAdapter:
         return 0 if self.seen is None else self.seen.duplicates
 
     async def submit(self, records: Sequence[Record]) -> asyncio.Task[list[Outcome]]:
-        if self.seen is None:
-            return asyncio.create_task(self._send(records))
         # what the block asks first is registered now, in submit order: a later block waits on
-        # an earlier one, never the other way round
-        plan = self._dedupe(records)
-        return asyncio.create_task(self._send_deduped(records, plan))
+        # an earlier one, never the other way round; its requests are queued now, in order
+        if self.seen is None:
+            plan = _Deduped(fresh=list(range(len(records))))
+        else:
+            plan = self._dedupe(records)
+        try:
+            sends = await self._start([records[i] for i in plan.fresh])
+        except BaseException:
+            for answer in plan.answers.values():
+                answer.cancel()  # never sent: later duplicates send their own
+            raise
+        task = asyncio.create_task(self._answer(records, plan, sends))
+        # withdrawn, even before it ran: so are its requests
+        task.add_done_callback(lambda _: cancel([t for _, t in sends]))
+        return task
 
     def _dedupe(self, records: Sequence[Record]) -> _Deduped:
         assert self.seen is not None
@@ -514,13 +479,27 @@ class HttpAdapter:
             plan.answers[i] = answer
         return plan
 
-    async def _send_deduped(self, records: Sequence[Record], plan: _Deduped) -> list[Outcome]:
-        """Send the block's new texts, answer the others from their first's answer; a record
-        whose first failed (or was withdrawn) is sent itself."""
+    async def _start(self, records: Sequence[Record]) -> list[_Request]:
+        """Queue the requests for ``records``, in order: one, or (grouped) one per prefix
+        group of the window, each with the indices of its records in ``records``."""
+        if not records:
+            return []
+        if not self.grouped:
+            return [(list(range(len(records))), asyncio.create_task(self._send(records)))]
+        keys = await asyncio.to_thread(prefix_keys, [r.text for r in records])
+        return [
+            (p.indices, asyncio.create_task(self._send([records[i] for i in p.indices], p.key)))
+            for p in plan_requests(keys, self.pool.home, self.options.chunk_size)
+        ]
+
+    async def _answer(
+        self, records: Sequence[Record], plan: _Deduped, sends: list[_Request]
+    ) -> list[Outcome]:
+        """The block's outcomes: its new texts' answers, the others from their first's answer;
+        a record whose first failed (or was withdrawn) is sent itself."""
         outcomes: list[Outcome] = [None] * len(records)
         try:
-            sent = [records[i] for i in plan.fresh]
-            results = await self._send(sent) if sent else []
+            results = await _gathered(len(plan.fresh), sends)
             for i, outcome in zip(plan.fresh, results, strict=True):
                 outcomes[i] = outcome
                 answer = plan.answers.get(i)
@@ -537,7 +516,8 @@ class HttpAdapter:
             if again:
                 assert self.seen is not None
                 self.seen.duplicates -= len(again)  # sent after all
-                resent = await self._send([records[i] for i in again])
+                resends = await self._start([records[i] for i in again])
+                resent = await _gathered(len(again), resends)
                 for i, outcome in zip(again, resent, strict=True):
                     outcomes[i] = outcome
         finally:
@@ -549,21 +529,22 @@ class HttpAdapter:
         """Requests in flight over ``--concurrency``."""
         return self._in_flight / self.options.concurrency
 
-    async def _send(self, records: Sequence[Record]) -> list[Outcome]:
-        self._in_flight += 1
-        try:
-            return await self._attempts(records)
-        finally:
-            self._in_flight -= 1
+    async def _send(self, records: Sequence[Record], key: bytes | None = None) -> list[Outcome]:
+        async with self._slots:
+            self._in_flight += 1
+            try:
+                return await self._attempts(records, key)
+            finally:
+                self._in_flight -= 1
 
-    async def _attempts(self, records: Sequence[Record]) -> list[Outcome]:
+    async def _attempts(self, records: Sequence[Record], key: bytes | None) -> list[Outcome]:
         opts, pool = self.options, self.pool
         texts = [r.text for r in records]
         task_id = f"{records[0].index}-{records[-1].index}"
         last: Endpoint | None = None
         attempt = 0
         while True:
-            ep = await pool.acquire(avoid=last)
+            ep = await pool.acquire(avoid=last, key=key)
             attempt += 1
             try:
                 reply = await self.client.post(ep.url, texts, task_id=task_id)

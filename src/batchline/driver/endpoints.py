@@ -4,6 +4,9 @@ An endpoint is in one of three states:
 
 - **up**: it takes chunks. ``acquire()`` hands out the up endpoint with the fewest chunks in
   flight (ties go round-robin), so a slow replica gets fewer chunks and a fast one more.
+  ``acquire(key=...)`` (prefix affinity, ``driver/affinity.py``) hands out the key's endpoint,
+  the up one first in rendezvous order, while it is within ``affinity_slack`` chunks of the
+  least loaded and no up endpoint is idle; otherwise the least loaded.
 - **cooling**: it answered ``Retry-After``; nothing is sent to it before that time has passed.
 - **set aside**: it failed ``failures_to_set_aside`` times in a row (refused connections,
   timeouts, 5xx, garbage). Nothing is sent to it; a prober calls ``GET /ready`` on it with
@@ -33,6 +36,7 @@ from typing import Literal, Self
 
 from batchline._clock import Clock, LoopClock, TimerHandle
 from batchline._errors import BatchlineError
+from batchline.driver.affinity import rendezvous_score
 from batchline.driver.retry import Backoff, sleep
 
 __all__ = ["Endpoint", "EndpointPool", "EndpointReport", "EndpointState"]
@@ -101,6 +105,8 @@ class EndpointPool:
         failures_to_set_aside: consecutive endpoint failures that set it aside.
         probe_backoff: delays between probes of a set-aside endpoint.
         give_up_after_s: how long ``acquire()`` waits while every endpoint is set aside.
+        affinity_slack: how many more chunks in flight than the least-loaded endpoint a key's
+            endpoint may hold and still take the key's chunk (``acquire(key=...)``).
         clock, rng: time and randomness (a ``ManualClock`` and a fixed ``rng`` in tests).
     """
 
@@ -112,6 +118,7 @@ class EndpointPool:
         failures_to_set_aside: int = 3,
         probe_backoff: Backoff | None = None,
         give_up_after_s: float = 600.0,
+        affinity_slack: int = 1,
         clock: Clock | None = None,
         rng: Callable[[], float] = random.random,
     ) -> None:
@@ -123,11 +130,17 @@ class EndpointPool:
             raise ValueError(f"failures_to_set_aside must be >= 1, got {failures_to_set_aside}")
         if not give_up_after_s >= 0:
             raise ValueError(f"give_up_after_s must be >= 0, got {give_up_after_s}")
+        if affinity_slack < 0:
+            raise ValueError(f"affinity_slack must be >= 0, got {affinity_slack}")
         self.endpoints = [Endpoint(url) for url in urls]
         self._probe = probe
         self._failures_to_set_aside = failures_to_set_aside
         self._probe_backoff = probe_backoff or Backoff(base_s=0.25, cap_s=5.0, floor_s=0.1)
         self._give_up_after_s = give_up_after_s
+        self._affinity_slack = affinity_slack
+        #: keyed chunks handed to their key's endpoint, and to the least loaded instead
+        self.affine = 0
+        self.fallbacks = 0
         self._clock: Clock = clock or LoopClock()
         self._rng = rng
         self._next = 0  # round-robin cursor among equally loaded endpoints
@@ -168,19 +181,28 @@ class EndpointPool:
     def reports(self) -> list[EndpointReport]:
         return [ep.report() for ep in self.endpoints]
 
-    async def acquire(self, *, avoid: Endpoint | None = None) -> Endpoint:
+    def home(self, key: bytes) -> Endpoint | None:
+        """The up endpoint ``key`` belongs to now (the first in rendezvous order), if any."""
+        now = self._clock.now()
+        up = [ep for ep in self.endpoints if ep.state(now) == "up"]
+        return max(up, key=lambda ep: rendezvous_score(key, ep.url)) if up else None
+
+    async def acquire(self, *, avoid: Endpoint | None = None, key: bytes | None = None) -> Endpoint:
         """The up endpoint with the fewest chunks in flight, counted as one more in flight.
 
         ``avoid`` (the endpoint a chunk just failed on) is chosen only when no other endpoint
-        is up. Waits while none is up: until a cool-down ends or a set-aside endpoint comes
-        back; raises ``BatchlineError`` once every endpoint has been set aside for
-        ``give_up_after_s``.
+        is up. ``key`` (a prefix key) picks the key's endpoint instead, the first candidate in
+        rendezvous order, while it holds at most ``affinity_slack`` chunks more than the least
+        loaded and no candidate is idle (counted in ``affine``; else ``fallbacks``, and the least
+        loaded takes it). Waits while none is up: until a cool-down ends or a set-aside
+        endpoint comes back; raises ``BatchlineError`` once every endpoint has been set aside
+        for ``give_up_after_s``.
         """
         while True:
             if self._closed:
                 raise BatchlineError("the endpoint pool is closed")
             now = self._clock.now()
-            chosen = self._pick(now, avoid)
+            chosen = self._pick(now, avoid, key)
             if chosen is not None:
                 chosen.in_flight += 1
                 chosen.requests += 1
@@ -202,24 +224,34 @@ class EndpointPool:
                 wake_at = deadline
             await self._wait_until(wake_at)
 
-    def _pick(self, now: float, avoid: Endpoint | None) -> Endpoint | None:
+    def _pick(self, now: float, avoid: Endpoint | None, key: bytes | None) -> Endpoint | None:
+        up = [ep for ep in self.endpoints if not ep.set_aside and ep.not_before <= now]
+        candidates = [ep for ep in up if ep is not avoid] or up
+        if not candidates:
+            return None
+        if key is not None:
+            home = max(candidates, key=lambda ep: rendezvous_score(key, ep.url))
+            least = min(ep.in_flight for ep in candidates)
+            # an idle endpoint takes the chunk rather than let the key's queue grow: a chunk
+            # away from its prefix costs its replica a prefill or two, an idle replica more
+            ahead = home.in_flight - least
+            if ahead == 0 or (least > 0 and ahead <= self._affinity_slack):
+                self.affine += 1
+                return home
+            self.fallbacks += 1
+        return self._least_loaded(candidates)
+
+    def _least_loaded(self, candidates: Sequence[Endpoint]) -> Endpoint:
         n = len(self.endpoints)
         best: Endpoint | None = None
         best_at = 0
-        for pass_avoiding in (True, False):
-            for step in range(n):
-                at = (self._next + step) % n
-                ep = self.endpoints[at]
-                if ep.set_aside or ep.not_before > now:
-                    continue
-                if pass_avoiding and ep is avoid:
-                    continue
-                if best is None or ep.in_flight < best.in_flight:
-                    best, best_at = ep, at
-            if best is not None:
-                break
-        if best is not None:
-            self._next = (best_at + 1) % n
+        for step in range(n):
+            at = (self._next + step) % n
+            ep = self.endpoints[at]
+            if ep in candidates and (best is None or ep.in_flight < best.in_flight):
+                best, best_at = ep, at
+        assert best is not None
+        self._next = (best_at + 1) % n
         return best
 
     # -- outcomes --------------------------------------------------------------------------------
