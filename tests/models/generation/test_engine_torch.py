@@ -509,7 +509,8 @@ def test_prompts_sharing_a_prefix_reuse_it_and_stay_greedy_exact(
     prompts = [_with_prefix(shared, i, n) for i, n in enumerate([3, 9, 1, 14, 6, 2])]
     engine = TorchStepEngine(tiny_llama)
     got: dict[str, list[int]] = {}
-    # the first two are prefilled together (nothing to reuse yet), the rest join one by one
+    # the first two arrive together: the first is prefilled alone, the cache keeps what it
+    # shares with the second, held back a step; the rest join one by one
     engine.add_request(_request("0", prompts[0]))
     engine.add_request(_request("1", prompts[1]))
     for i, p in enumerate(prompts[2:], start=2):
@@ -519,9 +520,9 @@ def test_prompts_sharing_a_prefix_reuse_it_and_stay_greedy_exact(
     _drain(engine, got)
     for i, p in enumerate(prompts):
         assert got[str(i)] == reference(p), f"prompt {i}"
-    # prompt 1 shared 20 tokens with prompt 0 and the cache kept them; 2..5 reused them
-    assert engine.prefix_cache_hits == 4
-    assert engine.prefix_tokens_reused == 4 * 20
+    # prompt 1 shared 20 tokens with prompt 0 and the cache kept them; 1..5 reused them
+    assert engine.prefix_cache_hits == 5
+    assert engine.prefix_tokens_reused == 5 * 20
 
 
 def test_a_batch_prefills_once_per_prefix_with_and_without(
@@ -533,8 +534,8 @@ def test_a_batch_prefills_once_per_prefix_with_and_without(
     got: dict[str, list[int]] = {}
     for i, p in enumerate(first):
         engine.add_request(_request(f"a{i}", p))
-    engine.step()  # learns the shared 18 tokens
-    # one step prefills two prompts that start with them and two that do not
+    engine.step()  # a0 alone: the cache keeps the 18 tokens it shares with a1, held back
+    # one step prefills a1 and two more prompts that start with them, and two that do not
     later = [_with_prefix(shared, 3, 11), _prompt(4, 6), _with_prefix(shared, 5, 1), _prompt(6, 30)]
     for i, p in enumerate(later):
         engine.add_request(_request(f"b{i}", p))
@@ -548,15 +549,37 @@ def test_a_batch_prefills_once_per_prefix_with_and_without(
     monkeypatch.setattr(engine, "_forward", spy)
     for out in engine.step():
         got.setdefault(out.request_id, []).extend(out.token_ids)
-    # one forward pass, unpadded: a token for each of the first two, then what each prompt
-    # holds after its cached prefix (11 and 1 tokens) or the whole prompt (6 and 30 tokens)
-    assert widths == [2 + 11 + 6 + 1 + 30]
+    # one forward pass, unpadded: a token for a0, then what each prompt holds after its
+    # cached prefix (a1's 5, then 11 and 1 tokens) or the whole prompt (6 and 30 tokens)
+    assert widths == [1 + 5 + 11 + 6 + 1 + 30]
     monkeypatch.setattr(engine, "_forward", real_forward)
     _drain(engine, got)
     for i, p in enumerate(later):
         assert got[f"b{i}"] == reference(p)[: len(got[f"b{i}"])], f"prompt b{i}"
         assert len(got[f"b{i}"]) == MAX_NEW
-    assert engine.prefix_cache_hits == 2
+    assert got["a1"] == reference(first[1])
+    assert engine.prefix_cache_hits == 3
+
+
+def test_a_burst_that_shares_a_prefix_computes_it_once(tiny_llama: Any, reference: Any) -> None:
+    """Six prompts arriving together over one 20-token prefix: the first alone, then the
+    other five from the prefix the cache kept for them; prompts that share less than the
+    cache's 16 tokens are never held back."""
+    shared = _prompt(11, 20)
+    burst = [_with_prefix(shared, i, 4 + i) for i in range(6)]
+    short = [_prompt(40, 3) + _prompt(41 + i, 9) for i in range(2)]  # share 3 tokens
+    engine = TorchStepEngine(tiny_llama)
+    for i, p in enumerate([*burst, *short]):
+        engine.add_request(_request(f"r{i}", p))
+    got: dict[str, list[int]] = {}
+    for out in engine.step():
+        got.setdefault(out.request_id, []).extend(out.token_ids)
+    assert set(got) == {"r0", "r6", "r7"}  # the prefix's first, and the unrelated two
+    _drain(engine, got)
+    for i, p in enumerate([*burst, *short]):
+        assert got[f"r{i}"] == reference(p), f"prompt {i}"
+    assert (engine.prefix_cache_hits, engine.prefix_tokens_reused) == (5, 5 * 20)
+    assert engine.prompt_tokens_computed == sum(map(len, [*burst, *short])) - 5 * 20
 
 
 def test_a_failed_step_counts_no_prefix_hit(
@@ -566,7 +589,7 @@ def test_a_failed_step_counts_no_prefix_hit(
     engine = TorchStepEngine(tiny_llama)
     for i in range(2):
         engine.add_request(_request(f"a{i}", _with_prefix(shared, i, 3)))
-    engine.step()  # learns the shared 18 tokens
+    engine.step()  # a0: the cache keeps the 18 tokens it shares with a1, held back
     engine.add_request(_request("b", _with_prefix(shared, 5, 4)))
     real_forward = engine._forward
 
@@ -579,7 +602,7 @@ def test_a_failed_step_counts_no_prefix_hit(
     assert (engine.prefix_cache_hits, engine.prefix_tokens_reused) == (0, 0)
     monkeypatch.setattr(engine, "_forward", real_forward)
     engine.step()
-    assert (engine.prefix_cache_hits, engine.prefix_tokens_reused) == (1, 18)
+    assert (engine.prefix_cache_hits, engine.prefix_tokens_reused) == (2, 2 * 18)  # a1 and b
 
 
 def test_prefix_caching_off_and_its_bounds(tiny_llama: Any) -> None:

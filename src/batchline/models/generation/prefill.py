@@ -8,6 +8,11 @@ piece's *twin*, and takes its keys, values and first logits (the ``n`` samples o
 prompt; duplicate records). A twin of a prompt this step only prefills a chunk of waits for
 the last chunk rather than compute the prompt a second time. A prompt whose tokens'
 log-probabilities are asked for (``prompt_logprobs``) is computed whole, every time.
+
+Prompts that share a long prefix (a system prompt, few-shot examples) and arrive together
+would each compute it in the same step: the cache keeps a prefix only once a prompt that
+shares it is prefilled. So the first of them goes alone, and the cache keeps the prefix it
+shares with the others, held back one step, which then start from it.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from batchline.models.generation.prefix_cache import Prefix, PrefixCache
 from batchline.models.generation.sampling import token_logprobs
 from batchline.models.generation.structured import GrammarState
 
-__all__ = ["Piece", "Running", "Scored", "Staged", "plan_prefill", "score_prompts"]
+__all__ = ["Piece", "Plan", "Running", "Scored", "Staged", "plan_prefill", "score_prompts"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,15 +88,53 @@ class Piece:
         return self.end == len(self.seq.request.prompt_ids)
 
 
+@dataclass(slots=True)
+class Plan:
+    """A step's pieces, and the prompts held back a step to find the prefix they share with
+    one of them in the cache (``PrefixCache.wants`` keeps it for them)."""
+
+    pieces: list[Piece]
+    held_back: list[tuple[int, ...]]
+
+
+class _Leaders:
+    """The prompts a step prefills from their start: does one share ``k`` leading tokens
+    with a prompt? (Sets of their first ``k`` tokens, built per ``k`` asked: slices compare
+    in C, where a token-by-token loop over every pair would cost a step milliseconds.)"""
+
+    def __init__(self) -> None:
+        self.prompts: list[tuple[int, ...]] = []
+        self._heads: dict[int, set[tuple[int, ...]]] = {}
+
+    def add(self, prompt: tuple[int, ...]) -> None:
+        self.prompts.append(prompt)
+        for k, heads in self._heads.items():
+            if len(prompt) > k:
+                heads.add(prompt[:k])
+
+    def share(self, prompt: tuple[int, ...], k: int) -> bool:
+        if len(prompt) <= k or not self.prompts:
+            return False
+        heads = self._heads.get(k)
+        if heads is None:
+            heads = self._heads[k] = {p[:k] for p in self.prompts if len(p) > k}
+        return prompt[:k] in heads
+
+
 def plan_prefill(
     pending: Iterable[Running], prefixes: PrefixCache | None, room: int | None
-) -> list[Piece]:
+) -> Plan:
     """The pieces of the ``pending`` sequences (in arrival order) one step prefills, within
     ``room`` prompt tokens (None: no limit), see the module docstring. Looks ``prefixes`` up
-    for a prompt that starts there."""
+    for a prompt that starts there; holds a prompt back a step when one this step prefills
+    from its start shares ``prefixes.min_tokens`` or more tokens with it beyond its own hit,
+    so that the cache keeps that prefix for it (``Plan.held_back``; once at most: the next
+    step its leader has joined)."""
     pieces: list[Piece] = []
     whole: dict[tuple[int, ...], Piece] = {}  # prompts this step prefills to their end
     chunked: set[tuple[int, ...]] = set()  # prompts this step prefills a chunk of
+    leaders = _Leaders()
+    held_back: list[tuple[int, ...]] = []
     for seq in pending:
         prompt = seq.request.prompt_ids
         if seq.staged is None and not seq.scores_prompt:
@@ -107,6 +150,10 @@ def plan_prefill(
         source: Prefix | Staged | None = seq.staged
         if source is None and prefixes is not None and not seq.scores_prompt:
             source = prefix = prefixes.lookup(prompt)
+            held = 0 if prefix is None else len(prefix.tokens)
+            if leaders.share(prompt, held + prefixes.min_tokens):
+                held_back.append(prompt)
+                continue
         begin = 0
         if isinstance(source, Staged):
             begin = source.n
@@ -121,7 +168,9 @@ def plan_prefill(
             chunked.add(prompt)
         if room is not None:
             room -= end - begin
-    return pieces
+        if seq.staged is None and prefixes is not None:
+            leaders.add(prompt)
+    return Plan(pieces, held_back)
 
 
 @dataclass(frozen=True, slots=True)

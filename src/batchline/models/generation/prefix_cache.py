@@ -67,10 +67,17 @@ class PrefixCache:
         self.hits += 1
         self.tokens_reused += len(prefix.tokens)
 
-    def wants(self, prompt: tuple[int, ...]) -> int:
-        """How many leading tokens of ``prompt`` to keep (0: none): the most it shares with a
-        recent prompt, short of its whole self, if that is long enough and not kept yet."""
-        shared = max((_shared_length(prompt, other) for other in self._recent), default=0)
+    def wants(self, prompt: tuple[int, ...], waiting: Sequence[tuple[int, ...]] = ()) -> int:
+        """How many leading tokens of ``prompt`` to keep (0: none), short of its whole self,
+        if that is long enough and not kept yet: what it shares with every prompt
+        ``waiting`` to be prefilled that shares ``min_tokens`` or more (the prefix a burst of
+        them has in common, not the longer one two of them may share), else the most it
+        shares with a recent prompt."""
+        bursting = [s for s in (_shared_length(prompt, w) for w in waiting) if s >= self.min_tokens]
+        if bursting:
+            shared = min(bursting)
+        else:
+            shared = max((_shared_length(prompt, other) for other in self._recent), default=0)
         shared = min(shared, len(prompt) - 1)
         self._recent.append(prompt)
         if shared < self.min_tokens or shared > self.max_tokens:

@@ -68,6 +68,7 @@ from batchline.models.generation.packed_attention import (
 )
 from batchline.models.generation.prefill import (
     Piece,
+    Plan,
     Running,
     Scored,
     Staged,
@@ -400,7 +401,7 @@ class TorchStepEngine:
             if seq.generator is not None and rng_state is not None:
                 seq.generator.set_state(rng_state)
 
-    def _schedule(self) -> list[Piece]:
+    def _schedule(self) -> Plan:
         """What this step prefills (see :func:`~.prefill.plan_prefill`)."""
         room = None if self._max_step_tokens is None else self._max_step_tokens - len(self._rows)
         return plan_prefill(self._pending.values(), self._prefixes, room)
@@ -410,7 +411,8 @@ class TorchStepEngine:
         :meth:`_schedule`, packed into one row, so the weights are read once for all. Commits
         the store only once it has succeeded."""
         store, rows = self._store, self._rows
-        pieces = self._schedule()
+        planned = self._schedule()
+        pieces = planned.pieces
         joining = [p for p in pieces if p.last]
         longest = max((len(p.seq.request.prompt_ids) for p in joining), default=1)
         if rows or joining:
@@ -501,7 +503,7 @@ class TorchStepEngine:
                 if piece.prefix is not None:
                     self._prefixes.used(piece.prefix)
             learners = [p.seq for p in joining if p.twin is None]
-            self._learn([j for j in joins if j.slot is not None], learners)
+            self._learn([j for j in joins if j.slot is not None], learners, planned.held_back)
         self._prompt_tokens_computed += computed
         self._prompts_shared += len(twins)
         score_prompts(scored, prompt_logits)
@@ -552,14 +554,16 @@ class TorchStepEngine:
         logits: torch.Tensor = out.logits[0]
         return logits
 
-    def _learn(self, joins: list[Join], seqs: list[Running]) -> None:
+    def _learn(
+        self, joins: list[Join], seqs: list[Running], waiting: Sequence[tuple[int, ...]]
+    ) -> None:
         """Keep the prefixes these prompts share with recent ones (see
         :class:`~.prefix_cache.PrefixCache`)."""
         assert self._prefixes is not None
         store = self._store
         for join, seq in zip(joins, seqs, strict=True):
             prompt = seq.request.prompt_ids
-            n = self._prefixes.wants(prompt)
+            n = self._prefixes.wants(prompt, waiting)
             if n:
                 assert join.slot is not None
                 span = (
