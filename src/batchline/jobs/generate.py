@@ -65,7 +65,6 @@ from batchline.models.protocol import ModelInfo
 if TYPE_CHECKING:
     from batchline.models.generation import (
         Completion,
-        Detokenizer,
         GenerationModel,
         GenerationStats,
         GenerationStream,
@@ -351,7 +350,7 @@ class GeneratorAdapter:
 
     async def _finish(self, pending: Sequence[_Pending], store: dict[int, bytes]) -> list[Outcome]:
         outcomes = await _outcomes(
-            pending, stamp=self.requests.openai_batch, detokenizer=self.model.detokenizer
+            pending, stamp=self.requests.openai_batch, model=self.model
         )
         await self.answers.keep(outcomes, store)
         return outcomes
@@ -534,7 +533,7 @@ async def run_generate_job(
 
 
 async def _outcomes(
-    pending: Sequence[_Pending], *, stamp: bool = False, detokenizer: Detokenizer | None = None
+    pending: Sequence[_Pending], *, stamp: bool = False, model: GenerationModel | None = None
 ) -> list[Outcome]:
     """Each record's outcome, in order: its completion's text and figures (and with ``stamp``,
     an OpenAI batch file's row: the Unix time it was written, ``created``, and its
@@ -558,8 +557,8 @@ async def _outcomes(
         done = p.result()
         stamped: dict[str, object] = {"created": int(time.time())} if stamp else {}
         if isinstance(done, Samples):
-            assert detokenizer is not None
-            outcomes.append(samples_outcome(done, detokenizer, stamped))
+            assert model is not None  # its detokenizer writes the tokens' texts
+            outcomes.append(samples_outcome(done, model.detokenizer, stamped))
             continue
         if done.finish_reason == "abort":
             outcomes.append(Failed("aborted before it finished"))
