@@ -349,9 +349,7 @@ class GeneratorAdapter:
         return planned
 
     async def _finish(self, pending: Sequence[_Pending], store: dict[int, bytes]) -> list[Outcome]:
-        outcomes = await _outcomes(
-            pending, stamp=self.requests.openai_batch, model=self.model
-        )
+        outcomes = await _outcomes(pending, stamp=self.requests.openai_batch, model=self.model)
         await self.answers.keep(outcomes, store)
         return outcomes
 
