@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -70,7 +71,12 @@ _RAY_ENV = {
     # what `batchline serve --engine ray` sets for its own Ray: ongoing requests are recorded
     # every look_back_period_s x 0.02 and pushed to Serve's controller every 0.5 s
     **_QUICK_AUTOSCALING_ENV,
-    **ingress_env(INGRESS),
+    # with HAProxy: its files in a private folder of the test session
+    **(
+        ingress_env(INGRESS, tempfile.mkdtemp(prefix="batchline-", dir="/tmp"))
+        if INGRESS == "haproxy"
+        else {}
+    ),
     # the replicas unpickle this module's loaders: they import it from the repository root
     "PYTHONPATH": os.pathsep.join(
         p for p in (str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH")) if p
@@ -475,7 +481,7 @@ def test_cli_serves_from_zero_and_sigterm_stops_everything(tmp_path: Path) -> No
     port = _free_port()
     log = (tmp_path / "serve.log").open("w")
     env = {**os.environ, "PYTHONPATH": _RAY_ENV["PYTHONPATH"]}
-    for k in (*_QUICK_AUTOSCALING_ENV, *ingress_env("haproxy"), "RAY_AUTH_MODE"):
+    for k in (*_QUICK_AUTOSCALING_ENV, *ingress_env("haproxy", str(tmp_path)), "RAY_AUTH_MODE"):
         env.pop(k, None)  # the command sets them for its own Ray
     argv = ["serve", "--engine", "ray", "--replicas", "0-1", "--target-ongoing", "4"]
     argv += ["--port", str(port), "--sessions", "1", "--set", "intra_op_threads=1"]
@@ -523,14 +529,17 @@ def test_cli_serves_from_zero_and_sigterm_stops_everything(tmp_path: Path) -> No
 def test_cli_haproxy_ingress_answers_embeddings_and_metrics(tmp_path: Path) -> None:
     """`--ray-ingress haproxy`: HAProxy on the port, replicas that serve HTTP themselves; the
     command says ready only once HAProxy routes to the replica, so a client that keeps its
-    connection alive from then on is never cut off by a reload."""
+    connection alive from then on is never cut off by a reload. HAProxy's files are private,
+    its admin socket its owner's alone and its two other endpoints on loopback; the reload
+    that a second replica makes cuts neither busy nor idle kept-alive connections."""
     port = _free_port()
     log_path = tmp_path / "serve.log"
     env = {**os.environ, "PYTHONPATH": _RAY_ENV["PYTHONPATH"]}
-    for k in (*_QUICK_AUTOSCALING_ENV, *ingress_env("haproxy"), "RAY_AUTH_MODE"):
+    for k in (*_QUICK_AUTOSCALING_ENV, *ingress_env("haproxy", str(tmp_path)), "RAY_AUTH_MODE"):
         env.pop(k, None)  # the command sets them for its own Ray
-    argv = ["serve", "--engine", "ray", "--ray-ingress", "haproxy", "--replicas", "1"]
-    argv += ["--port", str(port), "--sessions", "1", "--set", "intra_op_threads=1"]
+    argv = ["serve", "--engine", "ray", "--ray-ingress", "haproxy", "--replicas", "1-2"]
+    argv += ["--target-ongoing", "1", "--port", str(port), "--sessions", "1"]
+    argv += ["--set", "intra_op_threads=1"]
     with log_path.open("w") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "batchline", *argv],
@@ -570,16 +579,88 @@ def test_cli_haproxy_ingress_answers_embeddings_and_metrics(tmp_path: Path) -> N
             bad = client.post("/v1/embeddings", json={"input": []})  # the app's own errors
             assert bad.status_code == 400
             assert "empty" in bad.json()["error"]["message"]
+
+            folder = _haproxy_folder(proc.pid)
+            assert folder.parent.stat().st_mode & 0o777 == 0o700
+            assert (folder / "admin.sock").stat().st_mode & 0o777 == 0o600
+            binds = [
+                line.split()[1]
+                for line in (folder / "haproxy.cfg").read_text().splitlines()
+                if line.strip().startswith("bind ")
+            ]
+            assert len(binds) == 3  # the requests', Prometheus' and the stats page's
+            assert all(b.startswith("127.0.0.1:") for b in binds), binds
+
+            # load that adds the second replica: HAProxy reloads while these connections
+            # are busy and while `client`'s waits idle
+            statuses = _post_until(
+                f"http://127.0.0.1:{port}",
+                lambda: "running 2" in log_path.read_text(),
+                clients=6,
+                timeout_s=120,
+            )
+            assert statuses
+            assert set(statuses) == {200}, statuses
+            after = client.post("/v1/embeddings", json={"input": ["after the reload"]})
+            assert after.status_code == 200, after.text
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=90) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    assert not folder.parent.exists()  # removed with the private Ray
+
+
+def _haproxy_folder(root: int) -> Path:
+    """The folder of the config of the HAProxy that descends from ``root``."""
+    for pid in _descendants(root):
+        with contextlib.suppress(OSError):
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+            if Path(argv[0]).name == "haproxy" and "-f" in argv:
+                return Path(argv[argv.index("-f") + 1]).parent
+    raise AssertionError(f"no HAProxy under {root}")
+
+
+def _post_until(
+    url: str, done: Callable[[], bool], *, clients: int, timeout_s: float
+) -> list[object]:
+    """Closed-loop embedding requests from ``clients`` kept-alive connections until ``done()``;
+    each one's status code, or the transport error that ended it."""
+    stop = threading.Event()
+    statuses: list[object] = []
+
+    def load() -> None:
+        with httpx.Client(base_url=url, timeout=60) as c:
+            while not stop.is_set():
+                try:
+                    body = {"input": ["keep the replicas busy " * 8] * 4}
+                    statuses.append(c.post("/v1/embeddings", json=body).status_code)
+                except httpx.TransportError as e:
+                    statuses.append(repr(e))
+
+    threads = [threading.Thread(target=load) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not done():
+            assert time.monotonic() < deadline, f"not reached under load in {timeout_s} s"
+            time.sleep(0.2)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    return statuses
 
 
 def _ray_daemons_under(root: int) -> dict[int, str]:
     """The raylet and GCS processes descending from ``root`` (pid -> name), from /proc."""
+    return {p: n for p, n in _descendants(root).items() if n in ("raylet", "gcs_server")}
+
+
+def _descendants(root: int) -> dict[int, str]:
+    """The processes descending from ``root`` (pid -> name), from /proc."""
     parents: dict[int, int] = {}
     names: dict[int, str] = {}
     for entry in os.listdir("/proc"):
@@ -594,4 +675,4 @@ def _ray_daemons_under(root: int) -> dict[int, str]:
         children = [c for c, parent in parents.items() if parent == pid and c not in found]
         found.update(children)
         todo.extend(children)
-    return {p: names[p] for p in found if names[p] in ("raylet", "gcs_server")}
+    return {p: names[p] for p in found}

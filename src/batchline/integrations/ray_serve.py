@@ -52,6 +52,7 @@ from batchline.integrations.ray_ingress import (
     check_ingress,
     free_port,
     ingress_env,
+    ingress_environment,
     routed,
     wait_routed,
 )
@@ -543,9 +544,14 @@ def serve_on_ray(
     local_cpus = max(os.cpu_count() or 1, math.ceil(replicas.max * cpus))
     stop = threading.Event()
     quick = {} if replicas.fixed else _QUICK_AUTOSCALING_ENV
-    env = {**quick, **ingress_env(ingress)} if address is None else {}
+    private = ingress if address is None else "proxy"
     # signals after ray.init: Ray's core installs a SIGTERM handler that aborts the process
-    with env_defaults(env), ray_session(address, local_cpus), _signals_set(stop):
+    with (
+        ingress_environment(private) as ingress_vars,
+        env_defaults({**quick, **ingress_vars} if address is None else {}),
+        ray_session(address, local_cpus),
+        _signals_set(stop),
+    ):
         try:
             url = deploy(settings, replicas, ingress=ingress, start_timeout_s=start_timeout_s)
             logger.info(
