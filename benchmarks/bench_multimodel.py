@@ -1,17 +1,23 @@
 """Two models behind one ``batchline serve``: does each keep its share of the machine?
 
-The server runs an embedder and an image classifier at once::
+The server runs the default embedder and a second model at once (``--second``)::
 
+    batchline serve --model emb=default --model mlp=MLP.onnx --task mlp=predict
     batchline serve --model emb=default --model clf=CLF.onnx --task clf=predict
 
-``CLF.onnx`` is built here with ``onnx.helper`` (input ``input`` float32 ``[batch, 3, 32, 32]``,
-a dynamic batch axis, three convolutions and a dense layer: a few ms per row on one CPU
-thread; the bench prints what it measured). A separate, lean load-generator process (asyncio on
+- ``mlp`` (the default): a 64-input MLP (64 -> 256 -> 256 -> 10), microseconds per row, asked
+  over JSON (``POST /v2/models/mlp/infer``, 64 numbers in, 10 out). Its cost is almost all
+  request path (parse, encode, write): the model the embedder's threads starve most.
+- ``clf``: an image-classifier-shaped model (input float32 ``[batch, 3, 32, 32]``, convolutions
+  and a dense layer: a few ms per row on one CPU thread; the bench prints what it measured),
+  one image per request, binary tensor data in and out.
+
+Both are built here with ``onnx.helper``. A separate, lean load-generator process (asyncio on
 raw keep-alive sockets, pre-built requests: never httpx, which saturates a core before the
 server does) drives closed loops: ``emb`` alone (``POST /v1/embeddings``, one short text per
-request), ``clf`` alone (``POST /v2/models/clf/infer``, one image per request, binary tensor
-data in and out), then both at once, each at the same concurrency as alone. The three
-configurations are interleaved over the repeats, so drift on a shared machine hits all three.
+request), the second model alone, then both at once, each at the same concurrency as alone.
+The three configurations are interleaved over the repeats, so drift on a shared machine hits
+all three.
 
 Printed: each model's req/s alone and together (median over repeats), the quotients
 together/alone (goal: each >= 0.4, neither model starved) and their sum (goal: >= 0.9, sharing
@@ -23,7 +29,8 @@ with the models. ``--pin none`` leaves both unpinned.
 
 Usage::
 
-    python benchmarks/bench_multimodel.py                          # 10 s points, 3 repeats
+    python benchmarks/bench_multimodel.py                # emb + mlp, 10 s points, 3 repeats
+    python benchmarks/bench_multimodel.py --second clf   # emb + the classifier
     python benchmarks/bench_multimodel.py --duration 2 --repeats 1 --warmup 0.5   # smoke
     python benchmarks/bench_multimodel.py --concurrency 8 --pin none
 
@@ -39,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import random
@@ -54,9 +62,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-MODELS = ("emb", "clf")
-CONFIGS = ("emb", "clf", "both")
+SECONDS = ("mlp", "clf")
 IMAGE_SHAPE = (3, 32, 32)
+MLP_INPUTS = 64
 _WORDS_TEXT = (
     "time person year way day thing world life hand part child eye place work week case point "
     "company number group problem fact batch queue model server token request latency device "
@@ -121,6 +129,44 @@ def build_classifier(path: Path, *, seed: int = 0) -> None:
         "bench_classifier",
         [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", *IMAGE_SHAPE])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])],
+        initializer=inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+
+
+def build_mlp(path: Path, *, seed: int = 0) -> None:
+    """A small MLP: ``input`` [batch, 64] -> 256 -> 256 -> ``output`` [batch, 10], ReLU
+    between."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    sizes = [MLP_INPUTS, 256, 256, 10]
+    inits, nodes, x = [], [], "input"
+    for i, (a, b) in enumerate(itertools.pairwise(sizes)):
+        w = (rng.standard_normal((a, b)) / np.sqrt(a)).astype(np.float32)
+        inits += [
+            numpy_helper.from_array(w, f"w{i}"),
+            numpy_helper.from_array(np.zeros(b, np.float32), f"b{i}"),
+        ]
+        nodes += [
+            helper.make_node("MatMul", [x, f"w{i}"], [f"m{i}"]),
+            helper.make_node("Add", [f"m{i}", f"b{i}"], [f"a{i}"]),
+        ]
+        x = f"a{i}"
+        if b != sizes[-1]:
+            nodes.append(helper.make_node("Relu", [x], [f"r{i}"]))
+            x = f"r{i}"
+    nodes.append(helper.make_node("Identity", [x], ["output"]))
+    graph = helper.make_graph(
+        nodes,
+        "bench_mlp",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", MLP_INPUTS])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", 10])],
         initializer=inits,
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -201,8 +247,28 @@ def clf_requests(model: str, n: int = 16, seed: int = 0) -> list[bytes]:
     return out
 
 
+def mlp_requests(model: str, n: int = 64, seed: int = 0) -> list[bytes]:
+    """``n`` OIP inference requests of one row of 64 numbers each, JSON in and out."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        row = [round(rng.uniform(-1, 1), 4) for _ in range(MLP_INPUTS)]
+        body = json.dumps(
+            {
+                "inputs": [
+                    {"name": "input", "shape": [1, MLP_INPUTS], "datatype": "FP32", "data": row}
+                ]
+            }
+        ).encode()
+        out.append(
+            _http_post(f"/v2/models/{model}/infer", body, {"Content-Type": "application/json"})
+        )
+    return out
+
+
 def requests_for(kind: str) -> list[bytes]:
-    return emb_requests("emb") if kind == "emb" else clf_requests("clf")
+    makers = {"emb": emb_requests, "mlp": mlp_requests, "clf": clf_requests}
+    return makers[kind](kind)
 
 
 # -- the load generator (a separate process) ------------------------------------------------
@@ -347,7 +413,7 @@ class Server:
                 if "unrecognized arguments" in log or "--task" in log or "--model" in log:
                     raise SystemExit(
                         "batchline serve does not accept several models yet (this bench needs "
-                        "`--model emb=default --model clf=CLF.onnx --task clf=predict`); "
+                        "`--model emb=default --model mlp=MLP.onnx --task mlp=predict`); "
                         f"it said:\n{log}"
                     )
                 raise SystemExit(f"batchline serve exited with {self.proc.returncode}:\n{log}")
@@ -361,15 +427,16 @@ class Server:
             f"batchline serve was not ready within {timeout_s:.0f} s:\n{_tail(self.log)}"
         )
 
-    def check_routes(self) -> None:
+    def check_routes(self, second: str) -> None:
         """One request per model, before measuring: a missing route stops the bench here."""
-        for kind, what in (("emb", "POST /v1/embeddings"), ("clf", "POST /v2/models/clf/infer")):
+        routes = (("emb", "POST /v1/embeddings"), (second, f"POST /v2/models/{second}/infer"))
+        for kind, what in routes:
             status, body = _request(self.port, requests_for(kind)[0])
             if status != 200:
                 raise SystemExit(
                     f"batchline serve is up, but {what} for model {kind!r} answered {status}: "
                     f"{body[:300].decode('utf-8', 'replace')}\n(this bench needs both models "
-                    "served at once, the classifier through the Open Inference Protocol route)"
+                    "served at once, the second through the Open Inference Protocol route)"
                 )
 
     def stop(self) -> None:
@@ -411,8 +478,10 @@ class Results:
         return statistics.median(values) if values else float("nan")
 
 
-def run_point(port: int, config: str, seconds: float, concurrency: int, cpus: str | None) -> Point:
-    kinds = list(MODELS) if config == "both" else [config]
+def run_point(
+    port: int, config: str, second: str, seconds: float, concurrency: int, cpus: str | None
+) -> Point:
+    kinds = ["emb", second] if config == "both" else [config]
     spec = {
         "port": port,
         "seconds": seconds,
@@ -445,12 +514,12 @@ def run_point(port: int, config: str, seconds: float, concurrency: int, cpus: st
     )
 
 
-def report(results: Results) -> None:
+def report(results: Results, second: str) -> None:
     print()
     print(f"{'model':<6} | {'alone req/s':>11} | {'together req/s':>14} | together/alone")
     print("-" * 56)
     quotients = {}
-    for m in MODELS:
+    for m in ("emb", second):
         alone, both = results.median_rps(m, m), results.median_rps("both", m)
         quotients[m] = both / alone if alone else float("nan")
         verdict = "ok" if quotients[m] >= 0.4 else "BELOW GOAL"
@@ -484,7 +553,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=10.0, help="seconds per point")
     ap.add_argument("--warmup", type=float, default=2.0, help="seconds of both models first")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--concurrency", type=int, default=16, help="connections per model")
+    ap.add_argument("--concurrency", type=int, default=8, help="connections per model")
+    ap.add_argument(
+        "--second", choices=SECONDS, default="mlp", help="the model served beside the embedder"
+    )
     ap.add_argument("--pin", choices=["split", "none"], default="split")
     ap.add_argument("--start-timeout-s", type=float, default=300.0)
     ap.add_argument(
@@ -509,34 +581,39 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="bench-multimodel-") as tmp:
         workdir = Path(tmp)
-        clf_path = workdir / "clf.onnx"
-        build_classifier(clf_path)
-        print(
-            f"classifier: {classifier_ms_per_row(clf_path):.2f} ms per row "
-            "(batch 8, one ONNX Runtime thread)"
-        )
+        path = workdir / f"{args.second}.onnx"
+        if args.second == "clf":
+            build_classifier(path)
+            print(
+                f"classifier: {classifier_ms_per_row(path):.2f} ms per row "
+                "(batch 8, one ONNX Runtime thread)"
+            )
+        else:
+            build_mlp(path)
+        second = args.second
         server = Server(
-            ["--model", "emb=default", "--model", f"clf={clf_path}", "--task", "clf=predict"]
+            ["--model", "emb=default", "--model", f"{second}={path}", "--task", f"{second}=predict"]
             + [x for kv in args.set for x in ("--set", kv)],
             server_cpus,
             workdir,
         )
         try:
             server.start(args.start_timeout_s)
-            server.check_routes()
+            server.check_routes(second)
             print(
                 f"pinned: server on CPUs {server_cpus}, load generator on CPU {loadgen_cpus}"
                 if pin
                 else "pinned: nothing"
             )
             if args.warmup > 0:
-                run_point(server.port, "both", args.warmup, args.concurrency, loadgen_cpus)
+                run_point(server.port, "both", second, args.warmup, args.concurrency, loadgen_cpus)
             results = Results()
             for r in range(args.repeats):
-                order = CONFIGS if r % 2 == 0 else CONFIGS[::-1]
+                configs = ("emb", second, "both")
+                order = configs if r % 2 == 0 else configs[::-1]
                 for config in order:
                     point = run_point(
-                        server.port, config, args.duration, args.concurrency, loadgen_cpus
+                        server.port, config, second, args.duration, args.concurrency, loadgen_cpus
                     )
                     results.points.append(point)
                     print(
@@ -544,7 +621,7 @@ def main(argv: list[str] | None = None) -> int:
                         + ", ".join(f"{m} {v:.1f} req/s" for m, v in point.rps.items()),
                         flush=True,
                     )
-            report(results)
+            report(results, second)
         finally:
             server.stop()
     return 0

@@ -374,7 +374,8 @@ class DynamicBatcher(Generic[T, R]):
             raise RuntimeError(f"{self.name} is already {self._state.value}")
         loop = asyncio.get_running_loop()
         if self._device is not None:
-            self._device._bind(loop)
+            assert self._member is not None
+            self._device._bind(loop, self._member)
         self._loop = loop
         self._wake = asyncio.Event()
         self._queue = self._new_queue()
@@ -442,7 +443,7 @@ class DynamicBatcher(Generic[T, R]):
         if self._device is not None:
             assert self._member is not None
             self._device._leave(self._member)
-            self._device._unbind()
+            self._device._unbind(self._member)
         self._state = State.STOPPED
 
     def _fail_queued(self, why: str) -> None:

@@ -404,6 +404,7 @@ async def test_several_models_share_one_device_with_their_weights(
 ) -> None:
     from batchline import Device
     from batchline.server import state as state_module
+    from batchline.server.app import CPU_RESERVE_S
 
     calls: list[tuple[object, object]] = []
     real_engine = state_module.ModelBatcher
@@ -421,6 +422,7 @@ async def test_several_models_share_one_device_with_their_weights(
         assert isinstance(device, Device)
         assert same is device
         assert device.slots == 2
+        assert device.reserve_s == CPU_RESERVE_S > 0  # on a CPU: room for a light model
         assert (w_emb, w_clf) == (1.0, 2.5)
         assert all(b.device is device for b in app.state.server.batchers().values())
         text = (await client.get("/metrics")).text

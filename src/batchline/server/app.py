@@ -367,12 +367,22 @@ def _task_of(spec: ModelSpec) -> str:
     return resolve_task(spec)
 
 
+#: On a CPU, the device's last free slot is kept for a model that holds none and had a batch
+#: within this many seconds (:class:`batchline.Device`'s ``reserve_s``): a light model's batch
+#: does not wait behind a heavy one's, and the event loop keeps a core for its requests.
+CPU_RESERVE_S = 0.1
+
+
 def _shared_device(settings: ServerSettings, knobs: Knobs, names: list[str]) -> Device | None:
     """One :class:`batchline.Device` for several batch models' batchers, or ``None``: one
     model needs none (its batcher's own slots are the device's)."""
     if len(names) < 2:
         return None
-    device = Device(slots=knobs.max_concurrent_batches, name="serve")
+    device = Device(
+        slots=knobs.max_concurrent_batches,
+        name="serve",
+        reserve_s=CPU_RESERVE_S if knobs.device == "cpu" else 0.0,
+    )
     logger.info(
         "models %s share one device of %d slot(s), weights %s",
         ", ".join(names),
