@@ -373,8 +373,7 @@ class DynamicBatcher(Generic[T, R]):
         if self._state in (State.RUNNING, State.STOPPING):
             raise RuntimeError(f"{self.name} is already {self._state.value}")
         loop = asyncio.get_running_loop()
-        if self._device is not None:
-            assert self._member is not None
+        if self._device is not None and self._member is not None:
             self._device._bind(loop, self._member)
         self._loop = loop
         self._wake = asyncio.Event()
