@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -71,12 +72,6 @@ _RAY_ENV = {
     # what `batchline serve --engine ray` sets for its own Ray: ongoing requests are recorded
     # every look_back_period_s x 0.02 and pushed to Serve's controller every 0.5 s
     **_QUICK_AUTOSCALING_ENV,
-    # with HAProxy: its files in a private folder of the test session
-    **(
-        ingress_env(INGRESS, tempfile.mkdtemp(prefix="batchline-", dir="/tmp"))
-        if INGRESS == "haproxy"
-        else {}
-    ),
     # the replicas unpickle this module's loaders: they import it from the repository root
     "PYTHONPATH": os.pathsep.join(
         p for p in (str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH")) if p
@@ -138,8 +133,11 @@ def _free_port() -> int:
 def ray_node() -> Iterator[str]:
     """One local Ray (4 logical CPUs) for the module; yields its node's Prometheus URL (Ray
     reports metrics every 0.5 s here, every 10 s by default)."""
-    saved = {k: os.environ.get(k) for k in _RAY_ENV}
-    os.environ.update(_RAY_ENV)
+    # with HAProxy, its files in a private folder (short: HAProxy's socket paths are short)
+    folder = tempfile.mkdtemp(prefix="batchline-", dir="/tmp")
+    env = {**_RAY_ENV, **ingress_env(INGRESS, folder)}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     context = ray.init(
         address="local",
         num_cpus=4,
@@ -152,6 +150,7 @@ def ray_node() -> Iterator[str]:
     finally:
         serve.shutdown()
         ray.shutdown()
+        shutil.rmtree(folder, ignore_errors=True)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
