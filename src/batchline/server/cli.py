@@ -168,9 +168,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--ray-ingress",
         choices=["proxy", "haproxy"],
         default=None,
-        help="with --engine ray: proxy (default): Serve's Python proxy forwards each request to "
-        "a replica over Ray; haproxy: HAProxy on --host:--port sends requests straight to the "
-        "replicas' own HTTP ports (less overhead per request; see docs/ray.md)",
+        help="with --engine ray: haproxy (the default where Ray ships HAProxy: Linux): HAProxy "
+        "on --host:--port sends requests straight to the replicas' own HTTP ports; proxy (the "
+        "default on a cluster, --address): Serve's Python proxy forwards each request to a "
+        "replica over Ray, ~8 ms more per request (docs/ray.md)",
     )
     p.add_argument(
         "--print-config",
