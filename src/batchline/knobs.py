@@ -111,6 +111,7 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "max_context_tokens": (lambda v: v is None or _integer(2)(v), "an integer >= 2"),
     "kv_token_budget": (_integer(2), "an integer >= 2"),
     "max_running_sequences": (_integer(1), "an integer >= 1"),
+    "quantize": (lambda v: v is None or v == "int8", "int8 or unset"),
 }
 
 
@@ -189,6 +190,9 @@ class Knobs:
     # unchunked, 5-9 s chunked); 512, not 1024: a step of 512 prompt tokens already stalls the
     # running rows ~1 s on a 2-core CPU (benchmarks/engine_levers.md, workload A/B).
     max_step_tokens: int = 512
+    # An embedding model's graph in int8 (ONNX Runtime's dynamic quantization), used only when
+    # it passes the quality gate against its float32 graph (models/onnx/quantize.py).
+    quantize: str | None = None
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -370,6 +374,9 @@ SHARED_HELP: dict[str, str] = {
     "call (a text generator: one sequence at a time)",
     "--sessions": "model sessions, each running one batch at a time (knob: sessions)",
     "--intra-op-threads": "threads per session (knob: intra_op_threads)",
+    "--quantize": "int8: an embedding model's graph in int8 (ONNX Runtime's dynamic "
+    "quantization), refused unless its vectors pass the quality gate against float32 on the "
+    "demo corpus (knob: quantize)",
     "--target-batch-tokens": "padded tokens per model call (knob: target_batch_tokens)",
     "--max-batch-size": "records per model call, at most (knob: max_batch_size)",
     "--device": "cpu (default) or cuda[:N]: where the model runs (knob: device)",
@@ -398,6 +405,7 @@ def add_knob_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-batching", action="store_true", help=SHARED_HELP["--no-batching"])
     for flag in ("--sessions", "--intra-op-threads", "--target-batch-tokens", "--max-batch-size"):
         p.add_argument(flag, type=int, metavar="N", help=SHARED_HELP[flag])
+    p.add_argument("--quantize", choices=["int8"], default=None, help=SHARED_HELP["--quantize"])
     add_device_argument(p)
 
 

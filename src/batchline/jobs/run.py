@@ -49,12 +49,27 @@ _MAX_BLOCKS_IN_FLIGHT = 8
 
 
 def load_job_model(options: RunOptions, knobs: Knobs) -> BatchModel[Any, Any]:
-    """The job's model, from its spec and options, laid out as ``knobs`` say."""
+    """The job's model, from its spec and options, laid out as ``knobs`` say (quantized, past
+    the quality gate, with ``knobs.quantize``)."""
+    return _load_gated(options, knobs)[0]
+
+
+def _load_gated(options: RunOptions, knobs: Knobs) -> tuple[BatchModel[Any, Any], str]:
+    """The job's model, and its quantization's figures in a line ("" when not quantized)."""
     from batchline.models.loader import load_model
 
     spec = resolve(options).spec
     assert spec is not None
-    return load_model(spec, knobs)
+    model = load_model(spec, knobs)
+    if knobs.quantize is None:
+        return model, ""
+    from batchline.jobs.quantized import check_quantized, describe
+
+    try:
+        return model, describe(check_quantized(model, spec, knobs), knobs.quantize)
+    except BaseException:
+        model.close()
+        raise
 
 
 def run(options: RunOptions, progress: Progress | None = None) -> RunSummary:
@@ -89,7 +104,7 @@ async def run_job(options: RunOptions, progress: Progress | None = None) -> RunS
         return await run_generate_job(options, progress)
     knobs = options.knobs.for_loading()
     cache = await asyncio.to_thread(open_cache, options)
-    model = await asyncio.to_thread(load_job_model, options, knobs)
+    model, quantized = await asyncio.to_thread(_load_gated, options, knobs)
     try:
         source, writer = await asyncio.to_thread(open_job, options, model.info)
         with writer:
@@ -114,7 +129,9 @@ async def run_job(options: RunOptions, progress: Progress | None = None) -> RunS
         padded = knobs.batching and model.info.cost_kind == "padded"
         summary = summarize(writer.out_dir, options.knobs.batching, done, stats, padded=padded)
         cached = 0 if cache is None else cache.hits
-        return dataclasses.replace(summary, duplicates=adapter.duplicates, cached=cached)
+        return dataclasses.replace(
+            summary, duplicates=adapter.duplicates, cached=cached, quantized=quantized
+        )
     finally:
         model.close()
         if cache is not None:

@@ -42,6 +42,8 @@ class RunSummary:
     duplicates: int = 0
     #: records whose result an earlier run computed (``--cache``)
     cached: int = 0
+    #: the model's quantization and its measured closeness to float32 (``--quantize``)
+    quantized: str = ""
 
     @property
     def records_per_s(self) -> float:
@@ -71,6 +73,7 @@ class RunSummary:
         return [
             ("output", str(self.output)),
             ("mode", mode),
+            *([("quantized", self.quantized)] if self.quantized else []),
             ("records (this run)", f"{self.records:,}"),
             ("skipped", f"{self.skipped:,}"),
             *([("empty texts", f"{self.empty_texts:,}")] if self.empty_texts else []),

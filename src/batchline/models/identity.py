@@ -32,7 +32,7 @@ def model_identity(spec: ModelSpec, knobs: Knobs | None = None) -> str | None:
     """A hex digest that changes when the model's files, its spec's options or the versions
     of batchline and ONNX Runtime change; None for a Python model. A text generator's
     (``spec.generates``) changes with what ``knobs`` change in its tokens too
-    (:func:`_generation_options`); a batch model's ignores ``knobs``."""
+    (:func:`_generation_options`); a batch model's ignores ``knobs`` but ``quantize``."""
     if spec.kind == "python":
         return None
     digest = hashlib.sha256()
@@ -46,6 +46,10 @@ def model_identity(spec: ModelSpec, knobs: Knobs | None = None) -> str | None:
     }
     if spec.generates:
         options.update(_generation_options(spec, knobs or Knobs()))
+    elif knobs is not None and knobs.quantize is not None:  # int8 vectors differ in the bits
+        from batchline.models.onnx.quantize import QUANTIZE_VERSION
+
+        options["quantize"] = [knobs.quantize, QUANTIZE_VERSION]
     digest.update(json.dumps(options, sort_keys=True).encode())
     for path in _files(spec):
         _add_file(digest, path)

@@ -93,6 +93,11 @@ def text_tokenizer(spec: ModelSpec) -> Any:
 def load_model(spec: ModelSpec, knobs: Knobs) -> AnyModel:
     """Load ``spec`` laid out as ``knobs`` say (see the module docstring)."""
     task = resolve_task(spec)
+    if knobs.quantize is not None and task != "embed":
+        raise InputError(
+            f"--quantize {knobs.quantize} applies to embedding models; {spec.name!r} has task "
+            f"{task!r}: leave --quantize out for it"
+        )
     if task == "generate":
         raise InputError(
             f"model {spec.name!r} generates text: it is served by a text generator, not a "

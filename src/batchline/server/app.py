@@ -350,7 +350,19 @@ async def _start_batches(state: ServerState) -> Any:
 def _default_loader() -> LoadModel:
     from batchline.models.loader import load_model
 
-    return load_model
+    def load(spec: ModelSpec, knobs: Knobs) -> Any:
+        model = load_model(spec, knobs)
+        if knobs.quantize is not None:  # used only past the int8 quality gate
+            from batchline.jobs.quantized import check_quantized
+
+            try:
+                check_quantized(model, spec, knobs)
+            except BaseException:
+                model.close()
+                raise
+        return model
+
+    return load
 
 
 def _default_generator_loader() -> LoadGenerator:

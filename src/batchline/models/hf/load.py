@@ -70,6 +70,11 @@ def _embedder(spec: ModelSpec, found: FolderModel, knobs: Knobs) -> BatchModel[A
                 f"{found.folder}: Dense modules after a decoder embedder are not supported "
                 "(it runs on torch, which pools and normalizes only)"
             )
+        if knobs.quantize is not None:
+            raise InputError(
+                f"model {spec.name!r}: --quantize {knobs.quantize} quantizes ONNX encoders; "
+                "a decoder embedder runs on torch: leave --quantize out for it"
+            )
         try:
             from batchline.models.hf.torch_embed import (  # type: ignore[import-not-found,unused-ignore]
                 load_torch_embedder,

@@ -4,7 +4,8 @@ function; ``sessions`` lays out their ONNX Runtime sessions from the knobs, ``ru
 them, ``embedder`` and ``minilm`` are the text encoder and the built-in model's weights.
 Nothing here imports the loader: :func:`batchline.models.loader.load_model` dispatches to
 these modules, never the other way round. ``load_tokenizer`` (a ``tokenizer.json`` as the
-text models read it) is the one name used from outside."""
+text models read it) and the int8 quality gate of ``quantize`` are the names used from
+outside."""
 
 from __future__ import annotations
 
@@ -14,7 +15,30 @@ from batchline._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from batchline.models.onnx.embedder import load_tokenizer
+    from batchline.models.onnx.quantize import (
+        GATE,
+        Quality,
+        cached_quality,
+        measure_quality,
+        store_quality,
+    )
 
-__all__ = ["load_tokenizer"]
+__all__ = [
+    "GATE",
+    "Quality",
+    "cached_quality",
+    "load_tokenizer",
+    "measure_quality",
+    "store_quality",
+]
 
-__getattr__ = lazy_exports(__name__, {"load_tokenizer": "embedder"})
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "load_tokenizer": "embedder",
+        **{
+            name: "quantize"
+            for name in ("GATE", "Quality", "cached_quality", "measure_quality", "store_quality")
+        },
+    },
+)

@@ -155,8 +155,12 @@ def load_onnx_embedder(
     **options: Any,
 ) -> TextEmbedder:
     """An ONNX text encoder file and its ``tokenizer.json`` as a :class:`TextEmbedder` laid
-    out as ``knobs`` say; ``options`` go to :class:`Embedder` (``pooling``, ``normalize``,
-    ``dense``)."""
+    out as ``knobs`` say (its int8 graph with ``knobs.quantize``); ``options`` go to
+    :class:`Embedder` (``pooling``, ``normalize``, ``dense``)."""
+    if knobs.quantize == "int8":
+        from batchline.models.onnx.quantize import quantized_graph
+
+        path = quantized_graph(path)
 
     def make(sessions: int, threads: int, *, shared: bool = False) -> Embedder:
         return Embedder.from_onnx(
