@@ -138,7 +138,6 @@ def _tiny_predictor(path: Path) -> None:
     onnx.save(model, str(path))
 
 
-
 @pytest.mark.slow
 def test_serve_loads_int8_past_the_gate_and_refuses_it_below(
     monkeypatch: pytest.MonkeyPatch,
