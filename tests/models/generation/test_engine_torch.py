@@ -738,8 +738,9 @@ def test_a_model_it_does_not_recognise_takes_transformers_forward(
     assert first.forward == "transformers"
     said = [r.getMessage() for r in caplog.records if "no lean forward" in r.getMessage()]
     assert said == [
-        "transformers' forward for each step (no lean forward: MyLlama is not "
-        "transformers' LlamaForCausalLM)"
+        "transformers' forward for each step (no lean forward: MyLlama is not one of "
+        "transformers' LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
+        "Qwen3ForCausalLM)"
     ]  # once per model class
     first.add_request(_request("a", _prompt(1, 5), 3))
     got: dict[str, list[int]] = {}

@@ -1,5 +1,5 @@
-"""A lean forward pass of a Llama-family causal LM for one packed step of
-:class:`~batchline.models.generation.torch_engine.TorchStepEngine`.
+"""A lean forward pass of a Llama-family causal LM (Llama, Mistral, Qwen2, Qwen3) for one packed
+step of :class:`~batchline.models.generation.torch_engine.TorchStepEngine`.
 
 The same kernels as transformers' module tree (the model's own linears, packed or not, SDPA
 through :func:`~.packed_attention.packed_attention`), called from one plain loop over the
@@ -9,10 +9,13 @@ that yield a token. A 16-row SmolLM2 decode step makes ~1,900 Python calls this 
 through transformers' tree (module ``__call__``s, config lookups, output dataclasses; cProfile),
 and takes x0.88-0.94 of the time (benchmarks/engine_levers.md has the A/B).
 
-:func:`lean_forward` recognises a model by its classes (transformers' own Llama classes, no
-subclass that could change a ``forward``) and its config (SiLU, a RoPE whose frequencies do not
-depend on the sequence length); for any other model it returns None with the reason, and the
-engine keeps transformers' forward.
+:func:`lean_forward` recognises a model by its classes (transformers' own classes of one of
+:data:`FAMILIES`, no subclass that could change a ``forward``) and its config (SiLU, a RoPE
+whose frequencies do not depend on the sequence length); for any other model it returns None
+with the reason, and the engine keeps transformers' forward. The families differ only where
+the loop reads its layers: Qwen2's q/k/v carry biases (the linears' own), Qwen3 normalises each
+head's q and k (RMSNorm over the head dimension) before the rotary, and Mistral's and Qwen's
+sliding-window layers pass their window to the attention, as transformers' layers do.
 """
 
 from __future__ import annotations
@@ -27,7 +30,15 @@ import torch.nn.functional as F
 from batchline.models.generation.packed_attention import StepPlan, packed_attention
 from batchline.models.generation.packed_linear import PackedLinear
 
-__all__ = ["LeanForward", "lean_forward"]
+__all__ = ["FAMILIES", "LeanForward", "lean_forward"]
+
+#: The model families the lean forward runs: transformers' module and class-name prefix.
+FAMILIES = {
+    "llama": ("transformers.models.llama.modeling_llama", "Llama"),
+    "mistral": ("transformers.models.mistral.modeling_mistral", "Mistral"),
+    "qwen2": ("transformers.models.qwen2.modeling_qwen2", "Qwen2"),
+    "qwen3": ("transformers.models.qwen3.modeling_qwen3", "Qwen3"),
+}
 
 Linear = Callable[[torch.Tensor], torch.Tensor]
 
@@ -56,6 +67,9 @@ class _Layer:
     gate: Linear
     up: Linear
     down: Linear
+    q_norm: torch.Tensor | None  # Qwen3: RMSNorm of each head's q and k
+    k_norm: torch.Tensor | None
+    attend: dict[str, Any]  # what the layer passes its attention besides scaling
 
 
 class LeanForward:
@@ -90,6 +104,9 @@ class LeanForward:
                 _linear(layer.mlp.gate_proj),
                 _linear(layer.mlp.up_proj),
                 _linear(layer.mlp.down_proj),
+                _weight(getattr(layer.self_attn, "q_norm", None)),
+                _weight(getattr(layer.self_attn, "k_norm", None)),
+                _attention_kwargs(layer.self_attn, config),
             )
             for layer in inner.layers[: config.num_hidden_layers]
         ]
@@ -127,8 +144,11 @@ class LeanForward:
         cos, sin = self._rotary(positions, h.dtype)
         for layer in self._layers:
             x = self._norm(h, layer.input_norm)
-            q = self._rotate(layer.q(x).view(n, self._heads, dim), cos, sin)
-            k = self._rotate(layer.k(x).view(n, self._kv_heads, dim), cos, sin)
+            q = layer.q(x).view(n, self._heads, dim)
+            k = layer.k(x).view(n, self._kv_heads, dim)
+            if layer.q_norm is not None and layer.k_norm is not None:
+                q, k = self._norm(q, layer.q_norm), self._norm(k, layer.k_norm)
+            q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
             v = layer.v(x).view(n, self._kv_heads, dim)
             # packed_attention's layout: (1, heads, T, head_dim) in, (1, T, heads, head_dim) out.
             attended, _ = packed_attention(
@@ -139,6 +159,7 @@ class LeanForward:
                 None,
                 scaling=self._scaling,
                 batchline_step=plan,
+                **layer.attend,
             )
             h = h + layer.o(attended.view(n, self._heads * dim))
             x = self._norm(h, layer.post_norm)
@@ -148,31 +169,63 @@ class LeanForward:
         return logits
 
 
+def _weight(norm: Any) -> torch.Tensor | None:
+    return None if norm is None else norm.weight
+
+
+def _attention_kwargs(attention: Any, config: Any) -> dict[str, Any]:
+    """The sliding window transformers' layer passes its attention, where it has one: Qwen's
+    per layer (``attention.sliding_window``), Mistral's from its config; none for Llama."""
+    window: int | None = (
+        attention.sliding_window
+        if hasattr(attention, "sliding_window")
+        else getattr(config, "sliding_window", None)
+    )
+    return {} if window is None else {"sliding_window": window}
+
+
 def lean_forward(model: Any) -> tuple[LeanForward | None, str]:
     """A :class:`LeanForward` of ``model``, or None and why it does not apply."""
-    from transformers.models.llama import modeling_llama as llama
+    import importlib
 
     kind = type(model).__name__
-    if type(model) is not llama.LlamaForCausalLM:
-        return None, f"{kind} is not transformers' LlamaForCausalLM"
+    found = [
+        (name, module, prefix)
+        for name, (module, prefix) in FAMILIES.items()
+        if kind == f"{prefix}ForCausalLM" and type(model).__module__ == module
+    ]
+    if not found:
+        names = ", ".join(f"{prefix}ForCausalLM" for _, prefix in FAMILIES.values())
+        return None, f"{kind} is not one of transformers' {names}"
+    family, module_name, prefix = found[0]
+    mod = importlib.import_module(module_name)
+
+    def cls(suffix: str) -> Any:
+        return getattr(mod, f"{prefix}{suffix}")
+
     config = model.config
     inner: Any = model.model
-    if type(inner) is not llama.LlamaModel:
+    if type(inner) is not cls("Model"):
         return None, f"{kind}'s base model is a {type(inner).__name__}"
     if config.hidden_act != "silu":
         return None, f"{kind} uses the activation {config.hidden_act!r}, not silu"
     rope = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
-    if rope not in _STATIC_ROPE or type(inner.rotary_emb) is not llama.LlamaRotaryEmbedding:
+    if rope not in _STATIC_ROPE or type(inner.rotary_emb) is not cls("RotaryEmbedding"):
         return None, f"{kind} uses the RoPE type {rope!r}"
     layers: list[Any] = list(inner.layers)
     for layer in layers:
-        parts = (
-            (layer, llama.LlamaDecoderLayer),
-            (layer.self_attn, llama.LlamaAttention),
-            (layer.mlp, llama.LlamaMLP),
-            (layer.input_layernorm, llama.LlamaRMSNorm),
-            (layer.post_attention_layernorm, llama.LlamaRMSNorm),
-        )
+        parts = [
+            (layer, cls("DecoderLayer")),
+            (layer.self_attn, cls("Attention")),
+            (layer.mlp, cls("MLP")),
+            (layer.input_layernorm, cls("RMSNorm")),
+            (layer.post_attention_layernorm, cls("RMSNorm")),
+        ]
+        if family == "qwen3":
+            parts += [
+                (layer.self_attn.q_norm, cls("RMSNorm")),
+                (layer.self_attn.k_norm, cls("RMSNorm")),
+            ]
         for module, expected in parts:
             if type(module) is not expected:
                 return None, f"{kind} has a {type(module).__name__} for {expected.__name__}"
@@ -190,4 +243,4 @@ def lean_forward(model: Any) -> tuple[LeanForward | None, str]:
                 return None, f"{kind} has a {type(proj).__name__} projection"
     if type(model.lm_head) not in (torch.nn.Linear, PackedLinear):
         return None, f"{kind} has a {type(model.lm_head).__name__} lm_head"
-    return LeanForward(model), "transformers' Llama layers"
+    return LeanForward(model), f"transformers' {prefix} layers"

@@ -1,0 +1,145 @@
+"""The lean forward beyond Llama: Mistral (a sliding window), Qwen2 (q/k/v biases) and Qwen3
+(q/k RMSNorm per head), each on a tiny random-weight model built here. Each family's lean step
+computes what transformers' module tree did, bit for bit, and its greedy tokens equal
+transformers' own ``generate``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from batchline.models.generation.engine import GenerationRequest, SamplingParams  # noqa: E402
+from batchline.models.generation.lean_llama import FAMILIES, lean_forward  # noqa: E402
+from batchline.models.generation.torch_engine import TorchStepEngine  # noqa: E402
+
+from .conftest import TINY_EOS, TINY_VOCAB  # noqa: E402
+from .test_engine_torch import MAX_NEW, _prompt, _reference  # noqa: E402
+
+#: Mistral's window is shorter than the longer prompts, so that it matters.
+WINDOW = 6
+
+
+def build_tiny(family: str, *, seed: int = 0) -> Any:
+    """A randomly initialised 2-layer model of ``family`` (hidden 64, 4 heads / 2 KV heads),
+    fp32, eval mode; weights large enough that greedy decoding hinges on no float tie."""
+    import transformers
+
+    prefix = FAMILIES[family][1]
+    config_class = getattr(transformers, f"{prefix}Config")
+    model_class = getattr(transformers, f"{prefix}ForCausalLM")
+    extra: dict[str, Any] = {"mistral": {"sliding_window": WINDOW}, "qwen3": {"head_dim": 16}}
+    config = config_class(
+        vocab_size=TINY_VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        initializer_range=0.2,
+        bos_token_id=1,
+        eos_token_id=TINY_EOS,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+        **extra.get(family, {}),
+    )
+    torch.manual_seed(seed)
+    model = model_class(config)
+    if family == "qwen2":  # its q/k/v biases start at zero: give them values to carry
+        with torch.no_grad():
+            for layer in model.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj):
+                    proj.bias.normal_(0.0, 0.5)
+    model.generation_config.eos_token_id = TINY_EOS
+    model.generation_config.pad_token_id = 0
+    return model.eval()
+
+
+FAMILY_NAMES = ["mistral", "qwen2", "qwen3"]
+
+
+@pytest.fixture(scope="module", params=FAMILY_NAMES)
+def tiny(request: pytest.FixtureRequest, torch_threads: None) -> tuple[str, Any]:
+    return request.param, build_tiny(request.param)
+
+
+def test_each_family_is_recognised_and_what_makes_it_differ_is_read(
+    tiny: tuple[str, Any],
+) -> None:
+    family, model = tiny
+    lean, why = lean_forward(model)
+    assert lean is not None, why
+    assert why == f"transformers' {FAMILIES[family][1]} layers"
+    layer = lean._layers[0]
+    assert (layer.q_norm is not None) == (family == "qwen3")
+    assert layer.attend == ({"sliding_window": WINDOW} if family == "mistral" else {})
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_lean_step_computes_what_the_module_tree_did(tiny: tuple[str, Any], dtype: str) -> None:
+    model = build_tiny(tiny[0]).to(getattr(torch, dtype))
+    engine = TorchStepEngine(model, lean=True)
+    assert engine.forward == "lean"
+    lean = engine._lean
+    real_forward = engine._forward
+    compared: list[int] = []
+
+    def both(ids: list[int], positions: list[int], keep: list[int], plan: Any) -> Any:
+        engine._lean, plan.decode_attention = lean, "sdpa"
+        got = real_forward(ids, positions, keep, plan)
+        engine._lean, plan.decode_attention = None, "transformers"
+        plan.layers_seen = 0
+        expected = real_forward(ids, positions, keep, plan)
+        assert torch.equal(got, expected)
+        compared.append(len(keep))
+        return expected
+
+    engine._forward = both  # type: ignore[method-assign]
+    for i, (seed, length) in enumerate([(1, 9), (2, 4), (3, 11)]):
+        engine.add_request(_request(str(i), _prompt(seed, length)))
+        engine.step()
+    for _ in range(WINDOW + 2):  # past Mistral's window
+        engine.step()
+    assert len(compared) == 3 + WINDOW + 2
+
+
+def test_greedy_tokens_equal_transformers_generate(tiny: tuple[str, Any]) -> None:
+    _, model = tiny
+    prompts = {"a": _prompt(1, 9), "b": _prompt(2, 4), "c": _prompt(3, 13)}
+    engine = TorchStepEngine(model, lean=True)
+    assert engine.forward == "lean"
+    got: dict[str, list[int]] = {}
+    for rid, prompt in prompts.items():  # joining at different steps: windows differ
+        engine.add_request(_request(rid, prompt))
+        for out in engine.step():
+            got.setdefault(out.request_id, []).extend(out.token_ids)
+    while engine.has_unfinished():
+        for out in engine.step():
+            got.setdefault(out.request_id, []).extend(out.token_ids)
+    for rid, prompt in prompts.items():
+        assert got[rid] == _reference(model, prompt, MAX_NEW), rid
+
+
+def test_a_family_with_another_activation_takes_the_module_tree() -> None:
+    import transformers
+
+    config = transformers.Qwen2Config(
+        vocab_size=TINY_VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        hidden_act="gelu",
+    )
+    lean, why = lean_forward(transformers.Qwen2ForCausalLM(config).eval())
+    assert lean is None
+    assert why == "Qwen2ForCausalLM uses the activation 'gelu', not silu"
+
+
+def _request(rid: str, prompt: tuple[int, ...]) -> GenerationRequest:
+    return GenerationRequest(rid, prompt, SamplingParams(max_tokens=MAX_NEW, ignore_eos=True))
