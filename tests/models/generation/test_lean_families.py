@@ -1,5 +1,6 @@
-"""The lean forward beyond Llama: Mistral (a sliding window), Qwen2 (q/k/v biases) and Qwen3
-(q/k RMSNorm per head), each on a tiny random-weight model built here. Each family's lean step
+"""The lean forward beyond Llama: Mistral (a sliding window), Qwen2 (q/k/v biases), Qwen3 (q/k
+RMSNorm per head) and Phi-3 (fused q/k/v and gate/up, half of each head rotated), each on a tiny
+random-weight model built here. Each family's lean step
 computes what transformers' module tree did, bit for bit, and its greedy tokens equal
 transformers' own ``generate``."""
 
@@ -31,7 +32,12 @@ def build_tiny(family: str, *, seed: int = 0) -> Any:
     prefix = FAMILIES[family][1]
     config_class = getattr(transformers, f"{prefix}Config")
     model_class = getattr(transformers, f"{prefix}ForCausalLM")
-    extra: dict[str, Any] = {"mistral": {"sliding_window": WINDOW}, "qwen3": {"head_dim": 16}}
+    extra: dict[str, Any] = {
+        "mistral": {"sliding_window": WINDOW},
+        "qwen3": {"head_dim": 16},
+        # half of each head rotated, as Phi-4-mini does
+        "phi3": {"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}},
+    }
     config = config_class(
         vocab_size=TINY_VOCAB,
         hidden_size=64,
@@ -59,7 +65,7 @@ def build_tiny(family: str, *, seed: int = 0) -> Any:
     return model.eval()
 
 
-FAMILY_NAMES = ["mistral", "qwen2", "qwen3"]
+FAMILY_NAMES = ["mistral", "qwen2", "qwen3", "phi3"]
 
 
 @pytest.fixture(scope="module", params=FAMILY_NAMES)
@@ -77,6 +83,8 @@ def test_each_family_is_recognised_and_what_makes_it_differ_is_read(
     layer = lean._layers[0]
     assert (layer.q_norm is not None) == (family == "qwen3")
     assert layer.attend == ({"sliding_window": WINDOW} if family == "mistral" else {})
+    head = lean._head_dim
+    assert lean._rotary_dim == (head // 2 if family == "phi3" else head)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -1,5 +1,5 @@
-"""A lean forward pass of a Llama-family causal LM (Llama, Mistral, Qwen2, Qwen3) for one packed
-step of :class:`~batchline.models.generation.torch_engine.TorchStepEngine`.
+"""A lean forward pass of a Llama-family causal LM (Llama, Mistral, Qwen2, Qwen3, Phi-3) for one
+packed step of :class:`~batchline.models.generation.torch_engine.TorchStepEngine`.
 
 The same kernels as transformers' module tree (the model's own linears, packed or not, SDPA
 through :func:`~.packed_attention.packed_attention`), called from one plain loop over the
@@ -14,12 +14,15 @@ and takes x0.88-0.94 of the time (benchmarks/engine_levers.md has the A/B).
 whose frequencies do not depend on the sequence length); for any other model it returns None
 with the reason, and the engine keeps transformers' forward. The families differ only where
 the loop reads its layers: Qwen2's q/k/v carry biases (the linears' own), Qwen3 normalises each
-head's q and k (RMSNorm over the head dimension) before the rotary, and Mistral's and Qwen's
+head's q and k (RMSNorm over the head dimension) before the rotary, Phi-3 computes q/k/v in one
+fused linear and gate/up in another (sliced as transformers slices them) and may rotate only
+the first part of each head (``partial_rotary_factor``), and Mistral's, Qwen's and Phi-3's
 sliding-window layers pass their window to the attention, as transformers' layers do.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +41,7 @@ FAMILIES = {
     "mistral": ("transformers.models.mistral.modeling_mistral", "Mistral"),
     "qwen2": ("transformers.models.qwen2.modeling_qwen2", "Qwen2"),
     "qwen3": ("transformers.models.qwen3.modeling_qwen3", "Qwen3"),
+    "phi3": ("transformers.models.phi3.modeling_phi3", "Phi3"),
 }
 
 Linear = Callable[[torch.Tensor], torch.Tensor]
@@ -55,17 +59,36 @@ def _linear(module: torch.nn.Module) -> Linear:
     return lambda x: F.linear(x, weight, bias)
 
 
+Split = Callable[[torch.Tensor], tuple[torch.Tensor, ...]]
+
+
+def _separate(*modules: torch.nn.Module) -> Split:
+    """q, k, v (or gate, up) from a linear each, in that order."""
+    linears = [_linear(m) for m in modules]
+    return lambda x: tuple(f(x) for f in linears)
+
+
+def _fused(module: torch.nn.Module, sizes: list[int]) -> Split:
+    """q, k, v (or gate, up) as slices of one fused linear's output (Phi-3's), as transformers
+    slices it."""
+    linear = _linear(module)
+    bounds = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
+
+    def split(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        out = linear(x)
+        return tuple(out[..., a:b] for a, b in itertools.pairwise(bounds))
+
+    return split
+
+
 @dataclass(frozen=True, slots=True)
 class _Layer:
     attention: torch.nn.Module  # transformers' module: its layer_idx and GQA groups
     input_norm: torch.Tensor
-    q: Linear
-    k: Linear
-    v: Linear
+    qkv: Split
     o: Linear
     post_norm: torch.Tensor
-    gate: Linear
-    up: Linear
+    gate_up: Split
     down: Linear
     q_norm: torch.Tensor | None  # Qwen3: RMSNorm of each head's q and k
     k_norm: torch.Tensor | None
@@ -92,17 +115,28 @@ class LeanForward:
         rotary = inner.rotary_emb
         self._inv_freq = rotary.inv_freq.float()
         self._rope_scaling = float(rotary.attention_scaling)
+        q_size, kv_size = self._heads * self._head_dim, self._kv_heads * self._head_dim
+        self._rotary_dim = 2 * int(self._inv_freq.shape[0])  # Phi-3 may rotate part of a head
+
+        def qkv(attention: Any) -> Split:
+            if hasattr(attention, "qkv_proj"):
+                return _fused(attention.qkv_proj, [q_size, kv_size, kv_size])
+            return _separate(attention.q_proj, attention.k_proj, attention.v_proj)
+
+        def gate_up(mlp: Any) -> Split:
+            if hasattr(mlp, "gate_up_proj"):
+                size = int(mlp.gate_up_proj.weight.shape[0]) // 2  # torch's chunk(2)
+                return _fused(mlp.gate_up_proj, [size, size])
+            return _separate(mlp.gate_proj, mlp.up_proj)
+
         self._layers = [
             _Layer(
                 layer.self_attn,
                 layer.input_layernorm.weight,
-                _linear(layer.self_attn.q_proj),
-                _linear(layer.self_attn.k_proj),
-                _linear(layer.self_attn.v_proj),
+                qkv(layer.self_attn),
                 _linear(layer.self_attn.o_proj),
                 layer.post_attention_layernorm.weight,
-                _linear(layer.mlp.gate_proj),
-                _linear(layer.mlp.up_proj),
+                gate_up(layer.mlp),
                 _linear(layer.mlp.down_proj),
                 _weight(getattr(layer.self_attn, "q_norm", None)),
                 _weight(getattr(layer.self_attn, "k_norm", None)),
@@ -128,10 +162,13 @@ class LeanForward:
         half = sin.shape[-1] // 2
         return cos, torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)[:, None]
 
-    @staticmethod
-    def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
         # transformers' x * cos + cat(-x2, x1) * sin, with the sign moved onto sin once a
-        # step instead of onto x in every layer (a negation is exact: the same values).
+        # step instead of onto x in every layer (a negation is exact: the same values); with
+        # a partial rotary, over the first rotary_dim values of each head, the rest kept.
+        if self._rotary_dim < x.shape[-1]:
+            kept = x[..., self._rotary_dim :]
+            return torch.cat((self._rotate(x[..., : self._rotary_dim], cos, signed_sin), kept), -1)
         half = x.shape[-1] // 2
         return (x * cos) + (torch.cat((x[..., half:], x[..., :half]), dim=-1) * signed_sin)
 
@@ -144,12 +181,12 @@ class LeanForward:
         cos, sin = self._rotary(positions, h.dtype)
         for layer in self._layers:
             x = self._norm(h, layer.input_norm)
-            q = layer.q(x).view(n, self._heads, dim)
-            k = layer.k(x).view(n, self._kv_heads, dim)
+            q, k, v = layer.qkv(x)
+            q, k = q.view(n, self._heads, dim), k.view(n, self._kv_heads, dim)
+            v = v.view(n, self._kv_heads, dim)
             if layer.q_norm is not None and layer.k_norm is not None:
                 q, k = self._norm(q, layer.q_norm), self._norm(k, layer.k_norm)
             q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
-            v = layer.v(x).view(n, self._kv_heads, dim)
             # packed_attention's layout: (1, heads, T, head_dim) in, (1, T, heads, head_dim) out.
             attended, _ = packed_attention(
                 layer.attention,
@@ -163,7 +200,8 @@ class LeanForward:
             )
             h = h + layer.o(attended.view(n, self._heads * dim))
             x = self._norm(h, layer.post_norm)
-            h = h + layer.down(F.silu(layer.gate(x)) * layer.up(x))
+            gate, up = layer.gate_up(x)
+            h = h + layer.down(F.silu(gate) * up)
         # The final norm is per position: only the kept ones need it.
         logits: torch.Tensor = self._lm_head(self._norm(h[keep], self._final_norm))
         return logits
@@ -226,17 +264,17 @@ def lean_forward(model: Any) -> tuple[LeanForward | None, str]:
                 (layer.self_attn.q_norm, cls("RMSNorm")),
                 (layer.self_attn.k_norm, cls("RMSNorm")),
             ]
+        attention, mlp = layer.self_attn, layer.mlp
         for module, expected in parts:
             if type(module) is not expected:
                 return None, f"{kind} has a {type(module).__name__} for {expected.__name__}"
+        fused = family == "phi3"
         projections = (
-            layer.self_attn.q_proj,
-            layer.self_attn.k_proj,
-            layer.self_attn.v_proj,
-            layer.self_attn.o_proj,
-            layer.mlp.gate_proj,
-            layer.mlp.up_proj,
-            layer.mlp.down_proj,
+            *([attention.qkv_proj] if fused else [attention.q_proj, attention.k_proj]),
+            *([] if fused else [attention.v_proj]),
+            attention.o_proj,
+            *([mlp.gate_up_proj] if fused else [mlp.gate_proj, mlp.up_proj]),
+            mlp.down_proj,
         )
         for proj in projections:
             if type(proj) not in (torch.nn.Linear, PackedLinear):
