@@ -1,0 +1,203 @@
+"""The server's spans, when tracing is on (:mod:`batchline._tracing` decides; off by default).
+
+Per HTTP request, one server span (``POST /v1/embeddings``: ``http.route``,
+``http.response.status_code``, ``batchline.model``), its parent taken from the request's
+``traceparent`` (the configured propagator), ending when the last byte of the response is
+handed to the server: the HTTP write is inside it. Under it:
+
+- a batch model's request: for each batch its records went in, ``queue`` (submit to the
+  model call: waiting for a slot, batch formation, the hop to the worker thread) and
+  ``batch``, the model call itself on the device (``batchline.batch.size``, ``.cost``,
+  ``.padding``, and ``.id``, which every request of that batch carries: search by it to see
+  who shared it);
+- a generate model's request: for each prompt ``admission`` (submit to joining the running
+  batch), ``prefill`` (to its first token) and ``decode`` (to its last;
+  ``gen_ai.usage.input_tokens`` and ``.output_tokens``, ``batchline.finish_reason``), and
+  a sample of the engine's steps (see ``models.generation``'s step observer).
+
+Cost (why child spans are built this way): a span costs ~30-60 us of CPU on the 2-core machine
+with the SDK's BatchSpanProcessor, and a short embedding request ~4.6 ms of machine CPU at
+c=32, so the 3% budget is two or three spans per request. The batch's worker thread only
+stamps each job with the batch's numbers (one tuple per batch); each request builds its own
+spans afterwards, in its own task, from those stamps (``benchmarks/bench_tracing.py``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from batchline._tracing import Tracing
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+    from batchline.models.generation import Completion
+
+__all__ = ["BatchMark", "TraceRequests", "mark_batch", "trace_completions", "trace_jobs"]
+
+
+class TraceRequests:
+    """Pure-ASGI middleware: a server span around every HTTP request (added only when on)."""
+
+    def __init__(self, app: ASGIApp, tracing: Tracing) -> None:
+        self.app = app
+        self.tracing = tracing
+        self._getter: Any = _HeaderGetter()  # duck-typed: opentelemetry is not imported here
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t = self.tracing
+        parent = t.extract(scope["headers"], getter=self._getter)
+        method = scope["method"]
+        span = t.tracer.start_span(
+            method,
+            context=parent,
+            kind=t.SERVER,
+            attributes={"http.request.method": method, "url.path": scope["path"]},
+        )
+        token = t.attach(t.in_context(span, parent))
+        status = 500
+
+        async def send_seen(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_seen)
+        except BaseException as exc:
+            span.record_exception(exc)
+            status = 500
+            raise
+        finally:
+            route = getattr(scope.get("route"), "path", None)
+            if route is not None:
+                span.update_name(f"{method} {route}")
+                span.set_attribute("http.route", route)
+            model = scope.get("batchline.model")
+            if model is not None:
+                span.set_attribute("batchline.model", model)
+            span.set_attribute("http.response.status_code", status)
+            if status >= 500:
+                span.set_status(t.error)
+            span.end()
+            t.detach(token)
+
+
+class _HeaderGetter:
+    """The propagator's view of ASGI's raw header list (no dict built per request)."""
+
+    def get(self, carrier: list[tuple[bytes, bytes]], key: str) -> list[str] | None:
+        name = key.encode("latin-1")
+        found = [v.decode("latin-1") for k, v in carrier if k == name]
+        return found or None
+
+    def keys(self, carrier: list[tuple[bytes, bytes]]) -> list[str]:
+        return [k.decode("latin-1") for k, _ in carrier]
+
+
+# -- batch models -----------------------------------------------------------------------------
+
+
+class BatchMark(NamedTuple):
+    """What a request's spans need of the batch its record went in (``time.perf_counter``)."""
+
+    id: int
+    started: float
+    finished: float
+    size: int
+    cost: int
+    padding: int
+
+
+_batch_ids = itertools.count(1)
+
+
+def mark_batch(jobs: Sequence[Any], started: float, costs: list[int], *, padded: bool) -> None:
+    """Stamp every job of a finished batch (on its worker thread): one tuple for all."""
+    cost = len(costs) * max(costs) if padded else sum(costs)
+    padding = cost - sum(costs) if padded else 0
+    mark = BatchMark(next(_batch_ids), started, time.perf_counter(), len(costs), cost, padding)
+    for job in jobs:
+        job.batch = mark
+
+
+def trace_jobs(tracing: Tracing, jobs: Sequence[Any], *, failed: bool = False) -> None:
+    """A request's ``queue`` and ``batch`` spans, one pair per batch its jobs went in, under
+    the current (request) span. A job never run (timed out or refused while queued) gets a
+    ``queue`` span to now, marked as an error."""
+    tracer, wall = tracing.tracer, tracing.wall_ns
+    seen: dict[int, float] = {}  # batch id -> the earliest submit of this request's jobs in it
+    marks: dict[int, BatchMark] = {}
+    unrun: float | None = None
+    for job in jobs:
+        mark: BatchMark | None = job.batch
+        if mark is None:
+            unrun = job.submitted if unrun is None else min(unrun, job.submitted)
+            continue
+        first = seen.get(mark.id)
+        if first is None or job.submitted < first:
+            seen[mark.id] = job.submitted
+            marks[mark.id] = mark
+    for batch_id, submitted in seen.items():
+        mark = marks[batch_id]
+        tracer.start_span("queue", start_time=wall(submitted)).end(wall(mark.started))
+        tracer.start_span(
+            "batch",
+            start_time=wall(mark.started),
+            attributes={
+                "batchline.batch.id": mark.id,
+                "batchline.batch.size": mark.size,
+                "batchline.batch.cost": mark.cost,
+                "batchline.batch.padding": mark.padding,
+            },
+        ).end(wall(mark.finished))
+    if unrun is not None:
+        span = tracer.start_span("queue", start_time=wall(unrun))
+        if failed:
+            span.set_status(tracing.error)
+        span.end()
+
+
+# -- generate models --------------------------------------------------------------------------
+
+
+def trace_completions(tracing: Tracing, completions: Iterable[Completion]) -> None:
+    """A generate request's ``admission``, ``prefill`` and ``decode`` spans per prompt, under
+    the current (request) span, laid out backwards from now with the completion's own times
+    (they are on the generator's clock, so only their differences are used)."""
+    tracer = tracing.tracer
+    now = time.time_ns()
+    for c in completions:
+        start = now - int(c.latency_s * 1e9)
+        wait = c.queue_wait_s
+        admitted = start + int(wait * 1e9) if wait is not None else None
+        first = start + int(c.ttft_s * 1e9) if c.ttft_s is not None else None
+        admission = tracer.start_span(
+            "admission", start_time=start, attributes={"batchline.priority": c.priority}
+        )
+        admission.end(admitted if admitted is not None else now)
+        if admitted is None:
+            continue  # never admitted: aborted or closed while waiting
+        prefill = tracer.start_span(
+            "prefill",
+            start_time=admitted,
+            attributes={"gen_ai.usage.input_tokens": c.prompt_tokens},
+        )
+        prefill.end(first if first is not None else now)
+        if first is None:
+            continue
+        tracer.start_span(
+            "decode",
+            start_time=first,
+            attributes={
+                "gen_ai.usage.output_tokens": c.completion_tokens,
+                "batchline.finish_reason": c.finish_reason,
+            },
+        ).end(now)
