@@ -5,21 +5,27 @@ Per HTTP request, one server span (``POST /v1/embeddings``: ``http.route``,
 ``traceparent`` (the configured propagator), ending when the last byte of the response is
 handed to the server: the HTTP write is inside it. Under it:
 
-- a batch model's request: for each batch its records went in, ``queue`` (submit to the
-  model call: waiting for a slot, batch formation, the hop to the worker thread) and
-  ``batch``, the model call itself on the device (``batchline.batch.size``, ``.cost``,
-  ``.padding``, and ``.id``, which every request of that batch carries: search by it to see
-  who shared it);
+- a batch model's request: for each batch its records went in, ``batch``: the model call on
+  the device (``batchline.batch.size``, ``.cost``, ``.padding``, and ``.id``, which every
+  request of that batch carries: search by it to see who shared it), with
+  ``batchline.queue_wait_s``, the time from submit to that call (waiting for a slot, batch
+  formation, the hop to the worker thread): the gap before the span. A request that never
+  reached a batch (timed out, refused while queued) has a ``queue`` span instead;
 - a generate model's request: for each prompt ``admission`` (submit to joining the running
   batch), ``prefill`` (to its first token) and ``decode`` (to its last;
   ``gen_ai.usage.input_tokens`` and ``.output_tokens``, ``batchline.finish_reason``), and
   a sample of the engine's steps (see ``models.generation``'s step observer).
 
-Cost (why child spans are built this way): a span costs ~30-60 us of CPU on the 2-core machine
-with the SDK's BatchSpanProcessor, and a short embedding request ~4.6 ms of machine CPU at
-c=32, so the 3% budget is two or three spans per request. The batch's worker thread only
-stamps each job with the batch's numbers (one tuple per batch); each request builds its own
-spans afterwards, in its own task, from those stamps (``benchmarks/bench_tracing.py``).
+Cost, and why a batch model's request has one child span and not a ``queue`` span beside its
+``batch`` span: on the 2-core machine a span costs ~40-70 us of CPU with the SDK's
+BatchSpanProcessor (and ~6 us more per attribute), a short embedding request ~4.6 ms of
+machine CPU at c=32 (436 req/s on 2 cores), so the 3% budget (~140 us) holds two spans per
+request, not three (measured in-process: the server span and both children ~165 us, the server
+span and ``batch`` ~110-150 us under load; ``benchmarks/bench_tracing.py`` for the whole
+server). A span per batch linked to its requests costs as much (a link ~15-20 us) and leaves a
+request's own trace without its device time. The batch's worker thread only stamps each job
+with the batch's numbers (one tuple per batch); each request builds its span afterwards, in
+its own task, from those stamps, with explicit start and end times.
 """
 
 from __future__ import annotations
@@ -54,12 +60,9 @@ class TraceRequests:
         t = self.tracing
         parent = t.extract(scope["headers"], getter=self._getter)
         method = scope["method"]
-        span = t.tracer.start_span(
-            method,
-            context=parent,
-            kind=t.SERVER,
-            attributes={"http.request.method": method, "url.path": scope["path"]},
-        )
+        path = scope["path"]
+        # attributes once, at the end (each costs a few microseconds): see the module's "Cost"
+        span = t.tracer.start_span(f"{method} {path}", context=parent, kind=t.SERVER)
         token = t.attach(t.in_context(span, parent))
         status = 500
 
@@ -76,14 +79,19 @@ class TraceRequests:
             status = 500
             raise
         finally:
+            attributes: dict[str, str | int] = {
+                "http.request.method": method,
+                "http.response.status_code": status,
+            }
             route = getattr(scope.get("route"), "path", None)
             if route is not None:
-                span.update_name(f"{method} {route}")
-                span.set_attribute("http.route", route)
+                attributes["http.route"] = route
+                if route != path:
+                    span.update_name(f"{method} {route}")
             model = scope.get("batchline.model")
             if model is not None:
-                span.set_attribute("batchline.model", model)
-            span.set_attribute("http.response.status_code", status)
+                attributes["batchline.model"] = model
+            span.set_attributes(attributes)
             if status >= 500:
                 span.set_status(t.error)
             span.end()
@@ -129,37 +137,37 @@ def mark_batch(jobs: Sequence[Any], started: float, costs: list[int], *, padded:
 
 
 def trace_jobs(tracing: Tracing, jobs: Sequence[Any], *, failed: bool = False) -> None:
-    """A request's ``queue`` and ``batch`` spans, one pair per batch its jobs went in, under
-    the current (request) span. A job never run (timed out or refused while queued) gets a
-    ``queue`` span to now, marked as an error."""
+    """A request's ``batch`` span per batch its jobs went in, under the current (request)
+    span: the model call, with the batch's numbers and this request's queue wait in it (from
+    its earliest record's submit to the call). A request never run (timed out or refused while
+    queued) gets a ``queue`` span to now instead, marked as an error when it failed."""
     tracer, wall = tracing.tracer, tracing.wall_ns
-    seen: dict[int, float] = {}  # batch id -> the earliest submit of this request's jobs in it
-    marks: dict[int, BatchMark] = {}
-    unrun: float | None = None
-    for job in jobs:
-        mark: BatchMark | None = job.batch
-        if mark is None:
-            unrun = job.submitted if unrun is None else min(unrun, job.submitted)
-            continue
-        first = seen.get(mark.id)
-        if first is None or job.submitted < first:
-            seen[mark.id] = job.submitted
-            marks[mark.id] = mark
-    for batch_id, submitted in seen.items():
-        mark = marks[batch_id]
-        tracer.start_span("queue", start_time=wall(submitted)).end(wall(mark.started))
+    if len(jobs) == 1:  # the common case: one input, one batch
+        first: dict[BatchMark, float] = {}
+        mark: BatchMark | None = jobs[0].batch
+        if mark is not None:
+            first[mark] = jobs[0].submitted
+    else:
+        first = {}
+        for job in jobs:
+            mark = job.batch
+            if mark is not None and (mark not in first or job.submitted < first[mark]):
+                first[mark] = job.submitted
+    for mark, submitted in first.items():
         tracer.start_span(
             "batch",
             start_time=wall(mark.started),
             attributes={
+                "batchline.queue_wait_s": mark.started - submitted,
                 "batchline.batch.id": mark.id,
                 "batchline.batch.size": mark.size,
                 "batchline.batch.cost": mark.cost,
                 "batchline.batch.padding": mark.padding,
             },
         ).end(wall(mark.finished))
-    if unrun is not None:
-        span = tracer.start_span("queue", start_time=wall(unrun))
+    unrun = [job.submitted for job in jobs if job.batch is None]
+    if unrun:
+        span = tracer.start_span("queue", start_time=wall(min(unrun)))
         if failed:
             span.set_status(tracing.error)
         span.end()
