@@ -10,7 +10,9 @@ the OTLP exporter would add, protobuf and HTTP on the processor's thread, is not
 load is bench_serve's: OpenAI-style ``/v1/embeddings`` requests of one short text (8-24
 tokens), closed loop at ``--concurrency``, from ``wrk`` or bench_serve's raw-socket client in a
 separate process. Off and on alternate, the order flipped each repeat, so drift on a shared
-machine hits both; the ratio is of the medians.
+machine hits both; the ratio is of the medians. It also prints the server's CPU per request
+off and on: on a machine shared with other work, req/s follows the neighbours, CPU per
+request much less.
 
 Usage::
 
@@ -118,6 +120,11 @@ def serve_worker(mode: str, port: int, spans_file: Path) -> int:
     return code
 
 
+def cpu_ms(point: Point) -> float:
+    """The server's CPU per request, in ms."""
+    return point.server_cpu / point.rps * 1e3 if point.rps else 0.0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--duration", type=float, default=10.0, help="seconds per point")
@@ -165,8 +172,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"repeat {r + 1} tracing {mode:3}: {point.rps:7.1f} req/s  "
                     f"p50 {point.p50_ms:6.2f} ms  p99 {point.p99_ms:6.2f} ms  "
-                    f"server {point.server_cpu:.2f} cores  background {point.background:.2f}  "
-                    f"errors {point.errors}",
+                    f"server {point.server_cpu:.2f} cores = {cpu_ms(point):.2f} ms/req  "
+                    f"background {point.background:.2f}  errors {point.errors}",
                     flush=True,
                 )
     finally:
@@ -179,6 +186,15 @@ def main(argv: list[str] | None = None) -> int:
     ratio = on / off if off else 0.0
     per_repeat = [a.rps / b.rps for a, b in zip(points["on"], points["off"], strict=True) if b.rps]
     print(f"# spans exported by the traced server: {spans}")
+    # On a busy machine req/s follows the neighbours; the server's CPU per request much less:
+    # its ratio says what the same CPU-bound server would lose (1 = nothing).
+    cpu_off = statistics.median(cpu_ms(p) for p in points["off"])
+    cpu_on = statistics.median(cpu_ms(p) for p in points["on"])
+    print(
+        f"# median server CPU per request: off {cpu_off:.2f} ms, on {cpu_on:.2f} ms "
+        f"(+{(cpu_on - cpu_off) * 1e3:.0f} us); CPU-bound estimate of on/off = "
+        f"{cpu_off / cpu_on if cpu_on else 0.0:.3f}"
+    )
     print(
         f"# median req/s: off {off:.1f}, on {on:.1f}; on/off = {ratio:.3f} "
         f"(per repeat {', '.join(f'{x:.3f}' for x in per_repeat)}); goal >= {GOAL}: "

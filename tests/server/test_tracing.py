@@ -28,6 +28,7 @@ from opentelemetry.trace import SpanKind
 from batchline._errors import InputError
 from batchline._tracing import tracing_for, tracing_from_env, tracing_requested
 from batchline.server import create_app
+from batchline.server.tracing import DECODE_EVERY
 
 from .conftest import FakeEmbedder, client_on, fake_generator_loader, loader, settings, wait_for
 
@@ -152,7 +153,7 @@ async def test_a_refused_request_is_traced_with_its_status() -> None:
 async def test_a_generate_request_has_admission_prefill_and_decode_spans() -> None:
     both = {"model": ["fake=default", "gen=smollm2"], "model_name": None}
     async with traced(**both) as (client, exporter, _app):
-        r = await client.post("/generate", json={"prompts": ["hello"], "max_tokens": 4})
+        r = await client.post("/generate", json={"prompts": ["hello"], "max_tokens": 40})
         assert r.status_code == 200
     spans = exporter.get_finished_spans()
     (server,) = by_name(spans, "POST /generate")
@@ -161,11 +162,16 @@ async def test_a_generate_request_has_admission_prefill_and_decode_spans() -> No
     kids = {s.name: s for s in children(spans, server)}
     assert {"admission", "prefill", "decode"} <= set(kids)
     assert kids["decode"].attributes is not None
-    assert kids["decode"].attributes["gen_ai.usage.output_tokens"] == 4
+    assert kids["decode"].attributes["gen_ai.usage.output_tokens"] == 40
     assert kids["prefill"].attributes is not None
     assert kids["prefill"].attributes["gen_ai.usage.input_tokens"] == len(b"hello")
     assert kids["admission"].end_time == kids["prefill"].start_time
     assert kids["prefill"].end_time == kids["decode"].start_time
+    # the engine's steps: its prefill, and one decode step in DECODE_EVERY (40 tokens: 2)
+    steps = [s for s in children(spans, server) if s.name.endswith(("chunk", "step"))]
+    assert [s.name for s in steps].count("prefill chunk") >= 1
+    assert [s.name for s in steps].count("decode step") == 40 // DECODE_EVERY
+    assert all(s.attributes and s.attributes["batchline.step.sequences"] == 1 for s in steps)
 
 
 async def test_drive_and_the_server_share_one_trace_per_request(
@@ -257,6 +263,7 @@ except SystemExit:
     pass
 before = sorted(m for m in sys.modules if m.startswith("opentelemetry"))
 from batchline.server import create_app
+from batchline.server.tracing import DECODE_EVERY
 from batchline.server.settings import ServerSettings
 app = create_app(ServerSettings.model_validate({"model_name": "f"}), load_model=lambda s, k: None)
 after = sorted(m for m in sys.modules if m.startswith("opentelemetry.sdk"))

@@ -47,7 +47,7 @@ from batchline.models.protocol import BatchModel, ModelInfo
 from batchline.server.errors import ApiError
 from batchline.server.metrics import ModelMetrics, ServerMetrics
 from batchline.server.settings import ServerSettings
-from batchline.server.tracing import mark_batch, trace_completions, trace_jobs
+from batchline.server.tracing import StepTracer, mark_batch, trace_completions, trace_jobs
 
 if TYPE_CHECKING:
     from batchline.models.generation import (
@@ -358,6 +358,9 @@ class ServedGenerator:
         self.tracing = tracing
         self.info: ModelInfo = model.info
         self.metrics = metrics
+        if tracing is not None and hasattr(model.generator, "step_observer"):
+            # an engine batchline steps itself (not vLLM's): its steps join the traces
+            setattr(model.generator, "step_observer", StepTracer(tracing))  # noqa: B010
         self.created = int(time.time())
 
     @property

@@ -13,8 +13,10 @@ handed to the server: the HTTP write is inside it. Under it:
   reached a batch (timed out, refused while queued) has a ``queue`` span instead;
 - a generate model's request: for each prompt ``admission`` (submit to joining the running
   batch), ``prefill`` (to its first token) and ``decode`` (to its last;
-  ``gen_ai.usage.input_tokens`` and ``.output_tokens``, ``batchline.finish_reason``), and
-  a sample of the engine's steps (see ``models.generation``'s step observer).
+  ``gen_ai.usage.input_tokens`` and ``.output_tokens``, ``batchline.finish_reason``); and
+  the engine's steps it took part in (:class:`StepTracer`): every step of its prefill
+  (``prefill chunk``), and one decode step in :data:`DECODE_EVERY` (``decode step``,
+  ``batchline.step.sequences``: how many shared it).
 
 Cost, and why a batch model's request has one child span and not a ``queue`` span beside its
 ``batch`` span: on the 2-core machine a span costs ~40-70 us of CPU with the SDK's
@@ -42,7 +44,14 @@ if TYPE_CHECKING:
 
     from batchline.models.generation import Completion
 
-__all__ = ["BatchMark", "TraceRequests", "mark_batch", "trace_completions", "trace_jobs"]
+__all__ = [
+    "BatchMark",
+    "StepTracer",
+    "TraceRequests",
+    "mark_batch",
+    "trace_completions",
+    "trace_jobs",
+]
 
 
 class TraceRequests:
@@ -209,3 +218,47 @@ def trace_completions(tracing: Tracing, completions: Iterable[Completion]) -> No
                 "batchline.finish_reason": c.finish_reason,
             },
         ).end(now)
+
+
+#: One engine step in this many is traced as a ``decode step`` of each sequence in it.
+DECODE_EVERY = 16
+
+
+class StepTracer:
+    """A generator's ``step_observer`` (on its engine thread): spans of the steps, under the
+    request of each sequence in them, from the context it was submitted in.
+
+    Every step of a sequence's prefill is one (its prompt in chunks: ``prefill chunk``, the
+    last one giving its first token); a decode step one in :data:`DECODE_EVERY`, so that a
+    long generation costs a few spans, not one per token.
+    """
+
+    def __init__(self, tracing: Tracing, *, decode_every: int = DECODE_EVERY) -> None:
+        from opentelemetry.context import get_current
+
+        self._tracing = tracing
+        self._get_current = get_current
+        self._every = decode_every
+        self._steps = 0
+
+    def __call__(self, started: float, running: Any) -> None:
+        self._steps += 1
+        sampled = self._steps % self._every == 0
+        tracer = self._tracing.tracer
+        start: int | None = None
+        end = time.time_ns()
+        attributes: dict[str, int] = {"batchline.step.sequences": len(running)}
+        for seq in running.values():
+            context = seq.context
+            if context is None:
+                continue
+            prefill = len(seq.token_ids) <= 1  # no token yet, or this step gave its first
+            if not (prefill or sampled):
+                continue
+            if start is None:
+                start = self._tracing.wall_ns(started)
+            name = "prefill chunk" if prefill else "decode step"
+            parent = context.run(self._get_current)
+            tracer.start_span(name, context=parent, start_time=start, attributes=attributes).end(
+                end
+            )
