@@ -210,6 +210,37 @@ async def test_drive_and_the_server_share_one_trace_per_request(
         assert [c.name for c in children(spans, server)] == ["batch"]
 
 
+async def test_a_streamed_completion_is_traced_to_its_last_event() -> None:
+    both = {"model": ["fake=default", "gen=smollm2"], "model_name": None}
+    async with traced(**both) as (client, exporter, _app):
+        body = {"model": "gen", "prompt": "hi", "max_tokens": 3, "stream": True}
+        r = await client.post("/v1/completions", json=body)
+        assert r.status_code == 200
+        assert r.text.rstrip().endswith("data: [DONE]")
+    spans = exporter.get_finished_spans()
+    (server,) = by_name(spans, "POST /v1/completions")
+    kids = {s.name: s for s in children(spans, server)}
+    assert {"admission", "prefill", "decode"} <= set(kids)
+    assert server.end_time is not None
+    assert kids["decode"].end_time is not None
+    assert kids["decode"].end_time <= server.end_time
+
+
+def test_work_outside_a_traced_request_makes_no_spans() -> None:
+    """The Batch API's lines run through the same served model, under no request span."""
+    from batchline.server.state import _Job
+    from batchline.server.tracing import mark_batch, trace_jobs
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    jobs = [_Job("item", 3, 0.0)]
+    mark_batch(jobs, 0.5, [3], padded=True)
+    trace_jobs(tracing_for(provider), jobs)
+    provider.shutdown()
+    assert exporter.get_finished_spans() == ()
+
+
 # -- on or off --------------------------------------------------------------------------------
 
 

@@ -149,7 +149,10 @@ def trace_jobs(tracing: Tracing, jobs: Sequence[Any], *, failed: bool = False) -
     """A request's ``batch`` span per batch its jobs went in, under the current (request)
     span: the model call, with the batch's numbers and this request's queue wait in it (from
     its earliest record's submit to the call). A request never run (timed out or refused while
-    queued) gets a ``queue`` span to now instead, marked as an error when it failed."""
+    queued) gets a ``queue`` span to now instead, marked as an error when it failed. Nothing
+    without a recording request span (the Batch API's lines, a request not sampled)."""
+    if not tracing.current_span().is_recording():
+        return
     tracer, wall = tracing.tracer, tracing.wall_ns
     if len(jobs) == 1:  # the common case: one input, one batch
         first: dict[BatchMark, float] = {}
@@ -188,7 +191,10 @@ def trace_jobs(tracing: Tracing, jobs: Sequence[Any], *, failed: bool = False) -
 def trace_completions(tracing: Tracing, completions: Iterable[Completion]) -> None:
     """A generate request's ``admission``, ``prefill`` and ``decode`` spans per prompt, under
     the current (request) span, laid out backwards from now with the completion's own times
-    (they are on the generator's clock, so only their differences are used)."""
+    (they are on the generator's clock, so only their differences are used). Nothing without a
+    recording request span."""
+    if not tracing.current_span().is_recording():
+        return
     tracer = tracing.tracer
     now = time.time_ns()
     for c in completions:
@@ -235,9 +241,11 @@ class StepTracer:
 
     def __init__(self, tracing: Tracing, *, decode_every: int = DECODE_EVERY) -> None:
         from opentelemetry.context import get_current
+        from opentelemetry.trace import get_current_span
 
         self._tracing = tracing
         self._get_current = get_current
+        self._span_of = get_current_span
         self._every = decode_every
         self._steps = 0
 
@@ -257,8 +265,10 @@ class StepTracer:
                 continue
             if start is None:
                 start = self._tracing.wall_ns(started)
-            name = "prefill chunk" if prefill else "decode step"
             parent = context.run(self._get_current)
+            if not self._span_of(parent).is_recording():
+                continue  # not a traced request's (the Batch API's, or not sampled)
+            name = "prefill chunk" if prefill else "decode step"
             tracer.start_span(name, context=parent, start_time=start, attributes=attributes).end(
                 end
             )
