@@ -75,6 +75,7 @@ class Tracing:
         self.current_span = trace.get_current_span
         self.extract = propagate.extract
         self.inject = propagate.inject
+        self.propagator_fields: frozenset[str] = frozenset(propagate.get_global_textmap().fields)
         self.SERVER = trace.SpanKind.SERVER
         self.CLIENT = trace.SpanKind.CLIENT
         self.error = trace.Status(trace.StatusCode.ERROR)

@@ -61,13 +61,20 @@ class TraceRequests:
         self.app = app
         self.tracing = tracing
         self._getter: Any = _HeaderGetter()  # duck-typed: opentelemetry is not imported here
+        # the headers the configured propagator reads: a request with none of them is a new
+        # trace, and the propagator (several lookups) is not asked
+        self._fields = frozenset(f.lower().encode("latin-1") for f in tracing.propagator_fields)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         t = self.tracing
-        parent = t.extract(scope["headers"], getter=self._getter)
+        headers = scope["headers"]
+        fields = self._fields
+        parent = None
+        if any(name in fields for name, _ in headers):
+            parent = t.extract(headers, getter=self._getter)
         method = scope["method"]
         path = scope["path"]
         # attributes once, at the end (each costs a few microseconds): see the module's "Cost"
