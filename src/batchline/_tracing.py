@@ -112,7 +112,10 @@ def tracing_from_env(environ: Mapping[str, str] | None = None) -> Tracing | None
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
     except ImportError as exc:
         raise InputError(_missing(exc)) from None
-    exporters = [_exporter(name) for name in names]
+    protocol = env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get(
+        "OTEL_EXPORTER_OTLP_PROTOCOL", ""
+    )
+    exporters = [_exporter(name, grpc=protocol.strip().lower() == "grpc") for name in names]
     # Resource.create reads OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME; ours is the default
     attributes = {} if env.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: "batchline"}
     provider = TracerProvider(resource=Resource.create(attributes))
@@ -121,9 +124,24 @@ def tracing_from_env(environ: Mapping[str, str] | None = None) -> Tracing | None
     return Tracing(provider, owned=True)
 
 
-def _exporter(name: str) -> Any:
-    """A span exporter by its ``OTEL_TRACES_EXPORTER`` name, configured from its own variables."""
+def _exporter(name: str, *, grpc: bool = False) -> Any:
+    """A span exporter by its ``OTEL_TRACES_EXPORTER`` name, configured from its own variables
+    (``otlp``: over HTTP, the extra's, unless the protocol variable says ``grpc``)."""
+    if name == "otlp" and grpc:
+        name = "otlp_proto_grpc"
     try:
+        if name == "otlp_proto_grpc":
+            try:
+                from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (  # type: ignore[import-not-found, unused-ignore]
+                    OTLPSpanExporter as GrpcExporter,
+                )
+            except ImportError:
+                raise InputError(
+                    "OTLP over gRPC asked for (OTEL_EXPORTER_OTLP_PROTOCOL=grpc) but its exporter "
+                    "is not installed: pip install opentelemetry-exporter-otlp-proto-grpc, or "
+                    "use http/protobuf (the trace extra's)"
+                ) from None
+            return GrpcExporter()
         if name in ("otlp", "otlp_proto_http"):
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 

@@ -279,6 +279,19 @@ def test_an_unknown_exporter_is_one_line_naming_the_known_ones() -> None:
         tracing_from_env({"OTEL_TRACES_EXPORTER": "nosuch"})
 
 
+def test_otlp_over_grpc_without_its_exporter_says_what_to_install() -> None:
+    pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
+    try:
+        import opentelemetry.exporter.otlp.proto.grpc  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("the gRPC exporter is installed here")
+    env = {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
+    with pytest.raises(InputError, match="opentelemetry-exporter-otlp-proto-grpc"):
+        tracing_from_env(env)
+
+
 _OFF = """
 import json, os, sys
 for k in [k for k in os.environ if k.startswith("OTEL_")]:
