@@ -61,8 +61,8 @@ class WorkerServer(Server):
         from bench_serve import free_port
 
         self.port = free_port()
-        spans = workdir / f"{self.name}.spans"
-        cmd = [sys.executable, __file__, "--server-worker", self.name, str(self.port), str(spans)]
+        stats = workdir / f"{self.name}.json"
+        cmd = [sys.executable, __file__, "--server-worker", self.name, str(self.port), str(stats)]
         env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
         self.log = workdir / f"{self.name}.log"
         with self.log.open("wb") as out:
@@ -85,10 +85,27 @@ class WorkerServer(Server):
         return self.proc.wait(timeout=60)
 
 
-def serve_worker(mode: str, port: int, spans_file: Path) -> int:
-    """``serve`` the default embedder on ``port``; ``on``: tracing every request."""
+def serve_worker(mode: str, port: int, stats_file: Path) -> int:
+    """``serve`` the default embedder on ``port``; ``on``: tracing every request. On the way
+    out, ``stats_file`` gets the spans exported and the garbage collector's passes and time
+    (each span allocates a few dozen objects: the collector runs more often over the heap)."""
+    import gc
+    import json
+
     from batchline.server import ServerSettings
     from batchline.server.runner import serve
+
+    collector = {"seconds": 0.0, "passes": 0, "full": 0, "started": 0.0}
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            collector["started"] = time.perf_counter()
+            return
+        collector["seconds"] += time.perf_counter() - collector["started"]
+        collector["passes"] += 1
+        collector["full"] += info["generation"] == 2
+
+    gc.callbacks.append(on_gc)
 
     provider: Any = None
     counter: Any = None
@@ -117,7 +134,8 @@ def serve_worker(mode: str, port: int, spans_file: Path) -> int:
     code = serve(settings, tracer_provider=provider)
     if provider is not None:
         provider.shutdown()
-        spans_file.write_text(str(counter.spans))
+    collector.pop("started")
+    stats_file.write_text(json.dumps({"spans": counter.spans if counter else 0, **collector}))
     return code
 
 
@@ -188,6 +206,12 @@ def micro(rounds: int, requests: int) -> int:
     return 0
 
 
+def _read_stats(path: Path) -> dict[str, Any]:
+    import json
+
+    return dict(json.loads(path.read_text())) if path.exists() else {}
+
+
 def cpu_ms(point: Point) -> float:
     """The server's CPU per request, in ms."""
     return point.server_cpu / point.rps * 1e3 if point.rps else 0.0
@@ -229,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     servers = {mode: WorkerServer(mode, [], None) for mode in MODES}
     points: dict[str, list[Point]] = {mode: [] for mode in MODES}
+    served: dict[str, float] = {}  # requests each server answered, warm-ups included
     try:
         for s in servers.values():
             s.start(workdir)
@@ -251,11 +276,22 @@ def main(argv: list[str] | None = None) -> int:
                     f"background {point.background:.2f}  errors {point.errors}",
                     flush=True,
                 )
+        served = {
+            m: s.metric("batchline_request_duration_seconds_count") for m, s in servers.items()
+        }
     finally:
         for s in servers.values():
             s.stop()
-    spans_file = workdir / "on.spans"
-    spans = int(spans_file.read_text()) if spans_file.exists() else 0
+    stats = {m: _read_stats(workdir / f"{m}.json") for m in MODES}
+    spans = stats["on"].get("spans", 0)
+    for mode in MODES:
+        st, n = stats[mode], served.get(mode, 0.0)
+        if st and n:
+            print(
+                f"# tracing {mode:3}: {n:.0f} requests served; the collector: "
+                f"{st['passes'] / n:.2f} passes and {st['seconds'] / n * 1e6:.0f} us per request, "
+                f"{st['full']} full passes in all"
+            )
     off = statistics.median(p.rps for p in points["off"])
     on = statistics.median(p.rps for p in points["on"])
     ratio = on / off if off else 0.0
