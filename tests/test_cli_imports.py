@@ -23,6 +23,7 @@ EXTRA_MODULES = {
     "bench": ["matplotlib"],
     "ray": ["ray"],
     "generate": ["torch", "transformers", "gguf"],
+    "trace": ["opentelemetry.sdk", "opentelemetry.exporter"],
 }
 
 HELP_ARGVS = [

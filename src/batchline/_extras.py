@@ -19,6 +19,7 @@ INCLUDES = {
     "bench": {"bench", "jobs", "onnx"},
     "ray": {"ray", "jobs", "onnx"},
     "generate": {"generate"},
+    "trace": {"trace"},
 }
 
 #: a third-party module -> the extra that brings it
@@ -41,6 +42,8 @@ EXTRA_OF_MODULE = {
     "torch": "generate",
     "transformers": "generate",
     "gguf": "generate",
+    # FastAPI >= 0.165 brings OpenTelemetry's API; the SDK and the exporter are the extra's
+    "opentelemetry": "trace",
 }
 
 

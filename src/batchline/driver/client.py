@@ -40,6 +40,7 @@ from typing import Any, Literal, Protocol
 import httpx
 import numpy as np
 
+from batchline._tracing import Tracing
 from batchline.datasets.outcomes import Result
 from batchline.driver.retry import parse_retry_after
 
@@ -270,6 +271,8 @@ class ReplicaClient:
         dim: the vector length already in the output (resuming), checked on every answer.
         transport: an ``httpx`` transport (``httpx.MockTransport`` in tests).
         wall: Unix time, for ``Retry-After`` dates.
+        tracing: when on (``batchline._tracing``), each attempt is a client span whose
+            context goes to the server in ``traceparent``, so the server's spans join it.
     """
 
     def __init__(
@@ -285,9 +288,11 @@ class ReplicaClient:
         dim: int | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         wall: Callable[[], float] = time.time,
+        tracing: Tracing | None = None,
     ) -> None:
         self.route = route
         self.model = model
+        self._tracing = tracing
         self._checks = _Checks(dim)
         self._wall = wall
         # bulk traffic: a server that mixes it with interactive requests lets those go first
@@ -332,11 +337,41 @@ class ReplicaClient:
         body = self.route.body(texts, model=self.model, task_id=task_id)
         # ASCII escapes: a lone surrogate in the input still makes a valid request body.
         content = json.dumps(body).encode("ascii")
+        headers = {"Content-Type": "application/json"}
+        if self._tracing is None:
+            return await self._attempt(base_url, content, headers, len(texts))
+        t = self._tracing
+        span = t.tracer.start_span(
+            f"POST {self.route.path}",
+            kind=t.CLIENT,
+            attributes={
+                "http.request.method": "POST",
+                "url.full": base_url + self.route.path,
+                "batchline.records": len(texts),
+                "batchline.task_id": task_id,
+            },
+        )
+        t.inject(headers, context=t.in_context(span))
+        try:
+            reply = await self._attempt(base_url, content, headers, len(texts))
+        except BaseException:  # cancelled (the job stops): the span still ends
+            span.set_status(t.error)
+            span.end()
+            raise
+        if reply.status is not None:
+            span.set_attribute("http.response.status_code", reply.status)
+        if reply.verdict != "ok":
+            span.set_attribute("error.type", reply.kind)
+            span.set_status(t.error)
+        span.end()
+        return reply
+
+    async def _attempt(
+        self, base_url: str, content: bytes, headers: dict[str, str], n: int
+    ) -> Reply:
         try:
             response = await self._http.post(
-                base_url + self.route.path,
-                content=content,
-                headers={"Content-Type": "application/json"},
+                base_url + self.route.path, content=content, headers=headers
             )
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             return _transport_reply("connect", exc)
@@ -344,7 +379,7 @@ class ReplicaClient:
             return _transport_reply("timeout", exc)
         except httpx.TransportError as exc:
             return _transport_reply("network", exc)
-        return self._judge(response, len(texts))
+        return self._judge(response, n)
 
     def _judge(self, response: httpx.Response, n: int) -> Reply:
         status = response.status_code

@@ -57,6 +57,7 @@ import httpx
 
 from batchline._clock import Clock, LoopClock
 from batchline._errors import BatchlineError, InputError
+from batchline._tracing import tracing_from_env
 from batchline.datasets.manifest import append_synced, json_line, replacing
 from batchline.datasets.outcomes import Failed, Outcome
 from batchline.datasets.pipeline import Progress, open_dataset_job, run_pipeline
@@ -246,6 +247,7 @@ async def drive_job(
     """
     options.check()
     urls = [normalize_endpoint(u) for u in options.endpoints]
+    tracing = tracing_from_env()  # None (nothing imported) unless OTEL_* asks for traces
     route: Route
     extra: dict[str, object] = {"route": options.route}
     if options.route == "embeddings":
@@ -290,6 +292,7 @@ async def drive_job(
             max_connections=options.concurrency + 2 * len(urls),
             dim=dim,
             transport=transport,
+            tracing=tracing,
         )
         clock, rng = LoopClock(), random.random
         pool = EndpointPool(
@@ -323,6 +326,8 @@ async def drive_job(
                 reports = tuple(pool.reports())
         finally:
             await client.aclose()
+            if tracing is not None:
+                await asyncio.to_thread(tracing.shutdown)  # the last spans go out
         return DriveSummary(
             output=writer.out_dir,
             route=route.name,

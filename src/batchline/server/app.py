@@ -85,6 +85,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI
 
 from batchline._device import Device
+from batchline._tracing import tracing_for, tracing_from_env
 from batchline.knobs import Knobs
 from batchline.models.protocol import BatchModel
 from batchline.models.specs import ModelSpec
@@ -113,6 +114,7 @@ def create_app(
     *,
     load_model: LoadModel | None = None,
     load_generator: LoadGenerator | None = None,
+    tracer_provider: Any = None,
 ) -> FastAPI:
     """Build the ASGI app; its lifespan loads the models and starts their batchers.
 
@@ -125,6 +127,9 @@ def create_app(
         load_generator: ``f(spec, knobs) -> GenerationModel`` (default:
             :func:`batchline.models.generation.load.load_text_generator`), for every
             ``generate`` spec. Both are called once per model, in a worker thread, at startup.
+        tracer_provider: trace with this OpenTelemetry ``TracerProvider`` (yours to shut
+            down). Default: the one the ``OTEL_*`` variables ask for, or no tracing at all
+            (:mod:`batchline._tracing`, :mod:`batchline.server.tracing`).
 
     ``app.state.server`` is the :class:`ServerState` (the one thing the app keeps in
     ``app.state``): its ``models`` map each batch model's name to its :class:`ServedModel`,
@@ -140,11 +145,13 @@ def create_app(
     loader = load_model if load_model is not None else _default_loader()
     gen_loader = load_generator if load_generator is not None else _default_generator_loader()
     metrics = ServerMetrics()
+    tracing = tracing_for(tracer_provider) if tracer_provider is not None else tracing_from_env()
     state = ServerState(
         settings=settings,
         metrics=metrics,
         # any of the keys is accepted (the gate checks them all); this one says "keys on"
         api_key=settings.api_keys[0].encode("utf-8") if settings.api_keys else None,
+        tracing=tracing,
     )
 
     metrics.http_in_flight.set_function(lambda: state.in_flight)
@@ -168,6 +175,7 @@ def create_app(
                 metrics.for_model(spec.name),
                 device=device,
                 weight=settings.model_weights.get(spec.name, 1.0),
+                tracing=tracing,
             )
             metrics.watch(spec.name, served.stats)
             try:
@@ -181,7 +189,7 @@ def create_app(
             # settings.knobs, not the baseline's: batching=False is one sequence at a time,
             # on the same threads (a second torch thread only slows a 2-core CPU)
             gen_model = await asyncio.to_thread(gen_loader, spec, settings.knobs)
-            generator = ServedGenerator(spec.name, gen_model, metrics.generation)
+            generator = ServedGenerator(spec.name, gen_model, metrics.generation, tracing=tracing)
             try:
                 await generator.start()
             except BaseException:
@@ -270,11 +278,14 @@ def create_app(
             if state.residency is not None:
                 await state.residency.close()  # unloads (drains) the on-demand models
             await _stop_all(state.served(), timeout_s=settings.drain_timeout_s)
+            if tracing is not None:
+                await asyncio.to_thread(tracing.shutdown)  # the last spans go out
 
     app = FastAPI(
         title="batchline",
         summary="Models behind shared dynamic batchers.",
         lifespan=lifespan,
+        **_no_native_telemetry(),
     )
     app.state.server = state
     include_routes(app)
@@ -296,6 +307,11 @@ def create_app(
             ],
             expose_headers=["Retry-After", "Inference-Header-Content-Length"],
         )
+    if tracing is not None:
+        # outermost: the span covers the gate's refusals and the whole response write
+        from batchline.server.tracing import TraceRequests
+
+        app.add_middleware(TraceRequests, tracing=tracing)
     install_error_handlers(app)
     return app
 
@@ -345,6 +361,17 @@ async def _start_batches(state: ServerState) -> Any:
     await service.start()
     logger.info("batch API: data in %s", root)
     return service
+
+
+def _no_native_telemetry() -> dict[str, Any]:
+    """FastAPI >= 0.165 makes OpenTelemetry spans and metrics of its own whenever a global
+    provider is set: off, so that a request has one server span (batchline's, with its queue
+    and batch under it) and its metrics stay Prometheus's; older FastAPI has no such option."""
+    import inspect
+
+    if "telemetry" not in inspect.signature(FastAPI.__init__).parameters:
+        return {}
+    return {"telemetry": {"tracing": False, "metrics": False, "logs": False}}
 
 
 def _default_loader() -> LoadModel:

@@ -25,7 +25,7 @@ __all__ = ["serve"]
 logger = logging.getLogger("batchline.server")
 
 
-def serve(settings: ServerSettings) -> int:
+def serve(settings: ServerSettings, *, tracer_provider: Any = None) -> int:
     """Run the app with uvicorn until SIGTERM/SIGINT; return 0 after a clean drain.
 
     The first signal starts a drain: ``/ready`` turns false, new model requests get 503,
@@ -33,11 +33,12 @@ def serve(settings: ServerSettings) -> int:
     with an error event, see :func:`~batchline.server.app.drain`), then uvicorn shuts down
     and the batchers drain. A second signal stops waiting. uvicorn re-raises the signal after
     its own graceful shutdown, so the process would exit -15; this runner does not.
+    ``tracer_provider``: as :func:`~batchline.server.app.create_app`'s.
     """
     import uvicorn
 
     _check_port(settings.host, settings.port)
-    app = create_app(settings)
+    app = create_app(settings, tracer_provider=tracer_provider)
     startup = _Startup(app)
     log_config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
     log_config["loggers"]["batchline"] = {

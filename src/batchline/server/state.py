@@ -40,12 +40,14 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from batchline._device import Device
 from batchline._stats import BatchStats
+from batchline._tracing import Tracing
 from batchline.knobs import Knobs
 from batchline.models.batching import ModelBatcher
 from batchline.models.protocol import BatchModel, ModelInfo
 from batchline.server.errors import ApiError
 from batchline.server.metrics import ModelMetrics, ServerMetrics
 from batchline.server.settings import ServerSettings
+from batchline.server.tracing import StepTracer, mark_batch, trace_completions, trace_jobs
 
 if TYPE_CHECKING:
     from batchline.models.generation import (
@@ -83,9 +85,11 @@ class ServedModel(Generic[P, R]):
         *,
         device: Device | None = None,
         weight: float = 1.0,
+        tracing: Tracing | None = None,
     ) -> None:
         self.name = name
         self.model = model
+        self.tracing = tracing
         self.info: ModelInfo = model.info
         self.task = self.info.task
         self.settings = settings
@@ -97,7 +101,9 @@ class ServedModel(Generic[P, R]):
         self.engine: ModelBatcher[_Job[P], R] | None = None
         if settings.knobs.batching:
             self.engine = ModelBatcher(
-                _Metered(model, metrics, padded=self._padded, run_async=self._async),
+                _Metered(
+                    model, metrics, padded=self._padded, run_async=self._async, traced=tracing
+                ),
                 knobs,
                 padding_slack=settings.padding_slack,
                 bucket_width=settings.bucket_width,
@@ -192,12 +198,18 @@ class ServedModel(Generic[P, R]):
         futures = engine.submit_many_nowait(jobs, priority=priority)
         try:
             if len(futures) == 1:
-                return [await futures[0]]
-            return list(await asyncio.gather(*futures))
+                results = [await futures[0]]
+            else:
+                results = list(await asyncio.gather(*futures))
         except BaseException:
             for f in futures:
                 f.cancel()
+            if self.tracing is not None:
+                trace_jobs(self.tracing, jobs, failed=True)
             raise
+        if self.tracing is not None:
+            trace_jobs(self.tracing, jobs)
+        return results
 
     async def _run_direct(self, items: Sequence[P]) -> list[R]:
         size = self.settings.baseline_batch_size
@@ -233,6 +245,8 @@ class _Job(Generic[P]):
     cost: int
     submitted: float
     priority: int = 0
+    batch: Any = None
+    """The :class:`~batchline.server.tracing.BatchMark` of the batch it went in (tracing on)."""
 
 
 class _Metered(Generic[P, R]):
@@ -240,11 +254,18 @@ class _Metered(Generic[P, R]):
     each batch (prometheus-client metrics are thread-safe)."""
 
     def __init__(
-        self, model: BatchModel[P, R], metrics: ModelMetrics, *, padded: bool, run_async: bool
+        self,
+        model: BatchModel[P, R],
+        metrics: ModelMetrics,
+        *,
+        padded: bool,
+        run_async: bool,
+        traced: Tracing | None = None,
     ) -> None:
         self._model = model
         self._metrics = metrics
         self._padded = padded
+        self._traced = traced is not None
         if run_async:
             self.run_batch = self._run_async  # type: ignore[method-assign,assignment]
 
@@ -278,7 +299,10 @@ class _Metered(Generic[P, R]):
         return started
 
     def _done(self, batch: list[_Job[P]], started: float) -> None:
-        _observe_batch(self._metrics, started, [j.cost for j in batch], padded=self._padded)
+        costs = [j.cost for j in batch]
+        _observe_batch(self._metrics, started, costs, padded=self._padded)
+        if self._traced:
+            mark_batch(batch, started, costs, padded=self._padded)
 
     def encode(self, result: R) -> object:
         return self._model.encode(result)
@@ -321,11 +345,22 @@ class ServedGenerator:
 
     task = "generate"
 
-    def __init__(self, name: str, model: GenerationModel, metrics: GenerationMetrics) -> None:
+    def __init__(
+        self,
+        name: str,
+        model: GenerationModel,
+        metrics: GenerationMetrics,
+        *,
+        tracing: Tracing | None = None,
+    ) -> None:
         self.name = name
         self.model = model
+        self.tracing = tracing
         self.info: ModelInfo = model.info
         self.metrics = metrics
+        if tracing is not None and hasattr(model.generator, "step_observer"):
+            # an engine batchline steps itself (not vLLM's): its steps join the traces
+            setattr(model.generator, "step_observer", StepTracer(tracing))  # noqa: B010
         self.created = int(time.time())
 
     @property
@@ -340,6 +375,8 @@ class ServedGenerator:
         """Record finished requests' latencies and token counts."""
         for c in completions:
             self.metrics.observe(self.name, c)
+        if self.tracing is not None:
+            trace_completions(self.tracing, completions)
 
     async def start(self) -> None:
         self.metrics.watch(self.name, self.stats)
@@ -375,6 +412,8 @@ class ServerState:
     model loaded at startup); a managed model is in ``models`` while it is resident."""
     managed: dict[str, str] = field(default_factory=dict)
     """Each on-demand model's task, loaded or not."""
+    tracing: Tracing | None = None
+    """The tracer when ``OTEL_*`` asks for traces (:mod:`batchline.server.tracing`)."""
     batches: Any = None
     """The Batch API's :class:`batchline.server.batches.runner.BatchService` (``None``
     until the app has started it)."""

@@ -47,10 +47,12 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import contextvars
 import dataclasses
 import itertools
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Self
 
@@ -122,6 +124,10 @@ class EngineGenerator:
         self._idle: asyncio.Event | None = None
         self._ids = itertools.count()
         self._stop_task: asyncio.Task[None] | None = None
+        #: ``f(started, running)``, called on the engine's thread after every step, when set
+        #: (the server's traces: ``batchline.server.tracing.StepTracer``); each sequence then
+        #: keeps the context it was submitted in (``TrackedSequence.context``).
+        self.step_observer: Callable[[float, Mapping[str, TrackedSequence]], None] | None = None
 
     @property
     def max_context_tokens(self) -> int:
@@ -213,6 +219,7 @@ class EngineGenerator:
             self._clock.now(),
             self._eos,
             IncrementalDetokenizer(self._detokenizer, prompt),
+            context=None if self.step_observer is None else contextvars.copy_context(),
         )
 
     def _register(self, seq: TrackedSequence) -> None:
@@ -259,6 +266,8 @@ class EngineGenerator:
 
         Raises what ``engine.step()`` raised.
         """
+        observer = self.step_observer
+        started = time.perf_counter() if observer is not None else 0.0
         outputs: Sequence[StepOutput] = self._engine.step()
         now = self._clock.now()
         kv_in_use = self._engine.kv_tokens_in_use()  # before a stop string's abort frees any
@@ -293,6 +302,8 @@ class EngineGenerator:
             if update.delta.finished:
                 ended.append(seq.request_id)
         self._recorder.on_step(len(outputs), kv_in_use, tokens=tokens, ttft=ttft, itl=itl)
+        if observer is not None:
+            observer(started, running)
         return updates, ended
 
     def _kv_now(self) -> None:

@@ -24,6 +24,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections import deque
 from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
@@ -415,6 +416,8 @@ class TrackedSequence:
     """When it joined the engine's running batch (its queue wait ends there)."""
     logprobs: list[TokenLogprob] | None = None
     prompt_logprobs: tuple[TokenLogprob, ...] | None = None
+    context: contextvars.Context | None = None
+    """The context it was submitted in, kept only for a step observer (traces)."""
 
     def __post_init__(self) -> None:
         self.scanner = StopStringScanner(self.request.params.stop)
