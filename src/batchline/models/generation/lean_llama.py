@@ -125,7 +125,7 @@ class LeanForward:
 
         def gate_up(mlp: Any) -> Split:
             if hasattr(mlp, "gate_up_proj"):
-                size = int(mlp.gate_up_proj.weight.shape[0]) // 2  # torch's chunk(2)
+                size = int(mlp.gate_up_proj.out_features) // 2  # torch's chunk(2)
                 return _fused(mlp.gate_up_proj, [size, size])
             return _separate(mlp.gate_proj, mlp.up_proj)
 
