@@ -5,19 +5,23 @@ One server on 127.0.0.1 serves three models under ``--memory-budget``: the defau
 file cut short, so its load fails each time it is asked (on first use, as the budget makes
 models load). For ``--duration`` seconds, all at once and every loop bounded:
 
-* embeddings: ``--emb-clients`` closed-loop clients, 1-4 short texts a request;
-* chat streams: ``--chat-clients`` clients, taking turns at three behaviours: read the whole
-  stream (it must end with ``[DONE]`` and a ``finish_reason``), disconnect after a few chunks,
-  read slowly (a pause between chunks);
+* embeddings: ``--emb-clients`` closed-loop clients, 1-4 short texts a request; every 8th
+  request is abandoned (the client gives up after 5-100 ms, before its answer);
+* chat: ``--chat-clients`` clients, taking turns at four behaviours: read the whole stream (it
+  must end with ``[DONE]`` and a ``finish_reason``), disconnect after a few chunks, read slowly
+  (a pause between chunks), abandon a non-streamed answer after 0.1-1.5 s;
 * ``batchline drive`` jobs (subprocesses, one after the other while time is left): a JSONL
   dataset of ``--drive-records`` short texts to ``/v1/embeddings``; each job's output must hold
   every input id exactly once;
 * the failing model, every ``--broken-every`` seconds: each answer must be a 503 whose JSON
   error says the load failed and names the cause.
 
-Then SIGTERM, with requests and streams in flight: each must complete or get a clean answer
-(a 503 with a JSON error once the drain has begun; a refused connection once the server has
-closed), and the server must exit 0 within its drain timeout.
+Then the clients pause and the server's in-flight gauges must all read 0 (requests, queued
+records, batches, sequences, KV reservations: a count leaked by a disconnect would cost
+capacity for good); they resume, and 2 s later comes SIGTERM, with requests and streams in
+flight: each must complete or get a clean answer (a 503 with a JSON error once the drain has
+begun; a refused connection once the server has closed), and the server must exit 0 within its
+drain timeout.
 
 Every ``--sample-every`` seconds the server's resident memory (``VmRSS``), open file descriptors
 (``/proc/PID/fd``) and threads are sampled. Warm-up is the first 20 % of the run; the *early*
@@ -27,7 +31,8 @@ fds flat, max late - max early <= ``FD_SLACK`` (the fds of connections in flight
 few; a leak of one per request grows it by hundreds). Invariants (exit 1 when one fails): no
 unexplained 5xx (the server's access log is read: a 503 from ``broken`` or after the drain
 began is explained, any other 5xx is not), no other unexpected answer or transport error, no
-traceback in the server log, each drive exactly once, every full stream complete, a clean drain.
+traceback in the server log, the gauges at 0 at rest, each drive exactly once, every full stream
+complete, a clean drain.
 
 The client is lean on purpose: ``batchline.bench.loadgen`` times a load point and reduces an
 answer to ok/failed, while a soak classifies each answer (status, error body, how a stream ended)
@@ -260,6 +265,12 @@ class Soak:
         self.started = time.monotonic()
         self.term_at: float | None = None  # when SIGTERM was sent
         self.stopped = asyncio.Event()  # the server has exited: clients stop
+        self.going = asyncio.Event()  # cleared: clients pause (the quiet check before SIGTERM)
+        self.going.set()
+        self.busy = 0  # requests this side has in flight
+        self.at_rest: dict[
+            str, float | None
+        ] = {}  # the server's in-flight gauges once traffic paused
         self.emb = Tally()
         self.chat = Tally()
         self.broken = Tally()
@@ -304,15 +315,33 @@ class Soak:
 
     async def emb_client(self, client: httpx.AsyncClient, seed: int) -> None:
         rng = random.Random(seed)
+        turn = 0
         while not self.stopped.is_set():
+            await self.going.wait()
+            turn += 1
+            # every 8th request is abandoned: the client gives up before its answer
+            abandon = turn % 8 == 0 and self.term_at is None
             texts = rng.sample(self.texts, rng.randint(1, 4))
             sent = time.monotonic()
+            self.busy += 1
             try:
-                r = await client.post("/v1/embeddings", json={"model": "emb", "input": texts})
+                r = await client.post(
+                    "/v1/embeddings",
+                    json={"model": "emb", "input": texts},
+                    timeout=rng.uniform(0.005, 0.1) if abandon else httpx.USE_CLIENT_DEFAULT,
+                )
+            except httpx.TimeoutException as exc:
+                if abandon:
+                    self.emb.disconnected += 1
+                else:
+                    self._transport_error(self.emb, "embeddings", exc, sent)
+                continue
             except httpx.HTTPError as exc:
                 self._transport_error(self.emb, "embeddings", exc, sent)
                 await self._pause_if_gone()
                 continue
+            finally:
+                self.busy -= 1
             if r.status_code == 200:
                 data = r.json()["data"]
                 if len(data) == len(texts) and all(d["embedding"] for d in data):
@@ -330,8 +359,11 @@ class Soak:
         rng = random.Random(seed)
         turn = seed
         while not self.stopped.is_set():
-            behaviour = ("full", "disconnect", "slow")[turn % 3]
+            await self.going.wait()
+            behaviour = ("full", "disconnect", "slow", "abandon")[turn % 4]
             turn += 1
+            if behaviour == "abandon" and self.term_at is not None:
+                behaviour = "full"
             body = {
                 "model": "chat",
                 "messages": [{"role": "user", "content": rng.choice(PROMPTS)}],
@@ -340,11 +372,30 @@ class Soak:
                 "stream": True,
             }
             sent = time.monotonic()
+            self.busy += 1
             try:
+                if behaviour == "abandon":  # a non-streamed answer the client stops waiting for
+                    body["stream"] = False
+                    try:
+                        r = await asyncio.wait_for(
+                            client.post("/v1/chat/completions", json=body), rng.uniform(0.1, 1.5)
+                        )
+                    except TimeoutError:
+                        self.chat.disconnected += 1
+                        continue
+                    if r.status_code == 200:
+                        self.chat.ok += 1
+                    else:
+                        self._answer_ok_or_drain(
+                            self.chat, "chat (abandon)", r.status_code, r.content
+                        )
+                    continue
                 self.note(sent, await self._one_stream(client, body, behaviour, rng))
             except httpx.HTTPError as exc:
                 self._transport_error(self.chat, f"chat ({behaviour})", exc, sent)
                 await self._pause_if_gone()
+            finally:
+                self.busy -= 1
 
     async def _one_stream(
         self, client: httpx.AsyncClient, body: dict[str, Any], behaviour: str, rng: random.Random
@@ -396,7 +447,9 @@ class Soak:
     async def broken_client(self, client: httpx.AsyncClient) -> None:
         body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}
         while not self.stopped.is_set():
+            await self.going.wait()
             sent = time.monotonic()
+            self.busy += 1
             try:
                 r = await client.post("/v2/models/broken/infer", json=body)
             except httpx.HTTPError as exc:
@@ -414,6 +467,8 @@ class Soak:
                     self.note(sent, "503 with a JSON error")
                 elif self._answer_ok_or_drain(self.broken, "broken", r.status_code, r.content):
                     self.note(sent, "503 with a JSON error")
+            finally:
+                self.busy -= 1
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stopped.wait(), self.args.broken_every)
 
@@ -495,6 +550,24 @@ class Soak:
             "examples": (lost + duplicated + strangers)[:5],
         }
 
+    async def quiet_check(self, client: httpx.AsyncClient) -> None:
+        """Pause the clients, let the server settle, and read its in-flight gauges: every one
+        must be back to 0 (a request, batch, sequence or KV reservation still counted after all
+        traffic ended is leaked accounting, which costs capacity for good). Then resume."""
+        self.going.clear()
+        for _ in range(int(10 * self.args.request_timeout_s)):  # the answers in flight
+            if not self.busy:
+                break
+            await asyncio.sleep(0.1)
+        for _ in range(20):  # the server sees the last disconnects a moment later
+            await asyncio.sleep(0.5)
+            r = await client.get("/metrics")
+            self.at_rest = at_rest_gauges(r.text)
+            if all(v == 0 for v in self.at_rest.values()):
+                break
+        self.going.set()
+        await asyncio.sleep(2.0)  # requests in flight again when SIGTERM comes
+
     async def sampler(self) -> None:
         pid = self.server.proc.pid
         every = max(1, round(self.args.print_every / self.args.sample_every))
@@ -533,6 +606,7 @@ class Soak:
             await asyncio.sleep(args.duration)
             # the last drive finishes before the drain (its output is checked exactly once)
             await asyncio.wait_for(asyncio.shield(drives), args.drive_timeout_s + 10)
+            await self.quiet_check(c)
             with contextlib.suppress(OSError, ValueError):
                 rss, fds, threads = proc_sample(self.server.proc.pid)
                 self.samples.append(
@@ -563,11 +637,38 @@ class Soak:
                 task.cancel()
                 self.chat.bad("a client still waiting after the server exited")
         return {
+            "at_rest": self.at_rest,
             "in_flight_at_sigterm": dict(self.across_drain),
             "exit_code": code,
             "drain_s": round(drain_s, 1),
             "drain_timeout_s": args.drain_timeout_s,
         }
+
+
+AT_REST = (
+    "batchline_requests_in_flight",
+    "batchline_http_requests_in_flight",
+    "batchline_queue_depth",
+    "batchline_batches_in_flight",
+    "batchline_generation_running_sequences",
+    "batchline_generation_waiting_sequences",
+    'batchline_generation_kv_tokens{kind="reserved"',
+)
+
+
+def at_rest_gauges(metrics: str) -> dict[str, float | None]:
+    """The series of :data:`AT_REST` in a ``/metrics`` text, summed over models (``None``: not
+    exported): each must read 0 once traffic has ended."""
+    out: dict[str, float | None] = dict.fromkeys(AT_REST)
+    for line in metrics.splitlines():
+        if line.startswith("#"):
+            continue
+        series, _, value = line.rpartition(" ")
+        for name in AT_REST:
+            base, _, label = name.partition("{")
+            if series.split("{")[0] == base and label in series:
+                out[name] = (out[name] or 0.0) + float(value)
+    return out
 
 
 def _json_error(body: bytes) -> str | None:
@@ -707,6 +808,8 @@ def report(args: argparse.Namespace, soak: Soak, drain: dict[str, Any], log: dic
         "no unexplained 5xx": not log["5xx_unexplained"],
         "no unexpected answer or transport error": not unexpected,
         "no traceback in the server log": log["tracebacks"] == 0,
+        "in-flight gauges back to 0 at rest": bool(drain["at_rest"])
+        and all(v == 0 for v in drain["at_rest"].values()),
         "failing model's errors explained": soak.broken.ok >= 1 and not soak.broken.unexpected,
         "drive exactly once": bool(soak.drives)
         and all(
@@ -750,6 +853,11 @@ def report(args: argparse.Namespace, soak: Soak, drain: dict[str, Any], log: dic
             f"{d['wall_s']} s, lost {d['lost']}, duplicated {d['duplicated']}"
             for d in soak.drives
         )
+    )
+    rest = {k: v for k, v in drain["at_rest"].items() if v != 0}
+    print(
+        "  at rest (traffic paused before SIGTERM): "
+        + (f"not 0 (None: not exported) {rest}" if rest else "every in-flight gauge 0")
     )
     print(
         f"  drain: SIGTERM -> exit code {drain['exit_code']} after {drain['drain_s']} s "

@@ -54,6 +54,25 @@ def test_5xx_are_explained_by_the_failing_model_or_the_drain_only() -> None:
     assert got["tracebacks"] == 1
 
 
+def test_at_rest_gauges_sum_over_models_and_say_which_are_missing() -> None:
+    pytest.importorskip("httpx")
+    metrics = "\n".join(
+        [
+            "# HELP batchline_queue_depth Records queued and not yet dispatched.",
+            'batchline_queue_depth{model="emb"} 0.0',
+            'batchline_queue_depth{model="clf"} 2.0',
+            'batchline_generation_kv_tokens{model="chat",kind="reserved"} 0.0',
+            'batchline_generation_kv_tokens{model="chat",kind="in_use"} 96.0',
+            "batchline_http_requests_in_flight 0.0",
+        ]
+    )
+    got = _script().at_rest_gauges(metrics)
+    assert got["batchline_queue_depth"] == 2.0
+    assert got['batchline_generation_kv_tokens{kind="reserved"'] == 0.0
+    assert got["batchline_http_requests_in_flight"] == 0.0
+    assert got["batchline_requests_in_flight"] is None  # not exported: the check fails
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_a_short_soak_keeps_its_invariants(tmp_path: Path) -> None:
