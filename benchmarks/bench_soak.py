@@ -63,6 +63,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -142,7 +143,8 @@ class Server:
         self.log_path = folder / "serve.log"
         broken = folder / "broken.onnx"
         broken.write_bytes(b"\x08\x07\x12\x04soak" + b"\x00" * 64)  # an ONNX file cut short
-        self._log: IO[bytes] = open(self.log_path, "wb")  # noqa: SIM115
+        self._log: IO[str] = open(self.log_path, "w", encoding="utf-8")  # noqa: SIM115
+        self._started = time.monotonic()
         cmd = [
             sys.executable,
             "-m",
@@ -175,7 +177,17 @@ class Server:
             "--set",
             f"drain_timeout_s={drain_timeout_s}",
         ]
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+        )
+        # each line stamped with the seconds since the start (uvicorn's log has no clock)
+        self._pump = threading.Thread(target=self._stamp, daemon=True)
+        self._pump.start()
+
+    def _stamp(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:  # ends when the server exits
+            self._log.write(f"[{time.monotonic() - self._started:7.1f}] {line}")
 
     def wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -201,6 +213,7 @@ class Server:
 
     def close(self) -> None:
         self.kill()
+        self._pump.join(10)
         self._log.close()
 
 
@@ -411,7 +424,7 @@ class Soak:
             chunks = 0
             finish = None
             done = False
-            cut = False
+            errored = False
             leave_after = rng.randint(1, 4)
             async for line in r.aiter_lines():
                 if not line.startswith("data: "):
@@ -422,12 +435,12 @@ class Soak:
                     break
                 event = json.loads(payload)
                 if "error" in event:
-                    message = str(event["error"])
-                    if self.term_at is not None:
+                    errored = True
+                    error = event["error"]
+                    if self.term_at is not None and error.get("code") == 503:
                         self.chat.explained_5xx += 1  # cut at the drain timeout, with a reason
-                        cut = True
                     else:
-                        self.chat.bad(f"{what}: error event {message[:200]}")
+                        self.chat.bad(f"{what}: error event {str(error)[:200]}")
                     continue
                 chunks += 1
                 finish = event["choices"][0].get("finish_reason") or finish
@@ -439,7 +452,7 @@ class Soak:
             if done and finish in ("stop", "length"):
                 self.chat.ok += 1
                 return "completed"
-            if done and cut:
+            if done and errored:  # the event was counted, explained or not
                 return "stream ended with an error event"
             self.chat.bad(f"{what}: stream ended without [DONE] and a finish_reason")
             return "stream cut"
@@ -757,8 +770,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=24, help="a chat stream's max_tokens")
     parser.add_argument("--slow-read-s", type=float, default=0.2, help="a slow reader's pause")
     parser.add_argument("--broken-every", type=float, default=5.0, help="seconds between asks")
-    parser.add_argument("--drive-records", type=int, default=2000, help="records per drive job")
-    parser.add_argument("--drive-timeout-s", type=float, default=300.0)
+    parser.add_argument("--drive-records", type=int, default=1000, help="records per drive job")
+    parser.add_argument("--drive-timeout-s", type=float, default=600.0)
     parser.add_argument("--drain-timeout-s", type=float, default=30.0)
     parser.add_argument("--request-timeout-s", type=float, default=120.0)
     parser.add_argument("--start-timeout-s", type=float, default=300.0)
