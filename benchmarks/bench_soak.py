@@ -261,6 +261,7 @@ class Tally:
     disconnected: int = 0  # streams this side closed on purpose
     explained_5xx: int = 0
     refused_after_stop: int = 0  # connections refused once the server had closed
+    timeouts: int = 0  # 504s this side got (each one also unexpected)
     unexpected: list[str] = field(default_factory=list)
 
     def bad(self, what: str) -> None:
@@ -307,6 +308,7 @@ class Soak:
         if status == 503 and self.term_at is not None and _json_error(body):
             tally.explained_5xx += 1
             return True
+        tally.timeouts += status == 504
         tally.bad(f"{what}: {status} {body[:200]!r}")
         return False
 
@@ -793,7 +795,7 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"soak: {args.duration:.0f} s against pid {server.proc.pid} ({server.url}): "
                 f"{args.emb_clients} embedding clients, {args.chat_clients} chat streams "
-                f"(full/disconnect/slow), drive jobs of {args.drive_records} records, the "
+                f"(full/disconnect/slow/abandon), drive jobs of {args.drive_records} records, the "
                 f"failing model every {args.broken_every:g} s; SIGTERM at the end"
             )
             print_row(None)
@@ -805,9 +807,36 @@ def main(argv: list[str] | None = None) -> int:
     return report(args, soak, drain, log)
 
 
+DRIVE_TIMEOUT = "request timeout of a drive request (retried)"
+
+
+def explain_drive_timeouts(log: dict[str, Any], own_timeouts: int, drive_ok: bool) -> None:
+    """Move the 504s to ``/v1/embeddings`` in ``log`` from unexplained to explained when they
+    were the drive's: this side's embedding clients got none (``own_timeouts``), and every
+    drive job still wrote each record exactly once (it retried them). Under the soak's load a
+    ``batch``-priority drive request waits the aging offset (10 s) behind the interactive
+    clients plus its own backlog, and on a slowed, shared machine that can pass
+    ``request_timeout_s`` (30 s)."""
+    if own_timeouts or not drive_ok:
+        return
+    timeouts = [
+        line
+        for line in log["5xx_unexplained"]
+        if '"POST /v1/embeddings ' in line and '" 504 ' in line
+    ]
+    if timeouts:
+        log["5xx_unexplained"] = [x for x in log["5xx_unexplained"] if x not in timeouts]
+        log["5xx_explained"][DRIVE_TIMEOUT] = len(timeouts)
+
+
 def report(args: argparse.Namespace, soak: Soak, drain: dict[str, Any], log: dict[str, Any]) -> int:
     mem = memory_goals(soak.samples, args.duration)
     tallies = {"embeddings": soak.emb, "chat": soak.chat, "broken": soak.broken}
+    drive_ok = bool(soak.drives) and all(
+        d["exit_code"] == 0 and d["lost"] == d["duplicated"] == d["unknown_ids"] == 0
+        for d in soak.drives
+    )
+    explain_drive_timeouts(log, soak.emb.timeouts, drive_ok)
     unexpected = [line for t in tallies.values() for line in t.unexpected]
     across = drain["in_flight_at_sigterm"]
     drain_clean = (
@@ -824,11 +853,7 @@ def report(args: argparse.Namespace, soak: Soak, drain: dict[str, Any], log: dic
         "in-flight gauges back to 0 at rest": bool(drain["at_rest"])
         and all(v == 0 for v in drain["at_rest"].values()),
         "failing model's errors explained": soak.broken.ok >= 1 and not soak.broken.unexpected,
-        "drive exactly once": bool(soak.drives)
-        and all(
-            d["exit_code"] == 0 and d["lost"] == d["duplicated"] == d["unknown_ids"] == 0
-            for d in soak.drives
-        ),
+        "drive exactly once": drive_ok,
         "drain clean": drain_clean,
     }
     lost = sum(d["lost"] for d in soak.drives)

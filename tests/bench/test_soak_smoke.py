@@ -54,6 +54,24 @@ def test_5xx_are_explained_by_the_failing_model_or_the_drain_only() -> None:
     assert got["tracebacks"] == 1
 
 
+def test_a_504_to_embeddings_is_the_drives_only_when_the_clients_got_none() -> None:
+    pytest.importorskip("httpx")
+    script = _script()
+    timeout = 'INFO:     127.0.0.1:7 - "POST /v1/embeddings HTTP/1.1" 504 Gateway Timeout'
+    chat = 'INFO:     127.0.0.1:8 - "POST /v1/chat/completions HTTP/1.1" 504 Gateway Timeout'
+
+    def log() -> dict[str, object]:
+        return {"5xx_unexplained": [timeout, chat], "5xx_explained": {}}
+
+    drives = log()
+    script.explain_drive_timeouts(drives, own_timeouts=0, drive_ok=True)
+    assert drives == {"5xx_unexplained": [chat], "5xx_explained": {script.DRIVE_TIMEOUT: 1}}
+    for own, ok in ((1, True), (0, False)):  # a client got one, or the drive lost records
+        kept = log()
+        script.explain_drive_timeouts(kept, own_timeouts=own, drive_ok=ok)
+        assert kept == log()
+
+
 def test_at_rest_gauges_sum_over_models_and_say_which_are_missing() -> None:
     pytest.importorskip("httpx")
     metrics = "\n".join(
