@@ -207,6 +207,40 @@ def _finish(sock: socket.socket, body: bytes) -> tuple[int, bytes]:
     raise AssertionError(f"connection closed early: {b''.join(chunks)!r}")
 
 
+def test_a_response_ending_during_the_drain_closes_its_connection() -> None:
+    """A client whose request ends during the drain must not send the next one on that
+    connection: when that one came last, the shutdown closed the connection with it unread, a
+    reset instead of an answer (found by benchmarks/bench_soak.py)."""
+    with run_server() as server:
+        body = json.dumps({"input": TEXTS}).encode()
+        sock = _open_partial(server.port, "/v1/embeddings", body)
+        for _ in range(600):
+            if server.metric("batchline_http_requests_in_flight") == 1:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the request never arrived")
+        server.proc.send_signal(signal.SIGTERM)
+        for _ in range(600):
+            if server.get("/ready")[0] == 503:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("/ready never turned false")
+        sock.sendall(body[len(body) // 2 :])
+        chunks = []
+        for _ in range(10_000):  # to the end of the stream: the server closes it
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        sock.close()
+        head = b"".join(chunks).partition(b"\r\n\r\n")[0].lower()
+        assert head.startswith(b"http/1.1 200"), head
+        assert b"connection: close" in head.split(b"\r\n")
+        assert server.proc.wait(timeout=60) == 0
+
+
 def test_sigterm_drains_in_flight_requests_and_exits_0(reference: np.ndarray[Any, Any]) -> None:
     key = "k-" + os.urandom(8).hex()
     auth = {"Authorization": f"Bearer {key}"}

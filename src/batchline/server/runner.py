@@ -192,8 +192,26 @@ class _DrainingServer(_ServerBase):  # type: ignore[misc]
 
     def _start_drain(self) -> None:
         assert self._loop is not None
+        _close_after_response(self.server_state.connections)
         self._drain_task = self._loop.create_task(self._drain())
 
     async def _drain(self) -> None:
         await drain(self._state)  # within drain_timeout_s: then what still streams is cut
         self.should_exit = True
+
+
+def _close_after_response(connections: Any) -> None:
+    """Have every response in progress close its connection when it ends (``Connection:
+    close`` where its headers have not gone yet).
+
+    Otherwise a client whose request finishes during the drain sends its next one on the same
+    kept-alive connection at once; when that request is the last of the drain, uvicorn's
+    shutdown closes the connection with the request unread, and the client gets a reset, not an
+    answer (the soak found it: ``benchmarks/bench_soak.py``). Closed, the client opens a new
+    connection instead: a 503 while the drain lasts, refused once the server is gone. Idle
+    connections stay open: one used during the drain gets a 503 that closes it.
+    """
+    for connection in list(connections):
+        cycle = getattr(connection, "cycle", None)  # uvicorn's h11 and httptools protocols
+        if cycle is not None and not getattr(cycle, "response_complete", True):
+            cycle.keep_alive = False
