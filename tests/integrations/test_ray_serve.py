@@ -277,7 +277,11 @@ def test_the_haproxy_wrapper_puts_its_endpoints_on_loopback_and_its_socket_priva
 ) -> None:
     """What Serve would run as HAProxy, on Serve's three lines (a stand-in config; the slow
     test below reads the one Serve writes)."""
-    env = ingress_env("haproxy", str(tmp_path))
+    own = _free_port()  # the server's port, free until HAProxy binds it: none may take it
+    env = ingress_env("haproxy", str(tmp_path), avoid=[own])
+    ports = [v for k, v in env.items() if k.endswith("_PORT")]
+    assert len(ports) == len(set(ports)) == 4
+    assert str(own) not in ports
     metrics, stats = env["RAY_SERVE_HAPROXY_METRICS_PORT"], env["RAY_SERVE_HAPROXY_STATS_PORT"]
     config = tmp_path / "haproxy.cfg"
     config.write_text(

@@ -24,7 +24,7 @@ import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import ray
 
@@ -35,6 +35,7 @@ __all__ = [
     "check_ingress",
     "default_ingress",
     "free_port",
+    "free_ports",
     "ingress_env",
     "ingress_environment",
     "routed",
@@ -66,9 +67,10 @@ def check_ingress(ingress: str) -> None:
 
 
 @contextlib.contextmanager
-def ingress_environment(ingress: str) -> Iterator[dict[str, str]]:
-    """Ray's environment variables for ``ingress`` (:func:`ingress_env`), with HAProxy's files
-    in a private folder (mode 0700) made for the block and removed after it."""
+def ingress_environment(ingress: str, *, avoid: Iterable[int] = ()) -> Iterator[dict[str, str]]:
+    """Ray's environment variables for ``ingress`` (:func:`ingress_env`, its ports none of
+    ``avoid``: the server's own), with HAProxy's files in a private folder (mode 0700) made for
+    the block and removed after it."""
     check_ingress(ingress)
     if ingress == "proxy":
         yield {}
@@ -77,12 +79,12 @@ def ingress_environment(ingress: str) -> Iterator[dict[str, str]]:
     # at most, and Serve's are FOLDER/NODE_ID/metrics.sock, with a node id of 56
     folder = tempfile.mkdtemp(prefix="batchline-", dir="/tmp")
     try:
-        yield ingress_env(ingress, folder)
+        yield ingress_env(ingress, folder, avoid=avoid)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def ingress_env(ingress: str, folder: str) -> dict[str, str]:
+def ingress_env(ingress: str, folder: str, *, avoid: Iterable[int] = ()) -> dict[str, str]:
     """Ray's environment variables that choose ``ingress`` (:data:`INGRESSES`). Serve reads
     them when its processes start: set them before ``ray.init`` (or ``ray start`` on every
     node of a cluster).
@@ -100,7 +102,8 @@ def ingress_env(ingress: str, folder: str) -> dict[str, str]:
     check_ingress(ingress)
     if ingress == "proxy":
         return {}
-    metrics, stats = free_port("127.0.0.1"), free_port("127.0.0.1")
+    # four different ports, none the server's own (which nothing holds until HAProxy binds it)
+    metrics, stats, fallback_http, fallback_grpc = free_ports("127.0.0.1", 4, avoid=avoid)
     program = os.path.join(folder, "haproxy")
     haproxy = shlex.quote(_haproxy_binary())
     with open(program, "w") as f:
@@ -109,8 +112,8 @@ def ingress_env(ingress: str, folder: str) -> dict[str, str]:
     return {
         "RAY_SERVE_ENABLE_HA_PROXY": "1",
         "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2",
-        "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(free_port("127.0.0.1")),
-        "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT": str(free_port("127.0.0.1")),
+        "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(fallback_http),
+        "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT": str(fallback_grpc),
         "RAY_SERVE_HAPROXY_METRICS_PORT": str(metrics),
         "RAY_SERVE_HAPROXY_STATS_PORT": str(stats),
         "RAY_SERVE_HAPROXY_BINARY_PATH": program,
@@ -232,6 +235,26 @@ def _haproxy_processes(folder: str) -> int:
 
 def free_port(host: str) -> int:
     """A port free on ``host`` now."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    return free_ports(host, 1)[0]
+
+
+def free_ports(host: str, count: int, *, avoid: Iterable[int] = ()) -> list[int]:
+    """``count`` different ports free on ``host`` now, none of ``avoid``: each is held until
+    all are chosen (a port closed at once can be handed out again by the next bind)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    skip = set(avoid)
+    held: list[socket.socket] = []
+    ports: list[int] = []
+    try:
+        while len(ports) < count:
+            s = socket.socket(family)
+            held.append(s)
+            s.bind((host, 0))
+            port = int(s.getsockname()[1])
+            if port not in skip:
+                ports.append(port)
+                skip.add(port)
+    finally:
+        for s in held:
+            s.close()
+    return ports

@@ -548,7 +548,7 @@ def serve_on_ray(
     private = ingress if address is None else "proxy"
     # signals after ray.init: Ray's core installs a SIGTERM handler that aborts the process
     with (
-        ingress_environment(private) as ingress_vars,
+        ingress_environment(private, avoid=[settings.port]) as ingress_vars,
         env_defaults({**quick, **ingress_vars} if address is None else {}),
         ray_session(address, local_cpus),
         _signals_set(stop),
