@@ -37,9 +37,21 @@ Usage::
 If ``batchline serve`` cannot yet serve several models (repeated ``--model NAME=SPEC``,
 ``--task NAME=TASK``) or lacks a route this bench uses, it stops with a message saying which.
 
-Measured (2026-11-25, this 2-core machine, nothing else running, 10 s points, 3 repeats):
-``--pin split`` (the server on one core): emb 0.49 and clf 0.49 of their alone req/s, sum
-0.97; ``--pin none``: emb 0.68, clf 0.42, sum 1.10. Both meet the goals.
+Measured (2026-11-28, this 2-core machine, nothing else running, 10 s points, 3 repeats, 8
+clients per model; the server keeps the last of its two slots for a model active in the last
+0.1 s, ``Device(reserve_s=0.1)``):
+
+- ``--pin none``: emb 0.57 and mlp 0.51 of their alone req/s, sum 1.08 (a second run: 0.55,
+  0.53, 1.08); before the reserve, issue 34 measured 0.76 and 0.25. emb + clf: 0.64 and 0.55,
+  sum 1.18 (0.68, 0.58, 1.26 in a second run; 0.60 and 0.59 at 16 clients).
+- ``--pin split`` (the server on one core, so one slot: nothing to keep): emb 0.84 and mlp
+  0.22, sum 1.06, below the goal (0.76 and 0.22 in a second run); emb + clf 0.55 and 0.43,
+  sum 0.98 (0.54, 0.41, 0.95). On one core the MLP's requests lose the event loop to the
+  embedder's own requests and its session thread; a hold of the slot after each embedder
+  batch (as long as that batch) was tried and moved nothing (0.76 / 0.22), so it was left out.
+
+Measured (2026-11-25, before the reserve, 16 clients): ``--pin split``: emb 0.49 and clf 0.49,
+sum 0.97; ``--pin none``: emb 0.68, clf 0.42, sum 1.10.
 """
 
 from __future__ import annotations
