@@ -17,52 +17,22 @@ from batchline.models.generation.engine import GenerationRequest, SamplingParams
 from batchline.models.generation.lean_llama import FAMILIES, lean_forward  # noqa: E402
 from batchline.models.generation.torch_engine import TorchStepEngine  # noqa: E402
 
-from .conftest import TINY_EOS, TINY_VOCAB  # noqa: E402
+from .conftest import TINY_VOCAB  # noqa: E402
 from .test_engine_torch import MAX_NEW, _prompt  # noqa: E402
-
-#: Mistral's window is shorter than the longer prompts, so that it matters.
-WINDOW = 6
+from .test_families import WINDOW, build  # noqa: E402
 
 
-def build_tiny(family: str, *, seed: int = 0) -> Any:
-    """A randomly initialised 2-layer model of ``family`` (hidden 64, 4 heads / 2 KV heads),
-    fp32, eval mode; weights large enough that greedy decoding hinges on no float tie."""
-    import transformers
-
-    prefix = FAMILIES[family][1]
-    config_class = getattr(transformers, f"{prefix}Config")
-    model_class = getattr(transformers, f"{prefix}ForCausalLM")
-    extra: dict[str, Any] = {
-        "mistral": {"sliding_window": WINDOW},
-        "qwen3": {"head_dim": 16},
-        # half of each head rotated, as Phi-4-mini does
-        "phi3": {"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}},
-    }
-    config = config_class(
-        vocab_size=TINY_VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        initializer_range=0.2,
-        bos_token_id=1,
-        eos_token_id=TINY_EOS,
-        pad_token_id=0,
-        tie_word_embeddings=False,
-        **extra.get(family, {}),
-    )
-    torch.manual_seed(seed)
-    model = model_class(config)
-    if family == "qwen2":  # its q/k/v biases start at zero: give them values to carry
+def build_tiny(family: str) -> Any:
+    """``test_families``' tiny model of ``family`` (2 layers, hidden 64, 4 heads / 2 KV heads;
+    Mistral's window of 8, Qwen3's q/k norms, Phi-3 rotating half of each head), with values in
+    Qwen2's q/k biases (they start at zero: the lean step must carry them as the tree does)."""
+    model = build(family)
+    if family == "qwen2":
         with torch.no_grad():
             for layer in model.model.layers:
                 for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj):
                     proj.bias.normal_(0.0, 0.5)
-    model.generation_config.eos_token_id = TINY_EOS
-    model.generation_config.pad_token_id = 0
-    return model.eval()
+    return model
 
 
 FAMILY_NAMES = ["mistral", "qwen2", "qwen3", "phi3"]
