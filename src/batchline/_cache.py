@@ -8,7 +8,7 @@ import os
 import tempfile
 from pathlib import Path
 
-__all__ = ["cache_dir", "write_whole"]
+__all__ = ["cache_dir", "make_cache_folder", "write_whole"]
 
 
 def cache_dir() -> Path:
@@ -19,6 +19,20 @@ def cache_dir() -> Path:
     import platformdirs
 
     return Path(platformdirs.user_cache_dir("batchline"))
+
+
+def make_cache_folder(folder: Path) -> None:
+    """Create ``folder`` (and its parents) for something built once; ``ModelError`` saying how
+    to point the cache elsewhere when it cannot be made."""
+    from batchline._errors import ModelError
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ModelError(
+            f"cannot create the model cache folder {folder}: {exc}; "
+            "set BATCHLINE_CACHE_DIR to a writable folder"
+        ) from exc
 
 
 def write_whole(path: Path, data: bytes) -> None:

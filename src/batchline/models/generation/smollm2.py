@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from batchline._cache import cache_dir
+from batchline._cache import cache_dir, make_cache_folder
 from batchline._errors import ModelError
 
 if TYPE_CHECKING:
@@ -109,13 +109,7 @@ def smollm2_folder(*, cache: Path | None = None, source: Path | None = None) -> 
     target = root / f"{_NAME}-{key}-v{CONVERTER_VERSION}"
     if (target / "config.json").is_file():
         return target
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ModelError(
-            f"cannot create the model cache folder {root}: {exc}; "
-            "set BATCHLINE_CACHE_DIR to a writable folder"
-        ) from exc
+    make_cache_folder(root)
     _remove_stale_temps(root, target.name)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=root))
     try:

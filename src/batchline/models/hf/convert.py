@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from batchline._cache import cache_dir, write_whole
+from batchline._cache import cache_dir, make_cache_folder, write_whole
 from batchline._errors import ModelError
 from batchline.models.hf.detect import FolderModel
 
@@ -77,13 +77,7 @@ def convert(
     target = _target(found, route, options)
     if target.is_file():
         return Converted(target, "cached", route)
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ModelError(
-            f"cannot create the model cache folder {target.parent}: {exc}; "
-            "set BATCHLINE_CACHE_DIR to a writable folder"
-        ) from exc
+    make_cache_folder(target.parent)
     try:
         if builder:
             write_whole(target, _build(found, top, pooling, normalize, pairs))

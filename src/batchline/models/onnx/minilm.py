@@ -19,7 +19,7 @@ from pathlib import Path
 
 import onnx
 
-from batchline._cache import cache_dir, write_whole
+from batchline._cache import cache_dir, make_cache_folder, write_whole
 from batchline._errors import ModelError
 from batchline.models.onnx.bert import BUILDER_VERSION, build_bert
 
@@ -67,13 +67,7 @@ def default_model_path(*, cache: Path | None = None, source: Path | None = None)
     target = folder / f"{_NAME}-{key}-v{BUILDER_VERSION}.onnx"
     if target.is_file():
         return target
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ModelError(
-            f"cannot create the model cache folder {folder}: {exc}; "
-            "set BATCHLINE_CACHE_DIR to a writable folder"
-        ) from exc
+    make_cache_folder(folder)
     model = build_onnx(src)
     write_whole(target, model.SerializeToString())
     return target

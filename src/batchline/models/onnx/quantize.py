@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from batchline._cache import cache_dir
+from batchline._cache import cache_dir, make_cache_folder
 from batchline._errors import InputError, ModelError
 
 __all__ = [
@@ -97,13 +97,7 @@ def quantized_graph(source: Path, *, cache: Path | None = None) -> Path:
         raise ModelError(
             f"--quantize int8 needs onnxruntime.quantization, which this onnxruntime lacks: {exc}"
         ) from None
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ModelError(
-            f"cannot create the model cache folder {folder}: {exc}; "
-            "set BATCHLINE_CACHE_DIR to a writable folder"
-        ) from exc
+    make_cache_folder(folder)
     logger.info("quantizing %s to int8 (once; cached as %s)", source.name, target.name)
     with tempfile.TemporaryDirectory(dir=folder, prefix=".quantize-") as tmp:
         out = Path(tmp) / target.name
