@@ -20,8 +20,8 @@ Then the clients pause and the server's in-flight gauges must all read 0 (reques
 records, batches, sequences, KV reservations: a count leaked by a disconnect would cost
 capacity for good); they resume, and 2 s later comes SIGTERM, with requests and streams in
 flight: each must complete or get a clean answer (a 503 with a JSON error once the drain has
-begun; a refused connection once the server has closed), and the server must exit 0 within its
-drain timeout.
+begun; a refused connection, or a kept-alive one closed with the request unread, once the
+server is going), and the server must exit 0 within its drain timeout.
 
 Every ``--sample-every`` seconds the server's resident memory (``VmRSS``), open file descriptors
 (``/proc/PID/fd``) and threads are sampled. Warm-up is the first 20 % of the run; the *early*
@@ -270,6 +270,10 @@ class Tally:
     disconnected: int = 0  # streams this side closed on purpose
     explained_5xx: int = 0
     refused_after_stop: int = 0  # connections refused once the server had closed
+    # requests sent after SIGTERM on a kept-alive connection that the server closed unread as
+    # it exited: HTTP/1.1 lets a server close an idle connection at any time (RFC 9112, 9.3.1);
+    # the request was never read, so never run, and a client retries it on a new connection
+    unread_after_stop: int = 0
     timeouts: int = 0  # 504s this side got (each one also unexpected)
     unexpected: list[str] = field(default_factory=list)
 
@@ -325,6 +329,10 @@ class Soak:
         self.note(sent_at, "transport error")
         if isinstance(exc, httpx.ConnectError) and self.term_at is not None:
             tally.refused_after_stop += 1  # the server closed its socket: expected after SIGTERM
+            return
+        unread = (httpx.ReadError, httpx.RemoteProtocolError)
+        if isinstance(exc, unread) and self.term_at is not None and sent_at >= self.term_at:
+            tally.unread_after_stop += 1
             return
         cut = " (sent before SIGTERM: cut by the drain)" if self.term_at is not None else ""
         if self.term_at is not None and sent_at >= self.term_at:
@@ -890,6 +898,7 @@ def report(args: argparse.Namespace, soak: Soak, drain: dict[str, Any], log: dic
         print(
             f"  {name}: {t.ok} ok, {t.disconnected} disconnected on purpose, "
             f"{t.explained_5xx} explained 5xx, {t.refused_after_stop} refused after the stop, "
+            f"{t.unread_after_stop} closed unread at the exit, "
             f"{len(t.unexpected)} unexpected"
         )
     print(
