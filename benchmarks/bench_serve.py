@@ -139,15 +139,26 @@ class Server:
     proc: subprocess.Popen[bytes] | None = None
     log: Path | None = None
 
-    def start(self, workdir: Path) -> None:
-        self.port = free_port()
+    def command(self, workdir: Path) -> list[str]:
+        """What runs the server on ``self.port``."""
         cmd = [sys.executable, "-m", "batchline", "serve", "--port", str(self.port)]
         cmd += ["--log-level", "warning", *self.args]
         if self.cpus is not None and shutil.which("taskset"):
             cmd = ["taskset", "-c", self.cpus, *cmd]
+        return cmd
+
+    def environment(self) -> dict[str, str] | None:
+        """The server's environment (None: this process's)."""
+        return None
+
+    def start(self, workdir: Path) -> None:
+        self.port = free_port()
+        cmd = self.command(workdir)
         self.log = workdir / f"{self.name}.log"
         with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, env=self.environment()
+            )
         for _ in range(1800):
             if self.proc.poll() is not None:
                 raise SystemExit(f"{self.name} server exited:\n{self.log.read_text()}")

@@ -28,9 +28,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,7 +43,6 @@ from bench_serve import (
     Point,
     Server,
     bodies,
-    http_get,
     make_texts,
     measure,
 )
@@ -57,32 +54,13 @@ MODES = ("off", "on")
 class WorkerServer(Server):
     """A server started as this file's ``--server-worker MODE`` (tracing configured in it)."""
 
-    def start(self, workdir: Path) -> None:
-        from bench_serve import free_port
-
-        self.port = free_port()
+    def command(self, workdir: Path) -> list[str]:
         stats = workdir / f"{self.name}.json"
-        cmd = [sys.executable, __file__, "--server-worker", self.name, str(self.port), str(stats)]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-        self.log = workdir / f"{self.name}.log"
-        with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-        for _ in range(1800):
-            if self.proc.poll() is not None:
-                raise SystemExit(f"{self.name} server exited:\n{self.log.read_text()}")
-            try:
-                if http_get(self.port, "/ready")[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.1)
-        raise SystemExit(f"{self.name} server never became ready")
+        return [sys.executable, __file__, "--server-worker", self.name, str(self.port), str(stats)]
 
-    def stop(self) -> int | None:
-        if self.proc is None or self.proc.poll() is not None:
-            return None if self.proc is None else self.proc.returncode
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=60)
+    def environment(self) -> dict[str, str] | None:
+        # tracing is configured in the worker itself, never by the caller's OTEL_* variables
+        return {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
 
 
 def serve_worker(mode: str, port: int, stats_file: Path) -> int:
