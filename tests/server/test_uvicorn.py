@@ -12,7 +12,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -207,6 +207,15 @@ def _finish(sock: socket.socket, body: bytes) -> tuple[int, bytes]:
     raise AssertionError(f"connection closed early: {b''.join(chunks)!r}")
 
 
+def _until(done: Callable[[], object], what: str) -> None:
+    """Poll ``done`` for 30 s at most; ``what`` is the failure's message."""
+    for _ in range(600):
+        if done():
+            return
+        time.sleep(0.05)
+    raise AssertionError(what)
+
+
 def test_a_response_ending_during_the_drain_closes_its_connection() -> None:
     """A client whose request ends during the drain must not send the next one on that
     connection: when that one came last, the shutdown closed the connection with it unread, a
@@ -214,19 +223,10 @@ def test_a_response_ending_during_the_drain_closes_its_connection() -> None:
     with run_server() as server:
         body = json.dumps({"input": TEXTS}).encode()
         sock = _open_partial(server.port, "/v1/embeddings", body)
-        for _ in range(600):
-            if server.metric("batchline_http_requests_in_flight") == 1:
-                break
-            time.sleep(0.05)
-        else:
-            raise AssertionError("the request never arrived")
+        in_flight = "batchline_http_requests_in_flight"
+        _until(lambda: server.metric(in_flight) == 1, "the request never arrived")
         server.proc.send_signal(signal.SIGTERM)
-        for _ in range(600):
-            if server.get("/ready")[0] == 503:
-                break
-            time.sleep(0.05)
-        else:
-            raise AssertionError("/ready never turned false")
+        _until(lambda: server.get("/ready")[0] == 503, "/ready never turned false")
         sock.sendall(body[len(body) // 2 :])
         chunks = []
         for _ in range(10_000):  # to the end of the stream: the server closes it
@@ -253,20 +253,11 @@ def test_sigterm_drains_in_flight_requests_and_exits_0(reference: np.ndarray[Any
         auth_line = f"Authorization: Bearer {key}\r\n"
         a = _open_partial(server.port, "/v1/embeddings", embed_body, auth_line)
         b = _open_partial(server.port, "/v1/embeddings", pair_body, auth_line)
-        for _ in range(600):
-            if server.metric("batchline_http_requests_in_flight") == 2:
-                break
-            time.sleep(0.05)
-        else:
-            raise AssertionError("the two requests never arrived")
+        in_flight = "batchline_http_requests_in_flight"
+        _until(lambda: server.metric(in_flight) == 2, "the two requests never arrived")
 
         server.proc.send_signal(signal.SIGTERM)
-        for _ in range(600):
-            if server.get("/ready")[0] == 503:
-                break
-            time.sleep(0.05)
-        else:
-            raise AssertionError("/ready never turned false")
+        _until(lambda: server.get("/ready")[0] == 503, "/ready never turned false")
         status, headers, _ = server.post("/v1/embeddings", {"input": "late"}, headers=auth)
         assert status == 503
         assert "retry-after" in headers
