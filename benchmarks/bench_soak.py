@@ -605,23 +605,21 @@ class Soak:
         every = max(1, round(self.args.print_every / self.args.sample_every))
         while self.term_at is None:
             try:
-                rss, fds, threads = proc_sample(pid)
+                s = self.sample(pid)
             except (OSError, ValueError):
                 return
-            s = Sample(
-                round(self.now(), 1),
-                rss,
-                fds,
-                threads,
-                self.emb.ok,
-                self.chat.ok,
-                self.drive_records,
-            )
             self.samples.append(s)
             if len(self.samples) % every == 1:
                 print_row(s)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stopped.wait(), self.args.sample_every)
+
+    def sample(self, pid: int) -> Sample:
+        """The server's memory, fds and threads now, beside what the clients have had."""
+        rss, fds, threads = proc_sample(pid)
+        return Sample(
+            round(self.now(), 1), rss, fds, threads, self.emb.ok, self.chat.ok, self.drive_records
+        )
 
     async def run(self) -> dict[str, Any]:
         args = self.args
@@ -640,18 +638,7 @@ class Soak:
             await asyncio.wait_for(asyncio.shield(drives), args.drive_timeout_s + 10)
             await self.quiet_check(c)
             with contextlib.suppress(OSError, ValueError):
-                rss, fds, threads = proc_sample(self.server.proc.pid)
-                self.samples.append(
-                    Sample(
-                        round(self.now(), 1),
-                        rss,
-                        fds,
-                        threads,
-                        self.emb.ok,
-                        self.chat.ok,
-                        self.drive_records,
-                    )
-                )
+                self.samples.append(self.sample(self.server.proc.pid))
             self.term_at = time.monotonic()
             os.kill(self.server.proc.pid, signal.SIGTERM)
             await sampler
