@@ -32,7 +32,7 @@ from batchline.bench.report import generate_dtypes_line, write_generate_report
 from batchline.cli import main
 from batchline.knobs import Knobs
 from batchline.models.generation.stream import TextGenerator
-from batchline.models.generation.vllm_engine import VllmGenerator
+from batchline.models.generation.vllm_generator import VllmGenerator
 from tests.models.generation.test_vllm import StandInAsyncLLM
 
 STAND_IN_DTYPE = "bfloat16 (auto: the stand-in's)"

@@ -54,8 +54,8 @@ from batchline.integrations.ray_serve import (
     replica_counts,
 )
 from batchline.knobs import Knobs
+from batchline.models.generation.continuous import ContinuousGenerator
 from batchline.models.generation.fake import FakeEngine
-from batchline.models.generation.scheduler import ContinuousGenerator
 from batchline.models.onnx.embed import TextEmbedder
 from batchline.models.specs import ModelSpec
 from batchline.server.settings import ServerSettings

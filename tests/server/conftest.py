@@ -21,9 +21,9 @@ import httpx
 
 from batchline.knobs import Knobs
 from batchline.models import TokenizedText
+from batchline.models.generation.continuous import ContinuousGenerator
 from batchline.models.generation.fake import FakeEngine, default_next_token
 from batchline.models.generation.fake import FakeTokenizer as FakeGenTokenizer
-from batchline.models.generation.scheduler import ContinuousGenerator
 from batchline.models.generation.static import SequentialGenerator
 from batchline.models.generation.stream import TextGenerator
 from batchline.models.onnx.embed import TextEmbedder

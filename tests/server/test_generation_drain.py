@@ -14,8 +14,8 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("prometheus_client")
 
+from batchline.models.generation.continuous import ContinuousGenerator
 from batchline.models.generation.fake import FakeEngine, StepCost
-from batchline.models.generation.scheduler import ContinuousGenerator
 from batchline.server.app import _CUT_GRACE_S, drain
 
 from .conftest import wait_for

@@ -13,8 +13,8 @@ pytest.importorskip("fastapi")
 pytest.importorskip("prometheus_client")
 
 from batchline import ManualClock
+from batchline.models.generation.continuous import ContinuousGenerator
 from batchline.models.generation.engine import GenerationRequest
-from batchline.models.generation.scheduler import ContinuousGenerator
 
 from .conftest import wait_for
 from .test_generation_routes import TOK, FakeServed, GatedEngine, client_for, make_app

@@ -28,9 +28,9 @@ from prometheus_client import CollectorRegistry
 
 from batchline import ManualClock
 from batchline._batcher import State
+from batchline.models.generation.continuous import ContinuousGenerator
 from batchline.models.generation.engine import StepOutput
 from batchline.models.generation.fake import FakeEngine, FakeTokenizer, default_next_token
-from batchline.models.generation.scheduler import ContinuousGenerator
 from batchline.models.protocol import ModelInfo
 from batchline.server.errors import install_error_handlers
 from batchline.server.metrics import ServerMetrics

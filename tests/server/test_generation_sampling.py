@@ -13,9 +13,9 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("prometheus_client")
 
+from batchline.models.generation.continuous import ContinuousGenerator
 from batchline.models.generation.engine import GenerationRequest, SamplingParams
 from batchline.models.generation.fake import FakeEngine
-from batchline.models.generation.scheduler import ContinuousGenerator
 
 from .test_generation_routes import TOK, FakeServed, client_for, make_app
 
@@ -131,7 +131,7 @@ def test_the_vllm_backend_gets_them_in_its_sampling_params(
     import sys
     from types import ModuleType, SimpleNamespace
 
-    from batchline.models.generation.vllm_engine import to_vllm_sampling_params
+    from batchline.models.generation.vllm_generator import to_vllm_sampling_params
 
     vllm = ModuleType("vllm")
     vllm.SamplingParams = lambda **kw: SimpleNamespace(**kw)  # type: ignore[attr-defined]

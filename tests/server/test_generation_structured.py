@@ -15,9 +15,9 @@ pytest.importorskip("prometheus_client")
 
 from prometheus_client import CollectorRegistry
 
+from batchline.models.generation.continuous import ContinuousGenerator
 from batchline.models.generation.engine import GenerationRequest, StepOutput
 from batchline.models.generation.fake import FakeEngine
-from batchline.models.generation.scheduler import ContinuousGenerator
 from batchline.models.generation.structured import Constraint
 
 from .test_generation_routes import TOK, FakeServed, client_for, make_app, served, sse

@@ -86,7 +86,7 @@ def test_a_folder_spec_is_a_generator(tiny_folder: Path, tmp_path: Path) -> None
 
 
 def test_knobs_pick_the_generator(tiny_folder: Path) -> None:
-    from batchline.models.generation.scheduler import ContinuousGenerator
+    from batchline.models.generation.continuous import ContinuousGenerator
     from batchline.models.generation.static import SequentialGenerator, StaticGenerator
 
     model = load(tiny_folder, max_running_sequences=3, kv_token_budget=500, max_queue_size=7)

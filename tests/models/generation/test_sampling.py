@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 from batchline.models.generation.engine import GenerationRequest, SamplingParams  # noqa: E402
 from batchline.models.generation.sampling import (  # noqa: E402
-    make_generator,
+    make_rng,
     sample_top_p,
     select_tokens,
 )
@@ -21,7 +21,7 @@ from .conftest import TINY_VOCAB  # noqa: E402
 
 
 def _gen(seed: int) -> Any:
-    generator = make_generator(SamplingParams(temperature=1.0, seed=seed))
+    generator = make_rng(SamplingParams(temperature=1.0, seed=seed))
     assert generator is not None
     return generator
 
@@ -29,7 +29,7 @@ def _gen(seed: int) -> Any:
 def test_greedy_is_argmax_and_needs_no_generator() -> None:
     logits = torch.tensor([[0.1, 3.0, -1.0], [5.0, 4.9, 0.0]])
     greedy = SamplingParams()
-    assert make_generator(greedy) is None
+    assert make_rng(greedy) is None
     assert select_tokens(logits, [greedy, greedy], [None, None]) == [1, 0]
 
 
@@ -80,7 +80,7 @@ def test_same_seed_same_draws_other_seed_other_draws() -> None:
     params = SamplingParams(temperature=1.0, top_p=0.95, seed=42)
 
     def draws(p: SamplingParams) -> list[int]:
-        generator = make_generator(p)
+        generator = make_rng(p)
         assert generator is not None
         return [
             sample_top_p(logits, temperature=1.0, top_p=0.95, generator=generator)

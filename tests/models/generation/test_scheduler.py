@@ -13,9 +13,9 @@ from batchline import (
     QueueFullError,
     RecordTooLargeError,
 )
+from batchline.models.generation.continuous import ContinuousGenerator
 from batchline.models.generation.engine import SamplingParams
 from batchline.models.generation.fake import FakeEngine
-from batchline.models.generation.scheduler import ContinuousGenerator
 from batchline.models.generation.stream import GenerationDelta
 
 from .gen_helpers import (

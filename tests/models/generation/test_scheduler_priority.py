@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from batchline._priority import batcher_priority
+from batchline.models.generation.continuous import ContinuousGenerator
 from batchline.models.generation.engine import SamplingParams
-from batchline.models.generation.scheduler import ContinuousGenerator
 from batchline.models.generation.stream import GenerationStream
 
 from .gen_helpers import TOK, SteppedEngine, until

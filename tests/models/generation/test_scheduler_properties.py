@@ -10,9 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from batchline.models.generation.continuous import ContinuousGenerator
 from batchline.models.generation.engine import SamplingParams
 from batchline.models.generation.fake import FakeEngine
-from batchline.models.generation.scheduler import ContinuousGenerator
 from batchline.models.generation.static import SequentialGenerator, StaticGenerator
 from batchline.models.generation.stream import GenerationDelta, TextGenerator
 

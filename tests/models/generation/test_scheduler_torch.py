@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from batchline.models.generation.continuous import ContinuousGenerator
 from batchline.models.generation.engine import SamplingParams
-from batchline.models.generation.scheduler import ContinuousGenerator
 from batchline.models.generation.static import SequentialGenerator, StaticGenerator
 from batchline.models.generation.stream import TextGenerator
 

@@ -5,9 +5,9 @@ import asyncio
 import pytest
 
 from batchline import BatcherClosedError, ModelError, QueueFullError, RecordTooLargeError
+from batchline.models.generation.continuous import ContinuousGenerator
 from batchline.models.generation.engine import SamplingParams
 from batchline.models.generation.fake import FakeEngine
-from batchline.models.generation.scheduler import ContinuousGenerator
 from batchline.models.generation.static import SequentialGenerator, StaticGenerator
 
 from .gen_helpers import (

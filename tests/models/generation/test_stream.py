@@ -160,10 +160,10 @@ def test_the_request_level_layer_imports_without_torch_or_vllm() -> None:
 
     code = (
         "import sys\n"
-        "import batchline.models.generation.scheduler, batchline.models.generation.static\n"
+        "import batchline.models.generation.continuous, batchline.models.generation.static\n"
         "import batchline.models.generation.stream, batchline.models.generation.stats\n"
         "import batchline.models.generation.fake, batchline.models.generation.demo\n"
-        "import batchline.models.generation.vllm_engine\n"
+        "import batchline.models.generation.vllm_generator\n"
         "heavy = [m for m in ('torch', 'transformers', 'vllm', 'numpy') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )

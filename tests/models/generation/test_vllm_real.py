@@ -63,7 +63,7 @@ def greedy(max_tokens: int, **changes: Any) -> SamplingParams:
 async def test_the_loaded_model_runs_vllm_on_cpu_with_the_cpu_defaults(
     model: GenerationModel,
 ) -> None:
-    from batchline.models.generation.vllm_engine import VllmGenerator
+    from batchline.models.generation.vllm_generator import VllmGenerator
 
     assert isinstance(model.generator, VllmGenerator)
     assert (model.batching, model.device, model.max_context_tokens) == ("vllm", "cpu", 2048)
@@ -215,7 +215,7 @@ async def test_the_conversions_build_vllms_own_types(model: GenerationModel) -> 
     import vllm
     from vllm.sampling_params import RequestOutputKind
 
-    from batchline.models.generation.vllm_engine import to_vllm_prompt, to_vllm_sampling_params
+    from batchline.models.generation.vllm_generator import to_vllm_prompt, to_vllm_sampling_params
 
     params = to_vllm_sampling_params(SamplingParams(max_tokens=5, seed=3, stop=("x",)))
     assert isinstance(params, vllm.SamplingParams)

@@ -38,6 +38,7 @@ from batchline.models.generation.engine import (
 )
 
 if TYPE_CHECKING:
+    from batchline.models.generation.continuous import ContinuousGenerator
     from batchline.models.generation.demo import demo_prompts, write_demo_prompts
     from batchline.models.generation.fake import FakeEngine, FakeTokenizer, StepCost
     from batchline.models.generation.generators import (
@@ -46,7 +47,6 @@ if TYPE_CHECKING:
         build_generator,
     )
     from batchline.models.generation.load import GenerationModel, PromptInput, load_text_generator
-    from batchline.models.generation.scheduler import ContinuousGenerator
     from batchline.models.generation.static import SequentialGenerator, StaticGenerator
     from batchline.models.generation.stats import GenerationStats
     from batchline.models.generation.stream import (
@@ -63,7 +63,7 @@ if TYPE_CHECKING:
         constraint_from_openai,
     )
     from batchline.models.generation.torch_dtype import choose_dtype
-    from batchline.models.generation.vllm_engine import VllmGenerator
+    from batchline.models.generation.vllm_generator import VllmGenerator
 
 __all__ = [
     "GENERATOR_KINDS",
@@ -109,7 +109,7 @@ __getattr__ = lazy_exports(
         "GUIDED_FIELDS": "structured",
         "Completion": "stream",
         "Constraint": "structured",
-        "ContinuousGenerator": "scheduler",
+        "ContinuousGenerator": "continuous",
         "Detokenizer": "stream",
         "FakeEngine": "fake",
         "FakeTokenizer": "fake",
@@ -123,7 +123,7 @@ __getattr__ = lazy_exports(
         "StaticGenerator": "static",
         "StepCost": "fake",
         "TextGenerator": "stream",
-        "VllmGenerator": "vllm_engine",
+        "VllmGenerator": "vllm_generator",
         "build_generator": "generators",
         "check_fits": "stream",
         "choose_dtype": "torch_dtype",

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Literal
 
 from batchline._clock import Clock
+from batchline.models.generation.continuous import ContinuousGenerator
 from batchline.models.generation.engine import StepEngine
-from batchline.models.generation.scheduler import ContinuousGenerator
 from batchline.models.generation.static import SequentialGenerator, StaticGenerator
 from batchline.models.generation.stream import Detokenizer, TextGenerator
 

