@@ -12,6 +12,9 @@ Three scenarios, each measured for every implementation in the same run, printed
     python benchmarks/bench_batcher.py --quick    # smoke run
 
 Flyte's batcher is used when ``import flyte.extras`` works (``pip install 'batchline[flyte]'``).
+
+It drives the batchers in-process, not through ``batchline.bench``'s load generator: what it
+compares is batcher implementations (Flyte's among them), not a model target.
 """
 
 from __future__ import annotations

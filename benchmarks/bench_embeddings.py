@@ -23,6 +23,9 @@ Usage::
 
     python benchmarks/bench_embeddings.py            # ~3-5 minutes on 2 cores
     python benchmarks/bench_embeddings.py --quick    # smoke run, ~30 s
+
+No load generator: every mode runs in-process over a fixed corpus, so the work is a list of
+texts, not arrivals.
 """
 
 from __future__ import annotations

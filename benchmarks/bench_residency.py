@@ -35,6 +35,9 @@ p99 49 ms with, 298 ms without = 0.16 (goal <= 0.3), p50 21 against 197 ms; bulk
 0.94x (goal >= 0.9). Before the core's batch rule (a batch takes no lower priority than its
 first; a lower-priority batch takes half the budget while higher ones arrive) the ratio was
 0.34-0.44: the interactive text rode a whole bulk batch, behind a whole one in flight.
+
+Its clients are loops of its own, not ``batchline.bench``'s load generator: a phase sends to
+one model at a time and times its first request, which a loop over one target does not express.
 """
 
 from __future__ import annotations

@@ -55,6 +55,9 @@ once; in-flight gauges 0 at rest; SIGTERM with 5 requests in flight: all complet
 after 7.4 s. It found that a request sent on a kept-alive connection just as the drain ended
 was cut unread by the shutdown (fixed: responses that end during the drain close their
 connection).
+
+Its clients are its own, not ``batchline.bench``'s load generator: each misbehaves on purpose
+(gives up, disconnects, reads slowly), which a generator that measures throughput must not do.
 """
 
 from __future__ import annotations

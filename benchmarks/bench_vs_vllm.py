@@ -30,6 +30,9 @@ Run it from the vLLM venv (bash scripts/vllm_env.sh makes it), on a quiet machin
     .venv-vllm/bin/python benchmarks/bench_vs_vllm.py                    # the figures (~25 min)
     .venv-vllm/bin/python benchmarks/bench_vs_vllm.py --requests 8 --repeats 1 \\
         --dtypes float32 --offline-prompts 8                             # smoke run (~5 min)
+
+Its clients are its own, not ``batchline.bench``'s load generator: streamed OpenAI chat timed
+per token (TTFT) against servers that batchline does not run, which its targets do not cover.
 """
 
 from __future__ import annotations

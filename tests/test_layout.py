@@ -248,3 +248,44 @@ def test_code_outside_models_uses_the_backends_faces() -> None:
     found = past_the_seam(import_graph())
     report = "\n".join(f"- {edge}" for edge in found)
     assert not found, f"imports past a backend's face (use its package):\n{report}"
+
+
+#: Modules longer than this must be named in docs/ARCHITECTURE.md, by their path under
+#: ``src/batchline/``; every package must be named too (``server/routes/``).
+NAMED_OVER = 300
+ARCHITECTURE = SRC.parent / "docs" / "ARCHITECTURE.md"
+
+
+def unnamed(text: str, package: Path) -> list[str]:
+    """The modules over :data:`NAMED_OVER` lines and the subpackages under ``package`` that
+    ``text`` does not name by their path (``server/app.py``, ``server/routes/``)."""
+    missing = []
+    for path in sorted(package.rglob("*.py")):
+        relative = path.relative_to(package).as_posix()
+        if path.name == "__init__.py":
+            name = relative.removesuffix("__init__.py")
+            if name and name not in text:
+                missing.append(name)
+        elif (
+            relative not in text and len(path.read_text(encoding="utf-8").splitlines()) > NAMED_OVER
+        ):
+            missing.append(relative)
+    return missing
+
+
+def test_the_naming_rule_catches_a_long_module_and_a_package(tmp_path: Path) -> None:
+    (tmp_path / "server" / "routes").mkdir(parents=True)
+    for init in ("__init__.py", "server/__init__.py", "server/routes/__init__.py"):
+        (tmp_path / init).write_text("")
+    (tmp_path / "server" / "app.py").write_text("x = 1\n" * (NAMED_OVER + 1))
+    (tmp_path / "server" / "small.py").write_text("x = 1\n")
+    assert unnamed("", tmp_path) == ["server/", "server/app.py", "server/routes/"]
+    assert unnamed("`server/` holds `server/app.py`; `server/routes/`", tmp_path) == []
+
+
+def test_architecture_names_every_package_and_every_long_module() -> None:
+    missing = unnamed(ARCHITECTURE.read_text(encoding="utf-8"), SRC / PACKAGE)
+    assert not missing, (
+        f"docs/ARCHITECTURE.md does not name these (modules over {NAMED_OVER} lines, by their "
+        f"path under src/batchline/, and packages): {', '.join(missing)}"
+    )

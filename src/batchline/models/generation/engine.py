@@ -20,7 +20,7 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 from batchline.models.generation.structured import Constraint
 
@@ -41,7 +41,7 @@ FinishReason = Literal["stop", "length", "abort"]
 
 
 #: Sampling fields OpenAI's or vLLM's clients send that no engine here applies, with the
-#: values that change nothing (what a client sends by default). Any other value is a 400:
+#: values that change nothing (what a client sends by default). Every other value is a 400:
 #: accepting it would silently answer something other than what was asked for.
 UNAPPLIED_FIELDS: dict[str, tuple[object, ...]] = {
     "top_k": (-1, 0),
@@ -172,14 +172,16 @@ class SamplingParams:
             previous = token
 
     @classmethod
-    def bias_of(cls, logit_bias: Mapping[Any, Any] | None) -> tuple[tuple[int, float], ...]:
+    def bias_of(
+        cls, logit_bias: Mapping[str, float] | Mapping[int, float] | None
+    ) -> tuple[tuple[int, float], ...]:
         """OpenAI's ``logit_bias`` (a JSON object: token id as text or integer to a bias) as
         the ``logit_bias`` field takes it; ``ValueError`` naming a key that is no token id."""
         if not logit_bias:
             return ()
         if not isinstance(logit_bias, Mapping):
             raise ValueError("logit_bias must be an object of token id to bias")
-        pairs: dict[int, Any] = {}
+        pairs: dict[int, float] = {}
         for key, bias in logit_bias.items():
             text = str(key).strip()
             if isinstance(key, bool) or not text.isdigit():
@@ -207,7 +209,7 @@ class SamplingParams:
         return self.temperature == 0
 
 
-def unapplied_field(body: Mapping[str, Any]) -> str | None:
+def unapplied_field(body: Mapping[str, object]) -> str | None:
     """The first field of an OpenAI-style request ``body`` that no engine here applies, set to
     a value that would change the answer (see :data:`UNAPPLIED_FIELDS`); None when there is
     none. The server answers it with a 400, ``run`` fails that record."""

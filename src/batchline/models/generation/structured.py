@@ -44,12 +44,15 @@ import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from types import ModuleType
+from typing import TYPE_CHECKING, Literal, cast
 
 from batchline._errors import ModelError
 
 if TYPE_CHECKING:
     import torch
+    from llguidance import LLMatcher, LLParserLimits, LLTokenizer
+    from transformers import PreTrainedTokenizerBase, TokenizersBackend
 
 __all__ = [
     "GUIDED_FIELDS",
@@ -69,7 +72,7 @@ ConstraintKind = Literal["json_schema", "json_object", "regex", "choice"]
 _KINDS = ("json_schema", "json_object", "regex", "choice")
 
 
-def _llguidance() -> Any:
+def _llguidance() -> ModuleType:
     try:
         import llguidance
     except ImportError as exc:  # pragma: no cover - depends on the environment
@@ -97,11 +100,14 @@ _PROBE_EOS = 256
 _REASON_CHARS = 300
 
 
-def grammar_limits() -> Any:
+def grammar_limits() -> LLParserLimits:
     """The grammar engine's limits (``llguidance.LLParserLimits``), the same for the
     submit-time check and for decoding. Errors stay short: no grammar or parser state in
     them (llguidance's verbose errors run to ~180 KB for a large grammar)."""
-    return _llguidance().LLParserLimits(initial_lexer_fuel=_LEXER_FUEL, verbose_errors=False)
+    limits: LLParserLimits = _llguidance().LLParserLimits(
+        initial_lexer_fuel=_LEXER_FUEL, verbose_errors=False
+    )
+    return limits
 
 
 def grammar_reason(error: str) -> str:
@@ -129,9 +135,10 @@ class _ByteVocabulary:
 
 
 @functools.cache
-def _byte_tokenizer() -> Any:
+def _byte_tokenizer() -> LLTokenizer:
     llg = _llguidance()
-    return llg.LLTokenizer(llg.TokenizerWrapper(_ByteVocabulary()))
+    tokenizer: LLTokenizer = llg.LLTokenizer(llg.TokenizerWrapper(_ByteVocabulary()))
+    return tokenizer
 
 
 def _probe(grammar: str, what: str) -> None:
@@ -179,7 +186,7 @@ class Constraint:
         _probe(self.grammar(), what)
 
     @classmethod
-    def json_schema(cls, schema: Mapping[str, Any] | str) -> Constraint:
+    def json_schema(cls, schema: object) -> Constraint:
         """Output is JSON that validates against ``schema`` (a dict, or its JSON text)."""
         if isinstance(schema, str):
             try:
@@ -196,7 +203,7 @@ class Constraint:
         return cls("json_object")
 
     @classmethod
-    def regex(cls, pattern: str) -> Constraint:
+    def regex(cls, pattern: object) -> Constraint:
         """Output matches ``pattern`` (Rust ``regex`` syntax), whole."""
         if not isinstance(pattern, str) or not pattern:
             raise ValueError("a regex constraint needs a non-empty pattern string")
@@ -229,7 +236,7 @@ class Constraint:
         alternatives = " | ".join(json.dumps(o) for o in json.loads(self.spec))
         return str(matcher.grammar_from_lark(f"start: {alternatives}"))
 
-    def vllm_options(self) -> dict[str, Any]:
+    def vllm_options(self) -> dict[str, object]:
         """Keyword arguments for ``vllm.sampling_params.StructuredOutputsParams``."""
         if self.kind == "json_schema":
             return {"json": self.spec}
@@ -244,7 +251,7 @@ class Constraint:
 GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice")
 
 
-def constraint_from_openai(body: Mapping[str, Any]) -> Constraint | None:
+def constraint_from_openai(body: Mapping[str, object]) -> Constraint | None:
     """The constraint an OpenAI-style request body asks for, or None.
 
     Reads ``response_format`` (``{"type": "json_schema", "json_schema": {"schema": {...}}}``,
@@ -304,7 +311,7 @@ class GrammarState:
 
     __slots__ = ("_matcher", "_reported", "kind", "request_id")
 
-    def __init__(self, matcher: Any, *, request_id: str = "", kind: str = "") -> None:
+    def __init__(self, matcher: LLMatcher, *, request_id: str = "", kind: str = "") -> None:
         self._matcher = matcher
         self.request_id = request_id
         self.kind = kind
@@ -351,11 +358,13 @@ class TokenGrammars:
     The token index is built on the first constrained request (~1 s for a 49k vocabulary).
     """
 
-    def __init__(self, tokenizer: Any, *, vocab_size: int, eos_token_ids: Iterable[int]) -> None:
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, *, vocab_size: int, eos_token_ids: Iterable[int]
+    ) -> None:
         self._tokenizer = tokenizer
         self._vocab_size = vocab_size
         self._eos = sorted(eos_token_ids)
-        self._index: Any = None
+        self._index: LLTokenizer | None = None
         self._bits: torch.Tensor | None = None
 
     def start(self, constraint: Constraint, request_id: str = "") -> GrammarState:
@@ -364,8 +373,9 @@ class TokenGrammars:
         if self._index is None:
             import llguidance.hf
 
+            fast = cast("TokenizersBackend", self._tokenizer)  # AutoTokenizer's default kind
             self._index = llguidance.hf.from_tokenizer(
-                self._tokenizer, n_vocab=self._vocab_size, eos_token=self._eos
+                fast, n_vocab=self._vocab_size, eos_token=self._eos
             )
         matcher = llg.LLMatcher(
             self._index, constraint.grammar(), log_level=0, limits=grammar_limits()

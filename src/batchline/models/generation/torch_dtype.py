@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from batchline.knobs import GENERATION_DTYPES
 
@@ -91,7 +91,7 @@ def choose_dtype(
     return DtypeChoice("float32", "auto: no native bf16 on this CPU (no avx512_bf16 or amx_bf16)")
 
 
-def pack_linear_weights(model: Any) -> int:
+def pack_linear_weights(model: torch.nn.Module) -> int:
     """Replace ``model``'s fp32 and bf16 ``nn.Linear`` layers on CPU by ones whose weights are
     packed once for oneDNN (the blocked layout its kernels want), and return how many. Nothing
     changes on other devices, or without oneDNN (bf16: without its bf16 support).
@@ -112,7 +112,7 @@ def pack_linear_weights(model: Any) -> int:
         dtypes.add(torch.float32)
         if torch.ops.mkldnn._is_mkldnn_bf16_supported():
             dtypes.add(torch.bfloat16)
-    swaps: list[tuple[Any, str, Any]] = []
+    swaps: list[tuple[torch.nn.Module, str, torch.nn.Linear]] = []
     for parent in model.modules():
         for name, child in parent.named_children():
             if (

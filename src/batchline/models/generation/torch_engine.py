@@ -49,13 +49,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import DynamicCache
 
 from batchline.models.generation.decode_kernel import DecodeKernel, decode_kernel
-from batchline.models.generation.engine import GenerationRequest, StepOutput
+from batchline.models.generation.engine import FinishReason, GenerationRequest, StepOutput
 from batchline.models.generation.kv_slots import Geometry, SlotStore, StoreState
 from batchline.models.generation.lean_llama import LeanForward, lean_forward
 from batchline.models.generation.packed_attention import (
@@ -86,7 +86,7 @@ from batchline.models.generation.sampling import (
 from batchline.models.generation.structured import TokenGrammars
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 __all__ = ["TorchStepEngine"]
 
@@ -103,7 +103,7 @@ class _Snapshot:
     seqs: list[tuple[Running, int, bool, torch.Tensor | None, Staged | None, int]]
 
 
-def _ids_of(value: Any) -> set[int]:
+def _ids_of(value: int | Iterable[int] | None) -> set[int]:
     if value is None:
         return set()
     if isinstance(value, int):
@@ -146,7 +146,7 @@ class TorchStepEngine:
         max_context_tokens: int | None = None,
         prefix_cache_tokens: int = 4096,
         max_step_tokens: int | None = None,
-        tokenizer: Any = None,
+        tokenizer: PreTrainedTokenizerBase | None = None,
         lean: bool | None = None,
         decode_attention: str = "auto",
     ) -> None:
@@ -603,7 +603,7 @@ class TorchStepEngine:
                 continue
             seq.generated.append(token)
             params = seq.request.params
-            reason: Any = None
+            reason: FinishReason | None = None
             if token in self._eos and not params.ignore_eos:
                 reason = "stop"
             elif len(seq.generated) >= params.max_tokens:

@@ -54,7 +54,7 @@ import importlib
 import itertools
 import math
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
+from typing import TYPE_CHECKING, Literal, Protocol, cast
 
 from batchline._batcher import State
 from batchline._errors import BatcherClosedError, ModelError, QueueFullError
@@ -86,6 +86,16 @@ __all__ = [
 ]
 
 
+class VllmLogprob(Protocol):
+    """The fields batchline reads from vLLM's ``Logprob``."""
+
+    @property
+    def logprob(self) -> float: ...
+
+    @property
+    def rank(self) -> int | None: ...
+
+
 class VllmCompletionOutput(Protocol):
     """The fields batchline reads from vLLM's ``CompletionOutput``."""
 
@@ -99,7 +109,7 @@ class VllmCompletionOutput(Protocol):
     def finish_reason(self) -> str | None: ...
 
     @property
-    def logprobs(self) -> Sequence[Mapping[int, Any]] | None:
+    def logprobs(self) -> Sequence[Mapping[int, VllmLogprob]] | None:
         """Per token: token id to vLLM's ``Logprob`` (``logprob``, ``rank``), the token's own
         and the ``logprobs`` most likely; None when not asked."""
         ...
@@ -143,7 +153,7 @@ def to_vllm_sampling_params(params: SamplingParams, *, delta: bool = True) -> ob
     server streams with), else everything so far."""
     vllm = importlib.import_module("vllm")
     kinds = importlib.import_module("vllm.sampling_params").RequestOutputKind
-    structured: dict[str, Any] = {}
+    structured: dict[str, object] = {}
     if params.constraint is not None:
         options = importlib.import_module("vllm.sampling_params").StructuredOutputsParams
         structured["structured_outputs"] = options(**params.constraint.vllm_options())
@@ -169,7 +179,7 @@ def to_vllm_sampling_params(params: SamplingParams, *, delta: bool = True) -> ob
 
 
 def from_vllm_logprobs(
-    token_ids: Sequence[int], logprobs: Sequence[Mapping[int, Any] | None] | None, top: int
+    token_ids: Sequence[int], logprobs: Sequence[Mapping[int, VllmLogprob] | None] | None, top: int
 ) -> tuple[TokenLogprob, ...] | None:
     """vLLM's per-token log-probabilities (token id to ``Logprob``) as batchline's, the ``top``
     most likely by vLLM's rank (None when vLLM gave none)."""
