@@ -88,7 +88,7 @@ def _embedder(spec: ModelSpec, found: FolderModel, knobs: Knobs) -> BatchModel[A
                 f"runs on torch, and this batchline cannot load it ({exc}); {TORCH_INSTALL}"
             ) from None
         _log(spec, found, "torch")
-        model: BatchModel[Any, Any] = load_torch_embedder(
+        return load_torch_embedder(
             found.encoder_folder,
             name=spec.name,
             pooling=pooling,
@@ -96,7 +96,6 @@ def _embedder(spec: ModelSpec, found: FolderModel, knobs: Knobs) -> BatchModel[A
             max_length=found.max_seq_length,
             knobs=knobs,
         )
-        return model
     from batchline.models.hf.convert import builder_covers
     from batchline.models.onnx.embed import load_onnx_embedder
 
