@@ -28,7 +28,8 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
-from batchline._batcher import DynamicBatcher
+from batchline._batcher import DynamicBatcher, ProcessFn
+from batchline._device import Device
 from batchline._stats import BatchStats
 from batchline._threads import lower_thread_priority
 from batchline._tokens import TokenBatcher
@@ -49,7 +50,7 @@ class ModelBatcher(Generic[P, R]):
         model: BatchModel[P, R],
         knobs: Knobs,
         *,
-        device: Any = None,
+        device: Device | None = None,
         weight: float = 1.0,
         padding_slack: int = DEFAULT_PADDING_SLACK,
         bucket_width: int = DEFAULT_BUCKET_WIDTH,
@@ -68,7 +69,7 @@ class ModelBatcher(Generic[P, R]):
         if device is not None:
             shared.update(device=device, weight=weight)
         self._padded = knobs.batching and model.info.cost_kind == "padded"
-        run: Any = model.run_batch
+        run: ProcessFn[P, R] = model.run_batch
         if thread_nice and not inspect.iscoroutinefunction(run):
             run = _niced(run, thread_nice)
         self._batcher: DynamicBatcher[P, R]
@@ -147,7 +148,7 @@ class ModelBatcher(Generic[P, R]):
         )
 
 
-def _niced(run: Callable[[list[Any]], Any], delta: int) -> Callable[[list[Any]], Any]:
+def _niced(run: Callable[[list[P]], R], delta: int) -> Callable[[list[P]], R]:
     """``run``, lowering the priority of each worker thread that calls it, once per thread (a
     batcher's bulk worker thread, lowered further when it started, keeps its own).
 
@@ -155,7 +156,7 @@ def _niced(run: Callable[[list[Any]], Any], delta: int) -> Callable[[list[Any]],
     the next batch, instead of starving it while they compute (``batchline serve``: x1.34 the
     baseline's req/s with p99 x0.83 at +5, against x1.19 with p99 x1.40 at 0)."""
 
-    def niced_run(batch: list[Any]) -> Any:
+    def niced_run(batch: list[P]) -> R:
         lower_thread_priority(delta)
         return run(batch)
 

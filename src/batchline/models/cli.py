@@ -6,12 +6,11 @@ Standard library only, like every subcommand module.
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 __all__ = ["add_parser"]
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "models",
         help="list the built-in models, install their weights",

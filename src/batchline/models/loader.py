@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from batchline._errors import InputError, ModelError
 from batchline.knobs import Knobs
 from batchline.models.onnx.sessions import tokenizer_path
 from batchline.models.protocol import BatchModel, Task
 from batchline.models.specs import ModelSpec, import_factory
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 # tokenizer_path lives with the ONNX sessions; named here too, as the spec's other resolver
 __all__ = ["load_model", "resolve_task", "text_tokenizer", "tokenizer_path"]
@@ -69,7 +72,7 @@ def _has_id2label(config: Path) -> bool:
     return isinstance(data, dict) and bool(data.get("id2label"))
 
 
-def text_tokenizer(spec: ModelSpec) -> Any:
+def text_tokenizer(spec: ModelSpec) -> Tokenizer | None:
     """The ``tokenizers`` tokenizer a text model's spec reads its texts with (the built-in
     text models', an ONNX text model's or the one its spec names), or ``None`` for a model
     that takes no text: what a benchmark cuts and counts its texts with."""

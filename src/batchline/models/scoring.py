@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 __all__ = [
     "RERANK_URL",
@@ -43,7 +43,7 @@ class ScoreAsk:
     return_documents: bool = True
 
 
-def read_rerank(body: Mapping[str, Any]) -> ScoreAsk:
+def read_rerank(body: Mapping[str, object]) -> ScoreAsk:
     """A rerank body: ``query``, ``documents`` (texts or ``{"text"}`` objects), ``top_n`` (at
     least 1), ``return_documents`` (default true). ``ValueError`` naming what is wrong."""
     query = _text(body.get("query"), "query")
@@ -63,7 +63,7 @@ def read_rerank(body: Mapping[str, Any]) -> ScoreAsk:
     return ScoreAsk("rerank", tuple(pair(query, t) for t in texts), top_n, keep)
 
 
-def read_score(body: Mapping[str, Any]) -> ScoreAsk:
+def read_score(body: Mapping[str, object]) -> ScoreAsk:
     """A score body: one ``text_1`` against each ``text_2``, or two lists of one length
     paired up. ``ValueError`` naming what is wrong."""
     firsts = _texts(body.get("text_1"), "text_1")
@@ -86,7 +86,7 @@ def answer(
     tokens: int,
     request_id: str,
     created: int | None = None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The response body: rerank's results best first (ties in request order, cut to
     ``top_n``), or score's data in request order."""
     if len(scores) != len(ask.pairs):
@@ -101,9 +101,9 @@ def answer(
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         }
     ranked = sorted(range(len(scores)), key=lambda i: -scores[i])[: ask.top_n]
-    results: list[dict[str, Any]] = []
+    results: list[dict[str, object]] = []
     for i in ranked:
-        result: dict[str, Any] = {"index": i, "relevance_score": scores[i]}
+        result: dict[str, object] = {"index": i, "relevance_score": scores[i]}
         if ask.return_documents:
             result["document"] = {"text": ask.pairs[i]["document"]}
         results.append(result)

@@ -3,13 +3,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
-__all__ = ["shorten"]
+from batchline._types import Vector
 
-Vector = np.ndarray[Any, np.dtype[np.float32]]
+__all__ = ["shorten"]
 
 
 def shorten(vector: Vector, dimensions: int) -> Vector:

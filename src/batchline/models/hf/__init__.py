@@ -10,7 +10,6 @@ conversion needs torch only where the folder's architecture has no graph builder
 from __future__ import annotations
 
 import importlib
-from typing import Any
 
 __all__ = ["FolderModel", "convert", "detect_folder", "load_folder_model"]
 
@@ -22,7 +21,7 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name in _WHERE:
         return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

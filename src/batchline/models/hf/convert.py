@@ -19,9 +19,10 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from batchline._cache import cache_dir, make_cache_folder, write_whole
 from batchline._errors import ModelError
@@ -92,7 +93,7 @@ def convert(
     return Converted(target, "exported", route)
 
 
-def _target(found: FolderModel, route: str, options: dict[str, Any]) -> Path:
+def _target(found: FolderModel, route: str, options: Mapping[str, object]) -> Path:
     from batchline.models.onnx.bert import BUILDER_VERSION
 
     digest = hashlib.sha256()

@@ -154,7 +154,7 @@ class FolderModel:
         raise InputError(f"{where}: it does {self.task}, not {task}")
 
 
-def _read_json(path: Path, folder: Path) -> dict[str, Any]:
+def _read_json(path: Path, folder: Path) -> dict[str, object]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
@@ -176,7 +176,7 @@ def _read_json_list(path: Path, folder: Path) -> list[dict[str, Any]]:
     return data
 
 
-def _labels(config: dict[str, Any], folder: Path) -> tuple[str, ...]:
+def _labels(config: dict[str, object], folder: Path) -> tuple[str, ...]:
     id2label = config.get("id2label")
     if isinstance(id2label, dict) and id2label:
         try:
@@ -202,7 +202,7 @@ def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def _max_length(folder: Path, config: dict[str, Any], st_length: int | None) -> int | None:
+def _max_length(folder: Path, config: dict[str, object], st_length: int | None) -> int | None:
     """sentence-transformers' ``max_seq_length``, else the tokenizer config's
     ``model_max_length`` when sane, else the position table's size."""
     if st_length is not None:
@@ -242,7 +242,7 @@ def _pooling(path: Path, folder: Path) -> TokenPooling:
     if isinstance(mode, list) and len(mode) == 1:
         mode = mode[0]
     if mode in ("mean", "cls", "lasttoken"):
-        return mode  # type: ignore[return-value]
+        return mode
     raise InputError(
         f"{folder}: the sentence-transformers Pooling module uses {mode!r} pooling; "
         "supported: mean, cls, lasttoken"
@@ -265,14 +265,14 @@ def _dense(path: Path, folder: Path) -> DenseModule:
     return DenseModule(path, ins, outs, bool(config.get("bias", True)), activation)  # type: ignore[arg-type]
 
 
-def _is_cross_encoder(folder: Path, config: dict[str, Any]) -> bool:
+def _is_cross_encoder(folder: Path, config: dict[str, object]) -> bool:
     st_config = folder / "config_sentence_transformers.json"
     if st_config.is_file() and _read_json(st_config, folder).get("model_type") == "CrossEncoder":
         return True
     return isinstance(config.get("sentence_transformers"), dict)
 
 
-def _score_activation(folder: Path, config: dict[str, Any]) -> Literal["sigmoid", "identity"]:
+def _score_activation(folder: Path, config: dict[str, object]) -> Literal["sigmoid", "identity"]:
     name: object = None
     st_config = folder / "config_sentence_transformers.json"
     if st_config.is_file():
@@ -396,7 +396,7 @@ def detect_folder(folder: Path) -> FolderModel:
 
 
 def _onnx_folder(
-    folder: Path, onnx_file: Path, config: dict[str, Any] | None, tok: Path | None
+    folder: Path, onnx_file: Path, config: dict[str, object] | None, tok: Path | None
 ) -> FolderModel:
     """A folder with its own ONNX graph: the task from ``config.json`` when it names a
     sequence classifier (else the graph decides at load time); a sentence-transformers
@@ -415,7 +415,7 @@ def _onnx_folder(
     return found
 
 
-def _architecture(config: dict[str, Any]) -> str:
+def _architecture(config: dict[str, object]) -> str:
     archs = config.get("architectures")
     if isinstance(archs, list) and archs and isinstance(archs[0], str):
         return archs[0]

@@ -32,6 +32,7 @@ import os
 import tempfile
 import warnings
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Literal
 
 import numpy as np
@@ -66,7 +67,7 @@ Head = Literal["hidden", "logits"]
 _OUTPUTS: dict[str, str] = {"hidden": "last_hidden_state", "logits": "logits"}
 
 
-def require_torch(what: str) -> tuple[Any, Any]:
+def require_torch(what: str) -> tuple[ModuleType, ModuleType]:
     """``(torch, transformers)``, or a ``ModelError`` saying that ``what`` needs them and the
     exact install."""
     try:
@@ -130,7 +131,7 @@ def _architecture(folder: Path) -> str:
     return str(config.get("model_type") or (archs[0] if archs else "unknown architecture"))
 
 
-def _load(folder: Path, head: Head, arch: str, torch: Any, transformers: Any) -> Any:
+def _load(folder: Path, head: Head, arch: str, torch: ModuleType, transformers: ModuleType) -> Any:
     auto = (
         transformers.AutoModel
         if head == "hidden"
@@ -206,7 +207,9 @@ def _probe(model: Any, names: list[str], lengths: list[int], seed: int) -> dict[
     return feeds
 
 
-def _trace(torch: Any, model: Any, names: list[str], output: str, path: Path, arch: str) -> None:
+def _trace(
+    torch: ModuleType, model: Any, names: list[str], output: str, path: Path, arch: str
+) -> None:
     feeds = _probe(model, names, [8, 5], seed=0)
     args = tuple(torch.from_numpy(feeds[n]) for n in names)
     axes = {n: {0: "batch", 1: "sequence"} for n in names}
@@ -233,7 +236,7 @@ def _trace(torch: Any, model: Any, names: list[str], output: str, path: Path, ar
 
 
 def _finish(
-    torch: Any,
+    torch: ModuleType,
     model: Any,
     names: list[str],
     output: str,
@@ -274,7 +277,9 @@ def _finish(
     os.replace(staged, target)
 
 
-def _check(torch: Any, model: Any, names: list[str], output: str, graph: Any, arch: str) -> None:
+def _check(
+    torch: ModuleType, model: Any, names: list[str], output: str, graph: bytes | str, arch: str
+) -> None:
     """Run the graph and the model on a padded batch of another shape than the traced one."""
     import onnxruntime as ort
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from batchline._errors import InputError, ModelError
 from batchline.knobs import Knobs
@@ -23,6 +23,9 @@ from batchline.models.hf.detect import DenseModule, FolderModel
 from batchline.models.hf.export import TORCH_INSTALL
 from batchline.models.protocol import BatchModel
 from batchline.models.specs import ModelSpec
+
+if TYPE_CHECKING:
+    from batchline.models.onnx.embedder import DenseLayer, EmbedderOptions
 
 __all__ = ["load_folder_model"]
 
@@ -85,7 +88,7 @@ def _embedder(spec: ModelSpec, found: FolderModel, knobs: Knobs) -> BatchModel[A
                 f"runs on torch, and this batchline cannot load it ({exc}); {TORCH_INSTALL}"
             ) from None
         _log(spec, found, "torch")
-        model: BatchModel[Any, Any] = load_torch_embedder(
+        return load_torch_embedder(
             found.encoder_folder,
             name=spec.name,
             pooling=pooling,
@@ -93,7 +96,6 @@ def _embedder(spec: ModelSpec, found: FolderModel, knobs: Knobs) -> BatchModel[A
             max_length=found.max_seq_length,
             knobs=knobs,
         )
-        return model
     from batchline.models.hf.convert import builder_covers
     from batchline.models.onnx.embed import load_onnx_embedder
 
@@ -102,7 +104,7 @@ def _embedder(spec: ModelSpec, found: FolderModel, knobs: Knobs) -> BatchModel[A
         # pooling baked into the graph; normalize too unless Dense layers come between
         baked = normalize and not dense
         converted = convert(found, top="embedding", pooling=pooling, normalize=baked)
-        options: dict[str, Any] = {"pooling": "none", "normalize": normalize and bool(dense)}
+        options: EmbedderOptions = {"pooling": "none", "normalize": normalize and bool(dense)}
     elif pooling == "none":
         raise InputError(
             f"model {spec.name!r}: a folder's encoder returns token vectors; "
@@ -111,6 +113,7 @@ def _embedder(spec: ModelSpec, found: FolderModel, knobs: Knobs) -> BatchModel[A
     else:
         converted = convert(found, top="hidden")
         options = {"pooling": pooling, "normalize": normalize}
+    options["dense"] = dense
     _log(spec, found, converted.describe())
     return load_onnx_embedder(
         converted.path,
@@ -118,7 +121,6 @@ def _embedder(spec: ModelSpec, found: FolderModel, knobs: Knobs) -> BatchModel[A
         name=spec.name,
         knobs=knobs,
         max_length=found.max_seq_length,
-        dense=dense,
         **options,
     )
 
@@ -129,7 +131,7 @@ def _tokenizer(found: FolderModel) -> Path:
     return found.tokenizer
 
 
-def _dense_layer(module: DenseModule) -> Any:
+def _dense_layer(module: DenseModule) -> DenseLayer:
     from batchline.models.onnx.embedder import DenseLayer
 
     return DenseLayer.load(

@@ -26,17 +26,16 @@ from typing import Any
 import numpy as np
 
 from batchline._errors import InputError, ModelError
+from batchline._types import Vector
 from batchline.knobs import Knobs
 from batchline.models.hf.export import require_torch
 from batchline.models.onnx.embedder import TokenizedText
-from batchline.models.protocol import BatchModel, ModelInfo
+from batchline.models.protocol import ModelInfo
 
 __all__ = ["POOLINGS", "TorchEmbedder", "load_torch_embedder"]
 
 #: The token poolings a torch embedder does (sentence-transformers' names).
 POOLINGS = ("lasttoken", "mean", "cls")
-
-Vector = np.ndarray[Any, np.dtype[np.float32]]
 
 
 class TorchEmbedder:
@@ -163,7 +162,7 @@ def load_torch_embedder(
     normalize: bool,
     max_length: int | None,
     knobs: Knobs,
-) -> BatchModel[Any, Any]:
+) -> TorchEmbedder:
     """Load the transformer in ``folder`` (its ``config.json``, weights and tokenizer) in fp32
     on ``knobs.device`` as an ``embed`` model that pools with ``pooling`` (``lasttoken``,
     ``mean`` or ``cls``) and L2-normalizes when ``normalize``. ``max_length`` truncates inputs
@@ -213,7 +212,7 @@ def load_torch_embedder(
     )
 
 
-def _max_length(asked: int | None, tokenizer: Any, config: Any) -> int | None:
+def _max_length(asked: int | None, tokenizer: object, config: object) -> int | None:
     """``asked``, else the tokenizer's ``model_max_length`` where it is real (transformers sets
     a huge sentinel when the folder names none), capped by the model's positions."""
     positions = getattr(config, "max_position_embeddings", None)

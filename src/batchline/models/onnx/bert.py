@@ -18,6 +18,7 @@ that row is folded into the word table. Batch and sequence axes are dynamic.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,6 +27,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from batchline._errors import ModelError
+from batchline._types import Array
 
 __all__ = ["BUILDER_VERSION", "OPSET", "bert_covers", "build_bert"]
 
@@ -34,7 +36,7 @@ BUILDER_VERSION = 2
 OPSET = 17  # LayerNormalization is an ONNX op from 17; ONNX Runtime 1.31 runs it natively.
 
 
-def bert_covers(config: dict[str, Any]) -> bool:
+def bert_covers(config: Mapping[str, object]) -> bool:
     """Whether :func:`build_bert` writes this ``config.json``'s model: BERT with erf GELU and
     absolute positions."""
     return (
@@ -48,14 +50,14 @@ class _Graph:
     """A small helper that names nodes and collects nodes and initializers; ``w`` holds the
     checkpoint's tensors by key, ``eps`` is the LayerNorm epsilon."""
 
-    def __init__(self, w: dict[str, np.ndarray[Any, Any]], eps: float) -> None:
+    def __init__(self, w: dict[str, Array], eps: float) -> None:
         self.w = w
         self.eps = eps
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
         self._n = 0
 
-    def const(self, name: str, value: np.ndarray[Any, Any]) -> str:
+    def const(self, name: str, value: Array) -> str:
         self.inits.append(numpy_helper.from_array(value, name))
         return name
 

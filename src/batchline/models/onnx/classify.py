@@ -26,11 +26,13 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
+import numpy.typing as npt
 
 from batchline._errors import InputError, ModelError
+from batchline._types import Array, Vector
 from batchline.knobs import Knobs
 from batchline.models.onnx.embedder import (
     TokenizedText,
@@ -46,6 +48,9 @@ from batchline.models.onnx.sessions import SessionModel, load_sessions_at, token
 from batchline.models.protocol import ModelInfo
 from batchline.models.specs import ModelSpec
 
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
 __all__ = [
     "Classification",
     "OnnxClassifier",
@@ -54,8 +59,13 @@ __all__ = [
     "load_onnx_classifier",
 ]
 
-#: One text's result: ``{"label": str, "score": float, "scores": {label: probability}}``.
-Classification = dict[str, Any]
+
+class Classification(TypedDict):
+    """One text's result: ``{"label": str, "score": float, "scores": {label: probability}}``."""
+
+    label: str
+    score: float
+    scores: dict[str, float]
 
 
 class OnnxClassifier(SessionModel):
@@ -78,7 +88,7 @@ class OnnxClassifier(SessionModel):
     def __init__(
         self,
         model: OnnxModel,
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         *,
         name: str,
         labels: Sequence[str] | None = None,
@@ -86,7 +96,7 @@ class OnnxClassifier(SessionModel):
         output_name: str | None = None,
     ) -> None:
         self.model = model
-        self.tokenizer = tokenizer
+        self.tokenizer: Tokenizer = tokenizer
         self.pad_id = pad_id
         self._inputs = check_text_inputs(model, what="a classifier")
         spec = text_output(model, output_name, preferred="logits")
@@ -134,7 +144,7 @@ class OnnxClassifier(SessionModel):
     def cost(self, item: TokenizedText) -> int:
         return max(1, len(item))
 
-    def logits(self, batch: Sequence[TokenizedText]) -> np.ndarray[Any, np.dtype[np.float32]]:
+    def logits(self, batch: Sequence[TokenizedText]) -> Vector:
         """One padded batch through a free session: ``(len(batch), num_labels)`` logits."""
         out = self._run(batch)
         if out.ndim != 2 or out.shape[0] != len(batch):
@@ -150,7 +160,7 @@ class OnnxClassifier(SessionModel):
         probs = softmax(self.logits(batch))
         return [self._result(row) for row in probs]
 
-    def _result(self, probs: np.ndarray[Any, Any]) -> Classification:
+    def _result(self, probs: npt.NDArray[np.float64]) -> Classification:
         best = int(np.argmax(probs))
         return {
             "label": self.labels[best],
@@ -158,7 +168,7 @@ class OnnxClassifier(SessionModel):
             "scores": {label: float(p) for label, p in zip(self.labels, probs, strict=True)},
         }
 
-    def _run(self, batch: Sequence[TokenizedText]) -> np.ndarray[Any, Any]:
+    def _run(self, batch: Sequence[TokenizedText]) -> Array:
         feeds, _ = text_feeds(self._inputs, batch, pad_id=self.pad_id)
         return self.model.run(feeds, [self.output_name])[self.output_name]
 
@@ -176,12 +186,12 @@ class OnnxClassifier(SessionModel):
         return f"OnnxClassifier({self.model.path.name!r}, labels={list(self.labels)})"
 
 
-def softmax(logits: np.ndarray[Any, Any]) -> np.ndarray[Any, np.dtype[np.float64]]:
+def softmax(logits: Array) -> npt.NDArray[np.float64]:
     """Row-wise softmax, in float64, stable for large logits."""
     x = np.asarray(logits, dtype=np.float64)
     x = x - x.max(axis=-1, keepdims=True)
     e = np.exp(x)
-    result: np.ndarray[Any, np.dtype[np.float64]] = e / e.sum(axis=-1, keepdims=True)
+    result: npt.NDArray[np.float64] = e / e.sum(axis=-1, keepdims=True)
     return result
 
 

@@ -15,15 +15,17 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Unpack
 
 import numpy as np
 import numpy.typing as npt
 
+from batchline._types import Vector
 from batchline.knobs import Knobs
 from batchline.models.onnx.embedder import (
     DenseLayer,
     Embedder,
+    EmbedderOptions,
     TokenizedText,
     tokenizer_max_length,
 )
@@ -32,8 +34,6 @@ from batchline.models.protocol import ModelInfo
 from batchline.models.specs import ModelSpec
 
 __all__ = ["TextEmbedder", "load_embedder", "load_onnx_embedder"]
-
-Vector = np.ndarray[Any, np.dtype[np.float32]]
 
 
 class TextEmbedder(SessionModel):
@@ -104,7 +104,7 @@ def load_embedder(spec: ModelSpec, knobs: Knobs) -> TextEmbedder:
     session beside the batching ones when ``knobs.solo_intra_op_threads`` asks for one)."""
     from batchline.models.onnx import minilm
 
-    options: dict[str, Any] = {}
+    options: EmbedderOptions = {}
     options.update(_folder_options(spec))
     if spec.normalize is not None:
         options["normalize"] = spec.normalize
@@ -123,7 +123,7 @@ def load_embedder(spec: ModelSpec, knobs: Knobs) -> TextEmbedder:
     )
 
 
-def _folder_options(spec: ModelSpec) -> dict[str, Any]:
+def _folder_options(spec: ModelSpec) -> EmbedderOptions:
     """What a sentence-transformers layout beside a folder's ``model.onnx`` says: its Dense
     layers and normalization, and its pooling when the graph returns token vectors (a graph
     that already pools is used as it is)."""
@@ -136,7 +136,7 @@ def _folder_options(spec: ModelSpec) -> dict[str, Any]:
         DenseLayer.load(d.path, d.out_features, d.in_features, bias=d.bias, activation=d.activation)
         for d in found.dense
     ]
-    options: dict[str, Any] = {"normalize": found.normalize, "dense": dense}
+    options: EmbedderOptions = {"normalize": found.normalize, "dense": dense}
     outputs = list(onnx.load(str(spec.path), load_external_data=False).graph.output)
     named = [o for o in outputs if o.name == "sentence_embedding"]
     out = (named or outputs)[0] if outputs else None
@@ -152,7 +152,7 @@ def load_onnx_embedder(
     name: str,
     knobs: Knobs,
     max_length: int | None = None,
-    **options: Any,
+    **options: Unpack[EmbedderOptions],
 ) -> TextEmbedder:
     """An ONNX text encoder file and its ``tokenizer.json`` as a :class:`TextEmbedder` laid
     out as ``knobs`` say (its int8 graph with ``knobs.quantize``); ``options`` go to

@@ -21,18 +21,22 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, get_args
+from typing import TYPE_CHECKING, TypedDict, Unpack, get_args
 
 import numpy as np
 import numpy.typing as npt
 
 from batchline._errors import InputError, ModelError
+from batchline._types import Array, Vector
 from batchline.knobs import DEFAULT_TARGET_BATCH_TOKENS
 from batchline.models.onnx.runtime import OnnxModel, OnnxTensor, ProviderSpec, pad_sequences
 from batchline.models.specs import Pooling
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 __all__ = [
     "DEFAULT_TARGET_BATCH_TOKENS",
@@ -58,7 +62,7 @@ class TokenizedText:
     Its cost for the batcher is its length: :meth:`estimate_tokens`.
     """
 
-    ids: np.ndarray[Any, np.dtype[np.int64]]
+    ids: npt.NDArray[np.int64]
 
     def estimate_tokens(self) -> int:
         """The number of tokens, special tokens included."""
@@ -73,8 +77,8 @@ class DenseLayer:
     """A dense layer applied to pooled vectors (a sentence-transformers ``Dense`` module):
     ``activation(x @ weight.T + bias)``; ``weight`` is ``(out, in)`` as torch stores it."""
 
-    weight: np.ndarray[Any, np.dtype[np.float32]]
-    bias: np.ndarray[Any, np.dtype[np.float32]] | None = None
+    weight: Vector
+    bias: Vector | None = None
     activation: str = "identity"
 
     def __post_init__(self) -> None:
@@ -121,7 +125,7 @@ class DenseLayer:
         return np.asarray(_ACTIVATIONS[self.activation](y), dtype=np.float32)
 
 
-_ACTIVATIONS: dict[str, Any] = {
+_ACTIVATIONS: dict[str, Callable[[Vector], npt.ArrayLike]] = {
     "identity": lambda y: y,
     "tanh": np.tanh,
     "relu": lambda y: np.maximum(y, 0),
@@ -131,7 +135,7 @@ _ACTIVATIONS: dict[str, Any] = {
 
 def load_tokenizer(
     path: str | os.PathLike[str], *, max_length: int | None = None
-) -> tuple[Any, int]:
+) -> tuple[Tokenizer, int]:
     """Load a Hugging Face ``tokenizer.json`` for per-batch padding.
 
     The file's own padding is turned off (batches are padded to their longest text later) and
@@ -164,7 +168,7 @@ def load_tokenizer(
     return tok, int(pad_id) if pad_id is not None else 0
 
 
-def tokenize_texts(tokenizer: Any, texts: Iterable[str] | str) -> list[TokenizedText]:
+def tokenize_texts(tokenizer: Tokenizer, texts: Iterable[str] | str) -> list[TokenizedText]:
     """Tokenize texts with a tokenizer from :func:`load_tokenizer` (sync, CPU-bound).
 
     Lone surrogates are replaced; a text that is not a ``str`` raises ``InputError``.
@@ -210,7 +214,7 @@ def text_output(model: OnnxModel, output_name: str | None, *, preferred: str) ->
     return next(o for o in model.outputs if o.name == output_name)
 
 
-def tokenizer_max_length(tokenizer: Any) -> int | None:
+def tokenizer_max_length(tokenizer: Tokenizer) -> int | None:
     """The tokenizer's truncation length (the longest input in tokens), if it truncates."""
     trunc = getattr(tokenizer, "truncation", None)
     return int(trunc["max_length"]) if isinstance(trunc, dict) else None
@@ -218,14 +222,14 @@ def tokenizer_max_length(tokenizer: Any) -> int | None:
 
 def text_feeds(
     inputs: dict[str, OnnxTensor], texts: Sequence[TokenizedText], *, pad_id: int
-) -> tuple[dict[str, np.ndarray[Any, Any]], np.ndarray[Any, Any]]:
+) -> tuple[dict[str, Array], Array]:
     """One right-padded batch of texts as feeds for the ``inputs`` of
     :func:`check_text_inputs` (``token_type_ids`` zeros, ``position_ids`` 0..seq-1);
     returns ``(feeds, mask)``."""
     ids, mask = pad_sequences(
         [t.ids for t in texts], pad_value=pad_id, dtype=inputs["input_ids"].dtype
     )
-    feeds: dict[str, np.ndarray[Any, Any]] = {
+    feeds: dict[str, Array] = {
         "input_ids": ids,
         "attention_mask": mask.astype(inputs["attention_mask"].dtype, copy=False),
     }
@@ -235,6 +239,17 @@ def text_feeds(
         pos = np.arange(ids.shape[1], dtype=inputs["position_ids"].dtype)
         feeds["position_ids"] = np.broadcast_to(pos, ids.shape).copy()
     return feeds, mask
+
+
+class EmbedderOptions(TypedDict, total=False):
+    """The keyword options of :class:`Embedder` that its loaders pass through."""
+
+    output_name: str | None
+    pooling: Pooling | None
+    normalize: bool | None
+    dense: Sequence[DenseLayer]
+    target_batch_tokens: int
+    max_batch_size: int
 
 
 class Embedder:
@@ -268,7 +283,7 @@ class Embedder:
     def __init__(
         self,
         model: OnnxModel,
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         *,
         pad_id: int = 0,
         output_name: str | None = None,
@@ -329,7 +344,7 @@ class Embedder:
         intra_op_threads: int = 1,
         providers: Sequence[ProviderSpec] | None = None,
         shared: bool = False,
-        **options: Any,
+        **options: Unpack[EmbedderOptions],
     ) -> Embedder:
         """all-MiniLM-L6-v2 (384 dimensions, texts truncated at 256 tokens).
 
@@ -369,7 +384,7 @@ class Embedder:
         providers: Sequence[ProviderSpec] | None = None,
         check_batch_axis: bool = True,
         shared: bool = False,
-        **options: Any,
+        **options: Unpack[EmbedderOptions],
     ) -> Embedder:
         """Your own ONNX encoder and its Hugging Face ``tokenizer.json``.
 

@@ -24,11 +24,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from batchline._errors import InputError, ModelError
+from batchline._types import Array
 from batchline.knobs import Knobs
 from batchline.models.onnx.runtime import OnnxModel, OnnxTensor, stack_equal
 from batchline.models.onnx.sessions import SessionModel, load_sessions
@@ -36,8 +36,6 @@ from batchline.models.protocol import ModelInfo
 from batchline.models.specs import ModelSpec
 
 __all__ = ["OnnxPredictor", "TensorRow", "load_predictor"]
-
-Array = np.ndarray[Any, Any]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -165,7 +163,7 @@ class OnnxPredictor(SessionModel):
         return f"OnnxPredictor({self.model.path.name!r}, inputs={list(self._inputs)})"
 
 
-def _cast(name: str, arr: Array, dtype: np.dtype[Any]) -> Array:
+def _cast(name: str, arr: Array, dtype: np.dtype[np.generic]) -> Array:
     """``arr`` as ``dtype`` when no value changes; else an ``InputError`` naming the input."""
     if arr.dtype == dtype:
         return arr

@@ -76,7 +76,7 @@ class Quality:
             )
         return out
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return asdict(self)
 
 

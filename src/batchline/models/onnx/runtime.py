@@ -21,13 +21,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import onnxruntime as ort
 
 from batchline._errors import FixedBatchAxisError, InputError, ModelError
+from batchline._types import Array
 from batchline.oip.tensors import DATATYPES, TensorSpec, dtype_of
 
 __all__ = [
@@ -39,7 +39,7 @@ __all__ = [
     "stack_equal",
 ]
 
-ProviderSpec = str | tuple[str, dict[str, Any]]
+ProviderSpec = str | tuple[str, Mapping[str, object]]
 
 # Short names users may pass instead of ONNX Runtime's full provider names.
 _PROVIDER_ALIASES = {
@@ -100,7 +100,7 @@ class OnnxTensor:
         return ONNX_DATATYPES.get(self.type, self.type)
 
     @property
-    def dtype(self) -> np.dtype[Any]:
+    def dtype(self) -> np.dtype[np.generic]:
         """The numpy dtype for this tensor (``object`` for strings)."""
         try:
             return dtype_of(self.datatype)
@@ -253,7 +253,7 @@ class OnnxModel:
         self,
         feeds: Mapping[str, npt.ArrayLike],
         output_names: Sequence[str] | None = None,
-    ) -> dict[str, np.ndarray[Any, Any]]:
+    ) -> dict[str, Array]:
         """Run one batch on a free session and return ``{output name: array}``.
 
         Blocks while every session is busy. Safe to call from several threads.
@@ -271,7 +271,7 @@ class OnnxModel:
                 raise ModelError(f"ONNX Runtime failed on {self.path.name}: {exc}") from exc
         return dict(zip(names, results, strict=True))
 
-    def _check_feeds(self, feeds: Mapping[str, npt.ArrayLike]) -> dict[str, np.ndarray[Any, Any]]:
+    def _check_feeds(self, feeds: Mapping[str, npt.ArrayLike]) -> dict[str, Array]:
         expected = {i.name: i for i in self.inputs}
         missing = [n for n in expected if n not in feeds]
         unknown = [n for n in feeds if n not in expected]
@@ -285,7 +285,7 @@ class OnnxModel:
                 f"feeds do not match the inputs of {self.path.name}: {'; '.join(parts)}; "
                 f"the model takes {list(expected)}"
             )
-        out: dict[str, np.ndarray[Any, Any]] = {}
+        out: dict[str, Array] = {}
         for name, value in feeds.items():
             spec = expected[name]
             arr = np.asarray(value)
@@ -397,7 +397,7 @@ def _fixed_input_from_ort_message(msg: str, input_names: Sequence[str]) -> str |
     return input_names[0] if input_names else "?"
 
 
-def _dummy_input(spec: OnnxTensor, batch: int) -> np.ndarray[Any, Any]:
+def _dummy_input(spec: OnnxTensor, batch: int) -> Array:
     dims = [batch] + [d if isinstance(d, int) and d > 0 else _PROBE_DIM for d in spec.shape[1:]]
     dtype = spec.dtype
     if dtype.kind in "iub":
@@ -466,7 +466,7 @@ def _session_options(*, intra_op_threads: int, spinning: bool) -> ort.SessionOpt
 # --- collate helpers ------------------------------------------------------------------------
 
 
-def stack_equal(arrays: Sequence[npt.ArrayLike]) -> np.ndarray[Any, Any]:
+def stack_equal(arrays: Sequence[npt.ArrayLike]) -> Array:
     """Stack per-record arrays of one shape into a batch (a new leading axis).
 
     Raises:
@@ -491,7 +491,7 @@ def pad_sequences(
     pad_value: int = 0,
     dtype: npt.DTypeLike = np.int64,
     length: int | None = None,
-) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+) -> tuple[Array, Array]:
     """Right-pad 1-D integer sequences to one length; return ``(padded, attention_mask)``.
 
     Both arrays have shape ``(len(sequences), length)``, where ``length`` defaults to the
@@ -519,9 +519,7 @@ def pad_sequences(
     return padded, mask
 
 
-def split_rows(
-    batch: np.ndarray[Any, Any], lengths: Sequence[int] | None = None
-) -> list[np.ndarray[Any, Any]]:
+def split_rows(batch: Array, lengths: Sequence[int] | None = None) -> list[Array]:
     """Split a batch output back into one array per record.
 
     With ``lengths``, axis 1 is a padded sequence axis and each record keeps only its first

@@ -21,11 +21,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
+import numpy.typing as npt
 
 from batchline._errors import InputError, ModelError
+from batchline._types import Array, Vector
 from batchline.knobs import Knobs
 from batchline.models.onnx.embedder import (
     check_text_inputs,
@@ -38,6 +40,9 @@ from batchline.models.onnx.sessions import SessionModel, load_sessions_at, token
 from batchline.models.protocol import ModelInfo
 from batchline.models.specs import ModelSpec
 
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
 __all__ = ["OnnxScorer", "TokenizedPair", "load_onnx_scorer", "load_scorer", "pair_of"]
 
 Activation = Literal["sigmoid", "identity"]
@@ -47,8 +52,8 @@ Activation = Literal["sigmoid", "identity"]
 class TokenizedPair:
     """One (query, document) pair as token ids and their segment (type) ids."""
 
-    ids: np.ndarray[Any, np.dtype[np.int64]]
-    type_ids: np.ndarray[Any, np.dtype[np.int64]]
+    ids: npt.NDArray[np.int64]
+    type_ids: npt.NDArray[np.int64]
 
     def __len__(self) -> int:
         return int(self.ids.shape[0])
@@ -92,7 +97,7 @@ class OnnxScorer(SessionModel):
     def __init__(
         self,
         model: OnnxModel,
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         *,
         name: str,
         pad_id: int = 0,
@@ -102,7 +107,7 @@ class OnnxScorer(SessionModel):
         if activation not in ("sigmoid", "identity"):
             raise ValueError(f"activation must be sigmoid or identity, got {activation!r}")
         self.model = model
-        self.tokenizer = tokenizer
+        self.tokenizer: Tokenizer = tokenizer
         self.pad_id = pad_id
         self.activation = activation
         self._inputs = check_text_inputs(model, what="a cross-encoder")
@@ -152,12 +157,12 @@ class OnnxScorer(SessionModel):
     def cost(self, item: TokenizedPair) -> int:
         return max(1, len(item))
 
-    def logits(self, batch: Sequence[TokenizedPair]) -> np.ndarray[Any, np.dtype[np.float32]]:
+    def logits(self, batch: Sequence[TokenizedPair]) -> Vector:
         """One padded batch through a free session: ``(len(batch),)`` logits."""
         ids, mask = pad_sequences(
             [p.ids for p in batch], pad_value=self.pad_id, dtype=self._inputs["input_ids"].dtype
         )
-        feeds: dict[str, np.ndarray[Any, Any]] = {
+        feeds: dict[str, Array] = {
             "input_ids": ids,
             "attention_mask": mask.astype(self._inputs["attention_mask"].dtype, copy=False),
         }

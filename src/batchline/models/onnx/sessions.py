@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from batchline._errors import InputError
 from batchline.knobs import Knobs
@@ -15,6 +15,8 @@ from batchline.models.protocol import ModelInfo, check_token_ids
 from batchline.models.specs import ModelSpec
 
 if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
     from batchline.models.onnx.runtime import OnnxModel
 
 __all__ = ["SessionModel", "load_sessions", "load_sessions_at", "tokenizer_path"]
@@ -30,7 +32,7 @@ class SessionModel:
     model: OnnxModel
     _info: ModelInfo
     #: the model's ``tokenizers.Tokenizer`` (text models; ``None`` for tensor models)
-    tokenizer: Any = None
+    tokenizer: Tokenizer | None = None
 
     @property
     def info(self) -> ModelInfo:
@@ -83,12 +85,12 @@ def tokenizer_path(spec: ModelSpec) -> Path:
     return guess
 
 
-def load_sessions(spec: ModelSpec, knobs: Knobs, **options: Any) -> Any:
+def load_sessions(spec: ModelSpec, knobs: Knobs, **options: bool) -> OnnxModel:
     """The ``OnnxModel`` of an ``.onnx`` spec in the knobs' layout (:func:`load_sessions_at`)."""
     return load_sessions_at(spec.path, knobs, **options)
 
 
-def load_sessions_at(path: Path, knobs: Knobs, **options: Any) -> Any:
+def load_sessions_at(path: Path, knobs: Knobs, **options: bool) -> OnnxModel:
     """The ``OnnxModel`` of the ONNX file ``path`` in the knobs' layout: ``knobs.sessions``
     sessions for batching, or one session every caller shares for the baseline;
     ``knobs.intra_op_threads`` threads each, on ``knobs.providers``. ``options`` go to

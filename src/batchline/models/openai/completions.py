@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from batchline.models.generation import TokenLogprob
 
@@ -36,7 +35,7 @@ class Choice:
 
     text: str
     finish_reason: str | None
-    logprobs: dict[str, Any] | None = None
+    logprobs: dict[str, object] | None = None
 
 
 def completion_response(
@@ -48,12 +47,12 @@ def completion_response(
     choices: Sequence[Choice],
     prompt_tokens: int,
     completion_tokens: int,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """A ``chat.completion`` (``chat``: each choice an assistant message) or a
     ``text_completion``; ``choices`` in order (their ``index``)."""
     listed = []
     for index, c in enumerate(choices):
-        choice: dict[str, Any] = {"index": index}
+        choice: dict[str, object] = {"index": index}
         if chat:
             choice["message"] = {"role": "assistant", "content": c.text}
         else:
@@ -71,12 +70,12 @@ def completion_response(
     }
 
 
-def _entry(token_id: int, logprob: float, text_of: TokenText) -> dict[str, Any]:
+def _entry(token_id: int, logprob: float, text_of: TokenText) -> dict[str, object]:
     text = text_of(token_id)
     return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
 
 
-def chat_logprobs(logprobs: Sequence[TokenLogprob], text_of: TokenText) -> dict[str, Any]:
+def chat_logprobs(logprobs: Sequence[TokenLogprob], text_of: TokenText) -> dict[str, object]:
     """A chat choice's ``logprobs``: ``{"content": [{"token", "logprob", "bytes",
     "top_logprobs": [...]}], "refusal": null}``."""
     content = [
@@ -95,7 +94,7 @@ def completion_logprobs(
     *,
     offset: int = 0,
     prompt: tuple[int, Sequence[TokenLogprob]] | None = None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """A text completion's ``logprobs``: parallel ``tokens``, ``token_logprobs``,
     ``top_logprobs`` (each place's most likely tokens and the chosen one, text to
     log-probability) and ``text_offset`` (where each token starts in the choice's text,

@@ -14,14 +14,14 @@ models here document that JSON (the OpenAPI schema, the tests); they are not on 
 import base64
 import json
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel
 
-__all__ = ["EmbeddingData", "EmbeddingResponse", "Usage", "embeddings_json", "vector_json"]
+from batchline._types import Vector
 
-Vector = np.ndarray[Any, np.dtype[np.float32]]
+__all__ = ["EmbeddingData", "EmbeddingResponse", "Usage", "embeddings_json", "vector_json"]
 
 _FORMATS: dict[int, str] = {}
 

@@ -92,7 +92,7 @@ def _one_error(value: object, handler: ValidatorFunctionWrapHandler) -> object:
 Texts = Annotated[StrictStr | list[StrictStr], WrapValidator(_one_error)]
 
 
-def read_body(schema: type[M], body: Mapping[str, Any]) -> M:
+def read_body(schema: type[M], body: Mapping[str, object]) -> M:
     """``body`` (parsed JSON) as ``schema``; ``ValueError`` naming the first bad field as the
     server's 422 does (``body.temperature: Input should be...``), never echoing the input."""
     try:
@@ -229,8 +229,8 @@ class SamplingBody(BaseModel):
     # vLLM's extension (its server takes it too): generate max_tokens even past the EOS token
     ignore_eos: StrictBool = False
     # structured outputs, read by batchline.models.generation.structured.constraint_from_openai
-    response_format: dict[str, Any] | None = None
-    guided_json: dict[str, Any] | StrictStr | None = None
+    response_format: dict[str, object] | None = None
+    guided_json: dict[str, object] | StrictStr | None = None
     guided_regex: StrictStr | None = None
     guided_choice: list[StrictStr] | None = None
     # OpenAI's; their ranges are checked by SamplingParams (the error names the range)
@@ -257,7 +257,7 @@ class SamplingBody(BaseModel):
         ``echo`` with ``logprobs``."""
         return None
 
-    def constraint_fields(self) -> dict[str, Any]:
+    def constraint_fields(self) -> dict[str, object]:
         """The structured-output fields the body sets (empty: it asks for no constraint)."""
         return self.model_dump(include=set(CONSTRAINT_FIELDS), exclude_none=True)
 
@@ -390,7 +390,7 @@ class ChatCompletionRequest(OpenAISamplingBody):
 
     messages: list[ChatMessageBody]
     max_completion_tokens: MaxTokens | None = None
-    tools: list[Any] | None = None
+    tools: list[object] | None = None
     logprobs: StrictBool | None = None
     top_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None
 
