@@ -38,9 +38,9 @@ exported, every series labelled with ``model``:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -50,6 +50,9 @@ from batchline._priority import priority_label
 from batchline._residency import Residency
 from batchline._stats import BatchStats
 from batchline.server.generation_metrics import GenerationMetrics
+
+if TYPE_CHECKING:
+    from batchline.server.state import Served
 
 __all__ = ["CONTENT_TYPE", "ModelMetrics", "ServerMetrics", "record_outcomes"]
 
@@ -84,12 +87,12 @@ class ModelMetrics:
         self.batch_size = server.batch_size.labels(model=model)
         self.batch_cost = server.batch_cost.labels(model=model)
         self.batch_duration = server.batch_duration.labels(model=model)
-        self._queue_wait: dict[int, Any] = {}
+        self._queue_wait: dict[int, Histogram] = {}
         self.in_flight = server.in_flight.labels(model=model)
         self._server = server
-        self._latency: dict[str, Any] = {}
+        self._latency: dict[str, Histogram] = {}
 
-    def queue_wait(self, priority: int) -> Any:
+    def queue_wait(self, priority: int) -> Histogram:
         """The queue-wait histogram child of one batcher priority."""
         child = self._queue_wait.get(priority)
         if child is None:
@@ -98,7 +101,7 @@ class ModelMetrics:
             self._queue_wait[priority] = child
         return child
 
-    def request_latency(self, route: str) -> Any:
+    def request_latency(self, route: str) -> Histogram:
         """The latency histogram child of one route."""
         child = self._latency.get(route)
         if child is None:
@@ -196,7 +199,7 @@ class ServerMetrics:
         )
         self._batches: list[Callable[[], dict[str, int]]] = []
         r.register(_BatchesCollector(self._batches))
-        self._residency: list[Residency[Any]] = []
+        self._residency: list[Residency[Served]] = []
         r.register(_ResidencyCollector(self._residency))
         self.generation = GenerationMetrics(r)
         """The generate models' metrics (``batchline_generation_*``)."""
@@ -215,17 +218,17 @@ class ServerMetrics:
         """Export a batcher's ``stats`` (read at scrape time) under ``model``."""
         self._stats_sources[model] = stats
 
-    def residency_event(self, kind: str, model: str, details: dict[str, Any]) -> None:
+    def residency_event(self, kind: str, model: str, details: Mapping[str, float | str]) -> None:
         """Count one event of a :class:`batchline._residency.Residency` (its ``on_event``)."""
         if kind == "load":
             self.model_loads.labels(model=model, outcome="ok").inc()
-            self.model_load_seconds.labels(model=model).observe(details["seconds"])
+            self.model_load_seconds.labels(model=model).observe(float(details["seconds"]))
         elif kind == "load_failed":
             self.model_loads.labels(model=model, outcome="failed").inc()
         elif kind == "evict":
             self.model_evictions.labels(model=model, reason=details["reason"]).inc()
 
-    def watch_residency(self, residency: Residency[Any]) -> None:
+    def watch_residency(self, residency: Residency[Served]) -> None:
         """Export the budget and each on-demand model's bytes (read at scrape time)."""
         self._residency.append(residency)
 
@@ -298,7 +301,7 @@ class _StatsCollector(Collector):
 class _ResidencyCollector(Collector):
     """Reads the residencies' budgets and ``ResidentStats`` snapshots at scrape time."""
 
-    def __init__(self, sources: list[Residency[Any]]) -> None:
+    def __init__(self, sources: list[Residency[Served]]) -> None:
         self._sources = sources
 
     def describe(self) -> Iterable[Metric]:
