@@ -210,9 +210,7 @@ def create_app(
         if on_demand:
             from batchline.server.residency import build_residency
 
-            async def load_managed(
-                spec: ModelSpec,
-            ) -> Served:
+            async def load_managed(spec: ModelSpec) -> Served:
                 if spec.generates:
                     generator = await load_generator(spec)
                     state.generators[spec.name] = generator

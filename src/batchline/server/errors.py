@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
@@ -18,6 +18,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from batchline.models.openai.requests import error_text
+
+if TYPE_CHECKING:
+    from pydantic_core import ErrorDetails
 
 __all__ = [
     "ApiError",
@@ -42,7 +45,7 @@ class ApiError(Exception):
         kind: str,
         *,
         headers: dict[str, str] | None = None,
-        detail: Any = None,
+        detail: object = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -63,7 +66,7 @@ def error_response(
     kind: str,
     *,
     headers: dict[str, str] | None = None,
-    detail: Any = None,
+    detail: object = None,
 ) -> JSONResponse:
     """The server's error body: FastAPI's ``detail`` plus OpenAI's ``error`` object."""
     body = {
@@ -86,7 +89,7 @@ async def _validation_error(request: Request, exc: Exception) -> Response:
     return validation_response(exc.errors())
 
 
-def validation_response(errors: Sequence[Any]) -> JSONResponse:
+def validation_response(errors: Sequence[ErrorDetails]) -> JSONResponse:
     """422 with ``loc``/``msg``/``type`` of each error and never the input itself.
 
     (FastAPI's own handler echoes the input, and a NaN or a lone surrogate in it then
@@ -95,9 +98,9 @@ def validation_response(errors: Sequence[Any]) -> JSONResponse:
     return validation_error(errors).response()
 
 
-def validation_error(errors: Sequence[Any]) -> ApiError:
+def validation_error(errors: Sequence[ErrorDetails]) -> ApiError:
     """The :func:`validation_response` as an error to raise (a route's own body parsing)."""
-    detail: list[dict[str, Any]] = []
+    detail: list[dict[str, object]] = []
     for err in errors:
         loc = [_safe(part) for part in err.get("loc", ())]
         detail.append(
