@@ -7,6 +7,7 @@ Only the standard library is imported here, so ``batchline --help`` works withou
 from __future__ import annotations
 
 import argparse
+from argparse import _SubParsersAction
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,9 +20,7 @@ if TYPE_CHECKING:
 __all__ = ["add_parser", "run"]
 
 
-def add_parser(
-    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
-) -> argparse.ArgumentParser:
+def add_parser(subparsers: _SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Add ``serve`` to the ``batchline`` command's subparsers."""
     p = subparsers.add_parser(
         "serve",

@@ -9,18 +9,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
+from pydantic_core import ErrorDetails
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from batchline.models.openai.requests import error_text
-
-if TYPE_CHECKING:
-    from pydantic_core import ErrorDetails
 
 __all__ = [
     "ApiError",

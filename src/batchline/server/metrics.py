@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -50,9 +50,6 @@ from batchline._priority import priority_label
 from batchline._residency import Residency
 from batchline._stats import BatchStats
 from batchline.server.generation_metrics import GenerationMetrics
-
-if TYPE_CHECKING:
-    from batchline.server.state import Served
 
 __all__ = ["CONTENT_TYPE", "ModelMetrics", "ServerMetrics", "record_outcomes"]
 
@@ -199,7 +196,7 @@ class ServerMetrics:
         )
         self._batches: list[Callable[[], dict[str, int]]] = []
         r.register(_BatchesCollector(self._batches))
-        self._residency: list[Residency[Served]] = []
+        self._residency: list[Residency[Any]] = []
         r.register(_ResidencyCollector(self._residency))
         self.generation = GenerationMetrics(r)
         """The generate models' metrics (``batchline_generation_*``)."""
@@ -228,7 +225,7 @@ class ServerMetrics:
         elif kind == "evict":
             self.model_evictions.labels(model=model, reason=details["reason"]).inc()
 
-    def watch_residency(self, residency: Residency[Served]) -> None:
+    def watch_residency(self, residency: Residency[Any]) -> None:
         """Export the budget and each on-demand model's bytes (read at scrape time)."""
         self._residency.append(residency)
 
@@ -301,7 +298,7 @@ class _StatsCollector(Collector):
 class _ResidencyCollector(Collector):
     """Reads the residencies' budgets and ``ResidentStats`` snapshots at scrape time."""
 
-    def __init__(self, sources: list[Residency[Served]]) -> None:
+    def __init__(self, sources: list[Residency[Any]]) -> None:
         self._sources = sources
 
     def describe(self) -> Iterable[Metric]:

@@ -43,7 +43,9 @@ import os
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
+
+from starlette.types import Scope
 
 from batchline._residency import (
     MemoryBudgetError,
@@ -55,11 +57,7 @@ from batchline._residency import (
 from batchline.models.footprint import Footprint, estimate_footprint, runtime_bytes
 from batchline.models.specs import ModelSpec
 from batchline.server.errors import ApiError
-
-if TYPE_CHECKING:
-    from starlette.types import Scope
-
-    from batchline.server.settings import ServerSettings
+from batchline.server.settings import ServerSettings
 
 __all__ = [
     "RELEASES",

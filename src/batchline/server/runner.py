@@ -12,6 +12,7 @@ import contextlib
 import copy
 import logging
 import math
+import socket
 from collections.abc import AsyncIterator, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -19,15 +20,6 @@ from batchline._errors import BatchlineError, InputError, ModelError
 from batchline.server.app import create_app, drain
 from batchline.server.settings import ServerSettings
 from batchline.server.state import ServerState
-
-if TYPE_CHECKING:
-    import socket
-    from types import FrameType
-
-    from fastapi import FastAPI
-    from opentelemetry.trace import TracerProvider
-    from starlette.types import Message, Receive, Scope, Send
-    from uvicorn import Config
 
 __all__ = ["serve"]
 
@@ -83,7 +75,6 @@ def _check_port(host: str, port: int) -> None:
     """Refuse a port another process listens on, before the models load (uvicorn would find
     out only after loading them, and exit 1)."""
     import errno
-    import socket
 
     if port == 0:
         return
@@ -167,6 +158,10 @@ class _Startup:
 
 
 if TYPE_CHECKING:
+    from fastapi import FastAPI
+    from opentelemetry.trace import TracerProvider
+    from starlette.types import Message, Receive, Scope, Send
+    from uvicorn import Config
     from uvicorn import Server as _ServerBase
 else:
     try:
@@ -189,7 +184,7 @@ class _DrainingServer(_ServerBase):
         self._loop = asyncio.get_running_loop()
         await super().serve(sockets)
 
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+    def handle_exit(self, sig: int, frame: object) -> None:
         # Not calling super(): uvicorn would record the signal and raise it again on exit.
         self._signals += 1
         if self._signals > 1 or self._loop is None or not self.started:

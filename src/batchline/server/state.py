@@ -60,7 +60,6 @@ if TYPE_CHECKING:
         GenerationStats,
         TextGenerator,
     )
-    from batchline.server.batches.runner import BatchService
     from batchline.server.generation_metrics import GenerationMetrics
     from batchline.server.tracing import BatchMark
 
@@ -423,7 +422,7 @@ class ServerState:
     """Each on-demand model's task, loaded or not."""
     tracing: Tracing | None = None
     """The tracer when ``OTEL_*`` asks for traces (:mod:`batchline.server.tracing`)."""
-    batches: BatchService | None = None
+    batches: object = None
     """The Batch API's :class:`batchline.server.batches.runner.BatchService` (``None``
     until the app has started it)."""
     _idle: asyncio.Event | None = None

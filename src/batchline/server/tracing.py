@@ -35,7 +35,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from batchline._tracing import Tracing
 
@@ -43,7 +43,6 @@ if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
     from batchline.models.generation import Completion
-    from batchline.server.state import _Job
 
 __all__ = [
     "BatchMark",
@@ -142,10 +141,9 @@ class BatchMark(NamedTuple):
 
 
 _batch_ids = itertools.count(1)
-P = TypeVar("P")
 
 
-def mark_batch(jobs: Sequence[_Job[P]], started: float, costs: list[int], *, padded: bool) -> None:
+def mark_batch(jobs: Sequence[Any], started: float, costs: list[int], *, padded: bool) -> None:
     """Stamp every job of a finished batch (on its worker thread): one tuple for all."""
     cost = len(costs) * max(costs) if padded else sum(costs)
     padding = cost - sum(costs) if padded else 0
@@ -154,7 +152,7 @@ def mark_batch(jobs: Sequence[_Job[P]], started: float, costs: list[int], *, pad
         job.batch = mark
 
 
-def trace_jobs(tracing: Tracing, jobs: Sequence[_Job[P]], *, failed: bool = False) -> None:
+def trace_jobs(tracing: Tracing, jobs: Sequence[Any], *, failed: bool = False) -> None:
     """A request's ``batch`` span per batch its jobs went in, under the current (request)
     span: the model call, with the batch's numbers and this request's queue wait in it (from
     its earliest record's submit to the call). A request never run (timed out or refused while

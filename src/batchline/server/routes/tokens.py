@@ -1,7 +1,7 @@
 """``POST /tokenize`` and ``POST /detokenize``: a served model's own tokenizer, in vLLM's
 shapes, for clients that count or cut tokens before they send text.
 
-Any text model answers (``embed``, ``classify``, ``score``, ``generate``); a tensor model has
+Every text model answers (``embed``, ``classify``, ``score``, ``generate``); a tensor model has
 no tokenizer (400). ``model`` may be left out when one model is served.
 
 (No ``from __future__ import annotations``: FastAPI reads these annotations at run time.)
