@@ -94,17 +94,20 @@ from batchline.server.gate import Gate
 from batchline.server.metrics import ServerMetrics
 from batchline.server.routes import include_routes
 from batchline.server.settings import ServerSettings
-from batchline.server.state import ServedGenerator, ServedModel, ServerState
+from batchline.server.state import Served, ServedGenerator, ServedModel, ServerState
 
 if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+
     from batchline.models.generation import GenerationModel
+    from batchline.server.batches.runner import BatchService
 
 __all__ = ["LoadGenerator", "LoadModel", "create_app", "drain"]
 
 logger = logging.getLogger("batchline.server")
 
 #: ``load_model(spec, knobs) -> BatchModel``: how the app loads each served batch model.
-LoadModel = Callable[[ModelSpec, Knobs], BatchModel[Any, Any]]
+LoadModel = Callable[[ModelSpec, Knobs], BatchModel[object, object]]
 #: ``load_generator(spec, knobs) -> GenerationModel``: how it loads each generate model.
 LoadGenerator = Callable[[ModelSpec, Knobs], "GenerationModel"]
 
@@ -114,7 +117,7 @@ def create_app(
     *,
     load_model: LoadModel | None = None,
     load_generator: LoadGenerator | None = None,
-    tracer_provider: Any = None,
+    tracer_provider: TracerProvider | None = None,
 ) -> FastAPI:
     """Build the ASGI app; its lifespan loads the models and starts their batchers.
 
@@ -162,12 +165,12 @@ def create_app(
         knobs = settings.knobs if settings.knobs.batching else settings.baseline_knobs
         batch_names = [s.name for s in specs if not s.generates]
         device = _shared_device(settings, knobs, batch_names) if settings.knobs.batching else None
-        models: dict[str, ServedModel[Any, Any]] = {}
+        models: dict[str, ServedModel[object, object]] = {}
         generators: dict[str, ServedGenerator] = {}
 
-        async def load_served(spec: ModelSpec) -> ServedModel[Any, Any]:
+        async def load_served(spec: ModelSpec) -> ServedModel[object, object]:
             model = await asyncio.to_thread(loader, spec, knobs)
-            served: ServedModel[Any, Any] = ServedModel(
+            served: ServedModel[object, object] = ServedModel(
                 spec.name,
                 model,
                 settings,
@@ -207,7 +210,7 @@ def create_app(
         if on_demand:
             from batchline.server.residency import build_residency
 
-            async def load_managed(spec: ModelSpec) -> ServedModel[Any, Any] | ServedGenerator:
+            async def load_managed(spec: ModelSpec) -> Served:
                 if spec.generates:
                     generator = await load_generator(spec)
                     state.generators[spec.name] = generator
@@ -216,7 +219,7 @@ def create_app(
                 state.models[spec.name] = served
                 return served
 
-            async def unload_managed(served: ServedModel[Any, Any] | ServedGenerator) -> None:
+            async def unload_managed(served: Served) -> None:
                 if isinstance(served, ServedGenerator):
                     state.generators.pop(served.name, None)
                     metrics.generation.forget(served.name)  # holds no reference to it
@@ -336,9 +339,7 @@ async def drain(state: ServerState) -> None:
     await state.wait_idle(_CUT_GRACE_S)
 
 
-async def _stop_all(
-    served: Sequence[ServedModel[Any, Any] | ServedGenerator], *, timeout_s: float
-) -> None:
+async def _stop_all(served: Sequence[Served], *, timeout_s: float) -> None:
     """Drain and free every model at once (each within ``timeout_s``), whatever fails."""
     results = await asyncio.gather(
         *(m.stop(timeout_s=timeout_s) for m in served), return_exceptions=True
@@ -348,7 +349,7 @@ async def _stop_all(
             logger.error("stopping model %s failed", m.name, exc_info=result)
 
 
-async def _start_batches(state: ServerState) -> Any:
+async def _start_batches(state: ServerState) -> BatchService:
     """The Batch API's service on the data directory, resuming what a last run left."""
     from batchline.server.batches.runner import BatchService
     from batchline.server.batches.store import Store
@@ -377,7 +378,7 @@ def _no_native_telemetry() -> dict[str, Any]:
 def _default_loader() -> LoadModel:
     from batchline.models.loader import load_model
 
-    def load(spec: ModelSpec, knobs: Knobs) -> Any:
+    def load(spec: ModelSpec, knobs: Knobs) -> BatchModel[object, object]:
         model = load_model(spec, knobs)
         if knobs.quantize is not None:  # used only past the int8 quality gate
             from batchline.jobs.quantized import check_quantized

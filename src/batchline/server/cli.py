@@ -7,18 +7,22 @@ Only the standard library is imported here, so ``batchline --help`` works withou
 from __future__ import annotations
 
 import argparse
+from argparse import _SubParsersAction
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from batchline.knobs import SHARED_HELP, add_knob_arguments
 from batchline.models.selection import add_model_spec_argument
 
+if TYPE_CHECKING:
+    from batchline.server.settings import ServerSettings
+
 __all__ = ["add_parser", "run"]
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: _SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Add ``serve`` to the ``batchline`` command's subparsers."""
-    p: argparse.ArgumentParser = subparsers.add_parser(
+    p = subparsers.add_parser(
         "serve",
         help="serve models over HTTP, each behind one shared batcher",
         description=(
@@ -216,7 +220,7 @@ def run(args: argparse.Namespace) -> int:
     return serve(settings)
 
 
-def _check_models(settings: Any) -> None:
+def _check_models(settings: ServerSettings) -> None:
     """Fail before serving, with one line (exit 2), when a model cannot be loaded as given: a
     malformed spec, a missing file, a built-in model not pulled, a text model without its
     tokenizer."""

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
+from pydantic_core import ErrorDetails
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -42,7 +42,7 @@ class ApiError(Exception):
         kind: str,
         *,
         headers: dict[str, str] | None = None,
-        detail: Any = None,
+        detail: object = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -63,7 +63,7 @@ def error_response(
     kind: str,
     *,
     headers: dict[str, str] | None = None,
-    detail: Any = None,
+    detail: object = None,
 ) -> JSONResponse:
     """The server's error body: FastAPI's ``detail`` plus OpenAI's ``error`` object."""
     body = {
@@ -86,7 +86,7 @@ async def _validation_error(request: Request, exc: Exception) -> Response:
     return validation_response(exc.errors())
 
 
-def validation_response(errors: Sequence[Any]) -> JSONResponse:
+def validation_response(errors: Sequence[ErrorDetails]) -> JSONResponse:
     """422 with ``loc``/``msg``/``type`` of each error and never the input itself.
 
     (FastAPI's own handler echoes the input, and a NaN or a lone surrogate in it then
@@ -95,9 +95,9 @@ def validation_response(errors: Sequence[Any]) -> JSONResponse:
     return validation_error(errors).response()
 
 
-def validation_error(errors: Sequence[Any]) -> ApiError:
+def validation_error(errors: Sequence[ErrorDetails]) -> ApiError:
     """The :func:`validation_response` as an error to raise (a route's own body parsing)."""
-    detail: list[dict[str, Any]] = []
+    detail: list[dict[str, object]] = []
     for err in errors:
         loc = [_safe(part) for part in err.get("loc", ())]
         detail.append(

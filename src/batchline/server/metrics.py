@@ -38,7 +38,7 @@ exported, every series labelled with ``model``:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import partial
 from typing import Any
 
@@ -84,12 +84,12 @@ class ModelMetrics:
         self.batch_size = server.batch_size.labels(model=model)
         self.batch_cost = server.batch_cost.labels(model=model)
         self.batch_duration = server.batch_duration.labels(model=model)
-        self._queue_wait: dict[int, Any] = {}
+        self._queue_wait: dict[int, Histogram] = {}
         self.in_flight = server.in_flight.labels(model=model)
         self._server = server
-        self._latency: dict[str, Any] = {}
+        self._latency: dict[str, Histogram] = {}
 
-    def queue_wait(self, priority: int) -> Any:
+    def queue_wait(self, priority: int) -> Histogram:
         """The queue-wait histogram child of one batcher priority."""
         child = self._queue_wait.get(priority)
         if child is None:
@@ -98,7 +98,7 @@ class ModelMetrics:
             self._queue_wait[priority] = child
         return child
 
-    def request_latency(self, route: str) -> Any:
+    def request_latency(self, route: str) -> Histogram:
         """The latency histogram child of one route."""
         child = self._latency.get(route)
         if child is None:
@@ -215,11 +215,11 @@ class ServerMetrics:
         """Export a batcher's ``stats`` (read at scrape time) under ``model``."""
         self._stats_sources[model] = stats
 
-    def residency_event(self, kind: str, model: str, details: dict[str, Any]) -> None:
+    def residency_event(self, kind: str, model: str, details: Mapping[str, float | str]) -> None:
         """Count one event of a :class:`batchline._residency.Residency` (its ``on_event``)."""
         if kind == "load":
             self.model_loads.labels(model=model, outcome="ok").inc()
-            self.model_load_seconds.labels(model=model).observe(details["seconds"])
+            self.model_load_seconds.labels(model=model).observe(float(details["seconds"]))
         elif kind == "load_failed":
             self.model_loads.labels(model=model, outcome="failed").inc()
         elif kind == "evict":

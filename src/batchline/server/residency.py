@@ -42,8 +42,10 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, MutableMapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TypeVar
+
+from starlette.types import Scope
 
 from batchline._residency import (
     MemoryBudgetError,
@@ -55,6 +57,7 @@ from batchline._residency import (
 from batchline.models.footprint import Footprint, estimate_footprint, runtime_bytes
 from batchline.models.specs import ModelSpec
 from batchline.server.errors import ApiError
+from batchline.server.settings import ServerSettings
 
 __all__ = [
     "RELEASES",
@@ -67,6 +70,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger("batchline.server")
+
+H = TypeVar("H")  # what a load gives: a started served model
 
 #: The request-scope key holding the releases a request owes (the gate calls them).
 RELEASES = "batchline.releases"
@@ -82,7 +87,7 @@ def memory_in_use(device: str = "cpu") -> int:
     in a child), or torch's CUDA allocations (``cuda``, when torch is loaded): what a load's
     footprint is measured by."""
     if device.startswith("cuda") and "torch" in sys.modules:
-        torch: Any = sys.modules["torch"]
+        torch = sys.modules["torch"]
         if torch.cuda.is_available():
             return int(torch.cuda.memory_allocated())
     own = _resident(os.getpid())
@@ -155,15 +160,16 @@ def _high_water() -> int | None:
 
 
 def build_residency(
-    settings: Any,
+    settings: ServerSettings,
     specs: list[ModelSpec],
-    load_served: Callable[[ModelSpec], Any],
-    unload_served: Callable[[Any], Any],
-    on_event: Callable[[str, str, dict[str, Any]], None],
+    load_served: Callable[[ModelSpec], Awaitable[H]],
+    unload_served: Callable[[H], Awaitable[None]],
+    on_event: Callable[[str, str, Mapping[str, float | str]], None],
     tasks: dict[str, str] | None = None,
-) -> Residency[Any]:
+) -> Residency[H]:
     """A residency of ``specs`` under ``settings.memory_budget``: ``load_served``
     (async, spec → started served model) and ``unload_served`` (async) do the work."""
+    assert settings.memory_budget is not None, "built only for a memory budget"
     budget = parse_bytes(settings.memory_budget, total=total_memory())
     device = str(getattr(settings.knobs, "device", "cpu") or "cpu")
     knobs = settings.knobs if settings.knobs.batching else settings.baseline_knobs
@@ -184,7 +190,7 @@ def build_residency(
         )
     one_at_a_time = asyncio.Lock()  # loads and unloads: each load's growth is its own
 
-    async def load(name: str) -> tuple[Any, int | None, int | None]:
+    async def load(name: str) -> tuple[H, int | None, int | None]:
         expected = estimates[name]
         async with one_at_a_time:
             runtime = runtime_bytes([expected.runtime]) if on_cpu else 0  # imported by this load
@@ -213,7 +219,7 @@ def build_residency(
         )
         return served, steady, reserve
 
-    async def unload(name: str, served: Any) -> None:
+    async def unload(name: str, served: H) -> None:
         logger.info("unloading model %s", name)
         async with one_at_a_time:
             await unload_served(served)
@@ -225,7 +231,7 @@ def build_residency(
     def in_use() -> int:
         return max(0, memory_in_use(device) - reserved)
 
-    residency: Residency[Any] = Residency(
+    residency: Residency[H] = Residency(
         budget_bytes=budget,
         load=load,
         unload=unload,
@@ -262,14 +268,14 @@ def _attribute(grown: int, expected: int) -> int | None:
 
 
 async def use_served(
-    residency: Residency[Any],
+    residency: Residency[H],
     name: str,
-    scope: MutableMapping[str, Any],
+    scope: Scope,
     timeout_s: float,
     *,
     max_waiting: int,
     retry_after_s: int = 1,
-) -> Any:
+) -> H:
     """The served model ``name``, loaded as needed and held until the request ends (its
     release is left in ``scope`` for the gate). 504 when it is not loaded within
     ``timeout_s``, 503 naming the cause when its load fails or it can never fit, 429 when
@@ -302,7 +308,7 @@ async def use_served(
     return served
 
 
-def release_all(scope: MutableMapping[str, Any]) -> None:
+def release_all(scope: Scope) -> None:
     """Give back every model a request acquired (the gate, when the response is done)."""
     for release in scope.pop(RELEASES, ()):
         release()

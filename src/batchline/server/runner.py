@@ -12,8 +12,9 @@ import contextlib
 import copy
 import logging
 import math
-from collections.abc import AsyncIterator
-from typing import Any
+import socket
+from collections.abc import AsyncIterator, Iterable
+from typing import TYPE_CHECKING, Any
 
 from batchline._errors import BatchlineError, InputError, ModelError
 from batchline.server.app import create_app, drain
@@ -25,7 +26,7 @@ __all__ = ["serve"]
 logger = logging.getLogger("batchline.server")
 
 
-def serve(settings: ServerSettings, *, tracer_provider: Any = None) -> int:
+def serve(settings: ServerSettings, *, tracer_provider: TracerProvider | None = None) -> int:
     """Run the app with uvicorn until SIGTERM/SIGINT; return 0 after a clean drain.
 
     The first signal starts a drain: ``/ready`` turns false, new model requests get 503,
@@ -74,7 +75,6 @@ def _check_port(host: str, port: int) -> None:
     """Refuse a port another process listens on, before the models load (uvicorn would find
     out only after loading them, and exit 1)."""
     import errno
-    import socket
 
     if port == 0:
         return
@@ -101,7 +101,7 @@ class _Startup:
     until the models are loaded, then let through (or, after an expected error, dropped).
     """
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: FastAPI) -> None:
         self.error: BaseException | None = None
         self._held: list[logging.LogRecord] = []
         self._holding = False
@@ -109,7 +109,7 @@ class _Startup:
         inner = app.router.lifespan_context
 
         @contextlib.asynccontextmanager
-        async def lifespan(a: Any) -> AsyncIterator[Any]:
+        async def lifespan(a: FastAPI) -> AsyncIterator[Any]:  # starlette's Lifespan union
             started = False
             try:
                 async with inner(a) as state:
@@ -126,8 +126,8 @@ class _Startup:
         app.router.lifespan_context = lifespan
         app_call = app.__call__
 
-        async def quiet(scope: Any, receive: Any, send: Any) -> None:
-            async def send_quietly(message: Any) -> None:
+        async def quiet(scope: Scope, receive: Receive, send: Send) -> None:
+            async def send_quietly(message: Message) -> None:
                 if message.get("type") == "lifespan.startup.failed" and self.error is not None:
                     message = {"type": "lifespan.startup.failed", "message": ""}
                 await send(message)
@@ -157,29 +157,34 @@ class _Startup:
                 self._logger.handle(record)
 
 
-try:
-    import uvicorn as _uvicorn
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+    from opentelemetry.trace import TracerProvider
+    from starlette.types import Message, Receive, Scope, Send
+    from uvicorn import Config
+    from uvicorn import Server as _ServerBase
+else:
+    try:
+        from uvicorn import Server as _ServerBase
+    except ImportError:  # pragma: no cover - the server extra brings uvicorn
+        _ServerBase = object
 
-    _ServerBase: Any = _uvicorn.Server
-except ImportError:  # pragma: no cover - the server extra brings uvicorn
-    _ServerBase = object
 
-
-class _DrainingServer(_ServerBase):  # type: ignore[misc]
+class _DrainingServer(_ServerBase):
     """uvicorn's server with a drain phase before its shutdown, and no re-raised signal."""
 
-    def __init__(self, config: Any, state: ServerState) -> None:
+    def __init__(self, config: Config, state: ServerState) -> None:
         super().__init__(config)
         self._state = state
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain_task: asyncio.Task[None] | None = None
         self._signals = 0
 
-    async def serve(self, sockets: Any = None) -> None:
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().serve(sockets)
 
-    def handle_exit(self, sig: int, frame: Any) -> None:
+    def handle_exit(self, sig: int, frame: object) -> None:
         # Not calling super(): uvicorn would record the signal and raise it again on exit.
         self._signals += 1
         if self._signals > 1 or self._loop is None or not self.started:
@@ -200,7 +205,7 @@ class _DrainingServer(_ServerBase):  # type: ignore[misc]
         self.should_exit = True
 
 
-def _close_after_response(connections: Any) -> None:
+def _close_after_response(connections: Iterable[object]) -> None:
     """Have every response in progress close its connection when it ends (``Connection:
     close`` where its headers have not gone yet).
 

@@ -24,8 +24,9 @@ import dataclasses
 import json
 import math
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import (
     BaseModel,
@@ -207,12 +208,12 @@ class ServerSettings(BaseModel):
 
     @field_validator("model", "task", "preload", "pin", mode="before")
     @classmethod
-    def _one_or_many(cls, value: Any) -> Any:
+    def _one_or_many(cls, value: object) -> object:
         return [value] if isinstance(value, str) else value
 
     @field_validator("allowed_hosts", "cors_origins", mode="before")
     @classmethod
-    def _comma_separated(cls, value: Any) -> Any:
+    def _comma_separated(cls, value: object) -> object:
         if isinstance(value, str):
             value = value.split(",")
         if isinstance(value, list):
@@ -221,7 +222,7 @@ class ServerSettings(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _fold_knobs(cls, data: Any) -> Any:
+    def _fold_knobs(cls, data: object) -> object:
         """Flat knob keys (a config file's, ``sessions=2``) into the one ``knobs``."""
         if not isinstance(data, dict):
             return data
@@ -326,7 +327,7 @@ class ServerSettings(BaseModel):
     # -- building ---------------------------------------------------------------------------
 
     @classmethod
-    def build(cls, data: dict[str, Any] | None = None, **overrides: Any) -> ServerSettings:
+    def build(cls, data: Mapping[str, object] | None = None, **overrides: object) -> ServerSettings:
         """Validate ``data`` updated with the non-``None`` ``overrides``.
 
         The API key falls back to ``$BATCHLINE_API_KEY``. Raises ``InputError`` with one
@@ -344,11 +345,11 @@ class ServerSettings(BaseModel):
             raise InputError(_describe(exc)) from None
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike[str], **overrides: Any) -> ServerSettings:
+    def from_file(cls, path: str | os.PathLike[str], **overrides: object) -> ServerSettings:
         """Read a TOML or JSON config file (see :func:`load_config`), then apply overrides."""
         return cls.build(load_config(path), **overrides)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The settings as plain, flat values (the knobs by their own names, as a config file
         holds them), without the API key (it is never written out)."""
         data = self.model_dump(mode="json", exclude={"api_key", "knobs"}, exclude_none=True)
@@ -429,7 +430,7 @@ SETTING_NAMES: frozenset[str] = frozenset(ServerSettings.model_fields) - {"knobs
 )
 
 
-def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
+def load_config(path: str | os.PathLike[str]) -> dict[str, object]:
     """Read a flat TOML or JSON config file (:func:`batchline.knobs.read_config_file`).
 
     TOML keys may sit at the top level or in a ``[server]`` table. Raises ``InputError`` if

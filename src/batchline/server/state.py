@@ -36,7 +36,7 @@ import logging
 import time
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
+from typing import TYPE_CHECKING, Generic, TypeVar, cast
 
 from batchline._device import Device
 from batchline._stats import BatchStats
@@ -50,6 +50,10 @@ from batchline.server.settings import ServerSettings
 from batchline.server.tracing import StepTracer, mark_batch, trace_completions, trace_jobs
 
 if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+    from batchline._batcher import DynamicBatcher
+    from batchline._residency import Residency
     from batchline.models.generation import (
         Completion,
         GenerationModel,
@@ -57,8 +61,9 @@ if TYPE_CHECKING:
         TextGenerator,
     )
     from batchline.server.generation_metrics import GenerationMetrics
+    from batchline.server.tracing import BatchMark
 
-__all__ = ["ServedGenerator", "ServedModel", "ServerState"]
+__all__ = ["Served", "ServedGenerator", "ServedModel", "ServerState"]
 
 logger = logging.getLogger("batchline.server")
 
@@ -114,7 +119,7 @@ class ServedModel(Generic[P, R]):
             )
 
     @property
-    def batcher(self) -> Any:
+    def batcher(self) -> DynamicBatcher[_Job[P], R] | None:
         """The engine's batcher (``None`` for the baseline)."""
         return self.engine.batcher if self.engine is not None else None
 
@@ -245,7 +250,7 @@ class _Job(Generic[P]):
     cost: int
     submitted: float
     priority: int = 0
-    batch: Any = None
+    batch: BatchMark | None = None
     """The :class:`~batchline.server.tracing.BatchMark` of the batch it went in (tracing on)."""
 
 
@@ -318,7 +323,7 @@ def _observe_batch(m: ModelMetrics, started: float, costs: list[int], *, padded:
     m.batch_cost.observe(len(costs) * max(costs) if padded else sum(costs))
 
 
-def _tokenizer_of(model: object) -> Any:
+def _tokenizer_of(model: object) -> Tokenizer | None:
     """The Hugging Face tokenizer of a text model, when it shows one (for the overflow check)."""
     tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is None:
@@ -390,6 +395,9 @@ class ServedGenerator:
             self.model.close()
 
 
+#: A served model of either kind (what the residency of on-demand models holds).
+Served = ServedModel[object, object] | ServedGenerator
+
 # -- state ------------------------------------------------------------------------------------
 
 
@@ -399,7 +407,7 @@ class ServerState:
 
     settings: ServerSettings
     metrics: ServerMetrics
-    models: dict[str, ServedModel[Any, Any]] = field(default_factory=dict)
+    models: dict[str, ServedModel[object, object]] = field(default_factory=dict)
     generators: dict[str, ServedGenerator] = field(default_factory=dict)
     order: list[str] = field(default_factory=list)
     """Every served name, batch and generate models alike, in the order they were given."""
@@ -407,29 +415,29 @@ class ServerState:
     draining: bool = False
     in_flight: int = 0
     api_key: bytes | None = None
-    residency: Any = None
+    residency: Residency[Served] | None = None
     """The :class:`batchline._residency.Residency` of on-demand batch models (``None``: every
     model loaded at startup); a managed model is in ``models`` while it is resident."""
     managed: dict[str, str] = field(default_factory=dict)
     """Each on-demand model's task, loaded or not."""
     tracing: Tracing | None = None
     """The tracer when ``OTEL_*`` asks for traces (:mod:`batchline.server.tracing`)."""
-    batches: Any = None
+    batches: object = None
     """The Batch API's :class:`batchline.server.batches.runner.BatchService` (``None``
     until the app has started it)."""
     _idle: asyncio.Event | None = None
 
     @property
-    def default_model(self) -> ServedModel[Any, Any]:
+    def default_model(self) -> ServedModel[object, object]:
         return next(iter(self.models.values()))
 
-    def batchers(self) -> dict[str, Any]:
+    def batchers(self) -> dict[str, DynamicBatcher[_Job[object], object]]:
         """Each batching model's batcher, by name (none for the baseline)."""
         return {n: m.batcher for n, m in self.models.items() if m.batcher is not None}
 
-    def served(self) -> list[ServedModel[Any, Any] | ServedGenerator]:
+    def served(self) -> list[Served]:
         """Every served model, in the order they were given."""
-        out: list[ServedModel[Any, Any] | ServedGenerator] = []
+        out: list[Served] = []
         for name in dict.fromkeys([*self.order, *self.models, *self.generators]):
             model = self.models.get(name)
             if model is not None:

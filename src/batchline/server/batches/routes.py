@@ -64,8 +64,8 @@ class BatchCreate(BaseModel):
 
 
 def _service(request: Request) -> BatchService:
-    service: BatchService | None = server_state(request).batches
-    if service is None:
+    service = server_state(request).batches
+    if not isinstance(service, BatchService):
         raise ApiError(503, "the Batch API is not started yet; retry", "service_unavailable")
     return service
 

@@ -57,13 +57,15 @@ from batchline.jobs.requests import (
     first_duplicate_custom_id,
 )
 from batchline.server.batches.store import FileRecord, Store, derived_file_id, now
+from batchline.server.state import ServedGenerator
 
 if TYPE_CHECKING:
     from batchline.datasets.outcomes import Written
     from batchline.datasets.sources import Record
     from batchline.knobs import Knobs
     from batchline.models.protocol import BatchModel
-    from batchline.server.state import ServedGenerator, ServedModel, ServerState
+    from batchline.server.settings import ServerSettings
+    from batchline.server.state import Served, ServedModel, ServerState
 
 __all__ = ["BatchService"]
 
@@ -185,7 +187,7 @@ class BatchService:
             self.store.put_batch(owner, batch)
         return batch
 
-    def _fail(self, owner: str, batch_id: str, errors: list[dict[str, Any]]) -> None:
+    def _fail(self, owner: str, batch_id: str, errors: list[dict[str, object]]) -> None:
         batch = self._get(owner, batch_id)
         batch.update(status="failed", failed_at=now(), errors={"object": "list", "data": errors})
         self.store.put_batch(owner, batch)
@@ -263,7 +265,7 @@ class BatchService:
                 name = getattr(names, kind)
                 if name is None:
                     continue  # every such line is an error naming what to serve
-                served: Any
+                served: Served | None
                 if residency is not None and name in state.managed:
                     served = await residency.acquire(name)
                     acquired.append(name)
@@ -271,14 +273,15 @@ class BatchService:
                     served = state.generators.get(name) or state.models.get(name)
                 if served is None:
                     continue
-                if kind == "generate":
+                if isinstance(served, ServedGenerator):
                     generator = served
                 else:
                     engines[kind] = _ServedLane(served, room)
             yield generator, engines
         finally:
-            for name in acquired:
-                residency.release(name)
+            if residency is not None:
+                for name in acquired:
+                    residency.release(name)
 
     async def _finalize(self, owner: str, batch_id: str, final: str) -> None:
         """Write the output and error files (whole), then mark the batch ``final``."""
@@ -342,22 +345,22 @@ class _ServedLane:
     ``room`` at a time; when live traffic has filled the queue, the item waits and tries
     again rather than fail."""
 
-    def __init__(self, served: ServedModel[Any, Any], room: int) -> None:
+    def __init__(self, served: ServedModel[object, object], room: int) -> None:
         self.served = served
-        self.model: BatchModel[Any, Any] = served.model
+        self.model: BatchModel[object, object] = served.model
         self._room = asyncio.Semaphore(room)
 
     @property
     def stats(self) -> BatchStats:
         return self.served.stats() or BatchStats()
 
-    async def submit(self, item: Any) -> asyncio.Future[Any]:
+    async def submit(self, item: object) -> asyncio.Future[object]:
         await self._room.acquire()
         task = asyncio.ensure_future(self._run(item))
         task.add_done_callback(lambda _: self._room.release())
         return task
 
-    async def _run(self, item: Any) -> Any:
+    async def _run(self, item: object) -> object:
         while True:
             try:
                 (result,) = await self.served.run([item], priority=_PRIORITY)
@@ -404,7 +407,7 @@ def _kinds_asked(path: Path) -> set[str]:
     return kinds
 
 
-def _check_file(path: Path, settings: Any) -> tuple[int, list[dict[str, Any]]]:
+def _check_file(path: Path, settings: ServerSettings) -> tuple[int, list[dict[str, object]]]:
     """Validate a batch's input file (sync): its count of requests, and the errors that fail
     the batch: a missing file, no line that is a JSON object (not JSONL), too many lines, two
     lines with one ``custom_id``. A bad line among good ones is not one: its error goes to
@@ -412,7 +415,7 @@ def _check_file(path: Path, settings: Any) -> tuple[int, list[dict[str, Any]]]:
     if not path.is_file():
         return 0, [_error("invalid_file", "the input file was deleted before the batch ran")]
     parsed: list[tuple[int, object]] = []
-    bad: list[dict[str, Any]] = []
+    bad: list[dict[str, object]] = []
     with path.open("rb") as f:
         for number, raw in nonblank_lines(f):
             try:
@@ -443,6 +446,6 @@ def _check_file(path: Path, settings: Any) -> tuple[int, list[dict[str, Any]]]:
     return len(parsed), []
 
 
-def _error(code: str, message: str, line: int | None = None) -> dict[str, Any]:
+def _error(code: str, message: str, line: int | None = None) -> dict[str, object]:
     """One of a failed batch's ``errors``, as OpenAI shows it."""
     return {"code": code, "message": message, "param": None, "line": line}

@@ -86,7 +86,7 @@ class FileRecord:
     lines: int
     created_at: int
 
-    def openai(self) -> dict[str, Any]:
+    def openai(self) -> dict[str, object]:
         return {
             "id": self.id,
             "object": "file",
@@ -163,7 +163,7 @@ class Store:
     def files(self, owner: str, *, purpose: str | None = None) -> list[FileRecord]:
         """``owner``'s files, newest first."""
         query = "SELECT * FROM files WHERE owner = ?"
-        args: tuple[Any, ...] = (owner,)
+        args: tuple[str, ...] = (owner,)
         if purpose is not None:
             query += " AND purpose = ?"
             args += (purpose,)

@@ -10,7 +10,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar, cast
+from typing import Generic, Protocol, TypeVar, cast
 
 import numpy as np
 from pydantic import BaseModel, ValidationError
@@ -19,13 +19,13 @@ from starlette.types import Receive
 
 from batchline._errors import BatcherClosedError, InputError, QueueFullError, RecordTooLargeError
 from batchline._priority import batcher_priority
+from batchline._types import Vector
 from batchline.models.openai.requests import texts_of
 from batchline.server.errors import ApiError, safe_text, shutting_down, validation_error
+from batchline.server.metrics import ModelMetrics
 from batchline.server.schemas import ErrorBody
 from batchline.server.settings import ServerSettings
-from batchline.server.state import ServedGenerator, ServedModel, ServerState
-
-Vector = np.ndarray[Any, np.dtype[np.float32]]
+from batchline.server.state import Served, ServedGenerator, ServedModel, ServerState
 
 __all__ = [
     "ERRORS",
@@ -56,7 +56,7 @@ logger = logging.getLogger("batchline.server")
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
 
-ERRORS: dict[int | str, dict[str, Any]] = {
+ERRORS: dict[int | str, dict[str, object]] = {
     code: {"model": ErrorBody, "description": text}
     for code, text in (
         (400, "Empty input, a bad value, or a model of another task."),
@@ -71,13 +71,13 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def body_doc(model: type[BaseModel]) -> dict[str, Any]:
+def body_doc(model: type[BaseModel]) -> dict[str, object]:
     """The OpenAPI request body of ``model``, nested models inlined (a schema's own
     ``#/$defs/...`` references would not resolve inside the OpenAPI document)."""
     schema = model.model_json_schema()
-    defs: dict[str, Any] = schema.pop("$defs", {})
+    defs: dict[str, object] = schema.pop("$defs", {})
 
-    def inline(node: Any) -> Any:
+    def inline(node: object) -> object:
         if isinstance(node, dict):
             ref = node.get("$ref")
             if isinstance(ref, str) and ref.startswith("#/$defs/"):
@@ -136,7 +136,7 @@ S = TypeVar("S", bound=_Served)
 
 def pick_model(
     request: Request, state: ServerState, name: str | None, task: str
-) -> ServedModel[Any, Any]:
+) -> ServedModel[object, object]:
     """The served batch model ``name`` (the first model of ``task`` when ``None``): 404
     listing the models when there is no such model, 400 naming its task when it does another."""
     return _pick(request, state, state.models, name, task, first_of_several=True)
@@ -144,13 +144,13 @@ def pick_model(
 
 async def use_model(
     request: Request, state: ServerState, name: str | None, task: str
-) -> ServedModel[Any, Any]:
+) -> ServedModel[object, object]:
     """:func:`pick_model`, loading an on-demand model first (``batchline.server.residency``:
     held until the response is done; 504 when not loaded in time, 503 when its load fails)."""
     if name is None and state.residency is not None:
         name = next((n for n in state.order if state.task_of(n) == task), None)
-    served: ServedModel[Any, Any] | None = await _use_managed(request, state, name, task)
-    return served if served is not None else pick_model(request, state, name, task)
+    served = await _use_managed(request, state, name, task)
+    return served if isinstance(served, ServedModel) else pick_model(request, state, name, task)
 
 
 def pick_generator(request: Request, state: ServerState, name: str | None) -> ServedGenerator:
@@ -165,11 +165,13 @@ async def use_generator(request: Request, state: ServerState, name: str | None) 
     if name is None and state.residency is not None:
         names = [n for n in state.order if state.task_of(n) == "generate"]
         name = names[0] if len(names) == 1 else None  # several: pick_generator says to name one
-    served: ServedGenerator | None = await _use_managed(request, state, name, "generate")
-    return served if served is not None else pick_generator(request, state, name)
+    served = await _use_managed(request, state, name, "generate")
+    return served if isinstance(served, ServedGenerator) else pick_generator(request, state, name)
 
 
-async def _use_managed(request: Request, state: ServerState, name: str | None, task: str) -> Any:
+async def _use_managed(
+    request: Request, state: ServerState, name: str | None, task: str
+) -> Served | None:
     """The on-demand model ``name`` of ``task``, acquired for the request (``None``: not an
     on-demand model of that task; the caller picks it as usual)."""
     residency = state.residency
@@ -286,11 +288,11 @@ def request_priority(request: Request, state: ServerState, model: str, body_valu
 
 async def run_model(
     state: ServerState,
-    model: ServedModel[Any, Any],
+    model: ServedModel[object, object],
     inputs: Sequence[object],
     *,
     priority: int = 0,
-) -> tuple[list[Any], int]:
+) -> tuple[list[object], int]:
     """Prepare and run a request's inputs (at the batcher's ``priority``, see
     :func:`request_priority`); the results in order and their total cost (tokens, for a text
     model). Turns the ways it can end into HTTP errors."""
@@ -324,8 +326,8 @@ class TextRun(Generic[M]):
     """A text route's request, run: its body, its model, the results in order, their tokens."""
 
     body: M
-    model: ServedModel[Any, Any]
-    results: list[Any]
+    model: ServedModel[object, object]
+    results: list[object]
     tokens: int
     started: float
 
@@ -338,7 +340,7 @@ async def run_texts(
     request: Request,
     schema: type[M],
     task: str,
-    check: Callable[[M, ServedModel[Any, Any]], None] | None = None,
+    check: Callable[[M, ServedModel[object, object]], None] | None = None,
 ) -> TextRun[M]:
     """The path of the text routes (``/v1/embeddings``, ``/classify``): the body as ``schema``
     (``input``, ``model``, ``priority``), the served model of ``task``, the texts checked (then
@@ -386,7 +388,7 @@ def api_error(
     return ApiError(500, "the model failed on this request", "server_error")
 
 
-def _count(m: Any, status: int) -> None:
+def _count(m: ModelMetrics, status: int) -> None:
     if status == 504:
         m.cancelled("timeout")
     elif status == 429:
@@ -428,7 +430,7 @@ async def _disconnected(receive: Receive) -> None:
             return
 
 
-def non_finite(model: ServedModel[Any, Any]) -> ApiError:
+def non_finite(model: ServedModel[object, object]) -> ApiError:
     """The 500 for a result with NaN or infinity (counted)."""
     model.metrics.failed("non_finite")
     return ApiError(500, "the model returned non-finite values for this request", "server_error")

@@ -7,12 +7,12 @@ aborts its sequences, as soon as the client goes away.
 """
 
 import asyncio
+import builtins
 import contextlib
 import json
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -58,7 +58,7 @@ class Shape:
     #: with ``echo``: each prompt's first token id (its log-probability is null)
     echo_first: tuple[int, ...] | None = None
 
-    def head(self, *, chunk: bool = False) -> dict[str, Any]:
+    def head(self, *, chunk: bool = False) -> dict[str, builtins.object]:
         kind = self.object + ".chunk" if chunk and self.chat else self.object
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
@@ -72,7 +72,7 @@ class Shape:
         *,
         offset: int = 0,
         prompt: tuple[int, Sequence[TokenLogprob]] | None = None,
-    ) -> dict[str, Any] | None:
+    ) -> dict[str, builtins.object] | None:
         """The ``logprobs`` object of these tokens, after the echoed ``prompt``'s (None when
         the request asked for none)."""
         if self.token_text is None or tokens is None:
@@ -107,9 +107,9 @@ class Shape:
         text: str | None,
         finish: FinishReason | None,
         usage: bool,
-        logprobs: dict[str, Any] | None = None,
+        logprobs: dict[str, builtins.object] | None = None,
     ) -> bytes:
-        choice: dict[str, Any] = {"index": index}
+        choice: dict[str, builtins.object] = {"index": index}
         if self.chat:
             choice["delta"] = {} if text is None else {"content": text}
         else:
@@ -134,7 +134,7 @@ class Shape:
         return sse(body)
 
 
-def sse(body: Mapping[str, Any]) -> bytes:
+def sse(body: Mapping[str, object]) -> bytes:
     return b"data: " + json.dumps(body, separators=(",", ":")).encode("utf-8") + b"\n\n"
 
 

@@ -11,7 +11,6 @@ result also has ``"scores": {label: score}``. Served by ``classify`` models
 import json
 import math
 from collections.abc import Mapping
-from typing import Any
 
 from fastapi import APIRouter
 from starlette.requests import Request
@@ -47,7 +46,9 @@ async def classify(request: Request) -> Response:
     return Response(payload, media_type="application/json")
 
 
-def _result(model: ServedModel[Any, Any], result: object, all_scores: bool) -> dict[str, Any]:
+def _result(
+    model: ServedModel[object, object], result: object, all_scores: bool
+) -> dict[str, object]:
     value = model.model.encode(result)
     if not isinstance(value, Mapping) or "label" not in value or "score" not in value:
         model.metrics.failed("model")
@@ -55,7 +56,7 @@ def _result(model: ServedModel[Any, Any], result: object, all_scores: bool) -> d
     score = float(value["score"])
     if not math.isfinite(score):
         raise non_finite(model)
-    out: dict[str, Any] = {"label": str(value["label"]), "score": score}
+    out: dict[str, object] = {"label": str(value["label"]), "score": score}
     if all_scores:
         scores = value.get("scores")
         out["scores"] = (

@@ -49,7 +49,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, TypeVar, cast
+from typing import Protocol, TypeVar, cast
 
 from fastapi import APIRouter
 from pydantic import BaseModel
@@ -282,7 +282,7 @@ def _samples(
     )
 
 
-def _response(shape: Shape, completions: Sequence[Completion]) -> dict[str, Any]:
+def _response(shape: Shape, completions: Sequence[Completion]) -> dict[str, object]:
     return completion_response(
         id=shape.id,
         created=shape.created,

@@ -24,7 +24,7 @@ routes (400, 404, 413, 429 + ``Retry-After``, 503, 504).
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 import numpy as np
 from fastapi import APIRouter
@@ -32,6 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from batchline import oip as codec
+from batchline._types import Array
 from batchline.server.errors import ApiError
 from batchline.server.routes._common import (
     check_count,
@@ -47,7 +48,6 @@ __all__ = ["router"]
 
 router = APIRouter()
 
-Array = np.ndarray[Any, Any]
 _PLATFORM = "batchline"
 
 
@@ -62,7 +62,7 @@ class _Tensors:
     to_row: Callable[[object], Mapping[str, Array]]
 
 
-def _tensors(model: ServedModel[Any, Any]) -> _Tensors:
+def _tensors(model: ServedModel[object, object]) -> _Tensors:
     """The model's protocol view; 400 for a model that has none."""
     info = model.info
     details = info.details
@@ -75,7 +75,7 @@ def _tensors(model: ServedModel[Any, Any]) -> _Tensors:
                 "Inference Protocol cannot describe it",
                 "invalid_request_error",
             )
-        return _Tensors(list(inputs), list(cast(list[Any], outputs)), dict, _as_row)
+        return _Tensors(list(inputs), list(cast(list[dict[str, object]], outputs)), dict, _as_row)
     text: list[dict[str, object]] = [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
     if info.task == "embed":
         dim = details.get("dim")
@@ -134,7 +134,7 @@ def _text(row: dict[str, Array]) -> str:
         raise codec.OipError(400, "input 'text' must hold UTF-8 text") from None
 
 
-def _model(state: ServerState, name: str) -> ServedModel[Any, Any]:
+def _model(state: ServerState, name: str) -> ServedModel[object, object]:
     model = state.models.get(name)
     if model is None and state.task_of(name) == "generate":
         raise ApiError(

@@ -7,8 +7,6 @@ request body schemas still appear in the OpenAPI document.
 (No ``from __future__ import annotations``: FastAPI reads these annotations at run time.)
 """
 
-from typing import Any
-
 import numpy as np
 from fastapi import APIRouter
 from starlette.requests import Request
@@ -61,7 +59,7 @@ async def create_embeddings(request: Request) -> Response:
     return Response(payload, media_type="application/json")
 
 
-def _check_dimensions(body: EmbeddingRequest, model: ServedModel[Any, Any]) -> None:
+def _check_dimensions(body: EmbeddingRequest, model: ServedModel[object, object]) -> None:
     try:
         body.cut(model.info.details.get("dim"), model.name)
     except ValueError as exc:

@@ -13,7 +13,6 @@ import json
 import math
 import time
 import uuid
-from typing import Any
 
 from fastapi import APIRouter
 from starlette.requests import Request
@@ -91,7 +90,7 @@ async def _answer(
     return Response(json.dumps(payload, separators=(",", ":")), media_type="application/json")
 
 
-def _scores(model: ServedModel[Any, Any], results: list[Any]) -> list[float]:
+def _scores(model: ServedModel[object, object], results: list[object]) -> list[float]:
     scores: list[float] = []
     for result in results:
         value = model.model.encode(result)

@@ -1,7 +1,7 @@
 """``POST /tokenize`` and ``POST /detokenize``: a served model's own tokenizer, in vLLM's
 shapes, for clients that count or cut tokens before they send text.
 
-Any text model answers (``embed``, ``classify``, ``score``, ``generate``); a tensor model has
+Every text model answers (``embed``, ``classify``, ``score``, ``generate``); a tensor model has
 no tokenizer (400). ``model`` may be left out when one model is served.
 
 (No ``from __future__ import annotations``: FastAPI reads these annotations at run time.)
@@ -9,7 +9,6 @@ no tokenizer (400). ``model`` may be left out when one model is served.
 
 import asyncio
 import json
-from typing import Any
 
 from fastapi import APIRouter
 from starlette.requests import Request
@@ -108,10 +107,10 @@ async def _tokenizing(
             )
         name = names[0]
     task = state.task_of(name)
-    model: Any
+    model: object
     if task == "generate":
         model = (await use_generator(request, state, name)).model
-        limit = model.max_context_tokens
+        limit: int | None = model.max_context_tokens
     else:
         # an unknown name: use_model answers the 404 that lists the served models
         served = await use_model(request, state, name, task or "embed")
