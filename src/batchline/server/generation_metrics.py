@@ -23,7 +23,7 @@ replicas:
   ``batchline_generation_request_completion_tokens``,
   ``batchline_generation_queue_wait_seconds{priority}`` (from ``submit()`` to the request's
   admission: it joined the running batch (continuous), its batch started (static, one at a
-  time), or vLLM scheduled it (seen from its first output, see ``vllm_engine``); label
+  time), or vLLM scheduled it (seen from its first output, see ``vllm_generator``); label
   ``priority``: ``interactive``, ``batch`` or the request's integer, as the batchers'
   ``batchline_queue_wait_seconds``; a request that ended before admission has no sample), and
   the counter ``batchline_generation_finished_total{finish_reason=stop|length|abort}``.

@@ -40,8 +40,6 @@ __all__ = [
     "describe_models",
     "non_finite",
     "parse_body",
-    "pick_generator",
-    "pick_model",
     "request_priority",
     "run_model",
     "run_texts",
@@ -134,39 +132,31 @@ class _Served(Protocol):
 S = TypeVar("S", bound=_Served)
 
 
-def pick_model(
-    request: Request, state: ServerState, name: str | None, task: str
-) -> ServedModel[object, object]:
-    """The served batch model ``name`` (the first model of ``task`` when ``None``): 404
-    listing the models when there is no such model, 400 naming its task when it does another."""
-    return _pick(request, state, state.models, name, task, first_of_several=True)
-
-
 async def use_model(
     request: Request, state: ServerState, name: str | None, task: str
 ) -> ServedModel[object, object]:
-    """:func:`pick_model`, loading an on-demand model first (``batchline.server.residency``:
-    held until the response is done; 504 when not loaded in time, 503 when its load fails)."""
+    """The served batch model ``name`` (the first model of ``task`` when ``None``), loaded
+    first when it is an on-demand one (``batchline.server.residency``: held until the response
+    is done; 504 when not loaded in time, 503 when its load fails): 404 listing the models when
+    there is no such model, 400 naming its task when it does another."""
     if name is None and state.residency is not None:
         name = next((n for n in state.order if state.task_of(n) == task), None)
     served = await _use_managed(request, state, name, task)
-    return served if isinstance(served, ServedModel) else pick_model(request, state, name, task)
-
-
-def pick_generator(request: Request, state: ServerState, name: str | None) -> ServedGenerator:
-    """The served generate model ``name`` (the only one when ``None``: with several, generated
-    texts differ too much to pick one silently); errors as :func:`pick_model`'s."""
-    return _pick(request, state, state.generators, name, "generate", first_of_several=False)
+    if isinstance(served, ServedModel):
+        return served
+    return _pick(request, state, state.models, name, task, first_of_several=True)
 
 
 async def use_generator(request: Request, state: ServerState, name: str | None) -> ServedGenerator:
-    """:func:`pick_generator`, loading an on-demand generate model first (as
-    :func:`use_model`)."""
+    """The served generate model ``name`` (the only one when ``None``: with several, generated
+    texts differ too much to pick one silently), loaded first and errors as :func:`use_model`'s."""
     if name is None and state.residency is not None:
         names = [n for n in state.order if state.task_of(n) == "generate"]
-        name = names[0] if len(names) == 1 else None  # several: pick_generator says to name one
+        name = names[0] if len(names) == 1 else None  # several: _pick says to name one
     served = await _use_managed(request, state, name, "generate")
-    return served if isinstance(served, ServedGenerator) else pick_generator(request, state, name)
+    if isinstance(served, ServedGenerator):
+        return served
+    return _pick(request, state, state.generators, name, "generate", first_of_several=False)
 
 
 async def _use_managed(

@@ -39,7 +39,7 @@ An aborted sequence leaves the engine before its next step, so its slot and KV r
 go to waiting requests at once. A request's priority (its body's ``priority``, the
 ``X-Batchline-Priority`` header, the model's ``model_priority``; ``interactive`` by default)
 goes with each of its prompts in ``SamplingParams.priority``: the generator orders who joins
-the next step by it (aged, as the batchers' queues; ``scheduler.py``).
+the next step by it (aged, as the batchers' queues; ``continuous.py``).
 
 (No ``from __future__ import annotations``: FastAPI reads these annotations at run time.)
 """
