@@ -4,7 +4,7 @@
     >>> result = run_bench(BenchOptions(loads=parse_load("closed:1,8,32"), duration_s=5))
     >>> write_report(result, Path("report"))      # batchline.bench.report
 
-Any model ``batchline run`` takes (``model``: ``default``, ``PATH.onnx`` with a ``task``,
+Every model ``batchline run`` takes (``model``: ``default``, ``PATH.onnx`` with a ``task``,
 ``module:factory``) is loaded through ``load_model`` and batched through ``ModelBatcher`` in
 every configuration. All configurations are started (and warmed up, untimed) first; then at
 each load point they run back to back, with the same inputs and, for open loops, the same
