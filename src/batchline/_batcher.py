@@ -28,9 +28,9 @@ import inspect
 import itertools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Generic, Literal, TypeVar, cast
+from typing import Generic, Literal, TypeVar, cast
 
-from batchline._clock import Clock, LoopClock
+from batchline._clock import Clock, LoopClock, TimerHandle
 from batchline._cost import CostResolver
 from batchline._device import Device, _Grant
 from batchline._errors import (
@@ -68,14 +68,14 @@ class State(enum.Enum):
     STOPPED = "stopped"
 
 
-class _RecordFuture(asyncio.Future):  # type: ignore[type-arg]
+class _RecordFuture(asyncio.Future, Generic[T, R]):  # type: ignore[type-arg]
     """The future handed to a caller; cancelling it withdraws a record still queued."""
 
     __slots__ = ("_entry", "_owner")
-    _entry: Entry[Any]
-    _owner: DynamicBatcher[Any, Any] | None
+    _entry: Entry[T]
+    _owner: DynamicBatcher[T, R] | None
 
-    def cancel(self, msg: Any | None = None) -> bool:
+    def cancel(self, msg: object | None = None) -> bool:
         if not super().cancel(msg):
             return False
         owner = self._owner
@@ -307,7 +307,7 @@ class DynamicBatcher(Generic[T, R]):
         self._lanes = Slots(  # a batch frees its slot as soon as process_fn returns
             max_concurrent_batches, bulk_slots, bulk_thread_nice, bulk_batch_cost is not None
         )
-        self._hold_timer: Any = None
+        self._hold_timer: TimerHandle | None = None
         self._started_at = 0.0
         self._now: Callable[[], float] = self._clock.now
 
@@ -678,7 +678,7 @@ class DynamicBatcher(Generic[T, R]):
             raise self._too_large(cost)
         if timeout_s is not None and timeout_s < 0:
             raise ValueError(f"timeout_s must be >= 0, got {timeout_s}")
-        future = _RecordFuture(loop=self._loop)
+        future: _RecordFuture[T, R] = _RecordFuture(loop=self._loop)
         entry: Entry[T] = Entry(record, cost, future, next(self._seq), priority, self._now())
         future._entry = entry
         future._owner = self
@@ -716,7 +716,7 @@ class DynamicBatcher(Generic[T, R]):
         self._leave_device_if_idle()
 
     @staticmethod
-    def _cancel_deadline(entry: Entry[Any]) -> None:
+    def _cancel_deadline(entry: Entry[T]) -> None:
         if entry.deadline_timer is not None:
             entry.deadline_timer.cancel()
             entry.deadline_timer = None
@@ -1027,7 +1027,7 @@ class DynamicBatcher(Generic[T, R]):
                 executor = self._lanes.pool(bulk)
                 assert executor is not None
                 running = self._loop.run_in_executor(executor, self._sync_fn, records)
-            result: Any = await running
+            result: object = await running
             if inspect.isawaitable(result):  # e.g. a lambda that returns a coroutine
                 result = await result
             return cast(Sequence[R], result)

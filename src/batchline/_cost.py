@@ -11,9 +11,11 @@ runtime-checkable ``isinstance`` costs microseconds, paid on every submit otherw
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import Generic, Protocol, TypeVar, runtime_checkable
 
 __all__ = ["CostEstimator", "CostResolver", "TokenEstimator"]
+
+T = TypeVar("T")
 
 
 @runtime_checkable
@@ -37,7 +39,7 @@ class TokenEstimator(Protocol):
     def estimate_tokens(self) -> int: ...
 
 
-def _check(cost: Any, source: str) -> int:
+def _check(cost: object, source: str) -> int:
     if isinstance(cost, bool) or not isinstance(cost, int):
         raise TypeError(f"{source} must be an int, got {type(cost).__name__}: {cost!r}")
     if cost < 0:
@@ -45,7 +47,7 @@ def _check(cost: Any, source: str) -> int:
     return cost
 
 
-class CostResolver:
+class CostResolver(Generic[T]):
     """Finds the cost of a record by the precedence in this module's docstring."""
 
     __slots__ = ("_default", "_estimator", "_methods", "_use_tokens")
@@ -54,7 +56,7 @@ class CostResolver:
         self,
         *,
         default_cost: int,
-        cost_estimator: Callable[[Any], int] | None,
+        cost_estimator: Callable[[T], int] | None,
         use_tokens: bool,
     ) -> None:
         self._default = _check(default_cost, "default_cost")
@@ -63,7 +65,7 @@ class CostResolver:
         # record type -> name of the method to call, or "" when it has none
         self._methods: dict[type, str] = {}
 
-    def __call__(self, record: Any, explicit: int | None) -> int:
+    def __call__(self, record: T, explicit: int | None) -> int:
         if explicit is not None:
             return _check(explicit, "estimated_cost")
         if self._estimator is not None:
@@ -76,7 +78,7 @@ class CostResolver:
             return self._default
         return _check(getattr(record, method)(), f"{kind.__name__}.{method}()")
 
-    def _method_for(self, record: Any) -> str:
+    def _method_for(self, record: object) -> str:
         if self._use_tokens and isinstance(record, TokenEstimator):
             return "estimate_tokens"
         if isinstance(record, CostEstimator):

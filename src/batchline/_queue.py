@@ -44,8 +44,9 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Iterable
-from typing import Any, Generic, Literal, TypeVar
+from typing import Generic, Literal, TypeVar
 
+from batchline._clock import TimerHandle
 from batchline._priority import aged_rank
 
 T = TypeVar("T")
@@ -78,7 +79,7 @@ class Entry(Generic[T]):
         self,
         record: T,
         cost: int,
-        future: asyncio.Future[Any],
+        future: asyncio.Future[object],
         seq: int,
         priority: int,
         enqueued_at: float,
@@ -91,10 +92,10 @@ class Entry(Generic[T]):
         self.enqueued_at = enqueued_at
         self.dispatched_at = 0.0
         self.state = QUEUED
-        self.deadline_timer: Any = None
+        self.deadline_timer: TimerHandle | None = None
 
 
-def _front(dq: deque[Entry[Any]]) -> Entry[Any] | None:
+def _front(dq: deque[Entry[T]]) -> Entry[T] | None:
     """The oldest live entry of ``dq``, dropping dead ones in front of it."""
     while dq:
         e = dq[0]
@@ -104,14 +105,14 @@ def _front(dq: deque[Entry[Any]]) -> Entry[Any] | None:
     return None
 
 
-class _Level:
+class _Level(Generic[T]):
     """The records of one priority level."""
 
     __slots__ = ("buckets", "fifo")
 
     def __init__(self) -> None:
-        self.fifo: deque[Entry[Any]] = deque()
-        self.buckets: dict[int, deque[Entry[Any]]] = {}
+        self.fifo: deque[Entry[T]] = deque()
+        self.buckets: dict[int, deque[Entry[T]]] = {}
 
 
 class RecordQueue(Generic[T]):
@@ -136,7 +137,7 @@ class RecordQueue(Generic[T]):
         self._arrived: dict[int, float] = {}  # priority -> when its last record arrived
         self.bucket_width = bucket_width
         self.padding_slack = padding_slack
-        self._levels: dict[int, _Level] = {}
+        self._levels: dict[int, _Level[T]] = {}
         self._order: list[int] = []  # priorities, highest first
         self.size = 0
         self.total_cost = 0
@@ -294,7 +295,7 @@ class RecordQueue(Generic[T]):
         fifos = [(p, self._levels[p].fifo) for p in order]
         while len(batch) < max_size:
             best: Entry[T] | None = None
-            best_fifo: deque[Entry[Any]] | None = None
+            best_fifo: deque[Entry[T]] | None = None
             best_key = 0.0
             for priority, fifo in fifos:
                 e = _front(fifo)

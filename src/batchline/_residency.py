@@ -46,9 +46,9 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from batchline._clock import Clock, LoopClock, TimerHandle
 from batchline._errors import ModelError
@@ -70,7 +70,7 @@ Load = Callable[[str], Awaitable[tuple[H, int | None] | tuple[H, int | None, int
 #: ``unload(name, handle)``: free the model (errors are reported through ``on_event``).
 Unload = Callable[[str, H], Awaitable[None]]
 #: ``on_event(kind, name, details)``: ``load``, ``load_failed``, ``evict``, ``over_budget``.
-OnEvent = Callable[[str, str, dict[str, Any]], None]
+OnEvent = Callable[[str, str, dict[str, object]], None]
 
 
 class ModelLoadError(ModelError):
@@ -404,7 +404,7 @@ class Residency(Generic[H]):
             self._evict(o, "room")
 
     @staticmethod
-    def _evictable(e: _Entry[Any]) -> bool:
+    def _evictable(e: _Entry[H]) -> bool:
         return e.state is ResidentState.RESIDENT and e.active == 0 and not e.pinned
 
     async def _run_load(self, e: _Entry[H], done: asyncio.Future[None]) -> None:
@@ -528,7 +528,7 @@ class Residency(Generic[H]):
             self._evict(e, "keep_alive")
 
     @staticmethod
-    def _cancel_timer(e: _Entry[Any]) -> None:
+    def _cancel_timer(e: _Entry[H]) -> None:
         if e.timer is not None:
             e.timer.cancel()
             e.timer = None
@@ -556,12 +556,12 @@ class Residency(Generic[H]):
             if not w.done():
                 w.set_result(None)
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Coroutine[object, object, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _emit(self, kind: str, name: str, details: dict[str, Any]) -> None:
+    def _emit(self, kind: str, name: str, details: dict[str, object]) -> None:
         if self._on_event is not None:
             self._on_event(kind, name, details)
 

@@ -14,7 +14,7 @@ to every other thread first.
 from __future__ import annotations
 
 import concurrent.futures
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
 from batchline._queue import Lane
 from batchline._threads import lower_thread_priority
@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from batchline._queue import RecordQueue
 
 __all__ = ["Slot", "Slots"]
+
+T = TypeVar("T")
 
 #: Workers beyond the slots: a timed-out sync batch keeps its thread until it returns.
 _SPARE_WORKERS = 2
@@ -66,7 +68,7 @@ class Slots:
     def total(self) -> int:
         return self.regular + (self.bulk or 0)
 
-    def free_lane(self, queue: RecordQueue[Any]) -> Lane | None:
+    def free_lane(self, queue: RecordQueue[T]) -> Lane | None:
         """Where the next batch comes from (``None``: no slot is free for a queued record)."""
         if self.bulk is None:
             return "all" if self.busy < self.regular else None

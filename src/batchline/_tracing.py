@@ -27,9 +27,13 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from batchline._errors import InputError
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SpanExporter
 
 __all__ = ["Tracing", "tracing_for", "tracing_from_env", "tracing_requested"]
 
@@ -63,7 +67,7 @@ class Tracing:
     and the server's timestamps are) into the epoch nanoseconds spans are stamped with.
     """
 
-    def __init__(self, provider: Any, *, owned: bool) -> None:
+    def __init__(self, provider: TracerProvider, *, owned: bool) -> None:
         from opentelemetry import context, propagate, trace
 
         self.provider = provider
@@ -92,7 +96,7 @@ class Tracing:
             self.provider.shutdown()
 
 
-def tracing_for(provider: Any) -> Tracing:
+def tracing_for(provider: TracerProvider) -> Tracing:
     """Trace with ``provider`` (an OpenTelemetry ``TracerProvider``: tests, benchmarks, or an
     application that configured its own); the caller shuts it down."""
     return Tracing(provider, owned=False)
@@ -124,7 +128,7 @@ def tracing_from_env(environ: Mapping[str, str] | None = None) -> Tracing | None
     return Tracing(provider, owned=True)
 
 
-def _exporter(name: str, *, grpc: bool = False) -> Any:
+def _exporter(name: str, *, grpc: bool = False) -> SpanExporter:
     """A span exporter by its ``OTEL_TRACES_EXPORTER`` name, configured from its own variables
     (``otlp``: over HTTP, the extra's, unless the protocol variable says ``grpc``)."""
     if name == "otlp" and grpc:
@@ -141,7 +145,7 @@ def _exporter(name: str, *, grpc: bool = False) -> Any:
                     "is not installed: pip install opentelemetry-exporter-otlp-proto-grpc, or "
                     "use http/protobuf (the trace extra's)"
                 ) from None
-            return GrpcExporter()
+            return cast("SpanExporter", GrpcExporter())
         if name in ("otlp", "otlp_proto_http"):
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
@@ -160,7 +164,7 @@ def _exporter(name: str, *, grpc: bool = False) -> Any:
             f"OTEL_TRACES_EXPORTER={name!r} is not an installed trace exporter; "
             f"use one of {', '.join(known)} (or none)"
         )
-    return found[0].load()()
+    return cast("SpanExporter", found[0].load()())
 
 
 def _entry_point_names() -> Iterable[str]:

@@ -12,10 +12,16 @@ import argparse
 import importlib
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from batchline._errors import BatchlineError
 from batchline._extras import EXTRA_OF_MODULE, INCLUDES
+
+if TYPE_CHECKING:
+    from batchline.datasets.pipeline import Progress
+    from batchline.jobs.options import RunOptions
+    from batchline.jobs.summary import RunSummary
+    from batchline.server.settings import ServerSettings
 
 __all__ = ["main"]
 
@@ -76,13 +82,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
-def _run_on_ray(options: Any, args: argparse.Namespace, progress: Any) -> Any:
+def _run_on_ray(
+    options: RunOptions, args: argparse.Namespace, progress: Progress | None
+) -> RunSummary:
     from batchline.integrations.ray import run_from_args
 
     return run_from_args(options, args, progress)
 
 
-def _serve_on_ray(args: argparse.Namespace, settings: Any) -> int:
+def _serve_on_ray(args: argparse.Namespace, settings: ServerSettings) -> int:
     from batchline.integrations.ray_serve import serve_from_args
 
     return serve_from_args(args, settings)
@@ -90,7 +98,7 @@ def _serve_on_ray(args: argparse.Namespace, settings: Any) -> int:
 
 #: ``--engine ray`` of each command that has it, dispatched from here (``args.on_ray``), so
 #: that the command packages never import ``integrations/``, the layer above them.
-_ON_RAY: dict[str, Callable[..., Any]] = {"run": _run_on_ray, "serve": _serve_on_ray}
+_ON_RAY: dict[str, Callable[..., object]] = {"run": _run_on_ray, "serve": _serve_on_ray}
 
 
 def missing_extra(command: str, module: str) -> str | None:

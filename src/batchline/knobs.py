@@ -26,10 +26,10 @@ import os
 import re
 import sys
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from batchline._errors import InputError
 
@@ -80,11 +80,11 @@ GENERATION_DTYPES = ("auto", "float32", "bfloat16")
 VLLM_SCHEDULING_POLICIES = ("fcfs", "priority")
 
 
-def _number(value: Any) -> bool:
+def _number(value: object) -> TypeGuard[float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _integer(least: int) -> Callable[[Any], bool]:
+def _integer(least: int) -> Callable[[object], bool]:
     return lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
@@ -97,13 +97,13 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 }
 #: Knobs fields that are not plain numbers: the check and what it wants; the rest are numbers
 #: >= 1 (``batch_timeout_s`` >= 0).
-_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+_RULES: dict[str, tuple[Callable[[object], bool], str]] = {
     "batching": (lambda v: isinstance(v, bool), "true or false"),
     "mix_priorities": (lambda v: isinstance(v, bool), "true or false"),
     "priority_yield": (lambda v: _number(v) and 0 < v <= 1, "in (0, 1]"),
     "bulk_slots": (lambda v: v is None or _integer(1)(v), "an integer >= 1 or unset"),
     "bulk_batch_tokens": (lambda v: v is None or _integer(1)(v), "an integer >= 1 or unset"),
-    "bulk_thread_nice": (lambda v: _integer(0)(v) and v <= 19, "an integer in [0, 19]"),
+    "bulk_thread_nice": (lambda v: _integer(0)(v) and v in range(20), "an integer in [0, 19]"),
     "device": (lambda v: isinstance(v, str) and bool(_DEVICE.match(v)), "cpu, cuda or cuda:N"),
     "eager": (lambda v: v is None or isinstance(v, bool), "true, false or unset"),
     "gpu_memory_fraction": (lambda v: v is None or (_number(v) and 0 < v <= 1), "in (0, 1]"),
@@ -244,11 +244,13 @@ class Knobs:
         check_setting_names(data, (f.name for f in dataclasses.fields(cls)), where=where)
         return cls(**data)
 
-    def dump(self, path: str | os.PathLike[str], **notes: Any) -> Path:
+    def dump(self, path: str | os.PathLike[str], **notes: object) -> Path:
         """Write the knobs, plus free-form ``notes`` (e.g. what was measured), as TOML for a
         ``.toml`` path and JSON otherwise; :meth:`load` and ``serve --config`` read either."""
         p = Path(path)
-        data: dict[str, Any] = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        data: dict[str, object] = {
+            k: v for k, v in dataclasses.asdict(self).items() if v is not None
+        }
         data.update(notes)
         if p.suffix.lower() == ".toml":
             p.write_text(to_toml(data), encoding="utf-8")
@@ -318,7 +320,7 @@ class Knobs:
 #:   live p99 x2.09 its idle p99 in the shared slots, x1.6-1.7 in the lane (x1.31-1.46 with
 #:   the batch output written as the route writes vectors); the batch alone x0.72 of ``run``'s
 #:   lines/s before, x0.92-0.93 after.
-SERVE_DEFAULTS: dict[str, Any] = {
+SERVE_DEFAULTS: dict[str, int] = {
     "target_batch_tokens": 256,
     "max_batch_size": 64,
     "solo_intra_op_threads": 2,
@@ -331,7 +333,7 @@ SERVE_DEFAULTS: dict[str, Any] = {
 BASELINE = Knobs().baseline()
 
 
-def check_setting_names(names: Any, known: Any, *, where: str) -> None:
+def check_setting_names(names: Iterable[str], known: Iterable[str], *, where: str) -> None:
     """Refuse a setting name that is not one of ``known``, in one line: the closest valid
     name (a typo is the usual cause) and every valid one. ``where`` says where the names came
     from (a file's path, ``--set``)."""
@@ -348,10 +350,10 @@ def check_setting_names(names: Any, known: Any, *, where: str) -> None:
     )
 
 
-def parse_set_options(items: Any) -> dict[str, Any]:
+def parse_set_options(items: Iterable[str]) -> dict[str, object]:
     """``--set KEY=VALUE`` items (``run`` and ``serve``) as settings: each value is read as
     JSON (``8``, ``true``, ``{"a": 1}``), else taken as the text it is."""
-    settings: dict[str, Any] = {}
+    settings: dict[str, object] = {}
     for item in items:
         key, sep, value = str(item).partition("=")
         if not sep or not key.strip():
@@ -389,7 +391,7 @@ SHARED_HELP: dict[str, str] = {
 }
 
 
-def add_device_argument(p: Any, *, default: str | None = None) -> None:
+def add_device_argument(p: argparse.ArgumentParser, *, default: str | None = None) -> None:
     """``--device`` (``run``, ``serve``, ``bench``, ``tune``)."""
     p.add_argument("--device", default=default, metavar="DEVICE", help=SHARED_HELP["--device"])
 
@@ -425,7 +427,7 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         text = raw.decode("utf-8")
         if suffix == ".toml":
-            data: Any = tomllib.loads(text)
+            data: object = tomllib.loads(text)
         elif suffix == ".json":
             data = json.loads(text)
         else:
@@ -443,7 +445,7 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     return data
 
 
-def to_toml(data: dict[str, Any]) -> str:
+def to_toml(data: Mapping[str, object]) -> str:
     """Flat settings as TOML: scalars and lists at the top, one ``[table]`` per dict value.
     ``None`` values are left out (TOML has no null)."""
     top = [
@@ -459,7 +461,7 @@ def to_toml(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _toml_value(value: Any) -> str:
+def _toml_value(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
@@ -484,7 +486,7 @@ class _DeprecatedFlag(argparse.Action):
         self,
         parser: argparse.ArgumentParser,
         namespace: argparse.Namespace,
-        values: Any,
+        values: object,
         option_string: str | None = None,
     ) -> None:
         print(

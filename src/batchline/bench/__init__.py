@@ -6,7 +6,7 @@ and one set of statistics (:mod:`batchline.bench.stats`) under every bench:
 - :func:`run_bench` drives configurations (the no-batching baseline, batchline's defaults, your
   knobs files, a classic timeout batcher, or a server URL) with closed- or open-loop load and
   returns a :class:`BenchResult`; :func:`write_report` turns it into ``report.md`` + PNG plots.
-  Any model ``batchline run`` takes is measured (``default``, ``PATH.onnx`` with a task,
+  Every model ``batchline run`` takes is measured (``default``, ``PATH.onnx`` with a task,
   ``module:factory``), loaded by ``load_model`` and batched by ``ModelBatcher`` as ``run`` does.
 - :mod:`batchline.bench.generate` (``bench --task generate``): sequential, static and
   continuous batching of one text generator, each a target of the same load generator.

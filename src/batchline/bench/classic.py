@@ -13,7 +13,7 @@ import concurrent.futures
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from batchline.bench.loadgen import Counters
 
@@ -114,12 +114,12 @@ class TimeoutBatcher(Generic[T, R]):
             self._running = len(live)
             try:
                 records = [record for record, _ in live]
-                done: Any
+                done: Sequence[R] | Awaitable[Sequence[R]]
                 if self._is_async:
                     done = self._fn(records)
                 else:
                     done = await loop.run_in_executor(self._executor, self._fn, records)
-                results: Sequence[Any] = await done if inspect.isawaitable(done) else done
+                results: Sequence[R] = await done if inspect.isawaitable(done) else done
             except Exception as exc:
                 for _, future in live:
                     if not future.done():

@@ -12,16 +12,21 @@ import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from batchline.datasets.selection import add_text_column_argument
 from batchline.knobs import SHARED_HELP, add_deprecated_flag, add_device_argument
 from batchline.models.selection import ModelSelection, add_model_arguments, model_options
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from batchline.bench.tune import Candidate
+
 __all__ = ["add_parser"]
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``bench`` and ``tune`` on the ``batchline`` subcommand parser."""
     _add_bench(sub)
     _add_tune(sub)
@@ -50,7 +55,7 @@ def _model_and_inputs(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the sample and arrival schedule")
 
 
-def _add_bench(sub: Any) -> None:
+def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "bench",
         help="measure throughput and latency of batching configurations under load",
@@ -177,7 +182,7 @@ def _add_generate_arguments(p: argparse.ArgumentParser) -> None:
     add_torch_generation_arguments(g)
 
 
-def _add_tune(sub: Any) -> None:
+def _add_tune(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "tune",
         help="find the batching knobs with the most throughput within a p99 budget",
@@ -329,7 +334,7 @@ def _bench_generate_main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _say(console: Any) -> Callable[[str], None]:
+def _say(console: Console) -> Callable[[str], None]:
     """Progress lines on ``console``, one at a time."""
 
     def say(text: str) -> None:
@@ -400,7 +405,7 @@ def _tune_main(args: argparse.Namespace) -> int:
         f"Wrote {args.output}. Use it with:\n"
         f"  batchline run --config {args.output}{model}\n"
         f"  batchline serve --config {args.output}{model}\n"
-        f"Check it:\n  {_check_command(args, decision)}",
+        f"Check it:\n  {_check_command(args, decision.recommended)}",
         highlight=False,
         soft_wrap=True,  # commands to copy: never folded
     )
@@ -412,10 +417,10 @@ def _model_argv(args: argparse.Namespace) -> list[str]:
     return ModelSelection(**model_options(args)).model_argv()
 
 
-def _check_command(args: argparse.Namespace, decision: Any) -> str:
+def _check_command(args: argparse.Namespace, recommended: Candidate) -> str:
     """The ``batchline bench`` command that re-measures the recommendation on the same inputs."""
     argv = ["batchline", "bench", "--config", str(args.output)]
-    argv += ["--load", str(decision.recommended.point.point), "--compare", "baseline"]
+    argv += ["--load", str(recommended.point.point), "--compare", "baseline"]
     argv += _model_argv(args)
     if args.inputs is not None:
         argv += ["--inputs", str(args.inputs), "--text-column", args.text_column]

@@ -11,7 +11,7 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from batchline.bench.loadgen import LoadKind, LoadPoint
 from batchline.bench.stats import summarize
@@ -101,7 +101,7 @@ class GenPoint:
     def point(self) -> LoadPoint:
         return LoadPoint(self.kind, self.offered)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         data = asdict(self)
         return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in data.items()}
 
@@ -129,7 +129,7 @@ class Ratio:
             f"goal {self.op} {self.goal:g}   {mark}"
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "name": self.name,
             "load": str(self.point),
@@ -183,7 +183,7 @@ class GenerateBenchResult:
                     out.append(Ratio(name, load, value, op, goal))
         return out
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "model": self.model,
             "generators": {g: DESCRIPTIONS[g] for g in self.generators},

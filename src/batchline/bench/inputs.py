@@ -20,11 +20,17 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from batchline._errors import InputError
 from batchline._stats import percentile
 from batchline.models.protocol import InputKind
+
+if TYPE_CHECKING:
+    from tokenizers import Encoding, Tokenizer
+
+    from batchline._types import Array
+    from batchline.datasets.sources import Record
 
 __all__ = [
     "DYNAMIC_DIM",
@@ -63,7 +69,7 @@ class Inputs:
     """The inputs of a run (what ``model.prepare`` takes: texts, tensor rows or records) and a
     one-line description of them for the report."""
 
-    items: list[Any]
+    items: list[object]
     description: str
 
     @property
@@ -71,7 +77,7 @@ class Inputs:
         """The inputs as texts (what ``POST /v1/embeddings`` sends); ``InputError`` otherwise."""
         if not all(isinstance(x, str) for x in self.items):
             raise InputError("these inputs are not texts: an embeddings route sends texts only")
-        return list(self.items)
+        return [x for x in self.items if isinstance(x, str)]
 
 
 @dataclass(frozen=True)
@@ -95,14 +101,14 @@ def read_texts(path: Path, *, text_column: str = "text", limit: int = _MAX_READ)
 
 
 def _read(
-    path: Path, limit: int, keep: Callable[[Any], bool] = bool, block: int = 1024, **options: Any
-) -> list[Any]:
+    path: Path, limit: int, keep: Callable[[Record], bool] = bool, block: int = 1024, **options: Any
+) -> list[Record]:
     """The records of ``path`` that ``keep`` accepts (all by default), read block by block until
     at least ``limit`` are in (bad records skipped); ``options`` go to ``open_source``."""
     from batchline.datasets.sources import Record, open_source
 
     source = open_source(path, on_bad_record="skip", **options)
-    records: list[Any] = []
+    records: list[Record] = []
     for items in source.iter_blocks(block):
         records += [r for r in items if isinstance(r, Record) and keep(r)]
         if len(records) >= limit:
@@ -111,7 +117,7 @@ def _read(
 
 
 def shape_lengths(
-    texts: list[str], tokenizer: Any, lengths: Lengths, *, count: int, seed: int
+    texts: list[str], tokenizer: Tokenizer, lengths: Lengths, *, count: int, seed: int
 ) -> list[str]:
     """``count`` texts whose token counts are drawn uniformly from ``LENGTHS[lengths]``."""
     if not texts:
@@ -125,7 +131,7 @@ def shape_lengths(
     for _ in range(count):
         want = rng.randint(low, high) - 2  # [CLS] and [SEP] are added by the model's tokenizer
         pieces: list[str] = []
-        encoding: Any = None
+        encoding: Encoding
         for _attempt in range(64):
             pieces.append(pool[cursor % len(pool)])
             cursor += 1
@@ -142,7 +148,7 @@ def load_inputs(
     inputs: Path | None,
     *,
     lengths: Lengths | None,
-    tokenizer: Any,
+    tokenizer: Tokenizer | None,
     text_column: str = "text",
     count: int = DEFAULT_SAMPLE,
     seed: int = 0,
@@ -169,7 +175,7 @@ def load_inputs(
         source = str(inputs)
         if not all_texts:
             raise InputError(f"{inputs}: no non-empty texts in column {text_column!r}")
-    if lengths is not None:
+    if lengths is not None and tokenizer is not None:
         texts = shape_lengths(all_texts, tokenizer, lengths, count=count, seed=seed)
     else:
         rng = random.Random(seed)
@@ -230,7 +236,7 @@ def random_tensor_rows(
 
     if not specs:
         raise InputError("the model declares no inputs to shape random rows from; pass --inputs")
-    shapes: dict[str, tuple[tuple[int, ...], Any]] = {}
+    shapes: dict[str, tuple[tuple[int, ...], np.dtype[np.generic]]] = {}
     for spec in specs:
         name, datatype = str(spec["name"]), str(spec.get("datatype", ""))
         dims = spec.get("shape")
@@ -247,7 +253,7 @@ def random_tensor_rows(
     rng = np.random.default_rng(seed)
     rows: list[object] = []
     for _ in range(count):
-        row: dict[str, Any] = {}
+        row: dict[str, Array] = {}
         for name, (shape, dtype) in shapes.items():
             if dtype.kind == "f":
                 row[name] = rng.standard_normal(shape).astype(dtype)
@@ -273,7 +279,7 @@ def load_model_inputs(
     input_kind: InputKind,
     options: InputOptions,
     *,
-    tokenizer: Any = None,
+    tokenizer: Tokenizer | None = None,
     tensor_specs: Sequence[Mapping[str, object]] = (),
 ) -> Inputs:
     """The inputs of a run for a model that takes ``input_kind`` (see the module docstring).

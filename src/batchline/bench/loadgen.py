@@ -171,7 +171,7 @@ class PointResult:
     def point(self) -> LoadPoint:
         return LoadPoint(self.kind, self.offered)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         data = asdict(self)
         for key in ("p50_ms", "p95_ms", "p99_ms"):
             if math.isnan(data[key]):
@@ -207,13 +207,13 @@ async def _until_done_or(
     still runs."""
     if not tasks:
         return
-    everything: asyncio.Future[Any] = asyncio.ensure_future(
+    everything: asyncio.Future[object] = asyncio.ensure_future(
         asyncio.gather(*tasks, return_exceptions=True)
     )
     if give_up_at is None:
         await everything
         return
-    watchdog: asyncio.Future[Any] = asyncio.ensure_future(sleep_until(clock, give_up_at))
+    watchdog: asyncio.Future[object] = asyncio.ensure_future(sleep_until(clock, give_up_at))
     try:
         await asyncio.wait([everything, watchdog], return_when=asyncio.FIRST_COMPLETED)
     finally:

@@ -7,23 +7,27 @@ its inputs prepared once (:func:`prepare_items`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from batchline._errors import InputError
 from batchline.knobs import Knobs
 from batchline.models.protocol import BatchModel, ModelInfo
 from batchline.models.specs import ModelSpec
 
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
 __all__ = ["LoadedModels", "layout_of", "model_spec", "prepare_items"]
 
-AnyModel = BatchModel[Any, Any]
+AnyModel = BatchModel[object, object]
 
 
 def model_spec(
     model: str | ModelSpec = "default",
     *,
     task: str | None = None,
-    tokenizer: Any = None,
+    tokenizer: Path | None = None,
     labels: tuple[str, ...] | None = None,
     pooling: str | None = None,
     normalize: bool | None = None,
@@ -81,10 +85,10 @@ class LoadedModels:
     >>> model = loader.load(Knobs(sessions=2))
     """
 
-    def __init__(self, spec: ModelSpec | str = "default", tokenizer: Any = None) -> None:
+    def __init__(self, spec: ModelSpec | str = "default", tokenizer: Path | None = None) -> None:
         self.spec = spec if isinstance(spec, ModelSpec) else model_spec(spec, tokenizer=tokenizer)
         self._models: dict[tuple[ModelSpec, Layout], AnyModel] = {}
-        self._tokenizer: list[Any] = []
+        self._tokenizer: list[Tokenizer | None] = []
 
     @property
     def name(self) -> str:
@@ -103,7 +107,7 @@ class LoadedModels:
         """The model's info (loading it laid out as ``knobs`` say, if not loaded yet)."""
         return self.load(knobs).info
 
-    def tokenizer(self) -> Any:
+    def tokenizer(self) -> Tokenizer | None:
         """The Hugging Face tokenizer of a text model (built-in or ``.onnx`` embed/classify),
         loaded once, to cut texts to lengths and count tokens; ``None`` for other models."""
         if not self._tokenizer:
@@ -123,7 +127,7 @@ class LoadedModels:
         self.release()
 
 
-def prepare_items(model: AnyModel, inputs: Sequence[object]) -> list[Any]:
+def prepare_items(model: AnyModel, inputs: Sequence[object]) -> list[object]:
     """``model.prepare(inputs)``, all of them usable, or an ``InputError`` saying which not."""
     prepared = model.prepare(inputs)
     bad = [(i, p) for i, p in enumerate(prepared) if isinstance(p, BaseException)]

@@ -17,12 +17,16 @@ import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from batchline.bench.loadgen import LoadKind, PointResult
 from batchline.bench.runner import BenchResult
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from rich.console import Console
+    from rich.table import Table
+
     from batchline.bench.generate_results import GenerateBenchResult, GenPoint
 
 __all__ = [
@@ -209,7 +213,9 @@ def _nice_above(value: float) -> float:
     return min(v for v in _nice_steps(value) if v >= value * (1 - 1e-9))
 
 
-def _offered_axis(ax: Any, kind: LoadKind, offered: Sequence[float], unit: str = "records") -> None:
+def _offered_axis(
+    ax: Axes, kind: LoadKind, offered: Sequence[float], unit: str = "records"
+) -> None:
     """The x axis of every plot: offered load, log-scaled when it spans 8x or more."""
     from matplotlib.ticker import FuncFormatter, NullFormatter
 
@@ -227,7 +233,7 @@ def _offered_axis(ax: Any, kind: LoadKind, offered: Sequence[float], unit: str =
         ax.set_xticks(offered)
 
 
-def _latency_axis(ax: Any, label: str, values: Sequence[float]) -> None:
+def _latency_axis(ax: Axes, label: str, values: Sequence[float]) -> None:
     """A log-scaled latency y axis with 1-2-5 ticks in plain numbers (latencies often span
     less than one decade), ending on labelled ticks around the positive finite ``values``, so
     the lowest and highest lines can be read."""
@@ -332,7 +338,7 @@ def write_report(result: BenchResult, out_dir: Path) -> dict[str, Path]:
     )
 
 
-def _wide_console() -> Any:
+def _wide_console() -> Console:
     """A stdout console; 130 columns on a pipe, whose default 80 are too narrow for the table."""
     from rich.console import Console
 
@@ -344,13 +350,13 @@ def _rich_table(
     title: str,
     header: Sequence[str],
     rows: Iterable[tuple[object, Sequence[str], str | None]],
-    **kw: Any,
-) -> Any:
+    caption: str | None = None,
+) -> Table:
     """A rich table: the first two columns left-aligned, the figures right-aligned, a section
     per load point; ``rows`` are ``(load point, cells, style)``."""
     from rich.table import Table
 
-    table = Table(title=title, **kw)
+    table = Table(title=title, caption=caption)
     for i, name in enumerate(header):
         table.add_column(name, justify="left" if i < 2 else "right", no_wrap=i < 2)
     previous: object = None
@@ -362,7 +368,9 @@ def _rich_table(
     return table
 
 
-def print_table(points: Sequence[PointResult], console: Any = None, title: str = "") -> None:
+def print_table(
+    points: Sequence[PointResult], console: Console | None = None, title: str = ""
+) -> None:
     """Print the results table with rich."""
     rows = (
         (
@@ -564,7 +572,7 @@ def write_generate_report(result: GenerateBenchResult, out_dir: Path) -> dict[st
     )
 
 
-def print_generate_table(result: GenerateBenchResult, console: Any = None) -> None:
+def print_generate_table(result: GenerateBenchResult, console: Console | None = None) -> None:
     """Print the generation table and the ratios with rich."""
     console = console or _wide_console()
     rows = (

@@ -4,7 +4,7 @@
     >>> result = run_bench(BenchOptions(loads=parse_load("closed:1,8,32"), duration_s=5))
     >>> write_report(result, Path("report"))      # batchline.bench.report
 
-Any model ``batchline run`` takes (``model``: ``default``, ``PATH.onnx`` with a ``task``,
+Every model ``batchline run`` takes (``model``: ``default``, ``PATH.onnx`` with a ``task``,
 ``module:factory``) is loaded through ``load_model`` and batched through ``ModelBatcher`` in
 every configuration. All configurations are started (and warmed up, untimed) first; then at
 each load point they run back to back, with the same inputs and, for open loops, the same
@@ -27,7 +27,7 @@ import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from batchline._errors import InputError
 from batchline.bench.inputs import InputOptions, Inputs, Lengths, load_model_inputs
@@ -47,6 +47,10 @@ from batchline.bench.tune import DEFAULT_NOISE, TuneResult, tune
 from batchline.knobs import Knobs, machine_cores
 from batchline.models.builtin import BUILTIN_MODELS
 from batchline.models.selection import ModelSelection
+from batchline.models.specs import ModelSpec
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 __all__ = [
     "DEFAULT_LOAD",
@@ -78,7 +82,7 @@ class MeasuredModel(ModelSelection):
     lengths: Lengths | None = None
     seed: int = 0
 
-    def measured_spec(self) -> Any:
+    def measured_spec(self) -> ModelSpec:
         """The model spec (``batchline.bench.model.model_spec``: a generator is refused)."""
         return model_spec(self.model, task=self.task, **self.spec_options())
 
@@ -127,7 +131,7 @@ class BenchResult:
     def for_config(self, name: str) -> list[PointResult]:
         return [p for p in self.points if p.config == name]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "configurations": [
                 {
@@ -493,7 +497,7 @@ def _http_inputs(options: BenchOptions) -> Inputs:
     one named."""
     from batchline.models.onnx import load_tokenizer
 
-    tokenizer: Any = None
+    tokenizer: Tokenizer | None = None
     if options.tokenizer is not None:
         tokenizer, _ = load_tokenizer(options.tokenizer)
     elif options.model in BUILTIN_MODELS:

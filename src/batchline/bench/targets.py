@@ -22,13 +22,17 @@ import json
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from batchline._errors import InputError
 from batchline.bench.loadgen import Counters, Target
-from batchline.bench.model import LoadedModels, prepare_items
+from batchline.bench.model import AnyModel, LoadedModels, prepare_items
 from batchline.knobs import Knobs, machine_cores
-from batchline.models.protocol import BatchModel
+
+if TYPE_CHECKING:
+    import httpx
+
+    from batchline.models.batching import ModelBatcher
 
 __all__ = [
     "CLASSIC_BATCH_TIMEOUT_S",
@@ -52,8 +56,6 @@ CLASSIC_BATCH_TIMEOUT_S = 0.01
 ConfigKind = Literal["knobs", "classic", "http"]
 #: What an HTTP target speaks: OpenAI embeddings or the Open Inference Protocol.
 Route = Literal["openai", "oip"]
-
-AnyModel = BatchModel[Any, Any]
 
 
 @dataclass(frozen=True)
@@ -147,14 +149,14 @@ def reference_configurations(
 # -- in-process targets --------------------------------------------------------------------
 
 
-Submit = Callable[[Any], Awaitable["asyncio.Future[Any]"]]
+Submit = Callable[[object], Awaitable["asyncio.Future[object]"]]
 
 
 class _SubmitTarget:
     """Sends record ``i % n`` through a batcher's ``submit`` and waits for its result."""
 
     def __init__(
-        self, submit: Submit, counters: Callable[[], Counters | None], records: Sequence[Any]
+        self, submit: Submit, counters: Callable[[], Counters | None], records: Sequence[object]
     ) -> None:
         self._submit = submit
         self._counters = counters
@@ -168,7 +170,7 @@ class _SubmitTarget:
         return self._counters()
 
 
-def _stats_counters(batcher: Any) -> Callable[[], Counters]:
+def _stats_counters(batcher: ModelBatcher[object, object]) -> Callable[[], Counters]:
     def read() -> Counters:
         s = batcher.stats
         return Counters(
@@ -184,7 +186,7 @@ def _stats_counters(batcher: Any) -> Callable[[], Counters]:
 
 async def _prepared(
     loader: LoadedModels, knobs: Knobs, inputs: Sequence[object]
-) -> tuple[AnyModel, list[Any]]:
+) -> tuple[AnyModel, list[object]]:
     """The model laid out as ``knobs`` say and ``inputs`` prepared for it, before measuring."""
     model = await asyncio.to_thread(loader.load, knobs)
     return model, await asyncio.to_thread(prepare_items, model, inputs)
@@ -209,7 +211,7 @@ async def _classic_target(
     from batchline.bench.classic import TimeoutBatcher
 
     model, items = await _prepared(loader, knobs, inputs)
-    batcher: TimeoutBatcher[Any, Any] = TimeoutBatcher(
+    batcher: TimeoutBatcher[object, object] = TimeoutBatcher(
         model.run_batch,
         max_batch_size=CLASSIC_MAX_BATCH_SIZE,
         batch_timeout_s=CLASSIC_BATCH_TIMEOUT_S,
@@ -390,7 +392,7 @@ class HttpTarget:
         ).encode()
         self._idle: list[_Connection] = []
         self._slots = asyncio.Semaphore(max_connections)
-        self._httpx: Any = None
+        self._httpx: httpx.AsyncClient | None = None
 
     async def __aenter__(self) -> HttpTarget:
         if self._tls:

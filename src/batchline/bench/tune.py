@@ -10,7 +10,7 @@ within budget and where nothing failed; failing that, the lowest p99):
 4. one more batch in flight than sessions (``max_concurrent_batches``);
 5. holding records for company: ``min_batch_size`` / ``batch_timeout_s``.
 
-Any model ``batchline run`` takes can be tuned (``default``, ``PATH.onnx`` with a task,
+Every model ``batchline run`` takes can be tuned (``default``, ``PATH.onnx`` with a task,
 ``module:factory``): every trial loads it through ``load_model`` and batches through
 ``ModelBatcher``, as ``run`` and ``serve`` will with the knobs file written. For a model whose
 costs add up (``cost_kind="additive"``: tensors, records), ``target_batch_tokens`` is the
@@ -43,7 +43,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 from batchline.bench.loadgen import LoadPoint, PointResult
 from batchline.knobs import Knobs, machine_cores
@@ -513,11 +513,11 @@ async def tune(
 
 
 def measured_notes(
-    result: TuneResult, *, points: Sequence[LoadPoint], **extra: Any
-) -> dict[str, Any]:
+    result: TuneResult, *, points: Sequence[LoadPoint], **extra: object
+) -> dict[str, object]:
     """The ``measured`` block written next to the knobs in the config file."""
     d = result.decision
-    notes: dict[str, Any] = {
+    notes: dict[str, object] = {
         "verdict": d.verdict,
         "p99_budget_ms": d.p99_budget_ms,
         "loads": [str(p) for p in points],

@@ -422,7 +422,7 @@ def _summary(
 ) -> RunSummary:
     """The job's summary: ``RaySummary``, or ``RayGenerateSummary`` when its replicas
     generate (``in_flight``: the records the driver keeps in flight over all replicas)."""
-    placement: dict[str, Any] = {
+    placement: dict[str, object] = {
         "replicas": tally.replicas,
         "records_by_node": dict(tally.by_node),
         "units": tally.units,

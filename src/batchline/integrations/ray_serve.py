@@ -62,6 +62,7 @@ from batchline.server.settings import ServerSettings
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
+    from ray.util.metrics import Gauge
     from starlette.requests import Request
     from starlette.responses import JSONResponse
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -169,13 +170,13 @@ def replica_capacity(settings: ServerSettings) -> int:
     return total
 
 
-def _logging(settings: ServerSettings) -> dict[str, Any]:
+def _logging(settings: ServerSettings) -> dict[str, bool]:
     # Serve logs every request in the proxy and in the replica by default, and Ray copies the
     # replica's lines to the driver's console: follow the server's access_log (off) instead
     return {"enable_access_log": settings.access_log}
 
 
-def _scaling(replicas: ServeReplicas) -> dict[str, Any]:
+def _scaling(replicas: ServeReplicas) -> dict[str, object]:
     """A fixed count (``--replicas N``) is ``num_replicas``: Serve's replicas then record and
     push no load metrics (they do only with an autoscaling config) and the controller has none
     to fold in; a range is an ``autoscaling_config``."""
@@ -309,7 +310,9 @@ async def _export_stats(state: ServerState, interval_s: float) -> None:
         await asyncio.sleep(interval_s)
 
 
-def _set_stats(state: ServerState, records: Any, batches: Any, size: Any, queued: Any) -> None:
+def _set_stats(
+    state: ServerState, records: Gauge, batches: Gauge, size: Gauge, queued: Gauge
+) -> None:
     from batchline.server.metrics import record_outcomes
 
     for name, model in list(state.models.items()):
@@ -345,7 +348,7 @@ class _Readiness:
             self._routed = await asyncio.to_thread(routed, APP_NAME, replicas=self._minimum)
             if not self._routed:
                 counts = dataclasses.replace(counts, running=0, deployed=False)
-        body: dict[str, Any] = {
+        body: dict[str, object] = {
             "replicas": {
                 "min": self._minimum,
                 "target": counts.target,
@@ -434,20 +437,19 @@ def deploy(
         logging_config=_logging(settings),
     )
     # /ready first: until it is routed, the app at "/" would answer it, waking a replica
-    readiness: Any = serve.deployment(
-        _Readiness,
+    readiness = serve.deployment(
         name=READY_APP_NAME,
         num_replicas=1,
         ray_actor_options={"num_cpus": 0},
         logging_config=_logging(settings),
-    )
+    )(_Readiness)
     serve.run(
         readiness.bind(replicas.min, settings.retry_after_s, ingress),
         name=READY_APP_NAME,
         route_prefix="/ready",
         blocking=False,
     )
-    replica: Any = serve.deployment(_Replica)
+    replica = serve.deployment()(_Replica)
     app = replica.options(**options).bind(settings, load_model, load_generator)
     # serve.run would wait for the replicas with no time limit, and say only "failed to
     # update the deployments" when a model does not load: wait here instead

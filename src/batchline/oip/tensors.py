@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 
 import numpy as np
-from numpy.typing import NDArray
 
 from batchline._errors import BatchlineError
+from batchline._types import Array
 
 __all__ = [
     "DATATYPES",
@@ -58,8 +58,6 @@ _NAMES_BY_KIND_SIZE: Final[Mapping[tuple[str, int], str]] = {
 }
 _LENGTH_PREFIX: Final = struct.Struct("<I")
 
-Array: TypeAlias = NDArray[Any]
-
 
 class OipError(BatchlineError):
     """A request the Open Inference Protocol routes cannot serve: ``status`` is the HTTP status
@@ -80,7 +78,7 @@ def error_body(message: str) -> dict[str, str]:
 # -- datatypes and tensor specs ---------------------------------------------------------------
 
 
-def dtype_of(datatype: str) -> np.dtype[Any]:
+def dtype_of(datatype: str) -> np.dtype[np.generic]:
     """The numpy dtype of an OIP datatype name (``"FP32"`` -> ``float32``); ``ValueError`` for
     an unknown name."""
     try:
@@ -91,7 +89,7 @@ def dtype_of(datatype: str) -> np.dtype[Any]:
         ) from None
 
 
-def datatype_of(dtype: np.dtype[Any] | type | str) -> str:
+def datatype_of(dtype: np.dtype[np.generic] | type | str) -> str:
     """The OIP datatype name of a numpy dtype (``float32`` -> ``"FP32"``; object, bytes and
     str dtypes -> ``"BYTES"``); ``ValueError`` for one the protocol cannot carry."""
     dt = np.dtype(dtype)
@@ -322,7 +320,7 @@ def to_binary(array: Array, datatype: str, name: str) -> bytes:
     return np.ascontiguousarray(array, dtype=DATATYPES[datatype]).tobytes()
 
 
-def to_json(array: Array, datatype: str, name: str) -> list[Any]:
+def to_json(array: Array, datatype: str, name: str) -> list[object]:
     if datatype == "BYTES":
         try:
             return [e.decode("utf-8") for e in _bytes_elements(array, name)]
@@ -338,7 +336,7 @@ def to_json(array: Array, datatype: str, name: str) -> list[Any]:
             f"output {quote(name)} holds NaN or infinity, which JSON cannot carry; request "
             "it with binary_data true",
         )
-    flat: list[Any] = array.reshape(-1).tolist()
+    flat: list[object] = array.reshape(-1).tolist()
     return flat
 
 
