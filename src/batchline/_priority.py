@@ -11,7 +11,7 @@ request ranks as if it had arrived ``10 s x (its number - the other's)`` later t
 a ``batch`` request goes after ``interactive`` ones that arrive within 10 s after it, and
 before any that arrive later. :func:`aged_rank` is that rule, the one copy: the core queue
 (``batchline._queue``; across models, ``batchline._device`` through it), the generation
-scheduler (``models/generation/scheduler.py``) and the vLLM adapter all rank by it.
+scheduler (``models/generation/continuous.py``) and the vLLM adapter all rank by it.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -70,7 +70,7 @@ Load = Callable[[str], Awaitable[tuple[H, int | None] | tuple[H, int | None, int
 #: ``unload(name, handle)``: free the model (errors are reported through ``on_event``).
 Unload = Callable[[str, H], Awaitable[None]]
 #: ``on_event(kind, name, details)``: ``load``, ``load_failed``, ``evict``, ``over_budget``.
-OnEvent = Callable[[str, str, dict[str, object]], None]
+OnEvent = Callable[[str, str, Mapping[str, float | str]], None]
 
 
 class ModelLoadError(ModelError):
@@ -561,7 +561,7 @@ class Residency(Generic[H]):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _emit(self, kind: str, name: str, details: dict[str, object]) -> None:
+    def _emit(self, kind: str, name: str, details: Mapping[str, float | str]) -> None:
         if self._on_event is not None:
             self._on_event(kind, name, details)
 

@@ -155,7 +155,7 @@ class Knobs:
     compilation; ``None``: eager on CPU, where compiling adds ~60 s to every start, compiled on
     CUDA). ``vllm_scheduling_policy`` is ``fcfs`` (vLLM's default: requests join in arrival
     order, their priority unused) or ``priority`` (vLLM orders joins by each request's aged
-    priority, as the torch backend's scheduler always does; see ``generation/vllm_engine.py``).
+    priority, as the torch backend's scheduler always does; see ``generation/vllm_generator.py``).
     """
 
     batching: bool = True

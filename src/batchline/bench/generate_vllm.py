@@ -11,7 +11,7 @@ defaults are :func:`~batchline.models.generation.load.vllm_engine_args`'.
 Its engine is its own processes: it starts at the beginning of each of its turns (~30 s on
 CPU, not measured) and is shut down at the end, so it never idles beside a measured run of
 the torch engine, whose weights stay loaded, idle, while vLLM runs. Each run builds a fresh
-:class:`~batchline.models.generation.vllm_engine.VllmGenerator` over the running engine, so
+:class:`~batchline.models.generation.vllm_generator.VllmGenerator` over the running engine, so
 a run's stats (ITL) are its own.
 """
 

@@ -97,7 +97,7 @@ from batchline.server.settings import ServerSettings
 from batchline.server.state import Served, ServedGenerator, ServedModel, ServerState
 
 if TYPE_CHECKING:
-    from opentelemetry.trace import TracerProvider
+    from opentelemetry.sdk.trace import TracerProvider
 
     from batchline.models.generation import GenerationModel
     from batchline.server.batches.runner import BatchService

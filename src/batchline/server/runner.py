@@ -159,7 +159,7 @@ class _Startup:
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
-    from opentelemetry.trace import TracerProvider
+    from opentelemetry.sdk.trace import TracerProvider
     from starlette.types import Message, Receive, Scope, Send
     from uvicorn import Config
     from uvicorn import Server as _ServerBase
