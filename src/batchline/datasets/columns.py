@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from batchline._errors import InputError
+from batchline._types import Array
 from batchline.models.protocol import ResultKind
 
 __all__ = ["build_table", "check_tensors", "json_text", "tensors_to_numpy"]
@@ -50,10 +50,10 @@ def build_table(
     result_kind: ResultKind,
     shapes: Shapes | None = None,
     id_name: str = "id",
-) -> Any:
+) -> pa.Table:
     """One chunk's rows as a ``pyarrow.Table``: the ids (named ``id_name``: the input's id
     column keeps its name), ``index``, the result, copied columns."""
-    columns: dict[str, Any] = {
+    columns: dict[str, pa.Array | pa.ChunkedArray] = {
         id_name: pa.array(list(ids), type=pa.string()),
         "index": pa.array(list(indices), type=pa.int64()),
         result_column: _result_column(indices, values, result_kind, shapes or {}),
@@ -76,7 +76,7 @@ def build_table(
 
 def _result_column(
     indices: Sequence[int], values: Sequence[object], kind: ResultKind, shapes: Shapes
-) -> Any:
+) -> pa.Array | pa.ChunkedArray:
     n = len(values)
     if kind == "vector":
         if not n:
@@ -99,7 +99,7 @@ def _result_column(
         ) from None
 
 
-def _tensors(values: Sequence[object], shapes: Shapes) -> Any:
+def _tensors(values: Sequence[object], shapes: Shapes) -> pa.Array:
     rows = [check_tensors(-1, v, shapes) for v in values]
     names = list(shapes) or list(dict.fromkeys(name for row in rows for name in row))
     if not rows:
@@ -118,7 +118,7 @@ def _tensors(values: Sequence[object], shapes: Shapes) -> Any:
     return pa.StructArray.from_arrays(fields, names=names)
 
 
-def _nested(name: str, arrays: Sequence[np.ndarray[Any, Any]]) -> Any:
+def _nested(name: str, arrays: Sequence[Array]) -> pa.Array:
     """Rows of one rank but varying shapes as nested ``list`` arrays, built from the values
     and offsets (no Python lists), so the values keep their dtype."""
     ndim = arrays[0].ndim
@@ -137,7 +137,7 @@ def _nested(name: str, arrays: Sequence[np.ndarray[Any, Any]]) -> Any:
     return column
 
 
-def check_tensors(index: int, value: object, shapes: Shapes) -> dict[str, np.ndarray[Any, Any]]:
+def check_tensors(index: int, value: object, shapes: Shapes) -> dict[str, Array]:
     """A ``tensors`` result as arrays; ``ValueError`` when a declared shape does not match."""
     if not isinstance(value, Mapping):
         raise ValueError(f"record {index}: a tensors result is a mapping of name to array")
@@ -153,12 +153,12 @@ def check_tensors(index: int, value: object, shapes: Shapes) -> dict[str, np.nda
     return arrays
 
 
-def tensors_to_numpy(column: Any) -> dict[str, Any]:
+def tensors_to_numpy(column: pa.ChunkedArray | pa.StructArray) -> dict[str, Array]:
     """A ``tensors`` column as ``{name: array}``: ``(rows, *shape)`` arrays for fixed-size
     fields, else an object array of each row's own array."""
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
-    out: dict[str, Any] = {}
+    out: dict[str, Array] = {}
     for i, field in enumerate(column.type):
         values = column.field(i)
         shape: list[int] = []

@@ -162,7 +162,9 @@ async def run_pipeline(
     writes: set[asyncio.Task[None]] = set()
     failure: list[BaseException] = []
 
-    async def finish_block(records: Sequence[Record], outcomes: Awaitable[Any], t0: float) -> None:
+    async def finish_block(
+        records: Sequence[Record], outcomes: Awaitable[Sequence[Outcome]], t0: float
+    ) -> None:
         try:
             got = await outcomes
             now = time.perf_counter()

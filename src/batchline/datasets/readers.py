@@ -7,19 +7,20 @@ import json
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from batchline._types import Array
 from batchline.datasets.columns import build_table, tensors_to_numpy
 from batchline.datasets.manifest import SKIPPED_NAME, Manifest
 
 __all__ = ["iter_output", "read_arrays", "read_output", "read_skipped"]
 
 
-def iter_output(out_dir: str | os.PathLike[str]) -> Iterator[Any]:
+def iter_output(out_dir: str | os.PathLike[str]) -> Iterator[pa.Table]:
     """Yield each committed chunk as a ``pyarrow.Table``, in chunk order.
 
     Columns: the ids (string: ``id``, or the input's id column under its own name),
@@ -65,7 +66,7 @@ def iter_output(out_dir: str | os.PathLike[str]) -> Iterator[Any]:
         )
 
 
-def read_output(out_dir: str | os.PathLike[str]) -> Any:
+def read_output(out_dir: str | os.PathLike[str]) -> pa.Table:
     """All committed chunks of an output directory as one ``pyarrow.Table`` in index order.
 
     >>> table = read_output("out")
@@ -102,7 +103,7 @@ def read_skipped(out_dir: str | os.PathLike[str]) -> list[dict[str, object]]:
     return sorted(entries, key=lambda e: cast(int, e["index"]))
 
 
-def read_arrays(out_dir: str | os.PathLike[str]) -> Any:
+def read_arrays(out_dir: str | os.PathLike[str]) -> Array | dict[str, Array]:
     """The results of an output as numpy arrays, in index order: an ``(n, dim)`` float32
     array for vectors; ``{name: (n, *shape) array}`` for named tensors (an object array of
     each row's own array where the shape varies); else a 1-D array of the column's values.
@@ -117,5 +118,7 @@ def read_arrays(out_dir: str | os.PathLike[str]) -> Any:
     if manifest.result_kind == "vector":
         rows = column.combine_chunks()
         dim = manifest.result_dim or 0
-        return rows.flatten().to_numpy(zero_copy_only=False).reshape(len(rows), dim)
-    return np.asarray(column.to_numpy(zero_copy_only=False))
+        values: Array = rows.flatten().to_numpy(zero_copy_only=False).reshape(len(rows), dim)
+    else:
+        values = np.asarray(column.to_numpy(zero_copy_only=False))
+    return values

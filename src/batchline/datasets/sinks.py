@@ -36,12 +36,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self, cast, get_args
+from typing import Self, cast, get_args
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchline._errors import InputError
+from batchline._types import Array
 from batchline.datasets.columns import build_table, check_tensors, json_text
 from batchline.datasets.manifest import (
     MANIFEST_NAME,
@@ -311,7 +313,7 @@ class ChunkWriter:
             self._add_result(index, id, self._convert(index, result), extra)
             self._commit_ready()
 
-    def write_batch(self, records: Sequence[Record], results: Sequence[object] | Any) -> None:
+    def write_batch(self, records: Sequence[Record], results: Sequence[object] | Array) -> None:
         """Buffer one result per record (``results`` may be an ``(n, dim)`` array).
 
         Each record's ``extra`` columns are copied into the output.
@@ -549,7 +551,7 @@ class ChunkWriter:
 
     def _table(
         self, rows: list[tuple[int, tuple[str, object, Mapping[str, object] | None]]]
-    ) -> Any:
+    ) -> pa.Table:
         return build_table(
             [i for i, _ in rows],
             [r[0] for _, r in rows],

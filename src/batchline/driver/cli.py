@@ -16,13 +16,16 @@ import dataclasses
 import logging
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from batchline.datasets.selection import add_dataset_arguments
 from batchline.knobs import SHARED_HELP, add_deprecated_flag
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from batchline.driver.options import DriveOptions
+    from batchline.jobs.display import RateBar
 
 #: ``--records-per-request`` by route: a generation request of 50 prompts would take minutes
 #: on a CPU server, past its request timeout (serve's default: 30 s)
@@ -31,7 +34,7 @@ RECORDS_PER_REQUEST = {"embeddings": 50, "generate": 8}
 __all__ = ["add_parser"]
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "drive",
         help="send a dataset file to serving replicas, exactly once, resumably",
@@ -213,7 +216,7 @@ class _StderrHandler(logging.Handler):
             self.handleError(record)
 
 
-def _bar(console: Any) -> Any:
+def _bar(console: Console) -> RateBar:
     from batchline.jobs.display import RateBar
 
     return RateBar(console, "driving", "failed")

@@ -35,12 +35,13 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 import httpx
 import numpy as np
 
 from batchline._tracing import Tracing
+from batchline._types import Vector
 from batchline.datasets.outcomes import Result
 from batchline.driver.retry import parse_retry_after
 
@@ -85,7 +86,7 @@ class Reply:
     message: str = ""
     retry_after_s: float | None = None
     endpoint_fault: bool = False
-    results: Any = None
+    results: Vector | list[object] | None = None
 
 
 class Route(Protocol):
@@ -96,11 +97,11 @@ class Route(Protocol):
     result_column: str
     result_kind: Literal["vector", "value"]
 
-    def body(self, texts: Sequence[str], *, model: str | None, task_id: str) -> dict[str, Any]:
+    def body(self, texts: Sequence[str], *, model: str | None, task_id: str) -> dict[str, object]:
         """The JSON request body for ``texts``."""
         ...
 
-    def parse(self, body: object, n: int, state: _Checks) -> Any:
+    def parse(self, body: object, n: int, state: _Checks) -> Vector | list[object]:
         """The ``n`` results of a 2xx body, in request order; ``InvalidResponse`` if wrong."""
         ...
 
@@ -129,25 +130,26 @@ class EmbeddingsRoute:
         # spares both sides most of their JSON work; answers in either form are accepted.
         self.encoding = encoding
 
-    def body(self, texts: Sequence[str], *, model: str | None, task_id: str) -> dict[str, Any]:
-        body: dict[str, Any] = {"input": list(texts), "encoding_format": self.encoding}
+    def body(self, texts: Sequence[str], *, model: str | None, task_id: str) -> dict[str, object]:
+        body: dict[str, object] = {"input": list(texts), "encoding_format": self.encoding}
         if model is not None:
             body["model"] = model
         return body
 
-    def parse(self, body: object, n: int, state: _Checks) -> Any:
+    def parse(self, body: object, n: int, state: _Checks) -> Vector:
         body, data = _answers(body, "data", n, "texts", "embeddings")
         _check_model(body.get("model"), state)
-        rows: list[Any] = [None] * n
+        by_index: dict[int, Vector] = {}
         for item in data:
             if not isinstance(item, dict):
                 raise InvalidResponse("an item of 'data' is not an object")
             index = item.get("index")
             if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < n:
                 raise InvalidResponse(f"embedding index {index!r} is not in 0..{n - 1}")
-            if rows[index] is not None:
+            if index in by_index:
                 raise InvalidResponse(f"embedding index {index} appears twice")
-            rows[index] = _vector(item.get("embedding"), index)
+            by_index[index] = _vector(item.get("embedding"), index)
+        rows = [by_index[i] for i in range(n)]  # n distinct indices below n: each one once
         dim = rows[0].shape[0] if n else state.dim
         for i, row in enumerate(rows):
             if row.shape[0] != dim:
@@ -183,8 +185,8 @@ class GenerateRoute:
         self.max_tokens = max_tokens
         self.chat_template = chat_template
 
-    def body(self, texts: Sequence[str], *, model: str | None, task_id: str) -> dict[str, Any]:
-        body: dict[str, Any] = {"prompts": list(texts), "task_id": task_id}
+    def body(self, texts: Sequence[str], *, model: str | None, task_id: str) -> dict[str, object]:
+        body: dict[str, object] = {"prompts": list(texts), "task_id": task_id}
         if self.chat_template:
             body["chat"] = True
         if self.max_tokens is not None:
@@ -193,7 +195,7 @@ class GenerateRoute:
             body["model"] = model
         return body
 
-    def parse(self, body: object, n: int, state: _Checks) -> Any:
+    def parse(self, body: object, n: int, state: _Checks) -> list[object]:
         body, results = _answers(body, "results", n, "prompts", "results")
         if any(r is None for r in results):
             raise InvalidResponse("a result is null")
@@ -203,7 +205,7 @@ class GenerateRoute:
             return results
         if not isinstance(details, list) or len(details) != n:
             raise InvalidResponse(f"sent {n} prompts, got no list of {n} 'details'")
-        out: list[Any] = []
+        out: list[object] = []
         for result, detail in zip(results, details, strict=True):
             if not isinstance(detail, dict) or set(detail) != set(_DETAILS):
                 raise InvalidResponse(f"a detail is not an object of {', '.join(_DETAILS)}")
@@ -217,7 +219,7 @@ GENERATE = GenerateRoute()
 
 def _answers(
     body: object, key: str, n: int, sent: str, got: str
-) -> tuple[dict[str, Any], list[Any]]:
+) -> tuple[dict[str, object], list[object]]:
     """The answer body and its ``key`` list, which must hold one item per input sent."""
     if not isinstance(body, dict):
         raise InvalidResponse(f"the body is {type(body).__name__}, not a JSON object")
@@ -241,7 +243,7 @@ def _check_model(model: object, state: _Checks) -> None:
         )
 
 
-def _vector(value: object, index: int) -> Any:
+def _vector(value: object, index: int) -> Vector:
     if isinstance(value, str):
         try:
             raw = base64.b64decode(value, validate=True)

@@ -51,7 +51,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeAlias, cast
+from typing import TypeAlias, cast
 
 import httpx
 
@@ -382,7 +382,7 @@ class _Deduped:
 
     fresh: list[int] = dataclasses.field(default_factory=list)
     answers: dict[int, asyncio.Future[Outcome]] = dataclasses.field(default_factory=dict)
-    waits: dict[int, asyncio.Future[Any]] = dataclasses.field(default_factory=dict)
+    waits: dict[int, asyncio.Future[Outcome]] = dataclasses.field(default_factory=dict)
 
 
 #: one request of a block: the indices of its records among those sent, and its task
@@ -440,7 +440,7 @@ class HttpAdapter:
         self._slots = asyncio.Semaphore(options.concurrency)
         # The server's answer is a function of the text (embeddings; greedy generation, the
         # route's default, with the job's settings): a repeated text need not be sent again.
-        self.seen = Seen(DEDUPE_WINDOW) if options.dedupe else None
+        self.seen = Seen[asyncio.Future[Outcome]](DEDUPE_WINDOW) if options.dedupe else None
 
     @property
     def duplicates(self) -> int:
@@ -558,6 +558,7 @@ class HttpAdapter:
                 raise
             if reply.verdict == "ok":
                 pool.succeeded(ep)
+                assert reply.results is not None  # an ok reply carries its results
                 return list(reply.results)
             if reply.verdict == "abort":
                 pool.failed(ep, reply.kind, endpoint_fault=False)

@@ -18,7 +18,7 @@ import hashlib
 import json
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from batchline._errors import InputError
 from batchline.datasets.outcomes import Failed, Outcome, describe
@@ -53,7 +53,10 @@ class Cached:
 
 #: What a queued record waits on: its future, or its outcome already known (its failure, or
 #: its cached result).
-Pending = asyncio.Future[Any] | Failed | Cached
+Pending = asyncio.Future[object] | Failed | Cached
+#: A started batch model, whatever its prepared items and results are.
+_Engine = ModelBatcher[object, object]
+W = TypeVar("W")  # what a seen input waits on: a Pending (or a generation's own)
 
 
 def input_key(value: object) -> bytes | None:
@@ -77,7 +80,7 @@ def input_key(value: object) -> bytes | None:
 DEDUPE_WINDOW = 16_384
 
 
-class Seen:
+class Seen(Generic[W]):
     """The last ``window`` distinct inputs of a job and what each waits on (its result, once
     done), least recently used first out; ``duplicates`` counts the records answered from
     here."""
@@ -87,16 +90,16 @@ class Seen:
             raise ValueError(f"the dedupe window must be >= 1, got {window}")
         self.window = window
         self.duplicates = 0
-        self._pending: OrderedDict[bytes, Pending] = OrderedDict()
+        self._pending: OrderedDict[bytes, W] = OrderedDict()
 
-    def get(self, key: bytes) -> Pending | None:
+    def get(self, key: bytes) -> W | None:
         found = self._pending.get(key)
         if found is not None:
             self._pending.move_to_end(key)
             self.duplicates += 1
         return found
 
-    def put(self, key: bytes, pending: Pending) -> None:
+    def put(self, key: bytes, pending: W) -> None:
         self._pending[key] = pending
         if len(self._pending) > self.window:
             self._pending.popitem(last=False)
@@ -109,7 +112,7 @@ class BatchAdapter:
 
     def __init__(
         self,
-        engine: ModelBatcher[Any, Any],
+        engine: _Engine,
         take: Callable[[Record], object] | None = None,
         *,
         dedupe_window: int = 0,
@@ -117,7 +120,7 @@ class BatchAdapter:
     ) -> None:
         self.engine = engine
         self.take = take
-        self.seen = Seen(dedupe_window) if dedupe_window > 0 else None
+        self.seen = Seen[Pending](dedupe_window) if dedupe_window > 0 else None
         self.cache = cache
 
     @property
@@ -195,15 +198,15 @@ class BatchAdapter:
 
 
 async def submit_block(
-    engine: ModelBatcher[Any, Any], inputs: Sequence[object]
-) -> list[asyncio.Future[Any] | Failed]:
+    engine: _Engine, inputs: Sequence[object]
+) -> list[asyncio.Future[object] | Failed]:
     """Prepare ``inputs`` off the event loop and queue them (waiting for room in the queue);
     a record that ``prepare`` refuses is its :class:`Failed` at once."""
     prepared = await asyncio.to_thread(prepare_block, engine, inputs)
     return await queue_block(engine, prepared)
 
 
-def prepare_block(engine: ModelBatcher[Any, Any], inputs: Sequence[object]) -> list[object]:
+def prepare_block(engine: _Engine, inputs: Sequence[object]) -> list[object]:
     """The engine model's ``prepare`` of ``inputs``: one item or exception per input (sync:
     call it in a worker thread)."""
     model = engine.model
@@ -217,11 +220,11 @@ def prepare_block(engine: ModelBatcher[Any, Any], inputs: Sequence[object]) -> l
 
 
 async def queue_block(
-    engine: ModelBatcher[Any, Any], prepared: Sequence[object]
-) -> list[asyncio.Future[Any] | Failed]:
+    engine: _Engine, prepared: Sequence[object]
+) -> list[asyncio.Future[object] | Failed]:
     """Queue prepared items (waiting for room in the queue); an exception ``prepare`` gave for
     an input is its :class:`Failed`."""
-    pending: list[asyncio.Future[Any] | Failed] = []
+    pending: list[asyncio.Future[object] | Failed] = []
     try:
         for item in prepared:
             if isinstance(item, BaseException):
@@ -234,7 +237,7 @@ async def queue_block(
     return pending
 
 
-async def collect(engine: ModelBatcher[Any, Any], pending: Sequence[Pending]) -> list[Outcome]:
+async def collect(engine: _Engine, pending: Sequence[Pending]) -> list[Outcome]:
     """Wait for every queued record and encode its result; one record's exception (the batcher
     has bisected its batch down to it) is that record's :class:`Failed`, in order."""
     await settle(pending)
@@ -257,12 +260,12 @@ async def collect(engine: ModelBatcher[Any, Any], pending: Sequence[Pending]) ->
     return outcomes
 
 
-async def process_block(engine: ModelBatcher[Any, Any], inputs: Sequence[object]) -> list[Outcome]:
+async def process_block(engine: _Engine, inputs: Sequence[object]) -> list[Outcome]:
     """:func:`submit_block` then :func:`collect`: every input's outcome, in order."""
     return await collect(engine, await submit_block(engine, inputs))
 
 
-async def settle(pending: Sequence[Pending]) -> None:
+async def settle(pending: Sequence[object]) -> None:
     """Wait until every record of ``pending`` has its result or its exception (read them from
     the futures); cancelled meanwhile, withdraw them all."""
     try:
@@ -274,7 +277,7 @@ async def settle(pending: Sequence[Pending]) -> None:
         raise
 
 
-def cancel(pending: Sequence[Pending]) -> None:
+def cancel(pending: Sequence[object]) -> None:
     """Withdraw whatever is still queued (a stopping job)."""
     for f in pending:
         if isinstance(f, asyncio.Future):

@@ -9,17 +9,24 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from batchline.datasets.selection import add_dataset_arguments, dataset_options
-from batchline.knobs import SHARED_HELP, add_knob_arguments
+from batchline.knobs import SHARED_HELP, Knobs, add_knob_arguments
 from batchline.models.selection import add_model_arguments, model_options
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from batchline.jobs.display import RateBar
+    from batchline.jobs.options import RunOptions
 
 __all__ = ["add_parser", "given_flags"]
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "run",
         help="batch inference over a dataset file (or the built-in demo corpus), resumable",
@@ -181,7 +188,7 @@ def _add_generation_arguments(p: argparse.ArgumentParser) -> None:
     add_torch_generation_arguments(g)
 
 
-def add_torch_generation_arguments(g: Any) -> None:
+def add_torch_generation_arguments(g: argparse._ActionsContainer) -> None:
     """``--dtype`` and ``--max-step-tokens`` (the torch backend's knobs; run, serve, bench)."""
     g.add_argument(
         "--dtype",
@@ -204,12 +211,12 @@ def given_flags(args: argparse.Namespace, flags: dict[str, str]) -> list[str]:
     return [flag for dest, flag in flags.items() if getattr(args, dest) is not None]
 
 
-def _knobs(args: argparse.Namespace) -> Any:
+def _knobs(args: argparse.Namespace) -> Knobs:
     """The knobs of ``--config`` (or the defaults), updated with ``--set`` and then with every
     flag named after a knob."""
     import dataclasses
 
-    from batchline.knobs import Knobs, check_setting_names, parse_set_options
+    from batchline.knobs import check_setting_names, parse_set_options
 
     knobs = Knobs.load(args.config) if args.config else Knobs()
     names = {f.name for f in dataclasses.fields(Knobs)}
@@ -323,7 +330,7 @@ def _say_model_loads() -> logging.Handler:
     return handler
 
 
-def _sigterm_as_interrupt(stopped_by: list[str]) -> Any:
+def _sigterm_as_interrupt(stopped_by: list[str]) -> Callable[[], object]:
     """Make SIGTERM stop the run as Ctrl-C does (committed chunks kept, the rest withdrawn),
     noting it in ``stopped_by``; returns what puts the old handler back."""
     import signal
@@ -332,7 +339,7 @@ def _sigterm_as_interrupt(stopped_by: list[str]) -> Any:
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
 
-    def on_sigterm(signum: int, frame: Any) -> None:
+    def on_sigterm(signum: int, frame: object) -> None:
         stopped_by.append("SIGTERM")
         signal.raise_signal(signal.SIGINT)  # asyncio.run's own Ctrl-C path: a clean cancel
 
@@ -340,7 +347,7 @@ def _sigterm_as_interrupt(stopped_by: list[str]) -> Any:
     return lambda: signal.signal(signal.SIGTERM, old)
 
 
-def _interrupted(args: argparse.Namespace, options: Any, signame: str) -> str:
+def _interrupted(args: argparse.Namespace, options: RunOptions, signame: str) -> str:
     """What a stopped run tells its user: the records committed, and the command that goes
     on from there (or, with nothing committed, the same command again)."""
     import shlex
@@ -363,7 +370,7 @@ def _interrupted(args: argparse.Namespace, options: Any, signame: str) -> str:
     return f"interrupted ({signame}): {where}; to go on, run: {command}"
 
 
-def _output_dir(options: Any) -> Path | None:
+def _output_dir(options: RunOptions) -> Path | None:
     """The folder a job commits its chunks to (None where it cannot be told)."""
     from batchline.jobs.openai_batch import detect_batch
     from batchline.jobs.options import GenerateOptions, default_output
@@ -376,13 +383,15 @@ def _output_dir(options: Any) -> Path | None:
                 return Path(batch.parts)
         if options.output is not None:
             return Path(options.output)
-        task = "generate" if isinstance(options, GenerateOptions) else resolve_task(options.spec)
-        return default_output(options.input, task)
+        if isinstance(options, GenerateOptions):
+            return default_output(options.input, "generate")
+        assert options.spec is not None  # resolved (else no count, as for any failure here)
+        return default_output(options.input, resolve_task(options.spec))
     except Exception:  # the message goes out anyway, without the count
         return None
 
 
-def _resolve(args: argparse.Namespace, options: Any) -> Any:
+def _resolve(args: argparse.Namespace, options: RunOptions) -> RunOptions:
     """``options`` resolved (``resolve``, the one batch-or-generate decision): as
     ``GenerateOptions`` with the sampling flags when the job generates text, else as they are
     (generation flags refused)."""
@@ -419,7 +428,7 @@ def _resolve(args: argparse.Namespace, options: Any) -> Any:
         raise InputError(
             "--input-column goes with predict models; generation reads --prompt-column"
         )
-    sampling: dict[str, Any] = {
+    sampling: dict[str, Any] = {  # argparse's values, checked by GenerateOptions.sampling
         name: getattr(args, name)
         for name in ("max_tokens", "temperature", "top_p", "seed", "n", "prompt_column")
         if getattr(args, name) is not None
@@ -435,13 +444,13 @@ def _resolve(args: argparse.Namespace, options: Any) -> Any:
     return dataclasses.replace(options, **sampling)
 
 
-def _generation_bar(console: Any) -> Any:
+def _generation_bar(console: Console) -> RateBar:
     from batchline.jobs.display import RateBar
 
     return RateBar(console, "prompts", "tokens")
 
 
-def _bar(console: Any) -> Any:
+def _bar(console: Console) -> RateBar:
     from batchline.jobs.display import RateBar
 
     return RateBar(console, "records", "utilization")

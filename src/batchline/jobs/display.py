@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import Literal
 
 from rich.console import Console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    TaskID,
     TaskProgressColumn,
     TextColumn,
     TimeElapsedColumn,
@@ -44,7 +45,7 @@ class RateBar:
             transient=False,
         )
         self._note = note
-        self._task: Any = None
+        self._task = TaskID(-1)  # add_task's, once started
         self._started = 0.0
         self._done = 0
         self._failed = 0

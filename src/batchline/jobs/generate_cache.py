@@ -19,12 +19,15 @@ import dataclasses
 import hashlib
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from batchline.datasets.outcomes import Outcome, Result
 from batchline.jobs.batch import Cached, Seen
 from batchline.jobs.result_cache import ResultCache
 from batchline.models.generation import SamplingParams
+
+if TYPE_CHECKING:
+    from batchline.models.generation import Completion
 
 __all__ = ["Answers", "CompletionCache", "request_key"]
 
@@ -88,7 +91,9 @@ class Answers:
     duplicates. ``duplicates`` and ``cached`` count the records answered each way."""
 
     def __init__(self, dedupe_window: int, cache: CompletionCache | None) -> None:
-        self.seen = Seen(dedupe_window) if dedupe_window > 0 else None
+        self.seen: Seen[asyncio.Future[Completion] | Cached] | None = (
+            Seen(dedupe_window) if dedupe_window > 0 else None
+        )
         self.cache = cache
         self.cached = 0
 
@@ -110,7 +115,7 @@ class Answers:
 
     def answer(
         self, key: bytes, kept: Mapping[bytes, Cached]
-    ) -> asyncio.Future[Any] | Cached | None:
+    ) -> asyncio.Future[Completion] | Cached | None:
         """The request's completion (or what it waits on), or None: generate it, then
         :meth:`generating`."""
         if self.seen is not None:
@@ -124,7 +129,7 @@ class Answers:
                 self.seen.put(key, hit)
         return hit
 
-    def generating(self, key: bytes, completion: asyncio.Future[Any]) -> None:
+    def generating(self, key: bytes, completion: asyncio.Future[Completion]) -> None:
         """``key``'s request is being generated: its duplicates wait on ``completion``."""
         if self.seen is not None:
             self.seen.put(key, completion)

@@ -41,7 +41,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 import numpy as np
 
@@ -208,7 +208,7 @@ class BatchFiles:
             if index not in rows and index not in skipped and not_run is None:
                 continue  # not run (--limit)
             try:
-                request: Any = json.loads(raw)
+                request: object = json.loads(raw)
             except ValueError:
                 request = None
             if not isinstance(request, dict):
@@ -228,12 +228,12 @@ class LineEngine(Protocol):
     room, and gives its result's future."""
 
     @property
-    def model(self) -> BatchModel[Any, Any]: ...
+    def model(self) -> BatchModel[object, object]: ...
 
     @property
     def stats(self) -> BatchStats: ...
 
-    async def submit(self, item: Any) -> asyncio.Future[Any]: ...
+    async def submit(self, item: object) -> asyncio.Future[object]: ...
 
 
 #: A line a batch model answers: an embeddings line (its texts) or a rerank or score line
@@ -250,7 +250,7 @@ class _BatchLines:
     def __init__(self, engine: LineEngine) -> None:
         self.engine = engine
         # the block helpers use only the engine's model and submit: any LineEngine does
-        self._helpers = cast("ModelBatcher[Any, Any]", engine)
+        self._helpers = cast("ModelBatcher[object, object]", engine)
         dim = engine.model.info.details.get("dim")
         self.dim = dim if isinstance(dim, int) else None
 
@@ -266,7 +266,7 @@ class _BatchLines:
         self,
         lines: Sequence[_Line],
         tokens: Sequence[int],
-        pending: Sequence[asyncio.Future[Any] | Failed],
+        pending: Sequence[asyncio.Future[object] | Failed],
     ) -> list[Outcome]:
         got = await collect(self._helpers, pending)
         outcomes: list[Outcome] = []
@@ -362,7 +362,7 @@ class LinesAdapter:
                     chats.append(record)
                 else:
                     lines.setdefault(kind, []).append(line)
-        parts: dict[str, asyncio.Future[Any]] = {}
+        parts: dict[str, asyncio.Future[list[Outcome]]] = {}
         try:
             if chats:
                 assert self.generator is not None  # pick() named the job's generator
@@ -376,7 +376,7 @@ class LinesAdapter:
         return asyncio.ensure_future(self._merge(routes, parts))
 
     async def _merge(
-        self, routes: Sequence[_Route], parts: Mapping[str, asyncio.Future[Any]]
+        self, routes: Sequence[_Route], parts: Mapping[str, asyncio.Future[list[Outcome]]]
     ) -> list[Outcome]:
         try:
             await asyncio.gather(*parts.values())
@@ -405,7 +405,7 @@ class BatchJobModels:
 
     names: BatchModels
     generator: GenerationModel | None = None
-    batch: dict[str, BatchModel[Any, Any]] = dataclasses.field(default_factory=dict)
+    batch: dict[str, BatchModel[object, object]] = dataclasses.field(default_factory=dict)
 
     def close(self) -> None:
         for model in (self.generator, *self.batch.values()):
@@ -490,7 +490,7 @@ def open_batch_parts(options: GenerateOptions, models: Sequence[str]) -> tuple[S
 @contextlib.asynccontextmanager
 async def started_batch_models(
     models: BatchJobModels, options: GenerateOptions, progress: Progress | None
-) -> AsyncIterator[tuple[GeneratorAdapter | None, dict[str, ModelBatcher[Any, Any]]]]:
+) -> AsyncIterator[tuple[GeneratorAdapter | None, dict[str, ModelBatcher[object, object]]]]:
     """The job's generator started (its adapter) and a started batcher per batch model, as
     :func:`answer_lines` takes them; stopped on the way out."""
     async with contextlib.AsyncExitStack() as stack:

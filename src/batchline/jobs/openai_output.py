@@ -28,7 +28,7 @@ def output_line(
     """One line of the output file (JSON text; its ``error`` comes last)."""
     custom_id = request.get("custom_id")
     digest = hashlib.sha256(f"{index}\0{custom_id}".encode()).hexdigest()[:24]
-    line: dict[str, Any] = {"id": f"batch_req_{digest}", "custom_id": custom_id}
+    line: dict[str, object] = {"id": f"batch_req_{digest}", "custom_id": custom_id}
     if row is None:
         code, reason = "invalid_request", "not run"
         if skipped is not None:
@@ -40,7 +40,7 @@ def output_line(
         return _dumps(line)
     body = request.get("body") or {}
     url = request.get("url")
-    response: dict[str, Any] | str
+    response: dict[str, object] | str
     if url == EMBEDDINGS_URL:
         response = _embeddings_body(row, as_base64=body.get("encoding_format") == "base64")
     elif url in (RERANK_URL, SCORE_URL):
@@ -73,7 +73,7 @@ def _dumps(value: object) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-def _completion_body(row: dict[str, Any], digest: str, *, chat: bool) -> dict[str, Any]:
+def _completion_body(row: dict[str, Any], digest: str, *, chat: bool) -> dict[str, object]:
     """OpenAI's ChatCompletion (``chat``) or Completion of a generated row: its one choice,
     or those its ``choices`` column holds (``n``, log-probabilities, ``echo``:
     :mod:`~batchline.jobs.generate_choices`)."""

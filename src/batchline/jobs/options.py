@@ -111,13 +111,15 @@ def resolve(options: RunOptions) -> RunOptions:
         return options
     from batchline.jobs.requests import is_openai_batch_file
 
+    given = options if isinstance(options, GenerateOptions) else None
+    models = given.models if given is not None else ()
     batch = options.input is not None and is_openai_batch_file(
-        options.input, options.input_format, forced=getattr(options, "openai_batch", False)
+        options.input, options.input_format, forced=given is not None and given.openai_batch
     )
-    generating = isinstance(options, GenerateOptions) or options.task == "generate" or batch
-    if generating and options.model == "default" and not getattr(options, "models", ()):
+    generating = given is not None or options.task == "generate" or batch
+    if generating and options.model == "default" and not models:
         options = dataclasses.replace(options, model="smollm2")
-    if getattr(options, "models", ()) and not batch:
+    if models and not batch:
         raise InputError(
             "several models go with an OpenAI batch file only (each line's body.model picks "
             f"one); {options.input or 'the demo input'} is not one: run one model at a time"
@@ -143,7 +145,7 @@ def batch_specs(options: RunOptions) -> list[ModelSpec]:
     from batchline.models.specs import parse_specs
 
     return parse_specs(
-        list(getattr(options, "models", ()) or (options.model,)),
+        list((isinstance(options, GenerateOptions) and options.models) or (options.model,)),
         tasks=[options.task] if options.task else [],
         **options.spec_options(),
     )

@@ -84,7 +84,7 @@ def _constraint(fields: str) -> Constraint | None:
     return constraint_from_openai(json.loads(fields))
 
 
-def record_constraint(fields: Mapping[str, Any]) -> Constraint | Literal[False] | None:
+def record_constraint(fields: Mapping[str, object]) -> Constraint | Literal[False] | None:
     """The constraint a record (or a batch line's body) asks for; False when it names none."""
     asked = {k: fields[k] for k in CONSTRAINT_FIELDS if fields.get(k) is not None}
     if not asked:
@@ -198,7 +198,7 @@ class Choices:
     listed: bool = False
 
 
-def batch_line(value: object) -> tuple[str, Mapping[str, Any]]:
+def batch_line(value: object) -> tuple[str, Mapping[str, object]]:
     """An OpenAI batch line's ``url`` and ``body``; ``ValueError`` saying what is wrong with
     its shape (the body's own fields are read where they are used)."""
     if not is_openai_batch_line(value):

@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -187,7 +187,7 @@ def _encode(result: object) -> bytes | None:
     return b"j" + text.encode()
 
 
-def _decode(blob: bytes) -> Any:
+def _decode(blob: bytes) -> object:
     if blob[:1] == b"a":
         size = int.from_bytes(blob[1:5], "little")
         dtype, shape = json.loads(blob[5 : 5 + size])

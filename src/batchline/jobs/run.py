@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Callable
-from typing import Any
 
 from batchline._errors import InputError
 from batchline.datasets.pipeline import Progress, open_dataset_job, run_pipeline
@@ -48,13 +47,13 @@ _BLOCK = 256
 _MAX_BLOCKS_IN_FLIGHT = 8
 
 
-def load_job_model(options: RunOptions, knobs: Knobs) -> BatchModel[Any, Any]:
+def load_job_model(options: RunOptions, knobs: Knobs) -> BatchModel[object, object]:
     """The job's model, from its spec and options, laid out as ``knobs`` say (quantized, past
     the quality gate, with ``knobs.quantize``)."""
     return _load_gated(options, knobs)[0]
 
 
-def _load_gated(options: RunOptions, knobs: Knobs) -> tuple[BatchModel[Any, Any], str]:
+def _load_gated(options: RunOptions, knobs: Knobs) -> tuple[BatchModel[object, object], str]:
     """The job's model, and its quantization's figures in a line ("" when not quantized)."""
     from batchline.models.loader import load_model
 

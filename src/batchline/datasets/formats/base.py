@@ -9,12 +9,15 @@ import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, TYPE_CHECKING, Literal
 
 import pyarrow as pa
 
 from batchline._errors import InputError
 from batchline.models.protocol import InputKind
+
+if TYPE_CHECKING:
+    from batchline._types import Array
 
 __all__ = [
     "BadRecord",
@@ -326,7 +329,7 @@ class Source:
         return value, None
 
 
-def to_array(value: object) -> tuple[Any, str | None]:
+def to_array(value: object) -> tuple[Array | None, str | None]:
     """A JSON or Parquet value as a numeric numpy array, or why it cannot be one."""
     import numpy as np
 
@@ -343,7 +346,7 @@ def to_array(value: object) -> tuple[Any, str | None]:
     return array, None
 
 
-def numeric_or_list(kind: Any) -> bool:
+def numeric_or_list(kind: pa.DataType) -> bool:
     """Whether a Parquet column type can hold tensors: numbers, or lists of them (nested)."""
     t = pa.types
     if t.is_integer(kind) or t.is_floating(kind) or t.is_boolean(kind):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, cast
+from typing import cast
 
 import pyarrow as pa
 import pyarrow.csv as pa_csv
@@ -45,7 +45,7 @@ class CsvSource(Source):
     def _items(self, skipper: Skipper, block_size: int) -> Iterator[Item]:
         invalid: dict[int, tuple[str, str]] = {}
 
-        def on_invalid(row: Any) -> str:
+        def on_invalid(row: pa_csv.InvalidRow) -> str:
             # Physical row numbers count the header as row 1, so data row i is number i + 2.
             number = cast(int, row.number)
             reason = f"expected {row.expected_columns} fields, got {row.actual_columns}"

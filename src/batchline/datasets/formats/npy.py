@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import numpy as np
 
 from batchline._errors import InputError
+from batchline._types import Array
 from batchline.datasets.formats.base import Item, Record, Skipper, Source
 
 __all__ = ["NpySource"]
@@ -28,7 +28,7 @@ class NpySource(Source):
         self.total_records = int(array.shape[0])
         return False
 
-    def _npy_array(self) -> Any:
+    def _npy_array(self) -> Array:
         try:
             array = np.load(self.path, mmap_mode="r", allow_pickle=False)
         except (ValueError, OSError, EOFError) as exc:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -45,7 +44,7 @@ class ParquetSource(Source):
             )
         return True
 
-    def _parquet_file(self) -> Any:
+    def _parquet_file(self) -> pq.ParquetFile:
         try:
             return pq.ParquetFile(self.path)
         except (pa.ArrowInvalid, OSError) as exc:
