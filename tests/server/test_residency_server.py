@@ -167,3 +167,31 @@ async def test_unknown_names_in_preload_or_pin_are_refused() -> None:
     with pytest.raises(InputError, match="preload names zzz, not served here"):
         async with app.router.lifespan_context(app):
             pass
+
+
+async def test_without_a_budget_every_model_is_the_registrys_pinned_and_loaded_at_start() -> None:
+    fake = FakeEmbedder()
+    app = create_app(on_demand(memory_budget=None), load_model=loader(fake))
+    async with client_on(app) as client:
+        residency = app.state.server.residency
+        held = {s.name: (s.state.value, s.pinned) for s in residency.stats()}
+        assert held == {"a": ("resident", True), "b": ("resident", True)}
+        assert (await embed(client, "b")).status_code == 200
+        assert {s.name: s.active for s in residency.stats()} == {"a": 0, "b": 0}  # released
+        listed = (await client.get("/v1/models")).json()["data"]
+        assert [sorted(m) for m in listed] == [["created", "id", "object", "owned_by", "task"]] * 2
+    assert {s.name: s.state.value for s in residency.stats()} == {"a": "unloaded", "b": "unloaded"}
+
+
+async def test_without_a_budget_a_failed_load_stops_the_start_with_its_own_error() -> None:
+    def load(spec: Any, knobs: Any) -> Any:
+        if spec.name == "b":
+            raise ValueError("b's weights are cut short")
+        return loader(FakeEmbedder())(spec, knobs)
+
+    app = create_app(on_demand(memory_budget=None), load_model=load)
+    with pytest.raises(ValueError, match="cut short"):
+        async with client_on(app):
+            pass
+    residency = app.state.server.residency
+    assert {s.name: s.state.value for s in residency.stats()} == {"a": "unloaded", "b": "unloaded"}

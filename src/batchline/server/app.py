@@ -79,12 +79,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 
 from batchline._device import Device
+from batchline._residency import ModelLoadError
 from batchline._tracing import tracing_for, tracing_from_env
 from batchline.knobs import Knobs
 from batchline.models.protocol import BatchModel
@@ -92,6 +93,7 @@ from batchline.models.specs import ModelSpec
 from batchline.server.errors import install_error_handlers
 from batchline.server.gate import Gate
 from batchline.server.metrics import ServerMetrics
+from batchline.server.residency import build_residency
 from batchline.server.routes import include_routes
 from batchline.server.settings import ServerSettings
 from batchline.server.state import Served, ServedGenerator, ServedModel, ServerState
@@ -165,8 +167,6 @@ def create_app(
         knobs = settings.knobs if settings.knobs.batching else settings.baseline_knobs
         batch_names = [s.name for s in specs if not s.generates]
         device = _shared_device(settings, knobs, batch_names) if settings.knobs.batching else None
-        models: dict[str, ServedModel[object, object]] = {}
-        generators: dict[str, ServedGenerator] = {}
 
         async def load_served(spec: ModelSpec) -> ServedModel[object, object]:
             model = await asyncio.to_thread(loader, spec, knobs)
@@ -186,6 +186,8 @@ def create_app(
             except BaseException:
                 model.close()
                 raise
+            batching = "batching" if settings.knobs.batching else "no batching"
+            logger.info("model %s ready (%s, %s)", spec.name, served.task, batching)
             return served
 
         async def load_generator(spec: ModelSpec) -> ServedGenerator:
@@ -206,63 +208,47 @@ def create_app(
             )
             return generator
 
+        async def load_managed(spec: ModelSpec) -> Served:
+            if spec.generates:
+                generator = await load_generator(spec)
+                state.generators[spec.name] = generator
+                return generator
+            served = await load_served(spec)
+            state.models[spec.name] = served
+            return served
+
+        async def unload_managed(served: Served) -> None:
+            if isinstance(served, ServedGenerator):
+                state.generators.pop(served.name, None)
+                metrics.generation.forget(served.name)  # holds no reference to it
+            else:
+                state.models.pop(served.name, None)
+                metrics.watch(served.name, lambda: None)  # holds no reference to it
+            await served.stop(timeout_s=settings.drain_timeout_s)
+
+        # One registry: every model is the residency's; without a budget each is pinned and
+        # loaded now, in order, and a failed load stops the start with its own error.
         on_demand = settings.memory_budget is not None
+        state.managed = {s.name: _task_of(s) for s in specs}
+        residency = state.residency = build_residency(
+            settings,
+            list(specs),
+            load_managed,
+            unload_managed,
+            metrics.residency_event if on_demand else None,
+            tasks=state.managed,
+        )
         if on_demand:
-            from batchline.server.residency import build_residency
-
-            async def load_managed(spec: ModelSpec) -> Served:
-                if spec.generates:
-                    generator = await load_generator(spec)
-                    state.generators[spec.name] = generator
-                    return generator
-                served = await load_served(spec)
-                state.models[spec.name] = served
-                return served
-
-            async def unload_managed(served: Served) -> None:
-                if isinstance(served, ServedGenerator):
-                    state.generators.pop(served.name, None)
-                    metrics.generation.forget(served.name)  # holds no reference to it
-                else:
-                    state.models.pop(served.name, None)
-                    metrics.watch(served.name, lambda: None)  # holds no reference to it
-                await served.stop(timeout_s=settings.drain_timeout_s)
-
-            state.managed = {s.name: _task_of(s) for s in specs}
-            state.residency = build_residency(
-                settings,
-                list(specs),
-                load_managed,
-                unload_managed,
-                metrics.residency_event,
-                tasks=state.managed,
-            )
-            metrics.watch_residency(state.residency)
+            metrics.watch_residency(residency)
+        first = [*settings.pin, *settings.preload] if on_demand else [s.name for s in specs]
         try:
-            for spec in specs:
-                if on_demand:
-                    continue  # loaded on its first request, or preloaded below
-                if spec.generates:
-                    generators[spec.name] = await load_generator(spec)
-                    continue
-                served = await load_served(spec)
-                models[spec.name] = served
-                logger.info(
-                    "model %s ready (%s, %s)",
-                    spec.name,
-                    served.task,
-                    "batching" if settings.knobs.batching else "no batching",
-                )
-            if state.residency is not None:
-                for name in dict.fromkeys([*settings.pin, *settings.preload]):
-                    await state.residency.preload(name)
-        except BaseException:
-            if state.residency is not None:
-                await state.residency.close()
-            await _stop_all([*models.values(), *generators.values()], timeout_s=0)
+            for name in dict.fromkeys(first):
+                await residency.preload(name)
+        except BaseException as exc:
+            await residency.close()
+            if not on_demand and isinstance(exc, ModelLoadError) and exc.__cause__ is not None:
+                raise exc.__cause__ from None
             raise
-        state.models.update(models)
-        state.generators.update(generators)
         state.order[:] = [s.name for s in specs]
         if settings.host_names is None and not settings.allowed_hosts:
             logger.info(
@@ -278,9 +264,7 @@ def create_app(
             state.begin_drain()
             await batches.stop()  # unfinished batches resume on the next start
             await drain(state)
-            if state.residency is not None:
-                await state.residency.close()  # unloads (drains) the on-demand models
-            await _stop_all(state.served(), timeout_s=settings.drain_timeout_s)
+            await residency.close()  # unloads (drains) every model
             if tracing is not None:
                 await asyncio.to_thread(tracing.shutdown)  # the last spans go out
 
@@ -337,16 +321,6 @@ async def drain(state: ServerState) -> None:
         *(g.generator.stop(drain=False) for g in generators), return_exceptions=True
     )
     await state.wait_idle(_CUT_GRACE_S)
-
-
-async def _stop_all(served: Sequence[Served], *, timeout_s: float) -> None:
-    """Drain and free every model at once (each within ``timeout_s``), whatever fails."""
-    results = await asyncio.gather(
-        *(m.stop(timeout_s=timeout_s) for m in served), return_exceptions=True
-    )
-    for m, result in zip(served, results, strict=True):
-        if isinstance(result, BaseException):
-            logger.error("stopping model %s failed", m.name, exc_info=result)
 
 
 async def _start_batches(state: ServerState) -> BatchService:

@@ -1,5 +1,6 @@
-"""On-demand models for the server: a :class:`batchline._residency.Residency` of served batch
-models under ``memory_budget``.
+"""The server's one registry of models: a :class:`batchline._residency.Residency` of its served
+models. Without ``memory_budget`` every model is pinned and loaded at start (a failed load
+stops the start); the rest of this text is about the budget.
 
 With ``memory_budget`` set, the server starts without loading its batch models (except those
 named in ``preload`` or ``pin``); a model loads on its first request, and requests that arrive
@@ -164,16 +165,18 @@ def build_residency(
     specs: list[ModelSpec],
     load_served: Callable[[ModelSpec], Awaitable[H]],
     unload_served: Callable[[H], Awaitable[None]],
-    on_event: Callable[[str, str, Mapping[str, float | str]], None],
+    on_event: Callable[[str, str, Mapping[str, float | str]], None] | None,
     tasks: dict[str, str] | None = None,
 ) -> Residency[H]:
     """A residency of ``specs`` under ``settings.memory_budget``: ``load_served``
-    (async, spec → started served model) and ``unload_served`` (async) do the work."""
-    assert settings.memory_budget is not None, "built only for a memory budget"
+    (async, spec → started served model) and ``unload_served`` (async) do the work. Without a
+    budget every model is pinned and nothing is measured: the server loads them all at start."""
+    by_name = {s.name: s for s in specs}
+    if settings.memory_budget is None:
+        return _all_resident(specs, load_served, unload_served, by_name)
     budget = parse_bytes(settings.memory_budget, total=total_memory())
     device = str(getattr(settings.knobs, "device", "cpu") or "cpu")
     knobs = settings.knobs if settings.knobs.batching else settings.baseline_knobs
-    by_name = {s.name: s for s in specs}
     estimates: dict[str, Footprint] = {
         s.name: estimate_footprint(s, knobs, (tasks or {}).get(s.name)) for s in specs
     }
@@ -255,6 +258,27 @@ def build_residency(
     return residency
 
 
+def _all_resident(
+    specs: list[ModelSpec],
+    load_served: Callable[[ModelSpec], Awaitable[H]],
+    unload_served: Callable[[H], Awaitable[None]],
+    by_name: Mapping[str, ModelSpec],
+) -> Residency[H]:
+    async def load(name: str) -> tuple[H, None]:
+        return await load_served(by_name[name]), None
+
+    async def unload(name: str, served: H) -> None:
+        try:
+            await unload_served(served)
+        except Exception:
+            logger.exception("stopping model %s failed", name)
+
+    residency: Residency[H] = Residency(budget_bytes=None, load=load, unload=unload)
+    for spec in specs:
+        residency.add(spec.name, estimate_bytes=0, pinned=True, keep_alive_s=None)
+    return residency
+
+
 def _attribute(grown: int, expected: int) -> int | None:
     """What a load's measured growth says the model holds: at least the files' estimate (a
     smaller growth overlapped memory freed by other work) and at most twice it (a larger one
@@ -281,10 +305,8 @@ async def use_served(
     ``timeout_s``, 503 naming the cause when its load fails or it can never fit, 429 when
     ``max_waiting`` requests already wait for it to load (its queue's room, counted in
     requests while it has no queue)."""
-    if (
-        residency.state(name) is not ResidentState.RESIDENT
-        and residency.active(name) >= max_waiting
-    ):
+    resident = residency.state(name) is ResidentState.RESIDENT
+    if not resident and residency.active(name) >= max_waiting:
         raise ApiError(
             429,
             f"model {name!r} is loading and {max_waiting} requests already wait for it; retry "
@@ -293,7 +315,7 @@ async def use_served(
             headers={"Retry-After": str(retry_after_s)},
         )
     try:
-        async with asyncio.timeout(timeout_s):
+        async with asyncio.timeout(None if resident else timeout_s):  # resident: no timer
             served = await residency.acquire(name)
     except TimeoutError:
         raise ApiError(

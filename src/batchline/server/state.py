@@ -395,7 +395,7 @@ class ServedGenerator:
             self.model.close()
 
 
-#: A served model of either kind (what the residency of on-demand models holds).
+#: A served model of either kind (what the residency holds).
 Served = ServedModel[object, object] | ServedGenerator
 
 # -- state ------------------------------------------------------------------------------------
@@ -416,8 +416,9 @@ class ServerState:
     in_flight: int = 0
     api_key: bytes | None = None
     residency: Residency[Served] | None = None
-    """The :class:`batchline._residency.Residency` of on-demand batch models (``None``: every
-    model loaded at startup); a managed model is in ``models`` while it is resident."""
+    """The one registry of the served models (:class:`batchline._residency.Residency`; every
+    model pinned without a memory budget; ``None`` before the app starts); a model is in
+    ``models`` or ``generators`` while it is resident."""
     managed: dict[str, str] = field(default_factory=dict)
     """Each on-demand model's task, loaded or not."""
     tracing: Tracing | None = None

@@ -25,7 +25,7 @@ async def list_models(request: Request) -> JSONResponse:
     and ``pinned``."""
     state = server_state(request)
     data = [_card(m.name, m.created, m.task) for m in state.served()]
-    if state.residency is not None:
+    if state.residency is not None and state.settings.memory_budget is not None:
         # on-demand models: listed loaded or not, with their residency and footprint
         cards = {c["id"]: c for c in data}
         data = []
