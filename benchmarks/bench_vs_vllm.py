@@ -7,7 +7,11 @@ time on 127.0.0.1 (a fresh start per run, so no server idles beside the measured
   the engine arguments batchline's CPU defaults give (eager, 2,048-token context, 1 GiB KV
   cache, 16 running sequences);
 - ``batchline-vllm``: ``batchline serve --generation-backend vllm`` (the same engine);
-- ``batchline-torch``: ``batchline serve`` on batchline's own torch engine.
+- ``batchline-torch``: ``batchline serve`` on batchline's own torch engine;
+- ``torch-engine``: no server: the same requests submitted in a process of its own to the
+  generator ``batchline serve`` builds (``load_text_generator``, the same knobs), by
+  ``--concurrency`` tasks, with TTFT at the first delta. ``batchline-torch`` against it is what
+  the HTTP front end costs (issue "engines at the limit": server >= 0.85x the engine).
 
 The workload: ``--concurrency`` chat clients (16) sending ``--requests`` demo math prompts
 (96) through the chat template, greedy, streaming with ``stream_options={"include_usage":
@@ -54,7 +58,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SERVERS = ("vllm", "batchline-vllm", "batchline-torch")
+SERVERS = ("vllm", "batchline-vllm", "batchline-torch", "torch-engine")
 MODEL_NAME = "gen"
 # What batchline's CPU defaults give vLLM's engine (batchline.models.generation.load), passed
 # to vLLM's own server and LLM as flags so both run the same engine.
@@ -80,6 +84,7 @@ def main() -> None:
     parser.add_argument("--start-timeout-s", type=float, default=300.0)
     # internal: one offline run in a process of its own
     parser.add_argument("--_offline-one", dest="offline_one", help=argparse.SUPPRESS)
+    parser.add_argument("--_engine-one", dest="engine_one", help=argparse.SUPPRESS)
     parser.add_argument("--_result", dest="result", help=argparse.SUPPRESS)
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -87,6 +92,10 @@ def main() -> None:
     os.environ.setdefault("VLLM_LOOPBACK_IP", "127.0.0.1")
     if args.offline_one:  # vLLM logs to stdout: the result goes to a file
         Path(args.result).write_text(json.dumps(_offline_one(args.offline_one, args)))
+        return
+    if args.engine_one:
+        result = asyncio.run(_engine_one(args.engine_one, _workload(args), args.concurrency))
+        Path(args.result).write_text(json.dumps(result.__dict__))
         return
 
     servers = [s.strip() for s in args.servers.split(",") if s.strip()]
@@ -275,9 +284,68 @@ def _server_command(server: str, dtype: str, folder: str, port: int) -> list[str
     ]
 
 
+async def _engine_one(dtype: str, workload: list[tuple[str, int]], concurrency: int) -> RunResult:
+    """The workload on the generator ``batchline serve`` builds, without the server."""
+    from batchline.knobs import Knobs
+    from batchline.models.generation import load_text_generator
+    from batchline.models.generation.engine import SamplingParams
+    from batchline.models.specs import parse_spec
+
+    knobs = Knobs.serving(dtype=dtype, max_running_sequences=MAX_NUM_SEQS)  # as serve has them
+    model = await asyncio.to_thread(load_text_generator, parse_spec(f"{MODEL_NAME}=smollm2"), knobs)
+    queue = list(reversed(workload))
+    latencies: list[float] = []
+    ttfts: list[float] = []
+    tokens = 0
+
+    async def one(prompt: str, max_tokens: int) -> None:
+        nonlocal tokens
+        started = time.perf_counter()
+        first: float | None = None
+        ids = model.encode_chat([{"role": "user", "content": prompt}])
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        stream = model.generator.submit(ids, params)
+        async for delta in stream:
+            if first is None and delta.text:
+                first = time.perf_counter()
+        done = await stream.result()
+        ended = time.perf_counter()
+        latencies.append(ended - started)
+        ttfts.append((first or ended) - started)
+        tokens += len(done.token_ids)
+
+    async def client_loop(work: list[tuple[str, int]]) -> None:
+        while work:
+            await one(*work.pop())
+
+    async with model.generator:
+        warm = [(p, 8) for p, _ in workload[:4]]  # the servers' warm-up, not measured
+        await asyncio.gather(*(client_loop(warm) for _ in range(4)))
+        latencies.clear()
+        ttfts.clear()
+        tokens = 0
+        started = time.perf_counter()
+        await asyncio.gather(*(client_loop(queue) for _ in range(concurrency)))
+        wall = time.perf_counter() - started
+    model.close()
+    return RunResult(tokens, wall, latencies, ttfts, 0)
+
+
+def _measure_engine(dtype: str, args: argparse.Namespace) -> RunResult:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        command = [sys.executable, __file__, "--_engine-one", dtype, "--_result", str(out)]
+        for flag in ("requests", "concurrency", "min_new", "max_new", "seed"):
+            command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+        subprocess.run(command, check=True)
+        return RunResult(**json.loads(out.read_text()))
+
+
 def _measure_server(
     server: str, dtype: str, folder: str, workload: list[tuple[str, int]], args: argparse.Namespace
 ) -> RunResult:
+    if server == "torch-engine":
+        return _measure_engine(dtype, args)
     port = _free_port()
     log = Path(tempfile.gettempdir()) / f"bench-vs-vllm-{server}-{port}.log"
     with log.open("wb") as out:
@@ -346,6 +414,10 @@ def _print_online(dtype: str, results: dict[str, list[RunResult]]) -> None:
         if base is not None:
             line += f"   {tps / base[0]:7.2f} {l99 / base[2]:9.2f} {t99 / base[4]:10.2f}"
         print(line)
+    if "batchline-torch" in rows and "torch-engine" in rows:
+        ratio = rows["batchline-torch"][0] / rows["torch-engine"][0]
+        goal = "met" if ratio >= 0.85 else "NOT met"
+        print(f"batchline-torch / torch-engine tok/s = {ratio:.2f} (goal >= 0.85: {goal})")
     if base is not None and "batchline-vllm" in rows:
         tps, _, _, _, t99 = rows["batchline-vllm"]
         ok = tps >= 0.95 * base[0] and t99 <= 1.2 * base[4]
