@@ -279,6 +279,9 @@ def _server_command(server: str, dtype: str, folder: str, port: int) -> list[str
         f"dtype={dtype}",
         "--set",
         f"max_running_sequences={MAX_NUM_SEQS}",
+        # a slow machine's long requests must not meet serve's 30 s default (vLLM has none)
+        "--request-timeout-s",
+        "900",
         "--log-level",
         "warning",
     ]
