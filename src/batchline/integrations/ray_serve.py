@@ -551,7 +551,7 @@ def serve_on_ray(
     # signals after ray.init: Ray's core installs a SIGTERM handler that aborts the process
     with (
         ingress_environment(private, avoid=[settings.port]) as ingress_vars,
-        env_defaults({**quick, **ingress_vars} if address is None else {}),
+        env_defaults({**quick, **_LEAN_LOGS_ENV, **ingress_vars} if address is None else {}),
         ray_session(address, local_cpus),
         _signals_set(stop),
     ):
@@ -584,6 +584,13 @@ def serve_on_ray(
                     serve.delete(READY_APP_NAME)
     return 0
 
+
+# Serve's own request-path logs: to its log files only (not echoed through the driver's
+# stderr), flushed every 1,000 lines or at the first error: the values of Ray's own
+# RAY_SERVE_THROUGHPUT_OPTIMIZED preset. batchline's log lines are not Serve's and still show.
+# One replica behind HAProxy, c=1 p50 added: +2.47 and +2.73 ms with them, +3.32 and +4.22
+# without (bench_ray_serve.py --overhead-only, 2 runs each, 2026-11-28); c=32 within noise.
+_LEAN_LOGS_ENV = {"RAY_SERVE_LOG_TO_STDERR": "0", "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE": "1000"}
 
 # Serve's autoscaler learns about requests through metrics that the proxy and the replicas
 # record every look_back_period_s x 0.2 (6 s by default) and push every 10 s: a request that
