@@ -173,7 +173,7 @@ def build_residency(
     budget every model is pinned and nothing is measured: the server loads them all at start."""
     by_name = {s.name: s for s in specs}
     if settings.memory_budget is None:
-        return _all_resident(specs, load_served, unload_served, by_name)
+        return _all_resident(by_name, load_served, unload_served)
     budget = parse_bytes(settings.memory_budget, total=total_memory())
     device = str(getattr(settings.knobs, "device", "cpu") or "cpu")
     knobs = settings.knobs if settings.knobs.batching else settings.baseline_knobs
@@ -259,10 +259,9 @@ def build_residency(
 
 
 def _all_resident(
-    specs: list[ModelSpec],
+    by_name: Mapping[str, ModelSpec],
     load_served: Callable[[ModelSpec], Awaitable[H]],
     unload_served: Callable[[H], Awaitable[None]],
-    by_name: Mapping[str, ModelSpec],
 ) -> Residency[H]:
     async def load(name: str) -> tuple[H, None]:
         return await load_served(by_name[name]), None
@@ -274,8 +273,8 @@ def _all_resident(
             logger.exception("stopping model %s failed", name)
 
     residency: Residency[H] = Residency(budget_bytes=None, load=load, unload=unload)
-    for spec in specs:
-        residency.add(spec.name, estimate_bytes=0, pinned=True, keep_alive_s=None)
+    for name in by_name:
+        residency.add(name, estimate_bytes=0, pinned=True, keep_alive_s=None)
     return residency
 
 

@@ -220,7 +220,14 @@ class FakeEngine:
                 elif len(seq.generated) >= params.max_tokens:
                     reason = "length"
                 outputs.append(
-                    StepOutput(rid, (token,), reason is not None, reason, None, lp, scored)
+                    StepOutput(
+                        rid,
+                        (token,),
+                        finished=reason is not None,
+                        finish_reason=reason,
+                        logprobs=lp,
+                        prompt_logprobs=scored,
+                    )
                 )
             kv = self.kv_tokens_in_use()
             for out in outputs:
