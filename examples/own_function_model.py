@@ -33,7 +33,7 @@ def factory():  # type: ignore[no-untyped-def]
 
 
 def main() -> list[dict[str, object]]:
-    from batchline.cli import main as batchline
+    from batchline.__main__ import main as batchline
     from batchline.datasets.sinks import read_output, read_skipped
 
     with tempfile.TemporaryDirectory() as tmp:

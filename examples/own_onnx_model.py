@@ -39,7 +39,7 @@ def build_model(path: Path) -> Path:
 def main() -> np.ndarray:
     import onnxruntime as ort
 
-    from batchline.cli import main as batchline
+    from batchline.__main__ import main as batchline
     from batchline.datasets.sinks import read_arrays, read_output
 
     with tempfile.TemporaryDirectory() as tmp:

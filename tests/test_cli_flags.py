@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from batchline.cli import build_parser, main
+from batchline.__main__ import build_parser, main
 from batchline.knobs import SHARED_HELP
 from batchline.models.selection import MODEL_HELP
 

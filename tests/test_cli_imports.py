@@ -42,7 +42,7 @@ _RUNNER = """
 import json, sys
 for name in json.loads(sys.argv[1]):
     sys.modules[name] = None
-from batchline.cli import main
+from batchline.__main__ import main
 codes = []
 for argv in json.loads(sys.argv[2]):
     try:

@@ -188,8 +188,7 @@ LAYERS = {
     "server": 5,
     "bench": 5,
     "integrations": 6,
-    "cli": 7,
-    "__main__": 8,  # ``python -m batchline``: the entry point runs the CLI
+    "__main__": 7,  # the CLI: ``batchline`` and ``python -m batchline``
 }
 #: Backend packages whose inner modules stay behind the package's face (its ``__init__``).
 BACKENDS = ("batchline.models.generation", "batchline.models.onnx")
@@ -229,9 +228,11 @@ def test_the_layer_rule_and_the_seam_rule_catch_what_they_name() -> None:
         "batchline.jobs.run": {"batchline.server.app", "batchline.models.loader"},
         "batchline.server.app": {"batchline.bench.loadgen", "batchline.models.onnx.embedder"},
         "batchline.models.loader": {"batchline.models.onnx.embedder", "batchline._errors"},
-        "batchline.__main__": {"batchline.cli"},
+        "batchline.__main__": {"batchline.integrations.ray", "batchline._errors"},
+        "batchline.integrations.ray": {"batchline.__main__"},
     }
     assert upward_imports(graph) == [
+        "batchline.integrations.ray -> batchline.__main__",
         "batchline.jobs.run -> batchline.server.app",
         "batchline.server.app -> batchline.bench.loadgen",
     ]

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from batchline.__main__ import main
 from batchline._errors import InputError
 from batchline.bench.loadgen import LoadPoint, run_point
 from batchline.bench.runner import BenchOptions, configurations
 from batchline.bench.targets import HttpTarget, embeddings_url
-from batchline.cli import main
 from batchline.knobs import Knobs
 
 TEXTS = [

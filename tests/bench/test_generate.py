@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from batchline.__main__ import main
 from batchline._errors import InputError
 from batchline.bench.generate import (
     GENERATORS,
@@ -23,7 +24,6 @@ from batchline.bench.generate import (
 )
 from batchline.bench.loadgen import LoadPoint, parse_loads
 from batchline.bench.report import render_generate_markdown, write_generate_report
-from batchline.cli import main
 
 RATIO_NAMES = [g[0] for g in GOALS]
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from batchline.__main__ import main
 from batchline._clock import Clock
 from batchline._errors import InputError
 from batchline.bench import generate as generate_module
@@ -29,7 +30,6 @@ from batchline.bench.generate import (
 from batchline.bench.generate_vllm import EngineTurn
 from batchline.bench.loadgen import parse_loads
 from batchline.bench.report import generate_dtypes_line, write_generate_report
-from batchline.cli import main
 from batchline.knobs import Knobs
 from batchline.models.generation.stream import TextGenerator
 from batchline.models.generation.vllm_generator import VllmGenerator

@@ -1,6 +1,6 @@
 """``batchline bench`` and ``batchline tune`` on any model behind the seam: a ``module:factory``
 batch function and a small ONNX image classifier (``--task predict``), in-process, end to end
-through ``batchline.cli.main``, with tiny durations (no timing assertions)."""
+through ``batchline.__main__.main``, with tiny durations (no timing assertions)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from batchline.__main__ import main
 from batchline._errors import InputError
 from batchline.bench.inputs import (
     DYNAMIC_DIM,
@@ -25,7 +26,6 @@ from batchline.bench.loadgen import LoadPoint, PointResult
 from batchline.bench.model import LoadedModels, model_spec
 from batchline.bench.targets import oip_body, oip_url
 from batchline.bench.tune import GPU_TOKEN_BUDGETS, planned_trials, search_space, tune
-from batchline.cli import main
 from batchline.knobs import Knobs
 
 _names = itertools.count()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from batchline.cli import build_parser, main
+from batchline.__main__ import build_parser, main
 from batchline.driver.cli import options_from
 from batchline.driver.drive import DriveSummary
 from batchline.driver.endpoints import EndpointReport

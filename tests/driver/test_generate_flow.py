@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from batchline.cli import main
+from batchline.__main__ import main
 from batchline.datasets.sinks import read_output
 from tests.driver.procs import Procs, processes
 

@@ -19,9 +19,9 @@ import httpx
 import numpy as np
 import pytest
 
+from batchline.__main__ import build_parser
 from batchline._clock import ManualClock
 from batchline._errors import InputError
-from batchline.cli import build_parser
 from batchline.datasets.sinks import ChunkWriter, Manifest, read_output, read_skipped
 from batchline.driver.affinity import plan_requests, prefix_keys, rendezvous_score
 from batchline.driver.drive import DriveOptions, drive_job, read_failures

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from batchline.cli import main
+from batchline.__main__ import main
 from batchline.datasets.sinks import Manifest, read_output, read_skipped
 from batchline.driver.drive import DriveOptions, drive_job, read_failures
 from tests.driver.fake import fake_vectors

@@ -23,8 +23,8 @@ pytest.importorskip("ray")
 
 import ray
 
+from batchline.__main__ import main
 from batchline._errors import InputError, ModelError
-from batchline.cli import main
 from batchline.datasets.sinks import Manifest, read_output, read_skipped
 from batchline.integrations import ray as ray_engine
 from batchline.integrations.ray import UnitDone, default_replica_knobs, run_on_ray

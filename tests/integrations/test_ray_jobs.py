@@ -195,7 +195,7 @@ def test_a_driver_killed_with_sigkill_resumes_locally_to_the_same_output(
     assert len(partial.chunks) == 2
     assert not partial.complete
 
-    from batchline.cli import main
+    from batchline.__main__ import main
 
     assert main([*args, "--resume"]) == 0  # the local engine takes the Ray run's output over
     assert_same_rows(out, local_output)

@@ -36,8 +36,8 @@ import ray
 from prometheus_client.parser import text_string_to_metric_families
 from ray import serve
 
+from batchline.__main__ import main
 from batchline._errors import InputError, ModelError
-from batchline.cli import main
 from batchline.datasets.sinks import read_output
 from batchline.driver.drive import DriveOptions, drive
 from batchline.integrations.ray_serve import (

@@ -211,7 +211,7 @@ def test_resume_needs_the_same_sampling(tiny: Path, tmp_path: Path) -> None:
 def test_cli_refuses_ray_and_generation_flags_elsewhere(
     tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from batchline.cli import main
+    from batchline.__main__ import main
 
     src = write_prompts(tmp_path / "prompts.jsonl", PROMPTS[:1])
     assert main(["run", str(src), "--model", f"{tiny}/", "--replicas", "2"]) == 2
@@ -234,7 +234,7 @@ def commit_then_die(self, k, pending):
         os.kill(os.getpid(), signal.SIGKILL)
 
 sinks.ChunkWriter._commit = commit_then_die
-from batchline.cli import main
+from batchline.__main__ import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -256,7 +256,7 @@ def test_kill_9_then_resume_gives_every_output_once(tiny: Path, tmp_path: Path) 
     assert not manifest.complete
     done_before = sum(c.rows for c in manifest.chunks.values())
 
-    from batchline.cli import main
+    from batchline.__main__ import main
 
     assert main([*args, "--resume"]) == 0
     resumed = rows(out)
@@ -272,7 +272,7 @@ def test_kill_9_then_resume_gives_every_output_once(tiny: Path, tmp_path: Path) 
 def test_smollm2_demo_prompts_through_the_cli(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from batchline.cli import main
+    from batchline.__main__ import main
 
     out = tmp_path / "demo"
     args = ["run", "--model", "smollm2", "--limit", "10", "--max-tokens", "8", "-o", str(out)]

@@ -254,7 +254,7 @@ def test_a_resumed_job_with_the_cache_writes_each_record_once(
 def test_an_openai_batch_file_refuses_the_cache_in_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from batchline.cli import main
+    from batchline.__main__ import main
 
     line = {
         "custom_id": "a",
@@ -288,7 +288,7 @@ def test_a_cache_folder_that_cannot_be_one_stops_the_job_before_any_output(
 def test_smollm2_greedy_reruns_from_the_cache_bit_for_bit(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from batchline.cli import main
+    from batchline.__main__ import main
 
     args = ["run", "--model", "smollm2", "--limit", "4", "--max-tokens", "8", "--dtype",
             "float32", "--intra-op-threads", "1", "--cache", str(tmp_path / "c")]  # fmt: skip

@@ -167,7 +167,7 @@ def test_the_format_flag_and_a_finished_job_rewrites_the_same_file(
 ) -> None:
     # a .txt name is not detected: --format openai-batch says what it is
     src = write_lines(tmp_path / "requests.txt", [chat(i) for i in range(3)])
-    from batchline.cli import main
+    from batchline.__main__ import main
 
     out = tmp_path / "answers.jsonl"
     args = ["run", str(src), "--model", f"{MODEL}={tiny}/", "-o", str(out), "--quiet",
@@ -191,7 +191,7 @@ def test_kill_9_then_resume_gives_the_same_file(tiny: Path, tmp_path: Path) -> N
     )
     assert killed.returncode == -9, killed.stderr.decode()[-2000:]
     assert not out.exists()  # the file is written once the job is done
-    from batchline.cli import main
+    from batchline.__main__ import main
 
     assert main([*args, "--resume"]) == 0
     resumed = read_lines(out)
@@ -338,7 +338,7 @@ def test_a_mixed_file_answers_embeddings_and_chat_lines(tiny: Path, tmp_path: Pa
 
 
 def test_an_embeddings_only_file_needs_no_generator(tiny: Path, tmp_path: Path) -> None:
-    from batchline.cli import main
+    from batchline.__main__ import main
 
     lines = [embed(0, "one"), unnamed(chat(1)), unnamed(embed(2, "two")), embed(3, "one")]
     lines[3]["body"]["dimensions"] = 16
@@ -369,7 +369,7 @@ def test_an_embeddings_only_file_needs_no_generator(tiny: Path, tmp_path: Path) 
 def test_several_models_go_with_a_batch_file_only(
     tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from batchline.cli import main
+    from batchline.__main__ import main
 
     plain = write_lines(tmp_path / "plain.jsonl", [{"text": "hello"}])
     assert main(["run", str(plain), "--model", "a=default", "--model", "b=default"]) == 2
@@ -418,7 +418,7 @@ def test_kill_9_then_resume_a_mixed_file_gives_the_same_file(tiny: Path, tmp_pat
     )
     assert killed.returncode == -9, killed.stderr.decode()[-2000:]
     assert not out.exists()
-    from batchline.cli import main
+    from batchline.__main__ import main
 
     assert main([*args, "--resume"]) == 0
     resumed = out.read_text(encoding="utf-8").splitlines()

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from batchline.__main__ import main
 from batchline._errors import InputError
-from batchline.cli import main
 from batchline.jobs.openai_batch import check_batch_file
 
 EMB = "text-embedding-test"

@@ -167,7 +167,7 @@ def test_a_cache_folder_that_cannot_be_one_is_one_line(tmp_path: Path) -> None:
 def test_the_ray_engine_refuses_the_cache_in_words(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ):
-    from batchline.cli import main
+    from batchline.__main__ import main
 
     src = write(tmp_path / "in.jsonl", TEXTS[:2])
     code = main(["run", str(src), "-o", str(tmp_path / "o"), "--engine", "ray", "--cache", "c"])

@@ -19,7 +19,7 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("pyarrow")
 
 import batchline
-from batchline.cli import main
+from batchline.__main__ import main
 from batchline.datasets.sinks import Manifest, read_output, read_skipped
 
 

@@ -21,7 +21,7 @@ pytest.importorskip("pyarrow")
 
 import onnxruntime as ort
 
-from batchline.cli import main
+from batchline.__main__ import main
 from batchline.datasets.sinks import read_arrays, read_output, read_skipped
 from tests.models.onnx_builders import IMAGE_SHAPE, image_classifier, text_classifier
 

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("pyarrow")
 
-from batchline.cli import main
+from batchline.__main__ import main
 from batchline.datasets.sinks import read_output, read_skipped
 
 SCORER = textwrap.dedent(

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from batchline import InputError, ModelError
-from batchline.cli import main
+from batchline.__main__ import main
 from batchline.models import builtin
 from batchline.models.builtin import BUILTIN_MODELS, builtin_model, pull
 

@@ -44,7 +44,7 @@ def commit_then_die(self, k, pending):
         os.kill(os.getpid(), signal.SIGKILL)
 
 sinks.ChunkWriter._commit = commit_then_die
-from batchline.cli import main
+from batchline.__main__ import main
 sys.exit(main(sys.argv[1:]))
 """
 

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from batchline.cli import main
+from batchline.__main__ import main
 from batchline.server import ServerSettings
 
 from .conftest import serving

@@ -25,7 +25,7 @@ import sys
 for name in sys.argv[1].split(","):
     if name:
         sys.modules[name] = None
-from batchline.cli import main
+from batchline.__main__ import main
 sys.exit(main(sys.argv[2:]))
 """
 

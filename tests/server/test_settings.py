@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from batchline.__main__ import main
 from batchline._errors import InputError
-from batchline.cli import main
 from batchline.server import ServerSettings, load_config
 
 

@@ -300,7 +300,7 @@ from batchline._tracing import tracing_from_env
 assert tracing_from_env() is None
 from batchline.driver.client import ReplicaClient, EMBEDDINGS
 ReplicaClient(EMBEDDINGS)
-from batchline.cli import main
+from batchline.__main__ import main
 try:
     main(["serve", "--help"])
 except SystemExit:
@@ -329,7 +329,7 @@ _MISSING = """
 import json, sys
 for name in ("opentelemetry.sdk", "opentelemetry.exporter"):  # the API comes with FastAPI
     sys.modules[name] = None
-from batchline.cli import main
+from batchline.__main__ import main
 sys.exit(main(json.loads(sys.argv[1])))
 """
 

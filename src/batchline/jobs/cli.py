@@ -277,7 +277,7 @@ def _main(args: argparse.Namespace) -> int:
     restore = _sigterm_as_interrupt(stopped_by)
     said = None if args.quiet else _say_model_loads()
     try:
-        # --engine ray is dispatched from the top (batchline.cli): no command imports
+        # --engine ray is dispatched from the top (batchline.__main__): no command imports
         # integrations/
         summary = run(options, bar) if args.engine == "local" else args.on_ray(options, args, bar)
     except KeyboardInterrupt:

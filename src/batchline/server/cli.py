@@ -206,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     _check_models(settings)
     if args.engine == "ray":
-        # dispatched from the top (batchline.cli): no command imports integrations/
+        # dispatched from the top (batchline.__main__): no command imports integrations/
         code: int = args.on_ray(args, settings)
         return code
     ray_flags = (args.replicas, args.target_ongoing, args.address, args.ray_ingress)

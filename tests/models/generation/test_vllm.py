@@ -537,7 +537,7 @@ def test_vllm_binds_to_loopback_unless_told_otherwise(monkeypatch: pytest.Monkey
 def test_serve_takes_the_generation_backend_and_vllms_settings(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from batchline.cli import main
+    from batchline.__main__ import main
     from batchline.server.settings import ServerSettings
 
     argv = ["serve", "--model", "gen=smollm2", "--generation-backend", "vllm", "--device", "cpu"]

@@ -348,7 +348,7 @@ def test_an_exported_xlmr_cross_encoder_scores(exporter: None, tmp_path: Path) -
 def test_run_says_what_a_folder_is_and_what_runs_it(
     bert: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from batchline.cli import main
+    from batchline.__main__ import main
 
     folder = st_folder(bert, tmp_path, pooling="mean", normalize=True)
     texts = tmp_path / "texts.txt"
