@@ -238,12 +238,6 @@ class Knobs:
         check_setting_names(data, (f.name for f in dataclasses.fields(cls)), where=str(p))
         return cls(**data)
 
-    @classmethod
-    def from_settings(cls, data: dict[str, Any], *, where: str) -> Knobs:
-        """Knobs from flat settings (a config file's, ``--set``'s), names checked first."""
-        check_setting_names(data, (f.name for f in dataclasses.fields(cls)), where=where)
-        return cls(**data)
-
     def dump(self, path: str | os.PathLike[str], **notes: object) -> Path:
         """Write the knobs, plus free-form ``notes`` (e.g. what was measured), as TOML for a
         ``.toml`` path and JSON otherwise; :meth:`load` and ``serve --config`` read either."""
