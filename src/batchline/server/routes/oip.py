@@ -33,7 +33,7 @@ from starlette.responses import JSONResponse, Response
 
 from batchline import oip as codec
 from batchline._types import Array
-from batchline.server.errors import ApiError
+from batchline.server.errors import ApiError, bad_request
 from batchline.server.routes._common import (
     check_count,
     describe_models,
@@ -69,11 +69,9 @@ def _tensors(model: ServedModel[object, object]) -> _Tensors:
     if info.task == "predict":
         inputs, outputs = details.get("inputs"), details.get("outputs")
         if info.input_kind != "tensors" or not isinstance(inputs, list) or not outputs:
-            raise ApiError(
-                400,
+            raise bad_request(
                 f"model {model.name!r} takes whole records, not named tensors, so the Open "
-                "Inference Protocol cannot describe it",
-                "invalid_request_error",
+                "Inference Protocol cannot describe it"
             )
         return _Tensors(list(inputs), list(cast(list[dict[str, object]], outputs)), dict, _as_row)
     text: list[dict[str, object]] = [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
@@ -112,10 +110,8 @@ def _tensors(model: ServedModel[object, object]) -> _Tensors:
             _text,
             to_row,
         )
-    raise ApiError(
-        400,
-        f"model {model.name!r} does {info.task}: not served over the Open Inference Protocol",
-        "invalid_request_error",
+    raise bad_request(
+        f"model {model.name!r} does {info.task}: not served over the Open Inference Protocol"
     )
 
 
@@ -137,11 +133,9 @@ def _text(row: dict[str, Array]) -> str:
 def _model(state: ServerState, name: str) -> ServedModel[object, object]:
     model = state.models.get(name)
     if model is None and state.task_of(name) == "generate":
-        raise ApiError(
-            400,
+        raise bad_request(
             f"model {name!r} does generate: not served over the Open Inference Protocol; send "
-            "it to POST /v1/completions, POST /v1/chat/completions or POST /generate",
-            "invalid_request_error",
+            "it to POST /v1/completions, POST /v1/chat/completions or POST /generate"
         )
     if model is None:
         raise ApiError(
