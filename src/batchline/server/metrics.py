@@ -38,7 +38,7 @@ exported, every series labelled with ``model``:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from functools import partial
 from typing import Any
 
@@ -120,7 +120,7 @@ class ServerMetrics:
     """All metrics of one app, in ``self.registry``; :meth:`render` gives the text format."""
 
     def __init__(self) -> None:
-        self.registry = r = CollectorRegistry(auto_describe=True)
+        self.registry = r = CollectorRegistry()  # a collector is not read when registered
         histogram = partial(Histogram, registry=r)
         counter = partial(Counter, registry=r)
         self.batch_size = histogram(
@@ -255,9 +255,6 @@ class _StatsCollector(Collector):
     def __init__(self, sources: dict[str, Callable[[], BatchStats | None]]) -> None:
         self._sources = sources
 
-    def describe(self) -> Iterable[Metric]:
-        return []
-
     def collect(self) -> Iterator[Metric]:
         depth = GaugeMetricFamily(
             "batchline_queue_depth", "Records queued and not yet dispatched.", labels=["model"]
@@ -301,9 +298,6 @@ class _ResidencyCollector(Collector):
     def __init__(self, sources: list[Residency[Any]]) -> None:
         self._sources = sources
 
-    def describe(self) -> Iterable[Metric]:
-        return []
-
     def collect(self) -> Iterator[Metric]:
         resident = GaugeMetricFamily(
             "batchline_model_resident_bytes",
@@ -339,9 +333,6 @@ class _BatchesCollector(Collector):
 
     def __init__(self, sources: list[Callable[[], dict[str, int]]]) -> None:
         self._sources = sources
-
-    def describe(self) -> Iterable[Metric]:
-        return []
 
     def collect(self) -> Iterator[Metric]:
         family = GaugeMetricFamily(
