@@ -256,27 +256,21 @@ class _StatsCollector(Collector):
         self._sources = sources
 
     def collect(self) -> Iterator[Metric]:
-        depth = GaugeMetricFamily(
-            "batchline_queue_depth", "Records queued and not yet dispatched.", labels=["model"]
-        )
-        in_flight = GaugeMetricFamily(
-            "batchline_batches_in_flight", "Batches being processed.", labels=["model"]
-        )
-        utilization = GaugeMetricFamily(
+        gauge = partial(GaugeMetricFamily, labels=["model"])
+        counter = partial(CounterMetricFamily, labels=["model"])
+        depth = gauge("batchline_queue_depth", "Records queued and not yet dispatched.")
+        in_flight = gauge("batchline_batches_in_flight", "Batches being processed.")
+        utilization = gauge(
             "batchline_utilization",
             "Mean fraction of processing slots busy since the batcher started.",
-            labels=["model"],
         )
         records = CounterMetricFamily(
-            "batchline_records",
-            "Records by outcome.",
-            labels=["model", "outcome"],
+            "batchline_records", "Records by outcome.", labels=["model", "outcome"]
         )
-        batches = CounterMetricFamily("batchline_batches", "Batches dispatched.", labels=["model"])
-        device_wait = CounterMetricFamily(
+        batches = counter("batchline_batches", "Batches dispatched.")
+        device_wait = counter(
             "batchline_device_wait_seconds",
             "Seconds a batch was ready but waited for a slot of the shared device.",
-            labels=["model"],
         )
         for model, source in list(self._sources.items()):
             stats = source()
