@@ -130,7 +130,10 @@ def _text(row: dict[str, Array]) -> str:
         raise codec.OipError(400, "input 'text' must hold UTF-8 text") from None
 
 
-def _model(state: ServerState, name: str) -> ServedModel[object, object]:
+async def _model(request: Request, state: ServerState, name: str) -> ServedModel[object, object]:
+    """The batch model ``name``, an on-demand one loaded as needed (its tensors need it)."""
+    if _on_demand(state, name):
+        return await use_model(request, state, name, state.managed[name])
     model = state.models.get(name)
     if model is None and state.task_of(name) == "generate":
         raise bad_request(
@@ -182,10 +185,7 @@ def _on_demand(state: ServerState, name: str) -> bool:
 async def model_metadata(request: Request, name: str) -> JSONResponse:
     state = server_state(request)
     try:
-        if _on_demand(state, name):  # an on-demand model: its tensors need it loaded
-            model = await use_model(request, state, name, state.managed[name])
-        else:
-            model = _model(state, name)
+        model = await _model(request, state, name)
         tensors = _tensors(model)
     except ApiError as exc:
         return _error(exc.status, exc.message, exc.headers)
@@ -199,7 +199,7 @@ async def model_ready(request: Request, name: str) -> JSONResponse:
     state = server_state(request)
     try:
         if not _on_demand(state, name):  # an on-demand model is ready: it loads on a request
-            _model(state, name)
+            await _model(request, state, name)
     except ApiError as exc:
         return _error(exc.status, exc.message, exc.headers)
     is_ready = state.ready and not state.draining
@@ -212,10 +212,7 @@ async def infer(request: Request, name: str) -> Response:
     started = time.perf_counter()
     state = server_state(request)
     try:
-        if _on_demand(state, name):  # an on-demand model: loaded as needed
-            model = await use_model(request, state, name, state.managed[name])
-        else:
-            model = _model(state, name)
+        model = await _model(request, state, name)
         request.scope["batchline.model"] = model.name
         tensors = _tensors(model)
         body = request.scope.get("batchline.body")
