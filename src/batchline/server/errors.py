@@ -21,6 +21,7 @@ from batchline.models.openai.requests import error_text
 
 __all__ = [
     "ApiError",
+    "bad_request",
     "error_response",
     "install_error_handlers",
     "safe_text",
@@ -55,6 +56,11 @@ class ApiError(Exception):
         return error_response(
             self.status, self.message, self.kind, headers=self.headers, detail=self.detail
         )
+
+
+def bad_request(message: str) -> ApiError:
+    """The 400 of a request the client has to fix (``invalid_request_error``)."""
+    return ApiError(400, message, "invalid_request_error")
 
 
 def error_response(

@@ -26,7 +26,6 @@ import asyncio
 import hashlib
 import hmac
 
-from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from batchline.server.errors import error_response
@@ -77,68 +76,54 @@ class Gate:
                     f"this server does not answer to Host {host.decode('latin-1')!r}; "
                     "add the name to --allowed-hosts (allowed_hosts) to serve it"
                 )
-                await _reply(scope, receive, send, error_response(421, message, "misdirected"))
+                misdirected = error_response(421, message, "misdirected")
+                await misdirected(scope, receive, send)
                 return
         if scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
         owner = _owner(scope, self._keys or (st.api_key,)) if st.api_key is not None else ""
         if owner is None:
-            await _reply(
-                scope,
-                receive,
-                send,
-                error_response(
-                    401,
-                    "missing or invalid API key; send 'Authorization: Bearer <key>'",
-                    "authentication_error",
-                    headers={"WWW-Authenticate": "Bearer"},
-                ),
+            denied = error_response(
+                401,
+                "missing or invalid API key; send 'Authorization: Bearer <key>'",
+                "authentication_error",
+                headers={"WWW-Authenticate": "Bearer"},
             )
+            await denied(scope, receive, send)
             return
         if st.draining or not st.ready:
             why = "the server is shutting down" if st.draining else "the model is not loaded yet"
             if st.draining and st.models:
                 st.default_model.metrics.rejected("draining")
-            await _reply(
-                scope,
-                receive,
-                send,
-                error_response(
-                    503,
-                    f"{why}; retry on another replica or later",
-                    "service_unavailable",
-                    headers={"Retry-After": str(st.settings.retry_after_s), "Connection": "close"},
-                ),
+            unavailable = error_response(
+                503,
+                f"{why}; retry on another replica or later",
+                "service_unavailable",
+                headers={"Retry-After": str(st.settings.retry_after_s), "Connection": "close"},
             )
+            await unavailable(scope, receive, send)
             return
         scope[OWNER] = owner
-        if scope["method"] == "POST" and scope["path"] == UPLOAD_PATH:
-            st._enter()
-            try:
-                await self._upload(scope, receive, send)
-            finally:
-                st._leave()
-            return
-        if scope["method"] not in ("POST", "PUT", "PATCH"):
-            st._enter()
-            try:
-                await self.app(scope, receive, send)
-            finally:
-                release_all(scope)
-                st._leave()
-            return
-        media = _json_media_type(scope)
+        upload = scope["method"] == "POST" and scope["path"] == UPLOAD_PATH
+        with_body = not upload and scope["method"] in ("POST", "PUT", "PATCH")
+        media = _json_media_type(scope) if with_body else None
         if media is not None:
             message = (
                 f"a request body must be JSON, sent with 'Content-Type: application/json' "
                 f"(got {media or 'no Content-Type'})"
             )
-            await _reply(scope, receive, send, error_response(415, message, "unsupported_media"))
+            unsupported = error_response(415, message, "unsupported_media")
+            await unsupported(scope, receive, send)
             return
         st._enter()
         try:
-            await self._with_body(scope, receive, send)
+            if upload:
+                await self._upload(scope, receive, send)
+            elif with_body:
+                await self._with_body(scope, receive, send)
+            else:
+                await self.app(scope, receive, send)
         finally:
             release_all(scope)  # the on-demand models this request held are idle again
             st._leave()
@@ -159,17 +144,17 @@ class Gate:
                     declared = -1
                 if declared < 0:
                     bad = error_response(400, "invalid Content-Length", "invalid_request_error")
-                    await _reply(scope, receive, send, bad)
+                    await bad(scope, receive, send)
                     return
                 if declared > limit:
-                    await _reply(scope, receive, send, too_large)
+                    await too_large(scope, receive, send)
                     return
         first = await receive()
         if first["type"] == "http.disconnect":
             return  # the client left before sending its body
         body = first.get("body", b"")
         if len(body) > limit:
-            await _reply(scope, receive, send, too_large)
+            await too_large(scope, receive, send)
             return
         if first.get("more_body", False):
             # a body in pieces: read the rest, bounded in size and in time (a client that
@@ -184,12 +169,12 @@ class Gate:
                     "request_timeout",
                     headers={"Connection": "close"},
                 )
-                await _reply(scope, receive, send, slow)
+                await slow(scope, receive, send)
                 return
             if rest is None:
                 return
             if isinstance(rest, int):
-                await _reply(scope, receive, send, too_large)
+                await too_large(scope, receive, send)
                 return
             body += rest
         scope["batchline.body"] = body
@@ -261,7 +246,7 @@ class Gate:
         raw = _header(scope, b"content-length")
         declared = raw.decode("latin-1").strip() if raw is not None else None
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
-            await _reply(scope, receive, send, too_large)
+            await too_large(scope, receive, send)
             return
         seen = 0
         over = False
@@ -288,7 +273,7 @@ class Gate:
             if not over or started:
                 raise
         if over and not started:
-            await _reply(scope, receive, send, too_large)
+            await too_large(scope, receive, send)
 
 
 def owner_of(scope: Scope) -> str:
@@ -367,7 +352,3 @@ def _owner(scope: Scope, keys: tuple[bytes, ...]) -> str | None:
                 return None
             return hashlib.sha256(token).hexdigest()[:32]
     return None
-
-
-async def _reply(scope: Scope, receive: Receive, send: Send, response: Response) -> None:
-    await response(scope, receive, send)

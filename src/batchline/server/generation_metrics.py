@@ -159,70 +159,49 @@ class _SnapshotCollector(Collector):
 
     def _families(self, snapshots: dict[str, GenerationStats]) -> list[Metric]:
         p = "batchline_generation_"
+        counter = partial(CounterMetricFamily, labels=["model"])
+        gauge = partial(GaugeMetricFamily, labels=["model"])
         requests = CounterMetricFamily(
             p + "requests",
             "Requests seen by the generator, by outcome.",
             labels=["model", "outcome"],
         )
-        preempted = CounterMetricFamily(
-            p + "preempted",
-            "Sequences evicted mid-way (0: reservations are worst-case).",
-            labels=["model"],
+        preempted = counter(
+            p + "preempted", "Sequences evicted mid-way (0: reservations are worst-case)."
         )
-        prompt = CounterMetricFamily(
-            p + "prompt_tokens", "Prompt tokens admitted.", labels=["model"]
-        )
-        generated = CounterMetricFamily(
-            p + "generated_tokens", "Tokens generated.", labels=["model"]
-        )
-        steps = CounterMetricFamily(p + "steps", "Engine steps run.", labels=["model"])
-        running = GaugeMetricFamily(
-            p + "running_sequences", "Sequences in the engine now.", labels=["model"]
-        )
-        waiting = GaugeMetricFamily(
-            p + "waiting_sequences", "Requests waiting for admission now.", labels=["model"]
-        )
+        prompt = counter(p + "prompt_tokens", "Prompt tokens admitted.")
+        generated = counter(p + "generated_tokens", "Tokens generated.")
+        steps = counter(p + "steps", "Engine steps run.")
+        running = gauge(p + "running_sequences", "Sequences in the engine now.")
+        waiting = gauge(p + "waiting_sequences", "Requests waiting for admission now.")
         kv = GaugeMetricFamily(
             p + "kv_tokens",
             "KV-cache positions: reserved by admitted sequences, in use now, and the budget.",
             labels=["model", "kind"],
         )
-        kv_ratio = GaugeMetricFamily(
-            p + "kv_budget_used_ratio", "Reserved KV positions over the budget.", labels=["model"]
-        )
-        tps = GaugeMetricFamily(
-            p + "tokens_per_second",
-            "Generated tokens over the generator's uptime.",
-            labels=["model"],
-        )
-        per_step = GaugeMetricFamily(
-            p + "running_per_step", "Mean sequences per engine step.", labels=["model"]
-        )
-        prefix_capacity = GaugeMetricFamily(
+        kv_ratio = gauge(p + "kv_budget_used_ratio", "Reserved KV positions over the budget.")
+        tps = gauge(p + "tokens_per_second", "Generated tokens over the generator's uptime.")
+        per_step = gauge(p + "running_per_step", "Mean sequences per engine step.")
+        prefix_capacity = gauge(
             p + "prefix_cache_capacity_tokens",
             "Positions the engine's prompt-prefix cache holds at most (0: off).",
-            labels=["model"],
         )
-        prefix_hits = CounterMetricFamily(
+        prefix_hits = counter(
             p + "prefix_cache_hits",
             "Prompts that started with a cached prefix: their prefix was not prefilled again.",
-            labels=["model"],
         )
-        prefix_reused = CounterMetricFamily(
+        prefix_reused = counter(
             p + "prefix_cache_reused_tokens",
             "Prompt tokens a cached prefix held, not prefilled again.",
-            labels=["model"],
         )
-        computed = CounterMetricFamily(
+        computed = counter(
             p + "prompt_tokens_computed",
             "Prompt tokens the engine prefilled (not those a cached prefix or an identical "
             "prompt of the same step held).",
-            labels=["model"],
         )
-        shared = CounterMetricFamily(
+        shared = counter(
             p + "prompts_shared_prefill",
             "Prompts not prefilled because an identical one joined the same step (n samples).",
-            labels=["model"],
         )
         recent = {
             "time_to_first_token": GaugeMetricFamily(

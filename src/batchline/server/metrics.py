@@ -38,7 +38,7 @@ exported, every series labelled with ``model``:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from functools import partial
 from typing import Any
 
@@ -120,7 +120,7 @@ class ServerMetrics:
     """All metrics of one app, in ``self.registry``; :meth:`render` gives the text format."""
 
     def __init__(self) -> None:
-        self.registry = r = CollectorRegistry(auto_describe=True)
+        self.registry = r = CollectorRegistry()  # a collector is not read when registered
         histogram = partial(Histogram, registry=r)
         counter = partial(Counter, registry=r)
         self.batch_size = histogram(
@@ -255,31 +255,22 @@ class _StatsCollector(Collector):
     def __init__(self, sources: dict[str, Callable[[], BatchStats | None]]) -> None:
         self._sources = sources
 
-    def describe(self) -> Iterable[Metric]:
-        return []
-
     def collect(self) -> Iterator[Metric]:
-        depth = GaugeMetricFamily(
-            "batchline_queue_depth", "Records queued and not yet dispatched.", labels=["model"]
-        )
-        in_flight = GaugeMetricFamily(
-            "batchline_batches_in_flight", "Batches being processed.", labels=["model"]
-        )
-        utilization = GaugeMetricFamily(
+        gauge = partial(GaugeMetricFamily, labels=["model"])
+        counter = partial(CounterMetricFamily, labels=["model"])
+        depth = gauge("batchline_queue_depth", "Records queued and not yet dispatched.")
+        in_flight = gauge("batchline_batches_in_flight", "Batches being processed.")
+        utilization = gauge(
             "batchline_utilization",
             "Mean fraction of processing slots busy since the batcher started.",
-            labels=["model"],
         )
         records = CounterMetricFamily(
-            "batchline_records",
-            "Records by outcome.",
-            labels=["model", "outcome"],
+            "batchline_records", "Records by outcome.", labels=["model", "outcome"]
         )
-        batches = CounterMetricFamily("batchline_batches", "Batches dispatched.", labels=["model"])
-        device_wait = CounterMetricFamily(
+        batches = counter("batchline_batches", "Batches dispatched.")
+        device_wait = counter(
             "batchline_device_wait_seconds",
             "Seconds a batch was ready but waited for a slot of the shared device.",
-            labels=["model"],
         )
         for model, source in list(self._sources.items()):
             stats = source()
@@ -300,9 +291,6 @@ class _ResidencyCollector(Collector):
 
     def __init__(self, sources: list[Residency[Any]]) -> None:
         self._sources = sources
-
-    def describe(self) -> Iterable[Metric]:
-        return []
 
     def collect(self) -> Iterator[Metric]:
         resident = GaugeMetricFamily(
@@ -339,9 +327,6 @@ class _BatchesCollector(Collector):
 
     def __init__(self, sources: list[Callable[[], dict[str, int]]]) -> None:
         self._sources = sources
-
-    def describe(self) -> Iterable[Metric]:
-        return []
 
     def collect(self) -> Iterator[Metric]:
         family = GaugeMetricFamily(

@@ -44,7 +44,7 @@ from batchline._tracing import Tracing
 from batchline.knobs import Knobs
 from batchline.models.batching import ModelBatcher
 from batchline.models.protocol import BatchModel, ModelInfo
-from batchline.server.errors import ApiError
+from batchline.server.errors import ApiError, bad_request, safe_text
 from batchline.server.metrics import ModelMetrics, ServerMetrics
 from batchline.server.settings import ServerSettings
 from batchline.server.tracing import StepTracer, mark_batch, trace_completions, trace_jobs
@@ -161,7 +161,7 @@ class ServedModel(Generic[P, R]):
         items: list[P] = []
         for i, item in enumerate(prepared):
             if isinstance(item, BaseException):
-                raise ApiError(400, f"input {i}: {_message(item)}", "invalid_request_error")
+                raise bad_request(f"input {i}: {_message(item)}")
             items.append(item)
         if not self.settings.truncate and self.info.max_tokens is not None:
             self._refuse_truncated(inputs, items, self.info.max_tokens)
@@ -174,7 +174,7 @@ class ServedModel(Generic[P, R]):
             # at the limit: truncated, or exactly that long (ask the tokenizer when we can)
             text = inputs[i]
             if self._tokenizer is not None and isinstance(text, str):
-                clean = text.encode("utf-8", "replace").decode("utf-8")
+                clean = safe_text(text)
                 if not self._tokenizer.encode(clean).overflowing:
                     continue
             raise ApiError(
@@ -332,8 +332,7 @@ def _tokenizer_of(model: object) -> Tokenizer | None:
 
 
 def _message(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    return text.encode("utf-8", "replace").decode("utf-8")[:500]
+    return safe_text(str(exc) or type(exc).__name__)[:500]
 
 
 # -- generate models --------------------------------------------------------------------------

@@ -161,17 +161,11 @@ def trace_jobs(tracing: Tracing, jobs: Sequence[Any], *, failed: bool = False) -
     if not tracing.current_span().is_recording():
         return
     tracer, wall = tracing.tracer, tracing.wall_ns
-    if len(jobs) == 1:  # the common case: one input, one batch
-        first: dict[BatchMark, float] = {}
-        mark: BatchMark | None = jobs[0].batch
-        if mark is not None:
-            first[mark] = jobs[0].submitted
-    else:
-        first = {}
-        for job in jobs:
-            mark = job.batch
-            if mark is not None and (mark not in first or job.submitted < first[mark]):
-                first[mark] = job.submitted
+    first: dict[BatchMark, float] = {}
+    for job in jobs:
+        mark: BatchMark | None = job.batch
+        if mark is not None and (mark not in first or job.submitted < first[mark]):
+            first[mark] = job.submitted
     for mark, submitted in first.items():
         tracer.start_span(
             "batch",

@@ -37,7 +37,7 @@ from batchline.server.batches.store import (
     new_file_id,
     now,
 )
-from batchline.server.errors import ApiError
+from batchline.server.errors import ApiError, bad_request
 from batchline.server.gate import owner_of
 from batchline.server.routes._common import parse_body, server_state
 
@@ -88,14 +88,10 @@ async def create_file(request: Request) -> JSONResponse:
         purpose = form.get("purpose")
         upload = form.get("file")
         if purpose != "batch":
-            raise ApiError(
-                400, f"purpose must be 'batch', got {purpose!r}", "invalid_request_error"
-            )
+            raise bad_request(f"purpose must be 'batch', got {purpose!r}")
         if not isinstance(upload, UploadFile):
-            raise ApiError(
-                400,
-                "send the file as the multipart/form-data field 'file' (with purpose=batch)",
-                "invalid_request_error",
+            raise bad_request(
+                "send the file as the multipart/form-data field 'file' (with purpose=batch)"
             )
         record = await asyncio.to_thread(
             _keep_upload, service.store, upload, owner_of(request.scope), service.settings
@@ -169,7 +165,7 @@ async def list_files(
 ) -> JSONResponse:
     if order not in ("asc", "desc"):
         message = f"order must be 'asc' or 'desc', got {order!r}"
-        raise ApiError(400, message, "invalid_request_error")
+        raise bad_request(message)
     files = _service(request).store.files(owner_of(request.scope), purpose=purpose)
     if order == "asc":
         files.reverse()
@@ -221,36 +217,26 @@ async def create_batch(request: Request) -> JSONResponse:
     body = await parse_body(request, BatchCreate)
     owner = owner_of(request.scope)
     if body.endpoint not in BATCH_URLS:
-        raise ApiError(
-            400,
-            f"endpoint must be one of {', '.join(BATCH_URLS)}, got {body.endpoint!r}",
-            "invalid_request_error",
-        )
+        raise bad_request(f"endpoint must be one of {', '.join(BATCH_URLS)}, got {body.endpoint!r}")
     window = _WINDOW.fullmatch(body.completion_window)
     if window is None:
-        raise ApiError(
-            400,
+        raise bad_request(
             f"completion_window must be '24h' (or N followed by s, m or h), got "
-            f"{body.completion_window!r}",
-            "invalid_request_error",
+            f"{body.completion_window!r}"
         )
     metadata = body.metadata
     if metadata is not None and (
         len(metadata) > 16 or any(len(k) > 64 or len(v) > 512 for k, v in metadata.items())
     ):
-        raise ApiError(
-            400,
-            "metadata holds at most 16 pairs, keys of 64 characters and values of 512",
-            "invalid_request_error",
+        raise bad_request(
+            "metadata holds at most 16 pairs, keys of 64 characters and values of 512"
         )
     source = service.store.file(owner, body.input_file_id)
     if source is None:
         raise _not_found("file", body.input_file_id)
     if source.purpose != "batch":
-        raise ApiError(
-            400,
-            f"file {source.id!r} is a {source.purpose} file; upload the input with purpose=batch",
-            "invalid_request_error",
+        raise bad_request(
+            f"file {source.id!r} is a {source.purpose} file; upload the input with purpose=batch"
         )
     created = now()
     batch: dict[str, Any] = {
@@ -306,9 +292,7 @@ def _page(items: list[dict[str, Any]], after: str | None, limit: int, *, max_lim
     """One page of ``items`` as OpenAI lists them: those after the id ``after``, at most
     ``limit``, with ``first_id``, ``last_id`` and ``has_more``."""
     if not 1 <= limit <= max_limit:
-        raise ApiError(
-            400, f"limit must be from 1 to {max_limit}, got {limit}", "invalid_request_error"
-        )
+        raise bad_request(f"limit must be from 1 to {max_limit}, got {limit}")
     start = 0
     if after is not None:
         ids = [item["id"] for item in items]

@@ -27,7 +27,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -138,16 +138,7 @@ class Store:
         same id: a batch's output file written again)."""
         with self._lock:
             self._db.execute(
-                "INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (
-                    record.id,
-                    record.owner,
-                    record.filename,
-                    record.purpose,
-                    record.bytes,
-                    record.lines,
-                    record.created_at,
-                ),
+                "INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?, ?, ?)", astuple(record)
             )
 
     def file(self, owner: str, file_id: str) -> FileRecord | None:

@@ -21,7 +21,13 @@ from batchline._errors import BatcherClosedError, InputError, QueueFullError, Re
 from batchline._priority import batcher_priority
 from batchline._types import Vector
 from batchline.models.openai.requests import texts_of
-from batchline.server.errors import ApiError, safe_text, shutting_down, validation_error
+from batchline.server.errors import (
+    ApiError,
+    bad_request,
+    safe_text,
+    shutting_down,
+    validation_error,
+)
 from batchline.server.metrics import ModelMetrics
 from batchline.server.schemas import ErrorBody
 from batchline.server.settings import ServerSettings
@@ -193,17 +199,11 @@ def _pick(
     if name is None:
         candidates = [m for m in served.values() if m.task == task]
         if not candidates:
-            raise ApiError(
-                400,
-                f"no model served here does {task}; models: {describe_models(state)}",
-                "invalid_request_error",
-            )
+            raise bad_request(f"no model served here does {task}; models: {describe_models(state)}")
         if len(candidates) > 1 and not first_of_several:
-            raise ApiError(
-                400,
+            raise bad_request(
                 f"{len(candidates)} {task} models are served "
-                f"({', '.join(m.name for m in candidates)}); name one in 'model'",
-                "invalid_request_error",
+                f"({', '.join(m.name for m in candidates)}); name one in 'model'"
             )
         request.scope["batchline.model"] = candidates[0].name
         return candidates[0]
@@ -220,11 +220,7 @@ def _pick(
         )
     where = ROUTE_OF_TASK.get(other)
     hint = f"; send it to {where}" if where else ""
-    raise ApiError(
-        400,
-        f"model {name!r} does {other}, and this route serves {task} models{hint}",
-        "invalid_request_error",
-    )
+    raise bad_request(f"model {name!r} does {other}, and this route serves {task} models{hint}")
 
 
 def describe_models(state: ServerState) -> str:
@@ -240,15 +236,13 @@ def check_texts(value: str | list[str], state: ServerState, field: str) -> list[
     try:
         return texts_of(value, field)
     except ValueError as exc:
-        raise ApiError(400, str(exc), "invalid_request_error") from None
+        raise bad_request(str(exc)) from None
 
 
 def check_count(n: int, state: ServerState, field: str, what: str = "inputs") -> None:
     """400 when a request has no inputs, 413 when it has more than ``max_inputs_per_request``."""
     if n == 0:
-        raise ApiError(
-            400, f"'{field}' is empty; send at least one of its {what}", "invalid_request_error"
-        )
+        raise bad_request(f"'{field}' is empty; send at least one of its {what}")
     limit = state.settings.max_inputs_per_request
     if n > limit:
         raise ApiError(
@@ -273,7 +267,7 @@ def request_priority(request: Request, state: ServerState, model: str, body_valu
         return batcher_priority(value)
     except ValueError as exc:
         where = "'priority'" if body_value is not None else "X-Batchline-Priority"
-        raise ApiError(400, f"{where}: {safe_text(str(exc))}", "invalid_request_error") from None
+        raise bad_request(f"{where}: {safe_text(str(exc))}") from None
 
 
 async def run_model(
@@ -373,7 +367,7 @@ def api_error(
     if isinstance(exc, BatcherClosedError):
         return shutting_down(settings.retry_after_s)
     if isinstance(exc, InputError | RecordTooLargeError):
-        return ApiError(400, safe_text(str(exc)), "invalid_request_error")
+        return bad_request(safe_text(str(exc)))
     logger.error("model %s failed on a request", model, exc_info=exc)
     return ApiError(500, "the model failed on this request", "server_error")
 

@@ -71,7 +71,7 @@ from batchline.models.openai.requests import (
     OpenAISamplingBody,
     SamplingBody,
 )
-from batchline.server.errors import ApiError, safe_text
+from batchline.server.errors import ApiError, bad_request, safe_text
 from batchline.server.routes._common import (
     ERRORS,
     api_error,
@@ -217,7 +217,7 @@ async def create_chat_completion(request: Request) -> Response:
     size = sum(len(m["content"]) for m in messages)
     ids = await _encode(served.model.encode_chat, messages, size, state, "messages")
     if not ids:
-        raise _bad("'messages' produced no tokens; send some text")
+        raise bad_request("'messages' produced no tokens; send some text")
     constraint = await _constraint(body, request)
     params = _sampling(
         served, body, [ids], constraint, priority, default_max_tokens=DEFAULT_MAX_TOKENS
@@ -301,7 +301,7 @@ def _check(body: OpenAISamplingBody) -> None:
     try:
         body.check()
     except ValueError as exc:
-        raise _bad(str(exc)) from None
+        raise bad_request(str(exc)) from None
 
 
 async def _encode_text(
@@ -314,7 +314,7 @@ async def _encode_text(
     chat: bool = False,
 ) -> list[int]:
     if not text:
-        raise _bad(f"'{field}' text {index} is empty; send non-empty prompts")
+        raise bad_request(f"'{field}' text {index} is empty; send non-empty prompts")
     model = served.model
 
     def as_user_message(prompt: str) -> list[int]:
@@ -327,7 +327,7 @@ async def _encode_text(
     encode = as_user_message if chat else model.encode_prompt
     ids = await _encode(encode, text, len(text), state, field)
     if not ids:
-        raise _bad(f"'{field}' text {index} has no tokens; send some text")
+        raise bad_request(f"'{field}' text {index} has no tokens; send some text")
     return ids
 
 
@@ -341,7 +341,7 @@ async def _encode(
             return list(encode(value))
         return list(await asyncio.to_thread(encode, value))
     except (ValueError, InputError) as exc:
-        raise _bad(
+        raise bad_request(
             f"'{field}' cannot be used with this model: {safe_text(str(exc))[:300]}"
         ) from None
     except Exception as exc:
@@ -349,7 +349,7 @@ async def _encode(
             raise
         # a chat template that refuses the conversation (jinja's raise_exception: "roles
         # must alternate", "system role not supported"): the client's to fix
-        raise _bad(
+        raise bad_request(
             f"'{field}' refused by the model's chat template: {safe_text(str(exc))[:300]}"
         ) from None
 
@@ -370,7 +370,7 @@ async def _constraint(body: SamplingBody, request: Request) -> Constraint | None
         logger.warning(
             "%s %s%s: constraint refused: %s", request.method, request.url.path, who, reason
         )
-        raise _bad(str(exc)) from None
+        raise bad_request(str(exc)) from None
 
 
 def _sampling(
@@ -405,9 +405,9 @@ def _sampling(
             check_fits(len(ids), p.max_tokens, max_context_tokens=limit, kv_token_budget=budget)
         except RecordTooLargeError as exc:
             where = f"prompt {i}: " if len(prompts) > 1 else ""
-            raise ApiError(400, f"{where}{exc}", "invalid_request_error") from None
+            raise bad_request(f"{where}{exc}") from None
         except ValueError as exc:
-            raise _bad(str(exc)) from None
+            raise bad_request(str(exc)) from None
         params.append(p)
     return params
 
@@ -429,7 +429,7 @@ def _submit_all(
         for stream in streams:
             stream.abort()
         if isinstance(exc, ValueError):
-            raise _bad(str(exc)) from None
+            raise bad_request(str(exc)) from None
         if isinstance(exc, Exception):
             error = api_error(exc, state.settings, served.name, withdrawn="nothing was admitted")
             raise error from None
@@ -467,7 +467,3 @@ async def _finish_all(
     if any(c.finish_reason == "abort" for c in completions):
         raise aborted(settings)
     return completions
-
-
-def _bad(message: str) -> ApiError:
-    return ApiError(400, message, "invalid_request_error")

@@ -33,7 +33,7 @@ from starlette.responses import JSONResponse, Response
 
 from batchline import oip as codec
 from batchline._types import Array
-from batchline.server.errors import ApiError
+from batchline.server.errors import ApiError, bad_request
 from batchline.server.routes._common import (
     check_count,
     describe_models,
@@ -69,11 +69,9 @@ def _tensors(model: ServedModel[object, object]) -> _Tensors:
     if info.task == "predict":
         inputs, outputs = details.get("inputs"), details.get("outputs")
         if info.input_kind != "tensors" or not isinstance(inputs, list) or not outputs:
-            raise ApiError(
-                400,
+            raise bad_request(
                 f"model {model.name!r} takes whole records, not named tensors, so the Open "
-                "Inference Protocol cannot describe it",
-                "invalid_request_error",
+                "Inference Protocol cannot describe it"
             )
         return _Tensors(list(inputs), list(cast(list[dict[str, object]], outputs)), dict, _as_row)
     text: list[dict[str, object]] = [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
@@ -112,10 +110,8 @@ def _tensors(model: ServedModel[object, object]) -> _Tensors:
             _text,
             to_row,
         )
-    raise ApiError(
-        400,
-        f"model {model.name!r} does {info.task}: not served over the Open Inference Protocol",
-        "invalid_request_error",
+    raise bad_request(
+        f"model {model.name!r} does {info.task}: not served over the Open Inference Protocol"
     )
 
 
@@ -134,14 +130,15 @@ def _text(row: dict[str, Array]) -> str:
         raise codec.OipError(400, "input 'text' must hold UTF-8 text") from None
 
 
-def _model(state: ServerState, name: str) -> ServedModel[object, object]:
+async def _model(request: Request, state: ServerState, name: str) -> ServedModel[object, object]:
+    """The batch model ``name``, an on-demand one loaded as needed (its tensors need it)."""
+    if _on_demand(state, name):
+        return await use_model(request, state, name, state.managed[name])
     model = state.models.get(name)
     if model is None and state.task_of(name) == "generate":
-        raise ApiError(
-            400,
+        raise bad_request(
             f"model {name!r} does generate: not served over the Open Inference Protocol; send "
-            "it to POST /v1/completions, POST /v1/chat/completions or POST /generate",
-            "invalid_request_error",
+            "it to POST /v1/completions, POST /v1/chat/completions or POST /generate"
         )
     if model is None:
         raise ApiError(
@@ -188,10 +185,7 @@ def _on_demand(state: ServerState, name: str) -> bool:
 async def model_metadata(request: Request, name: str) -> JSONResponse:
     state = server_state(request)
     try:
-        if _on_demand(state, name):  # an on-demand model: its tensors need it loaded
-            model = await use_model(request, state, name, state.managed[name])
-        else:
-            model = _model(state, name)
+        model = await _model(request, state, name)
         tensors = _tensors(model)
     except ApiError as exc:
         return _error(exc.status, exc.message, exc.headers)
@@ -205,7 +199,7 @@ async def model_ready(request: Request, name: str) -> JSONResponse:
     state = server_state(request)
     try:
         if not _on_demand(state, name):  # an on-demand model is ready: it loads on a request
-            _model(state, name)
+            await _model(request, state, name)
     except ApiError as exc:
         return _error(exc.status, exc.message, exc.headers)
     is_ready = state.ready and not state.draining
@@ -218,10 +212,7 @@ async def infer(request: Request, name: str) -> Response:
     started = time.perf_counter()
     state = server_state(request)
     try:
-        if _on_demand(state, name):  # an on-demand model: loaded as needed
-            model = await use_model(request, state, name, state.managed[name])
-        else:
-            model = _model(state, name)
+        model = await _model(request, state, name)
         request.scope["batchline.model"] = model.name
         tensors = _tensors(model)
         body = request.scope.get("batchline.body")

@@ -15,7 +15,7 @@ from starlette.responses import Response
 from batchline.models.openai.embeddings import EmbeddingResponse, embeddings_json
 from batchline.models.openai.requests import EmbeddingRequest
 from batchline.models.vectors import shorten
-from batchline.server.errors import ApiError
+from batchline.server.errors import bad_request
 from batchline.server.routes._common import (
     ERRORS,
     all_finite,
@@ -63,4 +63,4 @@ def _check_dimensions(body: EmbeddingRequest, model: ServedModel[object, object]
     try:
         body.cut(model.info.details.get("dim"), model.name)
     except ValueError as exc:
-        raise ApiError(400, str(exc), "invalid_request_error") from None
+        raise bad_request(str(exc)) from None

@@ -20,7 +20,7 @@ from starlette.responses import Response
 
 from batchline.models.openai.requests import RerankRequest, ScoreRequest
 from batchline.models.scoring import answer, read_rerank, read_score
-from batchline.server.errors import ApiError
+from batchline.server.errors import ApiError, bad_request
 from batchline.server.routes._common import (
     ERRORS,
     body_doc,
@@ -79,7 +79,7 @@ async def _answer(
     try:
         ask = read(body.model_dump())
     except ValueError as exc:
-        raise ApiError(400, str(exc), "invalid_request_error") from None
+        raise bad_request(str(exc)) from None
     check_count(len(ask.pairs), state, field, "texts")
     priority = request_priority(request, state, model.name, body.priority)
     results, tokens = await run_model(state, model, ask.pairs, priority=priority)

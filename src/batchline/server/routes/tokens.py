@@ -16,7 +16,7 @@ from starlette.responses import Response
 
 from batchline._errors import InputError
 from batchline.models.protocol import Tokenizing
-from batchline.server.errors import ApiError
+from batchline.server.errors import bad_request
 from batchline.server.routes._common import (
     ERRORS,
     body_doc,
@@ -52,7 +52,7 @@ async def tokenize(request: Request) -> Response:
     state = server_state(request)
     body = await parse_body(request, TokenizeRequest)
     if (body.prompt is None) == (body.messages is None):
-        raise ApiError(400, "send one of 'prompt' or 'messages'", "invalid_request_error")
+        raise bad_request("send one of 'prompt' or 'messages'")
     model, limit = await _tokenizing(request, state, body.model)
     try:
         if body.messages is not None:
@@ -65,7 +65,7 @@ async def tokenize(request: Request) -> Response:
                 model.token_ids, body.prompt or "", special_tokens=body.add_special_tokens
             )
     except InputError as exc:
-        raise ApiError(400, str(exc), "invalid_request_error") from None
+        raise bad_request(str(exc)) from None
     payload = {"count": len(ids), "max_model_len": limit, "tokens": [int(i) for i in ids]}
     return Response(json.dumps(payload, separators=(",", ":")), media_type="application/json")
 
@@ -85,11 +85,9 @@ async def detokenize(request: Request) -> Response:
     try:
         text = await asyncio.to_thread(model.token_text, body.tokens)
     except InputError as exc:
-        raise ApiError(400, str(exc), "invalid_request_error") from None
+        raise bad_request(str(exc)) from None
     except (OverflowError, LookupError, ValueError, TypeError) as exc:
-        raise ApiError(
-            400, f"these ids cannot be decoded: {type(exc).__name__}", "invalid_request_error"
-        ) from None
+        raise bad_request(f"these ids cannot be decoded: {type(exc).__name__}") from None
     return Response(json.dumps({"prompt": text}), media_type="application/json")
 
 
@@ -100,10 +98,8 @@ async def _tokenizing(
     if name is None:
         names = list(dict.fromkeys([*state.order, *state.models, *state.generators]))
         if len(names) != 1:
-            raise ApiError(
-                400,
-                f"{len(names)} models are served ({describe_models(state)}); name one in 'model'",
-                "invalid_request_error",
+            raise bad_request(
+                f"{len(names)} models are served ({describe_models(state)}); name one in 'model'"
             )
         name = names[0]
     task = state.task_of(name)
@@ -116,9 +112,5 @@ async def _tokenizing(
         served = await use_model(request, state, name, task or "embed")
         model, limit = served.model, served.info.max_tokens
     if not isinstance(model, Tokenizing):
-        raise ApiError(
-            400,
-            f"model {name!r} takes tensors, not text: it has no tokenizer",
-            "invalid_request_error",
-        )
+        raise bad_request(f"model {name!r} takes tensors, not text: it has no tokenizer")
     return model, limit
