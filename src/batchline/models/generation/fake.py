@@ -31,7 +31,7 @@ from batchline.models.generation.engine import (
 
 __all__ = ["FakeEngine", "FakeStep", "FakeTokenizer", "StepCost", "fake_logprob"]
 
-PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
+EOS_ID = 2  # of the specials 0-2, the only one the engine reads
 _BYTE_BASE = 3  # token id 3 + b is byte b
 
 

@@ -114,11 +114,6 @@ class StaticGenerator(EngineGenerator):
         self._abort_all = False
         self._futures: dict[str, asyncio.Future[None]] = {}
 
-    @property
-    def batcher(self) -> TokenBatcher[TrackedSequence, None]:
-        """The batcher that forms the batches (for its own ``BatchStats``)."""
-        return self._batcher
-
     def submit(
         self, prompt_ids: Sequence[int], params: SamplingParams, *, request_id: str | None = None
     ) -> GenerationStream:
