@@ -62,10 +62,7 @@ class SessionModel:
         """The text of ``ids``, special tokens dropped."""
         if self.tokenizer is None:
             raise InputError(f"model {self.info.name!r} takes tensors, not text: no tokenizer")
-        try:
-            check_token_ids(ids, self.tokenizer.get_vocab_size(with_added_tokens=True))
-        except ValueError as exc:
-            raise InputError(str(exc)) from None
+        check_token_ids(ids, self.tokenizer.get_vocab_size(with_added_tokens=True))
         text: str = self.tokenizer.decode(list(ids), skip_special_tokens=True)
         return text
 
