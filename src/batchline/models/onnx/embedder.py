@@ -221,11 +221,15 @@ def tokenizer_max_length(tokenizer: Tokenizer) -> int | None:
 
 
 def text_feeds(
-    inputs: dict[str, OnnxTensor], texts: Sequence[TokenizedText], *, pad_id: int
+    inputs: dict[str, OnnxTensor],
+    texts: Sequence[TokenizedText],
+    *,
+    pad_id: int,
+    type_ids: Sequence[npt.NDArray[np.int64]] | None = None,
 ) -> tuple[dict[str, Array], Array]:
     """One right-padded batch of texts as feeds for the ``inputs`` of
-    :func:`check_text_inputs` (``token_type_ids`` zeros, ``position_ids`` 0..seq-1);
-    returns ``(feeds, mask)``."""
+    :func:`check_text_inputs` (``token_type_ids`` the ``type_ids`` of text pairs, else zeros;
+    ``position_ids`` 0..seq-1); returns ``(feeds, mask)``."""
     ids, mask = pad_sequences(
         [t.ids for t in texts], pad_value=pad_id, dtype=inputs["input_ids"].dtype
     )
@@ -234,7 +238,11 @@ def text_feeds(
         "attention_mask": mask.astype(inputs["attention_mask"].dtype, copy=False),
     }
     if "token_type_ids" in inputs:
-        feeds["token_type_ids"] = np.zeros(ids.shape, inputs["token_type_ids"].dtype)
+        dtype = inputs["token_type_ids"].dtype
+        if type_ids is None:
+            feeds["token_type_ids"] = np.zeros(ids.shape, dtype)
+        else:
+            feeds["token_type_ids"] = pad_sequences(type_ids, dtype=dtype)[0]
     if "position_ids" in inputs:
         pos = np.arange(ids.shape[1], dtype=inputs["position_ids"].dtype)
         feeds["position_ids"] = np.broadcast_to(pos, ids.shape).copy()
