@@ -367,18 +367,16 @@ class Embedder:
         """
         from batchline.models.onnx import minilm
 
-        path = minilm.default_model_path()
-        model = OnnxModel.load(
-            path,
+        return cls.from_onnx(
+            minilm.default_model_path(),
+            minilm.weights_dir() / "tokenizer.json",
+            max_length=minilm.MAX_LENGTH,
             sessions=sessions,
             intra_op_threads=intra_op_threads,
             providers=providers,
             shared=shared,
+            **options,
         )
-        tokenizer, pad_id = load_tokenizer(
-            minilm.weights_dir() / "tokenizer.json", max_length=minilm.MAX_LENGTH
-        )
-        return cls(model, tokenizer, pad_id=pad_id, **options)
 
     @classmethod
     def from_onnx(
