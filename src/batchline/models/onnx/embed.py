@@ -132,10 +132,7 @@ def _folder_options(spec: ModelSpec) -> EmbedderOptions:
     found = spec.folder
     if found is None or found.pooling is None:
         return {}
-    dense = [
-        DenseLayer.load(d.path, d.out_features, d.in_features, bias=d.bias, activation=d.activation)
-        for d in found.dense
-    ]
+    dense = [DenseLayer.load(d) for d in found.dense]
     options: EmbedderOptions = {"normalize": found.normalize, "dense": dense}
     outputs = list(onnx.load(str(spec.path), load_external_data=False).graph.output)
     named = [o for o in outputs if o.name == "sentence_embedding"]

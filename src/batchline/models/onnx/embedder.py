@@ -38,6 +38,8 @@ from batchline.models.specs import Pooling
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
+    from batchline.models.hf.detect import DenseModule
+
 __all__ = [
     "DEFAULT_TARGET_BATCH_TOKENS",
     "DenseLayer",
@@ -88,15 +90,13 @@ class DenseLayer:
             )
 
     @classmethod
-    def load(
-        cls, folder: Path, out_features: int, in_features: int, *, bias: bool, activation: str
-    ) -> DenseLayer:
+    def load(cls, module: DenseModule) -> DenseLayer:
         """A sentence-transformers ``Dense`` module's layer from its folder's
         ``model.safetensors`` (``linear.weight``, ``linear.bias``)."""
-        path = folder / "model.safetensors"
+        path = module.path / "model.safetensors"
         if not path.is_file():
             raise ModelError(
-                f"{folder}: the Dense module's weights are not a model.safetensors file; "
+                f"{module.path}: the Dense module's weights are not a model.safetensors file; "
                 "re-save the model with a current sentence-transformers"
             )
         from safetensors.numpy import load_file
@@ -106,16 +106,17 @@ class DenseLayer:
         except Exception as exc:  # a truncated or foreign file
             raise ModelError(f"{path}: not readable safetensors ({exc})") from exc
         weight = w.get("linear.weight")
-        if weight is None or weight.shape != (out_features, in_features):
+        shape = (module.out_features, module.in_features)
+        if weight is None or weight.shape != shape:
             raise ModelError(
-                f"{path}: expected linear.weight of shape ({out_features}, {in_features}), "
+                f"{path}: expected linear.weight of shape {shape}, "
                 f"got {None if weight is None else weight.shape}"
             )
-        b = w.get("linear.bias") if bias else None
+        b = w.get("linear.bias") if module.bias else None
         return cls(
             np.asarray(weight, np.float32),
             None if b is None else np.asarray(b, np.float32),
-            activation,
+            module.activation,
         )
 
     def __call__(self, x: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
