@@ -291,12 +291,11 @@ class EngineGenerator(GeneratorLifecycle):
 
     def _engine_failed(self, exc: Exception, seqs: Sequence[TrackedSequence]) -> list[Update]:
         """The engine raised in a step: drop its sequences and fail their requests."""
-        for seq in seqs:
-            with contextlib.suppress(Exception):  # best effort: the engine is in trouble
-                self._engine.abort(seq.request_id)
         n = len(seqs)
         updates: list[Update] = []
         for seq in seqs:
+            with contextlib.suppress(Exception):  # best effort: the engine is in trouble
+                self._engine.abort(seq.request_id)
             error = ModelError(
                 f"{self.name}: the engine raised during a step ({exc!r}); the {n} request(s) "
                 "running in that step failed; new requests are still served"
@@ -312,10 +311,6 @@ class _Waiting:
     #: the admission order: (aged rank, arrival number), lowest first
     key: tuple[float, int]
     overtaken: int = 0
-
-
-def _key(w: _Waiting) -> tuple[float, int]:
-    return w.key
 
 
 class ContinuousGenerator(EngineGenerator):
@@ -394,7 +389,7 @@ class ContinuousGenerator(EngineGenerator):
                     f"{self.name}: {len(self._waiting)} requests are already waiting "
                     f"(max_waiting={self.max_waiting}); retry later or raise max_waiting"
                 )
-            bisect.insort(self._waiting, _Waiting(seq, self._rank(seq)), key=_key)
+            bisect.insort(self._waiting, _Waiting(seq, self._rank(seq)), key=lambda w: w.key)
             self._cond.notify()
         self._register(seq)
         return seq.stream
