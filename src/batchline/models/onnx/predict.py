@@ -31,7 +31,7 @@ from batchline._errors import InputError, ModelError
 from batchline._types import Array
 from batchline.knobs import Knobs
 from batchline.models.onnx.runtime import OnnxModel, OnnxTensor, stack_equal
-from batchline.models.onnx.sessions import SessionModel, load_sessions
+from batchline.models.onnx.sessions import SessionModel, load_sessions_at
 from batchline.models.protocol import ModelInfo
 from batchline.models.specs import ModelSpec
 
@@ -206,4 +206,4 @@ def load_predictor(spec: ModelSpec, knobs: Knobs) -> OnnxPredictor:
             f"model {spec.name!r}: a tokenizer goes with the embed and classify tasks, not "
             "predict (tensors in, tensors out)"
         )
-    return OnnxPredictor(load_sessions(spec, knobs, check_batch_axis=True), name=spec.name)
+    return OnnxPredictor(load_sessions_at(spec.path, knobs), name=spec.name)
