@@ -175,9 +175,6 @@ class OnnxScorer(SessionModel):
             x = 1.0 / (1.0 + np.exp(-x))
         return [float(v) for v in x]
 
-    def encode(self, result: float) -> float:  # type: ignore[override]
-        return float(result)
-
     def __repr__(self) -> str:
         return f"OnnxScorer({self.model.path.name!r}, activation={self.activation!r})"
 
