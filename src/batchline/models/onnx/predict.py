@@ -75,10 +75,6 @@ class OnnxPredictor(SessionModel):
             },
         )
 
-    @property
-    def input_names(self) -> tuple[str, ...]:
-        return tuple(self._inputs)
-
     def prepare(self, inputs: Sequence[object]) -> list[TensorRow | BaseException]:
         """Check and cast each row; a row that does not fit is an ``InputError`` of its own."""
         out: list[TensorRow | BaseException] = []
