@@ -104,8 +104,7 @@ def load_embedder(spec: ModelSpec, knobs: Knobs) -> TextEmbedder:
     session beside the batching ones when ``knobs.solo_intra_op_threads`` asks for one)."""
     from batchline.models.onnx import minilm
 
-    options: EmbedderOptions = {}
-    options.update(_folder_options(spec))
+    options = _folder_options(spec)
     if spec.normalize is not None:
         options["normalize"] = spec.normalize
     if spec.pooling is not None:
