@@ -113,8 +113,7 @@ class OnnxPredictor(SessionModel):
             arr = np.asarray(value)
         except ValueError as exc:  # a ragged nested list
             raise InputError(f"input '{spec.name}' is not a rectangular array: {exc}") from None
-        row_shape = spec.shape[1:]
-        fixed = [d if isinstance(d, int) and d >= 0 else None for d in row_shape]
+        fixed = [d if isinstance(d, int) and d >= 0 else None for d in spec.shape[1:]]
         shown = [d if d is not None else "any" for d in fixed]
         fits = arr.ndim == len(fixed) and all(
             want is None or want == got for want, got in zip(fixed, arr.shape, strict=True)
