@@ -44,6 +44,8 @@ from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, TypeVar, get_args, runtime_checkable
 
+from batchline._errors import InputError
+
 __all__ = [
     "TASKS",
     "BatchModel",
@@ -156,8 +158,8 @@ class Tokenizing(Protocol):
 
 
 def check_token_ids(ids: Sequence[int], vocab_size: int) -> None:
-    """``ValueError`` for an id outside ``[0, vocab_size)``: a tokenizer's decode would skip it
-    silently (what ``Tokenizing.token_text`` raises, as an ``InputError``)."""
+    """``InputError`` (what ``Tokenizing.token_text`` raises) for an id outside ``[0,
+    vocab_size)``: a tokenizer's decode would skip it silently."""
     bad = next((i for i in ids if not 0 <= i < vocab_size), None)
     if bad is not None:
-        raise ValueError(f"token id {bad} is outside the vocabulary (ids 0 to {vocab_size - 1})")
+        raise InputError(f"token id {bad} is outside the vocabulary (ids 0 to {vocab_size - 1})")

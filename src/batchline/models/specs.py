@@ -115,10 +115,8 @@ class ModelSpec:
             raise InputError(f"a tokenizer goes with an .onnx model, not {self.source!r}")
         if self.labels is not None and self.task not in (None, "classify"):
             raise InputError(f"labels go with the classify task, not {self.task}")
-        if (self.pooling is not None or self.normalize is not None) and self.task not in (
-            None,
-            "embed",
-        ):
+        pools = self.pooling is not None or self.normalize is not None
+        if pools and self.task not in (None, "embed"):
             raise InputError(f"pooling and normalize go with the embed task, not {self.task}")
 
     @property

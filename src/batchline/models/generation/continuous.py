@@ -101,7 +101,8 @@ def _check_min(name: str, value: int, minimum: int = 1) -> None:
 
 class EngineGenerator(GeneratorLifecycle):
     """What the engine-driven generators share: request checks, the registry of live requests,
-    per-step output handling on the engine's thread and delivery to the event loop."""
+    the running sequences and those marked to abort (under the subclass's lock), per-step
+    output handling on the engine's thread and delivery to the event loop."""
 
     def __init__(
         self,
@@ -124,6 +125,10 @@ class EngineGenerator(GeneratorLifecycle):
         self._live: dict[str, TrackedSequence] = {}
         self._idle: asyncio.Event | None = None
         self._ids = itertools.count()
+        self._running: dict[str, TrackedSequence] = {}
+        self._reserved = 0
+        self._to_abort: set[str] = set()
+        self._abort_all = False
         #: ``f(started, running)``, called on the engine's thread after every step, when set
         #: (the server's traces: ``batchline.server.tracing.StepTracer``); each sequence then
         #: keeps the context it was submitted in (``TrackedSequence.context``).
@@ -277,6 +282,15 @@ class EngineGenerator(GeneratorLifecycle):
         """Abort ``seq`` (already out of the engine) with what it has produced."""
         return (seq, seq.end("abort", self._clock.now()))
 
+    def _take_aborted(self) -> list[TrackedSequence]:
+        """The running sequences marked to abort, out of the running set and the engine (under
+        the lock); nothing is marked afterwards."""
+        seqs = [s for rid in self._to_abort if (s := self._running.pop(rid, None)) is not None]
+        for seq in seqs:
+            self._engine.abort(seq.request_id)
+        self._to_abort.clear()
+        return seqs
+
     def _refused(self, exc: Exception) -> Exception:
         """The error of a request the engine's ``add_request`` refused: a ``ValueError`` is
         the request's own fault (a token id outside the vocabulary), anything else the
@@ -291,12 +305,11 @@ class EngineGenerator(GeneratorLifecycle):
 
     def _engine_failed(self, exc: Exception, seqs: Sequence[TrackedSequence]) -> list[Update]:
         """The engine raised in a step: drop its sequences and fail their requests."""
-        for seq in seqs:
-            with contextlib.suppress(Exception):  # best effort: the engine is in trouble
-                self._engine.abort(seq.request_id)
         n = len(seqs)
         updates: list[Update] = []
         for seq in seqs:
+            with contextlib.suppress(Exception):  # best effort: the engine is in trouble
+                self._engine.abort(seq.request_id)
             error = ModelError(
                 f"{self.name}: the engine raised during a step ({exc!r}); the {n} request(s) "
                 "running in that step failed; new requests are still served"
@@ -312,10 +325,6 @@ class _Waiting:
     #: the admission order: (aged rank, arrival number), lowest first
     key: tuple[float, int]
     overtaken: int = 0
-
-
-def _key(w: _Waiting) -> tuple[float, int]:
-    return w.key
 
 
 class ContinuousGenerator(EngineGenerator):
@@ -373,10 +382,6 @@ class ContinuousGenerator(EngineGenerator):
         self._cond = threading.Condition()
         self._waiting: list[_Waiting] = []  # in admission order (see _Waiting.key)
         self._arrivals = itertools.count()
-        self._running: dict[str, TrackedSequence] = {}
-        self._reserved = 0
-        self._to_abort: set[str] = set()
-        self._abort_all = False
         self._exit = False
         self._thread: threading.Thread | None = None
 
@@ -394,7 +399,7 @@ class ContinuousGenerator(EngineGenerator):
                     f"{self.name}: {len(self._waiting)} requests are already waiting "
                     f"(max_waiting={self.max_waiting}); retry later or raise max_waiting"
                 )
-            bisect.insort(self._waiting, _Waiting(seq, self._rank(seq)), key=_key)
+            bisect.insort(self._waiting, _Waiting(seq, self._rank(seq)), key=lambda w: w.key)
             self._cond.notify()
         self._register(seq)
         return seq.stream
@@ -525,15 +530,9 @@ class ContinuousGenerator(EngineGenerator):
                         )
                     self._waiting.clear()
                     self._to_abort.update(self._running)
-                aborted = False
-                for rid in self._to_abort:
-                    seq = self._running.pop(rid, None)
-                    if seq is not None:
-                        engine.abort(rid)
-                        self._reserved -= seq.kv_reservation
-                        updates.append(self._end(seq))
-                        aborted = True
-                self._to_abort.clear()
+                aborted = self._take_aborted()
+                self._reserved -= sum(s.kv_reservation for s in aborted)
+                updates += [self._end(s) for s in aborted]
                 if aborted:
                     self._kv_now()
                 if self._exit and not self._waiting and not self._running:
@@ -566,9 +565,9 @@ class ContinuousGenerator(EngineGenerator):
                 continue
             with cond:
                 for rid in ended:
-                    seq = self._running.pop(rid, None)
-                    if seq is not None:
-                        self._reserved -= seq.kv_reservation
+                    done = self._running.pop(rid, None)
+                    if done is not None:
+                        self._reserved -= done.kv_reservation
             self._post(step_updates)
 
 

@@ -156,8 +156,7 @@ class SamplingParams:
                     f"{name} must be an integer in [0, {MAX_LOGPROBS}] or None, got {value!r}"
                 )
         previous = -1
-        for pair in self.logit_bias:
-            token, bias = pair
+        for token, bias in self.logit_bias:
             if isinstance(token, bool) or not isinstance(token, int) or token < 0:
                 raise ValueError(
                     f"logit_bias keys must be token ids (integers >= 0), got {token!r}"

@@ -8,7 +8,7 @@
 The next token is a pure function of the prompt and the tokens generated so far (by default
 printable ASCII, never EOS unless ``eos_after`` says so), so greedy outputs never depend on
 what shares the batch: static and continuous batching must give identical texts. Each step is
-recorded (:attr:`FakeEngine.steps`) so tests can check caps, budgets and when a slot freed.
+recorded (:attr:`FakeEngine.steps`) so tests can check caps and when a slot freed.
 ``step_time_s`` makes steps take real time (``fixed + per_sequence * n + per_prefill_token *
 prompt tokens``) for the benchmark's ``--fake`` smoke; tests leave it at zero.
 """
@@ -31,7 +31,7 @@ from batchline.models.generation.engine import (
 
 __all__ = ["FakeEngine", "FakeStep", "FakeTokenizer", "StepCost", "fake_logprob"]
 
-PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
+EOS_ID = 2  # of the specials 0-2, the only one the engine reads
 _BYTE_BASE = 3  # token id 3 + b is byte b
 
 
@@ -87,13 +87,11 @@ class StepCost:
 
 @dataclass(frozen=True, slots=True)
 class FakeStep:
-    """One recorded step: which sequences ran, which were prefilled, the KV held during it."""
+    """One recorded step: which sequences ran, which were prefilled."""
 
     index: int
     running: tuple[str, ...]
     prefilled: tuple[str, ...]
-    kv_tokens: int
-    cost_s: float
 
 
 class _Seq:
@@ -191,7 +189,7 @@ class FakeEngine:
         with self._exclusive():
             index = len(self.steps)
             if index in self._fail_steps:
-                self.steps.append(FakeStep(index, (), (), 0, 0.0))
+                self.steps.append(FakeStep(index, (), ()))
                 raise RuntimeError(f"fake engine: step {index} failed")
             running = tuple(self._seqs)
             prefilled = tuple(rid for rid, s in self._seqs.items() if not s.prefilled)
@@ -229,11 +227,10 @@ class FakeEngine:
                         prompt_logprobs=scored,
                     )
                 )
-            kv = self.kv_tokens_in_use()
             for out in outputs:
                 if out.finished:
                     del self._seqs[out.request_id]
-            self.steps.append(FakeStep(index, running, prefilled, kv, cost))
+            self.steps.append(FakeStep(index, running, prefilled))
             if cost > 0:
                 time.sleep(cost)
             return outputs

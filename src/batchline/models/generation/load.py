@@ -40,7 +40,6 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import logging
 import time
@@ -185,10 +184,7 @@ class GenerationModel:
     def token_text(self, ids: Sequence[int]) -> str:
         """``POST /detokenize``: :meth:`decode`; ``InputError`` for an id outside the
         vocabulary."""
-        try:
-            check_token_ids(ids, len(self.tokenizer))
-        except ValueError as exc:
-            raise InputError(str(exc)) from None
+        check_token_ids(ids, len(self.tokenizer))
         return self.decode(ids)
 
     def close(self) -> None:
@@ -314,22 +310,15 @@ def _eos_from_tokenizer(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBa
 
 
 def _info(
-    spec: ModelSpec,
-    context: int,
-    batching: str,
-    device: str,
-    budget: int,
-    *,
-    dtype: str | None = None,
+    spec: ModelSpec, context: int, batching: str, device: str, budget: int, **more: object
 ) -> ModelInfo:
-    details: dict[str, object] = {
+    details = {
         "max_context_tokens": context,
         "batching": batching,
         "device": device,
         "kv_token_budget": budget,
+        **more,
     }
-    if dtype is not None:
-        details["dtype"] = dtype
     return ModelInfo(
         name=spec.name,
         task="generate",
@@ -368,11 +357,8 @@ def _load_vllm(spec: ModelSpec, knobs: Knobs) -> GenerationModel:
     )
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     context = generator.max_context_tokens
-    info = _info(spec, context, "vllm", knobs.device, 0)
-    shown: dict[str, object] = {
-        k: engine_args[k] for k in ("dtype", "enforce_eager") if k in engine_args
-    }
-    info = dataclasses.replace(info, details={**info.details, **shown})
+    shown = {k: engine_args[k] for k in ("dtype", "enforce_eager") if k in engine_args}
+    info = _info(spec, context, "vllm", knobs.device, 0, **shown)
     return GenerationModel(
         generator=generator,
         tokenizer=tokenizer,

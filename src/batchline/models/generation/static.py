@@ -108,16 +108,7 @@ class StaticGenerator(EngineGenerator):
             name=name,
         )
         self._lock = threading.Lock()
-        self._running: dict[str, TrackedSequence] = {}
-        self._reserved = 0
-        self._to_abort: set[str] = set()
-        self._abort_all = False
         self._futures: dict[str, asyncio.Future[None]] = {}
-
-    @property
-    def batcher(self) -> TokenBatcher[TrackedSequence, None]:
-        """The batcher that forms the batches (for its own ``BatchStats``)."""
-        return self._batcher
 
     def submit(
         self, prompt_ids: Sequence[int], params: SamplingParams, *, request_id: str | None = None
@@ -222,14 +213,10 @@ class StaticGenerator(EngineGenerator):
             with self._lock:
                 if self._abort_all:
                     self._to_abort.update(self._running)
-                for rid in self._to_abort:
-                    seq_ = self._running.pop(rid, None)
-                    if seq_ is not None:
-                        engine.abort(rid)
-                        updates.append(self._end(seq_))
-                if self._to_abort:
+                marked = bool(self._to_abort)
+                updates += [self._end(s) for s in self._take_aborted()]
+                if marked:
                     self._kv_now()
-                self._to_abort.clear()
                 live = dict(self._running)
             self._post(updates)
             updates = []

@@ -107,9 +107,6 @@ class GenerationStatsRecorder:
         self._itl: deque[float] = deque(maxlen=window)
         self._latency: deque[float] = deque(maxlen=window)
 
-    def now(self) -> float:
-        return self._clock.now()
-
     def started(self) -> None:
         with self._lock:
             self._started_at = self._clock.now()

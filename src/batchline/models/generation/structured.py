@@ -317,21 +317,13 @@ class GrammarState:
         self.kind = kind
         self._reported = False
 
-    def advance(self, token: int) -> None:
-        """Move past ``token``, the sequence's chosen next token (a refusal shows in
-        :meth:`failure`)."""
-        self._matcher.consume_token(token)
-
     def take(self, token: int) -> str | None:
-        """Move past ``token`` unless the engine has given up already (while masking); return
-        :meth:`failure` after it: None while the grammar is enforced."""
+        """Move past ``token``, the sequence's chosen next token, unless the engine has given
+        up already (while masking); return :meth:`failure` after it: None while the grammar is
+        enforced (a refusal of ``token`` shows there too)."""
         if self.failure() is None:
-            self.advance(token)
+            self._matcher.consume_token(token)
         return self.failure()
-
-    def accepting(self) -> bool:
-        """Whether what was generated so far is a complete output."""
-        return bool(self._matcher.is_accepting())
 
     def failure(self) -> str | None:
         """Why the grammar engine gave up on this sequence, or None while it enforces it. The

@@ -9,19 +9,16 @@ conversion needs torch only where the folder's architecture has no graph builder
 
 from __future__ import annotations
 
-import importlib
+from batchline._lazy import lazy_exports
 
 __all__ = ["FolderModel", "convert", "detect_folder", "load_folder_model"]
 
-_WHERE = {
-    "FolderModel": "detect",
-    "detect_folder": "detect",
-    "convert": "convert",
-    "load_folder_model": "load",
-}
-
-
-def __getattr__(name: str) -> object:
-    if name in _WHERE:
-        return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "FolderModel": "detect",
+        "detect_folder": "detect",
+        "convert": "convert",
+        "load_folder_model": "load",
+    },
+)

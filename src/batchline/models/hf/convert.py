@@ -34,9 +34,6 @@ __all__ = ["Converted", "Top", "builder_covers", "convert"]
 #: the token vectors (``hidden``: pooling runs in numpy) or classifier ``logits``.
 Top = Literal["embedding", "hidden", "logits"]
 
-#: The install that converts an architecture our builder does not cover (the README's
-#: generation pin: the CPU wheel of torch, then the extra).
-
 
 @dataclass(frozen=True)
 class Converted:
@@ -45,7 +42,6 @@ class Converted:
 
     path: Path
     how: Literal["built", "exported", "cached"]
-    route: Literal["builder", "exporter"]
 
     def describe(self) -> str:
         if self.how == "cached":
@@ -74,15 +70,15 @@ def convert(
         raise ValueError("only the builder bakes pooling in: ask the exporter for 'hidden'")
     pairs = found.task == "score"
     options = {"top": top, "pooling": pooling, "normalize": normalize, "pairs": pairs}
-    route: Literal["builder", "exporter"] = "builder" if builder else "exporter"
+    route = "builder" if builder else "exporter"
     target = _target(found, route, options)
     if target.is_file():
-        return Converted(target, "cached", route)
+        return Converted(target, "cached")
     make_cache_folder(target.parent)
     try:
         if builder:
             write_whole(target, _build(found, top, pooling, normalize, pairs))
-            return Converted(target, "built", route)
+            return Converted(target, "built")
         _export(found, top, target)
     except ModelError:
         raise
@@ -90,7 +86,7 @@ def convert(
         raise ModelError(
             f"{found.folder}: cannot convert it to ONNX ({type(exc).__name__}: {exc})"
         ) from exc
-    return Converted(target, "exported", route)
+    return Converted(target, "exported")
 
 
 def _target(found: FolderModel, route: str, options: Mapping[str, object]) -> Path:

@@ -43,7 +43,6 @@ from batchline._errors import ModelError
 __all__ = [
     "MAX_INLINE_BYTES",
     "OPSET",
-    "TESTED_ARCHITECTURES",
     "TORCH_INSTALL",
     "Head",
     "export_encoder",
@@ -54,8 +53,6 @@ __all__ = [
 TORCH_INSTALL = "pip install torch==2.13.0 'batchline[generate]'"
 #: The ONNX opset written: ONNX Runtime 1.18 and later run it; 17 brings LayerNormalization.
 OPSET = 17
-#: The ``model_type`` values the tests export and check (others are tried, and checked the same).
-TESTED_ARCHITECTURES = ("bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "modernbert")
 #: Weights above this many bytes go to ``<target>.data`` beside the graph (protobuf's 2 GiB
 #: limit on one message, less room for the graph itself).
 MAX_INLINE_BYTES = 2**31 - 2**26

@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any
 from batchline._errors import InputError, ModelError
 from batchline.knobs import Knobs
 from batchline.models.hf.convert import convert
-from batchline.models.hf.detect import DenseModule, FolderModel
+from batchline.models.hf.detect import FolderModel
 from batchline.models.hf.export import TORCH_INSTALL
 from batchline.models.protocol import BatchModel
 from batchline.models.specs import ModelSpec
 
 if TYPE_CHECKING:
-    from batchline.models.onnx.embedder import DenseLayer, EmbedderOptions
+    from batchline.models.onnx.embedder import EmbedderOptions
 
 __all__ = ["load_folder_model"]
 
@@ -98,8 +98,9 @@ def _embedder(spec: ModelSpec, found: FolderModel, knobs: Knobs) -> BatchModel[A
         )
     from batchline.models.hf.convert import builder_covers
     from batchline.models.onnx.embed import load_onnx_embedder
+    from batchline.models.onnx.embedder import DenseLayer
 
-    dense = [_dense_layer(d) for d in found.dense]
+    dense = [DenseLayer.load(d) for d in found.dense]
     if builder_covers(found) and pooling in ("mean", "cls"):
         # pooling baked into the graph; normalize too unless Dense layers come between
         baked = normalize and not dense
@@ -129,18 +130,6 @@ def _tokenizer(found: FolderModel) -> Path:
     if found.tokenizer is None:  # detection refuses such folders; kept for a changed folder
         raise ModelError(f"{found.folder}: no tokenizer.json")
     return found.tokenizer
-
-
-def _dense_layer(module: DenseModule) -> DenseLayer:
-    from batchline.models.onnx.embedder import DenseLayer
-
-    return DenseLayer.load(
-        module.path,
-        module.out_features,
-        module.in_features,
-        bias=module.bias,
-        activation=module.activation,
-    )
 
 
 def _log(spec: ModelSpec, found: FolderModel, runs: str) -> None:

@@ -30,6 +30,7 @@ from batchline._types import Vector
 from batchline.knobs import Knobs
 from batchline.models.hf.export import require_torch
 from batchline.models.onnx.embedder import TokenizedText
+from batchline.models.onnx.runtime import pad_sequences
 from batchline.models.protocol import ModelInfo
 
 __all__ = ["POOLINGS", "TorchEmbedder", "load_torch_embedder"]
@@ -123,19 +124,13 @@ class TorchEmbedder:
         if not batch:
             return []
         torch = self._torch
-        lengths = [len(t) for t in batch]
-        width = max(lengths)
-        ids = np.full((len(batch), width), self.pad_id, dtype=np.int64)
-        mask = np.zeros((len(batch), width), dtype=np.int64)
-        for row, (t, n) in enumerate(zip(batch, lengths, strict=True)):
-            ids[row, : len(t)] = t.ids
-            mask[row, :n] = 1
+        ids, mask = pad_sequences([t.ids for t in batch], pad_value=self.pad_id)
         with torch.inference_mode():
             input_ids = torch.from_numpy(ids).to(self._device)
             attention = torch.from_numpy(mask).to(self._device)
             hidden = self.model(input_ids=input_ids, attention_mask=attention).last_hidden_state
             if self.pooling == "lasttoken":
-                last = torch.tensor([n - 1 for n in lengths], device=self._device)
+                last = torch.tensor([len(t) - 1 for t in batch], device=self._device)
                 pooled = hidden[torch.arange(len(batch), device=self._device), last]
             elif self.pooling == "cls":
                 pooled = hidden[:, 0]

@@ -104,8 +104,7 @@ def load_embedder(spec: ModelSpec, knobs: Knobs) -> TextEmbedder:
     session beside the batching ones when ``knobs.solo_intra_op_threads`` asks for one)."""
     from batchline.models.onnx import minilm
 
-    options: EmbedderOptions = {}
-    options.update(_folder_options(spec))
+    options = _folder_options(spec)
     if spec.normalize is not None:
         options["normalize"] = spec.normalize
     if spec.pooling is not None:
@@ -132,10 +131,7 @@ def _folder_options(spec: ModelSpec) -> EmbedderOptions:
     found = spec.folder
     if found is None or found.pooling is None:
         return {}
-    dense = [
-        DenseLayer.load(d.path, d.out_features, d.in_features, bias=d.bias, activation=d.activation)
-        for d in found.dense
-    ]
+    dense = [DenseLayer.load(d) for d in found.dense]
     options: EmbedderOptions = {"normalize": found.normalize, "dense": dense}
     outputs = list(onnx.load(str(spec.path), load_external_data=False).graph.output)
     named = [o for o in outputs if o.name == "sentence_embedding"]

@@ -38,6 +38,8 @@ from batchline.models.specs import Pooling
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
+    from batchline.models.hf.detect import DenseModule
+
 __all__ = [
     "DEFAULT_TARGET_BATCH_TOKENS",
     "DenseLayer",
@@ -88,15 +90,13 @@ class DenseLayer:
             )
 
     @classmethod
-    def load(
-        cls, folder: Path, out_features: int, in_features: int, *, bias: bool, activation: str
-    ) -> DenseLayer:
+    def load(cls, module: DenseModule) -> DenseLayer:
         """A sentence-transformers ``Dense`` module's layer from its folder's
         ``model.safetensors`` (``linear.weight``, ``linear.bias``)."""
-        path = folder / "model.safetensors"
+        path = module.path / "model.safetensors"
         if not path.is_file():
             raise ModelError(
-                f"{folder}: the Dense module's weights are not a model.safetensors file; "
+                f"{module.path}: the Dense module's weights are not a model.safetensors file; "
                 "re-save the model with a current sentence-transformers"
             )
         from safetensors.numpy import load_file
@@ -106,16 +106,17 @@ class DenseLayer:
         except Exception as exc:  # a truncated or foreign file
             raise ModelError(f"{path}: not readable safetensors ({exc})") from exc
         weight = w.get("linear.weight")
-        if weight is None or weight.shape != (out_features, in_features):
+        shape = (module.out_features, module.in_features)
+        if weight is None or weight.shape != shape:
             raise ModelError(
-                f"{path}: expected linear.weight of shape ({out_features}, {in_features}), "
+                f"{path}: expected linear.weight of shape {shape}, "
                 f"got {None if weight is None else weight.shape}"
             )
-        b = w.get("linear.bias") if bias else None
+        b = w.get("linear.bias") if module.bias else None
         return cls(
             np.asarray(weight, np.float32),
             None if b is None else np.asarray(b, np.float32),
-            activation,
+            module.activation,
         )
 
     def __call__(self, x: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
@@ -221,11 +222,15 @@ def tokenizer_max_length(tokenizer: Tokenizer) -> int | None:
 
 
 def text_feeds(
-    inputs: dict[str, OnnxTensor], texts: Sequence[TokenizedText], *, pad_id: int
+    inputs: dict[str, OnnxTensor],
+    texts: Sequence[TokenizedText],
+    *,
+    pad_id: int,
+    type_ids: Sequence[npt.NDArray[np.int64]] | None = None,
 ) -> tuple[dict[str, Array], Array]:
     """One right-padded batch of texts as feeds for the ``inputs`` of
-    :func:`check_text_inputs` (``token_type_ids`` zeros, ``position_ids`` 0..seq-1);
-    returns ``(feeds, mask)``."""
+    :func:`check_text_inputs` (``token_type_ids`` the ``type_ids`` of text pairs, else zeros;
+    ``position_ids`` 0..seq-1); returns ``(feeds, mask)``."""
     ids, mask = pad_sequences(
         [t.ids for t in texts], pad_value=pad_id, dtype=inputs["input_ids"].dtype
     )
@@ -234,7 +239,11 @@ def text_feeds(
         "attention_mask": mask.astype(inputs["attention_mask"].dtype, copy=False),
     }
     if "token_type_ids" in inputs:
-        feeds["token_type_ids"] = np.zeros(ids.shape, inputs["token_type_ids"].dtype)
+        dtype = inputs["token_type_ids"].dtype
+        if type_ids is None:
+            feeds["token_type_ids"] = np.zeros(ids.shape, dtype)
+        else:
+            feeds["token_type_ids"] = pad_sequences(type_ids, dtype=dtype)[0]
     if "position_ids" in inputs:
         pos = np.arange(ids.shape[1], dtype=inputs["position_ids"].dtype)
         feeds["position_ids"] = np.broadcast_to(pos, ids.shape).copy()
@@ -359,18 +368,16 @@ class Embedder:
         """
         from batchline.models.onnx import minilm
 
-        path = minilm.default_model_path()
-        model = OnnxModel.load(
-            path,
+        return cls.from_onnx(
+            minilm.default_model_path(),
+            minilm.weights_dir() / "tokenizer.json",
+            max_length=minilm.MAX_LENGTH,
             sessions=sessions,
             intra_op_threads=intra_op_threads,
             providers=providers,
             shared=shared,
+            **options,
         )
-        tokenizer, pad_id = load_tokenizer(
-            minilm.weights_dir() / "tokenizer.json", max_length=minilm.MAX_LENGTH
-        )
-        return cls(model, tokenizer, pad_id=pad_id, **options)
 
     @classmethod
     def from_onnx(

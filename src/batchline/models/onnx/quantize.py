@@ -76,9 +76,6 @@ class Quality:
             )
         return out
 
-    def to_json(self) -> dict[str, object]:
-        return asdict(self)
-
 
 #: What an int8 encoder must reach against its float32 graph (issue 32's bar), on 2,000 texts.
 GATE = Quality(mean_cosine=0.99, top10_overlap=0.9, texts=2_000)
@@ -141,7 +138,7 @@ def store_quality(graph: Path, quality: Quality) -> None:
     """Keep ``quality`` beside ``graph`` for :func:`cached_quality`."""
     path = graph.with_suffix(".quality.json")
     try:
-        path.write_text(json.dumps(quality.to_json()))
+        path.write_text(json.dumps(asdict(quality)))
     except OSError as exc:  # the cache is read-only: measured again next time
         logger.warning("cannot keep the quality of %s: %s", graph.name, exc)
 
@@ -190,11 +187,8 @@ def _without_preprocessing_advice() -> Iterator[None]:
 
 
 def _file_digest(path: Path) -> str:
-    h = hashlib.sha256()
     try:
         with path.open("rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
+            return hashlib.file_digest(f, "sha256").hexdigest()
     except OSError as exc:
         raise ModelError(f"cannot read {path}: {exc.strerror or exc}") from None
-    return h.hexdigest()

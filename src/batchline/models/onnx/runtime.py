@@ -276,11 +276,8 @@ class OnnxModel:
         missing = [n for n in expected if n not in feeds]
         unknown = [n for n in feeds if n not in expected]
         if missing or unknown:
-            parts = []
-            if missing:
-                parts.append(f"missing {missing}")
-            if unknown:
-                parts.append(f"unknown {unknown}")
+            parts = [f"missing {missing}"] if missing else []
+            parts += [f"unknown {unknown}"] if unknown else []
             raise InputError(
                 f"feeds do not match the inputs of {self.path.name}: {'; '.join(parts)}; "
                 f"the model takes {list(expected)}"

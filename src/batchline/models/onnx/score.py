@@ -27,15 +27,17 @@ import numpy as np
 import numpy.typing as npt
 
 from batchline._errors import InputError, ModelError
-from batchline._types import Array, Vector
+from batchline._types import Vector
 from batchline.knobs import Knobs
 from batchline.models.onnx.embedder import (
+    TokenizedText,
     check_text_inputs,
     load_tokenizer,
+    text_feeds,
     text_output,
     tokenizer_max_length,
 )
-from batchline.models.onnx.runtime import OnnxModel, pad_sequences
+from batchline.models.onnx.runtime import OnnxModel
 from batchline.models.onnx.sessions import SessionModel, load_sessions_at, tokenizer_path
 from batchline.models.protocol import ModelInfo
 from batchline.models.specs import ModelSpec
@@ -49,14 +51,10 @@ Activation = Literal["sigmoid", "identity"]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class TokenizedPair:
+class TokenizedPair(TokenizedText):
     """One (query, document) pair as token ids and their segment (type) ids."""
 
-    ids: npt.NDArray[np.int64]
     type_ids: npt.NDArray[np.int64]
-
-    def __len__(self) -> int:
-        return int(self.ids.shape[0])
 
 
 def pair_of(value: object) -> tuple[str, str]:
@@ -159,21 +157,8 @@ class OnnxScorer(SessionModel):
 
     def logits(self, batch: Sequence[TokenizedPair]) -> Vector:
         """One padded batch through a free session: ``(len(batch),)`` logits."""
-        ids, mask = pad_sequences(
-            [p.ids for p in batch], pad_value=self.pad_id, dtype=self._inputs["input_ids"].dtype
-        )
-        feeds: dict[str, Array] = {
-            "input_ids": ids,
-            "attention_mask": mask.astype(self._inputs["attention_mask"].dtype, copy=False),
-        }
-        if "token_type_ids" in self._inputs:
-            types, _ = pad_sequences(
-                [p.type_ids for p in batch], dtype=self._inputs["token_type_ids"].dtype
-            )
-            feeds["token_type_ids"] = types
-        if "position_ids" in self._inputs:
-            pos = np.arange(ids.shape[1], dtype=self._inputs["position_ids"].dtype)
-            feeds["position_ids"] = np.broadcast_to(pos, ids.shape).copy()
+        types = [p.type_ids for p in batch]
+        feeds, _ = text_feeds(self._inputs, batch, pad_id=self.pad_id, type_ids=types)
         out = self.model.run(feeds, [self.output_name])[self.output_name]
         if out.shape[0] != len(batch) or out.size != len(batch):
             raise ModelError(
@@ -189,9 +174,6 @@ class OnnxScorer(SessionModel):
         if self.activation == "sigmoid":
             x = 1.0 / (1.0 + np.exp(-x))
         return [float(v) for v in x]
-
-    def encode(self, result: float) -> float:  # type: ignore[override]
-        return float(result)
 
     def __repr__(self) -> str:
         return f"OnnxScorer({self.model.path.name!r}, activation={self.activation!r})"

@@ -1,5 +1,5 @@
 """An ``.onnx`` spec's files and sessions: :func:`tokenizer_path` finds its tokenizer,
-:func:`load_sessions` opens its ONNX Runtime sessions laid out as the knobs say. Every task
+:func:`load_sessions_at` opens its ONNX Runtime sessions laid out as the knobs say. Every task
 module here (``embed``, ``classify``, ``predict``) loads through them, and its model is a
 :class:`SessionModel`."""
 
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     from batchline.models.onnx.runtime import OnnxModel
 
-__all__ = ["SessionModel", "load_sessions", "load_sessions_at", "tokenizer_path"]
+__all__ = ["SessionModel", "load_sessions_at", "tokenizer_path"]
 
 T = TypeVar("T")
 
@@ -62,10 +62,7 @@ class SessionModel:
         """The text of ``ids``, special tokens dropped."""
         if self.tokenizer is None:
             raise InputError(f"model {self.info.name!r} takes tensors, not text: no tokenizer")
-        try:
-            check_token_ids(ids, self.tokenizer.get_vocab_size(with_added_tokens=True))
-        except ValueError as exc:
-            raise InputError(str(exc)) from None
+        check_token_ids(ids, self.tokenizer.get_vocab_size(with_added_tokens=True))
         text: str = self.tokenizer.decode(list(ids), skip_special_tokens=True)
         return text
 
@@ -85,16 +82,10 @@ def tokenizer_path(spec: ModelSpec) -> Path:
     return guess
 
 
-def load_sessions(spec: ModelSpec, knobs: Knobs, **options: bool) -> OnnxModel:
-    """The ``OnnxModel`` of an ``.onnx`` spec in the knobs' layout (:func:`load_sessions_at`)."""
-    return load_sessions_at(spec.path, knobs, **options)
-
-
-def load_sessions_at(path: Path, knobs: Knobs, **options: bool) -> OnnxModel:
+def load_sessions_at(path: Path, knobs: Knobs) -> OnnxModel:
     """The ``OnnxModel`` of the ONNX file ``path`` in the knobs' layout: ``knobs.sessions``
     sessions for batching, or one session every caller shares for the baseline;
-    ``knobs.intra_op_threads`` threads each, on ``knobs.providers``. ``options`` go to
-    ``OnnxModel.load``."""
+    ``knobs.intra_op_threads`` threads each, on ``knobs.providers``; its batch axis checked."""
     from batchline.models.onnx.runtime import OnnxModel
 
     return OnnxModel.load(
@@ -103,5 +94,4 @@ def load_sessions_at(path: Path, knobs: Knobs, **options: bool) -> OnnxModel:
         intra_op_threads=knobs.intra_op_threads,
         providers=knobs.providers,
         shared=not knobs.batching,
-        **options,
     )
