@@ -131,9 +131,7 @@ def resolve(options: RunOptions) -> RunOptions:
         spec = options.parse_spec(
             "generate" if generating and options.task is None else options.task
         )
-    if not (generating or spec.generates):
-        return dataclasses.replace(options, spec=spec)
-    if isinstance(options, GenerateOptions):
+    if isinstance(options, GenerateOptions) or not (generating or spec.generates):
         return dataclasses.replace(options, spec=spec)
     values = {f.name: getattr(options, f.name) for f in dataclasses.fields(RunOptions)}
     return GenerateOptions(**{**values, "spec": spec})

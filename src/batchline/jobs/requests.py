@@ -300,11 +300,8 @@ def is_openai_batch_file(path: Path, input_format: str | None, *, forced: bool =
         return False
     if forced:
         return True
-    if input_format not in (None, "jsonl") or path.suffix.lower() not in (
-        ".jsonl",
-        ".json",
-        ".ndjson",
-    ):
+    jsonl_name = path.suffix.lower() in (".jsonl", ".json", ".ndjson")
+    if input_format not in (None, "jsonl") or not jsonl_name:
         return False
     return is_openai_batch_line(_first_line(path))
 
