@@ -53,7 +53,7 @@ from batchline.datasets.outcomes import Failed, Outcome, Result, describe
 from batchline.datasets.pipeline import PipelineRun, Progress, open_dataset_job, run_pipeline
 from batchline.datasets.readers import read_output, read_skipped
 from batchline.datasets.sources import Record
-from batchline.jobs.batch import DEDUPE_WINDOW, collect, prepare_block, queue_block
+from batchline.jobs.batch import DEDUPE_WINDOW, cancel, collect, prepare_block, queue_block
 from batchline.jobs.generate import (
     GeneratorAdapter,
     generate_summary,
@@ -370,8 +370,7 @@ class LinesAdapter:
             for kind, mine in lines.items():
                 parts[kind] = await self.batch[kind].submit(mine)
         except BaseException:
-            for part in parts.values():
-                part.cancel()
+            cancel(list(parts.values()))
             raise
         return asyncio.ensure_future(self._merge(routes, parts))
 
@@ -381,8 +380,7 @@ class LinesAdapter:
         try:
             await asyncio.gather(*parts.values())
         except BaseException:
-            for part in parts.values():
-                part.cancel()
+            cancel(list(parts.values()))
             raise
         done = {kind: iter(part.result()) for kind, part in parts.items()}
         outcomes: list[Outcome] = []
