@@ -231,12 +231,10 @@ class Source:
         if self._extra_requested is None:
             if own is None:
                 self.extra_columns = ()
+            elif self.format == "jsonl":
+                self.extra_columns = None  # every other field, read record by record
             else:
-                self.extra_columns = (
-                    None
-                    if self.format == "jsonl"
-                    else tuple(c for c in self.columns if c not in own)
-                )
+                self.extra_columns = tuple(c for c in self.columns if c not in own)
         else:
             if self.format != "jsonl":
                 missing = [c for c in self._extra_requested if c not in self.columns]
