@@ -480,13 +480,11 @@ async def run_generate_job(
     # leaves no half-made output behind that would need --resume or --overwrite.
     store = await asyncio.to_thread(open_cache, opts)
     cache = None if store is None else CompletionCache(store)
-    try:
-        model = await asyncio.to_thread(load_text_generator, opts.spec, opts.knobs)
-    except BaseException:
+    with contextlib.ExitStack() as closing:  # the model, then the cache, whatever happens
         if cache is not None:
-            cache.close()
-        raise
-    try:
+            closing.callback(cache.close)
+        model = await asyncio.to_thread(load_text_generator, opts.spec, opts.knobs)
+        closing.callback(model.close)
         source, writer = await asyncio.to_thread(open_generate_job, opts, requests)
         with writer:
             window = PREFIX_ORDER_WINDOW if opts.prefix_ordering else 0
@@ -510,10 +508,6 @@ async def run_generate_job(
                     progress=progress,
                 )
             return generate_summary(writer.out_dir, opts, done, adapter)
-    finally:
-        model.close()
-        if cache is not None:
-            cache.close()
 
 
 async def _outcomes(
