@@ -117,12 +117,6 @@ _BLOCK = 64
 _MAX_BLOCKS_IN_FLIGHT = 8
 
 
-def _lines(path: Path) -> list[bytes]:
-    """The input's non-blank lines, as the JSONL reader numbers records."""
-    with path.open("rb") as f:
-        return [line for _, line in nonblank_lines(f)]
-
-
 def check_batch_file(path: Path) -> int:
     """The number of blank lines of the batch file ``path`` (skipped); ``InputError`` naming
     the first ``custom_id`` that repeats and the two lines that carry it
@@ -203,8 +197,10 @@ class BatchFiles:
             if have
             else {}
         )
+        with self.input.open("rb") as f:  # non-blank lines, as the JSONL reader numbers records
+            raws = [line for _, line in nonblank_lines(f)]
         lines = []
-        for index, raw in enumerate(_lines(self.input)):
+        for index, raw in enumerate(raws):
             if index not in rows and index not in skipped and not_run is None:
                 continue  # not run (--limit)
             try:
