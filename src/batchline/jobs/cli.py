@@ -393,9 +393,7 @@ def _resolve(args: argparse.Namespace, options: RunOptions) -> RunOptions:
 
     given = given_flags(args, _GENERATION_FLAGS)
     forced = args.input_format == "openai-batch"
-    batch = options.input is not None and is_openai_batch_file(
-        options.input, options.input_format, forced=forced
-    )
+    batch = is_openai_batch_file(options.input, options.input_format, forced=forced)
     models = tuple(args.model or ())
     if batch:  # an OpenAI batch file is a generation job, whatever its models
         values = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}
