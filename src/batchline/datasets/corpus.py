@@ -29,7 +29,7 @@ import re
 import sys
 import sysconfig
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from batchline._cache import cache_dir, write_whole
@@ -96,7 +96,13 @@ def iter_corpus_records() -> Iterator[dict[str, str]]:
     for path in library:
         for id_, doc in _docstrings(path, stdlib):
             yield from keep(id_, _paragraphs(doc))
-    yield from _topics(keep)
+    try:
+        from pydoc_data.topics import topics
+    except ImportError:  # some distributions strip pydoc_data
+        pass
+    else:
+        for name in sorted(topics):
+            yield from keep(f"pydoc_data.topics:{name}", _paragraphs(topics[name]))
     for path in sorted((stdlib / "idlelib").glob("*.txt")):
         try:
             text = path.read_text(encoding="utf-8")
@@ -168,14 +174,3 @@ def _clean(lines: list[str]) -> Iterator[str]:
     words = [w for w in " ".join(lines).split() if not _RULE.fullmatch(w)]
     if len(words) >= _MIN_WORDS:
         yield " ".join(words)
-
-
-def _topics(
-    keep: Callable[[str, Iterable[str]], Iterator[dict[str, str]]],
-) -> Iterator[dict[str, str]]:
-    try:
-        from pydoc_data.topics import topics
-    except ImportError:  # some distributions strip pydoc_data
-        return
-    for name in sorted(topics):
-        yield from keep(f"pydoc_data.topics:{name}", _paragraphs(topics[name]))

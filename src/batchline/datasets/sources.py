@@ -194,16 +194,12 @@ def _check_input_kind(fmt: Format, kind: str, columns: tuple[str, ...]) -> tuple
         raise InputError(f"input column names must be non-empty strings, got {list(columns)}")
     if len(set(columns)) != len(columns):
         raise InputError(f"input columns repeat a name: {list(columns)}")
-    if kind == "text":
-        if columns:
-            raise InputError(
-                "input columns go with the record and tensors input kinds; a text input reads "
-                "the text column (--text-column)"
-            )
-        if fmt == "npy":
-            raise InputError("a .npy file holds tensors: read it with the tensors input kind")
-        return columns
-    if kind == "record" and fmt == "npy":
+    if kind == "text" and columns:
+        raise InputError(
+            "input columns go with the record and tensors input kinds; a text input reads "
+            "the text column (--text-column)"
+        )
+    if kind != "tensors" and fmt == "npy":
         raise InputError("a .npy file holds tensors: read it with the tensors input kind")
     if kind == "tensors":
         if fmt in ("csv", "text"):

@@ -450,10 +450,7 @@ class HttpAdapter:
     async def submit(self, records: Sequence[Record]) -> asyncio.Task[list[Outcome]]:
         # what the block asks first is registered now, in submit order: a later block waits on
         # an earlier one, never the other way round; its requests are queued now, in order
-        if self.seen is None:
-            plan = _Deduped(fresh=list(range(len(records))))
-        else:
-            plan = self._dedupe(records)
+        plan = self._dedupe(records)
         try:
             sends = await self._start([records[i] for i in plan.fresh])
         except BaseException:
@@ -466,7 +463,8 @@ class HttpAdapter:
         return task
 
     def _dedupe(self, records: Sequence[Record]) -> _Deduped:
-        assert self.seen is not None
+        if self.seen is None:  # --no-dedupe: every record is sent
+            return _Deduped(fresh=list(range(len(records))))
         loop = asyncio.get_running_loop()
         plan = _Deduped()
         for i, record in enumerate(records):

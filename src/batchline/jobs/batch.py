@@ -35,7 +35,6 @@ __all__ = [
     "cancel",
     "collect",
     "prepare_block",
-    "process_block",
     "queue_block",
     "settle",
     "submit_block",
@@ -258,11 +257,6 @@ async def collect(engine: _Engine, pending: Sequence[Pending]) -> list[Outcome]:
         else:  # KeyboardInterrupt and the like are not a record's fault
             raise exc
     return outcomes
-
-
-async def process_block(engine: _Engine, inputs: Sequence[object]) -> list[Outcome]:
-    """:func:`submit_block` then :func:`collect`: every input's outcome, in order."""
-    return await collect(engine, await submit_block(engine, inputs))
 
 
 async def settle(pending: Sequence[object]) -> None:

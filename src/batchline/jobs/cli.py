@@ -7,12 +7,14 @@ the ``jobs`` extra.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from batchline._errors import InputError
 from batchline.datasets.selection import add_dataset_arguments, dataset_options
 from batchline.knobs import SHARED_HELP, Knobs, add_knob_arguments
 from batchline.models.selection import add_model_arguments, model_options
@@ -214,8 +216,6 @@ def given_flags(args: argparse.Namespace, flags: dict[str, str]) -> list[str]:
 def _knobs(args: argparse.Namespace) -> Knobs:
     """The knobs of ``--config`` (or the defaults), updated with ``--set`` and then with every
     flag named after a knob."""
-    import dataclasses
-
     from batchline.knobs import check_setting_names, parse_set_options
 
     knobs = Knobs.load(args.config) if args.config else Knobs()
@@ -240,8 +240,6 @@ def _main(args: argparse.Namespace) -> int:
     from batchline.jobs.run import RunOptions, run
 
     if args.chunk_size < 1:
-        from batchline._errors import InputError
-
         raise InputError(f"--chunk-size must be >= 1, got {args.chunk_size}")
     models = args.model or ["default"]
     options = RunOptions(
@@ -261,12 +259,8 @@ def _main(args: argparse.Namespace) -> int:
     )
     ray_flags = (args.address, args.replicas, args.cpus_per_replica)
     if args.engine != "ray" and any(flag is not None for flag in ray_flags):
-        from batchline._errors import InputError
-
         raise InputError("--address, --replicas and --cpus-per-replica go with --engine ray")
     if args.engine == "ray" and args.cache is not None:
-        from batchline._errors import InputError
-
         raise InputError("--cache goes with the local engine; --engine ray runs without it")
     options = _resolve(args, options)
     generating = isinstance(options, GenerateOptions)
@@ -305,7 +299,6 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def _cache_bytes(text: str) -> int:
-    from batchline._errors import InputError
     from batchline._residency import parse_bytes
 
     try:
@@ -395,17 +388,12 @@ def _resolve(args: argparse.Namespace, options: RunOptions) -> RunOptions:
     """``options`` resolved (``resolve``, the one batch-or-generate decision): as
     ``GenerateOptions`` with the sampling flags when the job generates text, else as they are
     (generation flags refused)."""
-    import dataclasses
-
-    from batchline._errors import InputError
     from batchline.jobs.options import GenerateOptions, resolve
     from batchline.jobs.requests import is_openai_batch_file
 
     given = given_flags(args, _GENERATION_FLAGS)
     forced = args.input_format == "openai-batch"
-    batch = options.input is not None and is_openai_batch_file(
-        options.input, options.input_format, forced=forced
-    )
+    batch = is_openai_batch_file(options.input, options.input_format, forced=forced)
     models = tuple(args.model or ())
     if batch:  # an OpenAI batch file is a generation job, whatever its models
         values = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}
@@ -458,8 +446,6 @@ def _bar(console: Console) -> RateBar:
 
 def _json_argument(value: str, flag: str) -> str:
     """``value``, or the text of the file it names as ``@FILE``."""
-    from batchline._errors import InputError
-
     if not value.startswith("@"):
         return value
     try:

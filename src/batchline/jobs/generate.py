@@ -60,7 +60,6 @@ from batchline.jobs.requests import (
 from batchline.jobs.result_cache import open_cache
 from batchline.jobs.summary import GenerateSummary
 from batchline.models.generation import SamplingParams
-from batchline.models.protocol import ModelInfo
 
 if TYPE_CHECKING:
     from batchline.models.generation import (
@@ -125,19 +124,12 @@ def demo_prompts_path() -> Path:
     return write_demo_prompts(cache_dir() / _DEMO_NAME, _DEMO_COUNT)
 
 
-def _prompt_column(options: GenerateOptions, input_path: Path) -> str:
-    """The column to read prompts from (:func:`~batchline.datasets.sources.prompt_column`)."""
-    named = options.prompt_column or (
-        options.text_column if options.text_column != "text" else None
-    )
-    return prompt_column(input_path, fmt=options.input_format, named=named)
-
-
-def _open(
-    options: GenerateOptions, column: str, params: SamplingParams
+def open_generate_job(
+    options: GenerateOptions, requests: RecordRequests
 ) -> tuple[Source, ChunkWriter]:
-    info = ModelInfo(name="", task="generate")
-    output = options.output or default_output(options.input, info)
+    """The job's source and chunk writer (:func:`plan_generate`'s options and requests)."""
+    column, params = requests.column, requests.base
+    output = options.output or default_output(options.input, "generate")
     assert options.input is not None
     # a record's constraint fields are read with its prompt: whole rows (all but plain text)
     whole_rows = reads_whole_rows(options.input, options.input_format)
@@ -206,8 +198,7 @@ class _Peaks:
         self.kv_reserved = max(self.kv_reserved, stats.kv_tokens_reserved)
 
 
-#: A record's prompt ids, settings and request key, or why it fails (``GeneratorAdapter``).
-#: a record's prompt ids, settings, request key (None: always generated) and what it asks
+#: A record's prompt ids, settings, request key (None: always generated) and what it asks
 #: beyond one plain completion; or why it fails
 _Planned = tuple[list[int], SamplingParams, bytes | None, Choices | None] | Failed
 #: What a record's outcome waits on: its completion, or its failure or kept completion.
@@ -464,15 +455,10 @@ def plan_generate(options: RunOptions) -> tuple[GenerateOptions, RecordRequests]
             f"{opts.input} is an OpenAI batch file: run it with batchline.jobs.run.run_job "
             "(batchline run), which answers it line by line"
         )
-    column = _prompt_column(opts, opts.input)
+    # the column named by --prompt-column (or --text-column), else the first the input has
+    named = opts.prompt_column or (opts.text_column if opts.text_column != "text" else None)
+    column = prompt_column(opts.input, fmt=opts.input_format, named=named)
     return opts, RecordRequests(column, opts.chat_template, params, n=opts.n)
-
-
-def open_generate_job(
-    options: GenerateOptions, requests: RecordRequests
-) -> tuple[Source, ChunkWriter]:
-    """The job's source and chunk writer (:func:`plan_generate`'s options and requests)."""
-    return _open(options, requests.column, requests.base)
 
 
 async def run_generate_job(
@@ -494,13 +480,11 @@ async def run_generate_job(
     # leaves no half-made output behind that would need --resume or --overwrite.
     store = await asyncio.to_thread(open_cache, opts)
     cache = None if store is None else CompletionCache(store)
-    try:
-        model = await asyncio.to_thread(load_text_generator, opts.spec, opts.knobs)
-    except BaseException:
+    with contextlib.ExitStack() as closing:  # the model, then the cache, whatever happens
         if cache is not None:
-            cache.close()
-        raise
-    try:
+            closing.callback(cache.close)
+        model = await asyncio.to_thread(load_text_generator, opts.spec, opts.knobs)
+        closing.callback(model.close)
         source, writer = await asyncio.to_thread(open_generate_job, opts, requests)
         with writer:
             window = PREFIX_ORDER_WINDOW if opts.prefix_ordering else 0
@@ -524,10 +508,6 @@ async def run_generate_job(
                     progress=progress,
                 )
             return generate_summary(writer.out_dir, opts, done, adapter)
-    finally:
-        model.close()
-        if cache is not None:
-            cache.close()
 
 
 async def _outcomes(

@@ -77,23 +77,15 @@ def samples_outcome(
             {"text": asked.echo + c.text, "finish_reason": c.finish_reason, "logprobs": logprobs}
         )
     first = completions[0]
-    if asked.listed:  # a dataset job's row: its texts listed
-        return Result(
-            first.text,
-            {
-                **figures,
-                "finish_reason": first.finish_reason,
-                "prompt_tokens": first.prompt_tokens,
-                "completion_tokens": sum(c.completion_tokens for c in completions),
-                "texts": [c.text for c in completions],
-                "finish_reasons": [c.finish_reason for c in completions],
-            },
-        )
-    row = {
+    row: dict[str, object] = {
         **figures,
         "finish_reason": first.finish_reason,
         "prompt_tokens": first.prompt_tokens,  # one prompt, computed once
         "completion_tokens": sum(c.completion_tokens for c in completions),
-        CHOICES_COLUMN: json.dumps(choices, ensure_ascii=False, separators=(",", ":")),
     }
+    if asked.listed:  # a dataset job's row: its texts listed
+        row["texts"] = [c.text for c in completions]
+        row["finish_reasons"] = [c.finish_reason for c in completions]
+        return Result(first.text, row)
+    row[CHOICES_COLUMN] = json.dumps(choices, ensure_ascii=False, separators=(",", ":"))
     return Result(asked.echo + first.text, row)

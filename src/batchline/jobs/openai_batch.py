@@ -53,7 +53,7 @@ from batchline.datasets.outcomes import Failed, Outcome, Result, describe
 from batchline.datasets.pipeline import PipelineRun, Progress, open_dataset_job, run_pipeline
 from batchline.datasets.readers import read_output, read_skipped
 from batchline.datasets.sources import Record
-from batchline.jobs.batch import DEDUPE_WINDOW, collect, prepare_block, queue_block
+from batchline.jobs.batch import DEDUPE_WINDOW, cancel, collect, prepare_block, queue_block
 from batchline.jobs.generate import (
     GeneratorAdapter,
     generate_summary,
@@ -115,12 +115,6 @@ __all__ = [
 #: Lines read at a time when the job has no generator (the generator sets its own).
 _BLOCK = 64
 _MAX_BLOCKS_IN_FLIGHT = 8
-
-
-def _lines(path: Path) -> list[bytes]:
-    """The input's non-blank lines, as the JSONL reader numbers records."""
-    with path.open("rb") as f:
-        return [line for _, line in nonblank_lines(f)]
 
 
 def check_batch_file(path: Path) -> int:
@@ -203,8 +197,10 @@ class BatchFiles:
             if have
             else {}
         )
+        with self.input.open("rb") as f:  # non-blank lines, as the JSONL reader numbers records
+            raws = [line for _, line in nonblank_lines(f)]
         lines = []
-        for index, raw in enumerate(_lines(self.input)):
+        for index, raw in enumerate(raws):
             if index not in rows and index not in skipped and not_run is None:
                 continue  # not run (--limit)
             try:
@@ -370,8 +366,7 @@ class LinesAdapter:
             for kind, mine in lines.items():
                 parts[kind] = await self.batch[kind].submit(mine)
         except BaseException:
-            for part in parts.values():
-                part.cancel()
+            cancel(list(parts.values()))
             raise
         return asyncio.ensure_future(self._merge(routes, parts))
 
@@ -381,8 +376,7 @@ class LinesAdapter:
         try:
             await asyncio.gather(*parts.values())
         except BaseException:
-            for part in parts.values():
-                part.cancel()
+            cancel(list(parts.values()))
             raise
         done = {kind: iter(part.result()) for kind, part in parts.items()}
         outcomes: list[Outcome] = []

@@ -113,9 +113,8 @@ def resolve(options: RunOptions) -> RunOptions:
 
     given = options if isinstance(options, GenerateOptions) else None
     models = given.models if given is not None else ()
-    batch = options.input is not None and is_openai_batch_file(
-        options.input, options.input_format, forced=given is not None and given.openai_batch
-    )
+    forced = given is not None and given.openai_batch
+    batch = is_openai_batch_file(options.input, options.input_format, forced=forced)
     generating = given is not None or options.task == "generate" or batch
     if generating and options.model == "default" and not models:
         options = dataclasses.replace(options, model="smollm2")
@@ -131,9 +130,7 @@ def resolve(options: RunOptions) -> RunOptions:
         spec = options.parse_spec(
             "generate" if generating and options.task is None else options.task
         )
-    if not (generating or spec.generates):
-        return dataclasses.replace(options, spec=spec)
-    if isinstance(options, GenerateOptions):
+    if isinstance(options, GenerateOptions) or not (generating or spec.generates):
         return dataclasses.replace(options, spec=spec)
     values = {f.name: getattr(options, f.name) for f in dataclasses.fields(RunOptions)}
     return GenerateOptions(**{**values, "spec": spec})

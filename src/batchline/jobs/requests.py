@@ -292,19 +292,18 @@ def embedding_line(body: EmbeddingRequest, dim: int | None, model: str) -> Embed
     return EmbeddingLine(tuple(texts), body.encoding_format == "base64", body.cut(dim, model))
 
 
-def is_openai_batch_file(path: Path, input_format: str | None, *, forced: bool = False) -> bool:
+def is_openai_batch_file(
+    path: Path | None, input_format: str | None, *, forced: bool = False
+) -> bool:
     """Whether ``path`` is read as an OpenAI batch file: ``forced`` (``--format
-    openai-batch``), or a JSONL input whose first non-blank line is a batch request. False for a
-    missing file (the reader names that error)."""
-    if not path.is_file():
+    openai-batch``), or a JSONL input whose first non-blank line is a batch request. False for
+    no input (the demo's) or a missing file (the reader names that error)."""
+    if path is None or not path.is_file():
         return False
     if forced:
         return True
-    if input_format not in (None, "jsonl") or path.suffix.lower() not in (
-        ".jsonl",
-        ".json",
-        ".ndjson",
-    ):
+    jsonl_name = path.suffix.lower() in (".jsonl", ".json", ".ndjson")
+    if input_format not in (None, "jsonl") or not jsonl_name:
         return False
     return is_openai_batch_line(_first_line(path))
 

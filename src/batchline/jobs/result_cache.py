@@ -58,7 +58,6 @@ class ResultCache:
         self.identity = identity
         self.max_bytes = max_bytes
         self.hits = 0
-        self.stored = 0
         self._lock = threading.Lock()
         self._touched: list[bytes] = []
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
@@ -110,7 +109,6 @@ class ResultCache:
             self._total += sum(row[2] for row in rows)
             self._evict()
             self._db.execute("COMMIT")
-        self.stored += len(rows)
         return len(rows)
 
     def _evict(self) -> None:

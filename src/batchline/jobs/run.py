@@ -194,11 +194,8 @@ def pair_columns(options: RunOptions) -> tuple[str, str]:
 def record_input(options: RunOptions, info: ModelInfo) -> Callable[[Record], object] | None:
     """What the job's model is given of a record: a ``score`` model its pair, others the
     record's input as read (``None``)."""
-    return _pairs(options) if info.task == "score" else None
-
-
-def _pairs(options: RunOptions) -> Callable[[Record], object]:
-    """What a ``score`` model is given of a record: ``{"query", "document"}``."""
+    if info.task != "score":
+        return None
     query, document = pair_columns(options)
 
     def take(record: Record) -> object:

@@ -166,7 +166,8 @@ class Source:
         self.extra_columns: tuple[str, ...] | None = None
         self.total_records: int | None = None
         self._fingerprint: str | None = None
-        self._inspect()
+        if self._read_columns():
+            self._check_columns()
 
     def __repr__(self) -> str:
         if self.input_kind == "text":
@@ -185,12 +186,6 @@ class Source:
             return None
         return {*self.input_columns, self.id_column}
 
-    def _inspect(self) -> None:
-        """Read the input's columns (each format's ``_read_columns``), then check the ones the
-        job names."""
-        if self._read_columns():
-            self._check_columns()
-
     def _read_columns(self) -> bool:
         """Set ``columns`` (and ``total_records`` when the format tells it up front); False when
         there are no columns to check (the format's own checks are done)."""
@@ -199,6 +194,16 @@ class Source:
     def _items(self, skipper: Skipper, block_size: int) -> Iterator[Item]:
         """Every record not skipped, in input order; sets ``total_records`` at the end."""
         raise NotImplementedError
+
+    def _refuse_columns(self, what: str, ids: str) -> None:
+        """For an input without columns (``what``): refuse an id column or columns to copy."""
+        if self._id_requested is not None:
+            raise InputError(
+                f"{self.path}: {what} has no columns, so no id column "
+                f"{self._id_requested!r}; ids are {ids}"
+            )
+        if self._extra_requested:
+            raise InputError(f"{self.path}: {what} has no columns to copy")
 
     def _check_columns(self) -> None:
         names = ", ".join(repr(c) for c in self.columns) or "none"
@@ -226,12 +231,10 @@ class Source:
         if self._extra_requested is None:
             if own is None:
                 self.extra_columns = ()
+            elif self.format == "jsonl":
+                self.extra_columns = None  # every other field, read record by record
             else:
-                self.extra_columns = (
-                    None
-                    if self.format == "jsonl"
-                    else tuple(c for c in self.columns if c not in own)
-                )
+                self.extra_columns = tuple(c for c in self.columns if c not in own)
         else:
             if self.format != "jsonl":
                 missing = [c for c in self._extra_requested if c not in self.columns]

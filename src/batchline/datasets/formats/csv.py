@@ -18,10 +18,6 @@ _READ_BLOCK_BYTES = 1 << 20
 
 class CsvSource(Source):
     def _read_columns(self) -> bool:
-        self.columns = self._csv_columns()
-        return True
-
-    def _csv_columns(self) -> tuple[str, ...]:
         try:
             reader = pa_csv.open_csv(
                 self.path,
@@ -40,7 +36,8 @@ class CsvSource(Source):
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise InputError(f"{self.path}: the CSV header repeats the column {duplicates[0]!r}")
-        return names
+        self.columns = names
+        return True
 
     def _items(self, skipper: Skipper, block_size: int) -> Iterator[Item]:
         invalid: dict[int, tuple[str, str]] = {}

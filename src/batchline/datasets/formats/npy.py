@@ -15,13 +15,7 @@ __all__ = ["NpySource"]
 
 class NpySource(Source):
     def _read_columns(self) -> bool:
-        if self._id_requested is not None:
-            raise InputError(
-                f"{self.path}: a .npy file has no columns, so no id column "
-                f"{self._id_requested!r}; ids are the row indices"
-            )
-        if self._extra_requested:
-            raise InputError(f"{self.path}: a .npy file has no columns to copy")
+        self._refuse_columns("a .npy file", "the row indices")
         array = self._npy_array()
         self.columns = self.input_columns
         self.extra_columns = ()

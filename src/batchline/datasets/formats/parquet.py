@@ -22,26 +22,23 @@ class ParquetSource(Source):
         finally:
             pf.close()
         self.columns = tuple(schema.names)
-        text_type = (
-            schema.field(self.text_column).type
-            if self.input_kind == "text" and self.text_column in self.columns
-            else None
-        )
         for column in self.input_columns if self.input_kind == "tensors" else ():
             if column in self.columns and not numeric_or_list(schema.field(column).type):
                 raise InputError(
                     f"{self.path}: column {column!r} holds {schema.field(column).type}, not "
                     "numbers or lists of numbers, so it cannot be a tensor input"
                 )
-        if text_type is not None and not (
-            pa.types.is_string(text_type)
-            or pa.types.is_large_string(text_type)
-            or pa.types.is_string_view(text_type)
-        ):
-            raise InputError(
-                f"{self.path}: column {self.text_column!r} holds {text_type}, not text; "
-                "choose the text column with --text-column"
-            )
+        if self.input_kind == "text" and self.text_column in self.columns:
+            text_type = schema.field(self.text_column).type
+            if not (
+                pa.types.is_string(text_type)
+                or pa.types.is_large_string(text_type)
+                or pa.types.is_string_view(text_type)
+            ):
+                raise InputError(
+                    f"{self.path}: column {self.text_column!r} holds {text_type}, not text; "
+                    "choose the text column with --text-column"
+                )
         return True
 
     def _parquet_file(self) -> pq.ParquetFile:

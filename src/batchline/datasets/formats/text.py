@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from batchline._errors import InputError
 from batchline.datasets.formats.base import Item, Record, Skipper, Source, lines
 
 __all__ = ["TextSource"]
@@ -12,13 +11,7 @@ __all__ = ["TextSource"]
 
 class TextSource(Source):
     def _read_columns(self) -> bool:
-        if self._id_requested is not None:
-            raise InputError(
-                f"{self.path}: plain text input has no columns, so no id column "
-                f"{self._id_requested!r}; ids are the line's record index"
-            )
-        if self._extra_requested:
-            raise InputError(f"{self.path}: plain text input has no columns to copy")
+        self._refuse_columns("plain text input", "the line's record index")
         self.extra_columns = ()
         return False
 
