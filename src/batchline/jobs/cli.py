@@ -247,7 +247,7 @@ def _main(args: argparse.Namespace) -> int:
         **{**model_options(args), "model": models[0]},
         **{
             **dataset_options(args),
-            # an OpenAI batch file is JSONL underneath (a generate job: _generation_options)
+            # an OpenAI batch file is JSONL underneath (a generate job: _resolve)
             "input_format": "jsonl" if args.input_format == "openai-batch" else args.input_format,
         },
         input_columns=args.input_columns,
