@@ -32,7 +32,6 @@ from typing import Any
 import ray
 
 from batchline._errors import BatchlineError, ModelError
-from batchline._stats import BatchStats
 from batchline.datasets.outcomes import Failed, Outcome, Written
 from batchline.datasets.sources import Record
 from batchline.integrations.ray_replica import ReplicaReady, UnitResult
@@ -127,12 +126,9 @@ class Tally:
         self.cpu_to[(replica, result.pid)] = result.cpu_s
         self.latest[(replica, result.pid)] = result
 
-    def batch_stats(self) -> list[BatchStats]:
-        return [r.stats for r in self.latest.values() if r.stats is not None]
-
     def merged(self) -> dict[str, float]:
         """The replicas' batchers as one: utilization, batch size and cost, padding waste."""
-        snaps = self.batch_stats()
+        snaps = [r.stats for r in self.latest.values() if r.stats is not None]
         busy = sum(s.busy_time_s for s in snaps)
         idle = sum(s.idle_time_s for s in snaps)
         batches = sum(s.total_batches for s in snaps)
