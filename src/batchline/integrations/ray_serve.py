@@ -162,12 +162,10 @@ def replica_capacity(settings: ServerSettings) -> int:
     least one record) plus, for each generate model, its running and waiting sequences. Serve's
     ``max_ongoing_requests``: more would only get 429 from the replica."""
     knobs = settings.knobs
-    total = 0
-    for spec in settings.specs:
-        total += knobs.max_queue_size
-        if spec.generates:
-            total += knobs.max_running_sequences
-    return total
+    return sum(
+        knobs.max_queue_size + (knobs.max_running_sequences if spec.generates else 0)
+        for spec in settings.specs
+    )
 
 
 def _logging(settings: ServerSettings) -> dict[str, bool]:
@@ -203,9 +201,7 @@ def deployment_options(settings: ServerSettings, replicas: ServeReplicas) -> dic
             f"({capacity} requests: max_queue_size per model); lower it or raise --max-queue"
         )
     knobs = settings.knobs
-    cpus = replicas.cpus_per_replica
-    if cpus is None:
-        cpus = float(knobs.sessions * knobs.intra_op_threads)
+    cpus = replicas.cpus_per_replica or float(knobs.sessions * knobs.intra_op_threads)
     return {
         "name": APP_NAME,
         "max_ongoing_requests": capacity,
