@@ -163,8 +163,7 @@ class _SubmitTarget:
         self._records = records
 
     async def call(self, index: int) -> None:
-        future = await self._submit(self._records[index % len(self._records)])
-        await future
+        await (await self._submit(self._records[index % len(self._records)]))
 
     def counters(self) -> Counters | None:
         return self._counters()
