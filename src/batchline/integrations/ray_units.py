@@ -151,12 +151,6 @@ class Tally:
         return sum(t - self.cpu_from.get(k, 0.0) for k, t in self.cpu_to.items())
 
 
-def _sent(record: Record) -> Record:
-    """What a replica is sent of a record: not its copied columns (they stay with the driver,
-    which writes them)."""
-    return dataclasses.replace(record, extra={}) if record.extra else record
-
-
 class RayAdapter:
     """:class:`~batchline.datasets.pipeline.Adapter` for model replicas on Ray: each block is
     one unit, sent to the live replica with the most room (``capacity[i]`` units in flight at
@@ -260,7 +254,8 @@ class RayAdapter:
 
     async def _unit(self, records: Sequence[Record], replica: int) -> list[Outcome]:
         parts: list[_Part] = []
-        sent = [_sent(r) for r in records]
+        # a replica is not sent the copied columns: they stay with the driver, which writes them
+        sent = [dataclasses.replace(r, extra={}) if r.extra else r for r in records]
         outcomes = await self._run(sent, parts, replica=replica, losses=0, alone=False)
         self._landed[records[0].index] = parts
         return outcomes
