@@ -385,8 +385,7 @@ def replica_counts() -> ReplicaCounts:
     client = _get_global_client(raise_if_no_controller_running=False)
     if client is None:  # Serve is not running
         return ReplicaCounts(0, 0, 0, False, {})
-    details = client.get_serve_details()
-    app = details.get("applications", {}).get(APP_NAME)
+    app = client.get_serve_details().get("applications", {}).get(APP_NAME)
     if not app:
         return ReplicaCounts(0, 0, 0, False, {})
     dep = app.get("deployments", {}).get(APP_NAME, {})
@@ -456,8 +455,7 @@ def deploy(
     deadline = time.monotonic() + start_timeout_s
     _wait_started(start_timeout_s)
     if ingress == "haproxy":
-        timeout_s = max(deadline - time.monotonic(), 5.0)
-        wait_routed(APP_NAME, timeout_s, replicas=replicas.min)
+        wait_routed(APP_NAME, max(deadline - time.monotonic(), 5.0), replicas=replicas.min)
     return f"http://{_url_host(settings.host)}:{settings.port}"
 
 
