@@ -10,7 +10,7 @@ import argparse
 import dataclasses
 import shlex
 import sys
-from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,8 +19,6 @@ from batchline.knobs import SHARED_HELP, add_deprecated_flag, add_device_argumen
 from batchline.models.selection import ModelSelection, add_model_arguments, model_options
 
 if TYPE_CHECKING:
-    from rich.console import Console
-
     from batchline.bench.tune import Candidate
 
 __all__ = ["add_parser"]
@@ -280,7 +278,8 @@ def _bench_main(args: argparse.Namespace) -> int:
         command=_command("bench"),
     )
     err = Console(stderr=True)
-    result = run_bench(options, None if args.quiet else _say(err))
+    say = None if args.quiet else partial(err.print, highlight=False)
+    result = run_bench(options, say)
     files = write_report(result, args.output)
     if not args.quiet:
         print_table(result.points, title="batchline bench")
@@ -326,21 +325,13 @@ def _bench_generate_main(args: argparse.Namespace) -> int:
         **pick,
     )
     err = Console(stderr=True)
-    result = run_generate_bench(options, None if args.quiet else _say(err))
+    say = None if args.quiet else partial(err.print, highlight=False)
+    result = run_generate_bench(options, say)
     files = write_generate_report(result, args.output)
     if not args.quiet:
         print_generate_table(result)
         err.print(f"report: {files['report']}")
     return 0
-
-
-def _say(console: Console) -> Callable[[str], None]:
-    """Progress lines on ``console``, one at a time."""
-
-    def say(text: str) -> None:
-        console.print(text, highlight=False)
-
-    return say
 
 
 def _tune_main(args: argparse.Namespace) -> int:
@@ -363,7 +354,8 @@ def _tune_main(args: argparse.Namespace) -> int:
         noise=args.noise,
     )
     err = Console(stderr=True)
-    result, inputs = asyncio.run(run_tune(options, None if args.quiet else _say(err)))
+    say = None if args.quiet else partial(err.print, highlight=False)
+    result, inputs = asyncio.run(run_tune(options, say))
     decision = result.decision
     table = Table(
         title=f"batchline tune: p99 budget {args.p99_ms:g} ms",

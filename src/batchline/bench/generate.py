@@ -210,22 +210,6 @@ def fake_parts(*, fixed_s: float = 0.004, per_sequence_s: float = 0.0004) -> Mod
     return ModelParts("fake", engine, tok, tok.encode, dtype="fake (no arithmetic)")
 
 
-def make_generator(
-    name: str, parts: ModelParts, *, max_running: int, kv_budget: int, clock: Clock | None
-) -> TextGenerator:
-    from batchline.models.generation import build_generator
-
-    kind = cast("GeneratorKind", name)  # a name of GENERATORS, checked with the options
-    return build_generator(
-        kind,
-        parts.engine,
-        parts.detokenizer,
-        max_running=max_running,
-        kv_token_budget=kv_budget,
-        clock=clock,
-    )
-
-
 def build_work(parts: ModelParts, options: GenerateBenchOptions) -> list[Work]:
     """The demo math prompts, encoded, each with its own seeded ``max_tokens``."""
     from batchline.models.generation import demo_prompts
@@ -382,6 +366,7 @@ async def run_generate_bench_async(
     """Async :func:`run_generate_bench`; ``progress`` is told how it goes, one line at a
     time."""
     from batchline.bench.generate_vllm import EngineTurn, check_vllm_installed, start_vllm_turn
+    from batchline.models.generation import build_generator
 
     options.check()
     if "vllm" in options.generators and start_vllm is None:
@@ -422,8 +407,13 @@ async def run_generate_bench_async(
 
         def on_torch(name: str) -> EngineTurn:
             def new_generator(clock: Clock) -> TextGenerator:
-                return make_generator(
-                    name, parts, max_running=running, kv_budget=kv_budget, clock=clock
+                return build_generator(
+                    cast("GeneratorKind", name),  # a name of GENERATORS, checked with the options
+                    parts.engine,
+                    parts.detokenizer,
+                    max_running=running,
+                    kv_token_budget=kv_budget,
+                    clock=clock,
                 )
 
             return EngineTurn(new_generator, parts.engine.max_context_tokens, parts.dtype, _idle)

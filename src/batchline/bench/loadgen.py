@@ -106,11 +106,7 @@ def parse_load(spec: str) -> list[LoadPoint]:
 
 def parse_loads(specs: Sequence[str]) -> list[LoadPoint]:
     """Several ``--load`` specs, in order, duplicates dropped."""
-    seen: dict[LoadPoint, None] = {}
-    for spec in specs:
-        for point in parse_load(spec):
-            seen.setdefault(point, None)
-    return list(seen)
+    return list(dict.fromkeys(point for spec in specs for point in parse_load(spec)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,9 +189,7 @@ class PointResult:
 async def _call(target: Target, index: int) -> bool:
     try:
         await target.call(index)
-    except asyncio.CancelledError:
-        raise
-    except Exception:
+    except Exception:  # a cancellation (a BaseException) goes through
         return False
     return True
 

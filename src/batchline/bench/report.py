@@ -89,10 +89,7 @@ def _ms(value: float) -> str:
 
 
 def _errors(p: PointResult) -> str:
-    parts = [f"{p.errors:,}"]
-    if p.unanswered:
-        parts.append(f"+{p.unanswered:,} unanswered")
-    return " ".join(parts)
+    return f"{p.errors:,}" + (f" +{p.unanswered:,} unanswered" if p.unanswered else "")
 
 
 def format_row(p: PointResult) -> tuple[str, ...]:
@@ -119,13 +116,11 @@ def _ordered(points: Sequence[PointResult]) -> list[PointResult]:
 
 def _md_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
     """A Markdown table: the first two columns left-aligned, the figures right-aligned."""
-    lines = [
+    return [
         "| " + " | ".join(header) + " |",
         "|" + "|".join(["---"] * 2 + ["---:"] * (len(header) - 2)) + "|",
+        *("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows),
     ]
-    for row in rows:
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
-    return lines
 
 
 def _comparisons(result: BenchResult) -> list[str]:
@@ -192,9 +187,7 @@ def render_markdown(result: BenchResult, plots: Sequence[str] = ()) -> str:
     if comparisons:
         lines += ["## Against the no-batching baseline", "", *comparisons, ""]
     if plots:
-        lines += ["## Plots", ""]
-        lines += [f"![{Path(name).stem}]({name})" for name in plots]
-        lines.append("")
+        lines += ["## Plots", "", *[f"![{Path(name).stem}]({name})" for name in plots], ""]
     return "\n".join(lines)
 
 

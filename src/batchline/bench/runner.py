@@ -212,12 +212,10 @@ def environment() -> dict[str, str]:
         mod = sys.modules.get(module)
         if mod is not None:
             env[module] = str(getattr(mod, "__version__", "?"))
-    try:
+    with contextlib.suppress(Exception):  # not installed as a distribution
         from importlib.metadata import version
 
         env["batchline"] = version("batchline")
-    except Exception:  # pragma: no cover - not installed as a distribution
-        pass
     return env
 
 

@@ -16,6 +16,7 @@ the few requests that happened to be in flight.
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from collections.abc import Iterable, Iterator, Sequence
@@ -84,12 +85,7 @@ def poisson_schedule(
         raise ValueError(f"duration_s must be >= 0 and finite, got {duration_s!r}")
     rng = seed if isinstance(seed, random.Random) else random.Random(seed)
     end = start_s + duration_s
-    times: list[float] = []
-    for t in _arrivals(rate_per_s, rng, start_s):
-        if t >= end:
-            break
-        times.append(t)
-    return times
+    return list(itertools.takewhile(lambda t: t < end, _arrivals(rate_per_s, rng, start_s)))
 
 
 def poisson_arrivals(rate_per_s: float, count: int, *, seed: int | random.Random) -> list[float]:
@@ -100,8 +96,7 @@ def poisson_arrivals(rate_per_s: float, count: int, *, seed: int | random.Random
     if count < 0:
         raise ValueError(f"count must be >= 0, got {count}")
     rng = seed if isinstance(seed, random.Random) else random.Random(seed)
-    arrivals = _arrivals(rate_per_s, rng, 0.0)
-    return [next(arrivals) for _ in range(count)]
+    return list(itertools.islice(_arrivals(rate_per_s, rng, 0.0), count))
 
 
 def _arrivals(rate_per_s: float, rng: random.Random, start_s: float) -> Iterator[float]:

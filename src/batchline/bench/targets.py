@@ -163,8 +163,7 @@ class _SubmitTarget:
         self._records = records
 
     async def call(self, index: int) -> None:
-        future = await self._submit(self._records[index % len(self._records)])
-        await future
+        await (await self._submit(self._records[index % len(self._records)]))
 
     def counters(self) -> Counters | None:
         return self._counters()
@@ -417,30 +416,25 @@ class HttpTarget:
             response = await self._httpx.post(
                 self.url, content=body, headers={"content-type": "application/json"}
             )
-            if response.status_code != 200:
-                raise HttpError(f"HTTP {response.status_code}")
-            return
-        async with self._slots:
-            status = await self._post(body)
+            status = response.status_code
+        else:
+            async with self._slots:
+                status = await self._post(body)
         if status != 200:
             raise HttpError(f"HTTP {status}")
 
     async def _post(self, body: bytes) -> int:
-        reused = bool(self._idle)
-        conn = self._idle.pop() if reused else await self._connect()
+        if self._idle:
+            try:
+                return await self._send(self._idle.pop(), body)
+            except (ConnectionError, asyncio.IncompleteReadError, HttpError):
+                pass  # the server closed an idle keep-alive connection: retry once on a fresh one
+        return await self._send(await self._connect(), body)
+
+    async def _send(self, conn: _Connection, body: bytes) -> int:
+        """One request on ``conn``, then kept for the next one or closed (as the server says)."""
         try:
             status, keep = await self._exchange(conn, body)
-        except (ConnectionError, asyncio.IncompleteReadError, HttpError):
-            conn.close()
-            if not reused:
-                raise
-            # the server closed an idle keep-alive connection: retry once on a fresh one
-            conn = await self._connect()
-            try:
-                status, keep = await self._exchange(conn, body)
-            except BaseException:
-                conn.close()
-                raise
         except BaseException:
             conn.close()
             raise

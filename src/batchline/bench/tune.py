@@ -165,20 +165,14 @@ def best_under_budget(
     ``baseline=True``/``False`` restricts to baseline/batching trials; ``margin`` is passed to
     :func:`within_budget`.
     """
-    best: Candidate | None = None
-    for trial in trials:
-        if baseline is not None and trial.is_baseline != baseline:
-            continue
-        for p in trial.points:
-            if not within_budget(p, p99_budget_ms, margin=margin):
-                continue
-            if (
-                best is None
-                or p.achieved_rps > best.point.achieved_rps
-                or (p.achieved_rps == best.point.achieved_rps and p.p99_ms < best.point.p99_ms)
-            ):
-                best = Candidate(trial.label, trial.knobs, p)
-    return best
+    pool = [
+        Candidate(t.label, t.knobs, p)
+        for t in trials
+        if baseline is None or t.is_baseline == baseline
+        for p in t.points
+        if within_budget(p, p99_budget_ms, margin=margin)
+    ]
+    return max(pool, key=lambda c: (c.point.achieved_rps, -c.point.p99_ms), default=None)
 
 
 def _closest(trials: Sequence[Trial]) -> Candidate | None:
@@ -396,22 +390,20 @@ async def tune(
     say = progress or (lambda _text: None)
     started = now()
     deadline = started + budget_s
-    duration = duration_s or plan_duration(budget_s, planned_trials(cores, device), len(points))
+    total = planned_trials(cores, device)
+    duration = duration_s or plan_duration(budget_s, total, len(points))
+    confirm_reserve = 2 * duration * _POINT_OVERHEAD + _TRIAL_OVERHEAD_S
     trials: list[Trial] = []
     by_knobs: dict[Knobs, Trial] = {}
     skipped: list[str] = []
     spent: list[float] = []
-    total = planned_trials(cores, device)
-
-    def confirm_reserve() -> float:
-        return 2 * duration * _POINT_OVERHEAD + _TRIAL_OVERHEAD_S
 
     async def run(knobs: Knobs, *, must: bool = False) -> Trial | None:
         if knobs in by_knobs:
             return by_knobs[knobs]
         label = _label(knobs)
         expected = (sum(spent) / len(spent)) if spent else 0.0
-        if not must and now() + expected > deadline - confirm_reserve():
+        if not must and now() + expected > deadline - confirm_reserve:
             skipped.append(label)
             say(f"time budget: skipping {label}")
             return None

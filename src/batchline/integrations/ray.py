@@ -422,15 +422,6 @@ def _summary(
 ) -> RunSummary:
     """The job's summary: ``RaySummary``, or ``RayGenerateSummary`` when its replicas
     generate (``in_flight``: the records the driver keeps in flight over all replicas)."""
-    placement: dict[str, object] = {
-        "replicas": tally.replicas,
-        "records_by_node": dict(tally.by_node),
-        "units": tally.units,
-        "resubmitted_units": tally.resubmitted,
-        "replica_restarts": tally.restarts,
-        "startup_s": startup,
-        "replica_cpu_s": tally.cpu_s,
-    }
     merged = tally.merged()
     common: dict[str, Any] = {
         "output": out_dir,
@@ -439,7 +430,14 @@ def _summary(
         "latency_p50_s": percentile(tally.latencies, 50),
         "latency_p99_s": percentile(tally.latencies, 99),
         "duplicates": tally.duplicates,
-        **placement,
+        # where the work ran (RayPlacement)
+        "replicas": tally.replicas,
+        "records_by_node": dict(tally.by_node),
+        "units": tally.units,
+        "resubmitted_units": tally.resubmitted,
+        "replica_restarts": tally.restarts,
+        "startup_s": startup,
+        "replica_cpu_s": tally.cpu_s,
     }
     generation = [r for r in tally.latest.values() if r.generation is not None]
     if not generation:

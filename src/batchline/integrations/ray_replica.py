@@ -144,25 +144,23 @@ class Replica:
             )
             self._closers.append(self._model)
             return self._model.info, 0, 0
+        from batchline.jobs.generate import in_flight_limit
+
         options = job.options
         assert isinstance(options, GenerateOptions)
+        info = ModelInfo(name=options.model, task="generate")
         if job.kind == "generate":
-            from batchline.jobs.generate import in_flight_limit
             from batchline.models.generation import load_text_generator
 
             assert options.spec is not None
             self._generation: GenerationModel = load_text_generator(options.spec, knobs)
             self._closers.append(self._generation)
-            generation = self._generation
-            info = ModelInfo(name=options.model, task="generate")
-            return info, generation.max_running, in_flight_limit(generation)
-        from batchline.jobs.generate import in_flight_limit
+            return info, self._generation.max_running, in_flight_limit(self._generation)
         from batchline.jobs.openai_batch import load_batch_models
 
         self._models: BatchJobModels = load_batch_models(job.specs, knobs)
         self._closers.append(self._models)
         generator = self._models.generator
-        info = ModelInfo(name=options.model, task="generate")
         if generator is None:
             return info, 0, 0
         return info, generator.max_running, in_flight_limit(generator)

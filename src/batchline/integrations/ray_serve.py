@@ -162,12 +162,10 @@ def replica_capacity(settings: ServerSettings) -> int:
     least one record) plus, for each generate model, its running and waiting sequences. Serve's
     ``max_ongoing_requests``: more would only get 429 from the replica."""
     knobs = settings.knobs
-    total = 0
-    for spec in settings.specs:
-        total += knobs.max_queue_size
-        if spec.generates:
-            total += knobs.max_running_sequences
-    return total
+    return sum(
+        knobs.max_queue_size + (knobs.max_running_sequences if spec.generates else 0)
+        for spec in settings.specs
+    )
 
 
 def _logging(settings: ServerSettings) -> dict[str, bool]:
@@ -203,9 +201,7 @@ def deployment_options(settings: ServerSettings, replicas: ServeReplicas) -> dic
             f"({capacity} requests: max_queue_size per model); lower it or raise --max-queue"
         )
     knobs = settings.knobs
-    cpus = replicas.cpus_per_replica
-    if cpus is None:
-        cpus = float(knobs.sessions * knobs.intra_op_threads)
+    cpus = replicas.cpus_per_replica or float(knobs.sessions * knobs.intra_op_threads)
     return {
         "name": APP_NAME,
         "max_ongoing_requests": capacity,
@@ -389,8 +385,7 @@ def replica_counts() -> ReplicaCounts:
     client = _get_global_client(raise_if_no_controller_running=False)
     if client is None:  # Serve is not running
         return ReplicaCounts(0, 0, 0, False, {})
-    details = client.get_serve_details()
-    app = details.get("applications", {}).get(APP_NAME)
+    app = client.get_serve_details().get("applications", {}).get(APP_NAME)
     if not app:
         return ReplicaCounts(0, 0, 0, False, {})
     dep = app.get("deployments", {}).get(APP_NAME, {})
@@ -460,8 +455,7 @@ def deploy(
     deadline = time.monotonic() + start_timeout_s
     _wait_started(start_timeout_s)
     if ingress == "haproxy":
-        timeout_s = max(deadline - time.monotonic(), 5.0)
-        wait_routed(APP_NAME, timeout_s, replicas=replicas.min)
+        wait_routed(APP_NAME, max(deadline - time.monotonic(), 5.0), replicas=replicas.min)
     return f"http://{_url_host(settings.host)}:{settings.port}"
 
 

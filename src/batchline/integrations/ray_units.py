@@ -32,7 +32,6 @@ from typing import Any
 import ray
 
 from batchline._errors import BatchlineError, ModelError
-from batchline._stats import BatchStats
 from batchline.datasets.outcomes import Failed, Outcome, Written
 from batchline.datasets.sources import Record
 from batchline.integrations.ray_replica import ReplicaReady, UnitResult
@@ -127,12 +126,9 @@ class Tally:
         self.cpu_to[(replica, result.pid)] = result.cpu_s
         self.latest[(replica, result.pid)] = result
 
-    def batch_stats(self) -> list[BatchStats]:
-        return [r.stats for r in self.latest.values() if r.stats is not None]
-
     def merged(self) -> dict[str, float]:
         """The replicas' batchers as one: utilization, batch size and cost, padding waste."""
-        snaps = self.batch_stats()
+        snaps = [r.stats for r in self.latest.values() if r.stats is not None]
         busy = sum(s.busy_time_s for s in snaps)
         idle = sum(s.idle_time_s for s in snaps)
         batches = sum(s.total_batches for s in snaps)
@@ -153,12 +149,6 @@ class Tally:
     @property
     def cpu_s(self) -> float:
         return sum(t - self.cpu_from.get(k, 0.0) for k, t in self.cpu_to.items())
-
-
-def _sent(record: Record) -> Record:
-    """What a replica is sent of a record: not its copied columns (they stay with the driver,
-    which writes them)."""
-    return dataclasses.replace(record, extra={}) if record.extra else record
 
 
 class RayAdapter:
@@ -264,7 +254,8 @@ class RayAdapter:
 
     async def _unit(self, records: Sequence[Record], replica: int) -> list[Outcome]:
         parts: list[_Part] = []
-        sent = [_sent(r) for r in records]
+        # a replica is not sent the copied columns: they stay with the driver, which writes them
+        sent = [dataclasses.replace(r, extra={}) if r.extra else r for r in records]
         outcomes = await self._run(sent, parts, replica=replica, losses=0, alone=False)
         self._landed[records[0].index] = parts
         return outcomes

@@ -149,10 +149,7 @@ def from_binary(raw: memoryview, spec: TensorSpec, shape: tuple[int, ...]) -> Ar
     name = quote(spec.name)
     count = math.prod(shape)
     if spec.datatype == "BYTES":
-        elements = _unpack_bytes(raw, count, name)
-        out = np.empty(count, dtype=object)
-        out[:] = elements
-        return out.reshape(shape)
+        return np.array(_unpack_bytes(raw, count, name), dtype=object).reshape(shape)
     dtype = DATATYPES[spec.datatype]
     want = count * dtype.itemsize
     if len(raw) != want:
@@ -216,9 +213,7 @@ def from_json(data: object, spec: TensorSpec, shape: tuple[int, ...]) -> Array:
                     400, f"input {name}: a string holds a lone surrogate; send valid UTF-8"
                 ) from None
         _check_count(len(elements), count, shape, name)
-        out = np.empty(count, dtype=object)
-        out[:] = elements
-        return out.reshape(shape)
+        return np.array(elements, dtype=object).reshape(shape)
 
     try:
         parsed = np.asarray(data)
