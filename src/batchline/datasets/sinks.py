@@ -73,6 +73,7 @@ __all__ = [
     "Manifest",
     "OutputFormat",
     "ResultKind",
+    "default_output",
     "iter_output",
     "read_arrays",
     "read_output",
@@ -85,6 +86,13 @@ _RESERVED = {"id", "index"}
 #: Test hook, not a setting: with ``N`` here, a writer stops for good (sleeps) right after it has
 #: committed ``N`` chunks, so a test can kill its process mid-job and be sure the job was not done.
 PAUSE_AFTER_CHUNKS_ENV = "BATCHLINE_TEST_PAUSE_AFTER_CHUNKS"
+
+
+def default_output(input_path: Path | None, task: str) -> Path:
+    """The output folder of a job that names none, in the current directory: ``STEM.embeddings``
+    for the embed task, ``STEM.results`` for the others (``run``'s and ``drive``'s alike)."""
+    stem = "demo-corpus" if input_path is None else input_path.stem
+    return Path(f"{stem}.{'embeddings' if task == 'embed' else 'results'}")
 
 
 def _part_name(chunk: int, fmt: OutputFormat) -> str:

@@ -61,7 +61,7 @@ from batchline._tracing import tracing_from_env
 from batchline.datasets.manifest import append_synced, json_line, replacing
 from batchline.datasets.outcomes import Failed, Outcome
 from batchline.datasets.pipeline import Progress, open_dataset_job, run_pipeline
-from batchline.datasets.sinks import ChunkWriter
+from batchline.datasets.sinks import ChunkWriter, default_output
 from batchline.datasets.sources import Record, prompt_column
 from batchline.driver.affinity import plan_requests, prefix_keys
 from batchline.driver.client import (
@@ -251,9 +251,10 @@ async def drive_job(
     route: Route
     extra: dict[str, object] = {"route": options.route}
     if options.route == "embeddings":
-        route = EmbeddingsRoute(encoding=options.encoding)
+        route, task = EmbeddingsRoute(encoding=options.encoding), "embed"
     else:
         route = GenerateRoute(max_tokens=options.max_tokens, chat_template=options.chat_template)
+        task = "generate"
         if options.input is not None and options.text_column == "text":
             # the prompt column run would read (drive sends text prompts: not 'messages')
             column = await asyncio.to_thread(
@@ -272,7 +273,7 @@ async def drive_job(
         open_dataset_job,
         options,
         model=options.model,
-        output=options.output or _default_output(options.input, route),
+        output=options.output or default_output(options.input, task),
         chunk_size=options.output_chunk_size,
         extra_settings=extra,
         result_column=route.result_column,
@@ -368,11 +369,6 @@ def _expected_dim(options: DriveOptions, writer: ChunkWriter, route: Route) -> i
             f"--dim {options.dim}, but {writer.out_dir} holds vectors of {written} values"
         )
     return options.dim if options.dim is not None else written
-
-
-def _default_output(input_path: Path | None, route: Route) -> Path:
-    stem = "demo-corpus" if input_path is None else input_path.stem
-    return Path(f"{stem}.{'embeddings' if route.name == 'embeddings' else 'results'}")
 
 
 @dataclass

@@ -365,8 +365,9 @@ def _interrupted(args: argparse.Namespace, options: RunOptions, signame: str) ->
 
 def _output_dir(options: RunOptions) -> Path | None:
     """The folder a job commits its chunks to (None where it cannot be told)."""
+    from batchline.datasets.sinks import default_output
     from batchline.jobs.openai_batch import detect_batch
-    from batchline.jobs.options import GenerateOptions, default_output
+    from batchline.jobs.options import GenerateOptions
     from batchline.models.loader import resolve_task
 
     try:

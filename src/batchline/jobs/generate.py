@@ -44,12 +44,12 @@ from batchline._priority import batcher_priority
 from batchline._stats import percentile
 from batchline.datasets.outcomes import Failed, Outcome, Result, describe
 from batchline.datasets.pipeline import PipelineRun, Progress, open_dataset_job, run_pipeline
-from batchline.datasets.sinks import ChunkWriter
+from batchline.datasets.sinks import ChunkWriter, default_output
 from batchline.datasets.sources import Record, Source, prompt_column
 from batchline.jobs.batch import DEDUPE_WINDOW, Cached, cancel, settle
 from batchline.jobs.generate_cache import Answers, CompletionCache, request_key
 from batchline.jobs.generate_choices import CHOICES_COLUMN, Samples, gather_samples, samples_outcome
-from batchline.jobs.options import GenerateOptions, RunOptions, default_output, resolve
+from batchline.jobs.options import GenerateOptions, RunOptions, resolve
 from batchline.jobs.prefix_order import submission_order
 from batchline.jobs.requests import (
     Choices,

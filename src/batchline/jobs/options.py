@@ -20,13 +20,12 @@ from batchline.jobs.requests import job_constraint
 from batchline.knobs import Knobs
 from batchline.models.generation import SamplingParams
 from batchline.models.openai.requests import MAX_N
-from batchline.models.protocol import ModelInfo
 from batchline.models.selection import ModelSelection
 
 if TYPE_CHECKING:
     from batchline.models.specs import ModelSpec
 
-__all__ = ["GenerateOptions", "RunOptions", "batch_specs", "default_output", "resolve"]
+__all__ = ["GenerateOptions", "RunOptions", "batch_specs", "resolve"]
 
 
 @dataclass
@@ -146,11 +145,3 @@ def batch_specs(options: RunOptions) -> list[ModelSpec]:
         tasks=[options.task] if options.task else [],
         **options.spec_options(),
     )
-
-
-def default_output(input_path: Path | None, info: ModelInfo | str) -> Path:
-    """``STEM.embeddings`` (embed) or ``STEM.results`` (other tasks), in the current directory;
-    ``info``: the model's, or its task."""
-    stem = "demo-corpus" if input_path is None else input_path.stem
-    task = info if isinstance(info, str) else info.task
-    return Path(f"{stem}.{'embeddings' if task == 'embed' else 'results'}")

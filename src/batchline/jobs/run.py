@@ -21,10 +21,10 @@ from collections.abc import Callable
 
 from batchline._errors import InputError
 from batchline.datasets.pipeline import Progress, open_dataset_job, run_pipeline
-from batchline.datasets.sinks import ChunkWriter
+from batchline.datasets.sinks import ChunkWriter, default_output
 from batchline.datasets.sources import Record, Source
 from batchline.jobs.batch import DEDUPE_WINDOW, BatchAdapter
-from batchline.jobs.options import GenerateOptions, RunOptions, default_output, resolve
+from batchline.jobs.options import GenerateOptions, RunOptions, resolve
 from batchline.jobs.result_cache import open_cache
 from batchline.jobs.summary import RunSummary, summarize
 from batchline.knobs import Knobs
@@ -152,7 +152,7 @@ def open_job(options: RunOptions, info: ModelInfo) -> tuple[Source, ChunkWriter]
     The output's result column and kind are the model's; a task other than ``embed`` is part
     of the settings a resume must match (embedding outputs keep their settings unchanged).
     """
-    output = options.output or default_output(options.input, info)
+    output = options.output or default_output(options.input, info.task)
     extra: dict[str, object] = {} if info.task == "embed" else {"task": info.task}
     columns = tuple(options.input_columns)
     if info.task == "score":
