@@ -12,6 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 from batchline._errors import FixedBatchAxisError, InputError, ModelError
 from batchline.models.onnx.runtime import (
     OnnxModel,
+    _disabled_optimizers,
     _fixed_input_from_ort_message,
     pad_sequences,
     split_rows,
@@ -168,6 +169,58 @@ def test_invalid_file_is_model_error(tmp_path: Path) -> None:
 def test_unavailable_provider_says_what_to_install(tmp_path: Path) -> None:
     with pytest.raises(ModelError, match="onnxruntime-gpu"):
         OnnxModel.load(_doubler(tmp_path), providers=["cuda"])
+
+
+def _residual_norm(tmp_path: Path) -> Path:
+    """LayerNormalization(x + bias + skip): the pattern ONNX Runtime fuses into
+    SkipLayerNormalization."""
+    hidden = 8
+    rows = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", 3, hidden]) for n in "xs"]
+    constants = [
+        numpy_helper.from_array(np.full(hidden, value, dtype=np.float32), name)
+        for name, value in (("bias", 0.5), ("gamma", 1.0), ("beta", 0.0))
+    ]
+    graph = helper.make_graph(
+        [
+            helper.make_node("Add", ["x", "bias"], ["biased"]),
+            helper.make_node("Add", ["biased", "s"], ["summed"]),
+            helper.make_node("LayerNormalization", ["summed", "gamma", "beta"], ["y"], axis=-1),
+        ],
+        "residual_norm",
+        rows,
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3, hidden])],
+        initializer=constants,
+    )
+    return _save(tmp_path, graph, "residual_norm")
+
+
+@pytest.mark.parametrize("disabled", [True, False])
+def test_cpu_sessions_leave_out_the_slower_skip_layer_norm(tmp_path: Path, disabled: bool) -> None:
+    # the CPU kernel of SkipLayerNormalization is ~6x slower than the ops it replaces
+    assert "SkipLayerNormFusion" in _disabled_optimizers(["CPUExecutionProvider"])
+    assert _disabled_optimizers([("CUDAExecutionProvider", {}), "CPUExecutionProvider"]) == []
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    leave_out = _disabled_optimizers(["CPUExecutionProvider"]) if disabled else []
+    ort.InferenceSession(
+        str(_residual_norm(tmp_path)), opts, ["CPUExecutionProvider"], disabled_optimizers=leave_out
+    )
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node}
+    assert ("SkipLayerNormalization" in ops) is not disabled
+
+
+def test_load_passes_the_cpu_leave_outs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[object] = []
+    real = ort.InferenceSession
+
+    def recording(*args: object, **kwargs: object) -> ort.InferenceSession:
+        seen.append(kwargs.get("disabled_optimizers"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ort, "InferenceSession", recording)
+    OnnxModel.load(_doubler(tmp_path), sessions=2)
+    assert seen == [["SkipLayerNormFusion"]] * 2
 
 
 def test_provider_aliases_and_cpu(tmp_path: Path) -> None:
