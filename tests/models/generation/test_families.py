@@ -68,7 +68,8 @@ def build(family: str, **overrides: Any) -> Any:
 def load(folder: Path) -> Any:
     from batchline.models.generation.load import load_text_generator
 
-    return load_text_generator(parse_spec(f"{folder}/"), Knobs(intra_op_threads=1))
+    # float32 as the reference: "auto" takes bfloat16 on a CPU with native bf16
+    return load_text_generator(parse_spec(f"{folder}/"), Knobs(intra_op_threads=1, dtype="float32"))
 
 
 def _prompt(seed: int, length: int) -> tuple[int, ...]:
