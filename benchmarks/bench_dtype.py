@@ -76,12 +76,14 @@ def main() -> None:
     import torch
 
     from batchline.models.generation.demo import demo_prompts
+    from batchline.models.generation.lean_llama import fuse_projections
     from batchline.models.generation.smollm2 import load_smollm2
     from batchline.models.generation.torch_dtype import pack_linear_weights
 
     torch.set_num_threads(1)
     fp32, tokenizer = load_smollm2(dtype=torch.float32)
     bf16, _ = load_smollm2(dtype=torch.bfloat16)
+    fuse_projections(bf16)  # as serve loads it; transformers' generate computes the same bits
     pack_linear_weights(bf16)
     demos = demo_prompts(args.prompts)
     prompts = [

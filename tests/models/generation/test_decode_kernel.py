@@ -43,10 +43,14 @@ def _reference(q: Any, keys: Any, values: Any, first: list[int], hi: int, scale:
 
 
 # (dtype, head_dim, heads, kv_heads): dims 64 and 128 in bfloat16 take the AVX512-BF16 path
-# where the CPU has it, dim 16 and float32 the portable loops; groups of 1, 3 and 4 query heads.
+# where the CPU has it (query heads summed four at a time: groups of 3, 4, 5 and 8 cover each
+# split), a group over 8 and dim 16 and float32 the portable loops.
 CASES = [
     ("bfloat16", 64, 9, 3),
     ("bfloat16", 128, 8, 2),
+    ("bfloat16", 64, 8, 1),
+    ("bfloat16", 128, 10, 2),
+    ("bfloat16", 64, 12, 1),
     ("bfloat16", 16, 4, 4),
     ("float32", 64, 9, 3),
     ("float32", 24, 6, 2),
@@ -63,7 +67,8 @@ def test_each_row_attends_over_its_own_columns(
     keys = torch.randn(slots, kv_heads, capacity, dim, generator=gen).to(kind)
     values = torch.randn(slots, kv_heads, capacity, dim, generator=gen).to(kind)
     q = torch.randn(rows, heads, dim, generator=gen).to(kind)
-    first = [hi, 30, 12, 0, 21]  # one column only, a few, most, all of them
+    # one column only, a few, most, all of them (34: two blocks of 16 keys and a tail of 2)
+    first = [hi, 30, 12, 0, 21]
     # What lies outside a row's columns (padding, a longer row's past) must not count.
     for b, f in enumerate(first):
         keys[b, :, :f] = float("nan")
@@ -93,6 +98,52 @@ def test_bad_arguments_are_refused_with_what_is_wrong(kernel: Any) -> None:
         kernel(q.bfloat16(), keys, keys, torch.tensor([0, 0]), 5, 0.25)
     with pytest.raises(RuntimeError, match="more rows than slots"):
         kernel(torch.zeros(3, 2, 16), keys, keys, torch.tensor([0, 0, 0]), 5, 0.25)
+
+
+@pytest.fixture(scope="module")
+def ops(kernel: Any) -> Any:
+    found = dk.step_ops()
+    assert found is not None
+    return found
+
+
+def _rotate_like_torch(x: Any, cos: Any, sin: Any) -> Any:
+    """lean_llama's torch chain: x * cos + rotate_half(x) * sin over the first r values."""
+    r = cos.shape[-1]
+    head, rest = x[..., :r], x[..., r:]
+    turned = torch.cat((head[..., r // 2 :], head[..., : r // 2]), dim=-1)
+    return torch.cat(((head * cos) + (turned * sin), rest), dim=-1)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("rotary", [16, 8])  # the whole head, or half of it (Phi-3)
+def test_the_rotary_op_gives_torchs_values_bit_for_bit(ops: Any, dtype: str, rotary: int) -> None:
+    gen = torch.Generator().manual_seed(rotary)
+    kind = getattr(torch, dtype)
+    # q as a slice of the fused q/k/v product: 2 heads of 16, rows 40 values apart
+    x = torch.randn(5, 40, generator=gen).to(kind)[:, :32].view(5, 2, 16)
+    cos = torch.randn(5, 1, rotary, generator=gen).to(kind)
+    sin = torch.randn(5, 1, rotary, generator=gen).to(kind)
+    assert torch.equal(ops.rotary(x, cos, sin), _rotate_like_torch(x, cos, sin))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_norm_and_silu_ops_give_torchs_values(ops: Any, dtype: str) -> None:
+    gen = torch.Generator().manual_seed(7)
+    kind = getattr(torch, dtype)
+    x, weight = torch.randn(6, 40, generator=gen).to(kind), torch.randn(40, generator=gen).to(kind)
+    h = x.float()
+    norm = weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).to(kind)
+    gate_up = (torch.randn(6, 2 * 40, generator=gen) * 4).to(kind)
+    silu = torch.nn.functional.silu(gate_up[:, :40]) * gate_up[:, 40:]
+    # the sum of squares in another order, silu's own exp: float32's last bits, one bf16 step
+    tolerance = {"atol": 1e-5, "rtol": 1e-5} if dtype == "float32" else {"atol": 0, "rtol": 1e-2}
+    torch.testing.assert_close(ops.rms_norm(x, weight, 1e-6), norm, **tolerance)
+    torch.testing.assert_close(ops.silu_mul(gate_up), silu, **tolerance)
+    with pytest.raises(RuntimeError, match="bfloat16 or float32"):
+        ops.silu_mul(gate_up.double())
+    with pytest.raises(RuntimeError, match="rms_norm: x"):
+        ops.rms_norm(x, weight[:-1], 1e-6)
 
 
 def test_the_engine_takes_the_kernel_on_the_cpu_by_default(kernel: Any, tiny_llama: Any) -> None:

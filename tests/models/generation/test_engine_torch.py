@@ -680,7 +680,8 @@ def test_each_forward_and_decode_attention_keeps_greedy_exact(
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_the_lean_step_computes_what_the_module_tree_did(dtype: str) -> None:
     model = build_tiny_llama().to(getattr(torch, dtype))
-    engine = TorchStepEngine(model, lean=True)
+    # torch's ops throughout ("sdpa": without the kernel library's norms, rotary, SiLU)
+    engine = TorchStepEngine(model, lean=True, decode_attention="sdpa")
     assert engine.forward == "lean"
     assert TorchStepEngine(model, lean=False).forward == "transformers"
     lean = engine._lean

@@ -14,10 +14,15 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from batchline.models.generation.engine import GenerationRequest, SamplingParams  # noqa: E402
-from batchline.models.generation.lean_llama import FAMILIES, lean_forward  # noqa: E402
+from batchline.models.generation.lean_llama import (  # noqa: E402
+    FAMILIES,
+    fuse_projections,
+    lean_forward,
+)
+from batchline.models.generation.torch_dtype import pack_linear_weights  # noqa: E402
 from batchline.models.generation.torch_engine import TorchStepEngine  # noqa: E402
 
-from .conftest import TINY_VOCAB  # noqa: E402
+from .conftest import TINY_VOCAB, build_tiny_llama  # noqa: E402
 from .test_engine_torch import MAX_NEW, _prompt  # noqa: E402
 from .test_families import WINDOW, build  # noqa: E402
 
@@ -57,10 +62,16 @@ def test_each_family_is_recognised_and_what_makes_it_differ_is_read(
     assert lean._rotary_dim == (head // 2 if family == "phi3" else head)
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["separate", "fused"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_the_lean_step_computes_what_the_module_tree_did(tiny: tuple[str, Any], dtype: str) -> None:
+def test_the_lean_step_computes_what_the_module_tree_did(
+    tiny: tuple[str, Any], dtype: str, fused: bool
+) -> None:
     model = build_tiny(tiny[0]).to(getattr(torch, dtype))
-    engine = TorchStepEngine(model, lean=True)
+    if fused:  # as serve loads it: one q/k/v and one gate/up product per layer
+        fuse_projections(model)
+    # torch's ops throughout ("sdpa": without the kernel library's norms, rotary, SiLU)
+    engine = TorchStepEngine(model, lean=True, decode_attention="sdpa")
     assert engine.forward == "lean"
     lean = engine._lean
     real_forward = engine._forward
@@ -83,6 +94,30 @@ def test_the_lean_step_computes_what_the_module_tree_did(tiny: tuple[str, Any], 
     for _ in range(WINDOW + 2):  # past Mistral's window
         engine.step()
     assert len(compared) == 3 + WINDOW + 2
+
+
+@pytest.mark.parametrize("family", ["llama", *FAMILY_NAMES])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fused_projections_give_the_separate_ones_values(family: str, dtype: str) -> None:
+    def make() -> Any:
+        return (build_tiny_llama() if family == "llama" else build_tiny(family)).to(dtype=kind)
+
+    kind = getattr(torch, dtype)
+    separate, model = make(), make()
+    weights = sum(p.numel() for p in model.parameters())
+    # Phi-3 has its q/k/v and gate/up fused already; the others get both per layer
+    assert fuse_projections(model) == (0 if family == "phi3" else 2 * len(model.model.layers))
+    assert fuse_projections(model) == 0  # once only
+    assert sum(p.numel() for p in model.parameters()) == weights  # not held twice
+    attention = model.model.layers[0].self_attn
+    assert type(attention.qkv_proj) is torch.nn.Linear
+    ids = torch.tensor([[5, 9, 3, 17, 4, 11]])
+    with torch.inference_mode():  # transformers' forward through the parts: the same bits
+        assert torch.equal(model(ids).logits, separate(ids).logits)
+        pack_linear_weights(model)
+        pack_linear_weights(separate)
+        assert type(attention.qkv_proj).__name__ == "PackedLinear"  # the parts use it
+        assert torch.equal(model(ids).logits, separate(ids).logits)
 
 
 def test_a_family_with_another_activation_takes_the_module_tree() -> None:

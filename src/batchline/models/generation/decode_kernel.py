@@ -1,6 +1,8 @@
 """batchline's decode attention kernel for CPU (``csrc/decode_attention.cpp``): each running row
 attends over its own columns of the slot store where they lie, instead of one SDPA call over the
-window padded to the longest row.
+window padded to the longest row. The same library holds a lean step's elementwise ops
+(:class:`StepOps`: RMSNorm, SiLU times up, the rotary), one call each where torch chains
+several small ones.
 
 Why a kernel of our own: a decode step's attention is many tiny products (a few query heads
 against one row's keys, per row and KV head). PyTorch's CPU SDPA runs each through a small
@@ -33,7 +35,7 @@ import torch
 
 from batchline._cache import cache_dir, write_whole
 
-__all__ = ["DecodeKernel", "decode_kernel"]
+__all__ = ["DecodeKernel", "StepOps", "decode_kernel", "step_ops"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +45,15 @@ DecodeKernel = Callable[
 ]
 
 _SOURCE = Path(__file__).parent / "csrc" / "decode_attention.cpp"
-_FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-std=c++17", "-shared", "-fPIC", "-w")
+_FLAGS = (
+    "-O3",
+    "-march=native",
+    "-fopenmp-simd",
+    "-std=c++17",
+    "-shared",
+    "-fPIC",
+    "-w",
+)
 _BUILD_TIMEOUT_S = 300.0
 
 _lock = threading.Lock()
@@ -62,6 +72,25 @@ def decode_kernel() -> tuple[DecodeKernel | None, str]:
             if kernel is None:
                 logger.info("decode attention through SDPA (no batchline kernel: %s)", why)
         return _loaded
+
+
+class StepOps:
+    """The library's elementwise ops for a lean step (``csrc/decode_attention.cpp``), one call
+    each where torch chains several: ``rms_norm(x, weight, eps)``, ``silu_mul(gate_up)`` (gate
+    first) and ``rotary(x, cos, signed_sin)``. They round where torch's chain rounds; the sum of
+    squares in the norm (another order) and silu's exp differ in the last bits."""
+
+    def __init__(self) -> None:
+        ops = torch.ops.batchline
+        self.rms_norm = ops.rms_norm
+        self.silu_mul = ops.silu_mul
+        self.rotary = ops.rotary
+
+
+def step_ops() -> StepOps | None:
+    """:class:`StepOps` where the library loads (:func:`decode_kernel`), else None."""
+    kernel, _ = decode_kernel()
+    return None if kernel is None else StepOps()
 
 
 def _load() -> tuple[DecodeKernel | None, str]:

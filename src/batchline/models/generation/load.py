@@ -236,6 +236,7 @@ def load_text_generator(spec: ModelSpec, knobs: Knobs) -> GenerationModel:
     if device.type == "cpu":
         torch.set_num_threads(knobs.intra_op_threads)
     from batchline.models.generation.generators import build_generator
+    from batchline.models.generation.lean_llama import fuse_projections
     from batchline.models.generation.smollm2 import load_causal_lm, load_smollm2
     from batchline.models.generation.torch_dtype import choose_dtype, pack_linear_weights
     from batchline.models.generation.torch_engine import TorchStepEngine
@@ -246,17 +247,19 @@ def load_text_generator(spec: ModelSpec, knobs: Knobs) -> GenerationModel:
     else:
         model, tokenizer = load_causal_lm(spec.source, device=device, dtype=choice.torch_dtype)
     _eos_from_tokenizer(model, tokenizer)
+    fused = fuse_projections(model)  # before packing: the packed weights are the fused ones
     packed = pack_linear_weights(model)
     try:
         engine = TorchStepEngine(model, max_step_tokens=knobs.max_step_tokens, tokenizer=tokenizer)
     except ValueError as exc:  # what the model asks of the engine that it cannot do
         raise ModelError(f"cannot generate with {spec.name!r}: {exc}") from exc
     logger.info(
-        "%s: torch on %s, %s%s, %s forward, decode attention %s, %s intra-op thread(s), "
+        "%s: torch on %s, %s%s%s, %s forward, decode attention %s, %s intra-op thread(s), "
         "max_step_tokens %d; loaded in %.1f s",
         spec.name,
         knobs.device,
         choice,
+        f", {fused} projection groups fused" if fused else "",
         f", {packed} linear layers packed for oneDNN" if packed else "",
         engine.forward,
         engine.decode_attention,

@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import DynamicCache
 
-from batchline.models.generation.decode_kernel import DecodeKernel, decode_kernel
+from batchline.models.generation.decode_kernel import DecodeKernel, decode_kernel, step_ops
 from batchline.models.generation.engine import FinishReason, GenerationRequest, StepOutput
 from batchline.models.generation.kv_slots import Geometry, SlotStore, StoreState
 from batchline.models.generation.lean_llama import LeanForward, lean_forward
@@ -132,7 +132,8 @@ class TorchStepEngine:
     :data:`~.packed_attention.DECODE_ATTENTION`, or ``auto`` (the default): batchline's compiled
     kernel (:mod:`~.decode_kernel`) for a model on the CPU where it builds, else ``sdpa`` (one
     SDPA call over the padded window); ``kernel`` refuses to start without it. The others are
-    there for the A/B.
+    there for the A/B. With the kernel, a lean step also takes the kernel library's norms,
+    rotary and SiLU (:class:`~.decode_kernel.StepOps`); with the others, torch's ops.
 
     The engine owns the model while it steps: for the length of each forward pass the model's
     attention implementation is batchline's (see the module docstring), then set back.
@@ -223,7 +224,8 @@ class TorchStepEngine:
         self._decode_attention = decode_attention
         self._lean: LeanForward | None = None
         if lean is not False:
-            self._lean, why = lean_forward(model)
+            ops = step_ops() if self._kernel is not None else None
+            self._lean, why = lean_forward(model, ops)
             if self._lean is None:
                 if lean:
                     raise ValueError(f"no lean forward for this model: {why}; pass lean=None")

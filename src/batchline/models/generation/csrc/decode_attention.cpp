@@ -9,8 +9,10 @@
 //     out:    (rows, heads, dim), q's dtype
 //
 // Per row and KV head: the scores of its query heads against each column (fp32; on a CPU with
-// AVX512-BF16 the bfloat16 products are summed by vdpbf16ps), a softmax, and the weighted sum
-// of the values in fp32. Rows and heads are split over ATen's intra-op threads.
+// AVX512-BF16 the bfloat16 products are summed by vdpbf16ps, 16 columns reduced together), a
+// softmax, and the weighted sum of the values in fp32 (there, in registers, each value row
+// widened once for up to four query heads). Rows and heads are split over ATen's intra-op
+// threads.
 // Built by batchline.models.generation.decode_kernel with the machine's C++ compiler.
 
 #include <ATen/ATen.h>
@@ -37,11 +39,11 @@ inline float load(const at::BFloat16* p, int64_t i) {
   return f;
 }
 
-// exp(x) for x <= 0 (softmax after its maximum is subtracted): 2^n * p(r) with a degree-6
-// polynomial, branch-free so that the loop over it vectorizes; relative error ~2e-7 on
-// [-87, 0], exp(-87) below.
-inline float exp_nonpositive(float x) {
-  x = x < -87.0f ? -87.0f : x;
+// exp(x): 2^n * p(r) with a degree-6 polynomial, branch-free so that a loop over it
+// vectorizes; relative error ~2e-7 on [-87, 88], the ends' values beyond (softmax after its
+// maximum is subtracted needs x <= 0; silu needs exp(-x) to be ~0 or huge at the ends).
+inline float exp_approx(float x) {
+  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
   const float n = std::nearbyint(x * 1.44269504088896341f);
   const float r = x - n * 0.693145751953125f - n * 1.428606765330187045e-06f;
   float p = 1.9875691500e-4f;
@@ -58,6 +60,105 @@ inline float exp_nonpositive(float x) {
 }
 
 constexpr int64_t kMaxGroup = 8;  // query heads per KV head on the vdpbf16ps path
+
+#if defined(__AVX512BF16__)
+// The 16 lane sums of v[0..15], in order, as one vector: pairs, then quads, then blocks folded
+// together (45 instructions where 16 _mm512_reduce_add_ps take ~130).
+inline __m512 lane_sums16(const __m512* v) {
+  __m512 pairs[8], quads[4];
+  for (int i = 0; i < 8; ++i)  // per 128-bit block: v[2i]'s partials at 0, 2; v[2i+1]'s at 1, 3
+    pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                             _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i) {  // per block: the partials of v[4i], ..., v[4i+3], in order
+    const __m512d a = _mm512_castps_pd(pairs[2 * i]), b = _mm512_castps_pd(pairs[2 * i + 1]);
+    quads[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  const __m512 lo = _mm512_add_ps(_mm512_shuffle_f32x4(quads[0], quads[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                  _mm512_shuffle_f32x4(quads[0], quads[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512 hi = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2], quads[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                  _mm512_shuffle_f32x4(quads[2], quads[3], _MM_SHUFFLE(3, 1, 3, 1)));
+  // block k of the result: the totals of v[4k], ..., v[4k+3]
+  return _mm512_add_ps(_mm512_shuffle_f32x4(lo, hi, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(lo, hi, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// scores[j * n + w] = scale * <query head j, key w>, for the group's query heads (bfloat16
+// products summed in fp32 by vdpbf16ps), 16 keys at a time.
+template <int64_t DIM>
+void scores_bf16(const at::BFloat16* q, const at::BFloat16* keys, int64_t n, int64_t group,
+                 float scale, float* scores) {
+  constexpr int64_t chunks = DIM / 32;
+  __m512bh qv[kMaxGroup][chunks];
+  for (int64_t j = 0; j < group; ++j)
+    for (int64_t c = 0; c < chunks; ++c)
+      qv[j][c] = (__m512bh)_mm512_loadu_si512(q + j * DIM + 32 * c);
+  const __m512 scaled = _mm512_set1_ps(scale);
+  int64_t w = 0;
+  for (; w + 16 <= n; w += 16) {
+    const at::BFloat16* block = keys + w * DIM;
+    for (int64_t j = 0; j < group; ++j) {
+      __m512 sums[16];
+      for (int k = 0; k < 16; ++k) {
+        __m512 sum = _mm512_setzero_ps();
+        for (int64_t c = 0; c < chunks; ++c)
+          sum = _mm512_dpbf16_ps(sum, qv[j][c],
+                                 (__m512bh)_mm512_loadu_si512(block + k * DIM + 32 * c));
+        sums[k] = sum;
+      }
+      _mm512_storeu_ps(scores + j * n + w, _mm512_mul_ps(lane_sums16(sums), scaled));
+    }
+  }
+  for (; w < n; ++w) {
+    const at::BFloat16* kr = keys + w * DIM;
+    for (int64_t j = 0; j < group; ++j) {
+      __m512 sum = _mm512_setzero_ps();
+      for (int64_t c = 0; c < chunks; ++c)
+        sum = _mm512_dpbf16_ps(sum, qv[j][c], (__m512bh)_mm512_loadu_si512(kr + 32 * c));
+      scores[j * n + w] = _mm512_reduce_add_ps(sum) * scale;
+    }
+  }
+}
+
+inline __m512 bf16_to_fp32(const at::BFloat16* p) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+// acc[j] += sum over w of p[j * n + w] * values[w], for GROUP query heads at once: their sums
+// stay in registers while each value row is read and widened once.
+template <int64_t DIM, int64_t GROUP>
+void weighted_group(const float* p, int64_t n, const at::BFloat16* values, float* acc) {
+  constexpr int64_t parts = DIM / 16;
+  __m512 sum[GROUP][parts];
+  for (int64_t j = 0; j < GROUP; ++j)
+    for (int64_t v = 0; v < parts; ++v) sum[j][v] = _mm512_setzero_ps();
+  for (int64_t w = 0; w < n; ++w) {
+    __m512 row[parts];
+    for (int64_t v = 0; v < parts; ++v) row[v] = bf16_to_fp32(values + w * DIM + 16 * v);
+    for (int64_t j = 0; j < GROUP; ++j) {
+      const __m512 weight = _mm512_set1_ps(p[j * n + w]);
+      for (int64_t v = 0; v < parts; ++v) sum[j][v] = _mm512_fmadd_ps(weight, row[v], sum[j][v]);
+    }
+  }
+  for (int64_t j = 0; j < GROUP; ++j)
+    for (int64_t v = 0; v < parts; ++v) _mm512_storeu_ps(acc + j * DIM + 16 * v, sum[j][v]);
+}
+
+// acc[j] = sum over w of p[j * n + w] * values[w], four query heads at a time.
+template <int64_t DIM>
+void weighted_sum_bf16(const float* p, int64_t n, int64_t group, const at::BFloat16* values,
+                       float* acc) {
+  for (int64_t j = 0; j < group; j += 4) {
+    switch (std::min<int64_t>(group - j, 4)) {
+      case 1: weighted_group<DIM, 1>(p + j * n, n, values, acc + j * DIM); break;
+      case 2: weighted_group<DIM, 2>(p + j * n, n, values, acc + j * DIM); break;
+      case 3: weighted_group<DIM, 3>(p + j * n, n, values, acc + j * DIM); break;
+      default: weighted_group<DIM, 4>(p + j * n, n, values, acc + j * DIM); break;
+    }
+  }
+}
+#endif
 
 // DIM: the head dim when known at compile time (unrolled loops), 0 for any other.
 template <typename T, int64_t DIM>
@@ -80,36 +181,21 @@ void attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& value
       const int64_t base = (b * kv_heads + h) * capacity;  // slot b, head h, column 0
       const T* qb = qp + (b * heads + h * group) * dim;    // its first query head
       scores.resize(group * n);
-      bool done = false;
+      const T* kb = kp + (base + start) * dim;  // its first column's key
+      const T* vb = vp + (base + start) * dim;
+      bool fast = false;  // the AVX512-BF16 loops, for bfloat16 heads of 64 or 128
 #if defined(__AVX512BF16__)
       if constexpr (std::is_same_v<T, at::BFloat16> && DIM > 0 && DIM % 32 == 0) {
-        if (group <= kMaxGroup) {
-          constexpr int64_t chunks = DIM / 32;
-          __m512bh qv[kMaxGroup][chunks];
-          for (int64_t j = 0; j < group; ++j)
-            for (int64_t c = 0; c < chunks; ++c)
-              qv[j][c] = (__m512bh)_mm512_loadu_si512(qb + j * DIM + 32 * c);
-          for (int64_t w = 0; w < n; ++w) {
-            const T* kr = kp + (base + start + w) * DIM;
-            __m512bh kv[chunks];
-            for (int64_t c = 0; c < chunks; ++c) kv[c] = (__m512bh)_mm512_loadu_si512(kr + 32 * c);
-            for (int64_t j = 0; j < group; ++j) {
-              __m512 sum = _mm512_setzero_ps();
-              for (int64_t c = 0; c < chunks; ++c) sum = _mm512_dpbf16_ps(sum, qv[j][c], kv[c]);
-              scores[j * n + w] = _mm512_reduce_add_ps(sum) * scale;
-            }
-          }
-          done = true;
-        }
+        fast = group <= kMaxGroup;
+        if (fast) scores_bf16<DIM>(qb, kb, n, group, scale, scores.data());
       }
 #endif
-      if (!done) {
+      if (!fast) {
         for (int64_t j = 0; j < group; ++j)
           for (int64_t d = 0; d < dim; ++d) qf[j * dim + d] = load(qb + j * dim, d);
         for (int64_t w = 0; w < n; ++w) {
-          const T* kr = kp + (base + start + w) * dim;
 #pragma omp simd
-          for (int64_t d = 0; d < dim; ++d) row[d] = load(kr, d);
+          for (int64_t d = 0; d < dim; ++d) row[d] = load(kb + w * dim, d);
           for (int64_t j = 0; j < group; ++j) {
             const float* qj = qf.data() + j * dim;
             float dot = 0.0f;
@@ -125,21 +211,27 @@ void attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& value
         float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
         for (int64_t w = 0; w < n; ++w) {
-          sj[w] = exp_nonpositive(sj[w] - top);
+          sj[w] = exp_approx(sj[w] - top);
           sum += sj[w];
         }
         total[j] = sum;
       }
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int64_t w = 0; w < n; ++w) {
-        const T* vr = vp + (base + start + w) * dim;
+#if defined(__AVX512BF16__)
+      if constexpr (std::is_same_v<T, at::BFloat16> && DIM > 0 && DIM % 32 == 0) {
+        if (fast) weighted_sum_bf16<DIM>(scores.data(), n, group, vb, acc.data());
+      }
+#endif
+      if (!fast) {
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (int64_t w = 0; w < n; ++w) {
 #pragma omp simd
-        for (int64_t d = 0; d < dim; ++d) row[d] = load(vr, d);
-        for (int64_t j = 0; j < group; ++j) {
-          const float pj = scores[j * n + w];
-          float* aj = acc.data() + j * dim;
+          for (int64_t d = 0; d < dim; ++d) row[d] = load(vb + w * dim, d);
+          for (int64_t j = 0; j < group; ++j) {
+            const float pj = scores[j * n + w];
+            float* aj = acc.data() + j * dim;
 #pragma omp simd
-          for (int64_t d = 0; d < dim; ++d) aj[d] += pj * row[d];
+            for (int64_t d = 0; d < dim; ++d) aj[d] += pj * row[d];
+          }
         }
       }
       for (int64_t j = 0; j < group; ++j) {
@@ -193,12 +285,156 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& keys, const a
   return out;
 }
 
+// -- a step's elementwise work, one call each instead of torch's chain of small ops -------------
+// Each rounds to T where torch's chain (lean_llama.py) rounds: the same values, except the sum
+// of squares in rms_norm (another summation order) and silu's exp (exp_approx).
+
+// f(T{}) for x's dtype, bfloat16 or float32 (the dtypes a step computes in on the CPU).
+template <typename F>
+void on_dtype(const at::Tensor& x, const char* op, F&& f) {
+  if (x.scalar_type() == at::kBFloat16) return f(at::BFloat16{});
+  TORCH_CHECK(x.scalar_type() == at::kFloat, op, ": bfloat16 or float32");
+  f(float{});
+}
+
+// v's bfloat16 bits, rounded to nearest even as at::BFloat16(v) rounds (a NaN stays one),
+// without its branch: a loop over it vectorizes.
+inline uint16_t bf16_bits(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  const uint32_t even = bits + 0x7FFFu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>((v != v ? 0x7FC00000u : even) >> 16);
+}
+
+inline float rounded(float v, const at::BFloat16*) {
+  const uint32_t bits = static_cast<uint32_t>(bf16_bits(v)) << 16;
+  float out;
+  std::memcpy(&out, &bits, sizeof out);
+  return out;
+}
+inline float rounded(float v, const float*) { return v; }
+inline void store(at::BFloat16* p, int64_t i, float v) {
+  reinterpret_cast<uint16_t*>(p)[i] = bf16_bits(v);
+}
+inline void store(float* p, int64_t i, float v) { p[i] = v; }
+
+// out = weight * T(h * rsqrt(mean(h^2) + eps)), h = float(x), per row of n values
+template <typename T>
+void rms_rows(const T* x, const T* weight, T* out, int64_t rows, int64_t n, float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * n;
+    T* orow = out + r * n;
+    float squares = 0.0f;
+#pragma omp simd reduction(+ : squares)
+    for (int64_t d = 0; d < n; ++d) squares += load(xr, d) * load(xr, d);
+    const float inv = 1.0f / std::sqrt(squares / static_cast<float>(n) + eps);
+#pragma omp simd
+    for (int64_t d = 0; d < n; ++d) store(orow, d, load(weight, d) * rounded(load(xr, d) * inv, xr));
+  }
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x.scalar_type() == weight.scalar_type() && weight.dim() == 1 &&
+                  x.size(-1) == weight.size(0),
+              "rms_norm: x (..., n) and weight (n,) of one dtype");
+  const auto xc = x.contiguous();
+  const auto wc = weight.contiguous();
+  auto out = at::empty_like(xc);
+  const int64_t n = weight.size(0), rows = n ? xc.numel() / n : 0;
+  on_dtype(xc, "rms_norm", [&](auto tag) {
+    using scalar_t = decltype(tag);
+    rms_rows<scalar_t>(xc.data_ptr<scalar_t>(), wc.data_ptr<scalar_t>(),
+                       out.data_ptr<scalar_t>(), rows, n, static_cast<float>(eps));
+  });
+  return out;
+}
+
+// T(T(silu(gate)) * up) from one (rows, 2 * n) gate/up product, gate first
+template <typename T>
+void silu_mul_rows(const T* gate_up, T* out, int64_t rows, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* g = gate_up + r * 2 * n;
+    const T* u = g + n;
+    T* orow = out + r * n;
+#pragma omp simd
+    for (int64_t d = 0; d < n; ++d) {
+      const float x = load(g, d);
+      store(orow, d, rounded(x / (1.0f + exp_approx(-x)), g) * load(u, d));
+    }
+  }
+}
+
+at::Tensor silu_mul(const at::Tensor& gate_up) {
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 2 == 0,
+              "silu_mul: gate_up (rows, 2 * n)");
+  const auto gu = gate_up.contiguous();
+  const int64_t rows = gu.size(0), n = gu.size(1) / 2;
+  auto out = at::empty({rows, n}, gu.options());
+  on_dtype(gu, "silu_mul", [&](auto tag) {
+    using scalar_t = decltype(tag);
+    silu_mul_rows<scalar_t>(gu.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), rows, n);
+  });
+  return out;
+}
+
+// T(T(x * cos) + T(rotate_half(x) * sin)) over the first r values of each head (sin's first half
+// already negated: rotate_half's sign), the rest of the head kept. x: (tokens, heads, dim), its
+// last axis contiguous; cos and sin: (tokens, 1, r). Products and sum not fused into an FMA:
+// float32 gives torch's values bit for bit.
+template <typename T>
+__attribute__((optimize("fp-contract=off"))) void rotary_rows(const at::Tensor& x, const T* cos, const T* sin, int64_t r, T* out) {
+  const int64_t tokens = x.size(0), heads = x.size(1), dim = x.size(2), half = r / 2;
+  const int64_t s0 = x.stride(0), s1 = x.stride(1);
+  const T* xp = x.data_ptr<T>();
+  for (int64_t t = 0; t < tokens; ++t) {
+    const T* c = cos + t * r;
+    const T* sn = sin + t * r;
+    for (int64_t h = 0; h < heads; ++h) {
+      const T* xh = xp + t * s0 + h * s1;
+      T* oh = out + (t * heads + h) * dim;
+#pragma omp simd
+      for (int64_t d = 0; d < r; ++d) {
+        const float turned = load(xh, d < half ? d + half : d - half);
+        const float a = rounded(load(xh, d) * load(c, d), xh);
+        const float b = rounded(turned * load(sn, d), xh);
+        store(oh, d, a + b);
+      }
+      for (int64_t d = r; d < dim; ++d) oh[d] = xh[d];
+    }
+  }
+}
+
+at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  TORCH_CHECK(x.dim() == 3 && x.stride(2) == 1, "rotary: x (tokens, heads, dim), dim contiguous");
+  TORCH_CHECK(cos.sizes() == sin.sizes() && cos.dim() == 3 && cos.size(0) == x.size(0) &&
+                  cos.size(2) % 2 == 0 && cos.size(2) <= x.size(2),
+              "rotary: cos and sin (tokens, 1, r), r even and at most dim");
+  TORCH_CHECK(cos.scalar_type() == x.scalar_type() && sin.scalar_type() == x.scalar_type(),
+              "rotary: x, cos and sin of one dtype");
+  const auto c = cos.contiguous(), sn = sin.contiguous();
+  auto out = at::empty(x.sizes(), x.options());
+  on_dtype(x, "rotary", [&](auto tag) {
+    using scalar_t = decltype(tag);
+    rotary_rows<scalar_t>(x, c.data_ptr<scalar_t>(), sn.data_ptr<scalar_t>(), c.size(2),
+                          out.data_ptr<scalar_t>());
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(batchline, m) {
   m.def(
       "decode_attention(Tensor q, Tensor keys, Tensor values, Tensor first, int hi, float scale)"
       " -> Tensor");
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("silu_mul(Tensor gate_up) -> Tensor");
+  m.def("rotary(Tensor x, Tensor cos, Tensor sin) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(batchline, CPU, m) { m.impl("decode_attention", &decode_attention); }
+TORCH_LIBRARY_IMPL(batchline, CPU, m) {
+  m.impl("decode_attention", &decode_attention);
+  m.impl("rms_norm", &rms_norm);
+  m.impl("silu_mul", &silu_mul);
+  m.impl("rotary", &rotary);
+}
