@@ -100,7 +100,9 @@ class _Layer:
 class LeanForward:
     """Called as ``lean(ids, positions, keep, plan)``: the logits of the ``keep`` positions of
     one packed step, as ``model(..., logits_to_keep=keep, batchline_step=plan).logits[0]``
-    computes them (the same ops in the same order: fp32 and bf16 results equal bit for bit)."""
+    computes them: with torch's ops (``ops`` None), the same ops in the same order, fp32 and
+    bf16 results equal bit for bit; with :class:`~.decode_kernel.StepOps`, one call per norm,
+    rotary and SiLU, whose float32 norms and SiLU differ in the last bits."""
 
     def __init__(self, model: Any, ops: StepOps | None = None) -> None:
         self._ops = ops

@@ -83,11 +83,23 @@ inline __m512 lane_sums16(const __m512* v) {
                        _mm512_shuffle_f32x4(lo, hi, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
+// Ask for rows [w, w + count) of `rows` (DIM values each) to be brought into the cache, where
+// w < n: the rows the next loop reads, while this one computes (the store is read once a step,
+// from memory; the hardware's prefetcher does not foresee the jump to the next row's columns).
+template <int64_t DIM>
+inline void prefetch_rows(const at::BFloat16* rows, int64_t w, int64_t count, int64_t n) {
+  if (rows == nullptr) return;
+  constexpr int64_t bytes = DIM * 2;
+  for (int64_t k = w; k < std::min(w + count, n); ++k)
+    for (int64_t b = 0; b < bytes; b += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(rows + k * DIM) + b, _MM_HINT_T0);
+}
+
 // scores[j * n + w] = scale * <query head j, key w>, for the group's query heads (bfloat16
 // products summed in fp32 by vdpbf16ps), 16 keys at a time.
 template <int64_t DIM>
 void scores_bf16(const at::BFloat16* q, const at::BFloat16* keys, int64_t n, int64_t group,
-                 float scale, float* scores) {
+                 float scale, float* scores, const at::BFloat16* ahead) {
   constexpr int64_t chunks = DIM / 32;
   __m512bh qv[kMaxGroup][chunks];
   for (int64_t j = 0; j < group; ++j)
@@ -96,6 +108,7 @@ void scores_bf16(const at::BFloat16* q, const at::BFloat16* keys, int64_t n, int
   const __m512 scaled = _mm512_set1_ps(scale);
   int64_t w = 0;
   for (; w + 16 <= n; w += 16) {
+    prefetch_rows<DIM>(ahead, w, 16, n);
     const at::BFloat16* block = keys + w * DIM;
     for (int64_t j = 0; j < group; ++j) {
       __m512 sums[16];
@@ -109,6 +122,7 @@ void scores_bf16(const at::BFloat16* q, const at::BFloat16* keys, int64_t n, int
       _mm512_storeu_ps(scores + j * n + w, _mm512_mul_ps(lane_sums16(sums), scaled));
     }
   }
+  prefetch_rows<DIM>(ahead, w, n - w, n);
   for (; w < n; ++w) {
     const at::BFloat16* kr = keys + w * DIM;
     for (int64_t j = 0; j < group; ++j) {
@@ -128,12 +142,14 @@ inline __m512 bf16_to_fp32(const at::BFloat16* p) {
 // acc[j] += sum over w of p[j * n + w] * values[w], for GROUP query heads at once: their sums
 // stay in registers while each value row is read and widened once.
 template <int64_t DIM, int64_t GROUP>
-void weighted_group(const float* p, int64_t n, const at::BFloat16* values, float* acc) {
+void weighted_group(const float* p, int64_t n, const at::BFloat16* values, float* acc,
+                    const at::BFloat16* ahead, int64_t ahead_n) {
   constexpr int64_t parts = DIM / 16;
   __m512 sum[GROUP][parts];
   for (int64_t j = 0; j < GROUP; ++j)
     for (int64_t v = 0; v < parts; ++v) sum[j][v] = _mm512_setzero_ps();
   for (int64_t w = 0; w < n; ++w) {
+    if ((w & 3) == 0) prefetch_rows<DIM>(ahead, w, 4, ahead_n);
     __m512 row[parts];
     for (int64_t v = 0; v < parts; ++v) row[v] = bf16_to_fp32(values + w * DIM + 16 * v);
     for (int64_t j = 0; j < GROUP; ++j) {
@@ -141,20 +157,23 @@ void weighted_group(const float* p, int64_t n, const at::BFloat16* values, float
       for (int64_t v = 0; v < parts; ++v) sum[j][v] = _mm512_fmadd_ps(weight, row[v], sum[j][v]);
     }
   }
+  if (ahead_n > n) prefetch_rows<DIM>(ahead, n, ahead_n - n, ahead_n);
   for (int64_t j = 0; j < GROUP; ++j)
     for (int64_t v = 0; v < parts; ++v) _mm512_storeu_ps(acc + j * DIM + 16 * v, sum[j][v]);
 }
 
 // acc[j] = sum over w of p[j * n + w] * values[w], four query heads at a time.
 template <int64_t DIM>
+// (the first pass brings the next task's ahead_n keys in)
 void weighted_sum_bf16(const float* p, int64_t n, int64_t group, const at::BFloat16* values,
-                       float* acc) {
+                       float* acc, const at::BFloat16* ahead, int64_t ahead_n) {
   for (int64_t j = 0; j < group; j += 4) {
+    const at::BFloat16* next = j == 0 ? ahead : nullptr;
     switch (std::min<int64_t>(group - j, 4)) {
-      case 1: weighted_group<DIM, 1>(p + j * n, n, values, acc + j * DIM); break;
-      case 2: weighted_group<DIM, 2>(p + j * n, n, values, acc + j * DIM); break;
-      case 3: weighted_group<DIM, 3>(p + j * n, n, values, acc + j * DIM); break;
-      default: weighted_group<DIM, 4>(p + j * n, n, values, acc + j * DIM); break;
+      case 1: weighted_group<DIM, 1>(p + j * n, n, values, acc + j * DIM, next, ahead_n); break;
+      case 2: weighted_group<DIM, 2>(p + j * n, n, values, acc + j * DIM, next, ahead_n); break;
+      case 3: weighted_group<DIM, 3>(p + j * n, n, values, acc + j * DIM, next, ahead_n); break;
+      default: weighted_group<DIM, 4>(p + j * n, n, values, acc + j * DIM, next, ahead_n); break;
     }
   }
 }
@@ -187,7 +206,7 @@ void attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& value
 #if defined(__AVX512BF16__)
       if constexpr (std::is_same_v<T, at::BFloat16> && DIM > 0 && DIM % 32 == 0) {
         fast = group <= kMaxGroup;
-        if (fast) scores_bf16<DIM>(qb, kb, n, group, scale, scores.data());
+        if (fast) scores_bf16<DIM>(qb, kb, n, group, scale, scores.data(), vb);
       }
 #endif
       if (!fast) {
@@ -218,7 +237,17 @@ void attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& value
       }
 #if defined(__AVX512BF16__)
       if constexpr (std::is_same_v<T, at::BFloat16> && DIM > 0 && DIM % 32 == 0) {
-        if (fast) weighted_sum_bf16<DIM>(scores.data(), n, group, vb, acc.data());
+        if (fast) {
+          // the next task's keys, brought in while this one's values are summed
+          const at::BFloat16* ahead = nullptr;
+          int64_t ahead_n = 0;
+          if (task + 1 < end) {
+            const int64_t b2 = (task + 1) / kv_heads, h2 = (task + 1) % kv_heads;
+            ahead = kp + ((b2 * kv_heads + h2) * capacity + fp[b2]) * dim;
+            ahead_n = hi - fp[b2] + 1;
+          }
+          weighted_sum_bf16<DIM>(scores.data(), n, group, vb, acc.data(), ahead, ahead_n);
+        }
       }
 #endif
       if (!fast) {
