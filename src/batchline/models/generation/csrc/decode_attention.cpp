@@ -59,9 +59,9 @@ inline float exp_approx(float x) {
   return p * two_n;
 }
 
-constexpr int64_t kMaxGroup = 8;  // query heads per KV head on the vdpbf16ps path
+constexpr int64_t kMaxGroup = 8;  // query heads per KV head on the AVX-512 paths
 
-#if defined(__AVX512BF16__)
+#if defined(__AVX512F__)
 // The 16 lane sums of v[0..15], in order, as one vector: pairs, then quads, then blocks folded
 // together (45 instructions where 16 _mm512_reduce_add_ps take ~130).
 inline __m512 lane_sums16(const __m512* v) {
@@ -86,17 +86,53 @@ inline __m512 lane_sums16(const __m512* v) {
 // Ask for rows [w, w + count) of `rows` (DIM values each) to be brought into the cache, where
 // w < n: the rows the next loop reads, while this one computes (the store is read once a step,
 // from memory; the hardware's prefetcher does not foresee the jump to the next row's columns).
-template <int64_t DIM>
-inline void prefetch_rows(const at::BFloat16* rows, int64_t w, int64_t count, int64_t n) {
+template <int64_t DIM, typename T>
+inline void prefetch_rows(const T* rows, int64_t w, int64_t count, int64_t n) {
   if (rows == nullptr) return;
-  constexpr int64_t bytes = DIM * 2;
+  constexpr int64_t bytes = DIM * static_cast<int64_t>(sizeof(T));
   for (int64_t k = w; k < std::min(w + count, n); ++k)
     for (int64_t b = 0; b < bytes; b += 64)
       _mm_prefetch(reinterpret_cast<const char*>(rows + k * DIM) + b, _MM_HINT_T0);
 }
 
-// scores[j * n + w] = scale * <query head j, key w>, for the group's query heads (bfloat16
-// products summed in fp32 by vdpbf16ps), 16 keys at a time.
+// scores[j * n + w] = scale * <query head j, key w>, for the group's query heads, 16 keys at a
+// time; float32 products summed by FMA, per 16 values of the head, then across them.
+template <int64_t DIM>
+void scores_f32(const float* q, const float* keys, int64_t n, int64_t group, float scale,
+                float* scores, const float* ahead) {
+  constexpr int64_t chunks = DIM / 16;
+  const __m512 scaled = _mm512_set1_ps(scale);
+  int64_t w = 0;
+  for (; w + 16 <= n; w += 16) {
+    prefetch_rows<DIM>(ahead, w, 16, n);
+    const float* block = keys + w * DIM;
+    for (int64_t j = 0; j < group; ++j) {
+      const float* qj = q + j * DIM;
+      __m512 sums[16];
+      for (int k = 0; k < 16; ++k) {
+        __m512 sum = _mm512_setzero_ps();
+        for (int64_t c = 0; c < chunks; ++c)
+          sum = _mm512_fmadd_ps(_mm512_loadu_ps(qj + 16 * c),
+                                _mm512_loadu_ps(block + k * DIM + 16 * c), sum);
+        sums[k] = sum;
+      }
+      _mm512_storeu_ps(scores + j * n + w, _mm512_mul_ps(lane_sums16(sums), scaled));
+    }
+  }
+  prefetch_rows<DIM>(ahead, w, n - w, n);
+  for (; w < n; ++w) {
+    for (int64_t j = 0; j < group; ++j) {
+      __m512 sum = _mm512_setzero_ps();
+      for (int64_t c = 0; c < chunks; ++c)
+        sum = _mm512_fmadd_ps(_mm512_loadu_ps(q + j * DIM + 16 * c),
+                              _mm512_loadu_ps(keys + w * DIM + 16 * c), sum);
+      scores[j * n + w] = _mm512_reduce_add_ps(sum) * scale;
+    }
+  }
+}
+
+#if defined(__AVX512BF16__)
+// The same for bfloat16: the products summed in fp32 by vdpbf16ps, 32 values at a time.
 template <int64_t DIM>
 void scores_bf16(const at::BFloat16* q, const at::BFloat16* keys, int64_t n, int64_t group,
                  float scale, float* scores, const at::BFloat16* ahead) {
@@ -134,16 +170,20 @@ void scores_bf16(const at::BFloat16* q, const at::BFloat16* keys, int64_t n, int
   }
 }
 
-inline __m512 bf16_to_fp32(const at::BFloat16* p) {
+#endif  // __AVX512BF16__
+
+// 16 values of a value row, as float32
+inline __m512 widened(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 widened(const at::BFloat16* p) {
   const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
 
 // acc[j] += sum over w of p[j * n + w] * values[w], for GROUP query heads at once: their sums
 // stay in registers while each value row is read and widened once.
-template <int64_t DIM, int64_t GROUP>
-void weighted_group(const float* p, int64_t n, const at::BFloat16* values, float* acc,
-                    const at::BFloat16* ahead, int64_t ahead_n) {
+template <int64_t DIM, int64_t GROUP, typename T>
+void weighted_group(const float* p, int64_t n, const T* values, float* acc, const T* ahead,
+                    int64_t ahead_n) {
   constexpr int64_t parts = DIM / 16;
   __m512 sum[GROUP][parts];
   for (int64_t j = 0; j < GROUP; ++j)
@@ -151,7 +191,7 @@ void weighted_group(const float* p, int64_t n, const at::BFloat16* values, float
   for (int64_t w = 0; w < n; ++w) {
     if ((w & 3) == 0) prefetch_rows<DIM>(ahead, w, 4, ahead_n);
     __m512 row[parts];
-    for (int64_t v = 0; v < parts; ++v) row[v] = bf16_to_fp32(values + w * DIM + 16 * v);
+    for (int64_t v = 0; v < parts; ++v) row[v] = widened(values + w * DIM + 16 * v);
     for (int64_t j = 0; j < GROUP; ++j) {
       const __m512 weight = _mm512_set1_ps(p[j * n + w]);
       for (int64_t v = 0; v < parts; ++v) sum[j][v] = _mm512_fmadd_ps(weight, row[v], sum[j][v]);
@@ -162,13 +202,13 @@ void weighted_group(const float* p, int64_t n, const at::BFloat16* values, float
     for (int64_t v = 0; v < parts; ++v) _mm512_storeu_ps(acc + j * DIM + 16 * v, sum[j][v]);
 }
 
-// acc[j] = sum over w of p[j * n + w] * values[w], four query heads at a time.
-template <int64_t DIM>
-// (the first pass brings the next task's ahead_n keys in)
-void weighted_sum_bf16(const float* p, int64_t n, int64_t group, const at::BFloat16* values,
-                       float* acc, const at::BFloat16* ahead, int64_t ahead_n) {
+// acc[j] = sum over w of p[j * n + w] * values[w], four query heads at a time (the first pass
+// brings the next task's ahead_n keys in).
+template <int64_t DIM, typename T>
+void weighted_sum(const float* p, int64_t n, int64_t group, const T* values, float* acc,
+                  const T* ahead, int64_t ahead_n) {
   for (int64_t j = 0; j < group; j += 4) {
-    const at::BFloat16* next = j == 0 ? ahead : nullptr;
+    const T* next = j == 0 ? ahead : nullptr;
     switch (std::min<int64_t>(group - j, 4)) {
       case 1: weighted_group<DIM, 1>(p + j * n, n, values, acc + j * DIM, next, ahead_n); break;
       case 2: weighted_group<DIM, 2>(p + j * n, n, values, acc + j * DIM, next, ahead_n); break;
@@ -202,7 +242,13 @@ void attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& value
       scores.resize(group * n);
       const T* kb = kp + (base + start) * dim;  // its first column's key
       const T* vb = vp + (base + start) * dim;
-      bool fast = false;  // the AVX512-BF16 loops, for bfloat16 heads of 64 or 128
+      bool fast = false;  // the AVX-512 loops, for heads of 64 or 128
+#if defined(__AVX512F__)
+      if constexpr (std::is_same_v<T, float> && DIM > 0 && DIM % 32 == 0) {
+        fast = group <= kMaxGroup;
+        if (fast) scores_f32<DIM>(qb, kb, n, group, scale, scores.data(), vb);
+      }
+#endif
 #if defined(__AVX512BF16__)
       if constexpr (std::is_same_v<T, at::BFloat16> && DIM > 0 && DIM % 32 == 0) {
         fast = group <= kMaxGroup;
@@ -235,18 +281,18 @@ void attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& value
         }
         total[j] = sum;
       }
-#if defined(__AVX512BF16__)
-      if constexpr (std::is_same_v<T, at::BFloat16> && DIM > 0 && DIM % 32 == 0) {
+#if defined(__AVX512F__)
+      if constexpr (DIM > 0 && DIM % 32 == 0) {
         if (fast) {
           // the next task's keys, brought in while this one's values are summed
-          const at::BFloat16* ahead = nullptr;
+          const T* ahead = nullptr;
           int64_t ahead_n = 0;
           if (task + 1 < end) {
             const int64_t b2 = (task + 1) / kv_heads, h2 = (task + 1) % kv_heads;
             ahead = kp + ((b2 * kv_heads + h2) * capacity + fp[b2]) * dim;
             ahead_n = hi - fp[b2] + 1;
           }
-          weighted_sum_bf16<DIM>(scores.data(), n, group, vb, acc.data(), ahead, ahead_n);
+          weighted_sum<DIM>(scores.data(), n, group, vb, acc.data(), ahead, ahead_n);
         }
       }
 #endif
