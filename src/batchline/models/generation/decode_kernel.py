@@ -35,7 +35,7 @@ import torch
 
 from batchline._cache import cache_dir, write_whole
 
-__all__ = ["DecodeKernel", "StepOps", "decode_kernel", "step_ops"]
+__all__ = ["DecodeKernel", "StepOps", "decode_kernel"]
 
 logger = logging.getLogger(__name__)
 
@@ -45,15 +45,7 @@ DecodeKernel = Callable[
 ]
 
 _SOURCE = Path(__file__).parent / "csrc" / "decode_attention.cpp"
-_FLAGS = (
-    "-O3",
-    "-march=native",
-    "-fopenmp-simd",
-    "-std=c++17",
-    "-shared",
-    "-fPIC",
-    "-w",
-)
+_FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-std=c++17", "-shared", "-fPIC", "-w")
 _BUILD_TIMEOUT_S = 300.0
 
 _lock = threading.Lock()
@@ -78,19 +70,14 @@ class StepOps:
     """The library's elementwise ops for a lean step (``csrc/decode_attention.cpp``), one call
     each where torch chains several: ``rms_norm(x, weight, eps)``, ``silu_mul(gate_up)`` (gate
     first) and ``rotary(x, cos, signed_sin)``. They round where torch's chain rounds; the sum of
-    squares in the norm (another order) and silu's exp differ in the last bits."""
+    squares in the norm (another order) and silu's exp differ in the last bits. Made once
+    :func:`decode_kernel` has loaded the library."""
 
     def __init__(self) -> None:
         ops = torch.ops.batchline
         self.rms_norm = ops.rms_norm
         self.silu_mul = ops.silu_mul
         self.rotary = ops.rotary
-
-
-def step_ops() -> StepOps | None:
-    """:class:`StepOps` where the library loads (:func:`decode_kernel`), else None."""
-    kernel, _ = decode_kernel()
-    return None if kernel is None else StepOps()
 
 
 def _load() -> tuple[DecodeKernel | None, str]:

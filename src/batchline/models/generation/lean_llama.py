@@ -47,6 +47,10 @@ FAMILIES = {
 
 Linear = Callable[[torch.Tensor], torch.Tensor]
 
+# The linears a layer may hold fused (Phi-3's, or fuse_projections'), and their separate parts.
+_QKV = ("qkv_proj", ("q_proj", "k_proj", "v_proj"))
+_GATE_UP = ("gate_up_proj", ("gate_proj", "up_proj"))
+
 # RoPE types whose inverse frequencies are fixed at load (the dynamic ones rescale per length).
 _STATIC_ROPE = ("default", "linear", "llama3")
 
@@ -128,11 +132,12 @@ class LeanForward:
                 return _fused(attention.qkv_proj, [q_size, kv_size, kv_size])
             return _separate(attention.q_proj, attention.k_proj, attention.v_proj)
 
-        def gate_up(mlp: Any) -> Split:
+        def gate_up(mlp: Any) -> tuple[Split, Linear | None]:
+            """gate and up, and the fused linear that gives both where the model has one."""
             if hasattr(mlp, "gate_up_proj"):
                 size = int(mlp.gate_up_proj.out_features) // 2  # torch's chunk(2)
-                return _fused(mlp.gate_up_proj, [size, size])
-            return _separate(mlp.gate_proj, mlp.up_proj)
+                return _fused(mlp.gate_up_proj, [size, size]), _linear(mlp.gate_up_proj)
+            return _separate(mlp.gate_proj, mlp.up_proj), None
 
         self._layers = [
             _Layer(
@@ -141,8 +146,7 @@ class LeanForward:
                 qkv(layer.self_attn),
                 _linear(layer.self_attn.o_proj),
                 layer.post_attention_layernorm.weight,
-                gate_up(layer.mlp),
-                _linear(layer.mlp.gate_up_proj) if hasattr(layer.mlp, "gate_up_proj") else None,
+                *gate_up(layer.mlp),
                 _linear(layer.mlp.down_proj),
                 _weight(getattr(layer.self_attn, "q_norm", None)),
                 _weight(getattr(layer.self_attn, "k_norm", None)),
@@ -257,16 +261,11 @@ def fuse_projections(model: Any) -> int:
     One product instead of three (or two) per layer gives the same bits (each output column sums
     the same products) and takes less time: SmolLM2-135M's q/k/v and gate/up at 16 rows, bf16,
     packed, one thread, 6.6 -> 5.4 ms per step (30 layers; 2026-11-28)."""
-    lean, _ = lean_forward(model)
-    if lean is None:
+    if _family(model)[0] is None:
         return 0
     fused = 0
     for layer in model.model.layers[: model.config.num_hidden_layers]:
-        for module, name, parts in (
-            (layer.self_attn, "qkv_proj", ("q_proj", "k_proj", "v_proj")),
-            (layer.mlp, "gate_up_proj", ("gate_proj", "up_proj")),
-        ):
-            fused += _fuse(module, name, parts)
+        fused += _fuse(layer.self_attn, *_QKV) + _fuse(layer.mlp, *_GATE_UP)
     return fused
 
 
@@ -318,6 +317,13 @@ def _attention_kwargs(attention: Any, config: Any) -> dict[str, Any]:
 def lean_forward(model: Any, ops: StepOps | None = None) -> tuple[LeanForward | None, str]:
     """A :class:`LeanForward` of ``model`` (its norms, rotary and SiLU through ``ops`` where
     given), or None and why it does not apply."""
+    prefix, why = _family(model)
+    return (None if prefix is None else LeanForward(model, ops)), why
+
+
+def _family(model: Any) -> tuple[str | None, str]:
+    """The class-name prefix of the family :class:`LeanForward` runs ``model`` as, and its
+    name; or None, and why it does not apply."""
     import importlib
 
     kind = type(model).__name__
@@ -363,9 +369,9 @@ def lean_forward(model: Any, ops: StepOps | None = None) -> tuple[LeanForward | 
             if type(module) is not expected:
                 return None, f"{kind} has a {type(module).__name__} for {expected.__name__}"
         projections = (
-            *_projections(attention, "qkv_proj", ("q_proj", "k_proj", "v_proj")),
+            *_projections(attention, *_QKV),
             attention.o_proj,
-            *_projections(mlp, "gate_up_proj", ("gate_proj", "up_proj")),
+            *_projections(mlp, *_GATE_UP),
             mlp.down_proj,
         )
         for proj in projections:
@@ -373,4 +379,4 @@ def lean_forward(model: Any, ops: StepOps | None = None) -> tuple[LeanForward | 
                 return None, f"{kind} has a {type(proj).__name__} projection"
     if type(model.lm_head) not in (torch.nn.Linear, PackedLinear):
         return None, f"{kind} has a {type(model.lm_head).__name__} lm_head"
-    return LeanForward(model, ops), f"transformers' {prefix} layers"
+    return prefix, f"transformers' {prefix} layers"

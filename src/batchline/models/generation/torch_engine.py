@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import DynamicCache
 
-from batchline.models.generation.decode_kernel import DecodeKernel, decode_kernel, step_ops
+from batchline.models.generation.decode_kernel import DecodeKernel, StepOps, decode_kernel
 from batchline.models.generation.engine import FinishReason, GenerationRequest, StepOutput
 from batchline.models.generation.kv_slots import Geometry, SlotStore, StoreState
 from batchline.models.generation.lean_llama import LeanForward, lean_forward
@@ -224,7 +224,7 @@ class TorchStepEngine:
         self._decode_attention = decode_attention
         self._lean: LeanForward | None = None
         if lean is not False:
-            ops = step_ops() if self._kernel is not None else None
+            ops = StepOps() if self._kernel is not None else None  # the kernel's library
             self._lean, why = lean_forward(model, ops)
             if self._lean is None:
                 if lean:

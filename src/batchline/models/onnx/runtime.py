@@ -203,6 +203,7 @@ class OnnxModel:
 
         resolved = _resolve_providers(providers)
         opts = _session_options(intra_op_threads=intra_op_threads, spinning=spinning)
+        disabled = _disabled_optimizers(resolved)
         opened: list[ort.InferenceSession] = []
         for _ in range(sessions):
             try:
@@ -210,7 +211,7 @@ class OnnxModel:
                     str(model_path),
                     sess_options=opts,
                     providers=resolved,
-                    disabled_optimizers=_disabled_optimizers(resolved),
+                    disabled_optimizers=disabled,
                 )
             except Exception as exc:  # ORT raises its own pybind classes, not ValueError
                 raise ModelError(f"ONNX Runtime could not load {model_path}: {exc}") from exc
@@ -410,6 +411,10 @@ def _dummy_input(spec: OnnxTensor, batch: int) -> Array:
     return np.zeros(dims, dtype=dtype)
 
 
+def _provider_name(provider: ProviderSpec) -> str:
+    return provider if isinstance(provider, str) else provider[0]
+
+
 def _resolve_providers(providers: Sequence[ProviderSpec] | None) -> list[ProviderSpec]:
     if providers is None:
         return ["CPUExecutionProvider"]
@@ -432,8 +437,7 @@ def _resolve_providers(providers: Sequence[ProviderSpec] | None) -> list[Provide
                 f"(available: {', '.join(available)}){hint}, or pass providers=['cpu']"
             )
         resolved.append(name if options is None else (name, options))
-    names = [r if isinstance(r, str) else r[0] for r in resolved]
-    if "CPUExecutionProvider" not in names:
+    if "CPUExecutionProvider" not in map(_provider_name, resolved):
         resolved.append("CPUExecutionProvider")
     return resolved
 
@@ -441,8 +445,7 @@ def _resolve_providers(providers: Sequence[ProviderSpec] | None) -> list[Provide
 def _check_providers_active(sess: ort.InferenceSession, wanted: Sequence[ProviderSpec]) -> None:
     # ORT falls back to CPU with only a log line when, e.g., the CUDA libraries fail to load.
     active = set(sess.get_providers())
-    for p in wanted:
-        name = p if isinstance(p, str) else p[0]
+    for name in map(_provider_name, wanted):
         if name not in active:
             raise ModelError(
                 f"ONNX Runtime could not start provider {name} (active: {sorted(active)}); "
@@ -461,8 +464,8 @@ _CPU_DISABLED_OPTIMIZERS = ("SkipLayerNormFusion",)
 def _disabled_optimizers(providers: Sequence[ProviderSpec]) -> list[str]:
     """The graph rewrites to leave out for a session on ``providers``: the CPU-slower ones
     when the CPU runs every operator."""
-    names = {p if isinstance(p, str) else p[0] for p in providers}
-    return list(_CPU_DISABLED_OPTIMIZERS) if names == {"CPUExecutionProvider"} else []
+    cpu_only = {*map(_provider_name, providers)} == {"CPUExecutionProvider"}
+    return list(_CPU_DISABLED_OPTIMIZERS) if cpu_only else []
 
 
 def _session_options(*, intra_op_threads: int, spinning: bool) -> ort.SessionOptions:

@@ -318,6 +318,14 @@ void attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& value
   });
 }
 
+// f(T{}) for x's dtype, bfloat16 or float32 (the dtypes a step computes in on the CPU).
+template <typename F>
+void on_dtype(const at::Tensor& x, const char* op, F&& f) {
+  if (x.scalar_type() == at::kBFloat16) return f(at::BFloat16{});
+  TORCH_CHECK(x.scalar_type() == at::kFloat, op, ": bfloat16 or float32");
+  f(float{});
+}
+
 template <typename T>
 void dispatch(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
               const at::Tensor& first, int64_t hi, float scale, at::Tensor& out) {
@@ -351,26 +359,15 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& keys, const a
   }
   auto out = at::empty_like(q);
   const float s = static_cast<float>(scale);
-  if (q.scalar_type() == at::kBFloat16) {
-    dispatch<at::BFloat16>(q, keys, values, f, hi, s, out);
-  } else {
-    TORCH_CHECK(q.scalar_type() == at::kFloat, "decode_attention: bfloat16 or float32");
-    dispatch<float>(q, keys, values, f, hi, s, out);
-  }
+  on_dtype(q, "decode_attention", [&](auto tag) {
+    dispatch<decltype(tag)>(q, keys, values, f, hi, s, out);
+  });
   return out;
 }
 
 // -- a step's elementwise work, one call each instead of torch's chain of small ops -------------
 // Each rounds to T where torch's chain (lean_llama.py) rounds: the same values, except the sum
 // of squares in rms_norm (another summation order) and silu's exp (exp_approx).
-
-// f(T{}) for x's dtype, bfloat16 or float32 (the dtypes a step computes in on the CPU).
-template <typename F>
-void on_dtype(const at::Tensor& x, const char* op, F&& f) {
-  if (x.scalar_type() == at::kBFloat16) return f(at::BFloat16{});
-  TORCH_CHECK(x.scalar_type() == at::kFloat, op, ": bfloat16 or float32");
-  f(float{});
-}
 
 // v's bfloat16 bits, rounded to nearest even as at::BFloat16(v) rounds (a NaN stays one),
 // without its branch: a loop over it vectorizes.
@@ -482,7 +479,7 @@ __attribute__((optimize("fp-contract=off"))) void rotary_rows(const at::Tensor& 
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   TORCH_CHECK(x.dim() == 3 && x.stride(2) == 1, "rotary: x (tokens, heads, dim), dim contiguous");
   TORCH_CHECK(cos.sizes() == sin.sizes() && cos.dim() == 3 && cos.size(0) == x.size(0) &&
-                  cos.size(2) % 2 == 0 && cos.size(2) <= x.size(2),
+                  cos.size(1) == 1 && cos.size(2) % 2 == 0 && cos.size(2) <= x.size(2),
               "rotary: cos and sin (tokens, 1, r), r even and at most dim");
   TORCH_CHECK(cos.scalar_type() == x.scalar_type() && sin.scalar_type() == x.scalar_type(),
               "rotary: x, cos and sin of one dtype");
