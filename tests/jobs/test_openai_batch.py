@@ -68,9 +68,8 @@ def run_batch(tiny: Path, src: Path, out: Path, **options: Any) -> Any:
     from batchline.jobs.generate import GenerateOptions
     from batchline.jobs.run import run
 
-    opts = GenerateOptions(
-        input=src, output=out, model=f"{MODEL}={tiny}/", knobs=Knobs(dtype="float32"), **options
-    )
+    options.setdefault("knobs", Knobs(dtype="float32"))
+    opts = GenerateOptions(input=src, output=out, model=f"{MODEL}={tiny}/", **options)
     return run(opts)
 
 

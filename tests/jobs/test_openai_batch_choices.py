@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from batchline.knobs import Knobs
+
 from .test_openai_batch import MODEL, chat, read_lines, run_batch, tiny, write_lines
 
 pytest.importorskip("transformers")
@@ -113,8 +115,8 @@ def test_a_line_asking_more_than_the_job_keeps_in_flight_fails_alone(
 ) -> None:
     src = write_lines(tmp_path / "requests.jsonl", [chat(0, n=128), chat(1)])
     out = tmp_path / "results.jsonl"
-    run_batch(tiny, src, out)
+    run_batch(tiny, src, out, knobs=Knobs(dtype="float32", max_running_sequences=16))
     first, second = read_lines(out)
-    # 16 running sequences by default, 4 x that in flight
+    # 16 running sequences at most, 4 x that in flight
     assert "n=128 is more than this job keeps in flight (64)" in first["error"]["message"]
     assert second["error"] is None

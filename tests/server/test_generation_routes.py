@@ -803,6 +803,7 @@ async def test_metrics_appear_on_the_registry_after_requests() -> None:
         assert value("batchline_generation_generated_tokens_total") == 11
         assert value("batchline_generation_running_sequences") == 0
         assert value("batchline_generation_waiting_sequences") == 0
+        assert value("batchline_generation_running_cap") == 8  # served(): max_running 8, fixed
         assert value("batchline_generation_kv_tokens", kind="budget") == 16_384
         assert value("batchline_generation_kv_budget_used_ratio") == 0
         assert value("batchline_generation_preempted_total") == 0

@@ -112,6 +112,7 @@ _GENERATION_FLAGS = {
     "response_format": "--response-format",
     "generation_batching": "--generation-batching",
     "max_running_sequences": "--max-running-sequences",
+    "start_running_sequences": "--start-running-sequences",
     "kv_token_budget": "--kv-token-budget",
     "generation_backend": "--generation-backend",
     "dtype": "--dtype",
@@ -175,7 +176,18 @@ def _add_generation_arguments(p: argparse.ArgumentParser) -> None:
         "runs until its last sequence ends (--no-batching: one at a time)",
     )
     g.add_argument(
-        "--max-running-sequences", type=int, help="sequences generated at once, at most (16)"
+        "--max-running-sequences",
+        type=int,
+        help="sequences generated at once, at most (64; a static batch's size)",
+    )
+    g.add_argument(
+        "--start-running-sequences",
+        type=int,
+        metavar="N",
+        help="continuous batching on the torch backend: the running cap starts at N (16) and, "
+        "while prompts wait, rises towards --max-running-sequences as long as one more row's "
+        "measured cost in a decode step is at most 0.8 of an average row's; N >= "
+        "--max-running-sequences: a fixed cap",
     )
     g.add_argument(
         "--kv-token-budget",

@@ -579,6 +579,7 @@ def generate_summary(
         itl_p50_s=stats.itl_p50_s,
         itl_p99_s=stats.itl_p99_s,
         max_running=cap,
+        running_cap=stats.running_cap,
         running_peak=adapter.peaks.running,
         waiting_peak=adapter.peaks.waiting,
         in_flight_limit=adapter.limit,

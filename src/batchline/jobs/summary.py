@@ -103,6 +103,8 @@ class GenerateSummary(RunSummary):
     itl_p50_s: float = math.nan
     itl_p99_s: float = math.nan
     max_running: int = 0
+    #: the continuous scheduler's cap at the end, where the measured cost of a row moved it
+    running_cap: int = 0
     running_peak: int = 0
     waiting_peak: int = 0
     in_flight_limit: int = 0
@@ -144,7 +146,7 @@ class GenerateSummary(RunSummary):
             ("TTFT p50 / p99", f"{_ms(self.ttft_p50_s)} / {_ms(self.ttft_p99_s)}"),
             ("inter-token p50 / p99", f"{_ms(self.itl_p50_s)} / {_ms(self.itl_p99_s)}"),
             ("end-to-end p50 / p99", f"{_ms(self.latency_p50_s)} / {_ms(self.latency_p99_s)}"),
-            ("running peak (sampled) / cap", f"{self.running_peak} / {self.max_running}"),
+            ("running peak (sampled) / cap", self._running()),
             ("avg running per step", f"{self.avg_running_per_step:.1f}"),
             ("waiting peak (in-flight cap)", f"{self.waiting_peak} ({self.in_flight_limit})"),
             ("KV reserved peak / budget", budget),
@@ -154,6 +156,12 @@ class GenerateSummary(RunSummary):
             ),
             *self._prefix_rows(),
         ]
+
+    def _running(self) -> str:
+        shown = f"{self.running_peak} / {self.max_running}"
+        if self.running_cap and self.running_cap != self.max_running:
+            shown += f" (measured cap at the end: {self.running_cap})"
+        return shown
 
     def _prefix_rows(self) -> list[tuple[str, str]]:
         if not self.prefix_cache_tokens:

@@ -174,6 +174,11 @@ class _SnapshotCollector(Collector):
         steps = counter(p + "steps", "Engine steps run.")
         running = gauge(p + "running_sequences", "Sequences in the engine now.")
         waiting = gauge(p + "waiting_sequences", "Requests waiting for admission now.")
+        cap = gauge(
+            p + "running_cap",
+            "Sequences admitted at most now (the continuous scheduler's measured cap; 0: the "
+            "generator does not say).",
+        )
         kv = GaugeMetricFamily(
             p + "kv_tokens",
             "KV-cache positions: reserved by admitted sequences, in use now, and the budget.",
@@ -235,6 +240,7 @@ class _SnapshotCollector(Collector):
             steps.add_metric([model], s.steps)
             running.add_metric([model], s.running)
             waiting.add_metric([model], s.waiting)
+            cap.add_metric([model], s.running_cap)
             kv.add_metric([model, "reserved"], s.kv_tokens_reserved)
             kv.add_metric([model, "in_use"], s.kv_tokens_in_use)
             kv.add_metric([model, "budget"], s.kv_token_budget)
@@ -263,6 +269,7 @@ class _SnapshotCollector(Collector):
             steps,
             running,
             waiting,
+            cap,
             kv,
             kv_ratio,
             tps,

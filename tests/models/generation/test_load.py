@@ -180,8 +180,11 @@ def test_cuda_without_cuda_and_vllm_without_vllm_say_so(tiny_folder: Path) -> No
 def test_generation_knobs_are_validated(tmp_path: Path) -> None:
     knobs = Knobs()
     assert (knobs.generation_batching, knobs.generation_backend) == ("continuous", "torch")
-    assert (knobs.max_running_sequences, knobs.kv_token_budget) == (16, 16_384)
+    running = (knobs.start_running_sequences, knobs.max_running_sequences)
+    assert (*running, knobs.kv_token_budget) == (16, 64, 16_384)
     for bad in (
+        {"start_running_sequences": 0},
+        {"start_running_sequences": None},
         {"generation_batching": "dynamic"},
         {"generation_backend": "onnx"},
         {"max_running_sequences": 0},

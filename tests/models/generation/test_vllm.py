@@ -463,7 +463,7 @@ def test_cpu_defaults_start_vllm_cpu_on_a_small_machine(monkeypatch: pytest.Monk
     assert engine_args(monkeypatch, "cpu") == {
         # auto means what it means on the torch backend: bf16 where the CPU has it natively
         "dtype": choose_dtype("auto", "cpu").dtype,
-        "max_num_seqs": 16,
+        "max_num_seqs": 64,
         "enforce_eager": True,
         "max_model_len": 2048,
         "gpu_memory_utilization": 0.3,
@@ -493,12 +493,12 @@ def test_cuda_defaults_are_vllms_own(monkeypatch: pytest.MonkeyPatch) -> None:
     on_cuda = choose_dtype("auto", "cuda").dtype
     assert engine_args(monkeypatch, "cuda", device="cuda") == {
         "dtype": on_cuda,
-        "max_num_seqs": 16,
+        "max_num_seqs": 64,
         "enforce_eager": False,
     }
     assert engine_args(monkeypatch, "cuda", device="cuda:0", kv_cache_gib=2, eager=True) == {
         "dtype": on_cuda,
-        "max_num_seqs": 16,
+        "max_num_seqs": 64,
         "enforce_eager": True,
         "kv_cache_memory_bytes": 2 * 2**30,
     }

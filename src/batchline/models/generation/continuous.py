@@ -7,7 +7,15 @@ requests join, so a short request never waits for a long one to end.
 Scheduling policy of :class:`ContinuousGenerator`:
 
 1. **Caps.** At most ``max_running`` sequences are in the engine, and the sum of their
-   *reservations* never exceeds ``kv_token_budget``.
+   *reservations* never exceeds ``kv_token_budget``. With ``start_running`` below
+   ``max_running``, the cap between them is measured instead of assumed: it starts at
+   ``start_running``, and while requests wait and the engine runs as many rows as the cap
+   allows, it rises one row at a time for as long as a row's marginal cost in a decode step
+   stays within ``row_cost_ratio`` of an average row's (:class:`~.admission.RowCost`, from
+   the decode-only steps' own times). Until the row counts just below the cap are measured
+   (4 rows apart, 8 steps each) it rises to measure them, once. When one more row would not
+   pay, the cap falls back to the last row that did (to ``start_running`` if none did).
+   A running sequence is never evicted when the cap falls: fewer join.
 2. **Worst-case reservation, no preemption.** Admission reserves ``len(prompt) + max_tokens``
    KV positions per request, released when it finishes or aborts. A sequence is therefore
    never evicted mid-way (``preempted`` stays 0, no recompute is ever wasted), at the price of
@@ -65,6 +73,7 @@ from batchline._errors import (
     QueueFullError,
 )
 from batchline._priority import aged_rank
+from batchline.models.generation.admission import RowCost
 from batchline.models.generation.engine import (
     GenerationRequest,
     PrefixCaching,
@@ -341,6 +350,11 @@ class ContinuousGenerator(EngineGenerator):
         engine: the model (not thread-safe: only this generator's worker thread calls it).
         detokenizer: ``decode(ids) -> str``, e.g. a ``tokenizers.Tokenizer``.
         max_running: sequences in the engine at once, at most.
+        start_running: where the cap starts and the least it falls to; between it and
+            ``max_running`` the measured cost of a row moves it (the module's policy). None, or
+            ``max_running`` or more: the cap is ``max_running``, fixed.
+        row_cost_ratio: a row pays while its marginal step cost is at most this share of an
+            average row's.
         kv_token_budget: the sum of running sequences' ``len(prompt) + max_tokens``, at most;
             a request that exceeds it alone is refused with ``RecordTooLargeError``.
         max_waiting: requests waiting for admission, at most; beyond, ``submit`` raises
@@ -359,6 +373,8 @@ class ContinuousGenerator(EngineGenerator):
         detokenizer: Detokenizer,
         *,
         max_running: int = 16,
+        start_running: int | None = None,
+        row_cost_ratio: float = 0.8,
         kv_token_budget: int = 16_384,
         max_waiting: int = 1_024,
         max_overtakes: int = 16,
@@ -367,6 +383,8 @@ class ContinuousGenerator(EngineGenerator):
         name: str = "continuous",
     ) -> None:
         _check_min("max_running", max_running)
+        if start_running is not None:
+            _check_min("start_running", start_running)
         _check_min("kv_token_budget", kv_token_budget, 2)
         _check_min("max_waiting", max_waiting)
         _check_min("max_overtakes", max_overtakes, 0)
@@ -376,6 +394,11 @@ class ContinuousGenerator(EngineGenerator):
             engine, detokenizer, kv_token_budget=kv_token_budget, clock=clock, name=name
         )
         self.max_running = max_running
+        self.start_running = min(max_running, start_running or max_running)
+        self._cap = self.start_running
+        # measured only where the cap may move
+        moves = self.start_running < max_running
+        self._row_cost = RowCost(ratio=row_cost_ratio) if moves else None
         self.max_waiting = max_waiting
         self.max_overtakes = max_overtakes
         self.priority_aging_s = priority_aging_s
@@ -418,6 +441,7 @@ class ContinuousGenerator(EngineGenerator):
         with self._cond:
             running, waiting, reserved = len(self._running), len(self._waiting), self._reserved
         stats = self._recorder.snapshot(running=running, waiting=waiting, kv_reserved=reserved)
+        stats = dataclasses.replace(stats, running_cap=self._cap)
         engine = self._engine
         if isinstance(engine, PrefixCaching):
             stats = dataclasses.replace(
@@ -467,10 +491,32 @@ class ContinuousGenerator(EngineGenerator):
 
     # -- the worker thread ------------------------------------------------------------------
 
+    def _move_cap_locked(self) -> None:
+        """The cap one row up while the last row paid and requests wait for a row, or down to
+        the rows that paid once one more would not (the module's policy, 1)."""
+        cost = self._row_cost
+        if cost is None:
+            return
+        cap = self._cap
+        verdict = cost.pays(cap)
+        if verdict is False:
+            while cap > self.start_running and not cost.pays(cap - 1):
+                cap -= 1  # that row did not pay either (or was only there to be measured)
+            self._cap = cap
+        elif (
+            cap < self.max_running
+            and self._waiting
+            and len(self._running) >= cap
+            # unknown yet: measure one row more, once (not again after falling back below it)
+            and (verdict or (cost.measured(cap) and not cost.measured(cap + 1)))
+        ):
+            self._cap = cap + 1
+
     def _admit_locked(self) -> list[TrackedSequence]:
         admitted: list[TrackedSequence] = []
         skipped: list[_Waiting] = []
-        room = self.max_running - len(self._running)
+        self._move_cap_locked()
+        room = self._cap - len(self._running)
         if room <= 0:
             return admitted  # no free slot: spare the per-step copy of the waiting queue
         for waiting in list(self._waiting):
@@ -489,6 +535,17 @@ class ContinuousGenerator(EngineGenerator):
             else:
                 skipped.append(waiting)
         return admitted
+
+    def _prompt_tokens_computed(self) -> int | None:
+        engine = self._engine
+        return engine.prompt_tokens_computed if isinstance(engine, PrefixCaching) else None
+
+    def _observe_row_cost(self, rows: int, seconds: float, prompts_before: int | None) -> None:
+        """Count the step in its row count's cost if it only decoded: no request joined it,
+        and the engine (where it says) computed no prompt token in it (a long prompt's later
+        chunks)."""
+        if self._row_cost is not None and self._prompt_tokens_computed() == prompts_before:
+            self._row_cost.observe(rows, seconds)
 
     def _work(self) -> None:
         try:
@@ -540,6 +597,7 @@ class ContinuousGenerator(EngineGenerator):
                     return
                 admitted = self._admit_locked()
                 joined_at = self._clock.now() if admitted else 0.0
+                prompts_before = self._prompt_tokens_computed()
                 for seq in admitted:
                     try:
                         engine.add_request(seq.request)
@@ -554,7 +612,10 @@ class ContinuousGenerator(EngineGenerator):
             if not batch:
                 continue
             try:
+                started = self._clock.now()
                 step_updates, ended = self._step(batch)
+                if not admitted:
+                    self._observe_row_cost(len(batch), self._clock.now() - started, prompts_before)
             except Exception as exc:
                 with cond:
                     failed = [s for rid, s in batch.items() if self._running.pop(rid, None)]

@@ -28,11 +28,13 @@ def build_generator(
     *,
     max_running: int,
     kv_token_budget: int,
+    start_running: int | None = None,
     max_waiting: int = 1_024,
     clock: Clock | None = None,
 ) -> TextGenerator:
     """A generator of ``kind`` over ``engine`` (not started). ``sequential`` ignores
-    ``max_running`` and ``kv_token_budget``: one sequence runs, with the whole context."""
+    ``max_running`` and ``kv_token_budget``: one sequence runs, with the whole context;
+    ``start_running`` is the continuous one's (where its measured cap starts)."""
     if kind == "sequential":
         return SequentialGenerator(engine, detokenizer, max_waiting=max_waiting, clock=clock)
     if kind == "static":
@@ -49,6 +51,7 @@ def build_generator(
             engine,
             detokenizer,
             max_running=max_running,
+            start_running=start_running,
             kv_token_budget=kv_token_budget,
             max_waiting=max_waiting,
             clock=clock,

@@ -274,12 +274,14 @@ def load_text_generator(spec: ModelSpec, knobs: Knobs) -> GenerationModel:
         if knobs.generation_batching == "static" else "continuous"
     )  # fmt: skip
     running = 1 if batching == "sequential" else knobs.max_running_sequences
+    start = knobs.start_running_sequences if batching == "continuous" else None
     budget = engine.max_context_tokens if batching == "sequential" else knobs.kv_token_budget
     generator = build_generator(
         batching,
         engine,
         detok,
         max_running=running,
+        start_running=start,
         kv_token_budget=budget,
         max_waiting=knobs.max_queue_size,
     )

@@ -51,7 +51,9 @@ class GenerationStats:
     its capacity in positions, the prompts that started with a cached prefix and the prompt
     tokens they did not prefill. ``prompt_tokens_computed``: the prompt tokens the engine
     prefilled (where it says); ``prompts_shared``: prompts it did not prefill because an
-    identical one joined the same step (``n`` samples).
+    identical one joined the same step (``n`` samples). ``running_cap``: the most sequences
+    the scheduler admits now (the continuous one's cap, which the measured cost of a row may
+    move; 0 where the generator does not say).
     """
 
     requests_submitted: int = 0
@@ -82,6 +84,7 @@ class GenerationStats:
     prefix_tokens_reused: int = 0
     prompt_tokens_computed: int = 0
     prompts_shared: int = 0
+    running_cap: int = 0
 
 
 class GenerationStatsRecorder:
