@@ -1,7 +1,7 @@
 """Causal LMs of other families than Llama (Qwen2, Qwen3, Mistral, Gemma 3, Phi-3), saved as
 Hugging Face folders with ``save_pretrained`` and loaded as ``--model PATH/`` is: batchline's
-engine (the lean forward for Qwen2, Qwen3, Mistral and Phi-3, transformers' module tree for
-Gemma 3) gives the greedy tokens of transformers' own ``generate``, for several prompts at once;
+engine (the lean forward for each) gives the greedy tokens of transformers' own ``generate``,
+for several prompts at once;
 sliding-window layers attend within their window however long the sequence grows, prefilled
 whole or in chunks. ``test_lean_families.py`` holds the lean step to the module tree's."""
 
@@ -50,9 +50,18 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 16}),  # q/k norms
     "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": WINDOW}),
-    # sliding-window layers, scaled embeddings, query_pre_attn_scalar, q/k norms (untied
-    # embeddings: tied, the tiny model's greedy tokens hardly depend on attention at all)
-    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {"head_dim": 16, "sliding_window": WINDOW}),
+    # a sliding-window layer and a full-attention one (each with its own RoPE base), scaled
+    # embeddings, query_pre_attn_scalar, q/k norms (untied embeddings: tied, the tiny model's
+    # greedy tokens hardly depend on attention at all)
+    "gemma3": (
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        {
+            "head_dim": 16,
+            "sliding_window": WINDOW,
+            "layer_types": ["sliding_attention", "full_attention"],
+        },
+    ),
     # fused qkv and gate/up projections, partial rotary
     "phi3": ("Phi3Config", "Phi3ForCausalLM", {"partial_rotary_factor": 0.5}),
 }
@@ -62,7 +71,15 @@ def build(family: str, **overrides: Any) -> Any:
     config_class, model_class, extra = FAMILIES[family]
     config = getattr(transformers, config_class)(**{**_BASE, **extra, **overrides})
     torch.manual_seed(0)
-    return getattr(transformers, model_class)(config).eval()
+    model = getattr(transformers, model_class)(config).eval()
+    if family.startswith("gemma"):
+        # Gemma's norm weights start at zero (its norms multiply by 1 + weight): give them
+        # values, so that a norm computed in another order or with its weight dropped shows.
+        with torch.no_grad():
+            for name, weight in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    weight.normal_(0.0, 0.5)
+    return model
 
 
 def load(folder: Path) -> Any:
@@ -92,7 +109,7 @@ def test_greedy_tokens_equal_transformers_generate(family: str, root: Path) -> N
     folder = _folder(root, family)
     loaded = load(folder)
     engine = loaded.engine
-    assert engine.forward == ("transformers" if family == "gemma3" else "lean")
+    assert engine.forward == "lean"
     prompts = [_prompt(i, n) for i, n in enumerate([3, 9, 17, 30])]
     for i, p in enumerate(prompts):
         engine.add_request(
