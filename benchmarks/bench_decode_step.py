@@ -59,7 +59,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--family",
-        choices=["smollm2", "mistral", "qwen2", "qwen3", "phi3", "gemma3"],
+        choices=["smollm2", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"],
         default="smollm2",
         help="smollm2 (the real weights), or random weights of SmolLM2-135M's shapes in another "
         "family's transformers classes (its tokenizer and prompts still SmolLM2's)",

@@ -741,7 +741,7 @@ def test_a_model_it_does_not_recognise_takes_transformers_forward(
     assert said == [
         "transformers' forward for each step (no lean forward: MyLlama is not one of "
         "transformers' LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-        "Qwen3ForCausalLM, Phi3ForCausalLM, Gemma3ForCausalLM)"
+        "Qwen3ForCausalLM, Phi3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM)"
     ]  # once per model class
     first.add_request(_request("a", _prompt(1, 5), 3))
     got: dict[str, list[int]] = {}

@@ -1,7 +1,8 @@
 """The lean forward beyond Llama: Mistral (a sliding window), Qwen2 (q/k/v biases), Qwen3 (q/k
-RMSNorm per head), Phi-3 (fused q/k/v and gate/up, half of each head rotated) and Gemma 3
-(scaled embeddings, four norms a layer times 1 + weight, GeLU, a RoPE per layer type), each on
-a tiny random-weight model built here. Each family's lean step
+RMSNorm per head), Phi-3 (fused q/k/v and gate/up, half of each head rotated), Gemma 3 (scaled
+embeddings, four norms a layer times 1 + weight, GeLU, a RoPE per layer type) and Gemma 2 (the
+same without q/k norms, its scores and logits soft-capped), each on a tiny random-weight model
+built here. Each family's lean step
 computes what transformers' module tree did, bit for bit (``test_families.py`` holds the greedy
 tokens, loaded from a folder, to transformers' own ``generate``)."""
 
@@ -41,7 +42,7 @@ def build_tiny(family: str) -> Any:
     return model
 
 
-FAMILY_NAMES = ["mistral", "qwen2", "qwen3", "phi3", "gemma3"]
+FAMILY_NAMES = ["mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"]
 
 
 @pytest.fixture(scope="module", params=FAMILY_NAMES)
@@ -61,9 +62,12 @@ def test_each_family_is_recognised_and_what_makes_it_differ_is_read(
     assert (first.q_norm is not None) == (family in ("qwen3", "gemma3"))
     assert (first.attention_out_norm is not None) == (first.mlp_out_norm is not None) == gemma
     assert (lean._embed_scale is not None) == lean._offset_norm == gemma
-    windows = {"mistral": [WINDOW, WINDOW], "gemma3": [WINDOW, None]}.get(family, [None, None])
-    for layer, window in zip(lean._layers, windows, strict=True):
-        assert layer.attend == ({} if window is None else {"sliding_window": window})
+    windows = {"mistral": [WINDOW, WINDOW], "gemma2": [WINDOW, None], "gemma3": [WINDOW, None]}
+    # Gemma 2's attention soft-caps its scores (the tiny model's cap: 2); Gemma 3's does not
+    softcap = {"softcap": 2.0} if family == "gemma2" else {}
+    for layer, window in zip(lean._layers, windows.get(family, [None, None]), strict=True):
+        assert layer.attend == ({} if window is None else {"sliding_window": window}) | softcap
+    assert lean._logit_softcap == (10.0 if family == "gemma2" else None)
     # Gemma 3's sliding-window layer and its full-attention one rotate with their own bases
     assert [first.rotary, second.rotary] == ([0, 1] if family == "gemma3" else [0, 0])
     assert len(lean._rotaries) == (2 if family == "gemma3" else 1)
@@ -90,14 +94,18 @@ def test_the_lean_step_computes_what_the_module_tree_did(
     assert _against_the_module_tree(engine, equal) == 3 + WINDOW + 2
 
 
+@pytest.mark.parametrize("family", ["gemma2", "gemma3"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_gemma_takes_the_kernels_norm_only_where_it_keeps_gemmas_order(dtype: str) -> None:
+def test_gemma_takes_the_kernels_norm_only_where_it_keeps_gemmas_order(
+    family: str, dtype: str
+) -> None:
     from batchline.models.generation.decode_kernel import decode_kernel
 
     kernel, why = decode_kernel()
     if kernel is None:
         pytest.skip(why)
-    model = build_tiny("gemma3").to(getattr(torch, dtype))
+    model = build_tiny(family).to(getattr(torch, dtype))
+    # Gemma 2's capped layers attend without the kernel, and their norms and rotary take it
     engine = TorchStepEngine(model, lean=True, decode_attention="kernel")
     lean = engine._lean
     assert lean is not None

@@ -1,5 +1,5 @@
-"""A lean forward pass of a Llama-family causal LM (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 3)
-for one packed step of :class:`~batchline.models.generation.torch_engine.TorchStepEngine`.
+"""A lean forward pass of a Llama-family causal LM (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2,
+Gemma 3) for one packed step of :class:`~batchline.models.generation.torch_engine.TorchStepEngine`.
 
 The same kernels as transformers' module tree (the model's own linears, packed or not, SDPA
 through :func:`~.packed_attention.packed_attention`), called from one plain loop over the
@@ -24,7 +24,9 @@ times ``1 + weight`` before rounding, norms the attention's and the MLP's output
 norms a layer), normalises q and k as Qwen3 does, takes GeLU (tanh) for SiLU, scales the
 scores by ``query_pre_attn_scalar ** -0.5``, rotates its sliding-window layers with other
 frequencies than its full-attention ones (a cos/sin table per layer type), and soft-caps its
-logits where its config says (``final_logit_softcapping``).
+logits where its config says (``final_logit_softcapping``). Gemma 2 does as Gemma 3 without
+the q/k norms, with one RoPE for all its layers, and soft-caps its attention's scores too
+(``attn_logit_softcapping``, passed to the attention as transformers' layer passes it).
 """
 
 from __future__ import annotations
@@ -60,6 +62,9 @@ class Family(NamedTuple):
     offset_norm: bool = False
     #: the logits soft-capped by ``config.final_logit_softcapping`` where it is set
     logit_softcap: bool = False
+    #: the attention's scores soft-capped by its ``attn_logit_softcapping`` (Gemma 2's; Gemma
+    #: 3's attention holds one, from its config, and does not pass it on)
+    attention_softcap: bool = False
 
 
 #: The model families the lean forward runs.
@@ -69,6 +74,14 @@ FAMILIES = {
     "qwen2": Family("transformers.models.qwen2.modeling_qwen2", "Qwen2"),
     "qwen3": Family("transformers.models.qwen3.modeling_qwen3", "Qwen3"),
     "phi3": Family("transformers.models.phi3.modeling_phi3", "Phi3"),
+    "gemma2": Family(
+        "transformers.models.gemma2.modeling_gemma2",
+        "Gemma2",
+        activation="hidden_activation",
+        offset_norm=True,
+        logit_softcap=True,
+        attention_softcap=True,
+    ),
     "gemma3": Family(
         "transformers.models.gemma3.modeling_gemma3",
         "Gemma3",
@@ -251,7 +264,7 @@ class LeanForward:
                     self._norm_weight(mlp_out),
                     self._norm_weight(getattr(layer.self_attn, "q_norm", None)),
                     self._norm_weight(getattr(layer.self_attn, "k_norm", None)),
-                    _attention_kwargs(layer.self_attn, config),
+                    _attention_kwargs(layer.self_attn, config, family),
                     order.index(kind),
                 )
             )
@@ -427,16 +440,20 @@ def _fuse(module: torch.nn.Module, name: str, parts: tuple[str, ...]) -> int:
     return 1
 
 
-def _attention_kwargs(attention: Any, config: Any) -> dict[str, Any]:
-    """The sliding window transformers' layer passes its attention, where it has one: Qwen's
-    and Gemma's per layer (``attention.sliding_window``), Mistral's from its config; none for
-    Llama."""
+def _attention_kwargs(attention: Any, config: Any, family: Family) -> dict[str, Any]:
+    """What transformers' layer passes its attention besides the scaling: its sliding window,
+    where it has one (Qwen's and Gemma's per layer, ``attention.sliding_window``; Mistral's from
+    its config; none for Llama), and Gemma 2's soft-cap of the scores."""
     window: int | None = (
         attention.sliding_window
         if hasattr(attention, "sliding_window")
         else getattr(config, "sliding_window", None)
     )
-    return {} if window is None else {"sliding_window": window}
+    kwargs: dict[str, Any] = {} if window is None else {"sliding_window": window}
+    softcap = attention.attn_logit_softcapping if family.attention_softcap else None
+    if softcap is not None:
+        kwargs["softcap"] = softcap
+    return kwargs
 
 
 def lean_forward(model: Any, ops: StepOps | None = None) -> tuple[LeanForward | None, str]:
