@@ -59,7 +59,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--family",
-        choices=["smollm2", "mistral", "qwen2", "qwen3", "phi3"],
+        choices=["smollm2", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"],
         default="smollm2",
         help="smollm2 (the real weights), or random weights of SmolLM2-135M's shapes in another "
         "family's transformers classes (its tokenizer and prompts still SmolLM2's)",
@@ -224,8 +224,12 @@ def _random_family_model(family: str, shapes: Any, dtype: Any) -> Any:
 
     from batchline.models.generation.lean_llama import FAMILIES
 
-    prefix = FAMILIES[family][1]
-    config = getattr(transformers, f"{prefix}Config")(
+    model_class = getattr(transformers, f"{FAMILIES[family].prefix}ForCausalLM")
+    head_dim = shapes.hidden_size // shapes.num_attention_heads
+    # Gemma's configs default to Gemma's head size and score scale (256), not SmolLM2's
+    gemma = {"head_dim": head_dim, "query_pre_attn_scalar": head_dim}
+    config = model_class.config_class(
+        **(gemma if family.startswith("gemma") else {}),
         vocab_size=shapes.vocab_size,
         hidden_size=shapes.hidden_size,
         intermediate_size=shapes.intermediate_size,
@@ -239,7 +243,7 @@ def _random_family_model(family: str, shapes: Any, dtype: Any) -> Any:
         eos_token_id=shapes.eos_token_id,
     )
     torch.manual_seed(0)
-    return getattr(transformers, f"{prefix}ForCausalLM")(config).to(dtype).eval()
+    return model_class(config).to(dtype).eval()
 
 
 if __name__ == "__main__":

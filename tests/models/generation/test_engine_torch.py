@@ -741,7 +741,7 @@ def test_a_model_it_does_not_recognise_takes_transformers_forward(
     assert said == [
         "transformers' forward for each step (no lean forward: MyLlama is not one of "
         "transformers' LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-        "Qwen3ForCausalLM, Phi3ForCausalLM)"
+        "Qwen3ForCausalLM, Phi3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM)"
     ]  # once per model class
     first.add_request(_request("a", _prompt(1, 5), 3))
     got: dict[str, list[int]] = {}
@@ -765,4 +765,4 @@ def test_a_llama_with_another_activation_is_not_recognised() -> None:
     model.config.hidden_act = "gelu"
     lean, why = lean_forward(model)
     assert lean is None
-    assert why == "LlamaForCausalLM uses the activation 'gelu', not silu"
+    assert why == "LlamaForCausalLM uses the activation 'gelu', not silu or gelu_pytorch_tanh"

@@ -1,9 +1,11 @@
-"""Causal LMs of other families than Llama (Qwen2, Qwen3, Mistral, Gemma 3, Phi-3), saved as
-Hugging Face folders with ``save_pretrained`` and loaded as ``--model PATH/`` is: batchline's
-engine (the lean forward for Qwen2, Qwen3, Mistral and Phi-3, transformers' module tree for
-Gemma 3) gives the greedy tokens of transformers' own ``generate``, for several prompts at once;
-sliding-window layers attend within their window however long the sequence grows, prefilled
-whole or in chunks. ``test_lean_families.py`` holds the lean step to the module tree's."""
+"""Causal LMs of other families than Llama (Qwen2, Qwen3, Mistral, Gemma 2, Gemma 3, Phi-3),
+saved as Hugging Face folders with ``save_pretrained`` and loaded as ``--model PATH/`` is:
+batchline's engine (the lean forward for each) gives the greedy tokens of transformers' own
+``generate``, for several prompts at once; sliding-window layers attend within their window
+however long the sequence grows, prefilled whole or in chunks; Gemma 2's soft-capped attention
+is transformers' eager attention, for decoding rows and prompt pieces alike. What the engine
+cannot run exactly is refused in one line. ``test_lean_families.py`` holds the lean step to the
+module tree's."""
 
 from __future__ import annotations
 
@@ -50,9 +52,30 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 16}),  # q/k norms
     "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": WINDOW}),
-    # sliding-window layers, scaled embeddings, query_pre_attn_scalar, q/k norms (untied
-    # embeddings: tied, the tiny model's greedy tokens hardly depend on attention at all)
-    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {"head_dim": 16, "sliding_window": WINDOW}),
+    # a sliding-window layer and a full-attention one (each with its own RoPE base), scaled
+    # embeddings, query_pre_attn_scalar, q/k norms (untied embeddings: tied, the tiny model's
+    # greedy tokens hardly depend on attention at all)
+    "gemma3": (
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        {
+            "head_dim": 16,
+            "sliding_window": WINDOW,
+            "layer_types": ["sliding_attention", "full_attention"],
+        },
+    ),
+    # Gemma 3's layers without q/k norms, a window on the first; scores and logits soft-capped,
+    # low enough to bend them (uncapped, the scores reach ~4 and the logits ~5)
+    "gemma2": (
+        "Gemma2Config",
+        "Gemma2ForCausalLM",
+        {
+            "head_dim": 16,
+            "sliding_window": WINDOW,
+            "attn_logit_softcapping": 2.0,
+            "final_logit_softcapping": 10.0,
+        },
+    ),
     # fused qkv and gate/up projections, partial rotary
     "phi3": ("Phi3Config", "Phi3ForCausalLM", {"partial_rotary_factor": 0.5}),
 }
@@ -62,7 +85,15 @@ def build(family: str, **overrides: Any) -> Any:
     config_class, model_class, extra = FAMILIES[family]
     config = getattr(transformers, config_class)(**{**_BASE, **extra, **overrides})
     torch.manual_seed(0)
-    return getattr(transformers, model_class)(config).eval()
+    model = getattr(transformers, model_class)(config).eval()
+    if family.startswith("gemma"):
+        # Gemma's norm weights start at zero (its norms multiply by 1 + weight): give them
+        # values, so that a norm computed in another order or with its weight dropped shows.
+        with torch.no_grad():
+            for name, weight in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    weight.normal_(0.0, 0.5)
+    return model
 
 
 def load(folder: Path) -> Any:
@@ -92,7 +123,7 @@ def test_greedy_tokens_equal_transformers_generate(family: str, root: Path) -> N
     folder = _folder(root, family)
     loaded = load(folder)
     engine = loaded.engine
-    assert engine.forward == ("transformers" if family == "gemma3" else "lean")
+    assert engine.forward == "lean"
     prompts = [_prompt(i, n) for i, n in enumerate([3, 9, 17, 30])]
     for i, p in enumerate(prompts):
         engine.add_request(
@@ -131,7 +162,7 @@ def _reference(model: Any, prompt: tuple[int, ...]) -> list[int]:
     return [int(t) for t in out[0, len(prompt) :]]
 
 
-@pytest.mark.parametrize("family", ["mistral", "gemma3"])
+@pytest.mark.parametrize("family", ["mistral", "gemma2", "gemma3"])
 @pytest.mark.parametrize("decode_attention", ["kernel", "sdpa"])
 def test_a_sliding_window_holds_in_chunks_after_a_cached_prefix_and_joining_late(
     family: str, decode_attention: str, torch_threads: None
@@ -179,17 +210,84 @@ def test_eos_declared_only_by_the_tokenizer_is_taken(root: Path) -> None:
     loaded.close()
 
 
-def test_attention_soft_capping_is_refused_in_one_line(root: Path) -> None:
-    model = build_gemma2()
-    folder = save_tiny_generator(root / "gemma2", model=model)
-    with pytest.raises(ModelError, match=r"soft-caps its attention scores") as caught:
+def test_capped_attention_is_transformers_eager_for_decoding_rows_and_a_join() -> None:
+    from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward
+
+    from batchline.models.generation.kv_slots import Geometry, SlotStore
+    from batchline.models.generation.packed_attention import (
+        Join,
+        StepPlan,
+        causal_mask,
+        packed_attention,
+    )
+
+    attention = build("gemma2").model.layers[1].self_attn  # full attention, layer_idx 1
+    cap, scaling = 2.0, float(attention.scaling)
+    heads, kv_heads, dim = 4, 2, 16
+    gen = torch.Generator().manual_seed(0)
+
+    def rand(*shape: int) -> Any:
+        return torch.randn(*shape, generator=gen) * 6.0  # scores far past the cap
+
+    store = SlotStore(Geometry(2, kv_heads, dim, torch.float32, torch.device("cpu")))
+    store.reserve(rows=3, left=12, right=1)
+    store.lo, store.rows = 2, 3  # a window of columns [2, 12], the new keys at 12
+    for buffers in (store.keys, store.values):
+        buffers[1].copy_(rand(*buffers[1].shape))
+    first = torch.tensor([2, 5, 9])  # each decoding row's first real column
+    # a prompt's last 4 tokens, after 6 columns it holds already (a cached prefix, a chunk),
+    # in staging buffers of their own (layer 1's)
+    staged_keys, staged_values = rand(1, kv_heads, 10, dim), rand(1, kv_heads, 10, dim)
+    mask = causal_mask(4, 6, torch.device("cpu"))
+    join = Join(None, 0, 10, 3, 4, mask, [staged_keys] * 2, [staged_values] * 2)
+
+    def no_kernel(*args: Any) -> Any:
+        pytest.fail("the decode kernel cannot cap the scores")
+
+    plan = StepPlan(store, 3, first, [join], decode_attention="kernel", decode_kernel=no_kernel)
+    query, key, value = rand(1, heads, 7, dim), rand(1, kv_heads, 7, dim), rand(1, kv_heads, 7, dim)
+    out, _ = packed_attention(
+        attention, query, key, value, None, scaling=scaling, batchline_step=plan, softcap=cap
+    )
+
+    def eager(q: Any, k: Any, v: Any, allowed: Any, softcap: float | None = cap) -> Any:
+        additive = None  # transformers' form of the mask: the dtype's least value, else 0
+        if allowed is not None:
+            additive = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo().min)
+        attended, _ = eager_attention_forward(
+            attention, q, k, v, additive, scaling=scaling, softcap=softcap
+        )
+        return attended
+
+    # The same ops as eager's: equal here bit for bit, though the rows are padded to one window
+    # (a BLAS may block a longer row otherwise: 1e-6 allowed)
+    for row in range(3):  # each row over its own columns, its new key at hi
+        columns = slice(int(first[row]), store.hi + 1)
+        k, v = store.keys[1][row : row + 1, :, columns], store.values[1][row : row + 1, :, columns]
+        q = query[:, :, row : row + 1]
+        torch.testing.assert_close(out[0, row], eager(q, k, v, None)[0, 0], rtol=0, atol=1e-6)
+        uncapped = eager(q, k, v, None, softcap=None)[0, 0]
+        assert (out[0, row] - uncapped).abs().max() > 0.1  # the cap bends these scores
+    # the join's new keys and values written after the 6 columns it held
+    expected = eager(query[:, :, 3:], staged_keys, staged_values, mask)[0]
+    torch.testing.assert_close(out[0, 3:], expected, rtol=0, atol=1e-6)
+
+
+def test_a_model_that_attends_bidirectionally_is_refused_in_one_line(root: Path) -> None:
+    model = build("gemma3", use_bidirectional_attention=True)  # as EmbeddingGemma does
+    folder = save_tiny_generator(root / "bidirectional", model=model)
+    with pytest.raises(ModelError, match=r"attends bidirectionally") as caught:
         load(folder)
     assert "\n" not in str(caught.value)
-    assert "'gemma2'" in str(caught.value)
+    assert "'bidirectional'" in str(caught.value)
 
 
-def build_gemma2() -> Any:
-    extra = {"head_dim": 16, "sliding_window": WINDOW, "attn_logit_softcapping": 50.0}
-    config = transformers.Gemma2Config(**{**_BASE, **extra})
-    torch.manual_seed(0)
-    return transformers.Gemma2ForCausalLM(config).eval()
+def test_kv_cache_layers_of_another_kind_are_refused(torch_threads: None) -> None:
+    from batchline.models.generation.torch_engine import TorchStepEngine
+
+    config = transformers.Qwen3NextConfig(
+        **{**_BASE, "layer_types": ["linear_attention", "full_attention"], "num_experts": 2}
+    )
+    model = transformers.Qwen3NextForCausalLM(config).eval()
+    with pytest.raises(ValueError, match=r"uses KV cache layers \['DynamicLayer', 'Linear"):
+        TorchStepEngine(model)

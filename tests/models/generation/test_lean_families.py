@@ -1,6 +1,8 @@
 """The lean forward beyond Llama: Mistral (a sliding window), Qwen2 (q/k/v biases), Qwen3 (q/k
-RMSNorm per head) and Phi-3 (fused q/k/v and gate/up, half of each head rotated), each on a tiny
-random-weight model built here. Each family's lean step
+RMSNorm per head), Phi-3 (fused q/k/v and gate/up, half of each head rotated), Gemma 3 (scaled
+embeddings, four norms a layer times 1 + weight, GeLU, a RoPE per layer type) and Gemma 2 (the
+same without q/k norms, its scores and logits soft-capped), each on a tiny random-weight model
+built here. Each family's lean step
 computes what transformers' module tree did, bit for bit (``test_families.py`` holds the greedy
 tokens, loaded from a folder, to transformers' own ``generate``)."""
 
@@ -40,7 +42,7 @@ def build_tiny(family: str) -> Any:
     return model
 
 
-FAMILY_NAMES = ["mistral", "qwen2", "qwen3", "phi3"]
+FAMILY_NAMES = ["mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"]
 
 
 @pytest.fixture(scope="module", params=FAMILY_NAMES)
@@ -54,12 +56,24 @@ def test_each_family_is_recognised_and_what_makes_it_differ_is_read(
     family, model = tiny
     lean, why = lean_forward(model)
     assert lean is not None, why
-    assert why == f"transformers' {FAMILIES[family][1]} layers"
-    layer = lean._layers[0]
-    assert (layer.q_norm is not None) == (family == "qwen3")
-    assert layer.attend == ({"sliding_window": WINDOW} if family == "mistral" else {})
+    assert why == f"transformers' {FAMILIES[family].prefix} layers"
+    gemma = family.startswith("gemma")
+    first, second = lean._layers
+    assert (first.q_norm is not None) == (family in ("qwen3", "gemma3"))
+    assert (first.attention_out_norm is not None) == (first.mlp_out_norm is not None) == gemma
+    assert (lean._embed_scale is not None) == lean._offset_norm == gemma
+    windows = {"mistral": [WINDOW, WINDOW], "gemma2": [WINDOW, None], "gemma3": [WINDOW, None]}
+    # Gemma 2's attention soft-caps its scores (the tiny model's cap: 2); Gemma 3's does not
+    softcap = {"softcap": 2.0} if family == "gemma2" else {}
+    for layer, window in zip(lean._layers, windows.get(family, [None, None]), strict=True):
+        assert layer.attend == ({} if window is None else {"sliding_window": window}) | softcap
+    assert lean._logit_softcap == (10.0 if family == "gemma2" else None)
+    # Gemma 3's sliding-window layer and its full-attention one rotate with their own bases
+    assert [first.rotary, second.rotary] == ([0, 1] if family == "gemma3" else [0, 0])
+    assert len(lean._rotaries) == (2 if family == "gemma3" else 1)
     head = lean._head_dim
     assert lean._rotary_dim == (head // 2 if family == "phi3" else head)
+    assert lean._scaling == (256**-0.5 if gemma else head**-0.5)  # query_pre_attn_scalar
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["separate", "fused"])
@@ -73,27 +87,68 @@ def test_the_lean_step_computes_what_the_module_tree_did(
     # torch's ops throughout ("sdpa": without the kernel library's norms, rotary, SiLU)
     engine = TorchStepEngine(model, lean=True, decode_attention="sdpa")
     assert engine.forward == "lean"
+
+    def equal(got: Any, expected: Any) -> None:
+        assert torch.equal(got, expected)
+
+    assert _against_the_module_tree(engine, equal) == 3 + WINDOW + 2
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_gemma_takes_the_kernels_norm_only_where_it_keeps_gemmas_order(
+    family: str, dtype: str
+) -> None:
+    from batchline.models.generation.decode_kernel import decode_kernel
+
+    kernel, why = decode_kernel()
+    if kernel is None:
+        pytest.skip(why)
+    model = build_tiny(family).to(getattr(torch, dtype))
+    # Gemma 2's capped layers attend without the kernel, and their norms and rotary take it
+    engine = TorchStepEngine(model, lean=True, decode_attention="kernel")
     lean = engine._lean
+    assert lean is not None
+    assert lean._ops is not None  # the kernel library's rotary, in both
+    # float32: the kernel's norm times 1 + weight (rounding to float32 is none); bfloat16:
+    # torch's ops, which multiply before rounding as Gemma's norm does
+    assert lean._kernel_norm == (dtype == "float32")
+    # The kernel's sums in another order: logits up to ~8, within 2e-6 (float32) and one
+    # bfloat16 step (0.0625) when measured; twice that, or ten times, allowed
+    tolerance = {"float32": 2e-5, "bfloat16": 0.125}[dtype]
+
+    def close(got: Any, expected: Any) -> None:
+        torch.testing.assert_close(got, expected, atol=tolerance, rtol=0.0)
+
+    assert _against_the_module_tree(engine, close) == 3 + WINDOW + 2
+
+
+def _against_the_module_tree(engine: Any, check: Any) -> int:
+    """Step ``engine`` (lean) through joins and decodes past Mistral's window, each step's
+    logits computed by the lean forward and by transformers' module tree (with transformers'
+    SDPA function) over the same inputs and passed to ``check(lean, module tree)``; returns
+    the steps compared."""
+    lean, attention = engine._lean, engine.decode_attention
     real_forward = engine._forward
     compared: list[int] = []
 
     def both(ids: list[int], positions: list[int], keep: list[int], plan: Any) -> Any:
-        engine._lean, plan.decode_attention = lean, "sdpa"
+        engine._lean, plan.decode_attention = lean, attention
         got = real_forward(ids, positions, keep, plan)
         engine._lean, plan.decode_attention = None, "transformers"
         plan.layers_seen = 0
         expected = real_forward(ids, positions, keep, plan)
-        assert torch.equal(got, expected)
+        check(got, expected)
         compared.append(len(keep))
         return expected
 
-    engine._forward = both  # type: ignore[method-assign]
+    engine._forward = both
     for i, (seed, length) in enumerate([(1, 9), (2, 4), (3, 11)]):
         engine.add_request(_request(str(i), _prompt(seed, length)))
         engine.step()
     for _ in range(WINDOW + 2):  # past Mistral's window
         engine.step()
-    assert len(compared) == 3 + WINDOW + 2
+    return len(compared)
 
 
 @pytest.mark.parametrize("family", ["llama", *FAMILY_NAMES])
@@ -134,8 +189,35 @@ def test_a_family_with_another_activation_takes_the_module_tree() -> None:
     )
     lean, why = lean_forward(transformers.Qwen2ForCausalLM(config).eval())
     assert lean is None
-    assert why == "Qwen2ForCausalLM uses the activation 'gelu', not silu"
+    assert why == "Qwen2ForCausalLM uses the activation 'gelu', not silu or gelu_pytorch_tanh"
 
 
 def _request(rid: str, prompt: tuple[int, ...]) -> GenerationRequest:
     return GenerationRequest(rid, prompt, SamplingParams(max_tokens=MAX_NEW, ignore_eos=True))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "why"),
+    [
+        (  # the full-attention layers' RoPE rescales with the length; the sliding ones' not
+            {
+                "rope_parameters": {
+                    "full_attention": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e6},
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                }
+            },
+            "uses the RoPE type 'dynamic'",
+        ),
+        (
+            {"use_bidirectional_attention": True},
+            "attends bidirectionally (use_bidirectional_attention)",
+        ),
+    ],
+    ids=["dynamic-rope", "bidirectional"],
+)
+def test_a_gemma3_the_loop_cannot_run_exactly_is_not_recognised(
+    overrides: dict[str, Any], why: str
+) -> None:
+    lean, said = lean_forward(build("gemma3", **overrides))
+    assert lean is None
+    assert said == f"Gemma3ForCausalLM {why}"

@@ -1,5 +1,5 @@
-"""A lean forward pass of a Llama-family causal LM (Llama, Mistral, Qwen2, Qwen3, Phi-3) for one
-packed step of :class:`~batchline.models.generation.torch_engine.TorchStepEngine`.
+"""A lean forward pass of a Llama-family causal LM (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2,
+Gemma 3) for one packed step of :class:`~batchline.models.generation.torch_engine.TorchStepEngine`.
 
 The same kernels as transformers' module tree (the model's own linears, packed or not, SDPA
 through :func:`~.packed_attention.packed_attention`), called from one plain loop over the
@@ -10,22 +10,32 @@ through transformers' tree (module ``__call__``s, config lookups, output datacla
 and takes x0.88-0.94 of the time (benchmarks/engine_levers.md has the A/B).
 
 :func:`lean_forward` recognises a model by its classes (transformers' own classes of one of
-:data:`FAMILIES`, no subclass that could change a ``forward``) and its config (SiLU, a RoPE
-whose frequencies do not depend on the sequence length); for any other model it returns None
-with the reason, and the engine keeps transformers' forward. The families differ only where
-the loop reads its layers: Qwen2's q/k/v carry biases (the linears' own), Qwen3 normalises each
-head's q and k (RMSNorm over the head dimension) before the rotary, Phi-3 computes q/k/v in one
-fused linear and gate/up in another (sliced as transformers slices them) and may rotate only
-the first part of each head (``partial_rotary_factor``), and Mistral's, Qwen's and Phi-3's
-sliding-window layers pass their window to the attention, as transformers' layers do.
+:data:`FAMILIES`, no subclass that could change a ``forward``) and its config (SiLU or GeLU
+with tanh, a RoPE whose frequencies do not depend on the sequence length, causal attention);
+for any other model it returns None with the reason, and the engine keeps transformers'
+forward. The families differ only where the loop reads its layers: Qwen2's q/k/v carry biases
+(the linears' own), Qwen3 normalises each head's q and k (RMSNorm over the head dimension)
+before the rotary, Phi-3 computes q/k/v in one fused linear and gate/up in another (sliced as
+transformers slices them) and may rotate only the first part of each head
+(``partial_rotary_factor``), and Mistral's, Qwen's and Phi-3's sliding-window layers pass their
+window to the attention, as transformers' layers do. Gemma 3 (:class:`Family` holds what its
+modules do not say) scales its embeddings by sqrt(hidden_size), computes RMSNorm in float32
+times ``1 + weight`` before rounding, norms the attention's and the MLP's outputs too (four
+norms a layer), normalises q and k as Qwen3 does, takes GeLU (tanh) for SiLU, scales the
+scores by ``query_pre_attn_scalar ** -0.5``, rotates its sliding-window layers with other
+frequencies than its full-attention ones (a cos/sin table per layer type), and soft-caps its
+logits where its config says (``final_logit_softcapping``). Gemma 2 does as Gemma 3 without
+the q/k norms, with one RoPE for all its layers, and soft-caps its attention's scores too
+(``attn_logit_softcapping``, passed to the attention as transformers' layer passes it).
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -34,15 +44,52 @@ from batchline.models.generation.decode_kernel import StepOps
 from batchline.models.generation.packed_attention import StepPlan, packed_attention
 from batchline.models.generation.packed_linear import PackedLinear
 
-__all__ = ["FAMILIES", "LeanForward", "fuse_projections", "lean_forward"]
+__all__ = ["FAMILIES", "Family", "LeanForward", "fuse_projections", "lean_forward"]
 
-#: The model families the lean forward runs: transformers' module and class-name prefix.
+
+class Family(NamedTuple):
+    """A family the lean forward runs: transformers' module and class-name prefix, and what of
+    its computation the modules the loop reads do not say (from transformers' modeling code)."""
+
+    module: str
+    prefix: str
+    #: the base model's class, after the prefix
+    base: str = "Model"
+    #: the config field that names the MLP's activation
+    activation: str = "hidden_act"
+    #: RMSNorm computed in float32 times ``1 + weight``, then rounded (Gemma's; Llama rounds
+    #: first, then multiplies by the weight)
+    offset_norm: bool = False
+    #: the logits soft-capped by ``config.final_logit_softcapping`` where it is set
+    logit_softcap: bool = False
+    #: the attention's scores soft-capped by its ``attn_logit_softcapping`` (Gemma 2's; Gemma
+    #: 3's attention holds one, from its config, and does not pass it on)
+    attention_softcap: bool = False
+
+
+#: The model families the lean forward runs.
 FAMILIES = {
-    "llama": ("transformers.models.llama.modeling_llama", "Llama"),
-    "mistral": ("transformers.models.mistral.modeling_mistral", "Mistral"),
-    "qwen2": ("transformers.models.qwen2.modeling_qwen2", "Qwen2"),
-    "qwen3": ("transformers.models.qwen3.modeling_qwen3", "Qwen3"),
-    "phi3": ("transformers.models.phi3.modeling_phi3", "Phi3"),
+    "llama": Family("transformers.models.llama.modeling_llama", "Llama"),
+    "mistral": Family("transformers.models.mistral.modeling_mistral", "Mistral"),
+    "qwen2": Family("transformers.models.qwen2.modeling_qwen2", "Qwen2"),
+    "qwen3": Family("transformers.models.qwen3.modeling_qwen3", "Qwen3"),
+    "phi3": Family("transformers.models.phi3.modeling_phi3", "Phi3"),
+    "gemma2": Family(
+        "transformers.models.gemma2.modeling_gemma2",
+        "Gemma2",
+        activation="hidden_activation",
+        offset_norm=True,
+        logit_softcap=True,
+        attention_softcap=True,
+    ),
+    "gemma3": Family(
+        "transformers.models.gemma3.modeling_gemma3",
+        "Gemma3",
+        base="TextModel",
+        activation="hidden_activation",
+        offset_norm=True,
+        logit_softcap=True,
+    ),
 }
 
 Linear = Callable[[torch.Tensor], torch.Tensor]
@@ -50,9 +97,22 @@ Linear = Callable[[torch.Tensor], torch.Tensor]
 # The linears a layer may hold fused (Phi-3's, or fuse_projections'), and their separate parts.
 _QKV = ("qkv_proj", ("q_proj", "k_proj", "v_proj"))
 _GATE_UP = ("gate_up_proj", ("gate_proj", "up_proj"))
+# A layer's norms, where it has them (Llama's two, Gemma's four).
+_LAYER_NORMS = (
+    "input_layernorm",
+    "post_attention_layernorm",
+    "pre_feedforward_layernorm",
+    "post_feedforward_layernorm",
+)
 
 # RoPE types whose inverse frequencies are fixed at load (the dynamic ones rescale per length).
 _STATIC_ROPE = ("default", "linear", "llama3")
+
+# The activations by config name, as transformers' ACT2FN computes them.
+_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu,
+    "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh"),
+}
 
 
 def _linear(module: torch.nn.Module) -> Linear:
@@ -92,13 +152,16 @@ class _Layer:
     input_norm: torch.Tensor
     qkv: Split
     o: Linear
-    post_norm: torch.Tensor
+    attention_out_norm: torch.Tensor | None  # Gemma: the attention's output, before the residual
+    mlp_norm: torch.Tensor
     gate_up: Split
     gate_up_joined: Linear | None  # the fused gate/up linear, where the model has one
     down: Linear
-    q_norm: torch.Tensor | None  # Qwen3: RMSNorm of each head's q and k
+    mlp_out_norm: torch.Tensor | None  # Gemma: the MLP's output, before the residual
+    q_norm: torch.Tensor | None  # Qwen3, Gemma 3: RMSNorm of each head's q and k
     k_norm: torch.Tensor | None
     attend: dict[str, Any]  # what the layer passes its attention besides scaling
+    rotary: int  # its cos/sin table (Gemma 3: one per layer type)
 
 
 class LeanForward:
@@ -106,26 +169,60 @@ class LeanForward:
     one packed step, as ``model(..., logits_to_keep=keep, batchline_step=plan).logits[0]``
     computes them: with torch's ops (``ops`` None), the same ops in the same order, fp32 and
     bf16 results equal bit for bit; with :class:`~.decode_kernel.StepOps`, one call per norm,
-    rotary and SiLU, whose float32 norms and SiLU differ in the last bits."""
+    rotary and SiLU, whose float32 norms and SiLU differ in the last bits. ``model`` is one
+    :func:`lean_forward` recognises."""
 
     def __init__(self, model: Any, ops: StepOps | None = None) -> None:
+        family = _named(model)
+        if family is None:
+            raise ValueError(f"no lean forward for a {type(model).__name__}; see lean_forward")
         self._ops = ops
         inner = model.model
         config = model.config
         self._embed = inner.embed_tokens.weight
+        # Gemma's scaled embedding multiplies by its scale in the weights' dtype, as here.
+        scale = getattr(inner.embed_tokens, "embed_scale", None)
+        self._embed_scale = None if scale is None else scale.to(self._embed.dtype)
         self._eps = float(config.rms_norm_eps)
-        self._final_norm = inner.norm.weight
+        self._offset_norm = family.offset_norm
+        # The kernel's norm rounds, then multiplies by the weight (Llama's order). Gemma's
+        # multiplies by 1 + weight in float32, then rounds: the same order in a float32 model
+        # (rounding to float32 is none), another in bfloat16, where torch's ops do it.
+        self._kernel_norm = ops is not None and (
+            not family.offset_norm or self._embed.dtype == torch.float32
+        )
+        self._final_norm = self._norm_weight(inner.norm)
         self._lm_head = _linear(model.lm_head)
+        cap = getattr(config, "final_logit_softcapping", None) if family.logit_softcap else None
+        self._logit_softcap: float | None = None if cap is None else float(cap)
+        activation = getattr(config, family.activation)
+        self._act = _ACTIVATIONS[activation]
+        self._silu = activation == "silu"  # the kernel library's silu_mul applies
         attention = inner.layers[0].self_attn  # what every layer's attention was built with
         self._head_dim = int(attention.head_dim)
         self._heads = int(config.num_attention_heads)
         self._kv_heads = self._heads // int(attention.num_key_value_groups)
         self._scaling = float(attention.scaling)
+        layers = inner.layers[: config.num_hidden_layers]
         rotary = inner.rotary_emb
-        self._inv_freq = rotary.inv_freq.float()
-        self._rope_scaling = float(rotary.attention_scaling)
+        # Gemma 3's rotary holds inverse frequencies per layer type (its local base for the
+        # sliding-window layers): each layer takes its type's, as transformers' model does.
+        kinds = (
+            [None] * len(layers)
+            if hasattr(rotary, "inv_freq")
+            else [str(t) for t in config.layer_types[: len(layers)]]
+        )
+        order = list(dict.fromkeys(kinds))
+
+        def rope(kind: str | None) -> tuple[torch.Tensor, float]:
+            named = "" if kind is None else f"{kind}_"
+            inv_freq = getattr(rotary, f"{named}inv_freq").float()
+            return inv_freq, float(getattr(rotary, f"{named}attention_scaling"))
+
+        self._rotaries = [rope(kind) for kind in order]
         q_size, kv_size = self._heads * self._head_dim, self._kv_heads * self._head_dim
-        self._rotary_dim = 2 * int(self._inv_freq.shape[0])  # Phi-3 may rotate part of a head
+        # Phi-3 may rotate part of a head
+        self._rotary_dim = 2 * int(self._rotaries[0][0].shape[0])
 
         def qkv(attention: Any) -> Split:
             if hasattr(attention, "qkv_proj"):
@@ -139,39 +236,70 @@ class LeanForward:
                 return _fused(mlp.gate_up_proj, [size, size]), _linear(mlp.gate_up_proj)
             return _separate(mlp.gate_proj, mlp.up_proj), None
 
-        self._layers = [
-            _Layer(
-                layer.self_attn,
-                layer.input_layernorm.weight,
-                qkv(layer.self_attn),
-                _linear(layer.self_attn.o_proj),
-                layer.post_attention_layernorm.weight,
-                *gate_up(layer.mlp),
-                _linear(layer.mlp.down_proj),
-                _weight(getattr(layer.self_attn, "q_norm", None)),
-                _weight(getattr(layer.self_attn, "k_norm", None)),
-                _attention_kwargs(layer.self_attn, config),
+        def norms(layer: Any) -> tuple[Any, Any, Any]:
+            """The norms of the attention's output, of the MLP's input and of its output: where
+            a layer has a pre-feedforward norm (Gemma's four), its post-attention norm is the
+            attention output's; else (Llama's two) it is the MLP input's."""
+            if hasattr(layer, "pre_feedforward_layernorm"):
+                return (
+                    layer.post_attention_layernorm,
+                    layer.pre_feedforward_layernorm,
+                    layer.post_feedforward_layernorm,
+                )
+            return None, layer.post_attention_layernorm, None
+
+        self._layers = []
+        for layer, kind in zip(layers, kinds, strict=True):
+            attention_out, mlp_in, mlp_out = norms(layer)
+            self._layers.append(
+                _Layer(
+                    layer.self_attn,
+                    self._norm_weight(layer.input_layernorm),
+                    qkv(layer.self_attn),
+                    _linear(layer.self_attn.o_proj),
+                    self._norm_weight(attention_out),
+                    self._norm_weight(mlp_in),
+                    *gate_up(layer.mlp),
+                    _linear(layer.mlp.down_proj),
+                    self._norm_weight(mlp_out),
+                    self._norm_weight(getattr(layer.self_attn, "q_norm", None)),
+                    self._norm_weight(getattr(layer.self_attn, "k_norm", None)),
+                    _attention_kwargs(layer.self_attn, config, family),
+                    order.index(kind),
+                )
             )
-            for layer in inner.layers[: config.num_hidden_layers]
-        ]
+
+    def _norm_weight(self, norm: Any) -> Any:
+        """What :meth:`_norm` multiplies by: the norm's weight, or Gemma's ``1 + weight`` in
+        float32, computed once here as transformers computes it each call (the same bits)."""
+        if norm is None:
+            return None
+        if self._offset_norm:
+            return 1.0 + norm.weight.float()
+        return norm.weight
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        if self._ops is not None:
+        if self._kernel_norm:
+            assert self._ops is not None
             out: torch.Tensor = self._ops.rms_norm(x, weight, self._eps)
             return out
-        # LlamaRMSNorm's ops: in fp32, back to the input's dtype, then the weight.
         dtype = x.dtype
         h = x.to(torch.float32)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self._eps)
+        if self._offset_norm:  # Gemma's RMSNorm: times 1 + weight in fp32, then rounded
+            return (h * weight).to(dtype)
+        # LlamaRMSNorm's ops: in fp32, back to the input's dtype, then the weight.
         return weight * h.to(dtype)
 
-    def _rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    def _rotary(
+        self, positions: torch.Tensor, dtype: torch.dtype, inv_freq: torch.Tensor, scaling: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin of every position, ``(T, 1, head_dim)``; sin's first half negated (see
         :meth:`_rotate`)."""
-        freqs = positions[:, None].float() * self._inv_freq.to(positions.device)
+        freqs = positions[:, None].float() * inv_freq.to(positions.device)
         emb = torch.cat((freqs, freqs), dim=-1)
-        cos = (emb.cos() * self._rope_scaling).to(dtype)[:, None]
-        sin = (emb.sin() * self._rope_scaling).to(dtype)
+        cos = (emb.cos() * scaling).to(dtype)[:, None]
+        sin = (emb.sin() * scaling).to(dtype)
         half = sin.shape[-1] // 2
         return cos, torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)[:, None]
 
@@ -194,7 +322,9 @@ class LeanForward:
         """``ids`` and ``positions``: ``(T,)``; ``keep``: the positions whose logits are wanted."""
         n, dim = ids.shape[0], self._head_dim
         h = F.embedding(ids, self._embed)
-        cos, sin = self._rotary(positions, h.dtype)
+        if self._embed_scale is not None:
+            h = h * self._embed_scale
+        tables = [self._rotary(positions, h.dtype, *rotary) for rotary in self._rotaries]
         for layer in self._layers:
             x = self._norm(h, layer.input_norm)
             q, k, v = layer.qkv(x)
@@ -202,6 +332,7 @@ class LeanForward:
             v = v.view(n, self._kv_heads, dim)
             if layer.q_norm is not None and layer.k_norm is not None:
                 q, k = self._norm(q, layer.q_norm), self._norm(k, layer.k_norm)
+            cos, sin = tables[layer.rotary]
             q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
             # packed_attention's layout: (1, heads, T, head_dim) in, (1, T, heads, head_dim) out.
             attended, _ = packed_attention(
@@ -214,16 +345,26 @@ class LeanForward:
                 batchline_step=plan,
                 **layer.attend,
             )
-            h = h + layer.o(attended.view(n, self._heads * dim))
-            x = self._norm(h, layer.post_norm)
-            if self._ops is not None and layer.gate_up_joined is not None:
+            out = layer.o(attended.view(n, self._heads * dim))
+            if layer.attention_out_norm is not None:
+                out = self._norm(out, layer.attention_out_norm)
+            h = h + out
+            x = self._norm(h, layer.mlp_norm)
+            if self._ops is not None and self._silu and layer.gate_up_joined is not None:
                 act = self._ops.silu_mul(layer.gate_up_joined(x))
             else:
                 gate, up = layer.gate_up(x)
-                act = F.silu(gate) * up
-            h = h + layer.down(act)
+                act = self._act(gate) * up
+            out = layer.down(act)
+            if layer.mlp_out_norm is not None:
+                out = self._norm(out, layer.mlp_out_norm)
+            h = h + out
         # The final norm is per position: only the kept ones need it.
         logits: torch.Tensor = self._lm_head(self._norm(h[keep], self._final_norm))
+        if self._logit_softcap is not None:  # Gemma's, in transformers' three ops
+            logits = logits / self._logit_softcap
+            logits = torch.tanh(logits)
+            logits = logits * self._logit_softcap
         return logits
 
 
@@ -299,19 +440,20 @@ def _fuse(module: torch.nn.Module, name: str, parts: tuple[str, ...]) -> int:
     return 1
 
 
-def _weight(norm: Any) -> torch.Tensor | None:
-    return None if norm is None else norm.weight
-
-
-def _attention_kwargs(attention: Any, config: Any) -> dict[str, Any]:
-    """The sliding window transformers' layer passes its attention, where it has one: Qwen's
-    per layer (``attention.sliding_window``), Mistral's from its config; none for Llama."""
+def _attention_kwargs(attention: Any, config: Any, family: Family) -> dict[str, Any]:
+    """What transformers' layer passes its attention besides the scaling: its sliding window,
+    where it has one (Qwen's and Gemma's per layer, ``attention.sliding_window``; Mistral's from
+    its config; none for Llama), and Gemma 2's soft-cap of the scores."""
     window: int | None = (
         attention.sliding_window
         if hasattr(attention, "sliding_window")
         else getattr(config, "sliding_window", None)
     )
-    return {} if window is None else {"sliding_window": window}
+    kwargs: dict[str, Any] = {} if window is None else {"sliding_window": window}
+    softcap = attention.attn_logit_softcapping if family.attention_softcap else None
+    if softcap is not None:
+        kwargs["softcap"] = softcap
+    return kwargs
 
 
 def lean_forward(model: Any, ops: StepOps | None = None) -> tuple[LeanForward | None, str]:
@@ -321,53 +463,78 @@ def lean_forward(model: Any, ops: StepOps | None = None) -> tuple[LeanForward | 
     return (None if prefix is None else LeanForward(model, ops)), why
 
 
+def _named(model: Any) -> Family | None:
+    """The family whose ``ForCausalLM`` class ``model`` is an instance of exactly, if any."""
+    for family in FAMILIES.values():
+        kind = type(model)
+        if kind.__name__ == f"{family.prefix}ForCausalLM" and kind.__module__ == family.module:
+            return family
+    return None
+
+
 def _family(model: Any) -> tuple[str | None, str]:
     """The class-name prefix of the family :class:`LeanForward` runs ``model`` as, and its
     name; or None, and why it does not apply."""
     import importlib
 
     kind = type(model).__name__
-    found = [
-        (name, module, prefix)
-        for name, (module, prefix) in FAMILIES.items()
-        if kind == f"{prefix}ForCausalLM" and type(model).__module__ == module
-    ]
-    if not found:
-        names = ", ".join(f"{prefix}ForCausalLM" for _, prefix in FAMILIES.values())
+    family = _named(model)
+    if family is None:
+        names = ", ".join(f"{f.prefix}ForCausalLM" for f in FAMILIES.values())
         return None, f"{kind} is not one of transformers' {names}"
-    family, module_name, prefix = found[0]
-    mod = importlib.import_module(module_name)
+    prefix = family.prefix
+    mod = importlib.import_module(family.module)
 
     def cls(suffix: str) -> Any:
         return getattr(mod, f"{prefix}{suffix}")
 
     config = model.config
     inner: Any = model.model
-    if type(inner) is not cls("Model"):
+    if type(inner) is not cls(family.base):
         return None, f"{kind}'s base model is a {type(inner).__name__}"
-    if config.hidden_act != "silu":
-        return None, f"{kind} uses the activation {config.hidden_act!r}, not silu"
-    rope = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
-    if rope not in _STATIC_ROPE or type(inner.rotary_emb) is not cls("RotaryEmbedding"):
-        return None, f"{kind} uses the RoPE type {rope!r}"
-    layers: list[Any] = list(inner.layers)
-    for layer in layers:
-        parts = [
-            (layer, cls("DecoderLayer")),
-            (layer.self_attn, cls("Attention")),
-            (layer.mlp, cls("MLP")),
-            (layer.input_layernorm, cls("RMSNorm")),
-            (layer.post_attention_layernorm, cls("RMSNorm")),
-        ]
-        if family == "qwen3":
-            parts += [
-                (layer.self_attn.q_norm, cls("RMSNorm")),
-                (layer.self_attn.k_norm, cls("RMSNorm")),
-            ]
-        attention, mlp = layer.self_attn, layer.mlp
+    activation = getattr(config, family.activation)
+    if activation not in _ACTIVATIONS:
+        known = " or ".join(_ACTIVATIONS)
+        return None, f"{kind} uses the activation {activation!r}, not {known}"
+    if getattr(config, "use_bidirectional_attention", False):
+        return None, f"{kind} attends bidirectionally (use_bidirectional_attention)"
+    rope = getattr(config, "rope_parameters", None) or {}
+    layer_kinds = set(getattr(config, "layer_types", None) or ())
+    # Gemma 3's parameters per layer type, the others' one set
+    ropes = [rope[k] or {} for k in layer_kinds] if layer_kinds & set(rope) else [rope]
+    for kind_rope in ropes:
+        rope_type = kind_rope.get("rope_type", "default")
+        if rope_type not in _STATIC_ROPE:
+            return None, f"{kind} uses the RoPE type {rope_type!r}"
+    if type(inner.rotary_emb) is not cls("RotaryEmbedding"):
+        return None, f"{kind} has a {type(inner.rotary_emb).__name__} rotary embedding"
+
+    def wrong(parts: list[tuple[Any, Any]]) -> str | None:
         for module, expected in parts:
             if type(module) is not expected:
-                return None, f"{kind} has a {type(module).__name__} for {expected.__name__}"
+                return f"{kind} has a {type(module).__name__} for {expected.__name__}"
+        return None
+
+    # Gemma's embedding scales by sqrt(hidden_size); the others' is torch's own
+    embedding = getattr(mod, f"{prefix}TextScaledWordEmbedding", torch.nn.Embedding)
+    why = wrong([(inner.embed_tokens, embedding), (inner.norm, cls("RMSNorm"))])
+    if why is not None:
+        return None, why
+    for layer in inner.layers:
+        attention, mlp = layer.self_attn, layer.mlp
+        # every norm the layer holds (Gemma's four, Qwen3's and Gemma 3's q/k norms)
+        norms = [getattr(layer, name, None) for name in _LAYER_NORMS]
+        norms += [getattr(attention, name, None) for name in ("q_norm", "k_norm")]
+        why = wrong(
+            [
+                (layer, cls("DecoderLayer")),
+                (attention, cls("Attention")),
+                (mlp, cls("MLP")),
+                *((norm, cls("RMSNorm")) for norm in norms if norm is not None),
+            ]
+        )
+        if why is not None:
+            return None, why
         projections = (
             *_projections(attention, *_QKV),
             attention.o_proj,

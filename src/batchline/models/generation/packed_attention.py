@@ -8,7 +8,10 @@ only for those passes: per layer it writes the new keys and values where they be
 and attends — the running rows over their slots' window, each prompt piece over its sequence's
 earlier positions and itself, causally. A layer with a sliding window (Mistral, Gemma 3: the
 ``sliding_window`` transformers passes it) attends over its last ``window`` positions only; the
-store keeps every position for the full-attention layers beside it.
+store keeps every position for the full-attention layers beside it. A layer that soft-caps its
+scores (Gemma 2: the ``softcap`` transformers passes it) attends through
+:func:`capped_attention`, transformers' eager computation, for its prompt pieces and its
+decoding rows alike: neither SDPA nor batchline's decode kernel can cap.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface, DynamicCache, DynamicLayer
 from transformers.cache_utils import DynamicSlidingWindowLayer
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
 from batchline.models.generation.decode_kernel import DecodeKernel
 from batchline.models.generation.kv_slots import SlotStore
@@ -29,7 +32,7 @@ from batchline.models.generation.kv_slots import SlotStore
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-__all__ = ["PACKED", "Join", "StepPlan", "check_attention", "packed_attention"]
+__all__ = ["PACKED", "Join", "StepPlan", "capped_attention", "check_attention", "packed_attention"]
 
 
 @dataclass(slots=True)
@@ -160,6 +163,7 @@ def packed_attention(
     plan = batchline_step
     plan.layers_seen += 1
     window: int | None = kwargs.get("sliding_window")  # this layer's, where it has one
+    softcap: float | None = kwargs.get("softcap")  # Gemma 2's attn_logit_softcapping
     store, r = plan.store, plan.decoding
     layer: int = module.layer_idx  # type: ignore[assignment]
     out = query.new_empty((1, query.shape[2], query.shape[1], query.shape[3]))
@@ -168,9 +172,21 @@ def packed_attention(
         # (1, heads, r, dim) -> (r, heads, 1, dim): one query per decoding row.
         keys[:r, :, store.hi] = key[0, :, :r].transpose(0, 1)
         values[:r, :, store.hi] = value[0, :, :r].transpose(0, 1)
-        attend = DECODE_ATTENTION[plan.decode_attention]
         rows = plan if window is None else plan.windowed(window)
-        out[0, :r] = attend(module, query[0, :, :r].transpose(0, 1), rows, keys, values, scaling)
+        queries = query[0, :, :r].transpose(0, 1)
+        if softcap is None:
+            attend = DECODE_ATTENTION[plan.decode_attention]
+            out[0, :r] = attend(module, queries, rows, keys, values, scaling)
+        else:  # one query per row, over the padded window, padding masked
+            span = slice(store.lo, store.hi + 1)
+            out[0, :r] = capped_attention(
+                queries[:, :, None],
+                keys[:r, :, span],
+                values[:r, :, span],
+                rows.decode_mask(),
+                scaling=scaling,
+                softcap=softcap,
+            )[:, 0]
     for join in plan.joins:
         if join.slot is None:
             assert join.keys is not None
@@ -186,22 +202,62 @@ def packed_attention(
         mask = join.mask
         if window is not None and join.stop - join.start > window:
             mask = plan.join_mask(join, window)
-        attended, _ = sdpa_attention_forward(
-            module,
-            query[:, :, new],
-            keys[:, :, join.start : join.stop],
-            values[:, :, join.start : join.stop],
-            mask,
-            scaling=scaling,
-            is_causal=mask is None,
-        )
+        if softcap is None:
+            attended, _ = sdpa_attention_forward(
+                module,
+                query[:, :, new],
+                keys[:, :, join.start : join.stop],
+                values[:, :, join.start : join.stop],
+                mask,
+                scaling=scaling,
+                is_causal=mask is None,
+            )
+        else:
+            if mask is None:  # plainly causal: a window as wide as the columns is none
+                mask = plan.join_mask(join, join.stop - join.start)
+            attended = capped_attention(
+                query[:, :, new],
+                keys[:, :, join.start : join.stop],
+                values[:, :, join.start : join.stop],
+                mask,
+                scaling=scaling,
+                softcap=softcap,
+            )
         out[0, new] = attended[0]
     return out, None
 
 
+def capped_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    scaling: float | None,
+    softcap: float,
+) -> torch.Tensor:
+    """Attention whose scores are soft-capped, ``softcap * tanh(scores / softcap)``, before the
+    mask and the softmax: the ops of transformers' eager attention (Gemma 2's), in its order.
+    ``query`` ``(b, heads, q, dim)``; ``key`` and ``value`` ``(b, kv_heads, k, dim)``; ``mask``
+    boolean, True where attended, broadcast to ``(b, heads, q, k)``; returns ``(b, q, heads,
+    dim)``. Masked scores are set to -inf where eager adds the dtype's least value: both give
+    a weight of exactly 0, and the others are the same bits."""
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    groups = query.shape[1] // key.shape[1]
+    key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    scores = scores / softcap
+    scores = torch.tanh(scores)
+    scores = scores * softcap
+    scores = scores.masked_fill(~mask, float("-inf"))
+    weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    return torch.matmul(weights, value).transpose(1, 2)
+
+
 def check_attention(model: PreTrainedModel, probe: DynamicCache) -> None:
     """Refuse a model whose attention :func:`packed_attention` cannot run exactly: KV cache
-    layers other than full and sliding-window ones, or soft-capped attention scores (Gemma 2)."""
+    layers other than full and sliding-window ones, or attention that is not causal."""
     layers = probe.layers
     if not all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in layers):
         kinds = sorted({type(layer).__name__ for layer in layers})
@@ -210,12 +266,11 @@ def check_attention(model: PreTrainedModel, probe: DynamicCache) -> None:
             "full-attention or sliding-window (DynamicLayer, DynamicSlidingWindowLayer) caches"
         )
     config = model.config.get_text_config(decoder=True)
-    softcap = getattr(config, "attn_logit_softcapping", None)
-    if softcap is not None:
+    if getattr(config, "use_bidirectional_attention", False):
         raise ValueError(
-            f"{type(model).__name__} soft-caps its attention scores (attn_logit_softcapping="
-            f"{softcap}), which batchline's attention does not; generate with "
-            "generation_backend = 'vllm'"
+            f"{type(model).__name__} attends bidirectionally (use_bidirectional_attention in "
+            "its config, as an embedding model does), batchline's attention causally; a model "
+            "that generates text has it false"
         )
 
 

@@ -15,10 +15,11 @@ Its parts, one module each (vLLM's v1 engine is the picture):
   prefix they start with). The weights are read once for both, where a separate prefill pass
   would read them again. batchline's attention function (:mod:`~.packed_attention`,
   registered with transformers' ``AttentionInterface`` and used only for these passes) writes
-  each layer's new keys and values in place, and attends. For transformers' Llama the pass
-  runs through :mod:`~.lean_llama`, the same kernels from one plain loop over the layers
-  (without transformers' module tree: x0.88-0.94 of the step time, see
-  benchmarks/engine_levers.md); for other models through the model's own forward;
+  each layer's new keys and values in place, and attends. For the families of
+  :data:`~.lean_llama.FAMILIES` (transformers' Llama, Qwen, Gemma 3, ...) the pass runs through
+  :mod:`~.lean_llama`, the same kernels from one plain loop over the layers (without
+  transformers' module tree: x0.88-0.94 of the step time, see benchmarks/engine_levers.md);
+  for other models through the model's own forward;
 - **chunked prefill**: with ``max_step_tokens``, a step's input holds at most that many tokens,
   decodes first; a prompt that does not fit in what is left is prefilled in chunks over several
   steps (into a buffer of its own, attending over its earlier chunks) while the running rows
@@ -126,8 +127,9 @@ class TorchStepEngine:
 
     ``lean``: run a step through :mod:`.lean_llama`'s plain loop over the layers (the same
     kernels, without transformers' module tree); None (the default) where the model is one it
-    recognises (transformers' Llama), else transformers' forward, said once in the log; True
-    refuses a model it does not recognise; False always takes transformers' forward.
+    recognises (one of :data:`~.lean_llama.FAMILIES`), else transformers' forward, said once
+    in the log; True refuses a model it does not recognise; False always takes transformers'
+    forward.
     ``decode_attention``: how the decoding rows attend, a key of
     :data:`~.packed_attention.DECODE_ATTENTION`, or ``auto`` (the default): batchline's compiled
     kernel (:mod:`~.decode_kernel`) for a model on the CPU where it builds, else ``sdpa`` (one
