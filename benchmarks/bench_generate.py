@@ -112,7 +112,9 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kv-budget", type=int, default=None, help="default: clients x longest request")
     p.add_argument("--configs", default=",".join(CONFIGS))
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    p.add_argument(
+        "--threads", type=int, help="torch intra-op threads (default: the engine's own choice)"
+    )
     p.add_argument("--device", default="cpu")
     p.add_argument("-o", "--output", type=Path, help="also write report.md, results.json, plots")
     args = p.parse_args(argv)

@@ -112,6 +112,7 @@ _RULES: dict[str, tuple[Callable[[object], bool], str]] = {
     "kv_token_budget": (_integer(2), "an integer >= 2"),
     "max_running_sequences": (_integer(1), "an integer >= 1"),
     "start_running_sequences": (_integer(1), "an integer >= 1"),
+    "generation_threads": (lambda v: v is None or _integer(1)(v), "an integer >= 1 or unset"),
     "quantize": (lambda v: v is None or v == "int8", "int8 or unset"),
 }
 
@@ -152,7 +153,9 @@ class Knobs:
     (batchline's own decode loop) or ``vllm`` (vLLM's engine; ``device`` picks its CUDA or CPU
     build). Both compute in ``dtype``: ``auto`` (bfloat16 on a CPU with native bf16 or a CUDA
     device that has it, float32 elsewhere), ``float32`` or ``bfloat16``. Each step of the torch
-    backend takes at most ``max_step_tokens`` tokens, decodes first, longer prompts in chunks.
+    backend takes at most ``max_step_tokens`` tokens, decodes first, longer prompts in chunks,
+    on ``generation_threads`` CPU threads (``None``: every core in float32, one in bfloat16; see
+    ``generation/load.py``).
     The vLLM engine also takes ``max_context_tokens`` (prompt + completion of one sequence;
     ``None``: 2,048 on CPU, the model's own on CUDA), ``kv_cache_gib`` (the KV cache's size;
     ``None``: 1 GiB on CPU, on CUDA what ``gpu_memory_fraction`` leaves), ``gpu_memory_fraction``
@@ -188,6 +191,7 @@ class Knobs:
     # measured cap finds where, starting at 16 (generation/admission.py).
     max_running_sequences: int = 64
     start_running_sequences: int = 16
+    generation_threads: int | None = None
     kv_token_budget: int = 16_384
     generation_backend: str = "torch"
     dtype: str = "auto"

@@ -161,7 +161,12 @@ def _add_generate_arguments(p: argparse.ArgumentParser) -> None:
         "three), and vllm: the same model, dtype and --max-running-sequences on vLLM's engine, "
         "started for each of its turns (needs vLLM: bash scripts/vllm_env.sh)",
     )
-    g.add_argument("--threads", type=int, metavar="N", help="torch intra-op threads on CPU (1)")
+    g.add_argument(
+        "--threads",
+        type=int,
+        metavar="N",
+        help="torch intra-op threads on CPU (default: every core in float32, one in bfloat16)",
+    )
     g.add_argument(
         "--kv-token-budget",
         type=int,

@@ -129,7 +129,7 @@ class GenerateBenchOptions:
     max_new: int = 128
     generators: Sequence[str] = GENERATORS
     device: str = "cpu"
-    threads: int = 1
+    threads: int | None = None  # None: the engine's default (load.engine_threads)
     max_running_sequences: int = 16
     kv_token_budget: int | None = None
     dtype: str = "auto"
@@ -152,7 +152,7 @@ class GenerateBenchOptions:
                 raise InputError(f"--{name.replace('_', '-')} must be >= 1")
         if self.max_new < self.min_new:
             raise InputError(f"--max-new ({self.max_new}) must be >= --min-new ({self.min_new})")
-        if self.max_running_sequences < 1 or self.threads < 1:
+        if self.max_running_sequences < 1 or (self.threads is not None and self.threads < 1):
             raise InputError("--max-running-sequences and --threads must be >= 1")
 
 
@@ -171,7 +171,7 @@ def bench_knobs(options: GenerateBenchOptions) -> Knobs:
 
     knobs = Knobs(
         device=options.device,
-        intra_op_threads=options.threads,
+        generation_threads=options.threads,
         max_running_sequences=options.max_running_sequences,
         dtype=options.dtype,
     )

@@ -183,6 +183,8 @@ def test_generation_knobs_are_validated(tmp_path: Path) -> None:
     running = (knobs.start_running_sequences, knobs.max_running_sequences)
     assert (*running, knobs.kv_token_budget) == (16, 64, 16_384)
     for bad in (
+        {"generation_threads": 0},
+        {"generation_threads": 1.5},
         {"start_running_sequences": 0},
         {"start_running_sequences": None},
         {"generation_batching": "dynamic"},
@@ -235,3 +237,14 @@ def test_the_package_exports_lazily_without_torch() -> None:
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_engine_takes_every_core_in_float32_and_one_in_bfloat16_unless_told() -> None:
+    torch = pytest.importorskip("torch")
+    from batchline.knobs import machine_cores
+    from batchline.models.generation.load import engine_threads
+
+    assert engine_threads(Knobs(), torch.float32) == machine_cores()
+    assert engine_threads(Knobs(), torch.bfloat16) == 1
+    for dtype in (torch.float32, torch.bfloat16):
+        assert engine_threads(Knobs(generation_threads=3), dtype) == 3

@@ -7,8 +7,8 @@ The one place that turns a :class:`~batchline.models.specs.ModelSpec` whose task
 From :class:`~batchline.knobs.Knobs`:
 
 - ``device``: ``cpu`` or ``cuda[:N]`` (a torch device); on CPU ``torch.set_num_threads(
-  intra_op_threads)`` (one thread per process on a shared 2-core machine: FACTS.md, and the
-  measurement where ``Knobs.intra_op_threads`` is set);
+  generation_threads)``, by default every core in float32 and one in bfloat16
+  (:func:`engine_threads`);
 - ``dtype``: ``auto`` (bf16 where the hardware has it natively, see
   :mod:`~batchline.models.generation.torch_dtype`), ``float32`` or ``bfloat16``; bf16 weights on
   CPU are packed for oneDNN once at load. The choice and its reason are logged and kept in
@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from batchline._errors import InputError, ModelError
-from batchline.knobs import Knobs
+from batchline.knobs import Knobs, machine_cores
 from batchline.models.protocol import ModelInfo, check_token_ids
 from batchline.models.specs import ModelSpec
 
@@ -233,8 +233,6 @@ def load_text_generator(spec: ModelSpec, knobs: Knobs) -> GenerationModel:
 
     started = time.perf_counter()
     device = _torch_device(knobs.device)
-    if device.type == "cpu":
-        torch.set_num_threads(knobs.intra_op_threads)
     from batchline.models.generation.generators import build_generator
     from batchline.models.generation.lean_llama import fuse_projections
     from batchline.models.generation.smollm2 import load_causal_lm, load_smollm2
@@ -242,6 +240,8 @@ def load_text_generator(spec: ModelSpec, knobs: Knobs) -> GenerationModel:
     from batchline.models.generation.torch_engine import TorchStepEngine
 
     choice = choose_dtype(knobs.dtype, knobs.device)
+    if device.type == "cpu":
+        torch.set_num_threads(engine_threads(knobs, choice.torch_dtype))
     if spec.kind == "builtin":
         model, tokenizer = load_smollm2(device=device, dtype=choice.torch_dtype)
     else:
@@ -299,6 +299,26 @@ def load_text_generator(spec: ModelSpec, knobs: Knobs) -> GenerationModel:
         dtype=str(choice),
         _engine=engine,
     )
+
+
+def engine_threads(knobs: Knobs, dtype: torch.dtype) -> int:
+    """The CPU threads the torch engine computes on: ``knobs.generation_threads`` where set;
+    else every core (:func:`~batchline.knobs.machine_cores`) in float32 and one in bfloat16.
+
+    Measured with 16 streaming chat clients on ``batchline serve`` (SmolLM2, 2-core AVX-512
+    host, ``benchmarks/bench_vs_vllm.py``, 2026-11-28): in float32 two threads made 313 tokens/s
+    where one made 260 (the engine alone 354 and 291): a float32 step is long, its linears
+    ~1.6x faster on two cores, and the front end's share of the second core small beside
+    them. In bfloat16 two made 408 where one made 434 (the engine alone +5 %): the linears
+    take under a millisecond a layer, the step's other ops gain nothing from a second thread,
+    and at ~430 tokens/s the front end needs that core. With two other busy processes on the
+    machine, two float32 threads made 0.81x of one: set ``generation_threads = 1`` where other
+    work shares the cores."""
+    if knobs.generation_threads is not None:
+        return knobs.generation_threads
+    import torch
+
+    return machine_cores() if dtype == torch.float32 else 1
 
 
 def _eos_from_tokenizer(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
