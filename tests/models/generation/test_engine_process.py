@@ -1,0 +1,173 @@
+"""``ProcessGenerator``: the continuous generator in an engine process of its own.
+
+The tests run the fake engine there (``gen_helpers.load_fake``: no torch to import, steps of a
+set real length so that a request is still running when the test acts). Waits are bounded
+guards, never timing assertions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from batchline._errors import (
+    BatcherClosedError,
+    InputError,
+    ModelError,
+    QueueFullError,
+    RecordTooLargeError,
+)
+from batchline.models.generation.engine import SamplingParams
+from batchline.models.generation.engine_process import ProcessGenerator
+from batchline.models.generation.stream import Completion, GenerationStream
+
+from .gen_helpers import TOK, expected_text, load_fake_with
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
+
+
+async def started(**fake: Any) -> ProcessGenerator:
+    """A started generator over the fake engine in an engine process (``load_fake(**fake)``)."""
+    gen = ProcessGenerator.launch(load_fake_with, fake, name="proc")
+    await gen.start()
+    return gen
+
+
+async def collect(stream: GenerationStream) -> tuple[str, Completion]:
+    """The stream's deltas' text, and its completion."""
+    pieces = [delta.text async for delta in stream]
+    return "".join(pieces), await stream.result()
+
+
+async def first_delta(stream: GenerationStream) -> None:
+    """Wait for the stream's first delta: its request is running in the engine."""
+    await stream.__anext__()
+
+
+@pytest.fixture
+async def proc() -> AsyncIterator[ProcessGenerator]:
+    gen = await started(max_running=1, step_s=0.005)
+    try:
+        yield gen
+    finally:
+        await gen.stop(drain=False)
+        gen.close()
+
+
+# -- the fake engine ------------------------------------------------------------------------
+
+
+async def test_streams_results_and_stats_from_the_engine_process() -> None:
+    gen = await started(max_running=2)
+    try:
+        prompts = [TOK.encode(t) for t in ("one", "two", "three")]
+        streams = [gen.submit(p, SamplingParams(max_tokens=6 + i)) for i, p in enumerate(prompts)]
+        for i, (p, s) in enumerate(zip(prompts, streams, strict=True)):
+            text, completion = await collect(s)
+            assert text == completion.text == expected_text(p, 6 + i)
+        stats = await gen.fetch_stats()
+        assert (stats.requests_submitted, stats.requests_completed) == (3, 3)
+        assert stats.generated_tokens_total == 6 + 7 + 8
+        assert stats.steps > 0
+        assert gen.start_s > 0
+    finally:
+        await gen.stop()
+        gen.close()
+
+
+async def test_a_higher_priority_joins_first(proc: ProcessGenerator) -> None:
+    blocker = proc.submit(TOK.encode("x"), SamplingParams(max_tokens=2000))
+    await first_delta(blocker)  # it holds the one running slot
+    low = proc.submit(TOK.encode("low"), SamplingParams(max_tokens=3))
+    high = proc.submit(TOK.encode("high"), SamplingParams(max_tokens=3, priority=1))
+
+    async def both_waiting() -> bool:
+        return (await proc.fetch_stats()).waiting == 2
+
+    for _ in range(2000):
+        if await both_waiting():
+            break
+    else:
+        raise AssertionError("the requests never reached the engine process's queue")
+    order: list[str] = []
+
+    async def finish(name: str, stream: GenerationStream) -> None:
+        await stream.result()
+        order.append(name)
+
+    blocker.abort()
+    await asyncio.gather(finish("low", low), finish("high", high))
+    assert order == ["high", "low"]  # one slot: the higher priority ran, then the other
+
+
+async def test_stop_without_drain_aborts_running_and_closes_waiting(
+    proc: ProcessGenerator,
+) -> None:
+    running = proc.submit(TOK.encode("r"), SamplingParams(max_tokens=2000))
+    await first_delta(running)
+    waiting = proc.submit(TOK.encode("w"), SamplingParams(max_tokens=4))  # sent before "stop"
+    await proc.stop(drain=False)
+    assert (await running.result()).finish_reason == "abort"
+    with pytest.raises(BatcherClosedError):
+        await waiting.result()
+    with pytest.raises(BatcherClosedError):
+        proc.submit(TOK.encode("late"), SamplingParams())
+    assert proc._process.exitcode == 0
+
+
+async def test_a_killed_engine_process_fails_what_is_in_flight(proc: ProcessGenerator) -> None:
+    running = proc.submit(TOK.encode("r"), SamplingParams(max_tokens=2000))
+    await first_delta(running)
+    waiting = proc.submit(TOK.encode("w"), SamplingParams(max_tokens=4))
+    assert proc.pid is not None
+    os.kill(proc.pid, signal.SIGKILL)
+    killed = r"engine process \(pid \d+\) was killed by SIGKILL \(exit code -9\)"
+    for stream in (running, waiting):
+        with pytest.raises(ModelError, match=killed):
+            await stream.result()
+    with pytest.raises(ModelError, match="restart the server"):
+        proc.submit(TOK.encode("late"), SamplingParams())
+    assert proc.stats.requests_failed == 2
+    await proc.stop()  # still stops cleanly
+
+
+async def test_errors_in_the_engine_process_arrive_as_their_type() -> None:
+    gen = await started(fail_steps=(0,))
+    try:
+        failed = gen.submit(TOK.encode("a"), SamplingParams(max_tokens=3))
+        with pytest.raises(ModelError, match="the engine raised during a step"):
+            await failed.result()
+        ok = gen.submit(TOK.encode("b"), SamplingParams(max_tokens=3))  # it goes on serving
+        assert (await ok.result()).completion_tokens == 3
+    finally:
+        await gen.stop()
+        gen.close()
+
+
+async def test_submit_refuses_at_once_what_the_engine_process_would() -> None:
+    gen = await started(max_running=1, max_waiting=1, step_s=0.005, max_context_tokens=64)
+    try:
+        with pytest.raises(RecordTooLargeError, match="context of 64 tokens"):
+            gen.submit(TOK.encode("abc"), SamplingParams(max_tokens=62))
+        first = gen.submit(TOK.encode("a"), SamplingParams(max_tokens=50))
+        gen.submit(TOK.encode("b"), SamplingParams(max_tokens=2))
+        with pytest.raises(QueueFullError, match="2 requests are already in flight"):
+            gen.submit(TOK.encode("c"), SamplingParams(max_tokens=2))
+        with pytest.raises(ValueError, match="already in use"):
+            gen.submit(TOK.encode("d"), SamplingParams(), request_id=first.request_id)
+        assert gen.stats.requests_rejected == 2
+    finally:
+        await gen.stop(drain=False)
+        gen.close()
+
+
+def test_a_load_that_fails_raises_its_error_here() -> None:
+    gen = ProcessGenerator.launch(load_fake_with, {"fail": "no such model"}, name="proc")
+    with pytest.raises(InputError, match="no such model"):
+        gen.wait_ready()
+    assert not gen._process.is_alive()
