@@ -1,8 +1,9 @@
 """``ProcessGenerator``: the continuous generator in an engine process of its own.
 
-The tests run the fake engine there (``gen_helpers.load_fake``: no torch to import, steps of a
-set real length so that a request is still running when the test acts). Waits are bounded
-guards, never timing assertions.
+Most tests run the fake engine there (``gen_helpers.load_fake``: no torch to import, steps of a
+set real length so that a request is still running when the test acts); the first ones run the
+tiny random Llama through ``load_text_generator(..., Knobs(engine_process=True))`` and compare
+it with the in-process generator. Waits are bounded guards, never timing assertions.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,11 +24,13 @@ from batchline._errors import (
     QueueFullError,
     RecordTooLargeError,
 )
+from batchline.knobs import Knobs
 from batchline.models.generation.engine import SamplingParams
 from batchline.models.generation.engine_process import ProcessGenerator
 from batchline.models.generation.stream import Completion, GenerationStream
 
 from .gen_helpers import TOK, expected_text, load_fake_with
+from .test_load import load, save_tiny_generator
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
@@ -57,6 +61,99 @@ async def proc() -> AsyncIterator[ProcessGenerator]:
     finally:
         await gen.stop(drain=False)
         gen.close()
+
+
+# -- the tiny Llama, through load_text_generator --------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory: pytest.TempPathFactory, torch_threads: None) -> Path:
+    pytest.importorskip("transformers")
+    return save_tiny_generator(tmp_path_factory.mktemp("tiny") / "tiny-llama")
+
+
+PROMPTS = ["hello there", "2 + 3 =", "a longer prompt, of more tokens than the others"]
+
+
+async def run_all(model: Any, max_tokens: Sequence[int]) -> list[tuple[str, Completion]]:
+    async with model.generator as gen:
+        streams = [
+            gen.submit(model.encode_prompt(p), SamplingParams(max_tokens=n, ignore_eos=True))
+            for p, n in zip(PROMPTS, max_tokens, strict=True)
+        ]
+        return list(await asyncio.gather(*(collect(s) for s in streams)))
+
+
+async def test_the_engine_process_generates_what_the_in_process_generator_does(
+    tiny_folder: Path,
+) -> None:
+    lengths = [12, 5, 20]
+    here = load(tiny_folder, dtype="float32", max_running_sequences=2)
+    try:
+        expected = await run_all(here, lengths)
+    finally:
+        here.close()
+    model = load(tiny_folder, dtype="float32", max_running_sequences=2, engine_process=True)
+    try:
+        gen = model.generator
+        assert isinstance(gen, ProcessGenerator)
+        assert gen.pid != os.getpid()
+        # the start time, logged and in the model's details
+        assert model.info.details["engine_process"] is True
+        assert model.info.details["engine_start_s"] == round(gen.start_s, 2) > 0
+        assert model.info.details["dtype"] == "float32"
+        assert model.max_context_tokens == here.max_context_tokens
+        got = await run_all(model, lengths)
+    finally:
+        model.close()
+    for (text, completion), (want_text, want) in zip(got, expected, strict=True):
+        assert completion.token_ids == want.token_ids  # greedy: the same tokens
+        assert text == completion.text == want.text == want_text  # the deltas are the text
+        assert completion.finish_reason == "length"
+    stats = gen.stats
+    assert (stats.requests_submitted, stats.requests_completed) == (3, 3)
+    assert stats.generated_tokens_total == sum(lengths)
+    assert gen._process.exitcode == 0  # stopped, it exited
+
+
+def test_engine_process_is_refused_where_it_does_not_run(tiny_folder: Path) -> None:
+    with pytest.raises(InputError, match="engine_process must be true or false"):
+        Knobs(engine_process="yes")  # type: ignore[arg-type]
+    with pytest.raises(InputError, match="vLLM's engine already runs in processes"):
+        load(tiny_folder, engine_process=True, generation_backend="vllm")
+    with pytest.raises(InputError, match="continuous batching only"):
+        load(tiny_folder, engine_process=True, generation_batching="static")
+    with pytest.raises(InputError, match="continuous batching only"):
+        load(tiny_folder, engine_process=True, batching=False)
+
+
+async def test_abort_and_drain_on_the_tiny_llama(tiny_folder: Path) -> None:
+    model = load(
+        tiny_folder,
+        dtype="float32",
+        max_running_sequences=1,
+        start_running_sequences=1,
+        engine_process=True,
+    )
+    try:
+        gen = model.generator
+        await gen.start()
+        ids = model.encode_prompt("abc")
+        long = gen.submit(ids, SamplingParams(max_tokens=100, ignore_eos=True))
+        await first_delta(long)
+        long.abort()  # its slot frees at the next step: the next request runs
+        assert (await long.result()).finish_reason == "abort"
+        after = gen.submit(ids, SamplingParams(max_tokens=4, ignore_eos=True))
+        assert (await after.result()).completion_tokens == 4
+        # drain: the running and the waiting requests finish, then the process exits
+        streams = [gen.submit(ids, SamplingParams(max_tokens=8, ignore_eos=True)) for _ in "ab"]
+        await gen.stop(drain=True, timeout_s=60)
+        for stream in streams:
+            completion = await stream.result()
+            assert (completion.finish_reason, completion.completion_tokens) == ("length", 8)
+        assert gen._process.exitcode == 0
+    finally:
+        model.close()
 
 
 # -- the fake engine ------------------------------------------------------------------------
