@@ -233,6 +233,18 @@ async def test_a_killed_engine_process_fails_what_is_in_flight(proc: ProcessGene
     await proc.stop()  # still stops cleanly
 
 
+async def test_the_engine_process_ignores_sigint_and_sigterm(proc: ProcessGenerator) -> None:
+    # a Ctrl-C, timeout or systemd signals the whole group: the drain still needs the engine
+    running = proc.submit(TOK.encode("r"), SamplingParams(max_tokens=40))
+    await first_delta(running)
+    assert proc.pid is not None
+    os.kill(proc.pid, signal.SIGINT)
+    os.kill(proc.pid, signal.SIGTERM)
+    assert (await running.result()).finish_reason == "length"
+    await proc.stop()
+    assert proc._process.exitcode == 0
+
+
 async def test_errors_in_the_engine_process_arrive_as_their_type() -> None:
     gen = await started(fail_steps=(0,))
     try:

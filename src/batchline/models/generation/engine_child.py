@@ -27,11 +27,10 @@ Child to parent:
   ``out`` came first).
 
 The parent gone (its end of the pipe closed) stops the generator without draining: nobody is
-left to read the outputs. SIGINT is ignored: a Ctrl-C in a terminal reaches the whole process
-group, and the parent stops this process once it has drained. SIGTERM is not: it is how
-``multiprocessing`` ends a daemonic child that its exiting parent never stopped (a service
-manager that sends it to the whole group, as systemd's default ``KillMode=control-group`` does,
-fails the requests in flight: use ``KillMode=mixed``).
+left to read the outputs. SIGINT and SIGTERM are ignored: a Ctrl-C in a terminal, ``timeout``
+and systemd (its default ``KillMode=control-group``) signal the whole process group, and the
+parent, draining, still needs this process; it stops it once drained. (An exiting parent that
+never stopped it kills it: ``engine_process``'s exit hook.)
 """
 
 from __future__ import annotations
@@ -140,7 +139,8 @@ def run_engine_process(
     conn: Connection, load: Callable[..., LoadedModel], args: tuple[object, ...], log_level: int
 ) -> None:
     """The engine process's main: load, start, serve the pipe until stopped, exit."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     logging.basicConfig(
         level=log_level, format="%(levelname)s: [engine process %(process)d] %(message)s"
     )

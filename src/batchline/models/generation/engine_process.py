@@ -18,7 +18,8 @@ Behaviour, as the in-process generator's unless said here:
 - **Start.** ``launch()`` spawns the process (``spawn``, never ``fork``: torch's threads), which
   loads the model while this process loads the tokenizer; ``wait_ready()`` waits for it and
   logs the start time (:attr:`ProcessGenerator.start_s`, also ``engine_start_s`` in the model
-  info's details). A load that fails raises here, as the same error type.
+  info's details). A load that fails raises here, as the same error type. Spawning imports the
+  main module: a script of one's own needs ``if __name__ == "__main__":``.
 - **Submit** never waits: the request checks run here (the context and KV budget the engine
   process reported), and ``QueueFullError`` comes once ``max_waiting + max_running`` requests
   are in flight (the engine process's own waiting cap then never refuses one; if it does, with
@@ -37,13 +38,15 @@ Behaviour, as the in-process generator's unless said here:
   asks for them now.
 - **An engine process that dies** (killed, crashed) fails every request in flight with a
   ``ModelError`` naming its exit code; later submits raise ``ModelError``. Nothing else in this
-  process is touched: a server goes on serving its other models.
+  process is touched: a server goes on serving its other models. It ignores SIGINT and SIGTERM
+  (see :mod:`.engine_child`); one this process never stopped is killed when it exits.
 - The engine's steps do not reach the server's traces (no ``step_observer``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import dataclasses
 import itertools
@@ -86,6 +89,18 @@ logger = logging.getLogger("batchline.generation")
 #: How long a stopped engine process may take to exit (it has already answered "stopped", or
 #: the drain's own timeout has passed) before it is killed.
 EXIT_GRACE_S = 30.0
+
+#: Engine processes launched and maybe still running, for :func:`_kill_at_exit`.
+_launched: set[BaseProcess] = set()
+
+
+def _kill_at_exit() -> None:
+    """At this process's exit, kill the engine processes never stopped: they ignore SIGTERM
+    (a signal to the whole process group must not cut a drain short), which is how
+    ``multiprocessing``'s own exit hook, run after this one, would end them before joining."""
+    for process in _launched:
+        if process.is_alive():
+            process.kill()
 
 
 class ProcessGenerator(GeneratorLifecycle):
@@ -136,11 +151,17 @@ class ProcessGenerator(GeneratorLifecycle):
             target=run_engine_process,
             args=(child_conn, load, args, level),
             name=f"batchline-engine-{name}",
-            daemon=True,  # never outlives this process, whatever path it leaves by
+            # multiprocessing's exit hook ends it (after _kill_at_exit has), and a parent that
+            # died without one closes the pipe, which stops it
+            daemon=True,
         )
         launched_at = time.perf_counter()
         process.start()
         child_conn.close()  # its end is the engine process's now: its exit closes the pipe
+        atexit.unregister(_kill_at_exit)  # once, and after multiprocessing's: it runs first
+        atexit.register(_kill_at_exit)
+        _launched.difference_update([p for p in _launched if not p.is_alive()])
+        _launched.add(process)
         return cls(process, conn, name=name, launched_at=launched_at)
 
     def wait_ready(self) -> Ready:
