@@ -275,6 +275,16 @@ async def test_submit_refuses_at_once_what_the_engine_process_would() -> None:
         gen.close()
 
 
+async def test_submit_before_start_says_to_start() -> None:
+    gen = ProcessGenerator.launch(load_fake_with, {}, name="proc")
+    try:
+        with pytest.raises(RuntimeError, match=r"not running; call start\(\)"):
+            gen.submit(TOK.encode("a"), SamplingParams())
+    finally:
+        gen.close()  # never started: close ends the engine process
+    assert not gen._process.is_alive()
+
+
 def test_a_load_that_fails_raises_its_error_here() -> None:
     gen = ProcessGenerator.launch(load_fake_with, {"fail": "no such model"}, name="proc")
     with pytest.raises(InputError, match="no such model"):

@@ -256,6 +256,7 @@ class ProcessGenerator(GeneratorLifecycle):
         """Send one request to the engine process now or raise (see :class:`TextGenerator`;
         ``ModelError`` once the engine process has exited)."""
         rid = request_id if request_id is not None else f"{self.name}-{next(self._ids)}"
+        facts = self._ready  # known once started: a generator not started fails the state check
         prompt = check_submit(
             name=self.name,
             state=self._state,
@@ -263,15 +264,15 @@ class ProcessGenerator(GeneratorLifecycle):
             in_use=self._flights,
             prompt_ids=prompt_ids,
             params=params,
-            max_context_tokens=self.max_context_tokens,
-            kv_token_budget=self.kv_token_budget,
+            max_context_tokens=facts.max_context_tokens if facts is not None else 0,
+            kv_token_budget=facts.kv_token_budget if facts is not None else None,
             on_reject=self._recorder.on_reject,
         )
+        assert facts is not None
         if self._gone is not None:
             raise ModelError(self._gone)
         if len(self._flights) >= self.max_in_flight:
             self._recorder.on_reject()
-            facts = self._facts()
             raise QueueFullError(
                 f"{self.name}: {len(self._flights)} requests are already in flight "
                 f"(max_waiting={facts.max_waiting} waiting + {facts.max_running} running); "
