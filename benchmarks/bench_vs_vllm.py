@@ -8,10 +8,14 @@ time on 127.0.0.1 (a fresh start per run, so no server idles beside the measured
   cache, 16 running sequences);
 - ``batchline-vllm``: ``batchline serve --generation-backend vllm`` (the same engine);
 - ``batchline-torch``: ``batchline serve`` on batchline's own torch engine;
+- ``batchline-torch-proc``: the same with ``--set engine_process=true``: the engine and its
+  scheduler in a process of their own, off the front end's GIL;
 - ``torch-engine``: no server: the same requests submitted in a process of its own to the
   generator ``batchline serve`` builds (``load_text_generator``, the same knobs), by
   ``--concurrency`` tasks, with TTFT at the first delta. ``batchline-torch`` against it is what
-  the HTTP front end costs (issue "engines at the limit": server >= 0.85x the engine).
+  the HTTP front end costs (issue "engines at the limit": server >= 0.85x the engine), and
+  ``batchline-torch-proc`` against it what is left of that cost with the engine in its own
+  process.
 
 The workload: ``--concurrency`` chat clients (16) sending ``--requests`` demo math prompts
 (96) through the chat template, greedy, streaming with ``stream_options={"include_usage":
@@ -58,7 +62,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SERVERS = ("vllm", "batchline-vllm", "batchline-torch", "torch-engine")
+SERVERS = ("vllm", "batchline-vllm", "batchline-torch", "batchline-torch-proc", "torch-engine")
 MODEL_NAME = "gen"
 # What batchline's CPU defaults give vLLM's engine (batchline.models.generation.load), passed
 # to vLLM's own server and LLM as flags so both run the same engine.
@@ -263,6 +267,8 @@ def _server_command(server: str, dtype: str, folder: str, port: int) -> list[str
             "warning",
         ]
     backend = "vllm" if server == "batchline-vllm" else "torch"
+    # batchline-torch-proc: batchline-torch with the engine in a process of its own
+    engine_process = ["--set", "engine_process=true"] if server == "batchline-torch-proc" else []
     return [
         sys.executable,
         "-m",
@@ -279,6 +285,7 @@ def _server_command(server: str, dtype: str, folder: str, port: int) -> list[str
         f"dtype={dtype}",
         "--set",
         f"max_running_sequences={MAX_NUM_SEQS}",
+        *engine_process,
         # a slow machine's long requests must not meet serve's 30 s default (vLLM has none)
         "--request-timeout-s",
         "900",
@@ -409,18 +416,19 @@ def _print_online(dtype: str, results: dict[str, list[RunResult]]) -> None:
         for s in results
     }
     print(f"\nonline, {dtype} (medians over repeats; ratios to vLLM's own server)")
-    header = f"{'server':<16} {'tok/s':>7} {'lat p50':>8} {'lat p99':>8} {'TTFT p50':>9}"
+    header = f"{'server':<20} {'tok/s':>7} {'lat p50':>8} {'lat p99':>8} {'TTFT p50':>9}"
     print(header + f" {'TTFT p99':>9}   {'x tok/s':>7} {'x lat p99':>9} {'x TTFT p99':>10}")
     base = rows.get("vllm")
     for server, (tps, l50, l99, t50, t99) in rows.items():
-        line = f"{server:<16} {tps:7.1f} {l50:7.2f}s {l99:7.2f}s {t50:8.2f}s {t99:8.2f}s"
+        line = f"{server:<20} {tps:7.1f} {l50:7.2f}s {l99:7.2f}s {t50:8.2f}s {t99:8.2f}s"
         if base is not None:
             line += f"   {tps / base[0]:7.2f} {l99 / base[2]:9.2f} {t99 / base[4]:10.2f}"
         print(line)
-    if "batchline-torch" in rows and "torch-engine" in rows:
-        ratio = rows["batchline-torch"][0] / rows["torch-engine"][0]
-        goal = "met" if ratio >= 0.85 else "NOT met"
-        print(f"batchline-torch / torch-engine tok/s = {ratio:.2f} (goal >= 0.85: {goal})")
+    for server in ("batchline-torch", "batchline-torch-proc"):
+        if server in rows and "torch-engine" in rows:
+            ratio = rows[server][0] / rows["torch-engine"][0]
+            goal = "met" if ratio >= 0.85 else "NOT met"
+            print(f"{server} / torch-engine tok/s = {ratio:.2f} (goal >= 0.85: {goal})")
     if base is not None and "batchline-vllm" in rows:
         tps, _, _, _, t99 = rows["batchline-vllm"]
         ok = tps >= 0.95 * base[0] and t99 <= 1.2 * base[4]

@@ -99,6 +99,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 #: >= 1 (``batch_timeout_s`` >= 0).
 _RULES: dict[str, tuple[Callable[[object], bool], str]] = {
     "batching": (lambda v: isinstance(v, bool), "true or false"),
+    "engine_process": (lambda v: isinstance(v, bool), "true or false"),
     "mix_priorities": (lambda v: isinstance(v, bool), "true or false"),
     "priority_yield": (lambda v: _number(v) and 0 < v <= 1, "in (0, 1]"),
     "bulk_slots": (lambda v: v is None or _integer(1)(v), "an integer >= 1 or unset"),
@@ -165,6 +166,11 @@ class Knobs:
     CUDA). ``vllm_scheduling_policy`` is ``fcfs`` (vLLM's default: requests join in arrival
     order, their priority unused) or ``priority`` (vLLM orders joins by each request's aged
     priority, as the torch backend's scheduler always does; see ``generation/vllm_generator.py``).
+    ``engine_process`` runs the torch backend's continuous batching (its engine and scheduler)
+    in a process of its own, so that it never waits for the GIL behind the server's front end;
+    the tokenizer and the streams stay in the calling process (``generation/engine_process.py``;
+    refused with ``vllm``, whose engine has processes of its own, and with static batching or
+    ``batching=False``).
     """
 
     batching: bool = True
@@ -204,6 +210,8 @@ class Knobs:
     # unchunked, 5-9 s chunked); 512, not 1024: a step of 512 prompt tokens already stalls the
     # running rows ~1 s on a 2-core CPU (benchmarks/engine_levers.md, workload A/B).
     max_step_tokens: int = 512
+    # Off until benchmarks/bench_vs_vllm.py (batchline-torch-proc) says it pays.
+    engine_process: bool = False
     # An embedding model's graph in int8 (ONNX Runtime's dynamic quantization), used only when
     # it passes the quality gate against its float32 graph (models/onnx/quantize.py).
     quantize: str | None = None

@@ -1,4 +1,5 @@
-"""Shared tools for the generation tests: a step-by-step engine and expected fake outputs."""
+"""Shared tools for the generation tests: a step-by-step engine, expected fake outputs and a
+fake model for an engine process."""
 
 from __future__ import annotations
 
@@ -7,12 +8,21 @@ import importlib.util
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import pytest
 
 from batchline import ManualClock
+from batchline._errors import InputError
+from batchline.models.generation.continuous import ContinuousGenerator
 from batchline.models.generation.engine import StepOutput
-from batchline.models.generation.fake import FakeEngine, FakeTokenizer, default_next_token
+from batchline.models.generation.fake import (
+    FakeEngine,
+    FakeTokenizer,
+    StepCost,
+    default_next_token,
+)
+from batchline.models.protocol import ModelInfo
 
 TOK = FakeTokenizer()
 
@@ -138,3 +148,54 @@ def grammars_give_up(monkeypatch: pytest.MonkeyPatch, after: int) -> None:
         return state
 
     monkeypatch.setattr(structured.TokenGrammars, "start", giving_up)
+
+
+@dataclass(eq=False)
+class FakeLoaded:
+    """What an engine process needs of a loaded model (``engine_child.LoadedModel``), on the
+    fake step engine: a ``load`` for ``ProcessGenerator.launch`` without torch."""
+
+    generator: ContinuousGenerator
+    max_context_tokens: int
+    max_running: int
+    max_waiting: int
+    dtype: str = "fake"
+    info: ModelInfo = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.info = ModelInfo(
+            name="fake", task="generate", input_kind="text", result_kind="value", max_tokens=0
+        )
+
+    def close(self) -> None:
+        pass
+
+
+def load_fake(
+    *,
+    max_running: int = 4,
+    max_waiting: int = 16,
+    step_s: float = 0.0,
+    fail_steps: Sequence[int] = (),
+    max_context_tokens: int = 2048,
+    fail: str | None = None,
+) -> FakeLoaded:
+    """Load the fake engine in an engine process (imported there by name: keep it top-level).
+    ``step_s``: real seconds per step, so that a request is still running when a test acts;
+    ``fail``: raise ``InputError(fail)`` instead, as a load that cannot load."""
+    if fail is not None:
+        raise InputError(fail)
+    engine = FakeEngine(
+        max_context_tokens=max_context_tokens,
+        step_cost=StepCost(fixed_s=step_s),
+        fail_steps=fail_steps,
+    )
+    generator = ContinuousGenerator(
+        engine, TOK, max_running=max_running, max_waiting=max_waiting, name="fake"
+    )
+    return FakeLoaded(generator, max_context_tokens, max_running, max_waiting)
+
+
+def load_fake_with(options: dict[str, object]) -> FakeLoaded:
+    """``load_fake(**options)``: ``ProcessGenerator.launch`` passes arguments by position."""
+    return load_fake(**options)  # type: ignore[arg-type]

@@ -7,7 +7,8 @@
   ``run``, ``serve`` and ``bench`` call.
 - backends (torch / vLLM) and the schedulers over them (static and continuous batching) load
   only when used, so importing this package needs no torch; ``FakeEngine`` is a model-free
-  engine of set step costs, for benchmarks and tests.
+  engine of set step costs, for benchmarks and tests; ``ProcessGenerator`` runs the continuous
+  one in a process of its own (``Knobs.engine_process``).
 
 Example::
 
@@ -40,6 +41,7 @@ from batchline.models.generation.engine import (
 if TYPE_CHECKING:
     from batchline.models.generation.continuous import ContinuousGenerator
     from batchline.models.generation.demo import demo_prompts, write_demo_prompts
+    from batchline.models.generation.engine_process import ProcessGenerator
     from batchline.models.generation.fake import FakeEngine, FakeTokenizer, StepCost
     from batchline.models.generation.generators import (
         GENERATOR_KINDS,
@@ -82,6 +84,7 @@ __all__ = [
     "GenerationStats",
     "GenerationStream",
     "GeneratorKind",
+    "ProcessGenerator",
     "PromptInput",
     "SamplingParams",
     "SequentialGenerator",
@@ -118,6 +121,7 @@ __getattr__ = lazy_exports(
         "GenerationStats": "stats",
         "GenerationStream": "stream",
         "GeneratorKind": "generators",
+        "ProcessGenerator": "engine_process",
         "PromptInput": "load",
         "SequentialGenerator": "static",
         "StaticGenerator": "static",

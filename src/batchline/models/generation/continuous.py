@@ -142,6 +142,9 @@ class EngineGenerator(GeneratorLifecycle):
         #: (the server's traces: ``batchline.server.tracing.StepTracer``); each sequence then
         #: keeps the context it was submitted in (``TrackedSequence.context``).
         self.step_observer: Callable[[float, Mapping[str, TrackedSequence]], None] | None = None
+        #: ``f(updates)``, on the event loop with each delivery (one per step), when set: the
+        #: deltas go to it, not into the streams (the engine process sends them to its parent).
+        self.outlet: Callable[[list[Update]], None] | None = None
 
     @property
     def max_context_tokens(self) -> int:
@@ -216,6 +219,7 @@ class EngineGenerator(GeneratorLifecycle):
 
     def _deliver(self, updates: list[Update]) -> None:
         recorder = self._recorder
+        outlet = self.outlet
         for seq, update in updates:
             stream = seq.stream
             if isinstance(update, BaseException):
@@ -223,7 +227,8 @@ class EngineGenerator(GeneratorLifecycle):
                     recorder.on_end("failed")
                     self._live.pop(seq.request_id, None)
                 continue
-            stream._push(update.delta)
+            if outlet is None:
+                stream._push(update.delta)
             completion = update.completion
             if completion is not None and stream._complete(completion):
                 if completion.finish_reason == "abort":
@@ -231,6 +236,8 @@ class EngineGenerator(GeneratorLifecycle):
                 else:
                     recorder.on_end("completed", completion.latency_s)
                 self._live.pop(seq.request_id, None)
+        if outlet is not None:
+            outlet(updates)
         if not self._live and self._idle is not None:
             self._idle.set()
 

