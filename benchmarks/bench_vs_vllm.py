@@ -17,6 +17,11 @@ time on 127.0.0.1 (a fresh start per run, so no server idles beside the measured
   ``batchline-torch-proc`` against it what is left of that cost with the engine in its own
   process.
 
+A server may carry settings, ``NAME:KEY=VALUE[:KEY=VALUE...]``, to compare variants in one
+run: a batchline server passes each as ``--set KEY=VALUE`` (a knob), vLLM's sets each as an
+environment variable, e.g. ``--servers vllm,vllm:VLLM_CPU_OMP_THREADS_BIND=0-1,batchline-torch,
+batchline-torch:generation_threads=1``.
+
 The workload: ``--concurrency`` chat clients (16) sending ``--requests`` demo math prompts
 (96) through the chat template, greedy, streaming with ``stream_options={"include_usage":
 True}``, ``max_tokens`` drawn between ``--min-new`` and ``--max-new`` (8-128, seeded) and
@@ -103,7 +108,7 @@ def main() -> None:
         return
 
     servers = [s.strip() for s in args.servers.split(",") if s.strip()]
-    unknown = sorted(set(servers) - set(SERVERS))
+    unknown = sorted({_variant(s)[0] for s in servers} - set(SERVERS))
     if unknown:
         parser.error(f"unknown server(s) {unknown}; known: {', '.join(SERVERS)}")
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
@@ -238,7 +243,14 @@ async def _drive(port: int, workload: list[tuple[str, int]], concurrency: int) -
     return RunResult(tokens, wall, latencies, ttfts, failed)
 
 
+def _variant(server: str) -> tuple[str, list[str]]:
+    """A server's name and its ``KEY=VALUE`` settings (``NAME:KEY=VALUE:...``)."""
+    name, *settings = server.split(":")
+    return name, settings
+
+
 def _server_command(server: str, dtype: str, folder: str, port: int) -> list[str]:
+    server, settings = _variant(server)
     if server == "vllm":
         return [
             sys.executable,
@@ -286,6 +298,7 @@ def _server_command(server: str, dtype: str, folder: str, port: int) -> list[str
         "--set",
         f"max_running_sequences={MAX_NUM_SEQS}",
         *engine_process,
+        *[flag for setting in settings for flag in ("--set", setting)],
         # a slow machine's long requests must not meet serve's 30 s default (vLLM has none)
         "--request-timeout-s",
         "900",
@@ -354,13 +367,22 @@ def _measure_engine(dtype: str, args: argparse.Namespace) -> RunResult:
 def _measure_server(
     server: str, dtype: str, folder: str, workload: list[tuple[str, int]], args: argparse.Namespace
 ) -> RunResult:
-    if server == "torch-engine":
+    name, settings = _variant(server)
+    if name == "torch-engine":
+        if settings:
+            raise SystemExit("torch-engine takes no settings; compare servers instead")
         return _measure_engine(dtype, args)
+    environment = dict(os.environ)
+    if name == "vllm":
+        environment.update(setting.split("=", 1) for setting in settings)
     port = _free_port()
     log = Path(tempfile.gettempdir()) / f"bench-vs-vllm-{server}-{port}.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            _server_command(server, dtype, folder, port), stdout=out, stderr=subprocess.STDOUT
+            _server_command(server, dtype, folder, port),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=environment,
         )
     try:
         _wait_ready(proc, port, log, args.start_timeout_s)
@@ -416,11 +438,12 @@ def _print_online(dtype: str, results: dict[str, list[RunResult]]) -> None:
         for s in results
     }
     print(f"\nonline, {dtype} (medians over repeats; ratios to vLLM's own server)")
-    header = f"{'server':<20} {'tok/s':>7} {'lat p50':>8} {'lat p99':>8} {'TTFT p50':>9}"
+    width = max(20, *(len(s) for s in rows))
+    header = f"{'server':<{width}} {'tok/s':>7} {'lat p50':>8} {'lat p99':>8} {'TTFT p50':>9}"
     print(header + f" {'TTFT p99':>9}   {'x tok/s':>7} {'x lat p99':>9} {'x TTFT p99':>10}")
     base = rows.get("vllm")
     for server, (tps, l50, l99, t50, t99) in rows.items():
-        line = f"{server:<20} {tps:7.1f} {l50:7.2f}s {l99:7.2f}s {t50:8.2f}s {t99:8.2f}s"
+        line = f"{server:<{width}} {tps:7.1f} {l50:7.2f}s {l99:7.2f}s {t50:8.2f}s {t99:8.2f}s"
         if base is not None:
             line += f"   {tps / base[0]:7.2f} {l99 / base[2]:9.2f} {t99 / base[4]:10.2f}"
         print(line)
