@@ -316,14 +316,14 @@ def engine_threads(knobs: Knobs, dtype: torch.dtype) -> int:
     else every core (:func:`~batchline.knobs.machine_cores`) in float32 and one in bfloat16.
 
     Measured with 16 streaming chat clients on ``batchline serve`` (SmolLM2, 2-core AVX-512
-    host, ``benchmarks/bench_vs_vllm.py``, 2026-11-28): in float32 two threads made 313 tokens/s
-    where one made 260 (the engine alone 354 and 291): a float32 step is long, its linears
-    ~1.6x faster on two cores, and the front end's share of the second core small beside
-    them. In bfloat16 two made 408 where one made 434 (the engine alone +5 %): the linears
-    take under a millisecond a layer, the step's other ops gain nothing from a second thread,
-    and at ~430 tokens/s the front end needs that core. With two other busy processes on the
-    machine, two float32 threads made 0.81x of one: set ``generation_threads = 1`` where other
-    work shares the cores."""
+    host, quiet, ``benchmarks/bench_vs_vllm.py --servers batchline-torch,
+    batchline-torch:generation_threads=1``, 2026-11-28): in float32 two threads made 331
+    tokens/s where one made 279 (x1.19; the engine alone x1.22): a float32 step is long and
+    its linears ~1.6x faster on two cores. In bfloat16 two made 438 and one 439: the step's
+    linears gain as much, but its other ops do not and the front end takes the second core's
+    time back, so one thread leaves that core to other work for nothing lost. With two other
+    busy processes on the machine, two float32 threads made 0.81x of one: set
+    ``generation_threads = 1`` where other work shares the cores."""
     if knobs.generation_threads is not None:
         return knobs.generation_threads
     import torch
