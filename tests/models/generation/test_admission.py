@@ -59,7 +59,7 @@ def test_nothing_is_said_until_the_counts_below_are_measured_and_spread() -> Non
 
 
 def test_each_count_follows_its_recent_steps() -> None:
-    cost = RowCost(weight=0.5, min_samples=1)
+    cost = RowCost(weight=0.5)  # 8 samples before a stall is clipped: none here
     cost.observe(8, 0.010)
     cost.observe(8, 0.020)  # a plain mean while the count is young
     assert cost.step_seconds(8) == pytest.approx(0.015)
@@ -69,6 +69,18 @@ def test_each_count_follows_its_recent_steps() -> None:
     cost.observe(0, 0.5)
     assert cost.step_seconds(8) == pytest.approx(0.025)
     assert cost.step_seconds(0) is None
+
+
+def test_a_stall_moves_a_measured_count_no_more_than_a_step_of_one_and_a_half() -> None:
+    cost = RowCost(weight=0.5, min_samples=2)
+    cost.observe(8, 0.010)
+    cost.observe(8, 0.010)
+    cost.observe(8, 0.090)  # a 90 ms stall counts as 15 ms
+    assert cost.step_seconds(8) == pytest.approx(0.0125)
+    young = RowCost(min_samples=2)
+    young.observe(8, 0.010)
+    young.observe(8, 0.030)  # before min_samples a count takes every step as it is
+    assert young.step_seconds(8) == pytest.approx(0.020)
 
 
 @given(

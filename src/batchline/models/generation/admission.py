@@ -83,6 +83,10 @@ class RowCost:
         if mean is None:
             self._means[rows] = _Mean(seconds, 1)
             return
+        if mean.count >= self._min_samples:
+            # a stall (the KV store growing, a collection) is not what a row costs: it moves
+            # the mean as a step of 1.5x would, no more
+            seconds = min(seconds, 1.5 * mean.seconds)
         mean.count += 1
         # a plain mean over the first 1/weight steps, then exponentially weighted
         mean.seconds += (seconds - mean.seconds) * max(self._weight, 1.0 / mean.count)
