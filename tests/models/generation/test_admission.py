@@ -53,9 +53,23 @@ def test_nothing_is_said_until_the_counts_below_are_measured_and_spread() -> Non
     assert measured(line, [15, 16]).pays(16) is None  # a slope over one row is noise
     assert measured(line, [12, 16], samples=7).pays(16) is None  # too few steps each
     assert measured(line, [12, 16]).pays(16) is True
-    # counts above the one asked about, or too far below it, do not count
-    assert measured(line, [16, 20]).pays(16) is None
+    # counts above count where those below do not say enough (a cap that fell back has its
+    # measures above it); counts far from it never
+    assert measured(line, [16, 20]).pays(16) is True
+    assert measured(line, [16, 20]).pays(20) is True
     assert measured(line, [2, 16]).pays(16) is None
+    assert measured(line, [16, 30]).pays(16) is None
+
+
+def test_the_counts_below_decide_where_they_can_those_past_a_knee_do_not() -> None:
+    # a fixed 20 ms and 0.5 ms a row to 40 rows, then 4 ms a row: at 36 the counts 24-36 say
+    # a row pays; a fit through 42-48 as well would say it does not
+    def knee(n: int) -> float:
+        return (20 + 0.5 * min(n, 40) + 4.0 * max(0, n - 40)) / 1000
+
+    cost = measured(knee, range(24, 49, 2))
+    assert cost.pays(36) is True
+    assert cost.pays(46) is False
 
 
 def test_each_count_follows_its_recent_steps() -> None:
@@ -188,3 +202,24 @@ async def test_the_cap_does_not_rise_while_nothing_waits() -> None:
     )
     assert gen.stats.running_cap == 16
     assert max(engine.rows) == 10
+
+
+@pytest.mark.anyio
+async def test_a_cap_that_fell_back_on_a_transient_grows_again_from_the_measures_above_it() -> None:
+    # every row pays (a fixed 30 ms), but the first steps at 20 rows take 60 ms more (another
+    # process had the core): the cap falls back to 16 with nothing measured below it, then
+    # the counts above, as their means recover, say that rows pay after all
+    slow = {"left": 10}
+
+    def cost(n: int) -> float:
+        if n == 20 and slow["left"] > 0:
+            slow["left"] -= 1
+            return 0.090 + 0.0001 * n
+        return 0.030 + 0.0001 * n
+
+    engine, gen = await run_all(cost, requests=600, max_running=32, start_running=16)
+    assert slow["left"] == 0  # the transient happened
+    fell = next(i for i in range(1, len(engine.rows)) if engine.rows[i] < engine.rows[i - 1] - 2)
+    assert max(engine.rows[:fell]) <= 21  # it fell back from around 20
+    assert gen.stats.running_cap == 32
+    assert max(engine.rows) == 32

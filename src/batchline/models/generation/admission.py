@@ -10,7 +10,7 @@ this project's 2-core AVX-512 host: 16 rows 23.2 ms a step (1.45 ms a row), 32 r
 (+0.77 ms a row), 64 rows 61.7 ms (+0.82 ms a row); tokens/s 690, 901, 1,037 (2026-11-28).
 
 :class:`RowCost` keeps the mean time of the decode-only steps at each row count it has seen,
-fits a line through the counts just below the one asked about, and calls one more row worth
+fits a line through the counts around the one asked about, and calls one more row worth
 running while its marginal cost (the slope) is at most ``ratio`` times the average row's cost
 (the fitted step time over the rows). Past that point a row adds almost as much time to every
 running sequence's next token as it adds tokens to the step: latency for little throughput.
@@ -29,6 +29,7 @@ __all__ = ["RowCost"]
 class _Mean:
     seconds: float
     count: int
+    last: int  # the observation that last moved it (RowCost's count of all of them)
 
 
 class RowCost:
@@ -47,7 +48,12 @@ class RowCost:
         min_samples: steps a row count needs before it counts in a fit.
         min_span: rows the fitted counts must cover; less, and :meth:`pays` says it does not
             know (a slope over one row is mostly noise: a step's time varies by ~5 %).
-        span: the fit takes the counts from ``rows - span`` to ``rows``.
+        span: the fit takes the counts from ``rows - span`` to ``rows`` (and to ``rows +
+            span`` where those do not say enough).
+        max_age: a count above the one asked about counts only if one of the last ``max_age``
+            steps moved it; an older one starts afresh at its next step. A cap that fell back
+            on a transient (another process had the core) no longer runs those counts, so their
+            means would never recover: this way they are measured again.
     """
 
     def __init__(
@@ -58,6 +64,7 @@ class RowCost:
         min_samples: int = 8,
         min_span: int = 4,
         span: int = 12,
+        max_age: int = 256,
     ) -> None:
         if not 0 < ratio <= 1:
             raise ValueError(f"ratio must be in (0, 1], got {ratio!r}")
@@ -73,16 +80,20 @@ class RowCost:
         self._min_samples = min_samples
         self._min_span = min_span
         self._span = span
+        self._max_age = max_age
         self._means: dict[int, _Mean] = {}
+        self._observed = 0
 
     def observe(self, rows: int, seconds: float) -> None:
         """One decode-only step (no prompt tokens in it) of ``rows`` rows took ``seconds``."""
         if rows < 1 or not seconds > 0:
             return
+        self._observed += 1
         mean = self._means.get(rows)
-        if mean is None:
-            self._means[rows] = _Mean(seconds, 1)
+        if mean is None or self._observed - mean.last > self._max_age:
+            self._means[rows] = _Mean(seconds, 1, self._observed)
             return
+        mean.last = self._observed
         if mean.count >= self._min_samples:
             # a stall (the KV store growing, a collection) is not what a row costs: it moves
             # the mean as a step of 1.5x would, no more
@@ -103,15 +114,24 @@ class RowCost:
 
     def marginal(self, rows: int) -> tuple[float, float] | None:
         """The fitted cost of one more row at ``rows`` rows and the average row's cost there,
-        in seconds; None until enough row counts near ``rows`` are measured."""
-        points = [
+        in seconds; None until enough row counts near ``rows`` are measured. The counts at
+        and below ``rows`` first (those above may lie past a knee where rows stop paying),
+        and those above too where the ones below do not say enough (a cap that fell back)."""
+        near = [
             (n, mean.seconds, min(mean.count, round(1 / self._weight)))
             for n, mean in self._means.items()
-            if rows - self._span <= n <= rows and self.measured(n)
+            if abs(n - rows) <= self._span
+            and self.measured(n)
+            and (n <= rows or self._observed - mean.last <= self._max_age)
         ]
-        counts = [n for n, _, _ in points]
-        if len(points) < 2 or max(counts) - min(counts) < self._min_span:
-            return None
+        for points in ([p for p in near if p[0] <= rows], near):
+            counts = [n for n, _, _ in points]
+            if len(points) >= 2 and max(counts) - min(counts) >= self._min_span:
+                return self._fit(points, rows)
+        return None
+
+    @staticmethod
+    def _fit(points: list[tuple[int, float, int]], rows: int) -> tuple[float, float] | None:
         # weighted least squares of seconds on rows (each count weighs by its samples)
         total = sum(w for _, _, w in points)
         mean_n = sum(n * w for n, _, w in points) / total

@@ -12,10 +12,12 @@ Scheduling policy of :class:`ContinuousGenerator`:
    ``start_running``, and while requests wait and the engine runs as many rows as the cap
    allows, it rises one row at a time for as long as a row's marginal cost in a decode step
    stays within ``row_cost_ratio`` of an average row's (:class:`~.admission.RowCost`, from
-   the decode-only steps' own times). Until the row counts just below the cap are measured
-   (4 rows apart, 8 steps each) it rises to measure them, once. When one more row would not
-   pay, the cap falls back to the last row that did (to ``start_running`` if none did).
-   A running sequence is never evicted when the cap falls: fewer join.
+   the decode-only steps' own times). Until the row counts around the cap are measured
+   (4 rows apart, 8 steps each) it rises to measure them. When one more row would not pay,
+   the cap falls back to the last row that did (to ``start_running`` if none did); the counts
+   above it count for 256 decode steps, then are measured again (the device may have been
+   busy with other work). A running sequence is never evicted when the cap falls: fewer
+   join.
 2. **Worst-case reservation, no preemption.** Admission reserves ``len(prompt) + max_tokens``
    KV positions per request, released when it finishes or aborts. A sequence is therefore
    never evicted mid-way (``preempted`` stays 0, no recompute is ever wasted), at the price of
@@ -514,8 +516,7 @@ class ContinuousGenerator(EngineGenerator):
             cap < self.max_running
             and self._waiting
             and len(self._running) >= cap
-            # unknown yet: measure one row more, once (not again after falling back below it)
-            and (verdict or (cost.measured(cap) and not cost.measured(cap + 1)))
+            and (verdict or (verdict is None and cost.measured(cap)))  # None: measure more
         ):
             self._cap = cap + 1
 
