@@ -28,8 +28,11 @@ def kernel() -> Any:
     return op
 
 
-def _reference(q: Any, keys: Any, values: Any, first: list[int], hi: int, scale: float) -> Any:
-    """Softmax attention of each row over columns [first, hi] of its slot, in float64."""
+def _reference(
+    q: Any, keys: Any, values: Any, first: list[int], hi: int, scale: float, softcap: float = 0.0
+) -> Any:
+    """Softmax attention of each row over columns [first, hi] of its slot, in float64, its
+    scores soft-capped where ``softcap`` says."""
     rows, heads, _ = q.shape
     group = heads // keys.shape[1]
     out = torch.empty(q.shape, dtype=torch.float64)
@@ -37,7 +40,10 @@ def _reference(q: Any, keys: Any, values: Any, first: list[int], hi: int, scale:
         for head in range(heads):
             k = keys[b, head // group, first[b] : hi + 1].double()
             v = values[b, head // group, first[b] : hi + 1].double()
-            weights = torch.softmax(k @ q[b, head].double() * scale, dim=0)
+            scores = k @ q[b, head].double() * scale
+            if softcap:
+                scores = softcap * torch.tanh(scores / softcap)
+            weights = torch.softmax(scores, dim=0)
             out[b, head] = weights @ v
     return out
 
@@ -58,9 +64,10 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("softcap", [0.0, 0.5], ids=["uncapped", "capped"])
 @pytest.mark.parametrize(("dtype", "dim", "heads", "kv_heads"), CASES)
 def test_each_row_attends_over_its_own_columns(
-    kernel: Any, dtype: str, dim: int, heads: int, kv_heads: int
+    kernel: Any, dtype: str, dim: int, heads: int, kv_heads: int, softcap: float
 ) -> None:
     gen = torch.Generator().manual_seed(dim * heads)
     slots, capacity, hi, rows = 6, 40, 33, 5
@@ -76,10 +83,13 @@ def test_each_row_attends_over_its_own_columns(
         values[b, :, :f] = float("nan")
         keys[b, :, hi + 1 :] = float("inf")
     scale = dim**-0.5
-    got = kernel(q, keys, values, torch.tensor(first), hi, scale)
+    got = kernel(q, keys, values, torch.tensor(first), hi, scale, softcap)
     assert got.dtype == kind
     assert got.shape == q.shape
-    expected = _reference(q, keys, values, first, hi, scale)
+    expected = _reference(q, keys, values, first, hi, scale, softcap)
+    if softcap:  # a cap of 0.5 bends scores of ~1: the uncapped answer is not this one
+        uncapped = _reference(q, keys, values, first, hi, scale)
+        assert (uncapped - expected)[1:].abs().max() > 0.05
     tolerance = 1e-5 if dtype == "float32" else 2e-2
     torch.testing.assert_close(got.double(), expected, atol=tolerance, rtol=tolerance)
     # A row of one column gives that column's value back.
@@ -93,6 +103,8 @@ def test_bad_arguments_are_refused_with_what_is_wrong(kernel: Any) -> None:
     q = torch.zeros(2, 2, 16)
     with pytest.raises(RuntimeError, match=r"first\[b\] must be in \[0, hi\]"):
         kernel(q, keys, keys, torch.tensor([0, 6]), 5, 0.25)
+    with pytest.raises(RuntimeError, match="softcap must be >= 0"):
+        kernel(q, keys, keys, torch.tensor([0, 0]), 5, 0.25, -1.0)
     with pytest.raises(RuntimeError, match="hi outside the buffers"):
         kernel(q, keys, keys, torch.tensor([0, 0]), 8, 0.25)
     with pytest.raises(RuntimeError, match="one dtype"):
@@ -130,7 +142,7 @@ def test_the_rotary_op_gives_torchs_values_bit_for_bit(ops: Any, dtype: str, rot
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_the_norm_and_silu_ops_give_torchs_values(ops: Any, dtype: str) -> None:
+def test_the_norm_and_activation_ops_give_torchs_values(ops: Any, dtype: str) -> None:
     gen = torch.Generator().manual_seed(7)
     kind = getattr(torch, dtype)
     x, weight = torch.randn(6, 40, generator=gen).to(kind), torch.randn(40, generator=gen).to(kind)
@@ -138,14 +150,27 @@ def test_the_norm_and_silu_ops_give_torchs_values(ops: Any, dtype: str) -> None:
     norm = weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).to(kind)
     gate_up = (torch.randn(6, 2 * 40, generator=gen) * 4).to(kind)
     silu = torch.nn.functional.silu(gate_up[:, :40]) * gate_up[:, 40:]
+    gelu = torch.nn.functional.gelu(gate_up[:, :40], approximate="tanh") * gate_up[:, 40:]
     # the sum of squares in another order, silu's own exp: float32's last bits, one bf16 step
     tolerance = {"atol": 1e-5, "rtol": 1e-5} if dtype == "float32" else {"atol": 0, "rtol": 1e-2}
     torch.testing.assert_close(ops.rms_norm(x, weight, 1e-6), norm, **tolerance)
     torch.testing.assert_close(ops.silu_mul(gate_up), silu, **tolerance)
+    # where tanh saturates, torch's 0.5 x (1 + tanh) is 0 and x / (1 + exp) a few 1e-7
+    torch.testing.assert_close(
+        ops.gelu_tanh_mul(gate_up), gelu, **{**tolerance, "atol": max(tolerance["atol"], 1e-6)}
+    )
+    with pytest.raises(RuntimeError, match=r"gelu_tanh_mul: gate_up \(rows, 2 \* n\)"):
+        ops.gelu_tanh_mul(gate_up[:, :-1])
     with pytest.raises(RuntimeError, match="bfloat16 or float32"):
         ops.silu_mul(gate_up.double())
     with pytest.raises(RuntimeError, match="rms_norm: x"):
         ops.rms_norm(x, weight[:-1], 1e-6)
+    # a float32 weight beside x: Gemma's order, weighed in float32 and then rounded once
+    offset = 1.0 + weight.float()
+    gemma = ((h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)) * offset).to(kind)
+    torch.testing.assert_close(ops.rms_norm(x, offset, 1e-6), gemma, **tolerance)
+    with pytest.raises(RuntimeError, match="rms_norm: x"):
+        ops.rms_norm(x.float(), weight.double(), 1e-6)
 
 
 def test_the_engine_takes_the_kernel_on_the_cpu_by_default(kernel: Any, tiny_llama: Any) -> None:

@@ -242,9 +242,9 @@ def test_capped_attention_is_transformers_eager_for_decoding_rows_and_a_join() -
     join = Join(None, 0, 10, 3, 4, mask, [staged_keys] * 2, [staged_values] * 2)
 
     def no_kernel(*args: Any) -> Any:
-        pytest.fail("the decode kernel cannot cap the scores")
+        pytest.fail("decode_attention='sdpa': the rows attend through capped_attention")
 
-    plan = StepPlan(store, 3, first, [join], decode_attention="kernel", decode_kernel=no_kernel)
+    plan = StepPlan(store, 3, first, [join], decode_attention="sdpa", decode_kernel=no_kernel)
     query, key, value = rand(1, heads, 7, dim), rand(1, kv_heads, 7, dim), rand(1, kv_heads, 7, dim)
     out, _ = packed_attention(
         attention, query, key, value, None, scaling=scaling, batchline_step=plan, softcap=cap

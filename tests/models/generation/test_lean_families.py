@@ -105,14 +105,14 @@ def test_gemma_takes_the_kernels_norm_only_where_it_keeps_gemmas_order(
     if kernel is None:
         pytest.skip(why)
     model = build_tiny(family).to(getattr(torch, dtype))
-    # Gemma 2's capped layers attend without the kernel, and their norms and rotary take it
+    # the kernel library throughout: Gemma 2's capped decoding rows too (it caps their scores)
     engine = TorchStepEngine(model, lean=True, decode_attention="kernel")
     lean = engine._lean
     assert lean is not None
     assert lean._ops is not None  # the kernel library's rotary, in both
-    # float32: the kernel's norm times 1 + weight (rounding to float32 is none); bfloat16:
-    # torch's ops, which multiply before rounding as Gemma's norm does
-    assert lean._kernel_norm == (dtype == "float32")
+    # the kernel's norm, Gemma's order from its float32 1 + weight (multiplied, then rounded)
+    assert lean._kernel_norm
+    assert all(layer.input_norm.dtype == torch.float32 for layer in lean._layers)
     # The kernel's sums in another order: logits up to ~8, within 2e-6 (float32) and one
     # bfloat16 step (0.0625) when measured; twice that, or ten times, allowed
     tolerance = {"float32": 2e-5, "bfloat16": 0.125}[dtype]

@@ -39,9 +39,10 @@ __all__ = ["DecodeKernel", "StepOps", "decode_kernel"]
 
 logger = logging.getLogger(__name__)
 
-#: ``kernel(q, keys, values, first, hi, scale) -> out``; see ``csrc/decode_attention.cpp``.
+#: ``kernel(q, keys, values, first, hi, scale, softcap) -> out`` (softcap 0: none); see
+#: ``csrc/decode_attention.cpp``.
 DecodeKernel = Callable[
-    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, float], torch.Tensor
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, float, float], torch.Tensor
 ]
 
 _SOURCE = Path(__file__).parent / "csrc" / "decode_attention.cpp"
@@ -68,15 +69,18 @@ def decode_kernel() -> tuple[DecodeKernel | None, str]:
 
 class StepOps:
     """The library's elementwise ops for a lean step (``csrc/decode_attention.cpp``), one call
-    each where torch chains several: ``rms_norm(x, weight, eps)``, ``silu_mul(gate_up)`` (gate
-    first) and ``rotary(x, cos, signed_sin)``. They round where torch's chain rounds; the sum of
-    squares in the norm (another order) and silu's exp differ in the last bits. Made once
-    :func:`decode_kernel` has loaded the library."""
+    each where torch chains several: ``rms_norm(x, weight, eps)`` (Llama's order for a weight
+    of x's dtype, Gemma's for a float32 one), ``silu_mul(gate_up)`` and
+    ``gelu_tanh_mul(gate_up)`` (gate first) and ``rotary(x, cos, signed_sin)``. They round
+    where torch's chain rounds; the sum of squares in the norm (another order) and the
+    activations' exp differ in the last bits. Made once :func:`decode_kernel` has loaded the
+    library."""
 
     def __init__(self) -> None:
         ops = torch.ops.batchline
         self.rms_norm = ops.rms_norm
         self.silu_mul = ops.silu_mul
+        self.gelu_tanh_mul = ops.gelu_tanh_mul
         self.rotary = ops.rotary
 
 

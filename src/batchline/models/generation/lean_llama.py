@@ -113,6 +113,11 @@ _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": F.silu,
     "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh"),
 }
+# The same, times up, from one fused gate/up product: the kernel library's op of each.
+_KERNEL_ACT_MUL: dict[str, Callable[[StepOps], Linear]] = {
+    "silu": lambda ops: ops.silu_mul,
+    "gelu_pytorch_tanh": lambda ops: ops.gelu_tanh_mul,
+}
 
 
 def _linear(module: torch.nn.Module) -> Linear:
@@ -185,19 +190,17 @@ class LeanForward:
         self._embed_scale = None if scale is None else scale.to(self._embed.dtype)
         self._eps = float(config.rms_norm_eps)
         self._offset_norm = family.offset_norm
-        # The kernel's norm rounds, then multiplies by the weight (Llama's order). Gemma's
-        # multiplies by 1 + weight in float32, then rounds: the same order in a float32 model
-        # (rounding to float32 is none), another in bfloat16, where torch's ops do it.
-        self._kernel_norm = ops is not None and (
-            not family.offset_norm or self._embed.dtype == torch.float32
-        )
+        # The kernel's norm takes each family's order from its weight's dtype: one of x's
+        # rounds, then multiplies (Llama's); Gemma's float32 1 + weight multiplies, then rounds.
+        self._kernel_norm = ops is not None
         self._final_norm = self._norm_weight(inner.norm)
         self._lm_head = _linear(model.lm_head)
         cap = getattr(config, "final_logit_softcapping", None) if family.logit_softcap else None
         self._logit_softcap: float | None = None if cap is None else float(cap)
         activation = getattr(config, family.activation)
         self._act = _ACTIVATIONS[activation]
-        self._silu = activation == "silu"  # the kernel library's silu_mul applies
+        # the kernel library's act(gate) * up for it, in one call
+        self._act_mul = None if ops is None else _KERNEL_ACT_MUL[activation](ops)
         attention = inner.layers[0].self_attn  # what every layer's attention was built with
         self._head_dim = int(attention.head_dim)
         self._heads = int(config.num_attention_heads)
@@ -350,8 +353,8 @@ class LeanForward:
                 out = self._norm(out, layer.attention_out_norm)
             h = h + out
             x = self._norm(h, layer.mlp_norm)
-            if self._ops is not None and self._silu and layer.gate_up_joined is not None:
-                act = self._ops.silu_mul(layer.gate_up_joined(x))
+            if self._act_mul is not None and layer.gate_up_joined is not None:
+                act = self._act_mul(layer.gate_up_joined(x))
             else:
                 gate, up = layer.gate_up(x)
                 act = self._act(gate) * up

@@ -1,11 +1,13 @@
 // batchline's decode attention on CPU: each running row's queries attend over that row's own
 // keys and values in the slot store, read where they lie (no padded window, no copy).
 //
-//   decode_attention(q, keys, values, first, hi, scale) -> out
+//   decode_attention(q, keys, values, first, hi, scale, softcap=0) -> out
 //     q:      (rows, heads, dim), contiguous, bfloat16 or float32
 //     keys:   (slots, kv_heads, capacity, dim), one layer's store buffer, contiguous, q's dtype
 //     values: as keys
 //     first:  (rows,) int64: row b attends columns [first[b], hi] of its slot b
+//     softcap: > 0: each score s becomes softcap * tanh(s / softcap) before the softmax
+//              (Gemma 2's), tanh through the exp below; 0: none
 //     out:    (rows, heads, dim), q's dtype
 //
 // Per row and KV head: the scores of its query heads against each column (fp32; on a CPU with
@@ -222,7 +224,7 @@ void weighted_sum(const float* p, int64_t n, int64_t group, const T* values, flo
 // DIM: the head dim when known at compile time (unrolled loops), 0 for any other.
 template <typename T, int64_t DIM>
 void attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
-            const at::Tensor& first, int64_t hi, float scale, at::Tensor& out) {
+            const at::Tensor& first, int64_t hi, float scale, float softcap, at::Tensor& out) {
   const int64_t rows = q.size(0), heads = q.size(1);
   const int64_t dim = DIM ? DIM : q.size(2);
   const int64_t kv_heads = keys.size(1), capacity = keys.size(2);
@@ -269,6 +271,12 @@ void attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& value
             scores[j * n + w] = dot * scale;
           }
         }
+      }
+      if (softcap > 0.0f) {  // Gemma 2's: cap * tanh(score / cap), tanh(y) = 1 - 2 / (e^2y + 1)
+        const float twice = 2.0f / softcap;
+#pragma omp simd
+        for (int64_t i = 0; i < group * n; ++i)
+          scores[i] = softcap * (1.0f - 2.0f / (exp_approx(twice * scores[i]) + 1.0f));
       }
       for (int64_t j = 0; j < group; ++j) {
         float* sj = scores.data() + j * n;
@@ -328,16 +336,16 @@ void on_dtype(const at::Tensor& x, const char* op, F&& f) {
 
 template <typename T>
 void dispatch(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
-              const at::Tensor& first, int64_t hi, float scale, at::Tensor& out) {
+              const at::Tensor& first, int64_t hi, float scale, float softcap, at::Tensor& out) {
   switch (q.size(2)) {
-    case 64: return attend<T, 64>(q, keys, values, first, hi, scale, out);
-    case 128: return attend<T, 128>(q, keys, values, first, hi, scale, out);
-    default: return attend<T, 0>(q, keys, values, first, hi, scale, out);
+    case 64: return attend<T, 64>(q, keys, values, first, hi, scale, softcap, out);
+    case 128: return attend<T, 128>(q, keys, values, first, hi, scale, softcap, out);
+    default: return attend<T, 0>(q, keys, values, first, hi, scale, softcap, out);
   }
 }
 
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
-                            const at::Tensor& first, int64_t hi, double scale) {
+                            const at::Tensor& first, int64_t hi, double scale, double softcap) {
   TORCH_CHECK(q.dim() == 3 && keys.dim() == 4 && values.sizes() == keys.sizes(),
               "decode_attention: q (rows, heads, dim), keys and values (slots, kv_heads, "
               "capacity, dim)");
@@ -358,16 +366,17 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& keys, const a
       TORCH_CHECK(fp[b] >= 0 && fp[b] <= hi, "decode_attention: first[b] must be in [0, hi]");
   }
   auto out = at::empty_like(q);
-  const float s = static_cast<float>(scale);
+  TORCH_CHECK(softcap >= 0.0, "decode_attention: softcap must be >= 0 (0: none)");
+  const float s = static_cast<float>(scale), cap = static_cast<float>(softcap);
   on_dtype(q, "decode_attention", [&](auto tag) {
-    dispatch<decltype(tag)>(q, keys, values, f, hi, s, out);
+    dispatch<decltype(tag)>(q, keys, values, f, hi, s, cap, out);
   });
   return out;
 }
 
 // -- a step's elementwise work, one call each instead of torch's chain of small ops -------------
 // Each rounds to T where torch's chain (lean_llama.py) rounds: the same values, except the sum
-// of squares in rms_norm (another summation order) and silu's exp (exp_approx).
+// of squares in rms_norm (another summation order) and the activations' exp (exp_approx).
 
 // v's bfloat16 bits, rounded to nearest even as at::BFloat16(v) rounds (a NaN stays one),
 // without its branch: a loop over it vectorizes.
@@ -390,9 +399,13 @@ inline void store(at::BFloat16* p, int64_t i, float v) {
 }
 inline void store(float* p, int64_t i, float v) { p[i] = v; }
 
-// out = weight * T(h * rsqrt(mean(h^2) + eps)), h = float(x), per row of n values
-template <typename T>
-void rms_rows(const T* x, const T* weight, T* out, int64_t rows, int64_t n, float eps) {
+// Per row of n values, h = float(x) and inv = rsqrt(mean(h^2) + eps): with a weight of x's
+// dtype W = T, out = weight * T(h * inv) (Llama's order: rounded, then weighed); with a float
+// weight beside a bfloat16 x, out = T(h * inv * weight) (Gemma's: weighed in float32 by its
+// 1 + weight, then rounded once). In float32 the two are one.
+template <typename T, typename W>
+void rms_rows(const T* x, const W* weight, T* out, int64_t rows, int64_t n, float eps) {
+  constexpr bool weighed_first = !std::is_same_v<T, W>;
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * n;
     T* orow = out + r * n;
@@ -400,30 +413,44 @@ void rms_rows(const T* x, const T* weight, T* out, int64_t rows, int64_t n, floa
 #pragma omp simd reduction(+ : squares)
     for (int64_t d = 0; d < n; ++d) squares += load(xr, d) * load(xr, d);
     const float inv = 1.0f / std::sqrt(squares / static_cast<float>(n) + eps);
+    if constexpr (weighed_first) {
 #pragma omp simd
-    for (int64_t d = 0; d < n; ++d) store(orow, d, load(weight, d) * rounded(load(xr, d) * inv, xr));
+      for (int64_t d = 0; d < n; ++d) store(orow, d, load(xr, d) * inv * load(weight, d));
+    } else {
+#pragma omp simd
+      for (int64_t d = 0; d < n; ++d) store(orow, d, load(weight, d) * rounded(load(xr, d) * inv, xr));
+    }
   }
 }
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  TORCH_CHECK(x.scalar_type() == weight.scalar_type() && weight.dim() == 1 &&
+  const bool float_weight = weight.scalar_type() == at::kFloat;
+  TORCH_CHECK((x.scalar_type() == weight.scalar_type() || float_weight) && weight.dim() == 1 &&
                   x.size(-1) == weight.size(0),
-              "rms_norm: x (..., n) and weight (n,) of one dtype");
+              "rms_norm: x (..., n) and weight (n,) of x's dtype or float32");
   const auto xc = x.contiguous();
   const auto wc = weight.contiguous();
   auto out = at::empty_like(xc);
   const int64_t n = weight.size(0), rows = n ? xc.numel() / n : 0;
   on_dtype(xc, "rms_norm", [&](auto tag) {
     using scalar_t = decltype(tag);
-    rms_rows<scalar_t>(xc.data_ptr<scalar_t>(), wc.data_ptr<scalar_t>(),
-                       out.data_ptr<scalar_t>(), rows, n, static_cast<float>(eps));
+    if (float_weight) {
+      rms_rows<scalar_t, float>(xc.data_ptr<scalar_t>(), wc.data_ptr<float>(),
+                                out.data_ptr<scalar_t>(), rows, n, static_cast<float>(eps));
+    } else {
+      rms_rows<scalar_t, scalar_t>(xc.data_ptr<scalar_t>(), wc.data_ptr<scalar_t>(),
+                                   out.data_ptr<scalar_t>(), rows, n, static_cast<float>(eps));
+    }
   });
   return out;
 }
 
 // T(T(silu(gate)) * up) from one (rows, 2 * n) gate/up product, gate first
-template <typename T>
-void silu_mul_rows(const T* gate_up, T* out, int64_t rows, int64_t n) {
+// T(T(act(gate)) * up) from one (rows, 2 * n) gate/up product, gate first. act is SiLU,
+// x / (1 + exp(-x)), or GeLU with tanh, 0.5 x (1 + tanh(k (x + 0.044715 x^3))), k = sqrt(2/pi),
+// which is x / (1 + exp(-2 k (x + 0.044715 x^3))): one form, another argument.
+template <typename T, bool Gelu>
+void act_mul_rows(const T* gate_up, T* out, int64_t rows, int64_t n) {
   for (int64_t r = 0; r < rows; ++r) {
     const T* g = gate_up + r * 2 * n;
     const T* u = g + n;
@@ -431,22 +458,28 @@ void silu_mul_rows(const T* gate_up, T* out, int64_t rows, int64_t n) {
 #pragma omp simd
     for (int64_t d = 0; d < n; ++d) {
       const float x = load(g, d);
-      store(orow, d, rounded(x / (1.0f + exp_approx(-x)), g) * load(u, d));
+      const float z = Gelu ? 1.5957691216057308f * (x + 0.044715f * x * x * x) : x;
+      store(orow, d, rounded(x / (1.0f + exp_approx(-z)), g) * load(u, d));
     }
   }
 }
 
-at::Tensor silu_mul(const at::Tensor& gate_up) {
-  TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 2 == 0,
-              "silu_mul: gate_up (rows, 2 * n)");
+template <bool Gelu>
+at::Tensor act_mul(const at::Tensor& gate_up, const char* name) {
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 2 == 0, name, ": gate_up (rows, 2 * n)");
   const auto gu = gate_up.contiguous();
   const int64_t rows = gu.size(0), n = gu.size(1) / 2;
   auto out = at::empty({rows, n}, gu.options());
-  on_dtype(gu, "silu_mul", [&](auto tag) {
+  on_dtype(gu, name, [&](auto tag) {
     using scalar_t = decltype(tag);
-    silu_mul_rows<scalar_t>(gu.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), rows, n);
+    act_mul_rows<scalar_t, Gelu>(gu.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), rows, n);
   });
   return out;
+}
+
+at::Tensor silu_mul(const at::Tensor& gate_up) { return act_mul<false>(gate_up, "silu_mul"); }
+at::Tensor gelu_tanh_mul(const at::Tensor& gate_up) {
+  return act_mul<true>(gate_up, "gelu_tanh_mul");
 }
 
 // T(T(x * cos) + T(rotate_half(x) * sin)) over the first r values of each head (sin's first half
@@ -497,10 +530,11 @@ at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
 
 TORCH_LIBRARY(batchline, m) {
   m.def(
-      "decode_attention(Tensor q, Tensor keys, Tensor values, Tensor first, int hi, float scale)"
-      " -> Tensor");
+      "decode_attention(Tensor q, Tensor keys, Tensor values, Tensor first, int hi, float scale,"
+      " float softcap=0.0) -> Tensor");
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
+  m.def("gelu_tanh_mul(Tensor gate_up) -> Tensor");
   m.def("rotary(Tensor x, Tensor cos, Tensor sin) -> Tensor");
 }
 
@@ -508,5 +542,6 @@ TORCH_LIBRARY_IMPL(batchline, CPU, m) {
   m.impl("decode_attention", &decode_attention);
   m.impl("rms_norm", &rms_norm);
   m.impl("silu_mul", &silu_mul);
+  m.impl("gelu_tanh_mul", &gelu_tanh_mul);
   m.impl("rotary", &rotary);
 }
