@@ -221,8 +221,10 @@ void weighted_sum(const float* p, int64_t n, int64_t group, const T* values, flo
 }
 #endif
 
-// DIM: the head dim when known at compile time (unrolled loops), 0 for any other.
-template <typename T, int64_t DIM>
+// DIM: the head dim when known at compile time (unrolled loops), 0 for any other. CAPPED: the
+// scores soft-capped; a template argument, so that the uncapped loops compile as they did (a
+// run-time branch there cost the bfloat16 step 8 %, 25.8 -> 27.9 ms).
+template <typename T, int64_t DIM, bool CAPPED>
 void attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
             const at::Tensor& first, int64_t hi, float scale, float softcap, at::Tensor& out) {
   const int64_t rows = q.size(0), heads = q.size(1);
@@ -272,7 +274,7 @@ void attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& value
           }
         }
       }
-      if (softcap > 0.0f) {  // Gemma 2's: cap * tanh(score / cap), tanh(y) = 1 - 2 / (e^2y + 1)
+      if constexpr (CAPPED) {  // Gemma 2's: cap * tanh(score / cap), tanh(y) = 1 - 2 / (e^2y + 1)
         const float twice = 2.0f / softcap;
 #pragma omp simd
         for (int64_t i = 0; i < group * n; ++i)
@@ -337,10 +339,17 @@ void on_dtype(const at::Tensor& x, const char* op, F&& f) {
 template <typename T>
 void dispatch(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
               const at::Tensor& first, int64_t hi, float scale, float softcap, at::Tensor& out) {
+  if (softcap > 0.0f) {
+    switch (q.size(2)) {
+      case 64: return attend<T, 64, true>(q, keys, values, first, hi, scale, softcap, out);
+      case 128: return attend<T, 128, true>(q, keys, values, first, hi, scale, softcap, out);
+      default: return attend<T, 0, true>(q, keys, values, first, hi, scale, softcap, out);
+    }
+  }
   switch (q.size(2)) {
-    case 64: return attend<T, 64>(q, keys, values, first, hi, scale, softcap, out);
-    case 128: return attend<T, 128>(q, keys, values, first, hi, scale, softcap, out);
-    default: return attend<T, 0>(q, keys, values, first, hi, scale, softcap, out);
+    case 64: return attend<T, 64, false>(q, keys, values, first, hi, scale, 0.0f, out);
+    case 128: return attend<T, 128, false>(q, keys, values, first, hi, scale, 0.0f, out);
+    default: return attend<T, 0, false>(q, keys, values, first, hi, scale, 0.0f, out);
   }
 }
 
