@@ -64,7 +64,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from batchline._batcher import State
 from batchline._errors import (
@@ -408,6 +408,7 @@ class ContinuousGenerator(EngineGenerator):
         # measured only where the cap may move
         moves = self.start_running < max_running
         self._row_cost = RowCost(ratio=row_cost_ratio) if moves else None
+        self._prefix_caching = isinstance(engine, PrefixCaching)  # a Protocol check: once
         self.max_waiting = max_waiting
         self.max_overtakes = max_overtakes
         self.priority_aging_s = priority_aging_s
@@ -450,18 +451,18 @@ class ContinuousGenerator(EngineGenerator):
         with self._cond:
             running, waiting, reserved = len(self._running), len(self._waiting), self._reserved
         stats = self._recorder.snapshot(running=running, waiting=waiting, kv_reserved=reserved)
-        stats = dataclasses.replace(stats, running_cap=self._cap)
-        engine = self._engine
-        if isinstance(engine, PrefixCaching):
-            stats = dataclasses.replace(
-                stats,
-                prefix_cache_tokens=engine.prefix_cache_tokens,
-                prefix_cache_hits=engine.prefix_cache_hits,
-                prefix_tokens_reused=engine.prefix_tokens_reused,
-                prompt_tokens_computed=engine.prompt_tokens_computed,
-                prompts_shared=engine.prompts_shared,
-            )
-        return stats
+        if not self._prefix_caching:
+            return dataclasses.replace(stats, running_cap=self._cap)
+        engine = cast("PrefixCaching", self._engine)
+        return dataclasses.replace(
+            stats,
+            running_cap=self._cap,
+            prefix_cache_tokens=engine.prefix_cache_tokens,
+            prefix_cache_hits=engine.prefix_cache_hits,
+            prefix_tokens_reused=engine.prefix_tokens_reused,
+            prompt_tokens_computed=engine.prompt_tokens_computed,
+            prompts_shared=engine.prompts_shared,
+        )
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -544,15 +545,18 @@ class ContinuousGenerator(EngineGenerator):
                 skipped.append(waiting)
         return admitted
 
-    def _prompt_tokens_computed(self) -> int | None:
-        engine = self._engine
-        return engine.prompt_tokens_computed if isinstance(engine, PrefixCaching) else None
+    def _prompts_so_far(self) -> int | None:
+        """The prompt tokens the engine has computed, where the cap is measured and the engine
+        says (else None): unchanged across a step, the step only decoded."""
+        if self._row_cost is None or not self._prefix_caching:
+            return None
+        return cast("PrefixCaching", self._engine).prompt_tokens_computed
 
     def _observe_row_cost(self, rows: int, seconds: float, prompts_before: int | None) -> None:
         """Count the step in its row count's cost if it only decoded: no request joined it,
         and the engine (where it says) computed no prompt token in it (a long prompt's later
         chunks)."""
-        if self._row_cost is not None and self._prompt_tokens_computed() == prompts_before:
+        if self._row_cost is not None and self._prompts_so_far() == prompts_before:
             self._row_cost.observe(rows, seconds)
 
     def _work(self) -> None:
@@ -605,7 +609,7 @@ class ContinuousGenerator(EngineGenerator):
                     return
                 admitted = self._admit_locked()
                 joined_at = self._clock.now() if admitted else 0.0
-                prompts_before = self._prompt_tokens_computed()
+                prompts_before = self._prompts_so_far()
                 for seq in admitted:
                     try:
                         engine.add_request(seq.request)
@@ -619,11 +623,9 @@ class ContinuousGenerator(EngineGenerator):
             self._post(updates)
             if not batch:
                 continue
+            started = self._clock.now()
             try:
-                started = self._clock.now()
                 step_updates, ended = self._step(batch)
-                if not admitted:
-                    self._observe_row_cost(len(batch), self._clock.now() - started, prompts_before)
             except Exception as exc:
                 with cond:
                     failed = [s for rid, s in batch.items() if self._running.pop(rid, None)]
@@ -632,6 +634,8 @@ class ContinuousGenerator(EngineGenerator):
                     self._kv_now()
                 self._post(updates)
                 continue
+            if not admitted:
+                self._observe_row_cost(len(batch), self._clock.now() - started, prompts_before)
             with cond:
                 for rid in ended:
                     done = self._running.pop(rid, None)
