@@ -108,15 +108,11 @@ _LAYER_NORMS = (
 # RoPE types whose inverse frequencies are fixed at load (the dynamic ones rescale per length).
 _STATIC_ROPE = ("default", "linear", "llama3")
 
-# The activations by config name, as transformers' ACT2FN computes them.
-_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "silu": F.silu,
-    "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh"),
-}
-# The same, times up, from one fused gate/up product: the kernel library's op of each.
-_KERNEL_ACT_MUL: dict[str, Callable[[StepOps], Linear]] = {
-    "silu": lambda ops: ops.silu_mul,
-    "gelu_pytorch_tanh": lambda ops: ops.gelu_tanh_mul,
+# The activations by config name, as transformers' ACT2FN computes them, and the kernel
+# library's op (StepOps) of each times up, from one fused gate/up product.
+_ACTIVATIONS: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], str]] = {
+    "silu": (F.silu, "silu_mul"),
+    "gelu_pytorch_tanh": (functools.partial(F.gelu, approximate="tanh"), "gelu_tanh_mul"),
 }
 
 
@@ -190,17 +186,14 @@ class LeanForward:
         self._embed_scale = None if scale is None else scale.to(self._embed.dtype)
         self._eps = float(config.rms_norm_eps)
         self._offset_norm = family.offset_norm
-        # The kernel's norm takes each family's order from its weight's dtype: one of x's
-        # rounds, then multiplies (Llama's); Gemma's float32 1 + weight multiplies, then rounds.
-        self._kernel_norm = ops is not None
         self._final_norm = self._norm_weight(inner.norm)
         self._lm_head = _linear(model.lm_head)
         cap = getattr(config, "final_logit_softcapping", None) if family.logit_softcap else None
         self._logit_softcap: float | None = None if cap is None else float(cap)
         activation = getattr(config, family.activation)
-        self._act = _ACTIVATIONS[activation]
+        self._act, kernel_op = _ACTIVATIONS[activation]
         # the kernel library's act(gate) * up for it, in one call
-        self._act_mul = None if ops is None else _KERNEL_ACT_MUL[activation](ops)
+        self._act_mul: Linear | None = None if ops is None else getattr(ops, kernel_op)
         attention = inner.layers[0].self_attn  # what every layer's attention was built with
         self._head_dim = int(attention.head_dim)
         self._heads = int(config.num_attention_heads)
@@ -282,8 +275,9 @@ class LeanForward:
         return norm.weight
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        if self._kernel_norm:
-            assert self._ops is not None
+        if self._ops is not None:
+            # the family's order from the weight's dtype: one of x's rounds, then multiplies
+            # (Llama's); Gemma's float32 1 + weight multiplies, then rounds
             out: torch.Tensor = self._ops.rms_norm(x, weight, self._eps)
             return out
         dtype = x.dtype
