@@ -89,7 +89,8 @@ async def main_async(args: argparse.Namespace) -> None:
     parts = await asyncio.to_thread(load_parts, options)
     work = build_work(parts, options)[: args.requests]
     longest = max(len(w.prompt_ids) for w in work)
-    budget = 64 * (longest + args.max_new)  # room for every row of the largest cap
+    widest = max(cap for _, cap in CONFIGS.values())
+    budget = widest * (longest + args.max_new)  # room for every row of the widest cap
     print(
         f"workload: {len(work)} demo math prompts queued at once, "
         f"{min(len(w.prompt_ids) for w in work)}-{longest} prompt tokens, max_tokens "
@@ -97,7 +98,7 @@ async def main_async(args: argparse.Namespace) -> None:
         f"kv_token_budget {budget}, {args.repeats} interleaved repeats",
         flush=True,
     )
-    await one_run(parts, [Work(w.prompt_ids, 2) for w in work], 64, 64, budget)  # warm
+    await one_run(parts, [Work(w.prompt_ids, 2) for w in work], widest, widest, budget)  # warm
     results: dict[str, list[dict[str, float]]] = {name: [] for name in CONFIGS}
     names = list(CONFIGS)
     for repeat in range(args.repeats):
