@@ -40,6 +40,7 @@ from batchline.__main__ import main
 from batchline._errors import InputError, ModelError
 from batchline.datasets.sinks import read_output
 from batchline.driver.drive import DriveOptions, drive
+from batchline.integrations.ray_ingress import DISCONNECT_MARK
 from batchline.integrations.ray_serve import (
     _QUICK_AUTOSCALING_ENV,
     APP_NAME,
@@ -296,15 +297,22 @@ def test_the_haproxy_wrapper_puts_its_endpoints_on_loopback_and_its_socket_priva
     )
     program = env["RAY_SERVE_HAPROXY_BINARY_PATH"]
     assert Path(program).stat().st_mode & 0o777 == 0o700
-    checked = subprocess.run(
-        [program, "-c", "-f", str(config)], capture_output=True, text=True, timeout=30
-    )
-    assert checked.returncode == 0, checked.stderr  # the real HAProxy checked the rewrite
+    for _ in range(2):  # Serve checks a config (-c), then runs HAProxy on the same file
+        checked = subprocess.run(
+            [program, "-c", "-f", str(config)], capture_output=True, text=True, timeout=30
+        )
+        assert checked.returncode == 0, checked.stderr  # the real HAProxy checked the rewrite
     lines = [line.strip() for line in config.read_text().splitlines()]
     assert f"bind 127.0.0.1:{metrics}" in lines
     assert f"bind 127.0.0.1:{stats}" in lines
     assert "bind 0.0.0.0:8000" in lines  # the requests' own bind is --host's, untouched
     assert any(line.startswith("stats socket") and " mode 600 " in line for line in lines)
+    # every request is marked for Serve's direct path, once, in the requests' frontend
+    mark = f"http-request set-header {DISCONNECT_MARK} ?1"
+    assert lines.count(mark) == 1
+    frontend = lines.index("frontend http_frontend")
+    assert frontend < lines.index(mark) < lines.index("backend b")
+    assert env["RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"] == "0"
 
 
 # -- on Ray --------------------------------------------------------------------------------------
@@ -478,6 +486,20 @@ def test_a_generate_model_answers_the_openai_client_and_a_removed_replica_finish
         openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).models.list()
     assert [m.id for m in client.models.list().data] == ["fake"]
 
+    # a stream whose client leaves is aborted on its replica (the gate and the streaming
+    # response read the connection; with HAProxy, Serve itself does not watch it)
+    with httpx.Client(base_url=url, timeout=60, headers={"Authorization": "Bearer sesame"}) as c:
+        body = {"model": "fake", "prompt": "left", "max_tokens": 400, "stream": True}
+        with c.stream("POST", "/v1/completions", json=body) as r:
+            assert r.status_code == 200
+            assert next(r.iter_lines()).startswith("data: ")  # the sequence runs
+        # the connection closed 20 s before the last token
+        _wait(
+            lambda: _metric(c, "batchline_generation_requests_total", "aborted") == [1.0],
+            30,
+            "the stream's abort",
+        )
+
     # a replica being removed finishes the stream it is sending (Serve's graceful shutdown,
     # drain_timeout_s; checked to fail, the stream cut, with drain_timeout_s=0.1)
     pieces: list[str] = []
@@ -618,18 +640,20 @@ def test_cli_haproxy_ingress_answers_embeddings_and_metrics(tmp_path: Path) -> N
             assert len(replicas) == 1
             metrics = client.get("/metrics")
             assert metrics.status_code == 200
-            completed = [
-                sample.value
-                for family in text_string_to_metric_families(metrics.text)
-                for sample in family.samples
-                if sample.name == "batchline_records_total"
-                and sample.labels.get("outcome") == "completed"
-            ]
-            assert completed == [40.0]
+            assert _metric(client, "batchline_records_total", "completed") == [40.0]
             assert metrics.headers[REPLICA_HEADER] in replicas
             bad = client.post("/v1/embeddings", json={"input": []})  # the app's own errors
             assert bad.status_code == 400
             assert "empty" in bad.json()["error"]["message"]
+
+            # a client that leaves mid-request: Serve does not watch marked requests, the
+            # gate does, through HAProxy, and withdraws the request's queued records
+            texts = [f"{WORDS[i % 9]} {i} " * 40 for i in range(2000)]  # seconds of work
+            _leave_mid_request(port, {"input": texts}, after_s=0.5)
+            deadline = time.monotonic() + 60
+            while _metric(client, "batchline_requests_cancelled_total", "disconnect") != [1.0]:
+                assert time.monotonic() < deadline, "the disconnect was not seen"
+                time.sleep(0.2)
 
             folder = _haproxy_folder(proc.pid)
             assert folder.parent.stat().st_mode & 0o777 == 0o700
@@ -671,6 +695,33 @@ def _haproxy_folder(root: int) -> Path:
             if Path(argv[0]).name == "haproxy" and "-f" in argv:
                 return Path(argv[argv.index("-f") + 1]).parent
     raise AssertionError(f"no HAProxy under {root}")
+
+
+def _metric(client: httpx.Client, name: str, label: str) -> list[float]:
+    """The values of the samples ``name`` labelled ``label`` (an outcome or a reason) on the
+    ``/metrics`` of the replica that answers."""
+    metrics = client.get("/metrics")
+    assert metrics.status_code == 200
+    return [
+        sample.value
+        for family in text_string_to_metric_families(metrics.text)
+        for sample in family.samples
+        if sample.name == name
+        and label in (sample.labels.get("outcome"), sample.labels.get("reason"))
+    ]
+
+
+def _leave_mid_request(port: int, body: dict[str, object], *, after_s: float) -> None:
+    """POST ``body`` to ``/v1/embeddings`` whole, then close the connection ``after_s`` later,
+    before the answer."""
+    data = json.dumps(body).encode()
+    head = (
+        f"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(head.encode() + data)
+        time.sleep(after_s)
 
 
 def _post_until(
