@@ -665,6 +665,15 @@ def test_cli_haproxy_ingress_answers_embeddings_and_metrics(tmp_path: Path) -> N
             ]
             assert len(binds) == 3  # the requests', Prometheus' and the stats page's
             assert all(b.startswith("127.0.0.1:") for b in binds), binds
+            # Serve's processes read the settings `serve` gives its Ray from their environment
+            environs = [(n, _environ(p)) for p, n in _descendants(proc.pid).items()]
+            controller = [e for n, e in environs if n.startswith("ray::ServeContr")]
+            assert [e.get("RAY_SERVE_CONTROL_LOOP_INTERVAL_S") for e in controller] == ["0.5"]
+            replicas_env = [e for n, e in environs if n.startswith("ray::ServeRepli")]
+            assert len(replicas_env) == 2  # the app's and /ready's
+            assert {e.get("RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD") for e in replicas_env} == {
+                "0"
+            }
 
             # load that adds the second replica: HAProxy reloads while these connections
             # are busy and while `client`'s waits idle
@@ -754,6 +763,13 @@ def _post_until(
         for t in threads:
             t.join()
     return statuses
+
+
+def _environ(pid: int) -> dict[str, str]:
+    """The environment a process started with, from /proc."""
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    pairs = (item.decode(errors="replace").partition("=") for item in raw.split(b"\0") if item)
+    return {k: v for k, _, v in pairs}
 
 
 def _ray_daemons_under(root: int) -> dict[int, str]:
