@@ -421,6 +421,20 @@ def test_two_replicas_serve_one_drive_every_record_exactly_once(
 
     _wait(lambda: exported() == done, 30, "the replicas' counts in Ray's metrics")
 
+    # and Serve's own count of the HTTP requests answered (the proxy's, or with HAProxy the
+    # replicas'): drive's chunks among them
+    def answered() -> float:
+        text = httpx.get(ray_node, timeout=10).text
+        return sum(
+            s.value
+            for f in text_string_to_metric_families(text)
+            for s in f.samples
+            if s.name.startswith("ray_serve_num_http_requests")
+            and s.labels.get("status_code") == "200"
+        )
+
+    _wait(lambda: answered() >= n // 8, 30, "Serve's count of requests in Ray's metrics")
+
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
