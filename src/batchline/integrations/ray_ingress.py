@@ -5,7 +5,8 @@
   own on a port of 30000-31000, and HAProxy sends requests there (least connections first).
   While no replica runs (scale to zero), HAProxy sends requests to Serve's proxy, which holds
   them until one does. Its files are private to the user, its admin socket too, and its stats
-  page and Prometheus endpoint listen on loopback (:data:`_HARDEN`).
+  page and Prometheus endpoint listen on loopback (:data:`_HARDEN`). In the replica, each
+  request takes Serve's direct path (:data:`DISCONNECT_MARK`).
 - ``proxy`` (Serve's own default, and ``serve``'s on a cluster): Serve's Python proxy on
   HOST:PORT takes each HTTP request, and forwards it to a replica as a Ray call; the replica
   hands it to the app as ASGI.
