@@ -126,7 +126,7 @@ def ingress_env(ingress: str, folder: str, *, avoid: Iterable[int] = ()) -> dict
         "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": folder,
         "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": os.path.join(folder, "server-state"),
         # The app runs on the loop of the replica's own HTTP server, as on `serve`'s, and
-        # each request is awaited there directly (HAProxy marks it: _HARDEN): see _FAST_PATH.
+        # each request is awaited there directly (HAProxy marks it): see DISCONNECT_MARK.
         "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
         # Serve's HTTP request counts (ray_serve_num_http_requests...) from the replicas, as
         # with its proxy, not from a Python actor that parses a log line HAProxy sends per
@@ -140,7 +140,7 @@ def ingress_env(ingress: str, folder: str, *, avoid: Iterable[int] = ()) -> dict
 #: HTTP server (``RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD=0``) and a request marked
 #: ``x-request-disconnect-disabled: ?1`` (HAProxy marks each one: :data:`_HARDEN`), the replica
 #: awaits the app in the request's own task. Otherwise each request crosses to the app's thread
-#: and back, and Serve starts a second task a request that watches the connection. That watch
+#: and back, and Serve starts a second task per request to watch the connection. That watch
 #: is the gate's own (``batchline.server.gate``: a request that lasts watches for its client's
 #: disconnect, and is cancelled), which then reads the connection itself, as on the
 #: single-process server; HAProxy closes the replica's side when its client leaves. Nothing in
