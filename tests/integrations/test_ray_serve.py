@@ -509,7 +509,7 @@ def test_a_generate_model_answers_the_openai_client_and_a_removed_replica_finish
             assert next(r.iter_lines()).startswith("data: ")  # the sequence runs
         # the connection closed 20 s before the last token
         _wait(
-            lambda: _metric(c, "batchline_generation_requests_total", "aborted") == [1.0],
+            lambda: _metric(_scrape(c), "batchline_generation_requests_total", "aborted") == [1.0],
             30,
             "the stream's abort",
         )
@@ -654,7 +654,8 @@ def test_cli_haproxy_ingress_answers_embeddings_and_metrics(tmp_path: Path) -> N
             assert len(replicas) == 1
             metrics = client.get("/metrics")
             assert metrics.status_code == 200
-            assert _metric(client, "batchline_records_total", "completed") == [40.0]
+            completed = _metric(metrics.text, "batchline_records_total", "completed")
+            assert completed == [40.0]
             assert metrics.headers[REPLICA_HEADER] in replicas
             bad = client.post("/v1/embeddings", json={"input": []})  # the app's own errors
             assert bad.status_code == 400
@@ -664,8 +665,9 @@ def test_cli_haproxy_ingress_answers_embeddings_and_metrics(tmp_path: Path) -> N
             # gate does, through HAProxy, and withdraws the request's queued records
             texts = [f"{WORDS[i % 9]} {i} " * 40 for i in range(2000)]  # seconds of work
             _leave_mid_request(port, {"input": texts}, after_s=0.5)
+            cancelled = "batchline_requests_cancelled_total"
             deadline = time.monotonic() + 60
-            while _metric(client, "batchline_requests_cancelled_total", "disconnect") != [1.0]:
+            while _metric(_scrape(client), cancelled, "disconnect") != [1.0]:
                 assert time.monotonic() < deadline, "the disconnect was not seen"
                 time.sleep(0.2)
 
@@ -720,14 +722,19 @@ def _haproxy_folder(root: int) -> Path:
     raise AssertionError(f"no HAProxy under {root}")
 
 
-def _metric(client: httpx.Client, name: str, label: str) -> list[float]:
-    """The values of the samples ``name`` labelled ``label`` (an outcome or a reason) on the
-    ``/metrics`` of the replica that answers."""
+def _scrape(client: httpx.Client) -> str:
+    """The ``/metrics`` of the replica that answers."""
     metrics = client.get("/metrics")
     assert metrics.status_code == 200
+    return metrics.text
+
+
+def _metric(text: str, name: str, label: str) -> list[float]:
+    """The values of the samples ``name`` labelled ``label`` (an outcome or a reason) in a
+    Prometheus scrape."""
     return [
         sample.value
-        for family in text_string_to_metric_families(metrics.text)
+        for family in text_string_to_metric_families(text)
         for sample in family.samples
         if sample.name == name
         and label in (sample.labels.get("outcome"), sample.labels.get("reason"))

@@ -336,21 +336,22 @@ void on_dtype(const at::Tensor& x, const char* op, F&& f) {
   f(float{});
 }
 
+// the head dims unrolled at compile time, each with and without the cap
+template <typename T, bool CAPPED>
+void by_dim(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
+            const at::Tensor& first, int64_t hi, float scale, float softcap, at::Tensor& out) {
+  switch (q.size(2)) {
+    case 64: return attend<T, 64, CAPPED>(q, keys, values, first, hi, scale, softcap, out);
+    case 128: return attend<T, 128, CAPPED>(q, keys, values, first, hi, scale, softcap, out);
+    default: return attend<T, 0, CAPPED>(q, keys, values, first, hi, scale, softcap, out);
+  }
+}
+
 template <typename T>
 void dispatch(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
               const at::Tensor& first, int64_t hi, float scale, float softcap, at::Tensor& out) {
-  if (softcap > 0.0f) {
-    switch (q.size(2)) {
-      case 64: return attend<T, 64, true>(q, keys, values, first, hi, scale, softcap, out);
-      case 128: return attend<T, 128, true>(q, keys, values, first, hi, scale, softcap, out);
-      default: return attend<T, 0, true>(q, keys, values, first, hi, scale, softcap, out);
-    }
-  }
-  switch (q.size(2)) {
-    case 64: return attend<T, 64, false>(q, keys, values, first, hi, scale, 0.0f, out);
-    case 128: return attend<T, 128, false>(q, keys, values, first, hi, scale, 0.0f, out);
-    default: return attend<T, 0, false>(q, keys, values, first, hi, scale, 0.0f, out);
-  }
+  if (softcap > 0.0f) return by_dim<T, true>(q, keys, values, first, hi, scale, softcap, out);
+  by_dim<T, false>(q, keys, values, first, hi, scale, softcap, out);
 }
 
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
