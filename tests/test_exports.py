@@ -18,6 +18,7 @@ EXPECTED = [
     "CostEstimator",
     "DeadlineExceededError",
     "Device",
+    "DiskError",
     "DynamicBatcher",
     "FixedBatchAxisError",
     "InputError",

@@ -81,7 +81,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"batchline {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:
+        said = _disk_failure(exc)
+        if said is None:
+            raise
+        print(f"batchline {args.command}: error: {said}", file=sys.stderr)
+        return 2
     return code
+
+
+def _disk_failure(exc: Exception) -> str | None:
+    """One line for a write that failed for the disk's reason where no layer said it better
+    (a cache folder that is full or read-only): the file and what to do; else None."""
+    from batchline._fsio import disk_errno, disk_phrase
+
+    code = disk_errno(exc)
+    if code is None:
+        return None
+    name = getattr(exc, "filename", None)
+    where = f"cannot write {name}" if name else f"a write failed ({exc})"
+    return (
+        f"{where}: the file system {disk_phrase(code)}; free space or make it writable, then rerun"
+    )
 
 
 def _run_on_ray(

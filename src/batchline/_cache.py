@@ -5,7 +5,6 @@ Standard library only (platformdirs is imported when no ``BATCHLINE_CACHE_DIR`` 
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 __all__ = ["cache_dir", "make_cache_folder", "write_whole"]
@@ -35,18 +34,10 @@ def make_cache_folder(folder: Path) -> None:
         ) from exc
 
 
-def write_whole(path: Path, data: bytes) -> None:
+def write_whole(path: Path, data: bytes, site: str = "cache") -> None:
     """Write ``data`` to ``path`` through a temporary file beside it, fsync'd and renamed over
     it: a reader never sees half a file, and two processes writing at once both end with a
-    whole one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    whole one (``batchline._fsio.write_whole``; ``site`` names the write for its tests)."""
+    from batchline import _fsio
+
+    _fsio.write_whole(path, data, site)

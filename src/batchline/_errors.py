@@ -11,6 +11,7 @@ The tree::
     │   ├── BatchSizeMismatchError   process_fn returned the wrong number of results
     │   │                            (also a ValueError, as Flyte raises there)
     │   └── BatchTimeoutError        process_fn did not finish within process_timeout_s
+    ├── DiskError                 a write failed for the disk's reason: full, read-only, I/O
     ├── ModelError                a model could not be loaded or run
     │   └── FixedBatchAxisError      an ONNX model cannot take a batch of another size
     └── InputError                the user's data or settings cannot be used (CLI exit code 2)
@@ -30,6 +31,7 @@ __all__ = [
     "BatchlineError",
     "ConstraintError",
     "DeadlineExceededError",
+    "DiskError",
     "FixedBatchAxisError",
     "InputError",
     "ModelError",
@@ -59,6 +61,17 @@ class RecordTooLargeError(BatchlineError):
 
 class DeadlineExceededError(BatchlineError):
     """Set on a queued record whose deadline passed before dispatch; it is never processed."""
+
+
+class DiskError(BatchlineError):
+    """Raised when a write failed for a reason of the disk's, not the program's: it is full or
+    over quota (ENOSPC, EDQUOT), read-only (EROFS), not writable (EACCES) or failed (EIO). The
+    message names the folder and what to do; ``errno`` is the cause's. Nothing half-written
+    is left to be read back as whole (``batchline._fsio``)."""
+
+    def __init__(self, message: str, errno: int) -> None:
+        super().__init__(message)
+        self.errno = errno
 
 
 class BatchProcessingError(BatchlineError):

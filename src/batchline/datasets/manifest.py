@@ -6,15 +6,15 @@ after each committed chunk; a crash at any point leaves the previous one in forc
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Literal, cast
+from typing import Literal, cast
 
 from batchline._errors import InputError
+from batchline._fsio import append_synced, fsync_dir, replacing
 from batchline.models.protocol import ResultKind
 
 __all__ = [
@@ -161,34 +161,5 @@ def json_line(obj: Mapping[str, object]) -> bytes:
 
 
 def write_manifest(out: Path, manifest: Manifest) -> None:
-    with replacing(out / MANIFEST_NAME) as f:
+    with replacing(out / MANIFEST_NAME, "run.manifest") as f:
         f.write(json.dumps(manifest.to_json(), indent=1, sort_keys=True).encode("utf-8"))
-
-
-@contextlib.contextmanager
-def replacing(path: Path) -> Iterator[BinaryIO]:
-    """A file that replaces ``path`` once written: under the name ``path`` + ``.tmp``, fsync'd,
-    then renamed over it, so a crash leaves the old file or the whole new one."""
-    tmp = path.with_name(path.name + TMP)
-    with open(tmp, "wb") as f:
-        yield f
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
-def append_synced(path: Path, data: bytes) -> None:
-    """Append ``data`` to ``path`` and fsync it."""
-    with open(path, "ab") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -26,6 +26,8 @@ manifest is replaced the same way. A crash at any point leaves the previous mani
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import re
@@ -42,7 +44,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchline._errors import InputError
+from batchline._errors import DiskError, InputError
+from batchline._fsio import disk_errno, disk_phrase
 from batchline._types import Array
 from batchline.datasets.columns import build_table, check_tensors, json_text
 from batchline.datasets.manifest import (
@@ -83,6 +86,13 @@ __all__ = [
 _PART = re.compile(r"part-\d{6,}\.(?:parquet|jsonl)(?:\.tmp)?")
 _OWN_NAMES = {MANIFEST_NAME, SKIPPED_NAME, MANIFEST_NAME + TMP, SKIPPED_NAME + TMP}
 _RESERVED = {"id", "index"}
+_DISK_FIX = {
+    errno.ENOSPC: "free some space",
+    errno.EDQUOT: "free some space or raise the quota",
+    errno.EROFS: "choose a writable output folder (--output)",
+    errno.EACCES: "choose a writable output folder (--output)",
+    errno.EPERM: "choose a writable output folder (--output)",
+}
 #: Test hook, not a setting: with ``N`` here, a writer stops for good (sleeps) right after it has
 #: committed ``N`` chunks, so a test can kill its process mid-job and be sure the job was not done.
 PAUSE_AFTER_CHUNKS_ENV = "BATCHLINE_TEST_PAUSE_AFTER_CHUNKS"
@@ -207,7 +217,13 @@ class ChunkWriter:
         self._allow_empty = allow_empty
         self._started_here = False  # this writer began the output (see _discard_if_bare)
         self._made_dir = not self.out_dir.exists()
-        self._manifest = self._open(settings, overwrite=overwrite, resume=resume)
+        try:
+            self._manifest = self._open(settings, overwrite=overwrite, resume=resume)
+        except OSError as exc:
+            disk = self._disk_error(exc, committed=False)
+            if disk is None:
+                raise
+            raise disk from exc
 
     # -- opening ---------------------------------------------------------------------------------
 
@@ -405,9 +421,17 @@ class ChunkWriter:
                     f"cannot finish: {len(missing)} chunk(s) incomplete; chunk {k} lacks "
                     f"{len(absent)} record(s), first {absent[:5]}"
                 )
-            self._sort_skipped()
-            self._manifest = replace(self._manifest, total_records=total_records, complete=True)
-            write_manifest(self.out_dir, self._manifest)
+            finished = replace(self._manifest, total_records=total_records, complete=True)
+            try:
+                self._sort_skipped()
+                write_manifest(self.out_dir, finished)
+            except BaseException as exc:
+                self._failed = exc
+                disk = self._disk_error(exc)
+                if disk is None:
+                    raise
+                raise disk from exc
+            self._manifest = finished
             return self._manifest
 
     def close(self) -> None:
@@ -444,7 +468,25 @@ class ChunkWriter:
         entries = list(out.iterdir()) if out.is_dir() else []
         if all(p.name in _OWN_NAMES or _PART.fullmatch(p.name) for p in entries):
             for path in entries:  # else the job's other files need the manifest to resume
-                path.unlink(missing_ok=True)
+                with contextlib.suppress(OSError):  # a read-only folder: the error is said
+                    path.unlink(missing_ok=True)
+
+    def _disk_error(self, exc: BaseException, *, committed: bool = True) -> DiskError | None:
+        """``exc`` as a one-line ``DiskError`` naming the folder and the fix when it is the
+        disk's failure (full, read-only, I/O error), else None."""
+        code = disk_errno(exc)
+        if code is None:
+            return None
+        fix = _DISK_FIX.get(code, "check the disk")
+        again = (
+            "then rerun with --resume to continue from the last committed chunk"
+            if committed
+            else "then run the job again"
+        )
+        return DiskError(
+            f"cannot write to {self.out_dir}: the file system {disk_phrase(code)}; {fix}, {again}",
+            code,
+        )
 
     # -- internals (called with the lock held) ---------------------------------------------------
 
@@ -524,7 +566,10 @@ class ChunkWriter:
                 self._commit(k, self._pending.pop(k))
             except BaseException as exc:
                 self._failed = exc
-                raise
+                disk = self._disk_error(exc)
+                if disk is None:
+                    raise
+                raise disk from exc
             self._commits += 1
             if self._commits == self._pause_after:
                 time.sleep(3600)  # the test hook above: the test kills this process meanwhile
@@ -537,13 +582,13 @@ class ChunkWriter:
                 json_line({"index": i, "id": id_, "reason": reason})
                 for i, (id_, reason) in sorted(pending.skipped.items())
             )
-            append_synced(out / SKIPPED_NAME, lines)
+            append_synced(out / SKIPPED_NAME, lines, "run.skipped")
             skipped_bytes += len(lines)
         name: str | None = None
         if pending.rows:
             name = _part_name(k, self.fmt)
             rows = sorted(pending.rows.items())
-            with replacing(out / name) as f:
+            with replacing(out / name, "run.part") as f:
                 if self.fmt == "parquet":
                     pq.write_table(self._table(rows), f)
                 else:
@@ -589,5 +634,5 @@ class ChunkWriter:
         lines = path.read_bytes().splitlines(keepends=True)
         ordered = sorted(lines, key=lambda line: cast(int, json.loads(line)["index"]))
         if ordered != lines:
-            with replacing(path) as f:
+            with replacing(path, "run.skipped") as f:
                 f.write(b"".join(ordered))

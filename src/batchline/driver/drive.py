@@ -194,7 +194,7 @@ class _FailureLog:
                     kept.append(line if line.endswith(b"\n") else line + b"\n")
         self.previous = len(kept)
         if kept or path.exists():
-            with replacing(path) as f:
+            with replacing(path, "drive.failures") as f:
                 f.write(b"".join(kept))
 
     @property
@@ -203,7 +203,7 @@ class _FailureLog:
 
     def add(self, entries: Sequence[dict[str, object]]) -> None:
         with self._lock:
-            append_synced(self.path, b"".join(map(json_line, entries)))
+            append_synced(self.path, b"".join(map(json_line, entries)), "drive.failures")
             self.added += len(entries)
 
 

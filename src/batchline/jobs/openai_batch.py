@@ -210,7 +210,9 @@ class BatchFiles:
             if not isinstance(request, dict):
                 request = {}
             lines.append(output_line(index, request, rows.get(index), skipped.get(index), not_run))
-        write_whole(self.output, "".join(line + "\n" for line in lines).encode("utf-8"))
+        write_whole(
+            self.output, "".join(line + "\n" for line in lines).encode("utf-8"), "batch.output"
+        )
         umask = os.umask(0o022)  # read, then put back: the mode open() gives every other output
         os.umask(umask)
         self.output.chmod(0o666 & ~umask)  # not the temporary file's 0600

@@ -139,7 +139,9 @@ def _built(compiler: str) -> Path:
         if done.returncode != 0:
             tail = "\n".join(done.stderr.strip().splitlines()[-5:])
             raise RuntimeError(f"{Path(compiler).name} exited {done.returncode}: {tail}")
-        write_whole(path, built.read_bytes())  # whole or not at all, for every process
+        write_whole(
+            path, built.read_bytes(), "cache.kernel"
+        )  # whole or not at all, for every process
     return path
 
 

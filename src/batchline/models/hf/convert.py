@@ -77,7 +77,7 @@ def convert(
     make_cache_folder(target.parent)
     try:
         if builder:
-            write_whole(target, _build(found, top, pooling, normalize, pairs))
+            write_whole(target, _build(found, top, pooling, normalize, pairs), "cache.hf")
             return Converted(target, "built")
         _export(found, top, target)
     except ModelError:

@@ -39,6 +39,7 @@ import numpy as np
 
 from batchline._cache import write_whole
 from batchline._errors import ModelError
+from batchline._fsio import checkpoint
 
 __all__ = [
     "MAX_INLINE_BYTES",
@@ -253,7 +254,7 @@ def _finish(
     if weights <= MAX_INLINE_BYTES:
         data = proto.SerializeToString()
         _check(torch, model, names, output, data, arch)
-        write_whole(target, data)
+        write_whole(target, data, "cache.hf")
         return
     staged = traced.parent.parent / target.name
     data_name = f"{target.name}.data"
@@ -268,8 +269,10 @@ def _finish(
     _check(torch, model, names, output, str(staged), arch)
     for path in (staged.parent / data_name, staged):
         with path.open("rb") as f:
+            checkpoint("cache.hf", "fsync", path)
             os.fsync(f.fileno())
     # the weights first: a graph in place always finds its weights
+    checkpoint("cache.hf", "rename", target)
     os.replace(staged.parent / data_name, target.parent / data_name)
     os.replace(staged, target)
 

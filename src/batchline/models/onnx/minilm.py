@@ -65,7 +65,7 @@ def default_model_path(*, cache: Path | None = None, source: Path | None = None)
         return target
     make_cache_folder(folder)
     model = build_onnx(src)
-    write_whole(target, model.SerializeToString())
+    write_whole(target, model.SerializeToString(), "cache.model")
     return target
 
 

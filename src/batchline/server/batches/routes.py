@@ -16,6 +16,7 @@ temporary file, which is then copied into the data directory, counted in bytes a
 import asyncio
 import os
 import re
+import sqlite3
 import tempfile
 import unicodedata
 from pathlib import Path
@@ -27,6 +28,7 @@ from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse
 
+from batchline._fsio import checkpoint, disk_errno, disk_phrase
 from batchline.jobs.requests import BATCH_URLS
 from batchline.server.batches.runner import BatchService
 from batchline.server.batches.store import (
@@ -83,7 +85,12 @@ async def create_file(request: Request) -> JSONResponse:
     """Upload a JSONL file of batch requests: multipart fields ``file`` and ``purpose=batch``.
     413 past ``max_batch_file_bytes`` or ``max_batch_file_lines``."""
     service = _service(request)
-    form = await request.form(max_files=1, max_fields=8)
+    try:
+        form = await request.form(max_files=1, max_fields=8)
+    except OSError as exc:  # Starlette spools the file part to the temporary folder
+        raise _disk_full(
+            exc, Path(tempfile.gettempdir()), "the server's temporary folder"
+        ) from None
     try:
         purpose = form.get("purpose")
         upload = form.get("file")
@@ -93,12 +100,29 @@ async def create_file(request: Request) -> JSONResponse:
             raise bad_request(
                 "send the file as the multipart/form-data field 'file' (with purpose=batch)"
             )
-        record = await asyncio.to_thread(
-            _keep_upload, service.store, upload, owner_of(request.scope), service.settings
-        )
+        try:
+            record = await asyncio.to_thread(
+                _keep_upload, service.store, upload, owner_of(request.scope), service.settings
+            )
+        except (OSError, sqlite3.Error) as exc:
+            raise _disk_full(exc, service.store.root, "the server's data dir") from None
     finally:
         await form.close()
     return JSONResponse(record.openai())
+
+
+def _disk_full(exc: Exception, where: Path, what: str) -> Exception:
+    """507 naming ``where`` when ``exc`` is the disk's failure (full, read-only, an I/O
+    error): nothing was kept, and the upload may be sent again once it has room."""
+    code = disk_errno(exc)
+    if code is None:
+        return exc
+    return ApiError(
+        507,
+        f"{what} {where} {disk_phrase(code)}: the file was not kept; upload it again once "
+        "the server has room",
+        "insufficient_storage",
+    )
 
 
 def _keep_upload(store: Store, upload: UploadFile, owner: str, settings: Any) -> FileRecord:
@@ -106,12 +130,14 @@ def _keep_upload(store: Store, upload: UploadFile, owner: str, settings: Any) ->
     limits (sync); record it under a new id."""
     file_id = new_file_id()
     target = store.file_path(file_id)
+    checkpoint("batch.file", "open", target)
     fd, tmp = tempfile.mkstemp(prefix=".upload.", suffix=".tmp", dir=target.parent)
     size = lines = 0
     last = b"\n"
     try:
         with os.fdopen(fd, "wb") as out:
             while chunk := upload.file.read(_COPY_BYTES):
+                checkpoint("batch.file", "write", tmp)
                 size += len(chunk)
                 if size > settings.max_batch_file_bytes:
                     raise ApiError(
@@ -131,7 +157,9 @@ def _keep_upload(store: Store, upload: UploadFile, owner: str, settings: Any) ->
                     )
                 out.write(chunk)
             out.flush()
+            checkpoint("batch.file", "fsync", tmp)
             os.fsync(out.fileno())
+        checkpoint("batch.file", "rename", target)
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -145,7 +173,11 @@ def _keep_upload(store: Store, upload: UploadFile, owner: str, settings: Any) ->
         lines + (last != b"\n"),
         now(),
     )
-    store.add_file(record)
+    try:
+        store.add_file(record)
+    except BaseException:
+        target.unlink(missing_ok=True)
+        raise
     return record
 
 
@@ -203,7 +235,18 @@ async def delete_file(request: Request, file_id: str) -> JSONResponse:
                 "running; cancel the batch first",
                 "conflict",
             )
-    await asyncio.to_thread(store.delete_file, owner, file_id)
+    try:
+        await asyncio.to_thread(store.delete_file, owner, file_id)
+    except sqlite3.Error as exc:
+        code = disk_errno(exc)
+        if code is None:
+            raise
+        raise ApiError(
+            507,
+            f"the server's data dir {store.root} {disk_phrase(code)}: the file was not deleted; "
+            "try again",
+            "insufficient_storage",
+        ) from None
     return JSONResponse({"id": file_id, "object": "file", "deleted": True})
 
 

@@ -23,6 +23,15 @@ JSONL, duplicate ``custom_id``s), expired (``completion_window`` passed: the lin
 ``batch_expired`` errors) or cancelling → cancelled (``batch_cancelled``). Finalizing writes the
 output file (the lines answered) and the error file (the lines that failed), each whole.
 
+A full or failing disk: a worker whose write fails for the disk's reason (full, read-only,
+an I/O error) waits and tries again, resuming from its committed chunks, after 1, 2, 4 ... 60
+seconds (``_DISK_RETRY_S``, about seven minutes in all), so a batch whose disk got space back
+meanwhile finishes by itself, every line once; then it turns ``failed``, its error naming the
+data dir. The status write itself cannot fail for lack of space (``store.py``: the reserve,
+then memory). A watchdog (every ``_WATCH_S``) writes statuses kept in memory once the disk
+takes them, takes the reserve back, and relaunches an unfinished batch that has no worker, so
+a poller never waits on a dead one.
+
 Crash safety: a batch's status and counts are in SQLite, its results in committed chunks. A
 server killed mid-batch and started again on the same ``data_dir`` resumes every unfinished
 batch where its chunks end (:meth:`BatchService.start`); the output is byte-identical to an
@@ -43,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 from batchline._cache import write_whole
 from batchline._errors import QueueFullError
+from batchline._fsio import disk_errno, disk_phrase
 from batchline._priority import BATCH, batcher_priority
 from batchline._stats import BatchStats
 from batchline.datasets.formats.base import lines as nonblank_lines
@@ -76,6 +86,12 @@ _PRIORITY = batcher_priority(BATCH)
 _FULL_RETRY_S = 0.05
 #: The most validation errors a failed batch lists.
 _MAX_ERRORS = 10
+#: Waits before each new try of a batch whose worker hit a disk error; then it fails.
+_DISK_RETRY_S: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 60, 60, 60, 60, 60, 60, 60)
+#: How often the watchdog writes kept statuses and looks for unfinished batches without a worker.
+_WATCH_S = 5.0
+#: Relaunches of one batch whose worker died (not a disk error) before it is failed.
+_MAX_RELAUNCHES = 3
 
 
 class _Expired(Exception):
@@ -92,23 +108,57 @@ class BatchService:
         self._slots = asyncio.Semaphore(self.settings.max_running_batches)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._stopping = False
+        self._retry_s = _DISK_RETRY_S
+        self._watch_s = _WATCH_S
+        self._watcher: asyncio.Task[None] | None = None
+        self._relaunched: dict[str, int] = {}
 
     # -- lifecycle --------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Resume every batch a previous run of the server left unfinished."""
+        """Resume every batch a previous run of the server left unfinished; start the
+        watchdog."""
         for owner, batch in self.store.unfinished():
             logger.info("batch %s resumes (%s)", batch["id"], batch["status"])
             self.launch(owner, batch["id"])
+        self._watcher = asyncio.create_task(self._watch(), name="batch-watchdog")
 
     async def stop(self) -> None:
         """Stop the workers; their batches keep their status and resume on the next start."""
         self._stopping = True
         tasks = list(self._tasks.values())
+        if self._watcher is not None:
+            tasks.append(self._watcher)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self.store.close()
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(self._watch_s)
+            try:
+                await self.watch_once()
+            except Exception:  # the watchdog never dies of one bad round
+                logger.exception("the batch watchdog's round failed")
+
+    async def watch_once(self) -> None:
+        """One round of the watchdog: statuses kept in memory written if the disk takes them
+        now, the reserve taken back, and each unfinished batch without a worker relaunched
+        (failed after ``_MAX_RELAUNCHES``)."""
+        if self.store.flush() == 0 and self.store.disk_problem is None:
+            await asyncio.to_thread(self.store.keep_reserve)
+        for owner, batch in list(self.store.unfinished()):
+            batch_id = batch["id"]
+            if batch_id in self._tasks or self._stopping:
+                continue
+            n = self._relaunched[batch_id] = self._relaunched.get(batch_id, 0) + 1
+            if n > _MAX_RELAUNCHES:
+                message = f"the batch's worker stopped {n - 1} times without finishing it"
+                self._fail(owner, batch_id, [_error("batch_failed", message)])
+                continue
+            logger.warning("batch %s has no worker (%s): relaunched", batch_id, batch["status"])
+            self.launch(owner, batch_id)
 
     def launch(self, owner: str, batch_id: str) -> None:
         task = asyncio.create_task(self._run(owner, batch_id), name=f"batch-{batch_id}")
@@ -133,16 +183,26 @@ class BatchService:
 
     async def _run(self, owner: str, batch_id: str) -> None:
         try:
-            async with self._slots:
-                batch = self._get(owner, batch_id)
-                if batch["status"] == "validating":
-                    batch = await self._validate(owner, batch)
-                if batch["status"] == "in_progress":
-                    await self._execute(owner, batch)
-                    await self._finalize(owner, batch_id, "completed")
-                elif batch["status"] in ("finalizing", "cancelling"):
-                    final = "completed" if batch["status"] == "finalizing" else "cancelled"
-                    await self._finalize(owner, batch_id, final)
+            for attempt in range(len(self._retry_s) + 1):
+                try:
+                    async with self._slots:
+                        await self._work(owner, batch_id)
+                    return
+                except Exception as exc:
+                    code = disk_errno(exc)
+                    if code is None or attempt == len(self._retry_s):
+                        raise
+                    wait_s = self._retry_s[attempt]
+                    logger.warning(
+                        "batch %s: the data dir %s %s; trying again in %g s (%d of %d)",
+                        batch_id,
+                        self.store.root,
+                        disk_phrase(code),
+                        wait_s,
+                        attempt + 1,
+                        len(self._retry_s),
+                    )
+                await asyncio.sleep(wait_s)  # the slot is free meanwhile
         except asyncio.CancelledError:
             if self._stopping:
                 raise
@@ -152,6 +212,18 @@ class BatchService:
         except Exception as exc:
             self._crashed(owner, batch_id, exc)
 
+    async def _work(self, owner: str, batch_id: str) -> None:
+        """Take the batch from its status to the end (each step resumes the one before)."""
+        batch = self._get(owner, batch_id)
+        if batch["status"] == "validating":
+            batch = await self._validate(owner, batch)
+        if batch["status"] == "in_progress":
+            await self._execute(owner, batch)
+            await self._finalize(owner, batch_id, "completed")
+        elif batch["status"] in ("finalizing", "cancelling"):
+            final = "completed" if batch["status"] == "finalizing" else "cancelled"
+            await self._finalize(owner, batch_id, final)
+
     async def _end(self, owner: str, batch_id: str, final: str) -> None:
         try:
             await self._finalize(owner, batch_id, final)
@@ -160,7 +232,17 @@ class BatchService:
 
     def _crashed(self, owner: str, batch_id: str, exc: Exception) -> None:
         logger.error("batch %s failed", batch_id, exc_info=exc)
-        self._fail(owner, batch_id, [_error("batch_failed", f"the batch failed: {exc}")])
+        code = disk_errno(exc)
+        if code is None:
+            error = _error("batch_failed", f"the batch failed: {exc}")
+        else:
+            tries = len(self._retry_s) + 1
+            message = (
+                f"the batch failed after {tries} tries: the server's data dir "
+                f"{self.store.root} {disk_phrase(code)}; once it has room, create the batch again"
+            )
+            error = _error("disk_error", message)
+        self._fail(owner, batch_id, [error])
 
     def _get(self, owner: str, batch_id: str) -> dict[str, Any]:
         batch = self.store.batch(owner, batch_id)
@@ -324,7 +406,7 @@ class BatchService:
                 continue
             file_id = derived_file_id(batch["id"], kind)
             data = b"".join(lines)
-            write_whole(self.store.file_path(file_id), data)
+            write_whole(self.store.file_path(file_id), data, "batch.file")
             self.store.add_file(
                 FileRecord(
                     file_id,

@@ -15,25 +15,39 @@ lookup under another owner finds nothing, which the routes answer with 404.
 
 Metadata calls are short (one indexed row; WAL with ``synchronous=NORMAL`` commits without
 an fsync), so the routes make them on the event loop; the file copies run in worker threads.
+
+A full or failing disk never loses a batch's status: ``.reserve`` holds ``RESERVE_BYTES``
+that are given back the moment SQLite finds the disk full, so the status write that follows
+has room; a status the disk still refuses (read-only, an I/O error) is kept in memory, read
+back from there, and written once the disk takes it (:meth:`Store.flush`). Every write step
+passes ``batchline._fsio.checkpoint`` (site ``batch.meta``), the fault tests' seam.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import errno
 import hashlib
 import json
+import logging
+import os
 import re
 import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import astuple, dataclass
 from pathlib import Path
 from typing import Any
 
+from batchline._fsio import checkpoint, disk_errno, disk_phrase
+
 __all__ = [
     "BATCH_ID",
     "FILE_ID",
+    "RESERVE_BYTES",
     "UNFINISHED",
     "FileRecord",
     "Store",
@@ -46,6 +60,13 @@ FILE_ID = re.compile(r"file-[0-9a-f]{24}")
 BATCH_ID = re.compile(r"batch_[0-9a-f]{24}")
 #: The statuses of a batch that still has work to do (resumed after a restart).
 UNFINISHED = ("validating", "in_progress", "finalizing", "cancelling")
+#: Space held back in ``DATA_DIR/.reserve`` for the status writes of a full disk: SQLite's WAL
+#: grows a page or two per write, so 4 MiB carries hundreds of them.
+RESERVE_BYTES = 4 << 20
+_RESERVE = ".reserve"
+_SITE = "batch.meta"
+
+logger = logging.getLogger("batchline.server")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
@@ -114,10 +135,78 @@ class Store:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+        #: batch id -> (owner, batch): statuses the disk refused, until it takes them
+        self._unsaved: dict[str, tuple[str, dict[str, Any]]] = {}
+        #: the errno of the last write the disk refused, None once one succeeds again
+        self.disk_problem: int | None = None
+        self.keep_reserve()
 
     def close(self) -> None:
         with self._lock:
+            with contextlib.suppress(sqlite3.Error):
+                self._flush_locked()
             self._db.close()
+
+    # -- the disk ---------------------------------------------------------------------------
+
+    def keep_reserve(self) -> bool:
+        """Hold ``RESERVE_BYTES`` in ``.reserve`` (again, once space returns); False when the
+        disk has no room for it (sync: writes up to 4 MiB)."""
+        path = self.root / _RESERVE
+        try:
+            if path.is_file() and path.stat().st_size >= RESERVE_BYTES:
+                return True
+            checkpoint(_SITE, "reserve", path)
+            with open(path, "wb") as f:
+                f.write(bytes(RESERVE_BYTES))
+                f.flush()
+                os.fsync(f.fileno())
+            return True
+        except OSError:
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
+            return False
+
+    def _give_reserve(self) -> bool:
+        path = self.root / _RESERVE
+        try:
+            path.unlink()
+        except OSError:
+            return False
+        logger.warning(
+            "the data dir %s is full: its reserve is given to the status writes", self.root
+        )
+        return True
+
+    def disk_state(self) -> dict[str, object]:
+        """What ``/health`` says of the data directory: ``problem`` (None, ``full``,
+        ``read-only``, ``not writable``, ``I/O error``), free bytes, unsaved statuses."""
+        problem: str | None = None
+        free: int | None = None
+        try:
+            vfs = os.statvfs(self.root)
+            free = vfs.f_bavail * vfs.f_frsize
+            if vfs.f_flag & os.ST_RDONLY:
+                problem = "read-only"
+            elif not os.access(self.root, os.W_OK):
+                problem = "not writable"
+            elif free < RESERVE_BYTES or self.disk_problem in (errno.ENOSPC, errno.EDQUOT):
+                problem = "full"
+        except OSError:
+            problem = "I/O error"
+        if problem is None and self.disk_problem is not None:
+            problem = {errno.EROFS: "read-only", errno.EIO: "I/O error"}.get(
+                self.disk_problem, "not writable"
+            )
+        return {"problem": problem, "free_bytes": free, "unsaved_statuses": len(self._unsaved)}
+
+    def _write(self, sql: str, args: Sequence[object] = ()) -> None:
+        """One write statement (with the lock held), through the fault tests' seam."""
+        checkpoint(_SITE, "sqlite", self.root / "meta.sqlite3")
+        self._db.execute(sql, args)
+
+    def _wrote(self) -> None:
+        self.disk_problem = None
 
     # -- paths (only from checked ids) ------------------------------------------------------
 
@@ -135,11 +224,17 @@ class Store:
 
     def add_file(self, record: FileRecord) -> None:
         """Record a file whose bytes are already at :meth:`file_path` (replacing a row of the
-        same id: a batch's output file written again)."""
+        same id: a batch's output file written again). A disk error is raised (the caller
+        removes the bytes or tries again)."""
         with self._lock:
-            self._db.execute(
-                "INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?, ?, ?)", astuple(record)
-            )
+            try:
+                self._write(
+                    "INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?, ?, ?)", astuple(record)
+                )
+            except sqlite3.Error as exc:
+                self.disk_problem = disk_errno(exc) or self.disk_problem
+                raise
+            self._wrote()
 
     def file(self, owner: str, file_id: str) -> FileRecord | None:
         """The file ``file_id`` if ``owner`` has it (any malformed id: none)."""
@@ -167,25 +262,70 @@ class Store:
         if self.file(owner, file_id) is None:
             return False
         with self._lock:
-            self._db.execute("DELETE FROM files WHERE id = ? AND owner = ?", (file_id, owner))
+            self._write("DELETE FROM files WHERE id = ? AND owner = ?", (file_id, owner))
+            self._wrote()
         self.file_path(file_id).unlink(missing_ok=True)
         return True
 
     # -- batches ----------------------------------------------------------------------------
 
     def put_batch(self, owner: str, batch: dict[str, Any]) -> None:
-        """Insert or update a batch (its OpenAI object, ``id`` and ``status`` included)."""
+        """Insert or update a batch (its OpenAI object, ``id`` and ``status`` included). Never
+        fails for the disk's reason: past a full disk it writes into the space the reserve
+        gave back; a status the disk still refuses is kept in memory (and read back from
+        there) until :meth:`flush` or a later write gets it onto the disk."""
         with self._lock:
-            self._db.execute(
-                "INSERT INTO batches (id, owner, status, body) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT (id) DO UPDATE SET status = excluded.status, body = excluded.body",
-                (batch["id"], owner, batch["status"], json.dumps(batch)),
+            self._unsaved.pop(batch["id"], None)
+            try:
+                self._flush_locked()
+                self._save(owner, batch)
+                return
+            except sqlite3.Error as exc:
+                code = disk_errno(exc)
+                if code is None:
+                    raise
+                self.disk_problem = code
+            if self.disk_problem in (errno.ENOSPC, errno.EDQUOT) and self._give_reserve():
+                with contextlib.suppress(sqlite3.Error):
+                    self._flush_locked()
+                    self._save(owner, batch)
+                    return
+            self._unsaved[batch["id"]] = (owner, copy.deepcopy(batch))
+            logger.warning(
+                "batch %s: its status %r is kept in memory: the data dir %s %s",
+                batch["id"],
+                batch["status"],
+                self.root,
+                disk_phrase(self.disk_problem or errno.EIO),
             )
+
+    def flush(self) -> int:
+        """Write the statuses kept in memory, if the disk takes them now; how many are left."""
+        with self._lock:
+            with contextlib.suppress(sqlite3.Error):
+                self._flush_locked()
+            return len(self._unsaved)
+
+    def _flush_locked(self) -> None:
+        for batch_id, (owner, batch) in list(self._unsaved.items()):
+            self._save(owner, batch)
+            del self._unsaved[batch_id]
+
+    def _save(self, owner: str, batch: dict[str, Any]) -> None:
+        self._write(
+            "INSERT INTO batches (id, owner, status, body) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (id) DO UPDATE SET status = excluded.status, body = excluded.body",
+            (batch["id"], owner, batch["status"], json.dumps(batch)),
+        )
+        self._wrote()
 
     def batch(self, owner: str, batch_id: str) -> dict[str, Any] | None:
         if not BATCH_ID.fullmatch(batch_id):
             return None
         with self._lock:
+            kept = self._unsaved.get(batch_id)
+            if kept is not None:
+                return copy.deepcopy(kept[1]) if kept[0] == owner else None
             row = self._db.execute(
                 "SELECT body FROM batches WHERE id = ? AND owner = ?", (batch_id, owner)
             ).fetchone()
@@ -197,7 +337,11 @@ class Store:
             rows = self._db.execute(
                 "SELECT body FROM batches WHERE owner = ? ORDER BY rowid DESC", (owner,)
             ).fetchall()
-        return [_loads(body) for (body,) in rows]
+            kept = {i: copy.deepcopy(b) for i, (o, b) in self._unsaved.items() if o == owner}
+        found = [_loads(body) for (body,) in rows]
+        listed = {b["id"] for b in found}
+        fresh = [b for i, b in kept.items() if i not in listed]  # never on disk yet: newest
+        return [*reversed(fresh), *(kept.get(b["id"], b) for b in found)]
 
     def unfinished(self) -> Iterator[tuple[str, dict[str, Any]]]:
         """Every owner's batches that still have work to do, oldest first."""
@@ -207,19 +351,32 @@ class Store:
                 f"SELECT owner, body FROM batches WHERE status IN ({marks}) ORDER BY rowid",
                 UNFINISHED,
             ).fetchall()
+            kept = {i: (o, copy.deepcopy(b)) for i, (o, b) in self._unsaved.items()}
+        seen: set[str] = set()
         for owner, body in rows:
-            yield owner, _loads(body)
+            batch = _loads(body)
+            seen.add(batch["id"])
+            owner, batch = kept.get(batch["id"], (owner, batch))
+            if batch["status"] in UNFINISHED:
+                yield owner, batch
+        for batch_id, (owner, batch) in kept.items():
+            if batch_id not in seen and batch["status"] in UNFINISHED:
+                yield owner, batch
 
     def status_counts(self) -> dict[str, int]:
         """Batches in each status (every owner's): the metrics' gauge."""
         try:
             with self._lock:
-                rows = self._db.execute(
-                    "SELECT status, COUNT(*) FROM batches GROUP BY status"
-                ).fetchall()
+                rows = self._db.execute("SELECT id, status FROM batches").fetchall()
+                kept = {i: b["status"] for i, (_, b) in self._unsaved.items()}
         except sqlite3.ProgrammingError:  # closed: the server is stopping
             return {}
-        return {status: int(n) for status, n in rows}
+        statuses = dict(rows)
+        statuses.update(kept)
+        counts: dict[str, int] = {}
+        for status in statuses.values():
+            counts[status] = counts.get(status, 0) + 1
+        return counts
 
 
 def _loads(body: str) -> dict[str, Any]:

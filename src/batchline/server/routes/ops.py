@@ -54,9 +54,20 @@ def _card(name: str, created: int, task: str) -> dict[str, object]:
 
 
 @router.get("/health", summary="Liveness: the process answers")
-async def health() -> JSONResponse:
-    """Always 200 while the process runs."""
-    return JSONResponse({"status": "ok"})
+async def health(request: Request) -> JSONResponse:
+    """Always 200 while the process runs (a full disk is no reason to restart it). With the
+    Batch API on, ``data_dir`` says whether its data directory can take writes: ``problem``
+    is ``full``, ``read-only``, ``not writable`` or ``I/O error`` (and ``status`` then
+    ``degraded``), else null; its path is shown only on a server without an API key."""
+    state = server_state(request)
+    store = getattr(state.batches, "store", None)
+    if store is None:
+        return JSONResponse({"status": "ok"})
+    disk = store.disk_state()
+    if state.api_key is None:
+        disk = {"path": str(store.root), **disk}
+    status = "ok" if disk["problem"] is None else "degraded"
+    return JSONResponse({"status": status, "data_dir": disk})
 
 
 @router.get("/ready", summary="Readiness: models loaded and not draining")
