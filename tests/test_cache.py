@@ -27,6 +27,6 @@ def test_a_cache_folder_is_made_or_the_error_says_how_to_move_it(tmp_path: Path)
 
 def test_a_file_is_written_whole(tmp_path: Path) -> None:
     target = tmp_path / "deep" / "graph.onnx"
-    write_whole(target, b"bytes")
+    write_whole(target, b"bytes", "cache.test")
     assert target.read_bytes() == b"bytes"
     assert [p.name for p in target.parent.iterdir()] == ["graph.onnx"]  # no temporary left

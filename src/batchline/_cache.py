@@ -34,7 +34,7 @@ def make_cache_folder(folder: Path) -> None:
         ) from exc
 
 
-def write_whole(path: Path, data: bytes, site: str = "cache") -> None:
+def write_whole(path: Path, data: bytes, site: str) -> None:
     """Write ``data`` to ``path`` through a temporary file beside it, fsync'd and renamed over
     it: a reader never sees half a file, and two processes writing at once both end with a
     whole one (``batchline._fsio.write_whole``; ``site`` names the write for its tests)."""

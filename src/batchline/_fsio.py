@@ -111,7 +111,7 @@ def replacing(path: Path, site: str, *, unique: bool = False) -> Iterator[Binary
     fsync_dir(path.parent, site)
 
 
-def write_whole(path: Path, data: bytes, site: str = "cache") -> None:
+def write_whole(path: Path, data: bytes, site: str) -> None:
     """Write ``data`` to ``path`` whole or not at all (:func:`replacing`, unique temporary
     name: two processes writing at once both end with a whole file)."""
     path.parent.mkdir(parents=True, exist_ok=True)

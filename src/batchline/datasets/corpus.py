@@ -64,7 +64,7 @@ def demo_corpus_path(min_records: int = 20_000) -> Path:
     path = cache_dir() / f"stdlib-docstrings-py{version}-v{CORPUS_VERSION}.jsonl"
     if not path.exists():
         lines = (json.dumps(r, ensure_ascii=False) + "\n" for r in iter_corpus_records())
-        write_whole(path, "".join(lines).encode("utf-8"))
+        write_whole(path, "".join(lines).encode("utf-8"), "cache.corpus")
     with open(path, "rb") as f:
         count = sum(1 for _ in f)
     if count < min_records:

@@ -9,12 +9,19 @@ given it (a text, or a score pair); its value is the record's encoded result: a 
 dict of arrays) is not cached. The file holds at most ``max_bytes`` of values: past that, the
 least recently used go first. A generation job keeps its completions here too
 (:mod:`batchline.jobs.generate_cache`), under its generator's identity.
+
+The cache only saves work: when its disk is full, read-only or failing, the job says so once
+(a warning) and goes on without keeping more results; SQLite rolls the failed write back, so
+nothing half-written is ever read. Each write passes ``batchline._fsio.checkpoint`` (site
+``cache.result``), the fault tests' seam.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
 import sqlite3
 import threading
 import time
@@ -25,12 +32,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from batchline._errors import InputError
+from batchline._fsio import checkpoint, disk_errno, disk_phrase
 from batchline.models.identity import model_identity
 
 if TYPE_CHECKING:
     from batchline.jobs.options import RunOptions
 
 __all__ = ["DEFAULT_CACHE_BYTES", "ResultCache", "open_cache"]
+
+logger = logging.getLogger("batchline.jobs")
+_SITE = "cache.result"
 
 #: What ``--cache`` keeps at most unless ``--cache-size`` says otherwise.
 DEFAULT_CACHE_BYTES = 1 << 30
@@ -58,6 +69,8 @@ class ResultCache:
         self.identity = identity
         self.max_bytes = max_bytes
         self.hits = 0
+        #: the errno of the disk's failure that stopped this run's writes (None: writing)
+        self.refused: int | None = None
         self._lock = threading.Lock()
         self._touched: list[bytes] = []
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
@@ -100,16 +113,38 @@ class ResultCache:
             blob = _encode(result)
             if blob is not None:
                 rows.append((key, blob, len(blob), now))
-        if not rows:
+        if not rows or self.refused is not None:
             return 0
         with self._lock:
-            self._db.execute("BEGIN")
-            self._mark_used(now)
-            self._db.executemany("INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?)", rows)
-            self._total += sum(row[2] for row in rows)
-            self._evict()
-            self._db.execute("COMMIT")
+            total = self._total
+            try:
+                checkpoint(_SITE, "sqlite", self.path)
+                self._db.execute("BEGIN")
+                self._mark_used(now)
+                self._db.executemany("INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?)", rows)
+                self._total += sum(row[2] for row in rows)
+                self._evict()
+                checkpoint(_SITE, "sqlite", self.path)
+                self._db.execute("COMMIT")
+            except sqlite3.Error as exc:
+                self._total = total
+                if self._db.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        self._db.execute("ROLLBACK")
+                code = disk_errno(exc)
+                if code is None:
+                    raise
+                self._refuse(code)
+                return 0
         return len(rows)
+
+    def _refuse(self, code: int) -> None:
+        self.refused = code
+        logger.warning(
+            "the result cache %s %s; this run goes on without keeping more results there",
+            self.path,
+            disk_phrase(code),
+        )
 
     def _evict(self) -> None:
         if self._total <= self.max_bytes:
@@ -140,11 +175,17 @@ class ResultCache:
 
     def close(self) -> None:
         with self._lock:
-            if self._touched:
-                self._db.execute("BEGIN")
-                self._mark_used(time.time())
-                self._db.execute("COMMIT")
-            self._db.close()
+            try:
+                if self._touched and self.refused is None:
+                    checkpoint(_SITE, "sqlite", self.path)
+                    self._db.execute("BEGIN")
+                    self._mark_used(time.time())
+                    self._db.execute("COMMIT")
+            except sqlite3.Error as exc:  # only the marks of use are lost: an LRU hint
+                if disk_errno(exc) is None:
+                    raise
+            finally:
+                self._db.close()
 
 
 def open_cache(options: RunOptions) -> ResultCache | None:

@@ -207,5 +207,5 @@ def write_demo_prompts(path: str | Path, n: int = 300, *, seed: int = 0) -> Path
     with contextlib.suppress(OSError):
         if target.read_bytes() == data:
             return target
-    write_whole(target, data)
+    write_whole(target, data, "cache.demo")
     return target
