@@ -19,9 +19,9 @@ cache fill under a fault and checks the three things issue 53 asks:
 3. once the fault is lifted, ``--resume`` (or the server itself, without a restart) finishes
    every record exactly once.
 
-In the normal pytest run each scenario tries a few n (first, middle, last) with each errno;
-``BATCHLINE_FAULT_MATRIX=full`` (``scripts/fault_matrix.sh``) tries every n up to the count of
-steps a clean run makes.
+In the normal pytest run each scenario tries a few n (first, middle, last) with each errno
+(those that run a real model: ENOSPC alone, at fewer n); ``BATCHLINE_FAULT_MATRIX=full``
+(``scripts/fault_matrix.sh``) tries every n up to the count of steps a clean run makes.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ __all__ = [
     "count_steps",
     "full_matrix",
     "points",
+    "slow_codes",
 ]
 
 ERRNOS = (errno.ENOSPC, errno.EIO, errno.EROFS)
@@ -60,7 +61,7 @@ SITES = {
     "batch.file": "batch",  # uploads and a batch's output/error files (test_batch_faults.py)
     "batch.meta": "batch",  # the Batch API's SQLite metadata
     "batch.output": "batch",  # a batch's all.jsonl, from its chunks (run on a batch file too)
-    "drive.failures": "drive",  # drive's _failures.jsonl (test_cache_faults.py)
+    "drive.failures": "drive",  # drive's _failures.jsonl (test_drive_faults.py)
     "cache.result": "result_cache",  # run --cache (test_cache_faults.py)
     "cache.hf": "model_cache",  # an HF folder converted to ONNX
     "cache.kernel": "model_cache",  # the compiled decode kernel
@@ -84,6 +85,12 @@ def points(total: int) -> list[int]:
     if full_matrix():
         return list(range(1, total + 1))
     return sorted({1, (total + 1) // 2, total})
+
+
+def slow_codes() -> tuple[int, ...]:
+    """The errnos for a scenario that runs a real model each time: all three in the full
+    matrix, ENOSPC alone in the normal run (its other cases are the same code path)."""
+    return ERRNOS if full_matrix() else (errno.ENOSPC,)
 
 
 @dataclass(frozen=True)
