@@ -105,6 +105,7 @@ async def create_file(request: Request) -> JSONResponse:
                 _keep_upload, service.store, upload, owner_of(request.scope), service.settings
             )
         except (OSError, sqlite3.Error) as exc:
+            service.store.note_disk_error(exc)
             raise _disk_full(exc, service.store.root, "the server's data dir") from None
     finally:
         await form.close()

@@ -189,7 +189,7 @@ class BatchService:
                         await self._work(owner, batch_id)
                     return
                 except Exception as exc:
-                    code = disk_errno(exc)
+                    code = self.store.note_disk_error(exc)
                     if code is None or attempt == len(self._retry_s):
                         raise
                     wait_s = self._retry_s[attempt]

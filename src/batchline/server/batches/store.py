@@ -208,6 +208,14 @@ class Store:
     def _wrote(self) -> None:
         self.disk_problem = None
 
+    def note_disk_error(self, exc: BaseException) -> int | None:
+        """Remember a write to the data dir that failed for the disk's reason (``/health``
+        says it until a write succeeds again); its errno, or None when it was not one."""
+        code = disk_errno(exc)
+        if code is not None:
+            self.disk_problem = code
+        return code
+
     # -- paths (only from checked ids) ------------------------------------------------------
 
     def file_path(self, file_id: str) -> Path:
