@@ -63,7 +63,7 @@ def test_the_check_counts_blank_lines_and_leaves_bad_lines_to_the_job(tmp_path: 
         b"\xef\xbb\xbf"
         + json.dumps(embed("1", "x")).encode()
         + b"\n\n   \r\n"
-        + json.dumps(embed(1, "x")).encode()  # the number 1 is not the string "1"
+        + json.dumps(embed("2", "x")).encode()
         + b"\nnot json\n"
         + json.dumps({"url": "/v1/embeddings"}).encode()  # no custom_id: the job's error
         + b"\n\t\n"
@@ -71,6 +71,9 @@ def test_the_check_counts_blank_lines_and_leaves_bad_lines_to_the_job(tmp_path: 
     assert check_batch_file(src) == 3
     write(src, [embed("é", "x"), embed("é", "y")])
     with pytest.raises(InputError, match='custom_id "é" is on lines 1 and 2'):
+        check_batch_file(src)
+    write(src, [embed("1", "x"), embed(1, "y")])  # the number 1 is not the string "1"
+    with pytest.raises(InputError, match="line 2: custom_id must be a string, got 1; quote it"):
         check_batch_file(src)
 
 

@@ -68,6 +68,7 @@ from batchline.jobs.requests import (
     EmbeddingLine,
     RecordRequests,
     batch_line,
+    custom_id_error,
     embedding_line,
     first_duplicate_custom_id,
     is_openai_batch_file,
@@ -119,7 +120,8 @@ _MAX_BLOCKS_IN_FLIGHT = 8
 
 def check_batch_file(path: Path) -> int:
     """The number of blank lines of the batch file ``path`` (skipped); ``InputError`` naming
-    the first ``custom_id`` that repeats and the two lines that carry it
+    the first ``custom_id`` that repeats and the two lines that carry it, or the first that is
+    not a string
     (:func:`~batchline.jobs.requests.first_duplicate_custom_id`, which ``serve``'s Batch API
     validates with too). One pass; malformed lines are left to the job: each becomes its own
     error line."""
@@ -134,9 +136,13 @@ def check_batch_file(path: Path) -> int:
                     blank += 1
                     continue
                 try:
-                    yield lineno, json.loads(line)
+                    value = json.loads(line)
                 except ValueError:
                     continue
+                wrong = custom_id_error(value)
+                if wrong is not None:
+                    raise InputError(f"{path}: line {lineno}: {wrong} (OpenAI refuses it too)")
+                yield lineno, value
 
     duplicate = first_duplicate_custom_id(parsed())
     if duplicate is not None:

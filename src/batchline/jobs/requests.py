@@ -50,6 +50,7 @@ __all__ = [
     "RecordRequests",
     "batch_line",
     "batch_request",
+    "custom_id_error",
     "embedding_line",
     "first_duplicate_custom_id",
     "is_openai_batch_file",
@@ -198,12 +199,28 @@ class Choices:
     listed: bool = False
 
 
+def custom_id_error(value: object) -> str | None:
+    """What is wrong with a batch line's ``custom_id`` when it is not a string (``5`` and
+    ``"5"`` would both pass, and name two requests alike), else None."""
+    if not isinstance(value, dict) or "custom_id" not in value:
+        return None
+    custom_id = value["custom_id"]
+    if isinstance(custom_id, str):
+        return None
+    shown = json.dumps(custom_id)
+    shown = shown if len(shown) <= 40 else shown[:40] + "..."
+    return f"custom_id must be a string, got {shown}; quote it"
+
+
 def batch_line(value: object) -> tuple[str, Mapping[str, object]]:
     """An OpenAI batch line's ``url`` and ``body``; ``ValueError`` saying what is wrong with
     its shape (the body's own fields are read where they are used)."""
     if not is_openai_batch_line(value):
         raise ValueError('not an OpenAI batch line: it needs "custom_id", "url" and "body"')
     assert isinstance(value, dict)
+    wrong = custom_id_error(value)
+    if wrong is not None:
+        raise ValueError(wrong)
     url, body = value["url"], value["body"]
     if url not in BATCH_URLS:
         raise ValueError(f"url {url!r} is not one of {', '.join(BATCH_URLS)}")

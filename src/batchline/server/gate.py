@@ -5,12 +5,12 @@ It runs before FastAPI sees a request, so a refused request costs no parsing: a 
 the server does not answer to (421: a page whose name was rebound to this address, see
 ``ServerSettings.host_names``), the API key (401), draining or still loading (503 +
 ``Retry-After``), a body that is not JSON (415: a cross-site form or ``text/plain`` post,
-which a browser sends without asking), the body size (413, on
-``Content-Length`` and on the bytes actually read), a body that trickles in (408). It reads
-the body itself and hands it to the routes in one piece (``scope["batchline.body"]``), counts
-the requests in flight (what a drain waits for), and watches the connection of a request
-that lasts: a client that disconnects has its request task cancelled, which withdraws the
-request's queued records.
+which a browser sends without asking; a POST with no body and no type passes), the body
+size (413, on ``Content-Length`` and on the bytes actually read), a body that trickles in
+(408). It reads the body itself and hands it to the routes in one piece
+(``scope["batchline.body"]``), counts the requests in flight (what a drain waits for), and
+watches the connection of a request that lasts: a client that disconnects has its request
+task cancelled, which withdraws the request's queued records.
 
 Several API keys may be accepted (``ServerSettings.api_keys``); the gate leaves the caller's
 identity in the scope (:data:`OWNER`: a digest of its key), which the Batch API's files and
@@ -331,11 +331,22 @@ def _json_media_type(scope: Scope) -> str | None:
     raw = _header(scope, b"content-type")
     if raw is None and scope["path"].startswith("/v2/"):
         return None
+    if raw is None and _bodiless(scope):
+        return None  # nothing to type (``POST /v1/batches/{id}/cancel`` as curl sends it)
     media = (raw or b"").decode("latin-1").partition(";")[0].strip().lower()
     main, _, sub = media.partition("/")
     if main == "application" and (sub == "json" or sub.endswith("+json")):
         return None
     return media
+
+
+def _bodiless(scope: Scope) -> bool:
+    """Whether the request says it has no body: no ``Transfer-Encoding`` and a
+    ``Content-Length`` of 0 or none (HTTP/1.1's rule for a request)."""
+    if _header(scope, b"transfer-encoding") is not None:
+        return False
+    length = _header(scope, b"content-length")
+    return length is None or length.strip() == b"0"
 
 
 def _owner(scope: Scope, keys: tuple[bytes, ...]) -> str | None:

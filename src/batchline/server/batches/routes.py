@@ -183,9 +183,12 @@ def _keep_upload(store: Store, upload: UploadFile, owner: str, settings: Any) ->
 
 
 def _clean_name(name: str | None) -> str:
-    """A file name as metadata: printable, at most 255 characters (it never names a path)."""
-    text = "".join(c for c in (name or "upload.jsonl") if unicodedata.category(c)[0] != "C")
-    return text[:_MAX_NAME] or "upload.jsonl"
+    """A file name as metadata, one printable line of at most 255 characters (it never names
+    a path): control characters and line or paragraph separators become spaces, runs of
+    space one, and the ends lose spaces and the quotes a broken header leaves (``"a``)."""
+    kept = (" " if unicodedata.category(c)[0] in "CZ" else c for c in name or "")
+    text = " ".join("".join(kept).split()).strip(" \"'")
+    return text[:_MAX_NAME].rstrip() or "upload.jsonl"
 
 
 @router.get("/v1/files", summary="List your files")

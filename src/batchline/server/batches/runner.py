@@ -64,6 +64,7 @@ from batchline.jobs.requests import (
     KIND_OF_URL,
     BatchModels,
     RecordRequests,
+    custom_id_error,
     first_duplicate_custom_id,
 )
 from batchline.server.batches.store import FileRecord, Store, derived_file_id, now
@@ -491,9 +492,9 @@ def _kinds_asked(path: Path) -> set[str]:
 
 def _check_file(path: Path, settings: ServerSettings) -> tuple[int, list[dict[str, object]]]:
     """Validate a batch's input file (sync): its count of requests, and the errors that fail
-    the batch: a missing file, no line that is a JSON object (not JSONL), too many lines, two
-    lines with one ``custom_id``. A bad line among good ones is not one: its error goes to
-    the error file when the batch runs."""
+    the batch: a missing file, no line that is a JSON object (not JSONL), too many lines, a
+    ``custom_id`` that is not a string, two lines with one ``custom_id``. A bad line among
+    good ones is not one: its error goes to the error file when the batch runs."""
     if not path.is_file():
         return 0, [_error("invalid_file", "the input file was deleted before the batch ran")]
     parsed: list[tuple[int, object]] = []
@@ -517,6 +518,10 @@ def _check_file(path: Path, settings: ServerSettings) -> tuple[int, list[dict[st
     if not any(isinstance(v, dict) for _, v in parsed):
         note = _error("invalid_file", "the input file is not JSONL: no line is a JSON object")
         return 0, [note, *bad[: _MAX_ERRORS - 1]]
+    for number, value in parsed:
+        wrong = custom_id_error(value)
+        if wrong is not None:
+            return 0, [_error("invalid_custom_id", f"line {number}: {wrong}", number)]
     duplicate = first_duplicate_custom_id(parsed)
     if duplicate is not None:
         custom_id, first, second = duplicate
