@@ -56,6 +56,7 @@ from batchline._fsio import disk_errno, disk_phrase
 from batchline._priority import BATCH, batcher_priority
 from batchline._stats import BatchStats
 from batchline.datasets.formats.base import lines as nonblank_lines
+from batchline.datasets.manifest import Manifest
 from batchline.jobs.generate import GeneratorAdapter, in_flight_limit
 from batchline.jobs.openai_batch import BatchFiles, LineEngine, answer_lines
 from batchline.jobs.openai_output import answered
@@ -291,6 +292,11 @@ class BatchService:
             )
         )
         counts = batch["request_counts"]
+        # from what is committed: lines handed on but not committed before a crash or a disk
+        # error are answered again, and would be counted twice
+        committed = Manifest.load(files.parts).chunks.values() if files.started else ()
+        counts["completed"] = sum(c.rows for c in committed)
+        counts["failed"] = sum(c.skipped for c in committed)
         lines = self.state.metrics.batch_lines
 
         def written(records: Sequence[Record], done: Written) -> None:

@@ -151,11 +151,14 @@ class Store:
 
     def keep_reserve(self) -> bool:
         """Hold ``RESERVE_BYTES`` in ``.reserve`` (again, once space returns); False when the
-        disk has no room for it (sync: writes up to 4 MiB)."""
+        disk has no room for it and as much again (sync: writes up to 4 MiB)."""
         path = self.root / _RESERVE
         try:
             if path.is_file() and path.stat().st_size >= RESERVE_BYTES:
                 return True
+            vfs = os.statvfs(self.root)
+            if vfs.f_bavail * vfs.f_frsize < 2 * RESERVE_BYTES:
+                return False  # taken back once the disk has room for it and some more
             checkpoint(_SITE, "reserve", path)
             with open(path, "wb") as f:
                 f.write(bytes(RESERVE_BYTES))
