@@ -52,7 +52,8 @@ def test_a_cell_past_the_largest_block_is_named(
 ) -> None:
     monkeypatch.setattr(csv_format, "_READ_BLOCK_BYTES", 1024)
     monkeypatch.setattr(csv_format, "_MAX_BLOCK_BYTES", 4096)
-    with pytest.raises(InputError, match=r"row 7 \(the header is row 1\) holds a cell larger"):
+    named = r"row 7 \(the header is row 1\): it holds more than 4,096 bytes.*--on-bad-record skip"
+    with pytest.raises(InputError, match=named):
         _items(_write(tmp_path / "big.csv", 50_000))
 
 
@@ -70,3 +71,31 @@ def test_a_row_that_is_not_utf8_is_named_and_skipped_under_skip(tmp_path: Path) 
         bad.reason
         == "row 3 (the header is row 1): column 'text' is not UTF-8 text (byte 4 of its cell)"
     )
+
+
+def test_a_row_past_the_largest_block_is_skipped_under_skip_and_the_rest_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(csv_format, "_READ_BLOCK_BYTES", 1024)
+    monkeypatch.setattr(csv_format, "_MAX_BLOCK_BYTES", 4096)
+    path = _write(tmp_path / "big.csv", 50_000, rows=12)
+    with path.open("a") as f:  # a second one, an empty line and a row too short after it
+        f.write('r12,"' + "z" * 9000 + '"\n\nr13\nr14,last\n')
+    items = _items(path, "skip")
+    assert [(type(r).__name__, r.index) for r in items] == [
+        *(("Record", i) for i in range(5)),
+        ("BadRecord", 5),
+        *(("Record", i) for i in range(6, 12)),
+        ("BadRecord", 12),
+        ("BadRecord", 13),
+        ("Record", 14),
+    ]
+    big = items[5]
+    assert isinstance(big, BadRecord)
+    assert big.reason.startswith("row 7 (the header is row 1): it holds more than 4,096 bytes")
+    assert big.raw.startswith('r5,"x\ny')  # what it held, in part
+    assert [r.id for r in items if isinstance(r, Record)] == [
+        *(f"r{i}" for i in range(12) if i != 5),
+        "r14",
+    ]
+    assert "expected 2 fields, got 1" in items[-2].reason  # type: ignore[union-attr]

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 from collections.abc import Iterator
-from typing import cast
+from pathlib import Path
+from typing import Any, BinaryIO, cast
 
 import pyarrow as pa
 import pyarrow.csv as pa_csv
@@ -16,21 +19,29 @@ __all__ = ["CsvSource"]
 _READ_BLOCK_BYTES = 1 << 20
 #: The largest block a CSV is read in (a row must fit in one): 1 MiB x 4^4.
 _MAX_BLOCK_BYTES = 1 << 28
+_PREVIEW_BYTES = 200
+_SCAN_BYTES = 1 << 20
 
 
 class CsvSource(Source):
     def _read_columns(self) -> bool:
-        try:
-            reader = pa_csv.open_csv(
-                self.path,
-                read_options=pa_csv.ReadOptions(use_threads=False, block_size=1 << 16),
-                # Only the header matters here; bad rows are reported, with numbers, when read.
-                parse_options=pa_csv.ParseOptions(
-                    newlines_in_values=True, invalid_row_handler=lambda row: "skip"
-                ),
-            )
-        except pa.ArrowInvalid as exc:
-            raise InputError(f"{self.path}: cannot read the CSV header: {exc}") from None
+        block = 1 << 16
+        while True:  # the first block holds the header and the first row: it may need to grow
+            try:
+                reader = pa_csv.open_csv(
+                    self.path,
+                    read_options=pa_csv.ReadOptions(use_threads=False, block_size=block),
+                    # Only the header matters here; bad rows are reported, with numbers, when read.
+                    parse_options=pa_csv.ParseOptions(
+                        newlines_in_values=True, invalid_row_handler=lambda row: "skip"
+                    ),
+                )
+                break
+            except pa.ArrowInvalid as exc:
+                if _straddles(exc) and block < _MAX_BLOCK_BYTES:
+                    block *= 4
+                    continue
+                raise InputError(f"{self.path}: cannot read the CSV header: {exc}") from None
         try:
             names = tuple(cast(list[str], reader.schema.names))
         finally:
@@ -44,28 +55,46 @@ class CsvSource(Source):
     def _items(self, skipper: Skipper, block_size: int) -> Iterator[Item]:
         # pyarrow reads a CSV in blocks, and a row must fit in one: on a row that does not
         # ("straddling object"), read again with blocks four times larger, from where it was.
+        # A row past the largest block is a bad record (named; skipped under --on-bad-record
+        # skip): the reader goes on from the byte after it.
         at = [0]  # the next row index to hand on (rows before it are never handed on again)
         block = _READ_BLOCK_BYTES
+        base, offset = 0, 0  # after a skipped row: the next row's index and byte offset
         while True:
             try:
-                yield from self._rows_from(skipper, block, at)
+                yield from self._rows_from(skipper, block, at, base, offset)
                 return
             except pa.ArrowInvalid as exc:
-                if "straddl" not in str(exc):
+                if not _straddles(exc):
                     raise InputError(
                         f"{self.path}: cannot read the CSV after row {at[0] + 1}: {exc}"
                     ) from None
-                if block >= _MAX_BLOCK_BYTES:
-                    raise InputError(
-                        f"{self.path}: row {at[0] + 2} (the header is row 1) holds a cell larger "
-                        f"than {_MAX_BLOCK_BYTES >> 20} MiB, the most a CSV row may hold; split "
-                        "it, or write the input as JSONL or Parquet"
-                    ) from None
-                block *= 4
+                if block < _MAX_BLOCK_BYTES:
+                    block *= 4
+                    continue
+            span = _row_span(self.path, at[0] - base, offset)
+            if span is None:  # defensive: the scan and pyarrow disagree on where rows are
+                raise InputError(f"{self.path}: cannot read the CSV after row {at[0] + 1}")
+            if not skipper.skipped(at[0]):
+                with open(self.path, "rb") as f:
+                    f.seek(span[0])
+                    preview = f.read(_PREVIEW_BYTES).decode("utf-8", errors="replace")
+                reason = (
+                    f"it holds more than {_MAX_BLOCK_BYTES:,} bytes, the most a CSV row may; "
+                    "split it, or write the input as JSONL or Parquet"
+                )
+                yield self._bad(
+                    at[0], None, f"row {at[0] + 2} (the header is row 1)", reason, preview
+                )
+            at[0] += 1
+            base, offset, block = at[0], span[1], _READ_BLOCK_BYTES
 
-    def _rows_from(self, skipper: Skipper, block_bytes: int, at: list[int]) -> Iterator[Item]:
+    def _rows_from(
+        self, skipper: Skipper, block_bytes: int, at: list[int], base: int, offset: int
+    ) -> Iterator[Item]:
         """The rows from index ``at[0]`` on (those before it are read and passed over), read
-        in blocks of ``block_bytes``; ``at[0]`` follows the rows handed on."""
+        in blocks of ``block_bytes``; ``at[0]`` follows the rows handed on. With ``offset``,
+        the header and then the file from that byte on, whose first row has index ``base``."""
         invalid: dict[int, tuple[str, str]] = {}
         start = at[0]
 
@@ -73,13 +102,20 @@ class CsvSource(Source):
             # Physical row numbers count the header as row 1, so data row i is number i + 2.
             number = cast(int, row.number)
             reason = f"expected {row.expected_columns} fields, got {row.actual_columns}"
-            invalid[number - 2] = (reason, cast(str, row.text))
+            invalid[number - 2 + base] = (reason, cast(str, row.text))
             return "skip"
 
         inputs, columns, extras = self._columns_to_read()
+        source: str | pa.NativeFile = str(self.path)
+        spliced = contextlib.ExitStack()
+        if offset:
+            header = _row_span(self.path, -1, 0)
+            assert header is not None  # the header was read
+            stream = spliced.enter_context(_Spliced(self.path, header[1], offset))
+            source = pa.PythonFile(stream, mode="r")
         try:
             reader = pa_csv.open_csv(
-                self.path,
+                source,
                 read_options=pa_csv.ReadOptions(use_threads=False, block_size=block_bytes),
                 parse_options=pa_csv.ParseOptions(
                     newlines_in_values=True, invalid_row_handler=on_invalid
@@ -94,10 +130,11 @@ class CsvSource(Source):
                 ),
             )
         except pa.ArrowInvalid as exc:
-            if "straddl" in str(exc):
+            spliced.close()
+            if _straddles(exc):
                 raise
             raise InputError(f"{self.path}: cannot read the CSV: {exc}") from None
-        index = 0
+        index = base
 
         def passed(index: int) -> bool:
             return index < start or skipper.skipped(index)
@@ -149,6 +186,7 @@ class CsvSource(Source):
             yield from flush_invalid()
         finally:
             reader.close()
+            spliced.close()
         if invalid:  # defensive: an invalid row number beyond the data would be lost otherwise
             first = min(invalid)
             raise InputError(
@@ -179,3 +217,80 @@ def _text_columns(batch: pa.RecordBatch) -> tuple[dict[str, list[str]], dict[int
                 bad.setdefault(i, (reason, raw.decode("utf-8", errors="replace")))
         text[name] = cells
     return text, bad
+
+
+def _straddles(exc: pa.ArrowInvalid) -> bool:
+    """Whether pyarrow failed on a row larger than its block ("straddling object")."""
+    return "straddl" in str(exc)
+
+
+def _row_span(path: Path, row: int, offset: int) -> tuple[int, int] | None:
+    """The byte span ``(start, end)`` of data row ``row`` (-1: the header) of the CSV at
+    ``path``, counting rows from byte ``offset`` (which starts one). A row ends at a newline
+    outside quotes (a doubled quote toggles twice); empty lines are not rows, as pyarrow
+    reads them. None past the end."""
+    index = -1 if offset == 0 else 0
+    start = offset
+    quoted = False
+    with open(path, "rb") as f:
+        f.seek(offset)
+        position = offset
+        while chunk := f.read(_SCAN_BYTES):
+            at = 0
+            while at < len(chunk):
+                if quoted:
+                    found = chunk.find(b'"', at)
+                    if found < 0:
+                        break
+                    quoted, at = False, found + 1
+                    continue
+                quote, newline = chunk.find(b'"', at), chunk.find(b"\n", at)
+                if quote >= 0 and (newline < 0 or quote < newline):
+                    quoted, at = True, quote + 1
+                    continue
+                if newline < 0:
+                    break
+                end = position + newline + 1
+                if end - start > 1 and not (end - start == 2 and _byte(f, start) == b"\r"):
+                    if index == row:
+                        return start, end
+                    index += 1
+                start, at = end, newline + 1
+            position += len(chunk)
+    if position > start and index == row:  # a last row with no newline
+        return start, position
+    return None
+
+
+def _byte(f: BinaryIO, at: int) -> bytes:
+    here = f.tell()
+    f.seek(at)
+    value = f.read(1)
+    f.seek(here)
+    return value
+
+
+class _Spliced(io.RawIOBase):
+    """The bytes of ``path`` up to ``header_end`` (its header), then from ``offset`` on: the
+    CSV without the rows between them, for pyarrow to read past a row it cannot."""
+
+    def __init__(self, path: Path, header_end: int, offset: int) -> None:
+        self._file = open(path, "rb")  # noqa: SIM115 (closed with this stream)
+        self._head = self._file.read(header_end)
+        self._file.seek(offset)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        if self._head:
+            n = min(len(view), len(self._head))
+            view[:n] = self._head[:n]
+            self._head = self._head[n:]
+            return n
+        return self._file.readinto(view)
+
+    def close(self) -> None:
+        self._file.close()
+        super().close()
