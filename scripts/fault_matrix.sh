@@ -11,4 +11,4 @@ cd "$ROOT"
 export HF_HUB_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0 BATCHLINE_FAULT_MATRIX=full
 export BATCHLINE_CACHE_DIR="${BATCHLINE_CACHE_DIR:-$ROOT/.cache/batchline}"
 export BATCHLINE_TEST_CACHE_DIR="${BATCHLINE_TEST_CACHE_DIR:-$BATCHLINE_CACHE_DIR}"
-exec "$PY" -m pytest tests/faults -q "$@"
+exec "$PY" -m pytest tests/faults -q --timeout=900 "$@"
