@@ -28,7 +28,7 @@ import pytest
 pytest.importorskip("multipart")
 
 from batchline import _fsio
-from batchline.server.batches import runner
+from batchline.server.batches import runner, store
 
 from ..server.test_batches_api import FINAL, app_on, content, embed_line, jsonl, until
 from .harness import ERRNOS, Fault, count_steps, points
@@ -43,9 +43,10 @@ OVERRIDES = {"batch_chunk_size": 4}
 @pytest.fixture(autouse=True)
 def _quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
     """Retries and watchdog rounds in hundredths of a second (their schedule is not under
-    test here; that a retry happens and ends is)."""
+    test here; that a retry happens and ends is), and a small reserve."""
     monkeypatch.setattr(runner, "_DISK_RETRY_S", (0.01, 0.01, 0.01))
     monkeypatch.setattr(runner, "_WATCH_S", 0.01)
+    monkeypatch.setattr(store, "RESERVE_BYTES", 64 << 10)  # a data dir each n: keep them small
 
 
 async def _upload(client: httpx.AsyncClient) -> httpx.Response:

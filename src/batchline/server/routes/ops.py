@@ -58,14 +58,12 @@ async def health(request: Request) -> JSONResponse:
     """Always 200 while the process runs (a full disk is no reason to restart it). With the
     Batch API on, ``data_dir`` says whether its data directory can take writes: ``problem``
     is ``full``, ``read-only``, ``not writable`` or ``I/O error`` (and ``status`` then
-    ``degraded``), else null; its path is shown only on a server without an API key."""
-    state = server_state(request)
-    store = getattr(state.batches, "store", None)
+    ``degraded``), else null. Never its path: this route answers any ``Host`` (a rebound
+    name included), and the path is the server's business; the logs and a 507 name it."""
+    store = getattr(server_state(request).batches, "store", None)
     if store is None:
         return JSONResponse({"status": "ok"})
     disk = store.disk_state()
-    if state.api_key is None:
-        disk = {"path": str(store.root), **disk}
     status = "ok" if disk["problem"] is None else "degraded"
     return JSONResponse({"status": status, "data_dir": disk})
 
