@@ -297,6 +297,10 @@ class BatchService:
         committed = Manifest.load(files.parts).chunks.values() if files.started else ()
         counts["completed"] = sum(c.rows for c in committed)
         counts["failed"] = sum(c.skipped for c in committed)
+        current = self._get(owner, batch["id"])
+        if current["status"] == "in_progress":  # not cancelled meanwhile
+            current["request_counts"] = counts
+            self.store.put_batch(owner, current)
         lines = self.state.metrics.batch_lines
 
         def written(records: Sequence[Record], done: Written) -> None:
