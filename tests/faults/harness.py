@@ -68,6 +68,8 @@ SITES = {
     "cache.model": "model_cache",  # the built-in MiniLM graph
     "cache.corpus": "model_cache",  # the demo corpus
     "cache.demo": "model_cache",  # the demo prompts
+    "cache.quantized": "model_cache",  # an int8 graph and its measured quality
+    "cache.smollm2": "model_cache",  # the smollm2 safetensors folder (renamed whole)
     "cache.test": "model_cache",  # tests/test_cache.py's own
 }
 

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 from batchline._cache import cache_dir, make_cache_folder
 from batchline._errors import ModelError
+from batchline._fsio import checkpoint
 
 if TYPE_CHECKING:
     import torch
@@ -117,6 +118,7 @@ def smollm2_folder(*, cache: Path | None = None, source: Path | None = None) -> 
         try:
             # Atomic: a reader sees the whole folder or none. If another process finished
             # first, its folder stays and ours is dropped.
+            checkpoint("cache.smollm2", "rename", target)
             os.rename(tmp, target)
         except OSError:
             if not (target / "config.json").is_file():

@@ -32,8 +32,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from batchline._cache import cache_dir, make_cache_folder
+from batchline._cache import cache_dir, make_cache_folder, write_whole
 from batchline._errors import InputError, ModelError
+from batchline._fsio import checkpoint
 
 __all__ = [
     "GATE",
@@ -103,6 +104,7 @@ def quantized_graph(source: Path, *, cache: Path | None = None) -> Path:
                 quantize_dynamic(source, out, per_channel=True, weight_type=QuantType.QInt8)
         except Exception as exc:  # onnxruntime raises plain exceptions for graphs it cannot take
             raise ModelError(f"cannot quantize {source.name} to int8: {exc}") from None
+        checkpoint("cache.quantized", "rename", target)
         out.replace(target)  # whole or not at all: a reader never sees half a graph
     return target
 
@@ -138,8 +140,8 @@ def store_quality(graph: Path, quality: Quality) -> None:
     """Keep ``quality`` beside ``graph`` for :func:`cached_quality`."""
     path = graph.with_suffix(".quality.json")
     try:
-        path.write_text(json.dumps(asdict(quality)))
-    except OSError as exc:  # the cache is read-only: measured again next time
+        write_whole(path, json.dumps(asdict(quality)).encode(), "cache.quantized")
+    except OSError as exc:  # the cache is read-only or full: measured again next time
         logger.warning("cannot keep the quality of %s: %s", graph.name, exc)
 
 
