@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, TypeGuard
 
 from batchline._errors import InputError
+from batchline._fsio import replacing
 
 __all__ = [
     "BASELINE",
@@ -268,10 +269,9 @@ class Knobs:
             k: v for k, v in dataclasses.asdict(self).items() if v is not None
         }
         data.update(notes)
-        if p.suffix.lower() == ".toml":
-            p.write_text(to_toml(data), encoding="utf-8")
-        else:
-            p.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        text = to_toml(data) if p.suffix.lower() == ".toml" else json.dumps(data, indent=2) + "\n"
+        with replacing(p, "config.knobs") as f:  # whole or not at all
+            f.write(text.encode("utf-8"))
         return p
 
     def replace(self, **changes: Any) -> Knobs:

@@ -63,14 +63,16 @@ SITES = {
     "batch.output": "batch",  # a batch's all.jsonl, from its chunks (run on a batch file too)
     "drive.failures": "drive",  # drive's _failures.jsonl (test_drive_faults.py)
     "cache.result": "result_cache",  # run --cache (test_cache_faults.py)
-    "cache.hf": "model_cache",  # an HF folder converted to ONNX
-    "cache.kernel": "model_cache",  # the compiled decode kernel
-    "cache.model": "model_cache",  # the built-in MiniLM graph
-    "cache.corpus": "model_cache",  # the demo corpus
-    "cache.demo": "model_cache",  # the demo prompts
-    "cache.quantized": "model_cache",  # an int8 graph and its measured quality
-    "cache.smollm2": "model_cache",  # the smollm2 safetensors folder (renamed whole)
-    "cache.test": "model_cache",  # tests/test_cache.py's own
+    "cache.hf": "written_whole",  # an HF folder converted to ONNX
+    "cache.kernel": "written_whole",  # the compiled decode kernel
+    "cache.model": "written_whole",  # the built-in MiniLM graph
+    "cache.corpus": "written_whole",  # the demo corpus
+    "cache.demo": "written_whole",  # the demo prompts
+    "cache.quantized": "written_whole",  # an int8 graph and its measured quality
+    "cache.smollm2": "written_whole",  # the smollm2 safetensors folder (renamed whole)
+    "config.knobs": "written_whole",  # tune's knobs file
+    "config.serve": "written_whole",  # serve's settings written as a config file
+    "cache.test": "written_whole",  # tests/test_cache.py's own
 }
 
 

@@ -21,7 +21,7 @@ from batchline._cache import write_whole
 
 from .harness import ERRNOS, SITES, Fault, count_steps, full_matrix, points, slow_codes
 
-CACHE_SITES = sorted(site for site, scenario in SITES.items() if scenario == "model_cache")
+CACHE_SITES = sorted(site for site, scenario in SITES.items() if scenario == "written_whole")
 
 
 @pytest.mark.parametrize("site", CACHE_SITES)

@@ -11,25 +11,37 @@ import batchline
 
 from .harness import SITES
 
-_SITE = re.compile(r"(run|batch|drive|cache)\.[a-z]+")
+_SITE = re.compile(r"(run|batch|drive|cache|config)\.[a-z0-9]+")
 _CALLS = {"checkpoint", "replacing", "write_whole", "append_synced", "fsync_dir"}
 
 
 def _sites_in_src() -> dict[str, str]:
-    """Each site name passed to ``batchline._fsio`` (or held in a ``_SITE`` constant) -> where."""
+    """Each site name passed to ``batchline._fsio``'s functions (a literal argument, or a
+    ``_SITE`` constant) -> where."""
     found: dict[str, str] = {}
     root = Path(batchline.__file__).parent
     for path in sorted(root.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            is_text = isinstance(node, ast.Constant) and isinstance(node.value, str)
-            if is_text and _SITE.fullmatch(node.value):
-                found.setdefault(node.value, f"{path.relative_to(root)}:{node.lineno}")
+            values: list[ast.expr] = []
+            if isinstance(node, ast.Call):
+                name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+                if name in _CALLS:
+                    values = [*node.args, *(k.value for k in node.keywords)]
+            elif isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "_SITE" for t in node.targets
+            ):
+                values = [node.value]
+            for value in values:
+                if not (isinstance(value, ast.Constant) and isinstance(value.value, str)):
+                    continue
+                if _SITE.fullmatch(value.value):
+                    found.setdefault(value.value, f"{path.relative_to(root)}:{node.lineno}")
     return found
 
 
 def test_every_write_site_has_a_line_in_the_harness() -> None:
     found = _sites_in_src()
-    assert {"run.part", "run.manifest", "batch.meta", "cache.result"} <= set(found)
+    assert {"run.part", "run.manifest", "batch.meta", "cache.result", "config.knobs"} <= set(found)
     missing = {site: where for site, where in found.items() if site not in SITES}
     assert not missing, f"add a line to tests/faults/harness.py SITES for: {missing}"
 

@@ -39,6 +39,7 @@ from pydantic import (
 )
 
 from batchline._errors import InputError
+from batchline._fsio import replacing
 from batchline._priority import batcher_priority
 from batchline.knobs import (
     DEFAULT_BUCKET_WIDTH,
@@ -364,7 +365,8 @@ class ServerSettings(BaseModel):
             text = json.dumps(data, indent=2, sort_keys=True) + "\n"
         else:
             text = to_toml(dict(sorted(data.items())))
-        p.write_text(text, encoding="utf-8")
+        with replacing(p, "config.serve") as f:  # whole or not at all
+            f.write(text.encode("utf-8"))
         return p
 
     @property
