@@ -33,8 +33,8 @@ from .conftest import (
     wait_for,
 )
 
-#: What the openai client sends with every POST, a bodyless cancel included (the server takes
-#: no POST without a JSON content type: docs/security.md).
+#: What the openai client sends with every POST, a bodyless cancel included (a POST with a body
+#: needs a JSON content type: docs/security.md; one with no body passes without one).
 JSON = {"Content-Type": "application/json"}
 
 pytestmark = pytest.mark.anyio
