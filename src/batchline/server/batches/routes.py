@@ -28,6 +28,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse
 
 from batchline.jobs.requests import BATCH_URLS
+from batchline.server.batches.quota import Quota, Upload, quota_of
 from batchline.server.batches.runner import BatchService
 from batchline.server.batches.store import (
     UNFINISHED,
@@ -81,8 +82,12 @@ def _not_found(what: str, ident: str) -> ApiError:
 @router.post("/v1/files", summary="Upload a batch input file (multipart)")
 async def create_file(request: Request) -> JSONResponse:
     """Upload a JSONL file of batch requests: multipart fields ``file`` and ``purpose=batch``.
-    413 past ``max_batch_file_bytes`` or ``max_batch_file_lines``."""
+    413 past ``max_batch_file_bytes`` or ``max_batch_file_lines``, 403 past the owner's
+    quota (``max_stored_bytes``, ``max_stored_files``)."""
     service = _service(request)
+    owner = owner_of(request.scope)
+    quota = _quota(service)
+    upload_quota = quota.admit(owner)  # before a byte is read: an owner at the quota stops here
     form = await request.form(max_files=1, max_fields=8)
     try:
         purpose = form.get("purpose")
@@ -94,14 +99,24 @@ async def create_file(request: Request) -> JSONResponse:
                 "send the file as the multipart/form-data field 'file' (with purpose=batch)"
             )
         record = await asyncio.to_thread(
-            _keep_upload, service.store, upload, owner_of(request.scope), service.settings
+            _keep_upload, service.store, upload, owner, service.settings, upload_quota
         )
     finally:
+        upload_quota.close()
         await form.close()
-    return JSONResponse(record.openai())
+    return JSONResponse(record.openai(), headers=quota.usage(owner).headers())
 
 
-def _keep_upload(store: Store, upload: UploadFile, owner: str, settings: Any) -> FileRecord:
+def _quota(service: BatchService) -> Quota:
+    settings = service.settings
+    return quota_of(
+        service.store, max_bytes=settings.max_stored_bytes, max_files=settings.max_stored_files
+    )
+
+
+def _keep_upload(
+    store: Store, upload: UploadFile, owner: str, settings: Any, quota: Upload
+) -> FileRecord:
     """Copy the spooled upload into the data directory, counting bytes and lines against the
     limits (sync); record it under a new id."""
     file_id = new_file_id()
@@ -129,6 +144,7 @@ def _keep_upload(store: Store, upload: UploadFile, owner: str, settings: Any) ->
                         f"{settings.max_batch_file_lines} lines; split it",
                         "request_too_large",
                     )
+                quota.grow(len(chunk))
                 out.write(chunk)
             out.flush()
             os.fsync(out.fileno())
@@ -166,10 +182,13 @@ async def list_files(
     if order not in ("asc", "desc"):
         message = f"order must be 'asc' or 'desc', got {order!r}"
         raise bad_request(message)
-    files = _service(request).store.files(owner_of(request.scope), purpose=purpose)
+    service = _service(request)
+    owner = owner_of(request.scope)
+    files = service.store.files(owner, purpose=purpose)
     if order == "asc":
         files.reverse()
-    return JSONResponse(_page([f.openai() for f in files], after, limit, max_limit=10_000))
+    page = _page([f.openai() for f in files], after, limit, max_limit=10_000)
+    return JSONResponse(page, headers=_quota(service).usage(owner).headers())
 
 
 @router.get("/v1/files/{file_id}", summary="One of your files")
