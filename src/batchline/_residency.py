@@ -23,6 +23,14 @@ acquires it; requests that arrive meanwhile wait for that one load. The rules:
   bytes as it lacks (counting unloads already under way), and none at all when even every
   idle model would not make room: then it waits for a change (a release, a finished unload,
   a failed load) and looks again. Nothing is evicted while free memory suffices.
+* **A swap is paid once per batch of work, in turn.** Requests take a ticket when they ask.
+  Loads that must wait for room start in the order of their models' oldest tickets (a model
+  asked for later never jumps the queue, so no request waits through more than the swaps
+  asked for before it). And once a model waits for room, a request for a resident model that
+  asks after it is held back (it does not count as using the model): the resident model
+  serves the work it was given, goes idle, is swapped out, and the held request comes back
+  in its turn. Without this, a model busy with a stream of new requests kept its room while
+  the others waited past their timeouts (``tests/test_residency_rotation.py``).
 * **Keep-alive.** An idle model is also unloaded ``keep_alive_s`` after its last use.
 * **Never a deadlock, never a lost request.** A waiting acquire holds no model and no
   memory; each change wakes every waiter to look again. A model that could never fit (its
@@ -52,6 +60,8 @@ from typing import Generic, TypeVar
 
 from batchline._clock import Clock, LoopClock, TimerHandle
 from batchline._errors import ModelError
+from batchline._sizes import format_size as _size
+from batchline._sizes import parse_bytes
 
 __all__ = [
     "MemoryBudgetError",
@@ -59,6 +69,7 @@ __all__ = [
     "Residency",
     "ResidentState",
     "ResidentStats",
+    "parse_bytes",
 ]
 
 H = TypeVar("H")
@@ -118,10 +129,12 @@ class _Entry(Generic[H]):
     __slots__ = (
         "accounted",
         "active",
+        "admit_below",
         "estimate",
         "evictions",
         "group",
         "handle",
+        "held",
         "keep_alive_s",
         "last_used",
         "load_failures",
@@ -135,6 +148,7 @@ class _Entry(Generic[H]):
         "state",
         "timer",
         "unloading",
+        "waiting",
     )
 
     def __init__(self, name: str, estimate: int, pinned: bool, keep_alive_s: float | None) -> None:
@@ -149,6 +163,9 @@ class _Entry(Generic[H]):
         self.accounted = 0
         self.handle: H | None = None
         self.active = 0
+        self.held = 0  # of ``active``: requests held back while another model waits for room
+        self.waiting: dict[int, None] = {}  # tickets of requests not admitted yet, in order
+        self.admit_below = 0  # tickets asked before its last load ended: its batch of work
         self.last_used = 0.0
         self.loading: asyncio.Future[None] | None = None
         self.unloading: asyncio.Future[None] | None = None
@@ -213,6 +230,7 @@ class Residency(Generic[H]):
         self._entries: dict[str, _Entry[H]] = {}
         self._changed: list[asyncio.Future[None]] = []
         self._tasks: set[asyncio.Task[None]] = set()
+        self._next_ticket = 0
 
     # -- models ---------------------------------------------------------------------------------
 
@@ -291,10 +309,21 @@ class Residency(Generic[H]):
         (it can never fit); cancelling gives up the claim."""
         e = self._entry(name)
         e.active += 1
+        ticket = self._next_ticket
+        self._next_ticket += 1
+        e.waiting[ticket] = None
         self._cancel_timer(e)
         try:
             while True:
                 if e.state is ResidentState.RESIDENT:
+                    if self._behind_a_swap(e, ticket):
+                        e.held += 1
+                        try:
+                            await self._wait_change()
+                        finally:
+                            e.held -= 1
+                        continue
+                    del e.waiting[ticket]
                     e.last_used = self._clock.now()
                     assert e.handle is not None
                     return e.handle
@@ -310,7 +339,9 @@ class Residency(Generic[H]):
                     continue
                 await self._wait_change()
         except BaseException:
+            e.waiting.pop(ticket, None)
             self._drop_claim(e)
+            self._notify()  # the queue's head may have left
             raise
 
     def release(self, name: str) -> None:
@@ -345,24 +376,16 @@ class Residency(Generic[H]):
         need = max(e.estimate, e.load_peak)
         budget = self.budget_bytes
         if budget is not None:
+            never = self.never_fits(e.name)
+            if never is not None:
+                raise MemoryBudgetError(never)
             room = budget - self.reserved_bytes
-            pinned = sum(o.accounted for o in self._entries.values() if o.pinned and o is not e)
-            if need > room - pinned:
-                raise MemoryBudgetError(
-                    f"model {e.name!r} needs {_size(need)}, more than the memory budget of "
-                    f"{_size(budget)}"
-                    + (
-                        f" less {_size(self.reserved_bytes)} the server holds itself"
-                        if self.reserved_bytes
-                        else ""
-                    )
-                    + (f" less {_size(pinned)} held by pinned models" if pinned else "")
-                    + "; raise --memory-budget, or unpin a model"
-                )
             if self._one_load_at_a_time and any(
                 o.state is ResidentState.LOADING for o in self._entries.values()
             ):
                 return False  # the load under way is woken on when it ends, measured
+            if self._ahead_of(e):
+                return False  # loads start in the order they were asked for
             free = room - self._held()
             if free < need:
                 self._make_room(need - free)
@@ -371,7 +394,55 @@ class Residency(Generic[H]):
         e.accounted = need
         e.loading = asyncio.get_running_loop().create_future()
         self._spawn(self._run_load(e, e.loading))
+        self._notify()  # the next in line may look now
         return True
+
+    def never_fits(self, name: str) -> str | None:
+        """Why ``name`` can never load under the budget (its footprint or its load's peak is
+        more than the budget less the reserve and the pinned models), ``None`` when it can."""
+        e = self._entry(name)
+        budget = self.budget_bytes
+        if budget is None:
+            return None
+        need = max(e.estimate, e.load_peak)
+        pinned = sum(
+            max(o.accounted, o.estimate) for o in self._entries.values() if o.pinned and o is not e
+        )
+        if need <= budget - self.reserved_bytes - pinned:
+            return None
+        return (
+            f"model {e.name!r} needs {_size(need)}, more than the memory budget of {_size(budget)}"
+            + (
+                f" less {_size(self.reserved_bytes)} the server holds itself"
+                if self.reserved_bytes
+                else ""
+            )
+            + (f" less {_size(pinned)} held by pinned models" if pinned else "")
+            + "; raise --memory-budget, or unpin a model"
+        )
+
+    def _in_line(self) -> list[_Entry[H]]:
+        """Models with requests waiting for a load to start (not resident, not loading)."""
+        return [
+            o
+            for o in self._entries.values()
+            if o.waiting and o.state in (ResidentState.UNLOADED, ResidentState.UNLOADING)
+        ]
+
+    def _ahead_of(self, e: _Entry[H]) -> bool:
+        """Whether a model asked for before ``e`` still waits for its load."""
+        first = next(iter(e.waiting), None)
+        return first is not None and any(
+            next(iter(o.waiting)) < first for o in self._in_line() if o is not e
+        )
+
+    def _behind_a_swap(self, e: _Entry[H], ticket: int) -> bool:
+        """Whether a request (``ticket``) for the resident ``e`` waits its turn: it asked after
+        ``e`` was loaded and after a model that still waits for a load (evicting ``e`` may be
+        what makes that one's room). What asked before the load ended is ``e``'s work."""
+        if self.budget_bytes is None or e.pinned or ticket < e.admit_below:
+            return False
+        return any(next(iter(o.waiting)) < ticket for o in self._in_line())
 
     def _held(self) -> int:
         """The bytes the models hold: accounted, or measured when that is more (memory an
@@ -405,7 +476,7 @@ class Residency(Generic[H]):
 
     @staticmethod
     def _evictable(e: _Entry[H]) -> bool:
-        return e.state is ResidentState.RESIDENT and e.active == 0 and not e.pinned
+        return e.state is ResidentState.RESIDENT and e.active == e.held and not e.pinned
 
     async def _run_load(self, e: _Entry[H], done: asyncio.Future[None]) -> None:
         started = self._clock.now()
@@ -434,6 +505,7 @@ class Residency(Generic[H]):
             for o in self._same_group(e):
                 o.load_peak = max(o.load_peak, e.load_peak)
         e.handle = handle
+        e.admit_below = self._next_ticket  # what waited for this load is its work
         e.state = ResidentState.RESIDENT
         e.loads += 1
         e.load_seconds += seconds
@@ -446,7 +518,7 @@ class Residency(Generic[H]):
         e.accounted = e.estimate  # the load's peak reservation ends with it
         done.set_result(None)
         self._emit("load", e.name, {"seconds": seconds, "bytes": e.accounted})
-        if e.active == 0:
+        if e.active == e.held:
             self._arm_timer(e)
         if not self._shed():
             self._emit(
@@ -508,7 +580,7 @@ class Residency(Generic[H]):
 
     def _drop_claim(self, e: _Entry[H]) -> None:
         e.active -= 1
-        if e.active == 0:
+        if e.active == e.held:
             if e.state is ResidentState.RESIDENT:
                 self._arm_timer(e)
             self._shed()  # over the budget, waiting for a model to go idle: this one
@@ -564,47 +636,3 @@ class Residency(Generic[H]):
     def _emit(self, kind: str, name: str, details: Mapping[str, float | str]) -> None:
         if self._on_event is not None:
             self._on_event(kind, name, details)
-
-
-def _size(n: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
-
-
-def parse_bytes(text: str, *, total: int | None = None) -> int:
-    """``"6GiB"``, ``"512MB"``, ``"1.5G"``, ``"123456"`` or, with ``total``, a fraction
-    (``"0.5"``, ``"50%"``) of it, as bytes. Raises ``ValueError`` naming the accepted forms."""
-    raw = text.strip()
-    units = {
-        "": 1,
-        "b": 1,
-        "k": 1 << 10,
-        "kb": 1000,
-        "kib": 1 << 10,
-        "m": 1 << 20,
-        "mb": 1000**2,
-        "mib": 1 << 20,
-        "g": 1 << 30,
-        "gb": 1000**3,
-        "gib": 1 << 30,
-        "t": 1 << 40,
-        "tb": 1000**4,
-        "tib": 1 << 40,
-    }
-    number = raw.rstrip("bBkKmMgGtTiI% ")
-    unit = raw[len(number) :].strip().lower()
-    try:
-        value = float(number)
-    except ValueError:
-        value = float("nan")
-    ok = value == value and value > 0
-    if ok and unit == "%" and total is not None:
-        return int(total * value / 100)
-    if ok and unit == "" and value <= 1 and total is not None and "." in number:
-        return int(total * value)
-    if ok and unit in units and unit != "%":
-        return int(value * units[unit])
-    fraction = " or a fraction of the memory (0.5, 50%)" if total is not None else ""
-    raise ValueError(f"memory size must look like 6GiB, 512MB or 1048576{fraction}, got {text!r}")

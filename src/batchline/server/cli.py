@@ -200,7 +200,7 @@ def add_parser(subparsers: _SubParsersAction[argparse.ArgumentParser]) -> argpar
 
 
 def _size(text: str) -> int:
-    from batchline._residency import parse_bytes
+    from batchline._sizes import parse_bytes
 
     try:
         return parse_bytes(text)
