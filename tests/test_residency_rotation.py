@@ -44,7 +44,7 @@ async def client(
 ) -> None:
     for name in models:
         asked = clock.now()
-        waiting = asyncio.ensure_future(r.acquire(name))
+        waiting = asyncio.ensure_future(r.acquire(name, turn=True))
         late = asyncio.get_running_loop().create_future()
         timer = clock.call_at(asked + TIMEOUT_S, lambda f=late: f.done() or f.set_result(None))
         await asyncio.wait([waiting, late], return_when=asyncio.FIRST_COMPLETED)
@@ -59,7 +59,7 @@ async def client(
             async with lanes[name]:
                 await sleep_on(clock, work_s)
         finally:
-            r.release(name)
+            r.release(name, turn=True)
         out.answered += 1
 
 
@@ -104,23 +104,23 @@ async def test_rotating_load_swaps_once_per_batch_of_work_and_never_times_out(or
 async def test_a_request_for_the_loaded_model_waits_its_turn_once_another_waits_for_room() -> None:
     clock = ManualClock()
     r, fake = make(clock, 10, {"a": 6, "b": 6})
-    first = asyncio.ensure_future(r.acquire("a"))
+    first = asyncio.ensure_future(r.acquire("a", turn=True))
     await run_for(clock, 2.0)
     assert first.result() == "handle-a"  # a serves one request
-    for_b = asyncio.ensure_future(r.acquire("b"))  # b waits for a's room
-    again = asyncio.ensure_future(r.acquire("a"))  # asked after b: held back
+    for_b = asyncio.ensure_future(r.acquire("b", turn=True))  # b waits for a's room
+    again = asyncio.ensure_future(r.acquire("a", turn=True))  # asked after b: held back
     await run_for(clock, 5.0)
     assert not for_b.done()
     assert not again.done()
     assert r.state("a") is RESIDENT
-    r.release("a")  # a's work is done: it goes, b comes
+    r.release("a", turn=True)  # a's work is done: it goes, b comes
     await run_for(clock, 3.0)
     assert for_b.result() == "handle-b"
     assert not again.done()  # its turn comes after b's work
-    r.release("b")
+    r.release("b", turn=True)
     await run_for(clock, 3.0)
     assert again.result() == "handle-a"
-    r.release("a")
+    r.release("a", turn=True)
     assert [kind + " " + name for kind, name in fake.log] == [
         "load a", "unload a", "load b", "unload b", "load a"
     ]  # fmt: skip
@@ -130,57 +130,78 @@ async def test_loads_start_in_the_order_they_were_asked_for() -> None:
     clock = ManualClock()
     r, fake = make(clock, 10, {"a": 6, "b": 6, "c": 6})
     await run_for(clock, 0.0)
-    held = asyncio.ensure_future(r.acquire("a"))
+    held = asyncio.ensure_future(r.acquire("a", turn=True))
     await run_for(clock, 2.0)
     assert held.done()
-    for_c = asyncio.ensure_future(r.acquire("c"))
+    for_c = asyncio.ensure_future(r.acquire("c", turn=True))
     await settle()
-    for_b = asyncio.ensure_future(r.acquire("b"))
+    for_b = asyncio.ensure_future(r.acquire("b", turn=True))
     await run_for(clock, 1.0)
-    r.release("a")
+    r.release("a", turn=True)
     await run_for(clock, 3.0)
     assert for_c.result() == "handle-c"  # asked first, loaded first
     assert not for_b.done()
-    r.release("c")
+    r.release("c", turn=True)
     await run_for(clock, 3.0)
     assert for_b.result() == "handle-b"
-    r.release("b")
+    r.release("b", turn=True)
     assert [name for kind, name in fake.log if kind == "load"] == ["a", "c", "b"]
 
 
 async def test_what_waited_for_a_load_is_served_by_it_even_if_another_model_asked_between() -> None:
     clock = ManualClock()
     r, fake = make(clock, 10, {"a": 6, "b": 6})
-    first = asyncio.ensure_future(r.acquire("a"))
+    first = asyncio.ensure_future(r.acquire("a", turn=True))
     await settle()
-    for_b = asyncio.ensure_future(r.acquire("b"))
+    for_b = asyncio.ensure_future(r.acquire("b", turn=True))
     await settle()
-    second = asyncio.ensure_future(r.acquire("a"))  # asked after b, but before a was loaded
+    second = asyncio.ensure_future(r.acquire("a", turn=True))  # after b, before a was loaded
     await run_for(clock, 2.5)
     assert (first.result(), second.result()) == ("handle-a", "handle-a")
     assert not for_b.done()
-    r.release("a")
-    r.release("a")
+    r.release("a", turn=True)
+    r.release("a", turn=True)
     await run_for(clock, 3.0)
     assert for_b.result() == "handle-b"
-    r.release("b")
+    r.release("b", turn=True)
     assert [name for kind, name in fake.log if kind == "load"] == ["a", "b"]
 
 
 async def test_a_request_that_gives_up_leaves_the_line() -> None:
     clock = ManualClock()
     r, _ = make(clock, 10, {"a": 6, "b": 6, "c": 6})
-    held = asyncio.ensure_future(r.acquire("a"))
+    held = asyncio.ensure_future(r.acquire("a", turn=True))
     await run_for(clock, 2.0)
     assert held.done()
-    for_b = asyncio.ensure_future(r.acquire("b"))
+    for_b = asyncio.ensure_future(r.acquire("b", turn=True))
     await settle()
-    for_c = asyncio.ensure_future(r.acquire("c"))
+    for_c = asyncio.ensure_future(r.acquire("c", turn=True))
     await settle()
     for_b.cancel()  # b's request timed out: c is first in line now
     await settle()
-    r.release("a")
+    r.release("a", turn=True)
     await run_for(clock, 3.0)
     assert for_c.result() == "handle-c"
-    r.release("c")
+    r.release("c", turn=True)
     assert r.stats()[1].active == 0
+
+
+async def test_while_a_batch_holds_the_model_requests_for_it_do_not_wait_behind_a_swap() -> None:
+    clock = ManualClock()
+    r, fake = make(clock, 10, {"a": 6, "b": 6})
+    batch = asyncio.ensure_future(r.acquire("a"))  # a claim for a whole run: no turns
+    await run_for(clock, 2.0)
+    assert batch.done()
+    for_b = asyncio.ensure_future(r.acquire("b", turn=True))  # waits for the batch to end
+    request = asyncio.ensure_future(r.acquire("a", turn=True))
+    await run_for(clock, 1.0)
+    assert request.result() == "handle-a"  # holding it back would only make it wait too
+    assert not for_b.done()
+    r.release("a", turn=True)
+    with pytest.raises(RuntimeError, match=r"without an acquire \(turn=True\)"):
+        r.release("a", turn=True)  # the batch's claim is not a request's
+    r.release("a")
+    await run_for(clock, 3.0)
+    assert for_b.result() == "handle-b"
+    r.release("b", turn=True)
+    assert [name for kind, name in fake.log if kind == "load"] == ["a", "b"]

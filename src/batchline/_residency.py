@@ -30,7 +30,9 @@ acquires it; requests that arrive meanwhile wait for that one load. The rules:
   asks after it is held back (it does not count as using the model): the resident model
   serves the work it was given, goes idle, is swapped out, and the held request comes back
   in its turn. Without this, a model busy with a stream of new requests kept its room while
-  the others waited past their timeouts (``tests/test_residency_rotation.py``).
+  the others waited past their timeouts (``tests/test_residency_rotation.py``). Only
+  requests take turns (``acquire(name, turn=True)``): while a claim that lasts (a batch run)
+  holds the model, the swap waits for it anyway, and its requests are admitted.
 * **Keep-alive.** An idle model is also unloaded ``keep_alive_s`` after its last use.
 * **Never a deadlock, never a lost request.** A waiting acquire holds no model and no
   memory; each change wakes every waiter to look again. A model that could never fit (its
@@ -53,13 +55,17 @@ library only.
 from __future__ import annotations
 
 import asyncio
-import enum
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from batchline._clock import Clock, LoopClock, TimerHandle
-from batchline._errors import ModelError
+from batchline._clock import Clock, LoopClock
+from batchline._resident import Entry as _Entry
+from batchline._resident import (
+    MemoryBudgetError,
+    ModelLoadError,
+    ResidentState,
+    ResidentStats,
+)
 from batchline._sizes import format_size as _size
 from batchline._sizes import parse_bytes
 
@@ -82,98 +88,6 @@ Load = Callable[[str], Awaitable[tuple[H, int | None] | tuple[H, int | None, int
 Unload = Callable[[str, H], Awaitable[None]]
 #: ``on_event(kind, name, details)``: ``load``, ``load_failed``, ``evict``, ``over_budget``.
 OnEvent = Callable[[str, str, Mapping[str, float | str]], None]
-
-
-class ModelLoadError(ModelError):
-    """Raised by ``Residency.acquire`` (to every request waiting for that load) when a model's
-    load failed; the message names the cause. The model stays loadable."""
-
-
-class MemoryBudgetError(ModelError):
-    """Raised by ``Residency.acquire`` when a model can never fit: its footprint is more than
-    the memory budget less what pinned models hold."""
-
-
-class ResidentState(enum.Enum):
-    UNLOADED = "unloaded"
-    LOADING = "loading"
-    RESIDENT = "resident"
-    UNLOADING = "unloading"
-
-
-@dataclass(frozen=True, slots=True)
-class ResidentStats:
-    """One model's residency, a snapshot."""
-
-    name: str
-    state: ResidentState
-    footprint_bytes: int
-    """Its estimate, or what its last load measured."""
-    measured: bool
-    load_peak_bytes: int
-    """The most one of its loads grew memory by, at its peak (0: not measured yet): a load
-    needs room for this or the footprint, whichever is more."""
-    accounted_bytes: int
-    """What it holds against the budget now (0 when unloaded)."""
-    pinned: bool
-    active: int
-    """Requests waiting for it or using it."""
-    loads: int
-    load_failures: int
-    evictions: int
-    load_seconds: float
-    """Seconds spent loading it, in total."""
-
-
-class _Entry(Generic[H]):
-    __slots__ = (
-        "accounted",
-        "active",
-        "admit_below",
-        "estimate",
-        "evictions",
-        "group",
-        "handle",
-        "held",
-        "keep_alive_s",
-        "last_used",
-        "load_failures",
-        "load_peak",
-        "load_seconds",
-        "loading",
-        "loads",
-        "measured",
-        "name",
-        "pinned",
-        "state",
-        "timer",
-        "unloading",
-        "waiting",
-    )
-
-    def __init__(self, name: str, estimate: int, pinned: bool, keep_alive_s: float | None) -> None:
-        self.name = name
-        self.estimate = estimate
-        self.load_peak = 0  # the most a load of it grew memory by, at its peak (0: unknown)
-        self.group: str | None = None
-        self.measured = False
-        self.pinned = pinned
-        self.keep_alive_s = keep_alive_s
-        self.state = ResidentState.UNLOADED
-        self.accounted = 0
-        self.handle: H | None = None
-        self.active = 0
-        self.held = 0  # of ``active``: requests held back while another model waits for room
-        self.waiting: dict[int, None] = {}  # tickets of requests not admitted yet, in order
-        self.admit_below = 0  # tickets asked before its last load ended: its batch of work
-        self.last_used = 0.0
-        self.loading: asyncio.Future[None] | None = None
-        self.unloading: asyncio.Future[None] | None = None
-        self.timer: TimerHandle | None = None
-        self.loads = 0
-        self.load_failures = 0
-        self.evictions = 0
-        self.load_seconds = 0.0
 
 
 class Residency(Generic[H]):
@@ -303,10 +217,15 @@ class Residency(Generic[H]):
 
     # -- using a model ----------------------------------------------------------------------------
 
-    async def acquire(self, name: str) -> H:
-        """The loaded model, held until ``release(name)``: loads it (waiting for room) when it
-        is not resident. Raises ``ModelLoadError`` (its load failed), ``MemoryBudgetError``
-        (it can never fit); cancelling gives up the claim."""
+    async def acquire(self, name: str, *, turn: bool = False) -> H:
+        """The loaded model, held until ``release(name, turn=...)``: loads it (waiting for
+        room) when it is not resident. Raises ``ModelLoadError`` (its load failed),
+        ``MemoryBudgetError`` (it can never fit); cancelling gives up the claim.
+
+        ``turn``: a short claim (a request) that takes turns: once another model waits for
+        room, it waits behind that swap rather than keep this model loaded. A claim without it
+        (a batch that holds the model for its whole run) is admitted at once, and while one
+        holds the model no claim waits behind a swap (the swap waits for it anyway)."""
         e = self._entry(name)
         e.active += 1
         ticket = self._next_ticket
@@ -316,7 +235,7 @@ class Residency(Generic[H]):
         try:
             while True:
                 if e.state is ResidentState.RESIDENT:
-                    if self._behind_a_swap(e, ticket):
+                    if turn and self._behind_a_swap(e, ticket):
                         e.held += 1
                         try:
                             await self._wait_change()
@@ -324,6 +243,10 @@ class Residency(Generic[H]):
                             e.held -= 1
                         continue
                     del e.waiting[ticket]
+                    if turn:
+                        e.turns += 1
+                    else:
+                        e.lasting += 1
                     e.last_used = self._clock.now()
                     assert e.handle is not None
                     return e.handle
@@ -344,11 +267,16 @@ class Residency(Generic[H]):
             self._notify()  # the queue's head may have left
             raise
 
-    def release(self, name: str) -> None:
-        """A request is done with the model: idle when none holds it any more."""
+    def release(self, name: str, *, turn: bool = False) -> None:
+        """A claim is done with the model (``turn`` as it was acquired): idle when none holds
+        it any more."""
         e = self._entry(name)
-        if e.active <= 0:
-            raise RuntimeError(f"release({name!r}) without an acquire")
+        if (e.turns if turn else e.lasting) <= 0:
+            raise RuntimeError(f"release({name!r}) without an acquire (turn={turn})")
+        if turn:
+            e.turns -= 1
+        else:
+            e.lasting -= 1
         e.last_used = self._clock.now()
         self._drop_claim(e)
 
@@ -440,7 +368,7 @@ class Residency(Generic[H]):
         """Whether a request (``ticket``) for the resident ``e`` waits its turn: it asked after
         ``e`` was loaded and after a model that still waits for a load (evicting ``e`` may be
         what makes that one's room). What asked before the load ended is ``e``'s work."""
-        if self.budget_bytes is None or e.pinned or ticket < e.admit_below:
+        if self.budget_bytes is None or e.pinned or e.lasting or ticket < e.admit_below:
             return False
         return any(next(iter(o.waiting)) < ticket for o in self._in_line())
 

@@ -329,7 +329,7 @@ async def use_served(
         )
     try:
         async with asyncio.timeout(None if resident else timeout_s):  # resident: no timer
-            served = await residency.acquire(name)
+            served = await residency.acquire(name, turn=True)  # a request takes turns
     except TimeoutError:
         raise ApiError(
             504,
@@ -341,7 +341,7 @@ async def use_served(
         raise ApiError(507, str(exc), "insufficient_memory") from None
     except ModelLoadError as exc:
         raise ApiError(503, str(exc), "service_unavailable") from None
-    scope.setdefault(RELEASES, []).append(lambda: residency.release(name))
+    scope.setdefault(RELEASES, []).append(lambda: residency.release(name, turn=True))
     return served
 
 
