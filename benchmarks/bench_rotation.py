@@ -161,20 +161,22 @@ def report(rows: list[dict[str, Any]]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--clients", type=int, default=16)
-    p.add_argument("--texts", type=int, default=32, help="texts per request")
-    p.add_argument("--words", type=int, default=400, help="words per text")
-    p.add_argument("--seconds", type=float, default=75.0, help="each phase's length")
+    p.add_argument("--clients", type=int, help="closed loops (16; --smoke: 2)")
+    p.add_argument("--texts", type=int, help="texts per request (32; --smoke: 4)")
+    p.add_argument("--words", type=int, help="words per text (400; --smoke: 40)")
+    p.add_argument("--seconds", type=float, help="each phase's length (75; --smoke: 8)")
     p.add_argument("--budget", default="600MiB", help="--memory-budget of the server")
     p.add_argument("--rotation", choices=["shifted", "random", "both"], default="both")
     p.add_argument("--cpus", help="taskset the server to these CPUs (e.g. 1)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--keep-log", metavar="DIR", help="write the server's log to DIR/server.log")
-    p.add_argument("--smoke", action="store_true", help="2 clients, 4 short texts, 8 s phases")
+    p.add_argument("--smoke", action="store_true", help="a short run: the script works")
     p.add_argument("--serve-arg", action="append", default=[], help="one more serve argument")
     args = p.parse_args(argv)
-    if args.smoke:
-        args.clients, args.texts, args.words, args.seconds = 2, 4, 40, 8.0
+    sizes = (2, 4, 40, 8.0) if args.smoke else (16, 32, 400, 75.0)
+    for name, size in zip(("clients", "texts", "words", "seconds"), sizes, strict=True):
+        if getattr(args, name) is None:
+            setattr(args, name, size)
     plans = ["one", *(["shifted", "random"] if args.rotation == "both" else [args.rotation])]
     serve = ["--memory-budget", args.budget, *args.serve_arg]
     for name in MODELS:

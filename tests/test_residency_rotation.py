@@ -64,13 +64,19 @@ async def client(
 
 
 async def rotate(
-    order: str, clients: int, rounds: int, *, work_s: float = WORK_S, load_s: float = LOAD_S
+    order: str,
+    clients: int,
+    rounds: int,
+    *,
+    work_s: float = WORK_S,
+    load_s: float = LOAD_S,
+    patience_s: float = 0.0,
 ) -> tuple[Outcome, int]:
     """``clients`` clients, ``rounds`` requests each, rotating over three models: ``shifted``
     (client i's k-th request to model (i + k) % 3) or ``random`` (seeded). Returns the
     outcome and the number of loads."""
     clock = ManualClock()
-    r, fake = make(clock, 10, dict.fromkeys(MODELS, 6))  # one fits at a time
+    r, fake = make(clock, 10, dict.fromkeys(MODELS, 6), swap_patience_s=patience_s)  # one fits
     fake.load_s = load_s
     rng = random.Random(7)
     lanes = {name: asyncio.Lock() for name in MODELS}
@@ -205,3 +211,31 @@ async def test_while_a_batch_holds_the_model_requests_for_it_do_not_wait_behind_
     assert for_b.result() == "handle-b"
     r.release("b", turn=True)
     assert [name for kind, name in fake.log if kind == "load"] == ["a", "b"]
+
+
+async def test_the_loaded_model_takes_new_requests_only_while_the_wait_is_short() -> None:
+    clock = ManualClock()
+    r, _ = make(clock, 10, {"a": 6, "b": 6}, swap_patience_s=5.0)
+    first = asyncio.ensure_future(r.acquire("a", turn=True))
+    await run_for(clock, 2.0)
+    assert first.done()
+    for_b = asyncio.ensure_future(r.acquire("b", turn=True))
+    await run_for(clock, 3.0)
+    early = asyncio.ensure_future(r.acquire("a", turn=True))  # b has waited 3 s of 5
+    await settle()
+    assert early.result() == "handle-a"
+    await run_for(clock, 2.0)
+    late = asyncio.ensure_future(r.acquire("a", turn=True))  # b has waited 5 s: a closes
+    await settle()
+    assert not late.done()
+    r.release("a", turn=True)
+    r.release("a", turn=True)
+    await run_for(clock, 3.0)
+    assert for_b.result() == "handle-b"
+    assert not late.done()
+    r.release("b", turn=True)
+    await run_for(clock, 3.0)
+    assert late.result() == "handle-a"
+    r.release("a", turn=True)
+    with pytest.raises(ValueError, match="swap_patience_s must be >= 0"):
+        make(clock, 10, {"a": 6}, swap_patience_s=-1.0)

@@ -102,7 +102,7 @@ class Entry(Generic[H]):
         self.handle: H | None = None
         self.active = 0
         self.held = 0  # of ``active``: requests held back while another model waits for room
-        self.waiting: dict[int, None] = {}  # tickets of requests not admitted yet, in order
+        self.waiting: dict[int, float] = {}  # requests not admitted yet: ticket -> asked at
         self.admit_below = 0  # tickets asked before its last load ended: its batch of work
         self.lasting = 0  # admitted claims that do not take turns (see ``acquire``)
         self.turns = 0  # admitted claims that do

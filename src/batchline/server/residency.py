@@ -250,6 +250,9 @@ def build_residency(
         reserved_bytes=min(reserved, budget - 1),
         one_load_at_a_time=True,
         in_use=in_use if on_cpu else None,
+        # a third of a request's time: past it, the loaded model takes no new requests and is
+        # swapped once its work is done, so the waiting request keeps time for its own load
+        swap_patience_s=settings.request_timeout_s / 3,
     )
     for spec in specs:
         expected = estimates[spec.name]
