@@ -19,10 +19,10 @@ phase's ratio of answered requests against ``one`` (same duration, same server, 
 Goal (issue 53): 0 x 504, ratio >= 0.5. The hostile round saw 117 of 323 requests end in 504
 with a reload on most turns: a loaded model took every new request for itself while the
 others waited past ``request_timeout_s``, and which waiting model loaded next was left to
-chance. The residency now serves a loaded model's queued work and then swaps, loads in the
-order the models were asked for, and holds back a request for the loaded model that asks
-after another model began waiting (``batchline._residency``; the simulated workload in
-``tests/test_residency_rotation.py``).
+chance. The residency now loads in the order the models were asked for, and once a model
+has waited a third of ``request_timeout_s`` for room, holds back new requests for the loaded
+one, which serves its queued work and is swapped (``batchline._residency``; the simulated
+workload in ``tests/test_residency_rotation.py``).
 
 Usage::
 
@@ -30,7 +30,10 @@ Usage::
     python benchmarks/bench_rotation.py --smoke         # a short run: the script works
 
 Measured: only ``--smoke`` so far (2026-12-01, a shared, loaded 2-core machine: its numbers
-say the script runs, nothing about speed); the full run is for a quiet machine.
+say the script runs, nothing about speed). At that size a load (~0.6-2 s here) costs far more
+than a request's work, so every rotation thrashes: 2 clients answered ~1-2 requests per load,
+6 clients ~3-5, x0.1-0.4 of one model's, before and after the change alike; the full run is
+for a quiet machine.
 
 Its clients are loops of its own (raw HTTP/1.1 on keep-alive connections, like
 ``bench_multimodel``'s): a client that switches model on every request is not what
