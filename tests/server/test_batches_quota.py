@@ -102,3 +102,17 @@ def test_serve_flags_set_the_quota(capsys: pytest.CaptureFixture[str]) -> None:
         main(["serve", "--max-stored-bytes", "lots", "--print-config"])
     assert bad.value.code == 2
     assert "6GiB" in capsys.readouterr().err  # the error names the accepted forms
+
+
+async def test_refused_and_cut_uploads_leave_nothing_counted(tmp_path: Path) -> None:
+    async with app_on(tmp_path / "data", max_batch_file_bytes=2000, max_stored_files=1) as client:
+        assert (await upload(client, b"x" * 200_000)).status_code == 413  # cut at the gate
+        assert (await upload(client, b"{}\n" * 1000)).status_code == 413  # past the byte cap
+        wrong = await client.post(
+            "/v1/files", files={"file": ("a", b"{}\n")}, data={"purpose": "fine-tune"}
+        )
+        assert wrong.status_code == 400
+        listed = await client.get("/v1/files")
+        assert listed.headers[FILES_HEADER] == "0/1"  # none of them holds a place
+        assert listed.headers[BYTES_HEADER] == "0/10737418240"
+        assert (await upload(client, b"{}\n")).status_code == 200

@@ -2,10 +2,12 @@
 (``max_stored_bytes``) and a number of files (``max_stored_files``), per API key and for the
 keyless owner alike.
 
-An upload is admitted when the owner's files, with the uploads of theirs under way, leave room
-for one more file; its bytes are counted as they are copied into the data directory, and the
-copy stops at the byte that would pass the total (the spool it is copied from is Starlette's,
-outside the data directory). Both refusals are a 403 ``quota_exceeded`` that names the setting
+An upload is refused before a byte of it is read when the owner is at the quota already
+(:meth:`Quota.check`). Once its form is read (Starlette spools the file part outside the data
+directory), it is admitted when the owner's files, with the uploads of theirs under way, leave
+room for one more file, and its bytes are counted as they are read from the spool to be copied
+into the data directory (:meth:`Quota.counting`): the copy stops at the byte that would pass
+the total. Both refusals are a 403 ``quota_exceeded`` that names the setting
 and the usage: deleting files makes room, so nothing here is a retry later. A batch's output
 and error files count towards the usage but are never refused (a finished batch must not lose
 its results); an owner past the quota by them uploads again once it deletes some.
@@ -23,7 +25,10 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import IO, Any, Protocol
 
 from batchline.server.batches.store import Store
 from batchline.server.errors import ApiError
@@ -88,21 +93,41 @@ class Quota:
         with self._lock:
             return self._usage(owner)
 
+    def check(self, owner: str) -> None:
+        """Raise the 403 when ``owner`` is at the quota already (nothing is reserved)."""
+        with self._lock:
+            self._refuse_full(self._usage(owner))
+
+    @contextmanager
+    def counting(self, owner: str, upload: _Spooled) -> Iterator[Upload]:
+        """Admit ``upload`` (a Starlette ``UploadFile``) and count every byte read from its
+        file until the block ends, when the upload leaves the count (its file, if kept, is
+        recorded by then and counts from the store)."""
+        admitted = self.admit(owner)
+        inner = upload.file
+        upload.file = _Counted(inner, admitted)
+        try:
+            yield admitted
+        finally:
+            upload.file = inner
+            admitted.close()
+
     def admit(self, owner: str) -> Upload:
         """Admit one more upload of ``owner``'s, or raise the 403 saying which limit it hit."""
         with self._lock:
-            used = self._usage(owner)
-            if used.files >= self.max_files:
-                raise self._refusal(
-                    used,
-                    f"you store {used.files} files, the most max_stored_files={self.max_files} "
-                    "allows",
-                )
-            if used.bytes >= self.max_bytes:
-                raise self._refusal(used, self._bytes_text(used.bytes))
+            self._refuse_full(self._usage(owner))
             upload = Upload(self, owner)
             self._uploads.setdefault(owner, []).append(upload)
             return upload
+
+    def _refuse_full(self, used: Usage) -> None:
+        if used.files >= self.max_files:
+            raise self._refusal(
+                used,
+                f"you store {used.files} files, the most max_stored_files={self.max_files} allows",
+            )
+        if used.bytes >= self.max_bytes:
+            raise self._refusal(used, self._bytes_text(used.bytes))
 
     def _grow(self, upload: Upload, n: int) -> None:
         with self._lock:
@@ -144,6 +169,26 @@ class Quota:
             "quota_exceeded",
             headers=used.headers(),
         )
+
+
+class _Spooled(Protocol):
+    file: Any  # what an UploadFile reads from
+
+
+class _Counted:
+    """A file whose reads are counted against an upload's quota (the rest is the file's)."""
+
+    def __init__(self, inner: IO[bytes], upload: Upload) -> None:
+        self._inner = inner
+        self._upload = upload
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._inner.read(size)
+        self._upload.grow(len(data))
+        return data
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
 
 
 _QUOTAS: weakref.WeakKeyDictionary[Store, Quota] = weakref.WeakKeyDictionary()

@@ -28,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse
 
 from batchline.jobs.requests import BATCH_URLS
-from batchline.server.batches.quota import Quota, Upload, quota_of
+from batchline.server.batches.quota import Quota, quota_of
 from batchline.server.batches.runner import BatchService
 from batchline.server.batches.store import (
     UNFINISHED,
@@ -87,7 +87,7 @@ async def create_file(request: Request) -> JSONResponse:
     service = _service(request)
     owner = owner_of(request.scope)
     quota = _quota(service)
-    upload_quota = quota.admit(owner)  # before a byte is read: an owner at the quota stops here
+    quota.check(owner)  # before a byte is read: an owner at the quota stops here
     form = await request.form(max_files=1, max_fields=8)
     try:
         purpose = form.get("purpose")
@@ -98,11 +98,11 @@ async def create_file(request: Request) -> JSONResponse:
             raise bad_request(
                 "send the file as the multipart/form-data field 'file' (with purpose=batch)"
             )
-        record = await asyncio.to_thread(
-            _keep_upload, service.store, upload, owner, service.settings, upload_quota
-        )
+        with quota.counting(owner, upload):  # the copy stops at the byte past the quota
+            record = await asyncio.to_thread(
+                _keep_upload, service.store, upload, owner_of(request.scope), service.settings
+            )
     finally:
-        upload_quota.close()
         await form.close()
     return JSONResponse(record.openai(), headers=quota.usage(owner).headers())
 
@@ -114,9 +114,7 @@ def _quota(service: BatchService) -> Quota:
     )
 
 
-def _keep_upload(
-    store: Store, upload: UploadFile, owner: str, settings: Any, quota: Upload
-) -> FileRecord:
+def _keep_upload(store: Store, upload: UploadFile, owner: str, settings: Any) -> FileRecord:
     """Copy the spooled upload into the data directory, counting bytes and lines against the
     limits (sync); record it under a new id."""
     file_id = new_file_id()
@@ -144,7 +142,6 @@ def _keep_upload(
                         f"{settings.max_batch_file_lines} lines; split it",
                         "request_too_large",
                     )
-                quota.grow(len(chunk))
                 out.write(chunk)
             out.flush()
             os.fsync(out.fileno())
