@@ -355,7 +355,7 @@ class Residency(Generic[H]):
                 else ""
             )
             + (f" less {_size(pinned)} held by pinned models" if pinned else "")
-            + "; raise --memory-budget, or unpin a model"
+            + ("; raise --memory-budget, or unpin a model" if pinned else "; raise --memory-budget")
         )
 
     def _in_line(self) -> list[_Entry[H]]:
