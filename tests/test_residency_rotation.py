@@ -239,3 +239,24 @@ async def test_the_loaded_model_takes_new_requests_only_while_the_wait_is_short(
     r.release("a", turn=True)
     with pytest.raises(ValueError, match="swap_patience_s must be >= 0"):
         make(clock, 10, {"a": 6}, swap_patience_s=-1.0)
+
+
+async def test_requests_are_not_held_for_a_swap_that_cannot_make_the_room() -> None:
+    clock = ManualClock()
+    r, _ = make(clock, 12, {"batch": 6, "e": 4, "big": 8})
+    held_by_batch = asyncio.ensure_future(r.acquire("batch"))  # lasts: never evicted meanwhile
+    first = asyncio.ensure_future(r.acquire("e", turn=True))
+    await run_for(clock, 5.0)
+    assert (held_by_batch.done(), first.done()) == (True, True)
+    big = asyncio.ensure_future(r.acquire("big", turn=True))  # 8 cannot fit beside the batch's 6
+    await settle()
+    later = asyncio.ensure_future(r.acquire("e", turn=True))
+    await settle()
+    assert later.result() == "handle-e"  # served: evicting e would not let big in anyway
+    assert not big.done()
+    for name in ("e", "e"):
+        r.release(name, turn=True)
+    r.release("batch")
+    await run_for(clock, 5.0)
+    assert big.result() == "handle-big"
+    r.release("big", turn=True)

@@ -381,9 +381,19 @@ class Residency(Generic[H]):
         if self.budget_bytes is None or e.pinned or e.lasting or ticket < e.admit_below:
             return False
         now = self._clock.now()
+        room = self.budget_bytes - self.reserved_bytes
         for o in self._in_line():
             first, asked = next(iter(o.waiting.items()))
-            if first < ticket and now - asked >= self._swap_patience_s:
+            if first >= ticket or now - asked < self._swap_patience_s:
+                continue
+            # what no swap frees (pinned models, lasting claims): if o cannot fit beside it,
+            # holding e's requests back would only make them wait too
+            stuck = sum(
+                x.accounted
+                for x in self._entries.values()
+                if x is not o and (x.pinned or x.lasting)
+            )
+            if max(o.estimate, o.load_peak) <= room - stuck:
                 return True
         return False
 
