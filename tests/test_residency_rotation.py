@@ -260,3 +260,22 @@ async def test_requests_are_not_held_for_a_swap_that_cannot_make_the_room() -> N
     await run_for(clock, 5.0)
     assert big.result() == "handle-big"
     r.release("big", turn=True)
+
+
+async def test_a_load_that_fits_does_not_wait_behind_one_that_no_swap_can_make_room_for() -> None:
+    clock = ManualClock()
+    r, _ = make(clock, 12, {"batch": 6, "small": 4, "big": 8})
+    held_by_batch = asyncio.ensure_future(r.acquire("batch"))
+    await run_for(clock, 3.0)
+    assert held_by_batch.done()
+    big = asyncio.ensure_future(r.acquire("big", turn=True))  # asked first, cannot fit yet
+    await settle()
+    small = asyncio.ensure_future(r.acquire("small", turn=True))  # fits in the free 6
+    await run_for(clock, 3.0)
+    assert small.result() == "handle-small"
+    assert not big.done()
+    r.release("small", turn=True)
+    r.release("batch")
+    await run_for(clock, 6.0)
+    assert big.result() == "handle-big"
+    r.release("big", turn=True)

@@ -26,16 +26,17 @@ acquires it; requests that arrive meanwhile wait for that one load. The rules:
 * **A swap is paid once per batch of work, in turn.** Requests take a ticket when they ask.
   Loads that must wait for room start in the order of their models' oldest tickets (a model
   asked for later never jumps the queue, so no request waits through more than the swaps
-  asked for before it). And once a model has waited ``swap_patience_s`` for room, a request
-  for a resident model that asks after it is held back (it does not count as using the
-  model): the resident model serves the work it was given, goes idle, is swapped out, and the
-  held request comes back in its turn. (The patience lets a loaded model take a little more
-  work first, where a swap would cost more than the wait: a simulated 6 clients on three
-  models made 21 loads with 10 s of it, 28 with none.) Without this, a model busy with a
-  stream of new requests kept its room while the others waited past their timeouts
-  (``tests/test_residency_rotation.py``). Only requests take turns (``acquire(name,
-  turn=True)``): while a claim that lasts (a batch run) holds the model, the swap waits for
-  it anyway, and its requests are admitted.
+  asked for before it), unless the one ahead cannot fit beside what no swap frees (pinned
+  models, lasting claims): waiting behind it would only be waiting. And once a model has
+  waited ``swap_patience_s`` for room, a request for a resident model that asks after it is
+  held back (it does not count as using the model): the resident model serves the work it
+  was given, goes idle, is swapped out, and the held request comes back in its turn. (The
+  patience lets a loaded model take a little more work first, where a swap would cost more
+  than the wait: a simulated 6 clients on three models made 21 loads with 10 s of it, 28
+  with none.) Without this, a model busy with a stream of new requests kept its room while
+  the others waited past their timeouts (``tests/test_residency_rotation.py``). Only
+  requests take turns (``acquire(name, turn=True)``): while a claim that lasts (a batch
+  run) holds the model, the swap waits for it anyway, and its requests are admitted.
 * **Keep-alive.** An idle model is also unloaded ``keep_alive_s`` after its last use.
 * **Never a deadlock, never a lost request.** A waiting acquire holds no model and no
   memory; each change wakes every waiter to look again. A model that could never fit (its
@@ -367,10 +368,13 @@ class Residency(Generic[H]):
         ]
 
     def _ahead_of(self, e: _Entry[H]) -> bool:
-        """Whether a model asked for before ``e`` still waits for its load."""
+        """Whether a model asked for before ``e`` still waits for its load (and a swap can
+        make its room)."""
         first = next(iter(e.waiting), None)
         return first is not None and any(
-            next(iter(o.waiting)) < first for o in self._in_line() if o is not e
+            next(iter(o.waiting)) < first and self._swap_helps(o)
+            for o in self._in_line()
+            if o is not e
         )
 
     def _behind_a_swap(self, e: _Entry[H], ticket: int) -> bool:
@@ -381,21 +385,20 @@ class Residency(Generic[H]):
         if self.budget_bytes is None or e.pinned or e.lasting or ticket < e.admit_below:
             return False
         now = self._clock.now()
-        room = self.budget_bytes - self.reserved_bytes
         for o in self._in_line():
             first, asked = next(iter(o.waiting.items()))
-            if first >= ticket or now - asked < self._swap_patience_s:
-                continue
-            # what no swap frees (pinned models, lasting claims): if o cannot fit beside it,
-            # holding e's requests back would only make them wait too
-            stuck = sum(
-                x.accounted
-                for x in self._entries.values()
-                if x is not o and (x.pinned or x.lasting)
-            )
-            if max(o.estimate, o.load_peak) <= room - stuck:
+            if first < ticket and now - asked >= self._swap_patience_s and self._swap_helps(o):
                 return True
         return False
+
+    def _swap_helps(self, o: _Entry[H]) -> bool:
+        """Whether ``o`` fits beside what no swap frees (pinned models, lasting claims): if it
+        does not, waiting behind it (a load in line, a request held back) only waits too."""
+        if self.budget_bytes is None:
+            return True
+        others = [x for x in self._entries.values() if x is not o]
+        stuck = sum(x.accounted for x in others if x.pinned or x.lasting)
+        return max(o.estimate, o.load_peak) <= self.budget_bytes - self.reserved_bytes - stuck
 
     def _held(self) -> int:
         """The bytes the models hold: accounted, or measured when that is more (memory an
