@@ -69,7 +69,12 @@ def make(
     pinned = kwargs.pop("pinned", ())
     keep = kwargs.pop("keep_alive_s", None)
     r: Residency[str] = Residency(
-        budget_bytes=budget, load=fake.load, unload=fake.unload, clock=clock, keep_alive_s=keep
+        budget_bytes=budget,
+        load=fake.load,
+        unload=fake.unload,
+        clock=clock,
+        keep_alive_s=keep,
+        **kwargs,
     )
     for name, size in sizes.items():
         r.add(name, estimate_bytes=size, pinned=name in pinned)

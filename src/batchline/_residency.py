@@ -23,6 +23,20 @@ acquires it; requests that arrive meanwhile wait for that one load. The rules:
   bytes as it lacks (counting unloads already under way), and none at all when even every
   idle model would not make room: then it waits for a change (a release, a finished unload,
   a failed load) and looks again. Nothing is evicted while free memory suffices.
+* **A swap is paid once per batch of work, in turn.** Requests take a ticket when they ask.
+  Loads that must wait for room start in the order of their models' oldest tickets (a model
+  asked for later never jumps the queue, so no request waits through more than the swaps
+  asked for before it), unless the one ahead cannot fit beside what no swap frees (pinned
+  models, lasting claims): waiting behind it would only be waiting. And once a model has
+  waited ``swap_patience_s`` for room, a request for a resident model that asks after it is
+  held back (it does not count as using the model): the resident model serves the work it
+  was given, goes idle, is swapped out, and the held request comes back in its turn. (The
+  patience lets a loaded model take a little more work first, where a swap would cost more
+  than the wait: a simulated 6 clients on three models made 21 loads with 10 s of it, 28
+  with none.) Without this, a model busy with a stream of new requests kept its room while
+  the others waited past their timeouts (``tests/test_residency_rotation.py``). Only
+  requests take turns (``acquire(name, turn=True)``): while a claim that lasts (a batch
+  run) holds the model, the swap waits for it anyway, and its requests are admitted.
 * **Keep-alive.** An idle model is also unloaded ``keep_alive_s`` after its last use.
 * **Never a deadlock, never a lost request.** A waiting acquire holds no model and no
   memory; each change wakes every waiter to look again. A model that could never fit (its
@@ -45,13 +59,19 @@ library only.
 from __future__ import annotations
 
 import asyncio
-import enum
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from batchline._clock import Clock, LoopClock, TimerHandle
-from batchline._errors import ModelError
+from batchline._clock import Clock, LoopClock
+from batchline._resident import Entry as _Entry
+from batchline._resident import (
+    MemoryBudgetError,
+    ModelLoadError,
+    ResidentState,
+    ResidentStats,
+)
+from batchline._sizes import format_size as _size
+from batchline._sizes import parse_bytes
 
 __all__ = [
     "MemoryBudgetError",
@@ -59,6 +79,7 @@ __all__ = [
     "Residency",
     "ResidentState",
     "ResidentStats",
+    "parse_bytes",
 ]
 
 H = TypeVar("H")
@@ -71,92 +92,6 @@ Load = Callable[[str], Awaitable[tuple[H, int | None] | tuple[H, int | None, int
 Unload = Callable[[str, H], Awaitable[None]]
 #: ``on_event(kind, name, details)``: ``load``, ``load_failed``, ``evict``, ``over_budget``.
 OnEvent = Callable[[str, str, Mapping[str, float | str]], None]
-
-
-class ModelLoadError(ModelError):
-    """Raised by ``Residency.acquire`` (to every request waiting for that load) when a model's
-    load failed; the message names the cause. The model stays loadable."""
-
-
-class MemoryBudgetError(ModelError):
-    """Raised by ``Residency.acquire`` when a model can never fit: its footprint is more than
-    the memory budget less what pinned models hold."""
-
-
-class ResidentState(enum.Enum):
-    UNLOADED = "unloaded"
-    LOADING = "loading"
-    RESIDENT = "resident"
-    UNLOADING = "unloading"
-
-
-@dataclass(frozen=True, slots=True)
-class ResidentStats:
-    """One model's residency, a snapshot."""
-
-    name: str
-    state: ResidentState
-    footprint_bytes: int
-    """Its estimate, or what its last load measured."""
-    measured: bool
-    load_peak_bytes: int
-    """The most one of its loads grew memory by, at its peak (0: not measured yet): a load
-    needs room for this or the footprint, whichever is more."""
-    accounted_bytes: int
-    """What it holds against the budget now (0 when unloaded)."""
-    pinned: bool
-    active: int
-    """Requests waiting for it or using it."""
-    loads: int
-    load_failures: int
-    evictions: int
-    load_seconds: float
-    """Seconds spent loading it, in total."""
-
-
-class _Entry(Generic[H]):
-    __slots__ = (
-        "accounted",
-        "active",
-        "estimate",
-        "evictions",
-        "group",
-        "handle",
-        "keep_alive_s",
-        "last_used",
-        "load_failures",
-        "load_peak",
-        "load_seconds",
-        "loading",
-        "loads",
-        "measured",
-        "name",
-        "pinned",
-        "state",
-        "timer",
-        "unloading",
-    )
-
-    def __init__(self, name: str, estimate: int, pinned: bool, keep_alive_s: float | None) -> None:
-        self.name = name
-        self.estimate = estimate
-        self.load_peak = 0  # the most a load of it grew memory by, at its peak (0: unknown)
-        self.group: str | None = None
-        self.measured = False
-        self.pinned = pinned
-        self.keep_alive_s = keep_alive_s
-        self.state = ResidentState.UNLOADED
-        self.accounted = 0
-        self.handle: H | None = None
-        self.active = 0
-        self.last_used = 0.0
-        self.loading: asyncio.Future[None] | None = None
-        self.unloading: asyncio.Future[None] | None = None
-        self.timer: TimerHandle | None = None
-        self.loads = 0
-        self.load_failures = 0
-        self.evictions = 0
-        self.load_seconds = 0.0
 
 
 class Residency(Generic[H]):
@@ -176,6 +111,8 @@ class Residency(Generic[H]):
             the OS: while ``unload`` runs, its caller still holds the model).
         reserved_bytes: the part of the budget no model may use (the process's own memory).
         one_load_at_a_time: admit a load only when no other is under way.
+        swap_patience_s: how long a request for a model that waits for room lets the loaded
+            model go on taking new requests (0: none; see the module docstring).
         in_use: the bytes the models hold now, measured (e.g. the process's memory less
             ``reserved_bytes``); a load must fit beside it too.
     """
@@ -193,6 +130,7 @@ class Residency(Generic[H]):
         reserved_bytes: int = 0,
         one_load_at_a_time: bool = False,
         in_use: Callable[[], int] | None = None,
+        swap_patience_s: float = 0.0,
     ) -> None:
         if budget_bytes is not None and (isinstance(budget_bytes, bool) or budget_bytes < 1):
             raise ValueError(f"budget_bytes must be >= 1 or None, got {budget_bytes!r}")
@@ -200,6 +138,9 @@ class Residency(Generic[H]):
             raise ValueError(f"reserved_bytes must be >= 0, got {reserved_bytes!r}")
         if keep_alive_s is not None and not keep_alive_s > 0:
             raise ValueError(f"keep_alive_s must be > 0 or None, got {keep_alive_s!r}")
+        if not swap_patience_s >= 0:
+            raise ValueError(f"swap_patience_s must be >= 0, got {swap_patience_s!r}")
+        self._swap_patience_s = swap_patience_s
         self.budget_bytes = budget_bytes
         self._load = load
         self._unload = unload
@@ -213,6 +154,7 @@ class Residency(Generic[H]):
         self._entries: dict[str, _Entry[H]] = {}
         self._changed: list[asyncio.Future[None]] = []
         self._tasks: set[asyncio.Task[None]] = set()
+        self._next_ticket = 0
 
     # -- models ---------------------------------------------------------------------------------
 
@@ -285,16 +227,36 @@ class Residency(Generic[H]):
 
     # -- using a model ----------------------------------------------------------------------------
 
-    async def acquire(self, name: str) -> H:
-        """The loaded model, held until ``release(name)``: loads it (waiting for room) when it
-        is not resident. Raises ``ModelLoadError`` (its load failed), ``MemoryBudgetError``
-        (it can never fit); cancelling gives up the claim."""
+    async def acquire(self, name: str, *, turn: bool = False) -> H:
+        """The loaded model, held until ``release(name, turn=...)``: loads it (waiting for
+        room) when it is not resident. Raises ``ModelLoadError`` (its load failed),
+        ``MemoryBudgetError`` (it can never fit); cancelling gives up the claim.
+
+        ``turn``: a short claim (a request) that takes turns: once another model waits for
+        room, it waits behind that swap rather than keep this model loaded. A claim without it
+        (a batch that holds the model for its whole run) is admitted at once, and while one
+        holds the model no claim waits behind a swap (the swap waits for it anyway)."""
         e = self._entry(name)
         e.active += 1
+        ticket = self._next_ticket
+        self._next_ticket += 1
+        e.waiting[ticket] = self._clock.now()
         self._cancel_timer(e)
         try:
             while True:
                 if e.state is ResidentState.RESIDENT:
+                    if turn and self._behind_a_swap(e, ticket):
+                        e.held += 1
+                        try:
+                            await self._wait_change()
+                        finally:
+                            e.held -= 1
+                        continue
+                    del e.waiting[ticket]
+                    if turn:
+                        e.turns += 1
+                    else:
+                        e.lasting += 1
                     e.last_used = self._clock.now()
                     assert e.handle is not None
                     return e.handle
@@ -310,14 +272,21 @@ class Residency(Generic[H]):
                     continue
                 await self._wait_change()
         except BaseException:
+            e.waiting.pop(ticket, None)
             self._drop_claim(e)
+            self._notify()  # the queue's head may have left
             raise
 
-    def release(self, name: str) -> None:
-        """A request is done with the model: idle when none holds it any more."""
+    def release(self, name: str, *, turn: bool = False) -> None:
+        """A claim is done with the model (``turn`` as it was acquired): idle when none holds
+        it any more."""
         e = self._entry(name)
-        if e.active <= 0:
-            raise RuntimeError(f"release({name!r}) without an acquire")
+        if (e.turns if turn else e.lasting) <= 0:
+            raise RuntimeError(f"release({name!r}) without an acquire (turn={turn})")
+        if turn:
+            e.turns -= 1
+        else:
+            e.lasting -= 1
         e.last_used = self._clock.now()
         self._drop_claim(e)
 
@@ -345,24 +314,16 @@ class Residency(Generic[H]):
         need = max(e.estimate, e.load_peak)
         budget = self.budget_bytes
         if budget is not None:
+            never = self.never_fits(e.name)
+            if never is not None:
+                raise MemoryBudgetError(never)
             room = budget - self.reserved_bytes
-            pinned = sum(o.accounted for o in self._entries.values() if o.pinned and o is not e)
-            if need > room - pinned:
-                raise MemoryBudgetError(
-                    f"model {e.name!r} needs {_size(need)}, more than the memory budget of "
-                    f"{_size(budget)}"
-                    + (
-                        f" less {_size(self.reserved_bytes)} the server holds itself"
-                        if self.reserved_bytes
-                        else ""
-                    )
-                    + (f" less {_size(pinned)} held by pinned models" if pinned else "")
-                    + "; raise --memory-budget, or unpin a model"
-                )
             if self._one_load_at_a_time and any(
                 o.state is ResidentState.LOADING for o in self._entries.values()
             ):
                 return False  # the load under way is woken on when it ends, measured
+            if self._ahead_of(e):
+                return False  # loads start in the order they were asked for
             free = room - self._held()
             if free < need:
                 self._make_room(need - free)
@@ -371,7 +332,73 @@ class Residency(Generic[H]):
         e.accounted = need
         e.loading = asyncio.get_running_loop().create_future()
         self._spawn(self._run_load(e, e.loading))
+        self._notify()  # the next in line may look now
         return True
+
+    def never_fits(self, name: str) -> str | None:
+        """Why ``name`` can never load under the budget (its footprint or its load's peak is
+        more than the budget less the reserve and the pinned models), ``None`` when it can."""
+        e = self._entry(name)
+        budget = self.budget_bytes
+        if budget is None:
+            return None
+        need = max(e.estimate, e.load_peak)
+        pinned = sum(
+            max(o.accounted, o.estimate) for o in self._entries.values() if o.pinned and o is not e
+        )
+        if need <= budget - self.reserved_bytes - pinned:
+            return None
+        return (
+            f"model {e.name!r} needs {_size(need)}, more than the memory budget of {_size(budget)}"
+            + (
+                f" less {_size(self.reserved_bytes)} the server holds itself"
+                if self.reserved_bytes
+                else ""
+            )
+            + (f" less {_size(pinned)} held by pinned models" if pinned else "")
+            + ("; raise --memory-budget, or unpin a model" if pinned else "; raise --memory-budget")
+        )
+
+    def _in_line(self) -> list[_Entry[H]]:
+        """Models with requests waiting for a load to start (not resident, not loading)."""
+        return [
+            o
+            for o in self._entries.values()
+            if o.waiting and o.state in (ResidentState.UNLOADED, ResidentState.UNLOADING)
+        ]
+
+    def _ahead_of(self, e: _Entry[H]) -> bool:
+        """Whether a model asked for before ``e`` still waits for its load (and a swap can
+        make its room)."""
+        first = next(iter(e.waiting), None)
+        return first is not None and any(
+            next(iter(o.waiting)) < first and self._swap_helps(o)
+            for o in self._in_line()
+            if o is not e
+        )
+
+    def _behind_a_swap(self, e: _Entry[H], ticket: int) -> bool:
+        """Whether a request (``ticket``) for the resident ``e`` waits its turn: it asked after
+        ``e`` was loaded and after a model that still waits for a load (evicting ``e`` may be
+        what makes that one's room), and that one has waited ``swap_patience_s``. What asked
+        before the load ended is ``e``'s work."""
+        if self.budget_bytes is None or e.pinned or e.lasting or ticket < e.admit_below:
+            return False
+        now = self._clock.now()
+        for o in self._in_line():
+            first, asked = next(iter(o.waiting.items()))
+            if first < ticket and now - asked >= self._swap_patience_s and self._swap_helps(o):
+                return True
+        return False
+
+    def _swap_helps(self, o: _Entry[H]) -> bool:
+        """Whether ``o`` fits beside what no swap frees (pinned models, lasting claims): if it
+        does not, waiting behind it (a load in line, a request held back) only waits too."""
+        if self.budget_bytes is None:
+            return True
+        others = [x for x in self._entries.values() if x is not o]
+        stuck = sum(x.accounted for x in others if x.pinned or x.lasting)
+        return max(o.estimate, o.load_peak) <= self.budget_bytes - self.reserved_bytes - stuck
 
     def _held(self) -> int:
         """The bytes the models hold: accounted, or measured when that is more (memory an
@@ -405,7 +432,7 @@ class Residency(Generic[H]):
 
     @staticmethod
     def _evictable(e: _Entry[H]) -> bool:
-        return e.state is ResidentState.RESIDENT and e.active == 0 and not e.pinned
+        return e.state is ResidentState.RESIDENT and e.active == e.held and not e.pinned
 
     async def _run_load(self, e: _Entry[H], done: asyncio.Future[None]) -> None:
         started = self._clock.now()
@@ -434,6 +461,7 @@ class Residency(Generic[H]):
             for o in self._same_group(e):
                 o.load_peak = max(o.load_peak, e.load_peak)
         e.handle = handle
+        e.admit_below = self._next_ticket  # what waited for this load is its work
         e.state = ResidentState.RESIDENT
         e.loads += 1
         e.load_seconds += seconds
@@ -446,7 +474,7 @@ class Residency(Generic[H]):
         e.accounted = e.estimate  # the load's peak reservation ends with it
         done.set_result(None)
         self._emit("load", e.name, {"seconds": seconds, "bytes": e.accounted})
-        if e.active == 0:
+        if e.active == e.held:
             self._arm_timer(e)
         if not self._shed():
             self._emit(
@@ -508,7 +536,7 @@ class Residency(Generic[H]):
 
     def _drop_claim(self, e: _Entry[H]) -> None:
         e.active -= 1
-        if e.active == 0:
+        if e.active == e.held:
             if e.state is ResidentState.RESIDENT:
                 self._arm_timer(e)
             self._shed()  # over the budget, waiting for a model to go idle: this one
@@ -564,47 +592,3 @@ class Residency(Generic[H]):
     def _emit(self, kind: str, name: str, details: Mapping[str, float | str]) -> None:
         if self._on_event is not None:
             self._on_event(kind, name, details)
-
-
-def _size(n: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
-
-
-def parse_bytes(text: str, *, total: int | None = None) -> int:
-    """``"6GiB"``, ``"512MB"``, ``"1.5G"``, ``"123456"`` or, with ``total``, a fraction
-    (``"0.5"``, ``"50%"``) of it, as bytes. Raises ``ValueError`` naming the accepted forms."""
-    raw = text.strip()
-    units = {
-        "": 1,
-        "b": 1,
-        "k": 1 << 10,
-        "kb": 1000,
-        "kib": 1 << 10,
-        "m": 1 << 20,
-        "mb": 1000**2,
-        "mib": 1 << 20,
-        "g": 1 << 30,
-        "gb": 1000**3,
-        "gib": 1 << 30,
-        "t": 1 << 40,
-        "tb": 1000**4,
-        "tib": 1 << 40,
-    }
-    number = raw.rstrip("bBkKmMgGtTiI% ")
-    unit = raw[len(number) :].strip().lower()
-    try:
-        value = float(number)
-    except ValueError:
-        value = float("nan")
-    ok = value == value and value > 0
-    if ok and unit == "%" and total is not None:
-        return int(total * value / 100)
-    if ok and unit == "" and value <= 1 and total is not None and "." in number:
-        return int(total * value)
-    if ok and unit in units and unit != "%":
-        return int(value * units[unit])
-    fraction = " or a fraction of the memory (0.5, 50%)" if total is not None else ""
-    raise ValueError(f"memory size must look like 6GiB, 512MB or 1048576{fraction}, got {text!r}")

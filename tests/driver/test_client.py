@@ -188,6 +188,7 @@ async def test_generate_checks_the_count_and_nulls(
         (403, "abort", "misconfigured", False),
         (404, "abort", "misconfigured", False),
         (405, "abort", "misconfigured", False),
+        (507, "abort", "misconfigured", False),  # a model that never fits the memory budget
         (302, "abort", "misconfigured", False),
     ],
 )

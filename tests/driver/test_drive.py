@@ -278,6 +278,20 @@ async def test_a_wrong_key_or_url_stops_the_job_instead_of_failing_every_record(
     assert summary.exit_code == 0
 
 
+async def test_a_model_that_never_fits_the_servers_budget_stops_the_job_at_once(
+    tmp_path: Path,
+) -> None:
+    src = write_jsonl(tmp_path / "in.jsonl", texts(100))
+    replicas = Replicas(a=FakeReplica(script=[(507, None)] * 100))
+    opts = options(src, tmp_path / "out", endpoints=[A], concurrency=1)
+    with pytest.raises(BatchlineError, match=r"answered HTTP 507.*server's configuration"):
+        await drive_job(opts, transport=replicas.transport)
+    assert (
+        len(replicas.by_host["a"].script) == 99
+    )  # asked once, never retried: no retry makes it fit
+    assert read_failures(tmp_path / "out") == []
+
+
 async def test_resume_after_a_crash_gives_every_record_exactly_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

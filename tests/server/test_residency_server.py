@@ -111,15 +111,43 @@ async def test_a_failed_load_is_a_503_naming_the_cause_and_the_model_stays_loada
     assert 'batchline_model_loads_total{model="b",outcome="failed"} 1.0' in metrics
 
 
-async def test_a_pinned_model_loads_at_startup_and_one_that_cannot_fit_beside_it_is_a_503() -> None:
+async def test_a_pinned_model_loads_at_startup_and_one_that_cannot_fit_beside_it_is_a_507(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     fake = FakeEmbedder()
     app = create_app(on_demand(pin=["a"]), load_model=loader(fake))
-    async with client_on(app) as client:
-        assert states((await client.get("/v1/models")).json()) == {"a": "resident", "b": "unloaded"}
-        r = await embed(client, "b")
-        assert r.status_code == 503
-        assert "less 400 B held by pinned models" in r.json()["error"]["message"]
-        assert (await embed(client, "a")).status_code == 200
+    with caplog.at_level("WARNING", logger="batchline.server"):
+        async with client_on(app) as client:
+            said = [r.getMessage() for r in caplog.records if "'b'" in r.getMessage()]
+            assert len(said) == 1  # one line at start, before any request
+            assert "less 400 B held by pinned models" in said[0]
+            assert "507" in said[0]
+            listed = (await client.get("/v1/models")).json()
+            assert states(listed) == {"a": "resident", "b": "unloaded"}
+            for _ in range(2):  # the same answer each time: nothing to retry
+                r = await embed(client, "b")
+                assert r.status_code == 507
+                assert "retry-after" not in r.headers
+                error = r.json()["error"]
+                assert error["type"] == "insufficient_memory"
+                assert "less 400 B held by pinned models" in error["message"]
+                assert "raise --memory-budget" in error["message"]
+            assert (await embed(client, "a")).status_code == 200
+
+
+@pytest.mark.parametrize("loaded_at_start", ["pin", "preload"])
+async def test_a_model_loaded_at_start_that_can_never_fit_stops_the_start(
+    loaded_at_start: str,
+) -> None:
+    from batchline._errors import InputError
+
+    app = create_app(
+        on_demand(memory_budget="700", **{loaded_at_start: ["b"]}),
+        load_model=loader(FakeEmbedder()),
+    )
+    with pytest.raises(InputError, match=r"model 'b' needs 800 B, more than the memory budget"):
+        async with app.router.lifespan_context(app):
+            pass
 
 
 async def test_oip_readiness_and_metadata_of_an_on_demand_model() -> None:

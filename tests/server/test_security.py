@@ -164,7 +164,7 @@ async def test_no_cors_headers_unless_origins_are_given() -> None:
     }
     async with serving() as (client, _):
         r = await post(client, "application/json", headers=origin)
-        assert r.status_code == 200
+        assert r.status_code == 403  # a page of another origin: refused (see below)
         assert not any(k.startswith("access-control-") for k in r.headers)
         r = await client.options("/v1/embeddings", headers=preflight)
         assert not any(k.startswith("access-control-") for k in r.headers)
@@ -177,7 +177,70 @@ async def test_no_cors_headers_unless_origins_are_given() -> None:
         assert r.headers["access-control-allow-origin"] == "https://app.example"
         assert "content-type" in r.headers["access-control-allow-headers"].lower()
         r = await post(client, "application/json", headers={"origin": "https://evil.example"})
+        assert r.status_code == 403
         assert "access-control-allow-origin" not in r.headers
+
+
+FOREIGN = [
+    {"origin": "https://evil.example"},
+    {"origin": "null"},  # a sandboxed frame or a file: page
+    {"origin": "http://127.0.0.1:9999"},  # another port is another origin
+    {"sec-fetch-site": "cross-site"},  # a GET from another site's page carries no Origin
+    {"sec-fetch-site": "same-site"},
+]
+
+
+@pytest.mark.parametrize("headers", FOREIGN)
+async def test_a_cross_site_request_is_refused_on_every_route(headers: dict[str, str]) -> None:
+    async with serving() as (client, _):
+        calls = [
+            post(client, "application/json", headers=headers),
+            client.get("/v1/models", headers=headers),
+            client.get("/health", headers=headers),
+            client.post(  # the upload: refused before a byte of it is read
+                "/v1/files",
+                files={"file": ("a.jsonl", b"{}\n" * 100)},
+                data={"purpose": "batch"},
+                headers=headers,
+            ),
+        ]
+        for call in calls:
+            r = await call
+            assert r.status_code == 403, r.text
+            error = r.json()["error"]
+            assert error["type"] == "cross_origin"
+            assert "--cors-origins" in error["message"]
+            assert next(iter(headers.values())) in error["message"]
+        # the server goes on serving its own clients
+        assert (await client.post("/v1/embeddings", json={"input": "x"})).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},  # curl, the SDKs, drive: no browser headers at all
+        {"origin": "http://127.0.0.1"},  # the server's own page
+        {"origin": "http://127.0.0.1:80"},  # the scheme's default port is the same origin
+        {"sec-fetch-site": "same-origin"},
+        {"sec-fetch-site": "none"},  # typed into the address bar
+    ],
+)
+async def test_same_origin_and_non_browser_requests_pass(headers: dict[str, str]) -> None:
+    async with serving() as (client, _):
+        r = await post(client, "application/json", headers=headers)
+        assert r.status_code == 200, r.text
+
+
+async def test_cors_origins_let_those_pages_through() -> None:
+    async with serving(cors_origins="https://app.example,https://b.example") as (client, _):
+        for origin in ("https://app.example", "https://B.example"):
+            r = await post(client, "application/json", headers={"origin": origin})
+            assert r.status_code == 200, r.text
+        r = await post(client, "application/json", headers={"origin": "https://c.example"})
+        assert r.status_code == 403
+    async with serving(cors_origins="*") as (client, _):
+        r = await post(client, "application/json", headers={"origin": "https://c.example"})
+        assert r.status_code == 200
 
 
 async def test_ready_names_no_models_behind_an_api_key() -> None:

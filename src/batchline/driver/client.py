@@ -11,7 +11,7 @@ what happened                          verdict      endpoint's fault (counts tow
 429 (``Retry-After`` honoured)         retry        no: alive but busy
 503, 500, 502, 504, other 5xx, 408     retry        yes
 connect error, timeout, reset          retry        yes
-401, 403, 404, 405, 3xx                abort        - (every chunk would fail the same way)
+401, 403, 404, 405, 507, 3xx           abort        - (every chunk would fail the same way)
 other 4xx (400, 413, 422, ...)         fail         no: the records go to the failures file
 =====================================  ===========  =============================================
 
@@ -60,7 +60,8 @@ __all__ = [
 Verdict = Literal["ok", "retry", "fail", "abort"]
 RouteName = Literal["embeddings", "generate"]
 
-_ABORT_STATUSES = frozenset({401, 403, 404, 405, 407})
+# 507: the server can never hold the model (its memory budget): no retry will change that
+_ABORT_STATUSES = frozenset({401, 403, 404, 405, 407, 507})
 _RETRY_4XX = frozenset({408, 425, 429})
 _MESSAGE_CHARS = 500
 #: what ``/generate`` says of each result: output columns beside the text
@@ -405,7 +406,7 @@ class ReplicaClient:
         retry_after = parse_retry_after(response.headers.get("retry-after"), now_wall=self._wall())
         if status == 429:
             return Reply("retry", "http_429", status, message, retry_after, endpoint_fault=False)
-        if status >= 500 or status in _RETRY_4XX:
+        if (status >= 500 and status not in _ABORT_STATUSES) or status in _RETRY_4XX:
             kind = "http_503" if status == 503 else "http_5xx" if status >= 500 else "http_4xx"
             return Reply("retry", kind, status, message, retry_after, endpoint_fault=True)
         if status in _ABORT_STATUSES or status < 200 or 300 <= status < 400:

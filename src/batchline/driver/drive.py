@@ -556,10 +556,14 @@ class HttpAdapter:
                 return list(reply.results)
             if reply.verdict == "abort":
                 pool.failed(ep, reply.kind, endpoint_fault=False)
+                check = (
+                    "the server's configuration"
+                    if reply.status is not None and reply.status >= 500
+                    else "--endpoint, --route and --api-key"
+                )
                 raise BatchlineError(
                     f"{ep.url}{self.client.route.path} answered HTTP {reply.status}: "
-                    f"{reply.message}; check --endpoint, --route and --api-key "
-                    "(the output is resumable with --resume)"
+                    f"{reply.message}; check {check} (the output is resumable with --resume)"
                 )
             if reply.verdict == "fail":
                 pool.failed(ep, reply.kind, endpoint_fault=False)

@@ -102,6 +102,19 @@ def add_parser(subparsers: _SubParsersAction[argparse.ArgumentParser]) -> argpar
         help="the Batch API's files and metadata (/v1/files, /v1/batches; default: batch-api "
         "in batchline's cache folder); a restart on it resumes unfinished batches",
     )
+    p.add_argument(
+        "--max-stored-bytes",
+        type=_size,
+        metavar="SIZE",
+        help="the Batch API's quota per API key (and for a keyless server): bytes of files "
+        "kept (10GiB, 500MB or bytes; default 10GiB); an upload past it gets 403",
+    )
+    p.add_argument(
+        "--max-stored-files",
+        type=int,
+        metavar="N",
+        help="the Batch API's quota per API key: files kept (default 1000); past it, 403",
+    )
     add_knob_arguments(p)
     p.add_argument(
         "--max-queue",
@@ -184,6 +197,15 @@ def add_parser(subparsers: _SubParsersAction[argparse.ArgumentParser]) -> argpar
     )
     p.set_defaults(func=run)
     return p
+
+
+def _size(text: str) -> int:
+    from batchline._sizes import parse_bytes
+
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -3,7 +3,9 @@ body, disconnects).
 
 It runs before FastAPI sees a request, so a refused request costs no parsing: a ``Host``
 the server does not answer to (421: a page whose name was rebound to this address, see
-``ServerSettings.host_names``), the API key (401), draining or still loading (503 +
+``ServerSettings.host_names``), a cross-site request from an origin not in ``cors_origins``
+(403: a page of another site, which a browser lets send a request it may not read; see
+:func:`cross_site`), the API key (401), draining or still loading (503 +
 ``Retry-After``), a body that is not JSON (415: a cross-site form or ``text/plain`` post,
 which a browser sends without asking; a POST with no body and no type passes), the body
 size (413, on ``Content-Length`` and on the bytes actually read), a body that trickles in
@@ -32,7 +34,7 @@ from batchline.server.errors import error_response
 from batchline.server.residency import release_all
 from batchline.server.state import ServerState
 
-__all__ = ["OPEN_PATHS", "OWNER", "UPLOAD_PATH", "Gate", "owner_of"]
+__all__ = ["OPEN_PATHS", "OWNER", "UPLOAD_PATH", "Gate", "cross_site", "owner_of"]
 
 #: Paths that never need the API key nor count as work (probes and scrapes).
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/v2/health/live", "/v2/health/ready"})
@@ -62,6 +64,7 @@ class Gate:
         self._host_names = state.settings.host_names  # the settings are frozen
         # every accepted key (several: comma-separated or a keys file)
         self._keys = tuple(k.encode("utf-8") for k in state.settings.api_keys)
+        self._origins = frozenset(o.lower().rstrip("/") for o in state.settings.cors_origins)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -79,6 +82,15 @@ class Gate:
                 misdirected = error_response(421, message, "misdirected")
                 await misdirected(scope, receive, send)
                 return
+        foreign = cross_site(scope, self._origins)
+        if foreign is not None:
+            message = (
+                f"a cross-site request ({foreign}) is refused; add the page's origin to "
+                "--cors-origins (cors_origins) to let it call this server"
+            )
+            forbidden = error_response(403, message, "cross_origin")
+            await forbidden(scope, receive, send)
+            return
         if scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
@@ -279,6 +291,55 @@ class Gate:
 def owner_of(scope: Scope) -> str:
     """Who sent a request, as the gate found it (:data:`OWNER`)."""
     return str(scope.get(OWNER, ""))
+
+
+def cross_site(scope: Scope, allowed: frozenset[str]) -> str | None:
+    """What makes a request cross-site when it is not allowed (``"Origin: ..."`` or
+    ``"Sec-Fetch-Site: ..."``), ``None`` when it may go on.
+
+    A browser says where a request comes from: ``Origin`` on every POST (and on CORS reads),
+    ``Sec-Fetch-Site`` on every request of a modern browser. A page of another origin may make
+    a browser *send* a simple request (a form post, an image's GET) without asking the server
+    first; it only may not read the answer. So a request whose ``Origin`` is neither this
+    server's own (the scheme's default port aside, its ``Host``) nor in ``allowed`` (the
+    ``cors_origins``, lower case; ``*`` allows all), or with no ``Origin`` and a
+    ``Sec-Fetch-Site`` of ``cross-site`` or ``same-site``, is refused before it does anything.
+    Clients that are not browsers (curl, the SDKs, ``drive``) send neither header."""
+    if "*" in allowed:
+        return None
+    origin = _header(scope, b"origin")
+    if origin is not None:
+        text = origin.decode("latin-1").strip()
+        if text.lower().rstrip("/") in allowed or _same_origin(text, _header(scope, b"host")):
+            return None
+        return f"Origin: {text[:200]}"
+    site = _header(scope, b"sec-fetch-site")
+    if site is not None:
+        value = site.decode("latin-1").strip().lower()
+        if value in ("cross-site", "same-site"):
+            return f"Sec-Fetch-Site: {value}"
+    return None
+
+
+_DEFAULT_PORTS = {"http": "80", "https": "443"}
+
+
+def _same_origin(origin: str, host: bytes | None) -> bool:
+    """Whether ``origin`` (``scheme://name[:port]``) names the server the request's ``Host``
+    names (``"null"``, an opaque origin, never does)."""
+    if host is None:
+        return False
+    scheme, sep, rest = origin.lower().partition("://")
+    if not sep or not rest or "/" in rest:
+        return False
+
+    def plain(netloc: str) -> str:
+        default = _DEFAULT_PORTS.get(scheme)
+        if default is not None and netloc.endswith(":" + default):
+            netloc = netloc[: -len(default) - 1]
+        return netloc.removesuffix(".")
+
+    return plain(rest) == plain(host.decode("latin-1").strip().lower())
 
 
 async def _read_rest(receive: Receive, room: int) -> bytes | int | None:

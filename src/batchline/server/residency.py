@@ -5,8 +5,13 @@ stops the start); the rest of this text is about the budget.
 With ``memory_budget`` set, the server starts without loading its batch models (except those
 named in ``preload`` or ``pin``); a model loads on its first request, and requests that arrive
 meanwhile wait for that load (at most ``request_timeout_s``: then 504). A failed load answers
-the requests waiting for it with 503 naming the cause, and the next request tries again; a
-model that can never fit is a 503 saying so.
+the requests waiting for it with 503 naming the cause, and the next request tries again. A
+model that can never fit (its footprint, or its load's peak, is more than the budget less
+what the server and the pinned models hold) is said at once: at start, an error when it is
+pinned or preloaded, one warning line when it loads on demand; on request, a 507 naming the
+sizes, which no retry changes (``drive`` stops on it instead of retrying). Under rotating
+load a model's queued work is served before it is swapped out, and loads go in the order
+they were asked for (:mod:`batchline._residency`), so a swap is paid once per batch of work.
 
 The budget bounds the whole process (its resident memory with its children's: what the
 machine loses to it), so a peak RSS within the budget is what it promises:
@@ -48,6 +53,7 @@ from typing import TypeVar
 
 from starlette.types import Scope
 
+from batchline._errors import InputError
 from batchline._residency import (
     MemoryBudgetError,
     ModelLoadError,
@@ -244,6 +250,9 @@ def build_residency(
         reserved_bytes=min(reserved, budget - 1),
         one_load_at_a_time=True,
         in_use=in_use if on_cpu else None,
+        # a third of a request's time: past it, the loaded model takes no new requests and is
+        # swapped once its work is done, so the waiting request keeps time for its own load
+        swap_patience_s=settings.request_timeout_s / 3,
     )
     for spec in specs:
         expected = estimates[spec.name]
@@ -255,6 +264,13 @@ def build_residency(
             keep_alive_s=settings.model_keep_alive_s.get(spec.name, settings.keep_alive_s),
             group=f"{spec.kind}:{spec.source}:{spec.task}" if expected.steady_bytes else None,
         )
+    for spec in specs:
+        never = residency.never_fits(spec.name)
+        if never is None:
+            continue
+        if spec.name in settings.pin or spec.name in settings.preload:
+            raise InputError(never)  # loaded at start: the start fails with one line
+        logger.warning("%s (until then, its requests get 507)", never)
     return residency
 
 
@@ -301,7 +317,8 @@ async def use_served(
 ) -> H:
     """The served model ``name``, loaded as needed and held until the request ends (its
     release is left in ``scope`` for the gate). 504 when it is not loaded within
-    ``timeout_s``, 503 naming the cause when its load fails or it can never fit, 429 when
+    ``timeout_s``, 503 naming the cause when its load fails, 507 when it can never fit (a
+    retry cannot help: the budget or the pins must change), 429 when
     ``max_waiting`` requests already wait for it to load (its queue's room, counted in
     requests while it has no queue)."""
     resident = residency.state(name) is ResidentState.RESIDENT
@@ -315,7 +332,7 @@ async def use_served(
         )
     try:
         async with asyncio.timeout(None if resident else timeout_s):  # resident: no timer
-            served = await residency.acquire(name)
+            served = await residency.acquire(name, turn=True)  # a request takes turns
     except TimeoutError:
         raise ApiError(
             504,
@@ -323,9 +340,11 @@ async def use_served(
             "memory or for its load); retry later",
             "timeout",
         ) from None
-    except (ModelLoadError, MemoryBudgetError) as exc:
+    except MemoryBudgetError as exc:
+        raise ApiError(507, str(exc), "insufficient_memory") from None
+    except ModelLoadError as exc:
         raise ApiError(503, str(exc), "service_unavailable") from None
-    scope.setdefault(RELEASES, []).append(lambda: residency.release(name))
+    scope.setdefault(RELEASES, []).append(lambda: residency.release(name, turn=True))
     return served
 
 

@@ -138,6 +138,10 @@ class ServerSettings(BaseModel):
             the batches that were running.
         max_batch_file_bytes, max_batch_file_lines: an upload beyond either gets 413 (OpenAI's
             limits: 200 MB, 50,000 requests).
+        max_stored_bytes, max_stored_files: the quota of each owner (each API key, and the
+            keyless owner): the bytes and the number of its files kept (uploads, and batch
+            outputs, which count but are never refused); an upload past either gets 403
+            ``quota_exceeded`` (:mod:`batchline.server.batches.quota`).
         max_running_batches: batches run at once (one worker each); more wait in creation
             order. batch_chunk_size: lines per committed chunk (what a resume skips).
     """
@@ -204,6 +208,8 @@ class ServerSettings(BaseModel):
     data_dir: Path | None = None
     max_batch_file_bytes: int = Field(default=200 * 1024 * 1024, ge=1)
     max_batch_file_lines: int = Field(default=50_000, ge=1)
+    max_stored_bytes: int = Field(default=10 * 1024**3, ge=1)
+    max_stored_files: int = Field(default=1000, ge=1)
     max_running_batches: int = Field(default=2, ge=1)
     batch_chunk_size: int = Field(default=256, ge=1)
 

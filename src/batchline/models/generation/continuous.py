@@ -265,9 +265,9 @@ class EngineGenerator(GeneratorLifecycle):
             if seq is None or seq.finished:
                 continue
             if out.error is not None:
-                # the engine gave up on it alone (its grammar): a failure, never a "stop"
+                # its grammar gave up: a failure, never a "stop"; the reason alone (logged)
                 seq.finished = True
-                error = ConstraintError(f"{self.name}: request {seq.request_id!r}: {out.error}")
+                error = ConstraintError(out.error)
                 updates.append((seq, error))
                 ended.append(seq.request_id)
                 continue
@@ -315,7 +315,7 @@ class EngineGenerator(GeneratorLifecycle):
         model's."""
         error: Exception
         if isinstance(exc, ValueError):
-            error = InputError(f"{self.name}: {exc}")
+            error = InputError(str(exc))  # the client reads it: no internal names
         else:
             error = ModelError(f"{self.name}: add_request: {exc!r}")
         error.__cause__ = exc

@@ -235,7 +235,7 @@ class GenerationRequest:
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:
-            raise ValueError(f"request {self.request_id!r}: the prompt has no tokens")
+            raise ValueError("the prompt has no tokens")
 
     @property
     def max_total_tokens(self) -> int:

@@ -81,7 +81,7 @@ def check_logit_bias(request: GenerationRequest, vocab_size: int) -> None:
     biased = request.params.logit_bias
     if biased and biased[-1][0] >= vocab_size:  # ascending ids: the last is the largest
         raise ValueError(
-            f"request {request.request_id!r}: logit_bias names token {biased[-1][0]}, "
+            f"logit_bias names token {biased[-1][0]}, "
             f"outside the model's vocabulary of {vocab_size}"
         )
 

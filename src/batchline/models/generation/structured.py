@@ -42,12 +42,14 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Literal, cast
 
 from batchline._errors import ModelError
+from batchline.models.generation.schema_checks import schema_patterns, unproductive_ref
 
 if TYPE_CHECKING:
     import torch
@@ -98,6 +100,8 @@ _LEXER_FUEL = 100_000
 _PROBE_STEPS = 16
 _PROBE_EOS = 256
 _REASON_CHARS = 300
+# A schema's regex patterns probed on their own (each a compile of a few milliseconds at most).
+_MAX_PATTERNS_PROBED = 32
 
 
 def grammar_limits() -> LLParserLimits:
@@ -141,24 +145,74 @@ def _byte_tokenizer() -> LLTokenizer:
     return tokenizer
 
 
+_WHITESPACE = frozenset(b" \t\n\r")
+
+
+def _lowest(allowed: list[int], _: random.Random) -> int:
+    return allowed[0]
+
+
+def _highest(allowed: list[int], _: random.Random) -> int:
+    return allowed[-1]
+
+
+def _lowest_word(allowed: list[int], _: random.Random) -> int:
+    return next((b for b in allowed if b not in _WHITESPACE), allowed[0])
+
+
+def _any_word(allowed: list[int], rng: random.Random) -> int:
+    words = [b for b in allowed if b not in _WHITESPACE]
+    return rng.choice(words or allowed)
+
+
+#: The paths the probe walks, one byte chosen of those allowed at each step: the lowest
+#: (``\t`` in JSON: it stays in whitespace), the highest (``(a|b)*c{99999}`` fails at its
+#: first ``c``), the lowest that is not whitespace, and a seeded random one.
+_WALKS = (_lowest, _highest, _lowest_word, _any_word)
+
+
 def _probe(grammar: str, what: str) -> None:
     """Raise ``ValueError`` saying why the engine cannot enforce ``grammar``: compiled under
     :func:`grammar_limits` on a byte vocabulary (a bad grammar fails here), then walked a few
-    steps along the lowest allowed byte (a grammar the engine would give up on early)."""
-    matcher = _llguidance().LLMatcher(
+    steps along each of :data:`_WALKS` (a grammar the engine would give up on early: its
+    lexer builds a repetition's states only when the bytes reach it)."""
+    compiled = _llguidance().LLMatcher(
         _byte_tokenizer(), grammar, log_level=0, limits=grammar_limits()
     )
-    if matcher.is_error():
-        raise ValueError(f"invalid {what}: {grammar_reason(matcher.get_error())}")
-    for _ in range(_PROBE_STEPS):
-        bits = int.from_bytes(matcher.compute_bitmask(), "little") & ((1 << _PROBE_EOS) - 1)
-        if matcher.is_error() or not bits:
-            break  # an error, or only EOS is left: a complete output
-        if not matcher.consume_token((bits & -bits).bit_length() - 1):
+    if compiled.is_error():
+        raise ValueError(f"invalid {what}: {grammar_reason(compiled.get_error())}")
+    rng = random.Random(0)
+    for pick in _WALKS:
+        matcher = compiled.deep_copy()
+        for _ in range(_PROBE_STEPS):
+            bits = int.from_bytes(matcher.compute_bitmask(), "little") & ((1 << _PROBE_EOS) - 1)
+            if matcher.is_error() or not bits:
+                break  # an error, or only EOS is left: a complete output
+            allowed = [b for b in range(_PROBE_EOS) if bits >> b & 1]
+            if not matcher.consume_token(pick(allowed, rng)):
+                break
+        if matcher.is_error():
+            reason = grammar_reason(matcher.get_error())
+            raise ValueError(f"the grammar engine cannot enforce this {what}: {reason}")
+
+
+def _check_schema(schema: object, what: str) -> None:
+    """What the engine would find only mid-generation in a JSON schema: a ``$ref`` that can
+    never produce a value, a ``pattern`` whose repetition the lexer cannot build."""
+    ref = unproductive_ref(schema)
+    if ref is not None:
+        where = "the schema itself" if ref == "#" else f"$ref {ref!r}"
+        raise ValueError(
+            f"the grammar engine cannot enforce this {what}: {where} can produce no output at all "
+            "(every way through it leads back into a $ref cycle, or into false); let the "
+            "cycle end: make the property that recurses optional, or give it an anyOf "
+            "branch that does not"
+        )
+    for i, pattern in enumerate(schema_patterns(schema)):
+        if i >= _MAX_PATTERNS_PROBED:
             break
-    if matcher.is_error():
-        reason = grammar_reason(matcher.get_error())
-        raise ValueError(f"the grammar engine cannot enforce this {what}: {reason}")
+        regex = str(_llguidance().LLMatcher.grammar_from_regex(pattern))
+        _probe(regex, f"pattern {pattern!r} of the {what}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,7 +237,9 @@ class Constraint:
                 f"the {what} is {len(self.spec):,} characters; the most batchline enforces "
                 f"is {MAX_CONSTRAINT_CHARS:,}"
             )
-        _probe(self.grammar(), what)
+        _probe(self.grammar(), what)  # first: the engine's own reason for a bad grammar
+        if self.kind == "json_schema":
+            _check_schema(json.loads(self.spec), what)
 
     @classmethod
     def json_schema(cls, schema: object) -> Constraint:

@@ -279,13 +279,13 @@ class TorchStepEngine:
             raise ValueError(f"request {request.request_id!r} is already running")
         if request.max_total_tokens > self._max_context:
             raise ValueError(
-                f"request {request.request_id!r}: {len(request.prompt_ids)} prompt tokens + "
+                f"{len(request.prompt_ids)} prompt tokens + "
                 f"max_tokens {request.params.max_tokens} exceed the model's context of "
                 f"{self._max_context} tokens; shorten the prompt or lower max_tokens"
             )
         if min(request.prompt_ids) < 0 or max(request.prompt_ids) >= self._vocab_size:
             raise ValueError(
-                f"request {request.request_id!r}: prompt token ids must be in "
+                f"prompt token ids must be in "
                 f"[0, {self._vocab_size}), got {min(request.prompt_ids)}..{max(request.prompt_ids)}"
             )
         check_logit_bias(request, self._vocab_size)

@@ -30,6 +30,7 @@ from starlette.responses import FileResponse, JSONResponse
 
 from batchline._fsio import checkpoint, disk_errno, disk_phrase
 from batchline.jobs.requests import BATCH_URLS
+from batchline.server.batches.quota import Quota, quota_of
 from batchline.server.batches.runner import BatchService
 from batchline.server.batches.store import (
     UNFINISHED,
@@ -83,8 +84,12 @@ def _not_found(what: str, ident: str) -> ApiError:
 @router.post("/v1/files", summary="Upload a batch input file (multipart)")
 async def create_file(request: Request) -> JSONResponse:
     """Upload a JSONL file of batch requests: multipart fields ``file`` and ``purpose=batch``.
-    413 past ``max_batch_file_bytes`` or ``max_batch_file_lines``."""
+    413 past ``max_batch_file_bytes`` or ``max_batch_file_lines``, 403 past the owner's
+    quota (``max_stored_bytes``, ``max_stored_files``)."""
     service = _service(request)
+    owner = owner_of(request.scope)
+    quota = _quota(service)
+    quota.check(owner)  # before a byte is read: an owner at the quota stops here
     try:
         form = await request.form(max_files=1, max_fields=8)
     except OSError as exc:  # Starlette spools the file part to the temporary folder
@@ -101,15 +106,23 @@ async def create_file(request: Request) -> JSONResponse:
                 "send the file as the multipart/form-data field 'file' (with purpose=batch)"
             )
         try:
-            record = await asyncio.to_thread(
-                _keep_upload, service.store, upload, owner_of(request.scope), service.settings
-            )
+            with quota.counting(owner, upload):  # the copy stops at the byte past the quota
+                record = await asyncio.to_thread(
+                    _keep_upload, service.store, upload, owner, service.settings
+                )
         except (OSError, sqlite3.Error) as exc:
             service.store.note_disk_error(exc)
             raise _disk_full(exc, service.store.root, "the server's data dir") from None
     finally:
         await form.close()
-    return JSONResponse(record.openai())
+    return JSONResponse(record.openai(), headers=quota.usage(owner).headers())
+
+
+def _quota(service: BatchService) -> Quota:
+    settings = service.settings
+    return quota_of(
+        service.store, max_bytes=settings.max_stored_bytes, max_files=settings.max_stored_files
+    )
 
 
 def _disk_full(exc: Exception, where: Path, what: str) -> Exception:
@@ -202,10 +215,13 @@ async def list_files(
     if order not in ("asc", "desc"):
         message = f"order must be 'asc' or 'desc', got {order!r}"
         raise bad_request(message)
-    files = _service(request).store.files(owner_of(request.scope), purpose=purpose)
+    service = _service(request)
+    owner = owner_of(request.scope)
+    files = service.store.files(owner, purpose=purpose)
     if order == "asc":
         files.reverse()
-    return JSONResponse(_page([f.openai() for f in files], after, limit, max_limit=10_000))
+    page = _page([f.openai() for f in files], after, limit, max_limit=10_000)
+    return JSONResponse(page, headers=_quota(service).usage(owner).headers())
 
 
 @router.get("/v1/files/{file_id}", summary="One of your files")
