@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import textwrap
@@ -140,20 +141,42 @@ STOPPER = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize(("signame", "code"), [("SIGINT", 130), ("SIGTERM", 143)])
+def _ignore_sigint() -> None:
+    """What a script's ``batchline run ... &`` gets: SIGINT ignored from the start."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _program_here(path: str) -> list[str]:
+    """The program a hint names in an environment whose ``PATH`` is ``path``."""
+    own = Path(sys.executable).parent / "batchline"
+    if not own.is_file():
+        return [sys.executable, "-m", "batchline"]
+    return (
+        ["batchline"] if str(Path(sys.executable).parent) in path.split(os.pathsep) else [str(own)]
+    )
+
+
+@pytest.mark.parametrize(
+    ("signame", "code", "sigint_ignored"),
+    [("SIGINT", 130, False), ("SIGTERM", 143, False), ("SIGTERM", 143, True)],
+)
 def test_a_stopped_run_says_what_is_committed_and_how_to_go_on(
-    here: Path, monkeypatch: pytest.MonkeyPatch, signame: str, code: int
+    here: Path, monkeypatch: pytest.MonkeyPatch, signame: str, code: int, sigint_ignored: bool
 ) -> None:
+    """Also started in the background by a script (SIGINT ignored): SIGTERM still stops it,
+    keeps the committed chunks and prints the resume command, naming a program that runs."""
     (here / "stopper.py").write_text(STOPPER)
     monkeypatch.syspath_prepend(str(here))
     rows = [{"id": f"r{i}", "text": f"text {i}"} for i in range(1000)]
     (here / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     argv = ["run", "data.jsonl", "--model", "stopper:factory", "-o", "out", "--quiet"]
     argv += ["--chunk-size", "32", "--target-batch-tokens", "16"]
+    path = os.environ.get("PATH", "")
     stopped = subprocess.run(
         [sys.executable, "-m", "batchline", *argv],
         env={**os.environ, "STOP_WITH": signame, "PYTHONPATH": f"{here}{os.pathsep}{SRC}"},
         cwd=here,
+        preexec_fn=_ignore_sigint if sigint_ignored else None,  # noqa: PLW1509 (no threads)
         capture_output=True,
         text=True,
         timeout=120,
@@ -172,6 +195,7 @@ def test_a_stopped_run_says_what_is_committed_and_how_to_go_on(
         == f"batchline run: interrupted ({signame}): {committed:,} record(s) committed in out"
     )
     resume = shlex.split(command)
-    assert resume == ["batchline", *argv, "--resume"]
-    assert main(resume[1:]) == 0
+    program = _program_here(path)
+    assert resume == [*program, *argv, "--resume"]
+    assert main(resume[len(program) :]) == 0
     assert read_output(here / "out").column("index").to_pylist() == list(range(1000))

@@ -344,9 +344,15 @@ def _sigterm_as_interrupt(stopped_by: list[str]) -> Callable[[], object]:
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
 
-    def on_sigterm(signum: int, frame: object) -> None:
+    def on_sigterm(signum: int, frame: Any) -> None:
         stopped_by.append("SIGTERM")
-        signal.raise_signal(signal.SIGINT)  # asyncio.run's own Ctrl-C path: a clean cancel
+        on_sigint = signal.getsignal(signal.SIGINT)
+        if callable(on_sigint):  # asyncio.run's own Ctrl-C path (a clean cancel), or Python's
+            on_sigint(signal.SIGINT, frame)
+            return
+        # SIGINT ignored (a job started with `&` from a script) or left to the system: SIGTERM
+        # must stop the run all the same, so it interrupts as Python's own Ctrl-C handler would
+        raise KeyboardInterrupt
 
     old = signal.signal(signal.SIGTERM, on_sigterm)
     return lambda: signal.signal(signal.SIGTERM, old)
@@ -356,6 +362,8 @@ def _interrupted(args: argparse.Namespace, options: RunOptions, signame: str) ->
     """What a stopped run tells its user: the records committed, and the command that goes
     on from there (or, with nothing committed, the same command again)."""
     import shlex
+
+    from batchline._commands import program
 
     out = _output_dir(options)
     committed = 0
@@ -371,7 +379,7 @@ def _interrupted(args: argparse.Namespace, options: RunOptions, signame: str) ->
         where = f"{committed:,} record(s) committed in {out}"
     else:  # the writer removed the output it began: the same command starts afresh
         where = "no record was committed, so nothing was left behind"
-    command = shlex.join(["batchline", *argv])
+    command = f"{program()} {shlex.join(argv)}"
     return f"interrupted ({signame}): {where}; to go on, run: {command}"
 
 
