@@ -176,7 +176,7 @@ def test_a_stopped_run_says_what_is_committed_and_how_to_go_on(
         [sys.executable, "-m", "batchline", *argv],
         env={**os.environ, "STOP_WITH": signame, "PYTHONPATH": f"{here}{os.pathsep}{SRC}"},
         cwd=here,
-        preexec_fn=_ignore_sigint if sigint_ignored else None,  # noqa: PLW1509 (no threads)
+        preexec_fn=_ignore_sigint if sigint_ignored else None,
         capture_output=True,
         text=True,
         timeout=120,
