@@ -62,6 +62,16 @@ class Manifest:
     result_dim: int | None = None
     total_records: int | None = None
     complete: bool = False
+    #: Results of chunks not complete when the job was stopped (Ctrl-C, SIGTERM), kept in this
+    #: file so that ``--resume`` does not compute them again (``batchline.datasets.flushed``).
+    flushed: str | None = None
+    flushed_records: int = 0
+
+    @property
+    def records_kept(self) -> int:
+        """Records a resume will not compute again: those of committed chunks (a result or a
+        skip), and those flushed when the job was stopped."""
+        return sum(c.rows + c.skipped for c in self.chunks.values()) + self.flushed_records
 
     @property
     def chunk_size(self) -> int:
@@ -97,6 +107,11 @@ class Manifest:
             "total_records": self.total_records,
             "result_dim": self.result_dim,
             "skipped_bytes": self.skipped_bytes,
+            **(
+                {"flushed": self.flushed, "flushed_records": self.flushed_records}
+                if self.flushed
+                else {}
+            ),
             "chunks": [
                 {"chunk": c.chunk, "file": c.file, "rows": c.rows, "skipped": c.skipped}
                 for c in sorted(self.chunks.values(), key=lambda c: c.chunk)
@@ -136,6 +151,8 @@ class Manifest:
                 result_dim=data["result_dim"],
                 total_records=data["total_records"],
                 complete=bool(data["complete"]),
+                flushed=data.get("flushed"),
+                flushed_records=int(data.get("flushed_records", 0)),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise InputError(

@@ -26,6 +26,7 @@ manifest is replaced the same way. A crash at any point leaves the previous mani
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -45,6 +46,7 @@ import pyarrow.parquet as pq
 from batchline._errors import InputError
 from batchline._types import Array
 from batchline.datasets.columns import build_table, check_tensors, json_text
+from batchline.datasets.flushed import FLUSHED, flush_pending, flushable, read_flushed, stopped
 from batchline.datasets.manifest import (
     MANIFEST_NAME,
     SKIPPED_NAME,
@@ -93,6 +95,11 @@ def default_output(input_path: Path | None, task: str) -> Path:
     for the embed task, ``STEM.results`` for the others (``run``'s and ``drive``'s alike)."""
     stem = "demo-corpus" if input_path is None else input_path.stem
     return Path(f"{stem}.{'embeddings' if task == 'embed' else 'results'}")
+
+
+def _own(name: str) -> bool:
+    """Whether ``name``, in an output folder, is one of the chunk writer's own files."""
+    return name in _OWN_NAMES or bool(_PART.fullmatch(name) or FLUSHED.fullmatch(name))
 
 
 def _part_name(chunk: int, fmt: OutputFormat) -> str:
@@ -147,6 +154,7 @@ class ChunkWriter:
         result_shapes: Mapping[str, Sequence[int] | None] | None = None,
         allow_empty: bool = True,
         id_name: str = "id",
+        flush_on_stop: bool = False,
     ) -> None:
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
@@ -207,7 +215,10 @@ class ChunkWriter:
         self._allow_empty = allow_empty
         self._started_here = False  # this writer began the output (see _discard_if_bare)
         self._made_dir = not self.out_dir.exists()
+        self._flush_on_stop = flush_on_stop
+        self._kept: list[int] = []  # indices a resume loaded from a flushed file, sorted
         self._manifest = self._open(settings, overwrite=overwrite, resume=resume)
+        self._load_flushed(self._manifest)
 
     # -- opening ---------------------------------------------------------------------------------
 
@@ -233,7 +244,7 @@ class ChunkWriter:
                     "pass --resume to continue it or --overwrite to replace it"
                 )
             for name in entries:
-                if name in _OWN_NAMES or _PART.fullmatch(name):
+                if _own(name):
                     (out / name).unlink()
         out.mkdir(parents=True, exist_ok=True)
         manifest = Manifest(settings=settings, chunks={})
@@ -245,9 +256,13 @@ class ChunkWriter:
         """Drop what a crashed run wrote after its last manifest."""
         listed = {c.file for c in manifest.chunks.values() if c.file is not None}
         for name in entries:
-            own = name in _OWN_NAMES or _PART.fullmatch(name) is not None
-            # Temp files, and part files renamed before their manifest was: both uncommitted.
-            if own and (name.endswith(TMP) or (name.startswith("part-") and name not in listed)):
+            # Temp files, and part or flushed files renamed before their manifest was: both
+            # uncommitted.
+            stray = name.startswith(("part-", "_flushed-")) and name not in {
+                *listed,
+                manifest.flushed,
+            }
+            if _own(name) and (name.endswith(TMP) or stray):
                 (self.out_dir / name).unlink()
         missing = sorted(listed - set(entries))
         if missing:
@@ -295,11 +310,13 @@ class ChunkWriter:
         return index // self.chunk_size in self._manifest.chunks
 
     def committed_ranges(self) -> list[tuple[int, int]]:
-        """Committed input indices as sorted half-open ranges, for ``iter_blocks(skip=...)``."""
+        """Committed input indices as sorted half-open ranges, for ``iter_blocks(skip=...)``;
+        with them the records a stopped run flushed (held here until their chunk commits)."""
         ranges: list[tuple[int, int]] = []
         size = self.chunk_size
-        for k in self._manifest.chunks:
-            lo, hi = k * size, (k + 1) * size
+        spans = [(k * size, (k + 1) * size) for k in self._manifest.chunks]
+        spans += [(i, i + 1) for i in self._kept]
+        for lo, hi in sorted(spans):
             if ranges and ranges[-1][1] == lo:
                 ranges[-1] = (ranges[-1][0], hi)
             else:
@@ -406,9 +423,32 @@ class ChunkWriter:
                     f"{len(absent)} record(s), first {absent[:5]}"
                 )
             self._sort_skipped()
-            self._manifest = replace(self._manifest, total_records=total_records, complete=True)
+            flushed = self._manifest.flushed
+            self._manifest = replace(
+                self._manifest,
+                total_records=total_records,
+                complete=True,
+                flushed=None,
+                flushed_records=0,
+            )
             write_manifest(self.out_dir, self._manifest)
+            if flushed is not None:
+                (self.out_dir / flushed).unlink(missing_ok=True)
             return self._manifest
+
+    def flush(self) -> int:
+        """Keep the results buffered for chunks not complete yet (a stopped job's), so that a
+        resume does not compute them again (``batchline.datasets.flushed``); the number kept.
+        Nothing is kept of a failed, closed or finished writer, or of tensor results."""
+        with self._lock:
+            done = self._manifest
+            usable = self._failed is None and not self._closed and not done.complete
+            if not usable or not self._pending or not flushable(self.result_kind):
+                return 0
+            self._manifest = flush_pending(
+                self.out_dir, done, self._pending, self.id_name, self.result_column
+            )
+            return self._manifest.flushed_records
 
     def close(self) -> None:
         """Release the writer. Buffered records of uncommitted chunks are dropped: a resumed run
@@ -426,6 +466,9 @@ class ChunkWriter:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if self._flush_on_stop and exc_type is not None and stopped(exc_type):
+            with contextlib.suppress(Exception):  # the stop goes on; what is not kept is redone
+                self.flush()
         self.close()
         if exc_type is not None:
             self._discard_if_bare()
@@ -435,16 +478,29 @@ class ChunkWriter:
         manifest alone), so that rerunning the same command, or the fix its error suggests,
         is not refused with "already exists"."""
         done = self._manifest
-        if not self._started_here or done.chunks or done.complete or done.skipped_bytes:
+        kept = done.chunks or done.complete or done.skipped_bytes or done.flushed
+        if not self._started_here or kept:
             return
         out = self.out_dir
         if self._made_dir:  # made for this job: all it holds is this job's (a failure log...)
             shutil.rmtree(out, ignore_errors=True)
             return
         entries = list(out.iterdir()) if out.is_dir() else []
-        if all(p.name in _OWN_NAMES or _PART.fullmatch(p.name) for p in entries):
+        if all(_own(p.name) for p in entries):
             for path in entries:  # else the job's other files need the manifest to resume
                 path.unlink(missing_ok=True)
+
+    def _load_flushed(self, manifest: Manifest) -> None:
+        """Buffer again what a stopped run flushed, but for chunks committed since."""
+        kept = read_flushed(self.out_dir, manifest, self.chunk_size)
+        for entry in kept:
+            index = entry[0]
+            if len(entry) == 3:
+                self._slot(index).skipped[index] = (entry[1], entry[2])
+            else:
+                self._slot(index).rows[index] = (entry[1], entry[2], entry[3])
+            self._kept.append(index)
+        self._kept.sort()
 
     # -- internals (called with the lock held) ---------------------------------------------------
 

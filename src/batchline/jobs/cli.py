@@ -336,7 +336,7 @@ def _say_model_loads() -> logging.Handler:
 
 
 def _sigterm_as_interrupt(stopped_by: list[str]) -> Callable[[], object]:
-    """Make SIGTERM stop the run as Ctrl-C does (committed chunks kept, the rest withdrawn),
+    """Make SIGTERM stop the run as Ctrl-C does (what is done kept, the rest withdrawn),
     noting it in ``stopped_by``; returns what puts the old handler back."""
     import signal
     import threading
@@ -366,17 +366,16 @@ def _interrupted(args: argparse.Namespace, options: RunOptions, signame: str) ->
     from batchline._commands import program
 
     out = _output_dir(options)
-    committed = 0
+    kept = 0
     if out is not None and (out / "_manifest.json").exists():
         from batchline.datasets.manifest import Manifest
 
-        chunks = Manifest.load(out).chunks.values()
-        committed = sum(c.rows + c.skipped for c in chunks)
+        kept = Manifest.load(out).records_kept  # committed chunks, and what the stop flushed
     argv = [a for a in getattr(args, "argv", None) or sys.argv[1:] if a != "--overwrite"]
-    if committed:
+    if kept:
         if "--resume" not in argv:
             argv.append("--resume")
-        where = f"{committed:,} record(s) committed in {out}"
+        where = f"{kept:,} record(s) kept in {out}"
     else:  # the writer removed the output it began: the same command starts afresh
         where = "no record was committed, so nothing was left behind"
     command = f"{program()} {shlex.join(argv)}"
