@@ -7,6 +7,7 @@ The layout::
       part-000001.parquet   records chunk_size .. 2*chunk_size-1, and so on
       _skipped.jsonl        {"index", "id", "reason"} for each record that was skipped
       _manifest.json        the committed chunks and the job's settings: the only source of truth
+      _flushed-N.jsonl      after a stop (Ctrl-C): results of chunks not complete, for --resume
 
 Results may arrive in any order. A chunk is committed once every record in its index range has a
 result or a skip: the part file is written under a temporary name, fsync'd and renamed, then the

@@ -151,9 +151,11 @@ def convert_gguf(gguf_file: Path, folder: Path) -> None:
         )
         tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name, local_files_only=True)
     except ImportError as exc:
+        from batchline._commands import install_command
+
         raise ModelError(
-            f"converting {name} needs transformers' GGUF support: "
-            f"pip install 'batchline[generate]' gguf accelerate ({exc})"
+            f"converting {name} needs transformers' GGUF support (gguf, accelerate): "
+            f"{install_command('generate')} ({exc})"
         ) from exc
     config = copy.deepcopy(loaded.config)
     if hasattr(config, "quantization_config"):

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Literal, cast
 
+from batchline._commands import install_command
 from batchline._errors import ModelError
 
 if TYPE_CHECKING:
@@ -77,7 +78,7 @@ def _llguidance() -> ModuleType:
         import llguidance
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ModelError(
-            "structured outputs need llguidance: pip install 'batchline[generate]'"
+            f"structured outputs need llguidance: {install_command('generate')}"
         ) from exc
     return llguidance
 

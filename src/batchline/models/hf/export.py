@@ -38,19 +38,17 @@ from typing import Any, Literal
 import numpy as np
 
 from batchline._cache import write_whole
+from batchline._commands import install_command
 from batchline._errors import ModelError
 
 __all__ = [
     "MAX_INLINE_BYTES",
     "OPSET",
-    "TORCH_INSTALL",
     "Head",
     "export_encoder",
     "require_torch",
 ]
 
-#: What installs the conversion's (and the torch embedder's) dependencies on a CPU machine.
-TORCH_INSTALL = "pip install torch==2.13.0 'batchline[generate]'"
 #: The ONNX opset written: ONNX Runtime 1.18 and later run it; 17 brings LayerNormalization.
 OPSET = 17
 #: Weights above this many bytes go to ``<target>.data`` beside the graph (protobuf's 2 GiB
@@ -72,7 +70,8 @@ def require_torch(what: str) -> tuple[ModuleType, ModuleType]:
         import transformers
     except ImportError as exc:
         raise ModelError(
-            f"{what} needs torch and transformers ({exc.name} is missing): {TORCH_INSTALL} "
+            f"{what} needs torch and transformers ({exc.name} is missing): "
+            f"{install_command('generate')} "
             "(the pin is torch's CPU wheel; on a GPU, your CUDA build)"
         ) from exc
     return torch, transformers
