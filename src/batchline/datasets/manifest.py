@@ -25,6 +25,7 @@ __all__ = [
     "OutputFormat",
     "append_synced",
     "check_settings",
+    "exists_message",
     "fsync_dir",
     "json_line",
     "replacing",
@@ -161,6 +162,8 @@ class Manifest:
 
 
 def check_settings(out: Path, stored: Mapping[str, object], wanted: Mapping[str, object]) -> None:
+    if stored.get("input") != wanted.get("input"):
+        raise InputError(_another_input(out, stored))
     diffs = []
     for key in sorted(set(stored) | set(wanted)):
         was, now = stored.get(key, "unset"), wanted.get(key, "unset")
@@ -171,6 +174,25 @@ def check_settings(out: Path, stored: Mapping[str, object], wanted: Mapping[str,
             f"cannot resume {out}: it was written with other settings ({'; '.join(diffs)}); "
             "rerun with the same settings, or pass --overwrite to start again"
         )
+
+
+def exists_message(out: Path, entries: list[str], wanted: Mapping[str, object]) -> str:
+    """What a job is told whose output folder exists (and neither --resume nor --overwrite
+    was given): resume it when it is this input's, else write elsewhere (two inputs of one
+    stem, ``my.csv`` and ``my.jsonl``, share the default ``./my.embeddings``)."""
+    if MANIFEST_NAME in entries:
+        with contextlib.suppress(InputError):
+            stored = Manifest.load(out).settings
+            if stored.get("input") != wanted.get("input"):
+                return _another_input(out, stored)
+    return f"{out} already exists; pass --resume to continue it or --overwrite to replace it"
+
+
+def _another_input(out: Path, stored: Mapping[str, object]) -> str:
+    return (
+        f"{out} holds the output of another input ({stored.get('input')}); write this one "
+        "elsewhere with -o PATH, or pass --overwrite to replace it"
+    )
 
 
 def json_line(obj: Mapping[str, object]) -> bytes:

@@ -57,6 +57,7 @@ from batchline.datasets.manifest import (
     OutputFormat,
     append_synced,
     check_settings,
+    exists_message,
     json_line,
     replacing,
     write_manifest,
@@ -240,10 +241,7 @@ class ChunkWriter:
             )
         if entries and not resume:
             if not overwrite:
-                raise InputError(
-                    f"{out} already exists; "
-                    "pass --resume to continue it or --overwrite to replace it"
-                )
+                raise InputError(exists_message(out, entries, settings))
             for name in entries:
                 if _own(name):
                     (out / name).unlink()

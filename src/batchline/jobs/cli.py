@@ -105,6 +105,7 @@ _GENERATION_FLAGS = {
     "top_p": "--top-p",
     "seed": "--seed",
     "n": "--n",
+    "logprobs": "--logprobs",
     "stop": "--stop",
     "no_chat_template": "--no-chat-template",
     "no_prefix_ordering": "--no-prefix-ordering",
@@ -124,8 +125,9 @@ def _add_generation_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
         "text generation (--task generate; --model smollm2 or PATH/)",
         "Without INPUT: the built-in math word problems. Prompts come from --prompt-column "
-        "(default: prompt, else messages, else text): text, or a list of {role, content} "
-        "chat messages. The output's text column holds each completion.",
+        "(default: each record's prompt, else its messages, else its text, so a file may mix "
+        "them): text, or a list of {role, content} chat messages. The output's text column "
+        "holds each completion.",
     )
     g.add_argument("--max-tokens", type=int, help="tokens to generate per prompt, at most (256)")
     g.add_argument("--temperature", type=float, help="0 (default): greedy; > 0: sample")
@@ -140,6 +142,14 @@ def _add_generation_arguments(p: argparse.ArgumentParser) -> None:
         help="completions per prompt (default 1): a row lists them in texts and "
         "finish_reasons, text is the first; one prefill serves the N (with --seed, sample j "
         "of record i draws from SEED + i*N + j)",
+    )
+    g.add_argument(
+        "--logprobs",
+        type=int,
+        metavar="K",
+        help="keep each completion's token log-probabilities, with the K most likely "
+        "alternatives of each token (0-20), in a logprobs column: JSON text in the shape of "
+        "OpenAI's completions logprobs (a list of them with --n)",
     )
     g.add_argument(
         "--response-format",
@@ -438,7 +448,7 @@ def _resolve(args: argparse.Namespace, options: RunOptions) -> RunOptions:
         )
     sampling: dict[str, Any] = {  # argparse's values, checked by GenerateOptions.sampling
         name: getattr(args, name)
-        for name in ("max_tokens", "temperature", "top_p", "seed", "n", "prompt_column")
+        for name in ("max_tokens", "temperature", "top_p", "seed", "n", "logprobs", "prompt_column")
         if getattr(args, name) is not None
     }
     if args.stop:
