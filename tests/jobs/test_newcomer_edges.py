@@ -102,6 +102,7 @@ def test_5_a_gguf_file_or_folder_is_named_as_such(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_6_quiet_is_quiet_on_the_first_smollm2_run(tmp_path: Path) -> None:
     """The first run converts the GGUF (~25 s; a fresh cache): nothing printed."""
     pytest.importorskip("gguf")
