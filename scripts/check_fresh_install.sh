@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's commands as a new user runs them, each in a fresh virtual environment:
 #  1. `bash scripts/run.sh` in a fresh clone (it makes its own .venv), called from another
-#     directory, on a few records of the demo corpus and on a relative input path;
+#     directory, on a few records of the demo corpus and on a relative input path; stopped by
+#     SIGTERM in the background, then finished by the command its message names;
 #  2. then each of the README's bash blocks in order (scripts/run_readme_blocks.py), in a venv
 #     of one's own with nothing else on PATH: `pip install '.[jobs]'`, `batchline models pull`,
 #     `batchline run`, the generation journey (torch's CPU wheel, smollm2), `batchline serve`
@@ -28,6 +29,17 @@ printf 'a first line\na second line\n' > mine.txt
 bash "$WORK/clone/scripts/run.sh" mine.txt --quiet > run2.txt
 [ ! -s run2.txt ] || fail "--quiet printed something on success"
 [ -f mine.embeddings/_manifest.json ] || fail "relative input did not resolve against the caller's directory"
+# stopped by SIGTERM while in the background of this script (so with SIGINT ignored): it stops,
+# keeps what is done, and its hint, run as printed with nothing else on PATH, finishes the job
+bash "$WORK/clone/scripts/run.sh" --limit 3000 -o stopped --quiet 2> stop.txt &
+sleep 12  # the model loads, then some records are done (either way the hint must work)
+kill -TERM $!
+code=0; wait $! || code=$?
+[ "$code" = 143 ] || fail "SIGTERM: exit $code, not 143: $(cat stop.txt)"
+hint="$(sed -n 's/.*; to go on, run: //p' stop.txt)"
+[ -n "$hint" ] || fail "a stopped run named no command: $(cat stop.txt)"
+env PATH=/usr/bin:/bin bash -c "$hint" || fail "the hinted command failed: $hint"
+grep -q '"complete": true' stopped/_manifest.json || fail "the hinted command did not finish"
 [ -z "$(git -C "$WORK/clone" status --porcelain)" ] || fail "run.sh left files in the repository"
 
 echo "== 2. the README's blocks in order, in an environment of one's own, nothing else on PATH"

@@ -387,7 +387,7 @@ def _interrupted(args: argparse.Namespace, options: RunOptions, signame: str) ->
             argv.append("--resume")
         where = f"{kept:,} record(s) kept in {out}"
     else:  # the writer removed the output it began: the same command starts afresh
-        where = "no record was committed, so nothing was left behind"
+        where = "no record was done yet, so nothing was left behind"
     command = f"{program()} {shlex.join(argv)}"
     return f"interrupted ({signame}): {where}; to go on, run: {command}"
 
