@@ -98,7 +98,8 @@ def add_parser(subparsers: _SubParsersAction[argparse.ArgumentParser]) -> argpar
         "--data-dir",
         type=Path,
         help="the Batch API's files and metadata (/v1/files, /v1/batches; default: batch-api "
-        "in batchline's cache folder); a restart on it resumes unfinished batches",
+        "in batchline's cache folder); a restart on it resumes unfinished batches; one server "
+        "holds it at a time (a second is refused, naming the first's pid)",
     )
     add_knob_arguments(p)
     p.add_argument(
