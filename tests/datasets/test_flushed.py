@@ -56,7 +56,8 @@ def test_a_stop_flushes_and_a_resume_takes_it_back(tmp_path: Path) -> None:
 
     with ChunkWriter(out, chunk_size=10, resume=True, flush_on_stop=True) as w:
         assert w.committed_ranges() == [(0, 16)]
-        w.write_batch(_records(range(16, 25)), _vectors(range(16, 25)))
+        w.write_batch(_records(range(16, 25)), _vectors(range(16, 25)))  # chunk 1 commits
+        assert w.committed_ranges() == [(0, 20)]  # its kept records within it, merged
         w.finish(25)
     table = read_output(out)
     assert table.column("index").to_pylist() == [i for i in range(25) if i != 13]

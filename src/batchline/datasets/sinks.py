@@ -314,10 +314,10 @@ class ChunkWriter:
         ranges: list[tuple[int, int]] = []
         size = self.chunk_size
         spans = [(k * size, (k + 1) * size) for k in self._manifest.chunks]
-        spans += [(i, i + 1) for i in self._kept]
+        spans += [(i, i + 1) for i in self._kept]  # may lie in a chunk committed since
         for lo, hi in sorted(spans):
-            if ranges and ranges[-1][1] == lo:
-                ranges[-1] = (ranges[-1][0], hi)
+            if ranges and ranges[-1][1] >= lo:
+                ranges[-1] = (ranges[-1][0], max(ranges[-1][1], hi))
             else:
                 ranges.append((lo, hi))
         return ranges
