@@ -187,3 +187,23 @@ def test_11_a_missing_model_path_is_worded_one_way(tmp_path: Path, spec: str) ->
     (tmp_path / "texts.txt").write_text("hello\n")
     line = one_error_line(batchline_cli(tmp_path, "run", "texts.txt", "--model", spec))
     assert line == f"batchline run: error: {spec}: no such model file or folder"
+
+
+def test_11_a_batch_line_naming_another_model_is_told_the_job_s_own(tmp_path: Path) -> None:
+    """The served name (what a line must say), not a spec such as ``default``."""
+    lines = [
+        {"custom_id": "a", "method": "POST", "url": "/v1/embeddings",
+         "body": {"model": "emb", "input": "hello"}},
+        {"custom_id": "b", "method": "POST", "url": "/v1/embeddings",
+         "body": {"model": "default", "input": "hello"}},
+    ]  # fmt: skip
+    (tmp_path / "requests.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    argv = ["run", "requests.jsonl", "--model", "emb=default", "-o", "out.jsonl", "--quiet"]
+    done = batchline_cli(tmp_path, *argv)
+    assert done.returncode == 0, done.stderr
+    a, b = (json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines())
+    assert a["error"] is None
+    message = b["error"]["message"]
+    assert "model 'default' is not one of this job's models: its embedding model is 'emb'" in (
+        message
+    )
