@@ -283,15 +283,16 @@ class BatchModels:
         for other in _KINDS:
             if other != kind and asked == getattr(self, other):
                 raise ValueError(f"model {asked!r} {_KINDS[other][2]}; a {url} line needs {a_what}")
+        serve_it = f"--model {asked}=SPEC ({a_what}, such as {asked}={example})"
         if model is not None:  # the name to use is the one served, not the spec's
             raise ValueError(
                 f"model {asked!r} is not one of this job's models: its {what} is {model!r} "
-                f'(name it in "model", or leave "model" out)'
+                f'(name it in "model", or leave "model" out), or add {serve_it} to serve it '
+                "under that name"
             )
         raise ValueError(
             f"model {asked!r} is not one of this job's models, which have no {what}; add "
-            f"--model {asked}=SPEC ({a_what}, such as {asked}={example}) to serve it under "
-            "that name"
+            f"{serve_it} to serve it under that name"
         )
 
 
