@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from batchline._commands import install_command
+
 # extra -> the third-party modules it brings (pyproject.toml's optional-dependencies)
 EXTRA_MODULES = {
     "onnx": ["numpy", "onnxruntime", "onnx", "tokenizers", "safetensors", "platformdirs"],
@@ -100,5 +102,5 @@ def test_a_missing_extra_is_one_line_naming_the_install(
     assert json.loads(done.stdout.strip().splitlines()[-1]) == [2]
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
-    assert f"pip install 'batchline[{named}]'" in lines[0]
+    assert install_command(named) in lines[0]
     assert not (tmp_path / "out").exists()  # failed before touching the output

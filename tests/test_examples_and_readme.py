@@ -67,7 +67,7 @@ def test_readme_is_a_newcomers_path() -> None:
     """Short enough to read top to bottom, with a from-a-clone install, and every docs page it
     links to exists."""
     text = (ROOT / "README.md").read_text()
-    assert len(text.splitlines()) <= 270
+    assert len(text.splitlines()) <= 240  # room left for an Images section
     assert "pip install '.[jobs]'" in text
     for link in re.findall(r"\]\((docs/[^)#]+)", text):
         assert (ROOT / link).is_file(), link
@@ -79,3 +79,58 @@ def test_readme_gives_the_two_setup_commands() -> None:
     assert "bash scripts/test.sh" in text
     ci = (ROOT / ".ci" / "run").read_text()
     assert "bash scripts/test.sh" in ci
+
+
+def _options(command: str) -> dict[str, str]:
+    """``command``'s visible options and their help, as ``batchline COMMAND --help`` shows."""
+    import argparse
+
+    from batchline.__main__ import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    parser = sub.choices[command]
+    found = {"--help": "show this help message and exit"}
+    for action in parser._actions:
+        if action.help != argparse.SUPPRESS:
+            for option in action.option_strings:
+                found[option] = str(action.help or "")
+    return found
+
+
+def _readme_commands(text: str) -> list[tuple[str, list[str]]]:
+    """Each ``batchline COMMAND ...`` line of the README's bash blocks (continuations joined):
+    the command and its ``--flags``."""
+    found = []
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split("#", 1)[0]
+            match = re.search(r"(?:^|\s)batchline\s+([a-z]+)\b(.*)", line)
+            if match:
+                found.append((match.group(1), re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", line)))
+    return found
+
+
+def test_every_flag_the_readme_names_is_one_help_knows() -> None:
+    """The README's commands use only flags their command's ``--help`` lists, every flag its
+    prose names is one a command lists, and where the README describes a flag it says what
+    the one help text says."""
+    text = (ROOT / "README.md").read_text()
+    commands = ("run", "serve", "drive", "bench", "tune", "models")
+    helps = {c: _options(c) for c in commands}
+    lines = _readme_commands(text)
+    assert {c for c, _ in lines} >= {"run", "serve", "drive", "bench", "tune", "models"}
+    for command, flags in lines:
+        unknown = [f for f in flags if f not in helps[command]]
+        assert not unknown, f"batchline {command} has no {unknown} (README)"
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    known = {f for h in helps.values() for f in h}
+    named = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", prose))
+    assert named - known == set(), "README names flags no command has"
+    # the one description of --task, as run and serve give it
+    from batchline.models.selection import TASK_HELP
+
+    assert "`--task` overrides what was detected" in text
+    assert "overrides what was detected" in TASK_HELP
+    assert helps["run"]["--task"].startswith(TASK_HELP)
+    assert helps["serve"]["--task"].startswith(TASK_HELP)
+    assert "score" in TASK_HELP

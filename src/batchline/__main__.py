@@ -72,9 +72,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         extra = missing_extra(args.command, top)
         if extra is None:
             raise
+        from batchline._commands import install_command
+
         print(
             f"batchline {args.command}: error: this command needs the '{extra}' extra "
-            f"({top} is not installed); run: pip install 'batchline[{extra}]'",
+            f"({top} is not installed); run: {install_command(extra)}",
             file=sys.stderr,
         )
         return 2

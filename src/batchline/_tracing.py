@@ -29,6 +29,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, cast
 
+from batchline._commands import install_command
 from batchline._errors import InputError
 
 if TYPE_CHECKING:
@@ -36,9 +37,6 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
 
 __all__ = ["Tracing", "tracing_for", "tracing_from_env", "tracing_requested"]
-
-#: the one line a missing extra gets
-INSTALL = "pip install 'batchline[trace]'"
 
 
 def tracing_requested(environ: Mapping[str, str] | None = None) -> bool:
@@ -176,6 +174,7 @@ def _entry_point_names() -> Iterable[str]:
 def _missing(exc: ImportError) -> str:
     what = getattr(exc, "name", None) or "opentelemetry"
     return (
-        f"tracing is on (OTEL_* variables) but {what} is not installed: {INSTALL} "
+        f"tracing is on (OTEL_* variables) but {what} is not installed: "
+        f"{install_command('trace')} "
         "(or unset OTEL_TRACES_EXPORTER / OTEL_EXPORTER_OTLP_ENDPOINT)"
     )

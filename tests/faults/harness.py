@@ -58,6 +58,7 @@ SITES = {
     "run.part": "run",  # a chunk's part file (test_run_faults.py)
     "run.manifest": "run",  # _manifest.json
     "run.skipped": "run",  # _skipped.jsonl: appended, then sorted at the end
+    "run.flushed": "flush",  # _flushed-N.jsonl, what a stopped run kept (test_flush_faults.py)
     "batch.file": "batch",  # uploads and a batch's output/error files (test_batch_faults.py)
     "batch.meta": "batch",  # the Batch API's SQLite metadata
     "batch.output": "batch",  # a batch's all.jsonl, from its chunks (run on a batch file too)

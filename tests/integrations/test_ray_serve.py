@@ -37,6 +37,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ray import serve
 
 from batchline.__main__ import main
+from batchline._commands import install_command
 from batchline._errors import InputError, ModelError
 from batchline.datasets.sinks import read_output
 from batchline.driver.drive import DriveOptions, drive
@@ -556,7 +557,7 @@ def test_ray_flags_without_engine_ray_are_a_one_line_error(
 def test_engine_ray_without_ray_names_the_extra() -> None:
     done = _blocked(["ray"], [["serve", "--engine", "ray", "--port", "0"]])
     assert json.loads(done.stdout.strip().splitlines()[-1]) == [2], done.stderr
-    assert "pip install 'batchline[ray]'" in done.stderr
+    assert install_command("ray") in done.stderr
 
 
 @pytest.mark.slow

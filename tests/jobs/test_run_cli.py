@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import textwrap
@@ -121,10 +122,12 @@ STOPPER = textwrap.dedent(
 
     def factory():
         def score(records):
+            with open("computed.txt", "a") as f:  # how many records each run computes
+                f.write(f"{len(records)}\\n")
             if any(r["id"] == "r600" for r in records) and os.environ.get("STOP_WITH"):
                 manifest = os.path.join("out", "_manifest.json")
                 deadline = time.monotonic() + 60
-                while time.monotonic() < deadline:  # until a chunk is committed
+                while os.environ.get("STOP_AFTER_A_CHUNK") and time.monotonic() < deadline:
                     try:
                         with open(manifest) as f:
                             if json.load(f)["chunks"]:
@@ -140,20 +143,47 @@ STOPPER = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize(("signame", "code"), [("SIGINT", 130), ("SIGTERM", 143)])
+def _ignore_sigint() -> None:
+    """What a script's ``batchline run ... &`` gets: SIGINT ignored from the start."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _program_here(path: str) -> list[str]:
+    """The program a hint names in an environment whose ``PATH`` is ``path``."""
+    own = Path(sys.executable).parent / "batchline"
+    if not own.is_file():
+        return [sys.executable, "-m", "batchline"]
+    return (
+        ["batchline"] if str(Path(sys.executable).parent) in path.split(os.pathsep) else [str(own)]
+    )
+
+
+@pytest.mark.parametrize(
+    ("signame", "code", "sigint_ignored"),
+    [("SIGINT", 130, False), ("SIGTERM", 143, False), ("SIGTERM", 143, True)],
+)
 def test_a_stopped_run_says_what_is_committed_and_how_to_go_on(
-    here: Path, monkeypatch: pytest.MonkeyPatch, signame: str, code: int
+    here: Path, monkeypatch: pytest.MonkeyPatch, signame: str, code: int, sigint_ignored: bool
 ) -> None:
+    """Also started in the background by a script (SIGINT ignored): SIGTERM still stops it,
+    keeps the committed chunks and prints the resume command, naming a program that runs."""
     (here / "stopper.py").write_text(STOPPER)
     monkeypatch.syspath_prepend(str(here))
     rows = [{"id": f"r{i}", "text": f"text {i}"} for i in range(1000)]
     (here / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     argv = ["run", "data.jsonl", "--model", "stopper:factory", "-o", "out", "--quiet"]
     argv += ["--chunk-size", "32", "--target-batch-tokens", "16"]
+    path = os.environ.get("PATH", "")
     stopped = subprocess.run(
         [sys.executable, "-m", "batchline", *argv],
-        env={**os.environ, "STOP_WITH": signame, "PYTHONPATH": f"{here}{os.pathsep}{SRC}"},
+        env={
+            **os.environ,
+            "STOP_WITH": signame,
+            "STOP_AFTER_A_CHUNK": "1",
+            "PYTHONPATH": f"{here}{os.pathsep}{SRC}",
+        },
         cwd=here,
+        preexec_fn=_ignore_sigint if sigint_ignored else None,
         capture_output=True,
         text=True,
         timeout=120,
@@ -163,15 +193,59 @@ def test_a_stopped_run_says_what_is_committed_and_how_to_go_on(
     assert "Traceback" not in stopped.stderr
     lines = [line for line in stopped.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, stopped.stderr
-    chunks = Manifest.load(here / "out").chunks.values()
-    committed = sum(c.rows + c.skipped for c in chunks)
-    assert 0 < committed < 1000
+    manifest = Manifest.load(here / "out")
+    assert manifest.chunks
+    kept = manifest.records_kept
+    assert 0 < kept < 1000
     message, _, command = lines[0].partition("; to go on, run: ")
-    assert (
-        message
-        == f"batchline run: interrupted ({signame}): {committed:,} record(s) committed in out"
-    )
+    assert message == f"batchline run: interrupted ({signame}): {kept:,} record(s) kept in out"
     resume = shlex.split(command)
-    assert resume == ["batchline", *argv, "--resume"]
-    assert main(resume[1:]) == 0
+    program = _program_here(path)
+    assert resume == [*program, *argv, "--resume"]
+    assert main(resume[len(program) :]) == 0
     assert read_output(here / "out").column("index").to_pylist() == list(range(1000))
+
+
+def test_ctrl_c_before_the_first_chunk_keeps_what_is_done(here: Path) -> None:
+    """Stopped before its first chunk of 10,000 records is complete, a run keeps the results
+    it has (flushed), names --resume, and the resume computes only the others."""
+    (here / "stopper.py").write_text(STOPPER)
+    rows = [{"id": f"r{i}", "text": f"text {i}"} for i in range(1000)]
+    (here / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    argv = ["run", "data.jsonl", "--model", "stopper:factory", "-o", "out", "--quiet"]
+    argv += ["--target-batch-tokens", "16"]
+    env = {**os.environ, "PYTHONPATH": f"{here}{os.pathsep}{SRC}"}
+    stopped = subprocess.run(
+        [sys.executable, "-m", "batchline", *argv],
+        env={**env, "STOP_WITH": "SIGINT"},
+        cwd=here,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert stopped.returncode == 130, stopped.stderr
+    manifest = Manifest.load(here / "out")
+    assert not manifest.chunks  # no chunk was complete
+    kept = manifest.records_kept
+    assert 0 < kept < 1000
+    line = stopped.stderr.strip()
+    assert f"interrupted (SIGINT): {kept:,} record(s) kept in out; to go on, run: " in line
+    assert line.endswith(" --resume")
+    (here / "computed.txt").unlink()
+    resumed = subprocess.run(
+        [sys.executable, "-m", "batchline", *argv, "--resume"],
+        env=env,
+        cwd=here,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    computed = sum(int(n) for n in (here / "computed.txt").read_text().split())
+    assert computed == 1000 - kept
+    table = read_output(here / "out")
+    assert table.column("index").to_pylist() == list(range(1000))
+    assert table.column("result").to_pylist() == [json.dumps(len(r["text"])) for r in rows]
+    assert not list(here.glob("out/_flushed-*"))  # a finished output holds its chunks only

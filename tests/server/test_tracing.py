@@ -25,6 +25,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
+from batchline._commands import install_command
 from batchline._errors import InputError
 from batchline._tracing import tracing_for, tracing_from_env, tracing_requested
 from batchline.server import create_app
@@ -357,5 +358,5 @@ def test_tracing_asked_without_the_extra_is_one_line_naming_it(
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
-    assert "pip install 'batchline[trace]'" in lines[0]
+    assert install_command("trace") in lines[0]
     assert not (tmp_path / "o").exists()

@@ -6,6 +6,7 @@ after each committed chunk; a crash at any point leaves the previous one in forc
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Mapping
@@ -25,6 +26,7 @@ __all__ = [
     "OutputFormat",
     "append_synced",
     "check_settings",
+    "exists_message",
     "fsync_dir",
     "json_line",
     "replacing",
@@ -62,6 +64,16 @@ class Manifest:
     result_dim: int | None = None
     total_records: int | None = None
     complete: bool = False
+    #: Results of chunks not complete when the job was stopped (Ctrl-C, SIGTERM), kept in this
+    #: file so that ``--resume`` does not compute them again (``batchline.datasets.flushed``).
+    flushed: str | None = None
+    flushed_records: int = 0
+
+    @property
+    def records_kept(self) -> int:
+        """Records a resume will not compute again: those of committed chunks (a result or a
+        skip), and those flushed when the job was stopped."""
+        return sum(c.rows + c.skipped for c in self.chunks.values()) + self.flushed_records
 
     @property
     def chunk_size(self) -> int:
@@ -97,6 +109,11 @@ class Manifest:
             "total_records": self.total_records,
             "result_dim": self.result_dim,
             "skipped_bytes": self.skipped_bytes,
+            **(
+                {"flushed": self.flushed, "flushed_records": self.flushed_records}
+                if self.flushed
+                else {}
+            ),
             "chunks": [
                 {"chunk": c.chunk, "file": c.file, "rows": c.rows, "skipped": c.skipped}
                 for c in sorted(self.chunks.values(), key=lambda c: c.chunk)
@@ -136,6 +153,8 @@ class Manifest:
                 result_dim=data["result_dim"],
                 total_records=data["total_records"],
                 complete=bool(data["complete"]),
+                flushed=data.get("flushed"),
+                flushed_records=int(data.get("flushed_records", 0)),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise InputError(
@@ -144,6 +163,8 @@ class Manifest:
 
 
 def check_settings(out: Path, stored: Mapping[str, object], wanted: Mapping[str, object]) -> None:
+    if stored.get("input") != wanted.get("input"):
+        raise InputError(_another_input(out, stored))
     diffs = []
     for key in sorted(set(stored) | set(wanted)):
         was, now = stored.get(key, "unset"), wanted.get(key, "unset")
@@ -154,6 +175,25 @@ def check_settings(out: Path, stored: Mapping[str, object], wanted: Mapping[str,
             f"cannot resume {out}: it was written with other settings ({'; '.join(diffs)}); "
             "rerun with the same settings, or pass --overwrite to start again"
         )
+
+
+def exists_message(out: Path, entries: list[str], wanted: Mapping[str, object]) -> str:
+    """What a job is told whose output folder exists (and neither --resume nor --overwrite
+    was given): resume it when it is this input's, else write elsewhere (two inputs of one
+    stem, ``my.csv`` and ``my.jsonl``, share the default ``./my.embeddings``)."""
+    if MANIFEST_NAME in entries:
+        with contextlib.suppress(InputError):
+            stored = Manifest.load(out).settings
+            if stored.get("input") != wanted.get("input"):
+                return _another_input(out, stored)
+    return f"{out} already exists; pass --resume to continue it or --overwrite to replace it"
+
+
+def _another_input(out: Path, stored: Mapping[str, object]) -> str:
+    return (
+        f"{out} holds the output of another input ({stored.get('input')}); write this one "
+        "elsewhere with -o PATH, or pass --overwrite to replace it"
+    )
 
 
 def json_line(obj: Mapping[str, object]) -> bytes:

@@ -339,5 +339,6 @@ def open_dataset_job(
         result_shapes=result_shapes,
         allow_empty=options.allow_empty,
         id_name=source.id_column or "id",
+        flush_on_stop=True,  # Ctrl-C keeps what is done: --resume does not compute it again
     )
     return source, writer

@@ -7,6 +7,7 @@ The layout::
       part-000001.parquet   records chunk_size .. 2*chunk_size-1, and so on
       _skipped.jsonl        {"index", "id", "reason"} for each record that was skipped
       _manifest.json        the committed chunks and the job's settings: the only source of truth
+      _flushed-N.jsonl      after a stop (Ctrl-C): results of chunks not complete, for --resume
 
 Results may arrive in any order. A chunk is committed once every record in its index range has a
 result or a skip: the part file is written under a temporary name, fsync'd and renamed, then the
@@ -27,10 +28,8 @@ manifest is replaced the same way. A crash at any point leaves the previous mani
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
-import re
 import shutil
 import threading
 import time
@@ -44,23 +43,22 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchline._errors import DiskError, InputError
-from batchline._fsio import disk_errno, disk_phrase
+from batchline._errors import InputError
 from batchline._types import Array
 from batchline.datasets.columns import build_table, check_tensors, json_text
+from batchline.datasets.flushed import flush_pending, flushable, read_flushed, stopped
 from batchline.datasets.manifest import (
     MANIFEST_NAME,
     SKIPPED_NAME,
-    TMP,
     ChunkInfo,
     Manifest,
     OutputFormat,
     append_synced,
-    check_settings,
     json_line,
     replacing,
     write_manifest,
 )
+from batchline.datasets.output_dir import default_output, disk_error, open_output, own_file
 from batchline.datasets.readers import iter_output, read_arrays, read_output, read_skipped
 from batchline.datasets.sources import BadRecord, Record
 from batchline.models.protocol import ResultKind
@@ -83,26 +81,10 @@ __all__ = [
     "read_skipped",
 ]
 
-_PART = re.compile(r"part-\d{6,}\.(?:parquet|jsonl)(?:\.tmp)?")
-_OWN_NAMES = {MANIFEST_NAME, SKIPPED_NAME, MANIFEST_NAME + TMP, SKIPPED_NAME + TMP}
 _RESERVED = {"id", "index"}
-_DISK_FIX = {
-    errno.ENOSPC: "free some space",
-    errno.EDQUOT: "free some space or raise the quota",
-    errno.EROFS: "choose a writable output folder (--output)",
-    errno.EACCES: "choose a writable output folder (--output)",
-    errno.EPERM: "choose a writable output folder (--output)",
-}
 #: Test hook, not a setting: with ``N`` here, a writer stops for good (sleeps) right after it has
 #: committed ``N`` chunks, so a test can kill its process mid-job and be sure the job was not done.
 PAUSE_AFTER_CHUNKS_ENV = "BATCHLINE_TEST_PAUSE_AFTER_CHUNKS"
-
-
-def default_output(input_path: Path | None, task: str) -> Path:
-    """The output folder of a job that names none, in the current directory: ``STEM.embeddings``
-    for the embed task, ``STEM.results`` for the others (``run``'s and ``drive``'s alike)."""
-    stem = "demo-corpus" if input_path is None else input_path.stem
-    return Path(f"{stem}.{'embeddings' if task == 'embed' else 'results'}")
 
 
 def _part_name(chunk: int, fmt: OutputFormat) -> str:
@@ -157,6 +139,7 @@ class ChunkWriter:
         result_shapes: Mapping[str, Sequence[int] | None] | None = None,
         allow_empty: bool = True,
         id_name: str = "id",
+        flush_on_stop: bool = False,
     ) -> None:
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
@@ -217,72 +200,20 @@ class ChunkWriter:
         self._allow_empty = allow_empty
         self._started_here = False  # this writer began the output (see _discard_if_bare)
         self._made_dir = not self.out_dir.exists()
+        self._flush_on_stop = flush_on_stop
+        self._kept: list[int] = []  # indices a resume loaded from a flushed file, sorted
         try:
-            self._manifest = self._open(settings, overwrite=overwrite, resume=resume)
+            self._manifest, self._started_here = open_output(
+                self.out_dir, settings, overwrite=overwrite, resume=resume
+            )
         except OSError as exc:
-            disk = self._disk_error(exc, committed=False)
+            disk = disk_error(self.out_dir, exc, committed=False)
             if disk is None:
                 raise
             raise disk from exc
+        self._load_flushed(self._manifest)
 
     # -- opening ---------------------------------------------------------------------------------
-
-    def _open(self, settings: dict[str, object], *, overwrite: bool, resume: bool) -> Manifest:
-        out = self.out_dir
-        if out.exists() and not out.is_dir():
-            raise InputError(f"{out} exists and is not a directory; choose another output path")
-        entries = sorted(p.name for p in out.iterdir()) if out.exists() else []
-        if resume and MANIFEST_NAME in entries:
-            manifest = Manifest.load(out)
-            check_settings(out, manifest.settings, settings)
-            self._recover(manifest, entries)
-            return manifest
-        if resume and entries:
-            raise InputError(
-                f"{out} has no {MANIFEST_NAME}, so there is no batchline job to resume; "
-                "choose another output path, or pass --overwrite to write into it"
-            )
-        if entries and not resume:
-            if not overwrite:
-                raise InputError(
-                    f"{out} already exists; "
-                    "pass --resume to continue it or --overwrite to replace it"
-                )
-            for name in entries:
-                if name in _OWN_NAMES or _PART.fullmatch(name):
-                    (out / name).unlink()
-        out.mkdir(parents=True, exist_ok=True)
-        manifest = Manifest(settings=settings, chunks={})
-        write_manifest(out, manifest)
-        self._started_here = True
-        return manifest
-
-    def _recover(self, manifest: Manifest, entries: list[str]) -> None:
-        """Drop what a crashed run wrote after its last manifest."""
-        listed = {c.file for c in manifest.chunks.values() if c.file is not None}
-        for name in entries:
-            own = name in _OWN_NAMES or _PART.fullmatch(name) is not None
-            # Temp files, and part files renamed before their manifest was: both uncommitted.
-            if own and (name.endswith(TMP) or (name.startswith("part-") and name not in listed)):
-                (self.out_dir / name).unlink()
-        missing = sorted(listed - set(entries))
-        if missing:
-            raise InputError(
-                f"{self.out_dir}: {missing[0]} is listed in {MANIFEST_NAME} but missing; "
-                "pass --overwrite to start the job again"
-            )
-        skipped = self.out_dir / SKIPPED_NAME
-        size = skipped.stat().st_size if skipped.exists() else 0
-        if size < manifest.skipped_bytes:
-            raise InputError(
-                f"{skipped} is shorter than {MANIFEST_NAME} records; "
-                "pass --overwrite to start again"
-            )
-        if size > manifest.skipped_bytes:
-            # Lines appended by a commit whose manifest was never written: that chunk is redone.
-            with open(skipped, "r+b") as f:
-                f.truncate(manifest.skipped_bytes)
-                os.fsync(f.fileno())
 
     # -- state -----------------------------------------------------------------------------------
 
@@ -311,13 +242,15 @@ class ChunkWriter:
         return index // self.chunk_size in self._manifest.chunks
 
     def committed_ranges(self) -> list[tuple[int, int]]:
-        """Committed input indices as sorted half-open ranges, for ``iter_blocks(skip=...)``."""
+        """Committed input indices as sorted half-open ranges, for ``iter_blocks(skip=...)``;
+        with them the records a stopped run flushed (held here until their chunk commits)."""
         ranges: list[tuple[int, int]] = []
         size = self.chunk_size
-        for k in self._manifest.chunks:
-            lo, hi = k * size, (k + 1) * size
-            if ranges and ranges[-1][1] == lo:
-                ranges[-1] = (ranges[-1][0], hi)
+        spans = [(k * size, (k + 1) * size) for k in self._manifest.chunks]
+        spans += [(i, i + 1) for i in self._kept]  # may lie in a chunk committed since
+        for lo, hi in sorted(spans):
+            if ranges and ranges[-1][1] >= lo:
+                ranges[-1] = (ranges[-1][0], max(ranges[-1][1], hi))
             else:
                 ranges.append((lo, hi))
         return ranges
@@ -421,18 +354,41 @@ class ChunkWriter:
                     f"cannot finish: {len(missing)} chunk(s) incomplete; chunk {k} lacks "
                     f"{len(absent)} record(s), first {absent[:5]}"
                 )
-            finished = replace(self._manifest, total_records=total_records, complete=True)
+            flushed = self._manifest.flushed
+            finished = replace(
+                self._manifest,
+                total_records=total_records,
+                complete=True,
+                flushed=None,
+                flushed_records=0,
+            )
             try:
                 self._sort_skipped()
                 write_manifest(self.out_dir, finished)
             except BaseException as exc:
                 self._failed = exc
-                disk = self._disk_error(exc)
+                disk = disk_error(self.out_dir, exc)
                 if disk is None:
                     raise
                 raise disk from exc
             self._manifest = finished
+            if flushed is not None:
+                (self.out_dir / flushed).unlink(missing_ok=True)
             return self._manifest
+
+    def flush(self) -> int:
+        """Keep the results buffered for chunks not complete yet (a stopped job's), so that a
+        resume does not compute them again (``batchline.datasets.flushed``); the number kept.
+        Nothing is kept of a failed, closed or finished writer, or of tensor results."""
+        with self._lock:
+            done = self._manifest
+            usable = self._failed is None and not self._closed and not done.complete
+            if not usable or not self._pending or not flushable(self.result_kind):
+                return 0
+            self._manifest = flush_pending(
+                self.out_dir, done, self._pending, self.id_name, self.result_column
+            )
+            return self._manifest.flushed_records
 
     def close(self) -> None:
         """Release the writer. Buffered records of uncommitted chunks are dropped: a resumed run
@@ -450,6 +406,9 @@ class ChunkWriter:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if self._flush_on_stop and exc_type is not None and stopped(exc_type):
+            with contextlib.suppress(Exception):  # the stop goes on; what is not kept is redone
+                self.flush()
         self.close()
         if exc_type is not None:
             self._discard_if_bare()
@@ -459,34 +418,30 @@ class ChunkWriter:
         manifest alone), so that rerunning the same command, or the fix its error suggests,
         is not refused with "already exists"."""
         done = self._manifest
-        if not self._started_here or done.chunks or done.complete or done.skipped_bytes:
+        kept = done.chunks or done.complete or done.skipped_bytes or done.flushed
+        if not self._started_here or kept:
             return
         out = self.out_dir
         if self._made_dir:  # made for this job: all it holds is this job's (a failure log...)
             shutil.rmtree(out, ignore_errors=True)
             return
         entries = list(out.iterdir()) if out.is_dir() else []
-        if all(p.name in _OWN_NAMES or _PART.fullmatch(p.name) for p in entries):
+        if all(own_file(p.name) for p in entries):
             for path in entries:  # else the job's other files need the manifest to resume
                 with contextlib.suppress(OSError):  # a read-only folder: the error is said
                     path.unlink(missing_ok=True)
 
-    def _disk_error(self, exc: BaseException, *, committed: bool = True) -> DiskError | None:
-        """``exc`` as a one-line ``DiskError`` naming the folder and the fix when it is the
-        disk's failure (full, read-only, I/O error), else None."""
-        code = disk_errno(exc)
-        if code is None:
-            return None
-        fix = _DISK_FIX.get(code, "check the disk")
-        again = (
-            "then rerun with --resume to continue from the last committed chunk"
-            if committed
-            else "then run the job again"
-        )
-        return DiskError(
-            f"cannot write to {self.out_dir}: the file system {disk_phrase(code)}; {fix}, {again}",
-            code,
-        )
+    def _load_flushed(self, manifest: Manifest) -> None:
+        """Buffer again what a stopped run flushed, but for chunks committed since."""
+        kept = read_flushed(self.out_dir, manifest, self.chunk_size)
+        for entry in kept:
+            index = entry[0]
+            if len(entry) == 3:
+                self._slot(index).skipped[index] = (entry[1], entry[2])
+            else:
+                self._slot(index).rows[index] = (entry[1], entry[2], entry[3])
+            self._kept.append(index)
+        self._kept.sort()
 
     # -- internals (called with the lock held) ---------------------------------------------------
 
@@ -566,7 +521,7 @@ class ChunkWriter:
                 self._commit(k, self._pending.pop(k))
             except BaseException as exc:
                 self._failed = exc
-                disk = self._disk_error(exc)
+                disk = disk_error(self.out_dir, exc)
                 if disk is None:
                     raise
                 raise disk from exc

@@ -105,6 +105,7 @@ _GENERATION_FLAGS = {
     "top_p": "--top-p",
     "seed": "--seed",
     "n": "--n",
+    "logprobs": "--logprobs",
     "stop": "--stop",
     "no_chat_template": "--no-chat-template",
     "no_prefix_ordering": "--no-prefix-ordering",
@@ -124,8 +125,9 @@ def _add_generation_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
         "text generation (--task generate; --model smollm2 or PATH/)",
         "Without INPUT: the built-in math word problems. Prompts come from --prompt-column "
-        "(default: prompt, else messages, else text): text, or a list of {role, content} "
-        "chat messages. The output's text column holds each completion.",
+        "(default: each record's prompt, else its messages, else its text, so a file may mix "
+        "them): text, or a list of {role, content} chat messages. The output's text column "
+        "holds each completion.",
     )
     g.add_argument("--max-tokens", type=int, help="tokens to generate per prompt, at most (256)")
     g.add_argument("--temperature", type=float, help="0 (default): greedy; > 0: sample")
@@ -140,6 +142,14 @@ def _add_generation_arguments(p: argparse.ArgumentParser) -> None:
         help="completions per prompt (default 1): a row lists them in texts and "
         "finish_reasons, text is the first; one prefill serves the N (with --seed, sample j "
         "of record i draws from SEED + i*N + j)",
+    )
+    g.add_argument(
+        "--logprobs",
+        type=int,
+        metavar="K",
+        help="keep each completion's token log-probabilities, with the K most likely "
+        "alternatives of each token (0-20), in a logprobs column: JSON text in the shape of "
+        "OpenAI's completions logprobs (a list of them with --n)",
     )
     g.add_argument(
         "--response-format",
@@ -336,7 +346,7 @@ def _say_model_loads() -> logging.Handler:
 
 
 def _sigterm_as_interrupt(stopped_by: list[str]) -> Callable[[], object]:
-    """Make SIGTERM stop the run as Ctrl-C does (committed chunks kept, the rest withdrawn),
+    """Make SIGTERM stop the run as Ctrl-C does (what is done kept, the rest withdrawn),
     noting it in ``stopped_by``; returns what puts the old handler back."""
     import signal
     import threading
@@ -344,9 +354,15 @@ def _sigterm_as_interrupt(stopped_by: list[str]) -> Callable[[], object]:
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
 
-    def on_sigterm(signum: int, frame: object) -> None:
+    def on_sigterm(signum: int, frame: Any) -> None:
         stopped_by.append("SIGTERM")
-        signal.raise_signal(signal.SIGINT)  # asyncio.run's own Ctrl-C path: a clean cancel
+        on_sigint = signal.getsignal(signal.SIGINT)
+        if callable(on_sigint):  # asyncio.run's own Ctrl-C path (a clean cancel), or Python's
+            on_sigint(signal.SIGINT, frame)
+            return
+        # SIGINT ignored (a job started with `&` from a script) or left to the system: SIGTERM
+        # must stop the run all the same, so it interrupts as Python's own Ctrl-C handler would
+        raise KeyboardInterrupt
 
     old = signal.signal(signal.SIGTERM, on_sigterm)
     return lambda: signal.signal(signal.SIGTERM, old)
@@ -357,21 +373,22 @@ def _interrupted(args: argparse.Namespace, options: RunOptions, signame: str) ->
     on from there (or, with nothing committed, the same command again)."""
     import shlex
 
+    from batchline._commands import program
+
     out = _output_dir(options)
-    committed = 0
+    kept = 0
     if out is not None and (out / "_manifest.json").exists():
         from batchline.datasets.manifest import Manifest
 
-        chunks = Manifest.load(out).chunks.values()
-        committed = sum(c.rows + c.skipped for c in chunks)
+        kept = Manifest.load(out).records_kept  # committed chunks, and what the stop flushed
     argv = [a for a in getattr(args, "argv", None) or sys.argv[1:] if a != "--overwrite"]
-    if committed:
+    if kept:
         if "--resume" not in argv:
             argv.append("--resume")
-        where = f"{committed:,} record(s) committed in {out}"
+        where = f"{kept:,} record(s) kept in {out}"
     else:  # the writer removed the output it began: the same command starts afresh
-        where = "no record was committed, so nothing was left behind"
-    command = shlex.join(["batchline", *argv])
+        where = "no record was done yet, so nothing was left behind"
+    command = f"{program()} {shlex.join(argv)}"
     return f"interrupted ({signame}): {where}; to go on, run: {command}"
 
 
@@ -431,7 +448,7 @@ def _resolve(args: argparse.Namespace, options: RunOptions) -> RunOptions:
         )
     sampling: dict[str, Any] = {  # argparse's values, checked by GenerateOptions.sampling
         name: getattr(args, name)
-        for name in ("max_tokens", "temperature", "top_p", "seed", "n", "prompt_column")
+        for name in ("max_tokens", "temperature", "top_p", "seed", "n", "logprobs", "prompt_column")
         if getattr(args, name) is not None
     }
     if args.stop:

@@ -45,7 +45,7 @@ from batchline._stats import percentile
 from batchline.datasets.outcomes import Failed, Outcome, Result, describe
 from batchline.datasets.pipeline import PipelineRun, Progress, open_dataset_job, run_pipeline
 from batchline.datasets.sinks import ChunkWriter, default_output
-from batchline.datasets.sources import Record, Source, prompt_column
+from batchline.datasets.sources import PROMPT_COLUMNS, Record, Source, prompt_column
 from batchline.jobs.batch import DEDUPE_WINDOW, Cached, cancel, settle
 from batchline.jobs.generate_cache import Answers, CompletionCache, request_key
 from batchline.jobs.generate_choices import CHOICES_COLUMN, Samples, gather_samples, samples_outcome
@@ -141,6 +141,8 @@ def open_generate_job(
             "top_p": params.top_p,
             "seed": params.seed,
             "stop": list(params.stop),
+            # only when asked: the settings of outputs written before the flag stay as they were
+            **({} if params.logprobs is None else {"logprobs": params.logprobs}),
             "constraint": None
             if params.constraint is None
             else {"kind": params.constraint.kind, "spec": params.constraint.spec},
@@ -458,7 +460,9 @@ def plan_generate(options: RunOptions) -> tuple[GenerateOptions, RecordRequests]
     # the column named by --prompt-column (or --text-column), else the first the input has
     named = opts.prompt_column or (opts.text_column if opts.text_column != "text" else None)
     column = prompt_column(opts.input, fmt=opts.input_format, named=named)
-    return opts, RecordRequests(column, opts.chat_template, params, n=opts.n)
+    fallbacks = () if named else tuple(c for c in PROMPT_COLUMNS if c != column)
+    requests = RecordRequests(column, opts.chat_template, params, n=opts.n, fallbacks=fallbacks)
+    return opts, requests
 
 
 async def run_generate_job(

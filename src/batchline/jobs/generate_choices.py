@@ -8,7 +8,9 @@ choice's text in the text column, the token counts of the line (its prompt once,
 choice's completion tokens), and every choice, in the shape OpenAI's response holds it, as
 JSON text in the row's ``choices`` column (what :mod:`~batchline.jobs.openai_output` reads).
 A row of one plain completion has ``""`` there. A ``--n`` job's row lists its texts and
-their finish reasons in ``texts`` and ``finish_reasons`` instead.
+their finish reasons in ``texts`` and ``finish_reasons`` instead, and a ``--logprobs`` job's
+its tokens' log-probabilities in ``logprobs`` (JSON text in the completions shape; a list of
+them with ``--n``).
 """
 
 from __future__ import annotations
@@ -83,9 +85,14 @@ def samples_outcome(
         "prompt_tokens": first.prompt_tokens,  # one prompt, computed once
         "completion_tokens": sum(c.completion_tokens for c in completions),
     }
-    if asked.listed:  # a dataset job's row: its texts listed
-        row["texts"] = [c.text for c in completions]
-        row["finish_reasons"] = [c.finish_reason for c in completions]
+    if asked.listed:  # a dataset job's row: its texts listed (n > 1), its log-probabilities
+        if asked.n > 1:
+            row["texts"] = [c.text for c in completions]
+            row["finish_reasons"] = [c.finish_reason for c in completions]
+        if asked.logprobs:
+            each = [choice["logprobs"] for choice in choices]
+            kept = each if asked.n > 1 else each[0]
+            row["logprobs"] = json.dumps(kept, ensure_ascii=False, separators=(",", ":"))
         return Result(first.text, row)
     row[CHOICES_COLUMN] = json.dumps(choices, ensure_ascii=False, separators=(",", ":"))
     return Result(asked.echo + first.text, row)

@@ -18,7 +18,7 @@ from batchline._errors import InputError
 from batchline.datasets.selection import DatasetSelection
 from batchline.jobs.requests import job_constraint
 from batchline.knobs import Knobs
-from batchline.models.generation import SamplingParams
+from batchline.models.generation import MAX_LOGPROBS, SamplingParams
 from batchline.models.openai.requests import MAX_N
 from batchline.models.selection import ModelSelection
 
@@ -82,13 +82,21 @@ class GenerateOptions(RunOptions):
     #: ``finish_reasons``), its ``text`` the first; sample ``j`` of record ``i`` draws from
     #: ``seed + i * n + j``
     n: int = 1
+    #: log-probabilities of each completion's tokens, with this many top alternatives each
+    #: (0-20), in a ``logprobs`` column as OpenAI's completions give them; None: none
+    logprobs: int | None = None
 
     def sampling(self) -> SamplingParams:
         """The job's sampling parameters (``seed`` is per record: see the class docstring)."""
         if isinstance(self.n, bool) or not isinstance(self.n, int) or not 1 <= self.n <= MAX_N:
             raise InputError(f"--n must be an integer in [1, {MAX_N}], got {self.n!r}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise InputError(
+                f"--logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs}"
+            )
         try:
             return SamplingParams(
+                logprobs=self.logprobs,
                 max_tokens=self.max_tokens,
                 temperature=self.temperature,
                 top_p=self.top_p,

@@ -119,6 +119,9 @@ class RecordRequests:
     openai_batch: bool = False
     #: completions per plain record (an OpenAI batch line says its own ``n``)
     n: int = 1
+    #: with the column found, not named: the columns a record lacking it is read from (a JSONL
+    #: file may mix ``prompt`` rows and ``messages`` rows)
+    fallbacks: tuple[str, ...] = ()
 
     def prompt(self, record: Record) -> tuple[str | list[Any], bool]:
         """The record's prompt, and whether it goes through the chat template."""
@@ -136,6 +139,14 @@ class RecordRequests:
             return prompts[0], False
         value = record.value
         prompt = value.get(self.column) if isinstance(value, dict) else record.text
+        if prompt is None and isinstance(value, dict):
+            prompt = next((value[c] for c in self.fallbacks if value.get(c) is not None), None)
+            if prompt is None:
+                looked = ", ".join(repr(c) for c in (self.column, *self.fallbacks))
+                raise ValueError(
+                    f"no prompt: the record has none of {looked}"
+                    + ("" if self.fallbacks else " (named by --prompt-column)")
+                )
         if not isinstance(prompt, str | list):
             raise ValueError(
                 f"prompt {self.column!r} is {type(prompt).__name__}, not text or a list of "
@@ -174,7 +185,10 @@ class RecordRequests:
         """What a batch file's line asks beyond one plain completion (``n`` > 1,
         log-probabilities, ``echo``); None for one plain completion (any other record)."""
         if not self.openai_batch:
-            return None if self.n == 1 else Choices(self.n, False, False, "", listed=True)
+            logprobs = self.base.logprobs is not None
+            if self.n == 1 and not logprobs:
+                return None
+            return Choices(self.n, False, logprobs, "", listed=True)
         body = self._line(record)
         echo = ""
         if isinstance(body, CompletionRequest) and body.echo:
@@ -286,9 +300,16 @@ class BatchModels:
         for other in _KINDS:
             if other != kind and asked == getattr(self, other):
                 raise ValueError(f"model {asked!r} {_KINDS[other][2]}; a {url} line needs {a_what}")
+        serve_it = f"--model {asked}=SPEC ({a_what}, such as {asked}={example})"
+        if model is not None:  # the name to use is the one served, not the spec's
+            raise ValueError(
+                f"model {asked!r} is not one of this job's models: its {what} is {model!r} "
+                f'(name it in "model", or leave "model" out), or add {serve_it} to serve it '
+                "under that name"
+            )
         raise ValueError(
-            f"model {asked!r} is not one of this job's models; add --model {asked}=SPEC "
-            f"({a_what}, such as {asked}={example}) to serve it under that name"
+            f"model {asked!r} is not one of this job's models, which have no {what}; add "
+            f"{serve_it} to serve it under that name"
         )
 
 

@@ -43,7 +43,10 @@ class BuiltinModel:
 
     @property
     def pull_command(self) -> str:
-        return f"batchline models pull {self.name}"
+        """The pull, as this environment runs it (``.venv/bin/batchline`` off ``PATH``)."""
+        from batchline._commands import program
+
+        return f"{program()} models pull {self.name}"
 
     def package_dir(self) -> Path:
         """The weights package's folder; ``ModelError`` naming the pull command if missing."""

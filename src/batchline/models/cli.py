@@ -54,8 +54,9 @@ def _pull(args: argparse.Namespace) -> int:
 
 def _runs_with(extra: str) -> str:
     """What the model still needs: the extra that runs it, unless this environment has it."""
+    from batchline._commands import install_command
     from batchline._extras import extra_installed
 
     if extra_installed(extra):
         return ""
-    return f"; to run it: pip install 'batchline[{extra}]'"
+    return f"; to run it: {install_command(extra)}"

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MODEL_HELP",
+    "TASK_HELP",
     "ModelSelection",
     "add_model_arguments",
     "add_model_spec_argument",
@@ -91,6 +92,15 @@ class ModelSelection:
         return argv
 
 
+#: The one description of ``--task`` (run, serve, bench, tune; serve adds how to name the
+#: model it applies to). The README says the same: it overrides what was detected.
+TASK_HELP = (
+    f"what the model does: {', '.join(TASKS)}; overrides what was detected (a built-in "
+    "model's task; a folder's, read from its config; a .onnx file's: embed if it takes "
+    "input_ids, else predict)"
+)
+
+
 def model_options(args: argparse.Namespace) -> dict[str, Any]:
     """The :class:`ModelSelection` fields as parsed by :func:`add_model_arguments`: keyword
     arguments for any option class built on it."""
@@ -123,8 +133,8 @@ def add_model_arguments(p: argparse.ArgumentParser, *, several: bool = False) ->
     p.add_argument(
         "--task",
         choices=list(TASKS),
-        help="what a PATH.onnx model does (default: embed if it takes input_ids, else predict); "
-        "generate: text generation (implied by smollm2 and PATH/ models; default model smollm2)",
+        metavar="TASK",
+        help=TASK_HELP + "; generate alone runs the default generator, smollm2",
     )
     p.add_argument(
         "--tokenizer", type=Path, help="tokenizer.json of a text model (default: beside the .onnx)"

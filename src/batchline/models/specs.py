@@ -34,7 +34,7 @@ from typing import Literal, get_args
 
 from batchline._errors import InputError
 from batchline.models.builtin import BUILTIN_MODELS
-from batchline.models.hf.detect import FolderModel, detect_folder
+from batchline.models.hf.detect import FolderModel, detect_folder, gguf_refusal
 from batchline.models.protocol import TASKS, Task
 
 __all__ = ["ModelSpec", "Pooling", "SpecKind", "parse_spec", "parse_specs"]
@@ -142,14 +142,20 @@ def parse_spec(text: str) -> ModelSpec:
     if text in BUILTIN_MODELS:
         served = BUILTIN_MODELS[text].served_name
         return ModelSpec(name=name or served, source=text, kind="builtin")
+    if text.lower().endswith(".gguf"):
+        raise InputError(
+            gguf_refusal(f"{text}: a GGUF model file") if Path(text).exists() else no_such(text)
+        )
     if text.lower().endswith(".onnx"):
         path = Path(text)
         if not path.is_file():
-            raise InputError(f"{path}: no such model file")
+            raise InputError(no_such(text))
         return ModelSpec(name=name or path.stem, source=str(path), kind="onnx")
     if _FACTORY.match(text) and not Path(text).is_dir():
         return ModelSpec(name=name or text.rsplit(":", 1)[1], source=text, kind="python")
     folder = Path(text)
+    if not folder.exists() and (text.endswith(("/", "\\")) or _looks_like_a_path(text)):
+        raise InputError(no_such(text))
     if text.endswith(("/", "\\")) or folder.is_dir():
         found = detect_folder(folder)
         # the folder's own name; resolve() so that "." and "out/" name it too
@@ -170,6 +176,15 @@ def parse_spec(text: str) -> ModelSpec:
         "a path to an .onnx file, a Hugging Face model folder (PATH/ with config.json), "
         "or module:factory (your own Python); prefix NAME= to name it"
     )
+
+
+def no_such(text: str) -> str:
+    """The one wording of a model path that is not there."""
+    return f"{text}: no such model file or folder"
+
+
+def _looks_like_a_path(text: str) -> bool:
+    return "/" in text or "\\" in text or text.startswith((".", "~"))
 
 
 def parse_specs(

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from batchline.knobs import SHARED_HELP, add_knob_arguments
-from batchline.models.selection import add_model_spec_argument
+from batchline.models.selection import TASK_HELP, add_model_spec_argument
 
 if TYPE_CHECKING:
     from batchline.server.settings import ServerSettings
@@ -48,9 +48,7 @@ def add_parser(subparsers: _SubParsersAction[argparse.ArgumentParser]) -> argpar
         "--task",
         action="append",
         metavar="[NAME=]TASK",
-        help="what a model does (repeatable): embed, classify, predict or generate; NAME=TASK "
-        "with several models (default: the built-in model's task; embed if a .onnx takes "
-        "input_ids, else predict)",
+        help=TASK_HELP + "; repeatable: NAME=TASK names the model with several",
     )
     p.add_argument(
         "--tokenizer", help="a single text model's tokenizer.json (default: beside the .onnx)"
@@ -100,7 +98,8 @@ def add_parser(subparsers: _SubParsersAction[argparse.ArgumentParser]) -> argpar
         "--data-dir",
         type=Path,
         help="the Batch API's files and metadata (/v1/files, /v1/batches; default: batch-api "
-        "in batchline's cache folder); a restart on it resumes unfinished batches",
+        "in batchline's cache folder); a restart on it resumes unfinished batches; one server "
+        "holds it at a time (a second is refused, naming the first's pid)",
     )
     p.add_argument(
         "--max-stored-bytes",

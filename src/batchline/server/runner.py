@@ -13,7 +13,7 @@ import copy
 import logging
 import math
 import socket
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from batchline._errors import BatchlineError, InputError, ModelError
@@ -34,11 +34,31 @@ def serve(settings: ServerSettings, *, tracer_provider: TracerProvider | None = 
     with an error event, see :func:`~batchline.server.app.drain`), then uvicorn shuts down
     and the batchers drain. A second signal stops waiting. uvicorn re-raises the signal after
     its own graceful shutdown, so the process would exit -15; this runner does not.
-    ``tracer_provider``: as :func:`~batchline.server.app.create_app`'s.
+    ``tracer_provider``: as :func:`~batchline.server.app.create_app`'s. The Batch API's data
+    directory is this process's alone while it serves (another server's is refused).
     """
+    _check_port(settings.host, settings.port)
+    with _own_data_dir(settings) as settings:
+        return _serve(settings, tracer_provider)
+
+
+@contextlib.contextmanager
+def _own_data_dir(settings: ServerSettings) -> Iterator[ServerSettings]:
+    """``settings`` on a Batch API data directory this process holds (one owner per
+    directory: :mod:`batchline.server.data_lock`), held until the server has stopped."""
+    from batchline.server.data_lock import hold_data_dir
+
+    root = settings.batch_data_dir
+    lock = hold_data_dir(root, explicit=settings.data_dir is not None, port=settings.port)
+    with lock:
+        if lock.root != root:
+            settings = settings.model_copy(update={"data_dir": lock.root})
+        yield settings
+
+
+def _serve(settings: ServerSettings, tracer_provider: TracerProvider | None) -> int:
     import uvicorn
 
-    _check_port(settings.host, settings.port)
     app = create_app(settings, tracer_provider=tracer_provider)
     startup = _Startup(app)
     log_config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)

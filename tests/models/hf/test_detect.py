@@ -225,7 +225,7 @@ def test_an_empty_folder(tmp_path: Path) -> None:
 
 
 def test_a_missing_folder(tmp_path: Path) -> None:
-    refused(tmp_path / "nowhere", "no such model folder")
+    refused(tmp_path / "nowhere", "no such model file or folder")
 
 
 @pytest.mark.parametrize(

@@ -143,6 +143,11 @@ def convert_gguf(gguf_file: Path, folder: Path) -> None:
     transformers refuses to ``save_pretrained`` a model loaded from GGUF, so the weights are
     moved into a model built from the same config, without the GGUF quantization entry.
     """
+    with quiet_transformers(), _gguf_reader_quietly():  # no bars: run prints its own progress
+        _convert_gguf(gguf_file, folder)
+
+
+def _convert_gguf(gguf_file: Path, folder: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -153,9 +158,11 @@ def convert_gguf(gguf_file: Path, folder: Path) -> None:
         )
         tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name, local_files_only=True)
     except ImportError as exc:
+        from batchline._commands import install_command
+
         raise ModelError(
-            f"converting {name} needs transformers' GGUF support: "
-            f"pip install 'batchline[generate]' gguf accelerate ({exc})"
+            f"converting {name} needs transformers' GGUF support (gguf, accelerate): "
+            f"{install_command('generate')} ({exc})"
         ) from exc
     config = copy.deepcopy(loaded.config)
     if hasattr(config, "quantization_config"):
@@ -168,6 +175,24 @@ def convert_gguf(gguf_file: Path, folder: Path) -> None:
     model.generation_config = copy.deepcopy(loaded.generation_config)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+
+
+@contextlib.contextmanager
+def _gguf_reader_quietly() -> Iterator[None]:
+    """transformers' GGUF reader draws a tqdm bar of its own ("Converting and de-quantizing
+    GGUF tensors"), which its progress-bar switch does not reach: ~1.8 KB on stderr, even under
+    ``--quiet``. Its ``tqdm`` is replaced by a plain pass-through while the file is read."""
+    try:
+        from transformers import modeling_gguf_pytorch_utils as reader
+    except ImportError:  # the error comes with the load itself
+        yield
+        return
+    bar = getattr(reader, "tqdm", None)
+    setattr(reader, "tqdm", lambda items, *args, **kwargs: items)  # noqa: B010 -- a module
+    try:
+        yield
+    finally:
+        setattr(reader, "tqdm", bar)  # noqa: B010
 
 
 def load_causal_lm(

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Literal, cast
 
+from batchline._commands import install_command
 from batchline._errors import ModelError
 from batchline.models.generation.schema_checks import schema_patterns, unproductive_ref
 
@@ -79,7 +80,7 @@ def _llguidance() -> ModuleType:
         import llguidance
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ModelError(
-            "structured outputs need llguidance: pip install 'batchline[generate]'"
+            f"structured outputs need llguidance: {install_command('generate')}"
         ) from exc
     return llguidance
 

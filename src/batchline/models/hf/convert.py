@@ -137,11 +137,10 @@ def _build(found: FolderModel, top: Top, pooling: str, normalize: bool, pairs: b
 
 
 def _export(found: FolderModel, top: Top, target: Path) -> None:
-    from batchline.models.hf.export import Head, export_encoder, require_torch
+    from batchline.models.hf.export import Head, export_encoder
 
-    arch = found.architecture or found.model_type
-    require_torch(f"{found.folder}: converting a {arch} folder to ONNX")
-    # the exporter writes the cache file itself, whole (and, past 2 GB, its weights beside it
+    # export_encoder says what the folder needs (torch, or a type transformers knows); the
+    # exporter writes the cache file itself, whole (and, past 2 GB, its weights beside it
     # as TARGET.data, moved into place first), so no copy is made of a large graph here
     head: Head = "logits" if top == "logits" else "hidden"
     export_encoder(found.encoder_folder, head=head, target=target)

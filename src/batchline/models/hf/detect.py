@@ -36,7 +36,7 @@ from typing import Any, Literal
 from batchline._errors import InputError
 from batchline.models.protocol import Task
 
-__all__ = ["DenseModule", "FolderModel", "TokenPooling", "detect_folder"]
+__all__ = ["DenseModule", "FolderModel", "TokenPooling", "detect_folder", "gguf_refusal"]
 
 #: How an embedder pools its token vectors (the token-pooling members of ``specs.Pooling``).
 TokenPooling = Literal["mean", "cls", "lasttoken"]
@@ -55,6 +55,15 @@ _SUPPORTED = (
     "(classify, or score with one label), a cross-encoder, a plain encoder (BertModel, ...), "
     "a *ForCausalLM folder (generate) or a folder with model.onnx"
 )
+
+
+def gguf_refusal(found: str) -> str:
+    """What a GGUF file, or a folder of them, is told: what was found, and what runs."""
+    return (
+        f"{found}; batchline does not load GGUF yet (the built-in smollm2 is one, converted "
+        "once: --model smollm2); give the Hugging Face folder it was made from (config.json "
+        "and safetensors weights)"
+    )
 
 
 @dataclass(frozen=True)
@@ -292,7 +301,7 @@ def _score_activation(folder: Path, config: dict[str, object]) -> Literal["sigmo
 def detect_folder(folder: Path) -> FolderModel:
     """Read ``folder`` (JSON files only) and say what it is; see the module docstring."""
     if not folder.is_dir():
-        raise InputError(f"{folder}: no such model folder")
+        raise InputError(f"{folder}: no such model file or folder")
     tokenizer = folder / "tokenizer.json"
     tok = tokenizer if tokenizer.is_file() else None
     # a model.onnx of its own, or one exported beside the weights (the hub's onnx/ folder)
@@ -336,6 +345,10 @@ def detect_folder(folder: Path) -> FolderModel:
         config_path = model_folder / "config.json"
         config = _read_json(config_path, folder) if config_path.is_file() else None
     if config is None:
+        ggufs = sorted(p.name for p in folder.glob("*.gguf"))
+        if ggufs:
+            found = f"{folder}: GGUF model(s) ({', '.join(ggufs[:3])}) without config.json"
+            raise InputError(gguf_refusal(found))
         raise InputError(
             f"{folder}: not a Hugging Face model folder (no config.json); supported: {_SUPPORTED}"
         )

@@ -38,20 +38,18 @@ from typing import Any, Literal
 import numpy as np
 
 from batchline._cache import write_whole
+from batchline._commands import install_command
 from batchline._errors import ModelError
 from batchline._fsio import checkpoint
 
 __all__ = [
     "MAX_INLINE_BYTES",
     "OPSET",
-    "TORCH_INSTALL",
     "Head",
     "export_encoder",
     "require_torch",
 ]
 
-#: What installs the conversion's (and the torch embedder's) dependencies on a CPU machine.
-TORCH_INSTALL = "pip install torch==2.13.0 'batchline[generate]'"
 #: The ONNX opset written: ONNX Runtime 1.18 and later run it; 17 brings LayerNormalization.
 OPSET = 17
 #: Weights above this many bytes go to ``<target>.data`` beside the graph (protobuf's 2 GiB
@@ -73,7 +71,8 @@ def require_torch(what: str) -> tuple[ModuleType, ModuleType]:
         import transformers
     except ImportError as exc:
         raise ModelError(
-            f"{what} needs torch and transformers ({exc.name} is missing): {TORCH_INSTALL} "
+            f"{what} needs torch and transformers ({exc.name} is missing): "
+            f"{install_command('generate')} "
             "(the pin is torch's CPU wheel; on a GPU, your CUDA build)"
         ) from exc
     return torch, transformers
@@ -102,7 +101,14 @@ def export_encoder(folder: Path, *, head: Literal["hidden", "logits"], target: P
         raise ValueError(f"head must be hidden or logits, got {head!r}")
     folder, target = Path(folder), Path(target)
     arch = _architecture(folder)
+    if arch not in TORCH_EXPORTED and not _importable("torch", "transformers"):
+        raise ModelError(
+            f"{folder}: model_type {arch!r} is none batchline converts without torch (bert) or "
+            f"has converted with it ({', '.join(sorted(TORCH_EXPORTED - {'bert'}))}); "
+            f"transformers may know it, with torch: {install_command('generate')}"
+        )
     torch, transformers = require_torch(f"converting {folder} ({arch}) to ONNX")
+    _check_known(folder, arch, transformers)
     model = _load(folder, head, arch, torch, transformers)
     names = ["input_ids", "attention_mask"]
     if _takes_token_types(model):
@@ -117,6 +123,31 @@ def export_encoder(folder: Path, *, head: Literal["hidden", "logits"], target: P
             _finish(torch, model, names, output, traced, target, arch=arch, head=head)
     except OSError as exc:
         raise ModelError(f"cannot write the converted model {target}: {exc}") from exc
+
+
+#: The model types converted and checked against transformers (``benchmarks/hf_export.md``).
+TORCH_EXPORTED = frozenset({"bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "modernbert"})
+
+
+def _importable(*modules: str) -> bool:
+    import importlib.util
+
+    try:
+        return all(importlib.util.find_spec(m) is not None for m in modules)
+    except (ImportError, ValueError):  # blocked, or half-installed
+        return False
+
+
+def _check_known(folder: Path, model_type: str, transformers: ModuleType) -> None:
+    """Refuse, in one line, a model type this transformers does not know (its own error is a
+    paragraph of advice to upgrade it)."""
+    known = transformers.models.auto.configuration_auto.CONFIG_MAPPING_NAMES
+    if model_type not in known:
+        raise ModelError(
+            f"{folder}: transformers {transformers.__version__} does not know model_type "
+            f"{model_type!r}, so batchline cannot convert it; a folder of a known type, or the "
+            "model exported to ONNX (--model PATH.onnx), runs"
+        )
 
 
 def _architecture(folder: Path) -> str:
@@ -149,7 +180,8 @@ def _load(folder: Path, head: Head, arch: str, torch: ModuleType, transformers: 
             )
     except (OSError, ValueError, KeyError, RuntimeError) as exc:  # RuntimeError: shapes
         kind = "an encoder" if head == "hidden" else "a sequence classifier"
-        raise ModelError(f"cannot load {folder} ({arch}) as {kind}: {exc}") from exc
+        first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        raise ModelError(f"cannot load {folder} ({arch}) as {kind}: {first.strip()}") from exc
     # An unused pooler is harmless (last_hidden_state does not go through it); any other weight
     # left at its random initialisation (a classifier the folder does not hold) is not.
     missing = [k for k in info.get("missing_keys", ()) if not k.startswith("pooler.")]

@@ -16,11 +16,11 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from batchline._commands import install_command
 from batchline._errors import InputError, ModelError
 from batchline.knobs import Knobs
 from batchline.models.hf.convert import convert
 from batchline.models.hf.detect import FolderModel
-from batchline.models.hf.export import TORCH_INSTALL
 from batchline.models.protocol import BatchModel
 from batchline.models.specs import ModelSpec
 
@@ -85,7 +85,8 @@ def _embedder(spec: ModelSpec, found: FolderModel, knobs: Knobs) -> BatchModel[A
         except ImportError as exc:
             raise ModelError(
                 f"{found.folder}: a decoder embedder ({found.architecture or found.model_type}) "
-                f"runs on torch, and this batchline cannot load it ({exc}); {TORCH_INSTALL}"
+                f"runs on torch, and this batchline cannot load it ({exc}); "
+                f"{install_command('generate')}"
             ) from None
         _log(spec, found, "torch")
         return load_torch_embedder(

@@ -1,0 +1,127 @@
+"""A job's output folder, apart from the chunks written into it: the name it gets when the job
+names none, which of its files are the chunk writer's own, opening it (new, overwritten or
+resumed, dropping what a crashed run wrote after its last manifest), and how a failure of its
+disk is said to the user.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+from pathlib import Path
+
+from batchline._errors import DiskError, InputError
+from batchline._fsio import disk_errno, disk_phrase
+from batchline.datasets.flushed import FLUSHED
+from batchline.datasets.manifest import (
+    MANIFEST_NAME,
+    SKIPPED_NAME,
+    TMP,
+    Manifest,
+    check_settings,
+    exists_message,
+    write_manifest,
+)
+
+__all__ = ["default_output", "disk_error", "open_output", "own_file"]
+
+_PART = re.compile(r"part-\d{6,}\.(?:parquet|jsonl)(?:\.tmp)?")
+_OWN_NAMES = {MANIFEST_NAME, SKIPPED_NAME, MANIFEST_NAME + TMP, SKIPPED_NAME + TMP}
+_DISK_FIX = {
+    errno.ENOSPC: "free some space",
+    errno.EDQUOT: "free some space or raise the quota",
+    errno.EROFS: "choose a writable output folder (--output)",
+    errno.EACCES: "choose a writable output folder (--output)",
+    errno.EPERM: "choose a writable output folder (--output)",
+}
+
+
+def default_output(input_path: Path | None, task: str) -> Path:
+    """The output folder of a job that names none, in the current directory: ``STEM.embeddings``
+    for the embed task, ``STEM.results`` for the others (``run``'s and ``drive``'s alike)."""
+    stem = "demo-corpus" if input_path is None else input_path.stem
+    return Path(f"{stem}.{'embeddings' if task == 'embed' else 'results'}")
+
+
+def own_file(name: str) -> bool:
+    """Whether ``name``, in an output folder, is one of the chunk writer's own files."""
+    return name in _OWN_NAMES or bool(_PART.fullmatch(name) or FLUSHED.fullmatch(name))
+
+
+def open_output(
+    out: Path, settings: dict[str, object], *, overwrite: bool, resume: bool
+) -> tuple[Manifest, bool]:
+    """The manifest a writer into ``out`` starts from, and whether it began the output: a
+    resumed folder's (recovered), else a new one written in an empty (or overwritten) folder."""
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{out} exists and is not a directory; choose another output path")
+    entries = sorted(p.name for p in out.iterdir()) if out.exists() else []
+    if resume and MANIFEST_NAME in entries:
+        manifest = Manifest.load(out)
+        check_settings(out, manifest.settings, settings)
+        _recover(out, manifest, entries)
+        return manifest, False
+    if resume and entries:
+        raise InputError(
+            f"{out} has no {MANIFEST_NAME}, so there is no batchline job to resume; "
+            "choose another output path, or pass --overwrite to write into it"
+        )
+    if entries and not resume:
+        if not overwrite:
+            raise InputError(exists_message(out, entries, settings))
+        for name in entries:
+            if own_file(name):
+                (out / name).unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = Manifest(settings=settings, chunks={})
+    write_manifest(out, manifest)
+    return manifest, True
+
+
+def _recover(out: Path, manifest: Manifest, entries: list[str]) -> None:
+    """Drop what a crashed run wrote after its last manifest."""
+    listed = {c.file for c in manifest.chunks.values() if c.file is not None}
+    for name in entries:
+        # Temp files, and part or flushed files renamed before their manifest was: both
+        # uncommitted.
+        stray = name.startswith(("part-", "_flushed-")) and name not in {
+            *listed,
+            manifest.flushed,
+        }
+        if own_file(name) and (name.endswith(TMP) or stray):
+            (out / name).unlink()
+    missing = sorted(listed - set(entries))
+    if missing:
+        raise InputError(
+            f"{out}: {missing[0]} is listed in {MANIFEST_NAME} but missing; "
+            "pass --overwrite to start the job again"
+        )
+    skipped = out / SKIPPED_NAME
+    size = skipped.stat().st_size if skipped.exists() else 0
+    if size < manifest.skipped_bytes:
+        raise InputError(
+            f"{skipped} is shorter than {MANIFEST_NAME} records; pass --overwrite to start again"
+        )
+    if size > manifest.skipped_bytes:
+        # Lines appended by a commit whose manifest was never written: that chunk is redone.
+        with open(skipped, "r+b") as f:
+            f.truncate(manifest.skipped_bytes)
+            os.fsync(f.fileno())
+
+
+def disk_error(out: Path, exc: BaseException, *, committed: bool = True) -> DiskError | None:
+    """``exc`` as a one-line ``DiskError`` naming the folder and the fix when it is the disk's
+    failure (full, read-only, I/O error), else None."""
+    code = disk_errno(exc)
+    if code is None:
+        return None
+    fix = _DISK_FIX.get(code, "check the disk")
+    again = (
+        "then rerun with --resume to continue from the last committed chunk"
+        if committed
+        else "then run the job again"
+    )
+    return DiskError(
+        f"cannot write to {out}: the file system {disk_phrase(code)}; {fix}, {again}", code
+    )
