@@ -19,6 +19,8 @@ if TYPE_CHECKING:
         GATE,
         Quality,
         cached_quality,
+        compare_vectors,
+        embed_all,
         measure_quality,
         store_quality,
     )
@@ -27,6 +29,8 @@ __all__ = [
     "GATE",
     "Quality",
     "cached_quality",
+    "compare_vectors",
+    "embed_all",
     "load_tokenizer",
     "measure_quality",
     "store_quality",
@@ -38,7 +42,15 @@ __getattr__ = lazy_exports(
         "load_tokenizer": "embedder",
         **{
             name: "quantize"
-            for name in ("GATE", "Quality", "cached_quality", "measure_quality", "store_quality")
+            for name in (
+                "GATE",
+                "Quality",
+                "cached_quality",
+                "compare_vectors",
+                "embed_all",
+                "measure_quality",
+                "store_quality",
+            )
         },
     },
 )
