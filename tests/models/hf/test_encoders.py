@@ -235,6 +235,7 @@ def test_a_decoder_embedder_runs_on_the_torch_embedder(
             "normalize": True,
             "max_length": 512,
             "knobs": knobs,
+            "bf16": False,
         }
     ]
     monkeypatch.setitem(sys.modules, "batchline.models.hf.torch_embed", None)
