@@ -254,3 +254,23 @@ def test_the_measurement_on_the_real_model_times_each_and_gates_bf16() -> None:
     assert figures["bf16"].error == ""
     assert figures["bf16"].misses(GATE) == ""
     assert figures["bf16"].mean_cosine < 1.0  # bf16's vectors, not fp32's again
+
+
+@pytest.mark.slow
+def test_serve_loads_the_precision_asked_for() -> None:
+    pytest.importorskip("fastapi")
+    pytest.importorskip("torch")
+    from batchline.server.app import _default_loader
+
+    load = _default_loader()
+    model = load(parse_spec("emb=default"), Knobs.serving(sessions=1, precision="bf16"))
+    try:
+        assert type(model).__name__ == "TorchEmbedder"
+        assert model.info.task == "embed" and model.info.name == "emb"
+    finally:
+        model.close()
+    plain = load(parse_spec("emb=default"), Knobs.serving(sessions=1))  # auto: pinned to fp32
+    try:
+        assert type(plain).__name__ == "TextEmbedder"
+    finally:
+        plain.close()
