@@ -31,7 +31,8 @@ best batch size in fp32 and in bf16, and fastembed at its best batch size (and, 
 length-sorted texts). Each figure is records/s from texts to vectors; each set of vectors is
 compared with ``batchline run``'s fp32 ones (mean and least cosine). Peers' best settings are
 swept on the first quarter of the records, then every path runs the whole set twice, taking
-turns, best kept. Goal: the chosen path >= x3 each peer. fastembed runs from its own venv
+turns, best kept. ``auto`` is measured afresh first (answers kept under the cache folder's
+``precision/`` are removed). Goal: the chosen path >= x3 each peer. fastembed runs from its own venv
 (``bash scripts/fastembed_env.sh``: it pins a huggingface-hub below the main venv's)::
 
     bash scripts/fastembed_env.sh && python benchmarks/bench_embeddings.py --peers  # ~15 min
@@ -478,7 +479,13 @@ def peers(records: int, repeats: int) -> int:
         small.write_text(
             "".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(texts[:64]))
         )
-        # the auto choice is measured (or read) here, before any timing
+        # the auto choice is measured here, afresh (an answer kept from a busier moment set
+        # aside), before any timing
+        from batchline._cache import cache_dir
+
+        for kept in (cache_dir() / "precision").glob("*.json"):
+            kept.unlink()
+        os.environ.pop("BATCHLINE_AUTO_PRECISION", None)
         start = time.perf_counter()
         chosen = _batchline(small, where / "warm", "auto")[2]
         print(

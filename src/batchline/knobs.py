@@ -177,6 +177,11 @@ class Knobs:
     the tokenizer and the streams stay in the calling process (``generation/engine_process.py``;
     refused with ``vllm``, whose engine has processes of its own, and with static batching or
     ``batching=False``).
+
+    An embedding model computes in ``precision``: ``fp32`` or ``int8`` on ONNX Runtime, ``bf16``
+    on torch (oneDNN), or ``auto``, which ``run`` and ``serve`` resolve by measuring once per
+    model and CPU kind past a quality gate (``jobs/precision.py``; a loader given ``auto``
+    loads fp32). ``quantize = "int8"`` is the older spelling of ``precision = "int8"``.
     """
 
     batching: bool = True

@@ -123,6 +123,7 @@ def test_the_fastest_past_the_gate_wins_by_a_margin() -> None:
     assert decide({"fp32": Figures(100.0)}) == ("fp32", "no other candidate")
 
 
+@pytest.mark.measure_precision
 def test_choose_asks_nothing_where_there_is_nothing_to_measure() -> None:
     default = parse_spec("default")
     forced = choose_precision(default, Knobs(precision="bf16"), task="embed", flags=AVX2_ONLY)
@@ -130,10 +131,12 @@ def test_choose_asks_nothing_where_there_is_nothing_to_measure() -> None:
     assert forced.describe() == "bf16 on torch (asked for)"
     assert choose_precision(default, Knobs(), task="classify", flags=AMX) is None
     gpu = choose_precision(default, Knobs(device="cuda"), task="embed", flags=AMX)
-    assert gpu is not None and gpu.precision == "fp32"
+    assert gpu is not None
+    assert gpu.precision == "fp32"
     avx2 = choose_precision(default, Knobs(), task="embed", flags=AVX2_ONLY)
     assert avx2 is not None
-    assert avx2.precision == "fp32" and not avx2.measured
+    assert avx2.precision == "fp32"
+    assert not avx2.measured
     assert avx2.reason.startswith("auto on avx2: bf16: no native bf16 on this CPU")
     assert "int8: no int8 dot products" in avx2.reason
 
@@ -164,7 +167,8 @@ def test_auto_measures_once_per_model_and_cpu_kind_then_reads_the_cache(
     again = choose_precision(spec, Knobs(sessions=2), task="embed", flags=AMX)
     assert again is not None
     assert calls == [["fp32", "bf16", "int8"]]  # read, not measured
-    assert again.precision == "bf16" and again.reason == first.reason + ", cached"
+    assert again.precision == "bf16"
+    assert again.reason == first.reason + ", cached"
     assert again.figures == first.figures
     # another CPU kind, or another layout, is measured apart
     choose_precision(spec, Knobs(sessions=2), task="embed", flags=VNNI_ONLY)
@@ -175,10 +179,18 @@ def test_auto_measures_once_per_model_and_cpu_kind_then_reads_the_cache(
     assert json.loads(kept[0].read_text())["figures"]["fp32"]["records_per_s"] == 100.0
 
 
-def test_the_suite_pins_auto_to_fp32_where_it_would_measure() -> None:
+def test_the_suite_pins_auto_to_fp32_where_it_would_measure(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     choice = choose_precision(parse_spec("default"), Knobs(), task="embed", flags=AMX)
+    assert choice == Choice("fp32", "auto, set by BATCHLINE_AUTO_PRECISION")
+    monkeypatch.setenv("BATCHLINE_AUTO_PRECISION", "bf16")
+    choice = choose_precision(parse_spec("default"), Knobs(), task="embed", flags=AVX2_ONLY)
     assert choice is not None
-    assert choice == Choice("fp32", "auto, pinned to fp32 by the test suite")
+    assert (choice.precision, choice.runtime) == ("bf16", "torch")
+    monkeypatch.setenv("BATCHLINE_AUTO_PRECISION", "fp16")
+    with pytest.raises(InputError, match="BATCHLINE_AUTO_PRECISION must be fp32, bf16 or int8"):
+        choose_precision(parse_spec("default"), Knobs(), task="embed", flags=AMX)
 
 
 def test_the_knob_and_its_older_int8_spelling() -> None:
@@ -211,7 +223,7 @@ def test_bf16_is_refused_for_other_tasks_and_for_an_onnx_file(tmp_path: Path) ->
     with pytest.raises(InputError, match="precision bf16 applies to embedding models"):
         load_model(spec, Knobs(precision="bf16"))
     as_embedder = parse_spec(str(predictor)).with_options(task="embed")
-    with pytest.raises(InputError, match="an .onnx file has none torch can load"):
+    with pytest.raises(InputError, match=r"an \.onnx file has none torch can load"):
         load_model(as_embedder, Knobs(precision="bf16"))
 
 
@@ -250,7 +262,8 @@ def test_the_measurement_on_the_real_model_times_each_and_gates_bf16() -> None:
         parse_spec("default"), Knobs(sessions=1), ["fp32", "bf16"], lambda: texts
     )
     assert set(figures) == {"fp32", "bf16"}
-    assert figures["fp32"].records_per_s > 0 and figures["bf16"].records_per_s > 0
+    assert figures["fp32"].records_per_s > 0
+    assert figures["bf16"].records_per_s > 0
     assert figures["bf16"].error == ""
     assert figures["bf16"].misses(GATE) == ""
     assert figures["bf16"].mean_cosine < 1.0  # bf16's vectors, not fp32's again
@@ -266,7 +279,7 @@ def test_serve_loads_the_precision_asked_for() -> None:
     model = load(parse_spec("emb=default"), Knobs.serving(sessions=1, precision="bf16"))
     try:
         assert type(model).__name__ == "TorchEmbedder"
-        assert model.info.task == "embed" and model.info.name == "emb"
+        assert (model.info.task, model.info.name) == ("embed", "emb")
     finally:
         model.close()
     plain = load(parse_spec("emb=default"), Knobs.serving(sessions=1))  # auto: pinned to fp32

@@ -35,6 +35,7 @@ import importlib.metadata
 import importlib.util
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -42,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from batchline._cache import cache_dir, write_whole
 from batchline._cpu import HostKind, host_kind
-from batchline._errors import BatchlineError
+from batchline._errors import BatchlineError, InputError
 from batchline.knobs import Knobs, machine_cores
 from batchline.models.specs import ModelSpec
 
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
     import numpy.typing as npt
 
 __all__ = [
+    "AUTO_ENV",
     "GATE",
     "GATE_TEXTS",
     "MIN_GAIN",
@@ -72,6 +74,9 @@ logger = logging.getLogger("batchline.models")
 GATE_TEXTS = 512
 #: A candidate must be this much faster than fp32 to be chosen.
 MIN_GAIN = 1.10
+#: An environment variable that sets what ``auto`` resolves to, without measuring (fp32, bf16,
+#: int8): CI on hosts of different kinds sets fp32, so that every host computes the same vectors.
+AUTO_ENV = "BATCHLINE_AUTO_PRECISION"
 #: Bump when the measurement changes, so that older answers are measured again.
 PRECISION_VERSION = 1
 
@@ -220,6 +225,11 @@ def choose_precision(
         return Choice(knobs.precision, "asked for", _runtime(knobs.precision, facts))
     if knobs.is_gpu:
         return Choice("fp32", f"auto: the choice is made for CPUs, {knobs.device} runs fp32")
+    pinned = os.environ.get(AUTO_ENV, "")
+    if pinned:
+        if pinned not in ("fp32", "bf16", "int8"):
+            raise InputError(f"{AUTO_ENV} must be fp32, bf16 or int8, got {pinned!r}")
+        return Choice(pinned, f"auto, set by {AUTO_ENV}", _runtime(pinned, facts))
     host = host_kind(flags)
     offered, left = candidates(host, facts, torch=_has_torch())
     skipped = "; ".join(f"{name}: {why}" for name, why in left.items())
