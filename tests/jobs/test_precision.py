@@ -163,6 +163,7 @@ def test_auto_measures_once_per_model_and_cpu_kind_then_reads_the_cache(
     assert first is not None
     assert (first.precision, first.runtime, first.measured) == ("bf16", "torch", True)
     assert first.reason.startswith("auto on amx: bf16 x2.30 fp32")
+    assert " measured 20" in first.reason
     assert calls == [["fp32", "bf16", "int8"]]
     again = choose_precision(spec, Knobs(sessions=2), task="embed", flags=AMX)
     assert again is not None

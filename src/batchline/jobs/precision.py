@@ -262,11 +262,13 @@ def measured_choice(
         host,
         GATE_TEXTS,
     )
+    start = time.perf_counter()
     figures = measure(spec, knobs, ["fp32", *offered], _gate_texts if texts is None else texts)
+    took = time.perf_counter() - start
     chosen, why = decide(figures)
     day = datetime.date.today().isoformat()
     reason = f"auto on {host.name}: {why}" + (f"; {skipped}" if skipped else "")
-    reason += f"; measured {day}"
+    reason += f"; measured {day} in {took:.0f} s"
     choice = Choice(chosen, reason, _runtime(chosen, facts), figures, measured=True)
     _write(key, choice)
     return choice
