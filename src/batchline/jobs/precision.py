@@ -14,7 +14,7 @@ file. The measurement:
    at once as the job runs, then every second text again; the rounds alternate the
    candidates (fp32, bf16, int8, fp32, ...), so that another process's load hits each alike,
    and a candidate's speed is its better round (model calls only: tokenizing is the same).
-3. The quality gate (:data:`GATE`): a lower precision is kept only where its vectors of the
+3. The quality gate (:data:`AUTO_GATE`): a lower precision is kept only where its vectors of the
    gate texts reach a mean cosine of 0.999 to fp32's and their 10 nearest neighbours agree
    at least 95 %.
 4. The fastest candidate past the gate wins if it beats fp32 by :data:`MIN_GAIN` (less is
@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AUTO_ENV",
-    "GATE",
+    "AUTO_GATE",
     "GATE_TEXTS",
     "MIN_GAIN",
     "Choice",
@@ -90,7 +90,7 @@ class Gate:
 
 
 #: The issue-55 bar: the same vectors for every practical purpose.
-GATE = Gate(mean_cosine=0.999, top10_overlap=0.95)
+AUTO_GATE = Gate(mean_cosine=0.999, top10_overlap=0.95)
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +180,7 @@ def candidates(
 
 
 def decide(
-    figures: Mapping[str, Figures], *, gate: Gate = GATE, min_gain: float = MIN_GAIN
+    figures: Mapping[str, Figures], *, gate: Gate = AUTO_GATE, min_gain: float = MIN_GAIN
 ) -> tuple[str, str]:
     """The precision ``figures`` (fp32's and each candidate's) choose, and why, in words."""
     base = figures["fp32"].records_per_s

@@ -20,7 +20,6 @@ if TYPE_CHECKING:
         Quality,
         cached_quality,
         compare_vectors,
-        embed_all,
         measure_quality,
         store_quality,
     )
@@ -30,7 +29,6 @@ __all__ = [
     "Quality",
     "cached_quality",
     "compare_vectors",
-    "embed_all",
     "load_tokenizer",
     "measure_quality",
     "store_quality",
@@ -47,7 +45,6 @@ __getattr__ = lazy_exports(
                 "Quality",
                 "cached_quality",
                 "compare_vectors",
-                "embed_all",
                 "measure_quality",
                 "store_quality",
             )
