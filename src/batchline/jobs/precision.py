@@ -59,6 +59,7 @@ __all__ = [
     "Choice",
     "Figures",
     "ModelFacts",
+    "announce",
     "candidates",
     "choose_precision",
     "decide",
@@ -275,15 +276,20 @@ def measured_choice(
 
 
 def resolve_knobs(spec: ModelSpec, knobs: Knobs) -> tuple[Knobs, Choice | None]:
-    """``knobs`` with ``precision`` as :func:`choose_precision` chooses for ``spec`` (said in
-    the load log), and the choice (``None``: the knob does not apply to the model)."""
+    """``knobs`` with ``precision`` as :func:`choose_precision` chooses for ``spec``, and the
+    choice (``None``: the knob does not apply to the model; :func:`announce` says it)."""
     from batchline.models.loader import resolve_task
 
     choice = choose_precision(spec, knobs, task=resolve_task(spec))
     if choice is None:
         return knobs, None
-    logger.info("%s: precision %s", spec.name, choice.describe())
     return knobs.replace(precision=choice.precision), choice
+
+
+def announce(spec: ModelSpec, choice: Choice | None) -> None:
+    """Say in the load log what ``spec`` runs in and why, once it has loaded."""
+    if choice is not None:
+        logger.info("%s: precision %s", spec.name, choice.describe())
 
 
 def measure(

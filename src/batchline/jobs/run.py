@@ -25,7 +25,7 @@ from batchline.datasets.sinks import ChunkWriter, default_output
 from batchline.datasets.sources import Record, Source
 from batchline.jobs.batch import DEDUPE_WINDOW, BatchAdapter
 from batchline.jobs.options import GenerateOptions, RunOptions, resolve
-from batchline.jobs.precision import Choice, resolve_knobs
+from batchline.jobs.precision import Choice, announce, resolve_knobs
 from batchline.jobs.result_cache import open_cache
 from batchline.jobs.summary import RunSummary, summarize
 from batchline.knobs import Knobs
@@ -68,6 +68,7 @@ def _load_gated(
     spec = resolve(options).spec
     assert spec is not None
     model = load_model(spec, knobs)
+    announce(spec, choice)
     if knobs.precision != "int8" or (choice is not None and choice.measured):
         return model, ""
     from batchline.jobs.quantized import check_quantized, describe
