@@ -24,6 +24,20 @@ Usage::
     python benchmarks/bench_embeddings.py            # ~3-5 minutes on 2 cores
     python benchmarks/bench_embeddings.py --quick    # smoke run, ~30 s
 
+``--peers`` (issue 55) measures something else, in the same run and on the same records (the
+first N of the demo corpus): ``batchline run`` as it chooses its precision on this host, and
+forced to each candidate (fp32, bf16, int8), against sentence-transformers (torch CPU) at its
+best batch size in fp32 and in bf16, and fastembed at its best batch size (and, as a note, fed
+length-sorted texts). Each figure is records/s from texts to vectors; each set of vectors is
+compared with ``batchline run``'s fp32 ones (mean and least cosine). Peers' best settings are
+swept on the first quarter of the records, then every path runs the whole set twice, taking
+turns, best kept. ``auto`` is measured afresh first (answers kept under the cache folder's
+``precision/`` are removed). Goal: the chosen path >= x3 each peer. fastembed runs from its own venv
+(``bash scripts/fastembed_env.sh``: it pins a huggingface-hub below the main venv's)::
+
+    bash scripts/fastembed_env.sh && python benchmarks/bench_embeddings.py --peers  # ~15 min
+    python benchmarks/bench_embeddings.py --peers --records 600 --repeats 1       # smoke
+
 No load generator: every mode runs in-process over a fixed corpus, so the work is a list of
 texts, not arrivals.
 """
@@ -232,7 +246,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="small smoke run (a few hundred texts)")
     ap.add_argument("-n", type=int, default=None, help="texts per mix (default 3000; quick 300)")
     ap.add_argument("--repeats", type=int, default=None, help="runs per mode, best kept")
+    ap.add_argument("--peers", action="store_true", help="batchline run against its peers")
+    ap.add_argument("--records", type=int, default=6000, help="--peers: demo-corpus records")
     args = ap.parse_args(argv)
+    if args.peers:
+        return peers(args.records, args.repeats or 2)
     n = args.n or (300 if args.quick else 3000)
     repeats = args.repeats or (1 if args.quick else 2)
 
@@ -306,6 +324,230 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("ratios:")
     for line in summary:
         print("  " + line)
+    return 0
+
+
+# --- peers (issue 55) -----------------------------------------------------------------------
+
+PEER_BATCHES = (16, 32, 64, 128, 256)
+
+# Run by the fastembed venv's python: argv = model folder, texts (JSON list), vectors out
+# (.npy), batch sizes (comma-separated), "sorted" or "as-is". Prints JSON: each batch size's
+# records/s, and the best one's vectors in the input's order.
+_FASTEMBED = """
+import json, sys, time
+import numpy as np
+from fastembed import TextEmbedding
+from fastembed.common.model_description import ModelSource, PoolingType
+folder, texts_path, out, batches, order = sys.argv[1:6]
+texts = json.load(open(texts_path))
+TextEmbedding.add_custom_model(
+    model="local/all-minilm-l6-v2", pooling=PoolingType.MEAN, normalization=True,
+    sources=ModelSource(hf="local/all-minilm-l6-v2"), dim=384, model_file="model.onnx",
+)
+model = TextEmbedding("local/all-minilm-l6-v2", specific_model_path=folder, local_files_only=True)
+idx = list(range(len(texts)))
+if order == "sorted":
+    idx.sort(key=lambda i: len(texts[i]))
+rates, best = {}, None
+for b in [int(x) for x in batches.split(",")]:
+    start = time.perf_counter()
+    got = np.stack(list(model.embed([texts[i] for i in idx], batch_size=b)))
+    rates[b] = len(texts) / (time.perf_counter() - start)
+    if best is None or rates[b] >= max(rates.values()):
+        vectors = np.zeros_like(got)
+        vectors[idx] = got
+        best = b
+np.save(out, vectors.astype(np.float32))
+print(json.dumps({"rates": rates, "best": best}))
+"""
+
+
+def _demo_texts(n: int) -> list[str]:
+    import itertools
+    import json
+
+    from batchline.datasets.corpus import demo_corpus_path
+
+    with demo_corpus_path().open(encoding="utf-8") as f:
+        return [json.loads(line)["text"] for line in itertools.islice(f, n)]
+
+
+def _cosines(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> tuple[float, float]:
+    c = np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    return float(c.mean()), float(c.min())
+
+
+def _batchline(data: Any, out: Any, precision: str) -> tuple[float, np.ndarray[Any, Any], str]:
+    """``batchline run`` over ``data`` in ``precision``: records/s, vectors, what ran."""
+    import shutil
+
+    from batchline.datasets.sinks import read_arrays
+    from batchline.jobs.run import RunOptions, run
+
+    shutil.rmtree(out, ignore_errors=True)
+    summary = run(RunOptions(input=data, output=out, knobs=Knobs(precision=precision)))
+    return summary.records_per_s, read_arrays(out), summary.precision
+
+
+def _sentence_transformers(
+    texts: Sequence[str], batch: int, bf16: bool, cache: dict[bool, Any]
+) -> tuple[float, np.ndarray[Any, Any]]:
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    if bf16 not in cache:
+        model = SentenceTransformer(str(minilm.weights_dir()), device="cpu")
+        cache[bf16] = model.to(torch.bfloat16) if bf16 else model
+    start = time.perf_counter()
+    got = cache[bf16].encode(
+        list(texts), batch_size=batch, normalize_embeddings=True, convert_to_tensor=True
+    )
+    rate = len(texts) / (time.perf_counter() - start)
+    return rate, got.float().numpy()
+
+
+def _fastembed_folder(where: Any) -> Any:
+    """MiniLM as fastembed reads a local model: an ONNX graph of token vectors (fastembed pools
+    and normalizes) beside the tokenizer files, truncating at 256 as sentence-transformers."""
+    import json
+    import shutil
+
+    from batchline.models.hf.convert import convert
+    from batchline.models.hf.detect import detect_folder
+
+    source = minilm.weights_dir()
+    folder = where / "fastembed-minilm"
+    folder.mkdir(parents=True, exist_ok=True)
+    graph = convert(detect_folder(source).for_task("embed"), top="hidden").path
+    shutil.copyfile(graph, folder / "model.onnx")
+    for name in ("tokenizer.json", "config.json", "special_tokens_map.json", "vocab.txt"):
+        shutil.copyfile(source / name, folder / name)
+    config = json.loads((source / "tokenizer_config.json").read_text())
+    config["model_max_length"] = minilm.MAX_LENGTH
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+def _fastembed(
+    python: str, folder: Any, texts: Sequence[str], batches: Sequence[int], order: str, where: Any
+) -> tuple[dict[int, float], int, np.ndarray[Any, Any]]:
+    import json
+    import subprocess
+
+    texts_path, out = where / "fastembed-texts.json", where / "fastembed-vectors.npy"
+    texts_path.write_text(json.dumps(list(texts)))
+    args = [str(folder), str(texts_path), str(out), ",".join(map(str, batches)), order]
+    done = subprocess.run(
+        [python, "-c", _FASTEMBED, *args], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"fastembed failed: {done.stderr.strip().splitlines()[-1:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    rates = {int(k): float(v) for k, v in result["rates"].items()}
+    return rates, int(result["best"]), np.load(out)
+
+
+def peers(records: int, repeats: int) -> int:
+    """``--peers``: see the module docstring."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from batchline._cpu import host_kind
+    from batchline.jobs.precision import candidates, model_facts
+    from batchline.models.specs import parse_spec
+
+    host = host_kind()
+    texts = _demo_texts(records)
+    sweep = texts[: max(200, len(texts) // 4)]
+    venv = Path(
+        os.environ.get("BATCHLINE_FASTEMBED_VENV", Path(__file__).parents[1] / ".venv-fastembed")
+    )
+    fe_python = venv / "bin" / "python"
+    print(
+        f"host: {host}; {os.cpu_count()} CPUs; {len(texts)} demo-corpus records; best of {repeats}"
+    )
+    load0 = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="bench-peers-") as tmp:
+        where = Path(tmp)
+        data = where / "texts.jsonl"
+        data.write_text(
+            "".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(texts))
+        )
+        small = where / "warm.jsonl"
+        small.write_text(
+            "".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(texts[:64]))
+        )
+        # the auto choice is measured here, afresh (an answer kept from a busier moment set
+        # aside), before any timing
+        from batchline._cache import cache_dir
+
+        for kept in (cache_dir() / "precision").glob("*.json"):
+            kept.unlink()
+        os.environ.pop("BATCHLINE_AUTO_PRECISION", None)
+        start = time.perf_counter()
+        chosen = _batchline(small, where / "warm", "auto")[2]
+        print(
+            f"auto's choice ({time.perf_counter() - start:.1f} s, incl. the first load): {chosen}"
+        )
+        offered, _ = candidates(host, model_facts(parse_spec("default")), torch=True)
+        # the peers' best settings, on the first quarter
+        st_cache: dict[bool, Any] = {}
+        st_best: dict[bool, int] = {}
+        for bf16 in (False, True) if host.bf16 else (False,):
+            rates = {b: _sentence_transformers(sweep, b, bf16, st_cache)[0] for b in PEER_BATCHES}
+            st_best[bf16] = max(rates, key=rates.__getitem__)
+            print(
+                f"sentence-transformers {'bf16' if bf16 else 'fp32'} sweep: "
+                + ", ".join(f"B={b} {r:.0f}/s" for b, r in rates.items())
+            )
+        fe_folder = _fastembed_folder(where) if fe_python.is_file() else None
+        fe_best = 0
+        if fe_folder is None:
+            print(f"fastembed: left out (no {fe_python}; run: bash scripts/fastembed_env.sh)")
+        else:
+            rates, fe_best, _ = _fastembed(
+                str(fe_python), fe_folder, sweep, PEER_BATCHES, "as-is", where
+            )
+            print("fastembed sweep: " + ", ".join(f"B={b} {r:.0f}/s" for b, r in rates.items()))
+        paths: dict[str, Callable[[], tuple[float, np.ndarray[Any, Any]]]] = {}
+        paths["batchline run, auto"] = lambda: _batchline(data, where / "auto", "auto")[:2]
+        for p in ("fp32", *offered):
+            paths[f"batchline run, {p} forced"] = lambda p=p: _batchline(data, where / p, p)[:2]
+        for bf16, b in st_best.items():
+            paths[f"sentence-transformers {'bf16' if bf16 else 'fp32'}, B={b}"] = (
+                lambda bf16=bf16, b=b: _sentence_transformers(texts, b, bf16, st_cache)
+            )
+        if fe_folder is not None:
+            for order in ("as-is", "sorted"):
+
+                def fe(order: str = order) -> tuple[float, np.ndarray[Any, Any]]:
+                    rates, _, got = _fastembed(
+                        str(fe_python), fe_folder, texts, [fe_best], order, where
+                    )
+                    return rates[fe_best], got
+
+                paths[
+                    f"fastembed, B={fe_best}" + (", fed length-sorted" if order == "sorted" else "")
+                ] = fe
+        best: dict[str, float] = dict.fromkeys(paths, 0.0)
+        vectors: dict[str, np.ndarray[Any, Any]] = {}
+        for _ in range(repeats):
+            for label, go in paths.items():
+                rate, got = go()
+                best[label] = max(best[label], rate)
+                vectors[label] = got
+    reference = vectors["batchline run, fp32 forced"]
+    auto = best["batchline run, auto"]
+    print(f"\nhost: {host.name}; chosen: {chosen}\n")
+    print("| path | records/s | auto's ratio to it | cosine to fp32 (mean / least) |")
+    print("|---|---:|---:|---|")
+    for label, rate in best.items():
+        mean, least = _cosines(reference, vectors[label])
+        print(f"| {label} | {rate:,.0f} | x{auto / rate:.2f} | {mean:.6f} / {least:.6f} |")
+    print(f"\nload average at the end: {os.getloadavg()[0]:.2f} (at the start: {load0:.2f})")
+    print("goal: auto >= x3 each peer (sentence-transformers fp32 and bf16, fastembed)")
     return 0
 
 

@@ -6,11 +6,24 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# precision = auto measures the host and may choose bf16 or int8, whose vectors differ from
+# fp32's in the last digits: the suite would pass on one host and fail on another. Every test,
+# and every process it starts, resolves auto to fp32 (batchline.jobs.precision.AUTO_ENV) unless
+# marked measure_precision; the choice logic itself is tested on synthetic hosts.
+os.environ.setdefault("BATCHLINE_AUTO_PRECISION", "fp32")
 
 
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+@pytest.fixture(autouse=True)
+def _measure_precision_where_marked(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if request.node.get_closest_marker("measure_precision") is not None:
+        monkeypatch.delenv("BATCHLINE_AUTO_PRECISION", raising=False)
 
 
 # The suite loads torch, ONNX Runtime, Ray's core worker, tokenizers and llguidance into one

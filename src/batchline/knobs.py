@@ -42,6 +42,7 @@ __all__ = [
     "GENERATION_BACKENDS",
     "GENERATION_BATCHING",
     "GENERATION_DTYPES",
+    "PRECISIONS",
     "SERVE_DEFAULTS",
     "SHARED_HELP",
     "Knobs",
@@ -77,6 +78,10 @@ GENERATION_BACKENDS = ("torch", "vllm")
 #: What a generative model computes in (``Knobs.dtype``), on either backend; ``auto``: bf16
 #: where the device computes it natively, float32 elsewhere (``generation/torch_dtype.py``).
 GENERATION_DTYPES = ("auto", "float32", "bfloat16")
+#: What an embedding model computes in (``Knobs.precision``): ``auto`` measures once per model
+#: and CPU kind which of the others is fastest past the quality gate (``models/precision.py``);
+#: ``fp32`` and ``int8`` run on ONNX Runtime, ``bf16`` on torch (oneDNN: AMX or AVX512-BF16).
+PRECISIONS = ("auto", "fp32", "bf16", "int8")
 #: How vLLM's engine orders waiting requests (``Knobs.vllm_scheduling_policy``).
 VLLM_SCHEDULING_POLICIES = ("fcfs", "priority")
 
@@ -94,6 +99,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "generation_batching": GENERATION_BATCHING,
     "generation_backend": GENERATION_BACKENDS,
     "dtype": GENERATION_DTYPES,
+    "precision": PRECISIONS,
     "vllm_scheduling_policy": VLLM_SCHEDULING_POLICIES,
 }
 #: Knobs fields that are not plain numbers: the check and what it wants; the rest are numbers
@@ -172,6 +178,11 @@ class Knobs:
     the tokenizer and the streams stay in the calling process (``generation/engine_process.py``;
     refused with ``vllm``, whose engine has processes of its own, and with static batching or
     ``batching=False``).
+
+    An embedding model computes in ``precision``: ``fp32`` or ``int8`` on ONNX Runtime, ``bf16``
+    on torch (oneDNN), or ``auto``, which ``run`` and ``serve`` resolve by measuring once per
+    model and CPU kind past a quality gate (``jobs/precision.py``; a loader given ``auto``
+    loads fp32). ``quantize = "int8"`` is the older spelling of ``precision = "int8"``.
     """
 
     batching: bool = True
@@ -216,8 +227,18 @@ class Knobs:
     # An embedding model's graph in int8 (ONNX Runtime's dynamic quantization), used only when
     # it passes the quality gate against its float32 graph (models/onnx/quantize.py).
     quantize: str | None = None
+    # What an embedding model computes in: auto (measured per model and CPU kind), fp32, bf16
+    # or int8 (``quantize = "int8"`` is its older spelling of int8; models/precision.py).
+    precision: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.quantize == "int8" and self.precision != "int8":
+            if self.precision != "auto":
+                raise InputError(
+                    f"quantize=int8 and precision={self.precision} disagree; "
+                    "set precision alone (fp32, bf16 or int8)"
+                )
+            object.__setattr__(self, "precision", "int8")  # one name from here on
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if f.name in _CHOICES:

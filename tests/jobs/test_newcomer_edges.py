@@ -158,7 +158,8 @@ def test_9_two_inputs_of_one_stem_are_told_to_use_o(tmp_path: Path) -> None:
     assert f"my.embeddings holds the output of another input ({tmp_path / 'my.csv'})" in line
     assert "elsewhere with -o PATH" in line
     # --resume, which the message no longer offers, says the same
-    assert "-o PATH" in one_error_line(batchline_cli(tmp_path, "run", "my.jsonl", "--resume"))
+    resumed = batchline_cli(tmp_path, "run", "my.jsonl", "--resume", "--quiet")
+    assert "-o PATH" in one_error_line(resumed)
     done = batchline_cli(tmp_path, "run", "my.jsonl", "-o", "my-jsonl.embeddings", "--quiet")
     assert done.returncode == 0, done.stderr
 

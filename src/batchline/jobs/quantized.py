@@ -35,7 +35,7 @@ def gate_texts(count: int) -> list[str]:
 
 
 def check_quantized(model: Any, spec: ModelSpec, knobs: Knobs) -> Quality:
-    """``model`` (``spec`` loaded with ``knobs.quantize``) against its float32 graph: the
+    """``model`` (``spec`` loaded in precision int8) against its float32 graph: the
     figures, measured once per int8 graph; ``InputError`` when they miss the gate."""
     from batchline.models.loader import load_model
 
@@ -48,10 +48,14 @@ def check_quantized(model: Any, spec: ModelSpec, knobs: Knobs) -> Quality:
             GATE.texts,
         )
         one = knobs.replace(
-            quantize=None, batching=False, sessions=1, intra_op_threads=machine_cores()
+            quantize=None,
+            precision="fp32",
+            batching=False,
+            sessions=1,
+            intra_op_threads=machine_cores(),
         )
         reference = load_model(spec, one)
-        quick = load_model(spec, one.replace(quantize=knobs.quantize))
+        quick = load_model(spec, one.replace(precision="int8"))
         try:
             quality = measure_quality(reference, quick, gate_texts(GATE.texts))
         finally:
@@ -60,9 +64,10 @@ def check_quantized(model: Any, spec: ModelSpec, knobs: Knobs) -> Quality:
         store_quality(graph, quality)
     missed = quality.shortfalls(GATE)
     if missed:
+        fix = "run it without --quantize" if knobs.quantize else "use precision auto or fp32"
         raise InputError(
-            f"model {spec.name!r} quantized to {knobs.quantize} misses the quality gate on "
-            f"{quality.texts} demo-corpus texts: {'; '.join(missed)}; run it without --quantize"
+            f"model {spec.name!r} quantized to int8 misses the quality gate on "
+            f"{quality.texts} demo-corpus texts: {'; '.join(missed)}; {fix}"
         )
     logger.info(
         "%s: int8, mean cosine %.4f and top-10 overlap %.3f against float32 (gate %s and %s)",

@@ -25,6 +25,7 @@ from batchline.datasets.sinks import ChunkWriter, default_output
 from batchline.datasets.sources import Record, Source
 from batchline.jobs.batch import DEDUPE_WINDOW, BatchAdapter
 from batchline.jobs.options import GenerateOptions, RunOptions, resolve
+from batchline.jobs.precision import Choice, announce, resolve_knobs
 from batchline.jobs.result_cache import open_cache
 from batchline.jobs.summary import RunSummary, summarize
 from batchline.knobs import Knobs
@@ -48,24 +49,32 @@ _MAX_BLOCKS_IN_FLIGHT = 8
 
 
 def load_job_model(options: RunOptions, knobs: Knobs) -> BatchModel[object, object]:
-    """The job's model, from its spec and options, laid out as ``knobs`` say (quantized, past
-    the quality gate, with ``knobs.quantize``)."""
-    return _load_gated(options, knobs)[0]
+    """The job's model, from its spec and options, laid out as ``knobs`` say, in the precision
+    they ask for or ``auto`` chooses (int8 asked for: past its quality gate)."""
+    spec = resolve(options).spec
+    assert spec is not None
+    knobs, choice = resolve_knobs(spec, knobs)
+    return _load_gated(options, knobs, choice)[0]
 
 
-def _load_gated(options: RunOptions, knobs: Knobs) -> tuple[BatchModel[object, object], str]:
-    """The job's model, and its quantization's figures in a line ("" when not quantized)."""
+def _load_gated(
+    options: RunOptions, knobs: Knobs, choice: Choice | None
+) -> tuple[BatchModel[object, object], str]:
+    """The job's model in the precision ``knobs`` say (already chosen: ``choice``), and an
+    int8 model's figures against its float32 graph in a line ("" for any other): int8 asked
+    for passes :mod:`batchline.jobs.quantized`'s gate; int8 chosen passed the stricter one."""
     from batchline.models.loader import load_model
 
     spec = resolve(options).spec
     assert spec is not None
     model = load_model(spec, knobs)
-    if knobs.quantize is None:
+    announce(spec, choice)
+    if knobs.precision != "int8" or (choice is not None and choice.measured):
         return model, ""
     from batchline.jobs.quantized import check_quantized, describe
 
     try:
-        return model, describe(check_quantized(model, spec, knobs), knobs.quantize)
+        return model, describe(check_quantized(model, spec, knobs), "int8")
     except BaseException:
         model.close()
         raise
@@ -101,9 +110,13 @@ async def run_job(options: RunOptions, progress: Progress | None = None) -> RunS
         from batchline.jobs.generate import run_generate_job
 
         return await run_generate_job(options, progress)
-    knobs = options.knobs.for_loading()
-    cache = await asyncio.to_thread(open_cache, options)
-    model, quantized = await asyncio.to_thread(_load_gated, options, knobs)
+    assert options.spec is not None  # resolved
+    knobs, choice = await asyncio.to_thread(
+        resolve_knobs, options.spec, options.knobs.for_loading()
+    )
+    chosen = dataclasses.replace(options, knobs=options.knobs.replace(precision=knobs.precision))
+    cache = await asyncio.to_thread(open_cache, chosen)  # keyed by the precision chosen
+    model, quantized = await asyncio.to_thread(_load_gated, options, knobs, choice)
     try:
         source, writer = await asyncio.to_thread(open_job, options, model.info)
         with writer:
@@ -129,7 +142,11 @@ async def run_job(options: RunOptions, progress: Progress | None = None) -> RunS
         summary = summarize(writer.out_dir, options.knobs.batching, done, stats, padded=padded)
         cached = 0 if cache is None else cache.hits
         return dataclasses.replace(
-            summary, duplicates=adapter.duplicates, cached=cached, quantized=quantized
+            summary,
+            duplicates=adapter.duplicates,
+            cached=cached,
+            quantized=quantized,
+            precision="" if choice is None else choice.describe(),
         )
     finally:
         model.close()

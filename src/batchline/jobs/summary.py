@@ -44,6 +44,8 @@ class RunSummary:
     cached: int = 0
     #: the model's quantization and its measured closeness to float32 (``--quantize``)
     quantized: str = ""
+    #: what the model computes in and why (``Knobs.precision``: asked for, or chosen by measuring)
+    precision: str = ""
 
     @property
     def records_per_s(self) -> float:
@@ -73,6 +75,7 @@ class RunSummary:
         return [
             ("output", str(self.output)),
             ("mode", mode),
+            *([("precision", self.precision)] if self.precision else []),
             *([("quantized", self.quantized)] if self.quantized else []),
             ("records (this run)", f"{self.records:,}"),
             ("skipped", f"{self.skipped:,}"),

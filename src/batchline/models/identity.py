@@ -32,7 +32,8 @@ def model_identity(spec: ModelSpec, knobs: Knobs | None = None) -> str | None:
     """A hex digest that changes when the model's files, its spec's options or the versions
     of batchline and ONNX Runtime change; None for a Python model. A text generator's
     (``spec.generates``) changes with what ``knobs`` change in its tokens too
-    (:func:`_generation_options`); a batch model's ignores ``knobs`` but ``quantize``."""
+    (:func:`_generation_options`); a batch model's ignores ``knobs`` but ``precision`` (as
+    chosen: the job resolves ``auto`` first), int8 and bf16 vectors differing in the bits."""
     if spec.kind == "python":
         return None
     digest = hashlib.sha256()
@@ -46,10 +47,12 @@ def model_identity(spec: ModelSpec, knobs: Knobs | None = None) -> str | None:
     }
     if spec.generates:
         options.update(_generation_options(spec, knobs or Knobs()))
-    elif knobs is not None and knobs.quantize is not None:  # int8 vectors differ in the bits
+    elif knobs is not None and knobs.precision == "int8":
         from batchline.models.onnx.quantize import QUANTIZE_VERSION
 
-        options["quantize"] = [knobs.quantize, QUANTIZE_VERSION]
+        options["quantize"] = ["int8", QUANTIZE_VERSION]
+    elif knobs is not None and knobs.precision == "bf16":
+        options["precision"] = ["bf16", _version("torch"), _version("transformers")]
     digest.update(json.dumps(options, sort_keys=True).encode())
     for path in _files(spec):
         _add_file(digest, path)

@@ -96,10 +96,15 @@ def text_tokenizer(spec: ModelSpec) -> Tokenizer | None:
 def load_model(spec: ModelSpec, knobs: Knobs) -> AnyModel:
     """Load ``spec`` laid out as ``knobs`` say (see the module docstring)."""
     task = resolve_task(spec)
-    if knobs.quantize is not None and task != "embed":
+    if knobs.precision in ("bf16", "int8") and task != "embed":
+        if knobs.quantize is not None:
+            raise InputError(
+                f"--quantize {knobs.quantize} applies to embedding models; {spec.name!r} has "
+                f"task {task!r}: leave --quantize out for it"
+            )
         raise InputError(
-            f"--quantize {knobs.quantize} applies to embedding models; {spec.name!r} has task "
-            f"{task!r}: leave --quantize out for it"
+            f"precision {knobs.precision} applies to embedding models; {spec.name!r} has task "
+            f"{task!r}: use precision auto or fp32 for it"
         )
     if task == "generate":
         raise InputError(
@@ -116,6 +121,8 @@ def load_model(spec: ModelSpec, knobs: Knobs) -> AnyModel:
         return load_folder_model(spec.with_options(task=task), knobs)
     if spec.folder is not None:  # a folder holding model.onnx
         logger.info("%s: %s -> ONNX (the folder's own file)", spec.name, spec.folder.describe())
+    if task == "embed" and knobs.precision == "bf16":
+        return _bf16_embedder(spec, knobs)
     if task == "embed":
         from batchline.models.onnx.embed import load_embedder
 
@@ -131,3 +138,26 @@ def load_model(spec: ModelSpec, knobs: Knobs) -> AnyModel:
     from batchline.models.onnx.predict import load_predictor
 
     return load_predictor(spec, knobs)  # type: ignore[return-value]
+
+
+def _bf16_embedder(spec: ModelSpec, knobs: Knobs) -> AnyModel:
+    """The built-in encoder in bf16, on torch from its weights package (an ``.onnx`` file has
+    no weights torch can load)."""
+    if spec.kind != "builtin":
+        raise InputError(
+            f"model {spec.name!r}: precision bf16 runs an encoder on torch from its weights, and "
+            f"an .onnx file has none torch can load; use precision fp32 or int8, or a model folder"
+        )
+    from batchline.models.hf.load import load_torch_encoder
+    from batchline.models.onnx import minilm
+
+    logger.info("%s: all-MiniLM-L6-v2 -> torch (bf16)", spec.name)
+    return load_torch_encoder(
+        minilm.weights_dir(),
+        name=spec.name,
+        pooling=spec.pooling or "mean",
+        normalize=True if spec.normalize is None else spec.normalize,
+        max_length=minilm.MAX_LENGTH,
+        knobs=knobs,
+        what="the built-in encoder in bf16",
+    )

@@ -353,9 +353,13 @@ def _default_loader() -> LoadModel:
     from batchline.models.loader import load_model
 
     def load(spec: ModelSpec, knobs: Knobs) -> BatchModel[object, object]:
+        from batchline.jobs.precision import announce, resolve_knobs
+
+        knobs, choice = resolve_knobs(spec, knobs)  # auto: measured once per model and CPU
         model = load_model(spec, knobs)
-        if knobs.quantize is not None:  # used only past the int8 quality gate
-            from batchline.jobs.quantized import check_quantized
+        announce(spec, choice)
+        if knobs.precision == "int8" and not (choice is not None and choice.measured):
+            from batchline.jobs.quantized import check_quantized  # int8 asked for: its gate
 
             try:
                 check_quantized(model, spec, knobs)

@@ -237,6 +237,7 @@ def test_a_decoder_embedder_runs_on_the_torch_embedder(
             "normalize": True,
             "max_length": 512,
             "knobs": knobs,
+            "bf16": False,
         }
     ]
     monkeypatch.setitem(sys.modules, "batchline.models.hf.torch_embed", None)
@@ -364,3 +365,24 @@ def test_run_says_what_a_folder_is_and_what_runs_it(
     assert main(["run", str(texts), "--model", f"{folder}/", "-o", str(out), "--quiet",
                  "--overwrite"]) == 0  # fmt: skip
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls"])
+def test_an_encoder_folder_in_bf16_runs_on_torch_close_to_its_vectors(
+    bert: Path, tmp_path: Path, pooling: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    folder = st_folder(bert, tmp_path, pooling=pooling, normalize=True)
+    (spec,) = parse_specs([f"{folder}/"])
+    with caplog.at_level("INFO", logger="batchline.models"):
+        model = load_model(spec, Knobs(precision="bf16"))
+    assert "-> torch (bf16)" in caplog.text
+    assert type(model).__name__ == "TorchEmbedder"
+    ours = np.stack(model.run_batch(model.prepare(TEXTS)))
+    expected = reference(folder)
+    cosine = np.sum(ours * expected, axis=1) / np.linalg.norm(expected, axis=1)
+    assert cosine.min() > 0.99  # bf16 of a random tiny BERT: close, not equal
+    assert np.abs(ours - expected).max() > 0  # it did run in bf16
+    with_dense = st_folder(bert, tmp_path / "d", pooling="mean", dense=[DENSE], normalize=True)
+    (dense_spec,) = parse_specs([f"{with_dense}/"])
+    with pytest.raises(InputError, match="which does not run its Dense modules"):
+        load_model(dense_spec, Knobs(precision="bf16"))

@@ -17,18 +17,15 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
+from batchline._cpu import BF16_FLAGS, cpu_flags
 from batchline.knobs import GENERATION_DTYPES
 
 if TYPE_CHECKING:
     import torch
 
 __all__ = ["DtypeChoice", "choose_dtype", "cpu_flags", "pack_linear_weights"]
-
-# CPU flags (Linux names) of native bf16 arithmetic.
-_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,19 +43,6 @@ class DtypeChoice:
         import torch
 
         return torch.bfloat16 if self.dtype == "bfloat16" else torch.float32
-
-
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
-    """This CPU's feature flags (Linux ``/proc/cpuinfo``); empty where there is none."""
-    try:
-        text = cpuinfo.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        key, sep, value = line.partition(":")
-        if sep and key.strip() in ("flags", "Features"):
-            return frozenset(value.split())
-    return frozenset()
 
 
 def choose_dtype(
@@ -85,7 +69,7 @@ def choose_dtype(
         if cuda_bf16:
             return DtypeChoice("bfloat16", "auto: the CUDA device computes bf16")
         return DtypeChoice("float32", "auto: the CUDA device has no bf16")
-    found = sorted(set(_BF16_FLAGS) & set(cpu_flags() if flags is None else flags))
+    found = sorted(set(BF16_FLAGS) & set(cpu_flags() if flags is None else flags))
     if found:
         return DtypeChoice("bfloat16", f"auto: the CPU has native bf16 ({', '.join(found)})")
     return DtypeChoice("float32", "auto: no native bf16 on this CPU (no avx512_bf16 or amx_bf16)")

@@ -27,7 +27,7 @@ from batchline.models.specs import ModelSpec
 if TYPE_CHECKING:
     from batchline.models.onnx.embedder import EmbedderOptions
 
-__all__ = ["load_folder_model"]
+__all__ = ["load_folder_model", "load_torch_encoder"]
 
 logger = logging.getLogger("batchline.models")
 
@@ -73,29 +73,41 @@ def _embedder(spec: ModelSpec, found: FolderModel, knobs: Knobs) -> BatchModel[A
                 f"{found.folder}: Dense modules after a decoder embedder are not supported "
                 "(it runs on torch, which pools and normalizes only)"
             )
-        if knobs.quantize is not None:
+        if knobs.precision == "int8":
             raise InputError(
-                f"model {spec.name!r}: --quantize {knobs.quantize} quantizes ONNX encoders; "
-                "a decoder embedder runs on torch: leave --quantize out for it"
+                f"model {spec.name!r}: {_int8_name(knobs)} quantizes ONNX encoders; "
+                "a decoder embedder runs on torch: use precision fp32 or bf16 for it"
             )
-        try:
-            from batchline.models.hf.torch_embed import (  # type: ignore[import-not-found,unused-ignore]
-                load_torch_embedder,
-            )
-        except ImportError as exc:
-            raise ModelError(
-                f"{found.folder}: a decoder embedder ({found.architecture or found.model_type}) "
-                f"runs on torch, and this batchline cannot load it ({exc}); "
-                f"{install_command('generate')}"
-            ) from None
         _log(spec, found, "torch")
-        return load_torch_embedder(
+        return load_torch_encoder(
             found.encoder_folder,
             name=spec.name,
             pooling=pooling,
             normalize=normalize,
             max_length=found.max_seq_length,
             knobs=knobs,
+            what=f"a decoder embedder ({found.architecture or found.model_type})",
+        )
+    if knobs.precision == "bf16":  # an encoder in bf16: torch, from the folder's weights
+        if found.dense:
+            raise InputError(
+                f"{found.folder}: precision bf16 runs the encoder on torch, which does not run "
+                "its Dense modules; use precision fp32 or int8 for it"
+            )
+        if pooling not in ("mean", "cls", "lasttoken"):
+            raise InputError(
+                f"model {spec.name!r}: a folder's encoder returns token vectors; "
+                "pool them with mean, cls or lasttoken"
+            )
+        _log(spec, found, "torch (bf16)")
+        return load_torch_encoder(
+            found.encoder_folder,
+            name=spec.name,
+            pooling=pooling,
+            normalize=normalize,
+            max_length=found.max_seq_length,
+            knobs=knobs,
+            what=f"the {found.architecture or found.model_type} encoder in bf16",
         )
     from batchline.models.hf.convert import builder_covers
     from batchline.models.onnx.embed import load_onnx_embedder
@@ -125,6 +137,43 @@ def _embedder(spec: ModelSpec, found: FolderModel, knobs: Knobs) -> BatchModel[A
         max_length=found.max_seq_length,
         **options,
     )
+
+
+def load_torch_encoder(
+    folder: Path,
+    *,
+    name: str,
+    pooling: str,
+    normalize: bool,
+    max_length: int | None,
+    knobs: Knobs,
+    what: str,
+) -> BatchModel[Any, Any]:
+    """The transformer in ``folder`` as a torch ``embed`` model, in bf16 when
+    ``knobs.precision`` says so (else fp32); ``ModelError`` naming ``what`` and the install
+    when torch is missing."""
+    try:
+        from batchline.models.hf.torch_embed import (  # type: ignore[import-not-found,unused-ignore]
+            load_torch_embedder,
+        )
+    except ImportError as exc:
+        raise ModelError(
+            f"{folder}: {what} runs on torch, and this batchline cannot load it ({exc}); "
+            f"{install_command('generate')}"
+        ) from None
+    return load_torch_embedder(
+        folder,
+        name=name,
+        pooling=pooling,
+        normalize=normalize,
+        max_length=max_length,
+        knobs=knobs,
+        bf16=knobs.precision == "bf16",
+    )
+
+
+def _int8_name(knobs: Knobs) -> str:
+    return "--quantize int8" if knobs.quantize is not None else "precision int8"
 
 
 def _tokenizer(found: FolderModel) -> Path:

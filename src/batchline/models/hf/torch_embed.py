@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from batchline._errors import InputError, ModelError
 from batchline._types import Vector
@@ -121,8 +122,12 @@ class TorchEmbedder:
         return max(1, len(item))
 
     def run_batch(self, batch: list[TokenizedText]) -> list[Vector]:
+        return list(self.embed_tokens(batch)) if batch else []
+
+    def embed_tokens(self, batch: Sequence[TokenizedText]) -> npt.NDArray[np.float32]:
+        """One padded batch's vectors, ``(len(batch), dim)`` float32 (as the ONNX embedder's)."""
         if not batch:
-            return []
+            return np.zeros((0, self._dim), dtype=np.float32)
         torch = self._torch
         ids, mask = pad_sequences([t.ids for t in batch], pad_value=self.pad_id)
         with torch.inference_mode():
@@ -137,10 +142,12 @@ class TorchEmbedder:
             else:
                 weights = attention.unsqueeze(-1).to(hidden.dtype)
                 pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
+            # normalized in float32: a bf16 model's vectors are then unit length to float32
+            pooled = pooled.float()
             if self.normalize:
                 pooled = torch.nn.functional.normalize(pooled, p=2, dim=-1)
-            vectors = pooled.float().cpu().numpy()
-        return list(vectors)
+            vectors: npt.NDArray[np.float32] = pooled.cpu().numpy()
+        return vectors
 
     def encode(self, result: Vector) -> Vector:
         return result
@@ -157,12 +164,14 @@ def load_torch_embedder(
     normalize: bool,
     max_length: int | None,
     knobs: Knobs,
+    bf16: bool = False,
 ) -> TorchEmbedder:
     """Load the transformer in ``folder`` (its ``config.json``, weights and tokenizer) in fp32
-    on ``knobs.device`` as an ``embed`` model that pools with ``pooling`` (``lasttoken``,
-    ``mean`` or ``cls``) and L2-normalizes when ``normalize``. ``max_length`` truncates inputs
-    (default: the tokenizer's limit, within the model's positions). On the CPU torch runs
-    ``knobs.intra_op_threads`` threads.
+    (``bf16``: bfloat16) on ``knobs.device`` as an ``embed`` model that pools with ``pooling``
+    (``lasttoken``, ``mean`` or ``cls``) and L2-normalizes when ``normalize``. ``max_length``
+    truncates inputs (default: the tokenizer's limit, within the model's positions). On the
+    CPU torch runs ``knobs.intra_op_threads`` threads per batch, and a bf16 model's linear
+    weights are packed once for oneDNN (its AMX or AVX512-BF16 kernels; the same outputs).
 
     Raises ``ModelError`` when torch or transformers is missing (with the install) or the
     folder does not load; ``ValueError`` for an unknown pooling.
@@ -185,11 +194,15 @@ def load_torch_embedder(
         with quiet_transformers():
             tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
             model = transformers.AutoModel.from_pretrained(
-                folder, dtype=torch.float32, local_files_only=True
+                folder, dtype=torch.bfloat16 if bf16 else torch.float32, local_files_only=True
             )
     except (OSError, ValueError, KeyError) as exc:
         raise ModelError(f"cannot load the embedder in {folder}: {exc}") from exc
     model.to(device).eval()
+    if bf16 and device.type == "cpu":
+        from batchline.models.generation.torch_dtype import pack_linear_weights
+
+        pack_linear_weights(model)
     config = model.config.get_text_config(decoder=True)
     limit = _max_length(max_length, tokenizer, config)
     pad_id = tokenizer.pad_token_id

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
         GATE,
         Quality,
         cached_quality,
+        compare_vectors,
         measure_quality,
         store_quality,
     )
@@ -27,6 +28,7 @@ __all__ = [
     "GATE",
     "Quality",
     "cached_quality",
+    "compare_vectors",
     "load_tokenizer",
     "measure_quality",
     "store_quality",
@@ -38,7 +40,14 @@ __getattr__ = lazy_exports(
         "load_tokenizer": "embedder",
         **{
             name: "quantize"
-            for name in ("GATE", "Quality", "cached_quality", "measure_quality", "store_quality")
+            for name in (
+                "GATE",
+                "Quality",
+                "cached_quality",
+                "compare_vectors",
+                "measure_quality",
+                "store_quality",
+            )
         },
     },
 )

@@ -151,9 +151,9 @@ def load_onnx_embedder(
     **options: Unpack[EmbedderOptions],
 ) -> TextEmbedder:
     """An ONNX text encoder file and its ``tokenizer.json`` as a :class:`TextEmbedder` laid
-    out as ``knobs`` say (its int8 graph with ``knobs.quantize``); ``options`` go to
+    out as ``knobs`` say (its int8 graph with ``knobs.precision`` int8); ``options`` go to
     :class:`Embedder` (``pooling``, ``normalize``, ``dense``)."""
-    if knobs.quantize == "int8":
+    if knobs.precision == "int8":
         from batchline.models.onnx.quantize import quantized_graph
 
         path = quantized_graph(path)

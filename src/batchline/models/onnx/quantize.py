@@ -41,6 +41,8 @@ __all__ = [
     "QUANTIZE_VERSION",
     "Quality",
     "cached_quality",
+    "compare_vectors",
+    "embed_all",
     "measure_quality",
     "quantized_graph",
     "store_quality",
@@ -117,13 +119,23 @@ def measure_quality(
     and ``embed_tokens``). Raises ``InputError`` with fewer than 11 texts."""
     if len(texts) <= NEIGHBOURS:
         raise InputError(f"the quality gate needs more than {NEIGHBOURS} texts, got {len(texts)}")
-    a, b = _vectors(reference, texts, batch), _vectors(quantized, texts, batch)
+    return compare_vectors(embed_all(reference, texts, batch), embed_all(quantized, texts, batch))
+
+
+def compare_vectors(a: npt.NDArray[np.float32], b: npt.NDArray[np.float32]) -> Quality:
+    """How close ``b``'s rows are to ``a``'s (the same texts' vectors from two models): the
+    mean cosine of each pair, and the mean overlap of each row's 10 nearest neighbours."""
+    if len(a) <= NEIGHBOURS or a.shape != b.shape:
+        raise InputError(
+            f"comparing vectors needs two sets of the same shape with more than {NEIGHBOURS} "
+            f"rows, got {a.shape} and {b.shape}"
+        )
     norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
     cosine = np.sum(a * b, axis=1) / np.maximum(norms, 1e-12)
     near_a, near_b = _neighbours(a), _neighbours(b)
     shared = [len(set(x) & set(y)) for x, y in zip(near_a, near_b, strict=True)]
     overlap = np.mean(shared) / NEIGHBOURS
-    return Quality(float(np.mean(cosine)), float(overlap), len(texts))
+    return Quality(float(np.mean(cosine)), float(overlap), len(a))
 
 
 def cached_quality(graph: Path) -> Quality | None:
@@ -145,8 +157,9 @@ def store_quality(graph: Path, quality: Quality) -> None:
         logger.warning("cannot keep the quality of %s: %s", graph.name, exc)
 
 
-def _vectors(model: Any, texts: Sequence[str], batch: int) -> npt.NDArray[np.float32]:
-    """Every text's vector, in batches of similar length (as the batcher forms them)."""
+def embed_all(model: Any, texts: Sequence[str], batch: int = 32) -> npt.NDArray[np.float32]:
+    """Every text's vector from ``model`` (its ``prepare`` and ``embed_tokens``), in batches
+    of ``batch`` texts of similar length (as the batcher forms them), in the texts' order."""
     items = model.prepare(list(texts))
     bad = next((x for x in items if isinstance(x, BaseException)), None)
     if bad is not None:

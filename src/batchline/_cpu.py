@@ -1,0 +1,81 @@
+"""What this CPU computes natively, read from its ``/proc/cpuinfo`` flags: the one home of the
+flags and of the host kinds the number-format choices are made for (an embedding model's
+precision, ``models/precision.py``; a generator's dtype, ``generation/torch_dtype.py``).
+
+The kinds, from the most capable down (the first that fits names the host):
+
+- ``amx``: AMX tiles for bf16 and int8 (``amx_bf16``, ``amx_int8``; Intel Xeon since Sapphire
+  Rapids), with AVX-512, AVX512-BF16 and VNNI beside them;
+- ``avx512-bf16``: AVX-512 with bf16 dot products (``avx512_bf16``; AMD EPYC Genoa, Intel Cooper
+  Lake) and usually VNNI;
+- ``vnni``: int8 dot products (``avx512_vnni`` or ``avx_vnni``) but no native bf16;
+- ``avx2``: neither: bf16 would be emulated and int8 has no dot-product instruction;
+- ``other``: no AVX2 either, or no flags to read (not Linux).
+
+Standard library only: the choice is made, and tested on synthetic flag sets, without torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["BF16_FLAGS", "INT8_FLAGS", "HostKind", "cpu_flags", "host_kind"]
+
+#: Flags (Linux names) of native bf16 arithmetic.
+BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+#: Flags of int8 dot products (what ONNX Runtime's int8 kernels gain from).
+INT8_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni")
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    """This CPU's feature flags (Linux ``/proc/cpuinfo``); empty where there is none."""
+    try:
+        text = cpuinfo.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class HostKind:
+    """A CPU's kind (``name``, one of the module docstring's) and the flags it was read from
+    that matter here (``found``)."""
+
+    name: str
+    found: tuple[str, ...]
+
+    @property
+    def bf16(self) -> bool:
+        """Native bf16 arithmetic (AMX or AVX512-BF16)."""
+        return any(f in BF16_FLAGS for f in self.found)
+
+    @property
+    def int8(self) -> bool:
+        """int8 dot products (AMX-INT8 or VNNI)."""
+        return any(f in INT8_FLAGS for f in self.found)
+
+    def __str__(self) -> str:
+        return f"{self.name} ({', '.join(self.found)})" if self.found else self.name
+
+
+def host_kind(flags: Collection[str] | None = None) -> HostKind:
+    """The kind of this CPU (``flags``: its flags, default :func:`cpu_flags`; tests pass them)."""
+    have = set(cpu_flags() if flags is None else flags)
+    found = tuple(f for f in (*BF16_FLAGS, *INT8_FLAGS) if f in have)
+    if {"amx_bf16", "amx_int8"} <= have:
+        name = "amx"
+    elif "avx512_bf16" in have:
+        name = "avx512-bf16"
+    elif any(f in have for f in INT8_FLAGS):
+        name = "vnni"
+    elif "avx2" in have:
+        name = "avx2"
+    else:
+        name = "other"
+    return HostKind(name, found)

@@ -1,0 +1,450 @@
+"""Which precision an embedding model runs in on this CPU (``Knobs.precision``), for ``run``
+and ``serve``: ``fp32`` or ``int8`` on ONNX Runtime, ``bf16`` on torch (oneDNN), or ``auto``.
+
+``auto`` measures once per model, CPU kind and layout, and keeps the answer under the cache
+folder (``precision/``): the first job on a host pays ~10-30 s on 2 cores, later ones read a
+file. The measurement:
+
+1. The candidates this host can gain from (:func:`candidates`): fp32 always; int8 where the
+   CPU has int8 dot products (AMX-INT8, AVX512-VNNI, AVX-VNNI: ONNX Runtime's int8 kernels use
+   them); bf16 where it computes bf16 natively (AMX, AVX512-BF16) and torch is installed and
+   the model has weights torch loads. Elsewhere the job says why each was left out.
+2. Each candidate is loaded in the job's layout and embeds the first :data:`GATE_TEXTS` texts
+   of the demo corpus in length-sorted batches of ``target_batch_tokens``, as many batches
+   at once as the job runs, then every second text again; the rounds alternate the
+   candidates (fp32, bf16, int8, fp32, ...), so that another process's load hits each alike,
+   and a candidate's speed is its better round (model calls only: tokenizing is the same).
+3. The quality gate (:data:`AUTO_GATE`): a lower precision is kept only where its vectors of the
+   gate texts reach a mean cosine of 0.999 to fp32's and their 10 nearest neighbours agree
+   at least 95 %.
+4. The fastest candidate past the gate wins if it beats fp32 by :data:`MIN_GAIN` (less is
+   within the noise of a short measurement); else fp32, with the reason.
+
+What was chosen, and why, is one line (:meth:`Choice.describe`): the load log and the run
+summary carry it. ``precision = "fp32" | "bf16" | "int8"`` forces one (``--set
+precision=bf16``; ``--quantize int8`` is int8, still refused below its own gate:
+:mod:`batchline.jobs.quantized`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import datetime
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from batchline._cache import cache_dir, write_whole
+from batchline._cpu import HostKind, host_kind
+from batchline._errors import BatchlineError, InputError
+from batchline.knobs import Knobs, machine_cores
+from batchline.models.specs import ModelSpec
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+__all__ = [
+    "AUTO_ENV",
+    "AUTO_GATE",
+    "GATE_TEXTS",
+    "MIN_GAIN",
+    "Choice",
+    "Figures",
+    "ModelFacts",
+    "announce",
+    "candidates",
+    "choose_precision",
+    "decide",
+    "measured_choice",
+    "model_facts",
+    "resolve_knobs",
+]
+
+# the models' logger: run and serve print its INFO lines as the model's load line
+logger = logging.getLogger("batchline.models")
+
+#: Demo-corpus texts the candidates embed and the gate compares (their neighbours among them).
+GATE_TEXTS = 512
+#: A candidate must be this much faster than fp32 to be chosen.
+MIN_GAIN = 1.10
+#: An environment variable that sets what ``auto`` resolves to, without measuring (fp32, bf16,
+#: int8): CI on hosts of different kinds sets fp32, so that every host computes the same vectors.
+AUTO_ENV = "BATCHLINE_AUTO_PRECISION"
+#: Bump when the measurement changes, so that older answers are measured again.
+PRECISION_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Gate:
+    """What a lower precision's vectors must reach against fp32's."""
+
+    mean_cosine: float
+    top10_overlap: float
+
+
+#: The issue-55 bar: the same vectors for every practical purpose.
+AUTO_GATE = Gate(mean_cosine=0.999, top10_overlap=0.95)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFacts:
+    """What a model offers the choice: whether ONNX Runtime runs it (fp32, int8), and why torch
+    cannot (``no_torch_weights``; empty when it can: bf16)."""
+
+    onnx: bool
+    no_torch_weights: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Figures:
+    """One candidate's measurement: model-call records/s and its vectors against fp32's (or
+    ``error``: it did not load or run)."""
+
+    records_per_s: float = 0.0
+    mean_cosine: float = 1.0
+    top10_overlap: float = 1.0
+    error: str = ""
+
+    def misses(self, gate: Gate) -> str:
+        """What misses ``gate``, in words ("" when it passes)."""
+        if self.error:
+            return self.error
+        out = []
+        if self.mean_cosine < gate.mean_cosine:
+            out.append(f"cosine {self.mean_cosine:.4f} < {gate.mean_cosine}")
+        if self.top10_overlap < gate.top10_overlap:
+            out.append(f"top-10 {self.top10_overlap:.3f} < {gate.top10_overlap}")
+        return ", ".join(out)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The precision a model loads in, and why (one line: :meth:`describe`). ``measured``:
+    the gate was applied to it (an int8 chosen so needs no second gate)."""
+
+    precision: str
+    reason: str
+    runtime: str = "onnxruntime"
+    figures: Mapping[str, Figures] = field(default_factory=dict)
+    measured: bool = False
+
+    def describe(self) -> str:
+        return f"{self.precision} on {self.runtime} ({self.reason})"
+
+
+def model_facts(spec: ModelSpec) -> ModelFacts | None:
+    """What ``spec`` (an embedding model) offers; ``None`` for a Python model (no choice)."""
+    if spec.kind == "python":
+        return None
+    if spec.kind == "builtin":
+        return ModelFacts(onnx=True)
+    if spec.kind == "hf" and spec.folder is not None:
+        found = spec.folder.for_task("embed")
+        if found.decoder:
+            return ModelFacts(onnx=False)
+        if found.dense:
+            return ModelFacts(onnx=True, no_torch_weights="its Dense modules run on ONNX only")
+        return ModelFacts(onnx=True)
+    return ModelFacts(onnx=True, no_torch_weights="an .onnx file has no weights torch loads")
+
+
+def candidates(
+    host: HostKind, facts: ModelFacts, *, torch: bool
+) -> tuple[list[str], dict[str, str]]:
+    """The precisions worth measuring beyond fp32 on ``host`` for a model with ``facts``
+    (``torch``: torch and transformers are installed), and why each other one is not."""
+    offered: list[str] = []
+    left: dict[str, str] = {}
+    if not host.bf16:
+        left["bf16"] = "no native bf16 on this CPU (no amx_bf16 or avx512_bf16)"
+    elif not torch:
+        left["bf16"] = "bf16 runs on torch, which is not installed"
+    elif facts.no_torch_weights:
+        left["bf16"] = f"bf16 runs on torch, and {facts.no_torch_weights}"
+    else:
+        offered.append("bf16")
+    if not facts.onnx:
+        left["int8"] = "the model runs on torch, and int8 is ONNX Runtime's"
+    elif not host.int8:
+        left["int8"] = "no int8 dot products on this CPU (no amx_int8, avx512_vnni or avx_vnni)"
+    else:
+        offered.append("int8")
+    return offered, left
+
+
+def decide(
+    figures: Mapping[str, Figures], *, gate: Gate = AUTO_GATE, min_gain: float = MIN_GAIN
+) -> tuple[str, str]:
+    """The precision ``figures`` (fp32's and each candidate's) choose, and why, in words."""
+    base = figures["fp32"].records_per_s
+    notes: list[str] = []
+    passing: dict[str, float] = {}
+    for name, fig in figures.items():
+        if name == "fp32":
+            continue
+        missed = fig.misses(gate)
+        if missed:
+            notes.append(f"{name} misses the gate ({missed})")
+            continue
+        ratio = fig.records_per_s / base if base > 0 else 0.0
+        passing[name] = ratio
+        notes.append(
+            f"{name} x{ratio:.2f} fp32 ({fig.records_per_s:,.0f} vs {base:,.0f} records/s), "
+            f"cosine {fig.mean_cosine:.5f}, top-10 {fig.top10_overlap:.3f}"
+        )
+    best = max(passing, key=lambda n: passing[n], default=None)
+    if best is None or passing[best] < min_gain:
+        if best is not None:
+            notes.append(f"none faster than fp32 by x{min_gain:.2f}")
+        return "fp32", "; ".join(notes) or "no other candidate"
+    return best, "; ".join(notes)
+
+
+def choose_precision(
+    spec: ModelSpec,
+    knobs: Knobs,
+    *,
+    task: str,
+    texts: Callable[[], Sequence[str]] | None = None,
+    flags: frozenset[str] | None = None,
+) -> Choice | None:
+    """The precision ``spec`` loads in with ``knobs`` (``None``: the knob does not apply, the
+    model is not an embedding model or a Python one). ``auto`` measures, once per model and
+    CPU kind (``texts``: the gate texts, default the demo corpus's; ``flags``: the CPU's)."""
+    facts = model_facts(spec) if task == "embed" else None
+    if facts is None:
+        return None
+    if knobs.precision != "auto":
+        return Choice(knobs.precision, "asked for", _runtime(knobs.precision, facts))
+    if knobs.is_gpu:
+        return Choice("fp32", f"auto: the choice is made for CPUs, {knobs.device} runs fp32")
+    pinned = os.environ.get(AUTO_ENV, "")
+    if pinned:
+        if pinned not in ("fp32", "bf16", "int8"):
+            raise InputError(f"{AUTO_ENV} must be fp32, bf16 or int8, got {pinned!r}")
+        return Choice(pinned, f"auto, set by {AUTO_ENV}", _runtime(pinned, facts))
+    host = host_kind(flags)
+    offered, left = candidates(host, facts, torch=_has_torch())
+    skipped = "; ".join(f"{name}: {why}" for name, why in left.items())
+    if not offered:
+        return Choice("fp32", f"auto on {host.name}: {skipped}", _runtime("fp32", facts))
+    return measured_choice(spec, knobs, host, offered, skipped, facts, texts)
+
+
+def measured_choice(
+    spec: ModelSpec,
+    knobs: Knobs,
+    host: HostKind,
+    offered: Sequence[str],
+    skipped: str,
+    facts: ModelFacts,
+    texts: Callable[[], Sequence[str]] | None,
+) -> Choice:
+    """``auto``'s answer for ``spec`` on ``host`` among fp32 and ``offered``: kept from an
+    earlier measurement, else measured now and kept (``skipped``: why the others are not
+    candidates, said in the reason)."""
+    key = _cache_key(spec, knobs, host, offered)
+    cached = _read(key)
+    if cached is not None:
+        return cached
+    logger.info(
+        "%s: measuring fp32 against %s on this CPU, %s, with %d demo-corpus texts (once "
+        "per model and CPU kind)",
+        spec.name,
+        " and ".join(offered),
+        host,
+        GATE_TEXTS,
+    )
+    start = time.perf_counter()
+    figures = measure(spec, knobs, ["fp32", *offered], _gate_texts if texts is None else texts)
+    took = time.perf_counter() - start
+    chosen, why = decide(figures)
+    day = datetime.date.today().isoformat()
+    reason = f"auto on {host.name}: {why}" + (f"; {skipped}" if skipped else "")
+    reason += f"; measured {day} in {took:.0f} s"
+    choice = Choice(chosen, reason, _runtime(chosen, facts), figures, measured=True)
+    _write(key, choice)
+    return choice
+
+
+def resolve_knobs(spec: ModelSpec, knobs: Knobs) -> tuple[Knobs, Choice | None]:
+    """``knobs`` with ``precision`` as :func:`choose_precision` chooses for ``spec``, and the
+    choice (``None``: the knob does not apply to the model; :func:`announce` says it)."""
+    from batchline.models.loader import resolve_task
+
+    choice = choose_precision(spec, knobs, task=resolve_task(spec))
+    if choice is None:
+        return knobs, None
+    return knobs.replace(precision=choice.precision), choice
+
+
+def announce(spec: ModelSpec, choice: Choice | None) -> None:
+    """Say in the load log what ``spec`` runs in and why, once it has loaded."""
+    if choice is not None:
+        logger.info("%s: precision %s", spec.name, choice.describe())
+
+
+def measure(
+    spec: ModelSpec, knobs: Knobs, names: Sequence[str], texts: Callable[[], Sequence[str]]
+) -> dict[str, Figures]:
+    """Each of ``names`` (``fp32`` first) loaded in ``knobs``' layout: its speed and its
+    vectors against fp32's (see the module docstring). A candidate that fails to load or run
+    is kept with its error; fp32 failing raises."""
+    from batchline.models.loader import load_model
+
+    gate_texts = list(texts())
+    models: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    try:
+        for name in names:
+            try:
+                models[name] = load_model(spec, knobs.replace(precision=name, quantize=None))
+            except (BatchlineError, ImportError, OSError, RuntimeError) as exc:
+                if name == "fp32":
+                    raise
+                errors[name] = f"did not load: {exc}"
+        speed: dict[str, list[float]] = {name: [] for name in models}
+        vectors: dict[str, npt.NDArray[np.float32]] = {}
+        for sample in (gate_texts, gate_texts[::2]):
+            for name, model in list(models.items()):
+                try:
+                    got, rate = _timed_vectors(model, sample, knobs)
+                except Exception as exc:  # a backend's own error: the candidate is out
+                    if name == "fp32":
+                        raise
+                    errors[name] = f"failed: {exc}"
+                    models.pop(name).close()
+                    continue
+                speed[name].append(rate)
+                vectors.setdefault(name, got)
+    finally:
+        for model in models.values():
+            model.close()
+    from batchline.models.onnx import compare_vectors
+
+    out = {"fp32": Figures(max(speed["fp32"]))}
+    for name in names[1:]:
+        if name in errors:
+            out[name] = Figures(error=errors[name])
+            continue
+        quality = compare_vectors(vectors["fp32"], vectors[name])
+        out[name] = Figures(max(speed[name]), quality.mean_cosine, quality.top10_overlap)
+    return out
+
+
+def _timed_vectors(
+    model: Any, texts: Sequence[str], knobs: Knobs
+) -> tuple[npt.NDArray[np.float32], float]:
+    """``texts``' vectors (in order) from ``model`` in length-sorted batches of
+    ``target_batch_tokens`` padded tokens, ``max_concurrent_batches`` at a time, and the
+    records/s of the model calls."""
+    import numpy as np
+
+    items = model.prepare(list(texts))
+    bad = next((x for x in items if isinstance(x, BaseException)), None)
+    if bad is not None:
+        raise BatchlineError(f"a gate text cannot be embedded: {bad}")
+    order = sorted(range(len(items)), key=lambda i: len(items[i]))
+    groups: list[list[int]] = [[]]
+    for i in order:
+        current = groups[-1]
+        over = (len(current) + 1) * len(items[i]) > knobs.target_batch_tokens
+        if current and (over or len(current) >= knobs.max_batch_size):
+            groups.append(current := [])
+        current.append(i)
+    workers = max(1, min(knobs.max_concurrent_batches, knobs.sessions if knobs.batching else 1))
+    out: npt.NDArray[np.float32] | None = None
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="precision") as pool:
+        runs = pool.map(lambda g: (g, model.run_batch([items[i] for i in g])), groups)
+        for group, result in runs:
+            rows = np.asarray(np.stack(result), dtype=np.float32)
+            if out is None:
+                out = np.zeros((len(items), rows.shape[1]), dtype=np.float32)
+            out[group] = rows
+    rate = len(items) / max(time.perf_counter() - start, 1e-9)
+    assert out is not None
+    return out, rate
+
+
+def _runtime(precision: str, facts: ModelFacts) -> str:
+    if precision == "bf16" or not facts.onnx:
+        return "torch"
+    return "onnxruntime"
+
+
+def _has_torch() -> bool:
+    return all(importlib.util.find_spec(p) is not None for p in ("torch", "transformers"))
+
+
+def _gate_texts() -> list[str]:
+    from batchline.jobs.quantized import gate_texts
+
+    return gate_texts(GATE_TEXTS)
+
+
+def _cache_key(spec: ModelSpec, knobs: Knobs, host: HostKind, offered: Sequence[str]) -> str | None:
+    """What an answer holds for: the model's files and options, the CPU kind and cores, the
+    job's layout, the candidates and the versions that run them; ``None``: not kept."""
+    from batchline.models.identity import model_identity
+
+    identity = model_identity(spec)
+    if identity is None:
+        return None
+    layout = [
+        knobs.batching,
+        knobs.sessions,
+        knobs.intra_op_threads,
+        knobs.max_concurrent_batches,
+        knobs.target_batch_tokens,
+        knobs.max_batch_size,
+    ]
+    versions = [_version(p) for p in ("onnxruntime", "torch", "transformers")]
+    data = [identity, str(host), machine_cores(), layout, list(offered), versions]
+    data.append(PRECISION_VERSION)
+    return hashlib.sha256(json.dumps(data).encode()).hexdigest()[:32]
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
+def _read(key: str | None) -> Choice | None:
+    if key is None:
+        return None
+    try:
+        data = json.loads((cache_dir() / "precision" / f"{key}.json").read_text())
+        figures = {k: Figures(**v) for k, v in data["figures"].items()}
+        return Choice(
+            data["precision"], data["reason"] + ", cached", data["runtime"], figures, True
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _write(key: str | None, choice: Choice) -> None:
+    if key is None:
+        return
+    data = {
+        "precision": choice.precision,
+        "reason": choice.reason,
+        "runtime": choice.runtime,
+        "figures": {k: asdict(v) for k, v in choice.figures.items()},
+    }
+    try:
+        write_whole(
+            cache_dir() / "precision" / f"{key}.json", json.dumps(data).encode(), "cache.precision"
+        )
+    except OSError as exc:  # a read-only cache: measured again next time
+        logger.warning("cannot keep the precision measured for this model: %s", exc)

@@ -1,0 +1,290 @@
+"""``Knobs.precision``: the host kinds read from CPU flags, the candidates each kind offers, the
+choice among measured figures, its cache, and (slow) bf16 and the measurement on the real
+default model. The choice logic is pinned on synthetic flag sets, so it holds on every host."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from batchline._cpu import cpu_flags, host_kind
+from batchline._errors import InputError
+from batchline.jobs import precision
+from batchline.jobs.precision import (
+    AUTO_GATE,
+    Choice,
+    Figures,
+    ModelFacts,
+    candidates,
+    choose_precision,
+    decide,
+    model_facts,
+)
+from batchline.knobs import Knobs
+from batchline.models.specs import parse_spec
+
+# Flag sets of the hosts this project meets (the flags that matter, and a few that do not).
+BASE = {"fpu", "sse4_2", "avx", "fma"}
+AMX = BASE | {"avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8"}
+AVX512_BF16 = BASE | {"avx2", "avx512f", "avx512_bf16", "avx512_vnni"}  # AMD EPYC Genoa
+VNNI_ONLY = BASE | {"avx2", "avx512f", "avx512_vnni"}  # Intel Cascade Lake
+AVX2_ONLY = BASE | {"avx2"}  # AMD EPYC Rome
+ONNX_AND_TORCH = ModelFacts(onnx=True)
+
+
+@pytest.mark.parametrize(
+    ("flags", "kind", "bf16", "int8"),
+    [
+        (AMX, "amx", True, True),
+        (AVX512_BF16, "avx512-bf16", True, True),
+        (AVX512_BF16 - {"avx512_vnni"}, "avx512-bf16", True, False),
+        (VNNI_ONLY, "vnni", False, True),
+        (BASE | {"avx2", "avx_vnni"}, "vnni", False, True),
+        (AVX2_ONLY, "avx2", False, False),
+        (BASE, "other", False, False),
+        (set(), "other", False, False),
+    ],
+)
+def test_each_host_kind_is_read_from_its_flags(
+    flags: set[str], kind: str, bf16: bool, int8: bool
+) -> None:
+    host = host_kind(flags)
+    assert (host.name, host.bf16, host.int8) == (kind, bf16, int8)
+    assert set(host.found) <= flags
+    assert str(host).startswith(kind)
+
+
+def test_flags_come_from_cpuinfo(tmp_path: Path) -> None:
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx2 amx_bf16 amx_int8\n")
+    assert host_kind(cpu_flags(info)).name == "amx"
+    assert host_kind(cpu_flags(tmp_path / "missing")).name == "other"
+
+
+@pytest.mark.parametrize(
+    ("flags", "offered", "left"),
+    [
+        (AMX, ["bf16", "int8"], []),
+        (AVX512_BF16, ["bf16", "int8"], []),
+        (VNNI_ONLY, ["int8"], ["bf16"]),
+        (AVX2_ONLY, [], ["bf16", "int8"]),
+    ],
+)
+def test_each_host_kind_offers_the_candidates_it_computes_natively(
+    flags: set[str], offered: list[str], left: list[str]
+) -> None:
+    got, why = candidates(host_kind(flags), ONNX_AND_TORCH, torch=True)
+    assert got == offered
+    assert sorted(why) == left
+    if "bf16" in why:
+        assert why["bf16"] == "no native bf16 on this CPU (no amx_bf16 or avx512_bf16)"
+    if "int8" in why:
+        assert "no int8 dot products on this CPU" in why["int8"]
+
+
+def test_what_the_model_and_the_install_leave_out(tmp_path: Path) -> None:
+    amx = host_kind(AMX)
+    got, why = candidates(amx, ONNX_AND_TORCH, torch=False)
+    assert got == ["int8"]
+    assert why["bf16"] == "bf16 runs on torch, which is not installed"
+    (tmp_path / "model.onnx").write_bytes(b"")
+    onnx_file = model_facts(parse_spec(str(tmp_path / "model.onnx")))
+    assert onnx_file is not None
+    got, why = candidates(amx, onnx_file, torch=True)
+    assert got == ["int8"]
+    assert why["bf16"] == "bf16 runs on torch, and an .onnx file has no weights torch loads"
+    got, why = candidates(amx, ModelFacts(onnx=False), torch=True)  # a decoder embedder
+    assert got == ["bf16"]
+    assert "int8 is ONNX Runtime's" in why["int8"]
+    assert model_facts(parse_spec("default")) == ModelFacts(onnx=True)
+    assert model_facts(parse_spec("mymodule:factory")) is None
+
+
+def test_the_fastest_past_the_gate_wins_by_a_margin() -> None:
+    fast_bf16 = Figures(250.0, mean_cosine=0.99996, top10_overlap=0.99)
+    sloppy_int8 = Figures(500.0, mean_cosine=0.9924, top10_overlap=0.91)
+    chosen, why = decide({"fp32": Figures(100.0), "bf16": fast_bf16, "int8": sloppy_int8})
+    assert chosen == "bf16"
+    assert "bf16 x2.50 fp32 (250 vs 100 records/s), cosine 0.99996, top-10 0.990" in why
+    assert "int8 misses the gate (cosine 0.9924 < 0.999, top-10 0.910 < 0.95)" in why
+    good_int8 = Figures(300.0, mean_cosine=0.9995, top10_overlap=0.97)
+    assert decide({"fp32": Figures(100.0), "bf16": fast_bf16, "int8": good_int8})[0] == "int8"
+    # within the noise of a short measurement: fp32 stays
+    chosen, why = decide({"fp32": Figures(100.0), "bf16": Figures(105.0)})
+    assert chosen == "fp32"
+    assert why.endswith("none faster than fp32 by x1.10")
+    # a candidate that failed is out, with its error
+    broken = Figures(error="did not load: no torch")
+    chosen, why = decide({"fp32": Figures(100.0), "bf16": broken})
+    assert (chosen, why) == ("fp32", "bf16 misses the gate (did not load: no torch)")
+    assert decide({"fp32": Figures(100.0)}) == ("fp32", "no other candidate")
+
+
+@pytest.mark.measure_precision
+def test_choose_asks_nothing_where_there_is_nothing_to_measure() -> None:
+    default = parse_spec("default")
+    forced = choose_precision(default, Knobs(precision="bf16"), task="embed", flags=AVX2_ONLY)
+    assert forced == Choice("bf16", "asked for", "torch")
+    assert forced.describe() == "bf16 on torch (asked for)"
+    assert choose_precision(default, Knobs(), task="classify", flags=AMX) is None
+    gpu = choose_precision(default, Knobs(device="cuda"), task="embed", flags=AMX)
+    assert gpu is not None
+    assert gpu.precision == "fp32"
+    avx2 = choose_precision(default, Knobs(), task="embed", flags=AVX2_ONLY)
+    assert avx2 is not None
+    assert avx2.precision == "fp32"
+    assert not avx2.measured
+    assert avx2.reason.startswith("auto on avx2: bf16: no native bf16 on this CPU")
+    assert "int8: no int8 dot products" in avx2.reason
+
+
+@pytest.mark.measure_precision
+def test_auto_measures_once_per_model_and_cpu_kind_then_reads_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BATCHLINE_CACHE_DIR", str(tmp_path))
+    calls: list[list[str]] = []
+
+    def measured(spec: object, knobs: Knobs, names: list[str], texts: object) -> dict[str, Figures]:
+        calls.append(list(names))
+        return {
+            "fp32": Figures(100.0),
+            "bf16": Figures(230.0, 0.99995, 0.99),
+            "int8": Figures(400.0, 0.992, 0.9),
+        }
+
+    monkeypatch.setattr(precision, "measure", measured)
+    monkeypatch.setattr(precision, "_has_torch", lambda: True)
+    spec = parse_spec("default")
+    first = choose_precision(spec, Knobs(sessions=2), task="embed", flags=AMX)
+    assert first is not None
+    assert (first.precision, first.runtime, first.measured) == ("bf16", "torch", True)
+    assert first.reason.startswith("auto on amx: bf16 x2.30 fp32")
+    assert " measured 20" in first.reason
+    assert calls == [["fp32", "bf16", "int8"]]
+    again = choose_precision(spec, Knobs(sessions=2), task="embed", flags=AMX)
+    assert again is not None
+    assert calls == [["fp32", "bf16", "int8"]]  # read, not measured
+    assert again.precision == "bf16"
+    assert again.reason == first.reason + ", cached"
+    assert again.figures == first.figures
+    # another CPU kind, or another layout, is measured apart
+    choose_precision(spec, Knobs(sessions=2), task="embed", flags=VNNI_ONLY)
+    choose_precision(spec, Knobs(sessions=1), task="embed", flags=AMX)
+    assert calls[1:] == [["fp32", "int8"], ["fp32", "bf16", "int8"]]
+    kept = list((tmp_path / "precision").glob("*.json"))
+    assert len(kept) == 3
+    assert json.loads(kept[0].read_text())["figures"]["fp32"]["records_per_s"] == 100.0
+
+
+def test_the_suite_pins_auto_to_fp32_where_it_would_measure(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    choice = choose_precision(parse_spec("default"), Knobs(), task="embed", flags=AMX)
+    assert choice == Choice("fp32", "auto, set by BATCHLINE_AUTO_PRECISION")
+    monkeypatch.setenv("BATCHLINE_AUTO_PRECISION", "bf16")
+    choice = choose_precision(parse_spec("default"), Knobs(), task="embed", flags=AVX2_ONLY)
+    assert choice is not None
+    assert (choice.precision, choice.runtime) == ("bf16", "torch")
+    monkeypatch.setenv("BATCHLINE_AUTO_PRECISION", "fp16")
+    with pytest.raises(InputError, match="BATCHLINE_AUTO_PRECISION must be fp32, bf16 or int8"):
+        choose_precision(parse_spec("default"), Knobs(), task="embed", flags=AMX)
+
+
+def test_the_knob_and_its_older_int8_spelling() -> None:
+    assert Knobs().precision == "auto"
+    assert Knobs(quantize="int8").precision == "int8"
+    assert Knobs(precision="int8").quantize is None
+    with pytest.raises(InputError, match="precision must be one of auto, fp32, bf16, int8"):
+        Knobs(precision="fp16")
+    with pytest.raises(InputError, match="quantize=int8 and precision=bf16 disagree"):
+        Knobs(quantize="int8", precision="bf16")
+
+
+def test_bf16_and_int8_are_cached_apart_from_fp32() -> None:
+    from batchline.models.identity import model_identity
+
+    spec = parse_spec("default")
+    ids = {p: model_identity(spec, Knobs(precision=p)) for p in ("fp32", "bf16", "int8")}
+    assert len(set(ids.values())) == 3
+    assert model_identity(spec, Knobs(quantize="int8")) == ids["int8"]
+
+
+def test_bf16_is_refused_for_other_tasks_and_for_an_onnx_file(tmp_path: Path) -> None:
+    pytest.importorskip("onnxruntime")
+    from batchline.models.loader import load_model
+    from tests.jobs.test_quantize import _tiny_predictor
+
+    predictor = tmp_path / "tiny.onnx"
+    _tiny_predictor(predictor)
+    spec = parse_spec(str(predictor)).with_options(task="predict")
+    with pytest.raises(InputError, match="precision bf16 applies to embedding models"):
+        load_model(spec, Knobs(precision="bf16"))
+    as_embedder = parse_spec(str(predictor)).with_options(task="embed")
+    with pytest.raises(InputError, match=r"an \.onnx file has none torch can load"):
+        load_model(as_embedder, Knobs(precision="bf16"))
+
+
+@pytest.mark.slow
+def test_a_job_in_bf16_gives_fp32_s_vectors_within_the_gate(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from batchline.datasets.sinks import read_arrays
+    from batchline.jobs.run import RunOptions, run
+
+    texts = [f"Record {i}: batching keeps the device busy and loses nothing." for i in range(12)]
+    texts += ["A short one.", "Ünïcödé text is fine too — and so are emoji 🙂."]
+    data = tmp_path / "docs.jsonl"
+    data.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(texts)))
+    rows = {}
+    for name in ("fp32", "bf16"):
+        knobs = Knobs(sessions=1, precision=name)
+        summary = run(RunOptions(input=data, output=tmp_path / name, knobs=knobs))
+        assert summary.records == len(texts)
+        rows[name] = dict(summary.rows())
+    assert rows["bf16"]["precision"] == "bf16 on torch (asked for)"
+    assert rows["fp32"]["precision"] == "fp32 on onnxruntime (asked for)"
+    a, b = read_arrays(tmp_path / "fp32"), read_arrays(tmp_path / "bf16")
+    cosine = np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    assert cosine.min() >= AUTO_GATE.mean_cosine
+    assert not np.array_equal(a, b)  # it did run in bf16
+
+
+@pytest.mark.slow
+@pytest.mark.measure_precision
+def test_the_measurement_on_the_real_model_times_each_and_gates_bf16() -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    texts = [f"Text {i} about {'batching ' * (i % 7)}and vectors." for i in range(24)]
+    figures = precision.measure(
+        parse_spec("default"), Knobs(sessions=1), ["fp32", "bf16"], lambda: texts
+    )
+    assert set(figures) == {"fp32", "bf16"}
+    assert figures["fp32"].records_per_s > 0
+    assert figures["bf16"].records_per_s > 0
+    assert figures["bf16"].error == ""
+    assert figures["bf16"].misses(AUTO_GATE) == ""
+    assert figures["bf16"].mean_cosine < 1.0  # bf16's vectors, not fp32's again
+
+
+@pytest.mark.slow
+def test_serve_loads_the_precision_asked_for() -> None:
+    pytest.importorskip("fastapi")
+    pytest.importorskip("torch")
+    from batchline.server.app import _default_loader
+
+    load = _default_loader()
+    model = load(parse_spec("emb=default"), Knobs.serving(sessions=1, precision="bf16"))
+    try:
+        assert type(model).__name__ == "TorchEmbedder"
+        assert (model.info.task, model.info.name) == ("embed", "emb")
+    finally:
+        model.close()
+    plain = load(parse_spec("emb=default"), Knobs.serving(sessions=1))  # auto: pinned to fp32
+    try:
+        assert type(plain).__name__ == "TextEmbedder"
+    finally:
+        plain.close()
