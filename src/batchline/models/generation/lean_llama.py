@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from batchline.models.generation.decode_kernel import StepOps
 from batchline.models.generation.packed_attention import StepPlan, packed_attention
 from batchline.models.generation.packed_linear import PackedLinear
+from batchline.models.generation.quant_linear import QuantLinear
 
 __all__ = ["FAMILIES", "Family", "LeanForward", "fuse_projections", "lean_forward"]
 
@@ -93,6 +94,8 @@ FAMILIES = {
 }
 
 Linear = Callable[[torch.Tensor], torch.Tensor]
+#: The linear modules the loop calls: torch's, packed for oneDNN, or int8/int4 weight-only.
+_LINEARS = (torch.nn.Linear, PackedLinear, QuantLinear)
 
 # The linears a layer may hold fused (Phi-3's, or fuse_projections'), and their separate parts.
 _QKV = ("qkv_proj", ("q_proj", "k_proj", "v_proj"))
@@ -118,7 +121,7 @@ _ACTIVATIONS: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], str]] = {
 
 def _linear(module: torch.nn.Module) -> Linear:
     """The module's own computation without ``nn.Module.__call__`` (hooks, attribute lookups)."""
-    if isinstance(module, PackedLinear):
+    if isinstance(module, PackedLinear | QuantLinear):
         return module.forward
     weight: Any = module.weight
     bias: Any = module.bias
@@ -539,8 +542,8 @@ def _family(model: Any) -> tuple[str | None, str]:
             mlp.down_proj,
         )
         for proj in projections:
-            if type(proj) not in (torch.nn.Linear, PackedLinear):
+            if type(proj) not in _LINEARS:
                 return None, f"{kind} has a {type(proj).__name__} projection"
-    if type(model.lm_head) not in (torch.nn.Linear, PackedLinear):
+    if type(model.lm_head) not in _LINEARS:
         return None, f"{kind} has a {type(model.lm_head).__name__} lm_head"
     return prefix, f"transformers' {prefix} layers"

@@ -20,12 +20,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from batchline.knobs import GENERATION_DTYPES
+from batchline.knobs import GENERATION_DTYPES, WEIGHT_FORMATS
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DtypeChoice", "choose_dtype", "cpu_flags", "pack_linear_weights"]
+__all__ = [
+    "HOST_KINDS",
+    "DtypeChoice",
+    "HostKind",
+    "WeightsChoice",
+    "choose_dtype",
+    "choose_weights",
+    "cpu_flags",
+    "host_kind",
+    "pack_linear_weights",
+]
 
 # CPU flags (Linux names) of native bf16 arithmetic.
 _BF16_FLAGS = ("avx512_bf16", "amx_bf16")
@@ -89,6 +99,94 @@ def choose_dtype(
     if found:
         return DtypeChoice("bfloat16", f"auto: the CPU has native bf16 ({', '.join(found)})")
     return DtypeChoice("float32", "auto: no native bf16 on this CPU (no avx512_bf16 or amx_bf16)")
+
+
+@dataclass(frozen=True, slots=True)
+class HostKind:
+    """A kind of CPU, by its flags, and the defaults it takes: ``dtype`` for ``dtype = auto``
+    and whether ``weights = auto`` keeps a GGUF's quantized tensors quantized; ``measured``
+    says where the choice comes from."""
+
+    name: str
+    flags: tuple[str, ...]  # any of them makes a CPU this kind (the first kind that matches)
+    dtype: str
+    gguf_quantized: bool
+    measured: str
+
+
+#: The CPU kinds, most capable first. Measured where it says; the others follow from what
+#: their flags lack, and say so.
+HOST_KINDS = (
+    HostKind(
+        "amx",
+        ("amx_bf16",),
+        "bfloat16",
+        True,
+        "measured on the 2-core AMX Xeon (2026-12-01): torch's int4 kernel x0.55, int8 x0.70 "
+        "the time of a dense bf16 linear at one row (quant_linear.py)",
+    ),
+    HostKind(
+        "avx512_bf16",
+        ("avx512_bf16",),
+        "bfloat16",
+        True,
+        "bf16 measured x1.6 faster than float32 (2026-11-24); the int kernels not measured on "
+        "this kind: taken as on AMX, whose kernels they share without the tiles",
+    ),
+    HostKind(
+        "avx2",
+        (),
+        "float32",
+        False,
+        "no native bf16: float32; torch's int kernels in float32 took 4-25x a dense float32 "
+        "linear (on the AMX host), so a GGUF is dequantized, as before",
+    ),
+)
+
+
+def host_kind(flags: Collection[str] | None = None) -> HostKind:
+    """The first of :data:`HOST_KINDS` whose flags this CPU has (``flags`` default:
+    :func:`cpu_flags`); the last (``avx2``: neither bf16 flag) otherwise."""
+    have = set(cpu_flags() if flags is None else flags)
+    for kind in HOST_KINDS:
+        if not kind.flags or have & set(kind.flags):
+            return kind
+    return HOST_KINDS[-1]
+
+
+@dataclass(frozen=True, slots=True)
+class WeightsChoice:
+    """How the torch backend holds the linears (``float``, ``int8``, ``int4``, or ``gguf``: a
+    GGUF file's own quantized tensors), and why (said in the load log)."""
+
+    weights: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.weights} weights ({self.reason})"
+
+
+def choose_weights(
+    asked: str, *, gguf: bool, dtype: str, flags: Collection[str] | None = None
+) -> WeightsChoice:
+    """The weights for ``asked`` (one of ``WEIGHT_FORMATS``) of a model from a GGUF file
+    (``gguf``) or a folder, computed in ``dtype`` (``choose_dtype``'s). ``auto`` keeps a GGUF's
+    quantized tensors where the host's kind says so (:data:`HOST_KINDS`) and the model
+    computes in bf16: torch's int kernels in float32 are the slow ones."""
+    if asked not in WEIGHT_FORMATS:
+        raise ValueError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {asked!r}")
+    if asked != "auto":
+        return WeightsChoice(asked, "asked for")
+    if not gguf:
+        return WeightsChoice("float", "auto: a folder's weights as they are")
+    kind = host_kind(flags)
+    if not kind.gguf_quantized:
+        return WeightsChoice("float", f"auto on this {kind.name} CPU: {kind.measured}")
+    if dtype != "bfloat16":
+        return WeightsChoice(
+            "float", "auto in float32: torch's int kernels took 4-25x a dense float32 linear"
+        )
+    return WeightsChoice("gguf", f"auto on this {kind.name} CPU: {kind.measured}")
 
 
 def pack_linear_weights(model: torch.nn.Module) -> int:
