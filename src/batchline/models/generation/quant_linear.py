@@ -21,7 +21,7 @@ int4, x0.70 int8 of dense) and not in a 16-row step, nor in float32:
 ``benchmarks/bench_quant_step.py`` measures a whole decode step against its memory floor.
 The group size: 32 and 64 took the same time within the noise; 64 halves the scales' bytes
 (int4 then stores 0.56 bytes a weight with bf16 scales, 0.63 at 32), 32 where 64 does not
-divide the input width (SmolLM2's 576).
+divide the input width.
 """
 
 from __future__ import annotations
