@@ -247,7 +247,7 @@ def load_text_generator(spec: ModelSpec, knobs: Knobs) -> GenerationModel:
     device = _torch_device(knobs.device)
     from batchline.models.generation.generators import build_generator
     from batchline.models.generation.lean_llama import fuse_projections
-    from batchline.models.generation.quant_linear import quantize_linears
+    from batchline.models.generation.quant_linear import quantize_linears, step_weight_bytes
     from batchline.models.generation.torch_dtype import choose_dtype, pack_linear_weights
     from batchline.models.generation.torch_engine import TorchStepEngine
 
@@ -265,8 +265,8 @@ def load_text_generator(spec: ModelSpec, knobs: Knobs) -> GenerationModel:
     except ValueError as exc:  # what the model asks of the engine that it cannot do
         raise ModelError(f"cannot generate with {spec.name!r}: {exc}") from exc
     logger.info(
-        "%s: torch on %s, %s, %s%s%s%s, %s forward, decode attention %s, %s intra-op thread(s), "
-        "max_step_tokens %d; loaded in %.1f s",
+        "%s: torch on %s, %s, %s%s%s%s, %.0f MiB of weights read per decode step, %s forward, "
+        "decode attention %s, %s intra-op thread(s), max_step_tokens %d; loaded in %.1f s",
         spec.name,
         knobs.device,
         choice,
@@ -274,6 +274,7 @@ def load_text_generator(spec: ModelSpec, knobs: Knobs) -> GenerationModel:
         f"; {loaded}" if loaded else "",
         f", {fused} projection groups fused" if fused else "",
         f", {packed} linear layers packed for oneDNN" if packed else "",
+        step_weight_bytes(model) / 2**20,
         engine.forward,
         engine.decode_attention,
         torch.get_num_threads() if device.type == "cpu" else "-",

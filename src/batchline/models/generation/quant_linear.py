@@ -43,6 +43,7 @@ __all__ = [
     "quantize_int4",
     "quantize_int8",
     "quantize_linears",
+    "step_weight_bytes",
 ]
 
 #: The int4 group size where it divides a linear's input width (else 32; see the module).
@@ -265,3 +266,17 @@ def quantize_linears(model: torch.nn.Module, kind: str, dtype: torch.dtype) -> Q
         after += layer.weight_bytes
         setattr(parent, name, layer)
     return QuantReport(kind, len(swaps), before, after)
+
+
+def step_weight_bytes(model: torch.nn.Module) -> int:
+    """The weight bytes a decode step reads: every linear's (int8/int4 codes and scales, dense
+    weights, the lm_head's), the embedding's looked-up rows left out."""
+    from batchline.models.generation.packed_linear import PackedLinear
+
+    total = 0
+    for module in model.modules():
+        if isinstance(module, QuantLinear | PackedLinear):
+            total += module.weight_bytes
+        elif isinstance(module, torch.nn.Linear):
+            total += module.weight.numel() * module.weight.element_size()
+    return total
