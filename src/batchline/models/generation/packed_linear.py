@@ -27,7 +27,7 @@ class PackedLinear(torch.nn.Module):
     @property
     def weight_bytes(self) -> int:
         """The weight's bytes (what a product reads)."""
-        return self.in_features * self.out_features * self._packed.element_size()
+        return self.in_features * self.out_features * int(self._packed.element_size())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
