@@ -98,8 +98,8 @@ def test_int4_linear_is_the_float64_product_of_its_dequantized_weight(
 
 
 def test_int4_group_size_divides_the_input_width() -> None:
-    assert int4_group_size(960) == 64
-    assert int4_group_size(544) == 32  # 17 * 32
+    assert int4_group_size(960) == 32
+    assert int4_group_size(544) == 32
     with pytest.raises(ValueError, match="divisible by 32"):
         int4_group_size(100)
 
