@@ -154,6 +154,37 @@ def test_gguf_blocks_repack_bit_exact_against_gguf_py(kind: str) -> None:
     assert torch.equal(got, torch.from_numpy(expected))
 
 
+def test_gguf_q4_k_super_blocks_repack_bit_exact_against_gguf_py() -> None:
+    """gguf-py cannot quantize Q4_K: blocks of realistic fp16 d and dmin, random 6-bit scales
+    and mins and random nibbles, as llama.cpp's quantizer writes them."""
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    rows, blocks = 32, 2  # 512 input values
+    raw = rng.integers(0, 256, size=(rows, blocks, 144), dtype=np.uint8)
+    halves = rng.uniform(1e-4, 2e-2, size=(rows, blocks, 2)).astype(np.float16)
+    raw[..., 0:4] = halves.view(np.uint8).reshape(rows, blocks, 4)
+    data = raw.reshape(rows, blocks * 144)
+    qtype = gguf.GGMLQuantizationType.Q4_K
+    expected = torch.from_numpy(gguf.quants.dequantize(data, qtype))
+    (plane,) = gguf_int4("Q4_K", data)
+    assert plane.group_size == 32
+    # gguf-py computes d * sc * q - dmin * m in float32, rounding once: the exact value (float64
+    # holds it) rounded to float32 is its value, bit for bit
+    assert torch.equal(plane.dequantize().float(), expected)
+    layer = QuantLinear.int4([plane], dtype=torch.float32)
+    x = torch.randn(2, 512)
+    assert _relative(layer(x), x.double() @ expected.double().T) < 1e-5
+
+
+def test_a_linear_torch_cannot_pack_as_int4_stays_dense(torch_threads: None) -> None:
+    model = build_tiny_llama()
+    model.model.layers[0].mlp.down_proj = torch.nn.Linear(128, 56, bias=False)  # 56 % 16 != 0
+    report = quantize_linears(model, "int4", torch.float32)
+    assert report.linears == 2 * 7 - 1
+    assert type(model.model.layers[0].mlp.down_proj) is torch.nn.Linear
+
+
 def _greedy_through_engine(model: Any, prompts: list[tuple[int, ...]], n: int) -> list[list[int]]:
     from batchline.models.generation.torch_engine import TorchStepEngine
 

@@ -1,12 +1,14 @@
 """A GGUF causal LM loaded with its quantized tensors kept quantized (``Knobs.weights``).
 
-The file's Q4_0 and Q4_1 tensors become int4 :class:`~.quant_linear.QuantLinear` layers of
-32-value groups and its Q8_0 ones two int4 planes (:func:`~.quant_linear.int8_group_planes`),
+The file's Q4_0, Q4_1 and Q4_K tensors become int4 :class:`~.quant_linear.QuantLinear` layers
+of 32-value groups (a Q4_K super-block is eight of them, each with its scale and min) and its
+Q8_0 ones two int4 planes (:func:`~.quant_linear.int8_group_planes`),
 straight from the blocks' bytes: the codes and the fp16 scales (and Q4_1's mins) carry over as
 they are (:func:`gguf_int4`; tests compare them with gguf-py's own dequantization, bit for bit).
 The kernels take the scales in the activations' dtype: in float32 that is exact, in bfloat16
 each fp16 scale rounds to bf16's 8 bits. No float copy of a quantized linear is made. Tensors
-of other types (F32, F16, BF16, and the K-quants, which these layouts do not take yet) are
+of other types (F32, F16, BF16, Q6_K: 16-value groups, which torch's int4 kernel does not take,
+and the rest) are
 dequantized by gguf-py into the model's dtype, and the load log counts them. The embedding, a
 lookup, is dequantized into the model's dtype; so is the lm_head (the dense bf16 kernel is the
 fast one on a step's many rows: ``quant_linear``'s measurements), or it stays tied to the
@@ -46,7 +48,9 @@ GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2"}
 # A block's bytes per type: Q4_0 = fp16 scale + 16 bytes of nibbles; Q4_1 adds an fp16 min;
 # Q8_0 = fp16 scale + 32 int8.
 _BLOCK = 32
-_KEPT = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+# Q4_K = 256-value super-blocks: fp16 d and dmin, 12 bytes of eight 6-bit scales and mins, 128
+# bytes of nibbles; each 32-value sub-block is (d * scale) * q - dmin * min.
+_KEPT = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34, "Q4_K": 144}
 
 # GGUF tensor names (after ``blk.N.``) -> the module path in a Llama/Qwen2 layer
 _LAYER_NAMES = {
@@ -114,18 +118,20 @@ def _field(reader: Any, name: str) -> Any:
 
 
 def gguf_int4(kind: str, blocks: np.ndarray) -> list[Int4Codes]:
-    """A Q4_0, Q4_1 or Q8_0 tensor's raw bytes ``(N, K / 32 * block bytes)`` as the int4
+    """A Q4_0, Q4_1, Q8_0 or Q4_K tensor's raw bytes ``(N, K / 32 * block bytes)`` as the int4
     plane(s) of :class:`~.quant_linear.QuantLinear`, in 32-value groups, without loss: Q4_0
     ``(q - 8) * d``: scale d, zero 0; Q4_1 ``q * d + m``: scale d, zero ``m + 8 d``; Q8_0 the two
-    planes of its int8 codes. Scales and zeros are float32 (an fp16 d and m, and their sums,
-    are exact there)."""
+    planes of its int8 codes; Q4_K each 32-value sub-block (:func:`_q4_k`). Scales and zeros
+    are float32 (an fp16 d and m, and their sums, are exact there)."""
     import numpy as np
     import torch
 
     from batchline.models.generation.quant_linear import Int4Codes, int8_group_planes
 
     n = blocks.shape[0]
-    per = blocks.reshape(n, -1, _KEPT[kind])  # (N, groups, block bytes)
+    per = blocks.reshape(n, -1, _KEPT[kind])  # (N, blocks, block bytes)
+    if kind == "Q4_K":
+        return [_q4_k(per)]
     d = torch.from_numpy(_halves(per[..., :2]))
     if kind == "Q8_0":
         codes = np.ascontiguousarray(per[..., 2:]).view(np.int8).reshape(n, -1)
@@ -138,6 +144,36 @@ def gguf_int4(kind: str, blocks: np.ndarray) -> list[Int4Codes]:
     else:
         zeros = torch.zeros_like(d)
     return [Int4Codes(torch.from_numpy(codes.copy()), d, zeros, _BLOCK)]
+
+
+def _q4_k(per: np.ndarray) -> Int4Codes:
+    """Q4_K super-blocks ``(N, blocks, 144)`` as int4 groups of 32: scale ``d * sc``, zero
+    ``8 * d * sc - dmin * m`` (float32: an fp16 times a 6-bit integer is exact there)."""
+    import numpy as np
+    import torch
+
+    from batchline.models.generation.quant_linear import Int4Codes
+
+    n, blocks = per.shape[:2]
+    d, dmin = _halves(per[..., 0:2]), _halves(per[..., 2:4])
+    packed = per[..., 4:16].reshape(n, blocks, 3, 4)  # gguf-py's get_scale_min, per block
+    low, high, both = packed[..., 0, :], packed[..., 1, :], packed[..., 2, :]
+    sc = np.concatenate([low & 0x3F, (both & 0x0F) | ((low >> 2) & 0x30)], axis=-1)
+    mins = np.concatenate([high & 0x3F, (both >> 4) | ((high >> 2) & 0x30)], axis=-1)
+    scales = d[..., None] * sc.astype(np.float32)  # (N, blocks, 8)
+    offsets = dmin[..., None] * mins.astype(np.float32)
+    # four 32-byte chunks, each the low nibbles of one sub-block and the high of the next
+    nibbles = (
+        per[..., 16:].reshape(n, blocks, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8)[:, None]
+    )
+    codes = (nibbles & 0x0F).reshape(n, -1)
+    zeros = 8 * scales - offsets
+    return Int4Codes(
+        torch.from_numpy(codes.copy()),
+        torch.from_numpy(scales.reshape(n, -1)),
+        torch.from_numpy(zeros.reshape(n, -1)),
+        _BLOCK,
+    )
 
 
 def _halves(pairs: np.ndarray) -> np.ndarray:
@@ -206,7 +242,8 @@ def load_gguf(
         if owner_path == "lm_head":
             tied = False
         is_linear = attr == "weight" and isinstance(owner, torch.nn.Linear)
-        if is_linear and kind in _KEPT and owner_path != "lm_head":
+        fits = tensor.data.shape[0] % 16 == 0  # torch's int4 layout packs 16 rows at a time
+        if is_linear and kind in _KEPT and owner_path != "lm_head" and fits:
             planes = gguf_int4(kind, data)
             if permute_rows:
                 planes = int4_planes_rows(planes, functools.partial(_unpermute_rows, heads=permute))

@@ -252,14 +252,19 @@ def quantize_linears(model: torch.nn.Module, kind: str, dtype: torch.dtype) -> Q
     :class:`QuantLinear` of ``kind`` (``int8`` or ``int4``), scales in ``dtype``. The embedding
     and the lm_head stay as they are: the lm_head computes the one wide product of a step on
     every row that yields a token, where the dense bf16 kernel is the fast one, and the
-    embedding is a lookup."""
+    embedding is a lookup. An int4 linear needs 16 | outputs and 32 | inputs (torch's layout):
+    one that has not stays dense (the report counts those quantized)."""
     if kind not in ("int8", "int4"):
         raise ValueError(f"weights must be int8 or int4, got {kind!r}")
     layers: Any = model.model.layers  # type: ignore[union-attr]
     swaps: list[tuple[torch.nn.Module, str, torch.nn.Linear]] = []
     for parent in layers.modules():
         for name, child in parent.named_children():
-            if type(child) is torch.nn.Linear and child.weight.device.type == "cpu":
+            if type(child) is not torch.nn.Linear or child.weight.device.type != "cpu":
+                continue
+            n, k = child.weight.shape
+            # torch's int4 layout packs 16 output rows at a time, in groups of 32 inputs
+            if kind == "int8" or (n % 16 == 0 and k % INT4_GROUP_SIZE == 0):
                 swaps.append((parent, name, child))
     before = after = 0
     for parent, name, child in swaps:
