@@ -361,3 +361,27 @@ def test_the_weights_knob_is_checked() -> None:
         Knobs(weights="int3")
     with pytest.raises(ValueError, match="weights must be one of"):
         choose_weights("q4", gguf=False, dtype="float32")
+
+
+def test_smollm2_kept_as_q4_1_generates_as_transformers_on_its_dequantized_weights(
+    smollm2: tuple[Any, Any], generation_cache: Path
+) -> None:
+    """The shipped file, its 210 Q4_1 linears kept quantized, in float32: greedy tokens equal
+    transformers' ``generate`` on the converted folder (the same file dequantized)."""
+    from batchline.models.generation.smollm2 import gguf_path, smollm2_folder
+
+    reference, tokenizer = smollm2
+    folder = smollm2_folder(cache=generation_cache)
+    loaded, _, report = load_gguf(gguf_path(), dtype=torch.float32, folder=folder)
+    assert report.kept == {"Q4_1": 210}
+    assert report.dequantized == {"Q8_0": 1}  # the embedding, tied to the lm_head
+    texts = ["What is 2 + 3?", "Name a color.", "Write one word about the sea."]
+    prompts = [
+        tuple(tokenizer.apply_chat_template([{"role": "user", "content": t}],
+              add_generation_prompt=True, tokenize=True, return_dict=False))
+        for t in texts
+    ]  # fmt: skip
+    with torch.inference_mode():
+        tokens = _greedy_through_engine(loaded, prompts, 12)
+        expected = [_reference_greedy(reference, p, 12) for p in prompts]
+    assert tokens == expected
