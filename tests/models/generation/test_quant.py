@@ -185,6 +185,39 @@ def test_a_linear_torch_cannot_pack_as_int4_stays_dense(torch_threads: None) -> 
     assert type(model.model.layers[0].mlp.down_proj) is torch.nn.Linear
 
 
+def test_the_gguf_reader_reads_what_gguf_py_reads(tmp_path: Path) -> None:
+    import numpy as np
+
+    from batchline.models.generation.gguf_file import read_gguf
+
+    path = write_tiny_gguf(tmp_path / "t.gguf", build_tiny_llama(), "Q4_1", vocab=_vocab())
+    ours, theirs = read_gguf(path), gguf.GGUFReader(str(path))
+    assert ours.metadata["general.architecture"] == "llama"
+    assert ours.metadata["llama.block_count"] == 2
+    assert ours.metadata["tokenizer.ggml.tokens"] is None  # arrays are skipped
+    assert ours.metadata["tokenizer.chat_template"] == theirs.fields[
+        "tokenizer.chat_template"
+    ].contents()
+    assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors]
+    for mine, other in zip(ours.tensors, theirs.tensors, strict=True):
+        assert mine.tensor_type == other.tensor_type
+        qtype = gguf.GGMLQuantizationType(mine.tensor_type)
+        a = gguf.quants.dequantize(np.asarray(mine.data), qtype)
+        b = gguf.quants.dequantize(np.asarray(other.data), other.tensor_type)
+        assert np.array_equal(a, b)
+    truncated = tmp_path / "cut.gguf"
+    truncated.write_bytes(path.read_bytes()[:-100])
+    with pytest.raises(ValueError, match="truncated"):
+        read_gguf(truncated)
+    with pytest.raises(ValueError, match="not a GGUF file"):
+        read_gguf(write_bytes(tmp_path / "x.gguf", b"GGML" + bytes(20)))
+
+
+def write_bytes(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
 def _greedy_through_engine(model: Any, prompts: list[tuple[int, ...]], n: int) -> list[list[int]]:
     from batchline.models.generation.torch_engine import TorchStepEngine
 
@@ -363,11 +396,13 @@ def test_the_weights_knob_is_checked() -> None:
         choose_weights("q4", gguf=False, dtype="float32")
 
 
+@pytest.mark.slow
 def test_smollm2_kept_as_q4_1_generates_as_transformers_on_its_dequantized_weights(
     smollm2: tuple[Any, Any], generation_cache: Path
 ) -> None:
     """The shipped file, its 210 Q4_1 linears kept quantized, in float32: greedy tokens equal
-    transformers' ``generate`` on the converted folder (the same file dequantized)."""
+    transformers' ``generate`` on the converted folder (the same file dequantized). Slow: torch's
+    int4 kernel in float32 (20-60 s)."""
     from batchline.models.generation.smollm2 import gguf_path, smollm2_folder
 
     reference, tokenizer = smollm2
@@ -375,13 +410,13 @@ def test_smollm2_kept_as_q4_1_generates_as_transformers_on_its_dequantized_weigh
     loaded, _, report = load_gguf(gguf_path(), dtype=torch.float32, folder=folder)
     assert report.kept == {"Q4_1": 210}
     assert report.dequantized == {"Q8_0": 1}  # the embedding, tied to the lm_head
-    texts = ["What is 2 + 3?", "Name a color.", "Write one word about the sea."]
+    texts = ["What is 2 + 3?", "Name a color."]
     prompts = [
         tuple(tokenizer.apply_chat_template([{"role": "user", "content": t}],
               add_generation_prompt=True, tokenize=True, return_dict=False))
         for t in texts
     ]  # fmt: skip
     with torch.inference_mode():
-        tokens = _greedy_through_engine(loaded, prompts, 12)
-        expected = [_reference_greedy(reference, p, 12) for p in prompts]
+        tokens = _greedy_through_engine(loaded, prompts, 8)
+        expected = [_reference_greedy(reference, p, 8) for p in prompts]
     assert tokens == expected

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+    from batchline.models.generation.gguf_file import GgufFile
     from batchline.models.generation.quant_linear import Int4Codes
 
 __all__ = ["GGUF_ARCHITECTURES", "GgufLoad", "gguf_architecture", "gguf_int4", "load_gguf"]
@@ -87,11 +88,22 @@ class GgufLoad:
 
 def gguf_architecture(path: Path) -> str:
     """The file's ``general.architecture``; ``ModelError`` where the engine does not run it."""
-    return _architecture(_reader(path), path)
+    return _architecture(_read(path), path)
 
 
-def _architecture(reader: Any, path: Path) -> str:
-    arch = _field(reader, "general.architecture")
+def _read(path: Path) -> GgufFile:
+    from batchline.models.generation.gguf_file import read_gguf
+
+    try:
+        return read_gguf(path)
+    except ImportError as exc:
+        raise ModelError(f"reading a GGUF file needs gguf: pip install gguf ({exc})") from exc
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot read the GGUF file {path}: {exc}") from exc
+
+
+def _architecture(file: GgufFile, path: Path) -> str:
+    arch = file.metadata.get("general.architecture")
     if arch not in GGUF_ARCHITECTURES:
         runs = ", ".join(GGUF_ARCHITECTURES)
         raise ModelError(
@@ -99,22 +111,6 @@ def _architecture(reader: Any, path: Path) -> str:
             f"(it runs {runs})"
         )
     return str(arch)
-
-
-def _reader(path: Path) -> Any:
-    try:
-        import gguf
-    except ImportError as exc:
-        raise ModelError(f"reading a GGUF file needs gguf: pip install gguf ({exc})") from exc
-    try:
-        return gguf.GGUFReader(path)
-    except (OSError, ValueError) as exc:
-        raise ModelError(f"cannot read the GGUF file {path}: {exc}") from exc
-
-
-def _field(reader: Any, name: str) -> Any:
-    found = reader.fields.get(name)
-    return None if found is None else found.contents()
 
 
 def gguf_int4(kind: str, blocks: np.ndarray) -> list[Int4Codes]:
@@ -207,8 +203,8 @@ def load_gguf(
     from batchline.models.generation.quant_linear import QuantLinear, int4_planes_rows
     from batchline.models.generation.smollm2 import quiet_transformers
 
-    reader = _reader(path)  # seconds: it parses every metadata field (the vocabulary)
-    arch = _architecture(reader, path)
+    file = _read(path)
+    arch = _architecture(file, path)
     with quiet_transformers():
         if folder is not None:
             config = AutoConfig.from_pretrained(folder, local_files_only=True)
@@ -229,7 +225,7 @@ def load_gguf(
     kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
     report = GgufLoad(arch)
     tied = True
-    for tensor in reader.tensors:
+    for tensor in file.tensors:
         target = _hf_name(tensor.name)
         if target is None:
             continue  # rope_freqs and the like: the config computes them
@@ -257,7 +253,7 @@ def load_gguf(
             continue
         if kind not in ("F32", "F16", "BF16"):
             report.dequantized[kind] = report.dequantized.get(kind, 0) + 1
-        values = torch.from_numpy(np.array(dequantize(data, tensor.tensor_type)))  # a copy
+        values = torch.from_numpy(np.array(dequantize(data, GGMLQuantizationType(tensor.tensor_type))))  # a copy
         values = values.to(dtype)
         if permute_rows:
             values = _unpermute_rows(values, permute)
