@@ -195,9 +195,10 @@ def test_the_gguf_reader_reads_what_gguf_py_reads(tmp_path: Path) -> None:
     assert ours.metadata["general.architecture"] == "llama"
     assert ours.metadata["llama.block_count"] == 2
     assert ours.metadata["tokenizer.ggml.tokens"] is None  # arrays are skipped
-    assert ours.metadata["tokenizer.chat_template"] == theirs.fields[
-        "tokenizer.chat_template"
-    ].contents()
+    assert (
+        ours.metadata["tokenizer.chat_template"]
+        == theirs.fields["tokenizer.chat_template"].contents()
+    )
     assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors]
     for mine, other in zip(ours.tensors, theirs.tensors, strict=True):
         assert mine.tensor_type == other.tensor_type

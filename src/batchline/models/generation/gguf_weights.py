@@ -231,7 +231,8 @@ def load_gguf(
             continue  # rope_freqs and the like: the config computes them
         owner_path, attr = target.rsplit(".", 1)
         owner = model.get_submodule(owner_path)
-        kind = GGMLQuantizationType(tensor.tensor_type).name
+        qtype = GGMLQuantizationType(tensor.tensor_type)
+        kind = qtype.name
         permute = heads if owner_path.endswith("q_proj") else kv_heads
         permute_rows = arch == "llama" and owner_path.endswith(("q_proj", "k_proj"))
         data = np.asarray(tensor.data)
@@ -253,7 +254,7 @@ def load_gguf(
             continue
         if kind not in ("F32", "F16", "BF16"):
             report.dequantized[kind] = report.dequantized.get(kind, 0) + 1
-        values = torch.from_numpy(np.array(dequantize(data, GGMLQuantizationType(tensor.tensor_type))))  # a copy
+        values = torch.from_numpy(np.array(dequantize(data, qtype)))  # a copy
         values = values.to(dtype)
         if permute_rows:
             values = _unpermute_rows(values, permute)
