@@ -24,6 +24,7 @@ from batchline.models.generation.engine import GenerationRequest, SamplingParams
 from batchline.models.generation.gguf_weights import gguf_int4, load_gguf  # noqa: E402
 from batchline.models.generation.lean_llama import fuse_projections, lean_forward  # noqa: E402
 from batchline.models.generation.quant_linear import (  # noqa: E402
+    DENSE_ROWS,
     QuantLinear,
     int4_group_size,
     int8_group_planes,
@@ -97,6 +98,23 @@ def test_int4_linear_is_the_float64_product_of_its_dequantized_weight(
     assert ((q.dequantize() - w.double()).abs() <= step / 2 + 1e-6).all()
 
 
+@pytest.mark.parametrize("dense", [False, True])  # the int kernels, then a prefill chunk's rows
+@pytest.mark.parametrize("out_features", [16, 48, 64, 112, 192])  # torch's row blocks and tails
+def test_a_prefill_chunk_multiplies_the_dequantized_weight_as_the_kernels_do(
+    dense: bool, out_features: int
+) -> None:
+    w = _weight(out_features, 96, seed=out_features)
+    q = quantize_int4(w, 32)
+    int4 = QuantLinear.int4([q], dtype=torch.float32)
+    assert torch.equal(int4.dequantized(torch.float64), q.dequantize())  # the layout read back
+    codes, scales = quantize_int8(w)
+    int8 = QuantLinear.int8(codes, scales, dtype=torch.float32)
+    int8_weight = codes.double() * scales.double()[:, None]
+    for layer, weight in ((int4, q.dequantize()), (int8, int8_weight)):
+        x = torch.randn(DENSE_ROWS[layer.kind] - (0 if dense else 1), 96)
+        assert _relative(layer(x), x.double() @ weight.T) < TOLERANCE[torch.float32]
+
+
 def test_int4_group_size_divides_the_input_width() -> None:
     assert int4_group_size(960) == 32
     assert int4_group_size(544) == 32
@@ -112,6 +130,7 @@ def test_int8_codes_as_two_int4_planes_sum_exactly() -> None:
     exact = codes.double() * scales.double().repeat_interleave(32, 1)
     assert torch.equal(planes[0].dequantize() + planes[1].dequantize(), exact)
     layer = QuantLinear.int4(planes, dtype=torch.float32)
+    assert torch.equal(layer.dequantized(torch.float64), exact)
     x = torch.randn(3, 128)
     assert _relative(layer(x), x.double() @ exact.T) < TOLERANCE[torch.float32]
 
