@@ -302,8 +302,8 @@ def test_a_gguf_loads_kept_quantized_and_generates_as_transformers_on_its_weight
     assert report.kept == {kind: 7 * model.config.num_hidden_layers}
     for layer in loaded.model.layers:
         attention, mlp = layer.self_attn, layer.mlp
-        for proj in (attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj,
-                     mlp.gate_proj, mlp.up_proj, mlp.down_proj):  # fmt: skip
+        # q/k/v and gate/up joined into one product each, as fuse_projections joins float ones
+        for proj in (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj):
             assert isinstance(proj, QuantLinear)
             assert proj.group_size == 32
     reference = dequantized_reference(path, model)

@@ -200,7 +200,7 @@ def load_gguf(
     from gguf import GGMLQuantizationType, dequantize
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    from batchline.models.generation.quant_linear import QuantLinear, int4_planes_rows
+    from batchline.models.generation.quant_linear import int4_planes_rows
     from batchline.models.generation.smollm2 import quiet_transformers
 
     file = _read(path)
@@ -224,6 +224,7 @@ def load_gguf(
     heads = int(config.num_attention_heads)
     kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
     report = GgufLoad(arch)
+    kept: dict[str, list[Int4Codes]] = {}  # the linears kept quantized, by module path
     tied = True
     for tensor in file.tensors:
         target = _hf_name(tensor.name)
@@ -244,13 +245,8 @@ def load_gguf(
             planes = gguf_int4(kind, data)
             if permute_rows:
                 planes = int4_planes_rows(planes, functools.partial(_unpermute_rows, heads=permute))
-            bias = owner.bias  # a meta tensor until the file's bias is read
-            layer = QuantLinear.int4(planes, dtype=dtype)
-            layer.bias = bias
-            parent_path, name = owner_path.rsplit(".", 1)
-            setattr(model.get_submodule(parent_path), name, layer)
+            kept[owner_path] = planes  # made layers below, q/k/v and gate/up joined
             report.kept[kind] = report.kept.get(kind, 0) + 1
-            report.weight_bytes += layer.weight_bytes
             continue
         if kind not in ("F32", "F16", "BF16"):
             report.dequantized[kind] = report.dequantized.get(kind, 0) + 1
@@ -258,11 +254,9 @@ def load_gguf(
         values = values.to(dtype)
         if permute_rows:
             values = _unpermute_rows(values, permute)
-        if isinstance(owner, QuantLinear):  # the bias of a linear read already
-            owner.bias = torch.nn.Parameter(values, requires_grad=False)
-        else:
-            setattr(owner, attr, torch.nn.Parameter(values, requires_grad=False))
+        setattr(owner, attr, torch.nn.Parameter(values, requires_grad=False))
         report.weight_bytes += values.numel() * values.element_size()
+    report.weight_bytes += _make_layers(model, kept, dtype)
     if tied:
         model.lm_head.weight = model.model.embed_tokens.weight
     _rebuild_rotary(model, config)
@@ -272,6 +266,62 @@ def load_gguf(
         raise ModelError(f"{path.name}: the file holds no tensor for {', '.join(missing[:4])}")
     model.eval()
     return model, tokenizer, report
+
+
+# the linears a layer's q/k/v and gate/up products join (lean_llama's fused names)
+_JOINED = (
+    ("self_attn", "qkv_proj", ("q_proj", "k_proj", "v_proj")),
+    ("mlp", "gate_up_proj", ("gate_proj", "up_proj")),
+)
+
+
+def _make_layers(model: Any, kept: dict[str, list[Int4Codes]], dtype: torch.dtype) -> int:
+    """The int4 layers of the ``kept`` linears, with the biases the file gave the linears
+    (read into the meta-built ``nn.Linear``s); a layer's q/k/v and gate/up joined into one each
+    where all are kept with as many planes (one product at a step, as ``fuse_projections``
+    joins float ones: the same values, as each output row is its own). Returns their bytes."""
+    import torch
+
+    from batchline.models.generation.lean_llama import join_projections
+    from batchline.models.generation.quant_linear import Int4Codes, QuantLinear
+
+    def bias_of(path: str) -> torch.Tensor | None:
+        bias = model.get_submodule(path).bias
+        return None if bias is None else bias.detach()
+
+    total = 0
+    for q_path in [p for p in kept if p.endswith(".self_attn.q_proj")]:
+        prefix = q_path.removesuffix(".self_attn.q_proj")
+        for owner, name, parts in _JOINED:
+            paths = [f"{prefix}.{owner}.{part}" for part in parts]
+            found = [kept[p] for p in paths if p in kept]
+            biases = [b for b in map(bias_of, paths) if b is not None]
+            if len(found) < len(parts) or len({len(p) for p in found}) != 1:
+                continue
+            if 0 < len(biases) < len(parts):
+                continue  # some with a bias, some without: left separate
+            joined = [
+                Int4Codes(
+                    torch.cat([p[i].codes for p in found]),
+                    torch.cat([p[i].scales for p in found]),
+                    torch.cat([p[i].zeros for p in found]),
+                    found[0][i].group_size,
+                )
+                for i in range(len(found[0]))
+            ]
+            bias = torch.cat(biases) if biases else None
+            fused = QuantLinear.int4(joined, bias=bias, dtype=dtype)
+            sizes = [int(p[0].codes.shape[0]) for p in found]
+            join_projections(model.get_submodule(f"{prefix}.{owner}"), name, parts, fused, sizes)
+            total += fused.weight_bytes
+            for p in paths:
+                del kept[p]
+    for path, planes in kept.items():
+        single = QuantLinear.int4(planes, bias=bias_of(path), dtype=dtype)
+        parent, name = path.rsplit(".", 1)
+        setattr(model.get_submodule(parent), name, single)
+        total += single.weight_bytes
+    return total
 
 
 def _hf_name(name: str) -> str | None:

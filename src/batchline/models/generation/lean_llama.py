@@ -45,7 +45,14 @@ from batchline.models.generation.packed_attention import StepPlan, packed_attent
 from batchline.models.generation.packed_linear import PackedLinear
 from batchline.models.generation.quant_linear import QuantLinear
 
-__all__ = ["FAMILIES", "Family", "LeanForward", "fuse_projections", "lean_forward"]
+__all__ = [
+    "FAMILIES",
+    "Family",
+    "LeanForward",
+    "fuse_projections",
+    "join_projections",
+    "lean_forward",
+]
 
 
 class Family(NamedTuple):
@@ -432,12 +439,26 @@ def _fuse(module: torch.nn.Module, name: str, parts: tuple[str, ...]) -> int:
         if joined.bias is not None:
             joined.bias.copy_(torch.cat(biases))
     joined.requires_grad_(first.requires_grad)
+    join_projections(module, name, parts, joined, [w.shape[0] for w in weights])
+    return 1
+
+
+def join_projections(
+    module: torch.nn.Module,
+    name: str,
+    parts: tuple[str, ...],
+    joined: torch.nn.Module,
+    sizes: list[int],
+) -> None:
+    """Set ``joined`` (whose outputs are the ``parts``' stacked, ``sizes`` each) as
+    ``module.<name>`` and each part as a view of it: what :func:`fuse_projections` does with
+    torch's linears, and a GGUF's loader with int4 ones (``qkv_proj`` and ``_QKV``'s parts, or
+    ``gate_up_proj`` and ``_GATE_UP``'s)."""
     setattr(module, name, joined)
     start = 0
-    for part, weight in zip(parts, weights, strict=True):
-        setattr(module, part, _Part(module, name, start, start + weight.shape[0]))
-        start += weight.shape[0]
-    return 1
+    for part, size in zip(parts, sizes, strict=True):
+        setattr(module, part, _Part(module, name, start, start + size))
+        start += size
 
 
 def _attention_kwargs(attention: Any, config: Any, family: Family) -> dict[str, Any]:
