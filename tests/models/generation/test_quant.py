@@ -9,6 +9,7 @@ AVX512-BF16 and AVX2-only flag sets."""
 from __future__ import annotations
 
 import random
+import types
 from pathlib import Path
 from typing import Any
 
@@ -406,6 +407,24 @@ def test_the_host_kind_picks_the_dtype_and_the_weights(
 
 def test_a_gguf_computed_in_float32_is_dequantized_even_on_amx() -> None:
     assert choose_weights("auto", gguf=True, dtype="float32", flags=AMX).weights == "float"
+
+
+def test_int_weights_on_cuda_are_refused_and_a_torch_without_the_kernels_is_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from batchline.models.generation import load as load_module
+    from batchline.models.generation.quant_linear import require_int_kernels
+
+    monkeypatch.setattr(load_module, "_torch_device", lambda name: torch.device("cuda"))
+    folder = save_tiny_generator(tmp_path / "tiny")
+    with pytest.raises(InputError, match="CPU kernels: on cuda"):
+        load_module.load_text_generator(
+            parse_spec(f"{folder}/"), Knobs(device="cuda", dtype="float32", weights="int4")
+        )
+    require_int_kernels()  # this torch has them
+    older = types.SimpleNamespace(_weight_int8pack_mm=None)  # an older torch's: no int4 op
+    with pytest.raises(ModelError, match=r"torch 2\.6 or later"):
+        require_int_kernels(older)
 
 
 def test_the_weights_knob_is_checked() -> None:

@@ -332,6 +332,15 @@ def _load_weights(
 
     gguf = spec.kind in ("builtin", "gguf")
     weights = choose_weights(knobs.weights, gguf=gguf, dtype=dtype)
+    if weights.weights in ("int8", "int4") and device.type != "cpu":
+        raise InputError(
+            f"weights = {weights.weights!r} computes through torch's CPU kernels: on "
+            f"{device.type} leave weights 'auto' or 'float'"
+        )
+    if weights.weights != "float":
+        from batchline.models.generation.quant_linear import require_int_kernels
+
+        require_int_kernels()
     torch_dtype = DtypeChoice(dtype, "").torch_dtype
     if weights.weights == "gguf" and device.type != "cpu":
         weights = WeightsChoice("float", f"{device.type}: the int kernels are torch's CPU ones")

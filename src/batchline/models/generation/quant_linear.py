@@ -51,6 +51,7 @@ __all__ = [
     "quantize_int4",
     "quantize_int8",
     "quantize_linears",
+    "require_int_kernels",
     "step_weight_bytes",
 ]
 
@@ -80,6 +81,20 @@ class Int4Codes:
         scales = self.scales.to(dtype).repeat_interleave(g, dim=1)
         zeros = self.zeros.to(dtype).repeat_interleave(g, dim=1)
         return (self.codes.to(dtype) - 8) * scales + zeros
+
+
+def require_int_kernels(aten: Any = None) -> None:
+    """``ModelError`` where this torch lacks the CPU int8/int4 kernels (added in torch 2.6);
+    ``aten``: the op namespace to look in (tests), by default torch's."""
+    from batchline._errors import ModelError
+
+    ops = ("_weight_int8pack_mm", "_weight_int4pack_mm_for_cpu")
+    namespace = torch.ops.aten if aten is None else aten
+    if not all(hasattr(namespace, op) for op in ops):
+        raise ModelError(
+            f"int8/int4 weights need torch's CPU kernels (torch 2.6 or later; torch "
+            f"{torch.__version__} is installed): upgrade torch, or set weights = 'float'"
+        )
 
 
 def int4_group_size(in_features: int) -> int:
