@@ -25,10 +25,11 @@ prompts, 64 answer positions, 2026-12-01) int4 in groups of 32 agreed with bf16'
 weights come from a Q4_1 file, 32-value blocks, which groups of 32 hold again and wider ones
 blur; a GGUF's Q4_0, Q4_1 and Q4_K are all 32-value groups. 32 and 64 took the same time within
 the noise; 32 stores 0.63 bytes a weight with bf16 scales and zeros, 64 0.56.
-int8 stays per channel, torch's int8 kernel: on the same 6 prompts x 16 positions it agreed at
-95.8 % where bf16 itself did at 97.9 % (log-prob 3.1 % off); int8 in groups of 32 (Q8_0's form,
-the two int4 planes) agreed at 97.9 % (0.7 % off) but took 1.1-1.3x a dense bf16 linear at one
-row where per channel took 0.6-0.7x, so it did not pay as a speed format.
+int8 stays per channel, torch's int8 kernel: on 6 prompts x 16 positions it agreed at 95.8 %
+where bf16 itself did at 97.9 % (log-prob 3.1 % off), on 12 x 32 at 97.7 % as bf16 did (1.6 %
+off); int8 in groups of 32 (Q8_0's form, the two int4 planes) agreed at 97.9 % on the 6 x 16
+(0.7 % off) but took 1.1-1.3x a dense bf16 linear at one row where per channel took 0.6-0.7x,
+so it did not pay as a speed format.
 """
 
 from __future__ import annotations
