@@ -459,3 +459,15 @@ def test_smollm2_kept_as_q4_1_generates_as_transformers_on_its_dequantized_weigh
         tokens = _greedy_through_engine(loaded, prompts, 8)
         expected = [_reference_greedy(reference, p, 8) for p in prompts]
     assert tokens == expected
+
+
+def test_serve_and_run_take_the_weights_setting(capsys: pytest.CaptureFixture[str]) -> None:
+    from batchline.__main__ import main
+
+    args = ["serve", "--model", "gen=smollm2", "--set", "weights=int4", "--print-config"]
+    assert main(args) == 0
+    assert '"weights": "int4"' in capsys.readouterr().out
+    assert main(["serve", "--model", "gen=smollm2", "--set", "weights=int3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "weights must be one of auto, float, int8, int4" in err
+    assert "\n" not in err
