@@ -461,7 +461,7 @@ def test_smollm2_kept_as_q4_1_generates_as_transformers_on_its_dequantized_weigh
     assert tokens == expected
 
 
-def test_serve_and_run_take_the_weights_setting(capsys: pytest.CaptureFixture[str]) -> None:
+def test_serve_takes_the_weights_setting(capsys: pytest.CaptureFixture[str]) -> None:
     from batchline.__main__ import main
 
     args = ["serve", "--model", "gen=smollm2", "--set", "weights=int4", "--print-config"]
