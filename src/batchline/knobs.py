@@ -45,6 +45,7 @@ __all__ = [
     "PRECISIONS",
     "SERVE_DEFAULTS",
     "SHARED_HELP",
+    "WEIGHT_FORMATS",
     "Knobs",
     "add_device_argument",
     "add_knob_arguments",
@@ -82,6 +83,11 @@ GENERATION_DTYPES = ("auto", "float32", "bfloat16")
 #: and CPU kind which of the others is fastest past the quality gate (``models/precision.py``);
 #: ``fp32`` and ``int8`` run on ONNX Runtime, ``bf16`` on torch (oneDNN: AMX or AVX512-BF16).
 PRECISIONS = ("auto", "fp32", "bf16", "int8")
+#: How the torch backend holds a generative model's linears (``Knobs.weights``): ``auto`` (a GGUF
+#: file's quantized tensors kept quantized where the host computes them in bf16, else as
+#: ``float``; a folder as it is), ``float`` (the dtype's: a GGUF dequantized, as before), or
+#: ``int8`` / ``int4`` weight-only, quantized at load (``generation/quant_linear.py``).
+WEIGHT_FORMATS = ("auto", "float", "int8", "int4")
 #: How vLLM's engine orders waiting requests (``Knobs.vllm_scheduling_policy``).
 VLLM_SCHEDULING_POLICIES = ("fcfs", "priority")
 
@@ -100,6 +106,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "generation_backend": GENERATION_BACKENDS,
     "dtype": GENERATION_DTYPES,
     "precision": PRECISIONS,
+    "weights": WEIGHT_FORMATS,
     "vllm_scheduling_policy": VLLM_SCHEDULING_POLICIES,
 }
 #: Knobs fields that are not plain numbers: the check and what it wants; the rest are numbers
@@ -163,7 +170,10 @@ class Knobs:
     device that has it, float32 elsewhere), ``float32`` or ``bfloat16``. Each step of the torch
     backend takes at most ``max_step_tokens`` tokens, decodes first, longer prompts in chunks,
     on ``generation_threads`` CPU threads (``None``: every core in float32, one in bfloat16; see
-    ``generation/load.py``).
+    ``generation/load.py``). ``weights`` is how the torch backend holds the linears: ``auto``
+    (a GGUF file's Q4_0/Q4_1/Q8_0 tensors kept quantized where the CPU computes bf16 natively,
+    a folder's as they are), ``float`` (in ``dtype``; a GGUF dequantized), ``int8`` or ``int4``
+    (weight-only, quantized at load; see ``generation/quant_linear.py``).
     The vLLM engine also takes ``max_context_tokens`` (prompt + completion of one sequence;
     ``None``: 2,048 on CPU, the model's own on CUDA), ``kv_cache_gib`` (the KV cache's size;
     ``None``: 1 GiB on CPU, on CUDA what ``gpu_memory_fraction`` leaves), ``gpu_memory_fraction``
@@ -213,6 +223,7 @@ class Knobs:
     kv_token_budget: int = 16_384
     generation_backend: str = "torch"
     dtype: str = "auto"
+    weights: str = "auto"
     max_context_tokens: int | None = None
     kv_cache_gib: float | None = None
     gpu_memory_fraction: float | None = None

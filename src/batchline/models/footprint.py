@@ -108,7 +108,7 @@ def _generator_folder(spec: ModelSpec) -> Path | None:
         from batchline.models.generation.smollm2 import converted_folder
 
         return converted_folder()  # float32 safetensors, once converted (the GGUF is Q4)
-    return spec.path if spec.kind == "hf" else None
+    return spec.path if spec.kind in ("hf", "gguf") else None
 
 
 def _kv_bytes(config: Path, knobs: Knobs) -> int:

@@ -72,6 +72,7 @@ def _generation_options(spec: ModelSpec, knobs: Knobs) -> dict[str, object]:
         "task": "generate",
         "backend": backend,
         "dtype": choose_dtype(knobs.dtype, knobs.device).dtype,
+        "weights": _weights(spec, knobs),
         "device": "cuda" if knobs.device.startswith("cuda") else knobs.device,
         "generation_versions": [_version(p) for p in runs_it],
     }
@@ -80,6 +81,18 @@ def _generation_options(spec: ModelSpec, knobs: Knobs) -> dict[str, object]:
 
         options["converter"] = CONVERTER_VERSION
     return options
+
+
+def _weights(spec: ModelSpec, knobs: Knobs) -> str:
+    """How the torch backend holds the weights (quantized ones round differently)."""
+    from batchline.models.generation import choose_dtype
+    from batchline.models.generation.torch_dtype import choose_weights
+
+    if knobs.generation_backend == "vllm":
+        return "float"
+    dtype = choose_dtype(knobs.dtype, knobs.device).dtype
+    gguf = spec.kind in ("builtin", "gguf")
+    return choose_weights(knobs.weights, gguf=gguf, dtype=dtype).weights
 
 
 def _files(spec: ModelSpec) -> list[Path]:
@@ -92,6 +105,8 @@ def _files(spec: ModelSpec) -> list[Path]:
         # the tokenizer beside it, or the one the spec names
         tokenizer = spec.tokenizer or spec.path.with_name("tokenizer.json")
         return [*files, tokenizer] if tokenizer.is_file() else files
+    if spec.kind == "gguf":
+        return [spec.path]
     return _tree(spec.path)  # a Hugging Face folder
 
 

@@ -39,7 +39,7 @@ from batchline.models.protocol import TASKS, Task
 
 __all__ = ["ModelSpec", "Pooling", "SpecKind", "parse_spec", "parse_specs"]
 
-SpecKind = Literal["builtin", "onnx", "python", "hf"]
+SpecKind = Literal["builtin", "onnx", "python", "hf", "gguf"]
 #: How an embedder's token outputs become one vector per text: ``mean`` over the attention
 #: mask, ``cls`` (the first token's), ``lasttoken`` (the last real token's: decoder
 #: embedders), or ``none`` (the model already returns ``(batch, dim)``).
@@ -104,6 +104,8 @@ class ModelSpec:
                 raise InputError(
                     f"model {self.name!r} ({self.source}) does {builtin_task}, not {self.task}"
                 )
+        if self.kind == "gguf" and self.task != "generate":
+            raise InputError(f"model {self.name!r} ({self.source}) is a GGUF: it generates text")
         if self.kind in ("onnx", "python") and self.task == "generate":
             raise InputError(
                 f"model {self.name!r} ({self.source}) cannot generate text: the generate task "
@@ -111,7 +113,7 @@ class ModelSpec:
             )
         if self.folder is not None:
             self.folder.for_task(self.task)  # raises when the folder cannot do the task
-        if self.kind in ("builtin", "hf") and self.tokenizer is not None:
+        if self.kind in ("builtin", "hf", "gguf") and self.tokenizer is not None:
             raise InputError(f"a tokenizer goes with an .onnx model, not {self.source!r}")
         if self.labels is not None and self.task not in (None, "classify"):
             raise InputError(f"labels go with the classify task, not {self.task}")
@@ -130,7 +132,8 @@ class ModelSpec:
 
 
 def parse_spec(text: str) -> ModelSpec:
-    """``default``, ``smollm2``, ``PATH.onnx``, ``PATH/`` (a Hugging Face model folder),
+    """``default``, ``smollm2``, ``PATH.onnx``, ``PATH.gguf`` (a causal LM in one GGUF file),
+    ``PATH/`` (a Hugging Face model folder),
     ``module:factory``, or ``NAME=`` any of them."""
     text = text.strip()
     if not text:
@@ -151,6 +154,11 @@ def parse_spec(text: str) -> ModelSpec:
         if not path.is_file():
             raise InputError(no_such(text))
         return ModelSpec(name=name or path.stem, source=str(path), kind="onnx")
+    if text.lower().endswith(".gguf"):
+        path = Path(text)
+        if not path.is_file():
+            raise InputError(f"{path}: no such GGUF file")
+        return ModelSpec(name=name or path.stem, source=str(path), kind="gguf", task="generate")
     if _FACTORY.match(text) and not Path(text).is_dir():
         return ModelSpec(name=name or text.rsplit(":", 1)[1], source=text, kind="python")
     folder = Path(text)
@@ -173,7 +181,7 @@ def parse_spec(text: str) -> ModelSpec:
         return ModelSpec(name=name, source=str(folder), kind="hf", task=found.task, folder=found)
     raise InputError(
         f"model spec {text!r} is none of: a built-in model ({', '.join(BUILTIN_MODELS)}), "
-        "a path to an .onnx file, a Hugging Face model folder (PATH/ with config.json), "
+        "a path to an .onnx or .gguf file, a Hugging Face model folder (PATH/ with config.json), "
         "or module:factory (your own Python); prefix NAME= to name it"
     )
 

@@ -43,8 +43,16 @@ import torch.nn.functional as F
 from batchline.models.generation.decode_kernel import StepOps
 from batchline.models.generation.packed_attention import StepPlan, packed_attention
 from batchline.models.generation.packed_linear import PackedLinear
+from batchline.models.generation.quant_linear import QuantLinear
 
-__all__ = ["FAMILIES", "Family", "LeanForward", "fuse_projections", "lean_forward"]
+__all__ = [
+    "FAMILIES",
+    "Family",
+    "LeanForward",
+    "fuse_projections",
+    "join_projections",
+    "lean_forward",
+]
 
 
 class Family(NamedTuple):
@@ -93,6 +101,8 @@ FAMILIES = {
 }
 
 Linear = Callable[[torch.Tensor], torch.Tensor]
+#: The linear modules the loop calls: torch's, packed for oneDNN, or int8/int4 weight-only.
+_LINEARS = (torch.nn.Linear, PackedLinear, QuantLinear)
 
 # The linears a layer may hold fused (Phi-3's, or fuse_projections'), and their separate parts.
 _QKV = ("qkv_proj", ("q_proj", "k_proj", "v_proj"))
@@ -118,7 +128,7 @@ _ACTIVATIONS: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], str]] = {
 
 def _linear(module: torch.nn.Module) -> Linear:
     """The module's own computation without ``nn.Module.__call__`` (hooks, attribute lookups)."""
-    if isinstance(module, PackedLinear):
+    if isinstance(module, PackedLinear | QuantLinear):
         return module.forward
     weight: Any = module.weight
     bias: Any = module.bias
@@ -429,12 +439,26 @@ def _fuse(module: torch.nn.Module, name: str, parts: tuple[str, ...]) -> int:
         if joined.bias is not None:
             joined.bias.copy_(torch.cat(biases))
     joined.requires_grad_(first.requires_grad)
+    join_projections(module, name, parts, joined, [w.shape[0] for w in weights])
+    return 1
+
+
+def join_projections(
+    module: torch.nn.Module,
+    name: str,
+    parts: tuple[str, ...],
+    joined: torch.nn.Module,
+    sizes: list[int],
+) -> None:
+    """Set ``joined`` (whose outputs are the ``parts``' stacked, ``sizes`` each) as
+    ``module.<name>`` and each part as a view of it: what :func:`fuse_projections` does with
+    torch's linears, and a GGUF's loader with int4 ones (``qkv_proj`` and ``_QKV``'s parts, or
+    ``gate_up_proj`` and ``_GATE_UP``'s)."""
     setattr(module, name, joined)
     start = 0
-    for part, weight in zip(parts, weights, strict=True):
-        setattr(module, part, _Part(module, name, start, start + weight.shape[0]))
-        start += weight.shape[0]
-    return 1
+    for part, size in zip(parts, sizes, strict=True):
+        setattr(module, part, _Part(module, name, start, start + size))
+        start += size
 
 
 def _attention_kwargs(attention: Any, config: Any, family: Family) -> dict[str, Any]:
@@ -539,8 +563,8 @@ def _family(model: Any) -> tuple[str | None, str]:
             mlp.down_proj,
         )
         for proj in projections:
-            if type(proj) not in (torch.nn.Linear, PackedLinear):
+            if type(proj) not in _LINEARS:
                 return None, f"{kind} has a {type(proj).__name__} projection"
-    if type(model.lm_head) not in (torch.nn.Linear, PackedLinear):
+    if type(model.lm_head) not in _LINEARS:
         return None, f"{kind} has a {type(model.lm_head).__name__} lm_head"
     return prefix, f"transformers' {prefix} layers"

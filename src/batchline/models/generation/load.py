@@ -49,6 +49,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from batchline._errors import InputError, ModelError
@@ -63,6 +64,7 @@ if TYPE_CHECKING:
     from batchline.models.generation.engine import StepEngine
     from batchline.models.generation.generators import GeneratorKind
     from batchline.models.generation.stream import TextGenerator
+    from batchline.models.generation.torch_dtype import WeightsChoice
 
 __all__ = [
     "ChatMessage",
@@ -233,7 +235,7 @@ def load_text_generator(spec: ModelSpec, knobs: Knobs) -> GenerationModel:
             f"model {spec.name!r} does not generate text; the generate task takes smollm2 or "
             "a Hugging Face causal-LM folder (PATH/ with config.json)"
         )
-    if spec.kind not in ("builtin", "hf"):
+    if spec.kind not in ("builtin", "hf", "gguf"):
         raise InputError(f"model {spec.name!r} ({spec.source}) cannot generate text")
     if knobs.engine_process:
         return _load_in_engine_process(spec, knobs)
@@ -245,32 +247,34 @@ def load_text_generator(spec: ModelSpec, knobs: Knobs) -> GenerationModel:
     device = _torch_device(knobs.device)
     from batchline.models.generation.generators import build_generator
     from batchline.models.generation.lean_llama import fuse_projections
-    from batchline.models.generation.smollm2 import load_causal_lm, load_smollm2
+    from batchline.models.generation.quant_linear import quantize_linears, step_weight_bytes
     from batchline.models.generation.torch_dtype import choose_dtype, pack_linear_weights
     from batchline.models.generation.torch_engine import TorchStepEngine
 
     choice = choose_dtype(knobs.dtype, knobs.device)
     if device.type == "cpu":
         torch.set_num_threads(engine_threads(knobs, choice.torch_dtype))
-    if spec.kind == "builtin":
-        model, tokenizer = load_smollm2(device=device, dtype=choice.torch_dtype)
-    else:
-        model, tokenizer = load_causal_lm(spec.source, device=device, dtype=choice.torch_dtype)
+    model, tokenizer, weights, loaded = _load_weights(spec, knobs, choice.dtype, device)
     _eos_from_tokenizer(model, tokenizer)
     fused = fuse_projections(model)  # before packing: the packed weights are the fused ones
-    packed = pack_linear_weights(model)
+    if weights.weights in ("int8", "int4"):
+        loaded = str(quantize_linears(model, weights.weights, choice.torch_dtype))
+    packed = pack_linear_weights(model)  # the dense ones left (the lm_head where quantized)
     try:
         engine = TorchStepEngine(model, max_step_tokens=knobs.max_step_tokens, tokenizer=tokenizer)
     except ValueError as exc:  # what the model asks of the engine that it cannot do
         raise ModelError(f"cannot generate with {spec.name!r}: {exc}") from exc
     logger.info(
-        "%s: torch on %s, %s%s%s, %s forward, decode attention %s, %s intra-op thread(s), "
-        "max_step_tokens %d; loaded in %.1f s",
+        "%s: torch on %s, %s, %s%s%s%s, %.0f MiB of weights read per decode step, %s forward, "
+        "decode attention %s, %s intra-op thread(s), max_step_tokens %d; loaded in %.1f s",
         spec.name,
         knobs.device,
         choice,
+        weights,
+        f"; {loaded}" if loaded else "",
         f", {fused} projection groups fused" if fused else "",
         f", {packed} linear layers packed for oneDNN" if packed else "",
+        step_weight_bytes(model) / 2**20,
         engine.forward,
         engine.decode_attention,
         torch.get_num_threads() if device.type == "cpu" else "-",
@@ -296,7 +300,9 @@ def load_text_generator(spec: ModelSpec, knobs: Knobs) -> GenerationModel:
         max_waiting=knobs.max_queue_size,
     )
     context = engine.max_context_tokens
-    info = _info(spec, context, batching, knobs.device, budget, dtype=choice.dtype)
+    info = _info(
+        spec, context, batching, knobs.device, budget, dtype=choice.dtype, weights=weights.weights
+    )
     return GenerationModel(
         generator=generator,
         tokenizer=tokenizer,
@@ -309,6 +315,45 @@ def load_text_generator(spec: ModelSpec, knobs: Knobs) -> GenerationModel:
         dtype=str(choice),
         _engine=engine,
     )
+
+
+def _load_weights(
+    spec: ModelSpec, knobs: Knobs, dtype: str, device: torch.device
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, WeightsChoice, str]:
+    """The model and tokenizer of ``spec``, the weights chosen, and what the GGUF load kept
+    quantized ("" otherwise): a GGUF's (the built-in ``smollm2``'s too) quantized tensors kept
+    as they are, or the float folder (a GGUF's converted once) in ``dtype``."""
+    from batchline.models.generation.smollm2 import gguf_path, load_causal_lm, smollm2_folder
+    from batchline.models.generation.torch_dtype import (
+        DtypeChoice,
+        WeightsChoice,
+        choose_weights,
+    )
+
+    gguf = spec.kind in ("builtin", "gguf")
+    weights = choose_weights(knobs.weights, gguf=gguf, dtype=dtype)
+    if weights.weights in ("int8", "int4") and device.type != "cpu":
+        raise InputError(
+            f"weights = {weights.weights!r} computes through torch's CPU kernels: on "
+            f"{device.type} leave weights 'auto' or 'float'"
+        )
+    if weights.weights != "float":
+        from batchline.models.generation.quant_linear import require_int_kernels
+
+        require_int_kernels()
+    torch_dtype = DtypeChoice(dtype, "").torch_dtype
+    if weights.weights == "gguf" and device.type != "cpu":
+        weights = WeightsChoice("float", f"{device.type}: the int kernels are torch's CPU ones")
+    if weights.weights == "gguf":
+        from batchline.models.generation.gguf_weights import load_gguf
+
+        file = gguf_path() if spec.kind == "builtin" else Path(spec.source)
+        # smollm2's config and tokenizer from its folder, converted once (else the file's)
+        folder = smollm2_folder() if spec.kind == "builtin" else None
+        model, tokenizer, report = load_gguf(file, dtype=torch_dtype, folder=folder)
+        return model, tokenizer, weights, str(report)
+    model, tokenizer = load_causal_lm(_model_folder(spec), device=device, dtype=torch_dtype)
+    return model, tokenizer, weights, ""
 
 
 def engine_threads(knobs: Knobs, dtype: torch.dtype) -> int:
@@ -347,12 +392,14 @@ def _load_in_engine_process(spec: ModelSpec, knobs: Knobs) -> GenerationModel:
         )
     from batchline.models.generation.engine_process import ProcessGenerator
 
-    folder = _model_folder(spec)  # smollm2 converted here, once, before the engine looks
+    # smollm2 converted here, once, before the engine looks; a GGUF kept quantized is not
+    folder = None if _keeps_gguf(spec, knobs) else _model_folder(spec)
     generator = ProcessGenerator.launch(
         load_text_generator, spec, knobs.replace(engine_process=False), name=spec.name
     )
     try:
-        tokenizer = _load_tokenizer(folder)  # while the engine process loads the model
+        # while the engine process loads the model
+        tokenizer = _load_tokenizer(folder) if folder is not None else _gguf_tokenizer(spec)
         ready = generator.wait_ready()
     except BaseException:
         generator.close()
@@ -373,11 +420,42 @@ def _load_in_engine_process(spec: ModelSpec, knobs: Knobs) -> GenerationModel:
     )
 
 
+def _keeps_gguf(spec: ModelSpec, knobs: Knobs) -> bool:
+    """Whether the torch backend loads ``spec`` from its GGUF file, kept quantized."""
+    from batchline.models.generation.torch_dtype import choose_dtype, choose_weights
+
+    if spec.kind not in ("builtin", "gguf") or knobs.device != "cpu":
+        return False
+    dtype = choose_dtype(knobs.dtype, knobs.device).dtype
+    return choose_weights(knobs.weights, gguf=True, dtype=dtype).weights == "gguf"
+
+
+def _gguf_tokenizer(spec: ModelSpec) -> PreTrainedTokenizerBase:
+    """The tokenizer of a GGUF kept quantized: the built-in smollm2's folder's, or the file's."""
+    if spec.kind == "builtin":
+        return _load_tokenizer(_model_folder(spec))
+    from transformers import AutoTokenizer
+
+    from batchline.models.generation.smollm2 import quiet_transformers
+
+    path = Path(spec.source)
+    with quiet_transformers():
+        return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+
+
 def _model_folder(spec: ModelSpec) -> str:
-    """The Hugging Face folder a generate spec loads from (smollm2's converted one)."""
+    """The Hugging Face folder a generate spec loads from in float (smollm2's converted one, a
+    GGUF file's converted once, as smollm2's)."""
     from batchline.models.generation.smollm2 import smollm2_folder
 
-    return str(smollm2_folder()) if spec.kind == "builtin" else spec.source
+    if spec.kind == "builtin":
+        return str(smollm2_folder())
+    if spec.kind == "gguf":
+        from batchline.models.generation.gguf_weights import gguf_architecture
+
+        gguf_architecture(Path(spec.source))  # refused in one line before converting
+        return str(smollm2_folder(source=Path(spec.source), name="gguf"))
+    return spec.source
 
 
 def _load_tokenizer(folder: str) -> PreTrainedTokenizerBase:

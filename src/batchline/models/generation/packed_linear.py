@@ -24,6 +24,11 @@ class PackedLinear(torch.nn.Module):
             )
         self.bias = linear.bias
 
+    @property
+    def weight_bytes(self) -> int:
+        """The weight's bytes (what a product reads)."""
+        return self.in_features * self.out_features * int(self._packed.element_size())
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
             x, self._packed, self.bias, "none", [], ""

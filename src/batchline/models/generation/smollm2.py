@@ -96,8 +96,12 @@ def converted_folder(*, cache: Path | None = None) -> Path | None:
     return target if (target / "config.json").is_file() else None
 
 
-def smollm2_folder(*, cache: Path | None = None, source: Path | None = None) -> Path:
+def smollm2_folder(
+    *, cache: Path | None = None, source: Path | None = None, name: str = _NAME
+) -> Path:
     """Return the cached safetensors folder of ``smollm2``, converting the GGUF first if needed.
+    ``source`` and ``name``: another GGUF file (a user's ``--model file.gguf``) and the cache
+    folder's prefix for it.
 
     The first call takes ~20–90 s (dequantizing, converting the tokenizer, saving 517 MB);
     later calls only hash the GGUF file (~0.3 s). The folder appears whole or not at all.
@@ -107,7 +111,7 @@ def smollm2_folder(*, cache: Path | None = None, source: Path | None = None) -> 
         raise ModelError(f"GGUF file not found: {src}")
     key = _file_digest(src)[:16]
     root = cache if cache is not None else cache_dir()
-    target = root / f"{_NAME}-{key}-v{CONVERTER_VERSION}"
+    target = root / f"{name}-{key}-v{CONVERTER_VERSION}"
     if (target / "config.json").is_file():
         return target
     make_cache_folder(root)

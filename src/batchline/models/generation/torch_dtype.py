@@ -19,13 +19,23 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from batchline._cpu import BF16_FLAGS, cpu_flags
-from batchline.knobs import GENERATION_DTYPES
+from batchline._cpu import BF16_FLAGS, cpu_flags, host_kind
+from batchline.knobs import GENERATION_DTYPES, WEIGHT_FORMATS
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DtypeChoice", "choose_dtype", "cpu_flags", "pack_linear_weights"]
+__all__ = [
+    "KIND_DEFAULTS",
+    "DtypeChoice",
+    "KindDefaults",
+    "WeightsChoice",
+    "choose_dtype",
+    "choose_weights",
+    "cpu_flags",
+    "kind_defaults",
+    "pack_linear_weights",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +83,85 @@ def choose_dtype(
     if found:
         return DtypeChoice("bfloat16", f"auto: the CPU has native bf16 ({', '.join(found)})")
     return DtypeChoice("float32", "auto: no native bf16 on this CPU (no avx512_bf16 or amx_bf16)")
+
+
+@dataclass(frozen=True, slots=True)
+class KindDefaults:
+    """What a kind of CPU (``batchline._cpu.host_kind``'s name) takes by default: ``dtype`` for
+    ``dtype = auto`` and whether ``weights = auto`` keeps a GGUF's quantized tensors quantized;
+    ``measured`` says where the choice comes from."""
+
+    dtype: str
+    gguf_quantized: bool
+    measured: str
+
+
+_NO_BF16 = KindDefaults(
+    "float32",
+    False,
+    "no native bf16: float32; torch's int kernels in float32 took 4-25x a dense float32 "
+    "linear (on the AMX host), so a GGUF is dequantized, as before",
+)
+#: Each CPU kind's defaults (``batchline._cpu``'s kinds). Measured where it says; the others
+#: follow from what their flags lack, and say so.
+KIND_DEFAULTS: dict[str, KindDefaults] = {
+    "amx": KindDefaults(
+        "bfloat16",
+        True,
+        "measured on the 2-core AMX Xeon (2026-12-01): torch's int4 kernel x0.55, int8 x0.70 "
+        "the time of a dense bf16 linear at one row (quant_linear.py)",
+    ),
+    "avx512-bf16": KindDefaults(
+        "bfloat16",
+        True,
+        "bf16 measured x1.6 faster than float32 (2026-11-24); the int kernels not measured on "
+        "this kind: taken as on AMX, whose kernels they share without the tiles",
+    ),
+    "vnni": _NO_BF16,
+    "avx2": _NO_BF16,
+    "other": _NO_BF16,
+}
+
+
+def kind_defaults(flags: Collection[str] | None = None) -> tuple[str, KindDefaults]:
+    """This CPU's kind (``flags`` default: its own) and the defaults it takes."""
+    name = host_kind(flags).name
+    return name, KIND_DEFAULTS.get(name, _NO_BF16)
+
+
+@dataclass(frozen=True, slots=True)
+class WeightsChoice:
+    """How the torch backend holds the linears (``float``, ``int8``, ``int4``, or ``gguf``: a
+    GGUF file's own quantized tensors), and why (said in the load log)."""
+
+    weights: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.weights} weights ({self.reason})"
+
+
+def choose_weights(
+    asked: str, *, gguf: bool, dtype: str, flags: Collection[str] | None = None
+) -> WeightsChoice:
+    """The weights for ``asked`` (one of ``WEIGHT_FORMATS``) of a model from a GGUF file
+    (``gguf``) or a folder, computed in ``dtype`` (``choose_dtype``'s). ``auto`` keeps a GGUF's
+    quantized tensors where the host's kind says so (:data:`KIND_DEFAULTS`) and the model
+    computes in bf16: torch's int kernels in float32 are the slow ones."""
+    if asked not in WEIGHT_FORMATS:
+        raise ValueError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {asked!r}")
+    if asked != "auto":
+        return WeightsChoice(asked, "asked for")
+    if not gguf:
+        return WeightsChoice("float", "auto: a folder's weights as they are")
+    name, kind = kind_defaults(flags)
+    if not kind.gguf_quantized:
+        return WeightsChoice("float", f"auto on this {name} CPU: {kind.measured}")
+    if dtype != "bfloat16":
+        return WeightsChoice(
+            "float", "auto in float32: torch's int kernels took 4-25x a dense float32 linear"
+        )
+    return WeightsChoice("gguf", f"auto on this {name} CPU: {kind.measured}")
 
 
 def pack_linear_weights(model: torch.nn.Module) -> int:

@@ -1,0 +1,166 @@
+"""A batch-1 decode step per weight format against its memory floor, on a model shape built here.
+
+The shape is SmolLM2-360M's (``LlamaConfig``: hidden 960, 32 layers, 15 heads / 5 KV heads,
+MLP 2,560, vocabulary 49,152, tied embeddings) with random weights, saved in bf16 with
+``save_pretrained`` in a temp folder (a step's time does not depend on the weights' values).
+Each format loads it as ``batchline run`` and ``serve`` do (``load_text_generator``, ``--dtype``,
+``--set weights=...``); one sequence of a ``--prompt-tokens`` prompt then decodes, and the
+median of its decode steps is the step time. The floor is the bytes a step reads (every
+linear's weight, the lm_head's too: ``quant_linear.step_weight_bytes``) divided by the host's
+copy bandwidth, measured here first (``torch`` copying a ``--copy-mib`` buffer, counted as the
+bytes read plus the bytes written per second, STREAM's convention). Printed: per format its
+weight bytes, the floor, the step's median and its ratio to the floor (issue 52's bar: 1.3),
+and each format's step against bf16's.
+
+    python benchmarks/bench_quant_step.py                        # 360M, bf16 int8 int4 (~3 min)
+    python benchmarks/bench_quant_step.py --shape 1.7b --formats bfloat16,int4
+    python benchmarks/bench_quant_step.py --shape tiny --steps 4 # smoke run (seconds)
+
+Needs ``batchline[generate]``. One intra-op thread unless ``--threads``. The lead runs it on a
+quiet machine: on a loaded one the floor and the steps both move.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+# name -> LlamaConfig fields (hidden, intermediate, layers, heads, kv heads)
+SHAPES = {
+    "tiny": (128, 256, 2, 4, 2),
+    "360m": (960, 2560, 32, 15, 5),
+    "1.7b": (2048, 8192, 24, 32, 32),
+}
+VOCAB = 49_152
+
+
+def copy_bandwidth(mib: int, repeats: int = 5) -> float:
+    """Bytes per second of a large tensor copy (read + write), the best of ``repeats``."""
+    import torch
+
+    src = torch.ones(mib * 2**20 // 4, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - start)
+    return 2 * src.numel() * 4 / best
+
+
+def build_folder(shape: str, root: Path) -> Path:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    hidden, mlp, layers, heads, kv_heads = SHAPES[shape]
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=hidden,
+        intermediate_size=mlp,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    torch.manual_seed(0)
+    with torch.device("cpu"):
+        model = LlamaForCausalLM(config).to(torch.bfloat16)
+    folder = root / f"llama-{shape}"
+    model.save_pretrained(folder)
+    _save_tokenizer(folder)
+    return folder
+
+
+def _save_tokenizer(folder: Path) -> None:
+    """SmolLM2's tokenizer where the converted smollm2 folder exists, else a byte-level one."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    from batchline.models.generation.smollm2 import converted_folder
+
+    found = converted_folder()
+    if found is not None:
+        AutoTokenizer.from_pretrained(found).save_pretrained(folder)
+        return
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(folder)
+
+
+def decode_steps(engine: Any, prompt_tokens: int, steps: int) -> list[float]:
+    """Seconds of each decode step of one sequence (the prefill step left out)."""
+    from batchline.models.generation.engine import GenerationRequest, SamplingParams
+
+    prompt = tuple(range(10, 10 + prompt_tokens))
+    params = SamplingParams(max_tokens=steps + 1, ignore_eos=True)
+    engine.add_request(GenerationRequest("one", prompt, params))
+    engine.step()  # the prefill
+    times = []
+    while engine.has_unfinished():
+        start = time.perf_counter()
+        engine.step()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="360m")
+    parser.add_argument("--formats", default="bfloat16,int8,int4")
+    parser.add_argument("--steps", type=int, default=48)
+    parser.add_argument("--prompt-tokens", type=int, default=60)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--copy-mib", type=int, default=512)
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+    import torch
+
+    from batchline.knobs import Knobs
+    from batchline.models.generation.load import load_text_generator
+    from batchline.models.generation.quant_linear import step_weight_bytes
+    from batchline.models.specs import parse_spec
+
+    torch.set_num_threads(args.threads)
+    bandwidth = copy_bandwidth(args.copy_mib)
+    print(f"copy bandwidth: {bandwidth / 1e9:.1f} GB/s (read + write), {args.threads} thread(s)")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = build_folder(args.shape, Path(tmp))
+        for fmt in args.formats.split(","):
+            weights = "float" if fmt in ("bfloat16", "float32") else fmt
+            dtype = fmt if fmt in ("bfloat16", "float32") else "bfloat16"
+            knobs = Knobs(dtype=dtype, weights=weights, generation_threads=args.threads)
+            loaded = load_text_generator(parse_spec(f"{folder}/"), knobs)
+            engine = loaded.engine
+            assert engine is not None
+            read = step_weight_bytes(engine._model)
+            with torch.inference_mode():
+                times = decode_steps(engine, args.prompt_tokens, args.steps)
+            loaded.close()
+            step, floor = statistics.median(times), read / bandwidth
+            rows.append((fmt, read, floor, step))
+    base = next((r[3] for r in rows if r[0] == "bfloat16"), rows[0][3])
+    prompt = f"a {args.prompt_tokens}-token prompt"
+    print(f"{args.shape}, batch 1, {args.steps} decode steps after {prompt}")
+    print("| format | weights read per step | memory floor | step (median) | x floor | x bf16 |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for fmt, read, floor, step in rows:
+        print(
+            f"| {fmt} | {read / 2**20:.0f} MiB | {floor * 1e3:.2f} ms | {step * 1e3:.2f} ms | "
+            f"{step / floor:.2f} | {step / base:.2f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

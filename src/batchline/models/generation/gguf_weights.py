@@ -1,0 +1,343 @@
+"""A GGUF causal LM loaded with its quantized tensors kept quantized (``Knobs.weights``).
+
+The file's Q4_0, Q4_1 and Q4_K tensors become int4 :class:`~.quant_linear.QuantLinear` layers
+of 32-value groups (a Q4_K super-block is eight of them, each with its scale and min) and its
+Q8_0 ones two int4 planes (:func:`~.quant_linear.int8_group_planes`),
+straight from the blocks' bytes: the codes and the fp16 scales (and Q4_1's mins) carry over as
+they are (:func:`gguf_int4`; tests compare them with gguf-py's own dequantization, bit for bit).
+The kernels take the scales in the activations' dtype: in float32 that is exact, in bfloat16
+each fp16 scale rounds to bf16's 8 bits. No float copy of a quantized linear is made. Tensors
+of other types (F32, F16, BF16, Q6_K: 16-value groups, which torch's int4 kernel does not take,
+and the rest) are
+dequantized by gguf-py into the model's dtype, and the load log counts them. The embedding, a
+lookup, is dequantized into the model's dtype; so is the lm_head (the dense bf16 kernel is the
+fast one on a step's many rows: ``quant_linear``'s measurements), or it stays tied to the
+embedding where the file has no ``output.weight``.
+
+The architecture comes from the file: Llama and Qwen2 (``general.architecture``); any other is
+refused in one line naming it. The config is transformers' reading of the file's metadata, the
+tokenizer and its chat template the file's (through transformers), unless ``folder`` gives both
+(the built-in ``smollm2``'s converted folder, converted once already).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from batchline._errors import ModelError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from batchline.models.generation.gguf_file import GgufFile
+    from batchline.models.generation.quant_linear import Int4Codes
+
+__all__ = ["GGUF_ARCHITECTURES", "GgufLoad", "gguf_architecture", "gguf_int4", "load_gguf"]
+
+logger = logging.getLogger("batchline.generation")
+
+#: The GGUF architectures (``general.architecture``) the engine runs, and their transformers
+#: model type.
+GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2"}
+
+# A block's bytes per type: Q4_0 = fp16 scale + 16 bytes of nibbles; Q4_1 adds an fp16 min;
+# Q8_0 = fp16 scale + 32 int8.
+_BLOCK = 32
+# Q4_K = 256-value super-blocks: fp16 d and dmin, 12 bytes of eight 6-bit scales and mins, 128
+# bytes of nibbles; each 32-value sub-block is (d * scale) * q - dmin * min.
+_KEPT = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34, "Q4_K": 144}
+
+# GGUF tensor names (after ``blk.N.``) -> the module path in a Llama/Qwen2 layer
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+
+
+@dataclass
+class GgufLoad:
+    """What :func:`load_gguf` loaded, for the load log."""
+
+    architecture: str
+    kept: dict[str, int] = field(default_factory=dict)  # GGUF type -> linears kept quantized
+    dequantized: dict[str, int] = field(default_factory=dict)  # GGUF type -> tensors
+    weight_bytes: int = 0
+
+    def __str__(self) -> str:
+        kept = ", ".join(f"{n} {t}" for t, n in sorted(self.kept.items())) or "none"
+        dense = ", ".join(f"{n} {t}" for t, n in sorted(self.dequantized.items())) or "none"
+        return (
+            f"GGUF {self.architecture}: linears kept quantized: {kept}; dequantized to the "
+            f"model's dtype: {dense}; {self.weight_bytes / 2**20:.0f} MiB of weights"
+        )
+
+
+def gguf_architecture(path: Path) -> str:
+    """The file's ``general.architecture``; ``ModelError`` where the engine does not run it."""
+    return _architecture(_read(path), path)
+
+
+def _read(path: Path) -> GgufFile:
+    from batchline.models.generation.gguf_file import read_gguf
+
+    try:
+        return read_gguf(path)
+    except ImportError as exc:
+        raise ModelError(f"reading a GGUF file needs gguf: pip install gguf ({exc})") from exc
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot read the GGUF file {path}: {exc}") from exc
+
+
+def _architecture(file: GgufFile, path: Path) -> str:
+    arch = file.metadata.get("general.architecture")
+    if arch not in GGUF_ARCHITECTURES:
+        runs = ", ".join(GGUF_ARCHITECTURES)
+        raise ModelError(
+            f"{path.name}: a GGUF of architecture {arch!r}, which the engine does not run "
+            f"(it runs {runs})"
+        )
+    return str(arch)
+
+
+def gguf_int4(kind: str, blocks: np.ndarray) -> list[Int4Codes]:
+    """A Q4_0, Q4_1, Q8_0 or Q4_K tensor's raw bytes ``(N, K / 32 * block bytes)`` as the int4
+    plane(s) of :class:`~.quant_linear.QuantLinear`, in 32-value groups, without loss: Q4_0
+    ``(q - 8) * d``: scale d, zero 0; Q4_1 ``q * d + m``: scale d, zero ``m + 8 d``; Q8_0 the two
+    planes of its int8 codes; Q4_K each 32-value sub-block (:func:`_q4_k`). Scales and zeros
+    are float32 (an fp16 d and m, and their sums, are exact there)."""
+    import numpy as np
+    import torch
+
+    from batchline.models.generation.quant_linear import Int4Codes, int8_group_planes
+
+    n = blocks.shape[0]
+    per = blocks.reshape(n, -1, _KEPT[kind])  # (N, blocks, block bytes)
+    if kind == "Q4_K":
+        return [_q4_k(per)]
+    d = torch.from_numpy(_halves(per[..., :2]))
+    if kind == "Q8_0":
+        codes = np.ascontiguousarray(per[..., 2:]).view(np.int8).reshape(n, -1)
+        return int8_group_planes(torch.from_numpy(codes.copy()), d, _BLOCK)
+    nibbles = per[..., 4:] if kind == "Q4_1" else per[..., 2:]
+    # a block's values 0..15 are the low nibbles of its 16 bytes, 16..31 the high ones
+    codes = np.concatenate((nibbles & 0x0F, nibbles >> 4), axis=-1).reshape(n, -1)
+    if kind == "Q4_1":
+        zeros = torch.from_numpy(_halves(per[..., 2:4])) + 8 * d
+    else:
+        zeros = torch.zeros_like(d)
+    return [Int4Codes(torch.from_numpy(codes.copy()), d, zeros, _BLOCK)]
+
+
+def _q4_k(per: np.ndarray) -> Int4Codes:
+    """Q4_K super-blocks ``(N, blocks, 144)`` as int4 groups of 32: scale ``d * sc``, zero
+    ``8 * d * sc - dmin * m`` (float32: an fp16 times a 6-bit integer is exact there)."""
+    import numpy as np
+    import torch
+
+    from batchline.models.generation.quant_linear import Int4Codes
+
+    n, blocks = per.shape[:2]
+    d, dmin = _halves(per[..., 0:2]), _halves(per[..., 2:4])
+    packed = per[..., 4:16].reshape(n, blocks, 3, 4)  # gguf-py's get_scale_min, per block
+    low, high, both = packed[..., 0, :], packed[..., 1, :], packed[..., 2, :]
+    sc = np.concatenate([low & 0x3F, (both & 0x0F) | ((low >> 2) & 0x30)], axis=-1)
+    mins = np.concatenate([high & 0x3F, (both >> 4) | ((high >> 2) & 0x30)], axis=-1)
+    scales = d[..., None] * sc.astype(np.float32)  # (N, blocks, 8)
+    offsets = dmin[..., None] * mins.astype(np.float32)
+    # four 32-byte chunks, each the low nibbles of one sub-block and the high of the next
+    nibbles = (
+        per[..., 16:].reshape(n, blocks, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8)[:, None]
+    )
+    codes = (nibbles & 0x0F).reshape(n, -1)
+    zeros = 8 * scales - offsets
+    return Int4Codes(
+        torch.from_numpy(codes.copy()),
+        torch.from_numpy(scales.reshape(n, -1)),
+        torch.from_numpy(zeros.reshape(n, -1)),
+        _BLOCK,
+    )
+
+
+def _halves(pairs: np.ndarray) -> np.ndarray:
+    """Byte pairs ``(..., 2)`` as the fp16 values they hold, in float32 (exact)."""
+    import numpy as np
+
+    return np.ascontiguousarray(pairs).view(np.float16)[..., 0].astype(np.float32)
+
+
+def _unpermute_rows(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """Undo llama.cpp's conversion's permutation of a Llama q or k projection's output rows
+    (it interleaves each head's two rotary halves), as transformers' GGUF reader undoes it."""
+    rows = x.shape[0]
+    return x.reshape(heads, rows // heads // 2, 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
+
+
+def load_gguf(
+    path: Path,
+    *,
+    dtype: torch.dtype,
+    folder: Path | None = None,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, GgufLoad]:
+    """The causal LM in the GGUF file at ``path`` with its Q4_0, Q4_1 and Q8_0 linears kept
+    quantized, in ``dtype`` on CPU, its tokenizer, and what was loaded how. ``folder``: a
+    Hugging Face folder of the same model to take the config and tokenizer from."""
+    import numpy as np
+    import torch
+    from gguf import GGMLQuantizationType, dequantize
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    from batchline.models.generation.quant_linear import int4_planes_rows
+    from batchline.models.generation.smollm2 import quiet_transformers
+
+    file = _read(path)
+    arch = _architecture(file, path)
+    with quiet_transformers():
+        if folder is not None:
+            config = AutoConfig.from_pretrained(folder, local_files_only=True)
+            tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        else:
+            from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+            read = load_gguf_checkpoint(str(path), return_tensors=False)["config"]  # type: ignore[no-untyped-call]
+            config = AutoConfig.for_model(**read)
+            tokenizer = AutoTokenizer.from_pretrained(
+                path.parent, gguf_file=path.name, local_files_only=True
+            )
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)  # type: ignore[no-untyped-call]
+    if folder is not None and (folder / "generation_config.json").is_file():
+        model.generation_config = GenerationConfig.from_pretrained(folder)
+    heads = int(config.num_attention_heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    report = GgufLoad(arch)
+    kept: dict[str, list[Int4Codes]] = {}  # the linears kept quantized, by module path
+    tied = True
+    for tensor in file.tensors:
+        target = _hf_name(tensor.name)
+        if target is None:
+            continue  # rope_freqs and the like: the config computes them
+        owner_path, attr = target.rsplit(".", 1)
+        owner = model.get_submodule(owner_path)
+        qtype = GGMLQuantizationType(tensor.tensor_type)
+        kind = qtype.name
+        permute = heads if owner_path.endswith("q_proj") else kv_heads
+        permute_rows = arch == "llama" and owner_path.endswith(("q_proj", "k_proj"))
+        data = np.asarray(tensor.data)
+        if owner_path == "lm_head":
+            tied = False
+        is_linear = attr == "weight" and isinstance(owner, torch.nn.Linear)
+        fits = tensor.data.shape[0] % 16 == 0  # torch's int4 layout packs 16 rows at a time
+        if is_linear and kind in _KEPT and owner_path != "lm_head" and fits:
+            planes = gguf_int4(kind, data)
+            if permute_rows:
+                planes = int4_planes_rows(planes, functools.partial(_unpermute_rows, heads=permute))
+            kept[owner_path] = planes  # made layers below, q/k/v and gate/up joined
+            report.kept[kind] = report.kept.get(kind, 0) + 1
+            continue
+        if kind not in ("F32", "F16", "BF16"):
+            report.dequantized[kind] = report.dequantized.get(kind, 0) + 1
+        values = torch.from_numpy(np.array(dequantize(data, qtype)))  # a copy
+        values = values.to(dtype)
+        if permute_rows:
+            values = _unpermute_rows(values, permute)
+        setattr(owner, attr, torch.nn.Parameter(values, requires_grad=False))
+        report.weight_bytes += values.numel() * values.element_size()
+    report.weight_bytes += _make_layers(model, kept, dtype)
+    if tied:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    _rebuild_rotary(model, config)
+    missing = [name for name, p in model.named_parameters() if p.is_meta]
+    missing += [name for name, b in model.named_buffers() if b.is_meta]
+    if missing:
+        raise ModelError(f"{path.name}: the file holds no tensor for {', '.join(missing[:4])}")
+    model.eval()
+    return model, tokenizer, report
+
+
+# the linears a layer's q/k/v and gate/up products join (lean_llama's fused names)
+_JOINED = (
+    ("self_attn", "qkv_proj", ("q_proj", "k_proj", "v_proj")),
+    ("mlp", "gate_up_proj", ("gate_proj", "up_proj")),
+)
+
+
+def _make_layers(model: Any, kept: dict[str, list[Int4Codes]], dtype: torch.dtype) -> int:
+    """The int4 layers of the ``kept`` linears, with the biases the file gave the linears
+    (read into the meta-built ``nn.Linear``s); a layer's q/k/v and gate/up joined into one each
+    where all are kept with as many planes (one product at a step, as ``fuse_projections``
+    joins float ones: the same values, as each output row is its own). Returns their bytes."""
+    import torch
+
+    from batchline.models.generation.lean_llama import join_projections
+    from batchline.models.generation.quant_linear import Int4Codes, QuantLinear
+
+    def bias_of(path: str) -> torch.Tensor | None:
+        bias = model.get_submodule(path).bias
+        return None if bias is None else bias.detach()
+
+    total = 0
+    for q_path in [p for p in kept if p.endswith(".self_attn.q_proj")]:
+        prefix = q_path.removesuffix(".self_attn.q_proj")
+        for owner, name, parts in _JOINED:
+            paths = [f"{prefix}.{owner}.{part}" for part in parts]
+            found = [kept[p] for p in paths if p in kept]
+            biases = [b for b in map(bias_of, paths) if b is not None]
+            if len(found) < len(parts) or len({len(p) for p in found}) != 1:
+                continue
+            if 0 < len(biases) < len(parts):
+                continue  # some with a bias, some without: left separate
+            joined = [
+                Int4Codes(
+                    torch.cat([p[i].codes for p in found]),
+                    torch.cat([p[i].scales for p in found]),
+                    torch.cat([p[i].zeros for p in found]),
+                    found[0][i].group_size,
+                )
+                for i in range(len(found[0]))
+            ]
+            bias = torch.cat(biases) if biases else None
+            fused = QuantLinear.int4(joined, bias=bias, dtype=dtype)
+            sizes = [int(p[0].codes.shape[0]) for p in found]
+            join_projections(model.get_submodule(f"{prefix}.{owner}"), name, parts, fused, sizes)
+            total += fused.weight_bytes
+            for p in paths:
+                del kept[p]
+    for path, planes in kept.items():
+        single = QuantLinear.int4(planes, bias=bias_of(path), dtype=dtype)
+        parent, name = path.rsplit(".", 1)
+        setattr(model.get_submodule(parent), name, single)
+        total += single.weight_bytes
+    return total
+
+
+def _hf_name(name: str) -> str | None:
+    """A GGUF tensor's name in transformers' Llama/Qwen2 module tree (None: not a parameter)."""
+    parts = name.split(".")
+    if parts[0] == "blk" and len(parts) == 4 and parts[2] in _LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
+    if len(parts) == 2 and parts[0] in _TOP_NAMES:
+        return f"{_TOP_NAMES[parts[0]]}.{parts[1]}"
+    return None
+
+
+def _rebuild_rotary(model: Any, config: Any) -> None:
+    """The rotary embedding's inverse frequencies, built on meta with the model: computed on
+    CPU from the config, as transformers computes them."""
+    import torch
+
+    with torch.device("cpu"):
+        model.model.rotary_emb = type(model.model.rotary_emb)(config=config)

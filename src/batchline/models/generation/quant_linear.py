@@ -1,0 +1,353 @@
+"""Weight-only int8 and int4 linears (``Knobs.weights``), and the codes they are built from.
+
+A :class:`QuantLinear` holds its weight as integer codes and per-group scales, and computes
+``x @ W.T (+ bias)`` in the activations' dtype through torch's CPU kernels:
+
+- ``int8``: one scale per output channel, codes in [-127, 127] (symmetric);
+  ``torch.ops.aten._weight_int8pack_mm``.
+- ``int4``: one scale and one zero point per group of ``group_size`` input values, codes in
+  [0, 15], the weight ``(code - 8) * scale + zero`` (torch's convention);
+  ``torch.ops.aten._convert_weight_to_int4pack_for_cpu`` packs the codes once at load and
+  ``_weight_int4pack_mm_for_cpu`` computes. A GGUF's Q4_0 and Q4_1 blocks are groups of 32 of
+  this form; Q8_0's int8 codes (with a scale per 32) are split into two int4 planes, a high and a
+  low nibble, whose products sum to the int8 one (:func:`int8_group_planes`).
+
+Measured on the 2-core AMX Xeon (one thread, a busy machine, SmolLM2-360M's fused gate/up
+960 -> 5,120 and down 2,560 -> 960, µs per call, bf16 activations; dense = bf16 packed for
+oneDNN): at 1 row dense 701 / 288, int8 493 / 189, int4 (group 32) 389 / 164, (64) 411 / 146;
+at 16 rows dense 743 / 292, int8 2,870 / 1,067, int4 2,963 / 1,031. In float32 activations
+the same kernels took 4-25x dense float32. So the int kernels pay at batch 1 in bf16 (x0.55
+int4, x0.70 int8 of dense) and not in a 16-row step, nor in float32:
+``benchmarks/bench_quant_step.py`` measures a whole decode step against its memory floor.
+The group size, 32: on SmolLM2-135M's real weights (``benchmarks/bench_quant_quality.py``, 4
+prompts, 64 answer positions, 2026-12-01) int4 in groups of 32 agreed with bf16's top-1 at 100 %
+(mean log-prob 0.4 % off), in groups of 64 at 78 % (45 % off), of 128 at 88 % (19 % off): those
+weights come from a Q4_1 file, 32-value blocks, which groups of 32 hold again and wider ones
+blur; a GGUF's Q4_0, Q4_1 and Q4_K are all 32-value groups. 32 and 64 took the same time within
+the noise; 32 stores 0.63 bytes a weight with bf16 scales and zeros, 64 0.56.
+int8 stays per channel, torch's int8 kernel: on 6 prompts x 16 positions it agreed at 95.8 %
+where bf16 itself did at 97.9 % (log-prob 3.1 % off), on 12 x 32 at 97.7 % as bf16 did (1.6 %
+off); int8 in groups of 32 (Q8_0's form, the two int4 planes) agreed at 97.9 % on the 6 x 16
+(0.7 % off) but took 1.1-1.3x a dense bf16 linear at one row where per channel took 0.6-0.7x,
+so it did not pay as a speed format.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = [
+    "DENSE_ROWS",
+    "INT4_GROUP_SIZE",
+    "Int4Codes",
+    "QuantLinear",
+    "QuantReport",
+    "int4_group_size",
+    "int4_planes_rows",
+    "int8_group_planes",
+    "quantize_int4",
+    "quantize_int8",
+    "quantize_linears",
+    "require_int_kernels",
+    "step_weight_bytes",
+]
+
+#: The int4 group size (see the module docstring).
+INT4_GROUP_SIZE = 32
+#: From this many rows on (a prefill chunk) a product dequantizes the weight and multiplies it
+#: dense: the int kernels' time grows with the rows. SmolLM2's 576 -> 1,536 up-projection, bf16,
+#: one thread, a busy machine: int4 11.5 ms at 512 rows where dense took 1.2 ms and unpacking
+#: the int4 codes 5.3 ms (even at ~270 rows); int8 0.44 / 1.56 / 12.6 ms at 16 / 64 / 512 rows,
+#: its dequantizing ~0.7 ms (even at ~32 rows; 256 rows went 10.9 -> 1.35 ms).
+DENSE_ROWS = {"int8": 32, "int4": 256, "int8g": 256}
+
+
+@dataclass(frozen=True, slots=True)
+class Int4Codes:
+    """A weight ``(N, K)`` as int4: codes ``(N, K)`` in [0, 15] (uint8), and ``scales`` and
+    ``zeros`` ``(N, K // group_size)``; the weight is ``(codes - 8) * scale + zero``."""
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor
+    group_size: int
+
+    def dequantize(self, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        """The weight these codes stand for, computed in ``dtype`` (tests: float64)."""
+        g = self.group_size
+        scales = self.scales.to(dtype).repeat_interleave(g, dim=1)
+        zeros = self.zeros.to(dtype).repeat_interleave(g, dim=1)
+        return (self.codes.to(dtype) - 8) * scales + zeros
+
+
+def require_int_kernels(aten: Any = None) -> None:
+    """``ModelError`` where this torch lacks the CPU int8/int4 kernels (added in torch 2.6);
+    ``aten``: the op namespace to look in (tests), by default torch's."""
+    from batchline._errors import ModelError
+
+    ops = ("_weight_int8pack_mm", "_weight_int4pack_mm_for_cpu")
+    namespace = torch.ops.aten if aten is None else aten
+    if not all(hasattr(namespace, op) for op in ops):
+        raise ModelError(
+            f"int8/int4 weights need torch's CPU kernels (torch 2.6 or later; torch "
+            f"{torch.__version__} is installed): upgrade torch, or set weights = 'float'"
+        )
+
+
+def int4_group_size(in_features: int) -> int:
+    """The group size int4 quantizes a linear of ``in_features`` inputs with."""
+    if in_features % INT4_GROUP_SIZE:
+        raise ValueError(
+            f"int4 needs an input width divisible by {INT4_GROUP_SIZE}, got {in_features}"
+        )
+    return INT4_GROUP_SIZE
+
+
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel symmetric int8: codes ``(N, K)`` int8 in [-127, 127] and scales ``(N,)``
+    float32, the weight ``codes * scale`` (an all-zero row gets scale 1)."""
+    w = weight.detach().float()
+    scales = w.abs().amax(dim=1) / 127.0
+    scales = torch.where(scales > 0, scales, torch.ones_like(scales))
+    codes = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)
+    return codes, scales
+
+
+def quantize_int4(weight: torch.Tensor, group_size: int) -> Int4Codes:
+    """Group-wise asymmetric int4 of ``weight`` ``(N, K)``: each group's min and max map to
+    codes 0 and 15 (a constant group: scale 1, every code 0 and the value in its zero)."""
+    n, k = weight.shape
+    if k % group_size:
+        raise ValueError(f"int4 group size {group_size} does not divide {k} input values")
+    w = weight.detach().float().reshape(n, k // group_size, group_size)
+    low, high = w.amin(dim=2), w.amax(dim=2)
+    scales = (high - low) / 15.0
+    scales = torch.where(scales > 0, scales, torch.ones_like(scales))
+    codes = torch.round((w - low[..., None]) / scales[..., None]).clamp(0, 15)
+    # (code - 8) * scale + zero = code * scale + low
+    zeros = low + 8 * scales
+    return Int4Codes(codes.reshape(n, k).to(torch.uint8), scales, zeros, group_size)
+
+
+def int8_group_planes(
+    codes: torch.Tensor, scales: torch.Tensor, group_size: int
+) -> list[Int4Codes]:
+    """Int8 codes ``(N, K)`` with a scale per group ``(N, K // group_size)`` (a GGUF's Q8_0) as
+    two int4 planes whose weights sum to ``codes * scale`` exactly: code = 16 * high + low with
+    low in [0, 15] and high in [-8, 7]; the high plane is ``(high + 8 - 8) * 16 * scale``, the
+    low one ``(low - 8) * scale + 8 * scale``."""
+    q = codes.to(torch.int16)
+    low = q & 15
+    high = (q - low) // 16
+    s = scales.float()
+    return [
+        Int4Codes((high + 8).to(torch.uint8), 16 * s, torch.zeros_like(s), group_size),
+        Int4Codes(low.to(torch.uint8), s, 8 * s, group_size),
+    ]
+
+
+def int4_planes_rows(
+    planes: list[Int4Codes], rows: Callable[[torch.Tensor], torch.Tensor]
+) -> list[Int4Codes]:
+    """``planes`` with ``rows`` (a permutation of the output rows) applied to their codes,
+    scales and zeros alike."""
+    return [Int4Codes(rows(p.codes), rows(p.scales), rows(p.zeros), p.group_size) for p in planes]
+
+
+class QuantLinear(torch.nn.Module):
+    """``nn.Linear``'s computation with the weight as int8 or int4 codes (see the module).
+
+    Build it with :meth:`int8` or :meth:`int4`; the scales are kept in ``dtype``, the
+    activations' dtype the kernels take (bfloat16 or float32).
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        kind: str,
+        bias: torch.Tensor | None,
+        group_size: int,
+    ) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.kind = kind
+        self.group_size = group_size
+        self.bias = None if bias is None else torch.nn.Parameter(bias.detach(), requires_grad=False)
+        self._int8: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._planes: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    @classmethod
+    def int8(
+        cls,
+        codes: torch.Tensor,
+        scales: torch.Tensor,
+        *,
+        bias: torch.Tensor | None = None,
+        dtype: torch.dtype = torch.bfloat16,
+    ) -> QuantLinear:
+        """Per-channel int8 codes ``(N, K)`` and scales ``(N,)`` (:func:`quantize_int8`)."""
+        n, k = codes.shape
+        layer = cls(k, n, kind="int8", bias=bias, group_size=k)
+        layer._int8 = (codes.to(torch.int8).contiguous(), scales.to(dtype).contiguous())
+        return layer
+
+    @classmethod
+    def int4(
+        cls,
+        planes: list[Int4Codes],
+        *,
+        bias: torch.Tensor | None = None,
+        dtype: torch.dtype = torch.bfloat16,
+    ) -> QuantLinear:
+        """One int4 plane (:func:`quantize_int4`, a GGUF's Q4_0/Q4_1), or the two of
+        :func:`int8_group_planes`, whose products are summed."""
+        n, k = planes[0].codes.shape
+        kind = "int4" if len(planes) == 1 else "int8g"
+        layer = cls(k, n, kind=kind, bias=bias, group_size=planes[0].group_size)
+        for plane in planes:
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+                plane.codes.to(torch.int32).contiguous(), 1
+            )
+            # the kernel's layout: (K // group_size, N, 2), scale then zero
+            scales_zeros = torch.stack((plane.scales.T, plane.zeros.T), dim=2).to(dtype)
+            layer._planes.append((packed, scales_zeros.contiguous()))
+        return layer
+
+    @property
+    def weight_bytes(self) -> int:
+        """The bytes this layer's weight (codes, scales, zeros) occupies."""
+        tensors = [t for pair in self._planes for t in pair]
+        if self._int8 is not None:
+            tensors += list(self._int8)
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
+        """The weight ``(N, K)`` in ``dtype``, computed from the codes as the kernels compute
+        it (a new tensor each call)."""
+        n, k = self.out_features, self.in_features
+        if self._int8 is not None:
+            codes, scales = self._int8
+            return codes.to(dtype) * scales.to(dtype)[:, None]
+        out = torch.zeros(n, k, dtype=dtype)
+        g = self.group_size
+        for packed, scales_zeros in self._planes:
+            codes = _unpack_int4(packed, n, k).to(dtype).view(n, k // g, g)
+            s = scales_zeros[..., 0].T.to(dtype)[..., None]
+            z = scales_zeros[..., 1].T.to(dtype)[..., None]
+            out += ((codes - 8) * s + z).view(n, k)
+        return out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features)
+        if flat.shape[0] >= DENSE_ROWS[self.kind]:
+            dense = torch.nn.functional.linear(flat, self.dequantized(flat.dtype), self.bias)
+            return dense.view(*x.shape[:-1], self.out_features)
+        if self._int8 is not None:
+            codes, scales = self._int8
+            out = torch.ops.aten._weight_int8pack_mm(flat, codes, scales.to(flat.dtype))
+        else:
+            out = None
+            for packed, scales_zeros in self._planes:
+                part = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                    flat, packed, self.group_size, scales_zeros.to(flat.dtype)
+                )
+                out = part if out is None else out + part
+        assert out is not None
+        if self.bias is not None:
+            out = out + self.bias
+        result: torch.Tensor = out.view(*x.shape[:-1], self.out_features)
+        return result
+
+    def extra_repr(self) -> str:
+        group = "" if self.kind == "int8" else f", group_size={self.group_size}"
+        sizes = f"in_features={self.in_features}, out_features={self.out_features}"
+        return f"{sizes}, {self.kind}{group}"
+
+
+def _unpack_int4(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """The codes ``(N, K)`` of torch's CPU int4 layout (``_convert_weight_to_int4pack_for_cpu``,
+    torch 2.13, read from its output): blocks of 64 rows, each K-major with row j in the low
+    nibble and row j + 32 in the high one, then the last ``N % 64`` rows, K-major, rows 2j and
+    2j + 1 in one byte (tests/models/generation/test_quant.py pins it)."""
+    flat = packed.reshape(-1)
+    full = n // 64 * 64
+    head = flat[: full * k // 2].reshape(n // 64, k, 32)
+    rows = torch.cat((head & 15, head >> 4), dim=2).permute(0, 2, 1).reshape(full, k)
+    if full == n:
+        return rows
+    tail = flat[full * k // 2 :].reshape(k, (n - full) // 2)
+    rest = torch.stack((tail & 15, tail >> 4), dim=2).reshape(k, n - full).T
+    return torch.cat((rows, rest))
+
+
+@dataclass(frozen=True, slots=True)
+class QuantReport:
+    """What :func:`quantize_linears` quantized: how many linears, as what, and their weight
+    bytes before and after (said in the load log)."""
+
+    kind: str
+    linears: int
+    bytes_before: int
+    bytes_after: int
+
+    def __str__(self) -> str:
+        return (
+            f"{self.linears} linears as {self.kind} ({self.bytes_before / 2**20:.0f} -> "
+            f"{self.bytes_after / 2**20:.0f} MiB; embedding and lm_head kept)"
+        )
+
+
+def quantize_linears(model: torch.nn.Module, kind: str, dtype: torch.dtype) -> QuantReport:
+    """Replace the ``nn.Linear`` layers of ``model.model.layers`` (after
+    :func:`~batchline.models.generation.lean_llama.fuse_projections`: the fused ones) by
+    :class:`QuantLinear` of ``kind`` (``int8`` or ``int4``), scales in ``dtype``. The embedding
+    and the lm_head stay as they are: the lm_head computes the one wide product of a step on
+    every row that yields a token, where the dense bf16 kernel is the fast one, and the
+    embedding is a lookup. An int4 linear needs 16 | outputs and 32 | inputs (torch's layout):
+    one that has not stays dense (the report counts those quantized)."""
+    if kind not in ("int8", "int4"):
+        raise ValueError(f"weights must be int8 or int4, got {kind!r}")
+    layers: Any = model.model.layers  # type: ignore[union-attr]
+    swaps: list[tuple[torch.nn.Module, str, torch.nn.Linear]] = []
+    for parent in layers.modules():
+        for name, child in parent.named_children():
+            if type(child) is not torch.nn.Linear or child.weight.device.type != "cpu":
+                continue
+            n, k = child.weight.shape
+            # torch's int4 layout packs 16 output rows at a time, in groups of 32 inputs
+            if kind == "int8" or (n % 16 == 0 and k % INT4_GROUP_SIZE == 0):
+                swaps.append((parent, name, child))
+    before = after = 0
+    for parent, name, child in swaps:
+        weight = child.weight.detach()
+        before += weight.numel() * weight.element_size()
+        bias = None if child.bias is None else child.bias.detach()
+        if kind == "int8":
+            layer = QuantLinear.int8(*quantize_int8(weight), bias=bias, dtype=dtype)
+        else:
+            codes = quantize_int4(weight, int4_group_size(weight.shape[1]))
+            layer = QuantLinear.int4([codes], bias=bias, dtype=dtype)
+        after += layer.weight_bytes
+        setattr(parent, name, layer)
+    return QuantReport(kind, len(swaps), before, after)
+
+
+def step_weight_bytes(model: torch.nn.Module) -> int:
+    """The weight bytes a decode step reads: every linear's (int8/int4 codes and scales, dense
+    weights, the lm_head's), the embedding's looked-up rows left out."""
+    from batchline.models.generation.packed_linear import PackedLinear
+
+    total = 0
+    for module in model.modules():
+        if isinstance(module, QuantLinear | PackedLinear):
+            total += module.weight_bytes
+        elif isinstance(module, torch.nn.Linear):
+            total += module.weight.numel() * module.weight.element_size()
+    return total

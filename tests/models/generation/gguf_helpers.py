@@ -1,0 +1,140 @@
+"""Tiny GGUF files written here with gguf-py's own writer and quantizer: a transformers model's
+tensors under llama.cpp's names (q and k permuted as its converter permutes a Llama's), the
+linears in a GGUF block type, and a byte-level GPT-2 style vocabulary with a chat template."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+
+_LAYER = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+
+
+def _permute(w: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's converter's permutation of a Llama q or k projection's rows."""
+    rows = w.shape[0]
+    return w.reshape(heads, 2, rows // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def gguf_name(hf_name: str) -> str | None:
+    if hf_name == "model.embed_tokens.weight":
+        return "token_embd.weight"
+    if hf_name == "model.norm.weight":
+        return "output_norm.weight"
+    if hf_name == "lm_head.weight":
+        return "output.weight"
+    parts = hf_name.split(".", 3)
+    if parts[:2] == ["model", "layers"] and parts[3] in _LAYER:
+        return f"blk.{parts[2]}.{_LAYER[parts[3]]}"
+    return None
+
+
+def write_tiny_gguf(
+    path: Path,
+    model: Any,
+    linear_type: str,
+    *,
+    arch: str = "llama",
+    vocab: list[str] | None = None,
+) -> Path:
+    """``model`` (a tiny Llama or Qwen2 of transformers) as a GGUF file whose layers' linear
+    weights are ``linear_type`` blocks (``Q4_0``, ``Q4_1``, ``Q8_0``; the rest F32); with
+    ``vocab``, a GPT-2 style tokenizer of those tokens (holding ``ĠĠ``: its one merge) and a
+    chat template."""
+    import gguf
+
+    qtype = gguf.GGMLQuantizationType[linear_type]
+    config = model.config
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_rope_freq_base(float(config.rope_parameters["rope_theta"]))
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_vocab_size(config.vocab_size)
+    if vocab is not None:
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre("default")
+        writer.add_token_list(vocab)
+        writer.add_token_types([1] * len(vocab))
+        writer.add_token_merges(["Ġ Ġ"])  # one merge: a file without any is read otherwise
+        writer.add_bos_token_id(1)
+        writer.add_eos_token_id(2)
+        writer.add_pad_token_id(0)
+        writer.add_chat_template(CHAT_TEMPLATE)
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    for name, tensor in model.state_dict().items():
+        target = gguf_name(name)
+        if target is None:
+            continue
+        w = tensor.detach().float().numpy()
+        if arch == "llama" and target.endswith(("attn_q.weight", "attn_q.bias")):
+            w = _permute(w, heads)
+        elif arch == "llama" and target.endswith(("attn_k.weight", "attn_k.bias")):
+            w = _permute(w, kv_heads)
+        is_linear = target.startswith("blk.") and w.ndim == 2 and "norm" not in target
+        if is_linear:
+            writer.add_tensor(target, gguf.quants.quantize(w, qtype), raw_dtype=qtype)
+        else:
+            writer.add_tensor(target, np.ascontiguousarray(w, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def dequantized_reference(path: Path, model: Any) -> Any:
+    """A copy of ``model`` whose weights are the GGUF file's, as gguf-py dequantizes them (q and
+    k unpermuted): transformers' reference for the file."""
+    import copy
+
+    import gguf
+    import torch
+
+    reader = gguf.GGUFReader(str(path))
+    arch = reader.fields["general.architecture"].contents()
+    by_name = {t.name: t for t in reader.tensors}
+    reference = copy.deepcopy(model)
+    heads, kv_heads = model.config.num_attention_heads, model.config.num_key_value_heads
+    with torch.no_grad():
+        for name, param in reference.state_dict().items():
+            target = gguf_name(name)
+            if target is None or target not in by_name:
+                continue
+            t = by_name[target]
+            w = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).reshape(param.shape)
+            if arch == "llama" and ".attn_q." in target:
+                w = _unpermute(w, heads)
+            elif arch == "llama" and ".attn_k." in target:
+                w = _unpermute(w, kv_heads)
+            param.copy_(torch.from_numpy(np.array(w, dtype=np.float32)))
+    return reference
+
+
+def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
+    rows = w.shape[0]
+    return w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)

@@ -1,0 +1,473 @@
+"""Weight-only int8/int4 linears (``Knobs.weights``) and GGUF files kept quantized.
+
+The linears against float64 products of their dequantized weights; each GGUF block type's
+repacking against gguf-py's own dequantization, bit for bit; tiny GGUF files written here with
+gguf-py (Llama with llama.cpp's q/k permutation, Qwen2 with biases) loaded kept quantized and
+compared with transformers on the file's dequantized weights; the host-kind choice for AMX,
+AVX512-BF16 and AVX2-only flag sets."""
+
+from __future__ import annotations
+
+import random
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+gguf = pytest.importorskip("gguf")
+transformers = pytest.importorskip("transformers")
+
+from batchline._errors import InputError, ModelError  # noqa: E402
+from batchline.knobs import Knobs  # noqa: E402
+from batchline.models.generation.engine import GenerationRequest, SamplingParams  # noqa: E402
+from batchline.models.generation.gguf_weights import gguf_int4, load_gguf  # noqa: E402
+from batchline.models.generation.lean_llama import fuse_projections, lean_forward  # noqa: E402
+from batchline.models.generation.quant_linear import (  # noqa: E402
+    DENSE_ROWS,
+    QuantLinear,
+    int4_group_size,
+    int8_group_planes,
+    quantize_int4,
+    quantize_int8,
+    quantize_linears,
+)
+from batchline.models.generation.torch_dtype import (  # noqa: E402
+    choose_dtype,
+    choose_weights,
+    kind_defaults,
+)
+from batchline.models.specs import parse_spec  # noqa: E402
+
+from .conftest import TINY_VOCAB, build_tiny_llama  # noqa: E402
+from .gguf_helpers import dequantized_reference, write_tiny_gguf  # noqa: E402
+from .test_families import build  # noqa: E402
+from .test_load import save_tiny_generator  # noqa: E402
+
+# a relative error bound per activation dtype: float32 sums, bf16 rounds inputs and outputs
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+
+
+def _weight(n: int, k: int, seed: int = 0) -> Any:
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g)
+    w[3] = 0.25  # a constant row: a group whose min equals its max
+    return w
+
+
+def _relative(out: Any, reference: Any) -> float:
+    return float((out.double() - reference).abs().max() / reference.abs().max())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int8_linear_is_the_float64_product_of_its_dequantized_weight(dtype: Any) -> None:
+    w, bias = _weight(96, 256), torch.randn(96)
+    codes, scales = quantize_int8(w)
+    layer = QuantLinear.int8(codes, scales, bias=bias.to(dtype), dtype=dtype)
+    x = torch.randn(5, 256).to(dtype)
+    dequantized = codes.double() * scales.to(dtype).double()[:, None]
+    reference = x.double() @ dequantized.T + bias.to(dtype).double()
+    out = layer(x)
+    assert out.dtype == dtype
+    assert out.shape == (5, 96)
+    assert _relative(out, reference) < TOLERANCE[dtype]
+    # and the codes (with the float32 scales) stay within half a step of the weight
+    exact = codes.double() * scales.double()[:, None]
+    assert ((exact - w.double()).abs() <= scales.double()[:, None] / 2 + 1e-6).all()
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int4_linear_is_the_float64_product_of_its_dequantized_weight(
+    group: int, dtype: Any
+) -> None:
+    w = _weight(64, 256, seed=group)
+    q = quantize_int4(w, group)
+    assert q.codes.dtype == torch.uint8
+    assert int(q.codes.max()) <= 15
+    layer = QuantLinear.int4([q], dtype=dtype)
+    x = torch.randn(2, 3, 256).to(dtype)  # a leading batch shape is kept
+    scales = q.scales.to(dtype).double().repeat_interleave(group, 1)
+    zeros = q.zeros.to(dtype).double().repeat_interleave(group, 1)
+    reference = x.double() @ ((q.codes.double() - 8) * scales + zeros).T
+    out = layer(x)
+    assert out.shape == (2, 3, 64)
+    assert _relative(out, reference) < TOLERANCE[dtype]
+    # the quantization error: half a step of each group at most
+    step = q.scales.double().repeat_interleave(group, 1)
+    assert ((q.dequantize() - w.double()).abs() <= step / 2 + 1e-6).all()
+
+
+@pytest.mark.parametrize("dense", [False, True])  # the int kernels, then a prefill chunk's rows
+@pytest.mark.parametrize("out_features", [16, 48, 64, 112, 192])  # torch's row blocks and tails
+def test_a_prefill_chunk_multiplies_the_dequantized_weight_as_the_kernels_do(
+    dense: bool, out_features: int
+) -> None:
+    w = _weight(out_features, 96, seed=out_features)
+    q = quantize_int4(w, 32)
+    int4 = QuantLinear.int4([q], dtype=torch.float32)
+    assert torch.equal(int4.dequantized(torch.float64), q.dequantize())  # the layout read back
+    codes, scales = quantize_int8(w)
+    int8 = QuantLinear.int8(codes, scales, dtype=torch.float32)
+    int8_weight = codes.double() * scales.double()[:, None]
+    for layer, weight in ((int4, q.dequantize()), (int8, int8_weight)):
+        x = torch.randn(DENSE_ROWS[layer.kind] - (0 if dense else 1), 96)
+        assert _relative(layer(x), x.double() @ weight.T) < TOLERANCE[torch.float32]
+
+
+def test_int4_group_size_divides_the_input_width() -> None:
+    assert int4_group_size(960) == 32
+    assert int4_group_size(544) == 32
+    with pytest.raises(ValueError, match="divisible by 32"):
+        int4_group_size(100)
+
+
+def test_int8_codes_as_two_int4_planes_sum_exactly() -> None:
+    g = torch.Generator().manual_seed(1)
+    codes = torch.randint(-128, 128, (32, 128), generator=g, dtype=torch.int8)
+    scales = torch.rand(32, 4, generator=g) + 0.01
+    planes = int8_group_planes(codes, scales, 32)
+    exact = codes.double() * scales.double().repeat_interleave(32, 1)
+    assert torch.equal(planes[0].dequantize() + planes[1].dequantize(), exact)
+    layer = QuantLinear.int4(planes, dtype=torch.float32)
+    assert torch.equal(layer.dequantized(torch.float64), exact)
+    x = torch.randn(3, 128)
+    assert _relative(layer(x), x.double() @ exact.T) < TOLERANCE[torch.float32]
+
+
+def test_quantize_linears_takes_the_layers_linears_and_keeps_embedding_and_lm_head(
+    torch_threads: None,
+) -> None:
+    model = build_tiny_llama()
+    fuse_projections(model)
+    x = torch.randint(3, TINY_VOCAB, (1, 9))
+    with torch.no_grad():
+        before = model(x).logits
+    report = quantize_linears(model, "int8", torch.float32)
+    assert report.linears == 2 * 4  # 2 layers, each: q/k/v fused, o, gate/up fused, down
+    assert report.bytes_after < report.bytes_before / 3  # int8 and a scale per row, of float32
+    assert type(model.lm_head) is torch.nn.Linear
+    assert isinstance(model.model.layers[0].self_attn.qkv_proj, QuantLinear)
+    lean, why = lean_forward(model)
+    assert lean is not None, why
+    with torch.no_grad():
+        after = model(x).logits
+    assert torch.equal(after.argmax(-1), before.argmax(-1))  # peaked logits: same tokens
+    with pytest.raises(ValueError, match="int8 or int4"):
+        quantize_linears(model, "int2", torch.float32)
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q8_0"])
+def test_gguf_blocks_repack_bit_exact_against_gguf_py(kind: str) -> None:
+    import numpy as np
+
+    w = _weight(48, 256, seed=7).numpy()
+    w[5] *= 40.0  # rows of another magnitude
+    qtype = gguf.GGMLQuantizationType[kind]
+    blocks = gguf.quants.quantize(w, qtype)
+    expected = gguf.quants.dequantize(blocks, qtype).astype(np.float64)
+    planes = gguf_int4(kind, blocks)
+    assert len(planes) == (2 if kind == "Q8_0" else 1)
+    assert all(p.group_size == 32 for p in planes)
+    got = sum(p.dequantize() for p in planes)
+    assert torch.equal(got, torch.from_numpy(expected))
+
+
+def test_gguf_q4_k_super_blocks_repack_bit_exact_against_gguf_py() -> None:
+    """gguf-py cannot quantize Q4_K: blocks of realistic fp16 d and dmin, random 6-bit scales
+    and mins and random nibbles, as llama.cpp's quantizer writes them."""
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    rows, blocks = 32, 2  # 512 input values
+    raw = rng.integers(0, 256, size=(rows, blocks, 144), dtype=np.uint8)
+    halves = rng.uniform(1e-4, 2e-2, size=(rows, blocks, 2)).astype(np.float16)
+    raw[..., 0:4] = halves.view(np.uint8).reshape(rows, blocks, 4)
+    data = raw.reshape(rows, blocks * 144)
+    qtype = gguf.GGMLQuantizationType.Q4_K
+    expected = torch.from_numpy(gguf.quants.dequantize(data, qtype))
+    (plane,) = gguf_int4("Q4_K", data)
+    assert plane.group_size == 32
+    # gguf-py computes d * sc * q - dmin * m in float32, rounding once: the exact value (float64
+    # holds it) rounded to float32 is its value, bit for bit
+    assert torch.equal(plane.dequantize().float(), expected)
+    layer = QuantLinear.int4([plane], dtype=torch.float32)
+    x = torch.randn(2, 512)
+    assert _relative(layer(x), x.double() @ expected.double().T) < 1e-5
+
+
+def test_a_linear_torch_cannot_pack_as_int4_stays_dense(torch_threads: None) -> None:
+    model = build_tiny_llama()
+    model.model.layers[0].mlp.down_proj = torch.nn.Linear(128, 56, bias=False)  # 56 % 16 != 0
+    report = quantize_linears(model, "int4", torch.float32)
+    assert report.linears == 2 * 7 - 1
+    assert type(model.model.layers[0].mlp.down_proj) is torch.nn.Linear
+
+
+def test_the_gguf_reader_reads_what_gguf_py_reads(tmp_path: Path) -> None:
+    import numpy as np
+
+    from batchline.models.generation.gguf_file import read_gguf
+
+    path = write_tiny_gguf(tmp_path / "t.gguf", build_tiny_llama(), "Q4_1", vocab=_vocab())
+    ours, theirs = read_gguf(path), gguf.GGUFReader(str(path))
+    assert ours.metadata["general.architecture"] == "llama"
+    assert ours.metadata["llama.block_count"] == 2
+    assert ours.metadata["tokenizer.ggml.tokens"] is None  # arrays are skipped
+    assert (
+        ours.metadata["tokenizer.chat_template"]
+        == theirs.fields["tokenizer.chat_template"].contents()
+    )
+    assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors]
+    for mine, other in zip(ours.tensors, theirs.tensors, strict=True):
+        assert mine.tensor_type == other.tensor_type
+        qtype = gguf.GGMLQuantizationType(mine.tensor_type)
+        a = gguf.quants.dequantize(np.asarray(mine.data), qtype)
+        b = gguf.quants.dequantize(np.asarray(other.data), other.tensor_type)
+        assert np.array_equal(a, b)
+    truncated = tmp_path / "cut.gguf"
+    truncated.write_bytes(path.read_bytes()[:-100])
+    with pytest.raises(ValueError, match="truncated"):
+        read_gguf(truncated)
+    with pytest.raises(ValueError, match="not a GGUF file"):
+        read_gguf(write_bytes(tmp_path / "x.gguf", b"GGML" + bytes(20)))
+
+
+def write_bytes(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def _greedy_through_engine(model: Any, prompts: list[tuple[int, ...]], n: int) -> list[list[int]]:
+    from batchline.models.generation.torch_engine import TorchStepEngine
+
+    engine = TorchStepEngine(model)
+    assert engine.forward == "lean"
+    for i, p in enumerate(prompts):
+        params = SamplingParams(max_tokens=n, ignore_eos=True)
+        engine.add_request(GenerationRequest(str(i), p, params))
+    got: dict[str, list[int]] = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            got.setdefault(out.request_id, []).extend(out.token_ids)
+    return [got[str(i)] for i in range(len(prompts))]
+
+
+def _reference_greedy(model: Any, prompt: tuple[int, ...], n: int) -> list[int]:
+    ids = torch.tensor([prompt])
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=n,
+        do_sample=False,
+        pad_token_id=0,
+        eos_token_id=None,
+    )
+    return [int(t) for t in out[0, len(prompt) :]]
+
+
+def _tiny(arch: str) -> Any:
+    if arch == "llama":
+        return build_tiny_llama()
+    model = build("qwen2")
+    with torch.no_grad():  # biases with values: the file's must reach the linears
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0.0, 0.5)
+    return model
+
+
+@pytest.mark.parametrize(("arch", "kind"), [("llama", "Q4_0"), ("llama", "Q4_1"),
+                                            ("llama", "Q8_0"), ("qwen2", "Q4_1")])  # fmt: skip
+def test_a_gguf_loads_kept_quantized_and_generates_as_transformers_on_its_weights(
+    arch: str, kind: str, tmp_path: Path, torch_threads: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from batchline.models.generation import gguf_weights
+
+    model = _tiny(arch)
+    path = write_tiny_gguf(tmp_path / f"tiny-{arch}.gguf", model, kind, arch=arch)
+    folder = save_tiny_generator(tmp_path / "folder", model=model)
+    # Structural: gguf-py dequantizes no tensor of the kept type (no float copy of it is made).
+    dequantized: list[str] = []
+    real = gguf.dequantize
+
+    def watched(data: Any, qtype: Any) -> Any:
+        dequantized.append(gguf.GGMLQuantizationType(qtype).name)
+        return real(data, qtype)
+
+    monkeypatch.setattr(gguf_weights, "dequantize", watched, raising=False)
+    monkeypatch.setattr(gguf, "dequantize", watched)
+    loaded, _, report = load_gguf(path, dtype=torch.float32, folder=folder)
+    assert set(dequantized) == {"F32"}, dequantized
+    assert report.kept == {kind: 7 * model.config.num_hidden_layers}
+    for layer in loaded.model.layers:
+        attention, mlp = layer.self_attn, layer.mlp
+        # q/k/v and gate/up joined into one product each, as fuse_projections joins float ones
+        for proj in (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj):
+            assert isinstance(proj, QuantLinear)
+            assert proj.group_size == 32
+    reference = dequantized_reference(path, model)
+    x = torch.randint(3, TINY_VOCAB, (1, 12))
+    with torch.no_grad():
+        got, want = loaded(x).logits, reference(x).logits
+    assert _relative(got, want.double()) < 1e-4
+    rng = random.Random(0)
+    prompts = [tuple(rng.randrange(3, TINY_VOCAB) for _ in range(n)) for n in (3, 9, 17)]
+    tokens = _greedy_through_engine(loaded, prompts, 8)
+    assert tokens == [_reference_greedy(reference, p, 8) for p in prompts]
+
+
+def _vocab() -> list[str]:
+    from tokenizers import pre_tokenizers
+
+    vocab = ["<pad>", "<s>", "</s>", *sorted(pre_tokenizers.ByteLevel.alphabet()), "ĠĠ"]
+    return vocab + [f"<x{i}>" for i in range(len(vocab), TINY_VOCAB)]
+
+
+def test_a_users_gguf_runs_through_the_model_spec_with_the_files_chat_template(
+    tmp_path: Path, torch_threads: None
+) -> None:
+    from batchline.models.generation.load import load_text_generator
+
+    path = write_tiny_gguf(tmp_path / "mine.gguf", build_tiny_llama(), "Q4_1", vocab=_vocab())
+    spec = parse_spec(str(path))
+    assert (spec.kind, spec.task, spec.name) == ("gguf", "generate", "mine")
+    knobs = Knobs(dtype="bfloat16", weights="auto")
+    loaded = load_text_generator(spec, knobs)
+    try:
+        expected = choose_weights("auto", gguf=True, dtype="bfloat16").weights
+        assert loaded.info.details["weights"] == expected
+        ids = loaded.encode([{"role": "user", "content": "hi"}])
+        # the file's template: "<s>user: hi\nassistant:"
+        assert loaded.decode(ids) == "user: hi\nassistant:"
+        engine = loaded.engine
+        assert engine is not None
+        engine.add_request(GenerationRequest("a", tuple(ids), SamplingParams(max_tokens=4)))
+        while engine.has_unfinished():
+            engine.step()
+    finally:
+        loaded.close()
+
+
+def test_a_gguf_of_another_architecture_is_one_line_naming_it(tmp_path: Path) -> None:
+    from batchline.models.generation.load import load_text_generator
+
+    path = tmp_path / "other.gguf"
+    writer = gguf.GGUFWriter(str(path), "gpt2")
+    writer.add_block_count(1)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    for knobs in (Knobs(dtype="bfloat16"), Knobs(dtype="float32")):  # kept, and converted
+        with pytest.raises(ModelError) as caught:
+            load_text_generator(parse_spec(str(path)), knobs)
+        message = str(caught.value)
+        assert "'gpt2'" in message
+        assert "\n" not in message
+
+
+def test_a_gguf_spec_is_checked_at_parse_time(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="no such GGUF file"):
+        parse_spec(str(tmp_path / "absent.gguf"))
+    path = tmp_path / "x.gguf"
+    path.write_bytes(b"GGUF")
+    with pytest.raises(InputError, match="generates text"):
+        parse_spec(str(path)).with_options(task="embed")
+
+
+AMX = {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8", "amx_tile"}
+AVX512_BF16 = {"avx2", "avx512f", "avx512_bf16"}
+AVX2 = {"avx2", "fma"}
+
+
+@pytest.mark.parametrize(
+    ("flags", "kind", "dtype", "gguf_weights"),
+    [
+        (AMX, "amx", "bfloat16", "gguf"),
+        (AVX512_BF16, "avx512-bf16", "bfloat16", "gguf"),
+        (AVX2, "avx2", "float32", "float"),
+    ],
+)
+def test_the_host_kind_picks_the_dtype_and_the_weights(
+    flags: set[str], kind: str, dtype: str, gguf_weights: str
+) -> None:
+    assert kind_defaults(flags)[0] == kind
+    chosen = choose_dtype("auto", "cpu", flags=flags)
+    assert chosen.dtype == dtype
+    weights = choose_weights("auto", gguf=True, dtype=chosen.dtype, flags=flags)
+    assert weights.weights == gguf_weights
+    assert kind in weights.reason  # the load log says which kind, and why
+    # a folder keeps its weights; an explicit format is taken as asked, on every kind
+    assert choose_weights("auto", gguf=False, dtype=dtype, flags=flags).weights == "float"
+    assert choose_weights("int4", gguf=False, dtype=dtype, flags=flags).weights == "int4"
+    assert choose_weights("float", gguf=True, dtype=dtype, flags=flags).weights == "float"
+
+
+def test_a_gguf_computed_in_float32_is_dequantized_even_on_amx() -> None:
+    assert choose_weights("auto", gguf=True, dtype="float32", flags=AMX).weights == "float"
+
+
+def test_int_weights_on_cuda_are_refused_and_a_torch_without_the_kernels_is_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from batchline.models.generation import load as load_module
+    from batchline.models.generation.quant_linear import require_int_kernels
+
+    monkeypatch.setattr(load_module, "_torch_device", lambda name: torch.device("cuda"))
+    folder = save_tiny_generator(tmp_path / "tiny")
+    with pytest.raises(InputError, match="CPU kernels: on cuda"):
+        load_module.load_text_generator(
+            parse_spec(f"{folder}/"), Knobs(device="cuda", dtype="float32", weights="int4")
+        )
+    require_int_kernels()  # this torch has them
+    older = types.SimpleNamespace(_weight_int8pack_mm=None)  # an older torch's: no int4 op
+    with pytest.raises(ModelError, match=r"torch 2\.6 or later"):
+        require_int_kernels(older)
+
+
+def test_the_weights_knob_is_checked() -> None:
+    assert Knobs().weights == "auto"
+    with pytest.raises(InputError, match="weights must be one of auto, float, int8, int4"):
+        Knobs(weights="int3")
+    with pytest.raises(ValueError, match="weights must be one of"):
+        choose_weights("q4", gguf=False, dtype="float32")
+
+
+@pytest.mark.slow
+def test_smollm2_kept_as_q4_1_generates_as_transformers_on_its_dequantized_weights(
+    smollm2: tuple[Any, Any], generation_cache: Path
+) -> None:
+    """The shipped file, its 210 Q4_1 linears kept quantized, in float32: greedy tokens equal
+    transformers' ``generate`` on the converted folder (the same file dequantized). Slow: torch's
+    int4 kernel in float32 (20-60 s)."""
+    from batchline.models.generation.smollm2 import gguf_path, smollm2_folder
+
+    reference, tokenizer = smollm2
+    folder = smollm2_folder(cache=generation_cache)
+    loaded, _, report = load_gguf(gguf_path(), dtype=torch.float32, folder=folder)
+    assert report.kept == {"Q4_1": 210}
+    assert report.dequantized == {"Q8_0": 1}  # the embedding, tied to the lm_head
+    texts = ["What is 2 + 3?", "Name a color."]
+    prompts = [
+        tuple(tokenizer.apply_chat_template([{"role": "user", "content": t}],
+              add_generation_prompt=True, tokenize=True, return_dict=False))
+        for t in texts
+    ]  # fmt: skip
+    with torch.inference_mode():
+        tokens = _greedy_through_engine(loaded, prompts, 8)
+        expected = [_reference_greedy(reference, p, 8) for p in prompts]
+    assert tokens == expected
+
+
+def test_serve_takes_the_weights_setting(capsys: pytest.CaptureFixture[str]) -> None:
+    from batchline.__main__ import main
+
+    args = ["serve", "--model", "gen=smollm2", "--set", "weights=int4", "--print-config"]
+    assert main(args) == 0
+    assert '"weights": "int4"' in capsys.readouterr().out
+    assert main(["serve", "--model", "gen=smollm2", "--set", "weights=int3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "weights must be one of auto, float, int8, int4" in err
+    assert "\n" not in err
