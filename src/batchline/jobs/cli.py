@@ -306,7 +306,9 @@ def _main(args: argparse.Namespace) -> int:
     finally:
         restore()
         if said is not None:
-            logging.getLogger("batchline.models").removeHandler(said)
+            models = logging.getLogger("batchline.models")
+            models.removeHandler(said)
+            models.propagate = True
         if bar is not None:
             bar.close()
     if summary.empty_texts and options.on_bad_record == "fail" and not args.quiet:
@@ -340,6 +342,9 @@ def _say_model_loads() -> logging.Handler:
     handler.setLevel(logging.INFO)
     models = logging.getLogger("batchline.models")
     models.addHandler(handler)
+    # said here alone: ONNX Runtime's quantizer logs through the root logger (logging.info),
+    # which gives the root a handler of its own, and each line would be printed twice
+    models.propagate = False
     if models.getEffectiveLevel() > logging.INFO:
         models.setLevel(logging.INFO)
     return handler
