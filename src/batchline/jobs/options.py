@@ -12,13 +12,14 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from batchline._errors import InputError
 from batchline.datasets.selection import DatasetSelection
 from batchline.jobs.requests import job_constraint
 from batchline.knobs import Knobs
 from batchline.models.generation import SamplingParams
+from batchline.models.image import DecodeOptions, ImageOptions
 from batchline.models.openai.requests import MAX_N
 from batchline.models.selection import ModelSelection
 
@@ -46,6 +47,31 @@ class RunOptions(DatasetSelection, ModelSelection):
     cache_bytes: int = 1 << 30
     #: the parsed model spec, set by :func:`resolve` (parsed once per job)
     spec: ModelSpec | None = field(default=None, repr=False, compare=False)
+    #: the column of a CSV, JSONL or Parquet file holding pictures (paths or bytes)
+    image_column: str | None = None
+    #: a plain ONNX image model's preprocessing (``--image-size``, ``--mean``, ``--std``)
+    image_size: int | None = None
+    mean: tuple[float, float, float] | None = None
+    std: tuple[float, float, float] | None = None
+    #: how pictures are decoded (worker processes, draft, pixel limit, bytes in flight)
+    decode: DecodeOptions = field(default_factory=DecodeOptions)
+
+    def reads_pictures(self) -> bool:
+        """Whether the job's records are pictures: a folder or shards, or ``--image-column``."""
+        from batchline.datasets.sources import holds_pictures
+
+        if self.image_column is not None:
+            return True
+        return self.input is not None and holds_pictures(self.input, self.input_format)
+
+    def spec_options(self) -> dict[str, Any]:
+        """:meth:`ModelSelection.spec_options`, plus how a plain ONNX model reads pictures
+        when the job reads pictures or the image flags are given."""
+        options = super().spec_options()
+        flags = (self.image_size, self.mean, self.std)
+        if any(x is not None for x in flags) or self.reads_pictures():
+            options["image"] = ImageOptions(*flags)
+        return options
 
 
 @dataclass

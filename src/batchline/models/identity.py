@@ -44,6 +44,8 @@ def model_identity(spec: ModelSpec, knobs: Knobs | None = None) -> str | None:
         "normalize": spec.normalize,
         "versions": [_version("batchline"), _version("onnxruntime")],
     }
+    if spec.image is not None:  # a plain .onnx reading pictures: its preprocessing flags
+        options["image"] = [spec.image.size, spec.image.mean, spec.image.std]
     if spec.generates:
         options.update(_generation_options(spec, knobs or Knobs()))
     elif knobs is not None and knobs.quantize is not None:  # int8 vectors differ in the bits

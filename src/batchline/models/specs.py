@@ -35,6 +35,7 @@ from typing import Literal, get_args
 from batchline._errors import InputError
 from batchline.models.builtin import BUILTIN_MODELS
 from batchline.models.hf.detect import FolderModel, detect_folder
+from batchline.models.image.options import ImageOptions
 from batchline.models.protocol import TASKS, Task
 
 __all__ = ["ModelSpec", "Pooling", "SpecKind", "parse_spec", "parse_specs"]
@@ -67,6 +68,8 @@ class ModelSpec:
     normalize: bool | None = None
     #: what a ``PATH/`` spec's folder holds (read once, at parse time)
     folder: FolderModel | None = field(default=None, compare=False, repr=False)
+    #: a plain ``.onnx`` that reads pictures, and how (``--image-size``, ``--mean``, ``--std``)
+    image: ImageOptions | None = None
 
     @property
     def path(self) -> Path:
@@ -80,6 +83,7 @@ class ModelSpec:
         labels: tuple[str, ...] | None = None,
         pooling: str | None = None,
         normalize: bool | None = None,
+        image: ImageOptions | None = None,
     ) -> ModelSpec:
         """This spec with the given options set (``None`` keeps what it has), validated."""
         if task is not None and task not in TASKS:
@@ -93,6 +97,7 @@ class ModelSpec:
             labels=labels if labels is not None else self.labels,
             pooling=pooling if pooling is not None else self.pooling,  # type: ignore[arg-type]
             normalize=normalize if normalize is not None else self.normalize,
+            image=image if image is not None else self.image,
         )
         spec._check()
         return spec
@@ -180,6 +185,7 @@ def parse_specs(
     labels: tuple[str, ...] | None = None,
     pooling: str | None = None,
     normalize: bool | None = None,
+    image: ImageOptions | None = None,
 ) -> list[ModelSpec]:
     """Several ``--model`` values and their ``--task`` values (``TASK`` alone when there is one
     model, else ``NAME=TASK``). The other options apply to a single model only."""
@@ -215,6 +221,8 @@ def parse_specs(
             labels=labels if single else None,
             pooling=pooling if single else None,
             normalize=normalize if single else None,
+            # pictures are read by an .onnx only (a folder says what it reads)
+            image=image if single and s.kind == "onnx" else None,
         )
         for s in specs
     ]

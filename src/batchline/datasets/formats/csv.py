@@ -104,7 +104,8 @@ class CsvSource(Source):
                             yield Record(index, id_, input_values[0][1][i], extra)
                         else:
                             row = {c: values[i] for c, values in input_values}
-                            yield Record(index, id_, "", extra, row)
+                            value = row[inputs[0]] if self.input_kind == "image" else row
+                            yield Record(index, id_, "", extra, value)
                     index += 1
             yield from flush_invalid()
         finally:

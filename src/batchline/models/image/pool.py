@@ -1,0 +1,290 @@
+"""Decode and preprocess pictures in worker processes, off the model's path.
+
+:class:`DecodePool` runs ``preprocess(decode_image(bytes))`` (:func:`decode_one`) in a pool of
+processes, not threads: Pillow holds the GIL for parts of its work, and the model's batches
+run in this process. Work is admitted under a budget of bytes in flight (a picture's file
+bytes and its float32 input, until the model has run it: :meth:`DecodePool.reserve`), so a
+reader that runs ahead waits, and memory stays flat whatever the dataset's size. At most
+:attr:`DecodePool.active` pictures decode at once: the caller may lower it once it has
+measured decode against the model (:func:`choose_workers`), so decode takes no more of the
+CPU than the model can use.
+
+    >>> async with DecodePool(preprocess, DecodeOptions(workers=2)) as pool:
+    ...     await pool.reserve(ref.nbytes + pool.output_bytes)
+    ...     decoded = await pool.decode(ref)      # a Decoded: key, pixels, decode_s
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import math
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from batchline.models.image.decode import DEFAULT_MAX_PIXELS, ImageRef, decode_image
+from batchline.models.image.preprocess import ImagePreprocess
+
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = [
+    "DEFAULT_BYTES_IN_FLIGHT",
+    "DecodeOptions",
+    "DecodePool",
+    "DecodeStats",
+    "Decoded",
+    "choose_workers",
+    "decode_one",
+]
+
+#: Bytes of pictures in flight by default: files being decoded and inputs waiting for the model.
+DEFAULT_BYTES_IN_FLIGHT = 256 << 20
+#: A file of unknown size (a path in a column) is counted as this many bytes in flight.
+_UNKNOWN_FILE_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """How pictures are decoded (``run``'s ``--decode-workers``, ``--no-draft``,
+    ``--max-image-pixels``, ``--decode-memory``).
+
+    ``workers=None``: as many processes as cores, of which as many decode at once as the
+    measured cost of decode against the model's asks for (:func:`choose_workers`). ``draft``:
+    decode a JPEG at reduced scale when the model's input is much smaller.
+    """
+
+    workers: int | None = None
+    draft: bool = True
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    max_bytes_in_flight: int = DEFAULT_BYTES_IN_FLIGHT
+
+    def __post_init__(self) -> None:
+        if self.workers is not None and self.workers < 1:
+            raise ValueError(f"decode workers must be >= 1, got {self.workers}")
+        if self.max_pixels < 1:
+            raise ValueError(f"the pixel limit must be >= 1, got {self.max_pixels}")
+        if self.max_bytes_in_flight < 1:
+            raise ValueError(f"the bytes in flight must be >= 1, got {self.max_bytes_in_flight}")
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    """One picture, ready for the model: ``key`` identifies its bytes (and the decode
+    settings that change its pixels), ``pixels`` is the model's float32 ``(3, H, W)`` input,
+    ``decode_s`` the seconds its worker spent on it."""
+
+    key: bytes
+    pixels: np.ndarray
+    decode_s: float
+
+
+@dataclass(frozen=True)
+class DecodeStats:
+    """A snapshot of what a pool did: pictures decoded (or refused), the workers' seconds on
+    them, the processes and how many decode at once now."""
+
+    decoded: int
+    failed: int
+    decode_s: float
+    workers: int
+    active: int
+
+    @property
+    def decode_s_per_image(self) -> float:
+        done = self.decoded + self.failed
+        return self.decode_s / done if done else math.nan
+
+
+def content_key(data: bytes, *, draft: bool) -> bytes:
+    """A 16-byte digest of a picture's bytes, with whether it was decoded in draft (which
+    moves its pixels a little): what duplicates and the result cache compare."""
+    return hashlib.blake2b(b"i" + (b"d" if draft else b"f") + data, digest_size=16).digest()
+
+
+def decode_one(
+    ref: ImageRef, preprocess: ImagePreprocess, *, draft: bool, max_pixels: int
+) -> Decoded:
+    """Read, decode and preprocess one picture (what a worker process runs)."""
+    started = time.perf_counter()
+    data = ref.read()
+    key = content_key(data, draft=draft)
+    image = decode_image(
+        data, draft=preprocess.draft_size() if draft else None, max_pixels=max_pixels
+    )
+    pixels = preprocess(image)
+    return Decoded(key, pixels, time.perf_counter() - started)
+
+
+def choose_workers(decode_s: float, model_s: float, cores: int) -> int:
+    """How many pictures to decode at once so that decode keeps up with the model: decode
+    seconds per picture against the model's seconds per picture (at the rate it sustains),
+    with a fifth more for the spread of sizes; at least one, at most ``cores``.
+
+    >>> choose_workers(0.020, 0.010, cores=4)   # decode is twice as slow: 3 at once
+    3
+    """
+    if cores < 1:
+        raise ValueError(f"cores must be >= 1, got {cores}")
+    if not decode_s > 0 or not math.isfinite(decode_s):
+        return cores
+    if not model_s > 0 or not math.isfinite(model_s):
+        return cores
+    return max(1, min(cores, math.ceil(1.2 * decode_s / model_s)))
+
+
+# -- the worker processes' side --------------------------------------------------------------
+
+_worker: tuple[ImagePreprocess, bool, int] | None = None
+
+
+def _start_worker(preprocess: ImagePreprocess, draft: bool, max_pixels: int) -> None:
+    global _worker
+    from PIL import Image
+
+    Image.MAX_IMAGE_PIXELS = None  # the limit is max_pixels, checked by decode_image
+    _worker = (preprocess, draft, max_pixels)
+
+
+def _decode_in_worker(ref: ImageRef) -> Decoded:
+    assert _worker is not None, "the decode worker was not started"
+    preprocess, draft, max_pixels = _worker
+    return decode_one(ref, preprocess, draft=draft, max_pixels=max_pixels)
+
+
+# -- this side -------------------------------------------------------------------------------
+
+
+class DecodePool:
+    """Worker processes decoding pictures for one model's ``preprocess`` (see the module
+    docstring). Use it as an async context manager; its methods are called on one loop."""
+
+    def __init__(
+        self,
+        preprocess: ImagePreprocess,
+        options: DecodeOptions | None = None,
+        *,
+        cores: int | None = None,
+    ) -> None:
+        self.preprocess = preprocess
+        self.options = options or DecodeOptions()
+        machine = cores if cores is not None else (os.cpu_count() or 1)
+        self.workers = self.options.workers or max(1, machine)
+        #: pictures decoding at once: all the workers until set from measured costs
+        self.active = self.workers
+        self._executor: ProcessPoolExecutor | None = None
+        self._running = 0
+        self._in_flight = 0
+        self._changed: asyncio.Condition | None = None
+        self._decoded = 0
+        self._failed = 0
+        self._decode_s = 0.0
+
+    @property
+    def output_bytes(self) -> int:
+        """The bytes of one picture's model input (float32 ``(3, H, W)``), or a guess at them
+        when the size depends on the picture (twice the square of the shortest edge)."""
+        size = self.preprocess.output_size
+        if size is not None:
+            return 3 * size[0] * size[1] * 4
+        edge = self.preprocess.shortest_edge or 224
+        return 3 * edge * edge * 4 * 2
+
+    def budget_of(self, ref: ImageRef) -> int:
+        """What one picture counts against the bytes in flight: its file and its input."""
+        return (ref.nbytes or _UNKNOWN_FILE_BYTES) + self.output_bytes
+
+    async def __aenter__(self) -> DecodePool:
+        self.start()
+        return self
+
+    async def __aexit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await asyncio.to_thread(self.close)
+
+    def start(self) -> None:
+        """Start the worker processes (forked from a clean server process, not from this
+        one, which runs threads)."""
+        import multiprocessing
+
+        if self._executor is not None:
+            return
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["batchline.models.image.pool", "PIL.Image", "numpy"])
+        options = self.options
+        self._executor = ProcessPoolExecutor(
+            max_workers=self.workers,
+            mp_context=context,
+            initializer=_start_worker,
+            initargs=(self.preprocess, options.draft, options.max_pixels),
+        )
+        self._changed = asyncio.Condition()
+
+    def close(self) -> None:
+        """Stop the workers (pictures still decoding are dropped)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None
+
+    def stats(self) -> DecodeStats:
+        return DecodeStats(self._decoded, self._failed, self._decode_s, self.workers, self.active)
+
+    async def set_active(self, active: int) -> None:
+        """Decode at most ``active`` pictures at once (1 .. workers)."""
+        self.active = max(1, min(self.workers, active))
+        await self._notify()
+
+    async def reserve(self, nbytes: int) -> None:
+        """Wait until ``nbytes`` more fit in the bytes in flight (one picture larger than the
+        whole budget goes alone), then count them: the reader's backpressure."""
+        changed = self._condition()
+        cap = self.options.max_bytes_in_flight
+        async with changed:
+            await changed.wait_for(lambda: self._in_flight == 0 or self._in_flight + nbytes <= cap)
+            self._in_flight += nbytes
+
+    async def release(self, nbytes: int) -> None:
+        """``nbytes`` of :meth:`reserve` are no longer held."""
+        self._in_flight = max(0, self._in_flight - nbytes)
+        await self._notify()
+
+    @property
+    def bytes_in_flight(self) -> int:
+        return self._in_flight
+
+    async def decode(self, ref: ImageRef) -> Decoded:
+        """Decode one picture in a worker, waiting for one of the :attr:`active` places; the
+        picture's own failure is raised (an ``InputError``)."""
+        executor = self._executor
+        if executor is None:
+            raise RuntimeError("the decode pool is not started: use it as `async with`")
+        changed = self._condition()
+        async with changed:
+            await changed.wait_for(lambda: self._running < self.active)
+            self._running += 1
+        try:
+            decoded: Decoded = await asyncio.wrap_future(executor.submit(_decode_in_worker, ref))
+        except BaseException:
+            self._failed += 1
+            raise
+        finally:
+            self._running -= 1
+            await self._notify()
+        self._decoded += 1
+        self._decode_s += decoded.decode_s
+        return decoded
+
+    def _condition(self) -> asyncio.Condition:
+        if self._changed is None:
+            self._changed = asyncio.Condition()
+        return self._changed
+
+    async def _notify(self) -> None:
+        changed = self._condition()
+        async with changed:
+            changed.notify_all()
