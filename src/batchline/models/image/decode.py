@@ -18,6 +18,7 @@ picture: it is that record's error, never the job's.
 from __future__ import annotations
 
 import io
+import re
 import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -96,8 +97,10 @@ def decode_image(
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         try:
             image = Image.open(io.BytesIO(data))
-        except Image.DecompressionBombError as exc:
-            raise InputError(_too_large(str(exc), max_pixels)) from None
+        except Image.DecompressionBombError as exc:  # Pillow's own limit, where it is set
+            found = re.search(r"\((\d+) pixels\)", str(exc))
+            what = f"{int(found.group(1)):,} pixels" if found else str(exc)
+            raise InputError(_too_large(what, max_pixels)) from None
         except UnidentifiedImageError:
             raise InputError(f"not a picture Pillow can read ({_head(data)})") from None
         except (OSError, ValueError, SyntaxError) as exc:
