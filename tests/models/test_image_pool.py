@@ -48,9 +48,7 @@ def test_choose_workers_refuses_no_cores() -> None:
         choose_workers(0.1, 0.1, 0)
 
 
-@pytest.mark.parametrize(
-    "kwargs", [{"workers": 0}, {"max_pixels": 0}, {"max_bytes_in_flight": 0}]
-)
+@pytest.mark.parametrize("kwargs", [{"workers": 0}, {"max_pixels": 0}, {"max_bytes_in_flight": 0}])
 def test_decode_options_are_checked(kwargs: dict[str, int]) -> None:
     with pytest.raises(ValueError, match="must be >= 1"):
         DecodeOptions(**kwargs)

@@ -41,7 +41,8 @@ def is_shard_input(path: Path) -> bool:
         return True
     if path.is_dir():
         try:
-            return any(e.name.lower().endswith(".tar") and e.is_file() for e in os.scandir(path))
+            with os.scandir(path) as entries:
+                return any(e.name.lower().endswith(".tar") and e.is_file() for e in entries)
         except OSError:
             return False
     return False
@@ -108,7 +109,8 @@ class ImageFolderSource(Source):
                 return  # reached again through a symlink: a loop, or a second way in
             seen.add((st.st_dev, st.st_ino))
             try:
-                entries = sorted(os.scandir(folder), key=lambda e: e.name)
+                with os.scandir(folder) as listing:
+                    entries = sorted(listing, key=lambda e: e.name)
             except OSError as exc:
                 raise InputError(f"{folder}: cannot list the folder: {exc.strerror}") from None
             for entry in entries:
