@@ -129,7 +129,7 @@ def open_source(
         ('id', 'body', 'url')
     """
     p = Path(path)
-    if fmt is None and (p.is_dir() or is_shard_input(p)):
+    if fmt is None and holds_pictures(p):
         fmt = "webdataset" if is_shard_input(p) else "images"
     if fmt is None:
         resolved = _EXTENSIONS.get(p.suffix.lower())
@@ -204,6 +204,8 @@ def holds_pictures(path: Path, fmt: Format | None = None) -> bool:
     them, a brace pattern), or ``fmt`` saying ``images`` or ``webdataset``."""
     if fmt is not None:
         return fmt in _PICTURES
+    if path.suffix.lower() in _EXTENSIONS:  # a data file's name, even on a folder
+        return False
     return path.is_dir() or is_shard_input(path)
 
 
