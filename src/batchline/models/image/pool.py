@@ -5,7 +5,7 @@ processes, not threads: Pillow holds the GIL for parts of its work, and the mode
 run in this process. Work is admitted under a budget of bytes in flight (a picture's file
 bytes and its float32 input, until the model has run it: :meth:`DecodePool.reserve`), so a
 reader that runs ahead waits, and memory stays flat whatever the dataset's size. At most
-:attr:`DecodePool.active` pictures decode at once: the caller may lower it once it has
+:attr:`DecodePool.active` processes decode at once: the caller may lower it once it has
 measured decode against the model (:func:`choose_workers`), so decode takes no more of the
 CPU than the model can use.
 
@@ -150,6 +150,11 @@ def _start_worker(preprocess: ImagePreprocess, draft: bool, max_pixels: int) -> 
     _worker = (preprocess, draft, max_pixels)
 
 
+def _ready() -> bool:
+    time.sleep(0.05)  # held a moment, so that each of the first calls starts a process
+    return _worker is not None
+
+
 def _decode_in_worker(ref: ImageRef) -> Decoded:
     assert _worker is not None, "the decode worker was not started"
     preprocess, draft, max_pixels = _worker
@@ -174,10 +179,10 @@ class DecodePool:
         self.options = options or DecodeOptions()
         machine = cores if cores is not None else (os.cpu_count() or 1)
         self.workers = self.options.workers or max(1, machine)
-        #: pictures decoding at once: all the workers until set from measured costs
+        #: processes decoding now: all the workers until set from measured costs
         self.active = self.workers
         self._executor: ProcessPoolExecutor | None = None
-        self._running = 0
+        self._retired: list[ProcessPoolExecutor] = []
         self._in_flight = 0
         self._changed: asyncio.Condition | None = None
         self._decoded = 0
@@ -200,6 +205,7 @@ class DecodePool:
 
     async def __aenter__(self) -> DecodePool:
         self.start()
+        await self.warm_up()
         return self
 
     async def __aexit__(
@@ -210,34 +216,59 @@ class DecodePool:
     def start(self) -> None:
         """Start the worker processes (forked from a clean server process, not from this
         one, which runs threads)."""
+        if self._executor is None:
+            self._executor = self._new_executor(self.active)
+
+    def _new_executor(self, workers: int) -> ProcessPoolExecutor:
         import multiprocessing
 
-        if self._executor is not None:
-            return
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(["batchline.models.image.pool", "PIL.Image", "numpy"])
         options = self.options
-        self._executor = ProcessPoolExecutor(
-            max_workers=self.workers,
+        return ProcessPoolExecutor(
+            max_workers=workers,
             mp_context=context,
             initializer=_start_worker,
             initargs=(self.preprocess, options.draft, options.max_pixels),
         )
-        self._changed = asyncio.Condition()
+
+    async def warm_up(
+        self, executor: ProcessPoolExecutor | None = None, count: int | None = None
+    ) -> None:
+        """Start every worker process now (they start on demand otherwise): the first
+        pictures then wait for a decode, not for a process to import Pillow."""
+        executor = executor or self._executor
+        if executor is None:
+            raise RuntimeError("the decode pool is not started")
+        count = count or self.active
+        ready = [executor.submit(_ready) for _ in range(count)]
+        await asyncio.gather(*(asyncio.wrap_future(f) for f in ready))
 
     def close(self) -> None:
-        """Stop the workers (pictures still decoding are dropped)."""
+        """Stop the workers (pictures still waiting for one are dropped)."""
         if self._executor is not None:
             self._executor.shutdown(wait=True, cancel_futures=True)
             self._executor = None
+        for old in self._retired:
+            old.shutdown(wait=True, cancel_futures=True)
+        self._retired.clear()
 
     def stats(self) -> DecodeStats:
         return DecodeStats(self._decoded, self._failed, self._decode_s, self.workers, self.active)
 
     async def set_active(self, active: int) -> None:
-        """Decode at most ``active`` pictures at once (1 .. workers)."""
-        self.active = max(1, min(self.workers, active))
-        await self._notify()
+        """Decode with ``active`` processes from now on (1 .. workers): a pool of that size
+        is started and warmed, then takes the pictures submitted after it; the old one
+        finishes what it holds and ends."""
+        active = max(1, min(self.workers, active))
+        if active == self.active or self._executor is None:
+            self.active = active
+            return
+        fresh = self._new_executor(active)
+        await self.warm_up(fresh, active)
+        old, self._executor, self.active = self._executor, fresh, active
+        old.shutdown(wait=False)  # what it holds still runs; then its processes end
+        self._retired.append(old)
 
     async def reserve(self, nbytes: int) -> None:
         """Wait until ``nbytes`` more fit in the bytes in flight (one picture larger than the
@@ -251,30 +282,25 @@ class DecodePool:
     async def release(self, nbytes: int) -> None:
         """``nbytes`` of :meth:`reserve` are no longer held."""
         self._in_flight = max(0, self._in_flight - nbytes)
-        await self._notify()
+        changed = self._condition()
+        async with changed:  # the reader is its one waiter: no herd to wake
+            changed.notify_all()
 
     @property
     def bytes_in_flight(self) -> int:
         return self._in_flight
 
     async def decode(self, ref: ImageRef) -> Decoded:
-        """Decode one picture in a worker, waiting for one of the :attr:`active` places; the
-        picture's own failure is raised (an ``InputError``)."""
+        """Decode one picture in a worker (queued behind the others: the budget of bytes
+        bounds how many wait); the picture's own failure is raised (an ``InputError``)."""
         executor = self._executor
         if executor is None:
             raise RuntimeError("the decode pool is not started: use it as `async with`")
-        changed = self._condition()
-        async with changed:
-            await changed.wait_for(lambda: self._running < self.active)
-            self._running += 1
         try:
             decoded: Decoded = await asyncio.wrap_future(executor.submit(_decode_in_worker, ref))
         except BaseException:
             self._failed += 1
             raise
-        finally:
-            self._running -= 1
-            await self._notify()
         self._decoded += 1
         self._decode_s += decoded.decode_s
         return decoded
@@ -283,8 +309,3 @@ class DecodePool:
         if self._changed is None:
             self._changed = asyncio.Condition()
         return self._changed
-
-    async def _notify(self) -> None:
-        changed = self._condition()
-        async with changed:
-            changed.notify_all()
