@@ -329,3 +329,15 @@ def test_pictures_in_every_mode_run(tmp_path: Path, classifier: Path) -> None:
     summary = run(_options(root, classifier, tmp_path / "out"))
     assert summary.records == 4
     assert summary.skipped == 0
+
+
+def test_without_pillow_an_image_job_names_the_install(tmp_path: Path, classifier: Path) -> None:
+    from tests.test_cli_imports import _blocked
+
+    photo_folder(tmp_path / "photos", 1)
+    argv = ["run", str(tmp_path / "photos"), "--model", str(classifier), "-o", str(tmp_path / "o")]
+    done = _blocked(["PIL"], [argv])
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [2]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "pip install 'batchline[jobs]'" in lines[0]

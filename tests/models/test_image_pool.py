@@ -116,3 +116,20 @@ def test_output_bytes_are_the_model_input_size() -> None:
     pool = DecodePool(PRE)
     assert pool.output_bytes == 3 * 16 * 16 * 4
     assert pool.budget_of(ImageRef(data=b"x" * 10)) == 10 + 3 * 16 * 16 * 4
+
+
+def test_set_active_moves_to_a_smaller_pool_that_decodes_the_same(tmp_path: Path) -> None:
+    good = tmp_path / "a.jpg"
+    good.write_bytes(jpeg_bytes(2, size=(40, 30)))
+
+    async def main() -> tuple[object, object, int]:
+        async with DecodePool(PRE, DecodeOptions(workers=2)) as pool:
+            before = await pool.decode(ImageRef(path=str(good)))
+            await pool.set_active(1)
+            after = await pool.decode(ImageRef(path=str(good)))
+            await pool.set_active(9)  # clamped to the processes it may have
+            return before, after, pool.stats().active
+
+    before, after, active = asyncio.run(main())
+    np.testing.assert_array_equal(before.pixels, after.pixels)  # type: ignore[attr-defined]
+    assert active == 2

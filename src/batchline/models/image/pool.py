@@ -216,6 +216,8 @@ class DecodePool:
     def start(self) -> None:
         """Start the worker processes (forked from a clean server process, not from this
         one, which runs threads)."""
+        import PIL.Image  # noqa: F401  (here: a missing Pillow names its install, once)
+
         if self._executor is None:
             self._executor = self._new_executor(self.active)
 
