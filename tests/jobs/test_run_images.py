@@ -341,3 +341,15 @@ def test_without_pillow_an_image_job_names_the_install(tmp_path: Path, classifie
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
     assert "pip install 'batchline[jobs]'" in lines[0]
+
+
+def test_a_missing_picture_column_says_which_flag_names_it(
+    tmp_path: Path, classifier: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "index.csv").write_text("id,file\na,x.jpg\n")
+    argv = ["run", str(tmp_path / "index.csv"), "--model", str(classifier)]
+    rc = main([*argv, "--image-column", "path", "-o", str(tmp_path / "o")])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "no picture column 'path'" in err
+    assert "--image-column" in err

@@ -214,6 +214,11 @@ class Source:
                 "(choose one with --text-column)"
             )
         for column in self.input_columns:
+            if column not in self.columns and self.input_kind == "image":
+                raise InputError(
+                    f"{self.path}: no picture column {column!r}; {where}: {names} "
+                    "(choose it with --image-column)"
+                )
             if column not in self.columns:
                 raise InputError(
                     f"{self.path}: no input column {column!r}; {where}: {names} "
