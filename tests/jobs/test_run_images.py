@@ -287,12 +287,19 @@ def test_a_killed_job_resumed_writes_every_picture_exactly_once(
                 break
             time.sleep(0.05)
         assert proc.poll() is None, "the job ended before it could be killed"
+        helpers = _descendants(proc.pid)  # the decode workers and their fork server
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         proc.wait(timeout=60)
         if proc.stderr is not None:
             proc.stderr.close()
     assert len(json.loads(manifest.read_text())["chunks"]) == 2
+    for _ in range(100):  # bounded: the workers notice within about a second
+        if not any(Path(f"/proc/{pid}").exists() for pid in helpers):
+            break
+        time.sleep(0.1)
+    assert helpers
+    assert not any(Path(f"/proc/{pid}").exists() for pid in helpers), "orphaned decode workers"
     done = subprocess.run(
         [*argv, "--resume"], env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True,
         text=True, timeout=300,
@@ -306,6 +313,24 @@ def test_a_killed_job_resumed_writes_every_picture_exactly_once(
         table.column("classification").to_pylist()
         == read_output(tmp_path / "whole").column("classification").to_pylist()
     )
+
+
+def _descendants(root: int) -> list[int]:
+    """Every process below ``root`` (Linux's /proc)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = [], [root]
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, ppid in parents.items() if ppid == parent]
+        found += children
+        frontier += children
+    return found
 
 
 def test_a_text_model_on_pictures_says_to_give_an_image_model(

@@ -142,12 +142,28 @@ def choose_workers(decode_s: float, model_s: float, cores: int) -> int:
 _worker: tuple[ImagePreprocess, bool, int] | None = None
 
 
-def _start_worker(preprocess: ImagePreprocess, draft: bool, max_pixels: int) -> None:
+def _start_worker(preprocess: ImagePreprocess, draft: bool, max_pixels: int, owner: int) -> None:
     global _worker
+    import threading
+
     from PIL import Image
 
     Image.MAX_IMAGE_PIXELS = None  # the limit is max_pixels, checked by decode_image
     _worker = (preprocess, draft, max_pixels)
+    threading.Thread(target=_end_with, args=(owner,), daemon=True).start()
+
+
+def _end_with(owner: int) -> None:
+    """End this worker once the job's process is gone: killed (``kill -9``), it never says so,
+    and a worker holds its own queue's both ends, so it would wait for work forever."""
+    while True:
+        time.sleep(1.0)
+        try:
+            os.kill(owner, 0)
+        except ProcessLookupError:
+            os._exit(0)
+        except PermissionError:  # the pid was taken by another user's process: ours is gone
+            os._exit(0)
 
 
 def _ready() -> bool:
@@ -231,7 +247,7 @@ class DecodePool:
             max_workers=workers,
             mp_context=context,
             initializer=_start_worker,
-            initargs=(self.preprocess, options.draft, options.max_pixels),
+            initargs=(self.preprocess, options.draft, options.max_pixels, os.getpid()),
         )
 
     async def warm_up(
