@@ -51,13 +51,13 @@ def classifier(tmp_path: Path) -> Path:
 
 
 def _options(src: Path, model: Path, out: Path, **more: object) -> RunOptions:
+    settings: dict[str, object] = {"decode": DecodeOptions(workers=2), **more}
     return RunOptions(
         input=src,
         output=out,
         model=str(model),
         knobs=Knobs(sessions=1, max_concurrent_batches=1),
-        decode=DecodeOptions(workers=2),
-        **more,  # type: ignore[arg-type]
+        **settings,  # type: ignore[arg-type]
     )
 
 
@@ -190,6 +190,12 @@ def test_the_same_bytes_are_computed_once_and_the_cache_keys_them_by_content(
     assert second.cached == 4  # the old pictures' bytes; new.jpg is computed
     again = {r["id"]: r["classification"] for r in read_output(tmp_path / "b").to_pylist()}
     assert {k: again[k] for k in rows} == rows
+    # a cached picture is not even decoded: with a limit no picture passes, they still come
+    strict = DecodeOptions(workers=1, max_pixels=1)
+    third = run(_options(root, classifier, tmp_path / "c", cache=tmp_path / "cache", decode=strict))
+    assert third.cached == 5
+    assert third.records == 5
+    assert read_output(tmp_path / "c").column("id").to_pylist() == sorted(again)
 
 
 def test_limit_takes_the_first_pictures(tmp_path: Path, classifier: Path) -> None:

@@ -10,9 +10,10 @@ pipelined with the model's batches.
 :class:`ImageAdapter` starts one task per picture as soon as its bytes fit in the budget, so
 the decode workers and the model overlap across blocks: a batch forms from whatever pictures
 are ready, whichever block they came from. A picture whose bytes repeat a recent one's takes
-that one's result (:class:`~batchline.jobs.batch.Seen`, keyed by content), and with ``--cache
-DIR`` one an earlier run computed; its decode still runs (the key is a digest of its bytes,
-taken by the worker that reads them), the model does not.
+that one's result (:class:`~batchline.jobs.batch.Seen`, keyed by content: the digest of its
+bytes, taken by the worker that decodes it, so a duplicate's decode runs and its model call
+does not). With ``--cache DIR`` the digest is taken here first, and a picture an earlier run
+computed is neither decoded nor run.
 
 After the first pictures it sets how many decode at once from what it measured
 (:func:`~batchline.models.image.choose_workers`), unless ``--decode-workers`` says.
@@ -32,7 +33,7 @@ from batchline.datasets.outcomes import Failed, Outcome, describe
 from batchline.datasets.sources import Record
 from batchline.jobs.batch import Seen
 from batchline.models.batching import ModelBatcher
-from batchline.models.image import DecodePool, ImageRef, choose_workers
+from batchline.models.image import DecodePool, ImageRef, choose_workers, content_key
 
 if TYPE_CHECKING:
     from batchline.jobs.result_cache import ResultCache
@@ -175,6 +176,17 @@ class ImageAdapter:
         model's; and the cache key to keep a newly computed result under."""
         mine: asyncio.Future[Outcome] | None = None
         try:
+            cache_key = None
+            if self.cache is not None:  # looked up before the decode: a hit skips it
+                draft = self.pool.options.draft
+                try:
+                    key = await asyncio.to_thread(lambda: content_key(ref.read(), draft=draft))
+                except InputError as exc:
+                    return Failed(f"bad picture: {exc}"), None
+                cache_key = self.cache.key(key)
+                hits = await asyncio.to_thread(self.cache.get_many, [cache_key])
+                if cache_key in hits:
+                    return hits[cache_key], None
             try:
                 decoded = await self.pool.decode(ref)
             except InputError as exc:
@@ -185,12 +197,6 @@ class ImageAdapter:
                     return await asyncio.shield(found), None
                 mine = asyncio.get_running_loop().create_future()
                 self.seen.put(decoded.key, mine)
-            cache_key = None
-            if self.cache is not None:
-                cache_key = self.cache.key(decoded.key)
-                hits = await asyncio.to_thread(self.cache.get_many, [cache_key])
-                if cache_key in hits:
-                    return _settled(mine, hits[cache_key]), None
             queued = await self.engine.submit(decoded.pixels)
             del decoded  # the pixels are the batch's now
             try:

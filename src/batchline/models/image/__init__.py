@@ -25,6 +25,7 @@ from batchline.models.image.pool import (
     DecodePool,
     DecodeStats,
     choose_workers,
+    content_key,
 )
 from batchline.models.image.preprocess import ImagePreprocess
 
@@ -39,5 +40,6 @@ __all__ = [
     "ImagePreprocess",
     "ImageRef",
     "choose_workers",
+    "content_key",
     "decode_image",
 ]

@@ -39,6 +39,7 @@ __all__ = [
     "DecodeStats",
     "Decoded",
     "choose_workers",
+    "content_key",
     "decode_one",
 ]
 
