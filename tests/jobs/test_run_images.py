@@ -384,3 +384,52 @@ def test_a_missing_picture_column_says_which_flag_names_it(
     err = capsys.readouterr().err
     assert "no picture column 'path'" in err
     assert "--image-column" in err
+
+
+SLOW_DEVICE = """
+import time
+import numpy as np
+from batchline.models.image import ImagePreprocess
+from batchline.models.protocol import ModelInfo
+
+class Slow:
+    preprocess = ImagePreprocess(resize_to=(8, 8))
+    info = ModelInfo(name="slow", task="embed", input_kind="image", result_kind="vector")
+
+    def prepare(self, inputs):
+        return list(inputs)
+
+    def cost(self, item):
+        return 1
+
+    def run_batch(self, batch):
+        time.sleep(0.02 * len(batch))  # far slower than decoding a small picture
+        return [np.full(2, float(x.mean()), np.float32) for x in batch]
+
+    def encode(self, result):
+        return result
+
+    def close(self):
+        pass
+
+def factory():
+    return Slow()
+"""
+
+
+def test_decode_workers_are_cut_to_what_keeps_a_slow_model_fed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "slowdevice.py").write_text(SLOW_DEVICE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    photo_folder(tmp_path / "photos", 40)
+    options = RunOptions(
+        input=tmp_path / "photos",
+        output=tmp_path / "out",
+        model="slowdevice:factory",
+        knobs=Knobs(sessions=1, max_concurrent_batches=1, max_batch_size=4),
+        decode=DecodeOptions(workers=None),
+    )
+    summary = run(options)
+    assert summary.records == 40
+    assert "(1 of " in summary.time_split  # one process keeps a 20 ms/picture model fed

@@ -168,7 +168,6 @@ class ImageAdapter:
                 keep[cache_key] = outcome
         if self.cache is not None and keep:
             await asyncio.to_thread(self.cache.put_many, keep)
-        await self._maybe_tune()
         return outcomes
 
     async def _one(self, ref: ImageRef, nbytes: int) -> tuple[Outcome, bytes | None]:
@@ -203,7 +202,10 @@ class ImageAdapter:
                 result = await queued
             except Exception as exc:  # the batcher bisected its batch down to this picture
                 return _settled(mine, Failed(f"model error: {describe(exc)}")), None
-            return _settled(mine, self.engine.model.encode(result)), cache_key
+            outcome = _settled(mine, self.engine.model.encode(result))
+            if self._tune:
+                await self._maybe_tune()
+            return outcome, cache_key
         except BaseException as exc:
             if mine is not None and not mine.done():
                 if isinstance(exc, Exception):
