@@ -433,3 +433,11 @@ def test_decode_workers_are_cut_to_what_keeps_a_slow_model_fed(
     summary = run(options)
     assert summary.records == 40
     assert "(1 of " in summary.time_split  # one process keeps a 20 ms/picture model fed
+
+
+def test_a_missing_folder_is_named_as_missing(
+    tmp_path: Path, classifier: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = main(["run", str(tmp_path / "nothere"), "--model", str(classifier)])
+    assert rc == 2
+    assert "nothere: no such file or folder" in capsys.readouterr().err

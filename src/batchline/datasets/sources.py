@@ -133,6 +133,8 @@ def open_source(
         fmt = "webdataset" if is_shard_input(p) else "images"
     if fmt is None:
         resolved = _EXTENSIONS.get(p.suffix.lower())
+        if resolved is None and not p.exists():
+            raise InputError(f"{p}: no such file or folder")
         if resolved is None:
             known = ", ".join(sorted(_EXTENSIONS))
             raise InputError(
