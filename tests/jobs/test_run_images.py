@@ -441,3 +441,14 @@ def test_a_missing_folder_is_named_as_missing(
     rc = main(["run", str(tmp_path / "nothere"), "--model", str(classifier)])
     assert rc == 2
     assert "nothere: no such file or folder" in capsys.readouterr().err
+
+
+def test_pictures_on_ray_are_refused_in_one_line(
+    tmp_path: Path, classifier: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    photo_folder(tmp_path / "photos", 1)
+    argv = ["run", str(tmp_path / "photos"), "--model", str(classifier), "--engine", "ray"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert "leave out --engine ray" in err[0]
