@@ -452,3 +452,21 @@ def test_pictures_on_ray_are_refused_in_one_line(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
     assert "leave out --engine ray" in err[0]
+
+
+def test_a_script_without_a_main_guard_runs_an_image_job(tmp_path: Path, classifier: Path) -> None:
+    photo_folder(tmp_path / "photos", 3)
+    script = tmp_path / "job.py"
+    script.write_text(
+        "from pathlib import Path\n"
+        "from batchline.jobs.options import RunOptions\n"
+        "from batchline.jobs.run import run\n"
+        f"summary = run(RunOptions(input=Path({str(tmp_path / 'photos')!r}), "
+        f"output=Path({str(tmp_path / 'out')!r}), model={str(classifier)!r}))\n"
+        "print('records', summary.records)\n"
+    )  # no `if __name__ == "__main__"`: the decode workers must not import it again
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "records 3"

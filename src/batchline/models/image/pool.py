@@ -17,10 +17,13 @@ CPU than the model can use.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import math
 import os
+import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from types import TracebackType
@@ -181,6 +184,27 @@ def _decode_in_worker(ref: ImageRef) -> Decoded:
 # -- this side -------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def _main_not_reimported() -> Iterator[None]:
+    """Start processes without them importing the caller's ``__main__`` again: they need
+    only this module, and a script that calls ``run()`` without an ``if __name__ ==
+    "__main__"`` guard would otherwise run its job again in every worker (and fail there)."""
+    main = sys.modules.get("__main__")
+    if main is None:
+        yield
+        return
+    saved = {
+        name: main.__dict__[name] for name in ("__file__", "__spec__") if name in main.__dict__
+    }
+    try:
+        main.__dict__.pop("__file__", None)
+        main.__dict__["__spec__"] = None
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
+
+
 class DecodePool:
     """Worker processes decoding pictures for one model's ``preprocess`` (see the module
     docstring). Use it as an async context manager; its methods are called on one loop."""
@@ -260,7 +284,8 @@ class DecodePool:
         if executor is None:
             raise RuntimeError("the decode pool is not started")
         count = count or self.active
-        ready = [executor.submit(_ready) for _ in range(count)]
+        with _main_not_reimported():  # each submit here starts one process
+            ready = [executor.submit(_ready) for _ in range(count)]
         await asyncio.gather(*(asyncio.wrap_future(f) for f in ready))
 
     def close(self) -> None:
