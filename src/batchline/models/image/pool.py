@@ -193,9 +193,8 @@ def _main_not_reimported() -> Iterator[None]:
     if main is None:
         yield
         return
-    saved = {
-        name: main.__dict__[name] for name in ("__file__", "__spec__") if name in main.__dict__
-    }
+    names: tuple[str, ...] = ("__file__", "__spec__")
+    saved: dict[str, object] = {n: main.__dict__[n] for n in names if n in main.__dict__}
     try:
         main.__dict__.pop("__file__", None)
         main.__dict__["__spec__"] = None
