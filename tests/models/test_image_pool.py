@@ -133,3 +133,27 @@ def test_set_active_moves_to_a_smaller_pool_that_decodes_the_same(tmp_path: Path
     before, after, active = asyncio.run(main())
     np.testing.assert_array_equal(before.pixels, after.pixels)  # type: ignore[attr-defined]
     assert active == 2
+
+
+def test_a_worker_that_dies_stops_the_job_with_one_clear_error(tmp_path: Path) -> None:
+    import os
+    import signal
+
+    from batchline._errors import ModelError
+
+    good = tmp_path / "a.jpg"
+    good.write_bytes(jpeg_bytes(3))
+
+    async def main() -> None:
+        async with DecodePool(PRE, DecodeOptions(workers=1)) as pool:
+            await pool.decode(ImageRef(path=str(good)))
+            pid = await asyncio.wrap_future(
+                pool._executor.submit(os.getpid)  # type: ignore[union-attr]
+            )
+            os.kill(pid, signal.SIGKILL)
+            with pytest.raises(ModelError, match="decode worker process died.*--resume"):
+                for _ in range(50):  # the executor notices the death on its next call
+                    await pool.decode(ImageRef(path=str(good)))
+                    await asyncio.sleep(0.05)
+
+    asyncio.run(main())

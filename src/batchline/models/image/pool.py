@@ -25,10 +25,12 @@ import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from batchline._errors import ModelError
 from batchline.models.image.decode import DEFAULT_MAX_PIXELS, ImageRef, decode_image
 from batchline.models.image.preprocess import ImagePreprocess
 
@@ -341,6 +343,12 @@ class DecodePool:
             raise RuntimeError("the decode pool is not started: use it as `async with`")
         try:
             decoded: Decoded = await asyncio.wrap_future(executor.submit(_decode_in_worker, ref))
+        except BrokenProcessPool:
+            raise ModelError(
+                "a decode worker process died (a picture that crashes the decoder, or the "
+                "machine ran out of memory); the committed records are kept: go on with "
+                "--resume, with --decode-memory lower if memory ran short"
+            ) from None
         except BaseException:
             self._failed += 1
             raise
