@@ -151,9 +151,13 @@ def test_a_worker_that_dies_stops_the_job_with_one_clear_error(tmp_path: Path) -
                 pool._executor.submit(os.getpid)  # type: ignore[union-attr]
             )
             os.kill(pid, signal.SIGKILL)
-            with pytest.raises(ModelError, match="decode worker process died.*--resume"):
-                for _ in range(50):  # the executor notices the death on its next call
-                    await pool.decode(ImageRef(path=str(good)))
-                    await asyncio.sleep(0.05)
+            with pytest.raises(ModelError, match=r"decode worker process died.*--resume"):
+                await _decode_until_it_fails(pool, ImageRef(path=str(good)))
 
     asyncio.run(main())
+
+
+async def _decode_until_it_fails(pool: DecodePool, ref: ImageRef) -> None:
+    for _ in range(50):  # bounded: the executor notices the death on its next call
+        await pool.decode(ref)
+        await asyncio.sleep(0.05)
