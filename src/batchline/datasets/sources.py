@@ -243,7 +243,7 @@ def prompt_column(
 
 def _check_input_kind(fmt: Format, kind: str, columns: tuple[str, ...]) -> tuple[str, ...]:
     if kind not in get_args(InputKind):
-        raise InputError(f"input kind must be text, record or tensors, got {kind!r}")
+        raise InputError(f"input kind must be text, record, tensors or image, got {kind!r}")
     if kind == "image":  # a column of pictures: each record's input is that column's value
         if len(columns) != 1 or fmt not in ("csv", "jsonl", "parquet"):
             raise InputError(
