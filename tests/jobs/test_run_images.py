@@ -470,3 +470,20 @@ def test_a_script_without_a_main_guard_runs_an_image_job(tmp_path: Path, classif
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "records 3"
+
+
+def test_picture_ref_reads_every_shape_a_column_holds(tmp_path: Path) -> None:
+    from batchline.jobs.images import picture_ref
+    from batchline.models.image import ImageRef
+
+    assert picture_ref(b"abc", tmp_path) == ImageRef(data=b"abc")
+    assert picture_ref("a/b.jpg", tmp_path) == ImageRef(path=str(tmp_path / "a" / "b.jpg"))
+    assert picture_ref("/abs/c.jpg", tmp_path) == ImageRef(path="/abs/c.jpg")
+    # Hugging Face datasets' Image feature: {"bytes", "path"}, the bytes first
+    assert picture_ref({"bytes": b"xy", "path": "p.jpg"}, tmp_path) == ImageRef(data=b"xy")
+    assert picture_ref({"bytes": None, "path": "p.jpg"}, tmp_path) == ImageRef(
+        path=str(tmp_path / "p.jpg")
+    )
+    assert "empty or null" in str(picture_ref(None, tmp_path))
+    assert "empty" in str(picture_ref(b"", tmp_path))
+    assert "holds int" in str(picture_ref(7, tmp_path))
