@@ -7,5 +7,6 @@ modules. Pillow and numpy are imported where used, so importing this face costs 
 from __future__ import annotations
 
 from batchline.models.image.preprocess import ImagePreprocess
+from batchline.models.image.processor_config import preprocess_from_config
 
-__all__ = ["ImagePreprocess"]
+__all__ = ["ImagePreprocess", "preprocess_from_config"]
