@@ -159,18 +159,53 @@ def test_zero_shot_without_labels_is_one_line(image_folders: Path) -> None:
     assert "\n" not in str(info.value)
 
 
-def test_siglip_embeds_pictures_and_classifies_them_zero_shot_is_refused_for_now(
+def _siglip_ids(folder: Path, texts: list[str]) -> Any:
+    """SigLIP's text input as it was trained: every text padded to the full 16 positions."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tok.enable_padding(pad_id=0, pad_token="<pad>", length=16)
+    return torch.tensor([e.ids for e in tok.encode_batch(texts)])
+
+
+def test_siglip_embeds_pictures_and_texts_into_one_space(
     image_folders: Path, model_cache: Path
 ) -> None:
     folder = build_folder(image_folders, "siglip")
-    model = _load(folder, input_kind="image")
-    items, pixels = _pixels(model)
-    got = np.stack(model.run_batch(items))
+    images = _load(folder, input_kind="image")
+    texts = _load(folder)
+    items, pixels = _pixels(images)
+    got_images = np.stack(images.run_batch(items))
+    words = ["a photo of a cat", "dog", "the red car on the mat"]
+    got_texts = np.stack(texts.run_batch(texts.prepare(words)))
+    reference = _reference(folder, "SiglipModel")
     with torch.no_grad():
-        want = _features(_reference(folder, "SiglipModel").get_image_features(pixel_values=pixels))
-    assert np.abs(got - torch.nn.functional.normalize(want, dim=-1).numpy()).max() <= 1e-4
-    with pytest.raises(InputError, match="SigLIP's text tower"):
-        _load(folder)
+        want_images = _features(reference.get_image_features(pixel_values=pixels))
+        want_texts = _features(reference.get_text_features(input_ids=_siglip_ids(folder, words)))
+    normalize = torch.nn.functional.normalize
+    assert np.abs(got_images - normalize(want_images, dim=-1).numpy()).max() <= 1e-4
+    assert np.abs(got_texts - normalize(want_texts, dim=-1).numpy()).max() <= 1e-4
+
+
+def test_siglip_classifies_zero_shot_with_a_sigmoid_per_label(
+    image_folders: Path, model_cache: Path, tmp_path: Path
+) -> None:
+    folder = build_folder(image_folders, "siglip")
+    labels = ["a photo of a cat", "a photo of a dog", "a red car"]
+    labels_file = tmp_path / "labels.txt"
+    labels_file.write_text("\n".join(labels) + "\n\n", encoding="utf-8")
+    from batchline.models.selection import parse_labels
+
+    model = _load(folder, labels=parse_labels(str(labels_file)))
+    items, pixels = _pixels(model)
+    results = model.run_batch(items)
+    with torch.no_grad():
+        out = _reference(folder, "SiglipModel")(
+            input_ids=_siglip_ids(folder, labels), pixel_values=pixels
+        )
+    want = torch.sigmoid(out.logits_per_image).numpy()
+    got = np.array([[r["scores"][label] for label in labels] for r in results])
+    assert np.abs(got - want).max() <= 1e-4
 
 
 def test_detection_describes_each_family(image_folders: Path) -> None:

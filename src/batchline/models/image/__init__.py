@@ -15,13 +15,19 @@ from batchline.models.image.preprocess import ImagePreprocess
 from batchline.models.image.processor_config import preprocess_from_config
 
 if TYPE_CHECKING:
-    from batchline.models.image.hf_image import ImageClassifier, ImageEmbedder, ZeroShotClassifier
+    from batchline.models.image.hf_image import (
+        ImageClassifier,
+        ImageEmbedder,
+        PaddedTextEmbedder,
+        ZeroShotClassifier,
+    )
     from batchline.models.image.load import load_image_folder
 
 __all__ = [
     "ImageClassifier",
     "ImageEmbedder",
     "ImagePreprocess",
+    "PaddedTextEmbedder",
     "ZeroShotClassifier",
     "load_image_folder",
     "preprocess_from_config",
@@ -32,6 +38,7 @@ __getattr__ = lazy_exports(
     {
         "ImageClassifier": "hf_image",
         "ImageEmbedder": "hf_image",
+        "PaddedTextEmbedder": "hf_image",
         "ZeroShotClassifier": "hf_image",
         "load_image_folder": "load",
     },

@@ -10,7 +10,9 @@ What :func:`export_image` writes, by ``head``:
   → ``(batch, dim)``, unnormalized; the graph's metadata keeps the model's ``logit_scale``
   and ``logit_bias`` (for zero-shot classification);
 - ``text_embeds``: their text tower (``get_text_features``), ``input_ids`` and
-  ``attention_mask`` ``(batch, sequence)`` → ``(batch, dim)``;
+  ``attention_mask`` ``(batch, sequence)`` → ``(batch, dim)``; SigLIP's text tower reads the
+  last of a fixed number of tokens (padding included, as it was trained), so its graph takes
+  ``input_ids`` alone, ``(batch, text length)``;
 - ``cls`` / ``mean``: an image encoder (DINOv2, ``ViTModel``) → the first token of its last
   hidden state, or the mean of its patch tokens (the first token left out), ``(batch, dim)``.
 
@@ -72,12 +74,15 @@ def export_image(
     torch, transformers = require_torch(f"converting {folder} to ONNX")
     model = _load(folder, head, transformers, torch)
     arch = type(model).__name__
+    fixed = head == "text_embeds" and fixed_text_length(model.config) is not None
     wrapped = _wrap(torch, model, head)
-    names = ["input_ids", "attention_mask"] if head == "text_embeds" else ["pixel_values"]
+    names = ["pixel_values"]
+    if head == "text_embeds":
+        names = ["input_ids"] if fixed else ["input_ids", "attention_mask"]
     output = _OUTPUT[head]
     probe = _probe(model, head, image_size, rows=2, seed=0)
     axes: dict[str, dict[int, str]] = {n: {0: "batch"} for n in names}
-    if head == "text_embeds":
+    if head == "text_embeds" and not fixed:
         axes = {n: {0: "batch", 1: "sequence"} for n in names}
     axes[output] = {0: "batch"}
     with tempfile.TemporaryDirectory(prefix=f".{target.name}.", dir=target.parent) as tmp:
@@ -104,6 +109,16 @@ def export_image(
         data = _finish(traced, model, head, arch)
     _check(torch, wrapped, names, output, data, _probe(model, head, image_size, rows=3, seed=1))
     write_whole(target, data)
+
+
+def fixed_text_length(config: Any) -> int | None:
+    """The length every text is padded to, for a text tower that pools the last position
+    (SigLIP: its ``text_config.max_position_embeddings``); ``None`` for CLIP's, which pools
+    the end-of-text token of a text of any length."""
+    if getattr(config, "model_type", None) != "siglip":
+        return None
+    length = int(config.text_config.max_position_embeddings)
+    return length
 
 
 def _load(folder: Path, head: ImageHead, transformers: ModuleType, torch: ModuleType) -> Any:
@@ -153,6 +168,8 @@ def _wrap(torch: ModuleType, model: Any, head: ImageHead) -> Any:
                 return self.model(pixel_values=inputs[0]).logits
             if head == "image_embeds":
                 return _features(self.model.get_image_features(pixel_values=inputs[0]))
+            if head == "text_embeds" and len(inputs) == 1:
+                return _features(self.model.get_text_features(input_ids=inputs[0]))
             if head == "text_embeds":
                 ids, mask = inputs
                 return _features(self.model.get_text_features(input_ids=ids, attention_mask=mask))
@@ -172,7 +189,8 @@ def _probe(
     text = model.config.text_config
     vocab = int(text.vocab_size)
     lengths = [7, 4, 2][:rows] if rows <= 3 else [5] * rows
-    width = max(lengths)
+    fixed = fixed_text_length(model.config)
+    width = fixed or max(lengths)
     ids = rng.integers(1, vocab - 1, size=(rows, width), dtype=np.int64)
     mask = (np.arange(width)[None, :] < np.array(lengths)[:, None]).astype(np.int64)
     eos = getattr(text, "eos_token_id", None)
@@ -181,6 +199,8 @@ def _probe(
         ids[ids == eos] = 1
         ids[np.arange(rows), np.array(lengths) - 1] = eos  # a text ends with its eos token
     ids[mask == 0] = pad if isinstance(pad, int) and 0 <= pad < vocab else 0
+    if fixed is not None:
+        return {"input_ids": ids}
     return {"input_ids": ids, "attention_mask": mask}
 
 

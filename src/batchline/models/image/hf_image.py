@@ -1,7 +1,8 @@
 """Image models behind the seam, over one ONNX graph each: :class:`ImageClassifier`
 (``classify``: a label and its scores), :class:`ImageEmbedder` (``embed``: one vector per
 picture) and :class:`ZeroShotClassifier` (``classify`` over label texts embedded once, at
-load: CLIP and SigLIP).
+load: CLIP and SigLIP); and :class:`PaddedTextEmbedder`, SigLIP's text tower (CLIP's is the
+ONNX text embedder of ``batchline.models.onnx``).
 
 Each is a :class:`~batchline.models.protocol.BatchModel` whose ``info.input_kind`` is
 ``image`` and whose ``preprocess`` (:class:`~batchline.models.image.ImagePreprocess`) makes
@@ -30,9 +31,11 @@ from batchline.models.onnx import SessionModel, classification, softmax
 from batchline.models.protocol import ModelInfo
 
 if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
     from batchline.models.onnx import Classification, OnnxModel
 
-__all__ = ["ImageClassifier", "ImageEmbedder", "ZeroShotClassifier"]
+__all__ = ["ImageClassifier", "ImageEmbedder", "PaddedTextEmbedder", "ZeroShotClassifier"]
 
 Pixels = npt.NDArray[np.float32]
 
@@ -230,6 +233,75 @@ class ZeroShotClassifier(_ImageModel):
         sigmoid = self.activation == "sigmoid"
         probs = 1.0 / (1.0 + np.exp(-logits)) if sigmoid else softmax(logits)
         return [classification(row, self.labels, top_k=self.top_k) for row in probs]
+
+
+class PaddedTextEmbedder(SessionModel):
+    """A text tower that reads every text padded to ``length`` tokens and pools the last
+    position (SigLIP's, as it was trained: ``padding="max_length"``), task ``embed``.
+
+    Its graph takes ``input_ids`` ``(batch, length)`` alone and returns ``(batch, dim)``;
+    texts are truncated to ``length`` tokens, and each costs 1 (they are all that long).
+    """
+
+    def __init__(
+        self,
+        model: OnnxModel,
+        tokenizer: Tokenizer,
+        *,
+        name: str,
+        length: int,
+        pad_id: int,
+        output_name: str = "text_embeds",
+        normalize: bool = True,
+    ) -> None:
+        if model.input_names != ("input_ids",):
+            raise ModelError(f"{model.path.name} takes {list(model.input_names)}, not input_ids")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.length, self.pad_id = length, pad_id
+        self.output_name, self.normalize = output_name, normalize
+        dim = self._run([np.full(length, pad_id, np.int64)]).shape[1]
+        self._info = ModelInfo(
+            name=name,
+            task="embed",
+            input_kind="text",
+            result_kind="vector",
+            result_column="embedding",
+            max_tokens=length,
+            details={"dim": int(dim), "normalized": normalize},
+        )
+
+    def prepare(self, inputs: Sequence[object]) -> list[npt.NDArray[np.int64] | BaseException]:
+        """Each text's ids, padded to ``length``; a non-text is an ``InputError`` for it."""
+        assert self.tokenizer is not None
+        texts = [x for x in inputs if isinstance(x, str)]
+        encoded = iter(self.tokenizer.encode_batch(texts))
+        out: list[npt.NDArray[np.int64] | BaseException] = []
+        for x in inputs:
+            if not isinstance(x, str):
+                out.append(InputError(f"a text input must be a string, got {type(x).__name__}"))
+                continue
+            ids = np.full(self.length, self.pad_id, np.int64)
+            own = next(encoded).ids[: self.length]
+            ids[: len(own)] = own
+            out.append(ids)
+        return out
+
+    def cost(self, item: npt.NDArray[np.int64]) -> int:
+        return 1
+
+    def _run(self, batch: Sequence[npt.NDArray[np.int64]]) -> npt.NDArray[np.float32]:
+        out = self.model.run({"input_ids": np.stack(batch)}, [self.output_name])
+        rows = out[self.output_name].astype(np.float32, copy=False)
+        if rows.ndim != 2 or rows.shape[0] != len(batch):
+            raise ModelError(f"{self.model.path.name} returned {rows.shape} for {len(batch)} texts")
+        return rows
+
+    def run_batch(self, batch: list[npt.NDArray[np.int64]]) -> list[npt.NDArray[np.float32]]:
+        if not batch:
+            return []
+        rows = self._run(batch)
+        return list(l2_normalize(rows) if self.normalize else rows)
 
 
 def l2_normalize(rows: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:

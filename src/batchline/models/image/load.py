@@ -10,8 +10,9 @@ ONNX and cached (:func:`batchline.models.hf.convert_with`), and the model that f
 - an image encoder, or a two-tower folder loaded for images →
   :class:`~batchline.models.image.hf_image.ImageEmbedder`;
 - a two-tower folder loaded for texts (``spec.input_kind == "text"``, the default for
-  ``embed``) → the ONNX text embedder over its text tower, so that ``run texts.txt --model
-  clip/`` gives vectors in the pictures' space;
+  ``embed``) → the ONNX text embedder over its text tower (SigLIP's:
+  :class:`~batchline.models.image.hf_image.PaddedTextEmbedder`), so that ``run texts.txt
+  --model clip/`` gives vectors in the pictures' space;
 - a two-tower folder with labels (``classify``) →
   :class:`~batchline.models.image.hf_image.ZeroShotClassifier`, the labels embedded once here.
 """
@@ -24,7 +25,12 @@ from typing import TYPE_CHECKING, Any
 from batchline._errors import InputError, ModelError
 from batchline.knobs import Knobs
 from batchline.models.hf import FolderModel, convert_with
-from batchline.models.image.hf_image import ImageClassifier, ImageEmbedder, ZeroShotClassifier
+from batchline.models.image.hf_image import (
+    ImageClassifier,
+    ImageEmbedder,
+    PaddedTextEmbedder,
+    ZeroShotClassifier,
+)
 from batchline.models.image.preprocess import ImagePreprocess
 from batchline.models.image.processor_config import preprocess_from_config, read_processor_config
 from batchline.models.protocol import BatchModel
@@ -129,7 +135,7 @@ def _zero_shot(
         scale = float(np.exp(float(meta["batchline.logit_scale"])))
     except (KeyError, ValueError):
         raise ModelError(f"{path}: the converted graph does not say its logit scale") from None
-    siglip = found.model_type == "siglip" or found.architecture == "SiglipModel"
+    siglip = _siglip(found)
     bias = float(meta.get("batchline.logit_bias", 0.0)) if siglip else 0.0
     _log(spec, found, path)
     return ZeroShotClassifier(
@@ -154,13 +160,21 @@ def _text_tower(spec: ModelSpec, found: FolderModel, knobs: Knobs, *, normalize:
             "(save the processor with its fast tokenizer: "
             "AutoProcessor.from_pretrained(...).save_pretrained(folder))"
         )
-    if found.model_type == "siglip" or found.architecture == "SiglipModel":
-        raise InputError(
-            f"{found.folder}: SigLIP's text tower is not supported yet (it pools the last of "
-            "64 padded tokens); its images embed with the image dataset"
-        )
     path = _convert(found, "text_embeds", (0, 0))
     _log(spec, found, path)
+    if _siglip(found):
+        from batchline.models.onnx import load_sessions_at, load_tokenizer
+
+        length = _text_length(found) or 64
+        tokenizer, pad_id = load_tokenizer(found.tokenizer, max_length=length)
+        return PaddedTextEmbedder(
+            load_sessions_at(path, knobs),
+            tokenizer,
+            name=spec.name,
+            length=length,
+            pad_id=pad_id,
+            normalize=normalize,
+        )
     return load_onnx_embedder(
         path,
         found.tokenizer,
@@ -170,6 +184,10 @@ def _text_tower(spec: ModelSpec, found: FolderModel, knobs: Knobs, *, normalize:
         pooling="none",
         normalize=normalize,
     )
+
+
+def _siglip(found: FolderModel) -> bool:
+    return found.model_type == "siglip" or found.architecture == "SiglipModel"
 
 
 def _text_length(found: FolderModel) -> int | None:
