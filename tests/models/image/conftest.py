@@ -5,8 +5,9 @@ CLIP, a small word-level ``tokenizer.json``). They import torch and transformers
 from __future__ import annotations
 
 import json
+import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -185,6 +186,20 @@ def pictures(count: int, seed: int = 0) -> list[Any]:
         h, w = sizes[len(out) % len(sizes)]
         out.append(Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)))
     return out[:count]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def image_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A cache folder of the module's own (conversions seen fresh, the session's cache left
+    as the other model tests expect it); torch on one thread, as the machine is shared."""
+    folder = tmp_path_factory.mktemp("image-cache")
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("BATCHLINE_CACHE_DIR", str(folder))
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        yield folder
 
 
 @pytest.fixture(scope="session")

@@ -44,7 +44,7 @@ def _reference(folder: Path, auto: str) -> Any:
 
 @pytest.mark.parametrize("family", CLASSIFIERS)
 def test_a_classifier_matches_transformers(
-    image_folders: Path, model_cache: Path, family: str
+    image_folders: Path, image_cache: Path, family: str
 ) -> None:
     folder = build_folder(image_folders, family)
     model = _load(folder)
@@ -60,13 +60,13 @@ def test_a_classifier_matches_transformers(
     labels = [LABELS[int(i)] for i in want.argmax(-1)]
     assert [r["label"] for r in results] == labels
     # the file is cached: a second load converts nothing
-    assert model.model.path.parent == model_cache / "hf"
+    assert model.model.path.parent == image_cache / "hf"
     again = _load(folder)
     assert again.model.path == model.model.path
 
 
 def test_top_k_keeps_the_likeliest_labels_best_first(
-    image_folders: Path, model_cache: Path
+    image_folders: Path, image_cache: Path
 ) -> None:
     model = _load(build_folder(image_folders, "vit"), top_k=2)
     full = _load(build_folder(image_folders, "vit"))
@@ -80,7 +80,7 @@ def test_top_k_keeps_the_likeliest_labels_best_first(
 
 @pytest.mark.parametrize(("family", "pooling"), [("dinov2", "cls"), ("vitmodel", "mean")])
 def test_an_image_encoder_matches_transformers(
-    image_folders: Path, model_cache: Path, family: str, pooling: str
+    image_folders: Path, image_cache: Path, family: str, pooling: str
 ) -> None:
     folder = build_folder(image_folders, family)
     model = _load(folder, pooling=pooling)
@@ -103,7 +103,7 @@ def _features(out: Any) -> Any:
 
 
 def test_clip_embeds_pictures_and_texts_into_one_space(
-    image_folders: Path, model_cache: Path
+    image_folders: Path, image_cache: Path
 ) -> None:
     from tokenizers import Tokenizer
 
@@ -130,7 +130,7 @@ def test_clip_embeds_pictures_and_texts_into_one_space(
 
 
 def test_clip_classifies_zero_shot_over_the_given_labels(
-    image_folders: Path, model_cache: Path, tmp_path: Path
+    image_folders: Path, image_cache: Path, tmp_path: Path
 ) -> None:
     from tokenizers import Tokenizer
 
@@ -169,7 +169,7 @@ def _siglip_ids(folder: Path, texts: list[str]) -> Any:
 
 
 def test_siglip_embeds_pictures_and_texts_into_one_space(
-    image_folders: Path, model_cache: Path
+    image_folders: Path, image_cache: Path
 ) -> None:
     folder = build_folder(image_folders, "siglip")
     images = _load(folder, input_kind="image")
@@ -188,7 +188,7 @@ def test_siglip_embeds_pictures_and_texts_into_one_space(
 
 
 def test_siglip_classifies_zero_shot_with_a_sigmoid_per_label(
-    image_folders: Path, model_cache: Path, tmp_path: Path
+    image_folders: Path, image_cache: Path, tmp_path: Path
 ) -> None:
     folder = build_folder(image_folders, "siglip")
     labels = ["a photo of a cat", "a photo of a dog", "a red car"]

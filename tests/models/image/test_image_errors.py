@@ -93,7 +93,7 @@ def test_a_processor_config_of_varying_sizes_is_refused_at_load(
     _one_line(caught)
 
 
-def test_a_bad_picture_is_that_inputs_error(image_folders: Path, model_cache: Path) -> None:
+def test_a_bad_picture_is_that_inputs_error(image_folders: Path, image_cache: Path) -> None:
     model = load_model(parse_spec(f"{build_folder(image_folders, 'vit')}/"), KNOBS)
     good = pictures(1)[0]
     prepared = model.prepare([good, "not a picture", np.zeros((3, 5, 5), np.float32)])
