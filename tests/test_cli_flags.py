@@ -50,6 +50,7 @@ NOT_SHARED = {
     "--pooling": "serve's applies to a single model",
     "--normalize": "serve's applies to a single model",
     "--no-normalize": "serve's applies to a single model",
+    "--top-k": "the model flags: one definition (models.selection.add_model_arguments)",
     # known to differ, left for a later rename
     "--output": "each command's result: a folder (run, drive, bench) or tune's config file",
     "--seed": "run's seeds sampling, bench's and tune's the sample and arrivals",

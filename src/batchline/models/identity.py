@@ -46,6 +46,8 @@ def model_identity(spec: ModelSpec, knobs: Knobs | None = None) -> str | None:
     }
     if spec.image is not None:  # a plain .onnx reading pictures: its preprocessing flags
         options["image"] = [spec.image.size, spec.image.mean, spec.image.std]
+    # only when set, so that the identities of models without them stay as they were
+    options.update({k: v for k, v in (("top_k", spec.top_k), ("input", spec.input_kind)) if v})
     if spec.generates:
         options.update(_generation_options(spec, knobs or Knobs()))
     elif knobs is not None and knobs.quantize is not None:  # int8 vectors differ in the bits

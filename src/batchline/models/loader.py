@@ -3,7 +3,8 @@
 
 This module only resolves (the task, :func:`resolve_task`) and dispatches: each model kind
 loads itself in its own module (``models/function.py``, ``models/onnx/{embed,classify,score,
-predict}.py``, a Hugging Face encoder folder ``models/hf/load.py``), laid out from
+predict}.py``, a Hugging Face encoder folder ``models/hf/load.py``, an image folder
+``models/image/load.py``), laid out from
 :class:`~batchline.knobs.Knobs` (batching: ``sessions``
 sessions of ``intra_op_threads`` threads, plus a solo session when ``solo_intra_op_threads``
 is set; the baseline, ``batching=False``: one session every caller shares). Every layer that
@@ -114,6 +115,10 @@ def load_model(spec: ModelSpec, knobs: Knobs) -> AnyModel:
         from batchline.models.function import as_model
 
         return as_model(import_factory(spec.source), name=spec.name)
+    if spec.kind == "hf" and spec.folder is not None and spec.folder.image is not None:
+        from batchline.models.image import load_image_folder
+
+        return load_image_folder(spec.with_options(task=task), knobs)
     if spec.kind == "hf":
         from batchline.models.hf.load import load_folder_model
 

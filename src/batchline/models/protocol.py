@@ -67,7 +67,8 @@ CostKind = Literal["padded", "additive"]
 #: What ``prepare`` takes per record: ``text`` (a string), ``tensors`` (a mapping of input
 #: name to one row's array), ``record`` (the whole input row as a dict), ``image`` (a
 #: picture: its bytes, or where they are; an image model also has ``preprocess``, an
-#: ``ImagePreprocess``, and its prepared items are float32 ``(3, H, W)`` arrays).
+#: ``ImagePreprocess``, and its prepared items are float32 ``(3, H, W)`` arrays; see
+#: ``batchline.models.image``).
 InputKind = Literal["text", "tensors", "record", "image"]
 
 #: How a dataset output stores one result (``batchline.datasets.columns``): ``vector`` (a

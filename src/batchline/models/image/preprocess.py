@@ -99,9 +99,10 @@ class ImagePreprocess:
             width, height = image.size
             top, left = (height - crop_h) // 2, (width - crop_w) // 2
             image = image.crop((left, top, left + crop_w, top + crop_h))
-        pixels = np.asarray(image, dtype=np.float32)
+        pixels: np.ndarray = np.asarray(image, dtype=np.float32)
         if self.rescale_factor is not None:
             pixels = pixels * np.float32(self.rescale_factor)
         if self.mean is not None and self.std is not None:
-            pixels = (pixels - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)
+            mean, std = np.asarray(self.mean, np.float32), np.asarray(self.std, np.float32)
+            pixels = (pixels - mean) / std
         return np.ascontiguousarray(pixels.transpose(2, 0, 1))
