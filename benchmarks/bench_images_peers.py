@@ -28,7 +28,7 @@ Usage::
     python benchmarks/bench_images_peers.py --images 24 --quick   # smoke run (~2 min)
 
 Needs ``batchline[jobs]``, torch and transformers (``batchline[generate]``), and Ray Data
-(``pip install 'ray[data]'``). Mode (a) needs batchline's image datasets (``run DIR/``).
+(``pip install 'ray[data]'``) for mode (c).
 """
 
 from __future__ import annotations

@@ -155,10 +155,34 @@ def resolve(options: RunOptions) -> RunOptions:
         spec = options.parse_spec(
             "generate" if generating and options.task is None else options.task
         )
+        spec = _tower(spec, options)
     if isinstance(options, GenerateOptions) or not (generating or spec.generates):
         return dataclasses.replace(options, spec=spec)
     values = {f.name: getattr(options, f.name) for f in dataclasses.fields(RunOptions)}
     return GenerateOptions(**{**values, "spec": spec})
+
+
+def _tower(spec: ModelSpec, options: RunOptions) -> ModelSpec:
+    """An image folder's spec loaded for what the dataset holds: a two-tower folder (CLIP,
+    SigLIP) takes pictures through its image tower and texts through its text tower; an
+    image-only model given texts is refused here, once, before anything loads."""
+    image = spec.folder.image if spec.folder is not None else None
+    if image is None or spec.generates:
+        return spec
+    if options.reads_pictures():
+        return spec.with_options(input_kind="image")
+    where = options.input if options.input is not None else "the demo input"
+    if image != "two-tower":
+        raise InputError(
+            f"{where} holds texts, but model {spec.name!r} reads pictures: give a folder of "
+            "pictures, .tar shards, or a file with --image-column"
+        )
+    if spec.task == "classify":
+        raise InputError(
+            f"{where} holds texts, but zero-shot classification with {spec.name!r} reads "
+            "pictures; embed texts with its text tower by leaving out --labels"
+        )
+    return spec.with_options(input_kind="text")
 
 
 def batch_specs(options: RunOptions) -> list[ModelSpec]:

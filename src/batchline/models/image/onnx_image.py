@@ -17,6 +17,7 @@ and decodes inline.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -25,6 +26,7 @@ from batchline.knobs import Knobs
 from batchline.models.image.decode import DEFAULT_MAX_PIXELS, ImageRef, decode_image
 from batchline.models.image.options import ImageOptions
 from batchline.models.image.preprocess import ImagePreprocess
+from batchline.models.image.processor_config import preprocess_from_config, read_processor_config
 from batchline.models.onnx.classify import labels_from_config, softmax
 from batchline.models.onnx.runtime import OnnxModel, OnnxTensor
 from batchline.models.onnx.sessions import SessionModel, load_sessions_at
@@ -179,10 +181,30 @@ class OnnxImageModel(SessionModel):
         return f"OnnxImageModel({self.model.path.name!r}, task={self.info.task!r})"
 
 
+def _folder_preprocess(spec: ModelSpec) -> ImagePreprocess | None:
+    """The preprocessing of the ``preprocessor_config.json`` in the model's folder (or beside
+    the ``.onnx``), unless ``--image-size``, ``--mean`` or ``--std`` say otherwise."""
+    flags = spec.image
+    if flags is not None and (flags.size, flags.mean, flags.std) != (None, None, None):
+        return None
+    folder = _folder(spec)
+    if not (folder / "preprocessor_config.json").is_file():
+        return None
+    return preprocess_from_config(read_processor_config(folder))
+
+
+def _folder(spec: ModelSpec) -> Path:
+    """The model's folder: the one its spec named (the graph may sit in its ``onnx/``), else
+    the one holding the ``.onnx``."""
+    return spec.folder.folder if spec.folder is not None else spec.path.parent
+
+
 def load_image_model(spec: ModelSpec, knobs: Knobs) -> OnnxImageModel:
     """An ``.onnx`` with one NCHW input as an image model (task ``embed`` or ``classify``),
-    preprocessed as ``spec.image`` says (:class:`ImageOptions`); labels from ``--labels`` or
-    a ``config.json``'s ``id2label`` beside it."""
+    preprocessed as the ``preprocessor_config.json`` of its folder says, else as
+    ``spec.image`` says (:class:`ImageOptions`: ``--image-size``, ``--mean`` and ``--std``,
+    which also win over the folder's); labels from ``--labels`` or a ``config.json``'s
+    ``id2label`` beside it."""
     model = load_sessions_at(spec.path, knobs)
     found = image_input(model.inputs)
     if found is None:
@@ -192,11 +214,11 @@ def load_image_model(spec: ModelSpec, knobs: Knobs) -> OnnxImageModel:
         )
     height, width = found.shape[2], found.shape[3]
     fixed = (height, width) if isinstance(height, int) and isinstance(width, int) else None
-    preprocess = (spec.image or ImageOptions()).preprocess(fixed)
+    preprocess = _folder_preprocess(spec) or (spec.image or ImageOptions()).preprocess(fixed)
     task: Task = spec.task if spec.task in ("embed", "classify") else "embed"
     labels = spec.labels
     if labels is None and task == "classify":
-        labels = labels_from_config(spec.path.with_name("config.json"))
+        labels = labels_from_config(_folder(spec) / "config.json")
     return OnnxImageModel(
         model,
         preprocess,
