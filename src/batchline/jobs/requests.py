@@ -288,6 +288,11 @@ class EmbeddingLine:
 def embedding_line(body: EmbeddingRequest, dim: int | None, model: str) -> EmbeddingLine:
     """An embeddings line's body as ``POST /v1/embeddings`` reads it, for ``model`` (its
     vectors ``dim`` long); ``ValueError`` naming what is wrong."""
+    if body.messages is not None or body.modality != "text" or body.input is None:
+        raise ValueError(
+            "a batch line's embeddings body takes texts in 'input'; images are taken by "
+            "POST /v1/embeddings on a served image model"
+        )
     texts = texts_of(body.input, "input")
     return EmbeddingLine(tuple(texts), body.encoding_format == "base64", body.cut(dim, model))
 

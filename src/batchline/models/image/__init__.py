@@ -24,6 +24,7 @@ from batchline.models.image.decode import (
     DEFAULT_MAX_PIXELS,
     IMAGE_SUFFIXES,
     ImageRef,
+    TooManyPixelsError,
     decode_image,
 )
 from batchline.models.image.options import ImageOptions
@@ -60,6 +61,7 @@ __all__ = [
     "ImagePreprocess",
     "ImageRef",
     "PaddedTextEmbedder",
+    "TooManyPixelsError",
     "ZeroShotClassifier",
     "choose_workers",
     "content_key",

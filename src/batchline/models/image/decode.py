@@ -28,7 +28,7 @@ from batchline._errors import InputError
 if TYPE_CHECKING:
     from PIL import Image
 
-__all__ = ["DEFAULT_MAX_PIXELS", "IMAGE_SUFFIXES", "ImageRef", "decode_image"]
+__all__ = ["DEFAULT_MAX_PIXELS", "IMAGE_SUFFIXES", "ImageRef", "TooManyPixelsError", "decode_image"]
 
 #: Pictures larger than this many pixels are refused unless told otherwise (about 13,000 x
 #: 13,000; a 12 MP camera photo is well under it, a decompression bomb well over it).
@@ -39,6 +39,11 @@ IMAGE_SUFFIXES = frozenset(
 )
 _ORIENTATION = 0x0112
 _SWAPS_AXES = frozenset({5, 6, 7, 8})  # EXIF orientations that turn the picture by 90 degrees
+
+
+class TooManyPixelsError(InputError):
+    """A picture declares more pixels than the limit (a decompression bomb, or a limit set
+    too low): raised by :func:`decode_image` from the header alone."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,14 +105,16 @@ def decode_image(
         except Image.DecompressionBombError as exc:  # Pillow's own limit, where it is set
             found = re.search(r"\((\d+) pixels\)", str(exc))
             what = f"{int(found.group(1)):,} pixels" if found else str(exc)
-            raise InputError(_too_large(what, max_pixels)) from None
+            raise TooManyPixelsError(_too_large(what, max_pixels)) from None
         except UnidentifiedImageError:
             raise InputError(f"not a picture Pillow can read ({_head(data)})") from None
         except (OSError, ValueError, SyntaxError) as exc:
             raise InputError(f"not a readable picture: {exc}") from None
     width, height = image.size
     if width * height > max_pixels:
-        raise InputError(_too_large(f"{width} x {height} = {width * height:,} pixels", max_pixels))
+        raise TooManyPixelsError(
+            _too_large(f"{width} x {height} = {width * height:,} pixels", max_pixels)
+        )
     try:
         if draft is not None and image.format == "JPEG":
             want = draft
