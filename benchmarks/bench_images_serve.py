@@ -17,7 +17,7 @@ baseline's, p99 <= the baseline's.
 
 Usage::
 
-    python benchmarks/bench_images_serve.py                           # full: 20 s a point, 3 repeats
+    python benchmarks/bench_images_serve.py              # full: 20 s a point, 3 repeats
     python benchmarks/bench_images_serve.py --duration 2 --repeats 1 --clients 4   # smoke
 
 Needs ``batchline[server,jobs]``, torch and transformers (the model's conversion, once).
@@ -44,7 +44,7 @@ from starlette.requests import Request  # at the top: FastAPI resolves the route
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).parent))
 
-from bench_images_peers import converted_graph, make_model  # noqa: E402
+from bench_images_peers import converted_graph, make_model
 
 
 def make_bodies(count: int, seed: int) -> list[bytes]:
