@@ -288,6 +288,22 @@ async def test_an_image_to_a_text_model_is_refused(folders: Path, photos: Path) 
         _error(r, 400, "not images")
         ok = await client.post("/v1/embeddings", json={"input": ["a photo of a cat"]})
         assert ok.status_code == 200, ok.text
+        # vLLM's shape with text parts: one conversation, one vector, as the text alone
+        parts = [{"type": "text", "text": "a photo of a cat"}]
+        chat = {"messages": [{"role": "user", "content": parts}]}
+        same = await client.post("/v1/embeddings", json=chat)
+        assert same.status_code == 200, same.text
+        assert np.allclose(
+            same.json()["data"][0]["embedding"], ok.json()["data"][0]["embedding"], atol=1e-6
+        )
+
+
+def test_modality_goes_with_a_two_tower_folder(folders: Path) -> None:
+    from batchline._errors import InputError
+
+    settings = ServerSettings.model_validate({"model": [f"{folders}/vit/"], "modality": "image"})
+    with pytest.raises(InputError, match="modality goes with a two-tower image folder"):
+        settings.specs  # noqa: B018 (the property parses the specs)
 
 
 class _Pictures(http.server.BaseHTTPRequestHandler):
