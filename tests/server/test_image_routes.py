@@ -342,3 +342,47 @@ async def test_url_fetch_takes_allowed_hosts_only(folders: Path, photos: Path) -
     assert fetched.status_code == 200, fetched.text
     assert fetched.json() == given.json()
     _error(refused, 400, "not on this server's allow-list", elsewhere)
+
+
+@pytest.mark.parametrize(("route", "family"), [("classify", "vit"), ("embeddings", "dinov2")])
+async def test_drive_sends_a_folder_of_pictures_as_run_answers_it(
+    folders: Path, photos: Path, tmp_path: Path, route: str, family: str
+) -> None:
+    from batchline.datasets.sinks import read_output
+    from batchline.driver.drive import DriveOptions, drive_job
+
+    # a tree with a repeated picture: sent once, written twice
+    src = tmp_path / "pictures"
+    (src / "again").mkdir(parents=True)
+    for path in _files(photos):
+        (src / path.name).write_bytes(path.read_bytes())
+    first = _files(photos)[0]
+    (src / "again" / first.name).write_bytes(first.read_bytes())
+    want = await _run(src, tmp_path / "run", "--model", f"{folders}/{family}/")
+    app = create_app(
+        ServerSettings.model_validate(
+            {"model": [f"{folders}/{family}/"], "sessions": 1, "drain_timeout_s": 5.0}
+        )
+    )
+    options = DriveOptions(
+        input=src,
+        output=tmp_path / "drive",
+        endpoints=["http://127.0.0.1:8000"],
+        route=route,  # type: ignore[arg-type]
+        chunk_size=2,
+    )
+    async with app.router.lifespan_context(app):
+        summary = await drive_job(options, transport=httpx.ASGITransport(app=app))
+    assert summary.records == len(want) == 6
+    assert summary.duplicates == 1
+    rows = {row["id"]: row for row in read_output(tmp_path / "drive").to_pylist()}
+    assert sorted(rows) == sorted(want)
+    for key, row in rows.items():
+        if route == "classify":
+            assert row["classification"]["label"] == want[key]["classification"]["label"]
+            assert row["classification"]["score"] == pytest.approx(
+                want[key]["classification"]["score"], abs=1e-5
+            )
+        else:
+            got = np.asarray(row["embedding"], np.float32)
+            assert np.abs(got - np.asarray(want[key]["embedding"], np.float32)).max() <= 1e-5
