@@ -70,7 +70,12 @@ def test_a_conversation_gives_one_input_and_a_list_one_per_picture() -> None:
         request_inputs(None, None, "text", max_bytes=1000)
 
 
-def test_a_batch_line_with_pictures_says_where_images_are_taken() -> None:
-    body = EmbeddingRequest.model_validate({"input": [B64], "modality": "image"})
-    with pytest.raises(ValueError, match="images are taken by POST /v1/embeddings"):
-        embedding_line(body, 8, "emb")
+def test_a_batch_line_carries_its_pictures_and_never_a_url() -> None:
+    body = EmbeddingRequest.model_validate({"input": [B64, B64], "modality": "image"})
+    line = embedding_line(body, 8, "emb")
+    assert (line.texts, line.pictures, line.items) == ((), (PNG, PNG), (PNG, PNG))
+    text = embedding_line(EmbeddingRequest.model_validate({"input": "hi"}), 8, "emb")
+    assert (text.items, text.pictures) == (("hi",), ())
+    remote = EmbeddingRequest.model_validate({"input": ["http://x/a.jpg"], "modality": "image"})
+    with pytest.raises(ValueError, match="URLs are not fetched"):
+        embedding_line(remote, 8, "emb")

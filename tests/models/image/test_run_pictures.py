@@ -154,3 +154,53 @@ def test_texts_on_a_model_that_reads_pictures_are_refused_in_one_line(
     assert "texts.txt holds texts" in err
     assert says in err
     assert not out.exists()
+
+
+def test_a_batch_file_s_embeddings_lines_carry_pictures_as_data_uris(
+    image_folders: Path, photos: Path, tmp_path: Path
+) -> None:
+    import base64
+    import json
+
+    folder = build_folder(image_folders, "dinov2")
+    want = {
+        row["id"]: row["embedding"]
+        for row in _run(photos, tmp_path / "run", "--model", f"{folder}/")
+    }
+    ids = sorted(want)
+
+    def uri(i: str) -> str:
+        return "data:image/png;base64," + base64.b64encode((photos / i).read_bytes()).decode()
+
+    bodies = [
+        {"input": [uri(ids[0]), uri(ids[1])], "modality": "image"},  # infinity's shape
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "image_url", "image_url": {"url": uri(ids[2])}}],
+                }
+            ]
+        },
+        {"input": ["https://example.com/cat.jpg"], "modality": "image"},
+        {"input": ["a photo of a cat"]},  # a text for a model that reads pictures
+    ]
+    lines = [
+        {
+            "custom_id": f"r{k}",
+            "method": "POST",
+            "url": "/v1/embeddings",
+            "body": {"model": "dino", **b},
+        }
+        for k, b in enumerate(bodies)
+    ]
+    src = tmp_path / "batch.jsonl"
+    src.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "answers.jsonl"
+    assert main(["run", str(src), "--model", f"dino={folder}/", "-o", str(out), "--quiet"]) == 0
+    answers = {a["custom_id"]: a for a in map(json.loads, out.read_text().splitlines())}
+    got = [d["embedding"] for k in ("r0", "r1") for d in answers[k]["response"]["body"]["data"]]
+    expected = np.array([want[i] for i in ids[:3]], np.float32)
+    assert np.abs(np.array(got, np.float32) - expected).max() <= 1e-5
+    assert "URLs are not fetched" in answers["r2"]["error"]["message"]
+    assert "takes images" in answers["r3"]["error"]["message"]
