@@ -386,3 +386,31 @@ async def test_drive_sends_a_folder_of_pictures_as_run_answers_it(
         else:
             got = np.asarray(row["embedding"], np.float32)
             assert np.abs(got - np.asarray(want[key]["embedding"], np.float32)).max() <= 1e-5
+
+
+async def test_the_batch_api_answers_image_lines_as_run_does(
+    folders: Path, photos: Path, tmp_path: Path
+) -> None:
+    from .test_batches_api import FINAL, content, jsonl, start_batch, until
+
+    want = await _run(photos, tmp_path / "run", "--model", f"{folders}/dinov2/")
+    files = _files(photos)
+    lines = [
+        {
+            "custom_id": f"img-{i}",
+            "method": "POST",
+            "url": "/v1/embeddings",
+            "body": {"model": "dino", "input": [_uri(p)], "modality": "image"},
+        }
+        for i, p in enumerate(files)
+    ]
+    async with _serving(folders, data_dir=str(tmp_path / "data")) as client:
+        batch = await start_batch(client, jsonl(lines))
+        done = await until(client, batch["id"], FINAL)
+        assert done["status"] == "completed", done
+        assert done["request_counts"] == {"total": 5, "completed": 5, "failed": 0}
+        out = await content(client, done["output_file_id"])
+    got = np.array([o["response"]["body"]["data"][0]["embedding"] for o in out], np.float32)
+    expected = np.array([want[p.name]["embedding"] for p in files], np.float32)
+    assert [o["custom_id"] for o in out] == [f"img-{i}" for i in range(5)]
+    assert np.abs(got - expected).max() <= 1e-5
