@@ -443,17 +443,6 @@ def test_a_missing_folder_is_named_as_missing(
     assert "nothere: no such file or folder" in capsys.readouterr().err
 
 
-def test_pictures_on_ray_are_refused_in_one_line(
-    tmp_path: Path, classifier: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    photo_folder(tmp_path / "photos", 1)
-    argv = ["run", str(tmp_path / "photos"), "--model", str(classifier), "--engine", "ray"]
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1
-    assert "leave out --engine ray" in err[0]
-
-
 def test_a_script_without_a_main_guard_runs_an_image_job(tmp_path: Path, classifier: Path) -> None:
     photo_folder(tmp_path / "photos", 3)
     script = tmp_path / "job.py"

@@ -361,11 +361,6 @@ def _main(args: argparse.Namespace) -> int:
         raise InputError("--address, --replicas and --cpus-per-replica go with --engine ray")
     if args.engine == "ray" and args.cache is not None:
         raise InputError("--cache goes with the local engine; --engine ray runs without it")
-    if args.engine == "ray" and options.reads_pictures():
-        raise InputError(
-            "pictures run on the local engine (its decode worker processes); leave out "
-            "--engine ray for an image job"
-        )
     options = _resolve(args, options)
     generating = isinstance(options, GenerateOptions)
     console = Console(stderr=True)
