@@ -137,8 +137,13 @@ class ServedModel(Generic[P, R]):
     async def start(self) -> None:
         if self.pictures is not None:
             await self.pictures.start()
-        if self.engine is not None:
-            await self.engine.start()
+        try:
+            if self.engine is not None:
+                await self.engine.start()
+        except BaseException:
+            if self.pictures is not None:
+                await asyncio.to_thread(self.pictures.close)
+            raise
 
     async def stop(self, *, timeout_s: float | None = None) -> None:
         """Finish the queued work (at most ``timeout_s``), then free the model."""
