@@ -40,6 +40,7 @@ NOT_SHARED = {
     "--load": "the load shape; bench and tune default to different points",
     "--engine": "local or ray: what 'ray' starts differs (replicas of a job, Ray Serve)",
     "--replicas": "run takes N, serve N or MIN-MAX (autoscaling)",
+    "--max-image-pixels": "the same limit; run and serve have different defaults",
     "--kv-token-budget": "the knob; bench's default follows its workload",
     "--max-running-sequences": "the knob; bench's applies to its batched generators",
     "--max-tokens": "per prompt; drive's default is the server's",
@@ -50,6 +51,7 @@ NOT_SHARED = {
     "--pooling": "serve's applies to a single model",
     "--normalize": "serve's applies to a single model",
     "--no-normalize": "serve's applies to a single model",
+    "--top-k": "the model flags: one definition (models.selection.add_model_arguments)",
     # known to differ, left for a later rename
     "--output": "each command's result: a folder (run, drive, bench) or tune's config file",
     "--seed": "run's seeds sampling, bench's and tune's the sample and arrivals",

@@ -19,7 +19,7 @@ from batchline._commands import install_command
 # extra -> the third-party modules it brings (pyproject.toml's optional-dependencies)
 EXTRA_MODULES = {
     "onnx": ["numpy", "onnxruntime", "onnx", "tokenizers", "safetensors", "platformdirs"],
-    "jobs": ["pyarrow", "rich", "pydantic"],
+    "jobs": ["pyarrow", "rich", "pydantic", "PIL"],
     "server": ["fastapi", "starlette", "uvicorn", "prometheus_client", "httptools"],
     "driver": ["httpx"],
     "bench": ["matplotlib"],

@@ -31,6 +31,7 @@ EXTRA_OF_MODULE = {
     "numpy": "onnx",
     "platformdirs": "onnx",
     "pyarrow": "jobs",
+    "PIL": "jobs",
     "rich": "jobs",
     "fastapi": "server",
     "uvicorn": "server",

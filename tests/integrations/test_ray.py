@@ -271,6 +271,24 @@ class TestLocalRay:
         assert summary.replica_cpu_s > 0
         assert ray.is_initialized()  # not ours to stop
 
+    def test_duplicates_are_found_once_per_job_not_once_per_replica(self, tmp_path: Path) -> None:
+        # 200 records holding 13 distinct texts, spread over units on two replicas
+        src = tmp_path / "dupes.jsonl"
+        rows = [{"id": f"r{i}", "text": _text(i % 13)} for i in range(200)]
+        src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        local = run(_options(src, tmp_path / "local", copy_columns=[]))
+        out = tmp_path / "ray"
+        summary = run_on_ray(_options(src, out, copy_columns=[]), replicas=2, unit_records=UNIT)
+        assert summary.duplicates == local.duplicates == 200 - 13
+        assert set(summary.records_by_node.values()) <= {13}  # computed once, on one node
+        got, want = read_output(out), read_output(tmp_path / "local")
+        assert got.column("id").to_pylist() == want.column("id").to_pylist()
+        np.testing.assert_allclose(
+            np.stack(got.column("embedding").to_numpy(zero_copy_only=False)),
+            np.stack(want.column("embedding").to_numpy(zero_copy_only=False)),
+            atol=1e-5,
+        )
+
     def test_an_interrupted_run_resumes_to_the_same_output(
         self, dataset: Path, reference: Path, tmp_path: Path
     ) -> None:

@@ -229,3 +229,17 @@ def test_an_onnx_classifier_labels_each_text(tmp_path: Path) -> None:
         assert result["label"] == clf.labels[int(np.argmax(probs))]
         assert result["score"] == pytest.approx(float(probs.max()), rel=1e-5)
         assert sorted(result["scores"]) == sorted(clf.labels)
+
+
+def test_top_k_from_the_command_line_keeps_the_likeliest_labels(tmp_path: Path) -> None:
+    clf = text_classifier(tmp_path)
+    data = tmp_path / "reviews.txt"
+    data.write_text("the movie was great\nawful plot\n")
+    out = tmp_path / "out"
+    argv = ["run", str(data), "--model", str(clf.model), "--top-k", "2", "-o", str(out), "--quiet"]
+    assert main(argv) == 0
+    for row in read_output(out).to_pylist():
+        result = row["classification"]
+        assert len(result["top_k"]) == 2
+        assert result["top_k"][0] == {"label": result["label"], "score": result["score"]}
+        assert result["top_k"][0]["score"] >= result["top_k"][1]["score"]

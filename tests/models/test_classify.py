@@ -202,3 +202,18 @@ async def test_engine_groups_texts_by_length(classifier: OnnxClassifier) -> None
     assert [r["label"] for r in results] == [w["label"] for w in want]
     for got, exp in zip(results, want, strict=True):
         assert got["score"] == pytest.approx(exp["score"], rel=1e-5)
+
+
+def test_top_k_keeps_the_likeliest_labels_in_one_shape(
+    files: TextClassifier, classifier: OnnxClassifier
+) -> None:
+    top = load_classifier(spec_for(files, top_k=2), KNOBS)
+    assert top.info.details == {"labels": ["negative", "neutral", "positive"], "top_k": 2}
+    items = ok(classifier.prepare(TEXTS))
+    for short, whole in zip(top.run_batch(items), classifier.run_batch(items), strict=True):
+        ranked = sorted(whole["scores"].items(), key=lambda kv: -kv[1])[:2]
+        assert set(short) == {"label", "score", "top_k"}
+        assert [(e["label"], e["score"]) for e in short["top_k"]] == ranked
+        assert (short["label"], short["score"]) == ranked[0]
+    with pytest.raises(ValueError, match="top_k must be >= 1"):
+        OnnxClassifier(classifier.model, classifier.tokenizer, name="m", top_k=0)

@@ -89,3 +89,18 @@ def test_a_runtime_counts_until_it_is_imported(monkeypatch: pytest.MonkeyPatch) 
     assert runtime_bytes(["fake", "fake", ""]) == 5 * MIB
     monkeypatch.setitem(sys.modules, "batchline_no_such_runtime", sys)
     assert runtime_bytes(["fake"]) == 0
+
+
+def test_an_image_folder_is_estimated_from_its_weights(tmp_path: Path) -> None:
+    folder = tmp_path / "vit"
+    folder.mkdir()
+    config = {"architectures": ["ViTForImageClassification"], "id2label": {"0": "a", "1": "b"}}
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "preprocessor_config.json").write_text(
+        '{"image_processor_type": "ViTImageProcessor"}'
+    )
+    (folder / "model.safetensors").write_bytes(b"\0" * (12 * MIB))
+    knobs = Knobs.serving(sessions=2, solo_intra_op_threads=None)
+    found = estimate_footprint(parse_spec(f"{folder}/"), knobs)
+    assert found.steady_bytes == 2 * 12 * MIB + 8 * MIB  # a tensor model's extra: no tokenizer
+    assert found.runtime == "onnx"

@@ -82,7 +82,7 @@ def add_dataset_arguments(p: argparse.ArgumentParser, *, suffix: str = "embeddin
     p.add_argument(
         "--format",
         dest="input_format",
-        choices=["jsonl", "csv", "parquet", "text", "npy", "openai-batch"],
+        choices=["jsonl", "csv", "parquet", "text", "npy", "images", "webdataset", "openai-batch"],
         help="the input's format (default: from its name); openai-batch: OpenAI batch requests "
         "(detected from a .jsonl file's first line too), answered in an output file of the same "
         "format",

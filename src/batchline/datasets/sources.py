@@ -44,6 +44,7 @@ from batchline.datasets.formats.base import (
     file_fingerprint,
 )
 from batchline.datasets.formats.csv import CsvSource
+from batchline.datasets.formats.images import ImageFolderSource, ShardSource, is_shard_input
 from batchline.datasets.formats.jsonl import JsonlSource
 from batchline.datasets.formats.npy import NpySource
 from batchline.datasets.formats.parquet import ParquetSource
@@ -60,6 +61,7 @@ __all__ = [
     "Record",
     "Source",
     "file_fingerprint",
+    "holds_pictures",
     "open_source",
     "prompt_column",
     "read_blocks_ahead",
@@ -81,7 +83,11 @@ _READERS: dict[Format, type[Source]] = {
     "parquet": ParquetSource,
     "text": TextSource,
     "npy": NpySource,
+    "images": ImageFolderSource,
+    "webdataset": ShardSource,
 }
+#: The formats whose records are pictures (``input_kind="image"``).
+_PICTURES: frozenset[Format] = frozenset({"images", "webdataset"})
 #: The input name of a ``.npy`` file's rows when ``input_columns`` names none.
 DEFAULT_NPY_INPUT = "input"
 
@@ -123,8 +129,12 @@ def open_source(
         ('id', 'body', 'url')
     """
     p = Path(path)
+    if fmt is None and holds_pictures(p):
+        fmt = "webdataset" if is_shard_input(p) else "images"
     if fmt is None:
         resolved = _EXTENSIONS.get(p.suffix.lower())
+        if resolved is None and not p.exists():
+            raise InputError(f"{p}: no such file or folder")
         if resolved is None:
             known = ", ".join(sorted(_EXTENSIONS))
             raise InputError(
@@ -136,6 +146,8 @@ def open_source(
         raise InputError(f"unknown input format {fmt!r}; supported: {', '.join(get_args(Format))}")
     if on_bad_record not in get_args(BadRecordPolicy):
         raise ValueError(f"on_bad_record must be 'raise' or 'skip', got {on_bad_record!r}")
+    if fmt in _PICTURES:
+        return _open_pictures(p, fmt, id_column, extra_columns, on_bad_record, input_kind)
     if not p.exists():
         raise InputError(f"{p}: no such file")
     if not p.is_file():
@@ -155,6 +167,48 @@ def open_source(
         input_kind=input_kind,
         input_columns=inputs,
     )
+
+
+def _open_pictures(
+    path: Path,
+    fmt: Format,
+    id_column: str | None,
+    extra_columns: Sequence[str] | None,
+    on_bad_record: BadRecordPolicy,
+    input_kind: InputKind,
+) -> Source:
+    """A folder of pictures or WebDataset shards (``batchline.datasets.formats.images``)."""
+    if fmt not in _PICTURES:
+        raise InputError(
+            f"{path}: a {fmt} file holds no pictures of its own; name the column of picture "
+            "paths or bytes with --image-column, or give a folder of pictures or .tar shards"
+        )
+    if input_kind != "image":
+        raise InputError(
+            f"{path}: holds pictures, but the model reads {input_kind}; give an image model "
+            "(a Hugging Face image folder, or an .onnx with one NCHW input)"
+        )
+    if fmt == "images" and not path.is_dir():
+        raise InputError(f"{path}: no such folder of pictures")
+    return _READERS[fmt](
+        path,
+        fmt=fmt,
+        text_column="text",
+        id_column=id_column,
+        extra_columns=None if extra_columns is None else tuple(extra_columns),
+        on_bad_record=on_bad_record,
+        input_kind="image",
+    )
+
+
+def holds_pictures(path: Path, fmt: Format | None = None) -> bool:
+    """Whether ``path`` is read as pictures: a folder, ``.tar`` shards (a file, a folder of
+    them, a brace pattern), or ``fmt`` saying ``images`` or ``webdataset``."""
+    if fmt is not None:
+        return fmt in _PICTURES
+    if path.suffix.lower() in _EXTENSIONS:  # a data file's name, even on a folder
+        return False
+    return path.is_dir() or is_shard_input(path)
 
 
 #: Prompt columns looked for, in order, when none is named: ``run`` and ``drive`` read the same.
@@ -189,7 +243,14 @@ def prompt_column(
 
 def _check_input_kind(fmt: Format, kind: str, columns: tuple[str, ...]) -> tuple[str, ...]:
     if kind not in get_args(InputKind):
-        raise InputError(f"input kind must be text, record or tensors, got {kind!r}")
+        raise InputError(f"input kind must be text, record, tensors or image, got {kind!r}")
+    if kind == "image":  # a column of pictures: each record's input is that column's value
+        if len(columns) != 1 or fmt not in ("csv", "jsonl", "parquet"):
+            raise InputError(
+                "pictures are read from a folder, .tar shards, or one column of a CSV, JSONL "
+                "or Parquet file (--image-column NAME)"
+            )
+        return columns
     if any(not isinstance(c, str) or not c for c in columns):
         raise InputError(f"input column names must be non-empty strings, got {list(columns)}")
     if len(set(columns)) != len(columns):

@@ -29,7 +29,10 @@ if TYPE_CHECKING:
 
 #: ``--records-per-request`` by route: a generation request of 50 prompts would take minutes
 #: on a CPU server, past its request timeout (serve's default: 30 s)
-RECORDS_PER_REQUEST = {"embeddings": 50, "generate": 8}
+RECORDS_PER_REQUEST = {"embeddings": 50, "classify": 50, "generate": 8}
+#: ... and for pictures (data URIs of ~100 KB-1 MB each: a request stays under serve's 8 MiB
+#: body limit, and under the 32 images per request infinity takes)
+PICTURES_PER_REQUEST = 4
 
 __all__ = ["add_parser"]
 
@@ -67,7 +70,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="URL",
         help="a replica's base URL, e.g. http://127.0.0.1:8000 (repeatable)",
     )
-    p.add_argument("--route", choices=["embeddings", "generate"], default="embeddings")
+    p.add_argument(
+        "--route",
+        choices=["embeddings", "classify", "generate"],
+        default="embeddings",
+        help="the server route records go to: /v1/embeddings, /v1/classify or /generate (a "
+        "folder of pictures or .tar shards goes as data URIs to embeddings or classify)",
+    )
     p.add_argument(
         "--request-model",
         dest="model",
@@ -170,7 +179,11 @@ def options_from(args: argparse.Namespace) -> DriveOptions:
     fields = {f.name for f in dataclasses.fields(DriveOptions)}  # each flag named after one
     given = {k: v for k, v in vars(args).items() if k in fields}
     if given.get("chunk_size") is None:
+        from batchline.datasets.sources import holds_pictures
+
         given["chunk_size"] = RECORDS_PER_REQUEST[args.route]
+        if args.input is not None and holds_pictures(Path(args.input), args.input_format):
+            given["chunk_size"] = PICTURES_PER_REQUEST
     return DriveOptions(**given, chat_template=not args.no_chat_template)
 
 

@@ -58,7 +58,7 @@ __all__ = [
 ]
 
 Verdict = Literal["ok", "retry", "fail", "abort"]
-RouteName = Literal["embeddings", "generate"]
+RouteName = Literal["embeddings", "generate", "classify"]
 
 # 507: the server can never hold the model (its memory budget): no retry will change that
 _ABORT_STATUSES = frozenset({401, 403, 404, 405, 407, 507})
@@ -126,13 +126,19 @@ class EmbeddingsRoute:
     result_column = "embedding"
     result_kind: Literal["vector", "value"] = "vector"
 
-    def __init__(self, *, encoding: Literal["float", "base64"] = "base64") -> None:
+    def __init__(
+        self, *, encoding: Literal["float", "base64"] = "base64", images: bool = False
+    ) -> None:
         # base64 (little-endian float32) is exact and ~4x smaller than decimal text, and it
         # spares both sides most of their JSON work; answers in either form are accepted.
         self.encoding = encoding
+        #: the inputs are pictures as data URIs (infinity's ``"modality": "image"``)
+        self.images = images
 
     def body(self, texts: Sequence[str], *, model: str | None, task_id: str) -> dict[str, object]:
         body: dict[str, object] = {"input": list(texts), "encoding_format": self.encoding}
+        if self.images:
+            body["modality"] = "image"
         if model is not None:
             body["model"] = model
         return body
@@ -165,6 +171,37 @@ class EmbeddingsRoute:
         if dim is not None:
             state.dim = dim
         return matrix
+
+
+class ClassifyRoute:
+    """``POST /v1/classify``: ``{"input": [...], "model": ...}`` (pictures as data URIs with
+    ``"modality": "image"``) -> ``{"results": [{"label", "score", ...}]}``."""
+
+    name: RouteName = "classify"
+    path = "/v1/classify"
+    result_column = "classification"
+    result_kind: Literal["vector", "value"] = "value"
+
+    def __init__(self, *, images: bool = False) -> None:
+        self.images = images
+
+    def body(self, texts: Sequence[str], *, model: str | None, task_id: str) -> dict[str, object]:
+        body: dict[str, object] = {"input": list(texts)}
+        if self.images:
+            body["modality"] = "image"
+        if model is not None:
+            body["model"] = model
+        return body
+
+    def parse(self, body: object, n: int, state: _Checks) -> list[object]:
+        body, results = _answers(body, "results", n, "inputs", "results")
+        _check_model(body.get("model"), state)
+        for result in results:
+            label = result.get("label") if isinstance(result, dict) else None
+            score = result.get("score") if isinstance(result, dict) else None
+            if not isinstance(label, str) or not isinstance(score, int | float):
+                raise InvalidResponse("a result is not an object with a label and a score")
+        return results
 
 
 class GenerateRoute:

@@ -62,9 +62,10 @@ from batchline.datasets.manifest import append_synced, json_line, replacing
 from batchline.datasets.outcomes import Failed, Outcome
 from batchline.datasets.pipeline import Progress, open_dataset_job, run_pipeline
 from batchline.datasets.sinks import ChunkWriter, default_output
-from batchline.datasets.sources import Record, prompt_column
+from batchline.datasets.sources import Record, holds_pictures, prompt_column
 from batchline.driver.affinity import plan_requests, prefix_keys
 from batchline.driver.client import (
+    ClassifyRoute,
     EmbeddingsRoute,
     GenerateRoute,
     ReplicaClient,
@@ -73,6 +74,7 @@ from batchline.driver.client import (
 )
 from batchline.driver.endpoints import Endpoint, EndpointPool, EndpointReport
 from batchline.driver.options import DriveOptions, normalize_endpoint
+from batchline.driver.pictures import PictureAdapter
 from batchline.driver.retry import Backoff, sleep
 from batchline.jobs.batch import DEDUPE_WINDOW, Seen, cancel, input_key
 
@@ -250,8 +252,11 @@ async def drive_job(
     tracing = tracing_from_env()  # None (nothing imported) unless OTEL_* asks for traces
     route: Route
     extra: dict[str, object] = {"route": options.route}
+    pictures = options.input is not None and holds_pictures(options.input, options.input_format)
     if options.route == "embeddings":
-        route, task = EmbeddingsRoute(encoding=options.encoding), "embed"
+        route, task = EmbeddingsRoute(encoding=options.encoding, images=pictures), "embed"
+    elif options.route == "classify":
+        route, task = ClassifyRoute(images=pictures), "classify"
     else:
         route = GenerateRoute(max_tokens=options.max_tokens, chat_template=options.chat_template)
         task = "generate"
@@ -278,6 +283,8 @@ async def drive_job(
         extra_settings=extra,
         result_column=route.result_column,
         result_kind=route.result_kind,
+        input_kind="image" if pictures else "text",
+        input_columns=("image",) if pictures else (),
     )
     with writer:
         dim = _expected_dim(options, writer, route)
@@ -307,7 +314,9 @@ async def drive_job(
             rng=rng,
         )
         grouped = options.prefix_affinity and route.name == "generate"
-        adapter = HttpAdapter(options, client, pool, failures, clock, rng, grouped=grouped)
+        http = HttpAdapter(options, client, pool, failures, clock, rng, grouped=grouped)
+        # pictures: each read and sent as a data URI
+        adapter = PictureAdapter(http) if pictures else http
         if grouped:  # a window read at a time, the next one read while it runs
             block, blocks = _window(options), 2
         else:

@@ -102,7 +102,9 @@ class DriveOptions(DatasetSelection):
         if self.limit is not None and self.limit < 0:
             raise InputError(f"--limit must be >= 0, got {self.limit}")
         if self.route not in get_args(RouteName):
-            raise InputError(f"--route must be embeddings or generate, got {self.route!r}")
+            raise InputError(
+                f"--route must be embeddings, classify or generate, got {self.route!r}"
+            )
         if self.max_tokens is not None and self.max_tokens < 1:
             raise InputError(f"--max-tokens must be >= 1, got {self.max_tokens}")
         if self.max_tokens is not None and self.route != "generate":

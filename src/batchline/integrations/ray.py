@@ -370,6 +370,7 @@ def _drive(
             max_unit_attempts=max_unit_attempts,
             on_unit=on_unit,
             on_tokens=rate.tokens,
+            dedupe_window=_driver_dedupe(plan),
         )
         units = UnitPlan(options.chunk_size, unit)
         done = asyncio.run(
@@ -388,6 +389,17 @@ def _drive(
         )
     startup = time.perf_counter() - started - done.wall_s
     return _summary(writer.out_dir, done, adapter.tally, startup, in_flight=sum(capacity) * unit)
+
+
+def _driver_dedupe(plan: _Plan) -> int:
+    """The driver's dedupe window: a batch model's job finds its duplicates once per job, as
+    a local run does (not once per replica); 0 for a generator's or a batch file's, whose
+    records' answers may depend on more than their input (sampling seeds, line settings)."""
+    if plan.job.kind != "batch":
+        return 0
+    from batchline.jobs.run import dedupe_window
+
+    return dedupe_window(plan.job.options)  # resolved: a module:factory model has none
 
 
 def _capacity(ready: ReplicaReady, unit: int, units_per_replica: int) -> int:

@@ -5,7 +5,9 @@ adapter a local run uses (``batchline.jobs``), so a record's outcome does not de
 engine:
 
 - ``batch`` (embed, classify, predict, score): a :class:`~batchline.jobs.batch.BatchAdapter`
-  over the model's batcher (duplicates inside the replica's window are computed once);
+  over the model's batcher (duplicates inside the replica's window are computed once); for an
+  image model, a :class:`~batchline.jobs.images.ImageAdapter` whose decode processes run on
+  the replica (a unit carries where its pictures are, never their pixels);
 - ``generate``: the model's text generator, continuous batching (or vLLM), each record its own
   request (:class:`~batchline.jobs.generate.GeneratorAdapter`);
 - ``openai-batch``: the lines of an OpenAI batch file, each to the model its ``body.model``
@@ -38,6 +40,7 @@ from batchline.models.protocol import ModelInfo
 if TYPE_CHECKING:
     from batchline.jobs.batch import BatchAdapter
     from batchline.jobs.generate import GeneratorAdapter
+    from batchline.jobs.images import ImageAdapter
     from batchline.jobs.openai_batch import BatchJobModels
     from batchline.jobs.requests import RecordRequests
     from batchline.models.batching import ModelBatcher
@@ -129,6 +132,7 @@ class Replica:
         # what runs the units, once started: a batch job's adapter, a generator's, the
         # batchers of an OpenAI batch job's batch models
         self._batch: BatchAdapter | None = None
+        self._images: ImageAdapter | None = None
         self._generator: GeneratorAdapter | None = None
         self._engines: dict[str, ModelBatcher[object, object]] = {}
         self._closers: list[_Closable] = []
@@ -193,6 +197,8 @@ class Replica:
             engine = await stack.enter_async_context(
                 ModelBatcher(self._model, self._knobs.for_loading())
             )
+            if self._model.info.input_kind == "image":
+                return await self._pictures(engine)
             self._batch = BatchAdapter(
                 engine,
                 record_input(job.options, self._model.info),
@@ -223,15 +229,37 @@ class Replica:
         self._engines = dict(engines)
         return LinesAdapter(self._models.names, self._generator, engines)
 
+    async def _pictures(self, engine: ModelBatcher[object, object]) -> Adapter:
+        """An image job's adapter: the pictures of each unit are read and decoded here, on the
+        replica that runs the model (in its own decode processes, as a local run's), so
+        decoded pixels never cross the network."""
+        from batchline.jobs.images import ImageAdapter
+        from batchline.jobs.run import dedupe_window
+        from batchline.models.image import DecodePool
+
+        options = self._job.options
+        preprocess = getattr(self._model, "preprocess")  # noqa: B009 (an image model's)
+        pool = await self._stack.enter_async_context(DecodePool(preprocess, options.decode))
+        adapter = ImageAdapter(
+            engine,
+            pool,
+            base=options.input.parent if options.input is not None else None,
+            dedupe_window=dedupe_window(options),
+            tune_workers=options.decode.workers is None,
+        )
+        self._images = adapter
+        return adapter
+
     def _result(self, outcomes: list[Outcome]) -> UnitResult:
         where = (outcomes, self._node_id, os.getpid(), time.process_time())
+        batch = self._batch or self._images
         engine = (
-            self._batch.engine
-            if self._batch is not None
+            batch.engine
+            if batch is not None
             else self._engines.get("embed", self._engines.get("score"))
         )
         stats = engine.stats if engine is not None else None
-        duplicates = self._batch.duplicates if self._batch is not None else 0
+        duplicates = batch.duplicates if batch is not None else 0
         gen = self._generator
         if gen is None:
             return UnitResult(*where, stats=stats, duplicates=duplicates)

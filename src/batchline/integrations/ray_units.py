@@ -36,6 +36,7 @@ from batchline.datasets.outcomes import Failed, Outcome, Written
 from batchline.datasets.sources import Record
 from batchline.integrations.ray_replica import ReplicaReady, UnitResult
 from batchline.integrations.session import last_line
+from batchline.jobs.batch import Seen, input_key
 
 __all__ = ["RayAdapter", "Tally", "UnitDone", "UnitPlan"]
 
@@ -108,6 +109,8 @@ class Tally:
         self.cpu_to: dict[tuple[int, int], float] = {}
         # Each replica process's latest answer (its stats are cumulative, per process).
         self.latest: dict[tuple[int, int], UnitResult] = {}
+        #: records the driver answered from an earlier unit's result (never sent)
+        self.driver_duplicates = 0
 
     @property
     def tokens_by_replica(self) -> list[int]:
@@ -144,7 +147,9 @@ class Tally:
 
     @property
     def duplicates(self) -> int:
-        return sum(r.duplicates for r in self.latest.values())
+        """Records answered from an earlier identical input's result: by the driver (never
+        sent), and by a replica within its own units."""
+        return self.driver_duplicates + sum(r.duplicates for r in self.latest.values())
 
     @property
     def cpu_s(self) -> float:
@@ -164,8 +169,12 @@ class RayAdapter:
         max_unit_attempts: int,
         on_unit: Callable[[UnitDone], None] | None = None,
         on_tokens: Callable[[int], None] | None = None,
+        dedupe_window: int = 0,
     ) -> None:
         self.actors = [actor for actor, _ in actors]
+        # the job's distinct inputs, once per job (not once per replica): a record whose
+        # input repeats one of them takes that one's outcome and is never sent
+        self.seen = Seen[asyncio.Future[Outcome]](dedupe_window) if dedupe_window > 0 else None
         self.capacity = list(capacity)
         self.max_unit_attempts = max_unit_attempts
         self.on_unit = on_unit
@@ -183,8 +192,69 @@ class RayAdapter:
         self._landed: dict[int, list[_Part]] = {}  # by the unit's first record index
 
     async def submit(self, records: Sequence[Record]) -> asyncio.Future[list[Outcome]]:
-        replica = await self._acquire(alone=False)
-        return asyncio.ensure_future(self._unit(records, replica))
+        fresh, waits, answers = self._dedupe(records)
+        # a replica's room is taken now, in submit order (none for a unit of duplicates only)
+        replica = await self._acquire(alone=False) if fresh else None
+        return asyncio.ensure_future(self._answered(records, fresh, waits, answers, replica))
+
+    def _dedupe(
+        self, records: Sequence[Record]
+    ) -> tuple[list[int], dict[int, asyncio.Future[Outcome]], dict[int, asyncio.Future[Outcome]]]:
+        """The records to send (their places), those answered by an earlier record's outcome,
+        and the outcomes the sent ones promise to later duplicates."""
+        if self.seen is None:
+            return list(range(len(records))), {}, {}
+        loop = asyncio.get_running_loop()
+        fresh: list[int] = []
+        waits: dict[int, asyncio.Future[Outcome]] = {}
+        answers: dict[int, asyncio.Future[Outcome]] = {}
+        for i, record in enumerate(records):
+            key = input_key(record.input)
+            first = self.seen.get(key) if key is not None else None
+            if first is not None:
+                waits[i] = first
+                continue
+            fresh.append(i)
+            if key is not None:
+                answers[i] = loop.create_future()
+                self.seen.put(key, answers[i])
+        self.tally.driver_duplicates = self.seen.duplicates
+        return fresh, waits, answers
+
+    async def _answered(
+        self,
+        records: Sequence[Record],
+        fresh: list[int],
+        waits: dict[int, asyncio.Future[Outcome]],
+        answers: dict[int, asyncio.Future[Outcome]],
+        replica: int | None,
+    ) -> list[Outcome]:
+        if not waits:  # the common case: the unit as it is
+            try:
+                got = await self._unit(records, replica, key=records[0].index)
+                for i, answer in answers.items():
+                    answer.set_result(got[i])
+                return got
+            finally:
+                for answer in answers.values():
+                    answer.cancel()  # no-op once answered
+        outcomes: list[Outcome] = [None] * len(records)
+        try:
+            if replica is not None:
+                sent = [records[i] for i in fresh]
+                got = await self._unit(sent, replica, key=records[0].index)
+                for i, outcome in zip(fresh, got, strict=True):
+                    outcomes[i] = outcome
+                    if i in answers:
+                        answers[i].set_result(outcome)
+            else:
+                self._landed[records[0].index] = []  # nothing sent: every record a duplicate
+            for i, first in waits.items():
+                outcomes[i] = await asyncio.shield(first)
+        finally:
+            for answer in answers.values():
+                answer.cancel()  # no-op once answered: unanswered, the waiters fail with us
+        return outcomes
 
     def utilization(self) -> float:
         generators = [r for r in self.tally.latest.values() if r.generation is not None]
@@ -199,6 +269,8 @@ class RayAdapter:
         parts = self._landed.pop(records[0].index)
         tally = self.tally
         tally.units += 1
+        if not parts:  # every record of it answered by the driver from earlier units
+            return
         for part in parts:
             result = part.result
             answered = sum(not isinstance(o, Failed) for o in result.outcomes)
@@ -252,12 +324,14 @@ class RayAdapter:
 
     # -- a unit's journey --------------------------------------------------------------------
 
-    async def _unit(self, records: Sequence[Record], replica: int) -> list[Outcome]:
+    async def _unit(
+        self, records: Sequence[Record], replica: int | None, *, key: int
+    ) -> list[Outcome]:
         parts: list[_Part] = []
         # a replica is not sent the copied columns: they stay with the driver, which writes them
         sent = [dataclasses.replace(r, extra={}) if r.extra else r for r in records]
         outcomes = await self._run(sent, parts, replica=replica, losses=0, alone=False)
-        self._landed[records[0].index] = parts
+        self._landed[key] = parts
         return outcomes
 
     async def _run(

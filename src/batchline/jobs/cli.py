@@ -40,7 +40,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         ),
     )
     p.add_argument(
-        "input", nargs="?", type=Path, help=".jsonl, .csv, .parquet, .txt or .npy (tensors) file"
+        "input",
+        nargs="?",
+        type=Path,
+        help=".jsonl, .csv, .parquet, .txt or .npy (tensors) file; a folder of pictures; .tar "
+        "shards (a file, a folder, or a brace pattern: shards/{00000..00099}.tar)",
     )
     add_model_arguments(p, several=True)
     add_dataset_arguments(p, suffix="embeddings (STEM.results for other tasks)")
@@ -80,6 +84,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     add_knob_arguments(p)
     p.add_argument("--quiet", action="store_true", help=SHARED_HELP["--quiet"])
+    _add_image_arguments(p)
     _add_generation_arguments(p)
     p.add_argument(
         "--engine",
@@ -230,6 +235,83 @@ def add_torch_generation_arguments(g: argparse._ActionsContainer) -> None:
     )
 
 
+def _add_image_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "pictures (INPUT a folder of pictures, .tar shards, or a file with --image-column)",
+        "Pictures are decoded and preprocessed in worker processes while the model runs.",
+    )
+    g.add_argument(
+        "--image-column",
+        metavar="NAME",
+        help="the CSV, JSONL or Parquet column holding pictures: paths (relative to the file) "
+        "or bytes (default for an image model: image)",
+    )
+    g.add_argument(
+        "--image-size",
+        type=int,
+        metavar="N",
+        help="a plain .onnx image model: the side of its square input (default: the graph's); "
+        "pictures are resized to N/0.875 on the shorter side and center-cropped to N",
+    )
+    g.add_argument(
+        "--mean", type=_three_floats, metavar="R,G,B", help="normalization mean (ImageNet's)"
+    )
+    g.add_argument(
+        "--std", type=_three_floats, metavar="R,G,B", help="normalization std (ImageNet's)"
+    )
+    g.add_argument(
+        "--decode-workers",
+        type=int,
+        metavar="N",
+        help="decode worker processes (default: one per core, as many decoding at once as "
+        "keep up with the model, measured on the first pictures)",
+    )
+    g.add_argument(
+        "--no-draft",
+        dest="draft",
+        action="store_false",
+        help="decode every JPEG at full size (default: at 1/2, 1/4 or 1/8 scale when the "
+        "model's input is that much smaller)",
+    )
+    g.add_argument(
+        "--max-image-pixels",
+        type=int,
+        metavar="N",
+        help="refuse pictures declaring more pixels than this (default 178,956,970)",
+    )
+    g.add_argument(
+        "--decode-memory",
+        metavar="SIZE",
+        default="256MiB",
+        help="pictures in flight at most, files and decoded inputs (default 256MiB): the "
+        "reader waits past it",
+    )
+
+
+def _three_floats(text: str) -> tuple[float, float, float]:
+    try:
+        values = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected three numbers R,G,B, got {text!r}") from None
+    if len(values) != 3:
+        raise argparse.ArgumentTypeError(f"expected three numbers R,G,B, got {text!r}")
+    return values[0], values[1], values[2]
+
+
+def _decode_options(args: argparse.Namespace) -> Any:
+    from batchline.models.image import DEFAULT_MAX_PIXELS, DecodeOptions
+
+    try:
+        return DecodeOptions(
+            workers=args.decode_workers,
+            draft=args.draft,
+            max_pixels=args.max_image_pixels or DEFAULT_MAX_PIXELS,
+            max_bytes_in_flight=_size(args.decode_memory, "--decode-memory"),
+        )
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+
+
 def given_flags(args: argparse.Namespace, flags: dict[str, str]) -> list[str]:
     """Which of ``flags`` (argparse destination -> flag) the command line gave."""
     return [flag for dest, flag in flags.items() if getattr(args, dest) is not None]
@@ -278,6 +360,11 @@ def _main(args: argparse.Namespace) -> int:
         cache=args.cache,
         cache_bytes=_cache_bytes(args.cache_size),
         knobs=_knobs(args),
+        image_column=args.image_column,
+        image_size=args.image_size,
+        mean=args.mean,
+        std=args.std,
+        decode=_decode_options(args),
     )
     ray_flags = (args.address, args.replicas, args.cpus_per_replica)
     if args.engine != "ray" and any(flag is not None for flag in ray_flags):
@@ -323,14 +410,18 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def _cache_bytes(text: str) -> int:
+    return _size(text, "--cache-size")
+
+
+def _size(text: str, flag: str) -> int:
     from batchline._residency import parse_bytes
 
     try:
         size = parse_bytes(text)
     except ValueError as exc:
-        raise InputError(f"--cache-size: {exc}") from None
+        raise InputError(f"{flag}: {exc}") from None
     if size < 1:
-        raise InputError(f"--cache-size must be positive, got {text!r}")
+        raise InputError(f"{flag} must be positive, got {text!r}")
     return size
 
 

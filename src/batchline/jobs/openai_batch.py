@@ -257,10 +257,31 @@ class _BatchLines:
         self._helpers = cast("ModelBatcher[object, object]", engine)
         dim = engine.model.info.details.get("dim")
         self.dim = dim if isinstance(dim, int) else None
+        #: the model reads pictures: a line's are decoded here as ``run`` decodes them
+        self._pictures = engine.model.info.input_kind == "image"
+
+    def _prepare_mixed(self, items: Sequence[object]) -> list[object]:
+        """``prepare_block`` where pictures (bytes) are among the items or the model reads
+        them: each picture decoded and preprocessed for an image model, and an item of the
+        other kind that item's error (sync: in a worker thread)."""
+        model = self.engine.model
+        takes = "images" if self._pictures else "texts"
+        out: list[object] = []
+        for item in items:
+            if isinstance(item, bytes) != self._pictures:
+                out.append(InputError(f"model {model.info.name!r} takes {takes}"))
+            elif isinstance(item, bytes):
+                out.append(_picture(model, item))
+            else:
+                out.extend(prepare_block(self._helpers, [item]))
+        return out
 
     async def submit(self, lines: Sequence[_Line]) -> asyncio.Future[list[Outcome]]:
         items = [item for line in lines for item in _items(line)]
-        prepared = await asyncio.to_thread(prepare_block, self._helpers, items)
+        if any(isinstance(item, bytes) for item in items) or self._pictures:
+            prepared = await asyncio.to_thread(self._prepare_mixed, items)
+        else:
+            prepared = await asyncio.to_thread(prepare_block, self._helpers, items)
         cost = self.engine.model.cost
         tokens = [0 if isinstance(p, BaseException) else cost(p) for p in prepared]
         pending = await queue_block(self._helpers, prepared)
@@ -292,7 +313,22 @@ class _BatchLines:
 
 
 def _items(line: _Line) -> Sequence[object]:
-    return line.texts if isinstance(line, EmbeddingLine) else line.pairs
+    return line.items if isinstance(line, EmbeddingLine) else line.pairs
+
+
+def _picture(model: BatchModel[object, object], data: bytes) -> object:
+    """One picture's model input, decoded and preprocessed as a ``run`` job's decode workers
+    do (draft on, the default pixel limit), or its ``InputError``."""
+    from batchline.models.image import DEFAULT_MAX_PIXELS, decode_image
+
+    preprocess = getattr(model, "preprocess")  # noqa: B009 (an image model's attribute)
+    try:
+        image = decode_image(data, draft=preprocess.draft_size(), max_pixels=DEFAULT_MAX_PIXELS)
+        pixels = preprocess(image)
+    except InputError as exc:
+        return exc
+    (item,) = model.prepare([pixels])
+    return item
 
 
 def _embedded(line: EmbeddingLine, results: Sequence[object], tokens: int) -> Outcome:

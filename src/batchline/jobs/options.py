@@ -12,13 +12,14 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from batchline._errors import InputError
 from batchline.datasets.selection import DatasetSelection
 from batchline.jobs.requests import job_constraint
 from batchline.knobs import Knobs
 from batchline.models.generation import MAX_LOGPROBS, SamplingParams
+from batchline.models.image import DecodeOptions, ImageOptions
 from batchline.models.openai.requests import MAX_N
 from batchline.models.selection import ModelSelection
 
@@ -46,6 +47,31 @@ class RunOptions(DatasetSelection, ModelSelection):
     cache_bytes: int = 1 << 30
     #: the parsed model spec, set by :func:`resolve` (parsed once per job)
     spec: ModelSpec | None = field(default=None, repr=False, compare=False)
+    #: the column of a CSV, JSONL or Parquet file holding pictures (paths or bytes)
+    image_column: str | None = None
+    #: a plain ONNX image model's preprocessing (``--image-size``, ``--mean``, ``--std``)
+    image_size: int | None = None
+    mean: tuple[float, float, float] | None = None
+    std: tuple[float, float, float] | None = None
+    #: how pictures are decoded (worker processes, draft, pixel limit, bytes in flight)
+    decode: DecodeOptions = field(default_factory=DecodeOptions)
+
+    def reads_pictures(self) -> bool:
+        """Whether the job's records are pictures: a folder or shards, or ``--image-column``."""
+        from batchline.datasets.sources import holds_pictures
+
+        if self.image_column is not None:
+            return True
+        return self.input is not None and holds_pictures(self.input, self.input_format)
+
+    def spec_options(self) -> dict[str, Any]:
+        """:meth:`ModelSelection.spec_options`, plus how a plain ONNX model reads pictures
+        when the job reads pictures or the image flags are given."""
+        options = super().spec_options()
+        flags = (self.image_size, self.mean, self.std)
+        if any(x is not None for x in flags) or self.reads_pictures():
+            options["image"] = ImageOptions(*flags)
+        return options
 
 
 @dataclass
@@ -137,10 +163,34 @@ def resolve(options: RunOptions) -> RunOptions:
         spec = options.parse_spec(
             "generate" if generating and options.task is None else options.task
         )
+        spec = _tower(spec, options)
     if isinstance(options, GenerateOptions) or not (generating or spec.generates):
         return dataclasses.replace(options, spec=spec)
     values = {f.name: getattr(options, f.name) for f in dataclasses.fields(RunOptions)}
     return GenerateOptions(**{**values, "spec": spec})
+
+
+def _tower(spec: ModelSpec, options: RunOptions) -> ModelSpec:
+    """An image folder's spec loaded for what the dataset holds: a two-tower folder (CLIP,
+    SigLIP) takes pictures through its image tower and texts through its text tower; an
+    image-only model given texts is refused here, once, before anything loads."""
+    image = spec.folder.image if spec.folder is not None else None
+    if image is None or spec.generates:
+        return spec
+    if options.reads_pictures():
+        return spec.with_options(input_kind="image")
+    where = options.input if options.input is not None else "the demo input"
+    if image != "two-tower":
+        raise InputError(
+            f"{where} holds texts, but model {spec.name!r} reads pictures: give a folder of "
+            "pictures, .tar shards, or a file with --image-column"
+        )
+    if spec.task == "classify":
+        raise InputError(
+            f"{where} holds texts, but zero-shot classification with {spec.name!r} reads "
+            "pictures; embed texts with its text tower by leaving out --labels"
+        )
+    return spec.with_options(input_kind="text")
 
 
 def batch_specs(options: RunOptions) -> list[ModelSpec]:

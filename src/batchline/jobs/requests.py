@@ -20,7 +20,7 @@ import functools
 import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel
 
@@ -315,19 +315,42 @@ class BatchModels:
 
 @dataclasses.dataclass(frozen=True)
 class EmbeddingLine:
-    """What an embeddings line asks for: its texts, their vectors as base64 (little-endian
-    float32) rather than floats, and cut to ``dimensions`` (renormalized) when it says so."""
+    """What an embeddings line asks for: its texts (or its pictures' bytes), their vectors as
+    base64 (little-endian float32) rather than floats, and cut to ``dimensions``
+    (renormalized) when it says so."""
 
     texts: tuple[str, ...]
     base64: bool
     dimensions: int | None = None
+    pictures: tuple[bytes, ...] = ()
+
+    @property
+    def items(self) -> tuple[str, ...] | tuple[bytes, ...]:
+        """What the model is given, one result each: the pictures, else the texts."""
+        return self.pictures or self.texts
 
 
 def embedding_line(body: EmbeddingRequest, dim: int | None, model: str) -> EmbeddingLine:
     """An embeddings line's body as ``POST /v1/embeddings`` reads it, for ``model`` (its
-    vectors ``dim`` long); ``ValueError`` naming what is wrong."""
-    texts = texts_of(body.input, "input")
-    return EmbeddingLine(tuple(texts), body.encoding_format == "base64", body.cut(dim, model))
+    vectors ``dim`` long): texts, or pictures as data URIs (vLLM's ``messages``, infinity's
+    ``"modality": "image"``: ``batchline.models.openai.images``); ``ValueError`` naming what
+    is wrong. A batch line's pictures come in the line: URLs are not fetched."""
+    from batchline.models.openai.images import DEFAULT_MAX_IMAGE_BYTES, request_inputs
+
+    kind, inputs = request_inputs(
+        body.input, body.messages, body.modality, max_bytes=DEFAULT_MAX_IMAGE_BYTES
+    )
+    as_base64, cut = body.encoding_format == "base64", body.cut(dim, model)
+    if kind == "text":
+        texts = texts_of(cast(list[str], inputs), "input")
+        return EmbeddingLine(tuple(texts), as_base64, cut)
+    pictures = [getattr(p, "data", None) for p in inputs]
+    if not pictures or any(p is None for p in pictures):
+        raise ValueError(
+            "a batch line's images come in the line, as data URIs (data:image/...;base64,...); "
+            "URLs are not fetched"
+        )
+    return EmbeddingLine((), as_base64, cut, pictures=tuple(cast(list[bytes], pictures)))
 
 
 def is_openai_batch_file(

@@ -16,20 +16,23 @@ A job that generates text runs :mod:`batchline.jobs.generate` instead (decided o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 from batchline._errors import InputError
 from batchline.datasets.pipeline import Progress, open_dataset_job, run_pipeline
 from batchline.datasets.sinks import ChunkWriter, default_output
 from batchline.datasets.sources import Record, Source
 from batchline.jobs.batch import DEDUPE_WINDOW, BatchAdapter
+from batchline.jobs.images import ImageAdapter
 from batchline.jobs.options import GenerateOptions, RunOptions, resolve
 from batchline.jobs.precision import Choice, announce, resolve_knobs
 from batchline.jobs.result_cache import open_cache
 from batchline.jobs.summary import RunSummary, summarize
 from batchline.knobs import Knobs
 from batchline.models.batching import ModelBatcher
+from batchline.models.image import DecodePool, ImagePreprocess
 from batchline.models.protocol import BatchModel, ModelInfo
 
 __all__ = [
@@ -119,14 +122,26 @@ async def run_job(options: RunOptions, progress: Progress | None = None) -> RunS
     model, quantized = await asyncio.to_thread(_load_gated, options, knobs, choice)
     try:
         source, writer = await asyncio.to_thread(open_job, options, model.info)
+        split = ""
         with writer:
-            async with ModelBatcher(model, knobs) as engine:
-                adapter = BatchAdapter(
-                    engine,
-                    record_input(options, model.info),
-                    dedupe_window=dedupe_window(options),
-                    cache=cache,
-                )
+            async with ModelBatcher(model, knobs) as engine, _pictures(model, options) as pool:
+                adapter: BatchAdapter | ImageAdapter
+                if pool is not None:
+                    adapter = ImageAdapter(
+                        engine,
+                        pool,
+                        base=options.input.parent if options.input is not None else None,
+                        dedupe_window=dedupe_window(options),
+                        cache=cache,
+                        tune_workers=options.decode.workers is None,
+                    )
+                else:
+                    adapter = BatchAdapter(
+                        engine,
+                        record_input(options, model.info),
+                        dedupe_window=dedupe_window(options),
+                        cache=cache,
+                    )
                 done = await run_pipeline(
                     adapter,
                     source,
@@ -138,6 +153,8 @@ async def run_job(options: RunOptions, progress: Progress | None = None) -> RunS
                     progress=progress,
                 )
                 stats = engine.stats
+                if isinstance(adapter, ImageAdapter):
+                    split = adapter.time_split().text()
         padded = knobs.batching and model.info.cost_kind == "padded"
         summary = summarize(writer.out_dir, options.knobs.batching, done, stats, padded=padded)
         cached = 0 if cache is None else cache.hits
@@ -147,11 +164,30 @@ async def run_job(options: RunOptions, progress: Progress | None = None) -> RunS
             cached=cached,
             quantized=quantized,
             precision="" if choice is None else choice.describe(),
+            time_split=split,
         )
     finally:
         model.close()
         if cache is not None:
             cache.close()
+
+
+@contextlib.asynccontextmanager
+async def _pictures(
+    model: BatchModel[object, object], options: RunOptions
+) -> AsyncIterator[DecodePool | None]:
+    """The decode workers of an image model (``info.input_kind == "image"``), else None."""
+    if model.info.input_kind != "image":
+        yield None
+        return
+    preprocess = getattr(model, "preprocess", None)
+    if not isinstance(preprocess, ImagePreprocess):
+        raise InputError(
+            f"model {model.info.name!r} reads pictures but has no preprocess (an "
+            "ImagePreprocess attribute): the decode workers need it"
+        )
+    async with DecodePool(preprocess, options.decode) as pool:
+        yield pool
 
 
 def dedupe_window(options: RunOptions) -> int:
@@ -172,7 +208,13 @@ def open_job(options: RunOptions, info: ModelInfo) -> tuple[Source, ChunkWriter]
     output = options.output or default_output(options.input, info.task)
     extra: dict[str, object] = {} if info.task == "embed" else {"task": info.task}
     columns = tuple(options.input_columns)
-    if info.task == "score":
+    if info.input_kind == "image":
+        columns = (options.image_column or "image",)
+    elif options.image_column is not None:
+        raise InputError(
+            f"--image-column goes with an image model; {options.model!r} reads {info.input_kind}"
+        )
+    elif info.task == "score":
         columns = pair_columns(options)
     elif not columns and (only := _only_input(info)) is not None:
         columns = (only,)

@@ -46,6 +46,8 @@ class RunSummary:
     quantized: str = ""
     #: what the model computes in and why (``Knobs.precision``: asked for, or chosen by measuring)
     precision: str = ""
+    #: an image job's time: the decode workers', the model's, and the model's idle time
+    time_split: str = ""
 
     @property
     def records_per_s(self) -> float:
@@ -68,6 +70,7 @@ class RunSummary:
                 else [("avg batch cost (model's units)", f"{self.avg_batch_cost:.0f}")]
             ),
             ("latency p50 / p99", f"{_ms(self.latency_p50_s)} / {_ms(self.latency_p99_s)}"),
+            *([("time split", self.time_split)] if self.time_split else []),
         ]
 
     def _head(self, mode: str) -> list[tuple[str, str]]:

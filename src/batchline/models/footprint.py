@@ -15,6 +15,11 @@ that. So a model holds one copy of its graph per session (the weights, prepacked
 test_uvicorn_residency.py``): 8 MiB beside its graph. Importing ``onnxruntime`` and
 ``tokenizers`` adds 64 MiB to a process, once.
 
+Image folders (``models/image``): not measured yet; the ONNX rule above, with the folder's
+fp32 weights file standing in for the graph (the converted tower holds those weights, or a
+part of them for one of CLIP's two towers: an overestimate), and a tensor model's extra, a
+text model's for a text tower.
+
 Torch text generators (a Hugging Face folder, ``smollm2`` once converted), measured the same
 day on a random Llama of SmolLM2-135M's shape (513 MiB of float32 safetensors, float32 on this
 CPU): a load grew the process by 1,029-1,063 MiB and peaked there, so twice the weights (the
@@ -79,6 +84,8 @@ def estimate_footprint(spec: ModelSpec, knobs: Knobs, task: str | None = None) -
     if task == "embed" and knobs.batching and knobs.solo_intra_op_threads:
         sessions += 1  # an embedder's solo session (models/onnx/embed.py)
     extra = _ONNX_TENSOR_EXTRA_BYTES if task == "predict" else _ONNX_TEXT_EXTRA_BYTES
+    if _image_folder(spec) and not _text_tower(spec, task):
+        extra = _ONNX_TENSOR_EXTRA_BYTES
     steady = graph * sessions + extra
     return Footprint(steady, steady + graph // 4, "onnx")
 
@@ -100,7 +107,20 @@ def _onnx_file(spec: ModelSpec) -> Path | None:
             return weights_dir() / "model.safetensors"  # the graph holds these, as float32
         except Exception:  # the weights package is missing: the load will say so
             return None
+    if _image_folder(spec):
+        assert spec.folder is not None
+        return spec.folder.weights
     return spec.path if spec.kind == "onnx" else None
+
+
+def _image_folder(spec: ModelSpec) -> bool:
+    return spec.kind == "hf" and spec.folder is not None and spec.folder.image is not None
+
+
+def _text_tower(spec: ModelSpec, task: str | None) -> bool:
+    """A two-tower image folder loaded for texts (``models/image/load.py``)."""
+    two_towers = spec.folder is not None and spec.folder.image == "two-tower"
+    return two_towers and task == "embed" and spec.input_kind != "image"
 
 
 def _generator_folder(spec: ModelSpec) -> Path | None:

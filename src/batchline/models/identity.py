@@ -45,6 +45,10 @@ def model_identity(spec: ModelSpec, knobs: Knobs | None = None) -> str | None:
         "normalize": spec.normalize,
         "versions": [_version("batchline"), _version("onnxruntime")],
     }
+    if spec.image is not None:  # a plain .onnx reading pictures: its preprocessing flags
+        options["image"] = [spec.image.size, spec.image.mean, spec.image.std]
+    # only when set, so that the identities of models without them stay as they were
+    options.update({k: v for k, v in (("top_k", spec.top_k), ("input", spec.input_kind)) if v})
     if spec.generates:
         options.update(_generation_options(spec, knobs or Knobs()))
     elif knobs is not None and knobs.precision == "int8":

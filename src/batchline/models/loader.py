@@ -3,7 +3,8 @@
 
 This module only resolves (the task, :func:`resolve_task`) and dispatches: each model kind
 loads itself in its own module (``models/function.py``, ``models/onnx/{embed,classify,score,
-predict}.py``, a Hugging Face encoder folder ``models/hf/load.py``), laid out from
+predict}.py``, a Hugging Face encoder folder ``models/hf/load.py``, an image folder
+``models/image/load.py``), laid out from
 :class:`~batchline.knobs.Knobs` (batching: ``sessions``
 sessions of ``intra_op_threads`` threads, plus a solo session when ``solo_intra_op_threads``
 is set; the baseline, ``batching=False``: one session every caller shares). Every layer that
@@ -36,8 +37,9 @@ logger = logging.getLogger("batchline.models")
 def resolve_task(spec: ModelSpec) -> Task:
     """The spec's task: given (for a ``PATH/`` folder: detected at parse time, or its
     ``--task``), the built-in model's, or read off an ``.onnx`` file: no
-    ``input_ids`` input → predict; else classify when an output is named ``logits``, labels
-    are given or a ``config.json`` with ``id2label`` sits beside it; else embed.
+    ``input_ids`` input → predict (but one 4-D input of a spec that reads pictures,
+    ``spec.image``, is an image model's); else classify when an output is named ``logits``,
+    labels are given or a ``config.json`` with ``id2label`` sits beside it; else embed.
     ``module:factory`` → predict."""
     if spec.task is not None:
         return spec.task
@@ -52,8 +54,11 @@ def resolve_task(spec: ModelSpec) -> Task:
     except Exception as exc:
         raise ModelError(f"{spec.path}: not a readable ONNX model: {exc}") from exc
     initializers = {i.name for i in graph.input if i.name in {t.name for t in graph.initializer}}
-    inputs = [i.name for i in graph.input if i.name not in initializers]
-    if "input_ids" not in inputs:
+    inputs = [i for i in graph.input if i.name not in initializers]
+    reads_pictures = spec.image is not None and len(inputs) == 1
+    if reads_pictures:
+        reads_pictures = len(inputs[0].type.tensor_type.shape.dim) == 4
+    if "input_ids" not in {i.name for i in inputs} and not reads_pictures:
         return "predict"
     outputs = {o.name for o in graph.output}
     config = spec.path.with_name("config.json")
@@ -115,10 +120,18 @@ def load_model(spec: ModelSpec, knobs: Knobs) -> AnyModel:
         from batchline.models.function import as_model
 
         return as_model(import_factory(spec.source), name=spec.name)
+    if spec.kind == "hf" and spec.folder is not None and spec.folder.image is not None:
+        from batchline.models.image import load_image_folder
+
+        return load_image_folder(spec.with_options(task=task), knobs)
     if spec.kind == "hf":
         from batchline.models.hf.load import load_folder_model
 
         return load_folder_model(spec.with_options(task=task), knobs)
+    if spec.image is not None and task in ("embed", "classify"):  # an .onnx reading pictures
+        from batchline.models.image.onnx_image import load_image_model
+
+        return load_image_model(spec.with_options(task=task), knobs)  # type: ignore[return-value]
     if spec.folder is not None:  # a folder holding model.onnx
         logger.info("%s: %s -> ONNX (the folder's own file)", spec.name, spec.folder.describe())
     if task == "embed" and knobs.precision == "bf16":

@@ -65,8 +65,11 @@ TASKS: tuple[Task, ...] = get_args(Task)
 CostKind = Literal["padded", "additive"]
 
 #: What ``prepare`` takes per record: ``text`` (a string), ``tensors`` (a mapping of input
-#: name to one row's array), ``record`` (the whole input row as a dict).
-InputKind = Literal["text", "tensors", "record"]
+#: name to one row's array), ``record`` (the whole input row as a dict), ``image`` (a
+#: picture: its bytes, or where they are; an image model also has ``preprocess``, an
+#: ``ImagePreprocess``, and its prepared items are float32 ``(3, H, W)`` arrays; see
+#: ``batchline.models.image``).
+InputKind = Literal["text", "tensors", "record", "image"]
 
 #: How a dataset output stores one result (``batchline.datasets.columns``): ``vector`` (a
 #: fixed-length float32 list), ``tensors`` (named arrays: native nested lists of numbers),
@@ -102,7 +105,8 @@ class ModelInfo:
         if self.task not in TASKS:
             raise ValueError(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
         if self.input_kind not in get_args(InputKind):
-            raise ValueError(f"input_kind must be text, tensors or record, got {self.input_kind!r}")
+            kinds = ", ".join(get_args(InputKind))
+            raise ValueError(f"input_kind must be one of {kinds}, got {self.input_kind!r}")
         if self.cost_kind not in get_args(CostKind):
             raise ValueError(f"cost_kind must be padded or additive, got {self.cost_kind!r}")
         if self.result_kind not in get_args(ResultKind):

@@ -2,9 +2,10 @@
 
 ``run``, ``bench`` and ``tune`` name a model the same way: a spec (``--model``) and the
 options that say what it does (``--task``, ``--tokenizer``, ``--labels``, ``--pooling``,
-``--normalize``). Their option classes take these fields from :class:`ModelSelection`, their
-parsers the flags from :func:`add_model_arguments`, and :func:`model_options` carries the
-parsed flags over. Standard library only: every ``--help`` imports it.
+``--normalize``, ``--top-k``). Their option classes take these fields from
+:class:`ModelSelection`, their parsers the flags from :func:`add_model_arguments`, and
+:func:`model_options` carries the parsed flags over. Standard library only: every
+``--help`` imports it.
 
 Example::
 
@@ -33,6 +34,7 @@ __all__ = [
     "add_model_arguments",
     "add_model_spec_argument",
     "model_options",
+    "parse_labels",
 ]
 
 #: ``--model``'s one meaning in every command that loads a model (run, serve, bench, tune).
@@ -56,6 +58,7 @@ class ModelSelection:
     labels: tuple[str, ...] | None = None
     pooling: str | None = None
     normalize: bool | None = None
+    top_k: int | None = None
 
     def spec_options(self) -> dict[str, Any]:
         """The options of the spec (all but ``model`` and ``task``), as ``parse_specs`` and
@@ -65,6 +68,7 @@ class ModelSelection:
             "labels": self.labels,
             "pooling": self.pooling,
             "normalize": self.normalize,
+            "top_k": self.top_k,
         }
 
     def parse_spec(self, task: str | None) -> ModelSpec:
@@ -89,6 +93,8 @@ class ModelSelection:
             argv += ["--pooling", self.pooling]
         if self.normalize is not None:
             argv += ["--normalize" if self.normalize else "--no-normalize"]
+        if self.top_k is not None:
+            argv += ["--top-k", str(self.top_k)]
         return argv
 
 
@@ -99,6 +105,22 @@ TASK_HELP = (
     "model's task; a folder's, read from its config; a .onnx file's: embed if it takes "
     "input_ids, else predict)"
 )
+
+
+def parse_labels(text: str) -> tuple[str, ...]:
+    """``--labels``: a file of one label a line (blank lines skipped) when ``text`` names one,
+    else comma-separated labels."""
+    path = Path(text)
+    if path.is_file():
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise argparse.ArgumentTypeError(f"cannot read labels file {path}: {exc}") from None
+        labels = tuple(line.strip() for line in lines if line.strip())
+        if not labels:
+            raise argparse.ArgumentTypeError(f"labels file {path} holds no label")
+        return labels
+    return tuple(x.strip() for x in text.split(","))
 
 
 def model_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -141,11 +163,18 @@ def add_model_arguments(p: argparse.ArgumentParser, *, several: bool = False) ->
     )
     p.add_argument(
         "--labels",
-        type=lambda text: tuple(x.strip() for x in text.split(",")),
-        help="classify: comma-separated labels (default: config.json's id2label beside the model)",
+        type=parse_labels,
+        help="classify: comma-separated labels, or a file of one label a line (default: "
+        "config.json's id2label beside the model; CLIP/SigLIP: classify images zero-shot)",
     )
     p.add_argument(
         "--pooling", choices=["mean", "cls", "lasttoken", "none"], help="embed: token pooling"
+    )
+    p.add_argument(
+        "--top-k",
+        type=int,
+        metavar="K",
+        help="classify: keep the K likeliest labels per record (default: every label's score)",
     )
     p.add_argument(
         "--normalize",

@@ -12,8 +12,9 @@ Spec kinds:
 - ``PATH/`` — a local Hugging Face model folder, read for what it is
   (``batchline.models.hf.detect``): a sentence-transformers embedder, a sequence classifier, a
   cross-encoder (task ``score``), a plain encoder (``embed``), a folder with ``model.onnx``
-  (the ``PATH.onnx`` path with the folder's tokenizer and config), or a causal LM (task
-  ``generate``, loaded by ``batchline.models.generation.load``);
+  (the ``PATH.onnx`` path with the folder's tokenizer and config), a causal LM (task
+  ``generate``, loaded by ``batchline.models.generation.load``), or an image model (an image
+  classifier, CLIP/SigLIP, DINOv2: ``batchline.models.image``);
 - ``module:factory`` — the user's own Python: ``factory()`` returns a :class:`BatchModel`, or
   simply a batch function ``list[record] -> list[result]`` (sync or async), optionally with a
   ``cost(record) -> int`` attribute;
@@ -35,6 +36,7 @@ from typing import Literal, get_args
 from batchline._errors import InputError
 from batchline.models.builtin import BUILTIN_MODELS
 from batchline.models.hf.detect import FolderModel, detect_folder, gguf_refusal
+from batchline.models.image.options import ImageOptions
 from batchline.models.protocol import TASKS, Task
 
 __all__ = ["ModelSpec", "Pooling", "SpecKind", "parse_spec", "parse_specs"]
@@ -44,6 +46,9 @@ SpecKind = Literal["builtin", "onnx", "python", "hf", "gguf"]
 #: mask, ``cls`` (the first token's), ``lasttoken`` (the last real token's: decoder
 #: embedders), or ``none`` (the model already returns ``(batch, dim)``).
 Pooling = Literal["mean", "cls", "lasttoken", "none"]
+#: What a model that takes several kinds of input is loaded for (a CLIP folder: its text or
+#: its image tower); the dataset's kind decides, ``None`` is the model's own default.
+SpecInput = Literal["text", "image"]
 
 _NAME = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]*)=(.+)$")
 _FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -65,8 +70,15 @@ class ModelSpec:
     labels: tuple[str, ...] | None = None
     pooling: Pooling | None = None
     normalize: bool | None = None
+    #: classify: keep the ``top_k`` likeliest labels per result (``None``: every label)
+    top_k: int | None = None
+    #: the input kind to load a two-tower folder for (``None``: text for embed, image for
+    #: zero-shot classify)
+    input_kind: SpecInput | None = None
     #: what a ``PATH/`` spec's folder holds (read once, at parse time)
     folder: FolderModel | None = field(default=None, compare=False, repr=False)
+    #: a plain ``.onnx`` that reads pictures, and how (``--image-size``, ``--mean``, ``--std``)
+    image: ImageOptions | None = None
 
     @property
     def path(self) -> Path:
@@ -80,19 +92,34 @@ class ModelSpec:
         labels: tuple[str, ...] | None = None,
         pooling: str | None = None,
         normalize: bool | None = None,
+        image: ImageOptions | None = None,
+        top_k: int | None = None,
+        input_kind: str | None = None,
     ) -> ModelSpec:
-        """This spec with the given options set (``None`` keeps what it has), validated."""
+        """This spec with the given options set (``None`` keeps what it has), validated.
+        Labels given to a two-tower image folder (CLIP, SigLIP) without a task make it a
+        zero-shot classifier."""
         if task is not None and task not in TASKS:
             raise InputError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
         if pooling is not None and pooling not in get_args(Pooling):
             raise InputError(f"pooling must be mean, cls, lasttoken or none, got {pooling!r}")
+        if top_k is not None and top_k < 1:
+            raise InputError(f"--top-k must be >= 1, got {top_k}")
+        if input_kind is not None and input_kind not in get_args(SpecInput):
+            raise InputError(f"input kind must be text or image, got {input_kind!r}")
+        two_towers = self.folder is not None and self.folder.image == "two-tower"
+        if task is None and labels is not None and two_towers:
+            task = "classify"
         spec = replace(
             self,
-            task=task if task is not None else self.task,
+            task=task if task is not None else self.task,  # type: ignore[arg-type]
             tokenizer=tokenizer if tokenizer is not None else self.tokenizer,
             labels=labels if labels is not None else self.labels,
             pooling=pooling if pooling is not None else self.pooling,  # type: ignore[arg-type]
             normalize=normalize if normalize is not None else self.normalize,
+            image=image if image is not None else self.image,
+            top_k=top_k if top_k is not None else self.top_k,
+            input_kind=input_kind if input_kind is not None else self.input_kind,  # type: ignore[arg-type]
         )
         spec._check()
         return spec
@@ -117,6 +144,21 @@ class ModelSpec:
             raise InputError(f"a tokenizer goes with an .onnx model, not {self.source!r}")
         if self.labels is not None and self.task not in (None, "classify"):
             raise InputError(f"labels go with the classify task, not {self.task}")
+        if self.top_k is not None and self.task not in (None, "classify"):
+            raise InputError(f"--top-k goes with the classify task, not {self.task}")
+        image = self.folder.image if self.folder is not None else None
+        if image == "two-tower" and self.task == "classify" and not self.labels:
+            raise InputError(
+                f"model {self.name!r} ({self.source}) classifies zero-shot over labels you "
+                'give: --labels "a cat,a dog" or --labels FILE (one label a line)'
+            )
+        if image == "two-tower" and self.task == "classify" and self.input_kind == "text":
+            raise InputError(
+                f"model {self.name!r}: zero-shot classification takes images; texts go to "
+                "its text tower with --task embed"
+            )
+        if self.input_kind == "text" and image in ("classifier", "encoder"):
+            raise InputError(f"model {self.name!r} ({self.source}) takes images, not texts")
         pools = self.pooling is not None or self.normalize is not None
         if pools and self.task not in (None, "embed"):
             raise InputError(f"pooling and normalize go with the embed task, not {self.task}")
@@ -203,6 +245,8 @@ def parse_specs(
     labels: tuple[str, ...] | None = None,
     pooling: str | None = None,
     normalize: bool | None = None,
+    image: ImageOptions | None = None,
+    top_k: int | None = None,
 ) -> list[ModelSpec]:
     """Several ``--model`` values and their ``--task`` values (``TASK`` alone when there is one
     model, else ``NAME=TASK``). The other options apply to a single model only."""
@@ -227,9 +271,9 @@ def parse_specs(
             raise InputError(f"--task {t}: with several models, say which: --task NAME={t}")
         task_of[target] = task
     single = len(specs) == 1
-    if not single and any(x is not None for x in (tokenizer, labels, pooling, normalize)):
+    if not single and any(x is not None for x in (tokenizer, labels, pooling, normalize, top_k)):
         raise InputError(
-            "--tokenizer, --labels, --pooling and --normalize go with a single --model"
+            "--tokenizer, --labels, --pooling, --normalize and --top-k go with a single --model"
         )
     return [
         s.with_options(
@@ -238,6 +282,9 @@ def parse_specs(
             labels=labels if single else None,
             pooling=pooling if single else None,
             normalize=normalize if single else None,
+            # pictures are read by an .onnx only (a folder says what it reads)
+            image=image if single and s.kind == "onnx" else None,
+            top_k=top_k if single else None,
         )
         for s in specs
     ]

@@ -68,6 +68,26 @@ def add_parser(subparsers: _SubParsersAction[argparse.ArgumentParser]) -> argpar
         default=None,
         help="a single embed model: L2-normalise the vectors",
     )
+    p.add_argument(
+        "--modality",
+        choices=["text", "image"],
+        help="a two-tower image folder (CLIP, SigLIP): serve its image tower or its text tower "
+        "(default: text; --labels serve images, zero-shot)",
+    )
+    p.add_argument(
+        "--allow-url-fetch",
+        metavar="HOST[,HOST]",
+        help="fetch http(s) image URLs from these hosts only (default: none; images come as "
+        "data URIs or base64)",
+    )
+    p.add_argument(
+        "--max-image-bytes", type=int, help="refuse larger images (default 10 MiB), with 413"
+    )
+    p.add_argument(
+        "--max-image-pixels",
+        type=int,
+        help="refuse images declaring more pixels (default 50,000,000), with 413",
+    )
     p.add_argument("--host", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default 8000)")
     p.add_argument(

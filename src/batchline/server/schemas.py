@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from batchline.models.openai.embeddings import Usage
+from batchline.models.openai.images import InputMessage
 from batchline.models.openai.requests import Priority, RerankDocument, SamplingBody, Texts
 
 __all__ = [
@@ -40,20 +41,30 @@ __all__ = [
 
 
 class ClassifyRequest(BaseModel):
-    """``POST /classify``: one label per text; ``return_all_scores`` adds every label's score."""
+    """``POST /classify``: one label per text; ``return_all_scores`` adds every label's score.
+    Pictures as for ``/v1/embeddings``: vLLM's ``messages``, or infinity's ``input`` of data
+    URIs with ``"modality": "image"``."""
 
     model_config = ConfigDict(extra="ignore")
 
-    input: Texts
+    input: Texts | None = None
+    messages: list[InputMessage] | None = None
+    modality: Literal["text", "image"] = "text"
     model: StrictStr | None = None
     return_all_scores: StrictBool = False
     priority: Priority | None = None
+
+
+class LabelScore(BaseModel):
+    label: str
+    score: float
 
 
 class Classification(BaseModel):
     label: str
     score: float
     scores: dict[str, float] | None = None
+    top_k: list[LabelScore] | None = None
 
 
 class ClassifyResponse(BaseModel):
@@ -131,6 +142,8 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "batchline"
     task: Literal["embed", "classify", "score", "predict", "generate"]
+    modality: Literal["text", "image", "tensors"] = "text"
+    limits: dict[str, int | list[str]] | None = None
 
 
 class ModelList(BaseModel):

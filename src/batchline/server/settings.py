@@ -49,6 +49,7 @@ from batchline.knobs import (
     read_config_file,
     to_toml,
 )
+from batchline.models.openai.images import DEFAULT_MAX_IMAGE_BYTES
 
 if TYPE_CHECKING:
     from batchline.models.specs import ModelSpec
@@ -57,6 +58,10 @@ __all__ = ["API_KEY_ENV", "KNOB_FIELDS", "SETTING_NAMES", "ServerSettings", "loa
 
 #: The flat keys that are :class:`batchline.knobs.Knobs` fields (they set ``knobs``).
 KNOB_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Knobs))
+
+#: Pixels a served picture may declare (a 50 MP photo; ``run``'s limit is higher: files are
+#: the operator's own, requests are anyone's).
+DEFAULT_SERVE_PIXELS = 50_000_000
 
 #: Environment variable read for the API key when none is given otherwise.
 API_KEY_ENV = "BATCHLINE_API_KEY"
@@ -114,6 +119,15 @@ class ServerSettings(BaseModel):
             tokenized on the event loop (a thread hop costs more than that), longer ones in a
             worker thread.
         retry_after_s: the ``Retry-After`` sent with 429 and 503.
+
+    Pictures (image models, ``batchline.server.images``):
+        max_image_bytes, max_image_pixels: a larger picture gets 413 (its encoded bytes; the
+            pixels its header declares, checked before decoding: decompression bombs).
+        max_decode_bytes: pictures' bytes in flight in a model's decode processes at most.
+        allow_url_fetch: the hosts whose ``http(s)`` image URLs are fetched (exact names);
+            none by default, so only data URIs and base64 are taken.
+        modality: a two-tower folder's (CLIP, SigLIP) tower to serve: ``text`` (the default)
+            or ``image``.
 
     Serving:
         host, port, api_key, drain_timeout_s (how long SIGTERM waits for in-flight work),
@@ -192,6 +206,11 @@ class ServerSettings(BaseModel):
     # why inline below this: the measurements in batchline.server.state's docstring
     tokenize_inline_max_chars: int = Field(default=1024, ge=0)
     retry_after_s: int = Field(default=1, ge=0)
+    max_image_bytes: int = Field(default=DEFAULT_MAX_IMAGE_BYTES, ge=1)
+    max_image_pixels: int = Field(default=DEFAULT_SERVE_PIXELS, ge=1)
+    max_decode_bytes: int = Field(default=256 * 1024 * 1024, ge=1)
+    allow_url_fetch: list[str] = Field(default_factory=list)
+    modality: Literal["text", "image"] | None = None
 
     # -- serving ----------------------------------------------------------------------------
     host: str = "127.0.0.1"
@@ -218,7 +237,7 @@ class ServerSettings(BaseModel):
     def _one_or_many(cls, value: object) -> object:
         return [value] if isinstance(value, str) else value
 
-    @field_validator("allowed_hosts", "cors_origins", mode="before")
+    @field_validator("allowed_hosts", "cors_origins", "allow_url_fetch", mode="before")
     @classmethod
     def _comma_separated(cls, value: object) -> object:
         if isinstance(value, str):
@@ -393,6 +412,16 @@ class ServerSettings(BaseModel):
         ``baseline_intra_op_threads`` threads that every request uses at once."""
         return self.knobs.baseline(self.baseline_intra_op_threads)
 
+    @staticmethod
+    def _tower(spec: ModelSpec, modality: str) -> ModelSpec:
+        """A two-tower image folder's spec for the tower ``modality`` names."""
+        if spec.folder is None or spec.folder.image != "two-tower":
+            raise InputError(
+                f"modality goes with a two-tower image folder (CLIP, SigLIP); {spec.name!r} "
+                "takes one kind of input"
+            )
+        return spec.with_options(input_kind=modality)
+
     @property
     def specs(self) -> list[ModelSpec]:
         """The served models' specs, named and with their tasks (``InputError`` when a spec
@@ -407,6 +436,8 @@ class ServerSettings(BaseModel):
             pooling=self.pooling,
             normalize=self.normalize,
         )
+        if self.modality is not None:
+            specs = [self._tower(s, self.modality) for s in specs]
         if self.model_name:
             if len(specs) > 1:
                 raise InputError("model_name names a single model; with several, use NAME=SPEC")

@@ -61,6 +61,7 @@ if TYPE_CHECKING:
         TextGenerator,
     )
     from batchline.server.generation_metrics import GenerationMetrics
+    from batchline.server.images import PictureDecoder
     from batchline.server.tracing import BatchMark
 
 __all__ = ["Served", "ServedGenerator", "ServedModel", "ServerState"]
@@ -103,6 +104,12 @@ class ServedModel(Generic[P, R]):
         self._padded = self.info.cost_kind == "padded"
         self._async = inspect.iscoroutinefunction(model.run_batch)
         self._tokenizer = _tokenizer_of(model)
+        #: an image model's decode processes (``batchline.server.images``), else ``None``
+        self.pictures: PictureDecoder | None = None
+        if self.info.input_kind == "image":
+            from batchline.server.images import PictureDecoder
+
+            self.pictures = PictureDecoder(getattr(model, "preprocess"), settings)  # noqa: B009
         self.engine: ModelBatcher[_Job[P], R] | None = None
         if settings.knobs.batching:
             self.engine = ModelBatcher(
@@ -128,8 +135,15 @@ class ServedModel(Generic[P, R]):
         return self.engine.stats if self.engine is not None else None
 
     async def start(self) -> None:
-        if self.engine is not None:
-            await self.engine.start()
+        if self.pictures is not None:
+            await self.pictures.start()
+        try:
+            if self.engine is not None:
+                await self.engine.start()
+        except BaseException:
+            if self.pictures is not None:
+                await asyncio.to_thread(self.pictures.close)
+            raise
 
     async def stop(self, *, timeout_s: float | None = None) -> None:
         """Finish the queued work (at most ``timeout_s``), then free the model."""
@@ -137,6 +151,8 @@ class ServedModel(Generic[P, R]):
             if self.engine is not None:
                 await self.engine.stop(drain=True, timeout_s=timeout_s)
         finally:
+            if self.pictures is not None:
+                await asyncio.to_thread(self.pictures.close)
             self.model.close()
 
     # -- a request ---------------------------------------------------------------------------

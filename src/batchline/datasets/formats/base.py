@@ -30,7 +30,7 @@ __all__ = [
     "file_fingerprint",
 ]
 
-Format = Literal["jsonl", "csv", "parquet", "text", "npy"]
+Format = Literal["jsonl", "csv", "parquet", "text", "npy", "images", "webdataset"]
 BadRecordPolicy = Literal["raise", "skip"]
 _RAW_PREVIEW_CHARS = 200
 
@@ -214,6 +214,11 @@ class Source:
                 "(choose one with --text-column)"
             )
         for column in self.input_columns:
+            if column not in self.columns and self.input_kind == "image":
+                raise InputError(
+                    f"{self.path}: no picture column {column!r}; {where}: {names} "
+                    "(choose it with --image-column)"
+                )
             if column not in self.columns:
                 raise InputError(
                     f"{self.path}: no input column {column!r}; {where}: {names} "
@@ -317,6 +322,11 @@ class Source:
         """A ``record`` or ``tensors`` row's model input, or the reason it is a bad record."""
         if self.input_kind == "record" and not self.input_columns:
             return row, None
+        if self.input_kind == "image":  # the one column of pictures: a path, bytes or null
+            (column,) = self.input_columns
+            if column not in row:
+                return None, f"no picture field {column!r}"
+            return row[column], None
         value: dict[str, object] = {}
         for column in self.input_columns:
             if column not in row:

@@ -180,7 +180,8 @@ class CsvSource(Source):
                             yield Record(index, id_, input_values[0][1][i], extra)
                         else:
                             row = {c: values[i] for c, values in input_values}
-                            yield Record(index, id_, "", extra, row)
+                            value = row[inputs[0]] if self.input_kind == "image" else row
+                            yield Record(index, id_, "", extra, value)
                     index += 1
                     at[0] = max(at[0], index)
             yield from flush_invalid()

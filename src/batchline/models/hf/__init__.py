@@ -9,9 +9,25 @@ conversion needs torch only where the folder's architecture has no graph builder
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from batchline._lazy import lazy_exports
 
-__all__ = ["FolderModel", "convert", "detect_folder", "load_folder_model"]
+if TYPE_CHECKING:
+    from batchline.models.hf.convert import convert, convert_with
+    from batchline.models.hf.detect import FolderModel, detect_folder
+    from batchline.models.hf.export import OPSET, require_torch
+    from batchline.models.hf.load import load_folder_model
+
+__all__ = [
+    "OPSET",
+    "FolderModel",
+    "convert",
+    "convert_with",
+    "detect_folder",
+    "load_folder_model",
+    "require_torch",
+]
 
 __getattr__ = lazy_exports(
     __name__,
@@ -19,6 +35,9 @@ __getattr__ = lazy_exports(
         "FolderModel": "detect",
         "detect_folder": "detect",
         "convert": "convert",
+        "convert_with": "convert",
+        "OPSET": "export",
+        "require_torch": "export",
         "load_folder_model": "load",
     },
 )

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -28,7 +28,7 @@ from batchline._cache import cache_dir, make_cache_folder, write_whole
 from batchline._errors import ModelError
 from batchline.models.hf.detect import FolderModel
 
-__all__ = ["Converted", "Top", "builder_covers", "convert"]
+__all__ = ["Converted", "Top", "builder_covers", "convert", "convert_with"]
 
 #: What the graph returns: pooled (and, for ``embedding``, normalized) vectors baked in,
 #: the token vectors (``hidden``: pooling runs in numpy) or classifier ``logits``.
@@ -70,23 +70,44 @@ def convert(
         raise ValueError("only the builder bakes pooling in: ask the exporter for 'hidden'")
     pairs = found.task == "score"
     options = {"top": top, "pooling": pooling, "normalize": normalize, "pairs": pairs}
-    route = "builder" if builder else "exporter"
+    if builder:
+        return convert_with(
+            found,
+            "builder",
+            options,
+            lambda target: write_whole(
+                target, _build(found, top, pooling, normalize, pairs), "cache.hf"
+            ),
+        )
+    return convert_with(found, "exporter", options, lambda target: _export(found, top, target))
+
+
+def convert_with(
+    found: FolderModel,
+    route: str,
+    options: Mapping[str, object],
+    write: Callable[[Path], None],
+) -> Converted:
+    """The cached ONNX file of ``found`` that ``write(target)`` makes, keyed by ``route``,
+    ``options`` and the folder's content: ``write`` runs only when no such file is cached,
+    and must write ``target`` whole (``_cache.write_whole``) or not at all. Any failure but a
+    ``ModelError`` becomes one ``ModelError`` line naming the folder. Every conversion here
+    (the text encoders, ``batchline.models.image``'s image models) goes through it."""
     target = _target(found, route, options)
     if target.is_file():
         return Converted(target, "cached")
     make_cache_folder(target.parent)
     try:
-        if builder:
-            write_whole(target, _build(found, top, pooling, normalize, pairs), "cache.hf")
-            return Converted(target, "built")
-        _export(found, top, target)
+        write(target)
     except ModelError:
         raise
     except Exception as exc:  # a broken weights file or config: one line, not a traceback
         raise ModelError(
             f"{found.folder}: cannot convert it to ONNX ({type(exc).__name__}: {exc})"
         ) from exc
-    return Converted(target, "exported")
+    if not target.is_file():
+        raise ModelError(f"{found.folder}: the conversion wrote no ONNX file")
+    return Converted(target, "built" if route == "builder" else "exported")
 
 
 def _target(found: FolderModel, route: str, options: Mapping[str, object]) -> Path:
@@ -144,5 +165,3 @@ def _export(found: FolderModel, top: Top, target: Path) -> None:
     # as TARGET.data, moved into place first), so no copy is made of a large graph here
     head: Head = "logits" if top == "logits" else "hidden"
     export_encoder(found.encoder_folder, head=head, target=target)
-    if not target.is_file():
-        raise ModelError(f"{found.folder}: the exporter wrote no ONNX file")

@@ -14,6 +14,10 @@ The rules, first match wins:
 - ``modules.json`` (sentence-transformers) → ``embed`` with its Pooling, Dense and Normalize;
 - ``*ForSequenceClassification`` → ``classify``, or ``score`` with exactly one label;
 - ``*ForCausalLM``, ``*LMHeadModel``, ``*ForConditionalGeneration`` → ``generate``;
+- an image model (``preprocessor_config.json`` beside the weights): ``*ForImageClassification``
+  → ``classify`` (labels from ``id2label``); ``CLIPModel``, ``SiglipModel`` → ``embed`` (the
+  image tower, or the text tower for texts) or zero-shot ``classify`` given labels;
+  ``Dinov2Model``, ``ViTModel`` → ``embed`` (CLS pooling unless told mean);
 - a plain encoder (``BertModel``, ``XLMRobertaModel``, ...) → ``embed``, mean pooling and
   L2 normalization assumed (the log line says so).
 
@@ -40,7 +44,9 @@ __all__ = ["DenseModule", "FolderModel", "TokenPooling", "detect_folder", "gguf_
 
 #: How an embedder pools its token vectors (the token-pooling members of ``specs.Pooling``).
 TokenPooling = Literal["mean", "cls", "lasttoken"]
-Layout = Literal["sentence-transformers", "cross-encoder", "transformers", "onnx"]
+Layout = Literal["sentence-transformers", "cross-encoder", "transformers", "onnx", "image"]
+#: An image folder's kind: a classifier head, CLIP/SigLIP's two towers, or an image encoder.
+ImageKind = Literal["classifier", "two-tower", "encoder"]
 
 _GENERATE_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
 # model_type of decoder families: a sentence-transformers folder over one of them pools its
@@ -53,8 +59,12 @@ _ACTIVATIONS = {"Tanh": "tanh", "Identity": "identity", "ReLU": "relu", "Sigmoid
 _SUPPORTED = (
     "a sentence-transformers folder (modules.json), a *ForSequenceClassification folder "
     "(classify, or score with one label), a cross-encoder, a plain encoder (BertModel, ...), "
-    "a *ForCausalLM folder (generate) or a folder with model.onnx"
+    "a *ForCausalLM folder (generate), an image model with preprocessor_config.json "
+    "(*ForImageClassification, CLIPModel, SiglipModel, Dinov2Model, ViTModel) or a folder "
+    "with model.onnx"
 )
+_TWO_TOWERS = {"CLIPModel": "clip", "SiglipModel": "siglip"}
+_IMAGE_ENCODERS = {"Dinov2Model": "dinov2", "ViTModel": "vit"}
 
 
 def gguf_refusal(found: str) -> str:
@@ -103,6 +113,9 @@ class FolderModel:
     tokenizer: Path | None = None
     #: the transformer is a decoder family (last-token embedders run on torch)
     decoder: bool = False
+    #: an image model's kind (``layout == "image"``) and its ``preprocessor_config.json``
+    image: ImageKind | None = None
+    preprocessor: Path | None = None
 
     @property
     def encoder_folder(self) -> Path:
@@ -120,6 +133,8 @@ class FolderModel:
             return f"ONNX folder ({where}, {what})"
         if self.task == "generate":
             return f"causal-LM folder ({arch})"
+        if self.image is not None:
+            return self._describe_image(arch)
         if self.task == "embed":
             parts = [arch, f"{self.pooling} pooling"]
             parts += [f"dense {d.in_features}->{d.out_features} {d.activation}" for d in self.dense]
@@ -135,6 +150,16 @@ class FolderModel:
             return f"{kind} ({arch}, score = {self.activation}(logit))"
         return f"sequence classifier ({arch}, {len(self.labels)} labels: {labels})"
 
+    def _describe_image(self, arch: str) -> str:
+        if self.image == "classifier":
+            shown = ", ".join(self.labels[:5]) + (", ..." if len(self.labels) > 5 else "")
+            return f"image classifier ({arch}, {len(self.labels)} labels: {shown})"
+        if self.image == "two-tower":
+            texts = "texts and images" if self.tokenizer is not None else "images only"
+            what = "zero-shot classifier" if self.task == "classify" else "embedder"
+            return f"image-text {what} ({arch}, {texts})"
+        return f"image encoder ({arch}, {self.pooling or 'cls'} pooling)"
+
     def for_task(self, task: Task | None) -> FolderModel:
         """This folder run as ``task`` (``None`` keeps the detected one); an
         :class:`InputError` when the folder cannot do it."""
@@ -148,6 +173,8 @@ class FolderModel:
                 )
             return replace(self, task=task)
         where = f"{self.folder} is a {self.describe()}"
+        if self.image == "two-tower" and task in ("embed", "classify"):
+            return replace(self, task=task)  # classify: zero-shot, over the given labels
         if self.task == "classify" and task == "score":
             raise InputError(
                 f"{where}: the score task takes a one-label classifier (a cross-encoder), "
@@ -360,6 +387,10 @@ def detect_folder(folder: Path) -> FolderModel:
             f"supported: {_SUPPORTED}"
         )
     decoder = model_type in _DECODER_TYPES or arch.endswith(_GENERATE_SUFFIXES)
+    if (model_folder / "preprocessor_config.json").is_file() and not modules:
+        image = _image_folder(folder, config, arch, model_type, tok)
+        if image is not None:
+            return image
     base = FolderModel(
         folder,
         None,
@@ -406,6 +437,44 @@ def detect_folder(folder: Path) -> FolderModel:
     if arch.endswith("Model") or (not arch and model_type):
         return replace(base, task="embed", pooling="mean", normalize=True, assumed=True)
     raise InputError(f"{folder}: architecture {arch!r} is not supported; supported: {_SUPPORTED}")
+
+
+def _image_folder(
+    folder: Path, config: dict[str, object], arch: str, model_type: str, tok: Path | None
+) -> FolderModel | None:
+    """An image model folder (weights and ``preprocessor_config.json``), or ``None`` when the
+    architecture is none of the image families (a text model that ships one too)."""
+    kind: ImageKind
+    if arch.endswith("ForImageClassification"):
+        kind = "classifier"
+    elif arch in _TWO_TOWERS or (not arch and model_type in _TWO_TOWERS.values()):
+        kind = "two-tower"
+    elif arch in _IMAGE_ENCODERS or (not arch and model_type in _IMAGE_ENCODERS.values()):
+        kind = "encoder"
+    else:
+        return None
+    weights = _weights(folder)
+    if weights is None:
+        raise InputError(
+            f"{folder}: {arch or model_type} folder without weights (looked for "
+            f"{', '.join(_WEIGHTS)})"
+        )
+    found = FolderModel(
+        folder,
+        None,
+        "image",
+        architecture=arch,
+        model_type=model_type,
+        weights=weights,
+        tokenizer=tok if kind == "two-tower" else None,
+        image=kind,
+        preprocessor=folder / "preprocessor_config.json",
+    )
+    if kind == "classifier":
+        return replace(found, task="classify", labels=_labels(config, folder))
+    if kind == "two-tower":
+        return replace(found, task="embed", normalize=True)
+    return replace(found, task="embed", pooling="cls", normalize=True)
 
 
 def _onnx_folder(

@@ -51,7 +51,9 @@ def load_folder_model(spec: ModelSpec, knobs: Knobs) -> BatchModel[Any, Any]:
             from batchline.models.onnx.classify import load_onnx_classifier
 
             labels = spec.labels or found.labels
-            return load_onnx_classifier(converted.path, _tokenizer(found), labels=labels, **common)
+            return load_onnx_classifier(
+                converted.path, _tokenizer(found), labels=labels, top_k=spec.top_k, **common
+            )
         from batchline.models.onnx.score import load_onnx_scorer
 
         activation = found.activation

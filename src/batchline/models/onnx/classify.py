@@ -11,6 +11,12 @@ One result::
     {"label": "positive", "score": 0.91, "scores": {"negative": 0.02, "neutral": 0.07,
                                                     "positive": 0.91}}
 
+With ``top_k`` (``--top-k``), ``scores`` gives way to the ``top_k`` likeliest labels, best
+first (one shape for every record, whatever its labels)::
+
+    {"label": "positive", "score": 0.91, "top_k": [{"label": "positive", "score": 0.91},
+                                                   {"label": "neutral", "score": 0.07}]}
+
 Labels come from ``labels=`` (``--labels``), else ``config.json``'s ``id2label`` beside the
 model (as Hugging Face exports write it), else ``LABEL_0 .. LABEL_{N-1}``.
 
@@ -26,7 +32,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 import numpy as np
 import numpy.typing as npt
@@ -54,18 +60,42 @@ if TYPE_CHECKING:
 __all__ = [
     "Classification",
     "OnnxClassifier",
+    "classification",
     "labels_from_config",
     "load_classifier",
     "load_onnx_classifier",
 ]
 
 
+class LabelScore(TypedDict):
+    label: str
+    score: float
+
+
 class Classification(TypedDict):
-    """One text's result: ``{"label": str, "score": float, "scores": {label: probability}}``."""
+    """One text's result: ``{"label": str, "score": float, "scores": {label: probability}}``,
+    or with ``top_k``, ``"top_k": [{"label", "score"}, ...]`` in place of ``scores``."""
 
     label: str
     score: float
-    scores: dict[str, float]
+    scores: NotRequired[dict[str, float]]
+    top_k: NotRequired[list[LabelScore]]
+
+
+def classification(
+    probs: npt.NDArray[np.float64], labels: Sequence[str], *, top_k: int | None = None
+) -> Classification:
+    """One row of probabilities (one per label, in order) as a :class:`Classification`: the
+    result every classifier returns (text, image, zero-shot)."""
+    best = int(np.argmax(probs))
+    result: Classification = {"label": labels[best], "score": float(probs[best])}
+    if top_k is None:
+        result["scores"] = {label: float(p) for label, p in zip(labels, probs, strict=True)}
+    else:
+        # stable: ties keep the labels' order, as argmax does for the best
+        order = np.argsort(-probs, kind="stable")[:top_k]
+        result["top_k"] = [{"label": labels[i], "score": float(probs[i])} for i in order]
+    return result
 
 
 class OnnxClassifier(SessionModel):
@@ -77,6 +107,7 @@ class OnnxClassifier(SessionModel):
         tokenizer: a tokenizer from :func:`~batchline.models.onnx.embedder.load_tokenizer`.
         name: the model's name (outputs, listings).
         labels: one name per logit, in order; default ``LABEL_0 .. LABEL_{N-1}``.
+        top_k: keep the ``top_k`` likeliest labels per result (default: all, as ``scores``).
         pad_id: the token id used for padding.
         output_name: the logits output (default: ``logits`` if present, else the first).
 
@@ -92,9 +123,13 @@ class OnnxClassifier(SessionModel):
         *,
         name: str,
         labels: Sequence[str] | None = None,
+        top_k: int | None = None,
         pad_id: int = 0,
         output_name: str | None = None,
     ) -> None:
+        if top_k is not None and top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {top_k}")
+        self.top_k = top_k
         self.model = model
         self.tokenizer: Tokenizer = tokenizer
         self.pad_id = pad_id
@@ -128,7 +163,7 @@ class OnnxClassifier(SessionModel):
             result_kind="value",
             result_column="classification",
             max_tokens=tokenizer_max_length(tokenizer),
-            details={"labels": list(self.labels)},
+            details={"labels": list(self.labels), **({"top_k": top_k} if top_k else {})},
         )
 
     def prepare(self, inputs: Sequence[object]) -> list[TokenizedText | BaseException]:
@@ -161,12 +196,7 @@ class OnnxClassifier(SessionModel):
         return [self._result(row) for row in probs]
 
     def _result(self, probs: npt.NDArray[np.float64]) -> Classification:
-        best = int(np.argmax(probs))
-        return {
-            "label": self.labels[best],
-            "score": float(probs[best]),
-            "scores": {label: float(p) for label, p in zip(self.labels, probs, strict=True)},
-        }
+        return classification(probs, self.labels, top_k=self.top_k)
 
     def _run(self, batch: Sequence[TokenizedText]) -> Array:
         feeds, _ = text_feeds(self._inputs, batch, pad_id=self.pad_id)
@@ -233,7 +263,12 @@ def load_classifier(spec: ModelSpec, knobs: Knobs) -> OnnxClassifier:
     if labels is None:
         labels = labels_from_config(spec.path.with_name("config.json"))
     return load_onnx_classifier(
-        spec.path, tokenizer_path(spec), name=spec.name, knobs=knobs, labels=labels
+        spec.path,
+        tokenizer_path(spec),
+        name=spec.name,
+        knobs=knobs,
+        labels=labels,
+        top_k=spec.top_k,
     )
 
 
@@ -245,9 +280,10 @@ def load_onnx_classifier(
     knobs: Knobs,
     labels: Sequence[str] | None = None,
     max_length: int | None = None,
+    top_k: int | None = None,
 ) -> OnnxClassifier:
     """An ONNX classifier file and its ``tokenizer.json`` as an :class:`OnnxClassifier` laid
     out as ``knobs`` say."""
     model = load_sessions_at(path, knobs)
     tok, pad_id = load_tokenizer(tokenizer, max_length=max_length)
-    return OnnxClassifier(model, tok, name=name, labels=labels, pad_id=pad_id)
+    return OnnxClassifier(model, tok, name=name, labels=labels, top_k=top_k, pad_id=pad_id)

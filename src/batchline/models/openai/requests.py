@@ -38,6 +38,7 @@ from batchline.models.generation import (
     constraint_from_openai,
     unapplied_field,
 )
+from batchline.models.openai.images import InputMessage
 from batchline.models.scoring import RERANK_URL, SCORE_URL
 
 __all__ = [
@@ -128,11 +129,15 @@ def texts_of(value: str | Sequence[str], field: str) -> list[str]:
 
 
 class EmbeddingRequest(BaseModel):
-    """``POST /v1/embeddings``: one text or a list of texts (token arrays are not taken)."""
+    """``POST /v1/embeddings``: one text or a list of texts (token arrays are not taken); or
+    pictures, for an image model: vLLM's ``messages`` (one conversation, one vector) or
+    infinity's ``input`` of data URIs with ``"modality": "image"`` (:mod:`.images`)."""
 
     model_config = ConfigDict(extra="ignore")
 
-    input: Texts
+    input: Texts | None = None
+    messages: list[InputMessage] | None = None
+    modality: Literal["text", "image"] = "text"
     model: StrictStr | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: StrictInt | None = None

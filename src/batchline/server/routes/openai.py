@@ -1,4 +1,4 @@
-"""OpenAI-compatible routes: ``POST /v1/embeddings``.
+"""OpenAI-compatible routes: ``POST /v1/embeddings`` (texts, or pictures for an image model).
 
 Request bodies are parsed with pydantic's JSON parser straight from the bytes the gate read,
 and responses are written as JSON by hand: both are the hot path of a short request. The
@@ -21,8 +21,8 @@ from batchline.server.routes._common import (
     all_finite,
     body_doc,
     non_finite,
-    run_texts,
 )
+from batchline.server.routes._inputs import run_inputs
 from batchline.server.state import ServedModel
 
 __all__ = ["router"]
@@ -38,10 +38,12 @@ router = APIRouter()
     summary="Create embeddings (OpenAI-compatible)",
 )
 async def create_embeddings(request: Request) -> Response:
-    """Embed one text or a list of texts; ``encoding_format`` ``float`` or ``base64``
-    (little-endian float32); ``dimensions`` keeps the first n of each vector, renormalized
-    (Matryoshka truncation: meaningful for models trained for it)."""
-    done = await run_texts(request, EmbeddingRequest, "embed", _check_dimensions)
+    """Embed one text or a list of texts, or pictures on an image model (vLLM's ``messages``
+    with ``image_url`` parts, one vector per conversation; infinity's ``input`` of data URIs
+    with ``"modality": "image"``); ``encoding_format`` ``float`` or ``base64`` (little-endian
+    float32); ``dimensions`` keeps the first n of each vector, renormalized (Matryoshka
+    truncation: meaningful for models trained for it)."""
+    done = await run_inputs(request, EmbeddingRequest, "embed", _check_dimensions)
     model, tokens = done.model, done.tokens
     vectors = [np.asarray(model.model.encode(r), dtype=np.float32) for r in done.results]
     if not all_finite(vectors):

@@ -10,6 +10,7 @@ from starlette.responses import JSONResponse, Response
 from batchline.server.metrics import CONTENT_TYPE
 from batchline.server.routes._common import server_state
 from batchline.server.schemas import ModelList
+from batchline.server.state import ServerState
 
 __all__ = ["router"]
 
@@ -18,13 +19,17 @@ router = APIRouter()
 
 @router.get("/v1/models", response_model=ModelList, summary="The models served here")
 async def list_models(request: Request) -> JSONResponse:
-    """OpenAI-style model list; each model also says its ``task`` and, for an on-demand model
+    """OpenAI-style model list; each model also says its ``task``, its ``modality`` (text,
+    image or tensors; an image model also its ``limits``) and, for an on-demand model
     (``memory_budget``), its ``state`` (unloaded, loading, resident, unloading),
     ``footprint_bytes`` (estimated from its files, or what its last load measured),
     ``load_peak_bytes`` (the most a load of it grew memory by at its peak; 0 until measured)
     and ``pinned``."""
     state = server_state(request)
     data = [_card(m.name, m.created, m.task) for m in state.served()]
+    for entry, served in zip(data, state.served(), strict=True):
+        info = getattr(served, "info", None)
+        entry.update(_modality(state, info.input_kind if info is not None else "text"))
     if state.residency is not None and state.settings.memory_budget is not None:
         # on-demand models: listed loaded or not, with their residency and footprint
         cards = {c["id"]: c for c in data}
@@ -41,6 +46,23 @@ async def list_models(request: Request) -> JSONResponse:
             data.append(card)
         data.extend(cards.values())
     return JSONResponse({"object": "list", "data": data})
+
+
+def _modality(state: ServerState, input_kind: str) -> dict[str, object]:
+    """What a model takes (``modality``: text, image or tensors) and, for images, the limits
+    a request must keep to."""
+    if input_kind != "image":
+        return {"modality": "tensors" if input_kind == "tensors" else "text"}
+    s = state.settings
+    return {
+        "modality": "image",
+        "limits": {
+            "max_inputs_per_request": s.max_inputs_per_request,
+            "max_image_bytes": s.max_image_bytes,
+            "max_image_pixels": s.max_image_pixels,
+            "url_fetch_hosts": list(s.allow_url_fetch),
+        },
+    }
 
 
 def _card(name: str, created: int, task: str) -> dict[str, object]:

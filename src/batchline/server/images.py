@@ -1,0 +1,144 @@
+"""A served image model's pictures: fetched (only where the operator allows), decoded and
+preprocessed off the event loop, in the same bounded worker pool a ``run`` job uses
+(:class:`batchline.models.image.DecodePool`), so that one large upload does not stall the
+other requests.
+
+The URL policy: a request names a picture by a data URI or base64; an ``http(s)`` URL is
+fetched only when ``allow_url_fetch`` lists its host (exact host names, no redirects
+followed, at most ``max_image_bytes`` read), because a server that fetches whatever a client
+names is an SSRF hole. Every refusal is an :class:`~batchline.server.errors.ApiError` whose
+text never holds the input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+from batchline._errors import InputError
+from batchline.models.image import (
+    DecodeOptions,
+    DecodePool,
+    ImagePreprocess,
+    ImageRef,
+    TooManyPixelsError,
+)
+from batchline.models.openai.images import PictureRef
+from batchline.server.errors import ApiError, bad_request
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from batchline.server.settings import ServerSettings
+
+__all__ = ["PictureDecoder", "fetch_refused"]
+
+#: Decode processes per served image model: two keep a 2-core machine's loop responsive.
+DECODE_WORKERS = 2
+#: Seconds a fetch of an allowed URL may take.
+FETCH_TIMEOUT_S = 10.0
+
+
+def fetch_refused() -> ApiError:
+    return bad_request(
+        "this server does not fetch image URLs (the operator allows hosts with "
+        "--allow-url-fetch HOST,...); send the image as a data URI: data:image/jpeg;base64,..."
+    )
+
+
+class PictureDecoder:
+    """Turns a request's :class:`PictureRef` values into one model's ``(3, H, W)`` inputs."""
+
+    def __init__(self, preprocess: ImagePreprocess, settings: ServerSettings) -> None:
+        self.settings = settings
+        self.pool = DecodePool(
+            preprocess,
+            DecodeOptions(
+                workers=DECODE_WORKERS,
+                max_pixels=settings.max_image_pixels,
+                max_bytes_in_flight=settings.max_decode_bytes,
+            ),
+        )
+
+    async def start(self) -> None:
+        self.pool.start()
+        await self.pool.warm_up()
+
+    def close(self) -> None:
+        self.pool.close()
+
+    async def pixels(self, pictures: Sequence[PictureRef]) -> list[np.ndarray]:
+        """Each picture's model input, in order; a bad picture refuses the request (400, or
+        413 over a limit) saying which one, by its place."""
+        datas = await asyncio.gather(*(self._bytes(p) for p in pictures))
+        refs = [ImageRef(data=d) for d in datas]
+        budget = sum(self.pool.budget_of(r) for r in refs)
+        await self.pool.reserve(budget)
+        try:
+            results = await asyncio.gather(
+                *(self.pool.decode(r) for r in refs), return_exceptions=True
+            )
+        finally:
+            await self.pool.release(budget)
+        out: list[np.ndarray] = []
+        for place, result in enumerate(results):
+            if isinstance(result, TooManyPixelsError):
+                raise ApiError(
+                    413,
+                    f"image {place} has more pixels than the limit of "
+                    f"{self.settings.max_image_pixels:,} (max_image_pixels)",
+                    "request_too_large",
+                )
+            if isinstance(result, InputError):
+                raise bad_request(
+                    f"image {place} is not a picture this server can read (JPEG, PNG, WebP, "
+                    "GIF, BMP, TIFF)"
+                )
+            if isinstance(result, BaseException):
+                raise result
+            out.append(result.pixels)
+        return out
+
+    async def _bytes(self, picture: PictureRef) -> bytes:
+        if picture.data is not None:
+            return picture.data
+        assert picture.url is not None
+        allowed = {h.lower() for h in self.settings.allow_url_fetch}
+        host = (urlsplit(picture.url).hostname or "").lower()
+        if not allowed:
+            raise fetch_refused()
+        if host not in allowed:
+            raise bad_request(
+                "an image URL's host is not on this server's allow-list (--allow-url-fetch); "
+                "send the image as a data URI instead"
+            )
+        return await _fetch(picture.url, self.settings.max_image_bytes)
+
+
+async def _fetch(url: str, max_bytes: int) -> bytes:
+    import httpx
+
+    try:
+        async with (
+            httpx.AsyncClient(follow_redirects=False, timeout=FETCH_TIMEOUT_S) as client,
+            client.stream("GET", url) as response,
+        ):
+            if response.status_code != 200:
+                raise bad_request(
+                    f"fetching an image URL answered HTTP {response.status_code}, not 200"
+                )
+            data = bytearray()
+            async for chunk in response.aiter_bytes():
+                data += chunk
+                if len(data) > max_bytes:
+                    raise ApiError(
+                        413,
+                        f"an image URL holds more than the limit of {max_bytes} bytes "
+                        "(max_image_bytes)",
+                        "request_too_large",
+                    )
+            return bytes(data)
+    except httpx.HTTPError:
+        raise bad_request("an image URL could not be fetched") from None
