@@ -31,6 +31,7 @@ def model_spec(
     labels: tuple[str, ...] | None = None,
     pooling: str | None = None,
     normalize: bool | None = None,
+    top_k: int | None = None,
 ) -> ModelSpec:
     """``--model`` and its options as one spec, as ``batchline run`` reads them; a text
     generator is refused here (``batchline bench --task generate`` measures generation)."""
@@ -38,7 +39,12 @@ def model_spec(
 
     if isinstance(model, ModelSpec):
         spec = model.with_options(
-            task=task, tokenizer=tokenizer, labels=labels, pooling=pooling, normalize=normalize
+            task=task,
+            tokenizer=tokenizer,
+            labels=labels,
+            pooling=pooling,
+            normalize=normalize,
+            top_k=top_k,
         )
     else:
         (spec,) = parse_specs(
@@ -48,6 +54,7 @@ def model_spec(
             labels=labels,
             pooling=pooling,
             normalize=normalize,
+            top_k=top_k,
         )
     if spec.generates:
         raise InputError(
