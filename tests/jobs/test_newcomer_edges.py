@@ -95,10 +95,10 @@ def test_5_a_gguf_file_or_folder_is_named_as_such(tmp_path: Path) -> None:
     line = one_error_line(
         batchline_cli(tmp_path, "run", "texts.txt", "--model", "m/model.Q4_0.gguf")
     )
-    assert "m/model.Q4_0.gguf: a GGUF model file; batchline does not load GGUF yet" in line
-    assert "--model smollm2" in line
+    assert "cannot read the GGUF file m/model.Q4_0.gguf: the GGUF file is truncated" in line
     line = one_error_line(batchline_cli(tmp_path, "serve", "--model", "m/", "--port", "0"))
     assert "GGUF model(s) (model.Q4_0.gguf) without config.json" in line
+    assert "--model FOLDER/NAME.gguf" in line
 
 
 @pytest.mark.slow

@@ -207,7 +207,9 @@ async def test_without_a_budget_every_model_is_the_registrys_pinned_and_loaded_a
         assert (await embed(client, "b")).status_code == 200
         assert {s.name: s.active for s in residency.stats()} == {"a": 0, "b": 0}  # released
         listed = (await client.get("/v1/models")).json()["data"]
-        assert [sorted(m) for m in listed] == [["created", "id", "object", "owned_by", "task"]] * 2
+        assert [sorted(m) for m in listed] == [
+            ["created", "id", "modality", "object", "owned_by", "task"]
+        ] * 2
     assert {s.name: s.state.value for s in residency.stats()} == {"a": "unloaded", "b": "unloaded"}
 
 

@@ -35,7 +35,7 @@ from typing import Literal, get_args
 
 from batchline._errors import InputError
 from batchline.models.builtin import BUILTIN_MODELS
-from batchline.models.hf.detect import FolderModel, detect_folder, gguf_refusal
+from batchline.models.hf.detect import FolderModel, detect_folder
 from batchline.models.image.options import ImageOptions
 from batchline.models.protocol import TASKS, Task
 
@@ -187,10 +187,6 @@ def parse_spec(text: str) -> ModelSpec:
     if text in BUILTIN_MODELS:
         served = BUILTIN_MODELS[text].served_name
         return ModelSpec(name=name or served, source=text, kind="builtin")
-    if text.lower().endswith(".gguf"):
-        raise InputError(
-            gguf_refusal(f"{text}: a GGUF model file") if Path(text).exists() else no_such(text)
-        )
     if text.lower().endswith(".onnx"):
         path = Path(text)
         if not path.is_file():
@@ -199,7 +195,7 @@ def parse_spec(text: str) -> ModelSpec:
     if text.lower().endswith(".gguf"):
         path = Path(text)
         if not path.is_file():
-            raise InputError(f"{path}: no such GGUF file")
+            raise InputError(no_such(text))
         return ModelSpec(name=name or path.stem, source=str(path), kind="gguf", task="generate")
     if _FACTORY.match(text) and not Path(text).is_dir():
         return ModelSpec(name=name or text.rsplit(":", 1)[1], source=text, kind="python")

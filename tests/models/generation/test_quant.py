@@ -369,7 +369,7 @@ def test_a_gguf_of_another_architecture_is_one_line_naming_it(tmp_path: Path) ->
 
 
 def test_a_gguf_spec_is_checked_at_parse_time(tmp_path: Path) -> None:
-    with pytest.raises(InputError, match="no such GGUF file"):
+    with pytest.raises(InputError, match="no such model file or folder"):
         parse_spec(str(tmp_path / "absent.gguf"))
     path = tmp_path / "x.gguf"
     path.write_bytes(b"GGUF")

@@ -70,9 +70,9 @@ _IMAGE_ENCODERS = {"Dinov2Model": "dinov2", "ViTModel": "vit"}
 def gguf_refusal(found: str) -> str:
     """What a GGUF file, or a folder of them, is told: what was found, and what runs."""
     return (
-        f"{found}; batchline does not load GGUF yet (the built-in smollm2 is one, converted "
-        "once: --model smollm2); give the Hugging Face folder it was made from (config.json "
-        "and safetensors weights)"
+        f"{found}; a GGUF is given as its file (--model FOLDER/NAME.gguf: Llama and Qwen2 "
+        "families, run quantized), or give the Hugging Face folder it was made from "
+        "(config.json and safetensors weights)"
     )
 
 
