@@ -448,6 +448,36 @@ async def test_a_load_reserves_its_peak_and_then_holds_its_steady_footprint() ->
     r.release("b")
 
 
+async def test_a_load_measured_past_the_whole_room_loads_alone_and_never_makes_a_model_refused() -> (
+    None
+):
+    """The hostile rotation (benchmarks/bench_rotation.py): a's load, beside other work,
+    measured a peak past the whole budget; b and c of its group inherit it. They are still
+    loadable: each loads alone, once the idle one is out, and none is refused as never
+    fitting (that is for what the files say)."""
+    clock = ManualClock()
+    fake = FakeLoader(clock)
+
+    async def load(name: str) -> tuple[str, int | None, int | None]:
+        handle, measured = await fake.load(name)
+        return handle, measured, 14 if name == "a" else None  # more than the budget, 10
+
+    r: Residency[str] = Residency(budget_bytes=10, load=load, unload=fake.unload, clock=clock)
+    for name in ("a", "b", "c"):
+        r.add(name, estimate_bytes=4, load_peak_bytes=6, group="same")
+    await use(r, clock, "a")
+    assert r.never_fits("b") is None
+    for name in ("b", "c", "a"):
+        task = asyncio.ensure_future(r.acquire(name))
+        await run_for(clock, 3.0)
+        assert task.result() == f"handle-{name}"
+        resident = {n for n in ("a", "b", "c") if r.state(n) is RESIDENT}
+        assert resident == {name}  # alone: the others were evicted for its peak
+        r.release(name)
+    r.add("huge", estimate_bytes=4, load_peak_bytes=11)  # its files say it never fits
+    assert "needs 11 B, more than the memory budget" in (r.never_fits("huge") or "")
+
+
 async def test_reclaim_runs_after_the_residency_dropped_the_model_and_before_its_room_is_free() -> (
     None
 ):

@@ -183,6 +183,7 @@ class Residency(Generic[H]):
             raise ValueError(f"keep_alive_s must be > 0 or None, got {keep_alive_s!r}")
         self._entries[name] = _Entry(name, int(estimate_bytes), pinned, keep)
         self._entries[name].load_peak = int(load_peak_bytes)
+        self._entries[name].declared = max(int(estimate_bytes), int(load_peak_bytes))
         self._entries[name].group = group
 
     @property
@@ -318,6 +319,9 @@ class Residency(Generic[H]):
             if never is not None:
                 raise MemoryBudgetError(never)
             room = budget - self.reserved_bytes
+            # a load measured past the whole room (never_fits: its files fit) loads alone, once
+            # everything idle is out: its excess is logged as over_budget, and shed after
+            need = min(need, room)
             if self._one_load_at_a_time and any(
                 o.state is ResidentState.LOADING for o in self._entries.values()
             ):
@@ -336,13 +340,18 @@ class Residency(Generic[H]):
         return True
 
     def never_fits(self, name: str) -> str | None:
-        """Why ``name`` can never load under the budget (its footprint or its load's peak is
-        more than the budget less the reserve and the pinned models), ``None`` when it can."""
+        """Why ``name`` can never load under the budget (what its files say it needs, steady or
+        at its load's peak, is more than the budget less the reserve and the pinned models),
+        ``None`` when it can."""
         e = self._entry(name)
         budget = self.budget_bytes
         if budget is None:
             return None
-        need = max(e.estimate, e.load_peak)
+        # What the files say, not what a load measured: a measurement may hold other work's
+        # memory (a load beside 16 clients' long texts measured twice its files), and a model
+        # that loaded once must not become one that never loads. A load that measured more
+        # than the room loads alone (_try_start_load).
+        need = e.declared
         pinned = sum(
             max(o.accounted, o.estimate) for o in self._entries.values() if o.pinned and o is not e
         )

@@ -66,6 +66,7 @@ class Entry(Generic[H]):
         "accounted",
         "active",
         "admit_below",
+        "declared",
         "estimate",
         "evictions",
         "group",
@@ -93,6 +94,8 @@ class Entry(Generic[H]):
         self.name = name
         self.estimate = estimate
         self.load_peak = 0  # the most a load of it grew memory by, at its peak (0: unknown)
+        #: what its files say it needs (steady, or at its load's peak): whether it can ever fit
+        self.declared = estimate
         self.group: str | None = None
         self.measured = False
         self.pinned = pinned
