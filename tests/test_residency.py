@@ -448,9 +448,7 @@ async def test_a_load_reserves_its_peak_and_then_holds_its_steady_footprint() ->
     r.release("b")
 
 
-async def test_a_load_measured_past_the_whole_room_loads_alone_and_never_makes_a_model_refused() -> (
-    None
-):
+async def test_a_load_measured_past_the_room_loads_alone_and_refuses_no_model() -> None:
     """The hostile rotation (benchmarks/bench_rotation.py): a's load, beside other work,
     measured a peak past the whole budget; b and c of its group inherit it. They are still
     loadable: each loads alone, once the idle one is out, and none is refused as never
