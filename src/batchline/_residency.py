@@ -39,9 +39,10 @@ acquires it; requests that arrive meanwhile wait for that one load. The rules:
   run) holds the model, the swap waits for it anyway, and its requests are admitted.
 * **Keep-alive.** An idle model is also unloaded ``keep_alive_s`` after its last use.
 * **Never a deadlock, never a lost request.** A waiting acquire holds no model and no
-  memory; each change wakes every waiter to look again. A model that could never fit (its
-  estimate is more than the budget less the pinned models) is refused at once with
-  ``MemoryBudgetError``. A failed load answers every request waiting for it with
+  memory; each change wakes every waiter to look again. A model that could never fit (what
+  its files say, steady or at its load's peak, is more than the budget less the pinned
+  models) is refused at once with ``MemoryBudgetError``; a measured figure past the room
+  never refuses a model: its load goes alone, once everything idle is out. A failed load answers every request waiting for it with
   ``ModelLoadError`` naming the cause; the model stays loadable (the next acquire loads it
   again). A cancelled acquire (the request's timeout) gives up its claim and nothing else.
 
