@@ -42,9 +42,10 @@ acquires it; requests that arrive meanwhile wait for that one load. The rules:
   memory; each change wakes every waiter to look again. A model that could never fit (what
   its files say, steady or at its load's peak, is more than the budget less the pinned
   models) is refused at once with ``MemoryBudgetError``; a measured figure past the room
-  never refuses a model: its load goes alone, once everything idle is out. A failed load answers every request waiting for it with
-  ``ModelLoadError`` naming the cause; the model stays loadable (the next acquire loads it
-  again). A cancelled acquire (the request's timeout) gives up its claim and nothing else.
+  never refuses a model: its load goes alone, once everything idle is out. A failed load
+  answers every request waiting for it with ``ModelLoadError`` naming the cause; the model
+  stays loadable (the next acquire loads it again). A cancelled acquire (the request's
+  timeout) gives up its claim and nothing else.
 
 The manager runs on one event loop; its time comes from ``clock`` (tests pass a
 ``ManualClock``), its loads and unloads from the injected ``load`` and ``unload``. Standard

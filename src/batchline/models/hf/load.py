@@ -80,16 +80,8 @@ def _embedder(spec: ModelSpec, found: FolderModel, knobs: Knobs) -> BatchModel[A
                 f"model {spec.name!r}: {_int8_name(knobs)} quantizes ONNX encoders; "
                 "a decoder embedder runs on torch: use precision fp32 or bf16 for it"
             )
-        _log(spec, found, "torch")
-        return load_torch_encoder(
-            found.encoder_folder,
-            name=spec.name,
-            pooling=pooling,
-            normalize=normalize,
-            max_length=found.max_seq_length,
-            knobs=knobs,
-            what=f"a decoder embedder ({found.architecture or found.model_type})",
-        )
+        what = f"a decoder embedder ({found.architecture or found.model_type})"
+        return _on_torch(spec, found, pooling, normalize, knobs, "torch", what)
     if knobs.precision == "bf16":  # an encoder in bf16: torch, from the folder's weights
         if found.dense:
             raise InputError(
@@ -101,16 +93,8 @@ def _embedder(spec: ModelSpec, found: FolderModel, knobs: Knobs) -> BatchModel[A
                 f"model {spec.name!r}: a folder's encoder returns token vectors; "
                 "pool them with mean, cls or lasttoken"
             )
-        _log(spec, found, "torch (bf16)")
-        return load_torch_encoder(
-            found.encoder_folder,
-            name=spec.name,
-            pooling=pooling,
-            normalize=normalize,
-            max_length=found.max_seq_length,
-            knobs=knobs,
-            what=f"the {found.architecture or found.model_type} encoder in bf16",
-        )
+        what = f"the {found.architecture or found.model_type} encoder in bf16"
+        return _on_torch(spec, found, pooling, normalize, knobs, "torch (bf16)", what)
     from batchline.models.hf.convert import builder_covers
     from batchline.models.onnx.embed import load_onnx_embedder
     from batchline.models.onnx.embedder import DenseLayer
@@ -138,6 +122,28 @@ def _embedder(spec: ModelSpec, found: FolderModel, knobs: Knobs) -> BatchModel[A
         knobs=knobs,
         max_length=found.max_seq_length,
         **options,
+    )
+
+
+def _on_torch(
+    spec: ModelSpec,
+    found: FolderModel,
+    pooling: str,
+    normalize: bool,
+    knobs: Knobs,
+    runs_on: str,
+    what: str,
+) -> BatchModel[Any, Any]:
+    """``found``'s encoder as a torch ``embed`` model, said in the load log as ``runs_on``."""
+    _log(spec, found, runs_on)
+    return load_torch_encoder(
+        found.encoder_folder,
+        name=spec.name,
+        pooling=pooling,
+        normalize=normalize,
+        max_length=found.max_seq_length,
+        knobs=knobs,
+        what=what,
     )
 
 
