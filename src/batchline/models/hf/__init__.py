@@ -15,7 +15,7 @@ from batchline._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from batchline.models.hf.convert import convert, convert_with
-    from batchline.models.hf.detect import FolderModel, detect_folder
+    from batchline.models.hf.detect import FolderModel, detect_folder, read_json_object
     from batchline.models.hf.export import OPSET, require_torch
     from batchline.models.hf.load import load_folder_model
 
@@ -26,6 +26,7 @@ __all__ = [
     "convert_with",
     "detect_folder",
     "load_folder_model",
+    "read_json_object",
     "require_torch",
 ]
 
@@ -34,6 +35,7 @@ __getattr__ = lazy_exports(
     {
         "FolderModel": "detect",
         "detect_folder": "detect",
+        "read_json_object": "detect",
         "convert": "convert",
         "convert_with": "convert",
         "OPSET": "export",

@@ -40,7 +40,14 @@ from typing import Any, Literal
 from batchline._errors import InputError
 from batchline.models.protocol import Task
 
-__all__ = ["DenseModule", "FolderModel", "TokenPooling", "detect_folder", "gguf_refusal"]
+__all__ = [
+    "DenseModule",
+    "FolderModel",
+    "TokenPooling",
+    "detect_folder",
+    "gguf_refusal",
+    "read_json_object",
+]
 
 #: How an embedder pools its token vectors (the token-pooling members of ``specs.Pooling``).
 TokenPooling = Literal["mean", "cls", "lasttoken"]
@@ -190,7 +197,9 @@ class FolderModel:
         raise InputError(f"{where}: it does {self.task}, not {task}")
 
 
-def _read_json(path: Path, folder: Path) -> dict[str, object]:
+def read_json_object(path: Path, folder: Path) -> dict[str, object]:
+    """``path`` (a JSON file of ``folder``) as a mapping; one ``InputError`` line naming the
+    folder when it is unreadable, not JSON, or not an object."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
@@ -265,7 +274,9 @@ def _st_modules(folder: Path) -> list[tuple[str, Path]]:
 
 
 def _pooling(path: Path, folder: Path) -> TokenPooling:
-    config = _read_json(path / "config.json", folder) if (path / "config.json").is_file() else {}
+    config = (
+        read_json_object(path / "config.json", folder) if (path / "config.json").is_file() else {}
+    )
     mode = config.get("pooling_mode")
     if mode is None:  # the older layout: one boolean per mode
         on = [k for k, v in config.items() if k.startswith("pooling_mode_") and v is True]
@@ -286,7 +297,7 @@ def _pooling(path: Path, folder: Path) -> TokenPooling:
 
 
 def _dense(path: Path, folder: Path) -> DenseModule:
-    config = _read_json(path / "config.json", folder)
+    config = read_json_object(path / "config.json", folder)
     name = str(config.get("activation_function", "torch.nn.modules.activation.Tanh"))
     activation = _ACTIVATIONS.get(name.rsplit(".", 1)[-1])
     ins, outs = _int(config.get("in_features")), _int(config.get("out_features"))
@@ -303,7 +314,10 @@ def _dense(path: Path, folder: Path) -> DenseModule:
 
 def _is_cross_encoder(folder: Path, config: dict[str, object]) -> bool:
     st_config = folder / "config_sentence_transformers.json"
-    if st_config.is_file() and _read_json(st_config, folder).get("model_type") == "CrossEncoder":
+    if (
+        st_config.is_file()
+        and read_json_object(st_config, folder).get("model_type") == "CrossEncoder"
+    ):
         return True
     return isinstance(config.get("sentence_transformers"), dict)
 
@@ -312,7 +326,7 @@ def _score_activation(folder: Path, config: dict[str, object]) -> Literal["sigmo
     name: object = None
     st_config = folder / "config_sentence_transformers.json"
     if st_config.is_file():
-        name = _read_json(st_config, folder).get("activation_fn")
+        name = read_json_object(st_config, folder).get("activation_fn")
     block = config.get("sentence_transformers")
     if name is None and isinstance(block, dict):
         name = block.get("activation_fn")
@@ -336,7 +350,7 @@ def detect_folder(folder: Path) -> FolderModel:
         (p for p in (folder / "model.onnx", folder / "onnx" / "model.onnx") if p.is_file()), None
     )
     config_path = folder / "config.json"
-    config = _read_json(config_path, folder) if config_path.is_file() else None
+    config = read_json_object(config_path, folder) if config_path.is_file() else None
     if (
         onnx_file is not None
         and config is not None
@@ -368,9 +382,9 @@ def detect_folder(folder: Path) -> FolderModel:
             tok = model_folder / "tokenizer.json"  # the older layout keeps it with the weights
         bert_config = model_folder / "sentence_bert_config.json"
         if bert_config.is_file():
-            st_length = _int(_read_json(bert_config, folder).get("max_seq_length"))
+            st_length = _int(read_json_object(bert_config, folder).get("max_seq_length"))
         config_path = model_folder / "config.json"
-        config = _read_json(config_path, folder) if config_path.is_file() else None
+        config = read_json_object(config_path, folder) if config_path.is_file() else None
     if config is None:
         ggufs = sorted(p.name for p in folder.glob("*.gguf"))
         if ggufs:
@@ -491,7 +505,9 @@ def _onnx_folder(
         st = _sentence_transformers(found, _st_modules(folder))
         length = folder / "sentence_bert_config.json"
         max_length = (
-            _int(_read_json(length, folder).get("max_seq_length")) if length.is_file() else None
+            _int(read_json_object(length, folder).get("max_seq_length"))
+            if length.is_file()
+            else None
         )
         return replace(st, layout="onnx", max_seq_length=max_length)
     return found

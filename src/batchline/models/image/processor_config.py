@@ -20,7 +20,6 @@ Example::
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -89,16 +88,9 @@ PROCESSORS: dict[str, dict[str, Any]] = {
 def read_processor_config(folder: Path) -> dict[str, Any]:
     """``folder/preprocessor_config.json`` as a mapping; an :class:`InputError` line when it is
     missing or not a JSON object."""
-    path = folder / "preprocessor_config.json"
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise InputError(f"{folder}: cannot read {path.name}: {exc.strerror or exc}") from None
-    except ValueError as exc:
-        raise InputError(f"{folder}: {path.name} is not valid JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise InputError(f"{folder}: {path.name} must hold a JSON object")
-    return data
+    from batchline.models.hf import read_json_object
+
+    return read_json_object(folder / "preprocessor_config.json", folder)
 
 
 def _processor_name(config: Mapping[str, Any]) -> str:
