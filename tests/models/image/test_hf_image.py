@@ -94,6 +94,65 @@ def test_an_image_encoder_matches_transformers(
     assert np.abs(got - want).max() <= 1e-4
 
 
+def _sentence_transformers_layout(
+    root: Path, name: str, pooling: dict[str, bool], *, normalize: bool, dense: bool = False
+) -> Path:
+    """The ``vitmodel`` folder copied under ``name`` with a sentence-transformers
+    ``modules.json`` (Transformer, Pooling, then Dense and Normalize where asked)."""
+    import json
+    import shutil
+
+    folder = root / name
+    if folder.exists():
+        shutil.rmtree(folder)
+    shutil.copytree(build_folder(root, "vitmodel"), folder)
+    kinds = [("", "Transformer"), ("1_Pooling", "Pooling")]
+    kinds += [("2_Dense", "Dense")] * dense + [("3_Normalize", "Normalize")] * normalize
+    modules = [
+        {"idx": i, "name": str(i), "path": path, "type": f"sentence_transformers.models.{kind}"}
+        for i, (path, kind) in enumerate(kinds)
+    ]
+    (folder / "1_Pooling").mkdir()
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+    (folder / "modules.json").write_text(json.dumps(modules))
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("mode", "normalize"), [("pooling_mode_mean_tokens", False), ("pooling_mode_cls_token", True)]
+)
+def test_an_image_encoder_pools_as_its_modules_json_says(
+    image_folders: Path, image_cache: Path, mode: str, normalize: bool
+) -> None:
+    folder = _sentence_transformers_layout(
+        image_folders, f"st-{mode}", {mode: True}, normalize=normalize
+    )
+    model = _load(folder)  # no --pooling: the folder's Pooling module decides
+    items, pixels = _pixels(model, 4)
+    got = np.stack(model.run_batch(items))
+    with torch.no_grad():
+        hidden = _reference(folder, "AutoModel")(pixels).last_hidden_state
+    # sentence-transformers' mean takes every token, the first one too
+    want = hidden.mean(1) if mode == "pooling_mode_mean_tokens" else hidden[:, 0]
+    if normalize:
+        want = torch.nn.functional.normalize(want, dim=-1)
+    assert np.abs(got - want.numpy()).max() <= 1e-4
+    # and not what the other reading would give
+    other = hidden[:, 1:].mean(1) if mode == "pooling_mode_mean_tokens" else hidden.mean(1)
+    assert np.abs(got - other.numpy()).max() > 1e-3
+
+
+def test_a_dense_module_after_an_image_encoder_is_refused(
+    image_folders: Path, image_cache: Path
+) -> None:
+    folder = _sentence_transformers_layout(
+        image_folders, "st-dense", {"pooling_mode_cls_token": True}, normalize=False, dense=True
+    )
+    (folder / "2_Dense").mkdir()
+    with pytest.raises(InputError, match="Dense module after an image encoder"):
+        _load(folder)
+
+
 def _clip_reference(folder: Path) -> Any:
     return _reference(folder, "CLIPModel")
 

@@ -17,7 +17,8 @@ The rules, first match wins:
 - an image model (``preprocessor_config.json`` beside the weights): ``*ForImageClassification``
   → ``classify`` (labels from ``id2label``); ``CLIPModel``, ``SiglipModel`` → ``embed`` (the
   image tower, or the text tower for texts) or zero-shot ``classify`` given labels;
-  ``Dinov2Model``, ``ViTModel`` → ``embed`` (CLS pooling unless told mean);
+  ``Dinov2Model``, ``ViTModel`` → ``embed`` (CLS pooling, or what a sentence-transformers
+  ``modules.json`` beside it says, unless told);
 - a plain encoder (``BertModel``, ``XLMRobertaModel``, ...) → ``embed``, mean pooling and
   L2 normalization assumed (the log line says so).
 
@@ -165,7 +166,13 @@ class FolderModel:
             texts = "texts and images" if self.tokenizer is not None else "images only"
             what = "zero-shot classifier" if self.task == "classify" else "embedder"
             return f"image-text {what} ({arch}, {texts})"
-        return f"image encoder ({arch}, {self.pooling or 'cls'} pooling)"
+        pooling: str = self.pooling or "cls"
+        if self.assumed:
+            return f"image encoder ({arch}, {pooling} pooling)"
+        if pooling == "mean":
+            pooling = "mean of every token"
+        norm = "normalized" if self.normalize else "not normalized"
+        return f"image encoder ({arch}, {pooling} pooling, {norm}, as its modules.json says)"
 
     def for_task(self, task: Task | None) -> FolderModel:
         """This folder run as ``task`` (``None`` keeps the detected one); an
@@ -401,7 +408,7 @@ def detect_folder(folder: Path) -> FolderModel:
             f"supported: {_SUPPORTED}"
         )
     decoder = model_type in _DECODER_TYPES or arch.endswith(_GENERATE_SUFFIXES)
-    if (model_folder / "preprocessor_config.json").is_file() and not modules:
+    if (model_folder / "preprocessor_config.json").is_file():
         image = _image_folder(folder, config, arch, model_type, tok)
         if image is not None:
             return image
@@ -488,7 +495,16 @@ def _image_folder(
         return replace(found, task="classify", labels=_labels(config, folder))
     if kind == "two-tower":
         return replace(found, task="embed", normalize=True)
-    return replace(found, task="embed", pooling="cls", normalize=True)
+    if (folder / "modules.json").is_file():  # a sentence-transformers layout says how it pools
+        modules = _st_modules(folder)
+        if any(kind == "Dense" for kind, _ in modules):
+            raise InputError(
+                f"{folder}: a Dense module after an image encoder's pooling is not supported; "
+                "supported: Transformer, Pooling, Normalize"
+            )
+        st = _sentence_transformers(found, modules)
+        return replace(found, task="embed", pooling=st.pooling, normalize=st.normalize)
+    return replace(found, task="embed", pooling="cls", normalize=True, assumed=True)
 
 
 def _onnx_folder(

@@ -14,7 +14,9 @@ What :func:`export_image` writes, by ``head``:
   last of a fixed number of tokens (padding included, as it was trained), so its graph takes
   ``input_ids`` alone, ``(batch, text length)``;
 - ``cls`` / ``mean``: an image encoder (DINOv2, ``ViTModel``) → the first token of its last
-  hidden state, or the mean of its patch tokens (the first token left out), ``(batch, dim)``.
+  hidden state, or the mean of its patch tokens (the first token left out), ``(batch, dim)``;
+  ``mean-all``: the mean of every token, the first included (a sentence-transformers
+  ``Pooling`` module's mean over an image encoder).
 
 Only the batch axis is dynamic for pictures (the preprocessing fixes their size). The graph
 is checked against the model on a probe batch of another size than the traced one, and
@@ -42,13 +44,14 @@ from batchline.models.hf import OPSET, require_torch
 
 __all__ = ["ImageHead", "export_image"]
 
-ImageHead = Literal["logits", "image_embeds", "text_embeds", "cls", "mean"]
+ImageHead = Literal["logits", "image_embeds", "text_embeds", "cls", "mean", "mean-all"]
 _OUTPUT = {
     "logits": "logits",
     "image_embeds": "image_embeds",
     "text_embeds": "text_embeds",
     "cls": "embedding",
     "mean": "embedding",
+    "mean-all": "embedding",
 }
 #: The exporter keeps weights inline up to protobuf's 2 GiB message limit (less the graph).
 _MAX_INLINE_BYTES = 2**31 - 2**26
@@ -174,7 +177,9 @@ def _wrap(torch: ModuleType, model: Any, head: ImageHead) -> Any:
                 ids, mask = inputs
                 return _features(self.model.get_text_features(input_ids=ids, attention_mask=mask))
             hidden = self.model(pixel_values=inputs[0]).last_hidden_state
-            return hidden[:, 0] if head == "cls" else hidden[:, 1:].mean(dim=1)
+            if head == "cls":
+                return hidden[:, 0]
+            return hidden.mean(dim=1) if head == "mean-all" else hidden[:, 1:].mean(dim=1)
 
     return Tower().eval()
 

@@ -84,7 +84,10 @@ def load_image_folder(spec: ModelSpec, knobs: Knobs) -> BatchModel[Any, Any]:
                 f"model {spec.name!r}: an image encoder pools its patch tokens with cls or "
                 f"mean, not {pooling}"
             )
-        path = _convert(found, "cls" if pooling == "cls" else "mean", size)
+        head: ImageHead = "cls"
+        if pooling == "mean":  # a sentence-transformers layout's mean takes every token
+            head = "mean" if found.assumed else "mean-all"
+        path = _convert(found, head, size)
         _log(spec, found, path)
         return ImageEmbedder(
             _sessions(path, knobs),
