@@ -231,7 +231,12 @@ def decode_cost(paths: list[Path], sample: int) -> float:
 
 def model_rate(model_path: Path, knobs: Knobs, pictures: int) -> float:
     """Pictures per second of the model alone, in the job's layout (its batcher, its
-    sessions), on preprocessed pictures."""
+    sessions), on preprocessed pictures: the best over a few batch sizes.
+
+    The batch size is capped for this measurement: pictures submitted all at once would
+    otherwise form one batch on one session while the others idle, and the rate would be one
+    session's, not the layout's (the job's pictures arrive over time and spread over all of
+    them)."""
     from batchline.models.batching import ModelBatcher
     from batchline.models.loader import load_model
 
@@ -240,9 +245,10 @@ def model_rate(model_path: Path, knobs: Knobs, pictures: int) -> float:
     rng = np.random.default_rng(1)
     items = [rng.standard_normal((3, SIDE, SIDE), dtype=np.float32) for _ in range(32)]
 
-    async def go() -> float:
-        async with ModelBatcher(model, knobs) as engine:
-            warm = [await engine.submit(items[i % 32]) for i in range(32)]
+    async def go(batch: int) -> float:
+        capped = knobs.replace(max_batch_size=batch)
+        async with ModelBatcher(model, capped) as engine:
+            warm = [await engine.submit(items[i % 32]) for i in range(2 * batch * knobs.sessions)]
             await asyncio.gather(*warm)
             started = time.perf_counter()
             futures = [await engine.submit(items[i % 32]) for i in range(pictures)]
@@ -250,9 +256,13 @@ def model_rate(model_path: Path, knobs: Knobs, pictures: int) -> float:
             return pictures / (time.perf_counter() - started)
 
     try:
-        return asyncio.run(go())
+        rates = {batch: asyncio.run(go(batch)) for batch in (8, 16, 32)}
     finally:
         model.close()
+    best = max(rates, key=rates.__getitem__)
+    print("model alone by batch size: "
+          + ", ".join(f"{b}: {r:.1f}/s" for b, r in rates.items()) + f" (best {best})")  # fmt: skip
+    return rates[best]
 
 
 def job(images: Path, model: str, out: Path, knobs: Knobs, **more: Any) -> Any:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypedDict
 
 from batchline._errors import InputError
+from batchline.datasets.columns import prime_conversion
 from batchline.datasets.outcomes import Outcome, Written, write_outcomes
 from batchline.datasets.selection import DatasetSelection
 from batchline.datasets.sinks import ChunkWriter
@@ -297,6 +298,7 @@ def open_dataset_job(
     Every job over a dataset (``run`` on any engine, ``drive``) opens it this way, so the
     settings a resume must match are the same everywhere. Sync: the fingerprint reads the input.
     """
+    prime_conversion()  # while the input is read and the model starts
     input_path = options.input
     if input_path is None:
         from batchline.datasets.corpus import demo_corpus_path
