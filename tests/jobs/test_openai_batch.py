@@ -373,6 +373,10 @@ def test_several_models_go_with_a_batch_file_only(
     plain = write_lines(tmp_path / "plain.jsonl", [{"text": "hello"}])
     assert main(["run", str(plain), "--model", "a=default", "--model", "b=default"]) == 2
     assert "--model repeats only for an OpenAI batch file" in capsys.readouterr().err
+    # a file that is not there is said first: what the flags allow depends on what it holds
+    missing = tmp_path / "requests.jsonl"
+    assert main(["run", str(missing), "--model", "a=default", "--model", "b=default"]) == 2
+    assert f"{missing}: no such file or folder" in capsys.readouterr().err
     from batchline._errors import InputError
     from batchline.jobs.generate import GenerateOptions
     from batchline.jobs.run import run

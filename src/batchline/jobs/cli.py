@@ -526,6 +526,8 @@ def _resolve(args: argparse.Namespace, options: RunOptions) -> RunOptions:
         several = models if len(models) > 1 else ()
         options = GenerateOptions(**values, openai_batch=forced, models=several)
     elif len(models) > 1:
+        if options.input is not None and not options.input.exists():
+            raise InputError(f"{options.input}: no such file or folder")
         raise InputError(
             "--model repeats only for an OpenAI batch file (each line's body.model picks one); "
             "run one model at a time on other inputs"
