@@ -96,8 +96,13 @@ def test_5_a_gguf_file_or_folder_is_named_as_such(tmp_path: Path) -> None:
         batchline_cli(tmp_path, "run", "texts.txt", "--model", "m/model.Q4_0.gguf")
     )
     assert "cannot read the GGUF file m/model.Q4_0.gguf: the GGUF file is truncated" in line
+    # a folder holding that one file is that file
     line = one_error_line(batchline_cli(tmp_path, "serve", "--model", "m/", "--port", "0"))
-    assert "GGUF model(s) (model.Q4_0.gguf) without config.json" in line
+    assert "cannot read the GGUF file m/model.Q4_0.gguf" in line
+    # a folder of several names them, and how to pick one
+    (tmp_path / "m" / "model.Q8_0.gguf").write_bytes(b"GGUF")
+    line = one_error_line(batchline_cli(tmp_path, "serve", "--model", "m/", "--port", "0"))
+    assert "GGUF model(s) (model.Q4_0.gguf, model.Q8_0.gguf) without config.json" in line
     assert "--model FOLDER/NAME.gguf" in line
 
 

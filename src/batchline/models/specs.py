@@ -173,6 +173,15 @@ class ModelSpec:
         return BUILTIN_MODELS[self.source].task if self.kind == "builtin" else None
 
 
+def _lone_gguf(folder: Path) -> Path | None:
+    """The one ``.gguf`` file of a folder without ``config.json``, else None (a folder of
+    several is refused by :func:`detect_folder`, which names them)."""
+    if not folder.is_dir() or (folder / "config.json").exists():
+        return None
+    found = sorted(folder.glob("*.gguf"))
+    return found[0] if len(found) == 1 else None
+
+
 def parse_spec(text: str) -> ModelSpec:
     """``default``, ``smollm2``, ``PATH.onnx``, ``PATH.gguf`` (a causal LM in one GGUF file),
     ``PATH/`` (a Hugging Face model folder),
@@ -203,6 +212,10 @@ def parse_spec(text: str) -> ModelSpec:
     if not folder.exists() and (text.endswith(("/", "\\")) or _looks_like_a_path(text)):
         raise InputError(no_such(text))
     if text.endswith(("/", "\\")) or folder.is_dir():
+        gguf = _lone_gguf(folder)
+        if gguf is not None:  # a folder holding one GGUF file and no config.json: that file
+            name = name or folder.resolve().name
+            return ModelSpec(name=name, source=str(gguf), kind="gguf", task="generate")
         found = detect_folder(folder)
         # the folder's own name; resolve() so that "." and "out/" name it too
         name = name or folder.resolve().name
