@@ -89,12 +89,12 @@ PRECISION_VERSION = 1
 #: both exist, these stay in fp32 on every host, with the same outputs everywhere.
 STAYS_FP32 = {
     "classify": (
-        "auto: a classifier stays fp32 (bf16 and int8 are chosen for embedding models only: "
-        "there is no torch bf16 classifier here, nor a gate for labels and scores)"
+        "auto: a classifier stays fp32; bf16 and int8 are for embedding models only: no "
+        "torch bf16 classifier here, no gate for labels and scores"
     ),
     "score": (
-        "auto: a reranker stays fp32 (bf16 and int8 are chosen for embedding models only: "
-        "there is no torch bf16 scorer here, nor a gate for rankings)"
+        "auto: a reranker stays fp32; bf16 and int8 are for embedding models only: no "
+        "torch bf16 scorer here, no gate for rankings"
     ),
 }
 
