@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -203,6 +204,7 @@ def main() -> None:
     for name in names:
         if name.startswith("int8-"):
             runners[name] = _ort_runner(_int8_session(source, name[5:], tmp))
+    shutil.rmtree(tmp, ignore_errors=True)  # the sessions hold the int8 graphs now
     for path in paths:
         if path.split("@")[0] not in runners:
             raise SystemExit(f"unknown path {path!r}")
