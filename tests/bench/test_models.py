@@ -191,6 +191,40 @@ def test_the_loader_keeps_one_model_per_layout(image_model: Path) -> None:
     assert loader.load(Knobs(sessions=2)) is not two
 
 
+def test_the_loader_resolves_auto_once_as_run_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    # bench and tune load what run would: auto resolved by jobs.precision (stubbed here: the
+    # choice logic has its own tests), once, and every later layout loads that precision
+    import batchline.jobs.precision as precision
+    import batchline.models.loader as loader_module
+    from batchline.jobs.precision import Choice
+
+    resolved: list[Knobs] = []
+    loaded: list[Knobs] = []
+
+    def resolve(spec: object, knobs: Knobs) -> tuple[Knobs, Choice]:
+        resolved.append(knobs)
+        return knobs.replace(precision="bf16"), Choice("bf16", "auto on amx: stub", "torch")
+
+    def load(spec: object, knobs: Knobs) -> object:
+        loaded.append(knobs)
+        return object()
+
+    monkeypatch.setattr(precision, "resolve_knobs", resolve)
+    monkeypatch.setattr(loader_module, "load_model", load)
+    loader = LoadedModels(model_spec("default"))
+    first = loader.load(Knobs(sessions=2))
+    assert loader.load(Knobs(sessions=2, target_batch_tokens=64)) is first
+    loader.load(Knobs(sessions=1))
+    assert [k.sessions for k in resolved] == [2]
+    assert [k.precision for k in loaded] == ["bf16", "bf16"]
+    assert loader.choice is not None
+    assert loader.choice.precision == "bf16"
+    # asked for: loaded as asked, a layout of its own, nothing resolved
+    loader.load(Knobs(sessions=2, precision="fp32"))
+    assert [k.precision for k in loaded] == ["bf16", "bf16", "fp32"]
+    assert len(resolved) == 1
+
+
 def test_a_batch_function_is_loaded_once(factory_module: str) -> None:
     loader = LoadedModels(f"{factory_module}:factory")
     model = loader.load(Knobs())

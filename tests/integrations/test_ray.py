@@ -7,6 +7,7 @@ cluster); only the first test lets ``run_on_ray`` start and stop Ray itself.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -164,6 +165,20 @@ def test_a_generator_replica_takes_units_to_fill_its_batch_and_two_more(
     assert _capacity(_ready(max_running, in_flight), unit, units_per_replica=2) == want
 
 
+def test_the_summary_says_each_precision_the_replicas_chose() -> None:
+    from batchline.integrations.ray import _replica_precision
+
+    def ready(precision: str) -> ReplicaReady:
+        return dataclasses.replace(_ready(), precision=precision)
+
+    bf16, fp32 = "bf16 on torch (auto on amx: ...)", "fp32 on onnxruntime (auto on avx2: ...)"
+    assert _replica_precision([ready(bf16), ready(bf16)]) == bf16
+    assert _replica_precision([ready(bf16), ready(fp32), ready(bf16)]) == (
+        f"2 replicas: {bf16}; 1 replica: {fp32}"
+    )
+    assert _replica_precision([ready(""), ready("")]) == ""  # a generator's replicas
+
+
 def test_settings_errors_need_no_cluster(dataset: Path, tmp_path: Path) -> None:
     with pytest.raises(InputError, match="--no-batching"):
         run_on_ray(_options(dataset, tmp_path / "a", knobs=Knobs(batching=False)))
@@ -269,6 +284,8 @@ class TestLocalRay:
         assert summary.resubmitted_units == 0
         assert sum(summary.records_by_node.values()) == 239
         assert summary.replica_cpu_s > 0
+        # the replicas' precision, as a local run says it (auto pinned to fp32 in tests)
+        assert summary.precision.startswith("fp32 on onnxruntime (auto, set by")
         assert ray.is_initialized()  # not ours to stop
 
     def test_duplicates_are_found_once_per_job_not_once_per_replica(self, tmp_path: Path) -> None:

@@ -129,7 +129,6 @@ def test_choose_asks_nothing_where_there_is_nothing_to_measure() -> None:
     forced = choose_precision(default, Knobs(precision="bf16"), task="embed", flags=AVX2_ONLY)
     assert forced == Choice("bf16", "asked for", "torch")
     assert forced.describe() == "bf16 on torch (asked for)"
-    assert choose_precision(default, Knobs(), task="classify", flags=AMX) is None
     gpu = choose_precision(default, Knobs(device="cuda"), task="embed", flags=AMX)
     assert gpu is not None
     assert gpu.precision == "fp32"
@@ -139,6 +138,30 @@ def test_choose_asks_nothing_where_there_is_nothing_to_measure() -> None:
     assert not avx2.measured
     assert avx2.reason.startswith("auto on avx2: bf16: no native bf16 on this CPU")
     assert "int8: no int8 dot products" in avx2.reason
+
+
+@pytest.mark.parametrize("task", ["classify", "score"])
+@pytest.mark.parametrize("pinned", ["", "bf16", "int8"])
+def test_auto_keeps_classifiers_and_rerankers_in_fp32_and_says_why(
+    task: str, pinned: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # whatever the host and whatever CI pins auto to: no bf16 or int8 path exists for them
+    if pinned:
+        monkeypatch.setenv(precision.AUTO_ENV, pinned)
+    else:
+        monkeypatch.delenv(precision.AUTO_ENV, raising=False)
+    graph = tmp_path / "model.onnx"
+    graph.write_bytes(b"")  # the choice reads the spec, not the file
+    spec = parse_spec(str(graph)).with_options(task=task)
+    choice = choose_precision(spec, Knobs(), task=task, flags=AMX)
+    assert choice is not None
+    assert choice.describe() == f"fp32 on onnxruntime ({precision.STAYS_FP32[task]})"
+    assert not choice.measured
+    # asked for: the loader answers (fp32 loads; bf16 and int8 are refused there)
+    assert choose_precision(spec, Knobs(precision="fp32"), task=task, flags=AMX) is None
+    # a Python model and a generator have no precision to choose
+    assert choose_precision(parse_spec("json:dumps"), Knobs(), task=task, flags=AMX) is None
+    assert choose_precision(spec, Knobs(), task="generate", flags=AMX) is None
 
 
 @pytest.mark.measure_precision
@@ -288,3 +311,23 @@ def test_serve_loads_the_precision_asked_for() -> None:
         assert type(plain).__name__ == "TextEmbedder"
     finally:
         plain.close()
+
+
+def test_serve_says_why_a_classifier_stays_fp32(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    pytest.importorskip("fastapi")
+    pytest.importorskip("onnxruntime")
+    from batchline.server.app import _default_loader
+    from tests.models.onnx_builders import text_classifier
+
+    files = text_classifier(tmp_path)
+    spec = parse_spec(f"sentiment={files.model}").with_options(task="classify")
+    with caplog.at_level("INFO", logger="batchline.models"):
+        model = _default_loader()(spec, Knobs.serving(sessions=1))
+    try:
+        assert model.info.task == "classify"
+    finally:
+        model.close()
+    said = f"sentiment: precision fp32 on onnxruntime ({precision.STAYS_FP32['classify']})"
+    assert said in caplog.text

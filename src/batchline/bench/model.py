@@ -1,8 +1,10 @@
 """The model a bench or a tune measures: ``--model`` and its options as one spec
 (:func:`model_spec`), loaded through :func:`batchline.models.loader.load_model` once per
 session layout (:class:`LoadedModels`, so a tuner that tries many batch budgets does not reload
-the weights each time), its tokenizer (:func:`~batchline.models.loader.text_tokenizer`) and
-its inputs prepared once (:func:`prepare_items`)."""
+the weights each time) in the precision ``run`` would load it in (``auto`` chosen as
+:mod:`batchline.jobs.precision` chooses), its tokenizer
+(:func:`~batchline.models.loader.text_tokenizer`) and its inputs prepared once
+(:func:`prepare_items`)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ from batchline.models.specs import ModelSpec
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
+
+    from batchline.jobs.precision import Choice
 
 __all__ = ["LoadedModels", "layout_of", "model_spec", "prepare_items"]
 
@@ -68,18 +72,20 @@ Layout = tuple[object, ...]
 
 
 def layout_of(spec: ModelSpec, knobs: Knobs) -> Layout:
-    """What of ``knobs`` a loaded model depends on: its sessions, threads and device (a
-    ``module:factory`` model is laid out by its own code: one layout)."""
+    """What of ``knobs`` a loaded model depends on: its sessions, threads, device and
+    precision (a ``module:factory`` model is laid out by its own code: one layout)."""
     if spec.kind == "python":
         return ()
+    precision = (knobs.precision, knobs.quantize)
     if not knobs.batching:
-        return (False, 1, knobs.intra_op_threads, None, knobs.device)
+        return (False, 1, knobs.intra_op_threads, None, knobs.device, *precision)
     return (
         True,
         knobs.sessions,
         knobs.intra_op_threads,
         knobs.solo_intra_op_threads,
         knobs.device,
+        *precision,
     )
 
 
@@ -87,6 +93,11 @@ class LoadedModels:
     """Loads a model spec through ``load_model`` (what ``run`` and ``serve`` load) and keeps
     each layout loaded: models are cached by (spec, layout), so only the first configuration
     with a given layout pays for loading the weights. :meth:`close` closes them all.
+
+    ``precision = "auto"`` is resolved as ``run`` resolves it, once, on the first layout
+    loaded (measured there, or read from the cache of earlier answers), and every later layout
+    loads the same precision: a tuner's trials compare layouts, not precisions. The answer is
+    :attr:`choice`.
 
     >>> loader = LoadedModels(model_spec("model.onnx", task="predict"))
     >>> model = loader.load(Knobs(sessions=2))
@@ -96,6 +107,10 @@ class LoadedModels:
         self.spec = spec if isinstance(spec, ModelSpec) else model_spec(spec, tokenizer=tokenizer)
         self._models: dict[tuple[ModelSpec, Layout], AnyModel] = {}
         self._tokenizer: list[Tokenizer | None] = []
+        #: what ``precision = "auto"`` chose, and why (``None``: not resolved yet, or the knob
+        #: does not apply to the model)
+        self.choice: Choice | None = None
+        self._chosen: str | None = None
 
     @property
     def name(self) -> str:
@@ -105,10 +120,23 @@ class LoadedModels:
         """The model laid out as ``knobs`` say (cached)."""
         from batchline.models.loader import load_model
 
+        knobs = self._in_precision(knobs)
         key = (self.spec, layout_of(self.spec, knobs))
         if key not in self._models:
             self._models[key] = load_model(self.spec, knobs)
         return self._models[key]
+
+    def _in_precision(self, knobs: Knobs) -> Knobs:
+        """``knobs`` with ``auto`` resolved (once per loader)."""
+        if knobs.precision != "auto" or self.spec.kind == "python":
+            return knobs
+        if self._chosen is None:
+            from batchline.jobs.precision import announce, resolve_knobs
+
+            resolved, self.choice = resolve_knobs(self.spec, knobs)
+            self._chosen = resolved.precision
+            announce(self.spec, self.choice)
+        return knobs.replace(precision=self._chosen)
 
     def info(self, knobs: Knobs) -> ModelInfo:
         """The model's info (loading it laid out as ``knobs`` say, if not loaded yet)."""

@@ -309,6 +309,8 @@ async def run_bench_async(options: BenchOptions, progress: Say | None = None) ->
             say(f"loading {loader.name} ...")
             inputs = await asyncio.to_thread(model_inputs, loader, configs[0].knobs, options)
             model_label = f"{options.model} ({loader.info(configs[0].knobs).task})"
+            if loader.choice is not None:
+                say(f"precision: {loader.choice.describe()}")
         else:
             inputs = await asyncio.to_thread(_http_inputs, options)
             model_label = options.model
@@ -416,6 +418,8 @@ async def run_tune(options: TuneOptions, progress: Say | None = None) -> tuple[T
     try:
         say(f"loading {spec.name} ...")
         inputs = await asyncio.to_thread(model_inputs, loader, base, options)
+        if loader.choice is not None:
+            say(f"precision: {loader.choice.describe()}")
         say(f"inputs: {inputs.description}")
 
         async def trial(

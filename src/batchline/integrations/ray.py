@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import dataclasses
 import math
 import os
@@ -388,7 +389,23 @@ def _drive(
             )
         )
     startup = time.perf_counter() - started - done.wall_s
-    return _summary(writer.out_dir, done, adapter.tally, startup, in_flight=sum(capacity) * unit)
+    return _summary(
+        writer.out_dir,
+        done,
+        adapter.tally,
+        startup,
+        in_flight=sum(capacity) * unit,
+        precision=_replica_precision([ready for _, ready in actors]),
+    )
+
+
+def _replica_precision(replicas: Sequence[ReplicaReady]) -> str:
+    """The summary's ``precision`` row: what the replicas' batch model computes in and why
+    (each replica chose on its own host: where they differ, each choice and how many made it)."""
+    said = collections.Counter(r.precision for r in replicas if r.precision)
+    if len(said) <= 1:
+        return next(iter(said), "")
+    return "; ".join(f"{n} replica{'s' * (n > 1)}: {line}" for line, n in said.items())
 
 
 def _driver_dedupe(plan: _Plan) -> int:
@@ -430,7 +447,13 @@ class _TokenRate:
 
 
 def _summary(
-    out_dir: Path, done: PipelineRun, tally: Tally, startup: float, *, in_flight: int
+    out_dir: Path,
+    done: PipelineRun,
+    tally: Tally,
+    startup: float,
+    *,
+    in_flight: int,
+    precision: str = "",
 ) -> RunSummary:
     """The job's summary: ``RaySummary``, or ``RayGenerateSummary`` when its replicas
     generate (``in_flight``: the records the driver keeps in flight over all replicas)."""
@@ -459,6 +482,7 @@ def _summary(
             avg_batch_size=merged["avg_batch_size"],
             avg_batch_cost=merged["avg_batch_cost"],
             padding_waste=merged["padding_waste"],
+            precision=precision,
         )
     stats = [r.generation for r in generation if r.generation is not None]
     cap = sum(r.max_running for r in generation)

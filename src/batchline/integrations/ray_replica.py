@@ -84,6 +84,8 @@ class ReplicaReady:
     #: records it takes in flight (its waiting queue included); 0 for a batch model
     max_running: int = 0
     in_flight: int = 0
+    #: what its batch model computes in and why (``Knobs.precision``; "" where it does not apply)
+    precision: str = ""
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,7 @@ class Replica:
         self._generator: GeneratorAdapter | None = None
         self._engines: dict[str, ModelBatcher[object, object]] = {}
         self._closers: list[_Closable] = []
+        self._precision = ""
         self._info, self._max_running, self._in_flight = self._load()
 
     def _load(self) -> tuple[ModelInfo, int, int]:
@@ -143,9 +146,8 @@ class Replica:
         if job.kind == "batch":
             from batchline.jobs.run import load_job_model
 
-            self._model: BatchModel[object, object] = load_job_model(
-                job.options, knobs.for_loading()
-            )
+            model, self._precision = load_job_model(job.options, knobs.for_loading())
+            self._model: BatchModel[object, object] = model
             self._closers.append(self._model)
             return self._model.info, 0, 0
         from batchline.jobs.generate import in_flight_limit
@@ -178,6 +180,7 @@ class Replica:
             self._info,
             self._max_running,
             self._in_flight,
+            self._precision,
         )
 
     async def process(self, records: list[Record]) -> UnitResult:

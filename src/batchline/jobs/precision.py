@@ -56,6 +56,7 @@ __all__ = [
     "AUTO_GATE",
     "GATE_TEXTS",
     "MIN_GAIN",
+    "STAYS_FP32",
     "Choice",
     "Figures",
     "ModelFacts",
@@ -80,6 +81,22 @@ MIN_GAIN = 1.10
 AUTO_ENV = "BATCHLINE_AUTO_PRECISION"
 #: Bump when the measurement changes, so that older answers are measured again.
 PRECISION_VERSION = 1
+
+
+#: Why ``auto`` keeps a text classifier or a reranker in fp32 (said in its load line and its
+#: job's summary): bf16 runs on torch, which batchline has for encoders' token vectors only,
+#: and int8's gate compares vectors; a classifier's would compare labels and scores. Until
+#: both exist, these stay in fp32 on every host, with the same outputs everywhere.
+STAYS_FP32 = {
+    "classify": (
+        "auto: a classifier stays fp32; bf16 and int8 are for embedding models only: no "
+        "torch bf16 classifier here, no gate for labels and scores"
+    ),
+    "score": (
+        "auto: a reranker stays fp32; bf16 and int8 are for embedding models only: no "
+        "torch bf16 scorer here, no gate for rankings"
+    ),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,9 +233,13 @@ def choose_precision(
     texts: Callable[[], Sequence[str]] | None = None,
     flags: frozenset[str] | None = None,
 ) -> Choice | None:
-    """The precision ``spec`` loads in with ``knobs`` (``None``: the knob does not apply, the
-    model is not an embedding model or a Python one). ``auto`` measures, once per model and
-    CPU kind (``texts``: the gate texts, default the demo corpus's; ``flags``: the CPU's)."""
+    """The precision ``spec`` loads in with ``knobs`` (``None``: the knob does not apply: a
+    Python model, an image model, a generator; a text classifier or reranker asked for a
+    precision, which the loader checks). ``auto`` measures an embedding model, once per model
+    and CPU kind (``texts``: the gate texts, default the demo corpus's; ``flags``: the CPU's),
+    and keeps a classifier or a reranker in fp32 (:data:`STAYS_FP32`)."""
+    if task in STAYS_FP32 and knobs.precision == "auto" and _text_onnx(spec):
+        return Choice("fp32", STAYS_FP32[task])  # before AUTO_ENV: it pins embedders only
     facts = model_facts(spec) if task == "embed" else None
     if facts is None:
         return None
@@ -379,6 +400,14 @@ def _runtime(precision: str, facts: ModelFacts) -> str:
     if precision == "bf16" or not facts.onnx:
         return "torch"
     return "onnxruntime"
+
+
+def _text_onnx(spec: ModelSpec) -> bool:
+    """Whether ``spec`` is a text model that ONNX Runtime runs (not a Python one, not an
+    image model: those have their own loaders)."""
+    if spec.kind not in ("builtin", "onnx", "hf") or spec.image is not None:
+        return False
+    return spec.folder is None or spec.folder.image is None
 
 
 def _has_torch() -> bool:

@@ -51,13 +51,15 @@ _BLOCK = 256
 _MAX_BLOCKS_IN_FLIGHT = 8
 
 
-def load_job_model(options: RunOptions, knobs: Knobs) -> BatchModel[object, object]:
+def load_job_model(options: RunOptions, knobs: Knobs) -> tuple[BatchModel[object, object], str]:
     """The job's model, from its spec and options, laid out as ``knobs`` say, in the precision
-    they ask for or ``auto`` chooses (int8 asked for: past its quality gate)."""
+    they ask for or ``auto`` chooses (int8 asked for: past its quality gate), and that
+    precision and why in a line (the summary's ``precision`` row; "" where it does not
+    apply)."""
     spec = resolve(options).spec
     assert spec is not None
     knobs, choice = resolve_knobs(spec, knobs)
-    return _load_gated(options, knobs, choice)[0]
+    return _load_gated(options, knobs, choice)[0], "" if choice is None else choice.describe()
 
 
 def _load_gated(
