@@ -190,9 +190,10 @@ class Knobs:
     ``batching=False``).
 
     An embedding model computes in ``precision``: ``fp32`` or ``int8`` on ONNX Runtime, ``bf16``
-    on torch (oneDNN), or ``auto``, which ``run`` and ``serve`` resolve by measuring once per
-    model and CPU kind past a quality gate (``jobs/precision.py``; a loader given ``auto``
-    loads fp32). ``quantize = "int8"`` is the older spelling of ``precision = "int8"``.
+    on torch (oneDNN), or ``auto``, which ``run``, ``serve``, ``bench`` and ``tune`` resolve by
+    measuring once per model and CPU kind past a quality gate (``jobs/precision.py``; the
+    loader itself, given ``auto``, loads fp32; classifiers and rerankers stay fp32).
+    ``quantize = "int8"`` is the older spelling of ``precision = "int8"``.
     """
 
     batching: bool = True
