@@ -38,7 +38,7 @@ from batchline.models.image import DecodePool, ImageRef, choose_workers, content
 if TYPE_CHECKING:
     from batchline.jobs.result_cache import ResultCache
 
-__all__ = ["ImageAdapter", "TimeSplit", "picture_ref"]
+__all__ = ["ImageAdapter", "TimeSplit", "picture_key", "picture_ref"]
 
 #: Pictures decoded, and batches run, before the decode workers are set from measured costs.
 _TUNE_AFTER_PICTURES = 32
@@ -67,6 +67,21 @@ def picture_ref(value: object, base: Path | None) -> ImageRef | str:
     if value is None or value == "":
         return "no picture (the column is empty or null)"
     return f"the picture column holds {type(value).__name__}, not a path or bytes"
+
+
+def picture_key(value: object, base: Path | None, *, draft: bool) -> bytes | None:
+    """A record's picture's content key (:func:`~batchline.models.image.content_key`, what
+    duplicates and ``--cache`` compare), its bytes read here: the Ray driver finds an image
+    job's duplicates with it, once per job. None for a record with no readable picture (the
+    replica it is sent to says why). Sync: it reads the file."""
+    ref = picture_ref(value, base)
+    if isinstance(ref, str):
+        return None
+    try:
+        data = ref.read()
+    except InputError:
+        return None
+    return content_key(data, draft=draft)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -55,10 +56,12 @@ __all__ = [
     "batch_request",
     "classify_line",
     "custom_id_error",
+    "deterministic",
     "embedding_line",
     "first_duplicate_custom_id",
     "is_openai_batch_file",
     "job_constraint",
+    "line_key",
     "reads_whole_rows",
     "record_constraint",
 ]
@@ -254,6 +257,40 @@ def batch_request(value: object) -> tuple[str, BaseModel]:
     (:data:`~batchline.models.openai.requests.BODY_OF_URL`); ``ValueError`` naming the fault."""
     url, body = batch_line(value)
     return url, read_body(BODY_OF_URL[url], body)
+
+
+def deterministic(params: SamplingParams) -> bool:
+    """Whether a request's completion does not depend on chance: greedy (temperature 0), or
+    sampled from a fixed seed. Only such requests are answered from a duplicate's completion:
+    in a job (:func:`~batchline.jobs.generate_cache.request_key`) and in the Ray driver
+    (:func:`line_key`)."""
+    return params.temperature == 0 or params.seed is not None
+
+
+def line_key(value: object, base: SamplingParams) -> bytes | None:
+    """What identifies a batch line's answer for the Ray driver's dedupe (``run --engine
+    ray``, once per job): a 16-byte digest of the line without its ``custom_id``, so two
+    lines of one body are answered once. None for a line that is not a batch request (it is
+    sent, and fails on its own), and for a chat or completions line whose completion may
+    differ from an identical line's: sampled without a seed (the job's own rule,
+    :func:`deterministic`; ``base`` the job's sampling, whose
+    ``max_tokens`` a line without one takes)."""
+    try:
+        url, fields = batch_line(value)
+        if KIND_OF_URL[url] == "generate":
+            body = read_body(BODY_OF_URL[url], fields)
+            assert isinstance(body, OpenAISamplingBody)
+            if not deterministic(body.sampling(max_tokens=base.max_tokens, constraint=None)):
+                return None
+    except ValueError:
+        return None
+    assert isinstance(value, dict)
+    line = {k: v for k, v in value.items() if k != "custom_id"}
+    try:
+        data = json.dumps(line, sort_keys=True, ensure_ascii=False, allow_nan=False)
+    except ValueError:
+        return None
+    return hashlib.blake2b(b"l" + data.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
 #: The kind of model that answers each url's lines, and how messages name it: what it is,
