@@ -16,7 +16,6 @@ OpenAI batch file, its picture a data URI in infinity's shape::
 2. ``batchline serve --model img=FOLDER/`` (127.0.0.1) answers the file as a batch: uploaded,
    created, polled until ``completed``; lines per second from creation to completion.
 
-Both compute in fp32 (``precision=fp32``).
 
 It prints both rates and their ratio (goal >= 0.85). The model: ``--route classify`` the image
 classifier of the image benchmarks (``bench_images_peers.make_model``: a ViT-S/16-shaped
@@ -57,9 +56,6 @@ from bench_images import make_images
 from bench_images_peers import make_model
 
 URL = {"classify": "/v1/classify", "embeddings": "/v1/embeddings"}
-#: Both sides compute in fp32: ``precision=auto`` measures an embedder on texts, which an
-#: image embedder cannot take (and a classifier runs fp32 anyway).
-PRECISION = "fp32"
 
 
 def make_embedder(folder: Path) -> Path:
@@ -101,11 +97,8 @@ def run_folder(images: Path, model: Path, out: Path) -> float:
     """``batchline run`` over the folder, in this process: pictures per second."""
     from batchline.jobs.options import RunOptions
     from batchline.jobs.run import run
-    from batchline.knobs import Knobs
 
-    knobs = Knobs(precision=PRECISION)
-    options = RunOptions(input=images, output=out, model=f"{model}/", overwrite=True, knobs=knobs)
-    summary = run(options)
+    summary = run(RunOptions(input=images, output=out, model=f"{model}/", overwrite=True))
     return summary.total_records / summary.wall_s
 
 
@@ -117,7 +110,7 @@ def serve_batch(model: Path, lines: Path, url: str, work: Path) -> float:
     server = subprocess.Popen(
         [sys.executable, "-m", "batchline", "serve", "--port", str(port),
          "--model", f"img={model}/", "--data-dir", str(work / "data"),
-         "--set", f"max_batch_file_bytes={size + (1 << 20)}", "--set", f"precision={PRECISION}"],
+         "--set", f"max_batch_file_bytes={size + (1 << 20)}"],
         stdout=log, stderr=subprocess.STDOUT, env={**os.environ},
     )  # fmt: skip
     try:

@@ -7,6 +7,8 @@ model that does not classify is one clear 400."""
 from __future__ import annotations
 
 import base64
+import json
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +132,28 @@ async def test_an_image_classifier_takes_pictures_and_the_classification_paramet
         labels = list(answers[0]["scores"])  # every label, in the model's order
         k = min(3, len(labels))
         r = await client.post("/v2/models/vit/infer", json=_body("image", uris, k))
+        _agrees(_parsed(r, k, len(uris)), answers, labels)
+        # binary tensor data: each row the picture file's own bytes
+        files = [base64.b64decode(u.partition(",")[2]) for u in uris]
+        data = b"".join(struct.pack("<I", len(f)) + f for f in files)
+        header = json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": "image",
+                        "datatype": "BYTES",
+                        "shape": [len(files)],
+                        "parameters": {"binary_data_size": len(data)},
+                    }
+                ],
+                "outputs": [{"name": "scores", "parameters": {"classification": k}}],
+            }
+        ).encode()
+        r = await client.post(
+            "/v2/models/vit/infer",
+            content=header + data,
+            headers={"Inference-Header-Content-Length": str(len(header))},
+        )
         _agrees(_parsed(r, k, len(uris)), answers, labels)
         r = await client.post(
             "/v2/models/vit/infer", json=_body("image", ["data:image/png;base64,!"], 1)

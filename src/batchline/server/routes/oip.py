@@ -94,8 +94,7 @@ def _tensors(model: ServedModel[object, object]) -> _Tensors:
             lambda r: {"embedding": np.asarray(model.model.encode(r), dtype=np.float32)},
         )
     if info.task == "classify":
-        raw_labels = details.get("labels")
-        labels = [str(x) for x in raw_labels] if isinstance(raw_labels, list) else []
+        labels = _labels(model)
 
         def to_row(result: object) -> Mapping[str, Array]:
             value = model.model.encode(result)
