@@ -11,6 +11,11 @@ line may do:
 - ``pip install ...``: run in the clone, where ``.`` is;
 - ``batchline serve ...``: started, stopped by SIGTERM once ``/ready`` answers; it must exit 0,
   or refuse in one line (exit 2) when it needs what a fresh clone lacks;
+- a line whose comment starts ``# needs the server above`` (a ``curl``): run while the
+  ``batchline serve`` line before it in its block is up (ready, before its SIGTERM); it must
+  exit 0 (``curl -f``: an HTTP error fails it). When that server refused, the line is reported
+  as not run, with the server's refusal; a marked line with no server line above it in its
+  block fails the check;
 - any other line: it must exit 0, or refuse in one line (exit 2, no traceback) naming what to
   do, when it needs what a fresh clone lacks (an extra not installed, a file of your own such
   as ``./my-classifier/``). A line that exits otherwise fails the check.
@@ -34,15 +39,28 @@ LINE_TIMEOUT_S = 900
 SERVE_READY_S = 300
 
 
-def commands(readme: str) -> list[str]:
-    """Each command line of the README's bash blocks, continuations joined, in order."""
+#: The comment that marks a line to run against the server started above it in its block.
+NEEDS_SERVER = "needs the server above"
+
+
+def blocks(readme: str) -> list[list[tuple[str, bool]]]:
+    """Each of the README's bash blocks: its command lines (continuations joined, in order),
+    each with whether it is marked ``# needs the server above``."""
     found = []
     for block in re.findall(r"```bash\n(.*?)```", readme, flags=re.S):
-        for line in block.replace("\\\n", " ").splitlines():
-            line = _strip_comment(line).strip()
+        lines = []
+        for raw in block.replace("\\\n", " ").splitlines():
+            line = _strip_comment(raw).strip()
             if line:
-                found.append(line)
+                comment = raw[len(_strip_comment(raw)) :].strip()
+                lines.append((line, comment.startswith(f"# {NEEDS_SERVER}")))
+        found.append(lines)
     return found
+
+
+def commands(readme: str) -> list[str]:
+    """Each command line of the README's bash blocks, continuations joined, in order."""
+    return [line for block in blocks(readme) for line, _ in block]
 
 
 def _strip_comment(line: str) -> str:
@@ -66,8 +84,15 @@ def _refused(done: subprocess.CompletedProcess[str]) -> str | None:
     return None
 
 
-def _serve(line: str, log: Path) -> tuple[str, str]:
-    """Start a ``batchline serve`` line, wait for /ready, stop it: (outcome, detail)."""
+def _is_serve(line: str) -> bool:
+    return re.search(r"(^|\s)batchline\s+serve\b", line) is not None
+
+
+def _serve(
+    line: str, log: Path, while_up: list[str]
+) -> tuple[tuple[str, str], list[tuple[str, str]]]:
+    """Start a ``batchline serve`` line, wait for /ready, run ``while_up`` (the lines that need
+    it), stop it: its (outcome, detail), and each of those lines'."""
     argv = shlex.split(line)
     port = argv[argv.index("--port") + 1] if "--port" in argv else "8000"
     with log.open("wb") as out:
@@ -79,8 +104,10 @@ def _serve(line: str, log: Path) -> tuple[str, str]:
                 text = log.read_text(errors="replace")
                 lines = [x for x in text.splitlines() if x.strip()]
                 if proc.returncode == 2 and len(lines) == 1:
-                    return "refused", lines[0]
-                return "FAILED", f"exit {proc.returncode}:\n{text[-3000:]}"
+                    why = ("refused", f"not run: the server above refused ({lines[0]})")
+                    return ("refused", lines[0]), [why] * len(while_up)
+                why = ("FAILED", "not run: the server above failed")
+                return ("FAILED", f"exit {proc.returncode}:\n{text[-3000:]}"), [why] * len(while_up)
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=2) as r:
                     if r.status == 200:
@@ -89,45 +116,68 @@ def _serve(line: str, log: Path) -> tuple[str, str]:
                 pass
             time.sleep(0.5)
         else:
-            return "FAILED", f"not ready after {SERVE_READY_S} s"
+            why = ("FAILED", "not run: the server above never got ready")
+            return ("FAILED", f"not ready after {SERVE_READY_S} s"), [why] * len(while_up)
+        outcomes = [_run(needing, log.parent) for needing in while_up]
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=120)
-        return ("ran", "ready, then SIGTERM: exit 0") if code == 0 else ("FAILED", f"exit {code}")
+        served = ("ran", "ready, then SIGTERM: exit 0") if code == 0 else ("FAILED", f"exit {code}")
+        return served, outcomes
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
 
 
+def _run(line: str, cwd: Path) -> tuple[str, str]:
+    """Run one line: (outcome, detail)."""
+    done = subprocess.run(
+        ["bash", "-c", line],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=LINE_TIMEOUT_S,
+        check=False,
+    )
+    sys.stdout.write(done.stdout[-2000:])
+    if done.returncode == 0:
+        return "ran", "exit 0"
+    if (refusal := _refused(done)) is not None:
+        return "refused", refusal
+    return "FAILED", f"exit {done.returncode}:\n{done.stderr[-3000:]}"
+
+
 def main() -> int:
     clone = Path(sys.argv[1]).resolve()
     here = Path.cwd()
     report: list[tuple[str, str, str]] = []
-    for n, line in enumerate(commands((clone / "README.md").read_text(encoding="utf-8")), 1):
-        print(f"== README line {n}: {line}", flush=True)
-        if re.match(r"bash scripts/(run|test)\.sh\b", line):
-            report.append(("skipped", line, "run.sh: stage 1 of the check; test.sh: CI, before it"))
-            continue
-        if re.search(r"(^|\s)batchline\s+serve\b", line):
-            outcome, detail = _serve(line, here / f"serve-{n}.log")
+    n = 0
+    for block in blocks((clone / "README.md").read_text(encoding="utf-8")):
+        for at, (line, needs_server) in enumerate(block):
+            n += 1
+            if needs_server:  # run with the server line above it (below), or a mistake
+                if not any(_is_serve(above) for above, _ in block[:at]):
+                    report.append(("FAILED", line, f"marked '# {NEEDS_SERVER}', but no "
+                                   "`batchline serve` line is above it in its block"))  # fmt: skip
+                continue
+            print(f"== README line {n}: {line}", flush=True)
+            if re.match(r"bash scripts/(run|test)\.sh\b", line):
+                report.append(("skipped", line, "run.sh: stage 1 of the check; test.sh: CI"))
+                continue
+            if _is_serve(line):
+                # the marked lines after it, up to the next server line of the block
+                needing = []
+                for later, marked in block[at + 1 :]:
+                    if _is_serve(later):
+                        break
+                    if marked:
+                        needing.append(later)
+                served, outcomes = _serve(line, here / f"serve-{n}.log", needing)
+                report.append((served[0], line, served[1]))
+                report += [(o, x, d) for x, (o, d) in zip(needing, outcomes, strict=True)]
+                continue
+            outcome, detail = _run(line, clone if line.startswith("pip ") else here)
             report.append((outcome, line, detail))
-            continue
-        cwd = clone if line.startswith("pip ") else here
-        done = subprocess.run(
-            ["bash", "-c", line],
-            cwd=cwd,
-            capture_output=True,
-            text=True,
-            timeout=LINE_TIMEOUT_S,
-            check=False,
-        )
-        sys.stdout.write(done.stdout[-2000:])
-        if done.returncode == 0:
-            report.append(("ran", line, "exit 0"))
-        elif (refusal := _refused(done)) is not None:
-            report.append(("refused", line, refusal))
-        else:
-            report.append(("FAILED", line, f"exit {done.returncode}:\n{done.stderr[-3000:]}"))
     print("\n== the README's blocks, in order")
     for outcome, line, detail in report:
         print(f"{outcome:8} {line}\n         {detail}")

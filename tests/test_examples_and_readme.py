@@ -134,3 +134,22 @@ def test_every_flag_the_readme_names_is_one_help_knows() -> None:
     assert helps["run"]["--task"].startswith(TASK_HELP)
     assert helps["serve"]["--task"].startswith(TASK_HELP)
     assert "score" in TASK_HELP
+
+
+def test_a_readme_curl_runs_against_the_server_started_above_it() -> None:
+    """``scripts/run_readme_blocks.py`` runs a line marked ``# needs the server above`` while
+    the ``batchline serve`` line above it in its block is up; every such README line has one
+    (a curl is checked by the fresh-install check, never skipped silently)."""
+    runner = _load(ROOT / "scripts" / "run_readme_blocks.py")
+    blocks = runner.blocks  # type: ignore[attr-defined]
+    sample = (
+        "```bash\nbatchline serve --port 8000\ncurl -sf x  # needs the server above: why\n```\n"
+    )
+    assert blocks(sample) == [[("batchline serve --port 8000", False), ("curl -sf x", True)]]
+    marked = 0
+    for block in blocks((ROOT / "README.md").read_text()):
+        for at, (line, needs_server) in enumerate(block):
+            if needs_server:
+                marked += 1
+                assert any(runner._is_serve(above) for above, _ in block[:at]), line  # type: ignore[attr-defined]
+    assert marked >= 3  # the Images section's curls: /v1/classify, /classify, /v1/embeddings

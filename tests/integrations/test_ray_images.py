@@ -4,6 +4,7 @@ killed mid-job leaves every picture answered once."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 from collections.abc import Iterator
@@ -110,3 +111,24 @@ def test_a_replica_killed_mid_job_leaves_every_picture_answered_once(
     _same(out, local)
     assert killed
     assert summary.replica_restarts >= 1 or summary.resubmitted_units >= 1
+
+
+@pytest.mark.usefixtures("cluster")
+def test_duplicate_pictures_are_found_once_per_job_in_the_driver(
+    job: tuple[Path, Path], tmp_path: Path
+) -> None:
+    # 12 files holding 3 distinct pictures, spread over units on two replicas
+    model, photos = job
+    originals = sorted(p for p in photos.rglob("*.jpg"))[:3]
+    folder = tmp_path / "dupes"
+    folder.mkdir()
+    for i in range(COUNT):
+        (folder / f"d{i:02d}.jpg").write_bytes(originals[i % 3].read_bytes())
+    options = _options((model, folder), tmp_path / "ray")
+    local = run(dataclasses.replace(options, output=tmp_path / "local"))
+    summary = run_on_ray(options, replicas=2, unit_records=2)
+    assert sum(summary.records_by_node.values()) == 3  # each distinct picture sent once
+    assert summary.duplicates == local.duplicates == COUNT - 3
+    got, want = _rows(tmp_path / "ray"), _rows(tmp_path / "local")
+    assert [r["id"] for r in got] == [r["id"] for r in want]
+    assert [r["classification"] for r in got] == [r["classification"] for r in want]

@@ -290,6 +290,59 @@ def test_a_mixed_openai_batch_file_on_ray_equals_the_local_file(tiny: Path, tmp_
     assert summary.records == 17
 
 
+@pytest.mark.usefixtures("cluster")
+def test_duplicate_batch_lines_are_found_once_per_job_in_the_driver(
+    tiny: Path, tmp_path: Path
+) -> None:
+    """Lines of one body (but their custom_id) are answered once; a chat line sampled without
+    a seed is never answered from another's (its completion is a draw of its own)."""
+
+    def line(i: int, url: str, body: dict[str, Any]) -> dict[str, Any]:
+        return {"custom_id": f"l{i}", "method": "POST", "url": url, "body": body}
+
+    def greedy(k: int) -> dict[str, Any]:
+        return {"model": "gpt-test", "max_tokens": 4, "temperature": 0,
+                "messages": [{"role": "user", "content": f"question {k}"}]}  # fmt: skip
+
+    sampled = {"model": "gpt-test", "max_tokens": 4, "temperature": 1.0,
+               "messages": [{"role": "user", "content": "a draw"}]}  # fmt: skip
+    seeded = {**sampled, "seed": 7}
+    lines = []
+    for i in range(24):  # 24 lines, 3 embedding bodies, 2 greedy, 1 seeded, 4 unseeded draws
+        if i % 4 == 0:
+            lines.append(line(i, "/v1/embeddings", {"model": "emb", "input": f"text {i % 3}"}))
+        elif i % 4 == 1:
+            lines.append(line(i, "/v1/chat/completions", greedy(i // 4 % 2)))
+        elif i % 4 == 2:
+            lines.append(line(i, "/v1/chat/completions", seeded))
+        else:
+            lines.append(line(i, "/v1/chat/completions", sampled if i < 16 else seeded))
+    src = write_jsonl(tmp_path / "requests.jsonl", lines)
+    models = ("emb=default", f"gpt-test={tiny}/")
+    options = GenerateOptions(
+        input=src,
+        output=tmp_path / "ray.jsonl",
+        model=models[0],
+        models=models,
+        knobs=Knobs(dtype="float32"),
+    )
+    summary = run_on_ray(options, replicas=2, unit_records=4)
+    unseeded = sum(1 for x in lines if x["body"] is sampled)
+    assert unseeded == 4
+    # computed: 3 texts + 2 greedy + 1 seeded + every unseeded draw
+    assert sum(summary.records_by_node.values()) == 3 + 2 + 1 + unseeded
+    out = [json.loads(x) for x in (tmp_path / "ray.jsonl").read_text().splitlines()]
+    assert [o["custom_id"] for o in out] == [x["custom_id"] for x in lines]
+    assert all(o["error"] is None for o in out)
+    by_body: dict[str, Any] = {}
+    for x, o in zip(lines, out, strict=True):
+        if x["body"] is sampled:
+            continue
+        body = o["response"]["body"]
+        answer = body["data"] if "data" in body else body["choices"]
+        assert by_body.setdefault(json.dumps(x["body"], sort_keys=True), answer) == answer
+
+
 @pytest.fixture
 def without_the_module_cluster() -> None:
     """Disconnect from the module's Ray instance: ``run_on_ray`` would use an open connection

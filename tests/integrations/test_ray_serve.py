@@ -535,6 +535,78 @@ def test_a_generate_model_answers_the_openai_client_and_a_removed_replica_finish
     assert replica_counts().running == 0
 
 
+def _reference(settings: ServerSettings, path: str, bodies: list[dict[str, Any]]) -> list[Any]:
+    """What the single (in-process) server answers at ``path`` for each body."""
+    import asyncio
+
+    from batchline.server import create_app
+    from tests.server.conftest import client_on
+
+    async def answers() -> list[Any]:
+        async with client_on(create_app(settings)) as client:
+            out = []
+            for body in bodies:
+                r = await client.post(path, json=body)
+                assert r.status_code == 200, r.text
+                out.append(r.json())
+            return out
+
+    return asyncio.run(answers())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_image_models_through_the_ray_ingress_answer_as_the_single_server(
+    port: int, tmp_path: Path
+) -> None:
+    pytest.importorskip("torch")
+    import base64
+    import io
+
+    import numpy as np
+
+    from tests.models.image.conftest import build_folder, pictures
+
+    for family in ("vit", "clip"):
+        build_folder(tmp_path, family)
+    uris = []
+    for picture in pictures(3):
+        data = io.BytesIO()
+        picture.save(data, "PNG")
+        uris.append("data:image/png;base64," + base64.b64encode(data.getvalue()).decode())
+    classify = [
+        {"model": "vit", "input": uris[:2], "modality": "image", "return_all_scores": True},
+        {"model": "vit", "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": uris[2]}}]}]},
+    ]  # fmt: skip
+    embed = [{"model": "clip", "input": uris, "modality": "image"}]
+    clip = _settings(port, model=[f"clip={tmp_path}/clip/"], modality="image")
+    cases = [
+        (_settings(port, model=[f"vit={tmp_path}/vit/"]), "/v1/classify", classify),
+        (clip, "/v1/embeddings", embed),
+    ]
+    for settings, path, bodies in cases:
+        want = _reference(settings, path, bodies)  # also exports the folder once, for the replica
+        url = _deploy(settings, ServeReplicas(min=1, max=1))
+        with httpx.Client(base_url=url, timeout=60) as client:
+            got = []
+            for body in bodies:
+                r = client.post(path, json=body)
+                assert r.status_code == 200, r.text
+                got.append(r.json())
+        if path == "/v1/classify":
+            for g, w in zip(got, want, strict=True):
+                assert [x["label"] for x in g["results"]] == [x["label"] for x in w["results"]]
+                for gx, wx in zip(g["results"], w["results"], strict=True):
+                    assert gx["score"] == pytest.approx(wx["score"], abs=1e-5)
+        else:
+            vectors = np.array([d["embedding"] for d in got[0]["data"]], np.float32)
+            expected = np.array([d["embedding"] for d in want[0]["data"]], np.float32)
+            assert vectors.shape == expected.shape == (3, vectors.shape[1])
+            assert np.abs(vectors - expected).max() <= 1e-5
+    serve.delete(APP_NAME)
+
+
 # -- the command ---------------------------------------------------------------------------------
 
 

@@ -104,3 +104,25 @@ def test_blank_lines_are_skipped_and_counted_and_a_resumed_job_counts_them_too(
         "b",
         "c",
     ]
+
+
+def test_a_line_key_is_the_line_but_its_custom_id_and_only_for_a_fixed_answer() -> None:
+    from batchline.jobs.requests import line_key
+    from batchline.models.generation import SamplingParams
+
+    base = SamplingParams(max_tokens=16)
+
+    def chat(custom_id: str, **sampling: object) -> dict[str, object]:
+        body = {"messages": [{"role": "user", "content": "hi"}], **sampling}
+        return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
+                "body": body}  # fmt: skip
+
+    embed = {"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}}
+    assert line_key(embed, base) == line_key({**embed, "custom_id": "b"}, base) is not None
+    other = {**embed, "body": {"input": "y"}}
+    assert line_key(other, base) != line_key(embed, base)
+    assert line_key(chat("a", temperature=0), base) == line_key(chat("b", temperature=0), base)
+    assert line_key(chat("a", temperature=0.7, seed=3), base) is not None
+    assert line_key(chat("a", temperature=0.7), base) is None  # a draw of its own
+    assert line_key(chat("a"), base) is None  # OpenAI's default temperature is 1
+    assert line_key({**embed, "url": "/v1/nope"}, base) is None  # its own error, when sent

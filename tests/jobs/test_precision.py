@@ -331,3 +331,21 @@ def test_serve_says_why_a_classifier_stays_fp32(
         model.close()
     said = f"sentiment: precision fp32 on onnxruntime ({precision.STAYS_FP32['classify']})"
     assert said in caplog.text
+
+
+def test_an_image_embedder_has_no_precision_to_choose(tmp_path: Path) -> None:
+    """The gate measures texts: a model that embeds pictures is not offered a choice (it
+    loads in fp32), where asking it to embed the gate's texts failed the whole load."""
+    pytest.importorskip("torch")
+    from batchline.models.image import ImageOptions
+    from tests.models.image.conftest import build_folder
+
+    (tmp_path / "emb.onnx").write_bytes(b"")
+    onnx_pictures = parse_spec(str(tmp_path / "emb.onnx")).with_options(image=ImageOptions(224))
+    assert model_facts(onnx_pictures) is None
+    dinov2 = parse_spec(f"{build_folder(tmp_path, 'dinov2')}/")
+    assert model_facts(dinov2) is None
+    assert choose_precision(dinov2, Knobs(), task="embed", flags=AMX) is None
+    clip = parse_spec(f"{build_folder(tmp_path, 'clip')}/")
+    assert model_facts(clip) is not None  # its text tower: texts, as the gate's
+    assert model_facts(clip.with_options(input_kind="image")) is None

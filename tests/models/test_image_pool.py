@@ -161,3 +161,25 @@ async def _decode_until_it_fails(pool: DecodePool, ref: ImageRef) -> None:
     for _ in range(50):  # bounded: the executor notices the death on its next call
         await pool.decode(ref)
         await asyncio.sleep(0.05)
+
+
+def test_a_pool_is_sized_once_from_measured_decode_and_model_costs() -> None:
+    from batchline._stats import BatchStats
+
+    pictures = [ImageRef(data=jpeg_bytes(i, size=(24, 20))) for i in range(32)]
+
+    async def main() -> list[tuple[bool, int]]:
+        async with DecodePool(PRE, DecodeOptions(), cores=2) as pool:
+            seen = [(await pool.size_from(BatchStats(total_batches=5), 1), pool.active)]
+            await asyncio.gather(*(pool.decode(p) for p in pictures[:8]))
+            slow = BatchStats(total_batches=4, total_completed=32, busy_time_s=100.0)
+            seen.append((await pool.size_from(slow, 1), pool.active))  # 8 decoded: too few
+            await asyncio.gather(*(pool.decode(p) for p in pictures[8:]))
+            few = BatchStats(total_batches=1, total_completed=32, busy_time_s=100.0)
+            seen.append((await pool.size_from(few, 1), pool.active))  # one batch: too few
+            seen.append((await pool.size_from(slow, 1), pool.active))  # a slow model: one
+            fast = BatchStats(total_batches=4, total_completed=32, busy_time_s=1e-6)
+            seen.append((await pool.size_from(fast, 1), pool.active))  # sized once, for good
+            return seen
+
+    assert asyncio.run(main()) == [(False, 2), (False, 2), (False, 2), (True, 1), (True, 1)]

@@ -414,3 +414,29 @@ async def test_the_batch_api_answers_image_lines_as_run_does(
     expected = np.array([want[p.name]["embedding"] for p in files], np.float32)
     assert [o["custom_id"] for o in out] == [f"img-{i}" for i in range(5)]
     assert np.abs(got - expected).max() <= 1e-5
+
+
+async def test_decode_processes_are_sized_from_measurement_or_set(
+    folders: Path, photos: Path
+) -> None:
+    import os
+
+    uris = [_uri(p) for p in _files(photos)[:4]]
+    body = {"model": "vit", "input": uris, "modality": "image"}
+    for set_to in (None, 1):
+        settings = {"model": [f"vit={folders}/vit/"], "sessions": 1, "max_inputs_per_request": 4,
+                    "drain_timeout_s": 5.0, "decode_workers": set_to}  # fmt: skip
+        app = create_app(ServerSettings.model_validate(settings))
+        async with client_on(app) as client:
+            pictures = app.state.server.models["vit"].pictures
+            pool = pictures.pool
+            assert pool.workers == (set_to or os.cpu_count())
+            for _ in range(9):  # 36 pictures in 9 batches at least: enough to size the pool
+                r = await client.post("/v1/classify", json=body)
+                assert r.status_code == 200, r.text
+            if set_to is None:
+                assert pool.sized  # measured, and the pool set from it (1 .. its workers)
+                assert 1 <= pool.active <= pool.workers
+            else:
+                assert not pool.sized  # a set count is kept as it is
+                assert pool.active == 1

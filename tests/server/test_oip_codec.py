@@ -518,9 +518,9 @@ MALFORMED: list[tuple[str, bytes, int | None, str]] = [
     ),
     (
         "classification",
-        _doc(_x(), _n(), outputs=[{"name": "y", "parameters": {"classification": 3}}]),
+        _doc(_x(), _n(), outputs=[{"name": "y", "parameters": {"classification": 0}}]),
         None,
-        "classification extension is not supported",
+        "classification must be an integer >= 1",
     ),
     (
         "shared memory output",

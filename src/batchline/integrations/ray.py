@@ -50,7 +50,7 @@ from batchline._errors import InputError, ModelError
 from batchline._stats import percentile
 from batchline.datasets.pipeline import PipelineRun, Progress, run_pipeline
 from batchline.datasets.sinks import ChunkWriter
-from batchline.datasets.sources import Source
+from batchline.datasets.sources import Record, Source
 from batchline.integrations.ray_replica import RemoteJob, Replica, ReplicaReady, knobs_for_cpus
 from batchline.integrations.ray_units import RayAdapter, Tally, UnitDone, UnitPlan
 from batchline.integrations.session import check_reachable, last_line, ray_session
@@ -372,6 +372,7 @@ def _drive(
             on_unit=on_unit,
             on_tokens=rate.tokens,
             dedupe_window=_driver_dedupe(plan),
+            key_of=_driver_key(plan, actors[0][1]),
         )
         units = UnitPlan(options.chunk_size, unit)
         done = asyncio.run(
@@ -409,14 +410,42 @@ def _replica_precision(replicas: Sequence[ReplicaReady]) -> str:
 
 
 def _driver_dedupe(plan: _Plan) -> int:
-    """The driver's dedupe window: a batch model's job finds its duplicates once per job, as
-    a local run does (not once per replica); 0 for a generator's or a batch file's, whose
-    records' answers may depend on more than their input (sampling seeds, line settings)."""
-    if plan.job.kind != "batch":
+    """The driver's dedupe window: every job kind finds its duplicates once per job, as a
+    local run does (not once per replica); 0 with ``--no-dedupe`` or a ``module:factory``
+    model (its results may not be a function of its input), and for a generation job's
+    records (:func:`_driver_key`)."""
+    if plan.job.kind == "generate":
         return 0
     from batchline.jobs.run import dedupe_window
 
     return dedupe_window(plan.job.options)  # resolved: a module:factory model has none
+
+
+def _driver_key(plan: _Plan, ready: ReplicaReady) -> Callable[[Record], bytes | None] | None:
+    """What the driver compares records by, beside a batch model's input (None: that):
+
+    - an image job's: the picture's content (its bytes read in the driver, hashed as the
+      replica's own dedupe and ``--cache`` hash them; decoding stays on the replica);
+    - an OpenAI batch file's: the whole line but its ``custom_id``, a chat or completions
+      line only when its completion does not depend on chance (greedy, or a fixed seed:
+      the rule a local run's generator dedupes by).
+
+    A generation job's records are not compared here: a prompt's key is its token ids,
+    which only a replica's tokenizer gives (each replica dedupes its own units)."""
+    options = plan.job.options
+    if plan.job.kind == "openai-batch":
+        from batchline.jobs.requests import line_key
+
+        assert isinstance(options, GenerateOptions)
+        base = options.sampling()
+        return lambda record: line_key(record.value, base)
+    if plan.job.kind == "batch" and ready.info.input_kind == "image":
+        from batchline.jobs.images import picture_key
+
+        folder = options.input.parent if options.input is not None else None
+        draft = options.decode.draft
+        return lambda record: picture_key(record.input, folder, draft=draft)
+    return None
 
 
 def _capacity(ready: ReplicaReady, unit: int, units_per_replica: int) -> int:

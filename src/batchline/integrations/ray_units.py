@@ -170,11 +170,15 @@ class RayAdapter:
         on_unit: Callable[[UnitDone], None] | None = None,
         on_tokens: Callable[[int], None] | None = None,
         dedupe_window: int = 0,
+        key_of: Callable[[Record], bytes | None] | None = None,
     ) -> None:
         self.actors = [actor for actor, _ in actors]
         # the job's distinct inputs, once per job (not once per replica): a record whose
         # input repeats one of them takes that one's outcome and is never sent
         self.seen = Seen[asyncio.Future[Outcome]](dedupe_window) if dedupe_window > 0 else None
+        # what identifies a record's answer: its input (a text, a score pair), or the job
+        # kind's own key (a picture's content, a batch line), taken off the loop (it may read)
+        self.key_of = key_of
         self.capacity = list(capacity)
         self.max_unit_attempts = max_unit_attempts
         self.on_unit = on_unit
@@ -192,24 +196,31 @@ class RayAdapter:
         self._landed: dict[int, list[_Part]] = {}  # by the unit's first record index
 
     async def submit(self, records: Sequence[Record]) -> asyncio.Future[list[Outcome]]:
-        fresh, waits, answers = self._dedupe(records)
+        keys: list[bytes | None] = []
+        if self.seen is not None:
+            if self.key_of is None:
+                keys = [input_key(record.input) for record in records]
+            else:
+                key_of = self.key_of
+                keys = await asyncio.to_thread(lambda: [key_of(r) for r in records])
+        fresh, waits, answers = self._dedupe(records, keys)
         # a replica's room is taken now, in submit order (none for a unit of duplicates only)
         replica = await self._acquire(alone=False) if fresh else None
         return asyncio.ensure_future(self._answered(records, fresh, waits, answers, replica))
 
     def _dedupe(
-        self, records: Sequence[Record]
+        self, records: Sequence[Record], keys: Sequence[bytes | None]
     ) -> tuple[list[int], dict[int, asyncio.Future[Outcome]], dict[int, asyncio.Future[Outcome]]]:
         """The records to send (their places), those answered by an earlier record's outcome,
-        and the outcomes the sent ones promise to later duplicates."""
+        and the outcomes the sent ones promise to later duplicates (``keys``: each record's,
+        None for one never answered from another's)."""
         if self.seen is None:
             return list(range(len(records))), {}, {}
         loop = asyncio.get_running_loop()
         fresh: list[int] = []
         waits: dict[int, asyncio.Future[Outcome]] = {}
         answers: dict[int, asyncio.Future[Outcome]] = {}
-        for i, record in enumerate(records):
-            key = input_key(record.input)
+        for i, key in enumerate(keys):
             first = self.seen.get(key) if key is not None else None
             if first is not None:
                 waits[i] = first

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from batchline.datasets.outcomes import Outcome, Result
 from batchline.jobs.batch import Cached, Seen
+from batchline.jobs.requests import deterministic
 from batchline.jobs.result_cache import ResultCache
 from batchline.models.generation import SamplingParams
 
@@ -40,7 +41,7 @@ def request_key(ids: Sequence[int], params: SamplingParams) -> bytes | None:
     share a key, and so do requests that differ only in their priority (it orders admission,
     never the tokens). Every other field of ``SamplingParams`` is in the key (its repr): the
     key is also the result cache's, across runs."""
-    if params.temperature > 0 and params.seed is None:
+    if not deterministic(params):
         return None
     params = dataclasses.replace(params, priority=0)
     if params.temperature == 0:

@@ -22,7 +22,6 @@ After the first pictures it sets how many decode at once from what it measured
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,16 +32,12 @@ from batchline.datasets.outcomes import Failed, Outcome, describe
 from batchline.datasets.sources import Record
 from batchline.jobs.batch import Seen
 from batchline.models.batching import ModelBatcher
-from batchline.models.image import DecodePool, ImageRef, choose_workers, content_key
+from batchline.models.image import DecodePool, ImageRef, content_key
 
 if TYPE_CHECKING:
     from batchline.jobs.result_cache import ResultCache
 
-__all__ = ["ImageAdapter", "TimeSplit", "picture_ref"]
-
-#: Pictures decoded, and batches run, before the decode workers are set from measured costs.
-_TUNE_AFTER_PICTURES = 32
-_TUNE_AFTER_BATCHES = 2
+__all__ = ["ImageAdapter", "TimeSplit", "picture_key", "picture_ref"]
 
 _Engine = ModelBatcher[object, object]
 
@@ -67,6 +62,21 @@ def picture_ref(value: object, base: Path | None) -> ImageRef | str:
     if value is None or value == "":
         return "no picture (the column is empty or null)"
     return f"the picture column holds {type(value).__name__}, not a path or bytes"
+
+
+def picture_key(value: object, base: Path | None, *, draft: bool) -> bytes | None:
+    """A record's picture's content key (:func:`~batchline.models.image.content_key`, what
+    duplicates and ``--cache`` compare), its bytes read here: the Ray driver finds an image
+    job's duplicates with it, once per job. None for a record with no readable picture (the
+    replica it is sent to says why). Sync: it reads the file."""
+    ref = picture_ref(value, base)
+    if isinstance(ref, str):
+        return None
+    try:
+        data = ref.read()
+    except InputError:
+        return None
+    return content_key(data, draft=draft)
 
 
 @dataclass(frozen=True)
@@ -221,16 +231,9 @@ class ImageAdapter:
         """Once: decode at most as many pictures at once as keep up with the model."""
         if not self._tune:
             return
-        decoding = self.pool.stats()
-        stats = self.engine.stats
-        if decoding.decoded < _TUNE_AFTER_PICTURES or stats.total_batches < _TUNE_AFTER_BATCHES:
-            return
-        self._tune = False
-        slots = max(1, self.engine.knobs.max_concurrent_batches)
-        per_picture = stats.busy_time_s / max(1, stats.total_completed) / slots
-        active = choose_workers(decoding.decode_s_per_image, per_picture, self.pool.workers)
-        if math.isfinite(per_picture):
-            await self.pool.set_active(active)
+        slots = self.engine.knobs.max_concurrent_batches
+        if await self.pool.size_from(self.engine.stats, slots):
+            self._tune = False
 
 
 def _settled(mine: asyncio.Future[Outcome] | None, outcome: Outcome) -> Outcome:

@@ -1,14 +1,16 @@
 """OpenAI batch files in and out: ``batchline run requests.jsonl`` where each line is
 ``{"custom_id", "method": "POST", "url", "body"}``, ``url`` one of ``/v1/chat/completions``,
-``/v1/completions``, ``/v1/embeddings``, ``/v1/rerank`` and ``/v1/score``, mixed as they come.
+``/v1/completions``, ``/v1/embeddings``, ``/v1/rerank``, ``/v1/score`` and ``/v1/classify``,
+mixed as they come.
 
-The job has one generator, one embedding model and one reranker at most (``--model NAME=SPEC``
-repeated); each line's ``body.model`` picks one by ``NAME`` (a line naming none takes the job's
-model of its kind; a name the job lacks is that line's error, naming the ``--model`` flag to
-add). One pipeline reads the file: :class:`LinesAdapter` sends each block's chat and
-completions lines to the generator (as any generate job), its embeddings lines to the embedding
-model's batcher and its rerank and score lines to the reranker's (every text of a line's
-``input``, every pair of a rerank line, its own record there, so items of many lines share
+The job has one generator, one embedding model, one reranker and one classifier at most
+(``--model NAME=SPEC`` repeated); each line's ``body.model`` picks one by ``NAME`` (a line
+naming none takes the job's model of its kind; a name the job lacks is that line's error,
+naming the ``--model`` flag to add). One pipeline reads the file: :class:`LinesAdapter` sends
+each block's chat and completions lines to the generator (as any generate job), its
+embeddings lines to the embedding model's batcher, its classify lines to the classifier's and
+its rerank and score lines to the reranker's (every text or picture of a line's ``input``,
+every pair of a rerank line, its own record there, so items of many lines share
 batches), into one chunked output folder beside the output file (``OUTPUT.parts``), so the job
 is resumable like every job. The output file is then written, whole and atomically, from the
 committed chunks: one line per input line, in input order, ``{"id", "custom_id", "response":
@@ -18,8 +20,9 @@ body, a model the job lacks). Blank lines are skipped (no output line; the summa
 them). A file whose ``custom_id`` values repeat is refused whole before anything runs, as
 OpenAI's validation refuses it (:func:`check_batch_file`): its output lines could not be told
 apart. A body is what the OpenAI route returns: a ``chat.completion``, a ``text_completion``,
-an embeddings ``list`` (``encoding_format`` float or base64), or what ``/v1/rerank`` and
-``/v1/score`` answer (``batchline.models.scoring``). Its
+an embeddings ``list`` (``encoding_format`` float or base64), what ``/v1/classify`` answers
+(``batchline.models.openai.classify``), or what ``/v1/rerank`` and ``/v1/score`` answer
+(``batchline.models.scoring``). Its
 ids derive from the line, and ``created`` is when the completion was made (kept in the chunk),
 so a job killed and resumed writes the same file as one that never stopped but for the
 ``created`` of the completions the killed run had not committed.
@@ -36,14 +39,10 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-import math
 import os
-import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, cast
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from batchline._cache import write_whole
 from batchline._errors import InputError
@@ -53,21 +52,22 @@ from batchline.datasets.outcomes import Failed, Outcome, Result, describe
 from batchline.datasets.pipeline import PipelineRun, Progress, open_dataset_job, run_pipeline
 from batchline.datasets.readers import read_output, read_skipped
 from batchline.datasets.sources import Record
-from batchline.jobs.batch import DEDUPE_WINDOW, cancel, collect, prepare_block, queue_block
+from batchline.jobs.batch import DEDUPE_WINDOW, cancel
 from batchline.jobs.generate import (
     GeneratorAdapter,
     generate_summary,
     pipeline_limits,
     running_generator,
 )
+from batchline.jobs.openai_lines import BatchLines, Line, LineEngine
 from batchline.jobs.openai_output import output_line
 from batchline.jobs.options import GenerateOptions, batch_specs
 from batchline.jobs.requests import (
     KIND_OF_URL,
     BatchModels,
-    EmbeddingLine,
     RecordRequests,
     batch_line,
+    classify_line,
     custom_id_error,
     embedding_line,
     first_duplicate_custom_id,
@@ -77,19 +77,17 @@ from batchline.jobs.summary import GenerateSummary, RunSummary, summarize
 from batchline.models.batching import ModelBatcher
 from batchline.models.openai.requests import (
     BODY_OF_URL,
+    ClassifyRequest,
     EmbeddingRequest,
     read_body,
 )
 from batchline.models.scoring import (
     RERANK_URL,
-    ScoreAsk,
     read_rerank,
     read_score,
 )
-from batchline.models.vectors import shorten
 
 if TYPE_CHECKING:
-    from batchline._stats import BatchStats
     from batchline.datasets.outcomes import Written
     from batchline.datasets.sinks import ChunkWriter
     from batchline.datasets.sources import Source
@@ -225,133 +223,9 @@ class BatchFiles:
         return self.output
 
 
-class LineEngine(Protocol):
-    """What answers a batch model's lines: a started :class:`ModelBatcher` (``run``), or the
-    server's queue of a served model at ``batch`` priority (``batchline.server.batches``).
-    ``model`` prepares, costs and encodes; ``submit`` queues one prepared item, waiting for
-    room, and gives its result's future."""
-
-    @property
-    def model(self) -> BatchModel[object, object]: ...
-
-    @property
-    def stats(self) -> BatchStats: ...
-
-    async def submit(self, item: object) -> asyncio.Future[object]: ...
-
-
-#: A line a batch model answers: an embeddings line (its texts) or a rerank or score line
-#: (its pairs).
-_Line = EmbeddingLine | ScoreAsk
-
-
-class _BatchLines:
-    """A batch model's started batcher, for the lines it answers: every item of a line (an
-    embeddings line's texts, a rerank line's pairs) is queued as its own record, so items of
-    many lines share batches, and the line's outcome is made of all their results (or is the
-    first failure among them)."""
-
-    def __init__(self, engine: LineEngine) -> None:
-        self.engine = engine
-        # the block helpers use only the engine's model and submit: any LineEngine does
-        self._helpers = cast("ModelBatcher[object, object]", engine)
-        dim = engine.model.info.details.get("dim")
-        self.dim = dim if isinstance(dim, int) else None
-        #: the model reads pictures: a line's are decoded here as ``run`` decodes them
-        self._pictures = engine.model.info.input_kind == "image"
-
-    def _prepare_mixed(self, items: Sequence[object]) -> list[object]:
-        """``prepare_block`` where pictures (bytes) are among the items or the model reads
-        them: each picture decoded and preprocessed for an image model, and an item of the
-        other kind that item's error (sync: in a worker thread)."""
-        model = self.engine.model
-        takes = "images" if self._pictures else "texts"
-        out: list[object] = []
-        for item in items:
-            if isinstance(item, bytes) != self._pictures:
-                out.append(InputError(f"model {model.info.name!r} takes {takes}"))
-            elif isinstance(item, bytes):
-                out.append(_picture(model, item))
-            else:
-                out.extend(prepare_block(self._helpers, [item]))
-        return out
-
-    async def submit(self, lines: Sequence[_Line]) -> asyncio.Future[list[Outcome]]:
-        items = [item for line in lines for item in _items(line)]
-        if any(isinstance(item, bytes) for item in items) or self._pictures:
-            prepared = await asyncio.to_thread(self._prepare_mixed, items)
-        else:
-            prepared = await asyncio.to_thread(prepare_block, self._helpers, items)
-        cost = self.engine.model.cost
-        tokens = [0 if isinstance(p, BaseException) else cost(p) for p in prepared]
-        pending = await queue_block(self._helpers, prepared)
-        return asyncio.ensure_future(self._outcomes(lines, tokens, pending))
-
-    async def _outcomes(
-        self,
-        lines: Sequence[_Line],
-        tokens: Sequence[int],
-        pending: Sequence[asyncio.Future[object] | Failed],
-    ) -> list[Outcome]:
-        got = await collect(self._helpers, pending)
-        outcomes: list[Outcome] = []
-        at = 0
-        for line in lines:
-            n = len(_items(line))
-            mine, used = got[at : at + n], sum(tokens[at : at + n])
-            at += n
-            failed = next(((i, g) for i, g in enumerate(mine) if isinstance(g, Failed)), None)
-            if failed is not None:
-                i, first = failed
-                where = f"input {i}: " if n > 1 else ""
-                outcomes.append(Failed(f"{where}{first.message}"))
-            elif isinstance(line, EmbeddingLine):
-                outcomes.append(_embedded(line, mine, used))
-            else:
-                outcomes.append(_scored(mine, used))
-        return outcomes
-
-
-def _items(line: _Line) -> Sequence[object]:
-    return line.items if isinstance(line, EmbeddingLine) else line.pairs
-
-
-def _picture(model: BatchModel[object, object], data: bytes) -> object:
-    """One picture's model input, decoded and preprocessed as a ``run`` job's decode workers
-    do (draft on, the default pixel limit), or its ``InputError``."""
-    from batchline.models.image import DEFAULT_MAX_PIXELS, decode_image
-
-    preprocess = getattr(model, "preprocess")  # noqa: B009 (an image model's attribute)
-    try:
-        image = decode_image(data, draft=preprocess.draft_size(), max_pixels=DEFAULT_MAX_PIXELS)
-        pixels = preprocess(image)
-    except InputError as exc:
-        return exc
-    (item,) = model.prepare([pixels])
-    return item
-
-
-def _embedded(line: EmbeddingLine, results: Sequence[object], tokens: int) -> Outcome:
-    vectors = [np.asarray(v, dtype=np.float32) for v in results]
-    if not all(v.ndim == 1 and np.isfinite(v).all() for v in vectors):
-        return Failed("model error: an embedding is not a vector of finite values")
-    if line.dimensions is not None:
-        vectors = [shorten(v, line.dimensions) for v in vectors]
-    # float32 values held exactly as doubles; formatted when the file is written
-    return Result(None, {"embeddings": [v.tolist() for v in vectors], "prompt_tokens": tokens})
-
-
-def _scored(results: Sequence[object], tokens: int) -> Outcome:
-    scores = [r for r in results if isinstance(r, int | float) and not isinstance(r, bool)]
-    if len(scores) != len(results) or not all(math.isfinite(x) for x in scores):
-        return Failed("model error: a score is not a finite number")
-    columns = {"scores": [float(x) for x in scores], "prompt_tokens": tokens}
-    return Result(None, {**columns, "created": int(time.time())})
-
-
 #: Where a line goes: the model's name, its kind (``KIND_OF_URL``), and what a batch model's
 #: line asks (None for a generator's line); or the line's failure.
-_Route = tuple[str, str, _Line | None] | Failed
+_Route = tuple[str, str, Line | None] | Failed
 
 
 class LinesAdapter:
@@ -369,7 +243,7 @@ class LinesAdapter:
     ) -> None:
         self.names = names
         self.generator = generator
-        self.batch = {task: _BatchLines(engine) for task, engine in engines.items()}
+        self.batch = {task: BatchLines(engine) for task, engine in engines.items()}
 
     def utilization(self) -> float:
         if self.generator is not None:
@@ -387,6 +261,8 @@ class LinesAdapter:
                 return name, kind, None
             if isinstance(body, EmbeddingRequest):
                 return name, kind, embedding_line(body, self.batch[kind].dim, name)
+            if isinstance(body, ClassifyRequest):
+                return name, kind, classify_line(body)
             return name, kind, read_rerank(fields) if url == RERANK_URL else read_score(fields)
         except ValueError as exc:
             return Failed(f"bad input: {describe(exc)}")
@@ -394,7 +270,7 @@ class LinesAdapter:
     async def submit(self, records: Sequence[Record]) -> asyncio.Future[list[Outcome]]:
         routes = [self._route(r) for r in records]
         chats: list[Record] = []
-        lines: dict[str, list[_Line]] = {}
+        lines: dict[str, list[Line]] = {}
         for record, route in zip(records, routes, strict=True):
             if not isinstance(route, Failed):
                 _, kind, line = route
@@ -452,8 +328,12 @@ class BatchJobModels:
 
 
 #: What each batch model's task answers in a batch file, for the messages.
-_LINES_OF_TASK = {"embed": "embeddings lines", "score": "rerank and score lines"}
-_WHAT_OF_TASK = {"embed": "embedding model", "score": "reranker"}
+_LINES_OF_TASK = {
+    "embed": "embeddings lines",
+    "score": "rerank and score lines",
+    "classify": "classify lines",
+}
+_WHAT_OF_TASK = {"embed": "embedding model", "score": "reranker", "classify": "classifier"}
 
 
 def load_batch_models(specs: Sequence[ModelSpec], knobs: Knobs) -> BatchJobModels:
@@ -479,8 +359,8 @@ def load_batch_models(specs: Sequence[ModelSpec], knobs: Knobs) -> BatchJobModel
             if task not in _LINES_OF_TASK:
                 raise InputError(
                     f"model {spec.name!r} does {task}: an OpenAI batch file's models embed "
-                    "(/v1/embeddings lines), score (/v1/rerank and /v1/score lines) or generate "
-                    "(chat and completions lines)"
+                    "(/v1/embeddings lines), score (/v1/rerank and /v1/score lines), classify "
+                    "(/v1/classify lines) or generate (chat and completions lines)"
                 )
             if task in models.batch:
                 first = getattr(models.names, task)
@@ -574,8 +454,8 @@ async def run_batch_job(
             done, out_dir = await answer_lines(
                 opts, labels, models.names, generator, engines, progress=progress
             )
-            # the summary's batches: the embedding model's, else the reranker's
-            engine = engines.get("embed", engines.get("score"))
+            # the summary's batches: the embedding model's, else the reranker's, the classifier's
+            engine = next((engines[k] for k in _LINES_OF_TASK if k in engines), None)
             stats = engine.stats if engine is not None else None
         summary: GenerateSummary | RunSummary
         if generator is not None:

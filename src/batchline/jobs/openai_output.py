@@ -12,7 +12,7 @@ import numpy as np
 
 from batchline.models.openai.completions import Choice, completion_response
 from batchline.models.openai.embeddings import embeddings_json
-from batchline.models.openai.requests import EMBEDDINGS_URL
+from batchline.models.openai.requests import CLASSIFY_URL, EMBEDDINGS_URL
 from batchline.models.scoring import RERANK_URL, SCORE_URL, answer, read_rerank, read_score
 
 __all__ = ["answered", "output_line"]
@@ -43,6 +43,8 @@ def output_line(
     response: dict[str, object] | str
     if url == EMBEDDINGS_URL:
         response = _embeddings_body(row, as_base64=body.get("encoding_format") == "base64")
+    elif url == CLASSIFY_URL:  # the route's answer, its results already JSON text
+        response = f'{{"results":{row["classifications"]}}}'
     elif url in (RERANK_URL, SCORE_URL):
         ask = read_rerank(body) if url == RERANK_URL else read_score(body)
         response = answer(

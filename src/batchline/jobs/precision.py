@@ -158,8 +158,9 @@ class Choice:
 
 
 def model_facts(spec: ModelSpec) -> ModelFacts | None:
-    """What ``spec`` (an embedding model) offers; ``None`` for a Python model (no choice)."""
-    if spec.kind == "python":
+    """What ``spec`` (an embedding model) offers; ``None`` for a Python model, or one that
+    embeds pictures (no choice: the gate measures texts, which it cannot take)."""
+    if spec.kind == "python" or _embeds_pictures(spec):
         return None
     if spec.kind == "builtin":
         return ModelFacts(onnx=True)
@@ -171,6 +172,15 @@ def model_facts(spec: ModelSpec) -> ModelFacts | None:
             return ModelFacts(onnx=True, no_torch_weights="its Dense modules run on ONNX only")
         return ModelFacts(onnx=True)
     return ModelFacts(onnx=True, no_torch_weights="an .onnx file has no weights torch loads")
+
+
+def _embeds_pictures(spec: ModelSpec) -> bool:
+    """Whether ``spec`` embeds pictures: a plain ``.onnx`` told how to read them, an image
+    encoder's folder, or a two-tower folder loaded for its image tower."""
+    if spec.image is not None:
+        return True
+    kind = spec.folder.image if spec.folder is not None else None
+    return kind is not None and (kind != "two-tower" or spec.input_kind == "image")
 
 
 def candidates(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -29,10 +30,12 @@ from batchline.models.generation import Constraint, SamplingParams, constraint_f
 from batchline.models.openai.requests import (
     BODY_OF_URL,
     CHAT_URL,
+    CLASSIFY_URL,
     COMPLETIONS_URL,
     CONSTRAINT_FIELDS,
     EMBEDDINGS_URL,
     ChatCompletionRequest,
+    ClassifyRequest,
     CompletionRequest,
     EmbeddingRequest,
     OpenAISamplingBody,
@@ -46,15 +49,19 @@ __all__ = [
     "KIND_OF_URL",
     "BatchModels",
     "Choices",
+    "ClassifyLine",
     "EmbeddingLine",
     "RecordRequests",
     "batch_line",
     "batch_request",
+    "classify_line",
     "custom_id_error",
+    "deterministic",
     "embedding_line",
     "first_duplicate_custom_id",
     "is_openai_batch_file",
     "job_constraint",
+    "line_key",
     "reads_whole_rows",
     "record_constraint",
 ]
@@ -252,31 +259,68 @@ def batch_request(value: object) -> tuple[str, BaseModel]:
     return url, read_body(BODY_OF_URL[url], body)
 
 
+def deterministic(params: SamplingParams) -> bool:
+    """Whether a request's completion does not depend on chance: greedy (temperature 0), or
+    sampled from a fixed seed. Only such requests are answered from a duplicate's completion:
+    in a job (:func:`~batchline.jobs.generate_cache.request_key`) and in the Ray driver
+    (:func:`line_key`)."""
+    return params.temperature == 0 or params.seed is not None
+
+
+def line_key(value: object, base: SamplingParams) -> bytes | None:
+    """What identifies a batch line's answer for the Ray driver's dedupe (``run --engine
+    ray``, once per job): a 16-byte digest of the line without its ``custom_id``, so two
+    lines of one body are answered once. None for a line that is not a batch request (it is
+    sent, and fails on its own), and for a chat or completions line whose completion may
+    differ from an identical line's: sampled without a seed (the job's own rule,
+    :func:`deterministic`; ``base`` the job's sampling, whose
+    ``max_tokens`` a line without one takes)."""
+    try:
+        url, fields = batch_line(value)
+        if KIND_OF_URL[url] == "generate":
+            body = read_body(BODY_OF_URL[url], fields)
+            assert isinstance(body, OpenAISamplingBody)
+            if not deterministic(body.sampling(max_tokens=base.max_tokens, constraint=None)):
+                return None
+    except ValueError:
+        return None
+    assert isinstance(value, dict)
+    line = {k: v for k, v in value.items() if k != "custom_id"}
+    try:
+        data = json.dumps(line, sort_keys=True, ensure_ascii=False, allow_nan=False)
+    except ValueError:
+        return None
+    return hashlib.blake2b(b"l" + data.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
 #: The kind of model that answers each url's lines, and how messages name it: what it is,
 #: a spec to suggest, what it does.
-KIND_OF_URL: dict[str, Literal["generate", "embed", "score"]] = {
+KIND_OF_URL: dict[str, Literal["generate", "embed", "score", "classify"]] = {
     CHAT_URL: "generate",
     COMPLETIONS_URL: "generate",
     EMBEDDINGS_URL: "embed",
     RERANK_URL: "score",
     SCORE_URL: "score",
+    CLASSIFY_URL: "classify",
 }
 _KINDS = {
     "generate": ("generator", "smollm2", "generates text"),
     "embed": ("embedding model", "default", "embeds"),
     "score": ("reranker", "RERANKER_FOLDER/", "scores pairs"),
+    "classify": ("classifier", "CLASSIFIER_FOLDER/", "classifies"),
 }
 
 
 @dataclasses.dataclass(frozen=True)
 class BatchModels:
     """The names an OpenAI batch job serves its models under: one generator, one embedding
-    model and one reranker at most. :meth:`pick` is the model a line's ``body.model`` names (a
-    line that names none takes the job's model of its kind)."""
+    model, one reranker and one classifier at most. :meth:`pick` is the model a line's
+    ``body.model`` names (a line that names none takes the job's model of its kind)."""
 
     generate: str | None = None
     embed: str | None = None
     score: str | None = None
+    classify: str | None = None
 
     def pick(self, url: str, asked: object) -> str:
         """The name of the model that answers a line at ``url`` whose body names ``asked``
@@ -335,22 +379,49 @@ def embedding_line(body: EmbeddingRequest, dim: int | None, model: str) -> Embed
     vectors ``dim`` long): texts, or pictures as data URIs (vLLM's ``messages``, infinity's
     ``"modality": "image"``: ``batchline.models.openai.images``); ``ValueError`` naming what
     is wrong. A batch line's pictures come in the line: URLs are not fetched."""
+    texts, pictures = _line_inputs(body.input, body.messages, body.modality)
+    as_base64, cut = body.encoding_format == "base64", body.cut(dim, model)
+    return EmbeddingLine(texts, as_base64, cut, pictures=pictures)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClassifyLine:
+    """What a ``/v1/classify`` line asks for: a label per text (or per picture), with every
+    label's score when ``all_scores`` (the body's ``return_all_scores``)."""
+
+    texts: tuple[str, ...]
+    all_scores: bool
+    pictures: tuple[bytes, ...] = ()
+
+    @property
+    def items(self) -> tuple[str, ...] | tuple[bytes, ...]:
+        """What the model is given, one result each: the pictures, else the texts."""
+        return self.pictures or self.texts
+
+
+def classify_line(body: ClassifyRequest) -> ClassifyLine:
+    """A ``/v1/classify`` line's body as ``POST /v1/classify`` reads it: texts, or pictures
+    as data URIs (as for :func:`embedding_line`); ``ValueError`` naming what is wrong."""
+    texts, pictures = _line_inputs(body.input, body.messages, body.modality)
+    return ClassifyLine(texts, body.return_all_scores, pictures)
+
+
+def _line_inputs(
+    input: str | list[str] | None, messages: Any, modality: str
+) -> tuple[tuple[str, ...], tuple[bytes, ...]]:
+    """A line's texts (checked as the routes check them), or its pictures' bytes."""
     from batchline.models.openai.images import DEFAULT_MAX_IMAGE_BYTES, request_inputs
 
-    kind, inputs = request_inputs(
-        body.input, body.messages, body.modality, max_bytes=DEFAULT_MAX_IMAGE_BYTES
-    )
-    as_base64, cut = body.encoding_format == "base64", body.cut(dim, model)
+    kind, inputs = request_inputs(input, messages, modality, max_bytes=DEFAULT_MAX_IMAGE_BYTES)
     if kind == "text":
-        texts = texts_of(cast(list[str], inputs), "input")
-        return EmbeddingLine(tuple(texts), as_base64, cut)
+        return tuple(texts_of(cast(list[str], inputs), "input")), ()
     pictures = [getattr(p, "data", None) for p in inputs]
     if not pictures or any(p is None for p in pictures):
         raise ValueError(
             "a batch line's images come in the line, as data URIs (data:image/...;base64,...); "
             "URLs are not fetched"
         )
-    return EmbeddingLine((), as_base64, cut, pictures=tuple(cast(list[bytes], pictures)))
+    return (), tuple(cast(list[bytes], pictures))
 
 
 def is_openai_batch_file(

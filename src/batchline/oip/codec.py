@@ -9,8 +9,9 @@ the problem without echoing the input back; the body to send is ``error_body(mes
 Supported: JSON tensor data (flat or nested), the binary tensor data extension in both
 directions (``binary_data_size`` on inputs, ``binary_data`` on requested outputs,
 ``binary_data_output`` on the request), and the datatypes BOOL, UINT8..UINT64, INT8..INT64,
-FP16, FP32, FP64 and BYTES. Not supported (a clear 400): shared memory, the classification
-extension, BF16.
+FP16, FP32, FP64 and BYTES, and Triton's classification extension (``"parameters":
+{"classification": K}`` on a requested output: :attr:`RequestedOutputs.classification`, answered
+by :func:`classification_strings`). Not supported (a clear 400): shared memory, BF16.
 
 Example, what ``POST /v2/models/{name}/infer`` does::
 
@@ -64,6 +65,7 @@ __all__ = [
     "InferRequest",
     "RequestedOutputs",
     "build_infer_response",
+    "classification_strings",
     "model_metadata",
     "parse_header_length",
     "parse_infer_request",
@@ -74,7 +76,7 @@ __all__ = [
 
 #: The binary tensor data extension's header: the length in bytes of the JSON part of a body.
 HEADER_LENGTH_HEADER: Final = "Inference-Header-Content-Length"
-_EXTENSIONS: Final = ("binary_tensor_data",)
+_EXTENSIONS: Final = ("binary_tensor_data", "classification")
 # Longest name or id worth quoting in a message or echoing in a response.
 _MAX_NAME_CHARS: Final = 256
 
@@ -89,11 +91,14 @@ class RequestedOutputs:
     ``names``: the requested outputs in request order, or ``None`` for all of the model's.
     ``binary``: per-output ``binary_data`` choices; ``binary_default``: the request's
     ``binary_data_output`` parameter, for outputs without a choice of their own.
+    ``classification``: the outputs asked as their top K classes (Triton's classification
+    extension: ``"parameters": {"classification": K}``), K by output name.
     """
 
     names: tuple[str, ...] | None = None
     binary: Mapping[str, bool] = field(default_factory=dict)
     binary_default: bool = False
+    classification: Mapping[str, int] = field(default_factory=dict)
 
     def wants_binary(self, name: str) -> bool:
         return self.binary.get(name, self.binary_default)
@@ -323,6 +328,32 @@ def build_infer_response(
     }
 
 
+def classification_strings(values: Array, count: int, labels: Sequence[str] | None = None) -> Array:
+    """Triton's classification of an output: for each row of ``values`` (``[batch,
+    classes]``), its ``count`` highest values, highest first (ties: the lower index first), as
+    BYTES ``"<value>:<index>[:<label>]"``, shape ``[batch, count]``. ``<value>`` is written
+    with six decimals (as Triton's ``std::to_string`` writes a float); ``<label>`` is the
+    index's label when ``labels`` are given. ``OipError`` 400 when ``count`` exceeds the
+    classes."""
+    rows = np.asarray(values)
+    if rows.ndim != 2:
+        raise OipError(400, "classification needs an output of one row of class values per input")
+    classes = rows.shape[1]
+    if count > classes:
+        raise OipError(
+            400, f"classification {count} asks for more classes than the {classes} there are"
+        )
+    order = np.argsort(-rows.astype(np.float64), axis=1, kind="stable")[:, :count]
+    out = np.empty((rows.shape[0], count), dtype=object)
+    for r, picks in enumerate(order):
+        for c, index in enumerate(picks.tolist()):
+            text = f"{float(rows[r, index]):f}:{index}"
+            if labels is not None:
+                text += f":{labels[index]}"
+            out[r, c] = text.encode("utf-8")
+    return out
+
+
 def model_metadata(
     name: str,
     versions: Sequence[str] | None,
@@ -453,6 +484,7 @@ def _requested(
     known = None if model_outputs is None else [s.name for s in _specs(model_outputs)]
     names: list[str] = []
     binary: dict[str, bool] = {}
+    classification: dict[str, int] = {}
     for i, raw in enumerate(value):
         if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
             raise OipError(400, f"outputs[{i}] must be an object with a string 'name'")
@@ -467,13 +499,19 @@ def _requested(
         if "shared_memory_region" in params:
             raise OipError(400, f"output {quote(name)}: shared memory is not supported")
         if "classification" in params:
-            raise OipError(
-                400, f"output {quote(name)}: the classification extension is not supported"
-            )
+            count = params["classification"]
+            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+                got = count if isinstance(count, int) else json_type(count)
+                raise OipError(
+                    400,
+                    f"output {quote(name)}: classification must be an integer >= 1 (the count "
+                    f"of top classes to return), got {got}",
+                )
+            classification[name] = count
         choice = params.get("binary_data")
         if choice is not None:
             if not isinstance(choice, bool):
                 raise OipError(400, f"output {quote(name)}: binary_data must be true or false")
             binary[name] = choice
         names.append(name)
-    return RequestedOutputs(tuple(names), binary, binary_default)
+    return RequestedOutputs(tuple(names), binary, binary_default, classification)

@@ -13,7 +13,7 @@ text never holds the input.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
@@ -31,12 +31,11 @@ from batchline.server.errors import ApiError, bad_request
 if TYPE_CHECKING:
     import numpy as np
 
+    from batchline._stats import BatchStats
     from batchline.server.settings import ServerSettings
 
 __all__ = ["PictureDecoder", "fetch_refused"]
 
-#: Decode processes per served image model: two keep a 2-core machine's loop responsive.
-DECODE_WORKERS = 2
 #: Seconds a fetch of an allowed URL may take.
 FETCH_TIMEOUT_S = 10.0
 
@@ -49,18 +48,33 @@ def fetch_refused() -> ApiError:
 
 
 class PictureDecoder:
-    """Turns a request's :class:`PictureRef` values into one model's ``(3, H, W)`` inputs."""
+    """Turns a request's :class:`PictureRef` values into one model's ``(3, H, W)`` inputs.
 
-    def __init__(self, preprocess: ImagePreprocess, settings: ServerSettings) -> None:
+    Its decode processes are ``decode_workers`` when the settings say; else as many as cores,
+    of which as many decode at once as keep up with the model, measured on the first requests
+    as ``run`` measures them (:meth:`DecodePool.size_from`: ``model_stats`` the model's
+    batcher's stats, ``slots`` its batches at once), so decode takes no more of the cores
+    than the model leaves it."""
+
+    def __init__(
+        self,
+        preprocess: ImagePreprocess,
+        settings: ServerSettings,
+        *,
+        model_stats: Callable[[], BatchStats | None] | None = None,
+        slots: int = 1,
+    ) -> None:
         self.settings = settings
         self.pool = DecodePool(
             preprocess,
             DecodeOptions(
-                workers=DECODE_WORKERS,
+                workers=settings.decode_workers,
                 max_pixels=settings.max_image_pixels,
                 max_bytes_in_flight=settings.max_decode_bytes,
             ),
         )
+        self._model_stats = model_stats if settings.decode_workers is None else None
+        self._slots = slots
 
     async def start(self) -> None:
         self.pool.start()
@@ -99,7 +113,16 @@ class PictureDecoder:
             if isinstance(result, BaseException):
                 raise result
             out.append(result.pixels)
+        await self._size()
         return out
+
+    async def _size(self) -> None:
+        """Once enough is measured: decode with as many processes as keep up with the model."""
+        if self._model_stats is None:
+            return
+        stats = self._model_stats()
+        if stats is None or await self.pool.size_from(stats, self._slots):
+            self._model_stats = None  # sized (or no batcher to measure): never again
 
     async def _bytes(self, picture: PictureRef) -> bytes:
         if picture.data is not None:

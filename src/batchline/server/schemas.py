@@ -15,8 +15,11 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from batchline.models.openai.embeddings import Usage
-from batchline.models.openai.images import InputMessage
-from batchline.models.openai.requests import Priority, RerankDocument, SamplingBody, Texts
+from batchline.models.openai.requests import (
+    ClassifyRequest,
+    RerankDocument,
+    SamplingBody,
+)
 
 __all__ = [
     "Classification",
@@ -38,21 +41,6 @@ __all__ = [
     "TokenizeRequest",
     "TokenizeResponse",
 ]
-
-
-class ClassifyRequest(BaseModel):
-    """``POST /classify``: one label per text; ``return_all_scores`` adds every label's score.
-    Pictures as for ``/v1/embeddings``: vLLM's ``messages``, or infinity's ``input`` of data
-    URIs with ``"modality": "image"``."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    input: Texts | None = None
-    messages: list[InputMessage] | None = None
-    modality: Literal["text", "image"] = "text"
-    model: StrictStr | None = None
-    return_all_scores: StrictBool = False
-    priority: Priority | None = None
 
 
 class LabelScore(BaseModel):

@@ -124,6 +124,9 @@ class ServerSettings(BaseModel):
         max_image_bytes, max_image_pixels: a larger picture gets 413 (its encoded bytes; the
             pixels its header declares, checked before decoding: decompression bombs).
         max_decode_bytes: pictures' bytes in flight in a model's decode processes at most.
+        decode_workers: decode processes per image model; unset, as many as cores, of which
+            as many decode at once as keep up with the model, measured on the first requests
+            (as ``run`` sizes them).
         allow_url_fetch: the hosts whose ``http(s)`` image URLs are fetched (exact names);
             none by default, so only data URIs and base64 are taken.
         modality: a two-tower folder's (CLIP, SigLIP) tower to serve: ``text`` (the default)
@@ -209,6 +212,7 @@ class ServerSettings(BaseModel):
     max_image_bytes: int = Field(default=DEFAULT_MAX_IMAGE_BYTES, ge=1)
     max_image_pixels: int = Field(default=DEFAULT_SERVE_PIXELS, ge=1)
     max_decode_bytes: int = Field(default=256 * 1024 * 1024, ge=1)
+    decode_workers: int | None = Field(default=None, ge=1)
     allow_url_fetch: list[str] = Field(default_factory=list)
     modality: Literal["text", "image"] | None = None
 

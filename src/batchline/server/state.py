@@ -109,7 +109,12 @@ class ServedModel(Generic[P, R]):
         if self.info.input_kind == "image":
             from batchline.server.images import PictureDecoder
 
-            self.pictures = PictureDecoder(getattr(model, "preprocess"), settings)  # noqa: B009
+            self.pictures = PictureDecoder(
+                getattr(model, "preprocess"),  # noqa: B009 (an image model's attribute)
+                settings,
+                model_stats=self.stats,
+                slots=knobs.max_concurrent_batches,
+            )
         self.engine: ModelBatcher[_Job[P], R] | None = None
         if settings.knobs.batching:
             self.engine = ModelBatcher(

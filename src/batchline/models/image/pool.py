@@ -37,6 +37,8 @@ from batchline.models.image.preprocess import ImagePreprocess
 if TYPE_CHECKING:
     import numpy as np
 
+    from batchline._stats import BatchStats
+
 __all__ = [
     "DEFAULT_BYTES_IN_FLIGHT",
     "DecodeOptions",
@@ -52,6 +54,9 @@ __all__ = [
 DEFAULT_BYTES_IN_FLIGHT = 256 << 20
 #: A file of unknown size (a path in a column) is counted as this many bytes in flight.
 _UNKNOWN_FILE_BYTES = 1 << 20
+#: Pictures decoded, and batches run, before a pool is sized from measured costs.
+_TUNE_AFTER_PICTURES = 32
+_TUNE_AFTER_BATCHES = 2
 
 
 @dataclass(frozen=True)
@@ -230,6 +235,7 @@ class DecodePool:
         self._decoded = 0
         self._failed = 0
         self._decode_s = 0.0
+        self._sized = False
 
     @property
     def output_bytes(self) -> int:
@@ -314,6 +320,30 @@ class DecodePool:
         old, self._executor, self.active = self._executor, fresh, active
         old.shutdown(wait=False)  # what it holds still runs; then its processes end
         self._retired.append(old)
+
+    @property
+    def sized(self) -> bool:
+        """Whether :meth:`size_from` has set the processes decoding from measured costs."""
+        return self._sized
+
+    async def size_from(self, model: BatchStats, slots: int) -> bool:
+        """Once enough is measured (``_TUNE_AFTER_PICTURES`` decoded, ``_TUNE_AFTER_BATCHES``
+        batches run), decode with as many processes as keep up with the model (``model``: its
+        batcher's stats, ``slots`` batches at once; :func:`choose_workers`). True once done
+        (``run``'s image job and a served image model both size their pools so); False while
+        there is too little to go on."""
+        if self._sized:
+            return True
+        decoding = self.stats()
+        if decoding.decoded < _TUNE_AFTER_PICTURES or model.total_batches < _TUNE_AFTER_BATCHES:
+            return False
+        self._sized = True  # before the await: concurrent callers do not size it twice
+        per_picture = model.busy_time_s / max(1, model.total_completed) / max(1, slots)
+        if math.isfinite(per_picture):
+            await self.set_active(
+                choose_workers(decoding.decode_s_per_image, per_picture, self.workers)
+            )
+        return True
 
     async def reserve(self, nbytes: int) -> None:
         """Wait until ``nbytes`` more fit in the bytes in flight (one picture larger than the

@@ -38,18 +38,21 @@ from batchline.models.generation import (
     constraint_from_openai,
     unapplied_field,
 )
+from batchline.models.openai.classify import CLASSIFY_URL
 from batchline.models.openai.images import InputMessage
 from batchline.models.scoring import RERANK_URL, SCORE_URL
 
 __all__ = [
     "BODY_OF_URL",
     "CHAT_URL",
+    "CLASSIFY_URL",
     "COMPLETIONS_URL",
     "CONSTRAINT_FIELDS",
     "EMBEDDINGS_URL",
     "MAX_STOPS",
     "ChatCompletionRequest",
     "ChatMessageBody",
+    "ClassifyRequest",
     "CompletionRequest",
     "EmbeddingRequest",
     "OpenAISamplingBody",
@@ -160,6 +163,22 @@ class EmbeddingRequest(BaseModel):
                 f"'dimensions' must be between 1 and {dim} ({model} returns {dim}), got {asked}"
             )
         return asked
+
+
+class ClassifyRequest(BaseModel):
+    """``POST /classify`` (``/v1/classify``): one label per text; ``return_all_scores`` adds
+    every label's score. Pictures as for ``/v1/embeddings``: vLLM's ``messages``, or
+    infinity's ``input`` of data URIs with ``"modality": "image"``. A zero-shot CLIP or
+    SigLIP model classifies among the labels it is served with."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    input: Texts | None = None
+    messages: list[InputMessage] | None = None
+    modality: Literal["text", "image"] = "text"
+    model: StrictStr | None = None
+    return_all_scores: StrictBool = False
+    priority: Priority | None = None
 
 
 # -- rerank and score (Cohere's and Jina's rerank, vLLM's score) ------------------------------
@@ -424,6 +443,7 @@ class ChatCompletionRequest(OpenAISamplingBody):
 #: The body each url of a batch file's line (and each route) takes.
 BODY_OF_URL: dict[str, type[BaseModel]] = {
     CHAT_URL: ChatCompletionRequest,
+    CLASSIFY_URL: ClassifyRequest,
     COMPLETIONS_URL: CompletionRequest,
     EMBEDDINGS_URL: EmbeddingRequest,
     RERANK_URL: RerankRequest,

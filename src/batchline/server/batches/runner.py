@@ -12,9 +12,9 @@ answers the lines: the server's models, not loaded ones:
 - chat and completions lines go to the served generator's shared ``TextGenerator``, at
   ``batch`` priority (every job request is, see ``jobs/generate.py``), with fewer requests in
   flight than its waiting queue holds, so live requests still find room;
-- embeddings, rerank and score lines go to the served model's own queue (:class:`_ServedLane`)
-  at ``batch`` priority, at most a share of the queue at a time; a queue that live traffic
-  filled makes the batch wait, never a line fail;
+- embeddings, classify, rerank and score lines go to the served model's own queue
+  (:class:`_ServedLane`) at ``batch`` priority, at most a share of the queue at a time; a
+  queue that live traffic filled makes the batch wait, never a line fail;
 - with ``memory_budget`` the on-demand models a batch needs are acquired for its whole run
   (loaded as needed, never evicted meanwhile).
 
@@ -325,7 +325,11 @@ class BatchService:
                     )
                 await answer_lines(
                     options,
-                    [f"{n}" for n in (names.generate, names.embed, names.score) if n],
+                    [
+                        f"{n}"
+                        for n in (names.generate, names.embed, names.score, names.classify)
+                        if n
+                    ],
                     names,
                     adapter,
                     engines,
@@ -480,7 +484,7 @@ def _served_names(state: ServerState) -> BatchModels:
     first: dict[str, str] = {}
     for name in state.order:
         task = state.task_of(name)
-        if task in ("generate", "embed", "score"):
+        if task in ("generate", "embed", "score", "classify"):
             first.setdefault(task, name)
     return BatchModels(**first)
 

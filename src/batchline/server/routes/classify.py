@@ -4,24 +4,28 @@ text, or per picture for an image model (:mod:`batchline.server.routes._inputs`)
 ``{"model": "clf", "input": ["a great film", ...], "return_all_scores": false}`` to
 ``{"results": [{"label": "positive", "score": 0.91}, ...]}``; with ``return_all_scores`` each
 result also has ``"scores": {label: score}``. Served by ``classify`` models
-(``batchline.models.onnx.classify``), whose result is ``{"label", "score", "scores"}``.
+(``batchline.models.onnx.classify``), whose result is ``{"label", "score", "scores"}``;
+the answer is written by :mod:`batchline.models.openai.classify`, as for a batch file's
+``/v1/classify`` lines.
 
 (No ``from __future__ import annotations``: FastAPI reads these annotations at run time.)
 """
-
-import json
-import math
-from collections.abc import Mapping
 
 from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
+from batchline.models.openai.classify import (
+    NonFiniteScore,
+    NotAClassification,
+    classification,
+    classify_json,
+)
+from batchline.models.openai.requests import ClassifyRequest
 from batchline.server.errors import ApiError
 from batchline.server.routes._common import ERRORS, body_doc, non_finite
 from batchline.server.routes._inputs import run_inputs
-from batchline.server.schemas import ClassifyRequest, ClassifyResponse
-from batchline.server.state import ServedModel
+from batchline.server.schemas import ClassifyResponse
 
 __all__ = ["router"]
 
@@ -49,36 +53,19 @@ async def classify(request: Request) -> Response:
     ``/v1/embeddings`` does: ``messages`` with ``image_url`` parts, or data URIs in ``input``
     with ``"modality": "image"``."""
     done = await run_inputs(request, ClassifyRequest, "classify")
-    items = [_result(done.model, r, done.body.return_all_scores) for r in done.results]
+    model = done.model
     try:
-        payload = json.dumps({"results": items}, separators=(",", ":"), allow_nan=False)
-    except ValueError:
-        raise non_finite(done.model) from None
+        items = [
+            classification(model.model.encode(r), all_scores=done.body.return_all_scores)
+            for r in done.results
+        ]
+        payload = classify_json(items)
+    except NonFiniteScore:
+        raise non_finite(model) from None
+    except NotAClassification:
+        model.metrics.failed("model")
+        raise ApiError(
+            500, f"model {model.name!r} returned no label and score", "server_error"
+        ) from None
     done.observe_latency("classify")
     return Response(payload, media_type="application/json")
-
-
-def _result(
-    model: ServedModel[object, object], result: object, all_scores: bool
-) -> dict[str, object]:
-    value = model.model.encode(result)
-    if not isinstance(value, Mapping) or "label" not in value or "score" not in value:
-        model.metrics.failed("model")
-        raise ApiError(500, f"model {model.name!r} returned no label and score", "server_error")
-    score = float(value["score"])
-    if not math.isfinite(score):
-        raise non_finite(model)
-    out: dict[str, object] = {"label": str(value["label"]), "score": score}
-    top_k = value.get("top_k")
-    if isinstance(top_k, list):
-        out["top_k"] = [
-            {"label": str(t["label"]), "score": float(t["score"])}
-            for t in top_k
-            if isinstance(t, Mapping)
-        ]
-    if all_scores:
-        scores = value.get("scores")
-        out["scores"] = (
-            {str(k): float(v) for k, v in scores.items()} if isinstance(scores, Mapping) else {}
-        )
-    return out

@@ -13,7 +13,12 @@ routes. Which models it serves, and as what tensors:
 - ``embed`` models: input ``text`` (BYTES, UTF-8, ``[-1]``), output ``embedding``
   (FP32, ``[-1, dim]``);
 - ``classify`` models: input ``text``, outputs ``label`` (BYTES ``[-1]``), ``score`` (FP32
-  ``[-1]``) and ``scores`` (FP32 ``[-1, labels]``, in the labels' order).
+  ``[-1]``) and ``scores`` (FP32 ``[-1, labels]``, in the labels' order). ``scores`` requested
+  with ``"parameters": {"classification": K}`` (Triton's classification extension) is answered
+  as BYTES ``[-1, K]``: each row's K likeliest labels as ``"score:index:label"``;
+- an image model (classify or embed) takes input ``image`` (BYTES ``[-1]``): each row one
+  picture's encoded bytes (JPEG, PNG, ...), decoded in the model's worker processes as on
+  ``/v1/classify``, within the same limits.
 
 Errors have the protocol's body, ``{"error": message}``, with the same statuses as the other
 routes (400, 404, 413, 429 + ``Retry-After``, 503, 504).
@@ -33,6 +38,7 @@ from starlette.responses import JSONResponse, Response
 
 from batchline import oip as codec
 from batchline._types import Array
+from batchline.models.openai.images import PictureRef, PictureTooLarge, picture_of
 from batchline.server.errors import ApiError, bad_request
 from batchline.server.routes._common import (
     check_count,
@@ -75,18 +81,20 @@ def _tensors(model: ServedModel[object, object]) -> _Tensors:
             )
         return _Tensors(list(inputs), list(cast(list[dict[str, object]], outputs)), dict, _as_row)
     text: list[dict[str, object]] = [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
+    read: Callable[[dict[str, Array]], object] = _text
+    if model.pictures is not None:
+        text, read = [{"name": "image", "datatype": "BYTES", "shape": [-1]}], _image
     if info.task == "embed":
         dim = details.get("dim")
         width = dim if isinstance(dim, int) else -1
         return _Tensors(
             text,
             [{"name": "embedding", "datatype": "FP32", "shape": [-1, width]}],
-            _text,
+            read,
             lambda r: {"embedding": np.asarray(model.model.encode(r), dtype=np.float32)},
         )
     if info.task == "classify":
-        raw_labels = details.get("labels")
-        labels = [str(x) for x in raw_labels] if isinstance(raw_labels, list) else []
+        labels = _labels(model)
 
         def to_row(result: object) -> Mapping[str, Array]:
             value = model.model.encode(result)
@@ -107,7 +115,7 @@ def _tensors(model: ServedModel[object, object]) -> _Tensors:
                 {"name": "score", "datatype": "FP32", "shape": [-1]},
                 {"name": "scores", "datatype": "FP32", "shape": [-1, len(labels) or -1]},
             ],
-            _text,
+            read,
             to_row,
         )
     raise bad_request(
@@ -115,8 +123,68 @@ def _tensors(model: ServedModel[object, object]) -> _Tensors:
     )
 
 
+def _labels(model: ServedModel[object, object]) -> list[str]:
+    raw = model.info.details.get("labels")
+    return [str(x) for x in raw] if isinstance(raw, list) else []
+
+
+def _classification(
+    model: ServedModel[object, object], requested: codec.RequestedOutputs
+) -> Mapping[str, int]:
+    """The outputs asked as top K classes (Triton's classification extension), checked
+    before anything runs: only a classifier's ``scores``, and K within its labels."""
+    asked = requested.classification
+    if not asked:
+        return asked
+    if model.info.task != "classify":
+        raise bad_request(
+            f"model {model.name!r} does {model.info.task}, not classify: the classification "
+            "parameter needs a classifier"
+        )
+    labels = _labels(model)
+    for name, count in asked.items():
+        if name != "scores":
+            raise bad_request(
+                f"output {name[:64]!r} cannot be classified: ask for classification on "
+                "output 'scores' (each label's score)"
+            )
+        if labels and count > len(labels):
+            raise bad_request(
+                f"classification {count} asks for more classes than the {len(labels)} labels "
+                f"of model {model.name!r}"
+            )
+    return asked
+
+
 def _as_row(result: object) -> Mapping[str, Array]:
     return cast(Mapping[str, Array], result)
+
+
+def _image(row: dict[str, Array]) -> bytes:
+    value = row["image"]
+    raw = value.item() if isinstance(value, np.ndarray) else value
+    return raw.encode("utf-8") if isinstance(raw, str) else bytes(raw)
+
+
+def _picture(data: bytes, max_bytes: int) -> PictureRef:
+    """One ``image`` element: a data URI (what JSON tensor data can carry), else the
+    picture's encoded bytes (binary tensor data); 413 over ``max_bytes``."""
+    try:
+        if data[:5].lower() == b"data:":
+            ref = picture_of(data.decode("ascii"), max_bytes=max_bytes)
+            if ref.data is not None:
+                return ref
+        if len(data) > max_bytes:
+            raise PictureTooLarge(
+                f"an image is over the limit of {max_bytes} bytes (the server's max_image_bytes)"
+            )
+    except PictureTooLarge as exc:
+        raise codec.OipError(413, str(exc)) from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise codec.OipError(400, f"input 'image': {exc}") from None
+    if not data:
+        raise codec.OipError(400, "input 'image' holds an empty element")
+    return PictureRef(data=data)
 
 
 def _text(row: dict[str, Array]) -> str:
@@ -228,9 +296,16 @@ async def infer(request: Request, name: str) -> Response:
             raise codec.OipError(400, str(exc)) from None
         check_count(len(rows), state, "inputs", "rows")
         inputs: Sequence[object] = [tensors.to_input(row) for row in rows]
+        classified = _classification(model, parsed.requested)
+        if model.pictures is not None:
+            limit = state.settings.max_image_bytes
+            refs = [_picture(cast(bytes, b), limit) for b in inputs]
+            inputs = await model.pictures.pixels(refs)
         priority = request_priority(request, state, model.name, parsed.parameters.get("priority"))
         results, _ = await run_model(state, model, inputs, priority=priority)
         outputs = codec.stack_rows([tensors.to_row(r) for r in results])
+        for name, count in classified.items():
+            outputs[name] = codec.classification_strings(outputs[name], count, _labels(model))
         payload, headers = codec.build_infer_response(
             model.name, None, parsed.id, outputs, parsed.requested
         )
