@@ -1,0 +1,323 @@
+// batchline's int4 weight-only linear for a decode step's few rows (1-16), bf16 activations.
+//
+//   int4_linear(x, packed, n, bias) -> out
+//     x:      (rows, K), contiguous bfloat16, K a multiple of 32
+//     packed: (tiles, K / 32, 320) uint8, int4_pack's layout below
+//     n:      the output columns (<= tiles * 16; the rest of the last tile is padding)
+//     bias:   (n,) float32, or None
+//     out:    (rows, n) bfloat16
+//
+// The weight is groups of 32 inputs per output column, w = (code - 8) * scale + zero (codes in
+// [0, 15], scale and zero in bf16). Per group the product is summed as
+//   scale * sum_k x_k * (code_k - 8) + zero * sum_k x_k
+// so each code goes to bf16 exactly (-8..7), the bf16 products are exact in fp32, and the scale
+// and zero are applied once per group in fp32; out is rounded to bf16 once, bias included.
+//
+// The packed layout, for 16 output columns (a tile) and one group, 320 bytes: 8 chunks of 32
+// bytes, then the 16 scales and the 16 zeros as bf16. Chunk c holds inputs 4c..4c+3 of the
+// group: byte 2i+t has the code of column i at input 4c+t in its low nibble and at 4c+2+t in its
+// high one. Widened to 16 bits, the low nibbles are then vdpbf16ps's operand for the input pair
+// (4c, 4c+1) against 16 columns and the high ones for (4c+2, 4c+3): one chunk's codes are
+// unpacked once and used for every row. A tile's groups follow each other, so a tile is read
+// as one stream. Tiles are split over ATen's intra-op threads.
+//
+// On a CPU without AVX512-BF16 the same sums run in plain C++ (correct, not fast: the Python
+// side uses this kernel only where the CPU has AVX512-BF16).
+// Built with decode_attention.cpp by batchline.models.generation.decode_kernel.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kGroup = 32;      // inputs per group
+constexpr int64_t kTile = 16;       // output columns per tile
+constexpr int64_t kBlock = 320;     // bytes per tile and group: 256 of codes, 64 of scales/zeros
+constexpr int64_t kMaxRows = 8;     // rows summed together over one pass of a tile's weights
+
+inline float bf16_to_float(uint16_t h) {
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+inline uint16_t float_to_bf16(float f) {  // round to nearest even (no NaN inputs here)
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  bits += 0x7FFF + ((bits >> 16) & 1);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+// The code of column i at input k (0..31) of one tile-group block.
+inline int code_at(const uint8_t* block, int64_t i, int64_t k) {
+  const int64_t c = k / 4, r = k % 4;
+  const uint8_t byte = block[c * 32 + 2 * i + (r & 1)];
+  return r < 2 ? (byte & 15) : (byte >> 4);
+}
+
+// Rows [m0, m0 + rows) of one tile, plain C++.
+void tile_scalar(const uint8_t* tile, int64_t groups, const uint16_t* x, int64_t k_total,
+                 const float* xsum, int64_t m0, int64_t rows, const float* bias, int64_t n0,
+                 int64_t cols, int64_t n_total, uint16_t* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint16_t* xr = x + (m0 + r) * k_total;
+    for (int64_t i = 0; i < cols; ++i) {
+      float total = bias ? bias[n0 + i] : 0.0f;
+      for (int64_t g = 0; g < groups; ++g) {
+        const uint8_t* block = tile + g * kBlock;
+        const auto* sz = reinterpret_cast<const uint16_t*>(block + 256);
+        float part = 0.0f;
+        for (int64_t k = 0; k < kGroup; ++k) {
+          part += bf16_to_float(xr[g * kGroup + k]) * static_cast<float>(code_at(block, i, k) - 8);
+        }
+        total += part * bf16_to_float(sz[i]) + xsum[(m0 + r) * groups + g] * bf16_to_float(sz[16 + i]);
+      }
+      out[(m0 + r) * n_total + n0 + i] = float_to_bf16(total);
+    }
+  }
+}
+
+#if defined(__AVX512BF16__)
+inline __m512 widen_bf16(const void* p) {  // 16 bf16 -> 16 fp32
+  const __m256i h = _mm256_loadu_si256(static_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+inline __m512i pair_of(const uint16_t* p) {  // (p[0], p[1]) in every 32-bit lane
+  int32_t bits;
+  std::memcpy(&bits, p, sizeof bits);
+  return _mm512_set1_epi32(bits);
+}
+
+// Rows [m0, m0 + R) of one tile: each chunk's 64 codes are widened once and used for all R
+// rows; two accumulators per row (low and high nibbles) halve the chain of dependent sums.
+template <int R>
+void tile_rows(const uint8_t* tile, int64_t groups, const uint16_t* x, int64_t k_total,
+               const float* xsum, int64_t m0, const float* bias, int64_t n0, int64_t cols,
+               int64_t n_total, uint16_t* out) {
+  // bf16 of -8..7, indexed by the code (the upper 16 entries are never indexed)
+  alignas(64) static const uint16_t kValues[32] = {
+      0xC100, 0xC0E0, 0xC0C0, 0xC0A0, 0xC080, 0xC040, 0xC000, 0xBF80,
+      0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40A0, 0x40C0, 0x40E0,
+      0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  const __m512i table = _mm512_load_si512(kValues);
+  const __m512i nibble = _mm512_set1_epi16(15);
+  const __mmask16 valid = cols >= kTile ? 0xFFFF : static_cast<__mmask16>((1u << cols) - 1);
+  __m512 total[R];
+  const __m512 start = bias ? _mm512_maskz_loadu_ps(valid, bias + n0) : _mm512_setzero_ps();
+  for (int r = 0; r < R; ++r) total[r] = start;
+  const uint16_t* xm = x + m0 * k_total;
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* block = tile + g * kBlock;
+    __m512 low[R], high[R];
+    for (int r = 0; r < R; ++r) low[r] = high[r] = _mm512_setzero_ps();
+    const uint16_t* xg = xm + g * kGroup;
+    for (int c = 0; c < 8; ++c) {
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32 * c));
+      const __m512i wide = _mm512_cvtepu8_epi16(raw);
+      const __m512bh w0 = (__m512bh)_mm512_permutexvar_epi16(_mm512_and_si512(wide, nibble), table);
+      const __m512bh w1 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(wide, 4), table);
+      for (int r = 0; r < R; ++r) {
+        const uint16_t* xr = xg + r * k_total + 4 * c;
+        low[r] = _mm512_dpbf16_ps(low[r], (__m512bh)pair_of(xr), w0);
+        high[r] = _mm512_dpbf16_ps(high[r], (__m512bh)pair_of(xr + 2), w1);
+      }
+    }
+    const __m512 scale = widen_bf16(block + 256);
+    const __m512 zero = widen_bf16(block + 288);
+    const float* sums = xsum + m0 * groups + g;
+    for (int r = 0; r < R; ++r) {
+      total[r] = _mm512_fmadd_ps(_mm512_add_ps(low[r], high[r]), scale, total[r]);
+      total[r] = _mm512_fmadd_ps(_mm512_set1_ps(sums[r * groups]), zero, total[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    const __m256i h = (__m256i)_mm512_cvtneps_pbh(total[r]);
+    _mm256_mask_storeu_epi16(out + (m0 + r) * n_total + n0, valid, h);
+  }
+}
+
+template <int R>
+void tile_rows_upto(int64_t rows, const uint8_t* tile, int64_t groups, const uint16_t* x,
+                    int64_t k_total, const float* xsum, int64_t m0, const float* bias, int64_t n0,
+                    int64_t cols, int64_t n_total, uint16_t* out) {
+  if constexpr (R > 1) {
+    if (rows < R) {
+      tile_rows_upto<R - 1>(rows, tile, groups, x, k_total, xsum, m0, bias, n0, cols, n_total,
+                            out);
+      return;
+    }
+  }
+  tile_rows<R>(tile, groups, x, k_total, xsum, m0, bias, n0, cols, n_total, out);
+}
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#define BATCHLINE_AMX 1
+// Linux hands out AMX's tile state to a process that asks for it (once; oneDNN asks too).
+bool amx_permitted() {
+  static const bool ok = [] {
+    constexpr long kRequestPermission = 0x1023, kTileData = 18;
+    return syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;
+  }();
+  return ok;
+}
+
+struct TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tile 0: rows x 32 bf16 of x; tile 1: the 16 input pairs x 16 columns of one group's codes (the
+// layout vdpbf16ps reads, which is AMX's too); tile 2: rows x 16 fp32 products.
+void configure_tiles(int64_t rows) {
+  alignas(64) TileConfig config;
+  config.rows[0] = config.rows[2] = static_cast<uint8_t>(rows);
+  config.rows[1] = 16;
+  config.colsb[0] = config.colsb[1] = config.colsb[2] = 64;
+  _tile_loadconfig(&config);
+}
+
+// Rows [m0, m0 + rows) of one tile, rows <= 16 (the tiles configured for that many): per
+// group the codes are widened to bf16 into a 1 KiB buffer once, one tile product sums them
+// against every row, and the group's scale and zero are applied to its 16 x rows sums.
+void tile_rows_amx(const uint8_t* tile, int64_t groups, const uint16_t* x, int64_t k_total,
+                   const float* xsum, int64_t m0, int64_t rows, const float* bias, int64_t n0,
+                   int64_t cols, int64_t n_total, uint16_t* out) {
+  alignas(64) static const uint16_t kValues[32] = {
+      0xC100, 0xC0E0, 0xC0C0, 0xC0A0, 0xC080, 0xC040, 0xC000, 0xBF80,
+      0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40A0, 0x40C0, 0x40E0,
+      0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  const __m512i table = _mm512_load_si512(kValues);
+  const __m512i nibble = _mm512_set1_epi16(15);
+  const __mmask16 valid = cols >= kTile ? 0xFFFF : static_cast<__mmask16>((1u << cols) - 1);
+  alignas(64) uint16_t weights[16 * 32];
+  alignas(64) float sums[16 * 16];
+  __m512 total[16];
+  const __m512 start = bias ? _mm512_maskz_loadu_ps(valid, bias + n0) : _mm512_setzero_ps();
+  for (int64_t r = 0; r < rows; ++r) total[r] = start;
+  const uint16_t* xm = x + m0 * k_total;
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* block = tile + g * kBlock;
+    for (int c = 0; c < 8; ++c) {
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32 * c));
+      const __m512i wide = _mm512_cvtepu8_epi16(raw);
+      _mm512_store_si512(weights + 64 * c,
+                         _mm512_permutexvar_epi16(_mm512_and_si512(wide, nibble), table));
+      _mm512_store_si512(weights + 64 * c + 32,
+                         _mm512_permutexvar_epi16(_mm512_srli_epi16(wide, 4), table));
+    }
+    _tile_zero(2);
+    _tile_loadd(0, xm + g * kGroup, k_total * 2);
+    _tile_loadd(1, weights, 64);
+    _tile_dpbf16ps(2, 0, 1);
+    _tile_stored(2, sums, 64);
+    const __m512 scale = widen_bf16(block + 256);
+    const __m512 zero = widen_bf16(block + 288);
+    const float* xs = xsum + m0 * groups + g;
+    for (int64_t r = 0; r < rows; ++r) {
+      total[r] = _mm512_fmadd_ps(_mm512_load_ps(sums + 16 * r), scale, total[r]);
+      total[r] = _mm512_fmadd_ps(_mm512_set1_ps(xs[r * groups]), zero, total[r]);
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const __m256i h = (__m256i)_mm512_cvtneps_pbh(total[r]);
+    _mm256_mask_storeu_epi16(out + (m0 + r) * n_total + n0, valid, h);
+  }
+}
+#endif  // AMX
+#endif  // __AVX512BF16__
+
+at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
+                       const std::optional<at::Tensor>& bias, int64_t amx_rows) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(),
+              "int4_linear: x must be a contiguous (rows, K) bfloat16 tensor");
+  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kByte && packed.is_contiguous() &&
+                  packed.size(2) == kBlock,
+              "int4_linear: packed must be int4_pack's (tiles, K / 32, 320) uint8 tensor");
+  const int64_t rows = x.size(0), k_total = x.size(1), tiles = packed.size(0);
+  const int64_t groups = packed.size(1);
+  TORCH_CHECK(k_total == groups * kGroup, "int4_linear: x has ", k_total, " inputs, the weight ",
+              groups * kGroup);
+  TORCH_CHECK(n > (tiles - 1) * kTile && n <= tiles * kTile, "int4_linear: n = ", n,
+              " does not fit ", tiles, " tiles of 16");
+  const float* bias_ptr = nullptr;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n,
+                "int4_linear: bias must be a contiguous (n,) float32 tensor");
+    bias_ptr = bias->data_ptr<float>();
+  }
+  auto out = at::empty({rows, n}, x.options());
+  if (rows == 0) return out;
+  const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
+  // each row's sum per group, for the zeros
+  std::vector<float> xsum(rows * groups);
+  for (int64_t m = 0; m < rows; ++m) {
+    for (int64_t g = 0; g < groups; ++g) {
+      float s = 0.0f;
+      for (int64_t k = 0; k < kGroup; ++k) s += bf16_to_float(xp[m * k_total + g * kGroup + k]);
+      xsum[m * groups + g] = s;
+    }
+  }
+  const uint8_t* wp = packed.data_ptr<uint8_t>();
+  auto* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  const float* sp = xsum.data();
+#if defined(BATCHLINE_AMX)
+  if (rows >= amx_rows && amx_permitted()) {
+    at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+      int64_t configured = 0;
+      for (int64_t t = begin; t < end; ++t) {
+        const uint8_t* tile = wp + t * groups * kBlock;
+        const int64_t n0 = t * kTile, cols = std::min(kTile, n - n0);
+        for (int64_t m0 = 0; m0 < rows; m0 += 16) {
+          const int64_t count = std::min<int64_t>(16, rows - m0);
+          if (count != configured) configure_tiles(configured = count);
+          tile_rows_amx(tile, groups, xp, k_total, sp, m0, count, bias_ptr, n0, cols, n, op);
+        }
+      }
+      _tile_release();
+    });
+    return out;
+  }
+#endif
+  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const uint8_t* tile = wp + t * groups * kBlock;
+      const int64_t n0 = t * kTile, cols = std::min(kTile, n - n0);
+      for (int64_t m0 = 0; m0 < rows; m0 += kMaxRows) {
+        const int64_t count = std::min(kMaxRows, rows - m0);
+#if defined(__AVX512BF16__)
+        tile_rows_upto<kMaxRows>(count, tile, groups, xp, k_total, sp, m0, bias_ptr, n0, cols, n,
+                                 op);
+#else
+        tile_scalar(tile, groups, xp, k_total, sp, m0, count, bias_ptr, n0, cols, n, op);
+#endif
+      }
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(batchline, m) {
+  m.def(
+      "int4_linear(Tensor x, Tensor packed, int n, Tensor? bias=None, int amx_rows=5)"
+      " -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(batchline, CPU, m) { m.impl("int4_linear", &int4_linear); }
