@@ -4,8 +4,10 @@ Per shape (``in -> out``), thread count and row count, three products of the sam
 timed in one process, alternated call by call so that a load on the machine falls on all three
 alike: dense bf16 packed for oneDNN (``PackedLinear``, the engine's dense path), torch's CPU int4
 kernel (``_weight_int4pack_mm_for_cpu``, what ``QuantLinear`` calls) and batchline's
-(``int4_kernel.int4_linear``), both int4 from the same codes, groups of 32. Printed: the median
-µs per call of each, and the two int4 kernels' time as a fraction of dense's (below 1: faster).
+(``int4_kernel.int4_linear``) through each of its two paths, vdpbf16ps and AMX tiles (it takes
+AMX from ``int4_kernel.AMX_ROWS`` rows on), all int4 from the same codes, groups of 32. Printed:
+the median µs per call of each, and each int4 kernel's time as a fraction of dense's (below 1:
+faster). On a CPU without AMX the "amx" column is the vdpbf16ps path again.
 
 The default shapes are SmolLM2-360M's fused gate/up (960 -> 5,120) and down (2,560 -> 960),
 and a Qwen2.5-1.5B-sized MLP (1,536 -> 8,960 and 8,960 -> 1,536).
@@ -27,11 +29,17 @@ from collections.abc import Callable
 
 import torch
 
-from batchline.models.generation.int4_kernel import int4_kernel, int4_linear, pack_int4
+from batchline.models.generation.int4_kernel import (
+    AMX_ROWS,
+    int4_kernel,
+    int4_linear,
+    pack_int4,
+)
 from batchline.models.generation.packed_linear import PackedLinear
 from batchline.models.generation.quant_linear import QuantLinear, quantize_int4
 
 DEFAULT_SHAPES = "960x5120,2560x960,1536x8960,8960x1536"
+NEVER = 1 << 30  # an amx_rows no call reaches: the vdpbf16ps path only
 
 
 def products(k: int, n: int) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
@@ -43,14 +51,17 @@ def products(k: int, n: int) -> dict[str, Callable[[torch.Tensor], torch.Tensor]
     torch_int4 = QuantLinear.int4([codes], dtype=torch.bfloat16)
     packed = pack_int4(codes)
 
-    def own(x: torch.Tensor) -> torch.Tensor:
-        return int4_linear(x, packed, n)
+    def own_dp(x: torch.Tensor) -> torch.Tensor:
+        return int4_linear(x, packed, n, amx_rows=NEVER)
+
+    def own_amx(x: torch.Tensor) -> torch.Tensor:
+        return int4_linear(x, packed, n, amx_rows=1)
 
     def theirs(x: torch.Tensor) -> torch.Tensor:
         # QuantLinear's forward below its dense-rows threshold: torch's kernel alone
         return torch_int4(x)
 
-    return {"dense": dense, "torch int4": theirs, "own int4": own}
+    return {"dense": dense, "torch int4": theirs, "own vdpbf16": own_dp, "own amx": own_amx}
 
 
 def _linear(weight: torch.Tensor) -> torch.nn.Linear:
@@ -82,10 +93,11 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=50, help="timed calls per product")
     args = parser.parse_args()
     fast, where = int4_kernel()
-    print(f"own kernel: {'AVX512-BF16' if fast else 'plain C++ (' + where + ')'}")
+    print(f"own kernel: {'AVX512-BF16' if fast else 'plain C++ (' + where + ')'}, AMX from"
+          f" {AMX_ROWS} rows where the CPU has it")
     print(f"torch {torch.__version__}; µs per call (median of {args.calls}), ratios to dense")
-    print(f"{'shape':>12} {'thr':>3} {'rows':>4} {'dense':>8} {'torch4':>8} {'own4':>8}"
-          f" {'torch/d':>8} {'own/d':>6}")
+    print(f"{'shape':>12} {'thr':>3} {'rows':>4} {'dense':>7} {'torch4':>7} {'own dp':>7}"
+          f" {'own amx':>7} {'torch/d':>7} {'dp/d':>5} {'amx/d':>5}")
     for shape in args.shapes.split(","):
         k, n = (int(v) for v in shape.split("x"))
         fns = products(k, n)
@@ -94,9 +106,10 @@ def main() -> None:
             for rows in (int(r) for r in args.rows.split(",")):
                 x = torch.randn(rows, k).to(torch.bfloat16)
                 us = timed(fns, x, args.calls)
-                d, t4, o4 = us["dense"], us["torch int4"], us["own int4"]
-                print(f"{shape:>12} {threads:>3} {rows:>4} {d:8.0f} {t4:8.0f} {o4:8.0f}"
-                      f" {t4 / d:8.2f} {o4 / d:6.2f}")
+                d, t4 = us["dense"], us["torch int4"]
+                dp, amx = us["own vdpbf16"], us["own amx"]
+                print(f"{shape:>12} {threads:>3} {rows:>4} {d:7.0f} {t4:7.0f} {dp:7.0f}"
+                      f" {amx:7.0f} {t4 / d:7.2f} {dp / d:5.2f} {amx / d:5.2f}")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ GROUP = 32
 TILE = 16
 #: From this many rows on the kernel sums through AMX tiles (where the CPU has them), below it
 #: through vdpbf16ps (see the module docstring).
-AMX_ROWS = 5
+AMX_ROWS = 2
 
 
 def int4_kernel() -> tuple[bool, str]:

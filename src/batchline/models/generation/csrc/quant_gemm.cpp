@@ -182,19 +182,34 @@ struct TileConfig {
   uint8_t rows[16] = {};
 };
 
-// Tile 0: rows x 32 bf16 of x; tile 1: the 16 input pairs x 16 columns of one group's codes (the
-// layout vdpbf16ps reads, which is AMX's too); tile 2: rows x 16 fp32 products.
+// Tile 0: rows x 32 bf16 of x; tiles 1 and 4: the 16 input pairs x 16 columns of one group's
+// codes (the layout vdpbf16ps reads, which is AMX's too); tiles 2 and 3: rows x 16 fp32 sums.
+// Two of each so that consecutive groups do not wait on each other's tile.
 void configure_tiles(int64_t rows) {
   alignas(64) TileConfig config;
-  config.rows[0] = config.rows[2] = static_cast<uint8_t>(rows);
-  config.rows[1] = 16;
-  config.colsb[0] = config.colsb[1] = config.colsb[2] = 64;
+  config.rows[0] = config.rows[2] = config.rows[3] = static_cast<uint8_t>(rows);
+  config.rows[1] = config.rows[4] = 16;
+  for (int t = 0; t < 5; ++t) config.colsb[t] = 64;
   _tile_loadconfig(&config);
 }
 
+// One group's codes widened to bf16 into a 1 KiB buffer, in the tiles' layout.
+inline void widen_codes(const uint8_t* block, __m512i table, uint16_t* weights) {
+  const __m512i nibble = _mm512_set1_epi16(15);
+  for (int c = 0; c < 8; ++c) {
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32 * c));
+    const __m512i wide = _mm512_cvtepu8_epi16(raw);
+    _mm512_store_si512(weights + 64 * c,
+                       _mm512_permutexvar_epi16(_mm512_and_si512(wide, nibble), table));
+    _mm512_store_si512(weights + 64 * c + 32,
+                       _mm512_permutexvar_epi16(_mm512_srli_epi16(wide, 4), table));
+  }
+}
+
 // Rows [m0, m0 + rows) of one tile, rows <= 16 (the tiles configured for that many): per
-// group the codes are widened to bf16 into a 1 KiB buffer once, one tile product sums them
-// against every row, and the group's scale and zero are applied to its 16 x rows sums.
+// group the codes are widened once, one tile product sums them against every row, and the
+// group's scale and zero are applied to its rows x 16 sums two groups later, and the next
+// group's codes are widened before this one's product (so that neither waits on a store).
 void tile_rows_amx(const uint8_t* tile, int64_t groups, const uint16_t* x, int64_t k_total,
                    const float* xsum, int64_t m0, int64_t rows, const float* bias, int64_t n0,
                    int64_t cols, int64_t n_total, uint16_t* out) {
@@ -203,37 +218,42 @@ void tile_rows_amx(const uint8_t* tile, int64_t groups, const uint16_t* x, int64
       0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40A0, 0x40C0, 0x40E0,
       0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
   const __m512i table = _mm512_load_si512(kValues);
-  const __m512i nibble = _mm512_set1_epi16(15);
   const __mmask16 valid = cols >= kTile ? 0xFFFF : static_cast<__mmask16>((1u << cols) - 1);
-  alignas(64) uint16_t weights[16 * 32];
-  alignas(64) float sums[16 * 16];
+  alignas(64) uint16_t weights[2][16 * 32];
+  alignas(64) float sums[3][16 * 16];
   __m512 total[16];
   const __m512 start = bias ? _mm512_maskz_loadu_ps(valid, bias + n0) : _mm512_setzero_ps();
   for (int64_t r = 0; r < rows; ++r) total[r] = start;
   const uint16_t* xm = x + m0 * k_total;
-  for (int64_t g = 0; g < groups; ++g) {
+  auto apply = [&](int64_t g) {  // group g's sums, scale and zero, into the totals
     const uint8_t* block = tile + g * kBlock;
-    for (int c = 0; c < 8; ++c) {
-      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32 * c));
-      const __m512i wide = _mm512_cvtepu8_epi16(raw);
-      _mm512_store_si512(weights + 64 * c,
-                         _mm512_permutexvar_epi16(_mm512_and_si512(wide, nibble), table));
-      _mm512_store_si512(weights + 64 * c + 32,
-                         _mm512_permutexvar_epi16(_mm512_srli_epi16(wide, 4), table));
-    }
-    _tile_zero(2);
-    _tile_loadd(0, xm + g * kGroup, k_total * 2);
-    _tile_loadd(1, weights, 64);
-    _tile_dpbf16ps(2, 0, 1);
-    _tile_stored(2, sums, 64);
     const __m512 scale = widen_bf16(block + 256);
     const __m512 zero = widen_bf16(block + 288);
     const float* xs = xsum + m0 * groups + g;
+    const float* s = sums[g % 3];
     for (int64_t r = 0; r < rows; ++r) {
-      total[r] = _mm512_fmadd_ps(_mm512_load_ps(sums + 16 * r), scale, total[r]);
+      total[r] = _mm512_fmadd_ps(_mm512_load_ps(s + 16 * r), scale, total[r]);
       total[r] = _mm512_fmadd_ps(_mm512_set1_ps(xs[r * groups]), zero, total[r]);
     }
+  };
+  widen_codes(tile, table, weights[0]);
+  for (int64_t g = 0; g < groups; ++g) {
+    if (g + 1 < groups) widen_codes(tile + (g + 1) * kBlock, table, weights[(g + 1) & 1]);
+    _tile_loadd(0, xm + g * kGroup, k_total * 2);
+    if (g & 1) {
+      _tile_zero(3);
+      _tile_loadd(4, weights[1], 64);
+      _tile_dpbf16ps(3, 0, 4);
+      _tile_stored(3, sums[g % 3], 64);
+    } else {
+      _tile_zero(2);
+      _tile_loadd(1, weights[0], 64);
+      _tile_dpbf16ps(2, 0, 1);
+      _tile_stored(2, sums[g % 3], 64);
+    }
+    if (g >= 2) apply(g - 2);
   }
+  for (int64_t g = std::max<int64_t>(0, groups - 2); g < groups; ++g) apply(g);
   for (int64_t r = 0; r < rows; ++r) {
     const __m256i h = (__m256i)_mm512_cvtneps_pbh(total[r]);
     _mm256_mask_storeu_epi16(out + (m0 + r) * n_total + n0, valid, h);
@@ -316,7 +336,7 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
 
 TORCH_LIBRARY_FRAGMENT(batchline, m) {
   m.def(
-      "int4_linear(Tensor x, Tensor packed, int n, Tensor? bias=None, int amx_rows=5)"
+      "int4_linear(Tensor x, Tensor packed, int n, Tensor? bias=None, int amx_rows=2)"
       " -> Tensor");
 }
 
