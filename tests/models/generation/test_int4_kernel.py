@@ -1,0 +1,148 @@
+"""batchline's own int4 linear (``csrc/quant_gemm.cpp``): against the float64 product of the
+dequantized weight and against torch's int4 kernel, on both of its paths (vdpbf16ps, AMX tiles),
+for 1-17 rows, widths that are odd multiples of the group and outputs that are not multiples of
+a tile; its packed layout read back; and the fallback where the library or the CPU lacks it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from batchline.models.generation import int4_kernel as ik  # noqa: E402
+from batchline.models.generation.quant_linear import (  # noqa: E402
+    Int4Codes,
+    QuantLinear,
+    quantize_int4,
+)
+
+NEVER = 1 << 30  # an amx_rows no call reaches: the vdpbf16ps path (or the plain C++ one)
+# out is rounded to bf16 once: half a bf16 step of the largest output, with room for fp32 sums
+TOLERANCE = 1e-2
+
+
+@pytest.fixture(scope="module")
+def library() -> None:
+    fast, why = ik.int4_kernel()
+    if not fast:
+        pytest.skip(f"the int4 kernel does not run vectorized here: {why}")
+
+
+def _codes(n: int, k: int, seed: int) -> Int4Codes:
+    """Random int4 codes of an ``(n, k)`` weight, scales and zeros rounded to bf16 (as packed)."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g)
+    w[1] = 0.5  # a constant row: scale 1, every code 0
+    q = quantize_int4(w, 32)
+    return Int4Codes(q.codes, q.scales.bfloat16().float(), q.zeros.bfloat16().float(), 32)
+
+
+def _relative(out: Any, reference: Any) -> float:
+    return float((out.double() - reference).abs().max() / reference.abs().max())
+
+
+@pytest.mark.parametrize("rows", range(1, 18))
+@pytest.mark.parametrize("amx_rows", [1, NEVER])  # AMX tiles (where the CPU has them), vdpbf16ps
+def test_the_kernel_is_the_float64_product_of_the_dequantized_weight(
+    library: None, torch_threads: None, rows: int, amx_rows: int
+) -> None:
+    for n, k in ((40, 96), (112, 224), (16, 32)):  # 40: a part tile; 96, 224: odd groups
+        q = _codes(n, k, seed=rows * n)
+        packed = ik.pack_int4(q)
+        x = torch.randn(rows, k).bfloat16()
+        bias = torch.randn(n)
+        product = x.double() @ q.dequantize().T
+        for b in (None, bias):
+            out = ik.int4_linear(x, packed, n, b, amx_rows=amx_rows)
+            assert out.dtype == torch.bfloat16
+            assert out.shape == (rows, n)
+            reference = product if b is None else product + b.double()
+            assert _relative(out, reference) < TOLERANCE, (n, k, b is None)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 16, 17])
+def test_the_kernel_agrees_with_torchs_int4_kernel(
+    library: None, torch_threads: None, rows: int
+) -> None:
+    n, k = 48, 160
+    q = _codes(n, k, seed=rows)
+    x = torch.randn(rows, k).bfloat16()
+    theirs = QuantLinear.int4([q], dtype=torch.bfloat16)
+    expected = torch.ops.aten._weight_int4pack_mm_for_cpu(
+        x, theirs._planes[0][0], 32, theirs._planes[0][1]
+    )
+    for amx_rows in (1, NEVER):
+        ours = ik.int4_linear(x, ik.pack_int4(q), n, amx_rows=amx_rows)
+        assert _relative(ours, expected.double()) < TOLERANCE
+
+
+def test_two_threads_split_the_tiles_and_compute_the_same(library: None) -> None:
+    before = torch.get_num_threads()
+    q = _codes(200, 64, seed=7)
+    packed = ik.pack_int4(q)
+    x = torch.randn(5, 64).bfloat16()
+    try:
+        torch.set_num_threads(1)
+        one = [ik.int4_linear(x, packed, 200, amx_rows=a) for a in (1, NEVER)]
+        torch.set_num_threads(2)
+        two = [ik.int4_linear(x, packed, 200, amx_rows=a) for a in (1, NEVER)]
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip(one, two, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_the_packed_layout_holds_every_code_scale_and_zero(torch_threads: None) -> None:
+    n, k = 24, 96  # two tiles, the second half padding
+    q = _codes(n, k, seed=3)
+    packed = ik.pack_int4(q)
+    assert packed.shape == (2, 3, 320)
+    assert packed.dtype == torch.uint8
+    for row in range(32):
+        tile, i = divmod(row, 16)
+        for g in range(3):
+            block = packed[tile, g]
+            sz = block[256:].view(torch.bfloat16).float()
+            for kk in range(32):
+                chunk, r = divmod(kk, 4)
+                byte = int(block[32 * chunk + 2 * i + (r & 1)])
+                code = byte & 15 if r < 2 else byte >> 4
+                if row < n:
+                    assert code == int(q.codes[row, 32 * g + kk])
+                else:
+                    assert code == 8  # padding: weight (8 - 8) * 0 + 0
+            if row < n:
+                assert float(sz[i]) == float(q.scales[row, g])
+                assert float(sz[16 + i]) == float(q.zeros[row, g])
+            else:
+                assert float(sz[i]) == 0.0 and float(sz[16 + i]) == 0.0
+
+
+def test_no_rows_give_an_empty_product_and_bad_inputs_say_what_is_wrong(library: None) -> None:
+    q = _codes(32, 64, seed=1)
+    packed = ik.pack_int4(q)
+    assert ik.int4_linear(torch.empty(0, 64, dtype=torch.bfloat16), packed, 32).shape == (0, 32)
+    with pytest.raises(RuntimeError, match="x must be a contiguous"):
+        ik.int4_linear(torch.randn(2, 64), packed, 32)  # float32
+    with pytest.raises(RuntimeError, match="x has 96 inputs, the weight 64"):
+        ik.int4_linear(torch.randn(2, 96).bfloat16(), packed, 32)
+    with pytest.raises(RuntimeError, match="n = 40 does not fit 2 tiles"):
+        ik.int4_linear(torch.randn(2, 64).bfloat16(), packed, 40)
+    with pytest.raises(RuntimeError, match="bias must be"):
+        ik.int4_linear(torch.randn(2, 64).bfloat16(), packed, 32, torch.randn(32).bfloat16())
+    with pytest.raises(ValueError, match="groups of 32, got 64"):
+        ik.pack_int4(quantize_int4(torch.randn(16, 128), 64))
+
+
+def test_without_the_library_or_avx512_bf16_the_kernel_says_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(ik, "decode_kernel", lambda: (None, "no C++ compiler (c++ not found)"))
+    assert ik.int4_kernel() == (False, "no C++ compiler (c++ not found)")
+    monkeypatch.setattr(ik, "decode_kernel", lambda: (object(), "/cache/kernels/lib.so"))
+    monkeypatch.setattr(ik, "_cpu_flags", lambda: "flags : fpu avx2 avx512f")
+    assert ik.int4_kernel() == (False, "the CPU has no AVX512-BF16")
+    monkeypatch.setattr(ik, "_cpu_flags", lambda: "flags : fpu avx2 avx512f avx512_bf16")
+    assert ik.int4_kernel() == (True, "/cache/kernels/lib.so")
