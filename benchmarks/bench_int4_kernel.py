@@ -48,8 +48,8 @@ def products(k: int, n: int) -> dict[str, Callable[[torch.Tensor], torch.Tensor]
     with torch.no_grad():
         dense = PackedLinear(_linear(weight.to(torch.bfloat16)))
     codes = quantize_int4(weight, 32)
-    torch_int4 = QuantLinear.int4([codes], dtype=torch.bfloat16)
-    packed = pack_int4(codes)
+    torch_int4 = QuantLinear.int4([codes], dtype=torch.bfloat16, own_kernel=False)
+    packed = pack_int4(codes.codes, codes.scales, codes.zeros)
 
     def own_dp(x: torch.Tensor) -> torch.Tensor:
         return int4_linear(x, packed, n, amx_rows=NEVER)

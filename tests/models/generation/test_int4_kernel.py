@@ -15,7 +15,9 @@ from batchline.models.generation import int4_kernel as ik  # noqa: E402
 from batchline.models.generation.quant_linear import (  # noqa: E402
     Int4Codes,
     QuantLinear,
+    int8_group_planes,
     quantize_int4,
+    quantize_int8,
 )
 
 NEVER = 1 << 30  # an amx_rows no call reaches: the vdpbf16ps path (or the plain C++ one)
@@ -50,7 +52,7 @@ def test_the_kernel_is_the_float64_product_of_the_dequantized_weight(
 ) -> None:
     for n, k in ((40, 96), (112, 224), (16, 32)):  # 40: a part tile; 96, 224: odd groups
         q = _codes(n, k, seed=rows * n)
-        packed = ik.pack_int4(q)
+        packed = ik.pack_int4(q.codes, q.scales, q.zeros)
         x = torch.randn(rows, k).bfloat16()
         bias = torch.randn(n)
         product = x.double() @ q.dequantize().T
@@ -69,19 +71,16 @@ def test_the_kernel_agrees_with_torchs_int4_kernel(
     n, k = 48, 160
     q = _codes(n, k, seed=rows)
     x = torch.randn(rows, k).bfloat16()
-    theirs = QuantLinear.int4([q], dtype=torch.bfloat16)
-    expected = torch.ops.aten._weight_int4pack_mm_for_cpu(
-        x, theirs._planes[0][0], 32, theirs._planes[0][1]
-    )
+    expected = QuantLinear.int4([q], dtype=torch.bfloat16, own_kernel=False)(x)
     for amx_rows in (1, NEVER):
-        ours = ik.int4_linear(x, ik.pack_int4(q), n, amx_rows=amx_rows)
+        ours = ik.int4_linear(x, ik.pack_int4(q.codes, q.scales, q.zeros), n, amx_rows=amx_rows)
         assert _relative(ours, expected.double()) < TOLERANCE
 
 
 def test_two_threads_split_the_tiles_and_compute_the_same(library: None) -> None:
     before = torch.get_num_threads()
     q = _codes(200, 64, seed=7)
-    packed = ik.pack_int4(q)
+    packed = ik.pack_int4(q.codes, q.scales, q.zeros)
     x = torch.randn(5, 64).bfloat16()
     try:
         torch.set_num_threads(1)
@@ -97,7 +96,7 @@ def test_two_threads_split_the_tiles_and_compute_the_same(library: None) -> None
 def test_the_packed_layout_holds_every_code_scale_and_zero(torch_threads: None) -> None:
     n, k = 24, 96  # two tiles, the second half padding
     q = _codes(n, k, seed=3)
-    packed = ik.pack_int4(q)
+    packed = ik.pack_int4(q.codes, q.scales, q.zeros)
     assert packed.shape == (2, 3, 320)
     assert packed.dtype == torch.uint8
     for row in range(32):
@@ -118,11 +117,16 @@ def test_the_packed_layout_holds_every_code_scale_and_zero(torch_threads: None) 
                 assert float(sz[16 + i]) == float(q.zeros[row, g])
             else:
                 assert float(sz[i]) == 0.0 and float(sz[16 + i]) == 0.0
+    # and read back whole
+    codes, scales, zeros = ik.unpack_int4(packed, n)
+    assert torch.equal(codes, q.codes)
+    assert torch.equal(scales.float(), q.scales)
+    assert torch.equal(zeros.float(), q.zeros)
 
 
 def test_no_rows_give_an_empty_product_and_bad_inputs_say_what_is_wrong(library: None) -> None:
     q = _codes(32, 64, seed=1)
-    packed = ik.pack_int4(q)
+    packed = ik.pack_int4(q.codes, q.scales, q.zeros)
     assert ik.int4_linear(torch.empty(0, 64, dtype=torch.bfloat16), packed, 32).shape == (0, 32)
     with pytest.raises(RuntimeError, match="x must be a contiguous"):
         ik.int4_linear(torch.randn(2, 64), packed, 32)  # float32
@@ -132,8 +136,9 @@ def test_no_rows_give_an_empty_product_and_bad_inputs_say_what_is_wrong(library:
         ik.int4_linear(torch.randn(2, 64).bfloat16(), packed, 40)
     with pytest.raises(RuntimeError, match="bias must be"):
         ik.int4_linear(torch.randn(2, 64).bfloat16(), packed, 32, torch.randn(32).bfloat16())
-    with pytest.raises(ValueError, match="groups of 32, got 64"):
-        ik.pack_int4(quantize_int4(torch.randn(16, 128), 64))
+    wide = quantize_int4(torch.randn(16, 128), 64)
+    with pytest.raises(ValueError, match=r"groups of 32: codes \(16, 128\) with scales \(16, 2\)"):
+        ik.pack_int4(wide.codes, wide.scales, wide.zeros)
 
 
 def test_without_the_library_or_avx512_bf16_the_kernel_says_why(
@@ -146,3 +151,55 @@ def test_without_the_library_or_avx512_bf16_the_kernel_says_why(
     assert ik.int4_kernel() == (False, "the CPU has no AVX512-BF16")
     monkeypatch.setattr(ik, "_cpu_flags", lambda: "flags : fpu avx2 avx512f avx512_bf16")
     assert ik.int4_kernel() == (True, "/cache/kernels/lib.so")
+
+
+def test_quant_linear_computes_through_the_own_kernel_where_it_runs(
+    library: None, torch_threads: None
+) -> None:
+    q = _codes(80, 96, seed=11)
+    bias = torch.randn(80).bfloat16()
+    ours = QuantLinear.int4([q], bias=bias, dtype=torch.bfloat16)
+    theirs = QuantLinear.int4([q], bias=bias, dtype=torch.bfloat16, own_kernel=False)
+    assert "own kernel" in repr(ours) and "own kernel" not in repr(theirs)
+    assert ours.weight_bytes == 80 * 96 // 2 + 80 * 3 * 4  # codes, then bf16 scales and zeros
+    assert torch.equal(ours.dequantized(torch.float64), q.dequantize())
+    reference = q.dequantize()
+    for shape in ((1, 96), (2, 5, 96), (300, 96)):  # a leading batch shape; a prefill chunk
+        x = torch.randn(*shape).bfloat16()
+        expected = x.double() @ reference.T + bias.double()
+        out = ours(x)
+        assert out.shape == (*shape[:-1], 80)
+        assert _relative(out, expected) < TOLERANCE
+        assert _relative(theirs(x), expected) < TOLERANCE
+    # float32 activations into a layer built for bf16: the dequantized weight, multiplied dense
+    x = torch.randn(3, 96)
+    assert _relative(ours(x), x.double() @ reference.T + bias.double()) < TOLERANCE
+
+
+def test_q8_0s_two_planes_sum_through_the_own_kernel(library: None, torch_threads: None) -> None:
+    codes, _ = quantize_int8(torch.randn(48, 128))
+    scales = torch.rand(48, 4) / 100 + 1e-3
+    planes = int8_group_planes(codes, scales.bfloat16().float(), 32)
+    layer = QuantLinear.int4(planes, dtype=torch.bfloat16)
+    assert layer.kind == "int8g" and "own kernel" in repr(layer)
+    weight = codes.double() * scales.bfloat16().double().repeat_interleave(32, 1)
+    x = torch.randn(6, 128).bfloat16()
+    assert _relative(layer(x), x.double() @ weight.T) < TOLERANCE
+
+
+def test_quant_linear_keeps_torchs_kernel_where_the_own_one_does_not_run(
+    monkeypatch: pytest.MonkeyPatch, torch_threads: None
+) -> None:
+    monkeypatch.setattr(ik, "int4_kernel", lambda: (False, "the CPU has no AVX512-BF16"))
+    q = _codes(48, 96, seed=5)
+    layer = QuantLinear.int4([q], dtype=torch.bfloat16)
+    assert "own kernel" not in repr(layer)
+    x = torch.randn(4, 96).bfloat16()
+    assert _relative(layer(x), x.double() @ q.dequantize().T) < TOLERANCE
+    # a float32 layer, or groups of 64, keep torch's kernel wherever the own one runs
+    monkeypatch.setattr(ik, "int4_kernel", lambda: (True, "/cache/kernels/lib.so"))
+    assert "own kernel" not in repr(QuantLinear.int4([q], dtype=torch.float32))
+    wide = quantize_int4(torch.randn(48, 128), 64)
+    assert "own kernel" not in repr(QuantLinear.int4([wide], dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="takes bf16 and groups of 32, not torch.bfloat16 and groups of 64"):
+        QuantLinear.int4([wide], dtype=torch.bfloat16, own_kernel=True)

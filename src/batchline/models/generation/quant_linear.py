@@ -63,7 +63,10 @@ INT4_GROUP_SIZE = 32
 #: one thread, a busy machine: int4 11.5 ms at 512 rows where dense took 1.2 ms and unpacking
 #: the int4 codes 5.3 ms (even at ~270 rows); int8 0.44 / 1.56 / 12.6 ms at 16 / 64 / 512 rows,
 #: its dequantizing ~0.7 ms (even at ~32 rows; 256 rows went 10.9 -> 1.35 ms).
-DENSE_ROWS = {"int8": 32, "int4": 256, "int8g": 256}
+#: Through the own int4 kernel ("own") the time grows ~linearly from 16 rows on while
+#: dequantizing its layout took ~30 ms (960 -> 5,120: 0.8 / 2.6 / 8.4 ms at 16 / 64 / 256 rows
+#: against 29-40 ms for dequantizing and multiplying dense): the kernel up to 1,024 rows.
+DENSE_ROWS = {"int8": 32, "int4": 256, "int8g": 256, "own": 1024}
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,7 +184,8 @@ class QuantLinear(torch.nn.Module):
         self.group_size = group_size
         self.bias = None if bias is None else torch.nn.Parameter(bias.detach(), requires_grad=False)
         self._int8: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._planes: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._planes: list[tuple[torch.Tensor, torch.Tensor]] = []  # torch's int4 layout
+        self._own: list[torch.Tensor] = []  # or the own kernel's (int4_kernel.pack_int4)
 
     @classmethod
     def int8(
@@ -205,13 +209,30 @@ class QuantLinear(torch.nn.Module):
         *,
         bias: torch.Tensor | None = None,
         dtype: torch.dtype = torch.bfloat16,
+        own_kernel: bool | None = None,
     ) -> QuantLinear:
         """One int4 plane (:func:`quantize_int4`, a GGUF's Q4_0/Q4_1), or the two of
-        :func:`int8_group_planes`, whose products are summed."""
+        :func:`int8_group_planes`, whose products are summed. ``own_kernel``: whether to
+        compute through batchline's int4 kernel (bf16, groups of 32 only) or torch's; by
+        default the own one where it runs vectorized here (:func:`~batchline.models.
+        generation.int4_kernel.int4_kernel`)."""
+        from batchline.models.generation import int4_kernel
+
         n, k = planes[0].codes.shape
         kind = "int4" if len(planes) == 1 else "int8g"
         layer = cls(k, n, kind=kind, bias=bias, group_size=planes[0].group_size)
+        fits = dtype == torch.bfloat16 and layer.group_size == int4_kernel.GROUP
+        if own_kernel is None:
+            own_kernel = fits and int4_kernel.int4_kernel()[0]
+        elif own_kernel and not fits:
+            raise ValueError(
+                f"the own int4 kernel takes bf16 and groups of {int4_kernel.GROUP}, not "
+                f"{dtype} and groups of {layer.group_size}"
+            )
         for plane in planes:
+            if own_kernel:
+                layer._own.append(int4_kernel.pack_int4(plane.codes, plane.scales, plane.zeros))
+                continue
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
                 plane.codes.to(torch.int32).contiguous(), 1
             )
@@ -223,7 +244,7 @@ class QuantLinear(torch.nn.Module):
     @property
     def weight_bytes(self) -> int:
         """The bytes this layer's weight (codes, scales, zeros) occupies."""
-        tensors = [t for pair in self._planes for t in pair]
+        tensors = [t for pair in self._planes for t in pair] + self._own
         if self._int8 is not None:
             tensors += list(self._int8)
         return sum(t.numel() * t.element_size() for t in tensors)
@@ -237,6 +258,12 @@ class QuantLinear(torch.nn.Module):
             return codes.to(dtype) * scales.to(dtype)[:, None]
         out = torch.zeros(n, k, dtype=dtype)
         g = self.group_size
+        for packed in self._own:
+            from batchline.models.generation.int4_kernel import unpack_int4
+
+            codes, scales, zeros = unpack_int4(packed, n)
+            s, z = scales.to(dtype)[..., None], zeros.to(dtype)[..., None]
+            out += ((codes.to(dtype).view(n, k // g, g) - 8) * s + z).view(n, k)
         for packed, scales_zeros in self._planes:
             codes = _unpack_int4(packed, n, k).to(dtype).view(n, k // g, g)
             s = scales_zeros[..., 0].T.to(dtype)[..., None]
@@ -246,8 +273,14 @@ class QuantLinear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
-        if flat.shape[0] >= DENSE_ROWS[self.kind]:
+        if flat.shape[0] >= DENSE_ROWS["own" if self._own else self.kind]:
             dense = torch.nn.functional.linear(flat, self.dequantized(flat.dtype), self.bias)
+            return dense.view(*x.shape[:-1], self.out_features)
+        if self._own and flat.dtype == torch.bfloat16:
+            return self._own_forward(flat).view(*x.shape[:-1], self.out_features)
+        if self._own:  # activations of another dtype than the layer was built for
+            bias = None if self.bias is None else self.bias.to(flat.dtype)
+            dense = torch.nn.functional.linear(flat, self.dequantized(flat.dtype), bias)
             return dense.view(*x.shape[:-1], self.out_features)
         if self._int8 is not None:
             codes, scales = self._int8
@@ -265,8 +298,20 @@ class QuantLinear(torch.nn.Module):
         result: torch.Tensor = out.view(*x.shape[:-1], self.out_features)
         return result
 
+    def _own_forward(self, flat: torch.Tensor) -> torch.Tensor:
+        """``flat`` (bf16 rows) through the own int4 kernel, plane by plane, the bias (in
+        float32) added in the first plane's sums."""
+        from batchline.models.generation.int4_kernel import int4_linear
+
+        bias = None if self.bias is None else self.bias.float()
+        out = int4_linear(flat, self._own[0], self.out_features, bias)
+        for packed in self._own[1:]:
+            out = out + int4_linear(flat, packed, self.out_features)
+        return out
+
     def extra_repr(self) -> str:
         group = "" if self.kind == "int8" else f", group_size={self.group_size}"
+        group += ", own kernel" if self._own else ""
         sizes = f"in_features={self.in_features}, out_features={self.out_features}"
         return f"{sizes}, {self.kind}{group}"
 
