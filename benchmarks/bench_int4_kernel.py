@@ -71,7 +71,9 @@ def _linear(weight: torch.Tensor) -> torch.nn.Linear:
     return layer
 
 
-def timed(fns: dict[str, Callable[[torch.Tensor], torch.Tensor]], x: torch.Tensor, calls: int) -> dict[str, float]:
+def timed(
+    fns: dict[str, Callable[[torch.Tensor], torch.Tensor]], x: torch.Tensor, calls: int
+) -> dict[str, float]:
     """Median µs per call of each, alternated call by call (after one warm-up call each)."""
     times: dict[str, list[float]] = {name: [] for name in fns}
     with torch.inference_mode():
@@ -93,11 +95,15 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=50, help="timed calls per product")
     args = parser.parse_args()
     fast, where = int4_kernel()
-    print(f"own kernel: {'AVX512-BF16' if fast else 'plain C++ (' + where + ')'}, AMX from"
-          f" {AMX_ROWS} rows where the CPU has it")
+    print(
+        f"own kernel: {'AVX512-BF16' if fast else 'plain C++ (' + where + ')'}, AMX from"
+        f" {AMX_ROWS} rows where the CPU has it"
+    )
     print(f"torch {torch.__version__}; µs per call (median of {args.calls}), ratios to dense")
-    print(f"{'shape':>12} {'thr':>3} {'rows':>4} {'dense':>7} {'torch4':>7} {'own dp':>7}"
-          f" {'own amx':>7} {'torch/d':>7} {'dp/d':>5} {'amx/d':>5}")
+    print(
+        f"{'shape':>12} {'thr':>3} {'rows':>4} {'dense':>7} {'torch4':>7} {'own dp':>7}"
+        f" {'own amx':>7} {'torch/d':>7} {'dp/d':>5} {'amx/d':>5}"
+    )
     for shape in args.shapes.split(","):
         k, n = (int(v) for v in shape.split("x"))
         fns = products(k, n)
@@ -108,8 +114,10 @@ def main() -> None:
                 us = timed(fns, x, args.calls)
                 d, t4 = us["dense"], us["torch int4"]
                 dp, amx = us["own vdpbf16"], us["own amx"]
-                print(f"{shape:>12} {threads:>3} {rows:>4} {d:7.0f} {t4:7.0f} {dp:7.0f}"
-                      f" {amx:7.0f} {t4 / d:7.2f} {dp / d:5.2f} {amx / d:5.2f}")
+                print(
+                    f"{shape:>12} {threads:>3} {rows:>4} {d:7.0f} {t4:7.0f} {dp:7.0f}"
+                    f" {amx:7.0f} {t4 / d:7.2f} {dp / d:5.2f} {amx / d:5.2f}"
+                )
 
 
 if __name__ == "__main__":

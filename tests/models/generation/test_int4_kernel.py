@@ -116,7 +116,8 @@ def test_the_packed_layout_holds_every_code_scale_and_zero(torch_threads: None) 
                 assert float(sz[i]) == float(q.scales[row, g])
                 assert float(sz[16 + i]) == float(q.zeros[row, g])
             else:
-                assert float(sz[i]) == 0.0 and float(sz[16 + i]) == 0.0
+                assert float(sz[i]) == 0.0
+                assert float(sz[16 + i]) == 0.0
     # and read back whole
     codes, scales, zeros = ik.unpack_int4(packed, n)
     assert torch.equal(codes, q.codes)
@@ -160,7 +161,8 @@ def test_quant_linear_computes_through_the_own_kernel_where_it_runs(
     bias = torch.randn(80).bfloat16()
     ours = QuantLinear.int4([q], bias=bias, dtype=torch.bfloat16)
     theirs = QuantLinear.int4([q], bias=bias, dtype=torch.bfloat16, own_kernel=False)
-    assert "own kernel" in repr(ours) and "own kernel" not in repr(theirs)
+    assert "own kernel" in repr(ours)
+    assert "own kernel" not in repr(theirs)
     assert ours.weight_bytes == 80 * 96 // 2 + 80 * 3 * 4  # codes, then bf16 scales and zeros
     assert torch.equal(ours.dequantized(torch.float64), q.dequantize())
     reference = q.dequantize()
@@ -181,7 +183,8 @@ def test_q8_0s_two_planes_sum_through_the_own_kernel(library: None, torch_thread
     scales = torch.rand(48, 4) / 100 + 1e-3
     planes = int8_group_planes(codes, scales.bfloat16().float(), 32)
     layer = QuantLinear.int4(planes, dtype=torch.bfloat16)
-    assert layer.kind == "int8g" and "own kernel" in repr(layer)
+    assert layer.kind == "int8g"
+    assert "own kernel" in repr(layer)
     weight = codes.double() * scales.bfloat16().double().repeat_interleave(32, 1)
     x = torch.randn(6, 128).bfloat16()
     assert _relative(layer(x), x.double() @ weight.T) < TOLERANCE
@@ -201,5 +204,7 @@ def test_quant_linear_keeps_torchs_kernel_where_the_own_one_does_not_run(
     assert "own kernel" not in repr(QuantLinear.int4([q], dtype=torch.float32))
     wide = quantize_int4(torch.randn(48, 128), 64)
     assert "own kernel" not in repr(QuantLinear.int4([wide], dtype=torch.bfloat16))
-    with pytest.raises(ValueError, match="takes bf16 and groups of 32, not torch.bfloat16 and groups of 64"):
+    with pytest.raises(
+        ValueError, match=r"takes bf16 and groups of 32, not torch\.bfloat16 and groups of 64"
+    ):
         QuantLinear.int4([wide], dtype=torch.bfloat16, own_kernel=True)

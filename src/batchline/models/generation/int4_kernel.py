@@ -1,17 +1,28 @@
 """batchline's own int4 linear for a decode step's few rows (``csrc/quant_gemm.cpp``).
 
 torch's CPU int4 kernel (``_weight_int4pack_mm_for_cpu``) is fast at one row and slows down
-with every row added: on the AMX Xeon it took 3.5-4x a dense bf16 linear at 16 rows. This one
-unpacks each block of 64 codes to bf16 once, in registers, and sums it against up to 8 rows
-with AVX512-BF16's ``vdpbf16ps``; the scale and the zero of a group are applied once per group
-in fp32 (see the C++ source's header for the arithmetic and the packed layout).
+with every row added: on the AMX Xeon it took 2-3.5x a dense bf16 linear at 16 rows. This one
+widens each block of 64 codes to bf16 once and sums it against every row: at one row with
+AVX512-BF16's ``vdpbf16ps`` (in registers, up to 8 rows a pass), from :data:`AMX_ROWS` rows on
+with one AMX tile product per group of 32 inputs and 16 output columns (up to 16 rows a pass).
+The scale and the zero of a group are applied once per group in fp32, and the output is
+rounded to bf16 once (the C++ source's header has the arithmetic and the packed layout).
+
+Measured on the 2-core AMX Xeon, loaded by other work (``benchmarks/bench_int4_kernel.py``, one
+thread, calls of each alternated, median µs per call at 1 / 4 / 8 / 16 rows): SmolLM2-360M's
+fused gate/up 960 -> 5,120, dense bf16 615 / 590 / 632 / 799, torch's int4 384 / 606 / 1,132 /
+2,179, this kernel 263 / 315 / 378 / 461 (x0.43 / 0.53 / 0.60 / 0.58 of dense); its down
+2,560 -> 960, dense 308 / 319 / 330 / 344, this kernel 137 / 160 / 202 / 238 (x0.45 / 0.50 /
+0.61 / 0.69). The AMX path took the vdpbf16ps one's time at one row, and 0.8x / 0.65x / 0.55x /
+0.25x of it at 2 / 3 / 4 / 16 rows.
 
 :func:`pack_int4` lays out the codes, scales and zeros of an
 :class:`~batchline.models.generation.quant_linear.Int4Codes` (groups of 32,
-``(code - 8) * scale + zero``, scales and zeros rounded to bf16) for it, once at load; :func:`int4_linear` computes ``x @ W.T (+ bias)`` for bf16 ``x``. :func:`int4_kernel`
-says whether this machine has it: the library built (:func:`~batchline.models.generation.
-decode_kernel.decode_kernel`) and a CPU with AVX512-BF16 (elsewhere the library computes the
-same sums in plain C++, which is correct but not fast, so the callers keep torch's kernel).
+``(code - 8) * scale + zero``, scales and zeros rounded to bf16) for it, once at load;
+:func:`int4_linear` computes ``x @ W.T (+ bias)`` for bf16 ``x``. :func:`int4_kernel` says
+whether this machine has it: the library built (:func:`~batchline.models.generation.
+decode_kernel.decode_kernel`) and a CPU with AVX512-BF16. Elsewhere the library computes the
+same sums in plain C++, correct but not fast, so ``QuantLinear`` keeps torch's kernel there.
 """
 
 from __future__ import annotations
@@ -26,7 +37,7 @@ __all__ = ["AMX_ROWS", "GROUP", "TILE", "int4_kernel", "int4_linear", "pack_int4
 GROUP = 32
 TILE = 16
 #: From this many rows on the kernel sums through AMX tiles (where the CPU has them), below it
-#: through vdpbf16ps (see the module docstring).
+#: through vdpbf16ps: at one row the two took the same time (vdpbf16ps 5-10 % less).
 AMX_ROWS = 2
 
 

@@ -1,11 +1,13 @@
 // batchline's int4 weight-only linear for a decode step's few rows (1-16), bf16 activations.
 //
-//   int4_linear(x, packed, n, bias) -> out
-//     x:      (rows, K), contiguous bfloat16, K a multiple of 32
-//     packed: (tiles, K / 32, 320) uint8, int4_pack's layout below
-//     n:      the output columns (<= tiles * 16; the rest of the last tile is padding)
-//     bias:   (n,) float32, or None
-//     out:    (rows, n) bfloat16
+//   int4_linear(x, packed, n, bias=None, amx_rows=2) -> out
+//     x:        (rows, K), contiguous bfloat16, K a multiple of 32
+//     packed:   (tiles, K / 32, 320) uint8, the layout below (int4_kernel.pack_int4)
+//     n:        the output columns (<= tiles * 16; the rest of the last tile is padding)
+//     bias:     (n,) float32, or None
+//     amx_rows: from this many rows on, AMX tiles where the CPU has them (and Linux grants
+//               them), else vdpbf16ps
+//     out:      (rows, n) bfloat16
 //
 // The weight is groups of 32 inputs per output column, w = (code - 8) * scale + zero (codes in
 // [0, 15], scale and zero in bf16). Per group the product is summed as
@@ -18,8 +20,10 @@
 // group: byte 2i+t has the code of column i at input 4c+t in its low nibble and at 4c+2+t in its
 // high one. Widened to 16 bits, the low nibbles are then vdpbf16ps's operand for the input pair
 // (4c, 4c+1) against 16 columns and the high ones for (4c+2, 4c+3): one chunk's codes are
-// unpacked once and used for every row. A tile's groups follow each other, so a tile is read
-// as one stream. Tiles are split over ATen's intra-op threads.
+// unpacked once and used for up to 8 rows. The 16 such vectors of a group are also the B tile
+// of an AMX product (16 input pairs x 16 columns), so the AMX path widens them into a buffer
+// once per group and multiplies them with up to 16 rows at a time. A tile's groups follow each
+// other, so a tile is read as one stream. Tiles are split over ATen's intra-op threads.
 //
 // On a CPU without AVX512-BF16 the same sums run in plain C++ (correct, not fast: the Python
 // side uses this kernel only where the CPU has AVX512-BF16).
