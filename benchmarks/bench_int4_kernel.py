@@ -4,17 +4,17 @@ Per shape (``in -> out``), thread count and row count, three products of the sam
 timed in one process, alternated call by call so that a load on the machine falls on all three
 alike: dense bf16 packed for oneDNN (``PackedLinear``, the engine's dense path), torch's CPU int4
 kernel (``_weight_int4pack_mm_for_cpu``, what ``QuantLinear`` calls) and batchline's
-(``int4_kernel.int4_linear``) through each of its two paths, vdpbf16ps and AMX tiles (it takes
-AMX from ``int4_kernel.AMX_ROWS`` rows on), all int4 from the same codes, groups of 32. Printed:
+(``quant_kernel.int4_linear``) through each of its two paths, vdpbf16ps and AMX tiles (it takes
+AMX from ``quant_kernel.AMX_ROWS`` rows on), all int4 from the same codes, groups of 32. Printed:
 the median µs per call of each, and each int4 kernel's time as a fraction of dense's (below 1:
 faster). On a CPU without AMX the "amx" column is the vdpbf16ps path again.
 
 The default shapes are SmolLM2-360M's fused gate/up (960 -> 5,120) and down (2,560 -> 960),
 and a Qwen2.5-1.5B-sized MLP (1,536 -> 8,960 and 8,960 -> 1,536).
 
-    python benchmarks/bench_int4_kernel.py                          # 1 and 2 threads (~2 min)
-    python benchmarks/bench_int4_kernel.py --shapes 960x5120 --rows 16 --calls 20
-    python benchmarks/bench_int4_kernel.py --shapes 64x128 --calls 3   # smoke run
+    python benchmarks/bench_quant_kernel.py                          # 1 and 2 threads (~2 min)
+    python benchmarks/bench_quant_kernel.py --shapes 960x5120 --rows 16 --calls 20
+    python benchmarks/bench_quant_kernel.py --shapes 64x128 --calls 3   # smoke run
 
 Needs torch 2.6 or later and a C++ compiler (the kernel library is built on first use). On a
 CPU without AVX512-BF16 the own kernel runs its plain C++ sums and says so.
@@ -29,13 +29,13 @@ from collections.abc import Callable
 
 import torch
 
-from batchline.models.generation.int4_kernel import (
+from batchline.models.generation.packed_linear import PackedLinear
+from batchline.models.generation.quant_kernel import (
     AMX_ROWS,
-    int4_kernel,
     int4_linear,
+    own_kernels,
     pack_int4,
 )
-from batchline.models.generation.packed_linear import PackedLinear
 from batchline.models.generation.quant_linear import QuantLinear, quantize_int4
 
 DEFAULT_SHAPES = "960x5120,2560x960,1536x8960,8960x1536"
@@ -94,7 +94,7 @@ def main() -> None:
     parser.add_argument("--threads", default="1,2", help="intra-op thread counts")
     parser.add_argument("--calls", type=int, default=50, help="timed calls per product")
     args = parser.parse_args()
-    fast, where = int4_kernel()
+    fast, where = own_kernels()
     print(
         f"own kernel: {'AVX512-BF16' if fast else 'plain C++ (' + where + ')'}, AMX from"
         f" {AMX_ROWS} rows where the CPU has it"

@@ -11,7 +11,7 @@ and values once, sums bfloat16 products with the CPU's AVX512-BF16 instructions 
 them, and skips the padding. benchmarks/engine_levers.md has the measurements.
 
 The same library holds the int4 linear (``csrc/quant_gemm.cpp``, used by
-:mod:`~batchline.models.generation.int4_kernel`). It is compiled once per machine with the
+:mod:`~batchline.models.generation.quant_kernel`). It is compiled once per machine with the
 system's C++ compiler (``$CXX``, else ``c++``) against the installed torch, into
 ``<cache dir>/kernels/`` under a name that hashes the sources, the compiler, torch's version and
 the CPU's flags (it is built with ``-march=native``), and then loaded with
@@ -49,7 +49,7 @@ DecodeKernel = Callable[
 
 _CSRC = Path(__file__).parent / "csrc"
 #: The library's sources, built together into one shared library: the decode attention and the
-#: step's elementwise ops, and the int4 linear of :mod:`~batchline.models.generation.int4_kernel`.
+#: step's elementwise ops, and the int4 linear of :mod:`~batchline.models.generation.quant_kernel`.
 _SOURCES = (_CSRC / "decode_attention.cpp", _CSRC / "quant_gemm.cpp")
 _FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-std=c++17", "-shared", "-fPIC", "-w")
 _BUILD_TIMEOUT_S = 300.0

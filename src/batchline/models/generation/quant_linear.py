@@ -3,7 +3,7 @@
 A :class:`QuantLinear` holds its weight as integer codes and per-group scales, and computes
 ``x @ W.T (+ bias)`` in the activations' dtype: int4 in bf16 with groups of 32 through
 batchline's own kernel where the CPU has AVX512-BF16 (:mod:`~batchline.models.generation.
-int4_kernel`: ~0.45-0.7x a dense bf16 linear at 1-16 rows, where torch's int4 took 0.6x at one
+quant_kernel`: ~0.45-0.7x a dense bf16 linear at 1-16 rows, where torch's int4 took 0.6x at one
 row and 2.7-3.1x at 16), everything else through torch's CPU kernels:
 
 - ``int8``: one scale per output channel, codes in [-127, 127] (symmetric);
@@ -33,7 +33,7 @@ where bf16 itself did at 97.9 % (log-prob 3.1 % off), on 12 x 32 at 97.7 % as bf
 off); int8 in groups of 32 (Q8_0's form, the two int4 planes) agreed at 97.9 % on the 6 x 16
 (0.7 % off) but took 1.1-1.3x a dense bf16 linear at one row where per channel took 0.6-0.7x,
 so it did not pay as a speed format. The figures above are torch's kernels; the own int4
-kernel's are in ``int4_kernel.py`` and docs/generation.md.
+kernel's are in ``quant_kernel.py`` and docs/generation.md.
 """
 
 from __future__ import annotations
@@ -189,7 +189,7 @@ class QuantLinear(torch.nn.Module):
         self.bias = None if bias is None else torch.nn.Parameter(bias.detach(), requires_grad=False)
         self._int8: tuple[torch.Tensor, torch.Tensor] | None = None
         self._planes: list[tuple[torch.Tensor, torch.Tensor]] = []  # torch's int4 layout
-        self._own: list[torch.Tensor] = []  # or the own kernel's (int4_kernel.pack_int4)
+        self._own: list[torch.Tensor] = []  # or the own kernel's (quant_kernel.pack_int4)
 
     @classmethod
     def int8(
@@ -219,23 +219,23 @@ class QuantLinear(torch.nn.Module):
         :func:`int8_group_planes`, whose products are summed. ``own_kernel``: whether to
         compute through batchline's int4 kernel (bf16, groups of 32 only) or torch's; by
         default the own one where it runs vectorized here (:func:`~batchline.models.
-        generation.int4_kernel.int4_kernel`)."""
-        from batchline.models.generation import int4_kernel
+        generation.quant_kernel.own_kernels`)."""
+        from batchline.models.generation import quant_kernel
 
         n, k = planes[0].codes.shape
         kind = "int4" if len(planes) == 1 else "int8g"
         layer = cls(k, n, kind=kind, bias=bias, group_size=planes[0].group_size)
-        fits = dtype == torch.bfloat16 and layer.group_size == int4_kernel.GROUP
+        fits = dtype == torch.bfloat16 and layer.group_size == quant_kernel.GROUP
         if own_kernel is None:
-            own_kernel = fits and int4_kernel.int4_kernel()[0]
+            own_kernel = fits and quant_kernel.own_kernels()[0]
         elif own_kernel and not fits:
             raise ValueError(
-                f"the own int4 kernel takes bf16 and groups of {int4_kernel.GROUP}, not "
+                f"the own int4 kernel takes bf16 and groups of {quant_kernel.GROUP}, not "
                 f"{dtype} and groups of {layer.group_size}"
             )
         for plane in planes:
             if own_kernel:
-                layer._own.append(int4_kernel.pack_int4(plane.codes, plane.scales, plane.zeros))
+                layer._own.append(quant_kernel.pack_int4(plane.codes, plane.scales, plane.zeros))
                 continue
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
                 plane.codes.to(torch.int32).contiguous(), 1
@@ -263,7 +263,7 @@ class QuantLinear(torch.nn.Module):
         out = torch.zeros(n, k, dtype=dtype)
         g = self.group_size
         for packed in self._own:
-            from batchline.models.generation.int4_kernel import unpack_int4
+            from batchline.models.generation.quant_kernel import unpack_int4
 
             codes, scales, zeros = unpack_int4(packed, n)
             s, z = scales.to(dtype)[..., None], zeros.to(dtype)[..., None]
@@ -305,7 +305,7 @@ class QuantLinear(torch.nn.Module):
     def _own_forward(self, flat: torch.Tensor) -> torch.Tensor:
         """``flat`` (bf16 rows) through the own int4 kernel, plane by plane, the bias (in
         float32) added in the first plane's sums."""
-        from batchline.models.generation.int4_kernel import int4_linear
+        from batchline.models.generation.quant_kernel import int4_linear
 
         bias = None if self.bias is None else self.bias.float()
         out = int4_linear(flat, self._own[0], self.out_features, bias)

@@ -1,8 +1,9 @@
-// batchline's int4 weight-only linear for a decode step's few rows (1-16), bf16 activations.
+// batchline's int4 (and per-channel int8, below) weight-only linears for a decode step's few
+// rows (1-16), bf16 activations.
 //
 //   int4_linear(x, packed, n, bias=None, amx_rows=2) -> out
 //     x:        (rows, K), contiguous bfloat16, K a multiple of 32
-//     packed:   (tiles, K / 32, 320) uint8, the layout below (int4_kernel.pack_int4)
+//     packed:   (tiles, K / 32, 320) uint8, the layout below (quant_kernel.pack_int4)
 //     n:        the output columns (<= tiles * 16; the rest of the last tile is padding)
 //     bias:     (n,) float32, or None
 //     amx_rows: from this many rows on, AMX tiles where the CPU has them (and Linux grants
@@ -336,12 +337,192 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
   return out;
 }
 
+// ---- int8, one scale per output column: w = code * scale, codes in [-127, 127] ----
+//
+//   int8_linear(x, packed, scales, n, bias=None, amx_rows=2) -> out
+//     packed: (tiles, K / 2, 32) int8: per 16 output columns and input pair (k, k+1), byte
+//             2i+t the code of column i at input k+t (vdpbf16ps's and AMX's operand layout)
+//     scales: (tiles * 16,) float32, zero past n
+// Each code goes to bf16 exactly, the sums over all K run in fp32 and the scale and bias are
+// applied once at the end.
+
+#if defined(__AVX512BF16__)
+inline __m512bh widen_int8(const int8_t* p) {  // 32 int8 codes -> 32 bf16
+  const __m512 low = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+      reinterpret_cast<const __m128i*>(p))));
+  const __m512 high = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+      reinterpret_cast<const __m128i*>(p + 16))));
+  return _mm512_cvtne2ps_pbh(high, low);
+}
+
+inline void store_scaled(const __m512* sums, int64_t rows, const float* scales,
+                         const float* bias, int64_t m0, int64_t n0, int64_t cols,
+                         int64_t n_total, uint16_t* out) {
+  const __mmask16 valid = cols >= kTile ? 0xFFFF : static_cast<__mmask16>((1u << cols) - 1);
+  const __m512 scale = _mm512_maskz_loadu_ps(valid, scales + n0);
+  const __m512 start = bias ? _mm512_maskz_loadu_ps(valid, bias + n0) : _mm512_setzero_ps();
+  for (int64_t r = 0; r < rows; ++r) {
+    const __m256i h = (__m256i)_mm512_cvtneps_pbh(_mm512_fmadd_ps(sums[r], scale, start));
+    _mm256_mask_storeu_epi16(out + (m0 + r) * n_total + n0, valid, h);
+  }
+}
+
+template <int R>
+void tile_rows_int8(const int8_t* tile, const uint16_t* x, int64_t k_total, int64_t m0,
+                    const float* scales, const float* bias, int64_t n0, int64_t cols,
+                    int64_t n_total, uint16_t* out) {
+  __m512 even[R], odd[R];
+  for (int r = 0; r < R; ++r) even[r] = odd[r] = _mm512_setzero_ps();
+  const uint16_t* xm = x + m0 * k_total;
+  for (int64_t k = 0; k < k_total; k += 4) {  // two input pairs a step
+    const __m512bh w0 = widen_int8(tile + 16 * k);
+    const __m512bh w1 = widen_int8(tile + 16 * k + 32);
+    for (int r = 0; r < R; ++r) {
+      even[r] = _mm512_dpbf16_ps(even[r], (__m512bh)pair_of(xm + r * k_total + k), w0);
+      odd[r] = _mm512_dpbf16_ps(odd[r], (__m512bh)pair_of(xm + r * k_total + k + 2), w1);
+    }
+  }
+  for (int r = 0; r < R; ++r) even[r] = _mm512_add_ps(even[r], odd[r]);
+  store_scaled(even, R, scales, bias, m0, n0, cols, n_total, out);
+}
+
+template <int R>
+void tile_rows_int8_upto(int64_t rows, const int8_t* tile, const uint16_t* x, int64_t k_total,
+                         int64_t m0, const float* scales, const float* bias, int64_t n0,
+                         int64_t cols, int64_t n_total, uint16_t* out) {
+  if constexpr (R > 1) {
+    if (rows < R) {
+      tile_rows_int8_upto<R - 1>(rows, tile, x, k_total, m0, scales, bias, n0, cols, n_total,
+                                 out);
+      return;
+    }
+  }
+  tile_rows_int8<R>(tile, x, k_total, m0, scales, bias, n0, cols, n_total, out);
+}
+
+#if defined(BATCHLINE_AMX)
+// Rows [m0, m0 + rows) of one tile through AMX: per 32 inputs the codes are widened into a
+// buffer (the next group's before this one's product) and one tile product adds them into the
+// same sums, stored once at the end.
+void tile_rows_int8_amx(const int8_t* tile, const uint16_t* x, int64_t k_total, int64_t m0,
+                        int64_t rows, const float* scales, const float* bias, int64_t n0,
+                        int64_t cols, int64_t n_total, uint16_t* out) {
+  alignas(64) uint16_t weights[2][16 * 32];
+  alignas(64) float sums[16 * 16];
+  const int64_t groups = k_total / kGroup;
+  auto widen = [&](int64_t g, uint16_t* into) {
+    for (int p = 0; p < 16; ++p) {
+      _mm512_store_si512(into + 32 * p, (__m512i)widen_int8(tile + (g * 16 + p) * 32));
+    }
+  };
+  const uint16_t* xm = x + m0 * k_total;
+  _tile_zero(2);
+  widen(0, weights[0]);
+  for (int64_t g = 0; g < groups; ++g) {
+    if (g + 1 < groups) widen(g + 1, weights[(g + 1) & 1]);
+    _tile_loadd(0, xm + g * kGroup, k_total * 2);
+    if (g & 1) {
+      _tile_loadd(4, weights[1], 64);
+      _tile_dpbf16ps(2, 0, 4);
+    } else {
+      _tile_loadd(1, weights[0], 64);
+      _tile_dpbf16ps(2, 0, 1);
+    }
+  }
+  _tile_stored(2, sums, 64);
+  __m512 rows_sums[16];
+  for (int64_t r = 0; r < rows; ++r) rows_sums[r] = _mm512_load_ps(sums + 16 * r);
+  store_scaled(rows_sums, rows, scales, bias, m0, n0, cols, n_total, out);
+}
+#endif  // BATCHLINE_AMX
+#endif  // __AVX512BF16__
+
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales,
+                       int64_t n, const std::optional<at::Tensor>& bias, int64_t amx_rows) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(),
+              "int8_linear: x must be a contiguous (rows, K) bfloat16 tensor");
+  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kChar && packed.is_contiguous() &&
+                  packed.size(2) == 2 * kTile,
+              "int8_linear: packed must be int8_pack's (tiles, K / 2, 32) int8 tensor");
+  const int64_t rows = x.size(0), k_total = x.size(1), tiles = packed.size(0);
+  TORCH_CHECK(k_total == 2 * packed.size(1) && k_total % kGroup == 0, "int8_linear: x has ",
+              k_total, " inputs, the weight ", 2 * packed.size(1), " (a multiple of 32)");
+  TORCH_CHECK(n > (tiles - 1) * kTile && n <= tiles * kTile, "int8_linear: n = ", n,
+              " does not fit ", tiles, " tiles of 16");
+  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous() &&
+                  scales.numel() == tiles * kTile,
+              "int8_linear: scales must be a contiguous (tiles * 16,) float32 tensor");
+  const float* bias_ptr = nullptr;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n,
+                "int8_linear: bias must be a contiguous (n,) float32 tensor");
+    bias_ptr = bias->data_ptr<float>();
+  }
+  auto out = at::empty({rows, n}, x.options());
+  if (rows == 0) return out;
+  const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
+  const int8_t* wp = packed.data_ptr<int8_t>();
+  const float* sp = scales.data_ptr<float>();
+  auto* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  const int64_t tile_bytes = k_total * kTile;
+#if defined(BATCHLINE_AMX)
+  if (rows >= amx_rows && amx_permitted()) {
+    at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+      int64_t configured = 0;
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t n0 = t * kTile, cols = std::min(kTile, n - n0);
+        for (int64_t m0 = 0; m0 < rows; m0 += 16) {
+          const int64_t count = std::min<int64_t>(16, rows - m0);
+          if (count != configured) configure_tiles(configured = count);
+          tile_rows_int8_amx(wp + t * tile_bytes, xp, k_total, m0, count, sp, bias_ptr, n0, cols,
+                             n, op);
+        }
+      }
+      _tile_release();
+    });
+    return out;
+  }
+#endif
+  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int8_t* tile = wp + t * tile_bytes;
+      const int64_t n0 = t * kTile, cols = std::min(kTile, n - n0);
+      for (int64_t m0 = 0; m0 < rows; m0 += kMaxRows) {
+        const int64_t count = std::min(kMaxRows, rows - m0);
+#if defined(__AVX512BF16__)
+        tile_rows_int8_upto<kMaxRows>(count, tile, xp, k_total, m0, sp, bias_ptr, n0, cols, n,
+                                      op);
+#else
+        for (int64_t r = m0; r < m0 + count; ++r) {
+          for (int64_t i = 0; i < cols; ++i) {
+            float sum = 0.0f;
+            for (int64_t k = 0; k < k_total; ++k) {
+              sum += bf16_to_float(xp[r * k_total + k]) *
+                     static_cast<float>(tile[(k / 2) * 32 + 2 * i + (k & 1)]);
+            }
+            const float b = bias_ptr ? bias_ptr[n0 + i] : 0.0f;
+            op[r * n + n0 + i] = float_to_bf16(sum * sp[n0 + i] + b);
+          }
+        }
+#endif
+      }
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(batchline, m) {
   m.def(
       "int4_linear(Tensor x, Tensor packed, int n, Tensor? bias=None, int amx_rows=2)"
       " -> Tensor");
+  m.def(
+      "int8_linear(Tensor x, Tensor packed, Tensor scales, int n, Tensor? bias=None,"
+      " int amx_rows=2) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(batchline, CPU, m) { m.impl("int4_linear", &int4_linear); }
+TORCH_LIBRARY_IMPL(batchline, CPU, m) {
+  m.impl("int4_linear", &int4_linear);
+  m.impl("int8_linear", &int8_linear);
+}

@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from batchline.models.generation import int4_kernel as ik  # noqa: E402
+from batchline.models.generation import quant_kernel as ik  # noqa: E402
 from batchline.models.generation.quant_linear import (  # noqa: E402
     Int4Codes,
     QuantLinear,
@@ -27,7 +27,7 @@ TOLERANCE = 1e-2
 
 @pytest.fixture(scope="module")
 def library() -> None:
-    fast, why = ik.int4_kernel()
+    fast, why = ik.own_kernels()
     if not fast:
         pytest.skip(f"the int4 kernel does not run vectorized here: {why}")
 
@@ -146,12 +146,12 @@ def test_without_the_library_or_avx512_bf16_the_kernel_says_why(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(ik, "decode_kernel", lambda: (None, "no C++ compiler (c++ not found)"))
-    assert ik.int4_kernel() == (False, "no C++ compiler (c++ not found)")
+    assert ik.own_kernels() == (False, "no C++ compiler (c++ not found)")
     monkeypatch.setattr(ik, "decode_kernel", lambda: (object(), "/cache/kernels/lib.so"))
     monkeypatch.setattr(ik, "_cpu_flags", lambda: "flags : fpu avx2 avx512f")
-    assert ik.int4_kernel() == (False, "the CPU has no AVX512-BF16")
+    assert ik.own_kernels() == (False, "the CPU has no AVX512-BF16")
     monkeypatch.setattr(ik, "_cpu_flags", lambda: "flags : fpu avx2 avx512f avx512_bf16")
-    assert ik.int4_kernel() == (True, "/cache/kernels/lib.so")
+    assert ik.own_kernels() == (True, "/cache/kernels/lib.so")
 
 
 def test_quant_linear_computes_through_the_own_kernel_where_it_runs(
@@ -193,14 +193,14 @@ def test_q8_0s_two_planes_sum_through_the_own_kernel(library: None, torch_thread
 def test_quant_linear_keeps_torchs_kernel_where_the_own_one_does_not_run(
     monkeypatch: pytest.MonkeyPatch, torch_threads: None
 ) -> None:
-    monkeypatch.setattr(ik, "int4_kernel", lambda: (False, "the CPU has no AVX512-BF16"))
+    monkeypatch.setattr(ik, "own_kernels", lambda: (False, "the CPU has no AVX512-BF16"))
     q = _codes(48, 96, seed=5)
     layer = QuantLinear.int4([q], dtype=torch.bfloat16)
     assert "own kernel" not in repr(layer)
     x = torch.randn(4, 96).bfloat16()
     assert _relative(layer(x), x.double() @ q.dequantize().T) < TOLERANCE
     # a float32 layer, or groups of 64, keep torch's kernel wherever the own one runs
-    monkeypatch.setattr(ik, "int4_kernel", lambda: (True, "/cache/kernels/lib.so"))
+    monkeypatch.setattr(ik, "own_kernels", lambda: (True, "/cache/kernels/lib.so"))
     assert "own kernel" not in repr(QuantLinear.int4([q], dtype=torch.float32))
     wide = quantize_int4(torch.randn(48, 128), 64)
     assert "own kernel" not in repr(QuantLinear.int4([wide], dtype=torch.bfloat16))

@@ -8,7 +8,7 @@ with one AMX tile product per group of 32 inputs and 16 output columns (up to 16
 The scale and the zero of a group are applied once per group in fp32, and the output is
 rounded to bf16 once (the C++ source's header has the arithmetic and the packed layout).
 
-Measured on the 2-core AMX Xeon, loaded by other work (``benchmarks/bench_int4_kernel.py``, one
+Measured on the 2-core AMX Xeon, loaded by other work (``benchmarks/bench_quant_kernel.py``, one
 thread, calls of each alternated, median µs per call at 1 / 4 / 8 / 16 rows): SmolLM2-360M's
 fused gate/up 960 -> 5,120, dense bf16 615 / 590 / 632 / 799, torch's int4 384 / 606 / 1,132 /
 2,179, this kernel 263 / 315 / 378 / 461 (x0.43 / 0.53 / 0.60 / 0.58 of dense); its down
@@ -19,7 +19,7 @@ fused gate/up 960 -> 5,120, dense bf16 615 / 590 / 632 / 799, torch's int4 384 /
 :func:`pack_int4` lays out the codes, scales and zeros of an
 :class:`~batchline.models.generation.quant_linear.Int4Codes` (groups of 32,
 ``(code - 8) * scale + zero``, scales and zeros rounded to bf16) for it, once at load;
-:func:`int4_linear` computes ``x @ W.T (+ bias)`` for bf16 ``x``. :func:`int4_kernel` says
+:func:`int4_linear` computes ``x @ W.T (+ bias)`` for bf16 ``x``. :func:`own_kernels` says
 whether this machine has it: the library built (:func:`~batchline.models.generation.
 decode_kernel.decode_kernel`) and a CPU with AVX512-BF16. Elsewhere the library computes the
 same sums in plain C++, correct but not fast, so ``QuantLinear`` keeps torch's kernel there.
@@ -31,7 +31,7 @@ import torch
 
 from batchline.models.generation.decode_kernel import _cpu_flags, decode_kernel
 
-__all__ = ["AMX_ROWS", "GROUP", "TILE", "int4_kernel", "int4_linear", "pack_int4", "unpack_int4"]
+__all__ = ["AMX_ROWS", "GROUP", "TILE", "int4_linear", "own_kernels", "pack_int4", "unpack_int4"]
 
 #: The inputs per group, and the output columns per tile, of the packed layout.
 GROUP = 32
@@ -41,7 +41,7 @@ TILE = 16
 AMX_ROWS = 2
 
 
-def int4_kernel() -> tuple[bool, str]:
+def own_kernels() -> tuple[bool, str]:
     """``(True, where the library is)`` where :func:`int4_linear` runs vectorized here, else
     ``(False, why not)``."""
     op, where = decode_kernel()
@@ -101,6 +101,6 @@ def int4_linear(
 ) -> torch.Tensor:
     """``x (rows, K) @ W.T (+ bias)`` in bf16, ``W`` the ``n`` columns :func:`pack_int4`
     packed, ``bias`` float32 ``(n,)``; from ``amx_rows`` rows on through AMX tiles where the
-    CPU has them. The library must have been loaded (:func:`int4_kernel`)."""
+    CPU has them. The library must have been loaded (:func:`own_kernels`)."""
     out: torch.Tensor = torch.ops.batchline.int4_linear(x.contiguous(), packed, n, bias, amx_rows)
     return out
