@@ -208,3 +208,82 @@ def test_quant_linear_keeps_torchs_kernel_where_the_own_one_does_not_run(
         ValueError, match=r"takes bf16 and groups of 32, not torch\.bfloat16 and groups of 64"
     ):
         QuantLinear.int4([wide], dtype=torch.bfloat16, own_kernel=True)
+
+
+@pytest.fixture(scope="module")
+def amx_library() -> None:
+    fast, why = ik.own_kernels(amx=True)
+    if not fast:
+        pytest.skip(f"the int8 kernel does not run through AMX here: {why}")
+
+
+@pytest.mark.parametrize("rows", range(1, 18))
+def test_the_int8_kernel_is_the_float64_product_of_codes_and_scales(
+    library: None, torch_threads: None, rows: int
+) -> None:
+    for n, k in ((40, 96), (112, 224), (16, 32)):
+        g = torch.Generator().manual_seed(rows * n)
+        codes, scales = quantize_int8(torch.randn(n, k, generator=g))
+        packed = ik.pack_int8(codes, scales)
+        x = torch.randn(rows, k, generator=g).bfloat16()
+        bias = torch.randn(n, generator=g)
+        product = x.double() @ (codes.double() * scales.double()[:, None]).T
+        for amx_rows in (1, NEVER):  # AMX tiles where the CPU has them; vdpbf16ps
+            for b in (None, bias):
+                out = ik.int8_linear(x, packed, n, b, amx_rows=amx_rows)
+                assert out.shape == (rows, n)
+                reference = product if b is None else product + b.double()
+                assert _relative(out, reference) < TOLERANCE, (n, k, amx_rows, b is None)
+
+
+def test_the_int8_layout_reads_back_and_bad_inputs_say_what_is_wrong(library: None) -> None:
+    codes, scales = quantize_int8(torch.randn(24, 64))
+    packed = ik.pack_int8(codes, scales)
+    assert packed[0].shape == (2, 32, 32)
+    assert packed[1].shape == (32,)
+    assert int(packed[0][0, 5, 2 * 3 + 1]) == int(codes[3, 11])  # column 3, input 2 * 5 + 1
+    back, back_scales = ik.unpack_int8(packed, 24)
+    assert torch.equal(back, codes)
+    assert torch.equal(back_scales, scales)
+    with pytest.raises(RuntimeError, match="x has 96 inputs, the weight 64"):
+        ik.int8_linear(torch.randn(2, 96).bfloat16(), packed, 24)
+    with pytest.raises(
+        ValueError, match=r"multiples of 32 and a scale per output: codes \(8, 48\)"
+    ):
+        ik.pack_int8(*quantize_int8(torch.randn(8, 48)))
+
+
+def test_quant_linear_computes_int8_through_the_own_kernel_where_the_cpu_has_amx(
+    amx_library: None, torch_threads: None
+) -> None:
+    codes, scales = quantize_int8(torch.randn(80, 96))
+    bias = torch.randn(80).bfloat16()
+    ours = QuantLinear.int8(codes, scales, bias=bias, dtype=torch.bfloat16)
+    assert "own kernel" in repr(ours)
+    assert ours.weight_bytes == 80 * 96 + 80 * 4  # int8 codes, float32 scales
+    weight = codes.double() * scales.double()[:, None]
+    assert torch.equal(ours.dequantized(torch.float64), weight)
+    for shape in ((1, 96), (2, 5, 96), (100, 96)):  # a leading batch shape; a prefill chunk
+        x = torch.randn(*shape).bfloat16()
+        out = ours(x)
+        assert out.shape == (*shape[:-1], 80)
+        assert _relative(out, x.double() @ weight.T + bias.double()) < TOLERANCE
+    x = torch.randn(3, 96)  # float32 activations: the dequantized weight, dense
+    assert _relative(ours(x), x.double() @ weight.T + bias.double()) < TOLERANCE
+
+
+def test_int8_keeps_torchs_kernel_without_amx(
+    monkeypatch: pytest.MonkeyPatch, torch_threads: None
+) -> None:
+    codes, scales = quantize_int8(torch.randn(48, 96))
+    monkeypatch.setattr(ik, "decode_kernel", lambda: (object(), "/cache/kernels/lib.so"))
+    monkeypatch.setattr(ik, "_cpu_flags", lambda: "flags : avx512f avx512_bf16")
+    assert ik.own_kernels(amx=True) == (False, "the CPU has no AMX")
+    assert ik.own_kernels() == (True, "/cache/kernels/lib.so")
+    layer = QuantLinear.int8(codes, scales, dtype=torch.bfloat16)
+    assert "own kernel" not in repr(layer)
+    x = torch.randn(4, 96).bfloat16()
+    weight = codes.double() * scales.bfloat16().double()[:, None]
+    assert _relative(layer(x), x.double() @ weight.T) < TOLERANCE
+    with pytest.raises(ValueError, match="takes bf16 and inputs in multiples of 32, not"):
+        QuantLinear.int8(*quantize_int8(torch.randn(8, 48)), own_kernel=True)

@@ -31,7 +31,19 @@ import torch
 
 from batchline.models.generation.decode_kernel import _cpu_flags, decode_kernel
 
-__all__ = ["AMX_ROWS", "GROUP", "TILE", "int4_linear", "own_kernels", "pack_int4", "unpack_int4"]
+__all__ = [
+    "AMX_ROWS",
+    "GROUP",
+    "INT8_AMX_ROWS",
+    "TILE",
+    "int4_linear",
+    "int8_linear",
+    "own_kernels",
+    "pack_int4",
+    "pack_int8",
+    "unpack_int4",
+    "unpack_int8",
+]
 
 #: The inputs per group, and the output columns per tile, of the packed layout.
 GROUP = 32
@@ -39,16 +51,23 @@ TILE = 16
 #: From this many rows on the kernel sums through AMX tiles (where the CPU has them), below it
 #: through vdpbf16ps: at one row the two took the same time (vdpbf16ps 5-10 % less).
 AMX_ROWS = 2
+#: int8's: widening int8 codes to bf16 costs more than int4's table lookup, so vdpbf16ps took
+#: 1.2-2x AMX's time at one row already (960 -> 5,120: 789 against 387 µs; torch's int8 618);
+#: ``QuantLinear`` takes the own int8 kernel only where the CPU has AMX.
+INT8_AMX_ROWS = 1
 
 
-def own_kernels() -> tuple[bool, str]:
-    """``(True, where the library is)`` where :func:`int4_linear` runs vectorized here, else
-    ``(False, why not)``."""
+def own_kernels(*, amx: bool = False) -> tuple[bool, str]:
+    """``(True, where the library is)`` where :func:`int4_linear` runs vectorized here (with
+    ``amx``: :func:`int8_linear` through AMX tiles), else ``(False, why not)``."""
     op, where = decode_kernel()
     if op is None:
         return False, where
-    if "avx512_bf16" not in _cpu_flags().split():
+    flags = _cpu_flags().split()
+    if "avx512_bf16" not in flags:
         return False, "the CPU has no AVX512-BF16"
+    if amx and "amx_bf16" not in flags:
+        return False, "the CPU has no AMX"
     return True, where
 
 
@@ -89,6 +108,52 @@ def unpack_int4(packed: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tenso
     sz = packed[:, :, 256:].contiguous().view(torch.bfloat16).reshape(tiles, groups, 2, TILE)
     sz = sz.permute(2, 0, 3, 1).reshape(2, tiles * TILE, groups)
     return codes[:n], sz[0, :n], sz[1, :n]
+
+
+def pack_int8(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``(tiles, K // 2, 32)`` int8 layout the kernel reads of per-channel int8 ``codes``
+    ``(N, K)`` (K a multiple of 32), and the ``scales`` ``(N,)`` as float32 padded to the
+    tiles: per 16 output columns and input pair, byte ``2i + t`` the code of column ``i`` at
+    the pair's input ``t``."""
+    n, k = codes.shape
+    if k % GROUP or scales.shape != (n,):
+        raise ValueError(
+            f"the int8 kernel takes inputs in multiples of {GROUP} and a scale per output: "
+            f"codes {tuple(codes.shape)} with scales {tuple(scales.shape)}"
+        )
+    tiles = -(-n // TILE)
+    pad = tiles * TILE - n
+    c = torch.cat((codes.to(torch.int8), torch.zeros(pad, k, dtype=torch.int8)))
+    s = torch.cat((scales.float(), torch.zeros(pad)))
+    packed = c.reshape(tiles, TILE, k // 2, 2).permute(0, 2, 1, 3).reshape(tiles, k // 2, 32)
+    return packed.contiguous(), s.contiguous()
+
+
+def unpack_int8(
+    packed: tuple[torch.Tensor, torch.Tensor], n: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The codes ``(n, K)`` (int8) and the float32 scales ``(n,)`` :func:`pack_int8` packed."""
+    codes, scales = packed
+    tiles, pairs, _ = codes.shape
+    rows = codes.reshape(tiles, pairs, TILE, 2).permute(0, 2, 1, 3).reshape(tiles * TILE, 2 * pairs)
+    return rows[:n], scales[:n]
+
+
+def int8_linear(
+    x: torch.Tensor,
+    packed: tuple[torch.Tensor, torch.Tensor],
+    n: int,
+    bias: torch.Tensor | None = None,
+    *,
+    amx_rows: int = INT8_AMX_ROWS,
+) -> torch.Tensor:
+    """:func:`int4_linear` for the per-channel int8 weight :func:`pack_int8` packed (AMX by
+    default from :data:`INT8_AMX_ROWS` rows on)."""
+    codes, scales = packed
+    out: torch.Tensor = torch.ops.batchline.int8_linear(
+        x.contiguous(), codes, scales, n, bias, amx_rows
+    )
+    return out
 
 
 def int4_linear(

@@ -70,7 +70,9 @@ INT4_GROUP_SIZE = 32
 #: Through the own int4 kernel ("own") the time grows ~linearly from 16 rows on while
 #: dequantizing its layout took ~30 ms (960 -> 5,120: 0.8 / 2.6 / 8.4 ms at 16 / 64 / 256 rows
 #: against 29-40 ms for dequantizing and multiplying dense): the kernel up to 1,024 rows.
-DENSE_ROWS = {"int8": 32, "int4": 256, "int8g": 256, "own": 1024}
+#: The own int8 kernel ("own8", AMX) took dense bf16's time at 64 rows (960 -> 5,120: 1.74
+#: against 1.79 ms) and 2.5x it at 256.
+DENSE_ROWS = {"int8": 32, "int4": 256, "int8g": 256, "own": 1024, "own8": 64}
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +192,7 @@ class QuantLinear(torch.nn.Module):
         self._int8: tuple[torch.Tensor, torch.Tensor] | None = None
         self._planes: list[tuple[torch.Tensor, torch.Tensor]] = []  # torch's int4 layout
         self._own: list[torch.Tensor] = []  # or the own kernel's (quant_kernel.pack_int4)
+        self._own8: tuple[torch.Tensor, torch.Tensor] | None = None  # quant_kernel.pack_int8
 
     @classmethod
     def int8(
@@ -199,11 +202,28 @@ class QuantLinear(torch.nn.Module):
         *,
         bias: torch.Tensor | None = None,
         dtype: torch.dtype = torch.bfloat16,
+        own_kernel: bool | None = None,
     ) -> QuantLinear:
-        """Per-channel int8 codes ``(N, K)`` and scales ``(N,)`` (:func:`quantize_int8`)."""
+        """Per-channel int8 codes ``(N, K)`` and scales ``(N,)`` (:func:`quantize_int8`).
+        ``own_kernel``: whether to compute through batchline's int8 kernel (bf16, inputs in
+        multiples of 32; its scales stay float32) or torch's; by default the own one where
+        the CPU has AMX (:func:`~batchline.models.generation.quant_kernel.own_kernels`)."""
+        from batchline.models.generation import quant_kernel
+
         n, k = codes.shape
         layer = cls(k, n, kind="int8", bias=bias, group_size=k)
-        layer._int8 = (codes.to(torch.int8).contiguous(), scales.to(dtype).contiguous())
+        fits = dtype == torch.bfloat16 and k % quant_kernel.GROUP == 0
+        if own_kernel is None:
+            own_kernel = fits and quant_kernel.own_kernels(amx=True)[0]
+        elif own_kernel and not fits:
+            raise ValueError(
+                f"the own int8 kernel takes bf16 and inputs in multiples of "
+                f"{quant_kernel.GROUP}, not {dtype} and {k}"
+            )
+        if own_kernel:
+            layer._own8 = quant_kernel.pack_int8(codes, scales)
+        else:
+            layer._int8 = (codes.to(torch.int8).contiguous(), scales.to(dtype).contiguous())
         return layer
 
     @classmethod
@@ -249,6 +269,7 @@ class QuantLinear(torch.nn.Module):
     def weight_bytes(self) -> int:
         """The bytes this layer's weight (codes, scales, zeros) occupies."""
         tensors = [t for pair in self._planes for t in pair] + self._own
+        tensors += list(self._own8 or ())
         if self._int8 is not None:
             tensors += list(self._int8)
         return sum(t.numel() * t.element_size() for t in tensors)
@@ -260,6 +281,11 @@ class QuantLinear(torch.nn.Module):
         if self._int8 is not None:
             codes, scales = self._int8
             return codes.to(dtype) * scales.to(dtype)[:, None]
+        if self._own8 is not None:
+            from batchline.models.generation.quant_kernel import unpack_int8
+
+            codes, scales = unpack_int8(self._own8, n)
+            return (codes.to(dtype) * scales.to(dtype)[:, None]).contiguous()
         out = torch.zeros(n, k, dtype=dtype)
         g = self.group_size
         for packed in self._own:
@@ -277,12 +303,14 @@ class QuantLinear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
-        if flat.shape[0] >= DENSE_ROWS["own" if self._own else self.kind]:
+        own = bool(self._own) or self._own8 is not None
+        limit = DENSE_ROWS[self.kind if not own else "own8" if self._own8 is not None else "own"]
+        if flat.shape[0] >= limit:
             dense = torch.nn.functional.linear(flat, self.dequantized(flat.dtype), self.bias)
             return dense.view(*x.shape[:-1], self.out_features)
-        if self._own and flat.dtype == torch.bfloat16:
+        if own and flat.dtype == torch.bfloat16:
             return self._own_forward(flat).view(*x.shape[:-1], self.out_features)
-        if self._own:  # activations of another dtype than the layer was built for
+        if own:  # activations of another dtype than the layer was built for
             bias = None if self.bias is None else self.bias.to(flat.dtype)
             dense = torch.nn.functional.linear(flat, self.dequantized(flat.dtype), bias)
             return dense.view(*x.shape[:-1], self.out_features)
@@ -303,11 +331,13 @@ class QuantLinear(torch.nn.Module):
         return result
 
     def _own_forward(self, flat: torch.Tensor) -> torch.Tensor:
-        """``flat`` (bf16 rows) through the own int4 kernel, plane by plane, the bias (in
-        float32) added in the first plane's sums."""
-        from batchline.models.generation.quant_kernel import int4_linear
+        """``flat`` (bf16 rows) through the own int8 kernel, or the int4 one plane by plane,
+        the bias (in float32) added in the first plane's sums."""
+        from batchline.models.generation.quant_kernel import int4_linear, int8_linear
 
         bias = None if self.bias is None else self.bias.float()
+        if self._own8 is not None:
+            return int8_linear(flat, self._own8, self.out_features, bias)
         out = int4_linear(flat, self._own[0], self.out_features, bias)
         for packed in self._own[1:]:
             out = out + int4_linear(flat, packed, self.out_features)
@@ -315,7 +345,7 @@ class QuantLinear(torch.nn.Module):
 
     def extra_repr(self) -> str:
         group = "" if self.kind == "int8" else f", group_size={self.group_size}"
-        group += ", own kernel" if self._own else ""
+        group += ", own kernel" if self._own or self._own8 is not None else ""
         sizes = f"in_features={self.in_features}, out_features={self.out_features}"
         return f"{sizes}, {self.kind}{group}"
 
