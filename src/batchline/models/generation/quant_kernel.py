@@ -1,4 +1,4 @@
-"""batchline's own int4 linear for a decode step's few rows (``csrc/quant_gemm.cpp``).
+"""batchline's own int4 and int8 linears for a decode step's few rows (``csrc/quant_gemm.cpp``).
 
 torch's CPU int4 kernel (``_weight_int4pack_mm_for_cpu``) is fast at one row and slows down
 with every row added: on the AMX Xeon it took 2-3.5x a dense bf16 linear at 16 rows. This one
@@ -15,6 +15,12 @@ fused gate/up 960 -> 5,120, dense bf16 615 / 590 / 632 / 799, torch's int4 384 /
 2,560 -> 960, dense 308 / 319 / 330 / 344, this kernel 137 / 160 / 202 / 238 (x0.45 / 0.50 /
 0.61 / 0.69). The AMX path took the vdpbf16ps one's time at one row, and 0.8x / 0.65x / 0.55x /
 0.25x of it at 2 / 3 / 4 / 16 rows.
+
+The per-channel int8 linear (:func:`pack_int8`, :func:`int8_linear`) sums the same way, its
+codes widened to bf16 by a conversion through fp32 (dearer than int4's table lookup, so it takes
+AMX from one row) and its scale applied once at the end: 960 -> 5,120, dense 589 / 576 / 618 /
+762 µs, torch's int8 504 / 664 / 1,321 / 2,630, this kernel 337 / 327 / 342 / 395 (x0.57 / 0.57
+/ 0.55 / 0.52); 2,560 -> 960 x0.59 / 0.56 / 0.60 / 0.54.
 
 :func:`pack_int4` lays out the codes, scales and zeros of an
 :class:`~batchline.models.generation.quant_linear.Int4Codes` (groups of 32,

@@ -1,10 +1,11 @@
 """Weight-only int8 and int4 linears (``Knobs.weights``), and the codes they are built from.
 
 A :class:`QuantLinear` holds its weight as integer codes and per-group scales, and computes
-``x @ W.T (+ bias)`` in the activations' dtype: int4 in bf16 with groups of 32 through
-batchline's own kernel where the CPU has AVX512-BF16 (:mod:`~batchline.models.generation.
-quant_kernel`: ~0.45-0.7x a dense bf16 linear at 1-16 rows, where torch's int4 took 0.6x at one
-row and 2.7-3.1x at 16), everything else through torch's CPU kernels:
+``x @ W.T (+ bias)`` in the activations' dtype: in bf16, int4 in groups of 32 through
+batchline's own kernel where the CPU has AVX512-BF16 and int8 where it also has AMX
+(:mod:`~batchline.models.generation.quant_kernel`: ~0.45-0.7x a dense bf16 linear at 1-16
+rows, where torch's int4 took 0.6x at one row and 2.7-3.1x at 16, its int8 0.8x and 2.8-3.5x),
+everything else through torch's CPU kernels:
 
 - ``int8``: one scale per output channel, codes in [-127, 127] (symmetric);
   ``torch.ops.aten._weight_int8pack_mm``.
