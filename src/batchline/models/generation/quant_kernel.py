@@ -27,8 +27,8 @@ AMX from one row) and its scale applied once at the end: 960 -> 5,120, dense 589
 ``(code - 8) * scale + zero``, scales and zeros rounded to bf16) for it, once at load;
 :func:`int4_linear` computes ``x @ W.T (+ bias)`` for bf16 ``x``. :func:`own_kernels` says
 whether this machine has it: the library built (:func:`~batchline.models.generation.
-decode_kernel.decode_kernel`) and a CPU with AVX512-BF16. Elsewhere the library computes the
-same sums in plain C++, correct but not fast, so ``QuantLinear`` keeps torch's kernel there.
+decode_kernel.decode_kernel`) and a CPU with AVX512-BF16 (elsewhere the library's int ops raise
+an error, and ``QuantLinear`` keeps torch's kernels).
 """
 
 from __future__ import annotations

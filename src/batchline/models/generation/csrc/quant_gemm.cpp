@@ -26,8 +26,8 @@
 // once per group and multiplies them with up to 16 rows at a time. A tile's groups follow each
 // other, so a tile is read as one stream. Tiles are split over ATen's intra-op threads.
 //
-// On a CPU without AVX512-BF16 the same sums run in plain C++ (correct, not fast: the Python
-// side uses this kernel only where the CPU has AVX512-BF16).
+// Built for a CPU without AVX512-BF16, the ops raise an error: the Python side calls them only
+// where the CPU has it (quant_kernel.own_kernels) and keeps torch's kernels elsewhere.
 // Built with decode_attention.cpp by batchline.models.generation.decode_kernel.
 
 #include <ATen/ATen.h>
@@ -56,42 +56,6 @@ inline float bf16_to_float(uint16_t h) {
   float f;
   std::memcpy(&f, &bits, sizeof f);
   return f;
-}
-
-inline uint16_t float_to_bf16(float f) {  // round to nearest even (no NaN inputs here)
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof bits);
-  bits += 0x7FFF + ((bits >> 16) & 1);
-  return static_cast<uint16_t>(bits >> 16);
-}
-
-// The code of column i at input k (0..31) of one tile-group block.
-inline int code_at(const uint8_t* block, int64_t i, int64_t k) {
-  const int64_t c = k / 4, r = k % 4;
-  const uint8_t byte = block[c * 32 + 2 * i + (r & 1)];
-  return r < 2 ? (byte & 15) : (byte >> 4);
-}
-
-// Rows [m0, m0 + rows) of one tile, plain C++.
-void tile_scalar(const uint8_t* tile, int64_t groups, const uint16_t* x, int64_t k_total,
-                 const float* xsum, int64_t m0, int64_t rows, const float* bias, int64_t n0,
-                 int64_t cols, int64_t n_total, uint16_t* out) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const uint16_t* xr = x + (m0 + r) * k_total;
-    for (int64_t i = 0; i < cols; ++i) {
-      float total = bias ? bias[n0 + i] : 0.0f;
-      for (int64_t g = 0; g < groups; ++g) {
-        const uint8_t* block = tile + g * kBlock;
-        const auto* sz = reinterpret_cast<const uint16_t*>(block + 256);
-        float part = 0.0f;
-        for (int64_t k = 0; k < kGroup; ++k) {
-          part += bf16_to_float(xr[g * kGroup + k]) * static_cast<float>(code_at(block, i, k) - 8);
-        }
-        total += part * bf16_to_float(sz[i]) + xsum[(m0 + r) * groups + g] * bf16_to_float(sz[16 + i]);
-      }
-      out[(m0 + r) * n_total + n0 + i] = float_to_bf16(total);
-    }
-  }
 }
 
 #if defined(__AVX512BF16__)
@@ -269,6 +233,9 @@ void tile_rows_amx(const uint8_t* tile, int64_t groups, const uint16_t* x, int64
 
 at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
                        const std::optional<at::Tensor>& bias, int64_t amx_rows) {
+#if !defined(__AVX512BF16__)
+  TORCH_CHECK(false, "int4_linear: built for a CPU without AVX512-BF16, which it needs");
+#endif
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(),
               "int4_linear: x must be a contiguous (rows, K) bfloat16 tensor");
   TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kByte && packed.is_contiguous() &&
@@ -328,8 +295,6 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
 #if defined(__AVX512BF16__)
         tile_rows_upto<kMaxRows>(count, tile, groups, xp, k_total, sp, m0, bias_ptr, n0, cols, n,
                                  op);
-#else
-        tile_scalar(tile, groups, xp, k_total, sp, m0, count, bias_ptr, n0, cols, n, op);
 #endif
       }
     }
@@ -439,6 +404,9 @@ void tile_rows_int8_amx(const int8_t* tile, const uint16_t* x, int64_t k_total, 
 
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales,
                        int64_t n, const std::optional<at::Tensor>& bias, int64_t amx_rows) {
+#if !defined(__AVX512BF16__)
+  TORCH_CHECK(false, "int8_linear: built for a CPU without AVX512-BF16, which it needs");
+#endif
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(),
               "int8_linear: x must be a contiguous (rows, K) bfloat16 tensor");
   TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kChar && packed.is_contiguous() &&
@@ -492,18 +460,6 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
 #if defined(__AVX512BF16__)
         tile_rows_int8_upto<kMaxRows>(count, tile, xp, k_total, m0, sp, bias_ptr, n0, cols, n,
                                       op);
-#else
-        for (int64_t r = m0; r < m0 + count; ++r) {
-          for (int64_t i = 0; i < cols; ++i) {
-            float sum = 0.0f;
-            for (int64_t k = 0; k < k_total; ++k) {
-              sum += bf16_to_float(xp[r * k_total + k]) *
-                     static_cast<float>(tile[(k / 2) * 32 + 2 * i + (k & 1)]);
-            }
-            const float b = bias_ptr ? bias_ptr[n0 + i] : 0.0f;
-            op[r * n + n0 + i] = float_to_bf16(sum * sp[n0 + i] + b);
-          }
-        }
 #endif
       }
     }
