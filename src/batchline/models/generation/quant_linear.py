@@ -267,6 +267,11 @@ class QuantLinear(torch.nn.Module):
         return layer
 
     @property
+    def own_kernel(self) -> bool:
+        """Whether batchline's own kernel computes this layer (else torch's)."""
+        return bool(self._own) or self._own8 is not None
+
+    @property
     def weight_bytes(self) -> int:
         """The bytes this layer's weight (codes, scales, zeros) occupies."""
         tensors = [t for pair in self._planes for t in pair] + self._own
@@ -304,7 +309,7 @@ class QuantLinear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
-        own = bool(self._own) or self._own8 is not None
+        own = self.own_kernel
         limit = DENSE_ROWS[self.kind if not own else "own8" if self._own8 is not None else "own"]
         if flat.shape[0] >= limit:
             dense = torch.nn.functional.linear(flat, self.dequantized(flat.dtype), self.bias)
@@ -346,7 +351,7 @@ class QuantLinear(torch.nn.Module):
 
     def extra_repr(self) -> str:
         group = "" if self.kind == "int8" else f", group_size={self.group_size}"
-        group += ", own kernel" if self._own or self._own8 is not None else ""
+        group += ", own kernel" if self.own_kernel else ""
         sizes = f"in_features={self.in_features}, out_features={self.out_features}"
         return f"{sizes}, {self.kind}{group}"
 
@@ -369,18 +374,20 @@ def _unpack_int4(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
 
 @dataclass(frozen=True, slots=True)
 class QuantReport:
-    """What :func:`quantize_linears` quantized: how many linears, as what, and their weight
-    bytes before and after (said in the load log)."""
+    """What :func:`quantize_linears` quantized: how many linears, as what, their weight bytes
+    before and after, and whose kernel computes them (said in the load log)."""
 
     kind: str
     linears: int
     bytes_before: int
     bytes_after: int
+    kernel: str = "torch's kernel"
 
     def __str__(self) -> str:
         return (
-            f"{self.linears} linears as {self.kind} ({self.bytes_before / 2**20:.0f} -> "
-            f"{self.bytes_after / 2**20:.0f} MiB; embedding and lm_head kept)"
+            f"{self.linears} linears as {self.kind} through {self.kernel} "
+            f"({self.bytes_before / 2**20:.0f} -> {self.bytes_after / 2**20:.0f} MiB; "
+            f"embedding and lm_head kept)"
         )
 
 
@@ -416,7 +423,9 @@ def quantize_linears(model: torch.nn.Module, kind: str, dtype: torch.dtype) -> Q
             layer = QuantLinear.int4([codes], bias=bias, dtype=dtype)
         after += layer.weight_bytes
         setattr(parent, name, layer)
-    return QuantReport(kind, len(swaps), before, after)
+    own = any(isinstance(m, QuantLinear) and m.own_kernel for m in layers.modules())
+    kernel = "batchline's kernel" if own else "torch's kernel"
+    return QuantReport(kind, len(swaps), before, after, kernel)
 
 
 def step_weight_bytes(model: torch.nn.Module) -> int:
