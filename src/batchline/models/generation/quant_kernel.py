@@ -13,14 +13,16 @@ thread, calls of each alternated, median µs per call at 1 / 4 / 8 / 16 rows): S
 fused gate/up 960 -> 5,120, dense bf16 615 / 590 / 632 / 799, torch's int4 384 / 606 / 1,132 /
 2,179, this kernel 263 / 315 / 378 / 461 (x0.43 / 0.53 / 0.60 / 0.58 of dense); its down
 2,560 -> 960, dense 308 / 319 / 330 / 344, this kernel 137 / 160 / 202 / 238 (x0.45 / 0.50 /
-0.61 / 0.69). The AMX path took the vdpbf16ps one's time at one row, and 0.8x / 0.65x / 0.55x /
-0.25x of it at 2 / 3 / 4 / 16 rows.
+0.61 / 0.69); a Qwen2.5-1.5B-sized 1,536 -> 8,960, x0.49 / 0.54 / 0.57 / 0.64. The AMX path
+took the vdpbf16ps one's time at one row, and 0.8x / 0.65x / 0.55x / 0.25x of it at 2 / 3 / 4 /
+16 rows.
 
 The per-channel int8 linear (:func:`pack_int8`, :func:`int8_linear`) sums the same way, its
 codes widened to bf16 by a conversion through fp32 (dearer than int4's table lookup, so it takes
 AMX from one row) and its scale applied once at the end: 960 -> 5,120, dense 589 / 576 / 618 /
 762 µs, torch's int8 504 / 664 / 1,321 / 2,630, this kernel 337 / 327 / 342 / 395 (x0.57 / 0.57
-/ 0.55 / 0.52); 2,560 -> 960 x0.59 / 0.56 / 0.60 / 0.54.
+/ 0.55 / 0.52); 2,560 -> 960 x0.59 / 0.56 / 0.60 / 0.54; 1,536 -> 8,960 x0.60 / 0.62 / 0.59 /
+0.58.
 
 :func:`pack_int4` lays out the codes, scales and zeros of an
 :class:`~batchline.models.generation.quant_linear.Int4Codes` (groups of 32,
