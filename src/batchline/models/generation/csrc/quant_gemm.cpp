@@ -135,6 +135,8 @@ void tile_rows_upto(int64_t rows, const uint8_t* tile, int64_t groups, const uin
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
 #define BATCHLINE_AMX 1
 // Linux hands out AMX's tile state to a process that asks for it (once; oneDNN asks too).
+// Each thread configures the tiles for its own share of a call and releases them at its end,
+// as oneDNN and ATen's brgemm users do, so that none of them finds another's configuration.
 bool amx_permitted() {
   static const bool ok = [] {
     constexpr long kRequestPermission = 0x1023, kTileData = 18;
