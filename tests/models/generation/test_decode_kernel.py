@@ -208,7 +208,7 @@ def test_a_build_error_is_reported_and_nothing_is_cached(
 ) -> None:
     bad = tmp_path / "bad.cpp"
     bad.write_text("this is not C++\n")
-    monkeypatch.setattr(dk, "_SOURCE", bad)
+    monkeypatch.setattr(dk, "_SOURCES", (bad,))
     monkeypatch.setenv("BATCHLINE_CACHE_DIR", str(tmp_path / "cache"))
     op, why = dk._load()
     assert op is None

@@ -10,12 +10,14 @@ BLAS call, and in bfloat16 that call converts and calls again; this kernel reads
 and values once, sums bfloat16 products with the CPU's AVX512-BF16 instructions where it has
 them, and skips the padding. benchmarks/engine_levers.md has the measurements.
 
-It is compiled once per machine with the system's C++ compiler (``$CXX``, else ``c++``) against
-the installed torch, into ``<cache dir>/kernels/`` under a name that hashes the source, the
-compiler, torch's version and the CPU's flags (it is built with ``-march=native``), and then
-loaded with ``torch.ops.load_library``. Where that cannot be done (no compiler, a build error, a
-non-x86 machine), :func:`decode_kernel` returns None and why, and the engine attends through
-SDPA as before.
+The same library holds the int4 linear (``csrc/quant_gemm.cpp``, used by
+:mod:`~batchline.models.generation.quant_kernel`). It is compiled once per machine with the
+system's C++ compiler (``$CXX``, else ``c++``) against the installed torch, into
+``<cache dir>/kernels/`` under a name that hashes the sources, the compiler, torch's version and
+the CPU's flags (it is built with ``-march=native``), and then loaded with
+``torch.ops.load_library``. Where that cannot be done (no compiler, a build error, a non-x86
+machine), :func:`decode_kernel` returns None and why, and the engine attends through SDPA as
+before.
 """
 
 from __future__ import annotations
@@ -45,7 +47,10 @@ DecodeKernel = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, float, float], torch.Tensor
 ]
 
-_SOURCE = Path(__file__).parent / "csrc" / "decode_attention.cpp"
+_CSRC = Path(__file__).parent / "csrc"
+#: The library's sources, built together into one shared library: the decode attention and the
+#: step's elementwise ops, and the int4 linear of :mod:`~batchline.models.generation.quant_kernel`.
+_SOURCES = (_CSRC / "decode_attention.cpp", _CSRC / "quant_gemm.cpp")
 _FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-std=c++17", "-shared", "-fPIC", "-w")
 _BUILD_TIMEOUT_S = 300.0
 
@@ -54,9 +59,9 @@ _loaded: tuple[DecodeKernel | None, str] | None = None
 
 
 def decode_kernel() -> tuple[DecodeKernel | None, str]:
-    """``(kernel, where it was loaded from)``, built on first use (~10 s, once per machine), or
-    ``(None, why not)``. One answer per process: torch registers the ``batchline`` op namespace
-    once."""
+    """``(kernel, where it was loaded from)``, built on first use (~20 s with the int kernels,
+    once per machine), or ``(None, why not)``. One answer per process: torch registers the
+    ``batchline`` op namespace once."""
     global _loaded
     with _lock:
         if _loaded is None:
@@ -105,12 +110,12 @@ def _built(compiler: str) -> Path:
     """The shared library for this source, compiler, torch and CPU, built if not cached."""
     from torch.utils import cpp_extension
 
-    source = _SOURCE.read_bytes()
+    sources = [path.read_bytes() for path in _SOURCES]
     version = subprocess.run(
         [compiler, "--version"], capture_output=True, text=True, timeout=30, check=True
     ).stdout
     key = hashlib.sha256()
-    for part in (source, version.encode(), torch.__version__.encode(), _cpu_flags().encode()):
+    for part in (*sources, version.encode(), torch.__version__.encode(), _cpu_flags().encode()):
         key.update(part)
         key.update(b"\0")
     key.update(" ".join(_FLAGS).encode())
@@ -127,7 +132,7 @@ def _built(compiler: str) -> Path:
             *_FLAGS,
             *(f"-I{p}" for p in cpp_extension.include_paths()),
             f"-D_GLIBCXX_USE_CXX11_ABI={int(torch.compiled_with_cxx11_abi())}",
-            str(_SOURCE),
+            *(str(p) for p in _SOURCES),
             "-o",
             str(built),
             *(f"-L{p}" for p in libs),

@@ -1,7 +1,11 @@
 """Weight-only int8 and int4 linears (``Knobs.weights``), and the codes they are built from.
 
 A :class:`QuantLinear` holds its weight as integer codes and per-group scales, and computes
-``x @ W.T (+ bias)`` in the activations' dtype through torch's CPU kernels:
+``x @ W.T (+ bias)`` in the activations' dtype: in bf16, int4 in groups of 32 through
+batchline's own kernel where the CPU has AVX512-BF16 and int8 where it also has AMX
+(:mod:`~batchline.models.generation.quant_kernel`: ~0.45-0.7x a dense bf16 linear at 1-16
+rows, where torch's int4 took 0.6x at one row and 2.7-3.1x at 16, its int8 0.8x and 2.8-3.5x),
+everything else through torch's CPU kernels:
 
 - ``int8``: one scale per output channel, codes in [-127, 127] (symmetric);
   ``torch.ops.aten._weight_int8pack_mm``.
@@ -29,7 +33,8 @@ int8 stays per channel, torch's int8 kernel: on 6 prompts x 16 positions it agre
 where bf16 itself did at 97.9 % (log-prob 3.1 % off), on 12 x 32 at 97.7 % as bf16 did (1.6 %
 off); int8 in groups of 32 (Q8_0's form, the two int4 planes) agreed at 97.9 % on the 6 x 16
 (0.7 % off) but took 1.1-1.3x a dense bf16 linear at one row where per channel took 0.6-0.7x,
-so it did not pay as a speed format.
+so it did not pay as a speed format. The figures above are torch's kernels; the own int4
+kernel's are in ``quant_kernel.py`` and docs/generation.md.
 """
 
 from __future__ import annotations
@@ -63,7 +68,12 @@ INT4_GROUP_SIZE = 32
 #: one thread, a busy machine: int4 11.5 ms at 512 rows where dense took 1.2 ms and unpacking
 #: the int4 codes 5.3 ms (even at ~270 rows); int8 0.44 / 1.56 / 12.6 ms at 16 / 64 / 512 rows,
 #: its dequantizing ~0.7 ms (even at ~32 rows; 256 rows went 10.9 -> 1.35 ms).
-DENSE_ROWS = {"int8": 32, "int4": 256, "int8g": 256}
+#: Through the own int4 kernel ("own") the time grows ~linearly from 16 rows on while
+#: dequantizing its layout took ~30 ms (960 -> 5,120: 0.8 / 2.6 / 8.4 ms at 16 / 64 / 256 rows
+#: against 29-40 ms for dequantizing and multiplying dense): the kernel up to 1,024 rows.
+#: The own int8 kernel ("own8", AMX) took dense bf16's time at 64 rows (960 -> 5,120: 1.74
+#: against 1.79 ms) and 2.5x it at 256.
+DENSE_ROWS = {"int8": 32, "int4": 256, "int8g": 256, "own": 1024, "own8": 64}
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,7 +191,9 @@ class QuantLinear(torch.nn.Module):
         self.group_size = group_size
         self.bias = None if bias is None else torch.nn.Parameter(bias.detach(), requires_grad=False)
         self._int8: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._planes: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._planes: list[tuple[torch.Tensor, torch.Tensor]] = []  # torch's int4 layout
+        self._own: list[torch.Tensor] = []  # or the own kernel's (quant_kernel.pack_int4)
+        self._own8: tuple[torch.Tensor, torch.Tensor] | None = None  # quant_kernel.pack_int8
 
     @classmethod
     def int8(
@@ -191,11 +203,28 @@ class QuantLinear(torch.nn.Module):
         *,
         bias: torch.Tensor | None = None,
         dtype: torch.dtype = torch.bfloat16,
+        own_kernel: bool | None = None,
     ) -> QuantLinear:
-        """Per-channel int8 codes ``(N, K)`` and scales ``(N,)`` (:func:`quantize_int8`)."""
+        """Per-channel int8 codes ``(N, K)`` and scales ``(N,)`` (:func:`quantize_int8`).
+        ``own_kernel``: whether to compute through batchline's int8 kernel (bf16, inputs in
+        multiples of 32; its scales stay float32) or torch's; by default the own one where
+        the CPU has AMX (:func:`~batchline.models.generation.quant_kernel.own_kernels`)."""
+        from batchline.models.generation import quant_kernel
+
         n, k = codes.shape
         layer = cls(k, n, kind="int8", bias=bias, group_size=k)
-        layer._int8 = (codes.to(torch.int8).contiguous(), scales.to(dtype).contiguous())
+        fits = dtype == torch.bfloat16 and k % quant_kernel.GROUP == 0
+        if own_kernel is None:
+            own_kernel = fits and quant_kernel.own_kernels(amx=True)[0]
+        elif own_kernel and not fits:
+            raise ValueError(
+                f"the own int8 kernel takes bf16 and inputs in multiples of "
+                f"{quant_kernel.GROUP}, not {dtype} and {k}"
+            )
+        if own_kernel:
+            layer._own8 = quant_kernel.pack_int8(codes, scales)
+        else:
+            layer._int8 = (codes.to(torch.int8).contiguous(), scales.to(dtype).contiguous())
         return layer
 
     @classmethod
@@ -205,13 +234,30 @@ class QuantLinear(torch.nn.Module):
         *,
         bias: torch.Tensor | None = None,
         dtype: torch.dtype = torch.bfloat16,
+        own_kernel: bool | None = None,
     ) -> QuantLinear:
         """One int4 plane (:func:`quantize_int4`, a GGUF's Q4_0/Q4_1), or the two of
-        :func:`int8_group_planes`, whose products are summed."""
+        :func:`int8_group_planes`, whose products are summed. ``own_kernel``: whether to
+        compute through batchline's int4 kernel (bf16, groups of 32 only) or torch's; by
+        default the own one where it runs vectorized here (:func:`~batchline.models.
+        generation.quant_kernel.own_kernels`)."""
+        from batchline.models.generation import quant_kernel
+
         n, k = planes[0].codes.shape
         kind = "int4" if len(planes) == 1 else "int8g"
         layer = cls(k, n, kind=kind, bias=bias, group_size=planes[0].group_size)
+        fits = dtype == torch.bfloat16 and layer.group_size == quant_kernel.GROUP
+        if own_kernel is None:
+            own_kernel = fits and quant_kernel.own_kernels()[0]
+        elif own_kernel and not fits:
+            raise ValueError(
+                f"the own int4 kernel takes bf16 and groups of {quant_kernel.GROUP}, not "
+                f"{dtype} and groups of {layer.group_size}"
+            )
         for plane in planes:
+            if own_kernel:
+                layer._own.append(quant_kernel.pack_int4(plane.codes, plane.scales, plane.zeros))
+                continue
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
                 plane.codes.to(torch.int32).contiguous(), 1
             )
@@ -221,9 +267,15 @@ class QuantLinear(torch.nn.Module):
         return layer
 
     @property
+    def own_kernel(self) -> bool:
+        """Whether batchline's own kernel computes this layer (else torch's)."""
+        return bool(self._own) or self._own8 is not None
+
+    @property
     def weight_bytes(self) -> int:
         """The bytes this layer's weight (codes, scales, zeros) occupies."""
-        tensors = [t for pair in self._planes for t in pair]
+        tensors = [t for pair in self._planes for t in pair] + self._own
+        tensors += list(self._own8 or ())
         if self._int8 is not None:
             tensors += list(self._int8)
         return sum(t.numel() * t.element_size() for t in tensors)
@@ -235,8 +287,19 @@ class QuantLinear(torch.nn.Module):
         if self._int8 is not None:
             codes, scales = self._int8
             return codes.to(dtype) * scales.to(dtype)[:, None]
+        if self._own8 is not None:
+            from batchline.models.generation.quant_kernel import unpack_int8
+
+            codes, scales = unpack_int8(self._own8, n)
+            return (codes.to(dtype) * scales.to(dtype)[:, None]).contiguous()
         out = torch.zeros(n, k, dtype=dtype)
         g = self.group_size
+        for packed in self._own:
+            from batchline.models.generation.quant_kernel import unpack_int4
+
+            codes, scales, zeros = unpack_int4(packed, n)
+            s, z = scales.to(dtype)[..., None], zeros.to(dtype)[..., None]
+            out += ((codes.to(dtype).view(n, k // g, g) - 8) * s + z).view(n, k)
         for packed, scales_zeros in self._planes:
             codes = _unpack_int4(packed, n, k).to(dtype).view(n, k // g, g)
             s = scales_zeros[..., 0].T.to(dtype)[..., None]
@@ -246,8 +309,16 @@ class QuantLinear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
-        if flat.shape[0] >= DENSE_ROWS[self.kind]:
+        own = self.own_kernel
+        limit = DENSE_ROWS[self.kind if not own else "own8" if self._own8 is not None else "own"]
+        if flat.shape[0] >= limit:
             dense = torch.nn.functional.linear(flat, self.dequantized(flat.dtype), self.bias)
+            return dense.view(*x.shape[:-1], self.out_features)
+        if own and flat.dtype == torch.bfloat16:
+            return self._own_forward(flat).view(*x.shape[:-1], self.out_features)
+        if own:  # activations of another dtype than the layer was built for
+            bias = None if self.bias is None else self.bias.to(flat.dtype)
+            dense = torch.nn.functional.linear(flat, self.dequantized(flat.dtype), bias)
             return dense.view(*x.shape[:-1], self.out_features)
         if self._int8 is not None:
             codes, scales = self._int8
@@ -265,8 +336,22 @@ class QuantLinear(torch.nn.Module):
         result: torch.Tensor = out.view(*x.shape[:-1], self.out_features)
         return result
 
+    def _own_forward(self, flat: torch.Tensor) -> torch.Tensor:
+        """``flat`` (bf16 rows) through the own int8 kernel, or the int4 one plane by plane,
+        the bias (in float32) added in the first plane's sums."""
+        from batchline.models.generation.quant_kernel import int4_linear, int8_linear
+
+        bias = None if self.bias is None else self.bias.float()
+        if self._own8 is not None:
+            return int8_linear(flat, self._own8, self.out_features, bias)
+        out = int4_linear(flat, self._own[0], self.out_features, bias)
+        for packed in self._own[1:]:
+            out = out + int4_linear(flat, packed, self.out_features)
+        return out
+
     def extra_repr(self) -> str:
         group = "" if self.kind == "int8" else f", group_size={self.group_size}"
+        group += ", own kernel" if self.own_kernel else ""
         sizes = f"in_features={self.in_features}, out_features={self.out_features}"
         return f"{sizes}, {self.kind}{group}"
 
@@ -289,18 +374,20 @@ def _unpack_int4(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
 
 @dataclass(frozen=True, slots=True)
 class QuantReport:
-    """What :func:`quantize_linears` quantized: how many linears, as what, and their weight
-    bytes before and after (said in the load log)."""
+    """What :func:`quantize_linears` quantized: how many linears, as what, their weight bytes
+    before and after, and whose kernel computes them (said in the load log)."""
 
     kind: str
     linears: int
     bytes_before: int
     bytes_after: int
+    kernel: str = "torch's kernel"
 
     def __str__(self) -> str:
         return (
-            f"{self.linears} linears as {self.kind} ({self.bytes_before / 2**20:.0f} -> "
-            f"{self.bytes_after / 2**20:.0f} MiB; embedding and lm_head kept)"
+            f"{self.linears} linears as {self.kind} through {self.kernel} "
+            f"({self.bytes_before / 2**20:.0f} -> {self.bytes_after / 2**20:.0f} MiB; "
+            f"embedding and lm_head kept)"
         )
 
 
@@ -336,7 +423,9 @@ def quantize_linears(model: torch.nn.Module, kind: str, dtype: torch.dtype) -> Q
             layer = QuantLinear.int4([codes], bias=bias, dtype=dtype)
         after += layer.weight_bytes
         setattr(parent, name, layer)
-    return QuantReport(kind, len(swaps), before, after)
+    own = any(isinstance(m, QuantLinear) and m.own_kernel for m in layers.modules())
+    kernel = "batchline's kernel" if own else "torch's kernel"
+    return QuantReport(kind, len(swaps), before, after, kernel)
 
 
 def step_weight_bytes(model: torch.nn.Module) -> int:

@@ -1,0 +1,179 @@
+"""batchline's own int4 and int8 linears for a decode step's few rows (``csrc/quant_gemm.cpp``).
+
+torch's CPU int4 kernel (``_weight_int4pack_mm_for_cpu``) is fast at one row and slows down
+with every row added: on the AMX Xeon it took 2-3.5x a dense bf16 linear at 16 rows. This one
+widens each block of 64 codes to bf16 once and sums it against every row: at one row with
+AVX512-BF16's ``vdpbf16ps`` (in registers, up to 8 rows a pass), from :data:`AMX_ROWS` rows on
+with one AMX tile product per group of 32 inputs and 16 output columns (up to 16 rows a pass).
+The scale and the zero of a group are applied once per group in fp32, and the output is
+rounded to bf16 once (the C++ source's header has the arithmetic and the packed layout).
+
+Measured on the 2-core AMX Xeon, loaded by other work (``benchmarks/bench_quant_kernel.py``, one
+thread, calls of each alternated, median µs per call at 1 / 4 / 8 / 16 rows): SmolLM2-360M's
+fused gate/up 960 -> 5,120, dense bf16 615 / 590 / 632 / 799, torch's int4 384 / 606 / 1,132 /
+2,179, this kernel 263 / 315 / 378 / 461 (x0.43 / 0.53 / 0.60 / 0.58 of dense); its down
+2,560 -> 960, dense 308 / 319 / 330 / 344, this kernel 137 / 160 / 202 / 238 (x0.45 / 0.50 /
+0.61 / 0.69); a Qwen2.5-1.5B-sized 1,536 -> 8,960, x0.49 / 0.54 / 0.57 / 0.64. The AMX path
+took the vdpbf16ps one's time at one row, and 0.8x / 0.65x / 0.55x / 0.25x of it at 2 / 3 / 4 /
+16 rows.
+
+The per-channel int8 linear (:func:`pack_int8`, :func:`int8_linear`) sums the same way, its
+codes widened to bf16 by a conversion through fp32 (dearer than int4's table lookup, so it takes
+AMX from one row) and its scale applied once at the end: 960 -> 5,120, dense 589 / 576 / 618 /
+762 µs, torch's int8 504 / 664 / 1,321 / 2,630, this kernel 337 / 327 / 342 / 395 (x0.57 / 0.57
+/ 0.55 / 0.52); 2,560 -> 960 x0.59 / 0.56 / 0.60 / 0.54; 1,536 -> 8,960 x0.60 / 0.62 / 0.59 /
+0.58.
+
+:func:`pack_int4` lays out the codes, scales and zeros of an
+:class:`~batchline.models.generation.quant_linear.Int4Codes` (groups of 32,
+``(code - 8) * scale + zero``, scales and zeros rounded to bf16) for it, once at load;
+:func:`int4_linear` computes ``x @ W.T (+ bias)`` for bf16 ``x``. :func:`own_kernels` says
+whether this machine has it: the library built (:func:`~batchline.models.generation.
+decode_kernel.decode_kernel`) and a CPU with AVX512-BF16 (elsewhere the library's int ops raise
+an error, and ``QuantLinear`` keeps torch's kernels).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from batchline.models.generation.decode_kernel import _cpu_flags, decode_kernel
+
+__all__ = [
+    "AMX_ROWS",
+    "GROUP",
+    "INT8_AMX_ROWS",
+    "TILE",
+    "int4_linear",
+    "int8_linear",
+    "own_kernels",
+    "pack_int4",
+    "pack_int8",
+    "unpack_int4",
+    "unpack_int8",
+]
+
+#: The inputs per group, and the output columns per tile, of the packed layout.
+GROUP = 32
+TILE = 16
+#: From this many rows on the kernel sums through AMX tiles (where the CPU has them), below it
+#: through vdpbf16ps: at one row the two took the same time (vdpbf16ps 5-10 % less).
+AMX_ROWS = 2
+#: int8's: widening int8 codes to bf16 costs more than int4's table lookup, so vdpbf16ps took
+#: 1.2-2x AMX's time at one row already (960 -> 5,120: 789 against 387 µs; torch's int8 618);
+#: ``QuantLinear`` takes the own int8 kernel only where the CPU has AMX.
+INT8_AMX_ROWS = 1
+
+
+def own_kernels(*, amx: bool = False) -> tuple[bool, str]:
+    """``(True, where the library is)`` where :func:`int4_linear` runs vectorized here (with
+    ``amx``: :func:`int8_linear` through AMX tiles), else ``(False, why not)``."""
+    op, where = decode_kernel()
+    if op is None:
+        return False, where
+    flags = _cpu_flags().split()
+    if "avx512_bf16" not in flags:
+        return False, "the CPU has no AVX512-BF16"
+    if amx and "amx_bf16" not in flags:
+        return False, "the CPU has no AMX"
+    return True, where
+
+
+def pack_int4(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> torch.Tensor:
+    """The ``(tiles, K // 32, 320)`` uint8 layout the kernel reads of int4 ``codes`` ``(N, K)``
+    with ``scales`` and ``zeros`` ``(N, K // 32)``: per 16 output columns and group, 256 bytes
+    of codes then the 16 scales and 16 zeros as bf16 (the last tile padded with weight 0)."""
+    n, k = codes.shape
+    if k % GROUP or scales.shape != (n, k // GROUP) or zeros.shape != scales.shape:
+        raise ValueError(
+            f"the int4 kernel takes groups of {GROUP}: codes {tuple(codes.shape)} with scales "
+            f"{tuple(scales.shape)} and zeros {tuple(zeros.shape)}"
+        )
+    tiles, groups = -(-n // TILE), k // GROUP
+    pad = tiles * TILE - n
+    c = codes.to(torch.uint8)
+    s, z = scales.to(torch.bfloat16), zeros.to(torch.bfloat16)
+    if pad:
+        c = torch.cat((c, torch.full((pad, k), 8, dtype=torch.uint8)))
+        s = torch.cat((s, torch.zeros(pad, groups, dtype=torch.bfloat16)))
+        z = torch.cat((z, torch.zeros(pad, groups, dtype=torch.bfloat16)))
+    # (tile, column i, group, chunk, nibble h, t): input 4 * chunk + 2 * h + t of the group
+    v = c.reshape(tiles, TILE, groups, 8, 2, 2).permute(0, 2, 3, 4, 1, 5)
+    chunks = (v[:, :, :, 0] | (v[:, :, :, 1] << 4)).reshape(tiles, groups, 256)
+    sz = torch.stack((s.reshape(tiles, TILE, groups), z.reshape(tiles, TILE, groups)), dim=1)
+    # (tile, scale|zero, column, group) -> (tile, group, scale|zero, column), as bytes
+    sz_bytes = sz.permute(0, 3, 1, 2).contiguous().view(torch.uint8).reshape(tiles, groups, 64)
+    return torch.cat((chunks, sz_bytes), dim=2).contiguous()
+
+
+def unpack_int4(packed: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The codes ``(n, K)`` (uint8), scales and zeros ``(n, K // 32)`` (bf16) that
+    :func:`pack_int4` packed."""
+    tiles, groups, _ = packed.shape
+    chunks = packed[:, :, :256].reshape(tiles, groups, 8, TILE, 2)
+    v = torch.stack((chunks & 15, chunks >> 4), dim=3)  # (tile, group, chunk, h, i, t)
+    codes = v.permute(0, 4, 1, 2, 3, 5).reshape(tiles * TILE, groups * GROUP)
+    sz = packed[:, :, 256:].contiguous().view(torch.bfloat16).reshape(tiles, groups, 2, TILE)
+    sz = sz.permute(2, 0, 3, 1).reshape(2, tiles * TILE, groups)
+    return codes[:n], sz[0, :n], sz[1, :n]
+
+
+def pack_int8(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``(tiles, K // 2, 32)`` int8 layout the kernel reads of per-channel int8 ``codes``
+    ``(N, K)`` (K a multiple of 32), and the ``scales`` ``(N,)`` as float32 padded to the
+    tiles: per 16 output columns and input pair, byte ``2i + t`` the code of column ``i`` at
+    the pair's input ``t``."""
+    n, k = codes.shape
+    if k % GROUP or scales.shape != (n,):
+        raise ValueError(
+            f"the int8 kernel takes inputs in multiples of {GROUP} and a scale per output: "
+            f"codes {tuple(codes.shape)} with scales {tuple(scales.shape)}"
+        )
+    tiles = -(-n // TILE)
+    pad = tiles * TILE - n
+    c = torch.cat((codes.to(torch.int8), torch.zeros(pad, k, dtype=torch.int8)))
+    s = torch.cat((scales.float(), torch.zeros(pad)))
+    packed = c.reshape(tiles, TILE, k // 2, 2).permute(0, 2, 1, 3).reshape(tiles, k // 2, 32)
+    return packed.contiguous(), s.contiguous()
+
+
+def unpack_int8(
+    packed: tuple[torch.Tensor, torch.Tensor], n: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The codes ``(n, K)`` (int8) and the float32 scales ``(n,)`` :func:`pack_int8` packed."""
+    codes, scales = packed
+    tiles, pairs, _ = codes.shape
+    rows = codes.reshape(tiles, pairs, TILE, 2).permute(0, 2, 1, 3).reshape(tiles * TILE, 2 * pairs)
+    return rows[:n], scales[:n]
+
+
+def int8_linear(
+    x: torch.Tensor,
+    packed: tuple[torch.Tensor, torch.Tensor],
+    n: int,
+    bias: torch.Tensor | None = None,
+    *,
+    amx_rows: int = INT8_AMX_ROWS,
+) -> torch.Tensor:
+    """:func:`int4_linear` for the per-channel int8 weight :func:`pack_int8` packed (AMX by
+    default from :data:`INT8_AMX_ROWS` rows on)."""
+    codes, scales = packed
+    out: torch.Tensor = torch.ops.batchline.int8_linear(
+        x.contiguous(), codes, scales, n, bias, amx_rows
+    )
+    return out
+
+
+def int4_linear(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    n: int,
+    bias: torch.Tensor | None = None,
+    *,
+    amx_rows: int = AMX_ROWS,
+) -> torch.Tensor:
+    """``x (rows, K) @ W.T (+ bias)`` in bf16, ``W`` the ``n`` columns :func:`pack_int4`
+    packed, ``bias`` float32 ``(n,)``; from ``amx_rows`` rows on through AMX tiles where the
+    CPU has them. The library must have been loaded (:func:`own_kernels`)."""
+    out: torch.Tensor = torch.ops.batchline.int4_linear(x.contiguous(), packed, n, bias, amx_rows)
+    return out

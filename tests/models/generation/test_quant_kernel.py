@@ -1,0 +1,325 @@
+"""batchline's own int4 linear (``csrc/quant_gemm.cpp``): against the float64 product of the
+dequantized weight and against torch's int4 kernel, on both of its paths (vdpbf16ps, AMX tiles),
+for 1-17 rows, widths that are odd multiples of the group and outputs that are not multiples of
+a tile; its packed layout read back; and the fallback where the library or the CPU lacks it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from batchline.models.generation import quant_kernel as ik  # noqa: E402
+from batchline.models.generation.quant_linear import (  # noqa: E402
+    Int4Codes,
+    QuantLinear,
+    int8_group_planes,
+    quantize_int4,
+    quantize_int8,
+)
+
+NEVER = 1 << 30  # an amx_rows no call reaches: the vdpbf16ps path (or the plain C++ one)
+# out is rounded to bf16 once: half a bf16 step of the largest output, with room for fp32 sums
+TOLERANCE = 1e-2
+
+
+@pytest.fixture(scope="module")
+def library() -> None:
+    fast, why = ik.own_kernels()
+    if not fast:
+        pytest.skip(f"the int4 kernel does not run vectorized here: {why}")
+
+
+def _codes(n: int, k: int, seed: int) -> Int4Codes:
+    """Random int4 codes of an ``(n, k)`` weight, scales and zeros rounded to bf16 (as packed)."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g)
+    w[1] = 0.5  # a constant row: scale 1, every code 0
+    q = quantize_int4(w, 32)
+    return Int4Codes(q.codes, q.scales.bfloat16().float(), q.zeros.bfloat16().float(), 32)
+
+
+def _relative(out: Any, reference: Any) -> float:
+    return float((out.double() - reference).abs().max() / reference.abs().max())
+
+
+@pytest.mark.parametrize("rows", range(1, 18))
+@pytest.mark.parametrize("amx_rows", [1, NEVER])  # AMX tiles (where the CPU has them), vdpbf16ps
+def test_the_kernel_is_the_float64_product_of_the_dequantized_weight(
+    library: None, torch_threads: None, rows: int, amx_rows: int
+) -> None:
+    for n, k in ((40, 96), (112, 224), (16, 32)):  # 40: a part tile; 96, 224: odd groups
+        q = _codes(n, k, seed=rows * n)
+        packed = ik.pack_int4(q.codes, q.scales, q.zeros)
+        x = torch.randn(rows, k).bfloat16()
+        bias = torch.randn(n)
+        product = x.double() @ q.dequantize().T
+        for b in (None, bias):
+            out = ik.int4_linear(x, packed, n, b, amx_rows=amx_rows)
+            assert out.dtype == torch.bfloat16
+            assert out.shape == (rows, n)
+            reference = product if b is None else product + b.double()
+            assert _relative(out, reference) < TOLERANCE, (n, k, b is None)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 16, 17])
+def test_the_kernel_agrees_with_torchs_int4_kernel(
+    library: None, torch_threads: None, rows: int
+) -> None:
+    n, k = 48, 160
+    q = _codes(n, k, seed=rows)
+    x = torch.randn(rows, k).bfloat16()
+    expected = QuantLinear.int4([q], dtype=torch.bfloat16, own_kernel=False)(x)
+    for amx_rows in (1, NEVER):
+        ours = ik.int4_linear(x, ik.pack_int4(q.codes, q.scales, q.zeros), n, amx_rows=amx_rows)
+        assert _relative(ours, expected.double()) < TOLERANCE
+
+
+def test_two_threads_split_the_tiles_and_compute_the_same(library: None) -> None:
+    before = torch.get_num_threads()
+    q = _codes(200, 64, seed=7)
+    packed = ik.pack_int4(q.codes, q.scales, q.zeros)
+    x = torch.randn(5, 64).bfloat16()
+    try:
+        torch.set_num_threads(1)
+        one = [ik.int4_linear(x, packed, 200, amx_rows=a) for a in (1, NEVER)]
+        torch.set_num_threads(2)
+        two = [ik.int4_linear(x, packed, 200, amx_rows=a) for a in (1, NEVER)]
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip(one, two, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_the_packed_layout_holds_every_code_scale_and_zero(torch_threads: None) -> None:
+    n, k = 24, 96  # two tiles, the second half padding
+    q = _codes(n, k, seed=3)
+    packed = ik.pack_int4(q.codes, q.scales, q.zeros)
+    assert packed.shape == (2, 3, 320)
+    assert packed.dtype == torch.uint8
+    for row in range(32):
+        tile, i = divmod(row, 16)
+        for g in range(3):
+            block = packed[tile, g]
+            sz = block[256:].view(torch.bfloat16).float()
+            for kk in range(32):
+                chunk, r = divmod(kk, 4)
+                byte = int(block[32 * chunk + 2 * i + (r & 1)])
+                code = byte & 15 if r < 2 else byte >> 4
+                if row < n:
+                    assert code == int(q.codes[row, 32 * g + kk])
+                else:
+                    assert code == 8  # padding: weight (8 - 8) * 0 + 0
+            if row < n:
+                assert float(sz[i]) == float(q.scales[row, g])
+                assert float(sz[16 + i]) == float(q.zeros[row, g])
+            else:
+                assert float(sz[i]) == 0.0
+                assert float(sz[16 + i]) == 0.0
+    # and read back whole
+    codes, scales, zeros = ik.unpack_int4(packed, n)
+    assert torch.equal(codes, q.codes)
+    assert torch.equal(scales.float(), q.scales)
+    assert torch.equal(zeros.float(), q.zeros)
+
+
+def test_no_rows_give_an_empty_product_and_bad_inputs_say_what_is_wrong(library: None) -> None:
+    q = _codes(32, 64, seed=1)
+    packed = ik.pack_int4(q.codes, q.scales, q.zeros)
+    assert ik.int4_linear(torch.empty(0, 64, dtype=torch.bfloat16), packed, 32).shape == (0, 32)
+    with pytest.raises(RuntimeError, match="x must be a contiguous"):
+        ik.int4_linear(torch.randn(2, 64), packed, 32)  # float32
+    with pytest.raises(RuntimeError, match="x has 96 inputs, the weight 64"):
+        ik.int4_linear(torch.randn(2, 96).bfloat16(), packed, 32)
+    with pytest.raises(RuntimeError, match="n = 40 does not fit 2 tiles"):
+        ik.int4_linear(torch.randn(2, 64).bfloat16(), packed, 40)
+    with pytest.raises(RuntimeError, match="bias must be"):
+        ik.int4_linear(torch.randn(2, 64).bfloat16(), packed, 32, torch.randn(32).bfloat16())
+    wide = quantize_int4(torch.randn(16, 128), 64)
+    with pytest.raises(ValueError, match=r"groups of 32: codes \(16, 128\) with scales \(16, 2\)"):
+        ik.pack_int4(wide.codes, wide.scales, wide.zeros)
+
+
+def test_without_the_library_or_avx512_bf16_the_kernel_says_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(ik, "decode_kernel", lambda: (None, "no C++ compiler (c++ not found)"))
+    assert ik.own_kernels() == (False, "no C++ compiler (c++ not found)")
+    monkeypatch.setattr(ik, "decode_kernel", lambda: (object(), "/cache/kernels/lib.so"))
+    monkeypatch.setattr(ik, "_cpu_flags", lambda: "flags : fpu avx2 avx512f")
+    assert ik.own_kernels() == (False, "the CPU has no AVX512-BF16")
+    monkeypatch.setattr(ik, "_cpu_flags", lambda: "flags : fpu avx2 avx512f avx512_bf16")
+    assert ik.own_kernels() == (True, "/cache/kernels/lib.so")
+
+
+def test_quant_linear_computes_through_the_own_kernel_where_it_runs(
+    library: None, torch_threads: None
+) -> None:
+    q = _codes(80, 96, seed=11)
+    bias = torch.randn(80).bfloat16()
+    ours = QuantLinear.int4([q], bias=bias, dtype=torch.bfloat16)
+    theirs = QuantLinear.int4([q], bias=bias, dtype=torch.bfloat16, own_kernel=False)
+    assert "own kernel" in repr(ours)
+    assert "own kernel" not in repr(theirs)
+    assert ours.weight_bytes == 80 * 96 // 2 + 80 * 3 * 4  # codes, then bf16 scales and zeros
+    assert torch.equal(ours.dequantized(torch.float64), q.dequantize())
+    reference = q.dequantize()
+    for shape in ((1, 96), (2, 5, 96), (300, 96)):  # a leading batch shape; a prefill chunk
+        x = torch.randn(*shape).bfloat16()
+        expected = x.double() @ reference.T + bias.double()
+        out = ours(x)
+        assert out.shape == (*shape[:-1], 80)
+        assert _relative(out, expected) < TOLERANCE
+        assert _relative(theirs(x), expected) < TOLERANCE
+    # float32 activations into a layer built for bf16: the dequantized weight, multiplied dense
+    x = torch.randn(3, 96)
+    assert _relative(ours(x), x.double() @ reference.T + bias.double()) < TOLERANCE
+
+
+def test_q8_0s_two_planes_sum_through_the_own_kernel(library: None, torch_threads: None) -> None:
+    codes, _ = quantize_int8(torch.randn(48, 128))
+    scales = torch.rand(48, 4) / 100 + 1e-3
+    planes = int8_group_planes(codes, scales.bfloat16().float(), 32)
+    layer = QuantLinear.int4(planes, dtype=torch.bfloat16)
+    assert layer.kind == "int8g"
+    assert "own kernel" in repr(layer)
+    weight = codes.double() * scales.bfloat16().double().repeat_interleave(32, 1)
+    x = torch.randn(6, 128).bfloat16()
+    assert _relative(layer(x), x.double() @ weight.T) < TOLERANCE
+
+
+def test_quant_linear_keeps_torchs_kernel_where_the_own_one_does_not_run(
+    monkeypatch: pytest.MonkeyPatch, torch_threads: None
+) -> None:
+    monkeypatch.setattr(ik, "own_kernels", lambda: (False, "the CPU has no AVX512-BF16"))
+    q = _codes(48, 96, seed=5)
+    layer = QuantLinear.int4([q], dtype=torch.bfloat16)
+    assert "own kernel" not in repr(layer)
+    x = torch.randn(4, 96).bfloat16()
+    assert _relative(layer(x), x.double() @ q.dequantize().T) < TOLERANCE
+    # a float32 layer, or groups of 64, keep torch's kernel wherever the own one runs
+    monkeypatch.setattr(ik, "own_kernels", lambda: (True, "/cache/kernels/lib.so"))
+    assert "own kernel" not in repr(QuantLinear.int4([q], dtype=torch.float32))
+    wide = quantize_int4(torch.randn(48, 128), 64)
+    assert "own kernel" not in repr(QuantLinear.int4([wide], dtype=torch.bfloat16))
+    with pytest.raises(
+        ValueError, match=r"takes bf16 and groups of 32, not torch\.bfloat16 and groups of 64"
+    ):
+        QuantLinear.int4([wide], dtype=torch.bfloat16, own_kernel=True)
+
+
+@pytest.fixture(scope="module")
+def amx_library() -> None:
+    fast, why = ik.own_kernels(amx=True)
+    if not fast:
+        pytest.skip(f"the int8 kernel does not run through AMX here: {why}")
+
+
+@pytest.mark.parametrize("rows", range(1, 18))
+def test_the_int8_kernel_is_the_float64_product_of_codes_and_scales(
+    library: None, torch_threads: None, rows: int
+) -> None:
+    for n, k in ((40, 96), (112, 224), (16, 32)):
+        g = torch.Generator().manual_seed(rows * n)
+        codes, scales = quantize_int8(torch.randn(n, k, generator=g))
+        packed = ik.pack_int8(codes, scales)
+        x = torch.randn(rows, k, generator=g).bfloat16()
+        bias = torch.randn(n, generator=g)
+        product = x.double() @ (codes.double() * scales.double()[:, None]).T
+        for amx_rows in (1, NEVER):  # AMX tiles where the CPU has them; vdpbf16ps
+            for b in (None, bias):
+                out = ik.int8_linear(x, packed, n, b, amx_rows=amx_rows)
+                assert out.shape == (rows, n)
+                reference = product if b is None else product + b.double()
+                assert _relative(out, reference) < TOLERANCE, (n, k, amx_rows, b is None)
+
+
+def test_the_int8_layout_reads_back_and_bad_inputs_say_what_is_wrong(library: None) -> None:
+    codes, scales = quantize_int8(torch.randn(24, 64))
+    packed = ik.pack_int8(codes, scales)
+    assert packed[0].shape == (2, 32, 32)
+    assert packed[1].shape == (32,)
+    assert int(packed[0][0, 5, 2 * 3 + 1]) == int(codes[3, 11])  # column 3, input 2 * 5 + 1
+    back, back_scales = ik.unpack_int8(packed, 24)
+    assert torch.equal(back, codes)
+    assert torch.equal(back_scales, scales)
+    with pytest.raises(RuntimeError, match="x has 96 inputs, the weight 64"):
+        ik.int8_linear(torch.randn(2, 96).bfloat16(), packed, 24)
+    with pytest.raises(
+        ValueError, match=r"multiples of 32 and a scale per output: codes \(8, 48\)"
+    ):
+        ik.pack_int8(*quantize_int8(torch.randn(8, 48)))
+
+
+def test_quant_linear_computes_int8_through_the_own_kernel_where_the_cpu_has_amx(
+    amx_library: None, torch_threads: None
+) -> None:
+    codes, scales = quantize_int8(torch.randn(80, 96))
+    bias = torch.randn(80).bfloat16()
+    ours = QuantLinear.int8(codes, scales, bias=bias, dtype=torch.bfloat16)
+    assert "own kernel" in repr(ours)
+    assert ours.weight_bytes == 80 * 96 + 80 * 4  # int8 codes, float32 scales
+    weight = codes.double() * scales.double()[:, None]
+    assert torch.equal(ours.dequantized(torch.float64), weight)
+    for shape in ((1, 96), (2, 5, 96), (100, 96)):  # a leading batch shape; a prefill chunk
+        x = torch.randn(*shape).bfloat16()
+        out = ours(x)
+        assert out.shape == (*shape[:-1], 80)
+        assert _relative(out, x.double() @ weight.T + bias.double()) < TOLERANCE
+    x = torch.randn(3, 96)  # float32 activations: the dequantized weight, dense
+    assert _relative(ours(x), x.double() @ weight.T + bias.double()) < TOLERANCE
+
+
+def test_int8_keeps_torchs_kernel_without_amx(
+    monkeypatch: pytest.MonkeyPatch, torch_threads: None
+) -> None:
+    codes, scales = quantize_int8(torch.randn(48, 96))
+    monkeypatch.setattr(ik, "decode_kernel", lambda: (object(), "/cache/kernels/lib.so"))
+    monkeypatch.setattr(ik, "_cpu_flags", lambda: "flags : avx512f avx512_bf16")
+    assert ik.own_kernels(amx=True) == (False, "the CPU has no AMX")
+    assert ik.own_kernels() == (True, "/cache/kernels/lib.so")
+    layer = QuantLinear.int8(codes, scales, dtype=torch.bfloat16)
+    assert "own kernel" not in repr(layer)
+    x = torch.randn(4, 96).bfloat16()
+    weight = codes.double() * scales.bfloat16().double()[:, None]
+    assert _relative(layer(x), x.double() @ weight.T) < TOLERANCE
+    with pytest.raises(ValueError, match="takes bf16 and inputs in multiples of 32, not"):
+        QuantLinear.int8(*quantize_int8(torch.randn(8, 48)), own_kernel=True)
+
+
+@pytest.mark.parametrize("kind", ["int4", "int8"])
+def test_a_quantized_model_through_the_own_kernels_gives_the_float32_models_tokens(
+    library: None, torch_threads: None, kind: str
+) -> None:
+    pytest.importorskip("transformers")
+    from batchline.models.generation.lean_llama import fuse_projections
+    from batchline.models.generation.quant_linear import quantize_linears
+
+    from .conftest import TINY_VOCAB, build_tiny_llama
+
+    if kind == "int8" and not ik.own_kernels(amx=True)[0]:
+        pytest.skip("int8 takes the own kernel only where the CPU has AMX")
+    model = build_tiny_llama().to(torch.bfloat16)
+    fuse_projections(model)
+    report = quantize_linears(model, kind, torch.bfloat16)
+    layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    assert len(layers) == report.linears == 8
+    assert all("own kernel" in repr(m) for m in layers)
+    assert f"8 linears as {kind} through batchline's kernel (" in str(report)
+    x = torch.randint(3, TINY_VOCAB, (2, 9))
+    with torch.no_grad():
+        ours = model(x).logits
+        # the same weights, dequantized, as dense float32 linears in a float32 model
+        for parent in list(model.modules()):
+            for name, child in list(parent.named_children()):
+                if isinstance(child, QuantLinear):
+                    dense = torch.nn.Linear(child.in_features, child.out_features, bias=False)
+                    dense.weight.copy_(child.dequantized(torch.float32))
+                    setattr(parent, name, dense)
+        reference = model.float()(x).logits
+    # bf16 activations round where float32 does not: the top two logits are 0.04 apart at some
+    # positions of this random model
+    assert (ours.argmax(-1) == reference.argmax(-1)).float().mean() >= 0.9
+    assert _relative(ours, reference.double()) < 0.05
