@@ -4,7 +4,8 @@
 :class:`~batchline.knobs.Knobs`, so what ``tune`` measures is what ``serve`` runs.
 
 - batching: a ``TokenBatcher`` (``padded`` models: a batch costs ``len(batch) × longest``,
-  length-grouped) or a ``DynamicBatcher`` (``additive``), ``target_batch_tokens`` budget,
+  length-grouped) or a ``DynamicBatcher`` (``additive``), ``target_batch_tokens`` budget (an
+  image model's pictures count ``PICTURE_TOKENS`` each toward it: batches of 8 by default),
   ``max_concurrent_batches`` slots, optionally on a shared :class:`batchline.Device`;
 - baseline (``batching=False``): a batcher of one record per call, with as many callers at
   once as ``max_concurrent_batches`` on the model's one shared session.
@@ -34,7 +35,7 @@ from batchline._stats import BatchStats
 from batchline._threads import lower_thread_priority
 from batchline._tokens import TokenBatcher
 from batchline.knobs import DEFAULT_BUCKET_WIDTH, DEFAULT_PADDING_SLACK, Knobs
-from batchline.models.protocol import BatchModel
+from batchline.models.protocol import BatchModel, ModelInfo
 
 __all__ = ["ModelBatcher", "lower_thread_priority"]
 
@@ -102,7 +103,7 @@ class ModelBatcher(Generic[P, R]):
             self._batcher = DynamicBatcher(
                 run,
                 cost_estimator=model.cost,
-                target_batch_cost=knobs.target_batch_tokens,
+                target_batch_cost=_target_cost(model.info, knobs),
                 **batching,
             )
 
@@ -161,3 +162,13 @@ def _niced(run: Callable[[list[P]], R], delta: int) -> Callable[[list[P]], R]:
         return run(batch)
 
     return niced_run
+
+
+def _target_cost(info: ModelInfo, knobs: Knobs) -> int:
+    """The batch cost a batch closes at: ``target_batch_tokens``, read for an image model as
+    pictures of :data:`~batchline.models.image.PICTURE_TOKENS` tokens each."""
+    if info.input_kind != "image":
+        return knobs.target_batch_tokens
+    from batchline.models.image import PICTURE_TOKENS
+
+    return max(1, knobs.target_batch_tokens // PICTURE_TOKENS)

@@ -36,7 +36,7 @@ from batchline.models.image.pool import (
     choose_workers,
     content_key,
 )
-from batchline.models.image.preprocess import ImagePreprocess
+from batchline.models.image.preprocess import PICTURE_TOKENS, ImagePreprocess
 from batchline.models.image.processor_config import preprocess_from_config
 
 if TYPE_CHECKING:
@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_MAX_PIXELS",
     "IMAGE_SUFFIXES",
+    "PICTURE_TOKENS",
     "DecodeOptions",
     "DecodePool",
     "DecodeStats",

@@ -1,0 +1,64 @@
+"""``ModelBatcher``'s batch target by input kind: an image model's pictures count
+``PICTURE_TOKENS`` each toward ``target_batch_tokens``, a text model's items their cost."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+
+from batchline.knobs import Knobs
+from batchline.models.batching import ModelBatcher
+from batchline.models.image import PICTURE_TOKENS
+from batchline.models.protocol import InputKind, ModelInfo
+
+
+class _Recorder:
+    """A model whose batches are recorded; every item costs 1."""
+
+    def __init__(self, input_kind: InputKind) -> None:
+        self.info = ModelInfo(name="rec", task="embed", input_kind=input_kind)
+        self.sizes: list[int] = []
+
+    def prepare(self, inputs: Sequence[object]) -> list[object]:
+        return list(inputs)
+
+    def cost(self, item: object) -> int:
+        return 1
+
+    def run_batch(self, batch: list[object]) -> list[object]:
+        self.sizes.append(len(batch))
+        return list(batch)
+
+    def encode(self, result: object) -> object:
+        return result
+
+    def close(self) -> None:
+        pass
+
+
+def _sizes(input_kind: InputKind, knobs: Knobs, items: int) -> list[int]:
+    model = _Recorder(input_kind)
+
+    async def go() -> None:
+        async with ModelBatcher(model, knobs) as engine:
+            # submitting does not yield to the batcher: all are queued before the first batch
+            futures = [await engine.submit(i) for i in range(items)]
+            assert await asyncio.gather(*futures) == list(range(items))
+
+    asyncio.run(go())
+    return model.sizes
+
+
+@pytest.mark.parametrize("tokens", [512, 2048])
+def test_an_image_model_batches_target_tokens_over_picture_tokens(tokens: int) -> None:
+    knobs = Knobs(sessions=1, max_concurrent_batches=1, target_batch_tokens=tokens)
+    per_batch = tokens // PICTURE_TOKENS
+    sizes = _sizes("image", knobs, 3 * per_batch + 1)
+    assert sizes == [per_batch] * 3 + [1]
+
+
+def test_a_text_model_of_the_same_costs_fills_the_token_target() -> None:
+    knobs = Knobs(sessions=1, max_concurrent_batches=1, target_batch_tokens=64)
+    assert _sizes("text", knobs, 130) == [64, 64, 2]
