@@ -274,6 +274,11 @@ def main() -> None:
         help="the peers' settings are tried on this many pictures, the best then on all",
     )
     parser.add_argument(
+        "--full-decode",
+        action="store_true",
+        help="also run batchline with --no-draft: its labels against the peers' full decodes",
+    )
+    parser.add_argument(
         "--run-args", default="", help="more flags for batchline run (e.g. '--sessions 2')"
     )
     args = parser.parse_args()
@@ -295,6 +300,16 @@ def main() -> None:
         )
         rates["batchline"] = len(paths) / seconds
         print(f"(a) batchline run        {rates['batchline']:8.1f} images/s")
+        if args.full_decode:  # the same labels as the peers' full decodes, and at what rate
+            seconds, labels["batchline --no-draft"] = timed(
+                lambda: run_batchline(
+                    images_dir,
+                    model,
+                    args.workdir / "out-full",
+                    [*args.run_args.split(), "--no-draft"],
+                )
+            )
+            print(f"(a') batchline --no-draft {len(paths) / seconds:8.1f} images/s")
     subset = paths[: min(args.grid_images, len(paths))]
     if "transformers" in modes:
         grid = [(16, 2)] if args.quick else [(8, 0), (16, 0), (32, 0), (8, 2), (16, 2), (32, 2)]
@@ -339,6 +354,9 @@ def main() -> None:
                 ratio = rates["batchline"] / rates[peer]
                 same = agreement(labels["batchline"], labels[peer])
                 print(f"batchline / {peer:12} x{ratio:.2f} (goal x{goal}); {same}")
+                if "batchline --no-draft" in labels:
+                    same = agreement(labels["batchline --no-draft"], labels[peer])
+                    print(f"  batchline --no-draft against {peer}: {same}")
     print(json.dumps({"rates": rates, "images": len(paths), "shape": args.shape}))
 
 
