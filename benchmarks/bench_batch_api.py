@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -40,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +87,39 @@ def write_file(path: Path, n: int, *, chat: bool, max_tokens: int) -> Path:
 
 
 RUN_MODEL = {"embed": "emb=default", "chat": "chat=smollm2"}
+
+
+@contextlib.contextmanager
+def started_serve(flags: list[str], work: Path, ready_s: float = 600.0) -> Iterator[int]:
+    """``batchline serve FLAGS`` on a free 127.0.0.1 port, its data in ``work/data`` and its
+    log in ``work/serve.log``, ready (or ``SystemExit`` when it exits or is not ready within
+    ``ready_s``); its port, then SIGTERM and a wait for it to end."""
+    port = free_port()
+    with (work / "serve.log").open("wb") as log:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "batchline", "serve", "--port", str(port), *flags,
+             "--data-dir", str(work / "data")],
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ},
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + ready_s
+            while True:
+                if server.poll() is not None:
+                    raise SystemExit(f"serve exited: see {work / 'serve.log'}")
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise SystemExit(
+                        f"serve not ready in {ready_s:.0f} s: see {work / 'serve.log'}"
+                    )
+                time.sleep(0.1)
+            yield port
+        finally:
+            server.send_signal(signal.SIGTERM)
+            server.wait(timeout=120)
 
 
 def free_port() -> int:
@@ -226,29 +261,9 @@ def main(argv: list[str] | None = None) -> int:
         models.append("chat=smollm2")
     # batchline run before the server and after it, the mean taken: the machine drifts
     before = {kind: run_job(path, [RUN_MODEL[kind]], work) for kind, path in files.items()}
-    port = free_port()
     model_flags = [flag for m in models for flag in ("--model", m)]
-    log = (work / "serve.log").open("wb")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "batchline", "serve", "--port", str(port), *model_flags,
-         "--data-dir", str(work / "data"), *args.serve_arg],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ},
-    )  # fmt: skip
-    try:
-        for _ in range(3000):
-            if server.poll() is not None:
-                raise SystemExit(f"serve exited: see {work / 'serve.log'}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
+    with started_serve([*model_flags, *args.serve_arg], work) as port:
         got = asyncio.run(measure(port, args, files))
-    finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(timeout=120)
-        log.close()
     run_rate = {
         kind: (before[kind] + run_job(path, [RUN_MODEL[kind]], work)) / 2
         for kind, path in files.items()

@@ -79,6 +79,19 @@ def make_images(folder: Path, count: int, seed: int = 0) -> list[Path]:
     return paths
 
 
+def picture_folder(work: Path, count: int) -> tuple[list[Path], Path]:
+    """``count`` of :func:`make_images`' pictures (made in ``work/images``, which keeps every
+    picture any count made) and a folder ``work/images-COUNT`` of links to exactly those."""
+    pictures = make_images(work / "images", count)
+    folder = work / f"images-{count}"
+    folder.mkdir(exist_ok=True)
+    for picture in pictures:
+        link = folder / picture.name
+        if not link.exists():
+            link.symlink_to(picture)
+    return pictures, folder
+
+
 # -- the models ------------------------------------------------------------------------------
 
 

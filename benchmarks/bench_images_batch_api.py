@@ -39,11 +39,8 @@ import asyncio
 import base64
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
@@ -51,8 +48,8 @@ import httpx
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).parent))
 
-from bench_batch_api import free_port, run_batch
-from bench_images import make_images
+from bench_batch_api import run_batch, started_serve
+from bench_images import picture_folder
 from bench_images_peers import make_model
 
 URL = {"classify": "/v1/classify", "embeddings": "/v1/embeddings"}
@@ -104,35 +101,15 @@ def run_folder(images: Path, model: Path, out: Path) -> float:
 
 def serve_batch(model: Path, lines: Path, url: str, work: Path) -> float:
     """The batch file through a started ``batchline serve``: lines per second."""
-    port = free_port()
     size = lines.stat().st_size
-    log = (work / "serve.log").open("wb")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "batchline", "serve", "--port", str(port),
-         "--model", f"img={model}/", "--data-dir", str(work / "data"),
-         "--set", f"max_batch_file_bytes={size + (1 << 20)}"],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ},
-    )  # fmt: skip
-    try:
-        for _ in range(6000):
-            if server.poll() is not None:
-                raise SystemExit(f"serve exited: see {work / 'serve.log'}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
+    flags = ["--model", f"img={model}/", "--set", f"max_batch_file_bytes={size + (1 << 20)}"]
+    with started_serve(flags, work) as port:
 
         async def one() -> float:
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600) as c:
                 return await run_batch(c, lines, url)
 
         return asyncio.run(one())
-    finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(timeout=120)
-        log.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,13 +123,7 @@ def main(argv: list[str] | None = None) -> int:
 
     work = args.workdir or Path(tempfile.gettempdir()) / "bench-images-batch-api"
     work.mkdir(parents=True, exist_ok=True)
-    pictures = make_images(work / "images", args.images)
-    images = work / f"images-{args.images}"  # exactly these pictures, as a folder
-    images.mkdir(exist_ok=True)
-    for picture in pictures:
-        link = images / picture.name
-        if not link.exists():
-            link.symlink_to(picture)
+    pictures, images = picture_folder(work, args.images)
     if args.route == "classify":
         model = make_model(work / f"classifier-{args.shape}", args.shape)
     else:

@@ -44,7 +44,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 sys.path.insert(0, str(Path(__file__).parent))
 
 import ray
-from bench_images import build_model, make_images
+from bench_images import build_model, picture_folder
 
 import batchline.integrations.ray as ray_engine
 from batchline.integrations.ray import RaySummary, run_on_ray
@@ -118,13 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"needs 2 cores to pin 2 replicas to, has {len(cores)}")
     work = args.workdir or Path(tempfile.gettempdir()) / "bench-images-ray"
     work.mkdir(parents=True, exist_ok=True)
-    pictures = make_images(work / "images", args.images)
-    images = work / f"images-{args.images}"  # exactly these pictures, as a folder
-    images.mkdir(exist_ok=True)
-    for picture in pictures:
-        link = images / picture.name
-        if not link.exists():
-            link.symlink_to(picture)
+    pictures, images = picture_folder(work, args.images)
     model = build_model(args.model, work)
     pin_replicas_when_ready(cores[:2])
 
