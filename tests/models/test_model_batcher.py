@@ -62,3 +62,25 @@ def test_an_image_model_batches_target_tokens_over_picture_tokens(tokens: int) -
 def test_a_text_model_of_the_same_costs_fills_the_token_target() -> None:
     knobs = Knobs(sessions=1, max_concurrent_batches=1, target_batch_tokens=64)
     assert _sizes("text", knobs, 130) == [64, 64, 2]
+
+
+def test_an_image_models_bulk_lane_reads_its_tokens_as_pictures_too() -> None:
+    """The Batch API's lane (priority below 0) closes at ``bulk_batch_tokens`` over
+    ``PICTURE_TOKENS`` pictures, as live batches close at ``target_batch_tokens``'s."""
+    knobs = Knobs(
+        sessions=1,
+        max_concurrent_batches=1,
+        target_batch_tokens=256,
+        bulk_batch_tokens=1024,
+        bulk_slots=1,
+    )
+    model = _Recorder("image")
+    per_batch = 1024 // PICTURE_TOKENS
+
+    async def go() -> None:
+        async with ModelBatcher(model, knobs) as engine:
+            futures = engine.submit_many_nowait(list(range(2 * per_batch)), priority=-1)
+            assert await asyncio.gather(*futures) == list(range(2 * per_batch))
+
+    asyncio.run(go())
+    assert model.sizes == [per_batch, per_batch]

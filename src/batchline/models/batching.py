@@ -87,7 +87,11 @@ class ModelBatcher(Generic[P, R]):
             "priority_yield": knobs.priority_yield,
             "bulk_slots": knobs.bulk_slots,
             "bulk_thread_nice": knobs.bulk_thread_nice,
-            "bulk_batch_cost": knobs.bulk_batch_tokens,
+            "bulk_batch_cost": (
+                None
+                if knobs.bulk_batch_tokens is None
+                else _batch_cost(model.info, knobs.bulk_batch_tokens)
+            ),
             "name": label,
             **shared,
         }
@@ -103,7 +107,7 @@ class ModelBatcher(Generic[P, R]):
             self._batcher = DynamicBatcher(
                 run,
                 cost_estimator=model.cost,
-                target_batch_cost=_target_cost(model.info, knobs),
+                target_batch_cost=_batch_cost(model.info, knobs.target_batch_tokens),
                 **batching,
             )
 
@@ -164,11 +168,12 @@ def _niced(run: Callable[[list[P]], R], delta: int) -> Callable[[list[P]], R]:
     return niced_run
 
 
-def _target_cost(info: ModelInfo, knobs: Knobs) -> int:
-    """The batch cost a batch closes at: ``target_batch_tokens``, read for an image model as
-    pictures of :data:`~batchline.models.image.PICTURE_TOKENS` tokens each."""
+def _batch_cost(info: ModelInfo, tokens: int) -> int:
+    """The cost a batch closes at for a budget of ``tokens`` (``target_batch_tokens``, or the
+    bulk lane's ``bulk_batch_tokens``): the tokens, read for an image model as pictures of
+    :data:`~batchline.models.image.PICTURE_TOKENS` tokens each."""
     if info.input_kind != "image":
-        return knobs.target_batch_tokens
+        return tokens
     from batchline.models.image import PICTURE_TOKENS
 
-    return max(1, knobs.target_batch_tokens // PICTURE_TOKENS)
+    return max(1, tokens // PICTURE_TOKENS)
