@@ -33,6 +33,7 @@ from typing import Any, TypeGuard
 
 from batchline._errors import InputError
 from batchline._fsio import replacing
+from batchline._policy import POLICY_FIELDS, BatchPolicy
 
 __all__ = [
     "BASELINE",
@@ -132,6 +133,10 @@ _RULES: dict[str, tuple[Callable[[object], bool], str]] = {
 }
 
 
+#: The batcher's own defaults, which the knobs of the same names take (``batchline._policy``).
+_POLICY = BatchPolicy()
+
+
 def machine_cores() -> int:
     """The CPU cores this process may run on (its affinity mask where the OS has one)."""
     try:
@@ -198,21 +203,21 @@ class Knobs:
 
     batching: bool = True
     target_batch_tokens: int = DEFAULT_TARGET_BATCH_TOKENS
-    max_batch_size: int = 256
+    max_batch_size: int = _POLICY.max_batch_size
     max_concurrent_batches: int = dataclasses.field(default_factory=machine_cores)
     sessions: int = dataclasses.field(default_factory=machine_cores)
     # One thread per session or torch generation engine: on a busy core a second thread only
     # waits (benchmarks/engine_levers.md, step-level A/B).
     intra_op_threads: int = 1
-    min_batch_size: int = 1
-    batch_timeout_s: float = 0.05
-    max_queue_size: int = 5_000
+    min_batch_size: int = _POLICY.min_batch_size
+    batch_timeout_s: float = _POLICY.batch_timeout_s
+    max_queue_size: int = _POLICY.max_queue_size
     device: str = "cpu"
     solo_intra_op_threads: int | None = None
-    mix_priorities: bool = False
-    priority_yield: float = 0.5
-    bulk_slots: int | None = None
-    bulk_thread_nice: int = 0
+    mix_priorities: bool = _POLICY.mix_priorities
+    priority_yield: float = _POLICY.priority_yield
+    bulk_slots: int | None = _POLICY.bulk_slots
+    bulk_thread_nice: int = _POLICY.bulk_thread_nice
     bulk_batch_tokens: int | None = None
     generation_batching: str = "continuous"
     # Rows beyond 16 pay on this project's CPU (SmolLM2, bf16: 690, 901, 1,037 tokens/s at
@@ -310,6 +315,20 @@ class Knobs:
     def replace(self, **changes: Any) -> Knobs:
         return dataclasses.replace(self, **changes)
 
+    def policy(self, **changes: Any) -> BatchPolicy:
+        """The :class:`~batchline.BatchPolicy` these knobs give a batcher: every field the two
+        share by name, ``target_batch_tokens`` and ``bulk_batch_tokens`` as the budgets
+        (``target_batch_cost``, ``bulk_batch_cost``), then ``changes`` (a model's own units,
+        the length grouping). ``min_batch_size`` is capped at ``max_batch_size``."""
+        values: dict[str, Any] = {name: getattr(self, name) for name in _POLICY_KNOBS}
+        values.update(
+            target_batch_cost=self.target_batch_tokens,
+            bulk_batch_cost=self.bulk_batch_tokens,
+            min_batch_size=min(self.min_batch_size, self.max_batch_size),
+        )
+        values.update(changes)
+        return BatchPolicy(**values)
+
     @classmethod
     def serving(cls, **changes: Any) -> Knobs:
         """``batchline serve``'s preset: :data:`SERVE_DEFAULTS` (measured for request latency,
@@ -344,6 +363,9 @@ class Knobs:
             solo_intra_op_threads=None,
         )
 
+
+#: The Knobs fields that are BatchPolicy fields of the same name and meaning.
+_POLICY_KNOBS = tuple(f.name for f in dataclasses.fields(Knobs) if f.name in POLICY_FIELDS)
 
 #: Where ``batchline serve``'s defaults differ from Knobs' (:meth:`Knobs.serving`), measured
 #: with ``benchmarks/bench_serve.py`` on a 2-core CPU (c = concurrent clients; ratios to the
