@@ -70,7 +70,7 @@ def test_a_policy_is_passed_whole_and_keywords_given_win_over_it() -> None:
     assert (b.max_batch_size, b.max_concurrent_batches, b.target_batch_cost) == (8, 3, 100)
     b = DynamicBatcher(echo, policy=policy, max_batch_size=2)
     assert (b.max_batch_size, b.max_concurrent_batches) == (2, 3)
-    with pytest.raises(TypeError, match="policy must be a batchline.BatchPolicy, got dict"):
+    with pytest.raises(TypeError, match=r"policy must be a batchline\.BatchPolicy, got dict"):
         DynamicBatcher(echo, policy={"max_batch_size": 2})  # type: ignore[arg-type]
 
 

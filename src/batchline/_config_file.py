@@ -111,5 +111,3 @@ def _toml_value(value: object) -> str:
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     # JSON's string escapes are all valid in a TOML basic string
     return json.dumps(str(value), ensure_ascii=False)
-
-

@@ -21,11 +21,10 @@ import argparse
 import dataclasses
 import json
 import os
-import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeGuard, get_args
+from typing import Any, Literal, get_args
 
 from batchline._config_file import (
     NOTE_KEYS,
@@ -41,6 +40,7 @@ from batchline._flags import (
     field_choices,
 )
 from batchline._fsio import replacing
+from batchline._knob_checks import check_knob
 from batchline._policy import POLICY_FIELDS, BatchPolicy
 
 __all__ = [
@@ -82,8 +82,6 @@ DEFAULT_PADDING_SLACK = 4
 DEFAULT_BUCKET_WIDTH = 2
 
 
-_DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
-
 #: The few names some knobs take, each list written once: the field's annotation, which the
 #: check in ``Knobs.__post_init__`` and the CLI's ``--flag {choices}`` read (``batchline._flags``).
 #: How a text generator batches sequences (``Knobs.generation_batching``).
@@ -107,37 +105,6 @@ GENERATION_DTYPES: tuple[str, ...] = get_args(GenerationDtype)
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 WEIGHT_FORMATS: tuple[str, ...] = get_args(WeightFormat)
 VLLM_SCHEDULING_POLICIES: tuple[str, ...] = get_args(VllmSchedulingPolicy)
-
-
-def _number(value: object) -> TypeGuard[float]:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _integer(least: int) -> Callable[[object], bool]:
-    return lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= least
-
-
-#: Knobs fields that are not plain numbers: the check and what it wants; the rest are numbers
-#: >= 1 (``batch_timeout_s`` >= 0).
-_RULES: dict[str, tuple[Callable[[object], bool], str]] = {
-    "batching": (lambda v: isinstance(v, bool), "true or false"),
-    "engine_process": (lambda v: isinstance(v, bool), "true or false"),
-    "mix_priorities": (lambda v: isinstance(v, bool), "true or false"),
-    "priority_yield": (lambda v: _number(v) and 0 < v <= 1, "in (0, 1]"),
-    "bulk_slots": (lambda v: v is None or _integer(1)(v), "an integer >= 1 or unset"),
-    "bulk_batch_tokens": (lambda v: v is None or _integer(1)(v), "an integer >= 1 or unset"),
-    "bulk_thread_nice": (lambda v: _integer(0)(v) and v in range(20), "an integer in [0, 19]"),
-    "device": (lambda v: isinstance(v, str) and bool(_DEVICE.match(v)), "cpu, cuda or cuda:N"),
-    "eager": (lambda v: v is None or isinstance(v, bool), "true, false or unset"),
-    "gpu_memory_fraction": (lambda v: v is None or (_number(v) and 0 < v <= 1), "in (0, 1]"),
-    "kv_cache_gib": (lambda v: v is None or (_number(v) and v > 0), "a number > 0"),
-    "max_context_tokens": (lambda v: v is None or _integer(2)(v), "an integer >= 2"),
-    "kv_token_budget": (_integer(2), "an integer >= 2"),
-    "max_running_sequences": (_integer(1), "an integer >= 1"),
-    "start_running_sequences": (_integer(1), "an integer >= 1"),
-    "generation_threads": (lambda v: v is None or _integer(1)(v), "an integer >= 1 or unset"),
-    "quantize": (lambda v: v is None or v == "int8", "int8 or unset"),
-}
 
 
 #: The batcher's own defaults, which the knobs of the same names take (``batchline._policy``).
@@ -447,26 +414,7 @@ class Knobs:
                 )
             object.__setattr__(self, "precision", "int8")  # one name from here on
         for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.name in _CHOICES and f.name not in _RULES:
-                choices = _CHOICES[f.name]
-                if value not in choices:
-                    want = (
-                        " or ".join(choices)
-                        if len(choices) == 2
-                        else "one of " + ", ".join(choices)
-                    )
-                    raise InputError(f"{f.name} must be {want}, got {value!r}")
-            elif f.name in _RULES:
-                ok, want = _RULES[f.name]
-                if not ok(value):
-                    raise InputError(f"{f.name} must be {want}, got {value!r}")
-            elif not (f.name == "solo_intra_op_threads" and value is None):
-                if isinstance(value, bool) or not isinstance(value, int | float):
-                    raise InputError(f"{f.name} must be a number, got {value!r}")
-                least = 0 if f.name == "batch_timeout_s" else 1
-                if value < least:
-                    raise InputError(f"{f.name} must be >= {least}, got {value!r}")
+            check_knob(f.name, getattr(self, f.name), _CHOICES.get(f.name))
 
     @property
     def providers(self) -> list[str | tuple[str, dict[str, str]]]:
