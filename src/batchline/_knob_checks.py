@@ -1,6 +1,7 @@
 """The check of one knob's value (``Knobs.__post_init__``): its choices (the field's
-``Literal``), a rule of its own, or a number >= 1 (``batch_timeout_s`` >= 0). One
-``InputError`` each, naming the knob and what it wants."""
+``Literal``), a rule of its own, or a number >= 1. One ``InputError`` each, naming the knob and
+what it wants. The knobs a batcher reads under the same names are checked by
+:class:`~batchline.BatchPolicy` (``check_policy_knobs``), where their rules live."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from collections.abc import Callable
 from typing import Any, TypeGuard
 
 from batchline._errors import InputError
+from batchline._policy import BatchPolicy
 
-__all__ = ["check_knob"]
+__all__ = ["check_knob", "check_policy_knobs"]
 
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
@@ -28,11 +30,7 @@ def _integer(least: int) -> Callable[[object], bool]:
 _RULES: dict[str, tuple[Callable[[object], bool], str]] = {
     "batching": (lambda v: isinstance(v, bool), "true or false"),
     "engine_process": (lambda v: isinstance(v, bool), "true or false"),
-    "mix_priorities": (lambda v: isinstance(v, bool), "true or false"),
-    "priority_yield": (lambda v: _number(v) and 0 < v <= 1, "in (0, 1]"),
-    "bulk_slots": (lambda v: v is None or _integer(1)(v), "an integer >= 1 or unset"),
     "bulk_batch_tokens": (lambda v: v is None or _integer(1)(v), "an integer >= 1 or unset"),
-    "bulk_thread_nice": (lambda v: _integer(0)(v) and v in range(20), "an integer in [0, 19]"),
     "device": (lambda v: isinstance(v, str) and bool(_DEVICE.match(v)), "cpu, cuda or cuda:N"),
     "eager": (lambda v: v is None or isinstance(v, bool), "true, false or unset"),
     "gpu_memory_fraction": (lambda v: v is None or (_number(v) and 0 < v <= 1), "in (0, 1]"),
@@ -60,6 +58,18 @@ def check_knob(name: str, value: object, choices: tuple[Any, ...] | None) -> Non
     elif not (name == "solo_intra_op_threads" and value is None):
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise InputError(f"{name} must be a number, got {value!r}")
-        least = 0 if name == "batch_timeout_s" else 1
-        if value < least:
-            raise InputError(f"{name} must be >= {least}, got {value!r}")
+        if value < 1:
+            raise InputError(f"{name} must be >= 1, got {value!r}")
+
+
+def check_policy_knobs(values: dict[str, Any]) -> None:
+    """Refuse a bad batcher knob (``values``: the knobs named as ``BatchPolicy`` fields) with
+    the policy's own error, in one line. ``min_batch_size`` above ``max_batch_size`` passes:
+    ``Knobs.policy`` caps it."""
+    low, high = values.get("min_batch_size"), values.get("max_batch_size")
+    if _number(low) and _number(high) and low > high:
+        values = {**values, "min_batch_size": high}
+    try:
+        BatchPolicy(**values)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None

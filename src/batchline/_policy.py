@@ -123,12 +123,14 @@ class BatchPolicy:
         10.0,
     )
     mix_priorities: bool = _doc(
-        "let a batch take records of lower priority than its first (on a GPU, where a fuller "
-        "batch costs little more)",
+        "let a batch take records of lower priority than its first; off: on a CPU a batch's "
+        "time grows with its size, so an interactive record would wait for the bulk records "
+        "beside it; on for a device where a fuller batch costs little more",
         False,
     )
     priority_yield: float = _doc(
-        "while higher priorities are arriving, a batch takes at most this fraction of "
+        "while records of a higher priority than a batch's first have arrived within the last "
+        "priority_aging_s (10 s if None), the batch takes at most this fraction of "
         "target_batch_cost, so its slot frees sooner for them (in (0, 1]; 1.0: off)",
         0.5,
     )
@@ -166,12 +168,13 @@ class BatchPolicy:
             raise ValueError(f"priority_aging_s must be > 0 or None, got {aging!r}")
         if not (_is_number(self.priority_yield) and 0 < self.priority_yield <= 1):
             raise ValueError(f"priority_yield must be in (0, 1], got {self.priority_yield!r}")
-        for name in ("bulk_slots", "bulk_batch_cost"):
-            if getattr(self, name) is not None:
-                _at_least(name, getattr(self, name), 1)
+        if self.bulk_slots is not None and not _is_int(self.bulk_slots, 1):
+            raise ValueError(f"bulk_slots must be an integer >= 1 or None, got {self.bulk_slots!r}")
+        if self.bulk_batch_cost is not None:
+            _at_least("bulk_batch_cost", self.bulk_batch_cost, 1)
         nice = self.bulk_thread_nice
-        if isinstance(nice, bool) or nice not in range(20):
-            raise ValueError(f"bulk_thread_nice must be an int in [0, 19], got {nice!r}")
+        if not _is_int(nice, 0) or nice not in range(20):
+            raise ValueError(f"bulk_thread_nice must be an integer in [0, 19], got {nice!r}")
         if self.oversize not in ("alone", "reject"):
             raise ValueError(f"oversize must be 'alone' or 'reject', got {self.oversize!r}")
         if self.on_error not in ("bisect", "fail_batch"):
@@ -209,6 +212,12 @@ def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+def _is_int(value: object, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
 def _at_least(name: str, value: object, minimum: float) -> None:
-    if not _is_number(value) or value < minimum:  # type: ignore[operator]
+    if not _is_number(value):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if value < minimum:  # type: ignore[operator]
         raise ValueError(f"{name} must be >= {minimum}, got {value!r}")

@@ -40,7 +40,7 @@ from batchline._flags import (
     field_choices,
 )
 from batchline._fsio import replacing
-from batchline._knob_checks import check_knob
+from batchline._knob_checks import check_knob, check_policy_knobs
 from batchline._policy import POLICY_FIELDS, BatchPolicy
 
 __all__ = [
@@ -414,7 +414,9 @@ class Knobs:
                 )
             object.__setattr__(self, "precision", "int8")  # one name from here on
         for f in dataclasses.fields(self):
-            check_knob(f.name, getattr(self, f.name), _CHOICES.get(f.name))
+            if f.name not in _POLICY_KNOBS:
+                check_knob(f.name, getattr(self, f.name), _CHOICES.get(f.name))
+        check_policy_knobs({name: getattr(self, name) for name in _POLICY_KNOBS})
 
     @property
     def providers(self) -> list[str | tuple[str, dict[str, str]]]:

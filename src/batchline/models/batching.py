@@ -1,7 +1,8 @@
 """``ModelBatcher``: any model behind batching, or behind the single-shared-session baseline.
 
 ``run``, ``serve``, ``bench``, ``tune`` and the Ray replicas build their batcher here, from one
-:class:`~batchline.knobs.Knobs`, so what ``tune`` measures is what ``serve`` runs.
+:class:`~batchline.knobs.Knobs`, so what ``tune`` measures is what ``serve`` runs: the knobs'
+:meth:`~batchline.knobs.Knobs.policy` goes to the batcher whole (a ``BatchPolicy``).
 
 - batching: a ``TokenBatcher`` (``padded`` models: a batch costs ``len(batch) × longest``,
   length-grouped) or a ``DynamicBatcher`` (``additive``), ``target_batch_tokens`` budget (an
