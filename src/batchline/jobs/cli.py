@@ -192,6 +192,12 @@ def _add_generation_arguments(p: argparse.ArgumentParser) -> None:
     add_generation_knob_arguments(g)
 
 
+def add_torch_generation_arguments(g: argparse._ActionsContainer) -> None:
+    """``--dtype`` and ``--max-step-tokens`` alone (the name other commands used; the knob
+    flags now come from :func:`batchline.knobs.add_generation_knob_arguments`)."""
+    add_generation_knob_arguments(g, ("dtype", "max_step_tokens"))
+
+
 def _add_image_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
         "pictures (INPUT a folder of pictures, .tar shards, or a file with --image-column)",
