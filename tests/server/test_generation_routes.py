@@ -35,8 +35,9 @@ from batchline.models.protocol import ModelInfo
 from batchline.server.errors import install_error_handlers
 from batchline.server.metrics import ServerMetrics
 from batchline.server.routes import generation
+from batchline.server.served import ServedGenerator
 from batchline.server.settings import ServerSettings
-from batchline.server.state import ServedGenerator, ServerState
+from batchline.server.state import ServerState
 
 from .conftest import wait_for
 
@@ -161,13 +162,13 @@ def make_app(
     metrics = ServerMetrics()
     state = ServerState(settings=ServerSettings(**(limits or {})), metrics=metrics)
     for m in models:
-        state.generators[m.name] = ServedGenerator(m.name, m, metrics.generation)
-    state.models.update(others or {})
-    state.order[:] = [*state.generators, *state.models]
+        state.registry.add(ServedGenerator(m.name, m, metrics.generation))
+    for other in (others or {}).values():
+        state.registry.add(other)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        for served_model in state.generators.values():
+        for served_model in state.registry.generators():
             await served_model.start()
         try:
             yield
@@ -837,7 +838,7 @@ async def test_behind_create_app_and_its_gate() -> None:
     app.include_router(generation.router)
     async with app.router.lifespan_context(app):
         server = app.state.server
-        server.generators["gen"] = ServedGenerator("gen", model, server.metrics.generation)
+        server.registry.add(ServedGenerator("gen", model, server.metrics.generation))
         await model.generator.start()
         try:
             transport = httpx.ASGITransport(app=app)

@@ -32,6 +32,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from batchline.server.errors import error_response
 from batchline.server.residency import release_all
+from batchline.server.served import ServedModel
 from batchline.server.state import ServerState
 
 __all__ = ["OPEN_PATHS", "OWNER", "UPLOAD_PATH", "Gate", "cross_site", "owner_of"]
@@ -106,8 +107,9 @@ class Gate:
             return
         if st.draining or not st.ready:
             why = "the server is shutting down" if st.draining else "the model is not loaded yet"
-            if st.draining and st.models:
-                st.default_model.metrics.rejected("draining")
+            models = st.registry.models() if st.draining else []
+            if models:
+                models[0].metrics.rejected("draining")
             unavailable = error_response(
                 503,
                 f"{why}; retry on another replica or later",
@@ -233,8 +235,8 @@ class Gate:
         except asyncio.CancelledError:
             assert task is not None
             if disconnected and task.uncancel() == 0:
-                served = self.state.models.get(scope.get("batchline.model", ""))
-                if served is not None:  # the model the route picked
+                served = self.state.registry.get(scope.get("batchline.model", ""))
+                if isinstance(served, ServedModel):  # the batch model the route picked
                     served.metrics.cancelled("disconnect")
                 return  # nobody is listening: no response
             raise

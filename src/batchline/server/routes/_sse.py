@@ -32,8 +32,8 @@ from batchline.models.openai.completions import (
 from batchline.models.openai.completions import usage as openai_usage
 from batchline.server.errors import ApiError
 from batchline.server.routes._common import ClientGone, api_error, unless_disconnected
+from batchline.server.served import ServedGenerator
 from batchline.server.settings import ServerSettings
-from batchline.server.state import ServedGenerator
 
 __all__ = ["DONE", "EventStream", "Shape", "aborted", "event_stream", "sse", "usage"]
 
