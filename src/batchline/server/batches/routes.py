@@ -42,7 +42,7 @@ from batchline.server.batches.store import (
 )
 from batchline.server.errors import ApiError, bad_request
 from batchline.server.gate import owner_of
-from batchline.server.routes._common import parse_body, server_state
+from batchline.server.requests import parse_body, server_state
 
 __all__ = ["BatchCreate", "router"]
 

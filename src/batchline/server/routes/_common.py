@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar, cast
 
 import numpy as np
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.types import Receive
 
@@ -27,9 +27,9 @@ from batchline.server.errors import (
     bad_request,
     safe_text,
     shutting_down,
-    validation_error,
 )
 from batchline.server.metrics import ModelMetrics
+from batchline.server.requests import parse_body, server_state
 from batchline.server.schemas import ErrorBody
 from batchline.server.served import ServedGenerator, ServedModel
 from batchline.server.settings import ServerSettings
@@ -97,25 +97,6 @@ def body_doc(model: type[BaseModel]) -> dict[str, object]:
             "content": {"application/json": {"schema": inline(schema)}},
         }
     }
-
-
-def server_state(request: Request) -> ServerState:
-    state: ServerState = request.app.state.server
-    return state
-
-
-async def parse_body(request: Request, model: type[M]) -> M:
-    """The body the gate read, validated as ``model``; a 422 that never echoes the input."""
-    body = request.scope.get("batchline.body")
-    if body is None:
-        body = await request.body()
-    try:
-        return model.model_validate_json(body)
-    except ValidationError as exc:
-        errors = exc.errors(include_input=False, include_url=False, include_context=False)
-        for err in errors:
-            err["loc"] = ("body", *err["loc"])
-        raise validation_error(errors) from None
 
 
 async def use_model(
