@@ -27,15 +27,17 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+from typing import TypeVar
 
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from batchline.server.errors import error_response
-from batchline.server.residency import release_all
+from batchline.server.errors import error_response, validation_error
 from batchline.server.served import ServedModel
 from batchline.server.state import ServerState
 
-__all__ = ["OPEN_PATHS", "OWNER", "UPLOAD_PATH", "Gate", "cross_site", "owner_of"]
+__all__ = ["OPEN_PATHS", "OWNER", "UPLOAD_PATH", "Gate", "cross_site", "owner_of", "parse_body"]
 
 #: Paths that never need the API key nor count as work (probes and scrapes).
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/v2/health/live", "/v2/health/ready"})
@@ -54,6 +56,8 @@ UPLOAD_PATH = "/v1/files"
 _UPLOAD_FRAMING_BYTES = 64 * 1024
 # A request still running after this long starts watching for its client's disconnect.
 _WATCH_AFTER_S = 0.02
+
+M = TypeVar("M", bound=BaseModel)
 
 
 class Gate:
@@ -139,7 +143,7 @@ class Gate:
             else:
                 await self.app(scope, receive, send)
         finally:
-            release_all(scope)  # the on-demand models this request held are idle again
+            st.registry.release(scope)  # the on-demand models this request held are idle again
             st._leave()
 
     async def _with_body(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -288,6 +292,20 @@ class Gate:
                 raise
         if over and not started:
             await too_large(scope, receive, send)
+
+
+async def parse_body(request: Request, model: type[M]) -> M:
+    """The body the gate read, validated as ``model``; a 422 that never echoes the input."""
+    body = request.scope.get("batchline.body")
+    if body is None:
+        body = await request.body()
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        errors = exc.errors(include_input=False, include_url=False, include_context=False)
+        for err in errors:
+            err["loc"] = ("body", *err["loc"])
+        raise validation_error(errors) from None
 
 
 def owner_of(scope: Scope) -> str:

@@ -34,7 +34,7 @@ from batchline.models.protocol import BatchModel
 from batchline.models.specs import ModelSpec
 from batchline.server.errors import ApiError, bad_request, safe_text, shutting_down
 from batchline.server.metrics import ServerMetrics
-from batchline.server.residency import build_residency, use_served
+from batchline.server.residency import RELEASES, build_residency, use_served
 from batchline.server.served import Served, ServedGenerator, ServedModel
 from batchline.server.settings import ServerSettings
 
@@ -183,6 +183,11 @@ class ModelRegistry:
                 f"{len(names)} {task} models are served ({', '.join(names)}); name one in 'model'"
             )
         return names[0]
+
+    def release(self, scope: Scope) -> None:
+        """Give back every model a request acquired (the gate, when the response is done)."""
+        for release in scope.pop(RELEASES, ()):
+            release()
 
     def loads_on_demand(self, name: str) -> bool:
         """Whether ``name`` is a model that loads on its first request (``memory_budget``)."""

@@ -8,12 +8,14 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
+from starlette.requests import Request
+
 from batchline._tracing import Tracing
 from batchline.server.metrics import ServerMetrics
 from batchline.server.registry import ModelRegistry
 from batchline.server.settings import ServerSettings
 
-__all__ = ["ServerState"]
+__all__ = ["ServerState", "server_state"]
 
 logger = logging.getLogger("batchline.server")
 
@@ -69,3 +71,9 @@ class ServerState:
         self.in_flight -= 1
         if self.in_flight == 0 and self._idle is not None:
             self._idle.set()
+
+
+def server_state(request: Request) -> ServerState:
+    """The state of the app a request came to."""
+    state: ServerState = request.app.state.server
+    return state

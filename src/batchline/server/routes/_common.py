@@ -28,12 +28,12 @@ from batchline.server.errors import (
     safe_text,
     shutting_down,
 )
+from batchline.server.gate import parse_body
 from batchline.server.metrics import ModelMetrics
-from batchline.server.requests import parse_body, server_state
 from batchline.server.schemas import ErrorBody
 from batchline.server.served import ServedGenerator, ServedModel
 from batchline.server.settings import ServerSettings
-from batchline.server.state import ServerState
+from batchline.server.state import ServerState, server_state
 
 __all__ = [
     "ERRORS",
