@@ -11,8 +11,10 @@ which a browser sends without asking; a POST with no body and no type passes), t
 size (413, on ``Content-Length`` and on the bytes actually read), a body that trickles in
 (408). It reads the body itself and hands it to the routes in one piece
 (``scope["batchline.body"]``), counts the requests in flight (what a drain waits for), and
-watches the connection of a request that lasts: a client that disconnects has its request
-task cancelled, which withdraws the request's queued records.
+watches the connection of a request that lasts, until its response is sent whole (a stream
+too): a client that disconnects has its request task cancelled, which withdraws the request's
+queued records, or aborts its sequences; no response follows (nobody would read it). This is
+the one place a disconnect is watched: no route reads ``receive`` for it.
 
 Several API keys may be accepted (``ServerSettings.api_keys``); the gate leaves the caller's
 identity in the scope (:data:`OWNER`: a digest of its key), which the Batch API's files and
@@ -200,7 +202,7 @@ class Gate:
         delivered = False
         finished = False
         disconnected = False
-        response_started = False
+        response_sent = False  # its last byte (a stream's too) is handed to the server
         task = asyncio.current_task()
 
         async def replay() -> Message:
@@ -211,14 +213,15 @@ class Gate:
             return await receive()
 
         async def tracked_send(message: Message) -> None:
-            nonlocal response_started
-            response_started = True
+            nonlocal response_sent
             await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                response_sent = True
 
         async def watch() -> None:
             nonlocal disconnected
             message = await receive()
-            if message["type"] == "http.disconnect" and not finished and not response_started:
+            if message["type"] == "http.disconnect" and not finished and not response_sent:
                 disconnected = True
                 assert task is not None
                 task.cancel()

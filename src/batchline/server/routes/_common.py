@@ -1,7 +1,7 @@
 """What the routes share: request parsing from the gate's bytes, the typed model lookup (the
 registry's ``acquire``, narrowed to a batch or a generate model), input checks, the one
-mapping from the ways a model call can end to HTTP errors, client-disconnect handling, and
-fast JSON encoders.
+mapping from the ways a model call can end to HTTP errors, and fast JSON encoders (a
+client's disconnect is the gate's: :mod:`batchline.server.gate`).
 
 (No ``from __future__ import annotations``: FastAPI reads route annotations at run time.)
 """
@@ -9,14 +9,13 @@ fast JSON encoders.
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar, cast
 
 import numpy as np
 from pydantic import BaseModel
 from starlette.requests import Request
-from starlette.types import Receive
 
 from batchline._errors import BatcherClosedError, InputError, QueueFullError, RecordTooLargeError
 from batchline._priority import batcher_priority
@@ -37,7 +36,6 @@ from batchline.server.state import ServerState, server_state
 
 __all__ = [
     "ERRORS",
-    "ClientGone",
     "TextRun",
     "all_finite",
     "api_error",
@@ -50,7 +48,6 @@ __all__ = [
     "run_model",
     "run_texts",
     "server_state",
-    "unless_disconnected",
     "use_generator",
     "use_model",
 ]
@@ -269,37 +266,6 @@ def _count(m: ModelMetrics, status: int) -> None:
         m.rejected("draining")
     elif status == 500:
         m.failed("model")
-
-
-class ClientGone(ApiError):
-    """The client disconnected: nobody reads the answer (499, nginx's "client closed
-    request", is what an access log shows)."""
-
-    def __init__(self) -> None:
-        super().__init__(499, "the client closed the request", "client_closed_request")
-
-
-async def unless_disconnected(receive: Receive, work: Awaitable[T]) -> T:
-    """``await work``, cancelled as soon as the client disconnects (then ``ClientGone``)."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(receive))
-    try:
-        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if task in done:
-            return task.result()
-        raise ClientGone
-    finally:
-        for t in (task, watcher):
-            t.cancel()
-        # the work's cancellation aborts its sequences: let that run before returning
-        await asyncio.gather(task, watcher, return_exceptions=True)
-
-
-async def _disconnected(receive: Receive) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
 
 
 def non_finite(model: ServedModel[object, object]) -> ApiError:

@@ -80,7 +80,6 @@ from batchline.server.routes._common import (
     parse_body,
     request_priority,
     server_state,
-    unless_disconnected,
     use_generator,
 )
 from batchline.server.routes._sse import Shape, aborted, event_stream
@@ -446,7 +445,7 @@ async def _finish_all(
     streams: Sequence[GenerationStream],
 ) -> list[Completion]:
     """Every stream's completion, in order; whatever way this ends, no sequence outlives
-    it (a disconnect, a timeout or an error aborts the rest)."""
+    it (a timeout, an error, or the gate cancelling it on a disconnect aborts the rest)."""
 
     async def results() -> list[Completion]:
         return [await s.result() for s in streams]
@@ -454,7 +453,7 @@ async def _finish_all(
     settings = state.settings
     try:
         async with asyncio.timeout(settings.request_timeout_s):
-            completions = await unless_disconnected(request.receive, results())
+            completions = await results()  # a disconnect cancels this (the gate)
     except Exception as exc:
         raise api_error(
             exc, settings, served.name, withdrawn="its sequences were aborted"
