@@ -160,7 +160,13 @@ def create_app(
         batch_names = [s.name for s in settings.specs if not s.generates]
         device = _shared_device(settings, knobs, batch_names) if settings.knobs.batching else None
         registry = state.registry
-        await registry.open(metrics, tracing, loader, gen_loader, device)
+        await registry.open(
+            metrics=metrics,
+            tracing=tracing,
+            load_model=loader,
+            load_generator=gen_loader,
+            device=device,
+        )
         if settings.host_names is None and not settings.allowed_hosts:
             logger.info(
                 "bound to every interface: any Host is accepted; --allowed-hosts NAMES limits "

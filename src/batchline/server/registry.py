@@ -91,6 +91,7 @@ class ModelRegistry:
 
     async def open(
         self,
+        *,
         metrics: ServerMetrics,
         tracing: Tracing | None,
         load_model: LoadModel,
@@ -103,8 +104,7 @@ class ModelRegistry:
         settings = self.settings
         specs = settings.specs
         knobs = settings.knobs if settings.knobs.batching else settings.baseline_knobs
-        loading = _Loading(self, settings, knobs, metrics, tracing, device)
-        loading.load_model, loading.load_generator = load_model, load_generator
+        loading = _Loading(self, knobs, metrics, tracing, device, load_model, load_generator)
         self._on_demand = on_demand = settings.memory_budget is not None
         self._order[:] = [s.name for s in specs]
         self._tasks.update({s.name: _task_of(s) for s in specs})
@@ -248,26 +248,27 @@ class ModelRegistry:
 
 class _Loading:
     """How the registry loads, starts, stops and forgets one model (the residency's load and
-    unload)."""
-
-    load_model: LoadModel
-    load_generator: LoadGenerator
+    unload): ``knobs`` are a batch model's (the baseline's without batching), ``device`` the
+    slots the batch models share (``None``: each batcher its own)."""
 
     def __init__(
         self,
         registry: ModelRegistry,
-        settings: ServerSettings,
         knobs: Knobs,
         metrics: ServerMetrics,
         tracing: Tracing | None,
         device: Device | None,
+        load_model: LoadModel,
+        load_generator: LoadGenerator,
     ) -> None:
         self.registry = registry
-        self.settings = settings
+        self.settings = registry.settings
         self.knobs = knobs
         self.metrics = metrics
         self.tracing = tracing
         self.device = device
+        self.load_model = load_model
+        self.load_generator = load_generator
 
     async def load(self, spec: ModelSpec) -> Served:
         served = await (self._generator(spec) if spec.generates else self._model(spec))
