@@ -40,7 +40,8 @@ Usage::
     python benchmarks/bench_serve.py --pin split           # server on CPU 1, loadgen on CPU 0
     # the server's CPU per request over exactly 20,000 requests at c=32, old code against new
     python benchmarks/bench_serve.py --concurrency 32 --mixed-concurrency --requests 20000 \
-        --variant old= --variant new= --variant-src old=OLD/src --variant-src new=NEW/src
+        --duration 300 --variant old= --variant new= \
+        --variant-src old=OLD/src --variant-src new=NEW/src
 
 Before each point the bench waits (up to ``--quiet-patience-s``) until the rest of the machine
 uses under ``--quiet-cores`` cores; during the point it measures what other processes used
@@ -463,6 +464,12 @@ def measure(
     wall = time.perf_counter() - t0
     machine = _busy_between(machine0, _cpu_sample())
     point.server_cpu_s = server.cpu_seconds() - cpu0
+    if count and point.requests < count:
+        print(
+            f"  warning: {server.name} answered {point.requests} of {count} requests within "
+            f"--duration {seconds:g}s; raise --duration (with --requests it is only a cap)",
+            flush=True,
+        )
     point.server_cpu = point.server_cpu_s / wall
     # what the rest of the machine used meanwhile: busy cores less the server and loadgen
     point.background = max(0.0, machine - point.server_cpu - point.loadgen_cpu)
