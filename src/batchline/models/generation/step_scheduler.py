@@ -25,13 +25,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 from batchline.models.generation.engine import GenerationRequest, StepOutput
 from batchline.models.generation.kv_manager import KVManager, Seq
 from batchline.models.generation.plan import Decode, Executor, Prefill, StepPlan
 from batchline.models.generation.prefix_cache import Prefix, PrefixCache
 
-__all__ = ["StepScheduler", "plan_prefill", "run_step"]
+__all__ = ["Planned", "StepScheduler", "plan_prefill", "run_step"]
 
 
 @dataclass(slots=True, eq=False)
@@ -259,3 +260,12 @@ def run_step(scheduler: StepScheduler, executor: Executor) -> tuple[StepPlan, Se
     if freed is not None:
         executor.release(freed)
     return plan, outputs
+
+
+@runtime_checkable
+class Planned(Executor, Protocol):
+    """An executor with the scheduler that plans its steps (the torch engine): a generator
+    above it steps it with :func:`run_step`, and so knows what each step did."""
+
+    @property
+    def scheduler(self) -> StepScheduler: ...
