@@ -1,6 +1,8 @@
 """Continuous (iteration-level) batching over a :class:`StepEngine`.
 
-One worker thread drives ``engine.step()``. Between two steps, finished sequences have left
+One worker thread drives the engine, a step at a time (a torch engine's steps through its
+:class:`~.step_scheduler.StepScheduler`: :func:`~.step_scheduler.run_step`; any other engine's
+through ``engine.step()``). Between two steps, finished sequences have left
 (the engine frees them in the step that finishes them), aborted ones are removed, and waiting
 requests join, so a short request never waits for a long one to end.
 

@@ -1,7 +1,12 @@
 """A :class:`~batchline.models.generation.engine.StepEngine` over a transformers causal LM.
 
 The decode loop is batchline's own, so that sequences can join and leave between any two steps.
-Its parts, one module each (vLLM's v1 engine is the picture):
+As in vLLM's v1 engine, a step is planned by a scheduler and executed by the model's runner:
+:class:`~.step_scheduler.StepScheduler` (torch-free, with its :class:`~.kv_manager.KVManager`)
+decides which rows decode, which prompt pieces prefill into which slot and what the prefix
+cache keeps, as a :class:`~.plan.StepPlan`; :meth:`TorchStepEngine.execute` runs one plan.
+The engine carries its scheduler (:attr:`TorchStepEngine.scheduler`), so
+:meth:`~TorchStepEngine.step` is a whole step. What a plan's execution does, one module each:
 
 - the running sequences share one preallocated KV cache (:class:`~.kv_slots.SlotStore`): every
   layer's keys and values live in a buffer ``(slots, kv_heads, capacity, head_dim)``. Row ``i``
@@ -20,16 +25,16 @@ Its parts, one module each (vLLM's v1 engine is the picture):
   :mod:`~.lean_llama`, the same kernels from one plain loop over the layers (without
   transformers' module tree: x0.88-0.94 of the step time, see benchmarks/engine_levers.md);
   for other models through the model's own forward;
-- **chunked prefill**: with ``max_step_tokens``, a step's input holds at most that many tokens,
-  decodes first; a prompt that does not fit in what is left is prefilled in chunks over several
-  steps (into a buffer of its own, attending over its earlier chunks) while the running rows
-  keep decoding every step, and joins the store with its last chunk. A long prompt never stalls
-  the running sequences for a whole prefill (vLLM's ``max_num_batched_tokens``);
-- prefix caching (:mod:`~.prefix_cache`): keys and values of prefixes recent prompts shared;
-- finished and aborted sequences leave by moving the last rows into their slots (a copy of a
-  few rows, never of the whole cache), and the window's left edge follows the longest live
-  row. The buffers grow (and the window moves back to the left) by doubling, so a step costs
-  no copy of the cache in the common case.
+- **chunked prefill** (planned under ``max_step_tokens``): a prompt's earlier chunks go into a
+  buffer of its own, each attending over the ones before, while the running rows keep decoding
+  every step; it joins the store with its last chunk;
+- prefix caching: the keys and values of the prefixes the scheduler's index keeps (copied out
+  of the slot that computed them, under their tokens), copied in front of a prompt that starts
+  with one;
+- finished and aborted sequences leave by moving the last rows into their slots (a
+  :class:`~.plan.Compaction`: a copy of a few rows, never of the whole cache), and the window's
+  left edge follows the longest live row. The buffers grow (and the window moves back to the
+  left) by doubling, so a step costs no copy of the cache in the common case.
 
 Greedy tokens equal those of ``model.generate(..., do_sample=False)`` on the sequence alone (up
 to float ties: a padded batch sums in another order). Works on any device the model is on, in
