@@ -181,7 +181,8 @@ class StepScheduler:
         :func:`plan_prefill` within what ``max_step_tokens`` leaves."""
         rows = self.kv.rows
         room = None if self.max_step_tokens is None else self.max_step_tokens - len(rows)
-        trial = self.kv.trial()
+        # no prompt waits: nothing is looked up or learned, the index itself will do
+        trial = self.kv.trial() if self._pending else self.kv.prefixes
         pieces, held_back = plan_prefill(self._pending.values(), trial, room)
         decodes = tuple(
             Decode(s.request.request_id, i, s.last_token, s.held) for i, s in enumerate(rows)
