@@ -2,11 +2,13 @@
 (sequence classifiers) and ``predict`` (tensors in, tensors out), each with its ``load_*``
 function; ``sessions`` lays out their ONNX Runtime sessions from the knobs, ``runtime`` runs
 them, ``embedder`` and ``minilm`` are the text encoder and the built-in model's weights.
-Nothing here imports the loader: :func:`batchline.models.loader.load_model` dispatches to
-these modules, never the other way round. ``load_tokenizer`` (a ``tokenizer.json`` as the
-text models read it), the int8 quality gate of ``quantize``, and what another backend builds
-its ONNX models from (``SessionModel``, ``load_sessions_at``, the classifiers' result
-``classification`` and ``softmax``, ``load_onnx_embedder``) are the names used from outside."""
+``backend`` is the backend the registry holds (:data:`ONNX`: which specs it takes, the task
+an ``.onnx`` graph says, its memory and identity). Nothing here imports the loader or the
+registry: they ask this backend, never the other way round. ``load_tokenizer`` (a
+``tokenizer.json`` as the text models read it), the int8 quality gate of ``quantize``, and
+what another backend builds its ONNX models from (``SessionModel``, ``load_sessions_at``, the
+classifiers' result ``classification`` and ``softmax``, ``load_onnx_embedder``, the memory
+rule ``onnx_footprint``) are the names used from outside."""
 
 from __future__ import annotations
 
@@ -15,11 +17,13 @@ from typing import TYPE_CHECKING
 from batchline._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from batchline.models.onnx.backend import ONNX, graph_task, onnx_footprint, onnx_identity
     from batchline.models.onnx.classify import Classification, classification, softmax
     from batchline.models.onnx.embed import load_onnx_embedder
     from batchline.models.onnx.embedder import load_tokenizer
     from batchline.models.onnx.quantize import (
         GATE,
+        QUANTIZE_VERSION,
         Quality,
         cached_quality,
         compare_vectors,
@@ -31,6 +35,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "GATE",
+    "ONNX",
+    "QUANTIZE_VERSION",
     "Classification",
     "OnnxModel",
     "Quality",
@@ -38,10 +44,13 @@ __all__ = [
     "cached_quality",
     "classification",
     "compare_vectors",
+    "graph_task",
     "load_onnx_embedder",
     "load_sessions_at",
     "load_tokenizer",
     "measure_quality",
+    "onnx_footprint",
+    "onnx_identity",
     "softmax",
     "store_quality",
 ]
@@ -49,6 +58,10 @@ __all__ = [
 __getattr__ = lazy_exports(
     __name__,
     {
+        "ONNX": "backend",
+        "graph_task": "backend",
+        "onnx_footprint": "backend",
+        "onnx_identity": "backend",
         "load_tokenizer": "embedder",
         "Classification": "classify",
         "classification": "classify",
@@ -61,6 +74,7 @@ __getattr__ = lazy_exports(
             name: "quantize"
             for name in (
                 "GATE",
+                "QUANTIZE_VERSION",
                 "Quality",
                 "cached_quality",
                 "compare_vectors",
