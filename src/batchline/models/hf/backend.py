@@ -58,8 +58,8 @@ def _load_bf16(spec: ModelSpec, knobs: Knobs) -> Loaded:
             f"model {spec.name!r}: precision bf16 runs an encoder on torch from its weights, and "
             f"an .onnx file has none torch can load; use precision fp32 or int8, or a model folder"
         )
+    from batchline.models.common import minilm
     from batchline.models.hf.load import load_torch_encoder
-    from batchline.models.onnx import minilm
 
     logger.info("%s: all-MiniLM-L6-v2 -> torch (bf16)", spec.name)
     return load_torch_encoder(

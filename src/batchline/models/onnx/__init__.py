@@ -7,8 +7,10 @@ an ``.onnx`` graph says, its memory and identity). Nothing here imports the load
 registry: they ask this backend, never the other way round. ``load_tokenizer`` (a
 ``tokenizer.json`` as the text models read it), the int8 quality gate of ``quantize``, and
 what another backend builds its ONNX models from (``SessionModel``, ``load_sessions_at``, the
-classifiers' result ``classification`` and ``softmax``, ``load_onnx_embedder``, the memory
-rule ``onnx_footprint``) are the names used from outside."""
+classifiers' result ``classification`` and ``softmax``, the task loaders, the BERT graph
+builder, the text record ``TokenizedText`` and its collate ``pad_sequences``, the memory rule
+``onnx_footprint``) are the names used from outside: another backend imports them from here,
+never from this package's modules."""
 
 from __future__ import annotations
 
@@ -18,9 +20,21 @@ from batchline._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from batchline.models.onnx.backend import ONNX, graph_task, onnx_footprint, onnx_identity
-    from batchline.models.onnx.classify import Classification, classification, softmax
+    from batchline.models.onnx.bert import BUILDER_VERSION, bert_covers, build_bert
+    from batchline.models.onnx.classify import (
+        Classification,
+        classification,
+        labels_from_config,
+        load_onnx_classifier,
+        softmax,
+    )
     from batchline.models.onnx.embed import load_onnx_embedder
-    from batchline.models.onnx.embedder import load_tokenizer
+    from batchline.models.onnx.embedder import (
+        DenseLayer,
+        EmbedderOptions,
+        TokenizedText,
+        load_tokenizer,
+    )
     from batchline.models.onnx.quantize import (
         GATE,
         QUANTIZE_VERSION,
@@ -30,57 +44,70 @@ if TYPE_CHECKING:
         measure_quality,
         store_quality,
     )
-    from batchline.models.onnx.runtime import OnnxModel
+    from batchline.models.onnx.runtime import OnnxModel, OnnxTensor, pad_sequences
+    from batchline.models.onnx.score import load_onnx_scorer
     from batchline.models.onnx.sessions import SessionModel, load_sessions_at
 
+#: Each name this face exports, and the module of this package it lives in.
+_HOMES = {
+    "backend": ("ONNX", "graph_task", "onnx_footprint", "onnx_identity"),
+    "bert": ("BUILDER_VERSION", "bert_covers", "build_bert"),
+    "classify": (
+        "Classification",
+        "classification",
+        "labels_from_config",
+        "load_onnx_classifier",
+        "softmax",
+    ),
+    "embed": ("load_onnx_embedder",),
+    "embedder": ("DenseLayer", "EmbedderOptions", "TokenizedText", "load_tokenizer"),
+    "quantize": (
+        "GATE",
+        "QUANTIZE_VERSION",
+        "Quality",
+        "cached_quality",
+        "compare_vectors",
+        "measure_quality",
+        "store_quality",
+    ),
+    "runtime": ("OnnxModel", "OnnxTensor", "pad_sequences"),
+    "score": ("load_onnx_scorer",),
+    "sessions": ("SessionModel", "load_sessions_at"),
+}
+
 __all__ = [
+    "BUILDER_VERSION",
     "GATE",
     "ONNX",
     "QUANTIZE_VERSION",
     "Classification",
+    "DenseLayer",
+    "EmbedderOptions",
     "OnnxModel",
+    "OnnxTensor",
     "Quality",
     "SessionModel",
+    "TokenizedText",
+    "bert_covers",
+    "build_bert",
     "cached_quality",
     "classification",
     "compare_vectors",
     "graph_task",
+    "labels_from_config",
+    "load_onnx_classifier",
     "load_onnx_embedder",
+    "load_onnx_scorer",
     "load_sessions_at",
     "load_tokenizer",
     "measure_quality",
     "onnx_footprint",
     "onnx_identity",
+    "pad_sequences",
     "softmax",
     "store_quality",
 ]
 
 __getattr__ = lazy_exports(
-    __name__,
-    {
-        "ONNX": "backend",
-        "graph_task": "backend",
-        "onnx_footprint": "backend",
-        "onnx_identity": "backend",
-        "load_tokenizer": "embedder",
-        "Classification": "classify",
-        "classification": "classify",
-        "softmax": "classify",
-        "load_onnx_embedder": "embed",
-        "OnnxModel": "runtime",
-        "SessionModel": "sessions",
-        "load_sessions_at": "sessions",
-        **{
-            name: "quantize"
-            for name in (
-                "GATE",
-                "QUANTIZE_VERSION",
-                "Quality",
-                "cached_quality",
-                "compare_vectors",
-                "measure_quality",
-                "store_quality",
-            )
-        },
-    },
+    __name__, {name: module for module, names in _HOMES.items() for name in names}
 )
