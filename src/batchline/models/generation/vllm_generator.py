@@ -54,11 +54,12 @@ import importlib
 import itertools
 import math
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Literal, Protocol, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 from batchline._batcher import State
 from batchline._errors import BatcherClosedError, ModelError, QueueFullError
 from batchline._priority import aged_rank
+from batchline.knobs import VLLM_SCHEDULING_POLICIES, VllmSchedulingPolicy
 from batchline.models.generation.engine import FinishReason, SamplingParams, TokenLogprob
 from batchline.models.generation.lifecycle import GeneratorLifecycle
 from batchline.models.generation.stats import (
@@ -125,9 +126,9 @@ class VllmRequestOutput(Protocol):
     def finished(self) -> bool: ...
 
 
-#: vLLM's ``scheduling_policy`` values (``SchedulerConfig.policy`` in vLLM 0.32).
-SchedulingPolicy = Literal["fcfs", "priority"]
-SCHEDULING_POLICIES: tuple[SchedulingPolicy, ...] = ("fcfs", "priority")
+#: vLLM's ``scheduling_policy`` values (``SchedulerConfig.policy`` in vLLM 0.32): the knob's.
+SchedulingPolicy = VllmSchedulingPolicy
+SCHEDULING_POLICIES = VLLM_SCHEDULING_POLICIES
 
 
 class VllmEngine(Protocol):
