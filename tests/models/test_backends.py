@@ -17,7 +17,7 @@ from batchline.knobs import Knobs
 from batchline.models.backend import Backend, Registry
 from batchline.models.footprint import estimate_footprint
 from batchline.models.identity import model_identity
-from batchline.models.loader import load_model, resolve_task
+from batchline.models.loader import load_model, resolve_task, text_tokenizer
 from batchline.models.registry import BACKENDS
 from batchline.models.specs import parse_spec
 from tests.toy_backend import TOY, TOY_FOOTPRINT, ToyEmbedder, toy_vector
@@ -60,6 +60,7 @@ def test_the_toy_backend_loads_sizes_and_identifies_its_specs(toy: Backend) -> N
     assert identity is not None
     assert len(identity) == 64
     assert model_identity(parse_spec("toy:other")) not in (None, identity)
+    assert text_tokenizer(spec) is None  # the toy names no tokenizer: a benchmark counts none
 
 
 def test_the_toy_leaves_nothing_behind(toy: Backend) -> None:

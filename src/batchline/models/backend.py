@@ -13,12 +13,15 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from batchline._errors import ModelError
 from batchline.knobs import Knobs
 from batchline.models.protocol import BatchModel, Task
 from batchline.models.specs import ModelSpec
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 __all__ = ["UNKNOWN", "Backend", "Footprint", "Identity", "Loaded", "Registry"]
 
@@ -55,6 +58,10 @@ def _no_task(spec: ModelSpec) -> Task | None:
     return None
 
 
+def _no_tokenizer(spec: ModelSpec) -> Tokenizer | None:
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class Backend:
     """One kind of model.
@@ -66,7 +73,9 @@ class Backend:
     - ``identity(spec, knobs)``: its files and options for a result cache, ``None`` when its
       results cannot be identified (they are then never cached);
     - ``task(spec)``: the task read off a spec that names none, where this backend can tell
-      (an ``.onnx`` file's graph); ``None`` leaves it to the next backend.
+      (an ``.onnx`` file's graph); ``None`` leaves it to the next backend;
+    - ``tokenizer(spec)``: the ``tokenizers`` tokenizer a text model reads its texts with, what
+      a benchmark cuts and counts its texts with (``None``: it takes no text, or says none).
     """
 
     name: str
@@ -75,6 +84,7 @@ class Backend:
     footprint: Callable[[ModelSpec, Knobs, Task | None], Footprint]
     identity: Callable[[ModelSpec, Knobs | None], Identity | None]
     task: Callable[[ModelSpec], Task | None] = _no_task
+    tokenizer: Callable[[ModelSpec], Tokenizer | None] = _no_tokenizer
 
 
 class Registry:

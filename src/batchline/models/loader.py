@@ -14,12 +14,11 @@ it here.
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from batchline._errors import InputError, ModelError
 from batchline.knobs import Knobs
-from batchline.models.onnx.sessions import tokenizer_path
+from batchline.models.onnx import tokenizer_path
 from batchline.models.protocol import BatchModel, Task
 from batchline.models.registry import BACKENDS
 from batchline.models.specs import ModelSpec
@@ -27,7 +26,7 @@ from batchline.models.specs import ModelSpec
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-# tokenizer_path lives with the ONNX sessions; named here too, as the spec's other resolver
+# tokenizer_path is the onnx backend's; named here too, as the spec's other resolver
 __all__ = ["load_model", "resolve_task", "text_tokenizer", "tokenizer_path"]
 
 AnyModel = BatchModel[object, object]
@@ -49,23 +48,11 @@ def resolve_task(spec: ModelSpec) -> Task:
 
 
 def text_tokenizer(spec: ModelSpec) -> Tokenizer | None:
-    """The ``tokenizers`` tokenizer a text model's spec reads its texts with (the built-in
-    text models', an ONNX text model's or the one its spec names), or ``None`` for a model
-    that takes no text: what a benchmark cuts and counts its texts with."""
-    from batchline.models.onnx import load_tokenizer, minilm
-
-    path: Path | None = None
-    max_length: int | None = None
-    if spec.kind == "builtin" and spec.builtin_task in ("embed", "classify"):
-        path, max_length = minilm.weights_dir() / "tokenizer.json", minilm.MAX_LENGTH
-    elif spec.kind == "onnx" and resolve_task(spec) in ("embed", "classify"):
-        path = tokenizer_path(spec)
-    elif spec.kind == "onnx" and spec.tokenizer is not None:
-        path = Path(spec.tokenizer)
-    if path is None:
-        return None
-    tokenizer, _ = load_tokenizer(path, max_length=max_length)
-    return tokenizer
+    """The ``tokenizers`` tokenizer a text model's spec reads its texts with, as the backend
+    that claims it says (the built-in text models', an ONNX text model's or the one its spec
+    names), or ``None`` for a model that takes no text: what a benchmark cuts and counts its
+    texts with."""
+    return BACKENDS.claiming(spec, Knobs()).tokenizer(spec)
 
 
 def load_model(spec: ModelSpec, knobs: Knobs) -> AnyModel:

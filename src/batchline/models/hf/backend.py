@@ -80,4 +80,5 @@ TORCH_BF16 = Backend(
     # the ONNX rule on the same weights: bf16 on torch is not measured apart yet
     footprint=ONNX.footprint,
     identity=onnx_identity,
+    tokenizer=ONNX.tokenizer,
 )

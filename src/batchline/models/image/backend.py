@@ -5,12 +5,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from batchline.knobs import Knobs
 from batchline.models.backend import Backend, Footprint, Identity, Loaded
 from batchline.models.common.files import size, tree
 from batchline.models.onnx import ONNX, onnx_footprint, onnx_identity
 from batchline.models.protocol import Task
 from batchline.models.specs import ModelSpec
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 __all__ = ["IMAGE"]
 
@@ -55,10 +60,16 @@ def _identity(spec: ModelSpec, knobs: Knobs | None) -> Identity:
     return onnx_identity(spec, knobs)
 
 
+def _tokenizer(spec: ModelSpec) -> Tokenizer | None:
+    # a plain .onnx: the ONNX rule (the one its spec names, or tokenizer.json beside it)
+    return None if _image_folder(spec) else ONNX.tokenizer(spec)
+
+
 IMAGE = Backend(
     name="image",
     claims=_claims,
     load=_load,
     footprint=_footprint,
     identity=_identity,
+    tokenizer=_tokenizer,
 )

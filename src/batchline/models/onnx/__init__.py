@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     )
     from batchline.models.onnx.runtime import OnnxModel, OnnxTensor, pad_sequences
     from batchline.models.onnx.score import load_onnx_scorer
-    from batchline.models.onnx.sessions import SessionModel, load_sessions_at
+    from batchline.models.onnx.sessions import SessionModel, load_sessions_at, tokenizer_path
 
 #: Each name this face exports, and the module of this package it lives in.
 _HOMES = {
@@ -72,7 +72,7 @@ _HOMES = {
     ),
     "runtime": ("OnnxModel", "OnnxTensor", "pad_sequences"),
     "score": ("load_onnx_scorer",),
-    "sessions": ("SessionModel", "load_sessions_at"),
+    "sessions": ("SessionModel", "load_sessions_at", "tokenizer_path"),
 }
 
 __all__ = [
@@ -106,6 +106,7 @@ __all__ = [
     "pad_sequences",
     "softmax",
     "store_quality",
+    "tokenizer_path",
 ]
 
 __getattr__ = lazy_exports(

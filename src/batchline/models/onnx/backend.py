@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from batchline._errors import ModelError
 from batchline.knobs import Knobs
@@ -18,6 +19,9 @@ from batchline.models.builtin import BUILTIN_MODELS
 from batchline.models.common.files import size, tree
 from batchline.models.protocol import Task
 from batchline.models.specs import ModelSpec
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 __all__ = ["ONNX", "graph_task", "onnx_footprint", "onnx_identity"]
 
@@ -127,6 +131,27 @@ def onnx_identity(spec: ModelSpec, knobs: Knobs | None) -> Identity:
     return Identity(files)
 
 
+def _tokenizer(spec: ModelSpec) -> Tokenizer | None:
+    """The built-in text models' tokenizer, an ``.onnx`` text model's (:func:`tokenizer_path`),
+    or the one the spec of another ``.onnx`` names."""
+    from batchline.models.common.minilm import MAX_LENGTH, weights_dir
+    from batchline.models.onnx.embedder import load_tokenizer
+    from batchline.models.onnx.sessions import tokenizer_path
+
+    path: Path | None = None
+    max_length: int | None = None
+    if spec.kind == "builtin" and spec.builtin_task in ("embed", "classify"):
+        path, max_length = weights_dir() / "tokenizer.json", MAX_LENGTH
+    elif spec.kind == "onnx" and (spec.task or graph_task(spec)) in ("embed", "classify"):
+        path = tokenizer_path(spec)
+    elif spec.kind == "onnx" and spec.tokenizer is not None:
+        path = Path(spec.tokenizer)
+    if path is None:
+        return None
+    tokenizer, _ = load_tokenizer(path, max_length=max_length)
+    return tokenizer
+
+
 ONNX = Backend(
     name="onnx",
     claims=_claims,
@@ -134,4 +159,5 @@ ONNX = Backend(
     footprint=_footprint,
     identity=onnx_identity,
     task=graph_task,
+    tokenizer=_tokenizer,
 )
