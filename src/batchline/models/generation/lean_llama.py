@@ -40,9 +40,9 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
+from batchline.models.common.packed_linear import PackedLinear
 from batchline.models.generation.decode_kernel import StepOps
 from batchline.models.generation.packed_attention import PassPlan, packed_attention
-from batchline.models.generation.packed_linear import PackedLinear
 from batchline.models.generation.quant_linear import QuantLinear
 
 __all__ = [
