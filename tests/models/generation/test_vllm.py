@@ -556,8 +556,7 @@ def test_the_openai_routes_take_vllms_ignore_eos() -> None:
     from batchline.models.openai.requests import ChatCompletionRequest
     from batchline.server.routes.generation import _sampling
 
-    model = types.SimpleNamespace(max_context_tokens=64)
-    served: Any = types.SimpleNamespace(model=model, generator=object())
+    served: Any = types.SimpleNamespace(max_context_tokens=64, generator=object())
     messages = [{"role": "user", "content": "hi"}]
     body = ChatCompletionRequest.model_validate(
         {"messages": messages, "max_tokens": 8, "ignore_eos": True}
