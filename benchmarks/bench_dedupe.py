@@ -32,7 +32,7 @@ from pathlib import Path
 from batchline.datasets.corpus import demo_corpus_path
 from batchline.jobs.generate import GenerateOptions, demo_prompts_path
 from batchline.jobs.run import RunOptions, run
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 
 
 def with_duplicates(texts: list[str], share: float, seed: int) -> list[str]:

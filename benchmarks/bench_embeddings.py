@@ -62,7 +62,6 @@ import numpy as np
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from batchline.knobs import Knobs
 from batchline.models import (
     DEFAULT_TARGET_BATCH_TOKENS,
     Embedder,
@@ -70,6 +69,7 @@ from batchline.models import (
     TokenizedText,
 )
 from batchline.models.batching import ModelBatcher
+from batchline.models.config import Knobs
 from batchline.models.onnx import minilm
 from batchline.models.onnx.embed import TextEmbedder
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from batchline.datasets.readers import read_output
 from batchline.jobs.generate import GenerateOptions, GenerateSummary
 from batchline.jobs.run import run
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 from batchline.models.generation import demo_prompts
 
 

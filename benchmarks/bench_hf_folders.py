@@ -32,7 +32,7 @@ from pathlib import Path
 
 from batchline.datasets.corpus import demo_corpus_path
 from batchline.jobs.run import RunOptions, run
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 
 
 def minilm_folder() -> Path:

@@ -44,7 +44,7 @@ import numpy as np
 
 from batchline.jobs.options import RunOptions
 from batchline.jobs.run import run
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 from batchline.models.image import ImageOptions, ImagePreprocess, ImageRef
 from batchline.models.protocol import ModelInfo
 
@@ -344,7 +344,7 @@ sys.path.insert(0, sys.argv[4])
 from pathlib import Path
 from batchline.jobs.options import RunOptions
 from batchline.jobs.run import run
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 
 me = psutil.Process()
 peak = [0]

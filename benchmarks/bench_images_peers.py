@@ -208,7 +208,7 @@ def run_ray(
 
 def converted_graph(model: Path) -> str:
     """The ONNX file batchline converted the folder to (the warm-up run made it)."""
-    from batchline.knobs import Knobs
+    from batchline.models.config import Knobs
     from batchline.models.loader import load_model
     from batchline.models.specs import parse_spec
 

@@ -49,7 +49,7 @@ from bench_images import build_model, picture_folder
 import batchline.integrations.ray as ray_engine
 from batchline.integrations.ray import RaySummary, run_on_ray
 from batchline.jobs.run import RunOptions
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 from batchline.models.image import DecodeOptions
 
 GOAL = 1.6

@@ -154,7 +154,7 @@ def main() -> None:
 
     torch.set_num_threads(1)
     from batchline.jobs.quantized import gate_texts
-    from batchline.knobs import Knobs
+    from batchline.models.config import Knobs
     from batchline.models.hf.torch_embed import load_torch_embedder
     from batchline.models.loader import load_model
     from batchline.models.onnx import compare_vectors, minilm

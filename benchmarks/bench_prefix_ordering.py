@@ -104,7 +104,7 @@ def main() -> None:
     from batchline.datasets.readers import read_output
     from batchline.jobs.options import GenerateOptions
     from batchline.jobs.run import run
-    from batchline.knobs import Knobs
+    from batchline.models.config import Knobs
 
     prompts = tickets(args.prompts, args.prefixes)
     results = {}

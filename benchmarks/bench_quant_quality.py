@@ -34,7 +34,7 @@ LOGPROB_TOLERANCE = 0.02
 def load(weights: str) -> Any:
     """smollm2 in bf16 with ``weights`` (``gguf``: the file's tensors kept, asked for as
     ``auto``, checked to be what auto chose), as ``load_text_generator`` builds it."""
-    from batchline.knobs import Knobs
+    from batchline.models.config import Knobs
     from batchline.models.generation.load import load_text_generator
     from batchline.models.specs import parse_spec
 

@@ -126,7 +126,7 @@ def main() -> None:
 
     import torch
 
-    from batchline.knobs import Knobs
+    from batchline.models.config import Knobs
     from batchline.models.generation.load import load_text_generator
     from batchline.models.generation.quant_linear import step_weight_bytes
     from batchline.models.specs import parse_spec

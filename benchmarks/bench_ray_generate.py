@@ -47,7 +47,7 @@ from batchline.integrations.ray import run_on_ray
 from batchline.jobs.generate import GenerateOptions
 from batchline.jobs.run import run
 from batchline.jobs.summary import GenerateSummary, RunSummary
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 
 SCALE_GOAL = 1.6
 OVERHEAD_GOAL = 0.9

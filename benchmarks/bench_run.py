@@ -26,8 +26,8 @@ from bench_embeddings import mode_limit  # the same limit as the embedding bench
 
 from batchline.datasets.corpus import demo_corpus_path
 from batchline.jobs.run import RunOptions, run
-from batchline.knobs import Knobs
 from batchline.models import Embedder
+from batchline.models.config import Knobs
 
 
 def limit_rate(texts: list[str]) -> tuple[float, int]:

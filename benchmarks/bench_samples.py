@@ -90,7 +90,7 @@ async def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="rounds (default 3)")
     args = parser.parse_args()
 
-    from batchline.knobs import Knobs
+    from batchline.models.config import Knobs
     from batchline.models.generation import load_text_generator
     from batchline.models.specs import parse_spec
 

@@ -96,7 +96,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     args = parser.parse_args()
 
-    from batchline.knobs import Knobs
+    from batchline.models.config import Knobs
     from batchline.models.generation.demo import demo_prompts
     from batchline.models.generation.engine import SamplingParams
     from batchline.models.generation.load import load_text_generator

@@ -309,7 +309,7 @@ def _server_command(server: str, dtype: str, folder: str, port: int) -> list[str
 
 async def _engine_one(dtype: str, workload: list[tuple[str, int]], concurrency: int) -> RunResult:
     """The workload on the generator ``batchline serve`` builds, without the server."""
-    from batchline.knobs import Knobs
+    from batchline.models.config import Knobs
     from batchline.models.generation import load_text_generator
     from batchline.models.generation.engine import SamplingParams
     from batchline.models.specs import parse_spec
@@ -506,7 +506,7 @@ def _offline_one(which: str, args: argparse.Namespace) -> dict[str, float]:
     dtype = args.dtypes.split(",")[0]
     if which == "batchline-run":
         from batchline.jobs.generate import GenerateOptions, run_generate_job
-        from batchline.knobs import Knobs
+        from batchline.models.config import Knobs
 
         with tempfile.TemporaryDirectory() as tmp:
             summary = asyncio.run(

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from batchline.__main__ import build_parser, main
-from batchline.knobs import SHARED_HELP
+from batchline.models.config import SHARED_HELP
 from batchline.models.selection import MODEL_HELP, TASK_HELP
 
 COMMANDS = ("run", "serve", "drive", "bench", "tune")

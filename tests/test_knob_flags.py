@@ -21,7 +21,8 @@ from batchline._flags import (
     field_help,
     flag_name,
 )
-from batchline.knobs import GENERATION_BACKENDS, SHARED_HELP, Knobs
+from batchline.models.config import SHARED_HELP, Knobs
+from batchline.models.generation.options import GENERATION_BACKENDS
 
 COMMANDS = ("run", "serve", "drive", "bench", "tune")
 KNOB_FIELDS = tuple(f.name for f in dataclasses.fields(Knobs))

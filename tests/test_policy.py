@@ -11,7 +11,7 @@ import pytest
 
 from batchline import BatchPolicy, DynamicBatcher, InputError, TokenBatcher
 from batchline._policy import POLICY_FIELDS, UNSET
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 
 
 async def echo(batch: list[Any]) -> list[Any]:

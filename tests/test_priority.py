@@ -264,8 +264,8 @@ async def _property(ops: list[tuple[str, Any, int]], max_batch_size: int, padded
 
 def test_the_priority_knobs_reach_a_models_batcher_and_are_checked() -> None:
     from batchline._errors import InputError
-    from batchline.knobs import Knobs
     from batchline.models.batching import ModelBatcher
+    from batchline.models.config import Knobs
     from batchline.models.onnx.embed import TextEmbedder
     from tests.server.conftest import FakeEmbedder
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from batchline.knobs import Knobs
 from batchline.models.backend import Backend, Footprint, Identity, Loaded
+from batchline.models.config import Knobs
 from batchline.models.protocol import ModelInfo, Task
 from batchline.models.specs import ModelSpec
 

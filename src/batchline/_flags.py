@@ -67,7 +67,9 @@ def _field(cls: type, name: str) -> dataclasses.Field[Any]:
 
 @functools.cache
 def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))
+    # each base's annotations in its own module's names: a class may compose options classes
+    # of several modules (batchline.models.config.Knobs)
+    return typing.get_type_hints(cls)
 
 
 def _hint(cls: type, name: str) -> Any:

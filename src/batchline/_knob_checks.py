@@ -1,53 +1,55 @@
-"""The check of one knob's value (``Knobs.__post_init__``): its choices (the field's
-``Literal``), a rule of its own, or a number >= 1. One ``InputError`` each, naming the knob and
-what it wants. The knobs a batcher reads under the same names are checked by
-:class:`~batchline.BatchPolicy` (``check_policy_knobs``), where their rules live."""
+"""The check of one knob's value (each options class's ``__post_init__``): its choices (the
+field's ``Literal``), a rule of its own, or a number >= 1. One ``InputError`` each, naming the
+knob and what it wants. Each options class keeps its fields' rules beside them (``Rules``) and
+checks only the fields it declares (:func:`check_own_fields`). The knobs a batcher reads under
+the same names are checked by :class:`~batchline.BatchPolicy` (``check_policy_knobs``), where
+their rules live."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeGuard
 
 from batchline._errors import InputError
+from batchline._flags import field_choices
 from batchline._policy import BatchPolicy
 
-__all__ = ["check_knob", "check_policy_knobs"]
+__all__ = [
+    "DEVICE_RULE",
+    "Rules",
+    "check_knob",
+    "check_own_fields",
+    "check_policy_knobs",
+    "integer",
+    "is_number",
+    "own_fields",
+]
+
+#: A knob's rule: the check, and what it wants (said in the error).
+Rules = Mapping[str, tuple[Callable[[object], bool], str]]
 
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
+DEVICE_RULE = (lambda v: isinstance(v, str) and bool(_DEVICE.match(v)), "cpu, cuda or cuda:N")
 
 
-def _number(value: object) -> TypeGuard[float]:
+def is_number(value: object) -> TypeGuard[float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _integer(least: int) -> Callable[[object], bool]:
+def integer(least: int) -> Callable[[object], bool]:
     return lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
-#: Knobs fields that are not plain numbers: the check and what it wants; the rest are numbers
-#: >= 1 (``batch_timeout_s`` >= 0).
-_RULES: dict[str, tuple[Callable[[object], bool], str]] = {
-    "batching": (lambda v: isinstance(v, bool), "true or false"),
-    "engine_process": (lambda v: isinstance(v, bool), "true or false"),
-    "bulk_batch_tokens": (lambda v: v is None or _integer(1)(v), "an integer >= 1 or unset"),
-    "device": (lambda v: isinstance(v, str) and bool(_DEVICE.match(v)), "cpu, cuda or cuda:N"),
-    "eager": (lambda v: v is None or isinstance(v, bool), "true, false or unset"),
-    "gpu_memory_fraction": (lambda v: v is None or (_number(v) and 0 < v <= 1), "in (0, 1]"),
-    "kv_cache_gib": (lambda v: v is None or (_number(v) and v > 0), "a number > 0"),
-    "max_context_tokens": (lambda v: v is None or _integer(2)(v), "an integer >= 2"),
-    "kv_token_budget": (_integer(2), "an integer >= 2"),
-    "max_running_sequences": (_integer(1), "an integer >= 1"),
-    "start_running_sequences": (_integer(1), "an integer >= 1"),
-    "generation_threads": (lambda v: v is None or _integer(1)(v), "an integer >= 1 or unset"),
-    "quantize": (lambda v: v is None or v == "int8", "int8 or unset"),
-}
-
-
-def check_knob(name: str, value: object, choices: tuple[Any, ...] | None) -> None:
-    """Refuse a bad ``value`` of the knob ``name`` in one line."""
-    if name in _RULES:
-        ok, want = _RULES[name]
+def check_knob(
+    name: str, value: object, choices: tuple[Any, ...] | None, rules: Rules | None = None
+) -> None:
+    """Refuse a bad ``value`` of the knob ``name`` in one line: its rule in ``rules``, else its
+    ``choices``, else a number >= 1 (a ``None`` passes where the field may be unset)."""
+    if rules and name in rules:
+        ok, want = rules[name]
         if not ok(value):
             raise InputError(f"{name} must be {want}, got {value!r}")
     elif choices is not None:
@@ -62,12 +64,28 @@ def check_knob(name: str, value: object, choices: tuple[Any, ...] | None) -> Non
             raise InputError(f"{name} must be >= 1, got {value!r}")
 
 
+@functools.cache
+def own_fields(cls: type) -> tuple[str, ...]:
+    """The fields ``cls`` declares itself, not those its dataclass bases give it."""
+    inherited = {
+        name for base in cls.__bases__ for name in getattr(base, "__dataclass_fields__", {})
+    }
+    return tuple(f.name for f in dataclasses.fields(cls) if f.name not in inherited)
+
+
+def check_own_fields(obj: object, cls: type, rules: Rules, *, skip: tuple[str, ...] = ()) -> None:
+    """Check each field ``cls`` declares (but ``skip``) on ``obj`` (:func:`check_knob`)."""
+    for name in own_fields(cls):
+        if name not in skip:
+            check_knob(name, getattr(obj, name), field_choices(cls, name), rules)
+
+
 def check_policy_knobs(values: dict[str, Any]) -> None:
     """Refuse a bad batcher knob (``values``: the knobs named as ``BatchPolicy`` fields) with
     the policy's own error, in one line. ``min_batch_size`` above ``max_batch_size`` passes:
     ``Knobs.policy`` caps it."""
     low, high = values.get("min_batch_size"), values.get("max_batch_size")
-    if _number(low) and _number(high) and low > high:
+    if is_number(low) and is_number(high) and low > high:
         values = {**values, "min_batch_size": high}
     try:
         BatchPolicy(**values)

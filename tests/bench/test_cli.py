@@ -16,7 +16,7 @@ from batchline._errors import InputError
 from batchline.bench.loadgen import LoadPoint, run_point
 from batchline.bench.runner import BenchOptions, configurations
 from batchline.bench.targets import HttpTarget, embeddings_url
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 
 TEXTS = [
     "A short one.",

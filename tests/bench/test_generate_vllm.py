@@ -30,7 +30,7 @@ from batchline.bench.generate import (
 from batchline.bench.generate_vllm import EngineTurn
 from batchline.bench.loadgen import parse_loads
 from batchline.bench.report import generate_dtypes_line, write_generate_report
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 from batchline.models.generation.stream import TextGenerator
 from batchline.models.generation.vllm_generator import VllmGenerator
 from tests.models.generation.test_vllm import StandInAsyncLLM

@@ -26,7 +26,7 @@ from batchline.bench.loadgen import LoadPoint, PointResult
 from batchline.bench.model import LoadedModels, model_spec
 from batchline.bench.targets import oip_body, oip_url
 from batchline.bench.tune import GPU_TOKEN_BUDGETS, planned_trials, search_space, tune
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 
 _names = itertools.count()
 

@@ -13,7 +13,7 @@ from batchline.bench.loadgen import PointResult
 from batchline.bench.report import TABLE_HEADER, format_row, print_table, write_report
 from batchline.bench.runner import BenchResult
 from batchline.bench.targets import Configuration, reference_configurations
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 
 
 def point(

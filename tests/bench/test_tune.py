@@ -24,7 +24,7 @@ from batchline.bench.tune import (
     tune,
     within_budget,
 )
-from batchline.knobs import BASELINE, Knobs
+from batchline.models.config import BASELINE, Knobs
 
 pytestmark = pytest.mark.anyio
 

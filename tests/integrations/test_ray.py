@@ -32,7 +32,7 @@ from batchline.integrations.ray import UnitDone, default_replica_knobs, run_on_r
 from batchline.integrations.ray_replica import ReplicaReady
 from batchline.integrations.ray_units import UnitPlan
 from batchline.jobs.run import RunOptions, run
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 from batchline.models.protocol import ModelInfo
 
 CHUNK = 40

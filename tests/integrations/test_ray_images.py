@@ -22,7 +22,7 @@ import ray
 from batchline.datasets.sinks import Manifest, read_output
 from batchline.integrations.ray import UnitDone, run_on_ray
 from batchline.jobs.run import RunOptions, run
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 from batchline.models.image import DecodeOptions
 from tests.image_helpers import image_model, photo_folder, write_labels
 

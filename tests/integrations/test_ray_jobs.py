@@ -32,7 +32,7 @@ from batchline.datasets.sinks import Manifest, read_output, read_skipped
 from batchline.integrations.ray import RayGenerateSummary, UnitDone, run_on_ray
 from batchline.jobs.generate import GenerateOptions
 from batchline.jobs.run import RunOptions, run
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 from tests.integrations.test_ray import two_nodes  # noqa: F401  (the two-node fixture)
 from tests.jobs.test_generate import _KILL_AFTER_CHUNK
 from tests.jobs.test_run_score import SCORER

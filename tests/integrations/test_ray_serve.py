@@ -55,7 +55,7 @@ from batchline.integrations.ray_serve import (
     replica_capacity,
     replica_counts,
 )
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 from batchline.models.generation.continuous import ContinuousGenerator
 from batchline.models.generation.fake import FakeEngine
 from batchline.models.onnx.embed import TextEmbedder

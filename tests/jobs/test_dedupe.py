@@ -15,8 +15,8 @@ from batchline.datasets.readers import read_output
 from batchline.datasets.sources import Record
 from batchline.jobs.batch import BatchAdapter, Seen, input_key
 from batchline.jobs.run import RunOptions, run
-from batchline.knobs import Knobs
 from batchline.models.batching import ModelBatcher
+from batchline.models.config import Knobs
 from batchline.models.protocol import ModelInfo
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from batchline._errors import InputError
 from batchline.datasets.sinks import Manifest, read_output, read_skipped
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 
 pytest.importorskip("transformers")
 

@@ -19,7 +19,7 @@ import pytest
 from batchline._errors import InputError
 from batchline.datasets.sinks import ChunkWriter, Manifest
 from batchline.jobs.generate_cache import request_key
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 from batchline.models.generation import Constraint, SamplingParams
 from batchline.models.identity import model_identity
 from batchline.models.specs import ModelSpec

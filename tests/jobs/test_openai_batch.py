@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 
 from .test_generate import _KILL_AFTER_CHUNK
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 
 from .test_openai_batch import MODEL, chat, read_lines, run_batch, tiny, write_lines
 

@@ -23,7 +23,7 @@ from batchline.jobs.precision import (
     decide,
     model_facts,
 )
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 from batchline.models.specs import parse_spec
 
 # Flag sets of the hosts this project meets (the flags that matter, and a few that do not).

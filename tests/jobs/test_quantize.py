@@ -14,7 +14,7 @@ pytest.importorskip("onnxruntime")
 from batchline._errors import InputError
 from batchline.jobs import quantized as gate_module
 from batchline.jobs.run import RunOptions, run
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 from batchline.models.identity import model_identity
 from batchline.models.onnx import GATE, Quality, measure_quality
 from batchline.models.specs import parse_spec

@@ -27,7 +27,7 @@ from batchline.datasets.sinks import (
     read_skipped,
 )
 from batchline.jobs.run import RunOptions, run
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 
 TEXTS = [
     "A short one.",

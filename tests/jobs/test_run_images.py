@@ -28,7 +28,7 @@ from batchline.__main__ import main
 from batchline.datasets.sinks import PAUSE_AFTER_CHUNKS_ENV, read_output, read_skipped
 from batchline.jobs.options import RunOptions
 from batchline.jobs.run import run
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 from batchline.models.image import DecodeOptions
 from tests.image_helpers import (
     image_model,

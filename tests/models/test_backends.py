@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from batchline._errors import InputError, ModelError
-from batchline.knobs import Knobs
 from batchline.models.backend import Backend, Registry
+from batchline.models.config import Knobs
 from batchline.models.footprint import estimate_footprint
 from batchline.models.identity import model_identity
 from batchline.models.loader import load_model, resolve_task, text_tokenizer

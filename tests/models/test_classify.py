@@ -11,8 +11,8 @@ import onnxruntime as ort
 import pytest
 
 from batchline._errors import InputError, ModelError
-from batchline.knobs import Knobs
 from batchline.models.batching import ModelBatcher
+from batchline.models.config import Knobs
 from batchline.models.onnx.classify import (
     OnnxClassifier,
     labels_from_config,

@@ -12,9 +12,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from batchline import SyncBatcher
 from batchline._errors import InputError, ModelError
-from batchline.knobs import Knobs
 from batchline.models import Embedder, TokenizedText, load_tokenizer
 from batchline.models.batching import ModelBatcher
+from batchline.models.config import Knobs
 from batchline.models.onnx import minilm
 from batchline.models.onnx.embed import TextEmbedder
 

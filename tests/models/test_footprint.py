@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from batchline.knobs import Knobs
 from batchline.models import footprint
+from batchline.models.config import Knobs
 from batchline.models.footprint import Footprint, estimate_footprint, runtime_bytes
 from batchline.models.specs import parse_spec
 

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from batchline.knobs import Knobs
 from batchline.models.batching import ModelBatcher
+from batchline.models.config import Knobs
 from batchline.models.image import PICTURE_TOKENS
 from batchline.models.protocol import InputKind, ModelInfo
 

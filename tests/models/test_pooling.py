@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from batchline._errors import ModelError
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 from batchline.models.loader import load_model
 from batchline.models.onnx.embed import TextEmbedder
 from batchline.models.onnx.embedder import Embedder

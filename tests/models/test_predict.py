@@ -11,8 +11,8 @@ import onnxruntime as ort
 import pytest
 
 from batchline._errors import FixedBatchAxisError, InputError
-from batchline.knobs import Knobs
 from batchline.models.batching import ModelBatcher
+from batchline.models.config import Knobs
 from batchline.models.onnx.predict import OnnxPredictor, TensorRow, load_predictor
 from batchline.models.protocol import BatchModel
 from batchline.models.specs import parse_spec

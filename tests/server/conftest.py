@@ -19,8 +19,8 @@ pytest.importorskip("onnxruntime")
 
 import httpx
 
-from batchline.knobs import Knobs
 from batchline.models import TokenizedText
+from batchline.models.config import Knobs
 from batchline.models.generation.continuous import ContinuousGenerator
 from batchline.models.generation.fake import FakeEngine, default_next_token
 from batchline.models.generation.fake import FakeTokenizer as FakeGenTokenizer

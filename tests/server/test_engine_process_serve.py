@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("transformers")
 
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 from batchline.models.generation.engine_process import ProcessGenerator
 from batchline.models.generation.fake import FakeEngine
 from batchline.models.specs import ModelSpec

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 from batchline.models.specs import ModelSpec
 from batchline.server import create_app
 

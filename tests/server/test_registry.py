@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 from batchline.models.protocol import ModelInfo
 from batchline.server.batcher import Job, ServedBatcher
 from batchline.server.errors import ApiError

@@ -46,7 +46,7 @@ def test_model_specs_single_and_several(tmp_path: Path) -> None:
 def test_knob_fields_are_knobs_fields_with_knobs_validation() -> None:
     import dataclasses
 
-    from batchline.knobs import Knobs
+    from batchline.models.config import Knobs
     from batchline.server.settings import KNOB_FIELDS, SETTING_NAMES
 
     assert set(KNOB_FIELDS) == {f.name for f in dataclasses.fields(Knobs)}
@@ -192,7 +192,7 @@ def test_cli_errors_are_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFi
 
 
 def test_a_tuned_knobs_file_is_a_server_config(tmp_path: Path) -> None:
-    from batchline.knobs import Knobs
+    from batchline.models.config import Knobs
 
     path = tmp_path / "tuned.json"
     Knobs(target_batch_tokens=1024, max_concurrent_batches=3, sessions=2).dump(

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from batchline._flags import flag_name
 from batchline.datasets.selection import add_text_column_argument
-from batchline.knobs import (
+from batchline.knobs import add_deprecated_flag
+from batchline.models.config import (
     SHARED_HELP,
-    add_deprecated_flag,
     add_device_argument,
     add_generation_knob_arguments,
 )

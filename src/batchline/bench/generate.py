@@ -63,10 +63,10 @@ from batchline.bench.generate_results import (
 from batchline.bench.loadgen import Counters, LoadPoint, parse_load, run_closed, run_open
 from batchline.bench.runner import Say, environment
 from batchline.bench.stats import Sample, poisson_arrivals
-from batchline.knobs import GenerationDtype
 from batchline.models.generation import (
     Completion,
     Detokenizer,
+    GenerationDtype,
     SamplingParams,
     StepEngine,
     TextGenerator,
@@ -74,7 +74,7 @@ from batchline.models.generation import (
 
 if TYPE_CHECKING:
     from batchline.bench.generate_vllm import StartTurn
-    from batchline.knobs import Knobs
+    from batchline.models.config import Knobs
     from batchline.models.generation import GeneratorKind
 
 __all__ = [
@@ -168,7 +168,7 @@ class Work:
 
 def bench_knobs(options: GenerateBenchOptions) -> Knobs:
     """The knobs every configuration of the bench loads with (the torch backend's)."""
-    from batchline.knobs import Knobs
+    from batchline.models.config import Knobs
 
     knobs = Knobs(
         device=options.device,

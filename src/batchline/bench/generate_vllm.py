@@ -29,7 +29,7 @@ from batchline._errors import InputError
 
 if TYPE_CHECKING:
     from batchline._clock import Clock
-    from batchline.knobs import Knobs
+    from batchline.models.config import Knobs
     from batchline.models.generation import TextGenerator
 
 __all__ = ["EngineTurn", "StartTurn", "check_vllm_installed", "start_vllm_turn"]

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from batchline._errors import InputError
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 from batchline.models.protocol import BatchModel, ModelInfo
 from batchline.models.specs import ModelSpec
 

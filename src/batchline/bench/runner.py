@@ -44,8 +44,9 @@ from batchline.bench.targets import (
     reference_configurations,
 )
 from batchline.bench.tune import DEFAULT_NOISE, TuneResult, tune
-from batchline.knobs import Knobs, machine_cores
+from batchline.knobs import machine_cores
 from batchline.models.builtin import BUILTIN_MODELS
+from batchline.models.config import Knobs
 from batchline.models.selection import ModelSelection
 from batchline.models.specs import ModelSpec
 

@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Literal
 from batchline._errors import InputError
 from batchline.bench.loadgen import Counters, Target
 from batchline.bench.model import AnyModel, LoadedModels, prepare_items
-from batchline.knobs import Knobs, machine_cores
+from batchline.knobs import machine_cores
+from batchline.models.config import Knobs
 
 if TYPE_CHECKING:
     import httpx

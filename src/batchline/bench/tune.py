@@ -46,7 +46,8 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from batchline.bench.loadgen import LoadPoint, PointResult
-from batchline.knobs import Knobs, machine_cores
+from batchline.knobs import machine_cores
+from batchline.models.config import Knobs
 
 __all__ = [
     "DEFAULT_NOISE",

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from batchline.datasets.selection import add_dataset_arguments
-from batchline.knobs import SHARED_HELP, add_deprecated_flag
+from batchline.knobs import add_deprecated_flag
+from batchline.models.config import SHARED_HELP
 
 if TYPE_CHECKING:
     from rich.console import Console

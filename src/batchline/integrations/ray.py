@@ -56,7 +56,7 @@ from batchline.integrations.ray_units import RayAdapter, Tally, UnitDone, UnitPl
 from batchline.integrations.session import check_reachable, last_line, ray_session
 from batchline.jobs.options import GenerateOptions, RunOptions, resolve
 from batchline.jobs.summary import GenerateSummary, RunSummary
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 
 __all__ = [
     "RayGenerateSummary",

@@ -34,7 +34,7 @@ from batchline.datasets.outcomes import Outcome
 from batchline.datasets.pipeline import Adapter
 from batchline.datasets.sources import Record
 from batchline.jobs.options import GenerateOptions, RunOptions
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 from batchline.models.protocol import ModelInfo
 
 if TYPE_CHECKING:

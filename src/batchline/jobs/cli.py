@@ -17,11 +17,9 @@ from typing import TYPE_CHECKING, Any
 from batchline._errors import InputError
 from batchline._flags import field_flag
 from batchline.datasets.selection import add_dataset_arguments, dataset_options
-from batchline.knobs import (
-    GENERATION,
+from batchline.knobs import GENERATION, TORCH, VLLM
+from batchline.models.config import (
     SHARED_HELP,
-    TORCH,
-    VLLM,
     Knobs,
     add_generation_knob_arguments,
     add_knob_arguments,
@@ -126,7 +124,7 @@ _GENERATION_FLAGS = {
     "no_prefix_ordering": "--no-prefix-ordering",
     "prompt_column": "--prompt-column",
     "response_format": "--response-format",
-    # every generation knob's flag (built from its field: batchline.knobs)
+    # every generation knob's flag (built from its field: batchline.models.config)
     **{name: field_flag(Knobs, name) for name in knob_names(GENERATION, TORCH, VLLM)},
 }
 
@@ -194,7 +192,7 @@ def _add_generation_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_torch_generation_arguments(g: argparse._ActionsContainer) -> None:
     """``--dtype`` and ``--max-step-tokens`` alone (the name other commands used; the knob
-    flags now come from :func:`batchline.knobs.add_generation_knob_arguments`)."""
+    flags now come from :func:`batchline.models.config.add_generation_knob_arguments`)."""
     add_generation_knob_arguments(g, ("dtype", "max_step_tokens"))
 
 

@@ -92,7 +92,7 @@ if TYPE_CHECKING:
     from batchline.datasets.sinks import ChunkWriter
     from batchline.datasets.sources import Source
     from batchline.jobs.options import RunOptions
-    from batchline.knobs import Knobs
+    from batchline.models.config import Knobs
     from batchline.models.generation import GenerationModel
     from batchline.models.protocol import BatchModel
     from batchline.models.specs import ModelSpec

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from batchline._errors import InputError
 from batchline.datasets.selection import DatasetSelection
 from batchline.jobs.requests import job_constraint
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 from batchline.models.generation import MAX_LOGPROBS, SamplingParams
 from batchline.models.image import DecodeOptions, ImageOptions
 from batchline.models.openai.requests import MAX_N

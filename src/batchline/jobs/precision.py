@@ -44,7 +44,8 @@ from typing import TYPE_CHECKING, Any
 from batchline._cache import cache_dir, write_whole
 from batchline._cpu import HostKind, host_kind
 from batchline._errors import BatchlineError, InputError
-from batchline.knobs import Knobs, machine_cores
+from batchline.knobs import machine_cores
+from batchline.models.config import Knobs
 from batchline.models.specs import ModelSpec
 
 if TYPE_CHECKING:

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from batchline._errors import InputError
-from batchline.knobs import Knobs, machine_cores
+from batchline.knobs import machine_cores
+from batchline.models.config import Knobs
 from batchline.models.onnx import GATE, Quality, cached_quality, measure_quality, store_quality
 from batchline.models.specs import ModelSpec
 

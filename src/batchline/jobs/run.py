@@ -30,8 +30,8 @@ from batchline.jobs.options import GenerateOptions, RunOptions, resolve
 from batchline.jobs.precision import Choice, announce, resolve_knobs
 from batchline.jobs.result_cache import open_cache
 from batchline.jobs.summary import RunSummary, summarize
-from batchline.knobs import Knobs
 from batchline.models.batching import ModelBatcher
+from batchline.models.config import Knobs
 from batchline.models.image import DecodePool, ImagePreprocess
 from batchline.models.protocol import BatchModel, ModelInfo
 

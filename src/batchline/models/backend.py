@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from batchline._errors import ModelError
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 from batchline.models.protocol import BatchModel, Task
 from batchline.models.specs import ModelSpec
 

@@ -1,8 +1,8 @@
 """``ModelBatcher``: any model behind batching, or behind the single-shared-session baseline.
 
 ``run``, ``serve``, ``bench``, ``tune`` and the Ray replicas build their batcher here, from one
-:class:`~batchline.knobs.Knobs`, so what ``tune`` measures is what ``serve`` runs: the knobs'
-:meth:`~batchline.knobs.Knobs.policy` goes to the batcher whole (a ``BatchPolicy``).
+:class:`~batchline.models.config.Knobs`, so what ``tune`` measures is what ``serve`` runs: the
+knobs' :meth:`~batchline.models.config.Knobs.policy` goes to the batcher whole (a ``BatchPolicy``).
 
 - batching: a ``TokenBatcher`` (``padded`` models: a batch costs ``len(batch) × longest``,
   length-grouped) or a ``DynamicBatcher`` (``additive``), ``target_batch_tokens`` budget (an
@@ -36,7 +36,8 @@ from batchline._policy import BatchPolicy
 from batchline._stats import BatchStats
 from batchline._threads import lower_thread_priority
 from batchline._tokens import TokenBatcher
-from batchline.knobs import DEFAULT_BUCKET_WIDTH, DEFAULT_PADDING_SLACK, Knobs
+from batchline.knobs import DEFAULT_BUCKET_WIDTH, DEFAULT_PADDING_SLACK
+from batchline.models.config import Knobs
 from batchline.models.protocol import BatchModel, ModelInfo
 
 __all__ = ["ModelBatcher", "lower_thread_priority"]

@@ -37,8 +37,8 @@ import sys
 from collections.abc import Iterable
 from typing import cast
 
-from batchline.knobs import Knobs
 from batchline.models.backend import Footprint
+from batchline.models.config import Knobs
 from batchline.models.protocol import Task
 from batchline.models.registry import BACKENDS
 from batchline.models.specs import ModelSpec

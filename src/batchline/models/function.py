@@ -26,8 +26,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import cast
 
 from batchline._errors import InputError
-from batchline.knobs import Knobs
 from batchline.models.backend import UNKNOWN, Backend, Footprint, Identity, Loaded
+from batchline.models.config import Knobs
 from batchline.models.protocol import BatchModel, ModelInfo, Task
 from batchline.models.specs import ModelSpec, import_factory
 

@@ -20,8 +20,8 @@ import hashlib
 import json
 from pathlib import Path
 
-from batchline.knobs import Knobs
 from batchline.models.common.files import version
+from batchline.models.config import Knobs
 from batchline.models.registry import BACKENDS
 from batchline.models.specs import ModelSpec
 

@@ -4,7 +4,7 @@
 This module resolves the task (:func:`resolve_task`) and asks the registry
 (:data:`batchline.models.registry.BACKENDS`) for the first backend that claims the spec; each
 backend loads its models in its own package (``models/function.py``, ``models/onnx/``,
-``models/hf/``, ``models/image/``), laid out from :class:`~batchline.knobs.Knobs` (batching:
+``models/hf/``, ``models/image/``), laid out from :class:`~batchline.models.config.Knobs` (batching:
 ``sessions`` sessions of ``intra_op_threads`` threads, plus a solo session when
 ``solo_intra_op_threads`` is set; the baseline, ``batching=False``: one session every caller
 shares). Every layer that needs a model (``run``, ``serve``, ``bench``, ``tune``, Ray) loads
@@ -17,7 +17,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from batchline._errors import InputError, ModelError
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 from batchline.models.onnx import tokenizer_path
 from batchline.models.protocol import BatchModel, Task
 from batchline.models.registry import BACKENDS

@@ -86,7 +86,7 @@ from fastapi import FastAPI
 
 from batchline._device import Device
 from batchline._tracing import tracing_for, tracing_from_env
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 from batchline.models.protocol import BatchModel
 from batchline.models.specs import ModelSpec
 from batchline.server.errors import install_error_handlers

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, NamedTuple, Protocol, TypeVar, cast
 
 from batchline._device import Device
-from batchline.knobs import Knobs
 from batchline.models.batching import ModelBatcher
+from batchline.models.config import Knobs
 from batchline.models.protocol import BatchModel, ModelInfo
 from batchline.server.metrics import ModelMetrics
 from batchline.server.tracing import mark_batch

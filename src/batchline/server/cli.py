@@ -11,7 +11,8 @@ from argparse import _SubParsersAction
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from batchline.knobs import add_deprecated_flag, add_generation_knob_arguments, add_knob_arguments
+from batchline.knobs import add_deprecated_flag
+from batchline.models.config import add_generation_knob_arguments, add_knob_arguments
 from batchline.models.selection import TASK_HELP, add_model_spec_argument
 
 if TYPE_CHECKING:

@@ -29,7 +29,7 @@ from starlette.types import Scope
 from batchline._device import Device
 from batchline._residency import ModelLoadError, Residency
 from batchline._tracing import Tracing
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 from batchline.models.protocol import BatchModel
 from batchline.models.specs import ModelSpec
 from batchline.server.errors import ApiError, bad_request, safe_text, shutting_down

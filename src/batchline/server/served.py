@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar, cast
 from batchline._device import Device
 from batchline._stats import BatchStats
 from batchline._tracing import Tracing
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 from batchline.models.protocol import BatchModel, ModelInfo, Tokenizing
 from batchline.server.batcher import Job, Metering, ServedBatcher
 from batchline.server.errors import ApiError, bad_request, safe_text

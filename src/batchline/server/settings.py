@@ -2,7 +2,7 @@
 
 The same model backs the command-line flags, the ``--config`` file (TOML or JSON, flat keys,
 see :func:`load_config`) and the tuner. Its batching and model layout is ONE
-:class:`batchline.knobs.Knobs` (:attr:`ServerSettings.knobs`): the flat keys of a file or of
+:class:`batchline.models.config.Knobs` (:attr:`ServerSettings.knobs`): the flat keys of a file or of
 the keyword arguments that are ``Knobs`` fields (``sessions``, ``max_queue_size``...) update
 serve's preset (:meth:`Knobs.serving`) and are validated by ``Knobs`` itself, so a file from
 ``batchline tune`` is a valid config, and :meth:`ServerSettings.write` writes one (flat).
@@ -15,7 +15,8 @@ Example::
     settings.knobs            # the Knobs every served model is batched with
     app = create_app(settings)
 
-Where serve's defaults differ from ``Knobs``', and why: :data:`batchline.knobs.SERVE_DEFAULTS`.
+Where serve's defaults differ from ``Knobs``', and why:
+:data:`batchline.models.config.SERVE_DEFAULTS`.
 """
 
 from __future__ import annotations
@@ -44,11 +45,11 @@ from batchline._priority import batcher_priority
 from batchline.knobs import (
     DEFAULT_BUCKET_WIDTH,
     DEFAULT_PADDING_SLACK,
-    Knobs,
     check_setting_names,
     read_config_file,
     to_toml,
 )
+from batchline.models.config import Knobs
 from batchline.models.openai.images import DEFAULT_MAX_IMAGE_BYTES
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
 
 __all__ = ["API_KEY_ENV", "KNOB_FIELDS", "SETTING_NAMES", "ServerSettings", "load_config"]
 
-#: The flat keys that are :class:`batchline.knobs.Knobs` fields (they set ``knobs``).
+#: The flat keys that are :class:`batchline.models.config.Knobs` fields (they set ``knobs``).
 KNOB_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Knobs))
 
 #: Pixels a served picture may declare (a 50 MP photo; ``run``'s limit is higher: files are
@@ -99,9 +100,9 @@ class ServerSettings(BaseModel):
         keep_alive_s: an idle model is unloaded this long after its last use (``None``:
             only when its room is needed); model_keep_alive_s: ``{name: seconds}``.
 
-    Batching and text generation (``knobs``): every :class:`batchline.knobs.Knobs` field
+    Batching and text generation (``knobs``): every :class:`batchline.models.config.Knobs` field
         (documented there) may be given flat, by its own name, and is validated by ``Knobs``;
-        unset ones take serve's preset, :data:`batchline.knobs.SERVE_DEFAULTS`.
+        unset ones take serve's preset, :data:`batchline.models.config.SERVE_DEFAULTS`.
 
     Serving the batches:
         model_thread_nice: how much lower the model's threads run than the event loop.

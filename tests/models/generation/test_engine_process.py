@@ -24,7 +24,7 @@ from batchline._errors import (
     QueueFullError,
     RecordTooLargeError,
 )
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 from batchline.models.generation.engine import SamplingParams
 from batchline.models.generation.engine_process import ProcessGenerator
 from batchline.models.generation.stream import Completion, GenerationStream

@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from batchline._errors import ModelError  # noqa: E402
-from batchline.knobs import Knobs  # noqa: E402
+from batchline.models.config import Knobs  # noqa: E402
 from batchline.models.generation.engine import GenerationRequest, SamplingParams  # noqa: E402
 from batchline.models.specs import parse_spec  # noqa: E402
 

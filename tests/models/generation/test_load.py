@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from batchline._errors import InputError, ModelError
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 from batchline.models.specs import parse_spec, parse_specs
 
 from .conftest import TINY_VOCAB, build_tiny_llama

@@ -20,7 +20,7 @@ gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
 
 from batchline._errors import InputError, ModelError  # noqa: E402
-from batchline.knobs import Knobs  # noqa: E402
+from batchline.models.config import Knobs  # noqa: E402
 from batchline.models.generation.engine import GenerationRequest, SamplingParams  # noqa: E402
 from batchline.models.generation.gguf_weights import gguf_int4, load_gguf  # noqa: E402
 from batchline.models.generation.lean_llama import fuse_projections, lean_forward  # noqa: E402

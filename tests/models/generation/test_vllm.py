@@ -25,7 +25,7 @@ from batchline import (
     QueueFullError,
     RecordTooLargeError,
 )
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 from batchline.models.generation.engine import SamplingParams
 from batchline.models.generation.fake import default_next_token
 from batchline.models.generation.torch_dtype import choose_dtype

@@ -14,7 +14,7 @@ import pytest
 
 from batchline import InputError, ManualClock
 from batchline._priority import aged_rank, batcher_priority
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 from batchline.models.generation.engine import SamplingParams
 
 from .gen_helpers import TOK

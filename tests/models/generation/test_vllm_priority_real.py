@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from batchline._priority import batcher_priority
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 from batchline.models.generation.engine import SamplingParams
 from batchline.models.generation.load import GenerationModel, load_text_generator
 from batchline.models.generation.stream import Completion, GenerationStream

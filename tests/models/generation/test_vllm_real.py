@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from batchline import BatcherClosedError, QueueFullError, RecordTooLargeError
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 from batchline.models.generation.demo import demo_prompts
 from batchline.models.generation.engine import SamplingParams
 from batchline.models.generation.load import GenerationModel, load_text_generator

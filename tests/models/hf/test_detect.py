@@ -309,7 +309,7 @@ def test_broken_weights_are_one_line_at_load(tmp_path: Path) -> None:
     """Detection reads JSON only; a weights file that is not safetensors fails the
     conversion with one line (no traceback), and nothing half-written stays in the cache."""
     from batchline._errors import ModelError
-    from batchline.knobs import Knobs
+    from batchline.models.config import Knobs
     from batchline.models.loader import load_model
 
     path = folder(tmp_path, {**BERT, "hidden_size": 32, "num_attention_heads": 4})

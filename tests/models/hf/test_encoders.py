@@ -15,7 +15,7 @@ import pytest
 
 from batchline._commands import install_command
 from batchline._errors import InputError, ModelError
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 from batchline.models.loader import load_model
 from batchline.models.specs import parse_spec, parse_specs
 from tests.models.hf.conftest import save_bert, st_modules

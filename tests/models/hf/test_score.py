@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from batchline._errors import InputError
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 from batchline.models.loader import load_model
 from batchline.models.specs import parse_spec, parse_specs
 from tests.models.hf.conftest import save_bert, write_json

@@ -18,7 +18,7 @@ transformers = pytest.importorskip("transformers")
 
 from batchline._commands import install_command  # noqa: E402
 from batchline._errors import InputError, ModelError  # noqa: E402
-from batchline.knobs import Knobs  # noqa: E402
+from batchline.models.config import Knobs  # noqa: E402
 from batchline.models.hf.torch_embed import load_torch_embedder  # noqa: E402
 from batchline.models.protocol import BatchModel  # noqa: E402
 

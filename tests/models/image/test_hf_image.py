@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from batchline._errors import InputError
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 from batchline.models.loader import load_model
 from batchline.models.specs import parse_specs
 from tests.models.image.conftest import LABELS, build_folder, pictures

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from batchline._errors import InputError, ModelError
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 from batchline.models.identity import model_identity
 from batchline.models.loader import load_model
 from batchline.models.selection import parse_labels

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from batchline.__main__ import main
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 from batchline.models.image import decode_image
 from batchline.models.loader import load_model
 from batchline.models.specs import ModelSpec, parse_spec

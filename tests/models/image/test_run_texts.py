@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from batchline.__main__ import main
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 from batchline.models.loader import load_model
 from batchline.models.specs import parse_spec
 from tests.models.image.conftest import build_folder, pictures

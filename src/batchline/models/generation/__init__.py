@@ -14,7 +14,7 @@ Example::
 
     from batchline.models.generation import SamplingParams, load_text_generator
     from batchline.models.specs import parse_spec
-    from batchline.knobs import Knobs
+    from batchline.models.config import Knobs
 
     model = load_text_generator(parse_spec("smollm2"), Knobs())
     async with model.generator as gen:
@@ -36,6 +36,13 @@ from batchline.models.generation.engine import (
     StepOutput,
     TokenLogprob,
     unapplied_field,
+)
+from batchline.models.generation.options import (
+    GENERATION_BACKENDS,
+    GenerationDtype,
+    GenerationOptions,
+    TorchEngineOptions,
+    VllmOptions,
 )
 
 if TYPE_CHECKING:
@@ -68,6 +75,7 @@ if TYPE_CHECKING:
     from batchline.models.generation.vllm_generator import VllmGenerator
 
 __all__ = [
+    "GENERATION_BACKENDS",
     "GENERATOR_KINDS",
     "GUIDED_FIELDS",
     "MAX_LOGPROBS",
@@ -79,7 +87,9 @@ __all__ = [
     "FakeTokenizer",
     "FinishReason",
     "GenerationDelta",
+    "GenerationDtype",
     "GenerationModel",
+    "GenerationOptions",
     "GenerationRequest",
     "GenerationStats",
     "GenerationStream",
@@ -94,7 +104,9 @@ __all__ = [
     "StepOutput",
     "TextGenerator",
     "TokenLogprob",
+    "TorchEngineOptions",
     "VllmGenerator",
+    "VllmOptions",
     "build_generator",
     "check_fits",
     "choose_dtype",

@@ -10,10 +10,10 @@ import json
 from pathlib import Path
 
 from batchline._errors import InputError
-from batchline.knobs import Knobs
 from batchline.models.backend import Backend, Footprint, Identity, Loaded
 from batchline.models.builtin import BUILTIN_MODELS
 from batchline.models.common.files import size, tree, version
+from batchline.models.config import Knobs
 from batchline.models.protocol import Task
 from batchline.models.specs import ModelSpec
 

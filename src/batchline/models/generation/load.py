@@ -4,7 +4,8 @@ The one place that turns a :class:`~batchline.models.specs.ModelSpec` whose task
 ``generate`` (``smollm2``, or a local Hugging Face causal-LM folder ``PATH/``) into a
 :class:`GenerationModel`; ``run``, ``serve`` and ``bench`` all call it.
 
-From :class:`~batchline.knobs.Knobs`:
+From :class:`~batchline.models.config.Knobs` (the torch path, :func:`load_torch_generator`,
+reads only :class:`~batchline.models.generation.options.TorchEngineOptions`):
 
 - ``device``: ``cpu`` or ``cuda[:N]`` (a torch device); on CPU ``torch.set_num_threads(
   generation_threads)``, by default every core in float32 and one in bfloat16
@@ -53,7 +54,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from batchline._errors import InputError, ModelError
-from batchline.knobs import Knobs, machine_cores
+from batchline.knobs import machine_cores
+from batchline.models.config import Knobs
+from batchline.models.generation.options import TorchEngineOptions
 from batchline.models.protocol import ModelInfo, check_token_ids
 from batchline.models.specs import ModelSpec
 
@@ -72,6 +75,7 @@ __all__ = [
     "HfDetokenizer",
     "PromptInput",
     "load_text_generator",
+    "load_torch_generator",
 ]
 
 #: One chat message: ``{"role": "user", "content": "..."}``.
@@ -241,6 +245,13 @@ def load_text_generator(spec: ModelSpec, knobs: Knobs) -> GenerationModel:
         return _load_in_engine_process(spec, knobs)
     if knobs.generation_backend == "vllm":
         return _load_vllm(spec, knobs)
+    return load_torch_generator(spec, knobs)
+
+
+def load_torch_generator(spec: ModelSpec, knobs: TorchEngineOptions) -> GenerationModel:
+    """The torch backend's part of :func:`load_text_generator`, in this process: it reads
+    only the torch engine's options (:class:`TorchEngineOptions`: the core, generation and
+    the engine's own fields)."""
     import torch
 
     started = time.perf_counter()
@@ -318,7 +329,7 @@ def load_text_generator(spec: ModelSpec, knobs: Knobs) -> GenerationModel:
 
 
 def _load_weights(
-    spec: ModelSpec, knobs: Knobs, dtype: str, device: torch.device
+    spec: ModelSpec, knobs: TorchEngineOptions, dtype: str, device: torch.device
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, WeightsChoice, str]:
     """The model and tokenizer of ``spec``, the weights chosen, and what the GGUF load kept
     quantized ("" otherwise): a GGUF's (the built-in ``smollm2``'s too) quantized tensors kept
@@ -356,7 +367,7 @@ def _load_weights(
     return model, tokenizer, weights, ""
 
 
-def engine_threads(knobs: Knobs, dtype: torch.dtype) -> int:
+def engine_threads(knobs: TorchEngineOptions, dtype: torch.dtype) -> int:
     """The CPU threads the torch engine computes on: ``knobs.generation_threads`` where set;
     else every core (:func:`~batchline.knobs.machine_cores`) in float32 and one in bfloat16.
 
@@ -420,7 +431,7 @@ def _load_in_engine_process(spec: ModelSpec, knobs: Knobs) -> GenerationModel:
     )
 
 
-def _keeps_gguf(spec: ModelSpec, knobs: Knobs) -> bool:
+def _keeps_gguf(spec: ModelSpec, knobs: TorchEngineOptions) -> bool:
     """Whether the torch backend loads ``spec`` from its GGUF file, kept quantized."""
     from batchline.models.generation.torch_dtype import choose_dtype, choose_weights
 

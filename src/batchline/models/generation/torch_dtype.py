@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from batchline._cpu import BF16_FLAGS, cpu_flags, host_kind
-from batchline.knobs import GENERATION_DTYPES, WEIGHT_FORMATS
 from batchline.models.common.torch_weights import pack_linear_weights
+from batchline.models.generation.options import GENERATION_DTYPES, WEIGHT_FORMATS
 
 if TYPE_CHECKING:
     import torch

@@ -60,9 +60,9 @@ from typing import TYPE_CHECKING, Protocol, cast
 from batchline._batcher import State
 from batchline._errors import BatcherClosedError, ModelError, QueueFullError
 from batchline._priority import aged_rank
-from batchline.knobs import VLLM_SCHEDULING_POLICIES, VllmSchedulingPolicy
 from batchline.models.generation.engine import FinishReason, SamplingParams, TokenLogprob
 from batchline.models.generation.lifecycle import GeneratorLifecycle
+from batchline.models.generation.options import VLLM_SCHEDULING_POLICIES, VllmSchedulingPolicy
 from batchline.models.generation.stats import (
     GenerationStats,
     GenerationStatsRecorder,

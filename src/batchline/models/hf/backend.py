@@ -9,9 +9,9 @@ from __future__ import annotations
 import logging
 
 from batchline._errors import InputError
-from batchline.knobs import Knobs
 from batchline.models.backend import UNKNOWN, Backend, Footprint, Identity, Loaded
 from batchline.models.common.files import tree
+from batchline.models.config import Knobs
 from batchline.models.onnx import ONNX, onnx_identity
 from batchline.models.protocol import Task
 from batchline.models.specs import ModelSpec

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from batchline._commands import install_command
 from batchline._errors import InputError, ModelError
-from batchline.knobs import Knobs
 from batchline.models.common.folder import FolderModel
+from batchline.models.config import Knobs
 from batchline.models.hf.convert import convert
 from batchline.models.protocol import BatchModel
 from batchline.models.specs import ModelSpec

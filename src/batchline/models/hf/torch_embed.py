@@ -28,7 +28,7 @@ import numpy.typing as npt
 
 from batchline._errors import InputError, ModelError
 from batchline._types import Vector
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 from batchline.models.hf.export import require_torch
 from batchline.models.onnx import TokenizedText, pad_sequences
 from batchline.models.protocol import ModelInfo

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from batchline.knobs import Knobs
 from batchline.models.backend import Backend, Footprint, Identity, Loaded
 from batchline.models.common.files import size, tree
+from batchline.models.config import Knobs
 from batchline.models.onnx import ONNX, onnx_footprint, onnx_identity
 from batchline.models.protocol import Task
 from batchline.models.specs import ModelSpec

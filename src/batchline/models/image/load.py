@@ -23,7 +23,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from batchline._errors import InputError, ModelError
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 from batchline.models.hf import FolderModel, convert_with
 from batchline.models.image.hf_image import (
     ImageClassifier,

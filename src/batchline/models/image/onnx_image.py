@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from batchline._errors import InputError, ModelError
-from batchline.knobs import Knobs
 from batchline.models.common.image_options import ImageOptions
+from batchline.models.config import Knobs
 from batchline.models.image.decode import DEFAULT_MAX_PIXELS, ImageRef, decode_image
 from batchline.models.image.preprocess import ImagePreprocess
 from batchline.models.image.processor_config import preprocess_from_config, read_processor_config

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
         TokenizedText,
         load_tokenizer,
     )
+    from batchline.models.onnx.options import PRECISIONS, Precision, SessionOptions
     from batchline.models.onnx.quantize import (
         GATE,
         QUANTIZE_VERSION,
@@ -61,6 +62,7 @@ _HOMES = {
     ),
     "embed": ("load_onnx_embedder",),
     "embedder": ("DenseLayer", "EmbedderOptions", "TokenizedText", "load_tokenizer"),
+    "options": ("PRECISIONS", "Precision", "SessionOptions"),
     "quantize": (
         "GATE",
         "QUANTIZE_VERSION",
@@ -79,14 +81,17 @@ __all__ = [
     "BUILDER_VERSION",
     "GATE",
     "ONNX",
+    "PRECISIONS",
     "QUANTIZE_VERSION",
     "Classification",
     "DenseLayer",
     "EmbedderOptions",
     "OnnxModel",
     "OnnxTensor",
+    "Precision",
     "Quality",
     "SessionModel",
+    "SessionOptions",
     "TokenizedText",
     "bert_covers",
     "build_bert",

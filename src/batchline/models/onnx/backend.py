@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from batchline._errors import ModelError
-from batchline.knobs import Knobs
 from batchline.models.backend import Backend, Footprint, Identity, Loaded
 from batchline.models.builtin import BUILTIN_MODELS
 from batchline.models.common.files import size, tree
+from batchline.models.config import Knobs
 from batchline.models.protocol import Task
 from batchline.models.specs import ModelSpec
 

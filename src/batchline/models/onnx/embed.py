@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from batchline._types import Vector
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 from batchline.models.onnx.embedder import (
     DenseLayer,
     Embedder,

@@ -29,7 +29,7 @@ import numpy as np
 
 from batchline._errors import InputError, ModelError
 from batchline._types import Array
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 from batchline.models.onnx.runtime import OnnxModel, OnnxTensor, stack_equal
 from batchline.models.onnx.sessions import SessionModel, load_sessions_at
 from batchline.models.protocol import ModelInfo

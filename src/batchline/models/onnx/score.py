@@ -28,7 +28,7 @@ import numpy.typing as npt
 
 from batchline._errors import InputError, ModelError
 from batchline._types import Vector
-from batchline.knobs import Knobs
+from batchline.models.config import Knobs
 from batchline.models.onnx.embedder import (
     TokenizedText,
     check_text_inputs,

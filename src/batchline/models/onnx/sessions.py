@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from batchline._errors import InputError
-from batchline.knobs import Knobs
+from batchline.models.onnx.options import SessionOptions
 from batchline.models.protocol import ModelInfo, check_token_ids
 from batchline.models.specs import ModelSpec
 
@@ -82,7 +82,7 @@ def tokenizer_path(spec: ModelSpec) -> Path:
     return guess
 
 
-def load_sessions_at(path: Path, knobs: Knobs) -> OnnxModel:
+def load_sessions_at(path: Path, knobs: SessionOptions) -> OnnxModel:
     """The ``OnnxModel`` of the ONNX file ``path`` in the knobs' layout: ``knobs.sessions``
     sessions for batching, or one session every caller shares for the baseline;
     ``knobs.intra_op_threads`` threads each, on ``knobs.providers``; its batch axis checked."""

@@ -74,7 +74,7 @@ from batchline.server.served import ServedGenerator
 if TYPE_CHECKING:
     from batchline.datasets.outcomes import Written
     from batchline.datasets.sources import Record
-    from batchline.knobs import Knobs
+    from batchline.models.config import Knobs
     from batchline.models.protocol import BatchModel
     from batchline.server.served import ServedModel
     from batchline.server.settings import ServerSettings
