@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from batchline._errors import ModelError
-from batchline.models.config import Knobs
+from batchline.knobs import CoreKnobs
 from batchline.models.protocol import BatchModel, Task
 from batchline.models.specs import ModelSpec
 
@@ -24,6 +24,11 @@ if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
 __all__ = ["UNKNOWN", "Backend", "Footprint", "Identity", "Loaded", "Registry"]
+
+#: The options a backend reads: its own options class (``SessionOptions``, ...), which the
+#: deployment's ``Knobs`` (``models/config.py``) extends, so a backend whose hooks take its
+#: own class takes the deployment's knobs. (Contravariant: hooks only take it.)
+Opts = TypeVar("Opts", bound=CoreKnobs, contravariant=True)
 
 #: A loaded model, whatever its records and results (each backend's own types).
 Loaded = BatchModel[Any, Any]
@@ -63,8 +68,9 @@ def _no_tokenizer(spec: ModelSpec) -> Tokenizer | None:
 
 
 @dataclass(frozen=True, slots=True)
-class Backend:
-    """One kind of model.
+class Backend(Generic[Opts]):
+    """One kind of model, reading its own options class ``Opts`` (the knobs it is given are the
+    deployment's, a subclass).
 
     - ``claims(spec, knobs)``: whether this backend takes ``spec`` (its task resolved when it
       loads; as given when its footprint or identity is asked);
@@ -79,10 +85,10 @@ class Backend:
     """
 
     name: str
-    claims: Callable[[ModelSpec, Knobs], bool]
-    load: Callable[[ModelSpec, Knobs], Loaded]
-    footprint: Callable[[ModelSpec, Knobs, Task | None], Footprint]
-    identity: Callable[[ModelSpec, Knobs | None], Identity | None]
+    claims: Callable[[ModelSpec, Opts], bool]
+    load: Callable[[ModelSpec, Opts], Loaded]
+    footprint: Callable[[ModelSpec, Opts, Task | None], Footprint]
+    identity: Callable[[ModelSpec, Opts | None], Identity | None]
     task: Callable[[ModelSpec], Task | None] = _no_task
     tokenizer: Callable[[ModelSpec], Tokenizer | None] = _no_tokenizer
 
@@ -91,9 +97,9 @@ class Registry:
     """The backends in the order they are asked: the first that claims a spec takes it."""
 
     def __init__(self) -> None:
-        self._backends: list[Backend] = []
+        self._backends: list[Backend[Any]] = []
 
-    def register(self, backend: Backend, *, first: bool = False) -> None:
+    def register(self, backend: Backend[Any], *, first: bool = False) -> None:
         """Add ``backend`` last (``first``: ahead of every other, to take specs they would)."""
         if any(b.name == backend.name for b in self._backends):
             raise ValueError(f"a backend named {backend.name!r} is registered already")
@@ -104,7 +110,7 @@ class Registry:
         self._backends = [b for b in self._backends if b.name != name]
 
     @contextmanager
-    def registered(self, backend: Backend, *, first: bool = True) -> Iterator[Backend]:
+    def registered(self, backend: Backend[Any], *, first: bool = True) -> Iterator[Backend[Any]]:
         """``backend`` registered for the ``with`` block only (ahead of the others by default)."""
         self.register(backend, first=first)
         try:
@@ -112,13 +118,13 @@ class Registry:
         finally:
             self.unregister(backend.name)
 
-    def __iter__(self) -> Iterator[Backend]:
+    def __iter__(self) -> Iterator[Backend[Any]]:
         return iter(tuple(self._backends))
 
     def names(self) -> list[str]:
         return [b.name for b in self._backends]
 
-    def claiming(self, spec: ModelSpec, knobs: Knobs) -> Backend:
+    def claiming(self, spec: ModelSpec, knobs: CoreKnobs) -> Backend[Any]:
         """The first backend that claims ``spec``."""
         for backend in self._backends:
             if backend.claims(spec, knobs):

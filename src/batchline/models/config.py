@@ -26,7 +26,7 @@ from typing import Any
 
 from batchline._flags import add_field_flags
 from batchline.knobs import BATCHING, GENERATION, SESSIONS, TORCH, VLLM, machine_cores
-from batchline.models.generation.options import TorchEngineOptions, VllmOptions
+from batchline.models.generation.options import GenerationBackendOptions
 from batchline.models.onnx.options import SessionOptions
 
 __all__ = [
@@ -42,10 +42,11 @@ __all__ = [
 
 
 @dataclass(frozen=True, kw_only=True)
-class Knobs(VllmOptions, TorchEngineOptions, SessionOptions):
-    """How one model replica batches and runs: every layer's options, flat. Listed last
-    to first, so that the fields run core, sessions, generation, torch, vllm (a dataclass takes
-    its bases' fields from the last base on). The concerns (``metadata["group"]``):
+class Knobs(GenerationBackendOptions, SessionOptions):
+    """How one model replica batches and runs: every layer's options, flat. The generation
+    backend's options (both engines') before the sessions', so that the fields run core,
+    sessions, generation, torch, vllm (a dataclass takes its bases' fields from the last base
+    on). The concerns (``metadata["group"]``):
 
     - batching, and ``device``: :class:`~batchline.knobs.CoreKnobs`;
     - sessions: an embedding model's (:class:`~batchline.models.onnx.options.SessionOptions`);

@@ -13,25 +13,25 @@ from batchline._errors import InputError
 from batchline.models.backend import Backend, Footprint, Identity, Loaded
 from batchline.models.builtin import BUILTIN_MODELS
 from batchline.models.common.files import size, tree, version
-from batchline.models.config import Knobs
+from batchline.models.generation.options import GenerationBackendOptions
 from batchline.models.protocol import Task
 from batchline.models.specs import ModelSpec
 
 __all__ = ["GENERATION"]
 
 
-def _claims(spec: ModelSpec, knobs: Knobs) -> bool:
+def _claims(spec: ModelSpec, knobs: GenerationBackendOptions) -> bool:
     return spec.generates
 
 
-def _load(spec: ModelSpec, knobs: Knobs) -> Loaded:
+def _load(spec: ModelSpec, knobs: GenerationBackendOptions) -> Loaded:
     raise InputError(
         f"model {spec.name!r} generates text: it is served by a text generator, not a "
         "batch function (batchline.models.generation)"
     )
 
 
-def _footprint(spec: ModelSpec, knobs: Knobs, task: Task | None) -> Footprint:
+def _footprint(spec: ModelSpec, knobs: GenerationBackendOptions, task: Task | None) -> Footprint:
     """Twice the weights (the engine's packed copies beside the model's), an eighth more at
     the peak, plus the KV cache (measured: ``models/footprint.py``)."""
     folder = _folder(spec)
@@ -50,7 +50,7 @@ def _folder(spec: ModelSpec) -> Path | None:
     return spec.path if spec.kind in ("hf", "gguf") else None
 
 
-def _kv_bytes(config: Path, knobs: Knobs) -> int:
+def _kv_bytes(config: Path, knobs: GenerationBackendOptions) -> int:
     """A generator's KV cache: vLLM's ``kv_cache_gib`` (1 GiB on CPU by default), else
     ``kv_token_budget`` positions of the shape its ``config.json`` gives (0 where it does
     not say)."""
@@ -68,14 +68,14 @@ def _kv_bytes(config: Path, knobs: Knobs) -> int:
     return 2 * layers * kv_heads * head_dim * width * knobs.kv_token_budget
 
 
-def _identity(spec: ModelSpec, knobs: Knobs | None) -> Identity:
+def _identity(spec: ModelSpec, knobs: GenerationBackendOptions | None) -> Identity:
     """What changes a generator's tokens beyond its files: the backend and its version, the
     dtype (float32 and bf16 round differently), the kind of device (CPU and CUDA kernels
     differ in the last bits), and for ``smollm2`` the version of the GGUF's conversion. Not
     the batching kind nor the caps: greedy and seeded tokens do not depend on them."""
     from batchline.models.generation.torch_dtype import choose_dtype
 
-    knobs = knobs or Knobs()
+    knobs = knobs or GenerationBackendOptions()
     backend = knobs.generation_backend
     runs_it = ["vllm"] if backend == "vllm" else ["torch", "transformers"]
     options: dict[str, object] = {
@@ -93,7 +93,7 @@ def _identity(spec: ModelSpec, knobs: Knobs | None) -> Identity:
     return Identity(_files(spec), options)
 
 
-def _weights(spec: ModelSpec, knobs: Knobs) -> str:
+def _weights(spec: ModelSpec, knobs: GenerationBackendOptions) -> str:
     """How the torch backend holds the weights (quantized ones round differently)."""
     from batchline.models.generation.torch_dtype import choose_dtype, choose_weights
 

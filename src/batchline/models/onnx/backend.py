@@ -16,7 +16,7 @@ from batchline._errors import ModelError
 from batchline.models.backend import Backend, Footprint, Identity, Loaded
 from batchline.models.builtin import BUILTIN_MODELS
 from batchline.models.common.files import size, tree
-from batchline.models.config import Knobs
+from batchline.models.onnx.options import SessionOptions
 from batchline.models.protocol import Task
 from batchline.models.specs import ModelSpec
 
@@ -69,11 +69,11 @@ def _has_id2label(config: Path) -> bool:
     return isinstance(data, dict) and bool(data.get("id2label"))
 
 
-def _claims(spec: ModelSpec, knobs: Knobs) -> bool:
+def _claims(spec: ModelSpec, knobs: SessionOptions) -> bool:
     return spec.kind in ("builtin", "onnx") and not spec.generates
 
 
-def _load(spec: ModelSpec, knobs: Knobs) -> Loaded:
+def _load(spec: ModelSpec, knobs: SessionOptions) -> Loaded:
     if spec.folder is not None:  # a folder holding model.onnx
         logger.info("%s: %s -> ONNX (the folder's own file)", spec.name, spec.folder.describe())
     if spec.task == "embed":
@@ -93,7 +93,9 @@ def _load(spec: ModelSpec, knobs: Knobs) -> Loaded:
     return load_predictor(spec, knobs)
 
 
-def onnx_footprint(graph_bytes: int, knobs: Knobs, task: Task | None, *, text: bool) -> Footprint:
+def onnx_footprint(
+    graph_bytes: int, knobs: SessionOptions, task: Task | None, *, text: bool
+) -> Footprint:
     """A model of ONNX sessions: one copy of its graph per session (a text embedder's solo
     session counted), plus its tokenizer and arenas (``text``) or its arenas alone; the peak
     adds a quarter of the graph. Zeros for a graph that is not there yet."""
@@ -106,7 +108,7 @@ def onnx_footprint(graph_bytes: int, knobs: Knobs, task: Task | None, *, text: b
     return Footprint(steady, steady + graph_bytes // 4, "onnx")
 
 
-def _footprint(spec: ModelSpec, knobs: Knobs, task: Task | None) -> Footprint:
+def _footprint(spec: ModelSpec, knobs: SessionOptions, task: Task | None) -> Footprint:
     return onnx_footprint(size(_graph(spec)), knobs, task, text=task != "predict")
 
 
@@ -121,7 +123,7 @@ def _graph(spec: ModelSpec) -> Path | None:
     return spec.path
 
 
-def onnx_identity(spec: ModelSpec, knobs: Knobs | None) -> Identity:
+def onnx_identity(spec: ModelSpec, knobs: SessionOptions | None) -> Identity:
     """A built-in model's package files, or an ``.onnx`` file and the tokenizer beside it (or
     the one its spec names)."""
     if spec.kind == "builtin":

@@ -39,7 +39,6 @@ import numpy.typing as npt
 
 from batchline._errors import InputError, ModelError
 from batchline._types import Array, Vector
-from batchline.models.config import Knobs
 from batchline.models.onnx.embedder import (
     TokenizedText,
     check_text_inputs,
@@ -49,6 +48,7 @@ from batchline.models.onnx.embedder import (
     tokenize_texts,
     tokenizer_max_length,
 )
+from batchline.models.onnx.options import SessionOptions
 from batchline.models.onnx.runtime import OnnxModel
 from batchline.models.onnx.sessions import SessionModel, load_sessions_at, tokenizer_path
 from batchline.models.protocol import ModelInfo
@@ -250,7 +250,7 @@ def labels_from_config(path: Path) -> tuple[str, ...] | None:
     return tuple(by_id[i] for i in range(len(by_id)))
 
 
-def load_classifier(spec: ModelSpec, knobs: Knobs) -> OnnxClassifier:
+def load_classifier(spec: ModelSpec, knobs: SessionOptions) -> OnnxClassifier:
     """Load an ``.onnx`` sequence classifier laid out as ``knobs`` say.
 
     Batching: ``knobs.sessions`` sessions of ``knobs.intra_op_threads`` threads; the baseline
@@ -277,7 +277,7 @@ def load_onnx_classifier(
     tokenizer: Path,
     *,
     name: str,
-    knobs: Knobs,
+    knobs: SessionOptions,
     labels: Sequence[str] | None = None,
     max_length: int | None = None,
     top_k: int | None = None,

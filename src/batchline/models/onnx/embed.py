@@ -21,7 +21,6 @@ import numpy as np
 import numpy.typing as npt
 
 from batchline._types import Vector
-from batchline.models.config import Knobs
 from batchline.models.onnx.embedder import (
     DenseLayer,
     Embedder,
@@ -29,6 +28,7 @@ from batchline.models.onnx.embedder import (
     TokenizedText,
     tokenizer_max_length,
 )
+from batchline.models.onnx.options import SessionOptions
 from batchline.models.onnx.sessions import SessionModel, tokenizer_path
 from batchline.models.protocol import ModelInfo
 from batchline.models.specs import ModelSpec
@@ -99,7 +99,7 @@ def _text(value: object) -> str:
     raise TypeError(f"an embedding input must be a string, got {type(value).__name__}")
 
 
-def load_embedder(spec: ModelSpec, knobs: Knobs) -> TextEmbedder:
+def load_embedder(spec: ModelSpec, knobs: SessionOptions) -> TextEmbedder:
     """Load the built-in encoder or an ``.onnx`` one laid out as ``knobs`` say (a wider solo
     session beside the batching ones when ``knobs.solo_intra_op_threads`` asks for one)."""
     from batchline.models.onnx import minilm
@@ -146,7 +146,7 @@ def load_onnx_embedder(
     tokenizer: Path,
     *,
     name: str,
-    knobs: Knobs,
+    knobs: SessionOptions,
     max_length: int | None = None,
     **options: Unpack[EmbedderOptions],
 ) -> TextEmbedder:

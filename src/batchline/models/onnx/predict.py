@@ -29,7 +29,7 @@ import numpy as np
 
 from batchline._errors import InputError, ModelError
 from batchline._types import Array
-from batchline.models.config import Knobs
+from batchline.models.onnx.options import SessionOptions
 from batchline.models.onnx.runtime import OnnxModel, OnnxTensor, stack_equal
 from batchline.models.onnx.sessions import SessionModel, load_sessions_at
 from batchline.models.protocol import ModelInfo
@@ -188,7 +188,7 @@ def _cast(name: str, arr: Array, dtype: np.dtype[np.generic]) -> Array:
     return cast
 
 
-def load_predictor(spec: ModelSpec, knobs: Knobs) -> OnnxPredictor:
+def load_predictor(spec: ModelSpec, knobs: SessionOptions) -> OnnxPredictor:
     """Load any ``.onnx`` model laid out as ``knobs`` say (``task="predict"``).
 
     Batching: ``knobs.sessions`` sessions of ``knobs.intra_op_threads`` threads; the baseline

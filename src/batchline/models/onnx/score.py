@@ -28,7 +28,6 @@ import numpy.typing as npt
 
 from batchline._errors import InputError, ModelError
 from batchline._types import Vector
-from batchline.models.config import Knobs
 from batchline.models.onnx.embedder import (
     TokenizedText,
     check_text_inputs,
@@ -37,6 +36,7 @@ from batchline.models.onnx.embedder import (
     text_output,
     tokenizer_max_length,
 )
+from batchline.models.onnx.options import SessionOptions
 from batchline.models.onnx.runtime import OnnxModel
 from batchline.models.onnx.sessions import SessionModel, load_sessions_at, tokenizer_path
 from batchline.models.protocol import ModelInfo
@@ -183,7 +183,7 @@ def _clean(text: str) -> str:
     return text.encode("utf-8", "replace").decode("utf-8")
 
 
-def load_scorer(spec: ModelSpec, knobs: Knobs) -> OnnxScorer:
+def load_scorer(spec: ModelSpec, knobs: SessionOptions) -> OnnxScorer:
     """Load an ``.onnx`` cross-encoder (a spec with task ``score``) laid out as ``knobs``
     say; the tokenizer is the spec's or the ``tokenizer.json`` beside the model."""
     activation: Activation = spec.folder.activation if spec.folder is not None else "sigmoid"
@@ -197,7 +197,7 @@ def load_onnx_scorer(
     tokenizer: Path,
     *,
     name: str,
-    knobs: Knobs,
+    knobs: SessionOptions,
     activation: Activation = "sigmoid",
     max_length: int | None = None,
 ) -> OnnxScorer:
