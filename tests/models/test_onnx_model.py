@@ -288,3 +288,16 @@ def test_split_rows_strips_padding() -> None:
     assert [r.shape for r in split_rows(np.zeros((4, 5)))] == [(5,)] * 4
     with pytest.raises(InputError):
         split_rows(batch, [1])
+
+
+def test_the_session_builder_takes_the_onnx_backends_own_options(tmp_path: Path) -> None:
+    """``load_sessions_at`` reads only :class:`SessionOptions` (the core and the sessions):
+    given that class alone, not the deployment's ``Knobs``, it lays the sessions out."""
+    from batchline.models.onnx import SessionOptions, load_sessions_at
+
+    path = _doubler(tmp_path)
+    batched = load_sessions_at(path, SessionOptions(sessions=3, intra_op_threads=1))
+    assert batched.sessions == 3
+    np.testing.assert_array_equal(batched.run({"x": [[1, 2, 3, 4]]})["y"], [[2, 4, 6, 8]])
+    baseline = load_sessions_at(path, SessionOptions(sessions=3, batching=False))
+    assert baseline.sessions == 1  # the baseline: one session every caller shares

@@ -248,3 +248,22 @@ def test_the_engine_takes_every_core_in_float32_and_one_in_bfloat16_unless_told(
     assert engine_threads(Knobs(), torch.bfloat16) == 1
     for dtype in (torch.float32, torch.bfloat16):
         assert engine_threads(Knobs(generation_threads=3), dtype) == 3
+
+
+def test_the_torch_loader_takes_the_torch_engines_own_options(tiny_folder: Path) -> None:
+    """The torch path reads only :class:`TorchEngineOptions` (core, generation, the engine's):
+    given that class alone, not the deployment's ``Knobs``, it builds the generator it says."""
+    import torch
+
+    from batchline.models.generation import TorchEngineOptions
+    from batchline.models.generation.continuous import ContinuousGenerator
+    from batchline.models.generation.load import engine_threads, load_torch_generator
+
+    options = TorchEngineOptions(max_running_sequences=3, kv_token_budget=500, max_step_tokens=64)
+    model = load_torch_generator(parse_spec(f"{tiny_folder}/"), options)
+    try:
+        assert isinstance(model.generator, ContinuousGenerator)
+        assert (model.generator.max_running, model.generator.kv_token_budget) == (3, 500)
+    finally:
+        model.close()
+    assert engine_threads(TorchEngineOptions(generation_threads=3), torch.float32) == 3
