@@ -54,7 +54,8 @@ from batchline.datasets.sources import Record, Source
 from batchline.integrations.ray_replica import RemoteJob, Replica, ReplicaReady, knobs_for_cpus
 from batchline.integrations.ray_units import RayAdapter, Tally, UnitDone, UnitPlan
 from batchline.integrations.session import check_reachable, last_line, ray_session
-from batchline.jobs.options import GenerateOptions, RunOptions, resolve
+from batchline.jobs.job import Job, resolve_job
+from batchline.jobs.options import GenerateOptions, RunOptions
 from batchline.jobs.summary import GenerateSummary, RunSummary
 from batchline.knobs import Knobs
 
@@ -162,17 +163,18 @@ def default_replica_knobs(knobs: Knobs) -> Knobs:
 
 
 def run_from_args(
-    options: RunOptions, args: argparse.Namespace, progress: Progress | None
+    options: RunOptions | Job, args: argparse.Namespace, progress: Progress | None
 ) -> RunSummary:
     """``batchline run --engine ray``: :func:`run_on_ray` with the command's flags (explicit
     ``--sessions``/``--intra-op-threads``/``--config``/``--set`` set each replica's knobs,
     else one session of ``--cpus-per-replica`` threads)."""
     own = args.config or args.set or args.sessions or args.intra_op_threads
+    knobs = options.options.knobs if isinstance(options, Job) else options.knobs
     return run_on_ray(
         options,
         address=args.address,
         replicas=2 if args.replicas is None else args.replicas,
-        replica_knobs=options.knobs if own else None,
+        replica_knobs=knobs if own else None,
         cpus_per_replica=args.cpus_per_replica,
         progress=progress,
     )
@@ -190,22 +192,24 @@ class _Plan:
     finish: Callable[[RunSummary], RunSummary] = lambda summary: summary
 
 
-def _plan(options: RunOptions) -> _Plan:
-    """How ``options``' job runs on Ray (sync: reads the input's first rows)."""
-    options = resolve(options)
-    if not isinstance(options, GenerateOptions):
-        from batchline.jobs.run import open_job
+def _plan(options: RunOptions | Job) -> _Plan:
+    """How ``options``' job runs on Ray, by its kind (sync: reads the input's first rows)."""
+    job = resolve_job(options)
+    options = job.options
+    if job.kind in ("dataset", "images"):
+        from batchline.jobs.run import check_model, open_job
+
+        def open_batch(ready: ReplicaReady) -> tuple[Source, ChunkWriter]:
+            check_model(job, ready.info)
+            return open_job(options, ready.info)
 
         return _Plan(
-            RemoteJob("batch", options),
-            lambda ready: open_job(options, ready.info),
+            RemoteJob(job.kind, options),
+            open_batch,
             DEFAULT_UNIT_RECORDS,
             options.on_bad_record,
         )
-    from batchline.jobs.openai_batch import detect_batch
-
-    batch = detect_batch(options)
-    if batch is None:
+    if job.kind == "generate":
         from batchline.jobs.generate import open_generate_job, plan_generate
 
         opts, requests = plan_generate(options)
@@ -218,6 +222,10 @@ def _plan(options: RunOptions) -> _Plan:
     from batchline.jobs.openai_batch import check_batch_file, open_batch_parts
     from batchline.jobs.options import batch_specs
 
+    batch = job.batch
+    assert job.kind == "openai-batch"
+    assert batch is not None
+    assert isinstance(options, GenerateOptions)
     blank_lines = check_batch_file(batch.input)  # before any work
     opts = batch.job_options(options)
     specs = tuple(batch_specs(opts))
@@ -238,7 +246,7 @@ def _plan(options: RunOptions) -> _Plan:
 
 
 def run_on_ray(
-    options: RunOptions,
+    options: RunOptions | Job,
     *,
     address: str | None = None,
     replicas: int = 2,
@@ -291,6 +299,7 @@ def run_on_ray(
                              address="auto", replicas=8)
         print(summary.records_per_s, summary.nodes)
     """
+    given, options = options, options.options if isinstance(options, Job) else options
     if replicas < 1:
         raise InputError(f"--replicas must be >= 1, got {replicas}")
     if units_per_replica < 1:
@@ -320,7 +329,7 @@ def run_on_ray(
         check_reachable(address)  # before the output directory is created
     if options.input is not None and not options.input.exists():
         raise InputError(f"{options.input}: no such file")  # before Ray starts
-    plan = _plan(options)
+    plan = _plan(given)
 
     t0 = time.perf_counter()
     local_cpus = max(os.cpu_count() or 1, math.ceil(replicas * cpus))
@@ -439,7 +448,7 @@ def _driver_key(plan: _Plan, ready: ReplicaReady) -> Callable[[Record], bytes | 
         assert isinstance(options, GenerateOptions)
         base = options.sampling()
         return lambda record: line_key(record.value, base)
-    if plan.job.kind == "batch" and ready.info.input_kind == "image":
+    if plan.job.kind == "images":
         from batchline.jobs.images import picture_key
 
         folder = options.input.parent if options.input is not None else None

@@ -25,7 +25,7 @@ import contextlib
 import os
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import ray
 
@@ -48,9 +48,7 @@ if TYPE_CHECKING:
     from batchline.models.protocol import BatchModel
     from batchline.models.specs import ModelSpec
 
-__all__ = ["JobKind", "RemoteJob", "Replica", "ReplicaReady", "UnitResult", "knobs_for_cpus"]
-
-JobKind = Literal["batch", "generate", "openai-batch"]
+__all__ = ["RemoteJob", "Replica", "ReplicaReady", "UnitResult", "knobs_for_cpus"]
 
 
 class _Closable(Protocol):
@@ -61,11 +59,12 @@ class _Closable(Protocol):
 class RemoteJob:
     """What every replica of a job runs (sent to each actor once, when it starts).
 
-    ``options`` are the job's resolved options: ``RunOptions`` for ``batch``, a
+    ``kind`` is the job's (:func:`batchline.jobs.job.resolve_job`); ``options`` its resolved
+    options: ``RunOptions`` for a batch model's (``dataset``, ``images``), a
     ``GenerateOptions`` for the others (an OpenAI batch file's job options); ``requests`` how a
     ``generate`` job reads its records; ``specs`` an OpenAI batch job's models."""
 
-    kind: JobKind
+    kind: str
     options: RunOptions
     requests: RecordRequests | None = None
     specs: tuple[ModelSpec, ...] = ()
@@ -133,8 +132,7 @@ class Replica:
         self._started: asyncio.Future[Adapter] | None = None
         # what runs the units, once started: a batch job's adapter, a generator's, the
         # batchers of an OpenAI batch job's batch models
-        self._batch: BatchAdapter | None = None
-        self._images: ImageAdapter | None = None
+        self._batch: BatchAdapter | ImageAdapter | None = None
         self._generator: GeneratorAdapter | None = None
         self._engines: dict[str, ModelBatcher[object, object]] = {}
         self._closers: list[_Closable] = []
@@ -143,7 +141,7 @@ class Replica:
 
     def _load(self) -> tuple[ModelInfo, int, int]:
         job, knobs = self._job, self._knobs
-        if job.kind == "batch":
+        if job.kind in ("dataset", "images"):
             from batchline.jobs.run import load_job_model
 
             model, self._precision = load_job_model(job.options, knobs.for_loading())
@@ -192,20 +190,19 @@ class Replica:
 
     async def _start(self) -> Adapter:
         job, stack = self._job, self._stack
-        if job.kind == "batch":
-            from batchline.jobs.batch import BatchAdapter
-            from batchline.jobs.run import dedupe_window, record_input
+        if job.kind in ("dataset", "images"):
+            from batchline.jobs.job import Job
+            from batchline.jobs.run import job_adapter
             from batchline.models.batching import ModelBatcher
 
             engine = await stack.enter_async_context(
                 ModelBatcher(self._model, self._knobs.for_loading())
             )
-            if self._model.info.input_kind == "image":
-                return await self._pictures(engine)
-            self._batch = BatchAdapter(
-                engine,
-                record_input(job.options, self._model.info),
-                dedupe_window=dedupe_window(job.options),
+            # an image job's pictures are read and decoded here, on the replica that runs the
+            # model (in its own decode processes, as a local run's): decoded pixels never
+            # cross the network
+            self._batch = await stack.enter_async_context(
+                job_adapter(Job(job.kind, job.options), self._model, engine)
             )
             return self._batch
         from batchline.jobs.batch import DEDUPE_WINDOW
@@ -232,30 +229,9 @@ class Replica:
         self._engines = dict(engines)
         return LinesAdapter(self._models.names, self._generator, engines)
 
-    async def _pictures(self, engine: ModelBatcher[object, object]) -> Adapter:
-        """An image job's adapter: the pictures of each unit are read and decoded here, on the
-        replica that runs the model (in its own decode processes, as a local run's), so
-        decoded pixels never cross the network."""
-        from batchline.jobs.images import ImageAdapter
-        from batchline.jobs.run import dedupe_window
-        from batchline.models.image import DecodePool
-
-        options = self._job.options
-        preprocess = getattr(self._model, "preprocess")  # noqa: B009 (an image model's)
-        pool = await self._stack.enter_async_context(DecodePool(preprocess, options.decode))
-        adapter = ImageAdapter(
-            engine,
-            pool,
-            base=options.input.parent if options.input is not None else None,
-            dedupe_window=dedupe_window(options),
-            tune_workers=options.decode.workers is None,
-        )
-        self._images = adapter
-        return adapter
-
     def _result(self, outcomes: list[Outcome]) -> UnitResult:
         where = (outcomes, self._node_id, os.getpid(), time.process_time())
-        batch = self._batch or self._images
+        batch = self._batch
         engine = (
             batch.engine
             if batch is not None

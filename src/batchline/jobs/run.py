@@ -26,9 +26,10 @@ from batchline.datasets.sinks import ChunkWriter, default_output
 from batchline.datasets.sources import Record, Source
 from batchline.jobs.batch import DEDUPE_WINDOW, BatchAdapter
 from batchline.jobs.images import ImageAdapter
+from batchline.jobs.job import Job, resolve_job
 from batchline.jobs.options import GenerateOptions, RunOptions, resolve
 from batchline.jobs.precision import Choice, announce, resolve_knobs
-from batchline.jobs.result_cache import open_cache
+from batchline.jobs.result_cache import ResultCache, open_cache
 from batchline.jobs.summary import RunSummary, summarize
 from batchline.knobs import Knobs
 from batchline.models.batching import ModelBatcher
@@ -38,12 +39,15 @@ from batchline.models.protocol import BatchModel, ModelInfo
 __all__ = [
     "RunOptions",
     "RunSummary",
+    "check_model",
     "dedupe_window",
+    "job_adapter",
     "load_job_model",
     "open_job",
     "record_input",
     "run",
     "run_job",
+    "run_model_job",
 ]
 
 # Records read and submitted at a time, and blocks in flight beyond the engine's own queue.
@@ -85,36 +89,45 @@ def _load_gated(
         raise
 
 
-def run(options: RunOptions, progress: Progress | None = None) -> RunSummary:
+def run(options: RunOptions | Job, progress: Progress | None = None) -> RunSummary:
     """Run the job to the end (sync). See :func:`run_job`."""
     return asyncio.run(run_job(options, progress))
 
 
-async def run_job(options: RunOptions, progress: Progress | None = None) -> RunSummary:
+async def run_job(options: RunOptions | Job, progress: Progress | None = None) -> RunSummary:
     """Run the model over every record of ``options.input`` into ``options.output``.
 
     >>> summary = run(RunOptions(input=Path("docs.jsonl"), output=Path("docs.embeddings")))
     >>> summary.records_per_s
 
-    A generation job (task ``generate``, or a model that generates) runs
-    :func:`batchline.jobs.generate.run_generate_job`; an OpenAI batch file
-    :func:`batchline.jobs.openai_batch.run_batch_job`.
+    The job's kind (:func:`batchline.jobs.job.resolve_job`) says what runs it: a generation
+    job :func:`batchline.jobs.generate.run_generate_job`, an OpenAI batch file
+    :func:`batchline.jobs.openai_batch.run_batch_job`, a batch model's job over pictures or
+    any other dataset :func:`run_model_job`.
     """
-    options = await asyncio.to_thread(resolve, options)
-    if isinstance(options, GenerateOptions):
-        from batchline.jobs.openai_batch import detect_batch, run_batch_job
+    job = await asyncio.to_thread(resolve_job, options)
+    if job.kind == "openai-batch":
+        from batchline.jobs.openai_batch import run_batch_job
 
-        batch = await asyncio.to_thread(detect_batch, options)
-        if batch is not None:
-            if options.cache is not None:
-                raise InputError(
-                    "--cache keeps the results of dataset jobs (embed, classify, score, "
-                    "generate); an OpenAI batch file runs without it"
-                )
-            return await run_batch_job(options, batch, progress)
+        assert isinstance(job.options, GenerateOptions)
+        assert job.batch is not None
+        if job.options.cache is not None:
+            raise InputError(
+                "--cache keeps the results of dataset jobs (embed, classify, score, "
+                "generate); an OpenAI batch file runs without it"
+            )
+        return await run_batch_job(job.options, job.batch, progress)
+    if job.kind == "generate":
         from batchline.jobs.generate import run_generate_job
 
-        return await run_generate_job(options, progress)
+        return await run_generate_job(job.options, progress)
+    return await run_model_job(job, progress)
+
+
+async def run_model_job(job: Job, progress: Progress | None = None) -> RunSummary:
+    """A batch model's job (kinds ``dataset`` and ``images``): the model loaded in the
+    precision its knobs choose, its engine fed by the kind's adapter."""
+    options = job.options
     assert options.spec is not None  # resolved
     knobs, choice = await asyncio.to_thread(
         resolve_knobs, options.spec, options.knobs.for_loading()
@@ -123,27 +136,14 @@ async def run_job(options: RunOptions, progress: Progress | None = None) -> RunS
     cache = await asyncio.to_thread(open_cache, chosen)  # keyed by the precision chosen
     model, quantized = await asyncio.to_thread(_load_gated, options, knobs, choice)
     try:
+        check_model(job, model.info)
         source, writer = await asyncio.to_thread(open_job, options, model.info)
         split = ""
         with writer:
-            async with ModelBatcher(model, knobs) as engine, _pictures(model, options) as pool:
-                adapter: BatchAdapter | ImageAdapter
-                if pool is not None:
-                    adapter = ImageAdapter(
-                        engine,
-                        pool,
-                        base=options.input.parent if options.input is not None else None,
-                        dedupe_window=dedupe_window(options),
-                        cache=cache,
-                        tune_workers=options.decode.workers is None,
-                    )
-                else:
-                    adapter = BatchAdapter(
-                        engine,
-                        record_input(options, model.info),
-                        dedupe_window=dedupe_window(options),
-                        cache=cache,
-                    )
+            async with (
+                ModelBatcher(model, knobs) as engine,
+                job_adapter(job, model, engine, cache) as adapter,
+            ):
                 done = await run_pipeline(
                     adapter,
                     source,
@@ -174,13 +174,34 @@ async def run_job(options: RunOptions, progress: Progress | None = None) -> RunS
             cache.close()
 
 
+def check_model(job: Job, info: ModelInfo) -> None:
+    """Refuse a loaded model that reads pictures in a job whose records are not pictures
+    (a ``module:factory`` model, which the spec cannot tell), before any output opens."""
+    if job.kind == "dataset" and info.input_kind == "image":
+        raise InputError(
+            f"model {info.name!r} reads pictures: give a folder of pictures, .tar shards, or a "
+            "file with --image-column COLUMN"
+        )
+
+
 @contextlib.asynccontextmanager
-async def _pictures(
-    model: BatchModel[object, object], options: RunOptions
-) -> AsyncIterator[DecodePool | None]:
-    """The decode workers of an image model (``info.input_kind == "image"``), else None."""
-    if model.info.input_kind != "image":
-        yield None
+async def job_adapter(
+    job: Job,
+    model: BatchModel[object, object],
+    engine: ModelBatcher[object, object],
+    cache: ResultCache | None = None,
+) -> AsyncIterator[BatchAdapter | ImageAdapter]:
+    """The adapter a batch model's job feeds ``engine`` through: an image job's decodes its
+    pictures in worker processes first (:class:`ImageAdapter`), a dataset job's hands the
+    model each record's input (:class:`BatchAdapter`)."""
+    options = job.options
+    if job.kind != "images":
+        yield BatchAdapter(
+            engine,
+            record_input(options, model.info),
+            dedupe_window=dedupe_window(options),
+            cache=cache,
+        )
         return
     preprocess = getattr(model, "preprocess", None)
     if not isinstance(preprocess, ImagePreprocess):
@@ -189,7 +210,14 @@ async def _pictures(
             "ImagePreprocess attribute): the decode workers need it"
         )
     async with DecodePool(preprocess, options.decode) as pool:
-        yield pool
+        yield ImageAdapter(
+            engine,
+            pool,
+            base=options.input.parent if options.input is not None else None,
+            dedupe_window=dedupe_window(options),
+            cache=cache,
+            tune_workers=options.decode.workers is None,
+        )
 
 
 def dedupe_window(options: RunOptions) -> int:
