@@ -489,20 +489,13 @@ def _interrupted(args: argparse.Namespace, job: Job, signame: str) -> str:
 
 
 def _output_dir(job: Job) -> Path | None:
-    """The folder a job commits its chunks to (None where it cannot be told)."""
-    from batchline.datasets.sinks import default_output
-    from batchline.models.loader import resolve_task
+    """The folder a job commits its chunks to (its kind's ``out_dir``; None where it cannot
+    be told)."""
+    from batchline.jobs.kinds import kind_of
 
-    options = job.options
     try:
-        if job.batch is not None:
-            return Path(job.batch.parts)
-        if options.output is not None:
-            return Path(options.output)
-        if job.generates:
-            return default_output(options.input, "generate")
-        assert options.spec is not None  # resolved (else no count, as for any failure here)
-        return default_output(options.input, resolve_task(options.spec))
+        out_dir = kind_of(job).out_dir
+        return None if out_dir is None else out_dir(job)
     except Exception:  # the message goes out anyway, without the count
         return None
 
@@ -511,7 +504,7 @@ def _resolve(args: argparse.Namespace, options: RunOptions) -> Job:
     """The job ``options`` describe (``resolve_job``, the one decision of what a job is), a
     generation job's with the sampling flags (elsewhere, generation flags are refused).
     ``--model`` repeats for an OpenAI batch file alone."""
-    from batchline.jobs.job import resolve_job
+    from batchline.jobs.kinds import resolve_job
     from batchline.jobs.options import GenerateOptions
 
     given = given_flags(args, _GENERATION_FLAGS)
