@@ -10,9 +10,12 @@ The layout::
       ▼                                  │
     ChunkWriter + _manifest.json <───────┘   the single writer: every chunk committed exactly once
 
-Every job kind runs so: embed, classify, predict and score (a batch model per replica), text
-generation (a generator per replica, its own continuous batching, on the torch engine or
-vLLM) and OpenAI batch files (each replica holds the file's models). The driver runs the same
+Every job kind with a Ray plan (``JobKind.plan_ray``, :mod:`batchline.jobs.kinds`) runs so:
+a batch model's over a dataset or pictures (a batch model per replica), text generation (a
+generator per replica, its own continuous batching, on the torch engine or vLLM) and OpenAI
+batch files (each replica holds the file's models). The plan says what each replica loads,
+how the output opens and how the driver dedupes; the driver itself never asks what kind of
+job it runs. The driver runs the same
 dataset pipeline as ``batchline run`` (``batchline.datasets.pipeline``) with
 :class:`~batchline.integrations.ray_units.RayAdapter` sending units to the replicas, and
 opens the output as a local run opens it (same chunks, same manifest settings): a job started
