@@ -98,3 +98,72 @@ def test_a_kind_without_a_ray_plan_is_refused_by_the_ray_engine_before_ray_start
     with pytest.raises(InputError, match="a words job runs locally only"):
         run_on_ray(RunOptions(input=src, output=tmp_path / "out"))
     assert not (tmp_path / "out").exists()
+
+
+def test_each_built_in_kind_claims_its_jobs_once(tmp_path: Path) -> None:
+    from batchline.jobs.openai_batch import BatchFiles
+    from batchline.jobs.options import GenerateOptions
+    from tests.image_helpers import photo_folder
+
+    texts = _notes(tmp_path / "notes.jsonl")
+    photo_folder(tmp_path / "photos", 1)
+    batch = tmp_path / "requests.jsonl"
+    line = {"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}}
+    batch.write_text(json.dumps(line) + "\n", encoding="utf-8")
+    dataset = resolve_job(RunOptions(input=texts))
+    images = resolve_job(RunOptions(input=tmp_path / "photos"))
+    generate = resolve_job(RunOptions(input=texts, task="generate"))
+    lines = resolve_job(RunOptions(input=batch, output=tmp_path / "out.jsonl"))
+    assert [j.kind for j in (dataset, images, generate, lines)] == [
+        "dataset",
+        "images",
+        "generate",
+        "openai-batch",
+    ]
+    assert generate.generates
+    assert lines.generates
+    assert not images.generates
+    assert isinstance(generate.options, GenerateOptions)
+    assert generate.options.model == "smollm2"  # a generation job's default model
+    # what the batch kind found deciding is kept: no one reads the file's first line again
+    assert lines.claim == BatchFiles(batch, tmp_path / "out.jsonl", tmp_path / "out.jsonl.parts")
+
+
+FACTORY = """
+from batchline.models.image import ImagePreprocess
+from batchline.models.protocol import ModelInfo
+
+class Pictures:
+    preprocess = ImagePreprocess(resize_to=(8, 8))
+    info = ModelInfo(name="pictures", task="embed", input_kind="image", result_kind="vector")
+
+    def prepare(self, inputs):
+        return list(inputs)
+
+    def cost(self, item):
+        return 1
+
+    def run_batch(self, batch):
+        return [x.mean() for x in batch]
+
+    def encode(self, result):
+        return result
+
+    def close(self):
+        pass
+
+def factory():
+    return Pictures()
+"""
+
+
+def test_a_factory_model_that_reads_pictures_given_texts_says_what_to_give(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "picturemodel.py").write_text(FACTORY, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    texts = _notes(tmp_path / "notes.jsonl")
+    options = RunOptions(input=texts, output=tmp_path / "out", model="picturemodel:factory")
+    with pytest.raises(InputError, match="reads pictures: give a folder of pictures"):
+        run(options)
+    assert not (tmp_path / "out").exists()  # refused before the output opened
