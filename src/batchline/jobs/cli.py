@@ -505,7 +505,7 @@ def _resolve(args: argparse.Namespace, options: RunOptions) -> Job:
     generation job's with the sampling flags (elsewhere, generation flags are refused).
     ``--model`` repeats for an OpenAI batch file alone."""
     from batchline.jobs.kinds import resolve_job
-    from batchline.jobs.options import GenerateOptions
+    from batchline.jobs.options import GenerateOptions, SeveralModelsError
 
     given = given_flags(args, _GENERATION_FLAGS)
     forced = args.input_format == "openai-batch"
@@ -513,19 +513,16 @@ def _resolve(args: argparse.Namespace, options: RunOptions) -> Job:
     several = models if len(models) > 1 else ()
     if several and options.input is not None and not options.input.exists():
         raise InputError(f"{options.input}: no such file or folder")
-    if forced:  # an OpenAI batch file is a generation job, whatever its models
+    if forced or several:  # an OpenAI batch file is a generation job, whatever its models
         values = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}
-        options = GenerateOptions(**values, openai_batch=True)
-    job = resolve_job(options)
-    if several:
-        if job.kind != "openai-batch":
-            raise InputError(
-                "--model repeats only for an OpenAI batch file (each line's body.model picks "
-                "one); run one model at a time on other inputs"
-            )
-        # the file's several models, each line's body.model picking one
-        assert isinstance(job.options, GenerateOptions)
-        job = resolve_job(dataclasses.replace(job.options, models=several, spec=None))
+        options = GenerateOptions(**values, openai_batch=forced, models=several)
+    try:
+        job = resolve_job(options)
+    except SeveralModelsError:
+        raise InputError(
+            "--model repeats only for an OpenAI batch file (each line's body.model picks "
+            "one); run one model at a time on other inputs"
+        ) from None
     if not job.generates:
         if given:
             raise InputError(
