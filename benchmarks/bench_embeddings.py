@@ -413,8 +413,8 @@ def _fastembed_folder(where: Any) -> Any:
     import json
     import shutil
 
+    from batchline.models.common.folder import detect_folder
     from batchline.models.hf.convert import convert
-    from batchline.models.hf.detect import detect_folder
 
     source = minilm.weights_dir()
     folder = where / "fastembed-minilm"

@@ -184,7 +184,7 @@ def main() -> None:
     if "bf16-twin" in names:  # the control: a second copy of the bf16 path
         runners["bf16-twin"] = torch_model(bf16=True).embed_tokens
     if "bf16-pack512" in names:
-        import batchline.models.generation.packed_linear as packed_linear
+        import batchline.models.common.packed_linear as packed_linear
 
         rows = packed_linear._PACK_ROWS
         packed_linear._PACK_ROWS = 512

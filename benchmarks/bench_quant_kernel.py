@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from batchline.models.generation.packed_linear import PackedLinear
+from batchline.models.common.packed_linear import PackedLinear
 from batchline.models.generation.quant_kernel import (
     AMX_ROWS,
     INT8_AMX_ROWS,

@@ -38,6 +38,10 @@ Usage::
     python benchmarks/bench_serve.py --duration 5 --concurrency 1 32
     python benchmarks/bench_serve.py --config tuned.toml   # batchline knobs from a file
     python benchmarks/bench_serve.py --pin split           # server on CPU 1, loadgen on CPU 0
+    # the server's CPU per request over exactly 20,000 requests at c=32, old code against new
+    python benchmarks/bench_serve.py --concurrency 32 --mixed-concurrency --requests 20000 \
+        --duration 300 --variant old= --variant new= \
+        --variant-src old=OLD/src --variant-src new=NEW/src
 
 Before each point the bench waits (up to ``--quiet-patience-s``) until the rest of the machine
 uses under ``--quiet-cores`` cores; during the point it measures what other processes used
@@ -138,6 +142,7 @@ class Server:
     port: int = 0
     proc: subprocess.Popen[bytes] | None = None
     log: Path | None = None
+    src: str | None = None  # run batchline from this source tree (--variant-src)
 
     def command(self, workdir: Path) -> list[str]:
         """What runs the server on ``self.port``."""
@@ -148,8 +153,10 @@ class Server:
         return cmd
 
     def environment(self) -> dict[str, str] | None:
-        """The server's environment (None: this process's)."""
-        return None
+        """The server's environment (None: this process's; ``src``: its code from there)."""
+        if self.src is None:
+            return None
+        return {**os.environ, "PYTHONPATH": self.src}
 
     def start(self, workdir: Path) -> None:
         self.port = free_port()
@@ -238,6 +245,12 @@ class Point:
     loadgen_cpu: float = 0.0  # cores used by the load generator
     avg_batch: float = 0.0
     background: float = 0.0  # cores other processes used during the point
+    server_cpu_s: float = 0.0  # CPU seconds the server process used over the point
+
+    @property
+    def cpu_ms_per_request(self) -> float:
+        """The server's CPU per answered request (``/proc/PID/stat``), in milliseconds."""
+        return 1e3 * self.server_cpu_s / self.requests if self.requests else float("nan")
 
     @property
     def rps(self) -> float:
@@ -289,9 +302,10 @@ def run_wrk(
 
 
 def run_asyncio_loadgen(
-    port: int, conc: int, seconds: float, bodies_file: Path, cpus: str | None
+    port: int, conc: int, seconds: float, bodies_file: Path, cpus: str | None, count: int = 0
 ) -> Point:
-    """The fallback: this file's ``--loadgen-worker`` mode in a separate (pinned) process."""
+    """The fallback: this file's ``--loadgen-worker`` mode in a separate (pinned) process;
+    ``count`` > 0: exactly that many requests (``seconds`` is then only a cap)."""
     cmd = [
         sys.executable,
         __file__,
@@ -300,6 +314,7 @@ def run_asyncio_loadgen(
         str(conc),
         str(seconds),
         str(bodies_file),
+        str(count),
     ]
     if cpus is not None and shutil.which("taskset"):
         cmd = ["taskset", "-c", cpus, *cmd]
@@ -322,9 +337,11 @@ def run_asyncio_loadgen(
 
 
 async def _loadgen(
-    port: int, conc: int, seconds: float, bodies_list: list[bytes]
+    port: int, conc: int, seconds: float, bodies_list: list[bytes], count: int = 0
 ) -> dict[str, Any]:
-    """Closed loop on raw keep-alive sockets: pre-built requests, Content-Length parsing."""
+    """Closed loop on raw keep-alive sockets: pre-built requests, Content-Length parsing.
+    ``count`` > 0: the clients stop once that many requests were sent (all of them answered),
+    or at ``seconds``, whichever comes first."""
     reqs = [
         b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         + f"Content-Length: {len(b)}\r\n\r\n".encode()
@@ -334,13 +351,15 @@ async def _loadgen(
     latencies: list[float] = []
     errors = 0
     deadline = time.perf_counter() + seconds
+    left = count if count > 0 else -1  # requests still to send (-1: no count)
 
     async def worker(k: int) -> None:
-        nonlocal errors
+        nonlocal errors, left
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         i = k * 7919
         try:
-            while time.perf_counter() < deadline:
+            while time.perf_counter() < deadline and left != 0:
+                left -= 1 if left > 0 else 0
                 i += 1
                 t0 = time.perf_counter()
                 writer.write(reqs[i % len(reqs)])
@@ -427,11 +446,12 @@ def measure(
     bodies_file: Path,
     lua: Path | None,
     loadgen_cpus: str | None,
+    count: int = 0,
 ) -> Point:
-    def once(duration: float) -> Point:
+    def once(duration: float, n: int = 0) -> Point:
         if lua is not None:
             return run_wrk(server.port, conc, duration, bodies_file, lua, loadgen_cpus)
-        return run_asyncio_loadgen(server.port, conc, duration, bodies_file, loadgen_cpus)
+        return run_asyncio_loadgen(server.port, conc, duration, bodies_file, loadgen_cpus, n)
 
     if warmup > 0:
         once(warmup)
@@ -440,10 +460,17 @@ def measure(
     records0 = server.metric("batchline_batch_size_sum")
     machine0 = _cpu_sample()
     t0 = time.perf_counter()
-    point = once(seconds)
+    point = once(seconds, count)
     wall = time.perf_counter() - t0
     machine = _busy_between(machine0, _cpu_sample())
-    point.server_cpu = (server.cpu_seconds() - cpu0) / wall
+    point.server_cpu_s = server.cpu_seconds() - cpu0
+    if count and point.requests < count:
+        print(
+            f"  warning: {server.name} answered {point.requests} of {count} requests within "
+            f"--duration {seconds:g}s; raise --duration (with --requests it is only a cap)",
+            flush=True,
+        )
+    point.server_cpu = point.server_cpu_s / wall
     # what the rest of the machine used meanwhile: busy cores less the server and loadgen
     point.background = max(0.0, machine - point.server_cpu - point.loadgen_cpu)
     batches = server.metric("batchline_batch_size_count") - batches0
@@ -526,16 +553,39 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--retries", type=int, default=3, help="re-runs of a point disturbed by other processes"
     )
-    p.add_argument("--loadgen-worker", nargs=4, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--requests",
+        type=int,
+        default=0,
+        metavar="N",
+        help="each point sends exactly N requests (--duration is then a cap; the asyncio "
+        "load generator), and the server's CPU per request is read from /proc over them",
+    )
+    p.add_argument(
+        "--variant-src",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="run the server NAME (a --variant, or batchline/baseline) with PYTHONPATH=PATH: "
+        "old code against new in one run, e.g. --variant-src old=/tmp/old/src",
+    )
+    p.add_argument("--loadgen-worker", nargs=5, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
 
     if args.loadgen_worker:
-        port, conc, seconds, path = args.loadgen_worker
+        port, conc, seconds, path, count = args.loadgen_worker
         bl = Path(path).read_bytes().splitlines()
-        print(json.dumps(asyncio.run(_loadgen(int(port), int(conc), float(seconds), bl))))
+        run = _loadgen(int(port), int(conc), float(seconds), bl, int(count))
+        print(json.dumps(asyncio.run(run)))
         return 0
 
-    use_wrk = args.loadgen == "wrk" or (args.loadgen == "auto" and shutil.which("wrk"))
+    if args.requests < 0:
+        raise SystemExit(f"--requests must be >= 0, got {args.requests}")
+    if args.requests and args.loadgen == "wrk":
+        raise SystemExit("--requests needs the asyncio load generator (wrk runs for a time)")
+    use_wrk = not args.requests and (
+        args.loadgen == "wrk" or (args.loadgen == "auto" and shutil.which("wrk"))
+    )
     if args.loadgen == "wrk" and not shutil.which("wrk"):
         raise SystemExit("wrk not found: apt-get install -y wrk, or --loadgen asyncio")
     server_cpus, loadgen_cpus = ("1", "0") if args.pin == "split" else (None, None)
@@ -559,6 +609,12 @@ def main(argv: list[str] | None = None) -> int:
             servers[name] = Server(name, ours_args + extra.split(), server_cpus)
     else:
         servers["batchline"] = Server("batchline", ours_args, server_cpus)
+    for spec in args.variant_src:
+        name, _, src = spec.partition("=")
+        if name not in servers or not src:
+            known = ", ".join(servers)
+            raise SystemExit(f"--variant-src {spec!r}: NAME=PATH with NAME one of {known}")
+        servers[name].src = str(Path(src).resolve())
     variants = [n for n in servers if n != "baseline"]
     print(
         f"# bench_serve: {os.cpu_count()} CPUs, loadgen={'wrk' if use_wrk else 'asyncio'}, "
@@ -582,14 +638,22 @@ def main(argv: list[str] | None = None) -> int:
                     for _ in range(1 + args.retries):
                         wait_for_quiet(args.quiet_cores, args.quiet_patience_s)
                         pt = measure(
-                            servers[name], conc, args.duration, args.warmup, file, lua, loadgen_cpus
+                            servers[name],
+                            conc,
+                            args.duration,
+                            args.warmup,
+                            file,
+                            lua,
+                            loadgen_cpus,
+                            args.requests,
                         )
                         tries.append(pt)
                         flag = "" if pt.background <= args.quiet_cores else "  (disturbed)"
                         print(
                             f"  {workload:<5} c={conc:<3} {name:<9} {pt.rps:8.0f} req/s  "
                             f"p50 {pt.p50_ms:7.2f}  p99 {pt.p99_ms:7.2f} ms  "
-                            f"batch {pt.avg_batch:5.1f}  srv {pt.server_cpu:.2f} cores  "
+                            f"batch {pt.avg_batch:5.1f}  srv {pt.server_cpu:.2f} cores "
+                            f"{pt.cpu_ms_per_request:.3f} ms/req  "
                             f"loadgen {pt.loadgen_cpu:.2f}  err {pt.errors}  "
                             f"background {pt.background:.2f} cores{flag}",
                             flush=True,
@@ -602,6 +666,11 @@ def main(argv: list[str] | None = None) -> int:
         codes = {name: s.stop() for name, s in servers.items()}
         shutil.rmtree(workdir, ignore_errors=True)
     print(f"# load average after: {os.getloadavg()[0]:.2f}; server exit codes: {codes}")
+    print()
+    print("## server CPU per request (ms, from /proc; median point by req/s)")
+    for r in results:
+        cells = "  ".join(f"{n} {r.best(n).cpu_ms_per_request:.3f}" for n in servers)
+        print(f"{r.workload:<8} c={r.conc:<3} {cells}")
     print()
     for name in variants:
         print(f"## {name} vs baseline")

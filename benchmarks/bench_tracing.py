@@ -127,7 +127,7 @@ def micro(rounds: int, requests: int) -> int:
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
     from batchline._tracing import tracing_for
-    from batchline.server.state import _Job
+    from batchline.server.batcher import Job
     from batchline.server.tracing import TraceRequests, mark_batch, trace_jobs
 
     class Drop(SpanExporter):
@@ -141,8 +141,8 @@ def micro(rounds: int, requests: int) -> int:
     def stub(traced: bool) -> Any:
         async def app(scope: Any, receive: Any, send: Any) -> None:
             await send({"type": "http.response.start", "status": 200, "headers": []})
-            jobs = [_Job("text", 16, time.perf_counter())]
-            mark_batch(jobs, time.perf_counter(), [16], padded=True)  # what _Metered does
+            jobs = [Job("text", 16, time.perf_counter())]
+            mark_batch(jobs, time.perf_counter(), [16], padded=True)  # what the Metering hook does
             if traced:
                 trace_jobs(tracing, jobs)
             await send({"type": "http.response.body", "body": b"{}"})

@@ -31,8 +31,6 @@ NOT_SHARED = {
     "--text-column": "one definition (datasets.selection.add_text_column_argument)",
     "--inputs": "bench's and tune's: one definition (bench.cli._model_and_inputs)",
     "--lengths": "bench's and tune's: one definition (bench.cli._model_and_inputs)",
-    "--dtype": "one definition (jobs.cli.add_torch_generation_arguments)",
-    "--max-step-tokens": "one definition (jobs.cli.add_torch_generation_arguments)",
     "--help": "argparse's",
     # same meaning, each command's default or direction stated after it
     "--api-key": "serve requires the key, drive sends it",
@@ -41,8 +39,6 @@ NOT_SHARED = {
     "--engine": "local or ray: what 'ray' starts differs (replicas of a job, Ray Serve)",
     "--replicas": "run takes N, serve N or MIN-MAX (autoscaling)",
     "--max-image-pixels": "the same limit; run and serve have different defaults",
-    "--kv-token-budget": "the knob; bench's default follows its workload",
-    "--max-running-sequences": "the knob; bench's applies to its batched generators",
     "--max-tokens": "per prompt; drive's default is the server's",
     "--no-chat-template": "drive sends prompts as they are, run encodes them so",
     "--task": "one text (TASK_HELP); serve's metavar names the model it applies to, [NAME=]TASK",

@@ -8,6 +8,7 @@ import sys
 import batchline
 
 EXPECTED = [
+    "BatchPolicy",
     "BatchProcessingError",
     "BatchSizeMismatchError",
     "BatchStats",

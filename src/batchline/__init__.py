@@ -36,6 +36,7 @@ from batchline._errors import (
     QueueFullError,
     RecordTooLargeError,
 )
+from batchline._policy import BatchPolicy
 from batchline._stats import BatchStats
 from batchline._tokens import Prompt, TokenBatcher
 from batchline.sync import SyncBatcher
@@ -43,6 +44,7 @@ from batchline.sync import SyncBatcher
 __version__ = "0.1.0"
 
 __all__ = [
+    "BatchPolicy",
     "BatchProcessingError",
     "BatchSizeMismatchError",
     "BatchStats",

@@ -42,6 +42,7 @@ from batchline._errors import (
     QueueFullError,
     RecordTooLargeError,
 )
+from batchline._policy import UNSET, BatchPolicy, Unset, admission_capacity
 from batchline._queue import Entry, RecordQueue
 from batchline._slots import Slot, Slots
 from batchline._stats import BatchStats, StatsRecorder
@@ -85,25 +86,7 @@ class _RecordFuture(asyncio.Future, Generic[T, R]):  # type: ignore[type-arg]
 
 
 _HOLD = "hold"  # _readiness(): records are held for company (min_batch_size)
-
-
-def admission_capacity(*, max_queue_size: int, prefetch_batches: int, max_batch_size: int) -> int:
-    """How many records may wait in a batcher's queue at once (the one admission rule).
-
-    ``max_queue_size`` plus what Flyte's batcher holds outside its queue: the batch its
-    aggregator is assembling and ``prefetch_batches`` pre-built ones, each up to
-    ``max_batch_size`` records. So code written for Flyte meets backpressure at the same
-    point. Records being processed are not queued and do not count.
-
-    >>> admission_capacity(max_queue_size=1, prefetch_batches=1, max_batch_size=1)
-    3
-    """
-    return max_queue_size + (prefetch_batches + 1) * max_batch_size
-
-
-def _check_positive(name: str, value: float, minimum: float = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+_DEFAULT_POLICY = BatchPolicy()
 
 
 class DynamicBatcher(Generic[T, R]):
@@ -122,126 +105,93 @@ class DynamicBatcher(Generic[T, R]):
     Args:
         process_fn: ``f(batch) -> results``: async, or sync (then run in a worker thread so
             the event loop never blocks). One result per record, in order.
-        target_batch_cost: the budget: a batch's cost never exceeds it (see ``padding_aware``).
-        max_batch_size: at most this many records per batch.
-        min_batch_size: while a slot is free, hold records until this many are queued...
-        batch_timeout_s: ...but no longer than this after the oldest arrived. With the default
-            ``min_batch_size=1`` nothing is ever held.
-        max_queue_size, prefetch_batches: admission capacity, as in Flyte. Flyte holds up to
-            ``max_queue_size`` records in its queue plus, outside it, the batch its aggregator
-            is assembling and ``prefetch_batches`` pre-built batches; batchline forms batches
-            at dispatch time, so it holds all of those in its one queue: at most
-            ``max_queue_size + (prefetch_batches + 1) * max_batch_size`` records wait at once
-            (``queue_capacity``; see ``admission_capacity``). Beyond that ``submit`` waits for
-            room and ``submit_nowait`` raises ``QueueFullError``.
-        default_cost: the cost of a record when nothing else says (see ``batchline._cost``).
+        policy: every batching setting in one :class:`~batchline.BatchPolicy` (budget, sizes,
+            hold, admission, slots, errors, padding, priorities, bulk lane), passed whole;
+            each field is documented there. The same names are accepted as keywords (Flyte's
+            signature: ``max_batch_size=64``); a keyword given wins over ``policy``'s field.
         cost_estimator: ``f(record) -> int``, used when ``submit`` gets no explicit cost.
-        max_concurrent_batches: processing slots, e.g. one per model session.
-        oversize: a record costing more than ``target_batch_cost`` goes in a batch of its own
-            (``"alone"``) or is refused with ``RecordTooLargeError`` (``"reject"``).
-        on_error: when ``process_fn`` raises, ``"bisect"`` splits the batch and retries the
-            halves so only failing records get an error; ``"fail_batch"`` fails them all.
-            Bisecting calls ``process_fn`` again on records already processed once.
-        process_timeout_s: a batch running longer fails its records with ``BatchTimeoutError``
-            and frees its slot (a sync ``process_fn`` cannot be interrupted: its thread runs
-            on and its result is discarded).
-        padding_aware: cost a batch as ``len(batch) * max(record cost)`` (padded tokens) and
-            group records of similar cost (see ``batchline._queue``).
-        bucket_width, padding_slack: tune the grouping of ``padding_aware``.
         device: a ``Device`` whose slots this batcher shares with others (several models,
             one device): each batch then needs a free slot of its own (at most
             ``max_concurrent_batches``) and one of the device's, granted by the device's
             weighted fair, work-conserving policy (see ``batchline._device``). Without it the
             batcher's own slots are all there is.
         weight: this batcher's share of the device relative to the others' (> 0).
-        priority_aging_s: seconds of waiting worth one point of ``priority`` (``None``: strict
-            priority, which can starve low priorities). A record of priority ``p`` ranks as
-            if it had arrived ``p * priority_aging_s`` earlier, in this queue and, for the
-            record its next batch starts with, at the device (see ``batchline._queue`` and
-            ``batchline._device``).
-        mix_priorities: let a batch take records of lower priority than the one it starts
-            with. Off by default: on a CPU a batch's time grows with its size, so an
-            interactive record would wait for the bulk records beside it; on for a device
-            where a fuller batch costs little more (see ``batchline._queue``).
-        priority_yield: while records of a higher priority than a batch's first have
-            arrived within the last ``priority_aging_s`` (10 s if ``None``), the batch takes at
-            most this fraction of ``target_batch_cost``, so its slot frees sooner for them
-            (in (0, 1]; 1.0: off).
-        bulk_slots, bulk_thread_nice, bulk_batch_cost: bulk batches (their first record's
-            priority below 0) get ``bulk_slots`` slots of their own beside the others'
-            (``None``: they share them), worker threads of nice +``bulk_thread_nice`` (0: the
-            same threads) and a budget of their own (``None``: ``target_batch_cost``); see
-            ``batchline._slots``.
         clock: where time comes from; tests pass a ``ManualClock``. On a device the
             batcher uses the device's clock unless given the same one.
         name: used in logs and thread names.
+
+    Admission, as in Flyte: Flyte holds up to ``max_queue_size`` records in its queue plus,
+    outside it, the batch its aggregator is assembling and ``prefetch_batches`` pre-built
+    batches; batchline forms batches at dispatch time, so it holds all of those in its one
+    queue (``queue_capacity``; see ``admission_capacity``). ``priority_aging_s``: a record of
+    priority ``p`` ranks as if it had arrived ``p * priority_aging_s`` earlier, in this queue
+    and, for the record its next batch starts with, at the device.
     """
 
     _use_tokens = False
+    #: ``BatchPolicy.padding_aware=None`` means this for the class
+    _padding_aware_default = False
 
     def __init__(
         self,
         process_fn: ProcessFn[T, R],
         *,
+        policy: BatchPolicy | None = None,
         cost_estimator: Callable[[T], int] | None = None,
-        target_batch_cost: int = 32_000,
-        max_batch_size: int = 256,
-        min_batch_size: int = 1,
-        batch_timeout_s: float = 0.05,
-        max_queue_size: int = 5_000,
-        prefetch_batches: int = 2,
-        default_cost: int = 1,
-        max_concurrent_batches: int = 1,
-        oversize: Literal["alone", "reject"] = "alone",
-        on_error: Literal["bisect", "fail_batch"] = "bisect",
-        process_timeout_s: float | None = None,
-        padding_aware: bool = False,
-        bucket_width: int = 8,
-        padding_slack: int = 16,
+        target_batch_cost: int | Unset = UNSET,
+        max_batch_size: int | Unset = UNSET,
+        min_batch_size: int | Unset = UNSET,
+        batch_timeout_s: float | Unset = UNSET,
+        max_queue_size: int | Unset = UNSET,
+        prefetch_batches: int | Unset = UNSET,
+        default_cost: int | Unset = UNSET,
+        max_concurrent_batches: int | Unset = UNSET,
+        oversize: Literal["alone", "reject"] | Unset = UNSET,
+        on_error: Literal["bisect", "fail_batch"] | Unset = UNSET,
+        process_timeout_s: float | Unset | None = UNSET,
+        padding_aware: bool | Unset | None = UNSET,
+        bucket_width: int | Unset = UNSET,
+        padding_slack: int | Unset = UNSET,
         device: Device | None = None,
         weight: float = 1.0,
-        priority_aging_s: float | None = 10.0,
-        mix_priorities: bool = False,
-        priority_yield: float = 0.5,
-        bulk_slots: int | None = None,
-        bulk_thread_nice: int = 0,
-        bulk_batch_cost: int | None = None,
+        priority_aging_s: float | Unset | None = UNSET,
+        mix_priorities: bool | Unset = UNSET,
+        priority_yield: float | Unset = UNSET,
+        bulk_slots: int | Unset | None = UNSET,
+        bulk_thread_nice: int | Unset = UNSET,
+        bulk_batch_cost: int | Unset | None = UNSET,
         clock: Clock | None = None,
         name: str = "batcher",
     ) -> None:
         if not callable(process_fn):
             raise TypeError(f"process_fn must be callable, got {type(process_fn).__name__}")
-        _check_positive("target_batch_cost", target_batch_cost)
-        _check_positive("max_batch_size", max_batch_size)
-        _check_positive("min_batch_size", min_batch_size)
-        if min_batch_size > max_batch_size:
-            raise ValueError(
-                f"min_batch_size ({min_batch_size}) must be <= max_batch_size ({max_batch_size})"
-            )
-        _check_positive("batch_timeout_s", batch_timeout_s, 0)
-        _check_positive("max_queue_size", max_queue_size)
-        _check_positive("prefetch_batches", prefetch_batches, 0)
-        _check_positive("max_concurrent_batches", max_concurrent_batches)
-        _check_positive("bucket_width", bucket_width)
-        _check_positive("padding_slack", padding_slack, 0)
-        if process_timeout_s is not None:
-            _check_positive("process_timeout_s", process_timeout_s, 0)
-        if priority_aging_s is not None and not priority_aging_s > 0:
-            raise ValueError(f"priority_aging_s must be > 0 or None, got {priority_aging_s!r}")
-        if not 0 < priority_yield <= 1:
-            raise ValueError(f"priority_yield must be in (0, 1], got {priority_yield!r}")
-        if bulk_slots is not None:
-            _check_positive("bulk_slots", bulk_slots)
-        if bulk_batch_cost is not None:
-            _check_positive("bulk_batch_cost", bulk_batch_cost)
-        if isinstance(bulk_thread_nice, bool) or bulk_thread_nice not in range(20):
-            raise ValueError(
-                f"bulk_thread_nice must be an int in [0, 19], got {bulk_thread_nice!r}"
-            )
-        if oversize not in ("alone", "reject"):
-            raise ValueError(f"oversize must be 'alone' or 'reject', got {oversize!r}")
-        if on_error not in ("bisect", "fail_batch"):
-            raise ValueError(f"on_error must be 'bisect' or 'fail_batch', got {on_error!r}")
+        if policy is not None and not isinstance(policy, BatchPolicy):
+            raise TypeError(f"policy must be a batchline.BatchPolicy, got {type(policy).__name__}")
+        # the keywords given (Flyte's way) win over the policy's fields; validated there
+        policy = (policy or _DEFAULT_POLICY).given(
+            target_batch_cost=target_batch_cost,
+            max_batch_size=max_batch_size,
+            min_batch_size=min_batch_size,
+            batch_timeout_s=batch_timeout_s,
+            max_queue_size=max_queue_size,
+            prefetch_batches=prefetch_batches,
+            default_cost=default_cost,
+            max_concurrent_batches=max_concurrent_batches,
+            oversize=oversize,
+            on_error=on_error,
+            process_timeout_s=process_timeout_s,
+            padding_aware=padding_aware,
+            bucket_width=bucket_width,
+            padding_slack=padding_slack,
+            priority_aging_s=priority_aging_s,
+            mix_priorities=mix_priorities,
+            priority_yield=priority_yield,
+            bulk_slots=bulk_slots,
+            bulk_thread_nice=bulk_thread_nice,
+            bulk_batch_cost=bulk_batch_cost,
+        )
+        if policy.padding_aware is None:
+            policy = policy.replace(padding_aware=self._padding_aware_default)
         if device is None:
             if weight != 1.0:
                 raise ValueError(f"weight={weight!r} needs a device: pass device=Device(...)")
@@ -258,6 +208,7 @@ class DynamicBatcher(Generic[T, R]):
                     "Device(clock=...) the same clock, and leave the batcher's out"
                 )
 
+        self._policy = policy
         self._process_fn = process_fn
         self._is_async = inspect.iscoroutinefunction(process_fn) or (
             inspect.iscoroutinefunction(getattr(process_fn, "__call__", None))  # noqa: B004
@@ -265,36 +216,35 @@ class DynamicBatcher(Generic[T, R]):
         # the same function, typed as what it is when it runs in a worker thread
         self._sync_fn = cast(Callable[[list[T]], Sequence[R]], process_fn)
         self._cost = CostResolver(
-            default_cost=default_cost, cost_estimator=cost_estimator, use_tokens=self._use_tokens
+            default_cost=policy.default_cost,
+            cost_estimator=cost_estimator,
+            use_tokens=self._use_tokens,
         )
-        self._target_batch_cost = target_batch_cost
-        self._max_batch_size = max_batch_size
-        self._min_batch_size = min_batch_size
-        self._batch_timeout_s = float(batch_timeout_s)
-        self._max_queue_size = max_queue_size
-        self._prefetch_batches = prefetch_batches
-        self._capacity = admission_capacity(
-            max_queue_size=max_queue_size,
-            prefetch_batches=prefetch_batches,
-            max_batch_size=max_batch_size,
-        )
-        self._slots = max_concurrent_batches
-        self._oversize = oversize
-        self._on_error = on_error
-        self._process_timeout_s = process_timeout_s
-        self._padding_aware = padding_aware
-        self._bucket_width = bucket_width
-        self._padding_slack = padding_slack
+        # the policy's fields, copied to attributes: the dispatch loop reads them per batch
+        self._target_batch_cost = policy.target_batch_cost
+        self._max_batch_size = policy.max_batch_size
+        self._min_batch_size = policy.min_batch_size
+        self._batch_timeout_s = float(policy.batch_timeout_s)
+        self._max_queue_size = policy.max_queue_size
+        self._prefetch_batches = policy.prefetch_batches
+        self._capacity = policy.queue_capacity
+        self._slots = policy.max_concurrent_batches
+        self._oversize = policy.oversize
+        self._on_error = policy.on_error
+        self._process_timeout_s = policy.process_timeout_s
+        self._padding_aware = bool(policy.padding_aware)
+        self._bucket_width = policy.bucket_width
+        self._padding_slack = policy.padding_slack
         self._clock: Clock = clock if clock is not None else LoopClock()
         self.name = name
         self._device = device
         self._member = device._attach(self, weight) if device is not None else None
 
         self._state = State.NEW
-        self._priority_aging_s = priority_aging_s
-        self._mix_priorities = mix_priorities
-        self._priority_yield = priority_yield
-        self._bulk_batch_cost = bulk_batch_cost or target_batch_cost
+        self._priority_aging_s = policy.priority_aging_s
+        self._mix_priorities = policy.mix_priorities
+        self._priority_yield = policy.priority_yield
+        self._bulk_batch_cost = policy.bulk_batch_cost or policy.target_batch_cost
         self._queue = self._new_queue()
         self._seq = itertools.count()
         self._stats = StatsRecorder()
@@ -305,7 +255,10 @@ class DynamicBatcher(Generic[T, R]):
         self._space_waiters: list[asyncio.Future[None]] = []
         self._stop_task: asyncio.Task[None] | None = None
         self._lanes = Slots(  # a batch frees its slot as soon as process_fn returns
-            max_concurrent_batches, bulk_slots, bulk_thread_nice, bulk_batch_cost is not None
+            policy.max_concurrent_batches,
+            policy.bulk_slots,
+            policy.bulk_thread_nice,
+            policy.bulk_batch_cost is not None,
         )
         self._hold_timer: TimerHandle | None = None
         self._started_at = 0.0
@@ -326,6 +279,11 @@ class DynamicBatcher(Generic[T, R]):
     def queue_depth(self) -> int:
         """Records queued and not yet dispatched (at most ``queue_capacity``)."""
         return self._queue.size
+
+    @property
+    def policy(self) -> BatchPolicy:
+        """The settings this batcher runs with (``padding_aware`` resolved)."""
+        return self._policy
 
     @property
     def target_batch_cost(self) -> int:

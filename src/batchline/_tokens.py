@@ -16,6 +16,7 @@ from typing import Literal, TypeVar
 from batchline._batcher import DynamicBatcher, ProcessFn
 from batchline._clock import Clock
 from batchline._device import Device
+from batchline._policy import UNSET, BatchPolicy, Unset
 
 __all__ = ["Prompt", "TokenBatcher"]
 
@@ -37,7 +38,11 @@ class TokenBatcher(DynamicBatcher[T, R]):
     """A ``DynamicBatcher`` whose budget is in tokens; drop-in for Flyte's ``TokenBatcher``.
 
     The batch function is ``inference_fn``, or ``process_fn`` (Flyte's other name for it;
-    as in Flyte, ``inference_fn`` wins when both are given).
+    as in Flyte, ``inference_fn`` wins when both are given). Settings come as for
+    ``DynamicBatcher`` (``policy=BatchPolicy(...)`` and/or keywords); ``target_batch_tokens``
+    and ``default_token_estimate`` are the token spellings of the policy's
+    ``target_batch_cost`` and ``default_cost``, and ``padding_aware`` is on unless the policy
+    or a keyword says otherwise.
 
     Token count precedence: ``estimated_tokens`` > ``token_estimator(record)`` >
     ``record.estimate_tokens()`` > ``record.estimate_cost()`` > ``default_token_estimate``.
@@ -48,38 +53,40 @@ class TokenBatcher(DynamicBatcher[T, R]):
     """
 
     _use_tokens = True
+    _padding_aware_default = True
 
     def __init__(
         self,
         inference_fn: ProcessFn[T, R] | None = None,
         *,
         process_fn: ProcessFn[T, R] | None = None,
+        policy: BatchPolicy | None = None,
         token_estimator: Callable[[T], int] | None = None,
         cost_estimator: Callable[[T], int] | None = None,
         target_batch_tokens: int | None = None,
-        target_batch_cost: int = 32_000,
+        target_batch_cost: int | Unset = UNSET,
         default_token_estimate: int | None = None,
-        default_cost: int = 1,
-        max_batch_size: int = 256,
-        min_batch_size: int = 1,
-        batch_timeout_s: float = 0.05,
-        max_queue_size: int = 5_000,
-        prefetch_batches: int = 2,
-        max_concurrent_batches: int = 1,
-        oversize: Literal["alone", "reject"] = "alone",
-        on_error: Literal["bisect", "fail_batch"] = "bisect",
-        process_timeout_s: float | None = None,
-        padding_aware: bool = True,
-        bucket_width: int = 8,
-        padding_slack: int = 16,
+        default_cost: int | Unset = UNSET,
+        max_batch_size: int | Unset = UNSET,
+        min_batch_size: int | Unset = UNSET,
+        batch_timeout_s: float | Unset = UNSET,
+        max_queue_size: int | Unset = UNSET,
+        prefetch_batches: int | Unset = UNSET,
+        max_concurrent_batches: int | Unset = UNSET,
+        oversize: Literal["alone", "reject"] | Unset = UNSET,
+        on_error: Literal["bisect", "fail_batch"] | Unset = UNSET,
+        process_timeout_s: float | Unset | None = UNSET,
+        padding_aware: bool | Unset | None = UNSET,
+        bucket_width: int | Unset = UNSET,
+        padding_slack: int | Unset = UNSET,
         device: Device | None = None,
         weight: float = 1.0,
-        priority_aging_s: float | None = 10.0,
-        mix_priorities: bool = False,
-        priority_yield: float = 0.5,
-        bulk_slots: int | None = None,
-        bulk_thread_nice: int = 0,
-        bulk_batch_cost: int | None = None,
+        priority_aging_s: float | Unset | None = UNSET,
+        mix_priorities: bool | Unset = UNSET,
+        priority_yield: float | Unset = UNSET,
+        bulk_slots: int | Unset | None = UNSET,
+        bulk_thread_nice: int | Unset = UNSET,
+        bulk_batch_cost: int | Unset | None = UNSET,
         clock: Clock | None = None,
         name: str = "token-batcher",
     ) -> None:
@@ -92,18 +99,20 @@ class TokenBatcher(DynamicBatcher[T, R]):
             )
         super().__init__(
             fn,
+            policy=policy,
             cost_estimator=token_estimator if token_estimator is not None else cost_estimator,
+            # the token names are Flyte's spelling of the policy's cost fields, and win
             target_batch_cost=(
                 target_batch_tokens if target_batch_tokens is not None else target_batch_cost
+            ),
+            default_cost=(
+                default_token_estimate if default_token_estimate is not None else default_cost
             ),
             max_batch_size=max_batch_size,
             min_batch_size=min_batch_size,
             batch_timeout_s=batch_timeout_s,
             max_queue_size=max_queue_size,
             prefetch_batches=prefetch_batches,
-            default_cost=(
-                default_token_estimate if default_token_estimate is not None else default_cost
-            ),
             max_concurrent_batches=max_concurrent_batches,
             oversize=oversize,
             on_error=on_error,

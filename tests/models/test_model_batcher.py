@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Sequence
 
 import pytest
@@ -84,3 +85,19 @@ def test_an_image_models_bulk_lane_reads_its_tokens_as_pictures_too() -> None:
 
     asyncio.run(go())
     assert model.sizes == [per_batch, per_batch]
+
+
+def test_the_knobs_policy_is_passed_to_the_batcher_whole() -> None:
+    knobs = Knobs(sessions=1, max_concurrent_batches=2, target_batch_tokens=300, bulk_slots=1)
+    text = _Recorder("text")
+    text.info = dataclasses.replace(text.info, cost_kind="padded")
+    padded = ModelBatcher(text, knobs)
+    assert padded.batcher.policy == knobs.policy(
+        padding_slack=4, bucket_width=2, padding_aware=True
+    )
+    image = ModelBatcher(_Recorder("image"), knobs.replace(bulk_batch_tokens=900))
+    assert image.batcher.policy.target_batch_cost == 300 // PICTURE_TOKENS
+    assert image.batcher.policy.bulk_batch_cost == 900 // PICTURE_TOKENS
+    assert image.batcher.policy.padding_aware is False  # additive: a plain DynamicBatcher
+    baseline = ModelBatcher(_Recorder("text"), knobs.replace(batching=False)).batcher.policy
+    assert (baseline.max_batch_size, baseline.max_concurrent_batches) == (1, 2)

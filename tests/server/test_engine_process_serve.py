@@ -44,7 +44,7 @@ async def test_the_routes_answer_through_the_engine_process(tiny_folder: Path) -
     )
     app = create_app(settings)
     async with client_on(app) as client:
-        served = app.state.server.generators["gen"]
+        served = app.state.server.registry.get("gen")
         assert served.info.details["engine_process"] is True
         body = {"model": "gen", "prompt": "hello", "max_tokens": 5, "temperature": 0}
         r = await client.post("/v1/completions", json={**body, "ignore_eos": True})

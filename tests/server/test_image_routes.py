@@ -428,7 +428,7 @@ async def test_decode_processes_are_sized_from_measurement_or_set(
                     "drain_timeout_s": 5.0, "decode_workers": set_to}  # fmt: skip
         app = create_app(ServerSettings.model_validate(settings))
         async with client_on(app) as client:
-            pictures = app.state.server.models["vit"].pictures
+            pictures = app.state.server.registry.get("vit").pictures
             pool = pictures.pool
             assert pool.workers == (set_to or os.cpu_count())
             for _ in range(9):  # 36 pictures in 9 batches at least: enough to size the pool

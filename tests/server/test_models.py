@@ -169,7 +169,7 @@ async def test_models_lists_every_model_with_its_task() -> None:
             ("pred", "predict"),
             ("rec", "predict"),
         ]
-        assert set(app.state.server.batchers()) == {"emb", "clf", "pred", "rec"}
+        assert set(app.state.server.registry.batchers()) == {"emb", "clf", "pred", "rec"}
         r = await client.get("/ready")
         assert r.json()["models"] == ["emb", "clf", "pred", "rec"]
 
@@ -309,7 +309,7 @@ async def test_embed_and_classify_over_oip() -> None:
 async def test_oip_rows_from_concurrent_clients_share_batches() -> None:
     doubler = Doubler(gated=True)
     async with several(doubler=doubler) as (client, app):
-        batcher = app.state.server.batchers()["pred"]
+        batcher = app.state.server.registry.batchers()["pred"]
         first = asyncio.ensure_future(
             client.post("/v2/models/pred/infer", json=_infer_body([[0, 1]]))
         )
@@ -334,7 +334,7 @@ async def test_a_full_queue_is_429_all_or_nothing_and_per_model() -> None:
     async with several(
         doubler=doubler, max_queue_size=2, max_batch_size=1, max_inputs_per_request=2
     ) as (client, app):
-        batcher = app.state.server.batchers()["pred"]
+        batcher = app.state.server.registry.batchers()["pred"]
         capacity = batcher.queue_capacity
         blocker = asyncio.ensure_future(
             client.post("/v2/models/pred/infer", json=_infer_body([[0, 0]]))
@@ -365,7 +365,7 @@ async def test_a_full_queue_is_429_all_or_nothing_and_per_model() -> None:
         emb = asyncio.ensure_future(
             client.post("/v1/embeddings", json={"input": ["a", "b"], "model": "emb"})
         )
-        emb_batcher = app.state.server.batchers()["emb"]
+        emb_batcher = app.state.server.registry.batchers()["emb"]
         await wait_for(lambda: emb_batcher.queue_depth == 2)
         assert not emb.done()
         doubler.gate.set()
@@ -403,17 +403,17 @@ async def test_several_models_share_one_device_with_their_weights(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from batchline import Device
-    from batchline.server import state as state_module
+    from batchline.server import batcher as batcher_module
     from batchline.server.app import CPU_RESERVE_S
 
     calls: list[tuple[object, object]] = []
-    real_engine = state_module.ModelBatcher
+    real_engine = batcher_module.ModelBatcher
 
     def engine(model: Any, knobs: Any, **kwargs: Any) -> Any:
         calls.append((kwargs["device"], kwargs["weight"]))
         return real_engine(model, knobs, **kwargs)
 
-    monkeypatch.setattr(state_module, "ModelBatcher", engine)
+    monkeypatch.setattr(batcher_module, "ModelBatcher", engine)
     async with several(
         model=["emb=default", "clf=m:clf"], model_weights={"clf": 2.5}, sessions=2
     ) as (client, app):
@@ -424,13 +424,13 @@ async def test_several_models_share_one_device_with_their_weights(
         assert device.slots == 2
         assert device.reserve_s == CPU_RESERVE_S > 0  # on a CPU: room for a light model
         assert (w_emb, w_clf) == (1.0, 2.5)
-        assert all(b.device is device for b in app.state.server.batchers().values())
+        assert all(b.device is device for b in app.state.server.registry.batchers().values())
         text = (await client.get("/metrics")).text
         assert 'batchline_device_wait_seconds_total{model="clf"} 0.0' in text
     calls.clear()
     async with several(model=["emb=default"]) as (_client, app):  # one model: its own slots
         assert calls == [(None, 1.0)]
-        assert app.state.server.batchers()["emb"].device is None
+        assert app.state.server.registry.batchers()["emb"].device is None
 
 
 async def test_oip_probes_are_open_and_inference_needs_the_key() -> None:

@@ -65,8 +65,9 @@ async def test_generate_models_are_served_beside_batch_models() -> None:
             ("gen", "generate"),
         ]
         assert (await client.get("/ready")).json()["models"] == ["emb", "gen"]
-        assert set(app.state.server.generators) == {"gen"}
-        assert set(app.state.server.models) == {"emb"}
+        registry = app.state.server.registry
+        assert {g.name for g in registry.generators()} == {"gen"}
+        assert {m.name for m in registry.models()} == {"emb"}
 
         prompts = ["2 + 2 =", "the sky is"]
         r = await client.post("/generate", json={"prompts": prompts, "max_tokens": 5})

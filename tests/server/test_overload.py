@@ -20,7 +20,7 @@ pytestmark = pytest.mark.anyio
 async def test_concurrent_requests_share_batches() -> None:
     fake = FakeEmbedder(gated=True)
     async with serving(fake) as (client, app):
-        batcher = app.state.server.batchers()["fake"]
+        batcher = app.state.server.registry.batchers()["fake"]
         blocker = asyncio.ensure_future(client.post("/v1/embeddings", json={"input": "first"}))
         await wait_for(lambda: batcher.stats.in_flight_batches == 1)
         others = [
@@ -40,7 +40,7 @@ async def test_full_queue_is_429_with_retry_after_and_queues_nothing() -> None:
     async with serving(
         fake, max_queue_size=3, max_batch_size=1, max_inputs_per_request=3, retry_after_s=2
     ) as (client, app):
-        batcher = app.state.server.batchers()["fake"]
+        batcher = app.state.server.registry.batchers()["fake"]
         # the core's admission rule: max_queue_size plus (prefetch_batches + 1) batches
         capacity = batcher.queue_capacity
         assert capacity == 3 + 3 * 1
@@ -70,7 +70,7 @@ async def test_full_queue_is_429_with_retry_after_and_queues_nothing() -> None:
 async def test_timeout_is_504_and_withdraws_queued_records() -> None:
     fake = FakeEmbedder(gated=True)
     async with serving(fake, request_timeout_s=0.3) as (client, app):
-        batcher = app.state.server.batchers()["fake"]
+        batcher = app.state.server.registry.batchers()["fake"]
         blocker = asyncio.ensure_future(client.post("/v1/embeddings", json={"input": "a"}))
         await wait_for(lambda: batcher.stats.in_flight_batches == 1)
         r = await client.post("/v1/embeddings", json={"input": ["b", "c", "d"]})
@@ -92,7 +92,7 @@ async def test_client_disconnect_withdraws_queued_records() -> None:
     fake = FakeEmbedder(gated=True)
     app = create_app(settings(), load_model=loader(fake))
     async with app.router.lifespan_context(app):
-        batcher = app.state.server.batchers()["fake"]
+        batcher = app.state.server.registry.batchers()["fake"]
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
             blocker = asyncio.ensure_future(client.post("/v1/embeddings", json={"input": "a"}))
@@ -230,7 +230,7 @@ async def test_shutdown_drains_queued_work() -> None:
     async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
         stack = contextlib.AsyncExitStack()
         await stack.enter_async_context(app.router.lifespan_context(app))
-        batcher = app.state.server.batchers()["fake"]
+        batcher = app.state.server.registry.batchers()["fake"]
         first = asyncio.ensure_future(client.post("/v1/embeddings", json={"input": "t"}))
         await wait_for(lambda: batcher.stats.in_flight_batches == 1)
         pending = [

@@ -18,7 +18,7 @@ async def _queued_order(
 ) -> list[int]:
     """Hold the one slot with a blocker, queue ``requests`` (each ``{"input", "priority"?,
     "headers"?}``) in order, open the gate: the token counts of the batches after the blocker."""
-    batcher = app.state.server.batchers()["fake"]
+    batcher = app.state.server.registry.batchers()["fake"]
     blocker = asyncio.ensure_future(client.post("/v1/embeddings", json={"input": "first"}))
     await wait_for(lambda: batcher.stats.in_flight_batches == 1)
     pending = []
@@ -108,7 +108,7 @@ async def test_a_batch_request_runs_in_a_slot_of_its_own_beside_interactive_ones
     # serve's preset: a bulk slot per session, so one session runs two batches at once
     fake = FakeEmbedder(gated=True)
     async with serving(fake, max_batch_size=1, sessions=1) as (client, app):
-        batcher = app.state.server.batchers()["fake"]
+        batcher = app.state.server.registry.batchers()["fake"]
         bulk = asyncio.ensure_future(
             client.post("/v1/embeddings", json={"input": "b b b", "priority": "batch"})
         )

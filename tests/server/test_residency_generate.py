@@ -68,7 +68,7 @@ async def test_a_generate_model_loads_on_its_first_completion_and_makes_room_as_
         r = await client.post("/v1/embeddings", json={"input": "x y", "model": "emb"})
         assert r.status_code == 200  # gen is idle: evicted for emb
         assert gen.closed
-        assert "gen" not in app.state.server.generators
+        assert app.state.server.registry.get("gen") is None
         assert states((await client.get("/v1/models")).json()) == {
             "emb": ("embed", "resident"),
             "gen": ("generate", "unloaded"),
@@ -95,7 +95,7 @@ async def test_a_streaming_generate_model_is_not_evicted_until_its_stream_ends()
             model.engine.gate.set()
 
     async with client_on(app, release) as client:
-        residency = app.state.server.residency
+        residency = app.state.server.registry.residency
         busy = asyncio.ensure_future(complete(client, "hello", 5, stream=True))
         await wait_for(lambda: loaded and residency.state("gen").value == "resident")
         waiting = asyncio.ensure_future(

@@ -84,7 +84,7 @@ async def test_the_servers_own_memory_comes_off_the_budget(memory: ProcessMemory
     # 1000 of a 1900 budget is the server's own: 900 is left, a first load needs its peak 800
     memory.grows.update(a=400, b=400)
     async with client_on(app_on(memory, "1900", "ab")) as client:
-        residency = client._transport.app.state.server.residency  # type: ignore[attr-defined]
+        residency = client._transport.app.state.server.registry.residency  # type: ignore[attr-defined]
         assert residency.reserved_bytes == 1000
         for name in "ab":
             r = await client.post("/v1/embeddings", json={"model": name, "input": "x"})

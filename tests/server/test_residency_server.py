@@ -61,7 +61,7 @@ async def test_a_busy_model_is_not_evicted_the_load_waits_for_it_to_go_idle() ->
     fake = FakeEmbedder(gated=True)
     app = create_app(on_demand(), load_model=loader(fake))
     async with client_on(app, release=fake.gate.set) as client:
-        residency = app.state.server.residency
+        residency = app.state.server.registry.residency
         busy = asyncio.ensure_future(embed(client, "a"))  # held in its batch by the gate
         await wait_for(lambda: fake.batches or residency.state("a").value == "resident")
         waiting = asyncio.ensure_future(embed(client, "b"))
@@ -79,7 +79,7 @@ async def test_a_load_that_finds_no_room_in_time_is_a_504() -> None:
     # gc.collect() takes a few hundred ms in a process as large as the whole test run's
     app = create_app(on_demand(request_timeout_s=2.0), load_model=loader(FakeEmbedder()))
     async with client_on(app) as client:
-        residency = app.state.server.residency
+        residency = app.state.server.registry.residency
         await residency.acquire("a")  # as a long request would hold it
         r = await embed(client, "b")
         assert r.status_code == 504
@@ -155,12 +155,12 @@ async def test_oip_readiness_and_metadata_of_an_on_demand_model() -> None:
     async with client_on(app) as client:
         r = await client.get("/v2/models/b/ready")
         assert (r.status_code, r.json()["ready"]) == (200, True)  # loadable: ready
-        assert app.state.server.residency.state("b").value == "unloaded"
+        assert app.state.server.registry.residency.state("b").value == "unloaded"
         r = await client.get("/v2/models/b")  # its tensors: loaded for the answer
         assert r.status_code == 200
         assert r.json()["name"] == "b"
-        assert app.state.server.residency.state("b").value == "resident"
-        assert [s.active for s in app.state.server.residency.stats()] == [0, 0]  # released
+        assert app.state.server.registry.residency.state("b").value == "resident"
+        assert [s.active for s in app.state.server.registry.residency.stats()] == [0, 0]  # released
 
 
 async def test_requests_waiting_for_a_load_are_bounded_by_the_queue_size() -> None:
@@ -174,7 +174,7 @@ async def test_requests_waiting_for_a_load_are_bounded_by_the_queue_size() -> No
 
     app = create_app(on_demand(max_queue_size=3, max_inputs_per_request=2), load_model=slow)
     async with client_on(app, release=gate.set) as client:
-        residency = app.state.server.residency
+        residency = app.state.server.registry.residency
         waiting = [asyncio.ensure_future(embed(client, "a")) for _ in range(3)]
         await wait_for(lambda: residency.active("a") == 3)
         r = await embed(client, "a")
@@ -201,7 +201,7 @@ async def test_without_a_budget_every_model_is_the_registrys_pinned_and_loaded_a
     fake = FakeEmbedder()
     app = create_app(on_demand(memory_budget=None), load_model=loader(fake))
     async with client_on(app) as client:
-        residency = app.state.server.residency
+        residency = app.state.server.registry.residency
         held = {s.name: (s.state.value, s.pinned) for s in residency.stats()}
         assert held == {"a": ("resident", True), "b": ("resident", True)}
         assert (await embed(client, "b")).status_code == 200
@@ -223,5 +223,5 @@ async def test_without_a_budget_a_failed_load_stops_the_start_with_its_own_error
     with pytest.raises(ValueError, match="cut short"):
         async with client_on(app):
             pass
-    residency = app.state.server.residency
+    residency = app.state.server.registry.residency
     assert {s.name: s.state.value for s in residency.stats()} == {"a": "unloaded", "b": "unloaded"}

@@ -242,7 +242,7 @@ async def test_unknown_route_and_method() -> None:
 async def test_no_batching_mode_serves_the_same_vectors() -> None:
     fake = FakeEmbedder()
     async with serving(fake, batching=False, baseline_batch_size=2) as (client, app):
-        assert app.state.server.batchers() == {}
+        assert app.state.server.registry.batchers() == {}
         texts = [f"t {i}" for i in range(5)]
         r = await client.post("/v1/embeddings", json={"input": texts})
         assert r.status_code == 200

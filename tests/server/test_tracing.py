@@ -117,7 +117,7 @@ async def test_the_trace_of_an_incoming_traceparent_is_continued() -> None:
 async def test_requests_that_share_a_batch_carry_its_id_and_size() -> None:
     fake = FakeEmbedder(gated=True)
     async with traced(fake) as (client, exporter, app):
-        batcher = app.state.server.models["fake"].batcher
+        batcher = app.state.server.registry.get("fake").batcher
         first = asyncio.create_task(client.post("/v1/embeddings", json={"input": "a"}))
         await wait_for(lambda: batcher.stats.in_flight_batches == 1)  # held on the gate
         others = [
@@ -229,13 +229,13 @@ async def test_a_streamed_completion_is_traced_to_its_last_event() -> None:
 
 def test_work_outside_a_traced_request_makes_no_spans() -> None:
     """The Batch API's lines run through the same served model, under no request span."""
-    from batchline.server.state import _Job
+    from batchline.server.batcher import Job
     from batchline.server.tracing import mark_batch, trace_jobs
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    jobs = [_Job("item", 3, 0.0)]
+    jobs = [Job("item", 3, 0.0)]
     mark_batch(jobs, 0.5, [3], padded=True)
     trace_jobs(tracing_for(provider), jobs)
     provider.shutdown()

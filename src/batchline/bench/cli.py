@@ -14,8 +14,14 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from batchline._flags import flag_name
 from batchline.datasets.selection import add_text_column_argument
-from batchline.knobs import SHARED_HELP, add_deprecated_flag, add_device_argument
+from batchline.knobs import (
+    SHARED_HELP,
+    add_deprecated_flag,
+    add_device_argument,
+    add_generation_knob_arguments,
+)
 from batchline.models.selection import ModelSelection, add_model_arguments, model_options
 
 if TYPE_CHECKING:
@@ -118,6 +124,8 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.set_defaults(func=_bench_main)
 
 
+#: The generation knobs bench --task generate takes, each the knob's own flag.
+_BENCH_KNOBS = ("kv_token_budget", "max_running_sequences", "dtype", "max_step_tokens")
 #: bench's text-generation flags: dest -> flag (refused without --task generate)
 _GENERATE_FLAGS = {
     "requests": "--requests",
@@ -127,10 +135,7 @@ _GENERATE_FLAGS = {
     "max_new": "--max-new",
     "generators": "--generators",
     "threads": "--threads",
-    "kv_token_budget": "--kv-token-budget",
-    "max_running_sequences": "--max-running-sequences",
-    "dtype": "--dtype",
-    "max_step_tokens": "--max-step-tokens",
+    **{name: flag_name(name) for name in _BENCH_KNOBS},
 }
 
 
@@ -167,22 +172,15 @@ def _add_generate_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="torch intra-op threads on CPU (default: every core in float32, one in bfloat16)",
     )
-    g.add_argument(
-        "--kv-token-budget",
-        type=int,
-        metavar="N",
-        help="KV-cache positions of the batched generators (default: max running sequences x "
-        "(longest prompt + --max-new))",
+    add_generation_knob_arguments(
+        g,
+        _BENCH_KNOBS,
+        more={
+            "kv_token_budget": "bench: of the batched generators (default: max running "
+            "sequences x (longest prompt + --max-new))",
+            "max_running_sequences": "bench: continuous's cap (default 16)",
+        },
     )
-    g.add_argument(
-        "--max-running-sequences",
-        type=int,
-        metavar="N",
-        help="sequences generated at once: a static batch's size, continuous's cap (16)",
-    )
-    from batchline.jobs.cli import add_torch_generation_arguments
-
-    add_torch_generation_arguments(g)
 
 
 def _add_tune(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

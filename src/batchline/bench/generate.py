@@ -63,6 +63,7 @@ from batchline.bench.generate_results import (
 from batchline.bench.loadgen import Counters, LoadPoint, parse_load, run_closed, run_open
 from batchline.bench.runner import Say, environment
 from batchline.bench.stats import Sample, poisson_arrivals
+from batchline.knobs import GenerationDtype
 from batchline.models.generation import (
     Completion,
     Detokenizer,
@@ -132,7 +133,7 @@ class GenerateBenchOptions:
     threads: int | None = None  # None: the engine's default (load.engine_threads)
     max_running_sequences: int = 16
     kv_token_budget: int | None = None
-    dtype: str = "auto"
+    dtype: GenerationDtype = "auto"
     max_step_tokens: int | None = None  # None: Knobs' default
     seed: int = 0
     warmup: bool = True

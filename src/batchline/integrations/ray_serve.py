@@ -311,7 +311,8 @@ def _set_stats(
 ) -> None:
     from batchline.server.metrics import record_outcomes
 
-    for name, model in list(state.models.items()):
+    for model in state.registry.models():
+        name = model.name
         stats = model.stats()
         if stats is None:  # the baseline has no batcher
             continue

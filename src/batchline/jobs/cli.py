@@ -15,8 +15,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from batchline._errors import InputError
+from batchline._flags import field_flag
 from batchline.datasets.selection import add_dataset_arguments, dataset_options
-from batchline.knobs import SHARED_HELP, Knobs, add_knob_arguments
+from batchline.knobs import (
+    GENERATION,
+    SHARED_HELP,
+    TORCH,
+    VLLM,
+    Knobs,
+    add_generation_knob_arguments,
+    add_knob_arguments,
+    knob_names,
+)
 from batchline.models.selection import add_model_arguments, model_options
 
 if TYPE_CHECKING:
@@ -117,13 +127,8 @@ _GENERATION_FLAGS = {
     "no_prefix_ordering": "--no-prefix-ordering",
     "prompt_column": "--prompt-column",
     "response_format": "--response-format",
-    "generation_batching": "--generation-batching",
-    "max_running_sequences": "--max-running-sequences",
-    "start_running_sequences": "--start-running-sequences",
-    "kv_token_budget": "--kv-token-budget",
-    "generation_backend": "--generation-backend",
-    "dtype": "--dtype",
-    "max_step_tokens": "--max-step-tokens",
+    # every generation knob's flag (built from its field: batchline.knobs)
+    **{name: field_flag(Knobs, name) for name in knob_names(GENERATION, TORCH, VLLM)},
 }
 
 
@@ -185,55 +190,13 @@ def _add_generation_arguments(p: argparse.ArgumentParser) -> None:
         help="submit prompts in input order (default: each window of 2,048 prompts grouped by "
         "shared prefix, so that the prefix cache serves them; outputs stay in input order)",
     )
-    g.add_argument(
-        "--generation-batching",
-        choices=["continuous", "static"],
-        help="continuous (default): sequences join and leave between steps; static: a batch "
-        "runs until its last sequence ends (--no-batching: one at a time)",
-    )
-    g.add_argument(
-        "--max-running-sequences",
-        type=int,
-        help="sequences generated at once, at most (64; a static batch's size)",
-    )
-    g.add_argument(
-        "--start-running-sequences",
-        type=int,
-        metavar="N",
-        help="continuous batching on the torch backend: the running cap starts at N (16) and, "
-        "while prompts wait, rises towards --max-running-sequences as long as one more row's "
-        "measured cost in a decode step is at most 0.8 of an average row's; N >= "
-        "--max-running-sequences: a fixed cap",
-    )
-    g.add_argument(
-        "--kv-token-budget",
-        type=int,
-        help="KV-cache positions (prompt + max_tokens of running sequences), at most (16384)",
-    )
-    g.add_argument(
-        "--generation-backend",
-        choices=["torch", "vllm"],
-        help=SHARED_HELP["--generation-backend"],
-    )
-    add_torch_generation_arguments(g)
+    add_generation_knob_arguments(g)
 
 
 def add_torch_generation_arguments(g: argparse._ActionsContainer) -> None:
-    """``--dtype`` and ``--max-step-tokens`` (the torch backend's knobs; run, serve, bench)."""
-    g.add_argument(
-        "--dtype",
-        choices=["auto", "float32", "bfloat16"],
-        help="what the torch backend computes in: auto (default: bfloat16 on a CPU with native "
-        "bf16 or a CUDA device with it, else float32), float32 (greedy equals transformers' "
-        "generate) or bfloat16",
-    )
-    g.add_argument(
-        "--max-step-tokens",
-        type=int,
-        metavar="N",
-        help="tokens one decode step takes at most, decodes first, longer prompts prefilled "
-        "in chunks (512)",
-    )
+    """``--dtype`` and ``--max-step-tokens`` alone (the name other commands used; the knob
+    flags now come from :func:`batchline.knobs.add_generation_knob_arguments`)."""
+    add_generation_knob_arguments(g, ("dtype", "max_step_tokens"))
 
 
 def _add_image_arguments(p: argparse.ArgumentParser) -> None:
@@ -330,10 +293,8 @@ def _knobs(args: argparse.Namespace) -> Knobs:
     if "sessions" in changes and "max_concurrent_batches" not in changes:
         changes["max_concurrent_batches"] = changes["sessions"]
     changes.update({k: v for k, v in vars(args).items() if k in names and v is not None})
-    if args.sessions is not None:
+    if args.sessions is not None and args.max_concurrent_batches is None:
         changes["max_concurrent_batches"] = args.sessions
-    if args.no_batching:
-        changes["batching"] = False
     return knobs.replace(**changes)
 
 

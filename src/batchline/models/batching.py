@@ -1,7 +1,8 @@
 """``ModelBatcher``: any model behind batching, or behind the single-shared-session baseline.
 
 ``run``, ``serve``, ``bench``, ``tune`` and the Ray replicas build their batcher here, from one
-:class:`~batchline.knobs.Knobs`, so what ``tune`` measures is what ``serve`` runs.
+:class:`~batchline.knobs.Knobs`, so what ``tune`` measures is what ``serve`` runs: the knobs'
+:meth:`~batchline.knobs.Knobs.policy` goes to the batcher whole (a ``BatchPolicy``).
 
 - batching: a ``TokenBatcher`` (``padded`` models: a batch costs ``len(batch) × longest``,
   length-grouped) or a ``DynamicBatcher`` (``additive``), ``target_batch_tokens`` budget (an
@@ -31,6 +32,7 @@ from typing import Any, Generic, TypeVar
 
 from batchline._batcher import DynamicBatcher, ProcessFn
 from batchline._device import Device
+from batchline._policy import BatchPolicy
 from batchline._stats import BatchStats
 from batchline._threads import lower_thread_priority
 from batchline._tokens import TokenBatcher
@@ -63,52 +65,40 @@ class ModelBatcher(Generic[P, R]):
         self.model = model
         self.knobs = knobs
         label = name or model.info.name
-        shared: dict[str, Any] = {
-            "max_concurrent_batches": knobs.max_concurrent_batches,
-            "max_queue_size": knobs.max_queue_size,
-        }
-        if device is not None:
-            shared.update(device=device, weight=weight)
+        attach: dict[str, Any] = {} if device is None else {"device": device, "weight": weight}
         self._padded = knobs.batching and model.info.cost_kind == "padded"
         run: ProcessFn[P, R] = model.run_batch
         if thread_nice and not inspect.iscoroutinefunction(run):
             run = _niced(run, thread_nice)
         self._batcher: DynamicBatcher[P, R]
         if not knobs.batching:
+            # the baseline: one record per call, on as many slots as the knobs say
+            baseline = BatchPolicy(
+                max_batch_size=1,
+                max_concurrent_batches=knobs.max_concurrent_batches,
+                max_queue_size=knobs.max_queue_size,
+            )
             self._batcher = DynamicBatcher(
-                run, max_batch_size=1, name=f"{label}-no-batching", **shared
+                run, policy=baseline, name=f"{label}-no-batching", **attach
             )
             return
-        batching = {
-            "max_batch_size": knobs.max_batch_size,
-            "min_batch_size": min(knobs.min_batch_size, knobs.max_batch_size),
-            "batch_timeout_s": knobs.batch_timeout_s,
-            "mix_priorities": knobs.mix_priorities,
-            "priority_yield": knobs.priority_yield,
-            "bulk_slots": knobs.bulk_slots,
-            "bulk_thread_nice": knobs.bulk_thread_nice,
-            "bulk_batch_cost": (
-                None
-                if knobs.bulk_batch_tokens is None
-                else _batch_cost(model.info, knobs.bulk_batch_tokens)
-            ),
-            "name": label,
-            **shared,
-        }
+        bulk = knobs.bulk_batch_tokens
+        policy = knobs.policy(
+            bulk_batch_cost=None if bulk is None else _batch_cost(model.info, bulk),
+            padding_slack=padding_slack,
+            bucket_width=bucket_width,
+        )
         if self._padded:
-            self._batcher = TokenBatcher(
-                run,
-                target_batch_tokens=knobs.target_batch_tokens,
-                padding_slack=padding_slack,
-                bucket_width=bucket_width,
-                **batching,
-            )
+            self._batcher = TokenBatcher(run, policy=policy, name=label, **attach)
         else:
             self._batcher = DynamicBatcher(
                 run,
+                policy=policy.replace(
+                    target_batch_cost=_batch_cost(model.info, knobs.target_batch_tokens)
+                ),
                 cost_estimator=model.cost,
-                target_batch_cost=_batch_cost(model.info, knobs.target_batch_tokens),
-                **batching,
+                name=label,
+                **attach,
             )
 
     @property

@@ -2,8 +2,10 @@
 load, and the memory its backend's runtime adds once per process.
 
 What a memory budget admits a load on (``batchline.server.residency``). Each backend has its
-rule, measured once on the models it serves and written down here; a model of no known
-backend (``module:factory``) estimates 0, and its first load measures it.
+rule (its :class:`~batchline.models.backend.Backend` ``footprint``: ``onnx_footprint`` in
+``models/onnx/backend.py``, the generators' in ``models/generation/backend.py``), measured
+once on the models it serves and written down here; a model whose backend does not know
+(``module:factory``, a Hugging Face text folder) estimates 0, and its first load measures it.
 
 ONNX (``PATH.onnx`` and the built-in embedder), measured 2026-11-27 on all-MiniLM-L6-v2 (an
 86 MiB graph) with ONNX Runtime 1.31, CPU, RSS before and after ``load_model`` and its peak
@@ -33,10 +35,12 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass
-from pathlib import Path
+from typing import cast
 
 from batchline.knobs import Knobs
+from batchline.models.backend import Footprint
+from batchline.models.protocol import Task
+from batchline.models.registry import BACKENDS
 from batchline.models.specs import ModelSpec
 
 __all__ = ["Footprint", "estimate_footprint", "runtime_bytes"]
@@ -47,47 +51,15 @@ _MIB = 1 << 20
 RUNTIME_BYTES = {"onnx": 64 * _MIB, "torch": 363 * _MIB}
 #: The module whose presence says the runtime is loaded already.
 _RUNTIME_MODULE = {"onnx": "onnxruntime", "torch": "torch"}
-#: An ONNX model's memory beside its graph's copies: tokenizer and session arenas for a text
-#: model, arenas for a tensor model.
-_ONNX_TEXT_EXTRA_BYTES = 70 * _MIB
-_ONNX_TENSOR_EXTRA_BYTES = 8 * _MIB
-
-
-@dataclass(frozen=True, slots=True)
-class Footprint:
-    """A model's expected memory: what it holds once loaded, what its load needs at its peak,
-    and the runtime it loads (``""``: none known)."""
-
-    steady_bytes: int
-    peak_bytes: int
-    runtime: str = ""
 
 
 def estimate_footprint(spec: ModelSpec, knobs: Knobs, task: str | None = None) -> Footprint:
     """The footprint of ``spec`` loaded with ``knobs`` for ``task`` (default: the spec's
-    own), from its files (see the module docstring); zeros when its files are not there yet
-    (the load will say what is missing)."""
-    if spec.generates:
-        folder = _generator_folder(spec)
-        weights = _size(folder)
-        if not weights or folder is None:
-            return Footprint(0, 0)
-        steady = 2 * weights + _kv_bytes(folder / "config.json", knobs)
-        return Footprint(steady, steady + weights // 4, "torch")
-    if spec.kind == "python":
-        return Footprint(0, 0)
-    graph = _size(_onnx_file(spec))
-    if not graph:
-        return Footprint(0, 0)
-    task = task or spec.task or spec.builtin_task
-    sessions = knobs.sessions if knobs.batching else 1
-    if task == "embed" and knobs.batching and knobs.solo_intra_op_threads:
-        sessions += 1  # an embedder's solo session (models/onnx/embed.py)
-    extra = _ONNX_TENSOR_EXTRA_BYTES if task == "predict" else _ONNX_TEXT_EXTRA_BYTES
-    if _image_folder(spec) and not _text_tower(spec, task):
-        extra = _ONNX_TENSOR_EXTRA_BYTES
-    steady = graph * sessions + extra
-    return Footprint(steady, steady + graph // 4, "onnx")
+    own), as the backend that claims it estimates it from its files (see the module
+    docstring); zeros when its files are not there yet (the load will say what is missing)."""
+    resolved = task or spec.task or spec.builtin_task
+    # a task name from the caller's table: the backends' rules compare it, never trust it
+    return BACKENDS.claiming(spec, knobs).footprint(spec, knobs, cast("Task | None", resolved))
 
 
 def runtime_bytes(runtimes: Iterable[str]) -> int:
@@ -97,66 +69,3 @@ def runtime_bytes(runtimes: Iterable[str]) -> int:
         for r in set(runtimes)
         if r in _RUNTIME_MODULE and _RUNTIME_MODULE[r] not in sys.modules
     )
-
-
-def _onnx_file(spec: ModelSpec) -> Path | None:
-    if spec.kind == "builtin":
-        try:
-            from batchline.models.onnx.minilm import weights_dir
-
-            return weights_dir() / "model.safetensors"  # the graph holds these, as float32
-        except Exception:  # the weights package is missing: the load will say so
-            return None
-    if _image_folder(spec):
-        assert spec.folder is not None
-        return spec.folder.weights
-    return spec.path if spec.kind == "onnx" else None
-
-
-def _image_folder(spec: ModelSpec) -> bool:
-    return spec.kind == "hf" and spec.folder is not None and spec.folder.image is not None
-
-
-def _text_tower(spec: ModelSpec, task: str | None) -> bool:
-    """A two-tower image folder loaded for texts (``models/image/load.py``)."""
-    two_towers = spec.folder is not None and spec.folder.image == "two-tower"
-    return two_towers and task == "embed" and spec.input_kind != "image"
-
-
-def _generator_folder(spec: ModelSpec) -> Path | None:
-    if spec.kind == "builtin":
-        from batchline.models.generation.smollm2 import converted_folder
-
-        return converted_folder()  # float32 safetensors, once converted (the GGUF is Q4)
-    return spec.path if spec.kind in ("hf", "gguf") else None
-
-
-def _kv_bytes(config: Path, knobs: Knobs) -> int:
-    """A generator's KV cache: vLLM's ``kv_cache_gib`` (1 GiB on CPU by default), else
-    ``kv_token_budget`` positions of the shape its ``config.json`` gives (0 where it does
-    not say)."""
-    import json
-
-    if knobs.generation_backend == "vllm":
-        return int((knobs.kv_cache_gib or 1) * (1 << 30))
-
-    try:
-        c = json.loads(config.read_text(encoding="utf-8"))
-        layers = int(c["num_hidden_layers"])
-        heads = int(c["num_attention_heads"])
-        kv_heads = int(c.get("num_key_value_heads") or heads)
-        head_dim = int(c.get("head_dim") or int(c["hidden_size"]) // heads)
-    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
-        return 0
-    width = 2 if knobs.dtype in ("bfloat16", "float16") else 4  # auto: float32 where no bf16
-    return 2 * layers * kv_heads * head_dim * width * knobs.kv_token_budget
-
-
-def _size(path: Path | None) -> int:
-    """A file's size (with torch.onnx's external ``.data`` beside it), or a folder's."""
-    if path is None or not path.exists():
-        return 0
-    if path.is_file():
-        data = path.with_name(path.name + ".data")
-        return path.stat().st_size + (data.stat().st_size if data.is_file() else 0)
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())

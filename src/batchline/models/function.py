@@ -13,6 +13,10 @@ Example (``mymod.py``; then ``batchline run data.jsonl --model mymod:factory -o 
         def score(records):
             return [{"length": len(r["text"])} for r in records]
         return score
+
+:data:`PYTHON` is this kind's backend: its task is ``predict``, it cannot tell its memory
+before the load, and its results have no identity (its code is not a file read as its
+model), so they are never cached.
 """
 
 from __future__ import annotations
@@ -22,9 +26,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import cast
 
 from batchline._errors import InputError
-from batchline.models.protocol import BatchModel, ModelInfo
+from batchline.knobs import Knobs
+from batchline.models.backend import UNKNOWN, Backend, Footprint, Identity, Loaded
+from batchline.models.protocol import BatchModel, ModelInfo, Task
+from batchline.models.specs import ModelSpec, import_factory
 
-__all__ = ["FunctionModel", "as_model", "to_jsonable"]
+__all__ = ["PYTHON", "FunctionModel", "as_model", "to_jsonable"]
 
 BatchFn = Callable[[list[object]], Sequence[object] | Awaitable[Sequence[object]]]
 
@@ -105,3 +112,33 @@ def to_jsonable(value: object) -> object:
         f"a result of type {type(value).__name__} cannot be written out; return JSON-able "
         "values (dict, list, str, numbers, numpy arrays)"
     )
+
+
+def _claims(spec: ModelSpec, knobs: Knobs) -> bool:
+    return spec.kind == "python"
+
+
+def _load(spec: ModelSpec, knobs: Knobs) -> Loaded:
+    return as_model(import_factory(spec.source), name=spec.name)
+
+
+def _footprint(spec: ModelSpec, knobs: Knobs, task: Task | None) -> Footprint:
+    return UNKNOWN
+
+
+def _identity(spec: ModelSpec, knobs: Knobs | None) -> Identity | None:
+    return None
+
+
+def _task(spec: ModelSpec) -> Task | None:
+    return "predict" if spec.kind == "python" else None
+
+
+PYTHON = Backend(
+    name="python",
+    claims=_claims,
+    load=_load,
+    footprint=_footprint,
+    identity=_identity,
+    task=_task,
+)

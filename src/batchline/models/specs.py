@@ -10,9 +10,9 @@ Spec kinds:
   from ``config.json``'s ``id2label`` beside it or ``labels=``) or ``predict`` (tensors in,
   tensors out). Without a task, a model with an ``input_ids`` input embeds, any other predicts;
 - ``PATH/`` — a local Hugging Face model folder, read for what it is
-  (``batchline.models.hf.detect``): a sentence-transformers embedder, a sequence classifier, a
-  cross-encoder (task ``score``), a plain encoder (``embed``), a folder with ``model.onnx``
-  (the ``PATH.onnx`` path with the folder's tokenizer and config), a causal LM (task
+  (``batchline.models.common.folder``): a sentence-transformers embedder, a sequence
+  classifier, a cross-encoder (task ``score``), a plain encoder (``embed``), a folder with
+  ``model.onnx`` (the ``PATH.onnx`` path with the folder's tokenizer and config), a causal LM (task
   ``generate``, loaded by ``batchline.models.generation.load``), or an image model (an image
   classifier, CLIP/SigLIP, DINOv2: ``batchline.models.image``);
 - ``module:factory`` — the user's own Python: ``factory()`` returns a :class:`BatchModel`, or
@@ -35,8 +35,8 @@ from typing import Literal, get_args
 
 from batchline._errors import InputError
 from batchline.models.builtin import BUILTIN_MODELS
-from batchline.models.hf.detect import FolderModel, detect_folder
-from batchline.models.image.options import ImageOptions
+from batchline.models.common.folder import FolderModel, detect_folder
+from batchline.models.common.image_options import ImageOptions
 from batchline.models.protocol import TASKS, Task
 
 __all__ = ["ModelSpec", "Pooling", "SpecKind", "parse_spec", "parse_specs"]

@@ -15,7 +15,9 @@ Example::
 
 The routes and where a request can end: :mod:`batchline.server.app`. Layout: ``app``
 (create_app and the lifespan), ``gate`` (pure-ASGI auth, drain, body, disconnects), ``errors``,
-``state`` (server state, served models and generators), ``routes/`` (one module per route
+``state`` (server state), ``registry`` (the one registry the routes ask for a model),
+``served`` (a served model and a served generator: what a route may use), ``batcher`` (a
+batch model's batcher and its metrics hook), ``routes/`` (one module per route
 family, the Open Inference Protocol's among them; its codec is :mod:`batchline.oip`),
 ``metrics`` and ``generation_metrics``, ``residency`` (on-demand models), ``runner``
 (uvicorn, SIGTERM drain), ``settings``, ``schemas`` (request and response bodies).
@@ -31,8 +33,9 @@ if TYPE_CHECKING:
     from batchline.server.app import LoadGenerator, LoadModel, create_app
     from batchline.server.errors import ApiError
     from batchline.server.runner import serve
+    from batchline.server.served import ServedGenerator, ServedModel
     from batchline.server.settings import API_KEY_ENV, ServerSettings, load_config
-    from batchline.server.state import ServedGenerator, ServedModel, ServerState
+    from batchline.server.state import ServerState
 
 __all__ = [
     "API_KEY_ENV",
@@ -56,8 +59,8 @@ __getattr__ = lazy_exports(
         "ApiError": "errors",
         "LoadGenerator": "app",
         "LoadModel": "app",
-        "ServedGenerator": "state",
-        "ServedModel": "state",
+        "ServedGenerator": "served",
+        "ServedModel": "served",
         "ServerSettings": "settings",
         "ServerState": "state",
         "create_app": "app",

@@ -79,13 +79,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 
 from batchline._device import Device
-from batchline._residency import ModelLoadError
 from batchline._tracing import tracing_for, tracing_from_env
 from batchline.knobs import Knobs
 from batchline.models.protocol import BatchModel
@@ -93,25 +92,19 @@ from batchline.models.specs import ModelSpec
 from batchline.server.errors import install_error_handlers
 from batchline.server.gate import Gate
 from batchline.server.metrics import ServerMetrics
-from batchline.server.residency import build_residency
+from batchline.server.registry import LoadGenerator, LoadModel
 from batchline.server.routes import include_routes
 from batchline.server.settings import ServerSettings
-from batchline.server.state import Served, ServedGenerator, ServedModel, ServerState
+from batchline.server.state import ServerState
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
 
-    from batchline.models.generation import GenerationModel
     from batchline.server.batches.runner import BatchService
 
 __all__ = ["LoadGenerator", "LoadModel", "create_app", "drain"]
 
 logger = logging.getLogger("batchline.server")
-
-#: ``load_model(spec, knobs) -> BatchModel``: how the app loads each served batch model.
-LoadModel = Callable[[ModelSpec, Knobs], BatchModel[object, object]]
-#: ``load_generator(spec, knobs) -> GenerationModel``: how it loads each generate model.
-LoadGenerator = Callable[[ModelSpec, Knobs], "GenerationModel"]
 
 
 def create_app(
@@ -137,8 +130,8 @@ def create_app(
             (:mod:`batchline._tracing`, :mod:`batchline.server.tracing`).
 
     ``app.state.server`` is the :class:`ServerState` (the one thing the app keeps in
-    ``app.state``): its ``models`` map each batch model's name to its :class:`ServedModel`,
-    its ``generators`` each generate model's name to its :class:`ServedGenerator`.
+    ``app.state``); its ``registry`` (:class:`~batchline.server.registry.ModelRegistry`)
+    loads the models and hands them to the routes.
 
     Example::
 
@@ -163,93 +156,17 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        specs = settings.specs
         knobs = settings.knobs if settings.knobs.batching else settings.baseline_knobs
-        batch_names = [s.name for s in specs if not s.generates]
+        batch_names = [s.name for s in settings.specs if not s.generates]
         device = _shared_device(settings, knobs, batch_names) if settings.knobs.batching else None
-
-        async def load_served(spec: ModelSpec) -> ServedModel[object, object]:
-            model = await asyncio.to_thread(loader, spec, knobs)
-            served: ServedModel[object, object] = ServedModel(
-                spec.name,
-                model,
-                settings,
-                knobs,
-                metrics.for_model(spec.name),
-                device=device,
-                weight=settings.model_weights.get(spec.name, 1.0),
-                tracing=tracing,
-            )
-            metrics.watch(spec.name, served.stats)
-            try:
-                await served.start()
-            except BaseException:
-                model.close()
-                raise
-            batching = "batching" if settings.knobs.batching else "no batching"
-            logger.info("model %s ready (%s, %s)", spec.name, served.task, batching)
-            return served
-
-        async def load_generator(spec: ModelSpec) -> ServedGenerator:
-            # settings.knobs, not the baseline's: batching=False is one sequence at a time,
-            # on the same threads (a second torch thread only slows a 2-core CPU)
-            gen_model = await asyncio.to_thread(gen_loader, spec, settings.knobs)
-            generator = ServedGenerator(spec.name, gen_model, metrics.generation, tracing=tracing)
-            try:
-                await generator.start()
-            except BaseException:
-                gen_model.close()
-                raise
-            logger.info(
-                "model %s ready (generate, %s, %s)",
-                spec.name,
-                generator.info.details.get("batching", "batching"),
-                getattr(gen_model, "dtype", "") or "dtype not reported",
-            )
-            return generator
-
-        async def load_managed(spec: ModelSpec) -> Served:
-            if spec.generates:
-                generator = await load_generator(spec)
-                state.generators[spec.name] = generator
-                return generator
-            served = await load_served(spec)
-            state.models[spec.name] = served
-            return served
-
-        async def unload_managed(served: Served) -> None:
-            if isinstance(served, ServedGenerator):
-                state.generators.pop(served.name, None)
-                metrics.generation.forget(served.name)  # holds no reference to it
-            else:
-                state.models.pop(served.name, None)
-                metrics.watch(served.name, lambda: None)  # holds no reference to it
-            await served.stop(timeout_s=settings.drain_timeout_s)
-
-        # One registry: every model is the residency's; without a budget each is pinned and
-        # loaded now, in order, and a failed load stops the start with its own error.
-        on_demand = settings.memory_budget is not None
-        state.managed = {s.name: _task_of(s) for s in specs}
-        residency = state.residency = build_residency(
-            settings,
-            list(specs),
-            load_managed,
-            unload_managed,
-            metrics.residency_event if on_demand else None,
-            tasks=state.managed,
+        registry = state.registry
+        await registry.open(
+            metrics=metrics,
+            tracing=tracing,
+            load_model=loader,
+            load_generator=gen_loader,
+            device=device,
         )
-        if on_demand:
-            metrics.watch_residency(residency)
-        first = [*settings.pin, *settings.preload] if on_demand else [s.name for s in specs]
-        try:
-            for name in dict.fromkeys(first):
-                await residency.preload(name)
-        except BaseException as exc:
-            await residency.close()
-            if not on_demand and isinstance(exc, ModelLoadError) and exc.__cause__ is not None:
-                raise exc.__cause__ from None
-            raise
-        state.order[:] = [s.name for s in specs]
         if settings.host_names is None and not settings.allowed_hosts:
             logger.info(
                 "bound to every interface: any Host is accepted; --allowed-hosts NAMES limits "
@@ -264,7 +181,7 @@ def create_app(
             state.begin_drain()
             await batches.stop()  # unfinished batches resume on the next start
             await drain(state)
-            await residency.close()  # unloads (drains) every model
+            await registry.close()  # unloads (drains) every model
             if tracing is not None:
                 await asyncio.to_thread(tracing.shutdown)  # the last spans go out
 
@@ -316,7 +233,7 @@ async def drain(state: ServerState) -> None:
     state.begin_drain()
     if await state.wait_idle(state.settings.drain_timeout_s):
         return
-    generators = list(state.generators.values())
+    generators = state.registry.generators()
     await asyncio.gather(
         *(g.generator.stop(drain=False) for g in generators), return_exceptions=True
     )
@@ -375,14 +292,6 @@ def _default_generator_loader() -> LoadGenerator:
     from batchline.models.generation import load_text_generator
 
     return load_text_generator
-
-
-def _task_of(spec: ModelSpec) -> str:
-    """An on-demand model's task, known before it loads (``resolve_task`` reads an ``.onnx``
-    file's inputs, not its weights)."""
-    from batchline.models.loader import resolve_task
-
-    return resolve_task(spec)
 
 
 #: On a CPU, the device's last free slot is kept for a model that holds none and had a batch

@@ -11,7 +11,7 @@ from argparse import _SubParsersAction
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from batchline.knobs import SHARED_HELP, add_knob_arguments
+from batchline.knobs import add_deprecated_flag, add_generation_knob_arguments, add_knob_arguments
 from batchline.models.selection import TASK_HELP, add_model_spec_argument
 
 if TYPE_CHECKING:
@@ -135,21 +135,10 @@ def add_parser(subparsers: _SubParsersAction[argparse.ArgumentParser]) -> argpar
         help="the Batch API's quota per API key: files kept (default 1000); past it, 403",
     )
     add_knob_arguments(p)
-    p.add_argument(
-        "--max-queue",
-        type=int,
-        dest="max_queue_size",
-        help="records queued per model (max_queue_size); beyond: 429",
-    )
+    # the old spelling of --max-queue-size (a knob's flag is its field's name)
+    add_deprecated_flag(p, "--max-queue", "--max-queue-size", dest="max_queue_size", type=int)
     p.add_argument("--request-timeout-s", type=float, help="per-request timeout; beyond: 504")
-    from batchline.jobs.cli import add_torch_generation_arguments
-
-    add_torch_generation_arguments(p)
-    p.add_argument(
-        "--generation-backend",
-        choices=["torch", "vllm"],
-        help=SHARED_HELP["--generation-backend"],
-    )
+    add_generation_knob_arguments(p.add_argument_group("text generation (generate models)"))
     p.add_argument(
         "--memory-budget",
         metavar="SIZE",
@@ -237,7 +226,6 @@ def run(args: argparse.Namespace) -> int:
 
     # every flag named after a setting (its argparse destination) overrides the file
     overrides = {k: v for k, v in vars(args).items() if k in SETTING_NAMES}
-    overrides["batching"] = False if args.no_batching else None
     data = load_config(args.config) if args.config is not None else {}
     given = parse_set_options(args.set)
     check_setting_names(given, SETTING_NAMES, where="--set")

@@ -11,8 +11,10 @@ which a browser sends without asking; a POST with no body and no type passes), t
 size (413, on ``Content-Length`` and on the bytes actually read), a body that trickles in
 (408). It reads the body itself and hands it to the routes in one piece
 (``scope["batchline.body"]``), counts the requests in flight (what a drain waits for), and
-watches the connection of a request that lasts: a client that disconnects has its request
-task cancelled, which withdraws the request's queued records.
+watches the connection of a request that lasts, until its response is sent whole (a stream
+too): a client that disconnects has its request task cancelled, which withdraws the request's
+queued records, or aborts its sequences; no response follows (nobody would read it). This is
+the one place a disconnect is watched: no route reads ``receive`` for it.
 
 Several API keys may be accepted (``ServerSettings.api_keys``); the gate leaves the caller's
 identity in the scope (:data:`OWNER`: a digest of its key), which the Batch API's files and
@@ -27,14 +29,17 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+from typing import TypeVar
 
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from batchline.server.errors import error_response
-from batchline.server.residency import release_all
+from batchline.server.errors import error_response, validation_error
+from batchline.server.served import ServedModel
 from batchline.server.state import ServerState
 
-__all__ = ["OPEN_PATHS", "OWNER", "UPLOAD_PATH", "Gate", "cross_site", "owner_of"]
+__all__ = ["OPEN_PATHS", "OWNER", "UPLOAD_PATH", "Gate", "cross_site", "owner_of", "parse_body"]
 
 #: Paths that never need the API key nor count as work (probes and scrapes).
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/v2/health/live", "/v2/health/ready"})
@@ -53,6 +58,8 @@ UPLOAD_PATH = "/v1/files"
 _UPLOAD_FRAMING_BYTES = 64 * 1024
 # A request still running after this long starts watching for its client's disconnect.
 _WATCH_AFTER_S = 0.02
+
+M = TypeVar("M", bound=BaseModel)
 
 
 class Gate:
@@ -106,8 +113,9 @@ class Gate:
             return
         if st.draining or not st.ready:
             why = "the server is shutting down" if st.draining else "the model is not loaded yet"
-            if st.draining and st.models:
-                st.default_model.metrics.rejected("draining")
+            models = st.registry.models() if st.draining else []
+            if models:
+                models[0].metrics.rejected("draining")
             unavailable = error_response(
                 503,
                 f"{why}; retry on another replica or later",
@@ -137,7 +145,7 @@ class Gate:
             else:
                 await self.app(scope, receive, send)
         finally:
-            release_all(scope)  # the on-demand models this request held are idle again
+            st.registry.release(scope)  # the on-demand models this request held are idle again
             st._leave()
 
     async def _with_body(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -194,7 +202,7 @@ class Gate:
         delivered = False
         finished = False
         disconnected = False
-        response_started = False
+        response_sent = False  # its last byte (a stream's too) is handed to the server
         task = asyncio.current_task()
 
         async def replay() -> Message:
@@ -205,14 +213,15 @@ class Gate:
             return await receive()
 
         async def tracked_send(message: Message) -> None:
-            nonlocal response_started
-            response_started = True
+            nonlocal response_sent
             await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                response_sent = True
 
         async def watch() -> None:
             nonlocal disconnected
             message = await receive()
-            if message["type"] == "http.disconnect" and not finished and not response_started:
+            if message["type"] == "http.disconnect" and not finished and not response_sent:
                 disconnected = True
                 assert task is not None
                 task.cancel()
@@ -233,8 +242,8 @@ class Gate:
         except asyncio.CancelledError:
             assert task is not None
             if disconnected and task.uncancel() == 0:
-                served = self.state.models.get(scope.get("batchline.model", ""))
-                if served is not None:  # the model the route picked
+                served = self.state.registry.get(scope.get("batchline.model", ""))
+                if isinstance(served, ServedModel):  # the batch model the route picked
                     served.metrics.cancelled("disconnect")
                 return  # nobody is listening: no response
             raise
@@ -286,6 +295,20 @@ class Gate:
                 raise
         if over and not started:
             await too_large(scope, receive, send)
+
+
+async def parse_body(request: Request, model: type[M]) -> M:
+    """The body the gate read, validated as ``model``; a 422 that never echoes the input."""
+    body = request.scope.get("batchline.body")
+    if body is None:
+        body = await request.body()
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        errors = exc.errors(include_input=False, include_url=False, include_context=False)
+        for err in errors:
+            err["loc"] = ("body", *err["loc"])
+        raise validation_error(errors) from None
 
 
 def owner_of(scope: Scope) -> str:

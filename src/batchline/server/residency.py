@@ -36,9 +36,10 @@ machine loses to it), so a peak RSS within the budget is what it promises:
 Generate models are managed alike (their generator starts at the load and drains at the
 unload); a vLLM engine's memory is counted too, as it runs in a child process of the server.
 
-What a request does (``routes``): ``await use_model(...)`` acquires the model (loading it as
-needed) and leaves a release in the request's scope, which the gate calls when the response
-is done, so a model is busy (never evicted) from a request's pick to its last byte.
+What a request does: the registry's ``acquire`` (:mod:`batchline.server.registry`) takes the
+model (loading it as needed, :func:`use_served`) and leaves a release in the request's scope,
+which the gate gives back (``ModelRegistry.release``) when the response is done, so a model is
+busy (never evicted) from a request's pick to its last byte.
 """
 
 from __future__ import annotations
@@ -70,7 +71,6 @@ __all__ = [
     "RELEASES",
     "build_residency",
     "memory_in_use",
-    "release_all",
     "return_memory",
     "total_memory",
     "use_served",
@@ -346,9 +346,3 @@ async def use_served(
         raise ApiError(503, str(exc), "service_unavailable") from None
     scope.setdefault(RELEASES, []).append(lambda: residency.release(name, turn=True))
     return served
-
-
-def release_all(scope: Scope) -> None:
-    """Give back every model a request acquired (the gate, when the response is done)."""
-    for release in scope.pop(RELEASES, ()):
-        release()

@@ -216,7 +216,7 @@ def test_capped_attention_is_transformers_eager_for_decoding_rows_and_a_join() -
     from batchline.models.generation.kv_slots import Geometry, SlotStore
     from batchline.models.generation.packed_attention import (
         Join,
-        StepPlan,
+        PassPlan,
         causal_mask,
         packed_attention,
     )
@@ -244,7 +244,7 @@ def test_capped_attention_is_transformers_eager_for_decoding_rows_and_a_join() -
     def no_kernel(*args: Any) -> Any:
         pytest.fail("decode_attention='sdpa': the rows attend through capped_attention")
 
-    plan = StepPlan(store, 3, first, [join], decode_attention="sdpa", decode_kernel=no_kernel)
+    plan = PassPlan(store, 3, first, [join], decode_attention="sdpa", decode_kernel=no_kernel)
     query, key, value = rand(1, heads, 7, dim), rand(1, kv_heads, 7, dim), rand(1, kv_heads, 7, dim)
     out, _ = packed_attention(
         attention, query, key, value, None, scaling=scaling, batchline_step=plan, softcap=cap

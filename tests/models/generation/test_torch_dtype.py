@@ -61,7 +61,7 @@ def test_packed_bf16_linears_give_the_same_outputs(torch_threads: None) -> None:
     pytest.importorskip("transformers")
     if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         pytest.skip("this CPU's oneDNN has no bf16")  # fp32 packs anywhere oneDNN runs
-    from batchline.models.generation.packed_linear import PackedLinear
+    from batchline.models.common.packed_linear import PackedLinear
     from batchline.models.generation.torch_dtype import pack_linear_weights
 
     from .conftest import build_tiny_llama

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from batchline._errors import InputError
-from batchline.models.hf.detect import detect_folder
+from batchline.models.common.folder import detect_folder
 from batchline.models.specs import parse_spec, parse_specs
 from tests.models.hf.conftest import st_modules, write_json
 
@@ -346,7 +346,7 @@ def test_detection_and_the_face_import_nothing_heavy() -> None:
     """A PATH/ spec is read with the standard library: `--help` and parse_spec need no extra."""
     code = (
         "import sys, batchline.models.hf as hf, batchline.models.specs\n"
-        "assert hf.detect_folder.__module__ == 'batchline.models.hf.detect'\n"
+        "assert hf.detect_folder.__module__ == 'batchline.models.common.folder'\n"
         "heavy = {'numpy', 'onnx', 'onnxruntime', 'torch', 'transformers', 'tokenizers'}\n"
         "print(sorted(heavy & set(sys.modules)))\n"
     )

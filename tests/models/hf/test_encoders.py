@@ -120,8 +120,8 @@ def test_a_classifier_folder_gives_transformers_probabilities(
 def test_the_conversion_is_cached_and_keyed_by_the_weights(
     bert: Path, tmp_path: Path, hf_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from batchline.models.common.folder import detect_folder
     from batchline.models.hf import convert as convert_module
-    from batchline.models.hf.detect import detect_folder
     from batchline.models.onnx import bert as bert_module
 
     builds: list[Path] = []

@@ -4,7 +4,9 @@ Generation is batched at two levels, and this module is the seam between them:
 
 - a :class:`StepEngine` (sync, driven by one thread) holds the running sequences and their KV
   cache; :meth:`StepEngine.step` runs one forward pass for all of them (prefilling the ones
-  added since the last step) and returns one :class:`StepOutput` per running sequence;
+  added since the last step) and returns one :class:`StepOutput` per running sequence (the
+  torch engine splits a step in two: a :class:`~.step_scheduler.StepScheduler` plans it, the
+  engine executes the plan; see :mod:`.plan`);
 - a scheduler above it (``continuous.py``) decides *which* requests run: continuous batching
   adds queued requests between steps under a KV-token budget and a running-sequence cap;
   static batching adds a whole batch and steps until every sequence in it is done.

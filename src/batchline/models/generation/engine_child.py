@@ -54,8 +54,9 @@ from batchline._errors import (
     QueueFullError,
     RecordTooLargeError,
 )
-from batchline.models.generation.continuous import ContinuousGenerator, Update
+from batchline.models.generation.continuous import ContinuousGenerator
 from batchline.models.generation.engine import SamplingParams
+from batchline.models.generation.engine_generator import Update
 from batchline.models.generation.stream import GenerationStream, TextGenerator
 from batchline.models.protocol import ModelInfo
 

@@ -200,8 +200,8 @@ def load_gguf(
     from gguf import GGMLQuantizationType, dequantize
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
+    from batchline.models.common.torch_weights import quiet_transformers
     from batchline.models.generation.quant_linear import int4_planes_rows
-    from batchline.models.generation.smollm2 import quiet_transformers
 
     file = _read(path)
     arch = _architecture(file, path)

@@ -40,9 +40,9 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
+from batchline.models.common.packed_linear import PackedLinear
 from batchline.models.generation.decode_kernel import StepOps
-from batchline.models.generation.packed_attention import StepPlan, packed_attention
-from batchline.models.generation.packed_linear import PackedLinear
+from batchline.models.generation.packed_attention import PassPlan, packed_attention
 from batchline.models.generation.quant_linear import QuantLinear
 
 __all__ = [
@@ -324,7 +324,7 @@ class LeanForward:
         return (x * cos) + (torch.cat((x[..., half:], x[..., :half]), dim=-1) * signed_sin)
 
     def __call__(
-        self, ids: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor, plan: StepPlan
+        self, ids: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor, plan: PassPlan
     ) -> torch.Tensor:
         """``ids`` and ``positions``: ``(T,)``; ``keep``: the positions whose logits are wanted."""
         n, dim = ids.shape[0], self._head_dim

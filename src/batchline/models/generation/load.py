@@ -436,7 +436,7 @@ def _gguf_tokenizer(spec: ModelSpec) -> PreTrainedTokenizerBase:
         return _load_tokenizer(_model_folder(spec))
     from transformers import AutoTokenizer
 
-    from batchline.models.generation.smollm2 import quiet_transformers
+    from batchline.models.common.torch_weights import quiet_transformers
 
     path = Path(spec.source)
     with quiet_transformers():
@@ -461,7 +461,7 @@ def _model_folder(spec: ModelSpec) -> str:
 def _load_tokenizer(folder: str) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
 
-    from batchline.models.generation.smollm2 import quiet_transformers
+    from batchline.models.common.torch_weights import quiet_transformers
 
     try:
         with quiet_transformers():

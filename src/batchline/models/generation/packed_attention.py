@@ -33,7 +33,7 @@ from batchline.models.generation.kv_slots import SlotStore
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-__all__ = ["PACKED", "Join", "StepPlan", "capped_attention", "check_attention", "packed_attention"]
+__all__ = ["PACKED", "Join", "PassPlan", "capped_attention", "check_attention", "packed_attention"]
 
 
 @dataclass(slots=True)
@@ -67,7 +67,7 @@ def causal_mask(length: int, earlier: int, device: torch.device) -> torch.Tensor
 
 
 @dataclass(slots=True)
-class StepPlan:
+class PassPlan:
     """One forward pass over a packed input ``(1, T)``: a token for each of the first
     ``decoding`` rows, then the prompt pieces of ``joins``. Every layer writes the decoding
     rows' new keys and values at column ``hi`` of the store, and each piece's where its
@@ -88,19 +88,19 @@ class StepPlan:
     _mask: torch.Tensor | None = field(default=None, init=False, repr=False)
     _bias: torch.Tensor | None = field(default=None, init=False, repr=False)
     #: made on first use, once a step: the plan per sliding window, each join's banded mask
-    _windows: dict[int, StepPlan] = field(default_factory=dict, init=False, repr=False)
+    _windows: dict[int, PassPlan] = field(default_factory=dict, init=False, repr=False)
     _masks: dict[tuple[int, int], torch.Tensor] = field(
         default_factory=dict, init=False, repr=False
     )
 
-    def windowed(self, window: int) -> StepPlan:
+    def windowed(self, window: int) -> PassPlan:
         """The decoding rows as a layer with a sliding window of ``window`` positions sees them:
         each row's first column no earlier than ``hi + 1 - window`` (Mistral, Gemma 3)."""
         plan = self._windows.get(window)
         if plan is None:
             assert self.decode_first is not None
             first = self.decode_first.clamp(min=self.store.hi + 1 - window)
-            plan = StepPlan(
+            plan = PassPlan(
                 self.store,
                 self.decoding,
                 first,
@@ -152,10 +152,10 @@ def packed_attention(
     *,
     scaling: float | None = None,
     dropout: float = 0.0,
-    batchline_step: StepPlan | None = None,
+    batchline_step: PassPlan | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """transformers' attention seam for :class:`StepPlan` passes. Without a plan (the model
+    """transformers' attention seam for :class:`PassPlan` passes. Without a plan (the model
     used elsewhere) it is plain SDPA attention."""
     if batchline_step is None:
         return sdpa_attention_forward(
@@ -289,7 +289,7 @@ def check_attention(model: PreTrainedModel, probe: DynamicCache) -> None:
 # written), and returns (r, heads, head_dim). The window is left-padded to the longest row.
 
 DecodeAttention = Callable[
-    [torch.nn.Module, torch.Tensor, StepPlan, torch.Tensor, torch.Tensor, float | None],
+    [torch.nn.Module, torch.Tensor, PassPlan, torch.Tensor, torch.Tensor, float | None],
     torch.Tensor,
 ]
 
@@ -297,7 +297,7 @@ DecodeAttention = Callable[
 def _decode_sdpa(
     module: torch.nn.Module,
     query: torch.Tensor,
-    plan: StepPlan,
+    plan: PassPlan,
     keys: torch.Tensor,
     values: torch.Tensor,
     scaling: float | None,
@@ -322,7 +322,7 @@ def _decode_sdpa(
 def _decode_kernel(
     module: torch.nn.Module,
     query: torch.Tensor,
-    plan: StepPlan,
+    plan: PassPlan,
     keys: torch.Tensor,
     values: torch.Tensor,
     scaling: float | None,
@@ -342,7 +342,7 @@ def _decode_kernel(
 def _decode_transformers(
     module: torch.nn.Module,
     query: torch.Tensor,
-    plan: StepPlan,
+    plan: PassPlan,
     keys: torch.Tensor,
     values: torch.Tensor,
     scaling: float | None,

@@ -1,6 +1,9 @@
-"""Keys and values of prompt prefixes that recent prompts shared, kept for the prompts to come.
+"""Which prompt prefixes recent prompts shared, kept for the prompts to come.
 
-Used by :class:`~batchline.models.generation.torch_engine.TorchStepEngine`.
+The index is the scheduler's (:class:`~.kv_manager.KVManager` looks prompts up and decides
+what to keep); the keys and values of its entries live with the executor, under the same
+tokens (:class:`~batchline.models.generation.torch_engine.TorchStepEngine`). Nothing here
+imports torch.
 """
 
 from __future__ import annotations
@@ -9,16 +12,17 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
-
 __all__ = ["Prefix", "PrefixCache"]
 
 
 @dataclass(slots=True, eq=False)
 class Prefix:
+    """An entry: its tokens, and where its holder keeps them with it, its keys and values
+    per layer (the torch engine keeps them apart, under ``tokens``)."""
+
     tokens: tuple[int, ...]
-    keys: list[torch.Tensor]  # per layer, (1, kv_heads, len(tokens), head_dim)
-    values: list[torch.Tensor]
+    keys: Sequence[object] = ()
+    values: Sequence[object] = ()
 
 
 def _shared_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -49,6 +53,15 @@ class PrefixCache:
         self._recent: deque[tuple[int, ...]] = deque(maxlen=recent)
         self.hits = 0
         self.tokens_reused = 0
+
+    def copy(self) -> PrefixCache:
+        """An independent copy: a step plans on one and the scheduler keeps it once the step
+        has run, so that a failed step changes nothing."""
+        other = PrefixCache(self.max_tokens, min_tokens=self.min_tokens, recent=0)
+        other._entries = dict(self._entries)
+        other._recent = self._recent.copy()
+        other.hits, other.tokens_reused = self.hits, self.tokens_reused
+        return other
 
     def lookup(self, prompt: tuple[int, ...]) -> Prefix | None:
         """The longest entry ``prompt`` starts with and goes beyond, or None."""
@@ -84,10 +97,14 @@ class PrefixCache:
             return 0
         return 0 if prompt[:shared] in self._entries else shared
 
-    def keep(self, prefix: Prefix) -> None:
+    def keep(self, prefix: Prefix) -> list[tuple[int, ...]]:
+        """Keep ``prefix``; return the entries it evicted (least recently used first)."""
         self._entries[prefix.tokens] = prefix
         held = sum(len(t) for t in self._entries)
+        evicted = []
         while held > self.max_tokens:
             oldest = next(iter(self._entries))
             held -= len(oldest)
             del self._entries[oldest]
+            evicted.append(oldest)
+        return evicted

@@ -431,7 +431,7 @@ def quantize_linears(model: torch.nn.Module, kind: str, dtype: torch.dtype) -> Q
 def step_weight_bytes(model: torch.nn.Module) -> int:
     """The weight bytes a decode step reads: every linear's (int8/int4 codes and scales, dense
     weights, the lm_head's), the embedding's looked-up rows left out."""
-    from batchline.models.generation.packed_linear import PackedLinear
+    from batchline.models.common.packed_linear import PackedLinear
 
     total = 0
     for module in model.modules():

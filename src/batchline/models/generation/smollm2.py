@@ -26,7 +26,6 @@ import importlib.util
 import os
 import shutil
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,6 +34,7 @@ from typing import TYPE_CHECKING
 from batchline._cache import cache_dir, make_cache_folder
 from batchline._errors import ModelError
 from batchline._fsio import checkpoint
+from batchline.models.common.torch_weights import quiet_transformers
 
 if TYPE_CHECKING:
     import torch
@@ -230,37 +230,6 @@ def load_causal_lm(
     model.to(device)  # type: ignore[arg-type]
     model.eval()  # type: ignore[no-untyped-call]
     return model, tokenizer
-
-
-_quiet_lock = threading.Lock()
-_quiet_depth = 0
-_saved: tuple[bool, int] = (True, 0)
-
-
-@contextlib.contextmanager
-def quiet_transformers() -> Iterator[None]:
-    """No progress bars ("Loading weights: 100%") and only errors from transformers while a
-    model loads: run, serve and bench print their own progress. The first of overlapping
-    loads (threads) saves the settings, the last one restores them."""
-    global _quiet_depth, _saved
-    from transformers.utils import logging as hf_logging
-
-    with _quiet_lock:
-        if _quiet_depth == 0:
-            _saved = (hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity())
-            hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-            hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
-        _quiet_depth += 1
-    try:
-        yield
-    finally:
-        with _quiet_lock:
-            _quiet_depth -= 1
-            if _quiet_depth == 0:
-                bars, verbosity = _saved
-                hf_logging.set_verbosity(verbosity)
-                if bars:
-                    hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
 
 
 def load_smollm2(

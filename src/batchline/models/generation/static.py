@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING
 from batchline._clock import Clock
 from batchline._errors import BatcherClosedError, ModelError, QueueFullError
 from batchline._tokens import TokenBatcher
-from batchline.models.generation.continuous import EngineGenerator, Update, _check_min
 from batchline.models.generation.engine import SamplingParams, StepEngine
+from batchline.models.generation.engine_generator import EngineGenerator, Update, check_min
 from batchline.models.generation.stats import GenerationStats
 from batchline.models.generation.stream import (
     Detokenizer,
@@ -85,9 +85,9 @@ class StaticGenerator(EngineGenerator):
         clock: Clock | None = None,
         name: str = "static",
     ) -> None:
-        _check_min("max_batch_size", max_batch_size)
-        _check_min("kv_token_budget", kv_token_budget, 2)
-        _check_min("max_waiting", max_waiting)
+        check_min("max_batch_size", max_batch_size)
+        check_min("kv_token_budget", kv_token_budget, 2)
+        check_min("max_waiting", max_waiting)
         super().__init__(
             engine, detokenizer, kv_token_budget=kv_token_budget, clock=clock, name=name
         )

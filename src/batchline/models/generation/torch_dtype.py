@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from batchline._cpu import BF16_FLAGS, cpu_flags, host_kind
 from batchline.knobs import GENERATION_DTYPES, WEIGHT_FORMATS
+from batchline.models.common.torch_weights import pack_linear_weights
 
 if TYPE_CHECKING:
     import torch
@@ -162,38 +163,3 @@ def choose_weights(
             "float", "auto in float32: torch's int kernels took 4-25x a dense float32 linear"
         )
     return WeightsChoice("gguf", f"auto on this {name} CPU: {kind.measured}")
-
-
-def pack_linear_weights(model: torch.nn.Module) -> int:
-    """Replace ``model``'s fp32 and bf16 ``nn.Linear`` layers on CPU by ones whose weights are
-    packed once for oneDNN (the blocked layout its kernels want), and return how many. Nothing
-    changes on other devices, or without oneDNN (bf16: without its bf16 support).
-
-    bf16 outputs are the same bit for bit; fp32 ones differ in the last bits (another summation
-    order), and SmolLM2's greedy tokens still equal transformers' ``generate`` on the 22-prompt
-    test (tests/models/generation/test_smollm2.py). Measured on SmolLM2-135M, one core with
-    avx512_bf16, a 16-row decode step, in-process A/B on a busy machine: fp32 750 -> 520 ms,
-    bf16 198 -> 139 ms; the 49k-wide lm_head alone: fp32 116 -> 48 ms, bf16 10 -> 5.8 ms.
-    The model stays on CPU afterwards (packed weights do not move).
-    """
-    import torch
-
-    from batchline.models.generation.packed_linear import PackedLinear
-
-    dtypes = set()
-    if torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
-        dtypes.add(torch.float32)
-        if torch.ops.mkldnn._is_mkldnn_bf16_supported():
-            dtypes.add(torch.bfloat16)
-    swaps: list[tuple[torch.nn.Module, str, torch.nn.Linear]] = []
-    for parent in model.modules():
-        for name, child in parent.named_children():
-            if (
-                type(child) is torch.nn.Linear
-                and child.weight.dtype in dtypes
-                and child.weight.device.type == "cpu"
-            ):
-                swaps.append((parent, name, child))
-    for parent, name, child in swaps:
-        setattr(parent, name, PackedLinear(child))
-    return len(swaps)

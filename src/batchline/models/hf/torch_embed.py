@@ -30,8 +30,7 @@ from batchline._errors import InputError, ModelError
 from batchline._types import Vector
 from batchline.knobs import Knobs
 from batchline.models.hf.export import require_torch
-from batchline.models.onnx.embedder import TokenizedText
-from batchline.models.onnx.runtime import pad_sequences
+from batchline.models.onnx import TokenizedText, pad_sequences
 from batchline.models.protocol import ModelInfo
 
 __all__ = ["POOLINGS", "TorchEmbedder", "load_torch_embedder"]
@@ -188,7 +187,7 @@ def load_torch_embedder(
         )
     if device.type == "cpu":
         torch.set_num_threads(knobs.intra_op_threads)
-    from batchline.models.generation.smollm2 import quiet_transformers
+    from batchline.models.common.torch_weights import quiet_transformers
 
     try:
         with quiet_transformers():
@@ -200,7 +199,7 @@ def load_torch_embedder(
         raise ModelError(f"cannot load the embedder in {folder}: {exc}") from exc
     model.to(device).eval()
     if bf16 and device.type == "cpu":
-        from batchline.models.generation.torch_dtype import pack_linear_weights
+        from batchline.models.common.torch_weights import pack_linear_weights
 
         pack_linear_weights(model)
     config = model.config.get_text_config(decoder=True)

@@ -10,8 +10,10 @@ face costs nothing: the model names below load their module on first use.
   ``preprocessor_config.json``;
 - ``decode``: :class:`ImageRef` (where a picture's bytes are) and :func:`decode_image`;
 - ``pool``: :class:`DecodePool`, decode and preprocess in worker processes, bounded in bytes;
-- ``options``: :class:`ImageOptions`, a plain ONNX model's ``--image-size``/``--mean``/``--std``;
-- ``onnx_image``: the plain ONNX image model (loaded by ``models/loader.py``);
+- :class:`ImageOptions` (``models/common/image_options.py``, as the spec holds it): a plain
+  ONNX model's ``--image-size``/``--mean``/``--std``;
+- ``onnx_image``: the plain ONNX image model;
+- ``backend``: the image backend the registry holds (folders and a plain ``.onnx``);
 - ``hf_image`` and ``load``: the Hugging Face image folders (classifier, embedder, zero-shot).
 """
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from batchline._lazy import lazy_exports
+from batchline.models.common.image_options import ImageOptions
 from batchline.models.image.decode import (
     DEFAULT_MAX_PIXELS,
     IMAGE_SUFFIXES,
@@ -27,7 +30,6 @@ from batchline.models.image.decode import (
     TooManyPixelsError,
     decode_image,
 )
-from batchline.models.image.options import ImageOptions
 from batchline.models.image.pool import (
     Decoded,
     DecodeOptions,

@@ -23,13 +23,18 @@ import numpy as np
 
 from batchline._errors import InputError, ModelError
 from batchline.knobs import Knobs
+from batchline.models.common.image_options import ImageOptions
 from batchline.models.image.decode import DEFAULT_MAX_PIXELS, ImageRef, decode_image
-from batchline.models.image.options import ImageOptions
 from batchline.models.image.preprocess import ImagePreprocess
 from batchline.models.image.processor_config import preprocess_from_config, read_processor_config
-from batchline.models.onnx.classify import labels_from_config, softmax
-from batchline.models.onnx.runtime import OnnxModel, OnnxTensor
-from batchline.models.onnx.sessions import SessionModel, load_sessions_at
+from batchline.models.onnx import (
+    OnnxModel,
+    OnnxTensor,
+    SessionModel,
+    labels_from_config,
+    load_sessions_at,
+    softmax,
+)
 from batchline.models.protocol import ModelInfo, Task
 from batchline.models.specs import ModelSpec
 
@@ -193,6 +198,37 @@ def _folder_preprocess(spec: ModelSpec) -> ImagePreprocess | None:
     return preprocess_from_config(read_processor_config(folder))
 
 
+#: The mean and standard deviation most ImageNet-trained models were normalized with.
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+#: The evaluation crop's share of the resized picture (224 of 256: torchvision's and timm's).
+_CROP_SHARE = 0.875
+
+
+def flag_preprocess(options: ImageOptions, model_size: tuple[int, int] | None) -> ImagePreprocess:
+    """What the flags say (``--image-size``, ``--mean``, ``--std``): resize the shorter side
+    to ``size / 0.875``, center crop ``size`` x ``size``, rescale to [0, 1] and normalize
+    (ImageNet's mean and std unless given). ``model_size``: the model's fixed ``(H, W)``,
+    used when ``size`` is not given."""
+    if options.size is not None:
+        crop = (options.size, options.size)
+    elif model_size is not None:
+        crop = model_size
+    else:
+        raise InputError(
+            "the model's input size is not fixed in its graph: pass --image-size N (the "
+            "side of the square picture it was trained on, e.g. 224)"
+        )
+    return ImagePreprocess(
+        shortest_edge=max(1, round(min(crop) / _CROP_SHARE)),
+        crop_to=crop,
+        resample="bilinear",
+        rescale_factor=1 / 255,
+        mean=options.mean or IMAGENET_MEAN,
+        std=options.std or IMAGENET_STD,
+    )
+
+
 def _folder(spec: ModelSpec) -> Path:
     """The model's folder: the one its spec named (the graph may sit in its ``onnx/``), else
     the one holding the ``.onnx``."""
@@ -214,7 +250,7 @@ def load_image_model(spec: ModelSpec, knobs: Knobs) -> OnnxImageModel:
         )
     height, width = found.shape[2], found.shape[3]
     fixed = (height, width) if isinstance(height, int) and isinstance(width, int) else None
-    preprocess = _folder_preprocess(spec) or (spec.image or ImageOptions()).preprocess(fixed)
+    preprocess = _folder_preprocess(spec) or flag_preprocess(spec.image or ImageOptions(), fixed)
     task: Task = spec.task if spec.task in ("embed", "classify") else "embed"
     labels = spec.labels
     if labels is None and task == "classify":

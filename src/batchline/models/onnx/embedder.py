@@ -38,7 +38,7 @@ from batchline.models.specs import Pooling
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-    from batchline.models.hf.detect import DenseModule
+    from batchline.models.common.folder import DenseModule
 
 __all__ = [
     "DEFAULT_TARGET_BATCH_TOKENS",

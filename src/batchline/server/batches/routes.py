@@ -41,8 +41,8 @@ from batchline.server.batches.store import (
     now,
 )
 from batchline.server.errors import ApiError, bad_request
-from batchline.server.gate import owner_of
-from batchline.server.routes._common import parse_body, server_state
+from batchline.server.gate import owner_of, parse_body
+from batchline.server.state import server_state
 
 __all__ = ["BatchCreate", "router"]
 

@@ -69,15 +69,16 @@ from batchline.jobs.requests import (
     first_duplicate_custom_id,
 )
 from batchline.server.batches.store import FileRecord, Store, derived_file_id, now
-from batchline.server.state import ServedGenerator
+from batchline.server.served import ServedGenerator
 
 if TYPE_CHECKING:
     from batchline.datasets.outcomes import Written
     from batchline.datasets.sources import Record
     from batchline.knobs import Knobs
     from batchline.models.protocol import BatchModel
+    from batchline.server.served import ServedModel
     from batchline.server.settings import ServerSettings
-    from batchline.server.state import Served, ServedModel, ServerState
+    from batchline.server.state import ServerState
 
 __all__ = ["BatchService"]
 
@@ -350,8 +351,7 @@ class BatchService:
         self, names: BatchModels, kinds: set[str]
     ) -> AsyncIterator[tuple[ServedGenerator | None, dict[str, LineEngine]]]:
         """The served models the batch's lines need, acquired (on-demand ones) while it runs."""
-        state = self.state
-        residency = state.residency
+        registry = self.state.registry
         acquired: list[str] = []
         generator: ServedGenerator | None = None
         engines: dict[str, LineEngine] = {}
@@ -362,23 +362,18 @@ class BatchService:
                 name = getattr(names, kind)
                 if name is None:
                     continue  # every such line is an error naming what to serve
-                served: Served | None
-                if residency is not None and name in state.managed:
-                    served = await residency.acquire(name)
-                    acquired.append(name)
-                else:
-                    served = state.generators.get(name) or state.models.get(name)
+                served = await registry.claim(name)
                 if served is None:
                     continue
+                acquired.append(name)
                 if isinstance(served, ServedGenerator):
                     generator = served
                 else:
                     engines[kind] = _ServedLane(served, room)
             yield generator, engines
         finally:
-            if residency is not None:
-                for name in acquired:
-                    residency.release(name)
+            for name in acquired:
+                registry.unclaim(name)
 
     async def _finalize(self, owner: str, batch_id: str, final: str) -> None:
         """Write the output and error files (whole), then mark the batch ``final``."""
@@ -482,8 +477,9 @@ def _served_names(state: ServerState) -> BatchModels:
     """The models a batch's lines go to: the first served model of each kind (a line's
     ``body.model`` must name it, or name none)."""
     first: dict[str, str] = {}
-    for name in state.order:
-        task = state.task_of(name)
+    registry = state.registry
+    for name in registry.names():
+        task = registry.task_of(name)
         if task in ("generate", "embed", "score", "classify"):
             first.setdefault(task, name)
     return BatchModels(**first)

@@ -1,6 +1,7 @@
-"""What the routes share: request parsing from the gate's bytes, model lookup (batch and
-generate models alike), input checks, the one mapping from the ways a model call can end to
-HTTP errors, client-disconnect handling, and fast JSON encoders.
+"""What the routes share: request parsing from the gate's bytes, the typed model lookup (the
+registry's ``acquire``, narrowed to a batch or a generate model), input checks, the one
+mapping from the ways a model call can end to HTTP errors, and fast JSON encoders (a
+client's disconnect is the gate's: :mod:`batchline.server.gate`).
 
 (No ``from __future__ import annotations``: FastAPI reads route annotations at run time.)
 """
@@ -8,14 +9,13 @@ HTTP errors, client-disconnect handling, and fast JSON encoders.
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar, cast
 
 import numpy as np
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 from starlette.requests import Request
-from starlette.types import Receive
 
 from batchline._errors import BatcherClosedError, InputError, QueueFullError, RecordTooLargeError
 from batchline._priority import batcher_priority
@@ -26,31 +26,28 @@ from batchline.server.errors import (
     bad_request,
     safe_text,
     shutting_down,
-    validation_error,
 )
+from batchline.server.gate import parse_body
 from batchline.server.metrics import ModelMetrics
 from batchline.server.schemas import ErrorBody
+from batchline.server.served import ServedGenerator, ServedModel
 from batchline.server.settings import ServerSettings
-from batchline.server.state import Served, ServedGenerator, ServedModel, ServerState
+from batchline.server.state import ServerState, server_state
 
 __all__ = [
     "ERRORS",
-    "ROUTE_OF_TASK",
-    "ClientGone",
     "TextRun",
     "all_finite",
     "api_error",
     "body_doc",
     "check_count",
     "check_texts",
-    "describe_models",
     "non_finite",
     "parse_body",
     "request_priority",
     "run_model",
     "run_texts",
     "server_state",
-    "unless_disconnected",
     "use_generator",
     "use_model",
 ]
@@ -99,134 +96,22 @@ def body_doc(model: type[BaseModel]) -> dict[str, object]:
     }
 
 
-def server_state(request: Request) -> ServerState:
-    state: ServerState = request.app.state.server
-    return state
-
-
-async def parse_body(request: Request, model: type[M]) -> M:
-    """The body the gate read, validated as ``model``; a 422 that never echoes the input."""
-    body = request.scope.get("batchline.body")
-    if body is None:
-        body = await request.body()
-    try:
-        return model.model_validate_json(body)
-    except ValidationError as exc:
-        errors = exc.errors(include_input=False, include_url=False, include_context=False)
-        for err in errors:
-            err["loc"] = ("body", *err["loc"])
-        raise validation_error(errors) from None
-
-
-#: The route that serves each task, for the wrong-task message.
-ROUTE_OF_TASK = {
-    "embed": "POST /v1/embeddings",
-    "classify": "POST /classify",
-    "score": "POST /v1/rerank or POST /v1/score",
-    "predict": "POST /v2/models/{name}/infer",
-    "generate": "POST /v1/completions, POST /v1/chat/completions or POST /generate",
-}
-
-
-class _Served(Protocol):
-    @property
-    def name(self) -> str: ...
-    @property
-    def task(self) -> str: ...
-
-
-S = TypeVar("S", bound=_Served)
-
-
 async def use_model(
     request: Request, state: ServerState, name: str | None, task: str
 ) -> ServedModel[object, object]:
-    """The served batch model ``name`` (the first model of ``task`` when ``None``), loaded
-    first when it is an on-demand one (``batchline.server.residency``: held until the response
-    is done; 504 when not loaded in time, 503 when its load fails): 404 listing the models when
-    there is no such model, 400 naming its task when it does another."""
-    if name is None and state.residency is not None:
-        name = next((n for n in state.order if state.task_of(n) == task), None)
-    served = await _use_managed(request, state, name, task)
-    if isinstance(served, ServedModel):
-        return served
-    return _pick(request, state, state.models, name, task, first_of_several=True)
+    """The served batch model ``name`` of ``task`` (:meth:`ModelRegistry.acquire
+    <batchline.server.registry.ModelRegistry.acquire>`: the first of ``task`` when ``None``,
+    loaded first and held for the request when it is an on-demand one)."""
+    served = await state.registry.acquire(name, task, request.scope)
+    assert isinstance(served, ServedModel), "a batch task's model is a ServedModel"
+    return served
 
 
 async def use_generator(request: Request, state: ServerState, name: str | None) -> ServedGenerator:
-    """The served generate model ``name`` (the only one when ``None``: with several, generated
-    texts differ too much to pick one silently), loaded first and errors as :func:`use_model`'s."""
-    if name is None and state.residency is not None:
-        names = [n for n in state.order if state.task_of(n) == "generate"]
-        name = names[0] if len(names) == 1 else None  # several: _pick says to name one
-    served = await _use_managed(request, state, name, "generate")
-    if isinstance(served, ServedGenerator):
-        return served
-    return _pick(request, state, state.generators, name, "generate", first_of_several=False)
-
-
-async def _use_managed(
-    request: Request, state: ServerState, name: str | None, task: str
-) -> Served | None:
-    """The on-demand model ``name`` of ``task``, acquired for the request (``None``: not an
-    on-demand model of that task; the caller picks it as usual)."""
-    residency = state.residency
-    if residency is None or name is None or state.managed.get(name) != task:
-        return None
-    from batchline.server.residency import use_served
-
-    request.scope["batchline.model"] = name
-    settings = state.settings
-    return await use_served(
-        residency,
-        name,
-        request.scope,
-        settings.request_timeout_s,
-        max_waiting=settings.knobs.max_queue_size,
-        retry_after_s=settings.retry_after_s,
-    )
-
-
-def _pick(
-    request: Request,
-    state: ServerState,
-    served: Mapping[str, S],
-    name: str | None,
-    task: str,
-    *,
-    first_of_several: bool,
-) -> S:
-    if name is None:
-        candidates = [m for m in served.values() if m.task == task]
-        if not candidates:
-            raise bad_request(f"no model served here does {task}; models: {describe_models(state)}")
-        if len(candidates) > 1 and not first_of_several:
-            raise bad_request(
-                f"{len(candidates)} {task} models are served "
-                f"({', '.join(m.name for m in candidates)}); name one in 'model'"
-            )
-        request.scope["batchline.model"] = candidates[0].name
-        return candidates[0]
-    model = served.get(name)
-    if model is not None and model.task == task:
-        request.scope["batchline.model"] = model.name
-        return model
-    other = state.task_of(name)
-    if other is None:
-        raise ApiError(
-            404,
-            f"model {safe_text(name[:100])!r} is not served here; models: {describe_models(state)}",
-            "model_not_found",
-        )
-    where = ROUTE_OF_TASK.get(other)
-    hint = f"; send it to {where}" if where else ""
-    raise bad_request(f"model {name!r} does {other}, and this route serves {task} models{hint}")
-
-
-def describe_models(state: ServerState) -> str:
-    """``"a (embed), b (predict)"``: the served models and their tasks."""
-    names = dict.fromkeys([*state.order, *state.models, *state.generators])
-    return ", ".join(f"{n} ({state.task_of(n)})" for n in names) or "none"
+    """The served generate model ``name`` (the only one when ``None``), as :func:`use_model`."""
+    served = await state.registry.acquire(name, "generate", request.scope)
+    assert isinstance(served, ServedGenerator), "a generate model is a ServedGenerator"
+    return served
 
 
 def check_texts(value: str | list[str], state: ServerState, field: str) -> list[str]:
@@ -381,37 +266,6 @@ def _count(m: ModelMetrics, status: int) -> None:
         m.rejected("draining")
     elif status == 500:
         m.failed("model")
-
-
-class ClientGone(ApiError):
-    """The client disconnected: nobody reads the answer (499, nginx's "client closed
-    request", is what an access log shows)."""
-
-    def __init__(self) -> None:
-        super().__init__(499, "the client closed the request", "client_closed_request")
-
-
-async def unless_disconnected(receive: Receive, work: Awaitable[T]) -> T:
-    """``await work``, cancelled as soon as the client disconnects (then ``ClientGone``)."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(receive))
-    try:
-        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if task in done:
-            return task.result()
-        raise ClientGone
-    finally:
-        for t in (task, watcher):
-            t.cancel()
-        # the work's cancellation aborts its sequences: let that run before returning
-        await asyncio.gather(task, watcher, return_exceptions=True)
-
-
-async def _disconnected(receive: Receive) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
 
 
 def non_finite(model: ServedModel[object, object]) -> ApiError:

@@ -27,7 +27,7 @@ from batchline.server.routes._common import (
     server_state,
     use_model,
 )
-from batchline.server.state import ServedModel
+from batchline.server.served import ServedModel
 
 __all__ = ["run_inputs"]
 

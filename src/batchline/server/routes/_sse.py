@@ -31,9 +31,9 @@ from batchline.models.openai.completions import (
 )
 from batchline.models.openai.completions import usage as openai_usage
 from batchline.server.errors import ApiError
-from batchline.server.routes._common import ClientGone, api_error, unless_disconnected
+from batchline.server.routes._common import api_error
+from batchline.server.served import ServedGenerator
 from batchline.server.settings import ServerSettings
-from batchline.server.state import ServedGenerator
 
 __all__ = ["DONE", "EventStream", "Shape", "aborted", "event_stream", "sse", "usage"]
 
@@ -257,7 +257,7 @@ async def _merge(
 
 class EventStream(Response):
     """``text/event-stream`` from an async iterator of ready-made events, that stops (and
-    aborts the request's sequences) as soon as the client disconnects."""
+    aborts the request's sequences) as soon as the client disconnects (the gate cancels it)."""
 
     media_type = "text/event-stream"
 
@@ -276,8 +276,8 @@ class EventStream(Response):
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
         try:
-            await unless_disconnected(receive, pump())
-        except (ClientGone, OSError):
+            await pump()  # a disconnect cancels it (the gate): the sequences are aborted below
+        except OSError:
             pass  # nobody is listening: the sequences are aborted below
         except Exception:
             # the response has started: no error response can follow, only a log line

@@ -56,7 +56,7 @@ async def classify(request: Request) -> Response:
     model = done.model
     try:
         items = [
-            classification(model.model.encode(r), all_scores=done.body.return_all_scores)
+            classification(model.encode(r), all_scores=done.body.return_all_scores)
             for r in done.results
         ]
         payload = classify_json(items)

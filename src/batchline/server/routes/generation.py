@@ -3,7 +3,7 @@
 
 Every prompt of every request is submitted to the model's ONE shared
 :class:`~batchline.models.generation.stream.TextGenerator` (its
-:class:`~batchline.server.state.ServedGenerator`, from the typed ``ServerState``), so sequences
+:class:`~batchline.server.served.ServedGenerator`, from the server's model registry), so sequences
 from concurrent clients share the engine's steps (continuous batching). A request is admitted
 whole or not at all: if the waiting queue cannot take all of its prompts, the ones already
 admitted are aborted and the answer is 429 + ``Retry-After``. The request bodies are in
@@ -80,12 +80,12 @@ from batchline.server.routes._common import (
     parse_body,
     request_priority,
     server_state,
-    unless_disconnected,
     use_generator,
 )
 from batchline.server.routes._sse import Shape, aborted, event_stream
 from batchline.server.schemas import GenerateTextRequest, GenerateTextResponse
-from batchline.server.state import ServedGenerator, ServerState
+from batchline.server.served import ServedGenerator
+from batchline.server.state import ServerState
 
 __all__ = ["router"]
 
@@ -215,7 +215,7 @@ async def create_chat_completion(request: Request) -> Response:
     _check(body)
     messages = body.chat()
     size = sum(len(m["content"]) for m in messages)
-    ids = await _encode(served.model.encode_chat, messages, size, state, "messages")
+    ids = await _encode(served.encode_chat, messages, size, state, "messages")
     if not ids:
         raise bad_request("'messages' produced no tokens; send some text")
     constraint = await _constraint(body, request)
@@ -255,8 +255,7 @@ def _shape(
 
 
 def _token_text(served: ServedGenerator) -> Callable[[int], str]:
-    decode = served.model.detokenizer.decode
-    return lambda token_id: decode([token_id])
+    return served.token_text
 
 
 def _samples(
@@ -315,16 +314,15 @@ async def _encode_text(
 ) -> list[int]:
     if not text:
         raise bad_request(f"'{field}' text {index} is empty; send non-empty prompts")
-    model = served.model
 
     def as_user_message(prompt: str) -> list[int]:
         try:
-            return model.encode_chat([{"role": "user", "content": prompt}])
+            return served.encode_chat([{"role": "user", "content": prompt}])
         except InputError:
             # no chat template: the prompt as it is, as `batchline run` takes it
-            return model.encode_prompt(prompt)
+            return served.encode_prompt(prompt)
 
-    encode = as_user_message if chat else model.encode_prompt
+    encode = as_user_message if chat else served.encode_prompt
     ids = await _encode(encode, text, len(text), state, field)
     if not ids:
         raise bad_request(f"'{field}' text {index} has no tokens; send some text")
@@ -388,7 +386,7 @@ def _sampling(
     it): a missing ``max_tokens`` is capped by what the context leaves after that prompt;
     ``constraint`` is the body's, checked already (:func:`_constraint`). 400 when a prompt
     can never fit, or the body cannot be sampled as asked."""
-    limit = served.model.max_context_tokens
+    limit = served.max_context_tokens
     # checked here too (when the generator says its budget), so that a prompt that can
     # never fit refuses the request before any of its prompts is admitted
     budget = getattr(served.generator, "kv_token_budget", None)
@@ -447,7 +445,7 @@ async def _finish_all(
     streams: Sequence[GenerationStream],
 ) -> list[Completion]:
     """Every stream's completion, in order; whatever way this ends, no sequence outlives
-    it (a disconnect, a timeout or an error aborts the rest)."""
+    it (a timeout, an error, or the gate cancelling it on a disconnect aborts the rest)."""
 
     async def results() -> list[Completion]:
         return [await s.result() for s in streams]
@@ -455,7 +453,7 @@ async def _finish_all(
     settings = state.settings
     try:
         async with asyncio.timeout(settings.request_timeout_s):
-            completions = await unless_disconnected(request.receive, results())
+            completions = await results()  # a disconnect cancels this (the gate)
     except Exception as exc:
         raise api_error(
             exc, settings, served.name, withdrawn="its sequences were aborted"

@@ -42,13 +42,13 @@ from batchline.models.openai.images import PictureRef, PictureTooLarge, picture_
 from batchline.server.errors import ApiError, bad_request
 from batchline.server.routes._common import (
     check_count,
-    describe_models,
     request_priority,
     run_model,
     server_state,
     use_model,
 )
-from batchline.server.state import ServedModel, ServerState
+from batchline.server.served import ServedModel
+from batchline.server.state import ServerState
 
 __all__ = ["router"]
 
@@ -91,13 +91,13 @@ def _tensors(model: ServedModel[object, object]) -> _Tensors:
             text,
             [{"name": "embedding", "datatype": "FP32", "shape": [-1, width]}],
             read,
-            lambda r: {"embedding": np.asarray(model.model.encode(r), dtype=np.float32)},
+            lambda r: {"embedding": np.asarray(model.encode(r), dtype=np.float32)},
         )
     if info.task == "classify":
         labels = _labels(model)
 
         def to_row(result: object) -> Mapping[str, Array]:
-            value = model.model.encode(result)
+            value = model.encode(result)
             if not isinstance(value, Mapping):
                 raise ApiError(500, f"model {model.name!r} returned no label", "server_error")
             scores = value.get("scores")
@@ -200,21 +200,19 @@ def _text(row: dict[str, Array]) -> str:
 
 async def _model(request: Request, state: ServerState, name: str) -> ServedModel[object, object]:
     """The batch model ``name``, an on-demand one loaded as needed (its tensors need it)."""
-    if _on_demand(state, name):
-        return await use_model(request, state, name, state.managed[name])
-    model = state.models.get(name)
-    if model is None and state.task_of(name) == "generate":
+    task = state.registry.task_of(name)
+    if task == "generate":
         raise bad_request(
             f"model {name!r} does generate: not served over the Open Inference Protocol; send "
             "it to POST /v1/completions, POST /v1/chat/completions or POST /generate"
         )
-    if model is None:
+    if task is None:
         raise ApiError(
             404,
-            f"model {name[:100]!r} is not served here; models: {describe_models(state)}",
+            f"model {name[:100]!r} is not served here; models: {state.registry.describe()}",
             "model_not_found",
         )
-    return model
+    return await use_model(request, state, name, task)
 
 
 def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
@@ -243,12 +241,6 @@ async def ready(request: Request) -> JSONResponse:
     )
 
 
-def _on_demand(state: ServerState, name: str) -> bool:
-    """Whether ``name`` is an on-demand batch model (a generate model has no tensors here,
-    loaded or not: :func:`_model` says so)."""
-    return state.managed.get(name) not in (None, "generate")
-
-
 @router.get("/v2/models/{name}", summary="Open Inference Protocol: model metadata")
 async def model_metadata(request: Request, name: str) -> JSONResponse:
     state = server_state(request)
@@ -266,7 +258,10 @@ async def model_metadata(request: Request, name: str) -> JSONResponse:
 async def model_ready(request: Request, name: str) -> JSONResponse:
     state = server_state(request)
     try:
-        if not _on_demand(state, name):  # an on-demand model is ready: it loads on a request
+        registry = state.registry
+        # an on-demand batch model is ready: it loads on a request (a generate model has no
+        # tensors here, loaded or not: _model says so)
+        if not registry.loads_on_demand(name) or registry.task_of(name) == "generate":
             await _model(request, state, name)
     except ApiError as exc:
         return _error(exc.status, exc.message, exc.headers)

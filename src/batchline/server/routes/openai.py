@@ -23,7 +23,7 @@ from batchline.server.routes._common import (
     non_finite,
 )
 from batchline.server.routes._inputs import run_inputs
-from batchline.server.state import ServedModel
+from batchline.server.served import ServedModel
 
 __all__ = ["router"]
 
@@ -45,7 +45,7 @@ async def create_embeddings(request: Request) -> Response:
     truncation: meaningful for models trained for it)."""
     done = await run_inputs(request, EmbeddingRequest, "embed", _check_dimensions)
     model, tokens = done.model, done.tokens
-    vectors = [np.asarray(model.model.encode(r), dtype=np.float32) for r in done.results]
+    vectors = [np.asarray(model.encode(r), dtype=np.float32) for r in done.results]
     if not all_finite(vectors):
         raise non_finite(model)
     cut = done.body.cut(model.info.details.get("dim"), model.name)

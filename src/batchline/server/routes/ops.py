@@ -10,6 +10,7 @@ from starlette.responses import JSONResponse, Response
 from batchline.server.metrics import CONTENT_TYPE
 from batchline.server.routes._common import server_state
 from batchline.server.schemas import ModelList
+from batchline.server.served import model_card
 from batchline.server.state import ServerState
 
 __all__ = ["router"]
@@ -26,16 +27,19 @@ async def list_models(request: Request) -> JSONResponse:
     ``load_peak_bytes`` (the most a load of it grew memory by at its peak; 0 until measured)
     and ``pinned``."""
     state = server_state(request)
-    data = [_card(m.name, m.created, m.task) for m in state.served()]
-    for entry, served in zip(data, state.served(), strict=True):
-        info = getattr(served, "info", None)
-        entry.update(_modality(state, info.input_kind if info is not None else "text"))
-    if state.residency is not None and state.settings.memory_budget is not None:
+    registry = state.registry
+    data: list[dict[str, object]] = []
+    for served in registry.served():
+        card = served.card()
+        card.update(_modality(state, served.info.input_kind))
+        data.append(card)
+    if registry.residency is not None and state.settings.memory_budget is not None:
         # on-demand models: listed loaded or not, with their residency and footprint
-        cards = {c["id"]: c for c in data}
+        cards = {str(c["id"]): c for c in data}
         data = []
-        for s in state.residency.stats():
-            card = cards.pop(s.name, None) or _card(s.name, 0, state.managed[s.name])
+        for s in registry.residency.stats():
+            task = registry.task_of(s.name) or ""
+            card = cards.pop(s.name) if s.name in cards else model_card(s.name, 0, task)
             card.update(
                 state=s.state.value,
                 footprint_bytes=s.footprint_bytes,
@@ -65,16 +69,6 @@ def _modality(state: ServerState, input_kind: str) -> dict[str, object]:
     }
 
 
-def _card(name: str, created: int, task: str) -> dict[str, object]:
-    return {
-        "id": name,
-        "object": "model",
-        "created": created,
-        "owned_by": "batchline",
-        "task": task,
-    }
-
-
 @router.get("/health", summary="Liveness: the process answers")
 async def health(request: Request) -> JSONResponse:
     """Always 200 while the process runs (a full disk is no reason to restart it). With the
@@ -98,7 +92,8 @@ async def ready(request: Request) -> JSONResponse:
     if state.ready and not state.draining:
         if state.api_key is not None:
             return JSONResponse({"status": "ready"})
-        return JSONResponse({"status": "ready", "models": [m.name for m in state.served()]})
+        models = [m.name for m in state.registry.served()]
+        return JSONResponse({"status": "ready", "models": models})
     status = "draining" if state.draining else "loading"
     return JSONResponse(
         {"status": status},

@@ -33,7 +33,7 @@ from batchline.server.routes._common import (
     use_model,
 )
 from batchline.server.schemas import RerankResponse, ScoreResponse
-from batchline.server.state import ServedModel
+from batchline.server.served import ServedModel
 
 __all__ = ["router"]
 
@@ -93,7 +93,7 @@ async def _answer(
 def _scores(model: ServedModel[object, object], results: list[object]) -> list[float]:
     scores: list[float] = []
     for result in results:
-        value = model.model.encode(result)
+        value = model.encode(result)
         if isinstance(value, bool) or not isinstance(value, int | float):
             model.metrics.failed("model")
             raise ApiError(500, f"model {model.name!r} returned no score", "server_error")

@@ -20,11 +20,8 @@ from batchline.server.errors import bad_request
 from batchline.server.routes._common import (
     ERRORS,
     body_doc,
-    describe_models,
     parse_body,
     server_state,
-    use_generator,
-    use_model,
 )
 from batchline.server.schemas import (
     DetokenizeRequest,
@@ -32,6 +29,7 @@ from batchline.server.schemas import (
     TokenizeRequest,
     TokenizeResponse,
 )
+from batchline.server.served import Served, ServedGenerator
 from batchline.server.state import ServerState
 
 __all__ = ["router"]
@@ -53,19 +51,19 @@ async def tokenize(request: Request) -> Response:
     body = await parse_body(request, TokenizeRequest)
     if (body.prompt is None) == (body.messages is None):
         raise bad_request("send one of 'prompt' or 'messages'")
-    model, limit = await _tokenizing(request, state, body.model)
+    served, model = await _tokenizing(request, state, body.model)
     try:
         if body.messages is not None:
-            encode_chat = getattr(model, "encode_chat", None)
-            if encode_chat is None:
+            if not isinstance(served, ServedGenerator):
                 raise InputError("'messages' go to a generate model; send 'prompt'")
-            ids = await asyncio.to_thread(encode_chat, body.messages)
+            ids = await asyncio.to_thread(served.encode_chat, body.messages)
         else:
             ids = await asyncio.to_thread(
                 model.token_ids, body.prompt or "", special_tokens=body.add_special_tokens
             )
     except InputError as exc:
         raise bad_request(str(exc)) from None
+    limit = served.token_limit
     payload = {"count": len(ids), "max_model_len": limit, "tokens": [int(i) for i in ids]}
     return Response(json.dumps(payload, separators=(",", ":")), media_type="application/json")
 
@@ -81,7 +79,7 @@ async def detokenize(request: Request) -> Response:
     """The text of ``tokens``, special tokens dropped; an id outside the vocabulary is a 400."""
     state = server_state(request)
     body = await parse_body(request, DetokenizeRequest)
-    model, _ = await _tokenizing(request, state, body.model)
+    _, model = await _tokenizing(request, state, body.model)
     try:
         text = await asyncio.to_thread(model.token_text, body.tokens)
     except InputError as exc:
@@ -93,24 +91,19 @@ async def detokenize(request: Request) -> Response:
 
 async def _tokenizing(
     request: Request, state: ServerState, name: str | None
-) -> tuple[Tokenizing, int | None]:
-    """The model ``name`` (the only one served when ``None``) and its token limit."""
+) -> tuple[Served, Tokenizing]:
+    """The model ``name`` (the only one served when ``None``) and its tokenizer."""
+    registry = state.registry
     if name is None:
-        names = list(dict.fromkeys([*state.order, *state.models, *state.generators]))
+        names = registry.names()
         if len(names) != 1:
             raise bad_request(
-                f"{len(names)} models are served ({describe_models(state)}); name one in 'model'"
+                f"{len(names)} models are served ({registry.describe()}); name one in 'model'"
             )
         name = names[0]
-    task = state.task_of(name)
-    model: object
-    if task == "generate":
-        model = (await use_generator(request, state, name)).model
-        limit: int | None = model.max_context_tokens
-    else:
-        # an unknown name: use_model answers the 404 that lists the served models
-        served = await use_model(request, state, name, task or "embed")
-        model, limit = served.model, served.info.max_tokens
-    if not isinstance(model, Tokenizing):
+    # an unknown name: the registry answers the 404 that lists the served models
+    served = await registry.acquire(name, registry.task_of(name) or "embed", request.scope)
+    model = served.tokenizing()
+    if model is None:
         raise bad_request(f"model {name!r} takes tensors, not text: it has no tokenizer")
-    return model, limit
+    return served, model

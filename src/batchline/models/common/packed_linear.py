@@ -1,5 +1,5 @@
 """An ``nn.Linear`` whose weight is packed once for oneDNN (see
-:func:`~batchline.models.generation.torch_dtype.pack_linear_weights`)."""
+:func:`~batchline.models.common.torch_weights.pack_linear_weights`)."""
 
 from __future__ import annotations
 

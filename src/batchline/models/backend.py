@@ -1,0 +1,137 @@
+"""A backend: one kind of model in one place. It says which specs it takes (``claims``),
+loads one (``load``), tells its memory before the load (``footprint``) and what identifies
+its results (``identity``). :data:`batchline.models.registry.BACKENDS` holds them in order,
+and the loader, the footprint estimate and the result cache's identity each ask the first
+backend that claims a spec; none of them knows the kinds.
+
+Standard library only: a backend's module imports its runtime where it loads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from batchline._errors import ModelError
+from batchline.knobs import Knobs
+from batchline.models.protocol import BatchModel, Task
+from batchline.models.specs import ModelSpec
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+__all__ = ["UNKNOWN", "Backend", "Footprint", "Identity", "Loaded", "Registry"]
+
+#: A loaded model, whatever its records and results (each backend's own types).
+Loaded = BatchModel[Any, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Footprint:
+    """A model's expected memory: what it holds once loaded, what its load needs at its peak,
+    and the runtime it loads (``""``: none known)."""
+
+    steady_bytes: int
+    peak_bytes: int
+    runtime: str = ""
+
+
+#: What a backend that cannot tell its memory before the load estimates: its first load
+#: measures it.
+UNKNOWN = Footprint(0, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """What identifies a backend's model beyond the spec's own options: the files its
+    weights and tokenizer are read from, and what else changes its results (a generator's
+    dtype and device)."""
+
+    files: tuple[Path, ...]
+    options: Mapping[str, object] = field(default_factory=dict)
+
+
+def _no_task(spec: ModelSpec) -> Task | None:
+    return None
+
+
+def _no_tokenizer(spec: ModelSpec) -> Tokenizer | None:
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Backend:
+    """One kind of model.
+
+    - ``claims(spec, knobs)``: whether this backend takes ``spec`` (its task resolved when it
+      loads; as given when its footprint or identity is asked);
+    - ``load(spec, knobs)``: the loaded model, laid out as ``knobs`` say;
+    - ``footprint(spec, knobs, task)``: its memory, read off its files before the load;
+    - ``identity(spec, knobs)``: its files and options for a result cache, ``None`` when its
+      results cannot be identified (they are then never cached);
+    - ``task(spec)``: the task read off a spec that names none, where this backend can tell
+      (an ``.onnx`` file's graph); ``None`` leaves it to the next backend;
+    - ``tokenizer(spec)``: the ``tokenizers`` tokenizer a text model reads its texts with, what
+      a benchmark cuts and counts its texts with (``None``: it takes no text, or says none).
+    """
+
+    name: str
+    claims: Callable[[ModelSpec, Knobs], bool]
+    load: Callable[[ModelSpec, Knobs], Loaded]
+    footprint: Callable[[ModelSpec, Knobs, Task | None], Footprint]
+    identity: Callable[[ModelSpec, Knobs | None], Identity | None]
+    task: Callable[[ModelSpec], Task | None] = _no_task
+    tokenizer: Callable[[ModelSpec], Tokenizer | None] = _no_tokenizer
+
+
+class Registry:
+    """The backends in the order they are asked: the first that claims a spec takes it."""
+
+    def __init__(self) -> None:
+        self._backends: list[Backend] = []
+
+    def register(self, backend: Backend, *, first: bool = False) -> None:
+        """Add ``backend`` last (``first``: ahead of every other, to take specs they would)."""
+        if any(b.name == backend.name for b in self._backends):
+            raise ValueError(f"a backend named {backend.name!r} is registered already")
+        self._backends.insert(0 if first else len(self._backends), backend)
+
+    def unregister(self, name: str) -> None:
+        """Remove the backend named ``name``."""
+        self._backends = [b for b in self._backends if b.name != name]
+
+    @contextmanager
+    def registered(self, backend: Backend, *, first: bool = True) -> Iterator[Backend]:
+        """``backend`` registered for the ``with`` block only (ahead of the others by default)."""
+        self.register(backend, first=first)
+        try:
+            yield backend
+        finally:
+            self.unregister(backend.name)
+
+    def __iter__(self) -> Iterator[Backend]:
+        return iter(tuple(self._backends))
+
+    def names(self) -> list[str]:
+        return [b.name for b in self._backends]
+
+    def claiming(self, spec: ModelSpec, knobs: Knobs) -> Backend:
+        """The first backend that claims ``spec``."""
+        for backend in self._backends:
+            if backend.claims(spec, knobs):
+                return backend
+        raise ModelError(
+            f"model {spec.name!r} ({spec.source}): no backend takes it "
+            f"(registered: {', '.join(self.names())})"
+        )
+
+    def task(self, spec: ModelSpec) -> Task | None:
+        """The task the first backend that can tell reads off ``spec``."""
+        for backend in self._backends:
+            task = backend.task(spec)
+            if task is not None:
+                return task
+        return None

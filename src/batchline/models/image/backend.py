@@ -1,0 +1,75 @@
+"""The image backend: a Hugging Face image folder (a classifier, CLIP/SigLIP, DINOv2:
+``load.py``) and a plain ``.onnx`` that reads pictures (a spec with ``--image-size``,
+``--mean`` or ``--std``, of task ``embed`` or ``classify``: ``onnx_image.py``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from batchline.knobs import Knobs
+from batchline.models.backend import Backend, Footprint, Identity, Loaded
+from batchline.models.common.files import size, tree
+from batchline.models.onnx import ONNX, onnx_footprint, onnx_identity
+from batchline.models.protocol import Task
+from batchline.models.specs import ModelSpec
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+__all__ = ["IMAGE"]
+
+
+def _image_folder(spec: ModelSpec) -> bool:
+    return spec.kind == "hf" and spec.folder is not None and spec.folder.image is not None
+
+
+def _claims(spec: ModelSpec, knobs: Knobs) -> bool:
+    if _image_folder(spec):
+        return True
+    reads_pictures = spec.image is not None and spec.kind not in ("hf", "python")
+    return reads_pictures and spec.task in ("embed", "classify")
+
+
+def _load(spec: ModelSpec, knobs: Knobs) -> Loaded:
+    spec = spec.with_options()  # checked for its resolved task
+    if _image_folder(spec):
+        from batchline.models.image.load import load_image_folder
+
+        return load_image_folder(spec, knobs)
+    from batchline.models.image.onnx_image import load_image_model
+
+    return load_image_model(spec, knobs)
+
+
+def _footprint(spec: ModelSpec, knobs: Knobs, task: Task | None) -> Footprint:
+    """A folder: the ONNX rule with its fp32 weights standing in for the graph (not measured
+    yet; an overestimate for one of CLIP's two towers), a text model's extra for a text
+    tower; a plain ``.onnx``: the ONNX rule."""
+    if not _image_folder(spec):
+        return ONNX.footprint(spec, knobs, task)
+    assert spec.folder is not None
+    two_towers = spec.folder.image == "two-tower"
+    text_tower = two_towers and task == "embed" and spec.input_kind != "image"
+    return onnx_footprint(size(spec.folder.weights), knobs, task, text=text_tower)
+
+
+def _identity(spec: ModelSpec, knobs: Knobs | None) -> Identity:
+    if _image_folder(spec):
+        return Identity(tuple(tree(spec.path)))
+    return onnx_identity(spec, knobs)
+
+
+def _tokenizer(spec: ModelSpec) -> Tokenizer | None:
+    # a plain .onnx: the ONNX rule (the one its spec names, or tokenizer.json beside it)
+    return None if _image_folder(spec) else ONNX.tokenizer(spec)
+
+
+IMAGE = Backend(
+    name="image",
+    claims=_claims,
+    load=_load,
+    footprint=_footprint,
+    identity=_identity,
+    tokenizer=_tokenizer,
+)
