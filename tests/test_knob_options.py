@@ -98,6 +98,7 @@ def test_each_part_holds_its_own_concern_on_top_of_the_core() -> None:
         (CoreKnobs, {"bulk_batch_tokens": 0}, "bulk_batch_tokens must be an integer >= 1"),
         (CoreKnobs, {"max_batch_size": 0}, "max_batch_size"),
         (SessionOptions, {"sessions": 0}, "sessions must be >= 1"),
+        (SessionOptions, {"solo_intra_op_threads": 0}, "solo_intra_op_threads must be >= 1"),
         (SessionOptions, {"precision": "fp16"}, "precision must be one of auto, fp32"),
         (SessionOptions, {"quantize": "int4"}, "quantize must be int8 or unset"),
         (SessionOptions, {"quantize": "int8", "precision": "bf16"}, "disagree"),

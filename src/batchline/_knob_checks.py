@@ -44,10 +44,15 @@ def integer(least: int) -> Callable[[object], bool]:
 
 
 def check_knob(
-    name: str, value: object, choices: tuple[Any, ...] | None, rules: Rules | None = None
+    name: str,
+    value: object,
+    choices: tuple[Any, ...] | None,
+    rules: Rules | None = None,
+    *,
+    unset: bool = False,
 ) -> None:
     """Refuse a bad ``value`` of the knob ``name`` in one line: its rule in ``rules``, else its
-    ``choices``, else a number >= 1 (a ``None`` passes where the field may be unset)."""
+    ``choices``, else a number >= 1 (or ``None`` where ``unset``: the field may be unset)."""
     if rules and name in rules:
         ok, want = rules[name]
         if not ok(value):
@@ -57,7 +62,7 @@ def check_knob(
             names = [str(c) for c in choices]
             want = " or ".join(names) if len(names) == 2 else "one of " + ", ".join(names)
             raise InputError(f"{name} must be {want}, got {value!r}")
-    elif not (name == "solo_intra_op_threads" and value is None):
+    elif not (unset and value is None):
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise InputError(f"{name} must be a number, got {value!r}")
         if value < 1:
@@ -74,10 +79,13 @@ def own_fields(cls: type) -> tuple[str, ...]:
 
 
 def check_own_fields(obj: object, cls: type, rules: Rules, *, skip: tuple[str, ...] = ()) -> None:
-    """Check each field ``cls`` declares (but ``skip``) on ``obj`` (:func:`check_knob`)."""
+    """Check each field ``cls`` declares (but ``skip``) on ``obj`` (:func:`check_knob`); a
+    field whose default is ``None`` may be unset."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
     for name in own_fields(cls):
         if name not in skip:
-            check_knob(name, getattr(obj, name), field_choices(cls, name), rules)
+            unset = fields[name].default is None
+            check_knob(name, getattr(obj, name), field_choices(cls, name), rules, unset=unset)
 
 
 def check_policy_knobs(values: dict[str, Any]) -> None:
