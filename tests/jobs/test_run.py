@@ -132,7 +132,7 @@ def test_resume_after_a_crash_equals_an_uninterrupted_run(
             raise OSError("disk on fire")
         real_write(self, records, results)
 
-    monkeypatch.setattr("batchline.jobs.run._BLOCK", 4)  # blocks finer than chunks
+    monkeypatch.setattr("batchline.jobs.dataset._BLOCK", 4)  # blocks finer than chunks
     monkeypatch.setattr(ChunkWriter, "write_batch", crashing)
     with pytest.raises(OSError, match="disk on fire"):
         run(RunOptions(input=src, output=out, chunk_size=8))

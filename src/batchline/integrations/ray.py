@@ -10,9 +10,12 @@ The layout::
       ▼                                  │
     ChunkWriter + _manifest.json <───────┘   the single writer: every chunk committed exactly once
 
-Every job kind runs so: embed, classify, predict and score (a batch model per replica), text
-generation (a generator per replica, its own continuous batching, on the torch engine or
-vLLM) and OpenAI batch files (each replica holds the file's models). The driver runs the same
+Every job kind with a Ray plan (``JobKind.plan_ray``, :mod:`batchline.jobs.kinds`) runs so:
+a batch model's over a dataset or pictures (a batch model per replica), text generation (a
+generator per replica, its own continuous batching, on the torch engine or vLLM) and OpenAI
+batch files (each replica holds the file's models). The plan says what each replica loads,
+how the output opens and how the driver dedupes; the driver itself never asks what kind of
+job it runs. The driver runs the same
 dataset pipeline as ``batchline run`` (``batchline.datasets.pipeline``) with
 :class:`~batchline.integrations.ray_units.RayAdapter` sending units to the replicas, and
 opens the output as a local run opens it (same chunks, same manifest settings): a job started
@@ -35,7 +38,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import dataclasses
 import math
 import os
 import time
@@ -49,12 +51,12 @@ import ray
 from batchline._errors import InputError, ModelError
 from batchline._stats import percentile
 from batchline.datasets.pipeline import PipelineRun, Progress, run_pipeline
-from batchline.datasets.sinks import ChunkWriter
-from batchline.datasets.sources import Record, Source
-from batchline.integrations.ray_replica import RemoteJob, Replica, ReplicaReady, knobs_for_cpus
+from batchline.integrations.ray_replica import Replica, ReplicaReady, knobs_for_cpus
 from batchline.integrations.ray_units import RayAdapter, Tally, UnitDone, UnitPlan
 from batchline.integrations.session import check_reachable, last_line, ray_session
-from batchline.jobs.options import GenerateOptions, RunOptions, resolve
+from batchline.jobs.job import Job, RayPlan, ReplicaWork
+from batchline.jobs.kinds import kind_of, resolve_job
+from batchline.jobs.options import RunOptions
 from batchline.jobs.summary import GenerateSummary, RunSummary
 from batchline.knobs import Knobs
 
@@ -162,83 +164,34 @@ def default_replica_knobs(knobs: Knobs) -> Knobs:
 
 
 def run_from_args(
-    options: RunOptions, args: argparse.Namespace, progress: Progress | None
+    options: RunOptions | Job, args: argparse.Namespace, progress: Progress | None
 ) -> RunSummary:
     """``batchline run --engine ray``: :func:`run_on_ray` with the command's flags (explicit
     ``--sessions``/``--intra-op-threads``/``--config``/``--set`` set each replica's knobs,
     else one session of ``--cpus-per-replica`` threads)."""
     own = args.config or args.set or args.sessions or args.intra_op_threads
+    knobs = options.options.knobs if isinstance(options, Job) else options.knobs
     return run_on_ray(
         options,
         address=args.address,
         replicas=2 if args.replicas is None else args.replicas,
-        replica_knobs=options.knobs if own else None,
+        replica_knobs=knobs if own else None,
         cpus_per_replica=args.cpus_per_replica,
         progress=progress,
     )
 
 
-@dataclass
-class _Plan:
-    """What the driver runs: the job the replicas are sent, how the output opens, the unit
-    size, and what happens at the end (an OpenAI batch file's output file)."""
-
-    job: RemoteJob
-    open: Callable[[ReplicaReady], tuple[Source, ChunkWriter]]
-    unit_records: int
-    on_bad_record: str
-    finish: Callable[[RunSummary], RunSummary] = lambda summary: summary
-
-
-def _plan(options: RunOptions) -> _Plan:
-    """How ``options``' job runs on Ray (sync: reads the input's first rows)."""
-    options = resolve(options)
-    if not isinstance(options, GenerateOptions):
-        from batchline.jobs.run import open_job
-
-        return _Plan(
-            RemoteJob("batch", options),
-            lambda ready: open_job(options, ready.info),
-            DEFAULT_UNIT_RECORDS,
-            options.on_bad_record,
-        )
-    from batchline.jobs.openai_batch import detect_batch
-
-    batch = detect_batch(options)
-    if batch is None:
-        from batchline.jobs.generate import open_generate_job, plan_generate
-
-        opts, requests = plan_generate(options)
-        return _Plan(
-            RemoteJob("generate", opts, requests),
-            lambda _: open_generate_job(opts, requests),
-            GENERATE_UNIT_RECORDS,
-            opts.on_bad_record,
-        )
-    from batchline.jobs.openai_batch import check_batch_file, open_batch_parts
-    from batchline.jobs.options import batch_specs
-
-    blank_lines = check_batch_file(batch.input)  # before any work
-    opts = batch.job_options(options)
-    specs = tuple(batch_specs(opts))
-    labels = [f"{s.name}={s.source}" for s in specs]
-    generates = any(s.generates for s in specs)
-
-    def finish(summary: RunSummary) -> RunSummary:
-        output = batch.write_output()
-        return dataclasses.replace(summary, output=output, blank_lines=blank_lines)
-
-    return _Plan(
-        RemoteJob("openai-batch", opts, specs=specs),
-        lambda _: open_batch_parts(opts, labels),
-        GENERATE_UNIT_RECORDS if generates else DEFAULT_UNIT_RECORDS,
-        "skip",
-        finish,
-    )
+def _plan(options: RunOptions | Job) -> RayPlan:
+    """How ``options``' job runs on Ray: its kind's plan (sync: reads the input's first rows)."""
+    job = resolve_job(options)
+    kind = kind_of(job)
+    if kind.plan_ray is None:
+        raise InputError(f"a {kind.name} job runs locally only; run it without --engine ray")
+    return kind.plan_ray(job)
 
 
 def run_on_ray(
-    options: RunOptions,
+    options: RunOptions | Job,
     *,
     address: str | None = None,
     replicas: int = 2,
@@ -291,6 +244,7 @@ def run_on_ray(
                              address="auto", replicas=8)
         print(summary.records_per_s, summary.nodes)
     """
+    given, options = options, options.options if isinstance(options, Job) else options
     if replicas < 1:
         raise InputError(f"--replicas must be >= 1, got {replicas}")
     if units_per_replica < 1:
@@ -320,13 +274,13 @@ def run_on_ray(
         check_reachable(address)  # before the output directory is created
     if options.input is not None and not options.input.exists():
         raise InputError(f"{options.input}: no such file")  # before Ray starts
-    plan = _plan(options)
+    plan = _plan(given)
 
     t0 = time.perf_counter()
     local_cpus = max(os.cpu_count() or 1, math.ceil(replicas * cpus))
     with ray_session(address, local_cpus):
         actors = _start_replicas(
-            plan.job, knobs, replicas, cpus, max_restarts, max_task_retries, start_timeout_s
+            plan.work, knobs, replicas, cpus, max_restarts, max_task_retries, start_timeout_s
         )
         try:
             summary = _drive(
@@ -346,7 +300,7 @@ def run_on_ray(
 
 
 def _drive(
-    plan: _Plan,
+    plan: RayPlan,
     actors: list[tuple[Any, ReplicaReady]],
     options: RunOptions,
     progress: Progress | None,
@@ -359,8 +313,8 @@ def _drive(
 ) -> RunSummary:
     """Run the pipeline over the started replicas; the job's summary."""
     # opened as a local run opens it, so either engine can resume the other's output
-    source, writer = plan.open(actors[0][1])
-    unit = unit_records or plan.unit_records
+    source, writer = plan.open(actors[0][1].info)
+    unit = unit_records or (GENERATE_UNIT_RECORDS if plan.generates else DEFAULT_UNIT_RECORDS)
     # a generator's replica takes as many units as keep its running batch full
     capacity = [_capacity(ready, unit, units_per_replica) for _, ready in actors]
     rate = _TokenRate(progress)
@@ -371,8 +325,10 @@ def _drive(
             max_unit_attempts=max_unit_attempts,
             on_unit=on_unit,
             on_tokens=rate.tokens,
-            dedupe_window=_driver_dedupe(plan),
-            key_of=_driver_key(plan, actors[0][1]),
+            # every kind finds its duplicates once per job, as a local run does (not once per
+            # replica), by its plan's key
+            dedupe_window=plan.dedupe_window,
+            key_of=plan.key_of,
         )
         units = UnitPlan(options.chunk_size, unit)
         done = asyncio.run(
@@ -407,45 +363,6 @@ def _replica_precision(replicas: Sequence[ReplicaReady]) -> str:
     if len(said) <= 1:
         return next(iter(said), "")
     return "; ".join(f"{n} replica{'s' * (n > 1)}: {line}" for line, n in said.items())
-
-
-def _driver_dedupe(plan: _Plan) -> int:
-    """The driver's dedupe window: every job kind finds its duplicates once per job, as a
-    local run does (not once per replica); 0 with ``--no-dedupe`` or a ``module:factory``
-    model (its results may not be a function of its input), and for a generation job's
-    records (:func:`_driver_key`)."""
-    if plan.job.kind == "generate":
-        return 0
-    from batchline.jobs.run import dedupe_window
-
-    return dedupe_window(plan.job.options)  # resolved: a module:factory model has none
-
-
-def _driver_key(plan: _Plan, ready: ReplicaReady) -> Callable[[Record], bytes | None] | None:
-    """What the driver compares records by, beside a batch model's input (None: that):
-
-    - an image job's: the picture's content (its bytes read in the driver, hashed as the
-      replica's own dedupe and ``--cache`` hash them; decoding stays on the replica);
-    - an OpenAI batch file's: the whole line but its ``custom_id``, a chat or completions
-      line only when its completion does not depend on chance (greedy, or a fixed seed:
-      the rule a local run's generator dedupes by).
-
-    A generation job's records are not compared here: a prompt's key is its token ids,
-    which only a replica's tokenizer gives (each replica dedupes its own units)."""
-    options = plan.job.options
-    if plan.job.kind == "openai-batch":
-        from batchline.jobs.requests import line_key
-
-        assert isinstance(options, GenerateOptions)
-        base = options.sampling()
-        return lambda record: line_key(record.value, base)
-    if plan.job.kind == "batch" and ready.info.input_kind == "image":
-        from batchline.jobs.images import picture_key
-
-        folder = options.input.parent if options.input is not None else None
-        draft = options.decode.draft
-        return lambda record: picture_key(record.input, folder, draft=draft)
-    return None
 
 
 def _capacity(ready: ReplicaReady, unit: int, units_per_replica: int) -> int:
@@ -558,7 +475,7 @@ def _median(values: Sequence[float]) -> float:
 
 
 def _start_replicas(
-    job: RemoteJob,
+    work: Callable[[Knobs], ReplicaWork],
     knobs: Knobs,
     replicas: int,
     cpus: float,
@@ -577,7 +494,7 @@ def _start_replicas(
         # One replica per node before two on any: a node's cores are what a replica uses.
         scheduling_strategy="SPREAD",
     )
-    actors: list[Any] = [replica_class.remote(job, knobs) for _ in range(replicas)]
+    actors: list[Any] = [replica_class.remote(work, knobs) for _ in range(replicas)]
     try:
         refs = [actor.ready.remote() for actor in actors]
         _, waiting = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)

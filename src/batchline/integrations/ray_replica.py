@@ -1,31 +1,35 @@
 """The model replicas of ``batchline run --engine ray``: Ray actors that run a job's records.
 
-A replica holds the job's models and runs each unit of records it is sent through the same
-adapter a local run uses (``batchline.jobs``), so a record's outcome does not depend on the
-engine:
+A replica is sent its job's work (:attr:`batchline.jobs.job.RayPlan.work`, from the job's
+kind) and calls it once, with its knobs, to load the job's models there
+(:class:`~batchline.jobs.job.ReplicaWork`); on its first unit it starts them and runs each
+unit through the adapter they give, the same adapter a local run uses (``batchline.jobs``),
+so a record's outcome does not depend on the engine. What a kind's work holds:
 
-- ``batch`` (embed, classify, predict, score): a :class:`~batchline.jobs.batch.BatchAdapter`
-  over the model's batcher (duplicates inside the replica's window are computed once); for an
-  image model, a :class:`~batchline.jobs.images.ImageAdapter` whose decode processes run on
-  the replica (a unit carries where its pictures are, never their pixels);
+- ``dataset`` and ``images``: a batch model's batcher, through a
+  :class:`~batchline.jobs.batch.BatchAdapter`, or for pictures an
+  :class:`~batchline.jobs.images.ImageAdapter` whose decode processes run on the replica (a
+  unit carries where its pictures are, never their pixels);
 - ``generate``: the model's text generator, continuous batching (or vLLM), each record its own
   request (:class:`~batchline.jobs.generate.GeneratorAdapter`);
 - ``openai-batch``: the lines of an OpenAI batch file, each to the model its ``body.model``
   picks (:class:`~batchline.jobs.openai_batch.LinesAdapter`).
 
 Units in flight on one replica share its batches (its running batch, for a generator). What
-it answers besides the outcomes (where it runs, its CPU time, its batcher's or generator's
-stats) is for the driver's summary.
+it answers besides the outcomes (where it runs, its CPU time, its work's figures) is for the
+driver's summary.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING
 
 import ray
 
@@ -33,42 +37,14 @@ from batchline._stats import BatchStats
 from batchline.datasets.outcomes import Outcome
 from batchline.datasets.pipeline import Adapter
 from batchline.datasets.sources import Record
-from batchline.jobs.options import GenerateOptions, RunOptions
+from batchline.jobs.job import ReplicaWork
 from batchline.knobs import Knobs
 from batchline.models.protocol import ModelInfo
 
 if TYPE_CHECKING:
-    from batchline.jobs.batch import BatchAdapter
-    from batchline.jobs.generate import GeneratorAdapter
-    from batchline.jobs.images import ImageAdapter
-    from batchline.jobs.openai_batch import BatchJobModels
-    from batchline.jobs.requests import RecordRequests
-    from batchline.models.batching import ModelBatcher
-    from batchline.models.generation import GenerationModel, GenerationStats
-    from batchline.models.protocol import BatchModel
-    from batchline.models.specs import ModelSpec
+    from batchline.models.generation import GenerationStats
 
-__all__ = ["JobKind", "RemoteJob", "Replica", "ReplicaReady", "UnitResult", "knobs_for_cpus"]
-
-JobKind = Literal["batch", "generate", "openai-batch"]
-
-
-class _Closable(Protocol):
-    def close(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class RemoteJob:
-    """What every replica of a job runs (sent to each actor once, when it starts).
-
-    ``options`` are the job's resolved options: ``RunOptions`` for ``batch``, a
-    ``GenerateOptions`` for the others (an OpenAI batch file's job options); ``requests`` how a
-    ``generate`` job reads its records; ``specs`` an OpenAI batch job's models."""
-
-    kind: JobKind
-    options: RunOptions
-    requests: RecordRequests | None = None
-    specs: tuple[ModelSpec, ...] = ()
+__all__ = ["Replica", "ReplicaReady", "UnitResult", "knobs_for_cpus"]
 
 
 @dataclass(frozen=True)
@@ -122,168 +98,43 @@ def knobs_for_cpus(knobs: Knobs, cpus: float) -> Knobs:
 
 
 class Replica:
-    """One replica (the class a Ray actor runs): loads the job's models when created, starts
-    their batchers or generator on its first unit, and runs each unit it is sent."""
+    """One replica (the class a Ray actor runs): loads the job's models when created (its
+    kind's ``work``), starts them on its first unit, and runs each unit it is sent."""
 
-    def __init__(self, job: RemoteJob, knobs: Knobs) -> None:
-        self._job = job
-        self._knobs = knobs
+    def __init__(self, work: Callable[[Knobs], ReplicaWork], knobs: Knobs) -> None:
         self._node_id: str = ray.get_runtime_context().get_node_id()
         self._stack = contextlib.AsyncExitStack()
         self._started: asyncio.Future[Adapter] | None = None
-        # what runs the units, once started: a batch job's adapter, a generator's, the
-        # batchers of an OpenAI batch job's batch models
-        self._batch: BatchAdapter | None = None
-        self._images: ImageAdapter | None = None
-        self._generator: GeneratorAdapter | None = None
-        self._engines: dict[str, ModelBatcher[object, object]] = {}
-        self._closers: list[_Closable] = []
-        self._precision = ""
-        self._info, self._max_running, self._in_flight = self._load()
-
-    def _load(self) -> tuple[ModelInfo, int, int]:
-        job, knobs = self._job, self._knobs
-        if job.kind == "batch":
-            from batchline.jobs.run import load_job_model
-
-            model, self._precision = load_job_model(job.options, knobs.for_loading())
-            self._model: BatchModel[object, object] = model
-            self._closers.append(self._model)
-            return self._model.info, 0, 0
-        from batchline.jobs.generate import in_flight_limit
-
-        options = job.options
-        assert isinstance(options, GenerateOptions)
-        info = ModelInfo(name=options.model, task="generate")
-        if job.kind == "generate":
-            from batchline.models.generation import load_text_generator
-
-            assert options.spec is not None
-            self._generation: GenerationModel = load_text_generator(options.spec, knobs)
-            self._closers.append(self._generation)
-            return info, self._generation.max_running, in_flight_limit(self._generation)
-        from batchline.jobs.openai_batch import load_batch_models
-
-        self._models: BatchJobModels = load_batch_models(job.specs, knobs)
-        self._closers.append(self._models)
-        generator = self._models.generator
-        if generator is None:
-            return info, 0, 0
-        return info, generator.max_running, in_flight_limit(generator)
+        self._work = work(knobs)
 
     async def ready(self) -> ReplicaReady:
         """Where it runs and what it holds, once its models are loaded."""
+        work = self._work
         return ReplicaReady(
             self._node_id,
             os.getpid(),
             time.process_time(),
-            self._info,
-            self._max_running,
-            self._in_flight,
-            self._precision,
+            work.info,
+            work.max_running,
+            work.in_flight,
+            work.precision,
         )
 
     async def process(self, records: list[Record]) -> UnitResult:
         if self._started is None:
-            self._started = asyncio.ensure_future(self._start())
+            self._started = asyncio.ensure_future(self._work.start(self._stack))
         adapter = await self._started
         outcomes = await (await adapter.submit(records))
-        return self._result(list(outcomes))
-
-    async def _start(self) -> Adapter:
-        job, stack = self._job, self._stack
-        if job.kind == "batch":
-            from batchline.jobs.batch import BatchAdapter
-            from batchline.jobs.run import dedupe_window, record_input
-            from batchline.models.batching import ModelBatcher
-
-            engine = await stack.enter_async_context(
-                ModelBatcher(self._model, self._knobs.for_loading())
-            )
-            if self._model.info.input_kind == "image":
-                return await self._pictures(engine)
-            self._batch = BatchAdapter(
-                engine,
-                record_input(job.options, self._model.info),
-                dedupe_window=dedupe_window(job.options),
-            )
-            return self._batch
-        from batchline.jobs.batch import DEDUPE_WINDOW
-        from batchline.jobs.generate import running_generator
-
-        options = job.options
-        assert isinstance(options, GenerateOptions)
-        if job.kind == "generate":
-            assert job.requests is not None
-            self._generator = await stack.enter_async_context(
-                running_generator(
-                    self._generation,
-                    job.requests,
-                    None,
-                    dedupe_window=DEDUPE_WINDOW if options.dedupe else 0,
-                )
-            )
-            return self._generator
-        from batchline.jobs.openai_batch import LinesAdapter, started_batch_models
-
-        self._generator, engines = await stack.enter_async_context(
-            started_batch_models(self._models, options, None)
-        )
-        self._engines = dict(engines)
-        return LinesAdapter(self._models.names, self._generator, engines)
-
-    async def _pictures(self, engine: ModelBatcher[object, object]) -> Adapter:
-        """An image job's adapter: the pictures of each unit are read and decoded here, on the
-        replica that runs the model (in its own decode processes, as a local run's), so
-        decoded pixels never cross the network."""
-        from batchline.jobs.images import ImageAdapter
-        from batchline.jobs.run import dedupe_window
-        from batchline.models.image import DecodePool
-
-        options = self._job.options
-        preprocess = getattr(self._model, "preprocess")  # noqa: B009 (an image model's)
-        pool = await self._stack.enter_async_context(DecodePool(preprocess, options.decode))
-        adapter = ImageAdapter(
-            engine,
-            pool,
-            base=options.input.parent if options.input is not None else None,
-            dedupe_window=dedupe_window(options),
-            tune_workers=options.decode.workers is None,
-        )
-        self._images = adapter
-        return adapter
-
-    def _result(self, outcomes: list[Outcome]) -> UnitResult:
-        where = (outcomes, self._node_id, os.getpid(), time.process_time())
-        batch = self._batch or self._images
-        engine = (
-            batch.engine
-            if batch is not None
-            else self._engines.get("embed", self._engines.get("score"))
-        )
-        stats = engine.stats if engine is not None else None
-        duplicates = batch.duplicates if batch is not None else 0
-        gen = self._generator
-        if gen is None:
-            return UnitResult(*where, stats=stats, duplicates=duplicates)
-        gen.sample()
+        figures = self._work.figures()
         return UnitResult(
-            *where,
-            stats=stats,
-            generation=gen.gen.stats,
-            max_running=gen.model.max_running,
-            in_flight=gen.limit,
-            batching=gen.model.batching,
-            dtype=gen.model.dtype,
-            running_peak=gen.peaks.running,
-            waiting_peak=gen.peaks.waiting,
-            kv_reserved_peak=gen.peaks.kv_reserved,
-            duplicates=duplicates + gen.duplicates,
-            tokens=gen.tokens,
+            list(outcomes),
+            self._node_id,
+            os.getpid(),
+            time.process_time(),
+            **{f.name: getattr(figures, f.name) for f in dataclasses.fields(figures)},
         )
 
     async def stop(self) -> None:
         """Stop the batchers and generator (draining), then free the models."""
         await self._stack.aclose()
-        for model in self._closers:
-            model.close()
+        self._work.close()

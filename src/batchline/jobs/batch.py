@@ -127,6 +127,10 @@ class BatchAdapter:
         """Records answered from an earlier identical input's computation."""
         return 0 if self.seen is None else self.seen.duplicates
 
+    def split_text(self) -> str:
+        """Where the job's time went ("": a batch model's job says it in its batch figures)."""
+        return ""
+
     async def submit(self, records: Sequence[Record]) -> asyncio.Future[list[Outcome]]:
         take = self.take
         inputs = [r.input for r in records] if take is None else [take(r) for r in records]

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from batchline.jobs.display import RateBar
+    from batchline.jobs.job import Job
     from batchline.jobs.options import RunOptions
 
 __all__ = ["add_parser", "given_flags"]
@@ -301,7 +302,6 @@ def _main(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from batchline.jobs.display import print_summary
-    from batchline.jobs.options import GenerateOptions
     from batchline.jobs.run import RunOptions, run
 
     if args.chunk_size < 1:
@@ -332,8 +332,8 @@ def _main(args: argparse.Namespace) -> int:
         raise InputError("--address, --replicas and --cpus-per-replica go with --engine ray")
     if args.engine == "ray" and args.cache is not None:
         raise InputError("--cache goes with the local engine; --engine ray runs without it")
-    options = _resolve(args, options)
-    generating = isinstance(options, GenerateOptions)
+    job = _resolve(args, options)
+    options, generating = job.options, job.generates
     console = Console(stderr=True)
     show = not args.quiet and console.is_terminal
     bar = (_generation_bar(console) if generating else _bar(console)) if show else None
@@ -343,13 +343,13 @@ def _main(args: argparse.Namespace) -> int:
     try:
         # --engine ray is dispatched from the top (batchline.__main__): no command imports
         # integrations/
-        summary = run(options, bar) if args.engine == "local" else args.on_ray(options, args, bar)
+        summary = run(job, bar) if args.engine == "local" else args.on_ray(job, args, bar)
     except KeyboardInterrupt:
         if bar is not None:
             bar.close()
             bar = None
         signame = stopped_by[0] if stopped_by else "SIGINT"
-        print(f"batchline run: {_interrupted(args, options, signame)}", file=sys.stderr)
+        print(f"batchline run: {_interrupted(args, job, signame)}", file=sys.stderr)
         return 143 if signame == "SIGTERM" else 130
     finally:
         restore()
@@ -425,14 +425,14 @@ def _sigterm_as_interrupt(stopped_by: list[str]) -> Callable[[], object]:
     return lambda: signal.signal(signal.SIGTERM, old)
 
 
-def _interrupted(args: argparse.Namespace, options: RunOptions, signame: str) -> str:
+def _interrupted(args: argparse.Namespace, job: Job, signame: str) -> str:
     """What a stopped run tells its user: the records committed, and the command that goes
     on from there (or, with nothing committed, the same command again)."""
     import shlex
 
     from batchline._commands import program
 
-    out = _output_dir(options)
+    out = _output_dir(job)
     kept = 0
     if out is not None and (out / "_manifest.json").exists():
         from batchline.datasets.manifest import Manifest
@@ -449,58 +449,48 @@ def _interrupted(args: argparse.Namespace, options: RunOptions, signame: str) ->
     return f"interrupted ({signame}): {where}; to go on, run: {command}"
 
 
-def _output_dir(options: RunOptions) -> Path | None:
-    """The folder a job commits its chunks to (None where it cannot be told)."""
-    from batchline.datasets.sinks import default_output
-    from batchline.jobs.openai_batch import detect_batch
-    from batchline.jobs.options import GenerateOptions
-    from batchline.models.loader import resolve_task
+def _output_dir(job: Job) -> Path | None:
+    """The folder a job commits its chunks to (its kind's ``out_dir``; None where it cannot
+    be told)."""
+    from batchline.jobs.kinds import kind_of
 
     try:
-        if isinstance(options, GenerateOptions):
-            batch = detect_batch(options)
-            if batch is not None:
-                return Path(batch.parts)
-        if options.output is not None:
-            return Path(options.output)
-        if isinstance(options, GenerateOptions):
-            return default_output(options.input, "generate")
-        assert options.spec is not None  # resolved (else no count, as for any failure here)
-        return default_output(options.input, resolve_task(options.spec))
+        out_dir = kind_of(job).out_dir
+        return None if out_dir is None else out_dir(job)
     except Exception:  # the message goes out anyway, without the count
         return None
 
 
-def _resolve(args: argparse.Namespace, options: RunOptions) -> RunOptions:
-    """``options`` resolved (``resolve``, the one batch-or-generate decision): as
-    ``GenerateOptions`` with the sampling flags when the job generates text, else as they are
-    (generation flags refused)."""
-    from batchline.jobs.options import GenerateOptions, resolve
-    from batchline.jobs.requests import is_openai_batch_file
+def _resolve(args: argparse.Namespace, options: RunOptions) -> Job:
+    """The job ``options`` describe (``resolve_job``, the one decision of what a job is), a
+    generation job's with the sampling flags (elsewhere, generation flags are refused).
+    ``--model`` repeats for an OpenAI batch file alone."""
+    from batchline.jobs.kinds import resolve_job
+    from batchline.jobs.options import GenerateOptions, SeveralModelsError
 
     given = given_flags(args, _GENERATION_FLAGS)
     forced = args.input_format == "openai-batch"
-    batch = is_openai_batch_file(options.input, options.input_format, forced=forced)
     models = tuple(args.model or ())
-    if batch:  # an OpenAI batch file is a generation job, whatever its models
+    several = models if len(models) > 1 else ()
+    if several and options.input is not None and not options.input.exists():
+        raise InputError(f"{options.input}: no such file or folder")
+    if forced or several:  # an OpenAI batch file is a generation job, whatever its models
         values = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}
-        several = models if len(models) > 1 else ()
         options = GenerateOptions(**values, openai_batch=forced, models=several)
-    elif len(models) > 1:
-        if options.input is not None and not options.input.exists():
-            raise InputError(f"{options.input}: no such file or folder")
+    try:
+        job = resolve_job(options)
+    except SeveralModelsError:
         raise InputError(
-            "--model repeats only for an OpenAI batch file (each line's body.model picks one); "
-            "run one model at a time on other inputs"
-        )
-    options = resolve(options)
-    if not isinstance(options, GenerateOptions):
+            "--model repeats only for an OpenAI batch file (each line's body.model picks "
+            "one); run one model at a time on other inputs"
+        ) from None
+    if not job.generates:
         if given:
             raise InputError(
                 f"{given[0]} goes with text generation (--task generate, --model smollm2 or a "
                 "Hugging Face model folder PATH/)"
             )
-        return options
+        return job
     if args.input_columns:
         raise InputError(
             "--input-column goes with predict models; generation reads --prompt-column"
@@ -518,7 +508,7 @@ def _resolve(args: argparse.Namespace, options: RunOptions) -> RunOptions:
         sampling["chat_template"] = False
     if args.no_prefix_ordering:
         sampling["prefix_ordering"] = False
-    return dataclasses.replace(options, **sampling)
+    return dataclasses.replace(job, options=dataclasses.replace(job.options, **sampling))
 
 
 def _generation_bar(console: Console) -> RateBar:

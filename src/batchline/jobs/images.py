@@ -1,5 +1,6 @@
-"""An image model as the dataset pipeline's adapter: pictures decoded in worker processes,
-pipelined with the model's batches.
+"""The ``images`` job kind: a batch model over pictures (a folder, ``.tar`` shards, or a file
+with ``--image-column``), its pictures decoded in worker processes, pipelined with the model's
+batches; the kind is :data:`KIND`, at the end, and runs locally and on Ray replicas.
 
 ::
 
@@ -22,7 +23,8 @@ After the first pictures it sets how many decode at once from what it measured
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -31,13 +33,28 @@ from batchline._errors import InputError
 from batchline.datasets.outcomes import Failed, Outcome, describe
 from batchline.datasets.sources import Record
 from batchline.jobs.batch import Seen
+from batchline.jobs.dataset import (
+    ModelAdapter,
+    dedupe_window,
+    model_out_dir,
+    open_job,
+    plan_model_job,
+    run_model_job,
+)
+from batchline.jobs.job import Job, JobKind, RayPlan
 from batchline.models.batching import ModelBatcher
-from batchline.models.image import DecodePool, ImageRef, content_key
+from batchline.models.image import DecodePool, ImagePreprocess, ImageRef, content_key
 
 if TYPE_CHECKING:
+    from batchline.datasets.pipeline import Progress
+    from batchline.datasets.sinks import ChunkWriter
+    from batchline.datasets.sources import Source
+    from batchline.jobs.options import RunOptions
     from batchline.jobs.result_cache import ResultCache
+    from batchline.jobs.summary import RunSummary
+    from batchline.models.protocol import BatchModel, ModelInfo
 
-__all__ = ["ImageAdapter", "TimeSplit", "picture_key", "picture_ref"]
+__all__ = ["KIND", "ImageAdapter", "TimeSplit", "picture_key", "picture_ref"]
 
 _Engine = ModelBatcher[object, object]
 
@@ -127,6 +144,10 @@ class ImageAdapter:
 
     def utilization(self) -> float:
         return self.engine.stats.utilization
+
+    def split_text(self) -> str:
+        """Where the job's time went, in a line (the summary's ``time split`` row)."""
+        return self.time_split().text()
 
     def time_split(self) -> TimeSplit:
         stats = self.engine.stats
@@ -241,3 +262,71 @@ def _settled(mine: asyncio.Future[Outcome] | None, outcome: Outcome) -> Outcome:
     if mine is not None and not mine.done():
         mine.set_result(outcome)
     return outcome
+
+
+# -- the images kind -------------------------------------------------------------------------
+
+
+def _reads_pictures(options: RunOptions) -> bool:
+    """A job over pictures: a folder or ``.tar`` shards, or ``--image-column``."""
+    return options.reads_pictures()
+
+
+@contextlib.asynccontextmanager
+async def _image_adapter(
+    job: Job,
+    model: BatchModel[object, object],
+    engine: _Engine,
+    cache: ResultCache | None,
+) -> AsyncIterator[ModelAdapter]:
+    """The model's decode workers (its ``preprocess`` in worker processes), and the pictures
+    fed through them (:class:`ImageAdapter`)."""
+    preprocess = getattr(model, "preprocess", None)
+    if not isinstance(preprocess, ImagePreprocess):
+        raise InputError(
+            f"model {model.info.name!r} reads pictures but has no preprocess (an "
+            "ImagePreprocess attribute): the decode workers need it"
+        )
+    options = job.options
+    async with DecodePool(preprocess, options.decode) as pool:
+        yield ImageAdapter(
+            engine,
+            pool,
+            base=options.input.parent if options.input is not None else None,
+            dedupe_window=dedupe_window(options),
+            cache=cache,
+            tune_workers=options.decode.workers is None,
+        )
+
+
+def _open(job: Job, info: ModelInfo) -> tuple[Source, ChunkWriter]:
+    return open_job(job.options, info)  # a text model given pictures: the source says so
+
+
+async def _run_local(job: Job, progress: Progress | None) -> RunSummary:
+    return await run_model_job(job, progress, opener=_open, adapter=_image_adapter)
+
+
+def _plan_ray(job: Job) -> RayPlan:
+    """On Ray, each unit's pictures are read and decoded on the replica that runs the model
+    (in its own decode processes, as a local run's): decoded pixels never cross the network.
+    The driver finds duplicates by each picture's content, its bytes read there."""
+    options = job.options
+    folder = options.input.parent if options.input is not None else None
+    draft = options.decode.draft
+    return plan_model_job(
+        job,
+        opener=_open,
+        adapter=_image_adapter,
+        key_of=lambda record: picture_key(record.input, folder, draft=draft),
+    )
+
+
+#: A batch model over pictures.
+KIND = JobKind(
+    "images",
+    claims=_reads_pictures,
+    run_local=_run_local,
+    plan_ray=_plan_ray,
+    out_dir=model_out_dir,
+)

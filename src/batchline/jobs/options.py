@@ -26,7 +26,12 @@ from batchline.models.selection import ModelSelection
 if TYPE_CHECKING:
     from batchline.models.specs import ModelSpec
 
-__all__ = ["GenerateOptions", "RunOptions", "batch_specs", "resolve"]
+__all__ = ["GenerateOptions", "RunOptions", "SeveralModelsError", "batch_specs", "resolve"]
+
+
+class SeveralModelsError(InputError):
+    """Raised by :func:`resolve` when a job is given several models and its input is not an
+    OpenAI batch file (the one job that picks a model per line)."""
 
 
 @dataclass
@@ -152,7 +157,7 @@ def resolve(options: RunOptions) -> RunOptions:
     if generating and options.model == "default" and not models:
         options = dataclasses.replace(options, model="smollm2")
     if models and not batch:
-        raise InputError(
+        raise SeveralModelsError(
             "several models go with an OpenAI batch file only (each line's body.model picks "
             f"one); {options.input or 'the demo input'} is not one: run one model at a time"
         )

@@ -165,3 +165,41 @@ def test_bad_arguments_and_missing_torch_are_one_clear_line(
     assert "transformers is missing" in message
     assert install_command("generate") in message
     assert "torch==2.13.0" in message
+
+
+@pytest.mark.parametrize("which", ["qwen3", "minilm"])
+def test_texts_are_tokenized_directly_to_the_folders_tokenizers_ids(
+    folder: Path, which: str
+) -> None:
+    from batchline.models.common.minilm import weights_dir
+
+    path = folder if which == "qwen3" else weights_dir()
+    model = _load(path, pooling="mean")
+    assert model._direct is not None  # the fast path is taken for both kinds of folder
+    texts = [*TEXTS, "naïve  東京 [SEP] <|endoftext|>", "word " * 300]
+    want = model.tokenizer(texts, truncation=True, max_length=64, padding=False)["input_ids"]
+    got = model.prepare(texts)
+    assert [list(t.ids) for t in got] == want
+    assert [list(t.ids) for t in model.prepare(texts[:1])] == want[:1]
+    assert len(got[-1]) == 64
+
+
+def test_a_tokenizer_the_direct_path_would_change_is_kept() -> None:
+    from batchline.models.hf.torch_embed import direct_tokenizer
+
+    class Adds:
+        """A transformers-like tokenizer whose class adds a token of its own to every text."""
+
+        def __init__(self, inner: Any) -> None:
+            self.backend_tokenizer = inner.backend_tokenizer
+            self._inner = inner
+
+        def __call__(self, texts: list[str], **kw: Any) -> dict[str, list[list[int]]]:
+            return {"input_ids": [[7, *ids] for ids in self._inner(texts, **kw)["input_ids"]]}
+
+    from batchline.models.common.minilm import weights_dir
+
+    inner = transformers.AutoTokenizer.from_pretrained(weights_dir(), local_files_only=True)
+    assert direct_tokenizer(inner, 64) is not None
+    assert direct_tokenizer(Adds(inner), 64) is None
+    assert direct_tokenizer(object(), 64) is None  # a slow tokenizer has no backend

@@ -33,7 +33,7 @@ from batchline.models.hf.export import require_torch
 from batchline.models.onnx import TokenizedText, pad_sequences
 from batchline.models.protocol import ModelInfo
 
-__all__ = ["POOLINGS", "TorchEmbedder", "load_torch_embedder"]
+__all__ = ["POOLINGS", "TorchEmbedder", "direct_tokenizer", "load_torch_embedder"]
 
 #: The token poolings a torch embedder does (sentence-transformers' names).
 POOLINGS = ("lasttoken", "mean", "cls")
@@ -66,6 +66,7 @@ class TorchEmbedder:
         self._torch = torch
         self.model = model
         self.tokenizer = tokenizer
+        self._direct = direct_tokenizer(tokenizer, max_length)
         self.pooling = pooling
         self.normalize = normalize
         self.max_length = max_length
@@ -105,10 +106,7 @@ class TorchEmbedder:
                 kind = type(value).__name__
                 out[i] = TypeError(f"an embedding input must be a string, got {kind}")
         if texts:
-            truncate = self.max_length is not None
-            encoded = self.tokenizer(
-                texts, truncation=truncate, max_length=self.max_length, padding=False
-            )["input_ids"]
+            encoded = self._encode(texts)
             for i, ids in zip(where, encoded, strict=True):
                 out[i] = (
                     TokenizedText(np.asarray(ids, dtype=np.int64))
@@ -116,6 +114,22 @@ class TorchEmbedder:
                     else InputError("the text has no tokens to embed")
                 )
         return [out[i] for i in range(len(inputs))]
+
+    def _encode(self, texts: list[str]) -> list[list[int]]:
+        """The token ids of ``texts``, truncated at ``max_length``: straight from the
+        tokenizers library where that gives the folder's tokenizer's ids (checked at load),
+        else through transformers' tokenizer (which re-applies its truncation settings on
+        every call: most of a short request's tokenizing time)."""
+        direct = self._direct
+        if direct is not None:
+            if len(texts) == 1:
+                return [direct.encode(texts[0]).ids]
+            return [e.ids for e in direct.encode_batch(texts)]
+        truncate = self.max_length is not None
+        ids: list[list[int]] = self.tokenizer(
+            texts, truncation=truncate, max_length=self.max_length, padding=False
+        )["input_ids"]
+        return ids
 
     def cost(self, item: TokenizedText) -> int:
         return max(1, len(item))
@@ -230,3 +244,46 @@ def _max_length(asked: int | None, tokenizer: object, config: object) -> int | N
     own = getattr(tokenizer, "model_max_length", None)
     candidates = [int(x) for x in (own, positions) if isinstance(x, int) and 0 < x < 10**7]
     return min(candidates) if candidates else None
+
+
+#: Texts a direct tokenizer must encode as the folder's tokenizer does before it is used:
+#: plain, accented and CJK text, markup, spaces alone, special-token spellings, and one
+#: longer than any limit (truncation).
+_PROBES = (
+    "a text",
+    "  Leading and trailing spaces, punctuation: (yes!) -- 3.14  ",
+    "naïve café, Straße, 東京都, emoji \U0001f600",
+    "<s> [CLS] </s> [SEP] <|endoftext|> <pad> [MASK]",
+    " ",
+    "word " * 2100,
+)
+
+
+def direct_tokenizer(tokenizer: Any, max_length: int | None) -> Any | None:
+    """A copy of ``tokenizer``'s own ``tokenizers.Tokenizer`` with truncation at
+    ``max_length`` set once, when it encodes every probe text to exactly the ids that
+    ``tokenizer`` gives; ``None`` otherwise (a slow tokenizer, or one whose transformers
+    class adds tokens of its own), and the caller keeps ``tokenizer``."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    try:
+        from tokenizers import Tokenizer
+
+        direct = Tokenizer.from_str(backend.to_str())
+        direct.no_padding()
+        if max_length is None:
+            direct.no_truncation()
+        else:
+            direct.enable_truncation(max_length)
+        probes = list(_PROBES)
+        want = tokenizer(
+            probes, truncation=max_length is not None, max_length=max_length, padding=False
+        )["input_ids"]
+        got = [e.ids for e in direct.encode_batch(probes)]
+        single = direct.encode(probes[0]).ids
+    except Exception:  # any difference in kind: keep the folder's tokenizer
+        return None
+    if got != [list(ids) for ids in want] or single != list(want[0]):
+        return None
+    return direct
