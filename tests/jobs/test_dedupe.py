@@ -124,3 +124,22 @@ def test_a_job_computes_each_repeated_text_once_and_writes_every_record(tmp_path
     for i, text in enumerate(texts):
         first = texts.index(text)
         assert np.array_equal(got[i], got[first])  # a duplicate is its first's result, bit for bit
+
+
+def test_a_job_dedupes_as_the_backend_that_claims_its_model_says() -> None:
+    import dataclasses
+
+    from batchline.jobs.batch import DEDUPE_WINDOW
+    from batchline.jobs.run import dedupe_window
+    from batchline.models.registry import BACKENDS
+    from batchline.models.specs import parse_spec
+    from tests.toy_backend import TOY
+
+    toy = parse_spec("toy:hello")  # a module:factory spec, which the toy backend claims first
+    assert dedupe_window(RunOptions(spec=toy)) == 0  # the python backend's: not deterministic
+    assert dedupe_window(RunOptions(spec=parse_spec("default"))) == DEDUPE_WINDOW
+    assert dedupe_window(RunOptions(spec=parse_spec("default"), dedupe=False)) == 0
+    with BACKENDS.registered(TOY):
+        assert dedupe_window(RunOptions(spec=toy)) == DEDUPE_WINDOW
+    with BACKENDS.registered(dataclasses.replace(TOY, deterministic=False)):
+        assert dedupe_window(RunOptions(spec=toy)) == 0

@@ -136,3 +136,20 @@ def test_no_route_reaches_a_model_inside_its_served_model() -> None:
         if re.search(r"\bmodel\.model\.", line)
     ]
     assert found == []
+
+
+def test_only_served_py_reads_the_model_inside_a_served_object() -> None:
+    # by name: a served model or generator is held as ``served``/``generator`` (or a name
+    # holding either); only ``served.py``, which wraps the model, reads its ``.model``
+    inner = re.compile(r"\b\w*(served|generator)\w*\.model\b", re.IGNORECASE)
+    found = [
+        f"{path.relative_to(SERVER)}:{n}"
+        for path in sorted(SERVER.rglob("*.py"))
+        if path.name != "served.py"
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if inner.search(line)
+    ]
+    assert found == []
+    assert inner.search("GeneratorAdapter(generator.model, requests)")  # what it catches
+    assert inner.search("self.model = served.model")
+    assert not inner.search("name = body.model")

@@ -81,3 +81,12 @@ def test_a_port_in_use_is_named_before_the_models_load() -> None:
 def test_a_bad_spec_is_one_line() -> None:
     line = _serve([], "--model", "nope.onnx", "--port", str(_free_port()))
     assert "nope.onnx" in line
+
+
+def test_an_onnx_text_model_without_its_tokenizer_says_where_it_looked(tmp_path: Path) -> None:
+    # found before any load, as the backend that claims the model reads its tokenizer
+    (tmp_path / "model.onnx").write_bytes(b"not read: the tokenizer is looked for first")
+    line = _serve([], "--model", f"emb={tmp_path / 'model.onnx'}", "--task", "embed",
+                  "--port", str(_free_port()))  # fmt: skip
+    assert f"no tokenizer for {tmp_path / 'model.onnx'}" in line
+    assert "--tokenizer PATH" in line

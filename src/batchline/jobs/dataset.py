@@ -276,9 +276,12 @@ KIND = JobKind(
 
 def dedupe_window(options: RunOptions) -> int:
     """Distinct inputs the job keeps to answer duplicates from (0: ``--no-dedupe``, or a
-    ``module:factory`` model, whose results may not be a function of its input)."""
+    model whose backend says its results may not be a function of their input: a
+    ``module:factory`` model's, ``Backend.deterministic``)."""
+    from batchline.models.loader import deterministic
+
     spec = options.spec
-    if not options.dedupe or (spec is not None and spec.kind == "python"):
+    if not options.dedupe or (spec is not None and not deterministic(spec, options.knobs)):
         return 0
     return DEDUPE_WINDOW
 

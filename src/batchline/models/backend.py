@@ -81,7 +81,9 @@ class Backend(Generic[Opts]):
     - ``task(spec)``: the task read off a spec that names none, where this backend can tell
       (an ``.onnx`` file's graph); ``None`` leaves it to the next backend;
     - ``tokenizer(spec)``: the ``tokenizers`` tokenizer a text model reads its texts with, what
-      a benchmark cuts and counts its texts with (``None``: it takes no text, or says none).
+      a benchmark cuts and counts its texts with (``None``: it takes no text, or says none);
+    - ``deterministic``: whether its results are a function of its input alone, so that a job
+      answers a repeated input from the first one's result (a user's Python model may not be).
     """
 
     name: str
@@ -91,6 +93,7 @@ class Backend(Generic[Opts]):
     identity: Callable[[ModelSpec, Opts | None], Identity | None]
     task: Callable[[ModelSpec], Task | None] = _no_task
     tokenizer: Callable[[ModelSpec], Tokenizer | None] = _no_tokenizer
+    deterministic: bool = True
 
 
 class Registry:

@@ -141,4 +141,5 @@ PYTHON = Backend(
     footprint=_footprint,
     identity=_identity,
     task=_task,
+    deterministic=False,
 )

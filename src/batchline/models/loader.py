@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
 # tokenizer_path is the onnx backend's; named here too, as the spec's other resolver
-__all__ = ["load_model", "resolve_task", "text_tokenizer", "tokenizer_path"]
+__all__ = ["deterministic", "load_model", "resolve_task", "text_tokenizer", "tokenizer_path"]
 
 AnyModel = BatchModel[object, object]
 
@@ -53,6 +53,12 @@ def text_tokenizer(spec: ModelSpec) -> Tokenizer | None:
     names), or ``None`` for a model that takes no text: what a benchmark cuts and counts its
     texts with."""
     return BACKENDS.claiming(spec, Knobs()).tokenizer(spec)
+
+
+def deterministic(spec: ModelSpec, knobs: Knobs) -> bool:
+    """Whether the backend that claims ``spec`` gives results that are a function of their
+    input alone (``Backend.deterministic``): what a job answers duplicates by."""
+    return BACKENDS.claiming(spec, knobs).deterministic
 
 
 def load_model(spec: ModelSpec, knobs: Knobs) -> AnyModel:

@@ -253,15 +253,14 @@ def run(args: argparse.Namespace) -> int:
 def _check_models(settings: ServerSettings) -> None:
     """Fail before serving, with one line (exit 2), when a model cannot be loaded as given: a
     malformed spec, a missing file, a built-in model not pulled, a text model without its
-    tokenizer."""
+    tokenizer (read as the backend that claims the model reads it: ``Backend.tokenizer``)."""
     from batchline.models.builtin import BUILTIN_MODELS
-    from batchline.models.loader import resolve_task, tokenizer_path
+    from batchline.models.loader import resolve_task, text_tokenizer
 
     for spec in settings.specs:
-        if spec.kind == "builtin":
+        if spec.kind == "builtin":  # the catalogue's, whichever backend loads it
             BUILTIN_MODELS[spec.source].package_dir()  # not pulled: names the pull command
         if spec.generates:
             continue
-        task = resolve_task(spec)
-        if spec.kind == "onnx" and task in ("embed", "classify"):
-            tokenizer_path(spec)
+        resolve_task(spec)  # one no backend can tell: pass --task
+        text_tokenizer(spec)

@@ -2,7 +2,9 @@
 and :class:`ServedGenerator` (a generate model). :class:`~batchline.server.registry.ModelRegistry`
 hands one out per request (``acquire``); a route uses only what these classes show (``run`` and
 ``encode``, ``generator`` and the prompt encoders, ``tokenizing``, ``card``), never the model
-inside.
+inside. The Batch API (``server/batches``) takes what it needs here too: a served batch model
+as a job's line engine (:class:`ServedLane`), a served generator as a job's adapter
+(:meth:`ServedGenerator.job_adapter`).
 
 A served batch model is any :class:`~batchline.models.protocol.BatchModel` (loaded by
 ``batchline.models.loader.load_model``), in one of two layouts:
@@ -41,6 +43,7 @@ from collections.abc import Awaitable, Mapping, Sequence
 from typing import TYPE_CHECKING, Generic, TypeVar, cast
 
 from batchline._device import Device
+from batchline._errors import QueueFullError
 from batchline._stats import BatchStats
 from batchline._tracing import Tracing
 from batchline.models.config import Knobs
@@ -55,6 +58,8 @@ if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
     from batchline._batcher import DynamicBatcher
+    from batchline.jobs.generate import GeneratorAdapter
+    from batchline.jobs.requests import RecordRequests
     from batchline.models.generation import (
         Completion,
         GenerationModel,
@@ -64,7 +69,7 @@ if TYPE_CHECKING:
     from batchline.server.generation_metrics import GenerationMetrics
     from batchline.server.images import PictureDecoder
 
-__all__ = ["Served", "ServedGenerator", "ServedModel", "model_card"]
+__all__ = ["Served", "ServedGenerator", "ServedLane", "ServedModel", "model_card"]
 
 P = TypeVar("P")
 R = TypeVar("R")
@@ -328,6 +333,21 @@ class ServedGenerator:
         """The model's one shared generator: every prompt of every request is submitted to it."""
         return self.model.generator
 
+    @property
+    def max_waiting(self) -> int:
+        """The generator's waiting queue: requests submitted and not yet running, at most."""
+        return self.model.max_waiting
+
+    def job_adapter(self, requests: RecordRequests, *, limit: int) -> GeneratorAdapter:
+        """This generator answering a job's records (the Batch API's chat and completions
+        lines), at most ``limit`` requests in flight, and never more than the job's own
+        :func:`~batchline.jobs.generate.in_flight_limit`."""
+        from batchline.jobs.generate import GeneratorAdapter, in_flight_limit
+
+        return GeneratorAdapter(
+            self.model, requests, None, limit=max(1, min(in_flight_limit(self.model), limit))
+        )
+
     def stats(self) -> GenerationStats:
         return self.model.generator.stats
 
@@ -383,6 +403,41 @@ class ServedGenerator:
 
 #: A served model of either kind (what the residency holds).
 Served = ServedModel[object, object] | ServedGenerator
+
+
+class ServedLane:
+    """A served batch model as a job's line engine
+    (:class:`~batchline.jobs.openai_lines.LineEngine`, for the Batch API): each item queued at
+    ``priority``, at most ``room`` at a time; when live traffic has filled the queue, the item
+    waits ``retry_s`` and tries again rather than fail. The job prepares, costs and encodes with
+    the model itself (``model``), as it does with its own batcher."""
+
+    def __init__(
+        self, served: ServedModel[object, object], room: int, *, priority: int, retry_s: float
+    ) -> None:
+        self.served = served
+        self.model: BatchModel[object, object] = served.model
+        self._room = asyncio.Semaphore(room)
+        self._priority = priority
+        self._retry_s = retry_s
+
+    @property
+    def stats(self) -> BatchStats:
+        return self.served.stats() or BatchStats()
+
+    async def submit(self, item: object) -> asyncio.Future[object]:
+        await self._room.acquire()
+        task = asyncio.ensure_future(self._run(item))
+        task.add_done_callback(lambda _: self._room.release())
+        return task
+
+    async def _run(self, item: object) -> object:
+        while True:
+            try:
+                (result,) = await self.served.run([item], priority=self._priority)
+                return result
+            except QueueFullError:
+                await asyncio.sleep(self._retry_s)
 
 
 def model_card(name: str, created: int, task: str) -> dict[str, object]:

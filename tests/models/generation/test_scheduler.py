@@ -135,6 +135,18 @@ async def test_too_large_names_the_token_counts_and_the_limit() -> None:
         assert gen.stats.requests_submitted == 0
 
 
+async def test_check_is_submits_size_check_and_admits_nothing() -> None:
+    engine = FakeEngine(max_context_tokens=100)
+    async with ContinuousGenerator(engine, TOK, kv_token_budget=80) as gen:
+        gen.check([5] * 30, SamplingParams(max_tokens=50))  # fits both: no error
+        with pytest.raises(RecordTooLargeError, match=r"= 110 tokens exceeds the model's context"):
+            gen.check([5] * 60, SamplingParams(max_tokens=50))
+        with pytest.raises(RecordTooLargeError, match=r"= 90 tokens exceeds the KV-cache budget"):
+            gen.check([5] * 40, SamplingParams(max_tokens=50))
+        # a caller's check is no submission and no rejection; submit's own check counts one
+        assert (gen.stats.requests_rejected, gen.stats.requests_submitted) == (0, 0)
+
+
 async def test_submit_refuses_empty_prompts_duplicate_ids_and_a_stopped_generator() -> None:
     gen = ContinuousGenerator(FakeEngine(), TOK)
     with pytest.raises(RuntimeError, match="not running"):

@@ -38,7 +38,6 @@ from batchline.models.generation.stream import (
     IncrementalDetokenizer,
     StepUpdate,
     TrackedSequence,
-    check_submit,
 )
 
 __all__ = ["EngineGenerator", "Update", "check_min"]
@@ -102,6 +101,9 @@ class EngineGenerator(GeneratorLifecycle):
     def kv_token_budget(self) -> int:
         return self._kv_budget
 
+    def _kv_limit(self) -> int | None:
+        return self._kv_budget
+
     async def start(self) -> None:
         if self._state is State.NEW:  # a second start raises in the base, touching nothing
             self._loop = asyncio.get_running_loop()
@@ -126,17 +128,7 @@ class EngineGenerator(GeneratorLifecycle):
         self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str | None
     ) -> TrackedSequence:
         rid = request_id if request_id is not None else f"{self.name}-{next(self._ids)}"
-        prompt = check_submit(
-            name=self.name,
-            state=self._state,
-            request_id=rid,
-            in_use=self._live,
-            prompt_ids=prompt_ids,
-            params=params,
-            max_context_tokens=self._engine.max_context_tokens,
-            kv_token_budget=self._kv_budget,
-            on_reject=self._recorder.on_reject,
-        )
+        prompt = self._admissible(rid, self._live, prompt_ids, params)
         request = GenerationRequest(rid, prompt, params)
         stream = GenerationStream(rid, len(prompt), on_abort=self._abort)
         return TrackedSequence(

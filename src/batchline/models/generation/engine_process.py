@@ -79,7 +79,6 @@ from batchline.models.generation.stream import (
     Completion,
     GenerationStream,
     TextGenerator,
-    check_submit,
 )
 
 __all__ = ["ProcessGenerator"]
@@ -214,6 +213,9 @@ class ProcessGenerator(GeneratorLifecycle):
     def kv_token_budget(self) -> int:
         return self._facts().kv_token_budget
 
+    def _kv_limit(self) -> int | None:
+        return self._facts().kv_token_budget
+
     @property
     def max_in_flight(self) -> int:
         """Requests in flight at most (waiting and running, together); beyond, ``submit``
@@ -257,17 +259,7 @@ class ProcessGenerator(GeneratorLifecycle):
         ``ModelError`` once the engine process has exited)."""
         rid = request_id if request_id is not None else f"{self.name}-{next(self._ids)}"
         facts = self._ready  # known once started: a generator not started fails the state check
-        prompt = check_submit(
-            name=self.name,
-            state=self._state,
-            request_id=rid,
-            in_use=self._flights,
-            prompt_ids=prompt_ids,
-            params=params,
-            max_context_tokens=facts.max_context_tokens if facts is not None else 0,
-            kv_token_budget=facts.kv_token_budget if facts is not None else None,
-            on_reject=self._recorder.on_reject,
-        )
+        prompt = self._admissible(rid, self._flights, prompt_ids, params)
         assert facts is not None
         if self._gone is not None:
             raise ModelError(self._gone)

@@ -1,19 +1,27 @@
-"""``GeneratorLifecycle``: start, stop and drain, written once for every generator.
+"""``GeneratorLifecycle``: start, stop, drain and the admission checks, written once for every
+generator.
 
 The continuous and static schedulers (:mod:`.continuous`, :mod:`.static`) and the vLLM adapter
 (:mod:`.vllm_generator`) differ in what they run, not in how they start and stop: a generator
 starts once; ``stop()`` refuses new requests, lets admitted ones finish when asked to drain (for
 at most ``timeout_s``), then ends what is left; concurrent ``stop()`` calls share one stop. Each
-subclass says what its worker is through three hooks.
+subclass says what its worker is through three hooks. What a request must be to be taken (a
+running generator, a fresh id, a prompt that fits the context and KV budget) is checked here
+too: :meth:`GeneratorLifecycle.check` is the one size check, used by every ``submit`` and by a
+caller that admits several requests all or none (the server's ``/generate`` with many prompts).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Container, Sequence
 from typing import Self
 
 from batchline._batcher import State
+from batchline._errors import BatcherClosedError
+from batchline.models.generation.engine import SamplingParams
 from batchline.models.generation.stats import GenerationStatsRecorder
+from batchline.models.generation.stream import check_fits
 
 __all__ = ["GeneratorLifecycle"]
 
@@ -30,6 +38,54 @@ class GeneratorLifecycle:
     @property
     def state(self) -> State:
         return self._state
+
+    @property
+    def max_context_tokens(self) -> int:
+        """The longest prompt + ``max_tokens`` one request may have."""
+        raise NotImplementedError
+
+    def _kv_limit(self) -> int | None:
+        """The KV-cache budget one request must fit in, when the generator keeps one."""
+        return None
+
+    def check(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
+        """Raise ``RecordTooLargeError`` when this request can never be admitted (prompt +
+        ``max_tokens`` over the context or the KV budget); admits and counts nothing."""
+        check_fits(
+            len(prompt_ids),
+            params.max_tokens,
+            max_context_tokens=self.max_context_tokens,
+            kv_token_budget=self._kv_limit(),
+        )
+
+    def _admissible(
+        self,
+        request_id: str,
+        in_use: Container[str],
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+    ) -> tuple[int, ...]:
+        """What ``submit`` checks before it takes a request, in order; the prompt as a tuple.
+
+        Not running → ``RuntimeError`` (never started) or ``BatcherClosedError``; a
+        ``request_id`` in use or an empty prompt → ``ValueError``; a request that can never fit
+        → ``RecordTooLargeError`` (:meth:`check`), counted as a rejection.
+        """
+        if self._state is not State.RUNNING:
+            if self._state is State.NEW:
+                raise RuntimeError(f"{self.name} is not running; call start() or use 'async with'")
+            raise BatcherClosedError(f"{self.name} is {self._state.value}; submit refused")
+        if request_id in in_use:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        prompt = tuple(prompt_ids)
+        if not prompt:
+            raise ValueError("the prompt has no tokens")
+        try:
+            self.check(prompt, params)
+        except Exception:
+            self._recorder.on_reject()
+            raise
+        return prompt
 
     async def __aenter__(self) -> Self:
         await self.start()

@@ -26,12 +26,11 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections import deque
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, Self
 
-from batchline._batcher import State
-from batchline._errors import BatcherClosedError, RecordTooLargeError
+from batchline._errors import RecordTooLargeError
 from batchline.models.generation.engine import (
     FinishReason,
     GenerationRequest,
@@ -51,7 +50,6 @@ __all__ = [
     "TextGenerator",
     "TrackedSequence",
     "check_fits",
-    "check_submit",
 ]
 
 _REPLACEMENT = "\ufffd"
@@ -236,45 +234,11 @@ class TextGenerator(Protocol):
     @property
     def max_context_tokens(self) -> int: ...
 
-
-def check_submit(
-    *,
-    name: str,
-    state: State,
-    request_id: str,
-    in_use: Container[str],
-    prompt_ids: Sequence[int],
-    params: SamplingParams,
-    max_context_tokens: int,
-    kv_token_budget: int | None,
-    on_reject: Callable[[], None],
-) -> tuple[int, ...]:
-    """What every generator checks before it takes a request, in order; the prompt as a tuple.
-
-    Not running → ``RuntimeError`` (never started) or ``BatcherClosedError``; a ``request_id``
-    in use or an empty prompt → ``ValueError``; a request that can never fit →
-    ``RecordTooLargeError`` (:func:`check_fits`), counted by ``on_reject``.
-    """
-    if state is not State.RUNNING:
-        if state is State.NEW:
-            raise RuntimeError(f"{name} is not running; call start() or use 'async with'")
-        raise BatcherClosedError(f"{name} is {state.value}; submit refused")
-    if request_id in in_use:
-        raise ValueError(f"request_id {request_id!r} is already in use")
-    prompt = tuple(prompt_ids)
-    if not prompt:
-        raise ValueError("the prompt has no tokens")
-    try:
-        check_fits(
-            len(prompt),
-            params.max_tokens,
-            max_context_tokens=max_context_tokens,
-            kv_token_budget=kv_token_budget,
-        )
-    except Exception:
-        on_reject()
-        raise
-    return prompt
+    def check(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
+        """Raise ``RecordTooLargeError`` when this request can never be admitted, as
+        :meth:`submit` would, admitting nothing: a caller that admits several requests all or
+        none checks each first."""
+        ...
 
 
 def check_fits(

@@ -74,7 +74,6 @@ from batchline.models.generation.stream import (
     GenerationDelta,
     GenerationStream,
     TextGenerator,
-    check_submit,
 )
 
 __all__ = [
@@ -387,19 +386,7 @@ class VllmGenerator(GeneratorLifecycle):
     ) -> GenerationStream:
         """Start one request in vLLM now or raise (see :class:`TextGenerator`)."""
         rid = request_id if request_id is not None else f"{self.name}-{next(self._ids)}"
-        prompt = list(
-            check_submit(
-                name=self.name,
-                state=self._state,
-                request_id=rid,
-                in_use=self._tasks,
-                prompt_ids=prompt_ids,
-                params=params,
-                max_context_tokens=self._max_context,
-                kv_token_budget=None,
-                on_reject=self._recorder.on_reject,
-            )
-        )
+        prompt = list(self._admissible(rid, self._tasks, prompt_ids, params))
         if len(self._waiting) >= self.max_waiting:
             self._recorder.on_reject()
             raise QueueFullError(

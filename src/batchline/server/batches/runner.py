@@ -13,8 +13,9 @@ answers the lines: the server's models, not loaded ones:
   ``batch`` priority (every job request is, see ``jobs/generate.py``), with fewer requests in
   flight than its waiting queue holds, so live requests still find room;
 - embeddings, classify, rerank and score lines go to the served model's own queue
-  (:class:`_ServedLane`) at ``batch`` priority, at most a share of the queue at a time; a
-  queue that live traffic filled makes the batch wait, never a line fail;
+  (:class:`~batchline.server.served.ServedLane`) at ``batch`` priority, at most a share of
+  the queue at a time; a queue that live traffic filled makes the batch wait, never a line
+  fail;
 - with ``memory_budget`` the on-demand models a batch needs are acquired for its whole run
   (loaded as needed, never evicted meanwhile).
 
@@ -51,13 +52,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from batchline._cache import write_whole
-from batchline._errors import QueueFullError
 from batchline._fsio import disk_errno, disk_phrase
 from batchline._priority import BATCH, batcher_priority
-from batchline._stats import BatchStats
 from batchline.datasets.formats.base import lines as nonblank_lines
 from batchline.datasets.manifest import Manifest
-from batchline.jobs.generate import GeneratorAdapter, in_flight_limit
 from batchline.jobs.openai_batch import BatchFiles, LineEngine, answer_lines
 from batchline.jobs.openai_output import answered
 from batchline.jobs.options import GenerateOptions
@@ -69,14 +67,12 @@ from batchline.jobs.requests import (
     first_duplicate_custom_id,
 )
 from batchline.server.batches.store import FileRecord, Store, derived_file_id, now
-from batchline.server.served import ServedGenerator
+from batchline.server.served import ServedGenerator, ServedLane
 
 if TYPE_CHECKING:
     from batchline.datasets.outcomes import Written
     from batchline.datasets.sources import Record
     from batchline.models.config import Knobs
-    from batchline.models.protocol import BatchModel
-    from batchline.server.served import ServedModel
     from batchline.server.settings import ServerSettings
     from batchline.server.state import ServerState
 
@@ -321,9 +317,7 @@ class BatchService:
                 adapter = None
                 if generator is not None:
                     requests = RecordRequests("body", True, options.sampling(), openai_batch=True)
-                    adapter = GeneratorAdapter(
-                        generator.model, requests, None, limit=self._generator_room(generator)
-                    )
+                    adapter = generator.job_adapter(requests, limit=self._generator_room(generator))
                 await answer_lines(
                     options,
                     [
@@ -341,10 +335,9 @@ class BatchService:
 
     def _generator_room(self, generator: ServedGenerator) -> int:
         """Requests a batch keeps in the generator's waiting queue: a share of it, so that
-        the running batches together take half of it at most."""
-        model = generator.model
-        share = model.max_waiting // (2 * self.settings.max_running_batches)
-        return max(1, min(in_flight_limit(model), share))
+        the running batches together take half of it at most (and never more than a job keeps
+        in flight: :meth:`ServedGenerator.job_adapter`)."""
+        return max(1, generator.max_waiting // (2 * self.settings.max_running_batches))
 
     @contextlib.asynccontextmanager
     async def _hold(
@@ -369,7 +362,9 @@ class BatchService:
                 if isinstance(served, ServedGenerator):
                     generator = served
                 else:
-                    engines[kind] = _ServedLane(served, room)
+                    engines[kind] = ServedLane(
+                        served, room, priority=_PRIORITY, retry_s=_FULL_RETRY_S
+                    )
             yield generator, engines
         finally:
             for name in acquired:
@@ -429,36 +424,6 @@ class BatchService:
                 )
             )
         return len(ok), len(failed)
-
-
-class _ServedLane:
-    """A served batch model as a :class:`~batchline.jobs.openai_batch.LineEngine`: each item
-    queued at ``batch`` priority (aged: it still goes within ``priority_aging_s``), at most
-    ``room`` at a time; when live traffic has filled the queue, the item waits and tries
-    again rather than fail."""
-
-    def __init__(self, served: ServedModel[object, object], room: int) -> None:
-        self.served = served
-        self.model: BatchModel[object, object] = served.model
-        self._room = asyncio.Semaphore(room)
-
-    @property
-    def stats(self) -> BatchStats:
-        return self.served.stats() or BatchStats()
-
-    async def submit(self, item: object) -> asyncio.Future[object]:
-        await self._room.acquire()
-        task = asyncio.ensure_future(self._run(item))
-        task.add_done_callback(lambda _: self._room.release())
-        return task
-
-    async def _run(self, item: object) -> object:
-        while True:
-            try:
-                (result,) = await self.served.run([item], priority=_PRIORITY)
-                return result
-            except QueueFullError:
-                await asyncio.sleep(_FULL_RETRY_S)
 
 
 def _lane_room(knobs: Knobs, running_batches: int) -> int:

@@ -62,7 +62,6 @@ from batchline.models.generation import (
     Constraint,
     GenerationStream,
     SamplingParams,
-    check_fits,
 )
 from batchline.models.openai.completions import completion_response
 from batchline.models.openai.requests import (
@@ -153,6 +152,7 @@ async def generate(request: Request) -> Response:
         default_max_tokens=DEFAULT_MAX_TOKENS,
         greedy=True,
     )
+    _check_sizes(served, prompts, params)
     streams = _submit_all(served, state, prompts, params, f"gen-{uuid.uuid4().hex}")
     completions = await _finish_all(request, state, served, streams)
     return JSONResponse(
@@ -193,6 +193,7 @@ async def create_completion(request: Request) -> Response:
         priority,
         default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS,
     )
+    _check_sizes(served, prompts, params)
     rid = f"cmpl-{uuid.uuid4().hex}"
     streams = _submit_all(served, state, *_samples(body, state, prompts, params), rid)
     echo = (texts, [ids[0] for ids in prompts]) if body.echo else None
@@ -222,6 +223,7 @@ async def create_chat_completion(request: Request) -> Response:
     params = _sampling(
         served, body, [ids], constraint, priority, default_max_tokens=DEFAULT_MAX_TOKENS
     )
+    _check_sizes(served, [ids], params)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     streams = _submit_all(served, state, *_samples(body, state, [ids], params), rid)
     shape = _shape(served, body, rid, chat=True)
@@ -384,15 +386,11 @@ def _sampling(
     """One ``SamplingParams`` per prompt (:meth:`SamplingBody.sampling`), at the request's
     ``priority`` (the batcher's, from :func:`request_priority`: the generator orders joins by
     it): a missing ``max_tokens`` is capped by what the context leaves after that prompt;
-    ``constraint`` is the body's, checked already (:func:`_constraint`). 400 when a prompt
-    can never fit, or the body cannot be sampled as asked."""
+    ``constraint`` is the body's, checked already (:func:`_constraint`). 400 when the body
+    cannot be sampled as asked."""
     limit = served.max_context_tokens
-    # checked here too (when the generator says its budget), so that a prompt that can
-    # never fit refuses the request before any of its prompts is admitted
-    budget = getattr(served.generator, "kv_token_budget", None)
-    budget = budget if isinstance(budget, int) and budget > 0 else None
     params: list[SamplingParams] = []
-    for i, ids in enumerate(prompts):
+    for ids in prompts:
         try:
             p = body.sampling(
                 max_tokens=max(1, min(default_max_tokens, limit - len(ids))),
@@ -400,14 +398,24 @@ def _sampling(
                 priority=priority,
                 greedy=greedy,
             )
-            check_fits(len(ids), p.max_tokens, max_context_tokens=limit, kv_token_budget=budget)
-        except RecordTooLargeError as exc:
-            where = f"prompt {i}: " if len(prompts) > 1 else ""
-            raise bad_request(f"{where}{exc}") from None
         except ValueError as exc:
             raise bad_request(str(exc)) from None
         params.append(p)
     return params
+
+
+def _check_sizes(
+    served: ServedGenerator, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams]
+) -> None:
+    """400 when a prompt can never fit, before any is admitted: the generator's own check
+    (``TextGenerator.check``, what its ``submit`` checks), asked for every prompt first."""
+    generator = served.generator
+    for i, (ids, p) in enumerate(zip(prompts, params, strict=True)):
+        try:
+            generator.check(ids, p)
+        except RecordTooLargeError as exc:
+            where = f"prompt {i}: " if len(prompts) > 1 else ""
+            raise bad_request(f"{where}{exc}") from None
 
 
 def _submit_all(
