@@ -220,21 +220,8 @@ class DynamicBatcher(Generic[T, R]):
             cost_estimator=cost_estimator,
             use_tokens=self._use_tokens,
         )
-        # the policy's fields, copied to attributes: the dispatch loop reads them per batch
-        self._target_batch_cost = policy.target_batch_cost
-        self._max_batch_size = policy.max_batch_size
-        self._min_batch_size = policy.min_batch_size
-        self._batch_timeout_s = float(policy.batch_timeout_s)
-        self._max_queue_size = policy.max_queue_size
-        self._prefetch_batches = policy.prefetch_batches
         self._capacity = policy.queue_capacity
         self._slots = policy.max_concurrent_batches
-        self._oversize = policy.oversize
-        self._on_error = policy.on_error
-        self._process_timeout_s = policy.process_timeout_s
-        self._padding_aware = bool(policy.padding_aware)
-        self._bucket_width = policy.bucket_width
-        self._padding_slack = policy.padding_slack
         self._clock: Clock = clock if clock is not None else LoopClock()
         self.name = name
         self._device = device
@@ -287,19 +274,19 @@ class DynamicBatcher(Generic[T, R]):
 
     @property
     def target_batch_cost(self) -> int:
-        return self._target_batch_cost
+        return self._policy.target_batch_cost
 
     @property
     def max_batch_size(self) -> int:
-        return self._max_batch_size
+        return self._policy.max_batch_size
 
     @property
     def max_queue_size(self) -> int:
-        return self._max_queue_size
+        return self._policy.max_queue_size
 
     @property
     def prefetch_batches(self) -> int:
-        return self._prefetch_batches
+        return self._policy.prefetch_batches
 
     @property
     def queue_capacity(self) -> int:
@@ -317,9 +304,9 @@ class DynamicBatcher(Generic[T, R]):
 
     def _new_queue(self) -> RecordQueue[T]:
         return RecordQueue(
-            padding_aware=self._padding_aware,
-            bucket_width=self._bucket_width,
-            padding_slack=self._padding_slack,
+            padding_aware=bool(self._policy.padding_aware),
+            bucket_width=self._policy.bucket_width,
+            padding_slack=self._policy.padding_slack,
             aging_s=self._priority_aging_s,
             mix_priorities=self._mix_priorities,
             priority_yield=self._priority_yield,
@@ -486,9 +473,9 @@ class DynamicBatcher(Generic[T, R]):
             costs = [resolve(r, None) for r in records]
         else:
             costs = [resolve(r, c) for r, c in zip(records, estimated_costs, strict=True)]
-        if self._oversize == "reject":
+        if self._policy.oversize == "reject":
             for i, cost in enumerate(costs):
-                if cost > self._target_batch_cost:
+                if cost > self._policy.target_batch_cost:
                     raise self._too_large(cost, f"record {i} of {n}")
         if self._queue.size + n > self._capacity:
             raise self._queue_full(n)
@@ -582,9 +569,9 @@ class DynamicBatcher(Generic[T, R]):
     def _queue_full(self, asked: int) -> QueueFullError:
         room = max(0, self._capacity - self._queue.size)
         rule = (
-            f"queue_capacity {self._capacity} = max_queue_size {self._max_queue_size} + "
-            f"(prefetch_batches {self._prefetch_batches} + 1) x max_batch_size "
-            f"{self._max_batch_size}"
+            f"queue_capacity {self._capacity} = max_queue_size {self._policy.max_queue_size} + "
+            f"(prefetch_batches {self._policy.prefetch_batches} + 1) x max_batch_size "
+            f"{self._policy.max_batch_size}"
         )
         if asked == 1:
             return QueueFullError(
@@ -598,7 +585,7 @@ class DynamicBatcher(Generic[T, R]):
     def _too_large(self, cost: int, what: str = "record") -> RecordTooLargeError:
         return RecordTooLargeError(
             f"{self.name}: {what} cost {cost} exceeds target_batch_cost="
-            f"{self._target_batch_cost}; split the record, raise the budget, "
+            f"{self._policy.target_batch_cost}; split the record, raise the budget, "
             "or build the batcher with oversize='alone'"
         )
 
@@ -632,7 +619,7 @@ class DynamicBatcher(Generic[T, R]):
     ) -> asyncio.Future[R]:
         # the hot path: one call per record, kept lean on purpose
         cost = self._cost(record, estimated_cost)
-        if cost > self._target_batch_cost and self._oversize == "reject":
+        if cost > self._policy.target_batch_cost and self._policy.oversize == "reject":
             raise self._too_large(cost)
         if timeout_s is not None and timeout_s < 0:
             raise ValueError(f"timeout_s must be >= 0, got {timeout_s}")
@@ -703,7 +690,7 @@ class DynamicBatcher(Generic[T, R]):
                 wake.clear()
                 await wake.wait()
                 continue
-            if not stopping and queue.size < self._max_batch_size:
+            if not stopping and queue.size < self._policy.max_batch_size:
                 # Let callbacks that are already scheduled run first: when a batch's results
                 # wake their producers, their resubmits land now and go out together instead of
                 # the first one leaving alone (which would split the cohort).
@@ -715,7 +702,7 @@ class DynamicBatcher(Generic[T, R]):
                 # a slot is free, but min_batch_size asks to wait a little for company
                 oldest = queue.oldest()
                 assert oldest is not None
-                self._arm_hold_timer(oldest.enqueued_at + self._batch_timeout_s)
+                self._arm_hold_timer(oldest.enqueued_at + self._policy.batch_timeout_s)
                 wake.clear()
                 await wake.wait()
                 continue
@@ -738,7 +725,7 @@ class DynamicBatcher(Generic[T, R]):
             return None
         oldest = self._queue.oldest()
         assert oldest is not None
-        if self._clock.now() < oldest.enqueued_at + self._batch_timeout_s:
+        if self._clock.now() < oldest.enqueued_at + self._policy.batch_timeout_s:
             return _HOLD
         return "timeout"
 
@@ -773,7 +760,10 @@ class DynamicBatcher(Generic[T, R]):
     def _short_of_min_batch(self) -> bool:
         """Too little is queued to dispatch without holding (``min_batch_size``)."""
         queue = self._queue
-        return queue.size < self._min_batch_size and queue.total_cost < self._target_batch_cost
+        return (
+            queue.size < self._policy.min_batch_size
+            and queue.total_cost < self._policy.target_batch_cost
+        )
 
     def _arm_hold_timer(self, when: float) -> None:
         if self._hold_timer is not None:
@@ -792,15 +782,15 @@ class DynamicBatcher(Generic[T, R]):
             head = self._queue.oldest()
             bulk = head is not None and head.priority < 0
         entries, cost, by_budget = self._queue.take_batch(
-            self._bulk_batch_cost if bulk else self._target_batch_cost,
-            self._max_batch_size,
+            self._bulk_batch_cost if bulk else self._policy.target_batch_cost,
+            self._policy.max_batch_size,
             self._now(),
             lane,
         )
         if not entries:
             return False
         if reason is None:
-            if len(entries) >= self._max_batch_size:
+            if len(entries) >= self._policy.max_batch_size:
                 reason = "full"
             elif by_budget:
                 reason = "budget"
@@ -818,9 +808,9 @@ class DynamicBatcher(Generic[T, R]):
         stats.batches += 1
         stats.batched_records += len(entries)
         stats.batch_cost += cost
-        stats.budget_fill += min(1.0, cost / self._target_batch_cost)
+        stats.budget_fill += min(1.0, cost / self._policy.target_batch_cost)
         stats.reasons[reason] += 1
-        if self._padding_aware:
+        if self._policy.padding_aware:
             stats.padded_tokens += cost
             stats.real_tokens += sum(e.cost for e in entries)
         self._release_space(len(entries))
@@ -905,7 +895,7 @@ class DynamicBatcher(Generic[T, R]):
             if exc.args and exc.args[0] == _TIMEOUT_MSG:
                 task.uncancel()
                 self._stats.busy_s += self._clock.now() - started
-                limit = self._process_timeout_s
+                limit = self._policy.process_timeout_s
                 self._fail_each(
                     live,
                     lambda: BatchTimeoutError(
@@ -922,7 +912,7 @@ class DynamicBatcher(Generic[T, R]):
         finished = self._clock.now()
         self._stats.busy_s += finished - started
         if error is not None:
-            if self._on_error == "bisect" and len(live) > 1:
+            if self._policy.on_error == "bisect" and len(live) > 1:
                 middle = len(live) // 2
                 await self._process(live[:middle])
                 await self._process(live[middle:])
@@ -970,11 +960,11 @@ class DynamicBatcher(Generic[T, R]):
         self, records: list[T], running: asyncio.Future[Sequence[R]] | None, bulk: bool
     ) -> Sequence[R]:
         timer = None
-        if self._process_timeout_s is not None:
+        if self._policy.process_timeout_s is not None:
             task = asyncio.current_task()
             assert task is not None
             timer = self._clock.call_at(
-                self._clock.now() + self._process_timeout_s,
+                self._clock.now() + self._policy.process_timeout_s,
                 functools.partial(task.cancel, _TIMEOUT_MSG),
             )
         try:
