@@ -420,7 +420,7 @@ def _summary(
         "startup_s": startup,
         "replica_cpu_s": tally.cpu_s,
     }
-    generation = [r for r in tally.latest.values() if r.generation is not None]
+    generation = [r for r in tally.latest.values() if r.figures.generation is not None]
     if not generation:
         return RaySummary(
             **common,
@@ -430,12 +430,12 @@ def _summary(
             padding_waste=merged["padding_waste"],
             precision=precision,
         )
-    stats = [r.generation for r in generation if r.generation is not None]
-    cap = sum(r.max_running for r in generation)
+    stats = [r.figures.generation for r in generation if r.figures.generation is not None]
+    cap = sum(r.figures.max_running for r in generation)
     steps = sum(s.steps for s in stats)
     running = sum(s.avg_running_per_step * s.steps for s in stats)
     per_step = running / steps if steps else 0.0  # per replica's step
-    first = generation[0]
+    first = generation[0].figures
     return RayGenerateSummary(
         **common,
         utilization=per_step / first.max_running if first.max_running else 0.0,
@@ -451,12 +451,12 @@ def _summary(
         itl_p50_s=_median([s.itl_p50_s for s in stats]),
         itl_p99_s=max(s.itl_p99_s for s in stats),
         max_running=cap,
-        running_peak=sum(r.running_peak for r in generation),
-        waiting_peak=sum(r.waiting_peak for r in generation),
+        running_peak=sum(r.figures.running_peak for r in generation),
+        waiting_peak=sum(r.figures.waiting_peak for r in generation),
         in_flight_limit=in_flight,
         avg_running_per_step=per_step,
         kv_token_budget=sum(s.kv_token_budget for s in stats),
-        kv_reserved_peak=sum(r.kv_reserved_peak for r in generation),
+        kv_reserved_peak=sum(r.figures.kv_reserved_peak for r in generation),
         aborted=sum(s.requests_aborted for s in stats),
         preempted=sum(s.preempted for s in stats),
         failed=sum(s.requests_failed for s in stats),

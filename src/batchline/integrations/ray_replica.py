@@ -24,25 +24,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 import ray
 
-from batchline._stats import BatchStats
 from batchline.datasets.outcomes import Outcome
 from batchline.datasets.pipeline import Adapter
 from batchline.datasets.sources import Record
-from batchline.jobs.job import ReplicaWork
+from batchline.jobs.job import ReplicaWork, WorkFigures
 from batchline.models.config import Knobs
 from batchline.models.protocol import ModelInfo
-
-if TYPE_CHECKING:
-    from batchline.models.generation import GenerationStats
 
 __all__ = ["Replica", "ReplicaReady", "UnitResult", "knobs_for_cpus"]
 
@@ -72,18 +66,8 @@ class UnitResult:
     node_id: str
     pid: int
     cpu_s: float  # the replica process's CPU time so far
-    stats: BatchStats | None = None  # its batch model's batcher (cumulative, per process)
-    generation: GenerationStats | None = None  # its generator's (cumulative, per process)
-    # its generator's settings and the peaks seen in its stats
-    max_running: int = 0
-    in_flight: int = 0
-    batching: str = ""
-    dtype: str = ""
-    running_peak: int = 0
-    waiting_peak: int = 0
-    kv_reserved_peak: int = 0
-    duplicates: int = 0
-    tokens: int = 0  # completion tokens its generator computed (cumulative, per process)
+    #: its work's figures: batcher and generator stats (cumulative, per process), settings
+    figures: WorkFigures = field(default_factory=WorkFigures)
 
 
 def knobs_for_cpus(knobs: Knobs, cpus: float) -> Knobs:
@@ -125,13 +109,12 @@ class Replica:
             self._started = asyncio.ensure_future(self._work.start(self._stack))
         adapter = await self._started
         outcomes = await (await adapter.submit(records))
-        figures = self._work.figures()
         return UnitResult(
             list(outcomes),
             self._node_id,
             os.getpid(),
             time.process_time(),
-            **{f.name: getattr(figures, f.name) for f in dataclasses.fields(figures)},
+            self._work.figures(),
         )
 
     async def stop(self) -> None:

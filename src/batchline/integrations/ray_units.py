@@ -118,12 +118,12 @@ class Tally:
         answered from an earlier completion are not computed again)."""
         tokens = [0] * self.replicas
         for (replica, _), result in self.latest.items():
-            tokens[replica] += result.tokens
+            tokens[replica] += result.figures.tokens
         return tokens
 
     @property
     def tokens(self) -> int:
-        return sum(r.tokens for r in self.latest.values())
+        return sum(r.figures.tokens for r in self.latest.values())
 
     def see(self, replica: int, result: UnitResult) -> None:
         self.cpu_to[(replica, result.pid)] = result.cpu_s
@@ -131,7 +131,7 @@ class Tally:
 
     def merged(self) -> dict[str, float]:
         """The replicas' batchers as one: utilization, batch size and cost, padding waste."""
-        snaps = [r.stats for r in self.latest.values() if r.stats is not None]
+        snaps = [r.figures.stats for r in self.latest.values() if r.figures.stats is not None]
         busy = sum(s.busy_time_s for s in snaps)
         idle = sum(s.idle_time_s for s in snaps)
         batches = sum(s.total_batches for s in snaps)
@@ -149,7 +149,7 @@ class Tally:
     def duplicates(self) -> int:
         """Records answered from an earlier identical input's result: by the driver (never
         sent), and by a replica within its own units."""
-        return self.driver_duplicates + sum(r.duplicates for r in self.latest.values())
+        return self.driver_duplicates + sum(r.figures.duplicates for r in self.latest.values())
 
     @property
     def cpu_s(self) -> float:
@@ -268,10 +268,12 @@ class RayAdapter:
         return outcomes
 
     def utilization(self) -> float:
-        generators = [r for r in self.tally.latest.values() if r.generation is not None]
+        generators = [r for r in self.tally.latest.values() if r.figures.generation is not None]
         if generators:  # running sequences over the running cap, as a local job's bar
-            running = sum(r.generation.running for r in generators if r.generation is not None)
-            cap = sum(r.max_running for r in generators)
+            running = sum(
+                r.figures.generation.running for r in generators if r.figures.generation is not None
+            )
+            cap = sum(r.figures.max_running for r in generators)
             return min(1.0, running / cap) if cap else 0.0
         return self.tally.merged()["utilization"]
 
