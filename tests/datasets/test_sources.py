@@ -507,3 +507,17 @@ def test_fingerprint_tells_files_apart(tmp_path: Path) -> None:
 
     assert file_fingerprint(a) == file_fingerprint(b) == open_source(a).fingerprint()
     assert file_fingerprint(a) != file_fingerprint(c)
+
+
+def test_a_folder_given_to_a_text_model_is_named_a_folder_not_pictures(tmp_path: Path) -> None:
+    """A folder is read as pictures whatever it holds (here a finished job's output): the error
+    says that, and names the files a text model reads, not that the folder holds pictures."""
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / "part-000000.parquet").write_bytes(b"")
+    with pytest.raises(InputError) as caught:
+        open_source(folder)
+    message = str(caught.value)
+    assert "is a folder, which run reads as pictures" in message
+    assert "holds pictures" not in message
+    assert ".jsonl, .csv, .parquet" in message
