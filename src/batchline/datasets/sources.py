@@ -187,9 +187,9 @@ def _open_pictures(
         # a folder is read as pictures whatever it holds: say so, not that it holds pictures
         what = "is a folder, which run reads as pictures" if fmt == "images" else "holds pictures"
         raise InputError(
-            f"{path}: {what}, but the model reads {input_kind}; give a file of records "
-            "(.jsonl, .csv, .parquet, .txt, .npy), or an image model (a Hugging Face image "
-            "folder, or an .onnx with one NCHW input)"
+            f"{path}: {what}, but the model reads {input_kind}; give an image model (a Hugging "
+            "Face image folder, or an .onnx with one NCHW input), or a file of records (.jsonl, "
+            ".csv, .parquet, .txt, .npy)"
         )
     if fmt == "images" and not path.is_dir():
         raise InputError(f"{path}: no such folder of pictures")
