@@ -12,14 +12,17 @@ machine two copies of one path read up to ×1.2 apart (docs/precision.md has the
 Paths:
 
 - ``ort-fp32``: ONNX Runtime fp32 (the reference vectors);
-- ``bf16``: torch bf16, linear weights packed for oneDNN (today's bf16 candidate);
+- ``bf16``: torch bf16 as ``batchline run`` loads it: the lean BERT forward
+  (``models/hf/lean_encoder.py``);
 - ``bf16-twin``: a second copy of ``bf16``, loaded the same way: the control (how far two
   equal paths differ in this run is the noise);
-- ``bf16-pack512``: the weights packed for 512-row products (the default packs for 16:
+- ``bf16-hf``: transformers' ``BertModel`` forward in bf16, linear weights packed for oneDNN
+  (the bf16 path before the lean forward);
+- ``bf16-pack512``: ``bf16-hf`` with the weights packed for 512-row products (it packs for 16:
   a decode step's);
-- ``bf16-eager-attn``: the same with transformers' plain attention instead of SDPA;
-- ``bf16-compiled``: the same model in bf16 through ``torch.compile`` (inductor, CPU, frozen
-  weights, dynamic shapes); its compile time is printed;
+- ``bf16-eager-attn``: ``bf16-hf`` with transformers' plain attention instead of SDPA;
+- ``bf16-compiled``: transformers' model in bf16 through ``torch.compile`` (inductor, CPU,
+  frozen weights, dynamic shapes); its compile time is printed;
 - ``int8-<variant>``: ONNX Runtime dynamic int8 with some MatMuls left in fp32
   (``all``: none left; ``ffn``: only the FFN's two MatMuls quantized; ``ffn-up``: only the
   up-projection; ``no-last``: all but the last layer's; ``no-attn-out``: all but the attention
@@ -144,8 +147,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
         "--paths",
-        default="ort-fp32,bf16,bf16-twin,bf16-pack512,bf16-eager-attn,bf16@1024,bf16-compiled,"
-        + ",".join(f"int8-{v}" for v in INT8_VARIANTS),
+        default="ort-fp32,bf16,bf16-twin,bf16-hf,bf16-pack512,bf16-eager-attn,bf16@1024,"
+        "bf16-compiled," + ",".join(f"int8-{v}" for v in INT8_VARIANTS),
     )
     args = parser.parse_args()
     paths = args.paths.split(",")
@@ -183,20 +186,22 @@ def main() -> None:
         runners["bf16"] = torch_model(bf16=True).embed_tokens
     if "bf16-twin" in names:  # the control: a second copy of the bf16 path
         runners["bf16-twin"] = torch_model(bf16=True).embed_tokens
+    if "bf16-hf" in names:
+        runners["bf16-hf"] = torch_model(bf16=True, lean=False).embed_tokens
     if "bf16-pack512" in names:
         import batchline.models.common.packed_linear as packed_linear
 
         rows = packed_linear._PACK_ROWS
         packed_linear._PACK_ROWS = 512
-        runners["bf16-pack512"] = torch_model(bf16=True).embed_tokens
+        runners["bf16-pack512"] = torch_model(bf16=True, lean=False).embed_tokens
         packed_linear._PACK_ROWS = rows
     if "bf16-eager-attn" in names:
-        eager = torch_model(bf16=True)
+        eager = torch_model(bf16=True, lean=False)
         eager.model.set_attn_implementation("eager")
         runners["bf16-eager-attn"] = eager.embed_tokens
     if "bf16-compiled" in names:
         start = time.perf_counter()
-        runners["bf16-compiled"] = _compiled(torch_model(bf16=False), tokens)
+        runners["bf16-compiled"] = _compiled(torch_model(bf16=False, lean=False), tokens)
         took = time.perf_counter() - start
         print(f"  bf16-compiled: load, compile, first calls {took:.1f} s")
     tmp = Path(tempfile.mkdtemp(prefix="bench-precision-"))

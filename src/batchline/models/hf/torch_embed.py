@@ -1,8 +1,9 @@
-"""Decoder-based embedders on torch: a sentence-transformers folder whose transformer is a
-causal decoder (Qwen3, Qwen2, Llama, ...: the Qwen3-Embedding layout), pooled at its last token
-(or mean, cls) and normalized, as a :class:`~batchline.models.protocol.BatchModel` of task
-``embed``. Encoders go to ONNX instead (:mod:`.export`); a decoder's causal mask and rotary
-positions are left to transformers here.
+"""Embedders on torch: a sentence-transformers folder whose transformer is a causal decoder
+(Qwen3, Qwen2, Llama, ...: the Qwen3-Embedding layout), pooled at its last token (or mean, cls)
+and normalized, as a :class:`~batchline.models.protocol.BatchModel` of task ``embed``; and an
+encoder asked for in bf16 (``precision``), which otherwise goes to ONNX (:mod:`.export`). A
+decoder's causal mask and rotary positions are left to transformers here; a BERT encoder on the
+CPU runs :mod:`.lean_encoder`'s forward instead of transformers' (the same outputs, fewer calls).
 
 A batch is padded on the RIGHT: each sequence keeps the positions it has alone, the causal mask
 keeps padding out of every real token, and last-token pooling takes each row's own last real
@@ -45,6 +46,9 @@ class TorchEmbedder:
     ``prepare`` tokenizes (special tokens as the folder's tokenizer adds them, truncated at
     ``max_length``); ``run_batch`` pads on the right and runs one forward pass under
     ``torch.inference_mode()``. Cost: a text's token count, padded.
+
+    ``model`` is the transformers model, or a :class:`~.lean_encoder.LeanBertEncoder` built from
+    it: either is called with ``(input_ids, attention_mask)`` for the last hidden state.
     """
 
     def __init__(
@@ -52,6 +56,7 @@ class TorchEmbedder:
         model: Any,
         tokenizer: Any,
         *,
+        device: Any,
         name: str,
         pooling: str,
         normalize: bool,
@@ -71,7 +76,10 @@ class TorchEmbedder:
         self.normalize = normalize
         self.max_length = max_length
         self.pad_id = pad_id
-        self._device = next(model.parameters()).device
+        self._device = device
+        from batchline.models.hf.lean_encoder import LeanBertEncoder
+
+        self._hidden = model if isinstance(model, LeanBertEncoder) else self._transformers_hidden
         self._dim = dim
         self._info = ModelInfo(
             name=name,
@@ -146,7 +154,7 @@ class TorchEmbedder:
         with torch.inference_mode():
             input_ids = torch.from_numpy(ids).to(self._device)
             attention = torch.from_numpy(mask).to(self._device)
-            hidden = self.model(input_ids=input_ids, attention_mask=attention).last_hidden_state
+            hidden = self._hidden(input_ids, attention)
             if self.pooling == "lasttoken":
                 last = torch.tensor([len(t) - 1 for t in batch], device=self._device)
                 pooled = hidden[torch.arange(len(batch), device=self._device), last]
@@ -161,6 +169,9 @@ class TorchEmbedder:
                 pooled = torch.nn.functional.normalize(pooled, p=2, dim=-1)
             vectors: npt.NDArray[np.float32] = pooled.cpu().numpy()
         return vectors
+
+    def _transformers_hidden(self, input_ids: Any, attention: Any) -> Any:
+        return self.model(input_ids=input_ids, attention_mask=attention).last_hidden_state
 
     def encode(self, result: Vector) -> Vector:
         return result
@@ -178,13 +189,16 @@ def load_torch_embedder(
     max_length: int | None,
     knobs: Knobs,
     bf16: bool = False,
+    lean: bool = True,
 ) -> TorchEmbedder:
     """Load the transformer in ``folder`` (its ``config.json``, weights and tokenizer) in fp32
     (``bf16``: bfloat16) on ``knobs.device`` as an ``embed`` model that pools with ``pooling``
     (``lasttoken``, ``mean`` or ``cls``) and L2-normalizes when ``normalize``. ``max_length``
     truncates inputs (default: the tokenizer's limit, within the model's positions). On the
-    CPU torch runs ``knobs.intra_op_threads`` threads per batch, and a bf16 model's linear
-    weights are packed once for oneDNN (its AMX or AVX512-BF16 kernels; the same outputs).
+    CPU torch runs ``knobs.intra_op_threads`` threads per batch; a BERT encoder runs
+    :mod:`.lean_encoder`'s forward (``lean=False``: transformers'), and another bf16 model's
+    linear weights are packed once for oneDNN (its AMX or AVX512-BF16 kernels; the same
+    outputs).
 
     Raises ``ModelError`` when torch or transformers is missing (with the install) or the
     folder does not load; ``ValueError`` for an unknown pooling.
@@ -212,18 +226,16 @@ def load_torch_embedder(
     except (OSError, ValueError, KeyError) as exc:
         raise ModelError(f"cannot load the embedder in {folder}: {exc}") from exc
     model.to(device).eval()
-    if bf16 and device.type == "cpu":
-        from batchline.models.common.torch_weights import pack_linear_weights
-
-        pack_linear_weights(model)
     config = model.config.get_text_config(decoder=True)
+    runner = _runner(model, bf16=bf16, lean=lean and device.type == "cpu")
     limit = _max_length(max_length, tokenizer, config)
     pad_id = tokenizer.pad_token_id
     if pad_id is None:  # right padding never reaches a real token: any id in the vocabulary
         pad_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
     return TorchEmbedder(
-        model,
+        runner,
         tokenizer,
+        device=device,
         name=name,
         pooling=pooling,
         normalize=normalize,
@@ -231,6 +243,22 @@ def load_torch_embedder(
         pad_id=int(pad_id),
         dim=int(config.hidden_size),
     )
+
+
+def _runner(model: Any, *, bf16: bool, lean: bool) -> Any:
+    """What computes ``model``'s hidden states: its lean forward where there is one (the
+    transformers model is then dropped), else the model, in bf16 with its linears packed."""
+    if lean:
+        from batchline.models.hf.lean_encoder import lean_encoder
+
+        encoder = lean_encoder(model)
+        if encoder is not None:
+            return encoder
+    if bf16 and next(model.parameters()).device.type == "cpu":
+        from batchline.models.common.torch_weights import pack_linear_weights
+
+        pack_linear_weights(model)
+    return model
 
 
 def _max_length(asked: int | None, tokenizer: object, config: object) -> int | None:

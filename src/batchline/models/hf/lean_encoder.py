@@ -1,0 +1,152 @@
+"""A BERT encoder's forward pass on the CPU in the few ops it needs, for the torch embedder.
+
+transformers' ``BertModel`` runs ~25 small torch calls a layer in Python: three separate
+query/key/value products, its mask and position bookkeeping, the activation apart from its
+product. :class:`LeanBertEncoder` runs the same arithmetic from the same weights in fewer, larger
+calls, each one oneDNN kernel:
+
+- the three attention projections as one product with their weights stacked (``3H`` wide);
+- the feed-forward activation fused into its product (oneDNN's post-op);
+- attention through ``scaled_dot_product_attention`` with the padding as an additive mask;
+- every weight packed once in oneDNN's blocked layout (as
+  :func:`~batchline.models.common.torch_weights.pack_linear_weights` does).
+
+The products see the batch's tokens as one ``(rows, H)`` matrix, its row count rounded up to a
+multiple of :data:`ROW_STEP`: oneDNN builds a kernel for each new shape (the first batches of a
+job paid ~10 % for it, as every batch of a length-sorted job has another shape); rounded, a job
+meets a few dozen shapes at most. The extra rows are zeros, never read back.
+
+The outputs are ``BertModel``'s last hidden state for every real token (the tests compare them in
+float32 and bfloat16); padded positions hold whatever the pad token gives, as in transformers.
+:func:`lean_encoder` says which models it takes (BERT with absolute positions, post-norm, and an
+activation oneDNN fuses) and gives ``None`` for the rest, which keep transformers' forward.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.nn import functional
+
+__all__ = ["ROW_STEP", "LeanBertEncoder", "lean_encoder"]
+
+#: The products' row counts are rounded up to a multiple of this (see the module docstring).
+ROW_STEP = 32
+
+#: transformers' activation names -> oneDNN's fused post-op and its algorithm.
+_ACTIVATIONS = {
+    "gelu": ("gelu", "none"),  # erf
+    "gelu_new": ("gelu", "tanh"),
+    "gelu_pytorch_tanh": ("gelu", "tanh"),
+    "relu": ("relu", ""),
+}
+
+#: The row count the weights are packed for (a job's batch: ~512 padded tokens).
+_PACK_ROWS = 512
+
+
+def lean_encoder(model: Any) -> LeanBertEncoder | None:
+    """``model`` (a transformers ``BertModel`` on the CPU, fp32 or bf16) as a
+    :class:`LeanBertEncoder`, or ``None`` when it is another kind, or a BERT this forward does
+    not reproduce (relative positions, a decoder, an unfused activation), or oneDNN cannot run
+    its dtype here."""
+    config = getattr(model, "config", None)
+    if type(model).__name__ != "BertModel" or config is None:
+        return None
+    if (
+        getattr(config, "model_type", None) != "bert"
+        or getattr(config, "position_embedding_type", "absolute") != "absolute"
+        or getattr(config, "is_decoder", False)
+        or config.hidden_act not in _ACTIVATIONS
+    ):
+        return None
+    weight = model.embeddings.word_embeddings.weight
+    if weight.device.type != "cpu" or not _onednn_runs(weight.dtype):
+        return None
+    return LeanBertEncoder(model)
+
+
+def _onednn_runs(dtype: torch.dtype) -> bool:
+    if not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
+        return False
+    if dtype == torch.float32:
+        return True
+    return dtype == torch.bfloat16 and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def _pack(weight: torch.Tensor) -> torch.Tensor:
+    packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(
+        weight.detach().contiguous(), _PACK_ROWS
+    )
+    return packed
+
+
+class _Layer:
+    """One encoder layer's weights: products packed, norms and biases as they were."""
+
+    def __init__(self, layer: Any) -> None:
+        attention = layer.attention.self
+        with torch.no_grad():
+            self.qkv = _pack(
+                torch.cat([attention.query.weight, attention.key.weight, attention.value.weight])
+            )
+            self.qkv_bias = torch.cat(
+                [attention.query.bias, attention.key.bias, attention.value.bias]
+            ).detach()
+        out = layer.attention.output
+        self.out = _pack(out.dense.weight)
+        self.out_bias = out.dense.bias.detach()
+        self.norm1 = (out.LayerNorm.weight.detach(), out.LayerNorm.bias.detach())
+        self.up = _pack(layer.intermediate.dense.weight)
+        self.up_bias = layer.intermediate.dense.bias.detach()
+        self.down = _pack(layer.output.dense.weight)
+        self.down_bias = layer.output.dense.bias.detach()
+        self.norm2 = (layer.output.LayerNorm.weight.detach(), layer.output.LayerNorm.bias.detach())
+
+
+class LeanBertEncoder:
+    """``BertModel``'s last hidden state from ``(input_ids, attention_mask)``, each ``(B, T)``
+    (see the module docstring). Holds its own packed copies of the products' weights: the
+    transformers model it was built from can be dropped."""
+
+    def __init__(self, model: Any) -> None:
+        config = model.config
+        embeddings = model.embeddings
+        self.hidden = int(config.hidden_size)
+        self.heads = int(config.num_attention_heads)
+        self.eps = float(config.layer_norm_eps)
+        self.activation, self.algorithm = _ACTIVATIONS[config.hidden_act]
+        self.words = embeddings.word_embeddings.weight.detach()
+        self.positions = embeddings.position_embeddings.weight.detach()
+        # no token_type_ids given: every token is of type 0, as transformers takes it
+        self.type0 = embeddings.token_type_embeddings.weight.detach()[0]
+        self.norm = (embeddings.LayerNorm.weight.detach(), embeddings.LayerNorm.bias.detach())
+        self.layers = [_Layer(layer) for layer in model.encoder.layer]
+        self.dtype = self.words.dtype
+        self.device = self.words.device
+
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        batch, length = input_ids.shape
+        hidden, heads = self.hidden, self.heads
+        rows = batch * length
+        padded = -(-rows // ROW_STEP) * ROW_STEP
+        linear = torch.ops.mkldnn._linear_pointwise
+        x = functional.embedding(input_ids, self.words) + self.positions[:length] + self.type0
+        x = functional.layer_norm(x, (hidden,), *self.norm, self.eps).view(rows, hidden)
+        x = functional.pad(x, (0, 0, 0, padded - rows))
+        masked = (attention_mask == 0).view(batch, 1, 1, length)
+        bias = torch.zeros(masked.shape, dtype=x.dtype).masked_fill(masked, float("-inf"))
+        shape = (batch, length, 3, heads, hidden // heads)
+        for layer in self.layers:
+            qkv = linear(x, layer.qkv, layer.qkv_bias, "none", [], "")
+            q, k, v = qkv[:rows].view(shape).permute(2, 0, 3, 1, 4).unbind(0)
+            context = functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+            context = context.transpose(1, 2).reshape(rows, hidden)
+            context = functional.pad(context, (0, 0, 0, padded - rows))
+            x = linear(context, layer.out, layer.out_bias, "none", [], "") + x
+            x = functional.layer_norm(x, (hidden,), *layer.norm1, self.eps)
+            up = linear(x, layer.up, layer.up_bias, self.activation, [], self.algorithm)
+            x = linear(up, layer.down, layer.down_bias, "none", [], "") + x
+            x = functional.layer_norm(x, (hidden,), *layer.norm2, self.eps)
+        return x[:rows].view(batch, length, hidden)
