@@ -6,7 +6,8 @@ product. :class:`LeanBertEncoder` runs the same arithmetic from the same weights
 calls, each one oneDNN kernel:
 
 - the three attention projections as one product with their weights stacked (``3H`` wide);
-- the feed-forward activation fused into its product (oneDNN's post-op);
+- the feed-forward activation and both residual additions fused into their products (oneDNN's
+  post-ops);
 - attention through ``scaled_dot_product_attention`` with the padding as an additive mask;
 - every weight packed once in oneDNN's blocked layout (as
   :func:`~batchline.models.common.torch_weights.pack_linear_weights` does).
@@ -141,29 +142,38 @@ class LeanBertEncoder:
         hidden, heads = self.hidden, self.heads
         rows = batch * length
         padded = -(-rows // ROW_STEP) * ROW_STEP
-        linear = torch.ops.mkldnn._linear_pointwise
-        x = functional.embedding(input_ids, self.words) + self.positions[:length] + self.type0
-        x = functional.layer_norm(x, (hidden,), *self.norm, self.eps).view(rows, hidden)
-        x = functional.pad(x, (0, 0, 0, padded - rows))
         # attention sees the batch's length rounded up to ATTENTION_STEP: the added keys are
         # masked out, the added queries' outputs dropped
         span = -(-length // ATTENTION_STEP) * ATTENTION_STEP
+        linear = torch.ops.mkldnn._linear_pointwise
+        linear_add = torch.ops.mkldnn._linear_pointwise.binary
+        x = functional.embedding(input_ids, self.words) + self.positions[:length] + self.type0
+        x = functional.layer_norm(x, (hidden,), *self.norm, self.eps).view(rows, hidden)
+        x = functional.pad(x, (0, 0, 0, padded - rows))
         masked = functional.pad(attention_mask == 0, (0, span - length), value=True)
         bias = torch.zeros((batch, 1, 1, span), dtype=x.dtype)
         bias.masked_fill_(masked.view(batch, 1, 1, span), float("-inf"))
-        shape = (batch, span, 3, heads, hidden // heads)
+        # each layer writes its attention's inputs and outputs into these; their padding is
+        # written once
+        spans = x.new_zeros((batch, span, 3 * hidden)) if span > length else None
+        contexts = x.new_zeros((padded, hidden)) if padded > rows else None
+        split = (batch, span, 3, heads, hidden // heads)
         for layer in self.layers:
-            qkv = linear(x, layer.qkv, layer.qkv_bias, "none", [], "")
-            qkv = functional.pad(
-                qkv[:rows].view(batch, length, 3 * hidden), (0, 0, 0, span - length)
-            )
-            q, k, v = qkv.view(shape).permute(2, 0, 3, 1, 4).unbind(0)
+            qkv = linear(x, layer.qkv, layer.qkv_bias, "none", [], "")[:rows]
+            if spans is not None:
+                spans[:, :length] = qkv.view(batch, length, 3 * hidden)
+                qkv = spans
+            q, k, v = qkv.view(split).permute(2, 0, 3, 1, 4).unbind(0)
             context = functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)
-            context = context.transpose(1, 2)[:, :length].reshape(rows, hidden)
-            context = functional.pad(context, (0, 0, 0, padded - rows))
-            x = linear(context, layer.out, layer.out_bias, "none", [], "") + x
+            context = context.transpose(1, 2)[:, :length]
+            if contexts is not None:
+                contexts[:rows].view(context.shape).copy_(context)
+                context = contexts
+            else:
+                context = context.reshape(rows, hidden)
+            x = linear_add(context, x, layer.out, layer.out_bias, "add")
             x = functional.layer_norm(x, (hidden,), *layer.norm1, self.eps)
             up = linear(x, layer.up, layer.up_bias, self.activation, [], self.algorithm)
-            x = linear(up, layer.down, layer.down_bias, "none", [], "") + x
+            x = linear_add(up, x, layer.down, layer.down_bias, "add")
             x = functional.layer_norm(x, (hidden,), *layer.norm2, self.eps)
         return x[:rows].view(batch, length, hidden)
