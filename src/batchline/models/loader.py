@@ -65,15 +65,26 @@ def load_model(spec: ModelSpec, knobs: Knobs) -> AnyModel:
     """Load ``spec`` laid out as ``knobs`` say: the first registered backend that claims it,
     its task resolved (see the module docstring)."""
     task = resolve_task(spec)
-    if knobs.precision in ("bf16", "int8") and task != "embed":
+    if knobs.precision == "int8" and task != "embed":
         if knobs.quantize is not None:
             raise InputError(
                 f"--quantize {knobs.quantize} applies to embedding models; {spec.name!r} has "
                 f"task {task!r}: leave --quantize out for it"
             )
         raise InputError(
-            f"precision {knobs.precision} applies to embedding models; {spec.name!r} has task "
-            f"{task!r}: use precision auto or fp32 for it"
+            f"precision int8 applies to embedding models; {spec.name!r} has task "
+            f"{task!r}: use precision auto, fp32 or bf16 for it"
+        )
+    if knobs.precision == "bf16" and task in ("classify", "score") and spec.kind != "hf":
+        raise InputError(
+            f"precision bf16 runs a {task} model from its Hugging Face folder's weights on "
+            f"torch; {spec.name!r} ({spec.source}) is no such folder: use precision auto or "
+            "fp32 for it"
+        )
+    if knobs.precision == "bf16" and task not in ("embed", "classify", "score"):
+        raise InputError(
+            f"precision bf16 applies to embedding, classify and score models; {spec.name!r} "
+            f"has task {task!r}: use precision auto or fp32 for it"
         )
     resolved = dataclasses.replace(spec, task=task)
     return BACKENDS.claiming(resolved, knobs).load(resolved, knobs)

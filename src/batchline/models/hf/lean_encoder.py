@@ -117,9 +117,9 @@ class _Layer:
 
 
 class LeanBertEncoder:
-    """``BertModel``'s last hidden state from ``(input_ids, attention_mask)``, each ``(B, T)``
-    (see the module docstring). Holds its own packed copies of the products' weights: the
-    transformers model it was built from can be dropped."""
+    """``BertModel``'s last hidden state from ``(input_ids, attention_mask)`` and, for text
+    pairs, ``token_type_ids``, each ``(B, T)`` (see the module docstring). Holds its own packed
+    copies of the products' weights: the transformers model it was built from can be dropped."""
 
     def __init__(self, model: Any) -> None:
         config = model.config
@@ -130,14 +130,19 @@ class LeanBertEncoder:
         self.activation, self.algorithm = _ACTIVATIONS[config.hidden_act]
         self.words = embeddings.word_embeddings.weight.detach()
         self.positions = embeddings.position_embeddings.weight.detach()
-        # no token_type_ids given: every token is of type 0, as transformers takes it
-        self.type0 = embeddings.token_type_embeddings.weight.detach()[0]
+        self.types = embeddings.token_type_embeddings.weight.detach()
+        self.type0 = self.types[0]
         self.norm = (embeddings.LayerNorm.weight.detach(), embeddings.LayerNorm.bias.detach())
         self.layers = [_Layer(layer) for layer in model.encoder.layer]
         self.dtype = self.words.dtype
         self.device = self.words.device
 
-    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         batch, length = input_ids.shape
         hidden, heads = self.hidden, self.heads
         rows = batch * length
@@ -147,7 +152,13 @@ class LeanBertEncoder:
         span = -(-length // ATTENTION_STEP) * ATTENTION_STEP
         linear = torch.ops.mkldnn._linear_pointwise
         linear_add = torch.ops.mkldnn._linear_pointwise.binary
-        x = functional.embedding(input_ids, self.words) + self.positions[:length] + self.type0
+        # no token types given: every token is of type 0, as transformers takes it
+        types = (
+            self.type0
+            if token_type_ids is None
+            else functional.embedding(token_type_ids, self.types)
+        )
+        x = functional.embedding(input_ids, self.words) + self.positions[:length] + types
         x = functional.layer_norm(x, (hidden,), *self.norm, self.eps).view(rows, hidden)
         x = functional.pad(x, (0, 0, 0, padded - rows))
         masked = functional.pad(attention_mask == 0, (0, span - length), value=True)

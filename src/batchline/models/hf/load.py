@@ -40,6 +40,8 @@ def load_folder_model(spec: ModelSpec, knobs: Knobs) -> BatchModel[Any, Any]:
     if found.task == "embed":
         return _embedder(spec, found, knobs)
     if found.task in ("classify", "score"):
+        if knobs.precision == "bf16":
+            return _logits_on_torch(spec, found, knobs)
         converted = convert(found, top="logits")
         _log(spec, found, converted.describe())
         common: dict[str, Any] = {
@@ -59,6 +61,38 @@ def load_folder_model(spec: ModelSpec, knobs: Knobs) -> BatchModel[Any, Any]:
         activation = found.activation
         return load_onnx_scorer(converted.path, _tokenizer(found), activation=activation, **common)
     raise InputError(f"model {spec.name!r}: a {found.describe()} does not do {found.task}")
+
+
+def _logits_on_torch(spec: ModelSpec, found: FolderModel, knobs: Knobs) -> BatchModel[Any, Any]:
+    """A classifier's or a cross-encoder's folder in bf16: the ONNX task model over the
+    folder's weights on torch (:mod:`.torch_logits`), the same labels, scores and pairs."""
+    what = f"the {found.architecture or found.model_type} {found.task} model in bf16"
+    try:
+        from batchline.models.hf.torch_logits import (  # type: ignore[import-not-found,unused-ignore]
+            load_torch_logits,
+        )
+    except ImportError as exc:
+        raise ModelError(
+            f"{found.folder}: {what} runs on torch, and this batchline cannot load it ({exc}); "
+            f"{install_command('generate')}"
+        ) from None
+    from batchline.models.onnx.classify import OnnxClassifier
+    from batchline.models.onnx.embedder import load_tokenizer
+    from batchline.models.onnx.score import OnnxScorer
+
+    _log(spec, found, "torch (bf16)")
+    graph = load_torch_logits(found.folder, knobs, what=what)
+    tokenizer, pad_id = load_tokenizer(_tokenizer(found), max_length=found.max_seq_length)
+    if found.task == "classify":
+        return OnnxClassifier(
+            graph,
+            tokenizer,
+            name=spec.name,
+            labels=spec.labels or found.labels,
+            top_k=spec.top_k,
+            pad_id=pad_id,
+        )
+    return OnnxScorer(graph, tokenizer, name=spec.name, pad_id=pad_id, activation=found.activation)
 
 
 def _embedder(spec: ModelSpec, found: FolderModel, knobs: Knobs) -> BatchModel[Any, Any]:

@@ -1,27 +1,56 @@
 """An ``.onnx`` spec's files and sessions: :func:`tokenizer_path` finds its tokenizer,
 :func:`load_sessions_at` opens its ONNX Runtime sessions laid out as the knobs say. Every task
 module here (``embed``, ``classify``, ``predict``) loads through them, and its model is a
-:class:`SessionModel`."""
+:class:`SessionModel`. A text classifier and a cross-encoder call their model through
+:class:`Graph` only, so another runtime with that surface runs them too (torch in bf16:
+:class:`~batchline.models.hf.torch_logits.TorchLogits`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from batchline._errors import InputError
+from batchline._types import Array
 from batchline.models.onnx.options import SessionOptions
 from batchline.models.protocol import ModelInfo, check_token_ids
 from batchline.models.specs import ModelSpec
 
 if TYPE_CHECKING:
+    import numpy.typing as npt
     from tokenizers import Tokenizer
 
-    from batchline.models.onnx.runtime import OnnxModel
+    from batchline.models.onnx.runtime import OnnxModel, OnnxTensor
 
-__all__ = ["SessionModel", "load_sessions_at", "tokenizer_path"]
+__all__ = ["Graph", "SessionModel", "load_sessions_at", "tokenizer_path"]
 
 T = TypeVar("T")
+
+
+class Graph(Protocol):
+    """What a text task model calls its model through: the graph's file or folder, its inputs
+    and outputs as ONNX Runtime describes them, how many batches it runs at once, and one
+    thread-safe run. :class:`~batchline.models.onnx.OnnxModel` is one."""
+
+    @property
+    def path(self) -> Path: ...
+
+    @property
+    def inputs(self) -> tuple[OnnxTensor, ...]: ...
+
+    @property
+    def outputs(self) -> tuple[OnnxTensor, ...]: ...
+
+    @property
+    def output_names(self) -> tuple[str, ...]: ...
+
+    @property
+    def sessions(self) -> int: ...
+
+    def run(
+        self, feeds: Mapping[str, npt.ArrayLike], output_names: Sequence[str] | None = None
+    ) -> dict[str, Array]: ...
 
 
 class SessionModel:
@@ -29,7 +58,7 @@ class SessionModel:
     their session pool (``model``), results that are already what outputs store, and nothing
     to close (sessions are freed with the object)."""
 
-    model: OnnxModel
+    model: Graph
     _info: ModelInfo
     #: the model's ``tokenizers.Tokenizer`` (text models; ``None`` for tensor models)
     tokenizer: Tokenizer | None = None
