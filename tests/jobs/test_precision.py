@@ -244,7 +244,7 @@ def test_bf16_is_refused_for_other_tasks_and_for_an_onnx_file(tmp_path: Path) ->
     predictor = tmp_path / "tiny.onnx"
     _tiny_predictor(predictor)
     spec = parse_spec(str(predictor)).with_options(task="predict")
-    with pytest.raises(InputError, match="precision bf16 applies to embedding, classify and score models"):
+    with pytest.raises(InputError, match="bf16 applies to embedding, classify and score models"):
         load_model(spec, Knobs(precision="bf16"))
     as_embedder = parse_spec(str(predictor)).with_options(task="embed")
     with pytest.raises(InputError, match=r"an \.onnx file has none torch can load"):
