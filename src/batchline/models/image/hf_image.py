@@ -153,6 +153,12 @@ class _ImageModel:
             )
         return rows.astype(np.float32, copy=False)
 
+    def raw(self, batch: Sequence[Pixels]) -> npt.NDArray[np.float32]:
+        """What the results are computed from, a row a picture: a classifier's logits, an
+        embedder's vectors before normalizing (``auto``'s gate compares them across
+        precisions)."""
+        return self.outputs(batch)
+
 
 def _check_labels(labels: Sequence[str], width: int, what: str) -> tuple[str, ...]:
     out = tuple(str(label) for label in labels)
@@ -278,6 +284,10 @@ class ZeroShotClassifier(_ImageModel):
         cos = images @ self.label_vectors.astype(np.float64).T
         result: npt.NDArray[np.float64] = cos * self.scale + self.bias
         return result
+
+    def raw(self, batch: Sequence[Pixels]) -> npt.NDArray[np.float32]:
+        """The labels' logits, a row a picture."""
+        return self.logits(batch).astype(np.float32)
 
     def run_batch(self, batch: list[Pixels]) -> list[Classification]:
         if not batch:
