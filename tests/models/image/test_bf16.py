@@ -153,3 +153,37 @@ def test_without_torch_bf16_names_the_install(
     assert "in precision bf16" in message
     assert "torch is missing" in message
     assert "pip install torch==2.13.0" in message
+
+
+def test_a_run_job_in_bf16_says_so_in_its_summary(
+    image_folders: Path, image_cache: Path, tmp_path: Path
+) -> None:
+    pytest.importorskip("pyarrow")
+    from batchline.datasets.sinks import read_output
+    from batchline.jobs.options import RunOptions
+    from batchline.jobs.run import run
+    from batchline.models.image import DecodeOptions
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for i, picture in enumerate(pictures(5)):
+        picture.save(photos / f"p{i}.png")
+    folder = build_folder(image_folders, "dinov2")
+    vectors = {}
+    for precision in ("fp32", "bf16"):
+        summary = run(
+            RunOptions(
+                input=photos,
+                output=tmp_path / precision,
+                model=f"{folder}/",
+                knobs=Knobs(sessions=1, max_concurrent_batches=1, precision=precision),
+                decode=DecodeOptions(workers=1),
+            )
+        )
+        assert summary.records == 5
+        assert dict(summary.rows())["precision"] == (
+            f"{precision} on {'torch' if precision == 'bf16' else 'onnxruntime'} (asked for)"
+        )
+        rows = sorted(read_output(tmp_path / precision).to_pylist(), key=lambda r: r["id"])
+        vectors[precision] = [np.asarray(r["embedding"], np.float32) for r in rows]
+    assert _cosines(vectors["fp32"], vectors["bf16"]).min() >= COSINE
