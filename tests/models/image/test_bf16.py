@@ -187,3 +187,19 @@ def test_a_run_job_in_bf16_says_so_in_its_summary(
         rows = sorted(read_output(tmp_path / precision).to_pylist(), key=lambda r: r["id"])
         vectors[precision] = [np.asarray(r["embedding"], np.float32) for r in rows]
     assert _cosines(vectors["fp32"], vectors["bf16"]).min() >= COSINE
+
+
+def test_a_plain_onnx_reading_pictures_refuses_bf16_and_int8(tmp_path: Path) -> None:
+    from batchline.models.image import ImageOptions
+    from batchline.models.specs import parse_spec
+    from tests.image_helpers import image_model
+
+    graph = image_model(tmp_path, size=32, classify=False)
+    spec = parse_spec(str(graph)).with_options(task="embed", image=ImageOptions(32))
+    for precision in ("bf16", "int8"):
+        with pytest.raises(InputError, match="runs as it was exported") as caught:
+            load_model(spec, Knobs(sessions=1, precision=precision))
+        assert "\n" not in str(caught.value)
+        assert "use precision auto or fp32" in str(caught.value)
+    model = load_model(spec, Knobs(sessions=1, precision="fp32"))
+    assert model.info.input_kind == "image"
