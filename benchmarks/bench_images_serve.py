@@ -5,7 +5,10 @@
 classifier of the image benchmark (a ViT-S/16-shaped folder with random weights):
 
 (a) batchline    ``batchline serve --model MODEL/``: pictures decoded in two worker processes,
-                 batched across requests by the model's one batcher;
+                 batched across requests by the model's one batcher; the model in the
+                 precision ``auto`` chooses (bf16 on torch on a host with native bf16 where it
+                 passes the gate, measured once and cached; fp32 on ONNX Runtime elsewhere),
+                 said in the lines ``batchline serve:`` the run prints (``WORKDIR/serve.log``);
 (b) baseline     a plain FastAPI app: the same converted ONNX graph behind one shared ONNX
                  Runtime session (2 threads), each request decoded with Pillow and run alone
                  in FastAPI's thread pool (the same preprocessing, ``ImagePreprocess``).
@@ -210,8 +213,15 @@ def main() -> None:
     bodies_file.write_text(json.dumps([b.hex() for b in bodies]))
     ours, theirs = free_port(), free_port()
     serve = [sys.executable, "-m", "batchline", "serve", "--model", f"{model}/"]
+    # the server's load lines say what the model runs on (precision auto: bf16 on torch where
+    # the CPU computes bf16 natively and it passes the gate, else fp32 on ONNX Runtime)
+    serve_log = (args.workdir / "serve.log").open("wb")
     processes = {
-        "batchline": subprocess.Popen([*serve, "--port", str(ours), "--log-level", "warning"]),
+        "batchline": subprocess.Popen(
+            [*serve, "--port", str(ours), "--log-level", "info"],
+            stdout=serve_log,
+            stderr=subprocess.STDOUT,
+        ),
         "baseline": subprocess.Popen(
             [sys.executable, __file__, "--baseline", str(theirs), graph, str(model)]
         ),
@@ -220,6 +230,10 @@ def main() -> None:
     try:
         for name, process in processes.items():
             wait_ready(ports[name], process)
+        said = (args.workdir / "serve.log").read_text(errors="replace").splitlines()
+        for line in said:
+            if "precision" in line or " -> " in line:
+                print(f"  batchline serve: {line.strip()}")
         print(f"{args.clients} clients, one ~{mean_kb:.0f} KB JPEG each (a data URI); {args.shape}")
         points: dict[str, list[dict[str, Any]]] = {"batchline": [], "baseline": []}
         for _ in range(args.repeats):
@@ -235,6 +249,7 @@ def main() -> None:
             process.terminate()
         for process in processes.values():
             process.wait(timeout=30)
+        serve_log.close()
     best = {n: sorted(p, key=lambda x: x["rps"])[len(p) // 2] for n, p in points.items()}
     if any(p["errors"] for p in best.values()):
         print("WARNING: some requests were not answered 200; the figures are not comparable")

@@ -24,7 +24,7 @@ EXTRA_MODULES = {
     "driver": ["httpx"],
     "bench": ["matplotlib"],
     "ray": ["ray"],
-    "generate": ["torch", "transformers", "gguf"],
+    "generate": ["torch", "transformers", "gguf", "sklearn", "skimage"],
     "trace": ["opentelemetry.sdk", "opentelemetry.exporter"],
 }
 

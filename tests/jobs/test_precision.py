@@ -333,9 +333,10 @@ def test_serve_says_why_a_classifier_stays_fp32(
     assert said in caplog.text
 
 
-def test_an_image_embedder_has_no_precision_to_choose(tmp_path: Path) -> None:
-    """The gate measures texts: a model that embeds pictures is not offered a choice (it
-    loads in fp32), where asking it to embed the gate's texts failed the whole load."""
+def test_a_plain_onnx_reading_pictures_has_no_precision_to_choose(tmp_path: Path) -> None:
+    """A plain ``.onnx`` that reads pictures has no weights torch loads and no int8 path: it
+    loads in fp32 with no choice (an image folder's choice: tests/jobs/test_precision_pictures.py);
+    a two-tower folder's text tower is offered neither bf16 nor int8."""
     pytest.importorskip("torch")
     from batchline.models.image import ImageOptions
     from tests.models.image.conftest import build_folder
@@ -343,9 +344,15 @@ def test_an_image_embedder_has_no_precision_to_choose(tmp_path: Path) -> None:
     (tmp_path / "emb.onnx").write_bytes(b"")
     onnx_pictures = parse_spec(str(tmp_path / "emb.onnx")).with_options(image=ImageOptions(224))
     assert model_facts(onnx_pictures) is None
-    dinov2 = parse_spec(f"{build_folder(tmp_path, 'dinov2')}/")
-    assert model_facts(dinov2) is None
-    assert choose_precision(dinov2, Knobs(), task="embed", flags=AMX) is None
+    assert choose_precision(onnx_pictures, Knobs(), task="embed", flags=AMX) is None
     clip = parse_spec(f"{build_folder(tmp_path, 'clip')}/")
-    assert model_facts(clip) is not None  # its text tower: texts, as the gate's
-    assert model_facts(clip.with_options(input_kind="image")) is None
+    texts = model_facts(clip)  # its text tower: texts, as the gate's
+    assert texts is not None
+    assert not texts.pictures
+    offered, left = candidates(host_kind(AMX), texts, torch=True)
+    assert offered == []
+    assert left["bf16"] == "bf16 runs on torch, and its text tower runs on ONNX Runtime only"
+    assert left["int8"] == precision.NO_IMAGE_INT8
+    assert model_facts(clip.with_options(input_kind="image")) == ModelFacts(
+        onnx=True, no_int8=precision.NO_IMAGE_INT8, pictures=True
+    )

@@ -1,5 +1,6 @@
-"""Which precision an embedding model runs in on this CPU (``Knobs.precision``), for ``run``
-and ``serve``: ``fp32`` or ``int8`` on ONNX Runtime, ``bf16`` on torch (oneDNN), or ``auto``.
+"""Which precision an embedding model or an image folder runs in on this CPU
+(``Knobs.precision``), for ``run`` and ``serve``: ``fp32`` or ``int8`` on ONNX Runtime,
+``bf16`` on torch (oneDNN), or ``auto``.
 
 ``auto`` measures once per model, CPU kind and layout, and keeps the answer under the cache
 folder (``precision/``): the first job on a host pays ~10-30 s on 2 cores, later ones read a
@@ -19,6 +20,12 @@ file. The measurement:
    at least 95 %.
 4. The fastest candidate past the gate wins if it beats fp32 by :data:`MIN_GAIN` (less is
    within the noise of a short measurement); else fp32, with the reason.
+
+An image folder that reads pictures (a classifier, an image encoder, CLIP's or SigLIP's image
+tower, zero-shot) is measured the same way on photographs instead of texts: bf16 against
+fp32 only (int8 is for text encoders), its logits or vectors against fp32's by mean cosine,
+a classifier's labels by top-1 agreement (:mod:`batchline.jobs.precision_pictures`). The gate
+and the choice among measured figures are one for both: :mod:`batchline.jobs.precision_gate`.
 
 What was chosen, and why, is one line (:meth:`Choice.describe`): the load log and the run
 summary carry it. ``precision = "fp32" | "bf16" | "int8"`` forces one (``--set
@@ -44,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 from batchline._cache import cache_dir, write_whole
 from batchline._cpu import HostKind, host_kind
 from batchline._errors import BatchlineError, InputError
+from batchline.jobs.precision_gate import AUTO_GATE, MIN_GAIN, Figures, decide
 from batchline.knobs import machine_cores
 from batchline.models.config import Knobs
 from batchline.models.specs import ModelSpec
@@ -75,8 +83,6 @@ logger = logging.getLogger("batchline.models")
 
 #: Demo-corpus texts the candidates embed and the gate compares (their neighbours among them).
 GATE_TEXTS = 512
-#: A candidate must be this much faster than fp32 to be chosen.
-MIN_GAIN = 1.10
 #: An environment variable that sets what ``auto`` resolves to, without measuring (fp32, bf16,
 #: int8): CI on hosts of different kinds sets fp32, so that every host computes the same vectors.
 AUTO_ENV = "BATCHLINE_AUTO_PRECISION"
@@ -101,46 +107,16 @@ STAYS_FP32 = {
 
 
 @dataclass(frozen=True, slots=True)
-class Gate:
-    """What a lower precision's vectors must reach against fp32's."""
-
-    mean_cosine: float
-    top10_overlap: float
-
-
-#: The issue-55 bar: the same vectors for every practical purpose.
-AUTO_GATE = Gate(mean_cosine=0.999, top10_overlap=0.95)
-
-
-@dataclass(frozen=True, slots=True)
 class ModelFacts:
-    """What a model offers the choice: whether ONNX Runtime runs it (fp32, int8), and why torch
-    cannot (``no_torch_weights``; empty when it can: bf16)."""
+    """What a model offers the choice: whether ONNX Runtime runs it (fp32, int8), why torch
+    cannot (``no_torch_weights``; empty when it can: bf16), why int8 is not built for it
+    (``no_int8``), and whether it reads pictures (``pictures``: the gate measures photographs,
+    not texts)."""
 
     onnx: bool
     no_torch_weights: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Figures:
-    """One candidate's measurement: model-call records/s and its vectors against fp32's (or
-    ``error``: it did not load or run)."""
-
-    records_per_s: float = 0.0
-    mean_cosine: float = 1.0
-    top10_overlap: float = 1.0
-    error: str = ""
-
-    def misses(self, gate: Gate) -> str:
-        """What misses ``gate``, in words ("" when it passes)."""
-        if self.error:
-            return self.error
-        out = []
-        if self.mean_cosine < gate.mean_cosine:
-            out.append(f"cosine {self.mean_cosine:.4f} < {gate.mean_cosine}")
-        if self.top10_overlap < gate.top10_overlap:
-            out.append(f"top-10 {self.top10_overlap:.3f} < {gate.top10_overlap}")
-        return ", ".join(out)
+    no_int8: str = ""
+    pictures: bool = False
 
 
 @dataclass(frozen=True)
@@ -158,14 +134,29 @@ class Choice:
         return f"{self.precision} on {self.runtime} ({self.reason})"
 
 
-def model_facts(spec: ModelSpec) -> ModelFacts | None:
-    """What ``spec`` (an embedding model) offers; ``None`` for a Python model, or one that
-    embeds pictures (no choice: the gate measures texts, which it cannot take)."""
-    if spec.kind == "python" or _embeds_pictures(spec):
+#: Why an image folder's towers have no int8 candidate.
+NO_IMAGE_INT8 = "int8 quantizes text encoders, not an image folder's towers"
+
+
+def model_facts(spec: ModelSpec, task: str = "embed") -> ModelFacts | None:
+    """What ``spec`` offers for ``task``: an embedding model, or an image folder that reads
+    pictures (a classifier too); ``None`` for a Python model, a plain ``.onnx`` that reads
+    pictures (no torch weights, no int8 path: it runs fp32), or another task."""
+    if spec.kind == "python":
+        return None
+    if _image_folder_pictures(spec, task):
+        return ModelFacts(onnx=True, no_int8=NO_IMAGE_INT8, pictures=True)
+    if task != "embed" or _embeds_pictures(spec):
         return None
     if spec.kind == "builtin":
         return ModelFacts(onnx=True)
     if spec.kind == "hf" and spec.folder is not None:
+        if spec.folder.image is not None:  # CLIP's or SigLIP's text tower
+            return ModelFacts(
+                onnx=True,
+                no_torch_weights="its text tower runs on ONNX Runtime only",
+                no_int8=NO_IMAGE_INT8,
+            )
         found = spec.folder.for_task("embed")
         if found.decoder:
             return ModelFacts(onnx=False)
@@ -173,6 +164,16 @@ def model_facts(spec: ModelSpec) -> ModelFacts | None:
             return ModelFacts(onnx=True, no_torch_weights="its Dense modules run on ONNX only")
         return ModelFacts(onnx=True)
     return ModelFacts(onnx=True, no_torch_weights="an .onnx file has no weights torch loads")
+
+
+def _image_folder_pictures(spec: ModelSpec, task: str) -> bool:
+    """Whether ``spec`` is a Hugging Face image folder that reads pictures for ``task``: a
+    classifier, an image encoder, or a two-tower folder classifying zero-shot or loaded for
+    its image tower."""
+    kind = spec.folder.image if spec.kind == "hf" and spec.folder is not None else None
+    if kind is None or task not in ("embed", "classify"):
+        return False
+    return kind != "two-tower" or task == "classify" or spec.input_kind == "image"
 
 
 def _embeds_pictures(spec: ModelSpec) -> bool:
@@ -201,39 +202,13 @@ def candidates(
         offered.append("bf16")
     if not facts.onnx:
         left["int8"] = "the model runs on torch, and int8 is ONNX Runtime's"
+    elif facts.no_int8:
+        left["int8"] = facts.no_int8
     elif not host.int8:
         left["int8"] = "no int8 dot products on this CPU (no amx_int8, avx512_vnni or avx_vnni)"
     else:
         offered.append("int8")
     return offered, left
-
-
-def decide(
-    figures: Mapping[str, Figures], *, gate: Gate = AUTO_GATE, min_gain: float = MIN_GAIN
-) -> tuple[str, str]:
-    """The precision ``figures`` (fp32's and each candidate's) choose, and why, in words."""
-    base = figures["fp32"].records_per_s
-    notes: list[str] = []
-    passing: dict[str, float] = {}
-    for name, fig in figures.items():
-        if name == "fp32":
-            continue
-        missed = fig.misses(gate)
-        if missed:
-            notes.append(f"{name} misses the gate ({missed})")
-            continue
-        ratio = fig.records_per_s / base if base > 0 else 0.0
-        passing[name] = ratio
-        notes.append(
-            f"{name} x{ratio:.2f} fp32 ({fig.records_per_s:,.0f} vs {base:,.0f} records/s), "
-            f"cosine {fig.mean_cosine:.5f}, top-10 {fig.top10_overlap:.3f}"
-        )
-    best = max(passing, key=lambda n: passing[n], default=None)
-    if best is None or passing[best] < min_gain:
-        if best is not None:
-            notes.append(f"none faster than fp32 by x{min_gain:.2f}")
-        return "fp32", "; ".join(notes) or "no other candidate"
-    return best, "; ".join(notes)
 
 
 def choose_precision(
@@ -245,13 +220,14 @@ def choose_precision(
     flags: frozenset[str] | None = None,
 ) -> Choice | None:
     """The precision ``spec`` loads in with ``knobs`` (``None``: the knob does not apply: a
-    Python model, an image model, a generator; a text classifier or reranker asked for a
-    precision, which the loader checks). ``auto`` measures an embedding model, once per model
-    and CPU kind (``texts``: the gate texts, default the demo corpus's; ``flags``: the CPU's),
-    and keeps a classifier or a reranker in fp32 (:data:`STAYS_FP32`)."""
+    Python model, a plain ``.onnx`` that reads pictures, a generator; a text classifier or
+    reranker asked for a precision, which the loader checks). ``auto`` measures an embedding
+    model or an image folder, once per model and CPU kind (``texts``: the gate texts, default
+    the demo corpus's; an image folder's are photographs; ``flags``: the CPU's), and keeps a
+    text classifier or a reranker in fp32 (:data:`STAYS_FP32`)."""
     if task in STAYS_FP32 and knobs.precision == "auto" and _text_onnx(spec):
         return Choice("fp32", STAYS_FP32[task])  # before AUTO_ENV: it pins embedders only
-    facts = model_facts(spec) if task == "embed" else None
+    facts = model_facts(spec, task)
     if facts is None:
         return None
     if knobs.precision != "auto":
@@ -262,9 +238,20 @@ def choose_precision(
     if pinned:
         if pinned not in ("fp32", "bf16", "int8"):
             raise InputError(f"{AUTO_ENV} must be fp32, bf16 or int8, got {pinned!r}")
+        cannot = {"int8": facts.no_int8, "bf16": facts.no_torch_weights}.get(pinned, "")
+        if cannot:  # pinned for the models that have it: this one keeps fp32
+            why = f"auto, set by {AUTO_ENV} to {pinned}, and {cannot}"
+            return Choice("fp32", why, _runtime("fp32", facts))
         return Choice(pinned, f"auto, set by {AUTO_ENV}", _runtime(pinned, facts))
     host = host_kind(flags)
     offered, left = candidates(host, facts, torch=_has_torch())
+    if facts.pictures and "bf16" in offered:
+        from batchline.jobs.precision_pictures import photographs_missing
+
+        missing = photographs_missing()
+        if missing:
+            offered.remove("bf16")
+            left["bf16"] = missing
     skipped = "; ".join(f"{name}: {why}" for name, why in left.items())
     if not offered:
         return Choice("fp32", f"auto on {host.name}: {skipped}", _runtime("fp32", facts))
@@ -283,22 +270,31 @@ def measured_choice(
     """``auto``'s answer for ``spec`` on ``host`` among fp32 and ``offered``: kept from an
     earlier measurement, else measured now and kept (``skipped``: why the others are not
     candidates, said in the reason)."""
-    key = _cache_key(spec, knobs, host, offered)
+    key = _cache_key(spec, knobs, host, offered, facts)
     cached = _read(key)
     if cached is not None:
         return cached
+    names = ["fp32", *offered]
+    if facts.pictures:
+        from batchline.jobs import precision_pictures
+
+        sample = f"{precision_pictures.GATE_PICTURES} photographs"
+    else:
+        sample = f"{GATE_TEXTS} demo-corpus texts"
     logger.info(
-        "%s: measuring fp32 against %s on this CPU, %s, with %d demo-corpus texts (once "
-        "per model and CPU kind)",
+        "%s: measuring fp32 against %s on this CPU, %s, with %s (once per model and CPU kind)",
         spec.name,
         " and ".join(offered),
         host,
-        GATE_TEXTS,
+        sample,
     )
     start = time.perf_counter()
-    figures = measure(spec, knobs, ["fp32", *offered], _gate_texts if texts is None else texts)
+    if facts.pictures:
+        figures = precision_pictures.measure_pictures(spec, knobs, names)
+    else:
+        figures = measure(spec, knobs, names, _gate_texts if texts is None else texts)
     took = time.perf_counter() - start
-    chosen, why = decide(figures)
+    chosen, why = decide(figures, unit="pictures" if facts.pictures else "records")
     day = datetime.date.today().isoformat()
     reason = f"auto on {host.name}: {why}" + (f"; {skipped}" if skipped else "")
     reason += f"; measured {day} in {took:.0f} s"
@@ -431,7 +427,13 @@ def _gate_texts() -> list[str]:
     return gate_texts(GATE_TEXTS)
 
 
-def _cache_key(spec: ModelSpec, knobs: Knobs, host: HostKind, offered: Sequence[str]) -> str | None:
+def _cache_key(
+    spec: ModelSpec,
+    knobs: Knobs,
+    host: HostKind,
+    offered: Sequence[str],
+    facts: ModelFacts | None = None,
+) -> str | None:
     """What an answer holds for: the model's files and options, the CPU kind and cores, the
     job's layout, the candidates and the versions that run them; ``None``: not kept."""
     from batchline.models.identity import model_identity
@@ -450,6 +452,10 @@ def _cache_key(spec: ModelSpec, knobs: Knobs, host: HostKind, offered: Sequence[
     versions = [_version(p) for p in ("onnxruntime", "torch", "transformers")]
     data = [identity, str(host), machine_cores(), layout, list(offered), versions]
     data.append(PRECISION_VERSION)
+    if facts is not None and facts.pictures:  # only there: the texts' keys stay as they were
+        from batchline.jobs.precision_pictures import PICTURES_VERSION
+
+        data.append(["pictures", PICTURES_VERSION])
     return hashlib.sha256(json.dumps(data).encode()).hexdigest()[:32]
 
 

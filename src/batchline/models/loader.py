@@ -65,7 +65,9 @@ def load_model(spec: ModelSpec, knobs: Knobs) -> AnyModel:
     """Load ``spec`` laid out as ``knobs`` say: the first registered backend that claims it,
     its task resolved (see the module docstring)."""
     task = resolve_task(spec)
-    if knobs.precision == "int8" and task != "embed":
+    # an image folder's backend says itself what it runs in which precision
+    image_folder = spec.folder is not None and spec.folder.image is not None
+    if knobs.precision == "int8" and task != "embed" and not image_folder:
         if knobs.quantize is not None:
             raise InputError(
                 f"--quantize {knobs.quantize} applies to embedding models; {spec.name!r} has "

@@ -2,7 +2,8 @@
 exporter (``torch.onnx.export(..., dynamo=False)``: no ``onnxscript`` needed); torch and
 transformers are needed for the conversion only, never to run the result.
 
-What :func:`export_image` writes, by ``head``:
+What :func:`export_image` writes, by ``head`` (the heads themselves: :mod:`.heads`, which the
+torch runner calls too):
 
 - ``logits``: an ``*ForImageClassification`` model, ``pixel_values`` ``(batch, 3, H, W)`` →
   ``logits`` ``(batch, num_labels)``;
@@ -34,34 +35,21 @@ import tempfile
 import warnings
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 from batchline._cache import write_whole
 from batchline._errors import ModelError
 from batchline.models.hf import OPSET, require_torch
+from batchline.models.image.heads import ImageHead, load_head_model, output_name, wrap_head
 
-__all__ = ["ImageHead", "export_image"]
+__all__ = ["ImageHead", "export_image", "output_name"]
 
-ImageHead = Literal["logits", "image_embeds", "text_embeds", "cls", "mean", "mean-all"]
-_OUTPUT = {
-    "logits": "logits",
-    "image_embeds": "image_embeds",
-    "text_embeds": "text_embeds",
-    "cls": "embedding",
-    "mean": "embedding",
-    "mean-all": "embedding",
-}
 #: The exporter keeps weights inline up to protobuf's 2 GiB message limit (less the graph).
 _MAX_INLINE_BYTES = 2**31 - 2**26
 #: How far the graph may stray from transformers on the probe, relative to the largest output.
 _TOLERANCE = 1e-3
-
-
-def output_name(head: ImageHead) -> str:
-    """The graph output :func:`export_image` names for ``head``."""
-    return _OUTPUT[head]
 
 
 def export_image(
@@ -72,17 +60,15 @@ def export_image(
 
     Raises ``ModelError`` when torch or transformers is missing (with the install), when the
     folder cannot be loaded, or when the export does not reproduce the model."""
-    if head not in _OUTPUT:
-        raise ValueError(f"head must be one of {', '.join(_OUTPUT)}, got {head!r}")
+    output = output_name(head)  # checks the head
     torch, transformers = require_torch(f"converting {folder} to ONNX")
-    model = _load(folder, head, transformers, torch)
+    model = load_head_model(folder, head, transformers, torch, attn_implementation="eager")
     arch = type(model).__name__
     fixed = head == "text_embeds" and fixed_text_length(model.config) is not None
-    wrapped = _wrap(torch, model, head)
+    wrapped = wrap_head(torch, model, head)
     names = ["pixel_values"]
     if head == "text_embeds":
         names = ["input_ids"] if fixed else ["input_ids", "attention_mask"]
-    output = _OUTPUT[head]
     probe = _probe(model, head, image_size, rows=2, seed=0)
     axes: dict[str, dict[int, str]] = {n: {0: "batch"} for n in names}
     if head == "text_embeds" and not fixed:
@@ -122,66 +108,6 @@ def fixed_text_length(config: Any) -> int | None:
         return None
     length = int(config.text_config.max_position_embeddings)
     return length
-
-
-def _load(folder: Path, head: ImageHead, transformers: ModuleType, torch: ModuleType) -> Any:
-    auto = {
-        "logits": transformers.AutoModelForImageClassification,
-        "image_embeds": transformers.AutoModel,
-        "text_embeds": transformers.AutoModel,
-    }.get(head, transformers.AutoModel)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            model, info = auto.from_pretrained(
-                folder,
-                dtype=torch.float32,
-                local_files_only=True,
-                attn_implementation="eager",
-                output_loading_info=True,
-            )
-    except (OSError, ValueError, KeyError, RuntimeError) as exc:
-        raise ModelError(f"cannot load {folder} as an image model: {exc}") from exc
-    missing = [k for k in info.get("missing_keys", ()) if "pooler" not in k]
-    if missing:
-        shown = ", ".join(sorted(missing)[:4]) + (", ..." if len(missing) > 4 else "")
-        raise ModelError(
-            f"{folder} does not hold all its weights: {len(missing)} missing ({shown}); "
-            "converting it would run random weights"
-        )
-    return model.eval()
-
-
-def _features(out: Any) -> Any:
-    """``get_*_features`` returns the projected vectors, or (transformers 5) an output whose
-    ``pooler_output`` holds them."""
-    return out if hasattr(out, "shape") else out.pooler_output
-
-
-def _wrap(torch: ModuleType, model: Any, head: ImageHead) -> Any:
-    class Tower(torch.nn.Module):  # type: ignore[name-defined,misc]
-        """The model with positional inputs and one output, as the exporter traces it."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, *inputs: Any) -> Any:
-            if head == "logits":
-                return self.model(pixel_values=inputs[0]).logits
-            if head == "image_embeds":
-                return _features(self.model.get_image_features(pixel_values=inputs[0]))
-            if head == "text_embeds" and len(inputs) == 1:
-                return _features(self.model.get_text_features(input_ids=inputs[0]))
-            if head == "text_embeds":
-                ids, mask = inputs
-                return _features(self.model.get_text_features(input_ids=ids, attention_mask=mask))
-            hidden = self.model(pixel_values=inputs[0]).last_hidden_state
-            if head == "cls":
-                return hidden[:, 0]
-            return hidden.mean(dim=1) if head == "mean-all" else hidden[:, 1:].mean(dim=1)
-
-    return Tower().eval()
 
 
 def _probe(

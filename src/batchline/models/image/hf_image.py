@@ -1,15 +1,17 @@
-"""Image models behind the seam, over one ONNX graph each: :class:`ImageClassifier`
-(``classify``: a label and its scores), :class:`ImageEmbedder` (``embed``: one vector per
-picture) and :class:`ZeroShotClassifier` (``classify`` over label texts embedded once, at
-load: CLIP and SigLIP); and :class:`PaddedTextEmbedder`, SigLIP's text tower (CLIP's is the
-ONNX text embedder of ``batchline.models.onnx``).
+"""Image models behind the seam, over one graph each (ONNX, or torch in bf16):
+:class:`ImageClassifier` (``classify``: a label and its scores), :class:`ImageEmbedder`
+(``embed``: one vector per picture) and :class:`ZeroShotClassifier` (``classify`` over label
+texts embedded once, at load: CLIP and SigLIP); and :class:`PaddedTextEmbedder`, SigLIP's
+text tower (CLIP's is the ONNX text embedder of ``batchline.models.onnx``).
 
 Each is a :class:`~batchline.models.protocol.BatchModel` whose ``info.input_kind`` is
 ``image`` and whose ``preprocess`` (:class:`~batchline.models.image.ImagePreprocess`) makes
 its prepared items: float32 ``(3, H, W)`` arrays, made in the decode worker processes
 (``prepare`` does it in-process for a decoded picture). ``run_batch`` stacks them and runs
-ONNX Runtime. Results are encoded as the text models' are: a float32 vector, or the
-classifier's ``{"label", "score", "scores"}`` (``top_k``: ``{"label", "score", "top_k"}``).
+them on the model's :class:`PixelGraph`: ONNX Runtime's session pool (fp32), or torch in
+bf16 (:class:`~batchline.models.image.torch_image.TorchPixels`), the same head either way.
+Results are encoded as the text models' are: a float32 vector, or the classifier's
+``{"label", "score", "scores"}`` (``top_k``: ``{"label", "score", "top_k"}``).
 
 Example::
 
@@ -19,8 +21,9 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -35,18 +38,54 @@ if TYPE_CHECKING:
 
     from batchline.models.onnx import Classification, OnnxModel
 
-__all__ = ["ImageClassifier", "ImageEmbedder", "PaddedTextEmbedder", "ZeroShotClassifier"]
+__all__ = [
+    "ImageClassifier",
+    "ImageEmbedder",
+    "PaddedTextEmbedder",
+    "PixelGraph",
+    "ZeroShotClassifier",
+]
 
 Pixels = npt.NDArray[np.float32]
 
 
-class _ImageModel(SessionModel):
+class _Shaped(Protocol):
+    @property
+    def shape(self) -> Sequence[int | str | None]: ...
+
+
+class PixelGraph(Protocol):
+    """What an image model runs its batches on: an :class:`~batchline.models.onnx.OnnxModel`
+    (ONNX Runtime) or a :class:`~batchline.models.image.torch_image.TorchPixels` (torch)."""
+
+    @property
+    def path(self) -> Path: ...
+
+    @property
+    def input_names(self) -> tuple[str, ...]: ...
+
+    @property
+    def output_names(self) -> tuple[str, ...]: ...
+
+    @property
+    def outputs(self) -> Sequence[_Shaped]: ...
+
+    @property
+    def sessions(self) -> int: ...
+
+    def run(
+        self, feeds: Mapping[str, npt.ArrayLike], output_names: Sequence[str] | None = None
+    ) -> Mapping[str, Any]: ...
+
+
+class _ImageModel:
     """What the image models share: preparing pictures, a cost of 1 each, one batched run."""
 
     preprocess: ImagePreprocess
     output_name: str
+    _info: ModelInfo
 
-    def __init__(self, model: OnnxModel, preprocess: ImagePreprocess, output_name: str) -> None:
+    def __init__(self, model: PixelGraph, preprocess: ImagePreprocess, output_name: str) -> None:
         if preprocess.output_size is None:
             raise ModelError(
                 f"{model.path.name}: the preprocessing gives pictures of varying sizes (a "
@@ -63,6 +102,21 @@ class _ImageModel(SessionModel):
         self.preprocess = preprocess
         self.output_name = output_name
         self._shape = (3, *preprocess.output_size)
+
+    @property
+    def info(self) -> ModelInfo:
+        return self._info
+
+    @property
+    def sessions(self) -> int:
+        """Batches the graph runs at once (ONNX Runtime's sessions; 1 for torch)."""
+        return self.model.sessions
+
+    def encode(self, result: Any) -> Any:
+        return result  # vectors and classifications are what outputs store
+
+    def close(self) -> None:
+        """Sessions and weights are freed with the object; nothing to close explicitly."""
 
     def prepare(self, inputs: Sequence[object]) -> list[Pixels | BaseException]:
         """A decoded picture (a PIL image, any mode) preprocessed, or an already preprocessed
@@ -89,15 +143,21 @@ class _ImageModel(SessionModel):
         return 1  # every picture is the same size once preprocessed
 
     def outputs(self, batch: Sequence[Pixels]) -> npt.NDArray[np.float32]:
-        """One stacked batch through a free session: ``(len(batch), width)``."""
+        """One stacked batch through the graph (a free session): ``(len(batch), width)``."""
         out = self.model.run({"pixel_values": np.stack(batch)}, [self.output_name])
-        rows = out[self.output_name]
+        rows: npt.NDArray[np.float32] = np.asarray(out[self.output_name])
         if rows.ndim != 2 or rows.shape[0] != len(batch):
             raise ModelError(
                 f"{self.model.path.name} returned {self.output_name} of shape {rows.shape} for "
                 f"{len(batch)} pictures"
             )
         return rows.astype(np.float32, copy=False)
+
+    def raw(self, batch: Sequence[Pixels]) -> npt.NDArray[np.float32]:
+        """What the results are computed from, a row a picture: a classifier's logits, an
+        embedder's vectors before normalizing (``auto``'s gate compares them across
+        precisions)."""
+        return self.outputs(batch)
 
 
 def _check_labels(labels: Sequence[str], width: int, what: str) -> tuple[str, ...]:
@@ -130,7 +190,7 @@ class ImageClassifier(_ImageModel):
 
     def __init__(
         self,
-        model: OnnxModel,
+        model: PixelGraph,
         preprocess: ImagePreprocess,
         *,
         name: str,
@@ -159,7 +219,7 @@ class ImageEmbedder(_ImageModel):
 
     def __init__(
         self,
-        model: OnnxModel,
+        model: PixelGraph,
         preprocess: ImagePreprocess,
         *,
         name: str,
@@ -200,7 +260,7 @@ class ZeroShotClassifier(_ImageModel):
 
     def __init__(
         self,
-        model: OnnxModel,
+        model: PixelGraph,
         preprocess: ImagePreprocess,
         *,
         name: str,
@@ -224,6 +284,10 @@ class ZeroShotClassifier(_ImageModel):
         cos = images @ self.label_vectors.astype(np.float64).T
         result: npt.NDArray[np.float64] = cos * self.scale + self.bias
         return result
+
+    def raw(self, batch: Sequence[Pixels]) -> npt.NDArray[np.float32]:
+        """The labels' logits, a row a picture."""
+        return self.logits(batch).astype(np.float32)
 
     def run_batch(self, batch: list[Pixels]) -> list[Classification]:
         if not batch:

@@ -4,7 +4,9 @@ The folder was read at parse time (:func:`batchline.models.hf.detect_folder`): a
 ``*ForImageClassification`` model, CLIP or SigLIP (two towers), or an image encoder (DINOv2,
 ``ViTModel``). Here its ``preprocessor_config.json`` becomes the model's
 :class:`~batchline.models.image.ImagePreprocess`, each tower it needs is converted once to
-ONNX and cached (:func:`batchline.models.hf.convert_with`), and the model that fits is built:
+ONNX and cached (:func:`batchline.models.hf.convert_with`), and the model that fits is built
+(``precision = "bf16"``: each image tower runs on torch in bfloat16 instead, read through the
+same head: :mod:`.torch_image`; text towers stay on ONNX Runtime):
 
 - a classifier → :class:`~batchline.models.image.hf_image.ImageClassifier`;
 - an image encoder, or a two-tower folder loaded for images →
@@ -29,17 +31,19 @@ from batchline.models.image.hf_image import (
     ImageClassifier,
     ImageEmbedder,
     PaddedTextEmbedder,
+    PixelGraph,
     ZeroShotClassifier,
 )
 from batchline.models.image.preprocess import ImagePreprocess
 from batchline.models.image.processor_config import preprocess_from_config, read_processor_config
+from batchline.models.image.torch_image import TorchPixels, load_torch_pixels
 from batchline.models.protocol import BatchModel
 from batchline.models.specs import ModelSpec
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from batchline.models.image.export import ImageHead
+    from batchline.models.image.heads import ImageHead
 
 __all__ = ["load_image_folder"]
 
@@ -58,6 +62,11 @@ def load_image_folder(spec: ModelSpec, knobs: Knobs) -> BatchModel[Any, Any]:
             f"--quantize {knobs.quantize} quantizes text encoders; {spec.name!r} is an image "
             "model: leave --quantize out for it"
         )
+    if knobs.precision == "int8":
+        raise InputError(
+            f"precision int8 quantizes text encoders; {spec.name!r} is an image model: use "
+            "precision auto, fp32 or bf16 for it"
+        )
     found = spec.folder.for_task(spec.task)
     preprocess = preprocess_from_config(read_processor_config(found.folder))
     size = preprocess.output_size
@@ -68,10 +77,8 @@ def load_image_folder(spec: ModelSpec, knobs: Knobs) -> BatchModel[Any, Any]:
         )
     normalize = spec.normalize if spec.normalize is not None else found.normalize
     if found.image == "classifier":
-        path = _convert(found, "logits", size)
-        _log(spec, found, path)
         return ImageClassifier(
-            _sessions(path, knobs),
+            _graph(spec, found, "logits", size, knobs),
             preprocess,
             name=spec.name,
             labels=spec.labels or found.labels,
@@ -87,10 +94,8 @@ def load_image_folder(spec: ModelSpec, knobs: Knobs) -> BatchModel[Any, Any]:
         head: ImageHead = "cls"
         if pooling == "mean":  # a sentence-transformers layout's mean takes every token
             head = "mean" if found.assumed else "mean-all"
-        path = _convert(found, head, size)
-        _log(spec, found, path)
         return ImageEmbedder(
-            _sessions(path, knobs),
+            _graph(spec, found, head, size, knobs),
             preprocess,
             name=spec.name,
             output_name="embedding",
@@ -99,14 +104,17 @@ def load_image_folder(spec: ModelSpec, knobs: Knobs) -> BatchModel[Any, Any]:
     if found.task == "classify":
         return _zero_shot(spec, found, preprocess, knobs)
     if spec.input_kind == "image":
-        path = _convert(found, "image_embeds", size)
-        _log(spec, found, path)
         return ImageEmbedder(
-            _sessions(path, knobs),
+            _graph(spec, found, "image_embeds", size, knobs),
             preprocess,
             name=spec.name,
             output_name="image_embeds",
             normalize=normalize,
+        )
+    if knobs.precision == "bf16":
+        raise InputError(
+            f"model {spec.name!r}: precision bf16 runs image towers on torch, and its text "
+            "tower runs on ONNX Runtime: use precision auto or fp32 for texts"
         )
     text_model: BatchModel[Any, Any] = _text_tower(spec, found, knobs, normalize=normalize)
     return text_model
@@ -115,8 +123,6 @@ def load_image_folder(spec: ModelSpec, knobs: Knobs) -> BatchModel[Any, Any]:
 def _zero_shot(
     spec: ModelSpec, found: FolderModel, preprocess: ImagePreprocess, knobs: Knobs
 ) -> BatchModel[Any, Any]:
-    import onnx
-
     labels = spec.labels
     if not labels:
         raise InputError(f"model {spec.name!r}: zero-shot classification needs --labels")
@@ -132,17 +138,29 @@ def _zero_shot(
         texts.close()
     import numpy as np
 
-    path = _convert(found, "image_embeds", preprocess.output_size)
-    meta = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
+    graph = _graph(spec, found, "image_embeds", preprocess.output_size, knobs)
+    if isinstance(graph, TorchPixels):
+        meta = {
+            f"batchline.{name}": repr(value)
+            for name, value in (
+                ("logit_scale", graph.logit_scale),
+                ("logit_bias", graph.logit_bias),
+            )
+            if value is not None
+        }
+    else:
+        import onnx
+
+        proto = onnx.load(str(graph.path), load_external_data=False)
+        meta = {p.key: p.value for p in proto.metadata_props}
     try:
         scale = float(np.exp(float(meta["batchline.logit_scale"])))
     except (KeyError, ValueError):
-        raise ModelError(f"{path}: the converted graph does not say its logit scale") from None
+        raise ModelError(f"{graph.path}: the model does not say its logit scale") from None
     siglip = _siglip(found)
     bias = float(meta.get("batchline.logit_bias", 0.0)) if siglip else 0.0
-    _log(spec, found, path)
     return ZeroShotClassifier(
-        _sessions(path, knobs),
+        graph,
         preprocess,
         name=spec.name,
         labels=labels,
@@ -214,9 +232,19 @@ def _convert(found: FolderModel, head: ImageHead, size: tuple[int, int]) -> Path
     ).path
 
 
-def _sessions(path: Path, knobs: Knobs) -> Any:
+def _graph(
+    spec: ModelSpec, found: FolderModel, head: ImageHead, size: tuple[int, int], knobs: Knobs
+) -> PixelGraph:
+    """What the image tower runs on: torch in bf16 (``knobs.precision``), else its graph,
+    converted once, on ONNX Runtime's sessions; said in the load log."""
+    if knobs.precision == "bf16":
+        graph = load_torch_pixels(found.folder, head=head, knobs=knobs)
+        logger.info("%s: %s -> torch (bf16)", spec.name, found.describe())
+        return graph
     from batchline.models.onnx import load_sessions_at
 
+    path = _convert(found, head, size)
+    _log(spec, found, path)
     return load_sessions_at(path, knobs)
 
 

@@ -240,7 +240,13 @@ def load_image_model(spec: ModelSpec, knobs: Knobs) -> OnnxImageModel:
     preprocessed as the ``preprocessor_config.json`` of its folder says, else as
     ``spec.image`` says (:class:`ImageOptions`: ``--image-size``, ``--mean`` and ``--std``,
     which also win over the folder's); labels from ``--labels`` or a ``config.json``'s
-    ``id2label`` beside it."""
+    ``id2label`` beside it. It runs as exported: precision bf16 or int8 is an ``InputError``."""
+    if knobs.precision in ("bf16", "int8"):
+        raise InputError(
+            f"model {spec.name!r}: a plain .onnx that reads pictures runs as it was exported; "
+            f"precision {knobs.precision} is for Hugging Face folders (bf16: an image folder's "
+            "weights on torch): use precision auto or fp32 for it"
+        )
     model = load_sessions_at(spec.path, knobs)
     found = image_input(model.inputs)
     if found is None:

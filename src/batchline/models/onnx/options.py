@@ -18,7 +18,8 @@ from batchline.knobs import SESSIONS, CoreKnobs, knob, machine_cores
 
 __all__ = ["PRECISIONS", "Precision", "SessionOptions"]
 
-#: What an embedding model computes in (``SessionOptions.precision``; ``models/precision.py``).
+#: What an embedding model or an image folder computes in (``SessionOptions.precision``;
+#: ``jobs/precision.py``).
 Precision = Literal["auto", "fp32", "bf16", "int8"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 
@@ -62,9 +63,9 @@ class SessionOptions(CoreKnobs):
     precision: Precision = field(
         default="auto",
         metadata=knob(
-            "what an embedding model computes in: auto (measured once per model and CPU kind, past "
-            "a quality gate), fp32 or int8 (ONNX Runtime), bf16 (torch, oneDNN); classifiers and "
-            "rerankers stay fp32",
+            "what an embedding model or an image folder computes in: auto (measured once per model "
+            "and CPU kind, past a quality gate), fp32 or int8 (ONNX Runtime), bf16 (torch, "
+            "oneDNN); text classifiers and rerankers stay fp32, image folders take no int8",
             SESSIONS,
         ),
     )
