@@ -76,9 +76,7 @@ def _logits_on_torch(spec: ModelSpec, found: FolderModel, knobs: Knobs) -> Batch
             f"{found.folder}: {what} runs on torch, and this batchline cannot load it ({exc}); "
             f"{install_command('generate')}"
         ) from None
-    from batchline.models.onnx.classify import OnnxClassifier
-    from batchline.models.onnx.embedder import load_tokenizer
-    from batchline.models.onnx.score import OnnxScorer
+    from batchline.models.onnx import OnnxClassifier, OnnxScorer, load_tokenizer
 
     _log(spec, found, "torch (bf16)")
     graph = load_torch_logits(found.folder, knobs, what=what)

@@ -8,8 +8,9 @@ Each is a :class:`~batchline.models.protocol.BatchModel` whose ``info.input_kind
 ``image`` and whose ``preprocess`` (:class:`~batchline.models.image.ImagePreprocess`) makes
 its prepared items: float32 ``(3, H, W)`` arrays, made in the decode worker processes
 (``prepare`` does it in-process for a decoded picture). ``run_batch`` stacks them and runs
-them on the model's :class:`PixelGraph`: ONNX Runtime's session pool (fp32), or torch in
-bf16 (:class:`~batchline.models.image.torch_image.TorchPixels`), the same head either way.
+them on the model's graph (:class:`~batchline.models.onnx.sessions.Graph`): ONNX Runtime's
+session pool (fp32), or torch in bf16 (:class:`~batchline.models.image.torch_image.TorchPixels`),
+the same head either way.
 Results are encoded as the text models' are: a float32 vector, or the classifier's
 ``{"label", "score", "scores"}`` (``top_k``: ``{"label", "score", "top_k"}``).
 
@@ -21,16 +22,15 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
 from batchline._errors import InputError, ModelError
 from batchline.models.image.preprocess import ImagePreprocess
-from batchline.models.onnx import SessionModel, classification, softmax
+from batchline.models.onnx import Graph, SessionModel, classification, softmax
 from batchline.models.protocol import ModelInfo
 
 if TYPE_CHECKING:
@@ -42,40 +42,10 @@ __all__ = [
     "ImageClassifier",
     "ImageEmbedder",
     "PaddedTextEmbedder",
-    "PixelGraph",
     "ZeroShotClassifier",
 ]
 
 Pixels = npt.NDArray[np.float32]
-
-
-class _Shaped(Protocol):
-    @property
-    def shape(self) -> Sequence[int | str | None]: ...
-
-
-class PixelGraph(Protocol):
-    """What an image model runs its batches on: an :class:`~batchline.models.onnx.OnnxModel`
-    (ONNX Runtime) or a :class:`~batchline.models.image.torch_image.TorchPixels` (torch)."""
-
-    @property
-    def path(self) -> Path: ...
-
-    @property
-    def input_names(self) -> tuple[str, ...]: ...
-
-    @property
-    def output_names(self) -> tuple[str, ...]: ...
-
-    @property
-    def outputs(self) -> Sequence[_Shaped]: ...
-
-    @property
-    def sessions(self) -> int: ...
-
-    def run(
-        self, feeds: Mapping[str, npt.ArrayLike], output_names: Sequence[str] | None = None
-    ) -> Mapping[str, Any]: ...
 
 
 class _ImageModel:
@@ -85,7 +55,7 @@ class _ImageModel:
     output_name: str
     _info: ModelInfo
 
-    def __init__(self, model: PixelGraph, preprocess: ImagePreprocess, output_name: str) -> None:
+    def __init__(self, model: Graph, preprocess: ImagePreprocess, output_name: str) -> None:
         if preprocess.output_size is None:
             raise ModelError(
                 f"{model.path.name}: the preprocessing gives pictures of varying sizes (a "
@@ -190,7 +160,7 @@ class ImageClassifier(_ImageModel):
 
     def __init__(
         self,
-        model: PixelGraph,
+        model: Graph,
         preprocess: ImagePreprocess,
         *,
         name: str,
@@ -219,7 +189,7 @@ class ImageEmbedder(_ImageModel):
 
     def __init__(
         self,
-        model: PixelGraph,
+        model: Graph,
         preprocess: ImagePreprocess,
         *,
         name: str,
@@ -260,7 +230,7 @@ class ZeroShotClassifier(_ImageModel):
 
     def __init__(
         self,
-        model: PixelGraph,
+        model: Graph,
         preprocess: ImagePreprocess,
         *,
         name: str,

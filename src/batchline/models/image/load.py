@@ -31,12 +31,12 @@ from batchline.models.image.hf_image import (
     ImageClassifier,
     ImageEmbedder,
     PaddedTextEmbedder,
-    PixelGraph,
     ZeroShotClassifier,
 )
 from batchline.models.image.preprocess import ImagePreprocess
 from batchline.models.image.processor_config import preprocess_from_config, read_processor_config
 from batchline.models.image.torch_image import TorchPixels, load_torch_pixels
+from batchline.models.onnx import Graph
 from batchline.models.protocol import BatchModel
 from batchline.models.specs import ModelSpec
 
@@ -234,7 +234,7 @@ def _convert(found: FolderModel, head: ImageHead, size: tuple[int, int]) -> Path
 
 def _graph(
     spec: ModelSpec, found: FolderModel, head: ImageHead, size: tuple[int, int], knobs: Knobs
-) -> PixelGraph:
+) -> Graph:
     """What the image tower runs on: torch in bf16 (``knobs.precision``), else its graph,
     converted once, on ONNX Runtime's sessions; said in the load log."""
     if knobs.precision == "bf16":

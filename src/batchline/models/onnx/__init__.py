@@ -7,7 +7,9 @@ an ``.onnx`` graph says, its memory and identity). Nothing here imports the load
 registry: they ask this backend, never the other way round. ``load_tokenizer`` (a
 ``tokenizer.json`` as the text models read it), the int8 quality gate of ``quantize``, and
 what another backend builds its ONNX models from (``SessionModel``, ``load_sessions_at``, the
-classifiers' result ``classification`` and ``softmax``, the task loaders, the BERT graph
+classifiers' result ``classification`` and ``softmax``, the task loaders, the text classifier
+and cross-encoder over any ``TextGraph`` (``OnnxClassifier``, ``OnnxScorer``: the graph
+protocols ``Graph`` and ``TextGraph`` are what another runtime implements), the BERT graph
 builder, the text record ``TokenizedText`` and its collate ``pad_sequences``, the memory rule
 ``onnx_footprint``) are the names used from outside: another backend imports them from here,
 never from this package's modules."""
@@ -23,6 +25,7 @@ if TYPE_CHECKING:
     from batchline.models.onnx.bert import BUILDER_VERSION, bert_covers, build_bert
     from batchline.models.onnx.classify import (
         Classification,
+        OnnxClassifier,
         classification,
         labels_from_config,
         load_onnx_classifier,
@@ -46,8 +49,15 @@ if TYPE_CHECKING:
         store_quality,
     )
     from batchline.models.onnx.runtime import OnnxModel, OnnxTensor, pad_sequences
-    from batchline.models.onnx.score import load_onnx_scorer
-    from batchline.models.onnx.sessions import SessionModel, load_sessions_at, tokenizer_path
+    from batchline.models.onnx.score import OnnxScorer, load_onnx_scorer
+    from batchline.models.onnx.sessions import (
+        Graph,
+        SessionModel,
+        Shaped,
+        TextGraph,
+        load_sessions_at,
+        tokenizer_path,
+    )
 
 #: Each name this face exports, and the module of this package it lives in.
 _HOMES = {
@@ -55,6 +65,7 @@ _HOMES = {
     "bert": ("BUILDER_VERSION", "bert_covers", "build_bert"),
     "classify": (
         "Classification",
+        "OnnxClassifier",
         "classification",
         "labels_from_config",
         "load_onnx_classifier",
@@ -73,8 +84,15 @@ _HOMES = {
         "store_quality",
     ),
     "runtime": ("OnnxModel", "OnnxTensor", "pad_sequences"),
-    "score": ("load_onnx_scorer",),
-    "sessions": ("SessionModel", "load_sessions_at", "tokenizer_path"),
+    "score": ("OnnxScorer", "load_onnx_scorer"),
+    "sessions": (
+        "Graph",
+        "SessionModel",
+        "Shaped",
+        "TextGraph",
+        "load_sessions_at",
+        "tokenizer_path",
+    ),
 }
 
 __all__ = [
@@ -86,12 +104,17 @@ __all__ = [
     "Classification",
     "DenseLayer",
     "EmbedderOptions",
+    "Graph",
+    "OnnxClassifier",
     "OnnxModel",
+    "OnnxScorer",
     "OnnxTensor",
     "Precision",
     "Quality",
     "SessionModel",
     "SessionOptions",
+    "Shaped",
+    "TextGraph",
     "TokenizedText",
     "bert_covers",
     "build_bert",

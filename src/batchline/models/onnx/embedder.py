@@ -33,7 +33,7 @@ from batchline._errors import InputError, ModelError
 from batchline._types import Array, Vector
 from batchline.knobs import DEFAULT_TARGET_BATCH_TOKENS
 from batchline.models.onnx.runtime import OnnxModel, OnnxTensor, ProviderSpec, pad_sequences
-from batchline.models.onnx.sessions import Graph
+from batchline.models.onnx.sessions import TextGraph
 from batchline.models.specs import Pooling
 
 if TYPE_CHECKING:
@@ -186,7 +186,7 @@ def tokenize_texts(tokenizer: Tokenizer, texts: Iterable[str] | str) -> list[Tok
     return [TokenizedText(np.asarray(e.ids, dtype=np.int64)) for e in encodings]
 
 
-def check_text_inputs(model: Graph, *, what: str) -> dict[str, OnnxTensor]:
+def check_text_inputs(model: TextGraph, *, what: str) -> dict[str, OnnxTensor]:
     """The inputs of a text model, by name, once checked: among ``input_ids`` (required),
     ``attention_mask`` (required: padding would change results without it),
     ``token_type_ids`` and ``position_ids``. ``what`` names the caller in errors."""
@@ -205,7 +205,7 @@ def check_text_inputs(model: Graph, *, what: str) -> dict[str, OnnxTensor]:
     return inputs
 
 
-def text_output(model: Graph, output_name: str | None, *, preferred: str) -> OnnxTensor:
+def text_output(model: TextGraph, output_name: str | None, *, preferred: str) -> OnnxTensor:
     """A text model's output ``output_name`` (default: ``preferred`` if the model has it,
     else its first output); ``ModelError`` when the model has no such output."""
     names = model.output_names

@@ -37,7 +37,7 @@ from batchline.models.onnx.embedder import (
     tokenizer_max_length,
 )
 from batchline.models.onnx.options import SessionOptions
-from batchline.models.onnx.sessions import Graph, SessionModel, load_sessions_at, tokenizer_path
+from batchline.models.onnx.sessions import SessionModel, TextGraph, load_sessions_at, tokenizer_path
 from batchline.models.protocol import ModelInfo
 from batchline.models.specs import ModelSpec
 
@@ -93,7 +93,7 @@ class OnnxScorer(SessionModel):
 
     def __init__(
         self,
-        model: Graph,
+        model: TextGraph,
         tokenizer: Tokenizer,
         *,
         name: str,

@@ -1,9 +1,8 @@
 """An ``.onnx`` spec's files and sessions: :func:`tokenizer_path` finds its tokenizer,
 :func:`load_sessions_at` opens its ONNX Runtime sessions laid out as the knobs say. Every task
 module here (``embed``, ``classify``, ``predict``) loads through them, and its model is a
-:class:`SessionModel`. A text classifier and a cross-encoder call their model through
-:class:`Graph` only, so another runtime with that surface runs them too (torch in bf16:
-:class:`~batchline.models.hf.torch_logits.TorchLogits`)."""
+:class:`SessionModel`. A task model calls its model through :class:`Graph` (a text model:
+:class:`TextGraph`) only, so another runtime with that surface runs it too (torch in bf16)."""
 
 from __future__ import annotations
 
@@ -23,18 +22,48 @@ if TYPE_CHECKING:
 
     from batchline.models.onnx.runtime import OnnxModel, OnnxTensor
 
-__all__ = ["Graph", "SessionModel", "load_sessions_at", "tokenizer_path"]
+__all__ = ["Graph", "SessionModel", "Shaped", "TextGraph", "load_sessions_at", "tokenizer_path"]
 
 T = TypeVar("T")
 
 
+class Shaped(Protocol):
+    """A graph output's shape, as ONNX Runtime gives it (ints, or names for free axes)."""
+
+    @property
+    def shape(self) -> Sequence[int | str | None]: ...
+
+
 class Graph(Protocol):
-    """What a text task model calls its model through: the graph's file or folder, its inputs
-    and outputs as ONNX Runtime describes them, how many batches it runs at once, and one
-    thread-safe run. :class:`~batchline.models.onnx.OnnxModel` is one."""
+    """What a task model runs its batches on: the graph's file or folder, its input and output
+    names, its outputs' shapes, how many batches it runs at once, and one thread-safe run.
+    :class:`~batchline.models.onnx.OnnxModel` is one (ONNX Runtime); torch in bf16 gives
+    others (:class:`~batchline.models.image.torch_image.TorchPixels` for pictures,
+    :class:`~batchline.models.hf.torch_logits.TorchLogits` for texts)."""
 
     @property
     def path(self) -> Path: ...
+
+    @property
+    def input_names(self) -> tuple[str, ...]: ...
+
+    @property
+    def output_names(self) -> tuple[str, ...]: ...
+
+    @property
+    def outputs(self) -> Sequence[Shaped]: ...
+
+    @property
+    def sessions(self) -> int: ...
+
+    def run(
+        self, feeds: Mapping[str, npt.ArrayLike], output_names: Sequence[str] | None = None
+    ) -> Mapping[str, Array]: ...
+
+
+class TextGraph(Graph, Protocol):
+    """A :class:`Graph` a text task model feeds token ids: its inputs' names and element types,
+    and its outputs', as ONNX Runtime describes them."""
 
     @property
     def inputs(self) -> tuple[OnnxTensor, ...]: ...
@@ -42,23 +71,13 @@ class Graph(Protocol):
     @property
     def outputs(self) -> tuple[OnnxTensor, ...]: ...
 
-    @property
-    def output_names(self) -> tuple[str, ...]: ...
-
-    @property
-    def sessions(self) -> int: ...
-
-    def run(
-        self, feeds: Mapping[str, npt.ArrayLike], output_names: Sequence[str] | None = None
-    ) -> dict[str, Array]: ...
-
 
 class SessionModel:
     """What the ONNX task models share: their ``info`` (set once, as ``_info``), the size of
     their session pool (``model``), results that are already what outputs store, and nothing
     to close (sessions are freed with the object)."""
 
-    model: Graph
+    model: TextGraph
     _info: ModelInfo
     #: the model's ``tokenizers.Tokenizer`` (text models; ``None`` for tensor models)
     tokenizer: Tokenizer | None = None
