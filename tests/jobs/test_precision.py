@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -142,26 +143,106 @@ def test_choose_asks_nothing_where_there_is_nothing_to_measure() -> None:
 
 @pytest.mark.parametrize("task", ["classify", "score"])
 @pytest.mark.parametrize("pinned", ["", "bf16", "int8"])
-def test_auto_keeps_classifiers_and_rerankers_in_fp32_and_says_why(
+def test_auto_keeps_an_onnx_classifier_or_reranker_in_fp32_and_says_why(
     task: str, pinned: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    # whatever the host and whatever CI pins auto to: no bf16 or int8 path exists for them
+    # a plain .onnx has no weights torch loads, and int8 is for embedding models: nothing to
+    # measure, whatever the host and whatever CI pins auto to
     if pinned:
         monkeypatch.setenv(precision.AUTO_ENV, pinned)
     else:
         monkeypatch.delenv(precision.AUTO_ENV, raising=False)
+    monkeypatch.setattr(precision, "measure", _no_measuring)
     graph = tmp_path / "model.onnx"
     graph.write_bytes(b"")  # the choice reads the spec, not the file
     spec = parse_spec(str(graph)).with_options(task=task)
     choice = choose_precision(spec, Knobs(), task=task, flags=AMX)
     assert choice is not None
-    assert choice.describe() == f"fp32 on onnxruntime ({precision.STAYS_FP32[task]})"
+    assert choice.precision == "fp32"
+    assert choice.runtime == "onnxruntime"
     assert not choice.measured
-    # asked for: the loader answers (fp32 loads; bf16 and int8 are refused there)
-    assert choose_precision(spec, Knobs(precision="fp32"), task=task, flags=AMX) is None
+    if pinned == "bf16":
+        assert "an .onnx file has no weights torch loads" in choice.reason
+    elif pinned == "int8":
+        assert precision.NO_HEAD_INT8 in choice.reason
+    else:
+        assert choice.reason.startswith("auto on amx: bf16: bf16 runs on torch, and an .onnx")
+        assert f"int8: {precision.NO_HEAD_INT8}" in choice.reason
+    # asked for: fp32 loads; bf16 is the loader's to refuse for a file
+    forced = choose_precision(spec, Knobs(precision="fp32"), task=task, flags=AMX)
+    assert forced == Choice("fp32", "asked for", "onnxruntime")
     # a Python model and a generator have no precision to choose
     assert choose_precision(parse_spec("json:dumps"), Knobs(), task=task, flags=AMX) is None
     assert choose_precision(spec, Knobs(), task="generate", flags=AMX) is None
+
+
+def _no_measuring(*args: object, **kwargs: object) -> dict[str, Figures]:
+    raise AssertionError("nothing to measure here")
+
+
+@pytest.mark.parametrize("task", ["classify", "score"])
+def test_auto_measures_a_classifier_or_reranker_folder_in_bf16_on_a_bf16_host(
+    task: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A folder is offered bf16 (torch) and measured on the gate's texts or pairs; int8 is
+    left out with its reason; the figures decide, and the answer is kept."""
+    pytest.importorskip("torch")
+    from tests.models.hf.conftest import save_bert
+
+    monkeypatch.delenv(precision.AUTO_ENV, raising=False)
+    monkeypatch.setenv("BATCHLINE_CACHE_DIR", str(tmp_path / "cache"))
+    folder = save_bert(tmp_path / task, labels=3 if task == "classify" else 1)
+    spec = parse_spec(f"{folder}/").with_options(task=task)
+    calls: list[tuple[list[str], list[object]]] = []
+
+    def measured(_spec: object, _knobs: object, names: Any, inputs: Any, **kw: Any) -> Any:
+        calls.append((list(names), list(inputs())))
+        slow = Figures(100.0, top10_overlap=None)
+        return {"fp32": slow, "bf16": Figures(250.0, 0.9999, None, top1_agreement=1.0)}
+
+    monkeypatch.setattr(precision, "measure", measured)
+    texts = [f"text number {i}" for i in range(60)]
+    choice = choose_precision(spec, Knobs(), task=task, texts=lambda: texts, flags=AMX)
+    assert choice is not None
+    assert choice.measured
+    assert (choice.precision, choice.runtime) == ("bf16", "torch")
+    assert f"int8: {precision.NO_HEAD_INT8}" in choice.reason
+    assert "bf16 x2.50 fp32" in choice.reason
+    assert "top-1 1.000" in choice.reason
+    ((names, inputs),) = calls
+    assert names == ["fp32", "bf16"]
+    if task == "classify":
+        assert inputs == texts
+    else:  # 32 queries x 16 documents, each query's documents the texts after it
+        assert len(inputs) == 32 * 16
+        assert inputs[0] == [texts[0], texts[1]]
+        assert inputs[16] == [texts[1], texts[2]]
+    again = choose_precision(spec, Knobs(), task=task, texts=lambda: texts, flags=AMX)
+    assert again is not None
+    assert again.precision == "bf16"
+    assert len(calls) == 1
+
+
+def test_the_heads_gate_compares_labels_and_rankings() -> None:
+    from batchline.jobs import precision_heads
+
+    probs = np.array([[0.7, 0.2, 0.1], [0.1, 0.3, 0.6]], np.float32)
+    same = precision_heads.compare("classify", 10.0, probs, probs)
+    assert same.misses(AUTO_GATE) == ""
+    assert same.top1_agreement == 1.0
+    flipped = precision_heads.compare("classify", 10.0, probs, probs[:, ::-1].copy())
+    assert "top-1 0.000" in flipped.misses(AUTO_GATE)
+    # scores: one query of 16 documents; a shifted copy ranks alike, a reversed one does not
+    scores = np.linspace(0.1, 0.9, 16, dtype=np.float32).reshape(16, 1)
+    shifted = precision_heads.compare("score", 10.0, scores, scores + 0.05)
+    assert shifted.mean_cosine == pytest.approx(1.0)
+    assert shifted.top1_agreement == 1.0
+    reversed_ = precision_heads.compare("score", 10.0, scores, scores[::-1].copy())
+    assert reversed_.mean_cosine == pytest.approx(-1.0)
+    assert reversed_.misses(AUTO_GATE)
+    flat = np.full((16, 1), 0.5, np.float32)
+    assert precision_heads.compare("score", 10.0, flat, flat).mean_cosine == 1.0
+    assert precision_heads.compare("score", 10.0, flat, scores).mean_cosine == 0.0
 
 
 @pytest.mark.measure_precision
@@ -329,7 +410,7 @@ def test_serve_says_why_a_classifier_stays_fp32(
         assert model.info.task == "classify"
     finally:
         model.close()
-    said = f"sentiment: precision fp32 on onnxruntime ({precision.STAYS_FP32['classify']})"
+    said = f"sentiment: precision fp32 on onnxruntime (auto, set by {precision.AUTO_ENV}"
     assert said in caplog.text
 
 

@@ -1,6 +1,6 @@
-"""Which precision an embedding model or an image folder runs in on this CPU
-(``Knobs.precision``), for ``run`` and ``serve``: ``fp32`` or ``int8`` on ONNX Runtime,
-``bf16`` on torch (oneDNN), or ``auto``.
+"""Which precision an embedding model, a text classifier or cross-encoder, or an image folder
+runs in on this CPU (``Knobs.precision``), for ``run`` and ``serve``: ``fp32`` or ``int8`` on
+ONNX Runtime, ``bf16`` on torch (oneDNN), or ``auto``.
 
 ``auto`` measures once per model, CPU kind and layout, and keeps the answer under the cache
 folder (``precision/``): the first job on a host pays ~10-30 s on 2 cores, later ones read a
@@ -20,6 +20,12 @@ file. The measurement:
    at least 95 %.
 4. The fastest candidate past the gate wins if it beats fp32 by :data:`MIN_GAIN` (less is
    within the noise of a short measurement); else fp32, with the reason.
+
+A text classifier's or a cross-encoder's folder is measured the same way on the same texts
+(a cross-encoder's: pairs of them), bf16 against fp32 (int8 is for embedding models): its
+labels' probabilities or its rankings against fp32's by mean cosine, its labels or its best
+documents by top-1 agreement (:mod:`batchline.jobs.precision_heads`); a plain ``.onnx``
+classifier has no weights torch loads and stays fp32, saying so.
 
 An image folder that reads pictures (a classifier, an image encoder, CLIP's or SigLIP's image
 tower, zero-shot) is measured the same way on photographs instead of texts: bf16 against
@@ -65,7 +71,7 @@ __all__ = [
     "AUTO_GATE",
     "GATE_TEXTS",
     "MIN_GAIN",
-    "STAYS_FP32",
+    "NO_HEAD_INT8",
     "Choice",
     "Figures",
     "ModelFacts",
@@ -90,33 +96,23 @@ AUTO_ENV = "BATCHLINE_AUTO_PRECISION"
 PRECISION_VERSION = 1
 
 
-#: Why ``auto`` keeps a text classifier or a reranker in fp32 (said in its load line and its
-#: job's summary): bf16 runs on torch, which batchline has for encoders' token vectors only,
-#: and int8's gate compares vectors; a classifier's would compare labels and scores. Until
-#: both exist, these stay in fp32 on every host, with the same outputs everywhere.
-STAYS_FP32 = {
-    "classify": (
-        "auto: a classifier stays fp32; bf16 and int8 are for embedding models only: no "
-        "torch bf16 classifier here, no gate for labels and scores"
-    ),
-    "score": (
-        "auto: a reranker stays fp32; bf16 and int8 are for embedding models only: no "
-        "torch bf16 scorer here, no gate for rankings"
-    ),
-}
+#: Why a text classifier or a cross-encoder has no int8 candidate.
+NO_HEAD_INT8 = "int8 quantizes embedding models; a classifier's or reranker's graph runs fp32"
 
 
 @dataclass(frozen=True, slots=True)
 class ModelFacts:
     """What a model offers the choice: whether ONNX Runtime runs it (fp32, int8), why torch
     cannot (``no_torch_weights``; empty when it can: bf16), why int8 is not built for it
-    (``no_int8``), and whether it reads pictures (``pictures``: the gate measures photographs,
-    not texts)."""
+    (``no_int8``), whether it reads pictures (``pictures``: the gate measures photographs,
+    not texts), and what its gate compares (``task``: an embedder's vectors, a classifier's
+    labels, a cross-encoder's rankings: :mod:`batchline.jobs.precision_heads`)."""
 
     onnx: bool
     no_torch_weights: str = ""
     no_int8: str = ""
     pictures: bool = False
+    task: str = "embed"
 
 
 @dataclass(frozen=True)
@@ -139,13 +135,17 @@ NO_IMAGE_INT8 = "int8 quantizes text encoders, not an image folder's towers"
 
 
 def model_facts(spec: ModelSpec, task: str = "embed") -> ModelFacts | None:
-    """What ``spec`` offers for ``task``: an embedding model, or an image folder that reads
-    pictures (a classifier too); ``None`` for a Python model, a plain ``.onnx`` that reads
-    pictures (no torch weights, no int8 path: it runs fp32), or another task."""
+    """What ``spec`` offers for ``task``: an embedding model, a text classifier or
+    cross-encoder, or an image folder that reads pictures (a classifier too); ``None`` for a
+    Python model, a plain ``.onnx`` that reads pictures (no torch weights, no int8 path: it runs
+    fp32), or another task."""
     if spec.kind == "python":
         return None
     if _image_folder_pictures(spec, task):
         return ModelFacts(onnx=True, no_int8=NO_IMAGE_INT8, pictures=True)
+    if task in ("classify", "score") and _text_onnx(spec):
+        no_weights = "" if spec.kind == "hf" else "an .onnx file has no weights torch loads"
+        return ModelFacts(onnx=True, no_torch_weights=no_weights, no_int8=NO_HEAD_INT8, task=task)
     if task != "embed" or _embeds_pictures(spec):
         return None
     if spec.kind == "builtin":
@@ -220,13 +220,10 @@ def choose_precision(
     flags: frozenset[str] | None = None,
 ) -> Choice | None:
     """The precision ``spec`` loads in with ``knobs`` (``None``: the knob does not apply: a
-    Python model, a plain ``.onnx`` that reads pictures, a generator; a text classifier or
-    reranker asked for a precision, which the loader checks). ``auto`` measures an embedding
-    model or an image folder, once per model and CPU kind (``texts``: the gate texts, default
-    the demo corpus's; an image folder's are photographs; ``flags``: the CPU's), and keeps a
-    text classifier or a reranker in fp32 (:data:`STAYS_FP32`)."""
-    if task in STAYS_FP32 and knobs.precision == "auto" and _text_onnx(spec):
-        return Choice("fp32", STAYS_FP32[task])  # before AUTO_ENV: it pins embedders only
+    Python model, a plain ``.onnx`` that reads pictures, a generator). ``auto`` measures an
+    embedding model, a text classifier's or cross-encoder's folder, or an image folder, once
+    per model and CPU kind (``texts``: the gate texts, default the demo corpus's; an image
+    folder's are photographs; ``flags``: the CPU's)."""
     facts = model_facts(spec, task)
     if facts is None:
         return None
@@ -279,6 +276,10 @@ def measured_choice(
         from batchline.jobs import precision_pictures
 
         sample = f"{precision_pictures.GATE_PICTURES} photographs"
+    elif facts.task == "score":
+        from batchline.jobs.precision_heads import DOCUMENTS, QUERIES
+
+        sample = f"{QUERIES} demo-corpus queries of {DOCUMENTS} documents each"
     else:
         sample = f"{GATE_TEXTS} demo-corpus texts"
     logger.info(
@@ -289,10 +290,23 @@ def measured_choice(
         sample,
     )
     start = time.perf_counter()
+    gate = _gate_texts if texts is None else texts
     if facts.pictures:
         figures = precision_pictures.measure_pictures(spec, knobs, names)
+    elif facts.task == "embed":
+        figures = measure(spec, knobs, names, gate)
     else:
-        figures = measure(spec, knobs, names, _gate_texts if texts is None else texts)
+        from batchline.jobs import precision_heads
+
+        task = facts.task
+        figures = measure(
+            spec,
+            knobs,
+            names,
+            lambda: precision_heads.gate_inputs(task, gate()),
+            rows=lambda results: precision_heads.rows(task, results),
+            compare=lambda rate, want, got: precision_heads.compare(task, rate, want, got),
+        )
     took = time.perf_counter() - start
     chosen, why = decide(figures, unit="pictures" if facts.pictures else "records")
     day = datetime.date.today().isoformat()
@@ -321,11 +335,20 @@ def announce(spec: ModelSpec, choice: Choice | None) -> None:
 
 
 def measure(
-    spec: ModelSpec, knobs: Knobs, names: Sequence[str], texts: Callable[[], Sequence[str]]
+    spec: ModelSpec,
+    knobs: Knobs,
+    names: Sequence[str],
+    texts: Callable[[], Sequence[Any]],
+    *,
+    rows: Callable[[Sequence[Any]], npt.NDArray[np.float32]] | None = None,
+    compare: Callable[[float, Any, Any], Figures] | None = None,
 ) -> dict[str, Figures]:
     """Each of ``names`` (``fp32`` first) loaded in ``knobs``' layout: its speed and its
-    vectors against fp32's (see the module docstring). A candidate that fails to load or run
-    is kept with its error; fp32 failing raises."""
+    outputs against fp32's (see the module docstring). ``texts`` are its inputs (a
+    cross-encoder's: pairs); ``rows`` makes one batch's results an array (default: stacked
+    vectors), ``compare`` a candidate's figures from its rate and its rows against fp32's
+    (default: vectors' cosine and neighbours). A candidate that fails to load or run is kept
+    with its error; fp32 failing raises."""
     from batchline.models.loader import load_model
 
     gate_texts = list(texts())
@@ -340,11 +363,11 @@ def measure(
                     raise
                 errors[name] = f"did not load: {exc}"
         speed: dict[str, list[float]] = {name: [] for name in models}
-        vectors: dict[str, npt.NDArray[np.float32]] = {}
+        outputs: dict[str, npt.NDArray[np.float32]] = {}
         for sample in (gate_texts, gate_texts[::2]):
             for name, model in list(models.items()):
                 try:
-                    got, rate = _timed_vectors(model, sample, knobs)
+                    got, rate = _timed_rows(model, sample, knobs, rows or _stacked)
                 except Exception as exc:  # a backend's own error: the candidate is out
                     if name == "fp32":
                         raise
@@ -352,34 +375,48 @@ def measure(
                     models.pop(name).close()
                     continue
                 speed[name].append(rate)
-                vectors.setdefault(name, got)
+                outputs.setdefault(name, got)
     finally:
         for model in models.values():
             model.close()
-    from batchline.models.onnx import compare_vectors
-
-    out = {"fp32": Figures(max(speed["fp32"]))}
+    out = {"fp32": Figures(max(speed["fp32"]), top10_overlap=None if compare else 1.0)}
     for name in names[1:]:
         if name in errors:
             out[name] = Figures(error=errors[name])
             continue
-        quality = compare_vectors(vectors["fp32"], vectors[name])
-        out[name] = Figures(max(speed[name]), quality.mean_cosine, quality.top10_overlap)
+        figure = compare or _vector_figures
+        out[name] = figure(max(speed[name]), outputs["fp32"], outputs[name])
     return out
 
 
-def _timed_vectors(
-    model: Any, texts: Sequence[str], knobs: Knobs
+def _stacked(results: Sequence[Any]) -> npt.NDArray[np.float32]:
+    import numpy as np
+
+    return np.asarray(np.stack(results), dtype=np.float32)
+
+
+def _vector_figures(rate: float, want: Any, got: Any) -> Figures:
+    from batchline.models.onnx import compare_vectors
+
+    quality = compare_vectors(want, got)
+    return Figures(rate, quality.mean_cosine, quality.top10_overlap)
+
+
+def _timed_rows(
+    model: Any,
+    texts: Sequence[Any],
+    knobs: Knobs,
+    rows: Callable[[Sequence[Any]], npt.NDArray[np.float32]],
 ) -> tuple[npt.NDArray[np.float32], float]:
-    """``texts``' vectors (in order) from ``model`` in length-sorted batches of
-    ``target_batch_tokens`` padded tokens, ``max_concurrent_batches`` at a time, and the
-    records/s of the model calls."""
+    """``texts``' outputs as ``rows`` makes them (in order) from ``model`` in length-sorted
+    batches of ``target_batch_tokens`` padded tokens, ``max_concurrent_batches`` at a time,
+    and the records/s of the model calls."""
     import numpy as np
 
     items = model.prepare(list(texts))
     bad = next((x for x in items if isinstance(x, BaseException)), None)
     if bad is not None:
-        raise BatchlineError(f"a gate text cannot be embedded: {bad}")
+        raise BatchlineError(f"a gate input cannot be run: {bad}")
     order = sorted(range(len(items)), key=lambda i: len(items[i]))
     groups: list[list[int]] = [[]]
     for i in order:
@@ -394,10 +431,10 @@ def _timed_vectors(
     with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="precision") as pool:
         runs = pool.map(lambda g: (g, model.run_batch([items[i] for i in g])), groups)
         for group, result in runs:
-            rows = np.asarray(np.stack(result), dtype=np.float32)
+            batch = rows(result)
             if out is None:
-                out = np.zeros((len(items), rows.shape[1]), dtype=np.float32)
-            out[group] = rows
+                out = np.zeros((len(items), batch.shape[1]), dtype=np.float32)
+            out[group] = batch
     rate = len(items) / max(time.perf_counter() - start, 1e-9)
     assert out is not None
     return out, rate
@@ -452,6 +489,8 @@ def _cache_key(
     versions = [_version(p) for p in ("onnxruntime", "torch", "transformers")]
     data = [identity, str(host), machine_cores(), layout, list(offered), versions]
     data.append(PRECISION_VERSION)
+    if facts is not None and facts.task != "embed":  # an embedder's keys stay as they were
+        data.append(["head", facts.task])
     if facts is not None and facts.pictures:  # only there: the texts' keys stay as they were
         from batchline.jobs.precision_pictures import PICTURES_VERSION
 

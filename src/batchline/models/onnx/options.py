@@ -63,9 +63,9 @@ class SessionOptions(CoreKnobs):
     precision: Precision = field(
         default="auto",
         metadata=knob(
-            "what an embedding model or an image folder computes in: auto (measured once per model "
-            "and CPU kind, past a quality gate), fp32 or int8 (ONNX Runtime), bf16 (torch, "
-            "oneDNN); text classifiers and rerankers stay fp32, image folders take no int8",
+            "what an embedding, classify or score model computes in: auto (measured once per "
+            "model and CPU kind, past a quality gate), fp32 or int8 (ONNX Runtime), bf16 "
+            "(torch, oneDNN); int8 is for embedding models only",
             SESSIONS,
         ),
     )
