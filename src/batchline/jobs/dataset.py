@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Protocol
 
 from batchline._errors import InputError
+from batchline.datasets.columns import prime_conversion
 from batchline.datasets.pipeline import Adapter, Progress, open_dataset_job, run_pipeline
 from batchline.datasets.sinks import ChunkWriter, default_output
 from batchline.datasets.sources import Record, Source
@@ -124,6 +125,9 @@ async def run_model_job(
     opened by the kind (``opener``), the model's engine fed through the kind's ``adapter``."""
     options = job.options
     assert options.spec is not None  # resolved
+    # pyarrow's first conversion imports pandas (~0.4 s, holding the GIL): paid while the
+    # model loads, not while its first batches run
+    prime_conversion()
     knobs, choice = await asyncio.to_thread(
         resolve_knobs, options.spec, options.knobs.for_loading()
     )
