@@ -46,10 +46,11 @@ from batchline.jobs.options import RunOptions
 from batchline.jobs.run import run
 from batchline.models.config import Knobs
 from batchline.models.image import ImageOptions, ImagePreprocess, ImageRef
+from batchline.models.image.onnx_image import flag_preprocess
 from batchline.models.protocol import ModelInfo
 
 SIDE = 224
-PREPROCESS = ImageOptions(size=SIDE).preprocess(None)
+PREPROCESS = flag_preprocess(ImageOptions(size=SIDE), None)
 
 # -- the pictures ----------------------------------------------------------------------------
 
