@@ -404,12 +404,19 @@ async def test_the_batch_api_answers_image_lines_as_run_does(
         }
         for i, p in enumerate(files)
     ]
+    # a line whose picture is no picture fails alone (decoded in the server's decode processes)
+    junk = "data:image/jpeg;base64," + base64.b64encode(b"not a jpeg at all").decode()
+    bad = {"model": "dino", "input": [junk], "modality": "image"}
+    lines.append({"custom_id": "junk", "method": "POST", "url": "/v1/embeddings", "body": bad})
     async with _serving(folders, data_dir=str(tmp_path / "data")) as client:
         batch = await start_batch(client, jsonl(lines))
         done = await until(client, batch["id"], FINAL)
         assert done["status"] == "completed", done
-        assert done["request_counts"] == {"total": 5, "completed": 5, "failed": 0}
+        assert done["request_counts"] == {"total": 6, "completed": 5, "failed": 1}
         out = await content(client, done["output_file_id"])
+        (failed,) = await content(client, done["error_file_id"])
+    assert failed["custom_id"] == "junk"
+    assert "not a picture" in failed["error"]["message"], failed
     got = np.array([o["response"]["body"]["data"][0]["embedding"] for o in out], np.float32)
     expected = np.array([want[p.name]["embedding"] for p in files], np.float32)
     assert [o["custom_id"] for o in out] == [f"img-{i}" for i in range(5)]
