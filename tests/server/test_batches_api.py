@@ -212,6 +212,45 @@ async def test_an_embeddings_batch_answers_every_line_once(tmp_path: Path) -> No
         assert 'batchline_queue_wait_seconds_count{model="emb",priority="batch"}' in metrics
 
 
+async def test_a_batch_file_is_parsed_once_before_its_lines_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Validation learns the kinds of model the lines ask for, so the run does not parse the
+    file again (a file of pictures is hundreds of MB); a batch resumed after a restart, which
+    was validated by the server before, still reads them from the file."""
+    from batchline.server.batches import runner
+
+    def never(path: Path) -> set[str]:
+        raise AssertionError("the file was parsed a second time")
+
+    monkeypatch.setattr(runner, "_kinds_asked", never)
+    lines: list[object] = [embed_line(i, f"text {i}") for i in range(3)]
+    async with app_on(tmp_path / "data", FakeEmbedder()) as client:
+        batch = await start_batch(client, jsonl(lines))
+        done = await until(client, batch["id"], FINAL)
+    assert done["status"] == "completed", done
+    assert done["request_counts"] == {"total": 3, "completed": 3, "failed": 0}
+
+
+def test_validation_keeps_the_custom_ids_and_the_kinds_asked(tmp_path: Path) -> None:
+    from batchline.server.batches.runner import _check_file, _kinds_asked
+    from batchline.server.settings import ServerSettings
+
+    path = tmp_path / "in.jsonl"
+    chat = {"custom_id": "c", "method": "POST", "url": "/v1/chat/completions", "body": {}}
+    rows = [json.dumps(embed_line(1, "a")), json.dumps(chat), "{not json"]
+    path.write_text("\n".join(rows) + "\n")
+    kinds: set[str] = set()
+    total, errors = _check_file(path, ServerSettings(), kinds)
+    assert (total, errors) == (3, [])
+    assert kinds == _kinds_asked(path) == {"embed", "generate"}
+    dupes = tmp_path / "dupes.jsonl"
+    dupes.write_text(json.dumps(chat) + "\n" + json.dumps(chat) + "\n")
+    _, (error,) = _check_file(dupes, ServerSettings())
+    assert error["code"] == "duplicate_custom_id"
+    assert "lines 1 and 2" in str(error["message"])
+
+
 async def test_a_chat_batch_runs_on_the_served_generator(tmp_path: Path) -> None:
     async with app_on(tmp_path / "data") as client:
         lines = [chat_line(i, f"hello {i}") for i in range(4)]

@@ -111,6 +111,8 @@ class BatchService:
         self._watch_s = _WATCH_S
         self._watcher: asyncio.Task[None] | None = None
         self._relaunched: dict[str, int] = {}
+        #: the kinds of model each validated batch's lines ask for, until it runs
+        self._kinds: dict[str, set[str]] = {}
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -214,14 +216,17 @@ class BatchService:
     async def _work(self, owner: str, batch_id: str) -> None:
         """Take the batch from its status to the end (each step resumes the one before)."""
         batch = self._get(owner, batch_id)
-        if batch["status"] == "validating":
-            batch = await self._validate(owner, batch)
-        if batch["status"] == "in_progress":
-            await self._execute(owner, batch)
-            await self._finalize(owner, batch_id, "completed")
-        elif batch["status"] in ("finalizing", "cancelling"):
-            final = "completed" if batch["status"] == "finalizing" else "cancelled"
-            await self._finalize(owner, batch_id, final)
+        try:
+            if batch["status"] == "validating":
+                batch = await self._validate(owner, batch)
+            if batch["status"] == "in_progress":
+                await self._execute(owner, batch)
+                await self._finalize(owner, batch_id, "completed")
+            elif batch["status"] in ("finalizing", "cancelling"):
+                final = "completed" if batch["status"] == "finalizing" else "cancelled"
+                await self._finalize(owner, batch_id, final)
+        finally:
+            self._kinds.pop(batch_id, None)
 
     async def _end(self, owner: str, batch_id: str, final: str) -> None:
         try:
@@ -257,10 +262,12 @@ class BatchService:
 
     async def _validate(self, owner: str, batch: dict[str, Any]) -> dict[str, Any]:
         path = self.store.file_path(batch["input_file_id"])
-        total, errors = await asyncio.to_thread(_check_file, path, self.settings)
+        kinds: set[str] = set()
+        total, errors = await asyncio.to_thread(_check_file, path, self.settings, kinds)
         if errors:
             self._fail(owner, batch["id"], errors)
             return self._get(owner, batch["id"])
+        self._kinds[batch["id"]] = kinds  # for _execute: the file is not parsed twice
         batch = self._get(owner, batch["id"])
         if batch["status"] == "validating":  # not cancelled meanwhile
             batch["request_counts"]["total"] = total
@@ -275,7 +282,9 @@ class BatchService:
 
     async def _execute(self, owner: str, batch: dict[str, Any]) -> None:
         files = self._files(batch)
-        kinds = await asyncio.to_thread(_kinds_asked, files.input)
+        kinds = self._kinds.pop(batch["id"], None)
+        if kinds is None:  # validated before a restart
+            kinds = await asyncio.to_thread(_kinds_asked, files.input)
         names = _served_names(self.state)
         options = files.job_options(
             GenerateOptions(
@@ -459,17 +468,27 @@ def _kinds_asked(path: Path) -> set[str]:
                 value = json.loads(raw)
             except ValueError:
                 continue
-            url = value.get("url") if isinstance(value, dict) else None
-            if isinstance(url, str) and url in KIND_OF_URL:
-                kinds.add(KIND_OF_URL[url])
+            _add_kind(kinds, value)
     return kinds
 
 
-def _check_file(path: Path, settings: ServerSettings) -> tuple[int, list[dict[str, object]]]:
+def _add_kind(kinds: set[str], value: object) -> None:
+    url = value.get("url") if isinstance(value, dict) else None
+    if isinstance(url, str) and url in KIND_OF_URL:
+        kinds.add(KIND_OF_URL[url])
+
+
+def _check_file(
+    path: Path, settings: ServerSettings, kinds: set[str] | None = None
+) -> tuple[int, list[dict[str, object]]]:
     """Validate a batch's input file (sync): its count of requests, and the errors that fail
     the batch: a missing file, no line that is a JSON object (not JSONL), too many lines, a
     ``custom_id`` that is not a string, two lines with one ``custom_id``. A bad line among
-    good ones is not one: its error goes to the error file when the batch runs."""
+    good ones is not one: its error goes to the error file when the batch runs. ``kinds``
+    gains the kinds of model the lines ask for (:func:`_kinds_asked`, in the same pass).
+
+    Of each line only its ``custom_id`` is kept while the file is read: a file of pictures
+    as data URIs is hundreds of MB, which the batch's job reads again line by line."""
     if not path.is_file():
         return 0, [_error("invalid_file", "the input file was deleted before the batch ran")]
     parsed: list[tuple[int, object]] = []
@@ -481,6 +500,10 @@ def _check_file(path: Path, settings: ServerSettings) -> tuple[int, list[dict[st
             except ValueError as exc:
                 bad.append(_error("invalid_json_line", f"line {number} is not JSON: {exc}", number))
                 value = None
+            if isinstance(value, dict):
+                if kinds is not None:
+                    _add_kind(kinds, value)
+                value = {"custom_id": value["custom_id"]} if "custom_id" in value else {}
             parsed.append((number, value))
     if not parsed:
         return 0, [_error("empty_file", "the input file has no requests")]
