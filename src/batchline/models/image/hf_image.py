@@ -23,7 +23,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -48,12 +48,13 @@ __all__ = [
 Pixels = npt.NDArray[np.float32]
 
 
-class _ImageModel:
-    """What the image models share: preparing pictures, a cost of 1 each, one batched run."""
+class _ImageModel(SessionModel):
+    """What the image models share: preparing pictures, a cost of 1 each, one batched run on
+    their :class:`~batchline.models.onnx.Graph` (ONNX Runtime's sessions or torch)."""
 
+    model: Graph
     preprocess: ImagePreprocess
     output_name: str
-    _info: ModelInfo
 
     def __init__(self, model: Graph, preprocess: ImagePreprocess, output_name: str) -> None:
         if preprocess.output_size is None:
@@ -72,21 +73,6 @@ class _ImageModel:
         self.preprocess = preprocess
         self.output_name = output_name
         self._shape = (3, *preprocess.output_size)
-
-    @property
-    def info(self) -> ModelInfo:
-        return self._info
-
-    @property
-    def sessions(self) -> int:
-        """Batches the graph runs at once (ONNX Runtime's sessions; 1 for torch)."""
-        return self.model.sessions
-
-    def encode(self, result: Any) -> Any:
-        return result  # vectors and classifications are what outputs store
-
-    def close(self) -> None:
-        """Sessions and weights are freed with the object; nothing to close explicitly."""
 
     def prepare(self, inputs: Sequence[object]) -> list[Pixels | BaseException]:
         """A decoded picture (a PIL image, any mode) preprocessed, or an already preprocessed

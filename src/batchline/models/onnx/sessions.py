@@ -77,7 +77,7 @@ class SessionModel:
     their session pool (``model``), results that are already what outputs store, and nothing
     to close (sessions are freed with the object)."""
 
-    model: TextGraph
+    model: Graph
     _info: ModelInfo
     #: the model's ``tokenizers.Tokenizer`` (text models; ``None`` for tensor models)
     tokenizer: Tokenizer | None = None
