@@ -139,8 +139,6 @@ class LeanBertEncoder:
         self.type0 = self.types[0]
         self.norm = (embeddings.LayerNorm.weight.detach(), embeddings.LayerNorm.bias.detach())
         self.layers = [_Layer(layer) for layer in model.encoder.layer]
-        self.dtype = self.words.dtype
-        self.device = self.words.device
 
     def __call__(
         self,

@@ -227,7 +227,7 @@ def load_torch_embedder(
         raise ModelError(f"cannot load the embedder in {folder}: {exc}") from exc
     model.to(device).eval()
     config = model.config.get_text_config(decoder=True)
-    runner = _runner(model, bf16=bf16, lean=lean and device.type == "cpu")
+    runner = _runner(model, bf16=bf16, lean=lean, cpu=device.type == "cpu")
     limit = _max_length(max_length, tokenizer, config)
     pad_id = tokenizer.pad_token_id
     if pad_id is None:  # right padding never reaches a real token: any id in the vocabulary
@@ -245,16 +245,19 @@ def load_torch_embedder(
     )
 
 
-def _runner(model: Any, *, bf16: bool, lean: bool) -> Any:
-    """What computes ``model``'s hidden states: its lean forward where there is one (the
-    transformers model is then dropped), else the model, in bf16 with its linears packed."""
+def _runner(model: Any, *, bf16: bool, lean: bool, cpu: bool) -> Any:
+    """What computes ``model``'s hidden states: on the CPU, its lean forward where there is
+    one (the transformers model is then dropped), else the model, in bf16 with its linears
+    packed."""
+    if not cpu:
+        return model
     if lean:
         from batchline.models.hf.lean_encoder import lean_encoder
 
         encoder = lean_encoder(model)
         if encoder is not None:
             return encoder
-    if bf16 and next(model.parameters()).device.type == "cpu":
+    if bf16:
         from batchline.models.common.torch_weights import pack_linear_weights
 
         pack_linear_weights(model)
