@@ -26,7 +26,8 @@ Usage::
 
 ``--peers`` (issue 55) measures something else, in the same run and on the same records (the
 first N of the demo corpus): ``batchline run`` as it chooses its precision on this host, and
-forced to each candidate (fp32, bf16, int8), against sentence-transformers (torch CPU) at its
+forced to each candidate (fp32, bf16, int8; bf16 also with one batch in flight per core, the
+control of torch's layout), against sentence-transformers (torch CPU) at its
 best batch size in fp32 and in bf16, and fastembed at its best batch size (and, as a note, fed
 length-sorted texts). Each figure is records/s from texts to vectors; each set of vectors is
 compared with ``batchline run``'s fp32 ones (mean and least cosine). Peers' best settings are
@@ -378,15 +379,18 @@ def _cosines(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> tuple[float, f
     return float(c.mean()), float(c.min())
 
 
-def _batchline(data: Any, out: Any, precision: str) -> tuple[float, np.ndarray[Any, Any], str]:
-    """``batchline run`` over ``data`` in ``precision``: records/s, vectors, what ran."""
+def _batchline(
+    data: Any, out: Any, precision: str, **knobs: Any
+) -> tuple[float, np.ndarray[Any, Any], str]:
+    """``batchline run`` over ``data`` in ``precision`` (and ``knobs``, given as a user gives
+    them): records/s, vectors, what ran."""
     import shutil
 
     from batchline.datasets.sinks import read_arrays
     from batchline.jobs.run import RunOptions, run
 
     shutil.rmtree(out, ignore_errors=True)
-    summary = run(RunOptions(input=data, output=out, knobs=Knobs(precision=precision)))
+    summary = run(RunOptions(input=data, output=out, knobs=Knobs(precision=precision, **knobs)))
     return summary.records_per_s, read_arrays(out), summary.precision
 
 
@@ -456,6 +460,7 @@ def peers(records: int, repeats: int) -> int:
 
     from batchline._cpu import host_kind
     from batchline.jobs.precision import candidates, model_facts
+    from batchline.knobs import machine_cores
     from batchline.models.specs import parse_spec
 
     host = host_kind()
@@ -515,6 +520,11 @@ def peers(records: int, repeats: int) -> int:
         paths["batchline run, auto"] = lambda: _batchline(data, where / "auto", "auto")[:2]
         for p in ("fp32", *offered):
             paths[f"batchline run, {p} forced"] = lambda p=p: _batchline(data, where / p, p)[:2]
+        if "bf16" in offered:  # the control of torch's layout: one batch in flight per core
+            cores = machine_cores()
+            paths[f"batchline run, bf16 forced, {cores} batches in flight"] = lambda: _batchline(
+                data, where / "bf16-cores", "bf16", max_concurrent_batches=cores
+            )[:2]
         for bf16, b in st_best.items():
             paths[f"sentence-transformers {'bf16' if bf16 else 'fp32'}, B={b}"] = (
                 lambda bf16=bf16, b=b: _sentence_transformers(texts, b, bf16, st_cache)

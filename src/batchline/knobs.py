@@ -53,6 +53,7 @@ __all__ = [
     "TORCH",
     "VLLM",
     "CoreKnobs",
+    "Preset",
     "add_deprecated_flag",
     "check_setting_names",
     "knob",
@@ -96,6 +97,20 @@ def machine_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+class Preset(int):
+    """A layout knob's value that nobody gave: its default, which the runtime a model loads on
+    may replace with the layout measured best for it (``batchline.jobs.precision``'s
+    :func:`~batchline.jobs.precision.runtime_layout`). A value from a flag, ``--set``, a config
+    file or a caller is a plain ``int``, and is kept; arithmetic on a Preset gives a plain
+    ``int``."""
+
+    __slots__ = ()
+
+
+def _preset_cores() -> int:
+    return Preset(machine_cores())
+
+
 #: CoreKnobs' fields that are not plain numbers >= 1 (the batcher's own: ``BatchPolicy``).
 _RULES: Rules = {
     "batching": (lambda v: isinstance(v, bool), "true or false"),
@@ -129,14 +144,14 @@ class CoreKnobs:
         ),
     )
     target_batch_tokens: int = field(
-        default=DEFAULT_TARGET_BATCH_TOKENS,
+        default=Preset(DEFAULT_TARGET_BATCH_TOKENS),
         metadata=knob("padded tokens per model call", BATCHING),
     )
     max_batch_size: int = field(
         default=_POLICY.max_batch_size, metadata=knob("records per model call, at most", BATCHING)
     )
     max_concurrent_batches: int = field(
-        default_factory=machine_cores,
+        default_factory=_preset_cores,
         metadata=knob("batches in flight at once (default: one per session)", BATCHING),
     )
     min_batch_size: int = field(

@@ -23,7 +23,10 @@ from batchline.jobs.precision import (
     choose_precision,
     decide,
     model_facts,
+    resolve_knobs,
+    runtime_layout,
 )
+from batchline.knobs import Preset
 from batchline.models.config import Knobs
 from batchline.models.specs import parse_spec
 
@@ -308,6 +311,61 @@ def test_the_knob_and_its_older_int8_spelling() -> None:
         Knobs(quantize="int8", precision="bf16")
 
 
+def test_bf16_on_torch_runs_one_batch_more_where_nobody_gave_the_count() -> None:
+    bf16 = Choice("bf16", "asked for", "torch")
+    text = ModelFacts(onnx=True)
+    knobs, choice = runtime_layout(Knobs(max_concurrent_batches=Preset(2)), bf16, text)
+    assert knobs.max_concurrent_batches == 3
+    assert not isinstance(knobs.max_concurrent_batches, Preset)  # laid out once, not again
+    assert choice.describe() == (
+        "bf16 on torch (asked for); 3 batches in flight, torch's layout "
+        "(--max-concurrent-batches overrides)"
+    )
+    assert runtime_layout(knobs, choice, text)[0].max_concurrent_batches == 3
+    # a count somebody gave is kept, and so is every other runtime's, model's and device's
+    for knobs, choice, facts in [
+        (Knobs(max_concurrent_batches=2), bf16, text),
+        (Knobs(), Choice("fp32", "asked for"), text),
+        (Knobs(), Choice("int8", "asked for"), text),
+        (Knobs(), bf16, ModelFacts(onnx=True, task="classify")),
+        (Knobs(), bf16, ModelFacts(onnx=True, pictures=True)),  # measured for texts only
+        (Knobs(device="cuda"), bf16, text),
+    ]:
+        assert runtime_layout(knobs, choice, facts) == (knobs, choice)
+
+
+def test_resolving_a_forced_bf16_embedder_lays_it_out_for_torch() -> None:
+    knobs, choice = resolve_knobs(parse_spec("default"), Knobs(precision="bf16"))
+    assert choice is not None
+    assert choice.runtime == "torch"
+    assert knobs.max_concurrent_batches == Knobs().max_concurrent_batches + 1
+    given = Knobs(precision="bf16", max_concurrent_batches=2)
+    assert resolve_knobs(parse_spec("default"), given)[0].max_concurrent_batches == 2
+
+
+def test_a_default_count_is_a_preset_and_every_given_one_is_plain(tmp_path: Path) -> None:
+    import pickle
+
+    from batchline.__main__ import build_parser
+    from batchline.jobs.cli import _knobs
+
+    knobs = Knobs()
+    assert isinstance(knobs.max_concurrent_batches, Preset)
+    assert isinstance(knobs.replace(precision="bf16").max_concurrent_batches, Preset)
+    assert isinstance(pickle.loads(pickle.dumps(knobs)).max_concurrent_batches, Preset)  # Ray
+    assert knobs == Knobs(max_concurrent_batches=knobs.max_concurrent_batches + 0)
+    assert type(Knobs.load(knobs.dump(tmp_path / "k.json")).max_concurrent_batches) is int
+    parser = build_parser()
+    for argv in (
+        ["--max-concurrent-batches", "2"],
+        ["--set", "max_concurrent_batches=2"],
+        ["--sessions", "2"],
+    ):
+        count = _knobs(parser.parse_args(["run", *argv])).max_concurrent_batches
+        assert (count, type(count)) == (2, int), argv
+    assert isinstance(_knobs(parser.parse_args(["run"])).max_concurrent_batches, Preset)
+
+
 def test_bf16_and_int8_are_cached_apart_from_fp32() -> None:
     from batchline.models.identity import model_identity
 
@@ -345,11 +403,11 @@ def test_a_job_in_bf16_gives_fp32_s_vectors_within_the_gate(tmp_path: Path) -> N
     data.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(texts)))
     rows = {}
     for name in ("fp32", "bf16"):
-        knobs = Knobs(sessions=1, precision=name)
+        knobs = Knobs(sessions=1, precision=name, max_concurrent_batches=Preset(2))
         summary = run(RunOptions(input=data, output=tmp_path / name, knobs=knobs))
         assert summary.records == len(texts)
         rows[name] = dict(summary.rows())
-    assert rows["bf16"]["precision"] == "bf16 on torch (asked for)"
+    assert rows["bf16"]["precision"].startswith("bf16 on torch (asked for); 3 batches in flight")
     assert rows["fp32"]["precision"] == "fp32 on onnxruntime (asked for)"
     a, b = read_arrays(tmp_path / "fp32"), read_arrays(tmp_path / "bf16")
     cosine = np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))

@@ -51,14 +51,14 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from batchline._cache import cache_dir, write_whole
 from batchline._cpu import HostKind, host_kind
 from batchline._errors import BatchlineError, InputError
 from batchline.jobs.precision_gate import AUTO_GATE, MIN_GAIN, Figures, decide
-from batchline.knobs import machine_cores
+from batchline.knobs import Preset, machine_cores
 from batchline.models.config import Knobs
 from batchline.models.specs import ModelSpec
 
@@ -82,6 +82,7 @@ __all__ = [
     "measured_choice",
     "model_facts",
     "resolve_knobs",
+    "runtime_layout",
 ]
 
 # the models' logger: run and serve print its INFO lines as the model's load line
@@ -125,9 +126,13 @@ class Choice:
     runtime: str = "onnxruntime"
     figures: Mapping[str, Figures] = field(default_factory=dict)
     measured: bool = False
+    #: how the runtime's own layout changed the batching knobs nobody gave ("": it did not;
+    #: :func:`runtime_layout`)
+    layout: str = ""
 
     def describe(self) -> str:
-        return f"{self.precision} on {self.runtime} ({self.reason})"
+        said = f"{self.precision} on {self.runtime} ({self.reason})"
+        return f"{said}; {self.layout}" if self.layout else said
 
 
 #: Why an image folder's towers have no int8 candidate.
@@ -322,10 +327,36 @@ def resolve_knobs(spec: ModelSpec, knobs: Knobs) -> tuple[Knobs, Choice | None]:
     choice (``None``: the knob does not apply to the model; :func:`announce` says it)."""
     from batchline.models.loader import resolve_task
 
-    choice = choose_precision(spec, knobs, task=resolve_task(spec))
+    task = resolve_task(spec)
+    choice = choose_precision(spec, knobs, task=task)
     if choice is None:
         return knobs, None
-    return knobs.replace(precision=choice.precision), choice
+    facts = model_facts(spec, task)
+    assert facts is not None  # a choice was made
+    return runtime_layout(knobs.replace(precision=choice.precision), choice, facts)
+
+
+#: An embedding model's batching in bf16 on torch on a CPU, where nobody gave the knobs
+#: (measured with ``benchmarks/bench_embeddings.py --layouts``, 6,000 demo texts, MiniLM, a
+#: 2-core AMX Xeon): one batch in flight more than the cores. torch releases the GIL inside
+#: each operator but not between them; a third batch runs while the other two are in
+#: Python, so the cores stay busy (``run`` x1.04-1.07 over one batch per core).
+TORCH_EXTRA_BATCHES = 1
+
+
+def runtime_layout(knobs: Knobs, choice: Choice, facts: ModelFacts) -> tuple[Knobs, Choice]:
+    """``knobs`` laid out for the runtime ``choice`` runs on, and ``choice`` saying so: a text
+    embedding model (``facts``) in bf16 on a CPU's torch runs :data:`TORCH_EXTRA_BATCHES`
+    more batches at once than ``max_concurrent_batches``' default, unless a flag, ``--set``, a
+    config file or a caller gave it (a :class:`~batchline.knobs.Preset` is a default nobody
+    gave)."""
+    given = not isinstance(knobs.max_concurrent_batches, Preset)
+    text_embedder = facts.task == "embed" and not facts.pictures
+    if given or knobs.is_gpu or not text_embedder or choice.precision != "bf16":
+        return knobs, choice
+    n = knobs.max_concurrent_batches + TORCH_EXTRA_BATCHES
+    said = f"{n} batches in flight, torch's layout (--max-concurrent-batches overrides)"
+    return knobs.replace(max_concurrent_batches=n), replace(choice, layout=said)
 
 
 def announce(spec: ModelSpec, choice: Choice | None) -> None:
