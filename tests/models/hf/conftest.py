@@ -142,6 +142,32 @@ def tiny_bert(*, labels: int | None = None, seed: int = 0, **config: Any) -> Any
     return model.eval()
 
 
+def tiny_roberta(*, labels: int | None = None, seed: int = 0) -> Any:
+    """A random 1-layer RoBERTa (hidden 32) in eval mode with one token type, as
+    roberta-base's ``config.json`` has: ``RobertaModel``, or a sequence classifier with
+    ``labels`` labels (another architecture than the lean forward's)."""
+    import torch
+    from transformers import RobertaConfig, RobertaForSequenceClassification, RobertaModel
+
+    torch.manual_seed(seed)
+    config = RobertaConfig(
+        vocab_size=BERT_VOCAB,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=70,
+        pad_token_id=0,
+        type_vocab_size=1,
+    )
+    if labels is None:
+        model: Any = RobertaModel(config)
+    else:
+        config.num_labels = labels
+        model = RobertaForSequenceClassification(config)
+    return model.eval()
+
+
 def save_bert(folder: Path, *, labels: int | None = None, seed: int = 0) -> Path:
     """:func:`tiny_bert` saved with ``save_pretrained``, with its tokenizer."""
     tiny_bert(labels=labels, seed=seed).save_pretrained(folder)

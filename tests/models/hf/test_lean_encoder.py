@@ -17,7 +17,7 @@ transformers = pytest.importorskip("transformers")
 from batchline.models.config import Knobs  # noqa: E402
 from batchline.models.hf.lean_encoder import ROW_STEP, LeanBertEncoder, lean_encoder  # noqa: E402
 from batchline.models.hf.torch_embed import load_torch_embedder  # noqa: E402
-from tests.models.hf.conftest import BERT_VOCAB, save_bert, tiny_bert  # noqa: E402
+from tests.models.hf.conftest import BERT_VOCAB, save_bert, tiny_bert, tiny_roberta  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("torch_ready")
 
@@ -109,15 +109,7 @@ def test_a_bert_the_lean_forward_does_not_reproduce_keeps_transformers(
 
 
 def test_another_architecture_keeps_transformers() -> None:
-    config = transformers.RobertaConfig(
-        vocab_size=50,
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=64,
-    )
-    assert lean_encoder(transformers.RobertaModel(config).eval()) is None
+    assert lean_encoder(tiny_roberta()) is None
 
 
 def test_the_torch_embedder_runs_a_bert_folder_lean_with_transformers_vectors(

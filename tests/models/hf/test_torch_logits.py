@@ -15,7 +15,7 @@ from batchline._errors import InputError
 from batchline.models.config import Knobs
 from batchline.models.loader import load_model
 from batchline.models.specs import parse_spec
-from tests.models.hf.conftest import save_bert, tiny_bert
+from tests.models.hf.conftest import save_bert, tiny_bert, tiny_roberta
 
 pytestmark = pytest.mark.usefixtures("torch_ready")
 
@@ -53,23 +53,10 @@ def test_a_bert_classifier_runs_lean_with_transformers_logits_and_token_types() 
 
 def test_another_architecture_runs_transformers_forward() -> None:
     import torch
-    import transformers
 
     from batchline.models.hf.torch_logits import TorchLogits
 
-    torch.manual_seed(3)
-    config = transformers.RobertaConfig(
-        vocab_size=60,
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=70,
-        pad_token_id=0,
-        type_vocab_size=1,  # as roberta-base's config.json
-        num_labels=2,
-    )
-    model = transformers.RobertaForSequenceClassification(config).eval()
+    model = tiny_roberta(labels=2, seed=3)
     data = feeds(False)
     with torch.inference_mode():
         want = model(**{k: torch.from_numpy(v) for k, v in data.items()}).logits.numpy()
