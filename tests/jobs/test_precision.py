@@ -184,6 +184,33 @@ def _no_measuring(*args: object, **kwargs: object) -> dict[str, Figures]:
 
 
 @pytest.mark.parametrize("task", ["classify", "score"])
+def test_a_classifier_or_reranker_folder_is_measured_on_its_own_outputs(
+    task: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The measurement itself, not a stand-in: both candidates run the gate's texts or pairs,
+    and bf16's labels or scores are compared with fp32's (the heads' figures, no neighbours)."""
+    pytest.importorskip("torch")
+    from tests.models.hf.conftest import save_bert
+
+    monkeypatch.delenv(precision.AUTO_ENV, raising=False)
+    monkeypatch.setenv("BATCHLINE_CACHE_DIR", str(tmp_path / "cache"))
+    folder = save_bert(tmp_path / task, labels=3 if task == "classify" else 1)
+    spec = parse_spec(f"{folder}/").with_options(task=task)
+    texts = [f"the cat sat on the mat {i} times" for i in range(48)]
+    knobs = Knobs(sessions=1, intra_op_threads=1, max_concurrent_batches=1)
+    choice = choose_precision(spec, knobs, task=task, texts=lambda: texts, flags=AMX)
+    assert choice is not None
+    assert choice.measured
+    fp32, bf16 = choice.figures["fp32"], choice.figures["bf16"]
+    assert fp32.records_per_s > 0
+    assert (bf16.error, bf16.top10_overlap) == ("", None)
+    assert bf16.records_per_s > 0
+    assert bf16.mean_cosine is not None
+    assert 0.9 < bf16.mean_cosine <= 1.0
+    assert bf16.top1_agreement is not None
+
+
+@pytest.mark.parametrize("task", ["classify", "score"])
 def test_auto_measures_a_classifier_or_reranker_folder_in_bf16_on_a_bf16_host(
     task: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

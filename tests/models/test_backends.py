@@ -5,6 +5,7 @@ registration line (``tests/toy_backend.py``) is loaded, sized, identified and ru
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -115,3 +116,42 @@ def test_run_embeds_a_text_file_with_the_toy(toy: Backend, tmp_path: Path) -> No
 
 def _fields(name: str) -> tuple[Any, ...]:
     return (name, TOY.claims, TOY.load, TOY.footprint, TOY.identity)
+
+
+def test_the_loader_asks_the_backend_which_precisions_it_takes(toy: Backend) -> None:
+    spec = parse_spec("toy:hello")
+    # the toy declares none: fp32 alone, and the default line for the rest
+    with pytest.raises(InputError, match="precision int8 applies to embedding models"):
+        load_model(spec, Knobs(precision="int8"))
+    assert isinstance(load_model(spec, Knobs(precision="fp32")), ToyEmbedder)
+    refused: list[tuple[str, str]] = []
+
+    def refusal(spec: Any, task: str, asked: Any) -> str:
+        refused.append((task, asked.precision))
+        return f"the toy computes {spec.name} in int8 only"
+
+    int8_only = dataclasses.replace(
+        TOY, name="int8-toy", precisions=lambda spec, task: frozenset({"int8"}), refusal=refusal
+    )
+    with BACKENDS.registered(int8_only):
+        assert isinstance(load_model(spec, Knobs(precision="int8")), ToyEmbedder)
+        assert isinstance(load_model(spec, Knobs()), ToyEmbedder)  # auto: never refused
+        with pytest.raises(InputError, match="the toy computes hello in int8 only"):
+            load_model(spec, Knobs(precision="bf16"))
+    assert refused == [("embed", "bf16")]
+
+
+@pytest.mark.parametrize(
+    ("source", "task", "takes"),
+    [
+        ("default", "embed", {"fp32", "int8"}),  # bf16: the torch-bf16 backend's
+        ("smollm2", "generate", {"fp32"}),
+        ("mymod:factory", "predict", {"fp32"}),
+        ("mymod:factory", "embed", {"fp32", "bf16", "int8"}),  # let through, its knob unread
+    ],
+)
+def test_the_built_in_backends_declare_their_precisions(
+    source: str, task: Any, takes: set[str]
+) -> None:
+    spec = parse_spec(source).with_options(task=task)
+    assert BACKENDS.claiming(spec, Knobs()).precisions(spec, task) == takes

@@ -14,7 +14,8 @@ file. The measurement:
    of the demo corpus in length-sorted batches of ``target_batch_tokens``, as many batches
    at once as the job runs, then every second text again; the rounds alternate the
    candidates (fp32, bf16, int8, fp32, ...), so that another process's load hits each alike,
-   and a candidate's speed is its better round (model calls only: tokenizing is the same).
+   and a candidate's speed is its better round (model calls only: tokenizing is the same;
+   the loop: :mod:`batchline.jobs.precision_measure`).
 3. The quality gate (:data:`AUTO_GATE`): a lower precision is kept only where its vectors of the
    gate texts reach a mean cosine of 0.999 to fp32's and their 10 nearest neighbours agree
    at least 95 %.
@@ -41,7 +42,6 @@ precision=bf16``; ``--quantize int8`` is int8, still refused below its own gate:
 
 from __future__ import annotations
 
-import concurrent.futures
 import datetime
 import hashlib
 import importlib.metadata
@@ -52,19 +52,15 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING, Any
 
 from batchline._cache import cache_dir, write_whole
 from batchline._cpu import HostKind, host_kind
-from batchline._errors import BatchlineError, InputError
+from batchline._errors import InputError
 from batchline.jobs.precision_gate import AUTO_GATE, MIN_GAIN, Figures, decide
+from batchline.jobs.precision_measure import Trial, measure
 from batchline.knobs import Preset, machine_cores
 from batchline.models.config import Knobs
 from batchline.models.specs import ModelSpec
-
-if TYPE_CHECKING:
-    import numpy as np
-    import numpy.typing as npt
 
 __all__ = [
     "AUTO_ENV",
@@ -304,13 +300,12 @@ def measured_choice(
         from batchline.jobs import precision_heads
 
         task = facts.task
-        figures = measure(
-            spec,
-            knobs,
-            names,
-            lambda: precision_heads.gate_inputs(task, gate()),
-            rows=lambda results: precision_heads.rows(task, results),
+        trial = Trial(
+            run=lambda model, batch: precision_heads.rows(task, model.run_batch(batch)),
             compare=lambda rate, want, got: precision_heads.compare(task, rate, want, got),
+        )
+        figures = measure(
+            spec, knobs, names, lambda: precision_heads.gate_inputs(task, gate()), trial=trial
         )
     took = time.perf_counter() - start
     chosen, why = decide(figures, unit="pictures" if facts.pictures else "records")
@@ -363,112 +358,6 @@ def announce(spec: ModelSpec, choice: Choice | None) -> None:
     """Say in the load log what ``spec`` runs in and why, once it has loaded."""
     if choice is not None:
         logger.info("%s: precision %s", spec.name, choice.describe())
-
-
-def measure(
-    spec: ModelSpec,
-    knobs: Knobs,
-    names: Sequence[str],
-    texts: Callable[[], Sequence[Any]],
-    *,
-    rows: Callable[[Sequence[Any]], npt.NDArray[np.float32]] | None = None,
-    compare: Callable[[float, Any, Any], Figures] | None = None,
-) -> dict[str, Figures]:
-    """Each of ``names`` (``fp32`` first) loaded in ``knobs``' layout: its speed and its
-    outputs against fp32's (see the module docstring). ``texts`` are its inputs (a
-    cross-encoder's: pairs); ``rows`` makes one batch's results an array (default: stacked
-    vectors), ``compare`` a candidate's figures from its rate and its rows against fp32's
-    (default: vectors' cosine and neighbours). A candidate that fails to load or run is kept
-    with its error; fp32 failing raises."""
-    from batchline.models.loader import load_model
-
-    gate_texts = list(texts())
-    models: dict[str, Any] = {}
-    errors: dict[str, str] = {}
-    try:
-        for name in names:
-            try:
-                models[name] = load_model(spec, knobs.replace(precision=name, quantize=None))
-            except (BatchlineError, ImportError, OSError, RuntimeError) as exc:
-                if name == "fp32":
-                    raise
-                errors[name] = f"did not load: {exc}"
-        speed: dict[str, list[float]] = {name: [] for name in models}
-        outputs: dict[str, npt.NDArray[np.float32]] = {}
-        for sample in (gate_texts, gate_texts[::2]):
-            for name, model in list(models.items()):
-                try:
-                    got, rate = _timed_rows(model, sample, knobs, rows or _stacked)
-                except Exception as exc:  # a backend's own error: the candidate is out
-                    if name == "fp32":
-                        raise
-                    errors[name] = f"failed: {exc}"
-                    models.pop(name).close()
-                    continue
-                speed[name].append(rate)
-                outputs.setdefault(name, got)
-    finally:
-        for model in models.values():
-            model.close()
-    out = {"fp32": Figures(max(speed["fp32"]), top10_overlap=None if compare else 1.0)}
-    for name in names[1:]:
-        if name in errors:
-            out[name] = Figures(error=errors[name])
-            continue
-        figure = compare or _vector_figures
-        out[name] = figure(max(speed[name]), outputs["fp32"], outputs[name])
-    return out
-
-
-def _stacked(results: Sequence[Any]) -> npt.NDArray[np.float32]:
-    import numpy as np
-
-    return np.asarray(np.stack(results), dtype=np.float32)
-
-
-def _vector_figures(rate: float, want: Any, got: Any) -> Figures:
-    from batchline.models.onnx import compare_vectors
-
-    quality = compare_vectors(want, got)
-    return Figures(rate, quality.mean_cosine, quality.top10_overlap)
-
-
-def _timed_rows(
-    model: Any,
-    texts: Sequence[Any],
-    knobs: Knobs,
-    rows: Callable[[Sequence[Any]], npt.NDArray[np.float32]],
-) -> tuple[npt.NDArray[np.float32], float]:
-    """``texts``' outputs as ``rows`` makes them (in order) from ``model`` in length-sorted
-    batches of ``target_batch_tokens`` padded tokens, ``max_concurrent_batches`` at a time,
-    and the records/s of the model calls."""
-    import numpy as np
-
-    items = model.prepare(list(texts))
-    bad = next((x for x in items if isinstance(x, BaseException)), None)
-    if bad is not None:
-        raise BatchlineError(f"a gate input cannot be run: {bad}")
-    order = sorted(range(len(items)), key=lambda i: len(items[i]))
-    groups: list[list[int]] = [[]]
-    for i in order:
-        current = groups[-1]
-        over = (len(current) + 1) * len(items[i]) > knobs.target_batch_tokens
-        if current and (over or len(current) >= knobs.max_batch_size):
-            groups.append(current := [])
-        current.append(i)
-    workers = max(1, min(knobs.max_concurrent_batches, knobs.sessions if knobs.batching else 1))
-    out: npt.NDArray[np.float32] | None = None
-    start = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="precision") as pool:
-        runs = pool.map(lambda g: (g, model.run_batch([items[i] for i in g])), groups)
-        for group, result in runs:
-            batch = rows(result)
-            if out is None:
-                out = np.zeros((len(items), batch.shape[1]), dtype=np.float32)
-            out[group] = batch
-    rate = len(items) / max(time.perf_counter() - start, 1e-9)
-    assert out is not None
-    return out, rate
 
 
 def _runtime(precision: str, facts: ModelFacts) -> str:

@@ -19,14 +19,14 @@ by top-1 agreement (:data:`~batchline.jobs.precision_gate.AUTO_GATE`).
 
 from __future__ import annotations
 
-import concurrent.futures
 import importlib.util
-import time
 from collections.abc import Sequence
+from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from batchline._errors import BatchlineError
 from batchline.jobs.precision_gate import Figures
+from batchline.jobs.precision_measure import Trial, measure, prepared
 from batchline.models.config import Knobs
 from batchline.models.specs import ModelSpec
 
@@ -104,88 +104,50 @@ def gate_pictures() -> list[Image.Image]:
     return out
 
 
-def measure_pictures(spec: ModelSpec, knobs: Knobs, names: Sequence[str]) -> dict[str, Figures]:
-    """Each of ``names`` (``fp32`` first) loaded in ``knobs``' layout: its speed and its
-    outputs against fp32's on the gate's pictures (see the module docstring). A candidate
-    that fails to load or run is kept with its error; fp32 failing raises."""
-    import numpy as np
-
-    from batchline.models.loader import load_model
-
-    models: dict[str, Any] = {}
-    errors: dict[str, str] = {}
-    try:
-        for name in names:
-            try:
-                models[name] = load_model(spec, knobs.replace(precision=name, quantize=None))
-            except (BatchlineError, ImportError, OSError, RuntimeError) as exc:
-                if name == "fp32":
-                    raise
-                errors[name] = f"did not load: {exc}"
-        items = _prepared(models["fp32"], gate_pictures())
-        speed: dict[str, list[float]] = {name: [] for name in models}
-        rows: dict[str, npt.NDArray[np.float32]] = {}
-        for sample in (items, items[::2]):
-            for name, model in list(models.items()):
-                try:
-                    got, rate = _timed_rows(model, sample, knobs, warm=name not in rows)
-                except Exception as exc:  # a backend's own error: the candidate is out
-                    if name == "fp32":
-                        raise
-                    errors[name] = f"failed: {exc}"
-                    models.pop(name).close()
-                    continue
-                speed[name].append(rate)
-                rows.setdefault(name, got)
-        classifies = models["fp32"].info.task == "classify"
-    finally:
-        for model in models.values():
-            model.close()
-    out = {"fp32": Figures(max(speed["fp32"]), top10_overlap=None)}
-    for name in names[1:]:
-        if name in errors:
-            out[name] = Figures(error=errors[name])
-            continue
-        want, got = rows["fp32"], rows[name]
-        norms = np.linalg.norm(want, axis=1) * np.linalg.norm(got, axis=1)
-        cosine = float(np.mean(np.sum(want * got, axis=1) / np.maximum(norms, 1e-12)))
-        top1 = float(np.mean(want.argmax(1) == got.argmax(1))) if classifies else None
-        out[name] = Figures(max(speed[name]), cosine, None, top1_agreement=top1)
-    return out
-
-
-def _prepared(model: Any, pictures: Sequence[Image.Image]) -> list[Any]:
-    items: list[Any] = model.prepare(list(pictures))
-    bad = next((x for x in items if isinstance(x, BaseException)), None)
-    if bad is not None:
-        raise BatchlineError(f"a gate picture cannot be preprocessed: {bad}")
-    return items
-
-
-def _timed_rows(
-    model: Any, items: Sequence[Any], knobs: Knobs, *, warm: bool
-) -> tuple[npt.NDArray[np.float32], float]:
-    """``items``' output rows (in order: :meth:`raw` of the image models) in batches of the
-    job's size, ``max_concurrent_batches`` at a time, and the pictures/s of the model calls
-    (after one untimed batch when ``warm``: oneDNN builds its kernels on the first)."""
-    import numpy as np
-
+def _picture_batches(items: Sequence[Any], knobs: Knobs) -> list[list[int]]:
+    """Batches in order, of the size the job's budget makes (``target_batch_tokens`` read as
+    pictures of :data:`~batchline.models.image.PICTURE_TOKENS` tokens, at most
+    ``max_batch_size``)."""
     from batchline.models.image import PICTURE_TOKENS
 
     size = max(1, min(knobs.max_batch_size, knobs.target_batch_tokens // PICTURE_TOKENS))
-    groups = [list(range(i, min(i + size, len(items)))) for i in range(0, len(items), size)]
-    workers = max(1, min(knobs.max_concurrent_batches, knobs.sessions if knobs.batching else 1))
-    if warm:
-        model.raw([items[i] for i in groups[0]])
-    out: npt.NDArray[np.float32] | None = None
-    start = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="precision") as pool:
-        runs = pool.map(lambda g: (g, model.raw([items[i] for i in g])), groups)
-        for group, result in runs:
-            rows = np.asarray(result, dtype=np.float32)
-            if out is None:
-                out = np.zeros((len(items), rows.shape[1]), dtype=np.float32)
-            out[group] = rows
-    rate = len(items) / max(time.perf_counter() - start, 1e-9)
-    assert out is not None
-    return out, rate
+    return [list(range(i, min(i + size, len(items)))) for i in range(0, len(items), size)]
+
+
+def _raw_rows(model: Any, batch: list[Any]) -> npt.NDArray[np.float32]:
+    """A batch's output rows: :meth:`raw` of the image models (a classifier's logits, an
+    embedder's vectors)."""
+    import numpy as np
+
+    return np.asarray(model.raw(batch), dtype=np.float32)
+
+
+#: The pictures' trial but its comparison: preprocessed once (the same in every precision),
+#: in batches of the job's size, through ``raw``, after one batch to warm up.
+_PICTURES = Trial(
+    prepare=partial(prepared, refused="picture cannot be preprocessed"),
+    shared=True,
+    batches=_picture_batches,
+    run=_raw_rows,
+    warm=True,
+)
+
+
+def measure_pictures(spec: ModelSpec, knobs: Knobs, names: Sequence[str]) -> dict[str, Figures]:
+    """Each of ``names`` (``fp32`` first) loaded in ``knobs``' layout: its speed and its
+    outputs against fp32's on the gate's pictures (see the module docstring), by
+    :func:`~batchline.jobs.precision_measure.measure`. A candidate that fails to load or run
+    is kept with its error; fp32 failing raises."""
+    from batchline.models.loader import resolve_task
+
+    classifies = resolve_task(spec) == "classify"
+
+    def compare(rate: float, want: Any, got: Any) -> Figures:
+        import numpy as np
+
+        norms = np.linalg.norm(want, axis=1) * np.linalg.norm(got, axis=1)
+        cosine = float(np.mean(np.sum(want * got, axis=1) / np.maximum(norms, 1e-12)))
+        top1 = float(np.mean(want.argmax(1) == got.argmax(1))) if classifies else None
+        return Figures(rate, cosine, None, top1_agreement=top1)
+
+    return measure(spec, knobs, names, gate_pictures, trial=replace(_PICTURES, compare=compare))

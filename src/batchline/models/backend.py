@@ -1,8 +1,9 @@
 """A backend: one kind of model in one place. It says which specs it takes (``claims``),
-loads one (``load``), tells its memory before the load (``footprint``) and what identifies
-its results (``identity``). :data:`batchline.models.registry.BACKENDS` holds them in order,
-and the loader, the footprint estimate and the result cache's identity each ask the first
-backend that claims a spec; none of them knows the kinds.
+loads one (``load``), tells its memory before the load (``footprint``), what identifies
+its results (``identity``) and which precisions it computes a model in (``precisions``).
+:data:`batchline.models.registry.BACKENDS` holds them in order, and the loader, the footprint
+estimate and the result cache's identity each ask the first backend that claims a spec; none
+of them knows the kinds.
 
 Standard library only: a backend's module imports its runtime where it loads.
 """
@@ -13,7 +14,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from batchline._errors import ModelError
 from batchline.knobs import CoreKnobs
@@ -23,7 +24,17 @@ from batchline.models.specs import ModelSpec
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-__all__ = ["UNKNOWN", "Backend", "Footprint", "Identity", "Loaded", "Registry"]
+__all__ = [
+    "FP32",
+    "UNKNOWN",
+    "Asked",
+    "Backend",
+    "Footprint",
+    "Identity",
+    "Loaded",
+    "Registry",
+    "precision_refusal",
+]
 
 #: The options a backend reads: its own options class (``SessionOptions``, ...), which the
 #: deployment's ``Knobs`` (``models/config.py``) extends, so a backend whose hooks take its
@@ -59,6 +70,53 @@ class Identity:
     options: Mapping[str, object] = field(default_factory=dict)
 
 
+#: What a model computes in when it computes in nothing else (``Backend.precisions``): the
+#: knob's names less ``auto``, which is resolved before the load (``jobs/precision.py``; the
+#: loader given ``auto`` loads fp32).
+FP32 = frozenset({"fp32"})
+
+
+class Asked(Protocol):
+    """What a refusal reads off the knobs: the precision asked for, and whether it was asked
+    for by its older spelling (``--quantize int8``)."""
+
+    @property
+    def precision(self) -> str: ...
+
+    @property
+    def quantize(self) -> str | None: ...
+
+
+def precision_refusal(spec: ModelSpec, task: Task, asked: Asked) -> str:
+    """The line that refuses a precision a backend does not compute ``spec`` in, where the
+    backend has no line of its own: int8 is for embedding models; bf16 for embedding models, and
+    for classify and score models from a Hugging Face folder's weights."""
+    if asked.precision == "int8":
+        if asked.quantize is not None:
+            return (
+                f"--quantize {asked.quantize} applies to embedding models; {spec.name!r} has "
+                f"task {task!r}: leave --quantize out for it"
+            )
+        return (
+            f"precision int8 applies to embedding models; {spec.name!r} has task "
+            f"{task!r}: use precision auto, fp32 or bf16 for it"
+        )
+    if asked.precision == "bf16" and task in ("classify", "score"):
+        return (
+            f"precision bf16 runs a {task} model from its Hugging Face folder's weights on "
+            f"torch; {spec.name!r} ({spec.source}) is no such folder: use precision auto or "
+            "fp32 for it"
+        )
+    return (
+        f"precision {asked.precision} applies to embedding, classify and score models; "
+        f"{spec.name!r} has task {task!r}: use precision auto or fp32 for it"
+    )
+
+
+def _fp32(spec: ModelSpec, task: Task) -> frozenset[str]:
+    return FP32
+
+
 def _no_task(spec: ModelSpec) -> Task | None:
     return None
 
@@ -83,7 +141,11 @@ class Backend(Generic[Opts]):
     - ``tokenizer(spec)``: the ``tokenizers`` tokenizer a text model reads its texts with, what
       a benchmark cuts and counts its texts with (``None``: it takes no text, or says none);
     - ``deterministic``: whether its results are a function of its input alone, so that a job
-      answers a repeated input from the first one's result (a user's Python model may not be).
+      answers a repeated input from the first one's result (a user's Python model may not be);
+    - ``precisions(spec, task)``: the precisions it computes ``spec`` in for ``task`` (of
+      ``fp32``, ``bf16``, ``int8``; default fp32 alone), which the loader asks before it loads
+      and refuses any other with ``refusal(spec, task, knobs)``'s one line (default
+      :func:`precision_refusal`).
     """
 
     name: str
@@ -94,6 +156,8 @@ class Backend(Generic[Opts]):
     task: Callable[[ModelSpec], Task | None] = _no_task
     tokenizer: Callable[[ModelSpec], Tokenizer | None] = _no_tokenizer
     deterministic: bool = True
+    precisions: Callable[[ModelSpec, Task], frozenset[str]] = _fp32
+    refusal: Callable[[ModelSpec, Task, Asked], str] = precision_refusal
 
 
 class Registry:

@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import cast
 
 from batchline._errors import InputError
-from batchline.models.backend import UNKNOWN, Backend, Footprint, Identity, Loaded
+from batchline.models.backend import FP32, UNKNOWN, Backend, Footprint, Identity, Loaded
 from batchline.models.config import Knobs
 from batchline.models.protocol import BatchModel, ModelInfo, Task
 from batchline.models.specs import ModelSpec, import_factory
@@ -134,6 +134,12 @@ def _task(spec: ModelSpec) -> Task | None:
     return "predict" if spec.kind == "python" else None
 
 
+def _precisions(spec: ModelSpec, task: Task) -> frozenset[str]:
+    # a function computes as it likes: an embedder is let through in any precision, its knob
+    # unread; other tasks take the default line
+    return frozenset({"fp32", "bf16", "int8"}) if task == "embed" else FP32
+
+
 PYTHON = Backend(
     name="python",
     claims=_claims,
@@ -142,4 +148,5 @@ PYTHON = Backend(
     identity=_identity,
     task=_task,
     deterministic=False,
+    precisions=_precisions,
 )

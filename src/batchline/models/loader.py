@@ -63,30 +63,12 @@ def deterministic(spec: ModelSpec, knobs: Knobs) -> bool:
 
 def load_model(spec: ModelSpec, knobs: Knobs) -> AnyModel:
     """Load ``spec`` laid out as ``knobs`` say: the first registered backend that claims it,
-    its task resolved (see the module docstring)."""
+    its task resolved (see the module docstring), in a precision the backend computes it in
+    (``Backend.precisions``; another is an ``InputError`` in the backend's words)."""
     task = resolve_task(spec)
-    # an image folder's backend says itself what it runs in which precision
-    image_folder = spec.folder is not None and spec.folder.image is not None
-    if knobs.precision == "int8" and task != "embed" and not image_folder:
-        if knobs.quantize is not None:
-            raise InputError(
-                f"--quantize {knobs.quantize} applies to embedding models; {spec.name!r} has "
-                f"task {task!r}: leave --quantize out for it"
-            )
-        raise InputError(
-            f"precision int8 applies to embedding models; {spec.name!r} has task "
-            f"{task!r}: use precision auto, fp32 or bf16 for it"
-        )
-    if knobs.precision == "bf16" and task in ("classify", "score") and spec.kind != "hf":
-        raise InputError(
-            f"precision bf16 runs a {task} model from its Hugging Face folder's weights on "
-            f"torch; {spec.name!r} ({spec.source}) is no such folder: use precision auto or "
-            "fp32 for it"
-        )
-    if knobs.precision == "bf16" and task not in ("embed", "classify", "score"):
-        raise InputError(
-            f"precision bf16 applies to embedding, classify and score models; {spec.name!r} "
-            f"has task {task!r}: use precision auto or fp32 for it"
-        )
     resolved = dataclasses.replace(spec, task=task)
-    return BACKENDS.claiming(resolved, knobs).load(resolved, knobs)
+    backend = BACKENDS.claiming(resolved, knobs)
+    # auto is resolved before the load (jobs/precision.py); here it loads fp32
+    if knobs.precision != "auto" and knobs.precision not in backend.precisions(resolved, task):
+        raise InputError(backend.refusal(resolved, task, knobs))
+    return backend.load(resolved, knobs)

@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 
 WORDS = ["hello", "world", "the", "cat", "sat", "on", "mat", "query", "document", "paris"]
+#: The tiny tokenizer's vocabulary: its specials, the letters and WORDS.
+BERT_VOCAB = 5 + 26 + len(WORDS)
 
 
 def write_json(path: Path, data: object) -> Path:
@@ -112,30 +114,63 @@ def save_tokenizer(folder: Path) -> None:
     fast.save_pretrained(folder)
 
 
-def save_bert(folder: Path, *, labels: int | None = None, seed: int = 0) -> Path:
-    """A random 2-layer BERT (hidden 32): ``BertModel``, or a sequence classifier with
-    ``labels`` labels; with its tokenizer."""
+def tiny_bert(*, labels: int | None = None, seed: int = 0, **config: Any) -> Any:
+    """A random 2-layer BERT (hidden 32, the tiny tokenizer's vocabulary) in eval mode:
+    ``BertModel``, or a sequence classifier with ``labels`` labels (``L0``, ``L1``...);
+    ``config`` overrides ``BertConfig``'s fields (``hidden_act="relu"``...)."""
     import torch
     from transformers import BertConfig, BertForSequenceClassification, BertModel
 
     torch.manual_seed(seed)
-    config = BertConfig(
-        vocab_size=5 + 26 + len(WORDS),
+    settings: dict[str, Any] = {
+        "vocab_size": BERT_VOCAB,
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 64,
+        "max_position_embeddings": 64,
+        "initializer_range": 0.2,
+    }
+    bert_config = BertConfig(**{**settings, **config})
+    if labels is None:
+        model: Any = BertModel(bert_config)
+    else:
+        bert_config.num_labels = labels
+        bert_config.id2label = {i: f"L{i}" for i in range(labels)}
+        bert_config.label2id = {f"L{i}": i for i in range(labels)}
+        model = BertForSequenceClassification(bert_config)
+    return model.eval()
+
+
+def tiny_roberta(*, labels: int | None = None, seed: int = 0) -> Any:
+    """A random 1-layer RoBERTa (hidden 32) in eval mode with one token type, as
+    roberta-base's ``config.json`` has: ``RobertaModel``, or a sequence classifier with
+    ``labels`` labels (another architecture than the lean forward's)."""
+    import torch
+    from transformers import RobertaConfig, RobertaForSequenceClassification, RobertaModel
+
+    torch.manual_seed(seed)
+    config = RobertaConfig(
+        vocab_size=BERT_VOCAB,
         hidden_size=32,
-        num_hidden_layers=2,
+        num_hidden_layers=1,
         num_attention_heads=4,
         intermediate_size=64,
-        max_position_embeddings=64,
-        initializer_range=0.2,
+        max_position_embeddings=70,
+        pad_token_id=0,
+        type_vocab_size=1,
     )
     if labels is None:
-        model: Any = BertModel(config)
+        model: Any = RobertaModel(config)
     else:
         config.num_labels = labels
-        config.id2label = {i: f"L{i}" for i in range(labels)}
-        config.label2id = {f"L{i}": i for i in range(labels)}
-        model = BertForSequenceClassification(config)
-    model.eval().save_pretrained(folder)
+        model = RobertaForSequenceClassification(config)
+    return model.eval()
+
+
+def save_bert(folder: Path, *, labels: int | None = None, seed: int = 0) -> Path:
+    """:func:`tiny_bert` saved with ``save_pretrained``, with its tokenizer."""
+    tiny_bert(labels=labels, seed=seed).save_pretrained(folder)
     save_tokenizer(folder)
     return folder
 

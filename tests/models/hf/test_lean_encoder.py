@@ -17,27 +17,12 @@ transformers = pytest.importorskip("transformers")
 from batchline.models.config import Knobs  # noqa: E402
 from batchline.models.hf.lean_encoder import ROW_STEP, LeanBertEncoder, lean_encoder  # noqa: E402
 from batchline.models.hf.torch_embed import load_torch_embedder  # noqa: E402
-from tests.models.hf.conftest import save_bert  # noqa: E402
+from tests.models.hf.conftest import BERT_VOCAB, save_bert, tiny_bert, tiny_roberta  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("torch_ready")
 
 #: Lengths that put the batch's row count off and on a multiple of ROW_STEP.
 LENGTHS = (7, 3, 12, 1, 9)
-
-
-def bert(seed: int = 0, **config: Any) -> Any:
-    torch.manual_seed(seed)
-    settings: dict[str, Any] = {
-        "vocab_size": 50,
-        "hidden_size": 32,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "intermediate_size": 64,
-        "max_position_embeddings": 64,
-        "initializer_range": 0.2,
-    }
-    settings.update(config)
-    return transformers.BertModel(transformers.BertConfig(**settings)).eval()
 
 
 def batch(lengths: tuple[int, ...] = LENGTHS, seed: int = 1) -> tuple[Any, Any]:
@@ -46,7 +31,7 @@ def batch(lengths: tuple[int, ...] = LENGTHS, seed: int = 1) -> tuple[Any, Any]:
     ids = torch.zeros((len(lengths), max(lengths)), dtype=torch.int64)
     mask = torch.zeros_like(ids)
     for row, n in enumerate(lengths):
-        ids[row, :n] = torch.randint(1, 50, (n,), generator=generator)
+        ids[row, :n] = torch.randint(1, BERT_VOCAB, (n,), generator=generator)
         mask[row, :n] = 1
     return ids, mask
 
@@ -63,7 +48,7 @@ def transformers_hidden(model: Any, ids: Any, mask: Any) -> Any:
 
 @pytest.mark.parametrize("activation", ["gelu", "gelu_new", "relu"])
 def test_fp32_hidden_states_are_transformers_for_every_real_token(activation: str) -> None:
-    model = bert(hidden_act=activation)
+    model = tiny_bert(hidden_act=activation)
     ids, mask = batch()
     lean = lean_encoder(model)
     assert isinstance(lean, LeanBertEncoder)
@@ -77,7 +62,7 @@ def test_fp32_hidden_states_are_transformers_for_every_real_token(activation: st
 def test_a_texts_hidden_states_do_not_depend_on_its_batch() -> None:
     """Alone (a row count off ROW_STEP) or among longer texts (more rows, another rounding
     and padding on its right), a text gets the same hidden states."""
-    lean = lean_encoder(bert())
+    lean = lean_encoder(tiny_bert())
     assert lean is not None
     ids, mask = batch()
     assert (ids.numel() % ROW_STEP) != 0
@@ -91,10 +76,10 @@ def test_a_texts_hidden_states_do_not_depend_on_its_batch() -> None:
 
 
 def test_bf16_hidden_states_stay_as_close_to_fp32_as_transformers_bf16() -> None:
-    model = bert()
+    model = tiny_bert()
     ids, mask = batch()
     want = real_tokens(transformers_hidden(model, ids, mask), mask)
-    half = bert().to(torch.bfloat16)
+    half = tiny_bert().to(torch.bfloat16)
     lean = lean_encoder(half)
     if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         assert lean is None  # oneDNN has no bf16 here: transformers' forward keeps the model
@@ -120,19 +105,11 @@ def test_bf16_hidden_states_stay_as_close_to_fp32_as_transformers_bf16() -> None
 def test_a_bert_the_lean_forward_does_not_reproduce_keeps_transformers(
     config: dict[str, Any],
 ) -> None:
-    assert lean_encoder(bert(**config)) is None
+    assert lean_encoder(tiny_bert(**config)) is None
 
 
 def test_another_architecture_keeps_transformers() -> None:
-    config = transformers.RobertaConfig(
-        vocab_size=50,
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=64,
-    )
-    assert lean_encoder(transformers.RobertaModel(config).eval()) is None
+    assert lean_encoder(tiny_roberta()) is None
 
 
 def test_the_torch_embedder_runs_a_bert_folder_lean_with_transformers_vectors(

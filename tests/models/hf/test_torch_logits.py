@@ -15,31 +15,12 @@ from batchline._errors import InputError
 from batchline.models.config import Knobs
 from batchline.models.loader import load_model
 from batchline.models.specs import parse_spec
-from tests.models.hf.conftest import save_bert
+from tests.models.hf.conftest import save_bert, tiny_bert, tiny_roberta
 
 pytestmark = pytest.mark.usefixtures("torch_ready")
 
 TEXTS = ["hello world", "the cat sat on the mat", "paris", "query document hello cat sat"]
 PAIRS = [["hello world", "the cat sat on the mat"], ["paris", "query document cat"], ["a", "b"]]
-
-
-def classifier(labels: int, seed: int = 1, **config: Any) -> Any:
-    import torch
-    import transformers
-
-    torch.manual_seed(seed)
-    settings: dict[str, Any] = {
-        "vocab_size": 60,
-        "hidden_size": 32,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "intermediate_size": 64,
-        "max_position_embeddings": 64,
-        "initializer_range": 0.2,
-        "num_labels": labels,
-    }
-    settings.update(config)
-    return transformers.BertForSequenceClassification(transformers.BertConfig(**settings)).eval()
 
 
 def feeds(types: bool) -> dict[str, np.ndarray[Any, Any]]:
@@ -56,7 +37,7 @@ def test_a_bert_classifier_runs_lean_with_transformers_logits_and_token_types() 
 
     from batchline.models.hf.torch_logits import TorchLogits
 
-    model = classifier(labels=3)
+    model = tiny_bert(labels=3, seed=1)
     with torch.inference_mode():
         want = model(**{k: torch.from_numpy(v) for k, v in feeds(True).items()}).logits.numpy()
     graph = TorchLogits(model, path=Path("clf"), sessions=1)  # fp32 weights: a tight check
@@ -72,23 +53,10 @@ def test_a_bert_classifier_runs_lean_with_transformers_logits_and_token_types() 
 
 def test_another_architecture_runs_transformers_forward() -> None:
     import torch
-    import transformers
 
     from batchline.models.hf.torch_logits import TorchLogits
 
-    torch.manual_seed(3)
-    config = transformers.RobertaConfig(
-        vocab_size=60,
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=70,
-        pad_token_id=0,
-        type_vocab_size=1,  # as roberta-base's config.json
-        num_labels=2,
-    )
-    model = transformers.RobertaForSequenceClassification(config).eval()
+    model = tiny_roberta(labels=2, seed=3)
     data = feeds(False)
     with torch.inference_mode():
         want = model(**{k: torch.from_numpy(v) for k, v in data.items()}).logits.numpy()

@@ -1,19 +1,22 @@
 """Torch helpers the backends that load weights with torch share (the generators, the
-Hugging Face torch embedder and exporter): transformers kept quiet while a model loads, and
-linears packed once for oneDNN. Only the standard library at import: torch and transformers
-are imported where used."""
+Hugging Face torch embedder and exporters): transformers kept quiet while a model loads, a
+folder's model read quietly for an export, and linears packed once for oneDNN. Only the
+standard library at import: torch and transformers are imported where used."""
 
 from __future__ import annotations
 
 import contextlib
 import threading
+import warnings
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import torch
 
-__all__ = ["pack_linear_weights", "quiet_transformers"]
+__all__ = ["from_pretrained_quietly", "pack_linear_weights", "quiet_transformers"]
 
 _quiet_lock = threading.Lock()
 _quiet_depth = 0
@@ -44,6 +47,19 @@ def quiet_transformers() -> Iterator[None]:
                 hf_logging.set_verbosity(verbosity)
                 if bars:
                     hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
+
+
+def from_pretrained_quietly(auto: Any, folder: Path, **options: Any) -> tuple[Any, dict[str, Any]]:
+    """``auto.from_pretrained`` on ``folder``'s own files (``options`` passed on: its dtype...)
+    and its loading info (``missing_keys``...: what the caller checks), with transformers quiet
+    and Python's warnings ignored: an exporter checks the model it gets, not what transformers
+    says about it. Raises what ``from_pretrained`` raises."""
+    with warnings.catch_warnings(), quiet_transformers():
+        warnings.simplefilter("ignore")
+        model, info = auto.from_pretrained(
+            folder, local_files_only=True, output_loading_info=True, **options
+        )
+    return model, info
 
 
 def pack_linear_weights(model: torch.nn.Module) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 
 from batchline._errors import InputError
-from batchline.models.backend import UNKNOWN, Backend, Footprint, Identity, Loaded
+from batchline.models.backend import FP32, UNKNOWN, Backend, Footprint, Identity, Loaded
 from batchline.models.common.files import tree
 from batchline.models.config import Knobs
 from batchline.models.onnx import ONNX, onnx_identity
@@ -39,13 +39,26 @@ def _folder_identity(spec: ModelSpec, knobs: Knobs | None) -> Identity:
     return Identity(tuple(tree(spec.path)))
 
 
+def _folder_precisions(spec: ModelSpec, task: Task) -> frozenset[str]:
+    """An embedder in int8 (its ONNX graph quantized) or bf16 (torch, from the folder's
+    weights); a classifier or cross-encoder in bf16 too; anything else as exported."""
+    if task == "embed":
+        return frozenset({"fp32", "bf16", "int8"})
+    return frozenset({"fp32", "bf16"}) if task in ("classify", "score") else FP32
+
+
 HF_FOLDER = Backend(
     name="hf-folder",
     claims=_folder_claims,
     load=_load_folder,
     footprint=_folder_footprint,
     identity=_folder_identity,
+    precisions=_folder_precisions,
 )
+
+
+def _bf16(spec: ModelSpec, task: Task) -> frozenset[str]:
+    return frozenset({"bf16"})  # what it claims an encoder for
 
 
 def _bf16_claims(spec: ModelSpec, knobs: Knobs) -> bool:
@@ -81,4 +94,5 @@ TORCH_BF16 = Backend(
     footprint=ONNX.footprint,
     identity=onnx_identity,
     tokenizer=ONNX.tokenizer,
+    precisions=_bf16,
 )

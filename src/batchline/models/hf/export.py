@@ -166,18 +166,12 @@ def _load(folder: Path, head: Head, arch: str, torch: ModuleType, transformers: 
         if head == "hidden"
         else transformers.AutoModelForSequenceClassification
     )
-    from batchline.models.common.torch_weights import quiet_transformers
+    from batchline.models.common.torch_weights import from_pretrained_quietly
 
     try:
-        with warnings.catch_warnings(), quiet_transformers():
-            warnings.simplefilter("ignore")
-            model, info = auto.from_pretrained(
-                folder,
-                dtype=torch.float32,
-                local_files_only=True,
-                attn_implementation="eager",
-                output_loading_info=True,
-            )
+        model, info = from_pretrained_quietly(
+            auto, folder, dtype=torch.float32, attn_implementation="eager"
+        )
     except (OSError, ValueError, KeyError, RuntimeError) as exc:  # RuntimeError: shapes
         kind = "an encoder" if head == "hidden" else "a sequence classifier"
         first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)

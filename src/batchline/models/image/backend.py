@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from batchline.models.backend import Backend, Footprint, Identity, Loaded
 from batchline.models.common.files import size, tree
 from batchline.models.config import Knobs
+from batchline.models.image.precisions import image_folder, precisions, refusal, text_tower
 from batchline.models.onnx import ONNX, onnx_footprint, onnx_identity
 from batchline.models.protocol import Task
 from batchline.models.specs import ModelSpec
@@ -20,12 +21,8 @@ if TYPE_CHECKING:
 __all__ = ["IMAGE"]
 
 
-def _image_folder(spec: ModelSpec) -> bool:
-    return spec.kind == "hf" and spec.folder is not None and spec.folder.image is not None
-
-
 def _claims(spec: ModelSpec, knobs: Knobs) -> bool:
-    if _image_folder(spec):
+    if image_folder(spec):
         return True
     reads_pictures = spec.image is not None and spec.kind not in ("hf", "python")
     return reads_pictures and spec.task in ("embed", "classify")
@@ -33,7 +30,7 @@ def _claims(spec: ModelSpec, knobs: Knobs) -> bool:
 
 def _load(spec: ModelSpec, knobs: Knobs) -> Loaded:
     spec = spec.with_options()  # checked for its resolved task
-    if _image_folder(spec):
+    if image_folder(spec):
         from batchline.models.image.load import load_image_folder
 
         return load_image_folder(spec, knobs)
@@ -46,23 +43,21 @@ def _footprint(spec: ModelSpec, knobs: Knobs, task: Task | None) -> Footprint:
     """A folder: the ONNX rule with its fp32 weights standing in for the graph (not measured
     yet; an overestimate for one of CLIP's two towers), a text model's extra for a text
     tower; a plain ``.onnx``: the ONNX rule."""
-    if not _image_folder(spec):
+    if not image_folder(spec):
         return ONNX.footprint(spec, knobs, task)
     assert spec.folder is not None
-    two_towers = spec.folder.image == "two-tower"
-    text_tower = two_towers and task == "embed" and spec.input_kind != "image"
-    return onnx_footprint(size(spec.folder.weights), knobs, task, text=text_tower)
+    return onnx_footprint(size(spec.folder.weights), knobs, task, text=text_tower(spec, task))
 
 
 def _identity(spec: ModelSpec, knobs: Knobs | None) -> Identity:
-    if _image_folder(spec):
+    if image_folder(spec):
         return Identity(tuple(tree(spec.path)))
     return onnx_identity(spec, knobs)
 
 
 def _tokenizer(spec: ModelSpec) -> Tokenizer | None:
     # a plain .onnx: the ONNX rule (the one its spec names, or tokenizer.json beside it)
-    return None if _image_folder(spec) else ONNX.tokenizer(spec)
+    return None if image_folder(spec) else ONNX.tokenizer(spec)
 
 
 IMAGE = Backend(
@@ -72,4 +67,6 @@ IMAGE = Backend(
     footprint=_footprint,
     identity=_identity,
     tokenizer=_tokenizer,
+    precisions=precisions,
+    refusal=refusal,
 )

@@ -21,7 +21,6 @@ install them): importing this module costs nothing.
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal
@@ -67,18 +66,10 @@ def load_head_model(
     options: dict[str, Any] = {}
     if attn_implementation is not None:
         options["attn_implementation"] = attn_implementation
-    from batchline.models.common.torch_weights import quiet_transformers
+    from batchline.models.common.torch_weights import from_pretrained_quietly
 
     try:
-        with warnings.catch_warnings(), quiet_transformers():
-            warnings.simplefilter("ignore")
-            model, info = auto.from_pretrained(
-                folder,
-                dtype=torch.float32,
-                local_files_only=True,
-                output_loading_info=True,
-                **options,
-            )
+        model, info = from_pretrained_quietly(auto, folder, dtype=torch.float32, **options)
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         raise ModelError(f"cannot load {folder} as an image model: {exc}") from exc
     missing = [k for k in info.get("missing_keys", ()) if "pooler" not in k]

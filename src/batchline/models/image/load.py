@@ -33,6 +33,7 @@ from batchline.models.image.hf_image import (
     PaddedTextEmbedder,
     ZeroShotClassifier,
 )
+from batchline.models.image.precisions import int8_refusal, text_tower_refusal
 from batchline.models.image.preprocess import ImagePreprocess
 from batchline.models.image.processor_config import preprocess_from_config, read_processor_config
 from batchline.models.image.torch_image import TorchPixels, load_torch_pixels
@@ -57,16 +58,8 @@ def load_image_folder(spec: ModelSpec, knobs: Knobs) -> BatchModel[Any, Any]:
     """Load the image folder of ``spec`` laid out as ``knobs`` say (see the module docstring)."""
     if spec.folder is None or spec.folder.image is None:
         raise InputError(f"model {spec.name!r} ({spec.source}) is not an image model folder")
-    if knobs.quantize is not None:
-        raise InputError(
-            f"--quantize {knobs.quantize} quantizes text encoders; {spec.name!r} is an image "
-            "model: leave --quantize out for it"
-        )
-    if knobs.precision == "int8":
-        raise InputError(
-            f"precision int8 quantizes text encoders; {spec.name!r} is an image model: use "
-            "precision auto, fp32 or bf16 for it"
-        )
+    if knobs.precision == "int8":  # what --quantize int8 sets too
+        raise InputError(int8_refusal(spec, knobs))
     found = spec.folder.for_task(spec.task)
     preprocess = preprocess_from_config(read_processor_config(found.folder))
     size = preprocess.output_size
@@ -112,10 +105,7 @@ def load_image_folder(spec: ModelSpec, knobs: Knobs) -> BatchModel[Any, Any]:
             normalize=normalize,
         )
     if knobs.precision == "bf16":
-        raise InputError(
-            f"model {spec.name!r}: precision bf16 runs image towers on torch, and its text "
-            "tower runs on ONNX Runtime: use precision auto or fp32 for texts"
-        )
+        raise InputError(text_tower_refusal(spec))
     text_model: BatchModel[Any, Any] = _text_tower(spec, found, knobs, normalize=normalize)
     return text_model
 

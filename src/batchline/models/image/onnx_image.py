@@ -25,6 +25,7 @@ from batchline._errors import InputError, ModelError
 from batchline.models.common.image_options import ImageOptions
 from batchline.models.config import Knobs
 from batchline.models.image.decode import DEFAULT_MAX_PIXELS, ImageRef, decode_image
+from batchline.models.image.precisions import plain_onnx_refusal
 from batchline.models.image.preprocess import ImagePreprocess
 from batchline.models.image.processor_config import preprocess_from_config, read_processor_config
 from batchline.models.onnx import (
@@ -242,11 +243,7 @@ def load_image_model(spec: ModelSpec, knobs: Knobs) -> OnnxImageModel:
     which also win over the folder's); labels from ``--labels`` or a ``config.json``'s
     ``id2label`` beside it. It runs as exported: precision bf16 or int8 is an ``InputError``."""
     if knobs.precision in ("bf16", "int8"):
-        raise InputError(
-            f"model {spec.name!r}: a plain .onnx that reads pictures runs as it was exported; "
-            f"precision {knobs.precision} is for Hugging Face folders (bf16: an image folder's "
-            "weights on torch): use precision auto or fp32 for it"
-        )
+        raise InputError(plain_onnx_refusal(spec, knobs.precision))
     model = load_sessions_at(spec.path, knobs)
     found = image_input(model.inputs)
     if found is None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from batchline._errors import ModelError
-from batchline.models.backend import Backend, Footprint, Identity, Loaded
+from batchline.models.backend import FP32, Backend, Footprint, Identity, Loaded
 from batchline.models.builtin import BUILTIN_MODELS
 from batchline.models.common.files import size, tree
 from batchline.models.onnx.options import SessionOptions
@@ -154,6 +154,12 @@ def _tokenizer(spec: ModelSpec) -> Tokenizer | None:
     return tokenizer
 
 
+def _precisions(spec: ModelSpec, task: Task) -> frozenset[str]:
+    """An embedder in int8 too (its graph quantized, ``embed.py``); bf16 is torch's, from
+    weights (the torch-bf16 backend's for the built-in encoder)."""
+    return frozenset({"fp32", "int8"}) if task == "embed" else FP32
+
+
 ONNX = Backend(
     name="onnx",
     claims=_claims,
@@ -162,4 +168,5 @@ ONNX = Backend(
     identity=onnx_identity,
     task=graph_task,
     tokenizer=_tokenizer,
+    precisions=_precisions,
 )
