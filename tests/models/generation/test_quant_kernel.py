@@ -94,7 +94,9 @@ def test_the_library_splits_work_over_torchs_threads(library: None) -> None:
 @pytest.mark.parametrize("kind", ["int4", "int8"])
 def test_two_threads_give_the_bits_one_thread_gives(library: None, kind: str) -> None:
     # Each tile's 16 columns are summed by one thread in one order: bit-equal, not just close.
-    n, k = 200, 96  # 13 tiles, the last a part one: the threads take 7 and 6
+    # 13 tiles, the last a part one, of 1,024 inputs: past the kernels' least share of weight
+    # bytes (64 KiB: 6 int4 tiles of 10 KiB, 4 int8 ones of 16 KiB), so two threads split them
+    n, k = 200, 1024
     g = torch.Generator().manual_seed(9)
     w = torch.randn(n, k, generator=g)
     bias = torch.randn(n, generator=g)
