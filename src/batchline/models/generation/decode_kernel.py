@@ -55,7 +55,8 @@ _SOURCES = (_CSRC / "decode_attention.cpp", _CSRC / "quant_gemm.cpp")
 #: torch's intra-op threads: without it the header runs the whole range on the calling thread.
 #: Linked without ``-fopenmp`` (which would add the compiler's own libgomp): the OpenMP calls
 #: bind to the runtime libtorch_cpu already loaded, so the library's threads are torch's and
-#: follow ``torch.set_num_threads``.
+#: follow ``torch.set_num_threads`` (``load_library`` binds every symbol at load: were they
+#: missing, the load would fail and the engine attend through SDPA, saying why).
 _FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++17", "-fPIC", "-w")
 _BUILD_TIMEOUT_S = 300.0
 
