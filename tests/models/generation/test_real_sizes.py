@@ -121,6 +121,20 @@ SIZES: dict[str, tuple[str, dict[str, Any]]] = {
             "tie_word_embeddings": True,
         },
     ),
+    "qwen3-1.7b": (
+        "qwen3",
+        {
+            "hidden_size": 2048,
+            "intermediate_size": 6144,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "rope_theta": 1_000_000.0,
+            "rms_norm_eps": 1e-6,
+            "max_position_embeddings": 40960,
+            "tie_word_embeddings": True,
+        },
+    ),
     "llama3.2-1b": (
         "llama",
         {
@@ -158,6 +172,7 @@ REAL = {
     "qwen2.5-1.5b": (28, 151936),
     "qwen2.5-3b": (36, 151936),
     "qwen3-0.6b": (28, 151936),
+    "qwen3-1.7b": (28, 151936),
     "llama3.2-1b": (16, 128256),
     "llama3.2-3b": (28, 128256),
 }
