@@ -8,12 +8,16 @@ batchline's (``quant_kernel.int4_linear`` / ``int8_linear``) through each of its
 vdpbf16ps and AMX tiles (``QuantLinear`` takes AMX for int4 from ``quant_kernel.AMX_ROWS`` rows
 on, for int8 always), from the same codes (int4: groups of 32; int8: a scale per output).
 Printed: the median µs per call of each, and each quantized kernel's time as a fraction of
-dense's (below 1: faster). On a CPU without AMX the "amx" column is the vdpbf16ps path again.
+dense's (below 1: faster); then, per shape and row count, each product's time at 2 threads (or
+each further ``--threads`` count) as a fraction of its time at the first (0.5: it halved). The
+thread counts are alternated call by call too. On a CPU without AMX the "amx" column is the
+vdpbf16ps path again.
 
 The default shapes are SmolLM2-360M's fused gate/up (960 -> 5,120) and down (2,560 -> 960),
 and a Qwen2.5-1.5B-sized MLP (1,536 -> 8,960 and 8,960 -> 1,536).
 
     python benchmarks/bench_quant_kernel.py                 # int4, 1 and 2 threads (~1 min)
+    python benchmarks/bench_quant_kernel.py --threads 1,2 --calls 200 --kind int8
     python benchmarks/bench_quant_kernel.py --kind int8
     python benchmarks/bench_quant_kernel.py --shapes 960x5120 --rows 16 --calls 20
     python benchmarks/bench_quant_kernel.py --shapes 64x128 --calls 3   # smoke run
@@ -83,19 +87,28 @@ def _linear(weight: torch.Tensor) -> torch.nn.Linear:
 
 
 def timed(
-    fns: dict[str, Callable[[torch.Tensor], torch.Tensor]], x: torch.Tensor, calls: int
-) -> dict[str, float]:
-    """Median µs per call of each, alternated call by call (after one warm-up call each)."""
-    times: dict[str, list[float]] = {name: [] for name in fns}
+    fns: dict[str, Callable[[torch.Tensor], torch.Tensor]],
+    x: torch.Tensor,
+    calls: int,
+    threads: list[int],
+) -> dict[tuple[int, str], float]:
+    """Median µs per call of each product at each thread count, alternated call by call and
+    thread count by thread count (after one warm-up call each), so that a load on the machine
+    falls on all alike."""
+    times: dict[tuple[int, str], list[float]] = {(t, n): [] for t in threads for n in fns}
     with torch.inference_mode():
-        for fn in fns.values():
-            fn(x)
-        for _ in range(calls):
-            for name, fn in fns.items():
-                start = time.perf_counter()
+        for t in threads:
+            torch.set_num_threads(t)
+            for fn in fns.values():
                 fn(x)
-                times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) * 1e6 for name, t in times.items()}
+        for _ in range(calls):
+            for t in threads:
+                torch.set_num_threads(t)
+                for name, fn in fns.items():
+                    start = time.perf_counter()
+                    fn(x)
+                    times[t, name].append(time.perf_counter() - start)
+    return {key: statistics.median(t) * 1e6 for key, t in times.items()}
 
 
 def main() -> None:
@@ -119,20 +132,29 @@ def main() -> None:
         f"{'shape':>12} {'thr':>3} {'rows':>4} {'dense':>7} {'torch':>7} {'own dp':>7}"
         f" {'own amx':>7} {'torch/d':>7} {'dp/d':>5} {'amx/d':>5}"
     )
+    threads = [int(t) for t in args.threads.split(",")]
+    scaling: list[str] = []
     for shape in args.shapes.split(","):
         k, n = (int(v) for v in shape.split("x"))
         fns = products(args.kind, k, n)
-        for threads in (int(t) for t in args.threads.split(",")):
-            torch.set_num_threads(threads)
-            for rows in (int(r) for r in args.rows.split(",")):
-                x = torch.randn(rows, k).to(torch.bfloat16)
-                us = timed(fns, x, args.calls)
-                d, t4 = us["dense"], us["torch"]
-                dp, amx = us["own vdpbf16"], us["own amx"]
+        for rows in (int(r) for r in args.rows.split(",")):
+            x = torch.randn(rows, k).to(torch.bfloat16)
+            us = timed(fns, x, args.calls, threads)
+            for t in threads:
+                d, t4 = us[t, "dense"], us[t, "torch"]
+                dp, amx = us[t, "own vdpbf16"], us[t, "own amx"]
                 print(
-                    f"{shape:>12} {threads:>3} {rows:>4} {d:7.0f} {t4:7.0f} {dp:7.0f}"
+                    f"{shape:>12} {t:>3} {rows:>4} {d:7.0f} {t4:7.0f} {dp:7.0f}"
                     f" {amx:7.0f} {t4 / d:7.2f} {dp / d:5.2f} {amx / d:5.2f}"
                 )
+            for t in threads[1:]:
+                ratios = "  ".join(
+                    f"{name} x{us[t, name] / us[threads[0], name]:.2f}" for name in fns
+                )
+                scaling.append(f"{shape:>12} {rows:>4} rows, {t} thr / {threads[0]}: {ratios}")
+    if scaling:
+        print("each product's time at more threads as a fraction of its time at the first count:")
+        print("\n".join(scaling))
 
 
 if __name__ == "__main__":

@@ -196,6 +196,29 @@ def test_without_the_kernel_auto_attends_through_sdpa_and_kernel_refuses(
         TorchStepEngine(tiny_llama, decode_attention="kernel")
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_two_threads_give_the_bits_one_thread_gives(kernel: Any, dtype: str) -> None:
+    # Rows and KV heads are split over torch's threads (in pieces of ~512 key columns at least:
+    # here 600 columns, so each row and head is a piece), each computed as it is on one thread.
+    gen = torch.Generator().manual_seed(4)
+    kind = getattr(torch, dtype)
+    keys = torch.randn(5, 3, 640, 64, generator=gen).to(kind)
+    values = torch.randn(5, 3, 640, 64, generator=gen).to(kind)
+    q = torch.randn(5, 9, 64, generator=gen).to(kind)
+    first = torch.tensor([0, 7, 300, 599, 42])
+    before = torch.get_num_threads()
+    outs = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            outs.append(kernel(q, keys, values, first, 599, 0.125, 0.0))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(outs[0], outs[1])
+    reference = _reference(q, keys, values, first.tolist(), 599, 0.125)
+    assert float((outs[1].double() - reference).abs().max()) < 0.05
+
+
 def test_no_compiler_or_turned_off_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CXX", "no-such-compiler-here")
     assert dk._load() == (None, "no C++ compiler (no-such-compiler-here not found)")

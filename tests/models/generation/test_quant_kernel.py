@@ -77,20 +77,53 @@ def test_the_kernel_agrees_with_torchs_int4_kernel(
         assert _relative(ours, expected.double()) < TOLERANCE
 
 
-def test_two_threads_split_the_tiles_and_compute_the_same(library: None) -> None:
+def test_the_library_splits_work_over_torchs_threads(library: None) -> None:
+    # Compiled without OpenMP, at::parallel_for ran every tile on the calling thread whatever
+    # torch.set_num_threads said (and a second thread gained nothing); the library now shares
+    # torch's OpenMP runtime, so its split follows torch's thread count.
     before = torch.get_num_threads()
-    q = _codes(200, 64, seed=7)
-    packed = ik.pack_int4(q.codes, q.scales, q.zeros)
-    x = torch.randn(5, 64).bfloat16()
     try:
-        torch.set_num_threads(1)
-        one = [ik.int4_linear(x, packed, 200, amx_rows=a) for a in (1, NEVER)]
-        torch.set_num_threads(2)
-        two = [ik.int4_linear(x, packed, 200, amx_rows=a) for a in (1, NEVER)]
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            assert torch.ops.batchline.parallel_chunks(100) == threads
+            assert torch.ops.batchline.parallel_chunks(1) == 1
     finally:
         torch.set_num_threads(before)
-    for a, b in zip(one, two, strict=True):
-        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("kind", ["int4", "int8"])
+def test_two_threads_give_the_bits_one_thread_gives(library: None, kind: str) -> None:
+    # Each tile's 16 columns are summed by one thread in one order: bit-equal, not just close.
+    # 13 tiles, the last a part one, of 1,024 inputs: past the kernels' least share of weight
+    # bytes (64 KiB: 6 int4 tiles of 10 KiB, 4 int8 ones of 16 KiB), so two threads split them
+    n, k = 200, 1024
+    g = torch.Generator().manual_seed(9)
+    w = torch.randn(n, k, generator=g)
+    bias = torch.randn(n, generator=g)
+    if kind == "int4":
+        q = quantize_int4(w, 32)
+        packed: Any = ik.pack_int4(q.codes, q.scales, q.zeros)
+        linear: Any = ik.int4_linear
+    else:
+        packed = ik.pack_int8(*quantize_int8(w))
+        linear = ik.int8_linear
+    xs = [torch.randn(rows, k, generator=g).bfloat16() for rows in (1, 5, 16, 17)]
+    before = torch.get_num_threads()
+    outs: dict[int, list[Any]] = {}
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            outs[threads] = [
+                linear(x, packed, n, b, amx_rows=a)
+                for x in xs
+                for a in (1, NEVER)  # AMX tiles (where the CPU has them), vdpbf16ps
+                for b in (None, bias)
+            ]
+    finally:
+        torch.set_num_threads(before)
+    assert len(outs[1]) == len(outs[2]) == 16
+    for one, two in zip(outs[1], outs[2], strict=True):
+        assert torch.equal(one, two)
 
 
 def test_the_packed_layout_holds_every_code_scale_and_zero(torch_threads: None) -> None:
@@ -307,7 +340,7 @@ def test_a_quantized_model_through_the_own_kernels_gives_the_float32_models_toke
     layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
     assert len(layers) == report.linears == 8
     assert all("own kernel" in repr(m) for m in layers)
-    assert f"8 linears as {kind} through batchline's kernel (" in str(report)
+    assert f"8 linears as {kind} through batchline's kernel on " in str(report)
     x = torch.randint(3, TINY_VOCAB, (2, 9))
     with torch.no_grad():
         ours = model(x).logits

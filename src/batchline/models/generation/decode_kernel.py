@@ -51,7 +51,13 @@ _CSRC = Path(__file__).parent / "csrc"
 #: The library's sources, built together into one shared library: the decode attention and the
 #: step's elementwise ops, and the int4 linear of :mod:`~batchline.models.generation.quant_kernel`.
 _SOURCES = (_CSRC / "decode_attention.cpp", _CSRC / "quant_gemm.cpp")
-_FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-std=c++17", "-shared", "-fPIC", "-w")
+#: Compiled with OpenMP so that ATen's ``parallel_for`` (a header template) splits its work over
+#: torch's intra-op threads: without it the header runs the whole range on the calling thread.
+#: Linked without ``-fopenmp`` (which would add the compiler's own libgomp): the OpenMP calls
+#: bind to the runtime libtorch_cpu already loaded, so the library's threads are torch's and
+#: follow ``torch.set_num_threads`` (``load_library`` binds every symbol at load: were they
+#: missing, the load would fail and the engine attend through SDPA, saying why).
+_FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++17", "-fPIC", "-w")
 _BUILD_TIMEOUT_S = 300.0
 
 _lock = threading.Lock()
@@ -127,27 +133,44 @@ def _built(compiler: str) -> Path:
     logger.info("building batchline's decode attention kernel (once per machine)")
     with tempfile.TemporaryDirectory(prefix=".build-", dir=path.parent) as scratch:
         built = Path(scratch) / path.name
-        command = [
-            compiler,
-            *_FLAGS,
-            *(f"-I{p}" for p in cpp_extension.include_paths()),
-            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch.compiled_with_cxx11_abi())}",
-            *(str(p) for p in _SOURCES),
-            "-o",
-            str(built),
-            *(f"-L{p}" for p in libs),
-            *(f"-Wl,-rpath,{p}" for p in libs),
-            "-ltorch_cpu",
-            "-lc10",
-        ]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=_BUILD_TIMEOUT_S)
-        if done.returncode != 0:
-            tail = "\n".join(done.stderr.strip().splitlines()[-5:])
-            raise RuntimeError(f"{Path(compiler).name} exited {done.returncode}: {tail}")
+        objects = [str(Path(scratch) / f"{i}.o") for i in range(len(_SOURCES))]
+        for source, obj in zip(_SOURCES, objects, strict=True):
+            _compile(
+                [
+                    compiler,
+                    *_FLAGS,
+                    *(f"-I{p}" for p in cpp_extension.include_paths()),
+                    f"-D_GLIBCXX_USE_CXX11_ABI={int(torch.compiled_with_cxx11_abi())}",
+                    "-c",
+                    str(source),
+                    "-o",
+                    obj,
+                ]
+            )
+        _compile(
+            [
+                compiler,
+                "-shared",
+                *objects,
+                "-o",
+                str(built),
+                *(f"-L{p}" for p in libs),
+                *(f"-Wl,-rpath,{p}" for p in libs),
+                "-ltorch_cpu",
+                "-lc10",
+            ]
+        )
         write_whole(
             path, built.read_bytes(), "cache.kernel"
         )  # whole or not at all, for every process
     return path
+
+
+def _compile(command: list[str]) -> None:
+    done = subprocess.run(command, capture_output=True, text=True, timeout=_BUILD_TIMEOUT_S)
+    if done.returncode != 0:
+        tail = "\n".join(done.stderr.strip().splitlines()[-5:])
+        raise RuntimeError(f"{Path(command[0]).name} exited {done.returncode}: {tail}")
 
 
 def _cpu_flags() -> str:

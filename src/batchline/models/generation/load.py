@@ -261,7 +261,7 @@ def load_torch_generator(spec: ModelSpec, knobs: TorchEngineOptions) -> Generati
     device = _torch_device(knobs.device)
     from batchline.models.generation.generators import build_generator
     from batchline.models.generation.lean_llama import fuse_projections
-    from batchline.models.generation.quant_linear import quantize_linears, step_weight_bytes
+    from batchline.models.generation.quant_linear import describe_step_weights, quantize_linears
     from batchline.models.generation.torch_dtype import choose_dtype, pack_linear_weights
     from batchline.models.generation.torch_engine import TorchStepEngine
 
@@ -279,7 +279,7 @@ def load_torch_generator(spec: ModelSpec, knobs: TorchEngineOptions) -> Generati
     except ValueError as exc:  # what the model asks of the engine that it cannot do
         raise ModelError(f"cannot generate with {spec.name!r}: {exc}") from exc
     logger.info(
-        "%s: torch on %s, %s, %s%s%s%s, %.0f MiB of weights read per decode step, %s forward, "
+        "%s: torch on %s, %s, %s%s%s%s, %s of weights read per decode step, %s forward, "
         "decode attention %s, %s intra-op thread(s), max_step_tokens %d; loaded in %.1f s",
         spec.name,
         knobs.device,
@@ -288,7 +288,7 @@ def load_torch_generator(spec: ModelSpec, knobs: TorchEngineOptions) -> Generati
         f"; {loaded}" if loaded else "",
         f", {fused} projection groups fused" if fused else "",
         f", {packed} linear layers packed for oneDNN" if packed else "",
-        step_weight_bytes(model) / 2**20,
+        describe_step_weights(model, choice.torch_dtype),
         engine.forward,
         engine.decode_attention,
         torch.get_num_threads() if device.type == "cpu" else "-",

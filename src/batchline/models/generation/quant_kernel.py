@@ -24,6 +24,12 @@ AMX from one row) and its scale applied once at the end: 960 -> 5,120, dense 589
 / 0.55 / 0.52); 2,560 -> 960 x0.59 / 0.56 / 0.60 / 0.54; 1,536 -> 8,960 x0.60 / 0.62 / 0.59 /
 0.58.
 
+Both split their tiles over torch's intra-op threads (the library is built with OpenMP, bound to
+torch's runtime: :mod:`~batchline.models.generation.decode_kernel`), the same bits at any
+count. At 2 threads, alternated with 1 in one process on the same host (shared, 2026-12-02),
+they took x0.46-0.57 of their 1-thread time and x0.32-0.49 of dense bf16's at 2 threads on the
+four shapes above at 1-16 rows (docs/generation.md has the table).
+
 :func:`pack_int4` lays out the codes, scales and zeros of an
 :class:`~batchline.models.generation.quant_linear.Int4Codes` (groups of 32,
 ``(code - 8) * scale + zero``, scales and zeros rounded to bf16) for it, once at load;

@@ -51,6 +51,7 @@ __all__ = [
     "Int4Codes",
     "QuantLinear",
     "QuantReport",
+    "describe_step_weights",
     "int4_group_size",
     "int4_planes_rows",
     "int8_group_planes",
@@ -59,6 +60,7 @@ __all__ = [
     "quantize_linears",
     "require_int_kernels",
     "step_weight_bytes",
+    "step_weight_formats",
 ]
 
 #: The int4 group size (see the module docstring).
@@ -424,19 +426,58 @@ def quantize_linears(model: torch.nn.Module, kind: str, dtype: torch.dtype) -> Q
         after += layer.weight_bytes
         setattr(parent, name, layer)
     own = any(isinstance(m, QuantLinear) and m.own_kernel for m in layers.modules())
-    kernel = "batchline's kernel" if own else "torch's kernel"
-    return QuantReport(kind, len(swaps), before, after, kernel)
+    return QuantReport(
+        kind, len(swaps), before, after, _kernel_path(kind) if own else "torch's kernel"
+    )
+
+
+def _kernel_path(kind: str) -> str:
+    """Which of the own kernel's paths a decode step's rows take, in the load log's words."""
+    from batchline.models.generation import quant_kernel
+
+    if not quant_kernel.own_kernels(amx=True)[0]:
+        return "batchline's kernel on AVX512-BF16"
+    if kind == "int8":
+        return "batchline's kernel on AMX tiles"
+    # one row through vdpbf16ps: as fast as a tile product there, and no tile state to set up
+    return f"batchline's kernel on AMX tiles from {quant_kernel.AMX_ROWS} rows"
 
 
 def step_weight_bytes(model: torch.nn.Module) -> int:
     """The weight bytes a decode step reads: every linear's (int8/int4 codes and scales, dense
     weights, the lm_head's), the embedding's looked-up rows left out."""
+    return sum(step_weight_formats(model, torch.float32).values())
+
+
+#: The dense dtypes' short names, as the load log says them.
+_DENSE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+def step_weight_formats(model: torch.nn.Module, dense: torch.dtype) -> dict[str, int]:
+    """:func:`step_weight_bytes` by format, largest first: ``int4``, ``int8`` and ``int8g`` (a
+    GGUF's Q8_0, int8 in groups of 32) for the :class:`QuantLinear` layers, the dtype's short
+    name (``bf16``, ``fp32``) for the dense ones; a linear packed for oneDNN is in ``dense``,
+    the dtype the model was loaded in."""
     from batchline.models.common.packed_linear import PackedLinear
 
-    total = 0
+    formats: dict[str, int] = {}
     for module in model.modules():
-        if isinstance(module, QuantLinear | PackedLinear):
-            total += module.weight_bytes
+        if isinstance(module, QuantLinear):
+            name, size = module.kind, module.weight_bytes
+        elif isinstance(module, PackedLinear):
+            name, size = _DENSE_NAMES.get(dense, str(dense)), module.weight_bytes
         elif isinstance(module, torch.nn.Linear):
-            total += module.weight.numel() * module.weight.element_size()
-    return total
+            weight = module.weight
+            name = _DENSE_NAMES.get(weight.dtype, str(weight.dtype))
+            size = weight.numel() * weight.element_size()
+        else:
+            continue
+        formats[name] = formats.get(name, 0) + size
+    return dict(sorted(formats.items(), key=lambda item: -item[1]))
+
+
+def describe_step_weights(model: torch.nn.Module, dense: torch.dtype) -> str:
+    """The load log's words for what a decode step reads: ``"1,162 MiB (int4 868, bf16 294)"``."""
+    formats = step_weight_formats(model, dense)
+    parts = ", ".join(f"{name} {size / 2**20:,.0f}" for name, size in formats.items())
+    return f"{sum(formats.values()) / 2**20:,.0f} MiB ({parts})"
