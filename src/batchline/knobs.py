@@ -98,11 +98,11 @@ def machine_cores() -> int:
 
 
 class Preset(int):
-    """A layout knob's value that nobody gave: its default, which the runtime a model loads on
-    may replace with the layout measured best for it (``batchline.jobs.precision``'s
-    :func:`~batchline.jobs.precision.runtime_layout`). A value from a flag, ``--set``, a config
-    file or a caller is a plain ``int``, and is kept; arithmetic on a Preset gives a plain
-    ``int``."""
+    """A layout knob's value that nobody gave (``max_concurrent_batches``' default): the
+    runtime a model loads on may replace it with the layout measured best for it
+    (:func:`batchline.jobs.precision.runtime_layout`). A value from a flag, ``--set``, a
+    config file or a caller is a plain ``int``, and is kept; arithmetic on a Preset gives a
+    plain ``int``."""
 
     __slots__ = ()
 
@@ -144,7 +144,7 @@ class CoreKnobs:
         ),
     )
     target_batch_tokens: int = field(
-        default=Preset(DEFAULT_TARGET_BATCH_TOKENS),
+        default=DEFAULT_TARGET_BATCH_TOKENS,
         metadata=knob("padded tokens per model call", BATCHING),
     )
     max_batch_size: int = field(
