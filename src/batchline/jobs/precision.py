@@ -331,11 +331,13 @@ def resolve_knobs(spec: ModelSpec, knobs: Knobs) -> tuple[Knobs, Choice | None]:
     return runtime_layout(knobs.replace(precision=choice.precision), choice, facts)
 
 
-#: An embedding model's batching in bf16 on torch on a CPU, where nobody gave the knobs
-#: (measured with ``benchmarks/bench_embeddings.py --layouts``, 6,000 demo texts, MiniLM, a
-#: 2-core AMX Xeon): one batch in flight more than the cores. torch releases the GIL inside
-#: each operator but not between them; a third batch runs while the other two are in
-#: Python, so the cores stay busy (``run`` x1.04-1.07 over one batch per core).
+#: An embedding model's batching in bf16 on torch on a CPU, where nobody gave the knobs: one
+#: batch in flight more than the cores. torch releases the GIL inside each operator but not
+#: between them; a third batch runs while the other two are in Python, so the cores stay busy.
+#: ``run`` on 6,000 demo texts, MiniLM, a 2-core AMX Xeon, layouts alternated in one process:
+#: x1.04 over one batch per core (x1.02-1.07 across runs; ``benchmarks/bench_embeddings.py
+#: --peers`` keeps one batch per core as its control); a fourth batch and 1,024-token batches
+#: gained nothing more (docs/precision.md).
 TORCH_EXTRA_BATCHES = 1
 
 
