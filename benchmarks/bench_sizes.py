@@ -1,0 +1,309 @@
+"""Generation at the sizes people run: the own engine's weight formats against vLLM and llama.cpp.
+
+One model shape at a time (``--shapes``: SmolLM2-360M's, SmolLM2-1.7B's, or a 3B Llama shape:
+hidden 3,072, MLP 8,192, 28 layers, 24 heads / 8 KV heads), random weights saved in bf16 with
+SmolLM2's tokenizer (``bench_quant_step.build_folder``; a step's time does not depend on the
+weights' values). llama.cpp's files are made from that folder by its own tools: a bf16 GGUF
+(``convert_hf_to_gguf.py``), then Q8_0 and Q4_K_M (``llama-quantize``). Each server of
+``--servers`` is started here on 127.0.0.1, alone, and answers the same streamed chat requests
+(the demo math prompts through the chat template, greedy, ``ignore_eos``, ``--new`` tokens
+each) from ``--clients`` clients at once (16, then 1):
+
+- ``own-bf16``, ``own-int8``, ``own-int4``: ``batchline serve`` on its torch engine in bf16,
+  ``--set weights=float|int8|int4`` (settings after a colon are more ``--set``s:
+  ``own-int4:generation_threads=2``);
+- ``vllm``: vLLM's CPU server in bf16 (from ``--vllm-python``, the venv
+  ``scripts/vllm_env.sh`` makes), the engine arguments ``bench_vs_vllm.py`` gives it;
+- ``llama-q8``, ``llama-q4km``: ``llama-server`` on the Q8_0 and Q4_K_M files, with its
+  defaults (``-np 16 -t CORES``); where it exits at load (its AMX weight repacking crashed on
+  one host), it is started again with ``--no-repack``, and the table says so.
+
+Printed per shape and client count: tokens/s, TTFT p50 and request latency p50 of each server,
+and the ratios issue 52 asks for (own bf16 / vLLM; own int4 / llama.cpp Q4_K_M; own int8 /
+llama.cpp Q8_0; own int4 / own bf16). The built files are kept under ``--work`` (a 1.7B shape
+is ~3.4 GB bf16 + 1.8 GB Q8_0 + 1.1 GB Q4_K_M) so that a second run starts at once.
+
+    python benchmarks/bench_sizes.py --shapes 1.7b          # ~30 min on 2 cores
+    python benchmarks/bench_sizes.py --shapes tiny --clients 2 --requests 2 --new 4  # smoke
+
+Needs ``batchline[generate]``; llama.cpp's ``llama-server``, ``llama-quantize`` and
+``convert_hf_to_gguf.py`` (``--llama-dir``: the build of ../shared/FACTS.md's recipe), and
+vLLM's CPU venv for ``vllm``; a server whose tools are missing is left out, saying so. Run it
+on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from bench_quant_step import SHAPES, build_folder
+from bench_vs_vllm import KV_CACHE_BYTES, MAX_MODEL_LEN, MODEL_NAME, RunResult, _drive, _free_port
+from bench_vs_vllm import _wait_ready as wait_ready
+
+SERVERS = ("own-bf16", "own-int8", "own-int4", "vllm", "llama-q8", "llama-q4km")
+LLAMA_FILES = {"llama-q8": "Q8_0", "llama-q4km": "Q4_K_M"}
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", default="1.7b", help=f"comma-separated: {sorted(SHAPES)}")
+    parser.add_argument("--servers", default=",".join(SERVERS), help="comma-separated")
+    parser.add_argument("--clients", default="16,1", help="concurrent clients, comma-separated")
+    parser.add_argument("--requests", type=int, default=2, help="requests per client")
+    parser.add_argument("--new", type=int, default=64, help="tokens each answer")
+    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "bench-sizes")
+    parser.add_argument(
+        "--llama-dir",
+        type=Path,
+        default=Path(os.environ.get("BATCHLINE_LLAMA_DIR", "/work/llama/llama.cpp")),
+        help="llama.cpp's source folder, built (build/bin/llama-server)",
+    )
+    parser.add_argument("--vllm-python", type=Path, default=ROOT / ".venv-vllm/bin/python")
+    parser.add_argument(
+        "--convert-python",
+        type=Path,
+        default=ROOT / ".venv-vllm/bin/python",
+        help="runs llama.cpp's converter: it needs sentencepiece, which vLLM's venv has",
+    )
+    parser.add_argument("--start-timeout-s", type=float, default=600.0)
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
+    os.environ.setdefault("VLLM_LOOPBACK_IP", "127.0.0.1")
+    servers = [s.strip() for s in args.servers.split(",") if s.strip()]
+    unknown = sorted({s.split(":")[0] for s in servers} - set(SERVERS))
+    if unknown:
+        parser.error(f"unknown server(s) {unknown}; known: {', '.join(SERVERS)}")
+    clients = [int(c) for c in args.clients.split(",")]
+    for shape in args.shapes.split(","):
+        folder = _folder(shape.strip(), args.work)
+        ggufs = _ggufs(folder, servers, args)
+        for n in clients:
+            results: dict[str, RunResult] = {}
+            notes: dict[str, str] = {}
+            for server in servers:
+                got = _measure(server, folder, ggufs, n, args, notes)
+                if got is not None:
+                    results[server] = got
+                    print(f"  [{shape}, {n} client(s)] {server}: {got.line()}", flush=True)
+            _print(shape, n, results, notes)
+
+
+def _folder(shape: str, work: Path) -> Path:
+    folder = work / f"llama-{shape}"
+    if not (folder / "config.json").is_file():
+        work.mkdir(parents=True, exist_ok=True)
+        print(f"building the {shape} shape's folder (random weights) under {work}", flush=True)
+        built = build_folder(shape, work)
+        assert built == folder
+    return folder
+
+
+def _ggufs(folder: Path, servers: list[str], args: argparse.Namespace) -> dict[str, Path]:
+    """The GGUF file each llama.cpp server runs, made once from ``folder``."""
+    wanted = {s.split(":")[0] for s in servers} & set(LLAMA_FILES)
+    bin_dir = args.llama_dir / "build" / "bin"
+    convert = args.llama_dir / "convert_hf_to_gguf.py"
+    if not wanted or not (bin_dir / "llama-server").is_file() or not convert.is_file():
+        if wanted:
+            print(f"llama.cpp: left out (no {bin_dir / 'llama-server'} or {convert})")
+        return {}
+    bf16 = folder / "model-bf16.gguf"
+    if not bf16.is_file():
+        print("converting to a bf16 GGUF (llama.cpp's convert_hf_to_gguf.py)", flush=True)
+        subprocess.run(
+            [
+                str(args.convert_python),
+                str(convert),
+                str(folder),
+                "--outtype",
+                "bf16",
+                "--outfile",
+                str(bf16),
+            ],
+            check=True,
+            capture_output=True,
+        )
+    files = {}
+    for server in sorted(wanted):
+        kind = LLAMA_FILES[server]
+        path = folder / f"model-{kind}.gguf"
+        if not path.is_file():
+            print(f"quantizing to {kind} (llama-quantize)", flush=True)
+            subprocess.run(
+                [str(bin_dir / "llama-quantize"), str(bf16), str(path), kind],
+                check=True,
+                capture_output=True,
+            )
+        files[server] = path
+    return files
+
+
+def _command(
+    server: str, folder: Path, ggufs: dict[str, Path], port: int, args: argparse.Namespace
+) -> list[str] | None:
+    name, *settings = server.split(":")
+    cores = str(len(os.sched_getaffinity(0)))
+    if name == "vllm":
+        if not args.vllm_python.is_file():
+            return None
+        return [
+            str(args.vllm_python),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(folder),
+            "--served-model-name",
+            MODEL_NAME,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--dtype",
+            "bfloat16",
+            "--max-model-len",
+            str(MAX_MODEL_LEN),
+            "--kv-cache-memory-bytes",
+            str(KV_CACHE_BYTES),
+            "--gpu-memory-utilization",
+            "0.3",
+            "--max-num-seqs",
+            "16",
+            "--enforce-eager",
+            "--uvicorn-log-level",
+            "warning",
+        ]
+    if name in LLAMA_FILES:
+        if name not in ggufs:
+            return None
+        return [
+            str(args.llama_dir / "build" / "bin" / "llama-server"),
+            "-m",
+            str(ggufs[name]),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "-np",
+            "16",
+            "-c",
+            str(16 * 256),
+            "-t",
+            cores,
+            "--jinja",
+            "--alias",
+            MODEL_NAME,
+            *settings,
+        ]
+    weights = name.removeprefix("own-").replace("bf16", "float")
+    return [
+        sys.executable,
+        "-m",
+        "batchline",
+        "serve",
+        "--model",
+        f"{MODEL_NAME}={folder}/",
+        "--port",
+        str(port),
+        "--set",
+        "dtype=bfloat16",
+        "--set",
+        f"weights={weights}",
+        "--set",
+        "max_running_sequences=16",
+        *[flag for setting in settings for flag in ("--set", setting)],
+        "--request-timeout-s",
+        "1800",
+        "--log-level",
+        "warning",
+    ]
+
+
+def _measure(
+    server: str,
+    folder: Path,
+    ggufs: dict[str, Path],
+    clients: int,
+    args: argparse.Namespace,
+    notes: dict[str, str],
+) -> RunResult | None:
+    port = _free_port()
+    command = _command(server, folder, ggufs, port, args)
+    if command is None:
+        notes[server] = "left out: its tools are missing"
+        print(f"  {server}: {notes[server]}", flush=True)
+        return None
+    log = Path(tempfile.gettempdir()) / f"bench-sizes-{port}.log"
+    for attempt in range(2):
+        with log.open("wb") as out:
+            proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            wait_ready(proc, port, log, args.start_timeout_s)
+        except SystemExit as exc:
+            _stop(proc)
+            if attempt == 0 and server.split(":")[0] in LLAMA_FILES:
+                said = str(exc).strip().splitlines()[-1][:100]
+                notes[server] = f"--no-repack (with its defaults it exited at load: {said})"
+                command = [*command, "--no-repack"]
+                continue
+            notes[server] = f"did not start: {str(exc).splitlines()[-1][:120]}"
+            print(f"  {server}: {notes[server]}", flush=True)
+            return None
+        try:
+            prompts = _prompts(clients * args.requests, args.new)
+            asyncio.run(_drive(port, [(p, 4) for p, _ in prompts[:2]], 2))  # warm-up
+            return asyncio.run(_drive(port, prompts, clients))
+        finally:
+            _stop(proc)
+            log.unlink(missing_ok=True)
+    return None
+
+
+def _prompts(n: int, new: int) -> list[tuple[str, int]]:
+    from batchline.models.generation.demo import demo_prompts
+
+    return [(p["prompt"], new) for p in demo_prompts(n, seed=0)]
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+def _print(shape: str, clients: int, results: dict[str, RunResult], notes: dict[str, str]) -> None:
+    print(f"\n{shape}, {clients} client(s): tokens/s, TTFT p50, latency p50")
+    print("| server | tok/s | TTFT p50 | latency p50 | note |")
+    print("|---|---:|---:|---:|---|")
+    for server, r in results.items():
+        ttft, latency = statistics.median(r.ttfts_s), statistics.median(r.latencies_s)
+        note = notes.get(server, "") + (f"; {r.failed} FAILED" if r.failed else "")
+        print(f"| {server} | {r.tokens_per_s:.1f} | {ttft:.2f} s | {latency:.2f} s | {note} |")
+    for mine, theirs in [
+        ("own-bf16", "vllm"),
+        ("own-int4", "llama-q4km"),
+        ("own-int8", "llama-q8"),
+        ("own-int4", "own-bf16"),
+        ("own-int8", "own-bf16"),
+    ]:
+        for a, ra in results.items():
+            for b, rb in results.items():
+                if a.split(":")[0] == mine and b.split(":")[0] == theirs and rb.tokens_per_s:
+                    print(f"{a} / {b}: x{ra.tokens_per_s / rb.tokens_per_s:.2f}")
+    print(flush=True)
+
+
+if __name__ == "__main__":
+    main()
