@@ -15,6 +15,11 @@ and each format's step against bf16's.
     python benchmarks/bench_quant_step.py                        # 360M, bf16 int8 int4 (~3 min)
     python benchmarks/bench_quant_step.py --shape 1.7b --formats bfloat16,int4
     python benchmarks/bench_quant_step.py --shape tiny --steps 4 # smoke run (seconds)
+    python benchmarks/bench_quant_step.py --shape 3b --rss --folder DIR  # peak RSS per format
+
+``--rss`` times nothing: each format loads the shape in a process of its own (the folder built
+once, under ``--folder`` if given, and kept there), and its peak resident memory after loading
+and one short answer is printed against bf16's (issue 52's bar for int4 at 3B: 0.35x).
 
 Needs ``batchline[generate]``. One intra-op thread unless ``--threads``. The lead runs it on a
 quiet machine: on a loaded one the floor and the steps both move.
@@ -72,8 +77,12 @@ def build_folder(shape: str, root: Path) -> Path:
         eos_token_id=2,
     )
     torch.manual_seed(0)
-    with torch.device("cpu"):
-        model = LlamaForCausalLM(config).to(torch.bfloat16)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # built in bf16: a 3B shape never holds fp32 copies
+    try:
+        model = LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(previous)
     folder = root / f"llama-{shape}"
     model.save_pretrained(folder)
     _save_tokenizer(folder)
@@ -122,8 +131,17 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=60)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--copy-mib", type=int, default=512)
+    parser.add_argument("--rss", action="store_true", help="peak RSS per format, no timing")
+    parser.add_argument("--folder", type=Path, help="--rss: where the shape's folder is kept")
+    parser.add_argument("--_load-one", dest="load_one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.load_one:
+        print(f"peak-rss {_load_one(args.folder, args.load_one)}")
+        return
+    if args.rss:
+        _rss(args)
+        return
 
     import torch
 
@@ -161,6 +179,50 @@ def main() -> None:
             f"| {fmt} | {read / 2**20:.0f} MiB | {floor * 1e3:.2f} ms | {step * 1e3:.2f} ms | "
             f"{step / floor:.2f} | {step / base:.2f} |"
         )
+
+
+def _load_one(folder: Path, fmt: str) -> int:
+    """Load ``folder`` in ``fmt``, answer one short request, and return the peak RSS (bytes)."""
+    import resource
+
+    from batchline.models.config import Knobs
+    from batchline.models.generation.load import load_text_generator
+    from batchline.models.specs import parse_spec
+
+    weights = "float" if fmt in ("bfloat16", "float32") else fmt
+    dtype = fmt if fmt in ("bfloat16", "float32") else "bfloat16"
+    loaded = load_text_generator(parse_spec(f"{folder}/"), Knobs(dtype=dtype, weights=weights))
+    engine = loaded.engine
+    assert engine is not None
+    decode_steps(engine, 16, 2)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _rss(args: argparse.Namespace) -> None:
+    import subprocess
+    import sys
+
+    root = args.folder or Path(tempfile.mkdtemp(prefix="bench-rss-"))
+    folder = root / f"llama-{args.shape}"
+    if not (folder / "config.json").is_file():
+        root.mkdir(parents=True, exist_ok=True)
+        build_folder(args.shape, root)
+    peaks = {}
+    for fmt in args.formats.split(","):
+        done = subprocess.run(
+            [sys.executable, __file__, "--_load-one", fmt, "--folder", str(folder)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        line = next(x for x in done.stdout.splitlines() if x.startswith("peak-rss "))
+        peaks[fmt] = int(line.split()[1])
+    base = peaks.get("bfloat16", next(iter(peaks.values())))
+    print(f"{args.shape}: peak RSS after loading and one short answer, a process each")
+    print("| format | peak RSS | x bf16 |")
+    print("|---|---:|---:|")
+    for fmt, peak in peaks.items():
+        print(f"| {fmt} | {peak / 2**30:.2f} GiB | {peak / base:.2f} |")
 
 
 if __name__ == "__main__":

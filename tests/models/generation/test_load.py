@@ -242,12 +242,36 @@ def test_the_package_exports_lazily_without_torch() -> None:
 def test_the_engine_takes_every_core_in_float32_and_one_in_bfloat16_unless_told() -> None:
     torch = pytest.importorskip("torch")
     from batchline.knobs import machine_cores
-    from batchline.models.generation.load import engine_threads
+    from batchline.models.generation.load import MULTI_THREAD_WEIGHTS, engine_threads
 
     assert engine_threads(Knobs(), torch.float32) == machine_cores()
     assert engine_threads(Knobs(), torch.bfloat16) == 1
+    # a bf16 model from ~250M weights on takes every core; SmolLM2-135M keeps one
+    assert engine_threads(Knobs(), torch.bfloat16, 134_500_000) == 1
+    assert engine_threads(Knobs(), torch.bfloat16, MULTI_THREAD_WEIGHTS) == machine_cores()
+    assert engine_threads(Knobs(), torch.float32, 1_000) == machine_cores()
     for dtype in (torch.float32, torch.bfloat16):
         assert engine_threads(Knobs(generation_threads=3), dtype) == 3
+        assert engine_threads(Knobs(generation_threads=1), dtype, 10**10) == 1
+
+
+def test_a_step_s_weights_are_counted_whatever_their_format() -> None:
+    torch = pytest.importorskip("torch")
+    from batchline.models.generation.quant_linear import (
+        QuantLinear,
+        quantize_linears,
+        step_weight_count,
+    )
+
+    model = torch.nn.Module()
+    model.model = torch.nn.Module()
+    model.model.layers = torch.nn.ModuleList([torch.nn.Linear(64, 32), torch.nn.Linear(32, 64)])
+    model.lm_head = torch.nn.Linear(64, 100)
+    expected = 2 * 64 * 32 + 64 * 100
+    assert step_weight_count(model) == expected
+    quantize_linears(model, "int4", torch.float32)
+    assert all(isinstance(layer, QuantLinear) for layer in model.model.layers)
+    assert step_weight_count(model) == expected
 
 
 def test_the_torch_loader_takes_the_torch_engines_own_options(tiny_folder: Path) -> None:

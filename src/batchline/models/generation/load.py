@@ -261,7 +261,11 @@ def load_torch_generator(spec: ModelSpec, knobs: TorchEngineOptions) -> Generati
     device = _torch_device(knobs.device)
     from batchline.models.generation.generators import build_generator
     from batchline.models.generation.lean_llama import fuse_projections
-    from batchline.models.generation.quant_linear import describe_step_weights, quantize_linears
+    from batchline.models.generation.quant_linear import (
+        describe_step_weights,
+        quantize_linears,
+        step_weight_count,
+    )
     from batchline.models.generation.torch_dtype import choose_dtype, pack_linear_weights
     from batchline.models.generation.torch_engine import TorchStepEngine
 
@@ -271,6 +275,8 @@ def load_torch_generator(spec: ModelSpec, knobs: TorchEngineOptions) -> Generati
     model, tokenizer, weights, loaded = _load_weights(spec, knobs, choice.dtype, device)
     _eos_from_tokenizer(model, tokenizer)
     fused = fuse_projections(model)  # before packing: the packed weights are the fused ones
+    if device.type == "cpu":  # now that the model's size is known
+        torch.set_num_threads(engine_threads(knobs, choice.torch_dtype, step_weight_count(model)))
     if weights.weights in ("int8", "int4"):
         loaded = str(quantize_linears(model, weights.weights, choice.torch_dtype))
     packed = pack_linear_weights(model)  # the dense ones left (the lm_head where quantized)
@@ -370,9 +376,19 @@ def _load_weights(
     return model, tokenizer, weights, ""
 
 
-def engine_threads(knobs: TorchEngineOptions, dtype: torch.dtype) -> int:
+#: From this many weights a decode step multiplies (its linears' inputs x outputs, whatever their
+#: format) a bfloat16 engine computes on every core: the step is long enough that a second
+#: thread pays (see :func:`engine_threads`).
+MULTI_THREAD_WEIGHTS = 250_000_000
+
+
+def engine_threads(
+    knobs: TorchEngineOptions, dtype: torch.dtype, step_weights: int | None = None
+) -> int:
     """The CPU threads the torch engine computes on: ``knobs.generation_threads`` where set;
-    else every core (:func:`~batchline.knobs.machine_cores`) in float32 and one in bfloat16.
+    else every core (:func:`~batchline.knobs.machine_cores`) in float32, and in bfloat16 every
+    core for a model whose step multiplies ``step_weights`` >= :data:`MULTI_THREAD_WEIGHTS`
+    (``None``: not known yet, while loading), one below.
 
     Measured with 16 streaming chat clients on ``batchline serve`` (SmolLM2, 2-core AVX-512
     host, quiet, ``benchmarks/bench_vs_vllm.py --servers batchline-torch,
@@ -380,14 +396,22 @@ def engine_threads(knobs: TorchEngineOptions, dtype: torch.dtype) -> int:
     tokens/s where one made 279 (x1.19; the engine alone x1.22): a float32 step is long and
     its linears ~1.6x faster on two cores. In bfloat16 two made 438 and one 439: the step's
     linears gain as much, but its other ops do not and the front end takes the second core's
-    time back, so one thread leaves that core to other work for nothing lost. With two other
-    busy processes on the machine, two float32 threads made 0.81x of one: set
-    ``generation_threads = 1`` where other work shares the cores."""
+    time back, so one thread leaves that core to other work for nothing lost. At 1.7B
+    parameters that no longer holds (``benchmarks/bench_sizes.py --shapes 1.7b``, 2-core AMX
+    Xeon, 2026-12-02): two threads made 60.5 tokens/s in bf16 where one made 40.0 at 16 clients
+    (x1.51) and 6.4 against 3.7 at one client; int4 73.7 against 49.6, and 12.5 against 8.6. A
+    360M shape's batch-1 step took 40 ms on two threads against 67 on one (bf16; int4 26
+    against 41: ``benchmarks/bench_quant_step.py``), so the line is drawn between 135M and
+    360M. With two other busy processes on the machine, two float32 threads made 0.81x of one:
+    set ``generation_threads = 1`` where other work shares the cores."""
     if knobs.generation_threads is not None:
         return knobs.generation_threads
     import torch
 
-    return machine_cores() if dtype == torch.float32 else 1
+    if dtype == torch.float32:
+        return machine_cores()
+    large = step_weights is not None and step_weights >= MULTI_THREAD_WEIGHTS
+    return machine_cores() if large else 1
 
 
 def _load_in_engine_process(spec: ModelSpec, knobs: GenerationBackendOptions) -> GenerationModel:

@@ -60,6 +60,7 @@ __all__ = [
     "quantize_linears",
     "require_int_kernels",
     "step_weight_bytes",
+    "step_weight_count",
     "step_weight_formats",
 ]
 
@@ -447,6 +448,18 @@ def step_weight_bytes(model: torch.nn.Module) -> int:
     """The weight bytes a decode step reads: every linear's (int8/int4 codes and scales, dense
     weights, the lm_head's), the embedding's looked-up rows left out."""
     return sum(step_weight_formats(model, torch.float32).values())
+
+
+def step_weight_count(model: torch.nn.Module) -> int:
+    """The weights a decode step multiplies: each linear's inputs x outputs, whatever its
+    format (a model's size for the engine's thread count, before or after quantizing)."""
+    count = 0
+    for module in model.modules():
+        if isinstance(module, QuantLinear):
+            count += module.in_features * module.out_features
+        elif isinstance(module, torch.nn.Linear):
+            count += module.weight.numel()
+    return count
 
 
 #: The dense dtypes' short names, as the load log says them.
