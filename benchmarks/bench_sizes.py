@@ -45,7 +45,7 @@ import tempfile
 from pathlib import Path
 
 from bench_quant_step import SHAPES, build_folder
-from bench_vs_vllm import KV_CACHE_BYTES, MAX_MODEL_LEN, MODEL_NAME, RunResult, _drive, _free_port
+from bench_vs_vllm import MODEL_NAME, RunResult, _drive, _free_port, vllm_server_command
 from bench_vs_vllm import _wait_ready as wait_ready
 
 SERVERS = ("own-bf16", "own-int8", "own-int4", "vllm", "llama-q8", "llama-q4km")
@@ -156,32 +156,7 @@ def _command(
     if name == "vllm":
         if not args.vllm_python.is_file():
             return None
-        return [
-            str(args.vllm_python),
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            str(folder),
-            "--served-model-name",
-            MODEL_NAME,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--dtype",
-            "bfloat16",
-            "--max-model-len",
-            str(MAX_MODEL_LEN),
-            "--kv-cache-memory-bytes",
-            str(KV_CACHE_BYTES),
-            "--gpu-memory-utilization",
-            "0.3",
-            "--max-num-seqs",
-            "16",
-            "--enforce-eager",
-            "--uvicorn-log-level",
-            "warning",
-        ]
+        return vllm_server_command(str(args.vllm_python), str(folder), port, "bfloat16")
     if name in LLAMA_FILES:
         if name not in ggufs:
             return None

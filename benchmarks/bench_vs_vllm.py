@@ -249,35 +249,41 @@ def _variant(server: str) -> tuple[str, list[str]]:
     return name, settings
 
 
+def vllm_server_command(python: str, folder: str, port: int, dtype: str) -> list[str]:
+    """vLLM's own OpenAI server on ``folder`` with the engine arguments batchline's CPU
+    defaults give it (also ``bench_sizes.py``'s)."""
+    return [
+        python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        folder,
+        "--served-model-name",
+        MODEL_NAME,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        dtype,
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--kv-cache-memory-bytes",
+        str(KV_CACHE_BYTES),
+        "--gpu-memory-utilization",
+        "0.3",
+        "--max-num-seqs",
+        str(MAX_NUM_SEQS),
+        "--enforce-eager",
+        "--uvicorn-log-level",
+        "warning",
+    ]
+
+
 def _server_command(server: str, dtype: str, folder: str, port: int) -> list[str]:
     server, settings = _variant(server)
     if server == "vllm":
-        return [
-            sys.executable,
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            folder,
-            "--served-model-name",
-            MODEL_NAME,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--dtype",
-            dtype,
-            "--max-model-len",
-            str(MAX_MODEL_LEN),
-            "--kv-cache-memory-bytes",
-            str(KV_CACHE_BYTES),
-            "--gpu-memory-utilization",
-            "0.3",
-            "--max-num-seqs",
-            str(MAX_NUM_SEQS),
-            "--enforce-eager",
-            "--uvicorn-log-level",
-            "warning",
-        ]
+        return vllm_server_command(sys.executable, folder, port, dtype)
     backend = "vllm" if server == "batchline-vllm" else "torch"
     # batchline-torch-proc: batchline-torch with the engine in a process of its own
     engine_process = ["--set", "engine_process=true"] if server == "batchline-torch-proc" else []

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -199,3 +200,20 @@ def load_fake(
 def load_fake_with(options: dict[str, object]) -> FakeLoaded:
     """``load_fake(**options)``: ``ProcessGenerator.launch`` passes arguments by position."""
     return load_fake(**options)  # type: ignore[arg-type]
+
+
+def greedy_reference(model: Any, prompt: Sequence[int], max_new: int) -> list[int]:
+    """transformers' own greedy tokens after ``prompt`` from ``model`` (a causal LM), ``max_new``
+    of them, no EOS stop: what the engine's greedy answers are held to."""
+    import torch
+
+    ids = torch.tensor([list(prompt)])
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=max_new,
+        do_sample=False,
+        pad_token_id=0,
+        eos_token_id=None,
+    )
+    return [int(t) for t in out[0, len(prompt) :]]

@@ -25,6 +25,7 @@ from batchline.models.generation.engine import GenerationRequest, SamplingParams
 from batchline.models.specs import parse_spec  # noqa: E402
 
 from .conftest import TINY_EOS, TINY_VOCAB  # noqa: E402
+from .gen_helpers import greedy_reference  # noqa: E402
 from .test_load import save_tiny_generator  # noqa: E402
 
 MAX_NEW = 10
@@ -136,30 +137,9 @@ def test_greedy_tokens_equal_transformers_generate(family: str, root: Path) -> N
 
     reference = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     for i, p in enumerate(prompts):
-        ids = torch.tensor([p])
-        out = reference.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=MAX_NEW,
-            do_sample=False,
-            pad_token_id=0,
-            eos_token_id=None,
-        )
-        assert got[str(i)] == out[0, len(p) :].tolist(), f"{family}: prompt {i} (length {len(p)})"
+        want = greedy_reference(reference, p, MAX_NEW)
+        assert got[str(i)] == want, f"{family}: prompt {i} (length {len(p)})"
     loaded.close()
-
-
-def _reference(model: Any, prompt: tuple[int, ...]) -> list[int]:
-    ids = torch.tensor([prompt])
-    out = model.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        max_new_tokens=MAX_NEW,
-        do_sample=False,
-        pad_token_id=0,
-        eos_token_id=None,
-    )
-    return [int(t) for t in out[0, len(prompt) :]]
 
 
 @pytest.mark.parametrize("family", ["mistral", "gemma2", "gemma3"])
@@ -197,7 +177,7 @@ def test_a_sliding_window_holds_in_chunks_after_a_cached_prefix_and_joining_late
         for out in engine.step():
             got.setdefault(out.request_id, []).extend(out.token_ids)
     for rid, prompt in prompts.items():
-        assert got[rid] == _reference(model, prompt), f"{family}: request {rid}"
+        assert got[rid] == greedy_reference(model, prompt, MAX_NEW), f"{family}: request {rid}"
 
 
 def test_eos_declared_only_by_the_tokenizer_is_taken(root: Path) -> None:

@@ -30,6 +30,7 @@ from batchline.models.generation.load import load_text_generator  # noqa: E402
 from batchline.models.specs import parse_spec  # noqa: E402
 
 from .conftest import TINY_EOS, TINY_VOCAB  # noqa: E402
+from .gen_helpers import greedy_reference  # noqa: E402
 from .test_load import save_tiny_generator  # noqa: E402
 
 MAX_NEW = 8
@@ -287,16 +288,8 @@ def test_each_size_runs_lean_and_gives_transformers_greedy_tokens_in_float32(
 
     reference = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     for i, p in enumerate(prompts):
-        ids = torch.tensor([p])
-        out = reference.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=MAX_NEW,
-            do_sample=False,
-            pad_token_id=0,
-            eos_token_id=None,
-        )
-        assert got[str(i)] == out[0, len(p) :].tolist(), f"{name}: prompt {i} (length {len(p)})"
+        want = greedy_reference(reference, p, MAX_NEW)
+        assert got[str(i)] == want, f"{name}: prompt {i} (length {len(p)})"
 
 
 @pytest.mark.parametrize("weights", ["int8", "int4"])
