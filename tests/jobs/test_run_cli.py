@@ -150,6 +150,13 @@ def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def _default_sigint() -> None:
+    """What a terminal's ``batchline run`` gets: SIGINT at its default, whatever the test
+    process's own disposition (a child inherits an ignored SIGINT, and Python then installs
+    no KeyboardInterrupt handler)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _program_here(path: str) -> list[str]:
     """The program a hint names in an environment whose ``PATH`` is ``path``."""
     own = Path(sys.executable).parent / "batchline"
@@ -185,7 +192,7 @@ def test_a_stopped_run_says_what_is_committed_and_how_to_go_on(
             "PYTHONPATH": f"{here}{os.pathsep}{SRC}",
         },
         cwd=here,
-        preexec_fn=_ignore_sigint if sigint_ignored else None,
+        preexec_fn=_ignore_sigint if sigint_ignored else _default_sigint,
         capture_output=True,
         text=True,
         timeout=120,
@@ -221,6 +228,7 @@ def test_ctrl_c_before_the_first_chunk_keeps_what_is_done(here: Path) -> None:
         [sys.executable, "-m", "batchline", *argv],
         env={**env, "STOP_WITH": "SIGINT"},
         cwd=here,
+        preexec_fn=_default_sigint,
         capture_output=True,
         text=True,
         timeout=120,

@@ -8,8 +8,8 @@ From :class:`~batchline.models.config.Knobs` (the torch path, :func:`load_torch_
 reads only :class:`~batchline.models.generation.options.TorchEngineOptions`):
 
 - ``device``: ``cpu`` or ``cuda[:N]`` (a torch device); on CPU ``torch.set_num_threads(
-  generation_threads)``, by default every core in float32 and one in bfloat16
-  (:func:`engine_threads`);
+  generation_threads)``, by default every core in float32 and in a bfloat16 model from 250M
+  weights on, one thread in a smaller one (:func:`engine_threads`);
 - ``dtype``: ``auto`` (bf16 where the hardware has it natively, see
   :mod:`~batchline.models.generation.torch_dtype`), ``float32`` or ``bfloat16``; bf16 weights on
   CPU are packed for oneDNN once at load. The choice and its reason are logged and kept in
@@ -390,20 +390,14 @@ def engine_threads(
     core for a model whose step multiplies ``step_weights`` >= :data:`MULTI_THREAD_WEIGHTS`
     (``None``: not known yet, while loading), one below.
 
-    Measured with 16 streaming chat clients on ``batchline serve`` (SmolLM2, 2-core AVX-512
-    host, quiet, ``benchmarks/bench_vs_vllm.py --servers batchline-torch,
-    batchline-torch:generation_threads=1``, 2026-11-28): in float32 two threads made 331
-    tokens/s where one made 279 (x1.19; the engine alone x1.22): a float32 step is long and
-    its linears ~1.6x faster on two cores. In bfloat16 two made 438 and one 439: the step's
-    linears gain as much, but its other ops do not and the front end takes the second core's
-    time back, so one thread leaves that core to other work for nothing lost. At 1.7B
-    parameters that no longer holds (``benchmarks/bench_sizes.py --shapes 1.7b``, 2-core AMX
-    Xeon, 2026-12-02): two threads made 60.5 tokens/s in bf16 where one made 40.0 at 16 clients
-    (x1.51) and 6.4 against 3.7 at one client; int4 73.7 against 49.6, and 12.5 against 8.6. A
-    360M shape's batch-1 step took 40 ms on two threads against 67 on one (bf16; int4 26
-    against 41: ``benchmarks/bench_quant_step.py``), so the line is drawn between 135M and
-    360M. With two other busy processes on the machine, two float32 threads made 0.81x of one:
-    set ``generation_threads = 1`` where other work shares the cores."""
+    Measured through ``serve``, 16 streaming chat clients, 2-core hosts, quiet. SmolLM2-135M
+    (``bench_vs_vllm.py``, AVX-512, 2026-11-28): float32 331 tokens/s on two threads, 279 on
+    one; bfloat16 438 and 439, since its step's other ops and the front end take the second
+    core's time back. A 1.7B shape (``bench_sizes.py``, AMX, 2026-12-02): bfloat16 60.5 against
+    40.0 (6.4 against 3.7 at one client), int4 73.7 against 49.6. A 360M shape's batch-1 step:
+    40 ms on two threads against 67 (``bench_quant_step.py``). With two other busy processes,
+    two float32 threads made 0.81x of one: set ``generation_threads = 1`` where work shares
+    the cores."""
     if knobs.generation_threads is not None:
         return knobs.generation_threads
     import torch
