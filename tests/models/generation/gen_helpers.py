@@ -203,17 +203,19 @@ def load_fake_with(options: dict[str, object]) -> FakeLoaded:
 
 
 def greedy_reference(model: Any, prompt: Sequence[int], max_new: int) -> list[int]:
-    """transformers' own greedy tokens after ``prompt`` from ``model`` (a causal LM), ``max_new``
-    of them, no EOS stop: what the engine's greedy answers are held to."""
+    """transformers' own greedy tokens after ``prompt`` from ``model`` (a causal LM, on its own
+    device), ``max_new`` of them, batch 1, no EOS stop: what the engine's greedy answers are
+    held to."""
     import torch
 
-    ids = torch.tensor([list(prompt)])
+    ids = torch.tensor([list(prompt)], device=next(model.parameters()).device)
     out = model.generate(
         ids,
         attention_mask=torch.ones_like(ids),
         max_new_tokens=max_new,
         do_sample=False,
         pad_token_id=0,
+        # no EOS at all (not min_new_tokens, which would mask the EOS logit instead)
         eos_token_id=None,
     )
     return [int(t) for t in out[0, len(prompt) :]]

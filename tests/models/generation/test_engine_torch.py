@@ -27,6 +27,7 @@ from batchline.models.generation.engine import (  # noqa: E402
 from batchline.models.generation.torch_engine import TorchStepEngine  # noqa: E402
 
 from .conftest import TINY_EOS, TINY_VOCAB, build_tiny_llama  # noqa: E402
+from .gen_helpers import greedy_reference  # noqa: E402
 
 MAX_NEW = 12
 
@@ -37,27 +38,11 @@ def _prompt(seed: int, length: int) -> tuple[int, ...]:
     return tuple(rng.randrange(3, TINY_VOCAB) for _ in range(length))
 
 
-def _reference(model: Any, prompt: tuple[int, ...], n: int) -> list[int]:
-    """transformers' own greedy decoding of the prompt alone (batch 1), ignoring EOS."""
-    device = next(model.parameters()).device
-    ids = torch.tensor([prompt], device=device)
-    out = model.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        max_new_tokens=n,
-        do_sample=False,
-        pad_token_id=0,
-        # No EOS at all (not min_new_tokens, which would mask the EOS logit instead).
-        eos_token_id=None,
-    )
-    return [int(t) for t in out[0, len(prompt) :]]
-
-
 @pytest.fixture(scope="module")
 def reference(tiny_llama: Any) -> Any:
     @functools.cache
     def ref(prompt: tuple[int, ...]) -> list[int]:
-        return _reference(tiny_llama, prompt, MAX_NEW)
+        return greedy_reference(tiny_llama, prompt, MAX_NEW)
 
     return ref
 
@@ -492,7 +477,7 @@ def test_cuda_batched_greedy_equals_unbatched_generate(torch_threads: None) -> N
     prompts = [_prompt(i, n) for i, n in enumerate([3, 14, 1, 25, 7, 10])]
     got, model = _run_on("cuda", prompts)
     for i, p in enumerate(prompts):
-        assert got[str(i)] == _reference(model, p, MAX_NEW), f"prompt {i}"
+        assert got[str(i)] == greedy_reference(model, p, MAX_NEW), f"prompt {i}"
 
 
 # -- prefix caching ---------------------------------------------------------------------------
@@ -746,7 +731,7 @@ def test_a_model_it_does_not_recognise_takes_transformers_forward(
     first.add_request(_request("a", _prompt(1, 5), 3))
     got: dict[str, list[int]] = {}
     _drain(first, got)
-    assert got["a"] == _reference(model, _prompt(1, 5), 3)
+    assert got["a"] == greedy_reference(model, _prompt(1, 5), 3)
     with pytest.raises(ValueError, match="no lean forward for this model: MyLlama"):
         TorchStepEngine(model, lean=True)
 

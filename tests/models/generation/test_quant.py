@@ -41,6 +41,7 @@ from batchline.models.generation.torch_dtype import (  # noqa: E402
 from batchline.models.specs import parse_spec  # noqa: E402
 
 from .conftest import TINY_VOCAB, build_tiny_llama  # noqa: E402
+from .gen_helpers import greedy_reference  # noqa: E402
 from .gguf_helpers import dequantized_reference, write_tiny_gguf  # noqa: E402
 from .test_families import build  # noqa: E402
 from .test_load import save_tiny_generator  # noqa: E402
@@ -254,19 +255,6 @@ def _greedy_through_engine(model: Any, prompts: list[tuple[int, ...]], n: int) -
     return [got[str(i)] for i in range(len(prompts))]
 
 
-def _reference_greedy(model: Any, prompt: tuple[int, ...], n: int) -> list[int]:
-    ids = torch.tensor([prompt])
-    out = model.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        max_new_tokens=n,
-        do_sample=False,
-        pad_token_id=0,
-        eos_token_id=None,
-    )
-    return [int(t) for t in out[0, len(prompt) :]]
-
-
 def _tiny(arch: str) -> Any:
     if arch == "llama":
         return build_tiny_llama()
@@ -315,7 +303,7 @@ def test_a_gguf_loads_kept_quantized_and_generates_as_transformers_on_its_weight
     rng = random.Random(0)
     prompts = [tuple(rng.randrange(3, TINY_VOCAB) for _ in range(n)) for n in (3, 9, 17)]
     tokens = _greedy_through_engine(loaded, prompts, 8)
-    assert tokens == [_reference_greedy(reference, p, 8) for p in prompts]
+    assert tokens == [greedy_reference(reference, p, 8) for p in prompts]
 
 
 def _vocab() -> list[str]:
@@ -457,7 +445,7 @@ def test_smollm2_kept_as_q4_1_generates_as_transformers_on_its_dequantized_weigh
     ]  # fmt: skip
     with torch.inference_mode():
         tokens = _greedy_through_engine(loaded, prompts, 8)
-        expected = [_reference_greedy(reference, p, 8) for p in prompts]
+        expected = [greedy_reference(reference, p, 8) for p in prompts]
     assert tokens == expected
 
 
