@@ -14,7 +14,8 @@ from batchline.models.generation.engine import GenerationRequest, SamplingParams
 from batchline.models.generation.plan import Decode, Prefill, StepPlan
 from batchline.models.generation.torch_engine import TorchStepEngine
 
-from .test_engine_torch import MAX_NEW, _prompt, _reference
+from .gen_helpers import greedy_reference
+from .test_engine_torch import MAX_NEW, _prompt
 
 
 def _decode_all(
@@ -49,7 +50,7 @@ def test_a_hand_written_plan_gives_the_greedy_tokens(tiny_llama: Any) -> None:
     assert list(got) == ["a", "b"]
     _decode_all(engine, got, {rid: len(p) for rid, p in prompts.items()})
     for rid, prompt in prompts.items():
-        assert got[rid] == _reference(tiny_llama, prompt, MAX_NEW)
+        assert got[rid] == greedy_reference(tiny_llama, prompt, MAX_NEW)
 
 
 def test_a_hand_written_chunked_prefill_gives_the_greedy_tokens(tiny_llama: Any) -> None:
@@ -61,4 +62,4 @@ def test_a_hand_written_chunked_prefill_gives_the_greedy_tokens(tiny_llama: Any)
     last = StepPlan((), (Prefill("long", 5, 12, 12, 0, staged=True),))
     got = {out.request_id: list(out.token_ids) for out in engine.execute(last)}
     _decode_all(engine, got, {"long": len(prompt)})
-    assert got["long"] == _reference(tiny_llama, prompt, MAX_NEW)
+    assert got["long"] == greedy_reference(tiny_llama, prompt, MAX_NEW)
