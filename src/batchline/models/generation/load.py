@@ -259,14 +259,10 @@ def load_torch_generator(spec: ModelSpec, knobs: TorchEngineOptions) -> Generati
 
     started = time.perf_counter()
     device = _torch_device(knobs.device)
+    from batchline.models.generation.engine_layout import lay_out_weights
     from batchline.models.generation.generators import build_generator
-    from batchline.models.generation.lean_llama import fuse_projections
-    from batchline.models.generation.quant_linear import (
-        describe_step_weights,
-        quantize_linears,
-        step_weight_count,
-    )
-    from batchline.models.generation.torch_dtype import choose_dtype, pack_linear_weights
+    from batchline.models.generation.quant_linear import describe_step_weights, step_weight_count
+    from batchline.models.generation.torch_dtype import choose_dtype
     from batchline.models.generation.torch_engine import TorchStepEngine
 
     choice = choose_dtype(knobs.dtype, knobs.device)
@@ -274,12 +270,10 @@ def load_torch_generator(spec: ModelSpec, knobs: TorchEngineOptions) -> Generati
         torch.set_num_threads(engine_threads(knobs, choice.torch_dtype))
     model, tokenizer, weights, loaded = _load_weights(spec, knobs, choice.dtype, device)
     _eos_from_tokenizer(model, tokenizer)
-    fused = fuse_projections(model)  # before packing: the packed weights are the fused ones
     if device.type == "cpu":  # now that the model's size is known
         torch.set_num_threads(engine_threads(knobs, choice.torch_dtype, step_weight_count(model)))
-    if weights.weights in ("int8", "int4"):
-        loaded = str(quantize_linears(model, weights.weights, choice.torch_dtype))
-    packed = pack_linear_weights(model)  # the dense ones left (the lm_head where quantized)
+    layout = lay_out_weights(model, weights.weights, choice.torch_dtype)
+    loaded = str(layout.quantized) if layout.quantized is not None else loaded
     try:
         engine = TorchStepEngine(model, max_step_tokens=knobs.max_step_tokens, tokenizer=tokenizer)
     except ValueError as exc:  # what the model asks of the engine that it cannot do
@@ -292,8 +286,8 @@ def load_torch_generator(spec: ModelSpec, knobs: TorchEngineOptions) -> Generati
         choice,
         weights,
         f"; {loaded}" if loaded else "",
-        f", {fused} projection groups fused" if fused else "",
-        f", {packed} linear layers packed for oneDNN" if packed else "",
+        f", {layout.fused} projection groups fused" if layout.fused else "",
+        f", {layout.packed} linear layers packed for oneDNN" if layout.packed else "",
         describe_step_weights(model, choice.torch_dtype),
         engine.forward,
         engine.decode_attention,

@@ -39,7 +39,7 @@ kernel's are in ``quant_kernel.py`` and docs/generation.md.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,10 +123,13 @@ def int4_group_size(in_features: int) -> int:
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-channel symmetric int8: codes ``(N, K)`` int8 in [-127, 127] and scales ``(N,)``
     float32, the weight ``codes * scale`` (an all-zero row gets scale 1)."""
-    w = weight.detach().float()
-    scales = w.abs().amax(dim=1) / 127.0
+    # a float32 copy of its own, computed on in place: one layer's temporaries at a time, not
+    # four (a 3B model's gate/up is 200 MB in float32)
+    w = weight.detach().to(torch.float32, copy=True)
+    low, high = torch.aminmax(w, dim=1)
+    scales = torch.maximum(-low, high) / 127.0
     scales = torch.where(scales > 0, scales, torch.ones_like(scales))
-    codes = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)
+    codes = w.div_(scales[:, None]).round_().clamp_(-127, 127).to(torch.int8)
     return codes, scales
 
 
@@ -136,11 +139,11 @@ def quantize_int4(weight: torch.Tensor, group_size: int) -> Int4Codes:
     n, k = weight.shape
     if k % group_size:
         raise ValueError(f"int4 group size {group_size} does not divide {k} input values")
-    w = weight.detach().float().reshape(n, k // group_size, group_size)
-    low, high = w.amin(dim=2), w.amax(dim=2)
+    w = weight.detach().to(torch.float32, copy=True).reshape(n, k // group_size, group_size)
+    low, high = torch.aminmax(w, dim=2)
     scales = (high - low) / 15.0
     scales = torch.where(scales > 0, scales, torch.ones_like(scales))
-    codes = torch.round((w - low[..., None]) / scales[..., None]).clamp(0, 15)
+    codes = w.sub_(low[..., None]).div_(scales[..., None]).round_().clamp_(0, 15)  # in place
     # (code - 8) * scale + zero = code * scale + low
     zeros = low + 8 * scales
     return Int4Codes(codes.reshape(n, k).to(torch.uint8), scales, zeros, group_size)
@@ -386,6 +389,16 @@ class QuantReport:
     bytes_after: int
     kernel: str = "torch's kernel"
 
+    def __add__(self, other: QuantReport) -> QuantReport:
+        """Both reports' linears and bytes (one kind, one kernel: layers quantized in turn)."""
+        return QuantReport(
+            self.kind,
+            self.linears + other.linears,
+            self.bytes_before + other.bytes_before,
+            self.bytes_after + other.bytes_after,
+            self.kernel if self.linears else other.kernel,
+        )
+
     def __str__(self) -> str:
         return (
             f"{self.linears} linears as {self.kind} through {self.kernel} "
@@ -394,8 +407,14 @@ class QuantReport:
         )
 
 
-def quantize_linears(model: torch.nn.Module, kind: str, dtype: torch.dtype) -> QuantReport:
-    """Replace the ``nn.Linear`` layers of ``model.model.layers`` (after
+def quantize_linears(
+    model: torch.nn.Module,
+    kind: str,
+    dtype: torch.dtype,
+    layers: Sequence[torch.nn.Module] | None = None,
+) -> QuantReport:
+    """Replace the ``nn.Linear`` layers of ``model.model.layers`` (``layers`` of them where
+    given: a loader quantizing one layer at a time) (after
     :func:`~batchline.models.generation.lean_llama.fuse_projections`: the fused ones) by
     :class:`QuantLinear` of ``kind`` (``int8`` or ``int4``), scales in ``dtype``. The embedding
     and the lm_head stay as they are: the lm_head computes the one wide product of a step on
@@ -404,9 +423,10 @@ def quantize_linears(model: torch.nn.Module, kind: str, dtype: torch.dtype) -> Q
     one that has not stays dense (the report counts those quantized)."""
     if kind not in ("int8", "int4"):
         raise ValueError(f"weights must be int8 or int4, got {kind!r}")
-    layers: Any = model.model.layers  # type: ignore[union-attr]
+    if layers is None:
+        layers = [model.model.layers]  # type: ignore[union-attr, list-item]
     swaps: list[tuple[torch.nn.Module, str, torch.nn.Linear]] = []
-    for parent in layers.modules():
+    for parent in (m for layer in layers for m in layer.modules()):
         for name, child in parent.named_children():
             if type(child) is not torch.nn.Linear or child.weight.device.type != "cpu":
                 continue
@@ -426,7 +446,7 @@ def quantize_linears(model: torch.nn.Module, kind: str, dtype: torch.dtype) -> Q
             layer = QuantLinear.int4([codes], bias=bias, dtype=dtype)
         after += layer.weight_bytes
         setattr(parent, name, layer)
-    own = any(isinstance(m, QuantLinear) and m.own_kernel for m in layers.modules())
+    own = any(isinstance(m, QuantLinear) and m.own_kernel for x in layers for m in x.modules())
     return QuantReport(
         kind, len(swaps), before, after, _kernel_path(kind) if own else "torch's kernel"
     )

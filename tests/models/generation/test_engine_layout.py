@@ -1,0 +1,89 @@
+"""The engine's layout made a layer at a time (fuse, quantize, pack) computes what the whole-model
+passes computed, and gives back the file pages of exactly the weights it replaced."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from batchline.models.common import torch_weights  # noqa: E402
+from batchline.models.generation.engine_layout import lay_out_weights  # noqa: E402
+from batchline.models.generation.lean_llama import fuse_projections  # noqa: E402
+from batchline.models.generation.quant_linear import quantize_linears  # noqa: E402
+
+from .conftest import TINY_VOCAB, build_tiny_llama  # noqa: E402
+
+# a layer's linears, as transformers names them before fusing, by the block holding them
+_LINEARS = {
+    "self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
+    "mlp": ("gate_proj", "up_proj", "down_proj"),
+}
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory, torch_threads: None) -> Path:
+    """The tiny Llama saved in bf16 (safetensors: transformers maps it and hands out views)."""
+    path = tmp_path_factory.mktemp("tiny-llama-bf16")
+    build_tiny_llama().to(torch.bfloat16).save_pretrained(path)
+    return path
+
+
+def _load(folder: Path) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    model, _ = torch_weights.from_pretrained_quietly(
+        AutoModelForCausalLM, folder, dtype=torch.bfloat16
+    )
+    return model.eval()
+
+
+@pytest.mark.parametrize("weights", ["int4", "int8", "float"])
+def test_a_layer_at_a_time_computes_what_the_whole_model_passes_did(
+    folder: Path, weights: str
+) -> None:
+    whole = _load(folder)
+    fused = fuse_projections(whole)
+    report = quantize_linears(whole, weights, torch.bfloat16) if weights != "float" else None
+    packed = torch_weights.pack_linear_weights(whole)
+    layered = _load(folder)
+    layout = lay_out_weights(layered, weights, torch.bfloat16)
+    assert (layout.fused, layout.quantized, layout.packed) == (fused, report, packed)
+    x = torch.randint(3, TINY_VOCAB, (2, 7))
+    with torch.inference_mode():
+        assert torch.equal(layered(x).logits, whole(x).logits)
+
+
+@pytest.mark.parametrize("weights", ["int4", "float"])
+def test_the_replaced_weights_pages_go_back_and_nothing_else(
+    folder: Path, weights: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = _load(folder)
+    layers = list(model.model.layers)
+    originals = {
+        getattr(getattr(layer, block), name).weight.data_ptr()
+        for layer in layers
+        for block, names in _LINEARS.items()
+        for name in names
+    }
+    norms = {p.data_ptr() for layer in layers for n, p in layer.named_parameters() if "norm" in n}
+    embedding, lm_head = model.model.embed_tokens.weight, model.lm_head.weight  # not tied here
+    given: list[int] = []
+    real = torch_weights.release_file_pages
+
+    def spy(tensors: Any) -> int:
+        tensors = list(tensors)
+        given.extend(t.data_ptr() for t in tensors)
+        return real(tensors)
+
+    monkeypatch.setattr(torch_weights, "release_file_pages", spy)
+    lay_out_weights(model, weights, torch.bfloat16)
+    assert len(originals) == 14
+    assert originals <= set(given)  # each layer's seven, fused, quantized or packed away
+    assert not norms & set(given)
+    assert lm_head.data_ptr() in given  # packed
+    assert embedding.data_ptr() not in given
