@@ -20,7 +20,8 @@ prompt + answer so far, sent as token ids (no BOS, no template: checked at every
 native ``/completion``, greedy, one token, its prompt cache on (so each request evaluates one new
 token). Its row gives its top-1 = bf16 answer (no log-prob: it gives only its top tokens'), and
 a line how often q4_1's top-1 is llama.cpp's, counted in the exit code. Where it exits at load
-(its AMX weight repacking crashed on one host), it runs with ``--no-repack`` and says so.
+(its AMX weight repacking crashed on one host), it runs with ``--no-repack`` and says so. Absent
+(or ``--llama-server none``), a line says the check is not run.
 
     python benchmarks/bench_quant_quality.py                 # 100 prompts, 64 tokens
     python benchmarks/bench_quant_quality.py --prompts 3 --answer-tokens 8   # smoke run
@@ -39,7 +40,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from _servers import LLAMA_FALLBACK, find_llama_server, free_port, start, stop
+from _servers import LLAMA_DIR, LLAMA_FALLBACK, find_llama_server, free_port, start, stop
 
 # format -> (Knobs.weights, the least top-1 agreement)
 FORMATS = {"bf16": ("float", 0.0), "int8": ("int8", 0.97), "int4": ("int4", 0.85),
@@ -170,35 +171,43 @@ def llama_top1(
     longest = max(len(p) + len(a) for p, a in zip(prompts, bf16_answers, strict=True))
     log = Path(tempfile.gettempdir()) / f"bench-quant-quality-llama-{port}.log"
     command = llama_command(binary, gguf_path(), port, longest + 16)
-    proc, note = start(command, port, log, timeout_s, fallback=LLAMA_FALLBACK)
+    try:
+        proc, note = start(command, port, log, timeout_s, fallback=LLAMA_FALLBACK)
+    except SystemExit as exc:
+        said = str(exc).strip().splitlines()[0]
+        raise SystemExit(f"llama-server did not start ({said}); its log: {log}") from None
     tops: list[list[int]] = []
     computed = 0
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
     try:
-        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
         for p, a in zip(prompts, bf16_answers, strict=True):
             tops.append([])
             for i in range(len(a)):
                 ids = p + a[:i]
-                connection.request(
-                    "POST",
-                    "/completion",
-                    json.dumps(completion_body(ids)),
-                    {"Content-Type": "application/json"},
-                )
-                reply = connection.getresponse()
-                text = reply.read()
-                if reply.status != 200:
-                    raise SystemExit(f"llama-server answered {reply.status}: {text[:300]!r}")
-                token, evaluated = predicted(json.loads(text), len(ids))
+                token, evaluated = predicted(_ask(connection, ids), len(ids))
                 tops[-1].append(token)
                 computed += evaluated
-        connection.close()
     finally:
+        connection.close()
         stop(proc)
     log.unlink(missing_ok=True)
     positions = sum(len(a) for a in bf16_answers)
     cached = f"it computed {computed} prompt tokens for {positions} positions (its prompt cache)"
     return tops, f"{note}; {cached}" if note else cached
+
+
+def _ask(connection: http.client.HTTPConnection, ids: list[int]) -> dict[str, Any]:
+    try:
+        body = json.dumps(completion_body(ids))
+        connection.request("POST", "/completion", body, {"Content-Type": "application/json"})
+        reply = connection.getresponse()
+        text = reply.read()
+    except OSError as exc:
+        raise SystemExit(f"llama-server stopped answering: {exc!r}") from None
+    if reply.status != 200:
+        raise SystemExit(f"llama-server answered {reply.status}: {text[:300]!r}")
+    answer: dict[str, Any] = json.loads(text)
+    return answer
 
 
 def main() -> None:
@@ -247,7 +256,13 @@ def main() -> None:
         loaded.close()
         results[name] = (matches(tops[name], bf16_answers) / positions, logprob / positions)
         print(f"{name}: scored", flush=True)
-    llama_note = "llama-server is absent: the llama.cpp check is not run" if llama is None else ""
+    if args.llama_server == "none":
+        llama_note = "left out (--llama-server none): the agreement check is not run"
+    else:
+        llama_note = (
+            f"llama-server is absent (not built under {LLAMA_DIR}, none on PATH): "
+            "the agreement check is not run"
+        )
     if llama is not None:
         try:
             tops[LLAMA_ROW], llama_note = llama_top1(
@@ -257,7 +272,7 @@ def main() -> None:
         except SystemExit as exc:
             llama_note = f"FAILED: {str(exc).strip().splitlines()[-1][:200]}"
     failed = _print(results, tops, bf16_answers, positions, args)
-    print(f"llama.cpp ({llama or 'absent'}): {llama_note}")
+    print(f"llama.cpp ({llama}): {llama_note}" if llama else f"llama.cpp: {llama_note}")
     if llama is not None and LLAMA_ROW in tops and "q4_1" in tops:
         agree = matches(tops["q4_1"], tops[LLAMA_ROW]) / positions
         ok = agree >= LLAMA_AGREEMENT
