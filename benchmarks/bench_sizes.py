@@ -37,16 +37,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from _servers import LLAMA_DIR, LLAMA_FALLBACK, free_port, start, stop
 from bench_quant_step import SHAPES, build_folder
-from bench_vs_vllm import MODEL_NAME, RunResult, _drive, _free_port, vllm_server_command
-from bench_vs_vllm import _wait_ready as wait_ready
+from bench_vs_vllm import MODEL_NAME, RunResult, _drive, vllm_server_command
 
 SERVERS = ("own-bf16", "own-int8", "own-int4", "vllm", "llama-q8", "llama-q4km")
 LLAMA_FILES = {"llama-q8": "Q8_0", "llama-q4km": "Q4_K_M"}
@@ -64,7 +63,7 @@ def main() -> None:
     parser.add_argument(
         "--llama-dir",
         type=Path,
-        default=Path(os.environ.get("BATCHLINE_LLAMA_DIR", "/work/llama/llama.cpp")),
+        default=LLAMA_DIR,
         help="llama.cpp's source folder, built (build/bin/llama-server)",
     )
     parser.add_argument("--vllm-python", type=Path, default=ROOT / ".venv-vllm/bin/python")
@@ -211,51 +210,35 @@ def _measure(
     args: argparse.Namespace,
     notes: dict[str, str],
 ) -> RunResult | None:
-    port = _free_port()
+    port = free_port()
     command = _command(server, folder, ggufs, port, args)
     if command is None:
         notes[server] = "left out: its tools are missing"
         print(f"  {server}: {notes[server]}", flush=True)
         return None
     log = Path(tempfile.gettempdir()) / f"bench-sizes-{port}.log"
-    for attempt in range(2):
-        with log.open("wb") as out:
-            proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            wait_ready(proc, port, log, args.start_timeout_s)
-        except SystemExit as exc:
-            _stop(proc)
-            if attempt == 0 and server.split(":")[0] in LLAMA_FILES:
-                said = str(exc).strip().splitlines()[-1][:100]
-                notes[server] = f"--no-repack (with its defaults it exited at load: {said})"
-                command = [*command, "--no-repack"]
-                continue
-            notes[server] = f"did not start: {str(exc).splitlines()[-1][:120]}"
-            print(f"  {server}: {notes[server]}", flush=True)
-            return None
-        try:
-            prompts = _prompts(clients * args.requests, args.new)
-            asyncio.run(_drive(port, [(p, 4) for p, _ in prompts[:2]], 2))  # warm-up
-            return asyncio.run(_drive(port, prompts, clients))
-        finally:
-            _stop(proc)
-            log.unlink(missing_ok=True)
-    return None
+    fallback = LLAMA_FALLBACK if server.split(":")[0] in LLAMA_FILES else ()
+    try:
+        proc, note = start(command, port, log, args.start_timeout_s, fallback=fallback)
+    except SystemExit as exc:
+        notes[server] = f"did not start: {str(exc).splitlines()[-1][:120]}"
+        print(f"  {server}: {notes[server]}", flush=True)
+        return None
+    if note:
+        notes[server] = note
+    try:
+        prompts = _prompts(clients * args.requests, args.new)
+        asyncio.run(_drive(port, [(p, 4) for p, _ in prompts[:2]], 2))  # warm-up
+        return asyncio.run(_drive(port, prompts, clients))
+    finally:
+        stop(proc)
+        log.unlink(missing_ok=True)
 
 
 def _prompts(n: int, new: int) -> list[tuple[str, int]]:
     from batchline.models.generation.demo import demo_prompts
 
     return [(p["prompt"], new) for p in demo_prompts(n, seed=0)]
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=120)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=30)
 
 
 def _print(shape: str, clients: int, results: dict[str, RunResult], notes: dict[str, str]) -> None:

@@ -55,17 +55,16 @@ import asyncio
 import json
 import os
 import random
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from _servers import free_port, stop, wait_ready
 
 SERVERS = ("vllm", "batchline-vllm", "batchline-torch", "batchline-torch-proc", "torch-engine")
 MODEL_NAME = "gen"
@@ -381,7 +380,7 @@ def _measure_server(
     environment = dict(os.environ)
     if name == "vllm":
         environment.update(setting.split("=", 1) for setting in settings)
-    port = _free_port()
+    port = free_port()
     log = Path(tempfile.gettempdir()) / f"bench-vs-vllm-{server}-{port}.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -391,42 +390,13 @@ def _measure_server(
             env=environment,
         )
     try:
-        _wait_ready(proc, port, log, args.start_timeout_s)
+        wait_ready(proc, port, log, args.start_timeout_s)
         # warm-up: a few short requests, not measured
         asyncio.run(_drive(port, [(p, 8) for p, _ in workload[:4]], 4))
         return asyncio.run(_drive(port, workload, args.concurrency))
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
+        stop(proc)
         log.unlink(missing_ok=True)
-
-
-def _wait_ready(proc: subprocess.Popen[bytes], port: int, log: Path, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited early:\n{log.read_text(errors='replace')[-4000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise SystemExit(
-        f"server not ready in {timeout_s} s:\n{log.read_text(errors='replace')[-4000:]}"
-    )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _print_online(dtype: str, results: dict[str, list[RunResult]]) -> None:
