@@ -245,6 +245,7 @@ def test_resume_with_other_settings_is_refused(tmp_path: Path) -> None:
     out = tmp_path / "out"
     w = writer(out)
     feed(w, range(4))
+    del w  # a run that crashed: its process, and with it the folder's lock, is gone
 
     with pytest.raises(InputError, match=r"chunk_size was 4, now 8; model was 'm', now 'other'"):
         writer(out, resume=True, chunk_size=8, meta={**META, "model": "other"})
@@ -549,3 +550,22 @@ def test_the_id_column_is_written_under_its_own_name(tmp_path: Path, fmt: str) -
         writer(out, id_name="id", fmt=fmt, resume=True)
     with pytest.raises(InputError, match="clash"):
         writer(tmp_path / "x", id_name="index")
+
+
+def test_one_writer_at_a_time_per_folder(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    first = writer(out)
+    feed(first, range(6))  # chunk 0 committed, chunk 1 pending
+    before = listing(out)
+    for again in ({"resume": True}, {"overwrite": True}, {}):
+        with pytest.raises(InputError, match="is being written by another batchline job"):
+            writer(out, **again)
+    assert listing(out) == before  # the refused ones removed nothing
+    first.close()
+    second = writer(out, resume=True)
+    assert second.committed_chunks == {0}
+    feed(second, range(4, 8))
+    second.finish(8)  # a finished writer lets go: a third one may open the folder
+    assert writer(out, resume=True).is_complete
+    assert "_manifest.json" in listing(out)
+    assert not [name for name in listing(out) if "lock" in name]  # the lock adds no file

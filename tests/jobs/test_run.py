@@ -221,7 +221,9 @@ def test_bad_input_is_one_line_and_exit_code_2(
     assert message in lines[0]
 
 
-def test_kill_9_then_resume_gives_every_record_exactly_once(tmp_path: Path) -> None:
+def test_kill_9_then_resume_gives_every_record_exactly_once_and_one_job_at_a_time(
+    tmp_path: Path,
+) -> None:
     texts = [f"record number {i}: " + "word " * (i % 40) for i in range(1500)]
     src = write_input(tmp_path / "in.jsonl", "jsonl", texts)
     out = tmp_path / "out"
@@ -254,6 +256,13 @@ def test_kill_9_then_resume_gives_every_record_exactly_once(tmp_path: Path) -> N
                 break
             time.sleep(0.05)
         assert proc.poll() is None, "the job ended before it could be killed"
+        # a second job on the folder while the first holds it is refused, and removes nothing
+        files = sorted(p.name for p in out.iterdir())
+        second = cli(str(src), "-o", str(out), "--resume", "--chunk-size", "50", cwd=tmp_path)
+        assert second.returncode == 2, second.stderr
+        assert "is being written by another batchline job" in second.stderr
+        assert "Traceback" not in second.stderr
+        assert sorted(p.name for p in out.iterdir()) == files
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         proc.wait(timeout=60)
@@ -262,6 +271,7 @@ def test_kill_9_then_resume_gives_every_record_exactly_once(tmp_path: Path) -> N
     committed = len(json.loads(manifest.read_text())["chunks"])
     assert 2 <= committed < 30
     assert committed == 3
+    # the kernel dropped the killed job's lock: the resume below is not refused
 
     result = cli(str(src), "-o", str(out), "--resume", "--chunk-size", "50", cwd=tmp_path)
     assert result.returncode == 0, result.stderr

@@ -1,7 +1,7 @@
 """A job's output folder, apart from the chunks written into it: the name it gets when the job
-names none, which of its files are the chunk writer's own, opening it (new, overwritten or
-resumed, dropping what a crashed run wrote after its last manifest), and how a failure of its
-disk is said to the user.
+names none, which of its files are the chunk writer's own, its one writer (a lock held while a
+job writes into it), opening it (new, overwritten or resumed, dropping what a crashed run wrote
+after its last manifest), and how a failure of its disk is said to the user.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import os
 import re
 from pathlib import Path
 
+from batchline._dir_lock import DirBusyError, DirLock, lock_dir
 from batchline._errors import DiskError, InputError
 from batchline._fsio import disk_errno, disk_phrase
 from batchline.datasets.flushed import FLUSHED
@@ -24,7 +25,7 @@ from batchline.datasets.manifest import (
     write_manifest,
 )
 
-__all__ = ["default_output", "disk_error", "open_output", "own_file"]
+__all__ = ["default_output", "disk_error", "lock_output", "open_output", "own_file"]
 
 _PART = re.compile(r"part-\d{6,}\.(?:parquet|jsonl)(?:\.tmp)?")
 _OWN_NAMES = {MANIFEST_NAME, SKIPPED_NAME, MANIFEST_NAME + TMP, SKIPPED_NAME + TMP}
@@ -49,11 +50,28 @@ def own_file(name: str) -> bool:
     return name in _OWN_NAMES or bool(_PART.fullmatch(name) or FLUSHED.fullmatch(name))
 
 
+def lock_output(out: Path) -> DirLock:
+    """Hold ``out`` (made if missing) for this job's writer until it is released (a lock on the
+    folder itself: nothing is added to it): a second job on the same folder (a ``--resume``
+    while the first still runs would drop the files the first is about to commit) is refused in
+    one line. ``OSError`` where the folder cannot be made."""
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{out} exists and is not a directory; choose another output path")
+    try:
+        return lock_dir(out)
+    except DirBusyError:
+        raise InputError(
+            f"{out} is being written by another batchline job; wait for it to end (then "
+            "--resume goes on from its last chunk), or choose another output folder"
+        ) from None
+
+
 def open_output(
     out: Path, settings: dict[str, object], *, overwrite: bool, resume: bool
 ) -> tuple[Manifest, bool]:
     """The manifest a writer into ``out`` starts from, and whether it began the output: a
-    resumed folder's (recovered), else a new one written in an empty (or overwritten) folder."""
+    resumed folder's (recovered), else a new one written in an empty (or overwritten) folder
+    (the writer holds the folder: :func:`lock_output`)."""
     if out.exists() and not out.is_dir():
         raise InputError(f"{out} exists and is not a directory; choose another output path")
     entries = sorted(p.name for p in out.iterdir()) if out.exists() else []

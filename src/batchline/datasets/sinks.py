@@ -43,6 +43,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from batchline._dir_lock import DirLock
 from batchline._errors import InputError
 from batchline._types import Array
 from batchline.datasets.columns import build_table, check_tensors, json_text
@@ -58,7 +59,13 @@ from batchline.datasets.manifest import (
     replacing,
     write_manifest,
 )
-from batchline.datasets.output_dir import default_output, disk_error, open_output, own_file
+from batchline.datasets.output_dir import (
+    default_output,
+    disk_error,
+    lock_output,
+    open_output,
+    own_file,
+)
 from batchline.datasets.readers import iter_output, read_arrays, read_output, read_skipped
 from batchline.datasets.sources import BadRecord, Record
 from batchline.models.protocol import ResultKind
@@ -202,11 +209,16 @@ class ChunkWriter:
         self._made_dir = not self.out_dir.exists()
         self._flush_on_stop = flush_on_stop
         self._kept: list[int] = []  # indices a resume loaded from a flushed file, sorted
+        self._dir_lock: DirLock | None = None
         try:
+            self._dir_lock = lock_output(self.out_dir)  # one writer at a time, until close()
             self._manifest, self._started_here = open_output(
                 self.out_dir, settings, overwrite=overwrite, resume=resume
             )
-        except OSError as exc:
+        except BaseException as exc:
+            self._release_dir()
+            if self._made_dir:  # made for this job, which wrote nothing: not left behind
+                shutil.rmtree(self.out_dir, ignore_errors=True)
             disk = disk_error(self.out_dir, exc, committed=False)
             if disk is None:
                 raise
@@ -367,6 +379,7 @@ class ChunkWriter:
                 write_manifest(self.out_dir, finished)
             except BaseException as exc:
                 self._failed = exc
+                self._release_dir()  # unusable now: a writer opened again resumes it
                 disk = disk_error(self.out_dir, exc)
                 if disk is None:
                     raise
@@ -374,6 +387,7 @@ class ChunkWriter:
             self._manifest = finished
             if flushed is not None:
                 (self.out_dir / flushed).unlink(missing_ok=True)
+            self._release_dir()  # complete: nothing more is written
             return self._manifest
 
     def flush(self) -> int:
@@ -396,6 +410,14 @@ class ChunkWriter:
         with self._lock:
             self._closed = True
             self._pending.clear()
+        self._release_dir()
+
+    def _release_dir(self) -> None:
+        """Let another job write into the output folder (a made-here folder that failed bare
+        is removed after this: see :meth:`_discard_if_bare`)."""
+        if self._dir_lock is not None:
+            self._dir_lock.release()
+            self._dir_lock = None
 
     def __enter__(self) -> Self:
         return self
@@ -521,6 +543,7 @@ class ChunkWriter:
                 self._commit(k, self._pending.pop(k))
             except BaseException as exc:
                 self._failed = exc
+                self._release_dir()  # unusable now: a writer opened again resumes it
                 disk = disk_error(self.out_dir, exc)
                 if disk is None:
                     raise

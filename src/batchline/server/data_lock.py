@@ -1,10 +1,9 @@
 """One owner per Batch API data directory: a lock file held by the serving process.
 
 Two servers on one ``--data-dir`` would each pick up the same unfinished batch and run it
-twice. ``serve`` takes an exclusive ``flock`` on ``DIR/serve.lock`` before its models load and
-holds it until the process ends; the kernel drops it when the holder dies, even by
-``kill -9``, so a restart after a crash finds the directory free. The file also holds the
-holder's pid, which the refusal names.
+twice. ``serve`` takes the directory's lock (``batchline._dir_lock``: an exclusive ``flock`` on
+``DIR/serve.lock``, dropped by the kernel when the holder dies, even by ``kill -9``) before its
+models load and holds it until the process ends; the refusal names the holder's pid.
 
 An explicit ``--data-dir`` that another server holds is an error. The default directory
 (``batch-api`` in the cache) is shared by every server of the machine, so a second one (a
@@ -13,11 +12,11 @@ replica for ``drive``) takes ``batch-api-PORT`` instead, and says so: its batche
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 from pathlib import Path
 
+from batchline._dir_lock import DirBusyError, DirLock, holder
+from batchline._dir_lock import lock_dir as _lock_dir
 from batchline._errors import InputError
 
 __all__ = ["LOCK_NAME", "DataDirBusyError", "DataDirLock", "hold_data_dir", "lock_dir"]
@@ -34,50 +33,24 @@ class DataDirBusyError(InputError):
     def __init__(self, root: Path, pid: int | None) -> None:
         self.root = root
         self.pid = pid
-        holder = f"pid {pid}" if pid is not None else "a process whose pid it did not write"
         super().__init__(
-            f"--data-dir {root} is in use by another batchline serve ({holder}); stop that "
+            f"--data-dir {root} is in use by another batchline serve ({holder(pid)}); stop that "
             "server, or give this one a --data-dir of its own"
         )
 
 
-class DataDirLock:
-    """A held lock on a data directory; :meth:`release` (or the process's end) frees it."""
-
-    def __init__(self, root: Path, fd: int) -> None:
-        self.root = root
-        self._fd: int | None = fd
-
-    def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # closing the descriptor drops the flock
-            self._fd = None
-
-    def __enter__(self) -> DataDirLock:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
+#: A held lock on a data directory; ``release()`` (or the process's end) frees it.
+DataDirLock = DirLock
 
 
 def lock_dir(root: Path) -> DataDirLock:
     """Lock ``root`` (made if missing) for this process, or raise :class:`DataDirBusyError`."""
-    import fcntl
-
     try:
-        root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(root / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        return _lock_dir(root, LOCK_NAME)
+    except DirBusyError as exc:
+        raise DataDirBusyError(root, exc.pid) from None
     except OSError as exc:
         raise InputError(f"--data-dir {root}: cannot use it: {exc.strerror}") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        pid = _read_pid(fd)
-        os.close(fd)
-        raise DataDirBusyError(root, pid) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return DataDirLock(root, fd)
 
 
 def hold_data_dir(root: Path, *, explicit: bool, port: int) -> DataDirLock:
@@ -102,9 +75,3 @@ def hold_data_dir(root: Path, *, explicit: bool, port: int) -> DataDirLock:
             own,
         )
         return held
-
-
-def _read_pid(fd: int) -> int | None:
-    with contextlib.suppress(OSError, ValueError):
-        return int(os.pread(fd, 32, 0).decode("ascii").strip())
-    return None
