@@ -3,7 +3,6 @@ it exits at load (a stand-in server in Python, not llama-server)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import stat
 import sys
@@ -12,7 +11,7 @@ from types import ModuleType
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from ..benchmark_scripts import load_benchmark
 
 # Exits with 3 unless given --no-repack; then answers GET with 200 for at most 30 s.
 STAND_IN = """
@@ -38,13 +37,8 @@ while time.monotonic() < deadline:
 
 
 @pytest.fixture
-def servers() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("benchmark_servers", BENCHMARKS / "_servers.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def servers(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    return load_benchmark("_servers.py", monkeypatch)
 
 
 def _executable(path: Path) -> Path:

@@ -212,16 +212,11 @@ def test_cli_on_a_folder_model_compares_the_three_on_one_load(
 
 
 def test_the_benchmark_script_is_a_wrapper_with_its_own_flags(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import importlib.util
+    from ..benchmark_scripts import load_benchmark
 
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_generate.py"
-    spec = importlib.util.spec_from_file_location("bench_generate_script", path)
-    assert spec is not None
-    assert spec.loader is not None
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_benchmark("bench_generate.py", monkeypatch)
     argv = ["--fake", "--clients", "3", "--requests", "4", "--sequential-requests", "2"]
     argv += ["--repeats", "1", "--min-new", "2", "--max-new", "4"]
     options = script.options_from(script.parse(argv))

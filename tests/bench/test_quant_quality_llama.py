@@ -3,7 +3,6 @@ reading of the answer, the count), not llama-server itself (the script runs that
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -12,19 +11,14 @@ from types import ModuleType
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from ..benchmark_scripts import BENCHMARKS, load_benchmark
+
 SCRIPT = BENCHMARKS / "bench_quant_quality.py"
 
 
 @pytest.fixture
 def script(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    monkeypatch.syspath_prepend(str(BENCHMARKS))  # it imports _servers beside it
-    spec = importlib.util.spec_from_file_location("bench_quant_quality_script", SCRIPT)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bench_quant_quality.py", monkeypatch)
 
 
 def test_matches_counts_equal_tokens_position_by_position(script: ModuleType) -> None:

@@ -17,20 +17,17 @@ from types import ModuleType
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_soak.py"
+from ..benchmark_scripts import BENCHMARKS, load_benchmark
+
+SCRIPT = BENCHMARKS / "bench_soak.py"
 
 
-def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_soak_script", SCRIPT)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+@pytest.fixture
+def script(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    return load_benchmark("bench_soak.py", monkeypatch)
 
 
-def test_5xx_are_explained_by_the_failing_model_or_the_drain_only() -> None:
+def test_5xx_are_explained_by_the_failing_model_or_the_drain_only(script: ModuleType) -> None:
     pytest.importorskip("httpx")
     lines = [
         '"POST /v1/embeddings HTTP/1.1" 200 OK',
@@ -42,7 +39,7 @@ def test_5xx_are_explained_by_the_failing_model_or_the_drain_only() -> None:
         '"POST /v1/chat/completions HTTP/1.1" 503 Service Unavailable',
     ]
     log = "\n".join(f"INFO:     127.0.0.1:{i} - {line}" for i, line in enumerate(lines))
-    got = _script().read_access_log(log)
+    got = script.read_access_log(log)
     assert got["requests"] == 5
     assert got["by_status"] == {"200": 1, "500": 1, "503": 3}
     assert got["5xx_explained"] == {"broken model load": 1, "draining": 1}
@@ -54,9 +51,10 @@ def test_5xx_are_explained_by_the_failing_model_or_the_drain_only() -> None:
     assert got["tracebacks"] == 1
 
 
-def test_a_504_to_embeddings_is_the_drives_only_when_the_clients_got_none() -> None:
+def test_a_504_to_embeddings_is_the_drives_only_when_the_clients_got_none(
+    script: ModuleType,
+) -> None:
     pytest.importorskip("httpx")
-    script = _script()
     timeout = 'INFO:     127.0.0.1:7 - "POST /v1/embeddings HTTP/1.1" 504 Gateway Timeout'
     chat = 'INFO:     127.0.0.1:8 - "POST /v1/chat/completions HTTP/1.1" 504 Gateway Timeout'
 
@@ -72,7 +70,7 @@ def test_a_504_to_embeddings_is_the_drives_only_when_the_clients_got_none() -> N
         assert kept == log()
 
 
-def test_at_rest_gauges_sum_over_models_and_say_which_are_missing() -> None:
+def test_at_rest_gauges_sum_over_models_and_say_which_are_missing(script: ModuleType) -> None:
     pytest.importorskip("httpx")
     metrics = "\n".join(
         [
@@ -84,7 +82,7 @@ def test_at_rest_gauges_sum_over_models_and_say_which_are_missing() -> None:
             "batchline_http_requests_in_flight 0.0",
         ]
     )
-    got = _script().at_rest_gauges(metrics)
+    got = script.at_rest_gauges(metrics)
     assert got["batchline_queue_depth"] == 2.0
     assert got['batchline_generation_kv_tokens{kind="reserved"'] == 0.0
     assert got["batchline_http_requests_in_flight"] == 0.0
