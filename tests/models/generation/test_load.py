@@ -162,6 +162,22 @@ def test_the_loaded_generator_runs(tiny_folder: Path) -> None:
     assert done.finish_reason == "length"
 
 
+def test_the_loading_thread_lets_its_openmp_workers_go(
+    tiny_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The generator steps on a thread of its own; the loading thread's idle OpenMP pool
+    would put the process over its cores (``models/common/openmp.py``)."""
+    import threading
+
+    from batchline.models.common import openmp
+
+    calls: list[int] = []
+    monkeypatch.setattr(openmp, "release_thread_pool", lambda: calls.append(threading.get_ident()))
+    model = load(tiny_folder)
+    model.close()
+    assert calls == [threading.get_ident()]
+
+
 def test_cuda_without_cuda_and_vllm_without_vllm_say_so(tiny_folder: Path) -> None:
     import importlib.util
 
