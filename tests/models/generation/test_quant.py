@@ -31,6 +31,7 @@ from batchline.models.generation.quant_linear import (  # noqa: E402
     int8_group_planes,
     quantize_int4,
     quantize_int8,
+    quantize_int8_groups,
     quantize_linears,
 )
 from batchline.models.generation.torch_dtype import (  # noqa: E402
@@ -135,6 +136,26 @@ def test_int8_codes_as_two_int4_planes_sum_exactly() -> None:
     assert torch.equal(layer.dequantized(torch.float64), exact)
     x = torch.randn(3, 128)
     assert _relative(layer(x), x.double() @ exact.T) < TOLERANCE[torch.float32]
+
+
+def test_int8_in_groups_of_32_rounds_each_weight_to_its_group_s_grid() -> None:
+    g = torch.Generator().manual_seed(3)
+    # groups of very different sizes, one of them all zero
+    w = torch.randn(48, 96, generator=g) * torch.logspace(-3, 1, 96)
+    w[5, 32:64] = 0
+    codes, scales = quantize_int8_groups(w, 32)
+    assert codes.dtype == torch.int8
+    assert codes.shape == (48, 96)
+    assert scales.shape == (48, 3)
+    assert int(codes.abs().max()) <= 127
+    assert torch.equal(scales, scales.bfloat16().float())  # the kernel's bf16 scales, exactly
+    assert scales[5, 1] == 1
+    assert not codes[5, 32:64].any()
+    back = codes.double().view(48, 3, 32) * scales.double()[..., None]
+    error = (back - w.double().view(48, 3, 32)).abs()
+    assert bool((error <= scales.double()[..., None] / 2 + 1e-12).all())  # the nearest code
+    with pytest.raises(ValueError, match="does not divide"):
+        quantize_int8_groups(w[:, :40], 32)
 
 
 def test_quantize_linears_takes_the_layers_linears_and_keeps_embedding_and_lm_head(

@@ -12,12 +12,16 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from batchline.models.generation import quant_kernel as ik  # noqa: E402
+from batchline.models.generation import quant_linear  # noqa: E402
 from batchline.models.generation.quant_linear import (  # noqa: E402
     Int4Codes,
     QuantLinear,
+    QuantReport,
     int8_group_planes,
     quantize_int4,
     quantize_int8,
+    quantize_int8_groups,
+    quantize_lm_head,
 )
 
 NEVER = 1 << 30  # an amx_rows no call reaches: the vdpbf16ps path (or the plain C++ one)
@@ -221,6 +225,39 @@ def test_q8_0s_two_planes_sum_through_the_own_kernel(library: None, torch_thread
     weight = codes.double() * scales.bfloat16().double().repeat_interleave(32, 1)
     x = torch.randn(6, 128).bfloat16()
     assert _relative(layer(x), x.double() @ weight.T) < TOLERANCE
+
+
+def test_the_lm_head_goes_int8_in_groups_of_32_through_the_own_kernel(
+    library: None, torch_threads: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from .conftest import build_tiny_llama
+
+    model = build_tiny_llama().to(torch.bfloat16)
+    weight = model.lm_head.weight.detach().clone()  # (320, 64)
+    assert quantize_lm_head(build_tiny_llama(), torch.float32) is None  # float32 activations
+    report = quantize_lm_head(model, torch.bfloat16)
+    assert report is not None
+    assert (report.kind, report.linears) == ("int8g", 1)
+    assert report.bytes_before == weight.numel() * 2
+    assert report.bytes_after < report.bytes_before
+    head = model.lm_head
+    assert isinstance(head, QuantLinear)
+    assert head.own_kernel
+    assert head.kind == "int8g"
+    codes, scales = quantize_int8_groups(weight, 32)
+    expected = (codes.double().view(320, 2, 32) * scales.double()[..., None]).view(320, 64)
+    assert torch.equal(head.dequantized(torch.float64), expected)  # the two planes sum exactly
+    g = torch.Generator().manual_seed(5)
+    for rows in (1, 3, 16):
+        x = torch.randn(rows, 64, generator=g).bfloat16()
+        assert _relative(head(x), x.double() @ expected.T) < TOLERANCE
+    # a head quantized a chunk of rows at a time packs what one pass packs
+    monkeypatch.setattr(quant_linear, "HEAD_CHUNK_ROWS", 48)
+    chunked = build_tiny_llama().to(torch.bfloat16)
+    quantize_lm_head(chunked, torch.bfloat16)
+    assert all(torch.equal(a, b) for a, b in zip(chunked.lm_head._own, head._own, strict=True))
+    words = str(QuantReport("int4", 8, 4096, 1024, "a kernel", head=report))
+    assert "embedding kept; lm_head as int8g in groups of 32, 0 -> 0 MiB" in words
 
 
 def test_quant_linear_keeps_torchs_kernel_where_the_own_one_does_not_run(

@@ -304,13 +304,16 @@ def test_the_load_log_says_the_bytes_of_each_format_and_the_kernel(
     assert loaded.engine.forward == "lean", line
     quantized = _layers(name) * _layer_weights(name)
     # int8: a byte a weight and a float32 scale per output; int4: half a byte a weight and a
-    # bf16 scale and zero per 32 (0.625 bytes a weight); the lm_head stays bf16
+    # bf16 scale and zero per 32 (0.625 bytes a weight); the lm_head int8 in groups of 32 as two
+    # int4 planes (1.25 bytes a weight) where the own int4 kernel runs, else bf16
     per_weight = 1.0 if weights == "int8" else 0.625
-    lm_head = 2 * TINY_VOCAB * _hidden(name)
+    head = "int8g" if quant_kernel.own_kernels()[0] else "bf16"
+    lm_head = (1.25 if head == "int8g" else 2) * TINY_VOCAB * _hidden(name)
     said = line.split(" of weights read per decode step")[0].rsplit(" MiB (", 1)[1].rstrip(")")
     formats = dict(part.split(" ") for part in said.split(", "))
-    assert list(formats) == [weights, "bf16"], line
-    assert float(formats["bf16"].replace(",", "")) == pytest.approx(lm_head / 2**20, abs=0.5)
+    assert list(formats) == [weights, head], line
+    assert float(formats[head].replace(",", "")) == pytest.approx(lm_head / 2**20, abs=0.5)
+    assert ("lm_head as int8g in groups of 32" in line) == (head == "int8g"), line
     assert float(formats[weights].replace(",", "")) == pytest.approx(
         quantized * per_weight / 2**20, rel=0.02, abs=0.5
     )

@@ -1,7 +1,8 @@
 """A float model as a loader read it, put into the torch engine's layout: each decoder layer's
 q/k/v and gate/up linears fused (:func:`~.lean_llama.fuse_layer`) and, where the weights asked
 are int8 or int4, its linears quantized (:func:`~.quant_linear.quantize_linears`), one layer at
-a time, and the dense linears left packed for oneDNN, layer by layer and then the lm_head. The
+a time, and the dense linears left packed for oneDNN, layer by layer; then the lm_head,
+quantized with them (int8 in groups of 32) where the own kernel runs, else packed. The
 memory of each weight replaced goes back as it is replaced
 (:func:`~batchline.models.common.torch_weights.release_file_pages`).
 
@@ -14,8 +15,9 @@ read from. Fusing every layer first and quantizing afterwards held the model twi
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -38,15 +40,17 @@ class Layout:
 def lay_out_weights(model: torch.nn.Module, weights: str, dtype: torch.dtype) -> Layout:
     """Fuse each of ``model``'s layers' projections and, for ``weights`` ``int8`` or ``int4``,
     quantize its linears with scales in ``dtype``, and pack the dense ones left for oneDNN, a
-    layer at a time, giving back the file pages of the weights replaced; then pack the lm_head
-    and trim the heap. Fused before packing: the packed weights are the fused ones."""
+    layer at a time, giving back the file pages of the weights replaced; then quantize the
+    lm_head (int8 in groups of 32, :func:`~.quant_linear.quantize_lm_head`, where the own
+    kernel runs) or pack it, and trim the heap. Fused before packing: the packed weights are
+    the fused ones."""
     from batchline.models.common.torch_weights import (
         pack_linear_weights,
         release_file_pages,
         trim_heap,
     )
     from batchline.models.generation.lean_llama import fusable_layers, fuse_layer
-    from batchline.models.generation.quant_linear import quantize_linears
+    from batchline.models.generation.quant_linear import quantize_linears, quantize_lm_head
 
     quantize = weights in ("int8", "int4")
     fusable = {id(layer) for layer in fusable_layers(model)}
@@ -62,6 +66,14 @@ def lay_out_weights(model: torch.nn.Module, weights: str, dtype: torch.dtype) ->
         packed += pack_linear_weights(layer)  # what float linears it has left
         kept = {t.data_ptr() for t in layer.state_dict(keep_vars=True).values()}
         release_file_pages(p for p in before if p.data_ptr() not in kept)
+    if quantize and report is not None:
+        head: Any = getattr(model, "lm_head", None)
+        quantized_head = quantize_lm_head(model, dtype)
+        if quantized_head is not None:
+            report = dataclasses.replace(report, head=quantized_head)
+            embedding = model.get_input_embeddings().weight  # type: ignore[operator]
+            if head.weight.data_ptr() != embedding.data_ptr():  # tied: the embedding's lookups
+                release_file_pages([head.weight])
     trim_heap()  # the layers' temporaries, before the lm_head's packed copy is made
     packed += pack_linear_weights(model)
     trim_heap()

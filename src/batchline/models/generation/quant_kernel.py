@@ -47,6 +47,7 @@ from batchline.models.generation.decode_kernel import _cpu_flags, decode_kernel
 
 __all__ = [
     "AMX_ROWS",
+    "BLOCK",
     "GROUP",
     "INT8_AMX_ROWS",
     "TILE",
@@ -62,6 +63,8 @@ __all__ = [
 #: The inputs per group, and the output columns per tile, of the packed layout.
 GROUP = 32
 TILE = 16
+#: The bytes of one tile's group in :func:`pack_int4`'s layout: its codes, scales and zeros.
+BLOCK = GROUP * TILE // 2 + 2 * TILE * 2
 #: From this many rows on the kernel sums through AMX tiles (where the CPU has them), below it
 #: through vdpbf16ps: at one row the two took the same time (vdpbf16ps 5-10 % less).
 AMX_ROWS = 2

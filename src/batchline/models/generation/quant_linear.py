@@ -57,7 +57,9 @@ __all__ = [
     "int8_group_planes",
     "quantize_int4",
     "quantize_int8",
+    "quantize_int8_groups",
     "quantize_linears",
+    "quantize_lm_head",
     "require_int_kernels",
     "step_weight_bytes",
     "step_weight_count",
@@ -147,6 +149,24 @@ def quantize_int4(weight: torch.Tensor, group_size: int) -> Int4Codes:
     # (code - 8) * scale + zero = code * scale + low
     zeros = low + 8 * scales
     return Int4Codes(codes.reshape(n, k).to(torch.uint8), scales, zeros, group_size)
+
+
+def quantize_int8_groups(
+    weight: torch.Tensor, group_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 in groups of ``group_size`` inputs (a GGUF's Q8_0 form): codes ``(N, K)``
+    int8 in [-127, 127] and scales ``(N, K // group_size)`` float32, the weight
+    ``codes * scale``. Each scale is rounded to bf16 before the codes are taken, so that the
+    own kernel's bf16 scales are the ones the codes were rounded for (an all-zero group gets
+    scale 1)."""
+    n, k = weight.shape
+    if k % group_size:
+        raise ValueError(f"int8 group size {group_size} does not divide {k} input values")
+    w = weight.detach().to(torch.float32, copy=True).reshape(n, k // group_size, group_size)
+    scales = w.abs().amax(dim=2).div_(127.0).to(torch.bfloat16).float()
+    scales = torch.where(scales > 0, scales, torch.ones_like(scales))
+    codes = w.div_(scales[..., None]).round_().clamp_(-127, 127).to(torch.int8)
+    return codes.reshape(n, k), scales
 
 
 def int8_group_planes(
@@ -388,6 +408,8 @@ class QuantReport:
     bytes_before: int
     bytes_after: int
     kernel: str = "torch's kernel"
+    #: the lm_head's report where :func:`quantize_lm_head` quantized it, else None (kept)
+    head: QuantReport | None = None
 
     def __add__(self, other: QuantReport) -> QuantReport:
         """Both reports' linears and bytes (one kind, one kernel: layers quantized in turn)."""
@@ -397,13 +419,22 @@ class QuantReport:
             self.bytes_before + other.bytes_before,
             self.bytes_after + other.bytes_after,
             self.kernel if self.linears else other.kernel,
+            self.head or other.head,
         )
 
+    def _bytes(self) -> str:
+        return f"{self.bytes_before / 2**20:.0f} -> {self.bytes_after / 2**20:.0f} MiB"
+
     def __str__(self) -> str:
+        head = self.head
+        kept = (
+            "embedding and lm_head kept"
+            if head is None
+            else f"embedding kept; lm_head as {head.kind} in groups of {INT4_GROUP_SIZE}, "
+            f"{head._bytes()}"
+        )
         return (
-            f"{self.linears} linears as {self.kind} through {self.kernel} "
-            f"({self.bytes_before / 2**20:.0f} -> {self.bytes_after / 2**20:.0f} MiB; "
-            f"embedding and lm_head kept)"
+            f"{self.linears} linears as {self.kind} through {self.kernel} ({self._bytes()}; {kept})"
         )
 
 
@@ -454,6 +485,47 @@ def quantize_linears(
     return QuantReport(
         kind, len(swaps), before, after, _kernel_path(kind) if own else "torch's kernel"
     )
+
+
+#: The lm_head's rows quantized at a time (a multiple of the kernel's 16-column tiles): one
+#: chunk's float32 copy (48 MiB at a 3B shape's 3,072 inputs), not the whole head's (576 MiB).
+HEAD_CHUNK_ROWS = 4096
+
+
+def quantize_lm_head(model: torch.nn.Module, dtype: torch.dtype) -> QuantReport | None:
+    """Replace ``model.lm_head`` by int8 in groups of 32 (:func:`quantize_int8_groups`),
+    computed as the two int4 planes of :func:`int8_group_planes` through the own kernel, where
+    that kernel runs here (:func:`~batchline.models.generation.quant_kernel.own_kernels`), the
+    activations are bf16 and the head is a plain CPU ``nn.Linear`` of 32 | inputs; else None,
+    the head kept. A head tied to the embedding leaves the embedding as it was (its lookups).
+
+    Why this format (the quality gate and a 360M batch-1 step are in docs/generation.md):
+    per-channel int8 and int4 heads failed ``benchmarks/bench_quant_quality.py`` (see
+    :func:`quantize_linears`); groups of 32 keep each scale to its own 32 weights, as llama.cpp's
+    Q8_0 does. Its two planes read 1.25 bytes a weight where bf16 reads 2."""
+    from batchline.models.generation import quant_kernel
+
+    head = getattr(model, "lm_head", None)
+    if type(head) is not torch.nn.Linear or head.weight.device.type != "cpu":
+        return None
+    n, k = head.weight.shape
+    if dtype != torch.bfloat16 or k % quant_kernel.GROUP or not quant_kernel.own_kernels()[0]:
+        return None
+    weight = head.weight.detach()
+    tiles, groups = -(-n // quant_kernel.TILE), k // quant_kernel.GROUP
+    planes = [torch.empty(tiles, groups, quant_kernel.BLOCK, dtype=torch.uint8) for _ in range(2)]
+    for start in range(0, n, HEAD_CHUNK_ROWS):
+        codes, scales = quantize_int8_groups(weight[start : start + HEAD_CHUNK_ROWS], 32)
+        tile = start // quant_kernel.TILE
+        for plane, packed in zip(int8_group_planes(codes, scales, 32), planes, strict=True):
+            part = quant_kernel.pack_int4(plane.codes, plane.scales, plane.zeros)
+            packed[tile : tile + part.shape[0]] = part
+    bias = None if head.bias is None else head.bias.detach()
+    layer = QuantLinear(k, n, kind="int8g", bias=bias, group_size=quant_kernel.GROUP)
+    layer._own = planes
+    model.lm_head = layer
+    before = weight.numel() * weight.element_size()
+    return QuantReport("int8g", 1, before, layer.weight_bytes, _kernel_path("int4"))
 
 
 def _kernel_path(kind: str) -> str:
