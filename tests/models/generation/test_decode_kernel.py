@@ -257,3 +257,78 @@ def test_a_built_kernel_is_reused(kernel: Any, monkeypatch: pytest.MonkeyPatch) 
     assert compiler is not None  # the kernel fixture built it
     assert dk._built(compiler) == loaded
     assert compiles == []
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_a_decode_only_steps_attention_in_one_call_gives_the_same_bits(
+    kernel: Any, dtype: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``decode_step`` (q/k/v sliced, rotated, written to the store and attended in one call)
+    against the same calls made one by one from Python: every pass's logits, bit for bit, over
+    prefills, decode-only steps and a step that mixes a decoding row with a joining prompt."""
+    from batchline.models.generation.engine import GenerationRequest, SamplingParams
+    from batchline.models.generation.lean_llama import LeanForward, fuse_projections
+
+    from .conftest import build_tiny_llama
+
+    passes: list[Any] = []
+    real_call = LeanForward.__call__
+
+    def recording(self: Any, *args: Any) -> Any:
+        out = real_call(self, *args)
+        passes.append(out.clone())
+        return out
+
+    monkeypatch.setattr(LeanForward, "__call__", recording)
+
+    def run(fuse: bool) -> tuple[list[Any], int]:
+        passes.clear()
+        model = build_tiny_llama().to(getattr(torch, dtype))
+        fuse_projections(model)  # as the loader does: q/k/v in one linear
+        if not fuse:
+            monkeypatch.setattr(
+                torch_engine,
+                "lean_forward",
+                lambda m, ops=None: (LeanForward(m, ops, fuse_decode=False), ""),
+            )
+        engine = TorchStepEngine(model)
+        calls = 0
+        step = engine._lean._decode_step
+        if step is not None:
+
+            def counted(*args: Any) -> Any:
+                nonlocal calls
+                calls += 1
+                return step(*args)
+
+            engine._lean._decode_step = counted
+        for i, length in enumerate((5, 9, 3)):
+            params = SamplingParams(max_tokens=6 + i, ignore_eos=True)
+            engine.add_request(GenerationRequest(f"r{i}", tuple(range(3, 3 + length)), params))
+        for _ in range(3):
+            engine.step()
+        late = SamplingParams(max_tokens=4, ignore_eos=True)  # joins while the others decode
+        engine.add_request(GenerationRequest("late", tuple(range(7, 18)), late))
+        while engine.has_unfinished():
+            engine.step()
+        return list(passes), calls
+
+    fused, calls = run(fuse=True)
+    plain, none = run(fuse=False)
+    assert calls > 0
+    assert none == 0
+    assert len(fused) == len(plain)
+    assert all(torch.equal(a, b) for a, b in zip(fused, plain, strict=True))
+
+
+def test_decode_step_refuses_what_does_not_fit_the_store(ops: Any) -> None:
+    keys = torch.zeros(2, 1, 8, 16)
+    cos = sin = torch.ones(2, 1, 16)
+    first = torch.zeros(2, dtype=torch.long)
+    qkv = torch.zeros(2, (2 + 2 * 1) * 16)
+    out = ops.decode_step(qkv, cos, sin, keys, keys.clone(), first, 3, 0.25, 2)
+    assert out.shape == (2, 2 * 16)
+    with pytest.raises(RuntimeError, match=r"decode_step: qkv must be \(rows"):
+        ops.decode_step(qkv[:, :-16], cos, sin, keys, keys.clone(), first, 3, 0.25, 2)
+    with pytest.raises(RuntimeError, match="decode_step: more rows than slots, or hi outside"):
+        ops.decode_step(qkv, cos, sin, keys, keys.clone(), first, 8, 0.25, 2)

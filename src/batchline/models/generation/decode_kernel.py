@@ -84,8 +84,10 @@ class StepOps:
     of x's dtype, Gemma's for a float32 one), ``silu_mul(gate_up)`` and
     ``gelu_tanh_mul(gate_up)`` (gate first) and ``rotary(x, cos, signed_sin)``. They round
     where torch's chain rounds; the sum of squares in the norm (another order) and the
-    activations' exp differ in the last bits. Made once :func:`decode_kernel` has loaded the
-    library."""
+    activations' exp differ in the last bits. And ``decode_step(qkv, cos, signed_sin, keys,
+    values, first, hi, scale, heads)``: a layer's attention in a decode-only step (rotary,
+    the store's writes and the decode attention), the bits of those calls made one by one.
+    Made once :func:`decode_kernel` has loaded the library."""
 
     def __init__(self) -> None:
         ops = torch.ops.batchline
@@ -93,6 +95,7 @@ class StepOps:
         self.silu_mul = ops.silu_mul
         self.gelu_tanh_mul = ops.gelu_tanh_mul
         self.rotary = ops.rotary
+        self.decode_step = ops.decode_step
 
 
 def _load() -> tuple[DecodeKernel | None, str]:

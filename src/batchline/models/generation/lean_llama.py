@@ -175,6 +175,9 @@ class _Layer:
     k_norm: torch.Tensor | None
     attend: dict[str, Any]  # what the layer passes its attention besides scaling
     rotary: int  # its cos/sin table (Gemma 3: one per layer type)
+    # the fused q/k/v linear where a decode-only step can take the kernel's decode_step (no
+    # q/k norms, sliding window or soft-cap), else None
+    qkv_step: Linear | None
 
 
 class LeanForward:
@@ -185,11 +188,14 @@ class LeanForward:
     rotary and SiLU, whose float32 norms and SiLU differ in the last bits. ``model`` is one
     :func:`lean_forward` recognises."""
 
-    def __init__(self, model: Any, ops: StepOps | None = None) -> None:
+    def __init__(self, model: Any, ops: StepOps | None = None, *, fuse_decode: bool = True) -> None:
         family = _named(model)
         if family is None:
             raise ValueError(f"no lean forward for a {type(model).__name__}; see lean_forward")
         self._ops = ops
+        # a decode-only step's attention in one call per layer (fuse_decode False: the calls
+        # one by one, the same bits; tests compare the two)
+        self._decode_step = None if ops is None or not fuse_decode else ops.decode_step
         inner = model.model
         config = model.config
         self._embed = inner.embed_tokens.weight
@@ -256,9 +262,14 @@ class LeanForward:
                 )
             return None, layer.post_attention_layernorm, None
 
+        def qkv_step(attention: Any, attend: dict[str, Any]) -> Linear | None:
+            plain = not attend and getattr(attention, "q_norm", None) is None
+            return _linear(attention.qkv_proj) if plain and hasattr(attention, "qkv_proj") else None
+
         self._layers = []
         for layer, kind in zip(layers, kinds, strict=True):
             attention_out, mlp_in, mlp_out = norms(layer)
+            attend = _attention_kwargs(layer.self_attn, config, family)
             self._layers.append(
                 _Layer(
                     layer.self_attn,
@@ -272,8 +283,9 @@ class LeanForward:
                     self._norm_weight(mlp_out),
                     self._norm_weight(getattr(layer.self_attn, "q_norm", None)),
                     self._norm_weight(getattr(layer.self_attn, "k_norm", None)),
-                    _attention_kwargs(layer.self_attn, config, family),
+                    attend,
                     order.index(kind),
+                    qkv_step(layer.self_attn, attend),
                 )
             )
 
@@ -325,36 +337,71 @@ class LeanForward:
         half = x.shape[-1] // 2
         return (x * cos) + (torch.cat((x[..., half:], x[..., :half]), dim=-1) * signed_sin)
 
+    def _attention(
+        self,
+        layer: _Layer,
+        x: torch.Tensor,
+        n: int,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        plan: PassPlan,
+    ) -> torch.Tensor:
+        """The layer's attention output ``(T, heads * head_dim)`` through
+        :func:`packed_attention`: its q/k/v, q/k norms and rotary first."""
+        dim = self._head_dim
+        q, k, v = layer.qkv(x)
+        q, k = q.view(n, self._heads, dim), k.view(n, self._kv_heads, dim)
+        v = v.view(n, self._kv_heads, dim)
+        if layer.q_norm is not None and layer.k_norm is not None:
+            q, k = self._norm(q, layer.q_norm), self._norm(k, layer.k_norm)
+        q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+        # packed_attention's layout: (1, heads, T, head_dim) in, (1, T, heads, head_dim) out.
+        attended, _ = packed_attention(
+            layer.attention,
+            q.transpose(0, 1)[None],
+            k.transpose(0, 1)[None],
+            v.transpose(0, 1)[None],
+            None,
+            scaling=self._scaling,
+            batchline_step=plan,
+            **layer.attend,
+        )
+        return attended.view(n, self._heads * dim)
+
     def __call__(
         self, ids: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor, plan: PassPlan
     ) -> torch.Tensor:
         """``ids`` and ``positions``: ``(T,)``; ``keep``: the positions whose logits are wanted."""
-        n, dim = ids.shape[0], self._head_dim
+        n = ids.shape[0]
         h = F.embedding(ids, self._embed)
         if self._embed_scale is not None:
             h = h * self._embed_scale
         tables = [self._rotary(positions, h.dtype, *rotary) for rotary in self._rotaries]
+        # every row decodes, through the kernel: a layer's attention is one decode_step call
+        step = self._decode_step
+        if plan.joins or plan.decoding != n or plan.decode_attention != "kernel":
+            step = None
+        store = plan.store
         for layer in self._layers:
             x = self._norm(h, layer.input_norm)
-            q, k, v = layer.qkv(x)
-            q, k = q.view(n, self._heads, dim), k.view(n, self._kv_heads, dim)
-            v = v.view(n, self._kv_heads, dim)
-            if layer.q_norm is not None and layer.k_norm is not None:
-                q, k = self._norm(q, layer.q_norm), self._norm(k, layer.k_norm)
             cos, sin = tables[layer.rotary]
-            q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
-            # packed_attention's layout: (1, heads, T, head_dim) in, (1, T, heads, head_dim) out.
-            attended, _ = packed_attention(
-                layer.attention,
-                q.transpose(0, 1)[None],
-                k.transpose(0, 1)[None],
-                v.transpose(0, 1)[None],
-                None,
-                scaling=self._scaling,
-                batchline_step=plan,
-                **layer.attend,
-            )
-            out = layer.o(attended.view(n, self._heads * dim))
+            if step is not None and layer.qkv_step is not None:
+                plan.layers_seen += 1  # as packed_attention counts the layers it saw
+                index: int = layer.attention.layer_idx  # type: ignore[assignment]
+                attended = step(
+                    layer.qkv_step(x),
+                    cos,
+                    sin,
+                    store.keys[index],
+                    store.values[index],
+                    plan.decode_first,
+                    store.hi,
+                    self._scaling,
+                    self._heads,
+                )
+            else:
+                attended = self._attention(layer, x, n, cos, sin, plan)
+            out = layer.o(attended)
             if layer.attention_out_norm is not None:
                 out = self._norm(out, layer.attention_out_norm)
             h = h + out

@@ -540,6 +540,36 @@ at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
   return out;
 }
 
+// One layer's attention in a step where every row decodes, in one call where the lean forward
+// made ~35 (lean_llama.LeanForward), most of them views and copies each paying Python's and
+// the dispatcher's toll: q, k and v sliced from the fused projection's output, q and k rotated
+// (rotary), each row's new k and v written at column hi of its slot, and decode_attention over
+// them. The same functions on the same values: the same bits as those calls.
+//   decode_step(qkv, cos, sin, keys, values, first, hi, scale, heads) -> out
+//     qkv:    (rows, (heads + 2 * kv_heads) * dim), q then k then v, its last axis contiguous
+//     cos, sin, first, hi, scale: as rotary and decode_attention take them
+//     keys, values: one layer's store buffers, written at [:rows, :, hi]
+//     out:    (rows, heads * dim)
+at::Tensor decode_step(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
+                       at::Tensor keys, at::Tensor values, const at::Tensor& first, int64_t hi,
+                       double scale, int64_t heads) {
+  TORCH_CHECK(keys.dim() == 4 && values.sizes() == keys.sizes(),
+              "decode_step: keys and values (slots, kv_heads, capacity, dim)");
+  const int64_t rows = qkv.size(0), kv_heads = keys.size(1), dim = keys.size(3);
+  TORCH_CHECK(qkv.dim() == 2 && qkv.stride(1) == 1 && qkv.size(1) == (heads + 2 * kv_heads) * dim,
+              "decode_step: qkv must be (rows, (heads + 2 * kv_heads) * dim), its last axis "
+              "contiguous");
+  TORCH_CHECK(rows <= keys.size(0) && hi >= 0 && hi < keys.size(2),
+              "decode_step: more rows than slots, or hi outside the buffers");
+  const auto part = [&](int64_t start, int64_t count) {
+    return qkv.narrow(1, start * dim, count * dim).view({rows, count, dim});
+  };
+  const auto q = rotary(part(0, heads), cos, sin);
+  keys.narrow(0, 0, rows).select(2, hi).copy_(rotary(part(heads, kv_heads), cos, sin));
+  values.narrow(0, 0, rows).select(2, hi).copy_(part(heads + kv_heads, kv_heads));
+  return decode_attention(q, keys, values, first, hi, scale, 0.0).view({rows, heads * dim});
+}
+
 }  // namespace
 
 TORCH_LIBRARY(batchline, m) {
@@ -550,6 +580,9 @@ TORCH_LIBRARY(batchline, m) {
   m.def("silu_mul(Tensor gate_up) -> Tensor");
   m.def("gelu_tanh_mul(Tensor gate_up) -> Tensor");
   m.def("rotary(Tensor x, Tensor cos, Tensor sin) -> Tensor");
+  m.def(
+      "decode_step(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) keys, Tensor(b!) values,"
+      " Tensor first, int hi, float scale, int heads) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(batchline, CPU, m) {
@@ -558,4 +591,5 @@ TORCH_LIBRARY_IMPL(batchline, CPU, m) {
   m.impl("silu_mul", &silu_mul);
   m.impl("gelu_tanh_mul", &gelu_tanh_mul);
   m.impl("rotary", &rotary);
+  m.impl("decode_step", &decode_step);
 }
