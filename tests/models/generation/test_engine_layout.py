@@ -15,10 +15,7 @@ pytest.importorskip("transformers")
 from batchline.models.common import torch_weights  # noqa: E402
 from batchline.models.generation.engine_layout import lay_out_weights  # noqa: E402
 from batchline.models.generation.lean_llama import fuse_projections  # noqa: E402
-from batchline.models.generation.quant_linear import (  # noqa: E402
-    quantize_linears,
-    quantize_lm_head,
-)
+from batchline.models.generation.quantize import quantize_linears, quantize_lm_head  # noqa: E402
 
 from .conftest import TINY_VOCAB, build_tiny_llama  # noqa: E402
 

@@ -273,11 +273,8 @@ def test_the_engine_takes_every_core_in_float32_and_one_in_bfloat16_unless_told(
 
 def test_a_step_s_weights_are_counted_whatever_their_format() -> None:
     torch = pytest.importorskip("torch")
-    from batchline.models.generation.quant_linear import (
-        QuantLinear,
-        quantize_linears,
-        step_weight_count,
-    )
+    from batchline.models.generation.quant_linear import QuantLinear, step_weight_count
+    from batchline.models.generation.quantize import quantize_linears
 
     model = torch.nn.Module()
     model.model = torch.nn.Module()

@@ -32,8 +32,8 @@ from batchline.models.generation.quant_linear import (  # noqa: E402
     quantize_int4,
     quantize_int8,
     quantize_int8_groups,
-    quantize_linears,
 )
+from batchline.models.generation.quantize import quantize_linears  # noqa: E402
 from batchline.models.generation.torch_dtype import (  # noqa: E402
     choose_dtype,
     choose_weights,

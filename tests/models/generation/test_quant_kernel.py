@@ -12,17 +12,16 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from batchline.models.generation import quant_kernel as ik  # noqa: E402
-from batchline.models.generation import quant_linear  # noqa: E402
+from batchline.models.generation import quantize  # noqa: E402
 from batchline.models.generation.quant_linear import (  # noqa: E402
     Int4Codes,
     QuantLinear,
-    QuantReport,
     int8_group_planes,
     quantize_int4,
     quantize_int8,
     quantize_int8_groups,
-    quantize_lm_head,
 )
+from batchline.models.generation.quantize import QuantReport, quantize_lm_head  # noqa: E402
 
 NEVER = 1 << 30  # an amx_rows no call reaches: the vdpbf16ps path (or the plain C++ one)
 # out is rounded to bf16 once: half a bf16 step of the largest output, with room for fp32 sums
@@ -252,12 +251,35 @@ def test_the_lm_head_goes_int8_in_groups_of_32_through_the_own_kernel(
         x = torch.randn(rows, 64, generator=g).bfloat16()
         assert _relative(head(x), x.double() @ expected.T) < TOLERANCE
     # a head quantized a chunk of rows at a time packs what one pass packs
-    monkeypatch.setattr(quant_linear, "HEAD_CHUNK_ROWS", 48)
+    monkeypatch.setattr(quantize, "PACK_CHUNK_ROWS", 48)
     chunked = build_tiny_llama().to(torch.bfloat16)
     quantize_lm_head(chunked, torch.bfloat16)
     assert all(torch.equal(a, b) for a, b in zip(chunked.lm_head._own, head._own, strict=True))
     words = str(QuantReport("int4", 8, 4096, 1024, "a kernel", head=report))
     assert "embedding kept; lm_head as int8g in groups of 32, 0 -> 0 MiB" in words
+
+
+def test_a_layer_quantized_a_chunk_of_rows_at_a_time_packs_what_one_pass_packs(
+    library: None, torch_threads: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from batchline.models.generation.lean_llama import fuse_projections
+
+    from .conftest import build_tiny_llama
+
+    model = build_tiny_llama().to(torch.bfloat16)
+    fuse_projections(model)  # gate/up: 256 rows, q/k/v: 128
+    linears = {
+        name: module.weight.detach().clone()
+        for name, module in model.model.layers.named_modules()
+        if isinstance(module, torch.nn.Linear)
+    }
+    monkeypatch.setattr(quantize, "PACK_CHUNK_ROWS", 48)  # chunks that end inside a weight
+    quantize.quantize_linears(model, "int4", torch.bfloat16)
+    for name, weight in linears.items():
+        layer = model.model.layers.get_submodule(name)
+        whole = QuantLinear.int4([quantize_int4(weight, 32)], own_kernel=True)
+        assert layer.own_kernel
+        assert torch.equal(layer._own[0], whole._own[0]), name
 
 
 def test_quant_linear_keeps_torchs_kernel_where_the_own_one_does_not_run(
@@ -365,7 +387,7 @@ def test_a_quantized_model_through_the_own_kernels_gives_the_float32_models_toke
 ) -> None:
     pytest.importorskip("transformers")
     from batchline.models.generation.lean_llama import fuse_projections
-    from batchline.models.generation.quant_linear import quantize_linears
+    from batchline.models.generation.quantize import quantize_linears
 
     from .conftest import TINY_VOCAB, build_tiny_llama
 

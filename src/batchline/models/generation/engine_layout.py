@@ -1,6 +1,6 @@
 """A float model as a loader read it, put into the torch engine's layout: each decoder layer's
 q/k/v and gate/up linears fused (:func:`~.lean_llama.fuse_layer`) and, where the weights asked
-are int8 or int4, its linears quantized (:func:`~.quant_linear.quantize_linears`), one layer at
+are int8 or int4, its linears quantized (:func:`~.quantize.quantize_linears`), one layer at
 a time, and the dense linears left packed for oneDNN, layer by layer; then the lm_head,
 quantized with them (int8 in groups of 32) where the own kernel runs, else packed. The
 memory of each weight replaced goes back as it is replaced
@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
 
-    from batchline.models.generation.quant_linear import QuantReport
+    from batchline.models.generation.quantize import QuantReport
 
 __all__ = ["Layout", "lay_out_weights"]
 
@@ -41,7 +41,7 @@ def lay_out_weights(model: torch.nn.Module, weights: str, dtype: torch.dtype) ->
     """Fuse each of ``model``'s layers' projections and, for ``weights`` ``int8`` or ``int4``,
     quantize its linears with scales in ``dtype``, and pack the dense ones left for oneDNN, a
     layer at a time, giving back the file pages of the weights replaced; then quantize the
-    lm_head (int8 in groups of 32, :func:`~.quant_linear.quantize_lm_head`, where the own
+    lm_head (int8 in groups of 32, :func:`~.quantize.quantize_lm_head`, where the own
     kernel runs) or pack it, and trim the heap. Fused before packing: the packed weights are
     the fused ones."""
     from batchline.models.common.torch_weights import (
@@ -50,31 +50,33 @@ def lay_out_weights(model: torch.nn.Module, weights: str, dtype: torch.dtype) ->
         trim_heap,
     )
     from batchline.models.generation.lean_llama import fusable_layers, fuse_layer
-    from batchline.models.generation.quant_linear import quantize_linears, quantize_lm_head
+    from batchline.models.generation.quantize import quantize_linears, quantize_lm_head
 
     quantize = weights in ("int8", "int4")
     fusable = {id(layer) for layer in fusable_layers(model)}
     fused = packed = 0
     report: QuantReport | None = None
+
+    def release_replaced(layer: torch.nn.Module, before: list[torch.Tensor]) -> None:
+        kept = {t.data_ptr() for t in layer.state_dict(keep_vars=True).values()}
+        release_file_pages(p for p in before if p.data_ptr() not in kept)
+
     for layer in model.model.layers:  # type: ignore[union-attr]
         before = list(layer.parameters())
         if id(layer) in fusable:
             fused += fuse_layer(layer)
+            release_replaced(layer, before)  # the parts, now copied into the fused linears
         if quantize:
             done = quantize_linears(model, weights, dtype, layers=[layer])
             report = done if report is None else report + done
         packed += pack_linear_weights(layer)  # what float linears it has left
-        kept = {t.data_ptr() for t in layer.state_dict(keep_vars=True).values()}
-        release_file_pages(p for p in before if p.data_ptr() not in kept)
+        release_replaced(layer, before)
+        trim_heap()  # the layer's temporaries, before the next layer's are made
     if quantize and report is not None:
-        head: Any = getattr(model, "lm_head", None)
-        quantized_head = quantize_lm_head(model, dtype)
+        quantized_head = quantize_lm_head(model, dtype)  # its file pages given back as it goes
         if quantized_head is not None:
             report = dataclasses.replace(report, head=quantized_head)
-            embedding = model.get_input_embeddings().weight  # type: ignore[operator]
-            if head.weight.data_ptr() != embedding.data_ptr():  # tied: the embedding's lookups
-                release_file_pages([head.weight])
-    trim_heap()  # the layers' temporaries, before the lm_head's packed copy is made
+            trim_heap()
     packed += pack_linear_weights(model)
     trim_heap()
     return Layout(fused, report, packed)

@@ -39,7 +39,7 @@ kernel's are in ``quant_kernel.py`` and docs/generation.md.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,7 +50,6 @@ __all__ = [
     "INT4_GROUP_SIZE",
     "Int4Codes",
     "QuantLinear",
-    "QuantReport",
     "describe_step_weights",
     "int4_group_size",
     "int4_planes_rows",
@@ -58,8 +57,6 @@ __all__ = [
     "quantize_int4",
     "quantize_int8",
     "quantize_int8_groups",
-    "quantize_linears",
-    "quantize_lm_head",
     "require_int_kernels",
     "step_weight_bytes",
     "step_weight_count",
@@ -292,6 +289,25 @@ class QuantLinear(torch.nn.Module):
             layer._planes.append((packed, scales_zeros.contiguous()))
         return layer
 
+    @classmethod
+    def own_int4(
+        cls,
+        packed: list[torch.Tensor],
+        n: int,
+        k: int,
+        *,
+        kind: str = "int4",
+        bias: torch.Tensor | None = None,
+    ) -> QuantLinear:
+        """A layer of the own int4 kernel's planes packed already
+        (:func:`~batchline.models.generation.quantize.pack_own_int4`):
+        one for ``int4``, two for ``int8g``."""
+        from batchline.models.generation import quant_kernel
+
+        layer = cls(k, n, kind=kind, bias=bias, group_size=quant_kernel.GROUP)
+        layer._own = list(packed)
+        return layer
+
     @property
     def own_kernel(self) -> bool:
         """Whether batchline's own kernel computes this layer (else torch's)."""
@@ -396,148 +412,6 @@ def _unpack_int4(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
     tail = flat[full * k // 2 :].reshape(k, (n - full) // 2)
     rest = torch.stack((tail & 15, tail >> 4), dim=2).reshape(k, n - full).T
     return torch.cat((rows, rest))
-
-
-@dataclass(frozen=True, slots=True)
-class QuantReport:
-    """What :func:`quantize_linears` quantized: how many linears, as what, their weight bytes
-    before and after, and whose kernel computes them (said in the load log)."""
-
-    kind: str
-    linears: int
-    bytes_before: int
-    bytes_after: int
-    kernel: str = "torch's kernel"
-    #: the lm_head's report where :func:`quantize_lm_head` quantized it, else None (kept)
-    head: QuantReport | None = None
-
-    def __add__(self, other: QuantReport) -> QuantReport:
-        """Both reports' linears and bytes (one kind, one kernel: layers quantized in turn)."""
-        return QuantReport(
-            self.kind,
-            self.linears + other.linears,
-            self.bytes_before + other.bytes_before,
-            self.bytes_after + other.bytes_after,
-            self.kernel if self.linears else other.kernel,
-            self.head or other.head,
-        )
-
-    def _bytes(self) -> str:
-        return f"{self.bytes_before / 2**20:.0f} -> {self.bytes_after / 2**20:.0f} MiB"
-
-    def __str__(self) -> str:
-        head = self.head
-        kept = (
-            "embedding and lm_head kept"
-            if head is None
-            else f"embedding kept; lm_head as {head.kind} in groups of {INT4_GROUP_SIZE}, "
-            f"{head._bytes()}"
-        )
-        return (
-            f"{self.linears} linears as {self.kind} through {self.kernel} ({self._bytes()}; {kept})"
-        )
-
-
-def quantize_linears(
-    model: torch.nn.Module,
-    kind: str,
-    dtype: torch.dtype,
-    layers: Sequence[torch.nn.Module] | None = None,
-) -> QuantReport:
-    """Replace the ``nn.Linear`` layers of ``model.model.layers`` (``layers`` of them where
-    given: a loader quantizing one layer at a time) (after
-    :func:`~batchline.models.generation.lean_llama.fuse_projections`: the fused ones) by
-    :class:`QuantLinear` of ``kind`` (``int8`` or ``int4``), scales in ``dtype``. The embedding
-    (a lookup) and the lm_head stay as they are. A quantized lm_head would be faster where the
-    own kernel has AMX (SmolLM2-1.7B's 49,152 x 2,048, two threads, against bf16 packed: int4
-    9.9 -> 3.0 ms at one row, 11.0 -> 6.1 at 16), but fails the quality gate
-    (``benchmarks/bench_quant_quality.py``, SmolLM2-135M's real weights, 2026-12-02): with it
-    int4 scored 89.8 % top-1 and drifted 11.8 % in log-prob (limit 2 %), int8 97.0 % and 2.5 %;
-    with it dense, 98.4 % / 0.4 % and 97.2 % / 1.7 %. An int4 linear needs 16 | outputs and
-    32 | inputs (torch's layout): one that has not stays dense (the report counts those
-    quantized)."""
-    if kind not in ("int8", "int4"):
-        raise ValueError(f"weights must be int8 or int4, got {kind!r}")
-    if layers is None:
-        layers = [model.model.layers]  # type: ignore[union-attr, list-item]
-    swaps: list[tuple[torch.nn.Module, str, torch.nn.Linear]] = []
-    for parent in (m for layer in layers for m in layer.modules()):
-        for name, child in parent.named_children():
-            if type(child) is not torch.nn.Linear or child.weight.device.type != "cpu":
-                continue
-            n, k = child.weight.shape
-            # torch's int4 layout packs 16 output rows at a time, in groups of 32 inputs
-            if kind == "int8" or (n % 16 == 0 and k % INT4_GROUP_SIZE == 0):
-                swaps.append((parent, name, child))
-    before = after = 0
-    for parent, name, child in swaps:
-        weight = child.weight.detach()
-        before += weight.numel() * weight.element_size()
-        bias = None if child.bias is None else child.bias.detach()
-        if kind == "int8":
-            layer = QuantLinear.int8(*quantize_int8(weight), bias=bias, dtype=dtype)
-        else:
-            codes = quantize_int4(weight, int4_group_size(weight.shape[1]))
-            layer = QuantLinear.int4([codes], bias=bias, dtype=dtype)
-        after += layer.weight_bytes
-        setattr(parent, name, layer)
-    own = any(isinstance(m, QuantLinear) and m.own_kernel for x in layers for m in x.modules())
-    return QuantReport(
-        kind, len(swaps), before, after, _kernel_path(kind) if own else "torch's kernel"
-    )
-
-
-#: The lm_head's rows quantized at a time (a multiple of the kernel's 16-column tiles): one
-#: chunk's float32 copy (48 MiB at a 3B shape's 3,072 inputs), not the whole head's (576 MiB).
-HEAD_CHUNK_ROWS = 4096
-
-
-def quantize_lm_head(model: torch.nn.Module, dtype: torch.dtype) -> QuantReport | None:
-    """Replace ``model.lm_head`` by int8 in groups of 32 (:func:`quantize_int8_groups`),
-    computed as the two int4 planes of :func:`int8_group_planes` through the own kernel, where
-    that kernel runs here (:func:`~batchline.models.generation.quant_kernel.own_kernels`), the
-    activations are bf16 and the head is a plain CPU ``nn.Linear`` of 32 | inputs; else None,
-    the head kept. A head tied to the embedding leaves the embedding as it was (its lookups).
-
-    Why this format (the quality gate and a 360M batch-1 step are in docs/generation.md):
-    per-channel int8 and int4 heads failed ``benchmarks/bench_quant_quality.py`` (see
-    :func:`quantize_linears`); groups of 32 keep each scale to its own 32 weights, as llama.cpp's
-    Q8_0 does. Its two planes read 1.25 bytes a weight where bf16 reads 2."""
-    from batchline.models.generation import quant_kernel
-
-    head = getattr(model, "lm_head", None)
-    if type(head) is not torch.nn.Linear or head.weight.device.type != "cpu":
-        return None
-    n, k = head.weight.shape
-    if dtype != torch.bfloat16 or k % quant_kernel.GROUP or not quant_kernel.own_kernels()[0]:
-        return None
-    weight = head.weight.detach()
-    tiles, groups = -(-n // quant_kernel.TILE), k // quant_kernel.GROUP
-    planes = [torch.empty(tiles, groups, quant_kernel.BLOCK, dtype=torch.uint8) for _ in range(2)]
-    for start in range(0, n, HEAD_CHUNK_ROWS):
-        codes, scales = quantize_int8_groups(weight[start : start + HEAD_CHUNK_ROWS], 32)
-        tile = start // quant_kernel.TILE
-        for plane, packed in zip(int8_group_planes(codes, scales, 32), planes, strict=True):
-            part = quant_kernel.pack_int4(plane.codes, plane.scales, plane.zeros)
-            packed[tile : tile + part.shape[0]] = part
-    bias = None if head.bias is None else head.bias.detach()
-    layer = QuantLinear(k, n, kind="int8g", bias=bias, group_size=quant_kernel.GROUP)
-    layer._own = planes
-    model.lm_head = layer
-    before = weight.numel() * weight.element_size()
-    return QuantReport("int8g", 1, before, layer.weight_bytes, _kernel_path("int4"))
-
-
-def _kernel_path(kind: str) -> str:
-    """Which of the own kernel's paths a decode step's rows take, in the load log's words."""
-    from batchline.models.generation import quant_kernel
-
-    if not quant_kernel.own_kernels(amx=True)[0]:
-        return "batchline's kernel on AVX512-BF16"
-    if kind == "int8":
-        return "batchline's kernel on AMX tiles"
-    # one row through vdpbf16ps: as fast as a tile product there, and no tile state to set up
-    return f"batchline's kernel on AMX tiles from {quant_kernel.AMX_ROWS} rows"
 
 
 def step_weight_bytes(model: torch.nn.Module) -> int:

@@ -1,0 +1,211 @@
+"""Which of a model's linears become :class:`~.quant_linear.QuantLinear` layers, and how:
+the decoder layers' (:func:`quantize_linears`, ``Knobs.weights`` int8 or int4), the lm_head's
+(:func:`quantize_lm_head`: int8 in groups of 32 where the own kernel runs), each weight packed
+for the own int4 kernel a chunk of rows at a time (:func:`pack_own_int4`), and the load log's
+account of it (:class:`QuantReport`). The formats, the codes and the layer are
+:mod:`~.quant_linear`'s; :mod:`~.engine_layout` calls these a layer at a time."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from batchline.models.generation.quant_linear import (
+    INT4_GROUP_SIZE,
+    Int4Codes,
+    QuantLinear,
+    int4_group_size,
+    int8_group_planes,
+    quantize_int4,
+    quantize_int8,
+    quantize_int8_groups,
+)
+
+__all__ = [
+    "PACK_CHUNK_ROWS",
+    "QuantReport",
+    "pack_own_int4",
+    "quantize_linears",
+    "quantize_lm_head",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class QuantReport:
+    """What :func:`quantize_linears` quantized: how many linears, as what, their weight bytes
+    before and after, and whose kernel computes them (said in the load log)."""
+
+    kind: str
+    linears: int
+    bytes_before: int
+    bytes_after: int
+    kernel: str = "torch's kernel"
+    #: the lm_head's report where :func:`quantize_lm_head` quantized it, else None (kept)
+    head: QuantReport | None = None
+
+    def __add__(self, other: QuantReport) -> QuantReport:
+        """Both reports' linears and bytes (one kind, one kernel: layers quantized in turn)."""
+        return QuantReport(
+            self.kind,
+            self.linears + other.linears,
+            self.bytes_before + other.bytes_before,
+            self.bytes_after + other.bytes_after,
+            self.kernel if self.linears else other.kernel,
+            self.head or other.head,
+        )
+
+    def _bytes(self) -> str:
+        return f"{self.bytes_before / 2**20:.0f} -> {self.bytes_after / 2**20:.0f} MiB"
+
+    def __str__(self) -> str:
+        head = self.head
+        kept = (
+            "embedding and lm_head kept"
+            if head is None
+            else f"embedding kept; lm_head as {head.kind} in groups of {INT4_GROUP_SIZE}, "
+            f"{head._bytes()}"
+        )
+        return (
+            f"{self.linears} linears as {self.kind} through {self.kernel} ({self._bytes()}; {kept})"
+        )
+
+
+def quantize_linears(
+    model: torch.nn.Module,
+    kind: str,
+    dtype: torch.dtype,
+    layers: Sequence[torch.nn.Module] | None = None,
+) -> QuantReport:
+    """Replace the ``nn.Linear`` layers of ``model.model.layers`` (``layers`` of them where
+    given: a loader quantizing one layer at a time) (after
+    :func:`~batchline.models.generation.lean_llama.fuse_projections`: the fused ones) by
+    :class:`QuantLinear` of ``kind`` (``int8`` or ``int4``), scales in ``dtype``. The embedding
+    (a lookup) and the lm_head stay as they are. A quantized lm_head would be faster where the
+    own kernel has AMX (SmolLM2-1.7B's 49,152 x 2,048, two threads, against bf16 packed: int4
+    9.9 -> 3.0 ms at one row, 11.0 -> 6.1 at 16), but fails the quality gate
+    (``benchmarks/bench_quant_quality.py``, SmolLM2-135M's real weights, 2026-12-02): with it
+    int4 scored 89.8 % top-1 and drifted 11.8 % in log-prob (limit 2 %), int8 97.0 % and 2.5 %;
+    with it dense, 98.4 % / 0.4 % and 97.2 % / 1.7 %. An int4 linear needs 16 | outputs and
+    32 | inputs (torch's layout): one that has not stays dense (the report counts those
+    quantized)."""
+    if kind not in ("int8", "int4"):
+        raise ValueError(f"weights must be int8 or int4, got {kind!r}")
+    if layers is None:
+        layers = [model.model.layers]  # type: ignore[union-attr, list-item]
+    swaps: list[tuple[torch.nn.Module, str, torch.nn.Linear]] = []
+    for parent in (m for layer in layers for m in layer.modules()):
+        for name, child in parent.named_children():
+            if type(child) is not torch.nn.Linear or child.weight.device.type != "cpu":
+                continue
+            n, k = child.weight.shape
+            # torch's int4 layout packs 16 output rows at a time, in groups of 32 inputs
+            if kind == "int8" or (n % 16 == 0 and k % INT4_GROUP_SIZE == 0):
+                swaps.append((parent, name, child))
+    from batchline.models.generation import quant_kernel
+
+    # the own int4 kernel where QuantLinear.int4 would take it (bf16, groups of its size)
+    own_int4 = kind == "int4" and dtype == torch.bfloat16 and INT4_GROUP_SIZE == quant_kernel.GROUP
+    own_int4 = own_int4 and quant_kernel.own_kernels()[0]
+    before = after = 0
+    for parent, name, child in swaps:
+        weight = child.weight.detach()
+        before += weight.numel() * weight.element_size()
+        bias = None if child.bias is None else child.bias.detach()
+        if kind == "int8":
+            layer = QuantLinear.int8(*quantize_int8(weight), bias=bias, dtype=dtype)
+        elif own_int4:  # a chunk of rows at a time: one chunk's temporaries, not the weight's
+            int4_group_size(weight.shape[1])  # raises for a width it does not take
+            packed = pack_own_int4(weight, _int4_plane)
+            layer = QuantLinear.own_int4(packed, *weight.shape, bias=bias)
+        else:
+            codes = quantize_int4(weight, int4_group_size(weight.shape[1]))
+            layer = QuantLinear.int4([codes], bias=bias, dtype=dtype)
+        after += layer.weight_bytes
+        setattr(parent, name, layer)
+    own = any(isinstance(m, QuantLinear) and m.own_kernel for x in layers for m in x.modules())
+    return QuantReport(
+        kind, len(swaps), before, after, _kernel_path(kind) if own else "torch's kernel"
+    )
+
+
+#: The rows of a weight quantized and packed for the own kernel at a time (a multiple of its
+#: 16-column tiles): one chunk's float32 copy, codes and packing temporaries, not the whole
+#: weight's. A 3B shape's int4 load (``benchmarks/bench_quant_step.py --rss``, 2026-12-02)
+#: peaked at 2.54 GiB with chunks of 4,096 rows (~300 MB of temporaries for its lm_head's
+#: 3,072 inputs), at 2.35 with 1,024; whole weights, at 2.95.
+PACK_CHUNK_ROWS = 1024
+
+
+def pack_own_int4(
+    weight: torch.Tensor, planes_of: Callable[[torch.Tensor], list[Int4Codes]]
+) -> list[torch.Tensor]:
+    """The own int4 kernel's packed planes (:func:`~batchline.models.generation.quant_kernel.
+    pack_int4`) of ``planes_of(rows)`` for each :data:`PACK_CHUNK_ROWS` rows of ``weight``
+    ``(N, K)`` in turn, put together (the layout is per 16 rows: the same bytes as one pass).
+    Each chunk's pages of a mapped file are given back once it is packed: weights read from a
+    file are read once here (a tied embedding's lookups read their own rows again)."""
+    from batchline.models.common.torch_weights import release_file_pages
+    from batchline.models.generation import quant_kernel
+
+    n, k = weight.shape
+    tiles, groups = -(-n // quant_kernel.TILE), k // quant_kernel.GROUP
+    packed: list[torch.Tensor] = []
+    for start in range(0, n, PACK_CHUNK_ROWS):
+        rows = weight[start : start + PACK_CHUNK_ROWS]
+        planes = planes_of(rows)
+        if not packed:
+            shape = (tiles, groups, quant_kernel.BLOCK)
+            packed = [torch.empty(shape, dtype=torch.uint8) for _ in planes]
+        tile = start // quant_kernel.TILE
+        for plane, into in zip(planes, packed, strict=True):
+            part = quant_kernel.pack_int4(plane.codes, plane.scales, plane.zeros)
+            into[tile : tile + part.shape[0]] = part
+        release_file_pages([rows])
+    return packed
+
+
+def _int4_plane(rows: torch.Tensor) -> list[Int4Codes]:
+    return [quantize_int4(rows, INT4_GROUP_SIZE)]
+
+
+def quantize_lm_head(model: torch.nn.Module, dtype: torch.dtype) -> QuantReport | None:
+    """Replace ``model.lm_head`` by int8 in groups of 32 (:func:`quantize_int8_groups`),
+    computed as the two int4 planes of :func:`int8_group_planes` through the own kernel, where
+    that kernel runs here (:func:`~batchline.models.generation.quant_kernel.own_kernels`), the
+    activations are bf16 and the head is a plain CPU ``nn.Linear`` of 32 | inputs; else None,
+    the head kept. A head tied to the embedding leaves the embedding as it was (its lookups).
+
+    Why this format (the quality gate and a 360M batch-1 step are in docs/generation.md):
+    per-channel int8 and int4 heads failed ``benchmarks/bench_quant_quality.py`` (see
+    :func:`quantize_linears`); groups of 32 keep each scale to its own 32 weights, as llama.cpp's
+    Q8_0 does. Its two planes read 1.25 bytes a weight where bf16 reads 2."""
+    from batchline.models.generation import quant_kernel
+
+    head = getattr(model, "lm_head", None)
+    if type(head) is not torch.nn.Linear or head.weight.device.type != "cpu":
+        return None
+    n, k = head.weight.shape
+    if dtype != torch.bfloat16 or k % quant_kernel.GROUP or not quant_kernel.own_kernels()[0]:
+        return None
+    weight = head.weight.detach()
+    planes = pack_own_int4(
+        weight, lambda rows: int8_group_planes(*quantize_int8_groups(rows, 32), 32)
+    )
+    bias = None if head.bias is None else head.bias.detach()
+    model.lm_head = QuantLinear.own_int4(planes, n, k, kind="int8g", bias=bias)
+    before = weight.numel() * weight.element_size()
+    return QuantReport("int8g", 1, before, model.lm_head.weight_bytes, _kernel_path("int4"))
+
+
+def _kernel_path(kind: str) -> str:
+    """Which of the own kernel's paths a decode step's rows take, in the load log's words."""
+    from batchline.models.generation import quant_kernel
+
+    if not quant_kernel.own_kernels(amx=True)[0]:
+        return "batchline's kernel on AVX512-BF16"
+    if kind == "int8":
+        return "batchline's kernel on AMX tiles"
+    # one row through vdpbf16ps: as fast as a tile product there, and no tile state to set up
+    return f"batchline's kernel on AMX tiles from {quant_kernel.AMX_ROWS} rows"
