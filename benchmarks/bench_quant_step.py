@@ -2,7 +2,8 @@
 
 The shape is SmolLM2-360M's (``LlamaConfig``: hidden 960, 32 layers, 15 heads / 5 KV heads,
 MLP 2,560, vocabulary 49,152, tied embeddings) with random weights, saved in bf16 with
-``save_pretrained`` in a temp folder (a step's time does not depend on the weights' values).
+``save_pretrained`` in a temp folder, or once under ``--folder`` and kept there (a step's time
+does not depend on the weights' values).
 Each format loads it as ``batchline run`` and ``serve`` do (``load_text_generator``, ``--dtype``,
 ``--set weights=...``); one sequence of a ``--prompt-tokens`` prompt then decodes, and the
 median of its decode steps is the step time. The floor is the bytes a step reads (every
@@ -132,7 +133,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--copy-mib", type=int, default=512)
     parser.add_argument("--rss", action="store_true", help="peak RSS per format, no timing")
-    parser.add_argument("--folder", type=Path, help="--rss: where the shape's folder is kept")
+    parser.add_argument(
+        "--folder", type=Path, help="where the shape's folder is kept (built there once)"
+    )
     parser.add_argument("--_load-one", dest="load_one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -155,7 +158,7 @@ def main() -> None:
     print(f"copy bandwidth: {bandwidth / 1e9:.1f} GB/s (read + write), {args.threads} thread(s)")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        folder = build_folder(args.shape, Path(tmp))
+        folder = _folder(args.folder or Path(tmp), args.shape)
         for fmt in args.formats.split(","):
             weights = "float" if fmt in ("bfloat16", "float32") else fmt
             dtype = fmt if fmt in ("bfloat16", "float32") else "bfloat16"
@@ -198,15 +201,20 @@ def _load_one(folder: Path, fmt: str) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def _folder(root: Path, shape: str) -> Path:
+    """``shape``'s folder under ``root``, built there unless an earlier run left it."""
+    folder = root / f"llama-{shape}"
+    if not (folder / "config.json").is_file():
+        root.mkdir(parents=True, exist_ok=True)
+        build_folder(shape, root)
+    return folder
+
+
 def _rss(args: argparse.Namespace) -> None:
     import subprocess
     import sys
 
-    root = args.folder or Path(tempfile.mkdtemp(prefix="bench-rss-"))
-    folder = root / f"llama-{args.shape}"
-    if not (folder / "config.json").is_file():
-        root.mkdir(parents=True, exist_ok=True)
-        build_folder(args.shape, root)
+    folder = _folder(args.folder or Path(tempfile.mkdtemp(prefix="bench-rss-")), args.shape)
     peaks = {}
     for fmt in args.formats.split(","):
         done = subprocess.run(
