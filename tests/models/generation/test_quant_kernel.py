@@ -282,6 +282,74 @@ def test_a_layer_quantized_a_chunk_of_rows_at_a_time_packs_what_one_pass_packs(
         assert torch.equal(layer._own[0], whole._own[0]), name
 
 
+def test_fusing_as_packed_gives_the_layer_that_fusing_then_quantizing_gives(
+    library: None, torch_threads: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import copy
+
+    import transformers
+
+    from batchline.models.generation.lean_llama import fuse_projections
+
+    config = transformers.Qwen2Config(  # q/k/v with biases
+        vocab_size=320,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    torch.manual_seed(3)
+    model = transformers.Qwen2ForCausalLM(config).to(torch.bfloat16).eval()
+    twice = copy.deepcopy(model)
+    monkeypatch.setattr(quantize, "PACK_CHUNK_ROWS", 48)  # chunks that end inside a part
+    layer = model.model.layers[0]
+    report = quantize.fuse_quantized(layer, "int4", torch.bfloat16)
+    fuse_projections(twice)
+    expected = quantize.quantize_linears(twice, "int4", torch.bfloat16)
+    assert report is not None
+    assert report.linears == 2
+    for block, name in (("self_attn", "qkv_proj"), ("mlp", "gate_up_proj")):
+        mine = getattr(getattr(layer, block), name)
+        theirs = getattr(getattr(twice.model.layers[0], block), name)
+        assert isinstance(mine, QuantLinear)
+        assert mine.own_kernel
+        assert torch.equal(mine._own[0], theirs._own[0]), name
+        assert (mine.bias is None) == (theirs.bias is None)
+        assert mine.bias is None or torch.equal(mine.bias, theirs.bias)
+    fused = [layer.self_attn.qkv_proj, layer.mlp.gate_up_proj]
+    assert report.bytes_after == sum(m.weight_bytes for m in fused)
+    assert report.bytes_before == sum(2 * m.in_features * m.out_features for m in fused)
+    assert report.kernel == expected.kernel
+    # the parts are views of the fused layer, as fusing leaves them
+    assert type(layer.self_attn.k_proj) is type(twice.model.layers[0].self_attn.k_proj)
+    # o_proj and down_proj are left to quantize_linears; then both models compute alike
+    quantize.quantize_linears(model, "int4", torch.bfloat16)
+    x = torch.randint(3, 320, (1, 5))
+    with torch.inference_mode():
+        assert torch.equal(model(x).logits, twice(x).logits)
+    # fused already: nothing more to do
+    assert quantize.fuse_quantized(layer, "int4", torch.bfloat16) is None
+    # not for int8, nor for float32 scales
+    plain = transformers.Qwen2ForCausalLM(config).to(torch.bfloat16).eval().model.layers[0]
+    assert quantize.fuse_quantized(plain, "int8", torch.bfloat16) is None
+    assert quantize.fuse_quantized(plain, "int4", torch.float32) is None
+    plain.self_attn.k_proj.bias = None  # a bias on q and v only: left to fusing in turn
+    only_mlp = quantize.fuse_quantized(plain, "int4", torch.bfloat16)
+    assert only_mlp is not None
+    assert only_mlp.linears == 1
+    assert not hasattr(plain.self_attn, "qkv_proj")
+    assert hasattr(plain.mlp, "gate_up_proj")
+
+
+def test_packing_stacked_weights_wants_whole_tiles_but_for_the_last(library: None) -> None:
+    planes = quantize._int4_plane
+    with pytest.raises(ValueError, match="only the last weight stacked"):
+        quantize.pack_own_int4([torch.randn(24, 64), torch.randn(16, 64)], planes)
+    stacked = quantize.pack_own_int4([torch.randn(32, 64), torch.randn(24, 64)], planes)
+    assert stacked[0].shape[0] == 4  # 56 rows: three tiles and a part-filled one
+
+
 def test_quant_linear_keeps_torchs_kernel_where_the_own_one_does_not_run(
     monkeypatch: pytest.MonkeyPatch, torch_threads: None
 ) -> None:

@@ -10,7 +10,9 @@ One layer at a time, because of what a layer costs while it changes: its fused c
 model's dtype, a float32 copy to quantize, and the pages of the mapped file its weights were
 read from. Fusing every layer first and quantizing afterwards held the model twice over: a
 3B-parameter Llama-shaped folder (bf16, 5.9 GB) peaked at 11.8 GB of RSS on the way to its
-1.7 GB of int4 weights; a layer at a time, at 2.8 GB (2026-12-02).
+1.7 GB of int4 weights; a layer at a time, at 2.8 GB (2026-12-02). For the own int4 kernel
+the parts are packed straight into the fused layer (:func:`~.quantize.fuse_quantized`), and
+no fused copy is made at all.
 """
 
 from __future__ import annotations
@@ -50,7 +52,11 @@ def lay_out_weights(model: torch.nn.Module, weights: str, dtype: torch.dtype) ->
         trim_heap,
     )
     from batchline.models.generation.lean_llama import fusable_layers, fuse_layer
-    from batchline.models.generation.quantize import quantize_linears, quantize_lm_head
+    from batchline.models.generation.quantize import (
+        fuse_quantized,
+        quantize_linears,
+        quantize_lm_head,
+    )
 
     quantize = weights in ("int8", "int4")
     fusable = {id(layer) for layer in fusable_layers(model)}
@@ -64,7 +70,11 @@ def lay_out_weights(model: torch.nn.Module, weights: str, dtype: torch.dtype) ->
     for layer in model.model.layers:  # type: ignore[union-attr]
         before = list(layer.parameters())
         if id(layer) in fusable:
-            fused += fuse_layer(layer)
+            early = fuse_quantized(layer, weights, dtype) if quantize else None
+            if early is not None:  # fused as it was packed: no fused float copy was made
+                fused += early.linears
+                report = early if report is None else report + early
+            fused += fuse_layer(layer)  # the groups left (all, where none fused above)
             release_replaced(layer, before)  # the parts, now copied into the fused linears
         if quantize:
             done = quantize_linears(model, weights, dtype, layers=[layer])

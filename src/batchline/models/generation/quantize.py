@@ -1,5 +1,6 @@
 """Which of a model's linears become :class:`~.quant_linear.QuantLinear` layers, and how:
-the decoder layers' (:func:`quantize_linears`, ``Knobs.weights`` int8 or int4), the lm_head's
+the decoder layers' (:func:`quantize_linears`, ``Knobs.weights`` int8 or int4; for the own int4
+kernel, q/k/v and gate/up fused as they are packed, :func:`fuse_quantized`), the lm_head's
 (:func:`quantize_lm_head`: int8 in groups of 32 where the own kernel runs), each weight packed
 for the own int4 kernel a chunk of rows at a time (:func:`pack_own_int4`), and the load log's
 account of it (:class:`QuantReport`). The formats, the codes and the layer are
@@ -26,6 +27,7 @@ from batchline.models.generation.quant_linear import (
 __all__ = [
     "PACK_CHUNK_ROWS",
     "QuantReport",
+    "fuse_quantized",
     "pack_own_int4",
     "quantize_linears",
     "quantize_lm_head",
@@ -103,11 +105,7 @@ def quantize_linears(
             # torch's int4 layout packs 16 output rows at a time, in groups of 32 inputs
             if kind == "int8" or (n % 16 == 0 and k % INT4_GROUP_SIZE == 0):
                 swaps.append((parent, name, child))
-    from batchline.models.generation import quant_kernel
-
-    # the own int4 kernel where QuantLinear.int4 would take it (bf16, groups of its size)
-    own_int4 = kind == "int4" and dtype == torch.bfloat16 and INT4_GROUP_SIZE == quant_kernel.GROUP
-    own_int4 = own_int4 and quant_kernel.own_kernels()[0]
+    own_int4 = _own_int4(kind, dtype)
     before = after = 0
     for parent, name, child in swaps:
         weight = child.weight.detach()
@@ -117,7 +115,7 @@ def quantize_linears(
             layer = QuantLinear.int8(*quantize_int8(weight), bias=bias, dtype=dtype)
         elif own_int4:  # a chunk of rows at a time: one chunk's temporaries, not the weight's
             int4_group_size(weight.shape[1])  # raises for a width it does not take
-            packed = pack_own_int4(weight, _int4_plane)
+            packed = pack_own_int4([weight], _int4_plane)
             layer = QuantLinear.own_int4(packed, *weight.shape, bias=bias)
         else:
             codes = quantize_int4(weight, int4_group_size(weight.shape[1]))
@@ -134,36 +132,101 @@ def quantize_linears(
 #: 16-column tiles): one chunk's float32 copy, codes and packing temporaries, not the whole
 #: weight's. A 3B shape's int4 load (``benchmarks/bench_quant_step.py --rss``, 2026-12-02)
 #: peaked at 2.54 GiB with chunks of 4,096 rows (~300 MB of temporaries for its lm_head's
-#: 3,072 inputs), at 2.35 with 1,024; whole weights, at 2.95.
+#: 3,072 inputs), at 2.35 with 1,024; whole weights, at 2.95. With q/k/v and gate/up fused as
+#: they are packed (:func:`fuse_quantized`) the peak is the lm_head's: 2.28 GiB with 1,024
+#: rows, 2.25 with 256, whose load took 1.9 s longer (17.8 s); the model loaded is 2.22.
 PACK_CHUNK_ROWS = 1024
 
 
 def pack_own_int4(
-    weight: torch.Tensor, planes_of: Callable[[torch.Tensor], list[Int4Codes]]
+    weights: Sequence[torch.Tensor], planes_of: Callable[[torch.Tensor], list[Int4Codes]]
 ) -> list[torch.Tensor]:
     """The own int4 kernel's packed planes (:func:`~batchline.models.generation.quant_kernel.
-    pack_int4`) of ``planes_of(rows)`` for each :data:`PACK_CHUNK_ROWS` rows of ``weight``
-    ``(N, K)`` in turn, put together (the layout is per 16 rows: the same bytes as one pass).
-    Each chunk's pages of a mapped file are given back once it is packed: weights read from a
-    file are read once here (a tied embedding's lookups read their own rows again)."""
+    pack_int4`) of ``weights`` (each ``(N_i, K)``) stacked by rows: ``planes_of(rows)`` for
+    each :data:`PACK_CHUNK_ROWS` rows of each weight in turn, put together (the layout is per 16
+    rows: the same bytes as one pass over the stacked weight, which is never made). Every
+    weight but the last has a multiple of 16 rows. Each chunk's pages of a mapped file are
+    given back once it is packed: weights read from a file are read once here (a tied
+    embedding's lookups read their own rows again)."""
     from batchline.models.common.torch_weights import release_file_pages
     from batchline.models.generation import quant_kernel
 
-    n, k = weight.shape
+    if any(w.shape[0] % quant_kernel.TILE for w in weights[:-1]):
+        raise ValueError(f"only the last weight stacked may leave a tile part-filled: {weights}")
+    n, k = sum(w.shape[0] for w in weights), weights[0].shape[1]
     tiles, groups = -(-n // quant_kernel.TILE), k // quant_kernel.GROUP
     packed: list[torch.Tensor] = []
-    for start in range(0, n, PACK_CHUNK_ROWS):
-        rows = weight[start : start + PACK_CHUNK_ROWS]
-        planes = planes_of(rows)
-        if not packed:
-            shape = (tiles, groups, quant_kernel.BLOCK)
-            packed = [torch.empty(shape, dtype=torch.uint8) for _ in planes]
-        tile = start // quant_kernel.TILE
-        for plane, into in zip(planes, packed, strict=True):
-            part = quant_kernel.pack_int4(plane.codes, plane.scales, plane.zeros)
-            into[tile : tile + part.shape[0]] = part
-        release_file_pages([rows])
+    tile = 0
+    for weight in weights:
+        for start in range(0, weight.shape[0], PACK_CHUNK_ROWS):
+            rows = weight[start : start + PACK_CHUNK_ROWS]
+            planes = planes_of(rows)
+            if not packed:
+                shape = (tiles, groups, quant_kernel.BLOCK)
+                packed = [torch.empty(shape, dtype=torch.uint8) for _ in planes]
+            for plane, into in zip(planes, packed, strict=True):
+                part = quant_kernel.pack_int4(plane.codes, plane.scales, plane.zeros)
+                into[tile : tile + part.shape[0]] = part
+            tile += -(-rows.shape[0] // quant_kernel.TILE)
+            release_file_pages([rows])
     return packed
+
+
+def fuse_quantized(layer: torch.nn.Module, kind: str, dtype: torch.dtype) -> QuantReport | None:
+    """Fuse ``layer``'s q/k/v and gate/up linears (the groups of
+    :func:`~batchline.models.generation.lean_llama.fuse_layer`) as int4 for the own kernel in
+    one pass: each part's rows quantized and packed straight into the fused layer's tiles
+    (:func:`pack_own_int4`), so that the fused float copy that fusing first makes is never
+    made (a 3B shape's gate/up: 100 MB in bf16 at each layer). What it fused is reported as
+    :func:`quantize_linears` reports it (a linear a group); None where it fused nothing: the
+    kernel does not run here, ``kind`` is not int4 or ``dtype`` not bf16, or no group's parts
+    are plain CPU linears of one width, 16 | rows and 32 | inputs, with a bias each or none.
+    The packed bytes are those of fusing and quantizing in turn (the codes are per row)."""
+    if not _own_int4(kind, dtype):
+        return None
+    from batchline.models.generation import quant_kernel
+    from batchline.models.generation.lean_llama import _GATE_UP, _QKV, join_projections
+
+    report: QuantReport | None = None
+    for block, (name, parts) in (("self_attn", _QKV), ("mlp", _GATE_UP)):
+        module = layer.get_submodule(block)
+        linears = [getattr(module, part, None) for part in parts]
+        if hasattr(module, name) or not all(
+            type(x) is torch.nn.Linear and x.weight.device.type == "cpu" for x in linears
+        ):
+            continue  # fused already, or linears of another kind
+        weights = [x.weight.detach() for x in linears]  # type: ignore[union-attr]
+        biases = [x.bias.detach() for x in linears if x.bias is not None]  # type: ignore[union-attr]
+        k = weights[0].shape[1]
+        if (
+            (biases and len(biases) < len(weights))
+            or any(w.shape[1] != k or w.shape[0] % quant_kernel.TILE for w in weights)
+            or k % INT4_GROUP_SIZE
+        ):
+            continue
+        sizes = [w.shape[0] for w in weights]
+        joined = QuantLinear.own_int4(
+            pack_own_int4(weights, _int4_plane),
+            sum(sizes),
+            k,
+            bias=torch.cat(biases) if biases else None,
+        )
+        join_projections(module, name, parts, joined, sizes)
+        before = sum(w.numel() * w.element_size() for w in weights)
+        done = QuantReport("int4", 1, before, joined.weight_bytes, _kernel_path("int4"))
+        report = done if report is None else report + done
+    return report
+
+
+def _own_int4(kind: str, dtype: torch.dtype) -> bool:
+    """Whether ``kind`` linears with ``dtype`` scales take the own int4 kernel here: where
+    :meth:`QuantLinear.int4` would (bf16, groups of its size, the kernel built and the CPU
+    able)."""
+    from batchline.models.generation import quant_kernel
+
+    if kind != "int4" or dtype != torch.bfloat16 or INT4_GROUP_SIZE != quant_kernel.GROUP:
+        return False
+    return quant_kernel.own_kernels()[0]
 
 
 def _int4_plane(rows: torch.Tensor) -> list[Int4Codes]:
@@ -191,7 +254,7 @@ def quantize_lm_head(model: torch.nn.Module, dtype: torch.dtype) -> QuantReport 
         return None
     weight = head.weight.detach()
     planes = pack_own_int4(
-        weight, lambda rows: int8_group_planes(*quantize_int8_groups(rows, 32), 32)
+        [weight], lambda rows: int8_group_planes(*quantize_int8_groups(rows, 32), 32)
     )
     bias = None if head.bias is None else head.bias.detach()
     model.lm_head = QuantLinear.own_int4(planes, n, k, kind="int8g", bias=bias)
