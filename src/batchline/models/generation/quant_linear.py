@@ -73,9 +73,15 @@ INT4_GROUP_SIZE = 32
 #: Through the own int4 kernel ("own") the time grows ~linearly from 16 rows on while
 #: dequantizing its layout took ~30 ms (960 -> 5,120: 0.8 / 2.6 / 8.4 ms at 16 / 64 / 256 rows
 #: against 29-40 ms for dequantizing and multiplying dense): the kernel up to 1,024 rows.
-#: The own int8 kernel ("own8", AMX) took dense bf16's time at 64 rows (960 -> 5,120: 1.74
-#: against 1.79 ms) and 2.5x it at 256.
-DENSE_ROWS = {"int8": 32, "int4": 256, "int8g": 256, "own": 1024, "own8": 64}
+#: The own int8 kernel ("own8", AMX) takes 2.5x a packed bf16 weight's time at 256 rows, but
+#: the layer has no such weight: dequantizing its layout costs ~65 ms a 2,048 -> 16,384
+#: weight, where the kernel took 3.4 / 13.4 / 37 / 73 / 87 ms at 64 / 256 / 512 / 768 / 896
+#: rows and 114 at 1,024 (dequantized: 65 / 71 / 77 / 90 / 92 and 101; 2026-12-02). From 64
+#: rows, as it was, every prefill chunk (up to 512 tokens) dequantized each weight: a 1.7B
+#: shape at 16 clients (``benchmarks/bench_sizes.py --servers own-bf16,own-int8 --clients 16``)
+#: made 42.9 tok/s in int8, TTFT p50 7.05 s, against bf16's 53.9; from 1,024, 67.1 and 2.98 s
+#: against bf16's 56.8.
+DENSE_ROWS = {"int8": 32, "int4": 256, "int8g": 256, "own": 1024, "own8": 1024}
 
 
 @dataclass(frozen=True, slots=True)
