@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from batchline.models.generation import quant_kernel as ik  # noqa: E402
-from batchline.models.generation import quantize  # noqa: E402
+from batchline.models.generation import quant_linear, quantize  # noqa: E402
 from batchline.models.generation.quant_linear import (  # noqa: E402
     Int4Codes,
     QuantLinear,
@@ -159,6 +159,43 @@ def test_the_packed_layout_holds_every_code_scale_and_zero(torch_threads: None) 
     assert torch.equal(codes, q.codes)
     assert torch.equal(scales.float(), q.scales)
     assert torch.equal(zeros.float(), q.zeros)
+
+
+@pytest.mark.parametrize(("n", "k"), [(24, 96), (48, 64), (40, 2048)])
+def test_the_library_dequantizes_each_weight_rounded_once(
+    library: None, torch_threads: None, n: int, k: int
+) -> None:
+    q = _codes(n, k, seed=n + k)  # 24 and 40 leave the last tile part-filled
+    packed = ik.pack_int4(q.codes, q.scales, q.zeros)
+    codes = q.codes.double().view(n, k // 32, 32)
+    exact = ((codes - 8) * q.scales.double()[..., None] + q.zeros.double()[..., None]).view(n, k)
+    got = ik.int4_dequantize(packed, n)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, exact.float().bfloat16())  # fp32's fma, then bf16: one rounding
+    with pytest.raises(RuntimeError, match="n must fill the last of the packed tiles"):
+        ik.int4_dequantize(packed, n + 16)
+
+
+def test_a_layer_of_many_rows_multiplies_the_dequantized_weight_dense(
+    library: None, torch_threads: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    q = _codes(40, 96, seed=8)
+    layer = QuantLinear.int4([q], own_kernel=True)
+    rows = quant_linear.DENSE_ROWS["own"]
+    x = torch.randn(rows, 96).bfloat16()
+    reference = x.double() @ q.dequantize().T
+    calls: list[int] = []
+    real = ik.int4_dequantize
+
+    def spy(packed: torch.Tensor, n: int) -> torch.Tensor:
+        calls.append(n)
+        return real(packed, n)
+
+    monkeypatch.setattr(ik, "int4_dequantize", spy)
+    assert _relative(layer(x), reference) < TOLERANCE
+    assert calls == [40]
+    assert _relative(layer(x[: rows - 1]), reference[: rows - 1]) < TOLERANCE
+    assert calls == [40]  # one row fewer: the kernel
 
 
 def test_no_rows_give_an_empty_product_and_bad_inputs_say_what_is_wrong(library: None) -> None:

@@ -70,9 +70,12 @@ INT4_GROUP_SIZE = 32
 #: one thread, a busy machine: int4 11.5 ms at 512 rows where dense took 1.2 ms and unpacking
 #: the int4 codes 5.3 ms (even at ~270 rows); int8 0.44 / 1.56 / 12.6 ms at 16 / 64 / 512 rows,
 #: its dequantizing ~0.7 ms (even at ~32 rows; 256 rows went 10.9 -> 1.35 ms).
-#: Through the own int4 kernel ("own") the time grows ~linearly from 16 rows on while
-#: dequantizing its layout took ~30 ms (960 -> 5,120: 0.8 / 2.6 / 8.4 ms at 16 / 64 / 256 rows
-#: against 29-40 ms for dequantizing and multiplying dense): the kernel up to 1,024 rows.
+#: Through the own int4 kernel ("own") the time grows ~linearly from 16 rows on; its weight
+#: is dequantized for a dense product by the kernel library (``int4_dequantize``: a 2,048 ->
+#: 16,384 weight in 18 ms, 160 through ``dequantized``). That weight, kernel against
+#: dequantized and dense, 2 threads (2026-12-02): 17.7 / 29.2 ms at 256 rows, 42.8 / 36.6 at
+#: 512, 129.5 / 58.8 at 1,024 (8,192 -> 2,048: 11.4 / 15.5, 26.9 / 20.5, 52.1 / 26.5): the
+#: kernel below 512 rows.
 #: The own int8 kernel ("own8", AMX) takes 2.5x a packed bf16 weight's time at 256 rows, but
 #: the layer has no such weight: dequantizing its layout costs ~65 ms a 2,048 -> 16,384
 #: weight, where the kernel took 3.4 / 13.4 / 37 / 73 / 87 ms at 64 / 256 / 512 / 768 / 896
@@ -81,7 +84,7 @@ INT4_GROUP_SIZE = 32
 #: shape at 16 clients (``benchmarks/bench_sizes.py --servers own-bf16,own-int8 --clients 16``)
 #: made 42.9 tok/s in int8, TTFT p50 7.05 s, against bf16's 53.9; from 1,024, 67.1 and 2.98 s
 #: against bf16's 56.8.
-DENSE_ROWS = {"int8": 32, "int4": 256, "int8g": 256, "own": 1024, "own8": 1024}
+DENSE_ROWS = {"int8": 32, "int4": 256, "int8g": 256, "own": 512, "own8": 1024}
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,12 +358,22 @@ class QuantLinear(torch.nn.Module):
             out += ((codes - 8) * s + z).view(n, k)
         return out
 
+    def _dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
+        """The weight in ``dtype`` for a dense product: a bf16 one of the own int4 kernel's
+        single plane from the kernel library's dequantizing (:func:`~.quant_kernel.
+        int4_dequantize`, rounded once), any other from :meth:`dequantized`."""
+        if dtype == torch.bfloat16 and len(self._own) == 1 and self._own8 is None:
+            from batchline.models.generation.quant_kernel import int4_dequantize
+
+            return int4_dequantize(self._own[0], self.out_features)
+        return self.dequantized(dtype)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
         own = self.own_kernel
         limit = DENSE_ROWS[self.kind if not own else "own8" if self._own8 is not None else "own"]
         if flat.shape[0] >= limit:
-            dense = torch.nn.functional.linear(flat, self.dequantized(flat.dtype), self.bias)
+            dense = torch.nn.functional.linear(flat, self._dense_weight(flat.dtype), self.bias)
             return dense.view(*x.shape[:-1], self.out_features)
         if own and flat.dtype == torch.bfloat16:
             return self._own_forward(flat).view(*x.shape[:-1], self.out_features)
