@@ -332,3 +332,36 @@ def test_decode_step_refuses_what_does_not_fit_the_store(ops: Any) -> None:
         ops.decode_step(qkv[:, :-16], cos, sin, keys, keys.clone(), first, 3, 0.25, 2)
     with pytest.raises(RuntimeError, match="decode_step: more rows than slots, or hi outside"):
         ops.decode_step(qkv, cos, sin, keys, keys.clone(), first, 8, 0.25, 2)
+
+
+# Each kind of host the library is built on (with -march=native): AVX2 only, AVX-512 with BF16
+# and no AMX (Cooper Lake's flags; AMD's Zen 4 has the same ones), and AMX. A source that built
+# only with AMX's flags once cost the AVX2 and AVX-512 hosts the whole library, silently.
+_HOST_KINDS = ("haswell", "cooperlake", "sapphirerapids")
+
+
+def test_the_library_sources_compile_for_every_kind_of_host() -> None:
+    from torch.utils import cpp_extension
+
+    compiler = shutil.which(os.environ.get("CXX", "c++"))
+    if compiler is None:
+        pytest.skip("no C++ compiler")
+    flags = [f for f in dk._FLAGS if f != "-march=native"]
+    assert len(flags) == len(dk._FLAGS) - 1  # the build's own flags but the target
+    includes = [f"-I{p}" for p in cpp_extension.include_paths()]
+    runs = {
+        (kind, source.name): subprocess.Popen(
+            [compiler, *flags, f"-march={kind}", *includes, "-fsyntax-only", str(source)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for kind in _HOST_KINDS
+        for source in dk._SOURCES
+    }
+    failed = {}
+    for key, run in runs.items():
+        _, err = run.communicate(timeout=300)
+        if run.returncode != 0:
+            failed[key] = err.strip().splitlines()[-3:]
+    assert not failed, failed

@@ -311,8 +311,8 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   auto* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
   const float* sp = xsum.data();
-#if defined(BATCHLINE_AMX)
   const int64_t grain = tiles_per_share(groups * kBlock);
+#if defined(BATCHLINE_AMX)
   if (rows >= amx_rows && amx_permitted()) {
     at::parallel_for(0, tiles, grain, [&](int64_t begin, int64_t end) {
       int64_t configured = 0;
