@@ -1,5 +1,5 @@
 """A float model as a loader read it, put into the torch engine's layout: each decoder layer's
-q/k/v and gate/up linears fused (:func:`~.lean_llama.fuse_layer`) and, where the weights asked
+q/k/v and gate/up linears fused (:func:`~.projections.fuse_layer`) and, where the weights asked
 are int8 or int4, its linears quantized (:func:`~.quantize.quantize_linears`), one layer at
 a time, and the dense linears left packed for oneDNN, layer by layer; then the lm_head,
 quantized with them (int8 in groups of 32) where the own kernel runs, else packed. The
@@ -51,7 +51,8 @@ def lay_out_weights(model: torch.nn.Module, weights: str, dtype: torch.dtype) ->
         release_file_pages,
         trim_heap,
     )
-    from batchline.models.generation.lean_llama import fusable_layers, fuse_layer
+    from batchline.models.generation.lean_llama import fusable_layers
+    from batchline.models.generation.projections import fuse_layer
     from batchline.models.generation.quantize import (
         fuse_quantized,
         quantize_linears,

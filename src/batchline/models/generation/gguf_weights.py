@@ -282,7 +282,7 @@ def _make_layers(model: Any, kept: dict[str, list[Int4Codes]], dtype: torch.dtyp
     joins float ones: the same values, as each output row is its own). Returns their bytes."""
     import torch
 
-    from batchline.models.generation.lean_llama import join_projections
+    from batchline.models.generation.projections import join_projections
     from batchline.models.generation.quant_linear import Int4Codes, QuantLinear
 
     def bias_of(path: str) -> torch.Tensor | None:

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from batchline.models.common.packed_linear import PackedLinear
 from batchline.models.generation.decode_kernel import StepOps
 from batchline.models.generation.packed_attention import PassPlan, packed_attention
+from batchline.models.generation.projections import GATE_UP, QKV, fuse_layer
 from batchline.models.generation.quant_linear import QuantLinear
 
 __all__ = [
@@ -50,9 +51,7 @@ __all__ = [
     "Family",
     "LeanForward",
     "fusable_layers",
-    "fuse_layer",
     "fuse_projections",
-    "join_projections",
     "lean_forward",
 ]
 
@@ -106,9 +105,6 @@ Linear = Callable[[torch.Tensor], torch.Tensor]
 #: The linear modules the loop calls: torch's, packed for oneDNN, or int8/int4 weight-only.
 _LINEARS = (torch.nn.Linear, PackedLinear, QuantLinear)
 
-# The linears a layer may hold fused (Phi-3's, or fuse_projections'), and their separate parts.
-_QKV = ("qkv_proj", ("q_proj", "k_proj", "v_proj"))
-_GATE_UP = ("gate_up_proj", ("gate_proj", "up_proj"))
 # A layer's norms, where it has them (Llama's two, Gemma's four).
 _LAYER_NORMS = (
     "input_layernorm",
@@ -430,30 +426,12 @@ def _projections(module: Any, fused: str, parts: tuple[str, ...]) -> list[Any]:
     return [getattr(module, name) for name in ((fused,) if hasattr(module, fused) else parts)]
 
 
-class _Part(torch.nn.Module):
-    """Output columns ``[start, stop)`` of ``owner``'s fused linear ``name``: what the separate
-    linear it replaced computed, bit for bit, for transformers' own forward (which computes the
-    fused product once per part; the lean forward calls it once). It looks the fused linear up
-    on each call, so that one packed for oneDNN later is the one used."""
-
-    def __init__(self, owner: torch.nn.Module, name: str, start: int, stop: int) -> None:
-        super().__init__()
-        # Not a submodule: the fused linear is the owner's, packed once and moved with it.
-        object.__setattr__(self, "_owner", owner)
-        self._name, self.start, self.stop = name, start, stop
-        self.in_features = getattr(owner, name).in_features
-        self.out_features = stop - start
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = getattr(self._owner, self._name)(x)[..., self.start : self.stop]
-        return out
-
-
 def fuse_projections(model: Any) -> int:
     """Give each layer of a model :func:`lean_forward` takes one q/k/v linear and one gate/up
     linear (as Phi-3 has), their weights stacked, and return how many it fused. The separate
-    linears become :class:`_Part` views of them, so transformers' forward still computes the same
-    values; the weights are not held twice. Call it before packing the weights for oneDNN.
+    linears become :class:`~.projections.Part` views of them, so transformers' forward still
+    computes the same values; the weights are not held twice. Call it before packing the
+    weights for oneDNN.
 
     One product instead of three (or two) per layer gives the same bits (each output column sums
     the same products) and takes less time: SmolLM2-135M's q/k/v and gate/up at 16 rows, bf16,
@@ -467,56 +445,6 @@ def fusable_layers(model: Any) -> list[Any]:
     if _family(model)[0] is None:
         return []
     return list(model.model.layers[: model.config.num_hidden_layers])
-
-
-def fuse_layer(layer: Any) -> int:
-    """Fuse one of :func:`fusable_layers`' q/k/v and gate/up linears; how many groups it fused
-    (0 where fused already)."""
-    return _fuse(layer.self_attn, *_QKV) + _fuse(layer.mlp, *_GATE_UP)
-
-
-def _fuse(module: torch.nn.Module, name: str, parts: tuple[str, ...]) -> int:
-    found = [getattr(module, part, None) for part in parts]
-    linears = [x for x in found if type(x) is torch.nn.Linear]
-    if hasattr(module, name) or len(linears) < len(parts):
-        return 0  # fused already (Phi-3), or linears of another kind (packed already)
-    weights: list[torch.Tensor] = [x.weight for x in linears]
-    biases: list[torch.Tensor] = [x.bias for x in linears if x.bias is not None]
-    if biases and len(biases) < len(parts):
-        return 0  # some carry a bias, some not
-    first = weights[0]
-    joined = torch.nn.Linear(
-        first.shape[1],
-        sum(w.shape[0] for w in weights),
-        bias=bool(biases),
-        device=first.device,
-        dtype=first.dtype,
-    )
-    with torch.no_grad():
-        joined.weight.copy_(torch.cat(weights))
-        if joined.bias is not None:
-            joined.bias.copy_(torch.cat(biases))
-    joined.requires_grad_(first.requires_grad)
-    join_projections(module, name, parts, joined, [w.shape[0] for w in weights])
-    return 1
-
-
-def join_projections(
-    module: torch.nn.Module,
-    name: str,
-    parts: tuple[str, ...],
-    joined: torch.nn.Module,
-    sizes: list[int],
-) -> None:
-    """Set ``joined`` (whose outputs are the ``parts``' stacked, ``sizes`` each) as
-    ``module.<name>`` and each part as a view of it: what :func:`fuse_projections` does with
-    torch's linears, and a GGUF's loader with int4 ones (``qkv_proj`` and ``_QKV``'s parts, or
-    ``gate_up_proj`` and ``_GATE_UP``'s)."""
-    setattr(module, name, joined)
-    start = 0
-    for part, size in zip(parts, sizes, strict=True):
-        setattr(module, part, _Part(module, name, start, start + size))
-        start += size
 
 
 def _attention_kwargs(attention: Any, config: Any, family: Family) -> dict[str, Any]:
@@ -615,9 +543,9 @@ def _family(model: Any) -> tuple[str | None, str]:
         if why is not None:
             return None, why
         projections = (
-            *_projections(attention, *_QKV),
+            *_projections(attention, *QKV),
             attention.o_proj,
-            *_projections(mlp, *_GATE_UP),
+            *_projections(mlp, *GATE_UP),
             mlp.down_proj,
         )
         for proj in projections:

@@ -362,7 +362,7 @@ class QuantLinear(torch.nn.Module):
         """The weight in ``dtype`` for a dense product: a bf16 one of the own int4 kernel's
         single plane from the kernel library's dequantizing (:func:`~.quant_kernel.
         int4_dequantize`, rounded once), any other from :meth:`dequantized`."""
-        if dtype == torch.bfloat16 and len(self._own) == 1 and self._own8 is None:
+        if dtype == torch.bfloat16 and len(self._own) == 1:  # int4; int8g has two planes
             from batchline.models.generation.quant_kernel import int4_dequantize
 
             return int4_dequantize(self._own[0], self.out_features)

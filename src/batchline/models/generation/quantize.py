@@ -152,7 +152,8 @@ def pack_own_int4(
     from batchline.models.generation import quant_kernel
 
     if any(w.shape[0] % quant_kernel.TILE for w in weights[:-1]):
-        raise ValueError(f"only the last weight stacked may leave a tile part-filled: {weights}")
+        shapes = [tuple(w.shape) for w in weights]
+        raise ValueError(f"only the last weight stacked may leave a tile part-filled: {shapes}")
     n, k = sum(w.shape[0] for w in weights), weights[0].shape[1]
     tiles, groups = -(-n // quant_kernel.TILE), k // quant_kernel.GROUP
     packed: list[torch.Tensor] = []
@@ -173,8 +174,8 @@ def pack_own_int4(
 
 
 def fuse_quantized(layer: torch.nn.Module, kind: str, dtype: torch.dtype) -> QuantReport | None:
-    """Fuse ``layer``'s q/k/v and gate/up linears (the groups of
-    :func:`~batchline.models.generation.lean_llama.fuse_layer`) as int4 for the own kernel in
+    """Fuse ``layer``'s q/k/v and gate/up linears (its
+    :func:`~batchline.models.generation.projections.fusable_groups`) as int4 for the own kernel in
     one pass: each part's rows quantized and packed straight into the fused layer's tiles
     (:func:`pack_own_int4`), so that the fused float copy that fusing first makes is never
     made (a 3B shape's gate/up: 100 MB in bf16 at each layer). What it fused is reported as
@@ -185,25 +186,19 @@ def fuse_quantized(layer: torch.nn.Module, kind: str, dtype: torch.dtype) -> Qua
     if not _own_int4(kind, dtype):
         return None
     from batchline.models.generation import quant_kernel
-    from batchline.models.generation.lean_llama import _GATE_UP, _QKV, join_projections
+    from batchline.models.generation.projections import fusable_groups, join_projections
 
     report: QuantReport | None = None
-    for block, (name, parts) in (("self_attn", _QKV), ("mlp", _GATE_UP)):
-        module = layer.get_submodule(block)
-        linears = [getattr(module, part, None) for part in parts]
-        if hasattr(module, name) or not all(
-            type(x) is torch.nn.Linear and x.weight.device.type == "cpu" for x in linears
-        ):
-            continue  # fused already, or linears of another kind
-        weights = [x.weight.detach() for x in linears]  # type: ignore[union-attr]
-        biases = [x.bias.detach() for x in linears if x.bias is not None]  # type: ignore[union-attr]
-        k = weights[0].shape[1]
-        if (
-            (biases and len(biases) < len(weights))
-            or any(w.shape[1] != k or w.shape[0] % quant_kernel.TILE for w in weights)
-            or k % INT4_GROUP_SIZE
-        ):
+    for group in fusable_groups(layer):
+        if any(x.weight.device.type != "cpu" for x in group.linears):
             continue
+        weights = [x.weight.detach() for x in group.linears]
+        biases = [x.bias.detach() for x in group.linears if x.bias is not None]
+        k = weights[0].shape[1]
+        if k % INT4_GROUP_SIZE or any(
+            w.shape[1] != k or w.shape[0] % quant_kernel.TILE for w in weights
+        ):
+            continue  # left to fusing dense, then quantize_linears
         sizes = [w.shape[0] for w in weights]
         joined = QuantLinear.own_int4(
             pack_own_int4(weights, _int4_plane),
@@ -211,7 +206,7 @@ def fuse_quantized(layer: torch.nn.Module, kind: str, dtype: torch.dtype) -> Qua
             k,
             bias=torch.cat(biases) if biases else None,
         )
-        join_projections(module, name, parts, joined, sizes)
+        join_projections(group.module, group.name, group.parts, joined, sizes)
         before = sum(w.numel() * w.element_size() for w in weights)
         done = QuantReport("int4", 1, before, joined.weight_bytes, _kernel_path("int4"))
         report = done if report is None else report + done
