@@ -6,7 +6,7 @@ generator, not a backend under the others. It loads through ``load_text_generato
 ``generation_backend="vllm"`` and the bench's knobs: ``device``, ``dtype`` (``auto`` chooses
 as on the torch backend: :func:`~batchline.models.generation.torch_dtype.choose_dtype`) and
 ``max_running_sequences`` (vLLM's ``max_num_seqs``); vLLM's own KV cache, context and memory
-defaults are :func:`~batchline.models.generation.load.vllm_engine_args`'.
+defaults are :func:`~batchline.models.generation.vllm_args.vllm_engine_args`'.
 
 Its engine is its own processes: it starts at the beginning of each of its turns (~30 s on
 CPU, not measured) and is shut down at the end, so it never idles beside a measured run of

