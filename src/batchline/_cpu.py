@@ -21,12 +21,26 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["BF16_FLAGS", "INT8_FLAGS", "HostKind", "cpu_flags", "host_kind"]
+__all__ = [
+    "A8_KERNEL_FLAGS",
+    "BF16_FLAGS",
+    "F32_KERNEL_FLAGS",
+    "INT8_FLAGS",
+    "HostKind",
+    "cpu_flags",
+    "host_kind",
+]
 
 #: Flags (Linux names) of native bf16 arithmetic.
 BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 #: Flags of int8 dot products (what ONNX Runtime's int8 kernels gain from).
 INT8_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni")
+#: Flags the own int4 kernel's float32 path needs, all of them (its sums are FMAs in AVX2
+#: vectors at least; ``generation/csrc/quant_gemm_f32.cpp``).
+F32_KERNEL_FLAGS = ("avx2", "fma")
+#: Flags the own int4 kernel's int8-activation path needs, all of them (vpdpbusd on 512-bit
+#: vectors; ``generation/csrc/quant_gemm_a8.cpp``).
+A8_KERNEL_FLAGS = ("avx512f", "avx512bw", "avx512_vnni")
 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:

@@ -219,3 +219,33 @@ def greedy_reference(model: Any, prompt: Sequence[int], max_new: int) -> list[in
         eos_token_id=None,
     )
     return [int(t) for t in out[0, len(prompt) :]]
+
+
+def dequantize_quant_linears(model: Any) -> None:
+    """Replace each ``QuantLinear`` of ``model`` by a dense float32 ``nn.Linear`` of its
+    dequantized weight (no bias: the tests' tiny models have none): the reference a quantized
+    model's output is checked against."""
+    import torch
+
+    from batchline.models.generation.quant_linear import QuantLinear
+
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, QuantLinear):
+                dense = torch.nn.Linear(child.in_features, child.out_features, bias=False)
+                dense.weight.copy_(child.dequantized(torch.float32))
+                setattr(parent, name, dense)
+
+
+def int_planes(weight: Any, kind: str) -> list[Any]:
+    """``weight`` as the own kernel's planes: ``int4`` one (groups of 32), ``int8g`` int8 in
+    groups of 32 as its two int4 planes (what ``weights=int8`` is in float32)."""
+    from batchline.models.generation.quant_linear import (
+        int8_group_planes,
+        quantize_int4,
+        quantize_int8_groups,
+    )
+
+    if kind == "int4":
+        return [quantize_int4(weight, 32)]
+    return int8_group_planes(*quantize_int8_groups(weight, 32), 32)

@@ -10,7 +10,8 @@ BLAS call, and in bfloat16 that call converts and calls again; this kernel reads
 and values once, sums bfloat16 products with the CPU's AVX512-BF16 instructions where it has
 them, and skips the padding. benchmarks/engine_levers.md has the measurements.
 
-The same library holds the int4 linear (``csrc/quant_gemm.cpp``, used by
+The same library holds the int linears (``csrc/quant_gemm.cpp`` for bf16 activations,
+``csrc/quant_gemm_f32.cpp`` for float32 ones, used by
 :mod:`~batchline.models.generation.quant_kernel`). It is compiled once per machine with the
 system's C++ compiler (``$CXX``, else ``c++``) against the installed torch, into
 ``<cache dir>/kernels/`` under a name that hashes the sources, the compiler, torch's version and
@@ -22,6 +23,7 @@ before.
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import logging
 import os
@@ -49,8 +51,16 @@ DecodeKernel = Callable[
 
 _CSRC = Path(__file__).parent / "csrc"
 #: The library's sources, built together into one shared library: the decode attention and the
-#: step's elementwise ops, and the int4 linear of :mod:`~batchline.models.generation.quant_kernel`.
-_SOURCES = (_CSRC / "decode_attention.cpp", _CSRC / "quant_gemm.cpp")
+#: step's elementwise ops, and the int linears of :mod:`~batchline.models.generation.quant_kernel`
+#: (bf16 activations, float32 ones, and float32 ones quantized to int8 on the way in), with the
+#: header the int linears share (in the key).
+_SOURCES = (
+    _CSRC / "decode_attention.cpp",
+    _CSRC / "quant_gemm.cpp",
+    _CSRC / "quant_gemm_f32.cpp",
+    _CSRC / "quant_gemm_a8.cpp",
+)
+_HEADERS = (_CSRC / "quant_layout.h",)
 #: Compiled with OpenMP so that ATen's ``parallel_for`` (a header template) splits its work over
 #: torch's intra-op threads: without it the header runs the whole range on the calling thread.
 #: Linked without ``-fopenmp`` (which would add the compiler's own libgomp): the OpenMP calls
@@ -65,8 +75,8 @@ _loaded: tuple[DecodeKernel | None, str] | None = None
 
 
 def decode_kernel() -> tuple[DecodeKernel | None, str]:
-    """``(kernel, where it was loaded from)``, built on first use (~20 s with the int kernels,
-    once per machine), or ``(None, why not)``. One answer per process: torch registers the
+    """``(kernel, where it was loaded from)``, built on first use (~25 s on two cores with the int
+    kernels, once per machine), or ``(None, why not)``. One answer per process: torch registers the
     ``batchline`` op namespace once."""
     global _loaded
     with _lock:
@@ -119,7 +129,7 @@ def _built(compiler: str) -> Path:
     """The shared library for this source, compiler, torch and CPU, built if not cached."""
     from torch.utils import cpp_extension
 
-    sources = [path.read_bytes() for path in _SOURCES]
+    sources = [path.read_bytes() for path in (*_SOURCES, *_HEADERS)]
     version = subprocess.run(
         [compiler, "--version"], capture_output=True, text=True, timeout=30, check=True
     ).stdout
@@ -137,19 +147,17 @@ def _built(compiler: str) -> Path:
     with tempfile.TemporaryDirectory(prefix=".build-", dir=path.parent) as scratch:
         built = Path(scratch) / path.name
         objects = [str(Path(scratch) / f"{i}.o") for i in range(len(_SOURCES))]
-        for source, obj in zip(_SOURCES, objects, strict=True):
-            _compile(
-                [
-                    compiler,
-                    *_FLAGS,
-                    *(f"-I{p}" for p in cpp_extension.include_paths()),
-                    f"-D_GLIBCXX_USE_CXX11_ABI={int(torch.compiled_with_cxx11_abi())}",
-                    "-c",
-                    str(source),
-                    "-o",
-                    obj,
-                ]
-            )
+        includes = [f"-I{p}" for p in cpp_extension.include_paths()]
+        abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch.compiled_with_cxx11_abi())}"
+        commands = [
+            [compiler, *_FLAGS, *includes, abi, "-c", str(source), "-o", obj]
+            for source, obj in zip(_SOURCES, objects, strict=True)
+        ]
+        # one compiler per source at once, up to the cores: the sources are independent and
+        # the build is the first start's longest wait (~46 s one after another on two cores)
+        workers = max(1, min(len(commands), os.cpu_count() or 1))
+        with concurrent.futures.ThreadPoolExecutor(workers, "kernel-build") as pool:
+            list(pool.map(_compile, commands))  # the first failure raises here
         _compile(
             [
                 compiler,

@@ -5,14 +5,15 @@ of 32-value groups (a Q4_K super-block is eight of them, each with its scale and
 Q8_0 ones two int4 planes (:func:`~.quant_linear.int8_group_planes`),
 straight from the blocks' bytes: the codes and the fp16 scales (and Q4_1's mins) carry over as
 they are (:func:`gguf_int4`; tests compare them with gguf-py's own dequantization, bit for bit).
-The kernels take the scales in the activations' dtype: in float32 that is exact, in bfloat16
-each fp16 scale rounds to bf16's 8 bits. No float copy of a quantized linear is made. Tensors
-of other types (F32, F16, BF16, Q6_K: 16-value groups, which torch's int4 kernel does not take,
-and the rest) are
-dequantized by gguf-py into the model's dtype, and the load log counts them. The embedding, a
-lookup, is dequantized into the model's dtype; so is the lm_head (the dense bf16 kernel is the
-fast one on a step's many rows: ``quant_linear``'s measurements), or it stays tied to the
-embedding where the file has no ``output.weight``.
+The own int4 kernel holds the scales in bf16 for bf16 activations (on AVX512-BF16), so each
+fp16 scale rounds to bf16's 8 bits, and in float32 for float32 ones (on AVX2 or AVX-512),
+exact; torch's kernels, elsewhere, take them in the activations' dtype. No float copy of a
+quantized linear is made. Tensors of other types (F32, F16, BF16, Q6_K: 16-value groups, which
+torch's int4 kernel does not take, and the rest) are dequantized by gguf-py into the model's
+dtype, and the load log counts them. The embedding, a lookup, is dequantized into the model's
+dtype; so is the lm_head (the dense bf16 kernel is the fast one on a step's many rows:
+``quant_linear``'s measurements), or it stays tied to the embedding where the file has no
+``output.weight``.
 
 The architecture comes from the file: Llama and Qwen2 (``general.architecture``); any other is
 refused in one line naming it. The config is transformers' reading of the file's metadata, the

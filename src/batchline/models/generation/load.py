@@ -71,7 +71,7 @@ if TYPE_CHECKING:
     from batchline.models.generation.engine import StepEngine
     from batchline.models.generation.generators import GeneratorKind
     from batchline.models.generation.stream import TextGenerator
-    from batchline.models.generation.torch_dtype import WeightsChoice
+    from batchline.models.generation.torch_dtype import ActivationsChoice, WeightsChoice
 
 __all__ = [
     "ChatMessage",
@@ -270,12 +270,18 @@ def load_torch_generator(spec: ModelSpec, knobs: TorchEngineOptions) -> Generati
     choice = choose_dtype(knobs.dtype, knobs.device)
     if device.type == "cpu":
         torch.set_num_threads(engine_threads(knobs, choice.torch_dtype))
-    model, tokenizer, weights, loaded = _load_weights(spec, knobs, choice.dtype, device)
+    weights = _weights_for(spec, knobs, choice.dtype, device)
+    activations = _activations_for(knobs, weights, choice.dtype)
+    model, tokenizer, loaded = _load_weights(spec, weights, choice.dtype, device)
     _eos_from_tokenizer(model, tokenizer)
     if device.type == "cpu":  # now that the model's size is known
         torch.set_num_threads(engine_threads(knobs, choice.torch_dtype, step_weight_count(model)))
     layout = lay_out_weights(model, weights.weights, choice.torch_dtype)
     loaded = str(layout.quantized) if layout.quantized is not None else loaded
+    if activations.activations == "int8":
+        from batchline.models.generation.quant_linear import use_int8_activations
+
+        use_int8_activations(model)
     try:
         engine = TorchStepEngine(model, max_step_tokens=knobs.max_step_tokens, tokenizer=tokenizer)
     except ValueError as exc:  # what the model asks of the engine that it cannot do
@@ -286,12 +292,13 @@ def load_torch_generator(spec: ModelSpec, knobs: TorchEngineOptions) -> Generati
         # would then wait on woken threads (a 360M int4 step: 35 ms instead of 23).
         release_thread_pool()
     logger.info(
-        "%s: torch on %s, %s, %s%s%s%s, %s of weights read per decode step, %s forward, "
+        "%s: torch on %s, %s, %s, %s%s%s%s, %s of weights read per decode step, %s forward, "
         "decode attention %s, %s intra-op thread(s), max_step_tokens %d; loaded in %.1f s",
         spec.name,
         knobs.device,
         choice,
         weights,
+        activations,
         f"; {loaded}" if loaded else "",
         f", {layout.fused} projection groups fused" if layout.fused else "",
         f", {layout.packed} linear layers packed for oneDNN" if layout.packed else "",
@@ -322,7 +329,14 @@ def load_torch_generator(spec: ModelSpec, knobs: TorchEngineOptions) -> Generati
     )
     context = engine.max_context_tokens
     info = _info(
-        spec, context, batching, knobs.device, budget, dtype=choice.dtype, weights=weights.weights
+        spec,
+        context,
+        batching,
+        knobs.device,
+        budget,
+        dtype=choice.dtype,
+        weights=weights.weights,
+        activations=activations.activations,
     )
     return GenerationModel(
         generator=generator,
@@ -338,18 +352,12 @@ def load_torch_generator(spec: ModelSpec, knobs: TorchEngineOptions) -> Generati
     )
 
 
-def _load_weights(
+def _weights_for(
     spec: ModelSpec, knobs: TorchEngineOptions, dtype: str, device: torch.device
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, WeightsChoice, str]:
-    """The model and tokenizer of ``spec``, the weights chosen, and what the GGUF load kept
-    quantized ("" otherwise): a GGUF's (the built-in ``smollm2``'s too) quantized tensors kept
-    as they are, or the float folder (a GGUF's converted once) in ``dtype``."""
-    from batchline.models.generation.smollm2 import gguf_path, load_causal_lm, smollm2_folder
-    from batchline.models.generation.torch_dtype import (
-        DtypeChoice,
-        WeightsChoice,
-        choose_weights,
-    )
+) -> WeightsChoice:
+    """The weights ``spec`` is held in (``knobs.weights``, ``auto`` by the host), checked
+    against ``device`` before anything is read."""
+    from batchline.models.generation.torch_dtype import WeightsChoice, choose_weights
 
     gguf = spec.kind in ("builtin", "gguf")
     weights = choose_weights(knobs.weights, gguf=gguf, dtype=dtype)
@@ -362,9 +370,47 @@ def _load_weights(
         from batchline.models.generation.quant_linear import require_int_kernels
 
         require_int_kernels()
-    torch_dtype = DtypeChoice(dtype, "").torch_dtype
     if weights.weights == "gguf" and device.type != "cpu":
         weights = WeightsChoice("float", f"{device.type}: the int kernels are torch's CPU ones")
+    return weights
+
+
+def _activations_for(
+    knobs: TorchEngineOptions, weights: WeightsChoice, dtype: str
+) -> ActivationsChoice:
+    """What the own int4 kernel multiplies (``knobs.activations``), checked before anything
+    is read: ``int8`` asked where it does not apply or cannot run is an error."""
+    from batchline.models.generation.quant_kernel import int8_activations_here
+    from batchline.models.generation.torch_dtype import ActivationsChoice, choose_activations
+
+    try:
+        chosen = choose_activations(
+            knobs.activations,
+            weights=weights.weights,
+            dtype=dtype,
+            dtype_asked=knobs.dtype != "auto",
+        )
+    except ValueError as exc:
+        raise InputError(str(exc)) from exc
+    if chosen.activations == "int8":
+        here, why = int8_activations_here()  # the kernel library built and loaded
+        if not here and knobs.activations == "int8":
+            raise InputError(f"activations = 'int8' cannot run here: {why}")
+        if not here:
+            return ActivationsChoice("float", f"auto: the int8 kernel does not run here: {why}")
+    return chosen
+
+
+def _load_weights(
+    spec: ModelSpec, weights: WeightsChoice, dtype: str, device: torch.device
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
+    """The model and tokenizer of ``spec`` and what the GGUF load kept quantized ("" otherwise):
+    a GGUF's (the built-in ``smollm2``'s too) quantized tensors kept as they are, or the float
+    folder (a GGUF's converted once) in ``dtype``."""
+    from batchline.models.generation.smollm2 import gguf_path, load_causal_lm, smollm2_folder
+    from batchline.models.generation.torch_dtype import DtypeChoice
+
+    torch_dtype = DtypeChoice(dtype, "").torch_dtype
     if weights.weights == "gguf":
         from batchline.models.generation.gguf_weights import load_gguf
 
@@ -372,9 +418,9 @@ def _load_weights(
         # smollm2's config and tokenizer from its folder, converted once (else the file's)
         folder = smollm2_folder() if spec.kind == "builtin" else None
         model, tokenizer, report = load_gguf(file, dtype=torch_dtype, folder=folder)
-        return model, tokenizer, weights, str(report)
+        return model, tokenizer, str(report)
     model, tokenizer = load_causal_lm(_model_folder(spec), device=device, dtype=torch_dtype)
-    return model, tokenizer, weights, ""
+    return model, tokenizer, ""
 
 
 #: From this many weights a decode step multiplies (its linears' inputs x outputs, whatever their

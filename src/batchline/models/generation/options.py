@@ -17,11 +17,13 @@ from batchline._knob_checks import Rules, check_own_fields, integer, is_number
 from batchline.knobs import GENERATION, TORCH, VLLM, CoreKnobs, knob
 
 __all__ = [
+    "ACTIVATION_FORMATS",
     "GENERATION_BACKENDS",
     "GENERATION_BATCHING",
     "GENERATION_DTYPES",
     "VLLM_SCHEDULING_POLICIES",
     "WEIGHT_FORMATS",
+    "ActivationFormat",
     "GenerationBackend",
     "GenerationBackendOptions",
     "GenerationBatching",
@@ -45,6 +47,9 @@ GenerationDtype = Literal["auto", "float32", "bfloat16"]
 #: How the torch backend holds a generative model's linears (``weights``;
 #: ``generation/quant_linear.py``).
 WeightFormat = Literal["auto", "float", "int8", "int4"]
+#: What the own int4 kernel sums a float32 model's rows as (``activations``;
+#: ``generation/csrc/quant_gemm_a8.cpp``).
+ActivationFormat = Literal["auto", "float", "int8"]
 #: How vLLM's engine orders waiting requests (``vllm_scheduling_policy``).
 VllmSchedulingPolicy = Literal["fcfs", "priority"]
 
@@ -52,6 +57,7 @@ GENERATION_BATCHING: tuple[str, ...] = get_args(GenerationBatching)
 GENERATION_BACKENDS: tuple[str, ...] = get_args(GenerationBackend)
 GENERATION_DTYPES: tuple[str, ...] = get_args(GenerationDtype)
 WEIGHT_FORMATS: tuple[str, ...] = get_args(WeightFormat)
+ACTIVATION_FORMATS: tuple[str, ...] = get_args(ActivationFormat)
 VLLM_SCHEDULING_POLICIES: tuple[str, ...] = get_args(VllmSchedulingPolicy)
 
 _GENERATION_RULES: Rules = {
@@ -152,6 +158,16 @@ class TorchEngineOptions(GenerationOptions):
             "how the torch backend holds the linears: auto (a GGUF file's Q4_0/Q4_1/Q8_0 tensors "
             "kept quantized where the CPU computes bf16 natively, a folder's as they are), float "
             "(in --dtype; a GGUF dequantized), int8 or int4 (weight-only, quantized at load)",
+            TORCH,
+        ),
+    )
+    activations: ActivationFormat = field(
+        default="auto",
+        metadata=knob(
+            "what int8/int4/GGUF weights computed in float32 multiply: float (the rows as they "
+            "are), int8 (each row's groups of 32 inputs quantized to int8 on the way in and "
+            "summed in integers: needs AVX512-VNNI) or auto (int8 where the host kind measured it "
+            "and dtype auto chose float32; a named float32 keeps float rows)",
             TORCH,
         ),
     )

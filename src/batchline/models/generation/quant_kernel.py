@@ -43,20 +43,26 @@ from __future__ import annotations
 
 import torch
 
+from batchline._cpu import A8_KERNEL_FLAGS, F32_KERNEL_FLAGS
 from batchline.models.generation.decode_kernel import _cpu_flags, decode_kernel
 
 __all__ = [
     "AMX_ROWS",
     "BLOCK",
+    "BLOCK_F32",
+    "F32_WIDTH",
     "GROUP",
     "INT8_AMX_ROWS",
     "TILE",
+    "f32_vectors",
     "int4_dequantize",
     "int4_linear",
+    "int8_activations_here",
     "int8_linear",
     "own_kernels",
     "pack_int4",
     "pack_int8",
+    "scale_dtype_for",
     "unpack_int4",
     "unpack_int8",
 ]
@@ -64,8 +70,10 @@ __all__ = [
 #: The inputs per group, and the output columns per tile, of the packed layout.
 GROUP = 32
 TILE = 16
-#: The bytes of one tile's group in :func:`pack_int4`'s layout: its codes, scales and zeros.
+#: The bytes of one tile's group in :func:`pack_int4`'s layout: its codes, scales and zeros
+#: (bf16), and with float32 scales and zeros (a float32 model's: exact, as float32 promises).
 BLOCK = GROUP * TILE // 2 + 2 * TILE * 2
+BLOCK_F32 = GROUP * TILE // 2 + 2 * TILE * 4
 #: From this many rows on the kernel sums through AMX tiles (where the CPU has them), below it
 #: through vdpbf16ps: at one row the two took the same time (vdpbf16ps 5-10 % less).
 AMX_ROWS = 2
@@ -73,15 +81,30 @@ AMX_ROWS = 2
 #: 1.2-2x AMX's time at one row already (960 -> 5,120: 789 against 387 µs; torch's int8 618);
 #: ``QuantLinear`` takes the own int8 kernel only where the CPU has AMX.
 INT8_AMX_ROWS = 1
+#: The vector width :func:`int4_linear` takes for float32 rows where the library has both
+#: paths (AVX-512; an AVX2-only build has the 256-bit one alone). Ice Lake, 2 threads, float32
+#: scales, 2026-12-03, ms at 1 / 4 / 16 rows: 2,048 -> 16,384 512-bit 1.11 / 2.13 / 7.65, 256-bit
+#: 1.81 / 3.19 / 12.8, dense float32 5.22 / 11.4 / 16.0; 8,192 -> 2,048 0.48 / 1.11 / 4.41,
+#: 0.60 / 1.74 / 6.28, 2.27 / 5.16 / 7.17.
+F32_WIDTH = 512
 
 
-def own_kernels(*, amx: bool = False) -> tuple[bool, str]:
-    """``(True, where the library is)`` where :func:`int4_linear` runs vectorized here (with
-    ``amx``: :func:`int8_linear` through AMX tiles), else ``(False, why not)``."""
+def own_kernels(*, amx: bool = False, dtype: torch.dtype = torch.bfloat16) -> tuple[bool, str]:
+    """``(True, where the library is)`` where :func:`int4_linear` runs vectorized here for
+    ``dtype`` activations (bf16: AVX512-BF16; float32: AVX2 and FMA; with ``amx``:
+    :func:`int8_linear` through AMX tiles, bf16 only), else ``(False, why not)``."""
     op, where = decode_kernel()
     if op is None:
         return False, where
     flags = _cpu_flags().split()
+    if dtype == torch.float32:
+        if amx:
+            return False, "the own int8 kernel takes bf16 activations"
+        if not set(F32_KERNEL_FLAGS) <= set(flags):
+            return False, "the CPU has no AVX2 and FMA"
+        return True, where
+    if dtype != torch.bfloat16:
+        return False, f"the own kernels take bf16 or float32 activations, not {dtype}"
     if "avx512_bf16" not in flags:
         return False, "the CPU has no AVX512-BF16"
     if amx and "amx_bf16" not in flags:
@@ -89,41 +112,81 @@ def own_kernels(*, amx: bool = False) -> tuple[bool, str]:
     return True, where
 
 
-def pack_int4(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> torch.Tensor:
-    """The ``(tiles, K // 32, 320)`` uint8 layout the kernel reads of int4 ``codes`` ``(N, K)``
+def int8_activations_here() -> tuple[bool, str]:
+    """``(True, where the library is)`` where :func:`int4_linear` can quantize float32 rows to
+    int8 on the way in (``int8_rows``: AVX512-VNNI, ``csrc/quant_gemm_a8.cpp``), else
+    ``(False, why not)``."""
+    op, where = decode_kernel()
+    if op is None:
+        return False, where
+    missing = [f for f in A8_KERNEL_FLAGS if f not in _cpu_flags().split()]
+    if missing:
+        return False, f"the CPU has no {', '.join(missing)}"
+    return True, where
+
+
+def scale_dtype_for(dtype: torch.dtype) -> torch.dtype:
+    """The dtype :func:`pack_int4` keeps the scales of a model computing in ``dtype`` in:
+    float32 for float32 (exact: a GGUF's fp16 scales and quantizing's own), else bf16."""
+    return torch.float32 if dtype == torch.float32 else torch.bfloat16
+
+
+def block_bytes(scale_dtype: torch.dtype) -> int:
+    """The bytes of one tile's group in :func:`pack_int4`'s layout with ``scale_dtype`` scales."""
+    return BLOCK_F32 if scale_dtype == torch.float32 else BLOCK
+
+
+def f32_vectors() -> str:
+    """The vectors :func:`int4_linear` sums float32 rows in here, in the load log's words."""
+    wide = F32_WIDTH == 512 and "avx512f" in _cpu_flags().split()
+    return "AVX-512 vectors" if wide else "AVX2 vectors"
+
+
+def pack_int4(
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    scale_dtype: torch.dtype = torch.bfloat16,
+) -> torch.Tensor:
+    """The ``(tiles, K // 32, BLOCK)`` uint8 layout the kernel reads of int4 ``codes`` ``(N, K)``
     with ``scales`` and ``zeros`` ``(N, K // 32)``: per 16 output columns and group, 256 bytes
-    of codes then the 16 scales and 16 zeros as bf16 (the last tile padded with weight 0)."""
+    of codes then the 16 scales and 16 zeros in ``scale_dtype`` (bf16: :data:`BLOCK` bytes; a
+    float32 model's float32: :data:`BLOCK_F32`, which only the float32 kernel reads); the last
+    tile padded with weight 0."""
     n, k = codes.shape
     if k % GROUP or scales.shape != (n, k // GROUP) or zeros.shape != scales.shape:
         raise ValueError(
             f"the int4 kernel takes groups of {GROUP}: codes {tuple(codes.shape)} with scales "
             f"{tuple(scales.shape)} and zeros {tuple(zeros.shape)}"
         )
+    if scale_dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"the int4 layout keeps its scales in bf16 or float32, not {scale_dtype}")
     tiles, groups = -(-n // TILE), k // GROUP
     pad = tiles * TILE - n
     c = codes.to(torch.uint8)
-    s, z = scales.to(torch.bfloat16), zeros.to(torch.bfloat16)
+    s, z = scales.to(scale_dtype), zeros.to(scale_dtype)
     if pad:
         c = torch.cat((c, torch.full((pad, k), 8, dtype=torch.uint8)))
-        s = torch.cat((s, torch.zeros(pad, groups, dtype=torch.bfloat16)))
-        z = torch.cat((z, torch.zeros(pad, groups, dtype=torch.bfloat16)))
+        s = torch.cat((s, torch.zeros(pad, groups, dtype=scale_dtype)))
+        z = torch.cat((z, torch.zeros(pad, groups, dtype=scale_dtype)))
     # (tile, column i, group, chunk, nibble h, t): input 4 * chunk + 2 * h + t of the group
     v = c.reshape(tiles, TILE, groups, 8, 2, 2).permute(0, 2, 3, 4, 1, 5)
     chunks = (v[:, :, :, 0] | (v[:, :, :, 1] << 4)).reshape(tiles, groups, 256)
     sz = torch.stack((s.reshape(tiles, TILE, groups), z.reshape(tiles, TILE, groups)), dim=1)
     # (tile, scale|zero, column, group) -> (tile, group, scale|zero, column), as bytes
-    sz_bytes = sz.permute(0, 3, 1, 2).contiguous().view(torch.uint8).reshape(tiles, groups, 64)
+    sz_bytes = sz.permute(0, 3, 1, 2).contiguous().view(torch.uint8).reshape(tiles, groups, -1)
     return torch.cat((chunks, sz_bytes), dim=2).contiguous()
 
 
 def unpack_int4(packed: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The codes ``(n, K)`` (uint8), scales and zeros ``(n, K // 32)`` (bf16) that
-    :func:`pack_int4` packed."""
-    tiles, groups, _ = packed.shape
+    """The codes ``(n, K)`` (uint8), scales and zeros ``(n, K // 32)`` (in the layout's bf16 or
+    float32) that :func:`pack_int4` packed."""
+    tiles, groups, block = packed.shape
+    scale_dtype = torch.float32 if block == BLOCK_F32 else torch.bfloat16
     chunks = packed[:, :, :256].reshape(tiles, groups, 8, TILE, 2)
     v = torch.stack((chunks & 15, chunks >> 4), dim=3)  # (tile, group, chunk, h, i, t)
     codes = v.permute(0, 4, 1, 2, 3, 5).reshape(tiles * TILE, groups * GROUP)
-    sz = packed[:, :, 256:].contiguous().view(torch.bfloat16).reshape(tiles, groups, 2, TILE)
+    sz = packed[:, :, 256:].contiguous().view(scale_dtype).reshape(tiles, groups, 2, TILE)
     sz = sz.permute(2, 0, 3, 1).reshape(2, tiles * TILE, groups)
     return codes[:n], sz[0, :n], sz[1, :n]
 
@@ -181,18 +244,41 @@ def int4_linear(
     bias: torch.Tensor | None = None,
     *,
     amx_rows: int = AMX_ROWS,
+    int8_rows: bool = False,
 ) -> torch.Tensor:
-    """``x (rows, K) @ W.T (+ bias)`` in bf16, ``W`` the ``n`` columns :func:`pack_int4`
-    packed, ``bias`` float32 ``(n,)``; from ``amx_rows`` rows on through AMX tiles where the
-    CPU has them. The library must have been loaded (:func:`own_kernels`)."""
-    out: torch.Tensor = torch.ops.batchline.int4_linear(x.contiguous(), packed, n, bias, amx_rows)
+    """``x (rows, K) @ W.T (+ bias)`` in ``x``'s dtype (bf16, or float32 through
+    ``csrc/quant_gemm_f32.cpp``), ``W`` the ``n`` columns :func:`pack_int4` packed, ``bias``
+    float32 ``(n,)``; bf16 rows from ``amx_rows`` rows on through AMX tiles where the CPU has
+    them; float32 rows with ``int8_rows`` quantized to int8 per group of 32 on the way in and
+    summed in integers (``csrc/quant_gemm_a8.cpp``: :func:`int8_activations_here`). The
+    library must have been loaded (:func:`own_kernels` for that dtype)."""
+    ops = torch.ops.batchline
+    if x.dtype == torch.float32 and int8_rows:
+        quantized: torch.Tensor = ops.int4_linear_a8(x.contiguous(), packed, n, bias)
+        return quantized
+    if x.dtype == torch.float32:
+        result: torch.Tensor = ops.int4_linear_f32(x.contiguous(), packed, n, bias, F32_WIDTH)
+        return result
+    out: torch.Tensor = ops.int4_linear(x.contiguous(), packed, n, bias, amx_rows)
     return out
 
 
-def int4_dequantize(packed: torch.Tensor, n: int) -> torch.Tensor:
-    """The bf16 weight ``(n, K)`` of the ``n`` columns :func:`pack_int4` packed: each
-    ``(code - 8) * scale + zero`` in fp32, rounded to bf16 once: a dense product of many rows
-    takes it (a 2,048 -> 16,384 weight: 18 ms, where :func:`unpack_int4` and torch's arithmetic
-    took 160). The library must have been loaded (:func:`own_kernels`)."""
+def int4_dequantize(
+    packed: torch.Tensor,
+    n: int,
+    dtype: torch.dtype = torch.bfloat16,
+    into: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The weight ``(n, K)`` of the ``n`` columns :func:`pack_int4` packed, in ``dtype`` (bf16
+    or float32): each ``(code - 8) * scale + zero`` in fp32, rounded to ``dtype`` once: a dense
+    product of many rows takes it (a 2,048 -> 16,384 weight in bf16: 18 ms, where
+    :func:`unpack_int4` and torch's arithmetic took 160). float32 only: written into the first
+    ``n`` rows of ``into`` where given (a buffer reused: a fresh 134 MB one took as long to fault
+    in as the dequantizing). The library must have been loaded (:func:`own_kernels`)."""
+    if into is not None and dtype != torch.float32:
+        raise ValueError("int4_dequantize writes into a buffer of float32 only")
+    if dtype == torch.float32:
+        result: torch.Tensor = torch.ops.batchline.int4_dequantize_f32(packed, n, into)
+        return result
     out: torch.Tensor = torch.ops.batchline.int4_dequantize(packed, n)
     return out

@@ -39,6 +39,7 @@ kernel's are in ``quant_kernel.py`` and docs/generation.md.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +62,7 @@ __all__ = [
     "step_weight_bytes",
     "step_weight_count",
     "step_weight_formats",
+    "use_int8_activations",
 ]
 
 #: The int4 group size (see the module docstring).
@@ -84,7 +86,36 @@ INT4_GROUP_SIZE = 32
 #: shape at 16 clients (``benchmarks/bench_sizes.py --servers own-bf16,own-int8 --clients 16``)
 #: made 42.9 tok/s in int8, TTFT p50 7.05 s, against bf16's 53.9; from 1,024, 67.1 and 2.98 s
 #: against bf16's 56.8.
-DENSE_ROWS = {"int8": 32, "int4": 256, "int8g": 256, "own": 512, "own8": 1024}
+#: The own int4 layout in float32 ("own32"; "own32g" for int8g's two planes, two passes of the
+#: kernel): from 128 rows (64) a product dequantizes 1,024 output columns at a time into a
+#: reused buffer and multiplies them dense (``_dense_f32``). Ice Lake, 2 threads, 2026-12-03,
+#: kernel against that, ms: 2,048 -> 16,384 at 64 / 128 / 256 / 512 rows 33.7 / 82.3 / 131 / 272
+#: against 40.4 / 67.5 / 108 / 190; 8,192 -> 2,048 17.2 / 34.6 / 68.5 / 152 against 18.3 / 27.9
+#: / 49.6 / 85.1 (a whole weight dequantized afresh took ~40 ms more at 2,048 -> 16,384).
+#: With int8 rows (``own32a8``, ``own32a8g``: :func:`use_int8_activations`) the kernel's integer
+#: sums stay ahead of that dense product up to a whole prefill chunk: same host, ms at 16 / 64 /
+#: 128 / 256 / 512 rows, 2,048 -> 16,384 int4 2.5 / 10.3 / 19.7 / 38.2 / 90.1 against 15.7 /
+#: 27.9 / 46.0 / 78.6 / 136; 8,192 -> 2,048 1.4 / 5.4 / 10.0 / 23.6 / 38.7 against 10.1 / 15.1
+#: / 22.1 / 36.8 / 63.8; int8g's two planes 2,048 -> 16,384 5.5 / 21.7 / 40.8 / 91.5 / 184
+#: against 30.8 / 44.7 / 61.9 / 98.3 / 193, 8,192 -> 2,048 81.1 against 77.2 at 512.
+DENSE_ROWS = {
+    "int8": 32,
+    "int4": 256,
+    "int8g": 256,
+    "own": 512,
+    "own8": 1024,
+    "own32": 128,
+    "own32g": 64,
+    "own32a8": 1024,
+    "own32a8g": 512,
+}
+#: The activation dtypes the own int4 kernel takes (float32 where the CPU has no AVX512-BF16).
+_OWN_INT4_DTYPES = (torch.bfloat16, torch.float32)
+#: A float32 dense product of the own layout dequantizes this many output columns at a time
+#: into a buffer each thread keeps (:meth:`QuantLinear._dense_f32`): a fresh whole weight (a
+#: 2,048 -> 16,384 one: 134 MB) took ~40 ms to fault in, as long as dequantizing it.
+DEQUANT_COLS = 1024
+_scratch = threading.local()
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,6 +257,9 @@ class QuantLinear(torch.nn.Module):
         self._planes: list[tuple[torch.Tensor, torch.Tensor]] = []  # torch's int4 layout
         self._own: list[torch.Tensor] = []  # or the own kernel's (quant_kernel.pack_int4)
         self._own8: tuple[torch.Tensor, torch.Tensor] | None = None  # quant_kernel.pack_int8
+        #: float32 rows through the own int4 kernel quantized to int8 on the way in
+        #: (:func:`use_int8_activations`)
+        self.int8_rows = False
 
     @classmethod
     def int8(
@@ -270,25 +304,27 @@ class QuantLinear(torch.nn.Module):
     ) -> QuantLinear:
         """One int4 plane (:func:`quantize_int4`, a GGUF's Q4_0/Q4_1), or the two of
         :func:`int8_group_planes`, whose products are summed. ``own_kernel``: whether to
-        compute through batchline's int4 kernel (bf16, groups of 32 only) or torch's; by
-        default the own one where it runs vectorized here (:func:`~batchline.models.
-        generation.quant_kernel.own_kernels`)."""
+        compute through batchline's int4 kernel (bf16 or float32, groups of 32 only) or
+        torch's; by default the own one where it runs vectorized here for ``dtype``
+        (:func:`~batchline.models.generation.quant_kernel.own_kernels`)."""
         from batchline.models.generation import quant_kernel
 
         n, k = planes[0].codes.shape
         kind = "int4" if len(planes) == 1 else "int8g"
         layer = cls(k, n, kind=kind, bias=bias, group_size=planes[0].group_size)
-        fits = dtype == torch.bfloat16 and layer.group_size == quant_kernel.GROUP
+        fits = dtype in _OWN_INT4_DTYPES and layer.group_size == quant_kernel.GROUP
         if own_kernel is None:
-            own_kernel = fits and quant_kernel.own_kernels()[0]
+            own_kernel = fits and quant_kernel.own_kernels(dtype=dtype)[0]
         elif own_kernel and not fits:
             raise ValueError(
-                f"the own int4 kernel takes bf16 and groups of {quant_kernel.GROUP}, not "
-                f"{dtype} and groups of {layer.group_size}"
+                f"the own int4 kernel takes bf16 or float32 and groups of {quant_kernel.GROUP}, "
+                f"not {dtype} and groups of {layer.group_size}"
             )
+        scale_dtype = quant_kernel.scale_dtype_for(dtype)  # float32's exact, bf16's in bf16
         for plane in planes:
             if own_kernel:
-                layer._own.append(quant_kernel.pack_int4(plane.codes, plane.scales, plane.zeros))
+                packed = quant_kernel.pack_int4(plane.codes, plane.scales, plane.zeros, scale_dtype)
+                layer._own.append(packed)
                 continue
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
                 plane.codes.to(torch.int32).contiguous(), 1
@@ -362,20 +398,62 @@ class QuantLinear(torch.nn.Module):
         """The weight in ``dtype`` for a dense product: a bf16 one of the own int4 kernel's
         single plane from the kernel library's dequantizing (:func:`~.quant_kernel.
         int4_dequantize`, rounded once), any other from :meth:`dequantized`."""
-        if dtype == torch.bfloat16 and len(self._own) == 1:  # int4; int8g has two planes
+        # bf16 only: float32 rows take _dense_f32; int8g has two planes
+        if dtype == torch.bfloat16 and self._own_takes(dtype) and len(self._own) == 1:
             from batchline.models.generation.quant_kernel import int4_dequantize
 
-            return int4_dequantize(self._own[0], self.out_features)
+            return int4_dequantize(self._own[0], self.out_features, dtype)
         return self.dequantized(dtype)
+
+    def _own_takes(self, dtype: torch.dtype) -> bool:
+        """Whether the own kernel computes rows of ``dtype``: the int8 one bf16 rows, the int4
+        one float32 rows, and bf16 ones where its scales are bf16 (the layer was built where
+        the CPU runs its dtype)."""
+        if self._own8 is not None:
+            return dtype == torch.bfloat16
+        if not self._own:
+            return False
+        from batchline.models.generation.quant_kernel import BLOCK
+
+        return dtype == torch.float32 or (
+            dtype == torch.bfloat16 and self._own[0].shape[2] == BLOCK
+        )
+
+    def _dense_f32(self, flat: torch.Tensor) -> torch.Tensor:
+        """``flat`` (float32) times the own layout's weight, dense, :data:`DEQUANT_COLS` output
+        columns at a time: each chunk dequantized (its planes summed) into a buffer this thread
+        keeps, then one dense product, so no whole float32 copy of the weight is made."""
+        from batchline.models.generation.quant_kernel import TILE, int4_dequantize
+
+        n, k = self.out_features, self.in_features
+        # one buffer per plane and input width: int8g's second plane is summed in place
+        buffers: dict[tuple[int, int], torch.Tensor] = _scratch.__dict__.setdefault("buffers", {})
+        mine = []
+        for i in range(len(self._own)):
+            if (i, k) not in buffers:
+                buffers[(i, k)] = torch.empty(DEQUANT_COLS, k)
+            mine.append(buffers[(i, k)])
+        out = torch.empty(flat.shape[0], n)
+        for c0 in range(0, n, DEQUANT_COLS):
+            cols = min(DEQUANT_COLS, n - c0)
+            tiles = slice(c0 // TILE, -(-(c0 + cols) // TILE))
+            weight = int4_dequantize(self._own[0][tiles], cols, torch.float32, mine[0])
+            for plane, buffer in zip(self._own[1:], mine[1:], strict=True):
+                weight.add_(int4_dequantize(plane[tiles], cols, torch.float32, buffer))
+            bias = None if self.bias is None else self.bias[c0 : c0 + cols].float()
+            out[:, c0 : c0 + cols] = torch.nn.functional.linear(flat, weight, bias)
+        return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
         own = self.own_kernel
-        limit = DENSE_ROWS[self.kind if not own else "own8" if self._own8 is not None else "own"]
+        limit = DENSE_ROWS[self._dense_key(flat.dtype)]
+        if flat.shape[0] >= limit and flat.dtype == torch.float32 and self._own:  # own int4
+            return self._dense_f32(flat).view(*x.shape[:-1], self.out_features)
         if flat.shape[0] >= limit:
             dense = torch.nn.functional.linear(flat, self._dense_weight(flat.dtype), self.bias)
             return dense.view(*x.shape[:-1], self.out_features)
-        if own and flat.dtype == torch.bfloat16:
+        if self._own_takes(flat.dtype):
             return self._own_forward(flat).view(*x.shape[:-1], self.out_features)
         if own:  # activations of another dtype than the layer was built for
             bias = None if self.bias is None else self.bias.to(flat.dtype)
@@ -397,22 +475,36 @@ class QuantLinear(torch.nn.Module):
         result: torch.Tensor = out.view(*x.shape[:-1], self.out_features)
         return result
 
+    def _dense_key(self, dtype: torch.dtype) -> str:
+        """This layer's entry of :data:`DENSE_ROWS` for rows of ``dtype``."""
+        if self._own8 is not None:
+            return "own8"
+        if self._own and dtype == torch.float32:
+            if self.int8_rows:
+                return "own32a8" if len(self._own) == 1 else "own32a8g"
+            return "own32" if len(self._own) == 1 else "own32g"
+        if self._own:
+            return "own"
+        return self.kind
+
     def _own_forward(self, flat: torch.Tensor) -> torch.Tensor:
-        """``flat`` (bf16 rows) through the own int8 kernel, or the int4 one plane by plane,
-        the bias (in float32) added in the first plane's sums."""
+        """``flat`` (bf16 or float32 rows) through the own int8 kernel, or the int4 one plane
+        by plane, the bias (in float32) added in the first plane's sums."""
         from batchline.models.generation.quant_kernel import int4_linear, int8_linear
 
         bias = None if self.bias is None else self.bias.float()
         if self._own8 is not None:
             return int8_linear(flat, self._own8, self.out_features, bias)
-        out = int4_linear(flat, self._own[0], self.out_features, bias)
+        a8 = self.int8_rows and flat.dtype == torch.float32
+        out = int4_linear(flat, self._own[0], self.out_features, bias, int8_rows=a8)
         for packed in self._own[1:]:
-            out = out + int4_linear(flat, packed, self.out_features)
+            out = out + int4_linear(flat, packed, self.out_features, int8_rows=a8)
         return out
 
     def extra_repr(self) -> str:
         group = "" if self.kind == "int8" else f", group_size={self.group_size}"
         group += ", own kernel" if self.own_kernel else ""
+        group += ", int8 activations" if self.int8_rows else ""
         sizes = f"in_features={self.in_features}, out_features={self.out_features}"
         return f"{sizes}, {self.kind}{group}"
 
@@ -476,6 +568,18 @@ def step_weight_formats(model: torch.nn.Module, dense: torch.dtype) -> dict[str,
             continue
         formats[name] = formats.get(name, 0) + size
     return dict(sorted(formats.items(), key=lambda item: -item[1]))
+
+
+def use_int8_activations(model: torch.nn.Module) -> int:
+    """Have each of ``model``'s linears the own int4 kernel computes quantize its float32 rows
+    to int8 on the way in (``int8_rows``); the number of such linears. The caller has checked
+    that the kernel runs here (:func:`~.quant_kernel.int8_activations_here`)."""
+    count = 0
+    for module in model.modules():
+        if isinstance(module, QuantLinear) and module._own:
+            module.int8_rows = True
+            count += 1
+    return count
 
 
 def describe_step_weights(model: torch.nn.Module, dense: torch.dtype) -> str:

@@ -106,16 +106,23 @@ def quantize_linears(
             if kind == "int8" or (n % 16 == 0 and k % INT4_GROUP_SIZE == 0):
                 swaps.append((parent, name, child))
     own_int4 = _own_int4(kind, dtype)
+    # int8 in float32: torch's int8 kernel took 2.9x a dense float32 step (SmolLM2-360M's shape,
+    # batch 1, AVX-512 without BF16); in groups of 32 as two int4 planes through the own
+    # float32 kernel where it runs (the lm_head's format, and a GGUF Q8_0's)
+    int8_groups = kind == "int8" and dtype == torch.float32 and _own_int4("int4", dtype)
     before = after = 0
     for parent, name, child in swaps:
         weight = child.weight.detach()
         before += weight.numel() * weight.element_size()
         bias = None if child.bias is None else child.bias.detach()
-        if kind == "int8":
+        if int8_groups and weight.shape[1] % INT4_GROUP_SIZE == 0:
+            packed = pack_own_int4([weight], _int8_planes, dtype)
+            layer = QuantLinear.own_int4(packed, *weight.shape, kind="int8g", bias=bias)
+        elif kind == "int8":
             layer = QuantLinear.int8(*quantize_int8(weight), bias=bias, dtype=dtype)
         elif own_int4:  # a chunk of rows at a time: one chunk's temporaries, not the weight's
             int4_group_size(weight.shape[1])  # raises for a width it does not take
-            packed = pack_own_int4([weight], _int4_plane)
+            packed = pack_own_int4([weight], _int4_plane, dtype)
             layer = QuantLinear.own_int4(packed, *weight.shape, bias=bias)
         else:
             codes = quantize_int4(weight, int4_group_size(weight.shape[1]))
@@ -124,7 +131,11 @@ def quantize_linears(
         setattr(parent, name, layer)
     own = any(isinstance(m, QuantLinear) and m.own_kernel for x in layers for m in x.modules())
     return QuantReport(
-        kind, len(swaps), before, after, _kernel_path(kind) if own else "torch's kernel"
+        "int8g" if int8_groups else kind,
+        len(swaps),
+        before,
+        after,
+        _kernel_path(kind, dtype) if own else "torch's kernel",
     )
 
 
@@ -139,15 +150,18 @@ PACK_CHUNK_ROWS = 1024
 
 
 def pack_own_int4(
-    weights: Sequence[torch.Tensor], planes_of: Callable[[torch.Tensor], list[Int4Codes]]
+    weights: Sequence[torch.Tensor],
+    planes_of: Callable[[torch.Tensor], list[Int4Codes]],
+    dtype: torch.dtype = torch.bfloat16,
 ) -> list[torch.Tensor]:
     """The own int4 kernel's packed planes (:func:`~batchline.models.generation.quant_kernel.
     pack_int4`) of ``weights`` (each ``(N_i, K)``) stacked by rows: ``planes_of(rows)`` for
     each :data:`PACK_CHUNK_ROWS` rows of each weight in turn, put together (the layout is per 16
     rows: the same bytes as one pass over the stacked weight, which is never made). Every
-    weight but the last has a multiple of 16 rows. Each chunk's pages of a mapped file are
-    given back once it is packed: weights read from a file are read once here (a tied
-    embedding's lookups read their own rows again)."""
+    weight but the last has a multiple of 16 rows. The scales are kept in bf16, or in float32
+    for a model computing in float32 (``dtype``: :func:`~.quant_kernel.scale_dtype_for`).
+    Each chunk's pages of a mapped file are given back once it is packed: weights read from
+    a file are read once here (a tied embedding's lookups read their own rows again)."""
     from batchline.models.common.torch_weights import release_file_pages
     from batchline.models.generation import quant_kernel
 
@@ -156,6 +170,8 @@ def pack_own_int4(
         raise ValueError(f"only the last weight stacked may leave a tile part-filled: {shapes}")
     n, k = sum(w.shape[0] for w in weights), weights[0].shape[1]
     tiles, groups = -(-n // quant_kernel.TILE), k // quant_kernel.GROUP
+    scale_dtype = quant_kernel.scale_dtype_for(dtype)
+    shape = (tiles, groups, quant_kernel.block_bytes(scale_dtype))
     packed: list[torch.Tensor] = []
     tile = 0
     for weight in weights:
@@ -163,10 +179,9 @@ def pack_own_int4(
             rows = weight[start : start + PACK_CHUNK_ROWS]
             planes = planes_of(rows)
             if not packed:
-                shape = (tiles, groups, quant_kernel.BLOCK)
                 packed = [torch.empty(shape, dtype=torch.uint8) for _ in planes]
             for plane, into in zip(planes, packed, strict=True):
-                part = quant_kernel.pack_int4(plane.codes, plane.scales, plane.zeros)
+                part = quant_kernel.pack_int4(plane.codes, plane.scales, plane.zeros, scale_dtype)
                 into[tile : tile + part.shape[0]] = part
             tile += -(-rows.shape[0] // quant_kernel.TILE)
             release_file_pages([rows])
@@ -180,7 +195,7 @@ def fuse_quantized(layer: torch.nn.Module, kind: str, dtype: torch.dtype) -> Qua
     (:func:`pack_own_int4`), so that the fused float copy that fusing first makes is never
     made (a 3B shape's gate/up: 100 MB in bf16 at each layer). What it fused is reported as
     :func:`quantize_linears` reports it (a linear a group); None where it fused nothing: the
-    kernel does not run here, ``kind`` is not int4 or ``dtype`` not bf16, or no group's parts
+    kernel does not run here for ``dtype``, ``kind`` is not int4, or no group's parts
     are plain CPU linears of one width, 16 | rows and 32 | inputs, with a bias each or none.
     The packed bytes are those of fusing and quantizing in turn (the codes are per row)."""
     if not _own_int4(kind, dtype):
@@ -201,39 +216,47 @@ def fuse_quantized(layer: torch.nn.Module, kind: str, dtype: torch.dtype) -> Qua
             continue  # left to fusing dense, then quantize_linears
         sizes = [w.shape[0] for w in weights]
         joined = QuantLinear.own_int4(
-            pack_own_int4(weights, _int4_plane),
+            pack_own_int4(weights, _int4_plane, dtype),
             sum(sizes),
             k,
             bias=torch.cat(biases) if biases else None,
         )
         join_projections(group.module, group.name, group.parts, joined, sizes)
         before = sum(w.numel() * w.element_size() for w in weights)
-        done = QuantReport("int4", 1, before, joined.weight_bytes, _kernel_path("int4"))
+        done = QuantReport("int4", 1, before, joined.weight_bytes, _kernel_path("int4", dtype))
         report = done if report is None else report + done
     return report
 
 
 def _own_int4(kind: str, dtype: torch.dtype) -> bool:
-    """Whether ``kind`` linears with ``dtype`` scales take the own int4 kernel here: where
-    :meth:`QuantLinear.int4` would (bf16, groups of its size, the kernel built and the CPU
-    able)."""
+    """Whether ``kind`` linears computing in ``dtype`` take the own int4 kernel here: where
+    :meth:`QuantLinear.int4` would (bf16 or float32, groups of its size, the kernel built and
+    the CPU able for that dtype)."""
     from batchline.models.generation import quant_kernel
 
-    if kind != "int4" or dtype != torch.bfloat16 or INT4_GROUP_SIZE != quant_kernel.GROUP:
+    if kind != "int4" or INT4_GROUP_SIZE != quant_kernel.GROUP:
         return False
-    return quant_kernel.own_kernels()[0]
+    if dtype not in (torch.bfloat16, torch.float32):
+        return False
+    return quant_kernel.own_kernels(dtype=dtype)[0]
 
 
 def _int4_plane(rows: torch.Tensor) -> list[Int4Codes]:
     return [quantize_int4(rows, INT4_GROUP_SIZE)]
 
 
+def _int8_planes(rows: torch.Tensor) -> list[Int4Codes]:
+    """int8 in groups of 32 as the two int4 planes whose products sum to it."""
+    return int8_group_planes(*quantize_int8_groups(rows, 32), 32)
+
+
 def quantize_lm_head(model: torch.nn.Module, dtype: torch.dtype) -> QuantReport | None:
     """Replace ``model.lm_head`` by int8 in groups of 32 (:func:`quantize_int8_groups`),
     computed as the two int4 planes of :func:`int8_group_planes` through the own kernel, where
-    that kernel runs here (:func:`~batchline.models.generation.quant_kernel.own_kernels`), the
-    activations are bf16 and the head is a plain CPU ``nn.Linear`` of 32 | inputs; else None,
-    the head kept. A head tied to the embedding leaves the embedding as it was (its lookups).
+    that kernel runs here for the activations' ``dtype`` (bf16 or float32: :func:`~batchline.
+    models.generation.quant_kernel.own_kernels`) and the head is a plain CPU ``nn.Linear`` of
+    32 | inputs; else None, the head kept. A head tied to the embedding leaves the embedding as
+    it was (its lookups).
 
     Why this format (the quality gate and a 360M batch-1 step are in docs/generation.md):
     per-channel int8 and int4 heads failed ``benchmarks/bench_quant_quality.py`` (see
@@ -245,22 +268,22 @@ def quantize_lm_head(model: torch.nn.Module, dtype: torch.dtype) -> QuantReport 
     if type(head) is not torch.nn.Linear or head.weight.device.type != "cpu":
         return None
     n, k = head.weight.shape
-    if dtype != torch.bfloat16 or k % quant_kernel.GROUP or not quant_kernel.own_kernels()[0]:
+    if k % quant_kernel.GROUP or not _own_int4("int4", dtype):
         return None
     weight = head.weight.detach()
-    planes = pack_own_int4(
-        [weight], lambda rows: int8_group_planes(*quantize_int8_groups(rows, 32), 32)
-    )
+    planes = pack_own_int4([weight], _int8_planes, dtype)
     bias = None if head.bias is None else head.bias.detach()
     model.lm_head = QuantLinear.own_int4(planes, n, k, kind="int8g", bias=bias)
     before = weight.numel() * weight.element_size()
-    return QuantReport("int8g", 1, before, model.lm_head.weight_bytes, _kernel_path("int4"))
+    return QuantReport("int8g", 1, before, model.lm_head.weight_bytes, _kernel_path("int4", dtype))
 
 
-def _kernel_path(kind: str) -> str:
+def _kernel_path(kind: str, dtype: torch.dtype = torch.bfloat16) -> str:
     """Which of the own kernel's paths a decode step's rows take, in the load log's words."""
     from batchline.models.generation import quant_kernel
 
+    if dtype == torch.float32:
+        return f"batchline's kernel in {quant_kernel.f32_vectors()}, float32 activations"
     if not quant_kernel.own_kernels(amx=True)[0]:
         return "batchline's kernel on AVX512-BF16"
     if kind == "int8":

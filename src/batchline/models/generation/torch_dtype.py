@@ -19,18 +19,24 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from batchline._cpu import BF16_FLAGS, cpu_flags, host_kind
+from batchline._cpu import A8_KERNEL_FLAGS, BF16_FLAGS, F32_KERNEL_FLAGS, cpu_flags, host_kind
 from batchline.models.common.torch_weights import pack_linear_weights
-from batchline.models.generation.options import GENERATION_DTYPES, WEIGHT_FORMATS
+from batchline.models.generation.options import (
+    ACTIVATION_FORMATS,
+    GENERATION_DTYPES,
+    WEIGHT_FORMATS,
+)
 
 if TYPE_CHECKING:
     import torch
 
 __all__ = [
     "KIND_DEFAULTS",
+    "ActivationsChoice",
     "DtypeChoice",
     "KindDefaults",
     "WeightsChoice",
+    "choose_activations",
     "choose_dtype",
     "choose_weights",
     "cpu_flags",
@@ -100,8 +106,21 @@ class KindDefaults:
 _NO_BF16 = KindDefaults(
     "float32",
     False,
-    "no native bf16: float32; torch's int kernels in float32 took 4-25x a dense float32 "
-    "linear (on the AMX host), so a GGUF is dequantized, as before",
+    "no native bf16: float32; a GGUF kept quantized where the CPU has AVX2 and FMA (the own "
+    "kernel's float32 path), else dequantized: torch's int kernels in float32 took 4-25x a "
+    "dense float32 linear (on the AMX host)",
+)
+#: Why a GGUF computed in float32 keeps its quantized tensors where the CPU has AVX2 and FMA
+#: (the own int4 kernel's float32 path, ``csrc/quant_gemm_f32.cpp``), and is dequantized where
+#: it has not.
+F32_KEPT = (
+    "the own int4 kernel's float32 path: a 1.7B-shaped int4 step x0.32 the time of dense "
+    "float32 (batch 1, 2-core Ice Lake Xeon, 2026-12-03; its AVX2 vectors, an AVX2-only CPU's "
+    "path, measured there too: x0.35 a dense float32 linear at one row, not on an AVX2 host)"
+)
+F32_DEQUANTIZED = (
+    "no AVX2 and FMA for the own int4 kernel's float32 path, and torch's int kernels in float32 "
+    "took 4-25x a dense float32 linear"
 )
 #: Each CPU kind's defaults (``batchline._cpu``'s kinds). Measured where it says; the others
 #: follow from what their flags lack, and say so.
@@ -118,7 +137,13 @@ KIND_DEFAULTS: dict[str, KindDefaults] = {
         "bf16 measured x1.6 faster than float32 (2026-11-24); the int kernels not measured on "
         "this kind: taken as on AMX, whose kernels they share without the tiles",
     ),
-    "vnni": _NO_BF16,
+    "vnni": KindDefaults(
+        "float32",
+        False,
+        "no native bf16: float32 (measured on the 2-core Ice Lake Xeon, 2026-12-03: bf16, "
+        "emulated, took 1.6-2.1x float32's time in a 16-row product, the same at one row); a "
+        "GGUF kept quantized, through the own kernel's float32 path",
+    ),
     "avx2": _NO_BF16,
     "other": _NO_BF16,
 }
@@ -147,8 +172,9 @@ def choose_weights(
 ) -> WeightsChoice:
     """The weights for ``asked`` (one of ``WEIGHT_FORMATS``) of a model from a GGUF file
     (``gguf``) or a folder, computed in ``dtype`` (``choose_dtype``'s). ``auto`` keeps a GGUF's
-    quantized tensors where the host's kind says so (:data:`KIND_DEFAULTS`) and the model
-    computes in bf16: torch's int kernels in float32 are the slow ones."""
+    quantized tensors where they compute fast: in bf16 where the host's kind says so
+    (:data:`KIND_DEFAULTS`), in float32 where the CPU has AVX2 and FMA (:data:`F32_KEPT`); torch's
+    int kernels in float32, elsewhere, are the slow ones."""
     if asked not in WEIGHT_FORMATS:
         raise ValueError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {asked!r}")
     if asked != "auto":
@@ -156,10 +182,79 @@ def choose_weights(
     if not gguf:
         return WeightsChoice("float", "auto: a folder's weights as they are")
     name, kind = kind_defaults(flags)
+    if dtype != "bfloat16":
+        if set(F32_KERNEL_FLAGS) <= set(cpu_flags() if flags is None else flags):
+            return WeightsChoice("gguf", f"auto in float32 on this {name} CPU: {F32_KEPT}")
+        return WeightsChoice("float", f"auto in float32 on this {name} CPU: {F32_DEQUANTIZED}")
     if not kind.gguf_quantized:
         return WeightsChoice("float", f"auto on this {name} CPU: {kind.measured}")
-    if dtype != "bfloat16":
-        return WeightsChoice(
-            "float", "auto in float32: torch's int kernels took 4-25x a dense float32 linear"
-        )
     return WeightsChoice("gguf", f"auto on this {name} CPU: {kind.measured}")
+
+
+@dataclass(frozen=True, slots=True)
+class ActivationsChoice:
+    """What the own int4 kernel multiplies a float32 model's int weights by (``float`` rows,
+    or ``int8``: quantized per group of 32 on the way in), and why (said in the load log)."""
+
+    activations: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.activations} activations ({self.reason})"
+
+
+#: Why ``activations = auto`` takes int8 rows on a CPU with AVX512-VNNI and no native bf16, where
+#: float32 is the dtype for speed (``choose_dtype``'s auto).
+A8_MEASURED = (
+    "int8 rows through VNNI: on the 2-core Ice Lake Xeon (2026-12-03) a 1.7B-shaped int4 server "
+    "made x1.95 the tokens/s of float rows at 16 clients and x1.30 at one (TTFT x0.46), and the "
+    "quality gate in float32 passed (int8 98.0 % top-1, int4 98.2 %, the Q4_1 file 98.5 %)"
+)
+#: Why it keeps float rows where the CPU computes bf16 natively: float32 is then asked for,
+#: and the rows are kept as asked.
+A8_NATIVE_BF16 = "float32 asked for on a CPU with native bf16: the rows kept as they are"
+A8_FLOAT32_ASKED = (
+    "float32 asked for: its rows are kept exact (activations = 'int8' quantizes them there)"
+)
+
+
+def choose_activations(
+    asked: str,
+    *,
+    weights: str,
+    dtype: str,
+    dtype_asked: bool = False,
+    flags: Collection[str] | None = None,
+) -> ActivationsChoice:
+    """The activations for ``asked`` (one of ``ACTIVATION_FORMATS``) of a model held in
+    ``weights`` (``choose_weights``'s) computing in ``dtype``; ``dtype_asked`` when the user
+    named that dtype rather than ``auto`` choosing it. int8 rows apply to int weights (``int8``,
+    ``int4``, ``gguf``) in float32, and need AVX512-VNNI (``A8_KERNEL_FLAGS``): asked for where
+    either fails, a :class:`ValueError` says which. ``auto`` takes them only where float32 was
+    itself chosen for speed: a user who names float32 gets float32 arithmetic."""
+    if asked not in ACTIVATION_FORMATS:
+        raise ValueError(
+            f"activations must be one of {', '.join(ACTIVATION_FORMATS)}, got {asked!r}"
+        )
+    if asked == "float":
+        return ActivationsChoice("float", "asked for")
+    if dtype != "float32" or weights == "float":
+        if asked == "int8":
+            raise ValueError(
+                "activations = 'int8' applies to int8, int4 or GGUF weights computed in float32; "
+                f"this model computes in {dtype} with {weights} weights"
+            )
+        return ActivationsChoice("float", "auto: only int weights in float32 take int8 rows")
+    found = set(cpu_flags() if flags is None else flags)
+    missing = [f for f in A8_KERNEL_FLAGS if f not in found]
+    if missing and asked == "int8":
+        raise ValueError(f"activations = 'int8' needs {', '.join(missing)}, which this CPU lacks")
+    if asked == "int8":
+        return ActivationsChoice("int8", "asked for")
+    if dtype_asked:
+        return ActivationsChoice("float", f"auto: {A8_FLOAT32_ASKED}")
+    if missing:
+        return ActivationsChoice("float", f"auto: the CPU has no {', '.join(missing)}")
+    if host_kind(found).bf16:
+        return ActivationsChoice("float", f"auto: {A8_NATIVE_BF16}")
+    return ActivationsChoice("int8", f"auto: {A8_MEASURED}")

@@ -31,7 +31,8 @@
 // Each thread configures its own AMX tiles and releases them when its share is done.
 //
 // Built for a CPU without AVX512-BF16, the ops raise an error: the Python side calls them only
-// where the CPU has it (quant_kernel.own_kernels) and keeps torch's kernels elsewhere.
+// where the CPU has it (quant_kernel.own_kernels). float32 activations on AVX-512 CPUs without
+// it take the same layout through quant_gemm_f32.cpp; elsewhere torch's kernels.
 // Built with decode_attention.cpp by batchline.models.generation.decode_kernel.
 
 #include <ATen/ATen.h>
@@ -49,49 +50,13 @@
 #include <optional>
 #include <vector>
 
+#include "quant_layout.h"
+
 namespace {
 
-constexpr int64_t kGroup = 32;      // inputs per group
-constexpr int64_t kTile = 16;       // output columns per tile
-constexpr int64_t kBlock = 320;     // bytes per tile and group: 256 of codes, 64 of scales/zeros
-constexpr int64_t kMaxRows = 8;     // rows summed together over one pass of a tile's weights
-// The fewest weight bytes a thread's share is given: a smaller product (SmolLM2-135M's k/v
-// projection, 576 -> 192: 69 KB in int4, ~6 us) gains nothing from a second thread's wake-up.
-constexpr int64_t kMinShareBytes = 64 * 1024;
-
-inline int64_t tiles_per_share(int64_t tile_bytes) {
-  return std::max<int64_t>(1, kMinShareBytes / tile_bytes);
-}
-
-// A decode step streams its weights from memory once, each thread through its tiles in order.
-// The hardware's own prefetch kept the int4 kernel at half the bandwidth a dense bf16 product
-// reaches (a SmolLM2-1.7B-shaped step, batch 1, 2 threads: 1,152 MiB in 102 ms against bf16's
-// 3,264 in 143); asking for the lines kAhead bytes ahead of each block took it to 69 ms (1,024
-// bytes ahead: 73, 4,096: 81; the split accumulators alone: 104). The lines are asked into L2
-// (T1), not L1: 2,048 bytes are 32 lines in flight a core, more than L1's fill buffers hold,
-// fewer than L2's queue. A 1.7B-shaped int4 batch-1 step, T0 and T1 alternated three times on
-// an AMX host: 64.2 / 68.9 / 72.4 ms against 62.5 / 65.4 / 65.3 (3B: 102 / 107 against
-// 101 / 102; 360M and 16-row steps unchanged; 4,096 or 8,192 bytes ahead in L2: no better).
-constexpr int64_t kAhead = 2048;
-
-inline void prefetch_ahead(const void* block, int64_t bytes) {
-  const char* p = static_cast<const char*>(block) + kAhead;
-  for (int64_t line = 0; line < bytes; line += 64) _mm_prefetch(p + line, _MM_HINT_T1);
-}
-
-inline float bf16_to_float(uint16_t h) {
-  const uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
+using namespace batchline_quant;
 
 #if defined(__AVX512BF16__)
-inline __m512 widen_bf16(const void* p) {  // 16 bf16 -> 16 fp32
-  const __m256i h = _mm256_loadu_si256(static_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
 inline __m512i pair_of(const uint16_t* p) {  // (p[0], p[1]) in every 32-bit lane
   int32_t bits;
   std::memcpy(&bits, p, sizeof bits);

@@ -1,0 +1,107 @@
+// The own int4 layout's sizes and the streaming helpers its kernels share: quant_gemm.cpp (bf16
+// activations), quant_gemm_f32.cpp (float32 activations) and quant_gemm_a8.cpp (float32 rows as
+// int8); and the checks and the layout dispatch of the latter two, which read either scale
+// dtype. The layout itself is described in quant_gemm.cpp's header and packed by
+// quant_kernel.pack_int4.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <type_traits>
+
+namespace batchline_quant {
+
+constexpr int64_t kGroup = 32;   // inputs per group
+constexpr int64_t kTile = 16;    // output columns per tile
+constexpr int64_t kBlock = 320;  // bytes per tile and group: 256 of codes, 64 of scales/zeros
+constexpr int64_t kBlockF32 = 384;  // the same with float32 scales and zeros (a float32 model's)
+constexpr int64_t kMaxRows = 8;  // rows summed together over one pass of a tile's weights
+// The fewest weight bytes a thread's share is given: a smaller product (SmolLM2-135M's k/v
+// projection, 576 -> 192: 69 KB in int4, ~6 us) gains nothing from a second thread's wake-up.
+constexpr int64_t kMinShareBytes = 64 * 1024;
+
+inline int64_t tiles_per_share(int64_t tile_bytes) {
+  return std::max<int64_t>(1, kMinShareBytes / tile_bytes);
+}
+
+// A decode step streams its weights from memory once, each thread through its tiles in order.
+// The hardware's own prefetch kept the int4 kernel at half the bandwidth a dense bf16 product
+// reaches (a SmolLM2-1.7B-shaped step, batch 1, 2 threads: 1,152 MiB in 102 ms against bf16's
+// 3,264 in 143); asking for the lines kAhead bytes ahead of each block took it to 69 ms (1,024
+// bytes ahead: 73, 4,096: 81; the split accumulators alone: 104). The lines are asked into L2
+// (T1), not L1: 2,048 bytes are 32 lines in flight a core, more than L1's fill buffers hold,
+// fewer than L2's queue. A 1.7B-shaped int4 batch-1 step, T0 and T1 alternated three times on
+// an AMX host: 64.2 / 68.9 / 72.4 ms against 62.5 / 65.4 / 65.3 (3B: 102 / 107 against
+// 101 / 102; 360M and 16-row steps unchanged; 4,096 or 8,192 bytes ahead in L2: no better).
+constexpr int64_t kAhead = 2048;
+
+inline void prefetch_ahead(const void* block, int64_t bytes) {
+  const char* p = static_cast<const char*>(block) + kAhead;
+  for (int64_t line = 0; line < bytes; line += 64) _mm_prefetch(p + line, _MM_HINT_T1);
+}
+
+inline float bf16_to_float(uint16_t h) {
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+#if defined(__AVX512F__)
+inline __m512 widen_bf16(const void* p) {  // 16 bf16 -> 16 fp32
+  const __m256i h = _mm256_loadu_si256(static_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// A block's 16 scales (which 0) or zeros (which 1), as float32, from either layout.
+template <bool F32Scales>
+inline __m512 scales_of(const uint8_t* block, int which) {
+  if constexpr (F32Scales) {
+    return _mm512_loadu_ps(reinterpret_cast<const float*>(block + 256) + 16 * which);
+  } else {
+    return widen_bf16(block + 256 + 32 * which);
+  }
+}
+
+inline __mmask16 first_columns(int64_t cols) {  // the lanes of a tile's real columns
+  return cols >= kTile ? 0xFFFF : static_cast<__mmask16>((1u << cols) - 1);
+}
+#endif
+
+// Calls f(std::true_type) for the float32-scale layout, f(std::false_type) for the bf16 one:
+// the one place a runtime layout picks its compiled path.
+template <typename F>
+inline void with_layout(bool f32_scales, F&& f) {
+  if (f32_scales) {
+    f(std::true_type{});
+  } else {
+    f(std::false_type{});
+  }
+}
+
+// Whether the layout has float32 scales (384-byte blocks) or bf16 ones (320), checked.
+inline bool check_packed(const at::Tensor& packed, int64_t n, const char* op) {
+  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kByte && packed.is_contiguous() &&
+                  (packed.size(2) == kBlock || packed.size(2) == kBlockF32),
+              op, ": packed must be int4_pack's (tiles, K / 32, 320 or 384) uint8 tensor");
+  const int64_t tiles = packed.size(0);
+  TORCH_CHECK(n > (tiles - 1) * kTile && n <= tiles * kTile, op, ": n = ", n, " does not fit ",
+              tiles, " tiles of 16");
+  return packed.size(2) == kBlockF32;
+}
+
+// The bias's data (a contiguous (n,) float32 tensor, checked), or nullptr where there is none.
+inline const float* bias_pointer(const std::optional<at::Tensor>& bias, int64_t n,
+                                 const char* op) {
+  if (!bias.has_value()) return nullptr;
+  TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n,
+              op, ": bias must be a contiguous (n,) float32 tensor");
+  return bias->data_ptr<float>();
+}
+
+}  // namespace batchline_quant

@@ -1,0 +1,311 @@
+"""batchline's int4 linear with int8 activations (``csrc/quant_gemm_a8.cpp``): float32 rows
+quantized per group of 32 as the header says, bit for bit against the rule written in torch;
+the product against the float64 product of the quantized rows and the dequantized weight for
+1-17 rows on both layouts; the same bits at any thread count; its errors; the layers that take
+it; and which hosts and models take it (``choose_activations``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from batchline.models.generation import quant_kernel as ik  # noqa: E402
+from batchline.models.generation.quant_linear import (  # noqa: E402
+    Int4Codes,
+    QuantLinear,
+    quantize_int4,
+    quantize_int8,
+    use_int8_activations,
+)
+from batchline.models.generation.torch_dtype import choose_activations  # noqa: E402
+
+from .gen_helpers import int_planes  # noqa: E402
+
+# float32 sums of exact integer sums: a few float32 steps of the largest output
+TOLERANCE = 1e-5
+SCALES = pytest.mark.parametrize("scale_dtype", [torch.bfloat16, torch.float32])
+
+
+@pytest.fixture(scope="module")
+def library() -> None:
+    here, why = ik.int8_activations_here()
+    if not here:
+        pytest.skip(f"the int8-activation kernel does not run here: {why}")
+
+
+def _codes(n: int, k: int, seed: int, scale_dtype: Any) -> Int4Codes:
+    g = torch.Generator().manual_seed(seed)
+    q = quantize_int4(torch.randn(n, k, generator=g), 32)
+    return Int4Codes(q.codes, q.scales.to(scale_dtype).float(), q.zeros.to(scale_dtype).float(), 32)
+
+
+def _quantized_rows(x: Any) -> tuple[Any, Any]:
+    """The header's rule in torch: per group of 32, scale max|x| / 127 and codes
+    round-half-even(x * (127 / max|x|)), float32 throughout; a group of zeros: 0 and 0."""
+    groups = x.view(x.shape[0], -1, 32)
+    amax = groups.abs().amax(dim=2)
+    # a tensor divided by a tensor: torch's ``127 / amax`` multiplies by a reciprocal instead
+    inverse = torch.where(amax > 0, torch.full_like(amax, 127) / amax, torch.zeros_like(amax))
+    codes = torch.round(groups * inverse[..., None]).to(torch.int8).view_as(x)
+    return codes, amax / 127
+
+
+def _relative(out: Any, reference: Any) -> float:
+    return float((out.double() - reference).abs().max() / reference.abs().max())
+
+
+def test_rows_are_quantized_per_group_of_32_as_the_header_says(library: None) -> None:
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 128, generator=g) * torch.tensor([1e-3, 1.0, 30.0, 1e4])[
+        None
+    ].repeat_interleave(32, 1)
+    x[2, 32:64] = 0.0  # a group of zeros
+    x[3, :32] = torch.arange(32) - 15.5  # ties: x * (127 / 16) lands on halves at 8 of them
+    x[4, 64:96] = -2.5  # a constant group: every code -127
+    codes, scales = torch.ops.batchline.int8_activations(x)
+    want_codes, want_scales = _quantized_rows(x)
+    assert codes.dtype == torch.int8
+    assert scales.dtype == torch.float32
+    assert torch.equal(codes, want_codes)
+    assert torch.equal(scales, want_scales)
+    assert codes[2, 32:64].eq(0).all()
+    assert scales[2, 1] == 0
+    assert codes[4, 64:96].eq(-127).all()
+    assert int(codes.abs().max()) == 127
+
+
+@SCALES
+@pytest.mark.parametrize("rows", range(1, 18))
+def test_the_product_is_the_float64_one_of_the_quantized_rows(
+    library: None, torch_threads: None, rows: int, scale_dtype: Any
+) -> None:
+    for n, k in ((40, 96), (112, 224), (16, 32)):  # 40: a part tile; 96, 224: odd groups
+        q = _codes(n, k, seed=rows * n, scale_dtype=scale_dtype)
+        packed = ik.pack_int4(q.codes, q.scales, q.zeros, scale_dtype)
+        x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows + k))
+        codes, scales = _quantized_rows(x)
+        rounded = (codes.double().view(rows, -1, 32) * scales.double()[..., None]).view(rows, k)
+        product = rounded @ q.dequantize().T
+        bias = torch.randn(n)
+        for b in (None, bias):
+            out = ik.int4_linear(x, packed, n, b, int8_rows=True)
+            assert out.dtype == torch.float32
+            assert out.shape == (rows, n)
+            reference = product if b is None else product + b.double()
+            assert _relative(out, reference) < TOLERANCE, (n, k, b is None)
+        # against the rows as they are: the quantizing's error, a few parts in a thousand
+        exact = x.double() @ q.dequantize().T
+        assert 1e-5 < _relative(ik.int4_linear(x, packed, n, int8_rows=True), exact) < 3e-2
+
+
+def test_two_threads_give_the_bits_one_thread_gives(library: None) -> None:
+    n, k = 200, 1024  # 13 tiles, the last a part one; rows split for the quantizing too
+    g = torch.Generator().manual_seed(9)
+    q = quantize_int4(torch.randn(n, k, generator=g), 32)
+    packed = ik.pack_int4(q.codes, q.scales, q.zeros, torch.float32)
+    bias = torch.randn(n, generator=g)
+    xs = [torch.randn(rows, k, generator=g) for rows in (1, 5, 16, 40)]
+    before = torch.get_num_threads()
+    outs: dict[int, list[Any]] = {}
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            outs[threads] = [ik.int4_linear(x, packed, n, bias, int8_rows=True) for x in xs]
+    finally:
+        torch.set_num_threads(before)
+    for one, two in zip(outs[1], outs[2], strict=True):
+        assert torch.equal(one, two)
+
+
+def test_no_rows_give_an_empty_product_and_bad_inputs_say_what_is_wrong(library: None) -> None:
+    q = _codes(32, 64, seed=1, scale_dtype=torch.float32)
+    packed = ik.pack_int4(q.codes, q.scales, q.zeros, torch.float32)
+    a8 = torch.ops.batchline.int4_linear_a8
+    assert a8(torch.empty(0, 64), packed, 32).shape == (0, 32)
+    with pytest.raises(RuntimeError, match=r"x must be a contiguous .* float32"):
+        a8(torch.randn(2, 64).bfloat16(), packed, 32)
+    with pytest.raises(RuntimeError, match="K = 40 is not a multiple of 32"):
+        a8(torch.randn(2, 40), packed, 32)
+    with pytest.raises(RuntimeError, match="x has 96 inputs, the weight 64"):
+        a8(torch.randn(2, 96), packed, 32)
+    with pytest.raises(RuntimeError, match="n = 40 does not fit 2 tiles"):
+        a8(torch.randn(2, 64), packed, 40)
+    with pytest.raises(RuntimeError, match="bias must be"):
+        a8(torch.randn(2, 64), packed, 32, torch.randn(32).double())
+    with pytest.raises(RuntimeError, match="packed must be"):
+        a8(torch.randn(2, 64), packed.view(2, -1), 32)
+
+
+@pytest.mark.parametrize("kind", ["int4", "int8g"])
+def test_a_layer_marked_takes_int8_rows_and_a_bf16_row_does_not(
+    library: None, torch_threads: None, kind: str
+) -> None:
+    n, k = 48, 128
+    w = torch.randn(n, k)
+    planes = int_planes(w, kind)
+    bias = torch.randn(n)
+    layer = QuantLinear.int4(planes, bias=bias, dtype=torch.float32)
+    dense = QuantLinear.int8(*quantize_int8(w), bias=None, dtype=torch.float32)  # torch's
+    model = torch.nn.Sequential(layer, torch.nn.Linear(n, n), dense)
+    assert use_int8_activations(model) == 1  # the own kernel's layer only
+    assert layer.int8_rows
+    assert not dense.int8_rows
+    assert "int8 activations" in repr(layer)
+    x = torch.randn(3, k)
+    codes, scales = _quantized_rows(x)
+    rounded = (codes.double().view(3, -1, 32) * scales.double()[..., None]).view(3, k)
+    weight = layer.dequantized(torch.float64)
+    assert _relative(layer(x), rounded @ weight.T + bias.double()) < TOLERANCE
+    layer.int8_rows = False
+    assert _relative(layer(x), x.double() @ weight.T + bias.double()) < TOLERANCE
+
+
+NO_BF16_VNNI = frozenset(["avx2", "fma", "avx512f", "avx512bw", "avx512_vnni"])  # Ice Lake
+AVX2_ONLY = frozenset(["avx2", "fma"])
+AVX_VNNI = AVX2_ONLY | {"avx_vnni"}  # 256-bit VNNI only: the kernel's 512-bit path is not there
+AVX512_BF16 = NO_BF16_VNNI | {"avx512_bf16"}
+AMX = AVX512_BF16 | {"amx_bf16", "amx_int8"}
+
+
+def test_which_models_and_hosts_take_int8_rows() -> None:
+    from batchline.models.generation import torch_dtype
+
+    def choose(asked: str, weights: str, dtype: str, flags: Any) -> tuple[str, str]:
+        got = choose_activations(asked, weights=weights, dtype=dtype, flags=flags)
+        return got.activations, got.reason
+
+    for weights in ("int8", "int4", "gguf"):
+        assert choose("int8", weights, "float32", NO_BF16_VNNI) == ("int8", "asked for")
+        assert choose("float", weights, "float32", NO_BF16_VNNI) == ("float", "asked for")
+        # where float32 is the dtype for speed (no native bf16), measured
+        auto = ("int8", f"auto: {torch_dtype.A8_MEASURED}")
+        assert choose("auto", weights, "float32", NO_BF16_VNNI) == auto
+        # float32 named by the user keeps float32 arithmetic; int8 still when asked for
+        named = choose_activations(
+            "auto", weights=weights, dtype="float32", dtype_asked=True, flags=NO_BF16_VNNI
+        )
+        assert (named.activations, named.reason) == (
+            "float",
+            f"auto: {torch_dtype.A8_FLOAT32_ASKED}",
+        )
+        also = choose_activations(
+            "int8", weights=weights, dtype="float32", dtype_asked=True, flags=NO_BF16_VNNI
+        )
+        assert also.activations == "int8"
+        # where it is asked for on a CPU with bf16: kept as asked
+        for flags in (AVX512_BF16, AMX):
+            kept = ("float", f"auto: {torch_dtype.A8_NATIVE_BF16}")
+            assert choose("auto", weights, "float32", flags) == kept
+            assert choose("int8", weights, "float32", flags) == ("int8", "asked for")
+        assert choose("auto", weights, "float32", AVX2_ONLY) == (
+            "float",
+            "auto: the CPU has no avx512f, avx512bw, avx512_vnni",
+        )
+        assert choose("auto", weights, "float32", AVX_VNNI)[0] == "float"
+        with pytest.raises(ValueError, match="needs avx512f, avx512bw, avx512_vnni, which this"):
+            choose("int8", weights, "float32", AVX2_ONLY)
+        # bf16 models take the bf16 kernels: int8 rows do not apply
+        assert choose("auto", weights, "bfloat16", AMX)[0] == "float"
+        with pytest.raises(ValueError, match="this model computes in bfloat16 with"):
+            choose("int8", weights, "bfloat16", AMX)
+    assert choose("auto", "float", "float32", NO_BF16_VNNI) == (
+        "float",
+        "auto: only int weights in float32 take int8 rows",
+    )
+    with pytest.raises(ValueError, match="float32; this model computes in float32 with float"):
+        choose("int8", "float", "float32", NO_BF16_VNNI)
+    with pytest.raises(ValueError, match="activations must be one of auto, float, int8"):
+        choose("int4", "int4", "float32", NO_BF16_VNNI)
+
+
+def test_int8_rows_asked_where_they_cannot_apply_are_refused_before_any_weight_is_read(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("transformers")
+    from batchline._errors import InputError
+    from batchline.models.config import Knobs
+    from batchline.models.generation import load as load_module
+    from batchline.models.specs import parse_spec
+
+    from .test_load import save_tiny_generator
+
+    folder = save_tiny_generator(tmp_path / "tiny")
+    read: list[Any] = []
+    monkeypatch.setattr(load_module, "_load_weights", lambda *args: read.append(args))
+    spec = parse_spec(f"{folder}/")
+    for knobs, message in (
+        (Knobs(dtype="bfloat16", weights="int4"), "computes in bfloat16 with int4 weights"),
+        (Knobs(dtype="float32"), "computes in float32 with float weights"),
+    ):
+        with pytest.raises(InputError, match=message):
+            load_module.load_text_generator(spec, knobs.replace(activations="int8"))
+    monkeypatch.setattr(load_module, "_load_weights", lambda *args: read.append(args))
+    # a CPU with the flags, where the kernel library did not build or load
+    from batchline.models.generation import torch_dtype
+
+    monkeypatch.setattr(torch_dtype, "cpu_flags", lambda: NO_BF16_VNNI)
+    monkeypatch.setattr(ik, "int8_activations_here", lambda: (False, "the library did not build"))
+    knobs = Knobs(dtype="float32", weights="int4", activations="int8")
+    with pytest.raises(InputError, match="'int8' cannot run here: the library did not build"):
+        load_module.load_text_generator(spec, knobs)
+    assert read == []
+    with pytest.raises(InputError, match="activations must be one of auto, float, int8"):
+        Knobs(activations="int4")
+
+
+def test_auto_takes_int8_rows_only_where_float32_was_chosen_not_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A user who names float32 (as the vLLM comparison does) gets float32 arithmetic: on an
+    Ice Lake-like host ``auto`` quantizes the rows only when ``dtype = auto`` chose float32."""
+    from batchline.models.config import Knobs
+    from batchline.models.generation import load as load_module
+    from batchline.models.generation import torch_dtype
+    from batchline.models.generation.torch_dtype import WeightsChoice
+
+    monkeypatch.setattr(torch_dtype, "cpu_flags", lambda: NO_BF16_VNNI)
+    monkeypatch.setattr(ik, "int8_activations_here", lambda: (True, ""))
+    assert torch_dtype.choose_dtype("auto", "cpu").dtype == "float32"
+    weights = WeightsChoice("gguf", "auto")
+    chosen = load_module._activations_for(Knobs(), weights, "float32")
+    assert chosen.activations == "int8"
+    named = load_module._activations_for(Knobs(dtype="float32"), weights, "float32")
+    assert (named.activations, named.reason) == ("float", f"auto: {torch_dtype.A8_FLOAT32_ASKED}")
+    asked = Knobs(dtype="float32", activations="int8")
+    assert load_module._activations_for(asked, weights, "float32").activations == "int8"
+
+
+def test_a_float32_int4_model_asked_for_int8_rows_takes_them_and_says_so(
+    library: None, tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    pytest.importorskip("transformers")
+    from batchline.models.config import Knobs
+    from batchline.models.generation.load import load_text_generator
+    from batchline.models.specs import parse_spec
+
+    from .test_load import save_tiny_generator
+
+    folder = save_tiny_generator(tmp_path / "tiny")
+    knobs = Knobs(dtype="float32", weights="int4", activations="int8")
+    with caplog.at_level("INFO", logger="batchline"):
+        loaded = load_text_generator(parse_spec(f"{folder}/"), knobs)
+    try:
+        assert "int8 activations (asked for)" in caplog.text
+        assert loaded.info.details["activations"] == "int8"
+        model = loaded.engine._model
+        own = [m for m in model.modules() if isinstance(m, QuantLinear) and m.own_kernel]
+        assert own
+        assert all(m.int8_rows for m in own)
+        x = torch.randint(3, 100, (1, 7))
+        with torch.inference_mode():
+            rows = model(x).logits
+            for m in own:
+                m.int8_rows = False
+            floats = model(x).logits
+        # the same weights; the rows rounded to 8 bits per group of 32 on the way in
+        assert 0 < _relative(rows, floats.double()) < 5e-2
+    finally:
+        loaded.close()
