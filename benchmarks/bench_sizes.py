@@ -9,10 +9,12 @@ weights' values). llama.cpp's files are made from that folder by its own tools: 
 (the demo math prompts through the chat template, greedy, ``ignore_eos``, ``--new`` tokens
 each) from ``--clients`` clients at once (16, then 1):
 
-- ``own-bf16``, ``own-int8``, ``own-int4``: ``batchline serve`` on its torch engine in bf16,
+- ``own-bf16``, ``own-int8``, ``own-int4``: ``batchline serve`` on its torch engine in the
+  dtype ``auto`` takes (``--own-dtype``): bf16, or float32 where the CPU has no native bf16,
+  own-bf16 then its dense float32,
   ``--set weights=float|int8|int4`` (settings after a colon are more ``--set``s:
   ``own-int4:generation_threads=2``);
-- ``vllm``: vLLM's CPU server in bf16 (from ``--vllm-python``, the venv
+- ``vllm``: vLLM's CPU server in bf16 (``--vllm-dtype``; from ``--vllm-python``, the venv
   ``scripts/vllm_env.sh`` makes), the engine arguments ``bench_vs_vllm.py`` gives it;
 - ``llama-q8``, ``llama-q4km``: ``llama-server`` on the Q8_0 and Q4_K_M files, with its
   defaults (``-np 16 -t CORES``); where it exits at load (its AMX weight repacking crashed on
@@ -25,6 +27,7 @@ is ~3.4 GB bf16 + 1.8 GB Q8_0 + 1.1 GB Q4_K_M) so that a second run starts at on
 
     python benchmarks/bench_sizes.py --shapes 1.7b          # ~30 min on 2 cores
     python benchmarks/bench_sizes.py --shapes tiny --clients 2 --requests 2 --new 4  # smoke
+    python benchmarks/bench_sizes.py --shapes 1.7b --own-dtype float32   # float rows throughout
 
 Needs ``batchline[generate]``; llama.cpp's ``llama-server``, ``llama-quantize`` and
 ``convert_hf_to_gguf.py`` (``--llama-dir``: the build of ../shared/FACTS.md's recipe), and
@@ -73,6 +76,14 @@ def main() -> None:
         default=ROOT / ".venv-vllm/bin/python",
         help="runs llama.cpp's converter: it needs sentencepiece, which vLLM's venv has",
     )
+    parser.add_argument(
+        "--own-dtype",
+        default="auto",
+        help="the own servers' dtype (auto: bf16 where the CPU computes it natively, else "
+        "float32, own-bf16 then being the own engine's dense weights in float32; a named "
+        "float32 keeps the int formats' rows in float, as activations=auto does there)",
+    )
+    parser.add_argument("--vllm-dtype", default="bfloat16", help="vLLM's --dtype")
     parser.add_argument("--start-timeout-s", type=float, default=600.0)
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -94,7 +105,7 @@ def main() -> None:
                 if got is not None:
                     results[server] = got
                     print(f"  [{shape}, {n} client(s)] {server}: {got.line()}", flush=True)
-            _print(shape, n, results, notes)
+            _print(f"{shape} (own {args.own_dtype}, vLLM {args.vllm_dtype})", n, results, notes)
 
 
 def _folder(shape: str, work: Path) -> Path:
@@ -155,7 +166,7 @@ def _command(
     if name == "vllm":
         if not args.vllm_python.is_file():
             return None
-        return vllm_server_command(str(args.vllm_python), str(folder), port, "bfloat16")
+        return vllm_server_command(str(args.vllm_python), str(folder), port, args.vllm_dtype)
     if name in LLAMA_FILES:
         if name not in ggufs:
             return None
@@ -189,7 +200,7 @@ def _command(
         "--port",
         str(port),
         "--set",
-        "dtype=bfloat16",
+        f"dtype={args.own_dtype}",
         "--set",
         f"weights={weights}",
         "--set",
