@@ -283,3 +283,35 @@ def test_kill_9_then_resume_gives_every_record_exactly_once_and_one_job_at_a_tim
     _, want = vectors_of(whole)
     _, got = vectors_of(out)
     np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_a_folder_another_job_writes_is_refused_before_the_model_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from batchline._errors import InputError
+    from batchline.datasets.output_dir import lock_output
+    from batchline.jobs import dataset
+
+    src = write_input(tmp_path / "in.jsonl", "jsonl", TEXTS[:3])
+    out = tmp_path / "out"
+    loads: list[object] = []
+
+    class Loading(Exception):
+        pass
+
+    def load(*args: object) -> None:
+        loads.append(args)
+        raise Loading
+
+    monkeypatch.setattr(dataset, "_load_gated", load)
+    busy = "is being written by another batchline job"
+    # another job's writer (a second open holds its own flock)
+    with lock_output(out), pytest.raises(InputError, match=busy):
+        run(RunOptions(input=src, output=out))
+    assert loads == []  # refused before the load, not after it
+    assert list(out.iterdir()) == []
+    # a folder that does not exist yet is left to the writer: nothing is made before the load
+    with pytest.raises(Loading):
+        run(RunOptions(input=src, output=tmp_path / "new"))
+    assert len(loads) == 1
+    assert not (tmp_path / "new").exists()

@@ -25,7 +25,14 @@ from batchline.datasets.manifest import (
     write_manifest,
 )
 
-__all__ = ["default_output", "disk_error", "lock_output", "open_output", "own_file"]
+__all__ = [
+    "default_output",
+    "disk_error",
+    "lock_output",
+    "open_output",
+    "own_file",
+    "refuse_if_busy",
+]
 
 _PART = re.compile(r"part-\d{6,}\.(?:parquet|jsonl)(?:\.tmp)?")
 _OWN_NAMES = {MANIFEST_NAME, SKIPPED_NAME, MANIFEST_NAME + TMP, SKIPPED_NAME + TMP}
@@ -64,6 +71,15 @@ def lock_output(out: Path) -> DirLock:
             f"{out} is being written by another batchline job; wait for it to end (then "
             "--resume goes on from its last chunk), or choose another output folder"
         ) from None
+
+
+def refuse_if_busy(out: Path) -> None:
+    """Refuse at once, in :func:`lock_output`'s one line, a job whose output folder another
+    job is writing: called before the model loads, which can take minutes. A folder that does
+    not exist yet is left alone (the writer makes it, and removes it if it wrote nothing). The
+    writer takes the lock for itself when it opens: this check only answers sooner."""
+    if out.is_dir():
+        lock_output(out).release()
 
 
 def open_output(

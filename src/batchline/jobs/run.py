@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 
+from batchline.datasets.output_dir import refuse_if_busy
 from batchline.datasets.pipeline import Progress
 from batchline.jobs.dataset import dedupe_window, load_job_model, open_job, record_input
 from batchline.jobs.job import Job
@@ -44,4 +45,8 @@ async def run_job(options: RunOptions | Job, progress: Progress | None = None) -
     >>> summary.records_per_s
     """
     job = await asyncio.to_thread(resolve_job, options)
-    return await kind_of(job).run_local(job, progress)
+    kind = kind_of(job)
+    out = None if kind.out_dir is None else kind.out_dir(job)
+    if out is not None:  # a folder another job writes: refused before the model loads
+        refuse_if_busy(out)
+    return await kind.run_local(job, progress)
