@@ -23,6 +23,7 @@ from pathlib import Path
 
 __all__ = [
     "A8_KERNEL_FLAGS",
+    "A8_VNNI_FLAGS",
     "BF16_FLAGS",
     "F32_KERNEL_FLAGS",
     "INT8_FLAGS",
@@ -38,9 +39,11 @@ INT8_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni")
 #: Flags the own int4 kernel's float32 path needs, all of them (its sums are FMAs in AVX2
 #: vectors at least; ``generation/csrc/quant_gemm_f32.cpp``).
 F32_KERNEL_FLAGS = ("avx2", "fma")
-#: Flags the own int4 kernel's int8-activation path needs, all of them (vpdpbusd on 512-bit
-#: vectors; ``generation/csrc/quant_gemm_a8.cpp``).
-A8_KERNEL_FLAGS = ("avx512f", "avx512bw", "avx512_vnni")
+#: Flags the own int4 kernel's int8-activation path needs, all of them (vpmaddubsw in AVX2
+#: vectors at least; ``generation/csrc/quant_gemm_a8.cpp``).
+A8_KERNEL_FLAGS = ("avx2", "fma")
+#: Flags of its 512-bit path (vpdpbusd), taken where the CPU has all of them.
+A8_VNNI_FLAGS = ("avx512f", "avx512bw", "avx512_vnni")
 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:

@@ -12,6 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from batchline._cpu import A8_VNNI_FLAGS as A8_VNNI  # noqa: E402
 from batchline.models.generation import quant_kernel as ik  # noqa: E402
 from batchline.models.generation.quant_linear import (  # noqa: E402
     Int4Codes,
@@ -78,10 +79,17 @@ def test_rows_are_quantized_per_group_of_32_as_the_header_says(library: None) ->
 
 
 @SCALES
+@pytest.mark.parametrize("width", [512, 256])  # 512 runs as 256 where VNNI is not built
 @pytest.mark.parametrize("rows", range(1, 18))
 def test_the_product_is_the_float64_one_of_the_quantized_rows(
-    library: None, torch_threads: None, rows: int, scale_dtype: Any
+    library: None,
+    torch_threads: None,
+    rows: int,
+    scale_dtype: Any,
+    width: int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setattr(ik, "A8_WIDTH", width)
     for n, k in ((40, 96), (112, 224), (16, 32)):  # 40: a part tile; 96, 224: odd groups
         q = _codes(n, k, seed=rows * n, scale_dtype=scale_dtype)
         packed = ik.pack_int4(q.codes, q.scales, q.zeros, scale_dtype)
@@ -99,6 +107,22 @@ def test_the_product_is_the_float64_one_of_the_quantized_rows(
         # against the rows as they are: the quantizing's error, a few parts in a thousand
         exact = x.double() @ q.dequantize().T
         assert 1e-5 < _relative(ik.int4_linear(x, packed, n, int8_rows=True), exact) < 3e-2
+
+
+def test_the_vnni_and_avx2_paths_give_the_same_bits(library: None) -> None:
+    """The same integer sums and the same float32 operations per column: where both are built
+    (AVX512-VNNI), any row count and either scale layout gives the same output."""
+    if not set(A8_VNNI) <= set(ik._cpu_flags().split()):
+        pytest.skip("only the AVX2 path is built here (no AVX512-VNNI)")
+    a8 = torch.ops.batchline.int4_linear_a8
+    g = torch.Generator().manual_seed(5)
+    for scale_dtype in (torch.bfloat16, torch.float32):
+        q = _codes(72, 256, seed=4, scale_dtype=scale_dtype)  # 72: a part tile
+        packed = ik.pack_int4(q.codes, q.scales, q.zeros, scale_dtype)
+        bias = torch.randn(72, generator=g)
+        for rows in (1, 2, 3, 4, 5, 8, 9, 17):
+            x = torch.randn(rows, 256, generator=g)
+            assert torch.equal(a8(x, packed, 72, bias, 512), a8(x, packed, 72, bias, 256))
 
 
 def test_two_threads_give_the_bits_one_thread_gives(library: None) -> None:
@@ -137,6 +161,8 @@ def test_no_rows_give_an_empty_product_and_bad_inputs_say_what_is_wrong(library:
         a8(torch.randn(2, 64), packed, 32, torch.randn(32).double())
     with pytest.raises(RuntimeError, match="packed must be"):
         a8(torch.randn(2, 64), packed.view(2, -1), 32)
+    with pytest.raises(RuntimeError, match="width must be 256 or 512, not 128"):
+        a8(torch.randn(2, 64), packed, 32, None, 128)
 
 
 @pytest.mark.parametrize("kind", ["int4", "int8g"])
@@ -165,6 +191,7 @@ def test_a_layer_marked_takes_int8_rows_and_a_bf16_row_does_not(
 
 NO_BF16_VNNI = frozenset(["avx2", "fma", "avx512f", "avx512bw", "avx512_vnni"])  # Ice Lake
 AVX2_ONLY = frozenset(["avx2", "fma"])
+NO_AVX2 = frozenset(["sse4_2", "avx"])
 AVX_VNNI = AVX2_ONLY | {"avx_vnni"}  # 256-bit VNNI only: the kernel's 512-bit path is not there
 AVX512_BF16 = NO_BF16_VNNI | {"avx512_bf16"}
 AMX = AVX512_BF16 | {"amx_bf16", "amx_int8"}
@@ -200,13 +227,16 @@ def test_which_models_and_hosts_take_int8_rows() -> None:
             kept = ("float", f"auto: {torch_dtype.A8_NATIVE_BF16}")
             assert choose("auto", weights, "float32", flags) == kept
             assert choose("int8", weights, "float32", flags) == ("int8", "asked for")
-        assert choose("auto", weights, "float32", AVX2_ONLY) == (
+        # AVX2 without VNNI: the vpmaddubsw path, measured on its own host
+        avx2 = ("int8", f"auto: {torch_dtype.A8_MEASURED_AVX2}")
+        assert choose("auto", weights, "float32", AVX2_ONLY) == avx2
+        assert choose("auto", weights, "float32", AVX_VNNI) == avx2  # 256-bit VNNI: that path
+        assert choose("auto", weights, "float32", NO_AVX2) == (
             "float",
-            "auto: the CPU has no avx512f, avx512bw, avx512_vnni",
+            "auto: the CPU has no avx2, fma",
         )
-        assert choose("auto", weights, "float32", AVX_VNNI)[0] == "float"
-        with pytest.raises(ValueError, match="needs avx512f, avx512bw, avx512_vnni, which this"):
-            choose("int8", weights, "float32", AVX2_ONLY)
+        with pytest.raises(ValueError, match="needs avx2, fma, which this CPU lacks"):
+            choose("int8", weights, "float32", NO_AVX2)
         # bf16 models take the bf16 kernels: int8 rows do not apply
         assert choose("auto", weights, "bfloat16", AMX)[0] == "float"
         with pytest.raises(ValueError, match="this model computes in bfloat16 with"):

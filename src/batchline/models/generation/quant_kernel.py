@@ -43,10 +43,11 @@ from __future__ import annotations
 
 import torch
 
-from batchline._cpu import A8_KERNEL_FLAGS, F32_KERNEL_FLAGS
+from batchline._cpu import A8_KERNEL_FLAGS, A8_VNNI_FLAGS, F32_KERNEL_FLAGS
 from batchline.models.generation.decode_kernel import _cpu_flags, decode_kernel
 
 __all__ = [
+    "A8_WIDTH",
     "AMX_ROWS",
     "BLOCK",
     "BLOCK_F32",
@@ -54,6 +55,7 @@ __all__ = [
     "GROUP",
     "INT8_AMX_ROWS",
     "TILE",
+    "a8_path",
     "f32_vectors",
     "int4_dequantize",
     "int4_linear",
@@ -87,6 +89,9 @@ INT8_AMX_ROWS = 1
 #: 1.81 / 3.19 / 12.8, dense float32 5.22 / 11.4 / 16.0; 8,192 -> 2,048 0.48 / 1.11 / 4.41,
 #: 0.60 / 1.74 / 6.28, 2.27 / 5.16 / 7.17.
 F32_WIDTH = 512
+#: The path :func:`int4_linear` takes for int8 rows where the library has both (AVX512-VNNI):
+#: vpdpbusd on 512-bit vectors; elsewhere vpmaddubsw on AVX2's is the only one.
+A8_WIDTH = 512
 
 
 def own_kernels(*, amx: bool = False, dtype: torch.dtype = torch.bfloat16) -> tuple[bool, str]:
@@ -114,7 +119,7 @@ def own_kernels(*, amx: bool = False, dtype: torch.dtype = torch.bfloat16) -> tu
 
 def int8_activations_here() -> tuple[bool, str]:
     """``(True, where the library is)`` where :func:`int4_linear` can quantize float32 rows to
-    int8 on the way in (``int8_rows``: AVX512-VNNI, ``csrc/quant_gemm_a8.cpp``), else
+    int8 on the way in (``int8_rows``: AVX2 and FMA at least, ``csrc/quant_gemm_a8.cpp``), else
     ``(False, why not)``."""
     op, where = decode_kernel()
     if op is None:
@@ -134,6 +139,13 @@ def scale_dtype_for(dtype: torch.dtype) -> torch.dtype:
 def block_bytes(scale_dtype: torch.dtype) -> int:
     """The bytes of one tile's group in :func:`pack_int4`'s layout with ``scale_dtype`` scales."""
     return BLOCK_F32 if scale_dtype == torch.float32 else BLOCK
+
+
+def a8_path() -> str:
+    """The instructions :func:`int4_linear` sums int8 rows with here, in the load log's words."""
+    flags = _cpu_flags().split()
+    vnni = A8_WIDTH == 512 and all(f in flags for f in A8_VNNI_FLAGS)
+    return "vpdpbusd (AVX512-VNNI)" if vnni else "vpmaddubsw (AVX2)"
 
 
 def f32_vectors() -> str:
@@ -254,7 +266,7 @@ def int4_linear(
     library must have been loaded (:func:`own_kernels` for that dtype)."""
     ops = torch.ops.batchline
     if x.dtype == torch.float32 and int8_rows:
-        quantized: torch.Tensor = ops.int4_linear_a8(x.contiguous(), packed, n, bias)
+        quantized: torch.Tensor = ops.int4_linear_a8(x.contiguous(), packed, n, bias, A8_WIDTH)
         return quantized
     if x.dtype == torch.float32:
         result: torch.Tensor = ops.int4_linear_f32(x.contiguous(), packed, n, bias, F32_WIDTH)

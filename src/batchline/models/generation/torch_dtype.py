@@ -19,7 +19,14 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from batchline._cpu import A8_KERNEL_FLAGS, BF16_FLAGS, F32_KERNEL_FLAGS, cpu_flags, host_kind
+from batchline._cpu import (
+    A8_KERNEL_FLAGS,
+    A8_VNNI_FLAGS,
+    BF16_FLAGS,
+    F32_KERNEL_FLAGS,
+    cpu_flags,
+    host_kind,
+)
 from batchline.models.common.torch_weights import pack_linear_weights
 from batchline.models.generation.options import (
     ACTIVATION_FORMATS,
@@ -115,8 +122,8 @@ _NO_BF16 = KindDefaults(
 #: it has not.
 F32_KEPT = (
     "the own int4 kernel's float32 path: a 1.7B-shaped int4 step x0.32 the time of dense "
-    "float32 (batch 1, 2-core Ice Lake Xeon, 2026-12-03; its AVX2 vectors, an AVX2-only CPU's "
-    "path, measured there too: x0.35 a dense float32 linear at one row, not on an AVX2 host)"
+    "float32 (batch 1, 2-core Ice Lake Xeon, 2026-12-03), x0.28 in AVX2 vectors on the 2-core "
+    "AVX2-only EPYC (Zen 2, the same day)"
 )
 F32_DEQUANTIZED = (
     "no AVX2 and FMA for the own int4 kernel's float32 path, and torch's int kernels in float32 "
@@ -144,7 +151,13 @@ KIND_DEFAULTS: dict[str, KindDefaults] = {
         "emulated, took 1.6-2.1x float32's time in a 16-row product, the same at one row); a "
         "GGUF kept quantized, through the own kernel's float32 path",
     ),
-    "avx2": _NO_BF16,
+    "avx2": KindDefaults(
+        "float32",
+        True,
+        "no native bf16: float32; a GGUF kept quantized, through the own kernel's float32 path "
+        "in AVX2 vectors (measured on the 2-core AVX2-only EPYC, Zen 2, 2026-12-03: a 1.7B int4 "
+        "server at one client x3.5 the tokens/s of dense float32)",
+    ),
     "other": _NO_BF16,
 }
 
@@ -210,6 +223,13 @@ A8_MEASURED = (
     "made x1.95 the tokens/s of float rows at 16 clients and x1.30 at one (TTFT x0.46), and the "
     "quality gate in float32 passed (int8 98.0 % top-1, int4 98.2 %, the Q4_1 file 98.5 %)"
 )
+#: Why it takes them on a CPU with AVX2 and no VNNI (the vpmaddubsw path), measured there.
+A8_MEASURED_AVX2 = (
+    "int8 rows through AVX2's vpmaddubsw: on the 2-core AVX2-only EPYC (Zen 2, 2026-12-03) a "
+    "1.7B-shaped int4 step took x0.81 the time of float rows at one row, the 2,048 -> 16,384 "
+    "product x0.41-0.45 at 4-16 rows; the same integer sums and float32 operations as the VNNI "
+    "path, whose quality gate passed on Ice Lake"
+)
 #: Why it keeps float rows where the CPU computes bf16 natively: float32 is then asked for,
 #: and the rows are kept as asked.
 A8_NATIVE_BF16 = "float32 asked for on a CPU with native bf16: the rows kept as they are"
@@ -229,7 +249,7 @@ def choose_activations(
     """The activations for ``asked`` (one of ``ACTIVATION_FORMATS``) of a model held in
     ``weights`` (``choose_weights``'s) computing in ``dtype``; ``dtype_asked`` when the user
     named that dtype rather than ``auto`` choosing it. int8 rows apply to int weights (``int8``,
-    ``int4``, ``gguf``) in float32, and need AVX512-VNNI (``A8_KERNEL_FLAGS``): asked for where
+    ``int4``, ``gguf``) in float32, and need AVX2 and FMA (``A8_KERNEL_FLAGS``): asked for where
     either fails, a :class:`ValueError` says which. ``auto`` takes them only where float32 was
     itself chosen for speed: a user who names float32 gets float32 arithmetic."""
     if asked not in ACTIVATION_FORMATS:
@@ -257,4 +277,6 @@ def choose_activations(
         return ActivationsChoice("float", f"auto: the CPU has no {', '.join(missing)}")
     if host_kind(found).bf16:
         return ActivationsChoice("float", f"auto: {A8_NATIVE_BF16}")
-    return ActivationsChoice("int8", f"auto: {A8_MEASURED}")
+    if all(f in found for f in A8_VNNI_FLAGS):
+        return ActivationsChoice("int8", f"auto: {A8_MEASURED}")
+    return ActivationsChoice("int8", f"auto: {A8_MEASURED_AVX2}")

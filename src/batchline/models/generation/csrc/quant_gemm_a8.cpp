@@ -1,15 +1,20 @@
-// batchline's int4 linear with int8 activations (W4A8), for float32 rows on CPUs with
-// AVX512-VNNI (Intel Xeon from Cascade Lake on, AMD from Zen 4 on). It reads the own int4 layout
-// quant_gemm_f32.cpp reads (bf16 or float32 scales and zeros), and sums integers where that
-// kernel converts each code to fp32 and multiplies: one vpdpbusd multiplies 64 codes by 4 inputs
-// of a row and adds them into 16 columns' int32 sums, where the float32 kernel spends a
-// conversion, a mask and an FMA on 16 products. On Ice Lake the float32 kernel's one-row
-// product ran at the rate of its conversions, not of memory.
+// batchline's int4 linear with int8 activations (W4A8), for float32 rows on CPUs without native
+// bf16. It reads the own int4 layout quant_gemm_f32.cpp reads (bf16 or float32 scales and
+// zeros), and sums integers where that kernel converts each code to fp32 and multiplies: on
+// Ice Lake the float32 kernel's one-row product ran at the rate of its conversions, not of
+// memory, and on an AVX2-only EPYC (Zen 2) its 256-bit path reached 2.07x a 1.7B step's floor.
+// Two paths, the same sums: with AVX512-VNNI (Intel Xeon from Cascade Lake on, AMD from Zen 4
+// on) one vpdpbusd multiplies 64 codes by 4 inputs of a row and adds them into 16 columns' int32
+// sums; with AVX2 alone (`width` 256, the only path of a library built without VNNI) a
+// vpmaddubsw multiplies 32 codes by 4 inputs into 16-bit pair sums, added up over the group's
+// 8 chunks in 16 bits (at most 8 * 2 * 15 * 127 = 30,480: no saturation) and widened to int32
+// once per group by a vpmaddwd.
 //
-//   int4_linear_a8(x, packed, n, bias=None) -> out
+//   int4_linear_a8(x, packed, n, bias=None, width=512) -> out
 //     x:      (rows, K), contiguous float32, K a multiple of 32
 //     packed: (tiles, K / 32, 320 or 384) uint8 (quant_kernel.pack_int4)
 //     bias:   (n,) float32, or None
+//     width:  512: the VNNI path (up to 8 rows a pass); 256: the AVX2 one (up to 4)
 //     out:    (rows, n) float32
 //   int8_activations(x) -> (codes, scales): the quantizing the product applies to x, for tests
 //     and for the error it adds: codes (rows, K) int8, scales (rows, K / 32) float32
@@ -20,11 +25,12 @@
 // products. Per group the product is then
 //   scale_x * (scale * sum_k code_x * code + (zero - 8 * scale) * sum_k code_x)
 // with the integer sums exact: the output is the float32 product of the weight and the
-// quantized activations, x rounded to 8 bits per group being the only approximation.
+// quantized activations, x rounded to 8 bits per group being the only approximation; both paths
+// apply the same float32 operations per column, so they give the same bits.
 // A chunk of 32 code bytes (see quant_gemm_f32.cpp) read as 16 words, one per column (bits 0-3
 // input 4c, 8-11 4c+1, 4-7 4c+2, 12-15 4c+3), becomes the column's 4 code bytes in input order by
-// (w | w << 12) & 0x0F0F0F0F, the unsigned operand of vpdpbusd; the row's 4 int8 codes of those
-// inputs, broadcast, the signed one. Tiles split over ATen's threads as the other kernels do.
+// (w | w << 12) & 0x0F0F0F0F, the unsigned operand; the row's 4 int8 codes of those inputs,
+// broadcast, the signed one. Tiles split over ATen's threads as the other kernels do.
 // Built with the library's other sources by batchline.models.generation.decode_kernel.
 
 #include <ATen/ATen.h>
@@ -43,34 +49,131 @@ namespace {
 
 using namespace batchline_quant;
 
-// What the kernel needs of the compiler's target: AVX-512 with VNNI (and BW's byte packing).
-#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+// What the kernel needs of the compiler's target: AVX2 and FMA (the 256-bit path, and the
+// quantizing), and AVX-512 with VNNI and BW for the 512-bit path.
+#if defined(__AVX2__) && defined(__FMA__)
 #define BATCHLINE_A8 1
+#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define BATCHLINE_A8_VNNI 1
+#endif
 #endif
 
 #if defined(BATCHLINE_A8)
 constexpr bool kBuilt = true;
 
-// One row's groups to int8 codes, their scales and their code sums.
+// One row's groups to int8 codes, their scales and their code sums (AVX2: for both paths).
 void quantize_row(const float* x, int64_t groups, int8_t* codes, float* scales, int32_t* sums) {
-  const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+  const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  // packing 4 x 8 int32 to 32 bytes leaves them in the order of these dwords
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (int64_t g = 0; g < groups; ++g) {
-    const __m512 a = _mm512_loadu_ps(x + g * kGroup), b = _mm512_loadu_ps(x + g * kGroup + 16);
-    const float amax = _mm512_reduce_max_ps(
-        _mm512_max_ps(_mm512_and_ps(a, sign), _mm512_and_ps(b, sign)));
+    const float* xg = x + g * kGroup;
+    __m256 v[4];
+    for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(xg + 8 * i);
+    const __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], sign), _mm256_and_ps(v[1], sign)),
+                                   _mm256_max_ps(_mm256_and_ps(v[2], sign), _mm256_and_ps(v[3], sign)));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    const float amax = _mm_cvtss_f32(h);
     const float inverse = amax > 0.f ? 127.f / amax : 0.f;
     scales[g] = amax / 127.f;
-    const __m512 by = _mm512_set1_ps(inverse);
-    // the MXCSR's rounding: to nearest, ties to even
-    const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, by));
-    const __m512i qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, by));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + g * kGroup), _mm512_cvtsepi32_epi8(qa));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + g * kGroup + 16),
-                     _mm512_cvtsepi32_epi8(qb));
-    sums[g] = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+    const __m256 by = _mm256_set1_ps(inverse);
+    __m256i q[4];  // the MXCSR's rounding: to nearest, ties to even
+    for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], by));
+    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
+                                             _mm256_packs_epi32(q[2], q[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + g * kGroup),
+                        _mm256_permutevar8x32_epi32(bytes, order));
+    const __m256i s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+    sums[g] = _mm_cvtsi128_si32(t);
   }
 }
 
+inline int32_t four_codes(const int8_t* p) {  // 4 int8 codes as one 32-bit lane
+  int32_t word;
+  std::memcpy(&word, p, sizeof word);
+  return word;
+}
+
+// The 256-bit path: rows [m0, m0 + R) of one tile, its 16 columns two halves of 8. Each
+// (row, half) sums its group in one 16-bit accumulator; R up to 4 keeps them and the chunk's
+// codes in AVX2's 16 registers, the totals in memory.
+constexpr int64_t kMaxRows256 = 4;
+
+template <bool F32Scales, int R>
+void tile_rows_a8_256(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t k_total,
+                      const float* xscale, const int32_t* xsum, int64_t m0, const float* bias,
+                      int64_t n0, int64_t cols, int64_t n_total, float* out) {
+  constexpr int64_t block_bytes = F32Scales ? kBlockF32 : kBlock;
+  const __m256i low_nibbles = _mm256_set1_epi32(0x0F0F0F0F);
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256 eight = _mm256_set1_ps(8.f);
+  alignas(32) float total[R][kTile];
+  for (int r = 0; r < R; ++r) {
+    for (int64_t i = 0; i < kTile; ++i) total[r][i] = bias && i < cols ? bias[n0 + i] : 0.f;
+  }
+  const int8_t* xm = xq + m0 * k_total;
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* block = tile + g * block_bytes;
+    prefetch_ahead(block, block_bytes);
+    __m256i acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    const int8_t* xg = xm + g * kGroup;
+    for (int c = 0; c < 8; ++c) {
+      for (int h = 0; h < 2; ++h) {  // columns 8h..8h+7: their words
+        const __m256i v = _mm256_cvtepu16_epi32(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 32 * c + 16 * h)));
+        const __m256i w =
+            _mm256_and_si256(_mm256_or_si256(v, _mm256_slli_epi32(v, 12)), low_nibbles);
+        for (int r = 0; r < R; ++r) {
+          const __m256i xr = _mm256_set1_epi32(four_codes(xg + r * k_total + 4 * c));
+          acc[r][h] = _mm256_add_epi16(acc[r][h], _mm256_maddubs_epi16(w, xr));
+        }
+      }
+    }
+    for (int h = 0; h < 2; ++h) {
+      const __m256 scale = half_scales<F32Scales>(block, 0, h);
+      const __m256 zero = _mm256_fnmadd_ps(eight, scale, half_scales<F32Scales>(block, 1, h));
+      for (int r = 0; r < R; ++r) {
+        const __m256i sum = _mm256_madd_epi16(acc[r][h], ones);
+        const int64_t at = (m0 + r) * groups + g;
+        const float dx = xscale[at];
+        __m256 t = _mm256_load_ps(total[r] + 8 * h);
+        t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(scale, _mm256_set1_ps(dx)), t);
+        t = _mm256_fmadd_ps(_mm256_set1_ps(dx * static_cast<float>(xsum[at])), zero, t);
+        _mm256_store_ps(total[r] + 8 * h, t);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    std::memcpy(out + (m0 + r) * n_total + n0, total[r], cols * sizeof(float));
+  }
+}
+
+template <bool F32Scales, int R>
+void tile_rows_a8_256_upto(int64_t rows, const uint8_t* tile, int64_t groups, const int8_t* xq,
+                           int64_t k_total, const float* xscale, const int32_t* xsum, int64_t m0,
+                           const float* bias, int64_t n0, int64_t cols, int64_t n_total,
+                           float* out) {
+  if constexpr (R > 1) {
+    if (rows < R) {
+      tile_rows_a8_256_upto<F32Scales, R - 1>(rows, tile, groups, xq, k_total, xscale, xsum, m0,
+                                              bias, n0, cols, n_total, out);
+      return;
+    }
+  }
+  tile_rows_a8_256<F32Scales, R>(tile, groups, xq, k_total, xscale, xsum, m0, bias, n0, cols,
+                                 n_total, out);
+}
+#else
+constexpr bool kBuilt = false;
+#endif
+
+#if defined(BATCHLINE_A8_VNNI)
 inline __m512i broadcast4(const int8_t* p) {  // 4 int8 codes into every 32-bit lane
   int32_t word;
   std::memcpy(&word, p, sizeof word);
@@ -140,12 +243,10 @@ void tile_rows_a8_upto(int64_t rows, const uint8_t* tile, int64_t groups, const 
   tile_rows_a8<F32Scales, R>(tile, groups, xq, k_total, xscale, xsum, m0, bias, n0, cols,
                              n_total, out);
 }
-#else
-constexpr bool kBuilt = false;
-#endif
+#endif  // BATCHLINE_A8_VNNI
 
 void check_x(const at::Tensor& x, const char* op) {
-  TORCH_CHECK(kBuilt, op, ": built for a CPU without AVX512-VNNI, which it needs");
+  TORCH_CHECK(kBuilt, op, ": built for a CPU without AVX2 and FMA, which it needs");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), op,
               ": x must be a contiguous (rows, K) float32 tensor");
   TORCH_CHECK(x.size(1) % kGroup == 0, op, ": K = ", x.size(1), " is not a multiple of ", kGroup);
@@ -173,8 +274,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantized(const at::Tensor& x) {
 }
 
 at::Tensor int4_linear_a8(const at::Tensor& x, const at::Tensor& packed, int64_t n,
-                          const std::optional<at::Tensor>& bias) {
+                          const std::optional<at::Tensor>& bias, int64_t width) {
   check_x(x, "int4_linear_a8");
+  TORCH_CHECK(width == 256 || width == 512, "int4_linear_a8: width must be 256 or 512, not ",
+              width);
+#if !defined(BATCHLINE_A8_VNNI)
+  width = 256;  // the only path built
+#endif
   const bool f32_scales = check_packed(packed, n, "int4_linear_a8");
   const int64_t rows = x.size(0), k_total = x.size(1), tiles = packed.size(0);
   const int64_t groups = packed.size(1);
@@ -197,9 +303,19 @@ at::Tensor int4_linear_a8(const at::Tensor& x, const at::Tensor& packed, int64_t
       const int64_t n0 = t * kTile, cols = std::min(kTile, n - n0);
       with_layout(f32_scales, [&](auto layout) {
         constexpr bool kF32 = decltype(layout)::value;
-        for (int64_t m0 = 0; m0 < rows; m0 += kMaxRows) {
-          tile_rows_a8_upto<kF32, kMaxRows>(std::min(kMaxRows, rows - m0), tile, groups, cp,
-                                            k_total, sp, up, m0, bias_ptr, n0, cols, n, op);
+#if defined(BATCHLINE_A8_VNNI)
+        if (width == 512) {
+          for (int64_t m0 = 0; m0 < rows; m0 += kMaxRows) {
+            tile_rows_a8_upto<kF32, kMaxRows>(std::min(kMaxRows, rows - m0), tile, groups, cp,
+                                              k_total, sp, up, m0, bias_ptr, n0, cols, n, op);
+          }
+          return;
+        }
+#endif
+        for (int64_t m0 = 0; m0 < rows; m0 += kMaxRows256) {
+          tile_rows_a8_256_upto<kF32, kMaxRows256>(std::min(kMaxRows256, rows - m0), tile,
+                                                   groups, cp, k_total, sp, up, m0, bias_ptr, n0,
+                                                   cols, n, op);
         }
       });
     }
@@ -217,7 +333,9 @@ std::tuple<at::Tensor, at::Tensor> int8_activations(const at::Tensor& x) {
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(batchline, m) {
-  m.def("int4_linear_a8(Tensor x, Tensor packed, int n, Tensor? bias=None) -> Tensor");
+  m.def(
+      "int4_linear_a8(Tensor x, Tensor packed, int n, Tensor? bias=None, int width=512)"
+      " -> Tensor");
   m.def("int8_activations(Tensor x) -> (Tensor, Tensor)");
 }
 

@@ -163,17 +163,6 @@ void dequantize_tile_f32(const uint8_t* tile, int64_t groups, int64_t cols, int6
 // two loads of 8. AVX2 has 16 vector registers: up to 4 rows a pass, their totals in memory.
 constexpr int64_t kMaxRows256 = 4;
 
-template <bool F32Scales>
-inline __m256 half_scales(const uint8_t* block, int which, int half) {
-  if constexpr (F32Scales) {
-    return _mm256_loadu_ps(reinterpret_cast<const float*>(block + 256) + 16 * which + 8 * half);
-  } else {
-    const __m128i h = _mm_loadu_si128(
-        reinterpret_cast<const __m128i*>(block + 256 + 32 * which + 16 * half));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-  }
-}
-
 template <bool F32Scales, int R>
 void tile_rows_256(const uint8_t* tile, int64_t groups, const float* x, int64_t k_total,
                    const float* xsum, int64_t m0, const float* bias, int64_t n0, int64_t cols,

@@ -73,6 +73,20 @@ inline __mmask16 first_columns(int64_t cols) {  // the lanes of a tile's real co
 }
 #endif
 
+#if defined(__AVX2__)
+// Half a block's scales (which 0) or zeros (which 1): columns 8 * half .. 8 * half + 7, as
+// float32, from either layout (the 256-bit paths' counterpart of scales_of).
+template <bool F32Scales>
+inline __m256 half_scales(const uint8_t* block, int which, int half) {
+  if constexpr (F32Scales) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(block + 256) + 16 * which + 8 * half);
+  } else {
+    const __m128i h = _mm_loadu_si128(
+        reinterpret_cast<const __m128i*>(block + 256 + 32 * which + 16 * half));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+}
+#endif
 // Calls f(std::true_type) for the float32-scale layout, f(std::false_type) for the bf16 one:
 // the one place a runtime layout picks its compiled path.
 template <typename F>
