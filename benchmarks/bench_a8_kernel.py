@@ -15,8 +15,9 @@ each, and int8 rows' time as a fraction of each other's (below 1: faster).
     python benchmarks/bench_a8_kernel.py --formats int8g --rows 64,256,512
     python benchmarks/bench_a8_kernel.py --shapes 64x128 --rows 1 --calls 3  # smoke run
 
-Needs torch, a C++ compiler (the kernel library is built on first use) and a CPU with
-AVX512-VNNI (elsewhere it says why not and stops). Run it on a quiet machine.
+Needs torch, a C++ compiler (the kernel library is built on first use) and a CPU with AVX2 and
+FMA (elsewhere it says why not and stops); int8 rows take vpdpbusd where the CPU has
+AVX512-VNNI, vpmaddubsw elsewhere. Run it on a quiet machine.
 """
 
 from __future__ import annotations

