@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import torch
 
-from batchline._cpu import A8_KERNEL_FLAGS, A8_VNNI_FLAGS, F32_KERNEL_FLAGS
+from batchline._cpu import A8_KERNEL_FLAGS, F32_KERNEL_FLAGS
 from batchline.models.generation.decode_kernel import _cpu_flags, decode_kernel
 
 __all__ = [
@@ -55,7 +55,6 @@ __all__ = [
     "GROUP",
     "INT8_AMX_ROWS",
     "TILE",
-    "a8_path",
     "f32_vectors",
     "int4_dequantize",
     "int4_linear",
@@ -139,13 +138,6 @@ def scale_dtype_for(dtype: torch.dtype) -> torch.dtype:
 def block_bytes(scale_dtype: torch.dtype) -> int:
     """The bytes of one tile's group in :func:`pack_int4`'s layout with ``scale_dtype`` scales."""
     return BLOCK_F32 if scale_dtype == torch.float32 else BLOCK
-
-
-def a8_path() -> str:
-    """The instructions :func:`int4_linear` sums int8 rows with here, in the load log's words."""
-    flags = _cpu_flags().split()
-    vnni = A8_WIDTH == 512 and all(f in flags for f in A8_VNNI_FLAGS)
-    return "vpdpbusd (AVX512-VNNI)" if vnni else "vpmaddubsw (AVX2)"
 
 
 def f32_vectors() -> str:

@@ -154,21 +154,6 @@ void tile_rows_a8_256(const uint8_t* tile, int64_t groups, const int8_t* xq, int
   }
 }
 
-template <bool F32Scales, int R>
-void tile_rows_a8_256_upto(int64_t rows, const uint8_t* tile, int64_t groups, const int8_t* xq,
-                           int64_t k_total, const float* xscale, const int32_t* xsum, int64_t m0,
-                           const float* bias, int64_t n0, int64_t cols, int64_t n_total,
-                           float* out) {
-  if constexpr (R > 1) {
-    if (rows < R) {
-      tile_rows_a8_256_upto<F32Scales, R - 1>(rows, tile, groups, xq, k_total, xscale, xsum, m0,
-                                              bias, n0, cols, n_total, out);
-      return;
-    }
-  }
-  tile_rows_a8_256<F32Scales, R>(tile, groups, xq, k_total, xscale, xsum, m0, bias, n0, cols,
-                                 n_total, out);
-}
 #else
 constexpr bool kBuilt = false;
 #endif
@@ -229,20 +214,6 @@ void tile_rows_a8(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(out + (m0 + r) * n_total + n0, valid, total[r]);
 }
 
-template <bool F32Scales, int R>
-void tile_rows_a8_upto(int64_t rows, const uint8_t* tile, int64_t groups, const int8_t* xq,
-                       int64_t k_total, const float* xscale, const int32_t* xsum, int64_t m0,
-                       const float* bias, int64_t n0, int64_t cols, int64_t n_total, float* out) {
-  if constexpr (R > 1) {
-    if (rows < R) {
-      tile_rows_a8_upto<F32Scales, R - 1>(rows, tile, groups, xq, k_total, xscale, xsum, m0, bias,
-                                          n0, cols, n_total, out);
-      return;
-    }
-  }
-  tile_rows_a8<F32Scales, R>(tile, groups, xq, k_total, xscale, xsum, m0, bias, n0, cols,
-                             n_total, out);
-}
 #endif  // BATCHLINE_A8_VNNI
 
 void check_x(const at::Tensor& x, const char* op) {
@@ -306,16 +277,19 @@ at::Tensor int4_linear_a8(const at::Tensor& x, const at::Tensor& packed, int64_t
 #if defined(BATCHLINE_A8_VNNI)
         if (width == 512) {
           for (int64_t m0 = 0; m0 < rows; m0 += kMaxRows) {
-            tile_rows_a8_upto<kF32, kMaxRows>(std::min(kMaxRows, rows - m0), tile, groups, cp,
-                                              k_total, sp, up, m0, bias_ptr, n0, cols, n, op);
+            with_rows<kMaxRows>(std::min(kMaxRows, rows - m0), [&](auto r) {
+              tile_rows_a8<kF32, decltype(r)::value>(tile, groups, cp, k_total, sp, up, m0,
+                                                     bias_ptr, n0, cols, n, op);
+            });
           }
           return;
         }
 #endif
         for (int64_t m0 = 0; m0 < rows; m0 += kMaxRows256) {
-          tile_rows_a8_256_upto<kF32, kMaxRows256>(std::min(kMaxRows256, rows - m0), tile,
-                                                   groups, cp, k_total, sp, up, m0, bias_ptr, n0,
-                                                   cols, n, op);
+          with_rows<kMaxRows256>(std::min(kMaxRows256, rows - m0), [&](auto r) {
+            tile_rows_a8_256<kF32, decltype(r)::value>(tile, groups, cp, k_total, sp, up, m0,
+                                                       bias_ptr, n0, cols, n, op);
+          });
         }
       });
     }

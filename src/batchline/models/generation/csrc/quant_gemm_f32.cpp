@@ -96,20 +96,6 @@ void tile_rows_f32(const uint8_t* tile, int64_t groups, const float* x, int64_t 
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(out + (m0 + r) * n_total + n0, valid, total[r]);
 }
 
-template <bool F32Scales, int R>
-void tile_rows_f32_upto(int64_t rows, const uint8_t* tile, int64_t groups, const float* x,
-                        int64_t k_total, const float* xsum, int64_t m0, const float* bias,
-                        int64_t n0, int64_t cols, int64_t n_total, float* out) {
-  if constexpr (R > 1) {
-    if (rows < R) {
-      tile_rows_f32_upto<F32Scales, R - 1>(rows, tile, groups, x, k_total, xsum, m0, bias, n0, cols,
-                                n_total, out);
-      return;
-    }
-  }
-  tile_rows_f32<F32Scales, R>(tile, groups, x, k_total, xsum, m0, bias, n0, cols, n_total, out);
-}
-
 // One tile's weights into its rows of the (n, K) output: per group and chunk the four inputs'
 // 16 columns are computed as fp32 vectors, transposed in registers into 16 runs of 4 inputs and
 // put into a 16 x 32 buffer in L1, whose 128-byte rows are then copied to the output's rows
@@ -223,19 +209,6 @@ void tile_rows_256(const uint8_t* tile, int64_t groups, const float* x, int64_t 
   }
 }
 
-template <bool F32Scales, int R>
-void tile_rows_256_upto(int64_t rows, const uint8_t* tile, int64_t groups, const float* x,
-                        int64_t k_total, const float* xsum, int64_t m0, const float* bias,
-                        int64_t n0, int64_t cols, int64_t n_total, float* out) {
-  if constexpr (R > 1) {
-    if (rows < R) {
-      tile_rows_256_upto<F32Scales, R - 1>(rows, tile, groups, x, k_total, xsum, m0, bias, n0,
-                                           cols, n_total, out);
-      return;
-    }
-  }
-  tile_rows_256<F32Scales, R>(tile, groups, x, k_total, xsum, m0, bias, n0, cols, n_total, out);
-}
 #endif  // __AVX2__ && __FMA__
 
 // The weight of one tile in plain C++ (for CPUs without AVX-512; the compiler vectorizes it
@@ -315,15 +288,19 @@ at::Tensor int4_linear_f32(const at::Tensor& x, const at::Tensor& packed, int64_
 #if defined(__AVX512F__)
         if (width == 512) {
           for (int64_t m0 = 0; m0 < rows; m0 += kMaxRows) {
-            tile_rows_f32_upto<kF32, kMaxRows>(std::min(kMaxRows, rows - m0), tile, groups, xp,
-                                               k_total, sp, m0, bias_ptr, n0, cols, n, op);
+            with_rows<kMaxRows>(std::min(kMaxRows, rows - m0), [&](auto r) {
+              tile_rows_f32<kF32, decltype(r)::value>(tile, groups, xp, k_total, sp, m0, bias_ptr,
+                                                      n0, cols, n, op);
+            });
           }
           return;
         }
 #endif
         for (int64_t m0 = 0; m0 < rows; m0 += kMaxRows256) {
-          tile_rows_256_upto<kF32, kMaxRows256>(std::min(kMaxRows256, rows - m0), tile, groups,
-                                                xp, k_total, sp, m0, bias_ptr, n0, cols, n, op);
+          with_rows<kMaxRows256>(std::min(kMaxRows256, rows - m0), [&](auto r) {
+            tile_rows_256<kF32, decltype(r)::value>(tile, groups, xp, k_total, sp, m0, bias_ptr,
+                                                    n0, cols, n, op);
+          });
         }
       });
     }

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <optional>
 #include <type_traits>
+#include <utility>
 
 namespace batchline_quant {
 
@@ -87,6 +88,18 @@ inline __m256 half_scales(const uint8_t* block, int which, int half) {
   }
 }
 #endif
+// Calls f(std::integral_constant<int, N>{}) with N = min(rows, R): the row count a kernel's
+// register tile is compiled for, the one place a runtime count picks it (rows >= 1).
+template <int R, typename F>
+inline void with_rows(int64_t rows, F&& f) {
+  if constexpr (R > 1) {
+    if (rows < R) {
+      with_rows<R - 1>(rows, std::forward<F>(f));
+      return;
+    }
+  }
+  f(std::integral_constant<int, R>{});
+}
 // Calls f(std::true_type) for the float32-scale layout, f(std::false_type) for the bf16 one:
 // the one place a runtime layout picks its compiled path.
 template <typename F>
