@@ -323,12 +323,14 @@ def test_a_float32_int4_model_asked_for_int8_rows_takes_them_and_says_so(
     with caplog.at_level("INFO", logger="batchline"):
         loaded = load_text_generator(parse_spec(f"{folder}/"), knobs)
     try:
-        assert "int8 activations (asked for)" in caplog.text
+        assert "int8 activations (asked for), scales in bf16" in caplog.text
         assert loaded.info.details["activations"] == "int8"
         model = loaded.engine._model
         own = [m for m in model.modules() if isinstance(m, QuantLinear) and m.own_kernel]
         assert own
         assert all(m.int8_rows for m in own)
+        # int8 rows read bf16 scales: 320-byte blocks, not float32's 384
+        assert {p.shape[2] for m in own for p in m._own} == {ik.BLOCK}
         x = torch.randint(3, 100, (1, 7))
         with torch.inference_mode():
             rows = model(x).logits
@@ -337,5 +339,34 @@ def test_a_float32_int4_model_asked_for_int8_rows_takes_them_and_says_so(
             floats = model(x).logits
         # the same weights; the rows rounded to 8 bits per group of 32 on the way in
         assert 0 < _relative(rows, floats.double()) < 5e-2
+    finally:
+        loaded.close()
+
+
+def test_float_rows_keep_float32_scales_and_int8_rows_take_bf16_ones(
+    library: None, tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    pytest.importorskip("transformers")
+    from batchline.models.config import Knobs
+    from batchline.models.generation.load import load_text_generator
+    from batchline.models.specs import parse_spec
+
+    from .test_load import save_tiny_generator
+
+    assert ik.scale_dtype_for(torch.float32) == torch.float32
+    assert ik.scale_dtype_for(torch.float32, int8_rows=True) == torch.bfloat16
+    assert ik.scale_dtype_for(torch.bfloat16) == torch.bfloat16
+    folder = save_tiny_generator(tmp_path / "tiny")
+    knobs = Knobs(dtype="float32", weights="int4", activations="float")
+    with caplog.at_level("INFO", logger="batchline"):
+        loaded = load_text_generator(parse_spec(f"{folder}/"), knobs)
+    try:
+        own = [
+            m for m in loaded.engine._model.modules() if isinstance(m, QuantLinear) and m.own_kernel
+        ]
+        assert own
+        assert not any(m.int8_rows for m in own)
+        assert {p.shape[2] for m in own for p in m._own} == {ik.BLOCK_F32}  # exact, as asked
+        assert "scales in bf16" not in caplog.text
     finally:
         loaded.close()

@@ -39,9 +39,15 @@ class Layout:
     packed: int
 
 
-def lay_out_weights(model: torch.nn.Module, weights: str, dtype: torch.dtype) -> Layout:
+def lay_out_weights(
+    model: torch.nn.Module,
+    weights: str,
+    dtype: torch.dtype,
+    scale_dtype: torch.dtype | None = None,
+) -> Layout:
     """Fuse each of ``model``'s layers' projections and, for ``weights`` ``int8`` or ``int4``,
-    quantize its linears with scales in ``dtype``, and pack the dense ones left for oneDNN, a
+    quantize its linears for ``dtype`` (the own kernel's scales in ``scale_dtype``, by default
+    :func:`~.quant_kernel.scale_dtype_for` ``dtype``), and pack the dense ones left for oneDNN, a
     layer at a time, giving back the file pages of the weights replaced; then quantize the
     lm_head (int8 in groups of 32, :func:`~.quantize.quantize_lm_head`, where the own
     kernel runs) or pack it, and trim the heap. Fused before packing: the packed weights are
@@ -71,20 +77,21 @@ def lay_out_weights(model: torch.nn.Module, weights: str, dtype: torch.dtype) ->
     for layer in model.model.layers:  # type: ignore[union-attr]
         before = list(layer.parameters())
         if id(layer) in fusable:
-            early = fuse_quantized(layer, weights, dtype) if quantize else None
+            early = fuse_quantized(layer, weights, dtype, scale_dtype) if quantize else None
             if early is not None:  # fused as it was packed: no fused float copy was made
                 fused += early.linears
                 report = early if report is None else report + early
             fused += fuse_layer(layer)  # the groups left (all, where none fused above)
             release_replaced(layer, before)  # the parts, now copied into the fused linears
         if quantize:
-            done = quantize_linears(model, weights, dtype, layers=[layer])
+            done = quantize_linears(model, weights, dtype, [layer], scale_dtype)
             report = done if report is None else report + done
         packed += pack_linear_weights(layer)  # what float linears it has left
         release_replaced(layer, before)
         trim_heap()  # the layer's temporaries, before the next layer's are made
     if quantize and report is not None:
-        quantized_head = quantize_lm_head(model, dtype)  # its file pages given back as it goes
+        # its file pages given back as it goes
+        quantized_head = quantize_lm_head(model, dtype, scale_dtype)
         if quantized_head is not None:
             report = dataclasses.replace(report, head=quantized_head)
             trim_heap()

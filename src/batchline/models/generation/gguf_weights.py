@@ -1,18 +1,19 @@
 """A GGUF causal LM loaded with its quantized tensors kept quantized (``Knobs.weights``).
 
-The file's Q4_0, Q4_1 and Q4_K tensors become int4 :class:`~.quant_linear.QuantLinear` layers
-of 32-value groups (a Q4_K super-block is eight of them, each with its scale and min) and its
-Q8_0 ones two int4 planes (:func:`~.quant_linear.int8_group_planes`),
-straight from the blocks' bytes: the codes and the fp16 scales (and Q4_1's mins) carry over as
-they are (:func:`gguf_int4`; tests compare them with gguf-py's own dequantization, bit for bit).
-The own int4 kernel holds the scales in bf16 for bf16 activations (on AVX512-BF16), so each
-fp16 scale rounds to bf16's 8 bits, and in float32 for float32 ones (on AVX2 or AVX-512),
-exact; torch's kernels, elsewhere, take them in the activations' dtype. No float copy of a
-quantized linear is made. Tensors of other types (F32, F16, BF16, Q6_K: 16-value groups, which
-torch's int4 kernel does not take, and the rest) are dequantized by gguf-py into the model's
-dtype, and the load log counts them. The embedding, a lookup, is dequantized into the model's
-dtype; so is the lm_head (the dense bf16 kernel is the fast one on a step's many rows:
-``quant_linear``'s measurements), or it stays tied to the embedding where the file has no
+The file's Q4_0, Q4_1 and Q4_K tensors become int4 :class:`~.quant_linear.QuantLinear` layers of
+32-value groups (a Q4_K super-block is eight of them, each with its scale and min) and its Q8_0
+ones two int4 planes (:func:`~.quant_linear.int8_group_planes`), straight from the blocks'
+bytes: the codes and the fp16 scales (and Q4_1's mins) carry over as they are
+(:func:`gguf_int4`; tests compare them with gguf-py's own dequantization, bit for bit). The own
+int4 kernel holds the scales in bf16 for bf16 activations (on AVX512-BF16), so each fp16 scale
+rounds to bf16's 8 bits, and so it does for float32 ones summed as int8 rows (the
+``activations`` auto takes on a CPU without native bf16: fewer bytes a step), and in float32 for
+float32 ones, exact; torch's kernels, elsewhere, take them in the activations' dtype. No float
+copy of a quantized linear is made. Tensors of other types (F32, F16, BF16, Q6_K: 16-value
+groups, which torch's int4 kernel does not take, and the rest) are dequantized by gguf-py into
+the model's dtype, and the load log counts them. The embedding, a lookup, is dequantized into
+the model's dtype; so is the lm_head (the dense bf16 kernel is the fast one on a step's many
+rows: ``quant_linear``'s measurements), or it stays tied to the embedding where the file has no
 ``output.weight``.
 
 The architecture comes from the file: Llama and Qwen2 (``general.architecture``); any other is
@@ -192,10 +193,12 @@ def load_gguf(
     *,
     dtype: torch.dtype,
     folder: Path | None = None,
+    scale_dtype: torch.dtype | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, GgufLoad]:
     """The causal LM in the GGUF file at ``path`` with its Q4_0, Q4_1 and Q8_0 linears kept
     quantized, in ``dtype`` on CPU, its tokenizer, and what was loaded how. ``folder``: a
-    Hugging Face folder of the same model to take the config and tokenizer from."""
+    Hugging Face folder of the same model to take the config and tokenizer from.
+    ``scale_dtype``: the own kernel's scales (:meth:`~.quant_linear.QuantLinear.int4`'s)."""
     import numpy as np
     import torch
     from gguf import GGMLQuantizationType, dequantize
@@ -257,7 +260,7 @@ def load_gguf(
             values = _unpermute_rows(values, permute)
         setattr(owner, attr, torch.nn.Parameter(values, requires_grad=False))
         report.weight_bytes += values.numel() * values.element_size()
-    report.weight_bytes += _make_layers(model, kept, dtype)
+    report.weight_bytes += _make_layers(model, kept, dtype, scale_dtype)
     if tied:
         model.lm_head.weight = model.model.embed_tokens.weight
     _rebuild_rotary(model, config)
@@ -276,7 +279,12 @@ _JOINED = (
 )
 
 
-def _make_layers(model: Any, kept: dict[str, list[Int4Codes]], dtype: torch.dtype) -> int:
+def _make_layers(
+    model: Any,
+    kept: dict[str, list[Int4Codes]],
+    dtype: torch.dtype,
+    scale_dtype: torch.dtype | None,
+) -> int:
     """The int4 layers of the ``kept`` linears, with the biases the file gave the linears
     (read into the meta-built ``nn.Linear``s); a layer's q/k/v and gate/up joined into one each
     where all are kept with as many planes (one product at a step, as ``fuse_projections``
@@ -311,14 +319,14 @@ def _make_layers(model: Any, kept: dict[str, list[Int4Codes]], dtype: torch.dtyp
                 for i in range(len(found[0]))
             ]
             bias = torch.cat(biases) if biases else None
-            fused = QuantLinear.int4(joined, bias=bias, dtype=dtype)
+            fused = QuantLinear.int4(joined, bias=bias, dtype=dtype, scale_dtype=scale_dtype)
             sizes = [int(p[0].codes.shape[0]) for p in found]
             join_projections(model.get_submodule(f"{prefix}.{owner}"), name, parts, fused, sizes)
             total += fused.weight_bytes
             for p in paths:
                 del kept[p]
     for path, planes in kept.items():
-        single = QuantLinear.int4(planes, bias=bias_of(path), dtype=dtype)
+        single = QuantLinear.int4(planes, bias=bias_of(path), dtype=dtype, scale_dtype=scale_dtype)
         parent, name = path.rsplit(".", 1)
         setattr(model.get_submodule(parent), name, single)
         total += single.weight_bytes

@@ -263,6 +263,7 @@ def load_torch_generator(spec: ModelSpec, knobs: TorchEngineOptions) -> Generati
     from batchline.models.common.openmp import release_thread_pool
     from batchline.models.generation.engine_layout import lay_out_weights
     from batchline.models.generation.generators import build_generator
+    from batchline.models.generation.quant_kernel import scale_dtype_for
     from batchline.models.generation.quant_linear import describe_step_weights, step_weight_count
     from batchline.models.generation.torch_dtype import choose_dtype
     from batchline.models.generation.torch_engine import TorchStepEngine
@@ -272,11 +273,13 @@ def load_torch_generator(spec: ModelSpec, knobs: TorchEngineOptions) -> Generati
         torch.set_num_threads(engine_threads(knobs, choice.torch_dtype))
     weights = _weights_for(spec, knobs, choice.dtype, device)
     activations = _activations_for(knobs, weights, choice.dtype)
-    model, tokenizer, loaded = _load_weights(spec, weights, choice.dtype, device)
+    # int8 rows sum over bf16 scales: a step reads 5 bits a weight of int4, not 6
+    scales = scale_dtype_for(choice.torch_dtype, int8_rows=activations.activations == "int8")
+    model, tokenizer, loaded = _load_weights(spec, weights, choice.dtype, device, scales)
     _eos_from_tokenizer(model, tokenizer)
     if device.type == "cpu":  # now that the model's size is known
         torch.set_num_threads(engine_threads(knobs, choice.torch_dtype, step_weight_count(model)))
-    layout = lay_out_weights(model, weights.weights, choice.torch_dtype)
+    layout = lay_out_weights(model, weights.weights, choice.torch_dtype, scales)
     loaded = str(layout.quantized) if layout.quantized is not None else loaded
     if activations.activations == "int8":
         from batchline.models.generation.quant_linear import use_int8_activations
@@ -298,7 +301,7 @@ def load_torch_generator(spec: ModelSpec, knobs: TorchEngineOptions) -> Generati
         knobs.device,
         choice,
         weights,
-        activations,
+        f"{activations}, scales in bf16" if activations.activations == "int8" else activations,
         f"; {loaded}" if loaded else "",
         f", {layout.fused} projection groups fused" if layout.fused else "",
         f", {layout.packed} linear layers packed for oneDNN" if layout.packed else "",
@@ -402,11 +405,16 @@ def _activations_for(
 
 
 def _load_weights(
-    spec: ModelSpec, weights: WeightsChoice, dtype: str, device: torch.device
+    spec: ModelSpec,
+    weights: WeightsChoice,
+    dtype: str,
+    device: torch.device,
+    scale_dtype: torch.dtype | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
     """The model and tokenizer of ``spec`` and what the GGUF load kept quantized ("" otherwise):
-    a GGUF's (the built-in ``smollm2``'s too) quantized tensors kept as they are, or the float
-    folder (a GGUF's converted once) in ``dtype``."""
+    a GGUF's (the built-in ``smollm2``'s too) quantized tensors kept as they are (the own
+    kernel's scales in ``scale_dtype``), or the float folder (a GGUF's converted once) in
+    ``dtype``."""
     from batchline.models.generation.smollm2 import gguf_path, load_causal_lm, smollm2_folder
     from batchline.models.generation.torch_dtype import DtypeChoice
 
@@ -417,7 +425,9 @@ def _load_weights(
         file = gguf_path() if spec.kind == "builtin" else Path(spec.source)
         # smollm2's config and tokenizer from its folder, converted once (else the file's)
         folder = smollm2_folder() if spec.kind == "builtin" else None
-        model, tokenizer, report = load_gguf(file, dtype=torch_dtype, folder=folder)
+        model, tokenizer, report = load_gguf(
+            file, dtype=torch_dtype, folder=folder, scale_dtype=scale_dtype
+        )
         return model, tokenizer, str(report)
     model, tokenizer = load_causal_lm(_model_folder(spec), device=device, dtype=torch_dtype)
     return model, tokenizer, ""

@@ -301,12 +301,15 @@ class QuantLinear(torch.nn.Module):
         bias: torch.Tensor | None = None,
         dtype: torch.dtype = torch.bfloat16,
         own_kernel: bool | None = None,
+        scale_dtype: torch.dtype | None = None,
     ) -> QuantLinear:
         """One int4 plane (:func:`quantize_int4`, a GGUF's Q4_0/Q4_1), or the two of
         :func:`int8_group_planes`, whose products are summed. ``own_kernel``: whether to
         compute through batchline's int4 kernel (bf16 or float32, groups of 32 only) or
         torch's; by default the own one where it runs vectorized here for ``dtype``
-        (:func:`~batchline.models.generation.quant_kernel.own_kernels`)."""
+        (:func:`~batchline.models.generation.quant_kernel.own_kernels`). ``scale_dtype``: the
+        own layout's scales (by default :func:`~batchline.models.generation.quant_kernel.
+        scale_dtype_for` ``dtype``)."""
         from batchline.models.generation import quant_kernel
 
         n, k = planes[0].codes.shape
@@ -320,7 +323,8 @@ class QuantLinear(torch.nn.Module):
                 f"the own int4 kernel takes bf16 or float32 and groups of {quant_kernel.GROUP}, "
                 f"not {dtype} and groups of {layer.group_size}"
             )
-        scale_dtype = quant_kernel.scale_dtype_for(dtype)  # float32's exact, bf16's in bf16
+        if scale_dtype is None:
+            scale_dtype = quant_kernel.scale_dtype_for(dtype)
         for plane in planes:
             if own_kernel:
                 packed = quant_kernel.pack_int4(plane.codes, plane.scales, plane.zeros, scale_dtype)

@@ -79,11 +79,13 @@ def quantize_linears(
     kind: str,
     dtype: torch.dtype,
     layers: Sequence[torch.nn.Module] | None = None,
+    scale_dtype: torch.dtype | None = None,
 ) -> QuantReport:
     """Replace the ``nn.Linear`` layers of ``model.model.layers`` (``layers`` of them where
     given: a loader quantizing one layer at a time) (after
     :func:`~batchline.models.generation.lean_llama.fuse_projections`: the fused ones) by
-    :class:`QuantLinear` of ``kind`` (``int8`` or ``int4``), scales in ``dtype``. The embedding
+    :class:`QuantLinear` of ``kind`` (``int8`` or ``int4``), scales in ``dtype`` (the own
+    kernel's in ``scale_dtype``: :func:`pack_own_int4`). The embedding
     (a lookup) and the lm_head stay as they are. A quantized lm_head would be faster where the
     own kernel has AMX (SmolLM2-1.7B's 49,152 x 2,048, two threads, against bf16 packed: int4
     9.9 -> 3.0 ms at one row, 11.0 -> 6.1 at 16), but fails the quality gate
@@ -116,13 +118,13 @@ def quantize_linears(
         before += weight.numel() * weight.element_size()
         bias = None if child.bias is None else child.bias.detach()
         if int8_groups and weight.shape[1] % INT4_GROUP_SIZE == 0:
-            packed = pack_own_int4([weight], _int8_planes, dtype)
+            packed = pack_own_int4([weight], _int8_planes, dtype, scale_dtype)
             layer = QuantLinear.own_int4(packed, *weight.shape, kind="int8g", bias=bias)
         elif kind == "int8":
             layer = QuantLinear.int8(*quantize_int8(weight), bias=bias, dtype=dtype)
         elif own_int4:  # a chunk of rows at a time: one chunk's temporaries, not the weight's
             int4_group_size(weight.shape[1])  # raises for a width it does not take
-            packed = pack_own_int4([weight], _int4_plane, dtype)
+            packed = pack_own_int4([weight], _int4_plane, dtype, scale_dtype)
             layer = QuantLinear.own_int4(packed, *weight.shape, bias=bias)
         else:
             codes = quantize_int4(weight, int4_group_size(weight.shape[1]))
@@ -153,13 +155,15 @@ def pack_own_int4(
     weights: Sequence[torch.Tensor],
     planes_of: Callable[[torch.Tensor], list[Int4Codes]],
     dtype: torch.dtype = torch.bfloat16,
+    scale_dtype: torch.dtype | None = None,
 ) -> list[torch.Tensor]:
     """The own int4 kernel's packed planes (:func:`~batchline.models.generation.quant_kernel.
     pack_int4`) of ``weights`` (each ``(N_i, K)``) stacked by rows: ``planes_of(rows)`` for
     each :data:`PACK_CHUNK_ROWS` rows of each weight in turn, put together (the layout is per 16
     rows: the same bytes as one pass over the stacked weight, which is never made). Every
-    weight but the last has a multiple of 16 rows. The scales are kept in bf16, or in float32
-    for a model computing in float32 (``dtype``: :func:`~.quant_kernel.scale_dtype_for`).
+    weight but the last has a multiple of 16 rows. The scales are kept in ``scale_dtype``, by
+    default bf16, or float32 for a model computing in float32 (``dtype``:
+    :func:`~.quant_kernel.scale_dtype_for`).
     Each chunk's pages of a mapped file are given back once it is packed: weights read from
     a file are read once here (a tied embedding's lookups read their own rows again)."""
     from batchline.models.common.torch_weights import release_file_pages
@@ -170,7 +174,8 @@ def pack_own_int4(
         raise ValueError(f"only the last weight stacked may leave a tile part-filled: {shapes}")
     n, k = sum(w.shape[0] for w in weights), weights[0].shape[1]
     tiles, groups = -(-n // quant_kernel.TILE), k // quant_kernel.GROUP
-    scale_dtype = quant_kernel.scale_dtype_for(dtype)
+    if scale_dtype is None:
+        scale_dtype = quant_kernel.scale_dtype_for(dtype)
     shape = (tiles, groups, quant_kernel.block_bytes(scale_dtype))
     packed: list[torch.Tensor] = []
     tile = 0
@@ -188,7 +193,12 @@ def pack_own_int4(
     return packed
 
 
-def fuse_quantized(layer: torch.nn.Module, kind: str, dtype: torch.dtype) -> QuantReport | None:
+def fuse_quantized(
+    layer: torch.nn.Module,
+    kind: str,
+    dtype: torch.dtype,
+    scale_dtype: torch.dtype | None = None,
+) -> QuantReport | None:
     """Fuse ``layer``'s q/k/v and gate/up linears (its
     :func:`~batchline.models.generation.projections.fusable_groups`) as int4 for the own kernel in
     one pass: each part's rows quantized and packed straight into the fused layer's tiles
@@ -216,7 +226,7 @@ def fuse_quantized(layer: torch.nn.Module, kind: str, dtype: torch.dtype) -> Qua
             continue  # left to fusing dense, then quantize_linears
         sizes = [w.shape[0] for w in weights]
         joined = QuantLinear.own_int4(
-            pack_own_int4(weights, _int4_plane, dtype),
+            pack_own_int4(weights, _int4_plane, dtype, scale_dtype),
             sum(sizes),
             k,
             bias=torch.cat(biases) if biases else None,
@@ -250,7 +260,9 @@ def _int8_planes(rows: torch.Tensor) -> list[Int4Codes]:
     return int8_group_planes(*quantize_int8_groups(rows, 32), 32)
 
 
-def quantize_lm_head(model: torch.nn.Module, dtype: torch.dtype) -> QuantReport | None:
+def quantize_lm_head(
+    model: torch.nn.Module, dtype: torch.dtype, scale_dtype: torch.dtype | None = None
+) -> QuantReport | None:
     """Replace ``model.lm_head`` by int8 in groups of 32 (:func:`quantize_int8_groups`),
     computed as the two int4 planes of :func:`int8_group_planes` through the own kernel, where
     that kernel runs here for the activations' ``dtype`` (bf16 or float32: :func:`~batchline.
@@ -271,7 +283,7 @@ def quantize_lm_head(model: torch.nn.Module, dtype: torch.dtype) -> QuantReport 
     if k % quant_kernel.GROUP or not _own_int4("int4", dtype):
         return None
     weight = head.weight.detach()
-    planes = pack_own_int4([weight], _int8_planes, dtype)
+    planes = pack_own_int4([weight], _int8_planes, dtype, scale_dtype)
     bias = None if head.bias is None else head.bias.detach()
     model.lm_head = QuantLinear.own_int4(planes, n, k, kind="int8g", bias=bias)
     before = weight.numel() * weight.element_size()
