@@ -20,6 +20,9 @@ each) from ``--clients`` clients at once (16, then 1):
   defaults (``-np 16 -t CORES``); where it exits at load (its AMX weight repacking crashed on
   one host), it is started again with ``--no-repack``, and the table says so.
 
+Each server first answers two other prompts (not timed, none of the timed ones: llama.cpp
+keeps a slot's whole prompt and would answer a repeated one from it).
+
 Printed per shape and client count: tokens/s, TTFT p50 and request latency p50 of each server,
 and the ratios issue 52 asks for (own bf16 / vLLM; own int4 / llama.cpp Q4_K_M; own int8 /
 llama.cpp Q8_0; own int4 / own bf16). The built files are kept under ``--work`` (a 1.7B shape
@@ -238,18 +241,19 @@ def _measure(
     if note:
         notes[server] = note
     try:
-        prompts = _prompts(clients * args.requests, args.new)
-        asyncio.run(_drive(port, [(p, 4) for p, _ in prompts[:2]], 2))  # warm-up
-        return asyncio.run(_drive(port, prompts, clients))
+        # warmed up on prompts of their own: a server that keeps whole prompts (llama.cpp's
+        # slots do) would otherwise answer the timed ones from the warm-up's cache
+        asyncio.run(_drive(port, [(p, 4) for p, _ in _prompts(2, 4, seed=1)], 2))
+        return asyncio.run(_drive(port, _prompts(clients * args.requests, args.new), clients))
     finally:
         stop(proc)
         log.unlink(missing_ok=True)
 
 
-def _prompts(n: int, new: int) -> list[tuple[str, int]]:
+def _prompts(n: int, new: int, *, seed: int = 0) -> list[tuple[str, int]]:
     from batchline.models.generation.demo import demo_prompts
 
-    return [(p["prompt"], new) for p in demo_prompts(n, seed=0)]
+    return [(p["prompt"], new) for p in demo_prompts(n, seed=seed)]
 
 
 def _print(shape: str, clients: int, results: dict[str, RunResult], notes: dict[str, str]) -> None:
