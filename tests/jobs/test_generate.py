@@ -117,6 +117,7 @@ def test_every_prompt_once_in_order_and_greedy_equal_in_every_mode(
         assert summary.generated_tokens == sum(r["completion_tokens"] for r in got)
         assert summary.failed == summary.aborted == summary.preempted == 0
         assert ("dtype", "float32 (asked for)") in summary.rows()
+        assert ("weights", "float") in summary.rows()  # a float folder's, as it was
         assert Manifest.load(out).complete
         outputs[name] = [(r["text"], r["completion_tokens"], r["finish_reason"]) for r in got]
     assert outputs["continuous"] == outputs["static"] == outputs["one at a time"]

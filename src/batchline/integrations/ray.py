@@ -444,6 +444,7 @@ def _summary(
         padding_waste=0.0,
         generation_batching=first.batching,
         dtype=first.dtype,
+        weights=first.weights,
         generated_tokens=tally.tokens,
         prompt_tokens=sum(s.prompt_tokens_total for s in stats),
         ttft_p50_s=_median([s.ttft_p50_s for s in stats]),

@@ -574,6 +574,7 @@ def generate_summary(
         latency_p99_s=percentile(adapter.latencies, 99),
         generation_batching=model.batching,
         dtype=model.dtype,
+        weights=model.weights,
         utilization=stats.avg_running_per_step / cap if cap else 0.0,
         avg_batch_size=stats.avg_running_per_step,
         generated_tokens=adapter.tokens,

@@ -52,6 +52,7 @@ def generator_figures(
         in_flight=gen.limit,
         batching=gen.model.batching,
         dtype=gen.model.dtype,
+        weights=gen.model.weights,
         running_peak=gen.peaks.running,
         waiting_peak=gen.peaks.waiting,
         kv_reserved_peak=gen.peaks.kv_reserved,

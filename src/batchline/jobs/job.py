@@ -109,6 +109,7 @@ class WorkFigures:
     in_flight: int = 0
     batching: str = ""
     dtype: str = ""
+    weights: str = ""
     running_peak: int = 0
     waiting_peak: int = 0
     kv_reserved_peak: int = 0

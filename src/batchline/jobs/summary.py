@@ -102,6 +102,8 @@ class GenerateSummary(RunSummary):
 
     generation_batching: str = "continuous"
     dtype: str = ""
+    #: how the linears are held (``gguf, int8 activations``): the load log says why
+    weights: str = ""
     generated_tokens: int = 0
     prompt_tokens: int = 0
     ttft_p50_s: float = math.nan
@@ -146,6 +148,7 @@ class GenerateSummary(RunSummary):
         return [
             *self._head(_MODES.get(self.generation_batching, self.generation_batching)),
             *([("dtype", self.dtype)] if self.dtype else []),
+            *([("weights", self.weights)] if self.weights else []),
             ("tokens generated", f"{self.generated_tokens:,}"),
             ("tokens/s", f"{self.tokens_per_s:,.1f}"),
             ("records/s", f"{self.records_per_s:,.2f}"),

@@ -127,6 +127,9 @@ class GenerationModel:
     device: str = "cpu"
     #: What the model computes in, and why (``float32 (asked for)``); "" where not known.
     dtype: str = ""
+    #: How its linears are held, and what their int kernel multiplies (``int4, int8
+    #: activations``); "" where not known (vLLM's engine holds them its own way).
+    weights: str = ""
     detokenizer: HfDetokenizer = field(init=False)
     _engine: StepEngine | None = None
     #: what else :meth:`close` frees (the engine process of ``Knobs.engine_process``)
@@ -351,6 +354,8 @@ def load_torch_generator(spec: ModelSpec, knobs: TorchEngineOptions) -> Generati
         batching=batching,
         device=knobs.device,
         dtype=str(choice),
+        weights=weights.weights
+        + (", int8 activations" if activations.activations == "int8" else ""),
         _engine=engine,
     )
 
