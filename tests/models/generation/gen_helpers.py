@@ -161,6 +161,7 @@ class FakeLoaded:
     max_running: int
     max_waiting: int
     dtype: str = "fake"
+    weights: str = "fake"
     info: ModelInfo = field(init=False)
 
     def __post_init__(self) -> None:

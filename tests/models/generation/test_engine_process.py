@@ -102,6 +102,8 @@ async def test_the_engine_process_generates_what_the_in_process_generator_does(
         assert model.info.details["engine_process"] is True
         assert model.info.details["engine_start_s"] == round(gen.start_s, 2) > 0
         assert model.info.details["dtype"] == "float32"
+        # what the run summary shows comes across the pipe as the model in this process has it
+        assert (model.dtype, model.weights) == (here.dtype, here.weights) != ("", "")
         assert model.max_context_tokens == here.max_context_tokens
         got = await run_all(model, lengths)
     finally:

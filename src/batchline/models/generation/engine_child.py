@@ -119,6 +119,9 @@ class LoadedModel(Protocol):
     @property
     def dtype(self) -> str: ...
 
+    @property
+    def weights(self) -> str: ...
+
     def close(self) -> None: ...
 
 
@@ -132,6 +135,7 @@ class Ready:
     max_running: int
     max_waiting: int
     dtype: str
+    weights: str
     #: seconds ``load(*args)`` took in the engine process
     load_s: float
 
@@ -194,6 +198,7 @@ class _Child:
                     model.max_running,
                     model.max_waiting,
                     model.dtype,
+                    model.weights,
                     load_s,
                 ),
             )

@@ -276,15 +276,16 @@ def load_torch_generator(spec: ModelSpec, knobs: TorchEngineOptions) -> Generati
         torch.set_num_threads(engine_threads(knobs, choice.torch_dtype))
     weights = _weights_for(spec, knobs, choice.dtype, device)
     activations = _activations_for(knobs, weights, choice.dtype)
+    int8_rows = activations.activations == "int8"
     # int8 rows sum over bf16 scales: a step reads 5 bits a weight of int4, not 6
-    scales = scale_dtype_for(choice.torch_dtype, int8_rows=activations.activations == "int8")
+    scales = scale_dtype_for(choice.torch_dtype, int8_rows=int8_rows)
     model, tokenizer, loaded = _load_weights(spec, weights, choice.dtype, device, scales)
     _eos_from_tokenizer(model, tokenizer)
     if device.type == "cpu":  # now that the model's size is known
         torch.set_num_threads(engine_threads(knobs, choice.torch_dtype, step_weight_count(model)))
     layout = lay_out_weights(model, weights.weights, choice.torch_dtype, scales)
     loaded = str(layout.quantized) if layout.quantized is not None else loaded
-    if activations.activations == "int8":
+    if int8_rows:
         from batchline.models.generation.quant_linear import use_int8_activations
 
         use_int8_activations(model)
@@ -304,7 +305,7 @@ def load_torch_generator(spec: ModelSpec, knobs: TorchEngineOptions) -> Generati
         knobs.device,
         choice,
         weights,
-        f"{activations}, scales in bf16" if activations.activations == "int8" else activations,
+        f"{activations}, scales in bf16" if int8_rows else activations,
         f"; {loaded}" if loaded else "",
         f", {layout.fused} projection groups fused" if layout.fused else "",
         f", {layout.packed} linear layers packed for oneDNN" if layout.packed else "",
@@ -354,8 +355,7 @@ def load_torch_generator(spec: ModelSpec, knobs: TorchEngineOptions) -> Generati
         batching=batching,
         device=knobs.device,
         dtype=str(choice),
-        weights=weights.weights
-        + (", int8 activations" if activations.activations == "int8" else ""),
+        weights=weights.weights + (", int8 activations" if int8_rows else ""),
         _engine=engine,
     )
 
@@ -510,6 +510,7 @@ def _load_in_engine_process(spec: ModelSpec, knobs: GenerationBackendOptions) ->
         batching="continuous",
         device=knobs.device,
         dtype=ready.dtype,
+        weights=ready.weights,
         _on_close=generator.close,
     )
 
