@@ -329,8 +329,14 @@ def test_a_float32_int4_model_asked_for_int8_rows_takes_them_and_says_so(
         own = [m for m in model.modules() if isinstance(m, QuantLinear) and m.own_kernel]
         assert own
         assert all(m.int8_rows for m in own)
-        # int8 rows read bf16 scales: 320-byte blocks, not float32's 384
-        assert {p.shape[2] for m in own for p in m._own} == {ik.BLOCK}
+        # int8 rows read bf16 scales: 320-byte blocks, not float32's 384; the head (int8 in
+        # groups) is in the int8 layout, 544 bytes a block
+        blocks: dict[str, set[int]] = {}
+        for m in own:
+            blocks.setdefault(m.kind, set()).update(p.shape[2] for p in m._own)
+        assert blocks == {"int4": {ik.BLOCK}, "int8g": {ik.BLOCK_INT8}}
+        assert model.lm_head.kind == "int8g"
+        assert len(model.lm_head._own) == 1
         x = torch.randint(3, 100, (1, 7))
         with torch.inference_mode():
             rows = model(x).logits

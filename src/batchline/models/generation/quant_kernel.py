@@ -30,6 +30,9 @@ count. At 2 threads, alternated with 1 in one process on the same host (shared, 
 they took x0.46-0.57 of their 1-thread time and x0.32-0.49 of dense bf16's at 2 threads on the
 four shapes above at 1-16 rows (docs/generation.md has the table).
 
+For float32 rows quantized to int8 (``csrc/quant_gemm_a8.cpp``) int8 in groups of 32 has a
+layout of its own (:func:`pack_int8g`, :func:`int8g_linear`: :func:`int8g_here` says where).
+
 :func:`pack_int4` lays out the codes, scales and zeros of an
 :class:`~batchline.models.generation.quant_linear.Int4Codes` (groups of 32,
 ``(code - 8) * scale + zero``, scales and zeros rounded to bf16) for it, once at load;
@@ -41,16 +44,22 @@ an error, and ``QuantLinear`` keeps torch's kernels).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from batchline._cpu import A8_KERNEL_FLAGS, F32_KERNEL_FLAGS
 from batchline.models.generation.decode_kernel import _cpu_flags, decode_kernel
+
+if TYPE_CHECKING:
+    from batchline.models.generation.quant_linear import Int4Codes
 
 __all__ = [
     "A8_WIDTH",
     "AMX_ROWS",
     "BLOCK",
     "BLOCK_F32",
+    "BLOCK_INT8",
     "F32_WIDTH",
     "GROUP",
     "INT8_AMX_ROWS",
@@ -60,12 +69,17 @@ __all__ = [
     "int4_linear",
     "int8_activations_here",
     "int8_linear",
+    "int8g_here",
+    "int8g_linear",
     "own_kernels",
     "pack_int4",
     "pack_int8",
+    "pack_int8g",
+    "pack_planes",
     "scale_dtype_for",
     "unpack_int4",
     "unpack_int8",
+    "unpack_int8g",
 ]
 
 #: The inputs per group, and the output columns per tile, of the packed layout.
@@ -75,6 +89,9 @@ TILE = 16
 #: (bf16), and with float32 scales and zeros (a float32 model's: exact, as float32 promises).
 BLOCK = GROUP * TILE // 2 + 2 * TILE * 2
 BLOCK_F32 = GROUP * TILE // 2 + 2 * TILE * 4
+#: The bytes of one tile's group in :func:`pack_int8g`'s layout: 512 int8 codes, 16 bf16 scales
+#: (8.5 bits a weight, as a GGUF's Q8_0).
+BLOCK_INT8 = GROUP * TILE + TILE * 2
 #: From this many rows on the kernel sums through AMX tiles (where the CPU has them), below it
 #: through vdpbf16ps: at one row the two took the same time (vdpbf16ps 5-10 % less).
 AMX_ROWS = 2
@@ -143,9 +160,28 @@ def scale_dtype_for(dtype: torch.dtype, *, int8_rows: bool = False) -> torch.dty
     return torch.float32 if dtype == torch.float32 and not int8_rows else torch.bfloat16
 
 
-def block_bytes(scale_dtype: torch.dtype) -> int:
-    """The bytes of one tile's group in :func:`pack_int4`'s layout with ``scale_dtype`` scales."""
-    return BLOCK_F32 if scale_dtype == torch.float32 else BLOCK
+def int8g_here(dtype: torch.dtype, scale_dtype: torch.dtype) -> bool:
+    """Whether int8 in groups of 32 (a GGUF's Q8_0, ``int8g``) is packed in :func:`pack_int8g`'s
+    layout for rows of ``dtype`` over ``scale_dtype`` scales: float32 rows summed as int8 (their
+    scales bf16: :func:`scale_dtype_for`) where that kernel runs here; elsewhere it is the two
+    int4 planes of :func:`~.quant_linear.int8_group_planes`. On the AVX2-only EPYC (Zen 2, 2
+    threads, 2026-12-03, 6 copies of each weight) it took x0.78 the two planes' time at one row of
+    2,048 -> 16,384 and x0.80 of 8,192 -> 2,048, x0.71-0.74 at 4 rows, x0.64-0.69 at 16 to 1,024:
+    it reads 8.5 bits a weight, not 10, and sums each code once, not each plane's."""
+    return dtype == torch.float32 and scale_dtype == torch.bfloat16 and int8_activations_here()[0]
+
+
+def pack_planes(
+    planes: list[Int4Codes], dtype: torch.dtype, scale_dtype: torch.dtype
+) -> list[torch.Tensor]:
+    """The own kernels' packed tensors of one int4 plane (:func:`pack_int4`), or of the two planes
+    of int8 in groups (:func:`~.quant_linear.int8_group_planes`): one :func:`pack_int8g` tensor
+    where :func:`int8g_here` for rows of ``dtype``, else the two planes packed."""
+    from batchline.models.generation.quant_linear import int8_from_planes
+
+    if len(planes) == 2 and int8g_here(dtype, scale_dtype):
+        return [pack_int8g(*int8_from_planes(planes))]
+    return [pack_int4(p.codes, p.scales, p.zeros, scale_dtype) for p in planes]
 
 
 def f32_vectors() -> str:
@@ -230,6 +266,48 @@ def unpack_int8(
     tiles, pairs, _ = codes.shape
     rows = codes.reshape(tiles, pairs, TILE, 2).permute(0, 2, 1, 3).reshape(tiles * TILE, 2 * pairs)
     return rows[:n], scales[:n]
+
+
+def pack_int8g(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The ``(tiles, K // 32, BLOCK_INT8)`` uint8 layout :func:`int8g_linear` reads of int8
+    ``codes`` ``(N, K)`` with a scale per group of 32 inputs ``(N, K // 32)`` (the weight
+    ``codes * scale``; a GGUF's Q8_0): per 16 output columns and group, chunk ``c`` (inputs
+    ``4c .. 4c + 3``) at byte ``64 c``, column ``j``'s four codes at ``64 c + 4 j`` in input
+    order, then the 16 scales in bf16; the last tile padded with weight 0."""
+    n, k = codes.shape
+    if k % GROUP or scales.shape != (n, k // GROUP):
+        raise ValueError(
+            f"the int8 layout takes groups of {GROUP}: codes {tuple(codes.shape)} with scales "
+            f"{tuple(scales.shape)}"
+        )
+    tiles, groups = -(-n // TILE), k // GROUP
+    pad = tiles * TILE - n
+    c = torch.cat((codes.to(torch.int8), torch.zeros(pad, k, dtype=torch.int8)))
+    s = torch.cat((scales.to(torch.bfloat16), torch.zeros(pad, groups, dtype=torch.bfloat16)))
+    # (tile, column, group, chunk, input) -> (tile, group, chunk, column, input)
+    chunks = c.reshape(tiles, TILE, groups, 8, 4).permute(0, 2, 3, 1, 4).reshape(tiles, groups, -1)
+    scale_bytes = s.reshape(tiles, TILE, groups).permute(0, 2, 1).contiguous().view(torch.uint8)
+    return torch.cat((chunks.view(torch.uint8), scale_bytes), dim=2).contiguous()
+
+
+def unpack_int8g(packed: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The codes ``(n, K)`` (int8) and bf16 scales ``(n, K // 32)`` :func:`pack_int8g` packed."""
+    tiles, groups, _ = packed.shape
+    chunks = packed[:, :, : GROUP * TILE].view(torch.int8).reshape(tiles, groups, 8, TILE, 4)
+    codes = chunks.permute(0, 3, 1, 2, 4).reshape(tiles * TILE, groups * GROUP)
+    scales = packed[:, :, GROUP * TILE :].contiguous().view(torch.bfloat16)
+    return codes[:n], scales.permute(0, 2, 1).reshape(tiles * TILE, groups)[:n]
+
+
+def int8g_linear(
+    x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``x (rows, K) @ W.T (+ bias)`` for float32 ``x``, ``W`` the ``n`` columns
+    :func:`pack_int8g` packed, ``bias`` float32 ``(n,)``: each row quantized to int8 per group of
+    32 on the way in and summed in integers (``csrc/quant_gemm_a8.cpp``; the library loaded
+    and :func:`int8_activations_here`)."""
+    out: torch.Tensor = torch.ops.batchline.int8g_linear_a8(x.contiguous(), packed, n, bias)
+    return out
 
 
 def int8_linear(

@@ -14,7 +14,9 @@ everything else through torch's CPU kernels:
   ``torch.ops.aten._convert_weight_to_int4pack_for_cpu`` packs the codes once at load and
   ``_weight_int4pack_mm_for_cpu`` computes. A GGUF's Q4_0 and Q4_1 blocks are groups of 32 of
   this form; Q8_0's int8 codes (with a scale per 32) are split into two int4 planes, a high and a
-  low nibble, whose products sum to the int8 one (:func:`int8_group_planes`).
+  low nibble, whose products sum to the int8 one (:func:`int8_group_planes`), except for float32
+  rows summed as int8, where they are joined again in an int8 layout of their own
+  (:func:`~.quant_kernel.pack_int8g`: 8.5 bits a weight, not the planes' 10).
 
 Measured on the 2-core AMX Xeon (one thread, a busy machine, SmolLM2-360M's fused gate/up
 960 -> 5,120 and down 2,560 -> 960, µs per call, bf16 activations; dense = bf16 packed for
@@ -54,6 +56,7 @@ __all__ = [
     "describe_step_weights",
     "int4_group_size",
     "int4_planes_rows",
+    "int8_from_planes",
     "int8_group_planes",
     "quantize_int4",
     "quantize_int8",
@@ -98,6 +101,11 @@ INT4_GROUP_SIZE = 32
 #: 27.9 / 46.0 / 78.6 / 136; 8,192 -> 2,048 1.4 / 5.4 / 10.0 / 23.6 / 38.7 against 10.1 / 15.1
 #: / 22.1 / 36.8 / 63.8; int8g's two planes 2,048 -> 16,384 5.5 / 21.7 / 40.8 / 91.5 / 184
 #: against 30.8 / 44.7 / 61.9 / 98.3 / 193, 8,192 -> 2,048 81.1 against 77.2 at 512.
+#: int8g in its own layout (``own32a8q``: :func:`~.quant_kernel.pack_int8g`) stayed ahead of a
+#: float32 weight held dense, not even dequantized, at every row count measured: AVX2-only EPYC
+#: (Zen 2), 2 threads, 2026-12-03, ms at 64 / 256 / 512 / 1,024 rows, 2,048 -> 16,384 25.7 /
+#: 103 / 213 / 433 against 71.2 / 180 / 317 / 602; 8,192 -> 2,048 12.6 / 49.8 / 101 / 208
+#: against 24.2 / 67.7 / 128 / 245. Its limit is past any prefill chunk the engine takes.
 DENSE_ROWS = {
     "int8": 32,
     "int4": 256,
@@ -108,6 +116,7 @@ DENSE_ROWS = {
     "own32g": 64,
     "own32a8": 1024,
     "own32a8g": 512,
+    "own32a8q": 4096,
 }
 #: The activation dtypes the own int4 kernel takes (float32 where the CPU has no AVX512-BF16).
 _OWN_INT4_DTYPES = (torch.bfloat16, torch.float32)
@@ -223,6 +232,14 @@ def int8_group_planes(
     ]
 
 
+def int8_from_planes(planes: list[Int4Codes]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The int8 codes ``(N, K)`` and scales ``(N, K // group_size)`` that
+    :func:`int8_group_planes` split into ``planes`` (its inverse)."""
+    high, low = planes
+    codes = (high.codes.to(torch.int16) - 8) * 16 + low.codes.to(torch.int16)
+    return codes.to(torch.int8), low.scales
+
+
 def int4_planes_rows(
     planes: list[Int4Codes], rows: Callable[[torch.Tensor], torch.Tensor]
 ) -> list[Int4Codes]:
@@ -304,7 +321,9 @@ class QuantLinear(torch.nn.Module):
         scale_dtype: torch.dtype | None = None,
     ) -> QuantLinear:
         """One int4 plane (:func:`quantize_int4`, a GGUF's Q4_0/Q4_1), or the two of
-        :func:`int8_group_planes`, whose products are summed. ``own_kernel``: whether to
+        :func:`int8_group_planes`, whose products are summed (or, for float32 rows summed as int8,
+        joined again in :func:`~.quant_kernel.pack_int8g`'s layout: :func:`~.quant_kernel.
+        pack_planes`). ``own_kernel``: whether to
         compute through batchline's int4 kernel (bf16 or float32, groups of 32 only) or
         torch's; by default the own one where it runs vectorized here for ``dtype``
         (:func:`~batchline.models.generation.quant_kernel.own_kernels`). ``scale_dtype``: the
@@ -325,11 +344,10 @@ class QuantLinear(torch.nn.Module):
             )
         if scale_dtype is None:
             scale_dtype = quant_kernel.scale_dtype_for(dtype)
+        if own_kernel:
+            layer._own = quant_kernel.pack_planes(planes, dtype, scale_dtype)
+            return layer
         for plane in planes:
-            if own_kernel:
-                packed = quant_kernel.pack_int4(plane.codes, plane.scales, plane.zeros, scale_dtype)
-                layer._own.append(packed)
-                continue
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
                 plane.codes.to(torch.int32).contiguous(), 1
             )
@@ -383,6 +401,8 @@ class QuantLinear(torch.nn.Module):
 
             codes, scales = unpack_int8(self._own8, n)
             return (codes.to(dtype) * scales.to(dtype)[:, None]).contiguous()
+        if self._int8_layout:
+            return _int8g_weight(self._own[0], n, dtype)
         out = torch.zeros(n, k, dtype=dtype)
         g = self.group_size
         for packed in self._own:
@@ -409,14 +429,23 @@ class QuantLinear(torch.nn.Module):
             return int4_dequantize(self._own[0], self.out_features, dtype)
         return self.dequantized(dtype)
 
+    @property
+    def _int8_layout(self) -> bool:
+        """Whether the weight is int8 in groups in :func:`~.quant_kernel.pack_int8g`'s layout."""
+        from batchline.models.generation.quant_kernel import BLOCK_INT8
+
+        return bool(self._own) and self._own[0].shape[2] == BLOCK_INT8
+
     def _own_takes(self, dtype: torch.dtype) -> bool:
         """Whether the own kernel computes rows of ``dtype``: the int8 one bf16 rows, the int4
         one float32 rows, and bf16 ones where its scales are bf16 (the layer was built where
-        the CPU runs its dtype)."""
+        the CPU runs its dtype), the int8 layout's float32 rows."""
         if self._own8 is not None:
             return dtype == torch.bfloat16
         if not self._own:
             return False
+        if self._int8_layout:
+            return dtype == torch.float32
         from batchline.models.generation.quant_kernel import BLOCK
 
         return dtype == torch.float32 or (
@@ -441,7 +470,11 @@ class QuantLinear(torch.nn.Module):
         for c0 in range(0, n, DEQUANT_COLS):
             cols = min(DEQUANT_COLS, n - c0)
             tiles = slice(c0 // TILE, -(-(c0 + cols) // TILE))
-            weight = int4_dequantize(self._own[0][tiles], cols, torch.float32, mine[0])
+            if self._int8_layout:
+                weight = mine[0][:cols]
+                weight.copy_(_int8g_weight(self._own[0][tiles], cols, torch.float32))
+            else:
+                weight = int4_dequantize(self._own[0][tiles], cols, torch.float32, mine[0])
             for plane, buffer in zip(self._own[1:], mine[1:], strict=True):
                 weight.add_(int4_dequantize(plane[tiles], cols, torch.float32, buffer))
             bias = None if self.bias is None else self.bias[c0 : c0 + cols].float()
@@ -454,13 +487,13 @@ class QuantLinear(torch.nn.Module):
         limit = DENSE_ROWS[self._dense_key(flat.dtype)]
         if flat.shape[0] >= limit and flat.dtype == torch.float32 and self._own:  # own int4
             return self._dense_f32(flat).view(*x.shape[:-1], self.out_features)
+        bias = None if self.bias is None else self.bias.to(flat.dtype)
         if flat.shape[0] >= limit:
-            dense = torch.nn.functional.linear(flat, self._dense_weight(flat.dtype), self.bias)
+            dense = torch.nn.functional.linear(flat, self._dense_weight(flat.dtype), bias)
             return dense.view(*x.shape[:-1], self.out_features)
         if self._own_takes(flat.dtype):
             return self._own_forward(flat).view(*x.shape[:-1], self.out_features)
         if own:  # activations of another dtype than the layer was built for
-            bias = None if self.bias is None else self.bias.to(flat.dtype)
             dense = torch.nn.functional.linear(flat, self.dequantized(flat.dtype), bias)
             return dense.view(*x.shape[:-1], self.out_features)
         if self._int8 is not None:
@@ -483,6 +516,8 @@ class QuantLinear(torch.nn.Module):
         """This layer's entry of :data:`DENSE_ROWS` for rows of ``dtype``."""
         if self._own8 is not None:
             return "own8"
+        if self._int8_layout:
+            return "own32a8q"
         if self._own and dtype == torch.float32:
             if self.int8_rows:
                 return "own32a8" if len(self._own) == 1 else "own32a8g"
@@ -494,11 +529,13 @@ class QuantLinear(torch.nn.Module):
     def _own_forward(self, flat: torch.Tensor) -> torch.Tensor:
         """``flat`` (bf16 or float32 rows) through the own int8 kernel, or the int4 one plane
         by plane, the bias (in float32) added in the first plane's sums."""
-        from batchline.models.generation.quant_kernel import int4_linear, int8_linear
+        from batchline.models.generation.quant_kernel import int4_linear, int8_linear, int8g_linear
 
         bias = None if self.bias is None else self.bias.float()
         if self._own8 is not None:
             return int8_linear(flat, self._own8, self.out_features, bias)
+        if self._int8_layout:
+            return int8g_linear(flat, self._own[0], self.out_features, bias)
         a8 = self.int8_rows and flat.dtype == torch.float32
         out = int4_linear(flat, self._own[0], self.out_features, bias, int8_rows=a8)
         for packed in self._own[1:]:
@@ -511,6 +548,16 @@ class QuantLinear(torch.nn.Module):
         group += ", int8 activations" if self.int8_rows else ""
         sizes = f"in_features={self.in_features}, out_features={self.out_features}"
         return f"{sizes}, {self.kind}{group}"
+
+
+def _int8g_weight(packed: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """The weight ``(n, K)`` in ``dtype`` of :func:`~.quant_kernel.pack_int8g`'s layout:
+    ``code * scale`` in float32, rounded to ``dtype`` once."""
+    from batchline.models.generation.quant_kernel import GROUP, unpack_int8g
+
+    codes, scales = unpack_int8g(packed, n)
+    weight = codes.float().view(n, -1, GROUP) * scales.float()[..., None]
+    return weight.view(n, -1).to(dtype)
 
 
 def _unpack_int4(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:

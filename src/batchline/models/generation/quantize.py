@@ -157,9 +157,10 @@ def pack_own_int4(
     dtype: torch.dtype = torch.bfloat16,
     scale_dtype: torch.dtype | None = None,
 ) -> list[torch.Tensor]:
-    """The own int4 kernel's packed planes (:func:`~batchline.models.generation.quant_kernel.
-    pack_int4`) of ``weights`` (each ``(N_i, K)``) stacked by rows: ``planes_of(rows)`` for
-    each :data:`PACK_CHUNK_ROWS` rows of each weight in turn, put together (the layout is per 16
+    """The own kernels' packed planes (:func:`~batchline.models.generation.quant_kernel.
+    pack_planes`: int4's one, int8 in groups' one or two) of ``weights`` (each ``(N_i, K)``)
+    stacked by rows: ``planes_of(rows)`` for each :data:`PACK_CHUNK_ROWS` rows of each weight
+    in turn, put together (the layout is per 16
     rows: the same bytes as one pass over the stacked weight, which is never made). Every
     weight but the last has a multiple of 16 rows. The scales are kept in ``scale_dtype``, by
     default bf16, or float32 for a model computing in float32 (``dtype``:
@@ -176,17 +177,17 @@ def pack_own_int4(
     tiles, groups = -(-n // quant_kernel.TILE), k // quant_kernel.GROUP
     if scale_dtype is None:
         scale_dtype = quant_kernel.scale_dtype_for(dtype)
-    shape = (tiles, groups, quant_kernel.block_bytes(scale_dtype))
     packed: list[torch.Tensor] = []
     tile = 0
     for weight in weights:
         for start in range(0, weight.shape[0], PACK_CHUNK_ROWS):
             rows = weight[start : start + PACK_CHUNK_ROWS]
-            planes = planes_of(rows)
-            if not packed:
-                packed = [torch.empty(shape, dtype=torch.uint8) for _ in planes]
-            for plane, into in zip(planes, packed, strict=True):
-                part = quant_kernel.pack_int4(plane.codes, plane.scales, plane.zeros, scale_dtype)
+            parts = quant_kernel.pack_planes(planes_of(rows), dtype, scale_dtype)
+            if not packed:  # the layout's block size is the first chunk's
+                packed = [
+                    torch.empty((tiles, groups, p.shape[2]), dtype=torch.uint8) for p in parts
+                ]
+            for part, into in zip(parts, packed, strict=True):
                 into[tile : tile + part.shape[0]] = part
             tile += -(-rows.shape[0] // quant_kernel.TILE)
             release_file_pages([rows])
@@ -273,7 +274,8 @@ def quantize_lm_head(
     Why this format (the quality gate and a 360M batch-1 step are in docs/generation.md):
     per-channel int8 and int4 heads failed ``benchmarks/bench_quant_quality.py`` (see
     :func:`quantize_linears`); groups of 32 keep each scale to its own 32 weights, as llama.cpp's
-    Q8_0 does. Its two planes read 1.25 bytes a weight where bf16 reads 2."""
+    Q8_0 does. Its two planes read 1.25 bytes a weight where bf16 reads 2; with int8 rows, in
+    the int8 layout (:func:`~.quant_kernel.pack_planes`), 1.06."""
     from batchline.models.generation import quant_kernel
 
     head = getattr(model, "lm_head", None)

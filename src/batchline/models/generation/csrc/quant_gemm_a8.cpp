@@ -16,6 +16,9 @@
 //     bias:   (n,) float32, or None
 //     width:  512: the VNNI path (up to 8 rows a pass); 256: the AVX2 one (up to 4)
 //     out:    (rows, n) float32
+//   int8g_linear_a8(x, packed, n, bias=None) -> out: the same product of int8 weights in groups
+//     of 32 (a GGUF's Q8_0 form), packed (tiles, K / 32, 544) uint8 (quant_kernel.pack_int8g),
+//     through the 256-bit path only
 //   int8_activations(x) -> (codes, scales): the quantizing the product applies to x, for tests
 //     and for the error it adds: codes (rows, K) int8, scales (rows, K / 32) float32
 //
@@ -31,6 +34,15 @@
 // input 4c, 8-11 4c+1, 4-7 4c+2, 12-15 4c+3), becomes the column's 4 code bytes in input order by
 // (w | w << 12) & 0x0F0F0F0F, the unsigned operand; the row's 4 int8 codes of those inputs,
 // broadcast, the signed one. Tiles split over ATen's threads as the other kernels do.
+//
+// The int8 layout holds a group of 16 columns' 32 inputs in 544 bytes, 8.5 bits a weight (as
+// many as Q8_0's 34-byte blocks; the two int4 planes that held it before read 10): 8 chunks of
+// 64 bytes, chunk c the codes of inputs 4c..4c+3, column j's four at 64c + 4j in input order,
+// then the 16 columns' scales in bf16. Both operands being signed, a chunk's half (8 columns)
+// goes to vpmaddubsw as |w| (unsigned; -128 reads as 128) against the row's codes with w's
+// sign applied (vpsignb, which also zeroes them where w is 0): the same products. A pair sum
+// can reach 2 * 128 * 127 = 32,512, so each chunk's pairs are widened to int32 (vpmaddwd by
+// ones) before they are added up; per group the product is scale_x * scale * sum, the sum exact.
 // Built with the library's other sources by batchline.models.generation.decode_kernel.
 
 #include <ATen/ATen.h>
@@ -145,6 +157,52 @@ void tile_rows_a8_256(const uint8_t* tile, int64_t groups, const int8_t* xq, int
         __m256 t = _mm256_load_ps(total[r] + 8 * h);
         t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(scale, _mm256_set1_ps(dx)), t);
         t = _mm256_fmadd_ps(_mm256_set1_ps(dx * static_cast<float>(xsum[at])), zero, t);
+        _mm256_store_ps(total[r] + 8 * h, t);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    std::memcpy(out + (m0 + r) * n_total + n0, total[r], cols * sizeof(float));
+  }
+}
+
+// The int8 layout's counterpart of tile_rows_a8_256: rows [m0, m0 + R) of one tile.
+template <int R>
+void tile_rows_int8_256(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t k_total,
+                        const float* xscale, int64_t m0, const float* bias, int64_t n0,
+                        int64_t cols, int64_t n_total, float* out) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  alignas(32) float total[R][kTile];
+  for (int r = 0; r < R; ++r) {
+    for (int64_t i = 0; i < kTile; ++i) total[r][i] = bias && i < cols ? bias[n0 + i] : 0.f;
+  }
+  const int8_t* xm = xq + m0 * k_total;
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* block = tile + g * kBlockInt8;
+    prefetch_ahead(block, kBlockInt8);
+    __m256i acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    const int8_t* xg = xm + g * kGroup;
+    for (int c = 0; c < 8; ++c) {
+      for (int h = 0; h < 2; ++h) {  // columns 8h..8h+7: a dword each
+        const __m256i w =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * c + 32 * h));
+        const __m256i magnitude = _mm256_abs_epi8(w);
+        for (int r = 0; r < R; ++r) {
+          const __m256i xr = _mm256_set1_epi32(four_codes(xg + r * k_total + 4 * c));
+          const __m256i pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(xr, w));
+          acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(pairs, ones));
+        }
+      }
+    }
+    for (int h = 0; h < 2; ++h) {
+      const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 512 + 16 * h));
+      const __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+      for (int r = 0; r < R; ++r) {
+        const float dx = xscale[(m0 + r) * groups + g];
+        __m256 t = _mm256_load_ps(total[r] + 8 * h);
+        t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][h]), _mm256_mul_ps(scale, _mm256_set1_ps(dx)),
+                            t);
         _mm256_store_ps(total[r] + 8 * h, t);
       }
     }
@@ -298,6 +356,43 @@ at::Tensor int4_linear_a8(const at::Tensor& x, const at::Tensor& packed, int64_t
   return out;
 }
 
+at::Tensor int8g_linear_a8(const at::Tensor& x, const at::Tensor& packed, int64_t n,
+                           const std::optional<at::Tensor>& bias) {
+  check_x(x, "int8g_linear_a8");
+  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kByte && packed.is_contiguous() &&
+                  packed.size(2) == kBlockInt8,
+              "int8g_linear_a8: packed must be pack_int8g's (tiles, K / 32, 544) uint8 tensor");
+  const int64_t rows = x.size(0), k_total = x.size(1), tiles = packed.size(0);
+  const int64_t groups = packed.size(1);
+  TORCH_CHECK(n > (tiles - 1) * kTile && n <= tiles * kTile, "int8g_linear_a8: n = ", n,
+              " does not fit ", tiles, " tiles of 16");
+  TORCH_CHECK(k_total == groups * kGroup, "int8g_linear_a8: x has ", k_total,
+              " inputs, the weight ", groups * kGroup);
+  const float* bias_ptr = bias_pointer(bias, n, "int8g_linear_a8");
+  auto out = at::empty({rows, n}, x.options());
+  if (rows == 0) return out;
+#if defined(BATCHLINE_A8)
+  const auto [codes, scales, sums] = quantized(x);
+  const int8_t* cp = codes.data_ptr<int8_t>();
+  const float* sp = scales.data_ptr<float>();
+  const uint8_t* wp = packed.data_ptr<uint8_t>();
+  float* op = out.data_ptr<float>();
+  const int64_t tile_bytes = groups * kBlockInt8;
+  at::parallel_for(0, tiles, tiles_per_share(tile_bytes), [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t n0 = t * kTile, cols = std::min(kTile, n - n0);
+      for (int64_t m0 = 0; m0 < rows; m0 += kMaxRows256) {
+        with_rows<kMaxRows256>(std::min(kMaxRows256, rows - m0), [&](auto r) {
+          tile_rows_int8_256<decltype(r)::value>(wp + t * tile_bytes, groups, cp, k_total, sp, m0,
+                                                 bias_ptr, n0, cols, n, op);
+        });
+      }
+    }
+  });
+#endif
+  return out;
+}
+
 std::tuple<at::Tensor, at::Tensor> int8_activations(const at::Tensor& x) {
   check_x(x, "int8_activations");
   auto [codes, scales, sums] = quantized(x);
@@ -310,10 +405,12 @@ TORCH_LIBRARY_FRAGMENT(batchline, m) {
   m.def(
       "int4_linear_a8(Tensor x, Tensor packed, int n, Tensor? bias=None, int width=512)"
       " -> Tensor");
+  m.def("int8g_linear_a8(Tensor x, Tensor packed, int n, Tensor? bias=None) -> Tensor");
   m.def("int8_activations(Tensor x) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(batchline, CPU, m) {
   m.impl("int4_linear_a8", &int4_linear_a8);
+  m.impl("int8g_linear_a8", &int8g_linear_a8);
   m.impl("int8_activations", &int8_activations);
 }

@@ -21,6 +21,8 @@ constexpr int64_t kGroup = 32;   // inputs per group
 constexpr int64_t kTile = 16;    // output columns per tile
 constexpr int64_t kBlock = 320;  // bytes per tile and group: 256 of codes, 64 of scales/zeros
 constexpr int64_t kBlockF32 = 384;  // the same with float32 scales and zeros (a float32 model's)
+// The int8 layout's block (quant_gemm_a8.cpp): 512 bytes of int8 codes, then 16 bf16 scales
+constexpr int64_t kBlockInt8 = 544;
 constexpr int64_t kMaxRows = 8;  // rows summed together over one pass of a tile's weights
 // The fewest weight bytes a thread's share is given: a smaller product (SmolLM2-135M's k/v
 // projection, 576 -> 192: 69 KB in int4, ~6 us) gains nothing from a second thread's wake-up.

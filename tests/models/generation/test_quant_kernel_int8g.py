@@ -1,0 +1,241 @@
+"""The int8 layout of int8 in groups of 32 (``quant_kernel.pack_int8g``) and its product with
+int8 rows (``int8g_linear_a8`` in ``csrc/quant_gemm_a8.cpp``): the packing round trip, the
+product against the float64 product of the quantized rows and the dequantized weight (at the
+codes' extremes too, where a 16-bit pair sum would saturate if the kernel let it), the same
+bits at any thread count, its errors, and which layers are packed so: int8 in groups for
+float32 rows over bf16 scales (int8 rows), from a model's weights and from a GGUF's Q8_0."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from batchline.models.generation import quant_kernel as ik  # noqa: E402
+from batchline.models.generation import quant_linear as ql  # noqa: E402
+from batchline.models.generation.quant_linear import (  # noqa: E402
+    QuantLinear,
+    int8_from_planes,
+    int8_group_planes,
+    quantize_int8_groups,
+)
+
+from .gen_helpers import int_planes  # noqa: E402
+
+# float32 sums of exact integer sums: a few float32 steps of the largest output
+TOLERANCE = 1e-5
+
+
+@pytest.fixture(scope="module")
+def library() -> None:
+    here, why = ik.int8_activations_here()
+    if not here:
+        pytest.skip(f"the int8-activation kernel does not run here: {why}")
+
+
+def _weight(n: int, k: int, seed: int) -> tuple[Any, Any]:
+    g = torch.Generator().manual_seed(seed)
+    return quantize_int8_groups(torch.randn(n, k, generator=g), 32)
+
+
+def _rounded_rows(x: Any) -> Any:
+    """``x`` as the kernel sees it: each group of 32 quantized to int8 (the library's own
+    quantizing, pinned against the header's rule in test_quant_kernel_a8.py)."""
+    codes, scales = torch.ops.batchline.int8_activations(x)
+    return (codes.double().view(x.shape[0], -1, 32) * scales.double()[..., None]).view(x.shape)
+
+
+def _float64(codes: Any, scales: Any) -> Any:
+    n, k = codes.shape
+    return (codes.double().view(n, -1, 32) * scales.double()[..., None]).view(n, k)
+
+
+def _relative(out: Any, reference: Any) -> float:
+    return float((out.double() - reference).abs().max() / reference.abs().max())
+
+
+def test_packing_keeps_every_code_and_bf16_scale_and_pads_the_last_tile() -> None:
+    codes, scales = _weight(37, 96, seed=1)  # 3 tiles, the last with 5 columns
+    codes[0, :5] = -128  # a GGUF's Q8_0 block may hold it, though quantizing does not make it
+    codes[36, -3:] = 127
+    packed = ik.pack_int8g(codes, scales)
+    assert packed.shape == (3, 3, ik.BLOCK_INT8)
+    assert ik.BLOCK_INT8 == 544
+    back, back_scales = ik.unpack_int8g(packed, 37)
+    assert torch.equal(back, codes)
+    assert torch.equal(back_scales, scales.to(torch.bfloat16))
+    # the header's order: chunk c at 64 c, column j's four codes at 64 c + 4 j
+    block = packed[1, 2].view(torch.int8)
+    for c, j in [(0, 0), (3, 5), (7, 15)]:
+        assert torch.equal(
+            block[64 * c + 4 * j : 64 * c + 4 * j + 4], codes[16 + j, 64 + 4 * c :][:4]
+        )
+    pad_codes, pad_scales = ik.unpack_int8g(packed, 48)
+    assert not pad_codes[37:].any()
+    assert not pad_scales[37:].float().any()
+    with pytest.raises(ValueError, match="groups of 32"):
+        ik.pack_int8g(codes[:, :40], scales[:, :1])
+
+
+def test_int8_from_planes_gives_back_the_codes_the_planes_were_split_from() -> None:
+    codes = torch.arange(-128, 128, dtype=torch.int8).repeat(4, 1)  # every code, 8 groups
+    scales = torch.rand(4, 8) + 0.5
+    back, back_scales = int8_from_planes(int8_group_planes(codes, scales, 32))
+    assert torch.equal(back, codes)
+    assert torch.equal(back_scales, scales)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 17])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_the_product_is_the_float64_one_of_the_quantized_rows(
+    library: None, rows: int, with_bias: bool
+) -> None:
+    n, k = 40, 256
+    codes, scales = _weight(n, k, seed=rows)
+    packed = ik.pack_int8g(codes, scales)
+    g = torch.Generator().manual_seed(100 + rows)
+    x = torch.randn(rows, k, generator=g)
+    bias = torch.randn(n, generator=g) if with_bias else None
+    out = ik.int8g_linear(x, packed, n, bias)
+    assert out.shape == (rows, n)
+    assert out.dtype == torch.float32
+    reference = _rounded_rows(x) @ _float64(codes, scales.to(torch.bfloat16)).T
+    if bias is not None:
+        reference += bias.double()
+    assert _relative(out, reference) < TOLERANCE
+
+
+def test_the_codes_extremes_sum_exactly(library: None) -> None:
+    # |w| = 128 against row codes of +-127 in every position: each vpmaddubsw pair is
+    # +-32,512, the most a 16-bit lane holds here; a saturating sum would come out short.
+    n, k = 16, 64
+    codes = torch.full((n, k), -128, dtype=torch.int8)
+    codes[1::2] = 127
+    scales = torch.ones(n, k // 32)
+    x = torch.ones(3, k)
+    x[1] = -1
+    x[2, ::2] = -1
+    out = ik.int8g_linear(x, ik.pack_int8g(codes, scales), n)
+    # rows of +-1 quantize to codes +-127 with scale 1 / 127: the product is exact
+    want = x.double() @ codes.double().T
+    assert torch.equal(out.double(), want)
+
+
+def test_two_threads_give_the_bits_one_thread_gives(library: None) -> None:
+    n, k = 200, 1024
+    codes, scales = _weight(n, k, seed=9)
+    packed = ik.pack_int8g(codes, scales)
+    g = torch.Generator().manual_seed(9)
+    bias = torch.randn(n, generator=g)
+    xs = [torch.randn(rows, k, generator=g) for rows in (1, 5, 16, 40)]
+    before = torch.get_num_threads()
+    outs: dict[int, list[Any]] = {}
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            outs[threads] = [ik.int8g_linear(x, packed, n, bias) for x in xs]
+    finally:
+        torch.set_num_threads(before)
+    for one, two in zip(outs[1], outs[2], strict=True):
+        assert torch.equal(one, two)
+
+
+def test_no_rows_give_an_empty_product_and_bad_inputs_say_what_is_wrong(library: None) -> None:
+    packed = ik.pack_int8g(*_weight(32, 64, seed=2))
+    op = torch.ops.batchline.int8g_linear_a8
+    assert op(torch.empty(0, 64), packed, 32).shape == (0, 32)
+    with pytest.raises(RuntimeError, match=r"x must be a contiguous .* float32"):
+        op(torch.randn(2, 64).bfloat16(), packed, 32)
+    with pytest.raises(RuntimeError, match="K = 40 is not a multiple of 32"):
+        op(torch.randn(2, 40), packed, 32)
+    with pytest.raises(RuntimeError, match="x has 96 inputs, the weight 64"):
+        op(torch.randn(2, 96), packed, 32)
+    with pytest.raises(RuntimeError, match="n = 40 does not fit 2 tiles"):
+        op(torch.randn(2, 64), packed, 40)
+    q = ql.quantize_int4(torch.randn(32, 64), 32)
+    int4 = ik.pack_int4(q.codes, q.scales, q.zeros)
+    with pytest.raises(RuntimeError, match="packed must be pack_int8g's"):
+        op(torch.randn(2, 64), int4, 32)
+
+
+def test_a_float32_layer_over_bf16_scales_holds_int8_in_its_layout_at_any_row_count(
+    library: None, torch_threads: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    n, k = 48, 128
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(n, k, generator=g)
+    bias = torch.randn(n, generator=g)
+    layer = QuantLinear.int4(
+        int_planes(w, "int8g"), bias=bias, dtype=torch.float32, scale_dtype=torch.bfloat16
+    )
+    assert layer.kind == "int8g"
+    assert len(layer._own) == 1
+    assert layer._own[0].shape[2] == ik.BLOCK_INT8
+    assert layer.weight_bytes == n * k * 17 // 16  # 8.5 bits a weight
+    codes, scales = quantize_int8_groups(w, 32)
+    weight = _float64(codes, scales)
+    assert torch.equal(layer.dequantized(torch.float64), weight)
+    x = torch.randn(3, k, generator=g)
+    assert _relative(layer(x), _rounded_rows(x) @ weight.T + bias.double()) < TOLERANCE
+    # int8_rows is what the layout computes anyway
+    layer.int8_rows = False
+    assert _relative(layer(x), _rounded_rows(x) @ weight.T + bias.double()) < TOLERANCE
+    # past its row limit the weight is dequantized in chunks of columns and multiplied dense
+    monkeypatch.setitem(ql.DENSE_ROWS, "own32a8q", 2)
+    monkeypatch.setattr(ql, "DEQUANT_COLS", 32)
+    dense = layer(x)
+    assert _relative(dense, x.double() @ weight.T + bias.double()) < TOLERANCE
+    # rows of another dtype: the dequantized weight, dense
+    bf16 = layer(x.bfloat16())
+    assert bf16.dtype == torch.bfloat16
+    assert _relative(bf16, x.double() @ weight.T + bias.double()) < 2e-2
+    # float32 scales (float rows asked for): the two int4 planes, as before
+    planes = QuantLinear.int4(int_planes(w, "int8g"), dtype=torch.float32)
+    assert [p.shape[2] for p in planes._own] == [ik.BLOCK_F32, ik.BLOCK_F32]
+
+
+def test_stacked_weights_pack_chunk_by_chunk_as_one_weight(
+    library: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from batchline.models.generation import quantize
+
+    monkeypatch.setattr(quantize, "PACK_CHUNK_ROWS", 32)
+    g = torch.Generator().manual_seed(4)
+    weights = [torch.randn(48, 64, generator=g), torch.randn(37, 64, generator=g)]
+    packed = quantize.pack_own_int4(weights, quantize._int8_planes, torch.float32, torch.bfloat16)
+    whole = ik.pack_int8g(*quantize_int8_groups(torch.cat(weights), 32))
+    assert len(packed) == 1
+    assert torch.equal(packed[0], whole)
+
+
+def test_a_q8_0_gguf_with_int8_rows_loads_into_the_int8_layout(
+    library: None, tmp_path: Path, torch_threads: None
+) -> None:
+    pytest.importorskip("gguf")
+    pytest.importorskip("transformers")
+    from batchline.models.generation.gguf_weights import load_gguf
+
+    from .conftest import TINY_VOCAB, build_tiny_llama
+    from .gguf_helpers import dequantized_reference, write_tiny_gguf
+    from .test_load import save_tiny_generator
+
+    model = build_tiny_llama()
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", model, "Q8_0")
+    folder = save_tiny_generator(tmp_path / "folder", model=model)
+    loaded, _, report = load_gguf(
+        path, dtype=torch.float32, folder=folder, scale_dtype=torch.bfloat16
+    )
+    assert report.kept == {"Q8_0": 7 * model.config.num_hidden_layers}
+    layers = [m for m in loaded.modules() if isinstance(m, QuantLinear)]
+    assert layers
+    assert all(m.kind == "int8g" for m in layers)
+    assert {p.shape[2] for m in layers for p in m._own} == {ik.BLOCK_INT8}
+    assert all(len(m._own) == 1 for m in layers)
+    x = torch.randint(3, TINY_VOCAB, (1, 12))
+    with torch.no_grad():
+        got, want = loaded(x).logits, dequantized_reference(path, model)(x).logits
+    # the file's fp16 scales rounded to bf16, the rows to 8 bits a group
+    assert 0 < _relative(got, want.double()) < 5e-2
