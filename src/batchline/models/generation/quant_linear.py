@@ -58,6 +58,7 @@ __all__ = [
     "int4_planes_rows",
     "int8_from_planes",
     "int8_group_planes",
+    "pack_planes",
     "quantize_int4",
     "quantize_int8",
     "quantize_int8_groups",
@@ -101,11 +102,8 @@ INT4_GROUP_SIZE = 32
 #: 27.9 / 46.0 / 78.6 / 136; 8,192 -> 2,048 1.4 / 5.4 / 10.0 / 23.6 / 38.7 against 10.1 / 15.1
 #: / 22.1 / 36.8 / 63.8; int8g's two planes 2,048 -> 16,384 5.5 / 21.7 / 40.8 / 91.5 / 184
 #: against 30.8 / 44.7 / 61.9 / 98.3 / 193, 8,192 -> 2,048 81.1 against 77.2 at 512.
-#: int8g in its own layout (``own32a8q``: :func:`~.quant_kernel.pack_int8g`) stayed ahead of a
-#: float32 weight held dense, not even dequantized, at every row count measured: AVX2-only EPYC
-#: (Zen 2), 2 threads, 2026-12-03, ms at 64 / 256 / 512 / 1,024 rows, 2,048 -> 16,384 25.7 /
-#: 103 / 213 / 433 against 71.2 / 180 / 317 / 602; 8,192 -> 2,048 12.6 / 49.8 / 101 / 208
-#: against 24.2 / 67.7 / 128 / 245. Its limit is past any prefill chunk the engine takes.
+#: int8g in its own layout (``own32a8q``) stayed ahead of a float32 weight held dense at every
+#: row count measured (:func:`~.quant_kernel.int8g_here`): its limit is past any prefill chunk.
 DENSE_ROWS = {
     "int8": 32,
     "int4": 256,
@@ -240,6 +238,18 @@ def int8_from_planes(planes: list[Int4Codes]) -> tuple[torch.Tensor, torch.Tenso
     return codes.to(torch.int8), low.scales
 
 
+def pack_planes(
+    planes: list[Int4Codes], dtype: torch.dtype, scale_dtype: torch.dtype
+) -> list[torch.Tensor]:
+    """One int4 plane packed (:func:`~.quant_kernel.pack_int4`), or int8 in groups' two planes:
+    as one :func:`~.quant_kernel.pack_int8g` tensor where :func:`~.quant_kernel.int8g_here`."""
+    from batchline.models.generation import quant_kernel
+
+    if len(planes) == 2 and quant_kernel.int8g_here(dtype, scale_dtype):
+        return [quant_kernel.pack_int8g(*int8_from_planes(planes))]
+    return [quant_kernel.pack_int4(p.codes, p.scales, p.zeros, scale_dtype) for p in planes]
+
+
 def int4_planes_rows(
     planes: list[Int4Codes], rows: Callable[[torch.Tensor], torch.Tensor]
 ) -> list[Int4Codes]:
@@ -322,13 +332,11 @@ class QuantLinear(torch.nn.Module):
     ) -> QuantLinear:
         """One int4 plane (:func:`quantize_int4`, a GGUF's Q4_0/Q4_1), or the two of
         :func:`int8_group_planes`, whose products are summed (or, for float32 rows summed as int8,
-        joined again in :func:`~.quant_kernel.pack_int8g`'s layout: :func:`~.quant_kernel.
-        pack_planes`). ``own_kernel``: whether to
-        compute through batchline's int4 kernel (bf16 or float32, groups of 32 only) or
-        torch's; by default the own one where it runs vectorized here for ``dtype``
-        (:func:`~batchline.models.generation.quant_kernel.own_kernels`). ``scale_dtype``: the
-        own layout's scales (by default :func:`~batchline.models.generation.quant_kernel.
-        scale_dtype_for` ``dtype``)."""
+        joined again in :func:`~.quant_kernel.pack_int8g`'s layout: :func:`pack_planes`).
+        ``own_kernel``: whether to compute through batchline's int4 kernel (bf16 or float32,
+        groups of 32 only) or torch's; by default the own one where it runs vectorized here
+        for ``dtype`` (:func:`~.quant_kernel.own_kernels`). ``scale_dtype``: the own layout's
+        scales (by default :func:`~.quant_kernel.scale_dtype_for` ``dtype``)."""
         from batchline.models.generation import quant_kernel
 
         n, k = planes[0].codes.shape
@@ -345,7 +353,7 @@ class QuantLinear(torch.nn.Module):
         if scale_dtype is None:
             scale_dtype = quant_kernel.scale_dtype_for(dtype)
         if own_kernel:
-            layer._own = quant_kernel.pack_planes(planes, dtype, scale_dtype)
+            layer._own = pack_planes(planes, dtype, scale_dtype)
             return layer
         for plane in planes:
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(

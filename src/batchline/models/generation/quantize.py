@@ -19,6 +19,7 @@ from batchline.models.generation.quant_linear import (
     QuantLinear,
     int4_group_size,
     int8_group_planes,
+    pack_planes,
     quantize_int4,
     quantize_int8,
     quantize_int8_groups,
@@ -157,7 +158,7 @@ def pack_own_int4(
     dtype: torch.dtype = torch.bfloat16,
     scale_dtype: torch.dtype | None = None,
 ) -> list[torch.Tensor]:
-    """The own kernels' packed planes (:func:`~batchline.models.generation.quant_kernel.
+    """The own kernels' packed planes (:func:`~batchline.models.generation.quant_linear.
     pack_planes`: int4's one, int8 in groups' one or two) of ``weights`` (each ``(N_i, K)``)
     stacked by rows: ``planes_of(rows)`` for each :data:`PACK_CHUNK_ROWS` rows of each weight
     in turn, put together (the layout is per 16
@@ -182,7 +183,7 @@ def pack_own_int4(
     for weight in weights:
         for start in range(0, weight.shape[0], PACK_CHUNK_ROWS):
             rows = weight[start : start + PACK_CHUNK_ROWS]
-            parts = quant_kernel.pack_planes(planes_of(rows), dtype, scale_dtype)
+            parts = pack_planes(planes_of(rows), dtype, scale_dtype)
             if not packed:  # the layout's block size is the first chunk's
                 packed = [
                     torch.empty((tiles, groups, p.shape[2]), dtype=torch.uint8) for p in parts
@@ -275,7 +276,7 @@ def quantize_lm_head(
     per-channel int8 and int4 heads failed ``benchmarks/bench_quant_quality.py`` (see
     :func:`quantize_linears`); groups of 32 keep each scale to its own 32 weights, as llama.cpp's
     Q8_0 does. Its two planes read 1.25 bytes a weight where bf16 reads 2; with int8 rows, in
-    the int8 layout (:func:`~.quant_kernel.pack_planes`), 1.06."""
+    the int8 layout (:func:`~.quant_linear.pack_planes`), 1.06."""
     from batchline.models.generation import quant_kernel
 
     head = getattr(model, "lm_head", None)
