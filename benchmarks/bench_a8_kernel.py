@@ -35,12 +35,12 @@ from collections.abc import Callable
 import torch
 
 from batchline.models.generation import quant_kernel, quant_linear
-from batchline.models.generation.quant_linear import (
-    QuantLinear,
+from batchline.models.generation.quant_codes import (
     int8_group_planes,
     quantize_int4,
     quantize_int8_groups,
 )
+from batchline.models.generation.quant_linear import QuantLinear
 
 DEFAULT_SHAPES = "2048x16384,8192x2048"  # SmolLM2-1.7B's fused gate/up and its down
 PATHS = ("float32 kernel", "int8 rows", "int8 layout", "dense float32")

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from batchline.models.common.packed_linear import PackedLinear
+from batchline.models.generation.quant_codes import quantize_int4, quantize_int8
 from batchline.models.generation.quant_kernel import (
     AMX_ROWS,
     INT8_AMX_ROWS,
@@ -46,7 +47,7 @@ from batchline.models.generation.quant_kernel import (
     pack_int4,
     pack_int8,
 )
-from batchline.models.generation.quant_linear import QuantLinear, quantize_int4, quantize_int8
+from batchline.models.generation.quant_linear import QuantLinear
 
 DEFAULT_SHAPES = "960x5120,2560x960,1536x8960,8960x1536"
 NEVER = 1 << 30  # an amx_rows no call reaches: the vdpbf16ps path only

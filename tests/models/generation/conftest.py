@@ -61,6 +61,16 @@ def torch_threads() -> None:
 
 
 @pytest.fixture(scope="session")
+def a8_library() -> None:
+    """The int8-row kernels (``csrc/quant_gemm_a8.cpp``): skips where they do not run here."""
+    from batchline.models.generation.quant_kernel import int8_activations_here
+
+    here, why = int8_activations_here()
+    if not here:
+        pytest.skip(f"the int8-activation kernel does not run here: {why}")
+
+
+@pytest.fixture(scope="session")
 def tiny_llama(torch_threads: None) -> Any:
     pytest.importorskip("transformers")
     return build_tiny_llama()

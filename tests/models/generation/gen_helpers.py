@@ -241,7 +241,7 @@ def dequantize_quant_linears(model: Any) -> None:
 def int_planes(weight: Any, kind: str) -> list[Any]:
     """``weight`` as the own kernel's planes: ``int4`` one (groups of 32), ``int8g`` int8 in
     groups of 32 as its two int4 planes (what ``weights=int8`` is in float32)."""
-    from batchline.models.generation.quant_linear import (
+    from batchline.models.generation.quant_codes import (
         int8_group_planes,
         quantize_int4,
         quantize_int8_groups,

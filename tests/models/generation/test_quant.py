@@ -24,15 +24,14 @@ from batchline.models.config import Knobs  # noqa: E402
 from batchline.models.generation.engine import GenerationRequest, SamplingParams  # noqa: E402
 from batchline.models.generation.gguf_weights import gguf_int4, load_gguf  # noqa: E402
 from batchline.models.generation.lean_llama import fuse_projections, lean_forward  # noqa: E402
-from batchline.models.generation.quant_linear import (  # noqa: E402
-    DENSE_ROWS,
-    QuantLinear,
+from batchline.models.generation.quant_codes import (  # noqa: E402
     int4_group_size,
     int8_group_planes,
     quantize_int4,
     quantize_int8,
     quantize_int8_groups,
 )
+from batchline.models.generation.quant_linear import DENSE_ROWS, QuantLinear  # noqa: E402
 from batchline.models.generation.quantize import quantize_linears  # noqa: E402
 from batchline.models.generation.torch_dtype import (  # noqa: E402
     choose_dtype,

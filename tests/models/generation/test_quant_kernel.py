@@ -13,14 +13,14 @@ torch = pytest.importorskip("torch")
 
 from batchline.models.generation import quant_kernel as ik  # noqa: E402
 from batchline.models.generation import quant_linear, quantize  # noqa: E402
-from batchline.models.generation.quant_linear import (  # noqa: E402
+from batchline.models.generation.quant_codes import (  # noqa: E402
     Int4Codes,
-    QuantLinear,
     int8_group_planes,
     quantize_int4,
     quantize_int8,
     quantize_int8_groups,
 )
+from batchline.models.generation.quant_linear import QuantLinear  # noqa: E402
 from batchline.models.generation.quantize import QuantReport, quantize_lm_head  # noqa: E402
 
 NEVER = 1 << 30  # an amx_rows no call reaches: the vdpbf16ps path (or the plain C++ one)

@@ -14,13 +14,8 @@ torch = pytest.importorskip("torch")
 
 from batchline._cpu import A8_VNNI_FLAGS as A8_VNNI  # noqa: E402
 from batchline.models.generation import quant_kernel as ik  # noqa: E402
-from batchline.models.generation.quant_linear import (  # noqa: E402
-    Int4Codes,
-    QuantLinear,
-    quantize_int4,
-    quantize_int8,
-    use_int8_activations,
-)
+from batchline.models.generation.quant_codes import Int4Codes, quantize_int4, quantize_int8  # noqa: E402
+from batchline.models.generation.quant_linear import QuantLinear, use_int8_activations  # noqa: E402
 from batchline.models.generation.torch_dtype import choose_activations  # noqa: E402
 
 from .gen_helpers import int_planes  # noqa: E402
@@ -28,13 +23,6 @@ from .gen_helpers import int_planes  # noqa: E402
 # float32 sums of exact integer sums: a few float32 steps of the largest output
 TOLERANCE = 1e-5
 SCALES = pytest.mark.parametrize("scale_dtype", [torch.bfloat16, torch.float32])
-
-
-@pytest.fixture(scope="module")
-def library() -> None:
-    here, why = ik.int8_activations_here()
-    if not here:
-        pytest.skip(f"the int8-activation kernel does not run here: {why}")
 
 
 def _codes(n: int, k: int, seed: int, scale_dtype: Any) -> Int4Codes:
@@ -58,7 +46,7 @@ def _relative(out: Any, reference: Any) -> float:
     return float((out.double() - reference).abs().max() / reference.abs().max())
 
 
-def test_rows_are_quantized_per_group_of_32_as_the_header_says(library: None) -> None:
+def test_rows_are_quantized_per_group_of_32_as_the_header_says(a8_library: None) -> None:
     g = torch.Generator().manual_seed(3)
     x = torch.randn(5, 128, generator=g) * torch.tensor([1e-3, 1.0, 30.0, 1e4])[
         None
@@ -82,7 +70,7 @@ def test_rows_are_quantized_per_group_of_32_as_the_header_says(library: None) ->
 @pytest.mark.parametrize("width", [512, 256])  # 512 runs as 256 where VNNI is not built
 @pytest.mark.parametrize("rows", range(1, 18))
 def test_the_product_is_the_float64_one_of_the_quantized_rows(
-    library: None,
+    a8_library: None,
     torch_threads: None,
     rows: int,
     scale_dtype: Any,
@@ -109,7 +97,7 @@ def test_the_product_is_the_float64_one_of_the_quantized_rows(
         assert 1e-5 < _relative(ik.int4_linear(x, packed, n, int8_rows=True), exact) < 3e-2
 
 
-def test_the_vnni_and_avx2_paths_give_the_same_bits(library: None) -> None:
+def test_the_vnni_and_avx2_paths_give_the_same_bits(a8_library: None) -> None:
     """The same integer sums and the same float32 operations per column: where both are built
     (AVX512-VNNI), any row count and either scale layout gives the same output."""
     if not set(A8_VNNI) <= set(ik._cpu_flags().split()):
@@ -125,7 +113,7 @@ def test_the_vnni_and_avx2_paths_give_the_same_bits(library: None) -> None:
             assert torch.equal(a8(x, packed, 72, bias, 512), a8(x, packed, 72, bias, 256))
 
 
-def test_two_threads_give_the_bits_one_thread_gives(library: None) -> None:
+def test_two_threads_give_the_bits_one_thread_gives(a8_library: None) -> None:
     n, k = 200, 1024  # 13 tiles, the last a part one; rows split for the quantizing too
     g = torch.Generator().manual_seed(9)
     q = quantize_int4(torch.randn(n, k, generator=g), 32)
@@ -144,7 +132,7 @@ def test_two_threads_give_the_bits_one_thread_gives(library: None) -> None:
         assert torch.equal(one, two)
 
 
-def test_no_rows_give_an_empty_product_and_bad_inputs_say_what_is_wrong(library: None) -> None:
+def test_no_rows_give_an_empty_product_and_bad_inputs_say_what_is_wrong(a8_library: None) -> None:
     q = _codes(32, 64, seed=1, scale_dtype=torch.float32)
     packed = ik.pack_int4(q.codes, q.scales, q.zeros, torch.float32)
     a8 = torch.ops.batchline.int4_linear_a8
@@ -167,7 +155,7 @@ def test_no_rows_give_an_empty_product_and_bad_inputs_say_what_is_wrong(library:
 
 @pytest.mark.parametrize("kind", ["int4", "int8g"])
 def test_a_layer_marked_takes_int8_rows_and_a_bf16_row_does_not(
-    library: None, torch_threads: None, kind: str
+    a8_library: None, torch_threads: None, kind: str
 ) -> None:
     n, k = 48, 128
     w = torch.randn(n, k)
@@ -309,7 +297,7 @@ def test_auto_takes_int8_rows_only_where_float32_was_chosen_not_named(
 
 
 def test_a_float32_int4_model_asked_for_int8_rows_takes_them_and_says_so(
-    library: None, tmp_path: Any, caplog: pytest.LogCaptureFixture
+    a8_library: None, tmp_path: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     pytest.importorskip("transformers")
     from batchline.models.config import Knobs
@@ -350,7 +338,7 @@ def test_a_float32_int4_model_asked_for_int8_rows_takes_them_and_says_so(
 
 
 def test_float_rows_keep_float32_scales_and_int8_rows_take_bf16_ones(
-    library: None, tmp_path: Any, caplog: pytest.LogCaptureFixture
+    a8_library: None, tmp_path: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     pytest.importorskip("transformers")
     from batchline.models.config import Knobs

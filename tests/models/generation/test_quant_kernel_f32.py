@@ -15,12 +15,8 @@ torch = pytest.importorskip("torch")
 
 from batchline.models.generation import quant_kernel as ik  # noqa: E402
 from batchline.models.generation import quant_linear  # noqa: E402
-from batchline.models.generation.quant_linear import (  # noqa: E402
-    Int4Codes,
-    QuantLinear,
-    quantize_int4,
-    quantize_int8_groups,
-)
+from batchline.models.generation.quant_codes import Int4Codes, quantize_int4, quantize_int8_groups  # noqa: E402
+from batchline.models.generation.quant_linear import QuantLinear  # noqa: E402
 from batchline.models.generation.quantize import quantize_linears, quantize_lm_head  # noqa: E402
 
 from .gen_helpers import int_planes  # noqa: E402

@@ -16,24 +16,16 @@ torch = pytest.importorskip("torch")
 
 from batchline.models.generation import quant_kernel as ik  # noqa: E402
 from batchline.models.generation import quant_linear as ql  # noqa: E402
-from batchline.models.generation.quant_linear import (  # noqa: E402
-    QuantLinear,
+from batchline.models.generation.quant_codes import (  # noqa: E402
     int8_from_planes,
     int8_group_planes,
+    quantize_int4,
     quantize_int8_groups,
 )
+from batchline.models.generation.quant_linear import QuantLinear  # noqa: E402
 
 from .gen_helpers import int_planes  # noqa: E402
-
-# float32 sums of exact integer sums: a few float32 steps of the largest output
-TOLERANCE = 1e-5
-
-
-@pytest.fixture(scope="module")
-def library() -> None:
-    here, why = ik.int8_activations_here()
-    if not here:
-        pytest.skip(f"the int8-activation kernel does not run here: {why}")
+from .test_quant_kernel_a8 import TOLERANCE, _relative  # noqa: E402
 
 
 def _weight(n: int, k: int, seed: int) -> tuple[Any, Any]:
@@ -51,10 +43,6 @@ def _rounded_rows(x: Any) -> Any:
 def _float64(codes: Any, scales: Any) -> Any:
     n, k = codes.shape
     return (codes.double().view(n, -1, 32) * scales.double()[..., None]).view(n, k)
-
-
-def _relative(out: Any, reference: Any) -> float:
-    return float((out.double() - reference).abs().max() / reference.abs().max())
 
 
 def test_packing_keeps_every_code_and_bf16_scale_and_pads_the_last_tile() -> None:
@@ -91,7 +79,7 @@ def test_int8_from_planes_gives_back_the_codes_the_planes_were_split_from() -> N
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 17])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_the_product_is_the_float64_one_of_the_quantized_rows(
-    library: None, rows: int, with_bias: bool
+    a8_library: None, rows: int, with_bias: bool
 ) -> None:
     n, k = 40, 256
     codes, scales = _weight(n, k, seed=rows)
@@ -108,7 +96,7 @@ def test_the_product_is_the_float64_one_of_the_quantized_rows(
     assert _relative(out, reference) < TOLERANCE
 
 
-def test_the_codes_extremes_sum_exactly(library: None) -> None:
+def test_the_codes_extremes_sum_exactly(a8_library: None) -> None:
     # |w| = 128 against row codes of +-127 in every position: each vpmaddubsw pair is
     # +-32,512, the most a 16-bit lane holds here; a saturating sum would come out short.
     n, k = 16, 64
@@ -124,7 +112,7 @@ def test_the_codes_extremes_sum_exactly(library: None) -> None:
     assert torch.equal(out.double(), want)
 
 
-def test_two_threads_give_the_bits_one_thread_gives(library: None) -> None:
+def test_two_threads_give_the_bits_one_thread_gives(a8_library: None) -> None:
     n, k = 200, 1024
     codes, scales = _weight(n, k, seed=9)
     packed = ik.pack_int8g(codes, scales)
@@ -143,7 +131,7 @@ def test_two_threads_give_the_bits_one_thread_gives(library: None) -> None:
         assert torch.equal(one, two)
 
 
-def test_no_rows_give_an_empty_product_and_bad_inputs_say_what_is_wrong(library: None) -> None:
+def test_no_rows_give_an_empty_product_and_bad_inputs_say_what_is_wrong(a8_library: None) -> None:
     packed = ik.pack_int8g(*_weight(32, 64, seed=2))
     op = torch.ops.batchline.int8g_linear_a8
     assert op(torch.empty(0, 64), packed, 32).shape == (0, 32)
@@ -155,14 +143,14 @@ def test_no_rows_give_an_empty_product_and_bad_inputs_say_what_is_wrong(library:
         op(torch.randn(2, 96), packed, 32)
     with pytest.raises(RuntimeError, match="n = 40 does not fit 2 tiles"):
         op(torch.randn(2, 64), packed, 40)
-    q = ql.quantize_int4(torch.randn(32, 64), 32)
+    q = quantize_int4(torch.randn(32, 64), 32)
     int4 = ik.pack_int4(q.codes, q.scales, q.zeros)
     with pytest.raises(RuntimeError, match="packed must be pack_int8g's"):
         op(torch.randn(2, 64), int4, 32)
 
 
 def test_a_float32_layer_over_bf16_scales_holds_int8_in_its_layout_at_any_row_count(
-    library: None, torch_threads: None, monkeypatch: pytest.MonkeyPatch
+    a8_library: None, torch_threads: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     n, k = 48, 128
     g = torch.Generator().manual_seed(3)
@@ -198,7 +186,7 @@ def test_a_float32_layer_over_bf16_scales_holds_int8_in_its_layout_at_any_row_co
 
 
 def test_stacked_weights_pack_chunk_by_chunk_as_one_weight(
-    library: None, monkeypatch: pytest.MonkeyPatch
+    a8_library: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from batchline.models.generation import quantize
 
@@ -212,7 +200,7 @@ def test_stacked_weights_pack_chunk_by_chunk_as_one_weight(
 
 
 def test_a_q8_0_gguf_with_int8_rows_loads_into_the_int8_layout(
-    library: None, tmp_path: Path, torch_threads: None
+    a8_library: None, tmp_path: Path, torch_threads: None
 ) -> None:
     pytest.importorskip("gguf")
     pytest.importorskip("transformers")

@@ -2,7 +2,7 @@
 
 The file's Q4_0, Q4_1 and Q4_K tensors become int4 :class:`~.quant_linear.QuantLinear` layers of
 32-value groups (a Q4_K super-block is eight of them, each with its scale and min) and its Q8_0
-ones two int4 planes (:func:`~.quant_linear.int8_group_planes`), straight from the blocks'
+ones two int4 planes (:func:`~.quant_codes.int8_group_planes`), straight from the blocks'
 bytes: the codes and the fp16 scales (and Q4_1's mins) carry over as they are
 (:func:`gguf_int4`; tests compare them with gguf-py's own dequantization, bit for bit). The own
 int4 kernel holds the scales in bf16 for bf16 activations (on AVX512-BF16), so each fp16 scale
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from batchline.models.generation.gguf_file import GgufFile
-    from batchline.models.generation.quant_linear import Int4Codes
+    from batchline.models.generation.quant_codes import Int4Codes
 
 __all__ = ["GGUF_ARCHITECTURES", "GgufLoad", "gguf_architecture", "gguf_int4", "load_gguf"]
 
@@ -124,7 +124,7 @@ def gguf_int4(kind: str, blocks: np.ndarray) -> list[Int4Codes]:
     import numpy as np
     import torch
 
-    from batchline.models.generation.quant_linear import Int4Codes, int8_group_planes
+    from batchline.models.generation.quant_codes import Int4Codes, int8_group_planes
 
     n = blocks.shape[0]
     per = blocks.reshape(n, -1, _KEPT[kind])  # (N, blocks, block bytes)
@@ -150,7 +150,7 @@ def _q4_k(per: np.ndarray) -> Int4Codes:
     import numpy as np
     import torch
 
-    from batchline.models.generation.quant_linear import Int4Codes
+    from batchline.models.generation.quant_codes import Int4Codes
 
     n, blocks = per.shape[:2]
     d, dmin = _halves(per[..., 0:2]), _halves(per[..., 2:4])
@@ -205,7 +205,7 @@ def load_gguf(
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     from batchline.models.common.torch_weights import quiet_transformers
-    from batchline.models.generation.quant_linear import int4_planes_rows
+    from batchline.models.generation.quant_codes import int4_planes_rows
 
     file = _read(path)
     arch = _architecture(file, path)
@@ -292,7 +292,8 @@ def _make_layers(
     import torch
 
     from batchline.models.generation.projections import join_projections
-    from batchline.models.generation.quant_linear import Int4Codes, QuantLinear
+    from batchline.models.generation.quant_codes import Int4Codes
+    from batchline.models.generation.quant_linear import QuantLinear
 
     def bias_of(path: str) -> torch.Tensor | None:
         bias = model.get_submodule(path).bias

@@ -34,7 +34,7 @@ For float32 rows quantized to int8 (``csrc/quant_gemm_a8.cpp``) int8 in groups o
 layout of its own (:func:`pack_int8g`, :func:`int8g_linear`: :func:`int8g_here` says where).
 
 :func:`pack_int4` lays out the codes, scales and zeros of an
-:class:`~batchline.models.generation.quant_linear.Int4Codes` (groups of 32,
+:class:`~batchline.models.generation.quant_codes.Int4Codes` (groups of 32,
 ``(code - 8) * scale + zero``, scales and zeros rounded to bf16) for it, once at load;
 :func:`int4_linear` computes ``x @ W.T (+ bias)`` for bf16 ``x``. :func:`own_kernels` says
 whether this machine has it: the library built (:func:`~batchline.models.generation.
@@ -158,7 +158,7 @@ def int8g_here(dtype: torch.dtype, scale_dtype: torch.dtype) -> bool:
     """Whether int8 in groups of 32 (a GGUF's Q8_0, ``int8g``) is packed in :func:`pack_int8g`'s
     layout for rows of ``dtype`` over ``scale_dtype`` scales: float32 rows summed as int8 (their
     scales bf16: :func:`scale_dtype_for`) where that kernel runs here; elsewhere it is the two
-    int4 planes of :func:`~.quant_linear.int8_group_planes`. On the AVX2-only EPYC (Zen 2, 2
+    int4 planes of :func:`~.quant_codes.int8_group_planes`. On the AVX2-only EPYC (Zen 2, 2
     threads, 2026-12-03, 6 copies of each weight) it took x0.78 the two planes' time at one row of
     2,048 -> 16,384 and x0.80 of 8,192 -> 2,048, x0.71-0.74 at 4 rows, x0.64-0.69 at 16 to 1,024:
     it reads 8.5 bits a weight, not 10, and sums each code once, not each plane's. It stayed

@@ -25,12 +25,8 @@ at 16 rows dense 743 / 292, int8 2,870 / 1,067, int4 2,963 / 1,031. In float32 a
 the same kernels took 4-25x dense float32. So the int kernels pay at batch 1 in bf16 (x0.55
 int4, x0.70 int8 of dense) and not in a 16-row step, nor in float32:
 ``benchmarks/bench_quant_step.py`` measures a whole decode step against its memory floor.
-The group size, 32: on SmolLM2-135M's real weights (``benchmarks/bench_quant_quality.py``, 4
-prompts, 64 answer positions, 2026-12-01) int4 in groups of 32 agreed with bf16's top-1 at 100 %
-(mean log-prob 0.4 % off), in groups of 64 at 78 % (45 % off), of 128 at 88 % (19 % off): those
-weights come from a Q4_1 file, 32-value blocks, which groups of 32 hold again and wider ones
-blur; a GGUF's Q4_0, Q4_1 and Q4_K are all 32-value groups. 32 and 64 took the same time within
-the noise; 32 stores 0.63 bytes a weight with bf16 scales and zeros, 64 0.56.
+The group size, 32, is measured in :mod:`~batchline.models.generation.quant_codes`, which
+holds the codes these layers are built from.
 int8 stays per channel, torch's int8 kernel: on 6 prompts x 16 positions it agreed at 95.8 %
 where bf16 itself did at 97.9 % (log-prob 3.1 % off), on 12 x 32 at 97.7 % as bf16 did (1.6 %
 off); int8 in groups of 32 (Q8_0's form, the two int4 planes) agreed at 97.9 % on the 6 x 16
@@ -42,26 +38,19 @@ kernel's are in ``quant_kernel.py`` and docs/generation.md.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from batchline.models.generation.quant_codes import (
+    Int4Codes,
+    pack_planes,
+)
+
 __all__ = [
     "DENSE_ROWS",
-    "INT4_GROUP_SIZE",
-    "Int4Codes",
     "QuantLinear",
     "describe_step_weights",
-    "int4_group_size",
-    "int4_planes_rows",
-    "int8_from_planes",
-    "int8_group_planes",
-    "pack_planes",
-    "quantize_int4",
-    "quantize_int8",
-    "quantize_int8_groups",
     "require_int_kernels",
     "step_weight_bytes",
     "step_weight_count",
@@ -69,8 +58,6 @@ __all__ = [
     "use_int8_activations",
 ]
 
-#: The int4 group size (see the module docstring).
-INT4_GROUP_SIZE = 32
 #: From this many rows on (a prefill chunk) a product dequantizes the weight and multiplies it
 #: dense: the int kernels' time grows with the rows. SmolLM2's 576 -> 1,536 up-projection, bf16,
 #: one thread, a busy machine: int4 11.5 ms at 512 rows where dense took 1.2 ms and unpacking
@@ -125,24 +112,6 @@ DEQUANT_COLS = 1024
 _scratch = threading.local()
 
 
-@dataclass(frozen=True, slots=True)
-class Int4Codes:
-    """A weight ``(N, K)`` as int4: codes ``(N, K)`` in [0, 15] (uint8), and ``scales`` and
-    ``zeros`` ``(N, K // group_size)``; the weight is ``(codes - 8) * scale + zero``."""
-
-    codes: torch.Tensor
-    scales: torch.Tensor
-    zeros: torch.Tensor
-    group_size: int
-
-    def dequantize(self, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-        """The weight these codes stand for, computed in ``dtype`` (tests: float64)."""
-        g = self.group_size
-        scales = self.scales.to(dtype).repeat_interleave(g, dim=1)
-        zeros = self.zeros.to(dtype).repeat_interleave(g, dim=1)
-        return (self.codes.to(dtype) - 8) * scales + zeros
-
-
 def require_int_kernels(aten: Any = None) -> None:
     """``ModelError`` where this torch lacks the CPU int8/int4 kernels (added in torch 2.6);
     ``aten``: the op namespace to look in (tests), by default torch's."""
@@ -155,107 +124,6 @@ def require_int_kernels(aten: Any = None) -> None:
             f"int8/int4 weights need torch's CPU kernels (torch 2.6 or later; torch "
             f"{torch.__version__} is installed): upgrade torch, or set weights = 'float'"
         )
-
-
-def int4_group_size(in_features: int) -> int:
-    """The group size int4 quantizes a linear of ``in_features`` inputs with."""
-    if in_features % INT4_GROUP_SIZE:
-        raise ValueError(
-            f"int4 needs an input width divisible by {INT4_GROUP_SIZE}, got {in_features}"
-        )
-    return INT4_GROUP_SIZE
-
-
-def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-channel symmetric int8: codes ``(N, K)`` int8 in [-127, 127] and scales ``(N,)``
-    float32, the weight ``codes * scale`` (an all-zero row gets scale 1)."""
-    # a float32 copy of its own, computed on in place: one layer's temporaries at a time, not
-    # four (a 3B model's gate/up is 200 MB in float32)
-    w = weight.detach().to(torch.float32, copy=True)
-    low, high = torch.aminmax(w, dim=1)
-    scales = torch.maximum(-low, high) / 127.0
-    scales = torch.where(scales > 0, scales, torch.ones_like(scales))
-    codes = w.div_(scales[:, None]).round_().clamp_(-127, 127).to(torch.int8)
-    return codes, scales
-
-
-def quantize_int4(weight: torch.Tensor, group_size: int) -> Int4Codes:
-    """Group-wise asymmetric int4 of ``weight`` ``(N, K)``: each group's min and max map to
-    codes 0 and 15 (a constant group: scale 1, every code 0 and the value in its zero)."""
-    n, k = weight.shape
-    if k % group_size:
-        raise ValueError(f"int4 group size {group_size} does not divide {k} input values")
-    w = weight.detach().to(torch.float32, copy=True).reshape(n, k // group_size, group_size)
-    low, high = torch.aminmax(w, dim=2)
-    scales = (high - low) / 15.0
-    scales = torch.where(scales > 0, scales, torch.ones_like(scales))
-    codes = w.sub_(low[..., None]).div_(scales[..., None]).round_().clamp_(0, 15)  # in place
-    # (code - 8) * scale + zero = code * scale + low
-    zeros = low + 8 * scales
-    return Int4Codes(codes.reshape(n, k).to(torch.uint8), scales, zeros, group_size)
-
-
-def quantize_int8_groups(
-    weight: torch.Tensor, group_size: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric int8 in groups of ``group_size`` inputs (a GGUF's Q8_0 form): codes ``(N, K)``
-    int8 in [-127, 127] and scales ``(N, K // group_size)`` float32, the weight
-    ``codes * scale``. Each scale is rounded to bf16 before the codes are taken, so that the
-    own kernel's bf16 scales are the ones the codes were rounded for (an all-zero group gets
-    scale 1)."""
-    n, k = weight.shape
-    if k % group_size:
-        raise ValueError(f"int8 group size {group_size} does not divide {k} input values")
-    w = weight.detach().to(torch.float32, copy=True).reshape(n, k // group_size, group_size)
-    scales = w.abs().amax(dim=2).div_(127.0).to(torch.bfloat16).float()
-    scales = torch.where(scales > 0, scales, torch.ones_like(scales))
-    codes = w.div_(scales[..., None]).round_().clamp_(-127, 127).to(torch.int8)
-    return codes.reshape(n, k), scales
-
-
-def int8_group_planes(
-    codes: torch.Tensor, scales: torch.Tensor, group_size: int
-) -> list[Int4Codes]:
-    """Int8 codes ``(N, K)`` with a scale per group ``(N, K // group_size)`` (a GGUF's Q8_0) as
-    two int4 planes whose weights sum to ``codes * scale`` exactly: code = 16 * high + low with
-    low in [0, 15] and high in [-8, 7]; the high plane is ``(high + 8 - 8) * 16 * scale``, the
-    low one ``(low - 8) * scale + 8 * scale``."""
-    q = codes.to(torch.int16)
-    low = q & 15
-    high = (q - low) // 16
-    s = scales.float()
-    return [
-        Int4Codes((high + 8).to(torch.uint8), 16 * s, torch.zeros_like(s), group_size),
-        Int4Codes(low.to(torch.uint8), s, 8 * s, group_size),
-    ]
-
-
-def int8_from_planes(planes: list[Int4Codes]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The int8 codes ``(N, K)`` and scales ``(N, K // group_size)`` that
-    :func:`int8_group_planes` split into ``planes`` (its inverse)."""
-    high, low = planes
-    codes = (high.codes.to(torch.int16) - 8) * 16 + low.codes.to(torch.int16)
-    return codes.to(torch.int8), low.scales
-
-
-def pack_planes(
-    planes: list[Int4Codes], dtype: torch.dtype, scale_dtype: torch.dtype
-) -> list[torch.Tensor]:
-    """One int4 plane packed (:func:`~.quant_kernel.pack_int4`), or int8 in groups' two planes:
-    as one :func:`~.quant_kernel.pack_int8g` tensor where :func:`~.quant_kernel.int8g_here`."""
-    from batchline.models.generation import quant_kernel
-
-    if len(planes) == 2 and quant_kernel.int8g_here(dtype, scale_dtype):
-        return [quant_kernel.pack_int8g(*int8_from_planes(planes))]
-    return [quant_kernel.pack_int4(p.codes, p.scales, p.zeros, scale_dtype) for p in planes]
-
-
-def int4_planes_rows(
-    planes: list[Int4Codes], rows: Callable[[torch.Tensor], torch.Tensor]
-) -> list[Int4Codes]:
-    """``planes`` with ``rows`` (a permutation of the output rows) applied to their codes,
-    scales and zeros alike."""
-    return [Int4Codes(rows(p.codes), rows(p.scales), rows(p.zeros), p.group_size) for p in planes]
 
 
 class QuantLinear(torch.nn.Module):
@@ -284,6 +152,9 @@ class QuantLinear(torch.nn.Module):
         self._planes: list[tuple[torch.Tensor, torch.Tensor]] = []  # torch's int4 layout
         self._own: list[torch.Tensor] = []  # or the own kernel's (quant_kernel.pack_int4)
         self._own8: tuple[torch.Tensor, torch.Tensor] | None = None  # quant_kernel.pack_int8
+        #: whether ``_own`` is int8 in groups in :func:`~.quant_kernel.pack_int8g`'s layout (set
+        #: where ``_own`` is: every forward asks)
+        self._int8_layout = False
         #: float32 rows through the own int4 kernel quantized to int8 on the way in
         #: (:func:`use_int8_activations`)
         self.int8_rows = False
@@ -353,7 +224,7 @@ class QuantLinear(torch.nn.Module):
         if scale_dtype is None:
             scale_dtype = quant_kernel.scale_dtype_for(dtype)
         if own_kernel:
-            layer._own = pack_planes(planes, dtype, scale_dtype)
+            layer._set_own(pack_planes(planes, dtype, scale_dtype))
             return layer
         for plane in planes:
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
@@ -380,8 +251,15 @@ class QuantLinear(torch.nn.Module):
         from batchline.models.generation import quant_kernel
 
         layer = cls(k, n, kind=kind, bias=bias, group_size=quant_kernel.GROUP)
-        layer._own = list(packed)
+        layer._set_own(list(packed))
         return layer
+
+    def _set_own(self, packed: list[torch.Tensor]) -> None:
+        """Hold ``packed``, the own kernels' tensors: int4 planes, or one int8 layout."""
+        from batchline.models.generation.quant_kernel import BLOCK_INT8
+
+        self._own = packed
+        self._int8_layout = bool(packed) and packed[0].shape[2] == BLOCK_INT8
 
     @property
     def own_kernel(self) -> bool:
@@ -437,13 +315,6 @@ class QuantLinear(torch.nn.Module):
             return int4_dequantize(self._own[0], self.out_features, dtype)
         return self.dequantized(dtype)
 
-    @property
-    def _int8_layout(self) -> bool:
-        """Whether the weight is int8 in groups in :func:`~.quant_kernel.pack_int8g`'s layout."""
-        from batchline.models.generation.quant_kernel import BLOCK_INT8
-
-        return bool(self._own) and self._own[0].shape[2] == BLOCK_INT8
-
     def _own_takes(self, dtype: torch.dtype) -> bool:
         """Whether the own kernel computes rows of ``dtype``: the int8 one bf16 rows, the int4
         one float32 rows, and bf16 ones where its scales are bf16 (the layer was built where
@@ -479,8 +350,7 @@ class QuantLinear(torch.nn.Module):
             cols = min(DEQUANT_COLS, n - c0)
             tiles = slice(c0 // TILE, -(-(c0 + cols) // TILE))
             if self._int8_layout:
-                weight = mine[0][:cols]
-                weight.copy_(_int8g_weight(self._own[0][tiles], cols, torch.float32))
+                weight = _int8g_weight(self._own[0][tiles], cols, torch.float32, mine[0])
             else:
                 weight = int4_dequantize(self._own[0][tiles], cols, torch.float32, mine[0])
             for plane, buffer in zip(self._own[1:], mine[1:], strict=True):
@@ -558,13 +428,21 @@ class QuantLinear(torch.nn.Module):
         return f"{sizes}, {self.kind}{group}"
 
 
-def _int8g_weight(packed: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
+def _int8g_weight(
+    packed: torch.Tensor, n: int, dtype: torch.dtype, into: torch.Tensor | None = None
+) -> torch.Tensor:
     """The weight ``(n, K)`` in ``dtype`` of :func:`~.quant_kernel.pack_int8g`'s layout:
-    ``code * scale`` in float32, rounded to ``dtype`` once."""
+    ``code * scale`` in float32, rounded to ``dtype`` once; float32 only: written into the
+    first ``n`` rows of ``into`` where given (:meth:`QuantLinear._dense_f32`'s buffer)."""
     from batchline.models.generation.quant_kernel import GROUP, unpack_int8g
 
     codes, scales = unpack_int8g(packed, n)
-    weight = codes.float().view(n, -1, GROUP) * scales.float()[..., None]
+    shape = (n, codes.shape[1] // GROUP, GROUP)
+    if into is not None:
+        weight = into[:n]
+        torch.mul(codes.view(shape), scales.float()[..., None], out=weight.view(shape))
+        return weight
+    weight = codes.float().view(shape) * scales.float()[..., None]
     return weight.view(n, -1).to(dtype)
 
 

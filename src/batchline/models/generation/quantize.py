@@ -13,10 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from batchline.models.generation.quant_linear import (
+from batchline.models.generation.quant_codes import (
     INT4_GROUP_SIZE,
     Int4Codes,
-    QuantLinear,
     int4_group_size,
     int8_group_planes,
     pack_planes,
@@ -24,6 +23,7 @@ from batchline.models.generation.quant_linear import (
     quantize_int8,
     quantize_int8_groups,
 )
+from batchline.models.generation.quant_linear import QuantLinear
 
 __all__ = [
     "PACK_CHUNK_ROWS",
@@ -276,7 +276,7 @@ def quantize_lm_head(
     per-channel int8 and int4 heads failed ``benchmarks/bench_quant_quality.py`` (see
     :func:`quantize_linears`); groups of 32 keep each scale to its own 32 weights, as llama.cpp's
     Q8_0 does. Its two planes read 1.25 bytes a weight where bf16 reads 2; with int8 rows, in
-    the int8 layout (:func:`~.quant_linear.pack_planes`), 1.06."""
+    the int8 layout (:func:`~.quant_codes.pack_planes`), 1.06."""
     from batchline.models.generation import quant_kernel
 
     head = getattr(model, "lm_head", None)

@@ -111,6 +111,24 @@ inline int32_t four_codes(const int8_t* p) {  // 4 int8 codes as one 32-bit lane
   return word;
 }
 
+// A 256-bit pass's running totals: each row's 16 columns start at the bias (or 0), and end in
+// the output's first `cols` columns of the tile.
+template <int R>
+inline void start_totals(float (&total)[R][kTile], const float* bias, int64_t n0,
+                         int64_t cols) {
+  for (int r = 0; r < R; ++r) {
+    for (int64_t i = 0; i < kTile; ++i) total[r][i] = bias && i < cols ? bias[n0 + i] : 0.f;
+  }
+}
+
+template <int R>
+inline void store_totals(const float (&total)[R][kTile], int64_t m0, int64_t n0, int64_t cols,
+                         int64_t n_total, float* out) {
+  for (int r = 0; r < R; ++r) {
+    std::memcpy(out + (m0 + r) * n_total + n0, total[r], cols * sizeof(float));
+  }
+}
+
 // The 256-bit path: rows [m0, m0 + R) of one tile, its 16 columns two halves of 8. Each
 // (row, half) sums its group in one 16-bit accumulator; R up to 4 keeps them and the chunk's
 // codes in AVX2's 16 registers, the totals in memory.
@@ -125,9 +143,7 @@ void tile_rows_a8_256(const uint8_t* tile, int64_t groups, const int8_t* xq, int
   const __m256i ones = _mm256_set1_epi16(1);
   const __m256 eight = _mm256_set1_ps(8.f);
   alignas(32) float total[R][kTile];
-  for (int r = 0; r < R; ++r) {
-    for (int64_t i = 0; i < kTile; ++i) total[r][i] = bias && i < cols ? bias[n0 + i] : 0.f;
-  }
+  start_totals<R>(total, bias, n0, cols);
   const int8_t* xm = xq + m0 * k_total;
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* block = tile + g * block_bytes;
@@ -161,9 +177,7 @@ void tile_rows_a8_256(const uint8_t* tile, int64_t groups, const int8_t* xq, int
       }
     }
   }
-  for (int r = 0; r < R; ++r) {
-    std::memcpy(out + (m0 + r) * n_total + n0, total[r], cols * sizeof(float));
-  }
+  store_totals<R>(total, m0, n0, cols, n_total, out);
 }
 
 // The int8 layout's counterpart of tile_rows_a8_256: rows [m0, m0 + R) of one tile.
@@ -173,9 +187,7 @@ void tile_rows_int8_256(const uint8_t* tile, int64_t groups, const int8_t* xq, i
                         int64_t cols, int64_t n_total, float* out) {
   const __m256i ones = _mm256_set1_epi16(1);
   alignas(32) float total[R][kTile];
-  for (int r = 0; r < R; ++r) {
-    for (int64_t i = 0; i < kTile; ++i) total[r][i] = bias && i < cols ? bias[n0 + i] : 0.f;
-  }
+  start_totals<R>(total, bias, n0, cols);
   const int8_t* xm = xq + m0 * k_total;
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* block = tile + g * kBlockInt8;
@@ -207,9 +219,7 @@ void tile_rows_int8_256(const uint8_t* tile, int64_t groups, const int8_t* xq, i
       }
     }
   }
-  for (int r = 0; r < R; ++r) {
-    std::memcpy(out + (m0 + r) * n_total + n0, total[r], cols * sizeof(float));
-  }
+  store_totals<R>(total, m0, n0, cols, n_total, out);
 }
 
 #else
@@ -362,10 +372,9 @@ at::Tensor int8g_linear_a8(const at::Tensor& x, const at::Tensor& packed, int64_
   TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kByte && packed.is_contiguous() &&
                   packed.size(2) == kBlockInt8,
               "int8g_linear_a8: packed must be pack_int8g's (tiles, K / 32, 544) uint8 tensor");
+  check_tiles(packed, n, "int8g_linear_a8");
   const int64_t rows = x.size(0), k_total = x.size(1), tiles = packed.size(0);
   const int64_t groups = packed.size(1);
-  TORCH_CHECK(n > (tiles - 1) * kTile && n <= tiles * kTile, "int8g_linear_a8: n = ", n,
-              " does not fit ", tiles, " tiles of 16");
   TORCH_CHECK(k_total == groups * kGroup, "int8g_linear_a8: x has ", k_total,
               " inputs, the weight ", groups * kGroup);
   const float* bias_ptr = bias_pointer(bias, n, "int8g_linear_a8");

@@ -113,14 +113,19 @@ inline void with_layout(bool f32_scales, F&& f) {
   }
 }
 
+// That n output columns fill the packed weight's tiles, the last one at least in part.
+inline void check_tiles(const at::Tensor& packed, int64_t n, const char* op) {
+  const int64_t tiles = packed.size(0);
+  TORCH_CHECK(n > (tiles - 1) * kTile && n <= tiles * kTile, op, ": n = ", n, " does not fit ",
+              tiles, " tiles of 16");
+}
+
 // Whether the layout has float32 scales (384-byte blocks) or bf16 ones (320), checked.
 inline bool check_packed(const at::Tensor& packed, int64_t n, const char* op) {
   TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kByte && packed.is_contiguous() &&
                   (packed.size(2) == kBlock || packed.size(2) == kBlockF32),
               op, ": packed must be int4_pack's (tiles, K / 32, 320 or 384) uint8 tensor");
-  const int64_t tiles = packed.size(0);
-  TORCH_CHECK(n > (tiles - 1) * kTile && n <= tiles * kTile, op, ": n = ", n, " does not fit ",
-              tiles, " tiles of 16");
+  check_tiles(packed, n, op);
   return packed.size(2) == kBlockF32;
 }
 

@@ -1,0 +1,155 @@
+"""The integer codes a quantized linear is built from (:class:`~.quant_linear.QuantLinear`):
+int4 in groups with a scale and a zero each (:class:`Int4Codes`, :func:`quantize_int4`), int8 per
+channel (:func:`quantize_int8`) and int8 in groups of 32 (:func:`quantize_int8_groups`, a GGUF's
+Q8_0), which the int4 kernels take as two int4 planes (:func:`int8_group_planes`, undone by
+:func:`int8_from_planes`); :func:`pack_planes` lays either out for the own kernels.
+
+The group size, 32: on SmolLM2-135M's real weights (``benchmarks/bench_quant_quality.py``, 4
+prompts, 64 answer positions, 2026-12-01) int4 in groups of 32 agreed with bf16's top-1 at 100 %
+(mean log-prob 0.4 % off), in groups of 64 at 78 % (45 % off), of 128 at 88 % (19 % off): those
+weights come from a Q4_1 file, 32-value blocks, which groups of 32 hold again and wider ones
+blur; a GGUF's Q4_0, Q4_1 and Q4_K are all 32-value groups. 32 and 64 took the same time within
+the noise; 32 stores 0.63 bytes a weight with bf16 scales and zeros, 64 0.56.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+__all__ = [
+    "INT4_GROUP_SIZE",
+    "Int4Codes",
+    "int4_group_size",
+    "int4_planes_rows",
+    "int8_from_planes",
+    "int8_group_planes",
+    "pack_planes",
+    "quantize_int4",
+    "quantize_int8",
+    "quantize_int8_groups",
+]
+
+#: The int4 group size (see the module docstring).
+INT4_GROUP_SIZE = 32
+
+
+@dataclass(frozen=True, slots=True)
+class Int4Codes:
+    """A weight ``(N, K)`` as int4: codes ``(N, K)`` in [0, 15] (uint8), and ``scales`` and
+    ``zeros`` ``(N, K // group_size)``; the weight is ``(codes - 8) * scale + zero``."""
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor
+    group_size: int
+
+    def dequantize(self, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        """The weight these codes stand for, computed in ``dtype`` (tests: float64)."""
+        g = self.group_size
+        scales = self.scales.to(dtype).repeat_interleave(g, dim=1)
+        zeros = self.zeros.to(dtype).repeat_interleave(g, dim=1)
+        return (self.codes.to(dtype) - 8) * scales + zeros
+
+
+def int4_group_size(in_features: int) -> int:
+    """The group size int4 quantizes a linear of ``in_features`` inputs with."""
+    if in_features % INT4_GROUP_SIZE:
+        raise ValueError(
+            f"int4 needs an input width divisible by {INT4_GROUP_SIZE}, got {in_features}"
+        )
+    return INT4_GROUP_SIZE
+
+
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel symmetric int8: codes ``(N, K)`` int8 in [-127, 127] and scales ``(N,)``
+    float32, the weight ``codes * scale`` (an all-zero row gets scale 1)."""
+    # a float32 copy of its own, computed on in place: one layer's temporaries at a time, not
+    # four (a 3B model's gate/up is 200 MB in float32)
+    w = weight.detach().to(torch.float32, copy=True)
+    low, high = torch.aminmax(w, dim=1)
+    scales = torch.maximum(-low, high) / 127.0
+    scales = torch.where(scales > 0, scales, torch.ones_like(scales))
+    codes = w.div_(scales[:, None]).round_().clamp_(-127, 127).to(torch.int8)
+    return codes, scales
+
+
+def quantize_int4(weight: torch.Tensor, group_size: int) -> Int4Codes:
+    """Group-wise asymmetric int4 of ``weight`` ``(N, K)``: each group's min and max map to
+    codes 0 and 15 (a constant group: scale 1, every code 0 and the value in its zero)."""
+    n, k = weight.shape
+    if k % group_size:
+        raise ValueError(f"int4 group size {group_size} does not divide {k} input values")
+    w = weight.detach().to(torch.float32, copy=True).reshape(n, k // group_size, group_size)
+    low, high = torch.aminmax(w, dim=2)
+    scales = (high - low) / 15.0
+    scales = torch.where(scales > 0, scales, torch.ones_like(scales))
+    codes = w.sub_(low[..., None]).div_(scales[..., None]).round_().clamp_(0, 15)  # in place
+    # (code - 8) * scale + zero = code * scale + low
+    zeros = low + 8 * scales
+    return Int4Codes(codes.reshape(n, k).to(torch.uint8), scales, zeros, group_size)
+
+
+def quantize_int8_groups(
+    weight: torch.Tensor, group_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 in groups of ``group_size`` inputs (a GGUF's Q8_0 form): codes ``(N, K)``
+    int8 in [-127, 127] and scales ``(N, K // group_size)`` float32, the weight
+    ``codes * scale``. Each scale is rounded to bf16 before the codes are taken, so that the
+    own kernel's bf16 scales are the ones the codes were rounded for (an all-zero group gets
+    scale 1)."""
+    n, k = weight.shape
+    if k % group_size:
+        raise ValueError(f"int8 group size {group_size} does not divide {k} input values")
+    w = weight.detach().to(torch.float32, copy=True).reshape(n, k // group_size, group_size)
+    scales = w.abs().amax(dim=2).div_(127.0).to(torch.bfloat16).float()
+    scales = torch.where(scales > 0, scales, torch.ones_like(scales))
+    codes = w.div_(scales[..., None]).round_().clamp_(-127, 127).to(torch.int8)
+    return codes.reshape(n, k), scales
+
+
+def int8_group_planes(
+    codes: torch.Tensor, scales: torch.Tensor, group_size: int
+) -> list[Int4Codes]:
+    """Int8 codes ``(N, K)`` with a scale per group ``(N, K // group_size)`` (a GGUF's Q8_0) as
+    two int4 planes whose weights sum to ``codes * scale`` exactly: code = 16 * high + low with
+    low in [0, 15] and high in [-8, 7]; the high plane is ``(high + 8 - 8) * 16 * scale``, the
+    low one ``(low - 8) * scale + 8 * scale``."""
+    q = codes.to(torch.int16)
+    low = q & 15
+    high = (q - low) // 16
+    s = scales.float()
+    return [
+        Int4Codes((high + 8).to(torch.uint8), 16 * s, torch.zeros_like(s), group_size),
+        Int4Codes(low.to(torch.uint8), s, 8 * s, group_size),
+    ]
+
+
+def int8_from_planes(planes: list[Int4Codes]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The int8 codes ``(N, K)`` and scales ``(N, K // group_size)`` that
+    :func:`int8_group_planes` split into ``planes`` (its inverse)."""
+    high, low = planes
+    codes = (high.codes.to(torch.int16) - 8) * 16 + low.codes.to(torch.int16)
+    return codes.to(torch.int8), low.scales
+
+
+def pack_planes(
+    planes: list[Int4Codes], dtype: torch.dtype, scale_dtype: torch.dtype
+) -> list[torch.Tensor]:
+    """One int4 plane packed (:func:`~.quant_kernel.pack_int4`), or int8 in groups' two planes:
+    as one :func:`~.quant_kernel.pack_int8g` tensor where :func:`~.quant_kernel.int8g_here`."""
+    from batchline.models.generation import quant_kernel
+
+    if len(planes) == 2 and quant_kernel.int8g_here(dtype, scale_dtype):
+        return [quant_kernel.pack_int8g(*int8_from_planes(planes))]
+    return [quant_kernel.pack_int4(p.codes, p.scales, p.zeros, scale_dtype) for p in planes]
+
+
+def int4_planes_rows(
+    planes: list[Int4Codes], rows: Callable[[torch.Tensor], torch.Tensor]
+) -> list[Int4Codes]:
+    """``planes`` with ``rows`` (a permutation of the output rows) applied to their codes,
+    scales and zeros alike."""
+    return [Int4Codes(rows(p.codes), rows(p.scales), rows(p.zeros), p.group_size) for p in planes]
