@@ -61,6 +61,57 @@ inline float exp_approx(float x) {
   return p * two_n;
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+// exp_approx on 8 lanes, the same steps in AVX2. GCC leaves the scalar one's loops unvectorized
+// ("control flow in loop": its clamp, under -ftrapping-math), so a softmax or an activation over
+// it ran ~15 cycles a value: silu_mul took 44 us for 8,192 values, 657 us for 16 rows of them
+// (a SmolLM2-1.7B-shaped step, float32, the AVX2-only EPYC), 5 % of a 16-row step.
+inline __m256 exp_approx8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187045e-06f),
+                                    _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x));
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
+  const __m256i two_n =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(two_n));
+}
+
+inline float lanes_total(__m256 v) {
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+#endif
+
+// s[w] = exp(s[w] - top) over w < n; returns their sum.
+inline float exp_shifted(float* s, int64_t n, float top) {
+  int64_t w = 0;
+  float sum = 0.0f;
+#if defined(__AVX2__) && defined(__FMA__)
+  __m256 sums = _mm256_setzero_ps();
+  const __m256 shift = _mm256_set1_ps(top);
+  for (; w + 8 <= n; w += 8) {
+    const __m256 e = exp_approx8(_mm256_sub_ps(_mm256_loadu_ps(s + w), shift));
+    _mm256_storeu_ps(s + w, e);
+    sums = _mm256_add_ps(sums, e);
+  }
+  sum = lanes_total(sums);
+#endif
+  for (; w < n; ++w) {
+    s[w] = exp_approx(s[w] - top);
+    sum += s[w];
+  }
+  return sum;
+}
+
 constexpr int64_t kMaxGroup = 8;  // query heads per KV head on the AVX-512 paths
 
 #if defined(__AVX512F__)
@@ -286,14 +337,7 @@ void attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& value
       }
       for (int64_t j = 0; j < group; ++j) {
         float* sj = scores.data() + j * n;
-        const float top = *std::max_element(sj, sj + n);
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t w = 0; w < n; ++w) {
-          sj[w] = exp_approx(sj[w] - top);
-          sum += sj[w];
-        }
-        total[j] = sum;
+        total[j] = exp_shifted(sj, n, *std::max_element(sj, sj + n));
       }
 #if defined(__AVX512F__)
       if constexpr (DIM > 0 && DIM % 32 == 0) {
@@ -469,8 +513,25 @@ void act_mul_rows(const T* gate_up, T* out, int64_t rows, int64_t n) {
     const T* g = gate_up + r * 2 * n;
     const T* u = g + n;
     T* orow = out + r * n;
-#pragma omp simd
-    for (int64_t d = 0; d < n; ++d) {
+    int64_t d = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    if constexpr (std::is_same_v<T, float>) {  // 8 at a time (exp_approx8)
+      const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+      for (; d + 8 <= n; d += 8) {
+        const __m256 x = _mm256_loadu_ps(g + d);
+        __m256 z = x;
+        if constexpr (Gelu) {
+          const __m256 cube = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+          z = _mm256_mul_ps(_mm256_set1_ps(1.5957691216057308f),
+                            _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), cube, x));
+        }
+        const __m256 e = exp_approx8(_mm256_xor_ps(z, sign));  // exp(-z)
+        const __m256 act = _mm256_div_ps(x, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(orow + d, _mm256_mul_ps(act, _mm256_loadu_ps(u + d)));
+      }
+    }
+#endif
+    for (; d < n; ++d) {
       const float x = load(g, d);
       const float z = Gelu ? 1.5957691216057308f * (x + 0.044715f * x * x * x) : x;
       store(orow, d, rounded(x / (1.0f + exp_approx(-z)), g) * load(u, d));
