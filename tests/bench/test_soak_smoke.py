@@ -101,6 +101,7 @@ PREPARE = (
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 @pytest.mark.timeout(540)
 def test_a_short_soak_keeps_its_invariants(tmp_path: Path) -> None:
     for module in ("fastapi", "uvicorn", "httpx", "onnxruntime", "torch", "transformers"):

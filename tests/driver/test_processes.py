@@ -24,7 +24,7 @@ from batchline.driver.drive import DriveOptions, drive_job, read_failures
 from tests.driver.fake import fake_vectors
 from tests.driver.procs import Proc, Procs, fake_log, processes
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.timeout(300)]
 
 API_KEY = "driver-test-key"
 
