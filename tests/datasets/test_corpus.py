@@ -87,7 +87,8 @@ def corpus_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 def test_demo_corpus_has_enough_distinct_prose(corpus_file: Path) -> None:
     rows = [json.loads(line) for line in corpus_file.read_text(encoding="utf-8").splitlines()]
 
-    assert len(rows) >= 20_000
+    # 20,854 on CPython 3.11.7 with its test suite, 14,604 on Debian's python3 without it
+    assert len(rows) >= 10_000
     assert len({r["id"] for r in rows}) == len(rows)
     assert len({r["text"] for r in rows}) == len(rows)
     assert all(len(r["text"].split()) >= 3 for r in rows)
@@ -122,6 +123,20 @@ def test_demo_corpus_refuses_an_impossible_size(
     monkeypatch.setenv("BATCHLINE_CACHE_DIR", str(corpus_file.parent))
     with pytest.raises(ValueError, match="fewer than 10000000"):
         demo_corpus_path(min_records=10_000_000)
+
+
+def test_a_python_without_its_test_suite_still_has_a_demo_corpus(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Debian's python3 ships the standard library's tests apart (libpython3.11-testsuite): its
+    # corpus is ~14,600 records, and `batchline run` with no input must still take it.
+    monkeypatch.setenv("BATCHLINE_CACHE_DIR", str(tmp_path))
+    few = [{"id": f"m:{n}#0", "text": f"paragraph number {n} of a small library"} for n in range(7)]
+    monkeypatch.setattr(corpus, "iter_corpus_records", lambda: iter(few))
+    path = demo_corpus_path()
+    assert [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()] == few
+    with pytest.raises(ValueError, match="7 records, fewer than 8"):
+        demo_corpus_path(min_records=8)
 
 
 def test_demo_corpus_is_a_valid_source(corpus_file: Path) -> None:
