@@ -50,7 +50,8 @@ def _reference(
 
 # (dtype, head_dim, heads, kv_heads): dims 64 and 128 in bfloat16 take the AVX512-BF16 path
 # where the CPU has it, float32 ones the AVX-512 path (query heads summed four at a time: groups
-# of 3, 4, 5 and 8 cover each split); a group over 8 and dims 16 and 24 the portable loops.
+# of 3, 4, 5 and 8 cover each split), or AVX2's where the CPU has no AVX-512 (a head at a time;
+# a group of 1 as in SmolLM2-1.7B); a group over 8 and dims 16 and 24 the portable loops.
 CASES = [
     ("bfloat16", 64, 9, 3),
     ("bfloat16", 128, 8, 2),
@@ -60,6 +61,7 @@ CASES = [
     ("bfloat16", 16, 4, 4),
     ("float32", 64, 9, 3),
     ("float32", 128, 8, 1),
+    ("float32", 64, 4, 4),
     ("float32", 24, 6, 2),
 ]
 

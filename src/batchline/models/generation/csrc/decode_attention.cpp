@@ -13,8 +13,9 @@
 // Per row and KV head: the scores of its query heads against each column (fp32; on a CPU with
 // AVX512-BF16 the bfloat16 products are summed by vdpbf16ps, 16 columns reduced together), a
 // softmax, and the weighted sum of the values in fp32 (there, in registers, each value row
-// widened once for up to four query heads). Rows and heads are split over ATen's intra-op
-// threads.
+// widened once for up to four query heads; on a CPU with AVX2 and no AVX-512, float32 in 8-lane
+// vectors, a query head at a time, the next rows asked for ahead). Rows and heads are split over
+// ATen's intra-op threads.
 // Built by batchline.models.generation.decode_kernel with the machine's C++ compiler.
 
 #include <ATen/ATen.h>
@@ -114,6 +115,18 @@ inline float exp_shifted(float* s, int64_t n, float top) {
 
 constexpr int64_t kMaxGroup = 8;  // query heads per KV head on the AVX-512 paths
 
+// Ask for rows [w, w + count) of `rows` (DIM values each) to be brought into the cache, where
+// w < n: the rows the next loop reads, while this one computes (the store is read once a step,
+// from memory; the hardware's prefetcher does not foresee the jump to the next row's columns).
+template <int64_t DIM, typename T>
+inline void prefetch_rows(const T* rows, int64_t w, int64_t count, int64_t n) {
+  if (rows == nullptr) return;
+  constexpr int64_t bytes = DIM * static_cast<int64_t>(sizeof(T));
+  for (int64_t k = w; k < std::min(w + count, n); ++k)
+    for (int64_t b = 0; b < bytes; b += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(rows + k * DIM) + b, _MM_HINT_T0);
+}
+
 #if defined(__AVX512F__)
 // The 16 lane sums of v[0..15], in order, as one vector: pairs, then quads, then blocks folded
 // together (45 instructions where 16 _mm512_reduce_add_ps take ~130).
@@ -136,17 +149,6 @@ inline __m512 lane_sums16(const __m512* v) {
                        _mm512_shuffle_f32x4(lo, hi, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-// Ask for rows [w, w + count) of `rows` (DIM values each) to be brought into the cache, where
-// w < n: the rows the next loop reads, while this one computes (the store is read once a step,
-// from memory; the hardware's prefetcher does not foresee the jump to the next row's columns).
-template <int64_t DIM, typename T>
-inline void prefetch_rows(const T* rows, int64_t w, int64_t count, int64_t n) {
-  if (rows == nullptr) return;
-  constexpr int64_t bytes = DIM * static_cast<int64_t>(sizeof(T));
-  for (int64_t k = w; k < std::min(w + count, n); ++k)
-    for (int64_t b = 0; b < bytes; b += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(rows + k * DIM) + b, _MM_HINT_T0);
-}
 
 // scores[j * n + w] = scale * <query head j, key w>, for the group's query heads, 16 keys at a
 // time; float32 products summed by FMA, per 16 values of the head, then across them.
@@ -272,6 +274,77 @@ void weighted_sum(const float* p, int64_t n, int64_t group, const T* values, flo
 }
 #endif
 
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+// float32 on a CPU with AVX2 and no AVX-512: the same two passes, 8 values a vector.
+
+// The 8 lane totals of v[0..7], in order, as one vector (hadd pairs, then quads, then the two
+// 128-bit halves added).
+inline __m256 lane_sums8(const __m256* v) {
+  const __m256 ab = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+  const __m256 cd = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(ab, cd, 0x20), _mm256_permute2f128_ps(ab, cd, 0x31));
+}
+
+// scores[j * n + w] = scale * <query head j, key w>, 8 keys at a time; `ahead` (the task's
+// values) asked for meanwhile.
+template <int64_t DIM>
+void scores_f32_avx2(const float* q, const float* keys, int64_t n, int64_t group, float scale,
+                     float* scores, const float* ahead) {
+  constexpr int64_t chunks = DIM / 8;
+  const __m256 scaled = _mm256_set1_ps(scale);
+  int64_t w = 0;
+  for (; w + 8 <= n; w += 8) {
+    prefetch_rows<DIM>(ahead, w, 8, n);
+    const float* block = keys + w * DIM;
+    for (int64_t j = 0; j < group; ++j) {
+      const float* qj = q + j * DIM;
+      __m256 sums[8];
+      for (int k = 0; k < 8; ++k) {
+        __m256 sum = _mm256_setzero_ps();
+        for (int64_t c = 0; c < chunks; ++c)
+          sum = _mm256_fmadd_ps(_mm256_loadu_ps(qj + 8 * c),
+                                _mm256_loadu_ps(block + k * DIM + 8 * c), sum);
+        sums[k] = sum;
+      }
+      _mm256_storeu_ps(scores + j * n + w, _mm256_mul_ps(lane_sums8(sums), scaled));
+    }
+  }
+  prefetch_rows<DIM>(ahead, w, n - w, n);
+  for (; w < n; ++w) {
+    for (int64_t j = 0; j < group; ++j) {
+      __m256 sum = _mm256_setzero_ps();
+      for (int64_t c = 0; c < chunks; ++c)
+        sum = _mm256_fmadd_ps(_mm256_loadu_ps(q + j * DIM + 8 * c),
+                              _mm256_loadu_ps(keys + w * DIM + 8 * c), sum);
+      scores[j * n + w] = lanes_total(sum) * scale;
+    }
+  }
+}
+
+// acc[j] = sum over w of p[j * n + w] * values[w], a query head at a time, its sum in registers
+// (16 ymm hold no more than one head of 64 or 128); the first head's pass reads the values from
+// memory and asks for the next task's keys, the others find them in L1/L2.
+template <int64_t DIM>
+void weighted_sum_avx2(const float* p, int64_t n, int64_t group, const float* values, float* acc,
+                       const float* ahead, int64_t ahead_n) {
+  constexpr int64_t parts = DIM / 8;
+  for (int64_t j = 0; j < group; ++j) {
+    const float* pj = p + j * n;
+    const float* next = j == 0 ? ahead : nullptr;
+    __m256 sum[parts];
+    for (int64_t v = 0; v < parts; ++v) sum[v] = _mm256_setzero_ps();
+    for (int64_t w = 0; w < n; ++w) {
+      if ((w & 3) == 0) prefetch_rows<DIM>(next, w, 4, ahead_n);
+      const __m256 weight = _mm256_set1_ps(pj[w]);
+      for (int64_t v = 0; v < parts; ++v)
+        sum[v] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(values + w * DIM + 8 * v), sum[v]);
+    }
+    if (ahead_n > n) prefetch_rows<DIM>(next, n, ahead_n - n, ahead_n);
+    for (int64_t v = 0; v < parts; ++v) _mm256_storeu_ps(acc + j * DIM + 8 * v, sum[v]);
+  }
+}
+#endif
+
 // DIM: the head dim when known at compile time (unrolled loops), 0 for any other. CAPPED: the
 // scores soft-capped; a template argument, so that the uncapped loops compile as they did (a
 // run-time branch there cost the bfloat16 step 8 %, 25.8 -> 27.9 ms).
@@ -314,6 +387,12 @@ void attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& value
         if (fast) scores_bf16<DIM>(qb, kb, n, group, scale, scores.data(), vb);
       }
 #endif
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+      if constexpr (std::is_same_v<T, float> && DIM > 0 && DIM % 32 == 0) {
+        fast = true;
+        scores_f32_avx2<DIM>(qb, kb, n, group, scale, scores.data(), vb);
+      }
+#endif
       if (!fast) {
         for (int64_t j = 0; j < group; ++j)
           for (int64_t d = 0; d < dim; ++d) qf[j * dim + d] = load(qb + j * dim, d);
@@ -352,6 +431,18 @@ void attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& value
           }
           weighted_sum<DIM>(scores.data(), n, group, vb, acc.data(), ahead, ahead_n);
         }
+      }
+#endif
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+      if constexpr (std::is_same_v<T, float> && DIM > 0 && DIM % 32 == 0) {
+        const float* ahead = nullptr;  // the next task's keys, as above
+        int64_t ahead_n = 0;
+        if (task + 1 < end) {
+          const int64_t b2 = (task + 1) / kv_heads, h2 = (task + 1) % kv_heads;
+          ahead = kp + ((b2 * kv_heads + h2) * capacity + fp[b2]) * dim;
+          ahead_n = hi - fp[b2] + 1;
+        }
+        weighted_sum_avx2<DIM>(scores.data(), n, group, vb, acc.data(), ahead, ahead_n);
       }
 #endif
       if (!fast) {
