@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,15 +19,10 @@ from typing import IO, Any
 
 import httpx
 
+from tests.helpers import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 FAKE = Path(__file__).with_name("fake.py")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class Proc:

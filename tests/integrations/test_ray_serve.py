@@ -61,6 +61,7 @@ from batchline.models.generation.fake import FakeEngine
 from batchline.models.onnx.embed import TextEmbedder
 from batchline.models.specs import ModelSpec
 from batchline.server.settings import ServerSettings
+from tests.helpers import free_port
 from tests.server.conftest import GEN_TOK, FakeEmbedder, FakeGenerateModel, generated_text
 from tests.test_cli_imports import _blocked
 
@@ -126,12 +127,6 @@ def load_slow_generator(spec: ModelSpec, knobs: Knobs) -> Any:
 # -- the shared instance -------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def ray_node() -> Iterator[str]:
     """One local Ray (4 logical CPUs) for the module; yields its node's Prometheus URL (Ray
@@ -164,7 +159,7 @@ def ray_node() -> Iterator[str]:
 @pytest.fixture(scope="module")
 def port(ray_node: str) -> int:
     """The port of Serve's proxy, the same for every deployment of the module."""
-    return _free_port()
+    return free_port()
 
 
 def _settings(port: int, **values: Any) -> ServerSettings:
@@ -279,7 +274,7 @@ def test_the_haproxy_wrapper_puts_its_endpoints_on_loopback_and_its_socket_priva
 ) -> None:
     """What Serve would run as HAProxy, on Serve's three lines (a stand-in config; the slow
     test below reads the one Serve writes)."""
-    own = _free_port()  # the server's port, free until HAProxy binds it: none may take it
+    own = free_port()  # the server's port, free until HAProxy binds it: none may take it
     env = ingress_env("haproxy", str(tmp_path), avoid=[own])
     ports = [v for k, v in env.items() if k.endswith("_PORT")]
     assert len(ports) == len(set(ports)) == 4
@@ -637,7 +632,7 @@ def test_engine_ray_without_ray_names_the_extra() -> None:
 def test_cli_serves_from_zero_and_sigterm_stops_everything(tmp_path: Path) -> None:
     """`batchline serve --engine ray` in a process of its own: its private Ray, /ready with no
     replica, a request that wakes one, SIGTERM -> exit 0 and no Ray process left."""
-    port = _free_port()
+    port = free_port()
     log = (tmp_path / "serve.log").open("w")
     env = {**os.environ, "PYTHONPATH": _RAY_ENV["PYTHONPATH"]}
     for k in (*_QUICK_AUTOSCALING_ENV, *ingress_env("haproxy", str(tmp_path)), "RAY_AUTH_MODE"):
@@ -692,7 +687,7 @@ def test_cli_haproxy_ingress_answers_embeddings_and_metrics(tmp_path: Path) -> N
     connection alive from then on is never cut off by a reload. HAProxy's files are private,
     its admin socket its owner's alone and its two other endpoints on loopback; the reload
     that a second replica makes cuts neither busy nor idle kept-alive connections."""
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path / "serve.log"
     env = {**os.environ, "PYTHONPATH": _RAY_ENV["PYTHONPATH"]}
     for k in (*_QUICK_AUTOSCALING_ENV, *ingress_env("haproxy", str(tmp_path)), "RAY_AUTH_MODE"):

