@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from batchline._errors import InputError
 from batchline.datasets import corpus
 from batchline.datasets.corpus import demo_corpus_path, iter_corpus_records
 from batchline.datasets.sources import Record, open_source
@@ -135,8 +136,9 @@ def test_a_python_without_its_test_suite_still_has_a_demo_corpus(
     monkeypatch.setattr(corpus, "iter_corpus_records", lambda: iter(few))
     path = demo_corpus_path()
     assert [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()] == few
-    with pytest.raises(ValueError, match="7 records, fewer than 8"):
+    with pytest.raises(ValueError, match="7 records, fewer than 8") as refused:
         demo_corpus_path(min_records=8)
+    assert isinstance(refused.value, InputError)  # the CLI's one line, not a traceback
 
 
 def test_demo_corpus_is_a_valid_source(corpus_file: Path) -> None:

@@ -33,8 +33,15 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from batchline._cache import cache_dir, write_whole
+from batchline._errors import InputError
 
-__all__ = ["CORPUS_VERSION", "cache_dir", "demo_corpus_path", "iter_corpus_records"]
+__all__ = [
+    "CORPUS_VERSION",
+    "DemoCorpusTooSmallError",
+    "cache_dir",
+    "demo_corpus_path",
+    "iter_corpus_records",
+]
 
 #: Bump when the extraction rules change, so stale caches are not reused.
 CORPUS_VERSION = 1
@@ -49,13 +56,18 @@ _MIN_WORDS = 3
 _RULE = re.compile(r"([-=*~^#_+])\1{2,}")
 
 
+class DemoCorpusTooSmallError(InputError, ValueError):
+    """This Python's standard library yields fewer records than asked for: an input error (the
+    CLI's one line, for ``run``, ``bench`` and the quantization gate alike) and a ValueError."""
+
+
 def demo_corpus_path(min_records: int = 1) -> Path:
     """Path of the demo corpus JSONL, generating and caching it on first use.
 
     Its size depends on the Python: CPython 3.11.7 with its test suite (python.org's builds,
     pyenv, the official images) yields 20,854 records; Debian's python3 3.11.2, whose ``test``
-    package is a separate apt package, 14,604. Raises ``ValueError`` if this Python's standard
-    library yields fewer than ``min_records`` paragraphs.
+    package is a separate apt package, 14,604. Raises :class:`DemoCorpusTooSmallError` if this
+    Python's standard library yields fewer than ``min_records`` paragraphs.
 
         >>> from batchline.datasets.sources import open_source
         >>> source = open_source(demo_corpus_path())
@@ -70,7 +82,7 @@ def demo_corpus_path(min_records: int = 1) -> Path:
     with open(path, "rb") as f:
         count = sum(1 for _ in f)
     if count < min_records:
-        raise ValueError(
+        raise DemoCorpusTooSmallError(
             f"the demo corpus of this Python has {count} records, fewer than {min_records}; "
             "ask for fewer, or use your own dataset"
         )

@@ -303,10 +303,7 @@ def open_dataset_job(
     if input_path is None:
         from batchline.datasets.corpus import demo_corpus_path
 
-        try:
-            input_path = demo_corpus_path()
-        except ValueError as exc:  # a Python whose standard library holds no docstrings
-            raise InputError(f"{exc}: pass an input file of your own") from exc
+        input_path = demo_corpus_path()
     if options.limit is not None and options.limit < 0:
         raise InputError(f"--limit must be >= 0, got {options.limit}")
     inputs: dict[str, Any] = {}

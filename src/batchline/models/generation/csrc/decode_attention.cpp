@@ -31,6 +31,14 @@
 #include <type_traits>
 #include <vector>
 
+// float32's 8-lane loops below: a CPU with AVX2 and FMA but no AVX-512 (which takes the 16-lane
+// ones)
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#define BATCHLINE_F32_AVX2 1
+#else
+#define BATCHLINE_F32_AVX2 0
+#endif
+
 namespace {
 
 inline float load(const float* p, int64_t i) { return p[i]; }
@@ -148,7 +156,6 @@ inline __m512 lane_sums16(const __m512* v) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(lo, hi, _MM_SHUFFLE(2, 0, 2, 0)),
                        _mm512_shuffle_f32x4(lo, hi, _MM_SHUFFLE(3, 1, 3, 1)));
 }
-
 
 // scores[j * n + w] = scale * <query head j, key w>, for the group's query heads, 16 keys at a
 // time; float32 products summed by FMA, per 16 values of the head, then across them.
@@ -274,7 +281,7 @@ void weighted_sum(const float* p, int64_t n, int64_t group, const T* values, flo
 }
 #endif
 
-#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#if BATCHLINE_F32_AVX2
 // float32 on a CPU with AVX2 and no AVX-512: the same two passes, 8 values a vector.
 
 // The 8 lane totals of v[0..7], in order, as one vector (hadd pairs, then quads, then the two
@@ -387,7 +394,7 @@ void attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& value
         if (fast) scores_bf16<DIM>(qb, kb, n, group, scale, scores.data(), vb);
       }
 #endif
-#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#if BATCHLINE_F32_AVX2
       if constexpr (std::is_same_v<T, float> && DIM > 0 && DIM % 32 == 0) {
         fast = true;
         scores_f32_avx2<DIM>(qb, kb, n, group, scale, scores.data(), vb);
@@ -418,30 +425,21 @@ void attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& value
         float* sj = scores.data() + j * n;
         total[j] = exp_shifted(sj, n, *std::max_element(sj, sj + n));
       }
+      // the vector loops bring the next task's keys in while this one's values are summed
+      const T* ahead = nullptr;
+      int64_t ahead_n = 0;
+      if (fast && task + 1 < end) {
+        const int64_t b2 = (task + 1) / kv_heads, h2 = (task + 1) % kv_heads;
+        ahead = kp + ((b2 * kv_heads + h2) * capacity + fp[b2]) * dim;
+        ahead_n = hi - fp[b2] + 1;
+      }
 #if defined(__AVX512F__)
       if constexpr (DIM > 0 && DIM % 32 == 0) {
-        if (fast) {
-          // the next task's keys, brought in while this one's values are summed
-          const T* ahead = nullptr;
-          int64_t ahead_n = 0;
-          if (task + 1 < end) {
-            const int64_t b2 = (task + 1) / kv_heads, h2 = (task + 1) % kv_heads;
-            ahead = kp + ((b2 * kv_heads + h2) * capacity + fp[b2]) * dim;
-            ahead_n = hi - fp[b2] + 1;
-          }
-          weighted_sum<DIM>(scores.data(), n, group, vb, acc.data(), ahead, ahead_n);
-        }
+        if (fast) weighted_sum<DIM>(scores.data(), n, group, vb, acc.data(), ahead, ahead_n);
       }
 #endif
-#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#if BATCHLINE_F32_AVX2
       if constexpr (std::is_same_v<T, float> && DIM > 0 && DIM % 32 == 0) {
-        const float* ahead = nullptr;  // the next task's keys, as above
-        int64_t ahead_n = 0;
-        if (task + 1 < end) {
-          const int64_t b2 = (task + 1) / kv_heads, h2 = (task + 1) % kv_heads;
-          ahead = kp + ((b2 * kv_heads + h2) * capacity + fp[b2]) * dim;
-          ahead_n = hi - fp[b2] + 1;
-        }
         weighted_sum_avx2<DIM>(scores.data(), n, group, vb, acc.data(), ahead, ahead_n);
       }
 #endif
