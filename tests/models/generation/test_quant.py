@@ -157,6 +157,35 @@ def test_int8_in_groups_of_32_rounds_each_weight_to_its_group_s_grid() -> None:
         quantize_int8_groups(w[:, :40], 32)
 
 
+def _group_errors(w: Any, codes: Any, scales: Any) -> Any:
+    n, k = w.shape
+    back = codes.double().view(n, k // 32, 32) * scales.double()[..., None]
+    return (back - w.double().view(n, k // 32, 32)).square().sum(dim=2)
+
+
+def test_each_int8_group_takes_the_scale_of_least_error_on_its_bf16_ladder() -> None:
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(64, 256, generator=g) * torch.logspace(-4, 2, 256)
+    best = _group_errors(w, *quantize_int8_groups(w, 32))
+    max_scale = _group_errors(w, *quantize_int8_groups(w, 32, steps=0))
+    assert bool((best <= max_scale).all())  # the max's scale is the ladder's first rung
+    assert float(best.sum() / max_scale.sum()) < 0.95
+    # steps=0 is the max's bf16 scale itself
+    _, scales0 = quantize_int8_groups(w, 32, steps=0)
+    amax = w.view(64, 8, 32).abs().amax(dim=2)
+    assert torch.equal(scales0, (amax / 127).bfloat16().float())
+    # a group on a grid whose step is a bf16 value a few rungs above bf16(max / 127): the
+    # ladder reaches it and holds every weight exactly
+    step = torch.tensor(0.0123).bfloat16().float()
+    grid = torch.randint(-110, 111, (8, 32), generator=g).float()
+    grid[:, 0] = 110  # bf16(max / 127) = 0.866 steps, 27 bf16 rungs below the step
+    exact = grid * step
+    codes, scales = quantize_int8_groups(exact, 32, steps=32)
+    assert torch.equal(scales, step.expand(8, 1))
+    assert torch.equal(codes.float(), grid)
+    assert not bool((_group_errors(exact, *quantize_int8_groups(exact, 32, steps=0)) == 0).all())
+
+
 def test_quantize_linears_takes_the_layers_linears_and_keeps_embedding_and_lm_head(
     torch_threads: None,
 ) -> None:

@@ -112,6 +112,43 @@ def test_the_codes_extremes_sum_exactly(a8_library: None) -> None:
     assert torch.equal(out.double(), want)
 
 
+def test_the_library_picks_each_group_s_scale_as_the_torch_steps_do(
+    a8_library: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from batchline.models.generation import quant_codes
+
+    g = torch.Generator().manual_seed(12)
+    w = torch.randn(96, 512, generator=g) * torch.logspace(-5, 3, 512)
+    w[7, 64:96] = 0.0  # a group of zeros: scale 1, codes 0
+    w[8, :32] = -3.0  # a constant group, its max negative
+    w[9, 32:64] = torch.arange(32) * 0.25 - 4.0  # values on a grid, halves among them
+    for steps in (0, 5, 16):
+        codes, scales = torch.ops.batchline.int8_weight_groups(w, steps)
+        assert (codes.dtype, scales.dtype) == (torch.int8, torch.float32)
+        assert torch.equal(scales, scales.bfloat16().float())
+        assert scales[7, 2] == 1
+        assert not codes[7, 64:96].any()
+        # the codes are the scale's own: clamp(round(w * (1 / scale)))
+        inverse = (1.0 / scales).repeat_interleave(32, dim=1)
+        assert torch.equal(codes.float(), (w * inverse).round().clamp(-127, 127))
+        with monkeypatch.context() as patch:
+            patch.setattr(quant_codes, "_weight_groups_op", lambda: False)
+            want_codes, want_scales = quant_codes.quantize_int8_groups(w, 32, steps)
+        # the error of each group's pick is the least, up to the order float32 sums it in
+        errors = [
+            (c.double().view(96, 16, 32) * s.double()[..., None] - w.double().view(96, 16, 32))
+            .square()
+            .sum(dim=2)
+            for c, s in ((codes, scales), (want_codes, want_scales))
+        ]
+        assert bool((errors[0] <= errors[1] * (1 + 1e-5) + 1e-30).all())
+        assert float((scales == want_scales).float().mean()) > 0.99
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        torch.ops.batchline.int8_weight_groups(w[:, :40].contiguous(), 16)
+    with pytest.raises(RuntimeError, match="steps must be in"):
+        torch.ops.batchline.int8_weight_groups(w, 128)
+
+
 def test_two_threads_give_the_bits_one_thread_gives(a8_library: None) -> None:
     n, k = 200, 1024
     codes, scales = _weight(n, k, seed=9)

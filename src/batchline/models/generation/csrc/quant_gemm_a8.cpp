@@ -21,6 +21,12 @@
 //     through the 256-bit path only
 //   int8_activations(x) -> (codes, scales): the quantizing the product applies to x, for tests
 //     and for the error it adds: codes (rows, K) int8, scales (rows, K / 32) float32
+//   int8_weight_groups(w, steps) -> (codes, scales): a weight (N, K) float32 to int8 in groups
+//     of 32 at load, for the int8 layout (quant_codes.quantize_int8_groups says why): per
+//     group, of the scales bf16(max|w| / 127) and the `steps` bf16 values above it, the first
+//     of least squared error sum((clamp(round(w * (1 / scale)), -127, 127) * scale - w)^2);
+//     codes (N, K) int8, scales (N, K / 32) float32 (each a bf16 value); a group of zeros,
+//     scale 1 and codes 0
 //
 // Each row's group of 32 inputs is quantized on the way in, symmetric, to int8:
 //   scale_x = max|x| / 127, code_x = round-half-even(x * (127 / max|x|)) in [-127, 127]
@@ -408,6 +414,82 @@ std::tuple<at::Tensor, at::Tensor> int8_activations(const at::Tensor& x) {
   return {codes, scales};
 }
 
+#if defined(BATCHLINE_A8)
+// One row of weights to int8 in groups of 32 (int8_weight_groups): each group's scale the
+// first of least squared error among the bf16 ladder from bf16(max|w| / 127) up.
+void quantize_weight_row(const float* w, int64_t groups, int64_t steps, int8_t* codes,
+                         float* scales) {
+  const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  const __m256 top = _mm256_set1_ps(127.f), bottom = _mm256_set1_ps(-127.f);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  auto codes_of = [&](const __m256& v, const __m256& by) {
+    return _mm256_min_ps(_mm256_max_ps(_mm256_round_ps(_mm256_mul_ps(v, by), kRound), bottom), top);
+  };
+  for (int64_t g = 0; g < groups; ++g) {
+    const float* wg = w + g * kGroup;
+    __m256 v[4];
+    for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(wg + 8 * i);
+    const __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], sign), _mm256_and_ps(v[1], sign)),
+                                   _mm256_max_ps(_mm256_and_ps(v[2], sign), _mm256_and_ps(v[3], sign)));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    const float amax = _mm_cvtss_f32(h);
+    if (!(amax > 0.f) || !std::isfinite(amax)) {  // zeros (or a NaN/inf): scale 1, codes 0
+      scales[g] = 1.f;
+      std::memset(codes + g * kGroup, 0, kGroup);
+      continue;
+    }
+    const uint32_t base = float_to_bf16_bits(amax / 127.f);
+    float best_scale = 0.f, best = 0.f;
+    for (int64_t i = 0; i <= steps; ++i) {
+      const float scale = bf16_to_float(static_cast<uint16_t>(base + i));
+      const __m256 s = _mm256_set1_ps(scale), by = _mm256_set1_ps(1.f / scale);
+      __m256 sum = _mm256_setzero_ps();
+      for (int j = 0; j < 4; ++j) {
+        const __m256 e = _mm256_fmsub_ps(codes_of(v[j], by), s, v[j]);
+        sum = _mm256_fmadd_ps(e, e, sum);
+      }
+      __m128 t = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
+      t = _mm_add_ps(t, _mm_movehl_ps(t, t));
+      t = _mm_add_ss(t, _mm_movehdup_ps(t));
+      const float error = _mm_cvtss_f32(t);
+      if (i == 0 || error < best) best = error, best_scale = scale;
+    }
+    scales[g] = best_scale;
+    const __m256 by = _mm256_set1_ps(1.f / best_scale);
+    __m256i q[4];
+    for (int j = 0; j < 4; ++j) q[j] = _mm256_cvtps_epi32(codes_of(v[j], by));
+    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
+                                             _mm256_packs_epi32(q[2], q[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + g * kGroup),
+                        _mm256_permutevar8x32_epi32(bytes, order));
+  }
+}
+#endif
+
+std::tuple<at::Tensor, at::Tensor> int8_weight_groups(const at::Tensor& w, int64_t steps) {
+  check_x(w, "int8_weight_groups");
+  TORCH_CHECK(steps >= 0 && steps < 128, "int8_weight_groups: steps must be in [0, 127], got ",
+              steps);
+  const int64_t rows = w.size(0), k_total = w.size(1), groups = k_total / kGroup;
+  auto codes = at::empty({rows, k_total}, w.options().dtype(at::kChar));
+  auto scales = at::empty({rows, groups}, w.options());
+#if defined(BATCHLINE_A8)
+  const float* wp = w.data_ptr<float>();
+  int8_t* cp = codes.data_ptr<int8_t>();
+  float* sp = scales.data_ptr<float>();
+  const int64_t rows_per_share = std::max<int64_t>(1, 16384 / k_total);
+  at::parallel_for(0, rows, rows_per_share, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      quantize_weight_row(wp + r * k_total, groups, steps, cp + r * k_total, sp + r * groups);
+    }
+  });
+#endif
+  return {codes, scales};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(batchline, m) {
@@ -416,10 +498,12 @@ TORCH_LIBRARY_FRAGMENT(batchline, m) {
       " -> Tensor");
   m.def("int8g_linear_a8(Tensor x, Tensor packed, int n, Tensor? bias=None) -> Tensor");
   m.def("int8_activations(Tensor x) -> (Tensor, Tensor)");
+  m.def("int8_weight_groups(Tensor w, int steps) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(batchline, CPU, m) {
   m.impl("int4_linear_a8", &int4_linear_a8);
   m.impl("int8g_linear_a8", &int8g_linear_a8);
   m.impl("int8_activations", &int8_activations);
+  m.impl("int8_weight_groups", &int8_weight_groups);
 }

@@ -69,6 +69,13 @@ inline float bf16_to_float(uint16_t h) {
   return f;
 }
 
+// A finite float's bits rounded to bf16, to nearest with ties to even (as torch rounds).
+inline uint16_t float_to_bf16_bits(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  return static_cast<uint16_t>((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
+}
+
 #if defined(__AVX512F__)
 inline __m512 widen_bf16(const void* p) {  // 16 bf16 -> 16 fp32
   const __m256i h = _mm256_loadu_si256(static_cast<const __m256i*>(p));
