@@ -381,7 +381,7 @@ def test_fusing_as_packed_gives_the_layer_that_fusing_then_quantizing_gives(
 
 
 def test_packing_stacked_weights_wants_whole_tiles_but_for_the_last(library: None) -> None:
-    planes = quantize._int4_plane
+    planes = quantize._int4_packed
     with pytest.raises(ValueError, match="only the last weight stacked"):
         quantize.pack_own_int4([torch.randn(24, 64), torch.randn(16, 64)], planes)
     stacked = quantize.pack_own_int4([torch.randn(32, 64), torch.randn(24, 64)], planes)

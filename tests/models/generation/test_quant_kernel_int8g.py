@@ -230,7 +230,7 @@ def test_stacked_weights_pack_chunk_by_chunk_as_one_weight(
     monkeypatch.setattr(quantize, "PACK_CHUNK_ROWS", 32)
     g = torch.Generator().manual_seed(4)
     weights = [torch.randn(48, 64, generator=g), torch.randn(37, 64, generator=g)]
-    packed = quantize.pack_own_int4(weights, quantize._int8_planes, torch.float32, torch.bfloat16)
+    packed = quantize.pack_own_int4(weights, quantize._int8_packed, torch.float32, torch.bfloat16)
     whole = ik.pack_int8g(*quantize_int8_groups(torch.cat(weights), 32))
     assert len(packed) == 1
     assert torch.equal(packed[0], whole)

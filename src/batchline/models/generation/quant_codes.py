@@ -27,6 +27,7 @@ __all__ = [
     "int4_planes_rows",
     "int8_from_planes",
     "int8_group_planes",
+    "pack_int8_groups",
     "pack_planes",
     "quantize_int4",
     "quantize_int8",
@@ -183,6 +184,20 @@ def pack_planes(
     if len(planes) == 2 and quant_kernel.int8g_here(dtype, scale_dtype):
         return [quant_kernel.pack_int8g(*int8_from_planes(planes))]
     return [quant_kernel.pack_int4(p.codes, p.scales, p.zeros, scale_dtype) for p in planes]
+
+
+def pack_int8_groups(
+    codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype, scale_dtype: torch.dtype
+) -> list[torch.Tensor]:
+    """int8 codes ``(N, K)`` with a scale per group of 32 (:func:`quantize_int8_groups`) laid out
+    for the own kernels: as one :func:`~.quant_kernel.pack_int8g` tensor where
+    :func:`~.quant_kernel.int8g_here`, else as the two int4 planes of :func:`int8_group_planes`
+    (:func:`pack_planes`)."""
+    from batchline.models.generation import quant_kernel
+
+    if quant_kernel.int8g_here(dtype, scale_dtype):
+        return [quant_kernel.pack_int8g(codes, scales)]
+    return pack_planes(int8_group_planes(codes, scales, 32), dtype, scale_dtype)
 
 
 def int4_planes_rows(

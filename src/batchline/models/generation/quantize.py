@@ -15,9 +15,8 @@ import torch
 
 from batchline.models.generation.quant_codes import (
     INT4_GROUP_SIZE,
-    Int4Codes,
     int4_group_size,
-    int8_group_planes,
+    pack_int8_groups,
     pack_planes,
     quantize_int4,
     quantize_int8,
@@ -119,13 +118,13 @@ def quantize_linears(
         before += weight.numel() * weight.element_size()
         bias = None if child.bias is None else child.bias.detach()
         if int8_groups and weight.shape[1] % INT4_GROUP_SIZE == 0:
-            packed = pack_own_int4([weight], _int8_planes, dtype, scale_dtype)
+            packed = pack_own_int4([weight], _int8_packed, dtype, scale_dtype)
             layer = QuantLinear.own_int4(packed, *weight.shape, kind="int8g", bias=bias)
         elif kind == "int8":
             layer = QuantLinear.int8(*quantize_int8(weight), bias=bias, dtype=dtype)
         elif own_int4:  # a chunk of rows at a time: one chunk's temporaries, not the weight's
             int4_group_size(weight.shape[1])  # raises for a width it does not take
-            packed = pack_own_int4([weight], _int4_plane, dtype, scale_dtype)
+            packed = pack_own_int4([weight], _int4_packed, dtype, scale_dtype)
             layer = QuantLinear.own_int4(packed, *weight.shape, bias=bias)
         else:
             codes = quantize_int4(weight, int4_group_size(weight.shape[1]))
@@ -152,23 +151,27 @@ def quantize_linears(
 PACK_CHUNK_ROWS = 1024
 
 
+#: ``pack(rows, dtype, scale_dtype)``: a chunk of a weight's rows quantized and laid out for the
+#: own kernels (:func:`~.quant_codes.pack_planes` or :func:`~.quant_codes.pack_int8_groups`).
+PackRows = Callable[[torch.Tensor, torch.dtype, torch.dtype], list[torch.Tensor]]
+
+
 def pack_own_int4(
     weights: Sequence[torch.Tensor],
-    planes_of: Callable[[torch.Tensor], list[Int4Codes]],
+    pack: PackRows,
     dtype: torch.dtype = torch.bfloat16,
     scale_dtype: torch.dtype | None = None,
 ) -> list[torch.Tensor]:
-    """The own kernels' packed planes (:func:`~batchline.models.generation.quant_linear.
-    pack_planes`: int4's one, int8 in groups' one or two) of ``weights`` (each ``(N_i, K)``)
-    stacked by rows: ``planes_of(rows)`` for each :data:`PACK_CHUNK_ROWS` rows of each weight
-    in turn, put together (the layout is per 16
+    """The own kernels' packed parts (int4's one plane, int8 in groups' layout or two planes)
+    of ``weights`` (each ``(N_i, K)``) stacked by rows: ``pack(rows, dtype, scale_dtype)`` for
+    each :data:`PACK_CHUNK_ROWS` rows of each weight in turn, put together (the layout is per 16
     rows: the same bytes as one pass over the stacked weight, which is never made). Every
     weight but the last has a multiple of 16 rows. The scales are kept in ``scale_dtype``, by
     default bf16, or float32 for a model computing in float32 (``dtype``:
     :func:`~.quant_kernel.scale_dtype_for`).
     Each chunk's pages of a mapped file are given back once it is packed: weights read from
     a file are read once here (a tied embedding's lookups read their own rows again)."""
-    from batchline.models.common.torch_weights import release_file_pages
+    from batchline.models.common.torch_weights import file_mappings, release_file_pages
     from batchline.models.generation import quant_kernel
 
     if any(w.shape[0] % quant_kernel.TILE for w in weights[:-1]):
@@ -178,12 +181,13 @@ def pack_own_int4(
     tiles, groups = -(-n // quant_kernel.TILE), k // quant_kernel.GROUP
     if scale_dtype is None:
         scale_dtype = quant_kernel.scale_dtype_for(dtype)
+    files = file_mappings()  # read once: packing maps no file
     packed: list[torch.Tensor] = []
     tile = 0
     for weight in weights:
         for start in range(0, weight.shape[0], PACK_CHUNK_ROWS):
             rows = weight[start : start + PACK_CHUNK_ROWS]
-            parts = pack_planes(planes_of(rows), dtype, scale_dtype)
+            parts = pack(rows, dtype, scale_dtype)
             if not packed:  # the layout's block size is the first chunk's
                 packed = [
                     torch.empty((tiles, groups, p.shape[2]), dtype=torch.uint8) for p in parts
@@ -191,7 +195,7 @@ def pack_own_int4(
             for part, into in zip(parts, packed, strict=True):
                 into[tile : tile + part.shape[0]] = part
             tile += -(-rows.shape[0] // quant_kernel.TILE)
-            release_file_pages([rows])
+            release_file_pages([rows], files)
     return packed
 
 
@@ -228,7 +232,7 @@ def fuse_quantized(
             continue  # left to fusing dense, then quantize_linears
         sizes = [w.shape[0] for w in weights]
         joined = QuantLinear.own_int4(
-            pack_own_int4(weights, _int4_plane, dtype, scale_dtype),
+            pack_own_int4(weights, _int4_packed, dtype, scale_dtype),
             sum(sizes),
             k,
             bias=torch.cat(biases) if biases else None,
@@ -253,20 +257,25 @@ def _own_int4(kind: str, dtype: torch.dtype) -> bool:
     return quant_kernel.own_kernels(dtype=dtype)[0]
 
 
-def _int4_plane(rows: torch.Tensor) -> list[Int4Codes]:
-    return [quantize_int4(rows, INT4_GROUP_SIZE)]
+def _int4_packed(
+    rows: torch.Tensor, dtype: torch.dtype, scale_dtype: torch.dtype
+) -> list[torch.Tensor]:
+    return pack_planes([quantize_int4(rows, INT4_GROUP_SIZE)], dtype, scale_dtype)
 
 
-def _int8_planes(rows: torch.Tensor) -> list[Int4Codes]:
-    """int8 in groups of 32 as the two int4 planes whose products sum to it."""
-    return int8_group_planes(*quantize_int8_groups(rows, 32), 32)
+def _int8_packed(
+    rows: torch.Tensor, dtype: torch.dtype, scale_dtype: torch.dtype
+) -> list[torch.Tensor]:
+    """int8 in groups of 32: the int8 layout where it applies, else its two int4 planes."""
+    return pack_int8_groups(*quantize_int8_groups(rows, 32), dtype, scale_dtype)
 
 
 def quantize_lm_head(
     model: torch.nn.Module, dtype: torch.dtype, scale_dtype: torch.dtype | None = None
 ) -> QuantReport | None:
     """Replace ``model.lm_head`` by int8 in groups of 32 (:func:`quantize_int8_groups`),
-    computed as the two int4 planes of :func:`int8_group_planes` through the own kernel, where
+    computed through the own kernel (in the int8 layout, or as the two int4 planes of
+    :func:`~.quant_codes.int8_group_planes`: :func:`~.quant_codes.pack_int8_groups`), where
     that kernel runs here for the activations' ``dtype`` (bf16 or float32: :func:`~batchline.
     models.generation.quant_kernel.own_kernels`) and the head is a plain CPU ``nn.Linear`` of
     32 | inputs; else None, the head kept. A head tied to the embedding leaves the embedding as
@@ -276,7 +285,7 @@ def quantize_lm_head(
     per-channel int8 and int4 heads failed ``benchmarks/bench_quant_quality.py`` (see
     :func:`quantize_linears`); groups of 32 keep each scale to its own 32 weights, as llama.cpp's
     Q8_0 does. Its two planes read 1.25 bytes a weight where bf16 reads 2; with int8 rows, in
-    the int8 layout (:func:`~.quant_codes.pack_planes`), 1.06."""
+    the int8 layout, 1.06."""
     from batchline.models.generation import quant_kernel
 
     head = getattr(model, "lm_head", None)
@@ -286,7 +295,7 @@ def quantize_lm_head(
     if k % quant_kernel.GROUP or not _own_int4("int4", dtype):
         return None
     weight = head.weight.detach()
-    planes = pack_own_int4([weight], _int8_planes, dtype, scale_dtype)
+    planes = pack_own_int4([weight], _int8_packed, dtype, scale_dtype)
     bias = None if head.bias is None else head.bias.detach()
     model.lm_head = QuantLinear.own_int4(planes, n, k, kind="int8g", bias=bias)
     before = weight.numel() * weight.element_size()
