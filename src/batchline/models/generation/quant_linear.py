@@ -42,6 +42,9 @@ from typing import Any
 
 import torch
 
+# imported as a module: a decode step calls its kernels through it (a function's own import
+# took ~2 us a call, ~100 calls a step), and tests patch its attributes
+from batchline.models.generation import quant_kernel
 from batchline.models.generation.quant_codes import (
     Int4Codes,
     pack_planes,
@@ -325,10 +328,8 @@ class QuantLinear(torch.nn.Module):
             return False
         if self._int8_layout:
             return dtype == torch.float32
-        from batchline.models.generation.quant_kernel import BLOCK
-
         return dtype == torch.float32 or (
-            dtype == torch.bfloat16 and self._own[0].shape[2] == BLOCK
+            dtype == torch.bfloat16 and self._own[0].shape[2] == quant_kernel.BLOCK
         )
 
     def _dense_f32(self, flat: torch.Tensor) -> torch.Tensor:
@@ -360,20 +361,23 @@ class QuantLinear(torch.nn.Module):
         return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2:  # a step's rows: no reshape and view (~3 us of a ~20 us call)
+            return self._rows(x)
         flat = x.reshape(-1, self.in_features)
-        own = self.own_kernel
-        limit = DENSE_ROWS[self._dense_key(flat.dtype)]
-        if flat.shape[0] >= limit and flat.dtype == torch.float32 and self._own:  # own int4
-            return self._dense_f32(flat).view(*x.shape[:-1], self.out_features)
+        return self._rows(flat).view(*x.shape[:-1], self.out_features)
+
+    def _rows(self, flat: torch.Tensor) -> torch.Tensor:
+        """``flat (rows, in_features) @ W.T (+ bias)``."""
+        few = flat.shape[0] < DENSE_ROWS[self._dense_key(flat.dtype)]
+        if few and self._own_takes(flat.dtype):  # a decode step's rows, the first test
+            return self._own_forward(flat)
+        if not few and flat.dtype == torch.float32 and self._own:  # own int4
+            return self._dense_f32(flat)
         bias = None if self.bias is None else self.bias.to(flat.dtype)
-        if flat.shape[0] >= limit:
-            dense = torch.nn.functional.linear(flat, self._dense_weight(flat.dtype), bias)
-            return dense.view(*x.shape[:-1], self.out_features)
-        if self._own_takes(flat.dtype):
-            return self._own_forward(flat).view(*x.shape[:-1], self.out_features)
-        if own:  # activations of another dtype than the layer was built for
-            dense = torch.nn.functional.linear(flat, self.dequantized(flat.dtype), bias)
-            return dense.view(*x.shape[:-1], self.out_features)
+        if not few:
+            return torch.nn.functional.linear(flat, self._dense_weight(flat.dtype), bias)
+        if self.own_kernel:  # activations of another dtype than the layer was built for
+            return torch.nn.functional.linear(flat, self.dequantized(flat.dtype), bias)
         if self._int8 is not None:
             codes, scales = self._int8
             out = torch.ops.aten._weight_int8pack_mm(flat, codes, scales.to(flat.dtype))
@@ -387,7 +391,7 @@ class QuantLinear(torch.nn.Module):
         assert out is not None
         if self.bias is not None:
             out = out + self.bias
-        result: torch.Tensor = out.view(*x.shape[:-1], self.out_features)
+        result: torch.Tensor = out
         return result
 
     def _dense_key(self, dtype: torch.dtype) -> str:
@@ -407,17 +411,15 @@ class QuantLinear(torch.nn.Module):
     def _own_forward(self, flat: torch.Tensor) -> torch.Tensor:
         """``flat`` (bf16 or float32 rows) through the own int8 kernel, or the int4 one plane
         by plane, the bias (in float32) added in the first plane's sums."""
-        from batchline.models.generation.quant_kernel import int4_linear, int8_linear, int8g_linear
-
         bias = None if self.bias is None else self.bias.float()
         if self._own8 is not None:
-            return int8_linear(flat, self._own8, self.out_features, bias)
+            return quant_kernel.int8_linear(flat, self._own8, self.out_features, bias)
         if self._int8_layout:
-            return int8g_linear(flat, self._own[0], self.out_features, bias)
+            return quant_kernel.int8g_linear(flat, self._own[0], self.out_features, bias)
         a8 = self.int8_rows and flat.dtype == torch.float32
-        out = int4_linear(flat, self._own[0], self.out_features, bias, int8_rows=a8)
+        out = quant_kernel.int4_linear(flat, self._own[0], self.out_features, bias, int8_rows=a8)
         for packed in self._own[1:]:
-            out = out + int4_linear(flat, packed, self.out_features, int8_rows=a8)
+            out = out + quant_kernel.int4_linear(flat, packed, self.out_features, int8_rows=a8)
         return out
 
     def extra_repr(self) -> str:
