@@ -156,13 +156,14 @@ def int8_group_planes(
     two int4 planes whose weights sum to ``codes * scale`` exactly: code = 16 * high + low with
     low in [0, 15] and high in [-8, 7]; the high plane is ``(high + 8 - 8) * 16 * scale``, the
     low one ``(low - 8) * scale + 8 * scale``."""
-    q = codes.to(torch.int16)
-    low = q & 15
-    high = q >> 4  # arithmetic: floor(q / 16) as (q - low) // 16, 10 ms for 16.8M codes, not 59
+    # in the codes' own bytes (two's complement), one byte a code: low is the low nibble, and
+    # high + 8 the high nibble with its top bit flipped (-8..7 -> 0..15); 16.8M codes in 4-15 ms
+    # where int16 arithmetic took 96 (2 threads)
+    u = codes.to(torch.int8).view(torch.uint8)
     s = scales.float()
     return [
-        Int4Codes((high + 8).to(torch.uint8), 16 * s, torch.zeros_like(s), group_size),
-        Int4Codes(low.to(torch.uint8), s, 8 * s, group_size),
+        Int4Codes((u >> 4) ^ 8, 16 * s, torch.zeros_like(s), group_size),
+        Int4Codes(u & 15, s, 8 * s, group_size),
     ]
 
 
@@ -170,8 +171,8 @@ def int8_from_planes(planes: list[Int4Codes]) -> tuple[torch.Tensor, torch.Tenso
     """The int8 codes ``(N, K)`` and scales ``(N, K // group_size)`` that
     :func:`int8_group_planes` split into ``planes`` (its inverse)."""
     high, low = planes
-    codes = (high.codes.to(torch.int16) - 8) * 16 + low.codes.to(torch.int16)
-    return codes.to(torch.int8), low.scales
+    codes = ((high.codes.to(torch.uint8) ^ 8) << 4) | low.codes.to(torch.uint8)
+    return codes.view(torch.int8), low.scales
 
 
 def pack_planes(
