@@ -42,10 +42,13 @@ class GgufTensor:
 
 @dataclass(frozen=True, slots=True)
 class GgufFile:
-    """The metadata scalars (arrays left out: ``None``) and the tensors of a GGUF file."""
+    """The metadata scalars (arrays left out: ``None``) and the tensors of a GGUF file, and
+    where its tensor data starts (the bytes of its header, metadata and tensor table, padded
+    to the alignment)."""
 
     metadata: dict[str, Any]
     tensors: list[GgufTensor]
+    header_bytes: int
 
 
 def read_gguf(path: Path) -> GgufFile:
@@ -86,7 +89,7 @@ def read_gguf(path: Path) -> GgufFile:
         if raw.size != rows * row_bytes:
             raise ValueError(f"{path.name} is truncated (tensor {name})")
         out.append(GgufTensor(name, kind, raw.reshape(*reversed(shape[1:]), row_bytes)))
-    return GgufFile(metadata, out)
+    return GgufFile(metadata, out, start)
 
 
 def _exact(f: BinaryIO, n: int) -> bytes:

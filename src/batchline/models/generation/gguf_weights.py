@@ -40,7 +40,14 @@ if TYPE_CHECKING:
     from batchline.models.generation.gguf_file import GgufFile
     from batchline.models.generation.quant_codes import Int4Codes
 
-__all__ = ["GGUF_ARCHITECTURES", "GgufLoad", "gguf_architecture", "gguf_int4", "load_gguf"]
+__all__ = [
+    "GGUF_ARCHITECTURES",
+    "GgufLoad",
+    "gguf_architecture",
+    "gguf_int4",
+    "load_gguf",
+    "read_gguf_file",
+]
 
 logger = logging.getLogger("batchline.generation")
 
@@ -90,10 +97,12 @@ class GgufLoad:
 
 def gguf_architecture(path: Path) -> str:
     """The file's ``general.architecture``; ``ModelError`` where the engine does not run it."""
-    return _architecture(_read(path), path)
+    return _architecture(read_gguf_file(path), path)
 
 
-def _read(path: Path) -> GgufFile:
+def read_gguf_file(path: Path) -> GgufFile:
+    """The GGUF file at ``path`` (:func:`~.gguf_file.read_gguf`); ``ModelError`` saying why
+    where it cannot be read."""
     from batchline.models.generation.gguf_file import read_gguf
 
     try:
@@ -205,22 +214,17 @@ def load_gguf(
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     from batchline.models.common.torch_weights import quiet_transformers
+    from batchline.models.generation.gguf_meta import gguf_config_and_tokenizer
     from batchline.models.generation.quant_codes import int4_planes_rows
 
-    file = _read(path)
+    file = read_gguf_file(path)
     arch = _architecture(file, path)
+    if folder is None:
+        config, tokenizer = gguf_config_and_tokenizer(path, file.header_bytes)
     with quiet_transformers():
         if folder is not None:
             config = AutoConfig.from_pretrained(folder, local_files_only=True)
             tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-        else:
-            from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-            read = load_gguf_checkpoint(str(path), return_tensors=False)["config"]  # type: ignore[no-untyped-call]
-            config = AutoConfig.for_model(**read)
-            tokenizer = AutoTokenizer.from_pretrained(
-                path.parent, gguf_file=path.name, local_files_only=True
-            )
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config, dtype=dtype)  # type: ignore[no-untyped-call]
     if folder is not None and (folder / "generation_config.json").is_file():

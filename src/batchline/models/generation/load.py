@@ -529,13 +529,11 @@ def _gguf_tokenizer(spec: ModelSpec) -> PreTrainedTokenizerBase:
     """The tokenizer of a GGUF kept quantized: the built-in smollm2's folder's, or the file's."""
     if spec.kind == "builtin":
         return _load_tokenizer(_model_folder(spec))
-    from transformers import AutoTokenizer
-
-    from batchline.models.common.torch_weights import quiet_transformers
+    from batchline.models.generation.gguf_meta import gguf_config_and_tokenizer
+    from batchline.models.generation.gguf_weights import read_gguf_file
 
     path = Path(spec.source)
-    with quiet_transformers():
-        return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    return gguf_config_and_tokenizer(path, read_gguf_file(path).header_bytes)[1]
 
 
 def _model_folder(spec: ModelSpec) -> str:
