@@ -389,6 +389,37 @@ def test_a_users_gguf_runs_through_the_model_spec_with_the_files_chat_template(
         loaded.close()
 
 
+def test_a_ggufs_lm_head_is_int8_in_groups_where_its_linears_stay_quantized(
+    tmp_path: Path, torch_threads: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    from batchline.models.generation.load import load_text_generator
+
+    model = build_tiny_llama()
+    path = write_tiny_gguf(tmp_path / "mine.gguf", model, "Q4_1", vocab=_vocab())
+    with caplog.at_level(logging.INFO, logger="batchline.generation"):
+        loaded = load_text_generator(parse_spec(str(path)), Knobs(dtype="float32"))
+    try:
+        if loaded.info.details["weights"] != "gguf":
+            pytest.skip("the file's linears are not kept quantized on this host")
+        engine = loaded.engine
+        assert engine is not None
+        head = engine._model.lm_head  # type: ignore[attr-defined]
+        if not isinstance(head, QuantLinear):
+            pytest.skip("the own int4 kernel does not run here: the head stays dense")
+        assert head.kind == "int8g"
+        # the file's head (dequantized as gguf-py does) in int8 groups of 32, exactly
+        weight = dequantized_reference(path, model).lm_head.weight.detach()
+        codes, scales = quantize_int8_groups(weight, 32)
+        n, k = weight.shape
+        expected = codes.double().view(n, k // 32, 32) * scales.double()[..., None]
+        assert torch.equal(head.dequantized(torch.float64), expected.view(n, k))
+        assert "lm_head as int8g in groups of 32" in caplog.text
+    finally:
+        loaded.close()
+
+
 def test_a_gguf_of_another_architecture_is_one_line_naming_it(tmp_path: Path) -> None:
     from batchline.models.generation.load import load_text_generator
 

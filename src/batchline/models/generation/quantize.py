@@ -58,7 +58,9 @@ class QuantReport:
             self.head or other.head,
         )
 
-    def _bytes(self) -> str:
+    @property
+    def bytes_text(self) -> str:
+        """Its bytes before and after, for the load log."""
         return f"{self.bytes_before / 2**20:.0f} -> {self.bytes_after / 2**20:.0f} MiB"
 
     def __str__(self) -> str:
@@ -67,11 +69,10 @@ class QuantReport:
             "embedding and lm_head kept"
             if head is None
             else f"embedding kept; lm_head as {head.kind} in groups of {INT4_GROUP_SIZE}, "
-            f"{head._bytes()}"
+            f"{head.bytes_text}"
         )
-        return (
-            f"{self.linears} linears as {self.kind} through {self.kernel} ({self._bytes()}; {kept})"
-        )
+        through = f"{self.linears} linears as {self.kind} through {self.kernel}"
+        return f"{through} ({self.bytes_text}; {kept})"
 
 
 def quantize_linears(
