@@ -79,30 +79,38 @@ using namespace batchline_quant;
 #if defined(BATCHLINE_A8)
 constexpr bool kBuilt = true;
 
-// One row's groups to int8 codes, their scales and their code sums (AVX2: for both paths).
-void quantize_row(const float* x, int64_t groups, int8_t* codes, float* scales, int32_t* sums) {
+// A group of 32 floats: loaded into four vectors, and the largest of their magnitudes.
+inline float load_group(const float* p, __m256 (&v)[4]) {
   const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(p + 8 * i);
+  const __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], sign), _mm256_and_ps(v[1], sign)),
+                                 _mm256_max_ps(_mm256_and_ps(v[2], sign), _mm256_and_ps(v[3], sign)));
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_movehdup_ps(h));
+  return _mm_cvtss_f32(h);
+}
+
+// A group's 32 int32 codes (each within int8) stored as 32 bytes in input order.
+inline void store_group(const __m256i (&q)[4], int8_t* out) {
   // packing 4 x 8 int32 to 32 bytes leaves them in the order of these dwords
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
+                                           _mm256_packs_epi32(q[2], q[3]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_permutevar8x32_epi32(bytes, order));
+}
+
+// One row's groups to int8 codes, their scales and their code sums (AVX2: for both paths).
+void quantize_row(const float* x, int64_t groups, int8_t* codes, float* scales, int32_t* sums) {
   for (int64_t g = 0; g < groups; ++g) {
-    const float* xg = x + g * kGroup;
     __m256 v[4];
-    for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(xg + 8 * i);
-    const __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], sign), _mm256_and_ps(v[1], sign)),
-                                   _mm256_max_ps(_mm256_and_ps(v[2], sign), _mm256_and_ps(v[3], sign)));
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_max_ss(h, _mm_movehdup_ps(h));
-    const float amax = _mm_cvtss_f32(h);
+    const float amax = load_group(x + g * kGroup, v);
     const float inverse = amax > 0.f ? 127.f / amax : 0.f;
     scales[g] = amax / 127.f;
     const __m256 by = _mm256_set1_ps(inverse);
     __m256i q[4];  // the MXCSR's rounding: to nearest, ties to even
     for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], by));
-    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
-                                             _mm256_packs_epi32(q[2], q[3]));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + g * kGroup),
-                        _mm256_permutevar8x32_epi32(bytes, order));
+    store_group(q, codes + g * kGroup);
     const __m256i s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
     __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
     t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
@@ -419,23 +427,14 @@ std::tuple<at::Tensor, at::Tensor> int8_activations(const at::Tensor& x) {
 // first of least squared error among the bf16 ladder from bf16(max|w| / 127) up.
 void quantize_weight_row(const float* w, int64_t groups, int64_t steps, int8_t* codes,
                          float* scales) {
-  const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   const __m256 top = _mm256_set1_ps(127.f), bottom = _mm256_set1_ps(-127.f);
-  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
   auto codes_of = [&](const __m256& v, const __m256& by) {
     return _mm256_min_ps(_mm256_max_ps(_mm256_round_ps(_mm256_mul_ps(v, by), kRound), bottom), top);
   };
   for (int64_t g = 0; g < groups; ++g) {
-    const float* wg = w + g * kGroup;
     __m256 v[4];
-    for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(wg + 8 * i);
-    const __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], sign), _mm256_and_ps(v[1], sign)),
-                                   _mm256_max_ps(_mm256_and_ps(v[2], sign), _mm256_and_ps(v[3], sign)));
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_max_ss(h, _mm_movehdup_ps(h));
-    const float amax = _mm_cvtss_f32(h);
+    const float amax = load_group(w + g * kGroup, v);
     if (!(amax > 0.f) || !std::isfinite(amax)) {  // zeros (or a NaN/inf): scale 1, codes 0
       scales[g] = 1.f;
       std::memset(codes + g * kGroup, 0, kGroup);
@@ -461,10 +460,7 @@ void quantize_weight_row(const float* w, int64_t groups, int64_t steps, int8_t* 
     const __m256 by = _mm256_set1_ps(1.f / best_scale);
     __m256i q[4];
     for (int j = 0; j < 4; ++j) q[j] = _mm256_cvtps_epi32(codes_of(v[j], by));
-    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
-                                             _mm256_packs_epi32(q[2], q[3]));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + g * kGroup),
-                        _mm256_permutevar8x32_epi32(bytes, order));
+    store_group(q, codes + g * kGroup);
   }
 }
 #endif
