@@ -38,6 +38,11 @@ N_COMPARED = 24
 COMPARED_TOKENS = 32
 
 
+#: The torch backend on the weights vLLM runs: the file dequantized to float32 (``weights``
+#: ``auto`` keeps its Q4_1 linears, which hold the same values, but its lm_head in int8 groups).
+FLOAT_WEIGHTS = Knobs(dtype="float32", weights="float")
+
+
 @pytest.fixture(scope="module")
 def anyio_backend() -> str:
     return "asyncio"  # module scope: the shared engine lives on one event loop
@@ -76,9 +81,7 @@ async def test_greedy_fp32_tokens_equal_the_torch_backend(model: GenerationModel
     streams = [model.generator.submit(ids, greedy(COMPARED_TOKENS)) for ids in prompts]
     on_vllm = [await s.result() for s in streams]
 
-    torch_model = await asyncio.to_thread(
-        load_text_generator, parse_spec("smollm2"), Knobs(dtype="float32")
-    )
+    torch_model = await asyncio.to_thread(load_text_generator, parse_spec("smollm2"), FLOAT_WEIGHTS)
     try:
         async with torch_model.generator as gen:
             assert torch_model.encode(demo_prompts(1)[0]["prompt"]) == prompts[0]
@@ -159,9 +162,7 @@ async def test_logprobs_and_n_samples_agree_with_the_torch_backend(model: Genera
     scored = greedy(2, prompt_logprobs=2)
     on_vllm = await asyncio.gather(*(model.generator.submit(ids, asked).result() for _ in range(4)))
     assert len({c.token_ids for c in on_vllm}) == 1
-    torch_model = await asyncio.to_thread(
-        load_text_generator, parse_spec("smollm2"), Knobs(dtype="float32")
-    )
+    torch_model = await asyncio.to_thread(load_text_generator, parse_spec("smollm2"), FLOAT_WEIGHTS)
     try:
         async with torch_model.generator as gen:
             on_torch = await gen.submit(ids, asked).result()
