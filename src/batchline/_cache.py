@@ -1,13 +1,22 @@
 """Where batchline keeps what it builds once: the default model's ONNX graph, the smollm2
-safetensors folder, the demo corpus and prompts; and how such a file is written whole.
+safetensors folder, a GGUF file's config and tokenizer, the demo corpus and prompts; and how
+such a file (:func:`write_whole`) or folder (:func:`build_folder_whole`) is written whole.
 Standard library only (platformdirs is imported when no ``BATCHLINE_CACHE_DIR`` is set)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["cache_dir", "make_cache_folder", "write_whole"]
+__all__ = ["build_folder_whole", "cache_dir", "make_cache_folder", "write_whole"]
+
+#: A scratch folder this old was left by a killed build (a live one takes minutes at most).
+STALE_SCRATCH_S = 3600.0
 
 
 def cache_dir() -> Path:
@@ -41,3 +50,34 @@ def write_whole(path: Path, data: bytes, site: str) -> None:
     from batchline import _fsio
 
     _fsio.write_whole(path, data, site)
+
+
+def build_folder_whole(target: Path, build: Callable[[Path], None], site: str) -> None:
+    """Make the cache folder ``target`` whole or not at all: ``build`` fills a scratch folder
+    beside it, which is then renamed into place, so a reader sees every file or none. Where
+    another process renamed its own first (``target`` has a ``config.json``), theirs stays and
+    ours is dropped. Scratch folders of ``target`` left by a killed build are removed first.
+    Raises ``ModelError`` where the cache folder cannot be made, and what ``build`` or the
+    rename raises (the scratch folder removed); ``site`` names the rename for the fault tests
+    (``batchline._fsio.checkpoint``)."""
+    from batchline._fsio import checkpoint
+
+    root = target.parent
+    make_cache_folder(root)
+    now = time.time()
+    for old in root.glob(f".{target.name}.*.tmp"):
+        with contextlib.suppress(OSError):
+            if now - old.stat().st_mtime > STALE_SCRATCH_S:
+                shutil.rmtree(old, ignore_errors=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=root))
+    try:
+        build(scratch)
+        try:
+            checkpoint(site, "rename", target)
+            os.rename(scratch, target)
+        except OSError:
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        if scratch.exists():
+            shutil.rmtree(scratch, ignore_errors=True)

@@ -72,6 +72,7 @@ SITES = {
     "cache.quantized": "written_whole",  # an int8 graph and its measured quality
     "cache.precision": "written_whole",  # the precision auto measured for a model on a CPU kind
     "cache.smollm2": "written_whole",  # the smollm2 safetensors folder (renamed whole)
+    "cache.gguf": "written_whole",  # a GGUF file's config and tokenizer (renamed whole)
     "config.knobs": "written_whole",  # tune's knobs file
     "config.serve": "written_whole",  # serve's settings written as a config file
     "cache.test": "written_whole",  # tests/test_cache.py's own

@@ -1,7 +1,7 @@
 """A GGUF file's config and tokenizer kept once in the cache (``gguf_meta``): read from the file
 the first time, from the kept folder afterwards, the same config and tokens either way; a folder
-per file content; a cache that cannot be written, or a damaged folder, leaves the load to the
-file; and a user's GGUF loads through it."""
+per file content; a cache that cannot be written leaves the load to the file, and a damaged
+folder is read from the file and kept again; and a user's GGUF loads through it."""
 
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ def test_a_cache_that_cannot_be_written_leaves_the_load_to_the_file(
     assert blocked.read_text() == "not a folder"
 
 
-def test_a_damaged_folder_is_said_and_the_file_read_again(
+def test_a_damaged_folder_is_said_read_from_the_file_and_kept_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setenv("BATCHLINE_CACHE_DIR", str(tmp_path / "cache"))
@@ -103,6 +103,9 @@ def test_a_damaged_folder_is_said_and_the_file_read_again(
         again = gguf_config_and_tokenizer(path, header)
     assert "its kept config and tokenizer" in caplog.text
     _same(first, again)
+    # kept again whole: the next load reads the folder
+    monkeypatch.setattr(gguf_meta, "_from_file", _refuse_the_file)
+    _same(first, gguf_config_and_tokenizer(path, header))
 
 
 def test_a_users_gguf_loads_its_config_and_tokenizer_through_the_kept_folder(

@@ -395,19 +395,22 @@ def test_a_ggufs_lm_head_is_int8_in_groups_where_its_linears_stay_quantized(
     import logging
 
     from batchline.models.generation.load import load_text_generator
+    from batchline.models.generation.quant_kernel import own_kernels
 
+    if choose_weights("auto", gguf=True, dtype="float32").weights != "gguf":
+        pytest.skip("a GGUF's linears are not kept quantized in float32 on this host")
+    if not own_kernels(dtype=torch.float32)[0]:
+        pytest.skip("the own int4 kernel does not run here: the head stays dense")
     model = build_tiny_llama()
     path = write_tiny_gguf(tmp_path / "mine.gguf", model, "Q4_1", vocab=_vocab())
     with caplog.at_level(logging.INFO, logger="batchline.generation"):
         loaded = load_text_generator(parse_spec(str(path)), Knobs(dtype="float32"))
     try:
-        if loaded.info.details["weights"] != "gguf":
-            pytest.skip("the file's linears are not kept quantized on this host")
+        assert loaded.info.details["weights"] == "gguf"
         engine = loaded.engine
         assert engine is not None
         head = engine._model.lm_head  # type: ignore[attr-defined]
-        if not isinstance(head, QuantLinear):
-            pytest.skip("the own int4 kernel does not run here: the head stays dense")
+        assert isinstance(head, QuantLinear)
         assert head.kind == "int8g"
         # the file's head (dequantized as gguf-py does) in int8 groups of 32, exactly
         weight = dequantized_reference(path, model).lm_head.weight.detach()

@@ -7,22 +7,21 @@ on the 2-core AVX2-only EPYC, for a 1.7B Q8_0 file with SmolLM2's 49,152-token v
 From the kept folder both take 0.14 s. The folder is named by a hash of the file's bytes up to
 its tensor data (the header, every metadata value and the tensor table) and of transformers'
 version, so a file that changes, or a transformers that reads it otherwise, gets a folder of
-its own. It is written beside its final place and renamed into it: a reader sees all of it or
-none, and of two processes writing it at once one folder stays. Where it cannot be written
-(a read-only or full cache) the load goes on from the file, and the log says why once.
+its own, made whole or not at all (:func:`~batchline._cache.build_folder_whole`). Where it
+cannot be written (a read-only or full cache) the load goes on from the file, and the log says
+why; a kept folder that cannot be read is said, removed and written again.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
-import os
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from batchline._cache import cache_dir
+from batchline._cache import build_folder_whole, cache_dir
+from batchline._errors import ModelError
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
@@ -70,8 +69,9 @@ def gguf_config_and_tokenizer(
                     AutoConfig.from_pretrained(folder, local_files_only=True),
                     AutoTokenizer.from_pretrained(folder, local_files_only=True),
                 )
-            except (OSError, ValueError) as exc:  # damaged: the file again, the folder left
+            except (OSError, ValueError) as exc:  # damaged: read the file, keep it again
                 logger.warning("%s: its kept config and tokenizer in %s: %s", path, folder, exc)
+                shutil.rmtree(folder, ignore_errors=True)
             else:
                 return kept
         config, tokenizer = _from_file(path)
@@ -95,19 +95,12 @@ def _keep(
     folder: Path, config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase, path: Path
 ) -> None:
     """Write ``config`` and ``tokenizer`` to ``folder`` whole, or say in the log why not."""
-    scratch = folder.parent / f".{folder.name}.{os.getpid()}.tmp"
-    try:
-        folder.parent.mkdir(parents=True, exist_ok=True)
+
+    def save(scratch: Path) -> None:
         config.save_pretrained(scratch)
         tokenizer.save_pretrained(scratch)
-        try:
-            os.rename(scratch, folder)
-        except OSError:
-            if not (folder / "config.json").is_file():  # not another process's folder
-                raise
-    except OSError as exc:
+
+    try:
+        build_folder_whole(folder, save, "cache.gguf")
+    except (OSError, ModelError) as exc:
         logger.info("%s: its config and tokenizer not kept in %s (%s)", path.name, folder, exc)
-    finally:
-        with contextlib.suppress(OSError):
-            if scratch.exists():
-                shutil.rmtree(scratch, ignore_errors=True)

@@ -286,7 +286,7 @@ def load_torch_generator(spec: ModelSpec, knobs: TorchEngineOptions) -> Generati
     layout = lay_out_weights(model, weights.weights, choice.torch_dtype, scales)
     loaded = str(layout.quantized) if layout.quantized is not None else loaded
     if layout.head is not None:
-        loaded += f"; lm_head as {layout.head.kind} in groups of 32, {layout.head.bytes_text}"
+        loaded += f"; {layout.head.head_text}"
     if int8_rows:
         from batchline.models.generation.quant_linear import use_int8_activations
 

