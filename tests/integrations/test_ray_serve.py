@@ -54,6 +54,7 @@ from batchline.integrations.ray_serve import (
     parse_replicas,
     replica_capacity,
     replica_counts,
+    start_serve,
 )
 from batchline.models.config import Knobs
 from batchline.models.generation.continuous import ContinuousGenerator
@@ -252,6 +253,44 @@ def test_replicas_and_options_are_checked() -> None:
             ServerSettings.build(max_queue_size=4, max_inputs_per_request=4),
             ServeReplicas(target_ongoing=5),
         )
+
+
+def test_a_proxy_that_serve_restarts_while_starting_is_waited_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Serve's controller kills a proxy not ready within its ready check and starts another;
+    serve.start, waiting on the first, raises ActorDiedError (a loaded 2-core CI machine did).
+    The command joins the running Serve and waits for the new proxy, with its own options
+    both times, up to the deadline."""
+    from types import SimpleNamespace
+
+    import batchline.integrations.ray_serve as ray_serve
+
+    starts: list[dict[str, Any]] = []
+    proxies = iter([{}, {"node": "STARTING"}, {"node": "HEALTHY"}])
+
+    def start(**options: Any) -> None:
+        starts.append(options)
+        if len(starts) == 1:
+            raise ray.exceptions.ActorDiedError()
+
+    monkeypatch.setattr(ray_serve.serve, "start", start)
+    monkeypatch.setattr(ray_serve.serve, "status", lambda: SimpleNamespace(proxies=next(proxies)))
+    monkeypatch.setattr(ray_serve.time, "sleep", lambda s: None)
+    settings = ServerSettings.build(port=8123)
+    start_serve(settings, deadline=time.monotonic() + 60)
+    assert len(starts) == 2
+    assert starts[0] == starts[1]
+    assert starts[0]["http_options"]["port"] == 8123
+    assert next(proxies, "spent") == "spent"  # waited until the proxy was healthy
+
+    # a proxy that never comes up: a one-line error at the deadline
+    starts.clear()
+    monkeypatch.setattr(
+        ray_serve.serve, "status", lambda: SimpleNamespace(proxies={"node": "UNHEALTHY"})
+    )
+    with pytest.raises(ModelError, match=r"proxy did not start \(proxies: UNHEALTHY\)"):
+        start_serve(settings, deadline=time.monotonic() - 1)
 
 
 def test_haproxy_is_the_default_ingress_of_the_private_ray_only(

@@ -423,15 +423,8 @@ def deploy(
     """
     check_ingress(ingress)
     options = deployment_options(settings, replicas)
-    serve.start(
-        http_options={
-            "host": settings.host,
-            "port": settings.port,
-            # bounds a request's wait for a replica (scale from zero) and its whole life
-            "request_timeout_s": settings.request_timeout_s,
-        },
-        logging_config=_logging(settings),
-    )
+    deadline = time.monotonic() + start_timeout_s
+    start_serve(settings, deadline)
     # /ready first: until it is routed, the app at "/" would answer it, waking a replica
     readiness = serve.deployment(
         name=READY_APP_NAME,
@@ -453,11 +446,53 @@ def deploy(
         [serve.RunTarget(app, name=APP_NAME, route_prefix="/")],
         wait_for_applications_running=False,
     )
-    deadline = time.monotonic() + start_timeout_s
-    _wait_started(start_timeout_s)
+    _wait_started(max(deadline - time.monotonic(), 5.0))
     if ingress == "haproxy":
         wait_routed(APP_NAME, max(deadline - time.monotonic(), 5.0), replicas=replicas.min)
     return f"http://{_url_host(settings.host)}:{settings.port}"
+
+
+def start_serve(settings: ServerSettings, deadline: float) -> None:
+    """Start Serve (its controller and ingress) for ``settings``; return once its proxies are
+    healthy, or raise ``ModelError`` at ``deadline`` (``time.monotonic()``).
+
+    Serve's controller gives a starting proxy a few seconds to say it is ready (5 s, then 10,
+    15...: RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S), kills one that has not and starts another,
+    while ``serve.start`` waits on the first and raises ``ActorDiedError``: on a loaded machine
+    (2 cores, a test suite on both), HAProxy's manager took longer. Serve is then running, and
+    the new proxy is waited for here.
+    """
+    options: dict[str, Any] = {
+        "http_options": {
+            "host": settings.host,
+            "port": settings.port,
+            # bounds a request's wait for a replica (scale from zero) and its whole life
+            "request_timeout_s": settings.request_timeout_s,
+        },
+        "logging_config": _logging(settings),
+    }
+    try:
+        serve.start(**options)
+    except ray.exceptions.ActorDiedError as e:
+        logger.warning(
+            "Serve's controller restarted its proxy, which did not start in time (%s): "
+            "waiting for the new one",
+            last_line(str(e)),
+        )
+        serve.start(**options)  # joins the running controller (or starts one if it died too)
+        _wait_proxies(deadline)
+
+
+def _wait_proxies(deadline: float) -> None:
+    while True:
+        proxies = serve.status().proxies
+        if proxies and all(status == "HEALTHY" for status in proxies.values()):
+            return
+        if time.monotonic() > deadline:
+            states = ", ".join(sorted({getattr(p, "value", str(p)) for p in proxies.values()}))
+            states = states or "none"
+            raise ModelError(f"Serve's proxy did not start (proxies: {states}): see Ray's logs")
+        time.sleep(0.25)
 
 
 def _wait_started(timeout_s: float) -> None:
