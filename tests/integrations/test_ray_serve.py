@@ -54,8 +54,8 @@ from batchline.integrations.ray_serve import (
     parse_replicas,
     replica_capacity,
     replica_counts,
-    start_serve,
 )
+from batchline.integrations.ray_serve_state import start_serve
 from batchline.models.config import Knobs
 from batchline.models.generation.continuous import ContinuousGenerator
 from batchline.models.generation.fake import FakeEngine
@@ -264,7 +264,7 @@ def test_a_proxy_that_serve_restarts_while_starting_is_waited_for(
     both times, up to the deadline."""
     from types import SimpleNamespace
 
-    import batchline.integrations.ray_serve as ray_serve
+    import batchline.integrations.ray_serve_state as ray_serve
 
     starts: list[dict[str, Any]] = []
     proxies = iter([{}, {"node": "STARTING"}, {"node": "HEALTHY"}])
@@ -278,7 +278,7 @@ def test_a_proxy_that_serve_restarts_while_starting_is_waited_for(
     monkeypatch.setattr(ray_serve.serve, "status", lambda: SimpleNamespace(proxies=next(proxies)))
     monkeypatch.setattr(ray_serve.time, "sleep", lambda s: None)
     settings = ServerSettings.build(port=8123)
-    start_serve(settings, deadline=time.monotonic() + 60)
+    start_serve(settings, {}, deadline=time.monotonic() + 60)
     assert len(starts) == 2
     assert starts[0] == starts[1]
     assert starts[0]["http_options"]["port"] == 8123
@@ -290,7 +290,7 @@ def test_a_proxy_that_serve_restarts_while_starting_is_waited_for(
         ray_serve.serve, "status", lambda: SimpleNamespace(proxies={"node": "UNHEALTHY"})
     )
     with pytest.raises(ModelError, match=r"proxy did not start \(proxies: UNHEALTHY\)"):
-        start_serve(settings, deadline=time.monotonic() - 1)
+        start_serve(settings, {}, deadline=time.monotonic() - 1)
 
 
 def test_haproxy_is_the_default_ingress_of_the_private_ray_only(
