@@ -78,10 +78,10 @@ def test_the_replaced_weights_pages_go_back_and_nothing_else(
     given: list[int] = []
     real = torch_weights.release_file_pages
 
-    def spy(tensors: Any) -> int:
+    def spy(tensors: Any, files: Any = None) -> int:
         tensors = list(tensors)
         given.extend(t.data_ptr() for t in tensors)
-        return real(tensors)
+        return real(tensors, files)
 
     monkeypatch.setattr(torch_weights, "release_file_pages", spy)
     lay_out_weights(model, weights, torch.bfloat16)

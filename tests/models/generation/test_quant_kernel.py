@@ -203,7 +203,7 @@ def test_no_rows_give_an_empty_product_and_bad_inputs_say_what_is_wrong(library:
     packed = ik.pack_int4(q.codes, q.scales, q.zeros)
     assert ik.int4_linear(torch.empty(0, 64, dtype=torch.bfloat16), packed, 32).shape == (0, 32)
     with pytest.raises(RuntimeError, match="x must be a contiguous"):
-        ik.int4_linear(torch.randn(2, 64), packed, 32)  # float32
+        ik.int4_linear(torch.randn(2, 64).half(), packed, 32)  # float32 takes its own path
     with pytest.raises(RuntimeError, match="x has 96 inputs, the weight 64"):
         ik.int4_linear(torch.randn(2, 96).bfloat16(), packed, 32)
     with pytest.raises(RuntimeError, match="n = 40 does not fit 2 tiles"):
@@ -368,10 +368,13 @@ def test_fusing_as_packed_gives_the_layer_that_fusing_then_quantizing_gives(
         assert torch.equal(model(x).logits, twice(x).logits)
     # fused already: nothing more to do
     assert quantize.fuse_quantized(layer, "int4", torch.bfloat16) is None
-    # not for int8, nor for float32 scales
+    # not for int8; for int4 computing in float32 too, through the float32 path's kernel
     plain = transformers.Qwen2ForCausalLM(config).to(torch.bfloat16).eval().model.layers[0]
     assert quantize.fuse_quantized(plain, "int8", torch.bfloat16) is None
-    assert quantize.fuse_quantized(plain, "int4", torch.float32) is None
+    in_f32 = quantize.fuse_quantized(copy.deepcopy(plain), "int4", torch.float32)
+    assert in_f32 is not None
+    assert in_f32.linears == 2
+    assert "float32" in in_f32.kernel
     plain.self_attn.k_proj.bias = None  # a bias on q and v only: left to fusing in turn
     only_mlp = quantize.fuse_quantized(plain, "int4", torch.bfloat16)
     assert only_mlp is not None
