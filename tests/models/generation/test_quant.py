@@ -35,6 +35,7 @@ from batchline.models.generation.quant_linear import DENSE_ROWS, QuantLinear  # 
 from batchline.models.generation.quantize import quantize_linears  # noqa: E402
 from batchline.models.generation.torch_dtype import (  # noqa: E402
     choose_dtype,
+    choose_precision,
     choose_weights,
     kind_defaults,
 )
@@ -482,6 +483,34 @@ def test_the_host_kind_picks_the_dtype_and_the_weights(
     assert choose_weights("auto", gguf=False, dtype=dtype, flags=flags).weights == "float"
     assert choose_weights("int4", gguf=False, dtype=dtype, flags=flags).weights == "int4"
     assert choose_weights("float", gguf=True, dtype=dtype, flags=flags).weights == "float"
+
+
+@pytest.mark.parametrize(
+    ("flags", "int_dtype"),
+    [(AMX, "bfloat16"), (AVX512_BF16, "float32"), (AVX512_VNNI, "float32"), (AVX2, "float32")],
+)
+def test_int_weights_compute_in_the_dtype_their_host_kind_measured_fastest(
+    flags: set[str], int_dtype: str
+) -> None:
+    """On an AVX512-BF16 CPU without AMX, ``auto`` computes int weights (a GGUF kept, int8,
+    int4) in float32 and dense ones in bf16; on AMX both in bf16; elsewhere both in float32.
+    A dtype named by the user, a CUDA device and dense weights keep ``choose_dtype``'s."""
+    dense = choose_dtype("auto", "cpu", flags=flags).dtype
+    for weights, gguf in (("auto", True), ("int8", False), ("int4", False), ("int4", True)):
+        dtype, held = choose_precision("auto", weights, "cpu", gguf=gguf, flags=flags)
+        assert dtype.dtype == int_dtype
+        assert held.weights == ("gguf" if weights == "auto" else weights)
+        if int_dtype != dense:
+            assert "auto with" in dtype.reason
+            assert "Zen 4" in dtype.reason
+    for weights, gguf in (("auto", False), ("float", True)):
+        dtype, held = choose_precision("auto", weights, "cpu", gguf=gguf, flags=flags)
+        assert (dtype.dtype, held.weights) == (dense, "float")
+    for named in ("bfloat16", "float32"):
+        dtype, _ = choose_precision(named, "int4", "cpu", gguf=False, flags=flags)
+        assert (dtype.dtype, dtype.reason) == (named, "asked for")
+    dtype, _ = choose_precision("auto", "int4", "cuda", gguf=False, flags=flags, cuda_bf16=True)
+    assert dtype.dtype == "bfloat16"
 
 
 def test_a_gguf_computed_in_float32_stays_quantized_where_the_cpu_has_avx2_and_fma() -> None:

@@ -210,10 +210,13 @@ def test_which_models_and_hosts_take_int8_rows() -> None:
             "int8", weights=weights, dtype="float32", dtype_asked=True, flags=NO_BF16_VNNI
         )
         assert also.activations == "int8"
-        # where it is asked for on a CPU with bf16: kept as asked
+        # float32 on AMX (where int weights compute in bf16) comes from the user: kept as asked
+        kept = ("float", f"auto: {torch_dtype.A8_NATIVE_BF16}")
+        assert choose("auto", weights, "float32", AMX) == kept
+        # on AVX512-BF16 without AMX, auto computes int weights in float32 on int8 rows
+        bf16_host = ("int8", f"auto: {torch_dtype.A8_MEASURED_BF16}")
+        assert choose("auto", weights, "float32", AVX512_BF16) == bf16_host
         for flags in (AVX512_BF16, AMX):
-            kept = ("float", f"auto: {torch_dtype.A8_NATIVE_BF16}")
-            assert choose("auto", weights, "float32", flags) == kept
             assert choose("int8", weights, "float32", flags) == ("int8", "asked for")
         # AVX2 without VNNI: the vpmaddubsw path, measured on its own host
         avx2 = ("int8", f"auto: {torch_dtype.A8_MEASURED_AVX2}")

@@ -73,16 +73,15 @@ def _identity(spec: ModelSpec, knobs: GenerationBackendOptions | None) -> Identi
     dtype (float32 and bf16 round differently), the kind of device (CPU and CUDA kernels
     differ in the last bits), and for ``smollm2`` the version of the GGUF's conversion. Not
     the batching kind nor the caps: greedy and seeded tokens do not depend on them."""
-    from batchline.models.generation.torch_dtype import choose_dtype
-
     knobs = knobs or GenerationBackendOptions()
     backend = knobs.generation_backend
     runs_it = ["vllm"] if backend == "vllm" else ["torch", "transformers"]
+    dtype, weights = _precision(spec, knobs)
     options: dict[str, object] = {
         "task": "generate",
         "backend": backend,
-        "dtype": choose_dtype(knobs.dtype, knobs.device).dtype,
-        "weights": _weights(spec, knobs),
+        "dtype": dtype,
+        "weights": weights,
         "device": "cuda" if knobs.device.startswith("cuda") else knobs.device,
         "generation_versions": [version(p) for p in runs_it],
     }
@@ -93,15 +92,16 @@ def _identity(spec: ModelSpec, knobs: GenerationBackendOptions | None) -> Identi
     return Identity(_files(spec), options)
 
 
-def _weights(spec: ModelSpec, knobs: GenerationBackendOptions) -> str:
-    """How the torch backend holds the weights (quantized ones round differently)."""
-    from batchline.models.generation.torch_dtype import choose_dtype, choose_weights
+def _precision(spec: ModelSpec, knobs: GenerationBackendOptions) -> tuple[str, str]:
+    """The dtype it computes in and how the torch backend holds the weights (quantized ones
+    round differently); vLLM's weights as the files hold them."""
+    from batchline.models.generation.torch_dtype import choose_dtype, choose_precision
 
     if knobs.generation_backend == "vllm":
-        return "float"
-    dtype = choose_dtype(knobs.dtype, knobs.device).dtype
+        return choose_dtype(knobs.dtype, knobs.device).dtype, "float"
     gguf = spec.kind in ("builtin", "gguf")
-    return choose_weights(knobs.weights, gguf=gguf, dtype=dtype).weights
+    dtype, weights = choose_precision(knobs.dtype, knobs.weights, knobs.device, gguf=gguf)
+    return dtype.dtype, weights.weights
 
 
 def _files(spec: ModelSpec) -> tuple[Path, ...]:

@@ -71,7 +71,11 @@ if TYPE_CHECKING:
     from batchline.models.generation.engine import StepEngine
     from batchline.models.generation.generators import GeneratorKind
     from batchline.models.generation.stream import TextGenerator
-    from batchline.models.generation.torch_dtype import ActivationsChoice, WeightsChoice
+    from batchline.models.generation.torch_dtype import (
+        ActivationsChoice,
+        DtypeChoice,
+        WeightsChoice,
+    )
 
 __all__ = [
     "ChatMessage",
@@ -268,13 +272,11 @@ def load_torch_generator(spec: ModelSpec, knobs: TorchEngineOptions) -> Generati
     from batchline.models.generation.generators import build_generator
     from batchline.models.generation.quant_kernel import scale_dtype_for
     from batchline.models.generation.quant_linear import describe_step_weights, step_weight_count
-    from batchline.models.generation.torch_dtype import choose_dtype
     from batchline.models.generation.torch_engine import TorchStepEngine
 
-    choice = choose_dtype(knobs.dtype, knobs.device)
+    choice, weights = _precision_for(spec, knobs, device)
     if device.type == "cpu":
         torch.set_num_threads(engine_threads(knobs, choice.torch_dtype))
-    weights = _weights_for(spec, knobs, choice.dtype, device)
     activations = _activations_for(knobs, weights, choice.dtype)
     int8_rows = activations.activations == "int8"
     # int8 rows sum over bf16 scales: a step reads 5 bits a weight of int4, not 6
@@ -362,15 +364,16 @@ def load_torch_generator(spec: ModelSpec, knobs: TorchEngineOptions) -> Generati
     )
 
 
-def _weights_for(
-    spec: ModelSpec, knobs: TorchEngineOptions, dtype: str, device: torch.device
-) -> WeightsChoice:
-    """The weights ``spec`` is held in (``knobs.weights``, ``auto`` by the host), checked
-    against ``device`` before anything is read."""
-    from batchline.models.generation.torch_dtype import WeightsChoice, choose_weights
+def _precision_for(
+    spec: ModelSpec, knobs: TorchEngineOptions, device: torch.device
+) -> tuple[DtypeChoice, WeightsChoice]:
+    """The dtype ``spec`` computes in and the weights it is held in (``knobs.dtype`` and
+    ``knobs.weights``, ``auto`` by the host: ``choose_precision``), checked against ``device``
+    before anything is read."""
+    from batchline.models.generation.torch_dtype import WeightsChoice, choose_precision
 
     gguf = spec.kind in ("builtin", "gguf")
-    weights = choose_weights(knobs.weights, gguf=gguf, dtype=dtype)
+    choice, weights = choose_precision(knobs.dtype, knobs.weights, knobs.device, gguf=gguf)
     if weights.weights in ("int8", "int4") and device.type != "cpu":
         raise InputError(
             f"weights = {weights.weights!r} computes through torch's CPU kernels: on "
@@ -382,7 +385,7 @@ def _weights_for(
         require_int_kernels()
     if weights.weights == "gguf" and device.type != "cpu":
         weights = WeightsChoice("float", f"{device.type}: the int kernels are torch's CPU ones")
-    return weights
+    return choice, weights
 
 
 def _activations_for(
@@ -519,12 +522,12 @@ def _load_in_engine_process(spec: ModelSpec, knobs: GenerationBackendOptions) ->
 
 def _keeps_gguf(spec: ModelSpec, knobs: TorchEngineOptions) -> bool:
     """Whether the torch backend loads ``spec`` from its GGUF file, kept quantized."""
-    from batchline.models.generation.torch_dtype import choose_dtype, choose_weights
+    from batchline.models.generation.torch_dtype import choose_precision
 
     if spec.kind not in ("builtin", "gguf") or knobs.device != "cpu":
         return False
-    dtype = choose_dtype(knobs.dtype, knobs.device).dtype
-    return choose_weights(knobs.weights, gguf=True, dtype=dtype).weights == "gguf"
+    _, weights = choose_precision(knobs.dtype, knobs.weights, knobs.device, gguf=True)
+    return weights.weights == "gguf"
 
 
 def _gguf_tokenizer(spec: ModelSpec) -> PreTrainedTokenizerBase:

@@ -45,6 +45,7 @@ __all__ = [
     "WeightsChoice",
     "choose_activations",
     "choose_dtype",
+    "choose_precision",
     "choose_weights",
     "cpu_flags",
     "kind_defaults",
@@ -108,6 +109,10 @@ class KindDefaults:
     dtype: str
     gguf_quantized: bool
     measured: str
+    #: what int weights (int8, int4, a GGUF kept quantized) compute in under ``dtype = auto``
+    int_dtype: str = "float32"
+    #: why, where it is not ``dtype``
+    int_measured: str = ""
 
 
 _NO_BF16 = KindDefaults(
@@ -137,12 +142,19 @@ KIND_DEFAULTS: dict[str, KindDefaults] = {
         True,
         "measured on the 2-core AMX Xeon (2026-12-01): torch's int4 kernel x0.55, int8 x0.70 "
         "the time of a dense bf16 linear at one row (quant_linear.py)",
+        int_dtype="bfloat16",
     ),
     "avx512-bf16": KindDefaults(
         "bfloat16",
         True,
-        "bf16 measured x1.6 faster than float32 (2026-11-24); the int kernels not measured on "
-        "this kind: taken as on AMX, whose kernels they share without the tiles",
+        "bf16 measured x1.6 faster than float32 (2026-11-24)",
+        int_dtype="float32",
+        int_measured=(
+            "int weights in float32 with int8 rows through VNNI, measured on the 2-core "
+            "AVX512-BF16 EPYC (Zen 4, no AMX, 2026-12-04): a 1.7B-shaped server made x1.18 the "
+            "tokens/s of bf16 int4 at 16 clients and x1.23 at one, x1.57 and x1.76 for int8 "
+            "(whose bf16 product is torch's without AMX)"
+        ),
     ),
     "vnni": KindDefaults(
         "float32",
@@ -204,6 +216,35 @@ def choose_weights(
     return WeightsChoice("gguf", f"auto on this {name} CPU: {kind.measured}")
 
 
+def choose_precision(
+    dtype: str,
+    weights: str,
+    device: str,
+    *,
+    gguf: bool,
+    flags: Collection[str] | None = None,
+    cuda_bf16: bool | None = None,
+) -> tuple[DtypeChoice, WeightsChoice]:
+    """The dtype and the weights of a model for the knobs ``dtype`` and ``weights`` (one of
+    ``GENERATION_DTYPES``, ``WEIGHT_FORMATS``) on ``device``: :func:`choose_dtype`, then
+    :func:`choose_weights` in it; where both are ``auto`` choices on a CPU whose kind computes
+    int weights in another dtype (:attr:`KindDefaults.int_dtype`: float32 with int8 rows on an
+    AVX512-BF16 CPU without AMX), that dtype, and the weights chosen again in it. What the load
+    log, the job's identity and the loader all take, so they never disagree."""
+    chosen = choose_dtype(dtype, device, flags=flags, cuda_bf16=cuda_bf16)
+    held = choose_weights(weights, gguf=gguf, dtype=chosen.dtype, flags=flags)
+    if dtype != "auto" or device != "cpu" or held.weights == "float":
+        return chosen, held
+    name, kind = kind_defaults(flags)
+    if kind.int_dtype == chosen.dtype:
+        return chosen, held
+    again = choose_weights(weights, gguf=gguf, dtype=kind.int_dtype, flags=flags)
+    if again.weights == "float":  # the int weights would not stay int in that dtype
+        return chosen, held
+    why = f"auto with {held.weights} weights on this {name} CPU: {kind.int_measured}"
+    return DtypeChoice(kind.int_dtype, why), again
+
+
 @dataclass(frozen=True, slots=True)
 class ActivationsChoice:
     """What the own int4 kernel multiplies a float32 model's int weights by (``float`` rows,
@@ -230,9 +271,16 @@ A8_MEASURED_AVX2 = (
     "product x0.41-0.45 at 4-16 rows; the same integer sums and float32 operations as the VNNI "
     "path, whose quality gate passed on Ice Lake"
 )
-#: Why it keeps float rows where the CPU computes bf16 natively: float32 is then asked for,
-#: and the rows are kept as asked.
-A8_NATIVE_BF16 = "float32 asked for on a CPU with native bf16: the rows kept as they are"
+#: Why it keeps float rows where the CPU's int weights compute in bf16 (AMX): float32 there
+#: comes from the user, and the rows are kept as asked.
+A8_NATIVE_BF16 = "float32 on a CPU whose int weights compute in bf16: the rows kept as they are"
+#: Why it takes them on a CPU with native bf16 but no AMX, where ``auto`` computes int weights
+#: in float32 (:func:`choose_precision`), measured there.
+A8_MEASURED_BF16 = (
+    "int8 rows through VNNI: on the 2-core AVX512-BF16 EPYC (Zen 4, 2026-12-04) a 1.7B-shaped "
+    "int4 step took x0.84 the time of bf16 rows (int8 x0.56), and a server made x1.18 their "
+    "tokens/s at 16 clients"
+)
 A8_FLOAT32_ASKED = (
     "float32 asked for: its rows are kept exact (activations = 'int8' quantizes them there)"
 )
@@ -276,6 +324,8 @@ def choose_activations(
     if missing:
         return ActivationsChoice("float", f"auto: the CPU has no {', '.join(missing)}")
     if host_kind(found).bf16:
+        if kind_defaults(found)[1].int_dtype == "float32":  # chosen so by choose_precision
+            return ActivationsChoice("int8", f"auto: {A8_MEASURED_BF16}")
         return ActivationsChoice("float", f"auto: {A8_NATIVE_BF16}")
     if all(f in found for f in A8_VNNI_FLAGS):
         return ActivationsChoice("int8", f"auto: {A8_MEASURED}")
