@@ -98,3 +98,30 @@ def test_the_replaced_weights_pages_go_back_and_nothing_else(
     # the lm_head goes back where it was packed or quantized with the layers, else it stays
     assert (lm_head.data_ptr() in given) == (lm_head.data_ptr() not in held)
     assert embedding.data_ptr() not in given
+
+
+@pytest.mark.parametrize("weights", ["int4", "int8"])
+def test_a_bf16_folder_quantized_for_float32_computes_what_it_did_read_in_float32(
+    folder: Path, weights: str
+) -> None:
+    """A float32 model's int weights are quantized from the folder's own bf16 and the rest
+    widened to float32 a layer at a time: the same codes and logits as reading the folder in
+    float32 first (twice the memory of the file before the first layer was quantized)."""
+    from transformers import AutoModelForCausalLM
+
+    from batchline.models.generation.load import _stored_bf16
+
+    assert _stored_bf16(folder) == torch.bfloat16  # the loader reads this folder so
+    wide, _ = torch_weights.from_pretrained_quietly(
+        AutoModelForCausalLM, folder, dtype=torch.float32
+    )
+    lay_out_weights(wide.eval(), weights, torch.float32)
+    narrow = _load(folder)
+    layout = lay_out_weights(narrow, weights, torch.float32)
+    assert layout.quantized is not None
+    assert layout.quantized.kind.startswith(weights)  # int8 in groups: int8g
+    held = [*narrow.parameters(), *narrow.buffers()]
+    assert all(t.dtype == torch.float32 for t in held if t.is_floating_point())
+    x = torch.randint(3, TINY_VOCAB, (2, 7))
+    with torch.inference_mode():
+        assert torch.equal(narrow(x).logits, wide(x).logits)

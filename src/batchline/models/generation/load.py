@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -439,8 +440,25 @@ def _load_weights(
             file, dtype=torch_dtype, folder=folder, scale_dtype=scale_dtype
         )
         return model, tokenizer, str(report)
-    model, tokenizer = load_causal_lm(_model_folder(spec), device=device, dtype=torch_dtype)
+    source = Path(_model_folder(spec))
+    if weights.weights in ("int8", "int4") and device.type == "cpu":
+        # quantized from the folder's own bf16, widened to float32 a layer at a time after
+        # (engine_layout.widen_to): a bf16 3B folder read in float32 first peaked at 17 GB
+        torch_dtype = _stored_bf16(source) or torch_dtype
+    model, tokenizer = load_causal_lm(source, device=device, dtype=torch_dtype)
     return model, tokenizer, ""
+
+
+def _stored_bf16(folder: Path) -> torch.dtype | None:
+    """bf16 where ``folder``'s config says its weights are stored in it, else None."""
+    import torch
+
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return None  # load_causal_lm says what is wrong with the folder
+    stored = config.get("dtype") or config.get("torch_dtype")
+    return torch.bfloat16 if stored == "bfloat16" else None
 
 
 #: From this many weights a decode step multiplies (its linears' inputs x outputs, whatever their
