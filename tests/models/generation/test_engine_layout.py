@@ -109,9 +109,9 @@ def test_a_bf16_folder_quantized_for_float32_computes_what_it_did_read_in_float3
     float32 first (twice the memory of the file before the first layer was quantized)."""
     from transformers import AutoModelForCausalLM
 
-    from batchline.models.generation.load import _stored_bf16
+    from batchline.models.generation.engine_choices import stored_bf16
 
-    assert _stored_bf16(folder) == torch.bfloat16  # the loader reads this folder so
+    assert stored_bf16(folder) == torch.bfloat16  # the loader reads this folder so
     wide, _ = torch_weights.from_pretrained_quietly(
         AutoModelForCausalLM, folder, dtype=torch.float32
     )

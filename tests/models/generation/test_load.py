@@ -258,7 +258,7 @@ def test_the_package_exports_lazily_without_torch() -> None:
 def test_the_engine_takes_every_core_in_float32_and_one_in_bfloat16_unless_told() -> None:
     torch = pytest.importorskip("torch")
     from batchline.knobs import machine_cores
-    from batchline.models.generation.load import MULTI_THREAD_WEIGHTS, engine_threads
+    from batchline.models.generation.engine_choices import MULTI_THREAD_WEIGHTS, engine_threads
 
     assert engine_threads(Knobs(), torch.float32) == machine_cores()
     assert engine_threads(Knobs(), torch.bfloat16) == 1
@@ -294,7 +294,8 @@ def test_the_torch_loader_takes_the_torch_engines_own_options(tiny_folder: Path)
 
     from batchline.models.generation import TorchEngineOptions
     from batchline.models.generation.continuous import ContinuousGenerator
-    from batchline.models.generation.load import engine_threads, load_torch_generator
+    from batchline.models.generation.engine_choices import engine_threads
+    from batchline.models.generation.load import load_torch_generator
 
     options = TorchEngineOptions(max_running_sequences=3, kv_token_budget=500, max_step_tokens=64)
     model = load_torch_generator(parse_spec(f"{tiny_folder}/"), options)

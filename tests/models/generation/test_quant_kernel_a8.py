@@ -283,20 +283,20 @@ def test_auto_takes_int8_rows_only_where_float32_was_chosen_not_named(
     """A user who names float32 (as the vLLM comparison does) gets float32 arithmetic: on an
     Ice Lake-like host ``auto`` quantizes the rows only when ``dtype = auto`` chose float32."""
     from batchline.models.config import Knobs
-    from batchline.models.generation import load as load_module
     from batchline.models.generation import torch_dtype
+    from batchline.models.generation.engine_choices import activations_for
     from batchline.models.generation.torch_dtype import WeightsChoice
 
     monkeypatch.setattr(torch_dtype, "cpu_flags", lambda: NO_BF16_VNNI)
     monkeypatch.setattr(ik, "int8_activations_here", lambda: (True, ""))
     assert torch_dtype.choose_dtype("auto", "cpu").dtype == "float32"
     weights = WeightsChoice("gguf", "auto")
-    chosen = load_module._activations_for(Knobs(), weights, "float32")
+    chosen = activations_for(Knobs(), weights, "float32")
     assert chosen.activations == "int8"
-    named = load_module._activations_for(Knobs(dtype="float32"), weights, "float32")
+    named = activations_for(Knobs(dtype="float32"), weights, "float32")
     assert (named.activations, named.reason) == ("float", f"auto: {torch_dtype.A8_FLOAT32_ASKED}")
     asked = Knobs(dtype="float32", activations="int8")
-    assert load_module._activations_for(asked, weights, "float32").activations == "int8"
+    assert activations_for(asked, weights, "float32").activations == "int8"
 
 
 def test_a_float32_int4_model_asked_for_int8_rows_takes_them_and_says_so(

@@ -9,7 +9,7 @@ reads only :class:`~batchline.models.generation.options.TorchEngineOptions`):
 
 - ``device``: ``cpu`` or ``cuda[:N]`` (a torch device); on CPU ``torch.set_num_threads(
   generation_threads)``, by default every core in float32 and in a bfloat16 model from 250M
-  weights on, one thread in a smaller one (:func:`engine_threads`);
+  weights on, one thread in a smaller one (:func:`~.engine_choices.engine_threads`);
 - ``dtype``: ``auto`` (bf16 where the hardware has it natively, see
   :mod:`~batchline.models.generation.torch_dtype`), ``float32`` or ``bfloat16``; bf16 weights on
   CPU are packed for oneDNN once at load. The choice and its reason are logged and kept in
@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -56,7 +55,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from batchline._errors import InputError, ModelError
-from batchline.knobs import machine_cores
+from batchline.models.generation.engine_choices import (
+    activations_for,
+    engine_threads,
+    precision_for,
+    stored_bf16,
+)
 from batchline.models.generation.options import (
     GenerationBackendOptions,
     TorchEngineOptions,
@@ -73,8 +77,6 @@ if TYPE_CHECKING:
     from batchline.models.generation.generators import GeneratorKind
     from batchline.models.generation.stream import TextGenerator
     from batchline.models.generation.torch_dtype import (
-        ActivationsChoice,
-        DtypeChoice,
         WeightsChoice,
     )
 
@@ -275,10 +277,10 @@ def load_torch_generator(spec: ModelSpec, knobs: TorchEngineOptions) -> Generati
     from batchline.models.generation.quant_linear import describe_step_weights, step_weight_count
     from batchline.models.generation.torch_engine import TorchStepEngine
 
-    choice, weights = _precision_for(spec, knobs, device)
+    choice, weights = precision_for(spec, knobs, device)
     if device.type == "cpu":
         torch.set_num_threads(engine_threads(knobs, choice.torch_dtype))
-    activations = _activations_for(knobs, weights, choice.dtype)
+    activations = activations_for(knobs, weights, choice.dtype)
     int8_rows = activations.activations == "int8"
     # int8 rows sum over bf16 scales: a step reads 5 bits a weight of int4, not 6
     scales = scale_dtype_for(choice.torch_dtype, int8_rows=int8_rows)
@@ -365,56 +367,6 @@ def load_torch_generator(spec: ModelSpec, knobs: TorchEngineOptions) -> Generati
     )
 
 
-def _precision_for(
-    spec: ModelSpec, knobs: TorchEngineOptions, device: torch.device
-) -> tuple[DtypeChoice, WeightsChoice]:
-    """The dtype ``spec`` computes in and the weights it is held in (``knobs.dtype`` and
-    ``knobs.weights``, ``auto`` by the host: ``choose_precision``), checked against ``device``
-    before anything is read."""
-    from batchline.models.generation.torch_dtype import WeightsChoice, choose_precision
-
-    gguf = spec.kind in ("builtin", "gguf")
-    choice, weights = choose_precision(knobs.dtype, knobs.weights, knobs.device, gguf=gguf)
-    if weights.weights in ("int8", "int4") and device.type != "cpu":
-        raise InputError(
-            f"weights = {weights.weights!r} computes through torch's CPU kernels: on "
-            f"{device.type} leave weights 'auto' or 'float'"
-        )
-    if weights.weights != "float":
-        from batchline.models.generation.quant_linear import require_int_kernels
-
-        require_int_kernels()
-    if weights.weights == "gguf" and device.type != "cpu":
-        weights = WeightsChoice("float", f"{device.type}: the int kernels are torch's CPU ones")
-    return choice, weights
-
-
-def _activations_for(
-    knobs: TorchEngineOptions, weights: WeightsChoice, dtype: str
-) -> ActivationsChoice:
-    """What the own int4 kernel multiplies (``knobs.activations``), checked before anything
-    is read: ``int8`` asked where it does not apply or cannot run is an error."""
-    from batchline.models.generation.quant_kernel import int8_activations_here
-    from batchline.models.generation.torch_dtype import ActivationsChoice, choose_activations
-
-    try:
-        chosen = choose_activations(
-            knobs.activations,
-            weights=weights.weights,
-            dtype=dtype,
-            dtype_asked=knobs.dtype != "auto",
-        )
-    except ValueError as exc:
-        raise InputError(str(exc)) from exc
-    if chosen.activations == "int8":
-        here, why = int8_activations_here()  # the kernel library built and loaded
-        if not here and knobs.activations == "int8":
-            raise InputError(f"activations = 'int8' cannot run here: {why}")
-        if not here:
-            return ActivationsChoice("float", f"auto: the int8 kernel does not run here: {why}")
-    return chosen
-
-
 def _load_weights(
     spec: ModelSpec,
     weights: WeightsChoice,
@@ -444,53 +396,9 @@ def _load_weights(
     if weights.weights in ("int8", "int4") and device.type == "cpu":
         # quantized from the folder's own bf16, widened to float32 a layer at a time after
         # (engine_layout.widen_to): a bf16 3B folder read in float32 first peaked at 17 GB
-        torch_dtype = _stored_bf16(source) or torch_dtype
+        torch_dtype = stored_bf16(source) or torch_dtype
     model, tokenizer = load_causal_lm(source, device=device, dtype=torch_dtype)
     return model, tokenizer, ""
-
-
-def _stored_bf16(folder: Path) -> torch.dtype | None:
-    """bf16 where ``folder``'s config says its weights are stored in it, else None."""
-    import torch
-
-    try:
-        config = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError):
-        return None  # load_causal_lm says what is wrong with the folder
-    stored = config.get("dtype") or config.get("torch_dtype")
-    return torch.bfloat16 if stored == "bfloat16" else None
-
-
-#: From this many weights a decode step multiplies (its linears' inputs x outputs, whatever their
-#: format) a bfloat16 engine computes on every core: the step is long enough that a second
-#: thread pays (see :func:`engine_threads`).
-MULTI_THREAD_WEIGHTS = 250_000_000
-
-
-def engine_threads(
-    knobs: TorchEngineOptions, dtype: torch.dtype, step_weights: int | None = None
-) -> int:
-    """The CPU threads the torch engine computes on: ``knobs.generation_threads`` where set;
-    else every core (:func:`~batchline.knobs.machine_cores`) in float32, and in bfloat16 every
-    core for a model whose step multiplies ``step_weights`` >= :data:`MULTI_THREAD_WEIGHTS`
-    (``None``: not known yet, while loading), one below.
-
-    Measured through ``serve``, 16 streaming chat clients, 2-core hosts, quiet. SmolLM2-135M
-    (``bench_vs_vllm.py``, AVX-512, 2026-11-28): float32 331 tokens/s on two threads, 279 on
-    one; bfloat16 438 and 439, since its step's other ops and the front end take the second
-    core's time back. A 1.7B shape (``bench_sizes.py``, AMX, 2026-12-02): bfloat16 60.5 against
-    40.0 (6.4 against 3.7 at one client), int4 73.7 against 49.6. A 360M shape's batch-1 step:
-    40 ms on two threads against 67 (``bench_quant_step.py``). With two other busy processes,
-    two float32 threads made 0.81x of one: set ``generation_threads = 1`` where work shares
-    the cores."""
-    if knobs.generation_threads is not None:
-        return knobs.generation_threads
-    import torch
-
-    if dtype == torch.float32:
-        return machine_cores()
-    large = step_weights is not None and step_weights >= MULTI_THREAD_WEIGHTS
-    return machine_cores() if large else 1
 
 
 def _load_in_engine_process(spec: ModelSpec, knobs: GenerationBackendOptions) -> GenerationModel:

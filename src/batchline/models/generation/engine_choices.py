@@ -1,0 +1,128 @@
+"""What a torch-engine load decides before it reads a weight: the dtype a model computes in and
+the weights it is held in (:func:`precision_for`, the host's kind by way of
+:func:`~batchline.models.generation.torch_dtype.choose_precision`), what the own int4 kernel
+multiplies (:func:`activations_for`), the dtype a folder's weights are read in to be quantized
+(:func:`stored_bf16`), and the threads the engine computes on (:func:`engine_threads`). Each is
+checked against the device and the knobs so that a bad choice fails before anything is read."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from batchline._errors import InputError
+from batchline.knobs import machine_cores
+from batchline.models.generation.options import TorchEngineOptions
+from batchline.models.specs import ModelSpec
+
+if TYPE_CHECKING:
+    import torch
+
+    from batchline.models.generation.torch_dtype import (
+        ActivationsChoice,
+        DtypeChoice,
+        WeightsChoice,
+    )
+
+__all__ = [
+    "MULTI_THREAD_WEIGHTS",
+    "activations_for",
+    "engine_threads",
+    "precision_for",
+    "stored_bf16",
+]
+
+
+def precision_for(
+    spec: ModelSpec, knobs: TorchEngineOptions, device: torch.device
+) -> tuple[DtypeChoice, WeightsChoice]:
+    """The dtype ``spec`` computes in and the weights it is held in (``knobs.dtype`` and
+    ``knobs.weights``, ``auto`` by the host: ``choose_precision``), checked against ``device``
+    before anything is read."""
+    from batchline.models.generation.torch_dtype import WeightsChoice, choose_precision
+
+    gguf = spec.kind in ("builtin", "gguf")
+    choice, weights = choose_precision(knobs.dtype, knobs.weights, knobs.device, gguf=gguf)
+    if weights.weights in ("int8", "int4") and device.type != "cpu":
+        raise InputError(
+            f"weights = {weights.weights!r} computes through torch's CPU kernels: on "
+            f"{device.type} leave weights 'auto' or 'float'"
+        )
+    if weights.weights != "float":
+        from batchline.models.generation.quant_linear import require_int_kernels
+
+        require_int_kernels()
+    if weights.weights == "gguf" and device.type != "cpu":
+        weights = WeightsChoice("float", f"{device.type}: the int kernels are torch's CPU ones")
+    return choice, weights
+
+
+def activations_for(
+    knobs: TorchEngineOptions, weights: WeightsChoice, dtype: str
+) -> ActivationsChoice:
+    """What the own int4 kernel multiplies (``knobs.activations``), checked before anything
+    is read: ``int8`` asked where it does not apply or cannot run is an error."""
+    from batchline.models.generation.quant_kernel import int8_activations_here
+    from batchline.models.generation.torch_dtype import ActivationsChoice, choose_activations
+
+    try:
+        chosen = choose_activations(
+            knobs.activations,
+            weights=weights.weights,
+            dtype=dtype,
+            dtype_asked=knobs.dtype != "auto",
+        )
+    except ValueError as exc:
+        raise InputError(str(exc)) from exc
+    if chosen.activations == "int8":
+        here, why = int8_activations_here()  # the kernel library built and loaded
+        if not here and knobs.activations == "int8":
+            raise InputError(f"activations = 'int8' cannot run here: {why}")
+        if not here:
+            return ActivationsChoice("float", f"auto: the int8 kernel does not run here: {why}")
+    return chosen
+
+
+def stored_bf16(folder: Path) -> torch.dtype | None:
+    """bf16 where ``folder``'s config says its weights are stored in it, else None."""
+    import torch
+
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return None  # load_causal_lm says what is wrong with the folder
+    stored = config.get("dtype") or config.get("torch_dtype")
+    return torch.bfloat16 if stored == "bfloat16" else None
+
+
+#: From this many weights a decode step multiplies (its linears' inputs x outputs, whatever their
+#: format) a bfloat16 engine computes on every core: the step is long enough that a second
+#: thread pays (see :func:`engine_threads`).
+MULTI_THREAD_WEIGHTS = 250_000_000
+
+
+def engine_threads(
+    knobs: TorchEngineOptions, dtype: torch.dtype, step_weights: int | None = None
+) -> int:
+    """The CPU threads the torch engine computes on: ``knobs.generation_threads`` where set;
+    else every core (:func:`~batchline.knobs.machine_cores`) in float32, and in bfloat16 every
+    core for a model whose step multiplies ``step_weights`` >= :data:`MULTI_THREAD_WEIGHTS`
+    (``None``: not known yet, while loading), one below.
+
+    Measured through ``serve``, 16 streaming chat clients, 2-core hosts, quiet. SmolLM2-135M
+    (``bench_vs_vllm.py``, AVX-512, 2026-11-28): float32 331 tokens/s on two threads, 279 on
+    one; bfloat16 438 and 439, since its step's other ops and the front end take the second
+    core's time back. A 1.7B shape (``bench_sizes.py``, AMX, 2026-12-02): bfloat16 60.5 against
+    40.0 (6.4 against 3.7 at one client), int4 73.7 against 49.6. A 360M shape's batch-1 step:
+    40 ms on two threads against 67 (``bench_quant_step.py``). With two other busy processes,
+    two float32 threads made 0.81x of one: set ``generation_threads = 1`` where work shares
+    the cores."""
+    if knobs.generation_threads is not None:
+        return knobs.generation_threads
+    import torch
+
+    if dtype == torch.float32:
+        return machine_cores()
+    large = step_weights is not None and step_weights >= MULTI_THREAD_WEIGHTS
+    return machine_cores() if large else 1
