@@ -4,7 +4,9 @@ text generator, on the same loaded model, in one run; and vLLM's engine beside t
 The weights load once (:func:`load_parts`: ``load_text_generator`` on ``--model smollm2`` or
 a Hugging Face folder ``PATH/``); each run builds a fresh generator of one kind over the
 loaded engine, drives it, and stops it before the next one starts. ``vllm`` loads the same
-model on vLLM's engine with the same dtype and knobs, for each of its turns
+model on vLLM's engine with the same dtype knob and knobs, for each of its turns (``auto``
+chooses alike for both, but for the own engine's int weights on an AVX512-BF16 CPU without
+AMX, computed in float32 there: the summary says each engine's dtype)
 (:mod:`batchline.bench.generate_vllm`); the torch weights load even for ``vllm`` alone, whose
 tokenizer encodes the work once for every configuration. Every configuration gets the same
 work at each load point: the built-in math prompts (seeded, encoded once), each with its own

@@ -4,7 +4,8 @@
 vLLM batches on its own (continuous batching over a paged KV cache), so it is one more
 generator, not a backend under the others. It loads through ``load_text_generator`` with
 ``generation_backend="vllm"`` and the bench's knobs: ``device``, ``dtype`` (``auto`` chooses
-as on the torch backend: :func:`~batchline.models.generation.torch_dtype.choose_dtype`) and
+as on the torch backend for float weights:
+:func:`~batchline.models.generation.torch_dtype.choose_dtype`) and
 ``max_running_sequences`` (vLLM's ``max_num_seqs``); vLLM's own KV cache, context and memory
 defaults are :func:`~batchline.models.generation.vllm_args.vllm_engine_args`'.
 
