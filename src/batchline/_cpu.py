@@ -17,6 +17,7 @@ Standard library only: the choice is made, and tested on synthetic flag sets, wi
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ __all__ = [
     "INT8_FLAGS",
     "HostKind",
     "cpu_flags",
+    "host_flags",
     "host_kind",
 ]
 
@@ -57,6 +59,13 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
         if sep and key.strip() in ("flags", "Features"):
             return frozenset(value.split())
     return frozenset()
+
+
+@functools.cache
+def host_flags() -> frozenset[str]:
+    """This CPU's flags (:func:`cpu_flags`), read once a process: asked per chunk of rows
+    that a load packs, and they do not change while it runs."""
+    return cpu_flags()
 
 
 @dataclass(frozen=True, slots=True)

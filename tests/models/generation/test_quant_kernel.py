@@ -221,9 +221,11 @@ def test_without_the_library_or_avx512_bf16_the_kernel_says_why(
     monkeypatch.setattr(ik, "decode_kernel", lambda: (None, "no C++ compiler (c++ not found)"))
     assert ik.own_kernels() == (False, "no C++ compiler (c++ not found)")
     monkeypatch.setattr(ik, "decode_kernel", lambda: (object(), "/cache/kernels/lib.so"))
-    monkeypatch.setattr(ik, "_cpu_flags", lambda: "flags : fpu avx2 avx512f")
+    monkeypatch.setattr(ik, "host_flags", lambda: frozenset(["fpu", "avx2", "avx512f"]))
     assert ik.own_kernels() == (False, "the CPU has no AVX512-BF16")
-    monkeypatch.setattr(ik, "_cpu_flags", lambda: "flags : fpu avx2 avx512f avx512_bf16")
+    monkeypatch.setattr(
+        ik, "host_flags", lambda: frozenset(["fpu", "avx2", "avx512f", "avx512_bf16"])
+    )
     assert ik.own_kernels() == (True, "/cache/kernels/lib.so")
 
 
@@ -480,7 +482,7 @@ def test_int8_keeps_torchs_kernel_without_amx(
 ) -> None:
     codes, scales = quantize_int8(torch.randn(48, 96))
     monkeypatch.setattr(ik, "decode_kernel", lambda: (object(), "/cache/kernels/lib.so"))
-    monkeypatch.setattr(ik, "_cpu_flags", lambda: "flags : avx512f avx512_bf16")
+    monkeypatch.setattr(ik, "host_flags", lambda: frozenset(["avx512f", "avx512_bf16"]))
     assert ik.own_kernels(amx=True) == (False, "the CPU has no AMX")
     assert ik.own_kernels() == (True, "/cache/kernels/lib.so")
     layer = QuantLinear.int8(codes, scales, dtype=torch.bfloat16)

@@ -100,7 +100,7 @@ def test_the_product_is_the_float64_one_of_the_quantized_rows(
 def test_the_vnni_and_avx2_paths_give_the_same_bits(a8_library: None) -> None:
     """The same integer sums and the same float32 operations per column: where both are built
     (AVX512-VNNI), any row count and either scale layout gives the same output."""
-    if not set(A8_VNNI) <= set(ik._cpu_flags().split()):
+    if not set(A8_VNNI) <= ik.host_flags():
         pytest.skip("only the AVX2 path is built here (no AVX512-VNNI)")
     a8 = torch.ops.batchline.int4_linear_a8
     g = torch.Generator().manual_seed(5)

@@ -165,7 +165,7 @@ def test_which_kernels_run_follows_the_flags_for_each_dtype(
         ("fpu avx2 fma avx512f avx512_bf16", True, True, "AVX-512 vectors"),
         ("fpu avx2 fma avx512f avx512_bf16 amx_bf16 amx_int8", True, True, "AVX-512 vectors"),
     ):
-        monkeypatch.setattr(ik, "_cpu_flags", lambda flags=flags: f"flags : {flags}")
+        monkeypatch.setattr(ik, "host_flags", lambda flags=flags: frozenset(flags.split()))
         assert ik.own_kernels()[0] == bf16, flags
         assert ik.own_kernels(dtype=torch.float32)[0] == f32, flags
         monkeypatch.setattr(ik, "F32_WIDTH", 512)
@@ -177,7 +177,7 @@ def test_which_kernels_run_follows_the_flags_for_each_dtype(
             False,
             "the own int8 kernel takes bf16 activations",
         )
-    monkeypatch.setattr(ik, "_cpu_flags", lambda: "flags : fpu avx2")
+    monkeypatch.setattr(ik, "host_flags", lambda: frozenset(["fpu", "avx2"]))
     assert ik.own_kernels(dtype=torch.float32) == (False, "the CPU has no AVX2 and FMA")
     assert ik.own_kernels(dtype=torch.float16)[1].startswith("the own kernels take bf16 or")
 

@@ -24,7 +24,6 @@ before.
 from __future__ import annotations
 
 import concurrent.futures
-import functools
 import hashlib
 import logging
 import os
@@ -185,7 +184,6 @@ def _compile(command: list[str]) -> None:
         raise RuntimeError(f"{Path(command[0]).name} exited {done.returncode}: {tail}")
 
 
-@functools.cache  # asked per chunk of rows a load packs: they do not change in a process
 def _cpu_flags() -> str:
     """The CPU's feature flags (Linux), or what the platform says of the processor."""
     try:

@@ -46,8 +46,8 @@ from __future__ import annotations
 
 import torch
 
-from batchline._cpu import A8_KERNEL_FLAGS, F32_KERNEL_FLAGS
-from batchline.models.generation.decode_kernel import _cpu_flags, decode_kernel
+from batchline._cpu import A8_KERNEL_FLAGS, F32_KERNEL_FLAGS, host_flags
+from batchline.models.generation.decode_kernel import decode_kernel
 
 __all__ = [
     "A8_WIDTH",
@@ -111,7 +111,7 @@ def own_kernels(*, amx: bool = False, dtype: torch.dtype = torch.bfloat16) -> tu
     op, where = decode_kernel()
     if op is None:
         return False, where
-    flags = _cpu_flags().split()
+    flags = host_flags()
     if dtype == torch.float32:
         if amx:
             return False, "the own int8 kernel takes bf16 activations"
@@ -134,7 +134,7 @@ def int8_activations_here() -> tuple[bool, str]:
     op, where = decode_kernel()
     if op is None:
         return False, where
-    missing = [f for f in A8_KERNEL_FLAGS if f not in _cpu_flags().split()]
+    missing = [f for f in A8_KERNEL_FLAGS if f not in host_flags()]
     if missing:
         return False, f"the CPU has no {', '.join(missing)}"
     return True, where
@@ -171,7 +171,7 @@ def int8g_here(dtype: torch.dtype, scale_dtype: torch.dtype) -> bool:
 
 def f32_vectors() -> str:
     """The vectors :func:`int4_linear` sums float32 rows in here, in the load log's words."""
-    wide = F32_WIDTH == 512 and "avx512f" in _cpu_flags().split()
+    wide = F32_WIDTH == 512 and "avx512f" in host_flags()
     return "AVX-512 vectors" if wide else "AVX2 vectors"
 
 
