@@ -15,6 +15,11 @@ pytest.importorskip("transformers")
 from batchline.models.common import torch_weights  # noqa: E402
 from batchline.models.generation.engine_layout import lay_out_weights  # noqa: E402
 from batchline.models.generation.lean_llama import fuse_projections  # noqa: E402
+from batchline.models.generation.quant_embedding import (  # noqa: E402
+    QuantEmbedding,
+    embed_quantized,
+    tied_embedding,
+)
 from batchline.models.generation.quantize import quantize_linears, quantize_lm_head  # noqa: E402
 
 from .conftest import TINY_VOCAB, build_tiny_llama  # noqa: E402
@@ -50,8 +55,13 @@ def test_a_layer_at_a_time_computes_what_the_whole_model_passes_did(
     whole = _load(folder)
     fused = fuse_projections(whole)
     report = quantize_linears(whole, weights, torch.bfloat16) if weights != "float" else None
-    if report is not None:  # the lm_head too, where the own kernel runs
-        report = dataclasses.replace(report, head=quantize_lm_head(whole, torch.bfloat16))
+    if report is not None:  # the lm_head too, where the own kernel runs, and the embedding
+        tied = tied_embedding(whole)
+        head = quantize_lm_head(whole, torch.bfloat16)
+        if head is not None:
+            words = embed_quantized(whole, tied, torch.bfloat16)
+            head = dataclasses.replace(head, embedding=words)
+        report = dataclasses.replace(report, head=head)
     packed = torch_weights.pack_linear_weights(whole)
     layered = _load(folder)
     layout = lay_out_weights(layered, weights, torch.bfloat16)
@@ -97,7 +107,10 @@ def test_the_replaced_weights_pages_go_back_and_nothing_else(
     assert not norms & set(given)
     # the lm_head goes back where it was packed or quantized with the layers, else it stays
     assert (lm_head.data_ptr() in given) == (lm_head.data_ptr() not in held)
-    assert embedding.data_ptr() not in given
+    # the embedding, where it went int8 with a quantized head (int4 where the own kernel runs)
+    quantized = isinstance(model.model.embed_tokens, QuantEmbedding)
+    assert quantized == (weights == "int4" and lm_head.data_ptr() not in held)
+    assert (embedding.data_ptr() in given) == quantized
 
 
 @pytest.mark.parametrize("weights", ["int4", "int8"])

@@ -44,6 +44,7 @@ from batchline.models.common.packed_linear import PackedLinear
 from batchline.models.generation.decode_kernel import StepOps
 from batchline.models.generation.packed_attention import PassPlan, packed_attention
 from batchline.models.generation.projections import GATE_UP, QKV, fuse_layer
+from batchline.models.generation.quant_embedding import QuantEmbedding
 from batchline.models.generation.quant_linear import QuantLinear
 
 __all__ = [
@@ -194,10 +195,16 @@ class LeanForward:
         self._decode_step = None if ops is None or not fuse_decode else ops.decode_step
         inner = model.model
         config = model.config
-        self._embed = inner.embed_tokens.weight
-        # Gemma's scaled embedding multiplies by its scale in the weights' dtype, as here.
-        scale = getattr(inner.embed_tokens, "embed_scale", None)
-        self._embed_scale = None if scale is None else scale.to(self._embed.dtype)
+        # an embedding looked up in a quantized head (QuantEmbedding) is called, Gemma's scale
+        # applied by it; a plain one's table is indexed here
+        embedding = inner.embed_tokens
+        self._lookup: Callable[[torch.Tensor], torch.Tensor] = embedding
+        self._embed_scale: torch.Tensor | None = None
+        if not isinstance(embedding, QuantEmbedding):
+            self._lookup = functools.partial(F.embedding, weight=embedding.weight)
+            # Gemma's scaled embedding multiplies by its scale in the weights' dtype, as here.
+            scale = getattr(embedding, "embed_scale", None)
+            self._embed_scale = None if scale is None else scale.to(embedding.weight.dtype)
         self._eps = float(config.rms_norm_eps)
         self._offset_norm = family.offset_norm
         self._final_norm = self._norm_weight(inner.norm)
@@ -369,7 +376,7 @@ class LeanForward:
     ) -> torch.Tensor:
         """``ids`` and ``positions``: ``(T,)``; ``keep``: the positions whose logits are wanted."""
         n = ids.shape[0]
-        h = F.embedding(ids, self._embed)
+        h = self._lookup(ids)
         if self._embed_scale is not None:
             h = h * self._embed_scale
         tables = [self._rotary(positions, h.dtype, *rotary) for rotary in self._rotaries]
@@ -524,6 +531,8 @@ def _family(model: Any) -> tuple[str | None, str]:
 
     # Gemma's embedding scales by sqrt(hidden_size); the others' is torch's own
     embedding = getattr(mod, f"{prefix}TextScaledWordEmbedding", torch.nn.Embedding)
+    if isinstance(inner.embed_tokens, QuantEmbedding):  # the quantized head's lookups
+        embedding = QuantEmbedding
     why = wrong([(inner.embed_tokens, embedding), (inner.norm, cls("RMSNorm"))])
     if why is not None:
         return None, why

@@ -70,6 +70,7 @@ __all__ = [
     "pack_int4",
     "pack_int8",
     "pack_int8g",
+    "packed_rows",
     "scale_dtype_for",
     "unpack_int4",
     "unpack_int8",
@@ -282,6 +283,48 @@ def unpack_int8g(packed: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tens
     codes = chunks.permute(0, 3, 1, 2, 4).reshape(tiles * TILE, groups * GROUP)
     scales = packed[:, :, GROUP * TILE :].contiguous().view(torch.bfloat16)
     return codes[:n], scales.permute(0, 2, 1).reshape(tiles * TILE, groups)[:n]
+
+
+def packed_rows(packed: list[torch.Tensor], ids: torch.Tensor) -> torch.Tensor:
+    """The rows ``ids`` ``(m,)`` of a weight the own kernels hold (an int4 plane's
+    :func:`pack_int4` layout, one :func:`pack_int8g` tensor, or int8 in groups' two int4 planes,
+    summed), as float32 ``(m, K)``: an embedding's lookups in an lm_head quantized with it.
+    Only the blocks of the rows asked are read, through strided views of the packed bytes (a
+    row is one column of its tile). int8 in groups' values are exact in float32 (a code times
+    a bf16 scale; its two planes' parts sum to that), an int4 plane's ``(code - 8) * scale +
+    zero`` rounded once."""
+    tile, column = ids // TILE, ids % TILE
+    rows = None
+    for part in packed:
+        _, groups, block = part.shape
+        if block == BLOCK_INT8:
+            codes = _strided(part, (8, TILE, 4), (64, 4, 1))[tile, :, :, column]  # (m, g, 8, 4)
+            scales = _strided(part, (TILE, 2), (2, 1), GROUP * TILE)[tile, :, column]
+            scale = scales.contiguous().view(torch.bfloat16).float()  # (m, g, 1)
+            value = codes.view(torch.int8).reshape(-1, groups, GROUP).float() * scale
+        else:
+            width = 4 if block == BLOCK_F32 else 2  # the scales' bytes
+            pairs = _strided(part, (8, TILE, 2), (32, 2, 1))[tile, :, :, column]  # (m, g, 8, 2)
+            # a byte's low nibble is input 4c + t, its high one 4c + 2 + t
+            codes = torch.stack((pairs & 15, pairs >> 4), dim=3).reshape(-1, groups, GROUP)
+            sz = _strided(part, (2, TILE, width), (TILE * width, width, 1), 256)
+            sz = sz[tile, :, :, column].contiguous()  # (m, g, 2, width)
+            sz = sz.view(torch.float32 if width == 4 else torch.bfloat16).float()  # (m, g, 2, 1)
+            value = (codes.float() - 8) * sz[:, :, 0] + sz[:, :, 1]
+        rows = value if rows is None else rows + value
+    assert rows is not None, "no packed weight"
+    return rows.reshape(ids.shape[0], -1)
+
+
+def _strided(
+    part: torch.Tensor, inner: tuple[int, ...], strides: tuple[int, ...], offset: int = 0
+) -> torch.Tensor:
+    """``part`` ``(tiles, groups, block)`` uint8 seen as ``(tiles, groups, *inner)`` with
+    ``strides`` inside a block, from byte ``offset`` of each block: no copy."""
+    tiles, groups, block = part.shape
+    return part.as_strided(
+        (tiles, groups, *inner), (groups * block, block, *strides), part.storage_offset() + offset
+    )
 
 
 def int8g_linear(

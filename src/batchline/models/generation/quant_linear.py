@@ -278,6 +278,16 @@ class QuantLinear(torch.nn.Module):
             tensors += list(self._int8)
         return sum(t.numel() * t.element_size() for t in tensors)
 
+    def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The weight's rows ``ids`` ``(m,)`` as ``(m, K)`` in ``dtype``, read from the own
+        kernel's packed blocks of those rows alone (:func:`~.quant_kernel.packed_rows`: an
+        embedding looked up in a tied head); a layer of torch's layouts dequantizes whole."""
+        if self._own:
+            from batchline.models.generation.quant_kernel import packed_rows
+
+            return packed_rows(self._own, ids).to(dtype)
+        return self.dequantized(dtype)[ids]
+
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
         """The weight ``(N, K)`` in ``dtype``, computed from the codes as the kernels compute
         it (a new tensor each call)."""

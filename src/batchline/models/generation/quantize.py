@@ -46,6 +46,9 @@ class QuantReport:
     kernel: str = "torch's kernel"
     #: the lm_head's report where :func:`quantize_lm_head` quantized it, else None (kept)
     head: QuantReport | None = None
+    #: an lm_head's: how the embedding is looked up where it went int8 with the head
+    #: (:func:`~.quant_embedding.embed_quantized`), else None (kept as it was)
+    embedding: str | None = None
 
     def __add__(self, other: QuantReport) -> QuantReport:
         """Both reports' linears and bytes (one kind, one kernel: layers quantized in turn)."""
@@ -56,6 +59,7 @@ class QuantReport:
             self.bytes_after + other.bytes_after,
             self.kernel if self.linears else other.kernel,
             self.head or other.head,
+            self.embedding or other.embedding,
         )
 
     @property
@@ -65,12 +69,13 @@ class QuantReport:
 
     @property
     def head_text(self) -> str:
-        """This report as an lm_head's, for the load log."""
-        return f"lm_head as {self.kind} in groups of {INT4_GROUP_SIZE}, {self.bytes_text}"
+        """This report as an lm_head's, for the load log (the embedding's fate with it)."""
+        text = f"lm_head as {self.kind} in groups of {INT4_GROUP_SIZE}, {self.bytes_text}"
+        return f"{text}; {self.embedding or 'embedding kept'}"
 
     def __str__(self) -> str:
         head = self.head
-        kept = "embedding and lm_head kept" if head is None else f"embedding kept; {head.head_text}"
+        kept = "embedding and lm_head kept" if head is None else head.head_text
         through = f"{self.linears} linears as {self.kind} through {self.kernel}"
         return f"{through} ({self.bytes_text}; {kept})"
 
@@ -171,7 +176,8 @@ def pack_own_int4(
     default bf16, or float32 for a model computing in float32 (``dtype``:
     :func:`~.quant_kernel.scale_dtype_for`).
     Each chunk's pages of a mapped file are given back once it is packed: weights read from
-    a file are read once here (a tied embedding's lookups read their own rows again)."""
+    a file are read once here (an embedding tied to a head packed so is then looked up in the
+    head's codes: :mod:`~.quant_embedding`)."""
     from batchline.models.common.torch_weights import file_mappings, release_file_pages
     from batchline.models.generation import quant_kernel
 
@@ -279,8 +285,9 @@ def quantize_lm_head(
     :func:`~.quant_codes.int8_group_planes`: :func:`~.quant_codes.pack_int8_groups`), where
     that kernel runs here for the activations' ``dtype`` (bf16 or float32: :func:`~batchline.
     models.generation.quant_kernel.own_kernels`) and the head is a plain CPU ``nn.Linear`` of
-    32 | inputs; else None, the head kept. A head tied to the embedding leaves the embedding as
-    it was (its lookups).
+    32 | inputs; else None, the head kept. The embedding is left as it was: the layout then
+    looks it up in this head where the two were tied, or quantizes it the same way
+    (:func:`~.quant_embedding.embed_quantized`).
 
     Why this format (the quality gate and a 360M batch-1 step are in docs/generation.md):
     per-channel int8 and int4 heads failed ``benchmarks/bench_quant_quality.py`` (see

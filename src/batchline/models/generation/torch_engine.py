@@ -74,6 +74,7 @@ from batchline.models.generation.packed_attention import (
 )
 from batchline.models.generation.plan import Compaction, Prefill, StepPlan
 from batchline.models.generation.prefill import Running, Scored, Staged, score_prompts
+from batchline.models.generation.quant_embedding import QuantEmbedding
 from batchline.models.generation.sampling import (
     check_logit_bias,
     make_rng,
@@ -98,6 +99,17 @@ class _Snapshot:
     live: dict[str, Running]
     store: StoreState
     seqs: list[tuple[Running, int, torch.Tensor | None, Staged | None, int]]
+
+
+def _compute_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype ``model`` computes in, its keys and values' too: its input embedding's (an
+    embedding looked up in a quantized head, :class:`~.quant_embedding.QuantEmbedding`, holds no
+    parameter and says its own), else its first parameter's."""
+    embeddings = getattr(model, "get_input_embeddings", None)
+    embedding = embeddings() if callable(embeddings) else None
+    if isinstance(embedding, QuantEmbedding):
+        return embedding.dtype
+    return next(model.parameters()).dtype
 
 
 def _ids_of(value: int | Iterable[int] | None) -> set[int]:
@@ -196,7 +208,7 @@ class TorchStepEngine:
                 layers=len(probe.layers),
                 kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
                 head_dim=int(getattr(config, "head_dim", None) or config.hidden_size // heads),
-                dtype=next(model.parameters()).dtype,
+                dtype=_compute_dtype(model),
                 device=self._device,
             )
         )
