@@ -314,7 +314,19 @@ def test_a_layer_quantized_a_chunk_of_rows_at_a_time_packs_what_one_pass_packs(
         if isinstance(module, torch.nn.Linear)
     }
     monkeypatch.setattr(quantize, "PACK_CHUNK_ROWS", 48)  # chunks that end inside a weight
+    # and fewer rows where the inputs are wider (64: 32 rows; down's 128: 16)
+    monkeypatch.setattr(quantize, "PACK_CHUNK_VALUES", 32 * 64)
+    calls: list[int] = []
+    real = quantize._int4_packed
+
+    def spy(rows: Any, dtype: Any, scale_dtype: Any) -> Any:
+        calls.append(rows.shape[0])
+        return real(rows, dtype, scale_dtype)
+
+    monkeypatch.setattr(quantize, "_int4_packed", spy)
     quantize.quantize_linears(model, "int4", torch.bfloat16)
+    assert max(calls) == 32
+    assert 16 in calls
     for name, weight in linears.items():
         layer = model.model.layers.get_submodule(name)
         whole = QuantLinear.int4([quantize_int4(weight, 32)], own_kernel=True)

@@ -26,6 +26,7 @@ from batchline.models.generation.quant_linear import QuantLinear
 
 __all__ = [
     "PACK_CHUNK_ROWS",
+    "PACK_CHUNK_VALUES",
     "QuantReport",
     "fuse_quantized",
     "pack_own_int4",
@@ -155,6 +156,11 @@ def quantize_linears(
 #: they are packed (:func:`fuse_quantized`) the peak is the lm_head's: 2.28 GiB with 1,024
 #: rows, 2.25 with 256, whose load took 1.9 s longer (17.8 s); the model loaded is 2.22.
 PACK_CHUNK_ROWS = 1024
+#: A chunk's values at most (8 MiB as float32): a wide weight's chunk is fewer rows. A 3B
+#: shape's int4 load in float32 with int8 rows, its lm_head packed first (2026-12-04, Zen 4):
+#: chunks of 1,024 rows of its down projection's 8,192 inputs peaked at 2.27 GiB, of 256 at
+#: 2.22; the model loaded, after one answer, holds 2.22.
+PACK_CHUNK_VALUES = 2**21
 
 
 #: ``pack(rows, dtype, scale_dtype)``: a chunk of a weight's rows quantized and laid out for the
@@ -170,8 +176,9 @@ def pack_own_int4(
 ) -> list[torch.Tensor]:
     """The own kernels' packed parts (int4's one plane, int8 in groups' layout or two planes)
     of ``weights`` (each ``(N_i, K)``) stacked by rows: ``pack(rows, dtype, scale_dtype)`` for
-    each :data:`PACK_CHUNK_ROWS` rows of each weight in turn, put together (the layout is per 16
-    rows: the same bytes as one pass over the stacked weight, which is never made). Every
+    each chunk of rows of each weight in turn (:data:`PACK_CHUNK_ROWS`, fewer for a wide one:
+    :data:`PACK_CHUNK_VALUES`), put together (the layout is per 16 rows: the same bytes as one
+    pass over the stacked weight, which is never made). Every
     weight but the last has a multiple of 16 rows. The scales are kept in ``scale_dtype``, by
     default bf16, or float32 for a model computing in float32 (``dtype``:
     :func:`~.quant_kernel.scale_dtype_for`).
@@ -192,8 +199,10 @@ def pack_own_int4(
     packed: list[torch.Tensor] = []
     tile = 0
     for weight in weights:
-        for start in range(0, weight.shape[0], PACK_CHUNK_ROWS):
-            rows = weight[start : start + PACK_CHUNK_ROWS]
+        tile_rows = max(1, PACK_CHUNK_VALUES // (k * quant_kernel.TILE))
+        chunk = min(PACK_CHUNK_ROWS, tile_rows * quant_kernel.TILE)
+        for start in range(0, weight.shape[0], chunk):
+            rows = weight[start : start + chunk]
             parts = pack(rows, dtype, scale_dtype)
             if not packed:  # the layout's block size is the first chunk's
                 packed = [
