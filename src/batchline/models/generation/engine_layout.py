@@ -70,14 +70,14 @@ def lay_out_weights(
     dtype: torch.dtype,
     scale_dtype: torch.dtype | None = None,
 ) -> Layout:
-    """For ``weights`` ``int8`` or ``int4``, first quantize the lm_head (int8 in groups of 32,
-    :func:`~.quantize.quantize_lm_head`, where the own kernel runs) and look the embedding up
-    in it or in its own int8 (:func:`~.quant_embedding.embed_quantized`); then fuse each of
-    ``model``'s layers' projections, quantize its linears for ``dtype`` (the own kernel's scales
-    in ``scale_dtype``, by default :func:`~.quant_kernel.scale_dtype_for` ``dtype``), and pack
-    the dense ones left for oneDNN, a layer at a time, giving back the file pages of the
-    weights replaced; then pack the lm_head where it was kept, and trim the heap. Fused before
-    packing: the packed weights are the fused ones. ``weights`` ``gguf`` (a GGUF's linears
+    """Fuse each of ``model``'s layers' projections and, for ``weights`` ``int8`` or ``int4``,
+    quantize its linears for ``dtype`` (the own kernel's scales in ``scale_dtype``, by default
+    :func:`~.quant_kernel.scale_dtype_for` ``dtype``), and pack the dense ones left for oneDNN, a
+    layer at a time, giving back the file pages of the weights replaced; then quantize the
+    lm_head (int8 in groups of 32, :func:`~.quantize.quantize_lm_head`, where the own
+    kernel runs) and look the embedding up in it or in its own int8
+    (:func:`~.quant_embedding.embed_quantized`), or pack the head, and trim the heap. Fused
+    before packing: the packed weights are the fused ones. ``weights`` ``gguf`` (a GGUF's linears
     kept as they came) quantizes the lm_head alone, which the file's loader dequantized: a 1.7B
     Q8_0 file's step read 384 MiB of a float32 head where int8 in groups reads 102."""
     from batchline.models.common.torch_weights import (
@@ -103,15 +103,6 @@ def lay_out_weights(
         kept = {t.data_ptr() for t in layer.state_dict(keep_vars=True).values()}
         release_file_pages(p for p in before if p.data_ptr() not in kept)
 
-    head = None
-    if quantize or weights == "gguf":
-        # first, while little is resident: the head's packing temporaries then come on top of
-        # no layer's codes, and a float32 model's head and embedding are never widened
-        tied = tied_embedding(model)
-        head = quantize_lm_head(model, dtype, scale_dtype)  # its file pages given back as it goes
-        if head is not None:
-            head = dataclasses.replace(head, embedding=embed_quantized(model, tied, dtype))
-            trim_heap()
     for layer in model.model.layers:  # type: ignore[union-attr]
         before = list(layer.parameters())
         if id(layer) in fusable:
@@ -128,6 +119,15 @@ def lay_out_weights(
         packed += pack_linear_weights(layer)  # what float linears it has left
         release_replaced(layer, before)
         trim_heap()  # the layer's temporaries, before the next layer's are made
+    head = None
+    if quantize or weights == "gguf":
+        # before the widening below: a float32 model's head and embedding are never widened
+        # (first, before the layers, the 3B shape's int8 loads peaked 0.13-0.18 GiB higher)
+        tied = tied_embedding(model)
+        head = quantize_lm_head(model, dtype, scale_dtype)  # its file pages given back as it goes
+        if head is not None:
+            head = dataclasses.replace(head, embedding=embed_quantized(model, tied, dtype))
+            trim_heap()
     rest = [(p, p.data) for p in model.parameters() if p.dtype != dtype]
     widen_to(model, dtype)  # the last norm, and the embedding and lm_head where kept
     release_file_pages(old for p, old in rest if p.data_ptr() != old.data_ptr())

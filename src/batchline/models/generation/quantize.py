@@ -157,9 +157,9 @@ def quantize_linears(
 #: rows, 2.25 with 256, whose load took 1.9 s longer (17.8 s); the model loaded is 2.22.
 PACK_CHUNK_ROWS = 1024
 #: A chunk's values at most (8 MiB as float32): a wide weight's chunk is fewer rows. A 3B
-#: shape's int4 load in float32 with int8 rows, its lm_head packed first (2026-12-04, Zen 4):
-#: chunks of 1,024 rows of its down projection's 8,192 inputs peaked at 2.27 GiB, of 256 at
-#: 2.22; the model loaded, after one answer, holds 2.22.
+#: shape's int4 load in float32 with int8 rows (2026-12-04, Zen 4): chunks of 1,024 rows of
+#: its down projection's 8,192 inputs peaked at 2.24 GiB, of 256 at 2.22, what the model
+#: loaded holds after one answer; int8 in groups the same way, 3.38 GiB.
 PACK_CHUNK_VALUES = 2**21
 
 
