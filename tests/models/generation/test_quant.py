@@ -74,7 +74,9 @@ def test_int8_linear_is_the_float64_product_of_its_dequantized_weight(dtype: Any
     assert out.dtype == dtype
     assert out.shape == (5, 96)
     assert _relative(out, reference) < TOLERANCE[dtype]
-    # and the codes (with the float32 scales) stay within half a step of the weight
+    # each scale a bf16 value (its codes taken from it), the same in either dtype, and the
+    # codes stay within half a step of the weight
+    assert torch.equal(scales.to(torch.bfloat16).float(), scales)
     exact = codes.double() * scales.double()[:, None]
     assert ((exact - w.double()).abs() <= scales.double()[:, None] / 2 + 1e-6).all()
 
