@@ -17,6 +17,7 @@ from batchline.models.generation.quant_codes import (  # noqa: E402
     Int4Codes,
     int8_group_planes,
     quantize_int4,
+    quantize_int4_steps,
     quantize_int8,
     quantize_int8_groups,
 )
@@ -172,7 +173,7 @@ def test_the_library_dequantizes_each_weight_rounded_once(
     got = ik.int4_dequantize(packed, n)
     assert got.dtype == torch.bfloat16
     assert torch.equal(got, exact.float().bfloat16())  # fp32's fma, then bf16: one rounding
-    with pytest.raises(RuntimeError, match="n must fill the last of the packed tiles"):
+    with pytest.raises(RuntimeError, match=r"does not fit \d+ tiles of 16"):
         ik.int4_dequantize(packed, n + 16)
 
 
@@ -329,9 +330,10 @@ def test_a_layer_quantized_a_chunk_of_rows_at_a_time_packs_what_one_pass_packs(
     assert 16 in calls
     for name, weight in linears.items():
         layer = model.model.layers.get_submodule(name)
-        whole = QuantLinear.int4([quantize_int4(weight, 32)], own_kernel=True)
+        q = quantize_int4_steps(weight)
+        whole = ik.pack_int4_steps(q.codes, q.steps, q.offsets, q.units)
         assert layer.own_kernel
-        assert torch.equal(layer._own[0], whole._own[0]), name
+        assert torch.equal(layer._own[0], whole), name
 
 
 def test_fusing_as_packed_gives_the_layer_that_fusing_then_quantizing_gives(
@@ -525,7 +527,8 @@ def test_a_quantized_model_through_the_own_kernels_gives_the_float32_models_toke
     layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
     assert len(layers) == report.linears == 8
     assert all("own kernel" in repr(m) for m in layers)
-    assert f"8 linears as {kind} through batchline's kernel on " in str(report)
+    said = "int4 in groups of 32 with 8-bit steps" if kind == "int4" else kind
+    assert f"8 linears as {said} through batchline's kernel on " in str(report)
     x = torch.randint(3, TINY_VOCAB, (2, 9))
     with torch.no_grad():
         ours = model(x).logits

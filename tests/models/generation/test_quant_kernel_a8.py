@@ -320,12 +320,12 @@ def test_a_float32_int4_model_asked_for_int8_rows_takes_them_and_says_so(
         own = [m for m in model.modules() if isinstance(m, QuantLinear) and m.own_kernel]
         assert own
         assert all(m.int8_rows for m in own)
-        # int8 rows read bf16 scales: 320-byte blocks, not float32's 384; the head (int8 in
-        # groups) is in the int8 layout, 544 bytes a block
+        # int4 quantized at load has 8-bit steps: 290-byte blocks, not float32's 384; the head
+        # (int8 in groups) is in the int8 layout, 544 bytes a block
         blocks: dict[str, set[int]] = {}
         for m in own:
             blocks.setdefault(m.kind, set()).update(p.shape[2] for p in m._own)
-        assert blocks == {"int4": {ik.BLOCK}, "int8g": {ik.BLOCK_INT8}}
+        assert blocks == {"int4": {ik.BLOCK_STEPS}, "int8g": {ik.BLOCK_INT8}}
         assert model.lm_head.kind == "int8g"
         assert len(model.lm_head._own) == 1
         x = torch.randint(3, 100, (1, 7))
@@ -340,7 +340,7 @@ def test_a_float32_int4_model_asked_for_int8_rows_takes_them_and_says_so(
         loaded.close()
 
 
-def test_float_rows_keep_float32_scales_and_int8_rows_take_bf16_ones(
+def test_int4_quantized_at_load_takes_8_bit_steps_whatever_the_rows(
     a8_library: None, tmp_path: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     pytest.importorskip("transformers")
@@ -363,7 +363,10 @@ def test_float_rows_keep_float32_scales_and_int8_rows_take_bf16_ones(
         ]
         assert own
         assert not any(m.int8_rows for m in own)
-        assert {p.shape[2] for m in own for p in m._own} == {ik.BLOCK_F32}  # exact, as asked
+        # float32 scales (exact) are a GGUF's and the int8 head's planes; the int4 chosen at
+        # load is 8-bit steps
+        blocks = {m.kind: {p.shape[2] for p in m._own} for m in own}
+        assert blocks == {"int4": {ik.BLOCK_STEPS}, "int8g": {ik.BLOCK_F32}}
         assert "scales in bf16" not in caplog.text
     finally:
         loaded.close()

@@ -303,10 +303,12 @@ def test_the_load_log_says_the_bytes_of_each_format_and_the_kernel(
     loaded, line = _load_log(caplog, folder, dtype="bfloat16", weights=weights)
     assert loaded.engine.forward == "lean", line
     quantized = _layers(name) * _layer_weights(name)
-    # int8: a byte a weight and a float32 scale per output; int4: half a byte a weight and a
-    # bf16 scale and zero per 32 (0.625 bytes a weight); the lm_head int8 in groups of 32 as two
-    # int4 planes (1.25 bytes a weight) where the own int4 kernel runs, else bf16
-    per_weight = 1.0 if weights == "int8" else 0.625
+    # int8: a byte a weight and a float32 scale per output; int4: half a byte a weight and, per
+    # 32, 8-bit steps (290 bytes a block of 512: 0.566 bytes a weight) where the own kernel runs,
+    # else a bf16 scale and zero (0.625); the lm_head int8 in groups of 32 as two int4 planes
+    # (1.25 bytes a weight) where the own int4 kernel runs, else bf16
+    own4 = quant_kernel.own_kernels()[0]
+    per_weight = 1.0 if weights == "int8" else 290 / 512 if own4 else 0.625
     head = "int8g" if quant_kernel.own_kernels()[0] else "bf16"
     lm_head = (1.25 if head == "int8g" else 2) * TINY_VOCAB * _hidden(name)
     said = line.split(" of weights read per decode step")[0].rsplit(" MiB (", 1)[1].rstrip(")")
@@ -318,7 +320,8 @@ def test_the_load_log_says_the_bytes_of_each_format_and_the_kernel(
         quantized * per_weight / 2**20, rel=0.02, abs=0.5
     )
     # the quantization report names what was quantized, and whose kernel computes it
-    assert f"8 linears as {weights} through " in line
+    said = "int4 in groups of 32 with 8-bit steps" if weights == "int4" and own4 else weights
+    assert f"8 linears as {said} through " in line
     own = quant_kernel.own_kernels(amx=weights == "int8")[0]
     assert ("through batchline's kernel on " in line) == own
     if own and quant_kernel.own_kernels(amx=True)[0]:

@@ -52,13 +52,14 @@ DecodeKernel = Callable[
 _CSRC = Path(__file__).parent / "csrc"
 #: The library's sources, built together into one shared library: the decode attention and the
 #: step's elementwise ops, and the int linears of :mod:`~batchline.models.generation.quant_kernel`
-#: (bf16 activations, float32 ones, and float32 ones quantized to int8 on the way in), with the
-#: header the int linears share (in the key).
+#: (bf16 activations, float32 ones, and float32 ones quantized to int8 on the way in) and int4's
+#: quantizing at load, with the header the int linears share (in the key).
 _SOURCES = (
     _CSRC / "decode_attention.cpp",
     _CSRC / "quant_gemm.cpp",
     _CSRC / "quant_gemm_f32.cpp",
     _CSRC / "quant_gemm_a8.cpp",
+    _CSRC / "quant_steps.cpp",
 )
 _HEADERS = (_CSRC / "quant_layout.h",)
 #: Compiled with OpenMP so that ATen's ``parallel_for`` (a header template) splits its work over

@@ -1,5 +1,7 @@
 """The integer codes a quantized linear is built from (:class:`~.quant_linear.QuantLinear`):
-int4 in groups with a scale and a zero each (:class:`Int4Codes`, :func:`quantize_int4`), int8 per
+int4 in groups with a scale and a zero each (:class:`Int4Codes`, :func:`quantize_int4`; with
+8-bit steps for the own kernel's compact layout: :class:`Int4Steps`, :func:`quantize_int4_steps`),
+int8 per
 channel (:func:`quantize_int8`) and int8 in groups of 32 (:func:`quantize_int8_groups`, a GGUF's
 Q8_0), which the int4 kernels take as two int4 planes (:func:`int8_group_planes`, undone by
 :func:`int8_from_planes`); :func:`pack_planes` lays either out for the own kernels.
@@ -23,6 +25,7 @@ __all__ = [
     "INT4_GROUP_SIZE",
     "INT8_SCALE_STEPS",
     "Int4Codes",
+    "Int4Steps",
     "int4_group_size",
     "int4_planes_rows",
     "int8_from_planes",
@@ -30,6 +33,7 @@ __all__ = [
     "pack_int8_groups",
     "pack_planes",
     "quantize_int4",
+    "quantize_int4_steps",
     "quantize_int8",
     "quantize_int8_groups",
 ]
@@ -100,6 +104,63 @@ def quantize_int4(weight: torch.Tensor, group_size: int) -> Int4Codes:
     # (code - 8) * scale + zero = code * scale + low
     zeros = low + 8 * scales
     return Int4Codes(codes.reshape(n, k).to(torch.uint8), scales, zeros, group_size)
+
+
+#: How many times :func:`quantize_int4_steps` refits each group's scale and zero to its codes.
+REFITS = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Int4Steps:
+    """A weight ``(N, K)`` as int4 in groups of 32 whose scales and zeros are 8-bit steps (the own
+    kernel's compact layout, :func:`~.quant_kernel.pack_int4_steps`): codes ``(N, K)`` in [0, 15]
+    (uint8); per output row and group a ``step`` and an ``offset`` (uint8, ``(N, K // 32)``);
+    per 16 rows (a tile of the layout) and group a ``unit`` (bf16, ``(ceil(N / 16), K // 32)``).
+    A row's group has scale ``unit * step`` and zero ``scale * (8 - offset / 16)``: both exact
+    in float32, as the kernels compute them."""
+
+    codes: torch.Tensor
+    steps: torch.Tensor
+    offsets: torch.Tensor
+    units: torch.Tensor
+
+    def as_codes(self) -> Int4Codes:
+        """The same weight as :class:`Int4Codes` (float32 scales and zeros, exact)."""
+        n = self.codes.shape[0]
+        units = self.units.float().repeat_interleave(16, dim=0)[:n]
+        scales = units * self.steps.float()
+        zeros = scales * (8 - self.offsets.float() / 16)
+        return Int4Codes(self.codes, scales, zeros, 32)
+
+
+def quantize_int4_steps(weight: torch.Tensor, refits: int | None = None) -> Int4Steps:
+    """int4 in groups of 32 of ``weight`` ``(N, K)`` with 8-bit steps (:class:`Int4Steps`): 4.53
+    bits a weight where bf16 scales and zeros take 5 (a 3B model's linears 1.64 -> 1.49 GiB).
+
+    Per group the range is ``[min(low, 0), max(high, 0)]`` (a group of 32 weights nearly always
+    spans 0: then its own min and max). Per 16 rows and group the unit is the least bf16 value at
+    least the largest of their ``range / 15``, divided by 255; each row's step the least
+    integer whose ``unit * step`` covers its range; its offset the grid's shift, in 16ths of a
+    step, that centers the range on the 16 codes; the codes are then taken against that scale
+    and zero. Then, ``refits`` times (:data:`REFITS` by default), the scale and zero that fit
+    the codes by least squares, rounded to the grid, replace them where the group's squared
+    error falls: a range's edges make a coarse grid where the weights' own spacing is finer
+    (weights quantized before, as a GGUF's Q4_1 converted to bf16, lie on 16 levels). A group
+    of zeros gets step 0 (scale 0): its weights stay 0. Computed by the kernel library's
+    ``int4_weight_steps`` (``csrc/quant_steps.cpp``; the own int4 kernels, which alone read
+    this layout, need the library too). K must be a multiple of 32."""
+    k = weight.shape[1]
+    if k % 32:
+        raise ValueError(f"int4 group size 32 does not divide {k} input values")
+    from batchline.models.generation.decode_kernel import decode_kernel
+
+    if decode_kernel()[0] is None:
+        raise RuntimeError(f"int4 with 8-bit steps needs the kernel library: {decode_kernel()[1]}")
+    w = weight.detach().to(torch.float32).contiguous()
+    codes, steps, offsets, units = torch.ops.batchline.int4_weight_steps(
+        w, REFITS if refits is None else refits
+    )
+    return Int4Steps(codes, steps, offsets, units)
 
 
 #: How many bf16 values above ``bf16(max|w| / 127)`` :func:`quantize_int8_groups` tries as a

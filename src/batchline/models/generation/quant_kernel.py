@@ -55,6 +55,7 @@ __all__ = [
     "BLOCK",
     "BLOCK_F32",
     "BLOCK_INT8",
+    "BLOCK_STEPS",
     "F32_WIDTH",
     "GROUP",
     "INT8_AMX_ROWS",
@@ -68,6 +69,7 @@ __all__ = [
     "int8g_linear",
     "own_kernels",
     "pack_int4",
+    "pack_int4_steps",
     "pack_int8",
     "pack_int8g",
     "packed_rows",
@@ -84,6 +86,9 @@ TILE = 16
 #: (bf16), and with float32 scales and zeros (a float32 model's: exact, as float32 promises).
 BLOCK = GROUP * TILE // 2 + 2 * TILE * 2
 BLOCK_F32 = GROUP * TILE // 2 + 2 * TILE * 4
+#: The same with 8-bit steps of a bf16 unit (:func:`pack_int4_steps`): 16 steps, 16 offsets,
+#: the unit; 4.53 bits a weight.
+BLOCK_STEPS = GROUP * TILE // 2 + 2 * TILE + 2
 #: The bytes of one tile's group in :func:`pack_int8g`'s layout: 512 int8 codes, 16 bf16 scales
 #: (8.5 bits a weight, as a GGUF's Q8_0).
 BLOCK_INT8 = GROUP * TILE + TILE * 2
@@ -197,29 +202,71 @@ def pack_int4(
         raise ValueError(f"the int4 layout keeps its scales in bf16 or float32, not {scale_dtype}")
     tiles, groups = -(-n // TILE), k // GROUP
     pad = tiles * TILE - n
-    c = codes.to(torch.uint8)
     s, z = scales.to(scale_dtype), zeros.to(scale_dtype)
     if pad:
-        c = torch.cat((c, torch.full((pad, k), 8, dtype=torch.uint8)))
         s = torch.cat((s, torch.zeros(pad, groups, dtype=scale_dtype)))
         z = torch.cat((z, torch.zeros(pad, groups, dtype=scale_dtype)))
-    # (tile, column i, group, chunk, nibble h, t): input 4 * chunk + 2 * h + t of the group
-    v = c.reshape(tiles, TILE, groups, 8, 2, 2).permute(0, 2, 3, 4, 1, 5)
-    chunks = (v[:, :, :, 0] | (v[:, :, :, 1] << 4)).reshape(tiles, groups, 256)
     sz = torch.stack((s.reshape(tiles, TILE, groups), z.reshape(tiles, TILE, groups)), dim=1)
     # (tile, scale|zero, column, group) -> (tile, group, scale|zero, column), as bytes
     sz_bytes = sz.permute(0, 3, 1, 2).contiguous().view(torch.uint8).reshape(tiles, groups, -1)
-    return torch.cat((chunks, sz_bytes), dim=2).contiguous()
+    return torch.cat((_code_chunks(codes, tiles), sz_bytes), dim=2).contiguous()
+
+
+def pack_int4_steps(
+    codes: torch.Tensor, steps: torch.Tensor, offsets: torch.Tensor, units: torch.Tensor
+) -> torch.Tensor:
+    """The ``(tiles, K // 32, BLOCK_STEPS)`` uint8 layout the kernels read of int4 with 8-bit
+    steps (:func:`~.quant_codes.quantize_int4_steps`'s codes ``(N, K)``, steps and offsets
+    ``(N, K // 32)``, units ``(tiles, K // 32)``): per 16 output columns and group, the 256
+    bytes of codes of :func:`pack_int4`, then the 16 steps, the 16 offsets and the unit (bf16);
+    the last tile padded with weight 0 (step 0)."""
+    n, k = codes.shape
+    tiles, groups = -(-n // TILE), k // GROUP
+    shapes_fit = steps.shape == offsets.shape == (n, groups) and units.shape == (tiles, groups)
+    if k % GROUP or not shapes_fit:
+        raise ValueError(
+            f"the int4 layout takes groups of {GROUP}: codes {tuple(codes.shape)}, steps "
+            f"{tuple(steps.shape)}, offsets {tuple(offsets.shape)}, units {tuple(units.shape)}"
+        )
+    pad = tiles * TILE - n
+    so = torch.stack((steps, offsets)).to(torch.uint8)
+    if pad:
+        so = torch.cat((so, torch.zeros(2, pad, groups, dtype=torch.uint8)), dim=1)
+    # (step|offset, tile, column, group) -> (tile, group, step|offset, column)
+    so = so.reshape(2, tiles, TILE, groups).permute(1, 3, 0, 2).reshape(tiles, groups, 2 * TILE)
+    unit = units.to(torch.bfloat16).contiguous().view(torch.uint8).reshape(tiles, groups, 2)
+    return torch.cat((_code_chunks(codes, tiles), so, unit), dim=2).contiguous()
+
+
+def _code_chunks(codes: torch.Tensor, tiles: int) -> torch.Tensor:
+    """The ``(tiles, K // 32, 256)`` code bytes of :func:`pack_int4`'s layout (the last tile
+    padded with code 8)."""
+    n, k = codes.shape
+    groups = k // GROUP
+    c = codes.to(torch.uint8)
+    if tiles * TILE > n:
+        c = torch.cat((c, torch.full((tiles * TILE - n, k), 8, dtype=torch.uint8)))
+    # (tile, column i, group, chunk, nibble h, t): input 4 * chunk + 2 * h + t of the group
+    v = c.reshape(tiles, TILE, groups, 8, 2, 2).permute(0, 2, 3, 4, 1, 5)
+    return (v[:, :, :, 0] | (v[:, :, :, 1] << 4)).reshape(tiles, groups, 256)
 
 
 def unpack_int4(packed: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The codes ``(n, K)`` (uint8), scales and zeros ``(n, K // 32)`` (in the layout's bf16 or
-    float32) that :func:`pack_int4` packed."""
+    float32; float32 for :func:`pack_int4_steps`'s, exact) that :func:`pack_int4` packed."""
     tiles, groups, block = packed.shape
-    scale_dtype = torch.float32 if block == BLOCK_F32 else torch.bfloat16
     chunks = packed[:, :, :256].reshape(tiles, groups, 8, TILE, 2)
     v = torch.stack((chunks & 15, chunks >> 4), dim=3)  # (tile, group, chunk, h, i, t)
     codes = v.permute(0, 4, 1, 2, 3, 5).reshape(tiles * TILE, groups * GROUP)
+    if block == BLOCK_STEPS:
+        so = packed[:, :, 256 : 256 + 2 * TILE].reshape(tiles, groups, 2, TILE)
+        so = so.permute(2, 0, 3, 1).reshape(2, tiles * TILE, groups)
+        unit = packed[:, :, 256 + 2 * TILE :].contiguous().view(torch.bfloat16)
+        units = unit.float().reshape(tiles, groups).repeat_interleave(TILE, dim=0)
+        scales = units * so[0].float()  # exact: a bf16 value times an integer below 256
+        zeros = scales * (8 - so[1].float() / 16)
+        return codes[:n], scales[:n], zeros[:n]
+    scale_dtype = torch.float32 if block == BLOCK_F32 else torch.bfloat16
     sz = packed[:, :, 256:].contiguous().view(scale_dtype).reshape(tiles, groups, 2, TILE)
     sz = sz.permute(2, 0, 3, 1).reshape(2, tiles * TILE, groups)
     return codes[:n], sz[0, :n], sz[1, :n]
@@ -303,17 +350,32 @@ def packed_rows(packed: list[torch.Tensor], ids: torch.Tensor) -> torch.Tensor:
             scale = scales.contiguous().view(torch.bfloat16).float()  # (m, g, 1)
             value = codes.view(torch.int8).reshape(-1, groups, GROUP).float() * scale
         else:
-            width = 4 if block == BLOCK_F32 else 2  # the scales' bytes
             pairs = _strided(part, (8, TILE, 2), (32, 2, 1))[tile, :, :, column]  # (m, g, 8, 2)
             # a byte's low nibble is input 4c + t, its high one 4c + 2 + t
             codes = torch.stack((pairs & 15, pairs >> 4), dim=3).reshape(-1, groups, GROUP)
-            sz = _strided(part, (2, TILE, width), (TILE * width, width, 1), 256)
-            sz = sz[tile, :, :, column].contiguous()  # (m, g, 2, width)
-            sz = sz.view(torch.float32 if width == 4 else torch.bfloat16).float()  # (m, g, 2, 1)
-            value = (codes.float() - 8) * sz[:, :, 0] + sz[:, :, 1]
+            scale, zero = _column_scales(part, tile, column)  # (m, g, 1) each
+            value = (codes.float() - 8) * scale + zero
         rows = value if rows is None else rows + value
     assert rows is not None, "no packed weight"
     return rows.reshape(ids.shape[0], -1)
+
+
+def _column_scales(
+    part: torch.Tensor, tile: torch.Tensor, column: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The float32 scales and zeros ``(m, groups, 1)`` of the columns ``column`` of tiles
+    ``tile`` of an int4 plane, read through strided views (any of :func:`pack_int4`'s layouts)."""
+    block = part.shape[2]
+    if block == BLOCK_STEPS:
+        so = _strided(part, (2, TILE), (TILE, 1), 256)[tile, :, :, column].float()  # (m, g, 2)
+        unit = _strided(part, (2,), (1,), 256 + 2 * TILE)[tile].contiguous()  # (m, g, 2)
+        scale = unit.view(torch.bfloat16).float() * so[:, :, :1]
+        return scale, scale * (8 - so[:, :, 1:] / 16)
+    width = 4 if block == BLOCK_F32 else 2  # the scales' bytes
+    sz = _strided(part, (2, TILE, width), (TILE * width, width, 1), 256)
+    sz = sz[tile, :, :, column].contiguous()  # (m, g, 2, width)
+    sz = sz.view(torch.float32 if width == 4 else torch.bfloat16).float()  # (m, g, 2, 1)
+    return sz[:, :, 0], sz[:, :, 1]
 
 
 def _strided(

@@ -342,7 +342,8 @@ class QuantLinear(torch.nn.Module):
         if self._int8_layout:
             return dtype == torch.float32
         return dtype == torch.float32 or (
-            dtype == torch.bfloat16 and self._own[0].shape[2] == quant_kernel.BLOCK
+            dtype == torch.bfloat16
+            and self._own[0].shape[2] in (quant_kernel.BLOCK, quant_kernel.BLOCK_STEPS)
         )
 
     def _dense_f32(self, flat: torch.Tensor) -> torch.Tensor:

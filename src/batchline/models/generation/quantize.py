@@ -17,8 +17,8 @@ from batchline.models.generation.quant_codes import (
     INT4_GROUP_SIZE,
     int4_group_size,
     pack_int8_groups,
-    pack_planes,
     quantize_int4,
+    quantize_int4_steps,
     quantize_int8,
     quantize_int8_groups,
 )
@@ -77,7 +77,10 @@ class QuantReport:
     def __str__(self) -> str:
         head = self.head
         kept = "embedding and lm_head kept" if head is None else head.head_text
-        through = f"{self.linears} linears as {self.kind} through {self.kernel}"
+        kind = self.kind
+        if kind == "int4" and self.kernel != "torch's kernel":  # _int4_packed's layout
+            kind = "int4 in groups of 32 with 8-bit steps"
+        through = f"{self.linears} linears as {kind} through {self.kernel}"
         return f"{through} ({self.bytes_text}; {kept})"
 
 
@@ -276,7 +279,13 @@ def _own_int4(kind: str, dtype: torch.dtype) -> bool:
 def _int4_packed(
     rows: torch.Tensor, dtype: torch.dtype, scale_dtype: torch.dtype
 ) -> list[torch.Tensor]:
-    return pack_planes([quantize_int4(rows, INT4_GROUP_SIZE)], dtype, scale_dtype)
+    """int4 for the own kernel with 8-bit steps (:func:`~.quant_codes.quantize_int4_steps`) for
+    any ``dtype`` and ``scale_dtype``: 4.53 bits a weight, where bf16 scales take 5 and float32
+    ones 6 (whose exactness matters for a GGUF's scales, not for the ones chosen here)."""
+    from batchline.models.generation import quant_kernel
+
+    q = quantize_int4_steps(rows)
+    return [quant_kernel.pack_int4_steps(q.codes, q.steps, q.offsets, q.units)]
 
 
 def _int8_packed(

@@ -3,7 +3,8 @@
 //
 //   int4_linear(x, packed, n, bias=None, amx_rows=2) -> out
 //     x:        (rows, K), contiguous bfloat16, K a multiple of 32
-//     packed:   (tiles, K / 32, 320) uint8, the layout below (quant_kernel.pack_int4)
+//     packed:   (tiles, K / 32, 320 or 290) uint8, the layout below (quant_kernel.pack_int4)
+//               or with 8-bit steps (quant_kernel.pack_int4_steps)
 //     n:        the output columns (<= tiles * 16; the rest of the last tile is padding)
 //     bias:     (n,) float32, or None
 //     amx_rows: from this many rows on, AMX tiles where the CPU has them (and Linux grants
@@ -17,7 +18,8 @@
 // and zero are applied once per group in fp32; out is rounded to bf16 once, bias included.
 //
 // The packed layout, for 16 output columns (a tile) and one group, 320 bytes: 8 chunks of 32
-// bytes, then the 16 scales and the 16 zeros as bf16. Chunk c holds inputs 4c..4c+3 of the
+// bytes, then the 16 scales and the 16 zeros as bf16 (or, 290 bytes, the 16 scales and zeros as
+// 8-bit steps of a bf16 unit: quant_layout.h; the kernels below read either, scales_zeros). Chunk c holds inputs 4c..4c+3 of the
 // group: byte 2i+t has the code of column i at input 4c+t in its low nibble and at 4c+2+t in its
 // high one. Widened to 16 bits, the low nibbles are then vdpbf16ps's operand for the input pair
 // (4c, 4c+1) against 16 columns and the high ones for (4c+2, 4c+3): one chunk's codes are
@@ -67,7 +69,7 @@ inline __m512i pair_of(const uint16_t* p) {  // (p[0], p[1]) in every 32-bit lan
 // rows. Per row, the low and high nibbles sum into accumulators of their own, and with one or
 // two rows each of those into two, alternating chunks (kSplit): four short chains of dependent
 // vdpbf16ps instead of two long ones. The weights ahead are prefetched (prefetch_ahead).
-template <int R>
+template <Layout L, int R>
 void tile_rows(const uint8_t* tile, int64_t groups, const uint16_t* x, int64_t k_total,
                const float* xsum, int64_t m0, const float* bias, int64_t n0, int64_t cols,
                int64_t n_total, uint16_t* out) {
@@ -84,9 +86,10 @@ void tile_rows(const uint8_t* tile, int64_t groups, const uint16_t* x, int64_t k
   const __m512 start = bias ? _mm512_maskz_loadu_ps(valid, bias + n0) : _mm512_setzero_ps();
   for (int r = 0; r < R; ++r) total[r] = start;
   const uint16_t* xm = x + m0 * k_total;
+  constexpr int64_t bytes = block_bytes<L>();
   for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* block = tile + g * kBlock;
-    prefetch_ahead(block, kBlock);
+    const uint8_t* block = tile + g * bytes;
+    prefetch_ahead(block, bytes);
     __m512 low[R][kSplit], high[R][kSplit];
     for (int r = 0; r < R; ++r) {
       for (int s = 0; s < kSplit; ++s) low[r][s] = high[r][s] = _mm512_setzero_ps();
@@ -104,8 +107,8 @@ void tile_rows(const uint8_t* tile, int64_t groups, const uint16_t* x, int64_t k
         high[r][s] = _mm512_dpbf16_ps(high[r][s], (__m512bh)pair_of(xr + 2), w1);
       }
     }
-    const __m512 scale = widen_bf16(block + 256);
-    const __m512 zero = widen_bf16(block + 288);
+    __m512 scale, zero;
+    scales_zeros<L>(block, scale, zero);
     const float* sums = xsum + m0 * groups + g;
     for (int r = 0; r < R; ++r) {
       __m512 sum = _mm512_add_ps(low[r][0], high[r][0]);
@@ -120,18 +123,18 @@ void tile_rows(const uint8_t* tile, int64_t groups, const uint16_t* x, int64_t k
   }
 }
 
-template <int R>
+template <Layout L, int R>
 void tile_rows_upto(int64_t rows, const uint8_t* tile, int64_t groups, const uint16_t* x,
                     int64_t k_total, const float* xsum, int64_t m0, const float* bias, int64_t n0,
                     int64_t cols, int64_t n_total, uint16_t* out) {
   if constexpr (R > 1) {
     if (rows < R) {
-      tile_rows_upto<R - 1>(rows, tile, groups, x, k_total, xsum, m0, bias, n0, cols, n_total,
+      tile_rows_upto<L, R - 1>(rows, tile, groups, x, k_total, xsum, m0, bias, n0, cols, n_total,
                             out);
       return;
     }
   }
-  tile_rows<R>(tile, groups, x, k_total, xsum, m0, bias, n0, cols, n_total, out);
+  tile_rows<L, R>(tile, groups, x, k_total, xsum, m0, bias, n0, cols, n_total, out);
 }
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
@@ -183,6 +186,7 @@ inline void widen_codes(const uint8_t* block, __m512i table, uint16_t* weights) 
 // group the codes are widened once, one tile product sums them against every row, and the
 // group's scale and zero are applied to its rows x 16 sums two groups later, and the next
 // group's codes are widened before this one's product (so that neither waits on a store).
+template <Layout L>
 void tile_rows_amx(const uint8_t* tile, int64_t groups, const uint16_t* x, int64_t k_total,
                    const float* xsum, int64_t m0, int64_t rows, const float* bias, int64_t n0,
                    int64_t cols, int64_t n_total, uint16_t* out) {
@@ -198,10 +202,10 @@ void tile_rows_amx(const uint8_t* tile, int64_t groups, const uint16_t* x, int64
   const __m512 start = bias ? _mm512_maskz_loadu_ps(valid, bias + n0) : _mm512_setzero_ps();
   for (int64_t r = 0; r < rows; ++r) total[r] = start;
   const uint16_t* xm = x + m0 * k_total;
+  constexpr int64_t bytes = block_bytes<L>();
   auto apply = [&](int64_t g) {  // group g's sums, scale and zero, into the totals
-    const uint8_t* block = tile + g * kBlock;
-    const __m512 scale = widen_bf16(block + 256);
-    const __m512 zero = widen_bf16(block + 288);
+    __m512 scale, zero;
+    scales_zeros<L>(tile + g * bytes, scale, zero);
     const float* xs = xsum + m0 * groups + g;
     const float* s = sums[g % 3];
     for (int64_t r = 0; r < rows; ++r) {
@@ -211,8 +215,8 @@ void tile_rows_amx(const uint8_t* tile, int64_t groups, const uint16_t* x, int64
   };
   widen_codes(tile, table, weights[0]);
   for (int64_t g = 0; g < groups; ++g) {
-    prefetch_ahead(tile + g * kBlock, kBlock);
-    if (g + 1 < groups) widen_codes(tile + (g + 1) * kBlock, table, weights[(g + 1) & 1]);
+    prefetch_ahead(tile + g * bytes, bytes);
+    if (g + 1 < groups) widen_codes(tile + (g + 1) * bytes, table, weights[(g + 1) & 1]);
     _tile_loadd(0, xm + g * kGroup, k_total * 2);
     if (g & 1) {
       _tile_zero(3);
@@ -243,15 +247,14 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
 #endif
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(),
               "int4_linear: x must be a contiguous (rows, K) bfloat16 tensor");
-  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kByte && packed.is_contiguous() &&
-                  packed.size(2) == kBlock,
-              "int4_linear: packed must be int4_pack's (tiles, K / 32, 320) uint8 tensor");
+  const Layout layout = check_packed(packed, n, "int4_linear");
+  TORCH_CHECK(layout != Layout::kF32,
+              "int4_linear: bf16 rows take bf16 or 8-bit-step scales (a block of 320 or 290 "
+              "bytes), not float32 ones");
   const int64_t rows = x.size(0), k_total = x.size(1), tiles = packed.size(0);
   const int64_t groups = packed.size(1);
   TORCH_CHECK(k_total == groups * kGroup, "int4_linear: x has ", k_total, " inputs, the weight ",
               groups * kGroup);
-  TORCH_CHECK(n > (tiles - 1) * kTile && n <= tiles * kTile, "int4_linear: n = ", n,
-              " does not fit ", tiles, " tiles of 16");
   const float* bias_ptr = nullptr;
   if (bias.has_value()) {
     TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n,
@@ -276,18 +279,22 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   auto* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
   const float* sp = xsum.data();
-  const int64_t grain = tiles_per_share(groups * kBlock);
+  const int64_t tile_bytes = groups * packed.size(2);
+  const int64_t grain = tiles_per_share(tile_bytes);
 #if defined(BATCHLINE_AMX)
   if (rows >= amx_rows && amx_permitted()) {
     at::parallel_for(0, tiles, grain, [&](int64_t begin, int64_t end) {
       int64_t configured = 0;
       for (int64_t t = begin; t < end; ++t) {
-        const uint8_t* tile = wp + t * groups * kBlock;
+        const uint8_t* tile = wp + t * tile_bytes;
         const int64_t n0 = t * kTile, cols = std::min(kTile, n - n0);
         for (int64_t m0 = 0; m0 < rows; m0 += 16) {
           const int64_t count = std::min<int64_t>(16, rows - m0);
           if (count != configured) configure_tiles(configured = count);
-          tile_rows_amx(tile, groups, xp, k_total, sp, m0, count, bias_ptr, n0, cols, n, op);
+          with_layout(layout, [&](auto kind) {
+            tile_rows_amx<decltype(kind)::value>(tile, groups, xp, k_total, sp, m0, count,
+                                                 bias_ptr, n0, cols, n, op);
+          });
         }
       }
       _tile_release();
@@ -297,13 +304,15 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
 #endif
   at::parallel_for(0, tiles, grain, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      const uint8_t* tile = wp + t * groups * kBlock;
+      const uint8_t* tile = wp + t * tile_bytes;
       const int64_t n0 = t * kTile, cols = std::min(kTile, n - n0);
       for (int64_t m0 = 0; m0 < rows; m0 += kMaxRows) {
         const int64_t count = std::min(kMaxRows, rows - m0);
 #if defined(__AVX512BF16__)
-        tile_rows_upto<kMaxRows>(count, tile, groups, xp, k_total, sp, m0, bias_ptr, n0, cols, n,
-                                 op);
+        with_layout(layout, [&](auto kind) {
+          tile_rows_upto<decltype(kind)::value, kMaxRows>(count, tile, groups, xp, k_total, sp,
+                                                          m0, bias_ptr, n0, cols, n, op);
+        });
 #endif
       }
     }
@@ -321,6 +330,7 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
 // (the last tile's padding rows left out). Scattering straight into the output's rows took
 // twice as long.
 #if defined(__AVX512BF16__)
+template <Layout L>
 void dequantize_tile(const uint8_t* tile, int64_t groups, int64_t cols, int64_t k_total,
                      uint16_t* rows) {
   // lane d of a 16-dword vector is column d: its 32-bit word's offset in the buffer, in bf16s
@@ -333,8 +343,9 @@ void dequantize_tile(const uint8_t* tile, int64_t groups, int64_t cols, int64_t 
   const __m512 eight = _mm512_set1_ps(8.f);
   alignas(64) uint16_t buffer[kTile * kGroup];
   for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* block = tile + g * kBlock;
-    const __m512 scale = widen_bf16(block + 256), zero = widen_bf16(block + 288);
+    const uint8_t* block = tile + g * block_bytes<L>();
+    __m512 scale, zero;
+    scales_zeros<L>(block, scale, zero);
     const __m512 s0 = _mm512_permutexvar_ps(first, scale);
     const __m512 s1 = _mm512_permutexvar_ps(second, scale);
     const __m512 z0 = _mm512_permutexvar_ps(first, zero);
@@ -363,20 +374,22 @@ void dequantize_tile(const uint8_t* tile, int64_t groups, int64_t cols, int64_t 
 #endif
 
 at::Tensor int4_dequantize(const at::Tensor& packed, int64_t n) {
-  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kBlock && packed.scalar_type() == at::kByte
-                  && packed.is_contiguous(),
-              "int4_dequantize: packed must be a contiguous (tiles, K / 32, 320) uint8 tensor");
+  const Layout layout = check_packed(packed, n, "int4_dequantize");
+  TORCH_CHECK(layout != Layout::kF32,
+              "int4_dequantize: takes bf16 or 8-bit-step scales (a block of 320 or 290 bytes)");
   const int64_t tiles = packed.size(0), groups = packed.size(1), k_total = groups * kGroup;
-  TORCH_CHECK(n > (tiles - 1) * kTile && n <= tiles * kTile,
-              "int4_dequantize: n must fill the last of the packed tiles");
   auto out = at::empty({n, k_total}, packed.options().dtype(at::kBFloat16));
 #if defined(__AVX512BF16__)
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   auto* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
-  at::parallel_for(0, tiles, tiles_per_share(groups * kBlock), [&](int64_t begin, int64_t end) {
+  const int64_t tile_bytes = groups * packed.size(2);
+  at::parallel_for(0, tiles, tiles_per_share(tile_bytes), [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      dequantize_tile(wp + t * groups * kBlock, groups, std::min(kTile, n - t * kTile), k_total,
-                      op + t * kTile * k_total);
+      with_layout(layout, [&](auto kind) {
+        dequantize_tile<decltype(kind)::value>(wp + t * tile_bytes, groups,
+                                               std::min(kTile, n - t * kTile), k_total,
+                                               op + t * kTile * k_total);
+      });
     }
   });
 #else

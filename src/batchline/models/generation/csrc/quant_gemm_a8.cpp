@@ -1,6 +1,6 @@
 // batchline's int4 linear with int8 activations (W4A8), for float32 rows on CPUs without native
-// bf16. It reads the own int4 layout quant_gemm_f32.cpp reads (bf16 or float32 scales and
-// zeros), and sums integers where that kernel converts each code to fp32 and multiplies: on
+// bf16. It reads the own int4 layouts quant_gemm_f32.cpp reads (bf16, float32 or 8-bit-step
+// scales and zeros), and sums integers where that kernel converts each code to fp32 and multiplies: on
 // Ice Lake the float32 kernel's one-row product ran at the rate of its conversions, not of
 // memory, and on an AVX2-only EPYC (Zen 2) its 256-bit path reached 2.07x a 1.7B step's floor.
 // Two paths, the same sums: with AVX512-VNNI (Intel Xeon from Cascade Lake on, AMD from Zen 4
@@ -12,7 +12,7 @@
 //
 //   int4_linear_a8(x, packed, n, bias=None, width=512) -> out
 //     x:      (rows, K), contiguous float32, K a multiple of 32
-//     packed: (tiles, K / 32, 320 or 384) uint8 (quant_kernel.pack_int4)
+//     packed: (tiles, K / 32, 320, 384 or 290) uint8 (quant_kernel.pack_int4)
 //     bias:   (n,) float32, or None
 //     width:  512: the VNNI path (up to 8 rows a pass); 256: the AVX2 one (up to 4)
 //     out:    (rows, n) float32
@@ -148,11 +148,11 @@ inline void store_totals(const float (&total)[R][kTile], int64_t m0, int64_t n0,
 // codes in AVX2's 16 registers, the totals in memory.
 constexpr int64_t kMaxRows256 = 4;
 
-template <bool F32Scales, int R>
+template <Layout L, int R>
 void tile_rows_a8_256(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t k_total,
                       const float* xscale, const int32_t* xsum, int64_t m0, const float* bias,
                       int64_t n0, int64_t cols, int64_t n_total, float* out) {
-  constexpr int64_t block_bytes = F32Scales ? kBlockF32 : kBlock;
+  constexpr int64_t bytes = block_bytes<L>();
   const __m256i low_nibbles = _mm256_set1_epi32(0x0F0F0F0F);
   const __m256i ones = _mm256_set1_epi16(1);
   const __m256 eight = _mm256_set1_ps(8.f);
@@ -160,8 +160,8 @@ void tile_rows_a8_256(const uint8_t* tile, int64_t groups, const int8_t* xq, int
   start_totals<R>(total, bias, n0, cols);
   const int8_t* xm = xq + m0 * k_total;
   for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* block = tile + g * block_bytes;
-    prefetch_ahead(block, block_bytes);
+    const uint8_t* block = tile + g * bytes;
+    prefetch_ahead(block, bytes);
     __m256i acc[R][2];
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
     const int8_t* xg = xm + g * kGroup;
@@ -178,8 +178,9 @@ void tile_rows_a8_256(const uint8_t* tile, int64_t groups, const int8_t* xq, int
       }
     }
     for (int h = 0; h < 2; ++h) {
-      const __m256 scale = half_scales<F32Scales>(block, 0, h);
-      const __m256 zero = _mm256_fnmadd_ps(eight, scale, half_scales<F32Scales>(block, 1, h));
+      __m256 scale, zero;
+      half_scales_zeros<L>(block, h, scale, zero);
+      zero = _mm256_fnmadd_ps(eight, scale, zero);
       for (int r = 0; r < R; ++r) {
         const __m256i sum = _mm256_madd_epi16(acc[r][h], ones);
         const int64_t at = (m0 + r) * groups + g;
@@ -249,12 +250,12 @@ inline __m512i broadcast4(const int8_t* p) {  // 4 int8 codes into every 32-bit 
 
 // Rows [m0, m0 + R) of one tile; with one or two rows a chunk's products alternate between two
 // accumulators (two chains of dependent vpdpbusd instead of one).
-template <bool F32Scales, int R>
+template <Layout L, int R>
 void tile_rows_a8(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t k_total,
                   const float* xscale, const int32_t* xsum, int64_t m0, const float* bias,
                   int64_t n0, int64_t cols, int64_t n_total, float* out) {
   constexpr int kChains = R <= 2 ? 2 : 1;
-  constexpr int64_t block_bytes = F32Scales ? kBlockF32 : kBlock;
+  constexpr int64_t bytes = block_bytes<L>();
   const __m512i low_nibbles = _mm512_set1_epi32(0x0F0F0F0F);
   const __m512 eight = _mm512_set1_ps(8.f);
   const __mmask16 valid = first_columns(cols);
@@ -263,8 +264,8 @@ void tile_rows_a8(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t
   for (int r = 0; r < R; ++r) total[r] = start;
   const int8_t* xm = xq + m0 * k_total;
   for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* block = tile + g * block_bytes;
-    prefetch_ahead(block, block_bytes);
+    const uint8_t* block = tile + g * bytes;
+    prefetch_ahead(block, bytes);
     __m512i acc[R][kChains];
     for (int r = 0; r < R; ++r) {
       for (int j = 0; j < kChains; ++j) acc[r][j] = _mm512_setzero_si512();
@@ -280,8 +281,9 @@ void tile_rows_a8(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t
         a = _mm512_dpbusd_epi32(a, w, broadcast4(xg + r * k_total + 4 * c));
       }
     }
-    const __m512 scale = scales_of<F32Scales>(block, 0);
-    const __m512 zero = _mm512_fnmadd_ps(eight, scale, scales_of<F32Scales>(block, 1));
+    __m512 scale, zero;
+    scales_zeros<L>(block, scale, zero);
+    zero = _mm512_fnmadd_ps(eight, scale, zero);
     for (int r = 0; r < R; ++r) {
       __m512i sum = acc[r][0];
       for (int j = 1; j < kChains; ++j) sum = _mm512_add_epi32(sum, acc[r][j]);
@@ -334,7 +336,7 @@ at::Tensor int4_linear_a8(const at::Tensor& x, const at::Tensor& packed, int64_t
 #if !defined(BATCHLINE_A8_VNNI)
   width = 256;  // the only path built
 #endif
-  const bool f32_scales = check_packed(packed, n, "int4_linear_a8");
+  const Layout layout = check_packed(packed, n, "int4_linear_a8");
   const int64_t rows = x.size(0), k_total = x.size(1), tiles = packed.size(0);
   const int64_t groups = packed.size(1);
   TORCH_CHECK(k_total == groups * kGroup, "int4_linear_a8: x has ", k_total, " inputs, the weight ",
@@ -354,13 +356,13 @@ at::Tensor int4_linear_a8(const at::Tensor& x, const at::Tensor& packed, int64_t
     for (int64_t t = begin; t < end; ++t) {
       const uint8_t* tile = wp + t * tile_bytes;
       const int64_t n0 = t * kTile, cols = std::min(kTile, n - n0);
-      with_layout(f32_scales, [&](auto layout) {
-        constexpr bool kF32 = decltype(layout)::value;
+      with_layout(layout, [&](auto kind) {
+        constexpr Layout kL = decltype(kind)::value;
 #if defined(BATCHLINE_A8_VNNI)
         if (width == 512) {
           for (int64_t m0 = 0; m0 < rows; m0 += kMaxRows) {
             with_rows<kMaxRows>(std::min(kMaxRows, rows - m0), [&](auto r) {
-              tile_rows_a8<kF32, decltype(r)::value>(tile, groups, cp, k_total, sp, up, m0,
+              tile_rows_a8<kL, decltype(r)::value>(tile, groups, cp, k_total, sp, up, m0,
                                                      bias_ptr, n0, cols, n, op);
             });
           }
@@ -369,7 +371,7 @@ at::Tensor int4_linear_a8(const at::Tensor& x, const at::Tensor& packed, int64_t
 #endif
         for (int64_t m0 = 0; m0 < rows; m0 += kMaxRows256) {
           with_rows<kMaxRows256>(std::min(kMaxRows256, rows - m0), [&](auto r) {
-            tile_rows_a8_256<kF32, decltype(r)::value>(tile, groups, cp, k_total, sp, up, m0,
+            tile_rows_a8_256<kL, decltype(r)::value>(tile, groups, cp, k_total, sp, up, m0,
                                                        bias_ptr, n0, cols, n, op);
           });
         }

@@ -2,13 +2,14 @@
 // (where a model computes in float32: AVX-512 ones, Intel Xeon from Skylake to Ice Lake, and
 // AVX2-only ones, AMD EPYC before Genoa among them). It reads the packed layout quant_gemm.cpp reads (one tile of 16 output
 // columns and one group of 32 inputs: 256 bytes of codes, then 16 bf16 scales and 16 bf16
-// zeros: 320 bytes), and the same with the scales and zeros in float32 (384 bytes), which a
-// float32 model is packed in: a GGUF's fp16 scales, and the scales int4 quantizing chose, then
-// stay exact, as float32 promises (bf16 would keep 8 of their bits).
+// zeros: 320 bytes), the same with the scales and zeros in float32 (384 bytes), which a GGUF's
+// fp16 scales are packed in for a float32 model, exact as float32 promises (bf16 would keep 8
+// of their bits), and the compact one int4 quantizing packs in (8-bit steps: 290 bytes,
+// quant_layout.h).
 //
 //   int4_linear_f32(x, packed, n, bias=None, width=512) -> out
 //     x:      (rows, K), contiguous float32, K a multiple of 32
-//     packed: (tiles, K / 32, 320 or 384) uint8 (quant_kernel.pack_int4)
+//     packed: (tiles, K / 32, 320, 384 or 290) uint8 (quant_kernel.pack_int4)
 //     bias:   (n,) float32, or None
 //     width:  512: AVX-512 vectors (up to 8 rows a pass); 256: AVX2's (up to 4), the only path
 //             in a library built for a CPU without AVX-512
@@ -47,7 +48,7 @@ using namespace batchline_quant;
 #if defined(__AVX512F__)
 // Rows [m0, m0 + R) of one tile. With one or two rows the four inputs of a chunk sum into
 // accumulators of their own (four or two chains of dependent FMAs per row instead of one).
-template <bool F32Scales, int R>
+template <Layout L, int R>
 void tile_rows_f32(const uint8_t* tile, int64_t groups, const float* x, int64_t k_total,
                    const float* xsum, int64_t m0, const float* bias, int64_t n0, int64_t cols,
                    int64_t n_total, float* out) {
@@ -59,10 +60,10 @@ void tile_rows_f32(const uint8_t* tile, int64_t groups, const float* x, int64_t 
   __m512 total[R];
   for (int r = 0; r < R; ++r) total[r] = start;
   const float* xm = x + m0 * k_total;
-  constexpr int64_t block_bytes = F32Scales ? kBlockF32 : kBlock;
+  constexpr int64_t bytes = block_bytes<L>();
   for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* block = tile + g * block_bytes;
-    prefetch_ahead(block, block_bytes);
+    const uint8_t* block = tile + g * bytes;
+    prefetch_ahead(block, bytes);
     __m512 acc[R][kChains];
     for (int r = 0; r < R; ++r) {
       for (int j = 0; j < kChains; ++j) acc[r][j] = _mm512_setzero_ps();
@@ -83,8 +84,9 @@ void tile_rows_f32(const uint8_t* tile, int64_t groups, const float* x, int64_t 
         }
       }
     }
-    const __m512 scale = scales_of<F32Scales>(block, 0);
-    const __m512 zero = _mm512_fnmadd_ps(eight, scale, scales_of<F32Scales>(block, 1));
+    __m512 scale, zero;
+    scales_zeros<L>(block, scale, zero);
+    zero = _mm512_fnmadd_ps(eight, scale, zero);
     const float* sums = xsum + m0 * groups + g;
     for (int r = 0; r < R; ++r) {
       __m512 sum = acc[r][0];
@@ -101,16 +103,17 @@ void tile_rows_f32(const uint8_t* tile, int64_t groups, const float* x, int64_t 
 // put into a 16 x 32 buffer in L1, whose 128-byte rows are then copied to the output's rows
 // (the last tile's padding rows left out), as quant_gemm.cpp's bf16 dequantizing does. Each
 // weight is (code - 8) * scale + zero rounded once: float64's value rounded to float32.
-template <bool F32Scales>
+template <Layout L>
 void dequantize_tile_f32(const uint8_t* tile, int64_t groups, int64_t cols, int64_t k_total,
                          float* rows) {
-  constexpr int64_t block_bytes = F32Scales ? kBlockF32 : kBlock;
+  constexpr int64_t bytes = block_bytes<L>();
   const __m512i nibble = _mm512_set1_epi32(15);
   const __m512 eight = _mm512_set1_ps(8.f);
   alignas(64) float buffer[kTile * kGroup];
   for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* block = tile + g * block_bytes;
-    const __m512 scale = scales_of<F32Scales>(block, 0), zero = scales_of<F32Scales>(block, 1);
+    const uint8_t* block = tile + g * bytes;
+    __m512 scale, zero;
+    scales_zeros<L>(block, scale, zero);
     for (int c = 0; c < 8; ++c) {
       const __m512i v = _mm512_cvtepu16_epi32(
           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32 * c)));
@@ -149,12 +152,12 @@ void dequantize_tile_f32(const uint8_t* tile, int64_t groups, int64_t cols, int6
 // two loads of 8. AVX2 has 16 vector registers: up to 4 rows a pass, their totals in memory.
 constexpr int64_t kMaxRows256 = 4;
 
-template <bool F32Scales, int R>
+template <Layout L, int R>
 void tile_rows_256(const uint8_t* tile, int64_t groups, const float* x, int64_t k_total,
                    const float* xsum, int64_t m0, const float* bias, int64_t n0, int64_t cols,
                    int64_t n_total, float* out) {
   constexpr int kChains = R == 1 ? 2 : 1;
-  constexpr int64_t block_bytes = F32Scales ? kBlockF32 : kBlock;
+  constexpr int64_t bytes = block_bytes<L>();
   const __m256i nibble = _mm256_set1_epi32(15);
   const __m256 eight = _mm256_set1_ps(8.f);
   alignas(32) float total[R][kTile];
@@ -163,8 +166,8 @@ void tile_rows_256(const uint8_t* tile, int64_t groups, const float* x, int64_t 
   }
   const float* xm = x + m0 * k_total;
   for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* block = tile + g * block_bytes;
-    prefetch_ahead(block, block_bytes);
+    const uint8_t* block = tile + g * bytes;
+    prefetch_ahead(block, bytes);
     __m256 acc[R][2][kChains];
     for (int r = 0; r < R; ++r) {
       for (int h = 0; h < 2; ++h) {
@@ -192,8 +195,9 @@ void tile_rows_256(const uint8_t* tile, int64_t groups, const float* x, int64_t 
     }
     const float* sums = xsum + m0 * groups + g;
     for (int h = 0; h < 2; ++h) {
-      const __m256 scale = half_scales<F32Scales>(block, 0, h);
-      const __m256 zero = _mm256_fnmadd_ps(eight, scale, half_scales<F32Scales>(block, 1, h));
+      __m256 scale, zero;
+      half_scales_zeros<L>(block, h, scale, zero);
+      zero = _mm256_fnmadd_ps(eight, scale, zero);
       for (int r = 0; r < R; ++r) {
         __m256 sum = acc[r][h][0];
         for (int j = 1; j < kChains; ++j) sum = _mm256_add_ps(sum, acc[r][h][j]);
@@ -213,24 +217,15 @@ void tile_rows_256(const uint8_t* tile, int64_t groups, const float* x, int64_t 
 
 // The weight of one tile in plain C++ (for CPUs without AVX-512; the compiler vectorizes it
 // for the one it builds for): each (code - 8) * scale + zero rounded once, as the vector path.
-template <bool F32Scales>
+template <Layout L>
 void dequantize_tile_plain(const uint8_t* tile, int64_t groups, int64_t cols, int64_t k_total,
                            float* rows) {
-  constexpr int64_t block_bytes = F32Scales ? kBlockF32 : kBlock;
+  constexpr int64_t bytes = block_bytes<L>();
   for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* block = tile + g * block_bytes;
+    const uint8_t* block = tile + g * bytes;
     for (int64_t i = 0; i < cols; ++i) {
       float scale, zero;
-      if constexpr (F32Scales) {
-        std::memcpy(&scale, block + 256 + 4 * i, 4);
-        std::memcpy(&zero, block + 320 + 4 * i, 4);
-      } else {
-        uint16_t s, z;
-        std::memcpy(&s, block + 256 + 2 * i, 2);
-        std::memcpy(&z, block + 288 + 2 * i, 2);
-        scale = bf16_to_float(s);
-        zero = bf16_to_float(z);
-      }
+      column_scale_zero<L>(block, i, scale, zero);
       float* row = rows + i * k_total + g * kGroup;
       for (int c = 0; c < 8; ++c) {
         for (int t = 0; t < 2; ++t) {
@@ -255,7 +250,7 @@ at::Tensor int4_linear_f32(const at::Tensor& x, const at::Tensor& packed, int64_
 #endif
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "int4_linear_f32: x must be a contiguous (rows, K) float32 tensor");
-  const bool f32_scales = check_packed(packed, n, "int4_linear_f32");
+  const Layout layout = check_packed(packed, n, "int4_linear_f32");
   const int64_t rows = x.size(0), k_total = x.size(1), tiles = packed.size(0);
   const int64_t groups = packed.size(1);
   TORCH_CHECK(k_total == groups * kGroup, "int4_linear_f32: x has ", k_total,
@@ -283,13 +278,13 @@ at::Tensor int4_linear_f32(const at::Tensor& x, const at::Tensor& packed, int64_
     for (int64_t t = begin; t < end; ++t) {
       const uint8_t* tile = wp + t * tile_bytes;
       const int64_t n0 = t * kTile, cols = std::min(kTile, n - n0);
-      with_layout(f32_scales, [&](auto layout) {
-        constexpr bool kF32 = decltype(layout)::value;
+      with_layout(layout, [&](auto kind) {
+        constexpr Layout kL = decltype(kind)::value;
 #if defined(__AVX512F__)
         if (width == 512) {
           for (int64_t m0 = 0; m0 < rows; m0 += kMaxRows) {
             with_rows<kMaxRows>(std::min(kMaxRows, rows - m0), [&](auto r) {
-              tile_rows_f32<kF32, decltype(r)::value>(tile, groups, xp, k_total, sp, m0, bias_ptr,
+              tile_rows_f32<kL, decltype(r)::value>(tile, groups, xp, k_total, sp, m0, bias_ptr,
                                                       n0, cols, n, op);
             });
           }
@@ -298,7 +293,7 @@ at::Tensor int4_linear_f32(const at::Tensor& x, const at::Tensor& packed, int64_
 #endif
         for (int64_t m0 = 0; m0 < rows; m0 += kMaxRows256) {
           with_rows<kMaxRows256>(std::min(kMaxRows256, rows - m0), [&](auto r) {
-            tile_rows_256<kF32, decltype(r)::value>(tile, groups, xp, k_total, sp, m0, bias_ptr,
+            tile_rows_256<kL, decltype(r)::value>(tile, groups, xp, k_total, sp, m0, bias_ptr,
                                                     n0, cols, n, op);
           });
         }
@@ -311,7 +306,7 @@ at::Tensor int4_linear_f32(const at::Tensor& x, const at::Tensor& packed, int64_
 
 at::Tensor int4_dequantize_f32(const at::Tensor& packed, int64_t n,
                                const std::optional<at::Tensor>& into) {
-  const bool f32_scales = check_packed(packed, n, "int4_dequantize_f32");
+  const Layout layout = check_packed(packed, n, "int4_dequantize_f32");
   const int64_t tiles = packed.size(0), groups = packed.size(1), k_total = groups * kGroup;
   at::Tensor out;
   if (into.has_value()) {  // a buffer of the caller's, reused: no fresh pages to fault in
@@ -331,12 +326,12 @@ at::Tensor int4_dequantize_f32(const at::Tensor& packed, int64_t n,
       const int64_t cols = std::min(kTile, n - t * kTile);
       const uint8_t* tile = wp + t * tile_bytes;
       float* rows = op + t * kTile * k_total;
-      with_layout(f32_scales, [&](auto layout) {
-        constexpr bool kF32 = decltype(layout)::value;
+      with_layout(layout, [&](auto kind) {
+        constexpr Layout kL = decltype(kind)::value;
 #if defined(__AVX512F__)
-        dequantize_tile_f32<kF32>(tile, groups, cols, k_total, rows);
+        dequantize_tile_f32<kL>(tile, groups, cols, k_total, rows);
 #else
-        dequantize_tile_plain<kF32>(tile, groups, cols, k_total, rows);
+        dequantize_tile_plain<kL>(tile, groups, cols, k_total, rows);
 #endif
       });
     }

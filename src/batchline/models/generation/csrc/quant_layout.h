@@ -1,8 +1,8 @@
 // The own int4 layout's sizes and the streaming helpers its kernels share: quant_gemm.cpp (bf16
 // activations), quant_gemm_f32.cpp (float32 activations) and quant_gemm_a8.cpp (float32 rows as
-// int8); and the checks and the layout dispatch of the latter two, which read either scale
-// dtype. The layout itself is described in quant_gemm.cpp's header and packed by
-// quant_kernel.pack_int4.
+// int8); and the checks and the layout dispatch, which read each of a block's three ways of
+// keeping its scales and zeros (Layout). The layout itself is described in quant_gemm.cpp's
+// header and packed by quant_kernel.pack_int4.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -21,6 +21,20 @@ constexpr int64_t kGroup = 32;   // inputs per group
 constexpr int64_t kTile = 16;    // output columns per tile
 constexpr int64_t kBlock = 320;  // bytes per tile and group: 256 of codes, 64 of scales/zeros
 constexpr int64_t kBlockF32 = 384;  // the same with float32 scales and zeros (a float32 model's)
+// The same with 8-bit steps (quant_kernel.pack_int4_compact): 256 bytes of codes, 16 steps
+// (uint8), 16 zero offsets (uint8), one bf16 unit; column i's scale is unit * step[i] and its
+// zero scale * (8 - offset[i] / 16). Both are exact in fp32 (8 bits times 8, then times 8
+// more), so every kernel and the Python side compute the same weights. 4.53 bits a weight.
+constexpr int64_t kBlockCompact = 290;
+
+// How a block keeps its 16 scales and zeros: bf16 (kBlock bytes), float32 (kBlockF32), or as
+// 8-bit steps of a bf16 unit (kBlockCompact).
+enum class Layout { kBf16, kF32, kCompact };
+
+template <Layout L>
+constexpr int64_t block_bytes() {
+  return L == Layout::kF32 ? kBlockF32 : L == Layout::kCompact ? kBlockCompact : kBlock;
+}
 // The int8 layout's block (quant_gemm_a8.cpp): 512 bytes of int8 codes, then 16 bf16 scales
 constexpr int64_t kBlockInt8 = 544;
 constexpr int64_t kMaxRows = 8;  // rows summed together over one pass of a tile's weights
@@ -82,7 +96,7 @@ inline __m512 widen_bf16(const void* p) {  // 16 bf16 -> 16 fp32
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-// A block's 16 scales (which 0) or zeros (which 1), as float32, from either layout.
+// A block's 16 scales (which 0) or zeros (which 1), as float32, from the bf16 or float32 layout.
 template <bool F32Scales>
 inline __m512 scales_of(const uint8_t* block, int which) {
   if constexpr (F32Scales) {
@@ -92,25 +106,85 @@ inline __m512 scales_of(const uint8_t* block, int which) {
   }
 }
 
+inline __m512 widen_u8(const uint8_t* p) {  // 16 uint8 -> 16 fp32
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(
+      reinterpret_cast<const __m128i*>(p))));
+}
+
+// A block's 16 scales and 16 zeros as float32, from any layout.
+template <Layout L>
+inline void scales_zeros(const uint8_t* block, __m512& scale, __m512& zero) {
+  if constexpr (L == Layout::kCompact) {
+    uint16_t unit;
+    std::memcpy(&unit, block + 288, sizeof unit);
+    scale = _mm512_mul_ps(widen_u8(block + 256), _mm512_set1_ps(bf16_to_float(unit)));
+    const __m512 steps = _mm512_fnmadd_ps(widen_u8(block + 272), _mm512_set1_ps(1.f / 16),
+                                          _mm512_set1_ps(8.f));
+    zero = _mm512_mul_ps(scale, steps);
+  } else {
+    scale = scales_of<L == Layout::kF32>(block, 0);
+    zero = scales_of<L == Layout::kF32>(block, 1);
+  }
+}
+
 inline __mmask16 first_columns(int64_t cols) {  // the lanes of a tile's real columns
   return cols >= kTile ? 0xFFFF : static_cast<__mmask16>((1u << cols) - 1);
 }
 #endif
 
 #if defined(__AVX2__)
-// Half a block's scales (which 0) or zeros (which 1): columns 8 * half .. 8 * half + 7, as
-// float32, from either layout (the 256-bit paths' counterpart of scales_of).
-template <bool F32Scales>
-inline __m256 half_scales(const uint8_t* block, int which, int half) {
-  if constexpr (F32Scales) {
-    return _mm256_loadu_ps(reinterpret_cast<const float*>(block + 256) + 16 * which + 8 * half);
+inline __m256 widen_u8_half(const uint8_t* p) {  // 8 uint8 -> 8 fp32
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
+      reinterpret_cast<const __m128i*>(p))));
+}
+
+// Half a block's scales and zeros: columns 8 * half .. 8 * half + 7, as float32, from any
+// layout (the 256-bit paths' counterpart of scales_zeros).
+template <Layout L>
+inline void half_scales_zeros(const uint8_t* block, int half, __m256& scale, __m256& zero) {
+  if constexpr (L == Layout::kCompact) {
+    uint16_t unit;
+    std::memcpy(&unit, block + 288, sizeof unit);
+    scale = _mm256_mul_ps(widen_u8_half(block + 256 + 8 * half),
+                          _mm256_set1_ps(bf16_to_float(unit)));
+    const __m256 steps = _mm256_fnmadd_ps(widen_u8_half(block + 272 + 8 * half),
+                                          _mm256_set1_ps(1.f / 16), _mm256_set1_ps(8.f));
+    zero = _mm256_mul_ps(scale, steps);
+  } else if constexpr (L == Layout::kF32) {
+    const float* p = reinterpret_cast<const float*>(block + 256) + 8 * half;
+    scale = _mm256_loadu_ps(p);
+    zero = _mm256_loadu_ps(p + 16);
   } else {
-    const __m128i h = _mm_loadu_si128(
-        reinterpret_cast<const __m128i*>(block + 256 + 32 * which + 16 * half));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    auto widen = [](const uint8_t* p) {
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    };
+    scale = widen(block + 256 + 16 * half);
+    zero = widen(block + 288 + 16 * half);
   }
 }
 #endif
+
+// Column i's scale and zero of a block, in plain C++, from any layout.
+template <Layout L>
+inline void column_scale_zero(const uint8_t* block, int64_t i, float& scale, float& zero) {
+  if constexpr (L == Layout::kCompact) {
+    uint16_t unit;
+    std::memcpy(&unit, block + 288, sizeof unit);
+    scale = bf16_to_float(unit) * static_cast<float>(block[256 + i]);
+    zero = scale * (8.f - static_cast<float>(block[272 + i]) / 16.f);
+  } else if constexpr (L == Layout::kF32) {
+    std::memcpy(&scale, block + 256 + 4 * i, 4);
+    std::memcpy(&zero, block + 320 + 4 * i, 4);
+  } else {
+    uint16_t s, z;
+    std::memcpy(&s, block + 256 + 2 * i, 2);
+    std::memcpy(&z, block + 288 + 2 * i, 2);
+    scale = bf16_to_float(s);
+    zero = bf16_to_float(z);
+  }
+}
+
 // Calls f(std::integral_constant<int, N>{}) with N = min(rows, R): the row count a kernel's
 // register tile is compiled for, the one place a runtime count picks it (rows >= 1).
 template <int R, typename F>
@@ -123,14 +197,19 @@ inline void with_rows(int64_t rows, F&& f) {
   }
   f(std::integral_constant<int, R>{});
 }
-// Calls f(std::true_type) for the float32-scale layout, f(std::false_type) for the bf16 one:
-// the one place a runtime layout picks its compiled path.
+// Calls f(std::integral_constant<Layout, L>{}) for the layout: the one place a runtime layout
+// picks its compiled path.
 template <typename F>
-inline void with_layout(bool f32_scales, F&& f) {
-  if (f32_scales) {
-    f(std::true_type{});
-  } else {
-    f(std::false_type{});
+inline void with_layout(Layout layout, F&& f) {
+  switch (layout) {
+    case Layout::kF32:
+      f(std::integral_constant<Layout, Layout::kF32>{});
+      break;
+    case Layout::kCompact:
+      f(std::integral_constant<Layout, Layout::kCompact>{});
+      break;
+    default:
+      f(std::integral_constant<Layout, Layout::kBf16>{});
   }
 }
 
@@ -141,13 +220,17 @@ inline void check_tiles(const at::Tensor& packed, int64_t n, const char* op) {
               tiles, " tiles of 16");
 }
 
-// Whether the layout has float32 scales (384-byte blocks) or bf16 ones (320), checked.
-inline bool check_packed(const at::Tensor& packed, int64_t n, const char* op) {
-  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kByte && packed.is_contiguous() &&
-                  (packed.size(2) == kBlock || packed.size(2) == kBlockF32),
-              op, ": packed must be int4_pack's (tiles, K / 32, 320 or 384) uint8 tensor");
+// The layout of a packed weight (from its block's bytes: 320, 384 or 290), checked.
+inline Layout check_packed(const at::Tensor& packed, int64_t n, const char* op) {
+  const bool block = packed.dim() == 3 && (packed.size(2) == kBlock ||
+                                           packed.size(2) == kBlockF32 ||
+                                           packed.size(2) == kBlockCompact);
+  TORCH_CHECK(block && packed.scalar_type() == at::kByte && packed.is_contiguous(), op,
+              ": packed must be int4_pack's (tiles, K / 32, 320, 384 or 290) uint8 tensor");
   check_tiles(packed, n, op);
-  return packed.size(2) == kBlockF32;
+  return packed.size(2) == kBlockF32       ? Layout::kF32
+         : packed.size(2) == kBlockCompact ? Layout::kCompact
+                                           : Layout::kBf16;
 }
 
 // The bias's data (a contiguous (n,) float32 tensor, checked), or nullptr where there is none.
