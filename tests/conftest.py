@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Iterator
 
 import pytest
 
@@ -24,6 +26,21 @@ def _measure_precision_where_marked(
 ) -> None:
     if request.node.get_closest_marker("measure_precision") is not None:
         monkeypatch.delenv("BATCHLINE_AUTO_PRECISION", raising=False)
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads_restored() -> Iterator[None]:
+    """Each test leaves torch's intra-op thread count as it found it. A model loaded in float32
+    sets every core (``engine_choices.engine_threads``), and the tests after it in the same
+    xdist worker then ran on two threads beside the other worker's two: on CI's 2-core machine
+    they collapse (a 135M model's 8-token reference ``generate`` passed pytest's 120 s
+    timeout inside ``silu``, twice). torch is not imported for a test that does not."""
+    torch = sys.modules.get("torch")
+    before = torch.get_num_threads() if torch is not None else None
+    yield
+    torch = sys.modules.get("torch")
+    if torch is not None and before is not None and torch.get_num_threads() != before:
+        torch.set_num_threads(before)
 
 
 # The suite loads torch, ONNX Runtime, Ray's core worker, tokenizers and llguidance into one
