@@ -282,7 +282,7 @@ def load_torch_generator(spec: ModelSpec, knobs: TorchEngineOptions) -> Generati
         torch.set_num_threads(engine_threads(knobs, choice.torch_dtype))
     activations = activations_for(knobs, weights, choice.dtype)
     int8_rows = activations.activations == "int8"
-    # int8 rows sum over bf16 scales: a step reads 5 bits a weight of int4, not 6
+    # int8 rows sum over bf16 scales: a step reads 5 bits a weight of a GGUF's int4, not 6
     scales = scale_dtype_for(choice.torch_dtype, int8_rows=int8_rows)
     model, tokenizer, loaded = _load_weights(spec, weights, choice.dtype, device, scales)
     _eos_from_tokenizer(model, tokenizer)

@@ -147,8 +147,10 @@ def int8_activations_here() -> tuple[bool, str]:
 
 
 def scale_dtype_for(dtype: torch.dtype, *, int8_rows: bool = False) -> torch.dtype:
-    """The dtype :func:`pack_int4` keeps the scales of a model computing in ``dtype`` in:
-    float32 for float32 rows (exact: a GGUF's fp16 scales and quantizing's own), else bf16:
+    """The dtype :func:`pack_int4` keeps the scales of a model computing in ``dtype`` in (a
+    GGUF's int4 planes and int8's two planes; int4 quantized at load takes 8-bit steps,
+    :func:`pack_int4_steps`, whatever the rows): float32 for float32 rows (exact: a GGUF's
+    fp16 scales), else bf16:
     for bf16 rows, and for float32 rows summed as int8 (``int8_rows``), whose product is not
     float32's anyway. bf16 scales make a block 320 bytes, not 384: 5 bits a weight, not 6, and
     a batch-1 step streams its weights from memory. On the AVX2-only EPYC (Zen 2, 2 threads,
