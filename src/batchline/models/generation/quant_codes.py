@@ -129,10 +129,10 @@ class Int4Steps:
 
     def as_codes(self) -> Int4Codes:
         """The same weight as :class:`Int4Codes` (float32 scales and zeros, exact)."""
-        n = self.codes.shape[0]
-        units = self.units.float().repeat_interleave(16, dim=0)[:n]
-        scales = units * self.steps.float()
-        zeros = scales * (8 - self.offsets.float() / 16)
+        from batchline.models.generation.quant_kernel import step_scales
+
+        units = self.units.repeat_interleave(16, dim=0)[: self.codes.shape[0]]
+        scales, zeros = step_scales(units, self.steps, self.offsets)
         return Int4Codes(self.codes, scales, zeros, 32)
 
 

@@ -74,6 +74,7 @@ __all__ = [
     "pack_int8g",
     "packed_rows",
     "scale_dtype_for",
+    "step_scales",
     "unpack_int4",
     "unpack_int8",
     "unpack_int8g",
@@ -240,6 +241,16 @@ def pack_int4_steps(
     return torch.cat((_code_chunks(codes, tiles), so, unit), dim=2).contiguous()
 
 
+def step_scales(
+    units: torch.Tensor, steps: torch.Tensor, offsets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The float32 scales and zeros of 8-bit steps (:func:`pack_int4_steps`), elementwise over
+    tensors that broadcast (``units`` as bf16 values): ``scale = unit * step``, ``zero = scale *
+    (8 - offset / 16)``, both exact in float32, as the kernels compute them."""
+    scales = units.float() * steps.float()
+    return scales, scales * (8 - offsets.float() / 16)
+
+
 def _code_chunks(codes: torch.Tensor, tiles: int) -> torch.Tensor:
     """The ``(tiles, K // 32, 256)`` code bytes of :func:`pack_int4`'s layout (the last tile
     padded with code 8)."""
@@ -265,8 +276,7 @@ def unpack_int4(packed: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tenso
         so = so.permute(2, 0, 3, 1).reshape(2, tiles * TILE, groups)
         unit = packed[:, :, 256 + 2 * TILE :].contiguous().view(torch.bfloat16)
         units = unit.float().reshape(tiles, groups).repeat_interleave(TILE, dim=0)
-        scales = units * so[0].float()  # exact: a bf16 value times an integer below 256
-        zeros = scales * (8 - so[1].float() / 16)
+        scales, zeros = step_scales(units, so[0], so[1])
         return codes[:n], scales[:n], zeros[:n]
     scale_dtype = torch.float32 if block == BLOCK_F32 else torch.bfloat16
     sz = packed[:, :, 256:].contiguous().view(scale_dtype).reshape(tiles, groups, 2, TILE)
@@ -371,8 +381,7 @@ def _column_scales(
     if block == BLOCK_STEPS:
         so = _strided(part, (2, TILE), (TILE, 1), 256)[tile, :, :, column].float()  # (m, g, 2)
         unit = _strided(part, (2,), (1,), 256 + 2 * TILE)[tile].contiguous()  # (m, g, 2)
-        scale = unit.view(torch.bfloat16).float() * so[:, :, :1]
-        return scale, scale * (8 - so[:, :, 1:] / 16)
+        return step_scales(unit.view(torch.bfloat16), so[:, :, :1], so[:, :, 1:])
     width = 4 if block == BLOCK_F32 else 2  # the scales' bytes
     sz = _strided(part, (2, TILE, width), (TILE * width, width, 1), 256)
     sz = sz[tile, :, :, column].contiguous()  # (m, g, 2, width)

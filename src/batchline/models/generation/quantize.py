@@ -50,6 +50,8 @@ class QuantReport:
     #: an lm_head's: how the embedding is looked up where it went int8 with the head
     #: (:func:`~.quant_embedding.embed_quantized`), else None (kept as it was)
     embedding: str | None = None
+    #: how the linears are held where the kind does not say it all (:data:`STEPS_LAYOUT`)
+    layout: str | None = None
 
     def __add__(self, other: QuantReport) -> QuantReport:
         """Both reports' linears and bytes (one kind, one kernel: layers quantized in turn)."""
@@ -61,6 +63,7 @@ class QuantReport:
             self.kernel if self.linears else other.kernel,
             self.head or other.head,
             self.embedding or other.embedding,
+            self.layout or other.layout,
         )
 
     @property
@@ -77,9 +80,7 @@ class QuantReport:
     def __str__(self) -> str:
         head = self.head
         kept = "embedding and lm_head kept" if head is None else head.head_text
-        kind = self.kind
-        if kind == "int4" and self.kernel != "torch's kernel":  # _int4_packed's layout
-            kind = "int4 in groups of 32 with 8-bit steps"
+        kind = f"{self.kind} {self.layout}" if self.layout else self.kind
         through = f"{self.linears} linears as {kind} through {self.kernel}"
         return f"{through} ({self.bytes_text}; {kept})"
 
@@ -148,6 +149,7 @@ def quantize_linears(
         before,
         after,
         _kernel_path(kind, dtype) if own else "torch's kernel",
+        layout=STEPS_LAYOUT if own_int4 and swaps else None,
     )
 
 
@@ -258,7 +260,8 @@ def fuse_quantized(
         )
         join_projections(group.module, group.name, group.parts, joined, sizes)
         before = sum(w.numel() * w.element_size() for w in weights)
-        done = QuantReport("int4", 1, before, joined.weight_bytes, _kernel_path("int4", dtype))
+        path = _kernel_path("int4", dtype)
+        done = QuantReport("int4", 1, before, joined.weight_bytes, path, layout=STEPS_LAYOUT)
         report = done if report is None else report + done
     return report
 
@@ -274,6 +277,10 @@ def _own_int4(kind: str, dtype: torch.dtype) -> bool:
     if dtype not in (torch.bfloat16, torch.float32):
         return False
     return quant_kernel.own_kernels(dtype=dtype)[0]
+
+
+#: The report's words for :func:`_int4_packed`'s layout.
+STEPS_LAYOUT = "in groups of 32 with 8-bit steps"
 
 
 def _int4_packed(
