@@ -143,6 +143,17 @@ def test_its_error_is_below_that_of_float_scales_and_zeros(built: None) -> None:
     assert float(refit / exact) < 0.95
 
 
+def test_a_non_finite_weight_leaves_its_tiles_other_rows_as_they_were(built: None) -> None:
+    w = torch.randn(32, 64, generator=torch.Generator().manual_seed(7))
+    clean = quantize_int4_steps(w)
+    w[0, 3], w[5, 40] = float("nan"), float("inf")
+    q = quantize_int4_steps(w)
+    assert torch.equal(q.units, clean.units)
+    rows = [r for r in range(32) if r not in (0, 5)]
+    assert torch.equal(q.codes[rows], clean.codes[rows])
+    assert torch.equal(q.steps[rows], clean.steps[rows])
+
+
 def test_bad_weights_say_what_is_wrong(built: None) -> None:
     with pytest.raises(ValueError, match="does not divide 40"):
         quantize_int4_steps(torch.zeros(16, 40))

@@ -12,7 +12,7 @@
 //
 // Per group of 32 the range is [min(low, 0), max(high, 0)] and the scale it needs range / 15.
 // Per 16 rows (a tile of the layout) and group the unit is the least bf16 value at least the
-// largest of their needs over 255; a row's step the least integer whose unit * step covers its
+// largest of their (finite) needs over 255; a row's step the least integer whose unit * step covers its
 // range (0 for a group of zeros: its weights stay 0), its offset the shift, in 16ths of a
 // step, that centers the range on the codes 0..15, and its codes round(w / scale + offset / 16)
 // clamped to [0, 15]. Then, `refits` times, the scale and zero that fit the codes by least
@@ -130,7 +130,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> int4_weight_steps(con
           const float* v = wp + r * k_total + g * kGroup;
           float low = 0.f, high = 0.f;
           for (int i = 0; i < kGroup; ++i) low = std::min(low, v[i]), high = std::max(high, v[i]);
-          top = std::max(top, (high - low) / 15.f);
+          const float need = (high - low) / 15.f;
+          if (std::isfinite(need)) top = std::max(top, need);  // an inf or NaN row alone pays
         }
         top /= 255.f;
         const uint16_t unit_bits = top > 0.f && std::isfinite(top) ? bf16_at_least(top) : 0x3F80;
