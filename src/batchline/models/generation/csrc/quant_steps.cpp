@@ -14,8 +14,8 @@
 // Per 16 rows (a tile of the layout) and group the unit is the least bf16 value at least the
 // largest of their finite needs over 255 (an inf or NaN row does not coarsen the others); a
 // row's step the least integer whose unit * step covers its range (0 for a group of zeros: its
-// weights stay 0), its offset the shift, in 16ths of a step, that centers the range on the codes 0..15, and its codes round(w / scale + offset / 16)
-// clamped to [0, 15]. Then, `refits` times, the scale and zero that fit the codes by least
+// weights stay 0), its offset the shift, in 16ths of a step, that centers the range on the
+// codes 0..15, and its codes round(w / scale + offset / 16) clamped to [0, 15]. Then, `refits` times, the scale and zero that fit the codes by least
 // squares are rounded to the grid (a whole step, a 16th of the scale: their codes taken again)
 // and kept where the group's squared error fell. Plain C++ over the 32 values of a group (the
 // compiler vectorizes it); tiles split over ATen's intra-op threads, the same bits at any count.
@@ -74,7 +74,10 @@ void quantize_group(const float* v, float unit, int64_t refits, uint8_t* codes, 
   const float need = (high - low) / 15.f;
   float s = std::min(255.f, std::ceil(need / unit));
   float o = 128.f;
-  if (s > 0.f) o = std::min(255.f, std::max(0.f, std::nearbyint(8.f * (15.f - (high + low) / (unit * s)))));
+  if (s > 0.f) {
+    const float middle = 8.f * (15.f - (high + low) / (unit * s));  // in 16ths of a step
+    o = std::min(255.f, std::max(0.f, std::nearbyint(middle)));
+  }
   float error = on_grid(v, unit * s, o, codes);
   uint8_t trial[kGroup];
   for (int64_t r = 0; r < refits && s > 0.f; ++r) {
