@@ -15,9 +15,10 @@
 // largest of their finite needs over 255 (an inf or NaN row does not coarsen the others); a
 // row's step the least integer whose unit * step covers its range (0 for a group of zeros: its
 // weights stay 0), its offset the shift, in 16ths of a step, that centers the range on the
-// codes 0..15, and its codes round(w / scale + offset / 16) clamped to [0, 15]. Then, `refits` times, the scale and zero that fit the codes by least
-// squares are rounded to the grid (a whole step, a 16th of the scale: their codes taken again)
-// and kept where the group's squared error fell. Plain C++ over the 32 values of a group (the
+// codes 0..15, and its codes round(w / scale + offset / 16) clamped to [0, 15]. Then, `refits`
+// times, the scale and zero that fit the codes by least squares are rounded to the grid (a
+// whole step, a 16th of the scale: their codes taken again) and kept where the group's squared
+// error fell. Plain C++ over the 32 values of a group (the
 // compiler vectorizes it); tiles split over ATen's intra-op threads, the same bits at any count.
 // Built with the library's other sources by batchline.models.generation.decode_kernel.
 
