@@ -18,6 +18,7 @@ and each format's step against the first one's (bf16's by default).
     python benchmarks/bench_quant_step.py --shape tiny --steps 4 # smoke run (seconds)
     python benchmarks/bench_quant_step.py --formats float32,bfloat16,int4:float32  # no AVX512-BF16
     python benchmarks/bench_quant_step.py --formats float32,int4:float32:float,int4:float32:int8
+    python benchmarks/bench_quant_step.py --formats bfloat16:onednn,bfloat16:tiles
     python benchmarks/bench_quant_step.py --shape 3b --rss --folder DIR  # peak RSS per format
 
 ``--rss`` times nothing: each format loads the shape in a process of its own (the folder built
@@ -200,13 +201,20 @@ def _load_one(folder: Path, fmt: str) -> int:
 
 
 def _knobs(fmt: str, threads: int | None = None) -> Any:
-    """The ``Knobs`` of a ``--formats`` entry: ``bfloat16`` or ``float32`` (dense), or ``int8``
-    / ``int4`` computing in bf16, or ``int4:float32`` (a weight format, a dtype), and
+    """The ``Knobs`` of a ``--formats`` entry: ``bfloat16`` or ``float32`` (dense; ``bfloat16:
+    onednn`` or ``bfloat16:tiles`` names what computes its linears, ``auto`` where left out), or
+    ``int8`` / ``int4`` computing in bf16, or ``int4:float32`` (a weight format, a dtype), and
     ``int4:float32:int8`` (and the activations: ``float``, ``int8``; ``auto`` where left out)."""
     from batchline.models.config import Knobs
 
-    if fmt in ("bfloat16", "float32"):
-        return Knobs(dtype=fmt, weights="float", generation_threads=threads)
+    dense, _, kernel = fmt.partition(":")
+    if dense in ("bfloat16", "float32"):
+        return Knobs(
+            dtype=dense,
+            weights="float",
+            dense_linears=kernel or "auto",
+            generation_threads=threads,
+        )
     weights, _, rest = fmt.partition(":")
     dtype, _, activations = rest.partition(":")
     return Knobs(

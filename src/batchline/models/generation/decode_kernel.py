@@ -60,6 +60,7 @@ _SOURCES = (
     _CSRC / "quant_gemm_f32.cpp",
     _CSRC / "quant_gemm_a8.cpp",
     _CSRC / "quant_steps.cpp",
+    _CSRC / "dense_tiles.cpp",
 )
 _HEADERS = (_CSRC / "quant_layout.h",)
 #: Compiled with OpenMP so that ATen's ``parallel_for`` (a header template) splits its work over

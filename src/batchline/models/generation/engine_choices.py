@@ -1,9 +1,10 @@
 """What a torch-engine load decides before it reads a weight: the dtype a model computes in and
 the weights it is held in (:func:`precision_for`, the host's kind by way of
 :func:`~batchline.models.generation.torch_dtype.choose_precision`), what the own int4 kernel
-multiplies (:func:`activations_for`), the dtype a folder's weights are read in to be quantized
-(:func:`stored_bf16`), and the threads the engine computes on (:func:`engine_threads`). Each is
-checked against the device and the knobs so that a bad choice fails before anything is read."""
+multiplies (:func:`activations_for`), what computes the dense linears (:func:`dense_for`), the
+dtype a folder's weights are read in to be quantized (:func:`stored_bf16`), and the threads the
+engine computes on (:func:`engine_threads`). Each is checked against the device and the knobs so
+that a bad choice fails before anything is read."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from batchline.models.specs import ModelSpec
 if TYPE_CHECKING:
     import torch
 
+    from batchline.models.generation.dense_tiles import DenseChoice
     from batchline.models.generation.torch_dtype import (
         ActivationsChoice,
         DtypeChoice,
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MULTI_THREAD_WEIGHTS",
     "activations_for",
+    "dense_for",
     "engine_threads",
     "precision_for",
     "stored_bf16",
@@ -82,6 +85,17 @@ def activations_for(
         if not here:
             return ActivationsChoice("float", f"auto: the int8 kernel does not run here: {why}")
     return chosen
+
+
+def dense_for(knobs: TorchEngineOptions, dtype: torch.dtype) -> DenseChoice:
+    """What computes the dense linears (``knobs.dense_linears``), checked before anything is
+    read: ``tiles`` asked where they cannot run is an error."""
+    from batchline.models.generation.dense_tiles import choose_dense
+
+    try:
+        return choose_dense(knobs.dense_linears, dtype)
+    except ValueError as exc:
+        raise InputError(str(exc)) from exc
 
 
 def stored_bf16(folder: Path) -> torch.dtype | None:

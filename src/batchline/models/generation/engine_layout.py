@@ -32,13 +32,15 @@ __all__ = ["Layout", "lay_out_weights", "widen_to"]
 @dataclass(frozen=True, slots=True)
 class Layout:
     """What :func:`lay_out_weights` did: projection groups fused, what it quantized (None for
-    float weights), dense linears packed for oneDNN."""
+    float weights), dense linears packed for oneDNN or laid out in the own bf16 tiles."""
 
     fused: int
     quantized: QuantReport | None
     packed: int
     #: the lm_head's report where it was quantized without the layers (a GGUF's), else None
     head: QuantReport | None = None
+    #: dense linears in the own kernel's bf16 tiles (:mod:`~.dense_tiles`), not packed
+    tiled: int = 0
 
 
 def widen_to(module: torch.nn.Module, dtype: torch.dtype) -> None:
@@ -69,6 +71,8 @@ def lay_out_weights(
     weights: str,
     dtype: torch.dtype,
     scale_dtype: torch.dtype | None = None,
+    *,
+    tiles: bool = False,
 ) -> Layout:
     """Fuse each of ``model``'s layers' projections and, for ``weights`` ``int8`` or ``int4``,
     quantize its linears for ``dtype`` (the own kernel's scales in ``scale_dtype``, by default
@@ -76,7 +80,9 @@ def lay_out_weights(
     layer at a time, giving back the file pages of the weights replaced; then quantize the
     lm_head (int8 in groups of 32, :func:`~.quantize.quantize_lm_head`, where the own
     kernel runs) and look the embedding up in it or in its own int8
-    (:func:`~.quant_embedding.embed_quantized`), or pack the head, and trim the heap. Fused
+    (:func:`~.quant_embedding.embed_quantized`), or pack the head, and trim the heap. With
+    ``tiles`` the bf16 dense linears go to the own kernel's tiles
+    (:func:`~.dense_tiles.tile_linear_weights`) instead of oneDNN's packing. Fused
     before packing: the packed weights are the fused ones. ``weights`` ``gguf`` (a GGUF's linears
     kept as they came) quantizes the lm_head alone, which the file's loader dequantized: a 1.7B
     Q8_0 file's step read 384 MiB of a float32 head where int8 in groups reads 102."""
@@ -85,6 +91,7 @@ def lay_out_weights(
         release_file_pages,
         trim_heap,
     )
+    from batchline.models.generation.dense_tiles import tile_linear_weights
     from batchline.models.generation.lean_llama import fusable_layers
     from batchline.models.generation.projections import fuse_layer
     from batchline.models.generation.quant_embedding import embed_quantized, tied_embedding
@@ -96,8 +103,14 @@ def lay_out_weights(
 
     quantize = weights in ("int8", "int4")
     fusable = {id(layer) for layer in fusable_layers(model)}
-    fused = packed = 0
+    fused = packed = tiled = 0
     report: QuantReport | None = None
+
+    def pack_dense(module: torch.nn.Module) -> None:
+        nonlocal packed, tiled
+        if tiles:
+            tiled += tile_linear_weights(module)
+        packed += pack_linear_weights(module)  # what is left (float32, or odd inputs)
 
     def release_replaced(layer: torch.nn.Module, before: list[torch.Tensor]) -> None:
         kept = {t.data_ptr() for t in layer.state_dict(keep_vars=True).values()}
@@ -116,7 +129,7 @@ def lay_out_weights(
             done = quantize_linears(model, weights, dtype, [layer], scale_dtype)
             report = done if report is None else report + done
         widen_to(layer, dtype)  # a bf16 folder's norms and dense linears, to a float32 model
-        packed += pack_linear_weights(layer)  # what float linears it has left
+        pack_dense(layer)  # what float linears it has left
         release_replaced(layer, before)
         trim_heap()  # the layer's temporaries, before the next layer's are made
     head = None
@@ -134,6 +147,6 @@ def lay_out_weights(
     if report is not None:
         report = dataclasses.replace(report, head=head)
         head = None
-    packed += pack_linear_weights(model)
+    pack_dense(model)
     trim_heap()
-    return Layout(fused, report, packed, head)
+    return Layout(fused, report, packed, head, tiled)

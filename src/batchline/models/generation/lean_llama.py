@@ -42,6 +42,7 @@ import torch.nn.functional as F
 
 from batchline.models.common.packed_linear import PackedLinear
 from batchline.models.generation.decode_kernel import StepOps
+from batchline.models.generation.dense_tiles import TiledLinear
 from batchline.models.generation.packed_attention import PassPlan, packed_attention
 from batchline.models.generation.projections import GATE_UP, QKV, fuse_layer
 from batchline.models.generation.quant_embedding import QuantEmbedding
@@ -103,8 +104,9 @@ FAMILIES = {
 }
 
 Linear = Callable[[torch.Tensor], torch.Tensor]
-#: The linear modules the loop calls: torch's, packed for oneDNN, or int8/int4 weight-only.
-_LINEARS = (torch.nn.Linear, PackedLinear, QuantLinear)
+#: The linear modules the loop calls: torch's, packed for oneDNN, in the own bf16 tiles, or
+#: int8/int4 weight-only.
+_LINEARS = (torch.nn.Linear, PackedLinear, TiledLinear, QuantLinear)
 
 # A layer's norms, where it has them (Llama's two, Gemma's four).
 _LAYER_NORMS = (
@@ -127,7 +129,7 @@ _ACTIVATIONS: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], str]] = {
 
 def _linear(module: torch.nn.Module) -> Linear:
     """The module's own computation without ``nn.Module.__call__`` (hooks, attribute lookups)."""
-    if isinstance(module, PackedLinear | QuantLinear):
+    if isinstance(module, PackedLinear | TiledLinear | QuantLinear):
         return module.forward
     weight: Any = module.weight
     bias: Any = module.bias

@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING, Literal
 from batchline._errors import InputError, ModelError
 from batchline.models.generation.engine_choices import (
     activations_for,
+    dense_for,
     engine_threads,
     precision_for,
     stored_bf16,
@@ -282,13 +283,16 @@ def load_torch_generator(spec: ModelSpec, knobs: TorchEngineOptions) -> Generati
         torch.set_num_threads(engine_threads(knobs, choice.torch_dtype))
     activations = activations_for(knobs, weights, choice.dtype)
     int8_rows = activations.activations == "int8"
+    dense = dense_for(knobs, choice.torch_dtype) if device.type == "cpu" else None
     # int8 rows sum over bf16 scales: a step reads 5 bits a weight of a GGUF's int4, not 6
     scales = scale_dtype_for(choice.torch_dtype, int8_rows=int8_rows)
     model, tokenizer, loaded = _load_weights(spec, weights, choice.dtype, device, scales)
     _eos_from_tokenizer(model, tokenizer)
     if device.type == "cpu":  # now that the model's size is known
         torch.set_num_threads(engine_threads(knobs, choice.torch_dtype, step_weight_count(model)))
-    layout = lay_out_weights(model, weights.weights, choice.torch_dtype, scales)
+    layout = lay_out_weights(
+        model, weights.weights, choice.torch_dtype, scales, tiles=dense is not None and dense.tiles
+    )
     loaded = str(layout.quantized) if layout.quantized is not None else loaded
     if layout.head is not None:
         loaded += f"; {layout.head.head_text}"
@@ -306,7 +310,7 @@ def load_torch_generator(spec: ModelSpec, knobs: TorchEngineOptions) -> Generati
         # would then wait on woken threads (a 360M int4 step: 35 ms instead of 23).
         release_thread_pool()
     logger.info(
-        "%s: torch on %s, %s, %s, %s%s%s%s, %s of weights read per decode step, %s forward, "
+        "%s: torch on %s, %s, %s, %s%s%s%s%s, %s of weights read per decode step, %s forward, "
         "decode attention %s, %s intra-op thread(s), max_step_tokens %d; loaded in %.1f s",
         spec.name,
         knobs.device,
@@ -316,6 +320,9 @@ def load_torch_generator(spec: ModelSpec, knobs: TorchEngineOptions) -> Generati
         f"; {loaded}" if loaded else "",
         f", {layout.fused} projection groups fused" if layout.fused else "",
         f", {layout.packed} linear layers packed for oneDNN" if layout.packed else "",
+        f", {layout.tiled} linear layers in the own bf16 tiles ({dense.reason})"
+        if layout.tiled and dense is not None
+        else "",
         describe_step_weights(model, choice.torch_dtype),
         engine.forward,
         engine.decode_attention,

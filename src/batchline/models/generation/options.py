@@ -50,6 +50,9 @@ WeightFormat = Literal["auto", "float", "int8", "int4"]
 #: What the own int4 kernel sums a float32 model's rows as (``activations``;
 #: ``generation/csrc/quant_gemm_a8.cpp``).
 ActivationFormat = Literal["auto", "float", "int8"]
+#: What computes a bf16 model's dense linears on CPU (``dense_linears``;
+#: ``generation/dense_tiles.py``).
+DenseLinears = Literal["auto", "onednn", "tiles"]
 #: How vLLM's engine orders waiting requests (``vllm_scheduling_policy``).
 VllmSchedulingPolicy = Literal["fcfs", "priority"]
 
@@ -168,6 +171,15 @@ class TorchEngineOptions(GenerationOptions):
             "are), int8 (each row's groups of 32 inputs quantized to int8 on the way in and "
             "summed in integers: needs AVX512-VNNI) or auto (int8 where the host kind measured it "
             "and dtype auto chose float32; a named float32 keeps float rows)",
+            TORCH,
+        ),
+    )
+    dense_linears: DenseLinears = field(
+        default="auto",
+        metadata=knob(
+            "what computes a bf16 model's dense linears on CPU: onednn (torch's, its weights "
+            "packed once), tiles (the own kernel's bf16 tiles: needs AVX512-BF16) or auto (tiles "
+            "where the host kind measured them faster: AVX512-BF16 without AMX)",
             TORCH,
         ),
     )

@@ -45,6 +45,7 @@ import torch
 # imported as a module: a decode step calls its kernels through it (a function's own import
 # took ~2 us a call, ~100 calls a step), and tests patch its attributes
 from batchline.models.generation import quant_kernel
+from batchline.models.generation.dense_tiles import TiledLinear
 from batchline.models.generation.quant_codes import (
     Int4Codes,
     pack_planes,
@@ -489,7 +490,7 @@ def step_weight_count(model: torch.nn.Module) -> int:
     format (a model's size for the engine's thread count, before or after quantizing)."""
     count = 0
     for module in model.modules():
-        if isinstance(module, QuantLinear):
+        if isinstance(module, QuantLinear | TiledLinear):
             count += module.in_features * module.out_features
         elif isinstance(module, torch.nn.Linear):
             count += module.weight.numel()
@@ -504,7 +505,7 @@ def step_weight_formats(model: torch.nn.Module, dense: torch.dtype) -> dict[str,
     """:func:`step_weight_bytes` by format, largest first: ``int4``, ``int8`` and ``int8g`` (a
     GGUF's Q8_0, int8 in groups of 32) for the :class:`QuantLinear` layers, the dtype's short
     name (``bf16``, ``fp32``) for the dense ones; a linear packed for oneDNN is in ``dense``,
-    the dtype the model was loaded in."""
+    the dtype the model was loaded in, one in the own tiles in bf16 (the tiles' bytes)."""
     from batchline.models.common.packed_linear import PackedLinear
 
     formats: dict[str, int] = {}
@@ -513,6 +514,8 @@ def step_weight_formats(model: torch.nn.Module, dense: torch.dtype) -> dict[str,
             name, size = module.kind, module.weight_bytes
         elif isinstance(module, PackedLinear):
             name, size = _DENSE_NAMES.get(dense, str(dense)), module.weight_bytes
+        elif isinstance(module, TiledLinear):
+            name, size = "bf16", module.weight_bytes
         elif isinstance(module, torch.nn.Linear):
             weight = module.weight
             name = _DENSE_NAMES.get(weight.dtype, str(weight.dtype))

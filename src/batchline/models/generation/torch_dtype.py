@@ -113,6 +113,10 @@ class KindDefaults:
     int_dtype: str = "float32"
     #: why, where it is not ``dtype``
     int_measured: str = ""
+    #: whether ``dense_linears = auto`` computes a bf16 model's dense linears through the
+    #: library's tiles (``dense_tiles.py``) rather than oneDNN, and why
+    dense_tiles: bool = False
+    dense_measured: str = ""
 
 
 _NO_BF16 = KindDefaults(
@@ -143,6 +147,7 @@ KIND_DEFAULTS: dict[str, KindDefaults] = {
         "measured on the 2-core AMX Xeon (2026-12-01): torch's int4 kernel x0.55, int8 x0.70 "
         "the time of a dense bf16 linear at one row (quant_linear.py)",
         int_dtype="bfloat16",
+        dense_measured="oneDNN, whose prefill runs on AMX tiles (the own tiles not measured here)",
     ),
     "avx512-bf16": KindDefaults(
         "bfloat16",
@@ -152,6 +157,9 @@ KIND_DEFAULTS: dict[str, KindDefaults] = {
         # the figures in full: A8_MEASURED_BF16, said with the activations
         int_measured="on int8 rows, faster than bf16 (Zen 4 EPYC, 2026-12-04: a 1.7B server "
         "x1.18 its tokens/s in int4, x1.57 in int8)",
+        dense_tiles=True,
+        dense_measured="the own tiles took x0.71 oneDNN's time at one row, x0.90 at 16, x0.94-0.99 "
+        "at 32-256 (1.7B-shaped linears, Zen 4 EPYC, 2026-12-04)",
     ),
     "vnni": KindDefaults(
         "float32",
