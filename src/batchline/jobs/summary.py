@@ -102,7 +102,8 @@ class GenerateSummary(RunSummary):
 
     generation_batching: str = "continuous"
     dtype: str = ""
-    #: how the linears are held (``gguf, int8 activations``): the load log says why
+    #: how the linears are held (``gguf, int8 activations``; ``float, dense linears in the own
+    #: bf16 tiles``): the load log says why
     weights: str = ""
     generated_tokens: int = 0
     prompt_tokens: int = 0

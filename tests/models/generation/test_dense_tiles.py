@@ -187,3 +187,26 @@ def test_tiles_asked_for_a_float32_model_fail_before_loading() -> None:
 
     with pytest.raises(InputError, match="dense_linears=tiles: the tiles compute bf16"):
         dense_for(Knobs(dense_linears="tiles"), torch.float32)
+
+
+def test_a_load_says_which_kernel_its_dense_linears_took(
+    tiles_here: None, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    from batchline.models.config import Knobs
+    from batchline.models.generation.load import load_text_generator
+    from batchline.models.specs import parse_spec
+
+    from .test_load import save_tiny_generator
+
+    folder = save_tiny_generator(tmp_path_factory.mktemp("tiles") / "tiny-llama")
+    spec = parse_spec(f"{folder}/")
+    said = {}
+    for kernel in ("tiles", "onednn"):
+        knobs = Knobs(dtype="bfloat16", weights="float", dense_linears=kernel)
+        loaded = load_text_generator(spec, knobs)
+        said[kernel] = (loaded.info.details["dense_linears"], loaded.weights)
+        loaded.close()
+    assert said == {
+        "tiles": ("tiles", "float, dense linears in the own bf16 tiles"),
+        "onednn": ("onednn", "float"),
+    }

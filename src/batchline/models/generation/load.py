@@ -358,6 +358,8 @@ def load_torch_generator(spec: ModelSpec, knobs: TorchEngineOptions) -> Generati
         dtype=choice.dtype,
         weights=weights.weights,
         activations=activations.activations,
+        # what the dense linears left went through ("" where none: all quantized, or CUDA)
+        dense_linears="tiles" if layout.tiled else "onednn" if layout.packed else "",
     )
     return GenerationModel(
         generator=generator,
@@ -369,7 +371,9 @@ def load_torch_generator(spec: ModelSpec, knobs: TorchEngineOptions) -> Generati
         batching=batching,
         device=knobs.device,
         dtype=str(choice),
-        weights=weights.weights + (", int8 activations" if int8_rows else ""),
+        weights=weights.weights
+        + (", int8 activations" if int8_rows else "")
+        + (", dense linears in the own bf16 tiles" if layout.tiled else ""),
         _engine=engine,
     )
 
