@@ -210,3 +210,26 @@ def test_a_load_says_which_kernel_its_dense_linears_took(
         "tiles": ("tiles", "float, dense linears in the own bf16 tiles"),
         "onednn": ("onednn", "float"),
     }
+
+
+def test_without_the_kernel_library_auto_keeps_onednn_and_tiles_are_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from batchline.models.config import Knobs
+    from batchline.models.generation import dense_tiles, quant_kernel
+    from batchline.models.generation.engine_choices import dense_for
+
+    monkeypatch.setattr(dense_tiles, "choose_dense", lambda asked, dtype: _tiles_asked(asked))
+    monkeypatch.setattr(quant_kernel, "own_kernels", lambda **_: (False, "no C++ compiler"))
+    fallback = dense_for(Knobs(dense_linears="auto"), torch.bfloat16)
+    assert fallback.kernel == "onednn"
+    assert fallback.reason == "auto: the own tiles do not run here: no C++ compiler"
+    with pytest.raises(InputError, match="dense_linears=tiles cannot run here: no C"):
+        dense_for(Knobs(dense_linears="tiles"), torch.bfloat16)
+
+
+def _tiles_asked(asked: str) -> Any:
+    """What ``choose_dense`` answers on a host whose kind takes the tiles."""
+    from batchline.models.generation.dense_tiles import DenseChoice
+
+    return DenseChoice("tiles", "asked" if asked == "tiles" else "avx512-bf16 host")

@@ -89,13 +89,22 @@ def activations_for(
 
 def dense_for(knobs: TorchEngineOptions, dtype: torch.dtype) -> DenseChoice:
     """What computes the dense linears (``knobs.dense_linears``), checked before anything is
-    read: ``tiles`` asked where they cannot run is an error."""
-    from batchline.models.generation.dense_tiles import choose_dense
+    read: ``tiles`` asked where they cannot run is an error; ``auto`` takes oneDNN where the
+    kernel library that holds the tiles is not built (no compiler), saying why."""
+    from batchline.models.generation import quant_kernel
+    from batchline.models.generation.dense_tiles import DenseChoice, choose_dense
 
     try:
-        return choose_dense(knobs.dense_linears, dtype)
+        chosen = choose_dense(knobs.dense_linears, dtype)
     except ValueError as exc:
         raise InputError(str(exc)) from exc
+    if chosen.tiles:
+        runs, why = quant_kernel.own_kernels(dtype=dtype)  # builds the library where it can
+        if not runs and knobs.dense_linears == "tiles":
+            raise InputError(f"dense_linears=tiles cannot run here: {why}")
+        if not runs:
+            return DenseChoice("onednn", f"auto: the own tiles do not run here: {why}")
+    return chosen
 
 
 def stored_bf16(folder: Path) -> torch.dtype | None:
