@@ -553,14 +553,19 @@ def test_the_weights_knob_is_checked() -> None:
 
 
 @pytest.mark.slow
+# ~3 s alone on the Zen 4 host (2026-12-05); on CI's 2-core machine, beside the other xdist
+# worker, it ran past pytest's 120 s bound in three of the last several runs, inside the
+# reference's float32 ``generate`` (the cause not found: not a deadlock that was shown). A
+# longer bound keeps a slow run from failing the suite; a hang still fails it.
+@pytest.mark.timeout(600)
 def test_smollm2_kept_as_q4_1_generates_as_transformers_on_its_dequantized_weights(
     smollm2: tuple[Any, Any], generation_cache: Path
 ) -> None:
     """The shipped file, its 210 Q4_1 linears kept quantized, in float32: greedy tokens equal
-    transformers' ``generate`` on the converted folder (the same file dequantized). Slow: torch's
-    int4 kernel in float32 (20-60 s)."""
+    transformers' ``generate`` on the converted folder (the same file dequantized)."""
     from batchline.models.generation.smollm2 import gguf_path, smollm2_folder
 
+    torch.set_num_threads(1)  # whatever a test before left (the autouse fixture restores it)
     reference, tokenizer = smollm2
     folder = smollm2_folder(cache=generation_cache)
     loaded, _, report = load_gguf(gguf_path(), dtype=torch.float32, folder=folder)
