@@ -68,10 +68,9 @@ def choose_dense(
 
     if asked not in DENSE_LINEARS:
         raise ValueError(f"dense_linears must be one of {', '.join(DENSE_LINEARS)}, not {asked!r}")
-    have = set(cpu_flags() if flags is None else flags)
-    kind, defaults = kind_defaults(have)
     if asked == "onednn":
         return DenseChoice("onednn", "asked")
+    have = set(cpu_flags() if flags is None else flags)
     why_not = ""
     if dtype != torch.bfloat16:
         why_not = f"the tiles compute bf16, the model {str(dtype).removeprefix('torch.')}"
@@ -83,6 +82,7 @@ def choose_dense(
         return DenseChoice("tiles", "asked")
     if why_not:
         return DenseChoice("onednn", why_not)
+    kind, defaults = kind_defaults(have)
     if not defaults.dense_tiles:
         return DenseChoice("onednn", f"{kind} host: {defaults.dense_measured}")
     return DenseChoice("tiles", f"{kind} host: {defaults.dense_measured}")
