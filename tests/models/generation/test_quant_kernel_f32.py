@@ -246,9 +246,9 @@ def test_a_dense_product_dequantizes_a_chunk_of_columns_at_a_time(
         out = layer(x)
         assert out.shape == (count, n)
         assert _relative(out, x.double() @ reference.T + bias.double()) < TOLERANCE
-    # the buffers are this thread's, one per plane and input width, of DEQUANT_COLS rows
+    # the buffers are this thread's, one per plane, input width and chunk width (DEQUANT_COLS rows)
     planes = 1 if kind == "int4" else 2
-    assert sorted(quant_linear._scratch.buffers) == [(i, 128) for i in range(planes)]
+    assert sorted(quant_linear._scratch.buffers) == [(i, 128, 64) for i in range(planes)]
     assert {tuple(b.shape) for b in quant_linear._scratch.buffers.values()} == {(64, 128)}
 
 

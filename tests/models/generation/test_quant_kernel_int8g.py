@@ -264,3 +264,26 @@ def test_a_q8_0_gguf_with_int8_rows_loads_into_the_int8_layout(
         got, want = loaded(x).logits, dequantized_reference(path, model)(x).logits
     # the file's fp16 scales rounded to bf16, the rows to 8 bits a group
     assert 0 < _relative(got, want.double()) < 5e-2
+
+
+def test_a_dense_product_first_made_in_inference_mode_runs_outside_it_after(
+    a8_library: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The float32 dense path's buffers (kept per thread) are made as normal tensors: made by a
+    call in inference mode (an engine's step), a later call outside it (a test's, a user's)
+    still writes them, and a chunk width changed between calls takes buffers of its own."""
+    w = torch.randn(40, 96, generator=torch.Generator().manual_seed(6))
+    layer = QuantLinear.int4(
+        int_planes(w, "int8g"),
+        bias=torch.randn(40),
+        dtype=torch.float32,
+        scale_dtype=torch.bfloat16,
+    )
+    x = torch.randn(ql.DENSE_ROWS["own32a8q"], 96)
+    monkeypatch.setattr(ql, "DEQUANT_COLS", 16)
+    with torch.inference_mode():
+        inside = layer(x)
+    outside = layer(x)
+    assert torch.equal(inside, outside)
+    monkeypatch.setattr(ql, "DEQUANT_COLS", 32)
+    assert torch.allclose(layer(x), outside, rtol=1e-5, atol=1e-4)

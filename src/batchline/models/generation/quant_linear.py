@@ -354,13 +354,19 @@ class QuantLinear(torch.nn.Module):
         from batchline.models.generation.quant_kernel import TILE, int4_dequantize
 
         n, k = self.out_features, self.in_features
-        # one buffer per plane and input width: int8g's second plane is summed in place
-        buffers: dict[tuple[int, int], torch.Tensor] = _scratch.__dict__.setdefault("buffers", {})
+        # one buffer per plane, input width and chunk: int8g's second plane is summed in place.
+        # Made outside inference mode: a normal tensor is written in place in either mode, one
+        # made inside could not be written by a later call outside it.
+        buffers: dict[tuple[int, int, int], torch.Tensor] = _scratch.__dict__.setdefault(
+            "buffers", {}
+        )
         mine = []
         for i in range(len(self._own)):
-            if (i, k) not in buffers:
-                buffers[(i, k)] = torch.empty(DEQUANT_COLS, k)
-            mine.append(buffers[(i, k)])
+            key = (i, k, DEQUANT_COLS)
+            if key not in buffers:
+                with torch.inference_mode(False):
+                    buffers[key] = torch.empty(DEQUANT_COLS, k)
+            mine.append(buffers[key])
         out = torch.empty(flat.shape[0], n)
         for c0 in range(0, n, DEQUANT_COLS):
             cols = min(DEQUANT_COLS, n - c0)
