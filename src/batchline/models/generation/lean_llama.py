@@ -128,8 +128,11 @@ _ACTIVATIONS: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], str]] = {
 
 
 def _linear(module: torch.nn.Module) -> Linear:
-    """The module's own computation without ``nn.Module.__call__`` (hooks, attribute lookups)."""
-    if isinstance(module, PackedLinear | TiledLinear | QuantLinear):
+    """The module's own computation without ``nn.Module.__call__`` (hooks, attribute lookups);
+    an int linear's step path (:meth:`~.quant_linear.QuantLinear.step_forward`)."""
+    if isinstance(module, QuantLinear):
+        return module.step_forward()
+    if isinstance(module, PackedLinear | TiledLinear):
         return module.forward
     weight: Any = module.weight
     bias: Any = module.bias

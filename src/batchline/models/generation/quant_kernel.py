@@ -44,12 +44,16 @@ an error, and ``QuantLinear`` keeps torch's kernels).
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import torch
 
-from batchline._cpu import A8_KERNEL_FLAGS, F32_KERNEL_FLAGS, host_flags
+from batchline._cpu import A8_KERNEL_FLAGS, F32_KERNEL_FLAGS, host_flags, host_kind
 from batchline.models.generation.decode_kernel import decode_kernel
 
 __all__ = [
+    "A8_STREAMS",
+    "A8_STREAM_INPUTS",
     "A8_WIDTH",
     "AMX_ROWS",
     "BLOCK",
@@ -109,6 +113,16 @@ F32_WIDTH = 512
 #: The path :func:`int4_linear` takes for int8 rows where the library has both (AVX512-VNNI):
 #: vpdpbusd on 512-bit vectors; elsewhere vpmaddubsw on AVX2's is the only one.
 A8_WIDTH = 512
+#: The tiles the 512-bit int8-rows path reads at once in a one-row product (1, 2, 4 or 8): so
+#: many streams from memory for the hardware's prefetchers instead of one read ahead in
+#: software. Measured on Zen 4 (see ``csrc/quant_gemm_a8.cpp``'s ``row_by_tiles_a8``).
+A8_STREAMS = 8
+#: The fewest inputs at which a one-row int8-rows product reads :data:`A8_STREAMS` tiles at once:
+#: a long tile (3,072 inputs: 28 KB) read alone took x1.12-1.39 the time of 8 at once; at a
+#: 1.7B's 2,048 inputs 8 were even to x0.83, at a 360M's 960 and 2,560 x0.95-0.98 alone but a
+#: 360M step with every layer at 8 took x1.05 the time of its layers at 1 (Zen 4 EPYC, 2026-12-05:
+#: ``benchmarks/bench_a8_streams.py``).
+A8_STREAM_INPUTS = 3072
 
 
 def own_kernels(*, amx: bool = False, dtype: torch.dtype = torch.bfloat16) -> tuple[bool, str]:
@@ -436,22 +450,37 @@ def int4_linear(
     *,
     amx_rows: int = AMX_ROWS,
     int8_rows: bool = False,
+    streams: int = 1,
 ) -> torch.Tensor:
     """``x (rows, K) @ W.T (+ bias)`` in ``x``'s dtype (bf16, or float32 through
     ``csrc/quant_gemm_f32.cpp``), ``W`` the ``n`` columns :func:`pack_int4` packed, ``bias``
     float32 ``(n,)``; bf16 rows from ``amx_rows`` rows on through AMX tiles where the CPU has
     them; float32 rows with ``int8_rows`` quantized to int8 per group of 32 on the way in and
-    summed in integers (``csrc/quant_gemm_a8.cpp``: :func:`int8_activations_here`). The
-    library must have been loaded (:func:`own_kernels` for that dtype)."""
+    summed in integers (``csrc/quant_gemm_a8.cpp``: :func:`int8_activations_here`), one row
+    ``streams`` tiles at a time (:func:`a8_streams`). The library must have been loaded
+    (:func:`own_kernels` for that dtype)."""
     ops = torch.ops.batchline
     if x.dtype == torch.float32 and int8_rows:
-        quantized: torch.Tensor = ops.int4_linear_a8(x.contiguous(), packed, n, bias, A8_WIDTH)
+        quantized: torch.Tensor = ops.int4_linear_a8(
+            x.contiguous(), packed, n, bias, A8_WIDTH, streams
+        )
         return quantized
     if x.dtype == torch.float32:
         result: torch.Tensor = ops.int4_linear_f32(x.contiguous(), packed, n, bias, F32_WIDTH)
         return result
     out: torch.Tensor = ops.int4_linear(x.contiguous(), packed, n, bias, amx_rows)
     return out
+
+
+def a8_streams(in_features: int, flags: Collection[str] | None = None) -> int:
+    """The tiles a one-row int8-rows product of ``in_features`` inputs reads at once (the op's
+    ``streams``): :data:`A8_STREAMS` from :data:`A8_STREAM_INPUTS` inputs on where the host is
+    of the ``avx512-bf16`` kind (AMD's Zen 4 and 5, where it was measured; ``flags`` default:
+    this CPU's), else 1."""
+    kind = host_kind(host_flags() if flags is None else flags)
+    if in_features < A8_STREAM_INPUTS or kind.name != "avx512-bf16":
+        return 1
+    return A8_STREAMS
 
 
 def int4_dequantize(

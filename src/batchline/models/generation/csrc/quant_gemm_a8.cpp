@@ -10,12 +10,14 @@
 // 8 chunks in 16 bits (at most 8 * 2 * 15 * 127 = 30,480: no saturation) and widened to int32
 // once per group by a vpmaddwd.
 //
-//   int4_linear_a8(x, packed, n, bias=None, width=512) -> out
-//     x:      (rows, K), contiguous float32, K a multiple of 32
-//     packed: (tiles, K / 32, 320, 384 or 290) uint8 (quant_kernel.pack_int4)
-//     bias:   (n,) float32, or None
-//     width:  512: the VNNI path (up to 8 rows a pass); 256: the AVX2 one (up to 4)
-//     out:    (rows, n) float32
+//   int4_linear_a8(x, packed, n, bias=None, width=512, streams=1) -> out
+//     x:       (rows, K), contiguous float32, K a multiple of 32
+//     packed:  (tiles, K / 32, 320, 384 or 290) uint8 (quant_kernel.pack_int4)
+//     bias:    (n,) float32, or None
+//     width:   512: the VNNI path (up to 8 rows a pass); 256: the AVX2 one (up to 4)
+//     streams: 1, 2, 4 or 8: the tiles one row reads at once on the VNNI path (the same bits;
+//              quant_kernel.a8_streams says where more than one pays)
+//     out:     (rows, n) float32
 //   int8g_linear_a8(x, packed, n, bias=None) -> out: the same product of int8 weights in groups
 //     of 32 (a GGUF's Q8_0 form), packed (tiles, K / 32, 544) uint8 (quant_kernel.pack_int8g),
 //     through the 256-bit path only
@@ -58,8 +60,9 @@
 #include <cmath>
 #include <cstring>
 #include <optional>
-#include <type_traits>
 #include <tuple>
+#include <type_traits>
+#include <vector>
 
 #include "quant_layout.h"
 
@@ -298,6 +301,58 @@ void tile_rows_a8(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(out + (m0 + r) * n_total + n0, valid, total[r]);
 }
 
+
+// One row against C tiles at a time: C streams from memory with no prefetch asked (the
+// hardware's prefetchers follow them). One tile of a long weight read ahead in software took
+// x1.12-1.25 the time of 8 at once: Zen 4 EPYC, 2 threads, 2026-12-05, each weight in 11 copies
+// called in turn (8,192 -> 2,048 and -> 3,072: x0.79-0.83 with 8; 3,072 -> 5,120 and -> 16,384:
+// x0.86-0.89); at 2,048 inputs it was even (x0.96-1.02) and at a 360M's 960 and 2,560 one
+// stream was faster (8: x1.08-1.14). Per tile the same operations in the same order as
+// tile_rows_a8<L, 1>: the same bits.
+template <Layout L, int C>
+void row_by_tiles_a8(const uint8_t* tile, int64_t tile_bytes, int64_t groups, const int8_t* xq,
+                     const float* xscale, const int32_t* xsum, const float* bias, int64_t n0,
+                     int64_t n_total, float* out) {
+  constexpr int64_t bytes = block_bytes<L>();
+  const __m512i low_nibbles = _mm512_set1_epi32(0x0F0F0F0F);
+  const __m512 eight = _mm512_set1_ps(8.f);
+  __mmask16 valid[C];
+  __m512 total[C];
+  for (int c = 0; c < C; ++c) {
+    const int64_t start = n0 + c * kTile;
+    valid[c] = first_columns(n_total - start);
+    total[c] = bias ? _mm512_maskz_loadu_ps(valid[c], bias + start) : _mm512_setzero_ps();
+  }
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512i acc[C][2];
+    for (int c = 0; c < C; ++c) acc[c][0] = acc[c][1] = _mm512_setzero_si512();
+    const int8_t* xg = xq + g * kGroup;
+    for (int k = 0; k < 8; ++k) {
+      const __m512i xk = broadcast4(xg + 4 * k);
+      for (int c = 0; c < C; ++c) {
+        const uint8_t* block = tile + c * tile_bytes + g * bytes;
+        const __m512i v = _mm512_cvtepu16_epi32(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32 * k)));
+        const __m512i w =
+            _mm512_ternarylogic_epi32(v, _mm512_slli_epi32(v, 12), low_nibbles, 0xA8);
+        acc[c][k % 2] = _mm512_dpbusd_epi32(acc[c][k % 2], w, xk);
+      }
+    }
+    const float dx = xscale[g];
+    const __m512 by = _mm512_set1_ps(dx * static_cast<float>(xsum[g]));
+    for (int c = 0; c < C; ++c) {
+      __m512 scale, zero;
+      scales_zeros<L>(tile + c * tile_bytes + g * bytes, scale, zero);
+      zero = _mm512_fnmadd_ps(eight, scale, zero);
+      const __m512i sum = _mm512_add_epi32(acc[c][0], acc[c][1]);
+      total[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(scale, _mm512_set1_ps(dx)),
+                                 total[c]);
+      total[c] = _mm512_fmadd_ps(by, zero, total[c]);
+    }
+  }
+  for (int c = 0; c < C; ++c) _mm512_mask_storeu_ps(out + n0 + c * kTile, valid[c], total[c]);
+}
+
 #endif  // BATCHLINE_A8_VNNI
 
 void check_x(const at::Tensor& x, const char* op) {
@@ -307,32 +362,90 @@ void check_x(const at::Tensor& x, const char* op) {
   TORCH_CHECK(x.size(1) % kGroup == 0, op, ": K = ", x.size(1), " is not a multiple of ", kGroup);
 }
 
-// x's int8 codes, scales and code sums per row and group, rows split over the threads.
+// Rows [0, rows) of x (K inputs each) to int8 codes, scales and code sums per group, into the
+// given buffers, rows split over the threads.
+void quantize_rows(const at::Tensor& x, int8_t* codes, float* scales, int32_t* sums) {
+#if defined(BATCHLINE_A8)
+  const int64_t rows = x.size(0), k_total = x.size(1), groups = k_total / kGroup;
+  const float* xp = x.data_ptr<float>();
+  const int64_t rows_per_share = std::max<int64_t>(1, 16384 / k_total);
+  at::parallel_for(0, rows, rows_per_share, [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m) {
+      quantize_row(xp + m * k_total, groups, codes + m * k_total, scales + m * groups,
+                   sums + m * groups);
+    }
+  });
+#endif
+}
+
+// x's int8 codes, scales and code sums per row and group, as tensors (int8_activations).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quantized(const at::Tensor& x) {
   const int64_t rows = x.size(0), k_total = x.size(1), groups = k_total / kGroup;
   auto codes = at::empty({rows, k_total}, x.options().dtype(at::kChar));
   auto scales = at::empty({rows, groups}, x.options());
   auto sums = at::empty({rows, groups}, x.options().dtype(at::kInt));
-#if defined(BATCHLINE_A8)
-  const float* xp = x.data_ptr<float>();
-  int8_t* cp = codes.data_ptr<int8_t>();
-  float* sp = scales.data_ptr<float>();
-  int32_t* up = sums.data_ptr<int32_t>();
-  const int64_t rows_per_share = std::max<int64_t>(1, 16384 / k_total);
-  at::parallel_for(0, rows, rows_per_share, [&](int64_t begin, int64_t end) {
-    for (int64_t m = begin; m < end; ++m) {
-      quantize_row(xp + m * k_total, groups, cp + m * k_total, sp + m * groups, up + m * groups);
-    }
-  });
-#endif
+  quantize_rows(x, codes.data_ptr<int8_t>(), scales.data_ptr<float>(), sums.data_ptr<int32_t>());
   return {codes, scales, sums};
 }
 
+// Inputs up to which a product's quantized rows go into buffers its calling thread keeps
+// (a decode step's linears would otherwise allocate three tensors each call, ~1 us of a
+// 12-30 us call at 360M); larger ones (a prefill chunk's) into tensors of their own.
+constexpr int64_t kScratchInputs = 1 << 16;
+
+// x quantized (quantized()'s three arrays), in the calling thread's buffers where it is small.
+class QuantizedRows {
+ public:
+  explicit QuantizedRows(const at::Tensor& x) {
+    if (x.numel() > kScratchInputs) {
+      owned_ = quantized(x);
+      codes_ = std::get<0>(owned_).data_ptr<int8_t>();
+      scales_ = std::get<1>(owned_).data_ptr<float>();
+      sums_ = std::get<2>(owned_).data_ptr<int32_t>();
+      return;
+    }
+    thread_local std::vector<int8_t> codes(kScratchInputs);
+    thread_local std::vector<float> scales(kScratchInputs / kGroup);
+    thread_local std::vector<int32_t> sums(kScratchInputs / kGroup);
+    codes_ = codes.data(), scales_ = scales.data(), sums_ = sums.data();
+    quantize_rows(x, codes_, scales_, sums_);
+  }
+  const int8_t* codes() const { return codes_; }
+  const float* scales() const { return scales_; }
+  const int32_t* sums() const { return sums_; }
+
+ private:
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> owned_;
+  int8_t* codes_;
+  float* scales_;
+  int32_t* sums_;
+};
+
+// Runs f(std::integral_constant<int, C>{}) for streams C of 1, 2, 4 or 8 (checked before).
+template <typename F>
+inline void with_streams(int64_t streams, F&& f) {
+  switch (streams) {
+    case 8:
+      f(std::integral_constant<int, 8>{});
+      break;
+    case 4:
+      f(std::integral_constant<int, 4>{});
+      break;
+    case 2:
+      f(std::integral_constant<int, 2>{});
+      break;
+    default:
+      f(std::integral_constant<int, 1>{});
+  }
+}
+
 at::Tensor int4_linear_a8(const at::Tensor& x, const at::Tensor& packed, int64_t n,
-                          const std::optional<at::Tensor>& bias, int64_t width) {
+                          const std::optional<at::Tensor>& bias, int64_t width, int64_t streams) {
   check_x(x, "int4_linear_a8");
   TORCH_CHECK(width == 256 || width == 512, "int4_linear_a8: width must be 256 or 512, not ",
               width);
+  TORCH_CHECK(streams == 1 || streams == 2 || streams == 4 || streams == 8,
+              "int4_linear_a8: streams must be 1, 2, 4 or 8, not ", streams);
 #if !defined(BATCHLINE_A8_VNNI)
   width = 256;  // the only path built
 #endif
@@ -345,13 +458,35 @@ at::Tensor int4_linear_a8(const at::Tensor& x, const at::Tensor& packed, int64_t
   auto out = at::empty({rows, n}, x.options());
   if (rows == 0) return out;
 #if defined(BATCHLINE_A8)
-  const auto [codes, scales, sums] = quantized(x);
-  const int8_t* cp = codes.data_ptr<int8_t>();
-  const float* sp = scales.data_ptr<float>();
-  const int32_t* up = sums.data_ptr<int32_t>();
+  const QuantizedRows xq(x);
+  const int8_t* cp = xq.codes();
+  const float* sp = xq.scales();
+  const int32_t* up = xq.sums();
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   float* op = out.data_ptr<float>();
   const int64_t tile_bytes = groups * packed.size(2);
+#if defined(BATCHLINE_A8_VNNI)
+  if (width == 512 && rows == 1 && streams > 1) {  // a batch-1 step: C tiles at a time
+    at::parallel_for(0, tiles, tiles_per_share(tile_bytes), [&](int64_t begin, int64_t end) {
+      with_layout(layout, [&](auto kind) {
+        constexpr Layout kL = decltype(kind)::value;
+        with_streams(streams, [&](auto c) {
+          constexpr int kC = decltype(c)::value;
+          int64_t t = begin;
+          for (; t + kC <= end; t += kC) {
+            row_by_tiles_a8<kL, kC>(wp + t * tile_bytes, tile_bytes, groups, cp, sp, up, bias_ptr,
+                                    t * kTile, n, op);
+          }
+          for (; t < end; ++t) {
+            row_by_tiles_a8<kL, 1>(wp + t * tile_bytes, tile_bytes, groups, cp, sp, up, bias_ptr,
+                                   t * kTile, n, op);
+          }
+        });
+      });
+    });
+    return out;
+  }
+#endif
   at::parallel_for(0, tiles, tiles_per_share(tile_bytes), [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const uint8_t* tile = wp + t * tile_bytes;
@@ -397,9 +532,9 @@ at::Tensor int8g_linear_a8(const at::Tensor& x, const at::Tensor& packed, int64_
   auto out = at::empty({rows, n}, x.options());
   if (rows == 0) return out;
 #if defined(BATCHLINE_A8)
-  const auto [codes, scales, sums] = quantized(x);
-  const int8_t* cp = codes.data_ptr<int8_t>();
-  const float* sp = scales.data_ptr<float>();
+  const QuantizedRows xq(x);
+  const int8_t* cp = xq.codes();
+  const float* sp = xq.scales();
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   float* op = out.data_ptr<float>();
   const int64_t tile_bytes = groups * kBlockInt8;
@@ -492,8 +627,8 @@ std::tuple<at::Tensor, at::Tensor> int8_weight_groups(const at::Tensor& w, int64
 
 TORCH_LIBRARY_FRAGMENT(batchline, m) {
   m.def(
-      "int4_linear_a8(Tensor x, Tensor packed, int n, Tensor? bias=None, int width=512)"
-      " -> Tensor");
+      "int4_linear_a8(Tensor x, Tensor packed, int n, Tensor? bias=None, int width=512,"
+      " int streams=1) -> Tensor");
   m.def("int8g_linear_a8(Tensor x, Tensor packed, int n, Tensor? bias=None) -> Tensor");
   m.def("int8_activations(Tensor x) -> (Tensor, Tensor)");
   m.def("int8_weight_groups(Tensor w, int steps) -> (Tensor, Tensor)");

@@ -1,0 +1,151 @@
+"""The int8-rows int4 kernel at one row, one tile at a time against several (``streams``), and a
+whole batch-1 step through the layers' step path against the path before it.
+
+Per linear (``--shapes``, ``in x out``): one random weight in the 8-bit-steps layout
+``--set weights=int4`` packs, held in ``--copies`` copies called in turn so that each call reads
+its weight from memory, as a decode step does (copies of ``--least-mib`` at least: a 360M's
+layer in 11 copies fits in a Zen 4's 32 MiB L3); the op is called with ``streams`` 1, 2, 4 and 8
+in turn, call by call, so that a load on the machine falls on all alike. Printed: the median µs
+of each and its time as a fraction of one stream's (below 1: faster), and the GB/s one stream
+read.
+
+With ``--step SHAPE`` (a folder ``bench_quant_step.py`` built under ``--folder``): the shape
+loads with ``weights=int4`` in float32 with int8 rows; then one sequence decodes and its steps
+alternate between the lean loop as loaded (each layer's ``step_forward``, its chosen streams)
+and one built over the layers' ``forward`` with one stream (what a step ran before
+2026-12-05). Printed: the median step of each and their ratio.
+
+    python benchmarks/bench_a8_streams.py                          # 1.7B and 3B shapes (~1 min)
+    python benchmarks/bench_a8_streams.py --shapes 960x1600,960x5120,2560x960   # 360M's
+    python benchmarks/bench_a8_streams.py --shapes 64x64 --copies 2 --calls 3  # smoke run
+    python benchmarks/bench_a8_streams.py --step 1.7b --folder /tmp/bench-sizes/1.7b
+
+Needs ``batchline[generate]`` and the kernel library built with AVX512-VNNI (the 512-bit path:
+elsewhere ``streams`` is not read). Threads: ``--threads`` (default 2). The lead runs it on a
+quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from batchline.models.generation import quant_kernel
+from batchline.models.generation.quant_codes import quantize_int4_steps
+
+# SmolLM2-1.7B's fused gate/up and down, a 3B Llama's fused q/k/v, gate/up and down
+DEFAULT_SHAPES = "2048x16384,8192x2048,3072x5120,3072x16384,8192x3072"
+STREAMS = (1, 2, 4, 8)
+
+
+def per_linear(k: int, n: int, copies: int, calls: int, least_mib: int) -> dict[int, float]:
+    """Median seconds of a one-row call per streams count."""
+    weight = torch.randn(n, k) * 0.05
+    steps = quantize_int4_steps(weight)
+    packed = quant_kernel.pack_int4_steps(steps.codes, steps.steps, steps.offsets, steps.units)
+    copies = max(copies, -(-least_mib * 2**20 // packed.numel()))  # more than the caches hold
+    held = [packed.clone() for _ in range(copies)]
+    x = torch.randn(1, k)
+    op = torch.ops.batchline.int4_linear_a8
+    times: dict[int, list[float]] = {s: [] for s in STREAMS}
+    call = 0
+    for _ in range(calls + 2):  # the first two rounds warm up
+        for streams in STREAMS:
+            call += 1
+            w = held[call % copies]
+            start = time.perf_counter()
+            op(x, w, n, None, 512, streams)
+            times[streams].append(time.perf_counter() - start)
+    return {s: statistics.median(t[2:]) for s, t in times.items()}
+
+
+def step_paths(shape: str, folder: Path, steps: int, threads: int) -> tuple[float, float]:
+    """Median step (seconds) of the step path and of the path before it, alternated."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from bench_quant_step import _knobs
+
+    from batchline.models.generation.engine import GenerationRequest, SamplingParams
+    from batchline.models.generation.lean_llama import LeanForward
+    from batchline.models.generation.load import load_text_generator
+    from batchline.models.generation.quant_linear import QuantLinear
+    from batchline.models.specs import parse_spec
+
+    loaded = load_text_generator(
+        parse_spec(f"{folder}/llama-{shape}/"), _knobs("int4:float32:int8", threads)
+    )
+    engine = loaded.engine
+    assert engine is not None
+    now = engine._lean
+    layers = [m for m in engine._model.modules() if isinstance(m, QuantLinear)]
+    chosen = [m.streams for m in layers]
+    for m in layers:  # the loop before: each layer's forward, one stream
+        m.step_forward = (lambda forward: lambda: forward)(m.forward)  # type: ignore[method-assign]
+        m.streams = 1
+    before = LeanForward(engine._model, now._ops)
+    times: dict[str, list[float]] = {"step path": [], "before": []}
+    try:
+        with torch.inference_mode():
+            engine.add_request(
+                GenerationRequest("one", tuple(range(10, 70)), SamplingParams(max_tokens=steps))
+            )
+            engine.step()  # the prefill
+            turn = 0
+            while engine.has_unfinished():
+                name = "before" if turn % 2 else "step path"
+                engine._lean = before if name == "before" else now
+                for m, streams in zip(layers, chosen, strict=True):
+                    m.streams = 1 if name == "before" else streams
+                start = time.perf_counter()
+                engine.step()
+                times[name].append(time.perf_counter() - start)
+                turn += 1
+    finally:
+        loaded.close()
+    return statistics.median(times["step path"]), statistics.median(times["before"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", default=DEFAULT_SHAPES, help="in x out, comma-separated")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--calls", type=int, default=40, help="timed calls per streams count")
+    parser.add_argument("--copies", type=int, default=11, help="copies of each weight, at least")
+    parser.add_argument(
+        "--least-mib", type=int, default=256, help="copies enough to hold this many MiB"
+    )
+    parser.add_argument("--step", help="a bench_quant_step.py shape: 360m, 1.7b or 3b")
+    parser.add_argument("--folder", type=Path, help="where bench_quant_step.py built the shape")
+    parser.add_argument("--steps", type=int, default=200, help="decode steps (--step)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    here, why = quant_kernel.own_kernels(dtype=torch.float32)
+    if not here or not quant_kernel.int8_activations_here()[0]:
+        sys.exit(f"the int8-rows kernel does not run here: {why}")
+    if args.step:
+        if args.folder is None:
+            sys.exit("--step needs --folder (bench_quant_step.py --folder DIR builds it)")
+        new, old = step_paths(args.step, args.folder, args.steps, args.threads)
+        print(f"{args.step}, int4 with int8 rows, batch 1, {args.threads} thread(s)")
+        print(f"step path {new * 1e3:.2f} ms, before {old * 1e3:.2f} ms: x{new / old:.3f}")
+        return
+    print(
+        f"one row, {args.threads} thread(s), each weight in copies of {args.least_mib} MiB at least"
+    )
+    print("| shape | " + " | ".join(f"{s} stream(s)" for s in STREAMS) + " | GB/s at 1 |")
+    print("|---|" + "---:|" * (len(STREAMS) + 1))
+    for shape in args.shapes.split(","):
+        k, n = (int(v) for v in shape.split("x"))
+        medians = per_linear(k, n, args.copies, args.calls, args.least_mib)
+        one = medians[1]
+        cells = [f"{medians[s] * 1e6:.0f} µs (x{medians[s] / one:.2f})" for s in STREAMS]
+        read = -(-n // 16) * (k // 32) * quant_kernel.BLOCK_STEPS
+        print(f"| {k} -> {n} | " + " | ".join(cells) + f" | {read / one / 1e9:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
