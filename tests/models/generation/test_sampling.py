@@ -12,6 +12,9 @@ torch = pytest.importorskip("torch")
 
 from batchline.models.generation.engine import GenerationRequest, SamplingParams  # noqa: E402
 from batchline.models.generation.sampling import (  # noqa: E402
+    NUCLEUS_FIRST,
+    _inverse_cdf,
+    _nucleus,
     make_rng,
     sample_top_p,
     select_tokens,
@@ -89,6 +92,77 @@ def test_same_seed_same_draws_other_seed_other_draws() -> None:
 
     assert draws(params) == draws(params)
     assert draws(params) != draws(SamplingParams(temperature=1.0, seed=43))
+
+
+def _sorted_nucleus(probs: Any, top_p: float) -> set[int]:
+    """The nucleus by a full sort (how it was found before): the ids kept."""
+    ranked, order = torch.sort(probs, descending=True)
+    keep = (torch.cumsum(ranked, dim=-1) - ranked) < top_p
+    keep[0] = True
+    return set(order[keep].tolist())
+
+
+@pytest.mark.parametrize("top_p", [0.05, 0.5, 0.9, 0.999])
+@pytest.mark.parametrize("temperature", [0.3, 1.0, 4.0])
+def test_the_nucleus_without_a_full_sort_is_the_one_a_sort_finds(
+    top_p: float, temperature: float
+) -> None:
+    """Random logits (no ties) over a 5,000-token vocabulary: nuclei from one token to
+    thousands, past the first look's 64 (the look grows, or sorts every token)."""
+    g = torch.Generator().manual_seed(int(top_p * 1000) + int(temperature * 10))
+    sizes = []
+    for _ in range(5):
+        probs = torch.softmax(torch.randn(5000, generator=g) * 3 / temperature, dim=-1)
+        ranked, order = _nucleus(probs, top_p)
+        kept = set(order[ranked > 0].tolist())
+        assert kept == _sorted_nucleus(probs, top_p)
+        assert torch.equal(ranked[ranked > 0], probs[order[ranked > 0]])  # most likely first
+        sizes.append(len(kept))
+    if temperature == 4.0 and top_p >= 0.5:  # flat: most of the vocabulary
+        assert min(sizes) > 5000 // 8
+    if temperature == 1.0 and top_p == 0.9:  # past the first look, short of a full sort
+        assert min(sizes) > NUCLEUS_FIRST
+        assert max(sizes) < 5000 // 8
+
+
+def test_a_draw_never_lands_on_a_token_of_probability_zero() -> None:
+    probs = torch.tensor([0.0, 0.0, 0.25, 0.0, 0.5, 0.25, 0.0, 0.0])
+    assert _inverse_cdf(probs, 0.0) == 2  # the first positive one, not a zero before it
+    assert _inverse_cdf(probs, 0.2499) == 2
+    assert _inverse_cdf(probs, 0.25) == 4  # the threshold reached: the next positive one
+    assert _inverse_cdf(probs, 0.7499) == 4
+    assert _inverse_cdf(probs, 0.75) == 5
+    assert _inverse_cdf(probs, 1.0) == 5  # rounding at the very top: the last positive one
+    # logits masked to -inf (a grammar, a logit bias) are never drawn, nucleus or not
+    logits = torch.full((300,), float("-inf"))
+    allowed = [3, 77, 150, 299]
+    logits[allowed] = torch.tensor([0.5, 1.0, 2.0, 0.1])
+    generator = _gen(6)
+    for top_p in (1.0, 0.99, 0.6):
+        seen = {
+            sample_top_p(logits, temperature=1.0, top_p=top_p, generator=generator)
+            for _ in range(300)
+        }
+        assert seen <= set(allowed)
+        assert 150 in seen
+
+
+def test_a_large_nucleus_is_sampled_in_proportion() -> None:
+    """200 equally likely tokens (1/280 each) and 800 of a tenth of that: top_p 0.712 keeps the
+    200 (199/280 = 0.7107 before the last of them, 200/280 = 0.7143 before the next), more than
+    the first look's 64, each drawn about equally often."""
+    logits = torch.cat((torch.zeros(200), torch.full((800,), -torch.log(torch.tensor(10.0)))))
+    order = torch.randperm(1000, generator=torch.Generator().manual_seed(7))
+    shuffled = logits[order]
+    likely = set(torch.nonzero(shuffled == 0).flatten().tolist())
+    generator = _gen(8)
+    n = 4000
+    seen = Counter(
+        sample_top_p(shuffled, temperature=1.0, top_p=0.712, generator=generator) for _ in range(n)
+    )
+    assert set(seen) == likely
+    expected = n / 200
+    assert max(seen.values()) < expected + 5 * expected**0.5
 
 
 def test_select_tokens_mixes_greedy_and_sampled_rows() -> None:

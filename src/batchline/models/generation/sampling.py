@@ -22,6 +22,7 @@ import torch
 from batchline.models.generation.engine import GenerationRequest, SamplingParams, TokenLogprob
 
 __all__ = [
+    "NUCLEUS_FIRST",
     "adjust_logits",
     "check_logit_bias",
     "make_rng",
@@ -42,6 +43,11 @@ def make_rng(params: SamplingParams) -> torch.Generator | None:
     return generator
 
 
+#: The most likely tokens a nucleus is first looked for among (more until they hold it): a real
+#: model's nucleus is a few to a few hundred tokens of its vocabulary.
+NUCLEUS_FIRST = 64
+
+
 def sample_top_p(
     logits: torch.Tensor, *, temperature: float, top_p: float, generator: torch.Generator
 ) -> int:
@@ -49,30 +55,57 @@ def sample_top_p(
 
     ``logits`` is one row, ``(vocab,)``. The nucleus is the smallest set of most likely tokens
     whose probability reaches ``top_p`` (the most likely token is always in it). Exactly one
-    uniform number is drawn from ``generator``.
+    uniform number is drawn from ``generator``, and mapped through the cumulative probabilities:
+    of the whole vocabulary in id order where ``top_p`` is 1, else of the nucleus from the most
+    likely token down. No full sort: one of a 49k vocabulary took ~2.8 ms on the 2-core hosts,
+    a third of a 360M int4 model's decode step (a top-k of 64 ~0.09 ms, a cumulative sum 0.05).
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 to sample, got {temperature}")
     probs = torch.softmax(logits.float() / temperature, dim=-1)
-    sorted_probs, order = torch.sort(probs, descending=True)
-    cumulative = torch.cumsum(sorted_probs, dim=-1)
-    if top_p < 1.0:
-        # Keep a token if the tokens before it have not yet reached top_p.
-        keep = (cumulative - sorted_probs) < top_p
-        keep[0] = True
-        sorted_probs = sorted_probs * keep
-        cumulative = torch.cumsum(sorted_probs, dim=-1)
-    # Inverse-CDF draw with one uniform from the request's own CPU generator.
     u = float(torch.rand((), generator=generator))
-    threshold = u * float(cumulative[-1])
-    index = int(
-        torch.searchsorted(
-            cumulative, torch.tensor([threshold], device=cumulative.device), right=True
-        )[0]
-    )
-    # u < 1, but rounding may put the threshold at the very top: clamp to the last kept token.
-    last_kept = int(torch.count_nonzero(sorted_probs)) - 1
-    return int(order[min(index, last_kept)])
+    if top_p >= 1.0:
+        return _inverse_cdf(probs, u)
+    ranked, order = _nucleus(probs, top_p)
+    return int(order[_inverse_cdf(ranked, u)])
+
+
+def _nucleus(probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The nucleus's probabilities, most likely first (the tokens past it zero), and their ids.
+
+    The most likely :data:`NUCLEUS_FIRST` tokens first; while the ones before the last do not
+    yet reach ``top_p`` (the nucleus may go on past them), four times as many where they hold
+    half of ``top_p`` at least, else (a flat distribution, its nucleus much of the vocabulary)
+    every token sorted, as from an eighth of the vocabulary on: a top-k that large costs more
+    than the sort."""
+    size = probs.shape[-1]
+    count = min(NUCLEUS_FIRST, size)
+    while True:
+        if count >= size // 8:
+            count = size
+            ranked, order = torch.sort(probs, descending=True)
+        else:
+            ranked, order = torch.topk(probs, count)
+        before = torch.cumsum(ranked, dim=-1) - ranked  # what the tokens before each hold
+        # keep a token while the tokens before it have not yet reached top_p
+        keep = before < top_p
+        keep[0] = True
+        if count == size or not bool(keep[-1]):
+            return ranked * keep, order
+        held = float(before[-1] + ranked[-1])
+        count = 4 * count if held >= top_p / 2 else size
+
+
+def _inverse_cdf(probs: torch.Tensor, u: float) -> int:
+    """The index at which ``probs``' cumulative sum first passes ``u`` of its total: never one of
+    probability 0 (its sum does not rise there), the last positive one where rounding puts the
+    threshold at the very top."""
+    cumulative = torch.cumsum(probs, dim=-1)
+    threshold = torch.tensor([u * float(cumulative[-1])], device=cumulative.device)
+    index = int(torch.searchsorted(cumulative, threshold, right=True)[0])
+    if index < probs.shape[-1]:
+        return index
+    return int(torch.nonzero(probs)[-1, 0])
 
 
 def check_logit_bias(request: GenerationRequest, vocab_size: int) -> None:
