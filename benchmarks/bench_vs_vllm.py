@@ -189,6 +189,7 @@ class RunResult:
 
 
 async def _drive(port: int, workload: list[tuple[str, int]], concurrency: int) -> RunResult:
+    import httpx
     import openai
 
     queue: asyncio.Queue[tuple[str, int]] = asyncio.Queue()
@@ -199,8 +200,16 @@ async def _drive(port: int, workload: list[tuple[str, int]], concurrency: int) -
     tokens = 0
     failed = 0
 
+    # each request on a connection of its own: llama-server closes a kept-alive connection after
+    # a few requests, and a request sent on it as it closes failed with a connection error (one
+    # of six at one client, 2026-12-04/05); no retries, so a server's own failure still counts
+    http = openai.DefaultAsyncHttpxClient(limits=httpx.Limits(max_keepalive_connections=0))
     async with openai.AsyncOpenAI(
-        base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=900
+        base_url=f"http://127.0.0.1:{port}/v1",
+        api_key="unused",
+        max_retries=0,
+        timeout=900,
+        http_client=http,
     ) as client:
 
         async def one(prompt: str, max_tokens: int) -> None:
