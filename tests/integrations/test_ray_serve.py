@@ -678,6 +678,10 @@ def test_cli_serves_from_zero_and_sigterm_stops_everything(tmp_path: Path) -> No
         env.pop(k, None)  # the command sets them for its own Ray
     argv = ["serve", "--engine", "ray", "--replicas", "0-1", "--target-ongoing", "4"]
     argv += ["--port", str(port), "--sessions", "1", "--set", "intra_op_threads=1"]
+    # the first request waits while a replica starts and loads the model: 12-13 s alone, past
+    # the default 30 s in one CI run beside the other test worker (2026-12-05); the bound here
+    # is the client's 90
+    argv += ["--request-timeout-s", "90"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "batchline", *argv], stdout=log, stderr=subprocess.STDOUT, env=env
     )
