@@ -14,6 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from batchline._cpu import A8_VNNI_FLAGS  # noqa: E402
 from batchline.models.generation import quant_kernel as ik  # noqa: E402
 from batchline.models.generation import quant_linear as ql  # noqa: E402
 from batchline.models.generation.quant_codes import (  # noqa: E402
@@ -78,9 +79,11 @@ def test_int8_from_planes_gives_back_the_codes_the_planes_were_split_from() -> N
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 17])
 @pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("width", [512, 256])  # 512 runs as 256 where VNNI is not built
 def test_the_product_is_the_float64_one_of_the_quantized_rows(
-    a8_library: None, rows: int, with_bias: bool
+    a8_library: None, rows: int, with_bias: bool, width: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(ik, "A8_WIDTH", width)
     n, k = 40, 256
     codes, scales = _weight(n, k, seed=rows)
     packed = ik.pack_int8g(codes, scales)
@@ -96,9 +99,14 @@ def test_the_product_is_the_float64_one_of_the_quantized_rows(
     assert _relative(out, reference) < TOLERANCE
 
 
-def test_the_codes_extremes_sum_exactly(a8_library: None) -> None:
+@pytest.mark.parametrize("width", [512, 256])
+def test_the_codes_extremes_sum_exactly(
+    a8_library: None, width: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # |w| = 128 against row codes of +-127 in every position: each vpmaddubsw pair is
-    # +-32,512, the most a 16-bit lane holds here; a saturating sum would come out short.
+    # +-32,512, the most a 16-bit lane holds here; a saturating sum would come out short. On
+    # the VNNI path w + 128 reaches 255 and 0 against them.
+    monkeypatch.setattr(ik, "A8_WIDTH", width)
     n, k = 16, 64
     codes = torch.full((n, k), -128, dtype=torch.int8)
     codes[1::2] = 127
@@ -168,6 +176,24 @@ def test_two_threads_give_the_bits_one_thread_gives(a8_library: None) -> None:
         assert torch.equal(one, two)
 
 
+def test_the_vnni_and_avx2_paths_give_the_same_bits(a8_library: None) -> None:
+    """The same integer sums (vpdpbusd's over w + 128, less 128 times the row's code sum, against
+    vpmaddubsw's over |w| and signed rows) and the same float32 operations per column."""
+    if not set(A8_VNNI_FLAGS) <= ik.host_flags():
+        pytest.skip("only the AVX2 path is built here (no AVX512-VNNI)")
+    op = torch.ops.batchline.int8g_linear_a8
+    g = torch.Generator().manual_seed(12)
+    for n, k in ((72, 256), (16, 32), (300, 1024)):  # part tiles; 19 tiles over 2 threads
+        codes, scales = _weight(n, k, seed=n)
+        codes[0, :32] = -128  # a GGUF's Q8_0 may hold it
+        packed = ik.pack_int8g(codes, scales)
+        bias = torch.randn(n, generator=g)
+        for rows in (1, 2, 3, 4, 5, 8, 9, 17):
+            x = torch.randn(rows, k, generator=g)
+            for b in (None, bias):
+                assert torch.equal(op(x, packed, n, b, 512), op(x, packed, n, b, 256)), (n, rows)
+
+
 def test_no_rows_give_an_empty_product_and_bad_inputs_say_what_is_wrong(a8_library: None) -> None:
     packed = ik.pack_int8g(*_weight(32, 64, seed=2))
     op = torch.ops.batchline.int8g_linear_a8
@@ -184,6 +210,8 @@ def test_no_rows_give_an_empty_product_and_bad_inputs_say_what_is_wrong(a8_libra
     int4 = ik.pack_int4(q.codes, q.scales, q.zeros)
     with pytest.raises(RuntimeError, match="packed must be pack_int8g's"):
         op(torch.randn(2, 64), int4, 32)
+    with pytest.raises(RuntimeError, match="width must be 256 or 512, not 128"):
+        op(torch.randn(2, 64), packed, 32, None, 128)
 
 
 def test_a_float32_layer_over_bf16_scales_holds_int8_in_its_layout_at_any_row_count(

@@ -62,6 +62,7 @@ __all__ = [
     "BLOCK_STEPS",
     "F32_WIDTH",
     "GROUP",
+    "INT8G_WIDE_ROWS",
     "INT8_AMX_ROWS",
     "TILE",
     "f32_vectors",
@@ -110,9 +111,15 @@ INT8_AMX_ROWS = 1
 #: 1.81 / 3.19 / 12.8, dense float32 5.22 / 11.4 / 16.0; 8,192 -> 2,048 0.48 / 1.11 / 4.41,
 #: 0.60 / 1.74 / 6.28, 2.27 / 5.16 / 7.17.
 F32_WIDTH = 512
-#: The path :func:`int4_linear` takes for int8 rows where the library has both (AVX512-VNNI):
-#: vpdpbusd on 512-bit vectors; elsewhere vpmaddubsw on AVX2's is the only one.
+#: The path :func:`int4_linear` and :func:`int8g_linear` take for int8 rows where the library
+#: has both (AVX512-VNNI): vpdpbusd on 512-bit vectors; elsewhere AVX2's vpmaddubsw is the only
+#: one (the same bits).
 A8_WIDTH = 512
+#: The fewest rows the int8 layout's product (:func:`int8g_linear`) takes through the 512-bit
+#: path (VNNI, 8 rows a pass) rather than the 256-bit one (4): Zen 4, 2 threads, 2026-12-05,
+#: 512 / 256 time at 1, 2, 4, 8, 16 rows: x0.99-1.12, x1.02-1.10, x0.84-1.03, x0.50-0.68,
+#: x0.50-0.54 (960 -> 49,152, 960 -> 5,120, 2,048 -> 16,384, 8,192 -> 2,048, from memory).
+INT8G_WIDE_ROWS = 4
 #: The tiles the 512-bit int8-rows path reads at once in a one-row product (1, 2, 4 or 8): so
 #: many streams from memory for the hardware's prefetchers instead of one read ahead in
 #: software. Measured on Zen 4 (see ``csrc/quant_gemm_a8.cpp``'s ``row_by_tiles_a8``).
@@ -419,9 +426,10 @@ def int8g_linear(
 ) -> torch.Tensor:
     """``x (rows, K) @ W.T (+ bias)`` for float32 ``x``, ``W`` the ``n`` columns
     :func:`pack_int8g` packed, ``bias`` float32 ``(n,)``: each row quantized to int8 per group of
-    32 on the way in and summed in integers (``csrc/quant_gemm_a8.cpp``; the library loaded
-    and :func:`int8_activations_here`)."""
-    out: torch.Tensor = torch.ops.batchline.int8g_linear_a8(x.contiguous(), packed, n, bias)
+    32 on the way in and summed in integers (``csrc/quant_gemm_a8.cpp``, 512-bit vectors from
+    :data:`INT8G_WIDE_ROWS` rows on; the library loaded and :func:`int8_activations_here`)."""
+    width = A8_WIDTH if x.shape[0] >= INT8G_WIDE_ROWS else 256
+    out: torch.Tensor = torch.ops.batchline.int8g_linear_a8(x.contiguous(), packed, n, bias, width)
     return out
 
 

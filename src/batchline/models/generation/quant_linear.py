@@ -430,11 +430,14 @@ class QuantLinear(torch.nn.Module):
         bias = None if self.bias is None else self.bias.detach().float().contiguous()
         limit = DENSE_ROWS[self._dense_key(torch.float32)]
         if self._int8_layout:
-            layout_op = torch.ops.batchline.int8g_linear_a8
+            layout_op, wide = torch.ops.batchline.int8g_linear_a8, quant_kernel.A8_WIDTH
+            wide_rows = quant_kernel.INT8G_WIDE_ROWS
 
             def step(x: torch.Tensor) -> torch.Tensor:
-                if x.dim() == 2 and x.dtype == torch.float32 and x.shape[0] < limit:
-                    out: torch.Tensor = layout_op(x.contiguous(), packed, n, bias)
+                rows = x.shape[0]
+                if x.dim() == 2 and x.dtype == torch.float32 and rows < limit:
+                    width = wide if rows >= wide_rows else 256
+                    out: torch.Tensor = layout_op(x.contiguous(), packed, n, bias, width)
                     return out
                 return forward(x)
 

@@ -18,9 +18,11 @@
 //     streams: 1, 2, 4 or 8: the tiles one row reads at once on the VNNI path (the same bits;
 //              quant_kernel.a8_streams says where more than one pays)
 //     out:     (rows, n) float32
-//   int8g_linear_a8(x, packed, n, bias=None) -> out: the same product of int8 weights in groups
-//     of 32 (a GGUF's Q8_0 form), packed (tiles, K / 32, 544) uint8 (quant_kernel.pack_int8g),
-//     through the 256-bit path only
+//   int8g_linear_a8(x, packed, n, bias=None, width=512) -> out: the same product of int8
+//     weights in groups of 32 (a GGUF's Q8_0 form), packed (tiles, K / 32, 544) uint8
+//     (quant_kernel.pack_int8g); width 512: vpdpbusd on each 64-byte chunk as it lies (the
+//     codes read as w + 128, 128 times the row's code sum taken off), 256: the AVX2 path below,
+//     the same bits
 //   int8_activations(x) -> (codes, scales): the quantizing the product applies to x, for tests
 //     and for the error it adds: codes (rows, K) int8, scales (rows, K / 32) float32
 //   int8_weight_groups(w, steps) -> (codes, scales): a weight (N, K) float32 to int8 in groups
@@ -353,6 +355,50 @@ void row_by_tiles_a8(const uint8_t* tile, int64_t tile_bytes, int64_t groups, co
   for (int c = 0; c < C; ++c) _mm512_mask_storeu_ps(out + n0 + c * kTile, valid[c], total[c]);
 }
 
+// The int8 layout on the VNNI path: rows [m0, m0 + R) of one tile. A chunk's 64 bytes are
+// vpdpbusd's weight operand as they lie (column j's codes of inputs 4c..4c+3 at 4j); the codes
+// being signed, they are read as unsigned w + 128 (the sign bit flipped) and 128 times the row's
+// code sum of the group is taken off after: the 256-bit path's integer sums exactly, then its
+// float32 operations per column, so the same bits.
+template <int R>
+void tile_rows_int8(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t k_total,
+                    const float* xscale, const int32_t* xsum, int64_t m0, const float* bias,
+                    int64_t n0, int64_t cols, int64_t n_total, float* out) {
+  constexpr int kChains = R <= 2 ? 2 : 1;
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __mmask16 valid = first_columns(cols);
+  const __m512 start = bias ? _mm512_maskz_loadu_ps(valid, bias + n0) : _mm512_setzero_ps();
+  __m512 total[R];
+  for (int r = 0; r < R; ++r) total[r] = start;
+  const int8_t* xm = xq + m0 * k_total;
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* block = tile + g * kBlockInt8;
+    prefetch_ahead(block, kBlockInt8);
+    __m512i acc[R][kChains];
+    for (int r = 0; r < R; ++r) {
+      for (int j = 0; j < kChains; ++j) acc[r][j] = _mm512_setzero_si512();
+    }
+    const int8_t* xg = xm + g * kGroup;
+    for (int c = 0; c < 8; ++c) {
+      const __m512i w = _mm512_xor_si512(_mm512_loadu_si512(block + 64 * c), flip);
+      for (int r = 0; r < R; ++r) {
+        __m512i& a = acc[r][c % kChains];
+        a = _mm512_dpbusd_epi32(a, w, broadcast4(xg + r * k_total + 4 * c));
+      }
+    }
+    const __m512 scale = widen_bf16(block + 512);
+    for (int r = 0; r < R; ++r) {
+      __m512i sum = acc[r][0];
+      for (int j = 1; j < kChains; ++j) sum = _mm512_add_epi32(sum, acc[r][j]);
+      const int64_t at = (m0 + r) * groups + g;
+      sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(128 * xsum[at]));
+      total[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum),
+                                 _mm512_mul_ps(scale, _mm512_set1_ps(xscale[at])), total[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(out + (m0 + r) * n_total + n0, valid, total[r]);
+}
+
 #endif  // BATCHLINE_A8_VNNI
 
 void check_x(const at::Tensor& x, const char* op) {
@@ -518,8 +564,13 @@ at::Tensor int4_linear_a8(const at::Tensor& x, const at::Tensor& packed, int64_t
 }
 
 at::Tensor int8g_linear_a8(const at::Tensor& x, const at::Tensor& packed, int64_t n,
-                           const std::optional<at::Tensor>& bias) {
+                           const std::optional<at::Tensor>& bias, int64_t width) {
   check_x(x, "int8g_linear_a8");
+  TORCH_CHECK(width == 256 || width == 512, "int8g_linear_a8: width must be 256 or 512, not ",
+              width);
+#if !defined(BATCHLINE_A8_VNNI)
+  width = 256;  // the only path built
+#endif
   TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kByte && packed.is_contiguous() &&
                   packed.size(2) == kBlockInt8,
               "int8g_linear_a8: packed must be pack_int8g's (tiles, K / 32, 544) uint8 tensor");
@@ -535,12 +586,24 @@ at::Tensor int8g_linear_a8(const at::Tensor& x, const at::Tensor& packed, int64_
   const QuantizedRows xq(x);
   const int8_t* cp = xq.codes();
   const float* sp = xq.scales();
+  const int32_t* up = xq.sums();
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   float* op = out.data_ptr<float>();
   const int64_t tile_bytes = groups * kBlockInt8;
   at::parallel_for(0, tiles, tiles_per_share(tile_bytes), [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t n0 = t * kTile, cols = std::min(kTile, n - n0);
+#if defined(BATCHLINE_A8_VNNI)
+      if (width == 512) {
+        for (int64_t m0 = 0; m0 < rows; m0 += kMaxRows) {
+          with_rows<kMaxRows>(std::min(kMaxRows, rows - m0), [&](auto r) {
+            tile_rows_int8<decltype(r)::value>(wp + t * tile_bytes, groups, cp, k_total, sp, up,
+                                               m0, bias_ptr, n0, cols, n, op);
+          });
+        }
+        continue;
+      }
+#endif
       for (int64_t m0 = 0; m0 < rows; m0 += kMaxRows256) {
         with_rows<kMaxRows256>(std::min(kMaxRows256, rows - m0), [&](auto r) {
           tile_rows_int8_256<decltype(r)::value>(wp + t * tile_bytes, groups, cp, k_total, sp, m0,
@@ -629,7 +692,9 @@ TORCH_LIBRARY_FRAGMENT(batchline, m) {
   m.def(
       "int4_linear_a8(Tensor x, Tensor packed, int n, Tensor? bias=None, int width=512,"
       " int streams=1) -> Tensor");
-  m.def("int8g_linear_a8(Tensor x, Tensor packed, int n, Tensor? bias=None) -> Tensor");
+  m.def(
+      "int8g_linear_a8(Tensor x, Tensor packed, int n, Tensor? bias=None, int width=512)"
+      " -> Tensor");
   m.def("int8_activations(Tensor x) -> (Tensor, Tensor)");
   m.def("int8_weight_groups(Tensor w, int steps) -> (Tensor, Tensor)");
 }
