@@ -72,6 +72,7 @@ __all__ = [
     "int8_linear",
     "int8g_here",
     "int8g_linear",
+    "int8g_width",
     "own_kernels",
     "pack_int4",
     "pack_int4_steps",
@@ -428,9 +429,16 @@ def int8g_linear(
     :func:`pack_int8g` packed, ``bias`` float32 ``(n,)``: each row quantized to int8 per group of
     32 on the way in and summed in integers (``csrc/quant_gemm_a8.cpp``, 512-bit vectors from
     :data:`INT8G_WIDE_ROWS` rows on; the library loaded and :func:`int8_activations_here`)."""
-    width = A8_WIDTH if x.shape[0] >= INT8G_WIDE_ROWS else 256
-    out: torch.Tensor = torch.ops.batchline.int8g_linear_a8(x.contiguous(), packed, n, bias, width)
+    out: torch.Tensor = torch.ops.batchline.int8g_linear_a8(
+        x.contiguous(), packed, n, bias, int8g_width(x.shape[0])
+    )
     return out
+
+
+def int8g_width(rows: int) -> int:
+    """The path the int8 layout's product takes for ``rows`` rows: :data:`A8_WIDTH` from
+    :data:`INT8G_WIDE_ROWS` rows on, else the 256-bit one."""
+    return A8_WIDTH if rows >= INT8G_WIDE_ROWS else 256
 
 
 def int8_linear(

@@ -430,14 +430,12 @@ class QuantLinear(torch.nn.Module):
         bias = None if self.bias is None else self.bias.detach().float().contiguous()
         limit = DENSE_ROWS[self._dense_key(torch.float32)]
         if self._int8_layout:
-            layout_op, wide = torch.ops.batchline.int8g_linear_a8, quant_kernel.A8_WIDTH
-            wide_rows = quant_kernel.INT8G_WIDE_ROWS
+            layout_op, width_for = torch.ops.batchline.int8g_linear_a8, quant_kernel.int8g_width
 
             def step(x: torch.Tensor) -> torch.Tensor:
                 rows = x.shape[0]
                 if x.dim() == 2 and x.dtype == torch.float32 and rows < limit:
-                    width = wide if rows >= wide_rows else 256
-                    out: torch.Tensor = layout_op(x.contiguous(), packed, n, bias, width)
+                    out: torch.Tensor = layout_op(x.contiguous(), packed, n, bias, width_for(rows))
                     return out
                 return forward(x)
 
