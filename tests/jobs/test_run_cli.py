@@ -259,3 +259,66 @@ def test_ctrl_c_before_the_first_chunk_keeps_what_is_done(here: Path) -> None:
     assert table.column("index").to_pylist() == list(range(1000))
     assert table.column("result").to_pylist() == [json.dumps(len(r["text"])) for r in rows]
     assert not list(here.glob("out/_flushed-*"))  # a finished output holds its chunks only
+
+
+class _StopsInAFinalizer:
+    """SIGTERM delivered while the main thread runs a finalizer: an exception raised there
+    is printed ("Exception ignored in ...") and dropped, not propagated."""
+
+    def __del__(self) -> None:
+        signal.raise_signal(signal.SIGTERM)
+
+
+def test_sigterm_with_sigint_ignored_stops_the_loop_even_from_a_finalizer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A background run (SIGINT ignored) stopped by SIGTERM while a finalizer runs: the stop
+    is neither printed as an ignored exception nor lost; the run's task is cancelled and the
+    interrupt comes out of the loop."""
+    import asyncio
+
+    from batchline.jobs.cli import _sigterm_as_interrupt
+
+    unraisable: list[object] = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    cancelled: list[bool] = []
+
+    async def job() -> str:
+        try:
+            _StopsInAFinalizer()  # dropped at once: its finalizer runs here
+            for _ in range(200):
+                await asyncio.sleep(0.01)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+        return "finished"
+
+    old_sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    stopped_by: list[str] = []
+    restore = _sigterm_as_interrupt(stopped_by)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            asyncio.run(job())
+    finally:
+        restore()
+        signal.signal(signal.SIGINT, old_sigint)
+    assert stopped_by == ["SIGTERM"]
+    assert unraisable == []
+    assert cancelled == [True]
+
+
+def test_sigterm_with_sigint_ignored_and_no_loop_interrupts_at_once() -> None:
+    """Before the loop starts (a model still loading in the main thread), SIGTERM interrupts
+    there, as Ctrl-C would."""
+    from batchline.jobs.cli import _sigterm_as_interrupt
+
+    old_sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    stopped_by: list[str] = []
+    restore = _sigterm_as_interrupt(stopped_by)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGTERM)
+    finally:
+        restore()
+        signal.signal(signal.SIGINT, old_sigint)
+    assert stopped_by == ["SIGTERM"]

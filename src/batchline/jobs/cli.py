@@ -403,6 +403,7 @@ def _say_model_loads() -> logging.Handler:
 def _sigterm_as_interrupt(stopped_by: list[str]) -> Callable[[], object]:
     """Make SIGTERM stop the run as Ctrl-C does (what is done kept, the rest withdrawn),
     noting it in ``stopped_by``; returns what puts the old handler back."""
+    import asyncio
     import signal
     import threading
 
@@ -416,11 +417,23 @@ def _sigterm_as_interrupt(stopped_by: list[str]) -> Callable[[], object]:
             on_sigint(signal.SIGINT, frame)
             return
         # SIGINT ignored (a job started with `&` from a script) or left to the system: SIGTERM
-        # must stop the run all the same, so it interrupts as Python's own Ctrl-C handler would
-        raise KeyboardInterrupt
+        # must stop the run all the same. Raised here, the interrupt could land in whatever the
+        # main thread runs now, a finalizer too, which prints it as ignored and drops it (the
+        # run went on); in a running loop it is raised by the loop itself, between callbacks
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop yet (a model loading): here, as Python's Ctrl-C
+            raise KeyboardInterrupt from None
+        loop.call_soon_threadsafe(_interrupt)
 
     old = signal.signal(signal.SIGTERM, on_sigterm)
     return lambda: signal.signal(signal.SIGTERM, old)
+
+
+def _interrupt() -> None:
+    """A loop callback that stops the loop as Ctrl-C would: ``asyncio.run`` then cancels the
+    run's tasks (each keeps what is done) and the interrupt reaches :func:`_main`."""
+    raise KeyboardInterrupt
 
 
 def _interrupted(args: argparse.Namespace, job: Job, signame: str) -> str:
