@@ -14,7 +14,7 @@ STREAM's convention). Printed: per format its
 weight bytes, the floor, the step's median and its ratio to the floor (issue 52's bar: 1.3),
 and each format's step against the first one's (bf16's by default).
 
-    python benchmarks/bench_quant_step.py                        # 360M, bf16 int8 int4 (~3 min)
+    python benchmarks/bench_quant_step.py           # 360M: bf16, int8 and int4 as `auto` takes them
     python benchmarks/bench_quant_step.py --shape 1.7b --formats bfloat16,int4
     python benchmarks/bench_quant_step.py --shape tiny --steps 4 # smoke run (seconds)
     python benchmarks/bench_quant_step.py --formats float32,bfloat16,int4:float32  # no AVX512-BF16
@@ -131,7 +131,8 @@ def decode_steps(engine: Any, prompt_tokens: int, steps: int) -> list[float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), default="360m")
-    parser.add_argument("--formats", default="bfloat16,int8,int4")
+    # the int formats as `serve --set weights=...` runs them (the dtype auto takes on this CPU)
+    parser.add_argument("--formats", default="bfloat16,int8:auto,int4:auto")
     parser.add_argument("--steps", type=int, default=48)
     parser.add_argument("--prompt-tokens", type=int, default=60)
     parser.add_argument("--threads", type=int, default=1)
@@ -212,7 +213,8 @@ def _load_one(folder: Path, fmt: str) -> int:
 def _knobs(fmt: str, threads: int | None = None) -> Any:
     """The ``Knobs`` of a ``--formats`` entry: ``bfloat16`` or ``float32`` (dense; ``bfloat16:
     onednn`` or ``bfloat16:tiles`` names what computes its linears, ``auto`` where left out), or
-    ``int8`` / ``int4`` computing in bf16, or ``int4:float32`` (a weight format, a dtype), and
+    ``int8`` / ``int4`` computing in bf16, or ``int4:float32`` (a weight format, a dtype:
+    ``int4:auto`` the one ``auto`` takes, what ``serve --set weights=int4`` runs), and
     ``int4:float32:int8`` (and the activations: ``float``, ``int8``; ``auto`` where left out)."""
     from batchline.models.config import Knobs
 
