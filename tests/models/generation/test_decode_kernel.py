@@ -326,6 +326,54 @@ def test_a_decode_only_steps_attention_in_one_call_gives_the_same_bits(
     assert all(torch.equal(a, b) for a, b in zip(fused, plain, strict=True))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize(("dim", "rotary"), [(64, 64), (32, 16)])  # whole heads, half (Phi-3)
+def test_decode_step_is_its_parts_called_one_by_one(
+    ops: Any, dtype: str, dim: int, rotary: int
+) -> None:
+    """q rotated, each row's k rotated and v copied into column hi of its slot, then the decode
+    attention: the bits of rotary, the copies and decode_attention made one by one, and no
+    other column of the store touched."""
+    gen = torch.Generator().manual_seed(dim + rotary)
+    kind = getattr(torch, dtype)
+    rows, heads, kv_heads, slots, capacity, hi = 3, 6, 2, 4, 12, 9
+    # the fused projection's output as a slice: rows further apart than one row's values
+    wide = torch.randn(rows, (heads + 2 * kv_heads + 1) * dim, generator=gen).to(kind)
+    qkv = wide[:, : (heads + 2 * kv_heads) * dim]
+    cos = torch.randn(rows, 1, rotary, generator=gen).to(kind)
+    sin = torch.randn(rows, 1, rotary, generator=gen).to(kind)
+    keys = torch.randn(slots, kv_heads, capacity, dim, generator=gen).to(kind)
+    values = torch.randn(slots, kv_heads, capacity, dim, generator=gen).to(kind)
+    first = torch.tensor([0, 4, 9])
+    parts = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=1)
+    q, k, v = (p.reshape(rows, -1, dim) for p in parts)
+    want_keys, want_values = keys.clone(), values.clone()
+    want_keys[:rows, :, hi] = ops.rotary(k, cos, sin)
+    want_values[:rows, :, hi] = v
+    want = ops.rotary(q, cos, sin).contiguous()
+    want = torch.ops.batchline.decode_attention(want, want_keys, want_values, first, hi, 0.3)
+    out = ops.decode_step(qkv, cos, sin, keys, values, first, hi, 0.3, heads)
+    assert torch.equal(keys, want_keys)
+    assert torch.equal(values, want_values)
+    assert torch.equal(out, want.view(rows, heads * dim))
+
+
+def test_decode_step_refuses_a_store_of_another_dtype_or_layout(ops: Any) -> None:
+    keys = torch.zeros(2, 1, 8, 16)
+    cos = sin = torch.ones(2, 1, 16)
+    first = torch.zeros(2, dtype=torch.long)
+    qkv = torch.zeros(2, (2 + 2 * 1) * 16)
+    with pytest.raises(RuntimeError, match="decode_step: qkv, keys and values must have one"):
+        ops.decode_step(qkv, cos, sin, keys.bfloat16(), keys.bfloat16(), first, 3, 0.25, 2)
+    with pytest.raises(RuntimeError, match="decode_step: keys and values must be contiguous"):
+        strided = torch.zeros(2, 1, 16, 16)[:, :, ::2]
+        ops.decode_step(qkv, cos, sin, strided, strided.clone(), first, 3, 0.25, 2)
+    with pytest.raises(RuntimeError, match=r"decode_step: cos and sin \(tokens, 1, r\)"):
+        ops.decode_step(qkv, cos[:1], sin[:1], keys, keys.clone(), first, 3, 0.25, 2)
+    with pytest.raises(RuntimeError, match="decode_attention: first"):
+        ops.decode_step(qkv, cos, sin, keys, keys.clone(), first + 5, 3, 0.25, 2)
+
+
 def test_decode_step_refuses_what_does_not_fit_the_store(ops: Any) -> None:
     keys = torch.zeros(2, 1, 8, 16)
     cos = sin = torch.ones(2, 1, 16)

@@ -646,77 +646,106 @@ at::Tensor gelu_tanh_mul(const at::Tensor& gate_up) {
   return act_mul<true>(gate_up, "gelu_tanh_mul");
 }
 
-// T(T(x * cos) + T(rotate_half(x) * sin)) over the first r values of each head (sin's first half
-// already negated: rotate_half's sign), the rest of the head kept. x: (tokens, heads, dim), its
-// last axis contiguous; cos and sin: (tokens, 1, r). Products and sum not fused into an FMA:
-// float32 gives torch's values bit for bit.
+// T(T(x * cos) + T(rotate_half(x) * sin)) over the first r values of one head of dim values
+// (sin's first half already negated: rotate_half's sign), the rest of the head kept. Products
+// and sum not fused into an FMA: float32 gives torch's values bit for bit. Not inlined, so that
+// no caller compiled with contraction on takes the loop in.
 template <typename T>
-__attribute__((optimize("fp-contract=off"))) void rotary_rows(const at::Tensor& x, const T* cos, const T* sin, int64_t r, T* out) {
-  const int64_t tokens = x.size(0), heads = x.size(1), dim = x.size(2), half = r / 2;
-  const int64_t s0 = x.stride(0), s1 = x.stride(1);
-  const T* xp = x.data_ptr<T>();
-  for (int64_t t = 0; t < tokens; ++t) {
-    const T* c = cos + t * r;
-    const T* sn = sin + t * r;
-    for (int64_t h = 0; h < heads; ++h) {
-      const T* xh = xp + t * s0 + h * s1;
-      T* oh = out + (t * heads + h) * dim;
+__attribute__((noinline, optimize("fp-contract=off"))) void rotate_head(const T* xh, const T* c,
+                                                                        const T* sn, int64_t r,
+                                                                        int64_t dim, T* oh) {
+  const int64_t half = r / 2;
 #pragma omp simd
-      for (int64_t d = 0; d < r; ++d) {
-        const float turned = load(xh, d < half ? d + half : d - half);
-        const float a = rounded(load(xh, d) * load(c, d), xh);
-        const float b = rounded(turned * load(sn, d), xh);
-        store(oh, d, a + b);
-      }
-      for (int64_t d = r; d < dim; ++d) oh[d] = xh[d];
-    }
+  for (int64_t d = 0; d < r; ++d) {
+    const float turned = load(xh, d < half ? d + half : d - half);
+    const float a = rounded(load(xh, d) * load(c, d), xh);
+    const float b = rounded(turned * load(sn, d), xh);
+    store(oh, d, a + b);
   }
+  for (int64_t d = r; d < dim; ++d) oh[d] = xh[d];
 }
 
+// cos and sin (tokens, 1, r) for x's tokens: r even and at most a head's dim, x's dtype.
+void check_tables(const at::Tensor& cos, const at::Tensor& sin, int64_t tokens, int64_t dim,
+                  at::ScalarType dtype, const char* op) {
+  TORCH_CHECK(cos.sizes() == sin.sizes() && cos.dim() == 3 && cos.size(0) == tokens &&
+                  cos.size(1) == 1 && cos.size(2) % 2 == 0 && cos.size(2) <= dim,
+              op, ": cos and sin (tokens, 1, r), r even and at most dim");
+  TORCH_CHECK(cos.scalar_type() == dtype && sin.scalar_type() == dtype, op,
+              ": x, cos and sin of one dtype");
+}
+
+// x: (tokens, heads, dim), its last axis contiguous; cos and sin: (tokens, 1, r).
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   TORCH_CHECK(x.dim() == 3 && x.stride(2) == 1, "rotary: x (tokens, heads, dim), dim contiguous");
-  TORCH_CHECK(cos.sizes() == sin.sizes() && cos.dim() == 3 && cos.size(0) == x.size(0) &&
-                  cos.size(1) == 1 && cos.size(2) % 2 == 0 && cos.size(2) <= x.size(2),
-              "rotary: cos and sin (tokens, 1, r), r even and at most dim");
-  TORCH_CHECK(cos.scalar_type() == x.scalar_type() && sin.scalar_type() == x.scalar_type(),
-              "rotary: x, cos and sin of one dtype");
+  check_tables(cos, sin, x.size(0), x.size(2), x.scalar_type(), "rotary");
   const auto c = cos.contiguous(), sn = sin.contiguous();
   auto out = at::empty(x.sizes(), x.options());
+  const int64_t tokens = x.size(0), heads = x.size(1), dim = x.size(2), r = c.size(2);
   on_dtype(x, "rotary", [&](auto tag) {
-    using scalar_t = decltype(tag);
-    rotary_rows<scalar_t>(x, c.data_ptr<scalar_t>(), sn.data_ptr<scalar_t>(), c.size(2),
-                          out.data_ptr<scalar_t>());
+    using T = decltype(tag);
+    const T* xp = x.data_ptr<T>();
+    const T* cp = c.data_ptr<T>();
+    const T* sp = sn.data_ptr<T>();
+    T* op = out.data_ptr<T>();
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int64_t h = 0; h < heads; ++h)
+        rotate_head(xp + t * x.stride(0) + h * x.stride(1), cp + t * r, sp + t * r, r, dim,
+                    op + (t * heads + h) * dim);
   });
   return out;
 }
 
 // One layer's attention in a step where every row decodes, in one call where the lean forward
 // made ~35 (lean_llama.LeanForward), most of them views and copies each paying Python's and
-// the dispatcher's toll: q, k and v sliced from the fused projection's output, q and k rotated
-// (rotary), each row's new k and v written at column hi of its slot, and decode_attention over
-// them. The same functions on the same values: the same bits as those calls.
+// the dispatcher's toll: q rotated out of the fused projection's output, each row's new k
+// rotated and v copied straight into column hi of its slot, and decode_attention over them.
+// The same loops on the same values as rotary and the store's copies: the same bits as those
+// calls (a version that made them as ATen calls, views and copies took 19-25 us a layer at
+// SmolLM2-360M's heads on Zen 4, ~8 of them beside the attention's own).
 //   decode_step(qkv, cos, sin, keys, values, first, hi, scale, heads) -> out
 //     qkv:    (rows, (heads + 2 * kv_heads) * dim), q then k then v, its last axis contiguous
 //     cos, sin, first, hi, scale: as rotary and decode_attention take them
-//     keys, values: one layer's store buffers, written at [:rows, :, hi]
+//     keys, values: one layer's store buffers, contiguous, written at [:rows, :, hi]
 //     out:    (rows, heads * dim)
 at::Tensor decode_step(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
                        at::Tensor keys, at::Tensor values, const at::Tensor& first, int64_t hi,
                        double scale, int64_t heads) {
   TORCH_CHECK(keys.dim() == 4 && values.sizes() == keys.sizes(),
               "decode_step: keys and values (slots, kv_heads, capacity, dim)");
-  const int64_t rows = qkv.size(0), kv_heads = keys.size(1), dim = keys.size(3);
+  TORCH_CHECK(keys.is_contiguous() && values.is_contiguous(),
+              "decode_step: keys and values must be contiguous");
+  const int64_t rows = qkv.size(0), kv_heads = keys.size(1), capacity = keys.size(2);
+  const int64_t dim = keys.size(3);
   TORCH_CHECK(qkv.dim() == 2 && qkv.stride(1) == 1 && qkv.size(1) == (heads + 2 * kv_heads) * dim,
               "decode_step: qkv must be (rows, (heads + 2 * kv_heads) * dim), its last axis "
               "contiguous");
-  TORCH_CHECK(rows <= keys.size(0) && hi >= 0 && hi < keys.size(2),
+  TORCH_CHECK(rows <= keys.size(0) && hi >= 0 && hi < capacity,
               "decode_step: more rows than slots, or hi outside the buffers");
-  const auto part = [&](int64_t start, int64_t count) {
-    return qkv.narrow(1, start * dim, count * dim).view({rows, count, dim});
-  };
-  const auto q = rotary(part(0, heads), cos, sin);
-  keys.narrow(0, 0, rows).select(2, hi).copy_(rotary(part(heads, kv_heads), cos, sin));
-  values.narrow(0, 0, rows).select(2, hi).copy_(part(heads + kv_heads, kv_heads));
+  TORCH_CHECK(keys.scalar_type() == qkv.scalar_type() && values.scalar_type() == qkv.scalar_type(),
+              "decode_step: qkv, keys and values must have one dtype");
+  check_tables(cos, sin, rows, dim, qkv.scalar_type(), "decode_step");
+  const auto c = cos.contiguous(), sn = sin.contiguous();
+  const int64_t r = c.size(2);
+  auto q = at::empty({rows, heads, dim}, qkv.options());
+  on_dtype(qkv, "decode_step", [&](auto tag) {
+    using T = decltype(tag);
+    const T* cp = c.data_ptr<T>();
+    const T* sp = sn.data_ptr<T>();
+    T* qp = q.data_ptr<T>();
+    T* kp = keys.data_ptr<T>();
+    T* vp = values.data_ptr<T>();
+    for (int64_t b = 0; b < rows; ++b) {
+      const T* row = qkv.data_ptr<T>() + b * qkv.stride(0);
+      for (int64_t h = 0; h < heads; ++h)
+        rotate_head(row + h * dim, cp + b * r, sp + b * r, r, dim, qp + (b * heads + h) * dim);
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        const int64_t column = ((b * kv_heads + h) * capacity + hi) * dim;
+        rotate_head(row + (heads + h) * dim, cp + b * r, sp + b * r, r, dim, kp + column);
+        std::memcpy(vp + column, row + (heads + kv_heads + h) * dim, dim * sizeof(T));
+      }
+    }
+  });
   return decode_attention(q, keys, values, first, hi, scale, 0.0).view({rows, heads * dim});
 }
 
