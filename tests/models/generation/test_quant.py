@@ -509,8 +509,12 @@ def test_int_weights_compute_in_the_dtype_their_host_kind_measured_fastest(
         dtype, held = choose_precision("auto", weights, "cpu", gguf=gguf, flags=flags)
         assert (dtype.dtype, held.weights) == (dense, "float")
     for named in ("bfloat16", "float32"):
-        dtype, _ = choose_precision(named, "int4", "cpu", gguf=False, flags=flags)
+        dtype, held = choose_precision(named, "int4", "cpu", gguf=False, flags=flags)
         assert (dtype.dtype, dtype.reason) == (named, "asked for")
+        # where the named dtype is not the one auto takes for int weights, the log says so
+        hint = f"dtype auto computes int weights in {int_dtype}"
+        assert held.weights == "int4"
+        assert (hint in held.reason) == (named != int_dtype)
     dtype, _ = choose_precision("auto", "int4", "cuda", gguf=False, flags=flags, cuda_bf16=True)
     assert dtype.dtype == "bfloat16"
 
