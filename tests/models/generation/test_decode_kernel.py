@@ -365,8 +365,8 @@ def test_decode_step_refuses_a_store_of_another_dtype_or_layout(ops: Any) -> Non
     qkv = torch.zeros(2, (2 + 2 * 1) * 16)
     with pytest.raises(RuntimeError, match="decode_step: qkv, keys and values must have one"):
         ops.decode_step(qkv, cos, sin, keys.bfloat16(), keys.bfloat16(), first, 3, 0.25, 2)
+    strided = torch.zeros(2, 1, 16, 16)[:, :, ::2]
     with pytest.raises(RuntimeError, match="decode_step: keys and values must be contiguous"):
-        strided = torch.zeros(2, 1, 16, 16)[:, :, ::2]
         ops.decode_step(qkv, cos, sin, strided, strided.clone(), first, 3, 0.25, 2)
     with pytest.raises(RuntimeError, match=r"decode_step: cos and sin \(tokens, 1, r\)"):
         ops.decode_step(qkv, cos[:1], sin[:1], keys, keys.clone(), first, 3, 0.25, 2)
