@@ -34,7 +34,7 @@ class Proc:
         self.port = port
         self._log_file: IO[bytes] = open(log, "ab")  # noqa: SIM115 - closed in wait()
         self.proc = subprocess.Popen(
-            args, stdout=self._log_file, stderr=subprocess.STDOUT, cwd=REPO, env=_env()
+            args, stdout=self._log_file, stderr=subprocess.STDOUT, cwd=REPO, env=child_env()
         )
 
     @property
@@ -80,7 +80,7 @@ class Proc:
         raise TimeoutError(f"{self.url} not ready after {timeout_s} s:\n{self.output()[-3000:]}")
 
 
-def _env() -> dict[str, str]:
+def child_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("HF_HUB_OFFLINE", "1")

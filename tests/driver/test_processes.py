@@ -11,6 +11,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import shlex
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +26,7 @@ from batchline.__main__ import main
 from batchline.datasets.sinks import Manifest, read_output, read_skipped
 from batchline.driver.drive import DriveOptions, drive_job, read_failures
 from tests.driver.fake import fake_vectors
-from tests.driver.procs import Proc, Procs, fake_log, processes
+from tests.driver.procs import Proc, Procs, child_env, fake_log, processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.timeout(300)]
 
@@ -364,3 +368,58 @@ async def test_the_generate_route_of_an_embedding_only_replica_is_a_clear_4xx(
     assert [f["index"] for f in failures] == list(range(40))
     assert {f["status"] for f in failures} == {400}
     assert all("embed" in str(f["message"]) for f in failures)
+
+
+@pytest.mark.parametrize("sigint_ignored", [False, True])
+def test_kill_stops_a_drive_as_ctrl_c_does_and_says_how_to_go_on(
+    tmp_path: Path, procs: Procs, sigint_ignored: bool
+) -> None:
+    """SIGTERM, also to a drive a script started with ``&`` (SIGINT ignored): what is done is
+    kept, one line says how much and the command that goes on, and that command finishes the
+    output with every record once."""
+    server = procs.fake("--delay-s", "0.05")
+    server.wait_ready()
+    items = corpus(3000)
+    src = write_jsonl(tmp_path / "in.jsonl", items)
+    out = tmp_path / "out"
+    argv = ["drive", str(src), "--endpoint", server.url, "-o", str(out), "--quiet"]
+    argv += ["--records-per-request", "10", "--concurrency", "2", "--output-chunk-size", "100"]
+    sigint = signal.SIG_IGN if sigint_ignored else signal.SIG_DFL
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "batchline", *argv],
+        cwd=tmp_path,
+        env=child_env(),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, sigint),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for _ in range(3000):  # bounded: 300 s at most
+            if driver.poll() is not None:
+                break
+            try:
+                if Manifest.load(out).chunks:
+                    break
+            except Exception:
+                pass  # not written yet, or being replaced
+            time.sleep(0.1)
+        assert driver.poll() is None, driver.stderr.read() if driver.stderr else ""
+        driver.send_signal(signal.SIGTERM)
+        _, err = driver.communicate(timeout=60)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait(30)
+    assert driver.returncode == 143, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    kept = Manifest.load(out).records_kept
+    assert 100 <= kept < 3000
+    message, _, command = lines[0].partition("; to go on, run: ")
+    assert message == f"batchline drive: interrupted (SIGTERM): {kept:,} record(s) kept in {out}"
+    resume = shlex.split(command)
+    assert resume[-len(argv) - 1 :] == [*argv, "--resume"]
+    assert main(resume[-len(argv) - 1 :]) == 0
+    indices, vectors = vectors_of(out)
+    assert indices == list(range(3000))
+    np.testing.assert_array_equal(vectors, fake_vectors(items))

@@ -191,7 +191,8 @@ def options_from(args: argparse.Namespace) -> DriveOptions:
 def _main(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from batchline.driver.drive import drive
+    from batchline._stopping import exit_code, sigterm_as_interrupt, stopped_line
+    from batchline.driver.drive import drive, drive_output
     from batchline.jobs.display import print_summary
 
     options = options_from(args)
@@ -202,9 +203,21 @@ def _main(args: argparse.Namespace) -> int:
     driver_log.addHandler(handler)
     if driver_log.level == logging.NOTSET:
         driver_log.setLevel(logging.WARNING)
+    stopped_by: list[str] = []
+    restore = sigterm_as_interrupt(stopped_by)  # `kill` stops it as Ctrl-C does
     try:
         summary = drive(options, bar)
+    except KeyboardInterrupt:
+        if bar is not None:
+            bar.close()
+            bar = None
+        signame = stopped_by[0] if stopped_by else "SIGINT"
+        argv = getattr(args, "argv", None) or sys.argv[1:]
+        line = stopped_line(signame, drive_output(options), argv)
+        print(f"batchline drive: {line}", file=sys.stderr)
+        return exit_code(signame)
     finally:
+        restore()
         driver_log.removeHandler(handler)
         if bar is not None:
             bar.close()

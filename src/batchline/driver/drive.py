@@ -225,6 +225,16 @@ def read_failures(out_dir: str | os.PathLike[str]) -> list[dict[str, object]]:
 # -- the job -------------------------------------------------------------------------------------
 
 
+#: the task of each route's answers: what an output folder left unnamed is called after
+_TASKS = {"embeddings": "embed", "classify": "classify", "generate": "generate"}
+
+
+def drive_output(options: DriveOptions) -> Path:
+    """The folder the drive writes: ``options.output``, or one named after the input and the
+    route's task (``STEM.embeddings``)."""
+    return options.output or default_output(options.input, _TASKS[options.route])
+
+
 def drive(options: DriveOptions, progress: Progress | None = None) -> DriveSummary:
     """Run the drive to the end (sync). See :func:`drive_job`."""
     return asyncio.run(drive_job(options, progress))
@@ -254,12 +264,11 @@ async def drive_job(
     extra: dict[str, object] = {"route": options.route}
     pictures = options.input is not None and holds_pictures(options.input, options.input_format)
     if options.route == "embeddings":
-        route, task = EmbeddingsRoute(encoding=options.encoding, images=pictures), "embed"
+        route = EmbeddingsRoute(encoding=options.encoding, images=pictures)
     elif options.route == "classify":
-        route, task = ClassifyRoute(images=pictures), "classify"
+        route = ClassifyRoute(images=pictures)
     else:
         route = GenerateRoute(max_tokens=options.max_tokens, chat_template=options.chat_template)
-        task = "generate"
         if options.input is not None and options.text_column == "text":
             # the prompt column run would read (drive sends text prompts: not 'messages')
             column = await asyncio.to_thread(
@@ -278,7 +287,7 @@ async def drive_job(
         open_dataset_job,
         options,
         model=options.model,
-        output=options.output or default_output(options.input, task),
+        output=drive_output(options),
         chunk_size=options.output_chunk_size,
         extra_settings=extra,
         result_column=route.result_column,

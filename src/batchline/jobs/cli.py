@@ -10,12 +10,12 @@ import argparse
 import dataclasses
 import logging
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from batchline._errors import InputError
 from batchline._flags import field_flag
+from batchline._stopping import exit_code, sigterm_as_interrupt, stopped_line
 from batchline.datasets.selection import add_dataset_arguments, dataset_options
 from batchline.knobs import GENERATION, TORCH, VLLM
 from batchline.models.config import (
@@ -336,7 +336,7 @@ def _main(args: argparse.Namespace) -> int:
     show = not args.quiet and console.is_terminal
     bar = (_generation_bar(console) if generating else _bar(console)) if show else None
     stopped_by: list[str] = []
-    restore = _sigterm_as_interrupt(stopped_by)
+    restore = sigterm_as_interrupt(stopped_by)
     said = None if args.quiet else _say_model_loads()
     try:
         # --engine ray is dispatched from the top (batchline.__main__): no command imports
@@ -347,8 +347,9 @@ def _main(args: argparse.Namespace) -> int:
             bar.close()
             bar = None
         signame = stopped_by[0] if stopped_by else "SIGINT"
-        print(f"batchline run: {_interrupted(args, job, signame)}", file=sys.stderr)
-        return 143 if signame == "SIGTERM" else 130
+        argv = getattr(args, "argv", None) or sys.argv[1:]
+        print(f"batchline run: {stopped_line(signame, _output_dir(job), argv)}", file=sys.stderr)
+        return exit_code(signame)
     finally:
         restore()
         if said is not None:
@@ -398,66 +399,6 @@ def _say_model_loads() -> logging.Handler:
     if models.getEffectiveLevel() > logging.INFO:
         models.setLevel(logging.INFO)
     return handler
-
-
-def _sigterm_as_interrupt(stopped_by: list[str]) -> Callable[[], object]:
-    """Make SIGTERM stop the run as Ctrl-C does (what is done kept, the rest withdrawn),
-    noting it in ``stopped_by``; returns what puts the old handler back."""
-    import asyncio
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-
-    def on_sigterm(signum: int, frame: Any) -> None:
-        stopped_by.append("SIGTERM")
-        on_sigint = signal.getsignal(signal.SIGINT)
-        if callable(on_sigint):  # asyncio.run's own Ctrl-C path (a clean cancel), or Python's
-            on_sigint(signal.SIGINT, frame)
-            return
-        # SIGINT ignored (a job started with `&` from a script) or left to the system: SIGTERM
-        # must stop the run all the same. Raised here, the interrupt could land in whatever the
-        # main thread runs now, a finalizer too, which prints it as ignored and drops it (the
-        # run went on); in a running loop it is raised by the loop itself, between callbacks
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # no loop yet (a model loading): here, as Python's Ctrl-C
-            raise KeyboardInterrupt from None
-        loop.call_soon_threadsafe(_interrupt)
-
-    old = signal.signal(signal.SIGTERM, on_sigterm)
-    return lambda: signal.signal(signal.SIGTERM, old)
-
-
-def _interrupt() -> None:
-    """A loop callback that stops the loop as Ctrl-C would: ``asyncio.run`` then cancels the
-    run's tasks (each keeps what is done) and the interrupt reaches :func:`_main`."""
-    raise KeyboardInterrupt
-
-
-def _interrupted(args: argparse.Namespace, job: Job, signame: str) -> str:
-    """What a stopped run tells its user: the records committed, and the command that goes
-    on from there (or, with nothing committed, the same command again)."""
-    import shlex
-
-    from batchline._commands import program
-
-    out = _output_dir(job)
-    kept = 0
-    if out is not None and (out / "_manifest.json").exists():
-        from batchline.datasets.manifest import Manifest
-
-        kept = Manifest.load(out).records_kept  # committed chunks, and what the stop flushed
-    argv = [a for a in getattr(args, "argv", None) or sys.argv[1:] if a != "--overwrite"]
-    if kept:
-        if "--resume" not in argv:
-            argv.append("--resume")
-        where = f"{kept:,} record(s) kept in {out}"
-    else:  # the writer removed the output it began: the same command starts afresh
-        where = "no record was done yet, so nothing was left behind"
-    command = f"{program()} {shlex.join(argv)}"
-    return f"interrupted ({signame}): {where}; to go on, run: {command}"
 
 
 def _output_dir(job: Job) -> Path | None:

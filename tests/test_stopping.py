@@ -1,0 +1,97 @@
+"""Stopping a command by Ctrl-C or ``kill`` (``batchline._stopping``): the interrupt raised
+where it cannot be lost, and the line that says what was kept and how to go on."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from batchline._commands import program
+from batchline._stopping import stopped_line
+from batchline.datasets.manifest import ChunkInfo, Manifest
+
+
+class _StopsInAFinalizer:
+    """SIGTERM delivered while the main thread runs a finalizer: an exception raised there
+    is printed ("Exception ignored in ...") and dropped, not propagated."""
+
+    def __del__(self) -> None:
+        signal.raise_signal(signal.SIGTERM)
+
+
+def test_sigterm_with_sigint_ignored_stops_the_loop_even_from_a_finalizer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A background run (SIGINT ignored) stopped by SIGTERM while a finalizer runs: the stop
+    is neither printed as an ignored exception nor lost; the run's task is cancelled and the
+    interrupt comes out of the loop."""
+    from batchline._stopping import sigterm_as_interrupt
+
+    unraisable: list[object] = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    cancelled: list[bool] = []
+
+    async def job() -> str:
+        try:
+            _StopsInAFinalizer()  # dropped at once: its finalizer runs here
+            for _ in range(200):
+                await asyncio.sleep(0.01)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+        return "finished"
+
+    old_sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    stopped_by: list[str] = []
+    restore = sigterm_as_interrupt(stopped_by)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            asyncio.run(job())
+    finally:
+        restore()
+        signal.signal(signal.SIGINT, old_sigint)
+    assert stopped_by == ["SIGTERM"]
+    assert unraisable == []
+    assert cancelled == [True]
+
+
+def test_sigterm_with_sigint_ignored_and_no_loop_interrupts_at_once() -> None:
+    """Before the loop starts (a model still loading in the main thread), SIGTERM interrupts
+    there, as Ctrl-C would."""
+    from batchline._stopping import sigterm_as_interrupt
+
+    old_sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    stopped_by: list[str] = []
+    restore = sigterm_as_interrupt(stopped_by)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGTERM)
+    finally:
+        restore()
+        signal.signal(signal.SIGINT, old_sigint)
+    assert stopped_by == ["SIGTERM"]
+
+
+def test_the_stopped_line_counts_what_is_kept_and_names_the_resume(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    argv = ["drive", "in.jsonl", "-o", str(out), "--overwrite"]
+    line = stopped_line("SIGTERM", out, argv)  # nothing there: the same command, afresh
+    assert line == (
+        "interrupted (SIGTERM): no record was done yet, so nothing was left behind; to go on, "
+        f"run: {program()} drive in.jsonl -o {out}"
+    )
+    out.mkdir()
+    chunks = {0: ChunkInfo(0, 990, 10, "part-000000.parquet")}
+    manifest = Manifest({"input": "in.jsonl"}, chunks, flushed="f.jsonl", flushed_records=500)
+    (out / "_manifest.json").write_text(json.dumps(manifest.to_json()))
+    line = stopped_line("SIGINT", out, argv)
+    assert line == (
+        f"interrupted (SIGINT): 1,500 record(s) kept in {out}; to go on, run: {program()} "
+        f"drive in.jsonl -o {out} --resume"
+    )
+    assert stopped_line("SIGINT", out, [*argv, "--resume"]).count("--resume") == 1
