@@ -191,9 +191,9 @@ def options_from(args: argparse.Namespace) -> DriveOptions:
 def _main(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from batchline._stopping import exit_code, sigterm_as_interrupt, stopped_line
     from batchline.driver.drive import drive, drive_output
     from batchline.jobs.display import print_summary
+    from batchline.jobs.stopping import report_stop, sigterm_as_interrupt
 
     options = options_from(args)
     console = Console(stderr=True)
@@ -211,11 +211,7 @@ def _main(args: argparse.Namespace) -> int:
         if bar is not None:
             bar.close()
             bar = None
-        signame = stopped_by[0] if stopped_by else "SIGINT"
-        argv = getattr(args, "argv", None) or sys.argv[1:]
-        line = stopped_line(signame, drive_output(options), argv)
-        print(f"batchline drive: {line}", file=sys.stderr)
-        return exit_code(signame)
+        return report_stop("drive", stopped_by, drive_output(options), args)
     finally:
         restore()
         driver_log.removeHandler(handler)

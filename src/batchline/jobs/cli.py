@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from batchline._errors import InputError
 from batchline._flags import field_flag
-from batchline._stopping import exit_code, sigterm_as_interrupt, stopped_line
 from batchline.datasets.selection import add_dataset_arguments, dataset_options
+from batchline.jobs.stopping import report_stop, sigterm_as_interrupt
 from batchline.knobs import GENERATION, TORCH, VLLM
 from batchline.models.config import (
     SHARED_HELP,
@@ -346,10 +346,7 @@ def _main(args: argparse.Namespace) -> int:
         if bar is not None:
             bar.close()
             bar = None
-        signame = stopped_by[0] if stopped_by else "SIGINT"
-        argv = getattr(args, "argv", None) or sys.argv[1:]
-        print(f"batchline run: {stopped_line(signame, _output_dir(job), argv)}", file=sys.stderr)
-        return exit_code(signame)
+        return report_stop("run", stopped_by, _output_dir(job), args)
     finally:
         restore()
         if said is not None:

@@ -3,17 +3,20 @@ says how many records were kept where and the command that goes on from there.
 
 :func:`sigterm_as_interrupt` makes SIGTERM stop a command as Ctrl-C does (the job's tasks
 cancelled: each keeps what it has), also where SIGINT is ignored, as it is for a job a script
-started with ``&``; :func:`stopped_line` is the line the command prints then.
+started with ``&``; :func:`report_stop` prints the line :func:`stopped_line` makes and gives
+the exit code.
 """
 
 from __future__ import annotations
 
+import argparse
 import signal
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["exit_code", "sigterm_as_interrupt", "stopped_line"]
+__all__ = ["exit_code", "report_stop", "sigterm_as_interrupt", "stopped_line"]
 
 
 def sigterm_as_interrupt(stopped_by: list[str]) -> Callable[[], object]:
@@ -78,3 +81,15 @@ def stopped_line(signame: str, out: Path | None, argv: Sequence[str]) -> str:
     else:  # the writer removed the output it began: the same command starts afresh
         where = "no record was done yet, so nothing was left behind"
     return f"interrupted ({signame}): {where}; to go on, run: {program()} {shlex.join(args)}"
+
+
+def report_stop(
+    command: str, stopped_by: Sequence[str], out: Path | None, args: argparse.Namespace
+) -> int:
+    """Print ``batchline COMMAND: interrupted (...)`` for a command stopped by Ctrl-C or by the
+    SIGTERM ``stopped_by`` noted, writing to ``out``, run as ``args.argv`` says; return its
+    exit code."""
+    signame = stopped_by[0] if stopped_by else "SIGINT"
+    argv = getattr(args, "argv", None) or sys.argv[1:]
+    print(f"batchline {command}: {stopped_line(signame, out, argv)}", file=sys.stderr)
+    return exit_code(signame)

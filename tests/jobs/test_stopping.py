@@ -1,4 +1,4 @@
-"""Stopping a command by Ctrl-C or ``kill`` (``batchline._stopping``): the interrupt raised
+"""Stopping a command by Ctrl-C or ``kill`` (``batchline.jobs.stopping``): the interrupt raised
 where it cannot be lost, and the line that says what was kept and how to go on."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from batchline._commands import program
-from batchline._stopping import stopped_line
 from batchline.datasets.manifest import ChunkInfo, Manifest
+from batchline.jobs.stopping import stopped_line
 
 
 class _StopsInAFinalizer:
@@ -30,7 +30,7 @@ def test_sigterm_with_sigint_ignored_stops_the_loop_even_from_a_finalizer(
     """A background run (SIGINT ignored) stopped by SIGTERM while a finalizer runs: the stop
     is neither printed as an ignored exception nor lost; the run's task is cancelled and the
     interrupt comes out of the loop."""
-    from batchline._stopping import sigterm_as_interrupt
+    from batchline.jobs.stopping import sigterm_as_interrupt
 
     unraisable: list[object] = []
     monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
@@ -63,7 +63,7 @@ def test_sigterm_with_sigint_ignored_stops_the_loop_even_from_a_finalizer(
 def test_sigterm_with_sigint_ignored_and_no_loop_interrupts_at_once() -> None:
     """Before the loop starts (a model still loading in the main thread), SIGTERM interrupts
     there, as Ctrl-C would."""
-    from batchline._stopping import sigterm_as_interrupt
+    from batchline.jobs.stopping import sigterm_as_interrupt
 
     old_sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)
     stopped_by: list[str] = []
