@@ -5,6 +5,7 @@ default model. The choice logic is pinned on synthetic flag sets, so it holds on
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -444,13 +445,20 @@ def test_a_job_in_bf16_gives_fp32_s_vectors_within_the_gate(tmp_path: Path) -> N
 
 @pytest.mark.slow
 @pytest.mark.measure_precision
-def test_the_measurement_on_the_real_model_times_each_and_gates_bf16() -> None:
+def test_the_measurement_on_the_real_model_times_each_and_gates_bf16(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     texts = [f"Text {i} about {'batching ' * (i % 7)}and vectors." for i in range(24)]
-    figures = precision.measure(
-        parse_spec("default"), Knobs(sessions=1), ["fp32", "bf16"], lambda: texts
-    )
+    with caplog.at_level("INFO", logger="batchline.models"):
+        figures = precision.measure(
+            parse_spec("default"), Knobs(sessions=1), ["fp32", "bf16"], lambda: texts
+        )
+        # the candidates' own load lines are not said: the job's load says its one after
+        assert "-> torch (bf16)" not in caplog.text
+        logging.getLogger("batchline.models").info("said after the measurement")
+    assert "said after the measurement" in caplog.text  # the filter went with it
     assert set(figures) == {"fp32", "bf16"}
     assert figures["fp32"].records_per_s > 0
     assert figures["bf16"].records_per_s > 0

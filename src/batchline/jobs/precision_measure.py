@@ -11,8 +11,11 @@ candidate's outputs compare (the pictures': :mod:`batchline.jobs.precision_pictu
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import logging
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -99,6 +102,32 @@ class Trial:
 TEXTS = Trial()
 
 
+class _ThisThreadsInfo(logging.Filter):
+    """Drops the records below WARNING that one thread logs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._thread = threading.get_ident()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or record.thread != self._thread
+
+
+@contextlib.contextmanager
+def _loads_unsaid() -> Iterator[None]:
+    """A candidate's own load lines (``all-MiniLM-L6-v2 -> torch (bf16)``) left out while it
+    loads to be measured: the measurement said what it loads, and the job's own load says its
+    line after; a first run printed the chosen one's twice. Warnings still go out, and other
+    threads' lines (``serve`` loading another model) are kept."""
+    models_log = logging.getLogger("batchline.models")
+    unsaid = _ThisThreadsInfo()
+    models_log.addFilter(unsaid)
+    try:
+        yield
+    finally:
+        models_log.removeFilter(unsaid)
+
+
 def measure(
     spec: ModelSpec,
     knobs: Knobs,
@@ -119,7 +148,8 @@ def measure(
     try:
         for name in names:
             try:
-                models[name] = load_model(spec, knobs.replace(precision=name, quantize=None))
+                with _loads_unsaid():
+                    models[name] = load_model(spec, knobs.replace(precision=name, quantize=None))
             except (BatchlineError, ImportError, OSError, RuntimeError) as exc:
                 if name == "fp32":
                     raise
