@@ -22,6 +22,10 @@ and each format's step against the first one's (bf16's by default).
     python benchmarks/bench_quant_step.py --formats bfloat16:onednn,bfloat16:tiles
     python benchmarks/bench_quant_step.py --shape 3b --rss --folder DIR  # peak RSS per format
 
+``--split`` also runs one row through the step's linears alone (each layer's q/k/v, o, gate/up
+and down and the lm_head, as the lean loop calls them) after each step, and prints their median
+and what the rest of the step costs a layer: the norms, the attention, the Python between.
+
 ``--rss`` times nothing: each format loads the shape in a process of its own (the folder built
 once, under ``--folder`` if given, and kept there), and its peak resident memory after loading
 and one short answer is printed against bf16's (issue 52's bar for int4 at 3B: 0.35x).
@@ -112,20 +116,59 @@ def _save_tokenizer(folder: Path) -> None:
     PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(folder)
 
 
-def decode_steps(engine: Any, prompt_tokens: int, steps: int) -> list[float]:
-    """Seconds of each decode step of one sequence (the prefill step left out)."""
+def decode_steps(
+    engine: Any, prompt_tokens: int, steps: int, between: list[float] | None = None
+) -> list[float]:
+    """Seconds of each decode step of one sequence (the prefill step left out); with
+    ``between``, the seconds of one pass over the step's linears alone (:func:`linears_pass`)
+    after each step are appended to it."""
     from batchline.models.generation.engine import GenerationRequest, SamplingParams
 
     prompt = tuple(range(10, 10 + prompt_tokens))
     params = SamplingParams(max_tokens=steps + 1, ignore_eos=True)
     engine.add_request(GenerationRequest("one", prompt, params))
     engine.step()  # the prefill
+    alone = None if between is None else linears_pass(engine)
     times = []
     while engine.has_unfinished():
         start = time.perf_counter()
         engine.step()
         times.append(time.perf_counter() - start)
+        if alone is not None and between is not None:
+            start = time.perf_counter()
+            alone()
+            between.append(time.perf_counter() - start)
     return times
+
+
+def linears_pass(engine: Any) -> Any:
+    """A callable that runs one row through every linear a decode step runs, in the step's
+    order and as its lean loop calls them (q/k/v, o, gate/up, down of each layer, then the
+    lm_head), and nothing else: the weights' share of a step."""
+    import torch
+
+    lean = engine._lean
+    if lean is None:
+        raise SystemExit("--split needs the lean forward (a Llama-family folder)")
+    config = engine._model.config
+    hidden = torch.randn(1, int(config.hidden_size))
+    attended = torch.randn(1, lean._heads * lean._head_dim)
+    act = torch.randn(1, int(config.intermediate_size))
+    dtype = next(engine._model.parameters()).dtype
+    hidden, attended, act = (t.to(dtype) for t in (hidden, attended, act))
+    calls = []
+    for layer in lean._layers:
+        qkv = layer.qkv_step or layer.qkv
+        up = layer.gate_up_joined or layer.gate_up
+        calls += [(qkv, hidden), (layer.o, attended), (up, hidden), (layer.down, act)]
+    calls.append((lean._lm_head, hidden))
+
+    def run() -> None:
+        with torch.inference_mode():
+            for linear, x in calls:
+                linear(x)
+
+    return run
 
 
 def main() -> None:
@@ -138,6 +181,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--copy-mib", type=int, default=512)
     parser.add_argument("--rss", action="store_true", help="peak RSS per format, no timing")
+    parser.add_argument(
+        "--split",
+        action="store_true",
+        help="also time the step's linears alone after each step: what the rest costs a layer",
+    )
     parser.add_argument(
         "--folder", type=Path, help="where the shape's folder is kept (built there once)"
     )
@@ -169,11 +217,14 @@ def main() -> None:
             engine = loaded.engine
             assert engine is not None
             read = step_weight_bytes(engine._model)
+            alone: list[float] | None = [] if args.split else None
             with torch.inference_mode():
-                times = decode_steps(engine, args.prompt_tokens, args.steps)
+                times = decode_steps(engine, args.prompt_tokens, args.steps, alone)
+            layers = len(engine._lean._layers) if engine._lean is not None else 0
             loaded.close()
             bandwidths.append(copy_bandwidth(args.copy_mib))
-            rows.append((fmt, read, statistics.median(times)))
+            linears = statistics.median(alone) if alone else None
+            rows.append((fmt, read, statistics.median(times), linears, layers))
     bandwidth = max(bandwidths)
     print(
         f"copy bandwidth: {bandwidth / 1e9:.1f} GB/s (read + write, the best of "
@@ -183,16 +234,20 @@ def main() -> None:
     base_fmt, base = rows[0][0], rows[0][2]  # the first format listed
     prompt = f"a {args.prompt_tokens}-token prompt"
     print(f"{args.shape}, batch 1, {args.steps} decode steps after {prompt}")
+    split = " linears alone | beside them, a layer |" if args.split else ""
     print(
         f"| format | weights read per step | memory floor | step (median) | x floor "
-        f"| x {base_fmt} |"
+        f"| x {base_fmt} |{split}"
     )
-    print("|---|---:|---:|---:|---:|---:|")
-    for fmt, read, step in rows:
+    print("|---|---:|---:|---:|---:|---:|" + ("---:|---:|" if args.split else ""))
+    for fmt, read, step, linears, layers in rows:
         floor = read / bandwidth
+        cells = ""
+        if linears is not None:
+            cells = f" {linears * 1e3:.2f} ms | {(step - linears) / layers * 1e6:.0f} µs |"
         print(
             f"| {fmt} | {read / 2**20:.0f} MiB | {floor * 1e3:.2f} ms | {step * 1e3:.2f} ms | "
-            f"{step / floor:.2f} | {step / base:.2f} |"
+            f"{step / floor:.2f} | {step / base:.2f} |{cells}"
         )
 
 
