@@ -253,51 +253,101 @@ inline __m512i broadcast4(const int8_t* p) {  // 4 int8 codes into every 32-bit 
   return _mm512_set1_epi32(word);
 }
 
-// Rows [m0, m0 + R) of one tile; with one or two rows a chunk's products alternate between two
-// accumulators (two chains of dependent vpdpbusd instead of one).
-template <Layout L, int R>
-void tile_rows_a8(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t k_total,
-                  const float* xscale, const int32_t* xsum, int64_t m0, const float* bias,
-                  int64_t n0, int64_t cols, int64_t n_total, float* out) {
-  constexpr int kChains = R <= 2 ? 2 : 1;
-  constexpr int64_t bytes = block_bytes<L>();
+// What the VNNI path reads of each layout: a group's bytes, a chunk's weight operand for
+// vpdpbusd (unsigned bytes, column j's four codes at 4j), and how a row's integer sum of the
+// group becomes float32 (its Group, made once per group from the group's scales).
+
+// The int4 layouts: a chunk of 32 code bytes read as 16 words, one per column, becomes the
+// column's 4 codes of inputs 4c..4c+3 as bytes by (v | v << 12) & 0x0F0F0F0F; per row
+// scale_x * (scale * sum + (zero - 8 * scale) * sum_x).
+template <Layout L>
+struct Int4Tiles {
+  static constexpr int64_t kBytes = block_bytes<L>();
   const __m512i low_nibbles = _mm512_set1_epi32(0x0F0F0F0F);
   const __m512 eight = _mm512_set1_ps(8.f);
+
+  __m512i operand(const uint8_t* block, int c) const {
+    const __m512i v = _mm512_cvtepu16_epi32(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32 * c)));
+    return _mm512_ternarylogic_epi32(v, _mm512_slli_epi32(v, 12), low_nibbles, 0xA8);
+  }
+
+  struct Group {
+    __m512 scale, zero;  // zero: the layout's zero less 8 * scale
+    __m512 add(__m512i sum, float dx, int32_t xsum, __m512 total) const {
+      total = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(scale, _mm512_set1_ps(dx)),
+                              total);
+      return _mm512_fmadd_ps(_mm512_set1_ps(dx * static_cast<float>(xsum)), zero, total);
+    }
+  };
+
+  Group group(const uint8_t* block) const {
+    Group g;
+    scales_zeros<L>(block, g.scale, g.zero);
+    g.zero = _mm512_fnmadd_ps(eight, g.scale, g.zero);
+    return g;
+  }
+};
+
+// The int8 layout: a chunk's 64 bytes are vpdpbusd's weight operand as they lie (column j's
+// codes of inputs 4c..4c+3 at 4j); the codes being signed, they are read as unsigned w + 128
+// (the sign bit flipped) and 128 times the row's code sum of the group is taken off after: the
+// 256-bit path's integer sums exactly, then its float32 operations per column, so the same bits.
+struct Int8Tiles {
+  static constexpr int64_t kBytes = kBlockInt8;
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+
+  __m512i operand(const uint8_t* block, int c) const {
+    return _mm512_xor_si512(_mm512_loadu_si512(block + 64 * c), flip);
+  }
+
+  struct Group {
+    __m512 scale;
+    __m512 add(__m512i sum, float dx, int32_t xsum, __m512 total) const {
+      sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(128 * xsum));
+      return _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(scale, _mm512_set1_ps(dx)),
+                             total);
+    }
+  };
+
+  Group group(const uint8_t* block) const { return {widen_bf16(block + 512)}; }
+};
+
+// Rows [m0, m0 + R) of one tile of either layout (Tiles: Int4Tiles<L> or Int8Tiles); with one or
+// two rows a chunk's products alternate between two accumulators (two chains of dependent
+// vpdpbusd instead of one).
+template <typename Tiles, int R>
+void tile_rows_vnni(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t k_total,
+                    const float* xscale, const int32_t* xsum, int64_t m0, const float* bias,
+                    int64_t n0, int64_t cols, int64_t n_total, float* out) {
+  constexpr int kChains = R <= 2 ? 2 : 1;
+  const Tiles tiles;
   const __mmask16 valid = first_columns(cols);
   const __m512 start = bias ? _mm512_maskz_loadu_ps(valid, bias + n0) : _mm512_setzero_ps();
   __m512 total[R];
   for (int r = 0; r < R; ++r) total[r] = start;
   const int8_t* xm = xq + m0 * k_total;
   for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* block = tile + g * bytes;
-    prefetch_ahead(block, bytes);
+    const uint8_t* block = tile + g * Tiles::kBytes;
+    prefetch_ahead(block, Tiles::kBytes);
     __m512i acc[R][kChains];
     for (int r = 0; r < R; ++r) {
       for (int j = 0; j < kChains; ++j) acc[r][j] = _mm512_setzero_si512();
     }
     const int8_t* xg = xm + g * kGroup;
     for (int c = 0; c < 8; ++c) {
-      const __m512i v = _mm512_cvtepu16_epi32(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32 * c)));
-      // (v | v << 12) & 0x0F0F0F0F: the column's codes of inputs 4c..4c+3, a byte each
-      const __m512i w = _mm512_ternarylogic_epi32(v, _mm512_slli_epi32(v, 12), low_nibbles, 0xA8);
+      const __m512i w = tiles.operand(block, c);
       for (int r = 0; r < R; ++r) {
         __m512i& a = acc[r][c % kChains];
         a = _mm512_dpbusd_epi32(a, w, broadcast4(xg + r * k_total + 4 * c));
       }
     }
-    __m512 scale, zero;
-    scales_zeros<L>(block, scale, zero);
-    zero = _mm512_fnmadd_ps(eight, scale, zero);
+    const auto group = tiles.group(block);
     for (int r = 0; r < R; ++r) {
       __m512i sum = acc[r][0];
       for (int j = 1; j < kChains; ++j) sum = _mm512_add_epi32(sum, acc[r][j]);
       const int64_t at = (m0 + r) * groups + g;
-      const float dx = xscale[at];
-      total[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(scale, _mm512_set1_ps(dx)),
-                                 total[r]);
-      total[r] = _mm512_fmadd_ps(_mm512_set1_ps(dx * static_cast<float>(xsum[at])), zero,
-                                 total[r]);
+      total[r] = group.add(sum, xscale[at], xsum[at], total[r]);
     }
   }
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(out + (m0 + r) * n_total + n0, valid, total[r]);
@@ -310,14 +360,12 @@ void tile_rows_a8(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t
 // called in turn (8,192 -> 2,048 and -> 3,072: x0.79-0.83 with 8; 3,072 -> 5,120 and -> 16,384:
 // x0.86-0.89); at 2,048 inputs it was even (x0.96-1.02) and at a 360M's 960 and 2,560 one
 // stream was faster (8: x1.08-1.14). Per tile the same operations in the same order as
-// tile_rows_a8<L, 1>: the same bits.
+// tile_rows_vnni<Int4Tiles<L>, 1>: the same bits.
 template <Layout L, int C>
 void row_by_tiles_a8(const uint8_t* tile, int64_t tile_bytes, int64_t groups, const int8_t* xq,
                      const float* xscale, const int32_t* xsum, const float* bias, int64_t n0,
                      int64_t n_total, float* out) {
-  constexpr int64_t bytes = block_bytes<L>();
-  const __m512i low_nibbles = _mm512_set1_epi32(0x0F0F0F0F);
-  const __m512 eight = _mm512_set1_ps(8.f);
+  const Int4Tiles<L> tiles;
   __mmask16 valid[C];
   __m512 total[C];
   for (int c = 0; c < C; ++c) {
@@ -332,71 +380,17 @@ void row_by_tiles_a8(const uint8_t* tile, int64_t tile_bytes, int64_t groups, co
     for (int k = 0; k < 8; ++k) {
       const __m512i xk = broadcast4(xg + 4 * k);
       for (int c = 0; c < C; ++c) {
-        const uint8_t* block = tile + c * tile_bytes + g * bytes;
-        const __m512i v = _mm512_cvtepu16_epi32(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32 * k)));
-        const __m512i w =
-            _mm512_ternarylogic_epi32(v, _mm512_slli_epi32(v, 12), low_nibbles, 0xA8);
-        acc[c][k % 2] = _mm512_dpbusd_epi32(acc[c][k % 2], w, xk);
+        const uint8_t* block = tile + c * tile_bytes + g * Int4Tiles<L>::kBytes;
+        acc[c][k % 2] = _mm512_dpbusd_epi32(acc[c][k % 2], tiles.operand(block, k), xk);
       }
     }
-    const float dx = xscale[g];
-    const __m512 by = _mm512_set1_ps(dx * static_cast<float>(xsum[g]));
     for (int c = 0; c < C; ++c) {
-      __m512 scale, zero;
-      scales_zeros<L>(tile + c * tile_bytes + g * bytes, scale, zero);
-      zero = _mm512_fnmadd_ps(eight, scale, zero);
+      const auto group = tiles.group(tile + c * tile_bytes + g * Int4Tiles<L>::kBytes);
       const __m512i sum = _mm512_add_epi32(acc[c][0], acc[c][1]);
-      total[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(scale, _mm512_set1_ps(dx)),
-                                 total[c]);
-      total[c] = _mm512_fmadd_ps(by, zero, total[c]);
+      total[c] = group.add(sum, xscale[g], xsum[g], total[c]);
     }
   }
   for (int c = 0; c < C; ++c) _mm512_mask_storeu_ps(out + n0 + c * kTile, valid[c], total[c]);
-}
-
-// The int8 layout on the VNNI path: rows [m0, m0 + R) of one tile. A chunk's 64 bytes are
-// vpdpbusd's weight operand as they lie (column j's codes of inputs 4c..4c+3 at 4j); the codes
-// being signed, they are read as unsigned w + 128 (the sign bit flipped) and 128 times the row's
-// code sum of the group is taken off after: the 256-bit path's integer sums exactly, then its
-// float32 operations per column, so the same bits.
-template <int R>
-void tile_rows_int8(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t k_total,
-                    const float* xscale, const int32_t* xsum, int64_t m0, const float* bias,
-                    int64_t n0, int64_t cols, int64_t n_total, float* out) {
-  constexpr int kChains = R <= 2 ? 2 : 1;
-  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
-  const __mmask16 valid = first_columns(cols);
-  const __m512 start = bias ? _mm512_maskz_loadu_ps(valid, bias + n0) : _mm512_setzero_ps();
-  __m512 total[R];
-  for (int r = 0; r < R; ++r) total[r] = start;
-  const int8_t* xm = xq + m0 * k_total;
-  for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* block = tile + g * kBlockInt8;
-    prefetch_ahead(block, kBlockInt8);
-    __m512i acc[R][kChains];
-    for (int r = 0; r < R; ++r) {
-      for (int j = 0; j < kChains; ++j) acc[r][j] = _mm512_setzero_si512();
-    }
-    const int8_t* xg = xm + g * kGroup;
-    for (int c = 0; c < 8; ++c) {
-      const __m512i w = _mm512_xor_si512(_mm512_loadu_si512(block + 64 * c), flip);
-      for (int r = 0; r < R; ++r) {
-        __m512i& a = acc[r][c % kChains];
-        a = _mm512_dpbusd_epi32(a, w, broadcast4(xg + r * k_total + 4 * c));
-      }
-    }
-    const __m512 scale = widen_bf16(block + 512);
-    for (int r = 0; r < R; ++r) {
-      __m512i sum = acc[r][0];
-      for (int j = 1; j < kChains; ++j) sum = _mm512_add_epi32(sum, acc[r][j]);
-      const int64_t at = (m0 + r) * groups + g;
-      sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(128 * xsum[at]));
-      total[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum),
-                                 _mm512_mul_ps(scale, _mm512_set1_ps(xscale[at])), total[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(out + (m0 + r) * n_total + n0, valid, total[r]);
 }
 
 #endif  // BATCHLINE_A8_VNNI
@@ -543,7 +537,7 @@ at::Tensor int4_linear_a8(const at::Tensor& x, const at::Tensor& packed, int64_t
         if (width == 512) {
           for (int64_t m0 = 0; m0 < rows; m0 += kMaxRows) {
             with_rows<kMaxRows>(std::min(kMaxRows, rows - m0), [&](auto r) {
-              tile_rows_a8<kL, decltype(r)::value>(tile, groups, cp, k_total, sp, up, m0,
+              tile_rows_vnni<Int4Tiles<kL>, decltype(r)::value>(tile, groups, cp, k_total, sp, up, m0,
                                                      bias_ptr, n0, cols, n, op);
             });
           }
@@ -597,7 +591,7 @@ at::Tensor int8g_linear_a8(const at::Tensor& x, const at::Tensor& packed, int64_
       if (width == 512) {
         for (int64_t m0 = 0; m0 < rows; m0 += kMaxRows) {
           with_rows<kMaxRows>(std::min(kMaxRows, rows - m0), [&](auto r) {
-            tile_rows_int8<decltype(r)::value>(wp + t * tile_bytes, groups, cp, k_total, sp, up,
+            tile_rows_vnni<Int8Tiles, decltype(r)::value>(wp + t * tile_bytes, groups, cp, k_total, sp, up,
                                                m0, bias_ptr, n0, cols, n, op);
           });
         }
