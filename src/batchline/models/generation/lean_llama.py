@@ -187,10 +187,19 @@ class LeanForward:
     one packed step, as ``model(..., logits_to_keep=keep, batchline_step=plan).logits[0]``
     computes them: with torch's ops (``ops`` None), the same ops in the same order, fp32 and
     bf16 results equal bit for bit; with :class:`~.decode_kernel.StepOps`, one call per norm,
-    rotary and SiLU, whose float32 norms and SiLU differ in the last bits. ``model`` is one
-    :func:`lean_forward` recognises."""
+    rotary and SiLU, whose float32 norms and SiLU differ in the last bits; and where every
+    layer's products sum float32 rows as int8, a decode-only step's layers in one call of the
+    library (``csrc/decode_layers.cpp``: the same ops, the same bits, without ~25 us a layer of
+    Python between them). ``model`` is one :func:`lean_forward` recognises."""
 
-    def __init__(self, model: Any, ops: StepOps | None = None, *, fuse_decode: bool = True) -> None:
+    def __init__(
+        self,
+        model: Any,
+        ops: StepOps | None = None,
+        *,
+        fuse_decode: bool = True,
+        one_call: bool = True,
+    ) -> None:
         family = _named(model)
         if family is None:
             raise ValueError(f"no lean forward for a {type(model).__name__}; see lean_forward")
@@ -220,6 +229,7 @@ class LeanForward:
         self._act, kernel_op = _ACTIVATIONS[activation]
         # the kernel library's act(gate) * up for it, in one call
         self._act_mul: Linear | None = None if ops is None else getattr(ops, kernel_op)
+        self._kernel_op = kernel_op
         attention = inner.layers[0].self_attn  # what every layer's attention was built with
         self._head_dim = int(attention.head_dim)
         self._heads = int(config.num_attention_heads)
@@ -296,6 +306,11 @@ class LeanForward:
                     qkv_step(layer.self_attn, attend),
                 )
             )
+        # a decode-only step's layers in one call, where every layer is one it takes (one_call
+        # False: the layer loop below, the same bits; tests compare the two)
+        self._one_call: tuple[Any, int] | None = None
+        if one_call and self._decode_step is not None and len(self._rotaries) == 1:
+            self._one_call = _layers_in_one_call(layers, self)
 
     def _norm_weight(self, norm: Any) -> Any:
         """What :meth:`_norm` multiplies by: the norm's weight, or Gemma's ``1 + weight`` in
@@ -390,6 +405,14 @@ class LeanForward:
         if plan.joins or plan.decoding != n or plan.decode_attention != "kernel":
             step = None
         store = plan.store
+        one_call = self._one_call if step is not None and h.dtype == torch.float32 else None
+        if one_call is not None and n < one_call[1]:
+            cos, sin = tables[0]
+            plan.layers_seen += len(self._layers)  # as packed_attention counts the layers it saw
+            h = one_call[0].forward(
+                h, cos, sin, store.keys, store.values, plan.decode_first, store.hi
+            )
+            return self._head(h, keep)
         for layer in self._layers:
             x = self._norm(h, layer.input_norm)
             cos, sin = tables[layer.rotary]
@@ -423,6 +446,10 @@ class LeanForward:
             if layer.mlp_out_norm is not None:
                 out = self._norm(out, layer.mlp_out_norm)
             h = h + out
+        return self._head(h, keep)
+
+    def _head(self, h: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """The logits of the ``keep`` positions of the last layer's ``h``."""
         # The final norm is per position: only the kept ones need it.
         logits: torch.Tensor = self._lm_head(self._norm(h[keep], self._final_norm))
         if self._logit_softcap is not None:  # Gemma's, in transformers' three ops
@@ -430,6 +457,53 @@ class LeanForward:
             logits = torch.tanh(logits)
             logits = logits * self._logit_softcap
         return logits
+
+
+def _layers_in_one_call(layers: Any, lean: LeanForward) -> tuple[Any, int] | None:
+    """The kernel library's ``DecodeLayers`` over ``layers`` (``csrc/decode_layers.cpp``) and
+    the fewest rows it does not take, where every layer is a plain pre-norm one (no q/k or
+    output norms, attention without window or soft-cap, a fused q/k/v and gate/up) whose four
+    products each sum float32 rows as int8 in one call (:meth:`QuantLinear.step_product`);
+    else None."""
+    norms: list[torch.Tensor] = []
+    packed: list[torch.Tensor] = []
+    biases: list[torch.Tensor] = []
+    spec: list[int] = []
+    below = None
+    for module, layer in zip(layers, lean._layers, strict=True):
+        mlp = module.mlp
+        plain = layer.attention_out_norm is None and layer.mlp_out_norm is None
+        if not (plain and layer.qkv_step is not None and layer.gate_up_joined is not None):
+            return None
+        linears = (module.self_attn.qkv_proj, module.self_attn.o_proj, mlp.gate_up_proj)
+        products = []
+        for linear in (*linears, mlp.down_proj):
+            product = linear.step_product() if isinstance(linear, QuantLinear) else None
+            if product is None:
+                return None
+            products.append(product)
+        norms += [layer.input_norm, layer.mlp_norm]
+        spec += [int(module.self_attn.layer_idx), int(lean._kernel_op == "gelu_tanh_mul")]
+        for product in products:
+            packed.append(product.packed)
+            biases.append(torch.empty(0) if product.bias is None else product.bias)
+            spec += [product.layout, product.n, product.streams]
+            below = product.rows_below if below is None else min(below, product.rows_below)
+    if below is None:
+        return None
+    from batchline.models.generation import quant_kernel
+
+    stack = torch.classes.batchline.DecodeLayers(
+        norms,
+        packed,
+        biases,
+        spec,
+        lean._eps,
+        lean._scaling,
+        lean._heads,
+        quant_kernel.INT8G_WIDE_ROWS,
+    )
+    return stack, below
 
 
 def _projections(module: Any, fused: str, parts: tuple[str, ...]) -> list[Any]:

@@ -37,6 +37,7 @@ kernel's are in ``quant_kernel.py`` and docs/generation.md.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -55,6 +56,7 @@ from batchline.models.generation.quant_codes import (
 __all__ = [
     "DENSE_ROWS",
     "QuantLinear",
+    "StepProduct",
     "describe_step_weights",
     "require_int_kernels",
     "step_weight_bytes",
@@ -129,6 +131,22 @@ def require_int_kernels(aten: Any = None) -> None:
             f"int8/int4 weights need torch's CPU kernels (torch 2.6 or later; torch "
             f"{torch.__version__} is installed): upgrade torch, or set weights = 'float'"
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class StepProduct:
+    """A :class:`QuantLinear`'s product of float32 rows summed as int8, as one kernel call:
+    ``layout`` 0 is ``int4_linear_a8`` over :func:`~.quant_kernel.pack_int4`'s layout, 1
+    ``int8g_linear_a8`` over :func:`~.quant_kernel.pack_int8g`'s; ``bias`` float32 or None;
+    ``streams`` int4's one-row tiles read at once; fewer than ``rows_below`` rows take it (more
+    compute dense)."""
+
+    layout: int
+    packed: torch.Tensor
+    n: int
+    bias: torch.Tensor | None
+    streams: int
+    rows_below: int
 
 
 class QuantLinear(torch.nn.Module):
@@ -418,18 +436,39 @@ class QuantLinear(torch.nn.Module):
         result: torch.Tensor = out
         return result
 
+    def step_product(self) -> StepProduct | None:
+        """This layer's one-call product for a step loop, where it sums float32 rows as int8 in
+        one plane (``int8_rows``): what :meth:`step_forward` calls, and what
+        ``csrc/decode_layers.cpp`` calls for it; else None."""
+        if not (self.int8_rows and len(self._own) == 1):
+            return None
+        bias = None if self.bias is None else self.bias.detach().float().contiguous()
+        return StepProduct(
+            layout=1 if self._int8_layout else 0,
+            packed=self._own[0],
+            n=self.out_features,
+            bias=bias,
+            streams=self.streams,
+            rows_below=DENSE_ROWS[self._dense_key(torch.float32)],
+        )
+
     def step_forward(self) -> Callable[[torch.Tensor], torch.Tensor]:
         """:meth:`forward` for a step loop that calls it many times a step: where this layer
-        sums float32 rows as int8 in one plane (``int8_rows``), a 2-D float32 input of fewer
-        rows than it computes dense goes to the kernel's op in one call, without
-        :meth:`_rows`'s choosing (~3 us of Python a call, against 12-30 us of product at a
-        360M shape's one row); any other input through :meth:`forward`, as before."""
-        if not (self.int8_rows and len(self._own) == 1):
+        has a :meth:`step_product`, a 2-D float32 input of fewer rows than it computes dense
+        goes to the kernel's op in one call, without :meth:`_rows`'s choosing (~3 us of Python
+        a call, against 12-30 us of product at a 360M shape's one row); any other input
+        through :meth:`forward`, as before."""
+        product = self.step_product()
+        if product is None:
             return self.forward
-        packed, n, forward = self._own[0], self.out_features, self.forward
-        bias = None if self.bias is None else self.bias.detach().float().contiguous()
-        limit = DENSE_ROWS[self._dense_key(torch.float32)]
-        if self._int8_layout:
+        packed, n, bias, limit, forward = (
+            product.packed,
+            product.n,
+            product.bias,
+            product.rows_below,
+            self.forward,
+        )
+        if product.layout == 1:
             layout_op, width_for = torch.ops.batchline.int8g_linear_a8, quant_kernel.int8g_width
 
             def step(x: torch.Tensor) -> torch.Tensor:
