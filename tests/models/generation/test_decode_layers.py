@@ -1,7 +1,8 @@
 """A decode-only step's layers in one call (``csrc/decode_layers.cpp``'s ``DecodeLayers``, taken
-by ``LeanForward`` where every layer's products sum float32 rows as int8): every pass's logits
-bit for bit those of the layer loop, over prefills, decode-only steps and a step that mixes
-decoding rows with a joining prompt; which models take it; and its arguments checked."""
+by ``LeanForward`` where every layer's products are each one call of the library): every
+pass's logits bit for bit those of the layer loop, over prefills, decode-only steps and a step
+that mixes decoding rows with a joining prompt, for each product it calls; which models take
+it; and its arguments checked."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from batchline.models.generation import torch_engine  # noqa: E402
+from batchline.models.generation import quant_kernel, torch_engine  # noqa: E402
+from batchline.models.generation.decode_kernel import StepProduct  # noqa: E402
+from batchline.models.generation.dense_tiles import tile_linear_weights  # noqa: E402
 from batchline.models.generation.engine import GenerationRequest, SamplingParams  # noqa: E402
 from batchline.models.generation.lean_llama import LeanForward, fuse_projections  # noqa: E402
 from batchline.models.generation.quant_linear import use_int8_activations  # noqa: E402
@@ -21,59 +24,90 @@ from batchline.models.generation.torch_engine import TorchStepEngine  # noqa: E4
 
 from .conftest import build_tiny_llama  # noqa: E402
 
+#: each product the one call makes, with the rows' dtype its model computes in
+PRODUCTS = {
+    "int4 on int8 rows": (StepProduct.INT4_A8, torch.float32),
+    "int8 layout on int8 rows": (StepProduct.INT8G_A8, torch.float32),
+    "bf16 tiles": (StepProduct.BF16_TILES, torch.bfloat16),
+    "int4 on float32 rows": (StepProduct.INT4_F32, torch.float32),
+    "int4 on bf16 rows": (StepProduct.INT4_BF16, torch.bfloat16),
+}
 
-def _model(kind: str, *, bias: bool = False) -> Any:
-    """The tiny Llama, fused as the loader fuses it, its linears ``kind`` in float32 with int8
-    rows (as ``--set weights=int4`` runs on a CPU with AVX512-VNNI); ``bias``: q/k/v with a
-    bias (Qwen2's)."""
+
+def _runs_here(layout: int) -> None:
+    """Skip where this CPU or build does not run ``layout``'s op."""
+    if layout in (StepProduct.INT4_A8, StepProduct.INT8G_A8):
+        here, why = quant_kernel.int8_activations_here()
+    else:
+        dtype = torch.float32 if layout == StepProduct.INT4_F32 else torch.bfloat16
+        here, why = quant_kernel.own_kernels(dtype=dtype)
+    if not here:
+        pytest.skip(f"not run here: {why}")
+
+
+def _model(product: str, *, bias: bool = False) -> Any:
+    """The tiny Llama, fused as the loader fuses it, its linears as ``product`` computes them;
+    ``bias``: q/k/v with a bias (Qwen2's)."""
+    layout, dtype = PRODUCTS[product]
+    _runs_here(layout)
     model = build_tiny_llama()
     if bias:
         for layer in model.model.layers:
             attention = layer.self_attn
             for linear in (attention.q_proj, attention.k_proj, attention.v_proj):
                 linear.bias = torch.nn.Parameter(torch.randn(linear.out_features) * 0.1)
+    model = model.to(dtype)
     fuse_projections(model)
-    quantize_linears(model, kind, torch.float32, scale_dtype=torch.bfloat16)  # as loaded
-    assert use_int8_activations(model) > 0
+    if layout == StepProduct.BF16_TILES:
+        assert tile_linear_weights(model) > 0
+        return model
+    kind = "int8" if layout == StepProduct.INT8G_A8 else "int4"
+    a8 = layout in (StepProduct.INT4_A8, StepProduct.INT8G_A8)
+    scales = torch.bfloat16 if a8 else None  # as the loader packs them for int8 rows
+    quantize_linears(model, kind, dtype, scale_dtype=scales)
+    if a8:
+        assert use_int8_activations(model) > 0
     return model
-
-
-class _Counted:
-    """``DecodeLayers`` with its forward calls counted."""
-
-    def __init__(self, stack: Any) -> None:
-        self.stack, self.calls = stack, 0
-
-    def forward(self, *args: Any) -> Any:
-        self.calls += 1
-        return self.stack.forward(*args)
 
 
 def _passes(model: Any, monkeypatch: pytest.MonkeyPatch, one_call: bool) -> tuple[list[Any], int]:
     """Every pass's logits of three answers decoding and a fourth joining them, and how many
     passes went through the one call."""
     passes: list[Any] = []
+    calls = 0
     real_call = getattr(LeanForward.__call__, "unrecorded", LeanForward.__call__)
+    real_one_call = getattr(LeanForward.one_call, "uncounted", LeanForward.one_call)
 
     def recording(self: Any, *args: Any) -> Any:
         out = real_call(self, *args)
         passes.append(out.clone())
         return out
 
+    def counted(self: Any, dtype: Any) -> Any:
+        nonlocal calls
+        found = real_one_call(self, dtype)
+        if found is None:
+            return None
+        stack, below = found
+
+        class Counted:
+            def forward(self, *args: Any) -> Any:
+                nonlocal calls
+                calls += 1
+                return stack.forward(*args)
+
+        return Counted(), below
+
     recording.unrecorded = real_call  # type: ignore[attr-defined]
+    counted.uncounted = real_one_call  # type: ignore[attr-defined]
     monkeypatch.setattr(LeanForward, "__call__", recording)
+    monkeypatch.setattr(LeanForward, "one_call", counted)
     monkeypatch.setattr(
         torch_engine,
         "lean_forward",
         lambda m, ops=None: (LeanForward(m, ops, one_call=one_call), ""),
     )
     engine = TorchStepEngine(model)
-    lean = engine._lean
-    assert lean is not None
-    counted = None
-    if lean._one_call is not None:
-        counted = _Counted(lean._one_call[0])
-        lean._one_call = (counted, lean._one_call[1])
     for i, length in enumerate((5, 9, 3)):
         params = SamplingParams(max_tokens=6 + i, ignore_eos=True)
         engine.add_request(GenerationRequest(f"r{i}", tuple(range(3, 3 + length)), params))
@@ -83,43 +117,52 @@ def _passes(model: Any, monkeypatch: pytest.MonkeyPatch, one_call: bool) -> tupl
     engine.add_request(GenerationRequest("late", tuple(range(7, 18)), late))
     while engine.has_unfinished():
         engine.step()
-    return passes, 0 if counted is None else counted.calls
+    return passes, calls
 
 
-@pytest.mark.parametrize(("kind", "bias"), [("int4", False), ("int8", False), ("int4", True)])
+@pytest.mark.parametrize(
+    ("product", "bias"),
+    [*((name, False) for name in PRODUCTS), ("int4 on int8 rows", True), ("bf16 tiles", True)],
+)
 def test_a_decode_only_steps_layers_in_one_call_give_the_loops_bits(
-    a8_library: None, monkeypatch: pytest.MonkeyPatch, kind: str, bias: bool
+    monkeypatch: pytest.MonkeyPatch, product: str, bias: bool
 ) -> None:
-    one, calls = _passes(_model(kind, bias=bias), monkeypatch, one_call=True)
-    loop, none = _passes(_model(kind, bias=bias), monkeypatch, one_call=False)
+    one, calls = _passes(_model(product, bias=bias), monkeypatch, one_call=True)
+    loop, none = _passes(_model(product, bias=bias), monkeypatch, one_call=False)
     assert calls > 0
     assert none == 0
     assert len(one) == len(loop) > calls  # the prefills and the mixed step went the loop's way
     assert all(torch.equal(a, b) for a, b in zip(one, loop, strict=True))
 
 
-def test_a_model_with_a_dense_product_keeps_the_loop(a8_library: None) -> None:
-    model = _model("int4")
-    layer = model.model.layers[1].mlp
-    dense = torch.nn.Linear(layer.down_proj.in_features, layer.down_proj.out_features, bias=False)
-    layer.down_proj = dense
-    assert TorchStepEngine(model)._lean._one_call is None
-    assert TorchStepEngine(_model("int4"))._lean._one_call is not None
-
-
-def test_a_dense_model_keeps_the_loop() -> None:
-    model = build_tiny_llama()
-    fuse_projections(model)
+def _lean(model: Any) -> LeanForward:
     lean = TorchStepEngine(model)._lean
     assert lean is not None
-    assert lean._one_call is None
+    return lean
 
 
-def test_its_arguments_are_checked(a8_library: None) -> None:
-    torch_engine.TorchStepEngine(_model("int4"))  # the library loaded
+def test_a_model_with_a_product_of_another_kind_keeps_the_loop() -> None:
+    model = _model("int4 on int8 rows")
+    mlp = model.model.layers[1].mlp
+    mlp.down_proj = torch.nn.Linear(mlp.down_proj.in_features, mlp.down_proj.out_features)
+    assert _lean(model).one_call(torch.float32) is None
+    assert _lean(_model("int4 on int8 rows")).one_call(torch.float32) is not None
+    taken = _lean(_model("int8 layout on int8 rows"))
+    assert taken.one_call(torch.float32) is not None
+    assert taken.one_call(torch.bfloat16) is None  # rows its products do not take
+
+
+def test_a_dense_float32_model_keeps_the_loop() -> None:
+    model = build_tiny_llama()
+    fuse_projections(model)
+    assert _lean(model).one_call(torch.float32) is None
+
+
+def test_its_arguments_are_checked() -> None:
+    _lean(_model("int4 on int8 rows"))  # the library loaded
     make = torch.classes.batchline.DecodeLayers
     with pytest.raises(RuntimeError, match="two norms, four products"):
         make([torch.ones(4)], [], [], [0] * 14, 1e-5, 0.5, 2, 4)
     spec = [0, 0] + [7, 16, 1] * 4
-    with pytest.raises(RuntimeError, match="layout 0"):
+    with pytest.raises(RuntimeError, match="op 7 is none of 0-4"):
         make([torch.ones(4)] * 2, [torch.empty(0)] * 4, [torch.empty(0)] * 4, spec, 1e-5, 0.5, 2, 4)

@@ -24,6 +24,7 @@ before.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import hashlib
 import logging
 import os
@@ -34,12 +35,13 @@ import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 
 from batchline._cache import cache_dir, write_whole
 
-__all__ = ["DecodeKernel", "StepOps", "decode_kernel"]
+__all__ = ["DecodeKernel", "StepOps", "StepProduct", "decode_kernel"]
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +112,36 @@ class StepOps:
         self.gelu_tanh_mul = ops.gelu_tanh_mul
         self.rotary = ops.rotary
         self.decode_step = ops.decode_step
+
+
+@dataclasses.dataclass(frozen=True)
+class StepProduct:
+    """A linear's product of a step's rows as one call of the library, as
+    ``csrc/decode_layers.cpp`` makes it: ``layout`` names the op (the constants below),
+    ``packed`` its weight, ``n`` its outputs, ``bias`` float32 or None, ``extra`` the op's last
+    argument (int4 on int8 rows: the tiles one row reads at once; float32 rows: the vector
+    width; bf16 rows: the rows from which AMX tiles take them; else unused), and fewer than
+    ``rows_below`` rows take it (more are computed another way)."""
+
+    layout: int
+    packed: torch.Tensor
+    n: int
+    bias: torch.Tensor | None
+    extra: int
+    rows_below: int
+
+    INT4_A8: ClassVar[int] = 0  # int4_linear_a8: float32 rows summed as int8
+    INT8G_A8: ClassVar[int] = 1  # int8g_linear_a8: the int8 layout, float32 rows as int8
+    BF16_TILES: ClassVar[int] = 2  # bf16_tiles_linear: dense bf16 weights in tiles
+    INT4_F32: ClassVar[int] = 3  # int4_linear_f32: float32 rows
+    INT4_BF16: ClassVar[int] = 4  # int4_linear: bf16 rows
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the rows it takes."""
+        if self.layout in (self.BF16_TILES, self.INT4_BF16):
+            return torch.bfloat16
+        return torch.float32
 
 
 def _load() -> tuple[DecodeKernel | None, str]:

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
+from batchline.models.generation.decode_kernel import StepProduct
+
 __all__ = [
     "DENSE_LINEARS",
     "DenseChoice",
@@ -132,6 +134,13 @@ class TiledLinear(torch.nn.Module):
             rows.contiguous(), self._tiles, self.out_features, self._bias
         )
         return out.reshape(*x.shape[:-1], self.out_features)
+
+    def step_product(self, dtype: torch.dtype) -> StepProduct | None:
+        """Its product of a step's bf16 rows as one call of the library (any number of them)."""
+        if dtype != torch.bfloat16:
+            return None
+        tiles, n = self._tiles, self.out_features
+        return StepProduct(StepProduct.BF16_TILES, tiles, n, self._bias, extra=0, rows_below=2**62)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, tiled"

@@ -306,11 +306,21 @@ class LeanForward:
                     qkv_step(layer.self_attn, attend),
                 )
             )
-        # a decode-only step's layers in one call, where every layer is one it takes (one_call
-        # False: the layer loop below, the same bits; tests compare the two)
-        self._one_call: tuple[Any, int] | None = None
-        if one_call and self._decode_step is not None and len(self._rotaries) == 1:
-            self._one_call = _layers_in_one_call(layers, self)
+        # a decode-only step's layers in one call, per dtype of the rows, where every layer is
+        # one it takes (one_call False: the layer loop below, the same bits; tests compare them)
+        self._modules = list(layers)
+        self._one_calls: dict[torch.dtype, tuple[Any, int] | None] = {}
+        self._one_call_on = one_call and self._decode_step is not None and len(self._rotaries) == 1
+
+    def one_call(self, dtype: torch.dtype) -> tuple[Any, int] | None:
+        """The library's ``DecodeLayers`` for a decode-only step of ``dtype`` rows and the
+        fewest rows it does not take (:func:`_layers_in_one_call`), made at its first step; None
+        where a layer is not one it takes."""
+        if not self._one_call_on:
+            return None
+        if dtype not in self._one_calls:
+            self._one_calls[dtype] = _layers_in_one_call(self._modules, self, dtype)
+        return self._one_calls[dtype]
 
     def _norm_weight(self, norm: Any) -> Any:
         """What :meth:`_norm` multiplies by: the norm's weight, or Gemma's ``1 + weight`` in
@@ -405,7 +415,7 @@ class LeanForward:
         if plan.joins or plan.decoding != n or plan.decode_attention != "kernel":
             step = None
         store = plan.store
-        one_call = self._one_call if step is not None and h.dtype == torch.float32 else None
+        one_call = self.one_call(h.dtype) if step is not None else None
         if one_call is not None and n < one_call[1]:
             cos, sin = tables[0]
             plan.layers_seen += len(self._layers)  # as packed_attention counts the layers it saw
@@ -459,17 +469,19 @@ class LeanForward:
         return logits
 
 
-def _layers_in_one_call(layers: Any, lean: LeanForward) -> tuple[Any, int] | None:
-    """The kernel library's ``DecodeLayers`` over ``layers`` (``csrc/decode_layers.cpp``) and
-    the fewest rows it does not take, where every layer is a plain pre-norm one (no q/k or
-    output norms, attention without window or soft-cap, a fused q/k/v and gate/up) whose four
-    products each sum float32 rows as int8 in one call (:meth:`QuantLinear.step_product`);
-    else None."""
+def _layers_in_one_call(
+    layers: Any, lean: LeanForward, dtype: torch.dtype
+) -> tuple[Any, int] | None:
+    """The kernel library's ``DecodeLayers`` over ``layers`` for rows of ``dtype``
+    (``csrc/decode_layers.cpp``) and the fewest rows it does not take, where every layer is a
+    plain pre-norm one (no q/k or output norms, attention without window or soft-cap, a fused
+    q/k/v and gate/up) whose four products are each one call of the library for such rows
+    (``step_product``: an own int linear's, or bf16 tiles); else None."""
     norms: list[torch.Tensor] = []
     packed: list[torch.Tensor] = []
     biases: list[torch.Tensor] = []
     spec: list[int] = []
-    below = None
+    below = 2**62
     for module, layer in zip(layers, lean._layers, strict=True):
         mlp = module.mlp
         plain = layer.attention_out_norm is None and layer.mlp_out_norm is None
@@ -478,7 +490,9 @@ def _layers_in_one_call(layers: Any, lean: LeanForward) -> tuple[Any, int] | Non
         linears = (module.self_attn.qkv_proj, module.self_attn.o_proj, mlp.gate_up_proj)
         products = []
         for linear in (*linears, mlp.down_proj):
-            product = linear.step_product() if isinstance(linear, QuantLinear) else None
+            product = None
+            if isinstance(linear, QuantLinear | TiledLinear):
+                product = linear.step_product(dtype)
             if product is None:
                 return None
             products.append(product)
@@ -487,9 +501,9 @@ def _layers_in_one_call(layers: Any, lean: LeanForward) -> tuple[Any, int] | Non
         for product in products:
             packed.append(product.packed)
             biases.append(torch.empty(0) if product.bias is None else product.bias)
-            spec += [product.layout, product.n, product.streams]
-            below = product.rows_below if below is None else min(below, product.rows_below)
-    if below is None:
+            spec += [product.layout, product.n, product.extra]
+            below = min(below, product.rows_below)
+    if not spec:
         return None
     from batchline.models.generation import quant_kernel
 

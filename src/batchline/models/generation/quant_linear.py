@@ -37,7 +37,6 @@ kernel's are in ``quant_kernel.py`` and docs/generation.md.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -47,6 +46,7 @@ import torch
 # imported as a module: a decode step calls its kernels through it (a function's own import
 # took ~2 us a call, ~100 calls a step), and tests patch its attributes
 from batchline.models.generation import quant_kernel
+from batchline.models.generation.decode_kernel import StepProduct
 from batchline.models.generation.dense_tiles import TiledLinear
 from batchline.models.generation.quant_codes import (
     Int4Codes,
@@ -56,7 +56,6 @@ from batchline.models.generation.quant_codes import (
 __all__ = [
     "DENSE_ROWS",
     "QuantLinear",
-    "StepProduct",
     "describe_step_weights",
     "require_int_kernels",
     "step_weight_bytes",
@@ -131,22 +130,6 @@ def require_int_kernels(aten: Any = None) -> None:
             f"int8/int4 weights need torch's CPU kernels (torch 2.6 or later; torch "
             f"{torch.__version__} is installed): upgrade torch, or set weights = 'float'"
         )
-
-
-@dataclasses.dataclass(frozen=True)
-class StepProduct:
-    """A :class:`QuantLinear`'s product of float32 rows summed as int8, as one kernel call:
-    ``layout`` 0 is ``int4_linear_a8`` over :func:`~.quant_kernel.pack_int4`'s layout, 1
-    ``int8g_linear_a8`` over :func:`~.quant_kernel.pack_int8g`'s; ``bias`` float32 or None;
-    ``streams`` int4's one-row tiles read at once; fewer than ``rows_below`` rows take it (more
-    compute dense)."""
-
-    layout: int
-    packed: torch.Tensor
-    n: int
-    bias: torch.Tensor | None
-    streams: int
-    rows_below: int
 
 
 class QuantLinear(torch.nn.Module):
@@ -436,29 +419,33 @@ class QuantLinear(torch.nn.Module):
         result: torch.Tensor = out
         return result
 
-    def step_product(self) -> StepProduct | None:
-        """This layer's one-call product for a step loop, where it sums float32 rows as int8 in
-        one plane (``int8_rows``): what :meth:`step_forward` calls, and what
-        ``csrc/decode_layers.cpp`` calls for it; else None."""
-        if not (self.int8_rows and len(self._own) == 1):
+    def step_product(self, dtype: torch.dtype) -> StepProduct | None:
+        """This layer's product of a step's rows of ``dtype`` as one call of the kernel
+        library, where it is one (the own kernel's, one plane, few rows): what
+        :meth:`step_forward` calls, and what ``csrc/decode_layers.cpp`` calls for it; else
+        None."""
+        if len(self._own) != 1 or not self._own_takes(dtype):
             return None
+        if self.int8_rows and dtype == torch.float32:
+            layout = StepProduct.INT8G_A8 if self._int8_layout else StepProduct.INT4_A8
+            extra = self.streams
+        elif self._int8_layout:  # its float32 rows are summed as int8 only
+            return None
+        elif dtype == torch.float32:
+            layout, extra = StepProduct.INT4_F32, quant_kernel.F32_WIDTH
+        else:
+            layout, extra = StepProduct.INT4_BF16, quant_kernel.AMX_ROWS
         bias = None if self.bias is None else self.bias.detach().float().contiguous()
-        return StepProduct(
-            layout=1 if self._int8_layout else 0,
-            packed=self._own[0],
-            n=self.out_features,
-            bias=bias,
-            streams=self.streams,
-            rows_below=DENSE_ROWS[self._dense_key(torch.float32)],
-        )
+        below = DENSE_ROWS[self._dense_key(dtype)]
+        return StepProduct(layout, self._own[0], self.out_features, bias, extra, below)
 
     def step_forward(self) -> Callable[[torch.Tensor], torch.Tensor]:
         """:meth:`forward` for a step loop that calls it many times a step: where this layer
-        has a :meth:`step_product`, a 2-D float32 input of fewer rows than it computes dense
-        goes to the kernel's op in one call, without :meth:`_rows`'s choosing (~3 us of Python
-        a call, against 12-30 us of product at a 360M shape's one row); any other input
-        through :meth:`forward`, as before."""
-        product = self.step_product()
+        sums float32 rows as int8 in one plane (``int8_rows``), a 2-D float32 input of fewer
+        rows than it computes dense goes to the kernel's op in one call, without
+        :meth:`_rows`'s choosing (~3 us of Python a call, against 12-30 us of product at a
+        360M shape's one row); any other input through :meth:`forward`, as before."""
+        product = self.step_product(torch.float32) if self.int8_rows else None
         if product is None:
             return self.forward
         packed, n, bias, limit, forward = (
@@ -468,7 +455,7 @@ class QuantLinear(torch.nn.Module):
             product.rows_below,
             self.forward,
         )
-        if product.layout == 1:
+        if product.layout == StepProduct.INT8G_A8:
             layout_op, width_for = torch.ops.batchline.int8g_linear_a8, quant_kernel.int8g_width
 
             def step(x: torch.Tensor) -> torch.Tensor:

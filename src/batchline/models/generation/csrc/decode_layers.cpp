@@ -1,22 +1,26 @@
 // A decode-only step's layers in one call, for a model whose every layer the lean forward
 // (lean_llama.LeanForward) would run as: RMSNorm, the fused q/k/v product, decode_step, the o
 // product, the residual, RMSNorm, the fused gate/up product, act(gate) * up, the down product,
-// the residual. Each of those is one of this library's ops, called here through the dispatcher
-// in the order and with the arguments the Python loop gives them: the same bits, without the
-// ~25 us a layer of Python and of converting arguments that ten calls from Python cost (a third
-// of what a SmolLM2-360M int4 layer spends beside its weights, on Zen 4).
+// the residual, each product one of this library's linears. Each of those is one of this
+// library's ops, called here through the dispatcher in the order and with the arguments the
+// Python loop gives them: the same bits, without the ~25 us a layer of Python and of
+// converting arguments that ten calls from Python cost (a third of what a SmolLM2-360M int4
+// layer spent beside its weights, on Zen 4).
 //
 //   DecodeLayers(norms, packed, biases, spec, eps, scale, heads, wide_rows)
 //     norms:  two per layer, the attention's input norm and the MLP's
-//     packed: four per layer, the q/k/v, o, gate/up and down products' packed weights
+//     packed: four per layer, the q/k/v, o, gate/up and down products' weights as their ops
+//             take them
 //     biases: four per layer, each an empty tensor where that product has none
 //     spec:   per layer, its store index, its activation (0 SiLU, 1 GeLU with tanh), then per
-//             product: its layout (0 int4 under int8 rows, 1 int8 in groups of 32 under int8
-//             rows), its outputs and its streams (int4's one-row tiles read at once)
+//             product: its op (decode_kernel.StepProduct's layouts: 0 int4_linear_a8, 1
+//             int8g_linear_a8, 2 bf16_tiles_linear, 3 int4_linear_f32, 4 int4_linear), its
+//             outputs, and the op's last argument (0-1: int4's streams, unused by int8g; 3:
+//             the width; 4: amx_rows; 2: unused)
 //     wide_rows: the fewest rows the int8 layout's product takes through its 512-bit path
 //   .forward(h, cos, sin, keys, values, first, hi) -> h after every layer
-//     h: (rows, hidden) float32; keys, values: the store's buffers of every layer; cos, sin,
-//     first, hi: as decode_step takes them
+//     h: (rows, hidden) in the dtype the products take; keys, values: the store's buffers of
+//     every layer; cos, sin, first, hi: as decode_step takes them
 // Built by batchline.models.generation.decode_kernel with the machine's C++ compiler.
 
 #include <ATen/ATen.h>
@@ -31,10 +35,11 @@
 namespace {
 
 constexpr int64_t kSpecHead = 2;       // store index, activation
-constexpr int64_t kSpecProduct = 3;    // layout, outputs, streams
+constexpr int64_t kSpecProduct = 3;    // op, outputs, its last argument
 constexpr int64_t kProducts = 4;       // q/k/v, o, gate/up, down
 constexpr int64_t kSpecLayer = kSpecHead + kProducts * kSpecProduct;
 constexpr int64_t kA8Width = 512;      // quant_kernel.A8_WIDTH
+enum Layout : int64_t { kInt4A8 = 0, kInt8gA8 = 1, kTiles = 2, kInt4F32 = 3, kInt4Bf16 = 4 };
 
 using Optional = std::optional<at::Tensor>;
 
@@ -43,9 +48,12 @@ struct Ops {
   c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t,
                                       const Optional&, int64_t, int64_t)>
       int4;
+  using Linear = at::Tensor(const at::Tensor&, const at::Tensor&, int64_t, const Optional&,
+                            int64_t);
+  c10::TypedOperatorHandle<Linear> int8g, int4_f32, int4_bf16;
   c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t,
-                                      const Optional&, int64_t)>
-      int8g;
+                                      const Optional&)>
+      tiles;
   c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, double)> norm;
   c10::TypedOperatorHandle<at::Tensor(const at::Tensor&)> silu_mul, gelu_tanh_mul;
   c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
@@ -63,9 +71,12 @@ struct Ops {
       : int4(handle("int4_linear_a8")
                  .typed<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t,
                                    const Optional&, int64_t, int64_t)>()),
-        int8g(handle("int8g_linear_a8")
+        int8g(handle("int8g_linear_a8").typed<Linear>()),
+        int4_f32(handle("int4_linear_f32").typed<Linear>()),
+        int4_bf16(handle("int4_linear").typed<Linear>()),
+        tiles(handle("bf16_tiles_linear")
                   .typed<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t,
-                                    const Optional&, int64_t)>()),
+                                    const Optional&)>()),
         norm(handle("rms_norm").typed<at::Tensor(const at::Tensor&, const at::Tensor&, double)>()),
         silu_mul(handle("silu_mul").typed<at::Tensor(const at::Tensor&)>()),
         gelu_tanh_mul(handle("gelu_tanh_mul").typed<at::Tensor(const at::Tensor&)>()),
@@ -85,7 +96,7 @@ struct Product {
   at::Tensor packed;
   int64_t n;
   Optional bias;
-  int64_t streams;
+  int64_t extra;  // the op's last argument
 };
 
 struct Layer {
@@ -113,7 +124,8 @@ struct DecodeLayers : torch::CustomClassHolder {
       Layer layer{s[0], s[1] == 1, norms[2 * l], norms[2 * l + 1], {}};
       for (int64_t p = 0; p < kProducts; ++p) {
         const int64_t* q = s + kSpecHead + p * kSpecProduct;
-        TORCH_CHECK(q[0] == 0 || q[0] == 1, "DecodeLayers: layout 0 (int4) or 1 (int8g)");
+        TORCH_CHECK(q[0] >= kInt4A8 && q[0] <= kInt4Bf16, "DecodeLayers: op ", q[0],
+                    " is none of 0-4 (decode_kernel.StepProduct's layouts)");
         const at::Tensor& bias = biases[kProducts * l + p];
         layer.products[p] = Product{q[0], packed[kProducts * l + p], q[1],
                                     bias.numel() ? Optional(bias) : std::nullopt, q[2]};
@@ -125,8 +137,7 @@ struct DecodeLayers : torch::CustomClassHolder {
   at::Tensor forward(at::Tensor h, const at::Tensor& cos, const at::Tensor& sin,
                      const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values,
                      const at::Tensor& first, int64_t hi) const {
-    TORCH_CHECK(h.dim() == 2 && h.scalar_type() == at::kFloat,
-                "DecodeLayers.forward: h must be (rows, hidden) float32");
+    TORCH_CHECK(h.dim() == 2, "DecodeLayers.forward: h must be (rows, hidden)");
     const Ops& ops = Ops::get();
     for (const Layer& layer : layers_) {
       TORCH_CHECK(layer.index < static_cast<int64_t>(keys.size()) &&
@@ -150,8 +161,18 @@ struct DecodeLayers : torch::CustomClassHolder {
 
  private:
   at::Tensor product(const Ops& ops, const Product& p, const at::Tensor& x) const {
-    if (p.layout == 0) return ops.int4.call(x, p.packed, p.n, p.bias, kA8Width, p.streams);
-    return ops.int8g.call(x, p.packed, p.n, p.bias, x.size(0) >= wide_rows_ ? kA8Width : 256);
+    switch (p.layout) {
+      case kInt4A8:
+        return ops.int4.call(x, p.packed, p.n, p.bias, kA8Width, p.extra);
+      case kInt8gA8:
+        return ops.int8g.call(x, p.packed, p.n, p.bias, x.size(0) >= wide_rows_ ? kA8Width : 256);
+      case kTiles:
+        return ops.tiles.call(x, p.packed, p.n, p.bias);
+      case kInt4F32:
+        return ops.int4_f32.call(x, p.packed, p.n, p.bias, p.extra);
+      default:
+        return ops.int4_bf16.call(x, p.packed, p.n, p.bias, p.extra);
+    }
   }
 
   double eps_, scale_;
