@@ -21,10 +21,16 @@ and each format's step against the first one's (bf16's by default).
     python benchmarks/bench_quant_step.py --formats float32,int4:float32:float,int4:float32:int8
     python benchmarks/bench_quant_step.py --formats bfloat16:onednn,bfloat16:tiles
     python benchmarks/bench_quant_step.py --shape 3b --rss --folder DIR  # peak RSS per format
+    python benchmarks/bench_quant_step.py --one-call --threads 2  # layers in one call or a loop
 
 ``--split`` also runs one row through the step's linears alone (each layer's q/k/v, o, gate/up
 and down and the lm_head, as the lean loop calls them) after each step, and prints their median
 and what the rest of the step costs a layer: the norms, the attention, the Python between.
+
+``--one-call`` alternates, in one process per format, decode runs of the step's layers in one
+call of the kernel library (``csrc/decode_layers.cpp``, the default where the model's products
+are the library's) and of the Python loop over them (the same bits), ``--repeats`` times, and
+prints each side's median steps and the loop's time over the one call's, pair by pair.
 
 ``--rss`` times nothing: each format loads the shape in a process of its own (the folder built
 once, under ``--folder`` if given, and kept there), and its peak resident memory after loading
@@ -187,6 +193,12 @@ def main() -> None:
         help="also time the step's linears alone after each step: what the rest costs a layer",
     )
     parser.add_argument(
+        "--one-call",
+        action="store_true",
+        help="alternate the layers in one call with the Python loop over them, per format",
+    )
+    parser.add_argument("--repeats", type=int, default=8, help="--one-call's pairs of runs")
+    parser.add_argument(
         "--folder", type=Path, help="where the shape's folder is kept (built there once)"
     )
     parser.add_argument("--_load-one", dest="load_one", help=argparse.SUPPRESS)
@@ -197,6 +209,9 @@ def main() -> None:
         return
     if args.rss:
         _rss(args)
+        return
+    if args.one_call:
+        _one_call(args)
         return
 
     import torch
@@ -249,6 +264,44 @@ def main() -> None:
             f"| {fmt} | {read / 2**20:.0f} MiB | {floor * 1e3:.2f} ms | {step * 1e3:.2f} ms | "
             f"{step / floor:.2f} | {step / base:.2f} |{cells}"
         )
+
+
+def _one_call(args: argparse.Namespace) -> None:
+    """Per format, decode runs with the layers in one call and through the Python loop,
+    alternated in one process: each side's median step per run, and loop / one call per pair."""
+    import torch
+
+    from batchline.models.generation.load import load_text_generator
+    from batchline.models.specs import parse_spec
+
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = _folder(args.folder or Path(tmp), args.shape)
+        print(f"{args.shape}, batch 1, {args.threads} thread(s), median step (ms) of each run")
+        for fmt in args.formats.split(","):
+            loaded = load_text_generator(parse_spec(f"{folder}/"), _knobs(fmt, args.threads))
+            engine = loaded.engine
+            lean = engine._lean if engine is not None else None
+            if lean is None:
+                raise SystemExit("--one-call needs the lean forward (a Llama-family folder)")
+            runs: dict[bool, list[float]] = {True: [], False: []}
+            with torch.inference_mode():
+                decode_steps(engine, args.prompt_tokens, 4)  # the one call made, warm
+                for _ in range(args.repeats):
+                    for on in (True, False):
+                        lean._one_call_on = on
+                        times = decode_steps(engine, args.prompt_tokens, args.steps)
+                        runs[on].append(statistics.median(times) * 1e3)
+            taken = any(stack is not None for stack in lean._one_calls.values())
+            loaded.close()
+            ratios = sorted(b / a for a, b in zip(runs[True], runs[False], strict=True))
+            print(f"{fmt}: layers in one call {'taken' if taken else 'NOT taken (no such model)'}")
+            print("  one call: " + " ".join(f"{v:.2f}" for v in runs[True]))
+            print("  loop:     " + " ".join(f"{v:.2f}" for v in runs[False]))
+            print(
+                f"  loop / one call: median x{statistics.median(ratios):.3f}, "
+                f"pairs x{ratios[0]:.3f}-x{ratios[-1]:.3f}"
+            )
 
 
 def _load_one(folder: Path, fmt: str) -> int:
