@@ -310,7 +310,7 @@ def load_torch_generator(spec: ModelSpec, knobs: TorchEngineOptions) -> Generati
         # would then wait on woken threads (a 360M int4 step: 35 ms instead of 23).
         release_thread_pool()
     logger.info(
-        "%s: torch on %s, %s, %s, %s%s%s%s%s, %s of weights read per decode step, %s forward, "
+        "%s: torch on %s, %s, %s, %s%s%s%s%s, %s of weights read per decode step, %s forward%s, "
         "decode attention %s, %s intra-op thread(s), max_step_tokens %d; loaded in %.1f s",
         spec.name,
         knobs.device,
@@ -325,6 +325,7 @@ def load_torch_generator(spec: ModelSpec, knobs: TorchEngineOptions) -> Generati
         else "",
         describe_step_weights(model, choice.torch_dtype),
         engine.forward,
+        " (a decode step's layers in one call)" if engine.layers_in_one_call else "",
         engine.decode_attention,
         torch.get_num_threads() if device.type == "cpu" else "-",
         knobs.max_step_tokens,

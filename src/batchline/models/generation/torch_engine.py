@@ -275,6 +275,12 @@ class TorchStepEngine:
         return "transformers" if self._lean is None else "lean"
 
     @property
+    def layers_in_one_call(self) -> bool:
+        """Whether a decode-only step runs its layers in one call of the kernel library
+        (:meth:`~.lean_llama.LeanForward.one_call`)."""
+        return self._lean is not None and self._lean.one_call(self.dtype) is not None
+
+    @property
     def dtype(self) -> torch.dtype:
         """The dtype the model computes (and the KV cache is kept) in."""
         return self._store.geometry.dtype
