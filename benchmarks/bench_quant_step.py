@@ -32,6 +32,10 @@ call of the kernel library (``csrc/decode_layers.cpp``, the default where the mo
 are the library's) and of the Python loop over them (the same bits), ``--repeats`` times, and
 prints each side's median steps and the loop's time over the one call's, pair by pair.
 
+``--busy 0,0.25,0.5`` times the step while another process keeps one core busy that share of
+each 2 ms (0: none), as a server's HTTP thread and its clients do beside the step on a small
+host; each format's median step per share and its ratio to the first share's.
+
 ``--rss`` times nothing: each format loads the shape in a process of its own (the folder built
 once, under ``--folder`` if given, and kept there), and its peak resident memory after loading
 and one short answer is printed against bf16's (issue 52's bar for int4 at 3B: 0.35x).
@@ -199,6 +203,9 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=8, help="--one-call's pairs of runs")
     parser.add_argument(
+        "--busy", help="comma-separated shares of one core another process keeps busy (0-1)"
+    )
+    parser.add_argument(
         "--folder", type=Path, help="where the shape's folder is kept (built there once)"
     )
     parser.add_argument("--_load-one", dest="load_one", help=argparse.SUPPRESS)
@@ -212,6 +219,9 @@ def main() -> None:
         return
     if args.one_call:
         _one_call(args)
+        return
+    if args.busy:
+        _busy(args)
         return
 
     import torch
@@ -302,6 +312,59 @@ def _one_call(args: argparse.Namespace) -> None:
                 f"  loop / one call: median x{statistics.median(ratios):.3f}, "
                 f"pairs x{ratios[0]:.3f}-x{ratios[-1]:.3f}"
             )
+
+
+def _burn(share: float, stop: Any) -> None:
+    """Keep this process busy ``share`` of each 2 ms until ``stop`` is set."""
+    while not stop.is_set():
+        start = time.perf_counter()
+        while time.perf_counter() - start < 0.002 * share:
+            pass
+        time.sleep(0.002 * (1 - share))
+
+
+def _busy(args: argparse.Namespace) -> None:
+    """Per format, the median step while another process keeps one core busy each share."""
+    import multiprocessing
+
+    import torch
+
+    from batchline.models.generation.load import load_text_generator
+    from batchline.models.specs import parse_spec
+
+    shares = [float(share) for share in args.busy.split(",")]
+    if any(not 0 <= share <= 1 for share in shares):
+        raise SystemExit("--busy: shares of one core, each from 0 to 1")
+    torch.set_num_threads(args.threads)
+    context = multiprocessing.get_context("spawn")
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = _folder(args.folder or Path(tmp), args.shape)
+        print(f"{args.shape}, batch 1, {args.threads} thread(s), median step beside a busy core")
+        for fmt in args.formats.split(","):
+            loaded = load_text_generator(parse_spec(f"{folder}/"), _knobs(fmt, args.threads))
+            engine = loaded.engine
+            medians = []
+            with torch.inference_mode():
+                decode_steps(engine, args.prompt_tokens, 4)  # warm
+                for share in shares:
+                    stop = context.Event()
+                    burner = context.Process(target=_burn, args=(share, stop)) if share else None
+                    if burner is not None:
+                        burner.start()
+                        time.sleep(0.5)  # started
+                    try:
+                        times = decode_steps(engine, args.prompt_tokens, args.steps)
+                        medians.append(statistics.median(times))
+                    finally:
+                        stop.set()
+                        if burner is not None:
+                            burner.join()
+            loaded.close()
+            cells = ", ".join(
+                f"{share:.0%} busy {m * 1e3:.2f} ms (x{m / medians[0]:.2f})"
+                for share, m in zip(shares, medians, strict=True)
+            )
+            print(f"{fmt}: {cells}")
 
 
 def _load_one(folder: Path, fmt: str) -> int:
