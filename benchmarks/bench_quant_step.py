@@ -281,37 +281,48 @@ def _one_call(args: argparse.Namespace) -> None:
     alternated in one process: each side's median step per run, and loop / one call per pair."""
     import torch
 
+    title = "median step (ms) of each run"
+    for fmt, engine in _each_format(args, title):
+        lean = engine._lean
+        if lean is None:
+            raise SystemExit("--one-call needs the lean forward (a Llama-family folder)")
+        runs: dict[bool, list[float]] = {True: [], False: []}
+        with torch.inference_mode():
+            decode_steps(engine, args.prompt_tokens, 4)  # the one call made, warm
+            for _ in range(args.repeats):
+                for on in (True, False):
+                    lean._one_call_on = on
+                    times = decode_steps(engine, args.prompt_tokens, args.steps)
+                    runs[on].append(statistics.median(times) * 1e3)
+        taken = any(stack is not None for stack in lean._one_calls.values())
+        ratios = sorted(b / a for a, b in zip(runs[True], runs[False], strict=True))
+        print(f"{fmt}: layers in one call {'taken' if taken else 'NOT taken (no such model)'}")
+        print("  one call: " + " ".join(f"{v:.2f}" for v in runs[True]))
+        print("  loop:     " + " ".join(f"{v:.2f}" for v in runs[False]))
+        print(
+            f"  loop / one call: median x{statistics.median(ratios):.3f}, "
+            f"pairs x{ratios[0]:.3f}-x{ratios[-1]:.3f}"
+        )
+
+
+def _each_format(args: argparse.Namespace, title: str) -> Any:
+    """Each ``--formats`` entry's engine on the shape's folder, loaded in turn (and closed
+    after), ``title`` printed first."""
+    import torch
+
     from batchline.models.generation.load import load_text_generator
     from batchline.models.specs import parse_spec
 
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         folder = _folder(args.folder or Path(tmp), args.shape)
-        print(f"{args.shape}, batch 1, {args.threads} thread(s), median step (ms) of each run")
+        print(f"{args.shape}, batch 1, {args.threads} thread(s), {title}")
         for fmt in args.formats.split(","):
             loaded = load_text_generator(parse_spec(f"{folder}/"), _knobs(fmt, args.threads))
-            engine = loaded.engine
-            lean = engine._lean if engine is not None else None
-            if lean is None:
-                raise SystemExit("--one-call needs the lean forward (a Llama-family folder)")
-            runs: dict[bool, list[float]] = {True: [], False: []}
-            with torch.inference_mode():
-                decode_steps(engine, args.prompt_tokens, 4)  # the one call made, warm
-                for _ in range(args.repeats):
-                    for on in (True, False):
-                        lean._one_call_on = on
-                        times = decode_steps(engine, args.prompt_tokens, args.steps)
-                        runs[on].append(statistics.median(times) * 1e3)
-            taken = any(stack is not None for stack in lean._one_calls.values())
-            loaded.close()
-            ratios = sorted(b / a for a, b in zip(runs[True], runs[False], strict=True))
-            print(f"{fmt}: layers in one call {'taken' if taken else 'NOT taken (no such model)'}")
-            print("  one call: " + " ".join(f"{v:.2f}" for v in runs[True]))
-            print("  loop:     " + " ".join(f"{v:.2f}" for v in runs[False]))
-            print(
-                f"  loop / one call: median x{statistics.median(ratios):.3f}, "
-                f"pairs x{ratios[0]:.3f}-x{ratios[-1]:.3f}"
-            )
+            try:
+                yield fmt, loaded.engine
+            finally:
+                loaded.close()
 
 
 def _burn(share: float, stop: Any) -> None:
@@ -329,42 +340,32 @@ def _busy(args: argparse.Namespace) -> None:
 
     import torch
 
-    from batchline.models.generation.load import load_text_generator
-    from batchline.models.specs import parse_spec
-
     shares = [float(share) for share in args.busy.split(",")]
     if any(not 0 <= share <= 1 for share in shares):
         raise SystemExit("--busy: shares of one core, each from 0 to 1")
-    torch.set_num_threads(args.threads)
     context = multiprocessing.get_context("spawn")
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = _folder(args.folder or Path(tmp), args.shape)
-        print(f"{args.shape}, batch 1, {args.threads} thread(s), median step beside a busy core")
-        for fmt in args.formats.split(","):
-            loaded = load_text_generator(parse_spec(f"{folder}/"), _knobs(fmt, args.threads))
-            engine = loaded.engine
-            medians = []
-            with torch.inference_mode():
-                decode_steps(engine, args.prompt_tokens, 4)  # warm
-                for share in shares:
-                    stop = context.Event()
-                    burner = context.Process(target=_burn, args=(share, stop)) if share else None
+    for fmt, engine in _each_format(args, "median step beside a busy core"):
+        medians = []
+        with torch.inference_mode():
+            decode_steps(engine, args.prompt_tokens, 4)  # warm
+            for share in shares:
+                stop = context.Event()
+                burner = context.Process(target=_burn, args=(share, stop)) if share else None
+                if burner is not None:
+                    burner.start()
+                    time.sleep(0.5)  # started
+                try:
+                    times = decode_steps(engine, args.prompt_tokens, args.steps)
+                    medians.append(statistics.median(times))
+                finally:
+                    stop.set()
                     if burner is not None:
-                        burner.start()
-                        time.sleep(0.5)  # started
-                    try:
-                        times = decode_steps(engine, args.prompt_tokens, args.steps)
-                        medians.append(statistics.median(times))
-                    finally:
-                        stop.set()
-                        if burner is not None:
-                            burner.join()
-            loaded.close()
-            cells = ", ".join(
-                f"{share:.0%} busy {m * 1e3:.2f} ms (x{m / medians[0]:.2f})"
-                for share, m in zip(shares, medians, strict=True)
-            )
-            print(f"{fmt}: {cells}")
+                        burner.join()
+        cells = ", ".join(
+            f"{share:.0%} busy {m * 1e3:.2f} ms (x{m / medians[0]:.2f})"
+            for share, m in zip(shares, medians, strict=True)
+        )
+        print(f"{fmt}: {cells}")
 
 
 def _load_one(folder: Path, fmt: str) -> int:

@@ -70,6 +70,23 @@ def a8_library() -> None:
         pytest.skip(f"the int8-activation kernel does not run here: {why}")
 
 
+def run_mixed_steps(engine: Any) -> None:
+    """Run three answers on ``engine`` (a ``TorchStepEngine``) with a fourth joining them after
+    three steps, to the end: prefills, decode-only steps and a step that mixes decoding rows
+    with a joining prompt."""
+    from batchline.models.generation.engine import GenerationRequest, SamplingParams
+
+    for i, length in enumerate((5, 9, 3)):
+        params = SamplingParams(max_tokens=6 + i, ignore_eos=True)
+        engine.add_request(GenerationRequest(f"r{i}", tuple(range(3, 3 + length)), params))
+    for _ in range(3):
+        engine.step()
+    late = SamplingParams(max_tokens=4, ignore_eos=True)  # joins while the others decode
+    engine.add_request(GenerationRequest("late", tuple(range(7, 18)), late))
+    while engine.has_unfinished():
+        engine.step()
+
+
 @pytest.fixture(scope="session")
 def tiny_llama(torch_threads: None) -> Any:
     pytest.importorskip("transformers")

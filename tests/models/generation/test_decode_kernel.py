@@ -271,10 +271,9 @@ def test_a_decode_only_steps_attention_in_one_call_gives_the_same_bits(
     """``decode_step`` (q/k/v sliced, rotated, written to the store and attended in one call)
     against the same calls made one by one from Python: every pass's logits, bit for bit, over
     prefills, decode-only steps and a step that mixes a decoding row with a joining prompt."""
-    from batchline.models.generation.engine import GenerationRequest, SamplingParams
     from batchline.models.generation.lean_llama import LeanForward, fuse_projections
 
-    from .conftest import build_tiny_llama
+    from .conftest import build_tiny_llama, run_mixed_steps
 
     passes: list[Any] = []
     real_call = LeanForward.__call__
@@ -307,15 +306,7 @@ def test_a_decode_only_steps_attention_in_one_call_gives_the_same_bits(
                 return step(*args)
 
             engine._lean._decode_step = counted
-        for i, length in enumerate((5, 9, 3)):
-            params = SamplingParams(max_tokens=6 + i, ignore_eos=True)
-            engine.add_request(GenerationRequest(f"r{i}", tuple(range(3, 3 + length)), params))
-        for _ in range(3):
-            engine.step()
-        late = SamplingParams(max_tokens=4, ignore_eos=True)  # joins while the others decode
-        engine.add_request(GenerationRequest("late", tuple(range(7, 18)), late))
-        while engine.has_unfinished():
-            engine.step()
+        run_mixed_steps(engine)
         return list(passes), calls
 
     fused, calls = run(fuse=True)

@@ -16,13 +16,12 @@ pytest.importorskip("transformers")
 from batchline.models.generation import quant_kernel, torch_engine  # noqa: E402
 from batchline.models.generation.decode_kernel import StepProduct  # noqa: E402
 from batchline.models.generation.dense_tiles import tile_linear_weights  # noqa: E402
-from batchline.models.generation.engine import GenerationRequest, SamplingParams  # noqa: E402
 from batchline.models.generation.lean_llama import LeanForward, fuse_projections  # noqa: E402
 from batchline.models.generation.quant_linear import use_int8_activations  # noqa: E402
 from batchline.models.generation.quantize import quantize_linears  # noqa: E402
 from batchline.models.generation.torch_engine import TorchStepEngine  # noqa: E402
 
-from .conftest import build_tiny_llama  # noqa: E402
+from .conftest import build_tiny_llama, run_mixed_steps  # noqa: E402
 
 #: each product the one call makes, with the rows' dtype its model computes in
 PRODUCTS = {
@@ -108,15 +107,7 @@ def _passes(model: Any, monkeypatch: pytest.MonkeyPatch, one_call: bool) -> tupl
         lambda m, ops=None: (LeanForward(m, ops, one_call=one_call), ""),
     )
     engine = TorchStepEngine(model)
-    for i, length in enumerate((5, 9, 3)):
-        params = SamplingParams(max_tokens=6 + i, ignore_eos=True)
-        engine.add_request(GenerationRequest(f"r{i}", tuple(range(3, 3 + length)), params))
-    for _ in range(3):
-        engine.step()
-    late = SamplingParams(max_tokens=4, ignore_eos=True)  # joins while the others decode
-    engine.add_request(GenerationRequest("late", tuple(range(7, 18)), late))
-    while engine.has_unfinished():
-        engine.step()
+    run_mixed_steps(engine)
     return passes, calls
 
 

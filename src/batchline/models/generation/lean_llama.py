@@ -42,6 +42,7 @@ import torch.nn.functional as F
 
 from batchline.models.common.packed_linear import PackedLinear
 from batchline.models.generation.decode_kernel import StepOps
+from batchline.models.generation.decode_layers import layers_in_one_call
 from batchline.models.generation.dense_tiles import TiledLinear
 from batchline.models.generation.packed_attention import PassPlan, packed_attention
 from batchline.models.generation.projections import GATE_UP, QKV, fuse_layer
@@ -314,13 +315,31 @@ class LeanForward:
 
     def one_call(self, dtype: torch.dtype) -> tuple[Any, int] | None:
         """The library's ``DecodeLayers`` for a decode-only step of ``dtype`` rows and the
-        fewest rows it does not take (:func:`_layers_in_one_call`), made at its first step; None
-        where a layer is not one it takes."""
+        fewest rows it does not take (:func:`~.decode_layers.layers_in_one_call`), made at its
+        first step; None where a layer is not one it takes."""
         if not self._one_call_on:
             return None
         if dtype not in self._one_calls:
-            self._one_calls[dtype] = _layers_in_one_call(self._modules, self, dtype)
+            self._one_calls[dtype] = None
+            if all(self._plain(layer) for layer in self._layers):
+                self._one_calls[dtype] = layers_in_one_call(
+                    self._modules,
+                    [(layer.input_norm, layer.mlp_norm) for layer in self._layers],
+                    dtype,
+                    gelu=self._kernel_op == "gelu_tanh_mul",
+                    eps=self._eps,
+                    scale=self._scaling,
+                    heads=self._heads,
+                )
         return self._one_calls[dtype]
+
+    @staticmethod
+    def _plain(layer: _Layer) -> bool:
+        """Whether the one call takes ``layer``: a plain pre-norm one (no q/k or output norms,
+        attention without window or soft-cap, a fused q/k/v and gate/up)."""
+        outputs_normed = layer.attention_out_norm is not None or layer.mlp_out_norm is not None
+        fused = layer.qkv_step is not None and layer.gate_up_joined is not None
+        return fused and not outputs_normed
 
     def _norm_weight(self, norm: Any) -> Any:
         """What :meth:`_norm` multiplies by: the norm's weight, or Gemma's ``1 + weight`` in
@@ -467,57 +486,6 @@ class LeanForward:
             logits = torch.tanh(logits)
             logits = logits * self._logit_softcap
         return logits
-
-
-def _layers_in_one_call(
-    layers: Any, lean: LeanForward, dtype: torch.dtype
-) -> tuple[Any, int] | None:
-    """The kernel library's ``DecodeLayers`` over ``layers`` for rows of ``dtype``
-    (``csrc/decode_layers.cpp``) and the fewest rows it does not take, where every layer is a
-    plain pre-norm one (no q/k or output norms, attention without window or soft-cap, a fused
-    q/k/v and gate/up) whose four products are each one call of the library for such rows
-    (``step_product``: an own int linear's, or bf16 tiles); else None."""
-    norms: list[torch.Tensor] = []
-    packed: list[torch.Tensor] = []
-    biases: list[torch.Tensor] = []
-    spec: list[int] = []
-    below = 2**62
-    for module, layer in zip(layers, lean._layers, strict=True):
-        mlp = module.mlp
-        plain = layer.attention_out_norm is None and layer.mlp_out_norm is None
-        if not (plain and layer.qkv_step is not None and layer.gate_up_joined is not None):
-            return None
-        linears = (module.self_attn.qkv_proj, module.self_attn.o_proj, mlp.gate_up_proj)
-        products = []
-        for linear in (*linears, mlp.down_proj):
-            product = None
-            if isinstance(linear, QuantLinear | TiledLinear):
-                product = linear.step_product(dtype)
-            if product is None:
-                return None
-            products.append(product)
-        norms += [layer.input_norm, layer.mlp_norm]
-        spec += [int(module.self_attn.layer_idx), int(lean._kernel_op == "gelu_tanh_mul")]
-        for product in products:
-            packed.append(product.packed)
-            biases.append(torch.empty(0) if product.bias is None else product.bias)
-            spec += [product.layout, product.n, product.extra]
-            below = min(below, product.rows_below)
-    if not spec:
-        return None
-    from batchline.models.generation import quant_kernel
-
-    stack = torch.classes.batchline.DecodeLayers(
-        norms,
-        packed,
-        biases,
-        spec,
-        lean._eps,
-        lean._scaling,
-        lean._heads,
-        quant_kernel.INT8G_WIDE_ROWS,
-    )
-    return stack, below
 
 
 def _projections(module: Any, fused: str, parts: tuple[str, ...]) -> list[Any]:
