@@ -188,10 +188,11 @@ class LeanForward:
     one packed step, as ``model(..., logits_to_keep=keep, batchline_step=plan).logits[0]``
     computes them: with torch's ops (``ops`` None), the same ops in the same order, fp32 and
     bf16 results equal bit for bit; with :class:`~.decode_kernel.StepOps`, one call per norm,
-    rotary and SiLU, whose float32 norms and SiLU differ in the last bits; and where every
-    layer's products sum float32 rows as int8, a decode-only step's layers in one call of the
-    library (``csrc/decode_layers.cpp``: the same ops, the same bits, without ~25 us a layer of
-    Python between them). ``model`` is one :func:`lean_forward` recognises."""
+    rotary and SiLU, whose float32 norms and SiLU differ in the last bits; and where each of
+    every layer's products is one op of the library (an own int linear's, bf16 tiles), a
+    decode-only step's layers in one call of it (:meth:`one_call`, ``csrc/decode_layers.cpp``:
+    the same ops, the same bits, without ~25 us a layer of Python between them). ``model`` is
+    one :func:`lean_forward` recognises."""
 
     def __init__(
         self,
