@@ -118,7 +118,9 @@ def _loads_unsaid() -> Iterator[None]:
     """A candidate's own load lines (``all-MiniLM-L6-v2 -> torch (bf16)``) left out while it
     loads to be measured: the measurement said what it loads, and the job's own load says its
     line after; a first run printed the chosen one's twice. Warnings still go out, and other
-    threads' lines (``serve`` loading another model) are kept."""
+    threads' lines (``serve`` loading another model) are kept. A logger's filter sees only the
+    records logged on it: the loaders say what they load on ``batchline.models`` itself (a
+    child logger's lines would pass)."""
     models_log = logging.getLogger("batchline.models")
     unsaid = _ThisThreadsInfo()
     models_log.addFilter(unsaid)

@@ -56,6 +56,14 @@ def layers_in_one_call(
             spec += [product.layout, product.n, product.extra]
             below = min(below, product.rows_below)
     stack = torch.classes.batchline.DecodeLayers(
-        weights, packed, biases, spec, eps, scale, heads, quant_kernel.INT8G_WIDE_ROWS
+        weights,
+        packed,
+        biases,
+        spec,
+        eps,
+        scale,
+        heads,
+        quant_kernel.INT8G_WIDE_ROWS,
+        quant_kernel.A8_WIDTH,
     )
     return stack, below

@@ -448,33 +448,26 @@ class QuantLinear(torch.nn.Module):
         product = self.step_product(torch.float32) if self.int8_rows else None
         if product is None:
             return self.forward
-        packed, n, bias, limit, forward = (
-            product.packed,
-            product.n,
-            product.bias,
-            product.rows_below,
-            self.forward,
-        )
+        packed, n, bias, extra = product.packed, product.n, product.bias, product.extra
+        limit, forward = product.rows_below, self.forward
         if product.layout == StepProduct.INT8G_A8:
-            layout_op, width_for = torch.ops.batchline.int8g_linear_a8, quant_kernel.int8g_width
+            int8g, width_for = torch.ops.batchline.int8g_linear_a8, quant_kernel.int8g_width
 
-            def step(x: torch.Tensor) -> torch.Tensor:
-                rows = x.shape[0]
-                if x.dim() == 2 and x.dtype == torch.float32 and rows < limit:
-                    out: torch.Tensor = layout_op(x.contiguous(), packed, n, bias, width_for(rows))
-                    return out
-                return forward(x)
+            def op(x: torch.Tensor) -> torch.Tensor:
+                return int8g(x, packed, n, bias, width_for(x.shape[0]))  # type: ignore[no-any-return]
 
-            return step
-        op, width, streams = torch.ops.batchline.int4_linear_a8, quant_kernel.A8_WIDTH, self.streams
+        else:
+            int4, width = torch.ops.batchline.int4_linear_a8, quant_kernel.A8_WIDTH
 
-        def int4_step(x: torch.Tensor) -> torch.Tensor:
+            def op(x: torch.Tensor) -> torch.Tensor:
+                return int4(x, packed, n, bias, width, extra)  # type: ignore[no-any-return]
+
+        def step(x: torch.Tensor) -> torch.Tensor:
             if x.dim() == 2 and x.dtype == torch.float32 and x.shape[0] < limit:
-                out: torch.Tensor = op(x.contiguous(), packed, n, bias, width, streams)
-                return out
+                return op(x.contiguous())
             return forward(x)
 
-        return int4_step
+        return step
 
     def _dense_key(self, dtype: torch.dtype) -> str:
         """This layer's entry of :data:`DENSE_ROWS` for rows of ``dtype``."""

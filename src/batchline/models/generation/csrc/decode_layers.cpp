@@ -7,7 +7,7 @@
 // converting arguments that ten calls from Python cost (a third of what a SmolLM2-360M int4
 // layer spent beside its weights, on Zen 4).
 //
-//   DecodeLayers(norms, packed, biases, spec, eps, scale, heads, wide_rows)
+//   DecodeLayers(norms, packed, biases, spec, eps, scale, heads, wide_rows, a8_width)
 //     norms:  two per layer, the attention's input norm and the MLP's
 //     packed: four per layer, the q/k/v, o, gate/up and down products' weights as their ops
 //             take them
@@ -18,6 +18,7 @@
 //             outputs, and the op's last argument (0-1: int4's streams, unused by int8g; 3:
 //             the width; 4: amx_rows; 2: unused)
 //     wide_rows: the fewest rows the int8 layout's product takes through its 512-bit path
+//     a8_width: the int8-rows products' wide path (quant_kernel.A8_WIDTH; the narrow one is 256)
 //   .forward(h, cos, sin, keys, values, first, hi) -> h after every layer
 //     h: (rows, hidden) in the dtype the products take; keys, values: the store's buffers of
 //     every layer; cos, sin, first, hi: as decode_step takes them
@@ -38,7 +39,6 @@ constexpr int64_t kSpecHead = 2;       // store index, activation
 constexpr int64_t kSpecProduct = 3;    // op, outputs, its last argument
 constexpr int64_t kProducts = 4;       // q/k/v, o, gate/up, down
 constexpr int64_t kSpecLayer = kSpecHead + kProducts * kSpecProduct;
-constexpr int64_t kA8Width = 512;      // quant_kernel.A8_WIDTH
 enum Layout : int64_t { kInt4A8 = 0, kInt8gA8 = 1, kTiles = 2, kInt4F32 = 3, kInt4Bf16 = 4 };
 
 using Optional = std::optional<at::Tensor>;
@@ -109,8 +109,8 @@ struct Layer {
 struct DecodeLayers : torch::CustomClassHolder {
   DecodeLayers(std::vector<at::Tensor> norms, std::vector<at::Tensor> packed,
                std::vector<at::Tensor> biases, std::vector<int64_t> spec, double eps,
-               double scale, int64_t heads, int64_t wide_rows)
-      : eps_(eps), scale_(scale), heads_(heads), wide_rows_(wide_rows) {
+               double scale, int64_t heads, int64_t wide_rows, int64_t a8_width)
+      : eps_(eps), scale_(scale), heads_(heads), wide_rows_(wide_rows), a8_width_(a8_width) {
     const int64_t count = static_cast<int64_t>(spec.size()) / kSpecLayer;
     TORCH_CHECK(count * kSpecLayer == static_cast<int64_t>(spec.size()) &&
                     static_cast<int64_t>(norms.size()) == 2 * count &&
@@ -163,9 +163,9 @@ struct DecodeLayers : torch::CustomClassHolder {
   at::Tensor product(const Ops& ops, const Product& p, const at::Tensor& x) const {
     switch (p.layout) {
       case kInt4A8:
-        return ops.int4.call(x, p.packed, p.n, p.bias, kA8Width, p.extra);
+        return ops.int4.call(x, p.packed, p.n, p.bias, a8_width_, p.extra);
       case kInt8gA8:
-        return ops.int8g.call(x, p.packed, p.n, p.bias, x.size(0) >= wide_rows_ ? kA8Width : 256);
+        return ops.int8g.call(x, p.packed, p.n, p.bias, x.size(0) >= wide_rows_ ? a8_width_ : 256);
       case kTiles:
         return ops.tiles.call(x, p.packed, p.n, p.bias);
       case kInt4F32:
@@ -176,7 +176,7 @@ struct DecodeLayers : torch::CustomClassHolder {
   }
 
   double eps_, scale_;
-  int64_t heads_, wide_rows_;
+  int64_t heads_, wide_rows_, a8_width_;
   std::vector<Layer> layers_;
 };
 
@@ -185,7 +185,7 @@ struct DecodeLayers : torch::CustomClassHolder {
 TORCH_LIBRARY_FRAGMENT(batchline, m) {
   m.class_<DecodeLayers>("DecodeLayers")
       .def(torch::init<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>,
-                       std::vector<int64_t>, double, double, int64_t, int64_t>())
+                       std::vector<int64_t>, double, double, int64_t, int64_t, int64_t>())
       .def("forward", &DecodeLayers::forward)
       .def("size", &DecodeLayers::size);
 }
