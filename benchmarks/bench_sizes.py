@@ -31,6 +31,11 @@ is ~3.4 GB bf16 + 1.8 GB Q8_0 + 1.1 GB Q4_K_M) so that a second run starts at on
     python benchmarks/bench_sizes.py --shapes 1.7b          # ~30 min on 2 cores
     python benchmarks/bench_sizes.py --shapes tiny --clients 2 --requests 2 --new 4  # smoke
     python benchmarks/bench_sizes.py --shapes 1.7b --own-dtype float32   # float rows throughout
+    python benchmarks/bench_sizes.py --shapes 3b --servers own-bf16,own-int4 --clients 1 --rounds 3
+
+``--rounds N`` runs every server N times per client count, each other round in the reverse
+order, and prints each ratio per round and its median: on a host whose memory bandwidth moves
+within minutes, one round's ratio is one draw.
 
 Needs ``batchline[generate]``; llama.cpp's ``llama-server``, ``llama-quantize`` and
 ``convert_hf_to_gguf.py`` (``--llama-dir``: the build of ../shared/FACTS.md's recipe), and
@@ -43,6 +48,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -54,6 +60,14 @@ from bench_vs_vllm import MODEL_NAME, RunResult, _drive, vllm_server_command
 
 SERVERS = ("own-bf16", "own-int8", "own-int4", "vllm", "llama-q8", "llama-q4km")
 LLAMA_FILES = {"llama-q8": "Q8_0", "llama-q4km": "Q4_K_M"}
+#: The ratios issue 52 asks for: (own server, the one it is measured against)
+RATIOS = (
+    ("own-bf16", "vllm"),
+    ("own-int4", "llama-q4km"),
+    ("own-int8", "llama-q8"),
+    ("own-int4", "own-bf16"),
+    ("own-int8", "own-bf16"),
+)
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -87,6 +101,13 @@ def main() -> None:
     )
     parser.add_argument("--vllm-dtype", default="bfloat16", help="vLLM's --dtype")
     parser.add_argument("--start-timeout-s", type=float, default=600.0)
+    parser.add_argument(
+        "--rounds",
+        type=positive_int,
+        default=1,
+        help="run every server this many times per client count (each other round in the "
+        "reverse order) and print each ratio per round and its median",
+    )
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
@@ -99,15 +120,23 @@ def main() -> None:
     for shape in args.shapes.split(","):
         folder = _folder(shape.strip(), args.work)
         ggufs = _ggufs(folder, servers, args)
+        title = f"{shape} (own {args.own_dtype}, vLLM {args.vllm_dtype})"
         for n in clients:
-            results: dict[str, RunResult] = {}
-            notes: dict[str, str] = {}
-            for server in servers:
-                got = _measure(server, folder, ggufs, n, args, notes)
-                if got is not None:
-                    results[server] = got
-                    print(f"  [{shape}, {n} client(s)] {server}: {got.line()}", flush=True)
-            _print(f"{shape} (own {args.own_dtype}, vLLM {args.vllm_dtype})", n, results, notes)
+            rounds: list[dict[str, float]] = []
+            for index in range(args.rounds):
+                results: dict[str, RunResult] = {}
+                notes: dict[str, str] = {}
+                # every other round in the reverse order: a host drifting during a round
+                # (its memory bandwidth does, here) then favours no server across rounds
+                for server in servers if index % 2 == 0 else servers[::-1]:
+                    got = _measure(server, folder, ggufs, n, args, notes)
+                    if got is not None:
+                        results[server] = got
+                        print(f"  [{shape}, {n} client(s)] {server}: {got.line()}", flush=True)
+                suffix = f", round {index + 1} of {args.rounds}" if args.rounds > 1 else ""
+                rounds.append(_print(title + suffix, n, results, notes))
+            if args.rounds > 1:
+                _print_rounds(title, n, rounds)
 
 
 def _folder(shape: str, work: Path) -> Path:
@@ -255,7 +284,17 @@ def _prompts(n: int, new: int, *, seed: int = 0) -> list[tuple[str, int]]:
     return [(p["prompt"], new) for p in demo_prompts(n, seed=seed)]
 
 
-def _print(shape: str, clients: int, results: dict[str, RunResult], notes: dict[str, str]) -> None:
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
+
+
+def _print(
+    shape: str, clients: int, results: dict[str, RunResult], notes: dict[str, str]
+) -> dict[str, float]:
+    """Print one run's table and issue 52's ratios; return the ratios by their label."""
     print(f"\n{shape}, {clients} client(s): tokens/s, TTFT p50, latency p50")
     print("| server | tok/s | TTFT p50 | latency p50 | note |")
     print("|---|---:|---:|---:|---|")
@@ -265,17 +304,25 @@ def _print(shape: str, clients: int, results: dict[str, RunResult], notes: dict[
         ttft, latency = r.p(r.ttfts_s, 0.5), r.p(r.latencies_s, 0.5)
         note = notes.get(server, "") + (f"; {r.failed} FAILED" if r.failed else "")
         print(f"| {server} | {r.tokens_per_s:.1f} | {ttft:.2f} s | {latency:.2f} s | {note} |")
-    for mine, theirs in [
-        ("own-bf16", "vllm"),
-        ("own-int4", "llama-q4km"),
-        ("own-int8", "llama-q8"),
-        ("own-int4", "own-bf16"),
-        ("own-int8", "own-bf16"),
-    ]:
+    ratios = {}
+    for mine, theirs in RATIOS:
         for a, ra in results.items():
             for b, rb in results.items():
                 if a.split(":")[0] == mine and b.split(":")[0] == theirs and rb.tokens_per_s:
-                    print(f"{a} / {b}: x{ra.tokens_per_s / rb.tokens_per_s:.2f}")
+                    ratios[f"{a} / {b}"] = ra.tokens_per_s / rb.tokens_per_s
+    for label, ratio in ratios.items():
+        print(f"{label}: x{ratio:.2f}")
+    print(flush=True)
+    return ratios
+
+
+def _print_rounds(shape: str, clients: int, rounds: list[dict[str, float]]) -> None:
+    """Each ratio of every round, and its median over the rounds that had it."""
+    print(f"{shape}, {clients} client(s), {len(rounds)} rounds: each ratio per round, median")
+    for label in dict.fromkeys(label for ratios in rounds for label in ratios):
+        got = [ratios[label] for ratios in rounds if label in ratios]
+        cells = " ".join(f"x{r:.2f}" for r in got)
+        print(f"{label}: {cells}, median x{statistics.median(got):.2f}")
     print(flush=True)
 
 
