@@ -70,6 +70,10 @@ def test_the_cli_runs_a_registered_kind(
     # a generation flag is refused as for any job that does not generate
     assert main(["run", str(src), "-o", str(tmp_path / "x"), "--max-tokens", "5"]) == 2
     assert "--max-tokens goes with text generation" in capsys.readouterr().err
+    # and so is a generation knob typed as a --set (it was ignored: int4 asked, floats run)
+    assert main(["run", str(src), "-o", str(tmp_path / "x"), "--set", "weights=int4"]) == 2
+    assert "--set weights goes with text generation" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
 
 
 def test_undone_the_kind_is_gone_and_a_name_is_registered_once(

@@ -189,6 +189,11 @@ def test_cli_errors_are_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFi
     assert "--task NAME=x" in capsys.readouterr().err
     assert main(["serve", "--max-queue", "0"]) == 2
     assert "max_queue_size" in capsys.readouterr().err
+    # a generation knob where no model generates changed nothing: refused, flag or --set
+    assert main(["serve", "--model", "default", "--weights", "int4"]) == 2
+    assert "--weights goes with a generate model" in capsys.readouterr().err
+    assert main(["serve", "--model", "default", "--set", "weights=int4"]) == 2
+    assert "--set weights goes with a generate model" in capsys.readouterr().err
 
 
 def test_a_tuned_knobs_file_is_a_server_config(tmp_path: Path) -> None:

@@ -279,6 +279,15 @@ def given_flags(args: argparse.Namespace, flags: dict[str, str]) -> list[str]:
     return [flag for dest, flag in flags.items() if getattr(args, dest) is not None]
 
 
+def _generation_settings(args: argparse.Namespace) -> list[str]:
+    """The generation knobs the command line's ``--set`` names, as ``--set NAME`` (a settings
+    file may hold them for other jobs; a ``--set`` was typed for this one)."""
+    from batchline.knobs import parse_set_options
+
+    wanted = knob_names(GENERATION, TORCH, VLLM)
+    return [f"--set {name}" for name in parse_set_options(args.set) if name in wanted]
+
+
 def _knobs(args: argparse.Namespace) -> Knobs:
     """The knobs of ``--config`` (or the defaults), updated with ``--set`` and then with every
     flag named after a knob."""
@@ -417,7 +426,7 @@ def _resolve(args: argparse.Namespace, options: RunOptions) -> Job:
     from batchline.jobs.kinds import resolve_job
     from batchline.jobs.options import GenerateOptions, SeveralModelsError
 
-    given = given_flags(args, _GENERATION_FLAGS)
+    given = given_flags(args, _GENERATION_FLAGS) + _generation_settings(args)
     forced = args.input_format == "openai-batch"
     models = tuple(args.model or ())
     several = models if len(models) > 1 else ()

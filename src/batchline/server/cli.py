@@ -235,6 +235,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(settings.to_dict(), indent=2, sort_keys=True))
         return 0
     _check_models(settings)
+    _check_generation_knobs(settings, args, given)
     if args.engine == "ray":
         # dispatched from the top (batchline.__main__): no command imports integrations/
         code: int = args.on_ray(args, settings)
@@ -248,6 +249,29 @@ def run(args: argparse.Namespace) -> int:
     from batchline.server.runner import serve
 
     return serve(settings)
+
+
+def _check_generation_knobs(
+    settings: ServerSettings, args: argparse.Namespace, typed: dict[str, object]
+) -> None:
+    """Refuse a generation knob the command line gave (its flag, or a ``--set``) where no
+    model served generates: it would change nothing. A ``--config`` file may hold them for
+    other servers, so its keys are not refused."""
+    from batchline._errors import InputError
+    from batchline._flags import field_flag
+    from batchline.knobs import GENERATION, TORCH, VLLM
+    from batchline.models.config import Knobs, knob_names
+
+    if any(spec.generates for spec in settings.specs):
+        return
+    names = knob_names(GENERATION, TORCH, VLLM)
+    given = [field_flag(Knobs, name) for name in names if getattr(args, name, None) is not None]
+    given += [f"--set {name}" for name in typed if name in names]
+    if given:
+        raise InputError(
+            f"{given[0]} goes with a generate model (--model smollm2, a causal-LM folder PATH/ "
+            "or a GGUF file); no model served here generates"
+        )
 
 
 def _check_models(settings: ServerSettings) -> None:
