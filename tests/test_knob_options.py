@@ -169,3 +169,19 @@ def test_a_part_loads_only_its_own_keys(tmp_path: Path) -> None:
     only = tmp_path / "sessions.json"
     only.write_text(json.dumps({"sessions": 2, "max_batch_size": 8}), encoding="utf-8")
     assert SessionOptions.load(only) == SessionOptions(sessions=2, max_batch_size=8)
+
+
+def test_the_generation_knobs_a_command_line_typed_are_named_as_typed() -> None:
+    import argparse
+
+    from batchline.models.config import add_generation_knob_arguments, generation_knobs_typed
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--set", action="append", default=[])
+    add_generation_knob_arguments(parser)
+    # nothing typed: nothing named, whatever the knobs' defaults are
+    assert generation_knobs_typed(parser.parse_args([]), []) == []
+    args = parser.parse_args(["--weights", "int4"])
+    # a --set of a batching knob is not a generation one
+    named = generation_knobs_typed(args, ["max_running_sequences", "max_batch_size"])
+    assert named == ["--weights", "--set max_running_sequences"]

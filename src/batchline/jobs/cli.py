@@ -14,16 +14,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from batchline._errors import InputError
-from batchline._flags import field_flag
 from batchline.datasets.selection import add_dataset_arguments, dataset_options
 from batchline.jobs.stopping import report_stop, sigterm_as_interrupt
-from batchline.knobs import GENERATION, TORCH, VLLM
+from batchline.knobs import parse_set_options
 from batchline.models.config import (
     SHARED_HELP,
     Knobs,
     add_generation_knob_arguments,
     add_knob_arguments,
-    knob_names,
+    generation_knobs_typed,
 )
 from batchline.models.selection import add_model_arguments, model_options
 
@@ -112,7 +111,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.set_defaults(func=_main)
 
 
-#: Generation flags: argparse destination -> flag (None when not given).
+#: Generation flags beside the knobs' (``generation_knobs_typed``): argparse destination ->
+#: flag (None when not given).
 _GENERATION_FLAGS = {
     "max_tokens": "--max-tokens",
     "temperature": "--temperature",
@@ -125,8 +125,6 @@ _GENERATION_FLAGS = {
     "no_prefix_ordering": "--no-prefix-ordering",
     "prompt_column": "--prompt-column",
     "response_format": "--response-format",
-    # every generation knob's flag (built from its field: batchline.models.config)
-    **{name: field_flag(Knobs, name) for name in knob_names(GENERATION, TORCH, VLLM)},
 }
 
 
@@ -279,19 +277,10 @@ def given_flags(args: argparse.Namespace, flags: dict[str, str]) -> list[str]:
     return [flag for dest, flag in flags.items() if getattr(args, dest) is not None]
 
 
-def _generation_settings(args: argparse.Namespace) -> list[str]:
-    """The generation knobs the command line's ``--set`` names, as ``--set NAME`` (a settings
-    file may hold them for other jobs; a ``--set`` was typed for this one)."""
-    from batchline.knobs import parse_set_options
-
-    wanted = knob_names(GENERATION, TORCH, VLLM)
-    return [f"--set {name}" for name in parse_set_options(args.set) if name in wanted]
-
-
 def _knobs(args: argparse.Namespace) -> Knobs:
     """The knobs of ``--config`` (or the defaults), updated with ``--set`` and then with every
     flag named after a knob."""
-    from batchline.knobs import check_setting_names, parse_set_options
+    from batchline.knobs import check_setting_names
 
     knobs = Knobs.load(args.config) if args.config else Knobs()
     names = {f.name for f in dataclasses.fields(Knobs)}
@@ -426,7 +415,8 @@ def _resolve(args: argparse.Namespace, options: RunOptions) -> Job:
     from batchline.jobs.kinds import resolve_job
     from batchline.jobs.options import GenerateOptions, SeveralModelsError
 
-    given = given_flags(args, _GENERATION_FLAGS) + _generation_settings(args)
+    given = given_flags(args, _GENERATION_FLAGS)
+    given += generation_knobs_typed(args, parse_set_options(args.set))
     forced = args.input_format == "openai-batch"
     models = tuple(args.model or ())
     several = models if len(models) > 1 else ()

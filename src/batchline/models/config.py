@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from batchline._flags import add_field_flags
+from batchline._flags import add_field_flags, field_flag
 from batchline.knobs import BATCHING, GENERATION, SESSIONS, TORCH, VLLM, machine_cores
 from batchline.models.generation.options import GenerationBackendOptions
 from batchline.models.onnx.options import SessionOptions
@@ -37,6 +37,7 @@ __all__ = [
     "add_device_argument",
     "add_generation_knob_arguments",
     "add_knob_arguments",
+    "generation_knobs_typed",
     "knob_names",
 ]
 
@@ -152,6 +153,16 @@ SHARED_HELP: dict[str, str] = {
         for option in action.option_strings
     },
 }
+
+
+def generation_knobs_typed(args: argparse.Namespace, settings: Iterable[str]) -> list[str]:
+    """The generation knobs (both backends', the torch engine's, vLLM's) a command line typed,
+    as it typed them: the flag of each given as its flag (argparse's ``None``: not given), then
+    ``--set NAME`` for each of ``settings`` (the names its ``--set``s gave) that is one. A
+    command where nothing generates refuses them: they would change nothing."""
+    names = knob_names(GENERATION, TORCH, VLLM)
+    flags = [field_flag(Knobs, name) for name in names if getattr(args, name, None) is not None]
+    return flags + [f"--set {name}" for name in settings if name in names]
 
 
 def add_device_argument(p: argparse._ActionsContainer, *, default: str | None = None) -> None:

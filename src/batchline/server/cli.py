@@ -258,15 +258,11 @@ def _check_generation_knobs(
     model served generates: it would change nothing. A ``--config`` file may hold them for
     other servers, so its keys are not refused."""
     from batchline._errors import InputError
-    from batchline._flags import field_flag
-    from batchline.knobs import GENERATION, TORCH, VLLM
-    from batchline.models.config import Knobs, knob_names
+    from batchline.models.config import generation_knobs_typed
 
     if any(spec.generates for spec in settings.specs):
         return
-    names = knob_names(GENERATION, TORCH, VLLM)
-    given = [field_flag(Knobs, name) for name in names if getattr(args, name, None) is not None]
-    given += [f"--set {name}" for name in typed if name in names]
+    given = generation_knobs_typed(args, typed)
     if given:
         raise InputError(
             f"{given[0]} goes with a generate model (--model smollm2, a causal-LM folder PATH/ "
