@@ -109,13 +109,23 @@ def build_folder(shape: str, root: Path) -> Path:
 
 
 def _save_tokenizer(folder: Path) -> None:
-    """SmolLM2's tokenizer where the converted smollm2 folder exists, else a byte-level one."""
+    """SmolLM2's tokenizer (its GGUF converted first, ~30 s once, where it is not yet), else,
+    where the smollm2 weights are not pulled, a byte-level one, saying so: its prompts are ~4x
+    the tokens, and llama.cpp's converter refuses it."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    from batchline.models.generation.smollm2 import converted_folder
+    from batchline._errors import ModelError
+    from batchline.models.generation.smollm2 import smollm2_folder
 
-    found = converted_folder()
-    if found is not None:
+    try:
+        found = smollm2_folder()
+    except ModelError as exc:
+        print(
+            f"SmolLM2's tokenizer is not here ({exc}); {folder} gets a byte-level one: "
+            "its prompts are ~4x the tokens, and llama.cpp's converter refuses it",
+            flush=True,
+        )
+    else:
         AutoTokenizer.from_pretrained(found).save_pretrained(folder)
         return
     from tokenizers import Tokenizer, models, pre_tokenizers
