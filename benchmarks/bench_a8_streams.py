@@ -9,16 +9,21 @@ in turn, call by call, so that a load on the machine falls on all alike. Printed
 of each and its time as a fraction of one stream's (below 1: faster), and the GB/s one stream
 read.
 
+``--layout int8``: the same for the int8 layout in groups of 32 (``--set weights=int8``), whose
+one stream is the 256-bit path it takes at one row without streams.
+
 With ``--step SHAPE`` (a folder ``bench_quant_step.py`` built under ``--folder``): the shape
-loads with ``weights=int4`` in float32 with int8 rows; then one sequence decodes and its steps
-alternate between the lean loop as loaded (each layer's ``step_forward``, its chosen streams)
-and one built over the layers' ``forward`` with one stream (what a step ran before
-2026-12-05). Printed: the median step of each and their ratio.
+loads with ``weights=`` the layout in float32 with int8 rows; then one sequence decodes and its
+steps alternate between the lean loop as loaded (each layer's ``step_forward``, its chosen
+streams), the same loop with every layer at one stream, and one built over the layers'
+``forward`` with one stream (what a step ran before 2026-12-05). Printed: the median step of
+each and the loaded loop's time over it.
 
     python benchmarks/bench_a8_streams.py                          # 1.7B and 3B shapes (~1 min)
     python benchmarks/bench_a8_streams.py --shapes 960x1600,960x5120,2560x960   # 360M's
     python benchmarks/bench_a8_streams.py --shapes 64x64 --copies 2 --calls 3  # smoke run
-    python benchmarks/bench_a8_streams.py --step 1.7b --folder /tmp/bench-sizes/1.7b
+    python benchmarks/bench_a8_streams.py --step 1.7b --folder /tmp/bench-sizes
+    python benchmarks/bench_a8_streams.py --layout int8 --step 3b --folder /tmp/bench-sizes
 
 Needs ``batchline[generate]`` and the kernel library built with AVX512-VNNI (the 512-bit path:
 elsewhere ``streams`` is not read). Threads: ``--threads`` (default 2). The lead runs it on a
@@ -36,36 +41,55 @@ from pathlib import Path
 import torch
 
 from batchline.models.generation import quant_kernel
-from batchline.models.generation.quant_codes import quantize_int4_steps
+from batchline.models.generation.quant_codes import quantize_int4_steps, quantize_int8_groups
 
 # SmolLM2-1.7B's fused gate/up and down, a 3B Llama's fused q/k/v, gate/up and down
 DEFAULT_SHAPES = "2048x16384,8192x2048,3072x5120,3072x16384,8192x3072"
 STREAMS = (1, 2, 4, 8)
 
 
-def per_linear(k: int, n: int, copies: int, calls: int, least_mib: int) -> dict[int, float]:
-    """Median seconds of a one-row call per streams count."""
+def packed_weight(k: int, n: int, layout: str) -> torch.Tensor:
+    """A random ``(n, k)`` weight in the layout ``--set weights=int4`` (8-bit steps) or ``int8``
+    (groups of 32) packs for int8 rows."""
     weight = torch.randn(n, k) * 0.05
+    if layout == "int8":
+        codes, scales = quantize_int8_groups(weight, 32)
+        return quant_kernel.pack_int8g(codes, scales)
     steps = quantize_int4_steps(weight)
-    packed = quant_kernel.pack_int4_steps(steps.codes, steps.steps, steps.offsets, steps.units)
+    return quant_kernel.pack_int4_steps(steps.codes, steps.steps, steps.offsets, steps.units)
+
+
+def per_linear(
+    k: int, n: int, copies: int, calls: int, least_mib: int, layout: str = "int4"
+) -> dict[int, float]:
+    """Median seconds of a one-row call per streams count (the int8 layout's one stream: the
+    256-bit path it takes at one row without streams)."""
+    packed = packed_weight(k, n, layout)
     copies = max(copies, -(-least_mib * 2**20 // packed.numel()))  # more than the caches hold
     held = [packed.clone() for _ in range(copies)]
     x = torch.randn(1, k)
-    op = torch.ops.batchline.int4_linear_a8
+    ops = torch.ops.batchline
+    op = ops.int8g_linear_a8 if layout == "int8" else ops.int4_linear_a8
     times: dict[int, list[float]] = {s: [] for s in STREAMS}
     call = 0
     for _ in range(calls + 2):  # the first two rounds warm up
         for streams in STREAMS:
             call += 1
             w = held[call % copies]
+            width = 256 if layout == "int8" and streams == 1 else 512
             start = time.perf_counter()
-            op(x, w, n, None, 512, streams)
+            op(x, w, n, None, width, streams)
             times[streams].append(time.perf_counter() - start)
     return {s: statistics.median(t[2:]) for s, t in times.items()}
 
 
-def step_paths(shape: str, folder: Path, steps: int, threads: int) -> tuple[float, float]:
-    """Median step (seconds) of the step path and of the path before it, alternated."""
+def step_paths(
+    shape: str, folder: Path, steps: int, threads: int, layout: str = "int4"
+) -> dict[str, float]:
+    """Median step (seconds) per side, the sides alternated step by step: the step path as
+    loaded ("as loaded": each layer's chosen streams), the same path with every layer at one
+    stream ("one stream"), and the loop before the step path ("before": each layer's
+    ``forward``, one stream)."""
     sys.path.insert(0, str(Path(__file__).parent))
     from bench_quant_step import _knobs
 
@@ -76,18 +100,24 @@ def step_paths(shape: str, folder: Path, steps: int, threads: int) -> tuple[floa
     from batchline.models.specs import parse_spec
 
     loaded = load_text_generator(
-        parse_spec(f"{folder}/llama-{shape}/"), _knobs("int4:float32:int8", threads)
+        parse_spec(f"{folder}/llama-{shape}/"), _knobs(f"{layout}:float32:int8", threads)
     )
     engine = loaded.engine
     assert engine is not None
     now = engine._lean
     layers = [m for m in engine._model.modules() if isinstance(m, QuantLinear)]
     chosen = [m.streams for m in layers]
+    step_forwards = [m.step_forward for m in layers]
+    for m in layers:
+        m.streams = 1
+    one = LeanForward(engine._model, now._ops)  # the step path, its products at one stream
     for m in layers:  # the loop before: each layer's forward, one stream
         m.step_forward = (lambda forward: lambda: forward)(m.forward)  # type: ignore[method-assign]
-        m.streams = 1
     before = LeanForward(engine._model, now._ops)
-    times: dict[str, list[float]] = {"step path": [], "before": []}
+    for m, step_forward in zip(layers, step_forwards, strict=True):
+        m.step_forward = step_forward  # type: ignore[method-assign]
+    sides = {"as loaded": now, "one stream": one, "before": before}
+    times: dict[str, list[float]] = {name: [] for name in sides}
     try:
         with torch.inference_mode():
             engine.add_request(
@@ -96,17 +126,17 @@ def step_paths(shape: str, folder: Path, steps: int, threads: int) -> tuple[floa
             engine.step()  # the prefill
             turn = 0
             while engine.has_unfinished():
-                name = "before" if turn % 2 else "step path"
-                engine._lean = before if name == "before" else now
+                name = list(sides)[turn % len(sides)]
+                engine._lean = sides[name]
                 for m, streams in zip(layers, chosen, strict=True):
-                    m.streams = 1 if name == "before" else streams
+                    m.streams = streams if name == "as loaded" else 1
                 start = time.perf_counter()
                 engine.step()
                 times[name].append(time.perf_counter() - start)
                 turn += 1
     finally:
         loaded.close()
-    return statistics.median(times["step path"]), statistics.median(times["before"])
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def main() -> None:
@@ -117,6 +147,12 @@ def main() -> None:
     parser.add_argument("--copies", type=int, default=11, help="copies of each weight, at least")
     parser.add_argument(
         "--least-mib", type=int, default=256, help="copies enough to hold this many MiB"
+    )
+    parser.add_argument(
+        "--layout",
+        choices=("int4", "int8"),
+        default="int4",
+        help="the weights' layout: int4 in 8-bit steps, or int8 in groups of 32",
     )
     parser.add_argument("--step", help="a bench_quant_step.py shape: 360m, 1.7b or 3b")
     parser.add_argument("--folder", type=Path, help="where bench_quant_step.py built the shape")
@@ -129,21 +165,25 @@ def main() -> None:
     if args.step:
         if args.folder is None:
             sys.exit("--step needs --folder (bench_quant_step.py --folder DIR builds it)")
-        new, old = step_paths(args.step, args.folder, args.steps, args.threads)
-        print(f"{args.step}, int4 with int8 rows, batch 1, {args.threads} thread(s)")
-        print(f"step path {new * 1e3:.2f} ms, before {old * 1e3:.2f} ms: x{new / old:.3f}")
+        medians = step_paths(args.step, args.folder, args.steps, args.threads, args.layout)
+        print(f"{args.step}, {args.layout} with int8 rows, batch 1, {args.threads} thread(s)")
+        loaded = medians["as loaded"]
+        for name, median in medians.items():
+            print(f"{name}: {median * 1e3:.2f} ms a step (as loaded x{loaded / median:.3f} it)")
         return
     print(
-        f"one row, {args.threads} thread(s), each weight in copies of {args.least_mib} MiB at least"
+        f"{args.layout}, one row, {args.threads} thread(s), each weight in copies of "
+        f"{args.least_mib} MiB at least"
     )
     print("| shape | " + " | ".join(f"{s} stream(s)" for s in STREAMS) + " | GB/s at 1 |")
     print("|---|" + "---:|" * (len(STREAMS) + 1))
     for shape in args.shapes.split(","):
         k, n = (int(v) for v in shape.split("x"))
-        medians = per_linear(k, n, args.copies, args.calls, args.least_mib)
+        medians = per_linear(k, n, args.copies, args.calls, args.least_mib, args.layout)
         one = medians[1]
         cells = [f"{medians[s] * 1e6:.0f} µs (x{medians[s] / one:.2f})" for s in STREAMS]
-        read = -(-n // 16) * (k // 32) * quant_kernel.BLOCK_STEPS
+        block = quant_kernel.BLOCK_INT8 if args.layout == "int8" else quant_kernel.BLOCK_STEPS
+        read = -(-n // 16) * (k // 32) * block
         print(f"| {k} -> {n} | " + " | ".join(cells) + f" | {read / one / 1e9:.1f} |")
 
 

@@ -12,6 +12,9 @@ The kinds, from the most capable down (the first that fits names the host):
 - ``avx2``: neither: bf16 would be emulated and int8 has no dot-product instruction;
 - ``other``: no AVX2 either, or no flags to read (not Linux).
 
+Where two CPUs of one kind measured differently (AMD's Zen 4 and Zen 5 are both
+``avx512-bf16``), the choice also reads the CPU's vendor and family (:func:`cpu_model`,
+:func:`zen`).
 Standard library only: the choice is made, and tested on synthetic flag sets, without torch.
 """
 
@@ -28,10 +31,14 @@ __all__ = [
     "BF16_FLAGS",
     "F32_KERNEL_FLAGS",
     "INT8_FLAGS",
+    "CpuModel",
     "HostKind",
     "cpu_flags",
+    "cpu_model",
     "host_flags",
     "host_kind",
+    "host_model",
+    "zen",
 ]
 
 #: Flags (Linux names) of native bf16 arithmetic.
@@ -105,3 +112,51 @@ def host_kind(flags: Collection[str] | None = None) -> HostKind:
     else:
         name = "other"
     return HostKind(name, found)
+
+
+@dataclass(frozen=True, slots=True)
+class CpuModel:
+    """A CPU's vendor (``vendor_id``: ``AuthenticAMD``, ``GenuineIntel``) and family number
+    (``cpu family``), as ``/proc/cpuinfo`` gives them."""
+
+    vendor: str
+    family: int
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> CpuModel | None:
+    """This CPU's vendor and family; None where ``cpuinfo`` does not say them (not Linux, or
+    not x86)."""
+    try:
+        text = cpuinfo.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():  # the first processor's block is enough
+            break
+        key, sep, value = line.partition(":")
+        if sep:
+            fields.setdefault(key.strip(), value.strip())
+    try:
+        return CpuModel(fields["vendor_id"], int(fields["cpu family"]))
+    except (KeyError, ValueError):
+        return None
+
+
+@functools.cache
+def host_model() -> CpuModel | None:
+    """This CPU's :func:`cpu_model`, read once a process."""
+    return cpu_model()
+
+
+def zen(model: CpuModel | None, kind: HostKind) -> int | None:
+    """The generation of an AMD Zen CPU where its family and kind tell it: 4 for family 25 (0x19)
+    with AVX512-BF16 (Zen 3 shares the family, without AVX-512), 5 for family 26 (0x1A); else
+    None (another vendor or generation, or unknown)."""
+    if model is None or model.vendor != "AuthenticAMD":
+        return None
+    if model.family == 25 and kind.name == "avx512-bf16":
+        return 4
+    if model.family == 26:
+        return 5
+    return None

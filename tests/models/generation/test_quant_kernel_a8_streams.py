@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from batchline._cpu import A8_VNNI_FLAGS  # noqa: E402
+from batchline._cpu import A8_VNNI_FLAGS, CpuModel  # noqa: E402
 from batchline.models.generation import quant_kernel as ik  # noqa: E402
 from batchline.models.generation.quant_codes import (  # noqa: E402
     quantize_int4,
@@ -85,12 +85,63 @@ def test_streams_other_than_1_2_4_8_are_refused(a8_library: None) -> None:
         torch.ops.batchline.int4_linear_a8(torch.randn(1, 64), packed, 32, None, 512, 3)
 
 
-def test_only_long_inputs_on_the_measured_kind_read_several_tiles() -> None:
-    assert ik.a8_streams(ik.A8_STREAM_INPUTS, ZEN4) == ik.A8_STREAMS > 1
-    assert ik.a8_streams(8192, ZEN4) == ik.A8_STREAMS
-    assert ik.a8_streams(ik.A8_STREAM_INPUTS - 32, ZEN4) == 1  # a 1.7B's 2,048, a 360M's 2,560
+def test_several_tiles_are_read_where_they_were_measured_to_pay() -> None:
+    """int4: long inputs on Zen 4 (on Zen 5 every count above one was slower); the int8
+    layout: every layer on Zen 5 (not measured on Zen 4); one elsewhere."""
+    amd4, amd5 = CpuModel("AuthenticAMD", 25), CpuModel("AuthenticAMD", 26)
+    assert ik.a8_streams(ik.A8_STREAM_INPUTS, ZEN4, amd4) == ik.A8_STREAMS > 1
+    assert ik.a8_streams(8192, ZEN4, amd4) == ik.A8_STREAMS
+    assert ik.a8_streams(ik.A8_STREAM_INPUTS - 32, ZEN4, amd4) == 1  # 1.7B's 2,048, 360M's 2,560
+    assert ik.a8_streams(8192, ZEN4, amd5) == 1
+    assert ik.a8_streams(960, ZEN4, amd5, int8_layout=True) == ik.INT8G_STREAMS > 1
+    assert ik.a8_streams(8192, ZEN4, amd4, int8_layout=True) == 1
+    intel = CpuModel("GenuineIntel", 6)
     for flags in (AMX, ICE_LAKE, ZEN2):  # not measured there: one stream read ahead
-        assert ik.a8_streams(8192, flags) == 1
+        for model in (intel, None):
+            assert ik.a8_streams(8192, flags, model) == 1
+            assert ik.a8_streams(8192, flags, model, int8_layout=True) == 1
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_row_of_the_int8_layout_read_several_tiles_at_once_has_the_narrow_path_s_bits(
+    vnni: None, threads: int
+) -> None:
+    """One row on the 512-bit path, 1 to 8 tiles at a time, against the 256-bit path's one tile
+    at a time (the path it takes without streams): part tiles, shares of tiles not a multiple of
+    the streams, codes of -128, a bias or none."""
+    op = torch.ops.batchline.int8g_linear_a8
+    g = torch.Generator().manual_seed(13)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for n, k in ((40, 96), (300, 256), (500, 2048), (16, 32)):
+            codes, scales = quantize_int8_groups(torch.randn(n, k, generator=g), 32)
+            codes[0, :32] = -128
+            packed = ik.pack_int8g(codes, scales)
+            x = torch.randn(1, k, generator=g)
+            bias = torch.randn(n, generator=g)
+            for b in (None, bias):
+                narrow = op(x, packed, n, b, 256, 1)
+                for streams in (1, 2, 4, 8):
+                    assert torch.equal(op(x, packed, n, b, 512, streams), narrow), (n, k, streams)
+                assert torch.equal(ik.int8g_linear(x, packed, n, b, streams=4), narrow)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_int8_layout_refuses_streams_other_than_1_2_4_8(a8_library: None) -> None:
+    codes, scales = quantize_int8_groups(torch.randn(32, 64), 32)
+    with pytest.raises(RuntimeError, match="streams must be 1, 2, 4 or 8, not 5"):
+        torch.ops.batchline.int8g_linear_a8(
+            torch.randn(1, 64), ik.pack_int8g(codes, scales), 32, None, 512, 5
+        )
+
+
+def test_the_int8_layout_takes_the_wide_path_for_one_row_only_with_streams() -> None:
+    assert ik.int8g_width(1) == 256
+    assert ik.int8g_width(1, 4) == ik.A8_WIDTH
+    assert ik.int8g_width(2, 4) == 256  # streams are a one-row path
+    assert ik.int8g_width(ik.INT8G_WIDE_ROWS) == ik.A8_WIDTH
 
 
 def test_large_inputs_quantized_into_their_own_tensors_give_each_row_s_bits(
@@ -126,10 +177,12 @@ def _marked(kind: str, n: int, k: int, bias: bool) -> QuantLinear:
 
 @pytest.mark.parametrize("kind", ["int4", "int8g"])
 @pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("streams", [1, 4])
 def test_a_layer_s_step_path_gives_what_forward_gives_for_any_input(
-    a8_library: None, kind: str, bias: bool
+    a8_library: None, kind: str, bias: bool, streams: int
 ) -> None:
     layer = _marked(kind, 40, 128, bias)
+    layer.streams = streams  # whatever this host takes: a row several tiles at a time too
     step = layer.step_forward()
     assert step != layer.forward  # the op called straight
     limit = DENSE_ROWS["own32a8" if kind == "int4" else "own32a8q"]

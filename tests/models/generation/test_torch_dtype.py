@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from batchline._cpu import CpuModel, cpu_model, host_kind, zen
 from batchline.models.generation.torch_dtype import DtypeChoice, choose_dtype, cpu_flags
 
 X86_NO_BF16 = {"fpu", "sse2", "avx2", "avx512f", "avx512_vnni"}
@@ -54,6 +55,33 @@ def test_cpu_flags_are_read_from_cpuinfo(tmp_path: Path) -> None:
     assert cpu_flags(arm) == {"fp", "asimd", "bf16"}
     assert choose_dtype("auto", "cpu", flags=cpu_flags(arm)).dtype == "float32"
     assert cpu_flags(tmp_path / "missing") == frozenset()
+
+
+def test_the_cpu_s_vendor_and_family_are_read_from_its_first_block(tmp_path: Path) -> None:
+    zen5 = tmp_path / "zen5"
+    zen5.write_text(
+        "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\n\n"
+        "processor\t: 1\nvendor_id\t: GenuineIntel\ncpu family\t: 6\n"
+    )
+    assert cpu_model(zen5) == CpuModel("AuthenticAMD", 26)
+    arm = tmp_path / "arm"
+    arm.write_text("processor\t: 0\nFeatures\t: fp asimd\nCPU implementer\t: 0x41\n")
+    assert cpu_model(arm) is None
+    garbled = tmp_path / "garbled"
+    garbled.write_text("vendor_id\t: AuthenticAMD\ncpu family\t: x\n")
+    assert cpu_model(garbled) is None
+    assert cpu_model(tmp_path / "missing") is None
+
+
+def test_a_zen_generation_is_told_by_family_and_kind() -> None:
+    avx512_bf16 = host_kind({"avx2", "avx512f", "avx512_vnni", "avx512_bf16"})
+    avx2 = host_kind({"avx2", "fma"})
+    assert zen(CpuModel("AuthenticAMD", 25), avx512_bf16) == 4
+    assert zen(CpuModel("AuthenticAMD", 25), avx2) is None  # Zen 3: the family without AVX-512
+    assert zen(CpuModel("AuthenticAMD", 26), avx512_bf16) == 5
+    assert zen(CpuModel("AuthenticAMD", 23), avx2) is None
+    assert zen(CpuModel("GenuineIntel", 6), avx512_bf16) is None
+    assert zen(None, avx512_bf16) is None
 
 
 def test_packed_bf16_linears_give_the_same_outputs(torch_threads: None) -> None:

@@ -48,7 +48,15 @@ from collections.abc import Collection
 
 import torch
 
-from batchline._cpu import A8_KERNEL_FLAGS, F32_KERNEL_FLAGS, host_flags, host_kind
+from batchline._cpu import (
+    A8_KERNEL_FLAGS,
+    F32_KERNEL_FLAGS,
+    CpuModel,
+    host_flags,
+    host_kind,
+    host_model,
+    zen,
+)
 from batchline.models.generation.decode_kernel import decode_kernel
 
 __all__ = [
@@ -62,6 +70,7 @@ __all__ = [
     "BLOCK_STEPS",
     "F32_WIDTH",
     "GROUP",
+    "INT8G_STREAMS",
     "INT8G_WIDE_ROWS",
     "INT8_AMX_ROWS",
     "TILE",
@@ -121,16 +130,26 @@ A8_WIDTH = 512
 #: 512 / 256 time at 1, 2, 4, 8, 16 rows: x0.99-1.12, x1.02-1.10, x0.84-1.03, x0.50-0.68,
 #: x0.50-0.54 (960 -> 49,152, 960 -> 5,120, 2,048 -> 16,384, 8,192 -> 2,048, from memory).
 INT8G_WIDE_ROWS = 4
-#: The tiles the 512-bit int8-rows path reads at once in a one-row product (1, 2, 4 or 8): so
-#: many streams from memory for the hardware's prefetchers instead of one read ahead in
-#: software. Measured on Zen 4 (see ``csrc/quant_gemm_a8.cpp``'s ``row_by_tiles_a8``).
+#: The tiles the 512-bit int8-rows path reads at once in a one-row int4 product on Zen 4 (1, 2, 4
+#: or 8): so many streams from memory for the hardware's prefetchers instead of one read ahead
+#: in software (see ``csrc/quant_gemm_a8.cpp``'s ``row_by_tiles_a8``). On Zen 5 (family 26,
+#: 2026-12-05) every count above one made an int4 step slower, 1.7B and 3B alike: 2 streams
+#: x1.12, 4 x1.06-1.11, 8 from 3,072 inputs x1.04 (``benchmarks/bench_a8_streams.py --step``).
 A8_STREAMS = 8
-#: The fewest inputs at which a one-row int8-rows product reads :data:`A8_STREAMS` tiles at once:
-#: a long tile (3,072 inputs: 28 KB) read alone took x1.12-1.39 the time of 8 at once; at a
-#: 1.7B's 2,048 inputs 8 were even to x0.83, at a 360M's 960 and 2,560 x0.95-0.98 alone but a
-#: 360M step with every layer at 8 took x1.05 the time of its layers at 1 (Zen 4 EPYC, 2026-12-05:
-#: ``benchmarks/bench_a8_streams.py``).
+#: The fewest inputs at which a one-row int4 product reads :data:`A8_STREAMS` tiles at once on
+#: Zen 4: a long tile (3,072 inputs: 28 KB) read alone took x1.12-1.39 the time of 8 at once; at
+#: a 1.7B's 2,048 inputs 8 were even to x0.83, at a 360M's 960 and 2,560 x0.95-0.98 alone but a
+#: 360M step with every layer at 8 took x1.05 the time of its layers at 1 (Zen 4 EPYC,
+#: 2026-12-05: ``benchmarks/bench_a8_streams.py``).
 A8_STREAM_INPUTS = 3072
+#: The tiles a one-row product of the int8 layout (:func:`int8g_linear`) reads at once on Zen 5,
+#: through the 512-bit path, every layer: a step alternating with one tile at a time on the
+#: 256-bit path (the path below :data:`INT8G_WIDE_ROWS` rows) took x0.85 at 360M, x0.85 at
+#: 1.7B (twice) and x0.84-0.85 at 3B with 4; with 2 x0.86 at 3B, with 8 x1.13 at 1.7B (Zen 5
+#: EPYC, family 26, 2 threads, 2026-12-05, ``bench_a8_streams.py --layout int8 --step S``). One
+#: row of 2,048 -> 16,384 alone: 512-bit one tile x0.90, two x0.86, four x0.76. Not measured on
+#: Zen 4, whose one row stays on the 256-bit path (:data:`INT8G_WIDE_ROWS`).
+INT8G_STREAMS = 4
 
 
 def own_kernels(*, amx: bool = False, dtype: torch.dtype = torch.bfloat16) -> tuple[bool, str]:
@@ -423,22 +442,30 @@ def _strided(
 
 
 def int8g_linear(
-    x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None = None
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    n: int,
+    bias: torch.Tensor | None = None,
+    *,
+    streams: int = 1,
 ) -> torch.Tensor:
     """``x (rows, K) @ W.T (+ bias)`` for float32 ``x``, ``W`` the ``n`` columns
     :func:`pack_int8g` packed, ``bias`` float32 ``(n,)``: each row quantized to int8 per group of
-    32 on the way in and summed in integers (``csrc/quant_gemm_a8.cpp``, 512-bit vectors from
-    :data:`INT8G_WIDE_ROWS` rows on; the library loaded and :func:`int8_activations_here`)."""
+    32 on the way in and summed in integers (``csrc/quant_gemm_a8.cpp``, the path
+    :func:`int8g_width` says; one row ``streams`` tiles at a time; the library loaded and
+    :func:`int8_activations_here`)."""
+    rows = x.shape[0]
     out: torch.Tensor = torch.ops.batchline.int8g_linear_a8(
-        x.contiguous(), packed, n, bias, int8g_width(x.shape[0])
+        x.contiguous(), packed, n, bias, int8g_width(rows, streams), streams
     )
     return out
 
 
-def int8g_width(rows: int) -> int:
+def int8g_width(rows: int, streams: int = 1) -> int:
     """The path the int8 layout's product takes for ``rows`` rows: :data:`A8_WIDTH` from
-    :data:`INT8G_WIDE_ROWS` rows on, else the 256-bit one."""
-    return A8_WIDTH if rows >= INT8G_WIDE_ROWS else 256
+    :data:`INT8G_WIDE_ROWS` rows on, and for one row read ``streams`` tiles at a time where that
+    is more than one; else the 256-bit one (one tile at a time)."""
+    return A8_WIDTH if rows >= INT8G_WIDE_ROWS or (rows == 1 and streams > 1) else 256
 
 
 def int8_linear(
@@ -488,15 +515,24 @@ def int4_linear(
     return out
 
 
-def a8_streams(in_features: int, flags: Collection[str] | None = None) -> int:
+def a8_streams(
+    in_features: int,
+    flags: Collection[str] | None = None,
+    model: CpuModel | None = None,
+    *,
+    int8_layout: bool = False,
+) -> int:
     """The tiles a one-row int8-rows product of ``in_features`` inputs reads at once (the op's
-    ``streams``): :data:`A8_STREAMS` from :data:`A8_STREAM_INPUTS` inputs on where the host is
-    of the ``avx512-bf16`` kind (AMD's Zen 4 and 5, where it was measured; ``flags`` default:
-    this CPU's), else 1."""
+    ``streams``), where it was measured to pay (``flags`` and ``model``, default this CPU's):
+    int4 on Zen 4 :data:`A8_STREAMS` from :data:`A8_STREAM_INPUTS` inputs on; the int8 layout
+    (``int8_layout``) on Zen 5 :data:`INT8G_STREAMS`; else 1."""
     kind = host_kind(host_flags() if flags is None else flags)
-    if in_features < A8_STREAM_INPUTS or kind.name != "avx512-bf16":
-        return 1
-    return A8_STREAMS
+    generation = zen(host_model() if model is None and flags is None else model, kind)
+    if int8_layout:
+        return INT8G_STREAMS if generation == 5 else 1
+    if generation == 4 and in_features >= A8_STREAM_INPUTS:
+        return A8_STREAMS
+    return 1
 
 
 def int4_dequantize(

@@ -264,10 +264,13 @@ class QuantLinear(torch.nn.Module):
 
     def _set_own(self, packed: list[torch.Tensor]) -> None:
         """Hold ``packed``, the own kernels' tensors: int4 planes, or one int8 layout."""
+        from batchline.models.generation import quant_kernel
         from batchline.models.generation.quant_kernel import BLOCK_INT8
 
         self._own = packed
         self._int8_layout = bool(packed) and packed[0].shape[2] == BLOCK_INT8
+        if self._int8_layout:
+            self.streams = quant_kernel.a8_streams(self.in_features, int8_layout=True)
 
     @property
     def own_kernel(self) -> bool:
@@ -454,7 +457,8 @@ class QuantLinear(torch.nn.Module):
             int8g, width_for = torch.ops.batchline.int8g_linear_a8, quant_kernel.int8g_width
 
             def op(x: torch.Tensor) -> torch.Tensor:
-                return int8g(x, packed, n, bias, width_for(x.shape[0]))  # type: ignore[no-any-return]
+                width = width_for(x.shape[0], extra)
+                return int8g(x, packed, n, bias, width, extra)  # type: ignore[no-any-return]
 
         else:
             int4, width = torch.ops.batchline.int4_linear_a8, quant_kernel.A8_WIDTH
@@ -490,7 +494,9 @@ class QuantLinear(torch.nn.Module):
         if self._own8 is not None:
             return quant_kernel.int8_linear(flat, self._own8, self.out_features, bias)
         if self._int8_layout:
-            return quant_kernel.int8g_linear(flat, self._own[0], self.out_features, bias)
+            return quant_kernel.int8g_linear(
+                flat, self._own[0], self.out_features, bias, streams=self.streams
+            )
         a8 = self.int8_rows and flat.dtype == torch.float32
         out = quant_kernel.int4_linear(
             flat, self._own[0], self.out_features, bias, int8_rows=a8, streams=self.streams

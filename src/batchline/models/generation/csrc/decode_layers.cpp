@@ -15,9 +15,10 @@
 //     spec:   per layer, its store index, its activation (0 SiLU, 1 GeLU with tanh), then per
 //             product: its op (decode_kernel.StepProduct's layouts: 0 int4_linear_a8, 1
 //             int8g_linear_a8, 2 bf16_tiles_linear, 3 int4_linear_f32, 4 int4_linear), its
-//             outputs, and the op's last argument (0-1: int4's streams, unused by int8g; 3:
+//             outputs, and the op's last argument (0-1: the tiles one row reads at once; 3:
 //             the width; 4: amx_rows; 2: unused)
-//     wide_rows: the fewest rows the int8 layout's product takes through its 512-bit path
+//     wide_rows: the fewest rows the int8 layout's product takes through its 512-bit path (one
+//             row too where it reads more than one tile at once)
 //     a8_width: the int8-rows products' wide path (quant_kernel.A8_WIDTH; the narrow one is 256)
 //   .forward(h, cos, sin, keys, values, first, hi) -> h after every layer
 //     h: (rows, hidden) in the dtype the products take; keys, values: the store's buffers of
@@ -45,12 +46,12 @@ using Optional = std::optional<at::Tensor>;
 
 // The library's ops as registered, looked up once.
 struct Ops {
-  c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t,
-                                      const Optional&, int64_t, int64_t)>
-      int4;
+  using Streamed = at::Tensor(const at::Tensor&, const at::Tensor&, int64_t, const Optional&,
+                              int64_t, int64_t);
+  c10::TypedOperatorHandle<Streamed> int4, int8g;
   using Linear = at::Tensor(const at::Tensor&, const at::Tensor&, int64_t, const Optional&,
                             int64_t);
-  c10::TypedOperatorHandle<Linear> int8g, int4_f32, int4_bf16;
+  c10::TypedOperatorHandle<Linear> int4_f32, int4_bf16;
   c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t,
                                       const Optional&)>
       tiles;
@@ -68,10 +69,8 @@ struct Ops {
 
  private:
   Ops()
-      : int4(handle("int4_linear_a8")
-                 .typed<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t,
-                                   const Optional&, int64_t, int64_t)>()),
-        int8g(handle("int8g_linear_a8").typed<Linear>()),
+      : int4(handle("int4_linear_a8").typed<Streamed>()),
+        int8g(handle("int8g_linear_a8").typed<Streamed>()),
         int4_f32(handle("int4_linear_f32").typed<Linear>()),
         int4_bf16(handle("int4_linear").typed<Linear>()),
         tiles(handle("bf16_tiles_linear")
@@ -165,7 +164,7 @@ struct DecodeLayers : torch::CustomClassHolder {
       case kInt4A8:
         return ops.int4.call(x, p.packed, p.n, p.bias, a8_width_, p.extra);
       case kInt8gA8:
-        return ops.int8g.call(x, p.packed, p.n, p.bias, x.size(0) >= wide_rows_ ? a8_width_ : 256);
+        return ops.int8g.call(x, p.packed, p.n, p.bias, int8g_width(x.size(0), p.extra), p.extra);
       case kTiles:
         return ops.tiles.call(x, p.packed, p.n, p.bias);
       case kInt4F32:
@@ -176,6 +175,12 @@ struct DecodeLayers : torch::CustomClassHolder {
   }
 
   double eps_, scale_;
+  // quant_kernel.int8g_width's choice: the wide path from wide_rows_ rows, and for one row read
+  // several tiles at a time (the narrow path reads one)
+  int64_t int8g_width(int64_t rows, int64_t streams) const {
+    return rows >= wide_rows_ || (rows == 1 && streams > 1) ? a8_width_ : 256;
+  }
+
   int64_t heads_, wide_rows_, a8_width_;
   std::vector<Layer> layers_;
 };

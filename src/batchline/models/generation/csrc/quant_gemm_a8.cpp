@@ -18,11 +18,11 @@
 //     streams: 1, 2, 4 or 8: the tiles one row reads at once on the VNNI path (the same bits;
 //              quant_kernel.a8_streams says where more than one pays)
 //     out:     (rows, n) float32
-//   int8g_linear_a8(x, packed, n, bias=None, width=512) -> out: the same product of int8
-//     weights in groups of 32 (a GGUF's Q8_0 form), packed (tiles, K / 32, 544) uint8
+//   int8g_linear_a8(x, packed, n, bias=None, width=512, streams=1) -> out: the same product of
+//     int8 weights in groups of 32 (a GGUF's Q8_0 form), packed (tiles, K / 32, 544) uint8
 //     (quant_kernel.pack_int8g); width 512: vpdpbusd on each 64-byte chunk as it lies (the
 //     codes read as w + 128, 128 times the row's code sum taken off), 256: the AVX2 path below,
-//     the same bits
+//     the same bits; streams as int4_linear_a8's
 //   int8_activations(x) -> (codes, scales): the quantizing the product applies to x, for tests
 //     and for the error it adds: codes (rows, K) int8, scales (rows, K / 32) float32
 //   int8_weight_groups(w, steps) -> (codes, scales): a weight (N, K) float32 to int8 in groups
@@ -360,12 +360,12 @@ void tile_rows_vnni(const uint8_t* tile, int64_t groups, const int8_t* xq, int64
 // called in turn (8,192 -> 2,048 and -> 3,072: x0.79-0.83 with 8; 3,072 -> 5,120 and -> 16,384:
 // x0.86-0.89); at 2,048 inputs it was even (x0.96-1.02) and at a 360M's 960 and 2,560 one
 // stream was faster (8: x1.08-1.14). Per tile the same operations in the same order as
-// tile_rows_vnni<Int4Tiles<L>, 1>: the same bits.
-template <Layout L, int C>
+// tile_rows_vnni<Tiles, 1>: the same bits. Tiles: Int4Tiles<L> or Int8Tiles.
+template <typename Tiles, int C>
 void row_by_tiles_a8(const uint8_t* tile, int64_t tile_bytes, int64_t groups, const int8_t* xq,
                      const float* xscale, const int32_t* xsum, const float* bias, int64_t n0,
                      int64_t n_total, float* out) {
-  const Int4Tiles<L> tiles;
+  const Tiles tiles;
   __mmask16 valid[C];
   __m512 total[C];
   for (int c = 0; c < C; ++c) {
@@ -380,12 +380,12 @@ void row_by_tiles_a8(const uint8_t* tile, int64_t tile_bytes, int64_t groups, co
     for (int k = 0; k < 8; ++k) {
       const __m512i xk = broadcast4(xg + 4 * k);
       for (int c = 0; c < C; ++c) {
-        const uint8_t* block = tile + c * tile_bytes + g * Int4Tiles<L>::kBytes;
+        const uint8_t* block = tile + c * tile_bytes + g * Tiles::kBytes;
         acc[c][k % 2] = _mm512_dpbusd_epi32(acc[c][k % 2], tiles.operand(block, k), xk);
       }
     }
     for (int c = 0; c < C; ++c) {
-      const auto group = tiles.group(tile + c * tile_bytes + g * Int4Tiles<L>::kBytes);
+      const auto group = tiles.group(tile + c * tile_bytes + g * Tiles::kBytes);
       const __m512i sum = _mm512_add_epi32(acc[c][0], acc[c][1]);
       total[c] = group.add(sum, xscale[g], xsum[g], total[c]);
     }
@@ -479,6 +479,33 @@ inline void with_streams(int64_t streams, F&& f) {
   }
 }
 
+#if defined(BATCHLINE_A8_VNNI)
+// A one-row product of either layout (Tiles: Int4Tiles<L> or Int8Tiles) read `streams` tiles at
+// a time (row_by_tiles_a8), the tiles shared among the threads.
+template <typename Tiles>
+void one_row_by_streams(const uint8_t* wp, int64_t tiles, int64_t tile_bytes, int64_t groups,
+                        const QuantizedRows& xq, const float* bias, int64_t n, int64_t streams,
+                        float* out) {
+  const int8_t* cp = xq.codes();
+  const float* sp = xq.scales();
+  const int32_t* up = xq.sums();
+  at::parallel_for(0, tiles, tiles_per_share(tile_bytes), [&](int64_t begin, int64_t end) {
+    with_streams(streams, [&](auto c) {
+      constexpr int kC = decltype(c)::value;
+      int64_t t = begin;
+      for (; t + kC <= end; t += kC) {
+        row_by_tiles_a8<Tiles, kC>(wp + t * tile_bytes, tile_bytes, groups, cp, sp, up, bias,
+                                   t * kTile, n, out);
+      }
+      for (; t < end; ++t) {
+        row_by_tiles_a8<Tiles, 1>(wp + t * tile_bytes, tile_bytes, groups, cp, sp, up, bias,
+                                  t * kTile, n, out);
+      }
+    });
+  });
+}
+#endif
+
 at::Tensor int4_linear_a8(const at::Tensor& x, const at::Tensor& packed, int64_t n,
                           const std::optional<at::Tensor>& bias, int64_t width, int64_t streams) {
   check_x(x, "int4_linear_a8");
@@ -507,22 +534,10 @@ at::Tensor int4_linear_a8(const at::Tensor& x, const at::Tensor& packed, int64_t
   const int64_t tile_bytes = groups * packed.size(2);
 #if defined(BATCHLINE_A8_VNNI)
   if (width == 512 && rows == 1 && streams > 1) {  // a batch-1 step: C tiles at a time
-    at::parallel_for(0, tiles, tiles_per_share(tile_bytes), [&](int64_t begin, int64_t end) {
-      with_layout(layout, [&](auto kind) {
-        constexpr Layout kL = decltype(kind)::value;
-        with_streams(streams, [&](auto c) {
-          constexpr int kC = decltype(c)::value;
-          int64_t t = begin;
-          for (; t + kC <= end; t += kC) {
-            row_by_tiles_a8<kL, kC>(wp + t * tile_bytes, tile_bytes, groups, cp, sp, up, bias_ptr,
-                                    t * kTile, n, op);
-          }
-          for (; t < end; ++t) {
-            row_by_tiles_a8<kL, 1>(wp + t * tile_bytes, tile_bytes, groups, cp, sp, up, bias_ptr,
-                                   t * kTile, n, op);
-          }
-        });
-      });
+    with_layout(layout, [&](auto kind) {
+      constexpr Layout kL = decltype(kind)::value;
+      one_row_by_streams<Int4Tiles<kL>>(wp, tiles, tile_bytes, groups, xq, bias_ptr, n, streams,
+                                        op);
     });
     return out;
   }
@@ -558,10 +573,12 @@ at::Tensor int4_linear_a8(const at::Tensor& x, const at::Tensor& packed, int64_t
 }
 
 at::Tensor int8g_linear_a8(const at::Tensor& x, const at::Tensor& packed, int64_t n,
-                           const std::optional<at::Tensor>& bias, int64_t width) {
+                           const std::optional<at::Tensor>& bias, int64_t width, int64_t streams) {
   check_x(x, "int8g_linear_a8");
   TORCH_CHECK(width == 256 || width == 512, "int8g_linear_a8: width must be 256 or 512, not ",
               width);
+  TORCH_CHECK(streams == 1 || streams == 2 || streams == 4 || streams == 8,
+              "int8g_linear_a8: streams must be 1, 2, 4 or 8, not ", streams);
 #if !defined(BATCHLINE_A8_VNNI)
   width = 256;  // the only path built
 #endif
@@ -584,6 +601,12 @@ at::Tensor int8g_linear_a8(const at::Tensor& x, const at::Tensor& packed, int64_
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   float* op = out.data_ptr<float>();
   const int64_t tile_bytes = groups * kBlockInt8;
+#if defined(BATCHLINE_A8_VNNI)
+  if (width == 512 && rows == 1 && streams > 1) {  // a batch-1 step: C tiles at a time
+    one_row_by_streams<Int8Tiles>(wp, tiles, tile_bytes, groups, xq, bias_ptr, n, streams, op);
+    return out;
+  }
+#endif
   at::parallel_for(0, tiles, tiles_per_share(tile_bytes), [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t n0 = t * kTile, cols = std::min(kTile, n - n0);
@@ -687,8 +710,8 @@ TORCH_LIBRARY_FRAGMENT(batchline, m) {
       "int4_linear_a8(Tensor x, Tensor packed, int n, Tensor? bias=None, int width=512,"
       " int streams=1) -> Tensor");
   m.def(
-      "int8g_linear_a8(Tensor x, Tensor packed, int n, Tensor? bias=None, int width=512)"
-      " -> Tensor");
+      "int8g_linear_a8(Tensor x, Tensor packed, int n, Tensor? bias=None, int width=512,"
+      " int streams=1) -> Tensor");
   m.def("int8_activations(Tensor x) -> (Tensor, Tensor)");
   m.def("int8_weight_groups(Tensor w, int steps) -> (Tensor, Tensor)");
 }
