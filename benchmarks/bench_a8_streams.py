@@ -61,9 +61,10 @@ def packed_weight(k: int, n: int, layout: str) -> torch.Tensor:
 
 def per_linear(
     k: int, n: int, copies: int, calls: int, least_mib: int, layout: str = "int4"
-) -> dict[int, float]:
+) -> tuple[dict[int, float], int]:
     """Median seconds of a one-row call per streams count (the int8 layout's one stream: the
-    256-bit path it takes at one row without streams)."""
+    256-bit path it takes at one row without streams, ``quant_kernel.int8g_width``), and the
+    bytes a call reads."""
     packed = packed_weight(k, n, layout)
     copies = max(copies, -(-least_mib * 2**20 // packed.numel()))  # more than the caches hold
     held = [packed.clone() for _ in range(copies)]
@@ -76,11 +77,11 @@ def per_linear(
         for streams in STREAMS:
             call += 1
             w = held[call % copies]
-            width = 256 if layout == "int8" and streams == 1 else 512
+            width = quant_kernel.int8g_width(1, streams) if layout == "int8" else 512
             start = time.perf_counter()
             op(x, w, n, None, width, streams)
             times[streams].append(time.perf_counter() - start)
-    return {s: statistics.median(t[2:]) for s, t in times.items()}
+    return {s: statistics.median(t[2:]) for s, t in times.items()}, packed.numel()
 
 
 def step_paths(
@@ -124,9 +125,9 @@ def step_paths(
                 GenerationRequest("one", tuple(range(10, 70)), SamplingParams(max_tokens=steps))
             )
             engine.step()  # the prefill
-            turn = 0
+            names, turn = list(sides), 0
             while engine.has_unfinished():
-                name = list(sides)[turn % len(sides)]
+                name = names[turn % len(names)]
                 engine._lean = sides[name]
                 for m, streams in zip(layers, chosen, strict=True):
                     m.streams = streams if name == "as loaded" else 1
@@ -179,11 +180,9 @@ def main() -> None:
     print("|---|" + "---:|" * (len(STREAMS) + 1))
     for shape in args.shapes.split(","):
         k, n = (int(v) for v in shape.split("x"))
-        medians = per_linear(k, n, args.copies, args.calls, args.least_mib, args.layout)
+        medians, read = per_linear(k, n, args.copies, args.calls, args.least_mib, args.layout)
         one = medians[1]
         cells = [f"{medians[s] * 1e6:.0f} µs (x{medians[s] / one:.2f})" for s in STREAMS]
-        block = quant_kernel.BLOCK_INT8 if args.layout == "int8" else quant_kernel.BLOCK_STEPS
-        read = -(-n // 16) * (k // 32) * block
         print(f"| {k} -> {n} | " + " | ".join(cells) + f" | {read / one / 1e9:.1f} |")
 
 

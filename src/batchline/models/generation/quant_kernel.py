@@ -144,11 +144,12 @@ A8_STREAMS = 8
 A8_STREAM_INPUTS = 3072
 #: The tiles a one-row product of the int8 layout (:func:`int8g_linear`) reads at once on Zen 5,
 #: through the 512-bit path, every layer: a step alternating with one tile at a time on the
-#: 256-bit path (the path below :data:`INT8G_WIDE_ROWS` rows) took x0.85 at 360M, x0.85 at
-#: 1.7B (twice) and x0.84-0.85 at 3B with 4; with 2 x0.86 at 3B, with 8 x1.13 at 1.7B (Zen 5
-#: EPYC, family 26, 2 threads, 2026-12-05, ``bench_a8_streams.py --layout int8 --step S``). One
-#: row of 2,048 -> 16,384 alone: 512-bit one tile x0.90, two x0.86, four x0.76. Not measured on
-#: Zen 4, whose one row stays on the 256-bit path (:data:`INT8G_WIDE_ROWS`).
+#: 256-bit path (the path below :data:`INT8G_WIDE_ROWS` rows) took, in four runs a shape, x0.86-
+#: 1.00 at 360M, x0.84-0.96 at 1.7B and x0.85-0.97 at 3B with 4; with 2 x0.86 at 3B, with 8
+#: x1.13 at 1.7B (one run each; Zen 5 EPYC, family 26, 2 threads, 2026-12-05,
+#: ``bench_a8_streams.py --layout int8 --step S``). One row of 2,048 -> 16,384 alone: 512-bit
+#: one tile x0.90, two x0.86, four x0.76. Not measured on Zen 4, whose one row stays on the
+#: 256-bit path (:data:`INT8G_WIDE_ROWS`).
 INT8G_STREAMS = 4
 
 
@@ -523,9 +524,10 @@ def a8_streams(
     int8_layout: bool = False,
 ) -> int:
     """The tiles a one-row int8-rows product of ``in_features`` inputs reads at once (the op's
-    ``streams``), where it was measured to pay (``flags`` and ``model``, default this CPU's):
-    int4 on Zen 4 :data:`A8_STREAMS` from :data:`A8_STREAM_INPUTS` inputs on; the int8 layout
-    (``int8_layout``) on Zen 5 :data:`INT8G_STREAMS`; else 1."""
+    ``streams``), where it was measured to pay: int4 on Zen 4 :data:`A8_STREAMS` from
+    :data:`A8_STREAM_INPUTS` inputs on; the int8 layout (``int8_layout``) on Zen 5
+    :data:`INT8G_STREAMS`; else 1. ``flags`` and ``model`` default to this CPU's, ``model``
+    only where ``flags`` do too (a flag set alone, as tests give, names no model)."""
     kind = host_kind(host_flags() if flags is None else flags)
     generation = zen(host_model() if model is None and flags is None else model, kind)
     if int8_layout:

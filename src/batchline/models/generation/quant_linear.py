@@ -164,8 +164,9 @@ class QuantLinear(torch.nn.Module):
         #: float32 rows through the own int4 kernel quantized to int8 on the way in
         #: (:func:`use_int8_activations`)
         self.int8_rows = False
-        #: the tiles a one-row int8-rows product reads at once (:func:`~.quant_kernel.a8_streams`)
-        self.streams = quant_kernel.a8_streams(in_features)
+        #: the tiles a one-row int8-rows product reads at once (:func:`~.quant_kernel.a8_streams`,
+        #: chosen where ``_own`` is set: it depends on the layout)
+        self.streams = 1
 
     @classmethod
     def int8(
@@ -263,14 +264,11 @@ class QuantLinear(torch.nn.Module):
         return layer
 
     def _set_own(self, packed: list[torch.Tensor]) -> None:
-        """Hold ``packed``, the own kernels' tensors: int4 planes, or one int8 layout."""
-        from batchline.models.generation import quant_kernel
-        from batchline.models.generation.quant_kernel import BLOCK_INT8
-
+        """Hold ``packed``, the own kernels' tensors: int4 planes, or one int8 layout, and the
+        streams a one-row product of it reads."""
         self._own = packed
-        self._int8_layout = bool(packed) and packed[0].shape[2] == BLOCK_INT8
-        if self._int8_layout:
-            self.streams = quant_kernel.a8_streams(self.in_features, int8_layout=True)
+        self._int8_layout = bool(packed) and packed[0].shape[2] == quant_kernel.BLOCK_INT8
+        self.streams = quant_kernel.a8_streams(self.in_features, int8_layout=self._int8_layout)
 
     @property
     def own_kernel(self) -> bool:

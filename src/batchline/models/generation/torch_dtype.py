@@ -155,8 +155,8 @@ KIND_DEFAULTS: dict[str, KindDefaults] = {
         "bf16 measured x1.6 faster than float32 (2026-11-24)",
         int_dtype="float32",
         # the figures in full: A8_MEASURED_BF16, said with the activations
-        int_measured="on int8 rows, faster than bf16 (Zen 4 EPYC, 2026-12-04: a 1.7B server "
-        "x1.18 its tokens/s in int4, x1.57 in int8)",
+        int_measured="on int8 rows, faster than bf16 (a 1.7B server's tokens/s in int4: Zen 4 "
+        "EPYC x1.18, 2026-12-04; Zen 5 x1.06-1.10, 2026-12-05; in int8 on Zen 4 x1.57)",
         dense_tiles=True,
         dense_measured="the own tiles took x0.71 oneDNN's time at one row, x0.90 at 16, x0.94-0.99 "
         "at 32-256 (1.7B-shaped linears, Zen 4 EPYC, 2026-12-04)",
