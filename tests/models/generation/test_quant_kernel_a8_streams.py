@@ -86,13 +86,17 @@ def test_streams_other_than_1_2_4_8_are_refused(a8_library: None) -> None:
 
 
 def test_several_tiles_are_read_where_they_were_measured_to_pay() -> None:
-    """int4: long inputs on Zen 4 (on Zen 5 every count above one was slower); the int8
-    layout: every layer on Zen 5 (not measured on Zen 4); one elsewhere."""
+    """int4: long inputs on Zen 4, the longest on Zen 5 (at 2,048 and 3,072 inputs every count
+    above one was slower there); the int8 layout: every layer on Zen 5 (not measured on Zen 4);
+    one elsewhere."""
     amd4, amd5 = CpuModel("AuthenticAMD", 25), CpuModel("AuthenticAMD", 26)
     assert ik.a8_streams(ik.A8_STREAM_INPUTS, ZEN4, amd4) == ik.A8_STREAMS > 1
     assert ik.a8_streams(8192, ZEN4, amd4) == ik.A8_STREAMS
     assert ik.a8_streams(ik.A8_STREAM_INPUTS - 32, ZEN4, amd4) == 1  # 1.7B's 2,048, 360M's 2,560
-    assert ik.a8_streams(8192, ZEN4, amd5) == 1
+    assert ik.a8_streams(ik.A8_STREAM_INPUTS_ZEN5, ZEN4, amd5) == ik.A8_STREAMS_ZEN5 > 1
+    assert ik.a8_streams(11008, ZEN4, amd5) == ik.A8_STREAMS_ZEN5
+    assert ik.a8_streams(ik.A8_STREAM_INPUTS_ZEN5 - 32, ZEN4, amd5) == 1
+    assert ik.a8_streams(3072, ZEN4, amd5) == 1  # a 3B's q/k/v and gate/up: slower at 4
     assert ik.a8_streams(960, ZEN4, amd5, int8_layout=True) == ik.INT8G_STREAMS > 1
     assert ik.a8_streams(8192, ZEN4, amd4, int8_layout=True) == 1
     intel = CpuModel("GenuineIntel", 6)

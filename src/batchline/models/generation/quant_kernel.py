@@ -61,7 +61,9 @@ from batchline.models.generation.decode_kernel import decode_kernel
 
 __all__ = [
     "A8_STREAMS",
+    "A8_STREAMS_ZEN5",
     "A8_STREAM_INPUTS",
+    "A8_STREAM_INPUTS_ZEN5",
     "A8_WIDTH",
     "AMX_ROWS",
     "BLOCK",
@@ -132,10 +134,20 @@ A8_WIDTH = 512
 INT8G_WIDE_ROWS = 4
 #: The tiles the 512-bit int8-rows path reads at once in a one-row int4 product on Zen 4 (1, 2, 4
 #: or 8): so many streams from memory for the hardware's prefetchers instead of one read ahead
-#: in software (see ``csrc/quant_gemm_a8.cpp``'s ``row_by_tiles_a8``). On Zen 5 (family 26,
-#: 2026-12-05) every count above one made an int4 step slower, 1.7B and 3B alike: 2 streams
-#: x1.12, 4 x1.06-1.11, 8 from 3,072 inputs x1.04 (``benchmarks/bench_a8_streams.py --step``).
+#: in software (see ``csrc/quant_gemm_a8.cpp``'s ``row_by_tiles_a8``). Zen 5 takes
+#: :data:`A8_STREAMS_ZEN5` on its longest inputs only.
 A8_STREAMS = 8
+#: The tiles a one-row int4 product of :data:`A8_STREAM_INPUTS_ZEN5` inputs or more reads at
+#: once on Zen 5 (family 26): a 1.7B's and a 3B's down projection (8,192 inputs) at 4 streams,
+#: the other layers at one, alternated step by step with every layer at one: 1.7B x0.95-0.99
+#: (five runs), 3B x0.96-1.00 (five); those layers at 8: x0.97 and x1.01. Every layer at 4 (the
+#: 3B's 3,072 inputs too) took x1.09, and on 2026-12-05 every layer at 2 x1.12, at 4 x1.06-1.11,
+#: 8 from 3,072 inputs x1.04 (Zen 5 EPYC, 2 threads, ``benchmarks/bench_a8_streams.py --step``).
+A8_STREAMS_ZEN5 = 4
+#: The fewest inputs at which a one-row int4 product reads :data:`A8_STREAMS_ZEN5` tiles at once
+#: on Zen 5: measured at 8,192 (against 2,048 and 3,072, where more than one was slower); a
+#: Qwen2.5's 8,960 and 11,008 fall above it, unmeasured.
+A8_STREAM_INPUTS_ZEN5 = 8192
 #: The fewest inputs at which a one-row int4 product reads :data:`A8_STREAMS` tiles at once on
 #: Zen 4: a long tile (3,072 inputs: 28 KB) read alone took x1.12-1.39 the time of 8 at once; at
 #: a 1.7B's 2,048 inputs 8 were even to x0.83, at a 360M's 960 and 2,560 x0.95-0.98 alone but a
@@ -525,7 +537,8 @@ def a8_streams(
 ) -> int:
     """The tiles a one-row int8-rows product of ``in_features`` inputs reads at once (the op's
     ``streams``), where it was measured to pay: int4 on Zen 4 :data:`A8_STREAMS` from
-    :data:`A8_STREAM_INPUTS` inputs on; the int8 layout (``int8_layout``) on Zen 5
+    :data:`A8_STREAM_INPUTS` inputs on, on Zen 5 :data:`A8_STREAMS_ZEN5` from
+    :data:`A8_STREAM_INPUTS_ZEN5` on; the int8 layout (``int8_layout``) on Zen 5
     :data:`INT8G_STREAMS`; else 1. ``flags`` and ``model`` default to this CPU's, ``model``
     only where ``flags`` do too (a flag set alone, as tests give, names no model)."""
     kind = host_kind(host_flags() if flags is None else flags)
@@ -534,6 +547,8 @@ def a8_streams(
         return INT8G_STREAMS if generation == 5 else 1
     if generation == 4 and in_features >= A8_STREAM_INPUTS:
         return A8_STREAMS
+    if generation == 5 and in_features >= A8_STREAM_INPUTS_ZEN5:
+        return A8_STREAMS_ZEN5
     return 1
 
 
