@@ -118,3 +118,22 @@ def test_a_users_gguf_loads_its_config_and_tokenizer_through_the_kept_folder(
     monkeypatch.setattr(gguf_meta, "_from_file", _refuse_the_file)
     again, tokenizer2, _ = load_gguf(path, dtype=torch.float32)
     _same((model.config, tokenizer), (again.config, tokenizer2))
+
+
+def test_a_gguf_beside_another_tokenizer_s_files_keeps_its_own_chat_template(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GGUF made from a Hugging Face folder sits in it (llama.cpp's converter writes it
+    there): that folder's tokenizer files, without a template, are not the file's."""
+    from .gguf_helpers import CHAT_TEMPLATE
+    from .test_load import save_tiny_generator
+
+    monkeypatch.setenv("BATCHLINE_CACHE_DIR", str(tmp_path / "cache"))
+    folder = save_tiny_generator(tmp_path / "folder", chat_template=False)
+    assert (folder / "tokenizer_config.json").is_file()
+    path, header = _gguf(folder)
+    (tmp_path / "alone").mkdir()
+    alone, _ = _gguf(tmp_path / "alone")
+    _, tokenizer = gguf_config_and_tokenizer(path, header)
+    assert tokenizer.chat_template == CHAT_TEMPLATE
+    _same(gguf_config_and_tokenizer(alone, header), gguf_config_and_tokenizer(path, header))

@@ -10,6 +10,11 @@ version, so a file that changes, or a transformers that reads it otherwise, gets
 its own, made whole or not at all (:func:`~batchline._cache.build_folder_whole`). Where it
 cannot be written (a read-only or full cache) the load goes on from the file, and the log says
 why; a kept folder that cannot be read is said, removed and written again.
+
+The tokenizer is read from the file alone: given the file's own folder, transformers also read
+the ``tokenizer_config.json`` a Hugging Face folder beside it holds, and a GGUF made from such
+a folder (llama.cpp's converter writes it there) lost its chat template to that file's, which
+had none (transformers 5.25: the template sat in ``chat_template.jinja``).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import shutil
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,6 +38,9 @@ logger = logging.getLogger("batchline.generation")
 
 #: The bytes hashed at a time for the folder's name.
 _CHUNK = 1 << 20
+#: Hashed into the folder's name: a new one where what is kept changes (2: the tokenizer read
+#: from the file alone; folders kept before could hold another file's chat template, or none).
+_KEPT_VERSION = b"2"
 
 
 def gguf_meta_folder(path: Path, header_bytes: int) -> Path:
@@ -39,7 +48,7 @@ def gguf_meta_folder(path: Path, header_bytes: int) -> Path:
     ``header_bytes``, are kept."""
     import transformers
 
-    digest = hashlib.sha256(transformers.__version__.encode() + b"\0")
+    digest = hashlib.sha256(transformers.__version__.encode() + b"\0" + _KEPT_VERSION + b"\0")
     with path.open("rb") as f:
         left = header_bytes
         while left > 0:
@@ -85,9 +94,12 @@ def _from_file(path: Path) -> tuple[PretrainedConfig, PreTrainedTokenizerBase]:
 
     read = load_gguf_checkpoint(str(path), return_tensors=False)["config"]  # type: ignore[no-untyped-call]
     config = AutoConfig.for_model(**read)
-    tokenizer = AutoTokenizer.from_pretrained(
-        path.parent, gguf_file=path.name, local_files_only=True
-    )
+    # from an empty folder, the file named by its whole path: the file's folder may hold another
+    # tokenizer's files, which transformers would read too (the module docstring)
+    with tempfile.TemporaryDirectory(prefix="batchline-gguf-") as alone:
+        tokenizer = AutoTokenizer.from_pretrained(
+            alone, gguf_file=str(path.resolve()), local_files_only=True
+        )
     return config, tokenizer
 
 
