@@ -56,14 +56,18 @@ def write_tiny_gguf(
     *,
     arch: str = "llama",
     vocab: list[str] | None = None,
+    types: dict[str, str] | None = None,
 ) -> Path:
     """``model`` (a tiny Llama or Qwen2 of transformers) as a GGUF file whose layers' linear
-    weights are ``linear_type`` blocks (``Q4_0``, ``Q4_1``, ``Q8_0``; the rest F32); with
-    ``vocab``, a GPT-2 style tokenizer of those tokens (holding ``ĠĠ``: its one merge) and a
-    chat template."""
+    weights are ``linear_type`` blocks (``Q4_0``, ``Q4_1``, ``Q8_0``, ``Q5_0``; the rest F32),
+    or, per ``types`` (a GGUF name's ending such as ``ffn_down.weight`` -> a type), others: as
+    a Q4_K_M file gives attn_v and ffn_down Q6_K (which gguf-py does not quantize: random blocks
+    of it, :func:`random_q6_k`, whose values the file then holds); with ``vocab``, a GPT-2 style
+    tokenizer of those tokens (holding ``ĠĠ``: its one merge) and a chat template."""
     import gguf
 
     qtype = gguf.GGMLQuantizationType[linear_type]
+    rng = np.random.default_rng(0)
     config = model.config
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(config.num_hidden_layers)
@@ -96,8 +100,13 @@ def write_tiny_gguf(
         elif arch == "llama" and target.endswith(("attn_k.weight", "attn_k.bias")):
             w = _permute(w, kv_heads)
         is_linear = target.startswith("blk.") and w.ndim == 2 and "norm" not in target
-        if is_linear:
-            writer.add_tensor(target, gguf.quants.quantize(w, qtype), raw_dtype=qtype)
+        own = next((t for end, t in (types or {}).items() if target.endswith(end)), None)
+        if is_linear and own == "Q6_K":
+            blocks = random_q6_k(w.shape, rng)
+            writer.add_tensor(target, blocks, raw_dtype=gguf.GGMLQuantizationType.Q6_K)
+        elif is_linear:
+            kind = qtype if own is None else gguf.GGMLQuantizationType[own]
+            writer.add_tensor(target, gguf.quants.quantize(w, kind), raw_dtype=kind)
         else:
             writer.add_tensor(target, np.ascontiguousarray(w, dtype=np.float32))
     writer.write_header_to_file()
@@ -105,6 +114,20 @@ def write_tiny_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def random_q6_k(shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """Q6_K blocks of a weight of ``shape`` (inputs a multiple of 256), bytes at random but for
+    each super-block's fp16 scale, set so that the values are a tiny model's (|w| < ~0.3): a
+    block is 128 bytes of low nibbles, 64 of high bit pairs, 16 int8 scales (one per 16 values)
+    and the fp16 scale, 210 bytes per 256 values."""
+    rows, cols = shape
+    blocks = rng.integers(0, 256, size=(rows, cols // 256, 210), dtype=np.uint8)
+    blocks[..., 192:208] = (
+        rng.integers(-20, 21, size=(rows, cols // 256, 16)).astype(np.int8).view(np.uint8)
+    )
+    blocks[..., 208:210] = np.full((rows, cols // 256, 1), 5e-4, np.float16).view(np.uint8)
+    return blocks.reshape(rows, -1)
 
 
 def dequantized_reference(path: Path, model: Any) -> Any:

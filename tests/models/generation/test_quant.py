@@ -426,6 +426,72 @@ def test_a_ggufs_lm_head_is_int8_in_groups_where_its_linears_stay_quantized(
         loaded.close()
 
 
+def test_a_ggufs_linears_of_types_the_kernels_do_not_read_go_int8_in_groups(
+    tmp_path: Path, torch_threads: None
+) -> None:
+    """As a Q4_K_M file has them: attn_v and ffn_down Q6_K (16-value groups), and Q5_0 (what
+    llama.cpp gives rows that are no multiple of 256) on attn_output; the rest Q4_0 here, as
+    gguf-py writes no Q4_K. Each becomes int8 in groups of 32 of gguf-py's own dequantization,
+    exactly, never the model's float dtype, and the model computes what the file holds."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from batchline.models.generation.quant_kernel import own_kernels
+
+    if not own_kernels(dtype=torch.float32)[0]:
+        pytest.skip("the own int4 kernel does not run here: such linears stay dense")
+    config = LlamaConfig(
+        vocab_size=TINY_VOCAB,
+        hidden_size=256,  # Q6_K's super-blocks: 256 inputs
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)  # no dropout: train mode computes as eval
+    types = {"attn_v.weight": "Q6_K", "ffn_down.weight": "Q6_K", "attn_output.weight": "Q5_0"}
+    path = write_tiny_gguf(tmp_path / "mix.gguf", model, "Q4_0", vocab=_vocab(), types=types)
+    loaded, _, report = load_gguf(path, dtype=torch.float32)
+    assert report.kept == {"Q4_0": 4 * 2}  # q, k, gate and up of both layers
+    assert report.requantized == {"Q6_K": 2 * 2, "Q5_0": 2}
+    assert report.dequantized == {}
+    assert "as int8 in groups of 32: 2 Q5_0, 4 Q6_K" in str(report)
+    reference = dequantized_reference(path, model)
+    for got_layer, want_layer in zip(loaded.model.layers, reference.model.layers, strict=True):
+        for name in ("self_attn.v_proj", "self_attn.o_proj", "mlp.down_proj"):
+            layer = got_layer.get_submodule(name)
+            assert isinstance(layer, QuantLinear), name
+            assert layer.kind == "int8g", name
+            weight = want_layer.get_submodule(name).weight.detach()
+            codes, scales = quantize_int8_groups(weight, 32)
+            n, k = weight.shape
+            expected = codes.double().view(n, k // 32, 32) * scales.double()[..., None]
+            assert torch.equal(layer.dequantized(torch.float64), expected.view(n, k)), name
+    x = torch.randint(3, TINY_VOCAB, (1, 12))
+    with torch.no_grad():
+        got, want = loaded(x).logits, reference(x).logits
+    assert _relative(got, want.double()) < 2e-2  # int8's rounding of the file's values
+
+
+def test_where_the_own_kernel_does_not_run_such_linears_are_dequantized_into_the_dtype(
+    tmp_path: Path, torch_threads: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from batchline.models.generation import quantize
+
+    monkeypatch.setattr(quantize, "int8_groups_packed", lambda *args, **kwargs: None)
+    model = build_tiny_llama()
+    types = {"attn_v.weight": "Q5_0"}
+    path = write_tiny_gguf(tmp_path / "mix.gguf", model, "Q8_0", vocab=_vocab(), types=types)
+    loaded, _, report = load_gguf(path, dtype=torch.float32)
+    assert report.requantized == {}
+    assert report.dequantized == {"Q5_0": 2}
+    v_proj = loaded.model.layers[0].self_attn.v_proj
+    assert type(v_proj) is torch.nn.Linear
+    assert v_proj.weight.dtype == torch.float32
+
+
 def test_a_gguf_of_another_architecture_is_one_line_naming_it(tmp_path: Path) -> None:
     from batchline.models.generation.load import load_text_generator
 

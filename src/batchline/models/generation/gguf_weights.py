@@ -9,12 +9,16 @@ int4 kernel holds the scales in bf16 for bf16 activations (on AVX512-BF16), so e
 rounds to bf16's 8 bits, and so it does for float32 ones summed as int8 rows (the
 ``activations`` auto takes on a CPU without native bf16: fewer bytes a step), and in float32 for
 float32 ones, exact; torch's kernels, elsewhere, take them in the activations' dtype. No float
-copy of a quantized linear is made. Tensors of other types (F32, F16, BF16, Q6_K: 16-value
-groups, which torch's int4 kernel does not take, and the rest) are dequantized by gguf-py into
-the model's dtype, and the load log counts them. The embedding, a lookup, is dequantized into
-the model's dtype; so is the lm_head (the dense bf16 kernel is the fast one on a step's many
-rows: ``quant_linear``'s measurements), or it stays tied to the embedding where the file has no
-``output.weight``.
+copy of a quantized linear is made. A linear of another block type (Q6_K: 16-value groups, which
+the int4 kernels do not take; Q5_K, Q5_0 and the rest) is dequantized by gguf-py into float32
+and, where the own kernel runs, quantized again to int8 in groups of 32 (the lm_head's format:
+``quantize.int8_groups_packed``): a Q4_K_M file's attn_v and ffn_down in half its layers are
+Q6_K, which in the model's dtype (float32 on int8 rows) made a 1.7B's step read 1,872 MiB
+where int8 reads 1,139. Tensors of the float types (F32, F16, BF16), and the others where the
+own kernel does not run, are dequantized into the model's dtype; the load log counts each. The
+embedding, a lookup, is dequantized into the model's dtype; so is the lm_head (which the loader
+then packs as int8 in groups of 32 where the own kernel runs: ``quantize.quantize_lm_head``),
+or it stays tied to the embedding where the file has no ``output.weight``.
 
 The architecture comes from the file: Llama and Qwen2 (``general.architecture``); any other is
 refused in one line naming it. The config is transformers' reading of the file's metadata, the
@@ -61,6 +65,8 @@ _BLOCK = 32
 # Q4_K = 256-value super-blocks: fp16 d and dmin, 12 bytes of eight 6-bit scales and mins, 128
 # bytes of nibbles; each 32-value sub-block is (d * scale) * q - dmin * min.
 _KEPT = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34, "Q4_K": 144}
+# the float types: a linear of one is dequantized into the model's dtype, as the file asks
+_DENSE = ("F32", "F16", "BF16")
 
 # GGUF tensor names (after ``blk.N.``) -> the module path in a Llama/Qwen2 layer
 _LAYER_NAMES = {
@@ -83,15 +89,19 @@ class GgufLoad:
 
     architecture: str
     kept: dict[str, int] = field(default_factory=dict)  # GGUF type -> linears kept quantized
+    # GGUF type -> linears dequantized and quantized again to int8 in groups of 32
+    requantized: dict[str, int] = field(default_factory=dict)
     dequantized: dict[str, int] = field(default_factory=dict)  # GGUF type -> tensors
     weight_bytes: int = 0
 
     def __str__(self) -> str:
         kept = ", ".join(f"{n} {t}" for t, n in sorted(self.kept.items())) or "none"
         dense = ", ".join(f"{n} {t}" for t, n in sorted(self.dequantized.items())) or "none"
+        again = ", ".join(f"{n} {t}" for t, n in sorted(self.requantized.items()))
+        again = f"; as int8 in groups of 32: {again}" if again else ""
         return (
-            f"GGUF {self.architecture}: linears kept quantized: {kept}; dequantized to the "
-            f"model's dtype: {dense}; {self.weight_bytes / 2**20:.0f} MiB of weights"
+            f"GGUF {self.architecture}: linears kept quantized: {kept}{again}; dequantized to "
+            f"the model's dtype: {dense}; {self.weight_bytes / 2**20:.0f} MiB of weights"
         )
 
 
@@ -216,6 +226,7 @@ def load_gguf(
     from batchline.models.common.torch_weights import quiet_transformers
     from batchline.models.generation.gguf_meta import gguf_config_and_tokenizer
     from batchline.models.generation.quant_codes import int4_planes_rows
+    from batchline.models.generation.quantize import int8_groups_packed
 
     file = read_gguf_file(path)
     arch = _architecture(file, path)
@@ -233,6 +244,7 @@ def load_gguf(
     kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
     report = GgufLoad(arch)
     kept: dict[str, list[Int4Codes]] = {}  # the linears kept quantized, by module path
+    requantized: dict[str, list[torch.Tensor]] = {}  # the linears packed as int8 in groups
     tied = True
     for tensor in file.tensors:
         target = _hf_name(tensor.name)
@@ -256,15 +268,24 @@ def load_gguf(
             kept[owner_path] = planes  # made layers below, q/k/v and gate/up joined
             report.kept[kind] = report.kept.get(kind, 0) + 1
             continue
-        if kind not in ("F32", "F16", "BF16"):
-            report.dequantized[kind] = report.dequantized.get(kind, 0) + 1
-        values = torch.from_numpy(np.array(dequantize(data, qtype)))  # a copy
-        values = values.to(dtype)
+        values = torch.from_numpy(np.array(dequantize(data, qtype)))  # a copy, float32
         if permute_rows:
             values = _unpermute_rows(values, permute)
+        if is_linear and kind not in _DENSE and owner_path != "lm_head":
+            # a block type the kernels do not read (Q6_K, Q5_K, ...): int8 in groups of 32 from
+            # its float32 values where the own kernel runs, not the model's dtype
+            packed = int8_groups_packed(values, dtype, scale_dtype)
+            if packed is not None:
+                requantized[owner_path] = packed
+                report.requantized[kind] = report.requantized.get(kind, 0) + 1
+                continue
+        if kind not in _DENSE:
+            report.dequantized[kind] = report.dequantized.get(kind, 0) + 1
+        values = values.to(dtype)
         setattr(owner, attr, torch.nn.Parameter(values, requires_grad=False))
         report.weight_bytes += values.numel() * values.element_size()
     report.weight_bytes += _make_layers(model, kept, dtype, scale_dtype)
+    report.weight_bytes += _make_int8_layers(model, requantized)
     if tied:
         model.lm_head.weight = model.model.embed_tokens.weight
     _rebuild_rotary(model, config)
@@ -335,6 +356,23 @@ def _make_layers(
         parent, name = path.rsplit(".", 1)
         setattr(model.get_submodule(parent), name, single)
         total += single.weight_bytes
+    return total
+
+
+def _make_int8_layers(model: Any, requantized: dict[str, list[torch.Tensor]]) -> int:
+    """The int8 layers (in groups of 32, the own kernel's) of the ``requantized`` linears'
+    packed parts, with the biases the file gave them; returns their bytes."""
+    from batchline.models.generation.quant_linear import QuantLinear
+
+    total = 0
+    for path, planes in requantized.items():
+        linear = model.get_submodule(path)
+        n, k = linear.weight.shape
+        bias = None if linear.bias is None else linear.bias.detach()
+        layer = QuantLinear.own_int4(planes, n, k, kind="int8g", bias=bias)
+        parent, name = path.rsplit(".", 1)
+        setattr(model.get_submodule(parent), name, layer)
+        total += layer.weight_bytes
     return total
 
 

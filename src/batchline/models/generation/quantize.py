@@ -29,6 +29,7 @@ __all__ = [
     "PACK_CHUNK_VALUES",
     "QuantReport",
     "fuse_quantized",
+    "int8_groups_packed",
     "pack_own_int4",
     "quantize_linears",
     "quantize_lm_head",
@@ -319,20 +320,32 @@ def quantize_lm_head(
     :func:`quantize_linears`); groups of 32 keep each scale to its own 32 weights, as llama.cpp's
     Q8_0 does. Its two planes read 1.25 bytes a weight where bf16 reads 2; with int8 rows, in
     the int8 layout, 1.06."""
-    from batchline.models.generation import quant_kernel
-
     head = getattr(model, "lm_head", None)
     if type(head) is not torch.nn.Linear or head.weight.device.type != "cpu":
         return None
-    n, k = head.weight.shape
-    if k % quant_kernel.GROUP or not _own_int4("int4", dtype):
-        return None
     weight = head.weight.detach()
-    planes = pack_own_int4([weight], _int8_packed, dtype, scale_dtype)
+    planes = int8_groups_packed(weight, dtype, scale_dtype)
+    if planes is None:
+        return None
     bias = None if head.bias is None else head.bias.detach()
-    model.lm_head = QuantLinear.own_int4(planes, n, k, kind="int8g", bias=bias)
+    model.lm_head = QuantLinear.own_int4(planes, *weight.shape, kind="int8g", bias=bias)
     before = weight.numel() * weight.element_size()
     return QuantReport("int8g", 1, before, model.lm_head.weight_bytes, _kernel_path("int4", dtype))
+
+
+def int8_groups_packed(
+    weight: torch.Tensor, dtype: torch.dtype, scale_dtype: torch.dtype | None = None
+) -> list[torch.Tensor] | None:
+    """``weight`` ``(N, K)`` as int8 in groups of 32 (:func:`quantize_int8_groups`) packed for
+    the own kernel (the int8 layout, or two int4 planes: :func:`_int8_packed`), for
+    ``QuantLinear.own_int4(planes, N, K, kind="int8g")``, where that kernel runs here for the
+    activations' ``dtype`` and 32 | K; else None. What the lm_head takes, and a GGUF's linears
+    of a type the kernels do not read (Q6_K: ``gguf_weights``)."""
+    from batchline.models.generation import quant_kernel
+
+    if weight.shape[1] % quant_kernel.GROUP or not _own_int4("int4", dtype):
+        return None
+    return pack_own_int4([weight], _int8_packed, dtype, scale_dtype)
 
 
 def _kernel_path(kind: str, dtype: torch.dtype = torch.bfloat16) -> str:
