@@ -18,15 +18,18 @@ each) from ``--clients`` clients at once (16, then 1):
   ``scripts/vllm_env.sh`` makes), the engine arguments ``bench_vs_vllm.py`` gives it;
 - ``llama-q8``, ``llama-q4km``: ``llama-server`` on the Q8_0 and Q4_K_M files, with its
   defaults (``-np 16 -t CORES``); where it exits at load (its AMX weight repacking crashed on
-  one host), it is started again with ``--no-repack``, and the table says so.
+  one host), it is started again with ``--no-repack``, and the table says so;
+- ``own-q8``, ``own-q4km``: ``batchline serve`` on those same files (``--model FILE.gguf``,
+  weights ``auto``: the file's blocks kept quantized), what a user who holds the GGUF runs.
 
 Each server first answers two other prompts (not timed, none of the timed ones: llama.cpp
 keeps a slot's whole prompt and would answer a repeated one from it).
 
 Printed per shape and client count: tokens/s, TTFT p50 and request latency p50 of each server,
 and the ratios issue 52 asks for (own bf16 / vLLM; own int4 / llama.cpp Q4_K_M; own int8 /
-llama.cpp Q8_0; own int4 / own bf16). The built files are kept under ``--work`` (a 1.7B shape
-is ~3.4 GB bf16 + 1.8 GB Q8_0 + 1.1 GB Q4_K_M) so that a second run starts at once.
+llama.cpp Q8_0; own int4 / own bf16), and the two engines on the same file. The built files
+are kept under ``--work`` (a 1.7B shape is ~3.4 GB bf16 + 1.8 GB Q8_0 + 1.1 GB Q4_K_M) so that
+a second run starts at once.
 
     python benchmarks/bench_sizes.py --shapes 1.7b          # ~30 min on 2 cores
     python benchmarks/bench_sizes.py --shapes tiny --clients 2 --requests 2 --new 4  # smoke
@@ -58,8 +61,19 @@ from _servers import LLAMA_DIR, LLAMA_FALLBACK, free_port, start, stop
 from bench_quant_step import SHAPES, build_folder
 from bench_vs_vllm import MODEL_NAME, RunResult, _drive, vllm_server_command
 
-SERVERS = ("own-bf16", "own-int8", "own-int4", "vllm", "llama-q8", "llama-q4km")
+SERVERS = (
+    "own-bf16",
+    "own-int8",
+    "own-int4",
+    "vllm",
+    "llama-q8",
+    "llama-q4km",
+    "own-q8",
+    "own-q4km",
+)
 LLAMA_FILES = {"llama-q8": "Q8_0", "llama-q4km": "Q4_K_M"}
+#: the own servers on llama.cpp's files
+OWN_FILES = {"own-q8": "Q8_0", "own-q4km": "Q4_K_M"}
 #: The ratios issue 52 asks for: (own server, the one it is measured against)
 RATIOS = (
     ("own-bf16", "vllm"),
@@ -67,6 +81,8 @@ RATIOS = (
     ("own-int8", "llama-q8"),
     ("own-int4", "own-bf16"),
     ("own-int8", "own-bf16"),
+    ("own-q4km", "llama-q4km"),
+    ("own-q8", "llama-q8"),
 )
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -150,8 +166,10 @@ def _folder(shape: str, work: Path) -> Path:
 
 
 def _ggufs(folder: Path, servers: list[str], args: argparse.Namespace) -> dict[str, Path]:
-    """The GGUF file each llama.cpp server runs, made once from ``folder``."""
-    wanted = {s.split(":")[0] for s in servers} & set(LLAMA_FILES)
+    """The GGUF file each server on one (llama.cpp's, and the own ones on its files) runs, made
+    once from ``folder``."""
+    kinds = {**LLAMA_FILES, **OWN_FILES}
+    wanted = {s.split(":")[0] for s in servers} & set(kinds)
     bin_dir = args.llama_dir / "build" / "bin"
     convert = args.llama_dir / "convert_hf_to_gguf.py"
     if not wanted or not (bin_dir / "llama-server").is_file() or not convert.is_file():
@@ -176,7 +194,7 @@ def _ggufs(folder: Path, servers: list[str], args: argparse.Namespace) -> dict[s
         )
     files = {}
     for server in sorted(wanted):
-        kind = LLAMA_FILES[server]
+        kind = kinds[server]
         path = folder / f"model-{kind}.gguf"
         if not path.is_file():
             print(f"quantizing to {kind} (llama-quantize)", flush=True)
@@ -220,14 +238,19 @@ def _command(
             MODEL_NAME,
             *settings,
         ]
-    weights = name.removeprefix("own-").replace("bf16", "float")
+    if name in OWN_FILES:
+        if name not in ggufs:
+            return None
+        model, weights = ggufs[name], "auto"  # a GGUF's blocks kept quantized
+    else:
+        model, weights = folder, name.removeprefix("own-").replace("bf16", "float")
     return [
         sys.executable,
         "-m",
         "batchline",
         "serve",
         "--model",
-        f"{MODEL_NAME}={folder}/",
+        f"{MODEL_NAME}={model}" if name in OWN_FILES else f"{MODEL_NAME}={model}/",
         "--port",
         str(port),
         "--set",
