@@ -9,7 +9,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from batchline.models.common.torch_weights import release_file_pages  # noqa: E402
+from batchline.models.common.torch_weights import (  # noqa: E402
+    release_file_pages,
+    release_file_ranges,
+)
 
 linux_only = pytest.mark.skipif(sys.platform != "linux", reason="madvise and /proc are Linux's")
 
@@ -41,3 +44,22 @@ def test_memory_that_maps_no_file_is_never_touched() -> None:
     own = torch.arange(4 * 2**20, dtype=torch.float32)
     assert release_file_pages([own]) == 0
     assert torch.equal(own, torch.arange(4 * 2**20, dtype=torch.float32))
+
+
+@linux_only
+def test_a_numpy_view_of_a_mapped_file_gives_its_pages_back_by_range(tmp_path: Path) -> None:
+    """A GGUF file's tensors are numpy views of one np.memmap of it."""
+    import numpy as np
+
+    values = np.arange(4 * 2**20, dtype=np.float32)  # 16 MiB
+    path = tmp_path / "weights.gguf"
+    path.write_bytes(values.tobytes())
+    mapped = np.memmap(path, mode="r", dtype=np.uint8)
+    view = mapped[100:].view(np.uint8)  # not page-aligned at its start
+    assert int(view[::4096].astype(np.int64).sum()) >= 0  # every page touched
+    touched = _rss_file_kib()
+    released = release_file_ranges([(view.ctypes.data, view.nbytes)])
+    assert 16 * 2**20 - 2 * 4096 <= released < 16 * 2**20
+    assert _rss_file_kib() <= touched - 15 * 1024
+    assert np.array_equal(mapped.view(np.float32), values)  # read from the file again
+    assert release_file_ranges([(values.ctypes.data, values.nbytes)]) == 0  # no file: untouched

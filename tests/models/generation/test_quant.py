@@ -475,6 +475,53 @@ def test_a_ggufs_linears_of_types_the_kernels_do_not_read_go_int8_in_groups(
     assert _relative(got, want.double()) < 2e-2  # int8's rounding of the file's values
 
 
+def test_a_ggufs_linears_are_made_a_block_at_a_time(
+    tmp_path: Path, torch_threads: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A block's codes (a byte a code) are held until that block is read, not the model's: each
+    block's linears are made once its last tensor is read, and its pages of the file given
+    back."""
+    from batchline.models.common import torch_weights
+    from batchline.models.generation import gguf_weights
+
+    made: list[list[str]] = []
+    real = gguf_weights._make_layers
+
+    def recorded(model: Any, kept: dict[str, Any], *args: Any) -> int:
+        made.append(sorted(kept))
+        return real(model, kept, *args)
+
+    released: list[int] = []
+    real_release = torch_weights.release_file_ranges
+
+    def counted(ranges: Any, files: Any = None) -> int:
+        ranges = list(ranges)
+        released.append(len(ranges))
+        return real_release(ranges, files)
+
+    monkeypatch.setattr(gguf_weights, "_make_layers", recorded)
+    monkeypatch.setattr(torch_weights, "release_file_ranges", counted)
+    model = build_tiny_llama()
+    path = write_tiny_gguf(tmp_path / "mine.gguf", model, "Q4_0", vocab=_vocab())
+    loaded, _, report = load_gguf(path, dtype=torch.float32)
+    blocks = model.config.num_hidden_layers
+    attention, mlp = ("q_proj", "k_proj", "v_proj", "o_proj"), ("gate_proj", "up_proj", "down_proj")
+    assert made[:blocks] == [
+        sorted(
+            [f"model.layers.{b}.self_attn.{n}" for n in attention]
+            + [f"model.layers.{b}.mlp.{n}" for n in mlp]
+        )
+        for b in range(blocks)
+    ]
+    assert all(not rest for rest in made[blocks:])  # nothing left for the end
+    assert released == [9] * blocks  # each block's 7 linears and its 2 norms
+    assert report.kept == {"Q4_0": 7 * blocks}
+    reference = dequantized_reference(path, model)
+    x = torch.randint(3, TINY_VOCAB, (1, 12))
+    with torch.no_grad():
+        assert _relative(loaded(x).logits, reference(x).logits.double()) < 1e-4
+
+
 def test_where_the_own_kernel_does_not_run_such_linears_are_dequantized_into_the_dtype(
     tmp_path: Path, torch_threads: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -26,6 +26,7 @@ __all__ = [
     "pack_linear_weights",
     "quiet_transformers",
     "release_file_pages",
+    "release_file_ranges",
     "trim_heap",
 ]
 
@@ -133,6 +134,16 @@ def release_file_pages(
     caller once for many calls (reading them took ~4 ms with torch and transformers loaded:
     ~3 s of a 1.7B int8 load that released every 1,024 rows). Elsewhere than on Linux it does
     nothing."""
+    return release_file_ranges(
+        ((t.data_ptr(), t.numel() * t.element_size()) for t in tensors), files
+    )
+
+
+def release_file_ranges(
+    ranges: Iterable[tuple[int, int]], files: list[tuple[int, int]] | None = None
+) -> int:
+    """:func:`release_file_pages` for memory given as ``(address, bytes)`` ranges (a numpy view
+    of a mapped file's bytes: a GGUF file's tensors); the same rules."""
     if sys.platform != "linux":
         return 0
     if files is None:
@@ -140,9 +151,8 @@ def release_file_pages(
     libc = ctypes.CDLL(None, use_errno=True)
     page = mmap.PAGESIZE
     released = 0
-    for tensor in tensors:
-        start = tensor.data_ptr()
-        end = start + tensor.numel() * tensor.element_size()
+    for start, nbytes in ranges:
+        end = start + nbytes
         if not any(low <= start and end <= high for low, high in files):
             continue
         first, last = -(-start // page) * page, end // page * page
