@@ -23,8 +23,9 @@ TINY_EOS = 2
 TINY_VOCAB = 320
 
 
-def build_tiny_llama(*, seed: int = 0) -> Any:
-    """A randomly initialised 2-layer Llama (hidden 64, 4 heads / 2 KV heads), fp32, eval mode.
+def build_tiny_llama(*, seed: int = 0, hidden_size: int = 64, intermediate_size: int = 128) -> Any:
+    """A randomly initialised 2-layer Llama (hidden 64, 4 heads / 2 KV heads, or the sizes
+    given), fp32, eval mode.
 
     ``initializer_range`` is raised from 0.02 so that the logits are peaked: with near-uniform
     logits, greedy decoding would hinge on float ties that a padded batch may break differently.
@@ -34,8 +35,8 @@ def build_tiny_llama(*, seed: int = 0) -> Any:
 
     config = LlamaConfig(
         vocab_size=TINY_VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
