@@ -619,6 +619,48 @@ def test_int_weights_compute_in_the_dtype_their_host_kind_measured_fastest(
     assert dtype.dtype == "bfloat16"
 
 
+@pytest.mark.parametrize("flags", [AMX, AVX512_BF16, AVX512_VNNI, AVX2])
+def test_a_gguf_of_float_linears_takes_the_dtype_a_float_folder_takes(flags: set[str]) -> None:
+    """An unquantized file (F16, BF16): nothing int to compute, so not float32 on int8 rows
+    (a bf16 file's 1.7B step took x1.97 the time of the same weights as a folder in bf16)."""
+    dense = choose_dtype("auto", "cpu", flags=flags).dtype
+    dtype, held = choose_precision("auto", "auto", "cpu", gguf=True, gguf_float=True, flags=flags)
+    assert dtype.dtype == dense
+    assert "auto with" not in dtype.reason
+    assert held.weights == choose_weights("auto", gguf=True, dtype=dense, flags=flags).weights
+
+
+@pytest.mark.parametrize(("kind", "expected"), [("F16", True), ("BF16", True), ("F32", True),
+                                                ("Q8_0", False), ("Q4_0", False)])  # fmt: skip
+def test_a_ggufs_linears_are_told_float_or_quantized(
+    kind: str, expected: bool, tmp_path: Path
+) -> None:
+    from batchline.models.generation.engine_choices import float_gguf
+    from batchline.models.generation.gguf_weights import gguf_float_linears
+
+    path = write_tiny_gguf(tmp_path / "m.gguf", build_tiny_llama(), kind, vocab=_vocab())
+    assert gguf_float_linears(path) is expected
+    assert float_gguf(parse_spec(str(path))) is expected
+    assert float_gguf(parse_spec("smollm2")) is False  # the built-in one: Q4_1
+
+
+def test_a_users_f16_gguf_loads_in_the_dtype_of_a_float_folder(
+    tmp_path: Path, torch_threads: None
+) -> None:
+    from batchline.models.generation.backend import GENERATION
+    from batchline.models.generation.load import load_text_generator
+
+    path = write_tiny_gguf(tmp_path / "f16.gguf", build_tiny_llama(), "F16", vocab=_vocab())
+    spec, knobs = parse_spec(str(path)), Knobs(generation_threads=1)
+    dense = choose_dtype("auto", "cpu").dtype
+    loaded = load_text_generator(spec, knobs)
+    try:
+        assert loaded.dtype.split(" ")[0] == dense
+        assert GENERATION.identity(spec, knobs).options["dtype"] == dense  # the job's, too
+    finally:
+        loaded.close()
+
+
 def test_a_gguf_computed_in_float32_stays_quantized_where_the_cpu_has_avx2_and_fma() -> None:
     for flags in (AMX, AVX512_BF16, AVX512_VNNI, AVX_VNNI, AVX2):
         chosen = choose_weights("auto", gguf=True, dtype="float32", flags=flags)

@@ -45,8 +45,9 @@ def precision_for(
     before anything is read."""
     from batchline.models.generation.torch_dtype import WeightsChoice, choose_precision
 
-    gguf = spec.kind in ("builtin", "gguf")
-    choice, weights = choose_precision(knobs.dtype, knobs.weights, knobs.device, gguf=gguf)
+    choice, weights = choose_precision(
+        knobs.dtype, knobs.weights, knobs.device, gguf=is_gguf(spec), gguf_float=float_gguf(spec)
+    )
     if weights.weights in ("int8", "int4") and device.type != "cpu":
         raise InputError(
             f"weights = {weights.weights!r} computes through torch's CPU kernels: on "
@@ -59,6 +60,21 @@ def precision_for(
     if weights.weights == "gguf" and device.type != "cpu":
         weights = WeightsChoice("float", f"{device.type}: the int kernels are torch's CPU ones")
     return choice, weights
+
+
+def is_gguf(spec: ModelSpec) -> bool:
+    """Whether ``spec`` is read from a GGUF file (a user's, or the built-in ``smollm2``)."""
+    return spec.kind in ("builtin", "gguf")
+
+
+def float_gguf(spec: ModelSpec) -> bool:
+    """Whether ``spec`` is a user's GGUF file whose layers' linears are all float
+    (:func:`~.gguf_weights.gguf_float_linears`); False for anything else."""
+    if spec.kind != "gguf":
+        return False
+    from batchline.models.generation.gguf_weights import gguf_float_linears
+
+    return gguf_float_linears(spec.path)
 
 
 def activations_for(

@@ -106,6 +106,26 @@ class GgufLoad:
         )
 
 
+def gguf_float_linears(path: Path) -> bool:
+    """Whether every linear weight of the layers in the GGUF file at ``path`` is of a float
+    type (F32, F16, BF16: an unquantized file), so that its dtype is chosen as a float
+    folder's: kept quantized files compute int weights in float32 on int8 rows where that
+    pays, which made a bf16 file's 1.7B step x1.97 the time of the same weights as a folder
+    in bf16 (143 against 72.5 ms, Zen 5, 2026-12-05)."""
+    from gguf import GGMLQuantizationType
+
+    linears = [
+        t
+        for t in read_gguf_file(path).tensors
+        if (name := _hf_name(t.name)) is not None
+        and name.startswith("model.layers.")
+        and name.endswith("_proj.weight")
+    ]
+    return bool(linears) and all(
+        GGMLQuantizationType(t.tensor_type).name in _DENSE for t in linears
+    )
+
+
 def gguf_architecture(path: Path) -> str:
     """The file's ``general.architecture``; ``ModelError`` where the engine does not run it."""
     return _architecture(read_gguf_file(path), path)

@@ -460,11 +460,14 @@ def _load_in_engine_process(spec: ModelSpec, knobs: GenerationBackendOptions) ->
 
 def _keeps_gguf(spec: ModelSpec, knobs: TorchEngineOptions) -> bool:
     """Whether the torch backend loads ``spec`` from its GGUF file, kept quantized."""
+    from batchline.models.generation.engine_choices import float_gguf, is_gguf
     from batchline.models.generation.torch_dtype import choose_precision
 
-    if spec.kind not in ("builtin", "gguf") or knobs.device != "cpu":
+    if not is_gguf(spec) or knobs.device != "cpu":
         return False
-    _, weights = choose_precision(knobs.dtype, knobs.weights, knobs.device, gguf=True)
+    _, weights = choose_precision(
+        knobs.dtype, knobs.weights, knobs.device, gguf=True, gguf_float=float_gguf(spec)
+    )
     return weights.weights == "gguf"
 
 

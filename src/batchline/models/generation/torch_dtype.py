@@ -227,6 +227,7 @@ def choose_precision(
     device: str,
     *,
     gguf: bool,
+    gguf_float: bool = False,
     flags: Collection[str] | None = None,
     cuda_bf16: bool | None = None,
 ) -> tuple[DtypeChoice, WeightsChoice]:
@@ -234,11 +235,12 @@ def choose_precision(
     ``GENERATION_DTYPES``, ``WEIGHT_FORMATS``) on ``device``: :func:`choose_dtype`, then
     :func:`choose_weights` in it; where both are ``auto`` choices on a CPU whose kind computes
     int weights in another dtype (:attr:`KindDefaults.int_dtype`: float32 with int8 rows on an
-    AVX512-BF16 CPU without AMX), that dtype, and the weights chosen again in it. What the load
+    AVX512-BF16 CPU without AMX), that dtype, and the weights chosen again in it, unless the
+    GGUF file's linears are all float (``gguf_float``: nothing int to compute). What the load
     log, the job's identity and the loader all take, so they never disagree."""
     chosen = choose_dtype(dtype, device, flags=flags, cuda_bf16=cuda_bf16)
     held = choose_weights(weights, gguf=gguf, dtype=chosen.dtype, flags=flags)
-    if device != "cpu" or held.weights == "float":
+    if device != "cpu" or held.weights == "float" or (gguf and gguf_float):
         return chosen, held
     name, kind = kind_defaults(flags)
     if dtype != "auto":
