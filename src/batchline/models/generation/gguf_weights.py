@@ -14,7 +14,7 @@ the int4 kernels do not take; Q5_K, Q5_0 and the rest) is dequantized by gguf-py
 and, where the own kernel runs, quantized again to int8 in groups of 32 (the lm_head's format:
 ``quantize.int8_groups_packed``): a Q4_K_M file's attn_v and ffn_down in half its layers are
 Q6_K, which in the model's dtype (float32 on int8 rows) made a 1.7B's step read 1,872 MiB
-where int8 reads 1,139. Tensors of the float types (F32, F16, BF16), and the others where the
+where int8 groups read 1,167. Tensors of the float types (F32, F16, BF16), and the others where the
 own kernel does not run, are dequantized into the model's dtype; the load log counts each. The
 embedding, a lookup, is dequantized into the model's dtype; so is the lm_head (which the loader
 then packs as int8 in groups of 32 where the own kernel runs: ``quantize.quantize_lm_head``),
@@ -314,7 +314,7 @@ def load_gguf(
 
     # A block's linears are made (packed, q/k/v and gate/up joined) as soon as its every tensor
     # is read, and its pages of the file given back: its codes, unpacked a byte each, are held
-    # for one block, not the whole model (a 3B Q4_K_M file of 1.8 GB had peaked at 6.3 GB RSS).
+    # for one block, not the whole model (a 3B Q4_K_M file of 1.8 GB had peaked at 6.6 GB RSS).
     left = Counter(_block_of(t.name) for t in file.tensors)
     files = file_mappings()
     for tensor in file.tensors:
