@@ -241,16 +241,16 @@ def _command(
     if name in OWN_FILES:
         if name not in ggufs:
             return None
-        model, weights = ggufs[name], "auto"  # a GGUF's blocks kept quantized
+        model, weights = str(ggufs[name]), "auto"  # a GGUF's blocks kept quantized
     else:
-        model, weights = folder, name.removeprefix("own-").replace("bf16", "float")
+        model, weights = f"{folder}/", name.removeprefix("own-").replace("bf16", "float")
     return [
         sys.executable,
         "-m",
         "batchline",
         "serve",
         "--model",
-        f"{MODEL_NAME}={model}" if name in OWN_FILES else f"{MODEL_NAME}={model}/",
+        f"{MODEL_NAME}={model}",
         "--port",
         str(port),
         "--set",

@@ -56,7 +56,7 @@ def test_a_numpy_view_of_a_mapped_file_gives_its_pages_back_by_range(tmp_path: P
     path.write_bytes(values.tobytes())
     mapped = np.memmap(path, mode="r", dtype=np.uint8)
     view = mapped[100:].view(np.uint8)  # not page-aligned at its start
-    assert int(view[::4096].astype(np.int64).sum()) >= 0  # every page touched
+    view[::4096].sum()  # every page touched
     touched = _rss_file_kib()
     released = release_file_ranges([(view.ctypes.data, view.nbytes)])
     assert 16 * 2**20 - 2 * 4096 <= released < 16 * 2**20

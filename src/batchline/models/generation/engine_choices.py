@@ -43,11 +43,9 @@ def precision_for(
     """The dtype ``spec`` computes in and the weights it is held in (``knobs.dtype`` and
     ``knobs.weights``, ``auto`` by the host: ``choose_precision``), checked against ``device``
     before anything is read."""
-    from batchline.models.generation.torch_dtype import WeightsChoice, choose_precision
+    from batchline.models.generation.torch_dtype import WeightsChoice
 
-    choice, weights = choose_precision(
-        knobs.dtype, knobs.weights, knobs.device, gguf=is_gguf(spec), gguf_float=float_gguf(spec)
-    )
+    choice, weights = spec_precision(spec, knobs)
     if weights.weights in ("int8", "int4") and device.type != "cpu":
         raise InputError(
             f"weights = {weights.weights!r} computes through torch's CPU kernels: on "
@@ -60,6 +58,16 @@ def precision_for(
     if weights.weights == "gguf" and device.type != "cpu":
         weights = WeightsChoice("float", f"{device.type}: the int kernels are torch's CPU ones")
     return choice, weights
+
+
+def spec_precision(spec: ModelSpec, knobs: TorchEngineOptions) -> tuple[DtypeChoice, WeightsChoice]:
+    """``choose_precision`` for ``spec`` and the knobs' dtype, weights and device: what the
+    loader, the load log and the job's identity all take."""
+    from batchline.models.generation.torch_dtype import choose_precision
+
+    return choose_precision(
+        knobs.dtype, knobs.weights, knobs.device, gguf=is_gguf(spec), gguf_float=float_gguf(spec)
+    )
 
 
 def is_gguf(spec: ModelSpec) -> bool:

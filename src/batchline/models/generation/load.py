@@ -460,15 +460,11 @@ def _load_in_engine_process(spec: ModelSpec, knobs: GenerationBackendOptions) ->
 
 def _keeps_gguf(spec: ModelSpec, knobs: TorchEngineOptions) -> bool:
     """Whether the torch backend loads ``spec`` from its GGUF file, kept quantized."""
-    from batchline.models.generation.engine_choices import float_gguf, is_gguf
-    from batchline.models.generation.torch_dtype import choose_precision
+    from batchline.models.generation.engine_choices import is_gguf, spec_precision
 
     if not is_gguf(spec) or knobs.device != "cpu":
         return False
-    _, weights = choose_precision(
-        knobs.dtype, knobs.weights, knobs.device, gguf=True, gguf_float=float_gguf(spec)
-    )
-    return weights.weights == "gguf"
+    return spec_precision(spec, knobs)[1].weights == "gguf"
 
 
 def _gguf_tokenizer(spec: ModelSpec) -> PreTrainedTokenizerBase:
