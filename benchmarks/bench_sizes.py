@@ -38,7 +38,14 @@ a second run starts at once.
 
 ``--rounds N`` runs every server N times per client count, each other round in the reverse
 order, and prints each ratio per round and its median: on a host whose memory bandwidth moves
-within minutes, one round's ratio is one draw.
+within minutes, one round's ratio is one draw. ``--interleave`` goes further: every server is
+started at once (their memory together: the 1.7B's own bf16, int4 and llama.cpp's Q4_K_M ~6 GB),
+and they take turns, each turn one request per client to each server while the others idle, so
+that the servers a ratio compares are measured seconds apart (one 1.7B bf16 request's decode
+went from 76 to 48 ms a token between two rounds 5 s apart, Zen 5, 2026-12-05):
+
+    python benchmarks/bench_sizes.py --shapes 1.7b --servers own-bf16,own-int4,llama-q4km \\
+        --clients 1 --requests 8 --interleave
 
 Needs ``batchline[generate]``; llama.cpp's ``llama-server``, ``llama-quantize`` and
 ``convert_hf_to_gguf.py`` (``--llama-dir``: the build of ../shared/FACTS.md's recipe), and
@@ -55,6 +62,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from _servers import LLAMA_DIR, LLAMA_FALLBACK, free_port, start, stop
@@ -124,7 +132,15 @@ def main() -> None:
         help="run every server this many times per client count (each other round in the "
         "reverse order) and print each ratio per round and its median",
     )
+    parser.add_argument(
+        "--interleave",
+        action="store_true",
+        help="start every server at once and let them take turns, each turn one request per "
+        "client to each (--requests turns); print each ratio per turn and its median",
+    )
     args = parser.parse_args()
+    if args.interleave and args.rounds > 1:
+        parser.error("--interleave takes turns within one run: give --requests, not --rounds")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
     os.environ.setdefault("VLLM_LOOPBACK_IP", "127.0.0.1")
@@ -138,10 +154,16 @@ def main() -> None:
         ggufs = _ggufs(folder, servers, args)
         title = f"{shape} (own {args.own_dtype}, vLLM {args.vllm_dtype})"
         for n in clients:
+            if args.interleave:
+                notes: dict[str, str] = {}
+                turns = _interleaved(servers, folder, ggufs, n, args, notes)
+                _print(title + ", interleaved", n, _pooled(turns), notes)
+                _print_rounds(title + ", interleaved", n, [_ratios(t) for t in turns], "turn")
+                continue
             rounds: list[dict[str, float]] = []
             for index in range(args.rounds):
                 results: dict[str, RunResult] = {}
-                notes: dict[str, str] = {}
+                notes = {}
                 # every other round in the reverse order: a host drifting during a round
                 # (its memory bandwidth does, here) then favours no server across rounds
                 for server in servers if index % 2 == 0 else servers[::-1]:
@@ -267,14 +289,15 @@ def _command(
     ]
 
 
-def _measure(
+def _launch(
     server: str,
     folder: Path,
     ggufs: dict[str, Path],
-    clients: int,
     args: argparse.Namespace,
     notes: dict[str, str],
-) -> RunResult | None:
+) -> tuple[subprocess.Popen[bytes], int, Path] | None:
+    """Start ``server`` and warm it up: its process, port and log; ``None`` (the reason in
+    ``notes``) where its tools are missing or it does not start."""
     port = free_port()
     command = _command(server, folder, ggufs, port, args)
     if command is None:
@@ -288,6 +311,7 @@ def _measure(
     except SystemExit as exc:
         notes[server] = f"did not start: {str(exc).splitlines()[-1][:120]}"
         print(f"  {server}: {notes[server]}", flush=True)
+        log.unlink(missing_ok=True)
         return None
     if note:
         notes[server] = note
@@ -295,10 +319,90 @@ def _measure(
         # warmed up on prompts of their own: a server that keeps whole prompts (llama.cpp's
         # slots do) would otherwise answer the timed ones from the warm-up's cache
         asyncio.run(_drive(port, [(p, 4) for p, _ in _prompts(2, 4, seed=1)], 2))
+    except BaseException:
+        _shut(proc, log)
+        raise
+    return proc, port, log
+
+
+def _shut(proc: subprocess.Popen[bytes], log: Path) -> None:
+    stop(proc)
+    log.unlink(missing_ok=True)
+
+
+def _measure(
+    server: str,
+    folder: Path,
+    ggufs: dict[str, Path],
+    clients: int,
+    args: argparse.Namespace,
+    notes: dict[str, str],
+) -> RunResult | None:
+    launched = _launch(server, folder, ggufs, args, notes)
+    if launched is None:
+        return None
+    proc, port, log = launched
+    try:
         return asyncio.run(_drive(port, _prompts(clients * args.requests, args.new), clients))
     finally:
-        stop(proc)
-        log.unlink(missing_ok=True)
+        _shut(proc, log)
+
+
+def _interleaved(
+    servers: list[str],
+    folder: Path,
+    ggufs: dict[str, Path],
+    clients: int,
+    args: argparse.Namespace,
+    notes: dict[str, str],
+) -> list[dict[str, RunResult]]:
+    """Every server up at once, taking turns: in turn t each answers the same ``clients``
+    prompts from ``clients`` clients while the others idle (every other turn in the reverse
+    order); ``--requests`` turns. One result per server and turn."""
+    up: dict[str, tuple[subprocess.Popen[bytes], int, Path]] = {}
+    try:
+        for server in servers:
+            launched = _launch(server, folder, ggufs, args, notes)
+            if launched is not None:
+                up[server] = launched
+        # a server that spins while idle would slow the one whose turn it is: say so
+        print(f"  the host with every server idle: {_busy_cores(3.0):.2f} cores busy", flush=True)
+        prompts = _prompts(clients * args.requests, args.new)
+        turns: list[dict[str, RunResult]] = []
+        names = list(up)
+        for t in range(args.requests):
+            mine = prompts[t * clients : (t + 1) * clients]
+            turn = {}
+            for server in names if t % 2 == 0 else names[::-1]:
+                turn[server] = asyncio.run(_drive(up[server][1], mine, clients))
+            turns.append(turn)
+            print(
+                f"  [turn {t + 1} of {args.requests}] "
+                + ", ".join(f"{s} {r.tokens_per_s:.1f}" for s, r in turn.items()),
+                flush=True,
+            )
+        return turns
+    finally:
+        for proc, _, log in up.values():
+            _shut(proc, log)
+
+
+def _busy_cores(seconds: float) -> float:
+    """The cores this host kept busy over ``seconds`` (``/proc/stat``: all but idle and iowait),
+    NaN where it cannot be read."""
+
+    def sample() -> tuple[int, int]:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+        return sum(fields), fields[3] + fields[4]
+
+    try:
+        total0, idle0 = sample()
+        time.sleep(seconds)
+        total1, idle1 = sample()
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+    cores = len(os.sched_getaffinity(0))
+    return cores * (1 - (idle1 - idle0) / max(1, total1 - total0))
 
 
 def _prompts(n: int, new: int, *, seed: int = 0) -> list[tuple[str, int]]:
@@ -327,21 +431,50 @@ def _print(
         ttft, latency = r.p(r.ttfts_s, 0.5), r.p(r.latencies_s, 0.5)
         note = notes.get(server, "") + (f"; {r.failed} FAILED" if r.failed else "")
         print(f"| {server} | {r.tokens_per_s:.1f} | {ttft:.2f} s | {latency:.2f} s | {note} |")
-    ratios = {}
-    for mine, theirs in RATIOS:
-        for a, ra in results.items():
-            for b, rb in results.items():
-                if a.split(":")[0] == mine and b.split(":")[0] == theirs and rb.tokens_per_s:
-                    ratios[f"{a} / {b}"] = ra.tokens_per_s / rb.tokens_per_s
+    ratios = _ratios(results)
     for label, ratio in ratios.items():
         print(f"{label}: x{ratio:.2f}")
     print(flush=True)
     return ratios
 
 
-def _print_rounds(shape: str, clients: int, rounds: list[dict[str, float]]) -> None:
-    """Each ratio of every round, and its median over the rounds that had it."""
-    print(f"{shape}, {clients} client(s), {len(rounds)} rounds: each ratio per round, median")
+def _ratios(results: dict[str, RunResult]) -> dict[str, float]:
+    """Issue 52's ratios (``RATIOS``) among ``results``' servers, by label."""
+    ratios = {}
+    for mine, theirs in RATIOS:
+        for a, ra in results.items():
+            for b, rb in results.items():
+                if a.split(":")[0] == mine and b.split(":")[0] == theirs and rb.tokens_per_s:
+                    ratios[f"{a} / {b}"] = ra.tokens_per_s / rb.tokens_per_s
+    return ratios
+
+
+def _pooled(turns: list[dict[str, RunResult]]) -> dict[str, RunResult]:
+    """Each server's turns as one result: its tokens over its own time, its requests' latencies
+    and TTFTs together."""
+    pooled: dict[str, RunResult] = {}
+    for turn in turns:
+        for server, r in turn.items():
+            was = pooled.get(server)
+            pooled[server] = (
+                r
+                if was is None
+                else RunResult(
+                    was.tokens + r.tokens,
+                    was.wall_s + r.wall_s,
+                    was.latencies_s + r.latencies_s,
+                    was.ttfts_s + r.ttfts_s,
+                    was.failed + r.failed,
+                )
+            )
+    return pooled
+
+
+def _print_rounds(
+    shape: str, clients: int, rounds: list[dict[str, float]], unit: str = "round"
+) -> None:
+    """Each ratio of every round (or turn), and its median over the ones that had it."""
+    print(f"{shape}, {clients} client(s), {len(rounds)} {unit}s: each ratio per {unit}, median")
     for label in dict.fromkeys(label for ratios in rounds for label in ratios):
         got = [ratios[label] for ratios in rounds if label in ratios]
         cells = " ".join(f"x{r:.2f}" for r in got)
