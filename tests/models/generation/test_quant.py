@@ -656,7 +656,13 @@ def test_a_users_f16_gguf_loads_in_the_dtype_of_a_float_folder(
     loaded = load_text_generator(spec, knobs)
     try:
         assert loaded.dtype.split(" ")[0] == dense
-        assert GENERATION.identity(spec, knobs).options["dtype"] == dense  # the job's, too
+        identity = GENERATION.identity(spec, knobs).options
+        assert identity["dtype"] == dense  # the job's, too
+        # laid out as a float folder: its head kept in the model's dtype, not int8 in groups
+        head = loaded.engine._model.lm_head  # type: ignore[union-attr]
+        assert type(head) is not QuantLinear
+        assert "int8" not in loaded.weights
+        assert identity["weights"] == "float"
     finally:
         loaded.close()
 

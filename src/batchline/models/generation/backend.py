@@ -95,13 +95,13 @@ def _identity(spec: ModelSpec, knobs: GenerationBackendOptions | None) -> Identi
 def _precision(spec: ModelSpec, knobs: GenerationBackendOptions) -> tuple[str, str]:
     """The dtype it computes in and how the torch backend holds the weights (quantized ones
     round differently); vLLM's weights as the files hold them."""
-    from batchline.models.generation.engine_choices import spec_precision
+    from batchline.models.generation.engine_choices import laid_out_as, spec_precision
     from batchline.models.generation.torch_dtype import choose_dtype
 
     if knobs.generation_backend == "vllm":
         return choose_dtype(knobs.dtype, knobs.device).dtype, "float"
     dtype, weights = spec_precision(spec, knobs)
-    return dtype.dtype, weights.weights
+    return dtype.dtype, laid_out_as(spec, weights.weights)
 
 
 def _files(spec: ModelSpec) -> tuple[Path, ...]:

@@ -85,6 +85,15 @@ def float_gguf(spec: ModelSpec) -> bool:
     return gguf_float_linears(spec.path)
 
 
+def laid_out_as(spec: ModelSpec, weights: str) -> str:
+    """How ``spec``'s weights are laid out once loaded (``lay_out_weights``'s ``weights``) and
+    what the job's identity names: ``gguf`` for a file whose linears are all float
+    (:func:`float_gguf`) is ``float``, laid out as a float folder is, its lm_head kept in the
+    model's dtype (a quantized file's head goes to int8 in groups of 32, as its linears are
+    int); else ``weights``."""
+    return "float" if weights == "gguf" and float_gguf(spec) else weights
+
+
 def activations_for(
     knobs: TorchEngineOptions, weights: WeightsChoice, dtype: str
 ) -> ActivationsChoice:

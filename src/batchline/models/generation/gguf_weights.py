@@ -17,8 +17,9 @@ Q6_K, which in the model's dtype (float32 on int8 rows) made a 1.7B's step read 
 where int8 groups read 1,167. Tensors of the float types (F32, F16, BF16), and the others where the
 own kernel does not run, are dequantized into the model's dtype; the load log counts each. The
 embedding, a lookup, is dequantized into the model's dtype; so is the lm_head (which the loader
-then packs as int8 in groups of 32 where the own kernel runs: ``quantize.quantize_lm_head``),
-or it stays tied to the embedding where the file has no ``output.weight``.
+then packs as int8 in groups of 32 where the own kernel runs: ``quantize.quantize_lm_head``,
+unless the file's linears are all float: ``engine_choices.laid_out_as``), or it stays tied to
+the embedding where the file has no ``output.weight``.
 
 The architecture comes from the file: Llama and Qwen2 (``general.architecture``); any other is
 refused in one line naming it. The config is transformers' reading of the file's metadata, the

@@ -59,6 +59,7 @@ from batchline.models.generation.engine_choices import (
     activations_for,
     dense_for,
     engine_threads,
+    laid_out_as,
     precision_for,
     stored_bf16,
 )
@@ -291,7 +292,11 @@ def load_torch_generator(spec: ModelSpec, knobs: TorchEngineOptions) -> Generati
     if device.type == "cpu":  # now that the model's size is known
         torch.set_num_threads(engine_threads(knobs, choice.torch_dtype, step_weight_count(model)))
     layout = lay_out_weights(
-        model, weights.weights, choice.torch_dtype, scales, tiles=dense is not None and dense.tiles
+        model,
+        laid_out_as(spec, weights.weights),
+        choice.torch_dtype,
+        scales,
+        tiles=dense is not None and dense.tiles,
     )
     loaded = str(layout.quantized) if layout.quantized is not None else loaded
     if layout.head is not None:
