@@ -32,6 +32,14 @@ call of the kernel library (``csrc/decode_layers.cpp``, the default where the mo
 are the library's) and of the Python loop over them (the same bits), ``--repeats`` times, and
 prints each side's median steps and the loop's time over the one call's, pair by pair.
 
+``--alternate`` loads every format at once and takes their decode steps in turn, one step of
+each a round (every other round in the reverse order), so that the formats' steps meet the host
+at the same moments: timed one after another, a ratio between formats is partly the host's,
+whose copy bandwidth moved between 43 and 80 GB/s within a minute (Zen 5 EPYC, 2026-12-05).
+Alternated, a 1.7B int4 step was x0.43 bf16's in a run whose copy bandwidth reached 80 GB/s and
+x0.36 in one near 45: the ratio itself moves with the host's speed, int4's step lying further
+above its floor (x1.66 where bf16's was x1.16, the fast run).
+
 ``--busy 0,0.25,0.5`` times the step while another process keeps one core busy that share of
 each 2 ms (0: none), as a server's HTTP thread and its clients do beside the step on a small
 host; each format's median step per share and its ratio to the first share's.
@@ -213,6 +221,11 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=8, help="--one-call's pairs of runs")
     parser.add_argument(
+        "--alternate",
+        action="store_true",
+        help="load every format at once and take their decode steps in turn",
+    )
+    parser.add_argument(
         "--busy", help="comma-separated shares of one core another process keeps busy (0-1)"
     )
     parser.add_argument(
@@ -232,6 +245,11 @@ def main() -> None:
         return
     if args.busy:
         _busy(args)
+        return
+    if args.alternate:
+        if args.split:
+            parser.error("--split times each format's steps alone: not with --alternate")
+        _alternate(args)
         return
 
     import torch
@@ -260,15 +278,25 @@ def main() -> None:
             bandwidths.append(copy_bandwidth(args.copy_mib))
             linears = statistics.median(alone) if alone else None
             rows.append((fmt, read, statistics.median(times), linears, layers))
+    _report(args, rows, bandwidths, "before the first format and after each")
+
+
+Row = tuple[str, int, float, float | None, int]  # format, bytes read, step, linears alone, layers
+
+
+def _report(args: argparse.Namespace, rows: list[Row], bandwidths: list[float], when: str) -> None:
+    """The table: each format's bytes, floor (at the best of ``bandwidths``), median step, and
+    its ratios to the floor and to the first format's step."""
     bandwidth = max(bandwidths)
     print(
         f"copy bandwidth: {bandwidth / 1e9:.1f} GB/s (read + write, the best of "
-        f"{len(bandwidths)} measurements: before the first format and after each; the least "
+        f"{len(bandwidths)} measurements: {when}; the least "
         f"{min(bandwidths) / 1e9:.1f}), {args.threads} thread(s)"
     )
     base_fmt, base = rows[0][0], rows[0][2]  # the first format listed
     prompt = f"a {args.prompt_tokens}-token prompt"
-    print(f"{args.shape}, batch 1, {args.steps} decode steps after {prompt}")
+    alternated = ", the formats' steps alternated" if args.alternate else ""
+    print(f"{args.shape}, batch 1, {args.steps} decode steps after {prompt}{alternated}")
     split = " linears alone | beside them, a layer |" if args.split else ""
     print(
         f"| format | weights read per step | memory floor | step (median) | x floor "
@@ -284,6 +312,55 @@ def main() -> None:
             f"| {fmt} | {read / 2**20:.0f} MiB | {floor * 1e3:.2f} ms | {step * 1e3:.2f} ms | "
             f"{step / floor:.2f} | {step / base:.2f} |{cells}"
         )
+
+
+def _alternate(args: argparse.Namespace) -> None:
+    """Every format loaded at once, one sequence each, their decode steps taken in turn (every
+    other round in the reverse order), so that each format's median step meets the host at the
+    same moments as the others' (timed one after another, on a host whose bandwidth moves within
+    seconds, a ratio between formats is partly the host's); the copy bandwidth measured before,
+    every 16 rounds and after, the best taken for the floor."""
+    import torch
+
+    from batchline.models.generation.engine import GenerationRequest, SamplingParams
+    from batchline.models.generation.load import load_text_generator
+    from batchline.models.generation.quant_linear import step_weight_bytes
+    from batchline.models.specs import parse_spec
+
+    torch.set_num_threads(args.threads)
+    formats = args.formats.split(",")
+    bandwidths = [copy_bandwidth(args.copy_mib)]
+    times: dict[str, list[float]] = {fmt: [] for fmt in formats}
+    reads: dict[str, int] = {}
+    loaded = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = _folder(args.folder or Path(tmp), args.shape)
+        try:
+            for fmt in formats:
+                loaded[fmt] = load_text_generator(
+                    parse_spec(f"{folder}/"), _knobs(fmt, args.threads)
+                )
+            engines = {fmt: m.engine for fmt, m in loaded.items()}
+            prompt = tuple(range(10, 10 + args.prompt_tokens))
+            params = SamplingParams(max_tokens=args.steps + 1, ignore_eos=True)
+            with torch.inference_mode():
+                for engine in engines.values():
+                    engine.add_request(GenerationRequest("one", prompt, params))
+                    engine.step()  # the prefill
+                for turn in range(args.steps):
+                    for fmt in formats if turn % 2 == 0 else formats[::-1]:
+                        start = time.perf_counter()
+                        engines[fmt].step()
+                        times[fmt].append(time.perf_counter() - start)
+                    if turn % 16 == 15:
+                        bandwidths.append(copy_bandwidth(args.copy_mib))
+            reads = {fmt: step_weight_bytes(engine._model) for fmt, engine in engines.items()}
+        finally:
+            for model in loaded.values():
+                model.close()
+    bandwidths.append(copy_bandwidth(args.copy_mib))
+    rows = [(fmt, reads[fmt], statistics.median(times[fmt]), None, 0) for fmt in formats]
+    _report(args, rows, bandwidths, "before the steps, every 16 rounds of them and after")
 
 
 def _one_call(args: argparse.Namespace) -> None:
