@@ -13,6 +13,7 @@ import types
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -358,6 +359,22 @@ def test_a_gguf_loads_kept_quantized_and_generates_as_transformers_on_its_weight
     prompts = [tuple(rng.randrange(3, TINY_VOCAB) for _ in range(n)) for n in (3, 9, 17)]
     tokens = _greedy_through_engine(loaded, prompts, 8)
     assert tokens == [greedy_reference(reference, p, 8) for p in prompts]
+
+
+def test_a_ggufs_float_values_are_copied_only_from_the_files_own_memory() -> None:
+    """gguf-py gives F32 as a view of the file's read-only mapping and every other type as a
+    new array: only the view is copied, no second float32 copy made of the others."""
+    from batchline.models.generation.gguf_weights import _float32_values
+
+    values = np.arange(64, dtype=np.float32)
+    blocks = np.zeros(1, dtype=np.uint8)  # what the stand-in dequantizing ignores
+    fresh = _float32_values(blocks, gguf.GGMLQuantizationType.Q8_0, lambda d, q: values)
+    assert np.shares_memory(fresh.numpy(), values)  # no second copy
+    mapped = np.frombuffer(values.tobytes(), dtype=np.uint8)  # read-only, as a mapping is
+    got = _float32_values(mapped, gguf.GGMLQuantizationType.F32, gguf.dequantize)
+    assert not np.shares_memory(got.numpy(), mapped)
+    got.add_(1)  # its own memory: writable
+    assert torch.equal(got, torch.from_numpy(values) + 1)
 
 
 def _vocab() -> list[str]:
