@@ -150,12 +150,7 @@ def decode_steps(
     """Seconds of each decode step of one sequence (the prefill step left out); with
     ``between``, the seconds of one pass over the step's linears alone (:func:`linears_pass`)
     after each step are appended to it."""
-    from batchline.models.generation.engine import GenerationRequest, SamplingParams
-
-    prompt = tuple(range(10, 10 + prompt_tokens))
-    params = SamplingParams(max_tokens=steps + 1, ignore_eos=True)
-    engine.add_request(GenerationRequest("one", prompt, params))
-    engine.step()  # the prefill
+    prefilled(engine, prompt_tokens, steps)
     alone = None if between is None else linears_pass(engine)
     times = []
     while engine.has_unfinished():
@@ -167,6 +162,17 @@ def decode_steps(
             alone()
             between.append(time.perf_counter() - start)
     return times
+
+
+def prefilled(engine: Any, prompt_tokens: int, steps: int) -> None:
+    """One sequence of a ``prompt_tokens`` prompt added to ``engine`` and prefilled, ``steps``
+    decode steps left to it (greedy, past any EOS)."""
+    from batchline.models.generation.engine import GenerationRequest, SamplingParams
+
+    prompt = tuple(range(10, 10 + prompt_tokens))
+    params = SamplingParams(max_tokens=steps + 1, ignore_eos=True)
+    engine.add_request(GenerationRequest("one", prompt, params))
+    engine.step()  # the prefill
 
 
 def linears_pass(engine: Any) -> Any:
@@ -322,7 +328,6 @@ def _alternate(args: argparse.Namespace) -> None:
     every 16 rounds and after, the best taken for the floor."""
     import torch
 
-    from batchline.models.generation.engine import GenerationRequest, SamplingParams
     from batchline.models.generation.load import load_text_generator
     from batchline.models.generation.quant_linear import step_weight_bytes
     from batchline.models.specs import parse_spec
@@ -341,12 +346,9 @@ def _alternate(args: argparse.Namespace) -> None:
                     parse_spec(f"{folder}/"), _knobs(fmt, args.threads)
                 )
             engines = {fmt: m.engine for fmt, m in loaded.items()}
-            prompt = tuple(range(10, 10 + args.prompt_tokens))
-            params = SamplingParams(max_tokens=args.steps + 1, ignore_eos=True)
             with torch.inference_mode():
                 for engine in engines.values():
-                    engine.add_request(GenerationRequest("one", prompt, params))
-                    engine.step()  # the prefill
+                    prefilled(engine, args.prompt_tokens, args.steps)
                 for turn in range(args.steps):
                     for fmt in formats if turn % 2 == 0 else formats[::-1]:
                         start = time.perf_counter()

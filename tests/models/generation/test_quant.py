@@ -364,14 +364,13 @@ def test_a_gguf_loads_kept_quantized_and_generates_as_transformers_on_its_weight
 def test_a_ggufs_float_values_are_copied_only_from_the_files_own_memory() -> None:
     """gguf-py gives F32 as a view of the file's read-only mapping and every other type as a
     new array: only the view is copied, no second float32 copy made of the others."""
-    from batchline.models.generation.gguf_weights import _float32_values
+    from batchline.models.generation.gguf_weights import _owned_float32
 
-    values = np.arange(64, dtype=np.float32)
-    blocks = np.zeros(1, dtype=np.uint8)  # what the stand-in dequantizing ignores
-    fresh = _float32_values(blocks, gguf.GGMLQuantizationType.Q8_0, lambda d, q: values)
+    values = np.arange(64, dtype=np.float32)  # as dequantize makes a quantized type's values
+    fresh = _owned_float32(values)
     assert np.shares_memory(fresh.numpy(), values)  # no second copy
     mapped = np.frombuffer(values.tobytes(), dtype=np.uint8)  # read-only, as a mapping is
-    got = _float32_values(mapped, gguf.GGMLQuantizationType.F32, gguf.dequantize)
+    got = _owned_float32(gguf.dequantize(mapped, gguf.GGMLQuantizationType.F32))
     assert not np.shares_memory(got.numpy(), mapped)
     got.add_(1)  # its own memory: writable
     assert torch.equal(got, torch.from_numpy(values) + 1)
@@ -680,6 +679,8 @@ def test_a_users_f16_gguf_loads_in_the_dtype_of_a_float_folder(
         assert type(head) is not QuantLinear
         assert "int8" not in loaded.weights
         assert identity["weights"] == "float"
+        # and what the summary and the model's details say: the same weights
+        assert loaded.weights.split(",")[0] == loaded.info.details["weights"] == "float"
     finally:
         loaded.close()
 

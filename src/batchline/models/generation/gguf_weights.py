@@ -306,7 +306,7 @@ def load_gguf(
             kept[owner_path] = planes  # made layers below, q/k/v and gate/up joined
             report.kept[kind] = report.kept.get(kind, 0) + 1
             return
-        values = _float32_values(data, qtype, dequantize)
+        values = _owned_float32(dequantize(data, qtype))
         if permute_rows:
             values = _unpermute_rows(values, permute)
         if is_linear and kind not in _DENSE and owner_path != "lm_head":
@@ -356,8 +356,8 @@ def load_gguf(
     return model, tokenizer, report
 
 
-def _float32_values(data: np.ndarray, qtype: Any, dequantize: Any) -> torch.Tensor:
-    """A tensor's values as a float32 tensor of memory of its own: gguf-py's ``dequantize``
+def _owned_float32(values: np.ndarray) -> torch.Tensor:
+    """gguf-py's dequantized ``values`` as a float32 tensor of memory of its own: ``dequantize``
     makes a new array for every type but F32, which it gives as a view of the file's read-only
     mapping, so that one alone is copied (the file's pages are given back after each block).
     Copying every one made a second float32 copy of each for a moment (a 1.7B's untied head:
@@ -366,7 +366,6 @@ def _float32_values(data: np.ndarray, qtype: Any, dequantize: Any) -> torch.Tens
     import numpy as np
     import torch
 
-    values = dequantize(data, qtype)
     return torch.from_numpy(np.require(values, np.float32, ["C", "W"]))
 
 

@@ -291,12 +291,14 @@ def load_torch_generator(spec: ModelSpec, knobs: TorchEngineOptions) -> Generati
     _eos_from_tokenizer(model, tokenizer)
     if device.type == "cpu":  # now that the model's size is known
         torch.set_num_threads(engine_threads(knobs, choice.torch_dtype, step_weight_count(model)))
+    # read as a GGUF, laid out as what it holds: the layout, the load log, the summary and the
+    # job's identity then all name the same weights
+    held = laid_out_as(spec, weights.weights)
+    if held != weights.weights:
+        why = f"a GGUF file of float linears, read as it is; {weights.reason}"
+        weights = dataclasses.replace(weights, weights=held, reason=why)
     layout = lay_out_weights(
-        model,
-        laid_out_as(spec, weights.weights),
-        choice.torch_dtype,
-        scales,
-        tiles=dense is not None and dense.tiles,
+        model, weights.weights, choice.torch_dtype, scales, tiles=dense is not None and dense.tiles
     )
     loaded = str(layout.quantized) if layout.quantized is not None else loaded
     if layout.head is not None:
