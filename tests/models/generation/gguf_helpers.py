@@ -57,13 +57,16 @@ def write_tiny_gguf(
     arch: str = "llama",
     vocab: list[str] | None = None,
     types: dict[str, str] | None = None,
+    tied: bool = False,
 ) -> Path:
     """``model`` (a tiny Llama or Qwen2 of transformers) as a GGUF file whose layers' linear
     weights are ``linear_type`` blocks (``Q4_0``, ``Q4_1``, ``Q8_0``, ``Q5_0``; the rest F32),
     or, per ``types`` (a GGUF name's ending such as ``ffn_down.weight`` -> a type), others: as
     a Q4_K_M file gives attn_v and ffn_down Q6_K (which gguf-py does not quantize: random blocks
-    of it, :func:`random_q6_k`, whose values the file then holds); with ``vocab``, a GPT-2 style
-    tokenizer of those tokens (holding ``ĠĠ``: its one merge) and a chat template."""
+    of it, :func:`random_q6_k`, whose values the file then holds), and the embedding and the
+    head (``token_embd.weight``, ``output.weight``) of a block type too; ``tied``: no head (the
+    file's model looks its logits up in the embedding); with ``vocab``, a GPT-2 style tokenizer
+    of those tokens (holding ``ĠĠ``: its one merge) and a chat template."""
     import gguf
 
     qtype = gguf.GGMLQuantizationType[linear_type]
@@ -92,15 +95,17 @@ def write_tiny_gguf(
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     for name, tensor in model.state_dict().items():
         target = gguf_name(name)
-        if target is None:
+        if target is None or (tied and target == "output.weight"):
             continue
         w = tensor.detach().float().numpy()
         if arch == "llama" and target.endswith(("attn_q.weight", "attn_q.bias")):
             w = _permute(w, heads)
         elif arch == "llama" and target.endswith(("attn_k.weight", "attn_k.bias")):
             w = _permute(w, kv_heads)
-        is_linear = target.startswith("blk.") and w.ndim == 2 and "norm" not in target
         own = next((t for end, t in (types or {}).items() if target.endswith(end)), None)
+        is_linear = target.startswith("blk.") and w.ndim == 2 and "norm" not in target
+        # the embedding and the head: of a block type where types names one
+        is_linear = is_linear or (target in ("token_embd.weight", "output.weight") and bool(own))
         if is_linear and own == "Q6_K":
             blocks = random_q6_k(w.shape, rng)
             writer.add_tensor(target, blocks, raw_dtype=gguf.GGMLQuantizationType.Q6_K)

@@ -763,3 +763,54 @@ def test_serve_takes_the_weights_setting(capsys: pytest.CaptureFixture[str]) -> 
     err = capsys.readouterr().err.strip()
     assert "weights must be one of auto, float, int8, int4" in err
     assert "\n" not in err
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_a_ggufs_head_and_embedding_packed_as_read_are_the_layouts_bits(
+    tied: bool, tmp_path: Path, torch_threads: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine's load packs a GGUF's lm_head (a tied one from the embedding's rows) and an
+    untied embedding as int8 in groups of 32 as it reads them, a chunk of rows at a time: the
+    same bytes the layout makes of their float copy, which is never made whole."""
+    from batchline.models.generation import quantize
+    from batchline.models.generation.engine_layout import lay_out_weights
+    from batchline.models.generation.quant_embedding import QuantEmbedding
+    from batchline.models.generation.quant_kernel import own_kernels
+
+    if not own_kernels(dtype=torch.float32)[0]:
+        pytest.skip("the own int4 kernel does not run here: the head stays dense")
+    monkeypatch.setattr(quantize, "PACK_CHUNK_ROWS", 64)  # five chunks of the 320 rows
+    model = build_tiny_llama()
+    types = {"token_embd.weight": "Q8_0", "output.weight": "Q8_0"}
+    path = write_tiny_gguf(
+        tmp_path / "m.gguf", model, "Q4_1", vocab=_vocab(), types=types, tied=tied
+    )
+    rows: list[int] = []
+    real = gguf.dequantize
+
+    def watched(data: Any, qtype: Any) -> Any:
+        if gguf.GGMLQuantizationType(qtype).name == "Q8_0":
+            rows.append(data.shape[0])
+        return real(data, qtype)
+
+    monkeypatch.setattr(gguf, "dequantize", watched)
+    packed, _, report = load_gguf(path, dtype=torch.float32, pack_head=True)
+    assert rows == [64] * (5 if tied else 10)  # the embedding's rows, and the head's if untied
+    rows.clear()
+    plain, _, _ = load_gguf(path, dtype=torch.float32)
+    assert rows == [TINY_VOCAB] * (1 if tied else 2)  # whole, as the file's float values
+    for loaded in (packed, plain):
+        lay_out_weights(loaded, "gguf", torch.float32)
+    heads = (packed.lm_head, plain.lm_head)
+    assert all(isinstance(h, QuantLinear) and h.kind == "int8g" for h in heads)
+    assert all(torch.equal(a, b) for a, b in zip(heads[0]._own, heads[1]._own, strict=True))
+    embeddings = (packed.model.embed_tokens, plain.model.embed_tokens)
+    assert all(isinstance(e, QuantEmbedding) for e in embeddings)
+    ids = torch.arange(TINY_VOCAB)
+    assert torch.equal(embeddings[0](ids), embeddings[1](ids))
+    x = torch.randint(3, TINY_VOCAB, (1, 12))
+    with torch.no_grad():
+        assert torch.equal(packed(x).logits, plain(x).logits)
+    looked_up = "looked up in the lm_head's int8g" if tied else "embedding as int8g in groups"
+    assert "lm_head as int8g in groups of 32" in str(report)
+    assert looked_up in str(report)

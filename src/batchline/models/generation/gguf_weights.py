@@ -29,6 +29,7 @@ tokenizer and its chat template the file's (through transformers), unless ``fold
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
 
     from batchline.models.generation.gguf_file import GgufFile
     from batchline.models.generation.quant_codes import Int4Codes
+    from batchline.models.generation.quantize import QuantReport
 
 __all__ = [
     "GGUF_ARCHITECTURES",
@@ -94,15 +96,18 @@ class GgufLoad:
     requantized: dict[str, int] = field(default_factory=dict)
     dequantized: dict[str, int] = field(default_factory=dict)  # GGUF type -> tensors
     weight_bytes: int = 0
+    #: the lm_head made int8 in groups of 32 as it was read (the embedding's fate with it)
+    head: QuantReport | None = None
 
     def __str__(self) -> str:
         kept = ", ".join(f"{n} {t}" for t, n in sorted(self.kept.items())) or "none"
         dense = ", ".join(f"{n} {t}" for t, n in sorted(self.dequantized.items())) or "none"
         again = ", ".join(f"{n} {t}" for t, n in sorted(self.requantized.items()))
         again = f"; as int8 in groups of 32: {again}" if again else ""
+        head = f"; {self.head.head_text}" if self.head is not None else ""
         return (
             f"GGUF {self.architecture}: linears kept quantized: {kept}{again}; dequantized to "
-            f"the model's dtype: {dense}; {self.weight_bytes / 2**20:.0f} MiB of weights"
+            f"the model's dtype: {dense}; {self.weight_bytes / 2**20:.0f} MiB of weights{head}"
         )
 
 
@@ -245,11 +250,17 @@ def load_gguf(
     dtype: torch.dtype,
     folder: Path | None = None,
     scale_dtype: torch.dtype | None = None,
+    pack_head: bool = False,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, GgufLoad]:
     """The causal LM in the GGUF file at ``path`` with its Q4_0, Q4_1 and Q8_0 linears kept
     quantized, in ``dtype`` on CPU, its tokenizer, and what was loaded how. ``folder``: a
     Hugging Face folder of the same model to take the config and tokenizer from.
-    ``scale_dtype``: the own kernel's scales (:meth:`~.quant_linear.QuantLinear.int4`'s)."""
+    ``scale_dtype``: the own kernel's scales (:meth:`~.quant_linear.QuantLinear.int4`'s).
+    ``pack_head``: the lm_head (a tied one from the embedding's rows) and an untied embedding
+    made int8 in groups of 32 as they are read, a chunk of rows at a time, where the layout
+    would make them so of their float copy (:func:`~.engine_layout.lay_out_weights`; the bits
+    are the same): the own kernel runs for ``dtype`` and the file's linears are not all float.
+    The engine's load asks for it; without it they are in ``dtype``, as the file's values."""
     import numpy as np
     import torch
     from gguf import GGMLQuantizationType, dequantize
@@ -262,7 +273,12 @@ def load_gguf(
     )
     from batchline.models.generation.gguf_meta import gguf_config_and_tokenizer
     from batchline.models.generation.quant_codes import int4_planes_rows
-    from batchline.models.generation.quantize import int8_groups_packed
+    from batchline.models.generation.quant_embedding import QuantEmbedding, int8g_table
+    from batchline.models.generation.quantize import (
+        int8_groups_head,
+        int8_groups_here,
+        int8_groups_packed,
+    )
 
     file = read_gguf_file(path)
     arch = _architecture(file, path)
@@ -281,10 +297,39 @@ def load_gguf(
     report = GgufLoad(arch)
     kept: dict[str, list[Int4Codes]] = {}  # the linears kept quantized, by module path
     requantized: dict[str, list[torch.Tensor]] = {}  # the linears packed as int8 in groups
-    tied = True
+    tied = not any(t.name == "output.weight" for t in file.tensors)
+    # Where the layout would make the lm_head int8 in groups of 32 (the own kernel runs for
+    # dtype; the file's linears are not all float: engine_choices.laid_out_as), the head and the
+    # embedding are made so here, from the file's rows a chunk at a time: their float copy, the
+    # largest tensor of a load, is never made whole (a 3B shape's float32 embedding, 576 MiB,
+    # had been held until the layout packed the head: a Q4_K_M load peaked at 3.40-3.48 GiB,
+    # now 2.95, the model loaded 2.41; Zen 5, 2026-12-05).
+    hidden = int(config.hidden_size)
+    pack_head = pack_head and int8_groups_here(hidden, dtype) and not gguf_float_linears(path)
+    embedding_words: str | None = None
+
+    def read_head(owner_path: str, data: np.ndarray, qtype: Any) -> bool:
+        """The lm_head (a tied one from the embedding's rows) or an untied embedding as int8
+        in groups of 32, looked up in by :class:`QuantEmbedding`; False where the head was
+        not made so (then read as the other tensors are)."""
+        nonlocal embedding_words
+        rows = _FileRows(data, qtype, dtype)
+        if owner_path == "model.embed_tokens" and not tied:
+            table, embedding_words = int8g_table(rows, dtype)
+            model.model.embed_tokens = QuantEmbedding(table, dtype)
+            report.weight_bytes += table.weight_bytes
+            return True
+        made = int8_groups_head(rows, dtype, scale_dtype)
+        if made is None:
+            return False
+        model.lm_head, report.head = made
+        report.weight_bytes += report.head.bytes_after
+        if tied:
+            model.model.embed_tokens = QuantEmbedding(model.lm_head, dtype)
+            embedding_words = "embedding looked up in the lm_head's int8g"
+        return True
 
     def read(tensor: Any) -> None:
-        nonlocal tied
         target = _hf_name(tensor.name)
         if target is None:
             return  # rope_freqs and the like: the config computes them
@@ -295,8 +340,10 @@ def load_gguf(
         permute = heads if owner_path.endswith("q_proj") else kv_heads
         permute_rows = arch == "llama" and owner_path.endswith(("q_proj", "k_proj"))
         data = np.asarray(tensor.data)
-        if owner_path == "lm_head":
-            tied = False
+        head_rows = attr == "weight" and owner_path in ("lm_head", "model.embed_tokens")
+        if pack_head and head_rows and read_head(owner_path, data, qtype):
+            release_file_ranges([(tensor.data.ctypes.data, tensor.data.nbytes)], files)
+            return
         is_linear = attr == "weight" and isinstance(owner, torch.nn.Linear)
         fits = tensor.data.shape[0] % 16 == 0  # torch's int4 layout packs 16 rows at a time
         if is_linear and kind in _KEPT and owner_path != "lm_head" and fits:
@@ -345,7 +392,9 @@ def load_gguf(
             release_file_ranges(ranges, files)
     report.weight_bytes += _make_layers(model, kept, dtype, scale_dtype)
     report.weight_bytes += _make_int8_layers(model, requantized)
-    if tied:
+    if report.head is not None:
+        report.head = dataclasses.replace(report.head, embedding=embedding_words)
+    elif tied:
         model.lm_head.weight = model.model.embed_tokens.weight
     _rebuild_rotary(model, config)
     missing = [name for name, p in model.named_parameters() if p.is_meta]
@@ -354,6 +403,27 @@ def load_gguf(
         raise ModelError(f"{path.name}: the file holds no tensor for {', '.join(missing[:4])}")
     model.eval()
     return model, tokenizer, report
+
+
+class _FileRows:
+    """A GGUF tensor's rows ``(N, K)`` dequantized by gguf-py a slice at a time, into
+    ``dtype`` (a :class:`~.quantize.Rows`): each slice the values the whole tensor dequantized
+    would hold in those rows, its groups of 32 packed as the whole's would be."""
+
+    def __init__(self, data: np.ndarray, qtype: Any, dtype: torch.dtype) -> None:
+        from gguf.quants import quant_shape_from_byte_shape
+
+        self._data, self._qtype, self.dtype = data, qtype, dtype
+        # a block type's rows are bytes; a float type's, its values
+        shape = data.shape
+        if data.dtype == "uint8":
+            shape = quant_shape_from_byte_shape(shape, qtype)
+        self.shape = (int(shape[0]), int(shape[1]))
+
+    def __getitem__(self, rows: slice, /) -> torch.Tensor:
+        from gguf import dequantize
+
+        return _owned_float32(dequantize(self._data[rows], self._qtype)).to(self.dtype)
 
 
 def _owned_float32(values: np.ndarray) -> torch.Tensor:

@@ -408,7 +408,7 @@ def _load_weights(
         # smollm2's config and tokenizer from its folder, converted once (else the file's)
         folder = smollm2_folder() if spec.kind == "builtin" else None
         model, tokenizer, report = load_gguf(
-            file, dtype=torch_dtype, folder=folder, scale_dtype=scale_dtype
+            file, dtype=torch_dtype, folder=folder, scale_dtype=scale_dtype, pack_head=True
         )
         return model, tokenizer, str(report)
     source = Path(_model_folder(spec))

@@ -21,8 +21,9 @@ import torch
 
 if TYPE_CHECKING:
     from batchline.models.generation.quant_linear import QuantLinear
+    from batchline.models.generation.quantize import Rows
 
-__all__ = ["QuantEmbedding", "embed_quantized", "tied_embedding"]
+__all__ = ["QuantEmbedding", "embed_quantized", "int8g_table", "tied_embedding"]
 
 
 class QuantEmbedding(torch.nn.Module):
@@ -81,7 +82,6 @@ def embed_quantized(
     embedding)."""
     from batchline.models.common.torch_weights import release_file_pages
     from batchline.models.generation.quant_linear import QuantLinear
-    from batchline.models.generation.quantize import pack_own_int4
 
     inner = getattr(model, "model", None)
     embedding = getattr(inner, "embed_tokens", None)
@@ -96,15 +96,26 @@ def embed_quantized(
     scale = getattr(embedding, "embed_scale", None)
     if tied:
         source, words = head, "embedding looked up in the lm_head's int8g"
-    else:  # the int8 layout, on any host: its rows are read by torch, never by a kernel
-        packed = pack_own_int4([table], _int8g_layout, dtype, torch.bfloat16)
-        source = QuantLinear.own_int4(packed, table.shape[0], table.shape[1], kind="int8g")
-        before = table.numel() * table.element_size() / 2**20
-        after = source.weight_bytes / 2**20
-        words = f"embedding as int8g in groups of 32, {before:.0f} -> {after:.0f} MiB"
+    else:
+        source, words = int8g_table(table, dtype)
     inner.embed_tokens = QuantEmbedding(source, dtype, scale)
     release_file_pages([table])
     return words
+
+
+def int8g_table(table: Rows, dtype: torch.dtype) -> tuple[QuantLinear, str]:
+    """An untied embedding's ``table`` ``(N, K)`` as int8 in groups of 32 to look up in, in the
+    int8 layout on any host (its rows are read by torch, never by a kernel), a chunk of rows at a
+    time (:func:`~.quantize.pack_own_int4`), and the load log's words for it. The layout makes it
+    of an embedding's weight, a GGUF's loader of the file's rows as it dequantizes them."""
+    from batchline.models.generation.quant_linear import QuantLinear
+    from batchline.models.generation.quantize import pack_own_int4
+
+    packed = pack_own_int4([table], _int8g_layout, dtype, torch.bfloat16)
+    n, k = table.shape
+    source = QuantLinear.own_int4(packed, n, k, kind="int8g")
+    before, after = n * k * table.dtype.itemsize / 2**20, source.weight_bytes / 2**20
+    return source, f"embedding as int8g in groups of 32, {before:.0f} -> {after:.0f} MiB"
 
 
 def _int8g_layout(

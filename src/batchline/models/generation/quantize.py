@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -28,7 +29,10 @@ __all__ = [
     "PACK_CHUNK_ROWS",
     "PACK_CHUNK_VALUES",
     "QuantReport",
+    "Rows",
     "fuse_quantized",
+    "int8_groups_head",
+    "int8_groups_here",
     "int8_groups_packed",
     "pack_own_int4",
     "quantize_linears",
@@ -174,8 +178,23 @@ PACK_CHUNK_VALUES = 2**21
 PackRows = Callable[[torch.Tensor, torch.dtype, torch.dtype], list[torch.Tensor]]
 
 
+class Rows(Protocol):
+    """What :func:`pack_own_int4` reads of a weight ``(N, K)``: its shape, its dtype, and a
+    slice of its rows at a time as a tensor. A tensor is one; a GGUF tensor's rows dequantized
+    as they are asked for are another (``gguf_weights``: no whole float copy of the weight is
+    made)."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+    def __getitem__(self, rows: slice, /) -> torch.Tensor: ...
+
+
 def pack_own_int4(
-    weights: Sequence[torch.Tensor],
+    weights: Sequence[Rows],
     pack: PackRows,
     dtype: torch.dtype = torch.bfloat16,
     scale_dtype: torch.dtype | None = None,
@@ -323,29 +342,52 @@ def quantize_lm_head(
     head = getattr(model, "lm_head", None)
     if type(head) is not torch.nn.Linear or head.weight.device.type != "cpu":
         return None
-    weight = head.weight.detach()
-    planes = int8_groups_packed(weight, dtype, scale_dtype)
-    if planes is None:
-        return None
     bias = None if head.bias is None else head.bias.detach()
-    model.lm_head = QuantLinear.own_int4(planes, *weight.shape, kind="int8g", bias=bias)
-    before = weight.numel() * weight.element_size()
-    return QuantReport("int8g", 1, before, model.lm_head.weight_bytes, _kernel_path("int4", dtype))
+    made = int8_groups_head(head.weight.detach(), dtype, scale_dtype, bias)
+    if made is None:
+        return None
+    model.lm_head, report = made
+    return report
+
+
+def int8_groups_head(
+    weight: Rows,
+    dtype: torch.dtype,
+    scale_dtype: torch.dtype | None = None,
+    bias: torch.Tensor | None = None,
+) -> tuple[QuantLinear, QuantReport] | None:
+    """An lm_head of ``weight`` ``(N, K)`` as int8 in groups of 32 (:func:`int8_groups_packed`)
+    and its report, where the own kernel runs here for ``dtype``; else None.
+    :func:`quantize_lm_head` makes it of a head's weight, a GGUF's loader of the file's rows as
+    it dequantizes them (``gguf_weights``)."""
+    packed = int8_groups_packed(weight, dtype, scale_dtype)
+    if packed is None:
+        return None
+    n, k = weight.shape
+    layer = QuantLinear.own_int4(packed, n, k, kind="int8g", bias=bias)
+    before = n * k * weight.dtype.itemsize
+    return layer, QuantReport("int8g", 1, before, layer.weight_bytes, _kernel_path("int4", dtype))
 
 
 def int8_groups_packed(
-    weight: torch.Tensor, dtype: torch.dtype, scale_dtype: torch.dtype | None = None
+    weight: Rows, dtype: torch.dtype, scale_dtype: torch.dtype | None = None
 ) -> list[torch.Tensor] | None:
     """``weight`` ``(N, K)`` as int8 in groups of 32 (:func:`quantize_int8_groups`) packed for
     the own kernel (the int8 layout, or two int4 planes: :func:`_int8_packed`), for
     ``QuantLinear.own_int4(planes, N, K, kind="int8g")``, where that kernel runs here for the
     activations' ``dtype`` and 32 | K; else None. What the lm_head takes, and a GGUF's linears
     of a type the kernels do not read (Q6_K: ``gguf_weights``)."""
-    from batchline.models.generation import quant_kernel
-
-    if weight.shape[1] % quant_kernel.GROUP or not _own_int4("int4", dtype):
+    if not int8_groups_here(weight.shape[1], dtype):
         return None
     return pack_own_int4([weight], _int8_packed, dtype, scale_dtype)
+
+
+def int8_groups_here(in_features: int, dtype: torch.dtype) -> bool:
+    """Whether :func:`int8_groups_packed` packs a weight of ``in_features`` inputs here for the
+    activations' ``dtype``: the own kernel runs for it, and 32 | inputs."""
+    from batchline.models.generation import quant_kernel
+
+    return in_features % quant_kernel.GROUP == 0 and _own_int4("int4", dtype)
 
 
 def _kernel_path(kind: str, dtype: torch.dtype = torch.bfloat16) -> str:
