@@ -482,8 +482,8 @@ def test_a_ggufs_linears_are_made_a_block_at_a_time(
     tmp_path: Path, torch_threads: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A block's codes (a byte a code) are held until that block is read, not the model's: each
-    block's linears are made once its last tensor is read, and its pages of the file given
-    back."""
+    block's linears are made once its last tensor is read, its pages of the file given back,
+    and the heap's free memory too."""
     from batchline.models.common import torch_weights
     from batchline.models.generation import gguf_weights
 
@@ -502,8 +502,10 @@ def test_a_ggufs_linears_are_made_a_block_at_a_time(
         released.append(len(ranges))
         return real_release(ranges, files)
 
+    trims: list[int] = []
     monkeypatch.setattr(gguf_weights, "_make_layers", recorded)
     monkeypatch.setattr(torch_weights, "release_file_ranges", counted)
+    monkeypatch.setattr(torch_weights, "trim_heap", lambda: trims.append(len(made)))
     model = build_tiny_llama()
     path = write_tiny_gguf(tmp_path / "mine.gguf", model, "Q4_0", vocab=_vocab())
     loaded, _, report = load_gguf(path, dtype=torch.float32)
@@ -518,6 +520,7 @@ def test_a_ggufs_linears_are_made_a_block_at_a_time(
     ]
     assert all(not rest for rest in made[blocks:])  # nothing left for the end
     assert released == [9] * blocks  # each block's 7 linears and its 2 norms
+    assert trims == list(range(1, blocks + 1))  # once a block, after its linears are made
     assert report.kept == {"Q4_0": 7 * blocks}
     reference = dequantized_reference(path, model)
     x = torch.randint(3, TINY_VOCAB, (1, 12))
