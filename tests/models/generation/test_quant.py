@@ -768,9 +768,14 @@ def test_serve_takes_the_weights_setting(capsys: pytest.CaptureFixture[str]) -> 
     assert "\n" not in err
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("tied", [False, True])
 def test_a_ggufs_head_and_embedding_packed_as_read_are_the_layouts_bits(
-    tied: bool, tmp_path: Path, torch_threads: None, monkeypatch: pytest.MonkeyPatch
+    tied: bool,
+    dtype: str,
+    tmp_path: Path,
+    torch_threads: None,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The engine's load packs a GGUF's lm_head (a tied one from the embedding's rows) and an
     untied embedding as int8 in groups of 32 as it reads them, a chunk of rows at a time: the
@@ -780,8 +785,9 @@ def test_a_ggufs_head_and_embedding_packed_as_read_are_the_layouts_bits(
     from batchline.models.generation.quant_embedding import QuantEmbedding
     from batchline.models.generation.quant_kernel import own_kernels
 
-    if not own_kernels(dtype=torch.float32)[0]:
-        pytest.skip("the own int4 kernel does not run here: the head stays dense")
+    torch_dtype = getattr(torch, dtype)
+    if not own_kernels(dtype=torch_dtype)[0]:
+        pytest.skip(f"the own int4 kernel does not run here in {dtype}: the head stays dense")
     monkeypatch.setattr(quantize, "PACK_CHUNK_ROWS", 64)  # five chunks of the 320 rows
     model = build_tiny_llama()
     types = {"token_embd.weight": "Q8_0", "output.weight": "Q8_0"}
@@ -797,13 +803,13 @@ def test_a_ggufs_head_and_embedding_packed_as_read_are_the_layouts_bits(
         return real(data, qtype)
 
     monkeypatch.setattr(gguf, "dequantize", watched)
-    packed, _, report = load_gguf(path, dtype=torch.float32, pack_head=True)
+    packed, _, report = load_gguf(path, dtype=torch_dtype, pack_head=True)
     assert rows == [64] * (5 if tied else 10)  # the embedding's rows, and the head's if untied
     rows.clear()
-    plain, _, _ = load_gguf(path, dtype=torch.float32)
+    plain, _, _ = load_gguf(path, dtype=torch_dtype)
     assert rows == [TINY_VOCAB] * (1 if tied else 2)  # whole, as the file's float values
     for loaded in (packed, plain):
-        lay_out_weights(loaded, "gguf", torch.float32)
+        lay_out_weights(loaded, "gguf", torch_dtype)
     heads = (packed.lm_head, plain.lm_head)
     assert all(isinstance(h, QuantLinear) and h.kind == "int8g" for h in heads)
     assert all(torch.equal(a, b) for a, b in zip(heads[0]._own, heads[1]._own, strict=True))
