@@ -102,7 +102,9 @@ def write_tiny_gguf(
             w = _permute(w, heads)
         elif arch == "llama" and target.endswith(("attn_k.weight", "attn_k.bias")):
             w = _permute(w, kv_heads)
-        own = next((t for end, t in (types or {}).items() if target.endswith(end)), None)
+        own = (types or {}).get(target)  # a whole name (the embedding's, the head's)
+        if own is None and target.startswith("blk."):  # or a layer's tensor's name after blk.N
+            own = next((t for end, t in (types or {}).items() if target.endswith(f".{end}")), None)
         is_linear = target.startswith("blk.") and w.ndim == 2 and "norm" not in target
         # the embedding and the head: of a block type where types names one
         is_linear = is_linear or (target in ("token_embd.weight", "output.weight") and bool(own))

@@ -768,11 +768,13 @@ def test_serve_takes_the_weights_setting(capsys: pytest.CaptureFixture[str]) -> 
     assert "\n" not in err
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize(("dtype", "table"), [("float32", "Q8_0"), ("bfloat16", "Q8_0"),
+                                             ("float32", "F16")])  # fmt: skip
 @pytest.mark.parametrize("tied", [False, True])
 def test_a_ggufs_head_and_embedding_packed_as_read_are_the_layouts_bits(
     tied: bool,
     dtype: str,
+    table: str,
     tmp_path: Path,
     torch_threads: None,
     monkeypatch: pytest.MonkeyPatch,
@@ -790,7 +792,7 @@ def test_a_ggufs_head_and_embedding_packed_as_read_are_the_layouts_bits(
         pytest.skip(f"the own int4 kernel does not run here in {dtype}: the head stays dense")
     monkeypatch.setattr(quantize, "PACK_CHUNK_ROWS", 64)  # five chunks of the 320 rows
     model = build_tiny_llama()
-    types = {"token_embd.weight": "Q8_0", "output.weight": "Q8_0"}
+    types = {"token_embd.weight": table, "output.weight": table}
     path = write_tiny_gguf(
         tmp_path / "m.gguf", model, "Q4_1", vocab=_vocab(), types=types, tied=tied
     )
@@ -798,7 +800,7 @@ def test_a_ggufs_head_and_embedding_packed_as_read_are_the_layouts_bits(
     real = gguf.dequantize
 
     def watched(data: Any, qtype: Any) -> Any:
-        if gguf.GGMLQuantizationType(qtype).name == "Q8_0":
+        if gguf.GGMLQuantizationType(qtype).name == table:
             rows.append(data.shape[0])
         return real(data, qtype)
 
