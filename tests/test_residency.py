@@ -474,6 +474,13 @@ async def test_a_load_measured_past_the_room_loads_alone_and_refuses_no_model() 
         r.release(name)
     r.add("huge", estimate_bytes=4, load_peak_bytes=11)  # its files say it never fits
     assert "needs 11 B, more than the memory budget" in (r.never_fits("huge") or "")
+    assert (r.never_fits("huge") or "").endswith("; raise --memory-budget")
+    # what else makes it fit, where its backend knows, is said with it
+    r.add("kv", estimate_bytes=12, advice="lower --kv-token-budget (8 B of it is its KV cache)")
+    said = r.never_fits("kv") or ""
+    assert said.endswith(
+        "; raise --memory-budget, or lower --kv-token-budget (8 B of it is its KV cache)"
+    )
 
 
 async def test_reclaim_runs_after_the_residency_dropped_the_model_and_before_its_room_is_free() -> (

@@ -169,13 +169,15 @@ class Residency(Generic[H]):
         keep_alive_s: float | None = -1.0,
         load_peak_bytes: int = 0,
         group: str | None = None,
+        advice: str = "",
     ) -> None:
         """Register a model (not loaded yet). ``estimate_bytes``: its expected footprint (read
         off its files) until a load measures it; ``load_peak_bytes``: what its load is
         expected to need at its peak, until one is measured (0: the estimate).
         ``keep_alive_s``: this model's (``None``: none; left out: the manager's). ``group``:
         models loaded the same way (one source, one layout): what one's load measures
-        becomes the estimate of those not measured yet."""
+        becomes the estimate of those not measured yet. ``advice``: what else than a larger
+        budget makes it fit (a generator's smaller KV budget), said where it never fits."""
         if name in self._entries:
             raise ValueError(f"model {name!r} is already registered")
         if isinstance(estimate_bytes, bool) or estimate_bytes < 0:
@@ -187,6 +189,7 @@ class Residency(Generic[H]):
         self._entries[name].load_peak = int(load_peak_bytes)
         self._entries[name].declared = max(int(estimate_bytes), int(load_peak_bytes))
         self._entries[name].group = group
+        self._entries[name].advice = advice
 
     @property
     def names(self) -> list[str]:
@@ -368,6 +371,7 @@ class Residency(Generic[H]):
             )
             + (f" less {_size(pinned)} held by pinned models" if pinned else "")
             + ("; raise --memory-budget, or unpin a model" if pinned else "; raise --memory-budget")
+            + (f", or {e.advice}" if e.advice else "")
         )
 
     def _in_line(self) -> list[_Entry[H]]:

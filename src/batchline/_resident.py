@@ -66,6 +66,7 @@ class Entry(Generic[H]):
         "accounted",
         "active",
         "admit_below",
+        "advice",
         "declared",
         "estimate",
         "evictions",
@@ -96,6 +97,8 @@ class Entry(Generic[H]):
         self.load_peak = 0  # the most a load of it grew memory by, at its peak (0: unknown)
         #: what its files say it needs (steady, or at its load's peak): whether it can ever fit
         self.declared = estimate
+        #: what else than a larger budget makes it fit, where its backend knows (said with it)
+        self.advice = ""
         self.group: str | None = None
         self.measured = False
         self.pinned = pinned

@@ -60,8 +60,9 @@ def test_a_generator_holds_its_weights_twice_and_its_kv_cache(tmp_path: Path) ->
     causal = {"architectures": ["LlamaForCausalLM"], "model_type": "llama"}
     (tmp_path / "config.json").write_text(json.dumps({**causal, **config, "hidden_size": 576}))
     (tmp_path / "model.safetensors").write_bytes(b"\0" * (3 * MIB))
+    (tmp_path / "model-Q4_K_M.gguf").write_bytes(b"\0" * MIB)  # a file made of it: not read
     spec = parse_spec(f"{tmp_path}/")
-    weights = sum(p.stat().st_size for p in tmp_path.iterdir())
+    weights = 3 * MIB  # the safetensors alone
     got = estimate_footprint(spec, Knobs.serving(kv_token_budget=16_384))
     assert got.runtime == "torch"
     kv = 2 * 30 * 3 * 64 * 4 * 16_384  # SmolLM2's shape: 720 MiB in float32
@@ -71,7 +72,6 @@ def test_a_generator_holds_its_weights_twice_and_its_kv_cache(tmp_path: Path) ->
     assert got.steady_bytes - half.steady_bytes == kv // 2
     # a config that does not say the shape: weights only
     (tmp_path / "config.json").write_text(json.dumps(causal))
-    weights = sum(p.stat().st_size for p in tmp_path.iterdir())
     assert estimate_footprint(spec, Knobs.serving()).steady_bytes == 2 * weights
 
 

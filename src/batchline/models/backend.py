@@ -53,6 +53,8 @@ class Footprint:
     steady_bytes: int
     peak_bytes: int
     runtime: str = ""
+    #: what else than a larger memory budget makes it fit, where a setting shrinks it
+    advice: str = ""
 
 
 #: What a backend that cannot tell its memory before the load estimates: its first load

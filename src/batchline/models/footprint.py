@@ -28,7 +28,19 @@ CPU): a load grew the process by 1,029-1,063 MiB and peaked there, so twice the 
 engine's packed copies beside the model's), an eighth more at the peak for safety; plus the
 KV cache at ``kv_token_budget`` positions, read off ``config.json`` (allocated as the traffic
 needs it, but all of it is the model's at full load): 720 MiB for SmolLM2 at 16,384 positions
-in float32. Importing torch, transformers and the engine adds 345-363 MiB, once.
+in float32. Importing torch, transformers and the engine adds 345-363 MiB, once. A folder's
+weights are its ``*.safetensors`` (else ``*.bin``) alone: a GGUF made from it beside them is
+not read.
+
+A GGUF file on the torch backend (a user's, the built-in ``smollm2``), measured 2026-12-05 on a
+2-core Zen 5 EPYC (``VmRSS`` and ``VmHWM`` of ``batchline serve`` once ready, less torch's
+runtime): kept quantized, the model held x1.07 (a 1.7B Q8_0) to x1.27 (a 1.7B Q4_K_M) its
+file, and the file plus ~200 MiB at 360M and Qwen2.5-0.5B shapes, so 1.3 times the file plus
+160 MiB; its load peaked up to a fifth of the file above that (a quarter is counted). Laid out
+as float, a folder's rule on its values in the dtype. The KV cache's shape comes from its
+header, in the dtype it computes in; a load's peak holds none of it (the traffic takes it).
+Where the KV cache is part of a footprint the budget's refusal says that ``--kv-token-budget``
+(vLLM: ``--kv-cache-gib``) shrinks it.
 """
 
 from __future__ import annotations

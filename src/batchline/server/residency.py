@@ -263,6 +263,7 @@ def build_residency(
             pinned=spec.name in settings.pin,
             keep_alive_s=settings.model_keep_alive_s.get(spec.name, settings.keep_alive_s),
             group=f"{spec.kind}:{spec.source}:{spec.task}" if expected.steady_bytes else None,
+            advice=expected.advice,
         )
     for spec in specs:
         never = residency.never_fits(spec.name)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from batchline._errors import InputError
+from batchline._errors import InputError, ModelError
+from batchline._sizes import format_size
 from batchline.models.backend import Backend, Footprint, Identity, Loaded
 from batchline.models.builtin import BUILTIN_MODELS
 from batchline.models.common.files import size, tree, version
@@ -32,14 +33,97 @@ def _load(spec: ModelSpec, knobs: GenerationBackendOptions) -> Loaded:
 
 
 def _footprint(spec: ModelSpec, knobs: GenerationBackendOptions, task: Task | None) -> Footprint:
-    """Twice the weights (the engine's packed copies beside the model's), an eighth more at
-    the peak, plus the KV cache (measured: ``models/footprint.py``)."""
+    """A GGUF file's model on the torch backend: :func:`_gguf_footprint`. A folder's: twice
+    its weights (the engine's packed copies beside the model's), an eighth more at the peak,
+    plus the KV cache (measured: ``models/footprint.py``)."""
+    if knobs.generation_backend != "vllm" and spec.kind in ("builtin", "gguf"):
+        return _gguf_footprint(spec, knobs)
     folder = _folder(spec)
-    weights = size(folder)
+    weights = _weights_bytes(folder)
     if not weights or folder is None:
         return Footprint(0, 0)
-    steady = 2 * weights + _kv_bytes(folder / "config.json", knobs)
-    return Footprint(steady, steady + weights // 4, "torch")
+    kv = _kv_bytes(folder / "config.json", knobs)
+    return Footprint(2 * weights + kv, 2 * weights + kv + weights // 4, "torch", _advice(kv, knobs))
+
+
+def _advice(kv: int, knobs: GenerationBackendOptions) -> str:
+    """What shrinks a generator's footprint where its KV cache is part of it."""
+    if not kv:
+        return ""
+    if knobs.generation_backend == "vllm":
+        return f"lower --kv-cache-gib ({format_size(kv)} of it is vLLM's KV cache)"
+    positions = f"{knobs.kv_token_budget:,} positions"
+    return f"lower --kv-token-budget ({format_size(kv)} of it is the KV cache of {positions})"
+
+
+def _weights_bytes(folder: Path | None) -> int:
+    """The bytes of the weight files transformers loads from a folder (its ``*.safetensors``,
+    else its ``*.bin``), not the rest it may hold (a GGUF made from it, an ONNX export); a
+    file's own size (a vLLM ``.gguf``)."""
+    if folder is None or not folder.is_dir():
+        return size(folder)
+    for pattern in ("*.safetensors", "*.bin"):
+        files = [p for p in folder.glob(pattern) if p.is_file()]
+        if files:
+            return sum(p.stat().st_size for p in files)
+    return size(folder)
+
+
+#: A GGUF kept quantized holds its file's bytes times this, plus :data:`GGUF_EXTRA`: once
+#: loaded, a server's resident memory less torch's runtime was x1.07 the file (a 1.7B Q8_0) to
+#: x1.27 (a 1.7B Q4_K_M: its Q6_K linears held as int8 in groups of 32, 8.5 bits a weight where
+#: the file has 6.6, and its Q4_K ones with a bf16 scale and zero a group, 5 where it has 4.5),
+#: and the file plus ~200 MiB at 360M and Qwen2.5-0.5B shapes (Zen 5, 2026-12-05).
+GGUF_HELD = 1.3
+GGUF_EXTRA = 160 << 20
+
+
+def _gguf_footprint(spec: ModelSpec, knobs: GenerationBackendOptions) -> Footprint:
+    """What the torch backend's model of a GGUF file (a user's, or the built-in ``smollm2``'s)
+    holds, zeros where the file is not there or not one the reader reads (the load says so).
+    Kept quantized (``weights`` ``gguf``), the file's bytes
+    by :data:`GGUF_HELD` plus :data:`GGUF_EXTRA`; laid out otherwise (float, or quantized again
+    from a float copy), a folder's rule on its weights in ``dtype``: twice them. Plus the KV
+    cache of ``kv_token_budget`` positions of the shape its header gives, in ``dtype`` (float32
+    on int8 rows where ``auto`` takes it). The load peaks a quarter of the weights above them
+    (kept: measured up to a fifth of the file, the block being made, ~0.5 GB at 3B), before
+    any of the KV cache is taken."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    from batchline.models.generation.gguf_weights import read_gguf_file
+    from batchline.models.generation.smollm2 import gguf_path
+
+    try:
+        dtype, weights = _precision(spec, knobs)
+        path = spec.path if spec.kind == "gguf" else gguf_path()
+        file = read_gguf_file(path)
+        file_bytes = path.stat().st_size
+    except (ModelError, OSError):
+        return Footprint(0, 0)
+    width = 2 if dtype in ("bfloat16", "float16") else 4
+    if weights == "gguf":
+        held = int(GGUF_HELD * file_bytes) + GGUF_EXTRA
+    else:
+        values = 0
+        for t in file.tensors:
+            block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(t.tensor_type)]
+            values += t.data.nbytes // block_bytes * block
+        held = 2 * values * width
+    metadata = file.metadata
+    arch = metadata.get("general.architecture")
+    try:
+        layers = int(metadata[f"{arch}.block_count"])
+        heads = int(metadata[f"{arch}.attention.head_count"])
+        kv_heads = int(metadata.get(f"{arch}.attention.head_count_kv") or heads)
+        head_dim = int(
+            metadata.get(f"{arch}.attention.key_length")
+            or int(metadata[f"{arch}.embedding_length"]) // heads
+        )
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        layers = kv_heads = head_dim = 0  # a header that does not say the shape: weights only
+    kv = 2 * layers * kv_heads * head_dim * width * knobs.kv_token_budget
+    # the KV cache grows with the traffic after the load: its peak is the weights' alone
+    return Footprint(held + kv, held + held // 4, "torch", _advice(kv, knobs))
 
 
 def _folder(spec: ModelSpec) -> Path | None:
