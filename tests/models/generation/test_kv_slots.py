@@ -52,3 +52,31 @@ def test_a_window_that_needs_more_room_takes_new_buffers_twice_as_wide() -> None
     assert all(new is not was for new, was in zip(store.keys, buffers, strict=False))
     assert (store.lo, store.hi) == (30, 50)
     assert torch.equal(store.keys[0][:2, :, 30:50], old)
+
+
+def test_however_rows_join_the_store_grows_to_what_positions_with_said() -> None:
+    """Slots and columns are powers of two: rows joining a few at a time end in the buffers
+    they would have at once, so an admission can tell ahead of the steps what a set of rows
+    will take (the scheduler bounds it: ``continuous.KV_STORE_FACTOR``)."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    joins = st.lists(st.tuples(st.integers(1, 9), st.integers(1, 300)), min_size=1, max_size=8)
+
+    @settings(max_examples=60, deadline=None)
+    @given(joins)
+    def grows_as_said(batches: list[tuple[int, int]]) -> None:
+        store = SlotStore(Geometry(1, 1, 2, torch.float32, torch.device("cpu")))
+        rows = longest = 0
+        for more, length in batches:
+            rows, longest = rows + more, max(longest, length)
+            said = store.positions_with(rows, longest + 1)  # its prompt and one new token
+            store.reserve(rows=rows, left=longest, right=1)
+            store.rows, store.lo = rows, store.hi - longest  # as the engine sets them
+            assert store.slots * store.capacity == said
+            assert store.slots & (store.slots - 1) == 0  # a power of two
+        at_once = SlotStore(Geometry(1, 1, 2, torch.float32, torch.device("cpu")))
+        at_once.reserve(rows=rows, left=longest, right=1)
+        assert at_once.slots == store.slots
+
+    grows_as_said()

@@ -21,10 +21,14 @@ Scheduling policy of :class:`ContinuousGenerator`:
    busy with other work). A running sequence is never evicted when the cap falls: fewer
    join.
 2. **Worst-case reservation, no preemption.** Admission reserves ``len(prompt) + max_tokens``
-   KV positions per request, released when it finishes or aborts. A sequence is therefore
-   never evicted mid-way (``preempted`` stays 0, no recompute is ever wasted), at the price of
-   admitting fewer sequences than an optimistic scheduler while outputs are shorter than
-   ``max_tokens`` (vLLM reserves per block as tokens arrive and preempts by recompute instead).
+   KV positions per request, released when it finishes or aborts. Where the engine's store is
+   one rectangle of its rows (:class:`~.engine.KvRectangle`: the torch engine's), a request
+   also joins only while that rectangle stays within :data:`KV_STORE_FACTOR` times the budget
+   (alone, it always joins): a long prompt then runs beside fewer short ones. A sequence is
+   therefore never evicted mid-way (``preempted`` stays 0, no recompute is ever wasted), at
+   the price of admitting fewer sequences than an optimistic scheduler while outputs are
+   shorter than ``max_tokens`` (vLLM reserves per block as tokens arrive and preempts by
+   recompute instead).
 3. **Aged priority, then FCFS, with bounded overtaking.** Waiting requests are considered in
    the core queue's order (``batchline._priority.aged_rank``, the same function): a request of
    priority ``p`` (``SamplingParams.priority``, higher first) ranks as if it had arrived
@@ -73,6 +77,7 @@ from batchline._errors import (
 from batchline._priority import aged_rank
 from batchline.models.generation.admission import RowCost
 from batchline.models.generation.engine import (
+    KvRectangle,
     PrefixCaching,
     SamplingParams,
     StepEngine,
@@ -89,7 +94,18 @@ from batchline.models.generation.stream import (
     TrackedSequence,
 )
 
-__all__ = ["ContinuousGenerator", "EngineGenerator"]
+__all__ = ["KV_STORE_FACTOR", "ContinuousGenerator", "EngineGenerator"]
+
+#: An engine whose KV store is one rectangle of its running rows (:class:`~.engine.KvRectangle`)
+#: admits a row only while that rectangle stays within this many times ``kv_token_budget``
+#: positions (a row alone always joins). Without it one long prompt beside many short ones made
+#: the store every row as wide as the longest: a 360M served one 1,800-token prompt among 40
+#: short ones and its process grew to 18.8 GB for a budget of 16,384 positions (1.3 GB of
+#: them; Zen 5, 2026-12-05). At 4 rows of equal length join as the budget alone lets them: the
+#: store's slots and columns are powers of two, each under twice what the rows need (the
+#: columns under four times the longest row), so for a budget that is a power of two too (the
+#: default) their product stays within 4 times it.
+KV_STORE_FACTOR = 4
 
 
 @dataclass(eq=False, slots=True)
@@ -164,6 +180,7 @@ class ContinuousGenerator(EngineGenerator):
         moves = self.start_running < max_running
         self._row_cost = RowCost(ratio=row_cost_ratio) if moves else None
         self._prefix_caching = isinstance(engine, PrefixCaching)  # a Protocol check: once
+        self._rectangle = engine if isinstance(engine, KvRectangle) else None
         self.max_waiting = max_waiting
         self.max_overtakes = max_overtakes
         self.priority_aging_s = priority_aging_s
@@ -283,14 +300,21 @@ class ContinuousGenerator(EngineGenerator):
         room = self._cap - len(self._running)
         if room <= 0:
             return admitted  # no free slot: spare the per-step copy of the waiting queue
+        rows = len(self._running)
+        longest = max((s.kv_reservation for s in self._running.values()), default=0)
         for waiting in list(self._waiting):
             if room <= 0:
                 break
             cost = waiting.seq.kv_reservation
-            if self._reserved + cost <= self._kv_budget:
+            fits = self._reserved + cost <= self._kv_budget
+            if fits and rows and self._rectangle is not None:  # a row alone always joins
+                wide = self._rectangle.kv_positions_with(rows + 1, max(longest, cost))
+                fits = wide <= KV_STORE_FACTOR * self._kv_budget
+            if fits:
                 self._waiting.remove(waiting)
                 self._reserved += cost
                 room -= 1
+                rows, longest = rows + 1, max(longest, cost)
                 admitted.append(waiting.seq)
                 for earlier in skipped:
                     earlier.overtaken += 1

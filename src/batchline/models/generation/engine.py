@@ -31,6 +31,7 @@ __all__ = [
     "UNAPPLIED_FIELDS",
     "FinishReason",
     "GenerationRequest",
+    "KvRectangle",
     "PrefixCaching",
     "SamplingParams",
     "StepEngine",
@@ -299,6 +300,18 @@ class PrefixCaching(Protocol):
     def prompts_shared(self) -> int:
         """Prompts not prefilled, so far, because an identical one joining in the same step
         was (the ``n`` samples of one prompt)."""
+        ...
+
+
+@runtime_checkable
+class KvRectangle(Protocol):
+    """A step engine whose KV store holds its running rows as one rectangle (the torch
+    engine's :class:`~.kv_slots.SlotStore`): every row as wide as the longest, so that one long
+    sequence beside many short ones takes far more than their positions."""
+
+    def kv_positions_with(self, rows: int, longest: int) -> int:
+        """The positions its store would hold with ``rows`` rows running, the longest of which
+        holds ``longest`` (its prompt and its answer)."""
         ...
 
 

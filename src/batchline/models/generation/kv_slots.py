@@ -86,10 +86,21 @@ class SlotStore:
         self.keys, self.values = [], []
         self.rows = self.lo = self.hi = 0
 
+    def positions_with(self, rows: int, longest: int) -> int:
+        """The positions (slots x columns) the buffers would hold with ``rows`` rows, the longest
+        of which holds ``longest`` columns, grown from what they hold now as :meth:`reserve`
+        grows them (slots and columns powers of two, the columns twice the window's; neither
+        shrinks while a row lives)."""
+        slots = _next_pow2(rows) if rows > self.slots else self.slots
+        capacity = self.capacity
+        if 2 * longest > capacity:
+            capacity = max(MIN_CAPACITY, _next_pow2(2 * longest))
+        return slots * capacity
+
     def reserve(self, *, rows: int, left: int, right: int) -> None:
         """Make room for ``rows`` rows, a block of ``left`` columns ending at ``hi`` and
         ``right`` columns from ``hi`` on. Moves the window back to the left and reallocates
-        (doubling) only when needed; the columns the old window held are left untouched (a
+        (to powers of two) only when needed; the columns the old window held are left untouched (a
         move within the buffers writes only left of them), so a failure here changes
         nothing."""
         if (
@@ -101,7 +112,9 @@ class SlotStore:
             return
         width = self.width
         hi = max(width, left)
-        slots = max(rows, 2 * self.slots if rows > self.slots else self.slots)
+        # a power of two: however the rows join, step by step or at once, the slots they end in
+        # are the same (what positions_with tells an admission ahead of the steps)
+        slots = _next_pow2(rows) if rows > self.slots else self.slots
         capacity = self.capacity
         if 2 * (hi + right) > capacity:
             # twice what the window needs: it slides as far as it is wide before it moves

@@ -352,6 +352,11 @@ class TorchStepEngine:
         copied."""
         return self.scheduler.prompts_shared
 
+    def kv_positions_with(self, rows: int, longest: int) -> int:
+        """:class:`~.engine.KvRectangle`: what its store would hold for ``rows`` rows, the longest
+        ``longest`` positions (:meth:`~.kv_slots.SlotStore.positions_with`)."""
+        return self._store.positions_with(rows, longest)
+
     def kv_tokens_allocated(self) -> int:
         """KV-cache positions the next step attends over, padding included: rows x window
         (the buffers behind them hold up to twice as many, see :class:`~.kv_slots.SlotStore`)."""
