@@ -22,15 +22,14 @@ fp32 weights file standing in for the graph (the converted tower holds those wei
 part of them for one of CLIP's two towers: an overestimate), and a tensor model's extra, a
 text model's for a text tower.
 
-Torch text generators (a Hugging Face folder, ``smollm2`` once converted), measured the same
-day on a random Llama of SmolLM2-135M's shape (513 MiB of float32 safetensors, float32 on this
-CPU): a load grew the process by 1,029-1,063 MiB and peaked there, so twice the weights (the
-engine's packed copies beside the model's), an eighth more at the peak for safety; plus the
-KV cache at ``kv_token_budget`` positions, read off ``config.json`` (allocated as the traffic
-needs it, but all of it is the model's at full load): 720 MiB for SmolLM2 at 16,384 positions
-in float32. Importing torch, transformers and the engine adds 345-363 MiB, once. A folder's
-weights are its ``*.safetensors`` (else ``*.bin``) alone: a GGUF made from it beside them is
-not read.
+Torch text generators of a Hugging Face folder, measured the same day on a random Llama of
+SmolLM2-135M's shape (513 MiB of float32 safetensors, float32 on this CPU): a load grew the
+process by 1,029-1,063 MiB and peaked there, so twice the weights (the engine's packed copies
+beside the model's), an eighth more at the peak for safety; plus the KV cache at
+``kv_token_budget`` positions, read off ``config.json`` (allocated as the traffic needs it, but
+all of it is the model's at full load): 720 MiB for SmolLM2 at 16,384 positions in float32.
+Importing torch, transformers and the engine adds 345-363 MiB, once. A folder's weights are its
+``*.safetensors`` (else ``*.bin``) alone: a GGUF made from it beside them is not read.
 
 A GGUF file on the torch backend (a user's, the built-in ``smollm2``), measured 2026-12-05 on a
 2-core Zen 5 EPYC (``VmRSS`` and ``VmHWM`` of ``batchline serve`` once ready, less torch's
