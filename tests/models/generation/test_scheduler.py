@@ -292,9 +292,13 @@ def _starvation_run(max_overtakes: int) -> tuple[int, int]:
             def small(i: int) -> SamplingParams:
                 return SamplingParams(max_tokens=5 + i % 10)
 
-            before = [gen.submit([5] * 5, small(i)) for i in range(4)]
-            big = gen.submit([6] * 10, SamplingParams(max_tokens=80))
-            after = [gen.submit([5] * 5, small(i)) for i in range(200)]
+            # all queued before the worker admits any: the admission order is the rule's, not
+            # the threads' (a worker that ran between the submits drained the queue, and a gap
+            # let the big one in after 38 overtakers on a loaded CI machine)
+            with gen._cond:
+                before = [gen.submit([5] * 5, small(i)) for i in range(4)]
+                big = gen.submit([6] * 10, SamplingParams(max_tokens=80))
+                after = [gen.submit([5] * 5, small(i)) for i in range(200)]
             await asyncio.gather(*(s.result() for s in [*before, big, *after]))
         order = engine.added
         ahead = set(order[: order.index(big.request_id)])
