@@ -241,6 +241,20 @@ def test_resume_needs_a_manifest_in_a_non_empty_directory(tmp_path: Path) -> Non
         writer(tmp_path / "out", resume=True)
 
 
+def test_resume_of_a_run_that_failed_before_its_first_chunk_starts_afresh(tmp_path: Path) -> None:
+    """A run that failed before its first chunk leaves at most its own uncommitted files and a
+    line a task of drive's still logged (its failure log, without a manifest): nothing to
+    resume, and nothing refused."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "part-000000.parquet.tmp").write_bytes(b"torn")
+    (out / "_failures.jsonl").write_text('{"index": 3, "status": 400}\n')
+    w = writer(out, resume=True)
+    assert w.committed_chunks == frozenset()
+    assert not (out / "part-000000.parquet.tmp").exists()
+    assert (out / "_manifest.json").exists()
+
+
 def test_resume_with_other_settings_is_refused(tmp_path: Path) -> None:
     out = tmp_path / "out"
     w = writer(out)

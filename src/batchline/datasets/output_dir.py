@@ -26,6 +26,7 @@ from batchline.datasets.manifest import (
 )
 
 __all__ = [
+    "FAILURES_NAME",
     "default_output",
     "disk_error",
     "lock_output",
@@ -36,6 +37,9 @@ __all__ = [
 
 _PART = re.compile(r"part-\d{6,}\.(?:parquet|jsonl)(?:\.tmp)?")
 _OWN_NAMES = {MANIFEST_NAME, SKIPPED_NAME, MANIFEST_NAME + TMP, SKIPPED_NAME + TMP}
+#: ``drive``'s log of failed records beside the chunks: its lines count only for chunks a
+#: manifest lists (``driver.drive``), so without a manifest it holds nothing to resume.
+FAILURES_NAME = "_failures.jsonl"
 _DISK_FIX = {
     errno.ENOSPC: "free some space",
     errno.EDQUOT: "free some space or raise the quota",
@@ -96,17 +100,20 @@ def open_output(
         check_settings(out, manifest.settings, settings)
         _recover(out, manifest, entries)
         return manifest, False
-    if resume and entries:
+    # A run that failed before its first chunk removes its folder or its own files; what a
+    # task of it still wrote meanwhile (a failed record's line in drive's log) holds nothing
+    # committed: a resume then starts afresh, as on a new folder, instead of refusing it.
+    bare = all(own_file(name) or name == FAILURES_NAME for name in entries)
+    if resume and entries and not bare:
         raise InputError(
             f"{out} has no {MANIFEST_NAME}, so there is no batchline job to resume; "
             "choose another output path, or pass --overwrite to write into it"
         )
-    if entries and not resume:
-        if not overwrite:
-            raise InputError(exists_message(out, entries, settings))
-        for name in entries:
-            if own_file(name):
-                (out / name).unlink()
+    if entries and not resume and not overwrite:
+        raise InputError(exists_message(out, entries, settings))
+    for name in entries:  # overwritten, or a bare folder resumed: the writer's own files go
+        if own_file(name):
+            (out / name).unlink()
     out.mkdir(parents=True, exist_ok=True)
     manifest = Manifest(settings=settings, chunks={})
     write_manifest(out, manifest)

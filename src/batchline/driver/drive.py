@@ -60,6 +60,7 @@ from batchline._errors import BatchlineError, InputError
 from batchline._tracing import tracing_from_env
 from batchline.datasets.manifest import append_synced, json_line, replacing
 from batchline.datasets.outcomes import Failed, Outcome
+from batchline.datasets.output_dir import FAILURES_NAME
 from batchline.datasets.pipeline import Progress, open_dataset_job, run_pipeline
 from batchline.datasets.sinks import ChunkWriter, default_output
 from batchline.datasets.sources import Record, holds_pictures, prompt_column
@@ -89,7 +90,6 @@ __all__ = [
     "read_failures",
 ]
 
-FAILURES_NAME = "_failures.jsonl"
 
 _API_KEY_ENV = "BATCHLINE_API_KEY"
 
