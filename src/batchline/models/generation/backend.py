@@ -121,7 +121,7 @@ def _gguf_footprint(spec: ModelSpec, knobs: GenerationBackendOptions) -> Footpri
         )
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         layers = kv_heads = head_dim = 0  # a header that does not say the shape: weights only
-    kv = 2 * layers * kv_heads * head_dim * width * knobs.kv_token_budget
+    kv = _kv_positions_bytes(layers, kv_heads, head_dim, dtype, knobs)
     # the KV cache grows with the traffic after the load: its peak is the weights' alone
     return Footprint(held + kv, held + held // 4, "torch", _advice(kv, knobs))
 
@@ -148,7 +148,15 @@ def _kv_bytes(config: Path, knobs: GenerationBackendOptions) -> int:
         head_dim = int(c.get("head_dim") or int(c["hidden_size"]) // heads)
     except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
         return 0
-    width = 2 if knobs.dtype in ("bfloat16", "float16") else 4  # auto: float32 where no bf16
+    return _kv_positions_bytes(layers, kv_heads, head_dim, knobs.dtype, knobs)  # auto: float32
+
+
+def _kv_positions_bytes(
+    layers: int, kv_heads: int, head_dim: int, dtype: str, knobs: GenerationBackendOptions
+) -> int:
+    """Keys and values of ``kv_token_budget`` positions of that shape in ``dtype`` (2 bytes a
+    value for bf16 and fp16, else 4)."""
+    width = 2 if dtype in ("bfloat16", "float16") else 4
     return 2 * layers * kv_heads * head_dim * width * knobs.kv_token_budget
 
 
