@@ -61,7 +61,12 @@ inline int64_t tiles_per_share(int64_t tile_bytes) {
 // 2,048 -> 16,384 and 8,192 -> 2,048 from memory) the int8 layout went from 20-22 GB/s (T1,
 // 2,048 bytes ahead) to 27-31 (NTA, 512 to 1,024 ahead; torch's sum of a 1 GiB tensor: 30.0),
 // int4 from 19-22 to 25-30, one thread 12.3 -> 16.5 against the sum's 16.9; 4 to 128 rows the
-// same within 5 %. Measured on Zen 2 only; Zen 3 to 5 keep that L3 design and take it too.
+// same within 5 %. Zen 3 to 5 keep that L3 design and take it too. On Zen 5 (2 threads,
+// 2026-12-06) the choice barely matters: batch-1 steps of the 360M and 1.7B shapes, int4 and
+// int8 layouts, took each of NTA 768 (this), none, T1 2,048 or 4,096, NTA 1,536 or 3,072 and
+// T0 1,024 in turn, step by step in one process: none was more than 4 % faster than NTA 768,
+// and T1 2,048 was 5 % slower at 1.7B int4 (in a scratch loop over one 1 GiB weight, none and
+// T1 4,096 were 14 % faster: not so in a step, whose weights are 97 products of 0.5-18 MiB).
 #if defined(__znver1__) || defined(__znver2__) || defined(__znver3__) || defined(__znver4__) || \
     defined(__znver5__)
 constexpr int64_t kAhead = 768;
