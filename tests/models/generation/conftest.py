@@ -23,7 +23,14 @@ TINY_EOS = 2
 TINY_VOCAB = 320
 
 
-def build_tiny_llama(*, seed: int = 0, hidden_size: int = 64, intermediate_size: int = 128) -> Any:
+def build_tiny_llama(
+    *,
+    seed: int = 0,
+    hidden_size: int = 64,
+    intermediate_size: int = 128,
+    layers: int = 2,
+    heads: int = 4,
+) -> Any:
     """A randomly initialised 2-layer Llama (hidden 64, 4 heads / 2 KV heads, or the sizes
     given), fp32, eval mode.
 
@@ -37,8 +44,8 @@ def build_tiny_llama(*, seed: int = 0, hidden_size: int = 64, intermediate_size:
         vocab_size=TINY_VOCAB,
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
-        num_hidden_layers=2,
-        num_attention_heads=4,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
         num_key_value_heads=2,
         max_position_embeddings=128,
         initializer_range=0.2,

@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from .conftest import TINY_VOCAB
+
 CHAT_TEMPLATE = (
     "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}assistant:{% endif %}"
@@ -47,6 +49,15 @@ def gguf_name(hf_name: str) -> str | None:
     if parts[:2] == ["model", "layers"] and parts[3] in _LAYER:
         return f"blk.{parts[2]}.{_LAYER[parts[3]]}"
     return None
+
+
+def tiny_vocab() -> list[str]:
+    """A byte-level vocabulary of ``TINY_VOCAB`` tokens for :func:`write_tiny_gguf`: the pad,
+    BOS and EOS tokens, every byte, ``ĠĠ`` (the one merge) and fillers."""
+    from tokenizers import pre_tokenizers
+
+    vocab = ["<pad>", "<s>", "</s>", *sorted(pre_tokenizers.ByteLevel.alphabet()), "ĠĠ"]
+    return vocab + [f"<x{i}>" for i in range(len(vocab), TINY_VOCAB)]
 
 
 def write_tiny_gguf(

@@ -24,14 +24,13 @@ from batchline.models.generation.gguf_meta import (  # noqa: E402
 from batchline.models.generation.gguf_weights import load_gguf, read_gguf_file  # noqa: E402
 
 from .conftest import build_tiny_llama  # noqa: E402
-from .gguf_helpers import write_tiny_gguf  # noqa: E402
-from .test_quant import _vocab  # noqa: E402
+from .gguf_helpers import tiny_vocab, write_tiny_gguf  # noqa: E402
 
 CONFIG_FIELDS = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size", "rms_norm_eps")
 
 
 def _gguf(tmp_path: Path, name: str = "mine.gguf") -> tuple[Path, int]:
-    path = write_tiny_gguf(tmp_path / name, build_tiny_llama(), "Q8_0", vocab=_vocab())
+    path = write_tiny_gguf(tmp_path / name, build_tiny_llama(), "Q8_0", vocab=tiny_vocab())
     return path, read_gguf_file(path).header_bytes
 
 
@@ -70,7 +69,7 @@ def test_the_folder_is_the_files_content_s(tmp_path: Path, monkeypatch: pytest.M
     copy = shutil.copy(path, tmp_path / "elsewhere.gguf")
     assert gguf_meta_folder(Path(copy), header) == gguf_meta_folder(path, header)
     other = write_tiny_gguf(
-        tmp_path / "other.gguf", build_tiny_llama(), "Q8_0", vocab=_vocab()[:-1]
+        tmp_path / "other.gguf", build_tiny_llama(), "Q8_0", vocab=tiny_vocab()[:-1]
     )
     other_header = read_gguf_file(other).header_bytes
     assert gguf_meta_folder(other, other_header) != gguf_meta_folder(path, header)

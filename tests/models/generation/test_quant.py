@@ -44,7 +44,7 @@ from batchline.models.specs import parse_spec  # noqa: E402
 
 from .conftest import TINY_VOCAB, build_tiny_llama  # noqa: E402
 from .gen_helpers import greedy_reference  # noqa: E402
-from .gguf_helpers import dequantized_reference, write_tiny_gguf  # noqa: E402
+from .gguf_helpers import dequantized_reference, tiny_vocab, write_tiny_gguf  # noqa: E402
 from .test_families import build  # noqa: E402
 from .test_load import save_tiny_generator  # noqa: E402
 
@@ -266,7 +266,7 @@ def test_the_gguf_reader_reads_what_gguf_py_reads(tmp_path: Path) -> None:
 
     from batchline.models.generation.gguf_file import read_gguf
 
-    path = write_tiny_gguf(tmp_path / "t.gguf", build_tiny_llama(), "Q4_1", vocab=_vocab())
+    path = write_tiny_gguf(tmp_path / "t.gguf", build_tiny_llama(), "Q4_1", vocab=tiny_vocab())
     ours, theirs = read_gguf(path), gguf.GGUFReader(str(path))
     assert ours.metadata["general.architecture"] == "llama"
     assert ours.metadata["llama.block_count"] == 2
@@ -361,6 +361,36 @@ def test_a_gguf_loads_kept_quantized_and_generates_as_transformers_on_its_weight
     assert tokens == [greedy_reference(reference, p, 8) for p in prompts]
 
 
+def test_a_ggufs_linears_join_alike_whether_packed_as_read_or_left_to_torchs_kernel(
+    tmp_path: Path, torch_threads: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the own kernel runs, each kept linear is packed as it is read and q/k/v and
+    gate/up are joined along their tiles; where it does not, their codes are joined and torch's
+    kernel takes them. Either way the same products: the logits of the file's weights."""
+    from batchline.models.generation import quant_kernel
+
+    model = build_tiny_llama()
+    path = write_tiny_gguf(tmp_path / "t.gguf", model, "Q4_1")
+    folder = save_tiny_generator(tmp_path / "folder", model=model)
+    reference = dequantized_reference(path, model)
+    x = torch.randint(3, TINY_VOCAB, (1, 12))
+    with torch.no_grad():
+        want = reference(x).logits.double()
+    own_here = quant_kernel.own_kernels(dtype=torch.float32)[0]
+    for own in (True, False):
+        if not own:
+            monkeypatch.setattr(quant_kernel, "own_kernels", lambda **_: (False, "not here"))
+        elif not own_here:
+            continue
+        loaded, _, _ = load_gguf(path, dtype=torch.float32, folder=folder)
+        layer = loaded.model.layers[0]
+        products = (layer.self_attn.qkv_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
+        assert all(isinstance(p, QuantLinear) and p.own_kernel == own for p in products)
+        with torch.no_grad():
+            got = loaded(x).logits
+        assert _relative(got, want) < 1e-4
+
+
 def test_a_ggufs_float_values_are_copied_only_from_the_files_own_memory() -> None:
     """gguf-py gives F32 as a view of the file's read-only mapping and every other type as a
     new array: only the view is copied, no second float32 copy made of the others."""
@@ -376,19 +406,12 @@ def test_a_ggufs_float_values_are_copied_only_from_the_files_own_memory() -> Non
     assert torch.equal(got, torch.from_numpy(values) + 1)
 
 
-def _vocab() -> list[str]:
-    from tokenizers import pre_tokenizers
-
-    vocab = ["<pad>", "<s>", "</s>", *sorted(pre_tokenizers.ByteLevel.alphabet()), "ĠĠ"]
-    return vocab + [f"<x{i}>" for i in range(len(vocab), TINY_VOCAB)]
-
-
 def test_a_users_gguf_runs_through_the_model_spec_with_the_files_chat_template(
     tmp_path: Path, torch_threads: None
 ) -> None:
     from batchline.models.generation.load import load_text_generator
 
-    path = write_tiny_gguf(tmp_path / "mine.gguf", build_tiny_llama(), "Q4_1", vocab=_vocab())
+    path = write_tiny_gguf(tmp_path / "mine.gguf", build_tiny_llama(), "Q4_1", vocab=tiny_vocab())
     spec = parse_spec(str(path))
     assert (spec.kind, spec.task, spec.name) == ("gguf", "generate", "mine")
     knobs = Knobs(dtype="bfloat16", weights="auto")
@@ -421,7 +444,7 @@ def test_a_ggufs_lm_head_is_int8_in_groups_where_its_linears_stay_quantized(
     if not own_kernels(dtype=torch.float32)[0]:
         pytest.skip("the own int4 kernel does not run here: the head stays dense")
     model = build_tiny_llama()
-    path = write_tiny_gguf(tmp_path / "mine.gguf", model, "Q4_1", vocab=_vocab())
+    path = write_tiny_gguf(tmp_path / "mine.gguf", model, "Q4_1", vocab=tiny_vocab())
     with caplog.at_level(logging.INFO, logger="batchline.generation"):
         loaded = load_text_generator(parse_spec(str(path)), Knobs(dtype="float32"))
     try:
@@ -455,7 +478,7 @@ def test_a_ggufs_linears_of_types_the_kernels_do_not_read_go_int8_in_groups(
         pytest.skip("the own int4 kernel does not run here: such linears stay dense")
     model = build_tiny_llama(hidden_size=256, intermediate_size=256)  # Q6_K: 256 inputs a block
     types = {"attn_v.weight": "Q6_K", "ffn_down.weight": "Q6_K", "attn_output.weight": "Q5_0"}
-    path = write_tiny_gguf(tmp_path / "mix.gguf", model, "Q4_0", vocab=_vocab(), types=types)
+    path = write_tiny_gguf(tmp_path / "mix.gguf", model, "Q4_0", vocab=tiny_vocab(), types=types)
     loaded, _, report = load_gguf(path, dtype=torch.float32)
     assert report.kept == {"Q4_0": 4 * 2}  # q, k, gate and up of both layers
     assert report.requantized == {"Q6_K": 2 * 2, "Q5_0": 2}
@@ -507,7 +530,7 @@ def test_a_ggufs_linears_are_made_a_block_at_a_time(
     monkeypatch.setattr(torch_weights, "release_file_ranges", counted)
     monkeypatch.setattr(torch_weights, "trim_heap", lambda: trims.append(len(made)))
     model = build_tiny_llama()
-    path = write_tiny_gguf(tmp_path / "mine.gguf", model, "Q4_0", vocab=_vocab())
+    path = write_tiny_gguf(tmp_path / "mine.gguf", model, "Q4_0", vocab=tiny_vocab())
     loaded, _, report = load_gguf(path, dtype=torch.float32)
     blocks = model.config.num_hidden_layers
     attention, mlp = ("q_proj", "k_proj", "v_proj", "o_proj"), ("gate_proj", "up_proj", "down_proj")
@@ -536,7 +559,7 @@ def test_where_the_own_kernel_does_not_run_such_linears_are_dequantized_into_the
     monkeypatch.setattr(quantize, "int8_groups_packed", lambda *args, **kwargs: None)
     model = build_tiny_llama()
     types = {"attn_v.weight": "Q5_0"}
-    path = write_tiny_gguf(tmp_path / "mix.gguf", model, "Q8_0", vocab=_vocab(), types=types)
+    path = write_tiny_gguf(tmp_path / "mix.gguf", model, "Q8_0", vocab=tiny_vocab(), types=types)
     loaded, _, report = load_gguf(path, dtype=torch.float32)
     assert report.requantized == {}
     assert report.dequantized == {"Q5_0": 2}
@@ -657,7 +680,7 @@ def test_a_ggufs_linears_are_told_float_or_quantized(
     from batchline.models.generation.engine_choices import float_gguf
     from batchline.models.generation.gguf_weights import gguf_float_linears
 
-    path = write_tiny_gguf(tmp_path / "m.gguf", build_tiny_llama(), kind, vocab=_vocab())
+    path = write_tiny_gguf(tmp_path / "m.gguf", build_tiny_llama(), kind, vocab=tiny_vocab())
     assert gguf_float_linears(path) is expected
     assert float_gguf(parse_spec(str(path))) is expected
     assert float_gguf(parse_spec("smollm2")) is False  # the built-in one: Q4_1
@@ -669,7 +692,7 @@ def test_a_users_f16_gguf_loads_in_the_dtype_of_a_float_folder(
     from batchline.models.generation.backend import GENERATION
     from batchline.models.generation.load import load_text_generator
 
-    path = write_tiny_gguf(tmp_path / "f16.gguf", build_tiny_llama(), "F16", vocab=_vocab())
+    path = write_tiny_gguf(tmp_path / "f16.gguf", build_tiny_llama(), "F16", vocab=tiny_vocab())
     spec, knobs = parse_spec(str(path)), Knobs(generation_threads=1)
     dense = choose_dtype("auto", "cpu").dtype
     loaded = load_text_generator(spec, knobs)
@@ -794,7 +817,7 @@ def test_a_ggufs_head_and_embedding_packed_as_read_are_the_layouts_bits(
     model = build_tiny_llama()
     types = {"token_embd.weight": table, "output.weight": table}
     path = write_tiny_gguf(
-        tmp_path / "m.gguf", model, "Q4_1", vocab=_vocab(), types=types, tied=tied
+        tmp_path / "m.gguf", model, "Q4_1", vocab=tiny_vocab(), types=types, tied=tied
     )
     rows: list[int] = []
     real = gguf.dequantize

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 
     from batchline.models.generation.gguf_file import GgufFile
     from batchline.models.generation.quant_codes import Int4Codes
+    from batchline.models.generation.quant_linear import QuantLinear
     from batchline.models.generation.quantize import QuantReport
 
 __all__ = [
@@ -275,6 +276,7 @@ def load_gguf(
     from batchline.models.generation.gguf_meta import gguf_config_and_tokenizer
     from batchline.models.generation.quant_codes import int4_planes_rows
     from batchline.models.generation.quant_embedding import QuantEmbedding, int8g_table
+    from batchline.models.generation.quant_linear import own_int4_packed
     from batchline.models.generation.quantize import (
         int8_groups_head,
         int8_groups_here,
@@ -296,7 +298,7 @@ def load_gguf(
     heads = int(config.num_attention_heads)
     kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
     report = GgufLoad(arch)
-    kept: dict[str, list[Int4Codes]] = {}  # the linears kept quantized, by module path
+    kept: dict[str, list[Int4Codes] | _Packed] = {}  # the linears kept quantized, by module path
     requantized: dict[str, list[torch.Tensor]] = {}  # the linears packed as int8 in groups
     tied = not any(t.name == "output.weight" for t in file.tensors)
     # Where the layout would make the lm_head int8 in groups of 32 (the own kernel runs for
@@ -351,7 +353,12 @@ def load_gguf(
             planes = gguf_int4(kind, data)
             if permute_rows:
                 planes = int4_planes_rows(planes, functools.partial(_unpermute_rows, heads=permute))
-            kept[owner_path] = planes  # made layers below, q/k/v and gate/up joined
+            # made layers below, q/k/v and gate/up joined; packed now where the own kernel
+            # computes them (a byte a code is 3.5 times the file's Q4 bytes: a block's codes
+            # held whole until its layers were made set a load's peak)
+            packed = own_int4_packed(planes, dtype, scale_dtype)
+            n, k = planes[0].codes.shape
+            kept[owner_path] = planes if packed is None else _Packed(packed, n, k, len(planes))
             report.kept[kind] = report.kept.get(kind, 0) + 1
             return
         values = _owned_float32(dequantize(data, qtype))
@@ -444,6 +451,21 @@ def _owned_float32(values: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.require(values, np.float32, ["C", "W"]))
 
 
+@dataclass(frozen=True)
+class _Packed:
+    """A linear kept quantized, packed for the own kernel (:func:`~.quant_linear.own_int4_packed`):
+    ``n`` outputs, ``k`` inputs, from ``planes`` int4 planes (one: int4; two: int8 in groups)."""
+
+    packed: list[torch.Tensor]
+    n: int
+    k: int
+    planes: int
+
+    @property
+    def kind(self) -> str:
+        return "int4" if self.planes == 1 else "int8g"
+
+
 # the linears a layer's q/k/v and gate/up products join (lean_llama's fused names)
 _JOINED = (
     ("self_attn", "qkv_proj", ("q_proj", "k_proj", "v_proj")),
@@ -453,19 +475,18 @@ _JOINED = (
 
 def _make_layers(
     model: Any,
-    kept: dict[str, list[Int4Codes]],
+    kept: dict[str, list[Int4Codes] | _Packed],
     dtype: torch.dtype,
     scale_dtype: torch.dtype | None,
 ) -> int:
-    """The int4 layers of the ``kept`` linears, with the biases the file gave the linears
-    (read into the meta-built ``nn.Linear``s); a layer's q/k/v and gate/up joined into one each
-    where all are kept with as many planes (one product at a step, as ``fuse_projections``
-    joins float ones: the same values, as each output row is its own). Returns their bytes."""
+    """The int4 layers of the ``kept`` linears (their planes, or packed already), with the
+    biases the file gave the linears (read into the meta-built ``nn.Linear``s); a layer's
+    q/k/v and gate/up joined into one each where all are kept alike with as many planes (one
+    product at a step, as ``fuse_projections`` joins float ones: the same values, as each
+    output row is its own; packed ones joined along their tiles). Returns their bytes."""
     import torch
 
     from batchline.models.generation.projections import join_projections
-    from batchline.models.generation.quant_codes import Int4Codes
-    from batchline.models.generation.quant_linear import QuantLinear
 
     def bias_of(path: str) -> torch.Tensor | None:
         bias = model.get_submodule(path).bias
@@ -478,32 +499,70 @@ def _make_layers(
             paths = [f"{prefix}.{owner}.{part}" for part in parts]
             found = [kept[p] for p in paths if p in kept]
             biases = [b for b in map(bias_of, paths) if b is not None]
-            if len(found) < len(parts) or len({len(p) for p in found}) != 1:
+            if len(found) < len(parts) or len({_alike(p) for p in found}) != 1:
                 continue
             if 0 < len(biases) < len(parts):
                 continue  # some with a bias, some without: left separate
-            joined = [
-                Int4Codes(
-                    torch.cat([p[i].codes for p in found]),
-                    torch.cat([p[i].scales for p in found]),
-                    torch.cat([p[i].zeros for p in found]),
-                    found[0][i].group_size,
-                )
-                for i in range(len(found[0]))
-            ]
             bias = torch.cat(biases) if biases else None
-            fused = QuantLinear.int4(joined, bias=bias, dtype=dtype, scale_dtype=scale_dtype)
-            sizes = [int(p[0].codes.shape[0]) for p in found]
+            fused = _layer(_joined(found), bias, dtype, scale_dtype)
+            sizes = [_outputs(p) for p in found]
             join_projections(model.get_submodule(f"{prefix}.{owner}"), name, parts, fused, sizes)
             total += fused.weight_bytes
             for p in paths:
                 del kept[p]
-    for path, planes in kept.items():
-        single = QuantLinear.int4(planes, bias=bias_of(path), dtype=dtype, scale_dtype=scale_dtype)
+    for path, linear in kept.items():
+        single = _layer(linear, bias_of(path), dtype, scale_dtype)
         parent, name = path.rsplit(".", 1)
         setattr(model.get_submodule(parent), name, single)
         total += single.weight_bytes
     return total
+
+
+def _layer(
+    linear: list[Int4Codes] | _Packed,
+    bias: torch.Tensor | None,
+    dtype: torch.dtype,
+    scale_dtype: torch.dtype | None,
+) -> QuantLinear:
+    from batchline.models.generation.quant_linear import QuantLinear
+
+    if isinstance(linear, _Packed):
+        return QuantLinear.own_int4(linear.packed, linear.n, linear.k, kind=linear.kind, bias=bias)
+    return QuantLinear.int4(linear, bias=bias, dtype=dtype, scale_dtype=scale_dtype)
+
+
+def _joined(found: list[list[Int4Codes] | _Packed]) -> list[Int4Codes] | _Packed:
+    """Linears kept alike (:func:`_alike`) as one, their outputs one after another: packed
+    ones along their tiles (each linear's outputs a multiple of 16: a tile is its own)."""
+    import torch
+
+    from batchline.models.generation.quant_codes import Int4Codes
+
+    packed = [p for p in found if isinstance(p, _Packed)]
+    if packed:
+        tiles = [torch.cat(each) for each in zip(*(p.packed for p in packed), strict=True)]
+        return _Packed(tiles, sum(p.n for p in packed), packed[0].k, packed[0].planes)
+    planes = [p for p in found if not isinstance(p, _Packed)]
+    return [
+        Int4Codes(
+            torch.cat([p[i].codes for p in planes]),
+            torch.cat([p[i].scales for p in planes]),
+            torch.cat([p[i].zeros for p in planes]),
+            planes[0][i].group_size,
+        )
+        for i in range(len(planes[0]))
+    ]
+
+
+def _outputs(linear: list[Int4Codes] | _Packed) -> int:
+    return linear.n if isinstance(linear, _Packed) else int(linear[0].codes.shape[0])
+
+
+def _alike(linear: list[Int4Codes] | _Packed) -> tuple[str, int]:
+    """What linears joined into one product share: packed or not, and their planes."""
+    if isinstance(linear, _Packed):
+        return "packed", linear.planes
+    return "codes", len(linear)
 
 
 def _make_int8_layers(model: Any, requantized: dict[str, list[torch.Tensor]]) -> int:

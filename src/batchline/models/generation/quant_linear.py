@@ -57,6 +57,7 @@ __all__ = [
     "DENSE_ROWS",
     "QuantLinear",
     "describe_step_weights",
+    "own_int4_packed",
     "require_int_kernels",
     "step_weight_bytes",
     "step_weight_count",
@@ -116,6 +117,26 @@ _OWN_INT4_DTYPES = (torch.bfloat16, torch.float32)
 #: 2,048 -> 16,384 one: 134 MB) took ~40 ms to fault in, as long as dequantizing it.
 DEQUANT_COLS = 1024
 _scratch = threading.local()
+
+
+def _own_int4_fits(dtype: torch.dtype, group_size: int) -> bool:
+    return dtype in _OWN_INT4_DTYPES and group_size == quant_kernel.GROUP
+
+
+def own_int4_packed(
+    planes: list[Int4Codes], dtype: torch.dtype, scale_dtype: torch.dtype | None = None
+) -> list[torch.Tensor] | None:
+    """``planes`` packed as :meth:`QuantLinear.int4` packs them by default (for
+    :meth:`QuantLinear.own_int4`, kind ``int4`` for one plane, ``int8g`` for two), or None where
+    that layer would compute through torch's kernel. Each tile of 16 output rows is packed on
+    its own, so linears whose rows are a multiple of 16, packed apart and joined along the
+    tiles (``torch.cat``), are the layer their joined planes make: a GGUF's load packs each
+    linear as it reads it and never holds a block's codes a byte each."""
+    if not (
+        _own_int4_fits(dtype, planes[0].group_size) and quant_kernel.own_kernels(dtype=dtype)[0]
+    ):
+        return None
+    return pack_planes(planes, dtype, scale_dtype or quant_kernel.scale_dtype_for(dtype))
 
 
 def require_int_kernels(aten: Any = None) -> None:
@@ -222,7 +243,7 @@ class QuantLinear(torch.nn.Module):
         n, k = planes[0].codes.shape
         kind = "int4" if len(planes) == 1 else "int8g"
         layer = cls(k, n, kind=kind, bias=bias, group_size=planes[0].group_size)
-        fits = dtype in _OWN_INT4_DTYPES and layer.group_size == quant_kernel.GROUP
+        fits = _own_int4_fits(dtype, layer.group_size)
         if own_kernel is None:
             own_kernel = fits and quant_kernel.own_kernels(dtype=dtype)[0]
         elif own_kernel and not fits:
