@@ -31,8 +31,8 @@ pytestmark = [
 
 MIB = 1 << 20
 #: what a load holds beside the weights and the KV cache (the engine's buffers, its tables),
-#: and its passing temporaries (a block's linears being packed): 56 MiB measured for the file
-#: below (Zen 5, 2026-12-06), where its values in float32 are 480 MB
+#: and its passing temporaries (a linear being packed): 46 MiB measured for the file below
+#: (Zen 5, 2026-12-06), where its values in float32 are 480 MB
 MARGIN = 96 * MIB
 KV_POSITIONS = 256
 

@@ -469,24 +469,27 @@ def test_a_ggufs_linears_of_types_the_kernels_do_not_read_go_int8_in_groups(
     tmp_path: Path, torch_threads: None
 ) -> None:
     """As a Q4_K_M file has them: attn_v and ffn_down Q6_K (16-value groups), and Q5_0 (what
-    llama.cpp gives rows that are no multiple of 256) on attn_output; the rest Q4_0 here, as
-    gguf-py writes no Q4_K. Each becomes int8 in groups of 32 of gguf-py's own dequantization,
-    exactly, never the model's float dtype, and the model computes what the file holds."""
+    llama.cpp gives rows that are no multiple of 256) on attn_output, and here on attn_k too
+    (whose rows the loader puts back in Llama's order); the rest Q4_0, as gguf-py writes no
+    Q4_K. Each becomes int8 in groups of 32 of gguf-py's own dequantization, exactly, never the
+    model's float dtype, and the model computes what the file holds."""
     from batchline.models.generation.quant_kernel import own_kernels
 
     if not own_kernels(dtype=torch.float32)[0]:
         pytest.skip("the own int4 kernel does not run here: such linears stay dense")
     model = build_tiny_llama(hidden_size=256, intermediate_size=256)  # Q6_K: 256 inputs a block
-    types = {"attn_v.weight": "Q6_K", "ffn_down.weight": "Q6_K", "attn_output.weight": "Q5_0"}
+    types = {"attn_v.weight": "Q6_K", "ffn_down.weight": "Q6_K"}
+    types |= {"attn_output.weight": "Q5_0", "attn_k.weight": "Q5_0"}
     path = write_tiny_gguf(tmp_path / "mix.gguf", model, "Q4_0", vocab=tiny_vocab(), types=types)
     loaded, _, report = load_gguf(path, dtype=torch.float32)
-    assert report.kept == {"Q4_0": 4 * 2}  # q, k, gate and up of both layers
-    assert report.requantized == {"Q6_K": 2 * 2, "Q5_0": 2}
+    assert report.kept == {"Q4_0": 3 * 2}  # q, gate and up of both layers
+    assert report.requantized == {"Q6_K": 2 * 2, "Q5_0": 2 * 2}
     assert report.dequantized == {}
-    assert "as int8 in groups of 32: 2 Q5_0, 4 Q6_K" in str(report)
+    assert "as int8 in groups of 32: 4 Q5_0, 4 Q6_K" in str(report)
     reference = dequantized_reference(path, model)
+    requantized = ("self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.down_proj")
     for got_layer, want_layer in zip(loaded.model.layers, reference.model.layers, strict=True):
-        for name in ("self_attn.v_proj", "self_attn.o_proj", "mlp.down_proj"):
+        for name in requantized:
             layer = got_layer.get_submodule(name)
             assert isinstance(layer, QuantLinear), name
             assert layer.kind == "int8g", name
@@ -504,9 +507,9 @@ def test_a_ggufs_linears_of_types_the_kernels_do_not_read_go_int8_in_groups(
 def test_a_ggufs_linears_are_made_a_block_at_a_time(
     tmp_path: Path, torch_threads: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A block's codes (a byte a code) are held until that block is read, not the model's: each
-    block's linears are made once its last tensor is read, its pages of the file given back,
-    and the heap's free memory too."""
+    """A block's kept linears are held until that block is read, not the model's: each
+    block's layers are made once its last tensor is read, its pages of the file given back,
+    and the heap's free memory too (also after each linear is read)."""
     from batchline.models.common import torch_weights
     from batchline.models.generation import gguf_weights
 
@@ -543,7 +546,9 @@ def test_a_ggufs_linears_are_made_a_block_at_a_time(
     ]
     assert all(not rest for rest in made[blocks:])  # nothing left for the end
     assert released == [9] * blocks  # each block's 7 linears and its 2 norms
-    assert trims == list(range(1, blocks + 1))  # once a block, after its linears are made
+    # after each kept linear is read (its temporaries), and once a block, after its layers
+    expected = [made_before for b in range(blocks) for made_before in [b] * 7 + [b + 1]]
+    assert trims == expected
     assert report.kept == {"Q4_0": 7 * blocks}
     reference = dequantized_reference(path, model)
     x = torch.randint(3, TINY_VOCAB, (1, 12))

@@ -359,19 +359,24 @@ def load_gguf(
             packed = own_int4_packed(planes, dtype, scale_dtype)
             n, k = planes[0].codes.shape
             kept[owner_path] = planes if packed is None else _Packed(packed, n, k, len(planes))
+            del planes
+            trim_heap()
             report.kept[kind] = report.kept.get(kind, 0) + 1
             return
-        values = _owned_float32(dequantize(data, qtype))
-        if permute_rows:
-            values = _unpermute_rows(values, permute)
         if is_linear and kind not in _DENSE and owner_path != "lm_head":
             # a block type the kernels do not read (Q6_K, Q5_K, ...): int8 in groups of 32 from
-            # its float32 values where the own kernel runs, not the model's dtype
-            packed = int8_groups_packed(values, dtype, scale_dtype)
+            # its float32 values where the own kernel runs, not the model's dtype, a chunk of
+            # rows at a time (a whole 3B ffn_down in float32 is 100 MB)
+            rows = _FileRows(data, qtype, torch.float32)
+            weight = _unpermute_rows(rows[:], permute) if permute_rows else rows
+            packed = int8_groups_packed(weight, dtype, scale_dtype)
             if packed is not None:
                 requantized[owner_path] = packed
                 report.requantized[kind] = report.requantized.get(kind, 0) + 1
                 return
+        values = _owned_float32(dequantize(data, qtype))
+        if permute_rows:
+            values = _unpermute_rows(values, permute)
         if kind not in _DENSE:
             report.dequantized[kind] = report.dequantized.get(kind, 0) + 1
         values = values.to(dtype)
