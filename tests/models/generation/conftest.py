@@ -30,9 +30,10 @@ def build_tiny_llama(
     intermediate_size: int = 128,
     layers: int = 2,
     heads: int = 4,
+    rope: dict[str, Any] | None = None,
 ) -> Any:
     """A randomly initialised 2-layer Llama (hidden 64, 4 heads / 2 KV heads, or the sizes
-    given), fp32, eval mode.
+    given; ``rope``: its ``rope_parameters``, else transformers' default), fp32, eval mode.
 
     ``initializer_range`` is raised from 0.02 so that the logits are peaked: with near-uniform
     logits, greedy decoding would hinge on float ties that a padded batch may break differently.
@@ -53,6 +54,7 @@ def build_tiny_llama(
         eos_token_id=TINY_EOS,
         pad_token_id=0,
         tie_word_embeddings=False,
+        **({"rope_parameters": rope} if rope else {}),
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)

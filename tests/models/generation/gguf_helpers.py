@@ -127,6 +127,17 @@ def write_tiny_gguf(
             writer.add_tensor(target, gguf.quants.quantize(w, kind), raw_dtype=kind)
         else:
             writer.add_tensor(target, np.ascontiguousarray(w, dtype=np.float32))
+    if config.rope_parameters.get("rope_type") == "llama3":
+        # as llama.cpp's converter writes a Llama 3.x's rotary scaling: a factor dividing each
+        # frequency (here the default frequencies over transformers' llama3 ones)
+        import torch
+
+        rotary = model.model.rotary_emb
+        dims = torch.arange(0, 2 * rotary.inv_freq.numel(), 2, dtype=torch.float64)
+        theta = float(config.rope_parameters["rope_theta"])
+        plain = 1.0 / theta ** (dims / (2 * rotary.inv_freq.numel()))
+        factors = (plain / rotary.inv_freq.double()).float().numpy()
+        writer.add_tensor("rope_freqs.weight", np.ascontiguousarray(factors))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

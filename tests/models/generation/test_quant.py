@@ -391,6 +391,54 @@ def test_a_ggufs_linears_join_alike_whether_packed_as_read_or_left_to_torchs_ker
         assert _relative(got, want) < 1e-4
 
 
+def test_a_llama3_ggufs_rope_freqs_scale_its_rotary_frequencies(
+    tmp_path: Path, torch_threads: None
+) -> None:
+    """A Llama 3.x file says its rotary scaling only as the ``rope_freqs`` factors llama.cpp's
+    converter writes (no config key): the loaded model computes what transformers computes for
+    the llama3 rope config the file came from, not the unscaled rotary of its other keys."""
+    rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0}
+    rope |= {
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
+    model = build_tiny_llama(rope=rope)
+    path = write_tiny_gguf(tmp_path / "llama3.gguf", model, "Q8_0", vocab=tiny_vocab())
+    loaded, _, report = load_gguf(path, dtype=torch.float32)
+    assert report.rope_factors
+    assert "rotary frequencies scaled by the file's rope_freqs" in str(report)
+    reference = dequantized_reference(path, model)
+    unscaled = dequantized_reference(path, build_tiny_llama())  # the same weights, plain rotary
+    x = torch.randint(3, TINY_VOCAB, (1, 40))
+    with torch.no_grad():
+        got, want = loaded(x).logits, reference(x).logits.double()
+        plain = unscaled(x).logits.double()
+    assert _relative(plain, want) > 1e-2  # the scaling shows at these positions
+    assert _relative(got, want) < 1e-4
+    rng = random.Random(0)
+    prompts = [tuple(rng.randrange(3, TINY_VOCAB) for _ in range(n)) for n in (9, 33)]
+    tokens = _greedy_through_engine(loaded, prompts, 8)
+    assert tokens == [greedy_reference(reference, p, 8) for p in prompts]
+
+
+def test_a_gguf_generators_identity_names_how_its_file_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A completion cached for a GGUF file is served again only by the reading of the file that
+    computed it: a change that moves the tokens a file gives (rope_freqs applied) moves
+    :data:`~.gguf_weights.LOADER_VERSION`, and with it the generator's identity."""
+    from batchline.models.generation import gguf_weights
+    from batchline.models.generation.backend import GENERATION
+
+    path = write_tiny_gguf(tmp_path / "g.gguf", build_tiny_llama(), "Q4_0", vocab=tiny_vocab())
+    spec, knobs = parse_spec(str(path)), Knobs()
+    before = GENERATION.identity(spec, knobs)
+    assert before.options["gguf_loader"] == gguf_weights.LOADER_VERSION
+    monkeypatch.setattr(gguf_weights, "LOADER_VERSION", gguf_weights.LOADER_VERSION + 1)
+    assert GENERATION.identity(spec, knobs) != before
+
+
 def test_a_ggufs_float_values_are_copied_only_from_the_files_own_memory() -> None:
     """gguf-py gives F32 as a view of the file's read-only mapping and every other type as a
     new array: only the view is copied, no second float32 copy made of the others."""

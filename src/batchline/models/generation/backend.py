@@ -181,6 +181,10 @@ def _identity(spec: ModelSpec, knobs: GenerationBackendOptions | None) -> Identi
         from batchline.models.generation.smollm2 import CONVERTER_VERSION
 
         options["converter"] = CONVERTER_VERSION
+    elif spec.kind == "gguf" and backend != "vllm":
+        from batchline.models.generation.gguf_weights import LOADER_VERSION
+
+        options["gguf_loader"] = LOADER_VERSION
     return Identity(_files(spec), options)
 
 

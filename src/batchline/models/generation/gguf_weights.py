@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "GGUF_ARCHITECTURES",
+    "LOADER_VERSION",
     "GgufLoad",
     "gguf_architecture",
     "gguf_int4",
@@ -68,6 +69,11 @@ GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2"}
 _BLOCK = 32
 # Q4_K = 256-value super-blocks: fp16 d and dmin, 12 bytes of eight 6-bit scales and mins, 128
 # bytes of nibbles; each 32-value sub-block is (d * scale) * q - dmin * min.
+#: Which reading of a file's weights a completion came from, in a generator's identity: what
+#: changes the tokens a file gives moves it, so that no cached completion of an earlier reading
+#: is served (2: a Llama 3.x file's rope_freqs applied, 2026-12-06).
+LOADER_VERSION = 2
+
 _KEPT = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34, "Q4_K": 144}
 # the float types: a linear of one is dequantized into the model's dtype, as the file asks
 _DENSE = ("F32", "F16", "BF16")
@@ -99,6 +105,8 @@ class GgufLoad:
     weight_bytes: int = 0
     #: the lm_head made int8 in groups of 32 as it was read (the embedding's fate with it)
     head: QuantReport | None = None
+    #: the rotary frequencies were divided by the file's ``rope_freqs`` factors (Llama 3.x)
+    rope_factors: bool = False
 
     def __str__(self) -> str:
         kept = ", ".join(f"{n} {t}" for t, n in sorted(self.kept.items())) or "none"
@@ -106,9 +114,11 @@ class GgufLoad:
         again = ", ".join(f"{n} {t}" for t, n in sorted(self.requantized.items()))
         again = f"; as int8 in groups of 32: {again}" if again else ""
         head = f"; {self.head.head_text}" if self.head is not None else ""
+        rope = "; rotary frequencies scaled by the file's rope_freqs" if self.rope_factors else ""
         return (
             f"GGUF {self.architecture}: linears kept quantized: {kept}{again}; dequantized to "
-            f"the model's dtype: {dense}; {self.weight_bytes / 2**20:.0f} MiB of weights{head}"
+            f"the model's dtype: {dense}; {self.weight_bytes / 2**20:.0f} MiB of weights"
+            f"{head}{rope}"
         )
 
 
@@ -332,10 +342,19 @@ def load_gguf(
             embedding_words = "embedding looked up in the lm_head's int8g"
         return True
 
+    rope_factors: torch.Tensor | None = None
+
     def read(tensor: Any) -> None:
+        nonlocal rope_factors
+        if tensor.name == "rope_freqs.weight":
+            # a Llama 3.x file's rotary scaling: llama.cpp's converter writes the factors that
+            # divide each frequency here, and no config key says that the model has any
+            qtype = GGMLQuantizationType(tensor.tensor_type)
+            rope_factors = _owned_float32(dequantize(np.asarray(tensor.data), qtype)).reshape(-1)
+            return
         target = _hf_name(tensor.name)
         if target is None:
-            return  # rope_freqs and the like: the config computes them
+            return  # the config computes what else there is
         owner_path, attr = target.rsplit(".", 1)
         owner = model.get_submodule(owner_path)
         qtype = GGMLQuantizationType(tensor.tensor_type)
@@ -413,7 +432,8 @@ def load_gguf(
         report.head = dataclasses.replace(report.head, embedding=embedding_words)
     elif tied:
         model.lm_head.weight = model.model.embed_tokens.weight
-    _rebuild_rotary(model, config)
+    _rebuild_rotary(model, config, rope_factors, path)
+    report.rope_factors = rope_factors is not None
     missing = [name for name, p in model.named_parameters() if p.is_meta]
     missing += [name for name, b in model.named_buffers() if b.is_meta]
     if missing:
@@ -605,10 +625,24 @@ def _hf_name(name: str) -> str | None:
     return None
 
 
-def _rebuild_rotary(model: Any, config: Any) -> None:
+def _rebuild_rotary(model: Any, config: Any, factors: torch.Tensor | None, path: Path) -> None:
     """The rotary embedding's inverse frequencies, built on meta with the model: computed on
-    CPU from the config, as transformers computes them."""
+    CPU from the config, as transformers computes them, each divided by the file's
+    ``rope_freqs`` factor where it has them (as llama.cpp applies them: for a Llama 3.x, what
+    transformers' ``llama3`` rope type computes from its config)."""
     import torch
 
     with torch.device("cpu"):
-        model.model.rotary_emb = type(model.model.rotary_emb)(config=config)
+        rotary = type(model.model.rotary_emb)(config=config)
+    if factors is not None:
+        frequencies = rotary.inv_freq
+        if factors.shape != frequencies.shape:
+            raise ModelError(
+                f"{path.name}: rope_freqs holds {factors.numel()} factors, the model's rotary "
+                f"embedding {frequencies.numel()} frequencies"
+            )
+        rotary.inv_freq = frequencies / factors
+        original = getattr(rotary, "original_inv_freq", None)
+        if original is not None:
+            rotary.original_inv_freq = original / factors
+    model.model.rotary_emb = rotary
