@@ -69,6 +69,8 @@ def write_tiny_gguf(
     vocab: list[str] | None = None,
     types: dict[str, str] | None = None,
     tied: bool = False,
+    control: tuple[str, ...] = (),
+    metadata: dict[str, int] | None = None,
 ) -> Path:
     """``model`` (a tiny Llama or Qwen2 of transformers) as a GGUF file whose layers' linear
     weights are ``linear_type`` blocks (``Q4_0``, ``Q4_1``, ``Q8_0``, ``Q5_0``; the rest F32),
@@ -77,7 +79,8 @@ def write_tiny_gguf(
     of it, :func:`random_q6_k`, whose values the file then holds), and the embedding and the
     head (``token_embd.weight``, ``output.weight``) of a block type too; ``tied``: no head (the
     file's model looks its logits up in the embedding); with ``vocab``, a GPT-2 style tokenizer
-    of those tokens (holding ``ĠĠ``: its one merge) and a chat template."""
+    of those tokens (holding ``ĠĠ``: its one merge) and a chat template, the tokens of
+    ``control`` typed as control tokens; ``metadata``: more integer keys (``tokenizer.ggml.*``)."""
     import gguf
 
     qtype = gguf.GGMLQuantizationType[linear_type]
@@ -97,12 +100,14 @@ def write_tiny_gguf(
         writer.add_tokenizer_model("gpt2")
         writer.add_tokenizer_pre("default")
         writer.add_token_list(vocab)
-        writer.add_token_types([1] * len(vocab))
+        writer.add_token_types([3 if token in control else 1 for token in vocab])
         writer.add_token_merges(["Ġ Ġ"])  # one merge: a file without any is read otherwise
         writer.add_bos_token_id(1)
         writer.add_eos_token_id(2)
         writer.add_pad_token_id(0)
         writer.add_chat_template(CHAT_TEMPLATE)
+    for key, value in (metadata or {}).items():
+        writer.add_uint32(key, value)
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     for name, tensor in model.state_dict().items():
         target = gguf_name(name)

@@ -136,3 +136,38 @@ def test_a_gguf_beside_another_tokenizer_s_files_keeps_its_own_chat_template(
     _, tokenizer = gguf_config_and_tokenizer(path, header)
     assert tokenizer.chat_template == CHAT_TEMPLATE
     _same(gguf_config_and_tokenizer(alone, header), gguf_config_and_tokenizer(path, header))
+
+
+def test_a_gguf_ends_a_generation_at_each_of_its_end_tokens_as_llama_cpp_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, torch_threads: None
+) -> None:
+    """Not only its EOS: an end-of-message id its metadata names, and its special tokens that
+    end a turn (here ``<|im_end|>``, a control token); a normal token of such a text, or an id
+    past the model's vocabulary, is no end. The engine stops at each, from the kept folder too."""
+    from batchline.models.config import Knobs
+    from batchline.models.generation.load import load_text_generator
+    from batchline.models.specs import parse_spec
+
+    monkeypatch.setenv("BATCHLINE_CACHE_DIR", str(tmp_path / "cache"))
+    vocab = tiny_vocab()
+    vocab[-3:] = ["<|im_end|>", "<|eot_id|>", "<x-msg>"]  # the last a plain token, named below
+    eom, vocab_size = len(vocab) - 1, len(vocab)
+    path = write_tiny_gguf(
+        tmp_path / "ends.gguf",
+        build_tiny_llama(),
+        "Q8_0",
+        vocab=vocab,
+        control=("<|im_end|>",),  # <|eot_id|> stays a normal token here
+        metadata={"tokenizer.ggml.eom_token_id": eom},
+    )
+    header = read_gguf_file(path).header_bytes
+    expected = [2, vocab_size - 3, eom]  # </s>, <|im_end|>, the named end of message
+    for _ in range(2):  # from the file, then from the kept folder
+        config, _ = gguf_config_and_tokenizer(path, header)
+        assert config.eos_token_id == expected
+    loaded = load_text_generator(parse_spec(str(path)), Knobs(generation_threads=1))
+    try:
+        assert loaded.engine is not None
+        assert set(loaded.engine.eos_token_ids) == set(expected)
+    finally:
+        loaded.close()

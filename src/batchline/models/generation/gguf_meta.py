@@ -28,19 +28,33 @@ from typing import TYPE_CHECKING
 
 from batchline._cache import build_folder_whole, cache_dir
 from batchline._errors import ModelError
+from batchline.models.generation.gguf_file import read_gguf
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
-__all__ = ["gguf_config_and_tokenizer", "gguf_meta_folder"]
+__all__ = ["END_TEXTS", "end_ids", "gguf_config_and_tokenizer", "gguf_meta_folder"]
 
 logger = logging.getLogger("batchline.generation")
 
 #: The bytes hashed at a time for the folder's name.
 _CHUNK = 1 << 20
 #: Hashed into the folder's name: a new one where what is kept changes (2: the tokenizer read
-#: from the file alone; folders kept before could hold another file's chat template, or none).
-_KEPT_VERSION = b"2"
+#: from the file alone; folders kept before could hold another file's chat template, or none;
+#: 3: the config's EOS ids are every end-of-generation token of the file, :func:`end_ids`).
+_KEPT_VERSION = b"3"
+#: The texts of the tokens that end a turn or a message in the chat formats of the families a
+#: GGUF holds here (Llama 3's end of turn, of message and of text, ChatML's, Phi's, Gemma's),
+#: which llama.cpp also ends a generation at when the vocabulary has them as special tokens.
+END_TEXTS = (
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|end_of_text|>",
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|end|>",
+    "<end_of_turn>",
+)
 
 
 def gguf_meta_folder(path: Path, header_bytes: int) -> Path:
@@ -100,7 +114,26 @@ def _from_file(path: Path) -> tuple[PretrainedConfig, PreTrainedTokenizerBase]:
         tokenizer = AutoTokenizer.from_pretrained(
             alone, gguf_file=str(path.resolve()), local_files_only=True
         )
+    ends = end_ids(read_gguf(path).metadata, tokenizer, int(config.vocab_size))
+    declared = config.eos_token_id
+    declared = [declared] if isinstance(declared, int) else list(declared or [])
+    if ends - set(declared):
+        config.eos_token_id = sorted(ends | set(declared))
     return config, tokenizer
+
+
+def end_ids(
+    metadata: dict[str, object], tokenizer: PreTrainedTokenizerBase, vocab_size: int
+) -> set[int]:
+    """The token ids that end a generation of a GGUF's model, as llama.cpp ends one: the file's
+    EOS, its end-of-turn and end-of-message tokens where its metadata names them, and its
+    special tokens of :data:`END_TEXTS`. transformers reads the EOS alone, so a file whose EOS
+    is ``<|eot_id|>`` would not stop at the ``<|eom_id|>`` that ends a Llama 3.1 tool call."""
+    keys = ("eos_token_id", "eot_token_id", "eom_token_id")
+    named = {metadata.get(f"tokenizer.ggml.{key}") for key in keys}
+    added = tokenizer.added_tokens_encoder
+    found = named | {added.get(text) for text in END_TEXTS}
+    return {i for i in found if isinstance(i, int) and 0 <= i < vocab_size}
 
 
 def _keep(
