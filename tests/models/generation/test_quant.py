@@ -422,6 +422,28 @@ def test_a_llama3_ggufs_rope_freqs_scale_its_rotary_frequencies(
     assert tokens == [greedy_reference(reference, p, 8) for p in prompts]
 
 
+def test_a_ggufs_rope_freqs_of_another_length_is_refused_in_one_line(tmp_path: Path) -> None:
+    """A file whose rope_freqs do not hold one factor per rotary frequency is refused, saying
+    so, rather than run with frequencies broadcast wrong."""
+    rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0}
+    rope |= {
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
+    model = build_tiny_llama(rope=rope)
+    real = gguf.GGUFWriter.add_tensor
+
+    def shortened(self: Any, name: str, tensor: Any, **kwargs: Any) -> None:
+        real(self, name, tensor[:-1] if name == "rope_freqs.weight" else tensor, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gguf.GGUFWriter, "add_tensor", shortened)
+        path = write_tiny_gguf(tmp_path / "short.gguf", model, "Q8_0", vocab=tiny_vocab())
+    with pytest.raises(ModelError, match=r"rope_freqs holds 7 factors, .* 8 frequencies"):
+        load_gguf(path, dtype=torch.float32)
+
+
 def test_a_gguf_generators_identity_names_how_its_file_is_read(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

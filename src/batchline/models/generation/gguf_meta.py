@@ -23,6 +23,7 @@ import hashlib
 import logging
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -75,11 +76,12 @@ def gguf_meta_folder(path: Path, header_bytes: int) -> Path:
 
 
 def gguf_config_and_tokenizer(
-    path: Path, header_bytes: int
+    path: Path, header_bytes: int, metadata: Mapping[str, object] | None = None
 ) -> tuple[PretrainedConfig, PreTrainedTokenizerBase]:
     """The config and tokenizer transformers reads from the GGUF file at ``path`` (its tensor
     data starting at ``header_bytes``): from the kept folder where an earlier load left it,
-    else from the file, then kept."""
+    else from the file, then kept. ``metadata``: the file's scalars where the caller has read
+    them already (else read here, when the file is read)."""
     from transformers import AutoConfig, AutoTokenizer
 
     from batchline.models.common.torch_weights import quiet_transformers
@@ -97,12 +99,14 @@ def gguf_config_and_tokenizer(
                 shutil.rmtree(folder, ignore_errors=True)
             else:
                 return kept
-        config, tokenizer = _from_file(path)
+        config, tokenizer = _from_file(path, metadata)
     _keep(folder, config, tokenizer, path)
     return config, tokenizer
 
 
-def _from_file(path: Path) -> tuple[PretrainedConfig, PreTrainedTokenizerBase]:
+def _from_file(
+    path: Path, metadata: Mapping[str, object] | None
+) -> tuple[PretrainedConfig, PreTrainedTokenizerBase]:
     from transformers import AutoConfig, AutoTokenizer
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
@@ -114,7 +118,9 @@ def _from_file(path: Path) -> tuple[PretrainedConfig, PreTrainedTokenizerBase]:
         tokenizer = AutoTokenizer.from_pretrained(
             alone, gguf_file=str(path.resolve()), local_files_only=True
         )
-    ends = end_ids(read_gguf(path).metadata, tokenizer, int(config.vocab_size))
+    if metadata is None:
+        metadata = read_gguf(path).metadata
+    ends = end_ids(metadata, tokenizer, int(config.vocab_size))
     declared = config.eos_token_id
     declared = [declared] if isinstance(declared, int) else list(declared or [])
     if ends - set(declared):
@@ -123,7 +129,7 @@ def _from_file(path: Path) -> tuple[PretrainedConfig, PreTrainedTokenizerBase]:
 
 
 def end_ids(
-    metadata: dict[str, object], tokenizer: PreTrainedTokenizerBase, vocab_size: int
+    metadata: Mapping[str, object], tokenizer: PreTrainedTokenizerBase, vocab_size: int
 ) -> set[int]:
     """The token ids that end a generation of a GGUF's model, as llama.cpp ends one: the file's
     EOS, its end-of-turn and end-of-message tokens where its metadata names them, and its

@@ -64,16 +64,16 @@ logger = logging.getLogger("batchline.generation")
 #: model type.
 GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2"}
 
-# A block's bytes per type: Q4_0 = fp16 scale + 16 bytes of nibbles; Q4_1 adds an fp16 min;
-# Q8_0 = fp16 scale + 32 int8.
-_BLOCK = 32
-# Q4_K = 256-value super-blocks: fp16 d and dmin, 12 bytes of eight 6-bit scales and mins, 128
-# bytes of nibbles; each 32-value sub-block is (d * scale) * q - dmin * min.
 #: Which reading of a file's weights a completion came from, in a generator's identity: what
 #: changes the tokens a file gives moves it, so that no cached completion of an earlier reading
 #: is served (2: a Llama 3.x file's rope_freqs applied, 2026-12-06).
 LOADER_VERSION = 2
 
+# A block's bytes per type: Q4_0 = fp16 scale + 16 bytes of nibbles; Q4_1 adds an fp16 min;
+# Q8_0 = fp16 scale + 32 int8.
+_BLOCK = 32
+# Q4_K = 256-value super-blocks: fp16 d and dmin, 12 bytes of eight 6-bit scales and mins, 128
+# bytes of nibbles; each 32-value sub-block is (d * scale) * q - dmin * min.
 _KEPT = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34, "Q4_K": 144}
 # the float types: a linear of one is dequantized into the model's dtype, as the file asks
 _DENSE = ("F32", "F16", "BF16")
@@ -296,7 +296,7 @@ def load_gguf(
     file = read_gguf_file(path)
     arch = _architecture(file, path)
     if folder is None:
-        config, tokenizer = gguf_config_and_tokenizer(path, file.header_bytes)
+        config, tokenizer = gguf_config_and_tokenizer(path, file.header_bytes, file.metadata)
     with quiet_transformers():
         if folder is not None:
             config = AutoConfig.from_pretrained(folder, local_files_only=True)
@@ -382,11 +382,12 @@ def load_gguf(
             trim_heap()
             report.kept[kind] = report.kept.get(kind, 0) + 1
             return
-        if is_linear and kind not in _DENSE and owner_path != "lm_head":
+        requantize = is_linear and kind not in _DENSE and owner_path != "lm_head"
+        rows = _FileRows(data, qtype, torch.float32) if requantize else None
+        if rows is not None and int8_groups_here(rows.shape[1], dtype):
             # a block type the kernels do not read (Q6_K, Q5_K, ...): int8 in groups of 32 from
             # its float32 values where the own kernel runs, not the model's dtype, a chunk of
             # rows at a time (a whole 3B ffn_down in float32 is 100 MB)
-            rows = _FileRows(data, qtype, torch.float32)
             weight = _unpermute_rows(rows[:], permute) if permute_rows else rows
             packed = int8_groups_packed(weight, dtype, scale_dtype)
             if packed is not None:

@@ -123,6 +123,11 @@ def _own_int4_fits(dtype: torch.dtype, group_size: int) -> bool:
     return dtype in _OWN_INT4_DTYPES and group_size == quant_kernel.GROUP
 
 
+def _own_int4_here(dtype: torch.dtype, group_size: int) -> bool:
+    """Whether :meth:`QuantLinear.int4` computes through the own kernel by default."""
+    return _own_int4_fits(dtype, group_size) and quant_kernel.own_kernels(dtype=dtype)[0]
+
+
 def own_int4_packed(
     planes: list[Int4Codes], dtype: torch.dtype, scale_dtype: torch.dtype | None = None
 ) -> list[torch.Tensor] | None:
@@ -132,9 +137,7 @@ def own_int4_packed(
     its own, so linears whose rows are a multiple of 16, packed apart and joined along the
     tiles (``torch.cat``), are the layer their joined planes make: a GGUF's load packs each
     linear as it reads it and never holds a block's codes a byte each."""
-    if not (
-        _own_int4_fits(dtype, planes[0].group_size) and quant_kernel.own_kernels(dtype=dtype)[0]
-    ):
+    if not _own_int4_here(dtype, planes[0].group_size):
         return None
     return pack_planes(planes, dtype, scale_dtype or quant_kernel.scale_dtype_for(dtype))
 
@@ -243,10 +246,9 @@ class QuantLinear(torch.nn.Module):
         n, k = planes[0].codes.shape
         kind = "int4" if len(planes) == 1 else "int8g"
         layer = cls(k, n, kind=kind, bias=bias, group_size=planes[0].group_size)
-        fits = _own_int4_fits(dtype, layer.group_size)
         if own_kernel is None:
-            own_kernel = fits and quant_kernel.own_kernels(dtype=dtype)[0]
-        elif own_kernel and not fits:
+            own_kernel = _own_int4_here(dtype, layer.group_size)
+        elif own_kernel and not _own_int4_fits(dtype, layer.group_size):
             raise ValueError(
                 f"the own int4 kernel takes bf16 or float32 and groups of {quant_kernel.GROUP}, "
                 f"not {dtype} and groups of {layer.group_size}"
