@@ -391,19 +391,25 @@ def test_a_ggufs_linears_join_alike_whether_packed_as_read_or_left_to_torchs_ker
         assert _relative(got, want) < 1e-4
 
 
+#: A Llama 3.x rope config, its rotary scaled from a 64-position original context, so that the
+#: scaling shows within a tiny model's prompts
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 10000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
+
+
 def test_a_llama3_ggufs_rope_freqs_scale_its_rotary_frequencies(
     tmp_path: Path, torch_threads: None
 ) -> None:
     """A Llama 3.x file says its rotary scaling only as the ``rope_freqs`` factors llama.cpp's
     converter writes (no config key): the loaded model computes what transformers computes for
     the llama3 rope config the file came from, not the unscaled rotary of its other keys."""
-    rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0}
-    rope |= {
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 64,
-    }
-    model = build_tiny_llama(rope=rope)
+    model = build_tiny_llama(rope=LLAMA3_ROPE)
     path = write_tiny_gguf(tmp_path / "llama3.gguf", model, "Q8_0", vocab=tiny_vocab())
     loaded, _, report = load_gguf(path, dtype=torch.float32)
     assert report.rope_factors
@@ -425,13 +431,7 @@ def test_a_llama3_ggufs_rope_freqs_scale_its_rotary_frequencies(
 def test_a_ggufs_rope_freqs_of_another_length_is_refused_in_one_line(tmp_path: Path) -> None:
     """A file whose rope_freqs do not hold one factor per rotary frequency is refused, saying
     so, rather than run with frequencies broadcast wrong."""
-    rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0}
-    rope |= {
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 64,
-    }
-    model = build_tiny_llama(rope=rope)
+    model = build_tiny_llama(rope=LLAMA3_ROPE)
     real = gguf.GGUFWriter.add_tensor
 
     def shortened(self: Any, name: str, tensor: Any, **kwargs: Any) -> None:
