@@ -24,6 +24,7 @@ ZEN4 = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16")
 AMX = (*ZEN4, "amx_bf16", "amx_int8", "amx_tile")
 ICE_LAKE = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni")
 ZEN2 = ("avx2", "fma")
+NEVER = 1 << 30  # an amx_rows no call reaches: the vdpbf16ps path
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +70,7 @@ def test_tiles_refuse_an_odd_input_count_and_float32() -> None:
     ("flags", "kernel", "said"),
     [
         (ZEN4, "tiles", "avx512-bf16 host: the own tiles took"),
-        (AMX, "onednn", "amx host: oneDNN"),
+        (AMX, "tiles", "amx host: the own tiles, on AMX from 2 rows"),
         (ICE_LAKE, "onednn", "AVX512-BF16, which this CPU lacks"),
         (ZEN2, "onednn", "AVX512-BF16, which this CPU lacks"),
     ],
@@ -96,8 +97,15 @@ def test_a_float32_model_and_a_named_kernel() -> None:
         choose_dense("fast", torch.bfloat16, ZEN4)
 
 
+def _op(tiled: Any, x: Any, amx_rows: int) -> Any:
+    """The op on ``tiled``'s tiles, AMX from ``amx_rows`` rows on where the CPU has it."""
+    return torch.ops.batchline.bf16_tiles_linear(
+        x, tiled._tiles, tiled.out_features, tiled._bias, amx_rows
+    )
+
+
 @pytest.mark.parametrize("n", [16, 37, 100])
-@pytest.mark.parametrize("k", [2, 30, 256])
+@pytest.mark.parametrize("k", [2, 30, 96, 256])
 @pytest.mark.parametrize("bias", [False, True])
 def test_the_op_equals_a_float64_product_of_the_bf16_weight(
     tiles_here: None, n: int, k: int, bias: bool
@@ -105,28 +113,32 @@ def test_the_op_equals_a_float64_product_of_the_bf16_weight(
     torch.manual_seed(n * k + bias)
     linear = torch.nn.Linear(k, n, bias=bias).to(torch.bfloat16)
     tiled = TiledLinear(linear)
-    for rows in (1, 2, 3, 4, 5, 8, 9, 16, 17, 40):
+    for rows in (1, 2, 3, 4, 5, 8, 9, 16, 17, 31, 32, 33, 40):
         x = torch.randn(rows, k).to(torch.bfloat16)
-        got = tiled(x)
-        assert got.dtype == torch.bfloat16
-        assert got.shape == (rows, n)
-        # the sums are float32's (bf16 products are exact in it), the output rounded once
-        torch.testing.assert_close(got.double(), _reference(x, linear), rtol=2**-8, atol=1e-5)
+        # as a model calls it, then AMX for every row count and for none (inputs a multiple of
+        # 32 on a CPU with AMX: else the vdpbf16ps path each time)
+        for got in (tiled(x), _op(tiled, x, 1), _op(tiled, x, NEVER)):
+            assert got.dtype == torch.bfloat16
+            assert got.shape == (rows, n)
+            # the sums are float32's (bf16 products are exact in it), the output rounded once
+            torch.testing.assert_close(got.double(), _reference(x, linear), rtol=2**-8, atol=1e-5)
 
 
+@pytest.mark.parametrize("amx_rows", [1, NEVER])
 def test_a_row_gets_the_same_bits_alone_in_any_batch_and_at_any_thread_count(
-    tiles_here: None,
+    tiles_here: None, amx_rows: int
 ) -> None:
+    # on each path alike (AMX's for every row count where the CPU has it, and vdpbf16ps's)
     torch.manual_seed(1)
     tiled = TiledLinear(torch.nn.Linear(512, 200).to(torch.bfloat16))
-    x = torch.randn(19, 512).to(torch.bfloat16)
-    batch = tiled(x)
-    for row in (0, 7, 8, 16, 18):
-        assert torch.equal(tiled(x[row : row + 1]), batch[row : row + 1])
+    x = torch.randn(37, 512).to(torch.bfloat16)
+    batch = _op(tiled, x, amx_rows)
+    for rows in ((0, 1), (7, 8), (8, 24), (16, 17), (18, 37), (5, 38)):
+        assert torch.equal(_op(tiled, x[slice(*rows)], amx_rows), batch[slice(*rows)])
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        assert torch.equal(tiled(x), batch)
+        assert torch.equal(_op(tiled, x, amx_rows), batch)
     finally:
         torch.set_num_threads(threads)
 

@@ -1,5 +1,5 @@
 """Dense bf16 linears in the kernel library's tiles (``csrc/dense_tiles.cpp``), for CPUs with
-AVX512-BF16 and no AMX.
+AVX512-BF16.
 
 There oneDNN's bf16 product, its weight packed once (:class:`~batchline.models.common.
 packed_linear.PackedLinear`), streams a decode step's weights at about two thirds of the memory's
@@ -10,10 +10,15 @@ are ``vdpbf16ps``'s operands, and computes every row count through the library's
 row, x0.80 at 4, x0.90-0.92 at 16 and x0.94-0.99 from 32 to 256 rows. The tiles take the
 weight's bytes (plus the last tile's padding columns), as oneDNN's packed copy does.
 
+On a CPU with AMX the same tiles are AMX products' operands, and from :data:`AMX_ROWS` rows on
+the op multiplies them there (oneDNN multiplies on AMX too, where ``vdpbf16ps`` alone took x1.7
+its time at 8 rows): the 1.7B shape's linears took x0.82-0.86 oneDNN's time from 1 to 16 rows,
+x0.75-0.86 at 32-64 and x0.98-1.17 at 256-512 (2-core AMX Xeon, 2026-12-06); at one row the two
+paths ran alike and ``vdpbf16ps`` is kept.
+
 Where they are taken: :func:`choose_dense` (the ``dense_linears`` knob; ``auto`` follows the
-host kind's measured default, :data:`~.torch_dtype.KIND_DEFAULTS`). On an AMX host oneDNN
-multiplies prefill chunks on AMX tiles, which these do not: not measured there, it keeps
-oneDNN.
+host kind's measured default, :data:`~.torch_dtype.KIND_DEFAULTS`: the tiles on both kinds
+with AVX512-BF16).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import torch
 from batchline.models.generation.decode_kernel import StepProduct
 
 __all__ = [
+    "AMX_ROWS",
     "DENSE_LINEARS",
     "DenseChoice",
     "TiledLinear",
@@ -38,6 +44,9 @@ __all__ = [
 DENSE_LINEARS = ("auto", "onednn", "tiles")
 #: Output columns per tile (``kTile`` in ``csrc/quant_layout.h``).
 TILE = 16
+#: From this many rows on, a product goes through AMX tiles where the CPU has them (at one row
+#: the two paths ran alike; at 2 AMX took x0.89-0.92 vdpbf16ps's time: the module's runs).
+AMX_ROWS = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +140,7 @@ class TiledLinear(torch.nn.Module):
         if rows.dtype != torch.bfloat16:
             raise TypeError(f"a tiled linear computes bf16 rows, not {rows.dtype}")
         out: torch.Tensor = torch.ops.batchline.bf16_tiles_linear(
-            rows.contiguous(), self._tiles, self.out_features, self._bias
+            rows.contiguous(), self._tiles, self.out_features, self._bias, AMX_ROWS
         )
         return out.reshape(*x.shape[:-1], self.out_features)
 
@@ -140,7 +149,9 @@ class TiledLinear(torch.nn.Module):
         if dtype != torch.bfloat16:
             return None
         tiles, n = self._tiles, self.out_features
-        return StepProduct(StepProduct.BF16_TILES, tiles, n, self._bias, extra=0, rows_below=2**62)
+        return StepProduct(
+            StepProduct.BF16_TILES, tiles, n, self._bias, extra=AMX_ROWS, rows_below=2**62
+        )
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, tiled"

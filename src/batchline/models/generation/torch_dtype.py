@@ -147,7 +147,12 @@ KIND_DEFAULTS: dict[str, KindDefaults] = {
         "measured on the 2-core AMX Xeon (2026-12-01): torch's int4 kernel x0.55, int8 x0.70 "
         "the time of a dense bf16 linear at one row (quant_linear.py)",
         int_dtype="bfloat16",
-        dense_measured="oneDNN, whose prefill runs on AMX tiles (the own tiles not measured here)",
+        int_measured="bf16 rows, on AMX from 2 rows: float32 on int8 rows made a 1.7B server "
+        "x1.13-1.15 the tokens/s at one client but x0.75-0.84 at 16 (int4, int8; 2026-12-06)",
+        dense_tiles=True,
+        dense_measured="the own tiles, on AMX from 2 rows, took x0.82-0.86 oneDNN's time at 1-16 "
+        "rows, x0.98-1.17 at 256-512; a 1.7B server made x1.18 oneDNN's tokens/s at 1 and 16 "
+        "clients (2026-12-06)",
     ),
     "avx512-bf16": KindDefaults(
         "bfloat16",

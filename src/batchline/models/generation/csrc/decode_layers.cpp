@@ -16,7 +16,7 @@
 //             product: its op (decode_kernel.StepProduct's layouts: 0 int4_linear_a8, 1
 //             int8g_linear_a8, 2 bf16_tiles_linear, 3 int4_linear_f32, 4 int4_linear), its
 //             outputs, and the op's last argument (0-1: the tiles one row reads at once; 3:
-//             the width; 4: amx_rows; 2: unused)
+//             the width; 2 and 4: amx_rows)
 //     wide_rows: the fewest rows the int8 layout's product takes through its 512-bit path (one
 //             row too where it reads more than one tile at once)
 //     a8_width: the int8-rows products' wide path (quant_kernel.A8_WIDTH; the narrow one is 256)
@@ -51,10 +51,7 @@ struct Ops {
   c10::TypedOperatorHandle<Streamed> int4, int8g;
   using Linear = at::Tensor(const at::Tensor&, const at::Tensor&, int64_t, const Optional&,
                             int64_t);
-  c10::TypedOperatorHandle<Linear> int4_f32, int4_bf16;
-  c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t,
-                                      const Optional&)>
-      tiles;
+  c10::TypedOperatorHandle<Linear> int4_f32, int4_bf16, tiles;
   c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, double)> norm;
   c10::TypedOperatorHandle<at::Tensor(const at::Tensor&)> silu_mul, gelu_tanh_mul;
   c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
@@ -73,9 +70,7 @@ struct Ops {
         int8g(handle("int8g_linear_a8").typed<Streamed>()),
         int4_f32(handle("int4_linear_f32").typed<Linear>()),
         int4_bf16(handle("int4_linear").typed<Linear>()),
-        tiles(handle("bf16_tiles_linear")
-                  .typed<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t,
-                                    const Optional&)>()),
+        tiles(handle("bf16_tiles_linear").typed<Linear>()),
         norm(handle("rms_norm").typed<at::Tensor(const at::Tensor&, const at::Tensor&, double)>()),
         silu_mul(handle("silu_mul").typed<at::Tensor(const at::Tensor&)>()),
         gelu_tanh_mul(handle("gelu_tanh_mul").typed<at::Tensor(const at::Tensor&)>()),
@@ -166,7 +161,7 @@ struct DecodeLayers : torch::CustomClassHolder {
       case kInt8gA8:
         return ops.int8g.call(x, p.packed, p.n, p.bias, int8g_width(x.size(0), p.extra), p.extra);
       case kTiles:
-        return ops.tiles.call(x, p.packed, p.n, p.bias);
+        return ops.tiles.call(x, p.packed, p.n, p.bias, p.extra);
       case kInt4F32:
         return ops.int4_f32.call(x, p.packed, p.n, p.bias, p.extra);
       default:

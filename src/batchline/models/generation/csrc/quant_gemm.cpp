@@ -42,8 +42,6 @@
 #include <torch/library.h>
 
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -52,6 +50,7 @@
 #include <optional>
 #include <vector>
 
+#include "amx_tiles.h"
 #include "quant_layout.h"
 
 namespace {
@@ -137,27 +136,7 @@ void tile_rows_upto(int64_t rows, const uint8_t* tile, int64_t groups, const uin
   tile_rows<L, R>(tile, groups, x, k_total, xsum, m0, bias, n0, cols, n_total, out);
 }
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-#define BATCHLINE_AMX 1
-// Linux hands out AMX's tile state to a process that asks for it (once; oneDNN asks too).
-// Each thread configures the tiles for its own share of a call and releases them at its end,
-// as oneDNN and ATen's brgemm users do, so that none of them finds another's configuration.
-bool amx_permitted() {
-  static const bool ok = [] {
-    constexpr long kRequestPermission = 0x1023, kTileData = 18;
-    return syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;
-  }();
-  return ok;
-}
-
-struct TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
+#if defined(BATCHLINE_AMX)
 // Tile 0: rows x 32 bf16 of x; tiles 1 and 4: the 16 input pairs x 16 columns of one group's
 // codes (the layout vdpbf16ps reads, which is AMX's too); tiles 2 and 3: rows x 16 fp32 sums.
 // Two of each so that consecutive groups do not wait on each other's tile.
