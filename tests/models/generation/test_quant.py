@@ -35,6 +35,7 @@ from batchline.models.generation.quant_codes import (  # noqa: E402
 from batchline.models.generation.quant_linear import DENSE_ROWS, QuantLinear  # noqa: E402
 from batchline.models.generation.quantize import quantize_linears  # noqa: E402
 from batchline.models.generation.torch_dtype import (  # noqa: E402
+    choose_activations,
     choose_dtype,
     choose_precision,
     choose_weights,
@@ -747,18 +748,50 @@ def test_a_gguf_of_float_linears_takes_the_dtype_a_float_folder_takes(flags: set
     assert held.weights == choose_weights("auto", gguf=True, dtype=dense, flags=flags).weights
 
 
+@pytest.mark.parametrize("flags", [AMX, AVX512_BF16, AVX512_VNNI, AVX2])
+def test_a_gguf_of_int8_groups_takes_the_dtype_its_host_kind_measured_for_them(
+    flags: set[str],
+) -> None:
+    """A file whose linears are mostly int8 in groups of 32 (Q8_0): on AMX, float32 on int8 rows
+    (its int8 groups on bf16 rows are two int4 planes: a 1.7B Q8_0 server x0.63 the tokens/s),
+    where a Q4_K_M file, mostly int4, keeps bf16; elsewhere as any int weights."""
+    dtype, held = choose_precision("auto", "auto", "cpu", gguf=True, gguf_int8=True, flags=flags)
+    assert (dtype.dtype, held.weights) == ("float32", "gguf")  # on every kind, for its reason
+    mostly_int4, _ = choose_precision("auto", "auto", "cpu", gguf=True, flags=flags)
+    if flags == AMX:
+        assert mostly_int4.dtype == "bfloat16"
+        assert "auto with int8-group weights on this amx CPU: on int8 rows" in dtype.reason
+        rows = choose_activations("auto", weights="gguf", dtype="float32", flags=flags)
+        assert rows.activations == "int8"
+        assert "Q8_0 file's server" in rows.reason
+        # asked for bf16: kept, and the log says what auto would have taken for this file
+        named, kept = choose_precision(
+            "bfloat16", "auto", "cpu", gguf=True, gguf_int8=True, flags=flags
+        )
+        assert named.dtype == "bfloat16"
+        assert "dtype auto computes int weights in float32" in kept.reason
+        # a folder quantized at load (int8 per channel, int4) is no such file
+        for weights in ("int8", "int4"):
+            own, _ = choose_precision("auto", weights, "cpu", gguf=False, flags=flags)
+            assert own.dtype == "bfloat16"
+
+
 @pytest.mark.parametrize(("kind", "expected"), [("F16", True), ("BF16", True), ("F32", True),
                                                 ("Q8_0", False), ("Q4_0", False)])  # fmt: skip
 def test_a_ggufs_linears_are_told_float_or_quantized(
     kind: str, expected: bool, tmp_path: Path
 ) -> None:
-    from batchline.models.generation.engine_choices import float_gguf
-    from batchline.models.generation.gguf_weights import gguf_float_linears
+    from batchline.models.generation.engine_choices import float_gguf, int8_gguf
+    from batchline.models.generation.gguf_weights import gguf_float_linears, gguf_int8_linears
 
     path = write_tiny_gguf(tmp_path / "m.gguf", build_tiny_llama(), kind, vocab=tiny_vocab())
     assert gguf_float_linears(path) is expected
     assert float_gguf(parse_spec(str(path))) is expected
     assert float_gguf(parse_spec("smollm2")) is False  # the built-in one: Q4_1
+    # int8 groups: a Q8_0 file's, not a Q4_0 one's nor a float one's
+    assert gguf_int8_linears(path) is (kind == "Q8_0")
+    assert int8_gguf(parse_spec(str(path))) is (kind == "Q8_0")
+    assert int8_gguf(parse_spec("smollm2")) is False
 
 
 def test_a_users_f16_gguf_loads_in_the_dtype_of_a_float_folder(

@@ -66,7 +66,12 @@ def spec_precision(spec: ModelSpec, knobs: TorchEngineOptions) -> tuple[DtypeCho
     from batchline.models.generation.torch_dtype import choose_precision
 
     return choose_precision(
-        knobs.dtype, knobs.weights, knobs.device, gguf=is_gguf(spec), gguf_float=float_gguf(spec)
+        knobs.dtype,
+        knobs.weights,
+        knobs.device,
+        gguf=is_gguf(spec),
+        gguf_float=float_gguf(spec),
+        gguf_int8=int8_gguf(spec),
     )
 
 
@@ -83,6 +88,17 @@ def float_gguf(spec: ModelSpec) -> bool:
     from batchline.models.generation.gguf_weights import gguf_float_linears
 
     return gguf_float_linears(spec.path)
+
+
+def int8_gguf(spec: ModelSpec) -> bool:
+    """Whether ``spec`` is a user's GGUF file whose quantized linears are mostly int8 groups
+    (:func:`~.gguf_weights.gguf_int8_linears`); False for anything else (the built-in
+    ``smollm2`` is Q4_1)."""
+    if spec.kind != "gguf":
+        return False
+    from batchline.models.generation.gguf_weights import gguf_int8_linears
+
+    return gguf_int8_linears(spec.path)
 
 
 def laid_out_as(spec: ModelSpec, weights: str) -> str:

@@ -117,6 +117,18 @@ class KindDefaults:
     #: library's tiles (``dense_tiles.py``) rather than oneDNN, and why
     dense_tiles: bool = False
     dense_measured: str = ""
+    #: what a GGUF kept quantized whose linears are mostly int8 in groups of 32 (a Q8_0 file:
+    #: ``gguf_weights.gguf_int8_linears``) computes in under ``dtype = auto``, where not
+    #: ``int_dtype`` (empty: ``int_dtype``), and why
+    gguf_int8_dtype: str = ""
+    gguf_int8_measured: str = ""
+
+    def int_dtype_for(self, gguf_int8: bool = False) -> tuple[str, str]:
+        """What int weights compute in under ``dtype = auto`` and why: ``gguf_int8`` for a
+        GGUF kept quantized whose linears are mostly int8 groups."""
+        if gguf_int8 and self.gguf_int8_dtype:
+            return self.gguf_int8_dtype, self.gguf_int8_measured
+        return self.int_dtype, self.int_measured
 
 
 _NO_BF16 = KindDefaults(
@@ -153,6 +165,10 @@ KIND_DEFAULTS: dict[str, KindDefaults] = {
         dense_measured="the own tiles, on AMX from 2 rows, took x0.82-0.86 oneDNN's time at 1-16 "
         "rows, x0.98-1.17 at 256-512; a 1.7B server made x1.18 oneDNN's tokens/s at 1 and 16 "
         "clients (2026-12-06)",
+        gguf_int8_dtype="float32",
+        gguf_int8_measured="on int8 rows, where int8 groups on bf16 rows are two int4 planes: a "
+        "1.7B Q8_0 file's server made x1.59 the tokens/s at 16 clients and x1.49 at one (a "
+        "Q4_K_M file, mostly int4: x0.87 and x1.17, kept in bf16; 2026-12-06)",
     ),
     "avx512-bf16": KindDefaults(
         "bfloat16",
@@ -233,6 +249,7 @@ def choose_precision(
     *,
     gguf: bool,
     gguf_float: bool = False,
+    gguf_int8: bool = False,
     flags: Collection[str] | None = None,
     cuda_bf16: bool | None = None,
 ) -> tuple[DtypeChoice, WeightsChoice]:
@@ -241,30 +258,33 @@ def choose_precision(
     :func:`choose_weights` in it; where both are ``auto`` choices on a CPU whose kind computes
     int weights in another dtype (:attr:`KindDefaults.int_dtype`: float32 with int8 rows on an
     AVX512-BF16 CPU without AMX), that dtype, and the weights chosen again in it, unless the
-    GGUF file's linears are all float (``gguf_float``: nothing int to compute). What the load
-    log, the job's identity and the loader all take, so they never disagree."""
+    GGUF file's linears are all float (``gguf_float``: nothing int to compute); ``gguf_int8``
+    for a file whose linears are mostly int8 groups (:meth:`KindDefaults.int_dtype_for`). What
+    the load log, the job's identity and the loader all take, so they never disagree."""
     chosen = choose_dtype(dtype, device, flags=flags, cuda_bf16=cuda_bf16)
     held = choose_weights(weights, gguf=gguf, dtype=chosen.dtype, flags=flags)
     if device != "cpu" or held.weights == "float" or (gguf and gguf_float):
         return chosen, held
     name, kind = kind_defaults(flags)
+    int_dtype, int_measured = kind.int_dtype_for(gguf and held.weights == "gguf" and gguf_int8)
     if dtype != "auto":
-        if chosen.dtype == kind.int_dtype:
+        if chosen.dtype == int_dtype:
             return chosen, held
         # kept as asked, and the log says what auto would have taken: int8 in bf16 went
         # through torch's kernel on Zen 4, a 360M step x1.41 dense bf16's (2026-12-05)
         hint = (
-            f"{chosen.dtype} as asked; dtype auto computes int weights in {kind.int_dtype} on "
-            f"this {name} CPU: {kind.int_measured or kind.measured}"
+            f"{chosen.dtype} as asked; dtype auto computes int weights in {int_dtype} on "
+            f"this {name} CPU: {int_measured or kind.measured}"
         )
         return chosen, WeightsChoice(held.weights, f"{held.reason}; {hint}")
-    if kind.int_dtype == chosen.dtype:
+    if int_dtype == chosen.dtype:
         return chosen, held
-    again = choose_weights(weights, gguf=gguf, dtype=kind.int_dtype, flags=flags)
+    again = choose_weights(weights, gguf=gguf, dtype=int_dtype, flags=flags)
     if again.weights == "float":  # the int weights would not stay int in that dtype
         return chosen, held
-    why = f"auto with {held.weights} weights on this {name} CPU: {kind.int_measured}"
-    return DtypeChoice(kind.int_dtype, why), again
+    what = "int8-group" if int_measured != kind.int_measured else held.weights
+    why = f"auto with {what} weights on this {name} CPU: {int_measured}"
+    return DtypeChoice(int_dtype, why), again
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,7 +314,8 @@ A8_MEASURED_AVX2 = (
     "path, whose quality gate passed on Ice Lake"
 )
 #: Why it keeps float rows where the CPU's int weights compute in bf16 (AMX): float32 there
-#: comes from the user, and the rows are kept as asked.
+#: comes from the user, and the rows are kept as asked (but for a GGUF of int8 groups, which
+#: ``auto`` computes in float32 on int8 rows there: ``KindDefaults.gguf_int8_dtype``).
 A8_NATIVE_BF16 = "float32 on a CPU whose int weights compute in bf16: the rows kept as they are"
 #: Why it takes them on a CPU with native bf16 but no AMX, where ``auto`` computes int weights
 #: in float32 (:func:`choose_precision`), measured there.
@@ -346,8 +367,11 @@ def choose_activations(
     if missing:
         return ActivationsChoice("float", f"auto: the CPU has no {', '.join(missing)}")
     if host_kind(found).bf16:
-        if kind_defaults(found)[1].int_dtype == "float32":  # chosen so by choose_precision
+        kind = kind_defaults(found)[1]
+        if kind.int_dtype == "float32":  # chosen so by choose_precision
             return ActivationsChoice("int8", f"auto: {A8_MEASURED_BF16}")
+        if weights == "gguf" and kind.gguf_int8_dtype == "float32":  # a file of int8 groups
+            return ActivationsChoice("int8", f"auto: {kind.gguf_int8_measured}")
         return ActivationsChoice("float", f"auto: {A8_NATIVE_BF16}")
     if all(f in found for f in A8_VNNI_FLAGS):
         return ActivationsChoice("int8", f"auto: {A8_MEASURED}")
