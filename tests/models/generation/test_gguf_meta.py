@@ -17,11 +17,12 @@ pytest.importorskip("gguf")
 pytest.importorskip("transformers")
 
 from batchline.models.generation import gguf_meta  # noqa: E402
+from batchline.models.generation.gguf_header import read_gguf_file  # noqa: E402
 from batchline.models.generation.gguf_meta import (  # noqa: E402
     gguf_config_and_tokenizer,
     gguf_meta_folder,
 )
-from batchline.models.generation.gguf_weights import load_gguf, read_gguf_file  # noqa: E402
+from batchline.models.generation.gguf_weights import load_gguf  # noqa: E402
 
 from .conftest import build_tiny_llama  # noqa: E402
 from .gguf_helpers import tiny_vocab, write_tiny_gguf  # noqa: E402

@@ -782,7 +782,7 @@ def test_a_ggufs_linears_are_told_float_or_quantized(
     kind: str, expected: bool, tmp_path: Path
 ) -> None:
     from batchline.models.generation.engine_choices import float_gguf, int8_gguf
-    from batchline.models.generation.gguf_weights import gguf_float_linears, gguf_int8_linears
+    from batchline.models.generation.gguf_header import gguf_float_linears, gguf_int8_linears
 
     path = write_tiny_gguf(tmp_path / "m.gguf", build_tiny_llama(), kind, vocab=tiny_vocab())
     assert gguf_float_linears(path) is expected

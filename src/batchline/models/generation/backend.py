@@ -90,7 +90,7 @@ def _gguf_footprint(spec: ModelSpec, knobs: GenerationBackendOptions) -> Footpri
     any of the KV cache is taken."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    from batchline.models.generation.gguf_weights import read_gguf_file
+    from batchline.models.generation.gguf_header import read_gguf_file
     from batchline.models.generation.smollm2 import gguf_path
 
     try:

@@ -82,21 +82,21 @@ def is_gguf(spec: ModelSpec) -> bool:
 
 def float_gguf(spec: ModelSpec) -> bool:
     """Whether ``spec`` is a user's GGUF file whose layers' linears are all float
-    (:func:`~.gguf_weights.gguf_float_linears`); False for anything else."""
+    (:func:`~.gguf_header.gguf_float_linears`); False for anything else."""
     if spec.kind != "gguf":
         return False
-    from batchline.models.generation.gguf_weights import gguf_float_linears
+    from batchline.models.generation.gguf_header import gguf_float_linears
 
     return gguf_float_linears(spec.path)
 
 
 def int8_gguf(spec: ModelSpec) -> bool:
     """Whether ``spec`` is a user's GGUF file whose quantized linears are mostly int8 groups
-    (:func:`~.gguf_weights.gguf_int8_linears`); False for anything else (the built-in
+    (:func:`~.gguf_header.gguf_int8_linears`); False for anything else (the built-in
     ``smollm2`` is Q4_1)."""
     if spec.kind != "gguf":
         return False
-    from batchline.models.generation.gguf_weights import gguf_int8_linears
+    from batchline.models.generation.gguf_header import gguf_int8_linears
 
     return gguf_int8_linears(spec.path)
 

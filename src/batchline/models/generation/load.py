@@ -478,8 +478,8 @@ def _gguf_tokenizer(spec: ModelSpec) -> PreTrainedTokenizerBase:
     """The tokenizer of a GGUF kept quantized: the built-in smollm2's folder's, or the file's."""
     if spec.kind == "builtin":
         return _load_tokenizer(_model_folder(spec))
+    from batchline.models.generation.gguf_header import read_gguf_file
     from batchline.models.generation.gguf_meta import gguf_config_and_tokenizer
-    from batchline.models.generation.gguf_weights import read_gguf_file
 
     path = Path(spec.source)
     return gguf_config_and_tokenizer(path, read_gguf_file(path).header_bytes)[1]
@@ -493,7 +493,7 @@ def _model_folder(spec: ModelSpec) -> str:
     if spec.kind == "builtin":
         return str(smollm2_folder())
     if spec.kind == "gguf":
-        from batchline.models.generation.gguf_weights import gguf_architecture
+        from batchline.models.generation.gguf_header import gguf_architecture
 
         gguf_architecture(Path(spec.source))  # refused in one line before converting
         return str(smollm2_folder(source=Path(spec.source), name="gguf"))

@@ -118,7 +118,7 @@ class KindDefaults:
     dense_tiles: bool = False
     dense_measured: str = ""
     #: what a GGUF kept quantized whose linears are mostly int8 in groups of 32 (a Q8_0 file:
-    #: ``gguf_weights.gguf_int8_linears``) computes in under ``dtype = auto``, where not
+    #: ``gguf_header.gguf_int8_linears``) computes in under ``dtype = auto``, where not
     #: ``int_dtype`` (empty: ``int_dtype``), and why
     gguf_int8_dtype: str = ""
     gguf_int8_measured: str = ""
