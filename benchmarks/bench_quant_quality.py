@@ -86,11 +86,14 @@ def load(
 
 def _kernel_for_every_row() -> None:
     """Score every position through the int8-row kernel a decode step takes: a sequence of
-    ``DENSE_ROWS`` rows or more would otherwise multiply dense, in float, as a prefill does."""
-    from batchline.models.generation import quant_linear
+    ``DENSE_ROWS`` rows or more would otherwise multiply dense, in float, as a prefill does,
+    and a bf16 model's rows from ``A8_BF16_ROWS`` on stay bf16 (so the figure is the int8
+    rows' at every position, not only at the decode steps that take them)."""
+    from batchline.models.generation import quant_kernel, quant_linear
 
-    for key in ("own32a8", "own32a8g"):
+    for key in ("own32a8", "own32a8g", "own"):
         quant_linear.DENSE_ROWS[key] = 1 << 30
+    quant_kernel.A8_BF16_ROWS = 1 << 30
 
 
 def answers(engine: Any, prompts: list[list[int]], n: int) -> list[list[int]]:
@@ -264,9 +267,9 @@ def main() -> None:
         "--activations",
         choices=("auto", "float", "int8"),
         default="auto",
-        help="what the int formats multiply in float32 (--set activations=...; int8: every "
-        "position scored through the kernel a decode step takes, none through the dense "
-        "product a long prefill takes)",
+        help="what the int formats multiply (--set activations=...; int8, asked or taken by "
+        "auto: every position scored through the int8-row kernel, none through the dense "
+        "product a long prefill takes nor, in bf16, the bf16 rows a step of 5 or more takes)",
     )
     parser.add_argument(
         "--gguf",

@@ -30,12 +30,17 @@ PRODUCTS = {
     "bf16 tiles": (StepProduct.BF16_TILES, torch.bfloat16),
     "int4 on float32 rows": (StepProduct.INT4_F32, torch.float32),
     "int4 on bf16 rows": (StepProduct.INT4_BF16, torch.bfloat16),
+    "int4 on bf16 rows, a few as int8": (StepProduct.INT4_BF16_A8, torch.bfloat16),
 }
 
 
 def _runs_here(layout: int) -> None:
     """Skip where this CPU or build does not run ``layout``'s op."""
-    if layout in (StepProduct.INT4_A8, StepProduct.INT8G_A8):
+    if layout == StepProduct.INT4_BF16_A8:
+        here, why = quant_kernel.own_kernels(dtype=torch.bfloat16)
+        if here:
+            here, why = quant_kernel.int8_activations_here()
+    elif layout in (StepProduct.INT4_A8, StepProduct.INT8G_A8):
         here, why = quant_kernel.int8_activations_here()
     else:
         dtype = torch.float32 if layout == StepProduct.INT4_F32 else torch.bfloat16
@@ -64,7 +69,7 @@ def _model(product: str, *, bias: bool = False) -> Any:
     a8 = layout in (StepProduct.INT4_A8, StepProduct.INT8G_A8)
     scales = torch.bfloat16 if a8 else None  # as the loader packs them for int8 rows
     quantize_linears(model, kind, dtype, scale_dtype=scales)
-    if a8:
+    if a8 or layout == StepProduct.INT4_BF16_A8:
         assert use_int8_activations(model) > 0
     return model
 
@@ -126,6 +131,24 @@ def test_a_decode_only_steps_layers_in_one_call_give_the_loops_bits(
     assert all(torch.equal(a, b) for a, b in zip(one, loop, strict=True))
 
 
+@pytest.mark.parametrize("below", [2, quant_kernel.A8_BF16_ROWS])
+def test_a_bf16_models_few_rows_as_int8_give_the_loops_bits_on_either_side_of_the_bound(
+    monkeypatch: pytest.MonkeyPatch, below: int
+) -> None:
+    # the steps decode 4, 3, 2 and 1 rows: with the bound at 2 the one call takes bf16 rows for
+    # 3 and 4 of them (int4_linear) and int8 ones for a single row (int4_linear_a8)
+    monkeypatch.setattr(quant_kernel, "A8_BF16_ROWS", below)
+    product = "int4 on bf16 rows, a few as int8"
+    one, calls = _passes(_model(product), monkeypatch, one_call=True)
+    loop, _ = _passes(_model(product), monkeypatch, one_call=False)
+    plain, _ = _passes(_model("int4 on bf16 rows"), monkeypatch, one_call=True)
+    assert calls > 0
+    assert all(torch.equal(a, b) for a, b in zip(one, loop, strict=True))
+    # the prefills' many rows stay bf16; a decode step's few rows differ as int8 rows do
+    assert torch.equal(one[0], plain[0])
+    assert any(not torch.equal(a, b) for a, b in zip(one, plain, strict=True))
+
+
 def _lean(model: Any) -> LeanForward:
     lean = TorchStepEngine(model)._lean
     assert lean is not None
@@ -158,5 +181,5 @@ def test_its_arguments_are_checked() -> None:
         make([torch.ones(4)], [], [], [0] * 14, 1e-5, 0.5, 2, 4, 512)
     spec = [0, 0] + [7, 16, 1] * 4
     empty = [torch.empty(0)] * 4
-    with pytest.raises(RuntimeError, match="op 7 is none of 0-4"):
+    with pytest.raises(RuntimeError, match="op 7 is none of 0-5"):
         make([torch.ones(4)] * 2, empty, empty, spec, 1e-5, 0.5, 2, 4, 512)

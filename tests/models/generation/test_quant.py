@@ -761,9 +761,14 @@ def test_a_gguf_of_int8_groups_takes_the_dtype_its_host_kind_measured_for_them(
     if flags == AMX:
         assert mostly_int4.dtype == "bfloat16"
         assert "auto with int8-group weights on this amx CPU: on int8 rows" in dtype.reason
-        rows = choose_activations("auto", weights="gguf", dtype="float32", flags=flags)
+        rows = choose_activations(
+            "auto", weights="gguf", dtype="float32", gguf_int8=True, flags=flags
+        )
         assert rows.activations == "int8"
         assert "Q8_0 file's server" in rows.reason
+        # the same dtype from the user, for a file not of int8 groups: its rows kept float
+        other = choose_activations("auto", weights="gguf", dtype="float32", flags=flags)
+        assert other.activations == "float"
         # asked for bf16: kept, and the log says what auto would have taken for this file
         named, kept = choose_precision(
             "bfloat16", "auto", "cpu", gguf=True, gguf_int8=True, flags=flags

@@ -137,8 +137,8 @@ def test_no_rows_give_an_empty_product_and_bad_inputs_say_what_is_wrong(a8_libra
     packed = ik.pack_int4(q.codes, q.scales, q.zeros, torch.float32)
     a8 = torch.ops.batchline.int4_linear_a8
     assert a8(torch.empty(0, 64), packed, 32).shape == (0, 32)
-    with pytest.raises(RuntimeError, match=r"x must be a contiguous .* float32"):
-        a8(torch.randn(2, 64).bfloat16(), packed, 32)
+    with pytest.raises(RuntimeError, match=r"x must be a contiguous .* float32 or bfloat16"):
+        a8(torch.randn(2, 64).half(), packed, 32)
     with pytest.raises(RuntimeError, match="K = 40 is not a multiple of 32"):
         a8(torch.randn(2, 40), packed, 32)
     with pytest.raises(RuntimeError, match="x has 96 inputs, the weight 64"):
@@ -177,6 +177,39 @@ def test_a_layer_marked_takes_int8_rows_and_a_bf16_row_does_not(
     assert _relative(layer(x), x.double() @ weight.T + bias.double()) < TOLERANCE
 
 
+@pytest.mark.parametrize("kind", ["int4", "int8g"])
+def test_a_bf16_layer_marked_sums_its_few_rows_as_int8_and_more_as_bf16(
+    a8_library: None, torch_threads: None, kind: str
+) -> None:
+    if not ik.own_kernels(dtype=torch.bfloat16)[0]:
+        pytest.skip("the own kernel takes no bf16 rows here (no AVX512-BF16)")
+    n, k = 48, 128
+    w = torch.randn(n, k)
+    bias = torch.randn(n)
+    layer = QuantLinear.int4(int_planes(w, kind), bias=bias, dtype=torch.bfloat16)
+    plain = QuantLinear.int4(int_planes(w, kind), bias=bias, dtype=torch.bfloat16)
+    assert use_int8_activations(torch.nn.Sequential(layer)) == 1
+    weight = layer.dequantized(torch.float64)
+    for rows in (1, ik.A8_BF16_ROWS - 1, ik.A8_BF16_ROWS, 16):
+        x = torch.randn(rows, k).bfloat16()
+        out = layer(x)
+        assert out.dtype == torch.bfloat16
+        if rows >= ik.A8_BF16_ROWS:  # bf16 rows, as an unmarked layer sums them
+            assert torch.equal(out, plain(x))
+            continue
+        # the float32 rows' product, each plane's rounded to bf16 once, its bias in the first
+        want = None
+        for i, packed in enumerate(layer._own):
+            part = torch.ops.batchline.int4_linear_a8(
+                x.float(), packed, n, bias.float() if i == 0 else None
+            ).bfloat16()
+            want = part if want is None else want + part
+        assert torch.equal(out, want)
+        codes, scales = _quantized_rows(x.float())
+        rounded = (codes.double().view(rows, -1, 32) * scales.double()[..., None]).view(rows, k)
+        assert _relative(out, rounded @ weight.T + bias.double()) < 1e-2  # bf16's rounding
+
+
 NO_BF16_VNNI = frozenset(["avx2", "fma", "avx512f", "avx512bw", "avx512_vnni"])  # Ice Lake
 AVX2_ONLY = frozenset(["avx2", "fma"])
 NO_AVX2 = frozenset(["sse4_2", "avx"])
@@ -213,11 +246,15 @@ def test_which_models_and_hosts_take_int8_rows() -> None:
         # float32 on AMX (where int weights compute in bf16) comes from the user: kept as asked;
         # not for a GGUF, where auto computes a file of int8 groups in float32 on int8 rows
         kept = ("float", f"auto: {torch_dtype.A8_NATIVE_BF16}")
+        assert choose("auto", weights, "float32", AMX) == kept
+        int8_file = choose_activations(
+            "auto", weights=weights, dtype="float32", gguf_int8=True, flags=AMX
+        )
         if weights == "gguf":
             amx_gguf = torch_dtype.KIND_DEFAULTS["amx"].gguf_int8_measured
-            assert choose("auto", weights, "float32", AMX) == ("int8", f"auto: {amx_gguf}")
-        else:
-            assert choose("auto", weights, "float32", AMX) == kept
+            assert (int8_file.activations, int8_file.reason) == ("int8", f"auto: {amx_gguf}")
+        else:  # only a GGUF is a file of int8 groups
+            assert (int8_file.activations, int8_file.reason) == kept
         # on AVX512-BF16 without AMX, auto computes int weights in float32 on int8 rows
         bf16_host = ("int8", f"auto: {torch_dtype.A8_MEASURED_BF16}")
         assert choose("auto", weights, "float32", AVX512_BF16) == bf16_host
@@ -233,16 +270,33 @@ def test_which_models_and_hosts_take_int8_rows() -> None:
         )
         with pytest.raises(ValueError, match="needs avx2, fma, which this CPU lacks"):
             choose("int8", weights, "float32", NO_AVX2)
-        # bf16 models take the bf16 kernels: int8 rows do not apply
-        assert choose("auto", weights, "bfloat16", AMX)[0] == "float"
-        with pytest.raises(ValueError, match="this model computes in bfloat16 with"):
-            choose("int8", weights, "bfloat16", AMX)
+        # bf16 models: a step's few rows as int8 where the kind measured it (AMX), asked or
+        # not; a named bf16 is no reason to keep them, bf16 not being exact arithmetic
+        amx_rows = torch_dtype.KIND_DEFAULTS["amx"].bf16_int8_rows
+        assert amx_rows
+        amx_auto = ("int8", f"auto on this amx CPU: {amx_rows}")
+        assert choose("auto", weights, "bfloat16", AMX) == amx_auto
+        named_bf16 = choose_activations(
+            "auto", weights=weights, dtype="bfloat16", dtype_asked=True, flags=AMX
+        )
+        assert named_bf16.activations == "int8"
+        assert choose("auto", weights, "bfloat16", AVX512_BF16) == (
+            "float",
+            "auto: bf16 rows on this avx512-bf16 CPU",
+        )
+        for flags in (AMX, AVX512_BF16):
+            assert choose("int8", weights, "bfloat16", flags) == ("int8", "asked for")
     assert choose("auto", "float", "float32", NO_BF16_VNNI) == (
         "float",
-        "auto: only int weights in float32 take int8 rows",
+        "auto: only int weights take int8 rows",
     )
-    with pytest.raises(ValueError, match="float32; this model computes in float32 with float"):
-        choose("int8", "float", "float32", NO_BF16_VNNI)
+    assert choose("auto", "float", "bfloat16", AMX)[0] == "float"
+    for dtype in ("float32", "bfloat16"):
+        refused = f"bfloat16; this model computes in {dtype} with float"
+        with pytest.raises(ValueError, match=refused):
+            choose("int8", "float", dtype, AMX)
+    with pytest.raises(ValueError, match="computes in float16 with int4"):
+        choose("int8", "int4", "float16", AMX)
     with pytest.raises(ValueError, match="activations must be one of auto, float, int8"):
         choose("int4", "int4", "float32", NO_BF16_VNNI)
 
@@ -263,7 +317,7 @@ def test_int8_rows_asked_where_they_cannot_apply_are_refused_before_any_weight_i
     monkeypatch.setattr(load_module, "_load_weights", lambda *args: read.append(args))
     spec = parse_spec(f"{folder}/")
     for knobs, message in (
-        (Knobs(dtype="bfloat16", weights="int4"), "computes in bfloat16 with int4 weights"),
+        (Knobs(dtype="bfloat16"), "computes in bfloat16 with float weights"),
         (Knobs(dtype="float32"), "computes in float32 with float weights"),
     ):
         with pytest.raises(InputError, match=message):
@@ -290,12 +344,11 @@ def test_auto_takes_int8_rows_only_where_float32_was_chosen_not_named(
     from batchline.models.config import Knobs
     from batchline.models.generation import torch_dtype
     from batchline.models.generation.engine_choices import activations_for
-    from batchline.models.generation.torch_dtype import WeightsChoice
 
     monkeypatch.setattr(torch_dtype, "cpu_flags", lambda: NO_BF16_VNNI)
     monkeypatch.setattr(ik, "int8_activations_here", lambda: (True, ""))
     assert torch_dtype.choose_dtype("auto", "cpu").dtype == "float32"
-    weights = WeightsChoice("gguf", "auto")
+    weights = "gguf"
     chosen = activations_for(Knobs(), weights, "float32")
     assert chosen.activations == "int8"
     named = activations_for(Knobs(dtype="float32"), weights, "float32")

@@ -111,19 +111,23 @@ def laid_out_as(spec: ModelSpec, weights: str) -> str:
 
 
 def activations_for(
-    knobs: TorchEngineOptions, weights: WeightsChoice, dtype: str
+    knobs: TorchEngineOptions, weights: str, dtype: str, *, gguf_int8: bool = False
 ) -> ActivationsChoice:
-    """What the own int4 kernel multiplies (``knobs.activations``), checked before anything
-    is read: ``int8`` asked where it does not apply or cannot run is an error."""
+    """What the own int4 kernel multiplies (``knobs.activations``) in a model of ``weights``
+    as laid out (:func:`laid_out_as`: a GGUF of float linears is ``float``) computing in
+    ``dtype``, checked before anything is read: ``int8`` asked where it does not apply or
+    cannot run is an error. ``gguf_int8``: the model is a GGUF whose linears are mostly int8
+    groups (:func:`int8_gguf`)."""
     from batchline.models.generation.quant_kernel import int8_activations_here
     from batchline.models.generation.torch_dtype import ActivationsChoice, choose_activations
 
     try:
         chosen = choose_activations(
             knobs.activations,
-            weights=weights.weights,
+            weights=weights,
             dtype=dtype,
             dtype_asked=knobs.dtype != "auto",
+            gguf_int8=gguf_int8,
         )
     except ValueError as exc:
         raise InputError(str(exc)) from exc

@@ -59,6 +59,7 @@ from batchline.models.generation.engine_choices import (
     activations_for,
     dense_for,
     engine_threads,
+    int8_gguf,
     laid_out_as,
     precision_for,
     stored_bf16,
@@ -282,7 +283,10 @@ def load_torch_generator(spec: ModelSpec, knobs: TorchEngineOptions) -> Generati
     choice, weights = precision_for(spec, knobs, device)
     if device.type == "cpu":
         torch.set_num_threads(engine_threads(knobs, choice.torch_dtype))
-    activations = activations_for(knobs, weights, choice.dtype)
+    # read as a GGUF, laid out as what it holds: the layout, the activations, the load log, the
+    # summary and the job's identity then all name the same weights
+    held = laid_out_as(spec, weights.weights)
+    activations = activations_for(knobs, held, choice.dtype, gguf_int8=int8_gguf(spec))
     int8_rows = activations.activations == "int8"
     dense = dense_for(knobs, choice.torch_dtype) if device.type == "cpu" else None
     # int8 rows sum over bf16 scales: a step reads 5 bits a weight of a GGUF's int4, not 6
@@ -291,9 +295,6 @@ def load_torch_generator(spec: ModelSpec, knobs: TorchEngineOptions) -> Generati
     _eos_from_tokenizer(model, tokenizer)
     if device.type == "cpu":  # now that the model's size is known
         torch.set_num_threads(engine_threads(knobs, choice.torch_dtype, step_weight_count(model)))
-    # read as a GGUF, laid out as what it holds: the layout, the load log, the summary and the
-    # job's identity then all name the same weights
-    held = laid_out_as(spec, weights.weights)
     if held != weights.weights:
         why = f"a GGUF file of float linears, read as it is; {weights.reason}"
         weights = dataclasses.replace(weights, weights=held, reason=why)

@@ -47,8 +47,8 @@ GenerationDtype = Literal["auto", "float32", "bfloat16"]
 #: How the torch backend holds a generative model's linears (``weights``;
 #: ``generation/quant_linear.py``).
 WeightFormat = Literal["auto", "float", "int8", "int4"]
-#: What the own int4 kernel sums a float32 model's rows as (``activations``;
-#: ``generation/csrc/quant_gemm_a8.cpp``).
+#: What the own int4 kernel sums a model's rows as (``activations``: every float32 row, a bf16
+#: model's few; ``generation/csrc/quant_gemm_a8.cpp``).
 ActivationFormat = Literal["auto", "float", "int8"]
 #: What computes a bf16 model's dense linears on CPU (``dense_linears``;
 #: ``generation/dense_tiles.py``).
@@ -167,10 +167,11 @@ class TorchEngineOptions(GenerationOptions):
     activations: ActivationFormat = field(
         default="auto",
         metadata=knob(
-            "what int8/int4/GGUF weights computed in float32 multiply: float (the rows as they "
-            "are), int8 (each row's groups of 32 inputs quantized to int8 on the way in and "
-            "summed in integers: needs AVX512-VNNI) or auto (int8 where the host kind measured it "
-            "and dtype auto chose float32; a named float32 keeps float rows)",
+            "what int8/int4/GGUF weights multiply: float (the rows as they are), int8 (each "
+            "row's groups of 32 inputs quantized to int8 on the way in and summed in integers, "
+            "every row in float32, a step's 1-4 rows in bfloat16: needs AVX2, fast with "
+            "AVX512-VNNI) or auto (int8 where the host kind measured it: in float32 where dtype "
+            "auto chose it, a named float32 keeping float rows; in bfloat16 on AMX)",
             TORCH,
         ),
     )

@@ -60,6 +60,7 @@ from batchline._cpu import (
 from batchline.models.generation.decode_kernel import decode_kernel
 
 __all__ = [
+    "A8_BF16_ROWS",
     "A8_STREAMS",
     "A8_STREAMS_ZEN5",
     "A8_STREAM_INPUTS",
@@ -127,6 +128,15 @@ F32_WIDTH = 512
 #: has both (AVX512-VNNI): vpdpbusd on 512-bit vectors; elsewhere AVX2's vpmaddubsw is the only
 #: one (the same bits).
 A8_WIDTH = 512
+#: Below this many bf16 rows an int4 product with int8 rows (``int8_rows``: an AMX host's
+#: ``activations = auto``) quantizes them to int8 per group of 32 and sums integers through
+#: VNNI (``int4_linear_a8``, bf16 in and out); from it on, bf16 rows as without (AMX tiles).
+#: AMX Xeon, 2 threads, 8-bit-step int4, 2026-12-06, int8 rows' time over bf16 rows' at 1, 2,
+#: 4, 6, 8 rows: 2,048 -> 16,384 x0.58, x0.59, x0.75, x0.82, x0.92; 8,192 -> 2,048 x0.62,
+#: x0.64, x0.78, x0.85, x0.92; 960 -> 5,120 x0.66, x0.77, x0.92, x1.03, x1.13 (x1.22-1.49 at
+#: 12-16 rows): at one row vdpbf16ps spends two cycles a product, and unpacking the codes for
+#: it as many again, where one vpdpbusd sums twice the inputs of codes masked out in place.
+A8_BF16_ROWS = 5
 #: The fewest rows the int8 layout's product (:func:`int8g_linear`) takes through the 512-bit
 #: path (VNNI, 8 rows a pass) rather than the 256-bit one (4): Zen 4, 2 threads, 2026-12-05,
 #: 512 / 256 time at 1, 2, 4, 8, 16 rows: x0.99-1.12, x1.02-1.10, x0.84-1.03, x0.50-0.68,
@@ -511,12 +521,13 @@ def int4_linear(
     """``x (rows, K) @ W.T (+ bias)`` in ``x``'s dtype (bf16, or float32 through
     ``csrc/quant_gemm_f32.cpp``), ``W`` the ``n`` columns :func:`pack_int4` packed, ``bias``
     float32 ``(n,)``; bf16 rows from ``amx_rows`` rows on through AMX tiles where the CPU has
-    them; float32 rows with ``int8_rows`` quantized to int8 per group of 32 on the way in and
-    summed in integers (``csrc/quant_gemm_a8.cpp``: :func:`int8_activations_here`), one row
-    ``streams`` tiles at a time (:func:`a8_streams`). The library must have been loaded
-    (:func:`own_kernels` for that dtype)."""
+    them; with ``int8_rows``, float32 rows, and fewer bf16 rows than :data:`A8_BF16_ROWS`,
+    quantized to int8 per group of 32 on the way in and summed in integers
+    (``csrc/quant_gemm_a8.cpp``: :func:`int8_activations_here`), one row ``streams`` tiles at
+    a time (:func:`a8_streams`). The library must have been loaded (:func:`own_kernels` for
+    that dtype)."""
     ops = torch.ops.batchline
-    if x.dtype == torch.float32 and int8_rows:
+    if int8_rows and (x.dtype == torch.float32 or x.shape[0] < A8_BF16_ROWS):
         quantized: torch.Tensor = ops.int4_linear_a8(
             x.contiguous(), packed, n, bias, A8_WIDTH, streams
         )

@@ -185,7 +185,8 @@ class QuantLinear(torch.nn.Module):
         #: whether ``_own`` is int8 in groups in :func:`~.quant_kernel.pack_int8g`'s layout (set
         #: where ``_own`` is: every forward asks)
         self._int8_layout = False
-        #: float32 rows through the own int4 kernel quantized to int8 on the way in
+        #: float32 rows through the own int4 kernel, and bf16 ones below
+        #: :data:`~.quant_kernel.A8_BF16_ROWS`, quantized to int8 on the way in
         #: (:func:`use_int8_activations`)
         self.int8_rows = False
         #: the tiles a one-row int8-rows product reads at once (:func:`~.quant_kernel.a8_streams`,
@@ -457,6 +458,8 @@ class QuantLinear(torch.nn.Module):
             return None
         elif dtype == torch.float32:
             layout, extra = StepProduct.INT4_F32, quant_kernel.F32_WIDTH
+        elif self.int8_rows:
+            layout, extra = StepProduct.INT4_BF16_A8, quant_kernel.A8_BF16_ROWS
         else:
             layout, extra = StepProduct.INT4_BF16, quant_kernel.AMX_ROWS
         bias = None if self.bias is None else self.bias.detach().float().contiguous()
@@ -518,7 +521,7 @@ class QuantLinear(torch.nn.Module):
             return quant_kernel.int8g_linear(
                 flat, self._own[0], self.out_features, bias, streams=self.streams
             )
-        a8 = self.int8_rows and flat.dtype == torch.float32
+        a8 = self.int8_rows  # float32 rows, and a few bf16 ones (int4_linear says which)
         out = quant_kernel.int4_linear(
             flat, self._own[0], self.out_features, bias, int8_rows=a8, streams=self.streams
         )
@@ -616,9 +619,10 @@ def step_weight_formats(model: torch.nn.Module, dense: torch.dtype) -> dict[str,
 
 
 def use_int8_activations(model: torch.nn.Module) -> int:
-    """Have each of ``model``'s linears the own int4 kernel computes quantize its float32 rows
-    to int8 on the way in (``int8_rows``); the number of such linears. The caller has checked
-    that the kernel runs here (:func:`~.quant_kernel.int8_activations_here`)."""
+    """Have each of ``model``'s linears the own int4 kernel computes quantize its float32 rows,
+    or its few bf16 ones (below :data:`~.quant_kernel.A8_BF16_ROWS`), to int8 on the way in
+    (``int8_rows``); the number of such linears. The caller has checked that the kernel runs
+    here (:func:`~.quant_kernel.int8_activations_here`)."""
     count = 0
     for module in model.modules():
         if isinstance(module, QuantLinear) and module._own:

@@ -122,6 +122,9 @@ class KindDefaults:
     #: ``int_dtype`` (empty: ``int_dtype``), and why
     gguf_int8_dtype: str = ""
     gguf_int8_measured: str = ""
+    #: why ``activations = auto`` sums a bf16 model's few rows of int weights (below
+    #: ``quant_kernel.A8_BF16_ROWS``) as int8 (empty: it keeps them bf16)
+    bf16_int8_rows: str = ""
 
     def int_dtype_for(self, gguf_int8: bool = False) -> tuple[str, str]:
         """What int weights compute in under ``dtype = auto`` and why: ``gguf_int8`` for a
@@ -165,6 +168,10 @@ KIND_DEFAULTS: dict[str, KindDefaults] = {
         dense_measured="the own tiles, on AMX from 2 rows, took x0.82-0.86 oneDNN's time at 1-16 "
         "rows, x0.98-1.17 at 256-512; a 1.7B server made x1.18 oneDNN's tokens/s at 1 and 16 "
         "clients (2026-12-06)",
+        bf16_int8_rows="a step's 1-4 rows summed as int8 through VNNI, more as bf16 on AMX: a "
+        "1.7B-shaped int4 step at one row x0.85 the time of bf16 rows, a server x1.19 their "
+        "tokens/s at one client (the linears alone x0.58-0.66 at one row, x0.75-0.92 at four; "
+        "2026-12-06)",
         gguf_int8_dtype="float32",
         gguf_int8_measured="on int8 rows, where int8 groups on bf16 rows are two int4 planes: a "
         "1.7B Q8_0 file's server made x1.59 the tokens/s at 16 clients and x1.49 at one (a "
@@ -289,8 +296,9 @@ def choose_precision(
 
 @dataclass(frozen=True, slots=True)
 class ActivationsChoice:
-    """What the own int4 kernel multiplies a float32 model's int weights by (``float`` rows,
-    or ``int8``: quantized per group of 32 on the way in), and why (said in the load log)."""
+    """What the own int4 kernel multiplies a model's int weights by (``float`` rows, or
+    ``int8``: quantized per group of 32 on the way in: every float32 row, a bf16 model's few
+    rows), and why (said in the load log)."""
 
     activations: str
     reason: str
@@ -335,42 +343,51 @@ def choose_activations(
     weights: str,
     dtype: str,
     dtype_asked: bool = False,
+    gguf_int8: bool = False,
     flags: Collection[str] | None = None,
 ) -> ActivationsChoice:
     """The activations for ``asked`` (one of ``ACTIVATION_FORMATS``) of a model held in
     ``weights`` (``choose_weights``'s) computing in ``dtype``; ``dtype_asked`` when the user
-    named that dtype rather than ``auto`` choosing it. int8 rows apply to int weights (``int8``,
-    ``int4``, ``gguf``) in float32, and need AVX2 and FMA (``A8_KERNEL_FLAGS``): asked for where
-    either fails, a :class:`ValueError` says which. ``auto`` takes them only where float32 was
-    itself chosen for speed: a user who names float32 gets float32 arithmetic."""
+    named that dtype rather than ``auto`` choosing it; ``gguf_int8`` for a GGUF whose linears
+    are mostly int8 groups (:meth:`KindDefaults.int_dtype_for`). int8 rows apply to int
+    weights (``int8``, ``int4``, ``gguf``) in float32, every row, and in bf16, a step's few rows
+    (below ``quant_kernel.A8_BF16_ROWS``); they need AVX2 and FMA (``A8_KERNEL_FLAGS``): asked
+    for where either fails, a :class:`ValueError` says which. ``auto`` takes them in float32
+    only where float32 was itself chosen for speed (a user who names float32 gets float32
+    arithmetic), in bf16 where the host's kind measured them (:attr:`KindDefaults.
+    bf16_int8_rows`)."""
     if asked not in ACTIVATION_FORMATS:
         raise ValueError(
             f"activations must be one of {', '.join(ACTIVATION_FORMATS)}, got {asked!r}"
         )
     if asked == "float":
         return ActivationsChoice("float", "asked for")
-    if dtype != "float32" or weights == "float":
+    if dtype not in ("float32", "bfloat16") or weights == "float":
         if asked == "int8":
             raise ValueError(
-                "activations = 'int8' applies to int8, int4 or GGUF weights computed in float32; "
-                f"this model computes in {dtype} with {weights} weights"
+                "activations = 'int8' applies to int8, int4 or GGUF weights computed in float32 "
+                f"or bfloat16; this model computes in {dtype} with {weights} weights"
             )
-        return ActivationsChoice("float", "auto: only int weights in float32 take int8 rows")
+        return ActivationsChoice("float", "auto: only int weights take int8 rows")
     found = set(cpu_flags() if flags is None else flags)
     missing = [f for f in A8_KERNEL_FLAGS if f not in found]
     if missing and asked == "int8":
         raise ValueError(f"activations = 'int8' needs {', '.join(missing)}, which this CPU lacks")
     if asked == "int8":
         return ActivationsChoice("int8", "asked for")
-    if dtype_asked:
-        return ActivationsChoice("float", f"auto: {A8_FLOAT32_ASKED}")
     if missing:
         return ActivationsChoice("float", f"auto: the CPU has no {', '.join(missing)}")
+    name, kind = kind_defaults(found)
+    if dtype == "bfloat16":
+        if kind.bf16_int8_rows:
+            return ActivationsChoice("int8", f"auto on this {name} CPU: {kind.bf16_int8_rows}")
+        return ActivationsChoice("float", f"auto: bf16 rows on this {name} CPU")
+    if dtype_asked:
+        return ActivationsChoice("float", f"auto: {A8_FLOAT32_ASKED}")
     if host_kind(found).bf16:
-        kind = kind_defaults(found)[1]
         if kind.int_dtype == "float32":  # chosen so by choose_precision
             return ActivationsChoice("int8", f"auto: {A8_MEASURED_BF16}")
-        if weights == "gguf" and kind.gguf_int8_dtype == "float32":  # a file of int8 groups
+        if gguf_int8 and weights == "gguf" and kind.gguf_int8_dtype == "float32":
             return ActivationsChoice("int8", f"auto: {kind.gguf_int8_measured}")
         return ActivationsChoice("float", f"auto: {A8_NATIVE_BF16}")
     if all(f in found for f in A8_VNNI_FLAGS):

@@ -14,9 +14,10 @@
 //     biases: four per layer, each an empty tensor where that product has none
 //     spec:   per layer, its store index, its activation (0 SiLU, 1 GeLU with tanh), then per
 //             product: its op (decode_kernel.StepProduct's layouts: 0 int4_linear_a8, 1
-//             int8g_linear_a8, 2 bf16_tiles_linear, 3 int4_linear_f32, 4 int4_linear), its
+//             int8g_linear_a8, 2 bf16_tiles_linear, 3 int4_linear_f32, 4 int4_linear, 5
+//             int4_linear with fewer rows than its last argument through int4_linear_a8), its
 //             outputs, and the op's last argument (0-1: the tiles one row reads at once; 3:
-//             the width; 2 and 4: amx_rows)
+//             the width; 2, 4 and 5: amx_rows)
 //     wide_rows: the fewest rows the int8 layout's product takes through its 512-bit path (one
 //             row too where it reads more than one tile at once)
 //     a8_width: the int8-rows products' wide path (quant_kernel.A8_WIDTH; the narrow one is 256)
@@ -40,7 +41,14 @@ constexpr int64_t kSpecHead = 2;       // store index, activation
 constexpr int64_t kSpecProduct = 3;    // op, outputs, its last argument
 constexpr int64_t kProducts = 4;       // q/k/v, o, gate/up, down
 constexpr int64_t kSpecLayer = kSpecHead + kProducts * kSpecProduct;
-enum Layout : int64_t { kInt4A8 = 0, kInt8gA8 = 1, kTiles = 2, kInt4F32 = 3, kInt4Bf16 = 4 };
+enum Layout : int64_t {
+  kInt4A8 = 0,
+  kInt8gA8 = 1,
+  kTiles = 2,
+  kInt4F32 = 3,
+  kInt4Bf16 = 4,
+  kInt4Bf16A8 = 5
+};
 
 using Optional = std::optional<at::Tensor>;
 
@@ -118,8 +126,8 @@ struct DecodeLayers : torch::CustomClassHolder {
       Layer layer{s[0], s[1] == 1, norms[2 * l], norms[2 * l + 1], {}};
       for (int64_t p = 0; p < kProducts; ++p) {
         const int64_t* q = s + kSpecHead + p * kSpecProduct;
-        TORCH_CHECK(q[0] >= kInt4A8 && q[0] <= kInt4Bf16, "DecodeLayers: op ", q[0],
-                    " is none of 0-4 (decode_kernel.StepProduct's layouts)");
+        TORCH_CHECK(q[0] >= kInt4A8 && q[0] <= kInt4Bf16A8, "DecodeLayers: op ", q[0],
+                    " is none of 0-5 (decode_kernel.StepProduct's layouts)");
         const at::Tensor& bias = biases[kProducts * l + p];
         layer.products[p] = Product{q[0], packed[kProducts * l + p], q[1],
                                     bias.numel() ? Optional(bias) : std::nullopt, q[2]};
@@ -164,6 +172,9 @@ struct DecodeLayers : torch::CustomClassHolder {
         return ops.tiles.call(x, p.packed, p.n, p.bias, p.extra);
       case kInt4F32:
         return ops.int4_f32.call(x, p.packed, p.n, p.bias, p.extra);
+      case kInt4Bf16A8:  // a few bf16 rows summed as int8, one tile at a time
+        if (x.size(0) < p.extra) return ops.int4.call(x, p.packed, p.n, p.bias, a8_width_, 1);
+        return ops.int4_bf16.call(x, p.packed, p.n, p.bias, p.extra);
       default:
         return ops.int4_bf16.call(x, p.packed, p.n, p.bias, p.extra);
     }

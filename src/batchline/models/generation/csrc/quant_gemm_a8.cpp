@@ -1,8 +1,10 @@
 // batchline's int4 linear with int8 activations (W4A8), for float32 rows on CPUs without native
-// bf16. It reads the own int4 layouts quant_gemm_f32.cpp reads (bf16, float32 or 8-bit-step
-// scales and zeros), and sums integers where that kernel converts each code to fp32 and multiplies: on
-// Ice Lake the float32 kernel's one-row product ran at the rate of its conversions, not of
-// memory, and on an AVX2-only EPYC (Zen 2) its 256-bit path reached 2.07x a 1.7B step's floor.
+// bf16, and for a bf16 model's one-row products on AMX hosts, where summing integers beats
+// vdpbf16ps (quant_linear.QuantLinear.int8_rows). It reads the own int4 layouts
+// quant_gemm_f32.cpp reads (bf16, float32 or 8-bit-step scales and zeros), and sums integers
+// where that kernel converts each code to fp32 and multiplies: on Ice Lake the float32
+// kernel's one-row product ran at the rate of its conversions, not of memory, and on an
+// AVX2-only EPYC (Zen 2) its 256-bit path reached 2.07x a 1.7B step's floor.
 // Two paths, the same sums: with AVX512-VNNI (Intel Xeon from Cascade Lake on, AMD from Zen 4
 // on) one vpdpbusd multiplies 64 codes by 4 inputs of a row and adds them into 16 columns' int32
 // sums; with AVX2 alone (`width` 256, the only path of a library built without VNNI) a
@@ -11,13 +13,13 @@
 // once per group by a vpmaddwd.
 //
 //   int4_linear_a8(x, packed, n, bias=None, width=512, streams=1) -> out
-//     x:       (rows, K), contiguous float32, K a multiple of 32
+//     x:       (rows, K), contiguous float32 or bfloat16, K a multiple of 32
 //     packed:  (tiles, K / 32, 320, 384 or 290) uint8 (quant_kernel.pack_int4)
 //     bias:    (n,) float32, or None
 //     width:   512: the VNNI path (up to 8 rows a pass); 256: the AVX2 one (up to 4)
 //     streams: 1, 2, 4 or 8: the tiles one row reads at once on the VNNI path (the same bits;
 //              quant_kernel.a8_streams says where more than one pays)
-//     out:     (rows, n) float32
+//     out:     (rows, n) in x's dtype (summed in float32, bf16 rounded once at the end)
 //   int8g_linear_a8(x, packed, n, bias=None, width=512, streams=1) -> out: the same product of
 //     int8 weights in groups of 32 (a GGUF's Q8_0 form), packed (tiles, K / 32, 544) uint8
 //     (quant_kernel.pack_int8g); width 512: vpdpbusd on each 64-byte chunk as it lies (the
@@ -84,10 +86,18 @@ using namespace batchline_quant;
 #if defined(BATCHLINE_A8)
 constexpr bool kBuilt = true;
 
-// A group of 32 floats: loaded into four vectors, and the largest of their magnitudes.
-inline float load_group(const float* p, __m256 (&v)[4]) {
+// A group of 32 inputs (float32, or bf16 widened exactly): loaded into four float vectors, and
+// the largest of their magnitudes.
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) {  // 8 bf16 -> 8 fp32: the bits moved up 16
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+template <typename T>
+inline float load_group(const T* p, __m256 (&v)[4]) {
   const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-  for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(p + 8 * i);
+  for (int i = 0; i < 4; ++i) v[i] = load8(p + 8 * i);
   const __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], sign), _mm256_and_ps(v[1], sign)),
                                  _mm256_max_ps(_mm256_and_ps(v[2], sign), _mm256_and_ps(v[3], sign)));
   __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
@@ -106,7 +116,8 @@ inline void store_group(const __m256i (&q)[4], int8_t* out) {
 }
 
 // One row's groups to int8 codes, their scales and their code sums (AVX2: for both paths).
-void quantize_row(const float* x, int64_t groups, int8_t* codes, float* scales, int32_t* sums) {
+template <typename T>
+void quantize_row(const T* x, int64_t groups, int8_t* codes, float* scales, int32_t* sums) {
   for (int64_t g = 0; g < groups; ++g) {
     __m256 v[4];
     const float amax = load_group(x + g * kGroup, v);
@@ -397,9 +408,15 @@ void row_by_tiles_a8(const uint8_t* tile, int64_t tile_bytes, int64_t groups, co
 
 void check_x(const at::Tensor& x, const char* op) {
   TORCH_CHECK(kBuilt, op, ": built for a CPU without AVX2 and FMA, which it needs");
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), op,
-              ": x must be a contiguous (rows, K) float32 tensor");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() &&
+                  (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              op, ": x must be a contiguous (rows, K) float32 or bfloat16 tensor");
   TORCH_CHECK(x.size(1) % kGroup == 0, op, ": K = ", x.size(1), " is not a multiple of ", kGroup);
+}
+
+// The product's totals are float32; bf16 rows get them rounded to bf16 once, at the end.
+at::Tensor in_dtype_of(const at::Tensor& out, const at::Tensor& x) {
+  return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
 }
 
 // Rows [0, rows) of x (K inputs each) to int8 codes, scales and code sums per group, into the
@@ -407,14 +424,20 @@ void check_x(const at::Tensor& x, const char* op) {
 void quantize_rows(const at::Tensor& x, int8_t* codes, float* scales, int32_t* sums) {
 #if defined(BATCHLINE_A8)
   const int64_t rows = x.size(0), k_total = x.size(1), groups = k_total / kGroup;
-  const float* xp = x.data_ptr<float>();
   const int64_t rows_per_share = std::max<int64_t>(1, 16384 / k_total);
-  at::parallel_for(0, rows, rows_per_share, [&](int64_t begin, int64_t end) {
-    for (int64_t m = begin; m < end; ++m) {
-      quantize_row(xp + m * k_total, groups, codes + m * k_total, scales + m * groups,
-                   sums + m * groups);
-    }
-  });
+  auto each_row = [&](const auto* xp) {
+    at::parallel_for(0, rows, rows_per_share, [&](int64_t begin, int64_t end) {
+      for (int64_t m = begin; m < end; ++m) {
+        quantize_row(xp + m * k_total, groups, codes + m * k_total, scales + m * groups,
+                     sums + m * groups);
+      }
+    });
+  };
+  if (x.scalar_type() == at::kBFloat16) {
+    each_row(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()));
+  } else {
+    each_row(x.data_ptr<float>());
+  }
 #endif
 }
 
@@ -422,7 +445,7 @@ void quantize_rows(const at::Tensor& x, int8_t* codes, float* scales, int32_t* s
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quantized(const at::Tensor& x) {
   const int64_t rows = x.size(0), k_total = x.size(1), groups = k_total / kGroup;
   auto codes = at::empty({rows, k_total}, x.options().dtype(at::kChar));
-  auto scales = at::empty({rows, groups}, x.options());
+  auto scales = at::empty({rows, groups}, x.options().dtype(at::kFloat));
   auto sums = at::empty({rows, groups}, x.options().dtype(at::kInt));
   quantize_rows(x, codes.data_ptr<int8_t>(), scales.data_ptr<float>(), sums.data_ptr<int32_t>());
   return {codes, scales, sums};
@@ -522,8 +545,8 @@ at::Tensor int4_linear_a8(const at::Tensor& x, const at::Tensor& packed, int64_t
   TORCH_CHECK(k_total == groups * kGroup, "int4_linear_a8: x has ", k_total, " inputs, the weight ",
               groups * kGroup);
   const float* bias_ptr = bias_pointer(bias, n, "int4_linear_a8");
-  auto out = at::empty({rows, n}, x.options());
-  if (rows == 0) return out;
+  auto out = at::empty({rows, n}, x.options().dtype(at::kFloat));
+  if (rows == 0) return in_dtype_of(out, x);
 #if defined(BATCHLINE_A8)
   const QuantizedRows xq(x);
   const int8_t* cp = xq.codes();
@@ -539,7 +562,7 @@ at::Tensor int4_linear_a8(const at::Tensor& x, const at::Tensor& packed, int64_t
       one_row_by_streams<Int4Tiles<kL>>(wp, tiles, tile_bytes, groups, xq, bias_ptr, n, streams,
                                         op);
     });
-    return out;
+    return in_dtype_of(out, x);
   }
 #endif
   at::parallel_for(0, tiles, tiles_per_share(tile_bytes), [&](int64_t begin, int64_t end) {
@@ -569,7 +592,7 @@ at::Tensor int4_linear_a8(const at::Tensor& x, const at::Tensor& packed, int64_t
     }
   });
 #endif
-  return out;
+  return in_dtype_of(out, x);
 }
 
 at::Tensor int8g_linear_a8(const at::Tensor& x, const at::Tensor& packed, int64_t n,
@@ -591,8 +614,8 @@ at::Tensor int8g_linear_a8(const at::Tensor& x, const at::Tensor& packed, int64_
   TORCH_CHECK(k_total == groups * kGroup, "int8g_linear_a8: x has ", k_total,
               " inputs, the weight ", groups * kGroup);
   const float* bias_ptr = bias_pointer(bias, n, "int8g_linear_a8");
-  auto out = at::empty({rows, n}, x.options());
-  if (rows == 0) return out;
+  auto out = at::empty({rows, n}, x.options().dtype(at::kFloat));
+  if (rows == 0) return in_dtype_of(out, x);
 #if defined(BATCHLINE_A8)
   const QuantizedRows xq(x);
   const int8_t* cp = xq.codes();
@@ -604,7 +627,7 @@ at::Tensor int8g_linear_a8(const at::Tensor& x, const at::Tensor& packed, int64_
 #if defined(BATCHLINE_A8_VNNI)
   if (width == 512 && rows == 1 && streams > 1) {  // a batch-1 step: C tiles at a time
     one_row_by_streams<Int8Tiles>(wp, tiles, tile_bytes, groups, xq, bias_ptr, n, streams, op);
-    return out;
+    return in_dtype_of(out, x);
   }
 #endif
   at::parallel_for(0, tiles, tiles_per_share(tile_bytes), [&](int64_t begin, int64_t end) {
@@ -630,7 +653,7 @@ at::Tensor int8g_linear_a8(const at::Tensor& x, const at::Tensor& packed, int64_
     }
   });
 #endif
-  return out;
+  return in_dtype_of(out, x);
 }
 
 std::tuple<at::Tensor, at::Tensor> int8_activations(const at::Tensor& x) {
