@@ -428,3 +428,32 @@ def test_int4_quantized_at_load_takes_8_bit_steps_whatever_the_rows(
         assert "scales in bf16" not in caplog.text
     finally:
         loaded.close()
+
+
+def test_a_generators_identity_names_int8_rows_where_its_load_takes_them(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """A completion computed on int8 rows is not served again for float rows (and back): the
+    identity says int8 where the load would take them, from the same choice."""
+    pytest.importorskip("transformers")
+    from batchline.models.config import Knobs
+    from batchline.models.generation import torch_dtype
+    from batchline.models.generation.backend import GENERATION
+    from batchline.models.specs import parse_spec
+
+    from .test_load import save_tiny_generator
+
+    spec = parse_spec(f"{save_tiny_generator(tmp_path / 'tiny')}/")
+    monkeypatch.setattr(torch_dtype, "cpu_flags", lambda: AMX)
+    int4 = GENERATION.identity(spec, Knobs(weights="int4")).options
+    assert (int4["dtype"], int4["activations"]) == ("bfloat16", "int8")  # AMX: a step's few rows
+    floats = GENERATION.identity(spec, Knobs(weights="int4", activations="float")).options
+    assert "activations" not in floats
+    assert {k: v for k, v in int4.items() if k != "activations"} == floats
+    # no int weights, no int8 rows: the dense model's identity is as it always was
+    assert "activations" not in GENERATION.identity(spec, Knobs()).options
+    monkeypatch.setattr(torch_dtype, "cpu_flags", lambda: AVX512_BF16)
+    assert (
+        "activations"
+        not in GENERATION.identity(spec, Knobs(weights="int4", dtype="bfloat16")).options
+    )

@@ -162,9 +162,12 @@ def _kv_positions_bytes(
 
 def _identity(spec: ModelSpec, knobs: GenerationBackendOptions | None) -> Identity:
     """What changes a generator's tokens beyond its files: the backend and its version, the
-    dtype (float32 and bf16 round differently), the kind of device (CPU and CUDA kernels
-    differ in the last bits), and for ``smollm2`` the version of the GGUF's conversion. Not
-    the batching kind nor the caps: greedy and seeded tokens do not depend on them."""
+    dtype (float32 and bf16 round differently), the weights and int8 rows where taken, the
+    kind of device (CPU and CUDA kernels differ in the last bits), and for ``smollm2`` the
+    version of the GGUF's conversion. Not the batching kind nor the caps: greedy and seeded
+    tokens depend on them only as far as a row's last bits do (the int kernels take other
+    paths at other row counts: vdpbf16ps at one row and AMX from two, int8 rows below
+    ``quant_kernel.A8_BF16_ROWS`` on AMX hosts)."""
     knobs = knobs or GenerationBackendOptions()
     backend = knobs.generation_backend
     runs_it = ["vllm"] if backend == "vllm" else ["torch", "transformers"]
@@ -177,6 +180,8 @@ def _identity(spec: ModelSpec, knobs: GenerationBackendOptions | None) -> Identi
         "device": "cuda" if knobs.device.startswith("cuda") else knobs.device,
         "generation_versions": [version(p) for p in runs_it],
     }
+    if backend != "vllm" and _int8_rows(spec, knobs, dtype, weights):
+        options["activations"] = "int8"  # rows rounded to 8 bits: other tokens
     if spec.kind == "builtin":
         from batchline.models.generation.smollm2 import CONVERTER_VERSION
 
@@ -198,6 +203,29 @@ def _precision(spec: ModelSpec, knobs: GenerationBackendOptions) -> tuple[str, s
         return choose_dtype(knobs.dtype, knobs.device).dtype, "float"
     dtype, weights = spec_precision(spec, knobs)
     return dtype.dtype, laid_out_as(spec, weights.weights)
+
+
+def _int8_rows(spec: ModelSpec, knobs: GenerationBackendOptions, dtype: str, weights: str) -> bool:
+    """Whether the torch backend's int kernel takes int8 rows for ``spec`` held in ``weights``
+    (as laid out) computing in ``dtype`` on a CPU, as its load chooses them from the host's
+    flags (``choose_activations``; a host whose kernel library then fails to build computes
+    float rows under an int8 identity: a result not found, never a wrong one served)."""
+    from batchline.models.generation.engine_choices import int8_gguf
+    from batchline.models.generation.torch_dtype import choose_activations
+
+    if knobs.device != "cpu":
+        return False
+    try:
+        chosen = choose_activations(
+            knobs.activations,
+            weights=weights,
+            dtype=dtype,
+            dtype_asked=knobs.dtype != "auto",
+            gguf_int8=int8_gguf(spec),
+        )
+    except ValueError:  # refused at load, before any token
+        return False
+    return chosen.activations == "int8"
 
 
 def _files(spec: ModelSpec) -> tuple[Path, ...]:
