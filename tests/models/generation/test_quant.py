@@ -283,6 +283,7 @@ def test_the_gguf_reader_reads_what_gguf_py_reads(tmp_path: Path) -> None:
         a = gguf.quants.dequantize(np.asarray(mine.data), qtype)
         b = gguf.quants.dequantize(np.asarray(other.data), other.tensor_type)
         assert np.array_equal(a, b)
+        assert mine.values == a.size == int(other.n_elements)
     truncated = tmp_path / "cut.gguf"
     truncated.write_bytes(path.read_bytes()[:-100])
     with pytest.raises(ValueError, match="truncated"):

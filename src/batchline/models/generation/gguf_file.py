@@ -33,11 +33,12 @@ _ALIGNMENT = 32
 class GgufTensor:
     """One tensor: its name, GGML type (``gguf.GGMLQuantizationType``'s value) and bytes, a
     read-only view of the file, ``(..., rows, row bytes)`` uint8 whatever the type
-    (``gguf.quants.dequantize`` takes them so)."""
+    (``gguf.quants.dequantize`` takes them so), and its values (the product of its shape)."""
 
     name: str
     tensor_type: int
     data: np.ndarray
+    values: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +89,8 @@ def read_gguf(path: Path) -> GgufFile:
         raw = data[first : first + rows * row_bytes]
         if raw.size != rows * row_bytes:
             raise ValueError(f"{path.name} is truncated (tensor {name})")
-        out.append(GgufTensor(name, kind, raw.reshape(*reversed(shape[1:]), row_bytes)))
+        values = rows * int(shape[0])
+        out.append(GgufTensor(name, kind, raw.reshape(*reversed(shape[1:]), row_bytes), values))
     return GgufFile(metadata, out, start)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from batchline._errors import ModelError
 
@@ -76,14 +76,10 @@ def _linear_kinds(path: Path) -> tuple[bool, bool]:
 @functools.lru_cache(maxsize=32)
 def _linear_kinds_of(path: Path, mtime_ns: int, size: int) -> tuple[bool, bool]:
     """:func:`_linear_kinds` of the file as it is at ``mtime_ns`` and ``size``."""
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
-    def values(t: Any) -> int:  # the weight's values: its blocks times their size
-        block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(t.tensor_type)]
-        return int(t.data.nbytes) // block_bytes * block
+    from gguf import GGMLQuantizationType
 
     linears = [
-        (GGMLQuantizationType(t.tensor_type).name, values(t))
+        (GGMLQuantizationType(t.tensor_type).name, t.values)
         for t in read_gguf_file(path).tensors
         if (name := _hf_name(t.name)) is not None
         and name.startswith("model.layers.")

@@ -126,12 +126,13 @@ class KindDefaults:
     #: ``quant_kernel.A8_BF16_ROWS``) as int8 (empty: it keeps them bf16)
     bf16_int8_rows: str = ""
 
-    def int_dtype_for(self, gguf_int8: bool = False) -> tuple[str, str]:
-        """What int weights compute in under ``dtype = auto`` and why: ``gguf_int8`` for a
-        GGUF kept quantized whose linears are mostly int8 groups."""
+    def int_dtype_for(self, gguf_int8: bool = False) -> tuple[str, str, bool]:
+        """What int weights compute in under ``dtype = auto``, why, and whether that is the
+        rule for int8 groups: ``gguf_int8`` for a GGUF kept quantized whose linears are mostly
+        int8 groups, where this kind has a rule of its own for them."""
         if gguf_int8 and self.gguf_int8_dtype:
-            return self.gguf_int8_dtype, self.gguf_int8_measured
-        return self.int_dtype, self.int_measured
+            return self.gguf_int8_dtype, self.gguf_int8_measured, True
+        return self.int_dtype, self.int_measured, False
 
 
 _NO_BF16 = KindDefaults(
@@ -273,7 +274,9 @@ def choose_precision(
     if device != "cpu" or held.weights == "float" or (gguf and gguf_float):
         return chosen, held
     name, kind = kind_defaults(flags)
-    int_dtype, int_measured = kind.int_dtype_for(gguf and held.weights == "gguf" and gguf_int8)
+    int_dtype, int_measured, int8_groups = kind.int_dtype_for(
+        gguf and held.weights == "gguf" and gguf_int8
+    )
     if dtype != "auto":
         if chosen.dtype == int_dtype:
             return chosen, held
@@ -289,7 +292,7 @@ def choose_precision(
     again = choose_weights(weights, gguf=gguf, dtype=int_dtype, flags=flags)
     if again.weights == "float":  # the int weights would not stay int in that dtype
         return chosen, held
-    what = "int8-group" if int_measured != kind.int_measured else held.weights
+    what = "int8-group" if int8_groups else held.weights
     why = f"auto with {what} weights on this {name} CPU: {int_measured}"
     return DtypeChoice(int_dtype, why), again
 
