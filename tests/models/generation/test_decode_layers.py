@@ -178,8 +178,8 @@ def test_its_arguments_are_checked() -> None:
     _lean(_model("int4 on int8 rows"))  # the library loaded
     make = torch.classes.batchline.DecodeLayers
     with pytest.raises(RuntimeError, match="two norms, four products"):
-        make([torch.ones(4)], [], [], [0] * 14, 1e-5, 0.5, 2, 4, 512)
+        make([torch.ones(4)], [], [], [0] * 14, 1e-5, 0.5, 2, 4, 512, 5)
     spec = [0, 0] + [7, 16, 1] * 4
     empty = [torch.empty(0)] * 4
     with pytest.raises(RuntimeError, match="op 7 is none of 0-5"):
-        make([torch.ones(4)] * 2, empty, empty, spec, 1e-5, 0.5, 2, 4, 512)
+        make([torch.ones(4)] * 2, empty, empty, spec, 1e-5, 0.5, 2, 4, 512, 5)

@@ -87,8 +87,8 @@ def test_streams_other_than_1_2_4_8_are_refused(a8_library: None) -> None:
 
 def test_several_tiles_are_read_where_they_were_measured_to_pay() -> None:
     """int4: long inputs on Zen 4, the longest on Zen 5 (at 2,048 and 3,072 inputs every count
-    above one was slower there); the int8 layout: every layer on Zen 5 (not measured on Zen 4);
-    one elsewhere."""
+    above one was slower there), every layer on an AMX host; the int8 layout: every layer on
+    Zen 5 and AMX (not measured on Zen 4); one elsewhere."""
     amd4, amd5 = CpuModel("AuthenticAMD", 25), CpuModel("AuthenticAMD", 26)
     assert ik.a8_streams(ik.A8_STREAM_INPUTS, ZEN4, amd4) == ik.A8_STREAMS > 1
     assert ik.a8_streams(8192, ZEN4, amd4) == ik.A8_STREAMS
@@ -100,8 +100,11 @@ def test_several_tiles_are_read_where_they_were_measured_to_pay() -> None:
     assert ik.a8_streams(960, ZEN4, amd5, int8_layout=True) == ik.INT8G_STREAMS > 1
     assert ik.a8_streams(8192, ZEN4, amd4, int8_layout=True) == 1
     intel = CpuModel("GenuineIntel", 6)
-    for flags in (AMX, ICE_LAKE, ZEN2):  # not measured there: one stream read ahead
-        for model in (intel, None):
+    for model in (intel, None):  # the kind's flags say AMX, whatever the model
+        for inputs in (960, 2048, 8192):
+            assert ik.a8_streams(inputs, AMX, model) == ik.A8_STREAMS_AMX > 1
+            assert ik.a8_streams(inputs, AMX, model, int8_layout=True) == ik.INT8G_STREAMS
+        for flags in (ICE_LAKE, ZEN2):  # not measured there: one stream read ahead
             assert ik.a8_streams(8192, flags, model) == 1
             assert ik.a8_streams(8192, flags, model, int8_layout=True) == 1
 

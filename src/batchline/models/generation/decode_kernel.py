@@ -119,10 +119,10 @@ class StepProduct:
     """A linear's product of a step's rows as one call of the library, as
     ``csrc/decode_layers.cpp`` makes it: ``layout`` names the op (the constants below),
     ``packed`` its weight, ``n`` its outputs, ``bias`` float32 or None, ``extra`` the op's last
-    argument (int4 on int8 rows: the tiles one row reads at once; float32 rows: the vector
-    width; bf16 rows: the rows from which AMX tiles take them, and with int8 rows below them
-    also the rows below which they are summed as int8), and fewer than ``rows_below`` rows
-    take it (more are computed another way)."""
+    argument (on int8 rows, bf16 ones below ``quant_kernel.A8_BF16_ROWS`` too: the tiles one
+    row reads at once; float32 rows: the vector width; bf16 rows: the rows from which AMX
+    tiles take them), and fewer than ``rows_below`` rows take it (more are computed another
+    way)."""
 
     layout: int
     packed: torch.Tensor
@@ -136,7 +136,7 @@ class StepProduct:
     BF16_TILES: ClassVar[int] = 2  # bf16_tiles_linear: dense bf16 weights in tiles
     INT4_F32: ClassVar[int] = 3  # int4_linear_f32: float32 rows
     INT4_BF16: ClassVar[int] = 4  # int4_linear: bf16 rows
-    # int4 on bf16 rows, fewer than ``extra`` through int4_linear_a8 as int8 (one tile a time)
+    # int4 on bf16 rows, fewer than quant_kernel.A8_BF16_ROWS through int4_linear_a8 as int8
     INT4_BF16_A8: ClassVar[int] = 5
 
     @property

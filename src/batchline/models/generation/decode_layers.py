@@ -65,5 +65,6 @@ def layers_in_one_call(
         heads,
         quant_kernel.INT8G_WIDE_ROWS,
         quant_kernel.A8_WIDTH,
+        quant_kernel.A8_BF16_ROWS,
     )
     return stack, below

@@ -62,6 +62,7 @@ from batchline.models.generation.decode_kernel import decode_kernel
 __all__ = [
     "A8_BF16_ROWS",
     "A8_STREAMS",
+    "A8_STREAMS_AMX",
     "A8_STREAMS_ZEN5",
     "A8_STREAM_INPUTS",
     "A8_STREAM_INPUTS_ZEN5",
@@ -147,6 +148,12 @@ INT8G_WIDE_ROWS = 4
 #: in software (see ``csrc/quant_gemm_a8.cpp``'s ``row_by_tiles_a8``). Zen 5 takes
 #: :data:`A8_STREAMS_ZEN5` on its longest inputs only.
 A8_STREAMS = 8
+#: The tiles a one-row int4 product reads at once on an AMX host (Intel, int8 rows: a bf16
+#: model's one-row steps there, :data:`A8_BF16_ROWS`): every linear of a 1.7B shape's 24 layers
+#: (2,048 -> 3,072, 2,048 -> 2,048, 2,048 -> 16,384, 8,192 -> 2,048) took x0.85 the time of one
+#: tile at a time with 8 (x0.91-0.92 with 4, x1.00 with 2), a 360M's 32 (960 and 2,560 inputs)
+#: x0.88 (x0.94-0.99 with 4), in two runs (2-core AMX Xeon, bf16 rows, 2026-12-06).
+A8_STREAMS_AMX = 8
 #: The tiles a one-row int4 product of :data:`A8_STREAM_INPUTS_ZEN5` inputs or more reads at
 #: once on Zen 5 (family 26): a 1.7B's and a 3B's down projection (8,192 inputs) at 4 streams,
 #: the other layers at one, alternated step by step with every layer at one: 1.7B x0.95-0.99
@@ -171,7 +178,9 @@ A8_STREAM_INPUTS = 3072
 #: x1.13 at 1.7B (one run each; Zen 5 EPYC, family 26, 2 threads, 2026-12-05,
 #: ``bench_a8_streams.py --layout int8 --step S``). One row of 2,048 -> 16,384 alone: 512-bit
 #: one tile x0.90, two x0.86, four x0.76. Not measured on Zen 4, whose one row stays on the
-#: 256-bit path (:data:`INT8G_WIDE_ROWS`).
+#: 256-bit path (:data:`INT8G_WIDE_ROWS`). On the AMX Xeon (float32 rows, a Q8_0 file's, the
+#: 1.7B shape's 24 layers, 2026-12-06): 512-bit 4 tiles x0.85 the time of one tile on the
+#: 256-bit path, 8 x0.86, 512-bit one tile x0.88.
 INT8G_STREAMS = 4
 
 
@@ -549,13 +558,16 @@ def a8_streams(
     """The tiles a one-row int8-rows product of ``in_features`` inputs reads at once (the op's
     ``streams``), where it was measured to pay: int4 on Zen 4 :data:`A8_STREAMS` from
     :data:`A8_STREAM_INPUTS` inputs on, on Zen 5 :data:`A8_STREAMS_ZEN5` from
-    :data:`A8_STREAM_INPUTS_ZEN5` on; the int8 layout (``int8_layout``) on Zen 5
-    :data:`INT8G_STREAMS`; else 1. ``flags`` and ``model`` default to this CPU's, ``model``
-    only where ``flags`` do too (a flag set alone, as tests give, names no model)."""
+    :data:`A8_STREAM_INPUTS_ZEN5` on, on an AMX host :data:`A8_STREAMS_AMX`; the int8 layout
+    (``int8_layout``) on Zen 5 and AMX hosts :data:`INT8G_STREAMS`; else 1. ``flags`` and
+    ``model`` default to this CPU's, ``model`` only where ``flags`` do too (a flag set alone,
+    as tests give, names no model)."""
     kind = host_kind(host_flags() if flags is None else flags)
     generation = zen(host_model() if model is None and flags is None else model, kind)
     if int8_layout:
-        return INT8G_STREAMS if generation == 5 else 1
+        return INT8G_STREAMS if generation == 5 or kind.name == "amx" else 1
+    if kind.name == "amx":
+        return A8_STREAMS_AMX
     if generation == 4 and in_features >= A8_STREAM_INPUTS:
         return A8_STREAMS
     if generation == 5 and in_features >= A8_STREAM_INPUTS_ZEN5:

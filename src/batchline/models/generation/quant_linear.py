@@ -459,7 +459,7 @@ class QuantLinear(torch.nn.Module):
         elif dtype == torch.float32:
             layout, extra = StepProduct.INT4_F32, quant_kernel.F32_WIDTH
         elif self.int8_rows:
-            layout, extra = StepProduct.INT4_BF16_A8, quant_kernel.A8_BF16_ROWS
+            layout, extra = StepProduct.INT4_BF16_A8, self.streams
         else:
             layout, extra = StepProduct.INT4_BF16, quant_kernel.AMX_ROWS
         bias = None if self.bias is None else self.bias.detach().float().contiguous()
@@ -526,7 +526,9 @@ class QuantLinear(torch.nn.Module):
             flat, self._own[0], self.out_features, bias, int8_rows=a8, streams=self.streams
         )
         for packed in self._own[1:]:
-            out = out + quant_kernel.int4_linear(flat, packed, self.out_features, int8_rows=a8)
+            out = out + quant_kernel.int4_linear(
+                flat, packed, self.out_features, int8_rows=a8, streams=self.streams
+            )
         return out
 
     def extra_repr(self) -> str:

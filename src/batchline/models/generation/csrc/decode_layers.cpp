@@ -7,7 +7,8 @@
 // converting arguments that ten calls from Python cost (a third of what a SmolLM2-360M int4
 // layer spent beside its weights, on Zen 4).
 //
-//   DecodeLayers(norms, packed, biases, spec, eps, scale, heads, wide_rows, a8_width)
+//   DecodeLayers(norms, packed, biases, spec, eps, scale, heads, wide_rows, a8_width,
+//                a8_bf16_rows)
 //     norms:  two per layer, the attention's input norm and the MLP's
 //     packed: four per layer, the q/k/v, o, gate/up and down products' weights as their ops
 //             take them
@@ -15,12 +16,14 @@
 //     spec:   per layer, its store index, its activation (0 SiLU, 1 GeLU with tanh), then per
 //             product: its op (decode_kernel.StepProduct's layouts: 0 int4_linear_a8, 1
 //             int8g_linear_a8, 2 bf16_tiles_linear, 3 int4_linear_f32, 4 int4_linear, 5
-//             int4_linear with fewer rows than its last argument through int4_linear_a8), its
-//             outputs, and the op's last argument (0-1: the tiles one row reads at once; 3:
-//             the width; 2, 4 and 5: amx_rows)
+//             int4_linear with fewer than a8_bf16_rows rows through int4_linear_a8), its
+//             outputs, and the op's last argument (0-1 and 5: the tiles one row reads at
+//             once; 3: the width; 2 and 4: amx_rows)
 //     wide_rows: the fewest rows the int8 layout's product takes through its 512-bit path (one
 //             row too where it reads more than one tile at once)
 //     a8_width: the int8-rows products' wide path (quant_kernel.A8_WIDTH; the narrow one is 256)
+//     a8_bf16_rows: below it, layout 5 sums bf16 rows as int8 (quant_kernel.A8_BF16_ROWS); from
+//             it on through int4_linear, on AMX tiles (its amx_rows)
 //   .forward(h, cos, sin, keys, values, first, hi) -> h after every layer
 //     h: (rows, hidden) in the dtype the products take; keys, values: the store's buffers of
 //     every layer; cos, sin, first, hi: as decode_step takes them
@@ -111,8 +114,14 @@ struct Layer {
 struct DecodeLayers : torch::CustomClassHolder {
   DecodeLayers(std::vector<at::Tensor> norms, std::vector<at::Tensor> packed,
                std::vector<at::Tensor> biases, std::vector<int64_t> spec, double eps,
-               double scale, int64_t heads, int64_t wide_rows, int64_t a8_width)
-      : eps_(eps), scale_(scale), heads_(heads), wide_rows_(wide_rows), a8_width_(a8_width) {
+               double scale, int64_t heads, int64_t wide_rows, int64_t a8_width,
+               int64_t a8_bf16_rows)
+      : eps_(eps),
+        scale_(scale),
+        heads_(heads),
+        wide_rows_(wide_rows),
+        a8_width_(a8_width),
+        a8_bf16_rows_(a8_bf16_rows) {
     const int64_t count = static_cast<int64_t>(spec.size()) / kSpecLayer;
     TORCH_CHECK(count * kSpecLayer == static_cast<int64_t>(spec.size()) &&
                     static_cast<int64_t>(norms.size()) == 2 * count &&
@@ -172,9 +181,11 @@ struct DecodeLayers : torch::CustomClassHolder {
         return ops.tiles.call(x, p.packed, p.n, p.bias, p.extra);
       case kInt4F32:
         return ops.int4_f32.call(x, p.packed, p.n, p.bias, p.extra);
-      case kInt4Bf16A8:  // a few bf16 rows summed as int8, one tile at a time
-        if (x.size(0) < p.extra) return ops.int4.call(x, p.packed, p.n, p.bias, a8_width_, 1);
-        return ops.int4_bf16.call(x, p.packed, p.n, p.bias, p.extra);
+      case kInt4Bf16A8:  // a few bf16 rows summed as int8, more on AMX tiles
+        if (x.size(0) < a8_bf16_rows_) {
+          return ops.int4.call(x, p.packed, p.n, p.bias, a8_width_, p.extra);
+        }
+        return ops.int4_bf16.call(x, p.packed, p.n, p.bias, a8_bf16_rows_);
       default:
         return ops.int4_bf16.call(x, p.packed, p.n, p.bias, p.extra);
     }
@@ -187,7 +198,7 @@ struct DecodeLayers : torch::CustomClassHolder {
     return rows >= wide_rows_ || (rows == 1 && streams > 1) ? a8_width_ : 256;
   }
 
-  int64_t heads_, wide_rows_, a8_width_;
+  int64_t heads_, wide_rows_, a8_width_, a8_bf16_rows_;
   std::vector<Layer> layers_;
 };
 
@@ -196,7 +207,8 @@ struct DecodeLayers : torch::CustomClassHolder {
 TORCH_LIBRARY_FRAGMENT(batchline, m) {
   m.class_<DecodeLayers>("DecodeLayers")
       .def(torch::init<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>,
-                       std::vector<int64_t>, double, double, int64_t, int64_t, int64_t>())
+                       std::vector<int64_t>, double, double, int64_t, int64_t, int64_t,
+                       int64_t>())
       .def("forward", &DecodeLayers::forward)
       .def("size", &DecodeLayers::size);
 }
