@@ -344,17 +344,18 @@ def test_auto_takes_int8_rows_only_where_float32_was_chosen_not_named(
     from batchline.models.config import Knobs
     from batchline.models.generation import torch_dtype
     from batchline.models.generation.engine_choices import activations_for
+    from batchline.models.specs import parse_spec
 
     monkeypatch.setattr(torch_dtype, "cpu_flags", lambda: NO_BF16_VNNI)
     monkeypatch.setattr(ik, "int8_activations_here", lambda: (True, ""))
     assert torch_dtype.choose_dtype("auto", "cpu").dtype == "float32"
-    weights = "gguf"
-    chosen = activations_for(Knobs(), weights, "float32")
+    weights, spec = "gguf", parse_spec("smollm2")
+    chosen = activations_for(spec, Knobs(), weights, "float32")
     assert chosen.activations == "int8"
-    named = activations_for(Knobs(dtype="float32"), weights, "float32")
+    named = activations_for(spec, Knobs(dtype="float32"), weights, "float32")
     assert (named.activations, named.reason) == ("float", f"auto: {torch_dtype.A8_FLOAT32_ASKED}")
     asked = Knobs(dtype="float32", activations="int8")
-    assert activations_for(asked, weights, "float32").activations == "int8"
+    assert activations_for(spec, asked, weights, "float32").activations == "int8"
 
 
 def test_a_float32_int4_model_asked_for_int8_rows_takes_them_and_says_so(

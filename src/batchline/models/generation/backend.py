@@ -208,24 +208,16 @@ def _precision(spec: ModelSpec, knobs: GenerationBackendOptions) -> tuple[str, s
 def _int8_rows(spec: ModelSpec, knobs: GenerationBackendOptions, dtype: str, weights: str) -> bool:
     """Whether the torch backend's int kernel takes int8 rows for ``spec`` held in ``weights``
     (as laid out) computing in ``dtype`` on a CPU, as its load chooses them from the host's
-    flags (``choose_activations``; a host whose kernel library then fails to build computes
+    flags (``spec_activations``; a host whose kernel library then fails to build computes
     float rows under an int8 identity: a result not found, never a wrong one served)."""
-    from batchline.models.generation.engine_choices import int8_gguf
-    from batchline.models.generation.torch_dtype import choose_activations
+    from batchline.models.generation.engine_choices import spec_activations
 
     if knobs.device != "cpu":
         return False
     try:
-        chosen = choose_activations(
-            knobs.activations,
-            weights=weights,
-            dtype=dtype,
-            dtype_asked=knobs.dtype != "auto",
-            gguf_int8=int8_gguf(spec),
-        )
+        return spec_activations(spec, knobs, weights, dtype).activations == "int8"
     except ValueError:  # refused at load, before any token
         return False
-    return chosen.activations == "int8"
 
 
 def _files(spec: ModelSpec) -> tuple[Path, ...]:

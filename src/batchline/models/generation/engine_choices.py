@@ -33,6 +33,7 @@ __all__ = [
     "dense_for",
     "engine_threads",
     "precision_for",
+    "spec_activations",
     "stored_bf16",
 ]
 
@@ -110,25 +111,34 @@ def laid_out_as(spec: ModelSpec, weights: str) -> str:
     return "float" if weights == "gguf" and float_gguf(spec) else weights
 
 
-def activations_for(
-    knobs: TorchEngineOptions, weights: str, dtype: str, *, gguf_int8: bool = False
+def spec_activations(
+    spec: ModelSpec, knobs: TorchEngineOptions, weights: str, dtype: str
 ) -> ActivationsChoice:
-    """What the own int4 kernel multiplies (``knobs.activations``) in a model of ``weights``
-    as laid out (:func:`laid_out_as`: a GGUF of float linears is ``float``) computing in
-    ``dtype``, checked before anything is read: ``int8`` asked where it does not apply or
-    cannot run is an error. ``gguf_int8``: the model is a GGUF whose linears are mostly int8
-    groups (:func:`int8_gguf`)."""
+    """``choose_activations`` for ``spec`` held in ``weights`` as laid out (:func:`laid_out_as`:
+    a GGUF of float linears is ``float``) computing in ``dtype``, and the knobs' activations
+    and dtype: what the loader and the job's identity both take. ``ValueError`` where ``int8``
+    is asked and does not apply."""
+    from batchline.models.generation.torch_dtype import choose_activations
+
+    return choose_activations(
+        knobs.activations,
+        weights=weights,
+        dtype=dtype,
+        dtype_asked=knobs.dtype != "auto",
+        gguf_int8=int8_gguf(spec),
+    )
+
+
+def activations_for(
+    spec: ModelSpec, knobs: TorchEngineOptions, weights: str, dtype: str
+) -> ActivationsChoice:
+    """What the own int4 kernel multiplies (:func:`spec_activations`), checked before
+    anything is read: ``int8`` asked where it does not apply or cannot run is an error."""
     from batchline.models.generation.quant_kernel import int8_activations_here
-    from batchline.models.generation.torch_dtype import ActivationsChoice, choose_activations
+    from batchline.models.generation.torch_dtype import ActivationsChoice
 
     try:
-        chosen = choose_activations(
-            knobs.activations,
-            weights=weights,
-            dtype=dtype,
-            dtype_asked=knobs.dtype != "auto",
-            gguf_int8=gguf_int8,
-        )
+        chosen = spec_activations(spec, knobs, weights, dtype)
     except ValueError as exc:
         raise InputError(str(exc)) from exc
     if chosen.activations == "int8":

@@ -59,7 +59,6 @@ from batchline.models.generation.engine_choices import (
     activations_for,
     dense_for,
     engine_threads,
-    int8_gguf,
     laid_out_as,
     precision_for,
     stored_bf16,
@@ -286,7 +285,7 @@ def load_torch_generator(spec: ModelSpec, knobs: TorchEngineOptions) -> Generati
     # read as a GGUF, laid out as what it holds: the layout, the activations, the load log, the
     # summary and the job's identity then all name the same weights
     held = laid_out_as(spec, weights.weights)
-    activations = activations_for(knobs, held, choice.dtype, gguf_int8=int8_gguf(spec))
+    activations = activations_for(spec, knobs, held, choice.dtype)
     int8_rows = activations.activations == "int8"
     dense = dense_for(knobs, choice.torch_dtype) if device.type == "cpu" else None
     # int8 rows sum over bf16 scales: a step reads 5 bits a weight of a GGUF's int4, not 6
