@@ -170,9 +170,9 @@ KIND_DEFAULTS: dict[str, KindDefaults] = {
         "rows, x0.98-1.17 at 256-512; a 1.7B server made x1.18 oneDNN's tokens/s at 1 and 16 "
         "clients (2026-12-06)",
         bf16_int8_rows="a step's 1-4 rows summed as int8 through VNNI, more as bf16 on AMX: a "
-        "1.7B-shaped int4 step at one row x0.85 the time of bf16 rows, a server x1.19 their "
-        "tokens/s at one client (the linears alone x0.58-0.66 at one row, x0.75-0.92 at four; "
-        "2026-12-06)",
+        "1.7B-shaped int4 step at one row x0.80 the time of bf16 rows (x1.17 its floor), a "
+        "server x1.23 their tokens/s at one client (360M x1.23, 3B x1.33), the linears alone "
+        "x0.58-0.66 at one row, x0.75-0.92 at four (2026-12-06)",
         gguf_int8_dtype="float32",
         gguf_int8_measured="on int8 rows, where int8 groups on bf16 rows are two int4 planes: a "
         "1.7B Q8_0 file's server made x1.59 the tokens/s at 16 clients and x1.49 at one (a "
