@@ -150,9 +150,10 @@ INT8G_WIDE_ROWS = 4
 A8_STREAMS = 8
 #: The tiles a one-row int4 product reads at once on an AMX host (Intel, int8 rows: a bf16
 #: model's one-row steps there, :data:`A8_BF16_ROWS`): every linear of a 1.7B shape's 24 layers
-#: (2,048 -> 3,072, 2,048 -> 2,048, 2,048 -> 16,384, 8,192 -> 2,048) took x0.85 the time of one
-#: tile at a time with 8 (x0.91-0.92 with 4, x1.00 with 2), a 360M's 32 (960 and 2,560 inputs)
-#: x0.88 (x0.94-0.99 with 4), in two runs (2-core AMX Xeon, bf16 rows, 2026-12-06).
+#: (2,048 -> 3,072, 2,048 -> 2,048, 2,048 -> 16,384, 8,192 -> 2,048) took x0.84-0.85 the time of
+#: one tile at a time with 8 (x0.90-0.92 with 4, x1.00 with 2), a 360M's 32 (960 and 2,560
+#: inputs) x0.88 (x0.94-0.99 with 4), in two or three runs (2-core AMX Xeon, bf16 rows,
+#: 2026-12-06).
 A8_STREAMS_AMX = 8
 #: The tiles a one-row int4 product of :data:`A8_STREAM_INPUTS_ZEN5` inputs or more reads at
 #: once on Zen 5 (family 26): a 1.7B's and a 3B's down projection (8,192 inputs) at 4 streams,
