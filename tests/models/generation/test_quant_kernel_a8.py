@@ -331,6 +331,13 @@ def test_int8_rows_asked_where_they_cannot_apply_are_refused_before_any_weight_i
     knobs = Knobs(dtype="float32", weights="int4", activations="int8")
     with pytest.raises(InputError, match="'int8' cannot run here: the library did not build"):
         load_module.load_text_generator(spec, knobs)
+    # bf16 rows go int8 only through the own bf16 int4 kernel: a CPU without it is told so
+    monkeypatch.setattr(torch_dtype, "cpu_flags", lambda: AMX)
+    monkeypatch.setattr(ik, "int8_activations_here", lambda: (True, ""))
+    monkeypatch.setattr(ik, "own_kernels", lambda **_: (False, "the CPU has no AVX512-BF16"))
+    knobs = Knobs(dtype="bfloat16", weights="int4", activations="int8")
+    with pytest.raises(InputError, match="'int8' cannot run here: the CPU has no AVX512-BF16"):
+        load_module.load_text_generator(spec, knobs)
     assert read == []
     with pytest.raises(InputError, match="activations must be one of auto, float, int8"):
         Knobs(activations="int4")

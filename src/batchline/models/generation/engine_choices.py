@@ -133,8 +133,12 @@ def activations_for(
     spec: ModelSpec, knobs: TorchEngineOptions, weights: str, dtype: str
 ) -> ActivationsChoice:
     """What the own int4 kernel multiplies (:func:`spec_activations`), checked before
-    anything is read: ``int8`` asked where it does not apply or cannot run is an error."""
-    from batchline.models.generation.quant_kernel import int8_activations_here
+    anything is read: ``int8`` asked where it does not apply or cannot run is an error. A bf16
+    model's int weights take int8 rows only through the own bf16 int4 kernel, so where that
+    does not run here (no AVX512-BF16: torch's kernels instead) they cannot either."""
+    import torch
+
+    from batchline.models.generation.quant_kernel import int8_activations_here, own_kernels
     from batchline.models.generation.torch_dtype import ActivationsChoice
 
     try:
@@ -143,6 +147,8 @@ def activations_for(
         raise InputError(str(exc)) from exc
     if chosen.activations == "int8":
         here, why = int8_activations_here()  # the kernel library built and loaded
+        if here and dtype == "bfloat16":
+            here, why = own_kernels(dtype=torch.bfloat16)
         if not here and knobs.activations == "int8":
             raise InputError(f"activations = 'int8' cannot run here: {why}")
         if not here:

@@ -521,13 +521,14 @@ class QuantLinear(torch.nn.Module):
             return quant_kernel.int8g_linear(
                 flat, self._own[0], self.out_features, bias, streams=self.streams
             )
-        a8 = self.int8_rows  # float32 rows, and a few bf16 ones (int4_linear says which)
+        # int4_linear says which rows go int8: every float32 row, a few bf16 ones
+        a8, streams = self.int8_rows, self.streams
         out = quant_kernel.int4_linear(
-            flat, self._own[0], self.out_features, bias, int8_rows=a8, streams=self.streams
+            flat, self._own[0], self.out_features, bias, int8_rows=a8, streams=streams
         )
         for packed in self._own[1:]:
             out = out + quant_kernel.int4_linear(
-                flat, packed, self.out_features, int8_rows=a8, streams=self.streams
+                flat, packed, self.out_features, int8_rows=a8, streams=streams
             )
         return out
 
