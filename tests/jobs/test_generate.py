@@ -400,3 +400,56 @@ def test_a_constraint_that_cannot_be_enforced_fails_its_record_and_the_job_goes_
     reasons = {s["index"]: str(s["reason"]) for s in read_skipped(again)}
     assert reasons[5].startswith("bad input: ConstraintError")
     assert "gave up on this request's regex" in reasons[5]
+
+
+def test_a_records_own_max_tokens_is_its_answers_limit_and_a_bad_one_fails_it_alone(
+    tiny: Path, tmp_path: Path
+) -> None:
+    src = tmp_path / "limits.jsonl"
+    lines: list[dict[str, Any]] = [
+        {"prompt": "a", "max_tokens": 2},
+        {"prompt": "b"},
+        {"prompt": "c", "max_tokens": 9.0},  # a Parquet column with gaps reads as floats
+        {"prompt": "d", "max_tokens": 0},
+        {"prompt": "e", "max_tokens": "many"},
+        {"prompt": "f", "max_tokens": True},
+        {"prompt": "g", "max_tokens": 2.5},
+        {"prompt": "h", "max_tokens": 10**9},  # past the context: its failure, as a long prompt
+    ]
+    src.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "out"
+    summary = run_job(tiny, src, out, on_bad_record="skip")
+    got = {r["index"]: r for r in rows(out)}
+    assert sorted(got) == [0, 1, 2]
+    reasons = {s["index"]: str(s["reason"]) for s in read_skipped(out)}
+    assert sorted(reasons) == [3, 4, 5, 6, 7]
+    assert all("max_tokens must be a whole number >= 1" in reasons[i] for i in (3, 4, 5, 6))
+    assert "got 'many'" in reasons[4]
+    assert "1000000000" in reasons[7].replace(",", "")
+    assert (summary.records, summary.skipped) == (3, 5)
+    # each answer is the one the job's --max-tokens of that value gives (greedy, float32)
+    for index, prompt, limit in ((0, "a", 2), (1, "b", MAX_TOKENS), (2, "c", 9)):
+        alone = tmp_path / f"alone-{index}"
+        run_job(tiny, write_prompts(tmp_path / f"{index}.jsonl", [prompt]), alone, max_tokens=limit)
+        (want,) = rows(alone)
+        assert got[index]["completion_tokens"] <= limit
+        assert (got[index]["text"], got[index]["completion_tokens"]) == (
+            want["text"],
+            want["completion_tokens"],
+        )
+    assert got[2]["completion_tokens"] > MAX_TOKENS or got[2]["finish_reason"] == "stop"
+
+
+def test_run_says_the_generators_load_line_and_quiet_does_not(
+    tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from batchline.__main__ import main
+
+    src = write_prompts(tmp_path / "p.jsonl", ["a"])
+    args = ["run", str(src), "--model", f"{tiny}/", "--max-tokens", "2", "--set", "dtype=float32"]
+    assert main([*args, "-o", str(tmp_path / "said")]) == 0
+    said = [line for line in capsys.readouterr().err.splitlines() if "read per decode step" in line]
+    assert len(said) == 1  # the dtype, weights, kernels and bytes: as serve logs it
+    assert said[0].startswith("batchline run: tiny: torch on cpu, float32 (asked for)")
+    assert main([*args, "-o", str(tmp_path / "quiet"), "--quiet"]) == 0
+    assert "read per decode step" not in capsys.readouterr().err

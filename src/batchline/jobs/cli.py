@@ -136,7 +136,11 @@ def _add_generation_arguments(p: argparse.ArgumentParser) -> None:
         "them): text, or a list of {role, content} chat messages. The output's text column "
         "holds each completion.",
     )
-    g.add_argument("--max-tokens", type=int, help="tokens to generate per prompt, at most (256)")
+    g.add_argument(
+        "--max-tokens",
+        type=int,
+        help="tokens to generate per prompt, at most (256); a record's own max_tokens wins",
+    )
     g.add_argument("--temperature", type=float, help="0 (default): greedy; > 0: sample")
     g.add_argument("--top-p", type=float, help="nucleus sampling mass, in (0, 1] (default 1)")
     g.add_argument(
@@ -348,9 +352,10 @@ def _main(args: argparse.Namespace) -> int:
     finally:
         restore()
         if said is not None:
-            models = logging.getLogger("batchline.models")
-            models.removeHandler(said)
-            models.propagate = True
+            for name in _LOAD_LOGGERS:
+                logger = logging.getLogger(name)
+                logger.removeHandler(said)
+                logger.propagate = True
         if bar is not None:
             bar.close()
     if summary.empty_texts and options.on_bad_record == "fail" and not args.quiet:
@@ -380,19 +385,27 @@ def _size(text: str, flag: str) -> int:
     return size
 
 
+#: The loggers whose lines say what a model was found to be and what runs it: a predict model's
+#: and a generator's (its dtype, weights and kernels, the bytes a step reads, and why).
+_LOAD_LOGGERS = ("batchline.models", "batchline.generation")
+
+
 def _say_model_loads() -> logging.Handler:
     """Print what a model folder was found to be, and what runs it, as ``serve`` logs it
-    (``emb: sentence-transformers folder (BertModel, mean pooling, ...) -> ONNX (...)``)."""
+    (``emb: sentence-transformers folder (BertModel, mean pooling, ...) -> ONNX (...)``; a
+    generator's load line, from its engine process too)."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("batchline run: %(message)s"))
     handler.setLevel(logging.INFO)
-    models = logging.getLogger("batchline.models")
-    models.addHandler(handler)
-    # said here alone: ONNX Runtime's quantizer logs through the root logger (logging.info),
-    # which gives the root a handler of its own, and each line would be printed twice
-    models.propagate = False
-    if models.getEffectiveLevel() > logging.INFO:
-        models.setLevel(logging.INFO)
+    for name in _LOAD_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.addHandler(handler)
+        # said here alone: ONNX Runtime's quantizer logs through the root logger
+        # (logging.info), which gives the root a handler of its own, and each line would be
+        # printed twice
+        logger.propagate = False
+        if logger.getEffectiveLevel() > logging.INFO:
+            logger.setLevel(logging.INFO)
     return handler
 
 

@@ -1,8 +1,9 @@
 """What each record of a generate job asks for: its prompt and how to sample it.
 
 A plain dataset record gives its prompt in one column (text, or chat messages) and takes the
-job's sampling settings. The job's ``--response-format`` (JSON text of an OpenAI
-``response_format``, ``{"type": "json_schema", "json_schema": {"schema": ...}}`` or
+job's sampling settings, but for a ``max_tokens`` field of its own (a whole number >= 1), which
+is its answer's limit in place of ``--max-tokens``. The job's ``--response-format`` (JSON text
+of an OpenAI ``response_format``, ``{"type": "json_schema", "json_schema": {"schema": ...}}`` or
 ``{"type": "json_object"}``, or of a bare JSON schema) constrains every completion; a record
 with a ``response_format``, ``guided_json``, ``guided_regex`` or ``guided_choice`` field of its
 own takes that instead. A line of an
@@ -64,6 +65,7 @@ __all__ = [
     "line_key",
     "reads_whole_rows",
     "record_constraint",
+    "record_max_tokens",
 ]
 
 #: What an OpenAI batch line's ``url`` may name.
@@ -98,6 +100,15 @@ def record_constraint(fields: Mapping[str, object]) -> Constraint | Literal[Fals
     if not asked:
         return False
     return _constraint(json.dumps(asked, sort_keys=True))
+
+
+def record_max_tokens(value: object) -> int:
+    """A record's own ``max_tokens`` field, checked: a whole number >= 1 (a float of one, as a
+    Parquet column with gaps reads, too); else ``ValueError`` naming it, the record's failure."""
+    limit = int(value) if isinstance(value, float) and value.is_integer() else value
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"the record's max_tokens must be a whole number >= 1, got {value!r}")
+    return limit
 
 
 def reads_whole_rows(path: Path, fmt: Format | None) -> bool:
@@ -177,6 +188,9 @@ class RecordRequests:
             constraint = record_constraint(record.value)
             if constraint is not False:
                 params = dataclasses.replace(params, constraint=constraint)
+            limit = record.value.get("max_tokens")
+            if limit is not None:
+                params = dataclasses.replace(params, max_tokens=record_max_tokens(limit))
         return params
 
     def _line(self, record: Record) -> OpenAISamplingBody:

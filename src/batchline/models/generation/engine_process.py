@@ -145,7 +145,8 @@ class ProcessGenerator(GeneratorLifecycle):
         the generator of what that returns. Returns at once: :meth:`wait_ready` waits."""
         context = multiprocessing.get_context("spawn")
         conn, child_conn = context.Pipe()
-        level = logging.getLogger("batchline").getEffectiveLevel()
+        # its load line as this process would log it (``batchline run`` says it, serve too)
+        level = logging.getLogger("batchline.generation").getEffectiveLevel()
         process = context.Process(
             target=run_engine_process,
             args=(child_conn, load, args, level),
