@@ -27,6 +27,7 @@ from .conftest import build_tiny_llama, run_mixed_steps  # noqa: E402
 PRODUCTS = {
     "int4 on int8 rows": (StepProduct.INT4_A8, torch.float32),
     "int8 layout on int8 rows": (StepProduct.INT8G_A8, torch.float32),
+    "int8 layout on bf16 rows as int8": (StepProduct.INT8G_A8, torch.bfloat16),
     "bf16 tiles": (StepProduct.BF16_TILES, torch.bfloat16),
     "int4 on float32 rows": (StepProduct.INT4_F32, torch.float32),
     "int4 on bf16 rows": (StepProduct.INT4_BF16, torch.bfloat16),
@@ -60,18 +61,21 @@ def _model(product: str, *, bias: bool = False) -> Any:
             attention = layer.self_attn
             for linear in (attention.q_proj, attention.k_proj, attention.v_proj):
                 linear.bias = torch.nn.Parameter(torch.randn(linear.out_features) * 0.1)
-    model = model.to(dtype)
+    # a bf16 model's int8 layout: made as a float32 model's (weights=int8 in bf16 is int8 per
+    # channel), then the rest of it in bf16 (the packed layers keep their bytes)
+    int8g = layout == StepProduct.INT8G_A8
+    model = model.to(torch.float32 if int8g else dtype)
     fuse_projections(model)
     if layout == StepProduct.BF16_TILES:
         assert tile_linear_weights(model) > 0
         return model
-    kind = "int8" if layout == StepProduct.INT8G_A8 else "int4"
+    kind = "int8" if int8g else "int4"
     a8 = layout in (StepProduct.INT4_A8, StepProduct.INT8G_A8)
     scales = torch.bfloat16 if a8 else None  # as the loader packs them for int8 rows
-    quantize_linears(model, kind, dtype, scale_dtype=scales)
+    quantize_linears(model, kind, torch.float32 if int8g else dtype, scale_dtype=scales)
     if a8 or layout == StepProduct.INT4_BF16_A8:
         assert use_int8_activations(model) > 0
-    return model
+    return model.to(dtype)
 
 
 def _passes(model: Any, monkeypatch: pytest.MonkeyPatch, one_call: bool) -> tuple[list[Any], int]:
@@ -165,7 +169,8 @@ def test_a_model_with_a_product_of_another_kind_keeps_the_loop() -> None:
     assert _lean(_model("int4 on int8 rows")).one_call(torch.float32) is not None
     taken = _lean(_model("int8 layout on int8 rows"))
     assert taken.one_call(torch.float32) is not None
-    assert taken.one_call(torch.bfloat16) is None  # rows its products do not take
+    assert taken.one_call(torch.bfloat16) is not None  # bf16 rows are summed as int8 too
+    assert taken.one_call(torch.float16) is None  # rows its products do not take
 
 
 def test_a_dense_float32_model_keeps_the_loop() -> None:

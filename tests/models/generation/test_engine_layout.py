@@ -138,3 +138,38 @@ def test_a_bf16_folder_quantized_for_float32_computes_what_it_did_read_in_float3
     x = torch.randint(3, TINY_VOCAB, (2, 7))
     with torch.inference_mode():
         assert torch.equal(narrow(x).logits, wide(x).logits)
+
+
+def test_a_bf16_models_head_is_in_the_int8_layout_where_the_load_sums_rows_as_int8(
+    folder: Path,
+) -> None:
+    from batchline.models.generation import quant_kernel
+    from batchline.models.generation.quant_linear import QuantLinear, use_int8_activations
+
+    for here, why in (
+        quant_kernel.own_kernels(dtype=torch.bfloat16),
+        quant_kernel.int8_activations_here(),
+    ):
+        if not here:
+            pytest.skip(f"not run here: {why}")
+    planes, layout = _load(folder), _load(folder)
+    kept = lay_out_weights(planes, "int4", torch.bfloat16).quantized
+    made = lay_out_weights(layout, "int4", torch.bfloat16, int8_rows=True).quantized
+    assert kept is not None
+    assert kept.head is not None
+    assert made is not None
+    assert made.head is not None
+    assert isinstance(planes.lm_head, QuantLinear)
+    assert isinstance(layout.lm_head, QuantLinear)
+    assert not planes.lm_head.int8_layout
+    assert layout.lm_head.int8_layout
+    assert "int8 layout" in made.head.head_text  # what the load log says
+    assert "int8 layout" not in kept.head.head_text
+    assert made.head.bytes_after < kept.head.bytes_after  # 8.5 bits a weight, not 10
+    for model in (planes, layout):
+        use_int8_activations(model)
+    x = torch.randint(3, TINY_VOCAB, (1, 5))
+    with torch.inference_mode():
+        want, got = planes(x).logits.double(), layout(x).logits.double()
+    # the same codes and scales, the rows quantized to int8 per group either way
+    assert ((got - want).norm() / want.norm()).item() < 2e-2

@@ -243,18 +243,9 @@ def test_which_models_and_hosts_take_int8_rows() -> None:
             "int8", weights=weights, dtype="float32", dtype_asked=True, flags=NO_BF16_VNNI
         )
         assert also.activations == "int8"
-        # float32 on AMX (where int weights compute in bf16) comes from the user: kept as asked;
-        # not for a GGUF, where auto computes a file of int8 groups in float32 on int8 rows
+        # float32 on AMX (where int weights compute in bf16) comes from the user: kept as asked
         kept = ("float", f"auto: {torch_dtype.A8_NATIVE_BF16}")
         assert choose("auto", weights, "float32", AMX) == kept
-        int8_file = choose_activations(
-            "auto", weights=weights, dtype="float32", gguf_int8=True, flags=AMX
-        )
-        if weights == "gguf":
-            amx_gguf = torch_dtype.KIND_DEFAULTS["amx"].gguf_int8_measured
-            assert (int8_file.activations, int8_file.reason) == ("int8", f"auto: {amx_gguf}")
-        else:  # only a GGUF is a file of int8 groups
-            assert (int8_file.activations, int8_file.reason) == kept
         # on AVX512-BF16 without AMX, auto computes int weights in float32 on int8 rows
         bf16_host = ("int8", f"auto: {torch_dtype.A8_MEASURED_BF16}")
         assert choose("auto", weights, "float32", AVX512_BF16) == bf16_host

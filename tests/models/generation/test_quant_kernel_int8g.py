@@ -3,7 +3,8 @@ int8 rows (``int8g_linear_a8`` in ``csrc/quant_gemm_a8.cpp``): the packing round
 product against the float64 product of the quantized rows and the dequantized weight (at the
 codes' extremes too, where a 16-bit pair sum would saturate if the kernel let it), the same
 bits at any thread count, its errors, and which layers are packed so: int8 in groups for
-float32 rows over bf16 scales (int8 rows), from a model's weights and from a GGUF's Q8_0."""
+float32 rows over bf16 scales (int8 rows) and for a bf16 model's rows where the load sums them as
+int8, from a model's weights and from a GGUF's Q8_0."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ torch = pytest.importorskip("torch")
 from batchline._cpu import A8_VNNI_FLAGS  # noqa: E402
 from batchline.models.generation import quant_kernel as ik  # noqa: E402
 from batchline.models.generation import quant_linear as ql  # noqa: E402
+from batchline.models.generation.decode_kernel import StepProduct  # noqa: E402
 from batchline.models.generation.quant_codes import (  # noqa: E402
     int8_from_planes,
     int8_group_planes,
@@ -236,13 +238,16 @@ def test_a_float32_layer_over_bf16_scales_holds_int8_in_its_layout_at_any_row_co
     # int8_rows is what the layout computes anyway
     layer.int8_rows = False
     assert _relative(layer(x), _rounded_rows(x) @ weight.T + bias.double()) < TOLERANCE
+    # bf16 rows: summed as int8 too, the float32 sums rounded once
+    bf16 = layer(x.bfloat16())
+    assert bf16.dtype == torch.bfloat16
+    assert torch.equal(bf16, layer(x.bfloat16().float()).bfloat16())
     # past its row limit the weight is dequantized in chunks of columns and multiplied dense
     monkeypatch.setitem(ql.DENSE_ROWS, "own32a8q", 2)
     monkeypatch.setattr(ql, "DEQUANT_COLS", 32)
     dense = layer(x)
     assert _relative(dense, x.double() @ weight.T + bias.double()) < TOLERANCE
-    # rows of another dtype: the dequantized weight, dense
-    bf16 = layer(x.bfloat16())
+    bf16 = layer(x.bfloat16())  # and bf16 rows dense, the weight dequantized in bf16
     assert bf16.dtype == torch.bfloat16
     assert _relative(bf16, x.double() @ weight.T + bias.double()) < 2e-2
     # float32 scales (float rows asked for): the two int4 planes, as before
@@ -315,3 +320,56 @@ def test_a_dense_product_first_made_in_inference_mode_runs_outside_it_after(
     assert torch.equal(inside, outside)
     monkeypatch.setattr(ql, "DEQUANT_COLS", 32)
     assert torch.allclose(layer(x), outside, rtol=1e-5, atol=1e-4)
+
+
+def test_a_bf16_model_holds_int8_groups_in_the_int8_layout_only_where_it_sums_rows_as_int8(
+    a8_library: None, torch_threads: None
+) -> None:
+    from batchline.models.generation.quant_codes import pack_int8_groups
+
+    n, k = 48, 128
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(n, k, generator=g)
+    bias = torch.randn(n, generator=g)
+    codes, scales = quantize_int8_groups(w, 32)
+    bf16 = torch.bfloat16
+    assert ik.int8g_here(bf16, bf16, int8_rows=True)
+    assert not ik.int8g_here(bf16, bf16)  # bf16 rows: the two planes (AMX tiles from 5 rows)
+    assert not ik.int8g_here(torch.float16, bf16, int8_rows=True)
+    assert [p.shape[2] for p in pack_int8_groups(codes, scales, bf16, bf16)] == [ik.BLOCK] * 2
+    packed = pack_int8_groups(codes, scales, bf16, bf16, int8_rows=True)
+    assert [p.shape[2] for p in packed] == [ik.BLOCK_INT8]
+    layer = QuantLinear.own_int4(packed, n, k, kind="int8g", bias=bias)
+    assert layer.int8_layout
+    layer.int8_rows = True
+    weight = _float64(codes, scales)
+    product = layer.step_product(bf16)
+    assert product is not None
+    assert product.layout == StepProduct.INT8G_A8
+    for rows in (1, 3, 8, 64):  # every row count: the layout has no bf16 path
+        x = torch.randn(rows, k, generator=g).bfloat16()
+        got = layer(x)
+        assert got.dtype == bf16
+        # widened exactly, so the float32 rows' sums, rounded to bf16 once
+        assert torch.equal(got, layer(x.float()).bfloat16())
+        want = _rounded_rows(x.float()) @ weight.T + bias.double()
+        assert _relative(got, want) < 1e-2
+
+
+def test_a_bf16_models_lm_head_is_in_the_int8_layout_with_int8_rows_and_planes_without(
+    a8_library: None, torch_threads: None
+) -> None:
+    from batchline.models.generation.quantize import quantize_lm_head
+
+    bf16 = torch.bfloat16
+    here, why = ik.own_kernels(dtype=bf16)
+    if not here:
+        pytest.skip(f"the own bf16 kernel does not run here: {why}")
+    n, k = 48, 128
+    for int8_rows, blocks in ((True, [ik.BLOCK_INT8]), (False, [ik.BLOCK] * 2)):
+        model = torch.nn.Module()
+        model.lm_head = torch.nn.Linear(k, n, bias=False).to(bf16)
+        report = quantize_lm_head(model, bf16, bf16, int8_rows=int8_rows)
+        assert report is not None
+        assert [p.shape[2] for p in model.lm_head._own] == blocks
+        assert ("summed as int8" in report.kernel) is int8_rows

@@ -72,7 +72,6 @@ def spec_precision(spec: ModelSpec, knobs: TorchEngineOptions) -> tuple[DtypeCho
         knobs.device,
         gguf=is_gguf(spec),
         gguf_float=float_gguf(spec),
-        gguf_int8=int8_gguf(spec),
     )
 
 
@@ -89,17 +88,6 @@ def float_gguf(spec: ModelSpec) -> bool:
     from batchline.models.generation.gguf_header import gguf_float_linears
 
     return gguf_float_linears(spec.path)
-
-
-def int8_gguf(spec: ModelSpec) -> bool:
-    """Whether ``spec`` is a user's GGUF file whose quantized linears are mostly int8 groups
-    (:func:`~.gguf_header.gguf_int8_linears`); False for anything else (the built-in
-    ``smollm2`` is Q4_1)."""
-    if spec.kind != "gguf":
-        return False
-    from batchline.models.generation.gguf_header import gguf_int8_linears
-
-    return gguf_int8_linears(spec.path)
 
 
 def laid_out_as(spec: ModelSpec, weights: str) -> str:
@@ -125,7 +113,6 @@ def spec_activations(
         weights=weights,
         dtype=dtype,
         dtype_asked=knobs.dtype != "auto",
-        gguf_int8=int8_gguf(spec),
     )
 
 

@@ -73,6 +73,7 @@ def lay_out_weights(
     scale_dtype: torch.dtype | None = None,
     *,
     tiles: bool = False,
+    int8_rows: bool = False,
 ) -> Layout:
     """Fuse each of ``model``'s layers' projections and, for ``weights`` ``int8`` or ``int4``,
     quantize its linears for ``dtype`` (the own kernel's scales in ``scale_dtype``, by default
@@ -82,10 +83,12 @@ def lay_out_weights(
     kernel runs) and look the embedding up in it or in its own int8
     (:func:`~.quant_embedding.embed_quantized`), or pack the head, and trim the heap. With
     ``tiles`` the bf16 dense linears go to the own kernel's tiles
-    (:func:`~.dense_tiles.tile_linear_weights`) instead of oneDNN's packing. Fused
-    before packing: the packed weights are the fused ones. ``weights`` ``gguf`` (a GGUF's linears
-    kept as they came) quantizes the lm_head alone, which the file's loader dequantized: a 1.7B
-    Q8_0 file's step read 384 MiB of a float32 head where int8 in groups reads 102."""
+    (:func:`~.dense_tiles.tile_linear_weights`) instead of oneDNN's packing. ``int8_rows``: the
+    load sums rows as int8 (a bf16 model's head then in the int8 layout: :func:`~.quant_kernel.
+    int8g_here`). Fused before packing: the packed weights are the fused ones. ``weights``
+    ``gguf`` (a GGUF's linears kept as they came) quantizes the lm_head alone, which the file's
+    loader dequantized: a 1.7B Q8_0 file's step read 384 MiB of a float32 head where int8 in
+    groups reads 102."""
     from batchline.models.common.torch_weights import (
         pack_linear_weights,
         release_file_pages,
@@ -137,7 +140,8 @@ def lay_out_weights(
         # before the widening below: a float32 model's head and embedding are never widened
         # (first, before the layers, the 3B shape's int8 loads peaked 0.13-0.18 GiB higher)
         tied = tied_embedding(model)
-        head = quantize_lm_head(model, dtype, scale_dtype)  # its file pages given back as it goes
+        # its file pages given back as it goes
+        head = quantize_lm_head(model, dtype, scale_dtype, int8_rows=int8_rows)
         if head is not None:
             head = dataclasses.replace(head, embedding=embed_quantized(model, tied, dtype))
             trim_heap()

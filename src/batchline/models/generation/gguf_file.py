@@ -33,12 +33,11 @@ _ALIGNMENT = 32
 class GgufTensor:
     """One tensor: its name, GGML type (``gguf.GGMLQuantizationType``'s value) and bytes, a
     read-only view of the file, ``(..., rows, row bytes)`` uint8 whatever the type
-    (``gguf.quants.dequantize`` takes them so), and its values (the product of its shape)."""
+    (``gguf.quants.dequantize`` takes them so)."""
 
     name: str
     tensor_type: int
     data: np.ndarray
-    values: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,8 +88,7 @@ def read_gguf(path: Path) -> GgufFile:
         raw = data[first : first + rows * row_bytes]
         if raw.size != rows * row_bytes:
             raise ValueError(f"{path.name} is truncated (tensor {name})")
-        values = rows * int(shape[0])
-        out.append(GgufTensor(name, kind, raw.reshape(*reversed(shape[1:]), row_bytes), values))
+        out.append(GgufTensor(name, kind, raw.reshape(*reversed(shape[1:]), row_bytes)))
     return GgufFile(metadata, out, start)
 
 

@@ -18,7 +18,6 @@ __all__ = [
     "GGUF_ARCHITECTURES",
     "gguf_architecture",
     "gguf_float_linears",
-    "gguf_int8_linears",
     "read_gguf_file",
 ]
 
@@ -26,8 +25,6 @@ __all__ = [
 #: model type.
 GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2"}
 
-#: The kept types that become int4 (the rest of the quantized ones become int8 in groups of 32).
-_INT4_KINDS = ("Q4_0", "Q4_1", "Q4_K")
 # the float types: a linear of one is dequantized into the model's dtype, as the file asks
 _DENSE = ("F32", "F16", "BF16")
 
@@ -53,41 +50,26 @@ def gguf_float_linears(path: Path) -> bool:
     pays, which made a bf16 file's 1.7B step x1.97 the time of the same weights as a folder
     in bf16 (143 against 72.5 ms, Zen 5, 2026-12-05). The loader, the load log and the job's
     identity each ask: the file's header is read once per version of the file."""
-    return _linear_kinds(path)[0]
-
-
-def gguf_int8_linears(path: Path) -> bool:
-    """Whether most of the quantized linear weights of the layers in the GGUF file at ``path``
-    (by values) are of a type kept as int8 in groups of 32 (Q8_0, and the types requantized so:
-    Q6_K, Q5_K, ...), not int4 (Q4_0, Q4_1, Q4_K): a Q8_0 or Q6_K file, not a Q4_K_M one. A host
-    kind may compute those in another dtype (``KindDefaults.gguf_int8_dtype``)."""
-    return _linear_kinds(path)[1]
-
-
-def _linear_kinds(path: Path) -> tuple[bool, bool]:
-    """(:func:`gguf_float_linears`, :func:`gguf_int8_linears`) of the file at ``path``."""
     try:
         stat = path.stat()
     except OSError:  # read, uncached: the reader says what is wrong with the file
-        return _linear_kinds_of.__wrapped__(path, 0, 0)
-    return _linear_kinds_of(path, stat.st_mtime_ns, stat.st_size)
+        return _float_linears_of.__wrapped__(path, 0, 0)
+    return _float_linears_of(path, stat.st_mtime_ns, stat.st_size)
 
 
 @functools.lru_cache(maxsize=32)
-def _linear_kinds_of(path: Path, mtime_ns: int, size: int) -> tuple[bool, bool]:
-    """:func:`_linear_kinds` of the file as it is at ``mtime_ns`` and ``size``."""
+def _float_linears_of(path: Path, mtime_ns: int, size: int) -> bool:
+    """:func:`gguf_float_linears` of the file as it is at ``mtime_ns`` and ``size``."""
     from gguf import GGMLQuantizationType
 
     linears = [
-        (GGMLQuantizationType(t.tensor_type).name, t.values)
+        GGMLQuantizationType(t.tensor_type).name
         for t in read_gguf_file(path).tensors
         if (name := _hf_name(t.name)) is not None
         and name.startswith("model.layers.")
         and name.endswith("_proj.weight")
     ]
-    quantized = [(kind, values) for kind, values in linears if kind not in _DENSE]
-    int8 = sum(values for kind, values in quantized if kind not in _INT4_KINDS)
-    return bool(linears) and not quantized, 2 * int8 > sum(values for _, values in quantized)
+    return bool(linears) and all(kind in _DENSE for kind in linears)
 
 
 def gguf_architecture(path: Path) -> str:

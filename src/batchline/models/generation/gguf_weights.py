@@ -186,6 +186,7 @@ def load_gguf(
     folder: Path | None = None,
     scale_dtype: torch.dtype | None = None,
     pack_head: bool = False,
+    int8_rows: bool = False,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, GgufLoad]:
     """The causal LM in the GGUF file at ``path`` with its Q4_0, Q4_1 and Q8_0 linears kept
     quantized, in ``dtype`` on CPU, its tokenizer, and what was loaded how. ``folder``: a
@@ -195,7 +196,10 @@ def load_gguf(
     made int8 in groups of 32 as they are read, a chunk of rows at a time, where the layout
     would make them so of their float copy (:func:`~.engine_layout.lay_out_weights`; the bits
     are the same): the own kernel runs for ``dtype`` and the file's linears are not all float.
-    The engine's load asks for it; without it they are in ``dtype``, as the file's values."""
+    The engine's load asks for it; without it they are in ``dtype``, as the file's values.
+    ``int8_rows``: the load sums rows as int8, so int8 in groups of 32 (Q8_0, the types
+    requantized so, the head) goes to the int8 layout in bf16 too
+    (:func:`~.quant_kernel.int8g_here`)."""
     import numpy as np
     import torch
     from gguf import GGMLQuantizationType, dequantize
@@ -256,7 +260,7 @@ def load_gguf(
             model.model.embed_tokens = QuantEmbedding(table, dtype)
             report.weight_bytes += table.weight_bytes
             return True
-        made = int8_groups_head(rows, dtype, scale_dtype)
+        made = int8_groups_head(rows, dtype, scale_dtype, int8_rows=int8_rows)
         if made is None:
             return False
         model.lm_head, report.head = made
@@ -299,7 +303,7 @@ def load_gguf(
             # made layers below, q/k/v and gate/up joined; packed now where the own kernel
             # computes them (a byte a code is 3.5 times the file's Q4 bytes: a block's codes
             # held whole until its layers were made set a load's peak)
-            packed = own_int4_packed(planes, dtype, scale_dtype)
+            packed = own_int4_packed(planes, dtype, scale_dtype, int8_rows=int8_rows)
             n, k = planes[0].codes.shape
             kept[owner_path] = planes if packed is None else _Packed(packed, n, k, len(planes))
             del planes
@@ -313,7 +317,7 @@ def load_gguf(
             # its float32 values where the own kernel runs, not the model's dtype, a chunk of
             # rows at a time (a whole 3B ffn_down in float32 is 100 MB)
             weight = _unpermute_rows(rows[:], permute) if permute_rows else rows
-            packed = int8_groups_packed(weight, dtype, scale_dtype)
+            packed = int8_groups_packed(weight, dtype, scale_dtype, int8_rows=int8_rows)
             if packed is not None:
                 requantized[owner_path] = packed
                 report.requantized[kind] = report.requantized.get(kind, 0) + 1

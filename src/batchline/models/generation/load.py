@@ -290,15 +290,18 @@ def load_torch_generator(spec: ModelSpec, knobs: TorchEngineOptions) -> Generati
     dense = dense_for(knobs, choice.torch_dtype) if device.type == "cpu" else None
     # int8 rows sum over bf16 scales: a step reads 5 bits a weight of a GGUF's int4, not 6
     scales = scale_dtype_for(choice.torch_dtype, int8_rows=int8_rows)
-    model, tokenizer, loaded = _load_weights(spec, weights, choice.dtype, device, scales)
+    model, tokenizer, loaded = _load_weights(
+        spec, weights, choice.dtype, device, scales, int8_rows=int8_rows
+    )
     _eos_from_tokenizer(model, tokenizer)
     if device.type == "cpu":  # now that the model's size is known
         torch.set_num_threads(engine_threads(knobs, choice.torch_dtype, step_weight_count(model)))
     if held != weights.weights:
         why = f"a GGUF file of float linears, read as it is; {weights.reason}"
         weights = dataclasses.replace(weights, weights=held, reason=why)
+    tiles = dense is not None and dense.tiles
     layout = lay_out_weights(
-        model, weights.weights, choice.torch_dtype, scales, tiles=dense is not None and dense.tiles
+        model, weights.weights, choice.torch_dtype, scales, tiles=tiles, int8_rows=int8_rows
     )
     loaded = str(layout.quantized) if layout.quantized is not None else loaded
     if layout.head is not None:
@@ -392,11 +395,13 @@ def _load_weights(
     dtype: str,
     device: torch.device,
     scale_dtype: torch.dtype | None = None,
+    *,
+    int8_rows: bool = False,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
     """The model and tokenizer of ``spec`` and what the GGUF load kept quantized ("" otherwise):
     a GGUF's (the built-in ``smollm2``'s too) quantized tensors kept as they are (the own
-    kernel's scales in ``scale_dtype``), or the float folder (a GGUF's converted once) in
-    ``dtype``."""
+    kernel's scales in ``scale_dtype``, laid out for rows summed as int8 with ``int8_rows``), or
+    the float folder (a GGUF's converted once) in ``dtype``."""
     from batchline.models.generation.smollm2 import gguf_path, load_causal_lm, smollm2_folder
     from batchline.models.generation.torch_dtype import DtypeChoice
 
@@ -408,7 +413,12 @@ def _load_weights(
         # smollm2's config and tokenizer from its folder, converted once (else the file's)
         folder = smollm2_folder() if spec.kind == "builtin" else None
         model, tokenizer, report = load_gguf(
-            file, dtype=torch_dtype, folder=folder, scale_dtype=scale_dtype, pack_head=True
+            file,
+            dtype=torch_dtype,
+            folder=folder,
+            scale_dtype=scale_dtype,
+            pack_head=True,
+            int8_rows=int8_rows,
         )
         return model, tokenizer, str(report)
     source = Path(_model_folder(spec))

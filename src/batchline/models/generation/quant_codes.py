@@ -248,27 +248,37 @@ def int8_from_planes(planes: list[Int4Codes]) -> tuple[torch.Tensor, torch.Tenso
 
 
 def pack_planes(
-    planes: list[Int4Codes], dtype: torch.dtype, scale_dtype: torch.dtype
+    planes: list[Int4Codes],
+    dtype: torch.dtype,
+    scale_dtype: torch.dtype,
+    *,
+    int8_rows: bool = False,
 ) -> list[torch.Tensor]:
     """One int4 plane packed (:func:`~.quant_kernel.pack_int4`), or int8 in groups' two planes:
-    as one :func:`~.quant_kernel.pack_int8g` tensor where :func:`~.quant_kernel.int8g_here`."""
+    as one :func:`~.quant_kernel.pack_int8g` tensor where :func:`~.quant_kernel.int8g_here`
+    (for rows summed as int8 where the load takes them: ``int8_rows``)."""
     from batchline.models.generation import quant_kernel
 
-    if len(planes) == 2 and quant_kernel.int8g_here(dtype, scale_dtype):
+    if len(planes) == 2 and quant_kernel.int8g_here(dtype, scale_dtype, int8_rows=int8_rows):
         return [quant_kernel.pack_int8g(*int8_from_planes(planes))]
     return [quant_kernel.pack_int4(p.codes, p.scales, p.zeros, scale_dtype) for p in planes]
 
 
 def pack_int8_groups(
-    codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype, scale_dtype: torch.dtype
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    dtype: torch.dtype,
+    scale_dtype: torch.dtype,
+    *,
+    int8_rows: bool = False,
 ) -> list[torch.Tensor]:
     """int8 codes ``(N, K)`` with a scale per group of 32 (:func:`quantize_int8_groups`) laid out
     for the own kernels: as one :func:`~.quant_kernel.pack_int8g` tensor where
     :func:`~.quant_kernel.int8g_here`, else as the two int4 planes of :func:`int8_group_planes`
-    (:func:`pack_planes`)."""
+    (:func:`pack_planes`; ``int8_rows`` as there)."""
     from batchline.models.generation import quant_kernel
 
-    if quant_kernel.int8g_here(dtype, scale_dtype):
+    if quant_kernel.int8g_here(dtype, scale_dtype, int8_rows=int8_rows):
         return [quant_kernel.pack_int8g(codes, scales)]
     return pack_planes(int8_group_planes(codes, scales, 32), dtype, scale_dtype)
 

@@ -237,11 +237,17 @@ def scale_dtype_for(dtype: torch.dtype, *, int8_rows: bool = False) -> torch.dty
     return torch.float32 if dtype == torch.float32 and not int8_rows else torch.bfloat16
 
 
-def int8g_here(dtype: torch.dtype, scale_dtype: torch.dtype) -> bool:
+def int8g_here(dtype: torch.dtype, scale_dtype: torch.dtype, *, int8_rows: bool = False) -> bool:
     """Whether int8 in groups of 32 (a GGUF's Q8_0, ``int8g``) is packed in :func:`pack_int8g`'s
     layout for rows of ``dtype`` over ``scale_dtype`` scales: float32 rows summed as int8 (their
-    scales bf16: :func:`scale_dtype_for`) where that kernel runs here; elsewhere it is the two
-    int4 planes of :func:`~.quant_codes.int8_group_planes`. On the AVX2-only EPYC (Zen 2, 2
+    scales bf16: :func:`scale_dtype_for`), and bf16 rows where the load sums a step's few as int8
+    (``int8_rows``: an AMX host's ``activations = auto``), where that kernel runs here; elsewhere
+    it is the two int4 planes of :func:`~.quant_codes.int8_group_planes`. The int8 layout sums
+    bf16 rows as int8 at any row count; on the AMX Xeon (2 threads, 4 copies of each weight,
+    2026-12-06, ``benchmarks/bench_int8_layout_bf16.py``) it took x0.70-0.81 the planes' time at
+    1-64 rows of a 360M's lm_head (960 -> 49,152; the planes: int8 rows to 4 rows, AMX tiles
+    from 5), x0.70-0.87 of a 1.7B's (2,048 -> 49,152), x0.65-0.84 of 2,048 -> 16,384 and
+    8,192 -> 2,048, x0.51-0.66 at 256 rows. On the AVX2-only EPYC (Zen 2, 2
     threads, 2026-12-03, 6 copies of each weight) it took x0.78 the two planes' time at one row of
     2,048 -> 16,384 and x0.80 of 8,192 -> 2,048, x0.71-0.74 at 4 rows, x0.64-0.69 at 16 to 1,024:
     it reads 8.5 bits a weight, not 10, and sums each code once, not each plane's. It stayed
@@ -249,7 +255,8 @@ def int8g_here(dtype: torch.dtype, scale_dtype: torch.dtype) -> bool:
     same host, ms at 64 / 256 / 512 / 1,024 rows, 2,048 -> 16,384 25.7 / 103 / 213 / 433 against
     71.2 / 180 / 317 / 602; 8,192 -> 2,048 12.6 / 49.8 / 101 / 208 against 24.2 / 67.7 / 128 /
     245."""
-    return dtype == torch.float32 and scale_dtype == torch.bfloat16 and int8_activations_here()[0]
+    rows = dtype == torch.float32 or (dtype == torch.bfloat16 and int8_rows)
+    return rows and scale_dtype == torch.bfloat16 and int8_activations_here()[0]
 
 
 def f32_vectors() -> str:

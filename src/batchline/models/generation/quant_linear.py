@@ -129,17 +129,23 @@ def _own_int4_here(dtype: torch.dtype, group_size: int) -> bool:
 
 
 def own_int4_packed(
-    planes: list[Int4Codes], dtype: torch.dtype, scale_dtype: torch.dtype | None = None
+    planes: list[Int4Codes],
+    dtype: torch.dtype,
+    scale_dtype: torch.dtype | None = None,
+    *,
+    int8_rows: bool = False,
 ) -> list[torch.Tensor] | None:
     """``planes`` packed as :meth:`QuantLinear.int4` packs them by default (for
     :meth:`QuantLinear.own_int4`, kind ``int4`` for one plane, ``int8g`` for two), or None where
     that layer would compute through torch's kernel. Each tile of 16 output rows is packed on
     its own, so linears whose rows are a multiple of 16, packed apart and joined along the
     tiles (``torch.cat``), are the layer their joined planes make: a GGUF's load packs each
-    linear as it reads it and never holds a block's codes a byte each."""
+    linear as it reads it and never holds a block's codes a byte each. ``int8_rows``: the load
+    sums rows as int8 (:func:`~.quant_codes.pack_planes`)."""
     if not _own_int4_here(dtype, planes[0].group_size):
         return None
-    return pack_planes(planes, dtype, scale_dtype or quant_kernel.scale_dtype_for(dtype))
+    scales = scale_dtype or quant_kernel.scale_dtype_for(dtype)
+    return pack_planes(planes, dtype, scales, int8_rows=int8_rows)
 
 
 def require_int_kernels(aten: Any = None) -> None:
@@ -183,8 +189,8 @@ class QuantLinear(torch.nn.Module):
         self._own: list[torch.Tensor] = []  # or the own kernel's (quant_kernel.pack_int4)
         self._own8: tuple[torch.Tensor, torch.Tensor] | None = None  # quant_kernel.pack_int8
         #: whether ``_own`` is int8 in groups in :func:`~.quant_kernel.pack_int8g`'s layout (set
-        #: where ``_own`` is: every forward asks)
-        self._int8_layout = False
+        #: where ``_own`` is: every forward asks); every row it computes is summed as int8
+        self.int8_layout = False
         #: float32 rows through the own int4 kernel, and bf16 ones below
         #: :data:`~.quant_kernel.A8_BF16_ROWS`, quantized to int8 on the way in
         #: (:func:`use_int8_activations`)
@@ -291,8 +297,8 @@ class QuantLinear(torch.nn.Module):
         """Hold ``packed``, the own kernels' tensors: int4 planes, or one int8 layout, and the
         streams a one-row product of it reads."""
         self._own = packed
-        self._int8_layout = bool(packed) and packed[0].shape[2] == quant_kernel.BLOCK_INT8
-        self.streams = quant_kernel.a8_streams(self.in_features, int8_layout=self._int8_layout)
+        self.int8_layout = bool(packed) and packed[0].shape[2] == quant_kernel.BLOCK_INT8
+        self.streams = quant_kernel.a8_streams(self.in_features, int8_layout=self.int8_layout)
 
     @property
     def own_kernel(self) -> bool:
@@ -333,7 +339,7 @@ class QuantLinear(torch.nn.Module):
 
             codes, scales = unpack_int8(self._own8, n)
             return (codes.to(dtype) * scales.to(dtype)[:, None]).contiguous()
-        if self._int8_layout:
+        if self.int8_layout:
             return _int8g_weight(self._own[0], n, dtype)
         out = torch.zeros(n, k, dtype=dtype)
         g = self.group_size
@@ -354,8 +360,9 @@ class QuantLinear(torch.nn.Module):
         """The weight in ``dtype`` for a dense product: a bf16 one of the own int4 kernel's
         single plane from the kernel library's dequantizing (:func:`~.quant_kernel.
         int4_dequantize`, rounded once), any other from :meth:`dequantized`."""
-        # bf16 only: float32 rows take _dense_f32; int8g has two planes
-        if dtype == torch.bfloat16 and self._own_takes(dtype) and len(self._own) == 1:
+        # bf16 only: float32 rows take _dense_f32; int8g has two planes or the int8 layout
+        own_int4 = len(self._own) == 1 and not self.int8_layout
+        if dtype == torch.bfloat16 and own_int4 and self._own_takes(dtype):
             from batchline.models.generation.quant_kernel import int4_dequantize
 
             return int4_dequantize(self._own[0], self.out_features, dtype)
@@ -369,8 +376,8 @@ class QuantLinear(torch.nn.Module):
             return dtype == torch.bfloat16
         if not self._own:
             return False
-        if self._int8_layout:
-            return dtype == torch.float32
+        if self.int8_layout:  # summed as int8: float32 rows, or bf16 ones widened exactly
+            return dtype in (torch.float32, torch.bfloat16)
         return dtype == torch.float32 or (
             dtype == torch.bfloat16
             and self._own[0].shape[2] in (quant_kernel.BLOCK, quant_kernel.BLOCK_STEPS)
@@ -400,7 +407,7 @@ class QuantLinear(torch.nn.Module):
         for c0 in range(0, n, DEQUANT_COLS):
             cols = min(DEQUANT_COLS, n - c0)
             tiles = slice(c0 // TILE, -(-(c0 + cols) // TILE))
-            if self._int8_layout:
+            if self.int8_layout:
                 weight = _int8g_weight(self._own[0][tiles], cols, torch.float32, mine[0])
             else:
                 weight = int4_dequantize(self._own[0][tiles], cols, torch.float32, mine[0])
@@ -451,10 +458,10 @@ class QuantLinear(torch.nn.Module):
         None."""
         if len(self._own) != 1 or not self._own_takes(dtype):
             return None
-        if self.int8_rows and dtype == torch.float32:
-            layout = StepProduct.INT8G_A8 if self._int8_layout else StepProduct.INT4_A8
+        if self.int8_rows and (dtype == torch.float32 or self.int8_layout):
+            layout = StepProduct.INT8G_A8 if self.int8_layout else StepProduct.INT4_A8
             extra = self.streams
-        elif self._int8_layout:  # its float32 rows are summed as int8 only
+        elif self.int8_layout:  # its rows are summed as int8 only
             return None
         elif dtype == torch.float32:
             layout, extra = StepProduct.INT4_F32, quant_kernel.F32_WIDTH
@@ -501,7 +508,7 @@ class QuantLinear(torch.nn.Module):
         """This layer's entry of :data:`DENSE_ROWS` for rows of ``dtype``."""
         if self._own8 is not None:
             return "own8"
-        if self._int8_layout:
+        if self.int8_layout:
             return "own32a8q"
         if self._own and dtype == torch.float32:
             if self.int8_rows:
@@ -517,7 +524,7 @@ class QuantLinear(torch.nn.Module):
         bias = None if self.bias is None else self.bias.float()
         if self._own8 is not None:
             return quant_kernel.int8_linear(flat, self._own8, self.out_features, bias)
-        if self._int8_layout:
+        if self.int8_layout:
             return quant_kernel.int8g_linear(
                 flat, self._own[0], self.out_features, bias, streams=self.streams
             )

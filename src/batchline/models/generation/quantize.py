@@ -8,6 +8,7 @@ account of it (:class:`QuantReport`). The formats, the codes and the layer are
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -26,6 +27,7 @@ from batchline.models.generation.quant_codes import (
 from batchline.models.generation.quant_linear import QuantLinear
 
 __all__ = [
+    "INT8_LAYOUT",
     "PACK_CHUNK_ROWS",
     "PACK_CHUNK_VALUES",
     "QuantReport",
@@ -55,7 +57,8 @@ class QuantReport:
     #: an lm_head's: how the embedding is looked up where it went int8 with the head
     #: (:func:`~.quant_embedding.embed_quantized`), else None (kept as it was)
     embedding: str | None = None
-    #: how the linears are held where the kind does not say it all (:data:`STEPS_LAYOUT`)
+    #: how the linears are held where the kind does not say it all (:data:`STEPS_LAYOUT`,
+    #: :data:`INT8_LAYOUT`)
     layout: str | None = None
 
     def __add__(self, other: QuantReport) -> QuantReport:
@@ -79,7 +82,8 @@ class QuantReport:
     @property
     def head_text(self) -> str:
         """This report as an lm_head's, for the load log (the embedding's fate with it)."""
-        text = f"lm_head as {self.kind} in groups of {INT4_GROUP_SIZE}, {self.bytes_text}"
+        layout = f" {self.layout}" if self.layout else ""
+        text = f"lm_head as {self.kind} in groups of {INT4_GROUP_SIZE}{layout}, {self.bytes_text}"
         return f"{text}; {self.embedding or 'embedding kept'}"
 
     def __str__(self) -> str:
@@ -299,6 +303,10 @@ def _own_int4(kind: str, dtype: torch.dtype) -> bool:
     return quant_kernel.own_kernels(dtype=dtype)[0]
 
 
+#: The report's words for int8 in groups held in the int8 layout (a head's, in the load log)...
+INT8_LAYOUT = "in the int8 layout"
+#: ... and for the kernel's path it takes: every row summed as int8.
+_INT8_LAYOUT_PATH = "batchline's kernel, every row summed as int8"
 #: The report's words for :func:`_int4_packed`'s layout.
 STEPS_LAYOUT = "in groups of 32 with 8-bit steps"
 
@@ -316,14 +324,20 @@ def _int4_packed(
 
 
 def _int8_packed(
-    rows: torch.Tensor, dtype: torch.dtype, scale_dtype: torch.dtype
+    rows: torch.Tensor, dtype: torch.dtype, scale_dtype: torch.dtype, *, int8_rows: bool = False
 ) -> list[torch.Tensor]:
-    """int8 in groups of 32: the int8 layout where it applies, else its two int4 planes."""
-    return pack_int8_groups(*quantize_int8_groups(rows, 32), dtype, scale_dtype)
+    """int8 in groups of 32: the int8 layout where it applies (for rows summed as int8 where
+    the load takes them: ``int8_rows``), else its two int4 planes."""
+    codes, scales = quantize_int8_groups(rows, 32)
+    return pack_int8_groups(codes, scales, dtype, scale_dtype, int8_rows=int8_rows)
 
 
 def quantize_lm_head(
-    model: torch.nn.Module, dtype: torch.dtype, scale_dtype: torch.dtype | None = None
+    model: torch.nn.Module,
+    dtype: torch.dtype,
+    scale_dtype: torch.dtype | None = None,
+    *,
+    int8_rows: bool = False,
 ) -> QuantReport | None:
     """Replace ``model.lm_head`` by int8 in groups of 32 (:func:`quantize_int8_groups`),
     computed through the own kernel (in the int8 layout, or as the two int4 planes of
@@ -337,13 +351,14 @@ def quantize_lm_head(
     Why this format (the quality gate and a 360M batch-1 step are in docs/generation.md):
     per-channel int8 and int4 heads failed ``benchmarks/bench_quant_quality.py`` (see
     :func:`quantize_linears`); groups of 32 keep each scale to its own 32 weights, as llama.cpp's
-    Q8_0 does. Its two planes read 1.25 bytes a weight where bf16 reads 2; with int8 rows, in
-    the int8 layout, 1.06."""
+    Q8_0 does. Its two planes read 1.25 bytes a weight where bf16 reads 2; with int8 rows (float32
+    ones, or a bf16 model's where the load sums them as int8: ``int8_rows``), in the int8 layout,
+    1.06."""
     head = getattr(model, "lm_head", None)
     if type(head) is not torch.nn.Linear or head.weight.device.type != "cpu":
         return None
     bias = None if head.bias is None else head.bias.detach()
-    made = int8_groups_head(head.weight.detach(), dtype, scale_dtype, bias)
+    made = int8_groups_head(head.weight.detach(), dtype, scale_dtype, bias, int8_rows=int8_rows)
     if made is None:
         return None
     model.lm_head, report = made
@@ -355,31 +370,43 @@ def int8_groups_head(
     dtype: torch.dtype,
     scale_dtype: torch.dtype | None = None,
     bias: torch.Tensor | None = None,
+    *,
+    int8_rows: bool = False,
 ) -> tuple[QuantLinear, QuantReport] | None:
     """An lm_head of ``weight`` ``(N, K)`` as int8 in groups of 32 (:func:`int8_groups_packed`)
     and its report, where the own kernel runs here for ``dtype``; else None.
     :func:`quantize_lm_head` makes it of a head's weight, a GGUF's loader of the file's rows as
     it dequantizes them (``gguf_weights``)."""
-    packed = int8_groups_packed(weight, dtype, scale_dtype)
+    packed = int8_groups_packed(weight, dtype, scale_dtype, int8_rows=int8_rows)
     if packed is None:
         return None
     n, k = weight.shape
     layer = QuantLinear.own_int4(packed, n, k, kind="int8g", bias=bias)
     before = n * k * weight.dtype.itemsize
-    return layer, QuantReport("int8g", 1, before, layer.weight_bytes, _kernel_path("int4", dtype))
+    if layer.int8_layout:
+        path, layout = _INT8_LAYOUT_PATH, INT8_LAYOUT
+    else:
+        path, layout = _kernel_path("int4", dtype), None
+    return layer, QuantReport("int8g", 1, before, layer.weight_bytes, path, layout=layout)
 
 
 def int8_groups_packed(
-    weight: Rows, dtype: torch.dtype, scale_dtype: torch.dtype | None = None
+    weight: Rows,
+    dtype: torch.dtype,
+    scale_dtype: torch.dtype | None = None,
+    *,
+    int8_rows: bool = False,
 ) -> list[torch.Tensor] | None:
     """``weight`` ``(N, K)`` as int8 in groups of 32 (:func:`quantize_int8_groups`) packed for
     the own kernel (the int8 layout, or two int4 planes: :func:`_int8_packed`), for
     ``QuantLinear.own_int4(planes, N, K, kind="int8g")``, where that kernel runs here for the
     activations' ``dtype`` and 32 | K; else None. What the lm_head takes, and a GGUF's linears
-    of a type the kernels do not read (Q6_K: ``gguf_weights``)."""
+    of a type the kernels do not read (Q6_K: ``gguf_weights``). ``int8_rows``: the load sums
+    rows as int8 (:func:`~.quant_codes.pack_planes`)."""
     if not int8_groups_here(weight.shape[1], dtype):
         return None
-    return pack_own_int4([weight], _int8_packed, dtype, scale_dtype)
+    pack = functools.partial(_int8_packed, int8_rows=int8_rows)
+    return pack_own_int4([weight], pack, dtype, scale_dtype)
 
 
 def int8_groups_here(in_features: int, dtype: torch.dtype) -> bool:

@@ -117,22 +117,9 @@ class KindDefaults:
     #: library's tiles (``dense_tiles.py``) rather than oneDNN, and why
     dense_tiles: bool = False
     dense_measured: str = ""
-    #: what a GGUF kept quantized whose linears are mostly int8 in groups of 32 (a Q8_0 file:
-    #: ``gguf_header.gguf_int8_linears``) computes in under ``dtype = auto``, where not
-    #: ``int_dtype`` (empty: ``int_dtype``), and why
-    gguf_int8_dtype: str = ""
-    gguf_int8_measured: str = ""
     #: why ``activations = auto`` sums a bf16 model's few rows of int weights (below
     #: ``quant_kernel.A8_BF16_ROWS``) as int8 (empty: it keeps them bf16)
     bf16_int8_rows: str = ""
-
-    def int_dtype_for(self, gguf_int8: bool = False) -> tuple[str, str, bool]:
-        """What int weights compute in under ``dtype = auto``, why, and whether that is the
-        rule for int8 groups: ``gguf_int8`` for a GGUF kept quantized whose linears are mostly
-        int8 groups, where this kind has a rule of its own for them."""
-        if gguf_int8 and self.gguf_int8_dtype:
-            return self.gguf_int8_dtype, self.gguf_int8_measured, True
-        return self.int_dtype, self.int_measured, False
 
 
 _NO_BF16 = KindDefaults(
@@ -173,10 +160,10 @@ KIND_DEFAULTS: dict[str, KindDefaults] = {
         "1.7B-shaped int4 step at one row x0.80 the time of bf16 rows (x1.17 its floor), a "
         "server x1.23 their tokens/s at one client (360M x1.23, 3B x1.33), the linears alone "
         "x0.58-0.66 at one row, x0.75-0.92 at four (2026-12-06)",
-        gguf_int8_dtype="float32",
-        gguf_int8_measured="on int8 rows, where int8 groups on bf16 rows are two int4 planes: a "
-        "1.7B Q8_0 file's server made x1.59 the tokens/s at 16 clients and x1.49 at one (a "
-        "Q4_K_M file, mostly int4: x0.87 and x1.17, kept in bf16; 2026-12-06)",
+        # A Q8_0 file had computed in float32 on int8 rows here while a bf16 model held int8
+        # groups as two int4 planes (its server x1.59 the tokens/s of bf16 at 16 clients); in
+        # the int8 layout on bf16 rows (quant_kernel.int8g_here) bf16 made x1.06 float32's at
+        # 16 clients and x1.04 at one at 1.7B, x1.00-1.01 at 360M (2026-12-06): one rule now.
     ),
     "avx512-bf16": KindDefaults(
         "bfloat16",
@@ -257,7 +244,6 @@ def choose_precision(
     *,
     gguf: bool,
     gguf_float: bool = False,
-    gguf_int8: bool = False,
     flags: Collection[str] | None = None,
     cuda_bf16: bool | None = None,
 ) -> tuple[DtypeChoice, WeightsChoice]:
@@ -266,17 +252,14 @@ def choose_precision(
     :func:`choose_weights` in it; where both are ``auto`` choices on a CPU whose kind computes
     int weights in another dtype (:attr:`KindDefaults.int_dtype`: float32 with int8 rows on an
     AVX512-BF16 CPU without AMX), that dtype, and the weights chosen again in it, unless the
-    GGUF file's linears are all float (``gguf_float``: nothing int to compute); ``gguf_int8``
-    for a file whose linears are mostly int8 groups (:meth:`KindDefaults.int_dtype_for`). What
-    the load log, the job's identity and the loader all take, so they never disagree."""
+    GGUF file's linears are all float (``gguf_float``: nothing int to compute). What the load
+    log, the job's identity and the loader all take, so they never disagree."""
     chosen = choose_dtype(dtype, device, flags=flags, cuda_bf16=cuda_bf16)
     held = choose_weights(weights, gguf=gguf, dtype=chosen.dtype, flags=flags)
     if device != "cpu" or held.weights == "float" or (gguf and gguf_float):
         return chosen, held
     name, kind = kind_defaults(flags)
-    int_dtype, int_measured, int8_groups = kind.int_dtype_for(
-        gguf and held.weights == "gguf" and gguf_int8
-    )
+    int_dtype, int_measured = kind.int_dtype, kind.int_measured
     if dtype != "auto":
         if chosen.dtype == int_dtype:
             return chosen, held
@@ -292,8 +275,7 @@ def choose_precision(
     again = choose_weights(weights, gguf=gguf, dtype=int_dtype, flags=flags)
     if again.weights == "float":  # the int weights would not stay int in that dtype
         return chosen, held
-    what = "int8-group" if int8_groups else held.weights
-    why = f"auto with {what} weights on this {name} CPU: {int_measured}"
+    why = f"auto with {held.weights} weights on this {name} CPU: {int_measured}"
     return DtypeChoice(int_dtype, why), again
 
 
@@ -325,8 +307,7 @@ A8_MEASURED_AVX2 = (
     "path, whose quality gate passed on Ice Lake"
 )
 #: Why it keeps float rows where the CPU's int weights compute in bf16 (AMX): float32 there
-#: comes from the user, and the rows are kept as asked (but for a GGUF of int8 groups, which
-#: ``auto`` computes in float32 on int8 rows there: ``KindDefaults.gguf_int8_dtype``).
+#: comes from the user, and the rows are kept as asked.
 A8_NATIVE_BF16 = "float32 on a CPU whose int weights compute in bf16: the rows kept as they are"
 #: Why it takes them on a CPU with native bf16 but no AMX, where ``auto`` computes int weights
 #: in float32 (:func:`choose_precision`), measured there.
@@ -346,13 +327,11 @@ def choose_activations(
     weights: str,
     dtype: str,
     dtype_asked: bool = False,
-    gguf_int8: bool = False,
     flags: Collection[str] | None = None,
 ) -> ActivationsChoice:
     """The activations for ``asked`` (one of ``ACTIVATION_FORMATS``) of a model held in
     ``weights`` (``choose_weights``'s) computing in ``dtype``; ``dtype_asked`` when the user
-    named that dtype rather than ``auto`` choosing it; ``gguf_int8`` for a GGUF whose linears
-    are mostly int8 groups (:meth:`KindDefaults.int_dtype_for`). int8 rows apply to int
+    named that dtype rather than ``auto`` choosing it. int8 rows apply to int
     weights (``int8``, ``int4``, ``gguf``) in float32, every row, and in bf16, a step's few rows
     (below ``quant_kernel.A8_BF16_ROWS``); they need AVX2 and FMA (``A8_KERNEL_FLAGS``): asked
     for where either fails, a :class:`ValueError` says which. ``auto`` takes them in float32
@@ -390,8 +369,6 @@ def choose_activations(
     if host_kind(found).bf16:
         if kind.int_dtype == "float32":  # chosen so by choose_precision
             return ActivationsChoice("int8", f"auto: {A8_MEASURED_BF16}")
-        if gguf_int8 and weights == "gguf" and kind.gguf_int8_dtype == "float32":
-            return ActivationsChoice("int8", f"auto: {kind.gguf_int8_measured}")
         return ActivationsChoice("float", f"auto: {A8_NATIVE_BF16}")
     if all(f in found for f in A8_VNNI_FLAGS):
         return ActivationsChoice("int8", f"auto: {A8_MEASURED}")
