@@ -193,3 +193,39 @@ def test_a_bad_set_item_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert "expected KEY=VALUE" in _one_error_line(capsys)
     assert main(["run", "--set", "max_batch_size=lots"]) == 2
     assert "max_batch_size must be a number, got 'lots'" in _one_error_line(capsys)
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["run", "--input", "data.jsonl"], "--input could be --input-column"),
+        (["run", "in.jsonl", "--out", "o"], "--out could be --output, --output-format"),
+        (["serve", "--mod", "x"], "--mod could be --model, --modality"),
+        (
+            ["drive", "in.jsonl", "--endpoint", "http://h:1", "--conc", "3"],
+            "--conc could be --concurrency",
+        ),
+    ],
+)
+def test_a_cut_short_flag_is_refused_by_its_command_naming_what_it_could_be(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # argparse would read a unique prefix as the flag: `run --input FILE` ran the built-in data
+    # with FILE as the --input-column, and nothing said so
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"batchline {argv[0]}: error: unrecognized arguments: " in err
+    assert said in err
+    assert err.startswith(f"usage: batchline {argv[0]} ")
+
+
+def test_an_unknown_argument_no_flag_begins_is_said_plainly(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        main(["models", "pull", "smollm2", "--zz"])
+    err = capsys.readouterr().err
+    assert "batchline models pull: error: unrecognized arguments: --zz\n" in err
+    assert "could be" not in err

@@ -14,7 +14,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from batchline._errors import BatchlineError
 from batchline._extras import EXTRA_OF_MODULE, INCLUDES
@@ -46,8 +46,55 @@ _EXTRA_OF_COMMAND = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """A parser that takes only whole flag names. argparse's default reads a flag's unique
+    prefix as the flag: ``batchline run --input data.jsonl`` then meant ``--input-column
+    data.jsonl`` and ran the built-in data, and a flag added later could turn a prefix that
+    worked into an ambiguous one. Commands' subparsers (and theirs) are made of this class."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def parse_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> argparse.Namespace:
+        """As argparse's, but an argument no command takes is reported by the command's own
+        parser (its usage, ``batchline run: error: ...``), naming the flags a cut-short one
+        could have meant."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            parser = self._command_parser(parsed)
+            hint = _whole_names(parser, extras)
+            parser.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+        return parsed
+
+    def _command_parser(self, parsed: argparse.Namespace) -> argparse.ArgumentParser:
+        """The parser of the (sub)command ``parsed`` names, the deepest one chosen."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                chosen = action.choices.get(getattr(parsed, action.dest, None) or "")
+                if isinstance(chosen, _Parser):
+                    return chosen._command_parser(parsed)
+        return self
+
+
+def _whole_names(parser: argparse.ArgumentParser, extras: Sequence[str]) -> str:
+    """``" (flags are taken only whole: --out could be --output, --output-format)"`` for
+    the given flags that begin one or more of the parser's, else ``""``."""
+    known = [flag for action in parser._actions for flag in action.option_strings]
+    meant = []
+    for extra in extras:
+        name = extra.split("=", 1)[0]
+        if name.startswith("--"):
+            begun = [flag for flag in known if flag.startswith(name)]
+            if begun:
+                meant.append(f"{name} could be {', '.join(begun)}")
+    return f" (flags are taken only whole: {'; '.join(meant)})" if meant else ""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="batchline",
         description="Dynamic batching for ML inference.",
     )
