@@ -196,8 +196,9 @@ KIND_DEFAULTS: dict[str, KindDefaults] = {
 
 
 def kind_defaults(flags: Collection[str] | None = None) -> tuple[str, KindDefaults]:
-    """This CPU's kind (``flags`` default: its own) and the defaults it takes."""
-    name = host_kind(flags).name
+    """This CPU's kind (``flags`` default: :func:`cpu_flags`, its own) and the defaults it
+    takes."""
+    name = host_kind(cpu_flags() if flags is None else flags).name
     return name, KIND_DEFAULTS.get(name, _NO_BF16)
 
 
