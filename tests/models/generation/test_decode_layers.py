@@ -135,7 +135,7 @@ def test_a_decode_only_steps_layers_in_one_call_give_the_loops_bits(
     assert all(torch.equal(a, b) for a, b in zip(one, loop, strict=True))
 
 
-@pytest.mark.parametrize("below", [2, quant_kernel.A8_BF16_ROWS])
+@pytest.mark.parametrize("below", [2, quant_kernel.A8_BF16_ROWS_AMX])
 def test_a_bf16_models_few_rows_as_int8_give_the_loops_bits_on_either_side_of_the_bound(
     monkeypatch: pytest.MonkeyPatch, below: int
 ) -> None:

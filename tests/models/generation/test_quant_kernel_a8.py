@@ -179,10 +179,12 @@ def test_a_layer_marked_takes_int8_rows_and_a_bf16_row_does_not(
 
 @pytest.mark.parametrize("kind", ["int4", "int8g"])
 def test_a_bf16_layer_marked_sums_its_few_rows_as_int8_and_more_as_bf16(
-    a8_library: None, torch_threads: None, kind: str
+    a8_library: None, torch_threads: None, kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if not ik.own_kernels(dtype=torch.bfloat16)[0]:
         pytest.skip("the own kernel takes no bf16 rows here (no AVX512-BF16)")
+    # the AMX hosts' bound, whatever this host's is (every row where it has no AMX)
+    monkeypatch.setattr(ik, "A8_BF16_ROWS", ik.A8_BF16_ROWS_AMX)
     n, k = 48, 128
     w = torch.randn(n, k)
     bias = torch.randn(n)
@@ -243,12 +245,11 @@ def test_which_models_and_hosts_take_int8_rows() -> None:
             "int8", weights=weights, dtype="float32", dtype_asked=True, flags=NO_BF16_VNNI
         )
         assert also.activations == "int8"
-        # float32 on AMX (where int weights compute in bf16) comes from the user: kept as asked
+        # float32 where int weights compute in bf16 (AMX, and AVX512-BF16 without it since
+        # 2026-12-06) comes from the user: kept as asked
         kept = ("float", f"auto: {torch_dtype.A8_NATIVE_BF16}")
         assert choose("auto", weights, "float32", AMX) == kept
-        # on AVX512-BF16 without AMX, auto computes int weights in float32 on int8 rows
-        bf16_host = ("int8", f"auto: {torch_dtype.A8_MEASURED_BF16}")
-        assert choose("auto", weights, "float32", AVX512_BF16) == bf16_host
+        assert choose("auto", weights, "float32", AVX512_BF16) == kept
         for flags in (AVX512_BF16, AMX):
             assert choose("int8", weights, "float32", flags) == ("int8", "asked for")
         # AVX2 without VNNI: the vpmaddubsw path, measured on its own host
@@ -261,19 +262,23 @@ def test_which_models_and_hosts_take_int8_rows() -> None:
         )
         with pytest.raises(ValueError, match="needs avx2, fma, which this CPU lacks"):
             choose("int8", weights, "float32", NO_AVX2)
-        # bf16 models: a step's few rows as int8 where the kind measured it (AMX), asked or
-        # not; a named bf16 is no reason to keep them, bf16 not being exact arithmetic
-        amx_rows = torch_dtype.KIND_DEFAULTS["amx"].bf16_int8_rows
-        assert amx_rows
-        amx_auto = ("int8", f"auto on this amx CPU: {amx_rows}")
-        assert choose("auto", weights, "bfloat16", AMX) == amx_auto
-        named_bf16 = choose_activations(
-            "auto", weights=weights, dtype="bfloat16", dtype_asked=True, flags=AMX
-        )
-        assert named_bf16.activations == "int8"
-        assert choose("auto", weights, "bfloat16", AVX512_BF16) == (
+        # bf16 models: rows as int8 where the kind measured it (a step's few on AMX, every
+        # one on AVX512-BF16 without it), asked or not; a named bf16 is no reason to keep
+        # them, bf16 not being exact arithmetic
+        for kind, flags in (("amx", AMX), ("avx512-bf16", AVX512_BF16)):
+            rows = torch_dtype.KIND_DEFAULTS[kind].bf16_int8_rows
+            assert rows
+            assert choose("auto", weights, "bfloat16", flags) == (
+                "int8",
+                f"auto on this {kind} CPU: {rows}",
+            )
+            named_bf16 = choose_activations(
+                "auto", weights=weights, dtype="bfloat16", dtype_asked=True, flags=flags
+            )
+            assert named_bf16.activations == "int8"
+        assert choose("auto", weights, "bfloat16", NO_BF16_VNNI) == (
             "float",
-            "auto: bf16 rows on this avx512-bf16 CPU",
+            "auto: bf16 rows on this vnni CPU",
         )
         for flags in (AMX, AVX512_BF16):
             assert choose("int8", weights, "bfloat16", flags) == ("int8", "asked for")
@@ -451,7 +456,12 @@ def test_a_generators_identity_names_int8_rows_where_its_load_takes_them(
     assert {k: v for k, v in int4.items() if k != "activations"} == floats
     # no int weights, no int8 rows: the dense model's identity is as it always was
     assert "activations" not in GENERATION.identity(spec, Knobs()).options
+    # AVX512-BF16 without AMX: every row as int8, in bf16 (float32 on int8 rows before)
     monkeypatch.setattr(torch_dtype, "cpu_flags", lambda: AVX512_BF16)
+    zen4 = GENERATION.identity(spec, Knobs(weights="int4")).options
+    assert (zen4["dtype"], zen4["activations"]) == ("bfloat16", "int8")
+    # an Ice Lake's named bf16 (no native bf16) keeps its rows: nothing measured there
+    monkeypatch.setattr(torch_dtype, "cpu_flags", lambda: NO_BF16_VNNI)
     assert (
         "activations"
         not in GENERATION.identity(spec, Knobs(weights="int4", dtype="bfloat16")).options

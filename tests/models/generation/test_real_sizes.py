@@ -27,6 +27,7 @@ from batchline.models.config import Knobs  # noqa: E402
 from batchline.models.generation.backend import _kv_bytes  # noqa: E402
 from batchline.models.generation.engine import GenerationRequest, SamplingParams  # noqa: E402
 from batchline.models.generation.load import load_text_generator  # noqa: E402
+from batchline.models.generation.quantize import int8_groups_for  # noqa: E402
 from batchline.models.specs import parse_spec  # noqa: E402
 
 from .conftest import TINY_EOS, TINY_VOCAB  # noqa: E402
@@ -308,21 +309,29 @@ def test_the_load_log_says_the_bytes_of_each_format_and_the_kernel(
     # else a bf16 scale and zero (0.625); the lm_head int8 in groups of 32 as two int4 planes
     # (1.25 bytes a weight) where the own int4 kernel runs, else bf16
     own4 = quant_kernel.own_kernels()[0]
-    per_weight = 1.0 if weights == "int8" else 290 / 512 if own4 else 0.625
+    # int8 goes in groups of 32 (the int8 layout, 544 bytes a block of 512) where every bf16
+    # row is summed as int8 (a host without AMX: AVX512-BF16's default), per channel elsewhere
+    groups = weights == "int8" and int8_groups_for(
+        torch.bfloat16, int8_rows="int8 activations" in line
+    )
+    per_weight = 544 / 512 if groups else 1.0 if weights == "int8" else 290 / 512 if own4 else 0.625
     head = "int8g" if quant_kernel.own_kernels()[0] else "bf16"
-    lm_head = (1.25 if head == "int8g" else 2) * TINY_VOCAB * _hidden(name)
+    layout = "in the int8 layout" in line.split("lm_head as ")[-1]
+    lm_head = (544 / 512 if layout else 1.25 if head == "int8g" else 2) * TINY_VOCAB * _hidden(name)
     said = line.split(" of weights read per decode step")[0].rsplit(" MiB (", 1)[1].rstrip(")")
     formats = dict(part.split(" ") for part in said.split(", "))
-    assert list(formats) == [weights, head], line
-    assert float(formats[head].replace(",", "")) == pytest.approx(lm_head / 2**20, abs=0.5)
-    assert ("lm_head as int8g in groups of 32" in line) == (head == "int8g"), line
-    assert float(formats[weights].replace(",", "")) == pytest.approx(
-        quantized * per_weight / 2**20, rel=0.02, abs=0.5
+    kind = "int8g" if groups else weights
+    assert list(formats) == ([kind] if kind == head else [kind, head]), line
+    assert float(formats[kind].replace(",", "")) == pytest.approx(
+        (quantized * per_weight + (lm_head if kind == head else 0)) / 2**20, rel=0.02, abs=0.5
     )
+    if kind != head:
+        assert float(formats[head].replace(",", "")) == pytest.approx(lm_head / 2**20, abs=0.5)
+    assert ("lm_head as int8g in groups of 32" in line) == (head == "int8g"), line
     # the quantization report names what was quantized, and whose kernel computes it
-    said = "int4 in groups of 32 with 8-bit steps" if weights == "int4" and own4 else weights
+    said = "int4 in groups of 32 with 8-bit steps" if weights == "int4" and own4 else kind
     assert f"8 linears as {said} through " in line
-    own = quant_kernel.own_kernels(amx=weights == "int8")[0]
+    own = quant_kernel.own_kernels(amx=weights == "int8" and not groups)[0]
     assert ("through batchline's kernel on " in line) == own
     if own and quant_kernel.own_kernels(amx=True)[0]:
         assert "AMX tiles" in line

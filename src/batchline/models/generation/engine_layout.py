@@ -129,7 +129,9 @@ def lay_out_weights(
             fused += fuse_layer(layer)  # the groups left (all, where none fused above)
             release_replaced(layer, before)  # the parts, now copied into the fused linears
         if quantize:
-            done = quantize_linears(model, weights, dtype, [layer], scale_dtype)
+            done = quantize_linears(
+                model, weights, dtype, [layer], scale_dtype, int8_rows=int8_rows
+            )
             report = done if report is None else report + done
         widen_to(layer, dtype)  # a bf16 folder's norms and dense linears, to a float32 model
         pack_dense(layer)  # what float linears it has left

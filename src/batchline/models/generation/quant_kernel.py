@@ -61,6 +61,7 @@ from batchline.models.generation.decode_kernel import decode_kernel
 
 __all__ = [
     "A8_BF16_ROWS",
+    "A8_BF16_ROWS_AMX",
     "A8_STREAMS",
     "A8_STREAMS_AMX",
     "A8_STREAMS_ZEN5",
@@ -72,6 +73,7 @@ __all__ = [
     "BLOCK_F32",
     "BLOCK_INT8",
     "BLOCK_STEPS",
+    "EVERY_ROW",
     "F32_WIDTH",
     "GROUP",
     "INT8G_STREAMS",
@@ -129,15 +131,26 @@ F32_WIDTH = 512
 #: has both (AVX512-VNNI): vpdpbusd on 512-bit vectors; elsewhere AVX2's vpmaddubsw is the only
 #: one (the same bits).
 A8_WIDTH = 512
-#: Below this many bf16 rows an int4 product with int8 rows (``int8_rows``: an AMX host's
-#: ``activations = auto``) quantizes them to int8 per group of 32 and sums integers through
-#: VNNI (``int4_linear_a8``, bf16 in and out); from it on, bf16 rows as without (AMX tiles).
-#: AMX Xeon, 2 threads, 8-bit-step int4, 2026-12-06, int8 rows' time over bf16 rows' at 1, 2,
-#: 4, 6, 8 rows: 2,048 -> 16,384 x0.58, x0.59, x0.75, x0.82, x0.92; 8,192 -> 2,048 x0.62,
+#: A row bound no step reaches: "every row".
+EVERY_ROW = 1 << 30
+#: On an AMX host, below this many bf16 rows an int4 product with int8 rows (``int8_rows``:
+#: ``activations = auto`` there) quantizes them to int8 per group of 32 and sums integers
+#: through VNNI (``int4_linear_a8``, bf16 in and out); from it on, bf16 rows as without (AMX
+#: tiles). AMX Xeon, 2 threads, 8-bit-step int4, 2026-12-06, int8 rows' time over bf16 rows'
+#: at 1, 2, 4, 6, 8 rows: 2,048 -> 16,384 x0.58, x0.59, x0.75, x0.82, x0.92; 8,192 -> 2,048 x0.62,
 #: x0.64, x0.78, x0.85, x0.92; 960 -> 5,120 x0.66, x0.77, x0.92, x1.03, x1.13 (x1.22-1.49 at
 #: 12-16 rows): at one row vdpbf16ps spends two cycles a product, and unpacking the codes for
 #: it as many again, where one vpdpbusd sums twice the inputs of codes masked out in place.
-A8_BF16_ROWS = 5
+A8_BF16_ROWS_AMX = 5
+#: Below this many bf16 rows an int4 product with int8 rows takes them as int8 (what
+#: :func:`int4_linear` and ``csrc/decode_layers.cpp`` read): :data:`A8_BF16_ROWS_AMX` on an AMX
+#: host, every row on any other (:data:`EVERY_ROW`; the product computes dense from
+#: ``quant_linear.DENSE_ROWS`` rows as before). Without tiles a bf16 row's alternative is
+#: ``vdpbf16ps``, which lost to int8 rows at every count measured: on Zen 4 (2 threads) float32
+#: models on int8 rows made a 1.7B int4 server x1.18 bf16 rows' tokens/s (2026-12-04), and a
+#: bf16 model with every row as int8 x0.98-1.06 float32's at 16 clients, x1.01-1.07 at one
+#: (2026-12-06, ``torch_dtype.KIND_DEFAULTS``).
+A8_BF16_ROWS = A8_BF16_ROWS_AMX if host_kind(host_flags()).name == "amx" else EVERY_ROW
 #: The fewest rows the int8 layout's product (:func:`int8g_linear`) takes through the 512-bit
 #: path (VNNI, 8 rows a pass) rather than the 256-bit one (4): Zen 4, 2 threads, 2026-12-05,
 #: 512 / 256 time at 1, 2, 4, 8, 16 rows: x0.99-1.12, x1.02-1.10, x0.84-1.03, x0.50-0.68,

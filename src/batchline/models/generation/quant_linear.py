@@ -630,9 +630,9 @@ def step_weight_formats(model: torch.nn.Module, dense: torch.dtype) -> dict[str,
 
 def use_int8_activations(model: torch.nn.Module) -> int:
     """Have each of ``model``'s linears the own int4 kernel computes quantize its float32 rows,
-    or its few bf16 ones (below :data:`~.quant_kernel.A8_BF16_ROWS`), to int8 on the way in
-    (``int8_rows``); the number of such linears. The caller has checked that the kernel runs
-    here (:func:`~.quant_kernel.int8_activations_here`)."""
+    or its bf16 ones below :data:`~.quant_kernel.A8_BF16_ROWS` (a step's few on AMX, every one
+    elsewhere), to int8 on the way in (``int8_rows``); the number of such linears. The caller
+    has checked that the kernel runs here (:func:`~.quant_kernel.int8_activations_here`)."""
     count = 0
     for module in model.modules():
         if isinstance(module, QuantLinear) and module._own:

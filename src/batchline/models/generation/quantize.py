@@ -100,6 +100,8 @@ def quantize_linears(
     dtype: torch.dtype,
     layers: Sequence[torch.nn.Module] | None = None,
     scale_dtype: torch.dtype | None = None,
+    *,
+    int8_rows: bool = False,
 ) -> QuantReport:
     """Replace the ``nn.Linear`` layers of ``model.model.layers`` (``layers`` of them where
     given: a loader quantizing one layer at a time) (after
@@ -113,7 +115,8 @@ def quantize_linears(
     int4 scored 89.8 % top-1 and drifted 11.8 % in log-prob (limit 2 %), int8 97.0 % and 2.5 %;
     with it dense, 98.4 % / 0.4 % and 97.2 % / 1.7 %. An int4 linear needs 16 | outputs and
     32 | inputs (torch's layout): one that has not stays dense (the report counts those
-    quantized)."""
+    quantized). ``int8_rows``: the load sums rows as int8 (``int8`` then goes in groups of 32
+    where every bf16 row is summed so: :func:`int8_groups_for`)."""
     if kind not in ("int8", "int4"):
         raise ValueError(f"weights must be int8 or int4, got {kind!r}")
     if layers is None:
@@ -128,17 +131,15 @@ def quantize_linears(
             if kind == "int8" or (n % 16 == 0 and k % INT4_GROUP_SIZE == 0):
                 swaps.append((parent, name, child))
     own_int4 = _own_int4(kind, dtype)
-    # int8 in float32: torch's int8 kernel took 2.9x a dense float32 step (SmolLM2-360M's shape,
-    # batch 1, AVX-512 without BF16); in groups of 32 as two int4 planes through the own
-    # float32 kernel where it runs (the lm_head's format, and a GGUF Q8_0's)
-    int8_groups = kind == "int8" and dtype == torch.float32 and _own_int4("int4", dtype)
+    int8_groups = kind == "int8" and int8_groups_for(dtype, int8_rows=int8_rows)
+    packs_int8 = functools.partial(_int8_packed, int8_rows=int8_rows)
     before = after = 0
     for parent, name, child in swaps:
         weight = child.weight.detach()
         before += weight.numel() * weight.element_size()
         bias = None if child.bias is None else child.bias.detach()
         if int8_groups and weight.shape[1] % INT4_GROUP_SIZE == 0:
-            packed = pack_own_int4([weight], _int8_packed, dtype, scale_dtype)
+            packed = pack_own_int4([weight], packs_int8, dtype, scale_dtype)
             layer = QuantLinear.own_int4(packed, *weight.shape, kind="int8g", bias=bias)
         elif kind == "int8":
             layer = QuantLinear.int8(*quantize_int8(weight), bias=bias, dtype=dtype)
@@ -159,6 +160,23 @@ def quantize_linears(
         after,
         _kernel_path(kind, dtype) if own else "torch's kernel",
         layout=STEPS_LAYOUT if own_int4 and swaps else None,
+    )
+
+
+def int8_groups_for(dtype: torch.dtype, *, int8_rows: bool = False) -> bool:
+    """Whether ``weights = int8`` quantizes linears computing in ``dtype`` in groups of 32 (the
+    own kernel's int8 layout, or two int4 planes: the lm_head's format, a GGUF Q8_0's) rather
+    than per output channel: in float32, and in bf16 where every row is summed as int8
+    (``int8_rows`` on a host without AMX: ``quant_kernel.A8_BF16_ROWS``), wherever the own int4
+    kernel runs. Per channel, torch's int8 kernel took x2.9 a dense float32 step (SmolLM2-360M's
+    shape, batch 1, AVX-512 without BF16) and in bf16 x1.41 a dense bf16 one (Zen 4, 2026-12-05);
+    on AMX a bf16 model keeps the own per-channel kernel, whose tiles take a step's many rows
+    faster than the int8 layout (``benchmarks/bench_int8_layout_bf16.py``)."""
+    from batchline.models.generation import quant_kernel
+
+    every_row = int8_rows and quant_kernel.A8_BF16_ROWS == quant_kernel.EVERY_ROW
+    return (dtype == torch.float32 or (dtype == torch.bfloat16 and every_row)) and _own_int4(
+        "int4", dtype
     )
 
 
