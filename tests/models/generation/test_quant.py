@@ -708,22 +708,22 @@ def test_the_host_kind_picks_the_dtype_and_the_weights(
 
 @pytest.mark.parametrize(
     ("flags", "int_dtype"),
-    [(AMX, "bfloat16"), (AVX512_BF16, "bfloat16"), (AVX512_VNNI, "float32"), (AVX2, "float32")],
+    [(AMX, "bfloat16"), (AVX512_BF16, "float32"), (AVX512_VNNI, "float32"), (AVX2, "float32")],
 )
 def test_int_weights_compute_in_the_dtype_their_host_kind_measured_fastest(
     flags: set[str], int_dtype: str
 ) -> None:
-    """``auto`` computes int weights (a GGUF kept, int8, int4) in bf16 where the CPU has native
-    bf16 (AMX; AVX512-BF16 without AMX too since 2026-12-06, every row summed as int8, where
-    they had computed in float32 on int8 rows), elsewhere in float32: as dense ones. A dtype
-    named by the user, a CUDA device and dense weights keep ``choose_dtype``'s."""
+    """On an AVX512-BF16 CPU without AMX, ``auto`` computes int weights (a GGUF kept, int8,
+    int4) in float32 and dense ones in bf16; on AMX both in bf16; elsewhere both in float32.
+    A dtype named by the user, a CUDA device and dense weights keep ``choose_dtype``'s."""
     dense = choose_dtype("auto", "cpu", flags=flags).dtype
-    assert int_dtype == dense
     for weights, gguf in (("auto", True), ("int8", False), ("int4", False), ("int4", True)):
         dtype, held = choose_precision("auto", weights, "cpu", gguf=gguf, flags=flags)
         assert dtype.dtype == int_dtype
         assert held.weights == ("gguf" if weights == "auto" else weights)
-        assert "auto with" not in dtype.reason
+        if int_dtype != dense:
+            assert "auto with" in dtype.reason
+            assert "Zen 4" in dtype.reason
     for weights, gguf in (("auto", False), ("float", True)):
         dtype, held = choose_precision("auto", weights, "cpu", gguf=gguf, flags=flags)
         assert (dtype.dtype, held.weights) == (dense, "float")

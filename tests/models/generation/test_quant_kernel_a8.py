@@ -245,11 +245,12 @@ def test_which_models_and_hosts_take_int8_rows() -> None:
             "int8", weights=weights, dtype="float32", dtype_asked=True, flags=NO_BF16_VNNI
         )
         assert also.activations == "int8"
-        # float32 where int weights compute in bf16 (AMX, and AVX512-BF16 without it since
-        # 2026-12-06) comes from the user: kept as asked
+        # float32 on AMX (where int weights compute in bf16) comes from the user: kept as asked
         kept = ("float", f"auto: {torch_dtype.A8_NATIVE_BF16}")
         assert choose("auto", weights, "float32", AMX) == kept
-        assert choose("auto", weights, "float32", AVX512_BF16) == kept
+        # on AVX512-BF16 without AMX, auto computes int weights in float32 on int8 rows
+        bf16_host = ("int8", f"auto: {torch_dtype.A8_MEASURED_BF16}")
+        assert choose("auto", weights, "float32", AVX512_BF16) == bf16_host
         for flags in (AVX512_BF16, AMX):
             assert choose("int8", weights, "float32", flags) == ("int8", "asked for")
         # AVX2 without VNNI: the vpmaddubsw path, measured on its own host
@@ -263,8 +264,8 @@ def test_which_models_and_hosts_take_int8_rows() -> None:
         with pytest.raises(ValueError, match="needs avx2, fma, which this CPU lacks"):
             choose("int8", weights, "float32", NO_AVX2)
         # bf16 models: rows as int8 where the kind measured it (a step's few on AMX, every
-        # one on AVX512-BF16 without it), asked or not; a named bf16 is no reason to keep
-        # them, bf16 not being exact arithmetic
+        # one on AVX512-BF16 without it, where bf16 is named), asked or not; a named bf16 is
+        # no reason to keep them, bf16 not being exact arithmetic
         for kind, flags in (("amx", AMX), ("avx512-bf16", AVX512_BF16)):
             rows = torch_dtype.KIND_DEFAULTS[kind].bf16_int8_rows
             assert rows
@@ -456,10 +457,13 @@ def test_a_generators_identity_names_int8_rows_where_its_load_takes_them(
     assert {k: v for k, v in int4.items() if k != "activations"} == floats
     # no int weights, no int8 rows: the dense model's identity is as it always was
     assert "activations" not in GENERATION.identity(spec, Knobs()).options
-    # AVX512-BF16 without AMX: every row as int8, in bf16 (float32 on int8 rows before)
+    # AVX512-BF16 without AMX: float32 on int8 rows by default, every row as int8 in a named
+    # bf16 (bf16 rows through vdpbf16ps before 2026-12-06)
     monkeypatch.setattr(torch_dtype, "cpu_flags", lambda: AVX512_BF16)
     zen4 = GENERATION.identity(spec, Knobs(weights="int4")).options
-    assert (zen4["dtype"], zen4["activations"]) == ("bfloat16", "int8")
+    assert (zen4["dtype"], zen4["activations"]) == ("float32", "int8")
+    named = GENERATION.identity(spec, Knobs(weights="int4", dtype="bfloat16")).options
+    assert (named["dtype"], named["activations"]) == ("bfloat16", "int8")
     # an Ice Lake's named bf16 (no native bf16) keeps its rows: nothing measured there
     monkeypatch.setattr(torch_dtype, "cpu_flags", lambda: NO_BF16_VNNI)
     assert (

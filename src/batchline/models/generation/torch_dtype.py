@@ -170,19 +170,19 @@ KIND_DEFAULTS: dict[str, KindDefaults] = {
         "bfloat16",
         True,
         "bf16 measured x1.6 faster than float32 (2026-11-24)",
-        int_dtype="bfloat16",
-        int_measured="bf16, every row summed as int8: float32 on int8 rows (the default until "
-        "2026-12-06) made a 1.7B server x0.94-1.02 the tokens/s at 16 clients and x0.94-0.99 "
-        "at one in int4, x0.89 and x0.95 in int8 (Zen 4 EPYC)",
+        int_dtype="float32",
+        # the figures in full: A8_MEASURED_BF16, said with the activations
+        int_measured="on int8 rows, faster than bf16 (a 1.7B server's tokens/s in int4: Zen 4 "
+        "EPYC x1.18, 2026-12-04; Zen 5 x1.06-1.10, 2026-12-05; in int8 on Zen 4 x1.57)",
         dense_tiles=True,
         dense_measured="the own tiles took x0.71 oneDNN's time at one row, x0.90 at 16, x0.94-0.99 "
         "at 32-256 (1.7B-shaped linears, Zen 4 EPYC, 2026-12-04)",
+        # a bf16 model's int weights (--dtype bfloat16 named: auto takes float32 for them)
         bf16_int8_rows="every row summed as int8 through VNNI (no AMX tiles to take a step's "
-        "many): against float32 on int8 rows, the default before, a 1.7B-shaped int4 step at one "
-        "row took x0.91 the time (3B x0.94, 360M x1.01), a 1.7B server made x0.98-1.06 the "
-        "tokens/s at 16 clients and x1.01-1.07 at one in int4, x1.12 and x1.05 in int8, its "
-        "store of keys and values half the bytes (Zen 4 EPYC, 2026-12-06; Zen 5 takes it by "
-        "its flags, not measured there)",
+        "many), where bf16 rows had run vdpbf16ps (float32 on int8 rows made x1.18 its "
+        "tokens/s) and int8 torch's per-channel kernel: against float32 on int8 rows a 1.7B "
+        "int4 step x0.91 the time, a 1.7B server x0.98-1.01 the tokens/s in int4 and x1.05-1.12 "
+        "in int8 (Zen 4 EPYC, 2026-12-06)",
     ),
     "vnni": KindDefaults(
         "float32",
@@ -258,11 +258,10 @@ def choose_precision(
     """The dtype and the weights of a model for the knobs ``dtype`` and ``weights`` (one of
     ``GENERATION_DTYPES``, ``WEIGHT_FORMATS``) on ``device``: :func:`choose_dtype`, then
     :func:`choose_weights` in it; where both are ``auto`` choices on a CPU whose kind computes
-    int weights in another dtype (:attr:`KindDefaults.int_dtype`; none does today: AVX512-BF16
-    CPUs without AMX computed them in float32 on int8 rows until 2026-12-06), that dtype, and
-    the weights chosen again in it, unless the GGUF file's linears are all float
-    (``gguf_float``: nothing int to compute). What the load log, the job's identity and the
-    loader all take, so they never disagree."""
+    int weights in another dtype (:attr:`KindDefaults.int_dtype`: float32 with int8 rows on an
+    AVX512-BF16 CPU without AMX), that dtype, and the weights chosen again in it, unless the
+    GGUF file's linears are all float (``gguf_float``: nothing int to compute). What the load
+    log, the job's identity and the loader all take, so they never disagree."""
     chosen = choose_dtype(dtype, device, flags=flags, cuda_bf16=cuda_bf16)
     held = choose_weights(weights, gguf=gguf, dtype=chosen.dtype, flags=flags)
     if device != "cpu" or held.weights == "float" or (gguf and gguf_float):
@@ -315,10 +314,16 @@ A8_MEASURED_AVX2 = (
     "product x0.41-0.45 at 4-16 rows; the same integer sums and float32 operations as the VNNI "
     "path, whose quality gate passed on Ice Lake"
 )
-#: Why it keeps float rows where the CPU's int weights compute in bf16 (every kind with native
-#: bf16: AMX, and AVX512-BF16 since 2026-12-06, where they had computed in float32 on int8
-#: rows): float32 there comes from the user, and the rows are kept as asked.
+#: Why it keeps float rows where the CPU's int weights compute in bf16 (AMX): float32 there
+#: comes from the user, and the rows are kept as asked.
 A8_NATIVE_BF16 = "float32 on a CPU whose int weights compute in bf16: the rows kept as they are"
+#: Why it takes them on a CPU with native bf16 but no AMX, where ``auto`` computes int weights
+#: in float32 (:func:`choose_precision`), measured there.
+A8_MEASURED_BF16 = (
+    "int8 rows through VNNI: on the 2-core AVX512-BF16 EPYC (Zen 4, 2026-12-04) a 1.7B-shaped "
+    "int4 step took x0.84 the time of bf16 rows (int8 x0.56), and a server made x1.18 their "
+    "tokens/s at 16 clients"
+)
 A8_FLOAT32_ASKED = (
     "float32 asked for: its rows are kept exact (activations = 'int8' quantizes them there)"
 )
@@ -370,6 +375,8 @@ def choose_activations(
     if dtype_asked:
         return ActivationsChoice("float", f"auto: {A8_FLOAT32_ASKED}")
     if host_kind(found).bf16:
+        if kind.int_dtype == "float32":  # chosen so by choose_precision
+            return ActivationsChoice("int8", f"auto: {A8_MEASURED_BF16}")
         return ActivationsChoice("float", f"auto: {A8_NATIVE_BF16}")
     if all(f in found for f in A8_VNNI_FLAGS):
         return ActivationsChoice("int8", f"auto: {A8_MEASURED}")
