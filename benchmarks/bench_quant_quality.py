@@ -92,8 +92,8 @@ def _kernel_for_every_row() -> None:
     from batchline.models.generation import quant_kernel, quant_linear
 
     for key in ("own32a8", "own32a8g", "own"):
-        quant_linear.DENSE_ROWS[key] = 1 << 30
-    quant_kernel.A8_BF16_ROWS = 1 << 30
+        quant_linear.DENSE_ROWS[key] = quant_kernel.EVERY_ROW
+    quant_kernel.A8_BF16_ROWS = quant_kernel.EVERY_ROW
 
 
 def answers(engine: Any, prompts: list[list[int]], n: int) -> list[list[int]]:
