@@ -115,23 +115,37 @@ inline void store_group(const __m256i (&q)[4], int8_t* out) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_permutevar8x32_epi32(bytes, order));
 }
 
-// One row's groups to int8 codes, their scales and their code sums (AVX2: for both paths).
+// Where one row's quantized groups go (RowLayout): group g's 32 codes at codes + g * stride *
+// 32, its scale, code sum and their float product at [g * stride] of the three arrays.
+struct RowOut {
+  int8_t* codes;
+  float* scales;
+  int32_t* sums;
+  float* scaled_sums;
+  int64_t stride;
+};
+
+// One row's groups to int8 codes, their scales, their code sums and each scale times its code
+// sum in float32 (the product the epilogue of the int4 layouts takes) (AVX2: for both paths).
 template <typename T>
-void quantize_row(const T* x, int64_t groups, int8_t* codes, float* scales, int32_t* sums) {
+void quantize_row(const T* x, int64_t groups, const RowOut& out) {
   for (int64_t g = 0; g < groups; ++g) {
     __m256 v[4];
     const float amax = load_group(x + g * kGroup, v);
     const float inverse = amax > 0.f ? 127.f / amax : 0.f;
-    scales[g] = amax / 127.f;
+    const float scale = amax / 127.f;
     const __m256 by = _mm256_set1_ps(inverse);
     __m256i q[4];  // the MXCSR's rounding: to nearest, ties to even
     for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], by));
-    store_group(q, codes + g * kGroup);
+    store_group(q, out.codes + g * out.stride * kGroup);
     const __m256i s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
     __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
     t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
     t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
-    sums[g] = _mm_cvtsi128_si32(t);
+    const int32_t sum = _mm_cvtsi128_si32(t);
+    out.scales[g * out.stride] = scale;
+    out.sums[g * out.stride] = sum;
+    out.scaled_sums[g * out.stride] = scale * static_cast<float>(sum);
   }
 }
 
@@ -257,6 +271,16 @@ void tile_rows_int8_256(const uint8_t* tile, int64_t groups, const int8_t* xq, i
 constexpr bool kBuilt = false;
 #endif
 
+// One block of the quantized rows as QuantizedRows lays them out (RowLayout): R rows' codes
+// group by group (group g's R x 32 codes at codes + g * R * 32), and per group their R scales,
+// code sums and scaled sums (group g's at [g * R]).
+struct BlockRows {
+  const int8_t* codes;
+  const float* scales;
+  const int32_t* sums;
+  const float* scaled_sums;
+};
+
 #if defined(BATCHLINE_A8_VNNI)
 inline __m512i broadcast4(const int8_t* p) {  // 4 int8 codes into every 32-bit lane
   int32_t word;
@@ -290,6 +314,12 @@ struct Int4Tiles {
                               total);
       return _mm512_fmadd_ps(_mm512_set1_ps(dx * static_cast<float>(xsum)), zero, total);
     }
+    // The same, dx * xsum given as quantize_row computed it (the same float product)
+    __m512 add(__m512i sum, float dx, int32_t, float scaled_sum, __m512 total) const {
+      total = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(scale, _mm512_set1_ps(dx)),
+                              total);
+      return _mm512_fmadd_ps(_mm512_set1_ps(scaled_sum), zero, total);
+    }
   };
 
   Group group(const uint8_t* block) const {
@@ -319,25 +349,27 @@ struct Int8Tiles {
       return _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(scale, _mm512_set1_ps(dx)),
                              total);
     }
+    __m512 add(__m512i sum, float dx, int32_t xsum, float, __m512 total) const {
+      return add(sum, dx, xsum, total);
+    }
   };
 
   Group group(const uint8_t* block) const { return {widen_bf16(block + 512)}; }
 };
 
-// Rows [m0, m0 + R) of one tile of either layout (Tiles: Int4Tiles<L> or Int8Tiles); with one or
-// two rows a chunk's products alternate between two accumulators (two chains of dependent
-// vpdpbusd instead of one).
+// Rows [m0, m0 + R) of one tile of either layout (Tiles: Int4Tiles<L> or Int8Tiles), read from
+// their block of the quantized rows (xb: RowLayout's blocks of kMaxRows); with one or two rows
+// a chunk's products alternate between two accumulators (two chains of dependent vpdpbusd
+// instead of one).
 template <typename Tiles, int R>
-void tile_rows_vnni(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t k_total,
-                    const float* xscale, const int32_t* xsum, int64_t m0, const float* bias,
-                    int64_t n0, int64_t cols, int64_t n_total, float* out) {
+void tile_rows_vnni(const uint8_t* tile, int64_t groups, const BlockRows& xb, int64_t m0,
+                    const float* bias, int64_t n0, int64_t cols, int64_t n_total, float* out) {
   constexpr int kChains = R <= 2 ? 2 : 1;
   const Tiles tiles;
   const __mmask16 valid = first_columns(cols);
   const __m512 start = bias ? _mm512_maskz_loadu_ps(valid, bias + n0) : _mm512_setzero_ps();
   __m512 total[R];
   for (int r = 0; r < R; ++r) total[r] = start;
-  const int8_t* xm = xq + m0 * k_total;
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* block = tile + g * Tiles::kBytes;
     prefetch_ahead(block, Tiles::kBytes);
@@ -345,20 +377,21 @@ void tile_rows_vnni(const uint8_t* tile, int64_t groups, const int8_t* xq, int64
     for (int r = 0; r < R; ++r) {
       for (int j = 0; j < kChains; ++j) acc[r][j] = _mm512_setzero_si512();
     }
-    const int8_t* xg = xm + g * kGroup;
+    const int8_t* xg = xb.codes + g * R * kGroup;  // the block's R rows' codes of group g
     for (int c = 0; c < 8; ++c) {
       const __m512i w = tiles.operand(block, c);
       for (int r = 0; r < R; ++r) {
         __m512i& a = acc[r][c % kChains];
-        a = _mm512_dpbusd_epi32(a, w, broadcast4(xg + r * k_total + 4 * c));
+        a = _mm512_dpbusd_epi32(a, w, broadcast4(xg + r * kGroup + 4 * c));
       }
     }
     const auto group = tiles.group(block);
+    const int64_t at = g * R;  // the block's numbers of group g
     for (int r = 0; r < R; ++r) {
       __m512i sum = acc[r][0];
       for (int j = 1; j < kChains; ++j) sum = _mm512_add_epi32(sum, acc[r][j]);
-      const int64_t at = (m0 + r) * groups + g;
-      total[r] = group.add(sum, xscale[at], xsum[at], total[r]);
+      total[r] = group.add(sum, xb.scales[at + r], xb.sums[at + r], xb.scaled_sums[at + r],
+                           total[r]);
     }
   }
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(out + (m0 + r) * n_total + n0, valid, total[r]);
@@ -419,17 +452,40 @@ at::Tensor in_dtype_of(const at::Tensor& out, const at::Tensor& x) {
   return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
 }
 
-// Rows [0, rows) of x (K inputs each) to int8 codes, scales and code sums per group, into the
-// given buffers, rows split over the threads.
-void quantize_rows(const at::Tensor& x, int8_t* codes, float* scales, int32_t* sums) {
+// How the quantized rows lie: in blocks of `block` rows (the last block holds the rest), each
+// block's groups one after another, within a group its rows' 32 codes one after another (and
+// its rows' scales, code sums and scaled sums likewise). A pass of the VNNI path over one
+// block then reads each from one pointer at fixed offsets. With the rows K bytes apart, GCC
+// kept a register per row and took the numbers' addresses from the stack, and the scaled sum
+// was a conversion and a multiply per row and group: an 8-row pass over a tile in L1 ran 107
+// cycles a group against 95 so (a standalone loop of the same operations; its 64 vpdpbusd
+// alone take 65: Zen 4 issues one 512-bit vpdpbusd, FMA, multiply or ternary logic a cycle,
+// all on the same two pipes). benchmarks/bench_a8_kernel.py (Zen 4, 2 threads, 2026-12-06, the
+// two builds in turn): 8 to 256 rows x0.78-0.89 the time. Blocks of one row are the plain
+// layout, row m's group g at m * K + 32 g, which the AVX2 path and int8_activations read; a
+// single row lies the same in both.
+struct RowLayout {
+  int64_t rows, groups, block;
+
+  // Where row m's groups go in the arrays at codes, scales, sums and scaled_sums.
+  RowOut row(int64_t m, int8_t* codes, float* scales, int32_t* sums, float* scaled_sums) const {
+    const int64_t m0 = m - m % block, in_block = std::min(block, rows - m0);
+    const int64_t first = m0 * groups + (m - m0);  // the row's numbers of group 0
+    return {codes + first * kGroup, scales + first, sums + first, scaled_sums + first, in_block};
+  }
+};
+
+// Rows [0, rows) of x (K inputs each) to int8 codes, scales, code sums and scaled sums per
+// group, into the given buffers as `layout` places them, rows split over the threads.
+void quantize_rows(const at::Tensor& x, const RowLayout& layout, int8_t* codes, float* scales,
+                   int32_t* sums, float* scaled_sums) {
 #if defined(BATCHLINE_A8)
   const int64_t rows = x.size(0), k_total = x.size(1), groups = k_total / kGroup;
   const int64_t rows_per_share = std::max<int64_t>(1, 16384 / k_total);
   auto each_row = [&](const auto* xp) {
     at::parallel_for(0, rows, rows_per_share, [&](int64_t begin, int64_t end) {
       for (int64_t m = begin; m < end; ++m) {
-        quantize_row(xp + m * k_total, groups, codes + m * k_total, scales + m * groups,
-                     sums + m * groups);
+        quantize_row(xp + m * k_total, groups, layout.row(m, codes, scales, sums, scaled_sums));
       }
     });
   };
@@ -441,47 +497,52 @@ void quantize_rows(const at::Tensor& x, int8_t* codes, float* scales, int32_t* s
 #endif
 }
 
-// x's int8 codes, scales and code sums per row and group, as tensors (int8_activations).
-std::tuple<at::Tensor, at::Tensor, at::Tensor> quantized(const at::Tensor& x) {
-  const int64_t rows = x.size(0), k_total = x.size(1), groups = k_total / kGroup;
-  auto codes = at::empty({rows, k_total}, x.options().dtype(at::kChar));
-  auto scales = at::empty({rows, groups}, x.options().dtype(at::kFloat));
-  auto sums = at::empty({rows, groups}, x.options().dtype(at::kInt));
-  quantize_rows(x, codes.data_ptr<int8_t>(), scales.data_ptr<float>(), sums.data_ptr<int32_t>());
-  return {codes, scales, sums};
-}
-
 // Inputs up to which a product's quantized rows go into buffers its calling thread keeps
-// (a decode step's linears would otherwise allocate three tensors each call, ~1 us of a
+// (a decode step's linears would otherwise allocate their arrays each call, ~1 us of a
 // 12-30 us call at 360M); larger ones (a prefill chunk's) into tensors of their own.
 constexpr int64_t kScratchInputs = 1 << 16;
 
-// x quantized (quantized()'s three arrays), in the calling thread's buffers where it is small.
+// x quantized per row and group, in blocks of `block` rows (RowLayout), in the calling
+// thread's buffers where it is small.
 class QuantizedRows {
  public:
-  explicit QuantizedRows(const at::Tensor& x) {
+  QuantizedRows(const at::Tensor& x, int64_t block)
+      : layout_{x.size(0), x.size(1) / kGroup, block}, k_total_(x.size(1)) {
+    const int64_t numbers = layout_.rows * layout_.groups;
     if (x.numel() > kScratchInputs) {
-      owned_ = quantized(x);
-      codes_ = std::get<0>(owned_).data_ptr<int8_t>();
-      scales_ = std::get<1>(owned_).data_ptr<float>();
-      sums_ = std::get<2>(owned_).data_ptr<int32_t>();
-      return;
+      owned_codes_ = at::empty({x.numel()}, x.options().dtype(at::kChar));
+      owned_floats_ = at::empty({2 * numbers}, x.options().dtype(at::kFloat));
+      owned_sums_ = at::empty({numbers}, x.options().dtype(at::kInt));
+      codes_ = owned_codes_.data_ptr<int8_t>();
+      scales_ = owned_floats_.data_ptr<float>();
+      sums_ = owned_sums_.data_ptr<int32_t>();
+    } else {
+      thread_local std::vector<int8_t> codes(kScratchInputs);
+      thread_local std::vector<float> floats(2 * kScratchInputs / kGroup);
+      thread_local std::vector<int32_t> sums(kScratchInputs / kGroup);
+      codes_ = codes.data(), scales_ = floats.data(), sums_ = sums.data();
     }
-    thread_local std::vector<int8_t> codes(kScratchInputs);
-    thread_local std::vector<float> scales(kScratchInputs / kGroup);
-    thread_local std::vector<int32_t> sums(kScratchInputs / kGroup);
-    codes_ = codes.data(), scales_ = scales.data(), sums_ = sums.data();
-    quantize_rows(x, codes_, scales_, sums_);
+    scaled_sums_ = scales_ + numbers;
+    quantize_rows(x, layout_, codes_, scales_, sums_, scaled_sums_);
   }
+  // The plain layout's arrays (blocks of one row, or a single row)
   const int8_t* codes() const { return codes_; }
   const float* scales() const { return scales_; }
   const int32_t* sums() const { return sums_; }
+  // The block of rows [m0, m0 + block), m0 a multiple of the block
+  BlockRows block(int64_t m0) const {
+    const int64_t first = m0 * layout_.groups;
+    return {codes_ + m0 * k_total_, scales_ + first, sums_ + first, scaled_sums_ + first};
+  }
 
  private:
-  std::tuple<at::Tensor, at::Tensor, at::Tensor> owned_;
+  RowLayout layout_;
+  int64_t k_total_;
+  at::Tensor owned_codes_, owned_floats_, owned_sums_;
   int8_t* codes_;
   float* scales_;
   int32_t* sums_;
+  float* scaled_sums_;
 };
 
 // Runs f(std::integral_constant<int, C>{}) for streams C of 1, 2, 4 or 8 (checked before).
@@ -548,7 +609,7 @@ at::Tensor int4_linear_a8(const at::Tensor& x, const at::Tensor& packed, int64_t
   auto out = at::empty({rows, n}, x.options().dtype(at::kFloat));
   if (rows == 0) return in_dtype_of(out, x);
 #if defined(BATCHLINE_A8)
-  const QuantizedRows xq(x);
+  const QuantizedRows xq(x, width == 512 ? kMaxRows : 1);  // blocks for the VNNI path's passes
   const int8_t* cp = xq.codes();
   const float* sp = xq.scales();
   const int32_t* up = xq.sums();
@@ -575,8 +636,8 @@ at::Tensor int4_linear_a8(const at::Tensor& x, const at::Tensor& packed, int64_t
         if (width == 512) {
           for (int64_t m0 = 0; m0 < rows; m0 += kMaxRows) {
             with_rows<kMaxRows>(std::min(kMaxRows, rows - m0), [&](auto r) {
-              tile_rows_vnni<Int4Tiles<kL>, decltype(r)::value>(tile, groups, cp, k_total, sp, up, m0,
-                                                     bias_ptr, n0, cols, n, op);
+              tile_rows_vnni<Int4Tiles<kL>, decltype(r)::value>(tile, groups, xq.block(m0), m0,
+                                                                bias_ptr, n0, cols, n, op);
             });
           }
           return;
@@ -617,10 +678,9 @@ at::Tensor int8g_linear_a8(const at::Tensor& x, const at::Tensor& packed, int64_
   auto out = at::empty({rows, n}, x.options().dtype(at::kFloat));
   if (rows == 0) return in_dtype_of(out, x);
 #if defined(BATCHLINE_A8)
-  const QuantizedRows xq(x);
+  const QuantizedRows xq(x, width == 512 ? kMaxRows : 1);
   const int8_t* cp = xq.codes();
   const float* sp = xq.scales();
-  const int32_t* up = xq.sums();
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   float* op = out.data_ptr<float>();
   const int64_t tile_bytes = groups * kBlockInt8;
@@ -637,8 +697,9 @@ at::Tensor int8g_linear_a8(const at::Tensor& x, const at::Tensor& packed, int64_
       if (width == 512) {
         for (int64_t m0 = 0; m0 < rows; m0 += kMaxRows) {
           with_rows<kMaxRows>(std::min(kMaxRows, rows - m0), [&](auto r) {
-            tile_rows_vnni<Int8Tiles, decltype(r)::value>(wp + t * tile_bytes, groups, cp, k_total, sp, up,
-                                               m0, bias_ptr, n0, cols, n, op);
+            tile_rows_vnni<Int8Tiles, decltype(r)::value>(wp + t * tile_bytes, groups,
+                                                          xq.block(m0), m0, bias_ptr, n0, cols,
+                                                          n, op);
           });
         }
         continue;
@@ -658,7 +719,13 @@ at::Tensor int8g_linear_a8(const at::Tensor& x, const at::Tensor& packed, int64_
 
 std::tuple<at::Tensor, at::Tensor> int8_activations(const at::Tensor& x) {
   check_x(x, "int8_activations");
-  auto [codes, scales, sums] = quantized(x);
+  const int64_t rows = x.size(0), k_total = x.size(1), groups = k_total / kGroup;
+  auto codes = at::empty({rows, k_total}, x.options().dtype(at::kChar));
+  auto scales = at::empty({rows, groups}, x.options().dtype(at::kFloat));
+  auto sums = at::empty({rows, groups}, x.options().dtype(at::kInt));
+  auto scaled_sums = at::empty({rows, groups}, x.options().dtype(at::kFloat));
+  quantize_rows(x, RowLayout{rows, groups, 1}, codes.data_ptr<int8_t>(), scales.data_ptr<float>(),
+                sums.data_ptr<int32_t>(), scaled_sums.data_ptr<float>());
   return {codes, scales};
 }
 
