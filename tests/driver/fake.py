@@ -21,7 +21,7 @@ import json
 import threading
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,12 +57,15 @@ class FakeReplica:
     ``script``: statuses for the first requests (``(status, retry_after)`` or ``"hang"``).
     ``poison``: a text containing it gets the whole request a 400.
     ``corrupt``: a scripted 200 whose body is wrong (``count``, ``index``, ``dim``, ``nan``).
+    ``gate``: awaited before each request is answered (in-process only: a test's own condition
+    in place of a delay, so that an order of events holds however loaded the machine is).
     """
 
     dim: int = DIM
     script: list[Any] = field(default_factory=list)
     poison: str | None = None
     delay_s: float = 0.0
+    gate: Callable[[], Awaitable[None]] | None = None
     ready: bool = True
     model: str = "fake-model"
     hits: list[Hit] = field(default_factory=list)
@@ -133,6 +136,8 @@ class FakeReplica:
             return 422, {}, {"detail": "not JSON"}
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
+        if self.gate is not None:
+            await self.gate()
         if self.script and self.script[0] == "hang":
             self.next_action()
             await asyncio.sleep(3600)

@@ -124,11 +124,24 @@ async def test_the_concurrency_cap_spans_all_endpoints(tmp_path: Path) -> None:
 
 
 async def test_a_slow_replica_gets_fewer_chunks(tmp_path: Path) -> None:
+    """A answers nothing until B has answered 24 of the 30 chunks: meanwhile the least-loaded
+    pick sends every freed slot to B, so A gets the 2 chunks it was given at the start and at
+    most the last 4. (Replicas slow by a delay let a loaded machine decide: with A at 50 ms and
+    B at 2 ms, a run beside the rest of the suite split 10 / 20.)"""
     src = write_jsonl(tmp_path / "in.jsonl", texts(300))
-    replicas = Replicas(a=FakeReplica(delay_s=0.05), b=FakeReplica(delay_s=0.002))
+    fast = FakeReplica()
+
+    async def until_fast_answered_24() -> None:
+        for _ in range(20_000):  # bounded: at worst the split below says what happened
+            if sum(hit.status == 200 for hit in fast.hits) >= 24:
+                return
+            await asyncio.sleep(0.001)
+
+    replicas = Replicas(a=FakeReplica(gate=until_fast_answered_24), b=fast)
     summary = await drive_job(options(src, tmp_path / "out"), transport=replicas.transport)
     per = {r.url: r.requests for r in summary.endpoints}
-    assert per[B] > 2 * per[A]
+    assert per[A] + per[B] == 30
+    assert per[A] <= 6 < 24 <= per[B], per
 
 
 async def test_retryable_errors_are_retried_and_nothing_is_lost(tmp_path: Path) -> None:
