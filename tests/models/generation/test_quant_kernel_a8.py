@@ -183,6 +183,36 @@ def test_no_rows_give_an_empty_product_and_bad_inputs_say_what_is_wrong(a8_libra
         a8(torch.randn(2, 64), packed, 32, None, 128)
 
 
+def test_the_load_log_names_int8_rows_where_the_load_sums_them(
+    a8_library: None, torch_threads: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the load sums rows as int8, the report says so, not the float path the rows no
+    longer take (it said "in AVX-512 vectors, float32 activations" beside "int8 activations"):
+    every row in float32, and in bf16 where no AMX tiles take a step's many rows."""
+    from batchline.models.generation.lean_llama import fuse_projections
+    from batchline.models.generation.quantize import _kernel_path, quantize_linears
+
+    from .conftest import build_tiny_llama
+
+    every = "batchline's kernel, every row summed as int8"
+    monkeypatch.setattr(ik, "A8_BF16_ROWS", ik.EVERY_ROW)  # a host without AMX
+    assert _kernel_path("int4", torch.float32, int8_rows=True) == every
+    assert _kernel_path("int4", torch.bfloat16, int8_rows=True) == every
+    model = build_tiny_llama()
+    fuse_projections(model)
+    report = quantize_linears(model, "int4", torch.float32, int8_rows=True)
+    assert f"through {every} (" in str(report)
+    plain = quantize_linears(build_tiny_llama(), "int4", torch.float32)
+    assert "float32 activations" in str(plain)
+    assert every not in str(plain)
+    monkeypatch.setattr(ik, "A8_BF16_ROWS", ik.A8_BF16_ROWS_AMX)  # an AMX host
+    assert _kernel_path("int4", torch.float32, int8_rows=True) == every
+    assert _kernel_path("int4", torch.bfloat16, int8_rows=True) == (
+        f"batchline's kernel, fewer than {ik.A8_BF16_ROWS_AMX} rows summed as int8 and more on "
+        "AMX tiles"
+    )
+
+
 @pytest.mark.parametrize("kind", ["int4", "int8g"])
 def test_a_layer_marked_takes_int8_rows_and_a_bf16_row_does_not(
     a8_library: None, torch_threads: None, kind: str

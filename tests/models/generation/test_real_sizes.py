@@ -332,7 +332,10 @@ def test_the_load_log_says_the_bytes_of_each_format_and_the_kernel(
     said = "int4 in groups of 32 with 8-bit steps" if weights == "int4" and own4 else kind
     assert f"8 linears as {said} through " in line
     own = quant_kernel.own_kernels(amx=weights == "int8" and not groups)[0]
-    assert ("through batchline's kernel on " in line) == own
+    assert ("through batchline's kernel" in line) == own, line
+    # where the load sums the own layout's rows as int8, the path says so
+    int8_rows = "int8 activations" in line and (weights == "int4" or groups)
+    assert ("summed as int8 (" in line) == (own and int8_rows), line
     if own and quant_kernel.own_kernels(amx=True)[0]:
         assert "AMX tiles" in line
     loaded.close()

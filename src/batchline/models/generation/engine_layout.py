@@ -122,7 +122,11 @@ def lay_out_weights(
     for layer in model.model.layers:  # type: ignore[union-attr]
         before = list(layer.parameters())
         if id(layer) in fusable:
-            early = fuse_quantized(layer, weights, dtype, scale_dtype) if quantize else None
+            early = (
+                fuse_quantized(layer, weights, dtype, scale_dtype, int8_rows=int8_rows)
+                if quantize
+                else None
+            )
             if early is not None:  # fused as it was packed: no fused float copy was made
                 fused += early.linears
                 report = early if report is None else report + early

@@ -158,7 +158,9 @@ def quantize_linears(
         len(swaps),
         before,
         after,
-        _kernel_path(kind, dtype) if own else "torch's kernel",
+        _kernel_path(kind, dtype, int8_rows=int8_rows and (own_int4 or int8_groups))
+        if own
+        else "torch's kernel",
         layout=STEPS_LAYOUT if own_int4 and swaps else None,
     )
 
@@ -267,6 +269,8 @@ def fuse_quantized(
     kind: str,
     dtype: torch.dtype,
     scale_dtype: torch.dtype | None = None,
+    *,
+    int8_rows: bool = False,
 ) -> QuantReport | None:
     """Fuse ``layer``'s q/k/v and gate/up linears (its
     :func:`~batchline.models.generation.projections.fusable_groups`) as int4 for the own kernel in
@@ -276,7 +280,8 @@ def fuse_quantized(
     :func:`quantize_linears` reports it (a linear a group); None where it fused nothing: the
     kernel does not run here for ``dtype``, ``kind`` is not int4, or no group's parts
     are plain CPU linears of one width, 16 | rows and 32 | inputs, with a bias each or none.
-    The packed bytes are those of fusing and quantizing in turn (the codes are per row)."""
+    The packed bytes are those of fusing and quantizing in turn (the codes are per row).
+    ``int8_rows``: the load sums rows as int8 (the report's words for the kernel's path)."""
     if not _own_int4(kind, dtype):
         return None
     from batchline.models.generation import quant_kernel
@@ -302,7 +307,7 @@ def fuse_quantized(
         )
         join_projections(group.module, group.name, group.parts, joined, sizes)
         before = sum(w.numel() * w.element_size() for w in weights)
-        path = _kernel_path("int4", dtype)
+        path = _kernel_path("int4", dtype, int8_rows=int8_rows)
         done = QuantReport("int4", 1, before, joined.weight_bytes, path, layout=STEPS_LAYOUT)
         report = done if report is None else report + done
     return report
@@ -323,8 +328,8 @@ def _own_int4(kind: str, dtype: torch.dtype) -> bool:
 
 #: The report's words for int8 in groups held in the int8 layout (a head's, in the load log)...
 INT8_LAYOUT = "in the int8 layout"
-#: ... and for the kernel's path it takes: every row summed as int8.
-_INT8_LAYOUT_PATH = "batchline's kernel, every row summed as int8"
+#: ... and for the kernel's path it takes, as any layer's where every row is summed as int8.
+_EVERY_ROW_INT8_PATH = "batchline's kernel, every row summed as int8"
 #: The report's words for :func:`_int4_packed`'s layout.
 STEPS_LAYOUT = "in groups of 32 with 8-bit steps"
 
@@ -402,9 +407,9 @@ def int8_groups_head(
     layer = QuantLinear.own_int4(packed, n, k, kind="int8g", bias=bias)
     before = n * k * weight.dtype.itemsize
     if layer.int8_layout:
-        path, layout = _INT8_LAYOUT_PATH, INT8_LAYOUT
+        path, layout = _EVERY_ROW_INT8_PATH, INT8_LAYOUT
     else:
-        path, layout = _kernel_path("int4", dtype), None
+        path, layout = _kernel_path("int4", dtype, int8_rows=int8_rows), None
     return layer, QuantReport("int8g", 1, before, layer.weight_bytes, path, layout=layout)
 
 
@@ -435,10 +440,19 @@ def int8_groups_here(in_features: int, dtype: torch.dtype) -> bool:
     return in_features % quant_kernel.GROUP == 0 and _own_int4("int4", dtype)
 
 
-def _kernel_path(kind: str, dtype: torch.dtype = torch.bfloat16) -> str:
-    """Which of the own kernel's paths a decode step's rows take, in the load log's words."""
+def _kernel_path(kind: str, dtype: torch.dtype = torch.bfloat16, *, int8_rows: bool = False) -> str:
+    """Which of the own kernel's paths a decode step's rows take, in the load log's words;
+    ``int8_rows``: the layers sum their rows as int8 (float32 ones, and bf16 ones below
+    :data:`~.quant_kernel.A8_BF16_ROWS`: every one but on AMX, where more go to the tiles)."""
     from batchline.models.generation import quant_kernel
 
+    if int8_rows:
+        if dtype == torch.float32 or quant_kernel.A8_BF16_ROWS == quant_kernel.EVERY_ROW:
+            return _EVERY_ROW_INT8_PATH
+        return (
+            f"batchline's kernel, fewer than {quant_kernel.A8_BF16_ROWS} rows summed as int8 "
+            "and more on AMX tiles"
+        )
     if dtype == torch.float32:
         return f"batchline's kernel in {quant_kernel.f32_vectors()}, float32 activations"
     if not quant_kernel.own_kernels(amx=True)[0]:
