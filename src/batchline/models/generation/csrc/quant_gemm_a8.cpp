@@ -173,28 +173,36 @@ inline void store_totals(const float (&total)[R][kTile], int64_t m0, int64_t n0,
   }
 }
 
+// One block of the quantized rows as QuantizedRows lays them out (RowLayout): R rows' codes
+// group by group (group g's R x 32 codes at codes + g * R * 32), and per group their R scales,
+// code sums and scaled sums (group g's at [g * R]).
+struct BlockRows {
+  const int8_t* codes;
+  const float* scales;
+  const int32_t* sums;
+  const float* scaled_sums;
+};
+
 // The 256-bit path: rows [m0, m0 + R) of one tile, its 16 columns two halves of 8. Each
 // (row, half) sums its group in one 16-bit accumulator; R up to 4 keeps them and the chunk's
 // codes in AVX2's 16 registers, the totals in memory.
 constexpr int64_t kMaxRows256 = 4;
 
 template <Layout L, int R>
-void tile_rows_a8_256(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t k_total,
-                      const float* xscale, const int32_t* xsum, int64_t m0, const float* bias,
-                      int64_t n0, int64_t cols, int64_t n_total, float* out) {
+void tile_rows_a8_256(const uint8_t* tile, int64_t groups, const BlockRows& xb, int64_t m0,
+                      const float* bias, int64_t n0, int64_t cols, int64_t n_total, float* out) {
   constexpr int64_t bytes = block_bytes<L>();
   const __m256i low_nibbles = _mm256_set1_epi32(0x0F0F0F0F);
   const __m256i ones = _mm256_set1_epi16(1);
   const __m256 eight = _mm256_set1_ps(8.f);
   alignas(32) float total[R][kTile];
   start_totals<R>(total, bias, n0, cols);
-  const int8_t* xm = xq + m0 * k_total;
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* block = tile + g * bytes;
     prefetch_ahead(block, bytes);
     __m256i acc[R][2];
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
-    const int8_t* xg = xm + g * kGroup;
+    const int8_t* xg = xb.codes + g * R * kGroup;
     for (int c = 0; c < 8; ++c) {
       for (int h = 0; h < 2; ++h) {  // columns 8h..8h+7: their words
         const __m256i v = _mm256_cvtepu16_epi32(
@@ -202,7 +210,7 @@ void tile_rows_a8_256(const uint8_t* tile, int64_t groups, const int8_t* xq, int
         const __m256i w =
             _mm256_and_si256(_mm256_or_si256(v, _mm256_slli_epi32(v, 12)), low_nibbles);
         for (int r = 0; r < R; ++r) {
-          const __m256i xr = _mm256_set1_epi32(four_codes(xg + r * k_total + 4 * c));
+          const __m256i xr = _mm256_set1_epi32(four_codes(xg + r * kGroup + 4 * c));
           acc[r][h] = _mm256_add_epi16(acc[r][h], _mm256_maddubs_epi16(w, xr));
         }
       }
@@ -213,11 +221,11 @@ void tile_rows_a8_256(const uint8_t* tile, int64_t groups, const int8_t* xq, int
       zero = _mm256_fnmadd_ps(eight, scale, zero);
       for (int r = 0; r < R; ++r) {
         const __m256i sum = _mm256_madd_epi16(acc[r][h], ones);
-        const int64_t at = (m0 + r) * groups + g;
-        const float dx = xscale[at];
+        const int64_t at = g * R + r;
+        const float dx = xb.scales[at];
         __m256 t = _mm256_load_ps(total[r] + 8 * h);
         t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(scale, _mm256_set1_ps(dx)), t);
-        t = _mm256_fmadd_ps(_mm256_set1_ps(dx * static_cast<float>(xsum[at])), zero, t);
+        t = _mm256_fmadd_ps(_mm256_set1_ps(xb.scaled_sums[at]), zero, t);
         _mm256_store_ps(total[r] + 8 * h, t);
       }
     }
@@ -227,26 +235,25 @@ void tile_rows_a8_256(const uint8_t* tile, int64_t groups, const int8_t* xq, int
 
 // The int8 layout's counterpart of tile_rows_a8_256: rows [m0, m0 + R) of one tile.
 template <int R>
-void tile_rows_int8_256(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t k_total,
-                        const float* xscale, int64_t m0, const float* bias, int64_t n0,
-                        int64_t cols, int64_t n_total, float* out) {
+void tile_rows_int8_256(const uint8_t* tile, int64_t groups, const BlockRows& xb, int64_t m0,
+                        const float* bias, int64_t n0, int64_t cols, int64_t n_total,
+                        float* out) {
   const __m256i ones = _mm256_set1_epi16(1);
   alignas(32) float total[R][kTile];
   start_totals<R>(total, bias, n0, cols);
-  const int8_t* xm = xq + m0 * k_total;
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* block = tile + g * kBlockInt8;
     prefetch_ahead(block, kBlockInt8);
     __m256i acc[R][2];
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
-    const int8_t* xg = xm + g * kGroup;
+    const int8_t* xg = xb.codes + g * R * kGroup;
     for (int c = 0; c < 8; ++c) {
       for (int h = 0; h < 2; ++h) {  // columns 8h..8h+7: a dword each
         const __m256i w =
             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * c + 32 * h));
         const __m256i magnitude = _mm256_abs_epi8(w);
         for (int r = 0; r < R; ++r) {
-          const __m256i xr = _mm256_set1_epi32(four_codes(xg + r * k_total + 4 * c));
+          const __m256i xr = _mm256_set1_epi32(four_codes(xg + r * kGroup + 4 * c));
           const __m256i pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(xr, w));
           acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(pairs, ones));
         }
@@ -256,7 +263,7 @@ void tile_rows_int8_256(const uint8_t* tile, int64_t groups, const int8_t* xq, i
       const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 512 + 16 * h));
       const __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
       for (int r = 0; r < R; ++r) {
-        const float dx = xscale[(m0 + r) * groups + g];
+        const float dx = xb.scales[g * R + r];
         __m256 t = _mm256_load_ps(total[r] + 8 * h);
         t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][h]), _mm256_mul_ps(scale, _mm256_set1_ps(dx)),
                             t);
@@ -270,16 +277,6 @@ void tile_rows_int8_256(const uint8_t* tile, int64_t groups, const int8_t* xq, i
 #else
 constexpr bool kBuilt = false;
 #endif
-
-// One block of the quantized rows as QuantizedRows lays them out (RowLayout): R rows' codes
-// group by group (group g's R x 32 codes at codes + g * R * 32), and per group their R scales,
-// code sums and scaled sums (group g's at [g * R]).
-struct BlockRows {
-  const int8_t* codes;
-  const float* scales;
-  const int32_t* sums;
-  const float* scaled_sums;
-};
 
 #if defined(BATCHLINE_A8_VNNI)
 inline __m512i broadcast4(const int8_t* p) {  // 4 int8 codes into every 32-bit lane
@@ -452,18 +449,19 @@ at::Tensor in_dtype_of(const at::Tensor& out, const at::Tensor& x) {
   return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
 }
 
-// How the quantized rows lie: in blocks of `block` rows (the last block holds the rest), each
-// block's groups one after another, within a group its rows' 32 codes one after another (and
-// its rows' scales, code sums and scaled sums likewise). A pass of the VNNI path over one
-// block then reads each from one pointer at fixed offsets. With the rows K bytes apart, GCC
-// kept a register per row and took the numbers' addresses from the stack, and the scaled sum
-// was a conversion and a multiply per row and group: an 8-row pass over a tile in L1 ran 107
-// cycles a group against 95 so (a standalone loop of the same operations; its 64 vpdpbusd
-// alone take 65: Zen 4 issues one 512-bit vpdpbusd, FMA, multiply or ternary logic a cycle,
-// all on the same two pipes). benchmarks/bench_a8_kernel.py (Zen 4, 2 threads, 2026-12-06, the
-// two builds in turn): 8 to 256 rows x0.78-0.89 the time. Blocks of one row are the plain
-// layout, row m's group g at m * K + 32 g, which the AVX2 path and int8_activations read; a
-// single row lies the same in both.
+// How the quantized rows lie: in blocks of `block` rows, a pass's (kMaxRows on the VNNI path,
+// kMaxRows256 on the AVX2 one; the last block holds the rest), each block's groups one after
+// another, within a group its rows' 32 codes one after another (and its rows' scales, code
+// sums and scaled sums likewise). A pass over one block then reads each from one pointer at
+// fixed offsets. With the rows K bytes apart, GCC kept a register per row and took the
+// numbers' addresses from the stack, and the scaled sum was a conversion and a multiply per
+// row and group: an 8-row VNNI pass over a tile in L1 ran 107 cycles a group against 95 so (a
+// standalone loop of the same operations; its 64 vpdpbusd alone take 65: Zen 4 issues one
+// 512-bit vpdpbusd, FMA, multiply or ternary logic a cycle, all on the same two pipes).
+// benchmarks/bench_a8_kernel.py (Zen 4, 2 threads, 2026-12-06, the two builds in turn): 8 to
+// 256 rows x0.78-0.89 the time; the AVX2 path on the same host, 4 to 64 rows, x0.92-0.97 (not
+// measured on an AVX2-only CPU). Blocks of one row are the plain layout, row m's group g at
+// m * K + 32 g (int8_activations'); a single row lies the same in any.
 struct RowLayout {
   int64_t rows, groups, block;
 
@@ -525,7 +523,7 @@ class QuantizedRows {
     scaled_sums_ = scales_ + numbers;
     quantize_rows(x, layout_, codes_, scales_, sums_, scaled_sums_);
   }
-  // The plain layout's arrays (blocks of one row, or a single row)
+  // A single row's arrays (the one-row path's)
   const int8_t* codes() const { return codes_; }
   const float* scales() const { return scales_; }
   const int32_t* sums() const { return sums_; }
@@ -609,10 +607,7 @@ at::Tensor int4_linear_a8(const at::Tensor& x, const at::Tensor& packed, int64_t
   auto out = at::empty({rows, n}, x.options().dtype(at::kFloat));
   if (rows == 0) return in_dtype_of(out, x);
 #if defined(BATCHLINE_A8)
-  const QuantizedRows xq(x, width == 512 ? kMaxRows : 1);  // blocks for the VNNI path's passes
-  const int8_t* cp = xq.codes();
-  const float* sp = xq.scales();
-  const int32_t* up = xq.sums();
+  const QuantizedRows xq(x, width == 512 ? kMaxRows : kMaxRows256);  // a pass's rows a block
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   float* op = out.data_ptr<float>();
   const int64_t tile_bytes = groups * packed.size(2);
@@ -645,8 +640,8 @@ at::Tensor int4_linear_a8(const at::Tensor& x, const at::Tensor& packed, int64_t
 #endif
         for (int64_t m0 = 0; m0 < rows; m0 += kMaxRows256) {
           with_rows<kMaxRows256>(std::min(kMaxRows256, rows - m0), [&](auto r) {
-            tile_rows_a8_256<kL, decltype(r)::value>(tile, groups, cp, k_total, sp, up, m0,
-                                                       bias_ptr, n0, cols, n, op);
+            tile_rows_a8_256<kL, decltype(r)::value>(tile, groups, xq.block(m0), m0, bias_ptr, n0,
+                                                       cols, n, op);
           });
         }
       });
@@ -678,9 +673,7 @@ at::Tensor int8g_linear_a8(const at::Tensor& x, const at::Tensor& packed, int64_
   auto out = at::empty({rows, n}, x.options().dtype(at::kFloat));
   if (rows == 0) return in_dtype_of(out, x);
 #if defined(BATCHLINE_A8)
-  const QuantizedRows xq(x, width == 512 ? kMaxRows : 1);
-  const int8_t* cp = xq.codes();
-  const float* sp = xq.scales();
+  const QuantizedRows xq(x, width == 512 ? kMaxRows : kMaxRows256);
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   float* op = out.data_ptr<float>();
   const int64_t tile_bytes = groups * kBlockInt8;
@@ -707,7 +700,7 @@ at::Tensor int8g_linear_a8(const at::Tensor& x, const at::Tensor& packed, int64_
 #endif
       for (int64_t m0 = 0; m0 < rows; m0 += kMaxRows256) {
         with_rows<kMaxRows256>(std::min(kMaxRows256, rows - m0), [&](auto r) {
-          tile_rows_int8_256<decltype(r)::value>(wp + t * tile_bytes, groups, cp, k_total, sp, m0,
+          tile_rows_int8_256<decltype(r)::value>(wp + t * tile_bytes, groups, xq.block(m0), m0,
                                                  bias_ptr, n0, cols, n, op);
         });
       }
