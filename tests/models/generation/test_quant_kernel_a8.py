@@ -1,8 +1,9 @@
 """batchline's int4 linear with int8 activations (``csrc/quant_gemm_a8.cpp``): float32 rows
 quantized per group of 32 as the header says, bit for bit against the rule written in torch;
 the product against the float64 product of the quantized rows and the dequantized weight for
-1-17 rows and 300 (past the per-thread buffers) on both layouts; the same bits at any thread count; its errors; the layers that take
-it; and which hosts and models take it (``choose_activations``)."""
+1-17 rows and 300 (past the per-thread buffers) on both layouts; the same bits at any thread
+count; its errors; the layers that take it; and which hosts and models take it
+(``choose_activations``)."""
 
 from __future__ import annotations
 
