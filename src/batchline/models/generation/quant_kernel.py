@@ -80,6 +80,7 @@ __all__ = [
     "INT8G_WIDE_ROWS",
     "INT8_AMX_ROWS",
     "TILE",
+    "every_row_int8",
     "f32_vectors",
     "int4_dequantize",
     "int4_linear",
@@ -151,6 +152,7 @@ A8_BF16_ROWS_AMX = 5
 #: bf16 model with every row as int8 x0.98-1.06 float32's at 16 clients, x1.01-1.07 at one
 #: (2026-12-06, ``torch_dtype.KIND_DEFAULTS``).
 A8_BF16_ROWS = A8_BF16_ROWS_AMX if host_kind(host_flags()).name == "amx" else EVERY_ROW
+
 #: The fewest rows the int8 layout's product (:func:`int8g_linear`) takes through the 512-bit
 #: path (VNNI, 8 rows a pass) rather than the 256-bit one (4): Zen 4, 2 threads, 2026-12-05,
 #: 512 / 256 time at 1, 2, 4, 8, 16 rows: x0.99-1.12, x1.02-1.10, x0.84-1.03, x0.50-0.68,
@@ -219,6 +221,12 @@ def own_kernels(*, amx: bool = False, dtype: torch.dtype = torch.bfloat16) -> tu
     if amx and "amx_bf16" not in flags:
         return False, "the CPU has no AMX"
     return True, where
+
+
+def every_row_int8(dtype: torch.dtype) -> bool:
+    """Whether a layer that sums its rows as int8 (``int8_rows``) sums every row of ``dtype``
+    so: float32 rows always, bf16 ones where :data:`A8_BF16_ROWS` is every row (no AMX)."""
+    return dtype == torch.float32 or A8_BF16_ROWS == EVERY_ROW
 
 
 def int8_activations_here() -> tuple[bool, str]:

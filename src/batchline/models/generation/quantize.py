@@ -176,10 +176,8 @@ def int8_groups_for(dtype: torch.dtype, *, int8_rows: bool = False) -> bool:
     faster than the int8 layout (``benchmarks/bench_int8_layout_bf16.py``)."""
     from batchline.models.generation import quant_kernel
 
-    every_row = int8_rows and quant_kernel.A8_BF16_ROWS == quant_kernel.EVERY_ROW
-    return (dtype == torch.float32 or (dtype == torch.bfloat16 and every_row)) and _own_int4(
-        "int4", dtype
-    )
+    bf16_every_row = int8_rows and dtype == torch.bfloat16 and quant_kernel.every_row_int8(dtype)
+    return (dtype == torch.float32 or bf16_every_row) and _own_int4("int4", dtype)
 
 
 #: The rows of a weight quantized and packed for the own kernel at a time (a multiple of its
@@ -447,7 +445,7 @@ def _kernel_path(kind: str, dtype: torch.dtype = torch.bfloat16, *, int8_rows: b
     from batchline.models.generation import quant_kernel
 
     if int8_rows:
-        if dtype == torch.float32 or quant_kernel.A8_BF16_ROWS == quant_kernel.EVERY_ROW:
+        if quant_kernel.every_row_int8(dtype):
             return _EVERY_ROW_INT8_PATH
         return (
             f"batchline's kernel, fewer than {quant_kernel.A8_BF16_ROWS} rows summed as int8 "

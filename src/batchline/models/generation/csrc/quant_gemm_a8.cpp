@@ -306,16 +306,11 @@ struct Int4Tiles {
 
   struct Group {
     __m512 scale, zero;  // zero: the layout's zero less 8 * scale
-    __m512 add(__m512i sum, float dx, int32_t xsum, __m512 total) const {
-      total = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(scale, _mm512_set1_ps(dx)),
-                              total);
-      return _mm512_fmadd_ps(_mm512_set1_ps(dx * static_cast<float>(xsum)), zero, total);
-    }
-    // The same, dx * xsum given as quantize_row computed it (the same float product)
-    __m512 add(__m512i sum, float dx, int32_t, float scaled_sum, __m512 total) const {
-      total = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(scale, _mm512_set1_ps(dx)),
-                              total);
-      return _mm512_fmadd_ps(_mm512_set1_ps(scaled_sum), zero, total);
+    // sum: a row's integer sum of the group; x, at: its scale and scaled sum
+    __m512 add(__m512i sum, const BlockRows& x, int64_t at, __m512 total) const {
+      total = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum),
+                              _mm512_mul_ps(scale, _mm512_set1_ps(x.scales[at])), total);
+      return _mm512_fmadd_ps(_mm512_set1_ps(x.scaled_sums[at]), zero, total);
     }
   };
 
@@ -341,13 +336,11 @@ struct Int8Tiles {
 
   struct Group {
     __m512 scale;
-    __m512 add(__m512i sum, float dx, int32_t xsum, __m512 total) const {
-      sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(128 * xsum));
-      return _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(scale, _mm512_set1_ps(dx)),
-                             total);
-    }
-    __m512 add(__m512i sum, float dx, int32_t xsum, float, __m512 total) const {
-      return add(sum, dx, xsum, total);
+    // sum: a row's integer sum of the group; x, at: its scale and code sum
+    __m512 add(__m512i sum, const BlockRows& x, int64_t at, __m512 total) const {
+      sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(128 * x.sums[at]));
+      return _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum),
+                             _mm512_mul_ps(scale, _mm512_set1_ps(x.scales[at])), total);
     }
   };
 
@@ -387,8 +380,7 @@ void tile_rows_vnni(const uint8_t* tile, int64_t groups, const BlockRows& xb, in
     for (int r = 0; r < R; ++r) {
       __m512i sum = acc[r][0];
       for (int j = 1; j < kChains; ++j) sum = _mm512_add_epi32(sum, acc[r][j]);
-      total[r] = group.add(sum, xb.scales[at + r], xb.sums[at + r], xb.scaled_sums[at + r],
-                           total[r]);
+      total[r] = group.add(sum, xb, at + r, total[r]);
     }
   }
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(out + (m0 + r) * n_total + n0, valid, total[r]);
@@ -401,11 +393,11 @@ void tile_rows_vnni(const uint8_t* tile, int64_t groups, const BlockRows& xb, in
 // called in turn (8,192 -> 2,048 and -> 3,072: x0.79-0.83 with 8; 3,072 -> 5,120 and -> 16,384:
 // x0.86-0.89); at 2,048 inputs it was even (x0.96-1.02) and at a 360M's 960 and 2,560 one
 // stream was faster (8: x1.08-1.14). Per tile the same operations in the same order as
-// tile_rows_vnni<Tiles, 1>: the same bits. Tiles: Int4Tiles<L> or Int8Tiles.
+// tile_rows_vnni<Tiles, 1>: the same bits. Tiles: Int4Tiles<L> or Int8Tiles; x: the row (a
+// block of one).
 template <typename Tiles, int C>
-void row_by_tiles_a8(const uint8_t* tile, int64_t tile_bytes, int64_t groups, const int8_t* xq,
-                     const float* xscale, const int32_t* xsum, const float* bias, int64_t n0,
-                     int64_t n_total, float* out) {
+void row_by_tiles_a8(const uint8_t* tile, int64_t tile_bytes, int64_t groups, const BlockRows& x,
+                     const float* bias, int64_t n0, int64_t n_total, float* out) {
   const Tiles tiles;
   __mmask16 valid[C];
   __m512 total[C];
@@ -417,7 +409,7 @@ void row_by_tiles_a8(const uint8_t* tile, int64_t tile_bytes, int64_t groups, co
   for (int64_t g = 0; g < groups; ++g) {
     __m512i acc[C][2];
     for (int c = 0; c < C; ++c) acc[c][0] = acc[c][1] = _mm512_setzero_si512();
-    const int8_t* xg = xq + g * kGroup;
+    const int8_t* xg = x.codes + g * kGroup;
     for (int k = 0; k < 8; ++k) {
       const __m512i xk = broadcast4(xg + 4 * k);
       for (int c = 0; c < C; ++c) {
@@ -428,7 +420,7 @@ void row_by_tiles_a8(const uint8_t* tile, int64_t tile_bytes, int64_t groups, co
     for (int c = 0; c < C; ++c) {
       const auto group = tiles.group(tile + c * tile_bytes + g * Tiles::kBytes);
       const __m512i sum = _mm512_add_epi32(acc[c][0], acc[c][1]);
-      total[c] = group.add(sum, xscale[g], xsum[g], total[c]);
+      total[c] = group.add(sum, x, g, total[c]);
     }
   }
   for (int c = 0; c < C; ++c) _mm512_mask_storeu_ps(out + n0 + c * kTile, valid[c], total[c]);
@@ -505,7 +497,7 @@ constexpr int64_t kScratchInputs = 1 << 16;
 class QuantizedRows {
  public:
   QuantizedRows(const at::Tensor& x, int64_t block)
-      : layout_{x.size(0), x.size(1) / kGroup, block}, k_total_(x.size(1)) {
+      : layout_{x.size(0), x.size(1) / kGroup, block} {
     const int64_t numbers = layout_.rows * layout_.groups;
     if (x.numel() > kScratchInputs) {
       owned_codes_ = at::empty({x.numel()}, x.options().dtype(at::kChar));
@@ -523,19 +515,14 @@ class QuantizedRows {
     scaled_sums_ = scales_ + numbers;
     quantize_rows(x, layout_, codes_, scales_, sums_, scaled_sums_);
   }
-  // A single row's arrays (the one-row path's)
-  const int8_t* codes() const { return codes_; }
-  const float* scales() const { return scales_; }
-  const int32_t* sums() const { return sums_; }
   // The block of rows [m0, m0 + block), m0 a multiple of the block
   BlockRows block(int64_t m0) const {
     const int64_t first = m0 * layout_.groups;
-    return {codes_ + m0 * k_total_, scales_ + first, sums_ + first, scaled_sums_ + first};
+    return {codes_ + first * kGroup, scales_ + first, sums_ + first, scaled_sums_ + first};
   }
 
  private:
   RowLayout layout_;
-  int64_t k_total_;
   at::Tensor owned_codes_, owned_floats_, owned_sums_;
   int8_t* codes_;
   float* scales_;
@@ -568,20 +555,18 @@ template <typename Tiles>
 void one_row_by_streams(const uint8_t* wp, int64_t tiles, int64_t tile_bytes, int64_t groups,
                         const QuantizedRows& xq, const float* bias, int64_t n, int64_t streams,
                         float* out) {
-  const int8_t* cp = xq.codes();
-  const float* sp = xq.scales();
-  const int32_t* up = xq.sums();
+  const BlockRows x = xq.block(0);
   at::parallel_for(0, tiles, tiles_per_share(tile_bytes), [&](int64_t begin, int64_t end) {
     with_streams(streams, [&](auto c) {
       constexpr int kC = decltype(c)::value;
       int64_t t = begin;
       for (; t + kC <= end; t += kC) {
-        row_by_tiles_a8<Tiles, kC>(wp + t * tile_bytes, tile_bytes, groups, cp, sp, up, bias,
-                                   t * kTile, n, out);
+        row_by_tiles_a8<Tiles, kC>(wp + t * tile_bytes, tile_bytes, groups, x, bias, t * kTile, n,
+                                   out);
       }
       for (; t < end; ++t) {
-        row_by_tiles_a8<Tiles, 1>(wp + t * tile_bytes, tile_bytes, groups, cp, sp, up, bias,
-                                  t * kTile, n, out);
+        row_by_tiles_a8<Tiles, 1>(wp + t * tile_bytes, tile_bytes, groups, x, bias, t * kTile, n,
+                                  out);
       }
     });
   });
