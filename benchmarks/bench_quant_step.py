@@ -40,6 +40,10 @@ Alternated, a 1.7B int4 step was x0.43 bf16's in a run whose copy bandwidth reac
 x0.36 in one near 45: the ratio itself moves with the host's speed, int4's step lying further
 above its floor (x1.66 where bf16's was x1.16, the fast run).
 
+A format ending in ``@4k`` keeps its weights in the pages the allocator gave
+(``--set huge_pages=false``); without it the load moves them into 2 MiB pages, as ``run`` and
+``serve`` do. ``--alternate --formats int4:auto,int4:auto@4k`` times what that buys.
+
 ``--busy 0,0.25,0.5`` times the step while another process keeps one core busy that share of
 each 2 ms (0: none), as a server's HTTP thread and its clients do beside the step on a small
 host; each format's median step per share and its ratio to the first share's.
@@ -73,11 +77,17 @@ VOCAB = 49_152
 
 
 def copy_bandwidth(mib: int, repeats: int = 5) -> float:
-    """Bytes per second of a large tensor copy (read + write), the best of ``repeats``."""
+    """Bytes per second of a large tensor copy (read + write), the best of ``repeats``, both
+    buffers in 2 MiB pages where the kernel grants them, as the engine holds its weights (in
+    4 KiB pages a 512 MiB copy made x0.94 of this rate, the two taken in turn: Zen 4 EPYC,
+    2026-12-06), so that the floor is not lowered by pages the step does not read from."""
     import torch
 
+    from batchline.models.generation.huge_pages import into_huge_pages
+
     src = torch.ones(mib * 2**20 // 4, dtype=torch.float32)
-    dst = torch.empty_like(src)
+    dst = torch.zeros_like(src)
+    into_huge_pages([src, dst])
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
@@ -476,9 +486,12 @@ def _knobs(fmt: str, threads: int | None = None) -> Any:
     onednn`` or ``bfloat16:tiles`` names what computes its linears, ``auto`` where left out), or
     ``int8`` / ``int4`` computing in bf16, or ``int4:float32`` (a weight format, a dtype:
     ``int4:auto`` the one ``auto`` takes, what ``serve --set weights=int4`` runs), and
-    ``int4:float32:int8`` (and the activations: ``float``, ``int8``; ``auto`` where left out)."""
+    ``int4:float32:int8`` (and the activations: ``float``, ``int8``; ``auto`` where left out);
+    any of them ``@4k``: the weights left in the allocator's pages (``huge_pages=false``)."""
     from batchline.models.config import Knobs
 
+    fmt, _, pages = fmt.partition("@")
+    huge = pages != "4k"
     dense, _, kernel = fmt.partition(":")
     if dense in ("bfloat16", "float32"):
         return Knobs(
@@ -486,6 +499,7 @@ def _knobs(fmt: str, threads: int | None = None) -> Any:
             weights="float",
             dense_linears=kernel or "auto",
             generation_threads=threads,
+            huge_pages=huge,
         )
     weights, _, rest = fmt.partition(":")
     dtype, _, activations = rest.partition(":")
@@ -494,6 +508,7 @@ def _knobs(fmt: str, threads: int | None = None) -> Any:
         weights=weights,
         activations=activations or "auto",
         generation_threads=threads,
+        huge_pages=huge,
     )
 
 

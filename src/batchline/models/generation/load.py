@@ -275,6 +275,7 @@ def load_torch_generator(spec: ModelSpec, knobs: TorchEngineOptions) -> Generati
     from batchline.models.common.openmp import release_thread_pool
     from batchline.models.generation.engine_layout import lay_out_weights
     from batchline.models.generation.generators import build_generator
+    from batchline.models.generation.huge_pages import into_huge_pages, model_tensors
     from batchline.models.generation.quant_kernel import scale_dtype_for
     from batchline.models.generation.quant_linear import describe_step_weights, step_weight_count
     from batchline.models.generation.torch_engine import TorchStepEngine
@@ -314,6 +315,9 @@ def load_torch_generator(spec: ModelSpec, knobs: TorchEngineOptions) -> Generati
         engine = TorchStepEngine(model, max_step_tokens=knobs.max_step_tokens, tokenizer=tokenizer)
     except ValueError as exc:  # what the model asks of the engine that it cannot do
         raise ModelError(f"cannot generate with {spec.name!r}: {exc}") from exc
+    pages = None
+    if device.type == "cpu" and knobs.huge_pages:
+        pages = into_huge_pages(model_tensors(model))
     if device.type == "cpu":
         # The generator steps the engine on a thread of its own: this thread's idle OpenMP
         # workers would put the process over its cores, and every step's parallel products
@@ -321,7 +325,7 @@ def load_torch_generator(spec: ModelSpec, knobs: TorchEngineOptions) -> Generati
         release_thread_pool()
     logger.info(
         "%s: torch on %s, %s, %s, %s%s%s%s%s, %s of weights read per decode step, %s forward%s, "
-        "decode attention %s, %s intra-op thread(s), max_step_tokens %d; loaded in %.1f s",
+        "decode attention %s, %s intra-op thread(s), max_step_tokens %d%s; loaded in %.1f s",
         spec.name,
         knobs.device,
         choice,
@@ -339,6 +343,7 @@ def load_torch_generator(spec: ModelSpec, knobs: TorchEngineOptions) -> Generati
         engine.decode_attention,
         torch.get_num_threads() if device.type == "cpu" else "-",
         knobs.max_step_tokens,
+        f"; {pages}" if pages is not None else "",
         time.perf_counter() - started,
     )
     detok = HfDetokenizer(tokenizer)
