@@ -130,14 +130,48 @@ def _fake_madvise(monkeypatch: pytest.MonkeyPatch, fails: Any) -> list[tuple[int
 def test_a_kernel_without_madv_collapse_leaves_the_pages_and_says_why(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    calls = _fake_madvise(monkeypatch, lambda i: errno.EINVAL)
+    monkeypatch.setattr(huge_pages, "_collapse_works", lambda: False)
+    monkeypatch.setattr(huge_pages, "_madvise", lambda: pytest.fail("madvise asked"))
     done = into_huge_pages([torch.zeros(3 * MIB, dtype=torch.uint8)])
     assert (done.asked, done.moved) == (0, 0)
-    assert "no MADV_COLLAPSE" in done.reason
+    if (
+        sys.platform.startswith("linux")
+        and "[never]" not in Path(huge_pages._THP_SETTING).read_text()
+    ):
+        assert done.reason == "this kernel has no MADV_COLLAPSE: Linux 6.1 and later"
     assert str(done) == f"weights in 4 KiB pages ({done.reason})"
-    # each chunk marked for huge pages before its collapse is asked
-    marked, collapsed = (advice for _, advice in calls[:2])
-    assert (marked, collapsed) == (huge_pages._MADV_HUGEPAGE, huge_pages._MADV_COLLAPSE)
+
+
+def test_each_chunk_is_marked_for_huge_pages_before_its_collapse_is_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls = _fake_madvise(monkeypatch, lambda i: 0)
+    tensor = torch.zeros(5 * MIB, dtype=torch.uint8)
+    done = into_huge_pages([tensor])
+    storage = tensor.untyped_storage()
+    chunks = span_chunks([(storage.data_ptr(), storage.nbytes())])
+    advice = (huge_pages._MADV_HUGEPAGE, huge_pages._MADV_COLLAPSE)
+    assert calls == [(chunk, each) for chunk in chunks for each in advice]
+    assert (done.asked, done.moved, done.reason) == (len(chunks) * HUGE, len(chunks) * HUGE, "")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="huge pages are asked on Linux")
+def test_the_probe_of_madv_collapse_answers_as_a_span_of_the_processs_own_does() -> None:
+    huge_pages._collapse_works.cache_clear()
+    works = huge_pages._collapse_works()
+    # the probe's answer is the kernel's: a fresh private mapping of 4 MiB, written, collapsed
+    import mmap
+
+    with mmap.mmap(-1, 2 * HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS) as region:
+        region.write(b"\2" * len(region))
+        start = -ctypes.addressof(ctypes.c_char.from_buffer(region)) % HUGE
+        try:
+            region.madvise(huge_pages._MADV_COLLAPSE, start, HUGE)
+            collapsed = True
+        except OSError as exc:
+            collapsed = exc.errno != errno.EINVAL
+        assert region[start : start + 4] == b"\2" * 4
+    assert works == collapsed
 
 
 def test_the_spans_that_stay_in_small_pages_are_counted_by_their_errno(

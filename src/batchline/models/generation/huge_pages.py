@@ -1,19 +1,20 @@
 """A loaded model's weights moved into 2 MiB pages, once, at load (Linux 6.1 and later).
 
 A decode step of a 0.5-3B model reads every weight from memory, and in 4 KiB pages the reads
-miss the TLB every 4 KiB: on this project's Zen 4 EPYC (2 threads), a 1.7B step took x0.85
-(int4) and x0.89 (bf16) of its time once the same weights sat in 2 MiB pages (measured
-2026-12-06; docs/generation.md, "Weights in 2 MiB pages"). The engine's tensors are
-allocated by torch and glibc where the system's transparent huge pages are ``madvise`` (the
-usual setting) only where asked, which no allocator here does, so this asks after the fact:
-``madvise(MADV_COLLAPSE)`` copies each 2 MiB span that holds a weight into one huge page, the
-bytes and addresses unchanged (the kernel does it synchronously, ~2.5 s a GB here, part of it
-compacting free memory). Where the kernel predates it (``EINVAL``), the system's setting is
-``never``, or the platform is not Linux, the weights stay as they are and the load log says
-so. The spans are a weight's own storage rounded out to 2 MiB: at most 2 MiB of a neighbour's
-memory on each side of a run of weights is made resident with them. A span that reaches past
-its mapping (the first and last of a large tensor that glibc mapped on its own, mostly) cannot
-be one huge page and stays as it is (``EINVAL``), which the load log counts.
+miss the TLB at every page: on this project's Zen 4 EPYC (2 threads), a 1.7B step in 2 MiB pages
+took x0.90 (int4) and x0.97 (bf16) the time of the same weights in 4 KiB ones, the two loads'
+steps taken in turn (2026-12-06; docs/generation.md, "On Zen 4, weights in 2 MiB pages"). The
+engine's tensors are allocated by torch and glibc where the system's transparent huge pages are
+``madvise`` (the usual setting) only where asked, which no allocator here does, so this asks
+after the fact: ``madvise(MADV_COLLAPSE)`` copies each 2 MiB span that holds a weight into one
+huge page, the bytes and addresses unchanged (the kernel does it synchronously, ~2.5 s a GB
+here, part of it compacting free memory). Where the kernel predates it (a 2 MiB probe mapping of
+its own is refused), the system's setting is ``never``, or the platform is not Linux, the
+weights stay as they are and the load log says so. The spans are a weight's own storage rounded
+out to 2 MiB: at most 2 MiB of a neighbour's memory on each side of a run of weights is made
+resident with them. A span that reaches past its mapping (the first and last of a large tensor
+that glibc mapped on its own, mostly) cannot be one huge page and stays as it is (``EINVAL``),
+which the load log counts.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import functools
+import mmap
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -31,7 +34,7 @@ import torch
 
 __all__ = ["HugePages", "into_huge_pages", "model_tensors", "span_chunks"]
 
-#: The huge page size this asks for (x86-64's and arm64's default THP size).
+#: The huge page size this asks for (x86-64's, and arm64's over 4 KiB pages).
 HUGE = 2 << 20
 _MADV_HUGEPAGE = 14
 _MADV_COLLAPSE = 25
@@ -41,8 +44,8 @@ _THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
 @dataclass(frozen=True)
 class HugePages:
     """What :func:`into_huge_pages` did: ``asked`` bytes of spans (2 MiB each), ``moved`` of
-    them now in huge pages, in ``seconds``; ``reason`` says why none were tried, or why some
-    failed (the first ``errno`` by name)."""
+    them now in huge pages, in ``seconds``; ``reason`` says why none were tried, or how many
+    failed (and the ``errno`` most of them gave, by name)."""
 
     asked: int
     moved: int
@@ -112,8 +115,6 @@ def into_huge_pages(tensors: Iterable[torch.Tensor]) -> HugePages:
             code = ctypes.get_errno()
             failures[code] = failures.get(code, 0) + 1
     seconds = time.perf_counter() - started
-    if failures and not moved and errno.EINVAL in failures:
-        return HugePages(0, 0, seconds, "this kernel has no MADV_COLLAPSE: Linux 6.1 and later")
     reason = ""
     if failures:
         code, count = max(failures.items(), key=lambda item: item[1])
@@ -134,7 +135,26 @@ def _refused() -> str:
                 return f"{_THP_SETTING} is never"
     except OSError:
         return "this kernel has no transparent huge pages"
+    if not _collapse_works():
+        return "this kernel has no MADV_COLLAPSE: Linux 6.1 and later"
     return ""
+
+
+@functools.cache
+def _collapse_works() -> bool:
+    """Whether the kernel collapses a 2 MiB span of an anonymous mapping of this process's own
+    (made here, written, collapsed and unmapped): a span of the model's may fail for reasons of
+    its own (it reaches past its mapping), this one only where ``MADV_COLLAPSE`` is missing."""
+    with mmap.mmap(-1, 2 * HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS) as probe:
+        probe.write(b"\1" * len(probe))
+        address = ctypes.addressof(ctypes.c_char.from_buffer(probe))  # the view dropped at once
+        start = -address % HUGE
+        try:
+            probe.madvise(_MADV_HUGEPAGE, start, HUGE)
+            probe.madvise(_MADV_COLLAPSE, start, HUGE)
+        except OSError:
+            return False
+        return True
 
 
 def _madvise() -> Any:
