@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from batchline.__main__ import main
+from batchline._cache import cache_dir
 from batchline.datasets.sinks import read_output
 from tests.driver.procs import Procs, processes
 
@@ -53,6 +54,13 @@ def prompts() -> list[str]:
 def test_drive_over_two_replicas_writes_each_prompts_text_once_in_order_as_run_does(
     tiny: Path, tmp_path: Path, procs: Procs, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # A cache of the test's own, but the session's kernel library in it: each replica would
+    # otherwise build the library (7 compilers) at once with the other, and beside the suite's
+    # other worker that took past wait_ready's 120 s in a CI run (2 cores, 2026-12-06).
+    kernels = cache_dir() / "kernels"
+    kernels.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "kernels").symlink_to(kernels, target_is_directory=True)
     monkeypatch.setenv("BATCHLINE_CACHE_DIR", str(tmp_path / "cache"))
     texts = prompts()
     src = tmp_path / "prompts.jsonl"
