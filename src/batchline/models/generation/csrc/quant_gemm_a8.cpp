@@ -43,9 +43,15 @@
 // quantized activations, x rounded to 8 bits per group being the only approximation; both paths
 // apply the same float32 operations per column, so they give the same bits.
 // A chunk of 32 code bytes (see quant_gemm_f32.cpp) read as 16 words, one per column (bits 0-3
-// input 4c, 8-11 4c+1, 4-7 4c+2, 12-15 4c+3), becomes the column's 4 code bytes in input order by
-// (w | w << 12) & 0x0F0F0F0F, the unsigned operand; the row's 4 int8 codes of those inputs,
-// broadcast, the signed one. Tiles split over ATen's threads as the other kernels do.
+// input 4c, 8-11 4c+1, 4-7 4c+2, 12-15 4c+3), becomes on the AVX2 path the column's 4 code bytes
+// in input order by (w | w << 12) & 0x0F0F0F0F, the unsigned operand; the row's 4 int8 codes of
+// those inputs, broadcast, the signed one. The VNNI path takes two chunks at once (Int4Tiles):
+// one vpermw puts column j's two words side by side in a dword, whose low nibbles (a mask) and
+// high ones (a shift and a mask, or one vgf2p8affineqb) are two operands of 4 codes each, in
+// the order 0, 1, 4, 5 and 2, 3, 6, 7 of the pair's 8 inputs, the order that path stores the
+// row's codes in. Three operations per 64 bytes instead of six (widen, shift, merge per 32):
+// Zen 4's 512-bit vpdpbusd and these share its two vector pipes. Tiles split over ATen's
+// threads as the other kernels do.
 //
 // The int8 layout holds a group of 16 columns' 32 inputs in 544 bytes, 8.5 bits a weight (as
 // many as Q8_0's 34-byte blocks; the two int4 planes that held it before read 10): 8 chunks of
@@ -106,13 +112,18 @@ inline float load_group(const T* p, __m256 (&v)[4]) {
   return _mm_cvtss_f32(h);
 }
 
-// A group's 32 int32 codes (each within int8) stored as 32 bytes in input order.
-inline void store_group(const __m256i (&q)[4], int8_t* out) {
+// A group's 32 int32 codes (each within int8) stored as 32 bytes in input order, or with each
+// 8 inputs in the order 0, 1, 4, 5, 2, 3, 6, 7 (`paired`: the order the VNNI path's int4
+// operands take them in, Int4Tiles).
+inline void store_group(const __m256i (&q)[4], int8_t* out, bool paired = false) {
   // packing 4 x 8 int32 to 32 bytes leaves them in the order of these dwords
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-  const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
-                                           _mm256_packs_epi32(q[2], q[3]));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_permutevar8x32_epi32(bytes, order));
+  const __m256i bytes = _mm256_permutevar8x32_epi32(
+      _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3])), order);
+  const __m256i pairs = _mm256_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15,
+                                         0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
+                      paired ? _mm256_shuffle_epi8(bytes, pairs) : bytes);
 }
 
 // Where one row's quantized groups go (RowLayout): group g's 32 codes at codes + g * stride *
@@ -123,6 +134,7 @@ struct RowOut {
   int32_t* sums;
   float* scaled_sums;
   int64_t stride;
+  bool paired;  // codes in store_group's paired order
 };
 
 // One row's groups to int8 codes, their scales, their code sums and each scale times its code
@@ -137,7 +149,7 @@ void quantize_row(const T* x, int64_t groups, const RowOut& out) {
     const __m256 by = _mm256_set1_ps(inverse);
     __m256i q[4];  // the MXCSR's rounding: to nearest, ties to even
     for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], by));
-    store_group(q, out.codes + g * out.stride * kGroup);
+    store_group(q, out.codes + g * out.stride * kGroup, out.paired);
     const __m256i s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
     __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
     t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
@@ -289,8 +301,8 @@ inline __m512i broadcast4(const int8_t* p) {  // 4 int8 codes into every 32-bit 
 // vpdpbusd (unsigned bytes, column j's four codes at 4j), and how a row's integer sum of the
 // group becomes float32 (its Group, made once per group from the group's scales).
 
-// The int4 layouts: a chunk of 32 code bytes read as 16 words, one per column, becomes the
-// column's 4 codes of inputs 4c..4c+3 as bytes by (v | v << 12) & 0x0F0F0F0F; per row
+// The int4 layouts: chunks 2p and 2p + 1 give two operands (operands, below), against the
+// row's codes stored paired (store_group); per row
 // scale_x * (scale * sum + (zero - 8 * scale) * sum_x).
 template <Layout L>
 struct Int4Tiles {
@@ -298,10 +310,27 @@ struct Int4Tiles {
   const __m512i low_nibbles = _mm512_set1_epi32(0x0F0F0F0F);
   const __m512 eight = _mm512_set1_ps(8.f);
 
-  __m512i operand(const uint8_t* block, int c) const {
-    const __m512i v = _mm512_cvtepu16_epi32(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32 * c)));
-    return _mm512_ternarylogic_epi32(v, _mm512_slli_epi32(v, 12), low_nibbles, 0xA8);
+  // Chunks 2p and 2p + 1 (64 bytes, 32 words): column j's two words side by side in dword j
+  // (one vpermw), whose low nibbles are then its codes of inputs 8p + 0, 1, 4, 5 and whose high
+  // ones those of 8p + 2, 3, 6, 7, in byte order. Against one chunk at a time (widen, shift,
+  // merge), a 360M int4's one-row products called in turn (Zen 4, 2 threads, 2026-12-07): its
+  // first 8 linears (10 MiB, hot in L3) x0.87 the time; all 129 from memory, and batch-1 steps
+  // of the 360M and 1.7B shapes, x0.99-1.00 (the host's memory then at ~32 GB/s, where int4's
+  // one-row product is not bound by its own work); 2 to 16 rows x0.99-1.00.
+  const __m512i interleave = _mm512_setr_epi32(
+      0x00100000, 0x00110001, 0x00120002, 0x00130003, 0x00140004, 0x00150005, 0x00160006,
+      0x00170007, 0x00180008, 0x00190009, 0x001A000A, 0x001B000B, 0x001C000C, 0x001D000D,
+      0x001E000E, 0x001F000F);
+
+  void operands(const uint8_t* block, int p, __m512i& first, __m512i& second) const {
+    const __m512i v = _mm512_permutexvar_epi16(interleave, _mm512_loadu_si512(block + 64 * p));
+    first = _mm512_and_si512(v, low_nibbles);
+#if defined(__GFNI__)
+    // each byte's bits 4-7 moved to 0-3 (and 0 above) by one affine transform over GF(2)
+    second = _mm512_gf2p8affine_epi64_epi8(v, _mm512_set1_epi64(0x1020408000000000LL), 0);
+#else
+    second = _mm512_and_si512(_mm512_srli_epi32(v, 4), low_nibbles);
+#endif
   }
 
   struct Group {
@@ -330,8 +359,9 @@ struct Int8Tiles {
   static constexpr int64_t kBytes = kBlockInt8;
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
 
-  __m512i operand(const uint8_t* block, int c) const {
-    return _mm512_xor_si512(_mm512_loadu_si512(block + 64 * c), flip);
+  void operands(const uint8_t* block, int p, __m512i& first, __m512i& second) const {
+    first = _mm512_xor_si512(_mm512_loadu_si512(block + 128 * p), flip);
+    second = _mm512_xor_si512(_mm512_loadu_si512(block + 128 * p + 64), flip);
   }
 
   struct Group {
@@ -368,11 +398,14 @@ void tile_rows_vnni(const uint8_t* tile, int64_t groups, const BlockRows& xb, in
       for (int j = 0; j < kChains; ++j) acc[r][j] = _mm512_setzero_si512();
     }
     const int8_t* xg = xb.codes + g * R * kGroup;  // the block's R rows' codes of group g
-    for (int c = 0; c < 8; ++c) {
-      const __m512i w = tiles.operand(block, c);
-      for (int r = 0; r < R; ++r) {
-        __m512i& a = acc[r][c % kChains];
-        a = _mm512_dpbusd_epi32(a, w, broadcast4(xg + r * kGroup + 4 * c));
+    for (int p = 0; p < 4; ++p) {
+      __m512i w[2];
+      tiles.operands(block, p, w[0], w[1]);
+      for (int h = 0; h < 2; ++h) {
+        for (int r = 0; r < R; ++r) {
+          __m512i& a = acc[r][h % kChains];
+          a = _mm512_dpbusd_epi32(a, w[h], broadcast4(xg + r * kGroup + 8 * p + 4 * h));
+        }
       }
     }
     const auto group = tiles.group(block);
@@ -410,11 +443,13 @@ void row_by_tiles_a8(const uint8_t* tile, int64_t tile_bytes, int64_t groups, co
     __m512i acc[C][2];
     for (int c = 0; c < C; ++c) acc[c][0] = acc[c][1] = _mm512_setzero_si512();
     const int8_t* xg = x.codes + g * kGroup;
-    for (int k = 0; k < 8; ++k) {
-      const __m512i xk = broadcast4(xg + 4 * k);
+    for (int p = 0; p < 4; ++p) {
+      const __m512i x0 = broadcast4(xg + 8 * p), x1 = broadcast4(xg + 8 * p + 4);
       for (int c = 0; c < C; ++c) {
-        const uint8_t* block = tile + c * tile_bytes + g * Tiles::kBytes;
-        acc[c][k % 2] = _mm512_dpbusd_epi32(acc[c][k % 2], tiles.operand(block, k), xk);
+        __m512i w0, w1;
+        tiles.operands(tile + c * tile_bytes + g * Tiles::kBytes, p, w0, w1);
+        acc[c][0] = _mm512_dpbusd_epi32(acc[c][0], w0, x0);
+        acc[c][1] = _mm512_dpbusd_epi32(acc[c][1], w1, x1);
       }
     }
     for (int c = 0; c < C; ++c) {
@@ -456,12 +491,14 @@ at::Tensor in_dtype_of(const at::Tensor& out, const at::Tensor& x) {
 // m * K + 32 g (int8_activations'); a single row lies the same in any.
 struct RowLayout {
   int64_t rows, groups, block;
+  bool paired = false;  // each group's codes in store_group's paired order
 
   // Where row m's groups go in the arrays at codes, scales, sums and scaled_sums.
   RowOut row(int64_t m, int8_t* codes, float* scales, int32_t* sums, float* scaled_sums) const {
     const int64_t m0 = m - m % block, in_block = std::min(block, rows - m0);
     const int64_t first = m0 * groups + (m - m0);  // the row's numbers of group 0
-    return {codes + first * kGroup, scales + first, sums + first, scaled_sums + first, in_block};
+    return {codes + first * kGroup, scales + first, sums + first, scaled_sums + first, in_block,
+            paired};
   }
 };
 
@@ -496,8 +533,8 @@ constexpr int64_t kScratchInputs = 1 << 16;
 // thread's buffers where it is small.
 class QuantizedRows {
  public:
-  QuantizedRows(const at::Tensor& x, int64_t block)
-      : layout_{x.size(0), x.size(1) / kGroup, block} {
+  QuantizedRows(const at::Tensor& x, int64_t block, bool paired = false)
+      : layout_{x.size(0), x.size(1) / kGroup, block, paired} {
     const int64_t numbers = layout_.rows * layout_.groups;
     if (x.numel() > kScratchInputs) {
       owned_codes_ = at::empty({x.numel()}, x.options().dtype(at::kChar));
@@ -592,7 +629,8 @@ at::Tensor int4_linear_a8(const at::Tensor& x, const at::Tensor& packed, int64_t
   auto out = at::empty({rows, n}, x.options().dtype(at::kFloat));
   if (rows == 0) return in_dtype_of(out, x);
 #if defined(BATCHLINE_A8)
-  const QuantizedRows xq(x, width == 512 ? kMaxRows : kMaxRows256);  // a pass's rows a block
+  // a pass's rows a block; the VNNI path's int4 operands take each row's codes paired
+  const QuantizedRows xq(x, width == 512 ? kMaxRows : kMaxRows256, width == 512);
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   float* op = out.data_ptr<float>();
   const int64_t tile_bytes = groups * packed.size(2);
