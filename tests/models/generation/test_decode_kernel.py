@@ -4,9 +4,13 @@ kernel turned off) the engine attends through SDPA and says why."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import logging
 import os
 import shutil
 import subprocess
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -242,7 +246,44 @@ def test_a_build_error_is_reported_and_nothing_is_cached(
     assert op is None
     assert why.startswith("RuntimeError: ")
     assert "exited 1" in why
-    assert list((tmp_path / "cache" / "kernels").iterdir()) == []  # no half-built library
+    # no half-built library: only the lock that its build held
+    left = [p.name for p in (tmp_path / "cache" / "kernels").iterdir()]
+    assert len(left) == 1, left
+    assert left[0].endswith(".so.lock"), left
+
+
+def test_two_processes_asking_at_once_build_the_library_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    compiler = shutil.which(os.environ.get("CXX", "c++"))
+    if compiler is None:
+        pytest.skip("no C++ compiler")
+    source = tmp_path / "one.cpp"
+    source.write_text("int batchline_test_one() { return 1; }\n")
+    monkeypatch.setattr(dk, "_SOURCES", (source,))
+    monkeypatch.setenv("BATCHLINE_CACHE_DIR", str(tmp_path / "cache"))
+    links: list[list[str]] = []
+    linking = threading.Event()
+
+    def compile_slowly(command: list[str]) -> None:  # writes what the compiler would
+        if "-shared" in command:
+            links.append(command)
+            linking.set()
+            time.sleep(0.5)  # the other asker arrives while this one builds
+        Path(command[command.index("-o") + 1]).write_bytes(b"built")
+
+    monkeypatch.setattr(dk, "_compile", compile_slowly)
+    # two opens of one lock file exclude each other as two processes' do (flock)
+    caplog.set_level(logging.INFO, logger=dk.__name__)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        first = pool.submit(dk._built, compiler)
+        assert linking.wait(30)
+        second = pool.submit(dk._built, compiler)
+        paths = {first.result(timeout=60), second.result(timeout=60)}
+    assert len(paths) == 1
+    assert next(iter(paths)).read_bytes() == b"built"
+    assert len(links) == 1
+    assert f"waiting for pid {os.getpid()} to build" in caplog.text
 
 
 def test_a_built_kernel_is_reused(kernel: Any, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,7 +15,8 @@ The same library holds the int linears (``csrc/quant_gemm.cpp`` for bf16 activat
 :mod:`~batchline.models.generation.quant_kernel`). It is compiled once per machine with the
 system's C++ compiler (``$CXX``, else ``c++``) against the installed torch, into
 ``<cache dir>/kernels/`` under a name that hashes the sources, the compiler, torch's version and
-the CPU's flags (it is built with ``-march=native``), and then loaded with
+the CPU's flags (it is built with ``-march=native``), by one process at a time (others asking
+meanwhile wait for its file: :func:`_building`), and then loaded with
 ``torch.ops.load_library``. Where that cannot be done (no compiler, a build error, a non-x86
 machine), :func:`decode_kernel` returns None and why, and the engine attends through SDPA as
 before.
@@ -24,6 +25,7 @@ before.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import hashlib
 import logging
@@ -33,13 +35,15 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import ClassVar
 
 import torch
 
 from batchline._cache import cache_dir, write_whole
+from batchline._dir_lock import DirBusyError, DirLock, holder, lock_dir
 
 __all__ = ["DecodeKernel", "StepOps", "StepProduct", "decode_kernel"]
 
@@ -75,6 +79,8 @@ _HEADERS = (_CSRC / "quant_layout.h", _CSRC / "amx_tiles.h")
 #: missing, the load would fail and the engine attend through SDPA, saying why).
 _FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++17", "-fPIC", "-w")
 _BUILD_TIMEOUT_S = 300.0
+#: How often a process waiting for another's build of the library looks again (seconds)
+_BUILD_POLL_S = 0.25
 
 _lock = threading.Lock()
 _loaded: tuple[DecodeKernel | None, str] | None = None
@@ -166,8 +172,6 @@ def _load() -> tuple[DecodeKernel | None, str]:
 
 def _built(compiler: str) -> Path:
     """The shared library for this source, compiler, torch and CPU, built if not cached."""
-    from torch.utils import cpp_extension
-
     sources = [path.read_bytes() for path in (*_SOURCES, *_HEADERS)]
     version = subprocess.run(
         [compiler, "--version"], capture_output=True, text=True, timeout=30, check=True
@@ -181,6 +185,56 @@ def _built(compiler: str) -> Path:
     if path.exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
+    with _building(path):
+        if path.exists():  # built by the process this one waited for
+            return path
+        _build(compiler, path)
+    return path
+
+
+@contextlib.contextmanager
+def _building(path: Path) -> Iterator[None]:
+    """Hold the right to build ``path``: one process builds a library at a time, the others
+    wait for it and then load its file. Two at once each ran two compilers per core on a
+    two-core machine, every one of them slower; a test worker building beside another ran past
+    its 120 s limit. A holder stuck past the build's own time limit (its compilers' and the
+    link's) no longer holds the others, and a cache on a file system that takes no lock holds
+    none: they build too (each writes the file whole or not at all)."""
+    lock = _build_lock(path)
+    if lock is None:
+        yield
+        return
+    with lock:
+        yield
+
+
+def _build_lock(path: Path) -> DirLock | None:
+    """The lock on building ``path`` once this process holds it; None where the library was
+    built while this process waited, the holder took too long, or no lock can be taken."""
+    told = False
+    deadline = time.monotonic() + 2 * _BUILD_TIMEOUT_S
+    while True:
+        try:
+            return lock_dir(path.parent, f"{path.name}.lock")
+        except DirBusyError as busy:
+            if path.exists() or time.monotonic() > deadline:
+                return None
+            if not told:
+                told = True
+                logger.info(
+                    "waiting for %s to build batchline's decode attention kernel",
+                    holder(busy.pid),
+                )
+        except OSError as exc:
+            logger.debug("building %s without a lock: %s", path.name, exc)
+            return None
+        time.sleep(_BUILD_POLL_S)
+
+
+def _build(compiler: str, path: Path) -> None:
+    """Compile the sources and link them into ``path``, written whole."""
+    from torch.utils import cpp_extension
+
     libs = cpp_extension.library_paths()
     logger.info("building batchline's decode attention kernel (once per machine)")
     with tempfile.TemporaryDirectory(prefix=".build-", dir=path.parent) as scratch:
@@ -213,7 +267,6 @@ def _built(compiler: str) -> Path:
         write_whole(
             path, built.read_bytes(), "cache.kernel"
         )  # whole or not at all, for every process
-    return path
 
 
 def _compile(command: list[str]) -> None:
