@@ -87,9 +87,9 @@ _loaded: tuple[DecodeKernel | None, str] | None = None
 
 
 def decode_kernel() -> tuple[DecodeKernel | None, str]:
-    """``(kernel, where it was loaded from)``, built on first use (~25 s on two cores with the int
-    kernels, once per machine), or ``(None, why not)``. One answer per process: torch registers the
-    ``batchline`` op namespace once."""
+    """``(kernel, where it was loaded from)``, built on first use (44 s on two Zen 4 cores with
+    every source, once per machine), or ``(None, why not)``. One answer per process: torch
+    registers the ``batchline`` op namespace once."""
     global _loaded
     with _lock:
         if _loaded is None:
