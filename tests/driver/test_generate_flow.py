@@ -54,9 +54,10 @@ def prompts() -> list[str]:
 def test_drive_over_two_replicas_writes_each_prompts_text_once_in_order_as_run_does(
     tiny: Path, tmp_path: Path, procs: Procs, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A cache of the test's own, but the session's kernel library in it: each replica would
-    # otherwise build the library (7 compilers) at once with the other, and beside the suite's
-    # other worker that took past wait_ready's 120 s in a CI run (2 cores, 2026-12-06).
+    # A cache of the test's own, but the session's kernel library in it: from an empty one the
+    # first replica would build the library (44 s on 2 cores) while the other waited for it,
+    # most of wait_ready's 120 s beside the suite's other worker (before the build lock, each
+    # built it at once with the other and ran past that in a CI run, 2026-12-06).
     kernels = cache_dir() / "kernels"
     kernels.mkdir(parents=True, exist_ok=True)
     (tmp_path / "cache").mkdir()

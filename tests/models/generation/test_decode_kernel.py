@@ -10,7 +10,6 @@ import os
 import shutil
 import subprocess
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -263,23 +262,33 @@ def test_two_processes_asking_at_once_build_the_library_once(
     monkeypatch.setattr(dk, "_SOURCES", (source,))
     monkeypatch.setenv("BATCHLINE_CACHE_DIR", str(tmp_path / "cache"))
     links: list[list[str]] = []
-    linking = threading.Event()
+    linking, waiting = threading.Event(), threading.Event()
 
-    def compile_slowly(command: list[str]) -> None:  # writes what the compiler would
+    class Waiting(logging.Handler):  # the second asker's word that it waits
+        def emit(self, record: logging.LogRecord) -> None:
+            if "waiting for" in record.getMessage():
+                waiting.set()
+
+    def compile_held(command: list[str]) -> None:  # writes what the compiler would
         if "-shared" in command:
             links.append(command)
             linking.set()
-            time.sleep(0.5)  # the other asker arrives while this one builds
+            assert waiting.wait(30)  # the link ends only once the other asker waits for it
         Path(command[command.index("-o") + 1]).write_bytes(b"built")
 
-    monkeypatch.setattr(dk, "_compile", compile_slowly)
+    monkeypatch.setattr(dk, "_compile", compile_held)
     # two opens of one lock file exclude each other as two processes' do (flock)
     caplog.set_level(logging.INFO, logger=dk.__name__)
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        first = pool.submit(dk._built, compiler)
-        assert linking.wait(30)
-        second = pool.submit(dk._built, compiler)
-        paths = {first.result(timeout=60), second.result(timeout=60)}
+    handler = Waiting()
+    dk.logger.addHandler(handler)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            first = pool.submit(dk._built, compiler)
+            assert linking.wait(30)
+            second = pool.submit(dk._built, compiler)
+            paths = {first.result(timeout=60), second.result(timeout=60)}
+    finally:
+        dk.logger.removeHandler(handler)
     assert len(paths) == 1
     assert next(iter(paths)).read_bytes() == b"built"
     assert len(links) == 1

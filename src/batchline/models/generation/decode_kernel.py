@@ -16,7 +16,7 @@ The same library holds the int linears (``csrc/quant_gemm.cpp`` for bf16 activat
 system's C++ compiler (``$CXX``, else ``c++``) against the installed torch, into
 ``<cache dir>/kernels/`` under a name that hashes the sources, the compiler, torch's version and
 the CPU's flags (it is built with ``-march=native``), by one process at a time (others asking
-meanwhile wait for its file: :func:`_building`), and then loaded with
+meanwhile wait for its file: :func:`_build_lock`), and then loaded with
 ``torch.ops.load_library``. Where that cannot be done (no compiler, a build error, a non-x86
 machine), :func:`decode_kernel` returns None and why, and the engine attends through SDPA as
 before.
@@ -36,7 +36,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar
 
@@ -185,32 +185,21 @@ def _built(compiler: str) -> Path:
     if path.exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    with _building(path):
+    with _build_lock(path) or contextlib.nullcontext():
         if path.exists():  # built by the process this one waited for
             return path
         _build(compiler, path)
     return path
 
 
-@contextlib.contextmanager
-def _building(path: Path) -> Iterator[None]:
-    """Hold the right to build ``path``: one process builds a library at a time, the others
-    wait for it and then load its file. Two at once each ran two compilers per core on a
-    two-core machine, every one of them slower; a test worker building beside another ran past
-    its 120 s limit. A holder stuck past the build's own time limit (its compilers' and the
-    link's) no longer holds the others, and a cache on a file system that takes no lock holds
-    none: they build too (each writes the file whole or not at all)."""
-    lock = _build_lock(path)
-    if lock is None:
-        yield
-        return
-    with lock:
-        yield
-
-
 def _build_lock(path: Path) -> DirLock | None:
-    """The lock on building ``path`` once this process holds it; None where the library was
-    built while this process waited, the holder took too long, or no lock can be taken."""
+    """The right to build ``path``, once this process holds it: one process builds a library
+    at a time, the others wait for it and then load its file. Two at once each ran two
+    compilers per core on a two-core machine, every one of them slower; a test worker building
+    beside another ran past its 120 s limit. None where the library was built while this
+    process waited, where the holder is stuck past the build's own time limit (its compilers'
+    and the link's), or where the cache's file system takes no lock: the caller then builds
+    too (each build writes the file whole or not at all)."""
     told = False
     deadline = time.monotonic() + 2 * _BUILD_TIMEOUT_S
     while True:
