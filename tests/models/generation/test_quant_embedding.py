@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from batchline.models.generation import quant_kernel as ik  # noqa: E402
+from batchline.models.generation.decode_kernel import decode_kernel  # noqa: E402
 from batchline.models.generation.engine import GenerationRequest, SamplingParams  # noqa: E402
 from batchline.models.generation.engine_layout import lay_out_weights  # noqa: E402
 from batchline.models.generation.quant_codes import (  # noqa: E402
@@ -55,6 +56,36 @@ def test_each_layouts_rows_are_read_exactly_from_their_blocks() -> None:
     assert got.dtype == torch.float32
     reference = int4.dequantize(torch.float64)[IDS]
     assert (got.double() - reference).abs().max() <= 2**-21 * reference.abs().max()
+
+
+def test_the_librarys_int8_lookup_gives_the_strided_views_bits_in_each_dtype() -> None:
+    if decode_kernel()[0] is None:
+        pytest.skip("no batchline kernel library here")
+    g = torch.Generator().manual_seed(4)
+    weight = torch.randn(37, 96, generator=g) * 3
+    packed = ik.pack_int8g(*quantize_int8_groups(weight, 32))
+    ids = torch.tensor(IDS)
+    reference = ik.packed_rows([packed], ids)  # float32, each value exact
+    lookup = torch.ops.batchline.int8g_rows
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        got = lookup(packed, ids, 37, dtype)
+        assert got.dtype == dtype
+        assert got.shape == (len(IDS), 96)
+        assert torch.equal(got, reference.to(dtype)), dtype
+    # QuantLinear.rows' choice: the library's lookup for the int8 layout, the views otherwise
+    assert torch.equal(ik.rows_in([packed], ids, 37, torch.bfloat16), reference.bfloat16())
+    int4 = quantize_int4(weight, 32)
+    plane = [ik.pack_int4(int4.codes, int4.scales, int4.zeros, torch.bfloat16)]
+    expected = ik.packed_rows(plane, ids).bfloat16()
+    assert torch.equal(ik.rows_in(plane, ids, 37, torch.bfloat16), expected)
+    assert lookup(packed, ids[:0], 37, torch.float32).shape == (0, 96)
+    for bad in (37, -1):  # a padding column of the last tile, and below the first
+        with pytest.raises(RuntimeError, match=rf"id {bad} is out of \[0, 37\)"):
+            lookup(packed, torch.tensor([1, bad]), 37, torch.float32)
+    with pytest.raises(RuntimeError, match="do not fill 3 tiles"):
+        lookup(packed, ids, 32, torch.float32)
+    with pytest.raises(RuntimeError, match="544"):
+        lookup(packed[:, :, :512].contiguous(), ids, 37, torch.float32)
 
 
 def _tied_llama() -> Any:

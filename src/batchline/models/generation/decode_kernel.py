@@ -59,8 +59,8 @@ _CSRC = Path(__file__).parent / "csrc"
 #: The library's sources, built together into one shared library: the decode attention and the
 #: step's elementwise ops (and a decode-only step's layers in one call over them), the int
 #: linears of :mod:`~batchline.models.generation.quant_kernel` (bf16 activations, float32 ones,
-#: and float32 ones quantized to int8 on the way in) and int4's quantizing at load, with the
-#: header the int linears share (in the key).
+#: and float32 ones quantized to int8 on the way in), int4's quantizing at load and an
+#: embedding's lookups in the int8 layout, with the header the int linears share (in the key).
 _SOURCES = (
     _CSRC / "decode_attention.cpp",
     _CSRC / "decode_layers.cpp",
@@ -68,6 +68,7 @@ _SOURCES = (
     _CSRC / "quant_gemm_f32.cpp",
     _CSRC / "quant_gemm_a8.cpp",
     _CSRC / "quant_steps.cpp",
+    _CSRC / "quant_rows.cpp",
     _CSRC / "dense_tiles.cpp",
 )
 _HEADERS = (_CSRC / "quant_layout.h", _CSRC / "amx_tiles.h")

@@ -316,16 +316,16 @@ class QuantLinear(torch.nn.Module):
 
     def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """The weight's rows ``ids`` ``(m,)`` as ``(m, K)`` in ``dtype``, read from the own
-        kernel's packed blocks of those rows alone (:func:`~.quant_kernel.packed_rows`: an
+        kernel's packed blocks of those rows alone (:func:`~.quant_kernel.rows_in`: an
         embedding looked up in a tied head). Only the own kernel's layouts have it: torch's
         would dequantize the whole weight at every lookup, a step's cost."""
-        from batchline.models.generation.quant_kernel import packed_rows
+        from batchline.models.generation.quant_kernel import rows_in
 
         if not self._own:
             raise ValueError(
                 f"rows are read from the own kernel's layouts, not a {self.kind} layer's"
             )
-        return packed_rows(self._own, ids).to(dtype)
+        return rows_in(self._own, ids, self.out_features, dtype)
 
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
         """The weight ``(N, K)`` in ``dtype``, computed from the codes as the kernels compute
