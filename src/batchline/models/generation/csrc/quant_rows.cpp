@@ -24,28 +24,26 @@
 #include <cstdint>
 #include <cstring>
 
+#include "quant_layout.h"
+
 namespace {
 
-constexpr int64_t kTile = 16;
-constexpr int64_t kGroup = 32;
-constexpr int64_t kCodeBytes = kGroup * kTile;  // 512
-constexpr int64_t kBlock = kCodeBytes + 2 * kTile;  // 544
+using namespace batchline_quant;
 
-float bf16_value(const uint8_t* p) {
+constexpr int64_t kCodeBytes = kGroup * kTile;  // a block's codes, before its scales
+
+float bf16_at(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, sizeof h);
-  const uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
+  return bf16_to_float(h);
 }
 
 // Row `column` of `tile` (its groups' blocks `groups` apart) into out, K values.
 template <typename T>
 void one_row(const uint8_t* tile, int64_t groups, int64_t column, T* out) {
   for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* block = tile + g * kBlock;
-    const float scale = bf16_value(block + kCodeBytes + 2 * column);
+    const uint8_t* block = tile + g * kBlockInt8;
+    const float scale = bf16_at(block + kCodeBytes + 2 * column);
     for (int64_t c = 0; c < 8; ++c) {
       const auto* codes = reinterpret_cast<const int8_t*>(block + 64 * c + 4 * column);
       for (int64_t t = 0; t < 4; ++t) {
@@ -58,7 +56,7 @@ void one_row(const uint8_t* tile, int64_t groups, int64_t column, T* out) {
 at::Tensor int8g_rows(const at::Tensor& packed, const at::Tensor& ids, int64_t n,
                       at::ScalarType dtype) {
   TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kByte && packed.is_contiguous() &&
-                  packed.size(2) == kBlock,
+                  packed.size(2) == kBlockInt8,
               "int8g_rows: packed must be pack_int8g's (tiles, K / 32, 544) uint8 tensor");
   TORCH_CHECK(n > 0 && n <= packed.size(0) * kTile && n > (packed.size(0) - 1) * kTile,
               "int8g_rows: n = ", n, " columns do not fill ", packed.size(0), " tiles of ", kTile);
@@ -73,7 +71,7 @@ at::Tensor int8g_rows(const at::Tensor& packed, const at::Tensor& ids, int64_t n
   const bool direct = dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf;
   auto out = at::empty({m, k}, packed.options().dtype(direct ? dtype : at::kFloat));
   const uint8_t* wp = packed.data_ptr<uint8_t>();
-  const int64_t tile_bytes = groups * kBlock;
+  const int64_t tile_bytes = groups * kBlockInt8;
   // a row is ~K bytes read and written: threads only for many rows
   at::parallel_for(0, m, 64, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
