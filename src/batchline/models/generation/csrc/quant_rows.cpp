@@ -53,6 +53,19 @@ void one_row(const uint8_t* tile, int64_t groups, int64_t column, T* out) {
   }
 }
 
+// Rows id[0..m) of packed into out (m rows of K values), each row by one thread.
+template <typename T>
+void rows_into(const at::Tensor& packed, const int64_t* id, int64_t m, T* out) {
+  const int64_t groups = packed.size(1), k = groups * kGroup, tile_bytes = groups * kBlockInt8;
+  const uint8_t* wp = packed.data_ptr<uint8_t>();
+  // a row is ~K bytes read and written: threads only for many rows
+  at::parallel_for(0, m, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      one_row(wp + id[i] / kTile * tile_bytes, groups, id[i] % kTile, out + i * k);
+    }
+  });
+}
+
 at::Tensor int8g_rows(const at::Tensor& packed, const at::Tensor& ids, int64_t n,
                       at::ScalarType dtype) {
   TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kByte && packed.is_contiguous() &&
@@ -63,32 +76,23 @@ at::Tensor int8g_rows(const at::Tensor& packed, const at::Tensor& ids, int64_t n
   TORCH_CHECK(ids.dim() == 1 && ids.scalar_type() == at::kLong,
               "int8g_rows: ids must be a (m,) int64 tensor");
   const at::Tensor idc = ids.contiguous();
-  const int64_t m = idc.size(0), groups = packed.size(1), k = groups * kGroup;
+  const int64_t m = idc.size(0), k = packed.size(1) * kGroup;
   const int64_t* id = idc.data_ptr<int64_t>();
   for (int64_t i = 0; i < m; ++i) {
     TORCH_CHECK(id[i] >= 0 && id[i] < n, "int8g_rows: id ", id[i], " is out of [0, ", n, ")");
   }
   const bool direct = dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf;
   auto out = at::empty({m, k}, packed.options().dtype(direct ? dtype : at::kFloat));
-  const uint8_t* wp = packed.data_ptr<uint8_t>();
-  const int64_t tile_bytes = groups * kBlockInt8;
-  // a row is ~K bytes read and written: threads only for many rows
-  at::parallel_for(0, m, 64, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const uint8_t* tile = wp + id[i] / kTile * tile_bytes;
-      const int64_t column = id[i] % kTile;
-      switch (out.scalar_type()) {
-        case at::kBFloat16:
-          one_row(tile, groups, column, out.data_ptr<c10::BFloat16>() + i * k);
-          break;
-        case at::kHalf:
-          one_row(tile, groups, column, out.data_ptr<c10::Half>() + i * k);
-          break;
-        default:
-          one_row(tile, groups, column, out.data_ptr<float>() + i * k);
-      }
-    }
-  });
+  switch (out.scalar_type()) {
+    case at::kBFloat16:
+      rows_into(packed, id, m, out.data_ptr<c10::BFloat16>());
+      break;
+    case at::kHalf:
+      rows_into(packed, id, m, out.data_ptr<c10::Half>());
+      break;
+    default:
+      rows_into(packed, id, m, out.data_ptr<float>());
+  }
   return direct ? out : out.to(dtype);
 }
 
