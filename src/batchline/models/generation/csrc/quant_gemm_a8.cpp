@@ -272,7 +272,8 @@ void tile_rows_int8_256(const uint8_t* tile, int64_t groups, const BlockRows& xb
       }
     }
     for (int h = 0; h < 2; ++h) {
-      const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 512 + 16 * h));
+      const __m128i bits =
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + kInt8Codes + 16 * h));
       const __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
       for (int r = 0; r < R; ++r) {
         const float dx = xb.scales[g * R + r];
@@ -374,7 +375,7 @@ struct Int8Tiles {
     }
   };
 
-  Group group(const uint8_t* block) const { return {widen_bf16(block + 512)}; }
+  Group group(const uint8_t* block) const { return {widen_bf16(block + kInt8Codes)}; }
 };
 
 // Rows [m0, m0 + R) of one tile of either layout (Tiles: Int4Tiles<L> or Int8Tiles), read from

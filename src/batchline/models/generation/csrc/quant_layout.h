@@ -36,7 +36,8 @@ constexpr int64_t block_bytes() {
   return L == Layout::kF32 ? kBlockF32 : L == Layout::kCompact ? kBlockCompact : kBlock;
 }
 // The int8 layout's block (quant_gemm_a8.cpp): 512 bytes of int8 codes, then 16 bf16 scales
-constexpr int64_t kBlockInt8 = 544;
+constexpr int64_t kInt8Codes = kGroup * kTile;  // where a block's scales start
+constexpr int64_t kBlockInt8 = kInt8Codes + 2 * kTile;  // 544
 constexpr int64_t kMaxRows = 8;  // rows summed together over one pass of a tile's weights
 // The fewest weight bytes a thread's share is given: a smaller product (SmolLM2-135M's k/v
 // projection, 576 -> 192: 69 KB in int4, ~6 us) gains nothing from a second thread's wake-up.

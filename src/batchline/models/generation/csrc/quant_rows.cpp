@@ -30,8 +30,6 @@ namespace {
 
 using namespace batchline_quant;
 
-constexpr int64_t kCodeBytes = kGroup * kTile;  // a block's codes, before its scales
-
 float bf16_at(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, sizeof h);
@@ -43,7 +41,7 @@ template <typename T>
 void one_row(const uint8_t* tile, int64_t groups, int64_t column, T* out) {
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* block = tile + g * kBlockInt8;
-    const float scale = bf16_at(block + kCodeBytes + 2 * column);
+    const float scale = bf16_at(block + kInt8Codes + 2 * column);
     for (int64_t c = 0; c < 8; ++c) {
       const auto* codes = reinterpret_cast<const int8_t*>(block + 64 * c + 4 * column);
       for (int64_t t = 0; t < 4; ++t) {
