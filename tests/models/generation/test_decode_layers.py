@@ -188,3 +188,92 @@ def test_its_arguments_are_checked() -> None:
     empty = [torch.empty(0)] * 4
     with pytest.raises(RuntimeError, match="op 7 is none of 0-5"):
         make([torch.ones(4)] * 2, empty, empty, spec, 1e-5, 0.5, 2, 4, 512, 5)
+
+
+def _one_row_stack(product: str, *, streams: int, gelu: bool = False, bias: bool = False) -> Any:
+    """The one call over a model wide enough that every product's tiles split over two
+    threads (hidden 512, intermediate 1,536), its linears reading ``streams`` tiles at once."""
+    from batchline.models.generation.decode_layers import layers_in_one_call
+
+    layout, dtype = PRODUCTS[product]
+    _runs_here(layout)
+    model = build_tiny_llama(hidden_size=512, intermediate_size=1536)
+    if bias:  # q/k/v's (Qwen2's), and one down product's
+        attention, mlp = model.model.layers[0].self_attn, model.model.layers[1].mlp
+        for linear in (attention.q_proj, attention.k_proj, attention.v_proj, mlp.down_proj):
+            linear.bias = torch.nn.Parameter(torch.randn(linear.out_features) * 0.1)
+    int8g = layout == StepProduct.INT8G_A8
+    fuse_projections(model)
+    quantize_linears(model, "int8" if int8g else "int4", dtype, scale_dtype=torch.bfloat16)
+    assert use_int8_activations(model) > 0
+    layers = list(model.model.layers)
+    for module in layers:
+        for linear in (module.self_attn.qkv_proj, module.self_attn.o_proj):
+            linear.streams = streams
+        for linear in (module.mlp.gate_up_proj, module.mlp.down_proj):
+            linear.streams = streams
+    lean = _lean(model)  # the library loaded
+    norms = [(m.input_layernorm.weight, m.post_attention_layernorm.weight) for m in layers]
+    found = layers_in_one_call(
+        layers,
+        norms,
+        dtype,
+        gelu=gelu,
+        eps=1e-5,
+        scale=lean._scaling,
+        heads=lean._heads,
+    )
+    assert found is not None
+    return found[0]
+
+
+@pytest.mark.parametrize(
+    ("product", "streams", "gelu", "bias"),
+    [
+        ("int4 on int8 rows", 1, False, False),
+        ("int4 on int8 rows", 4, True, True),
+        ("int4 on int8 rows", 8, False, False),
+        ("int8 layout on int8 rows", 1, False, True),  # one row on the 256-bit path
+        ("int8 layout on int8 rows", 2, True, False),  # ... and on the 512-bit one
+    ],
+)
+def test_one_float32_row_in_one_region_a_layer_gives_the_ops_bits(
+    product: str, streams: int, gelu: bool, bias: bool
+) -> None:
+    stack = _one_row_stack(product, streams=streams, gelu=gelu, bias=bias)
+    assert stack.one_row()
+    generator = torch.Generator().manual_seed(3)
+    layers, dim, kv_heads, capacity, hi = stack.size(), 128, 2, 24, 17
+    h = torch.randn(1, 512, generator=generator)
+    keys = [torch.randn(2, kv_heads, capacity, dim, generator=generator) for _ in range(layers)]
+    values = [torch.randn(2, kv_heads, capacity, dim, generator=generator) for _ in range(layers)]
+    angles = torch.rand(1, 1, dim, generator=generator) * 3
+    cos, sin = angles.cos(), angles.sin()
+    first = torch.tensor([4])
+
+    def forward(one_row: bool) -> tuple[Any, list[Any], list[Any]]:
+        assert stack.use_one_row(one_row) == one_row
+        k, v = [t.clone() for t in keys], [t.clone() for t in values]
+        return stack.forward(h, cos, sin, k, v, first, hi), k, v
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # the tiles split as the ops split them
+    try:
+        region, by_ops = forward(True), forward(False)
+    finally:
+        torch.set_num_threads(before)
+        stack.use_one_row(True)
+    assert not torch.equal(region[0], h)
+    assert torch.equal(region[0], by_ops[0])
+    for ours, theirs in zip(region[1] + region[2], by_ops[1] + by_ops[2], strict=True):
+        assert torch.equal(ours, theirs)  # the store's new column the same too
+
+
+def test_only_float32_rows_of_int8_row_products_take_one_region() -> None:
+    assert _lean(_model("int4 on int8 rows")).one_call(torch.float32)[0].one_row()
+    for product in ("int4 on float32 rows", "bf16 tiles"):
+        layout, dtype = PRODUCTS[product]
+        _runs_here(layout)
+        stack, _ = _lean(_model(product)).one_call(dtype)
+        assert not stack.one_row()
+        assert not stack.use_one_row(True)

@@ -71,7 +71,7 @@ _SOURCES = (
     _CSRC / "quant_rows.cpp",
     _CSRC / "dense_tiles.cpp",
 )
-_HEADERS = (_CSRC / "quant_layout.h", _CSRC / "amx_tiles.h")
+_HEADERS = (_CSRC / "quant_layout.h", _CSRC / "amx_tiles.h", _CSRC / "row_steps.h")
 #: Compiled with OpenMP so that ATen's ``parallel_for`` (a header template) splits its work over
 #: torch's intra-op threads: without it the header runs the whole range on the calling thread.
 #: Linked without ``-fopenmp`` (which would add the compiler's own libgomp): the OpenMP calls

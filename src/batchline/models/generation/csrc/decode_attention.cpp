@@ -31,6 +31,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "row_steps.h"
+
 // float32's 8-lane loops below: a CPU with AVX2 and FMA but no AVX-512 (which takes the 16-lane
 // ones)
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
@@ -550,8 +552,12 @@ inline void store(float* p, int64_t i, float v) { p[i] = v; }
 // dtype W = T, out = weight * T(h * inv) (Llama's order: rounded, then weighed); with a float
 // weight beside a bfloat16 x, out = T(h * inv * weight) (Gemma's: weighed in float32 by its
 // 1 + weight, then rounded once). In float32 the two are one.
+// Neither inlined nor cloned for a constant argument: the op and decode_layers.cpp's one-row
+// path (rms_norm_row) run the one copy, whose summation order the compiler chose once. A clone
+// for rows = 1 summed the squares in another order (1 ulp of the norm).
 template <typename T, typename W>
-void rms_rows(const T* x, const W* weight, T* out, int64_t rows, int64_t n, float eps) {
+__attribute__((noinline, noclone)) void rms_rows(const T* x, const W* weight, T* out,
+                                                 int64_t rows, int64_t n, float eps) {
   constexpr bool weighed_first = !std::is_same_v<T, W>;
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * n;
@@ -592,12 +598,13 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return out;
 }
 
-// T(T(silu(gate)) * up) from one (rows, 2 * n) gate/up product, gate first
 // T(T(act(gate)) * up) from one (rows, 2 * n) gate/up product, gate first. act is SiLU,
 // x / (1 + exp(-x)), or GeLU with tanh, 0.5 x (1 + tanh(k (x + 0.044715 x^3))), k = sqrt(2/pi),
-// which is x / (1 + exp(-2 k (x + 0.044715 x^3))): one form, another argument.
+// which is x / (1 + exp(-2 k (x + 0.044715 x^3))): one form, another argument. One copy, as
+// rms_rows.
 template <typename T, bool Gelu>
-void act_mul_rows(const T* gate_up, T* out, int64_t rows, int64_t n) {
+__attribute__((noinline, noclone)) void act_mul_rows(const T* gate_up, T* out, int64_t rows,
+                                                     int64_t n) {
   for (int64_t r = 0; r < rows; ++r) {
     const T* g = gate_up + r * 2 * n;
     const T* u = g + n;
@@ -750,6 +757,23 @@ at::Tensor decode_step(const at::Tensor& qkv, const at::Tensor& cos, const at::T
 }
 
 }  // namespace
+
+// -- one row's norm and activation for decode_layers.cpp's one region a layer (row_steps.h) ---
+namespace batchline_rows {
+
+void rms_norm_row(const float* x, const float* weight, int64_t n, float eps, float* out) {
+  rms_rows<float, float>(x, weight, out, 1, n, eps);
+}
+
+void act_mul_row(const float* gate_up, int64_t n, bool gelu, float* out) {
+  if (gelu) {
+    act_mul_rows<float, true>(gate_up, out, 1, n);
+  } else {
+    act_mul_rows<float, false>(gate_up, out, 1, n);
+  }
+}
+
+}  // namespace batchline_rows
 
 TORCH_LIBRARY(batchline, m) {
   m.def(

@@ -27,16 +27,37 @@
 //   .forward(h, cos, sin, keys, values, first, hi) -> h after every layer
 //     h: (rows, hidden) in the dtype the products take; keys, values: the store's buffers of
 //     every layer; cos, sin, first, hi: as decode_step takes them
+//   .one_row() -> whether one float32 row takes one parallel region a layer (below)
+//   .use_one_row(on) -> one_row() after turning that path on (where it can be) or off (one
+//     row then goes op by op as more do: the same bits; benchmarks compare the two)
+//
+// One float32 row (a batch-1 step) whose products are all int8-rows ones (layouts 0 and 1),
+// on a build with the VNNI path: each layer is one parallel region of torch's threads, from
+// its o product to the next layer's q/k/v product, and the attention between (decode_step, its
+// own region). In it every thread norms and quantizes the row itself (a few us, no wait), the
+// products' tiles split among the threads as their ops split them, each thread adding the
+// residual to its own columns, and a barrier where a step needs every column of the one before:
+// the ops' code on the same numbers (row_steps.h), so the same bits, without the ops' calls,
+// their tensors and two thirds of the regions. On Zen 4 a SmolLM2-360M int4 layer spent ~30 %
+// of its time outside its products, the other thread waiting (docs/generation.md).
 // Built by batchline.models.generation.decode_kernel with the machine's C++ compiler.
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
+#include <omp.h>
+
+#include <algorithm>
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <vector>
+
+#include "quant_layout.h"
+#include "row_steps.h"
 
 namespace {
 
@@ -104,11 +125,68 @@ struct Product {
   int64_t extra;  // the op's last argument
 };
 
+// A product's one-row form (a layout-0 or -1 op on one float32 row): its weight's geometry,
+// the path its op takes for one row, and how the row is quantized for it.
+struct RowProduct {
+  const uint8_t* packed = nullptr;
+  const float* bias = nullptr;
+  int64_t block_bytes = 0, groups = 0, tiles = 0, n = 0, width = 0, streams = 1;
+  bool paired = false;  // the int4 layouts' 512-bit operand order
+
+  int64_t inputs() const { return groups * batchline_quant::kGroup; }
+
+  // Thread tid's tiles of `threads`, as at::parallel_for splits them for the op
+  std::pair<int64_t, int64_t> share(int64_t tid, int64_t threads) const {
+    const int64_t grain = batchline_quant::tiles_per_share(groups * block_bytes);
+    const int64_t used = std::min(threads, (tiles + grain - 1) / grain);
+    if (tid >= used) return {tiles, tiles};
+    const int64_t chunk = (tiles + used - 1) / used;
+    const int64_t t0 = std::min(tiles, tid * chunk);
+    return {t0, std::min(tiles, t0 + chunk)};
+  }
+
+  // Thread tid's columns of the product of the row quantized into x, into out
+  std::pair<int64_t, int64_t> run(const batchline_rows::RowCodes& x, int64_t tid,
+                                  int64_t threads, float* out) const {
+    const auto [t0, t1] = share(tid, threads);
+    if (t0 < t1) {
+      batchline_rows::one_row_tiles(packed, block_bytes, groups, x, bias, n, width, streams, t0,
+                                    t1, out);
+    }
+    return {t0 * batchline_quant::kTile, std::min(n, t1 * batchline_quant::kTile)};
+  }
+};
+
 struct Layer {
   int64_t index;
   bool gelu;
   at::Tensor input_norm, mlp_norm;
   Product products[kProducts];
+  RowProduct rows[kProducts];  // where the model takes one region a layer
+};
+
+// One thread's buffers for a one-row step: the row it norms or activates, and its int8 form.
+struct RowScratch {
+  RowScratch(int64_t threads, int64_t widest)
+      : widest_(widest),
+        values_(threads * widest),
+        codes_(threads * widest),
+        floats_(threads * 2 * (widest / batchline_quant::kGroup)),
+        sums_(threads * (widest / batchline_quant::kGroup)) {}
+
+  float* values(int64_t tid) { return values_.data() + tid * widest_; }
+  batchline_rows::RowCodes codes(int64_t tid) {
+    const int64_t groups = widest_ / batchline_quant::kGroup;
+    float* floats = floats_.data() + tid * 2 * groups;
+    return {codes_.data() + tid * widest_, floats, sums_.data() + tid * groups, floats + groups};
+  }
+
+ private:
+  int64_t widest_;
+  std::vector<float> values_;
+  std::vector<int8_t> codes_;
+  std::vector<float> floats_;
+  std::vector<int32_t> sums_;
 };
 
 struct DecodeLayers : torch::CustomClassHolder {
@@ -143,17 +221,24 @@ struct DecodeLayers : torch::CustomClassHolder {
       }
       layers_.push_back(std::move(layer));
     }
+    one_row_ = takes_one_row();
   }
 
   at::Tensor forward(at::Tensor h, const at::Tensor& cos, const at::Tensor& sin,
                      const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values,
                      const at::Tensor& first, int64_t hi) const {
     TORCH_CHECK(h.dim() == 2, "DecodeLayers.forward: h must be (rows, hidden)");
-    const Ops& ops = Ops::get();
     for (const Layer& layer : layers_) {
       TORCH_CHECK(layer.index < static_cast<int64_t>(keys.size()) &&
                       layer.index < static_cast<int64_t>(values.size()),
                   "DecodeLayers.forward: no store buffers for layer ", layer.index);
+    }
+    if (one_row_ && use_one_row_ && h.size(0) == 1 && h.size(1) == hidden_ && h.scalar_type() == at::kFloat &&
+        !at::in_parallel_region()) {
+      return forward_one_row(h, cos, sin, keys, values, first, hi);
+    }
+    const Ops& ops = Ops::get();
+    for (const Layer& layer : layers_) {
       at::Tensor x = ops.norm.call(h, layer.input_norm, eps_);
       const at::Tensor qkv = product(ops, layer.products[0], x);
       const at::Tensor attended = ops.step.call(qkv, cos, sin, keys[layer.index],
@@ -169,8 +254,145 @@ struct DecodeLayers : torch::CustomClassHolder {
   }
 
   int64_t size() const { return static_cast<int64_t>(layers_.size()); }
+  bool one_row() const { return one_row_ && use_one_row_; }
+  bool use_one_row(bool on) {
+    use_one_row_ = on;
+    return one_row();
+  }
 
  private:
+  // Whether one float32 row can take one region a layer: a build with the VNNI path, every
+  // product an int8-rows one of a shape that chains (hidden -> q/k/v, attention -> hidden,
+  // hidden -> 2 x intermediate -> hidden), float32 norms. Fills each layer's RowProducts.
+  bool takes_one_row() {
+    if (!batchline_rows::one_row_built() || a8_width_ != 512 || layers_.empty()) return false;
+    hidden_ = layers_[0].input_norm.numel();
+    widest_ = 0;
+    for (Layer& layer : layers_) {
+      for (const at::Tensor* norm : {&layer.input_norm, &layer.mlp_norm}) {
+        if (norm->scalar_type() != at::kFloat || norm->dim() != 1 || !norm->is_contiguous() ||
+            norm->numel() != hidden_) {
+          return false;
+        }
+      }
+      for (int64_t p = 0; p < kProducts; ++p) {
+        const Product& product = layer.products[p];
+        const at::Tensor& w = product.packed;
+        const bool int8g = product.layout == kInt8gA8;
+        if ((product.layout != kInt4A8 && !int8g) || w.dim() != 3 ||
+            w.scalar_type() != at::kByte || !w.is_contiguous()) {
+          return false;
+        }
+        const int64_t block = w.size(2);
+        const bool int4_block = block == batchline_quant::kBlock ||
+                                block == batchline_quant::kBlockF32 ||
+                                block == batchline_quant::kBlockCompact;
+        if (int8g ? block != batchline_quant::kBlockInt8 : !int4_block) return false;
+        if (product.n <= (w.size(0) - 1) * batchline_quant::kTile ||
+            product.n > w.size(0) * batchline_quant::kTile) {
+          return false;
+        }
+        if (product.bias.has_value() &&
+            (product.bias->scalar_type() != at::kFloat || !product.bias->is_contiguous() ||
+             product.bias->numel() != product.n)) {
+          return false;
+        }
+        RowProduct& row = layer.rows[p];
+        row.packed = w.data_ptr<uint8_t>();
+        row.bias = product.bias.has_value() ? product.bias->data_ptr<float>() : nullptr;
+        row.block_bytes = block;
+        row.groups = w.size(1);
+        row.tiles = w.size(0);
+        row.n = product.n;
+        row.streams = product.extra;
+        row.width = int8g ? int8g_width(1, product.extra) : a8_width_;
+        row.paired = !int8g;
+        if (row.streams != 1 && row.streams != 2 && row.streams != 4 && row.streams != 8) {
+          return false;
+        }
+        widest_ = std::max(widest_, row.inputs());
+      }
+      const RowProduct* r = layer.rows;
+      if (r[0].inputs() != hidden_ || r[1].n != hidden_ || r[2].inputs() != hidden_ ||
+          r[2].n != 2 * r[3].inputs() || r[3].n != hidden_) {
+        return false;
+      }
+      qkv_widest_ = std::max(qkv_widest_, r[0].n);
+      gate_up_widest_ = std::max(gate_up_widest_, r[2].n);
+    }
+    return true;
+  }
+
+  // forward for one float32 row: one parallel region a layer (the header says how), the
+  // attention's call between two.
+  at::Tensor forward_one_row(const at::Tensor& h_in, const at::Tensor& cos, const at::Tensor& sin,
+                             const std::vector<at::Tensor>& keys,
+                             const std::vector<at::Tensor>& values, const at::Tensor& first,
+                             int64_t hi) const {
+    const Ops& ops = Ops::get();
+    at::Tensor h = h_in.clone(at::MemoryFormat::Contiguous);
+    float* hp = h.data_ptr<float>();
+    const int64_t threads = std::max(1, at::get_num_threads());
+    RowScratch scratch(threads, widest_);
+    std::vector<float> products(hidden_ + gate_up_widest_);
+    float* out = products.data();  // the o and down products'
+    float* gate_up = out + hidden_;
+    const at::Tensor qkv_buffer = at::empty({1, qkv_widest_}, h.options());
+    float* qkv = qkv_buffer.data_ptr<float>();
+    const float eps = static_cast<float>(eps_);
+
+    // the residual onto this thread's columns of a product: out + h, as add_ sums them
+    auto add_columns = [&](std::pair<int64_t, int64_t> cols) {
+      for (int64_t c = cols.first; c < cols.second; ++c) hp[c] = out[c] + hp[c];
+    };
+    // a layer's front: its input norm, and its q/k/v product's share
+    auto front = [&](const Layer& layer, int64_t tid) {
+      float* x = scratch.values(tid);
+      const batchline_rows::RowCodes codes = scratch.codes(tid);
+      batchline_rows::rms_norm_row(hp, layer.input_norm.data_ptr<float>(), hidden_, eps, x);
+      batchline_rows::quantize_one_row(x, hidden_, layer.rows[0].paired, codes);
+      layer.rows[0].run(codes, tid, threads, qkv);
+    };
+
+#pragma omp parallel num_threads(threads)
+    front(layers_[0], omp_get_thread_num());
+
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      const Layer& layer = layers_[l];
+      const RowProduct* rows = layer.rows;
+      const at::Tensor attended =
+          ops.step.call(qkv_buffer.narrow(1, 0, rows[0].n), cos, sin, keys[layer.index],
+                        values[layer.index], first, hi, scale_, heads_)
+              .contiguous();
+      TORCH_CHECK(attended.scalar_type() == at::kFloat && attended.numel() == rows[1].inputs(),
+                  "DecodeLayers.forward: the attention gave ", attended.numel(),
+                  " values, the o product takes ", rows[1].inputs());
+      const float* ap = attended.data_ptr<float>();
+      const bool last = l + 1 == layers_.size();
+#pragma omp parallel num_threads(threads)
+      {
+        const int64_t tid = omp_get_thread_num();
+        float* x = scratch.values(tid);
+        const batchline_rows::RowCodes codes = scratch.codes(tid);
+        batchline_rows::quantize_one_row(ap, rows[1].inputs(), rows[1].paired, codes);
+        add_columns(rows[1].run(codes, tid, threads, out));
+#pragma omp barrier
+        batchline_rows::rms_norm_row(hp, layer.mlp_norm.data_ptr<float>(), hidden_, eps, x);
+        batchline_rows::quantize_one_row(x, hidden_, rows[2].paired, codes);
+        rows[2].run(codes, tid, threads, gate_up);
+#pragma omp barrier
+        batchline_rows::act_mul_row(gate_up, rows[3].inputs(), layer.gelu, x);
+        batchline_rows::quantize_one_row(x, rows[3].inputs(), rows[3].paired, codes);
+        add_columns(rows[3].run(codes, tid, threads, out));
+        if (!last) {
+#pragma omp barrier
+          front(layers_[l + 1], tid);
+        }
+      }
+    }
+    return h;
+  }
+
   at::Tensor product(const Ops& ops, const Product& p, const at::Tensor& x) const {
     switch (p.layout) {
       case kInt4A8:
@@ -200,6 +422,9 @@ struct DecodeLayers : torch::CustomClassHolder {
 
   int64_t heads_, wide_rows_, a8_width_, a8_bf16_rows_;
   std::vector<Layer> layers_;
+  bool one_row_ = false, use_one_row_ = true;
+  // the one-row path's widths: the row's, the widest product input, q/k/v and gate/up outputs
+  int64_t hidden_ = 0, widest_ = 0, qkv_widest_ = 0, gate_up_widest_ = 0;
 };
 
 }  // namespace
@@ -210,5 +435,7 @@ TORCH_LIBRARY_FRAGMENT(batchline, m) {
                        std::vector<int64_t>, double, double, int64_t, int64_t, int64_t,
                        int64_t>())
       .def("forward", &DecodeLayers::forward)
-      .def("size", &DecodeLayers::size);
+      .def("size", &DecodeLayers::size)
+      .def("one_row", &DecodeLayers::one_row)
+      .def("use_one_row", &DecodeLayers::use_one_row);
 }

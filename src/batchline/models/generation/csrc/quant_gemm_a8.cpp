@@ -75,6 +75,7 @@
 #include <vector>
 
 #include "quant_layout.h"
+#include "row_steps.h"
 
 namespace {
 
@@ -139,8 +140,11 @@ struct RowOut {
 
 // One row's groups to int8 codes, their scales, their code sums and each scale times its code
 // sum in float32 (the product the epilogue of the int4 layouts takes) (AVX2: for both paths).
+// One copy, neither inlined nor cloned: the ops and decode_layers.cpp's one-row path run the
+// same code (decode_attention.cpp's rms_rows says why).
 template <typename T>
-void quantize_row(const T* x, int64_t groups, const RowOut& out) {
+__attribute__((noinline, noclone)) void quantize_row(const T* x, int64_t groups,
+                                                     const RowOut& out) {
   for (int64_t g = 0; g < groups; ++g) {
     __m256 v[4];
     const float amax = load_group(x + g * kGroup, v);
@@ -587,26 +591,35 @@ inline void with_streams(int64_t streams, F&& f) {
 }
 
 #if defined(BATCHLINE_A8_VNNI)
-// A one-row product of either layout (Tiles: Int4Tiles<L> or Int8Tiles) read `streams` tiles at
-// a time (row_by_tiles_a8), the tiles shared among the threads.
+// Tiles [begin, end) of a one-row product of either layout (Tiles: Int4Tiles<L> or Int8Tiles),
+// `streams` tiles at a time (row_by_tiles_a8), the rest one at a time.
+template <typename Tiles>
+void row_share_by_streams(const uint8_t* wp, int64_t begin, int64_t end, int64_t tile_bytes,
+                          int64_t groups, const BlockRows& x, const float* bias, int64_t n,
+                          int64_t streams, float* out) {
+  with_streams(streams, [&](auto c) {
+    constexpr int kC = decltype(c)::value;
+    int64_t t = begin;
+    for (; t + kC <= end; t += kC) {
+      row_by_tiles_a8<Tiles, kC>(wp + t * tile_bytes, tile_bytes, groups, x, bias, t * kTile, n,
+                                 out);
+    }
+    for (; t < end; ++t) {
+      row_by_tiles_a8<Tiles, 1>(wp + t * tile_bytes, tile_bytes, groups, x, bias, t * kTile, n,
+                                out);
+    }
+  });
+}
+
+// A one-row product of either layout read `streams` tiles at a time, the tiles shared among the
+// threads.
 template <typename Tiles>
 void one_row_by_streams(const uint8_t* wp, int64_t tiles, int64_t tile_bytes, int64_t groups,
                         const QuantizedRows& xq, const float* bias, int64_t n, int64_t streams,
                         float* out) {
   const BlockRows x = xq.block(0);
   at::parallel_for(0, tiles, tiles_per_share(tile_bytes), [&](int64_t begin, int64_t end) {
-    with_streams(streams, [&](auto c) {
-      constexpr int kC = decltype(c)::value;
-      int64_t t = begin;
-      for (; t + kC <= end; t += kC) {
-        row_by_tiles_a8<Tiles, kC>(wp + t * tile_bytes, tile_bytes, groups, x, bias, t * kTile, n,
-                                   out);
-      }
-      for (; t < end; ++t) {
-        row_by_tiles_a8<Tiles, 1>(wp + t * tile_bytes, tile_bytes, groups, x, bias, t * kTile, n,
-                                  out);
-      }
-    });
+    row_share_by_streams<Tiles>(wp, begin, end, tile_bytes, groups, x, bias, n, streams, out);
   });
 }
 #endif
@@ -811,6 +824,69 @@ std::tuple<at::Tensor, at::Tensor> int8_weight_groups(const at::Tensor& w, int64
 }
 
 }  // namespace
+
+// -- one row's steps for decode_layers.cpp's one region a layer (row_steps.h) -----------------
+// The ops' code on one row: a row lies the same in every RowLayout (its groups one after
+// another), and the tiles are computed one by one as the ops' shares compute them.
+namespace batchline_rows {
+
+bool one_row_built() {
+#if defined(BATCHLINE_A8_VNNI)
+  return true;
+#else
+  return false;
+#endif
+}
+
+void quantize_one_row(const float* x, int64_t k, bool paired, const RowCodes& out) {
+#if defined(BATCHLINE_A8_VNNI)
+  quantize_row(x, k / kGroup, RowOut{out.codes, out.scales, out.sums, out.scaled_sums, 1, paired});
+#endif
+}
+
+void one_row_tiles(const uint8_t* packed, int64_t block_bytes, int64_t groups, const RowCodes& x,
+                   const float* bias, int64_t n, int64_t width, int64_t streams, int64_t t0,
+                   int64_t t1, float* out) {
+#if defined(BATCHLINE_A8_VNNI)
+  const BlockRows xb{x.codes, x.scales, x.sums, x.scaled_sums};
+  const int64_t tile_bytes = groups * block_bytes;
+  if (block_bytes == kBlockInt8) {  // int8g_linear_a8's paths for one row
+    if (width == 512 && streams > 1) {
+      row_share_by_streams<Int8Tiles>(packed, t0, t1, tile_bytes, groups, xb, bias, n, streams,
+                                      out);
+      return;
+    }
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n0 = t * kTile, cols = std::min(kTile, n - n0);
+      if (width == 512) {
+        tile_rows_vnni<Int8Tiles, 1>(packed + t * tile_bytes, groups, xb, 0, bias, n0, cols, n,
+                                     out);
+      } else {
+        tile_rows_int8_256<1>(packed + t * tile_bytes, groups, xb, 0, bias, n0, cols, n, out);
+      }
+    }
+    return;
+  }
+  const Layout layout = block_bytes == kBlockF32       ? Layout::kF32
+                        : block_bytes == kBlockCompact ? Layout::kCompact
+                                                       : Layout::kBf16;
+  with_layout(layout, [&](auto kind) {  // int4_linear_a8's 512-bit paths for one row
+    constexpr Layout kL = decltype(kind)::value;
+    if (streams > 1) {
+      row_share_by_streams<Int4Tiles<kL>>(packed, t0, t1, tile_bytes, groups, xb, bias, n,
+                                          streams, out);
+      return;
+    }
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n0 = t * kTile, cols = std::min(kTile, n - n0);
+      tile_rows_vnni<Int4Tiles<kL>, 1>(packed + t * tile_bytes, groups, xb, 0, bias, n0, cols, n,
+                                       out);
+    }
+  });
+#endif
+}
+
+}  // namespace batchline_rows
 
 TORCH_LIBRARY_FRAGMENT(batchline, m) {
   m.def(
