@@ -267,6 +267,11 @@ def test_one_float32_row_in_one_region_a_layer_gives_the_ops_bits(
     assert torch.equal(region[0], by_ops[0])
     for ours, theirs in zip(region[1] + region[2], by_ops[1] + by_ops[2], strict=True):
         assert torch.equal(ours, theirs)  # the store's new column the same too
+    # arguments the attention does not take go op by op, whose checks name them
+    with pytest.raises(RuntimeError, match="hi outside the buffers"):
+        stack.forward(h, cos, sin, keys, values, first, capacity)
+    with pytest.raises(RuntimeError, match="first"):
+        stack.forward(h, cos, sin, keys, values, torch.tensor([hi + 1]), hi)
 
 
 def test_only_float32_rows_of_int8_row_products_take_one_region() -> None:

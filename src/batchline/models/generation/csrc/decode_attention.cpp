@@ -357,6 +357,104 @@ void weighted_sum_avx2(const float* p, int64_t n, int64_t group, const float* va
 // DIM: the head dim when known at compile time (unrolled loops), 0 for any other. CAPPED: the
 // scores soft-capped; a template argument, so that the uncapped loops compile as they did (a
 // run-time branch there cost the bfloat16 step 8 %, 25.8 -> 27.9 ms).
+// One thread's buffers for its tasks (a row's KV head each): group query heads of dim values.
+struct AttendScratch {
+  AttendScratch(int64_t group, int64_t dim)
+      : qf(group * dim), acc(group * dim), row(dim), total(group) {}
+  std::vector<float> qf, acc, row, total, scores;
+};
+
+// One task: the `group` query heads at qb (out at ob) against the n columns of one KV head
+// from kb and vb; `next`, next_n: the next task's first key and columns (nullptr: none), which
+// the vector loops bring in while this one's values are summed. Neither inlined nor cloned:
+// attend and decode_layers.cpp's one-row path (attend_row_heads) run the one copy.
+template <typename T, int64_t DIM, bool CAPPED>
+__attribute__((noinline, noclone)) void attend_task(const T* qb, const T* kb, const T* vb,
+                                                    int64_t n, int64_t group, int64_t dim,
+                                                    float scale, float softcap, const T* next,
+                                                    int64_t next_n, AttendScratch& s, T* ob) {
+  std::vector<float>& qf = s.qf;
+  std::vector<float>& acc = s.acc;
+  std::vector<float>& row = s.row;
+  std::vector<float>& total = s.total;
+  std::vector<float>& scores = s.scores;
+  scores.resize(group * n);
+  bool fast = false;  // the AVX-512 loops, for heads of 64 or 128
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float> && DIM > 0 && DIM % 32 == 0) {
+    fast = group <= kMaxGroup;
+    if (fast) scores_f32<DIM>(qb, kb, n, group, scale, scores.data(), vb);
+  }
+#endif
+#if defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<T, at::BFloat16> && DIM > 0 && DIM % 32 == 0) {
+    fast = group <= kMaxGroup;
+    if (fast) scores_bf16<DIM>(qb, kb, n, group, scale, scores.data(), vb);
+  }
+#endif
+#if BATCHLINE_F32_AVX2
+  if constexpr (std::is_same_v<T, float> && DIM > 0 && DIM % 32 == 0) {
+    fast = true;
+    scores_f32_avx2<DIM>(qb, kb, n, group, scale, scores.data(), vb);
+  }
+#endif
+  if (!fast) {
+    for (int64_t j = 0; j < group; ++j)
+      for (int64_t d = 0; d < dim; ++d) qf[j * dim + d] = load(qb + j * dim, d);
+    for (int64_t w = 0; w < n; ++w) {
+#pragma omp simd
+      for (int64_t d = 0; d < dim; ++d) row[d] = load(kb + w * dim, d);
+      for (int64_t j = 0; j < group; ++j) {
+        const float* qj = qf.data() + j * dim;
+        float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t d = 0; d < dim; ++d) dot += qj[d] * row[d];
+        scores[j * n + w] = dot * scale;
+      }
+    }
+  }
+  if constexpr (CAPPED) {  // Gemma 2's: cap * tanh(score / cap), tanh(y) = 1 - 2 / (e^2y + 1)
+    const float twice = 2.0f / softcap;
+#pragma omp simd
+    for (int64_t i = 0; i < group * n; ++i)
+      scores[i] = softcap * (1.0f - 2.0f / (exp_approx(twice * scores[i]) + 1.0f));
+  }
+  for (int64_t j = 0; j < group; ++j) {
+    float* sj = scores.data() + j * n;
+    total[j] = exp_shifted(sj, n, *std::max_element(sj, sj + n));
+  }
+  const T* ahead = fast ? next : nullptr;
+  const int64_t ahead_n = ahead ? next_n : 0;
+#if defined(__AVX512F__)
+  if constexpr (DIM > 0 && DIM % 32 == 0) {
+    if (fast) weighted_sum<DIM>(scores.data(), n, group, vb, acc.data(), ahead, ahead_n);
+  }
+#endif
+#if BATCHLINE_F32_AVX2
+  if constexpr (std::is_same_v<T, float> && DIM > 0 && DIM % 32 == 0) {
+    weighted_sum_avx2<DIM>(scores.data(), n, group, vb, acc.data(), ahead, ahead_n);
+  }
+#endif
+  if (!fast) {
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (int64_t w = 0; w < n; ++w) {
+#pragma omp simd
+      for (int64_t d = 0; d < dim; ++d) row[d] = load(vb + w * dim, d);
+      for (int64_t j = 0; j < group; ++j) {
+        const float pj = scores[j * n + w];
+        float* aj = acc.data() + j * dim;
+#pragma omp simd
+        for (int64_t d = 0; d < dim; ++d) aj[d] += pj * row[d];
+      }
+    }
+  }
+  for (int64_t j = 0; j < group; ++j) {
+    T* orow = ob + j * dim;
+    const float inv = 1.0f / total[j];
+    for (int64_t d = 0; d < dim; ++d) orow[d] = static_cast<T>(acc[j * dim + d] * inv);
+  }
+}
+
 template <typename T, int64_t DIM, bool CAPPED>
 void attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
             const at::Tensor& first, int64_t hi, float scale, float softcap, at::Tensor& out) {
@@ -374,95 +472,21 @@ void attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& value
   // columns 22.5 us on one and 16.8 on two (bfloat16, the AMX Xeon, loaded).
   const int64_t grain = std::max<int64_t>(1, 512 / (hi + 1));
   at::parallel_for(0, rows * kv_heads, grain, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf(group * dim), acc(group * dim), row(dim), total(group), scores;
+    AttendScratch scratch(group, dim);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / kv_heads, h = task % kv_heads;
       const int64_t start = fp[b], n = hi - start + 1;
       const int64_t base = (b * kv_heads + h) * capacity;  // slot b, head h, column 0
-      const T* qb = qp + (b * heads + h * group) * dim;    // its first query head
-      scores.resize(group * n);
-      const T* kb = kp + (base + start) * dim;  // its first column's key
-      const T* vb = vp + (base + start) * dim;
-      bool fast = false;  // the AVX-512 loops, for heads of 64 or 128
-#if defined(__AVX512F__)
-      if constexpr (std::is_same_v<T, float> && DIM > 0 && DIM % 32 == 0) {
-        fast = group <= kMaxGroup;
-        if (fast) scores_f32<DIM>(qb, kb, n, group, scale, scores.data(), vb);
-      }
-#endif
-#if defined(__AVX512BF16__)
-      if constexpr (std::is_same_v<T, at::BFloat16> && DIM > 0 && DIM % 32 == 0) {
-        fast = group <= kMaxGroup;
-        if (fast) scores_bf16<DIM>(qb, kb, n, group, scale, scores.data(), vb);
-      }
-#endif
-#if BATCHLINE_F32_AVX2
-      if constexpr (std::is_same_v<T, float> && DIM > 0 && DIM % 32 == 0) {
-        fast = true;
-        scores_f32_avx2<DIM>(qb, kb, n, group, scale, scores.data(), vb);
-      }
-#endif
-      if (!fast) {
-        for (int64_t j = 0; j < group; ++j)
-          for (int64_t d = 0; d < dim; ++d) qf[j * dim + d] = load(qb + j * dim, d);
-        for (int64_t w = 0; w < n; ++w) {
-#pragma omp simd
-          for (int64_t d = 0; d < dim; ++d) row[d] = load(kb + w * dim, d);
-          for (int64_t j = 0; j < group; ++j) {
-            const float* qj = qf.data() + j * dim;
-            float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-            for (int64_t d = 0; d < dim; ++d) dot += qj[d] * row[d];
-            scores[j * n + w] = dot * scale;
-          }
-        }
-      }
-      if constexpr (CAPPED) {  // Gemma 2's: cap * tanh(score / cap), tanh(y) = 1 - 2 / (e^2y + 1)
-        const float twice = 2.0f / softcap;
-#pragma omp simd
-        for (int64_t i = 0; i < group * n; ++i)
-          scores[i] = softcap * (1.0f - 2.0f / (exp_approx(twice * scores[i]) + 1.0f));
-      }
-      for (int64_t j = 0; j < group; ++j) {
-        float* sj = scores.data() + j * n;
-        total[j] = exp_shifted(sj, n, *std::max_element(sj, sj + n));
-      }
-      // the vector loops bring the next task's keys in while this one's values are summed
-      const T* ahead = nullptr;
-      int64_t ahead_n = 0;
-      if (fast && task + 1 < end) {
+      const T* next = nullptr;
+      int64_t next_n = 0;
+      if (task + 1 < end) {
         const int64_t b2 = (task + 1) / kv_heads, h2 = (task + 1) % kv_heads;
-        ahead = kp + ((b2 * kv_heads + h2) * capacity + fp[b2]) * dim;
-        ahead_n = hi - fp[b2] + 1;
+        next = kp + ((b2 * kv_heads + h2) * capacity + fp[b2]) * dim;
+        next_n = hi - fp[b2] + 1;
       }
-#if defined(__AVX512F__)
-      if constexpr (DIM > 0 && DIM % 32 == 0) {
-        if (fast) weighted_sum<DIM>(scores.data(), n, group, vb, acc.data(), ahead, ahead_n);
-      }
-#endif
-#if BATCHLINE_F32_AVX2
-      if constexpr (std::is_same_v<T, float> && DIM > 0 && DIM % 32 == 0) {
-        weighted_sum_avx2<DIM>(scores.data(), n, group, vb, acc.data(), ahead, ahead_n);
-      }
-#endif
-      if (!fast) {
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        for (int64_t w = 0; w < n; ++w) {
-#pragma omp simd
-          for (int64_t d = 0; d < dim; ++d) row[d] = load(vb + w * dim, d);
-          for (int64_t j = 0; j < group; ++j) {
-            const float pj = scores[j * n + w];
-            float* aj = acc.data() + j * dim;
-#pragma omp simd
-            for (int64_t d = 0; d < dim; ++d) aj[d] += pj * row[d];
-          }
-        }
-      }
-      for (int64_t j = 0; j < group; ++j) {
-        T* orow = op + (b * heads + h * group + j) * dim;
-        const float inv = 1.0f / total[j];
-        for (int64_t d = 0; d < dim; ++d) orow[d] = static_cast<T>(acc[j * dim + d] * inv);
-      }
+      attend_task<T, DIM, CAPPED>(qp + (b * heads + h * group) * dim, kp + (base + start) * dim,
+                                  vp + (base + start) * dim, n, group, dim, scale, softcap, next,
+                                  next_n, scratch, op + (b * heads + h * group) * dim);
     }
   });
 }
@@ -758,7 +782,7 @@ at::Tensor decode_step(const at::Tensor& qkv, const at::Tensor& cos, const at::T
 
 }  // namespace
 
-// -- one row's norm and activation for decode_layers.cpp's one region a layer (row_steps.h) ---
+// -- one row's norm, activation and attention for decode_layers.cpp's one region (row_steps.h)
 namespace batchline_rows {
 
 void rms_norm_row(const float* x, const float* weight, int64_t n, float eps, float* out) {
@@ -770,6 +794,41 @@ void act_mul_row(const float* gate_up, int64_t n, bool gelu, float* out) {
     act_mul_rows<float, true>(gate_up, out, 1, n);
   } else {
     act_mul_rows<float, false>(gate_up, out, 1, n);
+  }
+}
+
+void attend_row_heads(const float* qkv, const float* cos, const float* sin, int64_t r,
+                      float* keys, float* values, int64_t kv_heads, int64_t capacity, int64_t dim,
+                      int64_t heads, int64_t first, int64_t hi, float scale, int64_t h0,
+                      int64_t h1, float* q, float* out) {
+  const int64_t group = heads / kv_heads, n = hi - first + 1;
+  // decode_step's rotations and copies of these KV heads (its loop does them in another
+  // order; each value is computed alone: the same bits)
+  for (int64_t h = h0; h < h1; ++h) {
+    for (int64_t j = h * group; j < (h + 1) * group; ++j)
+      rotate_head(qkv + j * dim, cos, sin, r, dim, q + j * dim);
+    const int64_t column = (h * capacity + hi) * dim;
+    rotate_head(qkv + (heads + h) * dim, cos, sin, r, dim, keys + column);
+    std::memcpy(values + column, qkv + (heads + kv_heads + h) * dim, dim * sizeof(float));
+  }
+  auto tasks = [&](auto dim_tag) {
+    constexpr int64_t kDim = decltype(dim_tag)::value;
+    AttendScratch scratch(group, dim);
+    for (int64_t h = h0; h < h1; ++h) {
+      const int64_t start = h * capacity + first;  // slot 0, head h, column first
+      const float* next = h + 1 < h1 ? keys + (start + capacity) * dim : nullptr;
+      attend_task<float, kDim, false>(q + h * group * dim, keys + start * dim,
+                                      values + start * dim, n, group, dim, scale, 0.0f, next,
+                                      next ? n : 0, scratch, out + h * group * dim);
+    }
+  };
+  switch (dim) {  // by_dim's unrolled head dims
+    case 64:
+      return tasks(std::integral_constant<int64_t, 64>{});
+    case 128:
+      return tasks(std::integral_constant<int64_t, 128>{});
+    default:
+      return tasks(std::integral_constant<int64_t, 0>{});
   }
 }
 

@@ -27,19 +27,21 @@
 //   .forward(h, cos, sin, keys, values, first, hi) -> h after every layer
 //     h: (rows, hidden) in the dtype the products take; keys, values: the store's buffers of
 //     every layer; cos, sin, first, hi: as decode_step takes them
-//   .one_row() -> whether one float32 row takes one parallel region a layer (below)
+//   .one_row() -> whether one float32 row takes one parallel region (below)
 //   .use_one_row(on) -> one_row() after turning that path on (where it can be) or off (one
 //     row then goes op by op as more do: the same bits; benchmarks compare the two)
 //
 // One float32 row (a batch-1 step) whose products are all int8-rows ones (layouts 0 and 1),
-// on a build with the VNNI path: each layer is one parallel region of torch's threads, from
-// its o product to the next layer's q/k/v product, and the attention between (decode_step, its
-// own region). In it every thread norms and quantizes the row itself (a few us, no wait), the
-// products' tiles split among the threads as their ops split them, each thread adding the
-// residual to its own columns, and a barrier where a step needs every column of the one before:
-// the ops' code on the same numbers (row_steps.h), so the same bits, without the ops' calls,
-// their tensors and two thirds of the regions. On Zen 4 a SmolLM2-360M int4 layer spent ~30 %
-// of its time outside its products, the other thread waiting (docs/generation.md).
+// on a build with the VNNI path, takes every layer in one parallel region of torch's threads.
+// Each thread norms and quantizes the row itself (a few us, no wait); the products' tiles split
+// among the threads as their ops split them, each thread adding the residual to its own
+// columns; the attention's KV heads split evenly (the threads are awake: the op's ~512 columns
+// a share, which spares a wake-up, do not apply); a barrier where a step needs every value of
+// the one before. Each part is the ops' code on the same numbers (row_steps.h), so the same
+// bits, without ten op calls, their tensors and their regions a layer. Where the attention's
+// arguments are not ones decode_step takes, the row goes op by op, whose checks say why. On
+// Zen 4 a SmolLM2-360M int4 step spent ~30 % of its time outside its products, the other
+// thread waiting; in one region x0.87 the time (docs/generation.md).
 // Built by batchline.models.generation.decode_kernel with the machine's C++ compiler.
 
 #include <ATen/ATen.h>
@@ -162,7 +164,7 @@ struct Layer {
   bool gelu;
   at::Tensor input_norm, mlp_norm;
   Product products[kProducts];
-  RowProduct rows[kProducts];  // where the model takes one region a layer
+  RowProduct rows[kProducts];  // where one row takes one region
 };
 
 // One thread's buffers for a one-row step: the row it norms or activates, and its int8 form.
@@ -233,8 +235,8 @@ struct DecodeLayers : torch::CustomClassHolder {
                       layer.index < static_cast<int64_t>(values.size()),
                   "DecodeLayers.forward: no store buffers for layer ", layer.index);
     }
-    if (one_row_ && use_one_row_ && h.size(0) == 1 && h.size(1) == hidden_ && h.scalar_type() == at::kFloat &&
-        !at::in_parallel_region()) {
+    if (one_row() && h.size(0) == 1 && h.size(1) == hidden_ && h.scalar_type() == at::kFloat &&
+        !at::in_parallel_region() && attention_fits(cos, sin, keys, values, first, hi)) {
       return forward_one_row(h, cos, sin, keys, values, first, hi);
     }
     const Ops& ops = Ops::get();
@@ -261,7 +263,7 @@ struct DecodeLayers : torch::CustomClassHolder {
   }
 
  private:
-  // Whether one float32 row can take one region a layer: a build with the VNNI path, every
+  // Whether one float32 row can take one region: a build with the VNNI path, every
   // product an int8-rows one of a shape that chains (hidden -> q/k/v, attention -> hidden,
   // hidden -> 2 x intermediate -> hidden), float32 norms. Fills each layer's RowProducts.
   bool takes_one_row() {
@@ -323,23 +325,65 @@ struct DecodeLayers : torch::CustomClassHolder {
     return true;
   }
 
-  // forward for one float32 row: one parallel region a layer (the header says how), the
-  // attention's call between two.
+  // Whether the attention's arguments are ones decode_step takes for one float32 row (the
+  // one-row path runs its code on them unchecked); else that row goes op by op, whose checks
+  // say what is wrong.
+  bool attention_fits(const at::Tensor& cos, const at::Tensor& sin,
+                      const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values,
+                      const at::Tensor& first, int64_t hi) const {
+    const bool tables = cos.dim() == 3 && cos.sizes() == sin.sizes() && cos.size(0) == 1 &&
+                        cos.size(1) == 1 && cos.size(2) % 2 == 0 &&
+                        cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat;
+    if (!tables || first.scalar_type() != at::kLong || first.dim() != 1 || first.size(0) != 1) {
+      return false;
+    }
+    const int64_t start = *first.data_ptr<int64_t>();
+    if (hi < 0 || start < 0 || start > hi) return false;
+    for (const Layer& layer : layers_) {
+      const at::Tensor& k = keys[layer.index];
+      const at::Tensor& v = values[layer.index];
+      if (k.dim() != 4 || v.sizes() != k.sizes() || !k.is_contiguous() || !v.is_contiguous() ||
+          k.scalar_type() != at::kFloat || v.scalar_type() != at::kFloat || k.size(0) < 1 ||
+          hi >= k.size(2) || cos.size(2) > k.size(3)) {
+        return false;
+      }
+      const int64_t kv_heads = k.size(1), dim = k.size(3);
+      if (kv_heads < 1 || heads_ % kv_heads != 0 ||
+          layer.rows[0].n != (heads_ + 2 * kv_heads) * dim ||
+          layer.rows[1].inputs() != heads_ * dim) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  // forward for one float32 row in one parallel region (the header says how)
   at::Tensor forward_one_row(const at::Tensor& h_in, const at::Tensor& cos, const at::Tensor& sin,
                              const std::vector<at::Tensor>& keys,
                              const std::vector<at::Tensor>& values, const at::Tensor& first,
                              int64_t hi) const {
-    const Ops& ops = Ops::get();
     at::Tensor h = h_in.clone(at::MemoryFormat::Contiguous);
     float* hp = h.data_ptr<float>();
     const int64_t threads = std::max(1, at::get_num_threads());
     RowScratch scratch(threads, widest_);
-    std::vector<float> products(hidden_ + gate_up_widest_);
-    float* out = products.data();  // the o and down products'
+    // the row's products: o and down, gate/up, q/k/v; the rotated queries; the attention
+    const int64_t attention = layers_[0].rows[1].inputs();
+    std::vector<float> buffers(2 * hidden_ + gate_up_widest_ + qkv_widest_ + 2 * attention);
+    float* out = buffers.data();
     float* gate_up = out + hidden_;
-    const at::Tensor qkv_buffer = at::empty({1, qkv_widest_}, h.options());
-    float* qkv = qkv_buffer.data_ptr<float>();
-    const float eps = static_cast<float>(eps_);
+    float* qkv = gate_up + gate_up_widest_;
+    float* queries = qkv + qkv_widest_;
+    float* attended = queries + attention;
+    const at::Tensor c = cos.contiguous(), sn = sin.contiguous();
+    const float* cp = c.data_ptr<float>();
+    const float* sp = sn.data_ptr<float>();
+    const int64_t r = c.size(2), start = *first.data_ptr<int64_t>();
+    std::vector<float*> key_store, value_store;
+    for (const Layer& layer : layers_) {
+      key_store.push_back(keys[layer.index].data_ptr<float>());
+      value_store.push_back(values[layer.index].data_ptr<float>());
+    }
+    const float eps = static_cast<float>(eps_), scale = static_cast<float>(scale_);
 
     // the residual onto this thread's columns of a product: out + h, as add_ sums them
     auto add_columns = [&](std::pair<int64_t, int64_t> cols) {
@@ -355,26 +399,25 @@ struct DecodeLayers : torch::CustomClassHolder {
     };
 
 #pragma omp parallel num_threads(threads)
-    front(layers_[0], omp_get_thread_num());
-
-    for (size_t l = 0; l < layers_.size(); ++l) {
-      const Layer& layer = layers_[l];
-      const RowProduct* rows = layer.rows;
-      const at::Tensor attended =
-          ops.step.call(qkv_buffer.narrow(1, 0, rows[0].n), cos, sin, keys[layer.index],
-                        values[layer.index], first, hi, scale_, heads_)
-              .contiguous();
-      TORCH_CHECK(attended.scalar_type() == at::kFloat && attended.numel() == rows[1].inputs(),
-                  "DecodeLayers.forward: the attention gave ", attended.numel(),
-                  " values, the o product takes ", rows[1].inputs());
-      const float* ap = attended.data_ptr<float>();
-      const bool last = l + 1 == layers_.size();
-#pragma omp parallel num_threads(threads)
-      {
-        const int64_t tid = omp_get_thread_num();
-        float* x = scratch.values(tid);
-        const batchline_rows::RowCodes codes = scratch.codes(tid);
-        batchline_rows::quantize_one_row(ap, rows[1].inputs(), rows[1].paired, codes);
+    {
+      const int64_t tid = omp_get_thread_num();
+      float* x = scratch.values(tid);
+      const batchline_rows::RowCodes codes = scratch.codes(tid);
+      front(layers_[0], tid);
+      for (size_t l = 0; l < layers_.size(); ++l) {
+        const Layer& layer = layers_[l];
+        const RowProduct* rows = layer.rows;
+        const at::Tensor& store = keys[layer.index];
+        const int64_t kv_heads = store.size(1), capacity = store.size(2), dim = store.size(3);
+        // the KV heads split evenly: the threads are awake, none to wake for a short context
+        const int64_t each = (kv_heads + threads - 1) / threads;
+        const int64_t h0 = std::min(kv_heads, tid * each), h1 = std::min(kv_heads, h0 + each);
+#pragma omp barrier
+        batchline_rows::attend_row_heads(qkv, cp, sp, r, key_store[l], value_store[l], kv_heads,
+                                         capacity, dim, heads_, start, hi, scale, h0, h1,
+                                         queries, attended);
+#pragma omp barrier
+        batchline_rows::quantize_one_row(attended, attention, rows[1].paired, codes);
         add_columns(rows[1].run(codes, tid, threads, out));
 #pragma omp barrier
         batchline_rows::rms_norm_row(hp, layer.mlp_norm.data_ptr<float>(), hidden_, eps, x);
@@ -384,7 +427,7 @@ struct DecodeLayers : torch::CustomClassHolder {
         batchline_rows::act_mul_row(gate_up, rows[3].inputs(), layer.gelu, x);
         batchline_rows::quantize_one_row(x, rows[3].inputs(), rows[3].paired, codes);
         add_columns(rows[3].run(codes, tid, threads, out));
-        if (!last) {
+        if (l + 1 < layers_.size()) {
 #pragma omp barrier
           front(layers_[l + 1], tid);
         }

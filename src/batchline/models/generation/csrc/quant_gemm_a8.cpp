@@ -825,7 +825,7 @@ std::tuple<at::Tensor, at::Tensor> int8_weight_groups(const at::Tensor& w, int64
 
 }  // namespace
 
-// -- one row's steps for decode_layers.cpp's one region a layer (row_steps.h) -----------------
+// -- one row's steps for decode_layers.cpp's one region (row_steps.h) ------------------------
 // The ops' code on one row: a row lies the same in every RowLayout (its groups one after
 // another), and the tiles are computed one by one as the ops' shares compute them.
 namespace batchline_rows {

@@ -1,9 +1,10 @@
-// The parts of a one-row decode step that decode_layers.cpp runs inside one parallel region a
-// layer, each the code the library's own op runs for one float32 row, so the same bits:
-// quantizing a row to int8 and the int4 and int8 layouts' products over a range of tiles
-// (quant_gemm_a8.cpp's int4_linear_a8 and int8g_linear_a8), the RMS norm and the activation
-// (decode_attention.cpp's rms_norm, silu_mul and gelu_tanh_mul). None takes a thread of its own
-// or allocates: the caller splits the tiles and owns the buffers.
+// The parts of a one-row decode step that decode_layers.cpp runs inside one parallel region,
+// each the code the library's own op runs for one float32 row, so the same bits: quantizing a
+// row to int8 and the int4 and int8 layouts' products over a range of tiles (quant_gemm_a8.cpp's
+// int4_linear_a8 and int8g_linear_a8), the RMS norm and the activation (decode_attention.cpp's
+// rms_norm, silu_mul and gelu_tanh_mul), and the attention over some of the KV heads
+// (decode_step's). None takes a thread of its own or allocates: the caller splits the work and
+// owns the buffers.
 
 #pragma once
 
@@ -41,5 +42,15 @@ void rms_norm_row(const float* x, const float* weight, int64_t n, float eps, flo
 
 // silu_mul (or gelu_tanh_mul) of one float32 row: n outputs from the 2 * n of gate_up
 void act_mul_row(const float* gate_up, int64_t n, bool gelu, float* out);
+
+// decode_step(qkv, cos, sin, keys, values, first, hi, scale, heads) of one float32 row (cos,
+// sin: its r values) for KV heads [h0, h1): their query heads rotated into q, their key
+// rotated into column hi of slot 0 (keys, values: a layer's (slots, kv_heads, capacity, dim)
+// buffers) and their value copied there, and their query heads' attention over columns
+// [first, hi] into out (q, out: heads * dim values)
+void attend_row_heads(const float* qkv, const float* cos, const float* sin, int64_t r,
+                      float* keys, float* values, int64_t kv_heads, int64_t capacity, int64_t dim,
+                      int64_t heads, int64_t first, int64_t hi, float scale, int64_t h0,
+                      int64_t h1, float* q, float* out);
 
 }  // namespace batchline_rows
