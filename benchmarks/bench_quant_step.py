@@ -22,6 +22,7 @@ and each format's step against the first one's (bf16's by default).
     python benchmarks/bench_quant_step.py --formats bfloat16:onednn,bfloat16:tiles
     python benchmarks/bench_quant_step.py --shape 3b --rss --folder DIR  # peak RSS per format
     python benchmarks/bench_quant_step.py --one-call --threads 2  # layers in one call or a loop
+    python benchmarks/bench_quant_step.py --one-region --threads 2 --formats int4:auto  # batch 1
 
 ``--split`` also runs one row through the step's linears alone (each layer's q/k/v, o, gate/up
 and down and the lm_head, as the lean loop calls them) after each step, and prints their median
@@ -31,6 +32,9 @@ and what the rest of the step costs a layer: the norms, the attention, the Pytho
 call of the kernel library (``csrc/decode_layers.cpp``, the default where the model's products
 are the library's) and of the Python loop over them (the same bits), ``--repeats`` times, and
 prints each side's median steps and the loop's time over the one call's, pair by pair.
+``--one-region`` does the same within the one call: a batch-1 step of float32 rows on int8-row
+products in one parallel region (``DecodeLayers.use_one_row``, the default where it is taken)
+against the same layers op by op (the same bits).
 
 ``--alternate`` loads every format at once and takes their decode steps in turn, one step of
 each a round (every other round in the reverse order), so that the formats' steps meet the host
@@ -64,6 +68,7 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -244,7 +249,14 @@ def main() -> None:
         action="store_true",
         help="alternate the layers in one call with the Python loop over them, per format",
     )
-    parser.add_argument("--repeats", type=int, default=8, help="--one-call's pairs of runs")
+    parser.add_argument(
+        "--one-region",
+        action="store_true",
+        help="alternate a batch-1 step in one parallel region with the same layers op by op",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=8, help="--one-call's and --one-region's pairs of runs"
+    )
     parser.add_argument(
         "--alternate",
         action="store_true",
@@ -267,6 +279,9 @@ def main() -> None:
         return
     if args.one_call:
         _one_call(args)
+        return
+    if args.one_region:
+        _one_region(args)
         return
     if args.busy:
         _busy(args)
@@ -387,28 +402,67 @@ def _alternate(args: argparse.Namespace) -> None:
 def _one_call(args: argparse.Namespace) -> None:
     """Per format, decode runs with the layers in one call and through the Python loop,
     alternated in one process: each side's median step per run, and loop / one call per pair."""
+
+    def switch(lean: Any, on: bool) -> None:
+        lean._one_call_on = on
+
+    def taken(lean: Any) -> bool:
+        return any(stack is not None for stack in lean._one_calls.values())
+
+    _two_ways(args, ("layers in one call", "one call", "loop"), switch, taken)
+
+
+def _one_region(args: argparse.Namespace) -> None:
+    """Per format, batch-1 decode runs with the one call's layers in one parallel region and op
+    by op, alternated in one process, as :func:`_one_call` prints them."""
+
+    def stacks(lean: Any) -> list[Any]:
+        return [found[0] for found in lean._one_calls.values() if found is not None]
+
+    def switch(lean: Any, on: bool) -> None:
+        for stack in stacks(lean):
+            stack.use_one_row(on)
+
+    def taken(lean: Any) -> bool:
+        return any(stack.one_row() for stack in stacks(lean))
+
+    _two_ways(args, ("a batch-1 step in one region", "one region", "op by op"), switch, taken)
+
+
+def _two_ways(
+    args: argparse.Namespace,
+    names: tuple[str, str, str],
+    switch: Callable[[Any, bool], None],
+    taken: Callable[[Any], bool],
+) -> None:
+    """Per format, decode runs with ``switch(lean, True)`` and ``switch(lean, False)``
+    alternated in one process: each side's median step per run, and the second's time over the
+    first's per pair. ``names``: what is compared, then the two sides; ``taken(lean)``: whether
+    the model has the first side (asked with it on)."""
     import torch
 
+    what, first, second = names
     title = "median step (ms) of each run"
     for fmt, engine in _each_format(args, title):
         lean = engine._lean
         if lean is None:
-            raise SystemExit("--one-call needs the lean forward (a Llama-family folder)")
+            raise SystemExit(f"comparing {what} needs the lean forward (a Llama-family folder)")
         runs: dict[bool, list[float]] = {True: [], False: []}
         with torch.inference_mode():
             decode_steps(engine, args.prompt_tokens, 4)  # the one call made, warm
             for _ in range(args.repeats):
                 for on in (True, False):
-                    lean._one_call_on = on
+                    switch(lean, on)
                     times = decode_steps(engine, args.prompt_tokens, args.steps)
                     runs[on].append(statistics.median(times) * 1e3)
-        taken = any(stack is not None for stack in lean._one_calls.values())
+            switch(lean, True)
         ratios = sorted(b / a for a, b in zip(runs[True], runs[False], strict=True))
-        print(f"{fmt}: layers in one call {'taken' if taken else 'NOT taken (no such model)'}")
-        print("  one call: " + " ".join(f"{v:.2f}" for v in runs[True]))
-        print("  loop:     " + " ".join(f"{v:.2f}" for v in runs[False]))
+        print(f"{fmt}: {what} {'taken' if taken(lean) else 'NOT taken (no such model)'}")
+        width = max(len(first), len(second)) + 1
+        print(f"  {first + ':':<{width}} " + " ".join(f"{v:.2f}" for v in runs[True]))
+        print(f"  {second + ':':<{width}} " + " ".join(f"{v:.2f}" for v in runs[False]))
         print(
-            f"  loop / one call: median x{statistics.median(ratios):.3f}, "
+            f"  {second} / {first}: median x{statistics.median(ratios):.3f}, "
             f"pairs x{ratios[0]:.3f}-x{ratios[-1]:.3f}"
         )
 
