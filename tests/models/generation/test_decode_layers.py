@@ -6,6 +6,10 @@ it; and its arguments checked."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -257,16 +261,20 @@ def test_one_float32_row_in_one_region_a_layer_gives_the_ops_bits(
         return stack.forward(h, cos, sin, k, v, first, hi), k, v
 
     before = torch.get_num_threads()
-    torch.set_num_threads(2)  # the tiles split as the ops split them
+    runs = []
     try:
-        region, by_ops = forward(True), forward(False)
+        for threads in (2, 1):  # on two, the tiles and heads split as the ops split them
+            torch.set_num_threads(threads)
+            runs += [forward(True), forward(False)]
     finally:
         torch.set_num_threads(before)
         stack.use_one_row(True)
+    region = runs[0]
     assert not torch.equal(region[0], h)
-    assert torch.equal(region[0], by_ops[0])
-    for ours, theirs in zip(region[1] + region[2], by_ops[1] + by_ops[2], strict=True):
-        assert torch.equal(ours, theirs)  # the store's new column the same too
+    for other in runs[1:]:  # op by op, and both ways on one thread: the same bits
+        assert torch.equal(region[0], other[0])
+        for ours, theirs in zip(region[1] + region[2], other[1] + other[2], strict=True):
+            assert torch.equal(ours, theirs)  # the store's new column the same too
     # arguments the attention does not take go op by op, whose checks name them
     with pytest.raises(RuntimeError, match="hi outside the buffers"):
         stack.forward(h, cos, sin, keys, values, first, capacity)
@@ -282,3 +290,21 @@ def test_only_float32_rows_of_int8_row_products_take_one_region() -> None:
         stack, _ = _lean(_model(product)).one_call(dtype)
         assert not stack.one_row()
         assert not stack.use_one_row(True)
+
+
+def test_a_region_given_fewer_threads_than_torch_asks_still_computes_every_part() -> None:
+    # OMP_THREAD_LIMIT=1 caps the region at one thread while torch still reports two: the work
+    # splits among the threads the region has, not those asked for
+    _runs_here(StepProduct.INT4_A8)
+    test = "test_one_float32_row_in_one_region_a_layer_gives_the_ops_bits"
+    code = (
+        "import sys; from tests.models.generation import test_decode_layers as t; "
+        f"t.{test}('int4 on int8 rows', 4, False, True); "
+        "import torch; torch.set_num_threads(2); assert torch.get_num_threads() == 2"
+    )
+    env = {**os.environ, "OMP_THREAD_LIMIT": "1"}
+    root = Path(__file__).resolve().parents[3]
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]

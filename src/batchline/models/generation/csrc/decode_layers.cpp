@@ -367,7 +367,8 @@ struct DecodeLayers : torch::CustomClassHolder {
     const int64_t threads = std::max(1, at::get_num_threads());
     RowScratch scratch(threads, widest_);
     // the row's products: o and down, gate/up, q/k/v; the rotated queries; the attention
-    const int64_t attention = layers_[0].rows[1].inputs();
+    int64_t attention = 0;  // the widest o product's inputs
+    for (const Layer& layer : layers_) attention = std::max(attention, layer.rows[1].inputs());
     std::vector<float> buffers(2 * hidden_ + gate_up_widest_ + qkv_widest_ + 2 * attention);
     float* out = buffers.data();
     float* gate_up = out + hidden_;
@@ -390,27 +391,29 @@ struct DecodeLayers : torch::CustomClassHolder {
       for (int64_t c = cols.first; c < cols.second; ++c) hp[c] = out[c] + hp[c];
     };
     // a layer's front: its input norm, and its q/k/v product's share
-    auto front = [&](const Layer& layer, int64_t tid) {
+    auto front = [&](const Layer& layer, int64_t tid, int64_t team) {
       float* x = scratch.values(tid);
       const batchline_rows::RowCodes codes = scratch.codes(tid);
       batchline_rows::rms_norm_row(hp, layer.input_norm.data_ptr<float>(), hidden_, eps, x);
       batchline_rows::quantize_one_row(x, hidden_, layer.rows[0].paired, codes);
-      layer.rows[0].run(codes, tid, threads, qkv);
+      layer.rows[0].run(codes, tid, team, qkv);
     };
 
 #pragma omp parallel num_threads(threads)
     {
-      const int64_t tid = omp_get_thread_num();
+      // the work split among the threads the region has (as many as asked, unless the OpenMP
+      // runtime gives fewer)
+      const int64_t tid = omp_get_thread_num(), team = omp_get_num_threads();
       float* x = scratch.values(tid);
       const batchline_rows::RowCodes codes = scratch.codes(tid);
-      front(layers_[0], tid);
+      front(layers_[0], tid, team);
       for (size_t l = 0; l < layers_.size(); ++l) {
         const Layer& layer = layers_[l];
         const RowProduct* rows = layer.rows;
         const at::Tensor& store = keys[layer.index];
         const int64_t kv_heads = store.size(1), capacity = store.size(2), dim = store.size(3);
         // the KV heads split evenly: the threads are awake, none to wake for a short context
-        const int64_t each = (kv_heads + threads - 1) / threads;
+        const int64_t each = (kv_heads + team - 1) / team;
         const int64_t h0 = std::min(kv_heads, tid * each), h1 = std::min(kv_heads, h0 + each);
 #pragma omp barrier
         batchline_rows::attend_row_heads(qkv, cp, sp, r, key_store[l], value_store[l], kv_heads,
@@ -418,18 +421,18 @@ struct DecodeLayers : torch::CustomClassHolder {
                                          queries, attended);
 #pragma omp barrier
         batchline_rows::quantize_one_row(attended, attention, rows[1].paired, codes);
-        add_columns(rows[1].run(codes, tid, threads, out));
+        add_columns(rows[1].run(codes, tid, team, out));
 #pragma omp barrier
         batchline_rows::rms_norm_row(hp, layer.mlp_norm.data_ptr<float>(), hidden_, eps, x);
         batchline_rows::quantize_one_row(x, hidden_, rows[2].paired, codes);
-        rows[2].run(codes, tid, threads, gate_up);
+        rows[2].run(codes, tid, team, gate_up);
 #pragma omp barrier
         batchline_rows::act_mul_row(gate_up, rows[3].inputs(), layer.gelu, x);
         batchline_rows::quantize_one_row(x, rows[3].inputs(), rows[3].paired, codes);
-        add_columns(rows[3].run(codes, tid, threads, out));
+        add_columns(rows[3].run(codes, tid, team, out));
         if (l + 1 < layers_.size()) {
 #pragma omp barrier
-          front(layers_[l + 1], tid);
+          front(layers_[l + 1], tid, team);
         }
       }
     }
