@@ -169,7 +169,10 @@ def test_a_model_with_a_product_of_another_kind_keeps_the_loop() -> None:
     mlp.down_proj = torch.nn.Linear(mlp.down_proj.in_features, mlp.down_proj.out_features)
     assert _lean(model).one_call(torch.float32) is None
     assert not TorchStepEngine(model).layers_in_one_call  # what the load log says
-    assert TorchStepEngine(_model("int4 on int8 rows")).layers_in_one_call
+    taking = TorchStepEngine(_model("int4 on int8 rows"))
+    assert taking.layers_in_one_call
+    assert taking.one_row_in_one_region  # what the load log adds
+    assert not TorchStepEngine(model).one_row_in_one_region
     assert _lean(_model("int4 on int8 rows")).one_call(torch.float32) is not None
     taken = _lean(_model("int8 layout on int8 rows"))
     assert taken.one_call(torch.float32) is not None

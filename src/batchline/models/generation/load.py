@@ -81,6 +81,7 @@ if TYPE_CHECKING:
     from batchline.models.generation.torch_dtype import (
         WeightsChoice,
     )
+    from batchline.models.generation.torch_engine import TorchStepEngine
 
 __all__ = [
     "ChatMessage",
@@ -339,7 +340,7 @@ def load_torch_generator(spec: ModelSpec, knobs: TorchEngineOptions) -> Generati
         else "",
         describe_step_weights(model, choice.torch_dtype),
         engine.forward,
-        " (a decode step's layers in one call)" if engine.layers_in_one_call else "",
+        _one_call_note(engine),
         engine.decode_attention,
         torch.get_num_threads() if device.type == "cpu" else "-",
         knobs.max_step_tokens,
@@ -598,3 +599,13 @@ def _load_vllm(spec: ModelSpec, knobs: VllmOptions) -> GenerationModel:
         batching="vllm",
         device=knobs.device,
     )
+
+
+def _one_call_note(engine: TorchStepEngine) -> str:
+    """What the load log says of a decode step's layers: in one call of the kernel library,
+    and a batch-1 step in one parallel region, where the engine runs them so."""
+    if not engine.layers_in_one_call:
+        return ""
+    if engine.one_row_in_one_region:
+        return " (a decode step's layers in one call, a batch-1 step in one parallel region)"
+    return " (a decode step's layers in one call)"

@@ -281,6 +281,13 @@ class TorchStepEngine:
         return self._lean is not None and self._lean.one_call(self.dtype) is not None
 
     @property
+    def one_row_in_one_region(self) -> bool:
+        """Whether a batch-1 decode step runs its layers in one parallel region (the one call's
+        ``one_row``: float32 rows on int8-row products, a VNNI build)."""
+        found = None if self._lean is None else self._lean.one_call(self.dtype)
+        return found is not None and bool(found[0].one_row())
+
+    @property
     def dtype(self) -> torch.dtype:
         """The dtype the model computes (and the KV cache is kept) in."""
         return self._store.geometry.dtype
