@@ -286,10 +286,9 @@ struct DecodeLayers : torch::CustomClassHolder {
           return false;
         }
         const int64_t block = w.size(2);
-        const bool int4_block = block == batchline_quant::kBlock ||
-                                block == batchline_quant::kBlockF32 ||
-                                block == batchline_quant::kBlockCompact;
-        if (int8g ? block != batchline_quant::kBlockInt8 : !int4_block) return false;
+        if (int8g ? block != batchline_quant::kBlockInt8 : !batchline_quant::int4_block(block)) {
+          return false;
+        }
         if (product.n <= (w.size(0) - 1) * batchline_quant::kTile ||
             product.n > w.size(0) * batchline_quant::kTile) {
           return false;
@@ -320,6 +319,7 @@ struct DecodeLayers : torch::CustomClassHolder {
         return false;
       }
       qkv_widest_ = std::max(qkv_widest_, r[0].n);
+      attention_widest_ = std::max(attention_widest_, r[1].inputs());
       gate_up_widest_ = std::max(gate_up_widest_, r[2].n);
     }
     return true;
@@ -367,14 +367,12 @@ struct DecodeLayers : torch::CustomClassHolder {
     const int64_t threads = std::max(1, at::get_num_threads());
     RowScratch scratch(threads, widest_);
     // the row's products: o and down, gate/up, q/k/v; the rotated queries; the attention
-    int64_t attention = 0;  // the widest o product's inputs
-    for (const Layer& layer : layers_) attention = std::max(attention, layer.rows[1].inputs());
-    std::vector<float> buffers(2 * hidden_ + gate_up_widest_ + qkv_widest_ + 2 * attention);
+    std::vector<float> buffers(hidden_ + gate_up_widest_ + qkv_widest_ + 2 * attention_widest_);
     float* out = buffers.data();
     float* gate_up = out + hidden_;
     float* qkv = gate_up + gate_up_widest_;
     float* queries = qkv + qkv_widest_;
-    float* attended = queries + attention;
+    float* attended = queries + attention_widest_;
     const at::Tensor c = cos.contiguous(), sn = sin.contiguous();
     const float* cp = c.data_ptr<float>();
     const float* sp = sn.data_ptr<float>();
@@ -420,7 +418,7 @@ struct DecodeLayers : torch::CustomClassHolder {
                                          capacity, dim, heads_, start, hi, scale, h0, h1,
                                          queries, attended);
 #pragma omp barrier
-        batchline_rows::quantize_one_row(attended, attention, rows[1].paired, codes);
+        batchline_rows::quantize_one_row(attended, rows[1].inputs(), rows[1].paired, codes);
         add_columns(rows[1].run(codes, tid, team, out));
 #pragma omp barrier
         batchline_rows::rms_norm_row(hp, layer.mlp_norm.data_ptr<float>(), hidden_, eps, x);
@@ -469,8 +467,9 @@ struct DecodeLayers : torch::CustomClassHolder {
   int64_t heads_, wide_rows_, a8_width_, a8_bf16_rows_;
   std::vector<Layer> layers_;
   bool one_row_ = false, use_one_row_ = true;
-  // the one-row path's widths: the row's, the widest product input, q/k/v and gate/up outputs
-  int64_t hidden_ = 0, widest_ = 0, qkv_widest_ = 0, gate_up_widest_ = 0;
+  // the one-row path's widths: the row's, the widest product input, q/k/v and gate/up outputs,
+  // o inputs (the attention's)
+  int64_t hidden_ = 0, widest_ = 0, qkv_widest_ = 0, gate_up_widest_ = 0, attention_widest_ = 0;
 };
 
 }  // namespace

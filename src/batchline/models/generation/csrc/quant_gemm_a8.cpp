@@ -611,15 +611,50 @@ void row_share_by_streams(const uint8_t* wp, int64_t begin, int64_t end, int64_t
   });
 }
 
-// A one-row product of either layout read `streams` tiles at a time, the tiles shared among the
-// threads.
-template <typename Tiles>
-void one_row_by_streams(const uint8_t* wp, int64_t tiles, int64_t tile_bytes, int64_t groups,
-                        const QuantizedRows& xq, const float* bias, int64_t n, int64_t streams,
-                        float* out) {
+// Tiles [t0, t1) of a one-row product: row_steps.h's one_row_tiles, which the ops' own one-row
+// paths call too (x: the row's block of QuantizedRows; width 512 for the int4 layouts).
+void one_row_share(const uint8_t* packed, int64_t block_bytes, int64_t groups, const BlockRows& x,
+                   const float* bias, int64_t n, int64_t width, int64_t streams, int64_t t0,
+                   int64_t t1, float* out) {
+  const int64_t tile_bytes = groups * block_bytes;
+  if (block_bytes == kBlockInt8) {  // int8g_linear_a8's paths for one row
+    if (width == 512 && streams > 1) {
+      row_share_by_streams<Int8Tiles>(packed, t0, t1, tile_bytes, groups, x, bias, n, streams,
+                                      out);
+      return;
+    }
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n0 = t * kTile, cols = std::min(kTile, n - n0);
+      if (width == 512) {
+        tile_rows_vnni<Int8Tiles, 1>(packed + t * tile_bytes, groups, x, 0, bias, n0, cols, n, out);
+      } else {
+        tile_rows_int8_256<1>(packed + t * tile_bytes, groups, x, 0, bias, n0, cols, n, out);
+      }
+    }
+    return;
+  }
+  with_layout(layout_of(block_bytes), [&](auto kind) {  // int4_linear_a8's 512-bit paths
+    constexpr Layout kL = decltype(kind)::value;
+    if (streams > 1) {
+      row_share_by_streams<Int4Tiles<kL>>(packed, t0, t1, tile_bytes, groups, x, bias, n, streams,
+                                          out);
+      return;
+    }
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n0 = t * kTile, cols = std::min(kTile, n - n0);
+      tile_rows_vnni<Int4Tiles<kL>, 1>(packed + t * tile_bytes, groups, x, 0, bias, n0, cols, n,
+                                       out);
+    }
+  });
+}
+
+// A one-row product, its tiles shared among the threads as at::parallel_for shares them.
+void one_row_product(const uint8_t* packed, int64_t block_bytes, int64_t tiles, int64_t groups,
+                     const QuantizedRows& xq, const float* bias, int64_t n, int64_t width,
+                     int64_t streams, float* out) {
   const BlockRows x = xq.block(0);
-  at::parallel_for(0, tiles, tiles_per_share(tile_bytes), [&](int64_t begin, int64_t end) {
-    row_share_by_streams<Tiles>(wp, begin, end, tile_bytes, groups, x, bias, n, streams, out);
+  at::parallel_for(0, tiles, tiles_per_share(groups * block_bytes), [&](int64_t t0, int64_t t1) {
+    one_row_share(packed, block_bytes, groups, x, bias, n, width, streams, t0, t1, out);
   });
 }
 #endif
@@ -649,12 +684,8 @@ at::Tensor int4_linear_a8(const at::Tensor& x, const at::Tensor& packed, int64_t
   float* op = out.data_ptr<float>();
   const int64_t tile_bytes = groups * packed.size(2);
 #if defined(BATCHLINE_A8_VNNI)
-  if (width == 512 && rows == 1 && streams > 1) {  // a batch-1 step: C tiles at a time
-    with_layout(layout, [&](auto kind) {
-      constexpr Layout kL = decltype(kind)::value;
-      one_row_by_streams<Int4Tiles<kL>>(wp, tiles, tile_bytes, groups, xq, bias_ptr, n, streams,
-                                        op);
-    });
+  if (width == 512 && rows == 1) {  // a batch-1 step, `streams` tiles at a time
+    one_row_product(wp, packed.size(2), tiles, groups, xq, bias_ptr, n, width, streams, op);
     return in_dtype_of(out, x);
   }
 #endif
@@ -715,8 +746,8 @@ at::Tensor int8g_linear_a8(const at::Tensor& x, const at::Tensor& packed, int64_
   float* op = out.data_ptr<float>();
   const int64_t tile_bytes = groups * kBlockInt8;
 #if defined(BATCHLINE_A8_VNNI)
-  if (width == 512 && rows == 1 && streams > 1) {  // a batch-1 step: C tiles at a time
-    one_row_by_streams<Int8Tiles>(wp, tiles, tile_bytes, groups, xq, bias_ptr, n, streams, op);
+  if (rows == 1) {  // a batch-1 step: its 256-bit path, or `streams` tiles at a time
+    one_row_product(wp, kBlockInt8, tiles, groups, xq, bias_ptr, n, width, streams, op);
     return in_dtype_of(out, x);
   }
 #endif
@@ -848,41 +879,8 @@ void one_row_tiles(const uint8_t* packed, int64_t block_bytes, int64_t groups, c
                    const float* bias, int64_t n, int64_t width, int64_t streams, int64_t t0,
                    int64_t t1, float* out) {
 #if defined(BATCHLINE_A8_VNNI)
-  const BlockRows xb{x.codes, x.scales, x.sums, x.scaled_sums};
-  const int64_t tile_bytes = groups * block_bytes;
-  if (block_bytes == kBlockInt8) {  // int8g_linear_a8's paths for one row
-    if (width == 512 && streams > 1) {
-      row_share_by_streams<Int8Tiles>(packed, t0, t1, tile_bytes, groups, xb, bias, n, streams,
-                                      out);
-      return;
-    }
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t n0 = t * kTile, cols = std::min(kTile, n - n0);
-      if (width == 512) {
-        tile_rows_vnni<Int8Tiles, 1>(packed + t * tile_bytes, groups, xb, 0, bias, n0, cols, n,
-                                     out);
-      } else {
-        tile_rows_int8_256<1>(packed + t * tile_bytes, groups, xb, 0, bias, n0, cols, n, out);
-      }
-    }
-    return;
-  }
-  const Layout layout = block_bytes == kBlockF32       ? Layout::kF32
-                        : block_bytes == kBlockCompact ? Layout::kCompact
-                                                       : Layout::kBf16;
-  with_layout(layout, [&](auto kind) {  // int4_linear_a8's 512-bit paths for one row
-    constexpr Layout kL = decltype(kind)::value;
-    if (streams > 1) {
-      row_share_by_streams<Int4Tiles<kL>>(packed, t0, t1, tile_bytes, groups, xb, bias, n,
-                                          streams, out);
-      return;
-    }
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t n0 = t * kTile, cols = std::min(kTile, n - n0);
-      tile_rows_vnni<Int4Tiles<kL>, 1>(packed + t * tile_bytes, groups, xb, 0, bias, n0, cols, n,
-                                       out);
-    }
-  });
+  one_row_share(packed, block_bytes, groups, BlockRows{x.codes, x.scales, x.sums, x.scaled_sums},
+                bias, n, width, streams, t0, t1, out);
 #endif
 }
 

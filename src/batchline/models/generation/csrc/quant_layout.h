@@ -226,17 +226,25 @@ inline void check_tiles(const at::Tensor& packed, int64_t n, const char* op) {
               tiles, " tiles of 16");
 }
 
+// Whether a block of `bytes` is one of the int4 layouts' (320, 384 or 290)
+inline bool int4_block(int64_t bytes) {
+  return bytes == kBlock || bytes == kBlockF32 || bytes == kBlockCompact;
+}
+
+// The int4 layout whose blocks take `bytes` (one int4_block accepts)
+inline Layout layout_of(int64_t bytes) {
+  return bytes == kBlockF32       ? Layout::kF32
+         : bytes == kBlockCompact ? Layout::kCompact
+                                  : Layout::kBf16;
+}
+
 // The layout of a packed weight (from its block's bytes: 320, 384 or 290), checked.
 inline Layout check_packed(const at::Tensor& packed, int64_t n, const char* op) {
-  const bool block = packed.dim() == 3 && (packed.size(2) == kBlock ||
-                                           packed.size(2) == kBlockF32 ||
-                                           packed.size(2) == kBlockCompact);
-  TORCH_CHECK(block && packed.scalar_type() == at::kByte && packed.is_contiguous(), op,
-              ": packed must be int4_pack's (tiles, K / 32, 320, 384 or 290) uint8 tensor");
+  TORCH_CHECK(packed.dim() == 3 && int4_block(packed.size(2)) &&
+                  packed.scalar_type() == at::kByte && packed.is_contiguous(),
+              op, ": packed must be int4_pack's (tiles, K / 32, 320, 384 or 290) uint8 tensor");
   check_tiles(packed, n, op);
-  return packed.size(2) == kBlockF32       ? Layout::kF32
-         : packed.size(2) == kBlockCompact ? Layout::kCompact
-                                           : Layout::kBf16;
+  return layout_of(packed.size(2));
 }
 
 // The bias's data (a contiguous (n,) float32 tensor, checked), or nullptr where there is none.
