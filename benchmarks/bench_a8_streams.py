@@ -24,6 +24,7 @@ each and the loaded loop's time over it.
     python benchmarks/bench_a8_streams.py --shapes 64x64 --copies 2 --calls 3  # smoke run
     python benchmarks/bench_a8_streams.py --step 1.7b --folder /tmp/bench-sizes
     python benchmarks/bench_a8_streams.py --layout int8 --step 3b --folder /tmp/bench-sizes
+    python benchmarks/bench_a8_streams.py --step 1.7b --streams 8 --folder /tmp/bench-sizes
 
 Needs ``batchline[generate]`` and the kernel library built with AVX512-VNNI (the 512-bit path:
 elsewhere ``streams`` is not read). Threads: ``--threads`` (default 2). The lead runs it on a
@@ -40,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from batchline.models.generation import quant_kernel
+from batchline.models.generation import quant_kernel, quant_streams
 from batchline.models.generation.quant_codes import quantize_int4_steps, quantize_int8_groups
 
 # SmolLM2-1.7B's fused gate/up and down, a 3B Llama's fused q/k/v, gate/up and down
@@ -85,12 +86,17 @@ def per_linear(
 
 
 def step_paths(
-    shape: str, folder: Path, steps: int, threads: int, layout: str = "int4"
+    shape: str,
+    folder: Path,
+    steps: int,
+    threads: int,
+    layout: str = "int4",
+    streams: int | None = None,
 ) -> dict[str, float]:
     """Median step (seconds) per side, the sides alternated step by step: the step path as
-    loaded ("as loaded": each layer's chosen streams), the same path with every layer at one
-    stream ("one stream"), and the loop before the step path ("before": each layer's
-    ``forward``, one stream)."""
+    loaded ("as loaded": each layer's chosen streams, or every layer at ``streams`` where it
+    is given), the same path with every layer at one stream ("one stream"), and the loop
+    before the step path ("before": each layer's ``forward``, one stream)."""
     sys.path.insert(0, str(Path(__file__).parent))
     from bench_quant_step import _knobs
 
@@ -100,9 +106,15 @@ def step_paths(
     from batchline.models.generation.quant_linear import QuantLinear
     from batchline.models.specs import parse_spec
 
-    loaded = load_text_generator(
-        parse_spec(f"{folder}/llama-{shape}/"), _knobs(f"{layout}:float32:int8", threads)
-    )
+    rule = quant_streams.a8_streams
+    if streams is not None:  # read by each layer as it loads (QuantLinear's a8_streams call)
+        quant_streams.a8_streams = lambda *_, **__: streams  # type: ignore[assignment]
+    try:
+        loaded = load_text_generator(
+            parse_spec(f"{folder}/llama-{shape}/"), _knobs(f"{layout}:float32:int8", threads)
+        )
+    finally:
+        quant_streams.a8_streams = rule  # type: ignore[assignment]
     engine = loaded.engine
     assert engine is not None
     now = engine._lean
@@ -158,6 +170,13 @@ def main() -> None:
     parser.add_argument("--step", help="a bench_quant_step.py shape: 360m, 1.7b or 3b")
     parser.add_argument("--folder", type=Path, help="where bench_quant_step.py built the shape")
     parser.add_argument("--steps", type=int, default=200, help="decode steps (--step)")
+    parser.add_argument(
+        "--streams",
+        type=int,
+        choices=STREAMS,
+        help="--step: every layer as loaded at so many streams, not the host's rule "
+        "(quant_streams.a8_streams): to measure a host whose rule says one",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     here, why = quant_kernel.own_kernels(dtype=torch.float32)
@@ -166,8 +185,14 @@ def main() -> None:
     if args.step:
         if args.folder is None:
             sys.exit("--step needs --folder (bench_quant_step.py --folder DIR builds it)")
-        medians = step_paths(args.step, args.folder, args.steps, args.threads, args.layout)
-        print(f"{args.step}, {args.layout} with int8 rows, batch 1, {args.threads} thread(s)")
+        medians = step_paths(
+            args.step, args.folder, args.steps, args.threads, args.layout, args.streams
+        )
+        rule = "the host's rule" if args.streams is None else f"{args.streams} stream(s)"
+        print(
+            f"{args.step}, {args.layout} with int8 rows, batch 1, {args.threads} thread(s), "
+            f"as loaded: {rule}"
+        )
         loaded = medians["as loaded"]
         for name, median in medians.items():
             print(f"{name}: {median * 1e3:.2f} ms a step (as loaded x{loaded / median:.3f} it)")
