@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 
 from batchline._cpu import A8_VNNI_FLAGS, CpuModel  # noqa: E402
 from batchline.models.generation import quant_kernel as ik  # noqa: E402
+from batchline.models.generation import quant_streams as qs  # noqa: E402
 from batchline.models.generation.quant_codes import (  # noqa: E402
     quantize_int4,
     quantize_int4_steps,
@@ -87,26 +88,30 @@ def test_streams_other_than_1_2_4_8_are_refused(a8_library: None) -> None:
 
 def test_several_tiles_are_read_where_they_were_measured_to_pay() -> None:
     """int4: long inputs on Zen 4, the longest on Zen 5 (at 2,048 and 3,072 inputs every count
-    above one was slower there), every layer on an AMX host; the int8 layout: every layer on
-    Zen 5 and AMX (not measured on Zen 4); one elsewhere."""
+    above one was slower there), every layer on an AMX host and on Ice Lake; the int8 layout:
+    every layer on Zen 5, AMX and Ice Lake (slower alone on Zen 4); one elsewhere."""
     amd4, amd5 = CpuModel("AuthenticAMD", 25), CpuModel("AuthenticAMD", 26)
-    assert ik.a8_streams(ik.A8_STREAM_INPUTS, ZEN4, amd4) == ik.A8_STREAMS > 1
-    assert ik.a8_streams(8192, ZEN4, amd4) == ik.A8_STREAMS
-    assert ik.a8_streams(ik.A8_STREAM_INPUTS - 32, ZEN4, amd4) == 1  # 1.7B's 2,048, 360M's 2,560
-    assert ik.a8_streams(ik.A8_STREAM_INPUTS_ZEN5, ZEN4, amd5) == ik.A8_STREAMS_ZEN5 > 1
-    assert ik.a8_streams(11008, ZEN4, amd5) == ik.A8_STREAMS_ZEN5
-    assert ik.a8_streams(ik.A8_STREAM_INPUTS_ZEN5 - 32, ZEN4, amd5) == 1
-    assert ik.a8_streams(3072, ZEN4, amd5) == 1  # a 3B's q/k/v and gate/up: slower at 4
-    assert ik.a8_streams(960, ZEN4, amd5, int8_layout=True) == ik.INT8G_STREAMS > 1
-    assert ik.a8_streams(8192, ZEN4, amd4, int8_layout=True) == 1
+    assert qs.a8_streams(qs.A8_STREAM_INPUTS, ZEN4, amd4) == qs.A8_STREAMS > 1
+    assert qs.a8_streams(8192, ZEN4, amd4) == qs.A8_STREAMS
+    assert qs.a8_streams(qs.A8_STREAM_INPUTS - 32, ZEN4, amd4) == 1  # 1.7B's 2,048, 360M's 2,560
+    assert qs.a8_streams(qs.A8_STREAM_INPUTS_ZEN5, ZEN4, amd5) == qs.A8_STREAMS_ZEN5 > 1
+    assert qs.a8_streams(11008, ZEN4, amd5) == qs.A8_STREAMS_ZEN5
+    assert qs.a8_streams(qs.A8_STREAM_INPUTS_ZEN5 - 32, ZEN4, amd5) == 1
+    assert qs.a8_streams(3072, ZEN4, amd5) == 1  # a 3B's q/k/v and gate/up: slower at 4
+    assert qs.a8_streams(960, ZEN4, amd5, int8_layout=True) == qs.INT8G_STREAMS > 1
+    assert qs.a8_streams(8192, ZEN4, amd4, int8_layout=True) == 1
     intel = CpuModel("GenuineIntel", 6)
     for model in (intel, None):  # the kind's flags say AMX, whatever the model
         for inputs in (960, 2048, 8192):
-            assert ik.a8_streams(inputs, AMX, model) == ik.A8_STREAMS_AMX > 1
-            assert ik.a8_streams(inputs, AMX, model, int8_layout=True) == ik.INT8G_STREAMS
-        for flags in (ICE_LAKE, ZEN2):  # not measured there: one stream read ahead
-            assert ik.a8_streams(8192, flags, model) == 1
-            assert ik.a8_streams(8192, flags, model, int8_layout=True) == 1
+            assert qs.a8_streams(inputs, AMX, model) == qs.A8_STREAMS_AMX > 1
+            assert qs.a8_streams(inputs, AMX, model, int8_layout=True) == qs.INT8G_STREAMS
+        for inputs in (960, 2048, 8192):  # Ice Lake: both layouts, every layer
+            assert qs.a8_streams(inputs, ICE_LAKE, model) == qs.A8_STREAMS_VNNI > 1
+            assert qs.a8_streams(inputs, ICE_LAKE, model, int8_layout=True) == qs.A8_STREAMS_VNNI
+        # no 512-bit path to read them: AVX2 only, or VNNI in 256-bit vectors (AVX-VNNI)
+        for flags in (ZEN2, ZEN2 | {"avx_vnni"}):
+            assert qs.a8_streams(8192, flags, model) == 1
+            assert qs.a8_streams(8192, flags, model, int8_layout=True) == 1
 
 
 @pytest.mark.parametrize("threads", [1, 2])

@@ -45,7 +45,7 @@ import torch
 
 # imported as a module: a decode step calls its kernels through it (a function's own import
 # took ~2 us a call, ~100 calls a step), and tests patch its attributes
-from batchline.models.generation import quant_kernel
+from batchline.models.generation import quant_kernel, quant_streams
 from batchline.models.generation.decode_kernel import StepProduct
 from batchline.models.generation.dense_tiles import TiledLinear
 from batchline.models.generation.quant_codes import (
@@ -195,7 +195,7 @@ class QuantLinear(torch.nn.Module):
         #: :data:`~.quant_kernel.A8_BF16_ROWS`, quantized to int8 on the way in
         #: (:func:`use_int8_activations`)
         self.int8_rows = False
-        #: the tiles a one-row int8-rows product reads at once (:func:`~.quant_kernel.a8_streams`,
+        #: the tiles a one-row int8-rows product reads at once (:func:`~.quant_streams.a8_streams`,
         #: chosen where ``_own`` is set: it depends on the layout)
         self.streams = 1
 
@@ -298,7 +298,7 @@ class QuantLinear(torch.nn.Module):
         streams a one-row product of it reads."""
         self._own = packed
         self.int8_layout = bool(packed) and packed[0].shape[2] == quant_kernel.BLOCK_INT8
-        self.streams = quant_kernel.a8_streams(self.in_features, int8_layout=self.int8_layout)
+        self.streams = quant_streams.a8_streams(self.in_features, int8_layout=self.int8_layout)
 
     @property
     def own_kernel(self) -> bool:
