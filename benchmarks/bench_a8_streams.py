@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from batchline.models.generation import quant_kernel, quant_streams
+from batchline.models.generation import quant_kernel
 from batchline.models.generation.quant_codes import quantize_int4_steps, quantize_int8_groups
 
 # SmolLM2-1.7B's fused gate/up and down, a 3B Llama's fused q/k/v, gate/up and down
@@ -106,19 +106,17 @@ def step_paths(
     from batchline.models.generation.quant_linear import QuantLinear
     from batchline.models.specs import parse_spec
 
-    rule = quant_streams.a8_streams
-    if streams is not None:  # read by each layer as it loads (QuantLinear's a8_streams call)
-        quant_streams.a8_streams = lambda *_, **__: streams  # type: ignore[assignment]
-    try:
-        loaded = load_text_generator(
-            parse_spec(f"{folder}/llama-{shape}/"), _knobs(f"{layout}:float32:int8", threads)
-        )
-    finally:
-        quant_streams.a8_streams = rule  # type: ignore[assignment]
+    loaded = load_text_generator(
+        parse_spec(f"{folder}/llama-{shape}/"), _knobs(f"{layout}:float32:int8", threads)
+    )
     engine = loaded.engine
     assert engine is not None
-    now = engine._lean
     layers = [m for m in engine._model.modules() if isinstance(m, QuantLinear)]
+    if streams is not None:  # the step path as loaded, rebuilt over every layer at `streams`
+        for m in layers:
+            m.streams = streams
+        engine._lean = LeanForward(engine._model, engine._lean._ops)
+    now = engine._lean
     chosen = [m.streams for m in layers]
     step_forwards = [m.step_forward for m in layers]
     for m in layers:
@@ -174,8 +172,8 @@ def main() -> None:
         "--streams",
         type=int,
         choices=STREAMS,
-        help="--step: every layer as loaded at so many streams, not the host's rule "
-        "(quant_streams.a8_streams): to measure a host whose rule says one",
+        help="--step: every layer at so many streams on the side as loaded, not the host's "
+        "rule (quant_streams.a8_streams): to measure a host whose rule says one",
     )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
