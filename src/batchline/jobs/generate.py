@@ -59,7 +59,7 @@ from batchline.jobs.requests import (
 )
 from batchline.jobs.result_cache import open_cache
 from batchline.jobs.summary import GenerateSummary
-from batchline.models.generation import SamplingParams
+from batchline.models.generation import GenerationRequest, SamplingParams
 
 if TYPE_CHECKING:
     from batchline.models.generation import (
@@ -362,14 +362,27 @@ class GeneratorAdapter:
                 f"bad input: n={asked.n} is more than this job keeps in flight ({self.limit}); "
                 "lower n or split the line"
             )
-        results: list[asyncio.Future[Completion]] = []
-        for j, sample in enumerate(params.samples(asked.n)):
-            await self._slots.acquire()
-            stream = self._submit_one(record, ids, sample, f"record-{record.index}-{j}")
-            if isinstance(stream, Failed):
+        prompt = tuple(ids)
+        requests = [
+            GenerationRequest(f"record-{record.index}-{j}", prompt, sample)
+            for j, sample in enumerate(params.samples(asked.n))
+        ]
+        taken = 0
+        try:
+            # every slot first, then the n requests in one go: the engine admits them in one
+            # step, where they share one prefill of the prompt
+            for _ in requests:
+                await self._slots.acquire()
+                taken += 1
+            streams = self.gen.submit_many(requests)
+        except BaseException as exc:
+            for _ in range(taken):
                 self._slots.release()
-                cancel(list(results))
-                return stream
+            if isinstance(exc, BatchlineError | ValueError):  # as _submit_one's
+                return Failed(f"bad input: {describe(exc)}")
+            raise
+        results: list[asyncio.Future[Completion]] = []
+        for stream in streams:
             result = asyncio.ensure_future(stream.result())
             result.add_done_callback(self._on_done)
             results.append(result)

@@ -77,12 +77,14 @@ from batchline._errors import (
 from batchline._priority import aged_rank
 from batchline.models.generation.admission import RowCost
 from batchline.models.generation.engine import (
+    GenerationRequest,
     KvRectangle,
     PrefixCaching,
     SamplingParams,
     StepEngine,
 )
 from batchline.models.generation.engine_generator import EngineGenerator, Update, check_min
+from batchline.models.generation.lifecycle import duplicated
 from batchline.models.generation.stats import (
     GenerationStats,
     NowClock,
@@ -197,17 +199,33 @@ class ContinuousGenerator(EngineGenerator):
     ) -> GenerationStream:
         """Queue a request for admission; never waits (see :class:`TextGenerator`)."""
         seq = self._new_sequence(prompt_ids, params, request_id)
+        self._queue([seq])
+        return seq.stream
+
+    def submit_many(self, requests: Sequence[GenerationRequest]) -> list[GenerationStream]:
+        """Queue every request for admission, or none, under one hold of the lock: the worker
+        sees them all at its next admission (see :class:`TextGenerator`)."""
+        duplicated(requests)
+        seqs = [self._new_sequence(r.prompt_ids, r.params, r.request_id) for r in requests]
+        self._queue(seqs)
+        return [seq.stream for seq in seqs]
+
+    def _queue(self, seqs: Sequence[TrackedSequence]) -> None:
+        """Put checked sequences in the waiting order together, or raise ``QueueFullError``
+        and put none."""
         with self._cond:
-            if len(self._waiting) >= self.max_waiting:
+            if len(self._waiting) + len(seqs) > self.max_waiting:
                 self._recorder.on_reject()
+                asked = "" if len(seqs) == 1 else f"; {len(seqs)} asked at once"
                 raise QueueFullError(
                     f"{self.name}: {len(self._waiting)} requests are already waiting "
-                    f"(max_waiting={self.max_waiting}); retry later or raise max_waiting"
+                    f"(max_waiting={self.max_waiting}){asked}; retry later or raise max_waiting"
                 )
-            bisect.insort(self._waiting, _Waiting(seq, self._rank(seq)), key=lambda w: w.key)
+            for seq in seqs:
+                bisect.insort(self._waiting, _Waiting(seq, self._rank(seq)), key=lambda w: w.key)
             self._cond.notify()
-        self._register(seq)
-        return seq.stream
+        for seq in seqs:
+            self._register(seq)
 
     def _rank(self, seq: TrackedSequence) -> tuple[float, int]:
         """Where ``seq`` goes in the waiting order (under the lock: arrivals are numbered)."""

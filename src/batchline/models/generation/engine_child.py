@@ -10,7 +10,8 @@ parent's messages; the scheduler's deliveries go to the parent through the gener
 
 Messages are tuples, pickled by ``multiprocessing.connection``. Parent to child:
 
-- ``("submit", request_id, prompt_ids, params)``, ``("abort", request_id)``, ``("stats",)``;
+- ``("submit", [(request_id, prompt_ids, params), ...])``: one request or several queued together
+  (``TextGenerator.submit_many``); ``("abort", request_id)``, ``("stats",)``;
 - ``("stop", drain, timeout_s)``: the generator's ``stop``; then the process exits.
 
 Child to parent:
@@ -41,7 +42,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Protocol, cast
@@ -55,7 +56,7 @@ from batchline._errors import (
     RecordTooLargeError,
 )
 from batchline.models.generation.continuous import ContinuousGenerator
-from batchline.models.generation.engine import SamplingParams
+from batchline.models.generation.engine import GenerationRequest, SamplingParams
 from batchline.models.generation.engine_generator import Update
 from batchline.models.generation.stream import GenerationStream, TextGenerator
 from batchline.models.protocol import ModelInfo
@@ -249,15 +250,16 @@ class _Child:
     def _on_message(self, message: tuple[object, ...]) -> None:
         kind = message[0]
         if kind == "submit":
-            _, rid, prompt, params = message
-            assert isinstance(rid, str)
-            assert isinstance(params, SamplingParams)
+            wire = cast(list[tuple[str, tuple[int, ...], SamplingParams]], message[1])
             try:
-                self._streams[rid] = self._gen.submit(
-                    cast(Sequence[int], prompt), params, request_id=rid
-                )
+                requests = [GenerationRequest(*request) for request in wire]
+                made = self._gen.submit_many(requests)
             except Exception as exc:  # the parent checked what it could: tell it the rest
-                self._send(("out", [(rid, None, to_wire(exc))], None))
+                error = to_wire(exc)
+                self._send(("out", [(request[0], None, error) for request in wire], None))
+            else:
+                for request, made_stream in zip(requests, made, strict=True):
+                    self._streams[request.request_id] = made_stream
         elif kind == "abort":
             stream = self._streams.get(str(message[1]))
             if stream is not None:

@@ -62,14 +62,14 @@ from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING
 
 from batchline._errors import ModelError, QueueFullError
-from batchline.models.generation.engine import SamplingParams
+from batchline.models.generation.engine import GenerationRequest, SamplingParams
 from batchline.models.generation.engine_child import (
     LoadedModel,
     Ready,
     from_wire,
     run_engine_process,
 )
-from batchline.models.generation.lifecycle import GeneratorLifecycle
+from batchline.models.generation.lifecycle import GeneratorLifecycle, duplicated
 from batchline.models.generation.stats import (
     GenerationStats,
     GenerationStatsRecorder,
@@ -259,23 +259,38 @@ class ProcessGenerator(GeneratorLifecycle):
         """Send one request to the engine process now or raise (see :class:`TextGenerator`;
         ``ModelError`` once the engine process has exited)."""
         rid = request_id if request_id is not None else f"{self.name}-{next(self._ids)}"
+        return self.submit_many([GenerationRequest(rid, tuple(prompt_ids), params)])[0]
+
+    def submit_many(self, requests: Sequence[GenerationRequest]) -> list[GenerationStream]:
+        """Send every request to the engine process in one message, or none, and raise (see
+        :class:`TextGenerator`): the engine process queues them together."""
+        duplicated(requests)
         facts = self._ready  # known once started: a generator not started fails the state check
-        prompt = self._admissible(rid, self._flights, prompt_ids, params)
+        prompts = [
+            self._admissible(r.request_id, self._flights, r.prompt_ids, r.params) for r in requests
+        ]
         assert facts is not None
         if self._gone is not None:
             raise ModelError(self._gone)
-        if len(self._flights) >= self.max_in_flight:
+        if len(self._flights) + len(requests) > self.max_in_flight:
             self._recorder.on_reject()
+            asked = "" if len(requests) == 1 else f"; {len(requests)} asked at once"
             raise QueueFullError(
                 f"{self.name}: {len(self._flights)} requests are already in flight "
-                f"(max_waiting={facts.max_waiting} waiting + {facts.max_running} running); "
-                "retry later or raise max_queue_size"
+                f"(max_waiting={facts.max_waiting} waiting + {facts.max_running} running)"
+                f"{asked}; retry later or raise max_queue_size"
             )
-        stream = GenerationStream(rid, len(prompt), on_abort=self._abort)
-        self._flights[rid] = stream
-        self._recorder.on_submit(len(prompt))
-        self._send(("submit", rid, prompt, params))
-        return stream
+        streams: list[GenerationStream] = []
+        for request, prompt in zip(requests, prompts, strict=True):
+            stream = GenerationStream(request.request_id, len(prompt), on_abort=self._abort)
+            self._flights[request.request_id] = stream
+            self._recorder.on_submit(len(prompt))
+            streams.append(stream)
+        wire = [
+            (r.request_id, prompt, r.params) for r, prompt in zip(requests, prompts, strict=True)
+        ]
+        self._send(("submit", wire))
+        return streams
 
     def _abort(self, request_id: str) -> None:
         if request_id in self._flights and self._gone is None:

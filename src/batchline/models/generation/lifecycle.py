@@ -19,11 +19,21 @@ from typing import Self
 
 from batchline._batcher import State
 from batchline._errors import BatcherClosedError
-from batchline.models.generation.engine import SamplingParams
+from batchline.models.generation.engine import GenerationRequest, SamplingParams
 from batchline.models.generation.stats import GenerationStatsRecorder
-from batchline.models.generation.stream import check_fits
+from batchline.models.generation.stream import GenerationStream, check_fits
 
-__all__ = ["GeneratorLifecycle"]
+__all__ = ["GeneratorLifecycle", "duplicated"]
+
+
+def duplicated(requests: Sequence[GenerationRequest]) -> None:
+    """Raise ``ValueError`` when two of ``requests`` have one ``request_id``: a group is
+    admitted all or none, so this is checked before any is."""
+    seen: set[str] = set()
+    for request in requests:
+        if request.request_id in seen:
+            raise ValueError(f"request_id {request.request_id!r} is given twice")
+        seen.add(request.request_id)
 
 
 class GeneratorLifecycle:
@@ -57,6 +67,30 @@ class GeneratorLifecycle:
             max_context_tokens=self.max_context_tokens,
             kv_token_budget=self._kv_limit(),
         )
+
+    def submit(
+        self, prompt_ids: Sequence[int], params: SamplingParams, *, request_id: str | None = None
+    ) -> GenerationStream:
+        """Admit one request now or raise (``TextGenerator.submit``): the subclass's."""
+        raise NotImplementedError
+
+    def submit_many(self, requests: Sequence[GenerationRequest]) -> list[GenerationStream]:
+        """Admit every request now, or none: one :meth:`submit` each, with no wait between
+        them, and what was admitted aborted when one is refused. A generator whose worker
+        admits between the event loop's steps (the vLLM adapter's tasks, the static batcher's)
+        takes them together this way; one whose worker is a thread queues them at once."""
+        duplicated(requests)
+        streams: list[GenerationStream] = []
+        try:
+            for request in requests:
+                streams.append(
+                    self.submit(request.prompt_ids, request.params, request_id=request.request_id)
+                )
+        except BaseException:
+            for stream in streams:
+                stream.abort()
+            raise
+        return streams
 
     def _admissible(
         self,

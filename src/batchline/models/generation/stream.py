@@ -228,6 +228,12 @@ class TextGenerator(Protocol):
         ``BatcherClosedError`` (stopping), ``ValueError`` (empty prompt, duplicate id)."""
         ...
 
+    def submit_many(self, requests: Sequence[GenerationRequest]) -> list[GenerationStream]:
+        """Admit every request now, or none (raising as :meth:`submit` does), in one go: a
+        scheduler that admits between steps sees them all at once, so requests that fit join the
+        same step (a row's ``n`` samples share one prefill of their prompt)."""
+        ...
+
     @property
     def stats(self) -> GenerationStats: ...
 

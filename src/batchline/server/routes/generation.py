@@ -60,6 +60,7 @@ from batchline._errors import InputError, RecordTooLargeError
 from batchline.models.generation import (
     Completion,
     Constraint,
+    GenerationRequest,
     GenerationStream,
     SamplingParams,
 )
@@ -425,22 +426,19 @@ def _submit_all(
     params: Sequence[SamplingParams],
     request_id: str,
 ) -> list[GenerationStream]:
-    """Admit every prompt, or none: what was admitted is aborted when one is refused."""
-    generator = served.generator
-    streams: list[GenerationStream] = []
+    """Admit every prompt, or none, in one go (``TextGenerator.submit_many``): the engine
+    takes a request's prompts and samples into the same step."""
     try:
-        for i, (ids, p) in enumerate(zip(prompts, params, strict=True)):
-            streams.append(generator.submit(ids, p, request_id=f"{request_id}-{i}"))
-    except BaseException as exc:
-        for stream in streams:
-            stream.abort()
-        if isinstance(exc, ValueError):
-            raise bad_request(str(exc)) from None
-        if isinstance(exc, Exception):
-            error = api_error(exc, state.settings, served.name, withdrawn="nothing was admitted")
-            raise error from None
-        raise
-    return streams
+        requests = [
+            GenerationRequest(f"{request_id}-{i}", tuple(ids), p)
+            for i, (ids, p) in enumerate(zip(prompts, params, strict=True))
+        ]
+        return served.generator.submit_many(requests)
+    except ValueError as exc:
+        raise bad_request(str(exc)) from None
+    except Exception as exc:
+        error = api_error(exc, state.settings, served.name, withdrawn="nothing was admitted")
+        raise error from None
 
 
 # -- waiting for every sequence ----------------------------------------------------------------
