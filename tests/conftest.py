@@ -13,6 +13,17 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # and every process it starts, resolves auto to fp32 (batchline.jobs.precision.AUTO_ENV) unless
 # marked measure_precision; the choice logic itself is tested on synthetic hosts.
 os.environ.setdefault("BATCHLINE_AUTO_PRECISION", "fp32")
+# Many tests give a job a fresh cache folder; the compiled CPU kernel is the same for all of
+# them. Every test, and every process it starts, keeps it in one folder of the machine's test
+# cache (else the user's cache at the session's start): a subprocess job in a fresh cache
+# compiled it again, ~45 s of a 120 s limit on two cores beside the other worker.
+if "BATCHLINE_KERNEL_DIR" not in os.environ:
+    from batchline._cache import kernel_dir
+
+    _shared = os.environ.get("BATCHLINE_TEST_CACHE_DIR")
+    os.environ["BATCHLINE_KERNEL_DIR"] = (
+        os.path.join(_shared, "kernels") if _shared else str(kernel_dir())
+    )
 
 
 @pytest.fixture

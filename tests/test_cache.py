@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from batchline._cache import make_cache_folder, write_whole
+from batchline._cache import kernel_dir, make_cache_folder, write_whole
 from batchline._errors import ModelError
 
 
@@ -30,3 +30,15 @@ def test_a_file_is_written_whole(tmp_path: Path) -> None:
     write_whole(target, b"bytes", "cache.test")
     assert target.read_bytes() == b"bytes"
     assert [p.name for p in target.parent.iterdir()] == ["graph.onnx"]  # no temporary left
+
+
+def test_the_kernel_folder_is_its_own_setting_else_the_caches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BATCHLINE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("BATCHLINE_KERNEL_DIR", raising=False)
+    assert kernel_dir() == tmp_path / "cache" / "kernels"
+    monkeypatch.setenv("BATCHLINE_KERNEL_DIR", str(tmp_path / "shared"))
+    assert kernel_dir() == tmp_path / "shared"
+    monkeypatch.setenv("BATCHLINE_KERNEL_DIR", "")  # empty: unset
+    assert kernel_dir() == tmp_path / "cache" / "kernels"

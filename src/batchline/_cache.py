@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["build_folder_whole", "cache_dir", "make_cache_folder", "write_whole"]
+__all__ = ["build_folder_whole", "cache_dir", "kernel_dir", "make_cache_folder", "write_whole"]
 
 #: A scratch folder this old was left by a killed build (a live one takes minutes at most).
 STALE_SCRATCH_S = 3600.0
@@ -27,6 +27,15 @@ def cache_dir() -> Path:
     import platformdirs
 
     return Path(platformdirs.user_cache_dir("batchline"))
+
+
+def kernel_dir() -> Path:
+    """Where compiled CPU kernels are kept: ``$BATCHLINE_KERNEL_DIR`` if set, else ``kernels/``
+    in :func:`cache_dir`. A kernel's file is named by its sources, compiler, torch and CPU
+    flags, so one folder serves every cache folder on a machine: a job run with a cache folder
+    of its own loads the kernel built once instead of compiling it again (~45 s on two cores)."""
+    env = os.environ.get("BATCHLINE_KERNEL_DIR")
+    return Path(env) if env else cache_dir() / "kernels"
 
 
 def make_cache_folder(folder: Path) -> None:

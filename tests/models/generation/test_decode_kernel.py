@@ -240,13 +240,13 @@ def test_a_build_error_is_reported_and_nothing_is_cached(
     bad.write_text("this is not C++\n")
     # compiled side by side: the second source's failure is the one reported
     monkeypatch.setattr(dk, "_SOURCES", (good, bad))
-    monkeypatch.setenv("BATCHLINE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("BATCHLINE_KERNEL_DIR", str(tmp_path / "kernels"))
     op, why = dk._load()
     assert op is None
     assert why.startswith("RuntimeError: ")
     assert "exited 1" in why
     # no half-built library: only the lock that its build held
-    left = [p.name for p in (tmp_path / "cache" / "kernels").iterdir()]
+    left = [p.name for p in (tmp_path / "kernels").iterdir()]
     assert len(left) == 1, left
     assert left[0].endswith(".so.lock"), left
 
@@ -260,7 +260,7 @@ def test_two_processes_asking_at_once_build_the_library_once(
     source = tmp_path / "one.cpp"
     source.write_text("int batchline_test_one() { return 1; }\n")
     monkeypatch.setattr(dk, "_SOURCES", (source,))
-    monkeypatch.setenv("BATCHLINE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("BATCHLINE_KERNEL_DIR", str(tmp_path / "kernels"))
     links: list[list[str]] = []
     linking, waiting = threading.Event(), threading.Event()
 
@@ -295,7 +295,9 @@ def test_two_processes_asking_at_once_build_the_library_once(
     assert f"waiting for pid {os.getpid()} to build" in caplog.text
 
 
-def test_a_built_kernel_is_reused(kernel: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_built_kernel_is_reused(
+    kernel: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     compiles: list[list[str]] = []
     real_run = subprocess.run
 
@@ -305,13 +307,16 @@ def test_a_built_kernel_is_reused(kernel: Any, monkeypatch: pytest.MonkeyPatch) 
         return real_run(command, **kwargs)
 
     monkeypatch.setattr(dk.subprocess, "run", counting)
-    # The kernel this process loaded, wherever the cache was when it was first asked for.
+    # The kernel this process loaded, wherever its folder was when it was first asked for; a
+    # fresh cache folder (a job's own) does not build it again where the kernel folder has it.
     loaded = Path(dk.decode_kernel()[1])
-    monkeypatch.setenv("BATCHLINE_CACHE_DIR", str(loaded.parent.parent))
+    monkeypatch.setenv("BATCHLINE_KERNEL_DIR", str(loaded.parent))
+    monkeypatch.setenv("BATCHLINE_CACHE_DIR", str(tmp_path / "fresh-cache"))
     compiler = shutil.which(os.environ.get("CXX", "c++"))
     assert compiler is not None  # the kernel fixture built it
     assert dk._built(compiler) == loaded
     assert compiles == []
+    assert not (tmp_path / "fresh-cache").exists()
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])

@@ -14,12 +14,12 @@ The same library holds the int linears (``csrc/quant_gemm.cpp`` for bf16 activat
 ``csrc/quant_gemm_f32.cpp`` for float32 ones, used by
 :mod:`~batchline.models.generation.quant_kernel`). It is compiled once per machine with the
 system's C++ compiler (``$CXX``, else ``c++``) against the installed torch, into
-``<cache dir>/kernels/`` under a name that hashes the sources, the compiler, torch's version and
-the CPU's flags (it is built with ``-march=native``), by one process at a time (others asking
-meanwhile wait for its file: :func:`_build_lock`), and then loaded with
-``torch.ops.load_library``. Where that cannot be done (no compiler, a build error, a non-x86
-machine), :func:`decode_kernel` returns None and why, and the engine attends through SDPA as
-before.
+``$BATCHLINE_KERNEL_DIR``, else ``<cache dir>/kernels/`` (``batchline._cache.kernel_dir``),
+under a name that hashes the sources, the compiler, torch's version and the CPU's flags (it
+is built with ``-march=native``), by one process at a time (others asking meanwhile wait for
+its file: :func:`_build_lock`), and then loaded with ``torch.ops.load_library``. Where that
+cannot be done (no compiler, a build error, a non-x86 machine), :func:`decode_kernel` returns
+None and why, and the engine attends through SDPA as before.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from typing import ClassVar
 
 import torch
 
-from batchline._cache import cache_dir, write_whole
+from batchline._cache import kernel_dir, write_whole
 from batchline._dir_lock import DirBusyError, DirLock, holder, lock_dir
 
 __all__ = ["DecodeKernel", "StepOps", "StepProduct", "decode_kernel"]
@@ -182,7 +182,7 @@ def _built(compiler: str) -> Path:
         key.update(part)
         key.update(b"\0")
     key.update(" ".join(_FLAGS).encode())
-    path = cache_dir() / "kernels" / f"decode_attention-{key.hexdigest()[:16]}.so"
+    path = kernel_dir() / f"decode_attention-{key.hexdigest()[:16]}.so"
     if path.exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
