@@ -213,8 +213,6 @@ class QuantLinear(torch.nn.Module):
         ``own_kernel``: whether to compute through batchline's int8 kernel (bf16, inputs in
         multiples of 32; its scales stay float32) or torch's; by default the own one where
         the CPU has AMX (:func:`~batchline.models.generation.quant_kernel.own_kernels`)."""
-        from batchline.models.generation import quant_kernel
-
         n, k = codes.shape
         layer = cls(k, n, kind="int8", bias=bias, group_size=k)
         fits = dtype == torch.bfloat16 and k % quant_kernel.GROUP == 0
@@ -248,8 +246,6 @@ class QuantLinear(torch.nn.Module):
         groups of 32 only) or torch's; by default the own one where it runs vectorized here
         for ``dtype`` (:func:`~.quant_kernel.own_kernels`). ``scale_dtype``: the own layout's
         scales (by default :func:`~.quant_kernel.scale_dtype_for` ``dtype``)."""
-        from batchline.models.generation import quant_kernel
-
         n, k = planes[0].codes.shape
         kind = "int4" if len(planes) == 1 else "int8g"
         layer = cls(k, n, kind=kind, bias=bias, group_size=planes[0].group_size)
@@ -287,8 +283,6 @@ class QuantLinear(torch.nn.Module):
         """A layer of the own int4 kernel's planes packed already
         (:func:`~batchline.models.generation.quantize.pack_own_int4`):
         one for ``int4``, two for ``int8g``."""
-        from batchline.models.generation import quant_kernel
-
         layer = cls(k, n, kind=kind, bias=bias, group_size=quant_kernel.GROUP)
         layer._set_own(list(packed))
         return layer
@@ -319,13 +313,11 @@ class QuantLinear(torch.nn.Module):
         kernel's packed blocks of those rows alone (:func:`~.quant_kernel.rows_in`: an
         embedding looked up in a tied head). Only the own kernel's layouts have it: torch's
         would dequantize the whole weight at every lookup, a step's cost."""
-        from batchline.models.generation.quant_kernel import rows_in
-
         if not self._own:
             raise ValueError(
                 f"rows are read from the own kernel's layouts, not a {self.kind} layer's"
             )
-        return rows_in(self._own, ids, self.out_features, dtype)
+        return quant_kernel.rows_in(self._own, ids, self.out_features, dtype)
 
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
         """The weight ``(N, K)`` in ``dtype``, computed from the codes as the kernels compute
@@ -335,18 +327,14 @@ class QuantLinear(torch.nn.Module):
             codes, scales = self._int8
             return codes.to(dtype) * scales.to(dtype)[:, None]
         if self._own8 is not None:
-            from batchline.models.generation.quant_kernel import unpack_int8
-
-            codes, scales = unpack_int8(self._own8, n)
+            codes, scales = quant_kernel.unpack_int8(self._own8, n)
             return (codes.to(dtype) * scales.to(dtype)[:, None]).contiguous()
         if self.int8_layout:
             return _int8g_weight(self._own[0], n, dtype)
         out = torch.zeros(n, k, dtype=dtype)
         g = self.group_size
         for packed in self._own:
-            from batchline.models.generation.quant_kernel import unpack_int4
-
-            codes, scales, zeros = unpack_int4(packed, n)
+            codes, scales, zeros = quant_kernel.unpack_int4(packed, n)
             s, z = scales.to(dtype)[..., None], zeros.to(dtype)[..., None]
             out += ((codes.to(dtype).view(n, k // g, g) - 8) * s + z).view(n, k)
         for packed, scales_zeros in self._planes:
@@ -363,9 +351,7 @@ class QuantLinear(torch.nn.Module):
         # bf16 only: float32 rows take _dense_f32; int8g has two planes or the int8 layout
         own_int4 = len(self._own) == 1 and not self.int8_layout
         if dtype == torch.bfloat16 and own_int4 and self._own_takes(dtype):
-            from batchline.models.generation.quant_kernel import int4_dequantize
-
-            return int4_dequantize(self._own[0], self.out_features, dtype)
+            return quant_kernel.int4_dequantize(self._own[0], self.out_features, dtype)
         return self.dequantized(dtype)
 
     def _own_takes(self, dtype: torch.dtype) -> bool:
@@ -387,8 +373,6 @@ class QuantLinear(torch.nn.Module):
         """``flat`` (float32) times the own layout's weight, dense, :data:`DEQUANT_COLS` output
         columns at a time: each chunk dequantized (its planes summed) into a buffer this thread
         keeps, then one dense product, so no whole float32 copy of the weight is made."""
-        from batchline.models.generation.quant_kernel import TILE, int4_dequantize
-
         n, k = self.out_features, self.in_features
         # one buffer per plane, input width and chunk: int8g's second plane is summed in place.
         # Made outside inference mode: a normal tensor is written in place in either mode, one
@@ -406,13 +390,15 @@ class QuantLinear(torch.nn.Module):
         out = torch.empty(flat.shape[0], n)
         for c0 in range(0, n, DEQUANT_COLS):
             cols = min(DEQUANT_COLS, n - c0)
-            tiles = slice(c0 // TILE, -(-(c0 + cols) // TILE))
+            tiles = slice(c0 // quant_kernel.TILE, -(-(c0 + cols) // quant_kernel.TILE))
             if self.int8_layout:
                 weight = _int8g_weight(self._own[0][tiles], cols, torch.float32, mine[0])
             else:
-                weight = int4_dequantize(self._own[0][tiles], cols, torch.float32, mine[0])
+                weight = quant_kernel.int4_dequantize(
+                    self._own[0][tiles], cols, torch.float32, mine[0]
+                )
             for plane, buffer in zip(self._own[1:], mine[1:], strict=True):
-                weight.add_(int4_dequantize(plane[tiles], cols, torch.float32, buffer))
+                weight.add_(quant_kernel.int4_dequantize(plane[tiles], cols, torch.float32, buffer))
             bias = None if self.bias is None else self.bias[c0 : c0 + cols].float()
             out[:, c0 : c0 + cols] = torch.nn.functional.linear(flat, weight, bias)
         return out
@@ -553,10 +539,9 @@ def _int8g_weight(
     """The weight ``(n, K)`` in ``dtype`` of :func:`~.quant_kernel.pack_int8g`'s layout:
     ``code * scale`` in float32, rounded to ``dtype`` once; float32 only: written into the
     first ``n`` rows of ``into`` where given (:meth:`QuantLinear._dense_f32`'s buffer)."""
-    from batchline.models.generation.quant_kernel import GROUP, unpack_int8g
-
-    codes, scales = unpack_int8g(packed, n)
-    shape = (n, codes.shape[1] // GROUP, GROUP)
+    codes, scales = quant_kernel.unpack_int8g(packed, n)
+    group = quant_kernel.GROUP
+    shape = (n, codes.shape[1] // group, group)
     if into is not None:
         weight = into[:n]
         torch.mul(codes.view(shape), scales.float()[..., None], out=weight.view(shape))
