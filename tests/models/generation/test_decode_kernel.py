@@ -232,6 +232,23 @@ def test_no_compiler_or_turned_off_says_why(monkeypatch: pytest.MonkeyPatch) -> 
     assert dk._load() == (None, "BATCHLINE_DECODE_KERNEL=0")
 
 
+def test_a_kernel_folder_that_cannot_be_made_says_which_setting_moves_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        pytest.skip("no C++ compiler")
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    source = tmp_path / "one.cpp"
+    source.write_text("int batchline_test_one() { return 1; }\n")
+    monkeypatch.setattr(dk, "_SOURCES", (source,))
+    monkeypatch.setenv("BATCHLINE_KERNEL_DIR", str(blocked / "kernels"))
+    op, why = dk._load()
+    assert op is None
+    assert why.startswith(f"OSError: cannot build the kernel in {blocked / 'kernels'} (")
+    assert why.endswith("; set BATCHLINE_KERNEL_DIR to a writable folder")
+
+
 def test_a_build_error_is_reported_and_nothing_is_cached(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -185,7 +185,15 @@ def _built(compiler: str) -> Path:
     path = kernel_dir() / f"decode_attention-{key.hexdigest()[:16]}.so"
     if path.exists():
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not os.access(path.parent, os.W_OK):
+            raise PermissionError(f"{path.parent} is not writable")
+    except OSError as exc:
+        raise OSError(
+            f"cannot build the kernel in {path.parent} ({exc}); "
+            "set BATCHLINE_KERNEL_DIR to a writable folder"
+        ) from exc
     with _build_lock(path) or contextlib.nullcontext():
         if path.exists():  # built by the process this one waited for
             return path
