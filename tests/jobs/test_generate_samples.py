@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from batchline.models.config import Knobs
+
 from .test_generate import _cache, rows, run_job, tiny, write_prompts  # noqa: F401  (fixtures)
 
 pytest.importorskip("transformers")
@@ -42,6 +44,19 @@ def test_n_samples_per_row_seeded_and_repeatable(
     assert [r["text"] for r in rows(tmp_path / "g")] == [r["text"] for r in rows(tmp_path / "p")]
     assert "texts" not in rows(tmp_path / "p")[0]
     assert greedy.generated_tokens == 2 * plain.generated_tokens
+
+
+def test_a_row_waits_for_room_for_all_its_samples_then_they_share_one_prefill(
+    tmp_path: Path,
+    tiny: Path,  # noqa: F811  (the fixture imported above)
+) -> None:
+    # 4 requests in flight at most (the waiting queue's size): the second row's 3 samples find
+    # one slot free while the first row's run; it waits for all 3 rather than sending one ahead
+    src = write_prompts(tmp_path / "prompts.jsonl", PROMPTS)
+    knobs = Knobs(dtype="float32", max_queue_size=4)
+    done = run_job(tiny, src, tmp_path / "a", n=3, chat_template=False, knobs=knobs)
+    assert [len(r["texts"]) for r in rows(tmp_path / "a")] == [3] * len(PROMPTS)
+    assert done.prompt_tokens_computed * 3 == done.prompt_tokens
 
 
 @pytest.mark.parametrize("bad", ["0", "129"])
