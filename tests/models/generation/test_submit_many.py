@@ -8,6 +8,7 @@ behind. Each generator kind is driven on the fake engine (the engine process too
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -17,6 +18,7 @@ from batchline.models.generation.engine import GenerationRequest, SamplingParams
 from batchline.models.generation.engine_process import ProcessGenerator
 from batchline.models.generation.fake import FakeEngine
 from batchline.models.generation.static import StaticGenerator
+from batchline.models.generation.stream import TrackedSequence
 
 from .gen_helpers import TOK, SteppedEngine, expected_text, load_fake_with, until
 
@@ -52,6 +54,29 @@ async def test_a_group_is_prefilled_in_one_step_every_time() -> None:
         steps = [s.index for s in engine.steps if names & set(s.prefilled)]
         assert len(steps) == 1, (round_, steps)
         assert names <= set(engine.steps[steps[0]].prefilled)
+
+
+class AdmitsBetweenSubmits(ContinuousGenerator):
+    """Each request, once queued and registered, waits (bounded) until the worker has admitted
+    what waits: the widest window the worker can take between one submit and the next."""
+
+    def _register(self, seq: TrackedSequence) -> None:
+        super()._register(seq)
+        deadline = time.monotonic() + 10  # a guard against hanging, not a timing assertion
+        while time.monotonic() < deadline:
+            with self._cond:
+                if not self._waiting:
+                    return
+            time.sleep(0.001)
+
+
+async def test_a_group_is_one_step_even_when_the_worker_admits_between_submits() -> None:
+    # one submit per request fails here every time: the first is admitted and prefilled alone
+    engine = FakeEngine()
+    async with AdmitsBetweenSubmits(engine, TOK, max_running=8) as gen:
+        streams = gen.submit_many(group("w", 3))
+        await asyncio.gather(*(s.result() for s in streams))
+    assert [s.prefilled for s in engine.steps if s.prefilled] == [("w-0", "w-1", "w-2")]
 
 
 async def test_a_group_that_does_not_fit_the_queue_is_refused_whole() -> None:
