@@ -24,6 +24,7 @@ import ctypes.util
 import errno
 import functools
 import mmap
+import os
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -135,16 +136,28 @@ def _refused() -> str:
                 return f"{_THP_SETTING} is never"
     except OSError:
         return "this kernel has no transparent huge pages"
-    if not _collapse_works():
+    return _collapse_refused()
+
+
+def _collapse_refused() -> str:
+    """Why the kernel does not collapse a 2 MiB span of an anonymous mapping of this process's
+    own (made here, written, collapsed and unmapped), or '': a span of the model's may fail for
+    reasons of its own (it reaches past its mapping), this one where ``MADV_COLLAPSE`` is
+    missing (``EINVAL``, remembered) or the kernel has no free 2 MiB page to give now
+    (``EAGAIN``, ``ENOMEM``: asked again at the next load)."""
+    code = _probe_errno()
+    if code == 0:
+        return ""
+    if code == errno.EINVAL:
         return "this kernel has no MADV_COLLAPSE: Linux 6.1 and later"
-    return ""
+    _probe_errno.cache_clear()
+    name = errno.errorcode.get(code, str(code))
+    return f"the kernel could not collapse a 2 MiB probe now ({name}: {os.strerror(code)})"
 
 
 @functools.cache
-def _collapse_works() -> bool:
-    """Whether the kernel collapses a 2 MiB span of an anonymous mapping of this process's own
-    (made here, written, collapsed and unmapped): a span of the model's may fail for reasons of
-    its own (it reaches past its mapping), this one only where ``MADV_COLLAPSE`` is missing."""
+def _probe_errno() -> int:
+    """0 where the kernel collapsed the probe of :func:`_collapse_refused`, else the errno."""
     with mmap.mmap(-1, 2 * HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS) as probe:
         probe.write(b"\1" * len(probe))
         address = ctypes.addressof(ctypes.c_char.from_buffer(probe))  # the view dropped at once
@@ -152,9 +165,9 @@ def _collapse_works() -> bool:
         try:
             probe.madvise(_MADV_HUGEPAGE, start, HUGE)
             probe.madvise(_MADV_COLLAPSE, start, HUGE)
-        except OSError:
-            return False
-        return True
+        except OSError as exc:
+            return exc.errno or errno.EINVAL
+        return 0
 
 
 def _madvise() -> Any:
