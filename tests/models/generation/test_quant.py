@@ -810,6 +810,49 @@ def test_a_gguf_computed_in_float32_stays_quantized_where_the_cpu_has_avx2_and_f
         assert "no AVX2 and FMA" in chosen.reason
 
 
+def test_a_gguf_is_dequantized_where_the_kernel_library_does_not_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """With the flags but no library (no compiler, an unwritable kernel folder), torch's int
+    kernels would compute the blocks in float32: the shipped Q4_1 file ran x3.4 the time a
+    token of its dequantized self. ``auto`` dequantizes it and says why, in the job's identity
+    as in the load log; a format named is kept, and a folder never asks for the library."""
+    from batchline.models.generation import quant_kernel
+    from batchline.models.generation.backend import GENERATION
+    from batchline.models.generation.engine_choices import spec_precision
+
+    why = "OSError: cannot build the kernel in /ro/kernels"
+    for flags in (AVX512_VNNI, AVX2, AVX512_BF16):
+        dtype, held = choose_precision(
+            "auto", "auto", "cpu", gguf=True, flags=flags, kernel_missing=why
+        )
+        assert held.weights in ("float", "gguf")
+        if dtype.dtype == "float32":  # not on Zen 4's kind: bf16 there, torch's bf16 kernels
+            assert held.weights == "float"
+            assert "own int4 kernel's float32 path does not run here" in held.reason
+            assert why in held.reason
+    asked: list[torch.dtype] = []
+
+    def missing(*, amx: bool = False, dtype: torch.dtype = torch.bfloat16) -> tuple[bool, str]:
+        asked.append(dtype)
+        return False, why
+
+    monkeypatch.setattr(quant_kernel, "own_kernels", missing)
+    spec = parse_spec("smollm2")
+    dtype, held = spec_precision(spec, Knobs())
+    if dtype.dtype == "float32":
+        assert held.weights == "float"
+        assert why in held.reason
+        assert GENERATION.identity(spec, Knobs()).options["weights"] == "float"
+    assert asked
+    assert set(asked) == {torch.float32}
+    before = len(asked)
+    assert spec_precision(spec, Knobs(weights="int4"))[1].weights == "int4"  # asked for
+    folder = save_tiny_generator(tmp_path / "tiny")
+    assert spec_precision(parse_spec(f"{folder}/"), Knobs())[1].weights == "float"
+    assert len(asked) == before  # neither asked the library
+
+
 def test_int_weights_on_cuda_are_refused_and_a_torch_without_the_kernels_is_said(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -66,13 +66,30 @@ def spec_precision(spec: ModelSpec, knobs: TorchEngineOptions) -> tuple[DtypeCho
     loader, the load log and the job's identity all take."""
     from batchline.models.generation.torch_dtype import choose_precision
 
+    gguf, gguf_float = is_gguf(spec), float_gguf(spec)
     return choose_precision(
         knobs.dtype,
         knobs.weights,
         knobs.device,
-        gguf=is_gguf(spec),
-        gguf_float=float_gguf(spec),
+        gguf=gguf,
+        gguf_float=gguf_float,
+        kernel_missing=_f32_kernel_missing(knobs) if gguf and not gguf_float else None,
     )
+
+
+def _f32_kernel_missing(knobs: TorchEngineOptions) -> str | None:
+    """Why the own int4 kernel's float32 path does not run here (``quant_kernel.own_kernels``:
+    the library built, or loaded from the kernel folder), None where it does: what ``auto``
+    asks before it keeps a GGUF's blocks in float32. Asked only of a quantized GGUF whose
+    weights ``auto`` chooses on the CPU, so that nothing else builds the library for it."""
+    if knobs.weights != "auto" or knobs.device != "cpu":
+        return None
+    import torch
+
+    from batchline.models.generation.quant_kernel import own_kernels
+
+    runs, why = own_kernels(dtype=torch.float32)
+    return None if runs else why
 
 
 def is_gguf(spec: ModelSpec) -> bool:

@@ -142,6 +142,14 @@ F32_DEQUANTIZED = (
     "no AVX2 and FMA for the own int4 kernel's float32 path, and torch's int kernels in float32 "
     "took 4-25x a dense float32 linear"
 )
+#: Why a GGUF computed in float32 is dequantized where the CPU has the flags but the kernel
+#: library does not run (no compiler, an unwritable kernel folder): torch's int kernels in its
+#: place ran the shipped Q4_1 file at 183 ms a token and 5.1 s to a first token, dequantized
+#: 53 ms and 0.13 s (2-core Ice Lake Xeon, 2026-12-07).
+F32_NOT_BUILT = (
+    "dequantized, as the own int4 kernel's float32 path does not run here and torch's int "
+    "kernels in float32 took x3.4 a dense float32 model's time a token"
+)
 #: Each CPU kind's defaults (``batchline._cpu``'s kinds). Measured where it says; the others
 #: follow from what their flags lack, and say so.
 KIND_DEFAULTS: dict[str, KindDefaults] = {
@@ -222,13 +230,19 @@ class WeightsChoice:
 
 
 def choose_weights(
-    asked: str, *, gguf: bool, dtype: str, flags: Collection[str] | None = None
+    asked: str,
+    *,
+    gguf: bool,
+    dtype: str,
+    flags: Collection[str] | None = None,
+    kernel_missing: str | None = None,
 ) -> WeightsChoice:
     """The weights for ``asked`` (one of ``WEIGHT_FORMATS``) of a model from a GGUF file
     (``gguf``) or a folder, computed in ``dtype`` (``choose_dtype``'s). ``auto`` keeps a GGUF's
     quantized tensors where they compute fast: in bf16 where the host's kind says so
-    (:data:`KIND_DEFAULTS`), in float32 where the CPU has AVX2 and FMA (:data:`F32_KEPT`); torch's
-    int kernels in float32, elsewhere, are the slow ones."""
+    (:data:`KIND_DEFAULTS`), in float32 where the CPU has AVX2 and FMA (:data:`F32_KEPT`) and the
+    kernel library runs (``kernel_missing``: why it does not, as ``quant_kernel.own_kernels``
+    says; None where it does); torch's int kernels in float32, elsewhere, are the slow ones."""
     if asked not in WEIGHT_FORMATS:
         raise ValueError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {asked!r}")
     if asked != "auto":
@@ -237,9 +251,13 @@ def choose_weights(
         return WeightsChoice("float", "auto: a folder's weights as they are")
     name, kind = kind_defaults(flags)
     if dtype != "bfloat16":
-        if set(F32_KERNEL_FLAGS) <= set(cpu_flags() if flags is None else flags):
+        if not set(F32_KERNEL_FLAGS) <= set(cpu_flags() if flags is None else flags):
+            why = F32_DEQUANTIZED
+        elif kernel_missing is not None:
+            why = f"{F32_NOT_BUILT} ({kernel_missing})"
+        else:
             return WeightsChoice("gguf", f"auto in float32 on this {name} CPU: {F32_KEPT}")
-        return WeightsChoice("float", f"auto in float32 on this {name} CPU: {F32_DEQUANTIZED}")
+        return WeightsChoice("float", f"auto in float32 on this {name} CPU: {why}")
     if not kind.gguf_quantized:
         return WeightsChoice("float", f"auto on this {name} CPU: {kind.measured}")
     return WeightsChoice("gguf", f"auto on this {name} CPU: {kind.measured}")
@@ -254,6 +272,7 @@ def choose_precision(
     gguf_float: bool = False,
     flags: Collection[str] | None = None,
     cuda_bf16: bool | None = None,
+    kernel_missing: str | None = None,
 ) -> tuple[DtypeChoice, WeightsChoice]:
     """The dtype and the weights of a model for the knobs ``dtype`` and ``weights`` (one of
     ``GENERATION_DTYPES``, ``WEIGHT_FORMATS``) on ``device``: :func:`choose_dtype`, then
@@ -263,7 +282,9 @@ def choose_precision(
     GGUF file's linears are all float (``gguf_float``: nothing int to compute). What the load
     log, the job's identity and the loader all take, so they never disagree."""
     chosen = choose_dtype(dtype, device, flags=flags, cuda_bf16=cuda_bf16)
-    held = choose_weights(weights, gguf=gguf, dtype=chosen.dtype, flags=flags)
+    held = choose_weights(
+        weights, gguf=gguf, dtype=chosen.dtype, flags=flags, kernel_missing=kernel_missing
+    )
     if device != "cpu" or held.weights == "float" or (gguf and gguf_float):
         return chosen, held
     name, kind = kind_defaults(flags)
@@ -280,7 +301,9 @@ def choose_precision(
         return chosen, WeightsChoice(held.weights, f"{held.reason}; {hint}")
     if int_dtype == chosen.dtype:
         return chosen, held
-    again = choose_weights(weights, gguf=gguf, dtype=int_dtype, flags=flags)
+    again = choose_weights(
+        weights, gguf=gguf, dtype=int_dtype, flags=flags, kernel_missing=kernel_missing
+    )
     if again.weights == "float":  # the int weights would not stay int in that dtype
         return chosen, held
     why = f"auto with {held.weights} weights on this {name} CPU: {int_measured}"
