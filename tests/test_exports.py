@@ -21,6 +21,7 @@ EXPECTED = [
     "Device",
     "DiskError",
     "DynamicBatcher",
+    "EngineGoneError",
     "FixedBatchAxisError",
     "InputError",
     "LoopClock",

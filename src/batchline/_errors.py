@@ -32,6 +32,7 @@ __all__ = [
     "ConstraintError",
     "DeadlineExceededError",
     "DiskError",
+    "EngineGoneError",
     "FixedBatchAxisError",
     "InputError",
     "ModelError",
@@ -91,6 +92,13 @@ class BatchTimeoutError(BatchProcessingError):
 
 class ModelError(BatchlineError):
     """Raised when a model cannot be loaded or run."""
+
+
+class EngineGoneError(ModelError):
+    """Raised by a generator whose engine has exited (an engine process killed, vLLM's engine
+    core dead): it takes no more requests until the server, or the model, is started again.
+    The message says what exited and how; the server answers it with a 503 and its ``/ready``
+    and ``/health`` say so, so that a load balancer or an orchestrator acts on it."""
 
 
 class FixedBatchAxisError(ModelError):

@@ -73,7 +73,9 @@ async def test_the_routes_answer_through_the_engine_process(tiny_folder: Path) -
     assert generator._process.exitcode == 0  # the app's shutdown drained and stopped it
 
 
-async def test_a_dead_engine_process_fails_its_model_only() -> None:
+async def test_a_dead_engine_process_fails_its_model_only_and_the_probes_say_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     generators: dict[str, ProcessGenerator] = {}
 
     def load(spec: ModelSpec, knobs: Knobs) -> FakeGenerateModel:
@@ -94,11 +96,27 @@ async def test_a_dead_engine_process_fails_its_model_only() -> None:
             assert dead.pid is not None
             os.kill(dead.pid, signal.SIGKILL)
             await wait_for(lambda: dead._gone is not None and "SIGKILL" in dead._gone)
+            caplog.clear()
+            # the client is told what exited and how (no Retry-After: this one will not
+            # come back), and the log is not written again for each request
             r = await client.post("/v1/completions", json={**body, "model": "a"})
-            assert r.status_code == 500, r.text
+            assert r.status_code == 503, r.text
+            assert "Retry-After" not in r.headers
+            message = r.json()["error"]["message"]
+            assert "SIGKILL" in message
+            assert "restart the server" in message
             r = await client.post("/v1/completions", json={**body, "model": "b"})
             assert r.status_code == 200, r.text
-            assert (await client.get("/ready")).status_code == 200
+            # readiness and liveness say so, so that a balancer or an orchestrator acts
+            for route in ("/ready", "/health"):
+                r = await client.get(route)
+                assert r.status_code == 503, (route, r.text)
+                assert r.json()["status"] == "failed"
+                assert list(r.json()["failed"]) == ["a"]
+                assert "SIGKILL" in r.json()["failed"]["a"]
+            assert not [r for r in caplog.records if r.exc_info]  # no traceback a request
+            assert (await client.get("/v2/health/ready")).json() == {"ready": False}
+            assert (await client.get("/v2/health/live")).status_code == 503
     finally:
         for generator in generators.values():
             generator.close()

@@ -19,6 +19,7 @@ import pytest
 
 from batchline import (
     BatcherClosedError,
+    EngineGoneError,
     InputError,
     ManualClock,
     ModelError,
@@ -279,6 +280,25 @@ async def test_an_engine_error_fails_that_request_only() -> None:
         engine.fail_after = None
         assert (await gen.submit(TOK.encode("b"), SamplingParams(max_tokens=2)).result()).text
     assert gen.stats.requests_failed == 1
+
+
+async def test_a_dead_engine_core_is_said_and_refuses_what_follows() -> None:
+    """vLLM's ``errored`` (its engine core dead) makes the generator ``gone``: a submit raises
+    ``EngineGoneError`` (a server's 503, its ``/ready`` and ``/health`` too); before start and
+    after stop nothing is said, the lifecycle's errors stand."""
+    engine = StandInAsyncLLM()
+    gen = make(engine)
+    engine.errored = True  # type: ignore[attr-defined]
+    assert gen.gone is None  # not started
+    async with gen:
+        assert gen.gone is not None
+        assert "engine core died" in gen.gone
+        with pytest.raises(EngineGoneError, match="restart the server"):
+            gen.submit(TOK.encode("a"), SamplingParams(max_tokens=2))
+        engine.errored = False  # type: ignore[attr-defined]
+        assert gen.gone is None
+        assert (await gen.submit(TOK.encode("b"), SamplingParams(max_tokens=2)).result()).text
+    assert gen.gone is None
 
 
 async def test_stop_without_drain_aborts_running_and_closes_waiting() -> None:

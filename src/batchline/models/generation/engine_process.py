@@ -36,10 +36,12 @@ Behaviour, as the in-process generator's unless said here:
   KV, the cap) come from the engine process, at most :data:`~.engine_child.STATS_EVERY_S` old
   while requests run and current whenever none is left; :meth:`ProcessGenerator.fetch_stats`
   asks for them now.
-- **An engine process that dies** (killed, crashed) fails every request in flight with a
-  ``ModelError`` naming its exit code; later submits raise ``ModelError``. Nothing else in this
-  process is touched: a server goes on serving its other models. It ignores SIGINT and SIGTERM
-  (see :mod:`.engine_child`); one this process never stopped is killed when it exits.
+- **An engine process that dies** (killed, crashed) fails every request in flight with an
+  ``EngineGoneError`` naming its exit code; later submits raise it too, and
+  :attr:`ProcessGenerator.gone` says why (a server's ``/ready`` and ``/health`` answer 503 on
+  it). Nothing else in this process is touched: a server goes on serving its other models.
+  It ignores SIGINT and SIGTERM (see :mod:`.engine_child`); one this process never stopped is
+  killed when it exits.
 - The engine's steps do not reach the server's traces (no ``step_observer``).
 """
 
@@ -61,7 +63,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING
 
-from batchline._errors import ModelError, QueueFullError
+from batchline._errors import EngineGoneError, ModelError, QueueFullError
 from batchline.models.generation.engine import GenerationRequest, SamplingParams
 from batchline.models.generation.engine_child import (
     LoadedModel,
@@ -241,6 +243,12 @@ class ProcessGenerator(GeneratorLifecycle):
             prompt_tokens_total=r.prompt_tokens,
         )
 
+    @property
+    def gone(self) -> str | None:
+        """Why this generator takes no more requests (its engine process exited unasked),
+        else None."""
+        return self._gone
+
     async def fetch_stats(self) -> GenerationStats:
         """:attr:`stats` with the engine's fields as the engine process has them now."""
         if self._loop is None or self._gone is not None or self._stop_sent:
@@ -257,7 +265,7 @@ class ProcessGenerator(GeneratorLifecycle):
         self, prompt_ids: Sequence[int], params: SamplingParams, *, request_id: str | None = None
     ) -> GenerationStream:
         """Send one request to the engine process now or raise (see :class:`TextGenerator`;
-        ``ModelError`` once the engine process has exited)."""
+        ``EngineGoneError`` once the engine process has exited)."""
         rid = request_id if request_id is not None else f"{self.name}-{next(self._ids)}"
         return self.submit_many([GenerationRequest(rid, tuple(prompt_ids), params)])[0]
 
@@ -271,7 +279,7 @@ class ProcessGenerator(GeneratorLifecycle):
         ]
         assert facts is not None
         if self._gone is not None:
-            raise ModelError(self._gone)
+            raise EngineGoneError(self._gone)
         if len(self._flights) + len(requests) > self.max_in_flight:
             self._recorder.on_reject()
             asked = "" if len(requests) == 1 else f"; {len(requests)} asked at once"
@@ -447,7 +455,7 @@ class ProcessGenerator(GeneratorLifecycle):
         self._child_stats = dataclasses.replace(
             self._child_stats, running=0, waiting=0, kv_tokens_reserved=0, kv_tokens_in_use=0
         )
-        self._fail_flights(ModelError(self._gone))
+        self._fail_flights(EngineGoneError(self._gone))
         self._wake_stats_waiters()
         if self._stopped is not None and not self._stopped.done():
             self._stopped.set_result(None)

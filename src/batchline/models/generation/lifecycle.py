@@ -54,6 +54,12 @@ class GeneratorLifecycle:
         """The longest prompt + ``max_tokens`` one request may have."""
         raise NotImplementedError
 
+    @property
+    def gone(self) -> str | None:
+        """Why this generator takes no more requests (see ``TextGenerator.gone``): None here,
+        where the engine runs in this process and its failures fail requests, not it."""
+        return None
+
     def _kv_limit(self) -> int | None:
         """The KV-cache budget one request must fit in, when the generator keeps one."""
         return None

@@ -240,6 +240,12 @@ class TextGenerator(Protocol):
     @property
     def max_context_tokens(self) -> int: ...
 
+    @property
+    def gone(self) -> str | None:
+        """Why this generator will take no more requests until it is started anew (its engine
+        exited: :class:`~batchline.EngineGoneError`, which its submits then raise), else None."""
+        ...
+
     def check(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
         """Raise ``RecordTooLargeError`` when this request can never be admitted, as
         :meth:`submit` would, admitting nothing: a caller that admits several requests all or

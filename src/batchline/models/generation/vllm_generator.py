@@ -58,7 +58,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol, cast
 
 from batchline._batcher import State
-from batchline._errors import BatcherClosedError, ModelError, QueueFullError
+from batchline._errors import BatcherClosedError, EngineGoneError, ModelError, QueueFullError
 from batchline._priority import aged_rank
 from batchline.models.generation.engine import FinishReason, SamplingParams, TokenLogprob
 from batchline.models.generation.lifecycle import GeneratorLifecycle
@@ -387,6 +387,9 @@ class VllmGenerator(GeneratorLifecycle):
         """Start one request in vLLM now or raise (see :class:`TextGenerator`)."""
         rid = request_id if request_id is not None else f"{self.name}-{next(self._ids)}"
         prompt = list(self._admissible(rid, self._tasks, prompt_ids, params))
+        gone = self.gone
+        if gone is not None:
+            raise EngineGoneError(gone)
         if len(self._waiting) >= self.max_waiting:
             self._recorder.on_reject()
             raise QueueFullError(
@@ -403,6 +406,17 @@ class VllmGenerator(GeneratorLifecycle):
         self._tasks[rid] = task
         task.add_done_callback(lambda _: self._tasks.pop(rid, None))
         return stream
+
+    @property
+    def gone(self) -> str | None:
+        """Why vLLM takes no more requests (its engine core died: the engine's ``errored``
+        while this generator runs), else None."""
+        if self._state is State.RUNNING and getattr(self._engine, "errored", False) is True:
+            return (
+                f"{self.name}: vLLM's engine core died (its log says why); it takes no more "
+                "requests: restart the server to serve it again"
+            )
+        return None
 
     def vllm_priority(self, priority: int, submitted_at: float) -> int:
         """vLLM's ``priority`` (lower first) of a request of batchline ``priority`` (higher

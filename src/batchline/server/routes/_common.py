@@ -17,7 +17,13 @@ import numpy as np
 from pydantic import BaseModel
 from starlette.requests import Request
 
-from batchline._errors import BatcherClosedError, InputError, QueueFullError, RecordTooLargeError
+from batchline._errors import (
+    BatcherClosedError,
+    EngineGoneError,
+    InputError,
+    QueueFullError,
+    RecordTooLargeError,
+)
 from batchline._priority import batcher_priority
 from batchline._types import Vector
 from batchline.models.openai.requests import texts_of
@@ -227,13 +233,22 @@ async def run_texts(
     return TextRun(body, model, results, tokens, started)
 
 
+def gone_generators(state: ServerState) -> dict[str, str]:
+    """Each loaded generate model whose engine has exited (``TextGenerator.gone``), and why:
+    what turns the probes (``/health``, ``/ready`` and the Open Inference Protocol's) 503."""
+    return {
+        g.name: why for g in state.registry.generators() if (why := g.generator.gone) is not None
+    }
+
+
 def api_error(
     exc: BaseException, settings: ServerSettings, model: str, *, withdrawn: str
 ) -> ApiError:
     """The HTTP error for one way a model call ended (every route's one mapping): 504 for
     ``TimeoutError`` (``withdrawn`` says what became of the request's work), 429 + Retry-After
     for a full queue, 503 + Retry-After for a batcher or generator being stopped, 400 for bad
-    input, 500 (logged) for anything else. An :class:`ApiError` is returned as it is."""
+    input, 503 saying why for a generator whose engine exited, 500 (logged) for anything else.
+    An :class:`ApiError` is returned as it is."""
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, TimeoutError):
@@ -253,6 +268,8 @@ def api_error(
         return shutting_down(settings.retry_after_s)
     if isinstance(exc, InputError | RecordTooLargeError):
         return bad_request(safe_text(str(exc)))
+    if isinstance(exc, EngineGoneError):  # logged once, when it exited; /ready says 503 now
+        return ApiError(503, safe_text(str(exc)), "server_error")
     logger.error("model %s failed on a request", model, exc_info=exc)
     return ApiError(500, "the model failed on this request", "server_error")
 

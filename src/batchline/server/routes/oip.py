@@ -42,6 +42,7 @@ from batchline.models.openai.images import PictureRef, PictureTooLarge, picture_
 from batchline.server.errors import ApiError, bad_request
 from batchline.server.routes._common import (
     check_count,
+    gone_generators,
     request_priority,
     run_model,
     server_state,
@@ -225,13 +226,18 @@ async def server_metadata() -> JSONResponse:
 
 
 @router.get("/v2/health/live", summary="Open Inference Protocol: liveness")
-async def live() -> JSONResponse:
+async def live(request: Request) -> JSONResponse:
+    """As ``/health``: false (503) once a generate model's engine has exited."""
+    if gone_generators(server_state(request)):
+        return JSONResponse({"live": False}, status_code=503)
     return JSONResponse({"live": True})
 
 
 @router.get("/v2/health/ready", summary="Open Inference Protocol: readiness")
 async def ready(request: Request) -> JSONResponse:
     state = server_state(request)
+    if gone_generators(state):
+        return JSONResponse({"ready": False}, status_code=503)
     if state.ready and not state.draining:
         return JSONResponse({"ready": True})
     return JSONResponse(

@@ -8,7 +8,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from batchline.server.metrics import CONTENT_TYPE
-from batchline.server.routes._common import server_state
+from batchline.server.routes._common import gone_generators, server_state
 from batchline.server.schemas import ModelList
 from batchline.server.served import model_card
 from batchline.server.state import ServerState
@@ -69,14 +69,21 @@ def _modality(state: ServerState, input_kind: str) -> dict[str, object]:
     }
 
 
-@router.get("/health", summary="Liveness: the process answers")
+@router.get("/health", summary="Liveness: the process answers and can serve")
 async def health(request: Request) -> JSONResponse:
-    """Always 200 while the process runs (a full disk is no reason to restart it). With the
-    Batch API on, ``data_dir`` says whether its data directory can take writes: ``problem``
-    is ``full``, ``read-only``, ``not writable`` or ``I/O error`` (and ``status`` then
-    ``degraded``), else null. Never its path: this route answers any ``Host`` (a rebound
-    name included), and the path is the server's business; the logs and a 507 name it."""
-    store = getattr(server_state(request).batches, "store", None)
+    """200 while the process runs and its models can serve (a full disk is no reason to
+    restart it); 503 with ``status`` ``failed`` once a generate model's engine has exited (an
+    engine process killed, vLLM's engine core dead), which only a restart brings back, so that
+    an orchestrator's liveness probe restarts it. With the Batch API on, ``data_dir`` says
+    whether its data directory can take writes: ``problem`` is ``full``, ``read-only``, ``not
+    writable`` or ``I/O error`` (and ``status`` then ``degraded``), else null. Never its path:
+    this route answers any ``Host`` (a rebound name included), and the path is the server's
+    business; the logs and a 507 name it."""
+    state = server_state(request)
+    gone = gone_generators(state)
+    if gone:
+        return JSONResponse(_failed(state, gone), status_code=503)
+    store = getattr(state.batches, "store", None)
     if store is None:
         return JSONResponse({"status": "ok"})
     disk = store.disk_state()
@@ -84,11 +91,15 @@ async def health(request: Request) -> JSONResponse:
     return JSONResponse({"status": status, "data_dir": disk})
 
 
-@router.get("/ready", summary="Readiness: models loaded and not draining")
+@router.get("/ready", summary="Readiness: models loaded and able to serve, not draining")
 async def ready(request: Request) -> JSONResponse:
-    """200 when the models are loaded and the server is not draining, else 503. With an API
-    key the models are not listed (this route needs none; ``/v1/models`` lists them)."""
+    """200 when the models are loaded and the server is not draining, else 503: ``loading``,
+    ``draining``, or ``failed`` where a generate model's engine has exited (``/health``). With
+    an API key the models are not listed (this route needs none; ``/v1/models`` lists them)."""
     state = server_state(request)
+    gone = gone_generators(state)
+    if gone:
+        return JSONResponse(_failed(state, gone), status_code=503)
     if state.ready and not state.draining:
         if state.api_key is not None:
             return JSONResponse({"status": "ready"})
@@ -100,6 +111,14 @@ async def ready(request: Request) -> JSONResponse:
         status_code=503,
         headers={"Retry-After": str(state.settings.retry_after_s)},
     )
+
+
+def _failed(state: ServerState, gone: dict[str, str]) -> dict[str, object]:
+    """The body of a 503 for models whose engines exited: which and why, unless an API key
+    hides the models' names."""
+    if state.api_key is not None:
+        return {"status": "failed"}
+    return {"status": "failed", "failed": gone}
 
 
 @router.get("/metrics", summary="Prometheus metrics")
