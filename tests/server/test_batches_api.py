@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -18,6 +19,8 @@ pytest.importorskip("multipart")
 
 import httpx
 
+from batchline.models.generation.continuous import ContinuousGenerator
+from batchline.models.generation.fake import FakeEngine
 from batchline.server import create_app
 
 from .conftest import GEN_TOK as TOK
@@ -369,6 +372,72 @@ async def test_cancel_mid_batch_keeps_what_was_answered(tmp_path: Path) -> None:
         assert counts == {"total": 6, "completed": len(answered), "failed": len(errors)}
         again = await client.post(f"/v1/batches/{batch['id']}/cancel", headers=JSON)
         assert again.json()["status"] == "cancelled"
+
+
+class _HoldsAfter(FakeEngine):
+    """The fake step engine, whose steps wait (in the generator's thread) once ``answers``
+    sequences have finished, until ``gate`` is set: a batch's later lines stay in flight."""
+
+    def __init__(self, answers: int) -> None:
+        super().__init__()
+        self.answers = answers
+        self.finished = 0
+        self.gate = threading.Event()
+
+    def step(self) -> Any:
+        if self.finished >= self.answers and not self.gate.wait(timeout=30):
+            raise RuntimeError("test gate never opened")
+        outputs = super().step()
+        self.finished += sum(o.finished for o in outputs)
+        return outputs
+
+
+async def test_a_cancelled_generation_batch_keeps_every_line_answered(tmp_path: Path) -> None:
+    """Lines answered before the cancel are in the output file (they had been in no chunk, a
+    chunk being 256 lines, and a block of 16 lines waited for its slowest: every answer of
+    the block was said "cancelled before this request ran"); the others are batch_cancelled."""
+    engines: list[_HoldsAfter] = []
+
+    def load(spec: Any, knobs: Any) -> _GenModel:
+        engine = _HoldsAfter(answers=3)
+        engines.append(engine)
+        generator = ContinuousGenerator(
+            engine, TOK, max_running=1, max_waiting=knobs.max_queue_size, name=spec.name
+        )
+        return _GenModel(spec.name, generator, engine, knobs)
+
+    fake = FakeEmbedder()
+    app = create_app(
+        settings(**{**MODELS, "data_dir": tmp_path / "data"}),
+        load_model=loader(fake),
+        load_generator=load,
+    )
+    lines = [chat_line(i, f"question {i}") for i in range(8)]
+    async with client_on(app, release=lambda: [e.gate.set() for e in engines]) as client:
+        batch = await start_batch(client, jsonl(lines), endpoint="/v1/chat/completions")
+        await wait_for(lambda: bool(engines) and engines[0].finished >= 3)
+        seen = await until(client, batch["id"], ("in_progress",))
+        for _ in range(2000):  # the counts move as lines are answered (bounded)
+            if seen["request_counts"]["completed"] == 3:
+                break
+            await asyncio.sleep(0.01)
+            seen = (await client.get(f"/v1/batches/{batch['id']}")).json()
+        assert seen["request_counts"]["completed"] == 3
+        r = await client.post(f"/v1/batches/{batch['id']}/cancel", headers=JSON)
+        assert r.status_code == 200
+        done = await until(client, batch["id"], FINAL)
+        engines[0].gate.set()
+        assert done["status"] == "cancelled"
+        answered = await content(client, done["output_file_id"])
+        errors = await content(client, done["error_file_id"])
+        assert sorted(a["custom_id"] for a in answered) == ["chat-0", "chat-1", "chat-2"]
+        for a in answered:
+            body = a["response"]["body"]
+            assert body["choices"][0]["message"]["content"]
+            assert body["usage"]["completion_tokens"] == 3
+        assert sorted(e["custom_id"] for e in errors) == [f"chat-{i}" for i in range(3, 8)]
+        assert {e["error"]["code"] for e in errors} == {"batch_cancelled"}
+        assert done["request_counts"] == {"total": 8, "completed": 3, "failed": 5}
 
 
 async def test_an_expired_window_keeps_the_partial_results(tmp_path: Path) -> None:

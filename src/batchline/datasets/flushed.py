@@ -26,7 +26,16 @@ from batchline._errors import InputError
 from batchline.datasets.manifest import TMP, Manifest, json_line, replacing, write_manifest
 from batchline.models.protocol import ResultKind
 
-__all__ = ["FLUSHED", "Kept", "flush_pending", "flushable", "output_row", "read_flushed", "stopped"]
+__all__ = [
+    "FLUSHED",
+    "Kept",
+    "flush_pending",
+    "flushable",
+    "flushed_output",
+    "output_row",
+    "read_flushed",
+    "stopped",
+]
 
 _PREFIX = "_flushed-"
 #: A flushed file's name (and its temporary twin).
@@ -141,3 +150,22 @@ def read_flushed(out: Path, manifest: Manifest, chunk_size: int) -> Iterator[Kep
             value = np.asarray(value, dtype=np.float32)
         if index // chunk_size not in manifest.chunks:
             yield index, id_, value, row or None
+
+
+def flushed_output(out: Path) -> tuple[dict[int, dict[str, object]], dict[int, dict[str, object]]]:
+    """What a stopped job flushed into ``out`` and no chunk committed since, in the shapes of
+    ``read_output``'s rows and ``read_skipped``'s entries, by index: for an output made of a
+    job that ends stopped (a cancelled or expired batch), whose last answers are in no chunk."""
+    manifest = Manifest.load(out)
+    rows: dict[int, dict[str, object]] = {}
+    skipped: dict[int, dict[str, object]] = {}
+    for kept in read_flushed(out, manifest, manifest.chunk_size):
+        if len(kept) == 3:
+            index, id_, reason = kept
+            skipped[index] = {"index": index, "id": id_, "reason": reason}
+        else:
+            index, id_, value, extra = kept
+            rows[index] = output_row(
+                manifest.id_name, manifest.result_column, index, id_, value, extra
+            )
+    return rows, skipped

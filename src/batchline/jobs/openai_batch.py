@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING
 
 from batchline._cache import write_whole
 from batchline._errors import InputError
+from batchline.datasets.flushed import flushed_output
 from batchline.datasets.formats.base import lines as nonblank_lines
 from batchline.datasets.manifest import MANIFEST_NAME
 from batchline.datasets.outcomes import Failed, Outcome, Result, describe
@@ -201,6 +202,14 @@ class BatchFiles:
             if have
             else {}
         )
+        if have:  # a stopped batch's last answers, in no chunk yet: kept, not "not run"
+            more_rows, more_skipped = flushed_output(self.parts)
+            for index, row in more_rows.items():
+                if index not in skipped:
+                    rows.setdefault(index, row)
+            for index, skip in more_skipped.items():
+                if index not in rows:
+                    skipped.setdefault(index, skip)
         with self.input.open("rb") as f:  # non-blank lines, as the JSONL reader numbers records
             raws = [line for _, line in nonblank_lines(f)]
         lines = []
@@ -482,6 +491,7 @@ async def answer_lines(
     *,
     progress: Progress | None = None,
     on_written: Callable[[Sequence[Record], Written], None] | None = None,
+    line_blocks: bool = False,
 ) -> tuple[PipelineRun, Path]:
     """Answer the lines of a batch file (``options``: a :meth:`BatchFiles.job_options`) into
     its chunk folder with started models: ``generator`` for chat and completions lines,
@@ -490,12 +500,17 @@ async def answer_lines(
     run and the chunk folder; :meth:`BatchFiles.write_output` then writes the output file.
 
     ``run`` calls it with the models it loaded, ``serve`` (``batchline.server.batches``) with
-    the ones it serves, at ``batch`` priority beside live traffic."""
+    the ones it serves, at ``batch`` priority beside live traffic. ``line_blocks``: a
+    generator's lines go one a block, each written as it is answered, so that a stop (a batch
+    cancelled or expired, which no resume follows) keeps every answer given, where a block of
+    16 waits for its slowest line and a stop drops the others' answers with it."""
     source, writer = await asyncio.to_thread(open_batch_parts, options, models)
     with writer:
         block, blocks = (
             pipeline_limits(generator) if generator is not None else (_BLOCK, _MAX_BLOCKS_IN_FLIGHT)
         )
+        if generator is not None and line_blocks:
+            block, blocks = 1, generator.limit + 1
         done = await run_pipeline(
             LinesAdapter(names, generator, engines),
             source,

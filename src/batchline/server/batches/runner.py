@@ -338,6 +338,7 @@ class BatchService:
                     adapter,
                     engines,
                     on_written=written,
+                    line_blocks=True,  # a cancel or the window's end keeps every answer
                 )
         except TimeoutError:
             raise _Expired from None
@@ -386,8 +387,11 @@ class BatchService:
             batch.update(status="finalizing", finalizing_at=batch.get("finalizing_at") or now())
             self.store.put_batch(owner, batch)
         not_run = {
-            "expired": ("batch_expired", "the batch expired before this request ran"),
-            "cancelled": ("batch_cancelled", "the batch was cancelled before this request ran"),
+            "expired": ("batch_expired", "the batch expired before this request was answered"),
+            "cancelled": (
+                "batch_cancelled",
+                "the batch was cancelled before this request was answered",
+            ),
         }.get(final)
         ok, failed = await asyncio.to_thread(self._write_files, owner, batch, not_run)
         batch = self._get(owner, batch_id)
