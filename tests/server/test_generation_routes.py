@@ -415,6 +415,22 @@ async def test_kv_budget_refusal_is_400_and_admits_nothing() -> None:
     assert model.generator.stats.requests_submitted == 0
 
 
+async def test_a_missing_max_tokens_fits_in_what_the_kv_budget_leaves() -> None:
+    """The default ``max_tokens`` is capped by the KV budget where it is smaller than the
+    context, as by the context: a request that named none was refused, its 400 blaming a
+    max_tokens the client never sent."""
+    model = served(kv_token_budget=20)
+    assert model.generator.max_request_tokens == 20  # the context is larger
+    app, _ = make_app(model)
+    async with client_for(app) as client:
+        r = await client.post("/v1/completions", json={"prompt": "k" * 15, "ignore_eos": True})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"] == {
+            "prompt_tokens": 15, "completion_tokens": 5, "total_tokens": 20
+        }  # fmt: skip
+        assert r.json()["choices"][0]["finish_reason"] == "length"
+
+
 async def test_models_are_picked_by_name_and_task() -> None:
     embedder = SimpleNamespace(name="emb", task="embed")
     app, _ = make_app(served("gen-a"), served("gen-b"), others={"emb": embedder})

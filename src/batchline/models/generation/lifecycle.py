@@ -64,6 +64,14 @@ class GeneratorLifecycle:
         """The KV-cache budget one request must fit in, when the generator keeps one."""
         return None
 
+    @property
+    def max_request_tokens(self) -> int:
+        """The most prompt + ``max_tokens`` one request may have: the context, or the KV
+        budget where that is smaller (what :meth:`check` refuses beyond)."""
+        budget = self._kv_limit()
+        context = self.max_context_tokens
+        return context if budget is None else min(context, budget)
+
     def check(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
         """Raise ``RecordTooLargeError`` when this request can never be admitted (prompt +
         ``max_tokens`` over the context or the KV budget); admits and counts nothing."""

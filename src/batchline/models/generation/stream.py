@@ -241,6 +241,12 @@ class TextGenerator(Protocol):
     def max_context_tokens(self) -> int: ...
 
     @property
+    def max_request_tokens(self) -> int:
+        """The most prompt + ``max_tokens`` one request may have: the context, or the KV
+        budget where smaller; a caller's default ``max_tokens`` fits in what it leaves."""
+        ...
+
+    @property
     def gone(self) -> str | None:
         """Why this generator will take no more requests until it is started anew (its engine
         exited: :class:`~batchline.EngineGoneError`, which its submits then raise), else None."""

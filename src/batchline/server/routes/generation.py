@@ -386,10 +386,10 @@ def _sampling(
 ) -> list[SamplingParams]:
     """One ``SamplingParams`` per prompt (:meth:`SamplingBody.sampling`), at the request's
     ``priority`` (the batcher's, from :func:`request_priority`: the generator orders joins by
-    it): a missing ``max_tokens`` is capped by what the context leaves after that prompt;
-    ``constraint`` is the body's, checked already (:func:`_constraint`). 400 when the body
-    cannot be sampled as asked."""
-    limit = served.max_context_tokens
+    it): a missing ``max_tokens`` is capped by what the context (or the KV budget, where
+    smaller) leaves after that prompt; ``constraint`` is the body's, checked already
+    (:func:`_constraint`). 400 when the body cannot be sampled as asked."""
+    limit = served.generator.max_request_tokens
     params: list[SamplingParams] = []
     for ids in prompts:
         try:
