@@ -764,6 +764,30 @@ async def test_a_stream_past_its_timeout_ends_with_an_error_event() -> None:
         assert model.generator.stats.running == 0
 
 
+async def test_the_timeout_is_a_wait_without_progress_not_the_whole_answer() -> None:
+    """``request_timeout_s`` bounds the wait for a request's next token (its first included),
+    not its whole answer: a stream 30 s long at the default was cut mid-answer with a 504
+    while it made tokens every few ms. On a manual clock: a token every 0.6 of the timeout
+    goes on past the timeout in all; a wait of a whole timeout ends it."""
+    from batchline import ManualClock
+    from batchline.models.generation import GenerationDelta, GenerationStream
+    from batchline.server.routes._sse import merged_deltas
+
+    clock = ManualClock()
+    stream = GenerationStream("r", 3, on_abort=lambda _: None)
+    got: list[str] = []
+    merged = merged_deltas([stream], 10.0, now=clock.now)
+    for k in range(5):  # 5 tokens over 30 units: 3 timeouts in all, none without progress
+        stream._push(GenerationDelta(f"t{k}", (k,)))
+        got.append((await anext(merged))[1].text)
+        clock.advance(6.0)
+    assert got == ["t0", "t1", "t2", "t3", "t4"]
+    clock.advance(4.0)  # 10 units since the last token: that is the timeout
+    with pytest.raises(TimeoutError):
+        await anext(merged)
+    await merged.aclose()
+
+
 async def test_requests_cut_short_by_a_stop_without_drain_are_503() -> None:
     model = served(gated=True, max_running=1)
     engine = model.engine

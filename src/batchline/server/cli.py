@@ -138,7 +138,11 @@ def add_parser(subparsers: _SubParsersAction[argparse.ArgumentParser]) -> argpar
     add_knob_arguments(p)
     # the old spelling of --max-queue-size (a knob's flag is its field's name)
     add_deprecated_flag(p, "--max-queue", "--max-queue-size", dest="max_queue_size", type=int)
-    p.add_argument("--request-timeout-s", type=float, help="per-request timeout; beyond: 504")
+    p.add_argument(
+        "--request-timeout-s",
+        type=float,
+        help="per-request timeout; beyond: 504 (a generate request: the wait for its next token)",
+    )
     add_generation_knob_arguments(p.add_argument_group("text generation (generate models)"))
     p.add_argument(
         "--memory-budget",

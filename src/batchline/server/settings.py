@@ -113,7 +113,8 @@ class ServerSettings(BaseModel):
 
     Requests:
         request_timeout_s: a request not answered by then gets 504 and its queued records
-            are withdrawn.
+            are withdrawn; a generate request, one that waits that long for a new token (its
+            first included), so that a long answer making progress is not cut.
         max_inputs_per_request: more inputs in one request get 413.
         max_body_bytes: larger bodies get 413 (Content-Length and the bytes actually read).
         tokenize_inline_max_chars: requests whose texts total at most this many characters are

@@ -35,7 +35,16 @@ from batchline.server.routes._common import api_error
 from batchline.server.served import ServedGenerator
 from batchline.server.settings import ServerSettings
 
-__all__ = ["DONE", "EventStream", "Shape", "aborted", "event_stream", "sse", "usage"]
+__all__ = [
+    "DONE",
+    "EventStream",
+    "Shape",
+    "aborted",
+    "event_stream",
+    "merged_deltas",
+    "sse",
+    "usage",
+]
 
 logger = logging.getLogger("batchline.server")
 
@@ -183,7 +192,9 @@ async def _events(
         for i in range(len(streams)):
             yield shape.chunk(i, shape.echoed(i), None, include_usage)
     try:
-        async with contextlib.aclosing(_merge(streams, settings.request_timeout_s)) as merged:
+        async with contextlib.aclosing(
+            merged_deltas(streams, settings.request_timeout_s)
+        ) as merged:
             async for index, delta in merged:
                 if delta.finish_reason == "abort":
                     # the generator stopped under it (a drain that timed out, a shutdown)
@@ -214,13 +225,18 @@ async def _events(
     yield DONE
 
 
-async def _merge(
-    streams: Sequence[GenerationStream], timeout_s: float
+async def merged_deltas(
+    streams: Sequence[GenerationStream],
+    timeout_s: float,
+    *,
+    now: Callable[[], float] | None = None,
 ) -> AsyncGenerator[tuple[int, GenerationDelta], None]:
-    """``(index, delta)`` of every stream as they arrive; ``TimeoutError`` after
-    ``timeout_s`` in all. Leaving early cancels the waits (which aborts those streams)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
+    """``(index, delta)`` of every stream as they arrive; ``TimeoutError`` once ``timeout_s``
+    pass with no delta from any of them (the first token's wait, a queue's included): a
+    request that makes progress runs to its end, one stuck or starved ends. Leaving early
+    cancels the waits (which aborts those streams). ``now``: the clock (tests; the loop's)."""
+    clock = now if now is not None else asyncio.get_running_loop().time
+    deadline = clock() + timeout_s
     pending: dict[asyncio.Future[GenerationDelta], int] = {}
 
     def arm(i: int) -> None:
@@ -230,7 +246,7 @@ async def _merge(
         arm(i)
     try:
         while pending:
-            remaining = deadline - loop.time()
+            remaining = deadline - clock()
             if remaining <= 0:
                 raise TimeoutError
             done, _ = await asyncio.wait(
@@ -238,6 +254,7 @@ async def _merge(
             )
             if not done:
                 raise TimeoutError
+            deadline = clock() + timeout_s  # progress: the wait starts again
             for future in sorted(done, key=lambda f: pending[f]):
                 i = pending.pop(future)
                 try:

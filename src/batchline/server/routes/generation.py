@@ -45,6 +45,7 @@ the next step by it (aged, as the batchers' queues; ``continuous.py``).
 """
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -82,7 +83,7 @@ from batchline.server.routes._common import (
     server_state,
     use_generator,
 )
-from batchline.server.routes._sse import Shape, aborted, event_stream
+from batchline.server.routes._sse import Shape, aborted, event_stream, merged_deltas
 from batchline.server.schemas import GenerateTextRequest, GenerateTextResponse
 from batchline.server.served import ServedGenerator
 from batchline.server.state import ServerState
@@ -451,15 +452,20 @@ async def _finish_all(
     streams: Sequence[GenerationStream],
 ) -> list[Completion]:
     """Every stream's completion, in order; whatever way this ends, no sequence outlives
-    it (a timeout, an error, or the gate cancelling it on a disconnect aborts the rest)."""
+    it (a timeout, an error, or the gate cancelling it on a disconnect aborts the rest). The
+    timeout is ``request_timeout_s`` without a new token (:func:`merged_deltas`), as a
+    stream's: a long answer that makes progress is not cut."""
+    settings = state.settings
 
     async def results() -> list[Completion]:
+        merged = merged_deltas(streams, settings.request_timeout_s)
+        async with contextlib.aclosing(merged) as deltas:
+            async for _ in deltas:
+                pass
         return [await s.result() for s in streams]
 
-    settings = state.settings
     try:
-        async with asyncio.timeout(settings.request_timeout_s):
-            completions = await results()  # a disconnect cancels this (the gate)
+        completions = await results()  # a disconnect cancels this (the gate)
     except Exception as exc:
         raise api_error(
             exc, settings, served.name, withdrawn="its sequences were aborted"
