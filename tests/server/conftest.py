@@ -153,6 +153,9 @@ class FakeGenerateModel:
     def token_ids(self, text: str, *, special_tokens: bool = True) -> list[int]:
         return list(GEN_TOK.encode(text))
 
+    def token_bytes(self, token_id: int) -> bytes:
+        return GEN_TOK.token_bytes(token_id)
+
     def token_text(self, ids: Sequence[int]) -> str:
         return str(GEN_TOK.decode(list(ids)))
 

@@ -112,6 +112,9 @@ class FakeServed:
     def detokenizer(self) -> FakeTokenizer:
         return TOK
 
+    def token_bytes(self, token_id: int) -> bytes:
+        return TOK.token_bytes(token_id)
+
     def close(self) -> None:
         pass
 

@@ -553,7 +553,7 @@ async def _outcomes(
         stamped: dict[str, object] = {"created": int(time.time())} if stamp else {}
         if isinstance(done, Samples):
             assert model is not None  # its detokenizer writes the tokens' texts
-            outcomes.append(samples_outcome(done, model.detokenizer, stamped))
+            outcomes.append(samples_outcome(done, model.detokenizer, stamped, model.token_bytes))
             continue
         if done.finish_reason == "abort":
             outcomes.append(Failed("aborted before it finished"))

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from batchline.datasets.outcomes import Failed, Outcome, Result
@@ -53,10 +53,13 @@ async def gather_samples(
 
 
 def samples_outcome(
-    samples: Samples, detokenizer: Detokenizer, figures: dict[str, object]
+    samples: Samples,
+    detokenizer: Detokenizer,
+    figures: dict[str, object],
+    token_bytes: Callable[[int], bytes] | None = None,
 ) -> Outcome:
     """The record's row: ``figures`` (its ``created``, when stamped) with the line's counts
-    and its ``choices``."""
+    and its ``choices``; ``token_bytes``: a token's own bytes, for chat log-probabilities."""
     completions, asked = samples.completions, samples.asked
     if any(c.finish_reason == "abort" for c in completions):
         return Failed("aborted before it finished")
@@ -69,7 +72,7 @@ def samples_outcome(
         logprobs = None
         if asked.logprobs and c.logprobs is not None:
             if asked.chat:
-                logprobs = chat_logprobs(c.logprobs, text_of)
+                logprobs = chat_logprobs(c.logprobs, text_of, token_bytes)
             elif asked.echo and c.prompt_logprobs is not None:
                 scored = (samples.first_token, c.prompt_logprobs)
                 logprobs = completion_logprobs(c.logprobs, text_of, prompt=scored)

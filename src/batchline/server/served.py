@@ -370,6 +370,11 @@ class ServedGenerator:
         """One token's text (for ``logprobs``)."""
         return self.model.detokenizer.decode([token_id])
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """One token's own bytes (a chat ``logprobs`` entry's ``bytes``: part of a character
+        where the token holds one, not the U+FFFD its text reads)."""
+        return self.model.token_bytes(token_id)
+
     def tokenizing(self) -> Tokenizing:
         """The model's tokenizer, for ``/tokenize``."""
         return self.model

@@ -52,6 +52,10 @@ class FakeTokenizer:
         data = bytes(i - _BYTE_BASE for i in ids if _BYTE_BASE <= i < _BYTE_BASE + 256)
         return data.decode("utf-8", errors="replace")
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The byte a token stands for (none for a special one), part of a character or not."""
+        return bytes([token_id - _BYTE_BASE]) if _BYTE_BASE <= token_id < _BYTE_BASE + 256 else b""
+
 
 def default_next_token(prompt: Sequence[int], generated: Sequence[int]) -> int:
     """A printable ASCII byte that depends on the prompt and the position only."""

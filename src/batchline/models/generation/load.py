@@ -68,6 +68,7 @@ from batchline.models.generation.options import (
     TorchEngineOptions,
     VllmOptions,
 )
+from batchline.models.generation.token_bytes import token_bytes_of
 from batchline.models.protocol import ModelInfo, check_token_ids
 from batchline.models.specs import ModelSpec
 
@@ -141,6 +142,8 @@ class GenerationModel:
     #: activations``); "" where not known (vLLM's engine holds them its own way).
     weights: str = ""
     detokenizer: HfDetokenizer = field(init=False)
+    #: a token's own bytes (``token_bytes.token_bytes_of``): chat log-probabilities' ``bytes``
+    token_bytes: Callable[[int], bytes] = field(init=False)
     _engine: StepEngine | None = None
     #: what else :meth:`close` frees (the engine process of ``Knobs.engine_process``)
     _on_close: Callable[[], None] | None = None
@@ -154,6 +157,7 @@ class GenerationModel:
 
     def __post_init__(self) -> None:
         self.detokenizer = HfDetokenizer(self.tokenizer)
+        self.token_bytes = token_bytes_of(self.tokenizer)
 
     @property
     def name(self) -> str:

@@ -18,6 +18,7 @@ __all__ = ["Choice", "chat_logprobs", "completion_logprobs", "completion_respons
 
 #: A token id's text (the model's detokenizer on that token alone).
 TokenText = Callable[[int], str]
+TokenBytes = Callable[[int], bytes]
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -70,18 +71,25 @@ def completion_response(
     }
 
 
-def _entry(token_id: int, logprob: float, text_of: TokenText) -> dict[str, object]:
+def _entry(
+    token_id: int, logprob: float, text_of: TokenText, bytes_of: TokenBytes | None
+) -> dict[str, object]:
     text = text_of(token_id)
-    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+    raw = bytes_of(token_id) if bytes_of is not None else text.encode("utf-8")
+    return {"token": text, "logprob": logprob, "bytes": list(raw)}
 
 
-def chat_logprobs(logprobs: Sequence[TokenLogprob], text_of: TokenText) -> dict[str, object]:
+def chat_logprobs(
+    logprobs: Sequence[TokenLogprob], text_of: TokenText, bytes_of: TokenBytes | None = None
+) -> dict[str, object]:
     """A chat choice's ``logprobs``: ``{"content": [{"token", "logprob", "bytes",
-    "top_logprobs": [...]}], "refusal": null}``."""
+    "top_logprobs": [...]}], "refusal": null}``; ``bytes`` from ``bytes_of`` (the token's own:
+    ``models.generation.token_bytes``, whole for a token that holds part of a character),
+    else the UTF-8 of its text."""
     content = [
         {
-            **_entry(lp.token_id, lp.logprob, text_of),
-            "top_logprobs": [_entry(t, v, text_of) for t, v in lp.top],
+            **_entry(lp.token_id, lp.logprob, text_of, bytes_of),
+            "top_logprobs": [_entry(t, v, text_of, bytes_of) for t, v in lp.top],
         }
         for lp in logprobs
     ]

@@ -63,6 +63,8 @@ class Shape:
     chat: bool
     n: int = 1
     token_text: Callable[[int], str] | None = None
+    #: a token's own bytes (chat ``logprobs``' ``bytes``), with ``token_text``
+    token_bytes: Callable[[int], bytes] | None = None
     echo: tuple[str, ...] | None = None
     #: with ``echo``: each prompt's first token id (its log-probability is null)
     echo_first: tuple[int, ...] | None = None
@@ -87,7 +89,7 @@ class Shape:
         if self.token_text is None or tokens is None:
             return None
         if self.chat:
-            return chat_logprobs(tokens, self.token_text)
+            return chat_logprobs(tokens, self.token_text, self.token_bytes)
         return completion_logprobs(tokens, self.token_text, offset=offset, prompt=prompt)
 
     def scored_prompt(

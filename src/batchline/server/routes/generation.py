@@ -253,6 +253,7 @@ def _shape(
         chat=chat,
         n=body.n,
         token_text=None if body.logprob_count() is None else _token_text(served),
+        token_bytes=None if body.logprob_count() is None else _token_bytes(served),
         echo=None if echo is None else tuple(echo[0]),
         echo_first=None if echo is None else tuple(echo[1]),
     )
@@ -260,6 +261,10 @@ def _shape(
 
 def _token_text(served: ServedGenerator) -> Callable[[int], str]:
     return served.token_text
+
+
+def _token_bytes(served: ServedGenerator) -> Callable[[int], bytes]:
+    return served.token_bytes
 
 
 def _samples(
