@@ -136,6 +136,8 @@ STOPPER = textwrap.dedent(
                         pass
                     time.sleep(0.01)
                 os.kill(os.getpid(), getattr(signal, os.environ["STOP_WITH"]))
+                if os.environ.get("STOP_TWICE"):  # a double Ctrl-C; GNU timeout's two sends
+                    os.kill(os.getpid(), getattr(signal, os.environ["STOP_WITH"]))
                 # the earlier batches' results reach the writer while this one sleeps: on a
                 # busy machine 0.2 s was not always enough, and nothing was there to keep
                 time.sleep(1.0)
@@ -168,14 +170,29 @@ def _program_here(path: str) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    ("signame", "code", "sigint_ignored"),
-    [("SIGINT", 130, False), ("SIGTERM", 143, False), ("SIGTERM", 143, True)],
+    ("signame", "code", "sigint_ignored", "twice"),
+    [
+        ("SIGINT", 130, False, False),
+        ("SIGTERM", 143, False, False),
+        ("SIGTERM", 143, True, False),
+        ("SIGINT", 130, False, True),
+        ("SIGTERM", 143, False, True),
+        ("SIGTERM", 143, True, True),
+    ],
 )
 def test_a_stopped_run_says_what_is_committed_and_how_to_go_on(
-    here: Path, monkeypatch: pytest.MonkeyPatch, signame: str, code: int, sigint_ignored: bool
+    here: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    signame: str,
+    code: int,
+    sigint_ignored: bool,
+    twice: bool,
 ) -> None:
     """Also started in the background by a script (SIGINT ignored): SIGTERM still stops it,
-    keeps the committed chunks and prints the resume command, naming a program that runs."""
+    keeps the committed chunks and prints the resume command, naming a program that runs.
+    The signal sent twice at once (a double Ctrl-C; GNU timeout signals the command, then
+    its group) stops it the same way: the second had raised in the stop's own cleanup, and
+    half such runs hung, asleep, for good."""
     (here / "stopper.py").write_text(STOPPER)
     monkeypatch.syspath_prepend(str(here))
     rows = [{"id": f"r{i}", "text": f"text {i}"} for i in range(1000)]
@@ -189,6 +206,7 @@ def test_a_stopped_run_says_what_is_committed_and_how_to_go_on(
             **os.environ,
             "STOP_WITH": signame,
             "STOP_AFTER_A_CHUNK": "1",
+            "STOP_TWICE": "1" if twice else "",
             "PYTHONPATH": f"{here}{os.pathsep}{SRC}",
         },
         cwd=here,

@@ -95,3 +95,62 @@ def test_the_stopped_line_counts_what_is_kept_and_names_the_resume(tmp_path: Pat
         f"drive in.jsonl -o {out} --resume"
     )
     assert stopped_line("SIGINT", out, [*argv, "--resume"]).count("--resume") == 1
+
+
+def test_a_repeat_of_the_stop_signal_is_absorbed_and_a_late_one_ends_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a manual clock: the first signal begins the stop, one within REPEAT_S of it is the
+    same stop sent again (absorbed), one after that ends the process at once with the first
+    signal's exit code."""
+    from batchline.jobs import stopping
+
+    now = [100.0]
+    monkeypatch.setattr(stopping.time, "monotonic", lambda: now[0])
+    exits: list[int] = []
+
+    def exit_now(code: int) -> None:
+        exits.append(code)
+        raise SystemExit(code)
+
+    monkeypatch.setattr(stopping.os, "_exit", exit_now)
+    monkeypatch.setattr(stopping, "_stop_began", [])
+    assert stopping._first_stop("SIGTERM") is True
+    now[0] += stopping.REPEAT_S - 0.01
+    assert stopping._first_stop("SIGTERM") is False
+    assert stopping._first_stop("SIGINT") is False
+    assert exits == []
+    now[0] += 0.02
+    with pytest.raises(SystemExit):
+        stopping._first_stop("SIGINT")
+    assert exits == [130]
+
+
+def test_run_stoppable_gives_sigint_back_and_absorbs_a_double_ctrl_c() -> None:
+    """Two SIGINTs at once: the job's task is cancelled once, the interrupt comes out of the
+    run (asyncio.run's own handler had raised the second in the middle of the cleanup), and
+    SIGINT's handler is Python's again."""
+    from batchline.jobs.stopping import run_stoppable
+
+    cleaned: list[str] = []
+
+    async def job() -> str:
+        try:
+            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)
+            for _ in range(200):
+                await asyncio.sleep(0.01)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.05)  # a cleanup that awaits: where the second had landed
+            cleaned.append("cancelled")
+            raise
+        return "finished"
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_stoppable(job())
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert cleaned == ["cancelled"]

@@ -237,7 +237,9 @@ def drive_output(options: DriveOptions) -> Path:
 
 def drive(options: DriveOptions, progress: Progress | None = None) -> DriveSummary:
     """Run the drive to the end (sync). See :func:`drive_job`."""
-    return asyncio.run(drive_job(options, progress))
+    from batchline.jobs.stopping import run_stoppable
+
+    return run_stoppable(drive_job(options, progress))
 
 
 async def drive_job(

@@ -18,6 +18,7 @@ from batchline.jobs.dataset import dedupe_window, load_job_model, open_job, reco
 from batchline.jobs.job import Job
 from batchline.jobs.kinds import kind_of, resolve_job
 from batchline.jobs.options import RunOptions
+from batchline.jobs.stopping import run_stoppable
 from batchline.jobs.summary import RunSummary
 
 __all__ = [
@@ -34,7 +35,7 @@ __all__ = [
 
 def run(options: RunOptions | Job, progress: Progress | None = None) -> RunSummary:
     """Run the job to the end (sync). See :func:`run_job`."""
-    return asyncio.run(run_job(options, progress))
+    return run_stoppable(run_job(options, progress))
 
 
 async def run_job(options: RunOptions | Job, progress: Progress | None = None) -> RunSummary:

@@ -5,32 +5,117 @@ says how many records were kept where and the command that goes on from there.
 cancelled: each keeps what it has), also where SIGINT is ignored, as it is for a job a script
 started with ``&``; :func:`report_stop` prints the line :func:`stopped_line` makes and gives
 the exit code.
+
+A stop signal sent again while the stop runs (a double Ctrl-C; GNU ``timeout``, which signals
+the command and then its process group) had raised a second ``KeyboardInterrupt`` in the
+middle of the stop's own cleanup, and the process then hung for good, asleep, without its
+line. :func:`run_stoppable` runs a command's coroutine so that a repeat within
+:data:`REPEAT_S` of the first signal is absorbed, and a later one ends the process at once
+(``os._exit``: what is committed stays committed, ``--resume`` goes on from it).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+import threading
+import time
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-__all__ = ["exit_code", "report_stop", "sigterm_as_interrupt", "stopped_line"]
+__all__ = [
+    "REPEAT_S",
+    "exit_code",
+    "report_stop",
+    "run_stoppable",
+    "sigterm_as_interrupt",
+    "stopped_line",
+]
+
+T = TypeVar("T")
+
+#: Seconds after a command's first stop signal in which another is the same stop sent again
+#: (absorbed); one after that asks to stop at once.
+REPEAT_S = 2.0
+#: When this process's stop began (``time.monotonic``), once it has.
+_stop_began: list[float] = []
+
+
+def _first_stop(signame: str) -> bool:
+    """Whether this signal begins the stop; False for a repeat within :data:`REPEAT_S`; a later
+    one ends the process here, with its exit code."""
+    now = time.monotonic()
+    if not _stop_began:
+        _stop_began.append(now)
+        return True
+    if now - _stop_began[0] < REPEAT_S:
+        return False
+    print(
+        f"batchline: {signame} again: stopped at once; what was committed is kept, and "
+        "--resume goes on from it",
+        file=sys.stderr,
+        flush=True,
+    )
+    os._exit(exit_code(signame))
+
+
+class _Repeats:
+    """SIGINT's handler over ``asyncio.run``'s own (``inner``, which cancels the main task the
+    first time and raises ``KeyboardInterrupt`` wherever the main thread is after that)."""
+
+    def __init__(self, inner: Callable[[int, Any], object]) -> None:
+        self.inner = inner
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        if _first_stop("SIGINT"):
+            self.inner(signum, frame)
+
+
+async def _guarded(main: Coroutine[Any, Any, T]) -> T:
+    """``main``, with ``asyncio.run``'s SIGINT handler (installed by now) under
+    :class:`_Repeats`."""
+    if threading.current_thread() is threading.main_thread():
+        handler = signal.getsignal(signal.SIGINT)
+        if callable(handler) and not isinstance(handler, _Repeats):
+            signal.signal(signal.SIGINT, _Repeats(handler))
+    return await main
+
+
+def run_stoppable(main: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(main)`` for a command that a signal stops (see the module): its first
+    Ctrl-C or SIGTERM (:func:`sigterm_as_interrupt`) cancels it as ``asyncio.run`` does, a
+    repeat within :data:`REPEAT_S` is absorbed, a later one ends the process at once. SIGINT's
+    handler is what it was afterwards."""
+    _stop_began.clear()
+    main_thread = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGINT) if main_thread else None
+    try:
+        return asyncio.run(_guarded(main))
+    finally:
+        if main_thread and isinstance(signal.getsignal(signal.SIGINT), _Repeats):
+            with contextlib.suppress(ValueError, TypeError):
+                signal.signal(signal.SIGINT, before)
 
 
 def sigterm_as_interrupt(stopped_by: list[str]) -> Callable[[], object]:
     """Make SIGTERM stop the command as Ctrl-C does, noting ``"SIGTERM"`` in ``stopped_by``;
     returns what puts the old handler back. Outside the main thread, nothing is changed."""
-    import asyncio
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
+    _stop_began.clear()  # a new command: no stop begun
 
     def on_sigterm(signum: int, frame: Any) -> None:
+        if not _first_stop("SIGTERM"):
+            return  # the stop under way (or ended here, for a late repeat)
         stopped_by.append("SIGTERM")
         on_sigint = signal.getsignal(signal.SIGINT)
+        if isinstance(on_sigint, _Repeats):  # the stop is begun here: asyncio.run's own
+            on_sigint = on_sigint.inner
         if callable(on_sigint):  # asyncio.run's own Ctrl-C path (a clean cancel), or Python's
             on_sigint(signal.SIGINT, frame)
             return
