@@ -52,6 +52,20 @@ def test_a_run_stopped_by_a_bad_line_leaves_nothing_so_the_hinted_rerun_works(
     assert read_output(here / "mal.embeddings").column("index").to_pylist() == [0, 2]
 
 
+def test_an_output_path_through_a_file_is_one_line(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``-o FILE/out``: the folder cannot be made; said in one line, exit 2 (it had been 40
+    lines of traceback and exit 1), as ``-o FILE`` is."""
+    (here / "data.jsonl").write_text('{"text": "fine"}\n')
+    (here / "afile").write_text("hi")
+    assert main(["run", "data.jsonl", "-o", "afile/out", "--quiet"]) == 2
+    line = _one_error_line(capsys)
+    assert "cannot make the output folder afile/out: Not a directory" in line
+    assert main(["run", "data.jsonl", "-o", "afile", "--quiet"]) == 2
+    assert "exists and is not a directory" in _one_error_line(capsys)
+
+
 def test_empty_input_is_an_error_unless_allow_empty(
     here: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

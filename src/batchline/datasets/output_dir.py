@@ -65,7 +65,8 @@ def lock_output(out: Path) -> DirLock:
     """Hold ``out`` (made if missing) for this job's writer until it is released (a lock on the
     folder itself: nothing is added to it): a second job on the same folder (a ``--resume``
     while the first still runs would drop the files the first is about to commit) is refused in
-    one line. ``OSError`` where the folder cannot be made."""
+    one line. ``OSError`` where the disk refuses the folder (full, read-only: the caller says
+    so), ``InputError`` where the path cannot be a folder (a file on its way)."""
     if out.exists() and not out.is_dir():
         raise InputError(f"{out} exists and is not a directory; choose another output path")
     try:
@@ -74,6 +75,13 @@ def lock_output(out: Path) -> DirLock:
         raise InputError(
             f"{out} is being written by another batchline job; wait for it to end (then "
             "--resume goes on from its last chunk), or choose another output folder"
+        ) from None
+    except OSError as exc:
+        if disk_errno(exc) is not None:
+            raise
+        raise InputError(
+            f"cannot make the output folder {out}: {exc.strerror or exc}; choose another "
+            "output path"
         ) from None
 
 
