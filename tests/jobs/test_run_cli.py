@@ -66,6 +66,26 @@ def test_an_output_path_through_a_file_is_one_line(
     assert "exists and is not a directory" in _one_error_line(capsys)
 
 
+def test_a_resume_with_other_model_options_is_refused(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--no-normalize`` (or ``--pooling``...) on a resume of an output written without it
+    had been taken silently: one output, two kinds of vectors. A run without such options
+    writes none, so a resume without them goes on as before."""
+    (here / "data.jsonl").write_text('{"text": "a b"}\n{"text": "c d"}\n')
+    assert main(["run", "data.jsonl", "-o", "out", "--quiet", "--limit", "1"]) == 0
+    capsys.readouterr()
+    again = ["run", "data.jsonl", "-o", "out", "--quiet", "--resume"]
+    assert main([*again, "--no-normalize"]) == 2
+    assert "normalize was 'unset', now False" in _one_error_line(capsys)
+    assert main([*again, "--pooling", "none"]) == 2
+    assert "pooling was 'unset', now 'none'" in _one_error_line(capsys)
+    assert main(again) == 2  # the limit, asked the same: refused for it alone
+    assert "limit" in _one_error_line(capsys)
+    assert main([*again, "--limit", "1"]) == 0
+    assert read_output(here / "out").num_rows == 1
+
+
 def test_empty_input_is_an_error_unless_allow_empty(
     here: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -90,3 +90,16 @@ def test_the_default_dir_held_sends_a_second_server_beside_it(tmp_path: Path) ->
                 hold_data_dir(root, explicit=False, port=8001)
     with hold_data_dir(root, explicit=True, port=8001) as again:  # released: free again
         assert again.root == root
+
+
+def test_a_data_dir_that_cannot_be_made_says_which_setting_moves_it(tmp_path: Path) -> None:
+    """A data dir the server cannot make (here through a file; read-only or full alike) is
+    refused in one line that says what the folder is for and the flag that moves it."""
+    from batchline._errors import InputError
+
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(InputError) as refused:
+        lock_dir(tmp_path / "afile" / "batch-api")
+    message = str(refused.value)
+    assert "cannot use it: Not a directory" in message
+    assert "give --data-dir a writable folder" in message

@@ -50,7 +50,10 @@ def lock_dir(root: Path) -> DataDirLock:
     except DirBusyError as exc:
         raise DataDirBusyError(root, exc.pid) from None
     except OSError as exc:
-        raise InputError(f"--data-dir {root}: cannot use it: {exc.strerror}") from None
+        raise InputError(
+            f"--data-dir {root}: cannot use it: {exc.strerror}; the Batch API keeps its files "
+            "there: give --data-dir a writable folder with room"
+        ) from None
 
 
 def hold_data_dir(root: Path, *, explicit: bool, port: int) -> DataDirLock:
