@@ -290,19 +290,25 @@ def dedupe_window(options: RunOptions) -> int:
     return DEDUPE_WINDOW
 
 
+#: The model options a resume must give as the run it resumes did (they change the results).
+_RESULT_OPTIONS = (
+    "tokenizer", "labels", "pooling", "normalize", "top_k", "image_size", "mean", "std"
+)  # fmt: skip
+
+
 def open_job(options: RunOptions, info: ModelInfo) -> tuple[Source, ChunkWriter]:
     """``open_dataset_job`` for ``batchline run`` (local or Ray: either resumes the other).
 
     The output's result column and kind are the model's; a task other than ``embed`` is part
     of the settings a resume must match (embedding outputs keep their settings unchanged), and
-    so is each model option given (``--pooling``, ``--normalize``/``--no-normalize``,
-    ``--top-k``, ``--labels``, ``--tokenizer``: a resume had mixed vectors of two kinds in one
-    output); one left at the model's default is not written, so outputs begun before stay
-    resumable.
+    so is each model option given (``_RESULT_OPTIONS``: ``--pooling``, ``--no-normalize``,
+    ``--top-k``, ``--image-size``...: a resume had mixed vectors of two kinds in one output);
+    one left at the model's default is not written, so outputs begun before stay resumable.
     """
     output = options.output or default_output(options.input, info.task)
     extra: dict[str, object] = {} if info.task == "embed" else {"task": info.task}
-    for name, value in options.spec_options().items():
+    for name in _RESULT_OPTIONS:
+        value = getattr(options, name)
         if value is not None:
             extra[name] = list(value) if isinstance(value, tuple) else value
             if isinstance(value, Path):
