@@ -576,7 +576,8 @@ def test_the_openai_routes_take_vllms_ignore_eos() -> None:
     from batchline.models.openai.requests import ChatCompletionRequest
     from batchline.server.routes.generation import _sampling
 
-    served: Any = types.SimpleNamespace(max_context_tokens=64, generator=object())
+    generator = types.SimpleNamespace(max_request_tokens=64)
+    served: Any = types.SimpleNamespace(max_context_tokens=64, generator=generator)
     messages = [{"role": "user", "content": "hi"}]
     body = ChatCompletionRequest.model_validate(
         {"messages": messages, "max_tokens": 8, "ignore_eos": True}
