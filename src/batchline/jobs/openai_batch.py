@@ -202,14 +202,10 @@ class BatchFiles:
             if have
             else {}
         )
-        if have:  # a stopped batch's last answers, in no chunk yet: kept, not "not run"
+        if have:  # a stopped batch's last answers, in no chunk (so none of the above): kept
             more_rows, more_skipped = flushed_output(self.parts)
-            for index, row in more_rows.items():
-                if index not in skipped:
-                    rows.setdefault(index, row)
-            for index, skip in more_skipped.items():
-                if index not in rows:
-                    skipped.setdefault(index, skip)
+            rows.update(more_rows)
+            skipped.update(more_skipped)
         with self.input.open("rb") as f:  # non-blank lines, as the JSONL reader numbers records
             raws = [line for _, line in nonblank_lines(f)]
         lines = []
