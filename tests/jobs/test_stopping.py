@@ -115,6 +115,7 @@ def test_a_repeat_of_the_stop_signal_is_absorbed_and_a_late_one_ends_at_once(
 
     monkeypatch.setattr(stopping.os, "_exit", exit_now)
     monkeypatch.setattr(stopping, "_stop_began", [])
+    monkeypatch.setattr(stopping, "_is_command", [True])
     assert stopping._first_stop("SIGTERM") is True
     now[0] += stopping.REPEAT_S - 0.01
     assert stopping._first_stop("SIGTERM") is False
@@ -124,6 +125,39 @@ def test_a_repeat_of_the_stop_signal_is_absorbed_and_a_late_one_ends_at_once(
     with pytest.raises(SystemExit):
         stopping._first_stop("SIGINT")
     assert exits == [130]
+
+
+def test_outside_a_command_a_late_repeat_is_not_the_end_of_the_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A program that calls ``run`` itself: a repeat within REPEAT_S is absorbed all the same,
+    a later one is left to SIGINT's handler (a KeyboardInterrupt) and never ends the process;
+    the command's ``sigterm_as_interrupt`` arms the end, and its restore disarms it."""
+    from batchline.jobs import stopping
+
+    now = [100.0]
+    monkeypatch.setattr(stopping.time, "monotonic", lambda: now[0])
+    exits: list[int] = []
+    monkeypatch.setattr(stopping.os, "_exit", exits.append)
+    monkeypatch.setattr(stopping, "_stop_began", [])
+    monkeypatch.setattr(stopping, "_is_command", [])
+    assert stopping._first_stop("SIGINT") is True
+    now[0] += stopping.REPEAT_S / 2
+    assert stopping._first_stop("SIGINT") is False
+    now[0] += stopping.REPEAT_S
+    assert stopping._first_stop("SIGINT") is True
+    assert exits == []
+
+    restore = stopping.sigterm_as_interrupt([])
+    try:
+        assert stopping._is_command == [True]
+        assert stopping._first_stop("SIGINT") is True  # the command's stop, begun afresh
+        now[0] += 2 * stopping.REPEAT_S
+        stopping._first_stop("SIGINT")
+        assert exits == [130]
+    finally:
+        restore()
+    assert stopping._is_command == []
 
 
 def test_run_stoppable_gives_sigint_back_and_absorbs_a_double_ctrl_c() -> None:

@@ -10,8 +10,11 @@ A stop signal sent again while the stop runs (a double Ctrl-C; GNU ``timeout``, 
 the command and then its process group) had raised a second ``KeyboardInterrupt`` in the
 middle of the stop's own cleanup, and the process then hung for good, asleep, without its
 line. :func:`run_stoppable` runs a command's coroutine so that a repeat within
-:data:`REPEAT_S` of the first signal is absorbed, and a later one ends the process at once
-(``os._exit``: what is committed stays committed, ``--resume`` goes on from it).
+:data:`REPEAT_S` of the first signal is absorbed. In a command (one that called
+:func:`sigterm_as_interrupt`), a later one ends the process at once (``os._exit``: what is
+committed stays committed, ``--resume`` goes on from it). A program that calls ``run`` or
+``drive`` itself is not ended: a later Ctrl-C raises ``KeyboardInterrupt`` there, as Python's
+own does.
 """
 
 from __future__ import annotations
@@ -44,17 +47,23 @@ T = TypeVar("T")
 REPEAT_S = 2.0
 #: When this process's stop began (``time.monotonic``), once it has.
 _stop_began: list[float] = []
+#: Set while a command runs (:func:`sigterm_as_interrupt`): a late repeat of its stop signal
+#: ends the process. A program calling ``run`` itself keeps its process.
+_is_command: list[bool] = []
 
 
 def _first_stop(signame: str) -> bool:
-    """Whether this signal begins the stop; False for a repeat within :data:`REPEAT_S`; a later
-    one ends the process here, with its exit code."""
+    """Whether this signal begins the stop (or, outside a command, acts as it would without
+    this module); False for a repeat within :data:`REPEAT_S`; in a command, a later one ends
+    the process here, with its exit code."""
     now = time.monotonic()
     if not _stop_began:
         _stop_began.append(now)
         return True
     if now - _stop_began[0] < REPEAT_S:
         return False
+    if not _is_command:
+        return True
     print(
         f"batchline: {signame} again: stopped at once; what was committed is kept, and "
         "--resume goes on from it",
@@ -89,8 +98,9 @@ async def _guarded(main: Coroutine[Any, Any, T]) -> T:
 def run_stoppable(main: Coroutine[Any, Any, T]) -> T:
     """``asyncio.run(main)`` for a command that a signal stops (see the module): its first
     Ctrl-C or SIGTERM (:func:`sigterm_as_interrupt`) cancels it as ``asyncio.run`` does, a
-    repeat within :data:`REPEAT_S` is absorbed, a later one ends the process at once. SIGINT's
-    handler is what it was afterwards."""
+    repeat within :data:`REPEAT_S` is absorbed, a later one ends the process at once in a
+    command, and acts as SIGINT's handler would outside one. SIGINT's handler is what it was
+    afterwards."""
     _stop_began.clear()
     main_thread = threading.current_thread() is threading.main_thread()
     before = signal.getsignal(signal.SIGINT) if main_thread else None
@@ -103,11 +113,13 @@ def run_stoppable(main: Coroutine[Any, Any, T]) -> T:
 
 
 def sigterm_as_interrupt(stopped_by: list[str]) -> Callable[[], object]:
-    """Make SIGTERM stop the command as Ctrl-C does, noting ``"SIGTERM"`` in ``stopped_by``;
-    returns what puts the old handler back. Outside the main thread, nothing is changed."""
+    """Make SIGTERM stop the command as Ctrl-C does, noting ``"SIGTERM"`` in ``stopped_by``,
+    and a late repeat of either end the process (:func:`_first_stop`); returns what puts the
+    old handler back. Outside the main thread, nothing is changed."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
     _stop_began.clear()  # a new command: no stop begun
+    _is_command[:] = [True]
 
     def on_sigterm(signum: int, frame: Any) -> None:
         if not _first_stop("SIGTERM"):
@@ -131,7 +143,12 @@ def sigterm_as_interrupt(stopped_by: list[str]) -> Callable[[], object]:
         loop.call_soon_threadsafe(_interrupt)
 
     old = signal.signal(signal.SIGTERM, on_sigterm)
-    return lambda: signal.signal(signal.SIGTERM, old)
+
+    def restore() -> None:
+        _is_command.clear()
+        signal.signal(signal.SIGTERM, old)
+
+    return restore
 
 
 def _interrupt() -> None:
