@@ -102,25 +102,32 @@ async def test_neutral_values_of_unapplied_fields_and_unknown_fields_are_accepte
     assert len(engine.added) == 1
 
 
-async def test_a_bias_outside_the_vocabulary_is_400_not_a_model_failure(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    model, _ = recording()
-    real_add = FakeEngine.add_request
+class VocabEngine(ParamsEngine):
+    """Says its vocabulary, as the torch engine does."""
 
-    def add(self: FakeEngine, request: GenerationRequest) -> None:
-        if request.params.logit_bias:  # as TorchStepEngine.add_request refuses it
-            raise ValueError("logit_bias names token 99999, outside the model's vocabulary")
-        real_add(self, request)
+    vocab_size = 1_000
 
-    monkeypatch.setattr(FakeEngine, "add_request", add)
+
+async def test_a_token_outside_the_vocabulary_is_400_before_any_byte_is_streamed() -> None:
+    """A ``logit_bias`` key beyond the engine's vocabulary is the client's fault, told before
+    admission: a streamed answer had begun with a 200 and ended in an error
+    event, as the engine refused it only when its step took it in."""
+    engine = VocabEngine()
+    model = FakeServed("fake", ContinuousGenerator(engine, TOK, name="fake"), engine)
     app, _ = make_app(model)
+    bias = {"logit_bias": {"99999": 1}}
     async with client_for(app) as client:
-        r = await client.post("/v1/chat/completions", json={**CHAT, "logit_bias": {"99999": 1}})
+        for stream in (False, True):
+            r = await client.post("/v1/chat/completions", json={**CHAT, **bias, "stream": stream})
+            assert r.status_code == 400, r.text
+            message = r.json()["error"]["message"]
+            assert "logit_bias names token 99999, outside the model's vocabulary of 1000" in message
+        r = await client.post("/v1/completions", json={"prompt": "hi", "stream": True, **bias})
         assert r.status_code == 400, r.text
-        assert "outside the model's vocabulary" in r.json()["error"]["message"]
-        ok = await client.post("/v1/chat/completions", json=CHAT)
+        assert engine.params == []  # nothing reached the engine
+        ok = await client.post("/v1/chat/completions", json={**CHAT, "logit_bias": {"999": 1}})
     assert ok.status_code == 200
+    assert engine.params[0].logit_bias == ((999, 1.0),)
 
 
 def test_the_vllm_backend_gets_them_in_its_sampling_params(

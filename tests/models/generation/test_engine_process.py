@@ -29,6 +29,7 @@ from batchline.models.generation.engine import SamplingParams
 from batchline.models.generation.engine_process import ProcessGenerator
 from batchline.models.generation.stream import Completion, GenerationStream
 
+from .conftest import TINY_VOCAB
 from .gen_helpers import TOK, expected_text, load_fake_with
 from .test_load import load, save_tiny_generator
 
@@ -91,6 +92,7 @@ async def test_the_engine_process_generates_what_the_in_process_generator_does(
     here = load(tiny_folder, dtype="float32", max_running_sequences=2)
     try:
         expected = await run_all(here, lengths)
+        vocab = getattr(here.generator, "vocab_size", None)
     finally:
         here.close()
     model = load(tiny_folder, dtype="float32", max_running_sequences=2, engine_process=True)
@@ -105,6 +107,8 @@ async def test_the_engine_process_generates_what_the_in_process_generator_does(
         # what the run summary shows comes across the pipe as the model in this process has it
         assert (model.dtype, model.weights) == (here.dtype, here.weights) != ("", "")
         assert model.max_context_tokens == here.max_context_tokens
+        # what the process generator refuses before the child sees it (a logit_bias key)
+        assert gen.vocab_size == vocab == TINY_VOCAB
         got = await run_all(model, lengths)
     finally:
         model.close()

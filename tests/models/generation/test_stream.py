@@ -154,6 +154,50 @@ async def test_a_waiting_iterator_wakes_on_a_delta() -> None:
     assert (await task).text == "x"
 
 
+async def test_completions_wait_for_progress_not_for_the_whole_answer() -> None:
+    """On a manual clock: tokens 6 units apart go on past a 10-unit timeout in all, and the
+    answers come back in order once every stream ends; 10 units without a token from any
+    stream is a TimeoutError that aborts the streams still running."""
+    from batchline import ManualClock
+    from batchline.models.generation.stream import Completion, completions_of
+
+    clock = ManualClock()
+    aborted: list[str] = []
+    streams = [
+        GenerationStream(f"r{i}", 3, on_abort=aborted.append, clock=clock.now) for i in range(2)
+    ]
+    for k in range(5):  # 30 units in all: three timeouts, none of them without progress
+        clock.advance(6.0)
+        streams[k % 2]._push(GenerationDelta(f"t{k}", (k,)))
+    waiting = asyncio.ensure_future(completions_of(streams, 10.0, now=clock.now))
+    await asyncio.sleep(0)
+    assert not waiting.done()  # 6 units since the last token: it waits on
+    for i in (1, 0):
+        streams[i]._complete(Completion(f"a{i}", (i,), 3, 1, "length", 0.1, 0.2))
+    assert [c.text for c in await waiting] == ["a0", "a1"]
+    assert aborted == []
+
+    stuck = [GenerationStream(f"s{i}", 3, on_abort=aborted.append, clock=clock.now) for i in (0, 1)]
+    stuck[0]._complete(Completion("done", (1,), 3, 1, "length", 0.1, 0.2))
+    clock.advance(10.0)  # no progress from either since: that is the timeout
+    with pytest.raises(TimeoutError):
+        await completions_of(stuck, 10.0, now=clock.now)
+    assert aborted == ["s1"]
+
+
+async def test_completions_end_at_the_first_error() -> None:
+    from batchline.models.generation.stream import completions_of
+
+    aborted: list[str] = []
+    streams = [GenerationStream(f"r{i}", 3, on_abort=aborted.append) for i in range(2)]
+    waiting = asyncio.ensure_future(completions_of(streams, 60.0))
+    await asyncio.sleep(0)
+    streams[1]._fail(RuntimeError("the step failed"))
+    with pytest.raises(RuntimeError, match="the step failed"):
+        await waiting
+    assert aborted == ["r0"]
+
+
 def test_the_request_level_layer_imports_without_torch_or_vllm() -> None:
     import subprocess
     import sys

@@ -139,6 +139,8 @@ class Ready:
     weights: str
     #: seconds ``load(*args)`` took in the engine process
     load_s: float
+    #: the token ids the model takes, ``[0, vocab_size)``, where its generator knows them
+    vocab_size: int | None = None
 
 
 def run_engine_process(
@@ -201,6 +203,7 @@ class _Child:
                     model.dtype,
                     model.weights,
                     load_s,
+                    gen.vocab_size,
                 ),
             )
         )

@@ -101,6 +101,12 @@ class EngineGenerator(GeneratorLifecycle):
     def kv_token_budget(self) -> int:
         return self._kv_budget
 
+    @property
+    def vocab_size(self) -> int | None:
+        """The engine's ``vocab_size``, where it says one (the torch engine does)."""
+        vocab = getattr(self._engine, "vocab_size", None)
+        return vocab if isinstance(vocab, int) else None
+
     def _kv_limit(self) -> int | None:
         return self._kv_budget
 

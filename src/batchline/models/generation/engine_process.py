@@ -220,6 +220,10 @@ class ProcessGenerator(GeneratorLifecycle):
         return self._facts().kv_token_budget
 
     @property
+    def vocab_size(self) -> int | None:
+        return self._facts().vocab_size
+
+    @property
     def max_in_flight(self) -> int:
         """Requests in flight at most (waiting and running, together); beyond, ``submit``
         raises ``QueueFullError``."""

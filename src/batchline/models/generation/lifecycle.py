@@ -21,7 +21,7 @@ from batchline._batcher import State
 from batchline._errors import BatcherClosedError
 from batchline.models.generation.engine import GenerationRequest, SamplingParams
 from batchline.models.generation.stats import GenerationStatsRecorder
-from batchline.models.generation.stream import GenerationStream, check_fits
+from batchline.models.generation.stream import GenerationStream, check_fits, check_token_ids
 
 __all__ = ["GeneratorLifecycle", "duplicated"]
 
@@ -72,15 +72,26 @@ class GeneratorLifecycle:
         context = self.max_context_tokens
         return context if budget is None else min(context, budget)
 
+    @property
+    def vocab_size(self) -> int | None:
+        """The token ids the model takes, ``[0, vocab_size)``, where this generator knows them
+        (what :meth:`check` holds a prompt and ``logit_bias`` to); None where it does not."""
+        return None
+
     def check(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
         """Raise ``RecordTooLargeError`` when this request can never be admitted (prompt +
-        ``max_tokens`` over the context or the KV budget); admits and counts nothing."""
+        ``max_tokens`` over the context or the KV budget), ``ValueError`` for a token id
+        outside :attr:`vocab_size` (a prompt's, a ``logit_bias`` key); admits and counts
+        nothing. Told here, a streamed answer is refused before its first byte."""
         check_fits(
             len(prompt_ids),
             params.max_tokens,
             max_context_tokens=self.max_context_tokens,
             kv_token_budget=self._kv_limit(),
         )
+        vocab = self.vocab_size
+        if vocab is not None:
+            check_token_ids(prompt_ids, params, vocab)
 
     def submit(
         self, prompt_ids: Sequence[int], params: SamplingParams, *, request_id: str | None = None

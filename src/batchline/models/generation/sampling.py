@@ -19,12 +19,11 @@ from collections.abc import Sequence
 
 import torch
 
-from batchline.models.generation.engine import GenerationRequest, SamplingParams, TokenLogprob
+from batchline.models.generation.engine import SamplingParams, TokenLogprob
 
 __all__ = [
     "NUCLEUS_FIRST",
     "adjust_logits",
-    "check_logit_bias",
     "make_rng",
     "model_logprobs",
     "picked_logprobs",
@@ -106,17 +105,6 @@ def _inverse_cdf(probs: torch.Tensor, u: float) -> int:
     if index < probs.shape[-1]:
         return index
     return int(torch.nonzero(probs)[-1, 0])
-
-
-def check_logit_bias(request: GenerationRequest, vocab_size: int) -> None:
-    """``ValueError`` when the request biases a token outside the model's vocabulary (an
-    engine checks it when the request is added, so that no step fails on it)."""
-    biased = request.params.logit_bias
-    if biased and biased[-1][0] >= vocab_size:  # ascending ids: the last is the largest
-        raise ValueError(
-            f"logit_bias names token {biased[-1][0]}, "
-            f"outside the model's vocabulary of {vocab_size}"
-        )
 
 
 def adjust_logits(

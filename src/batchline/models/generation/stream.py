@@ -50,6 +50,8 @@ __all__ = [
     "TextGenerator",
     "TrackedSequence",
     "check_fits",
+    "check_token_ids",
+    "completions_of",
 ]
 
 _REPLACEMENT = "\ufffd"
@@ -120,12 +122,21 @@ class GenerationStream:
     """
 
     def __init__(
-        self, request_id: str, prompt_tokens: int, *, on_abort: Callable[[str], None]
+        self,
+        request_id: str,
+        prompt_tokens: int,
+        *,
+        on_abort: Callable[[str], None],
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_tokens = prompt_tokens
         self._on_abort = on_abort
         self._loop = asyncio.get_running_loop()
+        self._clock = clock if clock is not None else self._loop.time
+        #: when it was submitted or last made progress (a delta, its end), on ``clock`` (the
+        #: loop's by default): what a wait without progress is measured from
+        self.progressed_at = self._clock()
         self._deltas: deque[GenerationDelta] = deque()
         self._result: asyncio.Future[Completion] = self._loop.create_future()
         self._waiter: asyncio.Future[None] | None = None
@@ -184,12 +195,14 @@ class GenerationStream:
     def _push(self, delta: GenerationDelta) -> None:
         if self._result.done():
             return
+        self.progressed_at = self._clock()
         self._deltas.append(delta)
         self._wake()
 
     def _complete(self, completion: Completion) -> bool:
         if self._result.done():
             return False
+        self.progressed_at = self._clock()
         self._result.set_result(completion)
         self._wake()
         return True
@@ -197,12 +210,50 @@ class GenerationStream:
     def _fail(self, exc: BaseException) -> bool:
         if self._result.done():
             return False
+        self.progressed_at = self._clock()
         self._result.set_exception(exc)
         # retrieved here: a caller that only iterates gets the error from __anext__, and an
         # unread error must not be logged as "never retrieved"
         self._result.exception()
         self._wake()
         return True
+
+
+async def completions_of(
+    streams: Sequence[GenerationStream],
+    timeout_s: float,
+    *,
+    now: Callable[[], float] | None = None,
+) -> list[Completion]:
+    """Every stream's completion, in order, or the first error one of them raises;
+    ``TimeoutError`` once ``timeout_s`` pass with no progress from any of them
+    (:attr:`GenerationStream.progressed_at`: the first token's wait, a queue's included, then
+    the wait for each next one): a request that makes progress runs to its end, one stuck or
+    starved ends. It wakes on the ends and at the deadlines, not on every token. Leaving early
+    aborts the streams it still waits for. ``now``: the streams' clock (the loop's)."""
+    clock = now if now is not None else asyncio.get_running_loop().time
+    waits = [asyncio.ensure_future(s.result()) for s in streams]
+    try:
+        while True:
+            for wait in waits:  # an error ends it at once, the first stream's first
+                error = wait.exception() if wait.done() else None
+                if error is not None:
+                    raise error
+            pending = [w for w in waits if not w.done()]
+            if not pending:
+                return [w.result() for w in waits]
+            last = max(s.progressed_at for s in streams)
+            remaining = last + timeout_s - clock()
+            if remaining <= 0:
+                raise TimeoutError
+            await asyncio.wait(pending, timeout=remaining, return_when=asyncio.FIRST_EXCEPTION)
+    finally:
+        for stream, wait in zip(streams, waits, strict=True):
+            if not wait.done():
+                stream.abort()
+                wait.cancel()
+            elif not wait.cancelled():
+                wait.exception()  # retrieved: an error we did not get to is not logged
 
 
 class TextGenerator(Protocol):
@@ -253,9 +304,10 @@ class TextGenerator(Protocol):
         ...
 
     def check(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
-        """Raise ``RecordTooLargeError`` when this request can never be admitted, as
-        :meth:`submit` would, admitting nothing: a caller that admits several requests all or
-        none checks each first."""
+        """Raise ``RecordTooLargeError`` when this request can never be admitted, and
+        ``ValueError`` for a token id outside the model's vocabulary where the generator knows
+        it, as :meth:`submit` would, admitting nothing: a caller that admits several requests
+        all or none checks each first."""
         ...
 
 
@@ -275,6 +327,23 @@ def check_fits(
             f"prompt of {prompt_tokens} tokens + max_tokens {max_tokens} = {total} tokens "
             f"exceeds the KV-cache budget of {kv_token_budget} tokens; shorten the prompt, "
             "lower max_tokens or raise kv_token_budget"
+        )
+
+
+def check_token_ids(prompt_ids: Sequence[int], params: SamplingParams, vocab_size: int) -> None:
+    """``ValueError`` when a prompt token or a ``logit_bias`` key is outside the model's
+    vocabulary, ``[0, vocab_size)``: the request's own fault, told before it is admitted."""
+    low, high = min(prompt_ids, default=0), max(prompt_ids, default=0)
+    if low < 0 or high >= vocab_size:
+        raise ValueError(
+            f"prompt token ids must be in [0, {vocab_size}), the model's vocabulary; "
+            f"got {low}..{high}"
+        )
+    biased = params.logit_bias
+    if biased and biased[-1][0] >= vocab_size:  # ascending ids: the last is the largest
+        raise ValueError(
+            f"logit_bias names token {biased[-1][0]}, "
+            f"outside the model's vocabulary of {vocab_size}"
         )
 
 

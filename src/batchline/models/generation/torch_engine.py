@@ -76,13 +76,13 @@ from batchline.models.generation.plan import Compaction, Prefill, StepPlan
 from batchline.models.generation.prefill import Running, Scored, Staged, score_prompts
 from batchline.models.generation.quant_embedding import QuantEmbedding
 from batchline.models.generation.sampling import (
-    check_logit_bias,
     make_rng,
     model_logprobs,
     picked_logprobs,
     select_tokens,
 )
 from batchline.models.generation.step_scheduler import StepScheduler, run_step
+from batchline.models.generation.stream import check_token_ids
 from batchline.models.generation.structured import TokenGrammars
 
 if TYPE_CHECKING:
@@ -257,6 +257,11 @@ class TorchStepEngine:
         return self._max_context
 
     @property
+    def vocab_size(self) -> int:
+        """Token ids the model takes: ``[0, vocab_size)`` (its embedding's rows)."""
+        return self._vocab_size
+
+    @property
     def max_step_tokens(self) -> int | None:
         return self.scheduler.max_step_tokens
 
@@ -307,12 +312,7 @@ class TorchStepEngine:
                 f"max_tokens {request.params.max_tokens} exceed the model's context of "
                 f"{self._max_context} tokens; shorten the prompt or lower max_tokens"
             )
-        if min(request.prompt_ids) < 0 or max(request.prompt_ids) >= self._vocab_size:
-            raise ValueError(
-                f"prompt token ids must be in "
-                f"[0, {self._vocab_size}), got {min(request.prompt_ids)}..{max(request.prompt_ids)}"
-            )
-        check_logit_bias(request, self._vocab_size)
+        check_token_ids(request.prompt_ids, request.params, self._vocab_size)
         self.add(request)
         self.scheduler.add(request)
 

@@ -273,6 +273,8 @@ class VllmGenerator(GeneratorLifecycle):
             module docstring); with ``fcfs``, none does.
         priority_aging_s: seconds of waiting worth one point of ``SamplingParams.priority``,
             as for batchline's scheduler (``None``: strict priority).
+        vocab_size: the model's vocabulary (vLLM's ``get_vocab_size()``): a prompt token or a
+            ``logit_bias`` key beyond it is refused at ``submit`` (``None``: left to vLLM).
     """
 
     def __init__(
@@ -289,6 +291,7 @@ class VllmGenerator(GeneratorLifecycle):
         scheduling_policy: SchedulingPolicy = "fcfs",
         priority_aging_s: float | None = 10.0,
         name: str = "vllm",
+        vocab_size: int | None = None,
     ) -> None:
         if max_context_tokens < 2:
             raise ValueError(f"max_context_tokens must be >= 2, got {max_context_tokens}")
@@ -304,6 +307,7 @@ class VllmGenerator(GeneratorLifecycle):
         self.priority_aging_s = priority_aging_s
         self._engine = engine
         self._max_context = max_context_tokens
+        self._vocab_size = vocab_size
         self.max_waiting = max_waiting
         self._delta = delta_outputs
         self._to_params = (
@@ -340,9 +344,14 @@ class VllmGenerator(GeneratorLifecycle):
             engine_cls = vllm.AsyncLLMEngine
         engine = engine_cls.from_engine_args(args)
         max_len = int(engine.model_config.max_model_len)
+        try:
+            vocab: int | None = int(engine.model_config.get_vocab_size())
+        except (AttributeError, TypeError, ValueError):  # a vLLM that does not say
+            vocab = None
         return cls(
             cast(VllmEngine, engine),
             max_context_tokens=max_len,
+            vocab_size=vocab,
             max_waiting=max_waiting,
             shutdown_engine=True,
             scheduling_policy=cast(SchedulingPolicy, getattr(args, "scheduling_policy", "fcfs")),
@@ -351,6 +360,10 @@ class VllmGenerator(GeneratorLifecycle):
     @property
     def max_context_tokens(self) -> int:
         return self._max_context
+
+    @property
+    def vocab_size(self) -> int | None:
+        return self._vocab_size
 
     @property
     def engine(self) -> VllmEngine:

@@ -45,7 +45,6 @@ the next step by it (aged, as the batchers' queues; ``continuous.py``).
 """
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
@@ -65,6 +64,7 @@ from batchline.models.generation import (
     GenerationStream,
     SamplingParams,
 )
+from batchline.models.generation.stream import completions_of
 from batchline.models.openai.completions import completion_response
 from batchline.models.openai.requests import (
     ChatCompletionRequest,
@@ -83,7 +83,7 @@ from batchline.server.routes._common import (
     server_state,
     use_generator,
 )
-from batchline.server.routes._sse import Shape, aborted, event_stream, merged_deltas
+from batchline.server.routes._sse import Shape, aborted, event_stream
 from batchline.server.schemas import GenerateTextRequest, GenerateTextResponse
 from batchline.server.served import ServedGenerator
 from batchline.server.state import ServerState
@@ -414,13 +414,14 @@ def _sampling(
 def _check_sizes(
     served: ServedGenerator, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams]
 ) -> None:
-    """400 when a prompt can never fit, before any is admitted: the generator's own check
-    (``TextGenerator.check``, what its ``submit`` checks), asked for every prompt first."""
+    """400 when a prompt can never fit or names a token outside the vocabulary, before any is
+    admitted: the generator's own check (``TextGenerator.check``, what its ``submit``
+    checks), asked for every prompt first."""
     generator = served.generator
     for i, (ids, p) in enumerate(zip(prompts, params, strict=True)):
         try:
             generator.check(ids, p)
-        except RecordTooLargeError as exc:
+        except (RecordTooLargeError, ValueError) as exc:
             where = f"prompt {i}: " if len(prompts) > 1 else ""
             raise bad_request(f"{where}{exc}") from None
 
@@ -458,19 +459,12 @@ async def _finish_all(
 ) -> list[Completion]:
     """Every stream's completion, in order; whatever way this ends, no sequence outlives
     it (a timeout, an error, or the gate cancelling it on a disconnect aborts the rest). The
-    timeout is ``request_timeout_s`` without a new token (:func:`merged_deltas`), as a
+    timeout is ``request_timeout_s`` without a new token (:func:`completions_of`), as a
     stream's: a long answer that makes progress is not cut."""
     settings = state.settings
-
-    async def results() -> list[Completion]:
-        merged = merged_deltas(streams, settings.request_timeout_s)
-        async with contextlib.aclosing(merged) as deltas:
-            async for _ in deltas:
-                pass
-        return [await s.result() for s in streams]
-
     try:
-        completions = await results()  # a disconnect cancels this (the gate)
+        # a disconnect cancels this (the gate)
+        completions = await completions_of(streams, settings.request_timeout_s)
     except Exception as exc:
         raise api_error(
             exc, settings, served.name, withdrawn="its sequences were aborted"
