@@ -65,6 +65,7 @@ if TYPE_CHECKING:
         GenerationStream,
         TextGenerator,
         check_fits,
+        completions_of,
     )
     from batchline.models.generation.structured import (
         GUIDED_FIELDS,
@@ -110,6 +111,7 @@ __all__ = [
     "build_generator",
     "check_fits",
     "choose_dtype",
+    "completions_of",
     "constraint_from_openai",
     "demo_prompts",
     "load_text_generator",
@@ -123,6 +125,7 @@ __getattr__ = lazy_exports(
         "GENERATOR_KINDS": "generators",
         "GUIDED_FIELDS": "structured",
         "Completion": "stream",
+        "completions_of": "stream",
         "Constraint": "structured",
         "ContinuousGenerator": "continuous",
         "Detokenizer": "stream",

@@ -63,8 +63,8 @@ from batchline.models.generation import (
     GenerationRequest,
     GenerationStream,
     SamplingParams,
+    completions_of,
 )
-from batchline.models.generation.stream import completions_of
 from batchline.models.openai.completions import completion_response
 from batchline.models.openai.requests import (
     ChatCompletionRequest,
