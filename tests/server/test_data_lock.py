@@ -85,11 +85,25 @@ def test_the_default_dir_held_sends_a_second_server_beside_it(tmp_path: Path) ->
             hold_data_dir(root, explicit=True, port=8001)
         with hold_data_dir(root, explicit=False, port=8001) as own:
             assert own.root == tmp_path / "batch-api-8001"
-            # a third server on the same port finds both held: refused, naming the first
-            with pytest.raises(DataDirBusyError, match=f"--data-dir {root} "):
+            # a third server on the same port finds the port's folder held: refused, naming it
+            with pytest.raises(DataDirBusyError, match=f"--data-dir {own.root} "):
                 hold_data_dir(root, explicit=False, port=8001)
     with hold_data_dir(root, explicit=True, port=8001) as again:  # released: free again
         assert again.root == root
+
+
+def test_a_server_started_again_on_its_port_goes_on_in_the_port_folder(tmp_path: Path) -> None:
+    """The second server's batches live in ``batch-api-PORT``: started again on that port
+    once the first server is gone (the default free), it goes back there, where its unfinished
+    batches are; it had taken the default, and its batches were 404 for good. A server on
+    another port still takes the default."""
+    root = tmp_path / "batch-api"
+    with lock_dir(root), hold_data_dir(root, explicit=False, port=8001) as own:
+        assert own.root == tmp_path / "batch-api-8001"
+    with hold_data_dir(root, explicit=False, port=8001) as again:
+        assert again.root == tmp_path / "batch-api-8001"
+        with hold_data_dir(root, explicit=False, port=8000) as other:
+            assert other.root == root
 
 
 def test_a_data_dir_that_cannot_be_made_says_which_setting_moves_it(tmp_path: Path) -> None:

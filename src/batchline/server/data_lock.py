@@ -8,6 +8,9 @@ models load and holds it until the process ends; the refusal names the holder's 
 An explicit ``--data-dir`` that another server holds is an error. The default directory
 (``batch-api`` in the cache) is shared by every server of the machine, so a second one (a
 replica for ``drive``) takes ``batch-api-PORT`` instead, and says so: its batches stay its own.
+Once made, ``batch-api-PORT`` is that port's folder: a server started again on the port goes on
+in it (its unfinished batches run to their end there), whether the default is free by then or
+not; which folder a server gets had hung on whether the other server still ran.
 """
 
 from __future__ import annotations
@@ -57,24 +60,38 @@ def lock_dir(root: Path) -> DataDirLock:
 
 
 def hold_data_dir(root: Path, *, explicit: bool, port: int) -> DataDirLock:
-    """The lock on the data directory this server uses: ``root``, or, for the default one held
-    by another server, ``root-PORT`` beside it (logged). An explicit directory, or a fallback
-    also held, is refused (:class:`DataDirBusyError`)."""
+    """The lock on the data directory this server uses: ``root``; for the default one, the
+    port's own ``root-PORT`` beside it where that exists (made by a server on this port that
+    found the default held) or where the default is held by another server now (logged). An
+    explicit directory, or a folder held by another server, is refused
+    (:class:`DataDirBusyError`)."""
+    if explicit:
+        return lock_dir(root)
+    own = root.with_name(f"{root.name}-{port}")
+    if own.is_dir():
+        held = lock_dir(own)
+        logger.warning(  # before uvicorn's log set-up: Python's last-resort handler shows it
+            "batch API: this server keeps its batches in %s, the folder of port %d made when the "
+            "default %s was held (--data-dir names one)",
+            own,
+            port,
+            root,
+        )
+        return held
     try:
         return lock_dir(root)
     except DataDirBusyError as exc:
-        if explicit:
-            raise
-        own = root.with_name(f"{root.name}-{port}")
         try:
             held = lock_dir(own)
         except DataDirBusyError:
             raise exc from None
-        logger.warning(  # before uvicorn's log set-up: Python's last-resort handler shows it
+        logger.warning(
             "batch API: the default data dir %s is held by pid %s; this server keeps its "
-            "batches in %s (--data-dir names one)",
+            "batches in %s, and so will a server started on port %d again (--data-dir names "
+            "one)",
             root,
             exc.pid,
             own,
+            port,
         )
         return held
