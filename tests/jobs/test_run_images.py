@@ -4,6 +4,7 @@ duplicates, the cache, ``--limit`` and a resumed ``kill -9``."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -435,6 +436,79 @@ def test_decode_workers_are_cut_to_what_keeps_a_slow_model_fed(
     summary = run(options)
     assert summary.records == 40
     assert "(1 of " in summary.time_split  # one process keeps a 20 ms/picture model fed
+
+
+STOPPING_DEVICE = """
+import os
+import signal
+import numpy as np
+from batchline.models.image import ImagePreprocess
+from batchline.models.protocol import ModelInfo
+
+STOP_AFTER = int(os.environ["STOP_AFTER_PICTURES"])
+done = [0]
+
+class Stopping:
+    preprocess = ImagePreprocess(resize_to=(8, 8))
+    info = ModelInfo(name="stopping", task="embed", input_kind="image", result_kind="vector")
+
+    def prepare(self, inputs):
+        return list(inputs)
+
+    def cost(self, item):
+        return 1
+
+    def run_batch(self, batch):
+        done[0] += len(batch)
+        if done[0] >= STOP_AFTER and done[0] - len(batch) < STOP_AFTER:
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, once this many pictures are done
+        return [np.full(2, float(x.mean()), np.float32) for x in batch]
+
+    def encode(self, result):
+        return result
+
+    def close(self):
+        pass
+
+def factory():
+    return Stopping()
+"""
+
+
+def test_a_stopped_image_job_keeps_the_pictures_its_model_did(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C once the model has done 120 of 300 pictures: what it did is kept, but for the
+    blocks still in flight, and ``--resume`` does the rest, each picture once. Written a block
+    of 256 at a time, such a stop had kept none of them."""
+    (tmp_path / "stoppingdevice.py").write_text(STOPPING_DEVICE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("STOP_AFTER_PICTURES", "120")
+    names = photo_folder(tmp_path / "photos", 300)
+    options = RunOptions(
+        input=tmp_path / "photos",
+        output=tmp_path / "out",
+        model="stoppingdevice:factory",
+        chunk_size=8,
+        knobs=Knobs(sessions=1, max_concurrent_batches=1, max_batch_size=8),
+        decode=DecodeOptions(workers=1),
+    )
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run(options)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    from batchline.datasets.manifest import Manifest
+
+    kept = Manifest.load(tmp_path / "out").records_kept
+    assert 32 <= kept <= 120  # a block in flight may be withdrawn; none is written twice
+    monkeypatch.setenv("STOP_AFTER_PICTURES", "100000")
+    summary = run(dataclasses.replace(options, resume=True))
+    assert summary.records == 300 - kept
+    table = read_output(tmp_path / "out")
+    assert table.column("index").to_pylist() == list(range(300))
+    assert table.column("id").to_pylist() == names
 
 
 def test_a_missing_folder_is_named_as_missing(

@@ -55,9 +55,12 @@ __all__ = [
     "run_model_job",
 ]
 
-# Records read and submitted at a time, and blocks in flight beyond the engine's own queue.
+# Records read and submitted at a time, and records in flight beyond the engine's own queue
+# (in blocks). A block's outcomes are written when all of them are in, and a stop keeps what
+# is written: a job whose records take long (pictures) reads smaller blocks, so that a stop
+# loses little of what its model did.
 _BLOCK = 256
-_MAX_BLOCKS_IN_FLIGHT = 8
+_RECORDS_IN_FLIGHT = 8 * _BLOCK
 
 _Engine = ModelBatcher[object, object]
 
@@ -119,10 +122,17 @@ def _load_gated(
 
 
 async def run_model_job(
-    job: Job, progress: Progress | None, *, opener: OpenJob, adapter: AdapterFactory
+    job: Job,
+    progress: Progress | None,
+    *,
+    opener: OpenJob,
+    adapter: AdapterFactory,
+    block_records: int = _BLOCK,
 ) -> RunSummary:
     """A batch model's job: the model loaded in the precision its knobs choose, the output
-    opened by the kind (``opener``), the model's engine fed through the kind's ``adapter``."""
+    opened by the kind (``opener``), the model's engine fed through the kind's ``adapter``,
+    ``block_records`` records at a time (the most a stop can leave undone per block in
+    flight)."""
     options = job.options
     assert options.spec is not None  # resolved
     # pyarrow's first conversion imports pandas (~0.4 s, holding the GIL): paid while the
@@ -145,8 +155,8 @@ async def run_model_job(
                     fed,
                     source,
                     writer,
-                    block_records=_BLOCK,
-                    max_blocks_in_flight=_MAX_BLOCKS_IN_FLIGHT,
+                    block_records=block_records,
+                    max_blocks_in_flight=max(1, _RECORDS_IN_FLIGHT // block_records),
                     limit=options.limit,
                     on_bad_record=options.on_bad_record,
                     progress=progress,

@@ -303,8 +303,17 @@ def _open(job: Job, info: ModelInfo) -> tuple[Source, ChunkWriter]:
     return open_job(job.options, info)  # a text model given pictures: the source says so
 
 
+#: Pictures read and submitted at a time. A block is written once all its pictures are in, and
+#: a stop keeps what is written: at a few pictures a second, blocks of 256 had a stop (or a
+#: dead decode worker) drop a minute of the model's work per block in flight. Records in
+#: flight stay as many (the decode budget bounds the pictures).
+_PICTURE_BLOCK = 32
+
+
 async def _run_local(job: Job, progress: Progress | None) -> RunSummary:
-    return await run_model_job(job, progress, opener=_open, adapter=_image_adapter)
+    return await run_model_job(
+        job, progress, opener=_open, adapter=_image_adapter, block_records=_PICTURE_BLOCK
+    )
 
 
 def _plan_ray(job: Job) -> RayPlan:
