@@ -511,6 +511,26 @@ def test_a_stopped_image_job_keeps_the_pictures_its_model_did(
     assert table.column("id").to_pylist() == names
 
 
+def test_a_resume_with_another_decode_is_refused_naming_it(
+    tmp_path: Path, classifier: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--no-draft`` changes the pixels and ``--max-image-pixels`` which pictures are
+    refused: a resume that gives another had gone on, two decodes in one output. Left at
+    their defaults they are not written, so a resume of an older output still goes on."""
+    photo_folder(tmp_path / "photos", 4)
+    argv = ["run", str(tmp_path / "photos"), "--model", str(classifier), "--quiet"]
+    assert main([*argv, "-o", str(tmp_path / "a"), "--limit", "2"]) == 0
+    again = [*argv, "-o", str(tmp_path / "a"), "--limit", "2", "--resume"]
+    assert main([*again, "--no-draft"]) == 2
+    assert "draft was 'unset', now False" in capsys.readouterr().err
+    assert main([*again, "--max-image-pixels", "1000000"]) == 2
+    assert "max_image_pixels was 'unset', now 1000000" in capsys.readouterr().err
+    assert main(again) == 0
+    assert main([*argv, "-o", str(tmp_path / "b"), "--no-draft", "--limit", "2"]) == 0
+    assert main([*argv, "-o", str(tmp_path / "b"), "--limit", "2", "--resume"]) == 2
+    assert "draft was False, now 'unset'" in capsys.readouterr().err
+
+
 def test_a_missing_folder_is_named_as_missing(
     tmp_path: Path, classifier: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -168,7 +168,13 @@ def check_settings(out: Path, stored: Mapping[str, object], wanted: Mapping[str,
     diffs = []
     for key in sorted(set(stored) | set(wanted)):
         was, now = stored.get(key, "unset"), wanted.get(key, "unset")
-        if was != now:
+        if was != now and key == "input_fingerprint":
+            diffs.append(
+                f"the input changed since (files added, removed or rewritten: {was!r}, now "
+                f"{now!r}); a resume goes on over the same records: give the changed input "
+                "another -o"
+            )
+        elif was != now:
             diffs.append(f"{key} was {was!r}, now {now!r}")
     if diffs:
         raise InputError(

@@ -306,6 +306,20 @@ _RESULT_OPTIONS = (
 )  # fmt: skip
 
 
+def _decode_settings(options: RunOptions) -> dict[str, object]:
+    """The decode flags a resume must give as the run it resumes did, where not the default:
+    ``--no-draft`` changes the pixels (a resume had mixed two decodes in one output), and
+    ``--max-image-pixels`` which pictures are refused."""
+    from batchline.models.image import DEFAULT_MAX_PIXELS
+
+    settings: dict[str, object] = {}
+    if not options.decode.draft:
+        settings["draft"] = False
+    if options.decode.max_pixels != DEFAULT_MAX_PIXELS:
+        settings["max_image_pixels"] = options.decode.max_pixels
+    return settings
+
+
 def open_job(options: RunOptions, info: ModelInfo) -> tuple[Source, ChunkWriter]:
     """``open_dataset_job`` for ``batchline run`` (local or Ray: either resumes the other).
 
@@ -323,6 +337,8 @@ def open_job(options: RunOptions, info: ModelInfo) -> tuple[Source, ChunkWriter]
             extra[name] = list(value) if isinstance(value, tuple) else value
             if isinstance(value, Path):
                 extra[name] = str(value)
+    if info.input_kind == "image":
+        extra.update(_decode_settings(options))
     columns = tuple(options.input_columns)
     if info.input_kind == "image":
         columns = (options.image_column or "image",)
