@@ -26,6 +26,7 @@ import httpx
 
 from batchline.__main__ import main
 from batchline.server import ServerSettings, create_app
+from tests.image_helpers import image_model, write_labels
 from tests.models.image.conftest import build_folder, pictures
 
 from .conftest import client_on
@@ -298,12 +299,46 @@ async def test_an_image_to_a_text_model_is_refused(folders: Path, photos: Path) 
         )
 
 
-def test_modality_goes_with_a_two_tower_folder(folders: Path) -> None:
+def test_modality_goes_with_a_two_tower_folder_or_a_plain_onnx(folders: Path) -> None:
     from batchline._errors import InputError
 
     settings = ServerSettings.model_validate({"model": [f"{folders}/vit/"], "modality": "image"})
     with pytest.raises(InputError, match="modality goes with a two-tower image folder"):
         settings.specs  # noqa: B018 (the property parses the specs)
+    both = [f"vit={folders}/vit/", f"clip={folders}/clip/"]
+    settings = ServerSettings.model_validate({"model": both, "modality": "image"})
+    with pytest.raises(InputError, match="with several models, say which: --modality NAME=image"):
+        settings.specs  # noqa: B018
+    # one tower of a CLIP folder beside a classifier: a modality per model
+    settings = ServerSettings.model_validate({"model": both, "modality": ["clip=image"]})
+    kinds = {s.name: s.input_kind for s in settings.specs}
+    assert kinds == {"vit": None, "clip": "image"}
+
+
+async def test_a_plain_onnx_that_takes_pictures_is_served_as_run_reads_it(
+    photos: Path, tmp_path: Path
+) -> None:
+    """``--modality image`` on an ``.onnx`` with one NCHW input: the image routes, the labels
+    ``run`` gives. Its start-up check had asked it for a tokenizer.json, and without the flag
+    there was no way to serve it on an image route."""
+    from batchline.server.cli import _check_models
+
+    (tmp_path / "net").mkdir()
+    model = image_model(tmp_path / "net", size=32, classify=True)
+    write_labels(model, [f"label{i}" for i in range(5)])
+    settings = ServerSettings.model_validate({"model": [f"net={model}"], "modality": "image"})
+    _check_models(settings)  # serve's start-up check: no tokenizer.json asked of it
+    want = await _run(photos, tmp_path / "out", "--model", str(model))
+    files = _files(photos)
+    body = {"model": "net", "input": [_uri(p) for p in files[:4]], "modality": "image"}
+    async with _serving(tmp_path, model=[f"net={model}"], modality=["net=image"]) as client:
+        listed = (await client.get("/v1/models")).json()["data"]
+        r = await client.post("/v1/classify", json=body)
+    assert listed[0]["modality"] == "image"
+    assert r.status_code == 200, r.text
+    for path, result in zip(files, r.json()["results"], strict=False):
+        assert result["label"] == want[path.name]["classification"]["label"]
+        assert result["score"] == pytest.approx(want[path.name]["classification"]["score"])
 
 
 class _Pictures(http.server.BaseHTTPRequestHandler):

@@ -31,7 +31,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Literal, cast, get_args
 
 from batchline._errors import InputError
 from batchline.models.builtin import BUILTIN_MODELS
@@ -39,7 +39,15 @@ from batchline.models.common.folder import FolderModel, detect_folder
 from batchline.models.common.image_options import ImageOptions
 from batchline.models.protocol import TASKS, Task
 
-__all__ = ["ModelSpec", "Pooling", "SpecKind", "parse_spec", "parse_specs"]
+__all__ = [
+    "MODALITIES",
+    "ModelSpec",
+    "Pooling",
+    "SpecKind",
+    "parse_spec",
+    "parse_specs",
+    "with_modality",
+]
 
 SpecKind = Literal["builtin", "onnx", "python", "hf", "gguf"]
 #: How an embedder's token outputs become one vector per text: ``mean`` over the attention
@@ -256,30 +264,20 @@ def parse_specs(
     normalize: bool | None = None,
     image: ImageOptions | None = None,
     top_k: int | None = None,
+    modalities: Sequence[str] = (),
 ) -> list[ModelSpec]:
-    """Several ``--model`` values and their ``--task`` values (``TASK`` alone when there is one
-    model, else ``NAME=TASK``). The other options apply to a single model only."""
+    """Several ``--model`` values and their ``--task`` and ``--modality`` values (``TASK``
+    alone when there is one model, else ``NAME=TASK``; see :func:`with_modality`). The other
+    options apply to a single model only."""
     specs = [parse_spec(m) for m in models or ["default"]]
     names = [s.name for s in specs]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise InputError(f"two models are named {dupes[0]!r}: name them with NAME=SPEC")
-    by_name = {s.name: s for s in specs}
-    task_of: dict[str, str] = {}
-    for t in tasks:
-        match = _NAME.match(t)
-        if match:
-            target, task = match.group(1), match.group(2)
-            if target not in by_name:
-                raise InputError(
-                    f"--task {t}: no model named {target!r}; models: {', '.join(by_name)}"
-                )
-        elif len(specs) == 1:
-            target, task = specs[0].name, t
-        else:
-            raise InputError(f"--task {t}: with several models, say which: --task NAME={t}")
-        task_of[target] = task
+    task_of = _per_model("--task", tasks, names)
+    modality_of = _per_model("--modality", modalities, names)
     single = len(specs) == 1
+    specs = [with_modality(s, modality_of[s.name]) if s.name in modality_of else s for s in specs]
     if not single and any(x is not None for x in (tokenizer, labels, pooling, normalize, top_k)):
         raise InputError(
             "--tokenizer, --labels, --pooling, --normalize and --top-k go with a single --model"
@@ -297,6 +295,51 @@ def parse_specs(
         )
         for s in specs
     ]
+
+
+def _per_model(flag: str, values: Sequence[str], names: Sequence[str]) -> dict[str, str]:
+    """``{name: value}`` of a per-model flag's ``[NAME=]VALUE`` values: ``VALUE`` alone goes
+    with the one model there is; with several, each names its model."""
+    of: dict[str, str] = {}
+    for given in values:
+        match = _NAME.match(given)
+        if match:
+            target, value = match.group(1), match.group(2)
+            if target not in names:
+                raise InputError(
+                    f"{flag} {given}: no model named {target!r}; models: {', '.join(names)}"
+                )
+        elif len(names) == 1:
+            target, value = names[0], given
+        else:
+            raise InputError(f"{flag} {given}: with several models, say which: {flag} NAME={given}")
+        of[target] = value
+    return of
+
+
+#: What ``--modality`` takes.
+MODALITIES = ("text", "image")
+
+
+def with_modality(spec: ModelSpec, modality: str) -> ModelSpec:
+    """``spec`` reading ``modality``: a two-tower folder's tower (CLIP, SigLIP: ``text`` or
+    ``image``), or, for a plain ONNX model, pictures (``image``: its one NCHW input, its
+    preprocessing from a ``preprocessor_config.json`` beside it, as ``run`` reads pictures);
+    ``InputError`` for a model that takes one kind of input."""
+    if modality not in MODALITIES:
+        raise InputError(
+            f"--modality {spec.name}={modality}: a modality is one of {', '.join(MODALITIES)}"
+        )
+    if spec.folder is not None and spec.folder.image == "two-tower":
+        return spec.with_options(input_kind=cast(SpecInput, modality))
+    if spec.kind == "onnx":
+        if modality == "image":
+            return spec.with_options(image=spec.image or ImageOptions())
+        return spec
+    raise InputError(
+        f"modality goes with a two-tower image folder (CLIP, SigLIP) or a plain .onnx; "
+        f"{spec.name!r} takes one kind of input"
+    )
 
 
 def import_factory(source: str) -> object:

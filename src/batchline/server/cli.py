@@ -71,9 +71,11 @@ def add_parser(subparsers: _SubParsersAction[argparse.ArgumentParser]) -> argpar
     )
     p.add_argument(
         "--modality",
-        choices=["text", "image"],
-        help="a two-tower image folder (CLIP, SigLIP): serve its image tower or its text tower "
-        "(default: text; --labels serve images, zero-shot)",
+        action="append",
+        metavar="[NAME=]MODALITY",
+        help="text or image: a two-tower image folder's (CLIP, SigLIP) tower to serve "
+        "(default: text; --labels serve images, zero-shot), or image for a plain .onnx that "
+        "takes pictures (NCHW); repeatable: NAME=MODALITY names the model with several",
     )
     p.add_argument(
         "--allow-url-fetch",
@@ -286,5 +288,5 @@ def _check_models(settings: ServerSettings) -> None:
             BUILTIN_MODELS[spec.source].package_dir()  # not pulled: names the pull command
         if spec.generates:
             continue
-        resolve_task(spec)  # one no backend can tell: pass --task
-        text_tokenizer(spec)
+        task = resolve_task(spec)  # one no backend can tell: pass --task
+        text_tokenizer(spec.with_options(task=task))  # as loaded: a picture model has none

@@ -131,8 +131,9 @@ class ServerSettings(BaseModel):
             (as ``run`` sizes them).
         allow_url_fetch: the hosts whose ``http(s)`` image URLs are fetched (exact names);
             none by default, so only data URIs and base64 are taken.
-        modality: a two-tower folder's (CLIP, SigLIP) tower to serve: ``text`` (the default)
-            or ``image``.
+        modality: ``[NAME=]MODALITY`` per model (``with_modality``): a two-tower folder's
+            (CLIP, SigLIP) tower to serve, ``text`` (the default) or ``image``; ``image`` on a
+            plain ``.onnx`` serves it on the image routes (its NCHW input).
 
     Serving:
         host, port, api_key, drain_timeout_s (how long SIGTERM waits for in-flight work),
@@ -216,7 +217,7 @@ class ServerSettings(BaseModel):
     max_decode_bytes: int = Field(default=256 * 1024 * 1024, ge=1)
     decode_workers: int | None = Field(default=None, ge=1)
     allow_url_fetch: list[str] = Field(default_factory=list)
-    modality: Literal["text", "image"] | None = None
+    modality: list[str] = Field(default_factory=list)
 
     # -- serving ----------------------------------------------------------------------------
     host: str = "127.0.0.1"
@@ -238,7 +239,7 @@ class ServerSettings(BaseModel):
     max_running_batches: int = Field(default=2, ge=1)
     batch_chunk_size: int = Field(default=256, ge=1)
 
-    @field_validator("model", "task", "preload", "pin", mode="before")
+    @field_validator("model", "task", "modality", "preload", "pin", mode="before")
     @classmethod
     def _one_or_many(cls, value: object) -> object:
         return [value] if isinstance(value, str) else value
@@ -418,16 +419,6 @@ class ServerSettings(BaseModel):
         ``baseline_intra_op_threads`` threads that every request uses at once."""
         return self.knobs.baseline(self.baseline_intra_op_threads)
 
-    @staticmethod
-    def _tower(spec: ModelSpec, modality: str) -> ModelSpec:
-        """A two-tower image folder's spec for the tower ``modality`` names."""
-        if spec.folder is None or spec.folder.image != "two-tower":
-            raise InputError(
-                f"modality goes with a two-tower image folder (CLIP, SigLIP); {spec.name!r} "
-                "takes one kind of input"
-            )
-        return spec.with_options(input_kind=modality)
-
     @property
     def specs(self) -> list[ModelSpec]:
         """The served models' specs, named and with their tasks (``InputError`` when a spec
@@ -441,9 +432,8 @@ class ServerSettings(BaseModel):
             labels=tuple(self.labels) if self.labels is not None else None,
             pooling=self.pooling,
             normalize=self.normalize,
+            modalities=list(self.modality),
         )
-        if self.modality is not None:
-            specs = [self._tower(s, self.modality) for s in specs]
         if self.model_name:
             if len(specs) > 1:
                 raise InputError("model_name names a single model; with several, use NAME=SPEC")

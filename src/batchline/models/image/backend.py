@@ -56,8 +56,10 @@ def _identity(spec: ModelSpec, knobs: Knobs | None) -> Identity:
 
 
 def _tokenizer(spec: ModelSpec) -> Tokenizer | None:
-    # a plain .onnx: the ONNX rule (the one its spec names, or tokenizer.json beside it)
-    return None if image_folder(spec) else ONNX.tokenizer(spec)
+    """None: what this backend claims reads pictures (a folder's image tower, or a plain
+    ``.onnx`` whose spec reads pictures); serve's start-up check asked a picture model for a
+    tokenizer.json, and refused it."""
+    return None
 
 
 IMAGE = Backend(
