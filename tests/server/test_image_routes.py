@@ -263,6 +263,10 @@ async def test_every_refusal_is_a_clear_4xx_that_does_not_echo_the_input(
             "malformed",
         )
         _error(await post("/classify", input=[secret], **images), 400, "not a picture", secret)
+        jpeg = next(p for p in _files(photos) if p.suffix == ".jpg").read_bytes()
+        cut = "data:image/jpeg;base64," + base64.b64encode(jpeg[: len(jpeg) // 2]).decode()
+        _error(await post("/classify", input=[cut], **images), 400, "image 0 cannot be decoded")
+        _error(await post("/classify", input=[cut], **images), 400, "truncated")
         text = "data:text/plain;base64," + base64.b64encode(b"hello").decode()
         _error(await post("/classify", input=[text], **images), 400, "must hold an image", text)
         _error(await post("/classify", input=["a photo of a cat"]), 400, "takes images")

@@ -106,10 +106,7 @@ class PictureDecoder:
                     "request_too_large",
                 )
             if isinstance(result, InputError):
-                raise bad_request(
-                    f"image {place} is not a picture this server can read (JPEG, PNG, WebP, "
-                    "GIF, BMP, TIFF)"
-                )
+                raise bad_request(_unreadable(place, str(result)))
             if isinstance(result, BaseException):
                 raise result
             out.append(result.pixels)
@@ -138,6 +135,16 @@ class PictureDecoder:
                 "send the image as a data URI instead"
             )
         return await _fetch(picture.url, self.settings.max_image_bytes)
+
+
+def _unreadable(place: int, reason: str) -> str:
+    """What a client is told of a picture its decode refused: the decoder's reason where it
+    says what is wrong with a picture (empty, truncated, damaged), never the bytes it holds."""
+    if "Pillow can read" in reason:  # not a picture at all: its reason quotes its first bytes
+        return (
+            f"image {place} is not a picture this server can read (JPEG, PNG, WebP, GIF, BMP, TIFF)"
+        )
+    return f"image {place} cannot be decoded: {reason}"
 
 
 async def _fetch(url: str, max_bytes: int) -> bytes:
