@@ -274,6 +274,36 @@ def test_webdataset_shards_as_a_file_a_folder_or_a_brace_pattern(
     assert [r["label"] for r in labels] == [r["label"] for r in inline]  # type: ignore[index]
 
 
+def test_a_damaged_shard_is_one_bad_record_and_the_other_shards_go_on(
+    tmp_path: Path, classifier: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A shard cut short: its samples before the damage run, the damage is one bad record
+    (listed under skip, naming the shard), the next shard runs. The whole job had stopped
+    before its first picture, whatever --on-bad-record said."""
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    first = _shard(shards / "00000.tar", 0, 2)
+    cut = _shard(shards / "00001.tar", 2, 3)
+    last = _shard(shards / "00002.tar", 5, 2)
+    whole = (shards / "00001.tar").read_bytes()
+    (shards / "00001.tar").write_bytes(whole[: len(whole) * 6 // 10])
+    run(_options(shards, classifier, tmp_path / "out", on_bad_record="skip"))
+    ids = read_output(tmp_path / "out").column("id").to_pylist()
+    kept = [k for k in cut if k in ids]
+    assert ids == first + kept + last
+    assert 0 < len(kept) < len(cut)
+    skipped = read_skipped(tmp_path / "out")
+    assert [s["id"] for s in skipped] == ["00001.tar#damaged"]
+    assert "the shard is damaged after sample" in str(skipped[0]["reason"])
+    capsys.readouterr()
+    argv = ["run", str(shards), "--model", str(classifier), "-o", str(tmp_path / "stopped")]
+    assert main(argv) == 2  # by default, the job stops at it, in one line
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert "00001.tar: the shard is damaged after sample" in err[0]
+    assert "--on-bad-record skip" in err[0]
+
+
 def test_a_killed_job_resumed_writes_every_picture_exactly_once(
     tmp_path: Path, classifier: Path
 ) -> None:

@@ -9,7 +9,10 @@
   ``.tar`` file, a folder of them, or a brace pattern (``shards/{00000..00099}.tar``). A sample
   is the run of consecutive members sharing a key (the member's path up to the first dot of
   its name): ``KEY.jpg`` is its picture, ``KEY.txt`` and ``KEY.json`` its fields. The id is the
-  key; ``--copy-column txt`` copies the text, ``--copy-column NAME`` a field of the JSON.
+  key; ``--copy-column txt`` copies the text, ``--copy-column NAME`` a field of the JSON. A
+  shard that cannot be read, or is damaged past some sample, is one bad record after the
+  samples read before the damage (``SHARD#damaged``): under ``--on-bad-record skip`` the
+  other shards go on.
 
 Each record's input is an :class:`~batchline.models.image.ImageRef` (the file, or the span of
 the shard holding the member): the bytes are read by a decode worker, never here.
@@ -23,6 +26,7 @@ import os
 import re
 import tarfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from batchline._errors import InputError
@@ -165,13 +169,16 @@ class ShardSource(Source):
 
     def _samples(
         self, *, count_only: bool = False
-    ) -> Iterator[tuple[Path, str, list[tarfile.TarInfo], tarfile.TarFile]]:
-        """(shard, key, its members, the open shard) for every sample, in order."""
+    ) -> Iterator[tuple[Path, str, list[tarfile.TarInfo], tarfile.TarFile] | _Damage]:
+        """(shard, key, its members, the open shard) for every sample, in order; a shard that
+        cannot be opened, or is damaged past some sample, gives the samples read before the
+        damage, then one :class:`_Damage` (a bad record of its own: the other shards go on)."""
         for shard in self.shards:
             try:
                 tar = tarfile.open(shard, mode="r:")  # noqa: SIM115 (closed by the with below)
             except (tarfile.TarError, OSError) as exc:
-                raise InputError(f"{shard}: not a readable .tar shard: {exc}") from None
+                yield _Damage(shard, f"not a readable .tar shard: {exc}")
+                continue
             with tar:
                 key: str | None = None
                 members: list[tarfile.TarInfo] = []
@@ -189,16 +196,24 @@ class ShardSource(Source):
                         key = this
                         if not count_only or not members:  # counting keeps one per sample
                             members.append(member)
-                except tarfile.TarError as exc:
-                    raise InputError(f"{shard}: the shard is damaged: {exc}") from None
+                except (tarfile.TarError, OSError) as exc:
+                    # the sample being read when the damage came is lost with what follows
+                    after = f" after sample {key!r}" if key is not None else ""
+                    yield _Damage(shard, f"the shard is damaged{after}: {exc}")
+                    continue
                 if members and key is not None:
                     yield shard, key, members, tar
 
     def _items(self, skipper: Skipper, block_size: int) -> Iterator[Item]:
         index = -1
-        for index, (shard, key, members, tar) in enumerate(self._samples()):
+        for index, sample in enumerate(self._samples()):
             if skipper.skipped(index):
                 continue
+            if isinstance(sample, _Damage):
+                where = sample.shard.name
+                yield self._bad(index, f"{where}#damaged", where, sample.reason, str(sample.shard))
+                continue
+            shard, key, members, tar = sample
             picture = next((m for m in members if _suffix(m.name) in IMAGE_SUFFIXES), None)
             if picture is None:
                 names = ", ".join(m.name for m in members)
@@ -238,6 +253,15 @@ class ShardSource(Source):
             column: text if column == "txt" else fields.get(column)
             for column in self.extra_columns or ()
         }
+
+
+@dataclass(frozen=True, slots=True)
+class _Damage:
+    """A shard that cannot be read (on), in the place of its samples from there: one bad
+    record, so that the other shards' are not lost with it."""
+
+    shard: Path
+    reason: str
 
 
 def _suffix(name: str) -> str:
