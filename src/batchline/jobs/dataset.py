@@ -127,12 +127,13 @@ async def run_model_job(
     *,
     opener: OpenJob,
     adapter: AdapterFactory,
-    block_records: int = _BLOCK,
+    block_records: int | None = None,
 ) -> RunSummary:
     """A batch model's job: the model loaded in the precision its knobs choose, the output
     opened by the kind (``opener``), the model's engine fed through the kind's ``adapter``,
     ``block_records`` records at a time (the most a stop can leave undone per block in
-    flight)."""
+    flight; ``_BLOCK`` unless the kind says)."""
+    block = block_records if block_records is not None else _BLOCK
     options = job.options
     assert options.spec is not None  # resolved
     # pyarrow's first conversion imports pandas (~0.4 s, holding the GIL): paid while the
@@ -155,8 +156,8 @@ async def run_model_job(
                     fed,
                     source,
                     writer,
-                    block_records=block_records,
-                    max_blocks_in_flight=max(1, _RECORDS_IN_FLIGHT // block_records),
+                    block_records=block,
+                    max_blocks_in_flight=max(1, _RECORDS_IN_FLIGHT // block),
                     limit=options.limit,
                     on_bad_record=options.on_bad_record,
                     progress=progress,
