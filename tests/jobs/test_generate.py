@@ -139,12 +139,12 @@ def test_too_long_prompts_and_bad_values_are_that_records_failure(
     assert [r["index"] for r in rows(out)] == [0, 3]
     skipped = read_skipped(out)
     assert [s["index"] for s in skipped] == [1, 2, 4]
-    assert "RecordTooLargeError" in str(skipped[0]["reason"])
+    assert str(skipped[0]["reason"]).startswith("bad input: prompt of")
     assert "context of 128 tokens" in str(skipped[0]["reason"])
     assert "not text" in str(skipped[1]["reason"])
     assert (summary.records, summary.skipped) == (2, 3)
     strict = write_prompts(tmp_path / "strict.jsonl", ["short", long, "short"])
-    with pytest.raises(InputError, match=r"record 1 .* failed: bad input: RecordTooLargeError"):
+    with pytest.raises(InputError, match=r"record 1 .* failed: bad input: prompt of"):
         run_job(tiny, strict, tmp_path / "strict")
 
 
@@ -398,7 +398,8 @@ def test_a_constraint_that_cannot_be_enforced_fails_its_record_and_the_job_goes_
     run_job(tiny, src, again, max_tokens=8, on_bad_record="skip")
     assert [r["index"] for r in rows(again)] == [0]
     reasons = {s["index"]: str(s["reason"]) for s in read_skipped(again)}
-    assert reasons[5].startswith("bad input: ConstraintError")
+    assert reasons[5].startswith("bad input: ")
+    assert "ConstraintError" not in reasons[5]  # the check's own words, not a Python class
     assert "gave up on this request's regex" in reasons[5]
 
 

@@ -15,13 +15,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
-from batchline._errors import InputError
+from batchline._errors import BatchlineError, InputError
 
 if TYPE_CHECKING:
     from batchline.datasets.sinks import ChunkWriter
     from batchline.datasets.sources import Record
 
-__all__ = ["Failed", "Outcome", "Result", "Written", "describe", "write_outcomes"]
+__all__ = ["Failed", "Outcome", "Result", "Written", "describe", "told", "write_outcomes"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,3 +103,13 @@ def describe(exc: BaseException) -> str:
     """An exception as ``Type: message`` (just ``Type`` when it has no message)."""
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def told(exc: BaseException) -> str:
+    """A record's input error as its user reads it: the message alone where it is a check's
+    own words (a ``ValueError``, or an error batchline raises, which name the fix), else as
+    :func:`describe` gives it (a ``TypeError`` deep in a model's ``prepare``)."""
+    text = str(exc).strip()
+    if text and isinstance(exc, ValueError | BatchlineError):
+        return text
+    return describe(exc)

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from batchline._errors import InputError
-from batchline.datasets.outcomes import Failed, Outcome, describe
+from batchline.datasets.outcomes import Failed, Outcome, describe, told
 from batchline.datasets.sources import Record
 from batchline.models.batching import ModelBatcher
 
@@ -231,7 +231,7 @@ async def queue_block(
     try:
         for item in prepared:
             if isinstance(item, BaseException):
-                pending.append(Failed(f"bad input: {describe(item)}"))
+                pending.append(Failed(f"bad input: {told(item)}"))
             else:
                 pending.append(await engine.submit(item))
     except BaseException:

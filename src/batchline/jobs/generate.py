@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Protocol, TypeAlias, runtime_checkable
 from batchline._errors import BatchlineError, InputError
 from batchline._priority import batcher_priority
 from batchline._stats import percentile
-from batchline.datasets.outcomes import Failed, Outcome, Result, describe
+from batchline.datasets.outcomes import Failed, Outcome, Result, describe, told
 from batchline.datasets.pipeline import PipelineRun, Progress, open_dataset_job, run_pipeline
 from batchline.datasets.sinks import ChunkWriter, default_output
 from batchline.datasets.sources import PROMPT_COLUMNS, Record, Source, prompt_column
@@ -171,7 +171,7 @@ def _encode(
             prompt, chat_template = requests.prompt(record)
             ids = model.encode(prompt, chat_template=chat_template)
         except (BatchlineError, ValueError, TypeError) as exc:
-            out.append(Failed(f"bad input: {describe(exc)}"))
+            out.append(Failed(f"bad input: {told(exc)}"))
             continue
         out.append(ids if ids else Failed("bad input: the prompt has no tokens"))
     return out
@@ -351,7 +351,7 @@ class GeneratorAdapter:
             # a job's requests are batch work: a generator it shares ranks them so (_priority)
             return dataclasses.replace(self.requests.params(record), priority=_JOB_PRIORITY)
         except (BatchlineError, ValueError) as exc:
-            return Failed(f"bad input: {describe(exc)}")
+            return Failed(f"bad input: {told(exc)}")
 
     async def _submit_choices(
         self, record: Record, ids: list[int], params: SamplingParams, asked: Choices
@@ -379,7 +379,7 @@ class GeneratorAdapter:
             for _ in range(taken):
                 self._slots.release()
             if isinstance(exc, BatchlineError | ValueError):  # as _submit_one's
-                return Failed(f"bad input: {describe(exc)}")
+                return Failed(f"bad input: {told(exc)}")
             raise
         results: list[asyncio.Future[Completion]] = []
         for stream in streams:
@@ -395,7 +395,7 @@ class GeneratorAdapter:
             return self.gen.submit(ids, params, request_id=rid or f"record-{record.index}")
         except (BatchlineError, ValueError) as exc:
             # RecordTooLargeError (over the context or the KV budget) is this record's fault
-            return Failed(f"bad input: {describe(exc)}")
+            return Failed(f"bad input: {told(exc)}")
 
     def _on_done(self, future: asyncio.Future[Completion]) -> None:
         self._slots.release()
@@ -546,8 +546,8 @@ async def _outcomes(
             if not isinstance(exc, Exception):
                 raise exc
             # InputError: the record's own (a constraint the grammar engine gave up on)
-            kind = "bad input" if isinstance(exc, InputError) else "model error"
-            outcomes.append(Failed(f"{kind}: {describe(exc)}"))
+            told_as = f"bad input: {told(exc)}" if isinstance(exc, InputError) else None
+            outcomes.append(Failed(told_as or f"model error: {describe(exc)}"))
             continue
         done = p.result()
         stamped: dict[str, object] = {"created": int(time.time())} if stamp else {}

@@ -49,7 +49,7 @@ from batchline._errors import InputError
 from batchline.datasets.flushed import flushed_output
 from batchline.datasets.formats.base import lines as nonblank_lines
 from batchline.datasets.manifest import MANIFEST_NAME
-from batchline.datasets.outcomes import Failed, Outcome, Result, describe
+from batchline.datasets.outcomes import Failed, Outcome, Result, told
 from batchline.datasets.pipeline import PipelineRun, Progress, open_dataset_job, run_pipeline
 from batchline.datasets.readers import read_output, read_skipped
 from batchline.datasets.sources import Record
@@ -270,7 +270,7 @@ class LinesAdapter:
                 return name, kind, classify_line(body)
             return name, kind, read_rerank(fields) if url == RERANK_URL else read_score(fields)
         except ValueError as exc:
-            return Failed(f"bad input: {describe(exc)}")
+            return Failed(f"bad input: {told(exc)}")
 
     async def submit(self, records: Sequence[Record]) -> asyncio.Future[list[Outcome]]:
         routes = [self._route(r) for r in records]
