@@ -1,8 +1,11 @@
 """Errors as HTTP responses: :class:`ApiError`, the one error body, and the app's handlers.
 
 Every error answers ``{"detail": ..., "error": {"message", "type", "code"}}`` (FastAPI's
-``detail`` plus OpenAI's ``error`` object). The 422 handler lists ``loc``/``msg``/``type`` of
-each validation error and never the input itself.
+``detail`` plus OpenAI's ``error`` object), but on an Open Inference Protocol path (``/v2``
+and below: :func:`is_oip_path`) the protocol's ``{"error": message}``, whoever refuses the
+request (a route, the gate, or the app for an unknown path or method), with the same status
+and headers: a Triton or KServe client reads its message there. The 422 handler lists
+``loc``/``msg``/``type`` of each validation error and never the input itself.
 """
 
 from __future__ import annotations
@@ -18,12 +21,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from batchline.models.openai.requests import error_text
+from batchline.oip import error_body
 
 __all__ = [
     "ApiError",
     "bad_request",
     "error_response",
     "install_error_handlers",
+    "is_oip_path",
     "safe_text",
     "shutting_down",
     "validation_error",
@@ -52,9 +57,15 @@ class ApiError(Exception):
         self.headers = headers
         self.detail = detail
 
-    def response(self) -> JSONResponse:
+    def response(self, path: str = "") -> JSONResponse:
+        """The error's response to a request for ``path`` (an OIP path: the protocol's body)."""
         return error_response(
-            self.status, self.message, self.kind, headers=self.headers, detail=self.detail
+            self.status,
+            self.message,
+            self.kind,
+            headers=self.headers,
+            detail=self.detail,
+            path=path,
         )
 
 
@@ -70,13 +81,23 @@ def error_response(
     *,
     headers: dict[str, str] | None = None,
     detail: object = None,
+    path: str = "",
 ) -> JSONResponse:
-    """The server's error body: FastAPI's ``detail`` plus OpenAI's ``error`` object."""
+    """The server's error body: FastAPI's ``detail`` plus OpenAI's ``error`` object; for a
+    request to an Open Inference Protocol ``path``, the protocol's ``{"error": message}``."""
+    if is_oip_path(path):
+        return JSONResponse(error_body(message), status_code=status, headers=headers)
     body = {
         "detail": message if detail is None else detail,
         "error": {"message": message, "type": kind, "code": status},
     }
     return JSONResponse(body, status_code=status, headers=headers)
+
+
+def is_oip_path(path: str) -> bool:
+    """Whether ``path`` is the Open Inference Protocol's (``/v2`` and below), whose errors
+    have its own body."""
+    return path == "/v2" or path.startswith("/v2/")
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -89,7 +110,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
 async def _validation_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestValidationError)
-    return validation_response(exc.errors())
+    return validation_error(exc.errors()).response(_path(request))
 
 
 def validation_response(errors: Sequence[ErrorDetails]) -> JSONResponse:
@@ -136,7 +157,7 @@ def _safe(value: object) -> str | int:
 
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
-    return exc.response()
+    return exc.response(_path(request))
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -144,9 +165,14 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     detail = exc.detail if isinstance(exc.detail, str) else "HTTP error"
     kind = "not_found" if exc.status_code == 404 else "invalid_request_error"
     headers = dict(exc.headers) if exc.headers else None
-    return error_response(exc.status_code, detail, kind, headers=headers)
+    return error_response(exc.status_code, detail, kind, headers=headers, path=_path(request))
 
 
 async def _unexpected_error(request: Request, exc: Exception) -> Response:
     logger.error("unexpected error on %s", request.url.path, exc_info=exc)
-    return error_response(500, "internal server error", "server_error")
+    return error_response(500, "internal server error", "server_error", path=_path(request))
+
+
+def _path(request: Request) -> str:
+    # the scope's path, as the gate sees it (one test of "is this an OIP request" for both)
+    return str(request.scope.get("path", ""))

@@ -33,6 +33,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from batchline.server.errors import error_response, validation_error
@@ -86,7 +87,7 @@ class Gate:
                     f"this server does not answer to Host {host.decode('latin-1')!r}; "
                     "add the name to --allowed-hosts (allowed_hosts) to serve it"
                 )
-                misdirected = error_response(421, message, "misdirected")
+                misdirected = _refusal(scope, 421, message, "misdirected")
                 await misdirected(scope, receive, send)
                 return
         foreign = cross_site(scope, self._origins)
@@ -95,7 +96,7 @@ class Gate:
                 f"a cross-site request ({foreign}) is refused; add the page's origin to "
                 "--cors-origins (cors_origins) to let it call this server"
             )
-            forbidden = error_response(403, message, "cross_origin")
+            forbidden = _refusal(scope, 403, message, "cross_origin")
             await forbidden(scope, receive, send)
             return
         if scope["path"] in OPEN_PATHS:
@@ -103,7 +104,8 @@ class Gate:
             return
         owner = _owner(scope, self._keys or (st.api_key,)) if st.api_key is not None else ""
         if owner is None:
-            denied = error_response(
+            denied = _refusal(
+                scope,
                 401,
                 "missing or invalid API key; send 'Authorization: Bearer <key>'",
                 "authentication_error",
@@ -116,7 +118,8 @@ class Gate:
             models = st.registry.models() if st.draining else []
             if models:
                 models[0].metrics.rejected("draining")
-            unavailable = error_response(
+            unavailable = _refusal(
+                scope,
                 503,
                 f"{why}; retry on another replica or later",
                 "service_unavailable",
@@ -133,7 +136,7 @@ class Gate:
                 f"a request body must be JSON, sent with 'Content-Type: application/json' "
                 f"(got {media or 'no Content-Type'})"
             )
-            unsupported = error_response(415, message, "unsupported_media")
+            unsupported = _refusal(scope, 415, message, "unsupported_media")
             await unsupported(scope, receive, send)
             return
         st._enter()
@@ -150,7 +153,8 @@ class Gate:
 
     async def _with_body(self, scope: Scope, receive: Receive, send: Send) -> None:
         limit = self.state.settings.max_body_bytes
-        too_large = error_response(
+        too_large = _refusal(
+            scope,
             413,
             f"request body is larger than max_body_bytes={limit}; send fewer or shorter texts",
             "request_too_large",
@@ -163,7 +167,7 @@ class Gate:
                 except ValueError:
                     declared = -1
                 if declared < 0:
-                    bad = error_response(400, "invalid Content-Length", "invalid_request_error")
+                    bad = _refusal(scope, 400, "invalid Content-Length", "invalid_request_error")
                     await bad(scope, receive, send)
                     return
                 if declared > limit:
@@ -183,7 +187,8 @@ class Gate:
                 async with asyncio.timeout(self.state.settings.request_timeout_s):
                     rest = await _read_rest(receive, limit - len(body))
             except TimeoutError:
-                slow = error_response(
+                slow = _refusal(
+                    scope,
                     408,
                     "the request body did not arrive within request_timeout_s",
                     "request_timeout",
@@ -258,7 +263,8 @@ class Gate:
         ``Content-Length`` says so or the bytes do (the route spools the parts to disk)."""
         cap = self.state.settings.max_batch_file_bytes
         limit = cap + _UPLOAD_FRAMING_BYTES
-        too_large = error_response(
+        too_large = _refusal(
+            scope,
             413,
             f"the upload is larger than max_batch_file_bytes={cap}; split the file",
             "request_too_large",
@@ -295,6 +301,13 @@ class Gate:
                 raise
         if over and not started:
             await too_large(scope, receive, send)
+
+
+def _refusal(
+    scope: Scope, status: int, message: str, kind: str, *, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    """The gate's error response, in the body the request's path speaks (an OIP path's own)."""
+    return error_response(status, message, kind, headers=headers, path=scope["path"])
 
 
 async def parse_body(request: Request, model: type[M]) -> M:

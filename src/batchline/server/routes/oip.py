@@ -2,7 +2,10 @@
 :mod:`batchline.oip`.
 
 ``POST /v2/models/{name}/infer``, ``GET /v2/models/{name}``, ``GET /v2/models/{name}/ready``,
-``GET /v2/health/live``, ``GET /v2/health/ready``, ``GET /v2``.
+``GET /v2/health/live``, ``GET /v2/health/ready``, ``GET /v2``; and the versioned forms of the
+model routes, ``/v2/models/{name}/versions/{version}[/ready|/infer]``. A served model has one
+version, ``"1"`` (:data:`VERSION`; the metadata lists none, as a model without versions):
+another version is a 404.
 
 Each row of a request's batch axis becomes one record submitted to the model's shared
 batcher (all rows or none: 429), so concurrent clients share batches exactly as on the other
@@ -21,7 +24,9 @@ routes. Which models it serves, and as what tensors:
   ``/v1/classify``, within the same limits.
 
 Errors have the protocol's body, ``{"error": message}``, with the same statuses as the other
-routes (400, 404, 413, 429 + ``Retry-After``, 503, 504).
+routes (400, 404, 413, 429 + ``Retry-After``, 503, 504); so do the gate's and the app's on
+any ``/v2`` path (401, 403, 405, 413, 415, 421, 503, an unknown path's 404:
+:func:`batchline.server.errors.is_oip_path`).
 
 (No ``from __future__ import annotations``: FastAPI reads these annotations at run time.)
 """
@@ -51,11 +56,13 @@ from batchline.server.routes._common import (
 from batchline.server.served import ServedModel
 from batchline.server.state import ServerState
 
-__all__ = ["router"]
+__all__ = ["VERSION", "router"]
 
 router = APIRouter()
 
 _PLATFORM = "batchline"
+#: The one version of every served model, which the versioned paths take.
+VERSION = "1"
 
 
 @dataclass(frozen=True)
@@ -199,8 +206,17 @@ def _text(row: dict[str, Array]) -> str:
         raise codec.OipError(400, "input 'text' must hold UTF-8 text") from None
 
 
-async def _model(request: Request, state: ServerState, name: str) -> ServedModel[object, object]:
+async def _model(
+    request: Request, state: ServerState, name: str, version: str | None
+) -> ServedModel[object, object]:
     """The batch model ``name``, an on-demand one loaded as needed (its tensors need it)."""
+    task = _task(state, name, version)
+    return await use_model(request, state, name, task)
+
+
+def _task(state: ServerState, name: str, version: str | None) -> str:
+    """The task of the batch model ``name`` (400 for a generate model, 404 for an unknown one
+    or a ``version`` it does not have), loading nothing."""
     task = state.registry.task_of(name)
     if task == "generate":
         raise bad_request(
@@ -213,7 +229,14 @@ async def _model(request: Request, state: ServerState, name: str) -> ServedModel
             f"model {name[:100]!r} is not served here; models: {state.registry.describe()}",
             "model_not_found",
         )
-    return await use_model(request, state, name, task)
+    if version is not None and version != VERSION:
+        raise ApiError(
+            404,
+            f"model {name[:100]!r} has no version {version[:32]!r}: a served model has one "
+            f"version, {VERSION!r} (or leave the version out of the path)",
+            "model_not_found",
+        )
+    return task
 
 
 def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
@@ -249,9 +272,21 @@ async def ready(request: Request) -> JSONResponse:
 
 @router.get("/v2/models/{name}", summary="Open Inference Protocol: model metadata")
 async def model_metadata(request: Request, name: str) -> JSONResponse:
+    return await _metadata(request, name, None)
+
+
+@router.get(
+    "/v2/models/{name}/versions/{version}",
+    summary="Open Inference Protocol: model metadata (of its one version)",
+)
+async def model_version_metadata(request: Request, name: str, version: str) -> JSONResponse:
+    return await _metadata(request, name, version)
+
+
+async def _metadata(request: Request, name: str, version: str | None) -> JSONResponse:
     state = server_state(request)
     try:
-        model = await _model(request, state, name)
+        model = await _model(request, state, name, version)
         tensors = _tensors(model)
     except ApiError as exc:
         return _error(exc.status, exc.message, exc.headers)
@@ -262,13 +297,27 @@ async def model_metadata(request: Request, name: str) -> JSONResponse:
 
 @router.get("/v2/models/{name}/ready", summary="Open Inference Protocol: model readiness")
 async def model_ready(request: Request, name: str) -> JSONResponse:
+    return await _ready(request, name, None)
+
+
+@router.get(
+    "/v2/models/{name}/versions/{version}/ready",
+    summary="Open Inference Protocol: model readiness (of its one version)",
+)
+async def model_version_ready(request: Request, name: str, version: str) -> JSONResponse:
+    return await _ready(request, name, version)
+
+
+async def _ready(request: Request, name: str, version: str | None) -> JSONResponse:
     state = server_state(request)
     try:
         registry = state.registry
         # an on-demand batch model is ready: it loads on a request (a generate model has no
         # tensors here, loaded or not: _model says so)
         if not registry.loads_on_demand(name) or registry.task_of(name) == "generate":
-            await _model(request, state, name)
+            await _model(request, state, name, version)
+        else:
+            _task(state, name, version)
     except ApiError as exc:
         return _error(exc.status, exc.message, exc.headers)
     is_ready = state.ready and not state.draining
@@ -278,10 +327,23 @@ async def model_ready(request: Request, name: str) -> JSONResponse:
 @router.post("/v2/models/{name}/infer", summary="Open Inference Protocol: inference")
 async def infer(request: Request, name: str) -> Response:
     """Rows in (JSON or binary tensor data), one record each through the shared batcher."""
+    return await _infer(request, name, None)
+
+
+@router.post(
+    "/v2/models/{name}/versions/{version}/infer",
+    summary="Open Inference Protocol: inference (on the model's one version)",
+)
+async def infer_version(request: Request, name: str, version: str) -> Response:
+    """As ``/v2/models/{name}/infer``; the response names the version."""
+    return await _infer(request, name, version)
+
+
+async def _infer(request: Request, name: str, version: str | None) -> Response:
     started = time.perf_counter()
     state = server_state(request)
     try:
-        model = await _model(request, state, name)
+        model = await _model(request, state, name, version)
         request.scope["batchline.model"] = model.name
         tensors = _tensors(model)
         body = request.scope.get("batchline.body")
@@ -308,7 +370,7 @@ async def infer(request: Request, name: str) -> Response:
         for name, count in classified.items():
             outputs[name] = codec.classification_strings(outputs[name], count, _labels(model))
         payload, headers = codec.build_infer_response(
-            model.name, None, parsed.id, outputs, parsed.requested
+            model.name, version, parsed.id, outputs, parsed.requested
         )
     except codec.OipError as exc:
         return _error(exc.status, exc.message)
