@@ -498,9 +498,38 @@ async def test_a_stopped_server_resumes_its_batch_to_the_same_output(tmp_path: P
     async with app_on(tmp_path / "b", **one_a_call) as client:
         whole = await until(client, (await start_batch(client, lines))["id"], FINAL)
         uninterrupted = (await client.get(f"/v1/files/{whole['output_file_id']}/content")).content
-    assert resumed == uninterrupted
+    # the same answers; the ids are the batch's own (another batch's differ)
+    assert _without_ids(resumed) == _without_ids(uninterrupted)
+    assert _ids(resumed).isdisjoint(_ids(uninterrupted))
     # the restarted server answered only what was not committed (one line per call)
     assert len(again.batches) <= 150 - 64
+
+
+def _ids(output: bytes) -> set[str]:
+    lines = [json.loads(x) for x in output.splitlines()]
+    return {x["id"] for x in lines} | {x["response"]["request_id"] for x in lines}
+
+
+def _without_ids(output: bytes) -> list[Any]:
+    lines = [json.loads(x) for x in output.splitlines()]
+    for x in lines:
+        del x["id"], x["response"]["request_id"]
+    return lines
+
+
+async def test_two_batches_of_one_file_answer_with_ids_of_their_own(tmp_path: Path) -> None:
+    lines = jsonl([chat_line(0, "hi"), embed_line(1, "words")])
+    async with app_on(tmp_path / "a") as client:
+        outputs = []
+        for _ in range(2):
+            done = await until(client, (await start_batch(client, lines))["id"], FINAL)
+            outputs.append(await content(client, done["output_file_id"]))
+    first, second = outputs
+    assert [x["custom_id"] for x in first] == [x["custom_id"] for x in second]
+    for a, b in zip(first, second, strict=True):
+        assert a["id"] != b["id"]
+        assert a["response"]["request_id"] != b["response"]["request_id"]
+    assert first[0]["response"]["body"]["id"] != second[0]["response"]["body"]["id"]
 
 
 async def test_batches_list_in_pages(tmp_path: Path) -> None:

@@ -23,9 +23,10 @@ apart. A body is what the OpenAI route returns: a ``chat.completion``, a ``text_
 an embeddings ``list`` (``encoding_format`` float or base64), what ``/v1/classify`` answers
 (``batchline.models.openai.classify``), or what ``/v1/rerank`` and ``/v1/score`` answer
 (``batchline.models.scoring``). Its
-ids derive from the line, and ``created`` is when the completion was made (kept in the chunk),
-so a job killed and resumed writes the same file as one that never stopped but for the
-``created`` of the completions the killed run had not committed.
+ids derive from the line and the input file's fingerprint (another file's line 0 gets another
+id; the Batch API's from the batch's id instead), and ``created`` is when the completion was
+made (kept in the chunk), so a job killed and resumed writes the same file as one that never
+stopped but for the ``created`` of the completions the killed run had not committed.
 
 Example::
 
@@ -47,6 +48,7 @@ from typing import TYPE_CHECKING
 from batchline._cache import write_whole
 from batchline._errors import InputError
 from batchline.datasets.flushed import flushed_output
+from batchline.datasets.formats.base import file_fingerprint
 from batchline.datasets.formats.base import lines as nonblank_lines
 from batchline.datasets.manifest import MANIFEST_NAME
 from batchline.datasets.outcomes import Failed, Outcome, Result, told
@@ -168,11 +170,14 @@ def detect_batch(options: RunOptions) -> BatchFiles | None:
 
 @dataclasses.dataclass(frozen=True)
 class BatchFiles:
-    """An OpenAI batch job's input file, output file, and the chunk folder between them."""
+    """An OpenAI batch job's input file, output file, and the chunk folder between them;
+    ``job_id``, what the output lines' ids derive from besides the line (the Batch API's batch
+    id; ``None``: the input file's fingerprint, the same for a resumed ``run``)."""
 
     input: Path
     output: Path
     parts: Path
+    job_id: str | None = None
 
     def job_options(self, options: GenerateOptions) -> GenerateOptions:
         """The options of the job that runs the batch: JSONL in, chunks out, a bad line an
@@ -208,6 +213,7 @@ class BatchFiles:
             skipped.update(more_skipped)
         with self.input.open("rb") as f:  # non-blank lines, as the JSONL reader numbers records
             raws = [line for _, line in nonblank_lines(f)]
+        job = self.job_id if self.job_id is not None else file_fingerprint(self.input)
         lines = []
         for index, raw in enumerate(raws):
             if index not in rows and index not in skipped and not_run is None:
@@ -218,7 +224,9 @@ class BatchFiles:
                 request = None
             if not isinstance(request, dict):
                 request = {}
-            lines.append(output_line(index, request, rows.get(index), skipped.get(index), not_run))
+            lines.append(
+                output_line(index, request, rows.get(index), skipped.get(index), not_run, job=job)
+            )
         write_whole(
             self.output, "".join(line + "\n" for line in lines).encode("utf-8"), "batch.output"
         )

@@ -24,10 +24,17 @@ def output_line(
     row: dict[str, Any] | None,
     skipped: dict[str, object] | None,
     not_run: tuple[str, str] | None = None,
+    *,
+    job: str,
 ) -> str:
-    """One line of the output file (JSON text; its ``error`` comes last)."""
+    """One line of the output file (JSON text; its ``error`` comes last).
+
+    Its ids (``batch_req_...``, the response's ``request_id``, a completion's ``id``) derive
+    from ``job`` (what tells this batch from another: the Batch API's batch id, or the input
+    file's fingerprint for ``run``), the line's index and its ``custom_id``: the same in a
+    resumed batch, another in another batch."""
     custom_id = request.get("custom_id")
-    digest = hashlib.sha256(f"{index}\0{custom_id}".encode()).hexdigest()[:24]
+    digest = hashlib.sha256(f"{job}\0{index}\0{custom_id}".encode()).hexdigest()[:24]
     line: dict[str, object] = {"id": f"batch_req_{digest}", "custom_id": custom_id}
     if row is None:
         code, reason = "invalid_request", "not run"

@@ -257,7 +257,10 @@ class BatchService:
         work = self.store.batch_dir(batch["id"])
         output = work / "all.jsonl"
         return BatchFiles(
-            self.store.file_path(batch["input_file_id"]), output, Path(f"{output}.parts")
+            self.store.file_path(batch["input_file_id"]),
+            output,
+            Path(f"{output}.parts"),
+            job_id=batch["id"],  # its lines' ids: this batch's, the same when it resumes
         )
 
     async def _validate(self, owner: str, batch: dict[str, Any]) -> dict[str, Any]:
