@@ -155,3 +155,17 @@ def test_the_built_in_backends_declare_their_precisions(
 ) -> None:
     spec = parse_spec(source).with_options(task=task)
     assert BACKENDS.claiming(spec, Knobs()).precisions(spec, task) == takes
+
+
+def test_a_backend_tells_what_a_model_takes_before_it_loads(tmp_path: Path) -> None:
+    from batchline.models.common.image_options import ImageOptions
+    from batchline.models.loader import input_kind
+    from tests.models.onnx_builders import image_classifier
+
+    assert input_kind(parse_spec("default")) == "text"
+    assert input_kind(parse_spec("smollm2")) == "text"
+    assert input_kind(parse_spec("mymod:factory")) is None  # only its load tells
+    graph = image_classifier(tmp_path)
+    assert input_kind(parse_spec(str(graph))) == "tensors"  # a predict model's tensors
+    pictures = parse_spec(str(graph)).with_options(task="classify", image=ImageOptions(8))
+    assert input_kind(pictures) == "image"

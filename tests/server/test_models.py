@@ -433,6 +433,26 @@ async def test_several_models_share_one_device_with_their_weights(
         assert app.state.server.registry.batchers()["emb"].device is None
 
 
+async def test_one_model_is_retrieved_as_the_list_gives_it() -> None:
+    openai = pytest.importorskip("openai")
+    async with several() as (client, _app):
+        listed = (await client.get("/v1/models")).json()["data"]
+        for card in listed:
+            r = await client.get(f"/v1/models/{card['id']}")
+            assert r.status_code == 200, r.text
+            assert r.json() == card
+        r = await client.get("/v1/models/nope")
+        assert r.status_code == 404
+        error = r.json()["error"]
+        assert error["type"] == "model_not_found"
+        assert "emb (embed), clf (classify)" in error["message"]
+        api = openai.AsyncOpenAI(base_url="http://127.0.0.1/v1", api_key="x", http_client=client)
+        model = await api.models.retrieve("emb")
+        assert (model.id, model.owned_by) == ("emb", "batchline")
+        with pytest.raises(openai.NotFoundError, match="not served here"):
+            await api.models.retrieve("nope")
+
+
 async def test_oip_probes_are_open_and_inference_needs_the_key() -> None:
     async with several(api_key="k3y") as (client, _app):
         assert (await client.get("/v2/health/live")).status_code == 200

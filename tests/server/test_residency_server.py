@@ -43,7 +43,14 @@ async def test_models_load_on_first_request_and_the_idle_one_makes_room() -> Non
         listed = (await client.get("/v1/models")).json()
         assert states(listed) == {"a": "unloaded", "b": "unloaded"}
         assert {m["footprint_bytes"] for m in listed["data"]} == {FOOTPRINT}
+        unloaded = listed["data"][0]
         assert (await embed(client, "a")).status_code == 200
+        loaded = (await client.get("/v1/models")).json()["data"][0]
+        # not loaded yet, a model has the fields of a loaded one: when the server started,
+        # and what it takes (its backend tells)
+        assert sorted(unloaded) == sorted(loaded)
+        assert unloaded["modality"] == loaded["modality"] == "text"
+        assert 0 < unloaded["created"] <= loaded["created"]
         assert states((await client.get("/v1/models")).json()) == {"a": "resident", "b": "unloaded"}
         assert (await embed(client, "b")).status_code == 200  # a is idle: evicted for b
         assert states((await client.get("/v1/models")).json()) == {"a": "unloaded", "b": "resident"}

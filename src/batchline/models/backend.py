@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from batchline._errors import ModelError
 from batchline.knobs import CoreKnobs
-from batchline.models.protocol import BatchModel, Task
+from batchline.models.protocol import BatchModel, InputKind, Task
 from batchline.models.specs import ModelSpec
 
 if TYPE_CHECKING:
@@ -34,6 +34,7 @@ __all__ = [
     "Loaded",
     "Registry",
     "precision_refusal",
+    "text_input",
 ]
 
 #: The options a backend reads: its own options class (``SessionOptions``, ...), which the
@@ -127,6 +128,16 @@ def _no_tokenizer(spec: ModelSpec) -> Tokenizer | None:
     return None
 
 
+def _input_unknown(spec: ModelSpec, task: Task) -> InputKind | None:
+    return None
+
+
+def text_input(spec: ModelSpec, task: Task) -> InputKind:
+    """What a text model's ``task`` takes: texts, a pair of texts (``score``: a record), or
+    named tensors (``predict``)."""
+    return "tensors" if task == "predict" else "record" if task == "score" else "text"
+
+
 @dataclass(frozen=True, slots=True)
 class Backend(Generic[Opts]):
     """One kind of model, reading its own options class ``Opts`` (the knobs it is given are the
@@ -147,7 +158,10 @@ class Backend(Generic[Opts]):
     - ``precisions(spec, task)``: the precisions it computes ``spec`` in for ``task`` (of
       ``fp32``, ``bf16``, ``int8``; default fp32 alone), which the loader asks before it loads
       and refuses any other with ``refusal(spec, task, knobs)``'s one line (default
-      :func:`precision_refusal`).
+      :func:`precision_refusal`);
+    - ``input_kind(spec, task)``: what the model takes (``ModelInfo.input_kind``), told before
+      the load, so that a server lists a model it has not loaded yet as it will be (``None``:
+      only its load tells, as a user's Python model).
     """
 
     name: str
@@ -160,6 +174,7 @@ class Backend(Generic[Opts]):
     deterministic: bool = True
     precisions: Callable[[ModelSpec, Task], frozenset[str]] = _fp32
     refusal: Callable[[ModelSpec, Task, Asked], str] = precision_refusal
+    input_kind: Callable[[ModelSpec, Task], InputKind | None] = _input_unknown
 
 
 class Registry:

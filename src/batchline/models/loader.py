@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from batchline._errors import InputError, ModelError
 from batchline.models.config import Knobs
 from batchline.models.onnx import tokenizer_path
-from batchline.models.protocol import BatchModel, Task
+from batchline.models.protocol import BatchModel, InputKind, Task
 from batchline.models.registry import BACKENDS
 from batchline.models.specs import ModelSpec
 
@@ -27,7 +27,14 @@ if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
 # tokenizer_path is the onnx backend's; named here too, as the spec's other resolver
-__all__ = ["deterministic", "load_model", "resolve_task", "text_tokenizer", "tokenizer_path"]
+__all__ = [
+    "deterministic",
+    "input_kind",
+    "load_model",
+    "resolve_task",
+    "text_tokenizer",
+    "tokenizer_path",
+]
 
 AnyModel = BatchModel[object, object]
 
@@ -53,6 +60,15 @@ def text_tokenizer(spec: ModelSpec) -> Tokenizer | None:
     names), or ``None`` for a model that takes no text: what a benchmark cuts and counts its
     texts with."""
     return BACKENDS.claiming(spec, Knobs()).tokenizer(spec)
+
+
+def input_kind(spec: ModelSpec) -> InputKind | None:
+    """What the model of ``spec`` takes (texts, pictures, named tensors, records), as the
+    backend that claims it tells without loading it; ``None``: only its load tells (a
+    ``module:factory``)."""
+    task = resolve_task(spec)
+    resolved = dataclasses.replace(spec, task=task)
+    return BACKENDS.claiming(resolved, Knobs()).input_kind(resolved, task)
 
 
 def deterministic(spec: ModelSpec, knobs: Knobs) -> bool:

@@ -14,8 +14,8 @@ model by name and by task:
 - ``POST /generate`` (prompts to generated texts), ``POST /v1/completions`` and
   ``POST /v1/chat/completions`` (OpenAI-compatible, streaming as server-sent events):
   generate models (``routes/generation.py``);
-- ``GET /v1/models`` (every model and its task), ``/v2``, ``/v2/models/{name}``,
-  ``/v2/models/{name}/ready`` (and both, and ``infer``, under
+- ``GET /v1/models`` (every model and its task), ``/v1/models/{id}`` (one of them), ``/v2``,
+  ``/v2/models/{name}``, ``/v2/models/{name}/ready`` (and both, and ``infer``, under
   ``/v2/models/{name}/versions/1``), ``/v2/health/live``, ``/v2/health/ready``, ``/health``,
   ``/ready``, ``/metrics``.
 

@@ -20,7 +20,9 @@ Everything else that needs the set of models reads it here: the model list (``/v
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -77,6 +79,10 @@ class ModelRegistry:
         """Every model's load and unload (:class:`batchline._residency.Residency`; each model
         pinned without a memory budget; ``None`` before :meth:`open`)."""
         self._on_demand = False
+        self._inputs: dict[str, str | None] = {}
+        """What each on-demand model takes, told before it loads (``None``: its load tells)."""
+        self.opened_at = int(time.time())
+        """When the models were given to the registry: an unloaded model's ``created``."""
 
     # -- filling -------------------------------------------------------------------------------
 
@@ -108,6 +114,9 @@ class ModelRegistry:
         self._on_demand = on_demand = settings.memory_budget is not None
         self._order[:] = [s.name for s in specs]
         self._tasks.update({s.name: _task_of(s) for s in specs})
+        self.opened_at = int(time.time())
+        if on_demand:
+            self._inputs = {s.name: _input_of(s, self._tasks[s.name]) for s in specs}
         residency = self.residency = build_residency(
             settings,
             list(specs),
@@ -218,6 +227,11 @@ class ModelRegistry:
         """The task of the served model ``name`` (``None``: not served here)."""
         return self._tasks.get(name)
 
+    def input_kind_of(self, name: str) -> str | None:
+        """What the on-demand model ``name`` takes, told before it loads (``None``: unknown
+        until it loads, or not an on-demand model)."""
+        return self._inputs.get(name)
+
     def get(self, name: str) -> Served | None:
         """The model ``name`` if it is loaded now (no claim: for metrics and logs)."""
         return self._resident.get(name)
@@ -323,6 +337,13 @@ class _Loading:
             getattr(model, "dtype", "") or "dtype not reported",
         )
         return generator
+
+
+def _input_of(spec: ModelSpec, task: str) -> str | None:
+    """What a model takes, known before it loads (its backend tells)."""
+    from batchline.models.loader import input_kind
+
+    return input_kind(dataclasses.replace(spec, task=task))  # type: ignore[arg-type]
 
 
 def _task_of(spec: ModelSpec) -> str:

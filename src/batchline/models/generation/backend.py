@@ -11,7 +11,7 @@ from pathlib import Path
 
 from batchline._errors import InputError, ModelError
 from batchline._sizes import format_size
-from batchline.models.backend import Backend, Footprint, Identity, Loaded
+from batchline.models.backend import Backend, Footprint, Identity, Loaded, text_input
 from batchline.models.builtin import BUILTIN_MODELS
 from batchline.models.common.files import size, tree, version
 from batchline.models.generation.options import GenerationBackendOptions
@@ -234,4 +234,5 @@ GENERATION = Backend(
     load=_load,
     footprint=_footprint,
     identity=_identity,
+    input_kind=text_input,
 )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 
 from batchline._errors import InputError
-from batchline.models.backend import FP32, UNKNOWN, Backend, Footprint, Identity, Loaded
+from batchline.models.backend import FP32, UNKNOWN, Backend, Footprint, Identity, Loaded, text_input
 from batchline.models.common.files import tree
 from batchline.models.config import Knobs
 from batchline.models.onnx import ONNX, onnx_identity
@@ -54,6 +54,7 @@ HF_FOLDER = Backend(
     footprint=_folder_footprint,
     identity=_folder_identity,
     precisions=_folder_precisions,
+    input_kind=text_input,
 )
 
 
@@ -95,4 +96,5 @@ TORCH_BF16 = Backend(
     identity=onnx_identity,
     tokenizer=ONNX.tokenizer,
     precisions=_bf16,
+    input_kind=text_input,
 )

@@ -12,7 +12,7 @@ from batchline.models.common.files import size, tree
 from batchline.models.config import Knobs
 from batchline.models.image.precisions import image_folder, precisions, refusal, text_tower
 from batchline.models.onnx import ONNX, onnx_footprint, onnx_identity
-from batchline.models.protocol import Task
+from batchline.models.protocol import InputKind, Task
 from batchline.models.specs import ModelSpec
 
 if TYPE_CHECKING:
@@ -26,6 +26,11 @@ def _claims(spec: ModelSpec, knobs: Knobs) -> bool:
         return True
     reads_pictures = spec.image is not None and spec.kind not in ("hf", "python")
     return reads_pictures and spec.task in ("embed", "classify")
+
+
+def _input_kind(spec: ModelSpec, task: Task) -> InputKind:
+    # a two-tower folder loaded for its text tower embeds texts
+    return "text" if image_folder(spec) and text_tower(spec, task) else "image"
 
 
 def _load(spec: ModelSpec, knobs: Knobs) -> Loaded:
@@ -71,4 +76,5 @@ IMAGE = Backend(
     tokenizer=_tokenizer,
     precisions=precisions,
     refusal=refusal,
+    input_kind=_input_kind,
 )

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from batchline._errors import ModelError
-from batchline.models.backend import FP32, Backend, Footprint, Identity, Loaded
+from batchline.models.backend import FP32, Backend, Footprint, Identity, Loaded, text_input
 from batchline.models.builtin import BUILTIN_MODELS
 from batchline.models.common.files import size, tree
 from batchline.models.onnx.options import SessionOptions
@@ -169,4 +169,5 @@ ONNX = Backend(
     task=graph_task,
     tokenizer=_tokenizer,
     precisions=_precisions,
+    input_kind=text_input,
 )

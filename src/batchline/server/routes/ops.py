@@ -1,4 +1,5 @@
-"""Operations: ``GET /v1/models``, ``/health``, ``/ready``, ``/metrics``.
+"""Operations: ``GET /v1/models``, ``GET /v1/models/{id}``, ``/health``, ``/ready``,
+``/metrics``.
 
 (No ``from __future__ import annotations``: FastAPI reads these annotations at run time.)
 """
@@ -7,9 +8,10 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from batchline.server.errors import ApiError
 from batchline.server.metrics import CONTENT_TYPE
 from batchline.server.routes._common import gone_generators, server_state
-from batchline.server.schemas import ModelList
+from batchline.server.schemas import ModelCard, ModelList
 from batchline.server.served import model_card
 from batchline.server.state import ServerState
 
@@ -25,8 +27,31 @@ async def list_models(request: Request) -> JSONResponse:
     (``memory_budget``), its ``state`` (unloaded, loading, resident, unloading),
     ``footprint_bytes`` (estimated from its files, or what its last load measured),
     ``load_peak_bytes`` (the most a load of it grew memory by at its peak; 0 until measured)
-    and ``pinned``."""
+    and ``pinned``. A model not loaded yet has the fields of a loaded one: ``created`` is
+    when the server started, ``modality`` what its backend says it takes (``text`` for a
+    ``module:factory``, which only its load tells)."""
+    return JSONResponse({"object": "list", "data": _cards(server_state(request))})
+
+
+@router.get(
+    "/v1/models/{model_id:path}",
+    response_model=ModelCard,
+    summary="One model served here (OpenAI's retrieve model)",
+)
+async def retrieve_model(request: Request, model_id: str) -> JSONResponse:
+    """The card ``GET /v1/models`` lists for ``model_id``; 404 naming the served models."""
     state = server_state(request)
+    for card in _cards(state):
+        if card["id"] == model_id:
+            return JSONResponse(card)
+    raise ApiError(
+        404,
+        f"model {model_id[:100]!r} is not served here; models: {state.registry.describe()}",
+        "model_not_found",
+    )
+
+
+def _cards(state: ServerState) -> list[dict[str, object]]:
     registry = state.registry
     data: list[dict[str, object]] = []
     for served in registry.served():
@@ -38,8 +63,7 @@ async def list_models(request: Request) -> JSONResponse:
         cards = {str(c["id"]): c for c in data}
         data = []
         for s in registry.residency.stats():
-            task = registry.task_of(s.name) or ""
-            card = cards.pop(s.name) if s.name in cards else model_card(s.name, 0, task)
+            card = cards.pop(s.name) if s.name in cards else _unloaded_card(state, s.name)
             card.update(
                 state=s.state.value,
                 footprint_bytes=s.footprint_bytes,
@@ -49,7 +73,15 @@ async def list_models(request: Request) -> JSONResponse:
             )
             data.append(card)
         data.extend(cards.values())
-    return JSONResponse({"object": "list", "data": data})
+    return data
+
+
+def _unloaded_card(state: ServerState, name: str) -> dict[str, object]:
+    """An on-demand model's card before it loads, with what its backend tells of it."""
+    registry = state.registry
+    card = model_card(name, registry.opened_at, registry.task_of(name) or "")
+    card.update(_modality(state, registry.input_kind_of(name) or "record"))
+    return card
 
 
 def _modality(state: ServerState, input_kind: str) -> dict[str, object]:
