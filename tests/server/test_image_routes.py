@@ -219,6 +219,23 @@ async def test_models_say_their_modality_and_limits(folders: Path) -> None:
     assert cards["vit"]["limits"]["url_fetch_hosts"] == []
 
 
+async def test_a_picture_up_to_max_image_bytes_fits_in_the_body(folders: Path) -> None:
+    """Unless max_body_bytes is set, a body takes one picture of max_image_bytes in base64
+    (a 9 MiB picture is a 12 MiB body: past the 8 MiB a text server takes)."""
+    picture = b"\x89PNG\r\n\x1a\n" + b"x" * (9 << 20)  # no picture: its decode says so
+    uri = "data:image/png;base64," + base64.b64encode(picture).decode()
+    body = {"model": "vit", "input": [uri], "modality": "image"}
+    async with _serving(folders) as client:
+        r = await client.post("/classify", json=body)
+        assert r.status_code == 400, r.text[:300]  # past the body limit: the picture judged
+        async with _serving(folders, max_image_bytes="8MiB") as small:
+            _error(await small.post("/classify", json=body), 413, "raise --max-image-bytes")
+        async with _serving(folders, max_body_bytes="4MiB") as capped:
+            r = await capped.post("/classify", json=body)
+            _error(r, 413, "limit of 4194304 bytes")
+            assert "fewer or smaller pictures" in r.json()["error"]["message"]
+
+
 def _png(side: int) -> bytes:
     from PIL import Image
 

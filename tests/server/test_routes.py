@@ -154,6 +154,11 @@ async def test_body_too_large_by_header_and_by_bytes() -> None:
         r = await client.post("/v1/embeddings", json=big)
         assert r.status_code == 413
         assert r.json()["error"]["type"] == "request_too_large"
+        # what to send instead, in the words of what this server's models take
+        message = r.json()["error"]["message"]
+        assert "limit of 1024 bytes" in message
+        assert "fewer or smaller texts" in message
+        assert "max_body_bytes" in message
 
         async def chunks() -> Any:  # no Content-Length: the bytes read are counted
             for _ in range(5):

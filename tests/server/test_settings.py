@@ -238,3 +238,30 @@ def test_cli_several_models_and_their_tasks(capsys: pytest.CaptureFixture[str]) 
     assert "generate" in capsys.readouterr().err
     assert main(["serve", "--model", "gen=smollm2", "--print-config"]) == 0
     assert json.loads(capsys.readouterr().out)["model"] == ["gen=smollm2"]
+
+
+def test_the_body_limit_makes_room_for_a_picture_unless_it_is_set() -> None:
+    from batchline.server.settings import BODY_JSON_ROOM, DEFAULT_MAX_BODY_BYTES
+
+    s = ServerSettings()
+    assert s.body_limit(pictures=False) == DEFAULT_MAX_BODY_BYTES
+    # the default 10 MiB picture in base64 is 13.3 MiB: more than the 8 MiB of a text server
+    ten = 10 * 1024 * 1024
+    assert s.body_limit(pictures=True) == -(-ten * 4 // 3) + BODY_JSON_ROOM
+    small = ServerSettings(max_image_bytes=1000)
+    assert small.body_limit(pictures=True) == DEFAULT_MAX_BODY_BYTES
+    # set by the user: what they set, pictures or not
+    assert ServerSettings(max_body_bytes=4096).body_limit(pictures=True) == 4096
+
+
+def test_byte_sizes_take_units(capsys: pytest.CaptureFixture[str]) -> None:
+    s = ServerSettings.build({"max_body_bytes": "1MiB"}, max_image_bytes="500KB")
+    assert (s.max_body_bytes, s.max_image_bytes) == (1 << 20, 500_000)
+    assert main(["serve", "--max-image-bytes", "20MiB", "--print-config"]) == 0
+    assert json.loads(capsys.readouterr().out)["max_image_bytes"] == 20 << 20
+    assert main(["serve", "--set", "max_decode_bytes=1GiB", "--print-config"]) == 0
+    assert json.loads(capsys.readouterr().out)["max_decode_bytes"] == 1 << 30
+    with pytest.raises(SystemExit) as exited:  # argparse's own one line
+        main(["serve", "--max-image-bytes", "lots"])
+    assert exited.value.code == 2
+    assert "--max-image-bytes" in capsys.readouterr().err

@@ -173,6 +173,7 @@ def create_app(
                 "bound to every interface: any Host is accepted; --allowed-hosts NAMES limits "
                 "it, and --api-key (or BATCHLINE_API_KEY) keeps strangers out"
             )
+        state.limit_bodies()
         batches = await _start_batches(state)
         state.ready = True
         state.draining = False

@@ -84,7 +84,11 @@ def add_parser(subparsers: _SubParsersAction[argparse.ArgumentParser]) -> argpar
         "data URIs or base64)",
     )
     p.add_argument(
-        "--max-image-bytes", type=int, help="refuse larger images (default 10 MiB), with 413"
+        "--max-image-bytes",
+        type=_size,
+        metavar="SIZE",
+        help="refuse larger images, with 413 (20MiB, 500KB or bytes; default 10MiB); unless "
+        "max_body_bytes is set, a request body may hold one such image in base64",
     )
     p.add_argument(
         "--max-image-pixels",

@@ -152,11 +152,12 @@ class Gate:
             st._leave()
 
     async def _with_body(self, scope: Scope, receive: Receive, send: Send) -> None:
-        limit = self.state.settings.max_body_bytes
+        limit = self.state.body_limit
         too_large = _refusal(
             scope,
             413,
-            f"request body is larger than max_body_bytes={limit}; send fewer or shorter texts",
+            f"request body is larger than the server's limit of {limit} bytes; "
+            f"{self.state.body_advice}",
             "request_too_large",
             headers={"Connection": "close"},
         )

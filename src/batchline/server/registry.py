@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from starlette.types import Scope
 
 from batchline._device import Device
+from batchline._errors import BatchlineError
 from batchline._residency import ModelLoadError, Residency
 from batchline._tracing import Tracing
 from batchline.models.config import Knobs
@@ -80,7 +81,7 @@ class ModelRegistry:
         pinned without a memory budget; ``None`` before :meth:`open`)."""
         self._on_demand = False
         self._inputs: dict[str, str | None] = {}
-        """What each on-demand model takes, told before it loads (``None``: its load tells)."""
+        """What each model takes, told before it loads (``None``: its load tells)."""
         self.opened_at = int(time.time())
         """When the models were given to the registry: an unloaded model's ``created``."""
 
@@ -115,8 +116,7 @@ class ModelRegistry:
         self._order[:] = [s.name for s in specs]
         self._tasks.update({s.name: _task_of(s) for s in specs})
         self.opened_at = int(time.time())
-        if on_demand:
-            self._inputs = {s.name: _input_of(s, self._tasks[s.name]) for s in specs}
+        self._inputs = {s.name: _input_of(s, self._tasks[s.name]) for s in specs}
         residency = self.residency = build_residency(
             settings,
             list(specs),
@@ -228,9 +228,16 @@ class ModelRegistry:
         return self._tasks.get(name)
 
     def input_kind_of(self, name: str) -> str | None:
-        """What the on-demand model ``name`` takes, told before it loads (``None``: unknown
-        until it loads, or not an on-demand model)."""
+        """What the model ``name`` takes, told before it loads (``None``: unknown until it
+        loads, or not served)."""
         return self._inputs.get(name)
+
+    def input_kinds(self) -> dict[str, str | None]:
+        """What each served model takes: a loaded one's own ``input_kind``, else what
+        :meth:`input_kind_of` tells (``None``: unknown until it loads)."""
+        kinds = {n: self._inputs.get(n) for n in self._order}
+        kinds.update({s.name: s.info.input_kind for s in self.served()})
+        return kinds
 
     def get(self, name: str) -> Served | None:
         """The model ``name`` if it is loaded now (no claim: for metrics and logs)."""
@@ -340,10 +347,14 @@ class _Loading:
 
 
 def _input_of(spec: ModelSpec, task: str) -> str | None:
-    """What a model takes, known before it loads (its backend tells)."""
+    """What a model takes, known before it loads (its backend tells); ``None`` where no
+    backend can tell (the load then says what is wrong with the spec)."""
     from batchline.models.loader import input_kind
 
-    return input_kind(dataclasses.replace(spec, task=task))  # type: ignore[arg-type]
+    try:
+        return input_kind(dataclasses.replace(spec, task=task))  # type: ignore[arg-type]
+    except (BatchlineError, OSError):
+        return None
 
 
 def _task_of(spec: ModelSpec) -> str:

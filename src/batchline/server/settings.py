@@ -55,7 +55,15 @@ from batchline.models.openai.images import DEFAULT_MAX_IMAGE_BYTES
 if TYPE_CHECKING:
     from batchline.models.specs import ModelSpec
 
-__all__ = ["API_KEY_ENV", "KNOB_FIELDS", "SETTING_NAMES", "ServerSettings", "load_config"]
+__all__ = [
+    "API_KEY_ENV",
+    "BODY_JSON_ROOM",
+    "DEFAULT_MAX_BODY_BYTES",
+    "KNOB_FIELDS",
+    "SETTING_NAMES",
+    "ServerSettings",
+    "load_config",
+]
 
 #: The flat keys that are :class:`batchline.models.config.Knobs` fields (they set ``knobs``).
 KNOB_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Knobs))
@@ -66,6 +74,21 @@ DEFAULT_SERVE_PIXELS = 50_000_000
 
 #: Environment variable read for the API key when none is given otherwise.
 API_KEY_ENV = "BATCHLINE_API_KEY"
+
+
+#: The request body limit when ``max_body_bytes`` is unset and no served model takes pictures.
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+#: Room for the JSON around a picture (its data URI's head, the model name, the other fields)
+#: in the body limit of a server whose models take pictures.
+BODY_JSON_ROOM = 64 * 1024
+#: The settings that are sizes in bytes: each also takes ``20MiB``, ``512MB``.
+_SIZE_FIELDS = (
+    "max_body_bytes",
+    "max_image_bytes",
+    "max_decode_bytes",
+    "max_batch_file_bytes",
+    "max_stored_bytes",
+)
 
 
 class ServerSettings(BaseModel):
@@ -117,6 +140,8 @@ class ServerSettings(BaseModel):
             first included), so that a long answer making progress is not cut.
         max_inputs_per_request: more inputs in one request get 413.
         max_body_bytes: larger bodies get 413 (Content-Length and the bytes actually read).
+            Unset: 8 MiB, or, when a served model takes pictures, enough for one picture of
+            ``max_image_bytes`` in base64 and 64 KiB of JSON around it (:meth:`body_limit`).
         tokenize_inline_max_chars: requests whose texts total at most this many characters are
             tokenized on the event loop (a thread hop costs more than that), longer ones in a
             worker thread.
@@ -208,7 +233,7 @@ class ServerSettings(BaseModel):
     # -- requests ---------------------------------------------------------------------------
     request_timeout_s: float = Field(default=30.0, gt=0)
     max_inputs_per_request: int = Field(default=2048, ge=1)
-    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    max_body_bytes: int | None = Field(default=None, ge=1024)
     # why inline below this: the measurements in batchline.server.state's docstring
     tokenize_inline_max_chars: int = Field(default=1024, ge=0)
     retry_after_s: int = Field(default=1, ge=0)
@@ -243,6 +268,16 @@ class ServerSettings(BaseModel):
     @classmethod
     def _one_or_many(cls, value: object) -> object:
         return [value] if isinstance(value, str) else value
+
+    @field_validator(*_SIZE_FIELDS, mode="before")
+    @classmethod
+    def _size(cls, value: object) -> object:
+        """A size as the size flags take it (``20MiB``, ``512MB``, bytes)."""
+        if isinstance(value, str):
+            from batchline._sizes import parse_bytes
+
+            return parse_bytes(value)
+        return value
 
     @field_validator("allowed_hosts", "cors_origins", "allow_url_fetch", mode="before")
     @classmethod
@@ -400,6 +435,18 @@ class ServerSettings(BaseModel):
         with replacing(p, "config.serve") as f:  # whole or not at all
             f.write(text.encode("utf-8"))
         return p
+
+    def body_limit(self, *, pictures: bool) -> int:
+        """The largest request body served (413 beyond): ``max_body_bytes`` when set; unset,
+        :data:`DEFAULT_MAX_BODY_BYTES`, or, when a served model takes ``pictures``, at least
+        one picture of ``max_image_bytes`` in base64 (4/3 of its bytes) and
+        :data:`BODY_JSON_ROOM` around it, so that the picture limit can be reached."""
+        if self.max_body_bytes is not None:
+            return self.max_body_bytes
+        if not pictures:
+            return DEFAULT_MAX_BODY_BYTES
+        base64 = -(-self.max_image_bytes * 4 // 3)
+        return max(DEFAULT_MAX_BODY_BYTES, base64 + BODY_JSON_ROOM)
 
     @property
     def host_names(self) -> frozenset[str] | None:

@@ -20,6 +20,10 @@ __all__ = ["ServerState", "server_state"]
 logger = logging.getLogger("batchline.server")
 
 
+#: What a model's requests carry, by its ``input_kind`` (any other, or several: "inputs").
+_INPUTS = {"text": "texts", "record": "texts", "image": "pictures"}
+
+
 @dataclass
 class ServerState:
     """What the app knows about itself; ``app.state.server``."""
@@ -37,10 +41,28 @@ class ServerState:
     until the app has started it)."""
     registry: ModelRegistry = field(init=False)
     """The models it serves (:class:`~batchline.server.registry.ModelRegistry`)."""
+    body_limit: int = field(init=False)
+    """The largest request body served (413 beyond): ``ServerSettings.body_limit``, set again
+    once the registry knows whether a model takes pictures."""
+    body_advice: str = ""
+    """The 413's advice for a body over :attr:`body_limit`."""
     _idle: asyncio.Event | None = None
 
     def __post_init__(self) -> None:
         self.registry = ModelRegistry(self.settings)
+        self.body_limit = self.settings.body_limit(pictures=False)
+        self.body_advice = _body_advice("texts", follows_pictures=False)
+
+    def limit_bodies(self) -> None:
+        """Set :attr:`body_limit` for the models the registry serves (after it opens)."""
+        kinds = set(self.registry.input_kinds().values())
+        pictures = "image" in kinds
+        self.body_limit = self.settings.body_limit(pictures=pictures)
+        words = {_INPUTS.get(kind or "", "inputs") for kind in kinds}
+        follows = pictures and self.settings.max_body_bytes is None
+        self.body_advice = _body_advice(
+            words.pop() if len(words) == 1 else "inputs", follows_pictures=follows
+        )
 
     def begin_drain(self) -> None:
         """Stop taking work: ``/ready`` turns false, new model requests get 503."""
@@ -71,6 +93,21 @@ class ServerState:
         self.in_flight -= 1
         if self.in_flight == 0 and self._idle is not None:
             self._idle.set()
+
+
+def _body_advice(inputs: str, *, follows_pictures: bool) -> str:
+    """What to do about a body over the limit: send less, or raise the setting it comes from
+    (``max_image_bytes`` where the limit makes room for one such picture)."""
+    if follows_pictures:
+        return (
+            f"send fewer or smaller {inputs} per request; for larger pictures raise "
+            "--max-image-bytes (the limit makes room for one such picture), or set the limit "
+            "with --set max_body_bytes=SIZE"
+        )
+    return (
+        f"send fewer or smaller {inputs} per request, or raise the limit with --set "
+        "max_body_bytes=SIZE"
+    )
 
 
 def server_state(request: Request) -> ServerState:
