@@ -171,7 +171,9 @@ class CoreKnobs:
     max_queue_size: int = field(
         default=_POLICY.max_queue_size,
         metadata=knob(
-            "records queued per model, at most; beyond, run waits and serve answers 429",
+            "records queued per model beyond the batches being formed: up to max_queue_size + "
+            "(prefetch_batches + 1) x max_batch_size wait (prefetch_batches is 2); beyond, run "
+            "waits and serve answers 429",
             BATCHING,
         ),
     )

@@ -265,3 +265,16 @@ def test_byte_sizes_take_units(capsys: pytest.CaptureFixture[str]) -> None:
         main(["serve", "--max-image-bytes", "lots"])
     assert exited.value.code == 2
     assert "--max-image-bytes" in capsys.readouterr().err
+
+
+def test_help_says_what_the_queue_takes_and_that_long_texts_are_cut(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse's line breaks aside
+    assert "max_queue_size + (prefetch_batches + 1) x max_batch_size" in text
+    assert "--set truncate=false answers it with 413" in text
+    docs = (Path(__file__).parents[2] / "docs" / "serving.md").read_text()
+    assert "max_queue_size + (prefetch_batches + 1) × max_batch_size" in docs
+    assert "--set truncate=false" in docs
