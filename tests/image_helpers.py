@@ -18,11 +18,17 @@ FEATURES = 4
 
 
 def image_model(
-    folder: Path, *, size: int | None = 32, classify: bool = True, seed: int = 0
+    folder: Path,
+    *,
+    size: int | None = 32,
+    classify: bool = True,
+    seed: int = 0,
+    softmax: bool = False,
 ) -> Path:
     """``pixels`` float32 ``[batch, 3, size, size]`` (``size=None``: any height and width) →
     ``logits`` ``[batch, 5]`` (``classify``) or ``embedding`` ``[batch, 4]``: a 3x3 Conv to 4
-    channels, ReLU, GlobalAveragePool, Flatten, then a Gemm to the logits."""
+    channels, ReLU, GlobalAveragePool, Flatten, then a Gemm to the logits (``softmax``: then a
+    Softmax, output ``probs``, as a graph that gives probabilities)."""
     rng = np.random.default_rng(seed)
     conv_w = rng.normal(size=(FEATURES, 3, 3, 3)).astype(np.float32)
     conv_b = rng.normal(size=(FEATURES,)).astype(np.float32)
@@ -41,7 +47,11 @@ def image_model(
             numpy_helper.from_array(gemm_w, "gemm_w"),
             numpy_helper.from_array(gemm_b, "gemm_b"),
         ]
-        output = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", CLASSES])
+        last = "logits"
+        if softmax:
+            nodes.append(helper.make_node("Softmax", ["logits"], ["probs"], axis=1))
+            last = "probs"
+        output = helper.make_tensor_value_info(last, TensorProto.FLOAT, ["batch", CLASSES])
     else:
         output = helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["batch", FEATURES])
     side: int | str = size if size is not None else "h"
@@ -59,7 +69,8 @@ def image_model(
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.checker.check_model(model)
-    path = folder / ("classifier.onnx" if classify else "embedder.onnx")
+    name = "classifier" if not softmax else "probabilities"
+    path = folder / (f"{name}.onnx" if classify else "embedder.onnx")
     onnx.save(model, path)
     return path
 

@@ -3,7 +3,8 @@
 :class:`OnnxImageModel` is the :class:`~batchline.models.protocol.BatchModel` of an ``.onnx``
 whose single input is ``(batch, 3, H, W)``: ``embed`` returns its output as one vector per
 picture (a ``(batch, C, h, w)`` feature map averaged over ``h`` and ``w``), ``classify`` the
-softmax of its logits as ``{"label", "score", "top_k": [{"label", "score"}, ...]}``. Its
+softmax of its logits as ``{"label", "score", "top_k": [{"label", "score"}, ...]}`` (an output
+that is already probabilities, a graph ending in a softmax, is taken as it is). Its
 prepared items are the float32 ``(3, H, W)`` arrays :attr:`preprocess` makes (a decode
 worker makes them in a ``run`` job: :mod:`batchline.models.image.pool`); ``prepare`` also
 takes pictures as bytes, :class:`~batchline.models.image.decode.ImageRef` or ready arrays,
@@ -16,6 +17,7 @@ and decodes inline.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -43,6 +45,22 @@ __all__ = ["TOP_K", "OnnxImageModel", "image_input", "load_image_model"]
 
 #: Labels a classification lists in ``top_k``, at most.
 TOP_K = 5
+#: How far from 1 a row's sum may be for the row to be probabilities already: more than a
+#: float16 softmax's rounding (under 5e-4 a row: 2**-11 of each value), far less than logits
+#: that sum to 1 by chance.
+PROBABILITY_TOLERANCE = 1e-3
+
+# the models' logger: run and serve print its INFO lines as the model's load line
+logger = logging.getLogger("batchline.models")
+
+
+def is_probabilities(out: np.ndarray) -> bool:
+    """Whether every row of ``out`` (a row a picture) is a probability distribution already:
+    no value below 0, each row summing to 1 within :data:`PROBABILITY_TOLERANCE`."""
+    rows = np.asarray(out, dtype=np.float64).reshape(len(out), -1)
+    if rows.size == 0 or not np.isfinite(rows).all() or (rows < 0).any():
+        return False
+    return bool(np.all(np.abs(rows.sum(axis=1) - 1.0) <= PROBABILITY_TOLERANCE))
 
 
 def image_input(inputs: Sequence[OnnxTensor]) -> OnnxTensor | None:
@@ -90,7 +108,8 @@ class OnnxImageModel(SessionModel):
         self.labels: tuple[str, ...] = ()
         details: dict[str, object] = {"preprocess": repr(preprocess)}
         if task == "classify":
-            width = self._width()
+            probe = self._probe()
+            width = _width(probe)
             given = [str(x) for x in labels] if labels is not None else None
             if given is not None and len(given) != width:
                 raise ModelError(
@@ -99,8 +118,15 @@ class OnnxImageModel(SessionModel):
                 )
             self.labels = tuple(given or (f"LABEL_{i}" for i in range(width)))
             details["labels"] = list(self.labels)
+            if is_probabilities(probe):
+                logger.info(
+                    "%s: %s outputs probabilities already (a softmax in the graph): its scores "
+                    "are taken as they are",
+                    name,
+                    model.path.name,
+                )
         else:
-            details["dim"] = self._width()
+            details["dim"] = _width(self._probe())
         self._info = ModelInfo(
             name=name,
             task=task,
@@ -158,7 +184,10 @@ class OnnxImageModel(SessionModel):
                 f"{self.model.path.name} returned {out.shape[0]} rows for {len(batch)} pictures"
             )
         if self.info.task == "classify":
-            return [self._classification(row) for row in softmax(out.reshape(len(batch), -1))]
+            rows = np.asarray(out, dtype=np.float64).reshape(len(batch), -1)
+            # a graph that ends in a softmax gives probabilities: a second one would flatten them
+            probs = rows if is_probabilities(rows) else softmax(rows)
+            return [self._classification(row) for row in probs]
         return list(self._vectors(out))
 
     def _vectors(self, out: np.ndarray) -> np.ndarray:
@@ -176,15 +205,19 @@ class OnnxImageModel(SessionModel):
         top = [{"label": self.labels[i], "score": float(probs[i])} for i in order]
         return {"label": top[0]["label"], "score": top[0]["score"], "top_k": top}
 
-    def _width(self) -> int:
-        """The output's width per picture, from one probe run of a blank picture."""
+    def _probe(self) -> np.ndarray:
+        """The output for one blank picture."""
         side = self.preprocess.output_size or (32, 32)
         probe = np.zeros((1, 3, *side), dtype=self._dtype)
-        out = self.model.run({self._input: probe}, [self._output])[self._output]
-        return int(out.shape[1]) if out.ndim == 4 else int(np.prod(out.shape[1:]))
+        return self.model.run({self._input: probe}, [self._output])[self._output]
 
     def __repr__(self) -> str:
         return f"OnnxImageModel({self.model.path.name!r}, task={self.info.task!r})"
+
+
+def _width(out: np.ndarray) -> int:
+    """The output's width per picture (channels, for a feature map)."""
+    return int(out.shape[1]) if out.ndim == 4 else int(np.prod(out.shape[1:]))
 
 
 def _folder_preprocess(spec: ModelSpec) -> ImagePreprocess | None:
