@@ -87,10 +87,22 @@ def test_a_folder_is_classified_every_picture_once_ids_its_relative_paths(
         assert row["label"] == expected["label"]  # type: ignore[index]
         assert row["label"] in LABELS
         assert row["score"] == pytest.approx(expected["score"], abs=1e-6)  # type: ignore[index]
-        assert next(t["label"] for t in row["top_k"]) == row["label"]
-        assert len(row["top_k"]) == 5
+        assert max(row["scores"], key=row["scores"].get) == row["label"]
+        assert sorted(row["scores"]) == sorted(LABELS)
     assert "decode" in summary.time_split
     assert "waiting" in summary.time_split
+
+
+def test_top_k_from_the_command_line_keeps_the_likeliest_pictures_labels(
+    tmp_path: Path, classifier: Path
+) -> None:
+    photo_folder(tmp_path / "photos", 3)
+    argv = ["run", str(tmp_path / "photos"), "--model", str(classifier), "--top-k", "2"]
+    assert main([*argv, "-o", str(tmp_path / "out"), "--quiet"]) == 0
+    for row in read_output(tmp_path / "out").column("classification").to_pylist():
+        assert [e["label"] for e in row["top_k"]][:1] == [row["label"]]
+        assert len(row["top_k"]) == 2
+        assert row["top_k"][0]["score"] >= row["top_k"][1]["score"]
 
 
 def test_an_embedder_of_any_size_takes_image_size_and_writes_fixed_vectors(

@@ -1,6 +1,7 @@
 """A plain ONNX image classifier (one NCHW input, ``models/image/onnx_image.py``): its scores
 are the softmax of its logits, or its output as it is when that is probabilities already (a
-graph that ends in a softmax)."""
+graph that ends in a softmax); its result has the other classifiers' shape, ``scores`` for
+every label or ``--top-k``'s likeliest."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ def _graph(path: Path, pixels: list[np.ndarray]) -> np.ndarray:
 
 
 def _scores(results: list[object]) -> np.ndarray:
-    rows = [{e["label"]: e["score"] for e in r["top_k"]} for r in results]  # type: ignore[index]
+    rows = [r["scores"] for r in results]  # type: ignore[index]
     return np.array([[row[label] for label in LABELS] for row in rows])
 
 
@@ -76,3 +77,27 @@ def test_a_graph_of_logits_gets_their_softmax(
     assert "probabilities already" not in caplog.text
     got = _scores(model.run_batch(pixels))
     np.testing.assert_allclose(got, softmax(_graph(path, pixels)), atol=1e-6)
+
+
+def test_without_top_k_scores_holds_every_label_as_for_a_folder_classifier(
+    tmp_path: Path,
+) -> None:
+    model = _classifier(image_model(tmp_path))
+    for result in model.run_batch(_pixels(3)):
+        assert set(result) == {"label", "score", "scores"}  # type: ignore[arg-type]
+        assert list(result["scores"]) == list(LABELS)  # type: ignore[index]
+        assert result["score"] == max(result["scores"].values())  # type: ignore[index]
+
+
+@pytest.mark.parametrize(("top_k", "kept"), [(1, 1), (2, 2), (5, 5), (9, 5)])
+def test_top_k_keeps_the_likeliest_labels_best_first(tmp_path: Path, top_k: int, kept: int) -> None:
+    path = image_model(tmp_path)
+    pixels = _pixels(3)
+    every = _classifier(path).run_batch(pixels)
+    short = _classifier(path, top_k=top_k)
+    assert short.info.details["top_k"] == top_k
+    for full, result in zip(every, short.run_batch(pixels), strict=True):
+        ranked = sorted(full["scores"].items(), key=lambda e: -e[1])[:kept]  # type: ignore[index]
+        assert set(result) == {"label", "score", "top_k"}  # type: ignore[arg-type]
+        assert [(e["label"], e["score"]) for e in result["top_k"]] == ranked  # type: ignore[index]
+        assert result["label"] == ranked[0][0]  # type: ignore[index]

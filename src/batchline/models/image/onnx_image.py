@@ -3,8 +3,9 @@
 :class:`OnnxImageModel` is the :class:`~batchline.models.protocol.BatchModel` of an ``.onnx``
 whose single input is ``(batch, 3, H, W)``: ``embed`` returns its output as one vector per
 picture (a ``(batch, C, h, w)`` feature map averaged over ``h`` and ``w``), ``classify`` the
-softmax of its logits as ``{"label", "score", "top_k": [{"label", "score"}, ...]}`` (an output
-that is already probabilities, a graph ending in a softmax, is taken as it is). Its
+softmax of its logits as the other classifiers' result, ``{"label", "score", "scores"}``
+(``--top-k``: ``{"label", "score", "top_k": [{"label", "score"}, ...]}``); an output that is
+already probabilities, a graph ending in a softmax, is taken as it is. Its
 prepared items are the float32 ``(3, H, W)`` arrays :attr:`preprocess` makes (a decode
 worker makes them in a ``run`` job: :mod:`batchline.models.image.pool`); ``prepare`` also
 takes pictures as bytes, :class:`~batchline.models.image.decode.ImageRef` or ready arrays,
@@ -12,7 +13,7 @@ and decodes inline.
 
     model = load_image_model(spec.with_options(task="classify"), knobs)
     (item,) = model.prepare([Path("cat.jpg").read_bytes()])
-    (result,) = model.run_batch([item])       # {"label": "tabby", "score": 0.83, "top_k": [...]}
+    (result,) = model.run_batch([item])       # {"label": "tabby", "score": 0.83, "scores": {...}}
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from batchline.models.onnx import (
     OnnxModel,
     OnnxTensor,
     SessionModel,
+    classification,
     labels_from_config,
     load_sessions_at,
     softmax,
@@ -41,10 +43,8 @@ from batchline.models.onnx import (
 from batchline.models.protocol import ModelInfo, Task
 from batchline.models.specs import ModelSpec
 
-__all__ = ["TOP_K", "OnnxImageModel", "image_input", "load_image_model"]
+__all__ = ["OnnxImageModel", "image_input", "load_image_model"]
 
-#: Labels a classification lists in ``top_k``, at most.
-TOP_K = 5
 #: How far from 1 a row's sum may be for the row to be probabilities already: more than a
 #: float16 softmax's rounding (under 5e-4 a row: 2**-11 of each value), far less than logits
 #: that sum to 1 by chance.
@@ -86,8 +86,11 @@ class OnnxImageModel(SessionModel):
         name: str,
         task: Task,
         labels: Sequence[str] | None = None,
+        top_k: int | None = None,
         normalize: bool = False,
     ) -> None:
+        if top_k is not None and top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {top_k}")
         found = image_input(model.inputs)
         if found is None:
             shapes = ", ".join(f"{i.name} {list(i.shape)} {i.type}" for i in model.inputs)
@@ -100,6 +103,7 @@ class OnnxImageModel(SessionModel):
         self.model = model
         self.preprocess = preprocess
         self.normalize = normalize
+        self.top_k = top_k
         self._input = found.name
         self._dtype = np.float16 if "float16" in found.type else np.float32
         outputs = {o.name: o for o in model.outputs}
@@ -118,6 +122,8 @@ class OnnxImageModel(SessionModel):
                 )
             self.labels = tuple(given or (f"LABEL_{i}" for i in range(width)))
             details["labels"] = list(self.labels)
+            if top_k:
+                details["top_k"] = top_k
             if is_probabilities(probe):
                 logger.info(
                     "%s: %s outputs probabilities already (a softmax in the graph): its scores "
@@ -187,7 +193,7 @@ class OnnxImageModel(SessionModel):
             rows = np.asarray(out, dtype=np.float64).reshape(len(batch), -1)
             # a graph that ends in a softmax gives probabilities: a second one would flatten them
             probs = rows if is_probabilities(rows) else softmax(rows)
-            return [self._classification(row) for row in probs]
+            return [classification(row, self.labels, top_k=self.top_k) for row in probs]
         return list(self._vectors(out))
 
     def _vectors(self, out: np.ndarray) -> np.ndarray:
@@ -199,11 +205,6 @@ class OnnxImageModel(SessionModel):
             norms = np.linalg.norm(vectors, axis=1, keepdims=True)
             vectors = vectors / np.maximum(norms, np.float32(1e-12))
         return vectors
-
-    def _classification(self, probs: np.ndarray) -> dict[str, object]:
-        order = np.argsort(-probs, kind="stable")[: min(TOP_K, len(probs))]
-        top = [{"label": self.labels[i], "score": float(probs[i])} for i in order]
-        return {"label": top[0]["label"], "score": top[0]["score"], "top_k": top}
 
     def _probe(self) -> np.ndarray:
         """The output for one blank picture."""
@@ -297,5 +298,6 @@ def load_image_model(spec: ModelSpec, knobs: Knobs) -> OnnxImageModel:
         name=spec.name,
         task=task,
         labels=labels,
+        top_k=spec.top_k,
         normalize=bool(spec.normalize),
     )
