@@ -246,6 +246,28 @@ def test_a_column_of_relative_paths_or_of_bytes(tmp_path: Path, classifier: Path
     )
 
 
+def test_an_onnx_told_how_to_read_pictures_reads_a_files_image_column_by_default(
+    tmp_path: Path, classifier: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    names = photo_folder(tmp_path / "pics", 3)
+    index = tmp_path / "index.csv"
+    index.write_text("id,image\n" + "".join(f"r{i},pics/{n}\n" for i, n in enumerate(names)))
+    argv = ["run", str(index), "--model", str(classifier), "--image-size", "32", "--quiet"]
+    assert main([*argv, "-o", str(tmp_path / "o1")]) == 0
+    assert main([*argv, "--image-column", "image", "-o", str(tmp_path / "o2")]) == 0
+    got = read_output(tmp_path / "o1")
+    assert got.column("id").to_pylist() == ["r0", "r1", "r2"]
+    assert got.equals(read_output(tmp_path / "o2"))
+    index.write_text("id,file\nr0,pics/p00.jpg\n")
+    capsys.readouterr()
+    assert main([*argv, "-o", str(tmp_path / "o3")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "no picture column 'image'" in err
+    assert "'id', 'file'" in err
+    assert "--image-column" in err
+
+
 def _shard(path: Path, start: int, count: int) -> list[str]:
     keys = []
     with tarfile.open(path, "w") as tar:

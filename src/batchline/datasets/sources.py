@@ -65,6 +65,7 @@ __all__ = [
     "open_source",
     "prompt_column",
     "read_blocks_ahead",
+    "table_columns",
 ]
 
 _EXTENSIONS: dict[str, Format] = {
@@ -212,6 +213,17 @@ def holds_pictures(path: Path, fmt: Format | None = None) -> bool:
     if path.suffix.lower() in _EXTENSIONS:  # a data file's name, even on a folder
         return False
     return path.is_dir() or is_shard_input(path)
+
+
+def table_columns(path: Path, fmt: Format | None = None) -> tuple[str, ...] | None:
+    """The columns of a CSV, JSONL (its first record's fields) or Parquet file; ``None`` for
+    another input (pictures, plain text, ``.npy``). ``InputError`` when the file is missing."""
+    if holds_pictures(path, fmt):
+        return None
+    if (fmt or _EXTENSIONS.get(path.suffix.lower())) not in ("csv", "jsonl", "parquet"):
+        return None
+    probe = open_source(path, fmt=fmt, input_kind="record", extra_columns=(), on_bad_record="skip")
+    return probe.columns
 
 
 #: Prompt columns looked for, in order, when none is named: ``run`` and ``drive`` read the same.

@@ -32,7 +32,7 @@ from batchline.datasets.sinks import ChunkWriter, default_output
 from batchline.datasets.sources import Record, Source
 from batchline.jobs.batch import DEDUPE_WINDOW, BatchAdapter
 from batchline.jobs.job import Job, JobKind, RayPlan, WorkFigures
-from batchline.jobs.options import RunOptions, resolve
+from batchline.jobs.options import IMAGE_COLUMN, RunOptions, resolve
 from batchline.jobs.precision import Choice, announce, resolve_knobs
 from batchline.jobs.result_cache import ResultCache, open_cache
 from batchline.jobs.summary import RunSummary, summarize
@@ -342,7 +342,7 @@ def open_job(options: RunOptions, info: ModelInfo) -> tuple[Source, ChunkWriter]
         extra.update(_decode_settings(options))
     columns = tuple(options.input_columns)
     if info.input_kind == "image":
-        columns = (options.image_column or "image",)
+        columns = (options.image_column or IMAGE_COLUMN,)
     elif options.image_column is not None:
         raise InputError(
             f"--image-column goes with an image model; {options.model!r} reads {info.input_kind}"

@@ -26,7 +26,19 @@ from batchline.models.selection import ModelSelection
 if TYPE_CHECKING:
     from batchline.models.specs import ModelSpec
 
-__all__ = ["GenerateOptions", "RunOptions", "SeveralModelsError", "batch_specs", "resolve"]
+__all__ = [
+    "IMAGE_COLUMN",
+    "GenerateOptions",
+    "RunOptions",
+    "SeveralModelsError",
+    "batch_specs",
+    "resolve",
+]
+
+#: The column of a CSV, JSONL or Parquet file an image model reads pictures from when
+#: ``--image-column`` names none.
+IMAGE_COLUMN = "image"
+JSONL_SUFFIXES = (".jsonl", ".ndjson")
 
 
 class SeveralModelsError(InputError):
@@ -165,14 +177,46 @@ def resolve(options: RunOptions) -> RunOptions:
         specs = batch_specs(options)
         spec = next((s for s in specs if s.generates), specs[0])
     else:
-        spec = options.parse_spec(
-            "generate" if generating and options.task is None else options.task
-        )
+        task = "generate" if generating and options.task is None else options.task
+        spec = options.parse_spec(task)
+        if (pictures := _picture_column(spec, options)) is not options:
+            options, spec = pictures, pictures.parse_spec(task)
         spec = _tower(spec, options)
     if isinstance(options, GenerateOptions) or not (generating or spec.generates):
         return dataclasses.replace(options, spec=spec)
     values = {f.name: getattr(options, f.name) for f in dataclasses.fields(RunOptions)}
     return GenerateOptions(**{**values, "spec": spec})
+
+
+def _picture_column(spec: ModelSpec, options: RunOptions) -> RunOptions:
+    """``options`` reading pictures from the :data:`IMAGE_COLUMN` of a CSV, JSONL or Parquet
+    file when an image model reads it and ``--image-column`` names no column: an image folder
+    or a plain ``.onnx`` given ``--image-size``, ``--mean`` or ``--std``; a two-tower folder
+    embedding (CLIP, SigLIP: texts too) only when the file has that column. ``InputError``,
+    naming the flag and the file's columns, when a model that reads pictures only finds none."""
+    if options.image_column is not None or options.input is None or spec.generates:
+        return options
+    kind = spec.folder.image if spec.folder is not None else None
+    if kind is None and not (spec.kind == "onnx" and spec.image is not None):
+        return options
+    if options.reads_pictures():  # a folder or shards
+        return options
+    from batchline.datasets.sources import table_columns
+
+    columns = table_columns(options.input, options.input_format)
+    if columns is None:
+        return options
+    if IMAGE_COLUMN not in columns:
+        if kind == "two-tower" and spec.task != "classify":
+            return options  # its text tower embeds the texts
+        jsonl = options.input_format == "jsonl" or options.input.suffix.lower() in JSONL_SUFFIXES
+        where = "the first record has" if jsonl else "its columns are"
+        names = ", ".join(repr(c) for c in columns) or "none"
+        raise InputError(
+            f"{options.input}: no picture column {IMAGE_COLUMN!r} (an image model's default); "
+            f"{where}: {names} (choose it with --image-column)"
+        )
+    return dataclasses.replace(options, image_column=IMAGE_COLUMN)
 
 
 def _tower(spec: ModelSpec, options: RunOptions) -> ModelSpec:

@@ -103,6 +103,49 @@ def test_labels_on_a_clip_folder_classify_pictures_zero_shot(
     assert {row["classification"]["label"] for row in rows} <= set(labels.split(","))
 
 
+def _index(photos: Path, path: Path, column: str) -> Path:
+    """A JSONL file beside ``photos`` naming each picture (by its path) in ``column``."""
+    import json
+
+    ids = sorted(str(p.relative_to(photos)) for p in photos.rglob("p*.*"))
+    lines = [{"id": i, column: str(photos / i)} for i in ids]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def _run_file(data: Path, out: Path, *args: str) -> list[dict[str, Any]]:
+    from batchline.datasets.sinks import read_output
+
+    assert main(["run", str(data), "-o", str(out), "--quiet", *args]) == 0
+    return sorted(read_output(out).to_pylist(), key=lambda row: str(row["id"]))
+
+
+def test_an_image_folder_reads_a_files_image_column_when_none_is_named(
+    image_folders: Path, photos: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    vit, clip = build_folder(image_folders, "vit"), build_folder(image_folders, "clip")
+    index = _index(photos, tmp_path / "index.jsonl", "image")
+    rows = _run_file(index, tmp_path / "vit", "--model", f"{vit}/")
+    _same_labels(rows, _direct(parse_spec(f"{vit}/"), photos))
+    # a two-tower folder embeds the column's pictures, and a file without one its texts
+    rows = _run_file(index, tmp_path / "clip", "--model", f"{clip}/")
+    _same_vectors(rows, _direct(parse_spec(f"{clip}/").with_options(input_kind="image"), photos))
+    captions = tmp_path / "captions.jsonl"
+    captions.write_text('{"id": "c0", "text": "a photo of a cat"}\n')
+    (row,) = _run_file(captions, tmp_path / "texts", "--model", f"{clip}/")
+    assert len(row["embedding"]) == 16
+    # a file without the column: one line naming the flag and the columns it has
+    other = _index(photos, tmp_path / "other.jsonl", "file")
+    capsys.readouterr()
+    assert main(["run", str(other), "--model", f"{vit}/", "-o", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "no picture column 'image'" in err
+    assert "'id', 'file'" in err
+    assert "--image-column" in err
+    assert not (tmp_path / "o").exists()
+
+
 def test_dinov2_embeds_pictures(image_folders: Path, photos: Path, tmp_path: Path) -> None:
     folder = build_folder(image_folders, "dinov2")
     rows = _run(photos, tmp_path / "out", "--model", f"{folder}/")
