@@ -595,12 +595,21 @@ def test_a_resume_with_another_decode_is_refused_naming_it(
     assert "draft was False, now 'unset'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flags", [[], ["--image-size", "32"]])
+@pytest.mark.parametrize("name", ["nothere", "nothere/", "nothere.jsonl"])
 def test_a_missing_folder_is_named_as_missing(
-    tmp_path: Path, classifier: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    classifier: Path,
+    capsys: pytest.CaptureFixture[str],
+    name: str,
+    flags: list[str],
 ) -> None:
-    rc = main(["run", str(tmp_path / "nothere"), "--model", str(classifier)])
+    # before what the input holds decides anything: a mistyped path does not hold texts
+    rc = main(["run", f"{tmp_path}/{name}", "--model", str(classifier), *flags])
     assert rc == 2
-    assert "nothere: no such file or folder" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"{name.rstrip('/')}: no such file or folder")
+    assert len(err.splitlines()) == 1
 
 
 def test_a_script_without_a_main_guard_runs_an_image_job(tmp_path: Path, classifier: Path) -> None:

@@ -44,7 +44,12 @@ from batchline.datasets.formats.base import (
     file_fingerprint,
 )
 from batchline.datasets.formats.csv import CsvSource
-from batchline.datasets.formats.images import ImageFolderSource, ShardSource, is_shard_input
+from batchline.datasets.formats.images import (
+    ImageFolderSource,
+    ShardSource,
+    expand_shards,
+    is_shard_input,
+)
 from batchline.datasets.formats.jsonl import JsonlSource
 from batchline.datasets.formats.npy import NpySource
 from batchline.datasets.formats.parquet import ParquetSource
@@ -60,6 +65,7 @@ __all__ = [
     "Item",
     "Record",
     "Source",
+    "check_exists",
     "file_fingerprint",
     "holds_pictures",
     "open_source",
@@ -203,6 +209,18 @@ def _open_pictures(
         on_bad_record=on_bad_record,
         input_kind="image",
     )
+
+
+def check_exists(path: Path) -> None:
+    """``InputError`` naming ``path`` when it names nothing (a brace pattern: the first shard
+    missing), checked before what an input holds decides anything: a mistyped path is said
+    to be missing, not to hold texts."""
+    if path.exists():
+        return
+    if is_shard_input(path):
+        expand_shards(path)  # names the missing shard
+        return
+    raise InputError(f"{path}: no such file or folder")
 
 
 def holds_pictures(path: Path, fmt: Format | None = None) -> bool:

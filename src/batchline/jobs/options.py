@@ -159,7 +159,11 @@ def resolve(options: RunOptions) -> RunOptions:
     model's): :func:`batch_specs` parses them all."""
     if options.spec is not None:
         return options
+    from batchline.datasets.sources import check_exists
     from batchline.jobs.requests import is_openai_batch_file
+
+    if options.input is not None:
+        check_exists(options.input)  # first: a missing input holds neither texts nor pictures
 
     given = options if isinstance(options, GenerateOptions) else None
     models = given.models if given is not None else ()

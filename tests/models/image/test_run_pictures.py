@@ -199,6 +199,15 @@ def test_texts_on_a_model_that_reads_pictures_are_refused_in_one_line(
     assert not out.exists()
 
 
+def test_a_missing_input_is_named_as_missing_not_as_texts(
+    image_folders: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = build_folder(image_folders, "vit")
+    capsys.readouterr()
+    assert main(["run", f"{tmp_path}/photoz/", "--model", f"{folder}/", "--quiet"]) == 2
+    assert capsys.readouterr().err.strip().endswith("photoz: no such file or folder")
+
+
 def test_a_batch_file_s_embeddings_lines_carry_pictures_as_data_uris(
     image_folders: Path, photos: Path, tmp_path: Path
 ) -> None:
