@@ -584,3 +584,26 @@ def test_one_writer_at_a_time_per_folder(tmp_path: Path) -> None:
     assert writer(out, resume=True).is_complete
     assert "_manifest.json" in listing(out)
     assert not [name for name in listing(out) if "lock" in name]  # the lock adds no file
+
+
+@pytest.mark.parametrize(
+    ("given", "task", "default"),
+    [
+        ("questions.jsonl", "embed", "questions.embeddings"),
+        ("photos/", "classify", "photos.results"),
+        (".", "embed", "work.embeddings"),  # the folder's name, not a hidden ./.embeddings
+        ("..", "classify", "inside.results"),  # not ./...results
+        ("sub/..", "embed", "work.embeddings"),
+        ("shards/{00000..00001}.tar", "embed", "shards.embeddings"),  # the shards' folder
+        ("{00..09}.tar", "embed", "work.embeddings"),
+        ("shards/train-{000..009}.tar", "classify", "train.results"),  # the name less its range
+    ],
+)
+def test_the_default_output_is_named_after_what_the_input_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: str, task: str, default: str
+) -> None:
+    work = tmp_path / "inside" / "work"
+    (work / "sub").mkdir(parents=True)
+    monkeypatch.chdir(work)
+    assert sinks.default_output(Path(given), task) == Path(default)
+    assert sinks.default_output(None, "embed") == Path("demo-corpus.embeddings")

@@ -51,9 +51,26 @@ _DISK_FIX = {
 
 def default_output(input_path: Path | None, task: str) -> Path:
     """The output folder of a job that names none, in the current directory: ``STEM.embeddings``
-    for the embed task, ``STEM.results`` for the others (``run``'s and ``drive``'s alike)."""
-    stem = "demo-corpus" if input_path is None else input_path.stem
+    for the embed task, ``STEM.results`` for the others (``run``'s and ``drive``'s alike).
+    ``STEM`` is the input's name without its extension (:func:`_stem`)."""
+    stem = "demo-corpus" if input_path is None else _stem(input_path)
     return Path(f"{stem}.{'embeddings' if task == 'embed' else 'results'}")
+
+
+def _stem(path: Path) -> str:
+    """``path``'s name without its extension; for ``.`` or ``..``, the name of the folder it
+    resolves to; for a brace pattern of shards, the name without the range
+    (``shards/train-{000..009}.tar``: ``train``), or the shards' folder's when nothing else is
+    left (``shards/{000..009}.tar``: ``shards``)."""
+    if path.name in ("", ".", ".."):
+        return path.resolve().stem or "root"
+    if "{" in path.name:
+        from batchline.datasets.formats.images import without_range
+
+        rest = without_range(path.stem).strip("-_. ")
+        if rest != path.stem:
+            return rest or _stem(path.parent)
+    return path.stem
 
 
 def own_file(name: str) -> bool:

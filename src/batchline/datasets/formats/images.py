@@ -33,7 +33,7 @@ from batchline._errors import InputError
 from batchline.datasets.formats.base import Item, Record, Skipper, Source
 from batchline.models.image import IMAGE_SUFFIXES, ImageRef
 
-__all__ = ["ImageFolderSource", "ShardSource", "expand_shards", "is_shard_input"]
+__all__ = ["ImageFolderSource", "ShardSource", "expand_shards", "is_shard_input", "without_range"]
 
 _BRACES = re.compile(r"\{(\d+)\.\.(\d+)\}")
 
@@ -50,6 +50,11 @@ def is_shard_input(path: Path) -> bool:
         except OSError:
             return False
     return False
+
+
+def without_range(name: str) -> str:
+    """``name`` without its brace range: ``train-{000..009}`` is ``train-``."""
+    return _BRACES.sub("", name)
 
 
 def expand_shards(path: Path) -> list[Path]:
