@@ -612,6 +612,18 @@ def test_a_missing_folder_is_named_as_missing(
     assert len(err.splitlines()) == 1
 
 
+@pytest.mark.parametrize("pixels", ["0", "-1"])
+def test_a_pixel_limit_below_one_is_refused_not_the_default(
+    tmp_path: Path, classifier: Path, capsys: pytest.CaptureFixture[str], pixels: str
+) -> None:
+    photo_folder(tmp_path / "photos", 1)
+    argv = ["run", str(tmp_path / "photos"), "--model", str(classifier)]
+    assert main([*argv, "--max-image-pixels", pixels, "-o", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"--max-image-pixels must be >= 1, got {pixels}")
+    assert not (tmp_path / "o").exists()
+
+
 def test_a_script_without_a_main_guard_runs_an_image_job(tmp_path: Path, classifier: Path) -> None:
     photo_folder(tmp_path / "photos", 3)
     script = tmp_path / "job.py"

@@ -265,11 +265,14 @@ def _three_floats(text: str) -> tuple[float, float, float]:
 def _decode_options(args: argparse.Namespace) -> Any:
     from batchline.models.image import DEFAULT_MAX_PIXELS, DecodeOptions
 
+    given = args.max_image_pixels
+    if given is not None and given < 1:  # 0 is not "no limit": a picture bomb stays refused
+        raise InputError(f"--max-image-pixels must be >= 1, got {given}")
     try:
         return DecodeOptions(
             workers=args.decode_workers,
             draft=args.draft,
-            max_pixels=args.max_image_pixels or DEFAULT_MAX_PIXELS,
+            max_pixels=DEFAULT_MAX_PIXELS if given is None else given,
             max_bytes_in_flight=_size(args.decode_memory, "--decode-memory"),
         )
     except ValueError as exc:
