@@ -246,6 +246,26 @@ def test_a_column_of_relative_paths_or_of_bytes(tmp_path: Path, classifier: Path
     )
 
 
+@pytest.mark.parametrize("on_bad_record", ["skip", "fail"])
+def test_a_null_picture_cell_gives_the_same_reason_skipped_or_failed(
+    tmp_path: Path, classifier: Path, on_bad_record: str
+) -> None:
+    parquet = tmp_path / "blobs.parquet"
+    pq.write_table(pa.table({"id": ["a", "b"], "image": [jpeg_bytes(0), None]}), parquet)
+    options = _options(
+        parquet, classifier, tmp_path / "o", image_column="image", on_bad_record=on_bad_record
+    )
+    if on_bad_record == "fail":
+        with pytest.raises(Exception, match=r"no picture \(the column is empty or null\)"):
+            run(options)
+        return
+    summary = run(options)
+    (skipped,) = read_skipped(tmp_path / "o")
+    assert skipped["id"] == "b"
+    assert skipped["reason"].endswith("no picture (the column is empty or null)")
+    assert summary.empty_texts == 0  # a picture job has no texts to be empty
+
+
 def test_an_onnx_told_how_to_read_pictures_reads_a_files_image_column_by_default(
     tmp_path: Path, classifier: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

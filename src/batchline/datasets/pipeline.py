@@ -26,7 +26,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TypedDict
+from typing import Any, Literal, Protocol, TypedDict
 
 from batchline._errors import InputError
 from batchline.datasets.columns import prime_conversion
@@ -190,8 +190,11 @@ async def run_pipeline(
     blocks = read_blocks_ahead(source, block_records, skip=committed, limit=limit)
     try:
         async with contextlib.aclosing(blocks):
-            skip_empty = on_bad_record == "skip"
-            texts = _records(blocks, writer, run, progress, adapter, unit_of, skip_empty)
+            # a text record may be empty; a picture record with none is its adapter's to say why
+            empty: Literal["count", "skip"] | None = "skip" if on_bad_record == "skip" else "count"
+            if source.input_kind != "text":
+                empty = None
+            texts = _records(blocks, writer, run, progress, adapter, unit_of, empty)
             async for records in texts:
                 if failure:
                     break
@@ -233,10 +236,11 @@ async def _records(
     progress: Progress | None,
     adapter: Adapter,
     unit_of: Callable[[int], int] | None,
-    skip_empty: bool,
+    empty: Literal["count", "skip"] | None,
 ) -> AsyncIterator[list[Record]]:
     """The good records of each block (cut by ``unit_of``); bad ones are skipped here, and
-    records of empty text counted (and skipped with ``skip_empty``)."""
+    records of empty text counted (``empty="count"``) or skipped (``"skip"``); ``None``: the
+    records are not texts (a picture record without one goes on, for its adapter to say so)."""
     held: list[Record] = []
     for_unit = -1
     async for block in blocks:
@@ -244,9 +248,9 @@ async def _records(
         records = []
         for item in block:
             if isinstance(item, Record):
-                if item.value is None and not item.text.strip():
+                if empty is not None and item.value is None and not item.text.strip():
                     run.empty_texts += 1
-                    if skip_empty:
+                    if empty == "skip":
                         bad.append(BadRecord(item.index, item.id, _EMPTY_TEXT, ""))
                         continue
                 records.append(item)
