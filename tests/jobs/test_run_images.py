@@ -677,3 +677,19 @@ def test_picture_ref_reads_every_shape_a_column_holds(tmp_path: Path) -> None:
     assert "empty or null" in str(picture_ref(None, tmp_path))
     assert "empty" in str(picture_ref(b"", tmp_path))
     assert "holds int" in str(picture_ref(7, tmp_path))
+    for url in ("http://example.com/x.jpg", "s3://bucket/x.jpg"):
+        assert picture_ref(url, tmp_path) == (
+            f"{url} is a URL: run reads local files only (give the picture's path)"
+        )
+
+
+def test_a_url_in_a_path_column_is_named_as_given_not_as_a_missing_file(
+    tmp_path: Path, classifier: Path
+) -> None:
+    photo_folder(tmp_path / "pics", 1)
+    index = tmp_path / "paths.csv"
+    index.write_text("id,path\na,pics/p00.jpg\nb,http://example.com/x.jpg\n")
+    options = _options(index, classifier, tmp_path / "o", image_column="path", on_bad_record="skip")
+    assert run(options).records == 1
+    (skipped,) = read_skipped(tmp_path / "o")
+    assert "http://example.com/x.jpg is a URL: run reads local files only" in skipped["reason"]

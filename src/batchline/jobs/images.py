@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +60,10 @@ __all__ = ["KIND", "ImageAdapter", "TimeSplit", "picture_key", "picture_ref"]
 _Engine = ModelBatcher[object, object]
 
 
+#: A URL's start (``https://``, ``s3://``...): a scheme, then ``//``.
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+
+
 def picture_ref(value: object, base: Path | None) -> ImageRef | str:
     """A record's picture as an :class:`ImageRef`, or why it has none: a folder's or a
     shard's reference as it is; a column's path (relative to the dataset file's folder
@@ -71,6 +76,9 @@ def picture_ref(value: object, base: Path | None) -> ImageRef | str:
         value = data if isinstance(data, bytes | bytearray) and data else path
     if isinstance(value, bytes | bytearray):
         return ImageRef(data=bytes(value)) if value else "the picture's bytes are empty"
+    if isinstance(value, str) and _URL.match(value.strip()):
+        # Path would read it as a relative path, its "//" collapsed: say what it is
+        return f"{value.strip()} is a URL: run reads local files only (give the picture's path)"
     if isinstance(value, str) and value.strip():
         path = Path(value)
         if not path.is_absolute() and base is not None:
