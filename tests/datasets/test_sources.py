@@ -217,6 +217,18 @@ def test_csv_repeated_header_is_refused(tmp_path: Path) -> None:
         open_source(path)
 
 
+def test_a_csv_quote_never_closed_is_refused_naming_its_line(tmp_path: Path) -> None:
+    """The rows after a quote the file never closes had been read into that one value,
+    silently: 4 records became 2. A quote inside an unquoted value (an odd count of quotes,
+    too) and a value that is quoted and closed over several lines are read as before."""
+    path = tmp_path / "in.csv"
+    path.write_text('id,text\na,hello\nb,"never closed\nc,world\nd,again\n', encoding="utf-8")
+    with pytest.raises(InputError, match=r'line 3: a quoted value opens there .* twice: ""'):
+        open_source(path)
+    path.write_text('id,text\na,5" screen\nb,"two\nlines"\nc,ok\n', encoding="utf-8")
+    assert [r.text for r in records(open_source(path))] == ['5" screen', "two\nlines", "ok"]
+
+
 # -- bad records -----------------------------------------------------------------------------------
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import csv
 import io
 from collections.abc import Iterator
 from pathlib import Path
@@ -49,6 +50,13 @@ class CsvSource(Source):
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise InputError(f"{self.path}: the CSV header repeats the column {duplicates[0]!r}")
+        line = _unclosed_quote(self.path)
+        if line is not None:
+            raise InputError(
+                f"{self.path}: line {line}: a quoted value opens there and the file never "
+                "closes it, so every row after it would be read as part of that value; close "
+                'it (a quote inside a quoted value is written twice: "")'
+            )
         self.columns = names
         return True
 
@@ -218,6 +226,33 @@ def _text_columns(batch: pa.RecordBatch) -> tuple[dict[str, list[str]], dict[int
                 bad.setdefault(i, (reason, raw.decode("utf-8", errors="replace")))
         text[name] = cells
     return text, bad
+
+
+def _unclosed_quote(path: Path) -> int | None:
+    """The line on which a quoted value opens that the file never closes, else None: pyarrow
+    reads the rest of the file into such a value, rows and all, without a word.
+
+    Quotes that pair up (an even count) close every value, and the count is cheap (the file
+    is read once more, as its fingerprint reads it). An odd count is also a quote inside an
+    unquoted value (``5" screen``, which is taken as it is): then Python's own reader parses
+    the file, and a last value that holds a line break where the file does not end in a quote
+    was never closed."""
+    quotes = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_SCAN_BYTES):
+            quotes += chunk.count(b'"')
+        if quotes % 2 == 0:
+            return None
+        f.seek(max(0, f.seek(0, io.SEEK_END) - _PREVIEW_BYTES))
+        ends_quoted = f.read().rstrip(b"\r\n").endswith(b'"')
+    if ends_quoted:
+        return None
+    begins, last, read = 1, None, 0
+    with open(path, encoding="utf-8", errors="replace", newline="") as f:
+        reader = csv.reader(f)
+        for row in reader:
+            begins, last, read = read + 1, row, reader.line_num
+    return begins if last and "\n" in last[-1] else None
 
 
 def _straddles(exc: pa.ArrowInvalid) -> bool:
