@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import textwrap
 import time
 from pathlib import Path
 
@@ -473,47 +474,50 @@ def test_a_missing_picture_column_says_which_flag_names_it(
     assert "--image-column" in err
 
 
-SLOW_DEVICE = """
-import time
-import numpy as np
-from batchline.models.image import ImagePreprocess
-from batchline.models.protocol import ModelInfo
-
-class Slow:
-    preprocess = ImagePreprocess(resize_to=(8, 8))
-    info = ModelInfo(name="slow", task="embed", input_kind="image", result_kind="vector")
-
-    def prepare(self, inputs):
-        return list(inputs)
-
-    def cost(self, item):
-        return 1
-
-    def run_batch(self, batch):
-        time.sleep(0.02 * len(batch))  # far slower than decoding a small picture
-        return [np.full(2, float(x.mean()), np.float32) for x in batch]
-
-    def encode(self, result):
-        return result
-
-    def close(self):
-        pass
-
-def factory():
-    return Slow()
-"""
+def _device_module(root: Path, name: str, before_batch: str) -> str:
+    """A ``module:factory`` picture model written as ``root/NAME.py`` (importable from
+    ``root``): 8 x 8 inputs, a vector of 2 each; ``before_batch`` (Python, its batch in
+    ``batch``) runs at the start of every ``run_batch``. Its spec."""
+    lines = textwrap.dedent(before_batch).strip().splitlines()
+    body = "\n".join(f"        {line}" for line in lines)
+    (root / f"{name}.py").write_text(
+        "import os, signal, time\n"
+        "import numpy as np\n"
+        "from batchline.models.image import ImagePreprocess\n"
+        "from batchline.models.protocol import ModelInfo\n"
+        "done = [0]\n"
+        "class Device:\n"
+        "    preprocess = ImagePreprocess(resize_to=(8, 8))\n"
+        f"    info = ModelInfo(name={name!r}, task='embed', input_kind='image', "
+        "result_kind='vector')\n"
+        "    def prepare(self, inputs):\n"
+        "        return list(inputs)\n"
+        "    def cost(self, item):\n"
+        "        return 1\n"
+        "    def run_batch(self, batch):\n"
+        f"{body}\n"
+        "        return [np.full(2, float(x.mean()), np.float32) for x in batch]\n"
+        "    def encode(self, result):\n"
+        "        return result\n"
+        "    def close(self):\n"
+        "        pass\n"
+        "def factory():\n"
+        "    return Device()\n"
+    )
+    return f"{name}:factory"
 
 
 def test_decode_workers_are_cut_to_what_keeps_a_slow_model_fed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    (tmp_path / "slowdevice.py").write_text(SLOW_DEVICE)
+    # far slower than decoding a small picture
+    model = _device_module(tmp_path, "slowdevice", "time.sleep(0.02 * len(batch))")
     monkeypatch.syspath_prepend(str(tmp_path))
     photo_folder(tmp_path / "photos", 40)
     options = RunOptions(
         input=tmp_path / "photos",
         output=tmp_path / "out",
-        model="slowdevice:factory",
+        model=model,
         knobs=Knobs(sessions=1, max_concurrent_batches=1, max_batch_size=4),
         decode=DecodeOptions(workers=None),
     )
@@ -522,57 +526,25 @@ def test_decode_workers_are_cut_to_what_keeps_a_slow_model_fed(
     assert "(1 of " in summary.time_split  # one process keeps a 20 ms/picture model fed
 
 
-STOPPING_DEVICE = """
-import os
-import signal
-import numpy as np
-from batchline.models.image import ImagePreprocess
-from batchline.models.protocol import ModelInfo
-
-STOP_AFTER = int(os.environ["STOP_AFTER_PICTURES"])
-done = [0]
-
-class Stopping:
-    preprocess = ImagePreprocess(resize_to=(8, 8))
-    info = ModelInfo(name="stopping", task="embed", input_kind="image", result_kind="vector")
-
-    def prepare(self, inputs):
-        return list(inputs)
-
-    def cost(self, item):
-        return 1
-
-    def run_batch(self, batch):
-        done[0] += len(batch)
-        if done[0] >= STOP_AFTER and done[0] - len(batch) < STOP_AFTER:
-            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, once this many pictures are done
-        return [np.full(2, float(x.mean()), np.float32) for x in batch]
-
-    def encode(self, result):
-        return result
-
-    def close(self):
-        pass
-
-def factory():
-    return Stopping()
-"""
-
-
 def test_a_stopped_image_job_keeps_the_pictures_its_model_did(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Ctrl-C once the model has done 120 of 300 pictures: what it did is kept, but for the
     blocks still in flight, and ``--resume`` does the rest, each picture once. Written a block
     of 256 at a time, such a stop had kept none of them."""
-    (tmp_path / "stoppingdevice.py").write_text(STOPPING_DEVICE)
+    stop_at_the_120th = """
+    done[0] += len(batch)
+    if done[0] >= int(os.environ["STOP_AFTER_PICTURES"]) > done[0] - len(batch):
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, once this many pictures are done
+    """
+    model = _device_module(tmp_path, "stoppingdevice", stop_at_the_120th)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("STOP_AFTER_PICTURES", "120")
     names = photo_folder(tmp_path / "photos", 300)
     options = RunOptions(
         input=tmp_path / "photos",
         output=tmp_path / "out",
-        model="stoppingdevice:factory",
+        model=model,
         chunk_size=8,
         knobs=Knobs(sessions=1, max_concurrent_batches=1, max_batch_size=8),
         decode=DecodeOptions(workers=1),

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import zlib
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -298,3 +298,35 @@ def fixed_footprints(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(residency, "estimate_footprint", lambda spec, knobs, task=None: footprint)
     monkeypatch.setattr(residency, "memory_in_use", lambda device="cpu": 0)
     monkeypatch.setattr(residency, "_high_water", lambda: None)  # no peak measured
+
+
+@contextmanager
+def uvicorn_in_thread(app: Any, *, lifespan: str = "on") -> Iterator[str]:
+    """``host:port`` of ``app`` served by uvicorn in a thread, on a socket of 127.0.0.1 bound
+    here; shut down (and its thread joined) on leaving."""
+    import socket
+    import time
+
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        app, log_level="warning", lifespan=lifespan, ws="none", loop="asyncio", access_log=False
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        for _ in range(600):  # bounded wait for start-up (at most ~30 s), not a timing assertion
+            if server.started or not thread.is_alive():
+                break
+            time.sleep(0.05)
+        assert server.started, "uvicorn did not start"
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
+    assert not thread.is_alive()

@@ -3,9 +3,6 @@
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -15,8 +12,8 @@ pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
 
 import openai
-import uvicorn
 
+from .conftest import uvicorn_in_thread
 from .test_generation_routes import TOK, chat_text, expected, make_app, served
 
 
@@ -26,30 +23,13 @@ def client() -> Iterator[openai.OpenAI]:
     sequences stop (EOS) after 5 tokens for the prompt ``"ends early"``."""
     model = served(eos_after=lambda ids: 5 if TOK.decode(ids) == "ends early" else None)
     app, _ = make_app(model)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        app, log_level="warning", lifespan="on", ws="none", loop="asyncio", access_log=False
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 30
-        while not server.started:
-            if not thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("uvicorn did not start")
-            time.sleep(0.01)
-        with openai.OpenAI(
-            base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=30
-        ) as c:
-            yield c
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        sock.close()
-    assert not thread.is_alive()
+    with (
+        uvicorn_in_thread(app) as url,
+        openai.OpenAI(
+            base_url=f"http://{url}/v1", api_key="unused", max_retries=0, timeout=30
+        ) as c,
+    ):
+        yield c
 
 
 def test_completion(client: openai.OpenAI) -> None:

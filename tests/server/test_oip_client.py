@@ -8,9 +8,6 @@ two toy models. The client-side checks take only a URL, so the same checks can r
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -23,7 +20,6 @@ httpclient = pytest.importorskip(
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
-import uvicorn  # noqa: E402
 from starlette.applications import Starlette  # noqa: E402
 from starlette.requests import Request  # noqa: E402
 from starlette.responses import JSONResponse, Response  # noqa: E402
@@ -31,6 +27,8 @@ from starlette.routing import Route  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from batchline import oip  # noqa: E402
+
+from .conftest import uvicorn_in_thread  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -152,24 +150,8 @@ def make_app() -> Starlette:
 @pytest.fixture(scope="module")
 def oip_url() -> Iterator[str]:
     """``host:port`` of the glue app on uvicorn, in a thread; shut down after the module."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(make_app(), log_level="warning", lifespan="off", ws="none")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        for _ in range(200):  # bounded wait for start-up, not a timing assertion
-            if server.started or not thread.is_alive():
-                break
-            time.sleep(0.05)
-        assert server.started, "uvicorn did not start"
-        yield f"127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
+    with uvicorn_in_thread(make_app(), lifespan="off") as url:
+        yield url
 
 
 @pytest.fixture

@@ -5,9 +5,6 @@ one version. ``tritonclient`` reads both on a real uvicorn."""
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,7 +13,7 @@ import pytest
 
 from batchline.server import create_app
 
-from .conftest import FakeEmbedder, loader, settings
+from .conftest import FakeEmbedder, loader, settings, uvicorn_in_thread
 from .test_models import MODELS, Doubler, FakeClassifier, Records, _infer_body, several
 
 pytestmark = pytest.mark.anyio
@@ -105,29 +102,13 @@ async def test_versioned_model_paths_serve_version_1_and_404_another() -> None:
 def oip_url() -> Iterator[str]:
     """``host:port`` of the app on the fake models, on uvicorn in a thread (127.0.0.1, a socket
     bound here), with an API key; shut down after the module."""
-    uvicorn = pytest.importorskip("uvicorn")
+    pytest.importorskip("uvicorn")
     load = loader(
         FakeEmbedder(), ("clf", FakeClassifier()), ("pred", Doubler()), ("rec", Records())
     )
     app = create_app(settings(model_name=None, model=MODELS, api_key="k3y"), load_model=load)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", lifespan="on", ws="none")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        for _ in range(400):  # bounded wait for start-up, not a timing assertion
-            if server.started or not thread.is_alive():
-                break
-            time.sleep(0.05)
-        assert server.started, "uvicorn did not start"
-        yield f"127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=20)
-        sock.close()
+    with uvicorn_in_thread(app) as url:
+        yield url
 
 
 @pytest.mark.timeout(120)
